@@ -1,0 +1,96 @@
+"""Shared analysis dataclasses: what msprof-analyze and the Kineto analyzer produce, what ranking consumes (pure).
+
+Units: every duration here is in microseconds (``_us``), the unit of msprof-analyze's ``ClusterTimeSummary``
+(``../shared/docs/msprof-analyze.md`` section 5). Kineto traces are in microseconds too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+RecipeState = Literal["ok", "not_applicable", "no_data", "tool_error", "timeout", "skipped"]
+SuspectKind = Literal["compute", "communication", "host", "unknown"]
+EvidenceKind = Literal["ascend_pt", "torch_pt"]
+
+
+@dataclass(frozen=True, slots=True)
+class RankStepSummary:
+    """Time breakdown of one step on one rank (all microseconds).
+
+    ``wait_us`` is time spent in collectives waiting for peers (msprof-analyze ``communicationWaitStageTime``:
+    own duration minus the shortest duration of the same collective across ranks); ``transmit_us`` is the rest
+    of the collective time. The rank the others wait for has ``wait_us`` close to 0.
+    """
+
+    rank: int
+    step: int
+    step_time_us: float
+    computation_us: float
+    communication_us: float
+    wait_us: float
+    transmit_us: float
+    free_us: float
+
+
+@dataclass(slots=True)
+class RecipeStatus:
+    """Outcome of one analysis recipe (an msprof-analyze command or the Kineto analyzer).
+
+    ``status``: ``ok`` (expected table present with expected rows), ``not_applicable`` (the data cannot
+    answer this recipe, e.g. groups under 4 ranks for slow_rank), ``no_data``, ``tool_error`` (with
+    ``log_tail``), ``timeout``, ``skipped``.
+    """
+
+    name: str
+    status: RecipeState
+    detail: str = ""
+    tables: list[str] = field(default_factory=list)
+    rows: int = 0
+    output_dir: str | None = None
+    log_tail: str = ""
+    duration_s: float = 0.0
+    returncode: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class ClusterEvidence:
+    """Everything an analysis learned about one batch, keyed by rank.
+
+    ``slow_rank_votes``: rank -> msprof-analyze ``SlowRank.slowAffectCount`` (empty when no vote or not run).
+    ``slow_ops``: rows of ``SlowOpStats`` as dicts (``*Ns`` columns hold microseconds, kept as named).
+    ``rank_paths``: rank -> rank dir the tool actually used (``RankDeviceMap``), for auditing.
+    ``advisor``: the advisor's ``--agent`` JSON message (sheets), or ``{}``.
+    """
+
+    kind: EvidenceKind
+    summaries: list[RankStepSummary] = field(default_factory=list)
+    slow_rank_votes: dict[int, int] = field(default_factory=dict)
+    slow_ops: list[dict[str, Any]] = field(default_factory=list)
+    rank_paths: dict[int, str] = field(default_factory=dict)
+    advisor: dict[str, Any] = field(default_factory=dict)
+    recipes: dict[str, RecipeStatus] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Suspect:
+    """One ranked suspect rank with the numbers behind its score.
+
+    ``score`` is in [0, 1] (higher = more likely the cause); ``rank_dir`` is the directory to open in
+    MindStudio Insight (or HTA / Perfetto for torch traces) for the timeline drill-down.
+    """
+
+    rank: int
+    score: float
+    kind: SuspectKind
+    hostname: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    rank_dir: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

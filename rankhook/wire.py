@@ -1,0 +1,248 @@
+"""Every profwatch wire message, defined once (stdlib dataclasses; pure, no I/O).
+
+Transport framing: each message travels as a two-frame ZeroMQ multipart ``[topic, json_payload]``.
+Topics follow ``profwatch.<kind>.<job_id>[.<rank>]`` (general part first, so subscribers filter by
+prefix). The payload is the dataclass serialised with :func:`encode`; it always carries ``kind`` and
+``v`` (the schema version). The daemon validates payloads with pydantic (``TypeAdapter`` over these
+dataclasses, see ``daemon/core/messages.py``), so the schema exists only here.
+
+Units are in the field names: ``_s`` seconds, ``_bytes`` bytes; ``ts_unix_s`` is wall-clock Unix time.
+``step`` is the count of ``rankhook.step()`` calls (the same counter torch_npu's ``dp.step()`` advances).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+SCHEMA_VERSION = 1
+"""Bumped on any incompatible change. Receivers reject other versions with a counted error."""
+
+TOPIC_PREFIX = "profwatch"
+MAX_MESSAGE_BYTES = 256 * 1024
+"""Hard cap for one rank->node message (ZeroMQ ``MAXMSGSIZE`` on the node's socket)."""
+MAX_BATCH_BYTES = 16 * 1024 * 1024
+"""Hard cap for one node->coordinator message (``MAXMSGSIZE`` on the coordinator's ingest socket)."""
+
+Backend = Literal["torch_npu", "torch", "none"]
+CaptureEventKind = Literal["arm_seen", "arm_rejected", "started", "completed", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class RankHello:
+    """Sent by a rank once at ``rankhook.init()`` (and re-sent by the node after a coordinator restart).
+
+    Example::
+
+        {"kind": "hello", "v": 1, "job_id": "j1", "rank": 3, "local_rank": 1, "world_size": 8,
+         "hostname": "node1", "pid": 4242, "backend": "torch_npu", "ts_unix_s": 1764500000.25,
+         "versions": {"torch": "2.13.0", "torch_npu": "2.13.0", "rankhook": "0.1.0"},
+         "profiler_config_path": "/shared/pw/j1/cfg", "prof_root": "/shared/prof"}
+
+    ``profiler_config_path`` is the folder holding ``profiler_config.json`` (the ``dp.init`` path);
+    ``prof_root`` is where the job's captures may land. Both are checked against the daemon's own
+    allowed roots before anything is written or read there.
+    """
+
+    job_id: str
+    rank: int
+    local_rank: int
+    world_size: int
+    hostname: str
+    pid: int
+    backend: Backend
+    ts_unix_s: float
+    versions: dict[str, str] = field(default_factory=dict)
+    profiler_config_path: str | None = None
+    prof_root: str | None = None
+    kind: Literal["hello"] = "hello"
+    v: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """One finished step on one rank, sent from ``rankhook.step()``.
+
+    Example::
+
+        {"kind": "step", "v": 1, "job_id": "j1", "rank": 3, "step": 120, "step_time_s": 0.412,
+         "ts_unix_s": 1764500042.5, "stages": {"forward": 0.1, "backward": 0.25}, "flags": ["checkpoint"],
+         "capturing": false}
+
+    ``step_time_s`` is the wall time between the previous ``step()`` call and this one (monotonic clock).
+    ``stages`` holds per-stage durations measured with ``rankhook.stage(name)``; ``flags`` marks steps the
+    job declared special (``checkpoint``, ``eval``); ``capturing`` is true while a capture window is open.
+    """
+
+    job_id: str
+    rank: int
+    step: int
+    step_time_s: float
+    ts_unix_s: float
+    stages: dict[str, float] | None = None
+    flags: tuple[str, ...] = ()
+    capturing: bool = False
+    kind: Literal["step"] = "step"
+    v: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureEvent:
+    """Progress of a capture window on one rank.
+
+    ``event`` is one of ``arm_seen`` (a new ``profiler_config.json`` generation was read; ``generation`` is its
+    whole-second mtime, ``start_step`` its start_step), ``arm_rejected`` (the config was invalid or its start_step
+    already passed; ``detail`` says why), ``started``, ``completed`` (``rank_dir`` written, ``steps`` captured,
+    ``total_bytes``) or ``failed``. ``source`` is ``hook`` for events sent by the rank, ``dp_log`` for
+    acknowledgements the node daemon read from torch_npu's ``log/dp_*.log``.
+
+    Example::
+
+        {"kind": "capture", "v": 1, "job_id": "j1", "rank": 0, "event": "completed", "ts_unix_s": 1764500100.0,
+         "capture_id": "c-20261130-0001", "generation": 1764500090, "start_step": 130, "step": 133,
+         "rank_dir": "/shared/prof/j1/c-20261130-0001/node0_4242_20261130103000123_torch_pt",
+         "steps": [130, 131, 132], "total_bytes": 123456, "source": "hook", "detail": ""}
+    """
+
+    job_id: str
+    rank: int
+    event: CaptureEventKind
+    ts_unix_s: float
+    capture_id: str | None = None
+    generation: int | None = None
+    start_step: int | None = None
+    step: int | None = None
+    rank_dir: str | None = None
+    steps: tuple[int, ...] = ()
+    total_bytes: int | None = None
+    source: Literal["hook", "dp_log"] = "hook"
+    detail: str = ""
+    kind: Literal["capture"] = "capture"
+    v: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class RankBye:
+    """Sent by ``rankhook.shutdown()``: the rank left on purpose (not stalled).
+
+    Example: ``{"kind": "bye", "v": 1, "job_id": "j1", "rank": 3, "step": 500, "ts_unix_s": 1764500900.0}``
+    """
+
+    job_id: str
+    rank: int
+    step: int
+    ts_unix_s: float
+    kind: Literal["bye"] = "bye"
+    v: int = SCHEMA_VERSION
+
+
+RankMessage = RankHello | StepReport | CaptureEvent | RankBye
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHeartbeat:
+    """Periodic liveness and counters of one node daemon.
+
+    Example::
+
+        {"kind": "node_heartbeat", "v": 1, "node_id": "node1", "hostname": "node1", "pid": 900,
+         "ts_unix_s": 1764500000.0, "started_unix_s": 1764400000.0,
+         "counters": {"received": 1000, "rejected": 2, "relayed": 998, "dropped": 0}}
+    """
+
+    node_id: str
+    hostname: str
+    pid: int
+    ts_unix_s: float
+    started_unix_s: float
+    counters: dict[str, int] = field(default_factory=dict)
+    kind: Literal["node_heartbeat"] = "node_heartbeat"
+    v: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class NodeBatch:
+    """Rank messages relayed by a node daemon to the coordinator, in arrival order.
+
+    ``seq`` increases by one per batch from one node process (gaps mean lost batches).
+    ``messages`` are rank messages as plain dicts (validated again by the coordinator).
+
+    Example::
+
+        {"kind": "node_batch", "v": 1, "node_id": "node1", "hostname": "node1", "seq": 17,
+         "ts_unix_s": 1764500000.1, "messages": [{"kind": "step", "v": 1, "job_id": "j1", ...}]}
+    """
+
+    node_id: str
+    hostname: str
+    seq: int
+    ts_unix_s: float
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    kind: Literal["node_batch"] = "node_batch"
+    v: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCommand:
+    """Coordinator -> node command, sent over the node's DEALER connection.
+
+    ``cmd`` is ``register`` (resend every cached ``RankHello``: the coordinator does not know this node, e.g.
+    after its restart) or ``write_config`` (write ``args["config"]`` into ``args["profiler_config_path"]`` on
+    this node and acknowledge with a :class:`NodeAck`).
+
+    Example: ``{"kind": "node_command", "v": 1, "cmd": "register", "command_id": "r-1", "args": {}}``
+    """
+
+    cmd: Literal["register", "write_config"]
+    command_id: str
+    args: dict[str, Any] = field(default_factory=dict)
+    kind: Literal["node_command"] = "node_command"
+    v: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAck:
+    """Node -> coordinator result of a :class:`NodeCommand`.
+
+    Example: ``{"kind": "node_ack", "v": 1, "node_id": "node1", "command_id": "w-3", "ok": true,
+    "detail": "", "result": {"mtime_s": 1764500001}}``
+    """
+
+    node_id: str
+    command_id: str
+    ok: bool
+    detail: str = ""
+    result: dict[str, Any] = field(default_factory=dict)
+    kind: Literal["node_ack"] = "node_ack"
+    v: int = SCHEMA_VERSION
+
+
+NodeMessage = NodeHeartbeat | NodeBatch | NodeAck
+
+
+def topic_for(kind: str, job_id: str | None = None, rank: int | None = None) -> str:
+    """Return the ZeroMQ topic ``profwatch.<kind>[.<job_id>[.<rank>]]`` for a message."""
+    parts = [TOPIC_PREFIX, kind]
+    if job_id is not None:
+        parts.append(job_id)
+        if rank is not None:
+            parts.append(str(rank))
+    return ".".join(parts)
+
+
+def to_dict(msg: Any) -> dict[str, Any]:
+    """Return the message as a JSON-ready dict (tuples become lists)."""
+    return asdict(msg)
+
+
+def encode(msg: Any) -> bytes:
+    """Serialise one message to compact UTF-8 JSON bytes."""
+    return json.dumps(asdict(msg), separators=(",", ":"), allow_nan=False).encode()
+
+
+def frames(msg: Any) -> list[bytes]:
+    """Return ``[topic, payload]`` frames for a rank or node message."""
+    job_id = getattr(msg, "job_id", None)
+    rank = getattr(msg, "rank", None)
+    return [topic_for(msg.kind, job_id, rank).encode(), encode(msg)]
