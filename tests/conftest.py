@@ -1,0 +1,74 @@
+"""Shared test helpers: bounded polling (`wait_for`), per-test ipc paths, thread-leak check."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED = REPO_ROOT.parent / "shared"
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], timeout_s: float = 10.0, interval_s: float = 0.02, what: str = "") -> T:
+    """Poll ``predicate`` until it returns a truthy value; return it. Raise AssertionError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last: T = predicate()
+    while not last:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.1f}s waiting for {what or predicate}")
+        time.sleep(interval_s)
+        last = predicate()
+    return last
+
+
+@pytest.fixture
+def short_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short temp dir for ipc:// socket paths (AF_UNIX paths are limited to ~107 bytes)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="pw", dir="/tmp"))
+    yield d
+    import shutil
+
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads():
+    """Fail a test that leaves non-daemon-library threads running (watchdog/zmq loops must be closed)."""
+    before = {t.ident for t in threading.enumerate()}
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        leaked = [
+            t
+            for t in threading.enumerate()
+            if t.ident not in before and t.is_alive() and not t.name.startswith(("pytest_timeout", "asyncio"))
+        ]
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert not leaked, f"test leaked threads: {[t.name for t in leaked]}"
+
+
+def python_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for child Python processes: the repo on PYTHONPATH, no torch_npu autoload."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+PYTHON = sys.executable
