@@ -1,0 +1,172 @@
+"""Streaming reader of torch.profiler (Kineto) rank dirs into ``ClusterEvidence`` (I/O: reads files).
+
+Traces are parsed with ijson (C backend when installed), one event at a time, so a multi-GB trace never sits in
+RAM: only the columns :class:`daemon.core.kineto.RankTrace` keeps (about 16 bytes per compute event) do.
+Format: Chrome trace JSON as Kineto writes it (``{"distributedInfo": {"rank": ...}, "traceEvents": [{"ph": "X",
+"name", "cat", "ts", "dur", "pid", "tid", "args"}, ...]}``, µs), optionally gzip-compressed (``.json.gz``), the
+input HTA reads. Rank dir layout (``docs/architecture.md``): ``*_torch_pt/`` with ``*.pt.trace.json``,
+``profiler_info_{rank}.json`` and ``trace.done``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import ijson
+
+from daemon.core.evidence import ClusterEvidence, RecipeStatus
+from daemon.core.kineto import RankTrace, summarize_traces
+
+RECIPE = "kineto_breakdown"
+_INFO_RE = re.compile(r"^profiler_info_(\d+)\.json$")
+
+
+class TraceFormatError(ValueError):
+    """A trace file is not a readable Kineto Chrome trace (truncated JSON, no ``traceEvents``)."""
+
+
+@contextmanager
+def _open(path: Path) -> Iterator[IO[bytes]]:
+    """Open a trace as bytes, transparently gunzipping ``*.gz``."""
+    fh: IO[bytes] = gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")  # type: ignore[assignment]
+    try:
+        yield fh
+    finally:
+        fh.close()
+
+
+def find_trace_files(rank_dir: Path) -> list[Path]:
+    """Kineto traces in a rank dir (``*.pt.trace.json`` / ``.json.gz``, also one level down), sorted."""
+    pats = ("*.pt.trace.json", "*.pt.trace.json.gz")
+    found = [p for pat in pats for p in rank_dir.glob(pat)] + [p for pat in pats for p in rank_dir.glob("*/" + pat)]
+    return sorted(set(found))
+
+
+def rank_from_info(rank_dir: Path) -> int | None:
+    """Rank from ``profiler_info_{rank}.json`` (file name, else its ``rank_id`` key), or ``None``."""
+    for p in sorted(rank_dir.glob("profiler_info_*.json")):
+        m = _INFO_RE.match(p.name)
+        if m:
+            return int(m.group(1))
+        try:
+            return int(json.loads(p.read_text())["rank_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _header_rank(path: Path) -> int | None:
+    """``distributedInfo.rank`` from the trace header, scanning tokens only until ``traceEvents`` starts.
+
+    Kineto writes ``distributedInfo`` before ``traceEvents``; if it does not, the rank is looked up by a full
+    token scan (slower, still streaming).
+    """
+    with _open(path) as fh:
+        for prefix, event, value in ijson.parse(fh):
+            if prefix == "distributedInfo.rank" and event == "number":
+                return int(value)
+            if prefix == "traceEvents" and event == "start_array":
+                break
+    with _open(path) as fh:
+        for prefix, event, value in ijson.parse(fh):
+            if prefix == "distributedInfo.rank" and event == "number":
+                return int(value)
+    return None
+
+
+def read_rank_trace(path: Path, *, rank: int | None = None) -> RankTrace:
+    """Stream one Kineto trace into a :class:`RankTrace`.
+
+    Args:
+        path: ``*.pt.trace.json`` or ``*.json.gz``.
+        rank: the rank when known (else ``distributedInfo.rank``, else 0).
+
+    Raises:
+        TraceFormatError: truncated or malformed JSON, or no ``traceEvents`` array.
+    """
+    try:
+        if rank is None:
+            rank = _header_rank(path)
+        tr = RankTrace(rank if rank is not None else 0)
+        n_items = 0
+        with _open(path) as fh:
+            for ev in ijson.items(fh, "traceEvents.item", use_float=True):
+                n_items += 1
+                if not isinstance(ev, dict) or ev.get("ph") != "X":
+                    continue
+                ts, dur = ev.get("ts"), ev.get("dur", 0.0)
+                if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+                    continue
+                tr.add_event(str(ev.get("name", "")), str(ev.get("cat", "")), float(ts), float(dur))
+    except (ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"{path}: {exc}") from exc
+    if n_items == 0:
+        raise TraceFormatError(f"{path}: no traceEvents")
+    return tr
+
+
+def analyze_torch_batch(rank_dirs: Mapping[int, Path]) -> ClusterEvidence:
+    """Kineto breakdown of one staged torch_pt batch.
+
+    Args:
+        rank_dirs: rank -> rank dir (one trace per dir; the newest when several).
+
+    Returns:
+        ``ClusterEvidence(kind="torch_pt")`` with summaries and a ``kineto_breakdown`` recipe status: ``ok``,
+        ``no_data`` (no steps/traces) or ``tool_error`` (unreadable trace). Never raises for bad data.
+    """
+    t0 = time.monotonic()
+    traces: dict[int, RankTrace] = {}
+    problems: list[str] = []
+    paths: dict[int, str] = {}
+    for rank, rdir in sorted(rank_dirs.items()):
+        files = find_trace_files(Path(rdir))
+        if not files:
+            problems.append(f"rank {rank}: no *.pt.trace.json in {rdir}")
+            continue
+        path = max(files, key=lambda p: p.stat().st_mtime)
+        try:
+            traces[rank] = read_rank_trace(path, rank=rank)
+        except TraceFormatError as exc:
+            problems.append(f"rank {rank}: {exc}")
+            continue
+        paths[rank] = str(rdir)
+    ev = ClusterEvidence(kind="torch_pt", rank_paths=paths, notes=list(problems))
+    bad = [p for p in problems if "no *.pt.trace.json" not in p]
+    if len(traces) < 2:
+        status: Any = "tool_error" if bad else "no_data"
+        ev.recipes[RECIPE] = RecipeStatus(RECIPE, status, "; ".join(problems) or "fewer than 2 readable traces",
+                                          duration_s=time.monotonic() - t0)
+        return ev
+    brk = summarize_traces(traces)
+    ev.summaries = brk.summaries
+    ev.notes.extend(brk.notes)
+    detail = (f"{len(traces)} ranks, {len({s.step for s in brk.summaries})} steps, collective class "
+              f"{brk.collective_class}, {brk.instances_matched} instances matched")
+    if problems:
+        detail += "; " + "; ".join(problems)
+    status = "ok" if brk.summaries else "no_data"
+    if status == "ok" and problems:
+        status = "tool_error" if bad else "no_data"
+        detail = "partial: " + detail
+    ev.recipes[RECIPE] = RecipeStatus(RECIPE, status, detail, rows=len(brk.summaries),
+                                      duration_s=time.monotonic() - t0)
+    return ev
+
+
+def write_torch_trace(path: Path, rank: int, world_size: int, events: list[dict[str, Any]]) -> Path:
+    """Write a minimal Kineto-shaped trace (used by tests and simulators; real traces come from torch).
+
+    ``events`` are Chrome trace events (``ph``, ``name``, ``cat``, ``ts``, ``dur``, ``pid``, ``tid``).
+    """
+    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world_size},
+           "displayTimeUnit": "ms", "traceEvents": events}
+    path.write_text(json.dumps(doc))
+    return path

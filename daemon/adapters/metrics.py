@@ -1,0 +1,37 @@
+"""Prometheus metrics for the daemons (I/O: the exposition HTTP server). One registry per daemon, no globals."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+
+class DaemonMetrics:
+    """Counters and gauges shared by the node daemon and the coordinator.
+
+    Names: ``profwatch_messages_in_total{kind}``, ``profwatch_messages_out_total{kind}``,
+    ``profwatch_rejected_total{reason}``, ``profwatch_dropped_total{where}``, ``profwatch_queue_depth{queue}``,
+    plus coordinator-only ``profwatch_alerts_total{type}`` and ``profwatch_captures_total{state}``.
+    """
+
+    def __init__(self, daemon: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"registry": self.registry}
+        self.messages_in = Counter("profwatch_messages_in", "Messages received", ["kind"], **labels)
+        self.messages_out = Counter("profwatch_messages_out", "Messages sent or relayed", ["kind"], **labels)
+        self.rejected = Counter("profwatch_rejected", "Messages rejected by validation", ["reason"], **labels)
+        self.dropped = Counter("profwatch_dropped", "Messages dropped (queue full, peer down)", ["where"], **labels)
+        self.queue_depth = Gauge("profwatch_queue_depth", "Messages waiting", ["queue"], **labels)
+        self.alerts = Counter("profwatch_alerts", "Alerts and events published", ["type"], **labels)
+        self.captures = Counter("profwatch_captures", "Capture state transitions", ["state"], **labels)
+        self.daemon = daemon
+        self._server = None
+
+    def serve(self, port: int | None, addr: str = "127.0.0.1") -> None:
+        """Start the ``/metrics`` HTTP server (no-op when ``port`` is None)."""
+        if port is not None:
+            self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None

@@ -1,0 +1,340 @@
+"""Watches the prof_dirs of pending captures with watchdog and wakes the completeness logic (I/O adapter).
+
+Events only *wake* the logic: ``on_wake(prof_dir)`` means "look again at this prof_dir"; whether a batch is
+complete is decided by reading the files (``rank_dir_fs.scan_tree``), never by an event (FC-18). inotify is used
+on local file systems, watchdog's PollingObserver on network ones, where inotify misses other nodes' writes
+(FC-15). Only prof_dirs of pending captures are watched (FC-16). A supervisor thread restarts dead observers,
+re-arms watches on prof_dirs that appear, vanish or are recreated, rescans after an inotify queue overflow
+(FC-17), and wakes every watched prof_dir each ``reconcile_interval_s``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import structlog
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers.api import BaseObserver, ObservedWatch
+from watchdog.observers.polling import PollingObserver
+
+from daemon.core.watch_settings import WatchSettings
+
+log = structlog.get_logger(__name__)
+ObserverMode = Literal["inotify", "polling"]
+ObserverFactory = Callable[[ObserverMode, Callable[[], None]], BaseObserver]
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def parse_mountinfo(text: str) -> list[tuple[str, str]]:
+    """``(mount_point, fs_type)`` pairs from ``/proc/self/mountinfo`` text (proc(5)); octal escapes decoded."""
+    out = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if not sep or len(fields) < 5 or not rest:
+            continue
+        out.append((_OCTAL.sub(lambda m: chr(int(m[1], 8)), fields[4]), rest[0]))
+    return out
+
+
+def fs_type_of(path: str, mounts: list[tuple[str, str]]) -> str | None:
+    """File system type of the mount holding ``path`` (longest mount-point prefix; the last mount wins)."""
+    best: tuple[int, str] | None = None
+    for mount_point, fstype in mounts:
+        mp = mount_point.rstrip("/") or "/"
+        if path == mp or path.startswith(mp + "/") or mp == "/":
+            if best is None or len(mp) >= best[0]:
+                best = (len(mp), fstype)
+    return best[1] if best else None
+
+
+def is_network_fs(fstype: str | None, patterns: tuple[str, ...]) -> bool:
+    """True when ``fstype`` matches one of ``patterns`` (fnmatch, e.g. ``fuse.*``)."""
+    return fstype is not None and any(fnmatch.fnmatchcase(fstype, p) for p in patterns)
+
+
+def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], settings: WatchSettings) -> BaseObserver:
+    if mode == "polling":
+        return PollingObserver(timeout=settings.poll_interval_s)
+    return _inotify_observer(on_overflow)
+
+
+def _inotify_observer(on_overflow: Callable[[], None]) -> BaseObserver:
+    """watchdog's InotifyObserver whose inotify reader also reports ``IN_Q_OVERFLOW`` to ``on_overflow``.
+
+    watchdog 7 only logs an overflow and rebuilds its own watches; events lost in between must be found by a
+    rescan (FC-17). Imported lazily: inotify exists only on Linux.
+    """
+    from watchdog.observers.inotify import InotifyEmitter, InotifyObserver
+    from watchdog.observers.inotify_c import InotifyEvent, InotifyFD
+
+    class _FD(InotifyFD):
+        def handle_event(self, event: InotifyEvent) -> None:
+            if event.is_queue_overflow:
+                on_overflow()
+            super().handle_event(event)
+
+    class _Observer(InotifyObserver):
+        def __init__(self) -> None:
+            self._inotify_fd = _FD()
+            self._inotify_fd.start()
+            BaseObserver.__init__(self, InotifyEmitter, inotify_fd=self._inotify_fd)
+
+    return _Observer()
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, prof_dir: str, notify: Callable[[str], None]) -> None:
+        self._prof_dir = prof_dir
+        self._notify = notify
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        self._notify(self._prof_dir)
+
+
+@dataclass(slots=True)
+class WatchStats:
+    """Counters: wakes delivered, reconciliation rounds, observer restarts, inotify overflows, fallbacks."""
+
+    wakes: int = 0
+    reconciles: int = 0
+    observer_restarts: int = 0
+    overflows: int = 0
+    polling_fallbacks: int = 0
+
+
+@dataclass(slots=True)
+class _Watched:
+    mode: ObserverMode
+    watch: ObservedWatch | None = None
+    inode: tuple[int, int] | None = None
+
+
+class ProfWatcher:
+    """Wakes ``on_wake(prof_dir)`` when something may have changed under a watched prof_dir.
+
+    ``on_wake`` runs on the watcher's own thread (never on a watchdog thread), coalesced per prof_dir; it
+    should be quick or hand work off. ``observer_factory(mode, on_overflow)`` replaces the watchdog observers
+    (tests); ``mountinfo_path`` is read to pick inotify or polling when ``settings.observer == "auto"``.
+    Use as a context manager or call :meth:`start` and :meth:`close`.
+    """
+
+    def __init__(self, on_wake: Callable[[str], None], *, settings: WatchSettings | None = None,
+                 mountinfo_path: str = "/proc/self/mountinfo", observer_factory: ObserverFactory | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._on_wake = on_wake
+        self._settings = settings or WatchSettings()
+        self._mountinfo_path = mountinfo_path
+        self._factory = observer_factory or (lambda m, cb: _default_observer(m, cb, self._settings))
+        self._clock = clock
+        self._cv = threading.Condition()
+        self._pending: set[str] = set()
+        self._dirs: dict[str, _Watched] = {}
+        self._observers: dict[ObserverMode, BaseObserver] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.stats = WatchStats()
+
+    # ------------------------------------------------------------------------------------------------ API
+    def start(self) -> None:
+        """Start the supervisor thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="profwatch-prof-watch", daemon=True)
+            self._thread.start()
+
+    def __enter__(self) -> ProfWatcher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def watch(self, prof_dir: str | os.PathLike[str]) -> ObserverMode:
+        """Watch ``prof_dir`` recursively (it may not exist yet); wakes it once at once. Returns the mode used."""
+        path = os.path.abspath(os.fspath(prof_dir))
+        with self._cv:
+            entry = self._dirs.get(path)
+            if entry is None:
+                entry = self._dirs[path] = _Watched(mode=self._mode_for(path))
+                self._schedule(path, entry)
+            self._pending.add(path)
+            self._cv.notify_all()
+            return entry.mode
+
+    def unwatch(self, prof_dir: str | os.PathLike[str]) -> None:
+        """Stop watching ``prof_dir`` (its capture is closed). Unknown dirs are ignored."""
+        path = os.path.abspath(os.fspath(prof_dir))
+        with self._cv:
+            entry = self._dirs.pop(path, None)
+            self._pending.discard(path)
+            if entry is not None:
+                self._unschedule(entry)
+
+    def watched(self) -> dict[str, ObserverMode]:
+        """prof_dir -> observer mode, for status output."""
+        with self._cv:
+            return {p: e.mode for p, e in self._dirs.items()}
+
+    def request_rescan(self) -> None:
+        """Wake every watched prof_dir (after an inotify overflow, a remount, or on demand)."""
+        with self._cv:
+            self._pending.update(self._dirs)
+            self._cv.notify_all()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the supervisor and every observer thread and join them (bounded by ``timeout_s`` each)."""
+        self._stop.set()
+        with self._cv:
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        with self._cv:
+            observers, self._observers = list(self._observers.values()), {}
+            for e in self._dirs.values():
+                e.watch = None
+        for obs in observers:
+            _stop_observer(obs, timeout_s)
+
+    # ------------------------------------------------------------------------------------------------ internals
+    def _mode_for(self, path: str) -> ObserverMode:
+        if self._settings.observer != "auto":
+            return self._settings.observer
+        probe = path
+        while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+            probe = os.path.dirname(probe)
+        try:
+            with open(self._mountinfo_path, encoding="utf-8") as fh:
+                mounts = parse_mountinfo(fh.read())
+        except OSError:
+            return "polling"  # cannot tell: polling is correct everywhere, only slower
+        fstype = fs_type_of(os.path.realpath(probe), mounts)
+        return "polling" if is_network_fs(fstype, self._settings.network_fs_types) else "inotify"
+
+    def _observer(self, mode: ObserverMode) -> BaseObserver:
+        obs = self._observers.get(mode)
+        if obs is None:
+            obs = self._factory(mode, self._overflowed)
+            obs.start()
+            self._observers[mode] = obs
+        return obs
+
+    def _schedule(self, path: str, entry: _Watched) -> None:
+        """Arm a watch on ``path`` (caller holds the lock). A missing dir stays pending for the supervisor."""
+        try:
+            st = os.stat(path)
+            entry.watch = self._observer(entry.mode).schedule(_Handler(path, self._notify), path, recursive=True)
+            entry.inode = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            entry.watch, entry.inode = None, None
+        except OSError as exc:
+            if entry.mode == "inotify":  # ENOSPC (max_user_watches), EMFILE: fall back to polling (FC-17)
+                log.warning("inotify_watch_failed_polling_instead", prof_dir=path, error=str(exc))
+                self.stats.polling_fallbacks += 1
+                entry.mode = "polling"
+                self._schedule(path, entry)
+            else:
+                log.warning("watch_failed", prof_dir=path, error=str(exc))
+                entry.watch, entry.inode = None, None
+
+    def _unschedule(self, entry: _Watched) -> None:
+        obs = self._observers.get(entry.mode)
+        if entry.watch is not None and obs is not None:
+            try:
+                obs.unschedule(entry.watch)
+            except (KeyError, OSError):
+                pass
+        entry.watch, entry.inode = None, None
+
+    def _notify(self, prof_dir: str) -> None:
+        with self._cv:
+            self._pending.add(prof_dir)
+            self._cv.notify_all()
+
+    def _overflowed(self) -> None:
+        log.warning("inotify_overflow_rescan")
+        self.stats.overflows += 1
+        self.request_rescan()
+
+    def _run(self) -> None:
+        s = self._settings
+        next_supervise = self._clock() + s.supervise_interval_s
+        next_reconcile = self._clock() + s.reconcile_interval_s
+        while not self._stop.is_set():
+            with self._cv:
+                timeout = max(0.0, min(next_supervise, next_reconcile) - self._clock())
+                self._cv.wait_for(lambda: self._pending or self._stop.is_set(), timeout=timeout)
+                batch, self._pending = sorted(self._pending), set()
+            for prof_dir in batch:
+                if self._stop.is_set():
+                    return
+                self._deliver(prof_dir)
+            now = self._clock()
+            if now >= next_supervise:
+                self._supervise()
+                next_supervise = now + s.supervise_interval_s
+            if now >= next_reconcile:
+                self.stats.reconciles += 1
+                self.request_rescan()
+                next_reconcile = now + s.reconcile_interval_s
+
+    def _deliver(self, prof_dir: str) -> None:
+        with self._cv:
+            if prof_dir not in self._dirs:
+                return
+        self.stats.wakes += 1
+        try:
+            self._on_wake(prof_dir)
+        except Exception:  # the callback's bug must not kill watching
+            log.exception("on_wake_failed", prof_dir=prof_dir)
+
+    def _supervise(self) -> None:
+        """Restart dead observers; re-arm watches whose prof_dir appeared, vanished or was recreated."""
+        dead: list[BaseObserver] = []
+        with self._cv:
+            for mode, obs in list(self._observers.items()):
+                if obs.is_alive():
+                    continue
+                log.warning("observer_died_restarting", mode=mode)
+                self.stats.observer_restarts += 1
+                dead.append(self._observers.pop(mode))
+                for path, e in self._dirs.items():
+                    if e.mode == mode:
+                        e.watch = None
+                        self._pending.add(path)
+        for obs in dead:  # outside the lock: its dispatcher thread may be waiting for it in _notify
+            _stop_observer(obs, 1.0)
+        with self._cv:
+            alive_emitters = {id(em.watch): em.is_alive() for o in self._observers.values() for em in o.emitters}
+            for path, e in self._dirs.items():
+                try:
+                    st = os.stat(path)
+                    inode: tuple[int, int] | None = (st.st_dev, st.st_ino)
+                except FileNotFoundError:
+                    inode = None
+                except OSError:
+                    continue  # ESTALE/EIO: unknown; keep the watch as it is (FC-15)
+                stale = e.watch is not None and (inode != e.inode or not alive_emitters.get(id(e.watch), False))
+                if stale:
+                    self._unschedule(e)
+                if e.watch is None and inode is not None:
+                    self._schedule(path, e)
+                    self._pending.add(path)
+                elif stale:
+                    self._pending.add(path)
+            self._cv.notify_all()
+
+
+def _stop_observer(obs: BaseObserver, timeout_s: float) -> None:
+    try:
+        obs.stop()
+    except Exception:  # a dead observer may fail to stop cleanly; joining below is what matters
+        log.exception("observer_stop_failed")
+    if obs.ident is not None:
+        obs.join(timeout_s)

@@ -1,0 +1,312 @@
+"""Reads rank dirs from (possibly shared) storage into the completeness core's inputs (I/O adapter).
+
+Every read tolerates entries vanishing mid-walk (a re-parse deletes ``ASCEND_PROFILER_OUTPUT``, msprof doc
+gotcha 17). Errors such as ESTALE/EIO, or a vanished scan root, mean "unknown", never "deleted" (FC-15).
+SQLite files are opened read-only through a ``file:...?mode=ro`` URI (msprof doc section 12.6).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sqlite3
+import threading
+import time
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from daemon.core.completeness import BatchState, CaptureHint, assess_batches
+from daemon.core.prof_layout import (
+    ANALYSE_DONE,
+    ANALYSIS_DB,
+    KINETO_TRACE_RE,
+    PROFILER_DB_RE,
+    PROFILER_METADATA,
+    PROFILER_OUTPUT_DIR,
+    TRACE_DONE,
+    DbObservation,
+    LayoutError,
+    RankDirObservation,
+    is_profiler_info_name,
+    parse_profiler_info,
+    parse_profiler_metadata,
+    parse_rank_dir_name,
+    rank_from_profiler_info_name,
+)
+from daemon.core.watch_settings import WatchSettings
+
+log = structlog.get_logger(__name__)
+
+#: errnos that say "the storage cannot answer now", not "the file is gone" (FC-15).
+UNKNOWN_ERRNOS: frozenset[int] = frozenset(
+    getattr(errno, n)
+    for n in ("ESTALE", "EIO", "ENOTCONN", "EHOSTDOWN", "EHOSTUNREACH", "ETIMEDOUT", "ENETDOWN", "ENETUNREACH",
+              "ECONNRESET", "ECONNABORTED", "EACCES", "EPERM", "ENXIO", "EREMOTEIO", "ENOLINK", "EBUSY", "EAGAIN")
+    if hasattr(errno, n)
+)
+_JSON_VALUE_KEYS = ("parallel_group_info", "distributed_args")
+
+
+class TreeUnavailable(OSError):
+    """The scan root itself cannot be listed (missing mount, ESTALE, EIO): its ranks are unknown, not deleted."""
+
+
+def _describe(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "OSError")
+    return f"{name}: {exc.strerror or exc}"
+
+
+def _gone(exc: OSError) -> bool:
+    return isinstance(exc, (FileNotFoundError, NotADirectoryError))
+
+
+class RankDirReader:
+    """Reads rank dirs; caches DB checks by ``(path, size, mtime_ns)`` so a reconciliation scan of 1024 ranks
+    does not re-run ``PRAGMA quick_check`` on unchanged files. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, int, int], DbObservation] = {}
+        self._lock = threading.Lock()
+
+    def read(self, path: str) -> RankDirObservation | None:
+        """Observe one rank dir. None when ``path`` vanished or is not a rank dir name.
+
+        Raises nothing for storage errors: they come back as ``RankDirObservation.unknown``.
+        """
+        name = parse_rank_dir_name(os.path.basename(path))
+        if name is None:
+            return None
+        base: dict[str, Any] = {"path": path, "name": name, "dir_ts_unix_s": _local_ts(name.ts_naive)}
+        try:
+            entries = {e.name: e for e in os.scandir(path)}
+        except OSError as exc:
+            if _gone(exc):
+                return None
+            return RankDirObservation(unknown=_describe(exc), **base)
+        try:
+            return self._read_entries(path, name.kind, entries, base)
+        except OSError as exc:
+            if _gone(exc) and not os.path.lexists(path):
+                return None
+            return RankDirObservation(unknown=_describe(exc), **base)
+
+    def _read_entries(self, path: str, kind: str, entries: Mapping[str, os.DirEntry[str]],
+                      base: dict[str, Any]) -> RankDirObservation:
+        info_names = sorted(n for n in entries if is_profiler_info_name(n))
+        info_file = next((n for n in info_names if rank_from_profiler_info_name(n) is not None), None)
+        info_file = info_file or (info_names[0] if info_names else None)
+        out: dict[str, Any] = dict(base, info_file=info_file)
+        if len(info_names) > 1:
+            out["info_error"] = f"several profiler_info files: {', '.join(info_names)}"
+        elif info_file:
+            data, err = _read_json(os.path.join(path, info_file))
+            try:
+                out["info"] = parse_profiler_info(data) if err is None else None
+            except LayoutError as exc:
+                err = str(exc)
+            out["info_error"] = err and f"{info_file}: {err}"
+        if PROFILER_METADATA in entries:
+            data, err = _read_json(os.path.join(path, PROFILER_METADATA))
+            if err is None and isinstance(data, dict):
+                data = {k: _maybe_json(v) if k in _JSON_VALUE_KEYS else v for k, v in data.items()}
+            try:
+                out["metadata"] = parse_profiler_metadata(data) if err is None else None
+            except LayoutError as exc:
+                err = str(exc)
+            out["metadata_error"] = err and f"{PROFILER_METADATA}: {err}"
+        if kind == "torch_pt":
+            out["marker"] = TRACE_DONE in entries
+            out["trace_files"] = tuple(sorted(n for n in entries if KINETO_TRACE_RE.match(n)))
+            out["output_files"] = frozenset(entries)
+            return RankDirObservation(**out)
+        out["leftover_sqlite"] = any(_has_leftover_sqlite(e) for n, e in entries.items() if n.startswith("PROF_"))
+        outdir = entries.get(PROFILER_OUTPUT_DIR)
+        if outdir is None or not outdir.is_dir(follow_symlinks=True):
+            return RankDirObservation(**out)
+        try:
+            files = list(os.scandir(outdir.path))
+        except OSError as exc:
+            if _gone(exc):  # deleted by a re-parse between the two listings
+                return RankDirObservation(**out)
+            raise
+        names = frozenset(f.name for f in files)
+        newest = None
+        for f in files:
+            try:
+                m = f.stat(follow_symlinks=True).st_mtime
+            except FileNotFoundError:
+                continue
+            newest = m if newest is None else max(newest, m)
+        journals = tuple(sorted(n for n in names if n.endswith(("-journal", "-wal"))))
+        marker = ANALYSE_DONE in names
+        db_names = sorted(n for n in names if PROFILER_DB_RE.match(n))
+        deep = marker or (bool(db_names) and ANALYSIS_DB in names and not out["leftover_sqlite"] and not journals)
+        dbs = tuple(self.check_db(os.path.join(outdir.path, n), deep=deep) for n in db_names)
+        adb = self.check_db(os.path.join(outdir.path, ANALYSIS_DB), deep=deep) if ANALYSIS_DB in names else None
+        out.update(output_dir=True, output_files=names, marker=marker, profiler_dbs=dbs, analysis_db=adb,
+                   journal_files=journals, newest_output_mtime_s=newest)
+        return RankDirObservation(**out)
+
+    def check_db(self, path: str, *, deep: bool = True) -> DbObservation:
+        """Observe one SQLite file; with ``deep`` run quick_check and read the tables the recipes need.
+
+        Queries (msprof doc 12.6): ``PRAGMA quick_check``, the table list, ``RANK_DEVICE_MAP.rankId``,
+        ``STEP_TIME.id``, and whether ``COMMUNICATION_OP``/``StepTraceTime``/``CommAnalyzerTime`` have rows.
+        """
+        name = os.path.basename(path)
+        st = os.stat(path)
+        if not deep:
+            return DbObservation(name=name, size_bytes=st.st_size, mtime_s=st.st_mtime)
+        key = (path, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        obs = _check_sqlite(path, name, st.st_size, st.st_mtime)
+        if obs.checked and not obs.locked:
+            with self._lock:
+                if len(self._cache) > 100_000:
+                    self._cache.clear()
+                self._cache[key] = obs
+        return obs
+
+
+def _check_sqlite(path: str, name: str, size: int, mtime: float) -> DbObservation:
+    common: dict[str, Any] = {"name": name, "size_bytes": size, "mtime_s": mtime, "checked": True}
+    if size == 0:
+        return DbObservation(error="empty file", **common)
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    try:
+        con = sqlite3.connect(uri, uri=True, timeout=0.2, check_same_thread=False)
+    except sqlite3.Error as exc:
+        return DbObservation(error=str(exc), **common)
+    try:
+        result = con.execute("PRAGMA quick_check(1)").fetchone()
+        if not result or result[0] != "ok":
+            return DbObservation(error=f"quick_check: {result[0] if result else 'no result'}", **common)
+        tables = frozenset(r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'"))
+        rdm = tuple(int(r[0]) for r in con.execute("SELECT rankId FROM RANK_DEVICE_MAP")) \
+            if "RANK_DEVICE_MAP" in tables else None
+        steps = tuple(int(r[0]) for r in con.execute("SELECT id FROM STEP_TIME")) if "STEP_TIME" in tables else None
+        rows = {t: int(con.execute(f'SELECT EXISTS(SELECT 1 FROM "{t}")').fetchone()[0])
+                for t in ("COMMUNICATION_OP", "StepTraceTime", "CommAnalyzerTime") if t in tables}
+        return DbObservation(tables=tables, rank_device_map=rdm, step_ids=steps, rows=rows, **common)
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            return DbObservation(locked=True, **common)
+        return DbObservation(error=str(exc), **common)
+    except (sqlite3.Error, ValueError, TypeError) as exc:
+        return DbObservation(error=str(exc), **common)
+    finally:
+        con.close()
+
+
+def _local_ts(ts_naive: Any) -> float | None:
+    try:
+        return float(ts_naive.timestamp())  # naive -> this host's local time, as torch_npu wrote it
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _maybe_json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _read_json(path: str) -> tuple[Any, str | None]:
+    """Decoded JSON, or (None, why). A half-written file (non-atomic writes, msprof doc 4.1) is "not yet valid"."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return None, "vanished"
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 ({exc.reason})"
+    if not text.strip():
+        return None, "empty (still being written?)"
+    try:
+        return json.loads(text), None
+    except ValueError as exc:
+        return None, f"not valid JSON yet ({exc})"
+
+
+def _has_leftover_sqlite(entry: os.DirEntry[str]) -> bool:
+    """``PROF_*/{host,device_*}/sqlite`` still there: CANN export not finished (msprof doc 12.5b)."""
+    try:
+        if not entry.is_dir(follow_symlinks=False):
+            return False
+        for sub in os.scandir(entry.path):
+            if (sub.name == "host" or sub.name.startswith("device_")) and os.path.isdir(
+                os.path.join(sub.path, "sqlite")
+            ):
+                return True
+    except FileNotFoundError:
+        return False
+    return False
+
+
+def find_rank_dirs(root: str, *, max_depth: int = 5) -> tuple[list[str], list[str]]:
+    """Rank dirs under ``root`` (``root`` itself included), at most ``max_depth`` levels down, no symlinked dirs.
+
+    Does not descend into rank dirs. Returns ``(paths, walk_errors)``; sub-dirs vanishing mid-walk are skipped.
+
+    Raises:
+        TreeUnavailable: ``root`` cannot be listed (missing mount, ESTALE, EIO, ...).
+    """
+    root = os.path.abspath(root)
+    if parse_rank_dir_name(os.path.basename(root)) is not None:
+        return [root], []
+    found: list[str] = []
+    errors: list[str] = []
+    level = [root]
+    for depth in range(max_depth):
+        nxt: list[str] = []
+        for d in level:
+            try:
+                with os.scandir(d) as it:
+                    subdirs = [e for e in it if e.is_dir(follow_symlinks=False)]
+            except OSError as exc:
+                if d == root:
+                    raise TreeUnavailable(exc.errno, f"cannot list scan root {root}: {_describe(exc)}") from exc
+                if not _gone(exc):
+                    errors.append(f"{d}: {_describe(exc)}")
+                continue
+            for e in subdirs:
+                (found if parse_rank_dir_name(e.name) is not None else nxt).append(e.path)
+        level = nxt
+        if not level:
+            break
+    return sorted(found), errors
+
+
+def scan_tree(root: str | os.PathLike[str], *, world_size: int | None = None, now: float | None = None,
+              settings: WatchSettings | None = None, hints: Mapping[str, CaptureHint] | None = None,
+              reader: RankDirReader | None = None) -> list[BatchState]:
+    """Walk ``root`` (up to ``settings.scan_max_depth`` levels) and return every batch found, sorted by id.
+
+    ``now``: unix seconds (default: the wall clock) for deadlines and the quiet period. ``world_size`` fixes the
+    expected ranks of every batch; ``hints`` (by capture id) carry what the coordinator armed. Pass a long-lived
+    ``reader`` to reuse DB checks across scans. Sub-folders that fail to list add a note to every batch.
+
+    Raises:
+        TreeUnavailable: the root cannot be listed; treat its batches as unknown.
+    """
+    settings = settings or WatchSettings()
+    reader = reader or RankDirReader()
+    paths, errors = find_rank_dirs(os.fspath(root), max_depth=settings.scan_max_depth)
+    for e in errors:
+        log.warning("scan_walk_error", error=e)
+    observations = [o for o in (reader.read(p) for p in paths) if o is not None]
+    batches = assess_batches(observations, now_unix_s=time.time() if now is None else now, settings=settings,
+                             world_size=world_size, hints=hints)
+    for b in batches:
+        b.notes += [f"could not list {e}; ranks below it may be missing" for e in errors]
+    return batches

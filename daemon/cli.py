@@ -1,0 +1,281 @@
+"""``profwatch`` command line (composition root): daemons, status, alerts, arming and offline tools.
+
+Exit codes: 0 success; 1 the command ran and found a problem (incomplete batch, missed slow rank...);
+2 usage or configuration error; 3 the coordinator could not be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from daemon import __version__
+
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+_config_option = click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="PROFWATCH_CONFIG",
+    help="TOML config file (env PROFWATCH_CONFIG); PROFWATCH_<SECTION>__<KEY> env vars override it.",
+)
+
+
+def _load(config_path: Path | None) -> Any:
+    from daemon.config import ConfigError, load_settings
+
+    try:
+        return load_settings(config_path)
+    except ConfigError as exc:
+        click.echo(f"profwatch: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+
+
+def _install_sigterm(stop: Any) -> None:
+    def handler(signum: int, frame: Any) -> None:
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="profwatch")
+def cli() -> None:
+    """profwatch: anomaly-triggered, same-batch-checked profiling for Ascend NPU and PyTorch clusters."""
+
+
+@cli.command()
+@_config_option
+def node(config_path: Path | None) -> None:
+    """Run the node daemon (one per host): relay rank telemetry, write node-local configs, tail dp logs."""
+    from daemon.adapters.metrics import DaemonMetrics
+    from daemon.logsetup import configure_logging
+    from daemon.node import NodeDaemon
+
+    s = _load(config_path)
+    configure_logging(s.logging.level, s.logging.format)
+    metrics = DaemonMetrics("node")
+    metrics.serve(s.node.metrics_port)
+    try:
+        d = NodeDaemon(s.node, metrics)
+    except Exception as exc:  # noqa: BLE001
+        click.echo(f"profwatch node: cannot start: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    _install_sigterm(d.stop)
+    try:
+        d.run()
+    finally:
+        metrics.close()
+
+
+@cli.command()
+@_config_option
+def coordinator(config_path: Path | None) -> None:
+    """Run the coordinator: ingest, detection, arming, completeness, analysis, alerts."""
+    from daemon.adapters.metrics import DaemonMetrics
+    from daemon.coordinator import Coordinator
+    from daemon.logsetup import configure_logging
+
+    s = _load(config_path)
+    configure_logging(s.logging.level, s.logging.format)
+    metrics = DaemonMetrics("coordinator")
+    metrics.serve(s.coordinator.metrics_port)
+    try:
+        c = Coordinator(s, metrics)
+    except Exception as exc:  # noqa: BLE001
+        click.echo(f"profwatch coordinator: cannot start: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    _install_sigterm(c.stop)
+    try:
+        c.run()
+    finally:
+        metrics.close()
+
+
+def _call(s: Any, cmd: str, args: dict[str, Any] | None = None, timeout_s: float = 5.0) -> Any:
+    from daemon.adapters.control import ControlError, ControlUnavailable, call
+
+    try:
+        return call(s.coordinator.control_bind, cmd, args, timeout_s=timeout_s)
+    except ControlUnavailable as exc:
+        click.echo(f"profwatch: {exc.message}", err=True)
+        sys.exit(EXIT_UNREACHABLE)
+    except ControlError as exc:
+        click.echo(f"profwatch: coordinator refused {cmd}: [{exc.code}] {exc.message}", err=True)
+        sys.exit(EXIT_PROBLEM)
+
+
+@cli.command()
+@_config_option
+@click.option("--job", "job_id", help="only this job")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def status(config_path: Path | None, job_id: str | None, as_json: bool) -> None:
+    """Show jobs, ranks (last step, step time), nodes, drops and captures."""
+    s = _load(config_path)
+    snap = _call(s, "status", {"job_id": job_id} if job_id else {})
+    if as_json:
+        click.echo(json.dumps(snap, indent=2))
+        return
+    for job in snap["jobs"]:
+        mst = job["median_step_time_s"]
+        click.echo(f"job {job['job_id']}  world_size={job['world_size']} ranks_seen={job['ranks_seen']} "
+                   f"backend={job['backend'] or '-'} furthest_step={job['furthest_step']} "
+                   f"median_step_time={'%.3fs' % mst if mst else '-'}")
+        click.echo(f"  {'rank':>5} {'host':<20} {'last_step':>9} {'step_time_s':>11} {'age_s':>7}  state")
+        for r in job["ranks"]:
+            st = "left" if r["left"] else ("capturing" if r["capturing"] else "")
+            age = f"{r['age_s']:.1f}" if r["age_s"] is not None else "-"
+            click.echo(f"  {r['rank']:>5} {r['hostname'][:20]:<20} {r['last_step']:>9} {r['step_time_s']:>11.4f} {age:>7}  {st}")
+    click.echo("nodes:")
+    for n in snap["nodes"]:
+        c = n.get("counters", {})
+        click.echo(f"  {n['node_id']:<20} age={n['age_s']:.1f}s received={c.get('received', 0)} "
+                   f"rejected={c.get('rejected', 0)} dropped={c.get('dropped', 0)} lost_batches={n['lost_batches']}")
+    if snap.get("captures"):
+        click.echo("captures:")
+        for cap in snap["captures"]:
+            click.echo(f"  {cap['capture_id']:<32} {cap['state']:<11} start_step={cap['start_step']} reason={cap['reason']}")
+    cnt = snap["counters"]
+    click.echo(f"coordinator: received={cnt['received']} rejected={cnt['rejected']} lost_batches={cnt['lost_batches']}")
+
+
+def _print_alert(ev: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(ev))
+        return
+    d = ev.get("data", {})
+    line = f"{ev.get('time', '')} {ev.get('type', '')} job={ev.get('subject')}"
+    sus = d.get("suspects")
+    if sus is not None:
+        if sus:
+            line += " suspects: " + ", ".join(
+                f"rank {x['rank']} ({x['kind']}, score {x['score']:.2f}, {x.get('hostname') or '?'})" for x in sus)
+        else:
+            line += " no suspect (balanced)"
+        if d.get("report"):
+            line += f" report={d['report']}"
+    elif d.get("missing_ranks") is not None:
+        line += f" missing_ranks={d['missing_ranks']} problems={len(d.get('problems') or [])}"
+    else:
+        line += " " + json.dumps(d)[:200]
+    click.echo(line)
+
+
+@cli.command()
+@_config_option
+@click.option("--job", "job_id", help="only this job")
+@click.option("--follow", "-f", is_flag=True, help="keep listening for new alerts")
+@click.option("--all-events", is_flag=True, help="also anomalies, arm decisions and capture progress")
+@click.option("--limit", default=20, show_default=True, help="recent alerts fetched first")
+@click.option("--json", "as_json", is_flag=True, help="one CloudEvent JSON per line")
+def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_events: bool, limit: int, as_json: bool) -> None:
+    """Print recent alerts, then (with --follow) new ones as they are published.
+
+    Missed alerts are fetched from the coordinator's store first, so nothing published before the subscriber
+    joined is lost (ZeroMQ PUB drops what was sent before a SUB connected).
+    """
+    import zmq
+
+    from daemon.adapters.publish import subscribe
+
+    s = _load(config_path)
+    args = {"job_id": job_id, "limit": limit, "alerts_only": not all_events}
+    sub = None
+    ctx = zmq.Context.instance()
+    if follow:  # subscribe first, then fetch history, then dedup by id: no gap between the two
+        kinds = ["profwatch.alert."] + (["profwatch.event."] if all_events else [])
+        sub = subscribe(ctx, s.coordinator.pub_bind, [k + (job_id or "") for k in kinds])
+    seen: set[str] = set()
+    last_seq = 0
+    for row in _call(s, "events", args):
+        seen.add(row["event"]["id"])
+        last_seq = max(last_seq, row["seq"])
+        _print_alert(row["event"], as_json)
+    if sub is None:
+        return
+    stop = {"flag": False}
+    _install_sigterm(lambda: stop.__setitem__("flag", True))
+    try:
+        while not stop["flag"]:
+            if sub.poll(500):
+                _topic, body = sub.recv_multipart()
+                ev = json.loads(body)
+                if ev["id"] not in seen:
+                    seen.add(ev["id"])
+                    _print_alert(ev, as_json)
+                    sys.stdout.flush()
+    finally:
+        sub.close(0)
+
+
+@cli.command()
+@_config_option
+@click.option("--job", "job_id", required=True)
+@click.option("--in-steps", type=int, help="start this many steps after the furthest rank")
+@click.option("--start-step", type=int, help="absolute start_step (must be ahead of every rank)")
+@click.option("--active", type=int, help="steps recorded (default from config: 2)")
+@click.option("--warmup", type=int, help="warm-up steps before recording (default 1)")
+@click.option("--ranks", help="comma-separated rank ids (default: all ranks)")
+@click.option("--reason", default="manual", show_default=True)
+@click.option("--dry-run", is_flag=True, help="plan and print, write nothing")
+@click.option("--json", "as_json", is_flag=True)
+def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step: int | None, active: int | None,
+        warmup: int | None, ranks: str | None, reason: str, dry_run: bool, as_json: bool) -> None:
+    """Arm a capture window on a job through the coordinator (same planner as automatic arming)."""
+    if in_steps is not None and start_step is not None:
+        raise click.UsageError("--in-steps and --start-step are exclusive")
+    try:
+        rank_list = [int(x) for x in ranks.split(",")] if ranks else None
+    except ValueError:
+        raise click.UsageError(f"--ranks must be comma-separated integers, got {ranks!r}") from None
+    s = _load(config_path)
+    res = _call(s, "arm", {"job_id": job_id, "in_steps": in_steps, "start_step": start_step, "active": active,
+                           "warmup": warmup, "rank_list": rank_list, "reason": reason, "dry_run": dry_run})
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    verb = "planned (dry run, nothing written)" if dry_run else "armed"
+    click.echo(f"{verb}: capture {res['capture_id']} job {res['job_id']} start_step={res['start_step']} "
+               f"warmup={res['warmup']} active={res['active']} ranks={res['rank_list'] or 'all'}")
+    click.echo(f"profiler_config.json -> {res['profiler_config_path']} (written by {res['writer']})")
+    click.echo(f"prof_dir -> {res['prof_dir']}")
+    click.echo(json.dumps(res["config"], indent=4))
+
+
+def _add_optional_commands() -> None:
+    """Commands implemented in ``daemon/commands/`` (kept there so this file stays a thin root)."""
+    import importlib
+
+    for mod, name in (("scan", "scan"), ("analyze", "analyze"), ("replay", "replay"), ("simulate", "simulate"),
+                      ("demo", "demo")):
+        try:
+            m = importlib.import_module(f"daemon.commands.{mod}")
+            cli.add_command(getattr(m, name))
+        except ImportError as exc:
+            _missing(name, str(exc))
+
+
+def _missing(name: str, why: str) -> None:
+    @cli.command(name=name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    def _cmd() -> None:
+        click.echo(f"profwatch {name}: not available in this installation ({why})", err=True)
+        sys.exit(EXIT_USAGE)
+
+
+_add_optional_commands()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="profwatch")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""``profwatch scan DIR``: report the capture batches under a folder and whether each is complete (CLI body).
+
+Exit codes: 0 when at least one batch was found and every batch is ``complete``; 1 otherwise (a batch
+``incomplete``/``invalid``/``parsing``, no batch found, or DIR unreadable); 2 for usage errors (click).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from daemon.adapters.rank_dir_fs import TreeUnavailable, scan_tree
+from daemon.core.completeness import BatchState
+from daemon.core.watch_settings import WatchSettings
+
+
+def render_table(batches: list[BatchState]) -> str:
+    """Readable report: one header line per batch, then its problems and notes."""
+    lines = []
+    for b in batches:
+        lines.append(f"{b.batch_id}  {b.status.upper()}  kind={b.kind}  ranks {len(b.ranks)}/"
+                     f"{len(b.expected_ranks)}  steps={b.steps or '-'}  dir={b.prof_dir}")
+        if b.missing_ranks:
+            lines.append(f"  missing ranks: {b.missing_ranks}")
+        for p in b.problems:
+            where = f" ({p.path})" if p.path else ""
+            lines.append(f"  problem: rank {'?' if p.rank is None else p.rank}: {p.reason}{where}")
+        lines += [f"  note: {n}" for n in b.notes]
+    return "\n".join(lines)
+
+
+@click.command("scan")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.option("--world-size", type=click.IntRange(min=1), default=None,
+              help="Expected number of ranks (default: from profiler_metadata.json).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of batches instead of a table.")
+@click.option("--quiet-period-s", type=click.FloatRange(min=0), default=None,
+              help="Older torch_npu without analyse.done: seconds outputs must be unchanged.")
+def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: float | None) -> None:
+    """Check the capture batches under DIRECTORY (exit 0 only if every batch found is complete)."""
+    settings = WatchSettings() if quiet_period_s is None else WatchSettings(quiet_period_s=quiet_period_s)
+    try:
+        batches = scan_tree(directory, world_size=world_size, now=time.time(), settings=settings)
+    except TreeUnavailable as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(1) from exc
+    if as_json:
+        click.echo(json.dumps([b.to_json() for b in batches], indent=2))
+    elif batches:
+        click.echo(render_table(batches))
+    else:
+        click.echo(f"no rank dirs found under {directory}")
+    ok = bool(batches) and all(b.status == "complete" for b in batches)
+    raise SystemExit(0 if ok else 1)

@@ -1,0 +1,189 @@
+"""The one validated configuration tree (pydantic-settings): a TOML file plus ``PROFWATCH_*`` env overrides.
+
+Loaded once in ``daemon/cli.py`` and passed down. Env overrides use ``__`` between levels, e.g.
+``PROFWATCH_COORDINATOR__CONTROL_BIND=tcp://127.0.0.1:9712``. Unknown keys are errors (``extra="forbid"``).
+Each feature's own settings model lives next to its logic and is composed here. ``systemd/profwatch.toml`` is
+the annotated example.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+from daemon.core.anomaly import DetectionSettings
+from daemon.core.arming import ArmingSettings
+from daemon.core.capture import CaptureSettings
+from daemon.core.watch_settings import WatchSettings
+from daemon.analysis import AnalysisSettings
+
+DEFAULT_RUNTIME_DIR = "/run/profwatch"
+DEFAULT_STATE_DIR = "/var/lib/profwatch"
+
+
+class ConfigError(ValueError):
+    """The configuration file or environment is invalid (message says which key and why)."""
+
+
+def _is_local_endpoint(endpoint: str) -> bool:
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    if endpoint.startswith("tcp://"):
+        host = endpoint[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+        if host in ("localhost",):
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+    return False
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NodeSettings(_Strict):
+    """Node daemon (one per host)."""
+
+    node_id: str = Field(default_factory=socket.gethostname, description="stable id of this node (default hostname)")
+    runtime_dir: Path = Path(DEFAULT_RUNTIME_DIR)
+    bind: str | None = Field(None, description="rank endpoint; default ipc://<runtime_dir>/node.sock")
+    socket_mode: int = Field(0o666, description="mode of the ipc socket file (ranks run as other users)")
+    coordinator: str = "tcp://127.0.0.1:7711"
+    heartbeat_interval_s: float = Field(2.0, gt=0)
+    batch_max_messages: int = Field(1000, ge=1)
+    batch_max_delay_s: float = Field(0.05, gt=0)
+    relay_hwm: int = Field(1000, ge=1, description="batches queued while the coordinator is unreachable")
+    allowed_config_roots: list[Path] = Field(default_factory=list, description="folders this node may write configs in")
+    dp_log_poll_s: float = Field(1.0, gt=0)
+    metrics_port: int | None = None
+
+    def rank_endpoint(self) -> str:
+        return self.bind or f"ipc://{self.runtime_dir}/node.sock"
+
+
+class CoordinatorSettings(_Strict):
+    """Coordinator daemon (one per cluster or per job group)."""
+
+    ingest_bind: str = Field("tcp://127.0.0.1:7711", description="node daemons connect here")
+    control_bind: str = "tcp://127.0.0.1:7712"
+    pub_bind: str = "tcp://127.0.0.1:7713"
+    allow_remote_control: bool = Field(
+        False, description="allow control/pub on non-loopback interfaces (unauthenticated: trusted networks only)"
+    )
+    state_db: Path = Path(DEFAULT_STATE_DIR) / "state.db"
+    work_dir: Path = Path(DEFAULT_STATE_DIR) / "work"
+    window_steps: int = Field(1000, ge=10)
+    node_timeout_s: float = Field(10.0, gt=0)
+    tick_interval_s: float = Field(0.2, gt=0)
+    registry_flush_s: float = Field(2.0, gt=0)
+    allowed_prof_roots: list[Path] = Field(default_factory=list, description="where rank dirs may be read")
+    allowed_config_roots: list[Path] = Field(default_factory=list, description="where the coordinator may write configs")
+    config_writer: Literal["coordinator", "node"] = Field(
+        "coordinator", description="who writes profiler_config.json: the coordinator (shared storage) or each node"
+    )
+    event_source: str = Field(default_factory=lambda: f"//profwatch/{socket.gethostname()}")
+    analysis_workers: int = Field(1, ge=1, le=8)
+    metrics_port: int | None = None
+
+    @model_validator(mode="after")
+    def _loopback_unless_allowed(self) -> CoordinatorSettings:
+        if not self.allow_remote_control:
+            for name in ("control_bind", "pub_bind"):
+                ep = getattr(self, name)
+                if not _is_local_endpoint(ep):
+                    raise ValueError(
+                        f"coordinator.{name}={ep!r} listens beyond loopback; set coordinator.allow_remote_control=true "
+                        "to allow it (no authentication yet)"
+                    )
+        return self
+
+
+class WebhookSettings(_Strict):
+    """Alertmanager-compatible webhook sink (off when ``url`` is empty)."""
+
+    url: str = ""
+    timeout_s: float = Field(5.0, gt=0)
+    retries: int = Field(3, ge=0)
+    queue_size: int = Field(1000, ge=1)
+    external_url: str = ""
+
+
+class LoggingSettings(_Strict):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["json", "console"] = "json"
+
+
+class Settings(BaseSettings):
+    """Root of the configuration tree (TOML file sections have the same names)."""
+
+    model_config = SettingsConfigDict(env_prefix="PROFWATCH_", env_nested_delimiter="__", extra="forbid")
+
+    node: NodeSettings = Field(default_factory=NodeSettings)
+    coordinator: CoordinatorSettings = Field(default_factory=CoordinatorSettings)
+    detection: DetectionSettings = Field(default_factory=DetectionSettings)
+    arming: ArmingSettings = Field(default_factory=ArmingSettings)
+    capture: CaptureSettings = Field(default_factory=CaptureSettings)
+    watch: WatchSettings = Field(default_factory=WatchSettings)
+    analysis: AnalysisSettings = Field(default_factory=AnalysisSettings)
+    webhook: WebhookSettings = Field(default_factory=WebhookSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+
+    _toml_file: Path | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml = _TOML_PATH.get("path")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if toml is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
+        return tuple(sources)
+
+
+_TOML_PATH: dict[str, Path | None] = {"path": None}
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
+    """Load the config file (optional) with env overrides; ``overrides`` win over both.
+
+    Raises:
+        ConfigError: unreadable file, bad TOML, unknown keys or invalid values, with the offending key.
+    """
+    from pydantic import ValidationError
+
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist or is not a file")
+        try:
+            try:
+                import tomllib as _t
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as _t  # type: ignore[no-redef]
+            _t.loads(p.read_text())
+        except Exception as exc:  # noqa: BLE001
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+    _TOML_PATH["path"] = Path(path) if path is not None else None
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err.get("loc", ()))
+            lines.append(f"{loc}: {err.get('msg')}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+    finally:
+        _TOML_PATH["path"] = None

@@ -1,0 +1,380 @@
+"""Coordinator daemon (composition root): telemetry ingest, registry, detection, arming, capture tracking,
+control socket, event/alert stream and state store.
+
+Sockets: ingest ROUTER (node DEALERs connect), control ROUTER (CLI REQ clients), PUB (subscribers).
+One thread owns the sockets and the SQLite connection (the main loop). File system work (config writes on shared
+storage, rank-dir scans) and analyses run on worker threads and hand results back through a queue (FC-15).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Callable
+
+import structlog
+import zmq
+
+from daemon.adapters import control
+from daemon.adapters.metrics import DaemonMetrics
+from daemon.adapters.publish import EventPublisher
+from daemon.adapters.state import StateStore
+from daemon.capture_manager import CaptureManager
+from daemon.config import Settings
+from daemon.core.alerts import make_cloudevent
+from daemon.core.anomaly import Anomaly, JobDetector
+from daemon.core.messages import MessageRejected, parse_node_message
+from daemon.core.registry import Registry, RegistryError
+from daemon.logsetup import OncePerKind
+from rankhook import wire
+
+log = structlog.get_logger("profwatch.coordinator")
+
+ALERT_TYPES = {
+    "io.profwatch.suspect_ranks.v1",
+    "io.profwatch.batch_incomplete.v1",
+    "io.profwatch.analysis_failed.v1",
+    "io.profwatch.path_refused.v1",
+}
+
+
+class Coordinator:
+    """The coordinator. ``run()`` blocks until ``stop()``; everything persistent is in ``settings.coordinator.state_db``.
+
+    Raises:
+        zmq.ZMQError: an endpoint cannot be bound (address in use).
+        sqlite3.DatabaseError: the state database is not usable.
+    """
+
+    def __init__(self, settings: Settings, metrics: DaemonMetrics | None = None) -> None:
+        self.settings = settings
+        cs = settings.coordinator
+        self.metrics = metrics or DaemonMetrics("coordinator")
+        self._stop = threading.Event()
+        self._ctx = zmq.Context()
+        self.state = StateStore(cs.state_db)
+        self.registry = Registry(window_steps=cs.window_steps)
+        self.detectors: dict[str, JobDetector] = {}
+        self._known_nodes: set[str] = set()  # nodes seen since this process started (others must re-register)
+        self._once = OncePerKind()
+        self.counters = {"received": 0, "rejected": 0, "batches": 0, "lost_batches": 0, "events": 0}
+        self.results: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._restore_registry()
+        self.ingest = self._ctx.socket(zmq.ROUTER)
+        self.ingest.setsockopt(zmq.LINGER, 0)
+        self.ingest.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BATCH_BYTES)
+        self.ingest.setsockopt(zmq.RCVHWM, 10_000)
+        self.ingest.bind(cs.ingest_bind)
+        self.control_sock = control.bind_control(self._ctx, cs.control_bind)
+        self.pub = EventPublisher(self._ctx, cs.pub_bind)
+        self.captures = CaptureManager(self)
+        log.info("coordinator_started", ingest=cs.ingest_bind, control=cs.control_bind, pub=cs.pub_bind,
+                 state_db=str(cs.state_db), jobs=len(self.registry.jobs))
+
+    # -- persistence --------------------------------------------------------------------------------------------
+    def _restore_registry(self) -> None:
+        from daemon.core.registry import JobState, RankState
+        from daemon.core.step_window import StepWindow
+
+        jobs, ranks, _nodes = self.state.load_registry()
+        import json
+
+        for j in jobs:
+            self.registry.jobs[j["job_id"]] = JobState(
+                job_id=j["job_id"], world_size=j["world_size"], profiler_config_path=j["profiler_config_path"],
+                prof_root=j["prof_root"], backend=j["backend"] or "", first_seen_unix_s=j["first_seen_unix_s"] or 0.0,
+                started_unix_s=j["started_unix_s"] or 0.0, versions=json.loads(j["versions"] or "{}"),
+            )
+        for r in ranks:
+            job = self.registry.jobs.get(r["job_id"])
+            if job is None:
+                continue
+            job.ranks[r["rank"]] = RankState(
+                rank=r["rank"], hostname=r["hostname"] or "", node_id=r["node_id"] or "", pid=r["pid"] or 0,
+                local_rank=r["local_rank"] if r["local_rank"] is not None else -1, backend=r["backend"] or "",
+                last_step=r["last_step"] if r["last_step"] is not None else -1,
+                last_step_time_s=r["last_step_time_s"] or 0.0, seen_unix_s=r["seen_unix_s"] or 0.0,
+                left=bool(r["left"]), window=StepWindow(self.registry.window_steps),
+            )
+
+    def _flush_registry(self) -> None:
+        import json
+
+        jobs, ranks, nodes = [], [], []
+        for job in self.registry.jobs.values():
+            jobs.append({
+                "job_id": job.job_id, "world_size": job.world_size, "backend": job.backend,
+                "profiler_config_path": job.profiler_config_path, "prof_root": job.prof_root,
+                "first_seen_unix_s": job.first_seen_unix_s, "started_unix_s": job.started_unix_s,
+                "versions": json.dumps(job.versions),
+            })
+            for r in job.ranks.values():
+                ranks.append((job.job_id, r.rank, r.hostname, r.node_id, r.pid, r.local_rank, r.backend, r.last_step,
+                              r.last_step_time_s, r.seen_unix_s, int(r.left)))
+        for n in self.registry.nodes.values():
+            nodes.append((n.node_id, n.hostname, n.pid, n.last_seen_unix_s, json.dumps(n.counters)))
+        self.state.save_registry(jobs, ranks, nodes)
+
+    # -- events -------------------------------------------------------------------------------------------------
+    def emit(self, type_: str, job_id: str | None, data: dict[str, Any], event_id: str | None = None) -> dict[str, Any] | None:
+        """Store and publish one CloudEvent; alerts are deduplicated by ``event_id``. Returns the event or None
+        when it was a duplicate."""
+        ev = make_cloudevent(type_, job_id or "_", data, source=self.settings.coordinator.event_source,
+                             now_unix_s=time.time(), event_id=event_id)
+        is_alert = type_ in ALERT_TYPES
+        if not self.state.add_event(ev, is_alert):
+            return None
+        self.pub.publish(ev, is_alert)
+        self.metrics.alerts.labels(type_).inc()
+        self.counters["events"] += 1
+        if is_alert:
+            self.captures.sink_alert(ev)
+        log.info("event_published", type=type_, job_id=job_id, event_id=ev["id"])
+        return ev
+
+    # -- main loop ----------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Serve until stopped; always closes sockets, workers and the state store."""
+        cs = self.settings.coordinator
+        poller = zmq.Poller()
+        poller.register(self.ingest, zmq.POLLIN)
+        poller.register(self.control_sock, zmq.POLLIN)
+        next_tick = next_flush = 0.0
+        self.captures.start()
+        try:
+            while not self._stop.is_set():
+                events = dict(poller.poll(int(cs.tick_interval_s * 1000 / 2)))
+                if self.ingest in events:
+                    self._drain_ingest()
+                if self.control_sock in events:
+                    self._drain_control()
+                self._drain_results()
+                now = time.time()
+                if now >= next_tick:
+                    next_tick = now + cs.tick_interval_s
+                    self._tick(now)
+                if now >= next_flush:
+                    next_flush = now + cs.registry_flush_s
+                    self._flush_registry()
+        finally:
+            self.close()
+
+    def _drain_results(self) -> None:
+        while True:
+            try:
+                fn = self.results.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - a failing handler must not kill the loop
+                log.exception("result_handler_failed", error=repr(exc))
+
+    def _tick(self, now: float) -> None:
+        for job_id, det in list(self.detectors.items()):
+            for an in det.tick(now):
+                self._on_anomaly(an, now)
+        self.captures.tick(now)
+
+    def _reject(self, exc: MessageRejected | RegistryError, node_id: str = "") -> None:
+        self.counters["rejected"] += 1
+        self.metrics.rejected.labels(exc.reason).inc()
+        if self._once.first(exc.reason):
+            log.warning("message_rejected", reason=exc.reason, detail=str(exc), node_id=node_id,
+                        note="logged once per reason; see profwatch_rejected_total")
+
+    def _drain_ingest(self) -> None:
+        for _ in range(1000):
+            try:
+                frames = self.ingest.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                self._reject(MessageRejected("bad_framing", f"{len(frames)} frames"))
+                continue
+            ident, data = frames
+            node_id = ident.decode(errors="replace")
+            try:
+                env, msgs, bad = parse_node_message(data)
+            except MessageRejected as exc:
+                self._reject(exc, node_id)
+                continue
+            for b in bad:
+                self._reject(b, node_id)
+            now = time.time()
+            if env.node_id != node_id:
+                self._reject(MessageRejected("bad_node_id", f"{env.node_id!r} sent by {node_id!r}"), node_id)
+                continue
+            if node_id not in self._known_nodes:
+                self._known_nodes.add(node_id)
+                if env.kind != "node_batch" or not any(m.kind == "hello" for m in msgs):
+                    self._send_node(ident, wire.NodeCommand(cmd="register", command_id=f"reg-{int(now)}"))
+            if env.kind == "node_heartbeat":
+                self.registry.heartbeat(env, now)
+            elif env.kind == "node_ack":
+                self.captures.on_node_ack(env, now)
+            elif env.kind == "node_batch":
+                node, _new = self.registry.touch_node(env.node_id, env.hostname, now)
+                lost = self.registry.note_batch_seq(node, env.seq)
+                if lost:
+                    self.counters["lost_batches"] += lost
+                self.counters["batches"] += 1
+                self._ingest_messages(msgs, node_id, now)
+
+    def _ingest_messages(self, msgs: list[Any], node_id: str, now: float) -> None:
+        reg = self.registry
+        self.counters["received"] += len(msgs)
+        self.metrics.messages_in.labels("rank_message").inc(len(msgs))
+        for m in msgs:
+            kind = m.kind
+            try:
+                if kind == "step":
+                    job, _rank, restarted = reg.step(m, now)
+                    if job is None:
+                        self._reject(MessageRejected("unknown_job", f"step for job {m.job_id} before any hello"), node_id)
+                        continue
+                    det = self.detectors.get(m.job_id)
+                    if det is None:
+                        det = self._detector_for(job.job_id, job.world_size)
+                    for an in det.observe(m):
+                        self._on_anomaly(an, now)
+                elif kind == "hello":
+                    known = m.job_id in reg.jobs
+                    job = reg.hello(m, node_id, now)
+                    if not known:
+                        log.info("job_registered", job_id=m.job_id, world_size=m.world_size, backend=m.backend)
+                    self.captures.on_hello(job, m, now)
+                    det = self.detectors.get(m.job_id) or self._detector_for(job.job_id, job.world_size)
+                elif kind == "capture":
+                    self.captures.on_capture_event(m, node_id, now)
+                elif kind == "bye":
+                    reg.bye(m, now)
+                    det = self.detectors.get(m.job_id)
+                    if det is not None:
+                        det.mark_left(m.rank)
+            except RegistryError as exc:
+                self._reject(exc, node_id)
+
+    def _detector_for(self, job_id: str, world_size: int) -> JobDetector:
+        det = JobDetector(job_id, world_size, self.settings.detection)
+        self.detectors[job_id] = det
+        return det
+
+    def _on_anomaly(self, an: Anomaly, now: float) -> None:
+        data = {"kind": an.kind, "step": an.step, "ranks": list(an.ranks), "magnitude": an.magnitude, "detail": an.detail}
+        self.emit("io.profwatch.anomaly.v1", an.job_id, data)
+        self.captures.on_anomaly(an, now)
+
+    def _send_node(self, ident: bytes, cmd: wire.NodeCommand) -> None:
+        try:
+            self.ingest.send_multipart([ident, wire.encode(cmd)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.warning("node_command_failed", node_id=ident.decode(errors="replace"), error=str(exc))
+
+    def send_node_command(self, node_id: str, cmd: wire.NodeCommand) -> None:
+        """Send a command to one node daemon (by its identity)."""
+        self._send_node(node_id.encode(), cmd)
+
+    # -- control ------------------------------------------------------------------------------------------------
+    def _drain_control(self) -> None:
+        for _ in range(100):
+            try:
+                envelope, req = control.recv_request(self.control_sock)
+            except zmq.Again:
+                return
+            if isinstance(req, control.ControlError):
+                control.send_reply(self.control_sock, envelope, error=req)
+                continue
+            handler = getattr(self, f"_cmd_{req['cmd']}", None)
+            if handler is None:
+                control.send_reply(self.control_sock, envelope,
+                                   error=control.ControlError("unknown_command", f"unknown command {req['cmd']!r}"))
+                continue
+            try:
+                result = handler(**req.get("args", {}))
+                control.send_reply(self.control_sock, envelope, result=result)
+            except control.ControlError as exc:
+                control.send_reply(self.control_sock, envelope, error=exc)
+            except TypeError as exc:
+                control.send_reply(self.control_sock, envelope, error=control.ControlError("bad_request", str(exc)))
+            except Exception as exc:  # noqa: BLE001
+                log.exception("control_command_failed", cmd=req["cmd"])
+                control.send_reply(self.control_sock, envelope, error=control.ControlError("internal", repr(exc)))
+
+    def _cmd_ping(self) -> dict[str, Any]:
+        return {"pong": True, "ts_unix_s": time.time()}
+
+    def _cmd_status(self, job_id: str | None = None) -> dict[str, Any]:
+        snap = self.registry.snapshot(time.time())
+        if job_id is not None:
+            snap["jobs"] = [j for j in snap["jobs"] if j["job_id"] == job_id]
+        snap["counters"] = dict(self.counters)
+        snap["captures"] = self.captures.summary(job_id)
+        return snap
+
+    def _cmd_events(self, job_id: str | None = None, since_seq: int = 0, limit: int = 100,
+                    alerts_only: bool = True) -> list[dict[str, Any]]:
+        return [{"seq": s, "event": e} for s, e in
+                self.state.events(job_id=job_id, alerts_only=alerts_only, since_seq=int(since_seq), limit=int(limit))]
+
+    def _cmd_arm(self, **args: Any) -> dict[str, Any]:
+        return self.captures.arm_from_control(args, time.time())
+
+    def _cmd_captures(self, job_id: str | None = None) -> list[dict[str, Any]]:
+        return self.state.captures(job_id)
+
+    def _cmd_set_thresholds(self, detection: dict[str, Any] | None = None, arming: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Runtime tuning without restart: merge into the current settings, validate, apply to every detector."""
+        from pydantic import ValidationError
+
+        try:
+            if detection:
+                new_det = self.settings.detection.model_validate(self.settings.detection.model_dump() | detection)
+                self.settings.detection = new_det
+                for det in self.detectors.values():
+                    det.update_settings(new_det)
+            if arming:
+                new_arm = self.settings.arming.model_validate(self.settings.arming.model_dump() | arming)
+                self.settings.arming = new_arm
+                self.captures.update_arming(new_arm)
+        except ValidationError as exc:
+            raise control.ControlError("bad_request", str(exc)) from None
+        return {"detection": self.settings.detection.model_dump(), "arming": self.settings.arming.model_dump()}
+
+    def _cmd_dump_telemetry(self, job_id: str) -> str:
+        job = self.registry.jobs.get(job_id)
+        if job is None:
+            raise control.ControlError("not_found", f"unknown job {job_id!r}")
+        lines = []
+        import json
+
+        for r in job.ranks.values():
+            if r.window is None:
+                continue
+            for step, t in r.window.items():
+                lines.append(json.dumps({"job_id": job_id, "rank": r.rank, "world_size": job.world_size, "step": step,
+                                         "step_time_s": round(float(t), 6), "ts_unix_s": None}))
+        return "\n".join(lines)
+
+    # -- shutdown -----------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._ctx.closed:
+            return
+        self._stop.set()
+        try:
+            self.captures.close()
+        finally:
+            try:
+                self._flush_registry()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("registry_flush_failed", error=repr(exc))
+            self.state.close()
+            self.ingest.close(0)
+            self.control_sock.close(0)
+            self.pub.close()
+            self._ctx.term()
+            log.info("coordinator_stopped", **self.counters)

@@ -1,0 +1,193 @@
+"""Validation of wire messages (pure): pydantic ``TypeAdapter`` over the dataclasses of ``rankhook/wire.py``.
+
+The schema lives only in ``rankhook/wire.py``; this module adds the value rules the types cannot say
+(finite non-negative times, ``0 <= rank < world_size``, safe ``job_id`` spelling, schema version) and turns every
+failure into a :class:`MessageRejected` with a short ``reason`` code used for counters and one log line per kind.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import make_dataclass
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from rankhook import wire
+
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+"""job_id becomes part of topics, file names and paths: letters, digits, ``_ . : -``; 1..128 chars."""
+STAGE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+MAX_STAGES = 32
+MAX_STEP = 2**62
+
+
+class MessageRejected(ValueError):
+    """A message failed validation. ``reason`` is a stable snake_case code (counter label)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+_RankUnion = Annotated[
+    Union[wire.RankHello, wire.StepReport, wire.CaptureEvent, wire.RankBye],  # noqa: UP007
+    Field(discriminator="kind"),
+]
+_NodeUnion = Annotated[
+    Union[wire.NodeHeartbeat, wire.NodeBatch, wire.NodeAck],  # noqa: UP007
+    Field(discriminator="kind"),
+]
+_rank_adapter: TypeAdapter[Any] = TypeAdapter(_RankUnion)
+_node_adapter: TypeAdapter[Any] = TypeAdapter(_NodeUnion)
+# A batch whose messages are validated in the same (Rust) pass as the envelope: the fast path.
+_TypedBatch = make_dataclass(
+    "_TypedBatch",
+    [
+        ("node_id", str),
+        ("hostname", str),
+        ("seq", int),
+        ("ts_unix_s", float),
+        ("messages", list[_RankUnion]),
+        ("kind", Literal["node_batch"]),
+        ("v", Literal[wire.SCHEMA_VERSION]),  # type: ignore[valid-type]
+    ],
+)
+_typed_batch_adapter: TypeAdapter[Any] = TypeAdapter(_TypedBatch)
+_command_adapter: TypeAdapter[wire.NodeCommand] = TypeAdapter(wire.NodeCommand)
+
+_KNOWN_RANK_KINDS = {"hello", "step", "capture", "bye"}
+_KNOWN_NODE_KINDS = {"node_heartbeat", "node_batch", "node_ack"}
+
+
+def _finite_nonneg(x: float, name: str) -> None:
+    if not math.isfinite(x) or x < 0:
+        raise MessageRejected("bad_value", f"{name}={x!r} must be finite and >= 0")
+
+
+def check_rank_message(msg: Any) -> Any:
+    """Apply the value rules to a typed rank message; return it or raise :class:`MessageRejected`."""
+    if msg.v != wire.SCHEMA_VERSION:
+        raise MessageRejected("bad_version", f"v={msg.v}, expected {wire.SCHEMA_VERSION}")
+    if not JOB_ID_RE.match(msg.job_id):
+        raise MessageRejected("bad_job_id", repr(msg.job_id[:80]))
+    if msg.rank < 0:
+        raise MessageRejected("bad_rank", f"rank={msg.rank}")
+    kind = msg.kind
+    if kind == "step":
+        _finite_nonneg(msg.step_time_s, "step_time_s")
+        _finite_nonneg(msg.ts_unix_s, "ts_unix_s")
+        if not 0 <= msg.step < MAX_STEP:
+            raise MessageRejected("bad_value", f"step={msg.step}")
+        if msg.stages:
+            if len(msg.stages) > MAX_STAGES:
+                raise MessageRejected("bad_value", f"{len(msg.stages)} stages > {MAX_STAGES}")
+            for name, dur in msg.stages.items():
+                if not STAGE_NAME_RE.match(name):
+                    raise MessageRejected("bad_value", f"stage name {name[:40]!r}")
+                _finite_nonneg(dur, f"stages[{name}]")
+    elif kind == "hello":
+        if msg.world_size < 1 or msg.rank >= msg.world_size:
+            raise MessageRejected("bad_rank", f"rank={msg.rank} world_size={msg.world_size}")
+        if msg.local_rank < 0 or msg.pid <= 0:
+            raise MessageRejected("bad_value", f"local_rank={msg.local_rank} pid={msg.pid}")
+        _finite_nonneg(msg.ts_unix_s, "ts_unix_s")
+    else:
+        _finite_nonneg(msg.ts_unix_s, "ts_unix_s")
+    return msg
+
+
+def _rejected_from(exc: ValidationError, known: set[str], raw: Any) -> MessageRejected:
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict):
+        return MessageRejected("bad_schema", "not a JSON object")
+    if kind not in known:
+        return MessageRejected("unknown_kind", repr(kind)[:60])
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = ".".join(str(p) for p in first.get("loc", ()))
+    return MessageRejected("bad_schema", f"{loc}: {first.get('msg', '')}"[:200])
+
+
+def parse_rank_message(raw: Any) -> Any:
+    """Validate one rank message given as a dict (or JSON bytes/str); return the wire dataclass instance.
+
+    Raises:
+        MessageRejected: reason ``bad_json``, ``bad_schema``, ``unknown_kind``, ``bad_version``, ``bad_job_id``,
+            ``bad_rank`` or ``bad_value``.
+    """
+    if isinstance(raw, (bytes, str)):
+        import json
+
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise MessageRejected("bad_json", str(exc)[:120]) from None
+    if isinstance(raw, dict) and raw.get("v", wire.SCHEMA_VERSION) != wire.SCHEMA_VERSION:
+        raise MessageRejected("bad_version", f"v={raw.get('v')!r}")
+    try:
+        msg = _rank_adapter.validate_python(raw)
+    except ValidationError as exc:
+        raise _rejected_from(exc, _KNOWN_RANK_KINDS, raw) from None
+    return check_rank_message(msg)
+
+
+def parse_node_message(data: bytes) -> tuple[Any, list[Any], list[MessageRejected]]:
+    """Validate one node->coordinator message.
+
+    Returns:
+        ``(envelope, rank_messages, rejected)``: for a ``node_batch`` the valid rank messages (typed) and one
+        :class:`MessageRejected` per bad one (the rest of the batch is kept); for other kinds the lists are empty.
+    Raises:
+        MessageRejected: the envelope itself is unusable.
+    """
+    import json
+
+    # Fast path: the whole batch validates in one pass.
+    try:
+        tb = _typed_batch_adapter.validate_json(data)
+    except ValidationError:
+        tb = None  # not a batch, or one bad message inside: take the slow path that isolates it
+    if tb is not None:
+        good: list[Any] = []
+        bad: list[MessageRejected] = []
+        for m in tb.messages:
+            try:
+                good.append(check_rank_message(m))
+            except MessageRejected as exc:
+                bad.append(exc)
+        env = wire.NodeBatch(node_id=tb.node_id, hostname=tb.hostname, seq=tb.seq, ts_unix_s=tb.ts_unix_s)
+        return env, good, bad
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:
+        raise MessageRejected("bad_json", str(exc)[:120]) from None
+    if not isinstance(raw, dict):
+        raise MessageRejected("bad_schema", "not a JSON object")
+    if raw.get("v") != wire.SCHEMA_VERSION:
+        raise MessageRejected("bad_version", f"v={raw.get('v')!r}")
+    try:
+        env = _node_adapter.validate_python(raw)
+    except ValidationError as exc:
+        raise _rejected_from(exc, _KNOWN_NODE_KINDS, raw) from None
+    if env.kind != "node_batch":
+        return env, [], []
+    good, bad = [], []
+    for m in env.messages:
+        try:
+            good.append(parse_rank_message(m))
+        except MessageRejected as exc:
+            bad.append(exc)
+    return env, good, bad
+
+
+def parse_node_command(data: bytes) -> wire.NodeCommand:
+    """Validate a coordinator->node command. Raises :class:`MessageRejected`."""
+    try:
+        cmd = _command_adapter.validate_json(data)
+    except ValidationError as exc:
+        raise MessageRejected("bad_schema", str(exc.errors()[0].get("msg", ""))[:200]) from None
+    if cmd.v != wire.SCHEMA_VERSION:
+        raise MessageRejected("bad_version", f"v={cmd.v}")
+    return cmd

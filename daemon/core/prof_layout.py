@@ -1,0 +1,282 @@
+"""Rank-dir layout of torch_npu / torch.profiler captures: name recognition and info/metadata parsing (pure).
+
+Nothing here reads files: callers pass directory names and already-decoded JSON objects. Sources:
+``../shared/docs/msprof-analyze.md`` sections 3, 4.1 and 12, ``../shared/docs/torch_npu_dynamic_profile.md``
+section 5, and the torch backend format in ``docs/architecture.md`` ("Rank dir formats").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+RankDirKind = Literal["ascend_pt", "torch_pt"]
+
+#: Rank dir name, torch_npu spelling ``{worker}_{pid}_{YYYYmmddHHMMSSfff}_ascend_pt`` (msprof doc section 12.1);
+#: the torch backend uses the same shape with ``_torch_pt``.
+RANK_DIR_RE = re.compile(r"^(?P<worker>.+)_(?P<pid>\d+)_(?P<ts>\d{17})_(?P<kind>ascend_pt|torch_pt)$")
+PROFILER_INFO_RE = re.compile(r"^profiler_info(?:_(?P<rank>-?\d+))?\.json$")
+#: ``ascend_pytorch_profiler(_<digits>)?.db``; no digits means rank -1 to msprof-analyze (msprof doc section 3A).
+PROFILER_DB_RE = re.compile(r"^ascend_pytorch_profiler(?:_(?P<rank>\d+))?\.db$")
+KINETO_TRACE_RE = re.compile(r"^.+\.pt\.trace\.json(?:\.gz)?$")
+
+PROFILER_OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
+PROFILER_METADATA = "profiler_metadata.json"
+ANALYSIS_DB = "analysis.db"
+#: torch_npu >= 26.0.0 writes this empty file last in a parse (msprof doc section 4.1 step 4).
+ANALYSE_DONE = "analyse.done"
+#: The torch backend's completion marker, written last (architecture.md "Rank dir formats").
+TRACE_DONE = "trace.done"
+
+#: Tables the recipes read from ``ascend_pytorch_profiler_{rank}.db`` (msprof doc sections 4.3, 4.4, 12.6).
+REQUIRED_PROFILER_TABLES: tuple[str, ...] = (
+    "STRING_IDS",
+    "COMMUNICATION_OP",
+    "CANN_API",
+    "RANK_DEVICE_MAP",
+    "TASK",
+    "COMPUTE_TASK_INFO",
+)
+#: Tables that only carry communication data; a Level0 capture may lack them (field case FC-03).
+COMMUNICATION_TABLES: frozenset[str] = frozenset({"COMMUNICATION_OP", "CommAnalyzerTime"})
+#: Tables cluster_time_summary reads from ``analysis.db``; StepTraceTime is written last (msprof doc 4.1, 4.3).
+REQUIRED_ANALYSIS_TABLES: tuple[str, ...] = ("StepTraceTime", "CommAnalyzerTime")
+#: Text-export outputs (msprof doc section 4.2); seen without a DB they mean "text-only export".
+TEXT_OUTPUTS: frozenset[str] = frozenset(
+    {"step_trace_time.csv", "communication.json", "communication_matrix.json", "trace_view.json", "kernel_details.csv"}
+)
+
+
+class LayoutError(ValueError):
+    """A profiler_info / profiler_metadata object does not have the documented shape."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankDirName:
+    """Fields of a rank dir name: ``worker`` (hostname by default), ``pid``, 17-digit local-time ``ts``, ``kind``."""
+
+    worker: str
+    pid: int
+    ts: str
+    kind: RankDirKind
+
+    @property
+    def ts_naive(self) -> datetime:
+        """``ts`` as a naive local-time datetime (torch_npu writes local time, msprof doc section 3)."""
+        return datetime.strptime(self.ts[:14], "%Y%m%d%H%M%S").replace(microsecond=int(self.ts[14:]) * 1000)
+
+
+def parse_rank_dir_name(name: str) -> RankDirName | None:
+    """Return the fields of a rank dir name, or None when ``name`` is not a rank dir (msprof doc section 12.1)."""
+    m = RANK_DIR_RE.match(name)
+    if m is None:
+        return None
+    parsed = RankDirName(m["worker"], int(m["pid"]), m["ts"], m["kind"])  # type: ignore[arg-type]
+    try:
+        parsed.ts_naive  # noqa: B018 (rejects impossible dates such as month 13)
+    except ValueError:
+        return None
+    return parsed
+
+
+def rank_from_profiler_info_name(name: str) -> int | None:
+    """Rank encoded in ``profiler_info_{rank}.json``; None for ``profiler_info.json`` (no rank) or other names."""
+    m = PROFILER_INFO_RE.match(name)
+    if m is None or m["rank"] is None:
+        return None
+    return int(m["rank"])
+
+
+def is_profiler_info_name(name: str) -> bool:
+    """True for ``profiler_info.json`` and ``profiler_info_{rank}.json``."""
+    return PROFILER_INFO_RE.match(name) is not None
+
+
+def rank_from_db_name(name: str) -> int | None:
+    """Rank msprof-analyze derives from a profiler DB file name: the digits, -1 without digits, None if no DB name.
+
+    Source: msprof doc section 3A (discovery takes the rank from the file name, not from the DB).
+    """
+    m = PROFILER_DB_RE.match(name)
+    if m is None:
+        return None
+    return int(m["rank"]) if m["rank"] is not None else -1
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilerInfo:
+    """What profwatch uses from ``profiler_info_{rank}.json`` (msprof doc section 4.1 step 2).
+
+    ``export_types`` from ``config.experimental_config._export_type`` (a string or a list; empty when absent,
+    which torch_npu treats as text); ``collection_time_end_ns`` from ``end_info.collectionTimeEnd`` (unix ns);
+    ``world_size`` only in torch backend files.
+    """
+
+    rank_id: int | None
+    export_types: tuple[str, ...] = ()
+    profiler_level: str | None = None
+    collection_time_end_ns: int | None = None
+    torch_npu_version: str | None = None
+    cann_version: str | None = None
+    world_size: int | None = None
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def parse_profiler_info(data: Mapping[str, Any]) -> ProfilerInfo:
+    """Extract :class:`ProfilerInfo` from a decoded ``profiler_info*.json`` object.
+
+    Raises:
+        LayoutError: ``data`` is not an object, or ``rank_id`` is present but not an integer.
+    """
+    if not isinstance(data, Mapping):
+        raise LayoutError(f"profiler_info is a {type(data).__name__}, not an object")
+    rank_raw = data.get("rank_id")
+    rank_id = _as_int(rank_raw)
+    if rank_raw is not None and rank_id is None:
+        raise LayoutError(f"profiler_info rank_id is not an integer: {rank_raw!r}")
+    config = data.get("config") if isinstance(data.get("config"), Mapping) else {}
+    exp = config.get("experimental_config") if isinstance(config.get("experimental_config"), Mapping) else {}
+    export_raw = exp.get("_export_type", exp.get("export_type"))
+    if isinstance(export_raw, str):
+        export_types: tuple[str, ...] = (export_raw.lower(),)
+    elif isinstance(export_raw, (list, tuple)):
+        export_types = tuple(str(x).lower() for x in export_raw)
+    else:
+        export_types = ()
+    level = exp.get("_profiler_level", exp.get("profiler_level"))
+    end_info = data.get("end_info") if isinstance(data.get("end_info"), Mapping) else {}
+    return ProfilerInfo(
+        rank_id=rank_id,
+        export_types=export_types,
+        profiler_level=str(level) if level is not None else None,
+        collection_time_end_ns=_as_int(end_info.get("collectionTimeEnd")),
+        torch_npu_version=_str_or_none(data.get("torch_npu_version")),
+        cann_version=_str_or_none(data.get("cann_version")),
+        world_size=_as_int(data.get("world_size")),
+    )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilerMetadata:
+    """What profwatch uses from ``profiler_metadata.json`` (msprof doc 4.1 step 2, architecture.md rank dir formats).
+
+    ``capture_id``/``job_id``/``reason``: the ``profwatch_*`` keys profwatch stamps into the config's metadata.
+    ``world_size``: ``len(global_ranks)`` of the ``default_group`` entry of ``parallel_group_info``, else
+    ``distributed_args.world_size`` (msprof doc section 12.4). ``group_names``: the HCCL communicator names
+    (keys of ``parallel_group_info``), identical across ranks of one job, a grouping hint only (section 12.3).
+    """
+
+    capture_id: str | None = None
+    job_id: str | None = None
+    reason: str | None = None
+    world_size: int | None = None
+    group_names: frozenset[str] = field(default_factory=frozenset)
+
+
+def parse_profiler_metadata(data: Mapping[str, Any]) -> ProfilerMetadata:
+    """Extract :class:`ProfilerMetadata` from a decoded ``profiler_metadata.json`` object.
+
+    torch_npu stores some values as JSON-encoded strings (``add_metadata`` takes strings), so string values of
+    ``parallel_group_info`` / ``distributed_args`` are decoded by the caller or ignored here when not objects.
+
+    Raises:
+        LayoutError: ``data`` is not an object.
+    """
+    if not isinstance(data, Mapping):
+        raise LayoutError(f"profiler_metadata is a {type(data).__name__}, not an object")
+    world_size: int | None = None
+    groups: set[str] = set()
+    pgi = data.get("parallel_group_info")
+    if isinstance(pgi, Mapping):
+        for raw_name, info in pgi.items():
+            groups.add(str(raw_name))
+            if isinstance(info, Mapping) and info.get("group_name") == "default_group":
+                ranks = info.get("global_ranks")
+                if isinstance(ranks, list) and ranks:
+                    world_size = len(ranks)
+    dargs = data.get("distributed_args")
+    if world_size is None and isinstance(dargs, Mapping):
+        world_size = _as_int(dargs.get("world_size"))
+    return ProfilerMetadata(
+        capture_id=_str_or_none(data.get("profwatch_capture_id")),
+        job_id=_str_or_none(data.get("profwatch_job_id")),
+        reason=_str_or_none(data.get("profwatch_reason")),
+        world_size=world_size if world_size and world_size > 0 else None,
+        group_names=frozenset(groups),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DbObservation:
+    """What the adapter saw in one SQLite file (read-only open; msprof doc section 12.6).
+
+    ``checked`` is False when the adapter skipped the content checks (the rank is still parsing). ``error`` is
+    the ``PRAGMA quick_check`` result when not ``ok``, or the open/read error ("database disk image is
+    malformed", "file is not a database"). ``locked``: a writer holds the DB (still being written).
+    ``rank_device_map``: ``RANK_DEVICE_MAP.rankId`` values (None when the table is missing);
+    ``step_ids``: ``STEP_TIME.id`` values (None when the table is missing); ``rows``: row counts of the
+    tables the checks count (``COMMUNICATION_OP``, ``StepTraceTime``, ``CommAnalyzerTime``).
+    """
+
+    name: str
+    size_bytes: int = 0
+    mtime_s: float = 0.0
+    checked: bool = False
+    error: str | None = None
+    locked: bool = False
+    tables: frozenset[str] = frozenset()
+    rank_device_map: tuple[int, ...] | None = None
+    step_ids: tuple[int, ...] | None = None
+    rows: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RankDirObservation:
+    """Everything the completeness core needs from one rank dir, read by ``daemon/adapters/rank_dir_fs.py``.
+
+    ``unknown`` is set (to the errno name and message) when the directory could not be read right now
+    (ESTALE, EIO, ...): such a rank is neither present-and-healthy nor deleted (field case FC-15).
+    ``dir_ts_unix_s``: the name's local-time ``ts`` converted by the adapter (the host's time zone).
+    ``info_file``/``info``/``info_error``: the ``profiler_info*.json`` file name, parsed content, or why it did
+    not parse (a non-atomic write may still be in progress, msprof doc 4.1). Same for ``metadata``.
+    ``output_files``: names in ``ASCEND_PROFILER_OUTPUT`` (ascend) or in the rank dir itself (torch).
+    ``newest_output_mtime_s``: the newest mtime (unix s) of anything in the output dir, for the quiet period.
+    ``leftover_sqlite``: some ``PROF_*/{host,device_*}/sqlite`` dir still exists (msprof doc 12.5b).
+    """
+
+    path: str
+    name: RankDirName
+    dir_ts_unix_s: float | None = None
+    unknown: str | None = None
+    info_file: str | None = None
+    info: ProfilerInfo | None = None
+    info_error: str | None = None
+    metadata: ProfilerMetadata | None = None
+    metadata_error: str | None = None
+    output_dir: bool = False
+    output_files: frozenset[str] = frozenset()
+    marker: bool = False
+    profiler_dbs: tuple[DbObservation, ...] = ()
+    analysis_db: DbObservation | None = None
+    leftover_sqlite: bool = False
+    journal_files: tuple[str, ...] = ()
+    newest_output_mtime_s: float | None = None
+    trace_files: tuple[str, ...] = ()

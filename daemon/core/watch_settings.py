@@ -1,0 +1,55 @@
+"""Settings for shared-storage watching, batch completeness, staging and retention (pure, pydantic)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: File system types polled instead of inotify: inotify does not see writes made by other nodes (field case FC-15).
+DEFAULT_NETWORK_FS_TYPES: tuple[str, ...] = (
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "ceph",
+    "glusterfs",
+    "fuse.*",
+)
+
+
+class WatchSettings(BaseModel):
+    """How profwatch watches prof_dirs and decides that a batch is complete.
+
+    Units are in the names. Deadline of a batch (``completeness.compute_deadline``):
+    ``start + steps * step_time_s * deadline_factor + parse_allowance_s``; without capture hints,
+    ``start + default_capture_window_s + parse_allowance_s``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    observer: Literal["auto", "inotify", "polling"] = "auto"
+    """auto: inotify on local file systems, polling on ``network_fs_types`` (from /proc/self/mountinfo)."""
+    network_fs_types: tuple[str, ...] = DEFAULT_NETWORK_FS_TYPES
+    poll_interval_s: float = Field(2.0, gt=0)
+    reconcile_interval_s: float = Field(30.0, gt=0)
+    """Periodic full re-check of every watched prof_dir, whatever the events said (FC-16, FC-17)."""
+    supervise_interval_s: float = Field(0.5, gt=0)
+    """How often the supervisor checks that observer threads are alive and pending prof_dirs exist."""
+    quiet_period_s: float = Field(60.0, ge=0)
+    """Older torch_npu without ``analyse.done``: outputs unchanged this long count as parsed (msprof doc 12.5d)."""
+    parse_allowance_s: float = Field(600.0, ge=0)
+    deadline_factor: float = Field(3.0, gt=0)
+    default_capture_window_s: float = Field(600.0, ge=0)
+    group_gap_s: float = Field(120.0, gt=0)
+    """Hand-armed captures without a capture id: rank dirs further apart than this are different batches."""
+    split_min_gap_s: float = Field(2.0, ge=0)
+    """A time cluster holding one rank twice is split at its largest gap if that gap is at least this long."""
+    scan_max_depth: int = Field(5, ge=1, le=16)
+    """Directory levels walked below a scan root (msprof-analyze walks 5, msprof doc section 3A)."""
+    retention_max_bytes: int | None = Field(None, ge=0)
+    retention_max_age_s: float | None = Field(None, ge=0)

@@ -1,0 +1,152 @@
+"""SIMULATOR: generated per-rank step telemetry (pure; seeded numpy RNG; no I/O).
+
+Produces the JSONL record shape ``profwatch replay`` reads and the coordinator dumps::
+
+    {"job_id": "sim", "rank": 3, "world_size": 8, "step": 120, "step_time_s": 0.512, "ts_unix_s": 1764500042.5,
+     "stages": {"compute": 0.41, "comm": 0.10}, "flags": ["checkpoint"], "capturing": false}
+
+Model (synchronous training, ``sync=True``): per step k a level ``L_k`` (base step time times the slowdown,
+drift, spike, checkpoint and capture factors) and a job-wide noise factor ``g_k ~ 1 + cv * N(0, 1)``. Each
+rank computes for ``L_k * g_k * compute_frac * (1 + rank_jitter_cv * N(0, 1))`` (times ``slow_rank_factor``
+for the slow rank); every rank then waits at the barrier, so every rank's step time is the slowest compute
+plus the communication time (``stages["comm"]`` is that wait plus communication). With ``sync=False``
+(inference) each rank's step time is its own compute plus communication. ``cv`` is thus roughly the
+coefficient of variation of the job step time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryScenario:
+    """Parameters of one generated job (steps are ``rankhook.step()`` counts; times in seconds).
+
+    Effects (each off by default): ``slowdown`` (relative, e.g. 0.2) from ``slowdown_from_step`` (job-wide);
+    ``slow_rank`` computing ``slow_rank_factor`` times slower from ``slow_rank_from_step``; ``drift_per_step``
+    (relative per step, linear) from ``drift_from_step``; one ``spike_step`` of ``spike_factor``; a checkpoint
+    step every ``checkpoint_every`` steps of ``checkpoint_factor`` (flagged ``checkpoint`` when
+    ``checkpoint_flagged``); ``stall_rank`` sending nothing from ``stall_from_step`` while peers go on;
+    a capture window of ``capture_steps`` steps from ``capture_start_step`` (``capturing`` true, slowed by
+    ``capture_factor``, the last one by ``capture_flush_factor``) followed by ``parse_steps`` steps slowed by
+    ``parse_factor``; a restart after ``restart_after_step``: the counter starts again at ``first_step`` after
+    ``restart_gap_s`` seconds (then ``restart_steps`` more steps are generated).
+    """
+
+    job_id: str = "sim"
+    world_size: int = 8
+    steps: int = 200
+    first_step: int = 1
+    step_time_s: float = 0.5
+    cv: float = 0.02
+    rank_jitter_cv: float = 0.005
+    compute_frac: float = 0.8
+    sync: bool = True
+    with_stages: bool = True
+    seed: int = 0
+    t0_unix_s: float = 1_764_500_000.0
+    slowdown: float = 0.0
+    slowdown_from_step: int | None = None
+    slow_rank: int | None = None
+    slow_rank_factor: float = 1.3
+    slow_rank_from_step: int = 1
+    drift_per_step: float = 0.0
+    drift_from_step: int = 1
+    spike_step: int | None = None
+    spike_factor: float = 3.0
+    checkpoint_every: int | None = None
+    checkpoint_factor: float = 4.0
+    checkpoint_flagged: bool = True
+    stall_rank: int | None = None
+    stall_from_step: int | None = None
+    capture_start_step: int | None = None
+    capture_steps: int = 3
+    capture_factor: float = 1.5
+    capture_flush_factor: float = 3.0
+    parse_steps: int = 2
+    parse_factor: float = 1.4
+    restart_after_step: int | None = None
+    restart_gap_s: float = 30.0
+    restart_steps: int = 100
+
+
+def _level(sc: TelemetryScenario, step: int, restarted: bool) -> tuple[float, bool, bool]:
+    """Return (relative level, flagged checkpoint?, capturing?) of ``step``."""
+    lvl = 1.0
+    flagged = capturing = False
+    if sc.slowdown_from_step is not None and step >= sc.slowdown_from_step:
+        lvl *= 1.0 + sc.slowdown
+    if sc.drift_per_step and step >= sc.drift_from_step:
+        lvl *= 1.0 + sc.drift_per_step * (step - sc.drift_from_step)
+    if sc.spike_step is not None and step == sc.spike_step:
+        lvl *= sc.spike_factor
+    if sc.checkpoint_every and step > sc.first_step and (step - sc.first_step) % sc.checkpoint_every == 0:
+        lvl *= sc.checkpoint_factor
+        flagged = sc.checkpoint_flagged
+    cs = sc.capture_start_step
+    if cs is not None and not restarted:
+        end = cs + sc.capture_steps - 1
+        if cs <= step <= end:
+            capturing = True
+            lvl *= sc.capture_flush_factor if step == end else sc.capture_factor
+        elif end < step <= end + sc.parse_steps:
+            lvl *= sc.parse_factor
+    return lvl, flagged, capturing
+
+
+def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, object]]:
+    """Yield records step by step (ranks in order within a step; ``ts_unix_s`` non-decreasing per rank).
+
+    Shapes: ``steps * world_size`` records (fewer with a stall; more with a restart). Raises ValueError for
+    ``world_size < 1``.
+    """
+    if sc.world_size < 1:
+        raise ValueError("world_size must be >= 1")
+    rng = np.random.default_rng(sc.seed)
+    n = sc.world_size
+    ts = np.full(n, sc.t0_unix_s)
+    plan: list[tuple[int, bool]] = [(sc.first_step + i, False) for i in range(sc.steps)]
+    if sc.restart_after_step is not None:
+        plan = [p for p in plan if p[0] <= sc.restart_after_step]
+        plan += [(sc.first_step + i, True) for i in range(sc.restart_steps)]
+    prev_restarted = False
+    for step, restarted in plan:
+        if restarted and not prev_restarted:
+            ts = ts + sc.restart_gap_s
+        prev_restarted = restarted
+        lvl, flagged, capturing = _level(sc, step, restarted)
+        g = max(0.2, 1.0 + sc.cv * float(rng.standard_normal()))
+        base = sc.step_time_s * lvl * g
+        compute = base * sc.compute_frac * np.maximum(0.2, 1.0 + sc.rank_jitter_cv * rng.standard_normal(n))
+        if sc.slow_rank is not None and step >= sc.slow_rank_from_step and not restarted:
+            compute[sc.slow_rank] *= sc.slow_rank_factor
+        comm = base * (1.0 - sc.compute_frac)
+        if sc.sync:
+            step_t = np.full(n, float(compute.max()) + comm) * (1.0 + 0.001 * np.abs(rng.standard_normal(n)))
+        else:
+            step_t = compute + comm
+        ts = ts + step_t
+        for r in range(n):
+            if sc.stall_rank == r and sc.stall_from_step is not None and step >= sc.stall_from_step \
+                    and not restarted:
+                continue
+            rec: dict[str, object] = {"job_id": sc.job_id, "rank": r, "world_size": n, "step": step,
+                                      "step_time_s": round(float(step_t[r]), 6),
+                                      "ts_unix_s": round(float(ts[r]), 6)}
+            if sc.with_stages:
+                c = float(compute[r])
+                rec["stages"] = {"compute": round(c, 6), "comm": round(float(step_t[r]) - c, 6)}
+            if flagged:
+                rec["flags"] = ["checkpoint"]
+            if capturing:
+                rec["capturing"] = True
+            yield rec
+
+
+def generate_telemetry(sc: TelemetryScenario) -> list[dict[str, object]]:
+    """All records of :func:`iter_telemetry` as a list."""
+    return list(iter_telemetry(sc))

@@ -1,0 +1,196 @@
+"""rankhook: step telemetry and capture control inside every training rank (stdlib + pyzmq only).
+
+Public API::
+
+    import rankhook
+    rankhook.init()                      # identity from RANK/LOCAL_RANK/WORLD_SIZE/job env
+    for batch in loader:
+        with rankhook.stage("forward"):
+            loss = model(batch)
+        ...
+        rankhook.step()                  # end of the training step (also advances the capture backend)
+    rankhook.shutdown()
+
+Every function is safe to call without ``init`` (it does nothing) and never raises into the training loop.
+Environment: ``PROFWATCH_NODE_ENDPOINT`` / ``PROFWATCH_RUNTIME_DIR`` (node daemon socket),
+``PROFWATCH_JOB_ID``, ``PROFWATCH_BACKEND`` (auto|torch_npu|torch|none),
+``PROFWATCH_PROFILER_CONFIG_PATH`` (folder of ``profiler_config.json``), ``PROFWATCH_PROF_ROOT``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from typing import Any
+
+from rankhook.hook import Hook, _Stage
+from rankhook.identity import Identity, resolve_identity
+from rankhook.publisher import EndpointError, Publisher, default_endpoint
+
+__all__ = ["init", "step", "stage", "flag_step", "start", "set_step", "shutdown", "current", "Identity"]
+__version__ = "0.1.0"
+
+log = logging.getLogger("rankhook")
+_hook: Hook | None = None
+
+
+class _NullStage:
+    __slots__ = ()
+
+    def __enter__(self) -> _NullStage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NULL_STAGE = _NullStage()
+
+
+class _NoCapture:
+    """Capture disabled: telemetry only."""
+
+    name = "none"
+
+    def open(self, ident: Identity, emit: Any) -> None:
+        return None
+
+    def after_step(self, step: int) -> None:
+        return None
+
+    def capturing(self) -> bool:
+        return False
+
+    def start_now(self, config_path: str) -> None:
+        log.warning("rankhook.start(): no capture backend is active")
+
+    def set_step(self, step: int) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def _versions() -> dict[str, str]:
+    import sys
+
+    out = {"rankhook": __version__, "python": sys.version.split()[0]}
+    for mod in ("torch", "torch_npu"):
+        m = sys.modules.get(mod)
+        if m is not None and getattr(m, "__version__", None):
+            out[mod] = str(m.__version__)
+    return out
+
+
+def init(
+    job_id: str | None = None,
+    *,
+    backend: str | None = None,
+    profiler_config_path: str | None = None,
+    prof_root: str | None = None,
+    endpoint: str | None = None,
+    rank: int | None = None,
+    local_rank: int | None = None,
+    world_size: int | None = None,
+) -> Hook | None:
+    """Start rankhook in this process; return the hook, or None when it could not start (logged once).
+
+    Args:
+        job_id: defaults to ``PROFWATCH_JOB_ID`` / torchrun run id / ``SLURM_JOB_ID``.
+        backend: ``auto`` (torch_npu if importable, else torch), ``torch_npu``, ``torch`` or ``none``.
+        profiler_config_path: folder of ``profiler_config.json`` (the ``dp.init`` path); without it capture is
+            off and only telemetry flows.
+        prof_root: root under which captures land (announced to the daemons, checked against their roots).
+        endpoint: node daemon endpoint (default :func:`rankhook.publisher.default_endpoint`).
+    A second call returns the existing hook.
+    """
+    global _hook
+    if _hook is not None:
+        return _hook
+    try:
+        env = os.environ
+        ident = resolve_identity(job_id, rank=rank, local_rank=local_rank, world_size=world_size)
+        profiler_config_path = profiler_config_path or env.get("PROFWATCH_PROFILER_CONFIG_PATH") or None
+        prof_root = prof_root or env.get("PROFWATCH_PROF_ROOT") or None
+        backend_name = (backend or env.get("PROFWATCH_BACKEND") or "auto").strip()
+        publisher = Publisher(endpoint or default_endpoint())
+    except EndpointError as exc:
+        log.error("rankhook disabled: %s", exc)
+        return None
+    except Exception as exc:  # noqa: BLE001
+        log.error("rankhook disabled: %r", exc)
+        return None
+
+    capture: Any = _NoCapture()
+    if profiler_config_path and backend_name != "none":
+        os.environ.setdefault("RANK", str(ident.rank))  # torch_npu reads RANK for log names and rank_list
+        try:
+            from rankhook.backends import select_backend
+
+            capture = select_backend(backend_name, profiler_config_path, prof_root)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("rankhook: capture backend %r unavailable (%r); telemetry only", backend_name, exc)
+            capture = _NoCapture()
+    hook = Hook(ident, publisher, capture, profiler_config_path, prof_root, _versions())
+    try:
+        capture.open(ident, hook.emit)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("rankhook: capture backend %s failed to open (%r); telemetry only", capture.name, exc)
+        hook.backend = _NoCapture()
+    _hook = hook
+    atexit.register(shutdown)
+    return hook
+
+
+def current() -> Hook | None:
+    """Return the active hook, or None."""
+    return _hook
+
+
+def step() -> None:
+    """End of one training step. Call exactly once per iteration (also when the optimizer skipped)."""
+    h = _hook
+    if h is not None:
+        h.step()
+
+
+def stage(name: str) -> _Stage | _NullStage:
+    """``with rankhook.stage("forward"): ...`` times one stage of the current step (seconds, summed per step)."""
+    h = _hook
+    return h.stage(name) if h is not None else _NULL_STAGE
+
+
+def flag_step(flag: str) -> None:
+    """Mark the current step (``checkpoint``, ``eval``, ...) so the detectors ignore its duration."""
+    h = _hook
+    if h is not None:
+        h.flag_step(flag)
+
+
+def start(config_path: str) -> None:
+    """One-shot capture starting now (wraps ``dp.start``; needs ``init`` with a capture backend)."""
+    h = _hook
+    if h is None:
+        log.warning("rankhook.start() called before rankhook.init()")
+        return
+    try:
+        h.backend.start_now(config_path)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("rankhook.start() failed: %r", exc)
+
+
+def set_step(step_: int) -> None:
+    """Set the step counter after a checkpoint resume (so step numbers match on every rank)."""
+    h = _hook
+    if h is not None:
+        h.set_step(step_)
+
+
+def shutdown() -> None:
+    """Flush and stop (also registered with ``atexit``)."""
+    global _hook
+    h = _hook
+    _hook = None
+    if h is not None:
+        h.close()

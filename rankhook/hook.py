@@ -1,0 +1,173 @@
+"""The per-process hook: times steps and stages, publishes them, drives the capture backend (stdlib + pyzmq).
+
+Hot path: :meth:`Hook.step` builds the step report JSON by string formatting (the field order of
+:class:`rankhook.wire.StepReport`), sends it with one non-blocking ZeroMQ call and hands the step to the capture
+backend. It never raises and never blocks the training loop (``../shared/docs/field-cases.md`` FC-13, FC-19).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from rankhook import wire
+from rankhook.identity import Identity
+from rankhook.publisher import Publisher
+
+if TYPE_CHECKING:
+    from rankhook.backends.base import CaptureBackend
+
+log = logging.getLogger("rankhook")
+
+HELLO_RESEND_S = 10.0
+"""The hello is re-sent this often, so a restarted node daemon learns its ranks without a rank restart."""
+
+
+class _Stage:
+    """Context manager that adds its wall duration to ``hook._stages[name]`` (``rankhook.stage``)."""
+
+    __slots__ = ("_hook", "_name", "_t0")
+
+    def __init__(self, hook: Hook, name: str) -> None:
+        self._hook = hook
+        self._name = name
+        self._t0 = 0.0
+
+    def __enter__(self) -> _Stage:
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        dt = time.perf_counter() - self._t0
+        stages = self._hook._stages
+        stages[self._name] = stages.get(self._name, 0.0) + dt
+
+
+class Hook:
+    """State of rankhook in one process.
+
+    Args:
+        ident: this rank's identity.
+        publisher: where messages go.
+        backend: the capture backend (``none`` when capture is off).
+        profiler_config_path: folder of ``profiler_config.json`` announced in the hello.
+        prof_root: where captures land, announced in the hello.
+    """
+
+    def __init__(
+        self,
+        ident: Identity,
+        publisher: Publisher,
+        backend: CaptureBackend,
+        profiler_config_path: str | None = None,
+        prof_root: str | None = None,
+        versions: dict[str, str] | None = None,
+    ) -> None:
+        self.ident = ident
+        self.publisher = publisher
+        self.backend = backend
+        self.step_count = 0
+        self._stages: dict[str, float] = {}
+        self._flags: list[str] = []
+        self._hello = wire.RankHello(
+            job_id=ident.job_id,
+            rank=ident.rank,
+            local_rank=ident.local_rank,
+            world_size=ident.world_size,
+            hostname=ident.hostname,
+            pid=ident.pid,
+            backend=backend.name,  # type: ignore[arg-type]
+            ts_unix_s=time.time(),
+            versions=versions or {},
+            profiler_config_path=profiler_config_path,
+            prof_root=prof_root,
+        )
+        self._topic_step = wire.topic_for("step", ident.job_id, ident.rank).encode()
+        self._prefix = (
+            '{"job_id":' + json.dumps(ident.job_id) + ',"rank":' + str(ident.rank) + ',"step":'
+        )
+        self._closed = False
+        self.send_hello()
+        self._t_last = time.perf_counter()
+        self._next_hello = self._t_last + HELLO_RESEND_S
+
+    # -- messages -------------------------------------------------------------------------------------------
+    def send_hello(self) -> None:
+        """(Re-)announce this rank to the node daemon."""
+        self.publisher.send(*wire.frames(self._hello))
+
+    def emit(self, msg: Any) -> None:
+        """Send any wire message (used by capture backends for :class:`~rankhook.wire.CaptureEvent`)."""
+        try:
+            self.publisher.send(*wire.frames(msg))
+        except Exception as exc:  # noqa: BLE001 - e.g. a non-finite float in a backend event
+            self.publisher.counters.errors += 1
+            log.warning("rankhook: cannot encode %s: %r", type(msg).__name__, exc)
+
+    # -- hot path -------------------------------------------------------------------------------------------
+    def step(self) -> None:
+        """Mark the end of one training step: publish its duration, advance the capture backend."""
+        if self._closed:
+            return
+        now = time.perf_counter()
+        dt = now - self._t_last
+        self._t_last = now
+        self.step_count += 1
+        step = self.step_count
+        try:
+            tail = ',"step_time_s":' + repr(dt) + ',"ts_unix_s":' + repr(time.time())
+            if self._stages:
+                tail += ',"stages":' + json.dumps(self._stages)
+                self._stages = {}
+            if self._flags:
+                tail += ',"flags":' + json.dumps(self._flags)
+                self._flags = []
+            if self.backend.capturing():
+                tail += ',"capturing":true'
+            payload = (self._prefix + str(step) + tail + ',"kind":"step","v":1}').encode()
+            self.publisher.send(self._topic_step, payload)
+            if now >= self._next_hello:
+                self._next_hello = now + HELLO_RESEND_S
+                self.send_hello()
+        except Exception as exc:  # noqa: BLE001
+            self.publisher.counters.errors += 1
+            log.warning("rankhook: step report failed: %r", exc)
+        try:
+            self.backend.after_step(step)
+        except Exception as exc:  # noqa: BLE001 - a broken backend must not break training
+            log.warning("rankhook: capture backend %s failed in step(): %r", self.backend.name, exc)
+
+    def stage(self, name: str) -> _Stage:
+        """Return a context manager timing one stage of the current step (durations add up per step)."""
+        return _Stage(self, name)
+
+    def flag_step(self, flag: str) -> None:
+        """Mark the current step (e.g. ``checkpoint``, ``eval``) so detectors exclude it."""
+        if flag not in self._flags:
+            self._flags.append(flag)
+
+    def set_step(self, step: int) -> None:
+        """Align the step counter after a resume (``dp.set_state({"cur_step": step})``)."""
+        self.step_count = int(step)
+        try:
+            self.backend.set_step(int(step))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("rankhook: backend set_step failed: %r", exc)
+
+    def close(self) -> None:
+        """Send a bye, close the backend (bounded wait for a capture flush) and the publisher."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.backend.close()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("rankhook: backend close failed: %r", exc)
+        self.publisher.send(
+            *wire.frames(
+                wire.RankBye(job_id=self.ident.job_id, rank=self.ident.rank, step=self.step_count, ts_unix_s=time.time())
+            )
+        )
+        self.publisher.close(linger_ms=200)

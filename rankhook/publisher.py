@@ -1,0 +1,145 @@
+"""Rank-side ZeroMQ publisher: lazy, per-PID, never blocks, never raises (I/O; stdlib + pyzmq).
+
+Design (field cases FC-19 and FC-22 in ``../shared/docs/field-cases.md``):
+
+- One PUSH socket that *connects* to the node daemon's PULL socket (the stable side binds). ZeroMQ's own
+  per-pipe queue is the bounded queue: ``SNDHWM`` messages, then ``send(NOBLOCK)`` raises ``EAGAIN`` and the
+  message is dropped and counted. ZeroMQ reconnects by itself when the node daemon restarts.
+- ``linger=0``: closing never waits for undelivered messages (no hang at interpreter exit).
+- The context is created lazily and owned by the creating PID. A forked child (data loader workers, torch_npu's
+  monitor process) that calls :meth:`Publisher.send` gets its own fresh context; the parent's is never touched.
+- Every exception is caught and counted; the first of each kind is logged once through ``logging``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger("rankhook")
+
+DEFAULT_RUNTIME_DIR = "/run/profwatch"
+IPC_PATH_MAX = 107
+"""``sizeof(sockaddr_un.sun_path) - 1`` on Linux: longer ``ipc://`` paths cannot be bound or connected."""
+
+
+class EndpointError(ValueError):
+    """The node endpoint cannot be used (e.g. an ``ipc://`` path longer than 107 bytes)."""
+
+
+def default_endpoint(env: dict[str, str] | os._Environ[str] | None = None) -> str:
+    """Return ``PROFWATCH_NODE_ENDPOINT`` or ``ipc://$PROFWATCH_RUNTIME_DIR/node.sock``.
+
+    ``PROFWATCH_RUNTIME_DIR`` defaults to ``/run/profwatch`` (the systemd ``RuntimeDirectory`` of the node service).
+    """
+    env = os.environ if env is None else env
+    explicit = env.get("PROFWATCH_NODE_ENDPOINT", "").strip()
+    if explicit:
+        return explicit
+    runtime = env.get("PROFWATCH_RUNTIME_DIR", "").strip() or DEFAULT_RUNTIME_DIR
+    return f"ipc://{runtime.rstrip('/')}/node.sock"
+
+
+def check_endpoint(endpoint: str) -> str:
+    """Validate an endpoint; raise :class:`EndpointError` with a clear message for unusable ones."""
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://") :]
+        if len(path.encode()) > IPC_PATH_MAX:
+            raise EndpointError(
+                f"ipc path is {len(path.encode())} bytes, the limit is {IPC_PATH_MAX}: {path!r}; "
+                "set PROFWATCH_RUNTIME_DIR (or PROFWATCH_NODE_ENDPOINT) to a shorter folder"
+            )
+        if not path:
+            raise EndpointError("empty ipc:// path")
+    elif not endpoint.startswith(("tcp://", "inproc://")):
+        raise EndpointError(f"unsupported endpoint {endpoint!r} (use ipc:// or tcp://)")
+    return endpoint
+
+
+@dataclass
+class PublisherCounters:
+    """Monotonic counters of one publisher (per process)."""
+
+    sent: int = 0
+    dropped: int = 0
+    errors: int = 0
+
+
+class Publisher:
+    """Non-blocking sender of ``[topic, payload]`` frames to the node daemon.
+
+    Args:
+        endpoint: ``ipc://...`` or ``tcp://...`` of the node daemon's PULL socket.
+        sndhwm: messages queued while the node daemon is down or slow; beyond that, drops.
+    Raises:
+        EndpointError: at construction, for an unusable endpoint.
+    """
+
+    def __init__(self, endpoint: str, sndhwm: int = 10_000) -> None:
+        self.endpoint = check_endpoint(endpoint)
+        self.sndhwm = sndhwm
+        self.counters = PublisherCounters()
+        self._pid = -1
+        self._ctx: object | None = None
+        self._sock: object | None = None
+        self._send = None
+        self._flags = 0
+        self._logged: set[str] = set()
+        self._closed = False
+
+    def _log_once(self, kind: str, msg: str, *args: object) -> None:
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning(msg, *args)
+
+    def _connect(self) -> bool:
+        import zmq
+
+        self._pid = os.getpid()
+        self._ctx = zmq.Context()  # a fresh context per PID; never zmq.Context.instance() (shared across fork)
+        sock = self._ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, self.sndhwm)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sock.connect(self.endpoint)
+        self._sock = sock
+        self._send = sock.send_multipart
+        self._flags = zmq.NOBLOCK
+        return True
+
+    def send(self, topic: bytes, payload: bytes) -> bool:
+        """Queue one message; return False if it was dropped. Never raises, never blocks."""
+        if self._closed:
+            return False
+        try:
+            if self._pid != os.getpid():
+                # First use, or we are a forked child: build our own context, leave the parent's alone.
+                self._sock = None
+                self._connect()
+            self._send([topic, payload], self._flags)  # type: ignore[misc]
+            self.counters.sent += 1
+            return True
+        except Exception as exc:  # noqa: BLE001 - never raise into the training loop
+            import zmq
+
+            if isinstance(exc, zmq.Again):
+                self.counters.dropped += 1
+                self._log_once("drop", "rankhook: node daemon queue full or down, dropping telemetry (%s)", self.endpoint)
+            else:
+                self.counters.errors += 1
+                self._log_once(type(exc).__name__, "rankhook: publish failed: %r", exc)
+            return False
+
+    def close(self, linger_ms: int = 0) -> None:
+        """Close the socket, waiting at most ``linger_ms`` for queued messages. Safe twice and in a forked child."""
+        self._closed = True
+        if self._sock is not None and self._pid == os.getpid():
+            try:
+                self._sock.close(linger_ms)  # type: ignore[attr-defined]
+                self._ctx.term()  # type: ignore[union-attr]
+            except Exception:  # noqa: BLE001
+                pass
+        self._sock = None
+        self._ctx = None

@@ -1,0 +1,233 @@
+"""Four rank processes -> two node daemons -> coordinator, over real ZeroMQ sockets and real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import zmq
+
+from daemon.adapters.control import ControlUnavailable, call
+from tests.conftest import PYTHON, REPO_ROOT, python_env, wait_for
+
+WORKER = str(REPO_ROOT / "tests" / "fakes" / "rank_worker.py")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """Coordinator + node daemons + rank processes as real subprocesses."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.ports = {k: _free_port() for k in ("ingest", "control", "pub")}
+        self.cfg = root / "profwatch.toml"
+        self.cfg.write_text(
+            f"""
+[coordinator]
+ingest_bind = "tcp://127.0.0.1:{self.ports['ingest']}"
+control_bind = "tcp://127.0.0.1:{self.ports['control']}"
+pub_bind = "tcp://127.0.0.1:{self.ports['pub']}"
+state_db = "{root / 'state.db'}"
+work_dir = "{root / 'work'}"
+registry_flush_s = 0.5
+[node]
+coordinator = "tcp://127.0.0.1:{self.ports['ingest']}"
+heartbeat_interval_s = 0.5
+[logging]
+format = "console"
+"""
+        )
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    @property
+    def control(self) -> str:
+        return f"tcp://127.0.0.1:{self.ports['control']}"
+
+    def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(self.root / f"{name}.log", "ab")
+        p = subprocess.Popen(args, env=python_env(env), stdout=log, stderr=subprocess.STDOUT, cwd=self.root)
+        self.procs[name] = p
+        return p
+
+    def start_coordinator(self) -> None:
+        self.start("coordinator", [PYTHON, "-m", "daemon.cli", "coordinator", "--config", str(self.cfg)])
+        wait_for(lambda: self._ping(), 20, what="coordinator control socket")
+
+    def node_endpoint(self, node: str) -> str:
+        return f"ipc://{self.root}/{node}.sock"
+
+    def start_node(self, node: str) -> None:
+        self.start(node, [PYTHON, "-m", "daemon.cli", "node", "--config", str(self.cfg)],
+                   {"PROFWATCH_NODE__NODE_ID": node, "PROFWATCH_NODE__BIND": self.node_endpoint(node)})
+
+    def start_rank(self, rank: int, node: str, steps: int = 0, step_s: float = 0.02, world: int = 4) -> None:
+        env = {"RANK": str(rank), "LOCAL_RANK": str(rank % 2), "WORLD_SIZE": str(world), "PROFWATCH_JOB_ID": "jobA",
+               "PROFWATCH_NODE_ENDPOINT": self.node_endpoint(node)}
+        self.start(f"rank{rank}", [PYTHON, WORKER, str(self.root / f"rank{rank}.json"), str(steps), str(step_s)], env)
+
+    def _ping(self) -> bool:
+        try:
+            return bool(call(self.control, "ping", timeout_s=0.5))
+        except ControlUnavailable:
+            return False
+
+    def status(self) -> dict:
+        return call(self.control, "status", timeout_s=2)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        p = self.procs.pop(name)
+        p.send_signal(sig)
+        p.wait(timeout=20)
+
+    def stop_all(self) -> None:
+        for name in list(self.procs):
+            p = self.procs.pop(name)
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        # bounded wait for clean exits, then kill what is left
+        for p in list(self.procs.values()):
+            p.kill()
+
+
+def _rank_steps(st: dict, job: str = "jobA") -> dict[int, int]:
+    for j in st["jobs"]:
+        if j["job_id"] == job:
+            return {r["rank"]: r["last_step"] for r in j["ranks"]}
+    return {}
+
+
+@pytest.fixture
+def cluster(short_tmp: Path):
+    c = Cluster(short_tmp)
+    yield c
+    procs = list(c.procs.values())
+    c.stop_all()
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
+    cluster.start_coordinator()
+    cluster.start_node("nodeA")
+    cluster.start_node("nodeB")
+    for r in range(4):
+        cluster.start_rank(r, "nodeA" if r < 2 else "nodeB")
+    st = wait_for(lambda: (s := cluster.status()) if len(_rank_steps(s)) == 4 and min(_rank_steps(s).values()) >= 20 else None,
+                  30, what="all 4 ranks at step >= 20")
+    job = st["jobs"][0]
+    assert job["world_size"] == 4
+    hosts = {r["rank"]: r["node_id"] for r in job["ranks"]}
+    assert hosts == {0: "nodeA", 1: "nodeA", 2: "nodeB", 3: "nodeB"}
+    assert {n["node_id"] for n in st["nodes"]} == {"nodeA", "nodeB"}
+    assert job["median_step_time_s"] == pytest.approx(0.02, abs=0.015)
+    # the CLI shows the same
+    out = subprocess.run([PYTHON, "-m", "daemon.cli", "status", "--config", str(cluster.cfg), "--json"],
+                         env=python_env(), capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)["jobs"][0]["ranks"]) == 4
+
+
+def test_rank_keeps_full_speed_while_node_daemon_is_down_and_telemetry_resumes(cluster: Cluster) -> None:
+    cluster.start_coordinator()
+    cluster.start_node("nodeA")
+    cluster.start_rank(0, "nodeA", world=1)
+    wait_for(lambda: _rank_steps(cluster.status()).get(0, -1) >= 10, 30, what="rank 0 reporting")
+    cluster.kill("nodeA")
+    before = json.loads((cluster.root / "rank0.json").read_text())["steps"]
+    # the rank keeps stepping while its node daemon is gone
+    wait_for(lambda: json.loads((cluster.root / "rank0.json").read_text())["steps"] >= before + 50, 30,
+             what="rank progress with node daemon down")
+    seen_before = _rank_steps(cluster.status())[0]
+    cluster.start_node("nodeA")
+    wait_for(lambda: _rank_steps(cluster.status())[0] > seen_before + 20, 30, what="telemetry resumed after node restart")
+    stats = json.loads((cluster.root / "rank0.json").read_text())
+    assert stats["max_step_call_s"] < 0.05, stats  # never blocked on the missing daemon
+
+
+def test_coordinator_restart_recovers_registry(cluster: Cluster) -> None:
+    cluster.start_coordinator()
+    cluster.start_node("nodeA")
+    for r in range(2):
+        cluster.start_rank(r, "nodeA", world=2)
+    wait_for(lambda: len(_rank_steps(cluster.status())) == 2, 30, what="2 ranks registered")
+    wait_for(lambda: min(_rank_steps(cluster.status()).values()) >= 10, 30, what="steps flowing")
+    import time as _t
+
+    flushed_after = _t.time() + 1.0  # registry_flush_s = 0.5
+    wait_for(lambda: _t.time() > flushed_after, 5, what="one registry flush period")
+    cluster.kill("coordinator")
+    cluster.start_coordinator()
+    st = cluster.status()  # straight from the store, before any rank message arrives
+    assert set(_rank_steps(st)) == {0, 1}
+    last = _rank_steps(st)
+    wait_for(lambda: all(v > last[k] + 10 for k, v in _rank_steps(cluster.status()).items()), 30,
+             what="steps advancing after coordinator restart")
+
+
+def test_bad_messages_are_rejected_and_service_continues(cluster: Cluster) -> None:
+    cluster.start_coordinator()
+    cluster.start_node("nodeA")
+    cluster.start_rank(0, "nodeA", world=2)
+    wait_for(lambda: _rank_steps(cluster.status()).get(0, -1) >= 5, 30, what="rank 0 reporting")
+    ctx = zmq.Context()
+    try:
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 1000)
+        push.connect(cluster.node_endpoint("nodeA"))
+        bad = [
+            [b"x", b"not json"],
+            [b"x", b"[]"],
+            [b"x", json.dumps({"kind": "nope", "v": 1}).encode()],
+            [b"x", json.dumps({"kind": "step", "v": 99, "job_id": "jobA", "rank": 0, "step": 1, "step_time_s": 1, "ts_unix_s": 1}).encode()],
+            [b"x", b'{"kind":"step","v":1,"job_id":"jobA","rank":0,"step":1,"step_time_s":NaN,"ts_unix_s":1}'],
+            [b"x", json.dumps({"kind": "step", "v": 1, "job_id": "jobA", "rank": 0, "step": 1, "step_time_s": -1, "ts_unix_s": 1}).encode()],
+            [b"x", json.dumps({"kind": "hello", "v": 1, "job_id": "jobA", "rank": 5, "local_rank": 0, "world_size": 2,
+                               "hostname": "h", "pid": 1, "backend": "none", "ts_unix_s": 1}).encode()],
+            [b"x", json.dumps({"kind": "hello", "v": 1, "job_id": "jobA", "rank": 1, "local_rank": 0, "world_size": 8,
+                               "hostname": "h", "pid": 1, "backend": "none", "ts_unix_s": 1}).encode()],
+            [b"x", json.dumps({"kind": "step", "v": 1, "job_id": "../../etc", "rank": 0, "step": 1, "step_time_s": 1, "ts_unix_s": 1}).encode()],
+            [b"only-one-frame"],
+            [b"x", b"y" * (300 * 1024)],  # over MAXMSGSIZE: the connection is dropped by ZeroMQ
+        ]
+        for frames in bad:
+            push.send_multipart(frames)
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 1000)
+        dealer.setsockopt(zmq.IDENTITY, b"evil")
+        dealer.connect(f"tcp://127.0.0.1:{cluster.ports['ingest']}")
+        for data in [b"garbage", b"{}", json.dumps({"kind": "node_batch", "v": 1, "node_id": "other", "hostname": "h",
+                                                     "seq": 1, "ts_unix_s": 1, "messages": []}).encode()]:
+            dealer.send(data)
+        push.close()
+        dealer.close()
+    finally:
+        ctx.term()
+    st = wait_for(lambda: (s := cluster.status())["counters"]["rejected"] >= 4 and s, 20, what="rejections counted")
+    assert st["jobs"][0]["world_size"] == 2  # the conflicting hello did not change the job
+    node = wait_for(lambda: next((n for n in cluster.status()["nodes"] if n["counters"].get("rejected", 0) >= 8), None), 20,
+                    what="node rejection counter")
+    assert node["node_id"] == "nodeA"
+    last = _rank_steps(cluster.status())[0]
+    wait_for(lambda: _rank_steps(cluster.status())[0] > last + 5, 20, what="still serving the good rank")
+
+
+def test_daemon_import_name_is_ours() -> None:
+    import daemon
+
+    assert Path(daemon.__file__).resolve().parent == (REPO_ROOT / "daemon").resolve()
+    assert hasattr(daemon, "__version__")
