@@ -63,7 +63,7 @@ class CaptureManager:
         try:
             from daemon.adapters.prof_watch import ProfWatcher
 
-            self._watcher = ProfWatcher(self.s.watch, on_wake=self._on_wake)
+            self._watcher = ProfWatcher(self._on_wake, settings=self.s.watch)
             self._watcher.start()
         except Exception as exc:  # noqa: BLE001 - fall back to the periodic reconciliation scan alone
             log.warning("watcher_unavailable", error=repr(exc))
@@ -148,6 +148,7 @@ class CaptureManager:
             last_arm_unix_s=max((c["created_unix_s"] for c in caps if c["state"] != "refused"), default=None),
             captures_last_hour=len(hour),
             bytes_last_hour=sum(int(c["detail"].get("total_bytes", 0)) for c in hour),
+            stalled_ranks=det.stalled_ranks if (det := self.c.detectors.get(job_id)) is not None else frozenset(),
         )
 
     # -- arming -------------------------------------------------------------------------------------------------
@@ -214,7 +215,7 @@ class CaptureManager:
         self.c.metrics.captures.labels("planned").inc()
         det = self.c.detectors.get(job.job_id)
         if det is not None:
-            det.exclude_steps(plan.start_step, plan.start_step + plan.warmup + plan.active, f"capture {plan.capture_id}")
+            det.exclude_steps(plan.start_step, plan.start_step + plan.warmup + plan.active - 1, f"capture {plan.capture_id}")
         if self.s.coordinator.config_writer == "coordinator":
             not_before = job.started_unix_s
             self.fs_pool.submit(self._write_shared, plan.capture_id, job.job_id, job.profiler_config_path, config,

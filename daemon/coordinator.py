@@ -175,10 +175,14 @@ class Coordinator:
                 log.exception("result_handler_failed", error=repr(exc))
 
     def _tick(self, now: float) -> None:
-        for job_id, det in list(self.detectors.items()):
-            for an in det.tick(now):
-                self._on_anomaly(an, now)
-        self.captures.tick(now)
+        try:
+            for det in list(self.detectors.values()):
+                for an in det.tick(now):
+                    self._on_anomaly(an, now)
+            self.captures.tick(now)
+        except Exception as exc:  # noqa: BLE001
+            if self._once.first(f"tick:{type(exc).__name__}"):
+                log.exception("tick_failed", error=repr(exc))
 
     def _reject(self, exc: MessageRejected | RegistryError, node_id: str = "") -> None:
         self.counters["rejected"] += 1
@@ -258,6 +262,10 @@ class Coordinator:
                         det.mark_left(m.rank)
             except RegistryError as exc:
                 self._reject(exc, node_id)
+            except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
+                self.counters["internal_errors"] = self.counters.get("internal_errors", 0) + 1
+                if self._once.first(f"internal:{kind}:{type(exc).__name__}"):
+                    log.exception("message_handler_failed", kind=kind, job_id=getattr(m, "job_id", None))
 
     def _detector_for(self, job_id: str, world_size: int) -> JobDetector:
         det = JobDetector(job_id, world_size, self.settings.detection)

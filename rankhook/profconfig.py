@@ -14,8 +14,9 @@ sections 2-4), so the torch.profiler backend and the torch_npu wrapper react to 
   slot that newer configs replace; configs arriving during a capture are evaluated on the first step after it.
 
 Deliberate differences from torch_npu (safer, documented): an invalid or torn read does **not** consume the
-mtime (it is retried when the file's size or mtime changes, and reported once), and an mtime in the future is
-rejected instead of blocking every later edit (section 2, "mtime in the future").
+mtime (it is retried when the file's size or mtime changes, and reported once); an mtime in the future is
+rejected instead of blocking every later edit (section 2, "mtime in the future"); byte-identical content
+re-accepted within ``REDELIVERY_WINDOW_S`` (the config writer's mtime bump) is not a new arm.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ MAX_CONFIG_BYTES = 1048576
 POLL_ENV = "PROFWATCH_POLL_INTERVAL_S"
 FIRST_POLL_INTERVAL_S = 2.0
 POLL_STEP = 11
+REDELIVERY_WINDOW_S = 2
+"""Identical bytes accepted again within this many seconds of the previous generation are the config writer's
+mtime bump (``daemon/adapters/config_writer.py``), not a new arm: no event, the pending config is kept."""
 """torch_npu measures the duration of step 10 -> 11 and derives the poll interval from it (section 2 item 4)."""
 
 TEMPLATE: dict[str, Any] = {
@@ -255,6 +259,7 @@ class ConfigWatcher:
         self._clock = clock
         self._accepted = int(clock() if init_unix_s is None else init_unix_s)
         self._rejected_key: tuple[int, int] | None = None
+        self._accepted_data: bytes | None = None
         self._on_event = on_event
         self._tick = tick
         self._tick_s = tick_s
@@ -313,7 +318,10 @@ class ConfigWatcher:
         cfg, reason = validate_config(raw)
         if cfg is None:
             return self._reject(m, st.st_size, reason)
-        self._accepted = m
+        prev, self._accepted = self._accepted, m
+        if data == self._accepted_data and m - prev <= REDELIVERY_WINDOW_S:
+            return None  # the config writer's mtime bump re-delivering the same content: not a new arm
+        self._accepted_data = data
         armed = make_armed(m, cfg, self.rank)
         self.latest = armed
         self._emit("arm_seen", armed, m, "" if armed.selected else f"rank {self.rank} not in rank_list")

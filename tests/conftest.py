@@ -39,7 +39,8 @@ def short_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     yield d
     import shutil
 
-    shutil.rmtree(d, ignore_errors=True)
+    if not os.environ.get("PROFWATCH_KEEP_TMP"):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -201,6 +201,7 @@ def inspect_inputs(staged_dir: Path, *, max_depth: int = 5) -> InputFacts:
 
 
 def _spawn_once(name: str, args: list[str], out_root: Path, settings: MsprofSettings) -> ToolRun:
+    out_root.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out_root))
     log_path = out_root / "logs" / f"{run_dir.name}.log"
     log_path.parent.mkdir(exist_ok=True)

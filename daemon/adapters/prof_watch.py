@@ -15,14 +15,24 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import structlog
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers.api import BaseObserver, ObservedWatch
-from watchdog.observers.polling import PollingObserver
+from watchdog.observers.polling import PollingObserverVFS
 
 from daemon.core.watch_settings import WatchSettings
 
@@ -60,13 +70,34 @@ def is_network_fs(fstype: str | None, patterns: tuple[str, ...]) -> bool:
     return fstype is not None and any(fnmatch.fnmatchcase(fstype, p) for p in patterns)
 
 
+#: inotify: only changes of the tree, never IN_OPEN/IN_ACCESS/IN_CLOSE_NOWRITE (our own reads would wake us and
+#: overflow the queue) nor IN_MODIFY (every DB page write); a file's last write shows as IN_CLOSE_WRITE.
+INOTIFY_EVENTS: list[type[FileSystemEvent]] = [
+    FileCreatedEvent, DirCreatedEvent, FileDeletedEvent, DirDeletedEvent, FileMovedEvent, DirMovedEvent,
+    FileClosedEvent,
+]
+
+
+def pruned_scandir(skip: tuple[str, ...]) -> Callable[[str | None], Iterator[os.DirEntry[str]]]:
+    """``os.scandir`` that hides sub-directories whose name matches ``skip`` (fnmatch) from a polling snapshot."""
+
+    def listdir(path: str | None) -> Iterator[os.DirEntry[str]]:
+        with os.scandir(path) as it:
+            entries = list(it)
+        return iter([e for e in entries if not (any(fnmatch.fnmatchcase(e.name, p) for p in skip)
+                                                and e.is_dir(follow_symlinks=False))])
+
+    return listdir
+
+
 def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], settings: WatchSettings) -> BaseObserver:
     if mode == "polling":
-        return PollingObserver(timeout=settings.poll_interval_s)
-    return _inotify_observer(on_overflow)
+        return PollingObserverVFS(stat=os.stat, listdir=pruned_scandir(settings.poll_skip_dirs),
+                                  polling_interval=settings.poll_interval_s)
+    return make_inotify_observer(on_overflow)
 
 
-def _inotify_observer(on_overflow: Callable[[], None]) -> BaseObserver:
+def make_inotify_observer(on_overflow: Callable[[], None]) -> BaseObserver:
     """watchdog's InotifyObserver whose inotify reader also reports ``IN_Q_OVERFLOW`` to ``on_overflow``.
 
     watchdog 7 only logs an overflow and rebuilds its own watches; events lost in between must be found by a
@@ -85,6 +116,7 @@ def _inotify_observer(on_overflow: Callable[[], None]) -> BaseObserver:
         def __init__(self) -> None:
             self._inotify_fd = _FD()
             self._inotify_fd.start()
+            self.inotify_fd: InotifyFD = self._inotify_fd  # public: lets tests inject an overflow event
             BaseObserver.__init__(self, InotifyEmitter, inotify_fd=self._inotify_fd)
 
     return _Observer()
@@ -229,7 +261,9 @@ class ProfWatcher:
         """Arm a watch on ``path`` (caller holds the lock). A missing dir stays pending for the supervisor."""
         try:
             st = os.stat(path)
-            entry.watch = self._observer(entry.mode).schedule(_Handler(path, self._notify), path, recursive=True)
+            flt = INOTIFY_EVENTS if entry.mode == "inotify" else None
+            entry.watch = self._observer(entry.mode).schedule(_Handler(path, self._notify), path, recursive=True,
+                                                              event_filter=flt)
             entry.inode = (st.st_dev, st.st_ino)
         except FileNotFoundError:
             entry.watch, entry.inode = None, None

@@ -14,7 +14,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -70,12 +70,15 @@ class RankDirReader:
 
     def __init__(self) -> None:
         self._cache: dict[tuple[str, int, int], DbObservation] = {}
+        self._identity: dict[str, dict[str, Any]] = {}
+        self._json_cache: dict[tuple[str, int, int], tuple[Any, str | None]] = {}
         self._lock = threading.Lock()
 
     def read(self, path: str) -> RankDirObservation | None:
         """Observe one rank dir. None when ``path`` vanished or is not a rank dir name.
 
-        Raises nothing for storage errors: they come back as ``RankDirObservation.unknown``.
+        Raises nothing for storage errors: they come back as ``RankDirObservation.unknown``, carrying the rank
+        identity (profiler_info, metadata) this reader last saw there, so the rank stays in its batch.
         """
         name = parse_rank_dir_name(os.path.basename(path))
         if name is None:
@@ -83,16 +86,19 @@ class RankDirReader:
         base: dict[str, Any] = {"path": path, "name": name, "dir_ts_unix_s": _local_ts(name.ts_naive)}
         try:
             entries = {e.name: e for e in os.scandir(path)}
-        except OSError as exc:
-            if _gone(exc):
-                return None
-            return RankDirObservation(unknown=_describe(exc), **base)
-        try:
-            return self._read_entries(path, name.kind, entries, base)
+            obs = self._read_entries(path, name.kind, entries, base)
         except OSError as exc:
             if _gone(exc) and not os.path.lexists(path):
+                with self._lock:
+                    self._identity.pop(path, None)
                 return None
-            return RankDirObservation(unknown=_describe(exc), **base)
+            with self._lock:
+                known = self._identity.get(path, {})
+            return RankDirObservation(unknown=_describe(exc), **base, **known)
+        if obs.info is not None and obs.metadata is not None:
+            with self._lock:
+                self._identity[path] = {"info_file": obs.info_file, "info": obs.info, "metadata": obs.metadata}
+        return obs
 
     def _read_entries(self, path: str, kind: str, entries: Mapping[str, os.DirEntry[str]],
                       base: dict[str, Any]) -> RankDirObservation:
@@ -103,21 +109,9 @@ class RankDirReader:
         if len(info_names) > 1:
             out["info_error"] = f"several profiler_info files: {', '.join(info_names)}"
         elif info_file:
-            data, err = _read_json(os.path.join(path, info_file))
-            try:
-                out["info"] = parse_profiler_info(data) if err is None else None
-            except LayoutError as exc:
-                err = str(exc)
-            out["info_error"] = err and f"{info_file}: {err}"
+            out["info"], out["info_error"] = self._parsed_json(entries[info_file], _parse_info)
         if PROFILER_METADATA in entries:
-            data, err = _read_json(os.path.join(path, PROFILER_METADATA))
-            if err is None and isinstance(data, dict):
-                data = {k: _maybe_json(v) if k in _JSON_VALUE_KEYS else v for k, v in data.items()}
-            try:
-                out["metadata"] = parse_profiler_metadata(data) if err is None else None
-            except LayoutError as exc:
-                err = str(exc)
-            out["metadata_error"] = err and f"{PROFILER_METADATA}: {err}"
+            out["metadata"], out["metadata_error"] = self._parsed_json(entries[PROFILER_METADATA], _parse_meta)
         if kind == "torch_pt":
             out["marker"] = TRACE_DONE in entries
             out["trace_files"] = tuple(sorted(n for n in entries if KINETO_TRACE_RE.match(n)))
@@ -150,6 +144,29 @@ class RankDirReader:
         out.update(output_dir=True, output_files=names, marker=marker, profiler_dbs=dbs, analysis_db=adb,
                    journal_files=journals, newest_output_mtime_s=newest)
         return RankDirObservation(**out)
+
+    def _parsed_json(self, entry: os.DirEntry[str], parse: Callable[[Any], Any]) -> tuple[Any, str | None]:
+        """``(parse(decoded JSON), None)`` or ``(None, why)``; cached by (path, size, mtime_ns)."""
+        st = entry.stat(follow_symlinks=True)
+        key = (entry.path, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            hit = self._json_cache.get(key)
+        if hit is not None:
+            return hit
+        data, err = _read_json(entry.path)
+        value = None
+        if err is None:
+            try:
+                value = parse(data)
+            except LayoutError as exc:
+                err = str(exc)
+        result = (value, err and f"{entry.name}: {err}")
+        if err is None:
+            with self._lock:
+                if len(self._json_cache) > 200_000:
+                    self._json_cache.clear()
+                self._json_cache[key] = result
+        return result
 
     def check_db(self, path: str, *, deep: bool = True) -> DbObservation:
         """Observe one SQLite file; with ``deep`` run quick_check and read the tables the recipes need.
@@ -210,6 +227,16 @@ def _local_ts(ts_naive: Any) -> float | None:
         return float(ts_naive.timestamp())  # naive -> this host's local time, as torch_npu wrote it
     except (OverflowError, OSError, ValueError):
         return None
+
+
+def _parse_info(data: Any) -> Any:
+    return parse_profiler_info(data)
+
+
+def _parse_meta(data: Any) -> Any:
+    if isinstance(data, dict):  # add_metadata() stores strings: decode JSON-encoded values
+        data = {k: _maybe_json(v) if k in _JSON_VALUE_KEYS else v for k, v in data.items()}
+    return parse_profiler_metadata(data)
 
 
 def _maybe_json(value: Any) -> Any:

@@ -27,8 +27,11 @@ TYPE_ANOMALY = "io.profwatch.anomaly.v1"
 TYPE_ARM = "io.profwatch.arm.v1"
 TYPE_CAPTURE = "io.profwatch.capture.v1"
 TYPE_ANALYSIS_FAILED = "io.profwatch.analysis_failed.v1"
+TYPE_ARM_DECISION = "io.profwatch.arm_decision.v1"
+TYPE_BATCH = "io.profwatch.batch.v1"
+TYPE_PATH_REFUSED = "io.profwatch.path_refused.v1"
 EVENT_TYPES = frozenset({TYPE_SUSPECT_RANKS, TYPE_BATCH_INCOMPLETE, TYPE_ANOMALY, TYPE_ARM, TYPE_CAPTURE,
-                         TYPE_ANALYSIS_FAILED})
+                         TYPE_ANALYSIS_FAILED, TYPE_ARM_DECISION, TYPE_BATCH, TYPE_PATH_REFUSED})
 ALERTMANAGER_ZERO_TIME = "0001-01-01T00:00:00Z"
 """``endsAt`` of a firing alert in Alertmanager's webhook payload."""
 _ALERTNAMES = {
@@ -38,6 +41,9 @@ _ALERTNAMES = {
     TYPE_ANOMALY: "ProfwatchAnomaly",
     TYPE_ARM: "ProfwatchCaptureArmed",
     TYPE_CAPTURE: "ProfwatchCapture",
+    TYPE_ARM_DECISION: "ProfwatchArmDecision",
+    TYPE_BATCH: "ProfwatchBatch",
+    TYPE_PATH_REFUSED: "ProfwatchPathRefused",
 }
 
 

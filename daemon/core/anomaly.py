@@ -46,6 +46,9 @@ class DetectionSettings(BaseModel):
     robust_z: float = Field(3.0, gt=0, description="robust z (MAD sigmas) a slow step must also exceed")
     noise_floor: float = Field(0.01, ge=0, description="relative: floor of the robust sigma, as a fraction of the median")
     sustain_steps: int = Field(3, ge=1, description="consecutive slow (non-excluded) steps needed to fire")
+    confirm_steps: int = Field(
+        8, ge=0, description="steps: window whose median is also tested (0/1 = off); the baseline lags by it"
+    )
     drift_detection: bool = Field(True, description="also fire when the rolling baseline drifts min_effect above its reference")
     parse_steps: int = Field(2, ge=0, description="steps excluded after each capturing step (profiler flush/parse)")
     excluded_flags: tuple[str, ...] = Field(("checkpoint", "eval"), description="StepReport.flags that exclude a step")
@@ -98,7 +101,6 @@ class Anomaly:
 
 class StepReportLike(Protocol):
     """The fields of :class:`rankhook.wire.StepReport` the detector reads."""
-
     rank: int
     step: int
     step_time_s: float
@@ -110,7 +112,6 @@ class StepReportLike(Protocol):
 
 class _StepAgg:
     """Aggregate of one open step: report count, slowest rank, exclusion, per-rank stage arrays."""
-
     __slots__ = ("excluded", "max_rank", "max_t", "n", "vals")
 
     def __init__(self) -> None:
@@ -131,10 +132,8 @@ def _median_mad(xs: list[float]) -> tuple[float, float]:
     return med, mad
 
 
-_STATS_EVERY = 4
-"""The baseline median/MAD is recomputed every this many accepted steps (it moves slowly; saves a sort per step)."""
-_NUMPY_MIN_RANKS = 256
-"""Below this many ranks the per-step cross-rank comparison runs in pure Python (numpy call overhead dominates)."""
+_STATS_EVERY = 4  # baseline median/MAD recomputed every this many accepted steps (saves a sort per step)
+_NUMPY_MIN_RANKS = 256  # below this, the per-step cross-rank comparison runs in pure Python (cheaper)
 
 
 def _outlying(arr: list[float], s: DetectionSettings) -> list[tuple[int, float]]:
@@ -181,18 +180,21 @@ class JobDetector:
         ``finalize_lag_steps`` ahead (so a stalled rank never blocks detection). Reports for finalised steps are
         counted as ``late`` and dropped.
 
-        Step regression (rolling robust baseline + sustained run): baseline = median and MAD of the last
-        ``baseline_steps`` accepted job step times. A step is slow when ``x / median - 1 >= min_effect`` and
-        ``(x - median) / max(1.4826 * MAD, noise_floor * median) >= robust_z``. ``sustain_steps`` consecutive slow
-        steps fire one ``step_regression`` (magnitude = median excess of the run). Slow steps are held out of the
-        baseline until the run breaks (then they join it: single spikes are absorbed by the median). After firing
-        the baseline is cleared and re-learned from ``min_baseline_steps`` new steps (debounce: the new level is
-        the new normal). Drift: when the rolling median exceeds the median it had when it was first learned by
-        ``min_effect``, fire once with ``detail.pattern == "drift"`` and take the current median as the reference.
-        Source: Greyhound / Falcon (ATC'25): change point on iteration time plus a >= 10 % effect filter; k
-        consecutive steps stand in for ByteRobust-style repetition. Assumes steps are comparable (same work per
-        step); statistical limit: with per-step noise CV sigma, a shift of size e is seen per step with
-        probability ~ Phi((e - min_effect) / sigma), so shifts right at ``min_effect`` take longer to confirm.
+        Step regression (rolling robust baseline + sustained change): baseline = median and MAD of
+        ``baseline_steps`` accepted job step times, lagging the newest ``confirm_steps`` steps (so a fresh change
+        cannot leak into its own reference). A step is slow when ``x / median - 1 >= min_effect`` and
+        ``(x - median) / max(1.4826 * MAD, noise_floor * median) >= robust_z``. Fire one ``step_regression``
+        (``pattern "step"``) after ``sustain_steps`` consecutive slow steps, or (``pattern "window"``) when the
+        median of the last ``confirm_steps`` steps exceeds the baseline by ``min_effect`` and by ``robust_z``
+        standard errors of a median (1.2533 * sigma / sqrt(n)); single spikes move neither. Magnitude = median
+        excess of the firing window. After firing the baseline is cleared and re-learned from
+        ``min_baseline_steps`` new steps (debounce: the new level becomes normal). Drift: when the rolling median
+        exceeds the median it had when first learned by ``min_effect``, fire once with ``pattern "drift"`` and
+        take the current median as the new reference. Source: Greyhound / Falcon (ATC'25): change point on
+        iteration time plus a >= 10 % effect filter; consecutive steps stand in for ByteRobust-style repetition.
+        Assumes comparable steps (same work per step). Statistical limit: with step-time noise CV sigma a shift
+        right at ``min_effect`` needs ~ (2 * robust_z * sigma / min_effect)^2 steps to confirm; large shifts fire
+        after ``sustain_steps`` (see ``bench/bench_detection.py``).
 
         Rank outlier: per finalised step and per compared stage (``outlier_stages``; plus ``step_time_s`` when
         ``outlier_on_step_time``), peer median m and MAD over the ranks that reported it (>= ``outlier_min_ranks``).
@@ -248,7 +250,8 @@ class JobDetector:
         self._baseline: deque[float] = deque(maxlen=s.baseline_steps)
         self._stats: tuple[float, float] | None = None
         self._stale = 0
-        self._run: list[tuple[int, float, int]] = []
+        self._run = 0
+        self._recent: deque[tuple[int, float, int]] = deque()
         self._reference: float | None = None
         self._last_job_step_s: float | None = None
         self._reset_outliers()
@@ -472,35 +475,38 @@ class JobDetector:
 
     def _regression(self, step: int, x: float, slowest_rank: int) -> Anomaly | None:
         s = self.settings
+        recent = self._recent
+        recent.append((step, x, slowest_rank))
+        if len(recent) > s.confirm_steps:
+            self._accept(recent.popleft()[1])  # the baseline lags the newest confirm_steps steps
         if len(self._baseline) < s.min_baseline_steps:
-            self._accept(x)
             return None
         med, mad = self._stats_now()
         if med <= 0:
-            self._accept(x)
             return None
         scale = max(_MAD_TO_SIGMA * mad, s.noise_floor * med, 1e-12)
         if x / med - 1.0 >= s.min_effect and (x - med) / scale >= s.robust_z:
-            self._run.append((step, x, slowest_rank))
-            if len(self._run) < s.sustain_steps:
-                return None
-            run = self._run
-            xs = sorted(v for _, v, _ in run)
-            run_med = xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
-            slowest = sorted({rk for _, _, rk in run})
-            detail = {"pattern": "step", "first_step": run[0][0], "baseline_s": med, "baseline_mad_s": mad,
-                      "step_time_s": run_med, "robust_z": (run_med - med) / scale, "sustain_steps": len(run),
-                      "slowest_ranks": slowest[:16]}
-            self._baseline.clear()
-            self._stats = None
-            self._run = []
-            self._reference = None
+            self._run += 1
+        else:
+            self._run = 0
+        fired = None
+        if self._run >= s.sustain_steps:
+            fired = "step"
+            window = list(recent)[-self._run:]
+        elif s.confirm_steps >= 2 and len(recent) >= s.confirm_steps:
+            window = list(recent)
+            wmed = _median_mad([v for _, v, _ in window])[0] if len(window) else med
+            if wmed / med - 1.0 >= s.min_effect and (wmed - med) * math.sqrt(len(window)) / (1.2533 * scale) \
+                    >= s.robust_z:
+                fired = "window"
+        if fired is not None:
+            xs = [v for _, v, _ in window]
+            run_med = _median_mad(xs)[0]
+            detail = {"pattern": fired, "first_step": window[0][0], "baseline_s": med, "baseline_mad_s": mad,
+                      "step_time_s": run_med, "robust_z": (run_med - med) / scale, "sustain_steps": len(window),
+                      "slowest_ranks": sorted({rk for _, _, rk in window})[:16]}
+            self._relearn()
             return Anomaly("step_regression", self.job_id, step, (), run_med / med - 1.0, detail)
-        if self._run:
-            for _, v, _ in self._run:
-                self._accept(v)
-            self._run = []
-        self._accept(x)
         if not s.drift_detection or len(self._baseline) < s.min_baseline_steps:
             return None
         med_now = self._stats_now()[0]
@@ -512,6 +518,14 @@ class JobDetector:
                       "sustain_steps": len(self._baseline)}
             return Anomaly("step_regression", self.job_id, step, (), med_now / ref - 1.0, detail)
         return None
+
+    def _relearn(self) -> None:
+        """Debounce after a fire: forget the old level; detection resumes after min_baseline_steps new steps."""
+        self._baseline.clear()
+        self._recent.clear()
+        self._stats = None
+        self._run = 0
+        self._reference = None
 
     def _outliers(self, step: int, vals: dict[str, list[float]]) -> Anomaly | None:
         s = self.settings

@@ -166,7 +166,7 @@ def _sheet(message: Mapping[str, Any], *names: str) -> dict[str, Any] | None:
 def _sheet_rows(sheet: Mapping[str, Any]) -> list[dict[str, Any]]:
     headers = [str(h) for h in sheet.get("headers", [])]
     data = sheet.get("data") or []
-    return [dict(zip(headers, row)) for row in data[:_ADVISOR_MAX_ROWS] if isinstance(row, list)]
+    return [dict(zip(headers, row, strict=False)) for row in data[:_ADVISOR_MAX_ROWS] if isinstance(row, list)]
 
 
 def summarize_advisor(message: Mapping[str, Any]) -> dict[str, Any]:

@@ -66,7 +66,9 @@ class RankDirName:
     @property
     def ts_naive(self) -> datetime:
         """``ts`` as a naive local-time datetime (torch_npu writes local time, msprof doc section 3)."""
-        return datetime.strptime(self.ts[:14], "%Y%m%d%H%M%S").replace(microsecond=int(self.ts[14:]) * 1000)
+        t = self.ts
+        return datetime(int(t[0:4]), int(t[4:6]), int(t[6:8]), int(t[8:10]), int(t[10:12]), int(t[12:14]),
+                        int(t[14:17]) * 1000)
 
 
 def parse_rank_dir_name(name: str) -> RankDirName | None:

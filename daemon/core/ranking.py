@@ -8,6 +8,7 @@ highest first; an empty list means "no rank stands out", never "analysis failed"
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ class RankingSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    min_effect_frac: float = Field(0.03, gt=0, lt=1)
+    min_effect_frac: float = Field(0.025, gt=0, lt=1)
     """Smallest excess, as a fraction of step time, that can make a rank a suspect."""
     min_consistency: float = Field(0.5, ge=0, le=1)
     """Fraction of analysed steps in which the rank's excess must reach ``min_effect_frac``."""
@@ -54,6 +55,8 @@ class RankSignals:
     computation_excess_frac: float = 0.0
     free_excess_frac: float = 0.0
     communication_excess_frac: float = 0.0
+    link_excess_frac: float | None = None
+    bandwidth_ratio: float | None = None
     consistency: float = 0.0
     noise_floor_frac: float = 0.0
     medians_us: dict[str, float] = field(default_factory=dict)
@@ -64,6 +67,8 @@ class RankSignals:
     def effect_frac(self) -> float:
         """Largest excess signal (can be negative for a rank that is faster than its peers)."""
         vals = [self.computation_excess_frac, self.free_excess_frac, self.communication_excess_frac]
+        if self.link_excess_frac is not None:
+            vals.append(self.link_excess_frac)
         if self.late_frac is not None:
             vals.append(self.late_frac)
         return max(vals)
@@ -104,8 +109,40 @@ def _valid_rows(summaries: Sequence[RankStepSummary]) -> tuple[dict[int, dict[in
     return {s: r for s, r in by_step.items() if len(r) >= 2}, notes
 
 
-def measure_signals(summaries: Sequence[RankStepSummary], settings: RankingSettings) -> tuple[
-        dict[int, RankSignals], list[str]]:
+_DIGITS = re.compile(r"-?\d+")
+
+
+def _num(value: Any) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return x if math.isfinite(x) else 0.0
+
+
+def parse_link_rows(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[int, tuple[float, float]]]:
+    """msprof-analyze advisor "slow link" sheet rows -> ``step -> rank -> (link_time_us, bandwidth_GBps)``.
+
+    Columns (advisor ``-l en``, msprof-analyze.md section 8): ``step, rank_id, RDMA bandwidth(GB/s), RDMA size(mb),
+    RDMA time(ms), SDMA bandwidth(GB/s), SDMA size(mb), SDMA time(ms)``. Time is RDMA + SDMA time; bandwidth is
+    total size / total time. Rows without a parseable step/rank or with zero time are skipped.
+    """
+    out: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
+    for row in rows:
+        step_m = _DIGITS.search(str(row.get("step", "")))
+        rank_m = _DIGITS.search(str(row.get("rank_id", "")))
+        if not step_m or not rank_m:
+            continue
+        t_ms = _num(row.get("RDMA time(ms)")) + _num(row.get("SDMA time(ms)"))
+        size_mb = _num(row.get("RDMA size(mb)")) + _num(row.get("SDMA size(mb)"))
+        if t_ms <= 0:
+            continue
+        out[int(step_m.group())][int(rank_m.group())] = (t_ms * 1e3, size_mb / 1024 / (t_ms / 1e3))
+    return dict(out)
+
+
+def measure_signals(summaries: Sequence[RankStepSummary], settings: RankingSettings,
+                    link_rows: Sequence[Mapping[str, Any]] = ()) -> tuple[dict[int, RankSignals], list[str]]:
     """Compute every rank's excess signals from per-(rank, step) summaries.
 
     Returns ``(rank -> RankSignals, notes)``. Steps with fewer than two valid ranks are skipped. All signals are
@@ -114,10 +151,12 @@ def measure_signals(summaries: Sequence[RankStepSummary], settings: RankingSetti
     :func:`rank_suspects` ``Notes`` for the definitions.
     """
     by_step, notes = _valid_rows(summaries)
+    links = parse_link_rows(link_rows)
     per_rank: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     floors: dict[int, list[float]] = defaultdict(list)
     unreliable: set[int] = set()
-    for rows in by_step.values():
+    acc_bw: dict[int, list[float]] = defaultdict(list)
+    for step, rows in sorted(by_step.items()):
         ranks = sorted(rows)
         t_step = median(r.step_time_us if r.step_time_us > 0 else
                         r.computation_us + r.communication_us + r.free_us for r in rows.values())
@@ -134,7 +173,9 @@ def measure_signals(summaries: Sequence[RankStepSummary], settings: RankingSetti
         comp = {k: r.computation_us for k, r in rows.items()}
         free = {k: r.free_us for k, r in rows.items()}
         wait = {k: rows[k].wait_us for k in reliable}
-        sig: dict[str, dict[int, float]] = {"comp": {}, "free": {}, "comm": {}, "late": {}}
+        sig: dict[str, dict[int, float]] = {"comp": {}, "free": {}, "comm": {}, "late": {}, "link": {}}
+        link_t = {k: v[0] for k, v in links.get(step, {}).items() if k in rows}
+        link_bw = {k: v[1] for k, v in links.get(step, {}).items() if k in rows}
         for k in ranks:
             sig["comp"][k] = (comp[k] - (_loo_median(comp, k) or 0.0)) / t_step
             sig["free"][k] = (free[k] - (_loo_median(free, k) or 0.0)) / t_step
@@ -142,10 +183,16 @@ def measure_signals(summaries: Sequence[RankStepSummary], settings: RankingSetti
             ref = _loo_median(wait, k) if k in reliable else None
             if ref is not None:
                 sig["late"][k] = (ref - wait[k]) / t_step
+            ref = _loo_median(link_t, k) if k in link_t else None
+            if ref is not None:
+                sig["link"][k] = min(1.0, (link_t[k] - ref) / t_step)
+                ref_bw = _loo_median(link_bw, k)
+                if ref_bw:
+                    acc_bw[k].append(link_bw[k] / ref_bw)
         scales = {name: _robust_scale(vals.values()) for name, vals in sig.items()}
         for k in ranks:
             acc = per_rank[k]
-            for name in ("comp", "free", "comm", "late"):
+            for name in ("comp", "free", "comm", "late", "link"):
                 if k in sig[name]:
                     acc[name].append(sig[name][k])
             best = max(sig[n][k] for n in sig if k in sig[n])
@@ -171,6 +218,8 @@ def measure_signals(summaries: Sequence[RankStepSummary], settings: RankingSetti
             computation_excess_frac=median(acc["comp"]),
             free_excess_frac=median(acc["free"]),
             communication_excess_frac=median(acc["comm"]),
+            link_excess_frac=median(acc["link"]) if acc["link"] else None,
+            bandwidth_ratio=median(acc_bw[k]) if acc_bw.get(k) else None,
             consistency=sum(1 for b in acc["best"] if b >= threshold) / len(acc["best"]),
             noise_floor_frac=floor,
             medians_us={m: median(acc[m]) for m in _METRICS},
@@ -188,7 +237,7 @@ def _kind(sig: RankSignals, threshold: float) -> tuple[SuspectKind, float]:
     kinds: list[tuple[SuspectKind, float]] = [
         ("compute", sig.computation_excess_frac),
         ("host", sig.free_excess_frac),
-        ("communication", sig.communication_excess_frac),
+        ("communication", max(sig.communication_excess_frac, sig.link_excess_frac or 0.0)),
     ]
     kind, size = max(kinds, key=lambda kv: kv[1])
     if size < 0.5 * threshold:
@@ -206,6 +255,9 @@ def _summary_text(sig: RankSignals, kind: SuspectKind, votes: int, total_votes: 
     elif kind == "host" and "free_us" in peer:
         parts.append(f"idle/host time {med['free_us'] / 1e3:.1f} ms vs peers {peer['free_us'] / 1e3:.1f} ms"
                      f" (+{100 * sig.free_excess_frac:.0f}% of step)")
+    elif kind == "communication" and (sig.link_excess_frac or 0.0) > sig.communication_excess_frac:
+        bw = f" (bandwidth {100 * sig.bandwidth_ratio:.0f}% of peers)" if sig.bandwidth_ratio is not None else ""
+        parts.append(f"slow link: link time +{100 * (sig.link_excess_frac or 0.0):.0f}% of step vs peers{bw}")
     elif kind == "communication":
         parts.append(f"collectives {100 * sig.communication_excess_frac:.0f}% of step longer than peers, "
                      "not explained by waiting")
@@ -244,7 +296,11 @@ def rank_suspects(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | N
         * ``free excess = (free - ref(free)) / T`` -> kind ``host`` (dispatch-bound or data-loading gaps).
         * ``communication excess``: collective time *not explained by waiting*. With own work ``W = comp + free``
           a rank that arrives early must wait ``max(W) - W``; ``U = comm - (max(W) - W)`` and the signal is
-          ``(U - ref(U)) / T`` -> kind ``communication`` (slow link: longer collectives with nobody late).
+          ``(U - ref(U)) / T`` -> kind ``communication`` (longer collectives with nobody late).
+        * ``link excess = (link_time - ref(link_time)) / T`` from the advisor "slow link" sheet (RDMA + SDMA
+          time per rank and step, ``ClusterEvidence.advisor["slow_link"]``) -> kind ``communication``. In a
+          synchronous collective everyone leaves together, so a slow link lengthens every rank's collective and
+          ClusterTimeSummary cannot name it; only per-rank link time / bandwidth can.
 
         Per rank each signal is the median over steps. A rank is a candidate when its largest signal reaches
         ``threshold = max(min_effect_frac, min_robust_z * 1.4826 * MAD)`` (the MAD term only with
@@ -273,7 +329,7 @@ def rank_suspects(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | N
     hostnames = hostnames or {}
     dirs: dict[int, str] = dict(evidence.rank_paths)
     dirs.update(rank_dirs or {})
-    signals, notes = measure_signals(evidence.summaries, settings)
+    signals, notes = measure_signals(evidence.summaries, settings, _link_rows(evidence))
     votes = {int(k): int(v) for k, v in evidence.slow_rank_votes.items() if v > 0}
     total_votes = sum(votes.values())
     w_v = settings.vote_weight if total_votes else 0.0
@@ -316,6 +372,8 @@ def rank_suspects(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | N
             "computation_excess_frac": round(sig.computation_excess_frac, 4),
             "free_excess_frac": round(sig.free_excess_frac, 4),
             "communication_excess_frac": round(sig.communication_excess_frac, 4),
+            "link_excess_frac": None if sig.link_excess_frac is None else round(sig.link_excess_frac, 4),
+            "bandwidth_ratio": None if sig.bandwidth_ratio is None else round(sig.bandwidth_ratio, 4),
             "median_us": {k: round(v, 3) for k, v in sig.medians_us.items()},
             "peer_median_us": {k: round(v, 3) for k, v in sig.peer_medians_us.items()},
             "slow_rank_votes": n_votes,
@@ -333,9 +391,14 @@ def rank_suspects(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | N
     return out
 
 
+def _link_rows(evidence: ClusterEvidence) -> list[Mapping[str, Any]]:
+    rows = evidence.advisor.get("slow_link") if isinstance(evidence.advisor, Mapping) else None
+    return [r for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else []
+
+
 def ranking_notes(evidence: ClusterEvidence, settings: RankingSettings | None = None) -> list[str]:
     """Data-quality notes :func:`rank_suspects` saw (ignored rows, unusable wait data), for reports."""
-    _, notes = measure_signals(evidence.summaries, settings or RankingSettings())
+    _, notes = measure_signals(evidence.summaries, settings or RankingSettings(), _link_rows(evidence))
     return notes
 
 

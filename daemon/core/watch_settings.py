@@ -36,6 +36,10 @@ class WatchSettings(BaseModel):
     """auto: inotify on local file systems, polling on ``network_fs_types`` (from /proc/self/mountinfo)."""
     network_fs_types: tuple[str, ...] = DEFAULT_NETWORK_FS_TYPES
     poll_interval_s: float = Field(2.0, gt=0)
+    poll_skip_dirs: tuple[str, ...] = ("PROF_*", "FRAMEWORK", "logs")
+    """Directory names (fnmatch) the polling observer does not descend into: raw data, hundreds of files per
+    rank, that no completion rule looks inside except ``PROF_*/*/sqlite`` (a marker-less fallback, which the
+    reconciliation scan re-checks anyway) (FC-16)."""
     reconcile_interval_s: float = Field(30.0, gt=0)
     """Periodic full re-check of every watched prof_dir, whatever the events said (FC-16, FC-17)."""
     supervise_interval_s: float = Field(0.5, gt=0)

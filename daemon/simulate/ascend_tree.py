@@ -1,4 +1,4 @@
-"""SIMULATOR: writes Ascend-format rank dirs (``*_ascend_pt``) like torch_npu does, from given or generated timings (I/O).
+"""SIMULATOR: writes Ascend-format rank dirs (``*_ascend_pt``) as torch_npu does, from timelines (I/O).
 
 This is **not** captured data. It mirrors the layout, file order, modes and tables torch_npu + CANN produce
 (``../shared/docs/msprof-analyze.md`` sections 3, 4.1, 4.3 and 12) so that msprof-analyze 26.2.0 accepts the
@@ -301,7 +301,9 @@ def profiler_db_path(rank_dir: Path) -> Path:
 
 
 def _db(rank_dir: Path, which: Literal["profiler", "analysis"]) -> Path:
-    return profiler_db_path(rank_dir) if which == "profiler" else Path(rank_dir) / "ASCEND_PROFILER_OUTPUT" / "analysis.db"
+    if which == "profiler":
+        return profiler_db_path(rank_dir)
+    return Path(rank_dir) / "ASCEND_PROFILER_OUTPUT" / "analysis.db"
 
 
 def truncate_db(rank_dir: Path, *, which: Literal["profiler", "analysis"] = "profiler",

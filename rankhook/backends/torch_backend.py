@@ -248,7 +248,9 @@ class TorchBackend:
         self._exports.append(cur)
 
     def _tick(self) -> None:
-        """Watcher thread: export finished captures, then send queued events."""
+        """Watcher thread: send queued events, export finished captures (their events follow), send again."""
+        if self._events is not None:
+            self._events.drain()
         while self._exports:
             self._exporting.set()
             cur = self._exports.popleft()

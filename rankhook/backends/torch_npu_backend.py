@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -204,7 +205,7 @@ class TorchNpuBackend:
 
     def _find_rank_dir(self, e: _Expect) -> str | None:
         assert self._ident is not None
-        prefix = f"{self._ident.hostname}_{os.getpid()}_"
+        prefix = f"{socket.gethostname()}_{os.getpid()}_"  # torch_npu names dirs by gethostname(), not ident
         floor = time.strftime("%Y%m%d%H%M%S", time.localtime(e.start_unix_s - 2))
         try:
             names = sorted(os.listdir(self._prof_dir(e.cfg)))

@@ -84,7 +84,7 @@ format = "console"
             return False
 
     def status(self) -> dict:
-        return call(self.control, "status", timeout_s=2)
+        return call(self.control, "status", timeout_s=8)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         p = self.procs.pop(name)
@@ -127,8 +127,12 @@ def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
     cluster.start_node("nodeB")
     for r in range(4):
         cluster.start_rank(r, "nodeA" if r < 2 else "nodeB")
-    st = wait_for(lambda: (s := cluster.status()) if len(_rank_steps(s)) == 4 and min(_rank_steps(s).values()) >= 20 else None,
-                  30, what="all 4 ranks at step >= 20")
+    def all_at_20():
+        s = cluster.status()
+        steps = _rank_steps(s)
+        return s if len(steps) == 4 and min(steps.values()) >= 20 else None
+
+    st = wait_for(all_at_20, 30, what="all 4 ranks at step >= 20")
     job = st["jobs"][0]
     assert job["world_size"] == 4
     hosts = {r["rank"]: r["node_id"] for r in job["ranks"]}
@@ -217,7 +221,11 @@ def test_bad_messages_are_rejected_and_service_continues(cluster: Cluster) -> No
         dealer.close()
     finally:
         ctx.term()
-    st = wait_for(lambda: (s := cluster.status())["counters"]["rejected"] >= 4 and s, 20, what="rejections counted")
+    def rejected():
+        s = cluster.status()
+        return s if s["counters"]["rejected"] >= 4 else None
+
+    st = wait_for(rejected, 20, what="rejections counted")
     assert st["jobs"][0]["world_size"] == 2  # the conflicting hello did not change the job
     node = wait_for(lambda: next((n for n in cluster.status()["nodes"] if n["counters"].get("rejected", 0) >= 8), None), 20,
                     what="node rejection counter")

@@ -1,0 +1,285 @@
+"""Writes ``profiler_config.json`` in place for torch_npu's dynamic_profile monitor (I/O adapter).
+
+Rules (``../shared/docs/torch_npu_dynamic_profile.md`` "What a config-writing daemon must respect" items 2, 3,
+7; section 2 "Consequences"; ``field-cases.md`` FC-14):
+
+* **In place, same inode**: no delete (the monitor logs "cfg json not exists" while absent), no copy-over or
+  rename (owner/mode/ACL of the rank user's file stay as they are; symlinks are refused). The new JSON goes in
+  with **one** ``pwrite`` at offset 0 that is at least as long as the old content (padded with trailing spaces,
+  which JSON allows), then the file is truncated to a length >= the new JSON. At no point does the file hold
+  fewer bytes than a complete document, so a concurrent reader sees the old document, the new one, or (only if
+  the kernel interleaves a read with the page copy, which Linux does not exclude) a mix; it never sees an empty
+  or cut-off file.
+* **Fresh whole-second mtime**: the write lands in a second strictly later than the previous edit (ours, per
+  path, kept in memory, and the file's own mtime, e.g. a hand edit) and than ``not_before_unix_s`` (the ranks'
+  start: their acceptance is strictly-newer than their init second), never in the future; if needed the writer
+  waits for the next second (bounded).
+* **Re-read after a torn read**: once the clock has moved into the next second, the mtime is bumped to that
+  second with ``os.utime`` so a monitor that read mid-write (and keyed the bad read to the write's second) reads
+  the complete content again. The returned ``mtime_s`` is the final one. Both generations carry the same
+  content, so an absolute ``start_step`` makes the double delivery harmless (a ``-1`` would not be).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from daemon.core.capture import InvalidProfilerConfig, ProfilerConfig
+from rankhook.profconfig import CONFIG_FILE, TEMPLATE
+
+log = structlog.get_logger("profwatch.config_writer")
+
+MAX_WAIT_S = 3.0
+"""Longest the writer waits for an acceptable mtime second before refusing (ConfigWriteTooEarly)."""
+
+
+class ConfigWriteError(RuntimeError):
+    """Base of every refusal of :class:`ConfigWriter`; the message names the path and the reason."""
+
+
+class ConfigDirNotAllowed(ConfigWriteError):
+    """The config dir is not inside any allowed root (or reaches it only through a symlink)."""
+
+
+class ConfigDirMissing(ConfigWriteError):
+    """The config dir does not exist (vanished) or is not a directory."""
+
+
+class ConfigDirReadOnly(ConfigWriteError):
+    """The config dir or file is not writable (read-only mount, no write permission bits)."""
+
+
+class ConfigPathSymlink(ConfigWriteError):
+    """The config dir, a component below the allowed root, or ``profiler_config.json`` is a symlink."""
+
+
+class ConfigMtimeInFuture(ConfigWriteError):
+    """The file's mtime is ahead of the clock: ranks that accepted it ignore every edit until then."""
+
+
+class ConfigWriteTooEarly(ConfigWriteError):
+    """A strictly newer second than the previous edit / ``not_before_unix_s`` is more than MAX_WAIT_S away."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """``path`` written, its final whole-second ``mtime_s``, its ``inode``; ``created`` if the template was
+    created first; ``replaced_problem`` describes an invalid hand-edited config that was in the file."""
+
+    path: str
+    mtime_s: int
+    inode: int
+    created: bool = False
+    replaced_problem: str | None = None
+
+
+class ConfigWriter:
+    """Edits ``profiler_config.json`` files; remembers per path the last mtime and content it wrote.
+
+    Args:
+        clock: wall clock in seconds (``time.time``); sleep: ``time.sleep``. Both injectable for tests.
+        max_wait_s: bound for waiting on a fresh second.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        max_wait_s: float = MAX_WAIT_S,
+    ) -> None:
+        self._clock = clock
+        self._sleep = sleep
+        self._max_wait_s = max_wait_s
+        self._last_mtime: dict[str, int] = {}
+        self._last_content: dict[str, dict[str, Any]] = {}
+
+    def last_content(self, config_dir: str) -> dict[str, Any] | None:
+        """The last valid content this writer wrote to ``config_dir`` (kept even if the file was hand-edited)."""
+        return self._last_content.get(os.path.join(os.path.abspath(config_dir), CONFIG_FILE))
+
+    def write(
+        self,
+        config_dir: str,
+        content: dict[str, Any],
+        *,
+        not_before_unix_s: float,
+        allowed_roots: Sequence[str],
+    ) -> WriteResult:
+        """Write ``content`` (validated as :class:`ProfilerConfig`) into ``<config_dir>/profiler_config.json``.
+
+        Blocks up to ~``max_wait_s`` + 1 s (fresh second, then the mtime bump). Raises
+        :class:`InvalidProfilerConfig` for bad content and a :class:`ConfigWriteError` subclass for refusals.
+        """
+        ProfilerConfig.parse(content)
+        data = json.dumps(content, indent=4).encode()
+        d = check_config_dir(config_dir, allowed_roots)
+        path = os.path.join(d, CONFIG_FILE)
+        created = self._ensure_file(d, path)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except PermissionError as exc:
+            raise ConfigDirReadOnly(f"cannot open {path} for writing: {exc}") from None
+        except OSError as exc:  # ELOOP: replaced by a symlink since the check
+            raise ConfigPathSymlink(f"cannot open {path} without following links: {exc}") from None
+        try:
+            st0 = os.fstat(fd)
+            if not stat.S_ISREG(st0.st_mode):
+                raise ConfigWriteError(f"{path} is not a regular file")
+            problem = self._check_current(fd, path, st0.st_size)
+            self._wait_for_fresh_second(path, st0, not_before_unix_s)
+            padded = data + b" " * max(0, st0.st_size - len(data))
+            n = os.pwrite(fd, padded, 0)
+            while n < len(padded):  # a short write on a regular file is exceptional; finish it
+                n += os.pwrite(fd, padded[n:], n)
+            os.fsync(fd)
+            if len(padded) > len(data):
+                os.ftruncate(fd, len(data))
+                os.fsync(fd)
+            st1 = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if (st1.st_uid, st1.st_gid, stat.S_IMODE(st1.st_mode)) != (st0.st_uid, st0.st_gid, stat.S_IMODE(st0.st_mode)):
+            log.warning("config_owner_or_mode_changed", path=path)
+        mtime = self._bump_mtime(path, int(st1.st_mtime))
+        self._last_mtime[path] = mtime
+        self._last_content[path] = content
+        log.info("config_written", path=path, mtime_s=mtime, inode=st1.st_ino, start_step=content.get("start_step"))
+        return WriteResult(path, mtime, st1.st_ino, created, problem)
+
+    # -- steps --------------------------------------------------------------------------------------------------
+    def _ensure_file(self, d: str, path: str) -> bool:
+        """Create torch_npu's template (0640, indent 4, owned like the dir) only if the file is absent."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if stat.S_ISLNK(st.st_mode):
+                raise ConfigPathSymlink(f"{path} is a symlink; refusing to write through it")
+            return False
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+        except FileExistsError:
+            return False
+        except PermissionError as exc:
+            raise ConfigDirReadOnly(f"cannot create {path}: {exc}") from None
+        try:
+            os.write(fd, json.dumps(TEMPLATE, indent=4).encode())
+            os.fchmod(fd, 0o640)
+            if os.geteuid() == 0:
+                dst = os.stat(d)
+                os.fchown(fd, dst.st_uid, dst.st_gid)  # the rank user must read it (section 2 "Atomic replace")
+            os.fsync(fd)
+            m = int(os.fstat(fd).st_mtime)
+        finally:
+            os.close(fd)
+        self._last_mtime[path] = max(self._last_mtime.get(path, 0), m)
+        log.info("config_template_created", path=path)
+        return True
+
+    def _check_current(self, fd: int, path: str, size: int) -> str | None:
+        """Report an invalid hand edit in the file (our last valid content stays in memory)."""
+        raw = os.pread(fd, min(size, 1 << 21), 0)
+        try:
+            cur = json.loads(raw) if raw.strip() else {}
+        except ValueError as exc:
+            problem = f"not JSON: {exc}"
+        else:
+            if cur == self._last_content.get(path) or cur == TEMPLATE:
+                return None
+            try:
+                ProfilerConfig.parse(cur)
+                return None
+            except InvalidProfilerConfig as exc:
+                problem = str(exc)
+        log.warning("config_hand_edit_invalid", path=path, problem=problem,
+                    kept_in_memory=self._last_content.get(path) is not None)
+        return problem
+
+    def _wait_for_fresh_second(self, path: str, st: os.stat_result, not_before_unix_s: float) -> None:
+        now = self._clock()
+        file_m = int(st.st_mtime)
+        if file_m > int(now) + 1:
+            raise ConfigMtimeInFuture(
+                f"{path} mtime {file_m} is {file_m - now:.0f}s in the future: ranks that saw it ignore later edits; "
+                "fix the clock/file and restart the job's arming"
+            )
+        need = max(self._last_mtime.get(path, 0), file_m, int(not_before_unix_s)) + 1
+        if need > now + self._max_wait_s:
+            raise ConfigWriteTooEarly(f"{path}: next acceptable mtime second {need} is {need - now:.1f}s away")
+        while int(now) < need:
+            self._sleep(max(0.005, need - now))
+            now = self._clock()
+
+    def _bump_mtime(self, path: str, written_m: int) -> int:
+        """Wait for the second after the write, then set the mtime to it (never in the future)."""
+        target = written_m + 1
+        now = self._clock()
+        while now < target:
+            self._sleep(max(0.005, target - now))
+            now = self._clock()
+        os.utime(path, (now, float(target)), follow_symlinks=False)
+        return target
+
+
+def check_config_dir(config_dir: str, allowed_roots: Sequence[str]) -> str:
+    """Return the absolute config dir if it is a real, writable directory inside one of ``allowed_roots``.
+
+    The dir is taken lexically (``abspath``, no link resolution); each component below the matching root must
+    not be a symlink, so a link cannot lead out of the root. Roots themselves may be symlinks (compared both as
+    given and resolved). Raises ConfigDirNotAllowed / ConfigPathSymlink / ConfigDirMissing / ConfigDirReadOnly.
+    """
+    if not os.path.isabs(config_dir):
+        raise ConfigDirNotAllowed(f"config dir must be absolute, got {config_dir!r}")
+    d = os.path.abspath(config_dir)
+    root = None
+    for r in allowed_roots:
+        for cand in {os.path.abspath(r), os.path.realpath(r)}:
+            if d == cand or d.startswith(cand.rstrip("/") + "/"):
+                root = cand
+                break
+        if root:
+            break
+    if root is None:
+        raise ConfigDirNotAllowed(f"{d} is outside the allowed roots {list(allowed_roots)}")
+    cur = root
+    rest = [p for p in d[len(root):].split("/") if p]
+    for part in rest:
+        cur = os.path.join(cur, part)
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            raise ConfigDirMissing(f"{cur} does not exist") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise ConfigPathSymlink(f"{cur} is a symlink; refusing (it could lead out of {root})")
+    try:
+        st = os.stat(d)
+    except FileNotFoundError:
+        raise ConfigDirMissing(f"{d} does not exist") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigDirMissing(f"{d} is not a directory")
+    if os.statvfs(d).f_flag & os.ST_RDONLY:
+        raise ConfigDirReadOnly(f"{d} is on a read-only file system")
+    if stat.S_IMODE(st.st_mode) & 0o222 == 0 or not os.access(d, os.W_OK):
+        raise ConfigDirReadOnly(f"{d} is read-only (mode {stat.S_IMODE(st.st_mode):o})")
+    return d
+
+
+def write_profiler_config(
+    config_dir: str,
+    content: dict[str, Any],
+    *,
+    not_before_unix_s: float,
+    allowed_roots: Sequence[str],
+) -> WriteResult:
+    """One-shot :meth:`ConfigWriter.write` (the file's own mtime stands in for the writer's memory)."""
+    return ConfigWriter().write(config_dir, content, not_before_unix_s=not_before_unix_s, allowed_roots=allowed_roots)

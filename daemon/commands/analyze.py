@@ -1,0 +1,96 @@
+"""``profwatch analyze DIR``: offline completeness check plus analysis, the coordinator's code path (CLI body).
+
+Wired by ``daemon/cli.py`` with ``cli.add_command(analyze)``. If the CLI group puts an ``AnalysisSettings`` in
+``ctx.obj["analysis_settings"]`` (from the config file) it is used; otherwise defaults plus the flags below.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from daemon.adapters.rank_dir_fs import TreeUnavailable, scan_tree
+from daemon.analysis import AnalysisResult, AnalysisSettings, analyze_batch
+
+GOOD = ("ok", "no_suspect")
+
+
+def _settings(ctx: click.Context, no_advisor: bool, timeout_s: float | None, no_html: bool) -> AnalysisSettings:
+    obj: Any = ctx.obj
+    base = obj.get("analysis_settings") if isinstance(obj, dict) else None
+    settings = base.model_copy(deep=True) if isinstance(base, AnalysisSettings) else AnalysisSettings()
+    if no_advisor:
+        settings.msprof.advisor = False
+    if timeout_s is not None:
+        settings.msprof.timeout_s = timeout_s
+    if no_html:
+        settings.report_html = False
+    return settings
+
+
+def _human(res: AnalysisResult) -> str:
+    lines = [f"batch {res.batch_id} [{res.kind}, {res.world_size} ranks]: {res.status} - {res.detail}"]
+    for name, r in res.recipes.items():
+        lines.append(f"  recipe {name:<22} {r.status:<15} {r.detail[:110]}")
+    for i, s in enumerate(res.suspects, start=1):
+        lines.append(f"  #{i} rank {s.rank:<5} score {s.score:.2f}  {s.kind:<13} host {s.hostname or '-'}")
+        lines.append(f"      {s.evidence.get('summary', '')}")
+        if s.rank_dir:
+            lines.append(f"      {s.rank_dir}")
+    if res.report:
+        lines.append(f"  report: {res.report}")
+    return "\n".join(lines)
+
+
+@click.command("analyze")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--world-size", type=click.IntRange(min=1), default=None,
+              help="Expected ranks per batch (default: from profiler_info / the rank dirs).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per batch (JSON Lines).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Work folder for staging, tool outputs and reports (default: ./profwatch-analysis).")
+@click.option("--batch", "batch_ids", multiple=True, help="Only these batch ids (repeatable).")
+@click.option("--no-advisor", is_flag=True, help="Skip msprof-analyze advisor (saves ~9 s per batch).")
+@click.option("--no-html", is_flag=True, help="Write report.json only.")
+@click.option("--timeout-s", type=click.FloatRange(min=1), default=None, help="Per msprof-analyze command.")
+@click.pass_context
+def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json: bool, out_dir: Path | None,
+            batch_ids: tuple[str, ...], no_advisor: bool, no_html: bool, timeout_s: float | None) -> None:
+    """Check which capture batches under DIR are complete, analyse them and rank suspect slow ranks.
+
+    Exit status: 0 when every batch was analysed (ok / no_suspect), 1 when any batch was incomplete or its
+    analysis failed or was partial, 2 when DIR holds no batch or cannot be read.
+    """
+    settings = _settings(ctx, no_advisor, timeout_s, no_html)
+    work = out_dir or Path.cwd() / "profwatch-analysis"
+    try:
+        batches = scan_tree(directory, world_size=world_size)
+    except TreeUnavailable as exc:
+        _fail(ctx, as_json, "unreadable", f"cannot read {directory}: {exc}")
+    if batch_ids:
+        batches = [b for b in batches if b.batch_id in set(batch_ids)]
+    if not batches:
+        _fail(ctx, as_json, "no_batch", f"no capture batch found under {directory}")
+    worst = 0
+    for batch in batches:
+        res = analyze_batch(batch, work_dir=work, settings=settings)
+        if res.status == "incomplete":
+            res.notes.append(json.dumps({"completeness": batch.to_json()}, default=str)[:4000])
+        if as_json:
+            click.echo(json.dumps(res.to_json(), default=str))
+        else:
+            click.echo(_human(res))
+        if res.status not in GOOD:
+            worst = 1
+    ctx.exit(worst)
+
+
+def _fail(ctx: click.Context, as_json: bool, status: str, detail: str) -> None:
+    if as_json:
+        click.echo(json.dumps({"status": status, "detail": detail}))
+    else:
+        click.echo(detail, err=True)
+    ctx.exit(2)

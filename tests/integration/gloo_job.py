@@ -1,0 +1,93 @@
+"""Real CPU gloo job with torch.profiler, writing torch_pt rank dirs in the profwatch layout (test helper script).
+
+Usage: ``python gloo_job.py OUT_DIR --world-size 4 --slow-rank 2 --extra-ms 40 --steps 5``. Each rank trains a
+small MLP, all-reduces its gradients (gloo) every step and, if it is the slow rank, burns ``extra_ms`` of real
+matmul compute before the allreduce. The capture covers steps ``[2, 2 + active)`` (``ProfilerStep#N`` = step N).
+Layout per ``docs/architecture.md``: ``{host}_{pid}_{YYYYmmddHHMMSSfff}_torch_pt/`` with
+``profiler_info_{rank}.json``, ``profiler_metadata.json``, ``{host}_{pid}.{ts_ms}.pt.trace.json`` and
+``trace.done`` written last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import time
+from datetime import datetime
+
+
+def _ts17(t: float) -> str:
+    dt = datetime.fromtimestamp(t)
+    return dt.strftime("%Y%m%d%H%M%S") + f"{dt.microsecond // 1000:03d}"
+
+
+def _burn(ms: float) -> None:
+    import torch
+
+    a = torch.randn(192, 192)
+    end = time.perf_counter() + ms / 1000.0
+    while time.perf_counter() < end:
+        a = torch.tanh(a @ a)
+
+
+def worker(rank: int, args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{args.pg_file}", rank=rank, world_size=args.world_size)
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+    x = torch.randn(64, 256)
+    host, pid = socket.gethostname(), os.getpid()
+    t_start = time.time()
+    rank_dir = os.path.join(args.out, f"{host}_{pid}_{_ts17(t_start)}_torch_pt")
+    os.makedirs(rank_dir, exist_ok=True)
+    trace_path = os.path.join(rank_dir, f"{host}_{pid}.{int(t_start * 1000)}.pt.trace.json")
+    warm = 2
+    sched = schedule(skip_first=0, wait=warm - 1, warmup=1, active=args.steps, repeat=1)
+    with profile(activities=[ProfilerActivity.CPU], schedule=sched,
+                 on_trace_ready=lambda p: p.export_chrome_trace(trace_path)) as prof:
+        for _step in range(warm + args.steps + 1):
+            loss = model(x).square().mean()
+            loss.backward()
+            if rank == args.slow_rank:
+                _burn(args.extra_ms)
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+                p.grad = None
+            prof.step()
+    dist.barrier()
+    info = {"rank_id": rank, "world_size": args.world_size, "config": {"activities": ["CPU"]},
+            "start_info": {"unix_s": t_start}, "end_info": {"unix_s": time.time()}, "torch_version": torch.__version__}
+    with open(os.path.join(rank_dir, f"profiler_info_{rank}.json"), "w") as fh:
+        json.dump(info, fh)
+    with open(os.path.join(rank_dir, "profiler_metadata.json"), "w") as fh:
+        json.dump({"profwatch_capture_id": args.capture_id, "profwatch_reason": "test",
+                   "profwatch_job_id": "gloo-test"}, fh)
+    open(os.path.join(rank_dir, "trace.done"), "wb").close()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--world-size", type=int, default=4)
+    ap.add_argument("--slow-rank", type=int, default=-1)
+    ap.add_argument("--extra-ms", type=float, default=40.0)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--capture-id", default="cap-gloo-1")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    args.pg_file = os.path.join(args.out, ".pg_init")
+    import torch.multiprocessing as mp
+
+    mp.spawn(worker, args=(args,), nprocs=args.world_size, join=True)
+    os.remove(args.pg_file) if os.path.exists(args.pg_file) else None
+
+
+if __name__ == "__main__":
+    main()

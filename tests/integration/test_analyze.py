@@ -1,0 +1,193 @@
+"""analyze_batch and ``profwatch analyze`` end to end: generated Ascend trees + the real msprof-analyze 26.2.0, and
+real torch.profiler traces from a CPU gloo job.
+
+Each scenario is generated and analysed once per module (msprof-analyze runs take 2.5-9 s each).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from daemon.adapters.rank_dir_fs import scan_tree
+from daemon.analysis import AnalysisResult, AnalysisSettings, analyze_batch
+from daemon.commands.analyze import analyze
+from daemon.core.alerts import TYPE_SUSPECT_RANKS, make_cloudevent, to_alertmanager
+from daemon.simulate.ascend_tree import generate_cluster, truncate_db
+from tests.conftest import PYTHON, REPO_ROOT, python_env
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "one_in_4": {"world_size": 4, "slow_ranks": {2: 1.5}},
+    "one_in_8": {"world_size": 8, "slow_ranks": {5: 1.3}},
+    "one_in_32": {"world_size": 32, "slow_ranks": {17: 1.2}},
+    "one_in_64": {"world_size": 64, "slow_ranks": {40: 1.15}},
+    "two_in_8": {"world_size": 8, "slow_ranks": {1: 1.6, 6: 1.3}},
+    "balanced_8": {"world_size": 8},
+    "host_bound_8": {"world_size": 8, "host_bound_ranks": {3: 0.3}},
+    "world_2": {"world_size": 2, "slow_ranks": {1: 1.4}},
+    "world_3": {"world_size": 3, "slow_ranks": {0: 1.4}},
+    "text_only_4": {"world_size": 4, "slow_ranks": {2: 1.5}, "export_type": "text"},
+    "level0_4": {"world_size": 4, "slow_ranks": {2: 1.5}, "level": "Level0"},
+}
+
+
+def _settings(advisor: bool = False) -> AnalysisSettings:
+    s = AnalysisSettings()
+    s.msprof.advisor = advisor
+    s.msprof.max_concurrent_runs = 2
+    s.msprof.timeout_s = 120
+    return s
+
+
+@pytest.fixture(scope="module")
+def run_scenario(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., AnalysisResult]:
+    root = tmp_path_factory.mktemp("analyze")
+    cache: dict[str, AnalysisResult] = {}
+
+    def run(name: str, *, advisor: bool = False, damage: Callable[[list[Path]], None] | None = None,
+            **kw: Any) -> AnalysisResult:
+        if name not in cache:
+            spec = {**SCENARIOS.get(name, {}), **kw}
+            dirs = generate_cluster(root / name / "prof", capture_id=f"cap-{name}", seed=7, **spec)
+            if damage:
+                damage(dirs)
+            batches = scan_tree(root / name / "prof", world_size=spec["world_size"])
+            assert len(batches) == 1, [b.to_json() for b in batches]
+            cache[name] = analyze_batch(batches[0], work_dir=root / name / "work", settings=_settings(advisor),
+                                        capture_reason="test")
+        return cache[name]
+
+    return run
+
+
+@pytest.mark.parametrize("name", ["one_in_4", "one_in_8", "one_in_32", "one_in_64"])
+def test_one_slow_rank_is_top_suspect(run_scenario, name: str):
+    res = run_scenario(name)
+    slow = next(iter(SCENARIOS[name]["slow_ranks"]))
+    assert res.status == "ok", res.to_json()
+    assert res.suspects[0].rank == slow and res.suspects[0].kind == "compute"
+    assert len(res.suspects) == 1
+    assert res.recipes["cluster_time_summary"].status == "ok"
+    top = res.suspects[0]
+    assert top.hostname == f"node{slow // 8}" and top.rank_dir and top.rank_dir.endswith("_ascend_pt")
+    assert "report.html" in (res.report or "") and Path(res.report).exists()
+
+
+def test_one_in_4_slow_rank_votes_agree(run_scenario):
+    res = run_scenario("one_in_4")
+    assert res.evidence.slow_rank_votes.get(2, 0) > 0
+    assert res.suspects[0].evidence["slow_rank_votes"] > 0
+
+
+def test_two_simultaneous_slow_ranks(run_scenario):
+    res = run_scenario("two_in_8")
+    assert {s.rank for s in res.suspects[:2]} == {1, 6}
+    assert res.suspects[0].rank == 1  # the slower one first
+
+
+def test_balanced_gives_no_suspect(run_scenario):
+    res = run_scenario("balanced_8")
+    assert res.status == "no_suspect" and res.suspects == []
+    assert res.recipes["cluster_time_summary"].status == "ok"
+    data = res.alert_data()
+    assert data["suspects"] == [] and len(data["ranks"]) == 8
+
+
+def test_host_bound_rank(run_scenario):
+    res = run_scenario("host_bound_8")
+    assert res.suspects and res.suspects[0].rank == 3 and res.suspects[0].kind == "host"
+
+
+@pytest.mark.parametrize("name,slow", [("world_2", 1), ("world_3", 0)])
+def test_small_worlds_without_slow_rank_votes(run_scenario, name: str, slow: int):
+    res = run_scenario(name)
+    assert res.recipes["slow_rank"].status == "not_applicable"
+    assert res.status == "ok" and res.suspects[0].rank == slow
+
+
+def test_text_only_export_is_a_clear_status(run_scenario):
+    res = run_scenario("text_only_4")
+    assert res.status == "not_applicable" and res.suspects == []
+    assert res.recipes["completeness"].status == "not_applicable" and "text-only" in res.detail
+
+
+def test_level0_no_communication(run_scenario):
+    res = run_scenario("level0_4")
+    assert res.status in ("not_applicable", "partial", "no_data") and res.status != "ok"
+    assert res.recipes["cluster_time_summary"].status in ("not_applicable", "no_data")
+
+
+def test_truncated_db_never_crashes(run_scenario):
+    res = run_scenario("truncated_4", world_size=4, slow_ranks={2: 1.5},
+                      damage=lambda dirs: truncate_db(dirs[1]))
+    assert res.status in ("ok", "partial", "no_data", "failed", "incomplete")
+    json.dumps(res.to_json(), default=str)
+
+
+def test_incomplete_batch_not_analysed(tmp_path: Path):
+    dirs = generate_cluster(tmp_path / "prof", world_size=4, capture_id="cap-x")
+    import shutil
+
+    shutil.rmtree(dirs[3])
+    batches = scan_tree(tmp_path / "prof", world_size=4)
+    res = analyze_batch(batches[0], work_dir=tmp_path / "w", settings=_settings())
+    assert res.status == "incomplete" and list(res.recipes) == ["completeness"] and "[3]" in res.detail
+
+
+@pytest.mark.slow
+def test_slow_link_via_advisor(run_scenario):
+    res = run_scenario("slow_link_8", advisor=True, world_size=8, slow_link_ranks={3: 3.0})
+    assert res.recipes["advisor"].status == "ok"
+    assert res.suspects and res.suspects[0].rank == 3 and res.suspects[0].kind == "communication"
+
+
+def test_alert_payload_from_result(run_scenario):
+    res = run_scenario("one_in_8")
+    ev = make_cloudevent(res.event_type, "job", res.alert_data(), source="//t", now_unix_s=1.7e9)
+    assert ev["type"] == TYPE_SUSPECT_RANKS
+    am = to_alertmanager([ev], external_url="http://x")
+    assert am["alerts"][0]["labels"]["rank"] == "5"
+    j = res.to_json()
+    assert set(j) >= {"status", "batch_id", "kind", "suspects", "recipes", "report"}
+    assert j["recipes"]["cluster_time_summary"] == "ok"
+    assert set(j["suspects"][0]) == {"rank", "score", "kind", "hostname", "evidence", "rank_dir"}
+
+
+def test_cli_analyze_json(tmp_path: Path):
+    generate_cluster(tmp_path / "prof", world_size=4, slow_ranks={1: 1.6}, capture_id="cap-cli")
+    out = CliRunner().invoke(analyze, [str(tmp_path / "prof"), "--world-size", "4", "--json", "--no-advisor",
+                                       "--out", str(tmp_path / "work")])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output.strip().splitlines()[-1])
+    assert doc["status"] == "ok" and doc["suspects"][0]["rank"] == 1 and doc["batch_id"] == "cap-cli"
+    human = CliRunner().invoke(analyze, [str(tmp_path / "prof"), "--no-advisor", "--out", str(tmp_path / "w2")])
+    assert human.exit_code == 0 and "rank 1" in human.output
+    empty = CliRunner().invoke(analyze, [str(tmp_path / "work" / "results"), "--json"])
+    assert empty.exit_code == 2 and json.loads(empty.output)["status"] == "no_batch"
+
+
+@pytest.fixture(scope="module")
+def gloo_batch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gloo")
+    proc = subprocess.run([PYTHON, str(REPO_ROOT / "tests" / "integration" / "gloo_job.py"), str(out),
+                           "--world-size", "4", "--slow-rank", "2", "--extra-ms", "40", "--steps", "4"],
+                          env=python_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_real_torch_gloo_traces(gloo_batch: Path, tmp_path: Path):
+    batches = scan_tree(gloo_batch, world_size=4)
+    assert len(batches) == 1 and batches[0].status == "complete" and batches[0].kind == "torch_pt"
+    res = analyze_batch(batches[0], work_dir=tmp_path, settings=_settings())
+    assert res.recipes["kineto_breakdown"].status == "ok", res.to_json()
+    assert res.status == "ok" and res.suspects[0].rank == 2 and res.suspects[0].kind == "compute"
+    assert len({s.step for s in res.evidence.summaries}) == 4
+    assert Path(res.report).exists()

@@ -1,0 +1,179 @@
+"""daemon/adapters/config_writer.py on a real file system: in-place edits, no torn file, fresh mtimes, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon.adapters.config_writer import (
+    ConfigDirMissing,
+    ConfigDirNotAllowed,
+    ConfigDirReadOnly,
+    ConfigMtimeInFuture,
+    ConfigPathSymlink,
+    ConfigWriter,
+    ConfigWriteTooEarly,
+    write_profiler_config,
+)
+from daemon.core.capture import InvalidProfilerConfig, ProfilerConfig
+from rankhook.profconfig import TEMPLATE
+from tests.conftest import PYTHON, python_env, wait_for
+
+READER = r"""
+import json, os, sys, time
+path, stop = sys.argv[1], sys.argv[2]
+reads = bad = empty = 0
+docs = set()
+while not os.path.exists(stop):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        bad += 1
+        continue
+    reads += 1
+    if not data.strip():
+        empty += 1
+        continue
+    try:
+        docs.add(json.loads(data).get("start_step"))
+    except ValueError:
+        bad += 1
+print(json.dumps({"reads": reads, "bad": bad, "empty": empty, "docs": sorted(docs)}))
+"""
+
+
+def _cfg(start_step: int, pad: int = 0) -> dict:
+    return ProfilerConfig(start_step=start_step, metadata={"pad": "x" * pad}).render()
+
+
+def test_in_place_edits_fresh_mtimes_no_torn_file(tmp_path: Path) -> None:
+    d = tmp_path / "cfg"
+    d.mkdir()
+    t_start = time.time()
+    w = ConfigWriter()
+    first = w.write(str(d), _cfg(10, pad=3000), not_before_unix_s=t_start, allowed_roots=[str(tmp_path)])
+    assert first.created
+    path = d / "profiler_config.json"
+    os.chmod(path, 0o604)
+    os.chown(path, 1234, 2345)
+    stop = tmp_path / "stop"
+    reader = subprocess.Popen([PYTHON, "-c", READER, str(path), str(stop)], stdout=subprocess.PIPE, text=True,
+                              env=python_env())
+    try:
+        results = [first]
+        # alternate long and short documents so padding and truncation are both exercised
+        for i, pad in enumerate((0, 3000, 10, 2000)):
+            results.append(w.write(str(d), _cfg(20 + i, pad=pad), not_before_unix_s=t_start,
+                                   allowed_roots=[str(tmp_path)]))
+            assert results[-1].mtime_s <= time.time()
+    finally:
+        stop.touch()
+        out, _ = reader.communicate(timeout=30)
+    stats = json.loads(out)
+    assert stats["reads"] > 100
+    assert stats["bad"] == 0 and stats["empty"] == 0, stats
+    assert set(stats["docs"]) <= {0, 10, 20, 21, 22, 23}
+    assert len({r.inode for r in results}) == 1
+    mtimes = [r.mtime_s for r in results]
+    assert all(b > a for a, b in zip(mtimes, mtimes[1:])), mtimes
+    assert mtimes[0] > int(t_start)
+    st = os.stat(path)
+    assert int(st.st_mtime) == mtimes[-1] and st.st_mtime == float(mtimes[-1])
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (1234, 2345, 0o604)
+    assert json.loads(path.read_text())["start_step"] == 23
+    assert path.read_bytes() == json.dumps(_cfg(23, pad=2000), indent=4).encode()
+
+
+def test_template_created_once_with_mode_0640(tmp_path: Path) -> None:
+    d = tmp_path / "c"
+    d.mkdir()
+    w = ConfigWriter(max_wait_s=5)
+    w._ensure_file(str(d), str(d / "profiler_config.json"))  # noqa: SLF001 - template step alone
+    p = d / "profiler_config.json"
+    assert json.loads(p.read_text()) == TEMPLATE
+    assert p.stat().st_mode & 0o777 == 0o640
+    r = w.write(str(d), _cfg(5), not_before_unix_s=0, allowed_roots=[str(tmp_path)])
+    assert not r.created and r.replaced_problem is None
+    assert r.mtime_s > int(p.stat().st_ctime) - 2
+
+
+def test_not_before_is_respected(tmp_path: Path) -> None:
+    d = tmp_path / "c"
+    d.mkdir()
+    nb = time.time() + 1.2
+    r = write_profiler_config(str(d), _cfg(5), not_before_unix_s=nb, allowed_roots=[str(tmp_path)])
+    assert r.mtime_s > int(nb) and r.mtime_s <= time.time()
+    with pytest.raises(ConfigWriteTooEarly):
+        write_profiler_config(str(d), _cfg(6), not_before_unix_s=time.time() + 30, allowed_roots=[str(tmp_path)])
+
+
+def test_hand_edit_reported_and_last_good_kept(tmp_path: Path) -> None:
+    d = tmp_path / "c"
+    d.mkdir()
+    w = ConfigWriter()
+    good = _cfg(5)
+    w.write(str(d), good, not_before_unix_s=0, allowed_roots=[str(tmp_path)])
+    p = d / "profiler_config.json"
+    with open(p, "r+") as f:  # an operator's broken in-place edit
+        f.write('{"start_step": 0, "active": ')
+    r = w.write(str(d), _cfg(9), not_before_unix_s=0, allowed_roots=[str(tmp_path)])
+    assert r.replaced_problem and "not JSON" in r.replaced_problem
+    assert w.last_content(str(d))["start_step"] == 9
+    p.write_text(json.dumps({"start_step": 0}))
+    r2 = ConfigWriter().write(str(d), _cfg(11), not_before_unix_s=0, allowed_roots=[str(tmp_path)])
+    assert r2.replaced_problem and "start_step" in r2.replaced_problem
+
+
+def test_refusals(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "c").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    roots = [str(root)]
+    w = ConfigWriter(max_wait_s=0.5)
+    with pytest.raises(ConfigDirNotAllowed):
+        w.write(str(outside), _cfg(5), not_before_unix_s=0, allowed_roots=roots)
+    with pytest.raises(ConfigDirNotAllowed):
+        w.write("relative/dir", _cfg(5), not_before_unix_s=0, allowed_roots=roots)
+    (root / "link").symlink_to(outside)
+    with pytest.raises(ConfigPathSymlink):
+        w.write(str(root / "link"), _cfg(5), not_before_unix_s=0, allowed_roots=roots)
+    (outside / "sub").mkdir()
+    with pytest.raises(ConfigPathSymlink):
+        w.write(str(root / "link" / "sub"), _cfg(5), not_before_unix_s=0, allowed_roots=roots)
+    with pytest.raises(ConfigDirMissing):
+        w.write(str(root / "gone"), _cfg(5), not_before_unix_s=0, allowed_roots=roots)
+    ro = root / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    with pytest.raises(ConfigDirReadOnly):
+        w.write(str(ro), _cfg(5), not_before_unix_s=0, allowed_roots=roots)
+    (root / "c" / "profiler_config.json").symlink_to(outside / "x.json")
+    with pytest.raises(ConfigPathSymlink):
+        w.write(str(root / "c"), _cfg(5), not_before_unix_s=0, allowed_roots=roots)
+    with pytest.raises(InvalidProfilerConfig):
+        w.write(str(root / "c"), {**_cfg(5), "NPU_MONITOR_START": True}, not_before_unix_s=0, allowed_roots=roots)
+    fut = root / "fut"
+    fut.mkdir()
+    (fut / "profiler_config.json").write_text(json.dumps(TEMPLATE))
+    t = time.time() + 3600
+    os.utime(fut / "profiler_config.json", (t, t))
+    with pytest.raises(ConfigMtimeInFuture):
+        w.write(str(fut), _cfg(5), not_before_unix_s=0, allowed_roots=roots)
+    assert not (outside / "x.json").exists()
+
+
+def test_symlinked_root_is_allowed(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    (real / "c").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(real)
+    r = ConfigWriter().write(str(tmp_path / "alias" / "c"), _cfg(5), not_before_unix_s=0,
+                             allowed_roots=[str(tmp_path / "alias")])
+    assert Path(r.path).read_text().startswith("{")
+    wait_for(lambda: (real / "c" / "profiler_config.json").exists(), 1.0)

@@ -1,0 +1,198 @@
+"""ProfWatcher on real folders: inotify and polling observers, supervision, overflow rescans, mount detection.
+
+Completion is always decided by scan_tree from the wake callback, never by an event (FC-18).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from watchdog.observers.api import BaseObserver
+from watchdog.observers.polling import PollingObserver
+
+from daemon.adapters.prof_watch import (
+    ProfWatcher,
+    fs_type_of,
+    is_network_fs,
+    make_inotify_observer,
+    parse_mountinfo,
+)
+from daemon.adapters.rank_dir_fs import RankDirReader, scan_tree
+from daemon.core.watch_settings import WatchSettings
+from daemon.simulate import ascend_tree as gen
+from tests.conftest import wait_for
+
+EARLY = gen.DEFAULT_TS_BASE_NS / 1e9 + 30
+FAST = {"poll_interval_s": 0.1, "supervise_interval_s": 0.05, "reconcile_interval_s": 30.0}
+
+
+class Recorder:
+    """on_wake callback that re-scans the prof_dir and keeps the latest batch statuses."""
+
+    def __init__(self) -> None:
+        self.wakes: list[str] = []
+        self.status: dict[str, str] = {}
+        self.reader = RankDirReader()
+        self.lock = threading.Lock()
+
+    def __call__(self, prof_dir: str) -> None:
+        try:
+            batches = scan_tree(prof_dir, now=EARLY, reader=self.reader, world_size=4)
+        except OSError:
+            batches = []
+        with self.lock:
+            self.wakes.append(prof_dir)
+            self.status = {b.batch_id: b.status for b in batches}
+
+    def count(self, prof_dir: str | None = None) -> int:
+        with self.lock:
+            return sum(1 for w in self.wakes if prof_dir is None or w == prof_dir)
+
+
+@pytest.mark.parametrize("observer", ["inotify", "polling"])
+def test_batch_completes_only_after_last_marker(tmp_path: Path, observer: str) -> None:
+    rec = Recorder()
+    prof = tmp_path / "prof"
+    with ProfWatcher(rec, settings=WatchSettings(observer=observer, **FAST)) as w:  # type: ignore[arg-type]
+        assert w.watch(prof) == observer  # not created yet: armed when it appears
+        dirs = gen.generate_cluster(prof, world_size=4, capture_id="cap", with_marker=False)
+        wait_for(lambda: rec.status.get("cap") == "parsing", 10, what="parsing seen")
+        for d in dirs[:3]:
+            (d / "ASCEND_PROFILER_OUTPUT" / "analyse.done").touch()
+        n = rec.count()
+        wait_for(lambda: rec.count() > n, 10, what="wake after markers")
+        assert rec.status["cap"] == "parsing"  # three markers are not a complete batch
+        (dirs[3] / "ASCEND_PROFILER_OUTPUT" / "analyse.done").touch()
+        wait_for(lambda: rec.status.get("cap") == "complete", 10, what="complete")
+
+
+def test_unwatch_stops_wakes(tmp_path: Path) -> None:
+    rec = Recorder()
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    with ProfWatcher(rec, settings=WatchSettings(observer="inotify", **FAST)) as w:
+        w.watch(a)
+        w.watch(b)
+        wait_for(lambda: rec.count(str(a)) and rec.count(str(b)), 5, what="initial wakes")
+        w.unwatch(a)
+        before_a = rec.count(str(a))
+        (a / "x").write_text("1")
+        n_b = rec.count(str(b))
+        (b / "y").write_text("1")
+        wait_for(lambda: rec.count(str(b)) > n_b, 5, what="wake for b")
+        assert rec.count(str(a)) == before_a
+        assert set(w.watched()) == {str(b)}
+
+
+def test_recreated_prof_dir_is_rewatched(tmp_path: Path) -> None:
+    rec = Recorder()
+    prof = tmp_path / "prof"
+    prof.mkdir()
+    with ProfWatcher(rec, settings=WatchSettings(observer="inotify", **FAST)) as w:
+        w.watch(prof)
+        wait_for(lambda: rec.count() >= 1, 5)
+        shutil.rmtree(prof)
+        prof.mkdir()
+        wait_for(lambda: rec.count() >= 2, 5, what="wake on recreate")
+        gen.generate_cluster(prof, world_size=4, capture_id="again")
+        wait_for(lambda: rec.status.get("again") == "complete", 10, what="complete after recreate")
+
+
+def test_dead_observer_is_restarted(tmp_path: Path) -> None:
+    created: list[BaseObserver] = []
+
+    def factory(mode: str, on_overflow: Callable[[], None]) -> BaseObserver:
+        obs = PollingObserver(timeout=0.1)
+        created.append(obs)
+        return obs
+
+    rec = Recorder()
+    prof = tmp_path / "prof"
+    prof.mkdir()
+    with ProfWatcher(rec, settings=WatchSettings(observer="polling", **FAST), observer_factory=factory) as w:
+        w.watch(prof)
+        wait_for(lambda: rec.count() >= 1, 5)
+        created[0].stop()  # the observer thread dies (FC-16)
+        created[0].join(5)
+        wait_for(lambda: w.stats.observer_restarts >= 1 and len(created) == 2, 5, what="restart")
+        gen.generate_cluster(prof, world_size=4, capture_id="after")
+        wait_for(lambda: rec.status.get("after") == "complete", 10, what="events after restart")
+
+
+def test_overflow_triggers_rescan(tmp_path: Path) -> None:
+    from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent
+
+    observers: list[BaseObserver] = []
+
+    def factory(mode: str, on_overflow: Callable[[], None]) -> BaseObserver:
+        obs = make_inotify_observer(on_overflow)
+        observers.append(obs)
+        return obs
+
+    rec = Recorder()
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    with ProfWatcher(rec, settings=WatchSettings(observer="inotify", **FAST), observer_factory=factory) as w:
+        w.watch(a)
+        w.watch(b)
+        wait_for(lambda: rec.count(str(a)) and rec.count(str(b)), 5)
+        na, nb = rec.count(str(a)), rec.count(str(b))
+        overflow = InotifyEvent(-1, InotifyConstants.IN_Q_OVERFLOW, 0, b"")  # type: ignore[arg-type]
+        observers[0].inotify_fd.handle_event(overflow)  # type: ignore[attr-defined]
+        wait_for(lambda: rec.count(str(a)) > na and rec.count(str(b)) > nb, 5, what="rescan of every dir")
+        assert w.stats.overflows == 1
+
+
+def test_reconcile_wakes_without_events(tmp_path: Path) -> None:
+    rec = Recorder()
+    settings = WatchSettings(observer="polling", poll_interval_s=30, supervise_interval_s=0.05,
+                             reconcile_interval_s=0.1)
+    with ProfWatcher(rec, settings=settings) as w:
+        w.watch(tmp_path)
+        wait_for(lambda: w.stats.reconciles >= 2 and rec.count() >= 3, 5, what="reconcile wakes")
+
+
+def test_callback_errors_do_not_stop_watching(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def bad(prof_dir: str) -> None:
+        calls.append(prof_dir)
+        raise RuntimeError("bug in the logic")
+
+    with ProfWatcher(bad, settings=WatchSettings(observer="inotify", **FAST)) as w:
+        w.watch(tmp_path)
+        wait_for(lambda: calls, 5)
+        (tmp_path / "x").write_text("1")
+        wait_for(lambda: len(calls) >= 2, 5)
+
+
+MOUNTINFO = """\
+22 1 0:21 / / rw,relatime - ext4 /dev/sda1 rw
+30 22 0:40 / /mnt/shared rw,relatime shared:5 - nfs4 srv:/export rw,vers=4.2
+31 22 0:41 / /mnt/my\\040data rw - fuse.sshfs host: rw
+32 30 0:42 / /mnt/shared/local rw - xfs /dev/sdb rw
+"""
+
+
+def test_mountinfo_and_network_detection(tmp_path: Path) -> None:
+    mounts = parse_mountinfo(MOUNTINFO)
+    assert ("/mnt/my data", "fuse.sshfs") in mounts
+    patterns = WatchSettings().network_fs_types
+    assert fs_type_of("/mnt/shared/run1/prof", mounts) == "nfs4"
+    assert fs_type_of("/mnt/shared/local/x", mounts) == "xfs"
+    assert fs_type_of("/home/u", mounts) == "ext4"
+    assert fs_type_of("/mnt/sharedX", mounts) == "ext4"
+    assert is_network_fs("fuse.sshfs", patterns) and is_network_fs("nfs4", patterns)
+    assert not is_network_fs("ext4", patterns) and not is_network_fs(None, patterns)
+    fake = tmp_path / "mountinfo"
+    fake.write_text(f"22 1 0:21 / / rw - ext4 /dev/sda1 rw\n40 22 0:50 / {tmp_path}/nfs rw - nfs srv:/x rw\n")
+    (tmp_path / "nfs").mkdir()
+    with ProfWatcher(lambda p: None, settings=WatchSettings(**FAST), mountinfo_path=str(fake)) as w:
+        assert w.watch(tmp_path / "nfs" / "prof") == "polling"  # not created yet: its mount decides
+        assert w.watch(tmp_path / "local") == "inotify"

@@ -1,0 +1,123 @@
+"""``profwatch replay`` end to end through click's CliRunner on generated telemetry files (no sockets, no sleeps)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from daemon.commands.replay import dump_jsonl, replay, replay_lines
+from daemon.simulate.telemetry import TelemetryScenario, generate_telemetry
+from rankhook.wire import StepReport
+
+BASE = TelemetryScenario(world_size=8, steps=300, cv=0.01, step_time_s=0.5)
+
+
+def invoke(path: Path, *extra: str) -> tuple[int, str]:
+    res = CliRunner().invoke(replay, [str(path), *extra])
+    return res.exit_code, res.output
+
+
+def run_json(tmp_path: Path, records: list[dict[str, Any]], *extra: str, tail: str = "") -> dict[str, Any]:
+    f = tmp_path / "telemetry.jsonl"
+    f.write_text(dump_jsonl(records) + tail)
+    code, out = invoke(f, "--json", *extra)
+    assert code == 0, out
+    return json.loads(out)
+
+
+def test_slowdown_arms_one_capture_and_its_window_does_not_retrigger(tmp_path: Path) -> None:
+    res = run_json(tmp_path, generate_telemetry(replace(BASE, slowdown=0.3, slowdown_from_step=150)))
+    assert [a["kind"] for a in res["anomalies"]] == ["step_regression"]
+    arm = res["arms"][0]
+    assert len(res["arms"]) == 1 and arm["action"] == "arm"
+    assert arm["start_step"] > arm["step"] and (arm["warmup"], arm["active"], arm["rank_list"]) == (1, 2, None)
+    assert res["planner"] in ("fallback", "capture.plan_capture")
+    assert res["bad_lines"]["count"] == 0 and res["records"] == 300 * 8
+
+
+def test_stationary_and_capture_window_replay_quietly(tmp_path: Path) -> None:
+    res = run_json(tmp_path, generate_telemetry(replace(BASE, capture_start_step=150, capture_factor=2.0)))
+    assert res["anomalies"] == [] and res["arms"] == [] and res["suppressed"] == []
+
+
+def test_stalled_rank_reported_and_suppressed(tmp_path: Path) -> None:
+    cfg = tmp_path / "pw.toml"
+    cfg.write_text("[detection]\nstall_after_s = 10.0\n")
+    res = run_json(tmp_path, generate_telemetry(replace(BASE, stall_rank=2, stall_from_step=100)), "--config", str(cfg))
+    assert [(a["kind"], a["ranks"]) for a in res["anomalies"]] == [("stalled_rank", [2])]
+    assert res["suppressed"] == [{"job_id": "sim", "kind": "stalled_rank", "step": res["anomalies"][0]["step"],
+                                  "reason": "stalled_rank_not_capturable"}]
+    assert res["arms"] == []
+
+
+def test_bye_is_not_a_stall(tmp_path: Path) -> None:
+    recs = generate_telemetry(replace(BASE, stall_rank=2, stall_from_step=100))
+    idx = next(i for i, r in enumerate(recs) if r["step"] == 100)
+    recs.insert(idx, {"kind": "bye", "job_id": "sim", "rank": 2, "step": 99, "ts_unix_s": recs[idx]["ts_unix_s"]})
+    cfg = tmp_path / "pw.toml"
+    cfg.write_text("[detection]\nstall_after_s = 10.0\n")
+    res = run_json(tmp_path, recs, "--config", str(cfg))
+    assert res["anomalies"] == []
+
+
+def test_observe_mode_and_cooldown_from_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "pw.toml"
+    cfg.write_text('[detection]\nmin_effect = 0.1\n\n[arming]\nmode = "observe"\ncooldown_s = 3600\n')
+    recs = generate_telemetry(replace(BASE, steps=400, slow_rank=5, slow_rank_from_step=150))
+    res = run_json(tmp_path, recs, "--config", str(cfg))
+    kinds = sorted(a["kind"] for a in res["anomalies"])
+    assert kinds == ["rank_outlier", "step_regression"]
+    outlier = next(a for a in res["anomalies"] if a["kind"] == "rank_outlier")
+    assert outlier["ranks"] == [5]
+    assert [a["action"] for a in res["arms"]] == ["would_arm"]
+    assert [s["reason"] for s in res["suppressed"]] == ["cooldown"]
+
+
+def test_counter_restart_replays_quietly(tmp_path: Path) -> None:
+    res = run_json(tmp_path, generate_telemetry(replace(BASE, steps=200, restart_after_step=150, restart_steps=150)))
+    assert res["anomalies"] == []
+    assert res["jobs"]["sim"]["counters"]["restarts"] == 1
+
+
+def test_bad_lines_counted_with_line_numbers_never_crash(tmp_path: Path) -> None:
+    recs = generate_telemetry(replace(BASE, steps=30, world_size=2))
+    tail = 'not json\n[1, 2]\n{"job_id": "sim", "rank": 9, "world_size": 2, "step": 1, "step_time_s": 1, ' \
+           '"ts_unix_s": 1}\n{"job_id": "sim", "rank": 0, "step": 1, "step_time_s": NaN, "ts_unix_s": 1}\n\n' \
+           '{"job_id": "sim", "rank": 0, "step": 1, "ts_unix_s": 1}\n\xff\xfe\n'
+    res = run_json(tmp_path, recs, tail=tail)
+    n = len(recs)
+    assert res["bad_lines"]["count"] == 6
+    assert [b["line"] for b in res["bad_lines"]["lines"]] == [n + 1, n + 2, n + 3, n + 4, n + 6, n + 7]
+    assert res["records"] == n
+
+
+def test_readable_summary_and_config_errors(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text(dump_jsonl(generate_telemetry(replace(BASE, slowdown=0.5, slowdown_from_step=100))))
+    code, out = invoke(f)
+    assert code == 0
+    assert "step_regression" in out and "arms: 1" in out and "start_step=" in out
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[detection]\nno_such_threshold = 1\n")
+    code, out = invoke(f, "--config", str(bad))
+    assert code == 2 and "no_such_threshold" in out
+    bad.write_text("[detection\n")
+    code, out = invoke(f, "--config", str(bad))
+    assert code == 2
+
+
+def test_dump_jsonl_accepts_wire_step_reports() -> None:
+    reps = [StepReport("j9", r, k, 0.5, 100.0 + k, {"compute": 0.4}, ("eval",) if k == 3 else ())
+            for k in range(1, 40) for r in range(4)]
+    text = dump_jsonl(reps, world_size=4)
+    first = json.loads(text.splitlines()[0])
+    assert first == {"job_id": "j9", "rank": 0, "step": 1, "step_time_s": 0.5, "ts_unix_s": 101.0,
+                     "stages": {"compute": 0.4}, "world_size": 4}
+    res = replay_lines(text.splitlines())
+    assert res["records"] == len(reps) and res["bad_lines"]["count"] == 0
+    assert res["jobs"]["j9"]["world_size"] == 4
+    assert res["jobs"]["j9"]["counters"]["excluded"] >= 1  # the eval step

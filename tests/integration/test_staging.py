@@ -1,0 +1,113 @@
+"""stage_batch and retention on generated trees; msprof-analyze must discover every staged rank as DB input."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemon.adapters.rank_dir_fs import scan_tree
+from daemon.adapters.retention import enforce_retention, plan_retention, RetentionEntry
+from daemon.adapters.staging import StagingError, stage_batch
+from daemon.simulate import ascend_tree as gen
+
+EARLY = gen.DEFAULT_TS_BASE_NS / 1e9 + 30
+
+
+def _tree_state(root: Path) -> dict[str, tuple[int, int, int]]:
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for n in dirs + files:
+            st = os.lstat(os.path.join(dirpath, n))
+            out[os.path.join(dirpath, n)] = (st.st_size, st.st_mtime_ns, st.st_mode)
+    return out
+
+
+@pytest.fixture
+def batch_and_dirs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    dirs = gen.generate_cluster(tmp_path / "prof", world_size=4, capture_id="cap/1", slow_ranks={2: 1.5})
+    gen.add_prof_leftovers(dirs[0])  # raw PROF_* data must not be staged
+    (batch,) = scan_tree(tmp_path / "prof", now=EARLY)
+    return batch, dirs
+
+
+def test_stage_layout_and_idempotence(tmp_path: Path, batch_and_dirs) -> None:  # type: ignore[no-untyped-def]
+    batch, dirs = batch_and_dirs
+    before = _tree_state(tmp_path / "prof")
+    stage = stage_batch(batch, tmp_path / "staging")
+    assert stage.parent == tmp_path / "staging" and "/" not in stage.name
+    staged = sorted(p.name for p in stage.iterdir())
+    assert staged == sorted(d.name for d in dirs)
+    for d in dirs:
+        s = stage / d.name
+        assert s.is_dir() and not s.is_symlink()  # real rank dirs: DB discovery skips symlinked ones (gotcha 6)
+        out = s / "ASCEND_PROFILER_OUTPUT"
+        assert out.is_symlink() and os.readlink(out) == str(d / "ASCEND_PROFILER_OUTPUT")
+        assert all(p.is_symlink() for p in s.iterdir())
+        assert not any(p.name.startswith("PROF_") for p in s.iterdir())
+    assert stage_batch(batch, tmp_path / "staging") == stage
+    assert sorted(p.name for p in stage.iterdir()) == staged
+    (stage / "stray_link").symlink_to(dirs[0])
+    stage_batch(batch, tmp_path / "staging")
+    assert not (stage / "stray_link").exists()
+    assert _tree_state(tmp_path / "prof") == before  # originals untouched
+
+
+def test_stage_refuses_invalid_batch(tmp_path: Path) -> None:
+    tls = gen.build_timelines(world_size=4)
+    for tl in tls:
+        gen.write_rank_dir(tmp_path / "p", tl)
+    from dataclasses import replace
+
+    gen.write_rank_dir(tmp_path / "p", replace(tls[0], pid=1, start_ns=tls[0].start_ns + 200_000_000))
+    (batch,) = scan_tree(tmp_path / "p", now=EARLY)
+    assert batch.status == "invalid"
+    with pytest.raises(StagingError):
+        stage_batch(batch, tmp_path / "staging")
+
+
+def test_msprof_analyze_discovers_all_staged_ranks(tmp_path: Path, batch_and_dirs) -> None:  # type: ignore[no-untyped-def]
+    exe = shutil.which("msprof-analyze", path=os.path.dirname(sys.executable))
+    if exe is None:
+        pytest.skip("msprof-analyze not installed")
+    batch, dirs = batch_and_dirs
+    # a second, older copy of rank 1 beside the originals must not leak in: only the staged batch is seen
+    stage = stage_batch(batch, tmp_path / "staging")
+    out = tmp_path / "out"
+    proc = subprocess.run([exe, "-m", "slow_rank", "-d", str(stage), "-o", str(out), "--force"],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    con = sqlite3.connect(out / "cluster_analysis_output" / "cluster_analysis.db")
+    try:
+        rows = con.execute("SELECT rankId, slowAffectCount FROM SlowRank").fetchall()
+    finally:
+        con.close()
+    assert rows and rows[0][0] == 2, (rows, proc.stderr[-2000:])
+
+
+def test_retention_only_removes_analysed(tmp_path: Path) -> None:
+    gen.generate_cluster(tmp_path / "p", world_size=2, capture_id="old")
+    gen.generate_cluster(tmp_path / "p", world_size=2, capture_id="new", ts_base=gen.DEFAULT_TS_BASE_NS + 10**12)
+    batches = scan_tree(tmp_path / "p", now=EARLY)
+    by_id = {b.batch_id: b for b in batches}
+    stage_batch(by_id["old"], tmp_path / "staging")
+    assert enforce_retention(batches, analysed=set(), max_bytes=0, max_age_s=0, now_unix_s=1e12) == []
+    removed = enforce_retention(batches, analysed={"old"}, max_bytes=0, max_age_s=None, now_unix_s=1e12,
+                                staging_root=tmp_path / "staging")
+    assert [(r.batch_id, r.reason) for r in removed] == [("old", "bytes")] and removed[0].size_bytes > 0
+    assert not any(Path(p).exists() for p in by_id["old"].rank_dirs.values())
+    assert all(Path(p).exists() for p in by_id["new"].rank_dirs.values())
+    assert not any((tmp_path / "staging").iterdir())
+
+
+def test_plan_retention_age_and_bytes() -> None:
+    e = [RetentionEntry("a", (), 100, 10.0), RetentionEntry("b", (), 100, 20.0), RetentionEntry("c", (), 100, 30.0)]
+    assert plan_retention(e, analysed={"a", "b"}, max_bytes=None, max_age_s=15, now_unix_s=30) == [(e[0], "age")]
+    assert plan_retention(e, analysed={"a", "b", "c"}, max_bytes=150, max_age_s=None, now_unix_s=30) == [
+        (e[0], "bytes"), (e[1], "bytes")]
+    assert plan_retention(e, analysed=set(), max_bytes=0, max_age_s=0, now_unix_s=1e9) == []
