@@ -28,9 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from daemon.core.evidence import ClusterEvidence, RankStepSummary  # noqa: E402
-from daemon.core.ranking import RankingSettings, rank_suspects  # noqa: E402
-from daemon.simulate.ascend_tree import CollectiveSegment, RankTimeline, build_timelines  # noqa: E402
+from daemon.core.evidence import ClusterEvidence, RankStepSummary
+from daemon.core.ranking import RankingSettings, rank_suspects
+from daemon.simulate.ascend_tree import CollectiveSegment, RankTimeline, build_timelines
 
 DIXON_CRIT = {4: 0.920, 5: 0.823, 6: 0.744, 7: 0.680, 8: 0.723, 9: 0.676, 10: 0.638, 11: 0.707, 12: 0.675,
               13: 0.649, 14: 0.672, 16: 0.629, 20: 0.568, 32: 0.473, 64: 0.382, 100: 0.341}

@@ -27,7 +27,7 @@ from daemon.core.alerts import TYPE_ANALYSIS_FAILED, TYPE_BATCH_INCOMPLETE, TYPE
 from daemon.core.completeness import BatchState
 from daemon.core.evidence import ClusterEvidence, RecipeStatus, Suspect
 from daemon.core.prof_layout import parse_rank_dir_name
-from daemon.core.ranking import RankingSettings, ranking_notes, rank_suspects
+from daemon.core.ranking import RankingSettings, rank_suspects, ranking_notes
 
 log = structlog.get_logger()
 
@@ -134,8 +134,8 @@ def _overall_status(ev: ClusterEvidence, suspects: list[Suspect], expected: int)
             return "failed", f"no usable result; failed recipes: {', '.join(bad)}"
         if states and all(s in ("not_applicable", "skipped") for n, s in states.items() if n != "advisor") and any(
                 s == "not_applicable" for s in states.values()):
-            return "not_applicable", "this capture cannot answer: " + "; ".join(
-                r.detail for r in ev.recipes.values() if r.status == "not_applicable")
+            return "not_applicable", "this capture cannot answer: " + "; ".join(dict.fromkeys(
+                r.detail for r in ev.recipes.values() if r.status == "not_applicable"))
         return "no_data", "no recipe produced usable data: " + "; ".join(
             f"{n}={s}" for n, s in sorted(states.items()))
     covered = {s.rank for s in ev.summaries}
@@ -201,7 +201,7 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
     out_dir = Path(work_dir) / "results" / safe
     try:
         result = _analyze(batch, result, Path(work_dir), out_dir, settings, hostnames, now_unix_s, limiter)
-    except Exception as exc:  # noqa: BLE001 - the daemon must survive any batch
+    except Exception as exc:
         log.exception("analysis_crashed", batch_id=batch.batch_id)
         result.status = "failed"
         result.detail = f"analysis crashed: {exc!r}"

@@ -222,7 +222,10 @@ class NodeDaemon:
 
     # -- file system worker -------------------------------------------------------------------------------------
     def _fs_worker(self) -> None:
-        tailer = None
+        from daemon.adapters.config_writer import ConfigWriter
+
+        self._writer = ConfigWriter()
+        tailers: dict[str, Any] = {}
         next_tail = 0.0
         while not self._stop.is_set():
             try:
@@ -233,35 +236,37 @@ class NodeDaemon:
                 self._write_config(item)
             if self._dp_jobs and time.monotonic() >= next_tail:
                 next_tail = time.monotonic() + self.s.dp_log_poll_s
-                tailer = self._tail_dp_logs(tailer)
+                self._tail_dp_logs(tailers)
 
     def _write_config(self, cmd: wire.NodeCommand) -> None:
-        from daemon.adapters.config_writer import write_config_command
-
         try:
-            result = write_config_command(cmd.args, allowed_roots=self.s.allowed_config_roots)
+            a = cmd.args
+            res = self._writer.write(str(a["profiler_config_path"]), dict(a["config"]),
+                                     not_before_unix_s=float(a.get("not_before_unix_s") or 0.0),
+                                     allowed_roots=[str(r) for r in self.s.allowed_config_roots])
+            result = {"path": str(res.path), "mtime_s": res.mtime_s, "inode": res.inode, "created": res.created}
             self._ack(cmd.command_id, True, result=result)
             log.info("config_written", command_id=cmd.command_id, **result)
         except Exception as exc:  # noqa: BLE001 - refusals and I/O errors are reported, never fatal
             log.warning("config_write_failed", command_id=cmd.command_id, error=str(exc))
             self._ack(cmd.command_id, False, str(exc))
 
-    def _tail_dp_logs(self, tailer: Any) -> Any:
-        try:
-            from daemon.adapters.dp_log_tail import DpLogTailer
+    def _tail_dp_logs(self, tailers: dict[str, Any]) -> None:
+        """Read new torch_npu dp log lines of every torch_npu job on this node; relay them as acknowledgements."""
+        from daemon.adapters.dp_log_tail import DpLogTail
 
-            if tailer is None:
-                tailer = DpLogTailer()
-            acks = []
-            for job_id, cfg_path in list(self._dp_jobs.items()):
-                for ev in tailer.poll(cfg_path, job_id):
-                    acks.append(wire.to_dict(ev))
-            if acks:
-                self._outbox.put(json.dumps(acks).encode())
-        except Exception as exc:  # noqa: BLE001
-            if self._once.first("dp_log_tail"):
-                log.warning("dp_log_tail_failed", error=repr(exc))
-        return tailer
+        acks = []
+        for job_id, cfg_path in list(self._dp_jobs.items()):
+            try:
+                tail = tailers.get(job_id)
+                if tail is None:
+                    tail = tailers[job_id] = DpLogTail(cfg_path, job_id=job_id)
+                acks.extend(wire.to_dict(ev) for ev in tail.poll())
+            except Exception as exc:  # noqa: BLE001
+                if self._once.first(f"dp_log_tail:{job_id}"):
+                    log.warning("dp_log_tail_failed", job_id=job_id, error=repr(exc))
+        if acks:
+            self._outbox.put(json.dumps(acks).encode())
 
     def close(self) -> None:
         """Close sockets and the worker (idempotent)."""

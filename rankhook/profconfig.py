@@ -178,7 +178,7 @@ class WindowGate:
     config concerned. Source: torch_npu ``dynamic_profile.step`` (doc section 3).
     """
 
-    __slots__ = ("pending", "active", "remaining", "started_at", "_seen")
+    __slots__ = ("_seen", "active", "pending", "remaining", "started_at")
 
     def __init__(self) -> None:
         self.pending: ArmedConfig | None = None
@@ -331,7 +331,6 @@ class ConfigWatcher:
         self._rejected_key = (m, size)
         log.warning("rankhook: profiler_config.json (mtime %d) rejected: %s", m, reason)
         self._emit("arm_rejected", None, m, reason)
-        return None
 
     def _emit(self, event: str, cfg: ArmedConfig | None, gen: int | None, detail: str) -> None:
         if self._on_event is not None:

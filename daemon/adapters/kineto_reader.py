@@ -35,7 +35,7 @@ class TraceFormatError(ValueError):
 @contextmanager
 def _open(path: Path) -> Iterator[IO[bytes]]:
     """Open a trace as bytes, transparently gunzipping ``*.gz``."""
-    fh: IO[bytes] = gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")  # type: ignore[assignment]
+    fh: IO[bytes] = gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")  # type: ignore[assignment]  # noqa: SIM115
     try:
         yield fh
     finally:

@@ -20,8 +20,17 @@ import re
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, field_validator
-from pydantic import model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 MAX_CONFIG_BYTES = 1048576
 """torch_npu skips a config over 1 MiB (section 2 item 3)."""
@@ -97,7 +106,7 @@ class ExperimentalConfig(_Strict):
     @classmethod
     def _number(cls, v: Any) -> Any:
         if isinstance(v, bool):
-            raise ValueError("must be a number >= 0 (ms) or null, not a bool")
+            raise ValueError("must be a number >= 0 (ms) or null, not a bool")  # noqa: TRY004 - a typed ValueError by contract
         return float(v) if isinstance(v, int) else v
 
 

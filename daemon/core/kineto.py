@@ -140,8 +140,7 @@ def _merge(starts: list[float], ends: list[float]) -> tuple[list[float], list[fl
     for i in order:
         s, e = starts[i], ends[i]
         if ms and s <= me[-1]:
-            if e > me[-1]:
-                me[-1] = e
+            me[-1] = max(me[-1], e)
         else:
             ms.append(s)
             me.append(e)

@@ -290,7 +290,7 @@ class DynamicProfileSim:
                 data = f.read()
             raw = json.loads(data) if data else {}
             if not isinstance(raw, dict):
-                raise ValueError("not a JSON object")
+                raise ValueError("not a JSON object")  # noqa: TRY004 - caught right below
             self._mlog.info("Dynamic profiler process load json success")
         except (OSError, ValueError) as exc:
             self._mlog.error("Dynamic profiler process load json failed, %s", exc)

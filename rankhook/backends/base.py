@@ -81,7 +81,7 @@ class NoneBackend:
 class EventQueue:
     """Events queued from the step path (``deque.append``: no syscall, no lock) and sent on a background thread."""
 
-    __slots__ = ("_q", "_emit", "job_id", "rank")
+    __slots__ = ("_emit", "_q", "job_id", "rank")
 
     def __init__(self, emit: Emit, job_id: str, rank: int) -> None:
         self._q: deque[CaptureEvent] = deque(maxlen=1024)

@@ -28,7 +28,15 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from rankhook.backends.base import Emit, EventQueue, ts17
-from rankhook.profconfig import CONFIG_FILE, TEMPLATE, ArmedConfig, ConfigWatcher, WindowGate, make_armed, validate_config
+from rankhook.profconfig import (
+    CONFIG_FILE,
+    TEMPLATE,
+    ArmedConfig,
+    ConfigWatcher,
+    WindowGate,
+    make_armed,
+    validate_config,
+)
 
 if TYPE_CHECKING:
     from rankhook.identity import Identity

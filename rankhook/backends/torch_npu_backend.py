@@ -44,7 +44,7 @@ COMPLETION_TIMEOUT_S = 1800.0
 class _Expect:
     """A window the mirror gate predicts: started at ``start_step``; ``stop_step`` once it closed."""
 
-    __slots__ = ("cfg", "start_step", "start_unix_s", "stop_step", "stop_unix_s", "rank_dir")
+    __slots__ = ("cfg", "rank_dir", "start_step", "start_unix_s", "stop_step", "stop_unix_s")
 
     def __init__(self, cfg: ArmedConfig, start_step: int) -> None:
         self.cfg = cfg
@@ -111,7 +111,7 @@ class TorchNpuBackend:
                 "own the config channel; remove it when provably dead): %s",
                 "; ".join([f"shm {b.path} age {b.age_s:.0f}s" for b in old] + [f"orphan DynMonitorProc pid {m.pid}" for m in state.orphans]),
             )
-        import torch_npu.profiler.dynamic_profile as dp  # noqa: PLC0415 - lazy by design
+        import torch_npu.profiler.dynamic_profile as dp
 
         self._ident = ident
         self._events = EventQueue(emit, ident.job_id, ident.rank)

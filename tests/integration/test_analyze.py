@@ -119,14 +119,15 @@ def test_text_only_export_is_a_clear_status(run_scenario):
 
 def test_level0_no_communication(run_scenario):
     res = run_scenario("level0_4")
-    assert res.status in ("not_applicable", "partial", "no_data") and res.status != "ok"
-    assert res.recipes["cluster_time_summary"].status in ("not_applicable", "no_data")
+    assert res.status == "not_applicable" and "Level1" in res.detail
+    assert res.recipes["cluster_time_summary"].status == "not_applicable"
 
 
 def test_truncated_db_never_crashes(run_scenario):
     res = run_scenario("truncated_4", world_size=4, slow_ranks={2: 1.5},
                       damage=lambda dirs: truncate_db(dirs[1]))
-    assert res.status in ("ok", "partial", "no_data", "failed", "incomplete")
+    # completeness rejects the damaged rank before msprof-analyze could silently zero-fill it (FC-05)
+    assert res.status == "incomplete" and "damaged" in res.detail and res.suspects == []
     json.dumps(res.to_json(), default=str)
 
 
@@ -177,7 +178,7 @@ def gloo_batch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("gloo")
     proc = subprocess.run([PYTHON, str(REPO_ROOT / "tests" / "integration" / "gloo_job.py"), str(out),
                            "--world-size", "4", "--slow-rank", "2", "--extra-ms", "40", "--steps", "4"],
-                          env=python_env(), capture_output=True, text=True, timeout=240)
+                          env=python_env(), capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -81,7 +82,7 @@ def test_in_place_edits_fresh_mtimes_no_torn_file(tmp_path: Path) -> None:
     assert set(stats["docs"]) <= {0, 10, 20, 21, 22, 23}
     assert len({r.inode for r in results}) == 1
     mtimes = [r.mtime_s for r in results]
-    assert all(b > a for a, b in zip(mtimes, mtimes[1:])), mtimes
+    assert all(b > a for a, b in itertools.pairwise(mtimes)), mtimes
     assert mtimes[0] > int(t_start)
     st = os.stat(path)
     assert int(st.st_mtime) == mtimes[-1] and st.st_mtime == float(mtimes[-1])
@@ -94,7 +95,7 @@ def test_template_created_once_with_mode_0640(tmp_path: Path) -> None:
     d = tmp_path / "c"
     d.mkdir()
     w = ConfigWriter(max_wait_s=5)
-    w._ensure_file(str(d), str(d / "profiler_config.json"))  # noqa: SLF001 - template step alone
+    w._ensure_file(str(d), str(d / "profiler_config.json"))
     p = d / "profiler_config.json"
     assert json.loads(p.read_text()) == TEMPLATE
     assert p.stat().st_mode & 0o777 == 0o640

@@ -106,7 +106,7 @@ def test_poll_interval_rule() -> None:
 
 
 def _job(**kw: object) -> JobProgress:
-    base = dict(job_id="j1", world_size=4, furthest_step=100, step_time_s=0.5, prof_root="/prof", now_unix_s=1_800_000_000.0)
+    base = {"job_id": "j1", "world_size": 4, "furthest_step": 100, "step_time_s": 0.5, "prof_root": "/prof", "now_unix_s": 1_800_000_000.0}
     base.update(kw)
     return JobProgress(**base)  # type: ignore[arg-type]
 
@@ -151,15 +151,15 @@ def test_plan_overrides() -> None:
 @pytest.mark.parametrize(
     ("req", "job", "match"),
     [
-        (dict(start_step=105), {}, "too close"),
-        (dict(active=11), {}, "max_active"),
-        (dict(rank_list=[4]), {}, "rank_list"),
-        (dict(rank_list=[]), {}, "rank_list"),
-        ({}, dict(step_time_s=None), "step time"),
-        ({}, dict(step_time_s=0.0), "step time"),
-        ({}, dict(prof_root="rel/dir"), "absolute"),
-        (dict(capture_id="../x"), {}, "safe path"),
-        ({}, dict(job_id="a/b"), "job"),
+        ({"start_step": 105}, {}, "too close"),
+        ({"active": 11}, {}, "max_active"),
+        ({"rank_list": [4]}, {}, "rank_list"),
+        ({"rank_list": []}, {}, "rank_list"),
+        ({}, {"step_time_s": None}, "step time"),
+        ({}, {"step_time_s": 0.0}, "step time"),
+        ({}, {"prof_root": "rel/dir"}, "absolute"),
+        ({"capture_id": "../x"}, {}, "safe path"),
+        ({}, {"job_id": "a/b"}, "job"),
     ],
 )
 def test_plan_refusals(req: dict, job: dict, match: str) -> None:

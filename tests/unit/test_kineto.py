@@ -29,7 +29,7 @@ from daemon.core.kineto import (
 )
 
 
-def X(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1) -> dict:  # noqa: N802
+def X(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1) -> dict:
     return {"ph": "X", "cat": cat, "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur}
 
 

@@ -37,7 +37,7 @@ def make_evidence(world: int, *, slow: dict[int, float] | None = None, host: dic
     return ClusterEvidence(kind="ascend_pt", summaries=rows, slow_rank_votes=dict(votes or {}))
 
 
-def _ranks(suspects):  # noqa: ANN001, ANN202
+def _ranks(suspects):
     return [s.rank for s in suspects]
 
 

@@ -6,4 +6,4 @@ Implemented in :mod:`daemon.simulate.dynamic_profile_sim` (needs the profwatch r
 
 from daemon.simulate.dynamic_profile_sim import init, record_segment, set_state, start, step
 
-__all__ = ["init", "step", "start", "set_state", "record_segment"]
+__all__ = ["init", "record_segment", "set_state", "start", "step"]
