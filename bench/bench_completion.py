@@ -26,13 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from watchdog.events import FileSystemEventHandler  # noqa: E402
-from watchdog.observers.polling import PollingObserverVFS  # noqa: E402
+from watchdog.events import FileSystemEventHandler
+from watchdog.observers.polling import PollingObserverVFS
 
-from daemon.adapters.prof_watch import ProfWatcher  # noqa: E402
-from daemon.adapters.rank_dir_fs import RankDirReader, scan_tree  # noqa: E402
-from daemon.core.watch_settings import WatchSettings  # noqa: E402
-from daemon.simulate import ascend_tree as gen  # noqa: E402
+from daemon.adapters.prof_watch import ProfWatcher, pruned_scandir
+from daemon.adapters.rank_dir_fs import RankDirReader, scan_tree
+from daemon.core.watch_settings import WatchSettings
+from daemon.simulate import ascend_tree as gen
 
 
 def pad_rank_dir(rank_dir: Path, n_files: int) -> None:
@@ -85,9 +85,12 @@ def measure_latency(mode: str, prof: Path, dirs: list[Path], poll_interval_s: fl
     return latency, min(scans[-3:]) if scans else float("nan")
 
 
-def measure_polling_cost(prof: Path, poll_interval_s: float, window_s: float) -> tuple[float, float, int]:
-    """(CPU s per wall s, stat+scandir calls per s, calls per poll) of one PollingObserver over the tree."""
+def measure_polling_cost(prof: Path, poll_interval_s: float, window_s: float,
+                         skip: tuple[str, ...] = ()) -> tuple[float, float, int]:
+    """(CPU s per wall s, stat+scandir calls per s, calls per poll) of one PollingObserver over the tree;
+    ``skip``: dir names not descended into (ProfWatcher uses ``WatchSettings.poll_skip_dirs``)."""
     calls = [0]
+    scandir = pruned_scandir(skip)
 
     def stat(path: str) -> os.stat_result:
         calls[0] += 1
@@ -95,7 +98,7 @@ def measure_polling_cost(prof: Path, poll_interval_s: float, window_s: float) ->
 
     def listdir(path: str | None) -> Iterator[os.DirEntry[str]]:
         calls[0] += 1
-        return os.scandir(path)
+        return scandir(path)
 
     obs = PollingObserverVFS(stat=stat, listdir=listdir, polling_interval=poll_interval_s)
     obs.schedule(FileSystemEventHandler(), str(prof), recursive=True)
@@ -132,9 +135,10 @@ def main() -> None:
             target = 1.0 if mode == "inotify" else args.poll_interval_s + 1.0
             print(f"{mode:8s} last analyse.done -> complete: {latency:.3f} s (target <= {target:.1f} s); "
                   f"warm scan_tree of the batch: {scan_s:.3f} s")
-        cpu, calls_s, per_poll = measure_polling_cost(prof, args.poll_interval_s, args.cost_window_s)
-        print(f"polling cost (interval {args.poll_interval_s:g} s): {cpu:.3f} CPU s per wall s, "
-              f"{calls_s:.0f} stat/scandir calls per s ({per_poll} per poll)")
+        for label, skip in (("whole tree", ()), ("as ProfWatcher polls", WatchSettings().poll_skip_dirs)):
+            cpu, calls_s, per_poll = measure_polling_cost(prof, args.poll_interval_s, args.cost_window_s, skip)
+            print(f"polling cost, {label} (interval {args.poll_interval_s:g} s): {cpu:.3f} CPU s per wall s, "
+                  f"{calls_s:.0f} stat/scandir calls per s ({per_poll} per poll)")
 
 
 if __name__ == "__main__":

@@ -208,6 +208,7 @@ def part_b(specs: list[dict[str, Any]], settings: RankingSettings) -> None:
     overhead: list[float] = []
     tool: list[float] = []
     statuses: dict[str, int] = defaultdict(int)
+    drift: list[float] = []
     with tempfile.TemporaryDirectory(prefix="pwbench") as tmp:
         for spec in specs:
             root = Path(tmp) / f"b{spec['i']}"
@@ -226,12 +227,24 @@ def part_b(specs: list[dict[str, Any]], settings: RankingSettings) -> None:
             tool.append(res.timings_s.get("tool", 0.0))
             statuses[res.status] += 1
             ours[spec["kind"]].append(judge(spec, [s.rank for s in res.suspects]))
+            if res.evidence and res.evidence.summaries:  # does Part A's emulation match the real tool?
+                tls = build_timelines(world_size=spec["world"], slow_ranks=spec["slow"], steps=3, seed=spec["seed"],
+                                      noise=spec["noise"])
+                emu = {(r.rank, r.step): r for r in summaries_from_timelines(tls)[0]}
+                for r in res.evidence.summaries:
+                    e = emu.get((r.rank, r.step))
+                    if e is not None and r.step_time_us > 0:
+                        drift.append(max(abs(r.computation_us - e.computation_us), abs(r.wait_us - e.wait_us),
+                                         abs(r.free_us - e.free_us)) / r.step_time_us)
             votes_only[spec["kind"]].append(judge_votes(spec, res.evidence.slow_rank_votes if res.evidence else {}))
     print(f"\nPart B: end to end with the real msprof-analyze (cluster_time_summary + slow_rank, advisor off) on "
           f"{len(specs)} of the same batches")
     _report(" rank_suspects:", ours)
     _report(" msprof-analyze slow_rank votes alone:", votes_only)
     print(f"  statuses: {dict(statuses)}")
+    if drift:
+        print(f"  Part A emulation vs real ClusterTimeSummary (max |diff| of computation/wait/free per row, "
+              f"fraction of step): median {statistics.median(drift):.4f}, max {max(drift):.4f}")
     if overhead:
         print(f"  batch complete -> alert payload, minus tool time: median {statistics.median(overhead):.3f} s, "
               f"max {max(overhead):.3f} s (target <= 1 s); tool time median {statistics.median(tool):.1f} s")
@@ -243,6 +256,11 @@ def main() -> None:
     ap.add_argument("--msprof", type=int, default=40)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     specs = scenarios(args.batches, args.seed)
     settings = RankingSettings()
     part_a(specs, settings)

@@ -242,10 +242,12 @@ def _analyze(batch: BatchState, result: AnalysisResult, work_dir: Path, out_dir:
     result.notes = list(ev.notes) + ranking_notes(ev, settings.ranking)
     result.status, result.detail = _overall_status(ev, result.suspects, result.world_size or len(batch.ranks))
     result.timings_s["ranking"] = time.monotonic() - t
-    if batch.kind == "ascend_pt":
-        html_files = sorted((out_dir / "msprof").rglob("mstt_advisor_*.html"))
+    for name in ("advisor_html", "advisor"):  # only this run's output dirs (re-runs leave older ones)
+        run_dir = ev.recipes[name].output_dir if name in ev.recipes else None
+        html_files = sorted(Path(run_dir).rglob("mstt_advisor_*.html")) if run_dir else []
         if html_files:
             result.paths["advisor_html"] = str(html_files[-1])
+            break
     if settings.report:
         t = time.monotonic()
         now = time.time() if now_unix_s is None else now_unix_s

@@ -45,6 +45,9 @@ class CaptureManager:
         self.policy = ArmingPolicy(self.s.arming)
         self.fs_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-fs")
         self.analysis_pool = ThreadPoolExecutor(self.s.coordinator.analysis_workers, thread_name_prefix="profwatch-analysis")
+        from daemon.adapters.msprof_runner import make_limiter
+
+        self._limiter = make_limiter(self.s.analysis.msprof)
         self._writer: Any = None
         self._watcher: Any = None
         self._webhook: Any = None
@@ -54,6 +57,9 @@ class CaptureManager:
         self._next_scan: dict[str, float] = {}
         self._refused_jobs: set[str] = set()
         self._acks: dict[str, dict[int, dict[str, Any]]] = {}  # capture_id -> rank -> {event: ts}
+        from daemon.adapters.rank_dir_fs import RankDirReader
+
+        self._reader = RankDirReader()  # reused across scans (DB checks are cached); used on the fs thread only
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -325,12 +331,18 @@ class CaptureManager:
 
     def _scan(self, cap: dict[str, Any], final: bool) -> None:
         from daemon.adapters.rank_dir_fs import scan_tree
+        from daemon.core.completeness import CaptureHint
 
         cid = cap["capture_id"]
         try:
             plan = cap["plan"]
+            hint = CaptureHint(world_size=plan.get("world_size"),
+                               rank_list=tuple(plan["rank_list"]) if plan.get("rank_list") else None,
+                               steps=int(plan.get("warmup", 0)) + int(plan.get("active", 0)),
+                               step_time_s=plan.get("step_time_s"), armed_unix_s=cap["created_unix_s"],
+                               deadline_unix_s=plan.get("deadline_unix_s"))
             batches = scan_tree(Path(plan["prof_dir"]), world_size=plan.get("world_size"), settings=self.s.watch,
-                                rank_list=plan.get("rank_list"), capture_id=cid)
+                                hints={cid: hint}, reader=self._reader)
             self.c.results.put(lambda: self._on_scan(cap, batches, final))
         except Exception as exc:  # noqa: BLE001
             err = repr(exc)
@@ -387,8 +399,8 @@ class CaptureManager:
         hostnames = {r.rank: r.hostname for r in job.ranks.values()} if job else {}
         try:
             work = Path(self.s.coordinator.work_dir) / cap["job_id"] / cid
-            result = analyze_batch(batch, work_dir=work, settings=self.s.analysis, hostnames=hostnames,
-                                   capture_reason=cap["reason"])
+            result = analyze_batch(batch, work_dir=work, settings=self.s.analysis, hostnames=hostnames or None,
+                                   capture_reason=cap["reason"], job_id=cap["job_id"], limiter=self._limiter)
             res_json = result.to_json()
             self.c.results.put(lambda: self._on_analysed(cap, batch, res_json, time.time() - t0))
         except Exception as exc:  # noqa: BLE001 - a failing analysis is an alert, never a crash

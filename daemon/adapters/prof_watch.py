@@ -59,9 +59,9 @@ def fs_type_of(path: str, mounts: list[tuple[str, str]]) -> str | None:
     best: tuple[int, str] | None = None
     for mount_point, fstype in mounts:
         mp = mount_point.rstrip("/") or "/"
-        if path == mp or path.startswith(mp + "/") or mp == "/":
-            if best is None or len(mp) >= best[0]:
-                best = (len(mp), fstype)
+        inside = path == mp or path.startswith(mp + "/") or mp == "/"
+        if inside and (best is None or len(mp) >= best[0]):
+            best = (len(mp), fstype)
     return best[1] if best else None
 
 
@@ -181,7 +181,7 @@ class ProfWatcher:
             self._thread = threading.Thread(target=self._run, name="profwatch-prof-watch", daemon=True)
             self._thread.start()
 
-    def __enter__(self) -> ProfWatcher:
+    def __enter__(self) -> ProfWatcher:  # noqa: PYI034
         self.start()
         return self
 

@@ -251,8 +251,9 @@ def _health(obs: RankDirObservation, rank: int | None, notes: list[str]) -> tupl
     """DB health of a finished ascend rank (msprof doc 12.6, 14.7). Appends non-blocking remarks to ``notes``."""
     if not obs.profiler_dbs:
         if obs.output_files & TEXT_OUTPUTS:
-            return ["text-only export: no ascend_pytorch_profiler_{rank}.db; the recipes need DB input "
-                    "(re-parse offline with analyse(export_type=['db']))"], None
+            why = ("text-only export: no ascend_pytorch_profiler_{rank}.db; the recipes need DB input "
+                   "(re-parse offline with analyse(export_type=['db']))")
+            return [why], None
         return ["parse finished but ASCEND_PROFILER_OUTPUT has no profiler DB"], None
     if len(obs.profiler_dbs) > 1:
         return [f"several profiler DBs: {', '.join(sorted(d.name for d in obs.profiler_dbs))}"], None

@@ -69,9 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     step = 0
     flat = None
-    while step < a.max_steps and time.monotonic() - t_start < a.max_seconds:
-        if a.stop_file is not None and step % 5 == 0 and a.stop_file.exists():
-            break
+    stop_flag = torch.zeros(1)
+    while step < a.max_steps:
+        if step % 5 == 0:
+            # Agree on stopping: a rank that left alone would break its peers' next collective.
+            stop_flag.fill_(1.0 if (a.stop_file is not None and a.stop_file.exists())
+                            or time.monotonic() - t_start > a.max_seconds else 0.0)
+            dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX)
+            if stop_flag.item() > 0:
+                break
         slow = rank == a.slow_rank and step + 1 >= a.slow_at_step
         c0 = time.time_ns()
         with rankhook.stage("data"):
@@ -83,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                 loss = torch.nn.functional.cross_entropy(out, y) if loss is None else loss + torch.nn.functional.cross_entropy(out, y)
             if slow:  # the injected slowdown: real extra compute on one rank
                 z = xb
-                n_extra = max(1, int(round((a.slowdown - 1.0) * a.inner * (a.layers + 1))))
+                # forward + backward cost about 3 matmuls per layer and pass: scale that by (slowdown - 1)
+                n_extra = max(1, int(round((a.slowdown - 1.0) * 3 * a.inner * (a.layers + 1))))
                 for _ in range(n_extra):
                     z = torch.tanh(z @ extra)
         with rankhook.stage("backward"):

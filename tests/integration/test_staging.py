@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from daemon.adapters.rank_dir_fs import scan_tree
-from daemon.adapters.retention import enforce_retention, plan_retention, RetentionEntry
+from daemon.adapters.retention import RetentionEntry, enforce_retention, plan_retention
 from daemon.adapters.staging import StagingError, stage_batch
 from daemon.simulate import ascend_tree as gen
 
@@ -76,12 +76,16 @@ def test_msprof_analyze_discovers_all_staged_ranks(tmp_path: Path, batch_and_dir
     if exe is None:
         pytest.skip("msprof-analyze not installed")
     batch, dirs = batch_and_dirs
-    # a second, older copy of rank 1 beside the originals must not leak in: only the staged batch is seen
+    # a stray newer copy of rank 1 beside the originals would win in msprof-analyze (newest ts, section 3);
+    # the staged folder shows it only the batch
+    stray = dirs[1].with_name(dirs[1].name.replace("_4001_2026", "_9001_2027"))
+    shutil.copytree(dirs[1], stray)
     stage = stage_batch(batch, tmp_path / "staging")
     out = tmp_path / "out"
     proc = subprocess.run([exe, "-m", "slow_rank", "-d", str(stage), "-o", str(out), "--force"],
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                          check=False, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Multiple profiling paths" not in proc.stderr  # the stray copy never reached the tool
     con = sqlite3.connect(out / "cluster_analysis_output" / "cluster_analysis.db")
     try:
         rows = con.execute("SELECT rankId, slowAffectCount FROM SlowRank").fetchall()

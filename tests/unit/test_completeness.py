@@ -235,3 +235,20 @@ def test_settings_forbid_unknown_keys() -> None:
 def test_1024_ranks_pure() -> None:
     b = one([obs(r, world=1024) for r in range(1024)])
     assert b.status == "complete" and len(b.ranks) == 1024
+
+
+def test_torch_pt_rank_dirs() -> None:
+    def torch_obs(rank: int, *, marker: bool, traces: tuple[str, ...]) -> RankDirObservation:
+        name = parse_rank_dir_name(f"host_{100 + rank}_20260101120000000_torch_pt")
+        assert name is not None
+        return RankDirObservation(
+            path=f"/prof/{name.worker}_{name.pid}_{name.ts}_torch_pt", name=name, dir_ts_unix_s=T0_UNIX,
+            info_file=f"profiler_info_{rank}.json", info=ProfilerInfo(rank_id=rank, world_size=2),
+            metadata=ProfilerMetadata(capture_id="t"), marker=marker, trace_files=traces)
+
+    trace = ("host_100.1767268800000.pt.trace.json",)
+    b = one([torch_obs(0, marker=True, traces=trace), torch_obs(1, marker=False, traces=trace)])
+    assert b.kind == "torch_pt" and b.status == "parsing" and b.expected_ranks == [0, 1]
+    b = one([torch_obs(0, marker=True, traces=trace), torch_obs(1, marker=True, traces=trace)])
+    assert b.status == "complete"
+    assert one([torch_obs(0, marker=True, traces=()), torch_obs(1, marker=True, traces=trace)]).status == "incomplete"
