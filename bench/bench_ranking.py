@@ -194,6 +194,22 @@ def part_a(specs: list[dict[str, Any]], settings: RankingSettings) -> None:
         print("  miss:", {k: spec[k] for k in ("world", "kind", "slow", "noise")}, "->", got[:3])
 
 
+def part_a_hard(settings: RankingSettings, per_world: int = 20) -> None:
+    """Hard cases: slow factor exactly 1.05 with 3 % kernel noise, and balanced clusters, per world size."""
+    print("\nPart A2: hard cases (ranking only), slow factor 1.05x, kernel noise 3 %,", per_world, "batches each")
+    for world in (4, 8, 16, 32, 64):
+        hit = false = 0
+        for seed in range(per_world):
+            rows, _ = summaries_from_timelines(build_timelines(world_size=world, slow_ranks={1: 1.05}, steps=3,
+                                                               seed=1000 + seed, noise=0.03))
+            sus = rank_suspects(ClusterEvidence(kind="ascend_pt", summaries=rows), settings=settings)
+            hit += bool(sus) and sus[0].rank == 1
+            rows, _ = summaries_from_timelines(build_timelines(world_size=world, steps=3, seed=2000 + seed,
+                                                               noise=0.03))
+            false += bool(rank_suspects(ClusterEvidence(kind="ascend_pt", summaries=rows), settings=settings))
+        print(f"  world {world:>2}: 1.05x top-1 {hit}/{per_world}; balanced with a suspect named {false}/{per_world}")
+
+
 def part_b(specs: list[dict[str, Any]], settings: RankingSettings) -> None:
     from daemon.adapters.rank_dir_fs import scan_tree
     from daemon.analysis import AnalysisSettings, analyze_batch
@@ -264,6 +280,7 @@ def main() -> None:
     specs = scenarios(args.batches, args.seed)
     settings = RankingSettings()
     part_a(specs, settings)
+    part_a_hard(settings)
     if args.msprof:
         part_b(specs[: args.msprof], settings)
 

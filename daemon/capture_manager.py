@@ -359,7 +359,9 @@ class CaptureManager:
         cur = self.c.state.get_capture(cid)
         if cur is None or cur["state"] not in ("written", "collecting"):
             return
-        mine = [b for b in batches if getattr(b, "capture_id", None) in (cid, None)] or batches
+        # The prof_dir is this capture's own folder: batches stamped with our capture id first; unstamped rank dirs
+        # there (e.g. an older torch_npu without metadata) are ours too; a batch stamped with another id is not.
+        mine = [b for b in batches if b.capture_id == cid] or [b for b in batches if b.capture_id is None]
         batch = next((b for b in mine if b.status == "complete"), mine[0] if mine else None)
         if batch is not None and batch.status == "complete":
             self.c.state.upsert_capture(cid, cap["job_id"], "analysing", now, detail={"batch_id": batch.batch_id})
