@@ -59,14 +59,16 @@ class WebhookSink:
         queue_size: pending payloads kept; more are dropped and counted.
         backoff_s: first retry delay; doubles up to ``max_backoff_s``.
         headers: extra HTTP headers (e.g. ``Authorization``).
+        external_url: ``externalURL`` / ``generatorURL`` of payloads built by :meth:`submit`.
     """
 
     def __init__(self, url: str, timeout_s: float = 5.0, retries: int = 3, queue_size: int = 100, *,
                  backoff_s: float = 0.2, max_backoff_s: float = 5.0, headers: Mapping[str, str] | None = None,
-                 name: str = "webhook") -> None:
+                 external_url: str = "", name: str = "webhook") -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"webhook url must be http(s): {url!r}")
         self.url = url
+        self.external_url = external_url
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
@@ -101,11 +103,15 @@ class WebhookSink:
         self.stats.queued += 1
         return True
 
-    def send_events(self, events: Sequence[Mapping[str, Any]], *, external_url: str) -> bool:
+    def send_events(self, events: Sequence[Mapping[str, Any]], *, external_url: str | None = None) -> bool:
         """Convert CloudEvents with :func:`daemon.core.alerts.to_alertmanager` and queue the payload if it has
-        alerts; ``True`` when queued (or nothing to send)."""
-        payload = to_alertmanager(events, external_url=external_url)
+        alerts; ``True`` when queued (or nothing to send). Raises ``AlertFormatError`` for a non-profwatch event."""
+        payload = to_alertmanager(events, external_url=self.external_url if external_url is None else external_url)
         return self.send(payload) if payload["alerts"] else True
+
+    def submit(self, event: Mapping[str, Any]) -> bool:
+        """Queue one CloudEvent as an Alertmanager payload (what the coordinator calls per alert event)."""
+        return self.send_events([event])
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait (bounded) until every queued payload was sent or given up; ``True`` if drained."""

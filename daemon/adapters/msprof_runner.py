@@ -67,7 +67,7 @@ class MsprofSettings(BaseModel):
     timeout_s: float = Field(default=900.0, gt=0)
     max_concurrent_runs: int = Field(default=1, ge=1)
     advisor: bool = True
-    advisor_html: bool = False
+    advisor_html: bool = True
     retries: int = Field(default=1, ge=0, le=5)
     language: str = Field(default="en", pattern="^(en|cn)$")
 

@@ -35,7 +35,7 @@ main{max-width:1180px;margin:0 auto;padding:20px 28px 40px}
 .card h2{margin:0 0 12px;font-size:16px}.muted{color:var(--muted)}
 table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:7px 10px;border-bottom:1px solid var(--line);
 vertical-align:top}th{font-size:12px;text-transform:uppercase;letter-spacing:.04em;color:var(--muted);font-weight:600}
-td.num{text-align:right;font-variant-numeric:tabular-nums}code,.path{font:12px/1.4 ui-monospace,Menlo,Consolas,monospace;
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}td.nw{white-space:nowrap}code,.path{font:12px/1.4 ui-monospace,Menlo,Consolas,monospace;
 word-break:break-all}
 .pill{display:inline-block;padding:1px 9px;border-radius:999px;color:#fff;font-size:12px;font-weight:600}
 .score{display:inline-block;width:70px;height:8px;background:#e9ecf1;border-radius:4px;margin-right:8px;vertical-align:middle}
@@ -224,8 +224,9 @@ def _recipes_table(recipes: Mapping[str, Mapping[str, Any]], base: Path | None) 
         extra = f"<details><summary>log tail</summary><pre>{_e(tail)}</pre></details>" if tail else ""
         out = _link(r.get("output_dir"), base, "output") if r.get("output_dir") else ""
         dur = r.get("duration_s") or 0.0
-        rows.append(f"<tr><td><code>{_e(name)}</code></td><td>{_pill(str(r.get('status')))}</td>"
-                    f"<td>{_e(r.get('detail', ''))}{extra}</td><td class='num'>{dur:.1f} s</td><td>{out}</td></tr>")
+        rows.append(f"<tr><td class='nw'><code>{_e(name)}</code></td><td>{_pill(str(r.get('status')))}</td>"
+                    f"<td>{_e(r.get('detail', ''))}{extra}</td><td class='num'>{dur:.1f} s</td>"
+                    f"<td class='nw'>{out}</td></tr>")
     return ("<table><thead><tr><th>recipe</th><th>status</th><th>detail</th><th>time</th><th></th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
 

@@ -1,7 +1,8 @@
 """``profwatch analyze DIR``: offline completeness check plus analysis, the coordinator's code path (CLI body).
 
-Wired by ``daemon/cli.py`` with ``cli.add_command(analyze)``. If the CLI group puts an ``AnalysisSettings`` in
-``ctx.obj["analysis_settings"]`` (from the config file) it is used; otherwise defaults plus the flags below.
+Wired by ``daemon/cli.py`` with ``cli.add_command(analyze)``. Settings: ``ctx.obj["analysis_settings"]`` if the
+CLI group provides one, else the ``[analysis]`` section of ``--config`` / ``PROFWATCH_CONFIG``, else defaults;
+the flags below override them.
 """
 
 from __future__ import annotations
@@ -18,9 +19,18 @@ from daemon.analysis import AnalysisResult, AnalysisSettings, analyze_batch
 GOOD = ("ok", "no_suspect")
 
 
-def _settings(ctx: click.Context, no_advisor: bool, timeout_s: float | None, no_html: bool) -> AnalysisSettings:
+def _settings(ctx: click.Context, config_path: Path | None, no_advisor: bool, timeout_s: float | None,
+              no_html: bool) -> AnalysisSettings:
     obj: Any = ctx.obj
     base = obj.get("analysis_settings") if isinstance(obj, dict) else None
+    if base is None and config_path is not None:
+        from daemon.config import ConfigError, load_settings
+
+        try:
+            base = load_settings(config_path).analysis
+        except ConfigError as exc:
+            click.echo(f"profwatch: {exc}", err=True)
+            ctx.exit(2)
     settings = base.model_copy(deep=True) if isinstance(base, AnalysisSettings) else AnalysisSettings()
     if no_advisor:
         settings.msprof.advisor = False
@@ -56,15 +66,21 @@ def _human(res: AnalysisResult) -> str:
 @click.option("--no-advisor", is_flag=True, help="Skip msprof-analyze advisor (saves ~9 s per batch).")
 @click.option("--no-html", is_flag=True, help="Write report.json only.")
 @click.option("--timeout-s", type=click.FloatRange(min=1), default=None, help="Per msprof-analyze command.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="PROFWATCH_CONFIG",
+              default=None, help="TOML config; its [analysis] section gives the settings (flags override).")
 @click.pass_context
 def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json: bool, out_dir: Path | None,
-            batch_ids: tuple[str, ...], no_advisor: bool, no_html: bool, timeout_s: float | None) -> None:
+            batch_ids: tuple[str, ...], no_advisor: bool, no_html: bool, timeout_s: float | None,
+            config_path: Path | None) -> None:
     """Check which capture batches under DIR are complete, analyse them and rank suspect slow ranks.
 
     Exit status: 0 when every batch was analysed (ok / no_suspect), 1 when any batch was incomplete or its
     analysis failed or was partial, 2 when DIR holds no batch or cannot be read.
     """
-    settings = _settings(ctx, no_advisor, timeout_s, no_html)
+    from daemon.logsetup import configure_logging
+
+    configure_logging("WARNING", "console")  # logs to stderr: stdout carries only the result (--json lines)
+    settings = _settings(ctx, config_path, no_advisor, timeout_s, no_html)
     work = out_dir or Path.cwd() / "profwatch-analysis"
     try:
         batches = scan_tree(directory, world_size=world_size)

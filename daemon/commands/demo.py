@@ -91,6 +91,13 @@ format = "json"
                                             env=e, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def start(self) -> None:
+        self.start_coordinator_only()
+        for k in range(self.nodes):
+            self._start(f"node{k}", ["node"], {"PROFWATCH_NODE__NODE_ID": f"node{k}",
+                                               "PROFWATCH_NODE__BIND": self.endpoint(k)})
+
+    def start_coordinator_only(self) -> None:
+        """Start the coordinator and wait until it answers on its control socket."""
         from daemon.adapters.control import ControlUnavailable, call
 
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
@@ -103,9 +110,6 @@ format = "json"
             except ControlUnavailable:
                 if time.monotonic() > deadline or self.procs["coordinator"].poll() is not None:
                     raise click.ClickException(f"coordinator did not start; see {self.root / 'logs' / 'coordinator.log'}")
-        for k in range(self.nodes):
-            self._start(f"node{k}", ["node"], {"PROFWATCH_NODE__NODE_ID": f"node{k}",
-                                               "PROFWATCH_NODE__BIND": self.endpoint(k)})
 
     @property
     def control(self) -> str:

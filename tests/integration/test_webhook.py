@@ -79,6 +79,17 @@ def test_posts_alertmanager_payload(receiver: Receiver):
     assert body["version"] == "4" and body["alerts"][0]["labels"]["rank"] == "3"
 
 
+def test_submit_one_cloudevent_with_external_url(receiver: Receiver):
+    sink = WebhookSink(receiver.url, timeout_s=2, retries=0, queue_size=4, external_url="http://coord:7714")
+    try:
+        assert sink.submit(_event())
+        assert sink.flush(10)
+    finally:
+        sink.close()
+    assert receiver.bodies[0]["externalURL"] == "http://coord:7714"
+    assert receiver.bodies[0]["alerts"][0]["generatorURL"] == "http://coord:7714"
+
+
 def test_500_then_200_is_retried():
     r = Receiver(codes=[500, 503])
     try:

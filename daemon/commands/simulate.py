@@ -1,0 +1,96 @@
+"""``profwatch simulate``: SIMULATORS for trying profwatch and alert consumers without an NPU cluster.
+
+- ``profwatch simulate tree OUT``: write an Ascend-format capture batch (the generator the tests use; the real
+  msprof-analyze accepts it) with chosen slow ranks, for ``profwatch scan`` / ``profwatch analyze``.
+- ``profwatch simulate job``: start simulated Ascend ranks (real processes, real gloo all-reduce, the fake
+  ``torch_npu`` dynamic_profile protocol) that report to running node daemons and obey arms like real ones.
+Nothing here is torch_npu; everything it writes says so in its metadata.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def simulate() -> None:
+    """Simulated Ascend captures and ranks (clearly labelled simulator; no NPU needed)."""
+
+
+def _parse_factors(spec: str | None, what: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for part in (spec or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            rank, factor = part.split(":") if ":" in part else (part, "1.5")
+            out[int(rank)] = float(factor)
+        except ValueError:
+            raise click.UsageError(f"{what} must look like '2:1.5,5:2.0', got {spec!r}") from None
+    return out
+
+
+@simulate.command()
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--world-size", default=4, show_default=True)
+@click.option("--slow", "slow", help="slow ranks as rank:factor[,rank:factor] (compute slower), e.g. 2:1.5")
+@click.option("--host-bound", help="rank:extra_free_fraction, e.g. 1:0.3")
+@click.option("--slow-link", help="rank:factor for a slower link")
+@click.option("--steps", default=3, show_default=True)
+@click.option("--export-type", type=click.Choice(["db", "text", "both"]), default="db", show_default=True)
+@click.option("--no-marker", is_flag=True, help="omit analyse.done (older torch_npu)")
+@click.option("--capture-id", default=None)
+@click.option("--seed", default=0, show_default=True)
+def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, slow_link: str | None, steps: int,
+         export_type: str, no_marker: bool, capture_id: str | None, seed: int) -> None:
+    """Write a simulated Ascend capture batch into OUT."""
+    from daemon.simulate.ascend_tree import generate_cluster
+
+    if world_size < 1:
+        raise click.UsageError("--world-size must be >= 1")
+    out.mkdir(parents=True, exist_ok=True)
+    dirs = generate_cluster(out, world_size=world_size, slow_ranks=_parse_factors(slow, "--slow") or None,
+                            host_bound_ranks=_parse_factors(host_bound, "--host-bound") or None,
+                            slow_link_ranks=_parse_factors(slow_link, "--slow-link") or None, steps=steps,
+                            export_type=export_type, with_marker=not no_marker,
+                            capture_id=capture_id or f"sim-{int(time.time())}", seed=seed)
+    click.echo(f"wrote {len(dirs)} simulated rank dirs under {out}")
+
+
+@simulate.command()
+@click.option("--job-id", default="sim-job", show_default=True)
+@click.option("--ranks", default=4, show_default=True)
+@click.option("--node-endpoint", "endpoints", multiple=True,
+              help="node daemon endpoint(s); ranks are spread over them (default: PROFWATCH_NODE_ENDPOINT or the "
+                   "standard runtime socket)")
+@click.option("--config-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="profiler_config_path of the simulated job (inside the daemons' allowed roots)")
+@click.option("--prof-root", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--slow-rank", default=-1, show_default=True)
+@click.option("--slowdown", default=2.0, show_default=True)
+@click.option("--at-step", default=40, show_default=True)
+@click.option("--duration-s", default=300.0, show_default=True)
+def job(job_id: str, ranks: int, endpoints: tuple[str, ...], config_dir: Path, prof_root: Path, slow_rank: int,
+        slowdown: float, at_step: int, duration_s: float) -> None:
+    """Run simulated Ascend ranks against running node daemons until --duration-s or Ctrl-C."""
+    from daemon.simulate.launcher import JobSpec, launch_job
+    from rankhook.publisher import default_endpoint
+
+    eps = list(endpoints) or [default_endpoint()]
+    stop = config_dir.resolve() / f".{job_id}.stop"
+    stop.unlink(missing_ok=True)
+    spec = JobSpec(job_id=job_id, world_size=ranks, node_endpoints=eps, profiler_config_path=config_dir.resolve(),
+                   prof_root=prof_root.resolve(), mode="ascend-sim", slow_rank=slow_rank, slowdown=slowdown,
+                   slow_at_step=at_step, max_seconds=duration_s, stop_file=stop)
+    running = launch_job(spec)
+    click.echo(f"simulated job {job_id}: {ranks} ranks -> {', '.join(eps)}; config {config_dir}; Ctrl-C stops")
+    try:
+        codes = running.wait(duration_s + 120)
+    except KeyboardInterrupt:
+        running.request_stop()
+        codes = running.wait(60)
+    click.echo(f"ranks exited with {codes}")

@@ -1,0 +1,45 @@
+"""The demo itself, both scenarios, checked on its result (the README's first command runs the same code)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PYTHON, python_env
+
+pytestmark = pytest.mark.slow
+
+ORDER = ["detection", "arm", "batch_complete", "alert"]
+
+
+def test_demo_both_scenarios_name_the_slow_rank(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [PYTHON, "-m", "daemon.cli", "demo", "--workdir", str(tmp_path), "--ranks", "4", "--nodes", "2",
+         "--slow-rank", "1", "--slowdown", "2.0", "--at-step", "40", "--timeout-s", "300"],
+        env=python_env(), capture_output=True, text=True, timeout=900,
+    )
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    (result_file,) = list(tmp_path.glob("run-*/demo_result.json"))
+    result = json.loads(result_file.read_text())
+    assert result["ok"] is True
+    assert [s["scenario"] for s in result["scenarios"]] == ["torch", "ascend"]
+    for sc in result["scenarios"]:
+        alert = sc["alert"]
+        assert alert["type"] == "io.profwatch.suspect_ranks.v1"
+        assert alert["subject"] == sc["job_id"] and alert["specversion"] == "1.0"
+        data = alert["data"]
+        assert data["suspects"][0]["rank"] == 1
+        assert Path(data["suspects"][0]["rank_dir"]).is_dir()
+        assert Path(data["report"]).is_file()
+        assert Path(data["report"]).with_suffix(".json").is_file()
+        times = {name: t for name, t, _step, _detail in sc["marks"]}
+        missing = [m for m in ORDER if m not in times]
+        assert not missing, (sc["scenario"], sc["marks"])
+        assert [times[m] for m in ORDER] == sorted(times[m] for m in ORDER), sc["marks"]
+    recipes = result["scenarios"][1]["alert"]["data"]["recipes"]
+    status = {k: (v["status"] if isinstance(v, dict) else v) for k, v in recipes.items()}
+    assert status["cluster_time_summary"] == "ok" and status["slow_rank"] == "ok", recipes  # real msprof-analyze ran
+    assert res.stdout.count("(expected 1) -> OK") == 2, res.stdout
