@@ -187,15 +187,17 @@ def summarize_traces(traces: Mapping[int, RankTrace]) -> KinetoBreakdown:
 
     * ``step_time`` = ``b - a`` (device-side ``ProfilerStep`` span when the trace has one).
     * ``communication`` = length of the union of collective intervals in the span (all classes, all lanes of
-      the chosen side).
-    * ``computation`` = union of busy intervals (``cpu_op`` or device kernels/memcpy, plus collectives) minus
-      ``communication``.
-    * ``free`` = ``step_time`` minus the union of busy intervals.
+      the chosen side), overlapped or not, as msprof-analyze's ``communication`` column.
+    * ``computation`` = length of the union of compute intervals (``cpu_op`` outside collectives, or device
+      kernels/memcpy), including compute overlapped by communication (DDP), as msprof's ``computation``.
+    * ``free`` = ``step_time`` minus the union of all busy intervals (compute and collectives).
     * ``wait``/``transmit`` as msprof-analyze: collective instances are the events of the best collective
       class present on every rank (device kernels > ``gloo:``/``nccl:`` spans > ``record_param_comms`` >
       ``c10d::``), assigned to the step containing their start and matched across ranks by (name, order of
       that name within the step). Per instance seen on >= 2 ranks: ``transmit += min duration``,
-      ``wait += own - min``. The rank the others wait for has the shortest collective, so wait ~0.
+      ``wait += own - min``. The rank the others wait for has the shortest collective, so wait ~0. Like
+      msprof-analyze these are sums over instances, so with concurrent collectives (DDP buckets on several gloo
+      threads) ``wait + transmit`` can exceed the union ``communication``.
     """
     notes: list[str] = []
     summaries: list[RankStepSummary] = []
@@ -219,11 +221,12 @@ def summarize_traces(traces: Mapping[int, RankTrace]) -> KinetoBreakdown:
         comp_s = list(tr.dev_start if device else tr.cpu_start)
         comp_e = list(tr.dev_end if device else tr.cpu_end)
         comm_union = _merge([c.ts_us for c in colls], [c.ts_us + c.dur_us for c in colls])
+        comp_union = _merge(comp_s, comp_e)
         busy_union = _merge(comp_s + [c.ts_us for c in colls], comp_e + [c.ts_us + c.dur_us for c in colls])
         for step, a, b in spans:
             busy = _measure(busy_union, a, b)
-            comm = _measure(comm_union, a, b)
-            rows[(rank, step)] = [b - a, busy - comm, comm, 0.0, 0.0, (b - a) - busy]
+            rows[(rank, step)] = [b - a, _measure(comp_union, a, b), _measure(comm_union, a, b), 0.0, 0.0,
+                                  (b - a) - busy]
         if klass is None:
             continue
         seen: dict[tuple[int, str], int] = defaultdict(int)

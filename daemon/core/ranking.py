@@ -169,7 +169,11 @@ def measure_signals(summaries: Sequence[RankStepSummary], settings: RankingSetti
         unreliable.update(set(ranks) - reliable)
         own = {k: r.computation_us + r.free_us for k, r in rows.items()}
         last_arrival = max(own.values())
-        unexplained = {k: r.communication_us - (last_arrival - own[k]) for k, r in rows.items()}
+        # non-overlapped collective time (msprof: stepTime = computation + comm not overlapped + free), so that
+        # DDP-style overlap differences between ranks do not look like slow communication
+        excl = {k: min(r.communication_us, max(0.0, r.step_time_us - r.computation_us - r.free_us))
+                if r.step_time_us > 0 else r.communication_us for k, r in rows.items()}
+        unexplained = {k: excl[k] - (last_arrival - own[k]) for k in rows}
         comp = {k: r.computation_us for k, r in rows.items()}
         free = {k: r.free_us for k, r in rows.items()}
         wait = {k: rows[k].wait_us for k in reliable}
@@ -189,6 +193,10 @@ def measure_signals(summaries: Sequence[RankStepSummary], settings: RankingSetti
                 ref_bw = _loo_median(link_bw, k)
                 if ref_bw:
                     acc_bw[k].append(link_bw[k] / ref_bw)
+        for k, v in list(sig["comm"].items()):
+            # another rank late by at least this much explains k's longer collectives (waiting, not a slow link)
+            if v > 0 and any(late >= v for j, late in sig["late"].items() if j != k):
+                sig["comm"][k] = 0.0
         scales = {name: _robust_scale(vals.values()) for name, vals in sig.items()}
         for k in ranks:
             acc = per_rank[k]
@@ -295,8 +303,10 @@ def rank_suspects(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | N
         * ``computation excess = (comp - ref(comp)) / T`` -> kind ``compute``.
         * ``free excess = (free - ref(free)) / T`` -> kind ``host`` (dispatch-bound or data-loading gaps).
         * ``communication excess``: collective time *not explained by waiting*. With own work ``W = comp + free``
-          a rank that arrives early must wait ``max(W) - W``; ``U = comm - (max(W) - W)`` and the signal is
-          ``(U - ref(U)) / T`` -> kind ``communication`` (longer collectives with nobody late).
+          a rank that arrives early must wait ``max(W) - W``; with ``C`` the non-overlapped collective time
+          (``min(comm, step - comp - free)``), ``U = C - (max(W) - W)`` and the signal is ``(U - ref(U)) / T``
+          -> kind ``communication``. It is zeroed in a step where another rank's ``late`` is at least as large:
+          then the longer collectives are waiting for that rank.
         * ``link excess = (link_time - ref(link_time)) / T`` from the advisor "slow link" sheet (RDMA + SDMA
           time per rank and step, ``ClusterEvidence.advisor["slow_link"]``) -> kind ``communication``. In a
           synchronous collective everyone leaves together, so a slow link lengthens every rank's collective and
