@@ -7,6 +7,7 @@ backend. It never raises and never blocks the training loop (``../shared/docs/fi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -95,8 +96,10 @@ class Hook:
 
     # -- messages -------------------------------------------------------------------------------------------
     def send_hello(self) -> None:
-        """(Re-)announce this rank to the node daemon."""
-        self.publisher.send(*wire.frames(self._hello))
+        """(Re-)announce this rank to the node daemon, with the publisher's counters."""
+        c = self.publisher.counters
+        hello = dataclasses.replace(self._hello, counters={"sent": c.sent, "dropped": c.dropped, "errors": c.errors})
+        self.publisher.send(*wire.frames(hello))
 
     def emit(self, msg: Any) -> None:
         """Send any wire message (used by capture backends for :class:`~rankhook.wire.CaptureEvent`)."""

@@ -16,11 +16,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 log = logging.getLogger("rankhook")
 
 DEFAULT_RUNTIME_DIR = "/run/profwatch"
+DROP_BACKOFF_S = 0.05
+"""After ZeroMQ reports a full queue, messages are dropped locally for this long before trying again."""
 IPC_PATH_MAX = 107
 """``sizeof(sockaddr_un.sun_path) - 1`` on Linux: longer ``ipc://`` paths cannot be bound or connected."""
 
@@ -88,6 +91,7 @@ class Publisher:
         self._flags = 0
         self._logged: set[str] = set()
         self._closed = False
+        self._backoff_until = 0.0  # after a full queue, drop locally for a moment instead of asking ZeroMQ again
         # Capture backends emit events from their own threads; a ZeroMQ socket must not be used by two threads
         # at once. Uncontended, this lock costs ~0.1 us on the step path.
         self._lock = threading.Lock()
@@ -123,6 +127,9 @@ class Publisher:
         """Queue one message; return False if it was dropped. Never raises, never blocks."""
         if self._closed:
             return False
+        if self._backoff_until and time.perf_counter() < self._backoff_until:
+            self.counters.dropped += 1  # the queue was full a moment ago: a raised zmq.Again costs ~4 us
+            return False
         try:
             with self._lock:
                 if self._pid != os.getpid():
@@ -131,12 +138,14 @@ class Publisher:
                     self._connect()
                 self._send([topic, payload], self._flags)  # type: ignore[misc]
             self.counters.sent += 1
+            self._backoff_until = 0.0
             return True
         except Exception as exc:  # noqa: BLE001 - never raise into the training loop
             import zmq
 
             if isinstance(exc, zmq.Again):
                 self.counters.dropped += 1
+                self._backoff_until = time.perf_counter() + DROP_BACKOFF_S
                 self._log_once("drop", "rankhook: node daemon queue full or down, dropping telemetry (%s)", self.endpoint)
             else:
                 self.counters.errors += 1

@@ -42,7 +42,8 @@ class RankHello:
 
     ``profiler_config_path`` is the folder holding ``profiler_config.json`` (the ``dp.init`` path);
     ``prof_root`` is where the job's captures may land. Both are checked against the daemon's own
-    allowed roots before anything is written or read there.
+    allowed roots before anything is written or read there. ``counters`` are the rank publisher's
+    ``sent``/``dropped``/``errors`` totals (the hello is re-sent every 10 s, so the daemons see rank-side drops).
     """
 
     job_id: str
@@ -56,6 +57,7 @@ class RankHello:
     versions: dict[str, str] = field(default_factory=dict)
     profiler_config_path: str | None = None
     prof_root: str | None = None
+    counters: dict[str, int] = field(default_factory=dict)
     kind: Literal["hello"] = "hello"
     v: int = SCHEMA_VERSION
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -25,7 +24,6 @@ from daemon.core.evidence import ClusterEvidence, RecipeStatus
 from daemon.core.kineto import RankTrace, summarize_traces
 
 RECIPE = "kineto_breakdown"
-_INFO_RE = re.compile(r"^profiler_info_(\d+)\.json$")
 
 
 class TraceFormatError(ValueError):
@@ -47,19 +45,6 @@ def find_trace_files(rank_dir: Path) -> list[Path]:
     pats = ("*.pt.trace.json", "*.pt.trace.json.gz")
     found = [p for pat in pats for p in rank_dir.glob(pat)] + [p for pat in pats for p in rank_dir.glob("*/" + pat)]
     return sorted(set(found))
-
-
-def rank_from_info(rank_dir: Path) -> int | None:
-    """Rank from ``profiler_info_{rank}.json`` (file name, else its ``rank_id`` key), or ``None``."""
-    for p in sorted(rank_dir.glob("profiler_info_*.json")):
-        m = _INFO_RE.match(p.name)
-        if m:
-            return int(m.group(1))
-        try:
-            return int(json.loads(p.read_text())["rank_id"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return None
 
 
 def _header_rank(path: Path) -> int | None:

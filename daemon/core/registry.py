@@ -37,6 +37,7 @@ class RankState:
     seen_unix_s: float = 0.0
     capturing: bool = False
     left: bool = False
+    dropped: int = 0  # messages the rank's publisher dropped (from its periodic hello)
     window: StepWindow | None = None
 
 
@@ -132,6 +133,7 @@ class Registry:
         r.hostname, r.node_id, r.pid, r.local_rank, r.backend = msg.hostname, node_id, msg.pid, msg.local_rank, msg.backend
         r.seen_unix_s = now
         r.left = False
+        r.dropped = int(msg.counters.get("dropped", 0))
         job.backend = msg.backend
         job.started_unix_s = max(job.started_unix_s, msg.ts_unix_s)
         if msg.profiler_config_path:
@@ -189,6 +191,7 @@ class Registry:
                     "age_s": round(now - r.seen_unix_s, 3) if r.seen_unix_s else None,
                     "capturing": r.capturing,
                     "left": r.left,
+                    "dropped": r.dropped,
                 }
                 for r in sorted(job.ranks.values(), key=lambda r: r.rank)
             ]
@@ -202,6 +205,7 @@ class Registry:
                     "median_step_time_s": job.median_step_time_s(),
                     "profiler_config_path": job.profiler_config_path,
                     "prof_root": job.prof_root,
+                    "rank_drops": sum(r.dropped for r in job.ranks.values()),
                     "ranks": ranks,
                 }
             )

@@ -1,0 +1,75 @@
+"""Registry and step windows (pure): world-size conflicts, restarts, bounded windows, snapshot."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.core.registry import Registry, RegistryError
+from daemon.core.step_window import StepWindow, median
+from rankhook import wire
+
+
+def hello(rank: int, world: int = 4, job: str = "j") -> wire.RankHello:
+    return wire.RankHello(job_id=job, rank=rank, local_rank=rank % 2, world_size=world, hostname=f"h{rank // 2}",
+                          pid=100 + rank, backend="torch", ts_unix_s=10.0 + rank, counters={"dropped": rank})
+
+
+def step(rank: int, s: int, t: float = 0.1, job: str = "j") -> wire.StepReport:
+    return wire.StepReport(job_id=job, rank=rank, step=s, step_time_s=t, ts_unix_s=100.0 + s)
+
+
+def test_window_is_bounded_and_ordered() -> None:
+    w = StepWindow(5)
+    for s in range(12):
+        w.append(s, s / 10)
+    assert len(w) == 5
+    assert [s for s, _ in w.items()] == [7, 8, 9, 10, 11]
+    assert w.recent_times(2) == pytest.approx([1.0, 1.1])
+    w.clear()
+    assert w.items() == []
+    assert median([3.0, 1.0, 2.0]) == 2.0 and median([]) is None
+
+
+def test_conflicting_world_size_is_refused() -> None:
+    reg = Registry(window_steps=10)
+    reg.hello(hello(0), "n0", 1.0)
+    with pytest.raises(RegistryError) as ei:
+        reg.hello(hello(1, world=8), "n0", 1.0)
+    assert ei.value.reason == "world_size_conflict"
+    assert reg.jobs["j"].world_size == 4
+
+
+def test_rank_outside_world_is_refused_and_unknown_job_ignored() -> None:
+    reg = Registry()
+    reg.hello(hello(0), "n0", 1.0)
+    with pytest.raises(RegistryError):
+        reg.step(step(7, 1), 2.0)
+    assert reg.step(step(0, 1, job="other"), 2.0) == (None, None, False)
+
+
+def test_steps_restart_and_snapshot() -> None:
+    reg = Registry(window_steps=100)
+    for r in range(4):
+        reg.hello(hello(r), f"n{r // 2}", 1.0)
+    for s in range(1, 21):
+        for r in range(4):
+            reg.step(step(r, s, 0.2 if r == 3 else 0.1), 2.0)
+    job = reg.jobs["j"]
+    assert job.furthest_step() == 20
+    assert job.median_step_time_s() == pytest.approx(0.1, abs=1e-6)
+    assert job.started_unix_s == 13.0
+    _, rank, restarted = reg.step(step(2, 1), 3.0)
+    assert restarted and len(rank.window) == 1
+    snap = reg.snapshot(4.0)
+    j = snap["jobs"][0]
+    assert j["ranks_seen"] == 4 and j["rank_drops"] == 0 + 1 + 2 + 3
+    assert {r["rank"]: r["node_id"] for r in j["ranks"]} == {0: "n0", 1: "n0", 2: "n1", 3: "n1"}
+
+
+def test_batch_sequence_gaps_are_counted() -> None:
+    reg = Registry()
+    node, new = reg.touch_node("n0", "h", 1.0)
+    assert new
+    assert reg.note_batch_seq(node, 1) == 0
+    assert reg.note_batch_seq(node, 5) == 3
+    assert node.lost_batches == 3
