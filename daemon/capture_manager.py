@@ -312,11 +312,32 @@ class CaptureManager:
 
     def tick(self, now: float) -> None:
         for cap in self.c.state.captures(states=("written", "collecting")):
+            self._check_acks(cap, now)
             if now >= self._next_scan.get(cap["capture_id"], 0.0):
                 self._schedule_scan(cap, now)
             deadline = cap["plan"].get("deadline_unix_s")
             if deadline and now > deadline + self._parse_allowance(cap) and cap["capture_id"] not in self._scanning:
                 self._schedule_scan(cap, now, final=True)
+
+    def _check_acks(self, cap: dict[str, Any], now: float) -> None:
+        """Report, once, the expected ranks that did not acknowledge the arm within ``ack_timeout_s`` (FC-08)."""
+        d = cap["detail"]
+        written = d.get("written_unix_s")
+        if not written or d.get("acknowledged") or d.get("ack_missing_reported"):
+            return
+        if now < written + self.s.coordinator.ack_timeout_s:
+            return
+        expected = set(cap["plan"].get("rank_list") or range(cap["plan"].get("world_size", 0)))
+        seen = {r for r, a in self._acks.get(cap["capture_id"], {}).items() if a}
+        missing = sorted(expected - seen)
+        self.c.state.upsert_capture(cap["capture_id"], cap["job_id"], cap["state"], now,
+                                    detail={"ack_missing_reported": now, "ack_missing": missing})
+        if missing:
+            self.c.emit("io.profwatch.capture.v1", cap["job_id"],
+                        {"capture_id": cap["capture_id"], "event": "ack_missing", "ranks": missing,
+                         "detail": "these ranks did not confirm the arm (no hook event, no dp log line); another "
+                                   "process may own the node's dynamic_profile monitor (FC-08) or they stopped"},
+                        event_id=f"ack_missing-{cap['capture_id']}")
 
     def _parse_allowance(self, cap: dict[str, Any]) -> float:
         return float(self.s.watch.parse_allowance_s)
@@ -420,6 +441,40 @@ class CaptureManager:
         self.c.state.upsert_capture(cid, cap["job_id"], "analysed", now, detail={"analysis_status": res.get("status")})
         self.c.metrics.captures.labels("analysed").inc()
         self._unwatch(cap)
+        w = self.s.watch
+        if w.retention_max_bytes is not None or w.retention_max_age_s is not None:
+            analysed = [c for c in self.c.state.captures(states=("analysed",))]
+            self.fs_pool.submit(self._retention, analysed)
+
+    def _retention(self, analysed: list[dict[str, Any]]) -> None:
+        """Worker thread: apply the byte/age cap to analysed batches only (never to anything not yet analysed)."""
+        from daemon.adapters.rank_dir_fs import TreeUnavailable, scan_tree
+        from daemon.adapters.retention import enforce_retention
+
+        batches, ids = [], set()
+        for cap in analysed:
+            bid = cap["detail"].get("batch_id")
+            prof_dir = cap["plan"].get("prof_dir")
+            if not bid or not prof_dir:
+                continue
+            try:
+                found = scan_tree(Path(prof_dir), world_size=cap["plan"].get("world_size"), settings=self.s.watch,
+                                  reader=self._reader)
+            except (TreeUnavailable, OSError):
+                continue  # unknown is not deleted, and not deletable either
+            for b in found:
+                if b.batch_id == bid:
+                    batches.append(b)
+                    ids.add(bid)
+        removed = enforce_retention(batches, analysed=ids, max_bytes=self.s.watch.retention_max_bytes,
+                                    max_age_s=self.s.watch.retention_max_age_s, now_unix_s=time.time())
+        if removed:
+            done = [asdict(r) if hasattr(r, "__dataclass_fields__") else str(r) for r in removed]
+            self.c.results.put(lambda: self._on_retired(done))
+
+    def _on_retired(self, removed: list[Any]) -> None:
+        for r in removed:
+            log.info("batch_retired", batch=r)
 
     def _on_analysis_failed(self, cap: dict[str, Any], batch: Any, err: str) -> None:
         now = time.time()

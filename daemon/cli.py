@@ -136,7 +136,8 @@ def status(config_path: Path | None, job_id: str | None, as_json: bool) -> None:
     click.echo("nodes:")
     for n in snap["nodes"]:
         c = n.get("counters", {})
-        click.echo(f"  {n['node_id']:<20} age={n['age_s']:.1f}s received={c.get('received', 0)} "
+        down = " DOWN" if n.get("down") else ""
+        click.echo(f"  {n['node_id']:<20}{down} age={n['age_s']:.1f}s received={c.get('received', 0)} "
                    f"rejected={c.get('rejected', 0)} dropped={c.get('dropped', 0)} lost_batches={n['lost_batches']}")
     if snap.get("captures"):
         click.echo("captures:")

@@ -90,6 +90,7 @@ class CoordinatorSettings(_Strict):
     )
     event_source: str = Field(default_factory=lambda: f"//profwatch/{socket.gethostname()}")
     analysis_workers: int = Field(1, ge=1, le=8)
+    ack_timeout_s: float = Field(60.0, gt=0, description="arms not acknowledged by every rank by then are reported")
     metrics_port: int | None = None
 
     @model_validator(mode="after")

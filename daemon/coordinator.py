@@ -175,6 +175,7 @@ class Coordinator:
                 log.exception("result_handler_failed", error=repr(exc))
 
     def _tick(self, now: float) -> None:
+        self.metrics.queue_depth.labels("results").set(self.results.qsize())
         try:
             for det in list(self.detectors.values()):
                 for an in det.tick(now):
@@ -317,7 +318,7 @@ class Coordinator:
         return {"pong": True, "ts_unix_s": time.time()}
 
     def _cmd_status(self, job_id: str | None = None) -> dict[str, Any]:
-        snap = self.registry.snapshot(time.time())
+        snap = self.registry.snapshot(time.time(), self.settings.coordinator.node_timeout_s)
         if job_id is not None:
             snap["jobs"] = [j for j in snap["jobs"] if j["job_id"] == job_id]
         snap["counters"] = dict(self.counters)

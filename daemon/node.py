@@ -176,6 +176,8 @@ class NodeDaemon:
             self.counters["batches"] += 1
 
     def _heartbeat(self) -> None:
+        self.metrics.queue_depth.labels("pending_relay").set(len(self._pending))
+        self.metrics.queue_depth.labels("fs_jobs").set(self._fs_jobs.qsize())
         hb = wire.NodeHeartbeat(
             node_id=self.node_id, hostname=self.hostname, pid=os.getpid(), ts_unix_s=time.time(),
             started_unix_s=self.started_unix_s, counters=dict(self.counters),

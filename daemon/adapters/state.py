@@ -49,7 +49,8 @@ class StateStore:
         if str(path) != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.path = str(path)
-        self.db = sqlite3.connect(self.path, isolation_level=None, timeout=10)
+        # built by the thread that constructs the coordinator, then used only by its main loop thread
+        self.db = sqlite3.connect(self.path, isolation_level=None, timeout=10, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)

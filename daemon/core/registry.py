@@ -176,7 +176,7 @@ class Registry:
             job.ranks[msg.rank].left = True
             job.ranks[msg.rank].seen_unix_s = now
 
-    def snapshot(self, now: float) -> dict[str, Any]:
+    def snapshot(self, now: float, node_timeout_s: float = 10.0) -> dict[str, Any]:
         """A JSON-ready view for ``profwatch status``."""
         jobs = []
         for job in self.jobs.values():
@@ -216,6 +216,7 @@ class Registry:
                 "pid": n.pid,
                 "age_s": round(now - n.last_seen_unix_s, 3),
                 "lost_batches": n.lost_batches,
+                "down": now - n.last_seen_unix_s > node_timeout_s,
                 "counters": n.counters,
             }
             for n in self.nodes.values()

@@ -1,0 +1,215 @@
+"""Coordinator capture lifecycle with real sockets, a real config writer, real scans and the real msprof-analyze:
+arm via the control socket -> profiler_config.json written -> rank dirs appear -> batch complete -> alert.
+Also: path refusal, unacknowledged arms, node-written configs, an incomplete batch at its deadline."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from daemon.adapters.control import ControlError, call
+from daemon.config import load_settings
+from daemon.coordinator import Coordinator
+from daemon.node import NodeDaemon
+from daemon.simulate.ascend_tree import generate_cluster
+from rankhook import wire
+from tests.conftest import wait_for
+
+
+def _port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Harness:
+    def __init__(self, root: Path, capture: dict | None = None, **coord: object) -> None:
+        self.root = root
+        self.ports = {k: _port() for k in ("ingest", "control", "pub")}
+        over = {"ingest_bind": f"tcp://127.0.0.1:{self.ports['ingest']}",
+                "control_bind": f"tcp://127.0.0.1:{self.ports['control']}",
+                "pub_bind": f"tcp://127.0.0.1:{self.ports['pub']}", "state_db": str(root / "state.db"),
+                "work_dir": str(root / "work"), "allowed_prof_roots": [str(root / "prof")],
+                "allowed_config_roots": [str(root / "cfg")], "tick_interval_s": 0.1}
+        over.update(coord)
+        self.settings = load_settings(None, coordinator=over,
+                                      watch={"reconcile_interval_s": 0.5, "parse_allowance_s": 5.0},
+                                      analysis={"msprof": {"advisor": False, "advisor_html": False}},
+                                      capture=capture or {})
+        self.coord = Coordinator(self.settings)
+        self.thread = threading.Thread(target=self.coord.run, name="test-coordinator")
+        self.thread.start()
+        self.ctx = zmq.Context()
+        self.dealer = self.ctx.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.IDENTITY, b"fake-node")
+        self.dealer.setsockopt(zmq.LINGER, 0)
+        self.dealer.connect(self.settings.coordinator.ingest_bind)
+        self.seq = 0
+
+    @property
+    def control(self) -> str:
+        return self.settings.coordinator.control_bind
+
+    def send(self, *msgs: object) -> None:
+        self.seq += 1
+        b = wire.NodeBatch(node_id="fake-node", hostname="fake", seq=self.seq, ts_unix_s=time.time(),
+                           messages=[wire.to_dict(m) for m in msgs])
+        self.dealer.send(wire.encode(b))
+
+    def hellos(self, job: str, world: int, cfg: Path, prof: Path) -> None:
+        self.send(*[wire.RankHello(job_id=job, rank=r, local_rank=r, world_size=world, hostname="fake", pid=100 + r,
+                                   backend="torch_npu", ts_unix_s=time.time() - 5, profiler_config_path=str(cfg),
+                                   prof_root=str(prof)) for r in range(world)])
+
+    def steps(self, job: str, world: int, upto: int) -> None:
+        for s in range(1, upto + 1):
+            self.send(*[wire.StepReport(job_id=job, rank=r, step=s, step_time_s=0.5, ts_unix_s=time.time())
+                        for r in range(world)])
+
+    def events(self, job: str, alerts_only: bool = False) -> list[dict]:
+        return [r["event"] for r in call(self.control, "events", {"job_id": job, "alerts_only": alerts_only,
+                                                                   "limit": 500}, timeout_s=10)]
+
+    def close(self) -> None:
+        self.dealer.close(0)
+        self.ctx.term()
+        self.coord.stop()
+        self.thread.join(30)
+
+
+@pytest.fixture
+def harness(short_tmp: Path):
+    hs: list[Harness] = []
+
+    def make(**kw: object) -> Harness:
+        h = Harness(short_tmp, **kw)
+        hs.append(h)
+        return h
+
+    yield make
+    for h in hs:
+        h.close()
+
+
+def _of_type(evs: list[dict], type_: str) -> list[dict]:
+    return [e for e in evs if e["type"] == type_]
+
+
+@pytest.mark.slow
+def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
+    h = harness()
+    cfg, prof = short_tmp / "cfg" / "jobX", short_tmp / "prof"
+    cfg.mkdir(parents=True)
+    h.hellos("jobX", 4, cfg, prof)
+    h.steps("jobX", 4, 12)
+    wait_for(lambda: call(h.control, "status", {"job_id": "jobX"})["jobs"][0]["furthest_step"] == 12, 20)
+    dry = call(h.control, "arm", {"job_id": "jobX", "in_steps": 20, "dry_run": True})
+    assert dry["dry_run"] and not (cfg / "profiler_config.json").exists()
+    res = call(h.control, "arm", {"job_id": "jobX", "reason": "test", "active": 2})
+    assert res["start_step"] > 12 and res["config"]["experimental_config"]["export_type"] == ["db"]
+    with pytest.raises(ControlError) as ei:  # one capture at a time
+        call(h.control, "arm", {"job_id": "jobX"})
+    assert ei.value.code == "conflict"
+    arm = wait_for(lambda: _of_type(h.events("jobX"), "io.profwatch.arm.v1"), 20, what="config written")[0]
+    written = json.loads((cfg / "profiler_config.json").read_text())
+    assert written["start_step"] == res["start_step"]
+    assert written["metadata"]["profwatch_capture_id"] == res["capture_id"]
+    assert int((cfg / "profiler_config.json").stat().st_mtime) == arm["data"]["mtime_s"]
+    # the ranks "capture": an Ascend batch with rank 2 slow lands in the capture's own prof_dir
+    generate_cluster(Path(res["prof_dir"]), world_size=4, slow_ranks={2: 1.6}, capture_id=res["capture_id"],
+                     metadata=written["metadata"])
+    alert = wait_for(lambda: _of_type(h.events("jobX", alerts_only=True), "io.profwatch.suspect_ranks.v1"), 180,
+                     0.2, "suspect alert")[0]
+    d = alert["data"]
+    assert d["capture_id"] == res["capture_id"] and d["capture_reason"] == "test"
+    assert d["suspects"][0]["rank"] == 2
+    assert d["recipes"]["slow_rank"]["status"] == "ok" if isinstance(d["recipes"]["slow_rank"], dict) else \
+        d["recipes"]["slow_rank"] == "ok"
+    batch_events = _of_type(h.events("jobX"), "io.profwatch.batch.v1")
+    assert len(batch_events) == 1
+    caps = call(h.control, "captures", {"job_id": "jobX"})
+    assert caps[-1]["state"] == "analysed"
+
+
+def test_paths_outside_allowed_roots_are_refused(harness, short_tmp: Path) -> None:
+    h = harness()
+    outside = short_tmp / "elsewhere"
+    outside.mkdir()
+    h.hellos("jobY", 2, outside / "cfg", Path("/etc"))
+    ev = wait_for(lambda: _of_type(h.events("jobY", alerts_only=True), "io.profwatch.path_refused.v1"), 20)[0]
+    assert len(ev["data"]["problems"]) == 2
+    h.steps("jobY", 2, 12)
+    wait_for(lambda: call(h.control, "status", {"job_id": "jobY"})["jobs"][0]["furthest_step"] == 12, 20)
+    with pytest.raises(ControlError) as ei:
+        call(h.control, "arm", {"job_id": "jobY"})
+    assert ei.value.code == "refused"
+    assert not (outside / "cfg").exists()
+
+
+def test_unacknowledged_arm_and_missing_ranks_are_reported(harness, short_tmp: Path) -> None:
+    h = harness(ack_timeout_s=0.5, capture={"deadline_factor": 1.0, "deadline_grace_s": 0.0})
+    cfg, prof = short_tmp / "cfg" / "jobZ", short_tmp / "prof"
+    cfg.mkdir(parents=True)
+    h.hellos("jobZ", 3, cfg, prof)
+    h.steps("jobZ", 3, 12)
+    wait_for(lambda: call(h.control, "status", {"job_id": "jobZ"})["jobs"][0]["furthest_step"] == 12, 20)
+    res = call(h.control, "arm", {"job_id": "jobZ"})
+    # rank 1 acknowledges through its dp log (as relayed by a node daemon); 0 and 2 never do
+    wait_for(lambda: _of_type(h.events("jobZ"), "io.profwatch.arm.v1"), 20)
+    h.send(wire.CaptureEvent(job_id="jobZ", rank=1, event="arm_seen", ts_unix_s=time.time(),
+                             start_step=res["start_step"], source="dp_log"))
+    ev = wait_for(lambda: [e for e in _of_type(h.events("jobZ"), "io.profwatch.capture.v1")
+                           if e["data"].get("event") == "ack_missing"], 20)[0]
+    assert ev["data"]["ranks"] == [0, 2]
+    # no rank dir ever appears: after the deadline (+ parse allowance) the batch is reported incomplete, naming
+    # every expected rank; nothing is deleted
+    inc = wait_for(lambda: _of_type(h.events("jobZ", alerts_only=True), "io.profwatch.batch_incomplete.v1"), 90, 0.2,
+                   "batch_incomplete alert")[0]
+    assert inc["data"]["capture_id"] == res["capture_id"]
+    assert inc["data"]["missing_ranks"] == [0, 1, 2]
+    assert call(h.control, "captures", {"job_id": "jobZ"})[-1]["state"] == "incomplete"
+
+
+def test_node_writes_config_on_command(harness, short_tmp: Path) -> None:
+    h = harness(config_writer="node", allowed_config_roots=[])
+    cfg, prof = short_tmp / "cfg" / "jobN", short_tmp / "prof"
+    cfg.mkdir(parents=True)
+    node_settings = load_settings(None, node={"node_id": "fake-node", "bind": f"ipc://{short_tmp}/n.sock",
+                                              "coordinator": h.settings.coordinator.ingest_bind,
+                                              "allowed_config_roots": [str(short_tmp / "cfg")]}).node
+    h.dealer.close(0)  # the real node daemon takes over the identity
+    node = NodeDaemon(node_settings)
+    t = threading.Thread(target=node.run, name="test-node")
+    t.start()
+    try:
+        ctx = zmq.Context()
+        push = ctx.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 1000)
+        push.connect(node_settings.rank_endpoint())
+        for r in range(2):
+            push.send_multipart(wire.frames(wire.RankHello(
+                job_id="jobN", rank=r, local_rank=r, world_size=2, hostname="fake", pid=10 + r, backend="torch",
+                ts_unix_s=time.time() - 5, profiler_config_path=str(cfg), prof_root=str(prof))))
+        for s in range(1, 13):
+            for r in range(2):
+                push.send_multipart(wire.frames(wire.StepReport(job_id="jobN", rank=r, step=s, step_time_s=0.5,
+                                                                ts_unix_s=time.time())))
+        wait_for(lambda: (call(h.control, "status", {"job_id": "jobN"})["jobs"] or [{}])[0].get("furthest_step") == 12,
+                 20)
+        res = call(h.control, "arm", {"job_id": "jobN"})
+        assert res["writer"] == "node" and res["nodes"] == ["fake-node"]
+        ev = wait_for(lambda: _of_type(h.events("jobN"), "io.profwatch.arm.v1"), 20, what="node ack")[0]
+        assert ev["data"]["status"] == "written"
+        assert json.loads((cfg / "profiler_config.json").read_text())["start_step"] == res["start_step"]
+        push.close()
+        ctx.term()
+    finally:
+        node.stop()
+        t.join(20)
