@@ -26,14 +26,14 @@ def slow4(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], Cluster
     """4 ranks, rank 2 computes 1.5x: the shared tarball's scenario, with advisor."""
     tmp = tmp_path_factory.mktemp("slow4")
     dirs = at.generate_cluster(tmp / "batch", world_size=4, slow_ranks={2: 1.5})
-    return dirs, _analyze(tmp, dirs, 4, MsprofSettings(advisor=True, timeout_s=180))
+    return dirs, _analyze(tmp, dirs, 4, MsprofSettings(advisor=True, advisor_html=True, timeout_s=180))
 
 
 @pytest.mark.slow
 def test_slow_rank_named_in_4(slow4: tuple[list[Path], ClusterEvidence]) -> None:
     dirs, ev = slow4
     assert {k: v.status for k, v in ev.recipes.items()} == {
-        "cluster_time_summary": "ok", "slow_rank": "ok", "advisor": "ok"}
+        "cluster_time_summary": "ok", "slow_rank": "ok", "advisor": "ok", "advisor_html": "ok"}
     assert max(ev.slow_rank_votes, key=ev.slow_rank_votes.__getitem__) == 2
     assert ev.slow_rank_votes[2] >= 10  # 3 steps x 4 collectives
     assert ev.slow_ops and all(op["slow_ranks"] == [2] for op in ev.slow_ops)
@@ -54,9 +54,11 @@ def test_advisor_finds_slow_rank_with_fresh_output_dirs(slow4: tuple[list[Path],
     assert ev.advisor["max_compute_rank"] == 2
     assert any("Rank2" in title for title in ev.advisor["comparisons"])
     outs = [Path(r.output_dir) for r in ev.recipes.values() if r.output_dir]
-    assert len(set(outs)) == 3  # a fresh -o per command, so advisor ran its own cluster pass
+    assert len(set(outs)) == 4  # a fresh -o per command, so each advisor run did its own cluster pass
     for out in outs:
         assert (out / "cluster_analysis_output" / "cluster_analysis.db").is_file()
+    html_dir = Path(ev.recipes["advisor_html"].output_dir)
+    assert list(html_dir.glob("mstt_advisor_*.html")), "advisor's HTML is kept for people"
     assert ev.recipes["advisor"].rows >= 1
 
 
