@@ -143,7 +143,7 @@ class _Capture:
         self.remaining = ctx.warmup + ctx.active
         self.start_ns = time.time_ns()
         self.step_marks: dict[int, int] = {start_step: self.start_ns}  # step k begins at the end of call k
-        self.segments: list[tuple[str, int, int, str | None]] = []
+        self.segments: list[tuple[str, int, int, str | None, int]] = []  # kind, start, end, name, wait_ns
 
 
 class DynamicProfileSim:
@@ -256,13 +256,16 @@ class DynamicProfileSim:
         if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
             self.cur_step = n
 
-    def record_segment(self, kind: str, start_ns: int, end_ns: int, name: str | None = None) -> None:
-        """NOT torch_npu: feed a measured compute/collective interval (unix ns) of the running capture."""
+    def record_segment(self, kind: str, start_ns: int, end_ns: int, name: str | None = None, wait_ns: int = 0) -> None:
+        """NOT torch_npu: feed a measured compute/collective interval (unix ns) of the running capture.
+
+        ``wait_ns`` (collectives): the part spent waiting for the last peer to arrive; the rest is the transfer.
+        """
         if kind not in ("compute", "collective"):
             raise ValueError(f"kind must be 'compute' or 'collective', got {kind!r}")
         cap = self._cap
         if cap is not None:
-            cap.segments.append((kind, int(start_ns), int(end_ns), name))
+            cap.segments.append((kind, int(start_ns), int(end_ns), name, max(0, int(wait_ns))))
 
     # -- monitor -----------------------------------------------------------------------------------------------
     def _monitor_loop(self, cfg: str, last: int) -> None:
@@ -373,15 +376,18 @@ class DynamicProfileSim:
                 span = max(t1 - t0, 1000)
                 cuts = [0.02, 0.40, 0.50, 0.88, 0.98]
                 p = [t0 + int(span * c) for c in cuts]
-                mine = [("compute", p[0], p[1], None), ("collective", p[1], p[2], None),
-                        ("compute", p[2], p[3], None), ("collective", p[3], p[4], None)]
+                mine = [("compute", p[0], p[1], None, 0), ("collective", p[1], p[2], None, 0),
+                        ("compute", p[2], p[3], None, 0), ("collective", p[3], p[4], None, 0)]
             ci = 0
-            for kind, s0, s1, nm in mine:
+            for kind, s0, s1, nm, wait in mine:
                 if kind == "compute":
                     segs.append(ComputeSegment(s0, max(s1, s0 + 1)))
                 else:
-                    segs.append(CollectiveSegment(s0, max(s1, s0 + 1), nm or f"hcom_allReduce__{k}{ci:02d}_0_1",
-                                                  group.raw_name))
+                    dur = max(s1, s0 + 1) - s0
+                    w = min(wait, dur - 1)
+                    # the link carried data only after the last peer arrived: transit = duration - wait
+                    segs.append(CollectiveSegment(s0, s0 + dur, nm or f"hcom_allReduce__{k}{ci:02d}_0_1",
+                                                  group.raw_name, wait_ns=w, link_transit_ns=dur - w))
                     ci += 1
             steps.append(StepTimeline(k, t0, t1, tuple(segs)))
         tl = RankTimeline(rank=rank, world_size=world, hostname=self.host, pid=os.getpid(), steps=steps,
@@ -440,6 +446,6 @@ start = _wrap("start")
 set_state = _wrap("set_state")
 
 
-def record_segment(kind: str, start_ns: int, end_ns: int, name: str | None = None) -> None:
+def record_segment(kind: str, start_ns: int, end_ns: int, name: str | None = None, wait_ns: int = 0) -> None:
     """NOT part of torch_npu: give the simulator a measured segment (``kind`` ``compute`` | ``collective``)."""
-    _SIM.record_segment(kind, start_ns, end_ns, name)
+    _SIM.record_segment(kind, start_ns, end_ns, name, wait_ns)
