@@ -33,14 +33,20 @@ def _pcts(samples_ns: list[int]) -> tuple[float, float]:
     return s[len(s) // 2] / 1e3, s[int(0.99 * (len(s) - 1))] / 1e3
 
 
-def time_hook(endpoint: str, calls: int, prefill: int = 0) -> tuple[float, float, dict]:
+def time_hook(endpoint: str, calls: int, prefill: int = 0, pace_us: float = 0.0) -> tuple[float, float, dict]:
     pub = Publisher(endpoint)
     hook = Hook(resolve_identity("bench", rank=3, world_size=8), pub, rankhook._NoCapture())
     for _ in range(prefill):
         hook.step()
     out = []
     pc = time.perf_counter_ns
+    gap = int(pace_us * 1000)
+    nxt = pc()
     for _ in range(calls):
+        if gap:  # a training loop calls step() once per iteration, not back to back
+            nxt += gap
+            while pc() < nxt:
+                pass
         t0 = pc()
         hook.step()
         out.append(pc() - t0)
@@ -50,7 +56,7 @@ def time_hook(endpoint: str, calls: int, prefill: int = 0) -> tuple[float, float
     return med, p99, counters
 
 
-def time_raw(endpoint: str, calls: int, prefill: int = 0) -> tuple[float, float]:
+def time_raw(endpoint: str, calls: int, prefill: int = 0, pace_us: float = 0.0) -> tuple[float, float]:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 0)
@@ -66,7 +72,13 @@ def time_raw(endpoint: str, calls: int, prefill: int = 0) -> tuple[float, float]
             pass
     out = []
     pc = time.perf_counter_ns
+    gap = int(pace_us * 1000)
+    nxt = pc()
     for _ in range(calls):
+        if gap:
+            nxt += gap
+            while pc() < nxt:
+                pass
         t0 = pc()
         try:
             sock.send_multipart([topic, payload], zmq.NOBLOCK)
@@ -93,15 +105,20 @@ def main() -> None:
         while not (tmp / "node.sock").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         rows = []
-        for name, endpoint, prefill in (("daemon up", ep, 0), ("daemon down", f"ipc://{tmp}/absent.sock", 0),
-                                        ("queue full", f"ipc://{tmp}/absent2.sock", 20_000)):
-            med, p99, counters = time_hook(endpoint, a.calls, prefill)
-            rmed, rp99 = time_raw(endpoint, a.calls, prefill)
+        for name, endpoint, prefill, pace in (
+            ("up, 1 kHz", ep, 0, 1000.0),
+            ("up, burst", ep, 0, 0.0),
+            ("daemon down", f"ipc://{tmp}/absent.sock", 0, 0.0),
+            ("queue full", f"ipc://{tmp}/absent2.sock", 20_000, 0.0),
+        ):
+            n = min(a.calls, 20_000) if pace else a.calls
+            med, p99, counters = time_hook(endpoint, n, prefill, pace)
+            rmed, rp99 = time_raw(endpoint, n, prefill, pace)
             rows.append((name, med, p99, rmed, rp99, counters))
     finally:
         node.terminate()
         node.wait(10)
-    print(f"rankhook.step() vs raw pyzmq NOBLOCK send, {a.calls} calls each (microseconds)")
+    print(f"rankhook.step() vs raw pyzmq NOBLOCK send, {a.calls} calls each (20k at 1 kHz) (microseconds)")
     print(f"{'scenario':<12} {'step med':>9} {'step p99':>9} {'raw med':>8} {'raw p99':>8} {'ratio med':>9}  counters")
     for name, med, p99, rmed, rp99, c in rows:
         print(f"{name:<12} {med:>9.2f} {p99:>9.2f} {rmed:>8.2f} {rp99:>8.2f} {med / rmed:>9.2f}  "

@@ -64,7 +64,7 @@ class Coordinator:
         self.ingest = self._ctx.socket(zmq.ROUTER)
         self.ingest.setsockopt(zmq.LINGER, 0)
         self.ingest.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BATCH_BYTES)
-        self.ingest.setsockopt(zmq.RCVHWM, 10_000)
+        self.ingest.setsockopt(zmq.RCVHWM, 200)  # batches (up to 1000 reports each): bounds queued memory
         self.ingest.bind(cs.ingest_bind)
         self.control_sock = control.bind_control(self._ctx, cs.control_bind)
         self.pub = EventPublisher(self._ctx, cs.pub_bind)
@@ -234,19 +234,20 @@ class Coordinator:
         reg = self.registry
         self.counters["received"] += len(msgs)
         self.metrics.messages_in.labels("rank_message").inc(len(msgs))
+        detectors = self.detectors
         for m in msgs:
             kind = m.kind
             try:
                 if kind == "step":
-                    job, _rank, restarted = reg.step(m, now)
+                    job, _rank, _restarted = reg.step(m, now)
                     if job is None:
                         self._reject(MessageRejected("unknown_job", f"step for job {m.job_id} before any hello"), node_id)
                         continue
-                    det = self.detectors.get(m.job_id)
-                    if det is None:
-                        det = self._detector_for(job.job_id, job.world_size)
-                    for an in det.observe(m):
-                        self._on_anomaly(an, now)
+                    det = detectors.get(m.job_id) or self._detector_for(job.job_id, job.world_size)
+                    anomalies = det.observe(m)
+                    if anomalies:
+                        for an in anomalies:
+                            self._on_anomaly(an, now)
                 elif kind == "hello":
                     known = m.job_id in reg.jobs
                     job = reg.hello(m, node_id, now)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import make_dataclass
+from functools import lru_cache
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, TypeAdapter, ValidationError
@@ -63,23 +64,34 @@ _KNOWN_NODE_KINDS = {"node_heartbeat", "node_batch", "node_ack"}
 
 
 def _finite_nonneg(x: float, name: str) -> None:
-    if not math.isfinite(x) or x < 0:
+    if not 0.0 <= x < _INF:  # also false for NaN
         raise MessageRejected("bad_value", f"{name}={x!r} must be finite and >= 0")
 
 
+_INF = math.inf
+
+
+@lru_cache(maxsize=4096)
+def _job_id_ok(job_id: str) -> bool:
+    return JOB_ID_RE.match(job_id) is not None
+
+
 def check_rank_message(msg: Any) -> Any:
-    """Apply the value rules to a typed rank message; return it or raise :class:`MessageRejected`."""
+    """Apply the value rules to a typed rank message; return it or raise :class:`MessageRejected`.
+
+    Hot path of the coordinator (called once per step report): plain comparisons, job ids memoised.
+    """
     if msg.v != wire.SCHEMA_VERSION:
         raise MessageRejected("bad_version", f"v={msg.v}, expected {wire.SCHEMA_VERSION}")
-    if not JOB_ID_RE.match(msg.job_id):
+    if not _job_id_ok(msg.job_id):
         raise MessageRejected("bad_job_id", repr(msg.job_id[:80]))
     if msg.rank < 0:
         raise MessageRejected("bad_rank", f"rank={msg.rank}")
     kind = msg.kind
     if kind == "step":
-        _finite_nonneg(msg.step_time_s, "step_time_s")
-        _finite_nonneg(msg.ts_unix_s, "ts_unix_s")
-        if not 0 <= msg.step < MAX_STEP:
+        if not (0.0 <= msg.step_time_s < _INF and 0.0 <= msg.ts_unix_s < _INF and 0 <= msg.step < MAX_STEP):
+            _finite_nonneg(msg.step_time_s, "step_time_s")
+            _finite_nonneg(msg.ts_unix_s, "ts_unix_s")
             raise MessageRejected("bad_value", f"step={msg.step}")
         if msg.stages:
             if len(msg.stages) > MAX_STAGES:

@@ -152,21 +152,23 @@ class Registry:
         job = self.jobs.get(msg.job_id)
         if job is None:
             return None, None, False
-        if msg.rank >= job.world_size:
-            raise RegistryError("bad_rank", f"rank {msg.rank} >= world_size {job.world_size} of job {msg.job_id}")
-        r = job.ranks.get(msg.rank)
+        rank = msg.rank
+        r = job.ranks.get(rank)
         if r is None:
-            r = job.ranks[msg.rank] = RankState(rank=msg.rank, window=StepWindow(self.window_steps))
-        restarted = msg.step < r.last_step
-        if restarted and r.window is not None:
-            r.window.clear()
-        r.last_step = msg.step
+            if rank >= job.world_size:
+                raise RegistryError("bad_rank", f"rank {rank} >= world_size {job.world_size} of job {msg.job_id}")
+            r = job.ranks[rank] = RankState(rank=rank, window=StepWindow(self.window_steps))
+        step = msg.step
+        restarted = step < r.last_step
+        if restarted:
+            r.window.clear()  # type: ignore[union-attr]
+        r.last_step = step
         r.last_step_time_s = msg.step_time_s
         r.last_ts_unix_s = msg.ts_unix_s
         r.seen_unix_s = now
         r.capturing = msg.capturing
         r.left = False
-        r.window.append(msg.step, msg.step_time_s)  # type: ignore[union-attr]
+        r.window.append(step, msg.step_time_s)  # type: ignore[union-attr]
         return job, r, restarted
 
     def bye(self, msg: wire.RankBye, now: float) -> None:
