@@ -250,6 +250,15 @@ def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step:
     click.echo(json.dumps(res["config"], indent=4))
 
 
+@cli.command()
+@_config_option
+@click.option("--job", "job_id", required=True)
+def telemetry(config_path: Path | None, job_id: str) -> None:
+    """Dump a job's recent step telemetry (the coordinator's windows) as JSONL for ``profwatch replay``."""
+    s = _load(config_path)
+    click.echo(_call(s, "dump_telemetry", {"job_id": job_id}, timeout_s=30), nl=False)
+
+
 def _add_optional_commands() -> None:
     """Commands implemented in ``daemon/commands/`` (kept there so this file stays a thin root)."""
     import importlib

@@ -356,19 +356,25 @@ class Coordinator:
         return {"detection": self.settings.detection.model_dump(), "arming": self.settings.arming.model_dump()}
 
     def _cmd_dump_telemetry(self, job_id: str) -> str:
+        """The job's step windows as ``profwatch replay`` JSONL. Windows keep no timestamps (8 bytes per step):
+        each step's ``ts_unix_s`` is rebuilt backwards from the rank's last report time and the step times after it."""
+        from daemon.commands.replay import dump_jsonl
+
         job = self.registry.jobs.get(job_id)
         if job is None:
             raise control.ControlError("not_found", f"unknown job {job_id!r}")
-        lines = []
-        import json
-
+        rows = []
         for r in job.ranks.values():
             if r.window is None:
                 continue
-            for step, t in r.window.items():
-                lines.append(json.dumps({"job_id": job_id, "rank": r.rank, "world_size": job.world_size, "step": step,
-                                         "step_time_s": round(float(t), 6), "ts_unix_s": None}))
-        return "\n".join(lines)
+            ts = r.last_ts_unix_s
+            items = r.window.items()
+            for step, t in reversed(items):
+                rows.append({"job_id": job_id, "rank": r.rank, "step": step, "step_time_s": round(float(t), 6),
+                             "ts_unix_s": round(ts, 6)})
+                ts -= float(t)
+        rows.sort(key=lambda d: (d["step"], d["rank"]))
+        return dump_jsonl(rows, world_size=job.world_size)
 
     # -- shutdown -----------------------------------------------------------------------------------------------
     def close(self) -> None:

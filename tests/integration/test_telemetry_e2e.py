@@ -144,6 +144,21 @@ def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
                          env=python_env(), capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)["jobs"][0]["ranks"]) == 4
+    # the coordinator's windows dump as replayable JSONL, and replay accepts every line
+    dump = subprocess.run([PYTHON, "-m", "daemon.cli", "telemetry", "--job", "jobA", "--config", str(cluster.cfg)],
+                          env=python_env(), capture_output=True, text=True, timeout=30)
+    assert dump.returncode == 0, dump.stderr
+    rows = [json.loads(line) for line in dump.stdout.splitlines()]
+    assert {r["rank"] for r in rows} == {0, 1, 2, 3} and all(r["world_size"] == 4 for r in rows)
+    r0 = [r for r in rows if r["rank"] == 0]
+    assert all(a["ts_unix_s"] < b["ts_unix_s"] for a, b in zip(r0, r0[1:]))
+    f = cluster.root / "dump.jsonl"
+    f.write_text(dump.stdout)
+    rep = subprocess.run([PYTHON, "-m", "daemon.cli", "replay", str(f), "--json"], env=python_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert rep.returncode == 0, rep.stderr
+    result = json.loads(rep.stdout)
+    assert result["bad_lines"]["count"] == 0 and result["records"] == len(rows)
 
 
 def test_rank_keeps_full_speed_while_node_daemon_is_down_and_telemetry_resumes(cluster: Cluster) -> None:
