@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from daemon.adapters import control
+from daemon.adapters.paths import PathRefused, check_inside
 from daemon.core.arming import ArmingPolicy, ArmingSettings, JobArmState
 from daemon.core.capture import CaptureRequest, JobProgress, plan_capture
-from daemon.adapters.paths import PathRefused, check_inside
 from rankhook import wire
 
 if TYPE_CHECKING:

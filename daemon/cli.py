@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +126,7 @@ def status(config_path: Path | None, job_id: str | None, as_json: bool) -> None:
         mst = job["median_step_time_s"]
         click.echo(f"job {job['job_id']}  world_size={job['world_size']} ranks_seen={job['ranks_seen']} "
                    f"backend={job['backend'] or '-'} furthest_step={job['furthest_step']} "
-                   f"median_step_time={'%.3fs' % mst if mst else '-'} rank_drops={job.get('rank_drops', 0)}")
+                   f"median_step_time={f'{mst:.3f}s' if mst else '-'} rank_drops={job.get('rank_drops', 0)}")
         click.echo(f"  {'rank':>5} {'host':<20} {'last_step':>9} {'step_time_s':>11} {'age_s':>7}  state")
         for r in job["ranks"]:
             st = "left" if r["left"] else ("capturing" if r["capturing"] else "")

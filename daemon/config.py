@@ -13,14 +13,14 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from daemon.analysis import AnalysisSettings
 from daemon.core.anomaly import DetectionSettings
 from daemon.core.arming import ArmingSettings
 from daemon.core.capture import CaptureSettings
 from daemon.core.watch_settings import WatchSettings
-from daemon.analysis import AnalysisSettings
 
 DEFAULT_RUNTIME_DIR = "/run/profwatch"
 DEFAULT_STATE_DIR = "/var/lib/profwatch"

@@ -294,7 +294,7 @@ def find_rank_dirs(root: str, *, max_depth: int = 5) -> tuple[list[str], list[st
     found: list[str] = []
     errors: list[str] = []
     level = [root]
-    for depth in range(max_depth):
+    for _depth in range(max_depth):
         nxt: list[str] = []
         for d in level:
             try:

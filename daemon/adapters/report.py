@@ -146,7 +146,7 @@ def _heat_color(t: float) -> str:
     t = min(1.0, max(0.0, t)) * (len(stops) - 1)
     i = min(int(t), len(stops) - 2)
     f = t - i
-    c = [round(a + (b - a) * f) for a, b in zip(stops[i], stops[i + 1])]
+    c = [round(a + (b - a) * f) for a, b in zip(stops[i], stops[i + 1], strict=True)]
     return f"rgb({c[0]},{c[1]},{c[2]})"
 
 

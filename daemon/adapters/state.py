@@ -123,7 +123,7 @@ class StateStore:
             cond.append("job_id=?")
             args.append(job_id)
         if states:
-            cond.append("state IN (%s)" % ",".join("?" * len(states)))
+            cond.append(f"state IN ({','.join('?' * len(states))})")
             args.extend(states)
         if cond:
             q += " WHERE " + " AND ".join(cond)

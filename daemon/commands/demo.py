@@ -114,7 +114,7 @@ format = "json"
                 break
             except ControlUnavailable:
                 if time.monotonic() > deadline or self.procs["coordinator"].poll() is not None:
-                    raise click.ClickException(f"coordinator did not start; see {self.root / 'logs' / 'coordinator.log'}")
+                    raise click.ClickException(f"coordinator did not start; see {self.root / 'logs' / 'coordinator.log'}") from None
 
     @property
     def control(self) -> str:

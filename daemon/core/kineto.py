@@ -145,7 +145,7 @@ def _merge(starts: list[float], ends: list[float]) -> tuple[list[float], list[fl
             ms.append(s)
             me.append(e)
     prefix = [0.0]
-    for s, e in zip(ms, me):
+    for s, e in zip(ms, me, strict=True):
         prefix.append(prefix[-1] + e - s)
     return ms, me, prefix
 

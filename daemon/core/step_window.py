@@ -47,11 +47,11 @@ class StepWindow:
     def items(self) -> list[tuple[int, float]]:
         """Return ``[(step, step_time_s), ...]`` oldest first."""
         if self._n < self.capacity:
-            return list(zip(self._steps, self._times))
+            return list(zip(self._steps, self._times, strict=True))
         h = self._head
         steps = self._steps[h:] + self._steps[:h]
         times = self._times[h:] + self._times[:h]
-        return list(zip(steps, times))
+        return list(zip(steps, times, strict=True))
 
     def recent_times(self, n: int) -> list[float]:
         """Return up to the last ``n`` step times (seconds), oldest first."""

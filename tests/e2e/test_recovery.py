@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import tempfile
-import time
 from pathlib import Path
 
 import pytest

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -151,7 +149,7 @@ def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
     rows = [json.loads(line) for line in dump.stdout.splitlines()]
     assert {r["rank"] for r in rows} == {0, 1, 2, 3} and all(r["world_size"] == 4 for r in rows)
     r0 = [r for r in rows if r["rank"] == 0]
-    assert all(a["ts_unix_s"] < b["ts_unix_s"] for a, b in zip(r0, r0[1:]))
+    assert all(a["ts_unix_s"] < b["ts_unix_s"] for a, b in zip(r0, r0[1:], strict=False))
     f = cluster.root / "dump.jsonl"
     f.write_text(dump.stdout)
     rep = subprocess.run([PYTHON, "-m", "daemon.cli", "replay", str(f), "--json"], env=python_env(),
