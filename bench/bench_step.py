@@ -22,7 +22,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import rankhook  # noqa: E402
+from rankhook.backends.base import NoneBackend  # noqa: E402
 from rankhook.hook import Hook  # noqa: E402
 from rankhook.identity import resolve_identity  # noqa: E402
 from rankhook.publisher import Publisher  # noqa: E402
@@ -35,7 +35,7 @@ def _pcts(samples_ns: list[int]) -> tuple[float, float]:
 
 def time_hook(endpoint: str, calls: int, prefill: int = 0, pace_us: float = 0.0) -> tuple[float, float, dict]:
     pub = Publisher(endpoint)
-    hook = Hook(resolve_identity("bench", rank=3, world_size=8), pub, rankhook._NoCapture())
+    hook = Hook(resolve_identity("bench", rank=3, world_size=8), pub, NoneBackend())
     for _ in range(prefill):
         hook.step()
     out = []

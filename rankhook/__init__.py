@@ -24,6 +24,7 @@ import logging
 import os
 from typing import Any
 
+from rankhook.backends.base import NoneBackend
 from rankhook.hook import Hook, _Stage
 from rankhook.identity import Identity, resolve_identity
 from rankhook.publisher import EndpointError, Publisher, default_endpoint
@@ -46,30 +47,6 @@ class _NullStage:
 
 
 _NULL_STAGE = _NullStage()
-
-
-class _NoCapture:
-    """Capture disabled: telemetry only."""
-
-    name = "none"
-
-    def open(self, ident: Identity, emit: Any) -> None:
-        return None
-
-    def after_step(self, step: int) -> None:
-        return None
-
-    def capturing(self) -> bool:
-        return False
-
-    def start_now(self, config_path: str) -> None:
-        log.warning("rankhook.start(): no capture backend is active")
-
-    def set_step(self, step: int) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
 
 
 def _versions() -> dict[str, str]:
@@ -122,7 +99,7 @@ def init(
         log.error("rankhook disabled: %r", exc)
         return None
 
-    capture: Any = _NoCapture()
+    capture: Any = NoneBackend()
     if profiler_config_path and backend_name != "none":
         os.environ.setdefault("RANK", str(ident.rank))  # torch_npu reads RANK for log names and rank_list
         try:
@@ -131,13 +108,13 @@ def init(
             capture = select_backend(backend_name, profiler_config_path, prof_root)
         except Exception as exc:  # noqa: BLE001
             log.warning("rankhook: capture backend %r unavailable (%r); telemetry only", backend_name, exc)
-            capture = _NoCapture()
+            capture = NoneBackend()
     hook = Hook(ident, publisher, capture, profiler_config_path, prof_root, _versions())
     try:
         capture.open(ident, hook.emit)
     except Exception as exc:  # noqa: BLE001
         log.warning("rankhook: capture backend %s failed to open (%r); telemetry only", capture.name, exc)
-        hook.backend = _NoCapture()
+        hook.backend = NoneBackend()
     _hook = hook
     atexit.register(shutdown)
     return hook
@@ -173,6 +150,9 @@ def start(config_path: str) -> None:
     h = _hook
     if h is None:
         log.warning("rankhook.start() called before rankhook.init()")
+        return
+    if h.backend.name == "none":
+        log.warning("rankhook.start(%s): no capture backend is active (no profiler_config_path?)", config_path)
         return
     try:
         h.backend.start_now(config_path)
