@@ -213,3 +213,62 @@ def test_node_writes_config_on_command(harness, short_tmp: Path) -> None:
     finally:
         node.stop()
         t.join(20)
+
+
+def test_observe_mode_publishes_would_arm_and_thresholds_tune_at_runtime(harness, short_tmp: Path) -> None:
+    h = harness()
+    cfg, prof = short_tmp / "cfg" / "jobO", short_tmp / "prof"
+    cfg.mkdir(parents=True)
+    res = call(h.control, "set_thresholds", {"arming": {"mode": "observe"}, "detection": {"sustain_steps": 3}})
+    assert res["arming"]["mode"] == "observe"
+    with pytest.raises(ControlError) as ei:
+        call(h.control, "set_thresholds", {"detection": {"min_effect": -1}})
+    assert ei.value.code == "bad_request"
+    h.hellos("jobO", 2, cfg, prof)
+    for s in range(1, 121):  # 60 normal steps, then the job gets 40% slower
+        t = 0.5 if s <= 60 else 0.7
+        h.send(*[wire.StepReport(job_id="jobO", rank=r, step=s, step_time_s=t * (1 + 0.01 * ((s * 7 + r) % 5)),
+                                 ts_unix_s=1000.0 + s) for r in range(2)])
+    anomaly = wait_for(lambda: _of_type(h.events("jobO"), "io.profwatch.anomaly.v1"), 20, what="anomaly event")[0]
+    assert anomaly["data"]["kind"] == "step_regression" and anomaly["data"]["step"] > 60
+    decision = wait_for(lambda: _of_type(h.events("jobO"), "io.profwatch.arm_decision.v1"), 20)[0]
+    assert decision["data"]["action"] == "would_arm"
+    assert not (cfg / "profiler_config.json").exists()  # observe mode writes nothing
+    assert call(h.control, "captures", {"job_id": "jobO"}) == []
+
+
+def test_alerts_cli_prints_history_then_follows(harness, short_tmp: Path) -> None:
+    import subprocess
+
+    from tests.conftest import PYTHON, python_env
+
+    h = harness()
+    env = python_env({"PROFWATCH_COORDINATOR__CONTROL_BIND": h.settings.coordinator.control_bind,
+                      "PROFWATCH_COORDINATOR__PUB_BIND": h.settings.coordinator.pub_bind})
+    h.hellos("jobA1", 1, short_tmp / "nope" / "cfg", Path("/etc"))  # refused paths -> an alert
+    wait_for(lambda: _of_type(h.events("jobA1", alerts_only=True), "io.profwatch.path_refused.v1"), 20)
+    once = subprocess.run([PYTHON, "-m", "daemon.cli", "alerts", "--json"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert once.returncode == 0, once.stderr
+    assert [json.loads(line)["type"] for line in once.stdout.splitlines()] == ["io.profwatch.path_refused.v1"]
+    follow = subprocess.Popen([PYTHON, "-u", "-m", "daemon.cli", "alerts", "--follow", "--json"], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        first = follow.stdout.readline()  # the stored alert, fetched after subscribing
+        assert json.loads(first)["subject"] == "jobA1"
+        # a new alert published while following arrives on the stream (retry: the subscription may still be joining)
+        got: list[str] = []
+
+        def new_alert() -> bool:
+            h.hellos(f"jobA{len(got) + 2}", 1, short_tmp / "nope" / "cfg", Path("/etc"))
+            import select
+
+            if select.select([follow.stdout], [], [], 1.0)[0]:
+                got.append(follow.stdout.readline())
+            return bool(got)
+
+        wait_for(new_alert, 30, 0.1, "followed alert")
+        assert json.loads(got[0])["type"] == "io.profwatch.path_refused.v1"
+    finally:
+        follow.terminate()
+        follow.wait(10)

@@ -29,7 +29,7 @@ class Cluster:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.ports = {k: _free_port() for k in ("ingest", "control", "pub")}
+        self.ports = {k: _free_port() for k in ("ingest", "control", "pub", "metrics", "node_metrics")}
         self.cfg = root / "profwatch.toml"
         self.cfg.write_text(
             f"""
@@ -40,6 +40,7 @@ pub_bind = "tcp://127.0.0.1:{self.ports['pub']}"
 state_db = "{root / 'state.db'}"
 work_dir = "{root / 'work'}"
 registry_flush_s = 0.5
+metrics_port = {self.ports['metrics']}
 [node]
 coordinator = "tcp://127.0.0.1:{self.ports['ingest']}"
 heartbeat_interval_s = 0.5
@@ -66,9 +67,11 @@ format = "console"
     def node_endpoint(self, node: str) -> str:
         return f"ipc://{self.root}/{node}.sock"
 
-    def start_node(self, node: str) -> None:
-        self.start(node, [PYTHON, "-m", "daemon.cli", "node", "--config", str(self.cfg)],
-                   {"PROFWATCH_NODE__NODE_ID": node, "PROFWATCH_NODE__BIND": self.node_endpoint(node)})
+    def start_node(self, node: str, metrics_port: int | None = None) -> None:
+        env = {"PROFWATCH_NODE__NODE_ID": node, "PROFWATCH_NODE__BIND": self.node_endpoint(node)}
+        if metrics_port:
+            env["PROFWATCH_NODE__METRICS_PORT"] = str(metrics_port)
+        self.start(node, [PYTHON, "-m", "daemon.cli", "node", "--config", str(self.cfg)], env)
 
     def start_rank(self, rank: int, node: str, steps: int = 0, step_s: float = 0.02, world: int = 4) -> None:
         env = {"RANK": str(rank), "LOCAL_RANK": str(rank % 2), "WORLD_SIZE": str(world), "PROFWATCH_JOB_ID": "jobA",
@@ -121,7 +124,7 @@ def cluster(short_tmp: Path):
 
 def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
     cluster.start_coordinator()
-    cluster.start_node("nodeA")
+    cluster.start_node("nodeA", metrics_port=cluster.ports["node_metrics"])
     cluster.start_node("nodeB")
     for r in range(4):
         cluster.start_rank(r, "nodeA" if r < 2 else "nodeB")
@@ -157,6 +160,21 @@ def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
     assert rep.returncode == 0, rep.stderr
     result = json.loads(rep.stdout)
     assert result["bad_lines"]["count"] == 0 and result["records"] == len(rows)
+    # Prometheus metrics on both daemons
+    import urllib.request
+
+    def scrape(port: int) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+    coord_metrics = scrape(cluster.ports["metrics"])
+    assert 'profwatch_messages_in_total{kind="rank_message"}' in coord_metrics
+    def node_scrape() -> str | None:
+        m = scrape(cluster.ports["node_metrics"])
+        return m if "pending_relay" in m else None
+
+    node_metrics = wait_for(node_scrape, 10, what="node queue gauge")
+    assert 'profwatch_messages_in_total{kind="step"}' in node_metrics
 
 
 def test_rank_keeps_full_speed_while_node_daemon_is_down_and_telemetry_resumes(cluster: Cluster) -> None:
