@@ -194,10 +194,15 @@ class CaptureManager:
             raise control.ControlError("refused", f"job {job.job_id} announced no usable profiler_config_path")
         if not job.prof_root:
             raise control.ControlError("refused", f"job {job.job_id} announced no usable prof_root")
-        if len([r for r in job.ranks.values() if not r.left]) < job.world_size:
+        live = [r for r in job.ranks.values() if not r.left]
+        if not live:
+            raise control.ControlError("refused", f"job {job.job_id} has no live ranks (all {len(job.ranks)} left)")
+        if len(live) < job.world_size:
+            left = sorted(r.rank for r in job.ranks.values() if r.left)
             raise control.ControlError(
-                "refused", f"only {len(job.ranks)}/{job.world_size} ranks initialised; torch_npu ignores configs "
-                "written before every rank started")
+                "refused", f"only {len(live)}/{job.world_size} ranks are live"
+                + (f" (left: {left})" if left else " (the others have not started yet)")
+                + "; torch_npu ignores configs written before every rank started")
         if not dry_run and any(c["state"] in IN_FLIGHT for c in self.c.state.captures(job.job_id)):
             raise control.ControlError("conflict", "a capture of this job is in flight (torch_npu keeps one pending slot)")
         step_time = job.median_step_time_s() or 1.0
@@ -280,7 +285,8 @@ class CaptureManager:
 
     # -- acknowledgements and completion ------------------------------------------------------------------------
     def on_capture_event(self, ev: wire.CaptureEvent, node_id: str, now: float) -> None:
-        caps = [c for c in self.c.state.captures(ev.job_id, states=("written", "collecting"))]
+        # late events (a rank's "completed" after the scan already saw the batch) still count for the record
+        caps = self.c.state.captures(ev.job_id, states=("written", "collecting", "analysing", "analysed"))
         cap = next((c for c in caps if ev.capture_id and c["capture_id"] == ev.capture_id), None)
         if cap is None:
             cap = next((c for c in caps if ev.start_step is not None and c["plan"].get("start_step") == ev.start_step), None)
@@ -291,14 +297,14 @@ class CaptureManager:
         acks = self._acks.setdefault(cap["capture_id"], {}).setdefault(ev.rank, {})
         acks[ev.event] = now
         total = cap["detail"].get("total_bytes", 0) + (ev.total_bytes or 0 if ev.event == "completed" else 0)
-        state = "collecting" if ev.event in ("started", "completed") or cap["state"] == "collecting" else cap["state"]
+        state = "collecting" if cap["state"] == "written" and ev.event in ("started", "completed") else cap["state"]
         self.c.state.upsert_capture(cap["capture_id"], ev.job_id, state, now, detail={"total_bytes": total})
         if ev.event == "arm_rejected":
             self.c.emit("io.profwatch.capture.v1", ev.job_id, {"capture_id": cap["capture_id"], "rank": ev.rank,
                                                                "event": ev.event, "detail": ev.detail})
         expected = set(cap["plan"].get("rank_list") or range(cap["plan"].get("world_size", 0)))
         done = {r for r, a in self._acks[cap["capture_id"]].items() if "completed" in a}
-        if ev.event == "completed":
+        if ev.event == "completed" and state in ("written", "collecting"):
             self._schedule_scan(cap, now, soon=True)
         if ev.event == "arm_seen" or ev.event == "started":
             seen = {r for r, a in self._acks[cap["capture_id"]].items() if a}

@@ -104,7 +104,8 @@ def _call(s: Any, cmd: str, args: dict[str, Any] | None = None, timeout_s: float
     try:
         return call(s.coordinator.control_bind, cmd, args, timeout_s=timeout_s)
     except ControlUnavailable as exc:
-        click.echo(f"profwatch: {exc.message}", err=True)
+        click.echo(f"profwatch: {exc.message}\n  is the coordinator running? The CLI finds it through [coordinator] "
+                   "control_bind of --config / PROFWATCH_CONFIG (default tcp://127.0.0.1:7712).", err=True)
         sys.exit(EXIT_UNREACHABLE)
     except ControlError as exc:
         click.echo(f"profwatch: coordinator refused {cmd}: [{exc.code}] {exc.message}", err=True)
@@ -119,6 +120,9 @@ def status(config_path: Path | None, job_id: str | None, as_json: bool) -> None:
     """Show jobs, ranks (last step, step time), nodes, drops and captures."""
     s = _load(config_path)
     snap = _call(s, "status", {"job_id": job_id} if job_id else {})
+    if job_id and not snap["jobs"]:
+        click.echo(f"profwatch: the coordinator knows no job {job_id!r} (no rank of it has said hello)", err=True)
+        sys.exit(EXIT_PROBLEM)
     if as_json:
         click.echo(json.dumps(snap, indent=2))
         return
@@ -163,6 +167,16 @@ def _print_alert(ev: dict[str, Any], as_json: bool) -> None:
             line += f" report={d['report']}"
     elif d.get("missing_ranks") is not None:
         line += f" missing_ranks={d['missing_ranks']} problems={len(d.get('problems') or [])}"
+    elif ev.get("type") == "io.profwatch.anomaly.v1":
+        line += (f" {d.get('kind')} at step {d.get('step')} ranks={d.get('ranks')} "
+                 f"+{100 * float(d.get('magnitude') or 0):.0f}%")
+    elif ev.get("type") == "io.profwatch.arm_decision.v1":
+        line += f" {d.get('action')} ({d.get('reason')}) for {d.get('anomaly')} at step {d.get('step')}"
+    elif ev.get("type") == "io.profwatch.arm.v1":
+        line += (f" capture {d.get('capture_id')} {d.get('status')} start_step={d.get('start_step')} "
+                 f"warmup={d.get('warmup')} active={d.get('active')} config={d.get('path') or d.get('error', '')}")
+    elif ev.get("type") in ("io.profwatch.capture.v1", "io.profwatch.batch.v1"):
+        line += f" capture {d.get('capture_id')} {d.get('event')}" + (f" ranks={d['ranks']}" if "ranks" in d else "")
     else:
         line += " " + json.dumps(d)[:200]
     click.echo(line)

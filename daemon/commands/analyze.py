@@ -63,7 +63,7 @@ def _human(res: AnalysisResult) -> str:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Work folder for staging, tool outputs and reports (default: ./profwatch-analysis).")
 @click.option("--batch", "batch_ids", multiple=True, help="Only these batch ids (repeatable).")
-@click.option("--no-advisor", is_flag=True, help="Skip msprof-analyze advisor (saves ~9 s per batch).")
+@click.option("--no-advisor", is_flag=True, help="Skip msprof-analyze advisor (its JSON and HTML runs take about 10-30 s each on 2 cores).")
 @click.option("--no-html", is_flag=True, help="Write report.json only.")
 @click.option("--timeout-s", type=click.FloatRange(min=1), default=None, help="Per msprof-analyze command.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="PROFWATCH_CONFIG",

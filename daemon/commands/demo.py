@@ -35,6 +35,16 @@ class Timeline:
     job_id: str
     marks: list[tuple[str, float, int | None, str]] = field(default_factory=list)
     alert: dict[str, Any] | None = None
+    suppressed: dict[str, int] = field(default_factory=dict)
+    samples: list[tuple[float, int]] = field(default_factory=list)  # (unix s, furthest step) from status polls
+
+    def step_at(self, t: float) -> int | None:
+        """The job's furthest step at time ``t``, from the status samples (the last one not after ``t``)."""
+        best = None
+        for ts, step in self.samples:
+            if ts <= t:
+                best = step
+        return best
 
     def add(self, name: str, t: float, step: int | None, detail: str = "") -> None:
         if not any(m[0] == name for m in self.marks):
@@ -47,7 +57,10 @@ class Timeline:
         t0 = self.t("slowdown") or (self.marks[0][1] if self.marks else 0.0)
         lines = [f"  {'stage':<16} {'t+s':>7} {'step':>6}  detail"]
         for name, t, step, detail in sorted(self.marks, key=lambda m: m[1]):
+            step = self.step_at(t) if step is None else step
             lines.append(f"  {name:<16} {t - t0:>7.1f} {step if step is not None else '-':>6}  {detail}")
+        for key, n in self.suppressed.items():
+            lines.append(f"  (later anomalies while a capture was in flight or cooling down: {n} x {key})")
         return "\n".join(lines)
 
 
@@ -176,10 +189,12 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
             try:
                 st = call(stack.control, "status", {"job_id": job_id}, timeout_s=5)
                 step = _furthest(st, job_id)
+                if step is not None:
+                    tl.samples.append((time.time(), step))
             except ControlError:
                 pass
             if step is not None and step >= at_step:
-                tl.add("slowdown", time.time(), step, f"rank {slow_rank} x{slowdown:g}")
+                tl.add("slowdown", time.time(), None, f"rank {slow_rank} x{slowdown:g} from step {at_step}")
             if any(p.poll() not in (None, 0) for p in job.procs):
                 echo(f"[{scenario}] a rank process died; see {stack.root / 'logs'}")
                 break
@@ -199,20 +214,23 @@ def _on_event(tl: Timeline, ev: dict[str, Any], now: float, step: int | None, ec
     if t == "io.profwatch.anomaly.v1":
         tl.add("detection", now, d.get("step"), f"{d.get('kind')} +{100 * float(d.get('magnitude') or 0):.0f}%")
     elif t == "io.profwatch.arm_decision.v1" and d.get("action") != "arm":
-        echo(f"[{tl.scenario}] arm decision: {d.get('action')} ({d.get('reason')})")
+        key = f"{d.get('action')} ({d.get('reason')})"
+        tl.suppressed[key] = tl.suppressed.get(key, 0) + 1
+        if tl.suppressed[key] == 1:
+            echo(f"[{tl.scenario}] later anomaly at step {d.get('step')}: {key}; repeats are counted, not printed")
     elif t == "io.profwatch.arm.v1" and d.get("status") == "written":
-        tl.add("arm", now, step, f"start_step={d.get('start_step')} warmup={d.get('warmup')} active={d.get('active')}")
+        tl.add("arm", now, None, f"start_step={d.get('start_step')} warmup={d.get('warmup')} active={d.get('active')}")
     elif t == "io.profwatch.capture.v1" and d.get("event") == "all_ranks_completed":
-        tl.add("capture", now, step, "all ranks wrote their rank dir")
+        tl.add("capture", now, None, "all ranks wrote their rank dir")
     elif t == "io.profwatch.batch.v1":
-        tl.add("batch_complete", now, step, d.get("batch", {}).get("batch_id", ""))
+        tl.add("batch_complete", now, None, d.get("batch", {}).get("batch_id", ""))
     elif t == "io.profwatch.suspect_ranks.v1":
-        tl.add("analysis", now - float(d.get("analysis_duration_s") or 0), step, "recipes: " + ", ".join(
+        tl.add("analysis", now - float(d.get("analysis_duration_s") or 0), None, "recipes: " + ", ".join(
             f"{k}={v.get('status') if isinstance(v, dict) else v}" for k, v in (d.get("recipes") or {}).items()))
-        tl.add("alert", now, step, _suspects_text(d))
+        tl.add("alert", now, None, _suspects_text(d))
         tl.alert = ev
     elif t in ("io.profwatch.batch_incomplete.v1", "io.profwatch.analysis_failed.v1"):
-        tl.add("alert", now, step, t)
+        tl.add("alert", now, None, t)
         tl.alert = ev
 
 

@@ -244,7 +244,17 @@ def render_summary(result: dict[str, Any]) -> str:
               default=None, help="TOML file with [detection] and [arming] tables.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
-    """Replay recorded step telemetry FILE.jsonl through anomaly detection and the arming policy."""
+    """Replay recorded step telemetry FILE.jsonl through anomaly detection and the arming policy.
+
+    \b
+    One JSON object per line (what `profwatch telemetry --job J` writes):
+      {"job_id": "j1", "rank": 0, "world_size": 8, "step": 120, "step_time_s": 0.412, "ts_unix_s": 1764500042.5}
+    required: job_id, rank, step, step_time_s (seconds), ts_unix_s; world_size on at least one line per job;
+    optional: stages {"forward": 0.1, ...} (seconds), flags ["checkpoint"|"eval"], capturing (bool);
+    {"kind": "bye", "job_id", "rank", "step", "ts_unix_s"} marks a rank that left on purpose.
+    Bad lines are counted and listed with their line numbers.
+    Exit codes: 0 replayed; 1 no valid record (every line bad, or an empty file); 2 bad --config.
+    """
     try:
         cfg = load_config(config_path)
     except (ValueError, ValidationError, OSError) as exc:
@@ -252,3 +262,7 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     with file.open("r", encoding="utf-8", errors="replace") as f:
         result = replay_lines(f, cfg)
     click.echo(json.dumps(result, indent=2, sort_keys=False, default=str) if as_json else render_summary(result))
+    if not result.get("records"):
+        bad = result.get("bad_lines", {}).get("count", 0)
+        click.echo(f"profwatch replay: no valid step record in {file} ({bad} bad lines)", err=True)
+        sys.exit(1)

@@ -52,10 +52,16 @@ def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, s
 
     if world_size < 1:
         raise click.UsageError("--world-size must be >= 1")
+    slow_f, host_f, link_f = (_parse_factors(slow, "--slow"), _parse_factors(host_bound, "--host-bound"),
+                              _parse_factors(slow_link, "--slow-link"))
+    bad = sorted(r for r in (*slow_f, *host_f, *link_f) if not 0 <= r < world_size)
+    if bad:
+        raise click.UsageError(f"ranks {bad} are outside 0..{world_size - 1} (--world-size {world_size})")
+    if out.exists() and any(out.glob("*_ascend_pt")):
+        raise click.UsageError(f"{out} already holds rank dirs; pick an empty or new folder (nothing was written)")
     out.mkdir(parents=True, exist_ok=True)
-    dirs = generate_cluster(out, world_size=world_size, slow_ranks=_parse_factors(slow, "--slow") or None,
-                            host_bound_ranks=_parse_factors(host_bound, "--host-bound") or None,
-                            slow_link_ranks=_parse_factors(slow_link, "--slow-link") or None, steps=steps,
+    dirs = generate_cluster(out, world_size=world_size, slow_ranks=slow_f or None, host_bound_ranks=host_f or None,
+                            slow_link_ranks=link_f or None, steps=steps,
                             export_type=export_type, with_marker=not no_marker,
                             capture_id=capture_id or f"sim-{int(time.time())}", seed=seed)
     click.echo(f"wrote {len(dirs)} simulated rank dirs under {out}")
