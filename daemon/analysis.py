@@ -44,7 +44,7 @@ TIME_RECIPES = ("cluster_time_summary", KINETO_RECIPE)
 class AnalysisSettings(BaseModel):
     """Settings of :func:`analyze_batch`: msprof-analyze runs, ranking thresholds, report output."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     msprof: MsprofSettings = Field(default_factory=MsprofSettings)
     ranking: RankingSettings = Field(default_factory=RankingSettings)

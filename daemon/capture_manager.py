@@ -89,10 +89,17 @@ class CaptureManager:
                 self._watch(prof_dir)
 
     def close(self) -> None:
+        from daemon.adapters.msprof_runner import cancel_running, resume_runs
+
         if self._watcher is not None:
             self._watcher.close()
-        self.fs_pool.shutdown(wait=True, cancel_futures=True)
-        self.analysis_pool.shutdown(wait=True, cancel_futures=True)
+        # a running msprof-analyze is killed, not awaited: the capture stays "analysing" and is redone on restart
+        cancel_running()
+        try:
+            self.fs_pool.shutdown(wait=True, cancel_futures=True)
+            self.analysis_pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            resume_runs()
         if self._webhook is not None:
             self._webhook.close()
 
@@ -179,7 +186,9 @@ class CaptureManager:
 
     def arm_from_control(self, args: dict[str, Any], now: float) -> dict[str, Any]:
         job_id = args.get("job_id")
-        job = self.c.registry.jobs.get(job_id or "")
+        if not isinstance(job_id, str):
+            raise control.ControlError("bad_request", "job_id (a string) is required")
+        job = self.c.registry.jobs.get(job_id)
         if job is None:
             raise control.ControlError("not_found", f"unknown job {job_id!r} (no rank has said hello)")
         rank_list = args.get("rank_list")

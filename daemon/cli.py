@@ -61,11 +61,12 @@ def node(config_path: Path | None) -> None:
     s = _load(config_path)
     configure_logging(s.logging.level, s.logging.format)
     metrics = DaemonMetrics("node")
-    metrics.serve(s.node.metrics_port)
     try:
+        metrics.serve(s.node.metrics_port)
         d = NodeDaemon(s.node, metrics)
     except Exception as exc:  # noqa: BLE001
         click.echo(f"profwatch node: cannot start: {exc}", err=True)
+        metrics.close()
         sys.exit(EXIT_USAGE)
     _install_sigterm(d.stop)
     try:
@@ -85,11 +86,12 @@ def coordinator(config_path: Path | None) -> None:
     s = _load(config_path)
     configure_logging(s.logging.level, s.logging.format)
     metrics = DaemonMetrics("coordinator")
-    metrics.serve(s.coordinator.metrics_port)
     try:
+        metrics.serve(s.coordinator.metrics_port)
         c = Coordinator(s, metrics)
     except Exception as exc:  # noqa: BLE001
         click.echo(f"profwatch coordinator: cannot start: {exc}", err=True)
+        metrics.close()
         sys.exit(EXIT_USAGE)
     _install_sigterm(c.stop)
     try:

@@ -45,7 +45,7 @@ def _is_local_endpoint(endpoint: str) -> bool:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class NodeSettings(_Strict):
@@ -56,13 +56,13 @@ class NodeSettings(_Strict):
     bind: str | None = Field(None, description="rank endpoint; default ipc://<runtime_dir>/node.sock")
     socket_mode: int = Field(0o666, description="mode of the ipc socket file (ranks run as other users)")
     coordinator: str = "tcp://127.0.0.1:7711"
-    heartbeat_interval_s: float = Field(2.0, gt=0)
-    batch_max_messages: int = Field(1000, ge=1)
-    batch_max_delay_s: float = Field(0.05, gt=0)
-    relay_hwm: int = Field(1000, ge=1, description="batches queued while the coordinator is unreachable")
+    heartbeat_interval_s: float = Field(2.0, gt=0, le=3600)
+    batch_max_messages: int = Field(1000, ge=1, le=10_000)
+    batch_max_delay_s: float = Field(0.05, gt=0, le=10)
+    relay_hwm: int = Field(1000, ge=1, le=1_000_000, description="batches queued while the coordinator is unreachable")
     allowed_config_roots: list[Path] = Field(default_factory=list, description="folders this node may write configs in")
-    dp_log_poll_s: float = Field(1.0, gt=0)
-    metrics_port: int | None = None
+    dp_log_poll_s: float = Field(1.0, gt=0, le=3600)
+    metrics_port: int | None = Field(None, ge=1, le=65535)
 
     def rank_endpoint(self) -> str:
         return self.bind or f"ipc://{self.runtime_dir}/node.sock"
@@ -79,10 +79,10 @@ class CoordinatorSettings(_Strict):
     )
     state_db: Path = Path(DEFAULT_STATE_DIR) / "state.db"
     work_dir: Path = Path(DEFAULT_STATE_DIR) / "work"
-    window_steps: int = Field(1000, ge=10)
-    node_timeout_s: float = Field(10.0, gt=0)
-    tick_interval_s: float = Field(0.2, gt=0)
-    registry_flush_s: float = Field(2.0, gt=0)
+    window_steps: int = Field(1000, ge=10, le=100_000)
+    node_timeout_s: float = Field(10.0, gt=0, le=86400)
+    tick_interval_s: float = Field(0.2, gt=0, le=10)
+    registry_flush_s: float = Field(2.0, gt=0, le=3600)
     allowed_prof_roots: list[Path] = Field(default_factory=list, description="where rank dirs may be read")
     allowed_config_roots: list[Path] = Field(default_factory=list, description="where the coordinator may write configs")
     config_writer: Literal["coordinator", "node"] = Field(
@@ -90,8 +90,8 @@ class CoordinatorSettings(_Strict):
     )
     event_source: str = Field(default_factory=lambda: f"//profwatch/{socket.gethostname()}")
     analysis_workers: int = Field(1, ge=1, le=8)
-    ack_timeout_s: float = Field(60.0, gt=0, description="arms not acknowledged by every rank by then are reported")
-    metrics_port: int | None = None
+    ack_timeout_s: float = Field(60.0, gt=0, le=86400, description="arms not acknowledged by every rank by then are reported")
+    metrics_port: int | None = Field(None, ge=1, le=65535)
 
     @model_validator(mode="after")
     def _loopback_unless_allowed(self) -> CoordinatorSettings:
@@ -124,7 +124,8 @@ class LoggingSettings(_Strict):
 class Settings(BaseSettings):
     """Root of the configuration tree (TOML file sections have the same names)."""
 
-    model_config = SettingsConfigDict(env_prefix="PROFWATCH_", env_nested_delimiter="__", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="PROFWATCH_", env_nested_delimiter="__", extra="forbid",
+                                      allow_inf_nan=False)
 
     node: NodeSettings = Field(default_factory=NodeSettings)
     coordinator: CoordinatorSettings = Field(default_factory=CoordinatorSettings)
@@ -178,8 +179,12 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         except Exception as exc:  # noqa: BLE001
             raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
     _TOML_PATH["path"] = Path(path) if path is not None else None
+    from pydantic_settings import SettingsError
+
     try:
         return Settings(**overrides)
+    except SettingsError as exc:
+        raise ConfigError(f"invalid configuration from the environment: {exc}") from None
     except ValidationError as exc:
         lines = []
         for err in exc.errors():

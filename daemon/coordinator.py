@@ -160,7 +160,11 @@ class Coordinator:
                     self._tick(now)
                 if now >= next_flush:
                     next_flush = now + cs.registry_flush_s
-                    self._flush_registry()
+                    try:
+                        self._flush_registry()
+                    except Exception as exc:  # noqa: BLE001 - a failed flush is retried at the next period
+                        if self._once.first(f"flush:{type(exc).__name__}"):
+                            log.exception("registry_flush_failed", error=repr(exc))
         finally:
             self.close()
 
@@ -194,7 +198,8 @@ class Coordinator:
                         note="logged once per reason; see profwatch_rejected_total")
 
     def _drain_ingest(self) -> None:
-        for _ in range(1000):
+        # at most 100 batches (~100k reports) per pass, so control requests and SIGTERM are never starved
+        for _ in range(100):
             try:
                 frames = self.ingest.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -208,6 +213,9 @@ class Coordinator:
                 env, msgs, bad = parse_node_message(data)
             except MessageRejected as exc:
                 self._reject(exc, node_id)
+                continue
+            except Exception as exc:  # noqa: BLE001 - whatever a peer sends, the loop keeps serving
+                self._reject(MessageRejected("bad_message", repr(exc)[:200]), node_id)
                 continue
             for b in bad:
                 self._reject(b, node_id)
@@ -297,6 +305,9 @@ class Coordinator:
                 envelope, req = control.recv_request(self.control_sock)
             except zmq.Again:
                 return
+            except Exception as exc:  # noqa: BLE001 - a malformed request never stops the coordinator
+                self._reject(MessageRejected("bad_control_request", repr(exc)[:200]))
+                continue
             if isinstance(req, control.ControlError):
                 control.send_reply(self.control_sock, envelope, error=req)
                 continue
@@ -310,7 +321,7 @@ class Coordinator:
                 control.send_reply(self.control_sock, envelope, result=result)
             except control.ControlError as exc:
                 control.send_reply(self.control_sock, envelope, error=exc)
-            except TypeError as exc:
+            except (TypeError, ValueError, OverflowError) as exc:
                 control.send_reply(self.control_sock, envelope, error=control.ControlError("bad_request", str(exc)))
             except Exception as exc:  # noqa: BLE001
                 log.exception("control_command_failed", cmd=req["cmd"])
@@ -319,7 +330,14 @@ class Coordinator:
     def _cmd_ping(self) -> dict[str, Any]:
         return {"pong": True, "ts_unix_s": time.time()}
 
+    @staticmethod
+    def _job_arg(job_id: Any) -> str | None:
+        if job_id is not None and not isinstance(job_id, str):
+            raise control.ControlError("bad_request", f"job_id must be a string, got {type(job_id).__name__}")
+        return job_id
+
     def _cmd_status(self, job_id: str | None = None) -> dict[str, Any]:
+        job_id = self._job_arg(job_id)
         snap = self.registry.snapshot(time.time(), self.settings.coordinator.node_timeout_s)
         if job_id is not None:
             snap["jobs"] = [j for j in snap["jobs"] if j["job_id"] == job_id]
@@ -329,14 +347,18 @@ class Coordinator:
 
     def _cmd_events(self, job_id: str | None = None, since_seq: int = 0, limit: int = 100,
                     alerts_only: bool = True) -> list[dict[str, Any]]:
+        job_id = self._job_arg(job_id)
+        since, lim = int(since_seq), int(limit)
+        if not (0 <= since < 2**62 and 1 <= lim <= 10_000):
+            raise control.ControlError("bad_request", "since_seq must be in [0, 2**62) and limit in [1, 10000]")
         return [{"seq": s, "event": e} for s, e in
-                self.state.events(job_id=job_id, alerts_only=alerts_only, since_seq=int(since_seq), limit=int(limit))]
+                self.state.events(job_id=job_id, alerts_only=bool(alerts_only), since_seq=since, limit=lim)]
 
     def _cmd_arm(self, **args: Any) -> dict[str, Any]:
         return self.captures.arm_from_control(args, time.time())
 
     def _cmd_captures(self, job_id: str | None = None) -> list[dict[str, Any]]:
-        return self.state.captures(job_id)
+        return self.state.captures(self._job_arg(job_id))
 
     def _cmd_set_thresholds(self, detection: dict[str, Any] | None = None, arming: dict[str, Any] | None = None) -> dict[str, Any]:
         """Runtime tuning without restart: merge into the current settings, validate, apply to every detector."""
@@ -361,7 +383,7 @@ class Coordinator:
         each step's ``ts_unix_s`` is rebuilt backwards from the rank's last report time and the step times after it."""
         from daemon.commands.replay import dump_jsonl
 
-        job = self.registry.jobs.get(job_id)
+        job = self.registry.jobs.get(self._job_arg(job_id) or "")
         if job is None:
             raise control.ControlError("not_found", f"unknown job {job_id!r}")
         rows = []

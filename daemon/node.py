@@ -67,6 +67,7 @@ class NodeDaemon:
             if len(str(path).encode()) > 107:
                 raise ValueError(f"ipc path {path} is longer than 107 bytes; set node.runtime_dir to a shorter folder")
             path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = self._lock_endpoint(ep)
         self.pull = self._ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
         self.pull.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
@@ -83,6 +84,23 @@ class NodeDaemon:
         self.dealer.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BATCH_BYTES)
         self.dealer.connect(self.s.coordinator)
         log.info("node_started", node_id=self.node_id, rank_endpoint=ep, coordinator=self.s.coordinator)
+
+    @staticmethod
+    def _lock_endpoint(ep: str) -> int | None:
+        """Hold ``<socket>.lock`` (flock) for an ``ipc://`` endpoint: ZeroMQ would silently unlink and rebind the
+        socket file of a running node daemon, stranding its ranks. Raises ``RuntimeError`` if another holds it."""
+        if not ep.startswith("ipc://"):
+            return None
+        import fcntl
+
+        lock_path = ep[len("ipc://") :] + ".lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise RuntimeError(f"another node daemon is serving {ep} (lock {lock_path} is held)") from None
+        return fd
 
     def stop(self) -> None:
         """Ask ``run()`` to return (thread- and signal-safe)."""
@@ -130,6 +148,9 @@ class NodeDaemon:
                 msg = parse_rank_message(payload)
             except MessageRejected as exc:
                 self._reject(exc)
+                continue
+            except Exception as exc:  # noqa: BLE001 - whatever a local process sends, the relay keeps serving
+                self._reject(MessageRejected("bad_message", repr(exc)[:200]))
                 continue
             self.metrics.messages_in.labels(msg.kind).inc()
             if msg.kind == "hello":
@@ -276,7 +297,18 @@ class NodeDaemon:
         if self._fs_thread.is_alive():
             self._fs_thread.join(timeout=2)
         if not self._ctx.closed:
+            if self._pending:  # relay what arrived before SIGTERM (non-blocking; dropped and counted if full)
+                self._flush()
             self.pull.close(0)
-            self.dealer.close(0)
+            self.dealer.close(200)
             self._ctx.term()
+            ep = self.s.rank_endpoint()
+            if ep.startswith("ipc://"):
+                try:
+                    os.unlink(ep[len("ipc://") :])  # we hold the lock: the socket file is ours
+                except OSError:
+                    pass
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
             log.info("node_stopped", node_id=self.node_id, **self.counters)

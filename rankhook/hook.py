@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +26,14 @@ log = logging.getLogger("rankhook")
 
 HELLO_RESEND_S = 10.0
 """The hello is re-sent this often, so a restarted node daemon learns its ranks without a rank restart."""
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+def _safe_stage_name(name: str) -> str:
+    """``name`` with anything outside ``[A-Za-z0-9_.:-]`` replaced by ``_``, cut to 64 characters."""
+    return _UNSAFE.sub("_", name)[:64] or "_"
 
 
 class _Stage:
@@ -71,6 +81,7 @@ class Hook:
         self.backend = backend
         self.step_count = 0
         self._stages: dict[str, float] = {}
+        self._stage_names: dict[str, str] = {}
         self._flags: list[str] = []
         self._hello = wire.RankHello(
             job_id=ident.job_id,
@@ -143,27 +154,44 @@ class Hook:
             log.warning("rankhook: capture backend %s failed in step(): %r", self.backend.name, exc)
 
     def stage(self, name: str) -> _Stage:
-        """Return a context manager timing one stage of the current step (durations add up per step)."""
-        return _Stage(self, name)
+        """Return a context manager timing one stage of the current step (durations add up per step).
+
+        Names are made safe for the wire once (letters, digits, ``_ . : -``, at most 64 characters); beyond 32
+        distinct names in one step the rest are added up under ``other``.
+        """
+        safe = self._stage_names.get(name)
+        if safe is None:
+            safe = _safe_stage_name(name)
+            if len(self._stage_names) < 1024:
+                self._stage_names[name] = safe
+        if safe not in self._stages and len(self._stages) >= 31:
+            safe = "other"
+        return _Stage(self, safe)
 
     def flag_step(self, flag: str) -> None:
         """Mark the current step (e.g. ``checkpoint``, ``eval``) so detectors exclude it."""
-        if flag not in self._flags:
+        flag = _safe_stage_name(str(flag))
+        if flag not in self._flags and len(self._flags) < 8:
             self._flags.append(flag)
 
     def set_step(self, step: int) -> None:
-        """Align the step counter after a resume (``dp.set_state({"cur_step": step})``)."""
-        self.step_count = int(step)
+        """Align the step counter after a resume (``dp.set_state({"cur_step": step})``); bad values are ignored."""
         try:
-            self.backend.set_step(int(step))
-        except Exception as exc:  # noqa: BLE001
-            log.warning("rankhook: backend set_step failed: %r", exc)
+            value = int(step)
+            if value < 0:
+                raise ValueError(f"step must be >= 0, got {value}")
+            self.step_count = value
+            self.backend.set_step(value)
+        except Exception as exc:  # noqa: BLE001 - never raise into the training loop
+            log.warning("rankhook: set_step(%r) ignored: %r", step, exc)
 
     def close(self) -> None:
         """Send a bye, close the backend (bounded wait for a capture flush) and the publisher."""
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self.ident.pid:
+            return  # a forked child must not say bye for (or close the backend of) its parent's rank
         try:
             self.backend.close()
         except Exception as exc:  # noqa: BLE001

@@ -55,7 +55,7 @@ def recv_request(sock: zmq.Socket) -> tuple[list[bytes], dict[str, Any] | Contro
         return envelope, ControlError("bad_request", "expected exactly one body frame")
     try:
         req = json.loads(body[0])
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         return envelope, ControlError("bad_request", f"invalid JSON: {exc}"[:200])
     if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
         return envelope, ControlError("bad_request", 'expected {"cmd": str, "args": {...}}')

@@ -61,7 +61,7 @@ class MsprofSettings(BaseModel):
     (spawn OSError; a timeout is retried once at most). ``max_concurrent_runs`` bounds commands running at once
     (each forks one worker per CPU). ``advisor_html`` adds a plain advisor run so the html/xlsx exist for people."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     command: str = Field(default_factory=_default_command)
     timeout_s: float = Field(default=900.0, gt=0)
@@ -200,6 +200,57 @@ def inspect_inputs(staged_dir: Path, *, max_depth: int = 5) -> InputFacts:
     return facts
 
 
+_running: set[subprocess.Popen[bytes]] = set()
+_running_lock = threading.Lock()
+_cancel = threading.Event()
+_POLL_S = 0.5
+
+
+def cancel_running() -> None:
+    """Stop every msprof-analyze run of this process now (daemon shutdown): kill their process groups; runs not yet
+    started are refused. Their recipes end as ``timeout`` with the detail "cancelled"; the coordinator redoes the
+    analysis after its restart (the capture is still ``analysing`` in its state store)."""
+    _cancel.set()
+    with _running_lock:
+        procs = list(_running)
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def resume_runs() -> None:
+    """Allow new runs again after :func:`cancel_running` (once the cancelled analyses have returned)."""
+    _cancel.clear()
+
+
+def _collect(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[bytes, bytes, bool]:
+    """Wait for ``proc`` up to ``timeout_s`` (or until :func:`cancel_running`); kill its group when over.
+    Returns ``(stdout, stderr, timed_out)``. Never hangs on a descendant that keeps the pipes open."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            out, err = proc.communicate(timeout=min(_POLL_S, max(0.01, deadline - time.monotonic())))
+            return out, err, False
+        except subprocess.TimeoutExpired:
+            if time.monotonic() < deadline and not _cancel.is_set():
+                continue
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # a detached descendant still holds the pipes: stop reading them
+            for f in (proc.stdout, proc.stderr):
+                if f is not None:
+                    f.close()
+            proc.wait(timeout=5)
+            out, err = b"", b"(output abandoned: a descendant kept the pipes open after the kill)"
+        return out or b"", err or b"", True
+
+
 def _spawn_once(name: str, args: list[str], out_root: Path, settings: MsprofSettings) -> ToolRun:
     out_root.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out_root))
@@ -209,21 +260,25 @@ def _spawn_once(name: str, args: list[str], out_root: Path, settings: MsprofSett
     env = dict(os.environ, LANG="C.UTF-8", LC_ALL="C.UTF-8", MSPROF_ANALYZE_LOG_FILE=str(log_path))
     run = ToolRun(name=name, argv=argv, output_dir=run_dir, log_path=log_path)
     t0 = time.monotonic()
+    if _cancel.is_set():
+        run.timed_out = True
+        run.stderr_tail = "cancelled: the daemon is shutting down"
+        return run
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=run_dir, env=env, start_new_session=True)
     except OSError as exc:
         log.warning("msprof_spawn_failed", recipe=name, error=str(exc))
         raise _SpawnFailed(str(exc)) from exc
+    with _running_lock:
+        _running.add(proc)
     try:
-        out, err = proc.communicate(timeout=settings.timeout_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        out, err = proc.communicate()
-        run.timed_out = True
+        out, err, run.timed_out = _collect(proc, settings.timeout_s)
+    finally:
+        with _running_lock:
+            _running.discard(proc)
+    if run.timed_out and _cancel.is_set():
+        err = b"cancelled: the daemon is shutting down\n" + err
     run.duration_s = time.monotonic() - t0
     run.returncode = None if run.timed_out else proc.returncode
     run.stdout = out.decode("utf-8", "replace")
@@ -249,7 +304,7 @@ def run_tool(name: str, args: list[str], out_root: Path, settings: MsprofSetting
         if run.timed_out:
             timeouts += 1
             log.warning("msprof_run_timeout", recipe=name, timeout_s=settings.timeout_s, attempt=attempts)
-            if timeouts == 1 and attempts <= settings.retries:
+            if timeouts == 1 and attempts <= settings.retries and not _cancel.is_set():
                 raise _TimedOut(name)
         return run
 

@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import sqlite3
+import stat
 import threading
 import time
 import urllib.parse
@@ -248,15 +249,32 @@ def _maybe_json(value: Any) -> Any:
     return value
 
 
+MAX_JSON_BYTES = 64 * 1024 * 1024
+"""profiler_info / profiler_metadata are small (KBs); anything beyond this is not read."""
+
+
 def _read_json(path: str) -> tuple[Any, str | None]:
     """Decoded JSON, or (None, why). A half-written file (non-atomic writes, msprof doc 4.1) is "not yet valid"."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        # O_NONBLOCK: a FIFO planted in a rank dir must not hang the scan; only regular files are read, capped
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None, "not a regular file"
+            if st.st_size > MAX_JSON_BYTES:
+                return None, f"too large for a profiler JSON ({st.st_size} bytes > {MAX_JSON_BYTES})"
+            with os.fdopen(fd, "rb", closefd=False) as fh:
+                data = fh.read(MAX_JSON_BYTES + 1)
+        finally:
+            os.close(fd)
+        text = data.decode("utf-8")
     except FileNotFoundError:
         return None, "vanished"
     except UnicodeDecodeError as exc:
         return None, f"not UTF-8 ({exc.reason})"
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
     if not text.strip():
         return None, "empty (still being written?)"
     try:

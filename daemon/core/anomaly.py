@@ -34,7 +34,7 @@ class DetectionSettings(BaseModel):
     Raises ``pydantic.ValidationError`` on unknown keys or out-of-range values.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     warmup_steps: int = Field(10, ge=0, description="steps ignored at job start and after a step-counter restart")
     finalize_lag_steps: int = Field(

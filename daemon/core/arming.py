@@ -26,7 +26,7 @@ class ArmingSettings(BaseModel):
     Raises ``pydantic.ValidationError`` on unknown keys or out-of-range values.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     mode: Literal["act", "observe", "off"] = Field(
         "act", description="act: arm captures; observe: decide and report would_arm only; off: suppress everything"

@@ -215,7 +215,7 @@ class CaptureSettings(BaseModel):
     """How profwatch arms captures. Units in names; ``margin_s`` covers the writer's wait for a fresh mtime
     second (<= 1 s) and NFS attribute caching; ``deadline_*`` bound how long a capture may take (FC-11)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     warmup: int = Field(default=1, ge=0)
     active: int = Field(default=2, gt=0)

@@ -457,6 +457,11 @@ def evaluate_batch(members: Sequence[RankDirState], *, now_unix_s: float, settin
     pending = bool(missing) or any(m.state in _PENDING for m in members)
     for r in missing:
         problems.append(Problem(r, None, "rank dir missing" + (" after deadline" if late else " (not seen yet)")))
+    if any(n.startswith("world size unknown") for n in notes):
+        # without a world size nobody can tell whether the highest ranks are missing: never call that complete
+        problems.append(Problem(None, None, "world size unknown (no parallel_group_info, distributed_args or "
+                                            "telemetry): cannot tell whether higher ranks are missing; give it "
+                                            "(--world-size N)"))
     for m in sorted(members, key=lambda s: (s.rank is None, s.rank or 0, s.path)):
         if m.state != "parsed":
             problems.append(Problem(m.rank, m.path, f"{m.state}: {'; '.join(m.reasons) or 'not finished'}"))

@@ -22,6 +22,10 @@ JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 STAGE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 MAX_STAGES = 32
 MAX_STEP = 2**62
+MAX_WORLD_SIZE = 1 << 20
+"""Ranks per job accepted (1,048,576): detectors allocate per-rank state, so absurd sizes are refused."""
+MAX_INT = 2**62
+"""Bound for ids and counters that reach SQLite (signed 64-bit) and per-rank tables."""
 
 
 class MessageRejected(ValueError):
@@ -85,7 +89,7 @@ def check_rank_message(msg: Any) -> Any:
         raise MessageRejected("bad_version", f"v={msg.v}, expected {wire.SCHEMA_VERSION}")
     if not _job_id_ok(msg.job_id):
         raise MessageRejected("bad_job_id", repr(msg.job_id[:80]))
-    if msg.rank < 0:
+    if not 0 <= msg.rank < MAX_WORLD_SIZE:
         raise MessageRejected("bad_rank", f"rank={msg.rank}")
     kind = msg.kind
     if kind == "step":
@@ -101,13 +105,21 @@ def check_rank_message(msg: Any) -> Any:
                     raise MessageRejected("bad_value", f"stage name {name[:40]!r}")
                 _finite_nonneg(dur, f"stages[{name}]")
     elif kind == "hello":
-        if msg.world_size < 1 or msg.rank >= msg.world_size:
-            raise MessageRejected("bad_rank", f"rank={msg.rank} world_size={msg.world_size}")
-        if msg.local_rank < 0 or msg.pid <= 0:
+        if not 1 <= msg.world_size <= MAX_WORLD_SIZE or msg.rank >= msg.world_size:
+            raise MessageRejected("bad_rank", f"rank={msg.rank} world_size={msg.world_size} (max {MAX_WORLD_SIZE})")
+        if not 0 <= msg.local_rank < MAX_WORLD_SIZE or not 0 < msg.pid < MAX_INT:
             raise MessageRejected("bad_value", f"local_rank={msg.local_rank} pid={msg.pid}")
+        if any(not isinstance(v, int) or not 0 <= v < MAX_INT for v in msg.counters.values()):
+            raise MessageRejected("bad_value", "counters out of range")
         _finite_nonneg(msg.ts_unix_s, "ts_unix_s")
     else:
         _finite_nonneg(msg.ts_unix_s, "ts_unix_s")
+        for name in ("step", "generation", "start_step", "total_bytes"):
+            v = getattr(msg, name, None)
+            if v is not None and not -1 <= v < MAX_INT:
+                raise MessageRejected("bad_value", f"{name}={v}")
+        if kind == "capture" and len(msg.steps) > 10_000:
+            raise MessageRejected("bad_value", f"{len(msg.steps)} captured steps")
     return msg
 
 
@@ -134,7 +146,7 @@ def parse_rank_message(raw: Any) -> Any:
 
         try:
             raw = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise MessageRejected("bad_json", str(exc)[:120]) from None
     if isinstance(raw, dict) and raw.get("v", wire.SCHEMA_VERSION) != wire.SCHEMA_VERSION:
         raise MessageRejected("bad_version", f"v={raw.get('v')!r}")
@@ -142,6 +154,8 @@ def parse_rank_message(raw: Any) -> Any:
         msg = _rank_adapter.validate_python(raw)
     except ValidationError as exc:
         raise _rejected_from(exc, _KNOWN_RANK_KINDS, raw) from None
+    except (ValueError, RecursionError) as exc:
+        raise MessageRejected("bad_schema", str(exc)[:120]) from None
     return check_rank_message(msg)
 
 
@@ -159,7 +173,7 @@ def parse_node_message(data: bytes) -> tuple[Any, list[Any], list[MessageRejecte
     # Fast path: the whole batch validates in one pass.
     try:
         tb = _typed_batch_adapter.validate_json(data)
-    except ValidationError:
+    except (ValidationError, ValueError, RecursionError):
         tb = None  # not a batch, or one bad message inside: take the slow path that isolates it
     if tb is not None:
         good: list[Any] = []
@@ -169,11 +183,13 @@ def parse_node_message(data: bytes) -> tuple[Any, list[Any], list[MessageRejecte
                 good.append(check_rank_message(m))
             except MessageRejected as exc:
                 bad.append(exc)
+        if not 0 <= tb.seq < MAX_INT:
+            raise MessageRejected("bad_value", f"seq={tb.seq}")
         env = wire.NodeBatch(node_id=tb.node_id, hostname=tb.hostname, seq=tb.seq, ts_unix_s=tb.ts_unix_s)
         return env, good, bad
     try:
         raw = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise MessageRejected("bad_json", str(exc)[:120]) from None
     if not isinstance(raw, dict):
         raise MessageRejected("bad_schema", "not a JSON object")
@@ -183,6 +199,15 @@ def parse_node_message(data: bytes) -> tuple[Any, list[Any], list[MessageRejecte
         env = _node_adapter.validate_python(raw)
     except ValidationError as exc:
         raise _rejected_from(exc, _KNOWN_NODE_KINDS, raw) from None
+    except (ValueError, RecursionError) as exc:
+        raise MessageRejected("bad_schema", str(exc)[:120]) from None
+    if env.kind == "node_heartbeat" and not (0 < env.pid < MAX_INT and 0.0 <= env.ts_unix_s < _INF
+                                              and 0.0 <= env.started_unix_s < _INF
+                                              and all(isinstance(v, int) and 0 <= v < MAX_INT
+                                                      for v in env.counters.values())):
+        raise MessageRejected("bad_value", "heartbeat pid/times/counters out of range")
+    if env.kind == "node_batch" and not 0 <= env.seq < MAX_INT:
+        raise MessageRejected("bad_value", f"seq={env.seq}")
     if env.kind != "node_batch":
         return env, [], []
     good, bad = [], []

@@ -23,7 +23,7 @@ from daemon.core.evidence import ClusterEvidence, RankStepSummary, Suspect, Susp
 class RankingSettings(BaseModel):
     """Thresholds of :func:`rank_suspects` (fractions are of the step's median step time)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     min_effect_frac: float = Field(0.025, gt=0, lt=1)
     """Smallest excess, as a fraction of step time, that can make a rank a suspect."""

@@ -30,7 +30,7 @@ class WatchSettings(BaseModel):
     ``start + default_capture_window_s + parse_allowance_s``.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     observer: Literal["auto", "inotify", "polling"] = "auto"
     """auto: inotify on local file systems, polling on ``network_fs_types`` (from /proc/self/mountinfo)."""
