@@ -178,8 +178,8 @@ class Hook:
         """Align the step counter after a resume (``dp.set_state({"cur_step": step})``); bad values are ignored."""
         try:
             value = int(step)
-            if value < 0:
-                raise ValueError(f"step must be >= 0, got {value}")
+            if not 0 <= value < 2**62:
+                raise ValueError(f"step must be in [0, 2**62), got {value}")
             self.step_count = value
             self.backend.set_step(value)
         except Exception as exc:  # noqa: BLE001 - never raise into the training loop

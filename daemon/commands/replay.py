@@ -38,6 +38,9 @@ TICK_EVERY_S = 1.0
 RECORD_KEYS = ("job_id", "rank", "world_size", "step", "step_time_s", "ts_unix_s", "stages", "flags", "capturing")
 
 
+from daemon.core.messages import MAX_STEP, MAX_WORLD_SIZE  # noqa: E402  (the same bounds as the live wire)
+
+
 class ReplayConfig(BaseModel):
     """The ``--config`` TOML file: ``[detection]`` and ``[arming]`` tables (both optional)."""
 
@@ -52,9 +55,9 @@ class TelemetryRecord(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     kind: Literal["step", "bye"] = "step"
     job_id: str = Field(min_length=1, max_length=128)
-    rank: int = Field(ge=0)
-    world_size: int | None = Field(None, ge=1)
-    step: int = Field(ge=0)
+    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE)
+    world_size: int | None = Field(None, ge=1, le=MAX_WORLD_SIZE)
+    step: int = Field(ge=0, lt=MAX_STEP)
     step_time_s: float | None = Field(None, ge=0)
     ts_unix_s: float
     stages: dict[str, float] | None = None

@@ -183,3 +183,31 @@ def test_cli_exit_codes_and_json(cluster: list[Path]) -> None:
     res = runner.invoke(scan, [str(cluster[0].parent), "--world-size", "8"])
     assert res.exit_code == 1 and "missing ranks: [4, 5, 6, 7]" in res.output
     assert runner.invoke(scan, [str(cluster[0].parent / "nope")]).exit_code == 1
+
+
+def test_unknown_world_size_is_never_complete(cluster: list[Path]) -> None:
+    """Without parallel_group_info / distributed_args / --world-size, missing top ranks cannot be ruled out."""
+    for d in cluster:
+        meta = d / "profiler_metadata.json"
+        data = json.loads(meta.read_text())
+        data.pop("parallel_group_info", None)
+        data.pop("distributed_args", None)
+        meta.write_text(json.dumps(data))
+    shutil.rmtree(cluster[3])
+    b = _one(cluster[0].parent)
+    assert b.status != "complete", b.to_json()
+    assert any("world size unknown" in p.reason for p in b.problems)
+    assert _one(cluster[0].parent, world_size=4).missing_ranks == [3]
+
+
+def test_special_files_do_not_hang_or_exhaust_the_scan(cluster: list[Path]) -> None:
+    info = next(cluster[1].glob("profiler_info_*.json"))
+    info.unlink()
+    os.mkfifo(info)  # a reader that blocked on it would hang the scan forever
+    info3 = next(cluster[3].glob("profiler_info_*.json"))
+    info3.unlink()
+    info3.symlink_to("/dev/zero")  # an unbounded read would eat memory
+    b = _one(cluster[0].parent, world_size=4)
+    assert b.status != "complete"
+    reasons = " ".join(p.reason for p in b.problems)
+    assert "not a regular file" in reasons, reasons

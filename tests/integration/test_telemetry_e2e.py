@@ -237,6 +237,9 @@ def test_bad_messages_are_rejected_and_service_continues(cluster: Cluster) -> No
                                "hostname": "h", "pid": 1, "backend": "none", "ts_unix_s": 1}).encode()],
             [b"x", json.dumps({"kind": "step", "v": 1, "job_id": "../../etc", "rank": 0, "step": 1, "step_time_s": 1, "ts_unix_s": 1}).encode()],
             [b"only-one-frame"],
+            [b"x", b"[" * 200_000],  # deep nesting: RecursionError inside json must not kill the node
+            [b"x", json.dumps({"kind": "hello", "v": 1, "job_id": "jBig", "rank": 0, "local_rank": 0, "world_size": 1,
+                               "hostname": "h", "pid": 2**70, "backend": "none", "ts_unix_s": 1}).encode()],
             [b"x", b"y" * (300 * 1024)],  # over MAXMSGSIZE: the connection is dropped by ZeroMQ
         ]
         for frames in bad:
@@ -246,8 +249,23 @@ def test_bad_messages_are_rejected_and_service_continues(cluster: Cluster) -> No
         dealer.setsockopt(zmq.IDENTITY, b"evil")
         dealer.connect(f"tcp://127.0.0.1:{cluster.ports['ingest']}")
         for data in [b"garbage", b"{}", json.dumps({"kind": "node_batch", "v": 1, "node_id": "other", "hostname": "h",
-                                                     "seq": 1, "ts_unix_s": 1, "messages": []}).encode()]:
+                                                     "seq": 1, "ts_unix_s": 1, "messages": []}).encode(),
+                     b"[" * 200_000,
+                     json.dumps({"kind": "node_heartbeat", "v": 1, "node_id": "evil", "hostname": "h", "pid": 2**70,
+                                 "ts_unix_s": 1, "started_unix_s": 1}).encode()]:
             dealer.send(data)
+        req = ctx.socket(zmq.REQ)
+        req.setsockopt(zmq.LINGER, 0)
+        req.setsockopt(zmq.RCVTIMEO, 8000)
+        req.connect(cluster.control)
+        req.send(b"[" * 200_000)
+        assert json.loads(req.recv())["error"]["code"] == "bad_request"
+        for bad_req in ({"cmd": "events", "args": {"since_seq": "abc"}}, {"cmd": "captures", "args": {"job_id": [1]}},
+                        {"cmd": "arm", "args": {"job_id": 5}}, {"cmd": "status", "args": []}, {"cmd": "nope"}):
+            req.send(json.dumps(bad_req).encode())
+            reply = json.loads(req.recv())
+            assert reply["ok"] is False and reply["error"]["code"] in ("bad_request", "unknown_command"), reply
+        req.close()
         push.close()
         dealer.close()
     finally:
@@ -257,12 +275,26 @@ def test_bad_messages_are_rejected_and_service_continues(cluster: Cluster) -> No
         return s if s["counters"]["rejected"] >= 4 else None
 
     st = wait_for(rejected, 20, what="rejections counted")
+    assert cluster.procs["coordinator"].poll() is None and cluster.procs["nodeA"].poll() is None
     assert st["jobs"][0]["world_size"] == 2  # the conflicting hello did not change the job
     node = wait_for(lambda: next((n for n in cluster.status()["nodes"] if n["counters"].get("rejected", 0) >= 8), None), 20,
                     what="node rejection counter")
     assert node["node_id"] == "nodeA"
     last = _rank_steps(cluster.status())[0]
     wait_for(lambda: _rank_steps(cluster.status())[0] > last + 5, 20, what="still serving the good rank")
+
+
+def test_second_node_daemon_on_the_same_socket_is_refused(cluster: Cluster) -> None:
+    cluster.start_coordinator()
+    cluster.start_node("nodeA")
+    cluster.start_rank(0, "nodeA", world=1)
+    wait_for(lambda: _rank_steps(cluster.status()).get(0, -1) >= 5, 30, what="rank 0 reporting")
+    second = subprocess.run([PYTHON, "-m", "daemon.cli", "node", "--config", str(cluster.cfg)], env=python_env(
+        {"PROFWATCH_NODE__NODE_ID": "intruder", "PROFWATCH_NODE__BIND": cluster.node_endpoint("nodeA")}),
+        capture_output=True, text=True, timeout=60)
+    assert second.returncode == 2 and "another node daemon" in second.stderr, second.stderr
+    last = _rank_steps(cluster.status())[0]
+    wait_for(lambda: _rank_steps(cluster.status())[0] > last + 5, 20, what="the first node still relays")
 
 
 def test_daemon_import_name_is_ours() -> None:

@@ -90,3 +90,25 @@ def test_node_command_validation() -> None:
 def test_topics() -> None:
     assert wire.topic_for("step", "j1", 3) == "profwatch.step.j1.3"
     assert wire.frames(wire.RankBye(job_id="j1", rank=2, step=1, ts_unix_s=1.0))[0] == b"profwatch.bye.j1.2"
+
+
+def test_deeply_nested_json_is_rejected_not_fatal() -> None:
+    with pytest.raises(MessageRejected) as ei:
+        parse_rank_message(b"[" * 200_000)
+    assert ei.value.reason in ("bad_json", "bad_schema")
+    with pytest.raises(MessageRejected):
+        parse_node_message(b"[" * 200_000)
+
+
+@pytest.mark.parametrize("hello_kw", [{"pid": 2**70}, {"world_size": 2**30, "rank": 0}, {"local_rank": 2**40},
+                                      {"counters": {"dropped": 2**70}}])
+def test_absurd_integers_are_refused(hello_kw: dict) -> None:
+    with pytest.raises(MessageRejected):
+        parse_rank_message(json.dumps(_hello(**hello_kw)).encode())
+
+
+def test_heartbeat_values_are_bounded() -> None:
+    hb = wire.to_dict(wire.NodeHeartbeat(node_id="n", hostname="h", pid=1, ts_unix_s=1.0, started_unix_s=1.0))
+    hb["pid"] = 2**70
+    with pytest.raises(MessageRejected):
+        parse_node_message(json.dumps(hb).encode())

@@ -72,3 +72,25 @@ def test_publisher_in_forked_child_uses_its_own_context(short_tmp) -> None:
     assert os.WEXITSTATUS(status) == 0
     assert pub.send(b"t", b"parent again")
     pub.close()
+
+
+def test_bad_stage_names_are_made_safe_and_set_step_never_raises(short_tmp) -> None:
+    hook = rankhook.init("unit-job2", backend="none", endpoint=f"ipc://{short_tmp}/x.sock", rank=0, world_size=1)
+    try:
+        with rankhook.stage("forward pass é/x" + "y" * 100):
+            pass
+        for i in range(40):
+            with rankhook.stage(f"s{i}"):
+                pass
+        names = set(hook._stages)
+        assert len(names) <= 32 and "other" in names
+        from daemon.core.messages import STAGE_NAME_RE
+
+        assert all(STAGE_NAME_RE.match(n) for n in names)  # what the daemons accept
+        for bad in ("abc", None, -3, 1.5e300):
+            rankhook.set_step(bad)  # type: ignore[arg-type]
+        assert hook.step_count == 0
+        rankhook.set_step(41)
+        assert hook.step_count == 41
+    finally:
+        rankhook.shutdown()

@@ -1,0 +1,51 @@
+"""Configuration: defaults, TOML + env overrides, and clear errors for everything a person can get wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daemon.config import ConfigError, load_settings
+
+
+def test_defaults_are_loopback_and_valid() -> None:
+    s = load_settings(None)
+    assert s.coordinator.control_bind.startswith("tcp://127.0.0.1")
+    assert s.node.rank_endpoint() == "ipc:///run/profwatch/node.sock"
+
+
+def test_env_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('[coordinator]\nwindow_steps = 500\n[node]\nheartbeat_interval_s = 3.0\n')
+    monkeypatch.setenv("PROFWATCH_COORDINATOR__WINDOW_STEPS", "700")
+    s = load_settings(f)
+    assert s.coordinator.window_steps == 700 and s.node.heartbeat_interval_s == 3.0
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "needle"),
+    [
+        ("[coordinator\n", {}, "not valid TOML"),
+        ("[coordinator]\nbogus = 1\n", {}, "bogus"),
+        ("[coordinator]\ncontrol_bind = \"tcp://0.0.0.0:7712\"\n", {}, "allow_remote_control"),
+        ("", {"PROFWATCH_COORDINATOR__TICK_INTERVAL_S": "inf"}, "finite"),
+        ("", {"PROFWATCH_NODE__BATCH_MAX_DELAY_S": "1e308"}, "less than or equal"),
+        ("", {"PROFWATCH_COORDINATOR": "garbage"}, "environment"),
+        ("", {"PROFWATCH_COORDINATOR__WINDOW_STEPS": "abc"}, "window_steps"),
+    ],
+)
+def test_bad_configs_fail_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, toml: str, env: dict,
+                                  needle: str) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(toml)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError) as ei:
+        load_settings(f)
+    assert needle in str(ei.value)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.toml")
