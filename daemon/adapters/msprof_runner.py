@@ -232,7 +232,7 @@ def _collect(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[bytes, by
     while True:
         try:
             out, err = proc.communicate(timeout=min(_POLL_S, max(0.01, deadline - time.monotonic())))
-            return out, err, False
+            return out, err, _cancel.is_set()  # killed by cancel_running(): not a result
         except subprocess.TimeoutExpired:
             if time.monotonic() < deadline and not _cancel.is_set():
                 continue

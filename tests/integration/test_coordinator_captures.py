@@ -272,3 +272,37 @@ def test_alerts_cli_prints_history_then_follows(harness, short_tmp: Path) -> Non
     finally:
         follow.terminate()
         follow.wait(10)
+
+
+def test_stop_during_analysis_is_prompt_and_the_capture_survives(short_tmp: Path) -> None:
+    import stat as st
+
+    tool = short_tmp / "hang-msprof"
+    tool.write_text("#!/bin/sh\nsleep 300\n")
+    tool.chmod(tool.stat().st_mode | st.S_IXUSR)
+    h = Harness(short_tmp)
+    try:
+        h.coord.settings.analysis.msprof.__dict__["command"] = str(tool)  # frozen-free model: swap the tool
+        cfg, prof = short_tmp / "cfg" / "jobS", short_tmp / "prof"
+        cfg.mkdir(parents=True)
+        h.hellos("jobS", 4, cfg, prof)
+        h.steps("jobS", 4, 12)
+        wait_for(lambda: call(h.control, "status", {"job_id": "jobS"})["jobs"][0]["furthest_step"] == 12, 20)
+        res = call(h.control, "arm", {"job_id": "jobS"})
+        wait_for(lambda: _of_type(h.events("jobS"), "io.profwatch.arm.v1"), 20)
+        generate_cluster(Path(res["prof_dir"]), world_size=4, capture_id=res["capture_id"])
+        wait_for(lambda: call(h.control, "captures", {"job_id": "jobS"})[-1]["state"] == "analysing", 60, 0.2,
+                 "analysis started")
+        wait_for(lambda: __import__("daemon.adapters.msprof_runner", fromlist=["_running"])._running, 30,
+                 what="the tool running")
+    finally:
+        h.close()  # joins the loop thread for at most 30 s; the 300 s tool must be killed, not awaited
+    assert not h.thread.is_alive()
+    from daemon.adapters.state import StateStore
+
+    store = StateStore(short_tmp / "state.db")
+    try:
+        assert store.captures("jobS")[-1]["state"] == "analysing"  # redone after the next start
+        assert not [e for _, e in store.events(job_id="jobS") if e["type"] == "io.profwatch.suspect_ranks.v1"]
+    finally:
+        store.close()
