@@ -450,8 +450,17 @@ class CaptureManager:
         now = time.time()
         cid = cap["capture_id"]
         self.c.state.save_batch(batch.batch_id, cid, cap["job_id"], "analysed", now, res)
+        plan = cap["plan"]
+        armed = list(range(int(plan.get("start_step", 0)) + int(plan.get("warmup", 0)),
+                           int(plan.get("start_step", 0)) + int(plan.get("warmup", 0)) + int(plan.get("active", 0))))
+        captured = list(getattr(batch, "steps", []) or [])
         data = {"batch_id": batch.batch_id, "capture_id": cid, "capture_reason": cap["reason"],
-                "analysis_duration_s": round(duration_s, 3), **res}
+                "analysis_duration_s": round(duration_s, 3), "armed_steps": armed, "captured_steps": captured, **res}
+        if captured and armed and not set(captured) & set(armed):
+            # step counters are per process (restarts, set_step): say so rather than silently trusting the data
+            data.setdefault("notes", [])
+            data["notes"] = [*data["notes"], f"captured steps {captured} are not the armed window {armed}: "
+                                             "a rank restarted its step counter, or the dirs are not this capture's"]
         self.c.emit("io.profwatch.suspect_ranks.v1", cap["job_id"], data, event_id=f"suspects-{cid}")
         self.c.state.upsert_capture(cid, cap["job_id"], "analysed", now, detail={"analysis_status": res.get("status")})
         self.c.metrics.captures.labels("analysed").inc()

@@ -129,6 +129,9 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
                      0.2, "suspect alert")[0]
     d = alert["data"]
     assert d["capture_id"] == res["capture_id"] and d["capture_reason"] == "test"
+    # the generated batch holds steps 1..3, not the armed window: the alert says so instead of trusting it silently
+    assert d["captured_steps"] == [1, 2, 3] and d["armed_steps"][0] == res["start_step"] + res["warmup"]
+    assert any("not the armed window" in n for n in d["notes"])
     assert d["suspects"][0]["rank"] == 2
     assert d["recipes"]["slow_rank"]["status"] == "ok" if isinstance(d["recipes"]["slow_rank"], dict) else \
         d["recipes"]["slow_rank"] == "ok"
