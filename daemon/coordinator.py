@@ -66,6 +66,9 @@ class Coordinator:
         self.ingest.setsockopt(zmq.LINGER, 0)
         self.ingest.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BATCH_BYTES)
         self.ingest.setsockopt(zmq.RCVHWM, 200)  # batches (up to 1000 reports each): bounds queued memory
+        # a restarted node daemon reconnects with the same identity before the old connection is torn down:
+        # hand the identity over to it instead of ignoring the new peer (FC-21)
+        self.ingest.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.ingest.bind(cs.ingest_bind)
         self.control_sock = control.bind_control(self._ctx, cs.control_bind)
         self.pub = EventPublisher(self._ctx, cs.pub_bind)
