@@ -101,6 +101,14 @@ class EventQueue:
         """Emit one event now (background threads only)."""
         self._emit(self.make(event, **kw))
 
+    def send_config_event(self, event: str, cfg: Any, generation: int | None, detail: str) -> None:
+        """Forward a :class:`rankhook.profconfig.ConfigWatcher` event; an ``arm_seen`` of a config whose
+        ``rank_list`` excludes this rank becomes ``arm_rejected`` (background threads only)."""
+        if event == "arm_seen" and cfg is not None and not cfg.selected:
+            event = "arm_rejected"
+        self.send(event, capture_id=cfg.capture_id if cfg else None, generation=generation,
+                  start_step=cfg.start_step if cfg else None, detail=detail)
+
     def drain(self) -> None:
         """Emit every queued event (background thread)."""
         q = self._q

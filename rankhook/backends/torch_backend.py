@@ -303,14 +303,8 @@ class TorchBackend:
             )
 
     def _on_config(self, event: str, cfg: ArmedConfig | None, gen: int | None, detail: str) -> None:
-        if self._events is None:
-            return
-        if event == "arm_seen" and cfg is not None and not cfg.selected:
-            event = "arm_rejected"
-        self._events.send(
-            event, capture_id=cfg.capture_id if cfg else None, generation=gen,
-            start_step=cfg.start_step if cfg else None, detail=detail,
-        )
+        if self._events is not None:
+            self._events.send_config_event(event, cfg, gen, detail)
 
 
 def _write_json(path: str, obj: Any) -> None:

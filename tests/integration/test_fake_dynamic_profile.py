@@ -17,6 +17,7 @@ from pathlib import Path
 from daemon.adapters.config_writer import ConfigWriter
 from daemon.core.capture import CaptureRequest, CaptureSettings, JobProgress, ProfilerConfig, plan_capture
 from tests.conftest import PYTHON, REPO_ROOT, python_env, wait_for
+from tests.integration.capture_job_files import read_events, read_progress
 
 WORKER = str(Path(__file__).with_name("capture_rank_worker.py"))
 FAKE = str(REPO_ROOT / "daemon" / "simulate" / "fake_torch_npu")
@@ -25,18 +26,11 @@ STEP_S = 0.05
 
 
 def _events(out: Path, rank: int) -> list[dict]:
-    p = out / f"events_{rank}.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+    return read_events(out, rank)
 
 
 def _progress(out: Path) -> list[int]:
-    vals = []
-    for r in range(WORLD):
-        try:
-            vals.append(int((out / f"progress_{r}").read_text() or 0))
-        except (OSError, ValueError):
-            vals.append(0)
-    return vals
+    return read_progress(out, WORLD)
 
 
 def test_fake_dynamic_profile_four_ranks(tmp_path: Path) -> None:

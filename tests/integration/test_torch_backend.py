@@ -12,6 +12,7 @@ import pytest
 from daemon.adapters.config_writer import ConfigWriter
 from daemon.core.capture import CaptureRequest, CaptureSettings, JobProgress, plan_capture
 from tests.conftest import PYTHON, python_env, wait_for
+from tests.integration.capture_job_files import read_events, read_progress
 
 pytest.importorskip("torch")
 
@@ -21,18 +22,11 @@ STEP_S = 0.05
 
 
 def _events(out: Path, rank: int) -> list[dict]:
-    p = out / f"events_{rank}.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+    return read_events(out, rank)
 
 
 def _progress(out: Path) -> list[int]:
-    vals = []
-    for r in range(WORLD):
-        try:
-            vals.append(int((out / f"progress_{r}").read_text() or 0))
-        except (OSError, ValueError):
-            vals.append(0)
-    return vals
+    return read_progress(out, WORLD)
 
 
 def test_two_rank_gloo_capture(tmp_path: Path) -> None:
