@@ -247,7 +247,7 @@ def _suspects_text(d: dict[str, Any]) -> str:
 @click.option("--ranks", default=4, show_default=True)
 @click.option("--nodes", default=2, show_default=True)
 @click.option("--slow-rank", default=2, show_default=True)
-@click.option("--slowdown", default=2.0, show_default=True, help="slow rank's compute factor")
+@click.option("--slowdown", default=3.0, show_default=True, help="slow rank's compute factor")
 @click.option("--at-step", default=40, show_default=True, help="step from which the rank is slower")
 @click.option("--scenario", type=click.Choice(["both", "torch", "ascend"]), default="both", show_default=True)
 @click.option("--timeout-s", default=240.0, show_default=True, help="per scenario")

@@ -31,10 +31,10 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=2000)
     p.add_argument("--max-seconds", type=float, default=600.0)
     p.add_argument("--stop-file", type=Path)
-    p.add_argument("--hidden", type=int, default=384)
+    p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--inner", type=int, default=4, help="forward passes per step (base compute)")
+    p.add_argument("--inner", type=int, default=6, help="forward passes per step (base compute)")
     return p.parse_args(argv)
 
 

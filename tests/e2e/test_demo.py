@@ -18,7 +18,7 @@ ORDER = ["detection", "arm", "batch_complete", "alert"]
 def test_demo_both_scenarios_name_the_slow_rank(tmp_path: Path) -> None:
     res = subprocess.run(
         [PYTHON, "-m", "daemon.cli", "demo", "--workdir", str(tmp_path), "--ranks", "4", "--nodes", "2",
-         "--slow-rank", "1", "--slowdown", "2.0", "--at-step", "40", "--timeout-s", "300"],
+         "--slow-rank", "1", "--slowdown", "3.0", "--at-step", "40", "--timeout-s", "300"],
         env=python_env(), capture_output=True, text=True, timeout=900,
     )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
