@@ -128,7 +128,7 @@ class CaptureManager:
         for cap in self.c.state.captures(states=("written", "collecting")):
             prof_dir = cap["plan"].get("prof_dir", "")
             if prof_dir and (path.startswith(prof_dir) or prof_dir.startswith(path)):
-                self._schedule_scan(cap, time.time(), soon=True)
+                self._schedule_scan(cap, time.time())
 
     # -- paths and jobs -----------------------------------------------------------------------------------------
     def on_hello(self, job: JobState, msg: wire.RankHello, now: float) -> None:
@@ -314,7 +314,7 @@ class CaptureManager:
         expected = set(cap["plan"].get("rank_list") or range(cap["plan"].get("world_size", 0)))
         done = {r for r, a in self._acks[cap["capture_id"]].items() if "completed" in a}
         if ev.event == "completed" and state in ("written", "collecting"):
-            self._schedule_scan(cap, now, soon=True)
+            self._schedule_scan(cap, now)
         if ev.event == "arm_seen" or ev.event == "started":
             seen = {r for r, a in self._acks[cap["capture_id"]].items() if a}
             if expected and seen >= expected and not cap["detail"].get("acknowledged"):
@@ -357,7 +357,7 @@ class CaptureManager:
     def _parse_allowance(self, cap: dict[str, Any]) -> float:
         return float(self.s.watch.parse_allowance_s)
 
-    def _schedule_scan(self, cap: dict[str, Any], now: float, soon: bool = False, final: bool = False) -> None:
+    def _schedule_scan(self, cap: dict[str, Any], now: float, final: bool = False) -> None:
         cid = cap["capture_id"]
         if cid in self._scanning:
             return

@@ -50,22 +50,17 @@ def cli() -> None:
     """profwatch: anomaly-triggered, same-batch-checked profiling for Ascend NPU and PyTorch clusters."""
 
 
-@cli.command()
-@_config_option
-def node(config_path: Path | None) -> None:
-    """Run the node daemon (one per host): relay rank telemetry, write node-local configs, tail dp logs."""
+def _serve(label: str, metrics_port: int | None, build: Any) -> None:
+    """Start one daemon: metrics endpoint, ``build(metrics)``, SIGTERM -> ``stop()``, ``run()`` until stopped.
+    A daemon that cannot start (port in use, bad state file, endpoint held) exits 2 with one line, no traceback."""
     from daemon.adapters.metrics import DaemonMetrics
-    from daemon.logsetup import configure_logging
-    from daemon.node import NodeDaemon
 
-    s = _load(config_path)
-    configure_logging(s.logging.level, s.logging.format)
-    metrics = DaemonMetrics("node")
+    metrics = DaemonMetrics(label)
     try:
-        metrics.serve(s.node.metrics_port)
-        d = NodeDaemon(s.node, metrics)
+        metrics.serve(metrics_port)
+        d = build(metrics)
     except Exception as exc:  # noqa: BLE001
-        click.echo(f"profwatch node: cannot start: {exc}", err=True)
+        click.echo(f"profwatch {label}: cannot start: {exc}", err=True)
         metrics.close()
         sys.exit(EXIT_USAGE)
     _install_sigterm(d.stop)
@@ -77,27 +72,26 @@ def node(config_path: Path | None) -> None:
 
 @cli.command()
 @_config_option
+def node(config_path: Path | None) -> None:
+    """Run the node daemon (one per host): relay rank telemetry, write node-local configs, tail dp logs."""
+    from daemon.logsetup import configure_logging
+    from daemon.node import NodeDaemon
+
+    s = _load(config_path)
+    configure_logging(s.logging.level, s.logging.format)
+    _serve("node", s.node.metrics_port, lambda metrics: NodeDaemon(s.node, metrics))
+
+
+@cli.command()
+@_config_option
 def coordinator(config_path: Path | None) -> None:
     """Run the coordinator: ingest, detection, arming, completeness, analysis, alerts."""
-    from daemon.adapters.metrics import DaemonMetrics
     from daemon.coordinator import Coordinator
     from daemon.logsetup import configure_logging
 
     s = _load(config_path)
     configure_logging(s.logging.level, s.logging.format)
-    metrics = DaemonMetrics("coordinator")
-    try:
-        metrics.serve(s.coordinator.metrics_port)
-        c = Coordinator(s, metrics)
-    except Exception as exc:  # noqa: BLE001
-        click.echo(f"profwatch coordinator: cannot start: {exc}", err=True)
-        metrics.close()
-        sys.exit(EXIT_USAGE)
-    _install_sigterm(c.stop)
-    try:
-        c.run()
-    finally:
-        metrics.close()
+    _serve("coordinator", s.coordinator.metrics_port, lambda metrics: Coordinator(s, metrics))
 
 
 def _call(s: Any, cmd: str, args: dict[str, Any] | None = None, timeout_s: float = 5.0) -> Any:

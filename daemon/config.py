@@ -137,8 +137,6 @@ class Settings(BaseSettings):
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
-    _toml_file: Path | None = None
-
     @classmethod
     def settings_customise_sources(
         cls,

@@ -266,7 +266,8 @@ class Coordinator:
                     if not known:
                         log.info("job_registered", job_id=m.job_id, world_size=m.world_size, backend=m.backend)
                     self.captures.on_hello(job, m, now)
-                    det = self.detectors.get(m.job_id) or self._detector_for(job.job_id, job.world_size)
+                    if m.job_id not in self.detectors:
+                        self._detector_for(job.job_id, job.world_size)
                 elif kind == "capture":
                     self.captures.on_capture_event(m, node_id, now)
                 elif kind == "bye":
