@@ -1,7 +1,7 @@
 """``profwatch`` command line (composition root): daemons, status, alerts, arming and offline tools.
 
-Exit codes: 0 success; 1 the command ran and found a problem (incomplete batch, missed slow rank...);
-2 usage or configuration error; 3 the coordinator could not be reached.
+Exit codes: the one table in ``daemon/exitcodes.py`` (0 ok, 1 judged but not ok, 2 usage/input/config error,
+3 coordinator unavailable).
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from typing import Any
 import click
 
 from daemon import __version__
-
-EXIT_PROBLEM = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
+from daemon.exitcodes import EXIT_NOT_OK as EXIT_PROBLEM
+from daemon.exitcodes import EXIT_UNAVAILABLE as EXIT_UNREACHABLE
+from daemon.exitcodes import EXIT_USAGE
 
 _config_option = click.option(
     "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="PROFWATCH_CONFIG",
