@@ -30,8 +30,11 @@ TYPE_ANALYSIS_FAILED = "io.profwatch.analysis_failed.v1"
 TYPE_ARM_DECISION = "io.profwatch.arm_decision.v1"
 TYPE_BATCH = "io.profwatch.batch.v1"
 TYPE_PATH_REFUSED = "io.profwatch.path_refused.v1"
+TYPE_ANALYSIS_ENRICHED = "io.profwatch.analysis_enriched.v1"
+"""Follow-up of a published verdict (the advisor's findings), same ``capture_id``/``batch_id``."""
 EVENT_TYPES = frozenset({TYPE_SUSPECT_RANKS, TYPE_BATCH_INCOMPLETE, TYPE_ANOMALY, TYPE_ARM, TYPE_CAPTURE,
-                         TYPE_ANALYSIS_FAILED, TYPE_ARM_DECISION, TYPE_BATCH, TYPE_PATH_REFUSED})
+                         TYPE_ANALYSIS_FAILED, TYPE_ARM_DECISION, TYPE_BATCH, TYPE_PATH_REFUSED,
+                         TYPE_ANALYSIS_ENRICHED})
 ALERTMANAGER_ZERO_TIME = "0001-01-01T00:00:00Z"
 """``endsAt`` of a firing alert in Alertmanager's webhook payload."""
 _ALERTNAMES = {
@@ -44,6 +47,7 @@ _ALERTNAMES = {
     TYPE_ARM_DECISION: "ProfwatchArmDecision",
     TYPE_BATCH: "ProfwatchBatch",
     TYPE_PATH_REFUSED: "ProfwatchPathRefused",
+    TYPE_ANALYSIS_ENRICHED: "ProfwatchAnalysisEnriched",
 }
 
 

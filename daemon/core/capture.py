@@ -6,8 +6,9 @@
   :class:`InvalidProfilerConfig`; ``is_valid`` and ``NPU_MONITOR_START`` are refused ("What a config-writing
   daemon must respect" item 7). :meth:`ProfilerConfig.render` emits only known keys.
 * :func:`plan_capture` turns a :class:`CaptureRequest` and the job's :class:`JobProgress` into a
-  :class:`CapturePlan` with an absolute ``start_step`` ahead of the furthest rank (item 4 of the same list,
-  FC-10), a per-capture ``prof_dir`` and request-id ``metadata`` (item 6) and a wall-clock deadline (FC-11).
+  :class:`CapturePlan` with an absolute ``start_step`` ahead of the ranks the capture covers, a per-capture
+  ``prof_dir``, request-id ``metadata`` and a wall-clock deadline per covered rank (``docs/capture-lifecycle.md``
+  "Planning": torch_npu's step counter is per process, its monitor polls every 2 s and later every step time).
 """
 
 from __future__ import annotations
@@ -228,6 +229,12 @@ class CaptureSettings(BaseModel):
     max_active: int = Field(default=10, gt=0)
     deadline_factor: float = Field(default=3.0, ge=1.0)
     deadline_grace_s: float = Field(default=120.0, ge=0)
+    write_timeout_s: float = Field(default=30.0, gt=0, le=86400)
+    """How long a capture may stay ``planned``: the config writer (the coordinator's file system worker, or every
+    node daemon of the job) must confirm the write by then, else the capture fails with the reason."""
+    final_scan_grace_s: float = Field(default=120.0, gt=0, le=86400)
+    """After a capture's judgement time, how long the final scan of its prof_dir may take before the capture is
+    closed ``incomplete`` without one (an unreachable file system never keeps a capture open)."""
 
 
 class CaptureRequest(BaseModel):
@@ -248,7 +255,14 @@ class CaptureRequest(BaseModel):
 
 class JobProgress(BaseModel):
     """Where the job is now: the furthest rank's step counter, a representative step time (s; None = not yet
-    measured), ``prof_root`` (absolute, where captures land) and the wall clock ``now_unix_s``."""
+    measured), ``prof_root`` (absolute, where captures land) and the wall clock ``now_unix_s``.
+
+    ``rank_steps`` / ``rank_step_time_s`` (optional, rank -> last step / that rank's own typical step time in s)
+    let the planner place ``start_step`` from the ranks the capture covers and give each rank a deadline from its
+    own progress: step counters are per process, so a rank that restarted counts from 0 while its peers are far
+    ahead (torch_npu ``cur_step``, see ``docs/capture-lifecycle.md``). Without them every rank is assumed to be
+    at ``furthest_step`` with ``step_time_s``.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -258,12 +272,17 @@ class JobProgress(BaseModel):
     step_time_s: float | None
     prof_root: str
     now_unix_s: float
+    rank_steps: dict[int, int] = Field(default_factory=dict)
+    rank_step_time_s: dict[int, float] = Field(default_factory=dict)
 
 
 class CapturePlan(BaseModel):
     """One planned capture: the exact ``config`` to write and what to expect. Steps captured (active) are
-    ``[start_step + warmup, start_step + warmup + active)``; ``deadline_unix_s`` is when every rank should have
-    closed the window (later ranks are reported stalled, FC-11)."""
+    ``[start_step + warmup, start_step + warmup + active)``. ``base_step`` is the furthest step among the ranks
+    the capture covers (``start_step = base_step + lead``); ``rank_deadlines_unix_s`` (covered rank -> unix s) is
+    when each rank should have closed its window, from its own step and step time; ``deadline_unix_s`` is the
+    latest of them (later ranks are reported stalled, FC-11). ``step_spread`` = furthest - least step counter
+    among the covered ranks at plan time (large after a rank restarted its counter)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -279,6 +298,9 @@ class CapturePlan(BaseModel):
     deadline_unix_s: float
     lead_steps: int
     poll_interval_s: float
+    base_step: int = 0
+    rank_deadlines_unix_s: dict[int, float] = Field(default_factory=dict)
+    step_spread: int = 0
 
 
 def poll_interval_s(furthest_step: int, step_time_s: float | None) -> float:
@@ -308,11 +330,14 @@ def new_capture_id(job_id: str, now_unix_s: float) -> str:
 def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSettings | None = None) -> CapturePlan:
     """Plan one capture. Raises :class:`CannotPlanCapture` or :class:`InvalidProfilerConfig`.
 
-    start_step: ``furthest_step + lead`` (see :func:`lead_steps`); ``in_steps`` asks for at least that many
-    steps ahead; an explicit ``start_step`` must not be earlier than the safe one. ``is_rank``/``rank_list`` only
-    when a strict subset of ``range(world_size)`` is asked. ``prof_dir`` = ``<prof_root>/<job_id>/<capture_id>/``.
-    Deadline: ``now + poll + margin_s + (start_step - furthest + warmup + active) * step_time * deadline_factor
-    + deadline_grace_s``.
+    Covered ranks: ``rank_list`` (``is_rank``/``rank_list`` only for a strict subset of ``range(world_size)``),
+    else every rank. ``base_step``: the furthest step among the covered ranks in ``job.rank_steps`` (default
+    ``furthest_step``). start_step: ``base_step + lead`` (see :func:`lead_steps`; the monitor poll interval is
+    taken at its longest over the job's least and furthest step counters, since any rank may own the node's
+    monitor); ``in_steps`` asks for at least that many steps ahead of ``base_step``; an explicit ``start_step``
+    must not be earlier than the safe one. ``prof_dir`` = ``<prof_root>/<job_id>/<capture_id>/``.
+    Deadline of covered rank r: ``now + poll + margin_s + (start_step - step_r + warmup + active) * step_time_r
+    * deadline_factor + deadline_grace_s`` (``step_r``/``step_time_r``: its own step and step time when known).
     """
     s = settings or CaptureSettings()
     if req.job_id != job.job_id:
@@ -329,19 +354,6 @@ def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSetting
     active = s.active if req.active is None else req.active
     if active > s.max_active:
         raise CannotPlanCapture(f"active {active} over max_active {s.max_active}")
-    lead = lead_steps(job.furthest_step, job.step_time_s, s)
-    earliest = job.furthest_step + lead
-    if req.start_step is not None:
-        if req.start_step < earliest:
-            raise CannotPlanCapture(
-                f"start_step {req.start_step} too close: furthest rank at {job.furthest_step}, earliest safe {earliest}"
-            )
-        start = req.start_step
-    elif req.in_steps is not None:
-        start = job.furthest_step + max(req.in_steps, lead)
-    else:
-        start = earliest
-    start = max(start, 1)
     ranks: list[int] | None = None
     if req.rank_list is not None:
         ranks = sorted(set(req.rank_list))
@@ -350,6 +362,25 @@ def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSetting
             raise CannotPlanCapture(f"rank_list {req.rank_list} must be non-empty ranks in [0, {job.world_size})")
         if len(ranks) == job.world_size:
             ranks = None
+    covered = ranks if ranks is not None else list(range(job.world_size))
+    known = {r: job.rank_steps[r] for r in covered if r in job.rank_steps}
+    base = max(known.values()) if known else job.furthest_step
+    least = min(job.rank_steps.values(), default=job.furthest_step)
+    poll = max(poll_interval_s(job.furthest_step, job.step_time_s), poll_interval_s(least, job.step_time_s))
+    lead = math.ceil((poll + s.margin_s) / job.step_time_s) + s.margin_steps
+    earliest = base + lead
+    if req.start_step is not None:
+        if req.start_step < earliest:
+            raise CannotPlanCapture(
+                f"start_step {req.start_step} too close: the covered ranks' furthest step is {base}, "
+                f"earliest safe {earliest}"
+            )
+        start = req.start_step
+    elif req.in_steps is not None:
+        start = base + max(req.in_steps, lead)
+    else:
+        start = earliest
+    start = max(start, 1)
     prof_dir = posixpath.join(job.prof_root, job.job_id, capture_id) + "/"
     config = ProfilerConfig(
         start_step=start,
@@ -363,11 +394,19 @@ def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSetting
         metadata={"profwatch_capture_id": capture_id, "profwatch_reason": req.reason, "profwatch_job_id": job.job_id},
         experimental_config=ExperimentalConfig(profiler_level=s.profiler_level, export_type=list(s.export_type)),
     )
-    poll = poll_interval_s(job.furthest_step, job.step_time_s)
-    window_steps = start - job.furthest_step + warmup + active
-    deadline = job.now_unix_s + poll + s.margin_s + window_steps * job.step_time_s * s.deadline_factor + s.deadline_grace_s
+    rank_deadlines: dict[int, float] = {}
+    for r in covered:
+        step_r = known.get(r, base)
+        st_r = job.rank_step_time_s.get(r) or job.step_time_s
+        if not (st_r > 0 and math.isfinite(st_r)):
+            st_r = job.step_time_s
+        window_steps = start - step_r + warmup + active
+        rank_deadlines[r] = (job.now_unix_s + poll + s.margin_s + window_steps * st_r * s.deadline_factor
+                             + s.deadline_grace_s)
+    spread = (max(known.values()) - min(known.values())) if known else 0
     return CapturePlan(
         capture_id=capture_id, job_id=job.job_id, reason=req.reason, start_step=start, warmup=warmup, active=active,
-        rank_list=ranks, prof_dir=prof_dir, config=config, deadline_unix_s=deadline, lead_steps=lead,
-        poll_interval_s=poll,
+        rank_list=ranks, prof_dir=prof_dir, config=config, deadline_unix_s=max(rank_deadlines.values()),
+        lead_steps=lead, poll_interval_s=poll, base_step=base, rank_deadlines_unix_s=rank_deadlines,
+        step_spread=spread,
     )

@@ -1,0 +1,95 @@
+"""What a capture says: the one verdict payload shape, per-rank explanations, the ``status`` view and the arm
+refusal text (pure; the lifecycle in ``daemon/core/lifecycle.py`` decides, this module words it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from daemon.core.alerts import suspect_alert_data
+from daemon.core.completeness import BatchState
+
+if TYPE_CHECKING:
+    from daemon.core.lifecycle import Capture
+
+VERDICT_KEYS = ("batch_id", "job_id", "kind", "status", "detail", "capture_id", "capture_reason", "world_size",
+                "suspects", "ranks", "recipes", "paths", "report", "notes", "armed_steps", "captured_steps",
+                "missing_ranks", "problems", "causes", "analysis_duration_s")
+"""The one payload shape of every verdict (``suspect_ranks``, ``batch_incomplete``, ``analysis_failed``) and of
+``report.json`` (which adds the raw per-step ``summaries`` and the advisor's full ``advisor`` message)."""
+
+
+def window_notes(armed: Sequence[int], captured: Sequence[int]) -> list[str]:
+    """A note when the captured steps are not the armed window (a step counter restarted, or foreign dirs)."""
+    if captured and armed and not set(captured) & set(armed):
+        return [f"captured steps {list(captured)} are not the armed window {list(armed)}: a rank restarted its "
+                "step counter, or the dirs are not this capture's"]
+    return []
+
+
+def verdict_payload(cap: Capture, *, status: str, detail: str, batch: BatchState | None = None,
+                    missing_ranks: Sequence[int] = (), problems: Sequence[Mapping[str, Any]] = (),
+                    causes: Sequence[str] = ()) -> dict[str, Any]:
+    """``VERDICT_KEYS`` for a verdict reached without an analysis result (incomplete batch, failed analysis)."""
+    captured = list(batch.steps) if batch is not None and batch.steps else sorted(
+        {s for r in cap.ranks.values() for s in r.steps})
+    base = suspect_alert_data(batch_id=cap.batch_id or (batch.batch_id if batch else cap.capture_id),
+                              job_id=cap.job_id, kind=batch.kind if batch is not None else "", status=status,
+                              suspects=[], summaries=[], recipes={}, paths={}, capture_reason=cap.reason,
+                              world_size=len(cap.ranks), notes=[*cap.notes, *window_notes(cap.armed_steps, captured)])
+    return {**base, "detail": detail, "capture_id": cap.capture_id, "report": None, "armed_steps": cap.armed_steps,
+            "captured_steps": captured, "missing_ranks": list(missing_ranks), "problems": [dict(p) for p in problems],
+            "causes": list(causes), "analysis_duration_s": None}
+
+
+def explain_ranks(cap: Capture, ranks: Iterable[int], causes: Mapping[int, str]) -> list[str]:
+    """One line per rank saying what it did and did not say, with the known cause (node state, backend)."""
+    out = []
+    for rank in ranks:
+        p = cap.ranks.get(rank)
+        if p is None:
+            continue
+        if p.rejected:
+            said = f"refused the arm ({p.rejected})"
+        elif p.failure:
+            said = f"reported its window failed ({p.failure})"
+        elif p.completed_unix_s is not None:
+            said = "closed its window, but its rank dir is not complete"
+        elif p.started_unix_s is not None:
+            said = f"started its window but did not close it by {p.window_end_unix_s:.0f}"
+        elif p.acknowledged:
+            said = (f"took the arm, but its window never started (step {p.step_at_plan} at arm time; start_step "
+                    f"{cap.start_step}; expected done by {p.window_end_unix_s:.0f})")
+        elif p.backend == "torch_npu" and p.hook_seen_unix_s is not None:
+            said = ("the hook read the config but torch_npu never acknowledged it (no 'Start step will be set to "
+                    f"{cap.start_step}' in its dp log)")
+        else:
+            said = "never acknowledged the arm"
+        cause = causes.get(rank, "")
+        out.append(f"rank {rank}: {said}" + (f"; cause: {cause}" if cause else ""))
+    return out
+
+
+def describe(cap: Capture, now: float) -> dict[str, Any]:
+    """The ``status`` view of one capture: state, its deadline and time left, acknowledgements, outcome."""
+    acked = sum(1 for p in cap.ranks.values() if p.acknowledged)
+    done = sum(1 for p in cap.ranks.values() if p.completed_unix_s is not None)
+    return {"capture_id": cap.capture_id, "job_id": cap.job_id, "state": cap.state.value, "reason": cap.reason,
+            "generation": cap.generation, "start_step": cap.start_step, "warmup": cap.warmup, "active": cap.active,
+            "prof_dir": cap.prof_dir, "writer": cap.writer, "created_unix_s": cap.created_unix_s,
+            "state_since_unix_s": cap.state_since_unix_s, "in_state_s": round(now - cap.state_since_unix_s, 1),
+            "deadline_unix_s": cap.deadline_unix_s,
+            "deadline_in_s": None if cap.deadline_unix_s is None else round(cap.deadline_unix_s - now, 1),
+            "judge_unix_s": cap.judge_unix_s, "expected_ranks": len(cap.ranks), "acknowledged_ranks": acked,
+            "completed_ranks": done, "nodes": {n: (None if w.ok is None else ("ok" if w.ok else w.detail))
+                                               for n, w in cap.nodes.items()},
+            "batch_id": cap.batch_id, "analysis_status": cap.analysis_status, "outcome": cap.outcome,
+            "notes": list(cap.notes), "total_bytes": cap.total_bytes}
+
+
+def refusal(blocker: Capture, now: float) -> str:
+    """Why an arm is refused while ``blocker`` is in flight, naming it and when it ends (its deadline)."""
+    when = blocker.deadline_unix_s
+    ends = f"its {blocker.state.value} deadline is in {max(0.0, when - now):.0f} s" if when is not None else "no deadline"
+    return (f"capture {blocker.capture_id} of job {blocker.job_id} is {blocker.state.value} ({ends}); retry after "
+            f"it ends, or stop it: profwatch cancel --job {blocker.job_id} --capture {blocker.capture_id}")
