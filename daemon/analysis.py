@@ -23,9 +23,11 @@ from daemon.adapters.kineto_reader import RECIPE as KINETO_RECIPE
 from daemon.adapters.kineto_reader import analyze_torch_batch
 from daemon.adapters.msprof_runner import MsprofSettings, run_msprof_analysis
 from daemon.adapters.report import write_report
-from daemon.core.alerts import TYPE_ANALYSIS_FAILED, TYPE_BATCH_INCOMPLETE, TYPE_SUSPECT_RANKS, suspect_alert_data
+from daemon.core.alerts import suspect_alert_data
+from daemon.core.capture_report import window_notes
 from daemon.core.completeness import BatchState
 from daemon.core.evidence import ClusterEvidence, RecipeStatus, Suspect
+from daemon.core.lifecycle import event_type_for
 from daemon.core.prof_layout import parse_rank_dir_name
 from daemon.core.ranking import RankingSettings, rank_suspects, ranking_notes
 
@@ -70,24 +72,33 @@ class AnalysisResult:
     paths: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
+    captured_steps: list[int] = field(default_factory=list)
+    context: dict[str, Any] = field(default_factory=dict)
 
     @property
     def event_type(self) -> str:
-        """CloudEvent type to publish for this result (``daemon.core.alerts`` constants)."""
-        if self.status in ("ok", "no_suspect", "partial"):
-            return TYPE_SUSPECT_RANKS
-        if self.status == "incomplete":
-            return TYPE_BATCH_INCOMPLETE
-        return TYPE_ANALYSIS_FAILED
+        """CloudEvent type to publish for this result (the one mapping, ``daemon.core.lifecycle.OUTCOMES``)."""
+        return event_type_for(self.status)
 
     def alert_data(self) -> dict[str, Any]:
-        """``data`` of the ``io.profwatch.suspect_ranks.v1`` (or failure) event for this batch."""
+        """The verdict payload (``daemon.core.capture_report.VERDICT_KEYS``): ``data`` of the event for this batch
+        and the body of ``report.json``. ``context`` (the capture's own fields, e.g. ``capture_id``,
+        ``armed_steps``) is merged in, its ``notes`` appended; ``analysis_duration_s`` sums staging, tool and
+        ranking times (what the verdict waited for)."""
         ev = self.evidence
         data = suspect_alert_data(batch_id=self.batch_id, job_id=self.job_id, kind=self.kind, status=self.status,
                                   suspects=self.suspects, summaries=ev.summaries if ev else [],
                                   recipes=self.recipes, paths=self.paths, capture_reason=self.capture_reason,
                                   world_size=self.world_size, notes=self.notes)
-        data["detail"] = self.detail
+        spent = [self.timings_s[k] for k in ("staging", "tool", "ranking") if k in self.timings_s]
+        data.update({"detail": self.detail, "capture_id": None, "report": self.paths.get("report_html")
+                     or self.paths.get("report_json"), "armed_steps": [], "captured_steps": list(self.captured_steps),
+                     "missing_ranks": [], "problems": [], "causes": [],
+                     "analysis_duration_s": round(sum(spent), 3) if spent else None})
+        ctx = dict(self.context)
+        extra_notes = list(ctx.pop("notes", []))
+        data.update(ctx)
+        data["notes"] = [*data["notes"], *extra_notes, *window_notes(data["armed_steps"], data["captured_steps"])]
         return data
 
     def to_json(self) -> dict[str, Any]:
@@ -173,7 +184,7 @@ def _not_complete(batch: BatchState, result: AnalysisResult) -> None:
 def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettings | None = None,
                   hostnames: dict[int, str] | None = None, capture_reason: str | None = None,
                   job_id: str | None = None, limiter: threading.BoundedSemaphore | None = None,
-                  now_unix_s: float | None = None) -> AnalysisResult:
+                  now_unix_s: float | None = None, context: dict[str, Any] | None = None) -> AnalysisResult:
     """Analyse one batch found by ``scan_tree``.
 
     Args:
@@ -184,6 +195,7 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
         capture_reason, job_id: copied into the result and the report.
         limiter: shared semaphore bounding concurrent msprof-analyze commands (coordinator).
         now_unix_s: report timestamp (default: the wall clock).
+        context: the capture's fields for the verdict payload (``daemon.core.lifecycle.analysis_context``).
 
     Returns:
         :class:`AnalysisResult`. Never raises for data or tool problems (unexpected exceptions become
@@ -193,7 +205,8 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
     t0 = time.monotonic()
     world = len(batch.expected_ranks) or len(batch.ranks)
     result = AnalysisResult(status="failed", batch_id=batch.batch_id, kind=batch.kind, world_size=world,
-                            capture_reason=capture_reason, job_id=job_id)
+                            capture_reason=capture_reason, job_id=job_id, context=dict(context or {}),
+                            captured_steps=list(batch.steps))
     if batch.status != "complete":
         _not_complete(batch, result)
         return result
@@ -235,6 +248,12 @@ def _analyze(batch: BatchState, result: AnalysisResult, work_dir: Path, out_dir:
     result.timings_s["tool"] = time.monotonic() - t
     result.evidence = ev
     result.recipes = dict(ev.recipes)
+    if not result.captured_steps:  # torch.profiler batches: the steps the Kineto traces hold on every rank
+        per_rank: dict[int, set[int]] = {}
+        for row in ev.summaries:
+            if row.step >= 0:
+                per_rank.setdefault(row.rank, set()).add(row.step)
+        result.captured_steps = sorted(set.intersection(*per_rank.values())) if per_rank else []
     t = time.monotonic()
     hosts = hostnames_from_dirs(batch.rank_dirs)
     hosts.update(hostnames or {})

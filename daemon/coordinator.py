@@ -21,10 +21,13 @@ from daemon.adapters import control
 from daemon.adapters.metrics import DaemonMetrics
 from daemon.adapters.publish import EventPublisher
 from daemon.adapters.state import StateStore
-from daemon.capture_manager import CaptureManager
+from daemon.capture_ports import BatchAnalyser, RankDirScanner
+from daemon.captures import CaptureShell
 from daemon.config import Settings
-from daemon.core.alerts import make_cloudevent
+from daemon.core.alerts import TYPE_ANALYSIS_ENRICHED, make_cloudevent
 from daemon.core.anomaly import Anomaly, JobDetector
+from daemon.core.capture import CaptureRequest
+from daemon.core.capture_report import describe
 from daemon.core.messages import MessageRejected, parse_node_message
 from daemon.core.registry import Registry, RegistryError
 from daemon.logsetup import OncePerKind
@@ -37,7 +40,32 @@ ALERT_TYPES = {
     "io.profwatch.batch_incomplete.v1",
     "io.profwatch.analysis_failed.v1",
     "io.profwatch.path_refused.v1",
+    TYPE_ANALYSIS_ENRICHED,
 }
+
+
+class _DetectorView:
+    """The capture shell's narrow view of the coordinator's detectors (``DetectorsPort``)."""
+
+    def __init__(self, detectors: dict[str, JobDetector]) -> None:
+        self._d = detectors
+
+    def exclude_steps(self, job_id: str, first: int, last: int, reason: str) -> None:
+        det = self._d.get(job_id)
+        if det is not None:
+            det.exclude_steps(first, last, reason)
+
+    def stalled_ranks(self, job_id: str) -> frozenset[int]:
+        det = self._d.get(job_id)
+        return frozenset(det.stalled_ranks) if det is not None else frozenset()
+
+
+def _start_watcher(on_wake: Callable[[str], None], settings: Settings) -> Any:
+    from daemon.adapters.prof_watch import ProfWatcher
+
+    watcher = ProfWatcher(on_wake, settings=settings.watch)
+    watcher.start()
+    return watcher
 
 
 class Coordinator:
@@ -72,7 +100,15 @@ class Coordinator:
         self.ingest.bind(cs.ingest_bind)
         self.control_sock = control.bind_control(self._ctx, cs.control_bind)
         self.pub = EventPublisher(self._ctx, cs.pub_bind)
-        self.captures = CaptureManager(self)
+        self._sinks: list[Any] = []
+        from daemon.adapters.config_writer import ConfigWriter
+
+        self.captures = CaptureShell(
+            settings=settings, store=self.state, jobs=self.registry.jobs, nodes=self.registry.nodes,
+            writer=ConfigWriter(), send_node_command=self.send_node_command, scanner=RankDirScanner(settings.watch),
+            analyser=BatchAnalyser(settings.analysis), detectors=_DetectorView(self.detectors), emit=self.emit,
+            post=self.results.put, clock=time.time, make_watcher=lambda on_wake: _start_watcher(on_wake, settings),
+            count_state=lambda state: self.metrics.captures.labels(state).inc())
         log.info("coordinator_started", ingest=cs.ingest_bind, control=cs.control_bind, pub=cs.pub_bind,
                  state_db=str(cs.state_db), jobs=len(self.registry.jobs))
 
@@ -133,7 +169,8 @@ class Coordinator:
         self.metrics.alerts.labels(type_).inc()
         self.counters["events"] += 1
         if is_alert:
-            self.captures.sink_alert(ev)
+            for sink in self._sinks:
+                sink.submit(ev)
         log.info("event_published", type=type_, job_id=job_id, event_id=ev["id"])
         return ev
 
@@ -148,6 +185,12 @@ class Coordinator:
         poller.register(self.ingest, zmq.POLLIN)
         poller.register(self.control_sock, zmq.POLLIN)
         next_tick = next_flush = 0.0
+        if self.settings.webhook.url:
+            from daemon.adapters.alert_sinks import WebhookSink
+
+            w = self.settings.webhook
+            self._sinks.append(WebhookSink(w.url, timeout_s=w.timeout_s, retries=w.retries, queue_size=w.queue_size,
+                                           external_url=w.external_url))
         self.captures.start()
         try:
             while not self._stop.is_set():
@@ -346,7 +389,7 @@ class Coordinator:
         if job_id is not None:
             snap["jobs"] = [j for j in snap["jobs"] if j["job_id"] == job_id]
         snap["counters"] = dict(self.counters)
-        snap["captures"] = self.captures.summary(job_id)
+        snap["captures"] = self.captures.summary(job_id, time.time())
         return snap
 
     def _cmd_events(self, job_id: str | None = None, since_seq: int = 0, limit: int = 100,
@@ -358,11 +401,32 @@ class Coordinator:
         return [{"seq": s, "event": e} for s, e in
                 self.state.events(job_id=job_id, alerts_only=bool(alerts_only), since_seq=since, limit=lim)]
 
-    def _cmd_arm(self, **args: Any) -> dict[str, Any]:
-        return self.captures.arm_from_control(args, time.time())
+    def _cmd_arm(self, job_id: Any = None, reason: Any = None, warmup: Any = None, active: Any = None,
+                 rank_list: Any = None, start_step: Any = None, in_steps: Any = None,
+                 dry_run: Any = False) -> dict[str, Any]:
+        if not isinstance(job_id, str):
+            raise control.ControlError("bad_request", "job_id (a string) is required")
+        try:
+            req = CaptureRequest(job_id=job_id, reason=str(reason or "manual"), warmup=warmup, active=active,
+                                 rank_list=list(rank_list) if rank_list else None, start_step=start_step,
+                                 in_steps=in_steps)
+        except ValueError as exc:  # pydantic: wrong types
+            raise control.ControlError("bad_request", str(exc)) from None
+        return self.captures.arm(job_id, req, time.time(), dry_run=bool(dry_run))
+
+    def _cmd_cancel(self, job_id: Any = None, capture_id: Any = None) -> list[dict[str, Any]]:
+        if not isinstance(job_id, str) or not (capture_id is None or isinstance(capture_id, str)):
+            raise control.ControlError("bad_request", "job_id (a string) is required; capture_id is a string")
+        return self.captures.cancel(job_id, capture_id, time.time())
+
+    def _cmd_capture(self, capture_id: Any = None) -> dict[str, Any]:
+        if not isinstance(capture_id, str):
+            raise control.ControlError("bad_request", "capture_id (a string) is required")
+        return self.captures.capture_view(capture_id, time.time())
 
     def _cmd_captures(self, job_id: str | None = None) -> list[dict[str, Any]]:
-        return self.state.captures(self._job_arg(job_id))
+        now = time.time()
+        return [describe(c, now) for c in self.state.captures(self._job_arg(job_id))]
 
     def _cmd_set_thresholds(self, detection: dict[str, Any] | None = None, arming: dict[str, Any] | None = None) -> dict[str, Any]:
         """Runtime tuning without restart: merge into the current settings, validate, apply to every detector."""
@@ -410,6 +474,8 @@ class Coordinator:
         self._stop.set()
         try:
             self.captures.close()
+            for sink in self._sinks:
+                sink.close()
         finally:
             try:
                 self._flush_registry()

@@ -44,6 +44,9 @@ class RankHello:
     ``prof_root`` is where the job's captures may land. Both are checked against the daemon's own
     allowed roots before anything is written or read there. ``counters`` are the rank publisher's
     ``sent``/``dropped``/``errors`` totals (the hello is re-sent every 10 s, so the daemons see rank-side drops).
+    ``backend`` is the capture backend in use (``none`` when the requested one failed to open);
+    ``backend_error`` says which was requested and why it is not in use (empty otherwise; added without a
+    schema bump: older receivers ignore it, older senders omit it).
     """
 
     job_id: str
@@ -58,6 +61,7 @@ class RankHello:
     profiler_config_path: str | None = None
     prof_root: str | None = None
     counters: dict[str, int] = field(default_factory=dict)
+    backend_error: str = ""
     kind: Literal["hello"] = "hello"
     v: int = SCHEMA_VERSION
 
@@ -151,6 +155,10 @@ class NodeHeartbeat:
         {"kind": "node_heartbeat", "v": 1, "node_id": "node1", "hostname": "node1", "pid": 900,
          "ts_unix_s": 1764500000.0, "started_unix_s": 1764400000.0,
          "counters": {"received": 1000, "rejected": 2, "relayed": 998, "dropped": 0}}
+
+    ``stale_state`` describes torch_npu leftovers on the node that break dynamic profiling (a
+    ``DynamicProfileNpuShm*`` segment older than the node's torch_npu ranks, an orphaned ``DynMonitorProc``);
+    empty when the node is clean (added without a schema bump; older receivers ignore it).
     """
 
     node_id: str
@@ -159,6 +167,7 @@ class NodeHeartbeat:
     ts_unix_s: float
     started_unix_s: float
     counters: dict[str, int] = field(default_factory=dict)
+    stale_state: str = ""
     kind: Literal["node_heartbeat"] = "node_heartbeat"
     v: int = SCHEMA_VERSION
 

@@ -1,17 +1,26 @@
 """Coordinator state in SQLite (stdlib ``sqlite3``; I/O): jobs, ranks, nodes, captures, batches, events/alerts.
 
-A restart loses nothing that matters: the registry (jobs, ranks, last steps), every capture and its state, batch
-results, and every published event (alerts are re-served to late subscribers from here, FC-20). WAL mode; the
-connection belongs to the thread that created it (the coordinator's main loop).
+A restart loses nothing that matters: the registry (jobs, ranks, last steps), every capture with its plan, state,
+deadlines, per-rank acknowledgements and per-node writes (typed columns, ``daemon.core.lifecycle.Capture`` in and
+out), batch results, and every published event (alerts are re-served to late subscribers from here). WAL mode;
+the connection belongs to the thread that created it (the coordinator's main loop).
+
+Schema versions (``PRAGMA user_version``): 0/absent with a ``captures.plan`` column = version 1 (captures as JSON
+``plan``/``detail`` blobs), migrated in place on open (the old table is kept as ``captures_v1``); 2 = this one.
+A newer version is refused with :class:`StateSchemaError`.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from daemon.core.lifecycle import Capture, CaptureState, NodeWrite, RankProgress
+
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs(
   job_id TEXT PRIMARY KEY, world_size INTEGER NOT NULL, backend TEXT, profiler_config_path TEXT, prof_root TEXT,
@@ -22,9 +31,6 @@ CREATE TABLE IF NOT EXISTS ranks(
   PRIMARY KEY(job_id, rank));
 CREATE TABLE IF NOT EXISTS nodes(
   node_id TEXT PRIMARY KEY, hostname TEXT, pid INTEGER, last_seen_unix_s REAL, counters TEXT);
-CREATE TABLE IF NOT EXISTS captures(
-  capture_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, state TEXT NOT NULL, reason TEXT, created_unix_s REAL,
-  updated_unix_s REAL, plan TEXT, detail TEXT);
 CREATE TABLE IF NOT EXISTS batches(
   batch_id TEXT PRIMARY KEY, capture_id TEXT, job_id TEXT, status TEXT, updated_unix_s REAL, result TEXT);
 CREATE TABLE IF NOT EXISTS events(
@@ -32,8 +38,59 @@ CREATE TABLE IF NOT EXISTS events(
   time TEXT, is_alert INTEGER NOT NULL DEFAULT 0, body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, seq);
 """
+CAPTURE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS captures(
+  capture_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, generation INTEGER NOT NULL DEFAULT 0, state TEXT NOT NULL,
+  reason TEXT NOT NULL, created_unix_s REAL NOT NULL, state_since_unix_s REAL NOT NULL, deadline_unix_s REAL,
+  judge_unix_s REAL NOT NULL, start_step INTEGER NOT NULL, warmup INTEGER NOT NULL, active INTEGER NOT NULL,
+  rank_list TEXT, world_size INTEGER NOT NULL, prof_dir TEXT NOT NULL, profiler_config_path TEXT NOT NULL,
+  writer TEXT NOT NULL, step_time_s REAL, config TEXT NOT NULL, written_unix_s REAL, config_mtime_s INTEGER,
+  batch_id TEXT, analysis_status TEXT, outcome TEXT NOT NULL DEFAULT '', notes TEXT NOT NULL DEFAULT '[]');
+CREATE INDEX IF NOT EXISTS captures_job ON captures(job_id, created_unix_s);
+CREATE INDEX IF NOT EXISTS captures_state ON captures(state);
+CREATE TABLE IF NOT EXISTS capture_ranks(
+  capture_id TEXT NOT NULL, rank INTEGER NOT NULL, step_at_plan INTEGER NOT NULL, step_time_s REAL,
+  window_end_unix_s REAL NOT NULL, backend TEXT NOT NULL DEFAULT '', hook_seen_unix_s REAL, tool_seen_unix_s REAL,
+  started_unix_s REAL, completed_unix_s REAL, rejected TEXT NOT NULL DEFAULT '', failure TEXT NOT NULL DEFAULT '',
+  rank_dir TEXT NOT NULL DEFAULT '', steps TEXT NOT NULL DEFAULT '', total_bytes INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY(capture_id, rank));
+CREATE TABLE IF NOT EXISTS capture_nodes(
+  capture_id TEXT NOT NULL, node_id TEXT NOT NULL, command_id TEXT NOT NULL, sent_unix_s REAL NOT NULL,
+  ok INTEGER, detail TEXT NOT NULL DEFAULT '', PRIMARY KEY(capture_id, node_id));
+"""
+_CAPTURE_COLS = ("capture_id", "job_id", "generation", "state", "reason", "created_unix_s", "state_since_unix_s",
+                 "deadline_unix_s", "judge_unix_s", "start_step", "warmup", "active", "rank_list", "world_size",
+                 "prof_dir", "profiler_config_path", "writer", "step_time_s", "config", "written_unix_s",
+                 "config_mtime_s", "batch_id", "analysis_status", "outcome", "notes")
+_RANK_COLS = ("capture_id", "rank", "step_at_plan", "step_time_s", "window_end_unix_s", "backend", "hook_seen_unix_s",
+              "tool_seen_unix_s", "started_unix_s", "completed_unix_s", "rejected", "failure", "rank_dir", "steps",
+              "total_bytes")
+V1_PARSE_ALLOWANCE_S = 600.0
+"""Judgement time of a migrated version-1 capture: its plan deadline plus the default parse allowance."""
 
-ACTIVE_CAPTURE_STATES = ("planned", "written", "acknowledged", "capturing", "collecting", "analysing")
+
+def write_capture(db: sqlite3.Connection, cap: Capture, ranks: Iterable[int] | None = None) -> None:
+    """Insert or replace one capture's rows inside the caller's transaction (see :meth:`StateStore.save_capture`)."""
+    row = (cap.capture_id, cap.job_id, cap.generation, cap.state.value, cap.reason, cap.created_unix_s,
+           cap.state_since_unix_s, cap.deadline_unix_s, cap.judge_unix_s, cap.start_step, cap.warmup, cap.active,
+           None if cap.rank_list is None else ",".join(map(str, cap.rank_list)), cap.world_size, cap.prof_dir,
+           cap.profiler_config_path, cap.writer, cap.step_time_s, json.dumps(dict(cap.config)), cap.written_unix_s,
+           cap.config_mtime_s, cap.batch_id, cap.analysis_status, cap.outcome, json.dumps(list(cap.notes)))
+    which = cap.ranks.values() if ranks is None else [cap.ranks[r] for r in ranks if r in cap.ranks]
+    db.execute(f"INSERT OR REPLACE INTO captures({','.join(_CAPTURE_COLS)}) VALUES({','.join('?' * len(_CAPTURE_COLS))})",
+               row)
+    db.executemany(
+        f"INSERT OR REPLACE INTO capture_ranks({','.join(_RANK_COLS)}) VALUES({','.join('?' * len(_RANK_COLS))})",
+        [(cap.capture_id, p.rank, p.step_at_plan, p.step_time_s, p.window_end_unix_s, p.backend, p.hook_seen_unix_s,
+          p.tool_seen_unix_s, p.started_unix_s, p.completed_unix_s, p.rejected, p.failure, p.rank_dir,
+          ",".join(map(str, p.steps)), p.total_bytes) for p in which])
+    db.executemany("INSERT OR REPLACE INTO capture_nodes VALUES(?,?,?,?,?,?)",
+                   [(cap.capture_id, n.node_id, n.command_id, n.sent_unix_s, None if n.ok is None else int(n.ok),
+                     n.detail) for n in cap.nodes.values()])
+
+
+class StateSchemaError(sqlite3.DatabaseError):
+    """The state database has a schema this profwatch cannot use (newer, or a capture table it does not know)."""
 
 
 class StateStore:
@@ -42,7 +99,8 @@ class StateStore:
     Args:
         path: SQLite file (parent folders are created); ``":memory:"`` for tests.
     Raises:
-        sqlite3.DatabaseError: the file is not a usable database (the daemon refuses to start with a clear error).
+        sqlite3.DatabaseError: the file is not a usable database (the daemon refuses to start with a clear error);
+            :class:`StateSchemaError` for a newer or unknown schema.
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -51,9 +109,31 @@ class StateStore:
         self.path = str(path)
         # built by the thread that constructs the coordinator, then used only by its main loop thread
         self.db = sqlite3.connect(self.path, isolation_level=None, timeout=10, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self._open_schema()
+        except Exception:
+            self.db.close()
+            raise
+
+    def _open_schema(self) -> None:
+        version = int(self.db.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise StateSchemaError(
+                f"state db {self.path} has schema version {version}, newer than this profwatch's {SCHEMA_VERSION}: "
+                "run the profwatch that wrote it, or move the file away to start with an empty state")
+        cols = {r[1] for r in self.db.execute("PRAGMA table_info(captures)")}
         self.db.executescript(SCHEMA)
+        if "plan" in cols:
+            from daemon.adapters.state_migrate import migrate_v1_captures
+
+            migrate_v1_captures(self.db, V1_PARSE_ALLOWANCE_S)
+        elif cols and "judge_unix_s" not in cols:
+            raise StateSchemaError(f"state db {self.path}: unknown captures table (columns {sorted(cols)}); "
+                                   "move the file away to start with an empty state")
+        self.db.executescript(CAPTURE_SCHEMA)
+        self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
         self.db.close()
@@ -86,56 +166,60 @@ class StateStore:
             self.db.row_factory = None
         return jobs, ranks, nodes
 
-    # -- captures and batches -------------------------------------------------------------------------------------
-    def upsert_capture(
-        self, capture_id: str, job_id: str, state: str, now: float, *, reason: str | None = None,
-        plan: dict[str, Any] | None = None, detail: dict[str, Any] | None = None,
-    ) -> None:
-        """Create or update a capture row (``plan``/``detail`` are merged JSON objects)."""
-        row = self.get_capture(capture_id)
-        if row is None:
-            self.db.execute(
-                "INSERT INTO captures VALUES(?,?,?,?,?,?,?,?)",
-                (capture_id, job_id, state, reason, now, now, json.dumps(plan or {}), json.dumps(detail or {})),
-            )
-            return
-        new_plan = row["plan"] | (plan or {})
-        new_detail = row["detail"] | (detail or {})
-        self.db.execute(
-            "UPDATE captures SET state=?, updated_unix_s=?, plan=?, detail=?, reason=COALESCE(?, reason) WHERE capture_id=?",
-            (state, now, json.dumps(new_plan), json.dumps(new_detail), reason, capture_id),
-        )
+    # -- captures -------------------------------------------------------------------------------------------------
+    def save_capture(self, cap: Capture, ranks: Iterable[int] | None = None) -> None:
+        """Write one capture: its row, its node writes, and the per-rank rows of ``ranks`` (None = all of them;
+        pass the ranks a transition touched so a 10,000-rank capture is not rewritten per acknowledgement)."""
+        with self.db:
+            self.db.execute("BEGIN")
+            write_capture(self.db, cap, ranks)
 
-    def get_capture(self, capture_id: str) -> dict[str, Any] | None:
-        cur = self.db.execute(
-            "SELECT capture_id, job_id, state, reason, created_unix_s, updated_unix_s, plan, detail FROM captures "
-            "WHERE capture_id=?",
-            (capture_id,),
-        )
-        r = cur.fetchone()
-        return None if r is None else self._capture_row(r)
+    def get_capture(self, capture_id: str) -> Capture | None:
+        found = self._load("WHERE capture_id=?", [capture_id])
+        return found[0] if found else None
 
-    def captures(self, job_id: str | None = None, states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-        """Captures, oldest first, optionally filtered by job and state."""
-        q = "SELECT capture_id, job_id, state, reason, created_unix_s, updated_unix_s, plan, detail FROM captures"
+    def captures(self, job_id: str | None = None, states: Iterable[CaptureState] | None = None) -> list[Capture]:
+        """Captures, oldest first, optionally filtered by job (exact id) and state."""
         cond, args = [], []
         if job_id is not None:
             cond.append("job_id=?")
             args.append(job_id)
-        if states:
-            cond.append(f"state IN ({','.join('?' * len(states))})")
-            args.extend(states)
-        if cond:
-            q += " WHERE " + " AND ".join(cond)
-        return [self._capture_row(r) for r in self.db.execute(q + " ORDER BY created_unix_s", args)]
+        if states is not None:
+            vals = [s.value for s in states]
+            cond.append(f"state IN ({','.join('?' * len(vals))})")
+            args.extend(vals)
+        return self._load(("WHERE " + " AND ".join(cond)) if cond else "", args)
 
-    @staticmethod
-    def _capture_row(r: tuple) -> dict[str, Any]:
-        return {
-            "capture_id": r[0], "job_id": r[1], "state": r[2], "reason": r[3], "created_unix_s": r[4],
-            "updated_unix_s": r[5], "plan": json.loads(r[6] or "{}"), "detail": json.loads(r[7] or "{}"),
-        }
+    def _load(self, where: str, args: list[Any]) -> list[Capture]:
+        rows = self.db.execute(f"SELECT {','.join(_CAPTURE_COLS)} FROM captures {where} "
+                               "ORDER BY created_unix_s, capture_id", args).fetchall()
+        if not rows:
+            return []
+        ids = [r[0] for r in rows]
+        marks = ",".join("?" * len(ids))
+        ranks: dict[str, dict[int, RankProgress]] = {i: {} for i in ids}
+        for r in self.db.execute(f"SELECT {','.join(_RANK_COLS)} FROM capture_ranks WHERE capture_id IN ({marks}) "
+                                 "ORDER BY capture_id, rank", ids):
+            ranks[r[0]][r[1]] = RankProgress(
+                rank=r[1], step_at_plan=r[2], step_time_s=r[3], window_end_unix_s=r[4], backend=r[5],
+                hook_seen_unix_s=r[6], tool_seen_unix_s=r[7], started_unix_s=r[8], completed_unix_s=r[9],
+                rejected=r[10], failure=r[11], rank_dir=r[12], steps=tuple(int(x) for x in r[13].split(",") if x),
+                total_bytes=r[14])
+        nodes: dict[str, dict[str, NodeWrite]] = {i: {} for i in ids}
+        for n in self.db.execute(f"SELECT capture_id, node_id, command_id, sent_unix_s, ok, detail FROM capture_nodes "
+                                 f"WHERE capture_id IN ({marks})", ids):
+            nodes[n[0]][n[1]] = NodeWrite(n[1], n[2], n[3], None if n[4] is None else bool(n[4]), n[5])
+        out = []
+        for r in rows:
+            d = dict(zip(_CAPTURE_COLS, r, strict=True))
+            d["state"] = CaptureState(d["state"])
+            d["rank_list"] = None if d["rank_list"] is None else tuple(int(x) for x in d["rank_list"].split(",") if x)
+            d["config"] = json.loads(d["config"])
+            d["notes"] = tuple(json.loads(d["notes"]))
+            out.append(Capture(**d, ranks=ranks[d["capture_id"]], nodes=nodes[d["capture_id"]]))
+        return out
 
+    # -- batches --------------------------------------------------------------------------------------------------
     def save_batch(self, batch_id: str, capture_id: str | None, job_id: str | None, status: str, now: float,
                    result: dict[str, Any]) -> None:
         self.db.execute(

@@ -88,7 +88,7 @@ class ExperimentalConfig(_Strict):
     gc_detect_threshold: float | None = Field(default=None, ge=0)
     data_simplification: StrictBool = True
     record_op_args: StrictBool = False
-    export_type: list[ExportType] = Field(default_factory=lambda: ["text"], min_length=1)
+    export_type: list[ExportType] = Field(default_factory=lambda: list[ExportType](["text"]), min_length=1)
     msprof_tx: StrictBool = False
     mstx: StrictBool = False
     host_sys: list[HostSys] = Field(default_factory=list)
@@ -122,7 +122,7 @@ class ProfilerConfig(_Strict):
     ``ProfilerConfig()`` therefore raises: pass a start_step.
     """
 
-    activities: list[Literal["CPU", "NPU"]] = Field(default_factory=lambda: ["CPU", "NPU"], min_length=1)
+    activities: list[Literal["CPU", "NPU"]] = Field(default_factory=lambda: list[Literal["CPU", "NPU"]](["CPU", "NPU"]), min_length=1)
     prof_dir: StrictStr = Field(default="./", min_length=1)
     analyse: StrictBool = False
     async_mode: StrictBool = False
@@ -222,7 +222,7 @@ class CaptureSettings(BaseModel):
     active: int = Field(default=2, gt=0)
     margin_steps: int = Field(default=2, ge=0)
     margin_s: float = Field(default=2.0, ge=0)
-    export_type: list[ExportType] = Field(default_factory=lambda: ["db"], min_length=1)
+    export_type: list[ExportType] = Field(default_factory=lambda: list[ExportType](["db"]), min_length=1)
     profiler_level: ProfilerLevel = "Level1"
     analyse: bool = True
     async_mode: bool = True

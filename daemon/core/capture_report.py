@@ -11,6 +11,7 @@ from daemon.core.completeness import BatchState
 
 if TYPE_CHECKING:
     from daemon.core.lifecycle import Capture
+    from daemon.core.registry import JobState, NodeState
 
 VERDICT_KEYS = ("batch_id", "job_id", "kind", "status", "detail", "capture_id", "capture_reason", "world_size",
                 "suspects", "ranks", "recipes", "paths", "report", "notes", "armed_steps", "captured_steps",
@@ -81,7 +82,7 @@ def describe(cap: Capture, now: float) -> dict[str, Any]:
             "deadline_unix_s": cap.deadline_unix_s,
             "deadline_in_s": None if cap.deadline_unix_s is None else round(cap.deadline_unix_s - now, 1),
             "judge_unix_s": cap.judge_unix_s, "expected_ranks": len(cap.ranks), "acknowledged_ranks": acked,
-            "completed_ranks": done, "nodes": {n: (None if w.ok is None else ("ok" if w.ok else w.detail))
+            "completed_ranks": done, "node_writes": {n: (None if w.ok is None else ("ok" if w.ok else w.detail))
                                                for n, w in cap.nodes.items()},
             "batch_id": cap.batch_id, "analysis_status": cap.analysis_status, "outcome": cap.outcome,
             "notes": list(cap.notes), "total_bytes": cap.total_bytes}
@@ -93,3 +94,33 @@ def refusal(blocker: Capture, now: float) -> str:
     ends = f"its {blocker.state.value} deadline is in {max(0.0, when - now):.0f} s" if when is not None else "no deadline"
     return (f"capture {blocker.capture_id} of job {blocker.job_id} is {blocker.state.value} ({ends}); retry after "
             f"it ends, or stop it: profwatch cancel --job {blocker.job_id} --capture {blocker.capture_id}")
+
+
+def rank_causes(ranks: Iterable[int], job: JobState | None, nodes: Mapping[str, NodeState], now: float,
+                node_timeout_s: float) -> dict[int, str]:
+    """What the coordinator knows that explains a rank's silence: the rank left or went quiet, its capture
+    backend failed to open, its node daemon is down or reported stale torch_npu state (a leftover
+    ``DynamicProfileNpuShm*`` segment, an orphaned monitor; ``docs/capture-lifecycle.md``). Ranks with nothing
+    known are left out."""
+    out: dict[int, str] = {}
+    for rank in ranks:
+        r = job.ranks.get(rank) if job is not None else None
+        if r is None:
+            out[rank] = "the rank never said hello"
+            continue
+        parts = []
+        if r.left:
+            parts.append("the rank left the job")
+        if r.backend == "none" and r.backend_error:
+            parts.append(f"no capture backend ({r.backend_error})")
+        node = nodes.get(r.node_id)
+        if node is None:
+            parts.append(f"node {r.node_id or '?'} unknown to the coordinator")
+        else:
+            if now - node.last_seen_unix_s > node_timeout_s:
+                parts.append(f"node {node.node_id} DOWN (last heard {now - node.last_seen_unix_s:.0f} s ago)")
+            if node.stale_state:
+                parts.append(f"node {node.node_id} reports stale torch_npu state: {node.stale_state}")
+        if parts:
+            out[rank] = "; ".join(parts)
+    return out

@@ -352,8 +352,10 @@ def rank_event(cap: Capture, ev: wire.CaptureEvent, now: float, settings: Lifecy
     ts = ev.ts_unix_s
     if ev.event == "arm_seen":
         r = replace(r, tool_seen_unix_s=ts) if ev.source == "dp_log" else replace(r, hook_seen_unix_s=ts)
-    elif ev.event in ("arm_rejected", "failed"):
-        r = replace(r, **{"rejected" if ev.event == "arm_rejected" else "failure": ev.detail or ev.event})
+    elif ev.event == "arm_rejected":
+        r = replace(r, rejected=ev.detail or ev.event)
+    elif ev.event == "failed":
+        r = replace(r, failure=ev.detail or ev.event)
     elif ev.event == "started":
         r = replace(r, started_unix_s=r.started_unix_s or ts)
     elif ev.event == "completed":

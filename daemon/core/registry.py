@@ -39,6 +39,7 @@ class RankState:
     left: bool = False
     dropped: int = 0  # messages the rank's publisher dropped (from its periodic hello)
     window: StepWindow | None = None
+    backend_error: str = ""  # why the requested capture backend is not in use ("" = none asked or it opened)
 
 
 @dataclass(slots=True)
@@ -78,6 +79,7 @@ class NodeState:
     last_seq: int = -1
     lost_batches: int = 0
     counters: dict[str, int] = field(default_factory=dict)
+    stale_state: str = ""  # torch_npu leftovers the node daemon found (stale shm segment, orphaned monitor)
 
 
 class Registry:
@@ -115,6 +117,7 @@ class Registry:
         node.pid = hb.pid
         node.started_unix_s = hb.started_unix_s
         node.counters = dict(hb.counters)
+        node.stale_state = hb.stale_state[:2000]
         return new
 
     # -- ranks ------------------------------------------------------------------------------------------------
@@ -131,6 +134,7 @@ class Registry:
         if r is None:
             r = job.ranks[msg.rank] = RankState(rank=msg.rank, window=StepWindow(self.window_steps))
         r.hostname, r.node_id, r.pid, r.local_rank, r.backend = msg.hostname, node_id, msg.pid, msg.local_rank, msg.backend
+        r.backend_error = msg.backend_error[:500]
         r.seen_unix_s = now
         r.left = False
         r.dropped = int(msg.counters.get("dropped", 0))
@@ -194,6 +198,8 @@ class Registry:
                     "capturing": r.capturing,
                     "left": r.left,
                     "dropped": r.dropped,
+                    "backend": r.backend,
+                    "backend_error": r.backend_error,
                 }
                 for r in sorted(job.ranks.values(), key=lambda r: r.rank)
             ]
@@ -202,7 +208,8 @@ class Registry:
                     "job_id": job.job_id,
                     "world_size": job.world_size,
                     "ranks_seen": len(job.ranks),
-                    "backend": job.backend,
+                    "backend": _backends_in_use(job),
+                    "backend_errors": {str(r.rank): r.backend_error for r in job.ranks.values() if r.backend_error},
                     "furthest_step": job.furthest_step(),
                     "median_step_time_s": job.median_step_time_s(),
                     "profiler_config_path": job.profiler_config_path,
@@ -220,7 +227,19 @@ class Registry:
                 "lost_batches": n.lost_batches,
                 "down": now - n.last_seen_unix_s > node_timeout_s,
                 "counters": n.counters,
+                "stale_state": n.stale_state,
             }
             for n in self.nodes.values()
         ]
         return {"jobs": jobs, "nodes": nodes}
+
+
+def _backends_in_use(job: JobState) -> str:
+    """The capture backend the job's ranks actually run (``torch_npu``; ``none`` when it failed to open), e.g.
+    ``torch_npu`` or ``none x1, torch_npu x3`` when the ranks differ."""
+    counts: dict[str, int] = {}
+    for r in job.ranks.values():
+        counts[r.backend or "?"] = counts.get(r.backend or "?", 0) + 1
+    if len(counts) <= 1:
+        return next(iter(counts), job.backend)
+    return ", ".join(f"{b} x{n}" for b, n in sorted(counts.items()))

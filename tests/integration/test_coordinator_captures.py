@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from daemon.adapters.control import ControlError, call
+from daemon.adapters.control import ControlError, ControlUnavailable, call
 from daemon.config import load_settings
 from daemon.coordinator import Coordinator
+from daemon.core.capture_report import VERDICT_KEYS
+from daemon.core.lifecycle import CaptureState
 from daemon.node import NodeDaemon
 from daemon.simulate.ascend_tree import generate_cluster
 from rankhook import wire
@@ -74,8 +76,28 @@ class Harness:
                         for r in range(world)])
 
     def events(self, job: str, alerts_only: bool = False) -> list[dict]:
-        return [r["event"] for r in call(self.control, "events", {"job_id": job, "alerts_only": alerts_only,
-                                                                   "limit": 500}, timeout_s=10)]
+        """Stored events of ``job`` ([] while the coordinator does not answer: wait predicates stay total)."""
+        try:
+            return [r["event"] for r in call(self.control, "events", {"job_id": job, "alerts_only": alerts_only,
+                                                                       "limit": 500}, timeout_s=10)]
+        except ControlUnavailable:
+            return []
+
+    def furthest(self, job: str) -> int:
+        """The job's furthest step in ``status`` (-1 while the job is unknown or the coordinator is busy)."""
+        try:
+            jobs = call(self.control, "status", {"job_id": job}, timeout_s=10)["jobs"]
+        except ControlUnavailable:
+            return -1
+        return jobs[0]["furthest_step"] if jobs else -1
+
+    def last_capture(self, job: str) -> dict:
+        """The job's newest capture as ``captures`` lists it ({} while there is none)."""
+        try:
+            caps = call(self.control, "captures", {"job_id": job}, timeout_s=10)
+        except ControlUnavailable:
+            return {}
+        return caps[-1] if caps else {}
 
     def close(self) -> None:
         self.dealer.close(0)
@@ -109,11 +131,12 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
     cfg.mkdir(parents=True)
     h.hellos("jobX", 4, cfg, prof)
     h.steps("jobX", 4, 12)
-    wait_for(lambda: call(h.control, "status", {"job_id": "jobX"})["jobs"][0]["furthest_step"] == 12, 20)
+    wait_for(lambda: h.furthest("jobX") == 12, 20)
     dry = call(h.control, "arm", {"job_id": "jobX", "in_steps": 20, "dry_run": True})
     assert dry["dry_run"] and not (cfg / "profiler_config.json").exists()
     res = call(h.control, "arm", {"job_id": "jobX", "reason": "test", "active": 2})
     assert res["start_step"] > 12 and res["config"]["experimental_config"]["export_type"] == ["db"]
+    assert res["state"] == "planned" and res["deadline_in_s"] > 0  # nothing is confirmed yet: it says so
     with pytest.raises(ControlError) as ei:  # one capture at a time
         call(h.control, "arm", {"job_id": "jobX"})
     assert ei.value.code == "conflict"
@@ -129,6 +152,10 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
                      0.2, "suspect alert")[0]
     d = alert["data"]
     assert d["capture_id"] == res["capture_id"] and d["capture_reason"] == "test"
+    # one payload shape: report.json holds the alert's data (plus the raw per-step rows and the advisor message)
+    assert set(d) == set(VERDICT_KEYS)
+    report = json.loads(Path(d["paths"]["report_json"]).read_text())
+    assert {k: v for k, v in report.items() if k not in ("summaries", "advisor")} == d
     # the generated batch holds steps 1..3, not the armed window: the alert says so instead of trusting it silently
     assert d["captured_steps"] == [1, 2, 3] and d["armed_steps"][0] == res["start_step"] + res["warmup"]
     assert any("not the armed window" in n for n in d["notes"])
@@ -137,8 +164,7 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
         d["recipes"]["slow_rank"] == "ok"
     batch_events = _of_type(h.events("jobX"), "io.profwatch.batch.v1")
     assert len(batch_events) == 1
-    caps = call(h.control, "captures", {"job_id": "jobX"})
-    assert caps[-1]["state"] == "analysed"
+    assert wait_for(lambda: h.last_capture("jobX").get("state") == "analysed", 20)
 
 
 def test_paths_outside_allowed_roots_are_refused(harness, short_tmp: Path) -> None:
@@ -149,7 +175,7 @@ def test_paths_outside_allowed_roots_are_refused(harness, short_tmp: Path) -> No
     ev = wait_for(lambda: _of_type(h.events("jobY", alerts_only=True), "io.profwatch.path_refused.v1"), 20)[0]
     assert len(ev["data"]["problems"]) == 2
     h.steps("jobY", 2, 12)
-    wait_for(lambda: call(h.control, "status", {"job_id": "jobY"})["jobs"][0]["furthest_step"] == 12, 20)
+    wait_for(lambda: h.furthest("jobY") == 12, 20)
     with pytest.raises(ControlError) as ei:
         call(h.control, "arm", {"job_id": "jobY"})
     assert ei.value.code == "refused"
@@ -162,7 +188,7 @@ def test_unacknowledged_arm_and_missing_ranks_are_reported(harness, short_tmp: P
     cfg.mkdir(parents=True)
     h.hellos("jobZ", 3, cfg, prof)
     h.steps("jobZ", 3, 12)
-    wait_for(lambda: call(h.control, "status", {"job_id": "jobZ"})["jobs"][0]["furthest_step"] == 12, 20)
+    wait_for(lambda: h.furthest("jobZ") == 12, 20)
     res = call(h.control, "arm", {"job_id": "jobZ"})
     # rank 1 acknowledges through its dp log (as relayed by a node daemon); 0 and 2 never do
     wait_for(lambda: _of_type(h.events("jobZ"), "io.profwatch.arm.v1"), 20)
@@ -177,7 +203,7 @@ def test_unacknowledged_arm_and_missing_ranks_are_reported(harness, short_tmp: P
                    "batch_incomplete alert")[0]
     assert inc["data"]["capture_id"] == res["capture_id"]
     assert inc["data"]["missing_ranks"] == [0, 1, 2]
-    assert call(h.control, "captures", {"job_id": "jobZ"})[-1]["state"] == "incomplete"
+    assert h.last_capture("jobZ")["state"] == "incomplete"
 
 
 def test_node_writes_config_on_command(harness, short_tmp: Path) -> None:
@@ -204,8 +230,7 @@ def test_node_writes_config_on_command(harness, short_tmp: Path) -> None:
             for r in range(2):
                 push.send_multipart(wire.frames(wire.StepReport(job_id="jobN", rank=r, step=s, step_time_s=0.5,
                                                                 ts_unix_s=time.time())))
-        wait_for(lambda: (call(h.control, "status", {"job_id": "jobN"})["jobs"] or [{}])[0].get("furthest_step") == 12,
-                 20)
+        wait_for(lambda: h.furthest("jobN") == 12, 20)
         res = call(h.control, "arm", {"job_id": "jobN"})
         assert res["writer"] == "node" and res["nodes"] == ["fake-node"]
         ev = wait_for(lambda: _of_type(h.events("jobN"), "io.profwatch.arm.v1"), 20, what="node ack")[0]
@@ -290,12 +315,11 @@ def test_stop_during_analysis_is_prompt_and_the_capture_survives(short_tmp: Path
         cfg.mkdir(parents=True)
         h.hellos("jobS", 4, cfg, prof)
         h.steps("jobS", 4, 12)
-        wait_for(lambda: call(h.control, "status", {"job_id": "jobS"})["jobs"][0]["furthest_step"] == 12, 20)
+        wait_for(lambda: h.furthest("jobS") == 12, 20)
         res = call(h.control, "arm", {"job_id": "jobS"})
         wait_for(lambda: _of_type(h.events("jobS"), "io.profwatch.arm.v1"), 20)
         generate_cluster(Path(res["prof_dir"]), world_size=4, capture_id=res["capture_id"])
-        wait_for(lambda: call(h.control, "captures", {"job_id": "jobS"})[-1]["state"] == "analysing", 60, 0.2,
-                 "analysis started")
+        wait_for(lambda: h.last_capture("jobS").get("state") == "analysing", 60, 0.2, "analysis started")
         wait_for(lambda: __import__("daemon.adapters.msprof_runner", fromlist=["_running"])._running, 30,
                  what="the tool running")
     finally:
@@ -305,7 +329,7 @@ def test_stop_during_analysis_is_prompt_and_the_capture_survives(short_tmp: Path
 
     store = StateStore(short_tmp / "state.db")
     try:
-        assert store.captures("jobS")[-1]["state"] == "analysing"  # redone after the next start
+        assert store.captures("jobS")[-1].state is CaptureState.ANALYSING  # redone after the next start
         assert not [e for _, e in store.events(job_id="jobS") if e["type"] == "io.profwatch.suspect_ranks.v1"]
     finally:
         store.close()

@@ -1,0 +1,156 @@
+"""The narrow collaborators of the capture shell (``daemon/captures.py``) as Protocols, and their default
+implementations over the adapters (I/O: file system scans, msprof-analyze through ``analyze_batch``).
+
+The shell never sees the coordinator: the composition root (``daemon/coordinator.py``) builds these and hands
+them over. Tests pass fakes with the same methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from daemon.core.completeness import BatchState, CaptureHint
+from rankhook import wire
+
+if TYPE_CHECKING:
+    from daemon.analysis import AnalysisSettings
+    from daemon.core.watch_settings import WatchSettings
+
+
+class ConfigWriterPort(Protocol):
+    """Writes ``profiler_config.json`` (``daemon.adapters.config_writer.ConfigWriter``); returns an object with
+    ``path`` and ``mtime_s``; raises on refusal or I/O error. Called on the shell's file system worker."""
+
+    def write(self, config_dir: str, content: dict[str, Any], *, not_before_unix_s: float,
+              allowed_roots: Sequence[str]) -> Any: ...
+
+
+class WatcherPort(Protocol):
+    """Watches prof_dirs and wakes the shell (``daemon.adapters.prof_watch.ProfWatcher``)."""
+
+    def watch(self, prof_dir: str) -> Any: ...
+
+    def unwatch(self, prof_dir: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ScannerPort(Protocol):
+    """Reads a prof_dir into batches, and applies retention to analysed batches (file system worker only)."""
+
+    def scan(self, prof_dir: str, *, world_size: int, capture_id: str, hint: CaptureHint) -> list[BatchState]: ...
+
+    def retain(self, analysed: Sequence[tuple[str, str, int]], now_unix_s: float) -> list[Any]: ...
+
+
+class AnalyserPort(Protocol):
+    """Analyses one complete batch; returns ``(status, verdict payload)`` (``VERDICT_KEYS``, also
+    ``report.json``). ``running()`` says what runs now (for ``status``); ``cancel_all()`` stops every run
+    (shutdown; the capture is redone after a restart); ``close()`` once the analysis workers are joined."""
+
+    def analyse(self, batch: BatchState, *, work_dir: Path, hostnames: Mapping[int, str], context: dict[str, Any],
+                job_id: str, capture_reason: str) -> tuple[str, dict[str, Any]]: ...
+
+    def running(self) -> list[str]: ...
+
+    def cancel_all(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class DetectorsPort(Protocol):
+    """What the shell asks of the job's detector: keep the captured window out of the baseline, stalled ranks."""
+
+    def exclude_steps(self, job_id: str, first: int, last: int, reason: str) -> None: ...
+
+    def stalled_ranks(self, job_id: str) -> frozenset[int]: ...
+
+
+SendNodeCommand = Callable[[str, wire.NodeCommand], None]
+"""Send a command to one node daemon by its identity (the coordinator's ingest socket; never blocks)."""
+Emit = Callable[..., Any]
+"""``emit(type_, job_id, data, event_id=None)``: store and publish one CloudEvent (the coordinator's sinks too)."""
+Post = Callable[[Callable[[], None]], None]
+"""Hand a callable to the main loop (results of worker threads come back this way)."""
+Clock = Callable[[], float]
+
+
+class RankDirScanner:
+    """:class:`ScannerPort` over ``daemon.adapters.rank_dir_fs.scan_tree`` and ``daemon.adapters.retention``.
+    One long-lived reader (its DB checks are cached); use from one thread."""
+
+    def __init__(self, settings: WatchSettings) -> None:
+        from daemon.adapters.rank_dir_fs import RankDirReader
+
+        self.settings = settings
+        self._reader = RankDirReader()
+
+    def scan(self, prof_dir: str, *, world_size: int, capture_id: str, hint: CaptureHint) -> list[BatchState]:
+        from daemon.adapters.rank_dir_fs import scan_tree
+
+        return scan_tree(Path(prof_dir), world_size=world_size, settings=self.settings, hints={capture_id: hint},
+                         reader=self._reader)
+
+    def retain(self, analysed: Sequence[tuple[str, str, int]], now_unix_s: float) -> list[Any]:
+        """Apply the byte/age caps to ``(prof_dir, batch_id, world_size)`` of analysed captures only; an unreadable
+        prof_dir is neither counted nor deleted."""
+        from daemon.adapters.rank_dir_fs import TreeUnavailable, scan_tree
+        from daemon.adapters.retention import enforce_retention
+
+        s = self.settings
+        if s.retention_max_bytes is None and s.retention_max_age_s is None:
+            return []
+        batches, ids = [], set()
+        for prof_dir, batch_id, world_size in analysed:
+            try:
+                found = scan_tree(Path(prof_dir), world_size=world_size, settings=s, reader=self._reader)
+            except (TreeUnavailable, OSError):
+                continue
+            for b in found:
+                if b.batch_id == batch_id:
+                    batches.append(b)
+                    ids.add(batch_id)
+        return enforce_retention(batches, analysed=ids, max_bytes=s.retention_max_bytes,
+                                 max_age_s=s.retention_max_age_s, now_unix_s=now_unix_s)
+
+
+class BatchAnalyser:
+    """:class:`AnalyserPort` over ``daemon.analysis.analyze_batch`` and the msprof runner of this process."""
+
+    def __init__(self, settings: AnalysisSettings) -> None:
+        from daemon.adapters.msprof_runner import make_limiter
+
+        self.settings = settings
+        self._limiter = make_limiter(settings.msprof)
+
+    def analyse(self, batch: BatchState, *, work_dir: Path, hostnames: Mapping[int, str], context: dict[str, Any],
+                job_id: str, capture_reason: str) -> tuple[str, dict[str, Any]]:
+        from daemon.analysis import analyze_batch
+
+        result = analyze_batch(batch, work_dir=work_dir, settings=self.settings, hostnames=dict(hostnames) or None,
+                               capture_reason=capture_reason, job_id=job_id, limiter=self._limiter, context=context)
+        return result.status, result.alert_data()
+
+    def running(self) -> list[str]:
+        """The msprof-analyze commands running now, by recipe (``advisor`` for the advisor runs)."""
+        from daemon.adapters import msprof_runner as mr
+
+        with mr._running_lock:
+            procs = list(mr._running)
+        out = []
+        for p in procs:
+            args = [str(a) for a in (p.args if isinstance(p.args, (list, tuple)) else [p.args])]
+            out.append(args[args.index("-m") + 1] if "-m" in args[:-1] else "advisor")
+        return out
+
+    def cancel_all(self) -> None:
+        from daemon.adapters.msprof_runner import cancel_running
+
+        cancel_running()
+
+    def close(self) -> None:
+        from daemon.adapters.msprof_runner import resume_runs
+
+        resume_runs()

@@ -1,0 +1,547 @@
+"""Capture orchestration (the I/O shell around ``daemon/core/lifecycle.py``): arming, config writes, scans,
+analyses, events and persistence, through narrow collaborators (``daemon/capture_ports.py``), never the coordinator.
+
+Every decision is a lifecycle transition; this module applies it: persist the new record (typed rows), publish
+its events, perform its :class:`~daemon.core.lifecycle.Action` s. Runs on the coordinator's main thread; file
+system work and analyses go to worker pools and come back through ``post`` (the main loop's queue). Captures in
+flight live in memory (loaded once at start); the store is written on every transition and read only at start
+and for listings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from daemon.adapters.control import ControlError
+from daemon.capture_ports import (
+    AnalyserPort,
+    Clock,
+    ConfigWriterPort,
+    DetectorsPort,
+    Emit,
+    Post,
+    ScannerPort,
+    SendNodeCommand,
+    WatcherPort,
+)
+from daemon.core import lifecycle as lc
+from daemon.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState
+from daemon.core.capture import CannotPlanCapture, CaptureRequest, JobProgress, plan_capture
+from daemon.core.capture_report import describe, explain_ranks, rank_causes, refusal
+from daemon.core.completeness import BatchState, CaptureHint
+from daemon.core.step_window import median
+from rankhook import wire
+
+if TYPE_CHECKING:
+    from daemon.adapters.state import StateStore
+    from daemon.config import Settings
+    from daemon.core.anomaly import Anomaly
+    from daemon.core.registry import JobState, NodeState
+
+log = structlog.get_logger("profwatch.captures")
+RECENT_PER_JOB = 8
+"""Final captures kept in memory per job (late rank events still count their bytes); older ones are in the store."""
+
+
+def lifecycle_settings(s: Settings) -> lc.LifecycleSettings:
+    """Deadline inputs from the configuration: ``[capture] write_timeout_s`` / ``final_scan_grace_s``,
+    ``[coordinator] ack_timeout_s``, ``[watch] parse_allowance_s``; the analysis deadline is the tool timeouts:
+    ``ceil(recipes / max_concurrent_runs)`` rounds of ``[analysis.msprof] timeout_s``, each retried once at most
+    after a timeout, plus 300 s for staging, ranking and the report; enrichment: the advisor runs' share."""
+    m = s.analysis.msprof
+    advisor_runs = (1 + int(m.advisor_html)) if m.advisor else 0
+    rounds = -(-(2 + advisor_runs) // max(m.max_concurrent_runs, 1))
+    per_run = m.timeout_s * (1 + min(m.retries, 1))
+    return lc.LifecycleSettings(
+        write_timeout_s=s.capture.write_timeout_s, ack_timeout_s=s.coordinator.ack_timeout_s,
+        parse_allowance_s=s.watch.parse_allowance_s, final_scan_grace_s=s.capture.final_scan_grace_s,
+        analysis_timeout_s=rounds * per_run + 300.0, enrich_timeout_s=max(advisor_runs, 1) * per_run + 300.0)
+
+
+@dataclass
+class _Job:
+    """Per-job shell state: in-flight and recent captures, the arm history."""
+
+    active: dict[str, lc.Capture]
+    recent: deque[lc.Capture]
+    history: ArmHistory
+
+
+class CaptureShell:
+    """Applies lifecycle transitions for every capture of one coordinator (see the module doc).
+
+    Args:
+        settings: the whole configuration tree (coordinator, capture, watch, analysis, arming sections).
+        store: the state store (typed capture rows, batches).
+        jobs, nodes: the registry's job and node maps (read only).
+        writer, send_node_command, scanner, analyser, detectors: collaborators (``daemon/capture_ports.py``).
+        make_watcher: builds the prof_dir watcher given the wake callback (None when watching is unavailable).
+        emit, post, clock, count_state: publish an event; hand work to the main loop; wall clock; metrics hook.
+    """
+
+    def __init__(self, *, settings: Settings, store: StateStore, jobs: Mapping[str, JobState],
+                 nodes: Mapping[str, NodeState], writer: ConfigWriterPort, send_node_command: SendNodeCommand,
+                 scanner: ScannerPort, analyser: AnalyserPort, detectors: DetectorsPort, emit: Emit, post: Post,
+                 clock: Clock, make_watcher: Any = None, count_state: Any = None) -> None:
+        self.s = settings
+        self.ls = lifecycle_settings(settings)
+        self.store, self.jobs, self.nodes = store, jobs, nodes
+        self.writer, self.send_node_command, self.scanner, self.analyser = writer, send_node_command, scanner, analyser
+        self.detectors, self.emit, self.post, self.clock = detectors, emit, post, clock
+        self.count_state = count_state or (lambda state: None)
+        self.policy = ArmingPolicy(settings.arming)
+        self.fs_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-fs")
+        self.analysis_pool = ThreadPoolExecutor(settings.coordinator.analysis_workers,
+                                                thread_name_prefix="profwatch-analysis")
+        self._make_watcher = make_watcher
+        self._watcher: WatcherPort | None = None
+        self._jobs: dict[str, _Job] = {}
+        self._commands: dict[str, tuple[str, str]] = {}  # write_config command_id -> (capture_id, node_id)
+        self._batches: dict[str, BatchState] = {}  # capture_id -> its complete batch, until analysed
+        self._scanning: set[str] = set()
+        self._next_scan: dict[str, float] = {}
+        self._refused_jobs: set[str] = set()
+
+    # -- start, stop ----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the watcher, then resume every capture of the store: in-flight ones from their state, final ones
+        of the last hour into the arm history."""
+        if self._make_watcher is not None:
+            try:
+                self._watcher = self._make_watcher(lambda path: self.post(lambda: self.on_wake(path)))
+            except Exception as exc:  # noqa: BLE001 - the periodic scan still finds every batch
+                log.warning("watcher_unavailable", error=repr(exc))
+        now = self.clock()
+        for cap in self.store.captures():
+            job = self._job(cap.job_id)
+            if cap.state in lc.ACTIVE:
+                log.info("capture_resumed", capture_id=cap.capture_id, state=cap.state.value, prof_dir=cap.prof_dir)
+                job.active[cap.capture_id] = cap
+                self._index_commands(cap)
+                self._apply(lc.resume(cap, now, self.ls), force_save=True)
+            else:
+                job.recent.append(cap)
+            if cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE):
+                job.history.record_arm(cap.created_unix_s)
+                if cap.state not in lc.ACTIVE and cap.total_bytes:
+                    job.history.record_bytes(cap.state_since_unix_s, cap.total_bytes)
+
+    def close(self) -> None:
+        """Stop the watcher; kill running tools (not awaited: an interrupted capture stays ``analysing`` in the
+        store and is redone after the next start); join the workers."""
+        if self._watcher is not None:
+            self._watcher.close()
+        self.analyser.cancel_all()
+        try:
+            self.fs_pool.shutdown(wait=True, cancel_futures=True)
+            self.analysis_pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            self.analyser.close()
+
+    def update_arming(self, settings: ArmingSettings) -> None:
+        self.policy = ArmingPolicy(settings)
+
+    # -- applying a transition ------------------------------------------------------------------------------------
+    def _job(self, job_id: str) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = self._jobs[job_id] = _Job({}, deque(maxlen=RECENT_PER_JOB), ArmHistory())
+        return job
+
+    def _caps(self, job_id: str) -> list[lc.Capture]:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return []
+        return sorted([*job.recent, *job.active.values()], key=lambda c: (c.created_unix_s, c.capture_id))
+
+    def _find(self, capture_id: str) -> lc.Capture | None:
+        return next((j.active[capture_id] for j in self._jobs.values() if capture_id in j.active), None)
+
+    def _apply(self, t: lc.Transition, ranks: Sequence[int] | None = None, force_save: bool = False) -> lc.Capture:
+        cap = t.capture
+        job = self._job(cap.job_id)
+        old = job.active.get(cap.capture_id) or next((c for c in job.recent if c.capture_id == cap.capture_id), None)
+        if old is not cap or force_save:
+            self.store.save_capture(cap, ranks if old is not None else None)
+        if cap.state in lc.ACTIVE:
+            job.active[cap.capture_id] = cap
+        else:
+            if job.active.pop(cap.capture_id, None) is not None:
+                job.recent.append(cap)
+                job.history.record_bytes(self.clock(), cap.total_bytes)
+                self._forget(cap.capture_id)
+            else:
+                job.recent = deque((cap if c.capture_id == cap.capture_id else c for c in job.recent),
+                                   maxlen=RECENT_PER_JOB)
+        if old is None or old.state is not cap.state:
+            self.count_state(cap.state.value)
+        for ev in t.events:
+            self.emit(ev.type, cap.job_id, dict(ev.data), event_id=ev.event_id)
+        for action in sorted(t.actions, key=lambda a: a.value):
+            self._do(action, cap)
+        return cap
+
+    def _forget(self, capture_id: str) -> None:
+        self._batches.pop(capture_id, None)
+        self._next_scan.pop(capture_id, None)
+        for cmd in [k for k, v in self._commands.items() if v[0] == capture_id]:
+            del self._commands[cmd]
+
+    def _do(self, action: lc.Action, cap: lc.Capture) -> None:
+        if action is lc.Action.WRITE_CONFIG:
+            self._write_config(cap)
+        elif action is lc.Action.WATCH and self._watcher is not None:
+            try:
+                Path(cap.prof_dir).mkdir(parents=True, exist_ok=True)
+                self._watcher.watch(cap.prof_dir)
+            except Exception as exc:  # noqa: BLE001 - the periodic scan covers an unwatchable dir
+                log.warning("watch_failed", prof_dir=cap.prof_dir, error=repr(exc))
+        elif action is lc.Action.UNWATCH and self._watcher is not None:
+            try:
+                self._watcher.unwatch(cap.prof_dir)
+            except Exception:  # noqa: BLE001
+                pass
+        elif action is lc.Action.SCAN:
+            self._schedule_scan(cap, self.clock())
+        elif action is lc.Action.ANALYSE:
+            batch = self._batches.get(cap.capture_id)
+            if batch is not None:
+                self.analysis_pool.submit(self._analyse, cap, batch)
+        elif action is lc.Action.RETAIN:
+            self._retain()
+        elif action is lc.Action.ENRICH:  # the follow-up runner lands with the advisor split (issue 13)
+            self._apply(lc.enrich_failed(cap, "no enrichment runner in this coordinator", self.clock(), self.ls))
+
+    def causes(self, cap: lc.Capture, now: float) -> dict[int, str]:
+        """Known causes per covered rank (node down or stale torch_npu state, backend failure, rank gone)."""
+        return rank_causes(cap.expected_ranks, self.jobs.get(cap.job_id), self.nodes, now,
+                           self.s.coordinator.node_timeout_s)
+
+    # -- the config write -------------------------------------------------------------------------------------------
+    def _index_commands(self, cap: lc.Capture) -> None:
+        for n in cap.nodes.values():
+            self._commands[n.command_id] = (cap.capture_id, n.node_id)
+
+    def _write_config(self, cap: lc.Capture) -> None:
+        job = self.jobs.get(cap.job_id)
+        not_before = job.started_unix_s if job is not None else 0.0
+        if cap.writer == "coordinator":
+            self.fs_pool.submit(self._write_shared, cap.capture_id, cap.profiler_config_path, dict(cap.config),
+                                not_before)
+            return
+        self._index_commands(cap)
+        for n in cap.nodes.values():
+            if n.ok is None:
+                self.send_node_command(n.node_id, wire.NodeCommand(
+                    cmd="write_config", command_id=n.command_id,
+                    args={"profiler_config_path": cap.profiler_config_path, "config": dict(cap.config),
+                          "not_before_unix_s": not_before}))
+
+    def _write_shared(self, capture_id: str, config_dir: str, config: dict[str, Any], not_before: float) -> None:
+        """File system worker: write the shared config, report back to the main loop."""
+        try:
+            res = self.writer.write(config_dir, config, not_before_unix_s=not_before,
+                                    allowed_roots=[str(r) for r in self.s.coordinator.allowed_config_roots])
+            result = {"path": str(res.path), "mtime_s": res.mtime_s}
+            self.post(lambda: self._on_written(capture_id, result, None))
+        except Exception as exc:  # noqa: BLE001 - a refusal is the capture's outcome, never a crash
+            err = str(exc) or repr(exc)
+            self.post(lambda: self._on_written(capture_id, {}, err))
+
+    def _on_written(self, capture_id: str, result: dict[str, Any], error: str | None) -> None:
+        cap = self._find(capture_id)
+        if cap is None:
+            return
+        now = self.clock()
+        self._apply(lc.config_write_failed(cap, error, now, self.ls) if error is not None
+                    else lc.config_written(cap, result, now, self.ls))
+
+    def on_node_ack(self, ack: wire.NodeAck, now: float) -> None:
+        """A node daemon answered a ``write_config`` command."""
+        cid, node_id = self._commands.get(ack.command_id, ("", ""))
+        cap = self._find(cid)
+        if cap is None or node_id != ack.node_id:
+            return
+        self._apply(lc.node_write_result(cap, node_id, ack.ok, ack.detail, dict(ack.result), now, self.ls))
+
+    # -- rank events, wake-ups, ticks ---------------------------------------------------------------------------------
+    def on_capture_event(self, ev: wire.CaptureEvent, node_id: str, now: float) -> None:
+        """A rank's capture event (from its hook, or torch_npu's dp log relayed by its node daemon)."""
+        cap = lc.match_capture(self._caps(ev.job_id), ev)
+        if cap is not None:
+            self._apply(lc.rank_event(cap, ev, now, self.ls), ranks=[ev.rank])
+
+    def on_wake(self, path: str) -> None:
+        """The watcher saw a change under ``path``: scan the captures whose prof_dir holds it or lies under it."""
+        p = os.path.abspath(path)
+        for job in self._jobs.values():
+            for cap in list(job.active.values()):
+                d = os.path.abspath(cap.prof_dir)
+                if lc.wants_scan(cap) and os.path.commonpath([p, d]) in (p, d):
+                    self._schedule_scan(cap, self.clock())
+
+    def tick(self, now: float) -> None:
+        """Expire what is due; scan what waits for its batch every ``reconcile_interval_s``."""
+        for job in list(self._jobs.values()):
+            for cap in list(job.active.values()):
+                if lc.is_due(cap, now):
+                    self._apply(lc.expire(cap, now, self.ls, self.causes(cap, now)))
+                elif lc.wants_scan(cap) and now >= self._next_scan.get(cap.capture_id, 0.0):
+                    self._schedule_scan(cap, now)
+
+    # -- scans -------------------------------------------------------------------------------------------------------
+    def _schedule_scan(self, cap: lc.Capture, now: float) -> None:
+        cid = cap.capture_id
+        if cid in self._scanning:
+            return
+        self._scanning.add(cid)
+        self._next_scan[cid] = now + float(self.s.watch.reconcile_interval_s)
+        hint = CaptureHint(world_size=cap.world_size, rank_list=cap.rank_list, steps=cap.warmup + cap.active,
+                           step_time_s=cap.step_time_s, armed_unix_s=cap.created_unix_s,
+                           deadline_unix_s=cap.judge_unix_s - self.ls.parse_allowance_s)
+        self.fs_pool.submit(self._scan, cid, cap.prof_dir, cap.world_size, hint)
+
+    def _scan(self, cid: str, prof_dir: str, world_size: int, hint: CaptureHint) -> None:
+        try:
+            batches = self.scanner.scan(prof_dir, world_size=world_size, capture_id=cid, hint=hint)
+            self.post(lambda: self._on_scan(cid, batches))
+        except Exception as exc:  # noqa: BLE001 - unknown is retried at the next tick, never judged
+            err = repr(exc)
+            self.post(lambda: self._on_scan_error(cid, err))
+
+    def _on_scan_error(self, cid: str, err: str) -> None:
+        self._scanning.discard(cid)
+        log.warning("scan_failed", capture_id=cid, error=err)
+
+    def _on_scan(self, cid: str, batches: list[BatchState]) -> None:
+        self._scanning.discard(cid)
+        cap = self._find(cid)
+        if cap is None:
+            return
+        now = self.clock()
+        batch = lc.pick_batch(cap, batches)
+        t = lc.scan_result(cap, batch, now, self.ls, self.causes(cap, now))
+        if lc.Action.ANALYSE in t.actions and batch is not None:
+            self._batches[cid] = batch
+            self.store.save_batch(batch.batch_id, cid, cap.job_id, batch.status, now, batch.to_json())
+        self._apply(t)
+
+    # -- analysis ------------------------------------------------------------------------------------------------------
+    def _analyse(self, cap: lc.Capture, batch: BatchState) -> None:
+        """Analysis worker: run the analyser, hand the verdict back to the main loop."""
+        cid = cap.capture_id
+        job = self.jobs.get(cap.job_id)
+        hostnames = {r.rank: r.hostname for r in job.ranks.values() if r.hostname} if job is not None else {}
+        try:
+            status, payload = self.analyser.analyse(
+                batch, work_dir=Path(self.s.coordinator.work_dir) / cap.job_id / cid, hostnames=hostnames,
+                context=lc.analysis_context(cap), job_id=cap.job_id, capture_reason=cap.reason)
+            self.post(lambda: self._on_analysed(cid, batch, status, payload))
+        except Exception as exc:  # noqa: BLE001 - a failing analysis is a verdict, never a crash
+            err = repr(exc)
+            log.exception("analysis_failed", capture_id=cid)
+            self.post(lambda: self._on_analysis_error(cid, err))
+
+    def _on_analysed(self, cid: str, batch: BatchState, status: str, payload: dict[str, Any]) -> None:
+        cap = self._find(cid)
+        if cap is None:
+            return
+        now = self.clock()
+        self.store.save_batch(batch.batch_id, cid, cap.job_id, status, now, payload)
+        self._apply(lc.analysis_done(cap, status, payload, now, self.ls))
+
+    def _on_analysis_error(self, cid: str, err: str) -> None:
+        cap = self._find(cid)
+        if cap is not None:
+            self._apply(lc.analysis_raised(cap, err, self.clock(), self.ls))
+
+    def _retain(self) -> None:
+        w = self.s.watch
+        if w.retention_max_bytes is None and w.retention_max_age_s is None:
+            return
+        analysed = [(c.prof_dir, c.batch_id, c.world_size) for c in self.store.captures(states=[lc.S.ANALYSED,
+                                                                                                lc.S.ENRICHED])
+                    if c.batch_id and c.prof_dir]
+        self.fs_pool.submit(self._retain_worker, analysed, self.clock())
+
+    def _retain_worker(self, analysed: list[tuple[str, str, int]], now: float) -> None:
+        for r in self.scanner.retain(analysed, now):
+            log.info("batch_retired", batch=repr(r))
+
+    # -- arming --------------------------------------------------------------------------------------------------------
+    def arm_state(self, job_id: str, now: float) -> JobArmState:
+        """The one place the arming policy's view of a job is built (arm history + capture in flight)."""
+        job = self._job(job_id)
+        return job.history.state(now, capture_in_flight=lc.blocking_capture(job.active.values()) is not None,
+                                 stalled_ranks=self.detectors.stalled_ranks(job_id))
+
+    def on_anomaly(self, an: Anomaly, now: float) -> None:
+        """Decide, and arm (act mode) or count a would-arm (observe mode: cooldown and caps apply the same)."""
+        if an.job_id not in self.jobs:
+            return
+        decision = self.policy.decide(an, self.arm_state(an.job_id, now), now)
+        data: dict[str, Any] = {"anomaly": an.kind, "step": an.step, "action": decision.action,
+                                "reason": decision.reason}
+        if decision.action == "would_arm":
+            self._job(an.job_id).history.record_arm(now)
+        elif decision.action == "arm":
+            req = CaptureRequest(job_id=an.job_id, reason=decision.capture_reason or an.kind, warmup=decision.warmup,
+                                 active=decision.active,
+                                 rank_list=list(decision.rank_list) if decision.rank_list is not None else None)
+            try:
+                data["capture_id"] = self.arm(an.job_id, req, now)["capture_id"]
+            except ControlError as exc:
+                data.update(action="suppress", reason=f"{exc.code}: {exc.message}")
+        self.emit("io.profwatch.arm_decision.v1", an.job_id, data)
+
+    def arm(self, job_id: str, req: CaptureRequest, now: float, dry_run: bool = False) -> dict[str, Any]:
+        """Plan one capture and start its life. A dry run plans the same and says whether the arm would be refused
+        (``refused``). Raises ``ControlError``: ``not_found``, ``refused`` (paths, ranks or nodes not ready),
+        ``conflict`` (a capture in flight: named, with its deadline), ``bad_request`` (cannot plan)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise ControlError("not_found", f"unknown job {job_id!r} (no rank has said hello)")
+        self._check_armable(job, req, now)
+        live = {r.rank: r for r in job.ranks.values() if not r.left}
+        times: dict[int, float] = {}
+        for r, st in live.items():
+            m = median(st.window.recent_times(20)) if st.window is not None else None
+            if m:
+                times[r] = m
+        step_time = job.median_step_time_s() or 1.0
+        progress = JobProgress(job_id=job.job_id, world_size=job.world_size, furthest_step=max(0, job.furthest_step()),
+                               step_time_s=step_time, prof_root=job.prof_root or "", now_unix_s=now,
+                               rank_steps={r: max(0, s.last_step) for r, s in live.items()}, rank_step_time_s=times)
+        try:
+            plan = plan_capture(req, progress, self.s.capture)
+        except (CannotPlanCapture, ValueError) as exc:
+            raise ControlError("bad_request", str(exc)) from None
+        covered = plan.rank_list if plan.rank_list is not None else list(range(job.world_size))
+        writer = self.s.coordinator.config_writer
+        nodes = sorted({live[r].node_id for r in covered if r in live and live[r].node_id}) if writer == "node" else []
+        out = {"capture_id": plan.capture_id, "job_id": job.job_id, "reason": plan.reason,
+               "start_step": plan.start_step, "warmup": plan.warmup, "active": plan.active,
+               "rank_list": plan.rank_list, "prof_dir": plan.prof_dir, "profiler_config_path": job.profiler_config_path,
+               "window_deadline_unix_s": plan.deadline_unix_s, "config": plan.config.render(), "writer": writer,
+               "nodes": nodes, "dry_run": dry_run, "base_step": plan.base_step, "step_spread": plan.step_spread,
+               "furthest_step": progress.furthest_step, "step_time_s": step_time, "world_size": job.world_size}
+        blocker = lc.blocking_capture(self._job(job.job_id).active.values())
+        if blocker is not None:
+            message = refusal(blocker, now)
+            if dry_run:
+                return {**out, "refused": {"code": "conflict", "message": message, "blocking_capture":
+                                           blocker.capture_id, "blocking_state": blocker.state.value,
+                                           "blocking_deadline_unix_s": blocker.deadline_unix_s}}
+            raise ControlError("conflict", message)
+        if dry_run:
+            return out
+        t = lc.open_capture(plan, world_size=job.world_size, profiler_config_path=job.profiler_config_path or "",
+                            writer=writer, rank_steps=progress.rank_steps, rank_step_time_s=times,
+                            rank_backends={r: s.backend for r, s in live.items()}, nodes=nodes, now=now,
+                            settings=self.ls, step_time_s=step_time)
+        self._job(job.job_id).history.record_arm(now)
+        cap = self._apply(t)
+        self.detectors.exclude_steps(job.job_id, plan.start_step, plan.start_step + plan.warmup + plan.active - 1,
+                                     f"capture {plan.capture_id}")
+        return {**out, **describe(cap, now)}
+
+    def _check_armable(self, job: JobState, req: CaptureRequest, now: float) -> None:
+        if not job.profiler_config_path:
+            raise ControlError("refused", f"job {job.job_id} announced no usable profiler_config_path")
+        if not job.prof_root:
+            raise ControlError("refused", f"job {job.job_id} announced no usable prof_root")
+        live = [r for r in job.ranks.values() if not r.left]
+        if not live:
+            raise ControlError("refused", f"job {job.job_id} has no live ranks (all {len(job.ranks)} left)")
+        if len(live) < job.world_size:
+            left = sorted(r.rank for r in job.ranks.values() if r.left)
+            raise ControlError("refused", f"only {len(live)}/{job.world_size} ranks are live"
+                               + (f" (left: {left})" if left else " (the others have not started yet)")
+                               + "; torch_npu ignores configs written before every rank started")
+        if self.s.coordinator.config_writer == "node":
+            covered = set(req.rank_list) if req.rank_list else {r.rank for r in live}
+            timeout = self.s.coordinator.node_timeout_s
+            for node_id in sorted({r.node_id for r in live if r.rank in covered and r.node_id}):
+                node = self.nodes.get(node_id)
+                if node is None or now - node.last_seen_unix_s > timeout:
+                    heard = f"last heard {now - node.last_seen_unix_s:.0f} s ago" if node is not None else "never heard"
+                    raise ControlError("refused", f"node {node_id} is down ({heard}): it writes the config for its "
+                                                  "ranks (config_writer = \"node\"); start its node daemon first")
+
+    # -- control commands ----------------------------------------------------------------------------------------------
+    def cancel(self, job_id: str, capture_id: str | None, now: float) -> list[dict[str, Any]]:
+        """Cancel ``capture_id`` (of ``job_id``) or every in-flight capture of the job. Raises ``ControlError``."""
+        caps = [c for c in self._job(job_id).active.values() if capture_id in (None, c.capture_id)]
+        if capture_id is not None and not caps:
+            known = next((c for c in self.store.captures(job_id) if c.capture_id == capture_id), None)
+            if known is None:
+                raise ControlError("not_found", f"job {job_id!r} has no capture {capture_id!r}")
+            caps = [known]
+        if not caps:
+            raise ControlError("not_found", f"job {job_id!r} has no capture in flight")
+        out = []
+        for cap in caps:
+            try:
+                out.append(describe(self._apply(lc.cancel(cap, now, self.ls, by="profwatch cancel")), now))
+            except lc.TransitionRefused as exc:
+                raise ControlError("conflict", str(exc)) from None
+        return out
+
+    def capture_view(self, capture_id: str, now: float) -> dict[str, Any]:
+        """One capture for ``profwatch arm --wait``: its ``status`` view plus each unacknowledged rank explained."""
+        cap = self._find(capture_id) or self.store.get_capture(capture_id)
+        if cap is None:
+            raise ControlError("not_found", f"unknown capture {capture_id!r}")
+        missing = [r for r, p in sorted(cap.ranks.items()) if not p.acknowledged]
+        view = describe(cap, now)
+        view["unacknowledged"] = explain_ranks(cap, missing[:64], self.causes(cap, now))
+        return view
+
+    def summary(self, job_id: str | None, now: float) -> list[dict[str, Any]]:
+        """The last 20 captures (of ``job_id``) for ``status``; an analysing one names the recipes running."""
+        live = {c.capture_id: c for j in self._jobs.values() for c in j.active.values()}
+        out = []
+        for cap in self.store.captures(job_id)[-20:]:
+            view = describe(live.get(cap.capture_id, cap), now)
+            if live.get(cap.capture_id, cap).state is lc.S.ANALYSING:
+                view["running"] = self.analyser.running()
+            out.append(view)
+        return out
+
+    # -- hellos ----------------------------------------------------------------------------------------------------------
+    def on_hello(self, job: JobState, msg: wire.RankHello, now: float) -> None:
+        """Check the paths a hello names; refuse and report anything outside the allowed roots."""
+        from daemon.adapters.paths import PathRefused, check_inside
+
+        cs = self.s.coordinator
+        problems = []
+        if msg.prof_root:
+            try:
+                check_inside(msg.prof_root, cs.allowed_prof_roots)
+            except PathRefused as exc:
+                problems.append(str(exc))
+                job.prof_root = None
+        if msg.profiler_config_path and cs.config_writer == "coordinator":
+            try:
+                check_inside(msg.profiler_config_path, cs.allowed_config_roots)
+            except PathRefused as exc:
+                problems.append(str(exc))
+                job.profiler_config_path = None
+        if problems and msg.job_id not in self._refused_jobs:
+            self._refused_jobs.add(msg.job_id)
+            self.emit("io.profwatch.path_refused.v1", msg.job_id,
+                      {"rank": msg.rank, "hostname": msg.hostname, "problems": problems},
+                      event_id=f"path_refused-{msg.job_id}-{int(now)}")
+
+    def supersede_generation(self, job_id: str, generation: int, now: float) -> None:
+        """Close the job's in-flight captures of older generations as superseded (data kept)."""
+        for cap in list(self._job(job_id).active.values()):
+            self._apply(lc.supersede(cap, generation, now, self.ls))
