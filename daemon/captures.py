@@ -34,7 +34,7 @@ from daemon.capture_ports import (
 )
 from daemon.core import lifecycle as lc
 from daemon.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState
-from daemon.core.capture import CannotPlanCapture, CaptureRequest, JobProgress, plan_capture
+from daemon.core.capture import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
 from daemon.core.capture_report import describe, explain_ranks, rank_causes, refusal
 from daemon.core.completeness import BatchState, CaptureHint
 from daemon.core.step_window import median
@@ -420,6 +420,13 @@ class CaptureShell:
         progress = JobProgress(job_id=job.job_id, world_size=job.world_size, furthest_step=max(0, job.furthest_step()),
                                step_time_s=step_time, prof_root=job.prof_root or "", now_unix_s=now,
                                rank_steps={r: max(0, s.last_step) for r, s in live.items()}, rank_step_time_s=times)
+        if req.capture_id is None:  # ids come from the job and the time: two arms within 1 ms get a suffix
+            base = cid = new_capture_id(job.job_id, now)
+            n = 0
+            while any(c.capture_id == cid for c in self._caps(job.job_id)) or self.store.get_capture(cid):
+                n += 1
+                cid = f"{base}-{n}"
+            req = req.model_copy(update={"capture_id": cid})
         try:
             plan = plan_capture(req, progress, self.s.capture)
         except (CannotPlanCapture, ValueError) as exc:
@@ -504,6 +511,11 @@ class CaptureShell:
         view = describe(cap, now)
         view["unacknowledged"] = explain_ranks(cap, missing[:64], self.causes(cap, now))
         return view
+
+    @property
+    def scans_in_flight(self) -> int:
+        """Scans submitted and not yet handed back (tests wait on it; ``status`` may show it)."""
+        return len(self._scanning)
 
     def summary(self, job_id: str | None, now: float) -> list[dict[str, Any]]:
         """The last 20 captures (of ``job_id``) for ``status``; an analysing one names the recipes running."""

@@ -126,6 +126,8 @@ def status(config_path: Path | None, job_id: str | None, as_json: bool) -> None:
         click.echo(f"job {job['job_id']}  world_size={job['world_size']} ranks_seen={job['ranks_seen']} "
                    f"backend={job['backend'] or '-'} furthest_step={job['furthest_step']} "
                    f"median_step_time={f'{mst:.3f}s' if mst else '-'} rank_drops={job.get('rank_drops', 0)}")
+        for rank, err in sorted((job.get("backend_errors") or {}).items(), key=lambda kv: int(kv[0])):
+            click.echo(f"  rank {rank}: capture backend not in use: {err}")
         click.echo(f"  {'rank':>5} {'host':<20} {'last_step':>9} {'step_time_s':>11} {'age_s':>7}  state")
         for r in job["ranks"]:
             st = "left" if r["left"] else ("capturing" if r["capturing"] else "")
@@ -137,12 +139,27 @@ def status(config_path: Path | None, job_id: str | None, as_json: bool) -> None:
         down = " DOWN" if n.get("down") else ""
         click.echo(f"  {n['node_id']:<20}{down} age={n['age_s']:.1f}s received={c.get('received', 0)} "
                    f"rejected={c.get('rejected', 0)} dropped={c.get('dropped', 0)} lost_batches={n['lost_batches']}")
+        if n.get("stale_state"):
+            click.echo(f"    stale torch_npu state: {n['stale_state']}")
     if snap.get("captures"):
         click.echo("captures:")
         for cap in snap["captures"]:
-            click.echo(f"  {cap['capture_id']:<32} {cap['state']:<11} start_step={cap['start_step']} reason={cap['reason']}")
+            _print_capture(cap)
     cnt = snap["counters"]
     click.echo(f"coordinator: received={cnt['received']} rejected={cnt['rejected']} lost_batches={cnt['lost_batches']}")
+
+
+def _print_capture(cap: dict[str, Any]) -> None:
+    """One capture of ``status``: state, how long in it, its deadline, acknowledgements, outcome."""
+    left = cap.get("deadline_in_s")
+    deadline = "" if left is None else (f" deadline in {left:.0f}s" if left >= 0 else f" deadline passed {-left:.0f}s ago")
+    click.echo(f"  {cap['capture_id']:<32} {cap['state']:<12} for {cap.get('in_state_s', 0):.0f}s{deadline} "
+               f"start_step={cap['start_step']} acked={cap.get('acknowledged_ranks')}/{cap.get('expected_ranks')} "
+               f"reason={cap['reason']}")
+    if cap.get("running") is not None:
+        click.echo(f"    running: {', '.join(cap['running']) or 'staging, ranking or the Kineto analyzer'}")
+    if cap.get("outcome"):
+        click.echo(f"    {cap['outcome']}")
 
 
 def _print_alert(ev: dict[str, Any], as_json: bool) -> None:
@@ -192,15 +209,14 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
     """
     import zmq
 
-    from daemon.adapters.publish import subscribe
+    from daemon.adapters.publish import Subscription
 
     s = _load(config_path)
     args = {"job_id": job_id, "limit": limit, "alerts_only": not all_events}
     sub = None
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     if follow:  # subscribe first, then fetch history, then dedup by id: no gap between the two
-        kinds = ["profwatch.alert."] + (["profwatch.event."] if all_events else [])
-        sub = subscribe(ctx, s.coordinator.pub_bind, [k + (job_id or "") for k in kinds])
+        sub = Subscription(ctx, s.coordinator.pub_bind, ["alert", "event"] if all_events else ["alert"], job_id)
     seen: set[str] = set()
     last_seq = 0
     for row in _call(s, "events", args):
@@ -213,15 +229,13 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
     _install_sigterm(lambda: stop.__setitem__("flag", True))
     try:
         while not stop["flag"]:
-            if sub.poll(500):
-                _topic, body = sub.recv_multipart()
-                ev = json.loads(body)
-                if ev["id"] not in seen:
-                    seen.add(ev["id"])
-                    _print_alert(ev, as_json)
-                    sys.stdout.flush()
+            ev = sub.recv(500)
+            if ev is not None and str(ev.get("id")) not in seen:
+                seen.add(str(ev.get("id")))
+                _print_alert(ev, as_json)
+                sys.stdout.flush()
     finally:
-        sub.close(0)
+        sub.close()
 
 
 @cli.command()
@@ -234,10 +248,18 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
 @click.option("--ranks", help="comma-separated rank ids (default: all ranks)")
 @click.option("--reason", default="manual", show_default=True)
 @click.option("--dry-run", is_flag=True, help="plan and print, write nothing")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--wait", "wait", is_flag=True, help="wait for the config write and every rank's acknowledgement")
+@click.option("--wait-s", type=float, help="bound for --wait (default: write timeout + ack timeout + 10 s)")
+@click.option("--json", "as_json", is_flag=True, help="the full plan and rendered config as JSON")
 def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step: int | None, active: int | None,
-        warmup: int | None, ranks: str | None, reason: str, dry_run: bool, as_json: bool) -> None:
-    """Arm a capture window on a job through the coordinator (same planner as automatic arming)."""
+        warmup: int | None, ranks: str | None, reason: str, dry_run: bool, wait: bool, wait_s: float | None,
+        as_json: bool) -> None:
+    """Arm a capture window on a job through the coordinator (same planner as automatic arming).
+
+    Prints what was planned and who was asked to write the config; nothing is confirmed until the writer and
+    the ranks say so (--wait). Exit 1 when the arm is refused (or would be, with --dry-run), the write fails, or
+    a rank has not acknowledged by the end of --wait.
+    """
     if in_steps is not None and start_step is not None:
         raise click.UsageError("--in-steps and --start-step are exclusive")
     try:
@@ -249,13 +271,42 @@ def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step:
                            "warmup": warmup, "rank_list": rank_list, "reason": reason, "dry_run": dry_run})
     if as_json:
         click.echo(json.dumps(res, indent=2))
+    what = (f"capture {res['capture_id']} of job {res['job_id']}: start_step={res['start_step']} "
+            f"warmup={res['warmup']} active={res['active']} ranks={res['rank_list'] or 'all'} -> {res['prof_dir']}")
+    if dry_run:
+        if res.get("refused"):
+            click.echo(f"dry run: would be refused: {res['refused']['message']}", err=as_json)
+            sys.exit(EXIT_PROBLEM)
+        if not as_json:
+            click.echo(f"dry run (nothing written): {what}")
         return
-    verb = "planned (dry run, nothing written)" if dry_run else "armed"
-    click.echo(f"{verb}: capture {res['capture_id']} job {res['job_id']} start_step={res['start_step']} "
-               f"warmup={res['warmup']} active={res['active']} ranks={res['rank_list'] or 'all'}")
-    click.echo(f"profiler_config.json -> {res['profiler_config_path']} (written by {res['writer']})")
-    click.echo(f"prof_dir -> {res['prof_dir']}")
-    click.echo(json.dumps(res["config"], indent=4))
+    who = (f"node daemon(s) {', '.join(res['nodes'])}" if res["writer"] == "node" else "the coordinator")
+    if not as_json:
+        click.echo(f"planned {what}; config write asked of {who}, not confirmed yet"
+                   + ("" if wait else f" (see: profwatch status --job {job_id})"))
+    if wait:
+        from daemon.commands.arm_wait import wait_for_arm
+
+        bound = wait_s if wait_s is not None else s.capture.write_timeout_s + s.coordinator.ack_timeout_s + 10
+        ok = wait_for_arm(lambda: _call(s, "capture", {"capture_id": res["capture_id"]}), bound, click.echo)
+        sys.exit(0 if ok else EXIT_PROBLEM)
+
+
+@cli.command()
+@_config_option
+@click.option("--job", "job_id", required=True)
+@click.option("--capture", "capture_id", help="this capture (default: every capture of the job in flight)")
+@click.option("--json", "as_json", is_flag=True)
+def cancel(config_path: Path | None, job_id: str, capture_id: str | None, as_json: bool) -> None:
+    """Stop tracking a capture in flight so the job can be armed again. Its data is kept; a config already
+    delivered may still fire on the ranks (whatever they write stays in place)."""
+    s = _load(config_path)
+    res = _call(s, "cancel", {"job_id": job_id, "capture_id": capture_id})
+    if as_json:
+        click.echo(json.dumps(res, indent=2))
+        return
+    for cap in res:
+        click.echo(f"cancelled capture {cap['capture_id']} of job {cap['job_id']} ({cap['outcome']}); data kept")
 
 
 @cli.command()

@@ -1,8 +1,10 @@
 """Event/alert stream: a ZeroMQ PUB socket (I/O). Frames: ``[topic, cloudevent_json]``.
 
 Topics: ``profwatch.alert.<job_id>`` for alerts, ``profwatch.event.<job_id>`` for the rest. PUB drops what
-was sent before a subscriber joined (slow joiner, FC-20): everything published is also stored, and
-``profwatch alerts`` fetches what it missed over the control socket.
+was sent before a subscriber joined (slow joiner): everything published is also stored, and ``profwatch alerts``
+fetches what it missed over the control socket. ZeroMQ filters topics by prefix, so a subscription for job ``j1``
+also receives ``j10``'s and ``j1.x``'s messages: :class:`Subscription` subscribes by prefix and then keeps only
+the exact topics (job ids may contain ``.``, so no separator can make a prefix exact).
 """
 
 from __future__ import annotations
@@ -24,13 +26,47 @@ class EventPublisher:
         self.sent = 0
 
     def publish(self, event: dict[str, Any], is_alert: bool) -> None:
-        kind = "alert" if is_alert else "event"
-        topic = f"profwatch.{kind}.{event.get('subject') or '_'}"
+        name = topic("alert" if is_alert else "event", event.get("subject"))
         try:
-            self.sock.send_multipart([topic.encode(), json.dumps(event, default=str).encode()], zmq.NOBLOCK)
+            self.sock.send_multipart([name.encode(), json.dumps(event, default=str).encode()], zmq.NOBLOCK)
             self.sent += 1
         except zmq.ZMQError:
             pass
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def topic(kind: str, job_id: str | None) -> str:
+    """The topic of an event of ``kind`` (``alert``/``event``) for ``job_id`` (``_`` when none)."""
+    return f"profwatch.{kind}.{job_id or '_'}"
+
+
+class Subscription:
+    """A SUB socket for ``kinds`` (``alert``, ``event``) of one job (``job_id``) or of every job (None).
+
+    :meth:`recv` returns the next CloudEvent whose topic is exactly one asked for, None on timeout; messages of
+    other jobs that share the prefix are dropped here.
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, kinds: list[str], job_id: str | None = None) -> None:
+        self.sock = subscribe(ctx, endpoint, [f"profwatch.{k}." + (job_id or "") for k in kinds])
+        self._exact = {topic(k, job_id).encode() for k in kinds} if job_id is not None else None
+
+    def recv(self, timeout_ms: int) -> dict[str, Any] | None:
+        """Wait up to ``timeout_ms`` for one event of the subscription (None when none came in time)."""
+        while self.sock.poll(timeout_ms):
+            frames = self.sock.recv_multipart()
+            if len(frames) != 2 or (self._exact is not None and frames[0] not in self._exact):
+                timeout_ms = 0  # not ours: look at what else is queued, without waiting again
+                continue
+            try:
+                ev = json.loads(frames[1])
+            except ValueError:
+                continue
+            if isinstance(ev, dict):
+                return ev
+        return None
 
     def close(self) -> None:
         self.sock.close(0)

@@ -24,6 +24,7 @@ from typing import Any
 
 import click
 
+from daemon.core.lifecycle import CaptureState
 from daemon.simulate.launcher import JobSpec, free_port, launch_job
 
 
@@ -161,12 +162,12 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
     import zmq
 
     from daemon.adapters.control import ControlError, call
-    from daemon.adapters.publish import subscribe
+    from daemon.adapters.publish import Subscription
 
     job_id = f"demo-{scenario}"
     tl = Timeline(scenario, job_id)
-    ctx = zmq.Context.instance()
-    sub = subscribe(ctx, stack.pub, [f"profwatch.alert.{job_id}", f"profwatch.event.{job_id}"])
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sub = Subscription(ctx, stack.pub, ["alert", "event"], job_id)
     stop_file = stack.root / f"{job_id}.stop"
     spec = JobSpec(job_id=job_id, world_size=ranks, node_endpoints=[stack.endpoint(k) for k in range(stack.nodes)],
                    profiler_config_path=stack.root / "cfg" / job_id, prof_root=stack.root / "prof",
@@ -179,12 +180,9 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
     seen: set[str] = set()
     try:
         while time.monotonic() < t_end and tl.alert is None:
-            if sub.poll(250):
-                _topic, body = sub.recv_multipart()
-                ev = json.loads(body)
-                if ev["id"] in seen:
-                    continue
-                seen.add(ev["id"])
+            ev = sub.recv(250)
+            if ev is not None and str(ev.get("id")) not in seen:
+                seen.add(str(ev.get("id")))
                 _on_event(tl, ev, time.time(), step, echo)
             try:
                 st = call(stack.control, "status", {"job_id": job_id}, timeout_s=5)
@@ -203,7 +201,7 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
             for row in rows:
                 _on_event(tl, row["event"], time.time(), step, echo)
     finally:
-        sub.close(0)
+        sub.close()
         job.request_stop()
         job.wait(60)
     return tl
@@ -218,7 +216,7 @@ def _on_event(tl: Timeline, ev: dict[str, Any], now: float, step: int | None, ec
         tl.suppressed[key] = tl.suppressed.get(key, 0) + 1
         if tl.suppressed[key] == 1:
             echo(f"[{tl.scenario}] later anomaly at step {d.get('step')}: {key}; repeats are counted, not printed")
-    elif t == "io.profwatch.arm.v1" and d.get("status") == "written":
+    elif t == "io.profwatch.arm.v1" and d.get("status") == CaptureState.WRITTEN:
         tl.add("arm", now, None, f"start_step={d.get('start_step')} warmup={d.get('warmup')} active={d.get('active')}")
     elif t == "io.profwatch.capture.v1" and d.get("event") == "all_ranks_completed":
         tl.add("capture", now, None, "all ranks wrote their rank dir")

@@ -73,6 +73,8 @@ def explain_ranks(cap: Capture, ranks: Iterable[int], causes: Mapping[int, str])
 
 def describe(cap: Capture, now: float) -> dict[str, Any]:
     """The ``status`` view of one capture: state, its deadline and time left, acknowledgements, outcome."""
+    from daemon.core.lifecycle import ARM_PENDING
+
     acked = sum(1 for p in cap.ranks.values() if p.acknowledged)
     done = sum(1 for p in cap.ranks.values() if p.completed_unix_s is not None)
     return {"capture_id": cap.capture_id, "job_id": cap.job_id, "state": cap.state.value, "reason": cap.reason,
@@ -84,6 +86,8 @@ def describe(cap: Capture, now: float) -> dict[str, Any]:
             "judge_unix_s": cap.judge_unix_s, "expected_ranks": len(cap.ranks), "acknowledged_ranks": acked,
             "completed_ranks": done, "node_writes": {n: (None if w.ok is None else ("ok" if w.ok else w.detail))
                                                for n, w in cap.nodes.items()},
+            "arm_settled": cap.state not in ARM_PENDING, "profiler_config_path": cap.profiler_config_path,
+            "written_unix_s": cap.written_unix_s, "config_mtime_s": cap.config_mtime_s,
             "batch_id": cap.batch_id, "analysis_status": cap.analysis_status, "outcome": cap.outcome,
             "notes": list(cap.notes), "total_bytes": cap.total_bytes}
 

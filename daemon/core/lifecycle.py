@@ -63,6 +63,8 @@ ACTIVE = IN_FLIGHT | {S.ENRICHING}
 """States with a deadline (tracked on every tick, resumed after a restart)."""
 SCANNED = frozenset({S.WRITTEN, S.ACKNOWLEDGED, S.COLLECTING})
 """States in which the capture's prof_dir is watched and scanned for its batch."""
+ARM_PENDING = frozenset({S.PLANNED, S.WRITTEN})
+"""States in which the arm itself is not settled yet (write or acknowledgements outstanding)."""
 
 
 class TransitionRefused(ValueError):

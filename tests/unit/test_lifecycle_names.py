@@ -21,6 +21,8 @@ ALL_NAMES = {s.value for s in CaptureState}
 SHARED_WORDS = {"failed", "incomplete"}  # also batch statuses, recipe statuses and capture event kinds
 UNIQUE_NAMES = ALL_NAMES - SHARED_WORDS
 OWNER = REPO_ROOT / "daemon" / "core" / "lifecycle.py"
+ALLOWED = {"daemon/adapters/state_migrate.py": {"acknowledged", "written"}}
+"""Keys of the version-1 capture JSON that happen to spell state names (read once by the migration)."""
 
 
 def _docstring_nodes(tree: ast.AST) -> set[int]:
@@ -57,7 +59,7 @@ def violations(path: Path) -> list[str]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
-            if node.value in UNIQUE_NAMES:
+            if node.value in UNIQUE_NAMES and node.value not in ALLOWED.get(str(rel), set()):
                 found.append(f"{rel}:{node.lineno}: state name {node.value!r}")
         elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]

@@ -1,0 +1,44 @@
+"""``profwatch arm --wait``: follow one capture until its arm is settled and say what happened (CLI body)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def wait_for_arm(fetch: Callable[[], dict[str, Any]], bound_s: float, echo: Callable[[str], None],
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> bool:
+    """Poll ``fetch()`` (the coordinator's ``capture`` view) every 0.5 s until the arm is settled (the config
+    write and every covered rank's acknowledgement are in, or the capture moved on) or ``bound_s`` passed.
+
+    Prints who wrote the config (and its mtime), then how many ranks acknowledged and, for each one that did not,
+    what it said and the known cause. Returns True only when the config was written and every rank acknowledged.
+    """
+    end = clock() + bound_s
+    view = fetch()
+    said_written = False
+    while True:
+        if not said_written and view.get("written_unix_s") is not None:
+            nodes = sorted(n for n, v in (view.get("node_writes") or {}).items() if v == "ok")
+            by = f"node daemon(s) {', '.join(nodes)}" if nodes else "the coordinator"
+            echo(f"config written by {by}: {view['profiler_config_path']}/profiler_config.json "
+                 f"(mtime {view.get('config_mtime_s')})")
+            said_written = True
+        if view.get("arm_settled") or clock() >= end:
+            break
+        sleep(0.5)
+        view = fetch()
+    if view.get("written_unix_s") is None:
+        echo(f"config not written: {view.get('outcome') or f'no writer confirmed it within {bound_s:g} s'}")
+        return False
+    got, want = view.get("acknowledged_ranks", 0), view.get("expected_ranks", 0)
+    if want and got == want:
+        echo(f"acknowledged by all {want} ranks; capture {view['capture_id']} is {view['state']}, "
+             f"window from step {view['start_step']}")
+        return True
+    still = "" if view.get("arm_settled") else f" after {bound_s:g} s"
+    echo(f"acknowledged by {got}/{want} ranks{still}; not by:")
+    for line in (view.get("unacknowledged") or [])[:16]:
+        echo(f"  {line}")
+    return False

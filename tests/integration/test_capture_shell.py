@@ -1,0 +1,277 @@
+"""The capture shell with fake collaborators and a fake clock (real registry, real SQLite store, real worker
+threads): the faults of issue 10 around arming, writing, cancelling, restarting and mapping results to events."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from daemon.adapters.control import ControlError
+from daemon.adapters.state import StateStore
+from daemon.captures import CaptureShell
+from daemon.config import load_settings
+from daemon.core.anomaly import Anomaly
+from daemon.core.capture import CaptureRequest
+from daemon.core.completeness import BatchState, RankDirState
+from daemon.core.lifecycle import CaptureState
+from daemon.core.registry import Registry
+from rankhook import wire
+from tests.conftest import wait_for
+
+T0 = 1_800_000_000.0
+
+
+class World:
+    """A registry with one job, fake collaborators, a fake clock and a shell over a real store."""
+
+    def __init__(self, tmp: Path, *, writer: str = "coordinator", arming: dict | None = None,
+                 store: StateStore | None = None, nodes: tuple[str, ...] = ("n1",), world: int = 2) -> None:
+        self.now = T0
+        self.tmp = tmp
+        self.settings = load_settings(
+            None, coordinator={"config_writer": writer, "allowed_config_roots": [str(tmp)], "ack_timeout_s": 60,
+                               "node_timeout_s": 10, "work_dir": str(tmp / "work")},
+            capture={"write_timeout_s": 30}, watch={"parse_allowance_s": 100, "reconcile_interval_s": 5},
+            arming=arming or {})
+        self.store = store or StateStore(tmp / "state.db")
+        self.registry = Registry()
+        self.events: list[tuple[str, str, dict, str | None]] = []
+        self.sent: list[tuple[str, wire.NodeCommand]] = []
+        self.writes: list[tuple[str, dict]] = []
+        self.results: queue.Queue[Callable[[], None]] = queue.Queue()
+        self.verdict: tuple[str, dict] = ("ok", {"status": "ok", "detail": "1 suspect"})
+        self.batches: list[BatchState] = []
+        for r in range(world):
+            node = nodes[r % len(nodes)]
+            self.registry.heartbeat(wire.NodeHeartbeat(node_id=node, hostname=node, pid=1, ts_unix_s=T0,
+                                                       started_unix_s=T0), T0)
+            self.registry.hello(wire.RankHello(job_id="j1", rank=r, local_rank=r, world_size=world, hostname=node,
+                                               pid=100 + r, backend="torch_npu", ts_unix_s=T0 - 50,
+                                               profiler_config_path=str(tmp / "cfg"), prof_root=str(tmp / "prof")),
+                                node, T0)
+            for s in range(1, 21):
+                self.registry.step(wire.StepReport(job_id="j1", rank=r, step=s, step_time_s=0.5, ts_unix_s=T0), T0)
+        outer = self
+
+        class Writer:
+            def write(self, config_dir: str, content: dict, *, not_before_unix_s: float, allowed_roots: Any) -> Any:
+                outer.writes.append((config_dir, content))
+                return SimpleNamespace(path=f"{config_dir}/profiler_config.json", mtime_s=int(outer.now))
+
+        class Scanner:
+            def scan(self, prof_dir: str, **kw: Any) -> list[BatchState]:
+                return list(outer.batches)
+
+            def retain(self, analysed: Any, now_unix_s: float) -> list[Any]:
+                return []
+
+        class Analyser:
+            def analyse(self, batch: BatchState, **kw: Any) -> tuple[str, dict]:
+                return outer.verdict[0], {**outer.verdict[1], **kw["context"]}
+
+            def running(self) -> list[str]:
+                return ["slow_rank"]
+
+            def cancel_all(self) -> None:
+                return None
+
+            def close(self) -> None:
+                return None
+
+        class Detectors:
+            def exclude_steps(self, job_id: str, first: int, last: int, reason: str) -> None:
+                return None
+
+            def stalled_ranks(self, job_id: str) -> frozenset[int]:
+                return frozenset()
+
+        self.shell = CaptureShell(
+            settings=self.settings, store=self.store, jobs=self.registry.jobs, nodes=self.registry.nodes,
+            writer=Writer(), send_node_command=lambda n, c: self.sent.append((n, c)), scanner=Scanner(),
+            analyser=Analyser(), detectors=Detectors(), emit=self.emit, post=self.results.put, clock=lambda: self.now)
+        self.shell.start()
+
+    def emit(self, type_: str, job_id: str | None, data: dict, event_id: str | None = None) -> None:
+        self.events.append((type_, job_id or "", data, event_id))
+
+    def drain(self, until: Callable[[], bool] | None = None, timeout_s: float = 20.0) -> None:
+        """Run what the worker threads handed back, until ``until()`` holds (or once when None)."""
+        def step() -> bool:
+            while True:
+                try:
+                    self.results.get_nowait()()
+                except queue.Empty:
+                    break
+            return until() if until is not None else True
+
+        wait_for(step, timeout_s, what="worker results")
+
+    def of(self, type_: str) -> list[dict]:
+        return [d for t, _j, d, _i in self.events if t == type_]
+
+    def state(self, cid: str) -> CaptureState | None:
+        cap = self.store.get_capture(cid)
+        return cap.state if cap is not None else None
+
+    def arm(self, **kw: Any) -> dict:
+        return self.shell.arm("j1", CaptureRequest(job_id="j1", reason="test", **kw), self.now)
+
+    def close(self) -> None:
+        self.shell.close()
+        self.store.close()
+
+
+@pytest.fixture
+def world(tmp_path: Path):
+    made: list[World] = []
+
+    def make(**kw: Any) -> World:
+        w = World(tmp_path, **kw)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.close()
+
+
+def _complete_batch(cid: str, world: int = 2) -> BatchState:
+    ranks = {r: RankDirState(path=f"/prof/{r}", kind="ascend_pt", rank=r, state="parsed") for r in range(world)}
+    return BatchState(batch_id=f"b-{cid}", status="complete", kind="ascend_pt", expected_ranks=list(range(world)),
+                      ranks=ranks, missing_ranks=[], problems=[], steps=[1, 2], capture_id=cid)
+
+
+def test_a_returned_failed_analysis_is_published_as_analysis_failed_not_suspect_ranks(world) -> None:
+    w = world()
+    w.verdict = ("failed", {"status": "failed", "detail": "no usable result; failed recipes: slow_rank"})
+    cid = w.arm()["capture_id"]
+    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
+    w.batches = [_complete_batch(cid)]
+    w.now += 6
+    w.shell.tick(w.now)
+    w.drain(lambda: w.state(cid) is CaptureState.FAILED)
+    assert not w.of("io.profwatch.suspect_ranks.v1")
+    (failed,) = w.of("io.profwatch.analysis_failed.v1")
+    assert failed["capture_id"] == cid and failed["detail"].startswith("no usable result")
+    assert w.store.get_capture(cid).analysis_status == "failed"
+
+
+def test_node_writer_with_a_lost_command_fails_at_the_write_deadline_and_frees_the_job(world) -> None:
+    w = world(writer="node")
+    res = w.arm()
+    cid = res["capture_id"]
+    assert res["state"] == "planned" and res["nodes"] == ["n1"] and res["deadline_in_s"] == 30
+    assert [(n, c.cmd) for n, c in w.sent] == [("n1", "write_config")]  # sent; never acknowledged
+    with pytest.raises(ControlError) as ei:
+        w.arm()
+    assert ei.value.code == "conflict" and cid in ei.value.message and "in 30 s" in ei.value.message
+    w.now += 29
+    w.shell.tick(w.now)
+    assert w.state(cid) is CaptureState.PLANNED
+    w.now += 1
+    w.shell.tick(w.now)
+    assert w.state(cid) is CaptureState.FAILED
+    (arm,) = w.of("io.profwatch.arm.v1")
+    assert arm["status"] == "failed" and "node(s) ['n1'] did not confirm" in arm["error"]
+    for n in ("n1",):  # the node is still heartbeating: the next arm is accepted
+        w.registry.heartbeat(wire.NodeHeartbeat(node_id=n, hostname=n, pid=1, ts_unix_s=w.now,
+                                                started_unix_s=T0), w.now)
+    assert w.arm()["capture_id"] != cid
+
+
+def test_node_writer_refuses_an_arm_while_the_node_is_down(world) -> None:
+    w = world(writer="node")
+    w.now += 60  # no heartbeat for 60 s > node_timeout_s 10
+    with pytest.raises(ControlError) as ei:
+        w.arm()
+    assert ei.value.code == "refused" and "node n1 is down (last heard 60 s ago)" in ei.value.message
+
+
+def test_cancel_frees_the_job_and_keeps_the_record(world) -> None:
+    w = world()
+    cid = w.arm()["capture_id"]
+    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
+    with pytest.raises(ControlError) as ei:
+        w.shell.cancel("j1", "c-nope", w.now)
+    assert ei.value.code == "not_found"
+    (view,) = w.shell.cancel("j1", None, w.now)
+    assert view["state"] == "cancelled" and "while written" in view["outcome"]
+    assert w.state(cid) is CaptureState.CANCELLED
+    with pytest.raises(ControlError) as ei:
+        w.shell.cancel("j1", None, w.now)
+    assert ei.value.code == "not_found"
+    with pytest.raises(ControlError) as ei:
+        w.shell.cancel("j1", cid, w.now)
+    assert ei.value.code == "conflict"
+    assert w.arm()["capture_id"] != cid
+
+
+def test_dry_run_agrees_with_the_refusal_and_names_the_blocker(world) -> None:
+    w = world()
+    first = w.arm()
+    dry = w.shell.arm("j1", CaptureRequest(job_id="j1", reason="x"), w.now, dry_run=True)
+    assert dry["refused"]["blocking_capture"] == first["capture_id"] and dry["refused"]["code"] == "conflict"
+    with pytest.raises(ControlError) as ei:
+        w.arm()
+    assert ei.value.message == dry["refused"]["message"]
+
+
+def test_observe_mode_counts_would_arms_so_the_cooldown_applies_as_in_act_mode(world) -> None:
+    w = world(arming={"mode": "observe", "cooldown_s": 900})
+    an = Anomaly(kind="step_regression", job_id="j1", step=20, ranks=(), magnitude=0.4)
+    w.shell.on_anomaly(an, w.now)
+    w.now += 10
+    w.shell.on_anomaly(an, w.now)
+    w.now += 900
+    w.shell.on_anomaly(an, w.now)
+    decisions = [(d["action"], d["reason"]) for d in w.of("io.profwatch.arm_decision.v1")]
+    assert decisions == [("would_arm", "observe_mode"), ("suppress", "cooldown"), ("would_arm", "observe_mode")]
+    assert w.store.captures("j1") == []
+
+
+def test_a_restarted_shell_resumes_its_capture_and_its_arm_history(world, tmp_path: Path) -> None:
+    w = world(arming={"cooldown_s": 900})
+    cid = w.arm()["capture_id"]
+    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
+    w.shell.close()
+    w2 = world(store=StateStore(tmp_path / "state.db"), arming={"cooldown_s": 900})
+    w2.now = w.now + 5
+    assert w2.shell.summary("j1", w2.now)[0]["state"] == "written"
+    w2.shell.on_anomaly(Anomaly(kind="step_regression", job_id="j1", step=20, ranks=(), magnitude=0.4), w2.now)
+    assert w2.of("io.profwatch.arm_decision.v1")[0]["reason"] == "capture_in_flight"
+    w2.drain(lambda: w2.shell.scans_in_flight == 0)  # the scan a resumed capture starts with (nothing there yet)
+    w2.batches = [_complete_batch(cid)]
+    w2.now += 6
+    w2.shell.tick(w2.now)
+    w2.drain(lambda: w2.state(cid) is CaptureState.ANALYSED)
+    (alert,) = w2.of("io.profwatch.suspect_ranks.v1")
+    assert alert["capture_id"] == cid and alert["armed_steps"]
+    w2.shell.on_anomaly(Anomaly(kind="step_regression", job_id="j1", step=30, ranks=(), magnitude=0.4), w2.now)
+    assert w2.of("io.profwatch.arm_decision.v1")[-1]["reason"] == "cooldown"  # the history survived the restart
+
+
+def test_unacknowledged_ranks_are_explained_by_the_nodes_stale_torch_npu_state(world) -> None:
+    w = world(nodes=("n1", "n2"))
+    stale = "shm /dev/shm/DynamicProfileNpuShm2026113009 (age 3700s); orphan DynMonitorProc pid 4242"
+    w.registry.heartbeat(wire.NodeHeartbeat(node_id="n2", hostname="n2", pid=1, ts_unix_s=T0, started_unix_s=T0,
+                                            stale_state=stale), T0)
+    cid = w.arm()["capture_id"]
+    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
+    cap = w.store.get_capture(cid)
+    for r in (0, 1):  # both hooks read the file; only rank 0's torch_npu logged it
+        w.shell.on_capture_event(wire.CaptureEvent(job_id="j1", rank=r, event="arm_seen", ts_unix_s=w.now,
+                                                   capture_id=cid, source="hook"), "n1", w.now)
+    w.shell.on_capture_event(wire.CaptureEvent(job_id="j1", rank=0, event="arm_seen", ts_unix_s=w.now,
+                                               start_step=cap.start_step, source="dp_log"), "n1", w.now)
+    view = w.shell.capture_view(cid, w.now)
+    assert view["acknowledged_ranks"] == 1 and "never acknowledged" in view["unacknowledged"][0]
+    w.now += 61
+    w.shell.tick(w.now)
+    (ack,) = [d for d in w.of("io.profwatch.capture.v1") if d.get("event") == "ack_missing"]
+    assert ack["ranks"] == [1]
+    assert "torch_npu never acknowledged" in ack["causes"][0] and "orphan DynMonitorProc pid 4242" in ack["causes"][0]
