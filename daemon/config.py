@@ -62,6 +62,10 @@ class NodeSettings(_Strict):
     relay_hwm: int = Field(1000, ge=1, le=1_000_000, description="batches queued while the coordinator is unreachable")
     allowed_config_roots: list[Path] = Field(default_factory=list, description="folders this node may write configs in")
     dp_log_poll_s: float = Field(1.0, gt=0, le=3600)
+    stale_check_interval_s: float = Field(30.0, gt=0, le=86400, description="how often the node looks for stale "
+                                          "torch_npu state (leftover shm segment, orphaned monitor)")
+    shm_dir: Path = Field(Path("/dev/shm"), description="where torch_npu's DynamicProfileNpuShm* segments live")
+    proc_dir: Path = Field(Path("/proc"), description="process table read to find orphaned DynMonitorProc monitors")
     metrics_port: int | None = Field(None, ge=1, le=65535)
 
     def rank_endpoint(self) -> str:

@@ -56,6 +56,9 @@ class NodeDaemon:
         self._fs_jobs: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1000)
         self._outbox: queue.Queue[bytes] = queue.Queue()  # node messages produced by the fs worker
         self._dp_jobs: dict[str, str] = {}  # job_id -> profiler_config_path to tail (torch_npu backend)
+        self._npu_starts: dict[tuple[str, int], float] = {}  # local torch_npu ranks -> their start time
+        self._stale_state = ""  # what the last stale torch_npu check found (sent with every heartbeat)
+        self._check_stale_now = threading.Event()
         self._bind_sockets()
         self._fs_thread = threading.Thread(target=self._fs_worker, name="profwatch-node-fs", daemon=True)
 
@@ -157,6 +160,12 @@ class NodeDaemon:
                 self._hellos[(msg.job_id, msg.rank)] = payload
                 if msg.backend == "torch_npu" and msg.profiler_config_path:
                     self._dp_jobs[msg.job_id] = msg.profiler_config_path
+                if msg.backend == "torch_npu" and (msg.job_id, msg.rank) not in self._npu_starts:
+                    if len(self._npu_starts) >= 4096:  # bounded: forget the oldest half (ranks of ended jobs)
+                        for key in sorted(self._npu_starts, key=self._npu_starts.__getitem__)[:2048]:
+                            del self._npu_starts[key]
+                    self._npu_starts[(msg.job_id, msg.rank)] = msg.ts_unix_s
+                    self._check_stale_now.set()
             if not self._pending:
                 self._pending_since = time.monotonic()
             self._pending.append(payload)
@@ -201,7 +210,7 @@ class NodeDaemon:
         self.metrics.queue_depth.labels("fs_jobs").set(self._fs_jobs.qsize())
         hb = wire.NodeHeartbeat(
             node_id=self.node_id, hostname=self.hostname, pid=os.getpid(), ts_unix_s=time.time(),
-            started_unix_s=self.started_unix_s, counters=dict(self.counters),
+            started_unix_s=self.started_unix_s, counters=dict(self.counters), stale_state=self._stale_state,
         )
         self._send(wire.encode(hb), "node_heartbeat")
 
@@ -249,7 +258,7 @@ class NodeDaemon:
 
         self._writer = ConfigWriter()
         tailers: dict[str, Any] = {}
-        next_tail = 0.0
+        next_tail = next_check = 0.0
         while not self._stop.is_set():
             try:
                 kind, item = self._fs_jobs.get(timeout=0.2)
@@ -260,6 +269,10 @@ class NodeDaemon:
             if self._dp_jobs and time.monotonic() >= next_tail:
                 next_tail = time.monotonic() + self.s.dp_log_poll_s
                 self._tail_dp_logs(tailers)
+            if time.monotonic() >= next_check or self._check_stale_now.is_set():
+                self._check_stale_now.clear()
+                next_check = time.monotonic() + self.s.stale_check_interval_s
+                self._check_stale_state()
 
     def _write_config(self, cmd: wire.NodeCommand) -> None:
         try:
@@ -273,6 +286,24 @@ class NodeDaemon:
         except Exception as exc:  # noqa: BLE001 - refusals and I/O errors are reported, never fatal
             log.warning("config_write_failed", command_id=cmd.command_id, error=str(exc))
             self._ack(cmd.command_id, False, str(exc))
+
+    def _check_stale_state(self) -> None:
+        """Look for torch_npu leftovers (stale shm segment, orphaned monitor); log a change once, report it with
+        every heartbeat (the coordinator names it as the cause of a capture's silent ranks). Never deletes."""
+        from daemon.adapters.dp_log_tail import find_stale_dp_state
+        from daemon.core.node_checks import stale_dp_findings
+
+        try:
+            found = find_stale_dp_state(str(self.s.shm_dir), str(self.s.proc_dir))
+            starts = list(self._npu_starts.values())
+            text = stale_dp_findings(found, min(starts) if starts else None)[:2000]
+        except Exception as exc:  # noqa: BLE001 - a failed check is logged, never fatal
+            if self._once.first("stale_check"):
+                log.warning("stale_check_failed", error=repr(exc))
+            return
+        if text != self._stale_state:
+            (log.warning if text else log.info)("stale_torch_npu_state", found=text or "none")
+        self._stale_state = text
 
     def _tail_dp_logs(self, tailers: dict[str, Any]) -> None:
         """Read new torch_npu dp log lines of every torch_npu job on this node; relay them as acknowledgements."""

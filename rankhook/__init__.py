@@ -100,6 +100,7 @@ def init(
         return None
 
     capture: Any = NoneBackend()
+    backend_error = ""
     if profiler_config_path and backend_name != "none":
         os.environ.setdefault("RANK", str(ident.rank))  # torch_npu reads RANK for log names and rank_list
         try:
@@ -109,12 +110,15 @@ def init(
         except Exception as exc:  # noqa: BLE001
             log.warning("rankhook: capture backend %r unavailable (%r); telemetry only", backend_name, exc)
             capture = NoneBackend()
+            backend_error = f"{backend_name} unavailable: {exc!r}"
     hook = Hook(ident, publisher, capture, profiler_config_path, prof_root, _versions())
     try:
         capture.open(ident, hook.emit)
     except Exception as exc:  # noqa: BLE001
         log.warning("rankhook: capture backend %s failed to open (%r); telemetry only", capture.name, exc)
-        hook.backend = NoneBackend()
+        backend_error = f"{capture.name} failed to open: {exc!r}"
+    if backend_error:
+        hook.backend_failed(backend_error)  # the daemons see the backend in use and why
     _hook = hook
     atexit.register(shutdown)
     return hook

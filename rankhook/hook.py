@@ -112,6 +112,15 @@ class Hook:
         hello = dataclasses.replace(self._hello, counters={"sent": c.sent, "dropped": c.dropped, "errors": c.errors})
         self.publisher.send(*wire.frames(hello))
 
+    def backend_failed(self, error: str) -> None:
+        """The capture backend is not usable: run without one and tell the daemons which and why (the hello
+        carries ``backend="none"`` and ``backend_error``; ``profwatch status`` shows it)."""
+        from rankhook.backends.base import NoneBackend
+
+        self.backend = NoneBackend()
+        self._hello = dataclasses.replace(self._hello, backend="none", backend_error=error[:500])
+        self.send_hello()
+
     def emit(self, msg: Any) -> None:
         """Send any wire message (used by capture backends for :class:`~rankhook.wire.CaptureEvent`)."""
         try:

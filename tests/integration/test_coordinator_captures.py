@@ -32,7 +32,7 @@ def _port() -> int:
 
 
 class Harness:
-    def __init__(self, root: Path, capture: dict | None = None, **coord: object) -> None:
+    def __init__(self, root: Path, capture: dict | None = None, arming: dict | None = None, **coord: object) -> None:
         self.root = root
         self.ports = {k: _port() for k in ("ingest", "control", "pub")}
         over = {"ingest_bind": f"tcp://127.0.0.1:{self.ports['ingest']}",
@@ -44,7 +44,7 @@ class Harness:
         self.settings = load_settings(None, coordinator=over,
                                       watch={"reconcile_interval_s": 0.5, "parse_allowance_s": 5.0},
                                       analysis={"msprof": {"advisor": False, "advisor_html": False}},
-                                      capture=capture or {})
+                                      capture=capture or {}, arming=arming or {})
         self.coord = Coordinator(self.settings)
         self.thread = threading.Thread(target=self.coord.run, name="test-coordinator")
         self.thread.start()
