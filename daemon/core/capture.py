@@ -214,7 +214,9 @@ class ProfilerConfig(_Strict):
 
 class CaptureSettings(BaseModel):
     """How profwatch arms captures. Units in names; ``margin_s`` covers the writer's wait for a fresh mtime
-    second (<= 1 s) and NFS attribute caching; ``deadline_*`` bound how long a capture may take (FC-11)."""
+    second (<= 1 s) and NFS attribute caching; ``deadline_*`` bound how long a capture may take (a rank that stops
+    stepping never reaches start_step: ``docs/capture-lifecycle.md``); ``write_timeout_s`` and ``final_scan_grace_s``
+    bound the write and the final scan."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -281,7 +283,7 @@ class CapturePlan(BaseModel):
     ``[start_step + warmup, start_step + warmup + active)``. ``base_step`` is the furthest step among the ranks
     the capture covers (``start_step = base_step + lead``); ``rank_deadlines_unix_s`` (covered rank -> unix s) is
     when each rank should have closed its window, from its own step and step time; ``deadline_unix_s`` is the
-    latest of them (later ranks are reported stalled, FC-11). ``step_spread`` = furthest - least step counter
+    latest of them (later ranks are reported as missing, with what they said). ``step_spread`` = furthest - least step counter
     among the covered ranks at plan time (large after a rank restarted its counter)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -56,6 +56,9 @@ def test_coordinator_killed_mid_capture_still_analyses_once(tmp_path: Path, monk
         got = wait_for(suspects, 240, 0.5, "suspect alert after restart")
         assert got[0]["data"]["capture_id"] == capture_id
         assert got[0]["data"]["suspects"][0]["rank"] == 1
+        # torch.profiler captures carry the steps they hold (read from the traces), and they are the armed ones
+        armed, captured = got[0]["data"]["armed_steps"], got[0]["data"]["captured_steps"]
+        assert armed and captured and set(armed) <= set(captured), (armed, captured)
         # no duplicate: wait for the capture to be marked analysed, then count again
         wait_for(lambda: any(c["capture_id"] == capture_id and c["state"] == "analysed"
                              for c in call(stack.control, "captures", {"job_id": "rec"}, timeout_s=5)), 60, 0.5,
