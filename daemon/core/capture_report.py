@@ -10,6 +10,7 @@ from daemon.core.alerts import suspect_alert_data
 from daemon.core.completeness import BatchState
 
 if TYPE_CHECKING:
+    from daemon.core.capture import CapturePlan
     from daemon.core.lifecycle import Capture
     from daemon.core.registry import JobState, NodeState
 
@@ -18,6 +19,23 @@ VERDICT_KEYS = ("batch_id", "job_id", "kind", "status", "detail", "capture_id", 
                 "missing_ranks", "problems", "causes", "analysis_duration_s")
 """The one payload shape of every verdict (``suspect_ranks``, ``batch_incomplete``, ``analysis_failed``) and of
 ``report.json`` (which adds the raw per-step ``summaries`` and the advisor's full ``advisor`` message)."""
+
+
+def plan_notes(plan: CapturePlan, covered: Sequence[int], rank_steps: Mapping[int, int],
+               rank_backends: Mapping[int, str]) -> list[str]:
+    """Remarks fixed at arm time and carried into every verdict: covered ranks whose step counters are further
+    apart than the arm lead (a restart or a resume without ``set_step``), covered ranks without a capture backend."""
+    notes = []
+    known = {r: s for r, s in rank_steps.items() if r in set(covered)}
+    if known and plan.step_spread > plan.lead_steps:
+        behind = sorted(r for r, s in known.items() if plan.base_step - s > plan.lead_steps)
+        notes.append(f"ranks' step counters were far apart at arm time (covered ranks at steps {min(known.values())}"
+                     f"..{max(known.values())}): rank(s) {behind} restarted or resumed their counter and reach "
+                     f"start_step {plan.start_step} later than the others; each rank has its own deadline")
+    no_backend = sorted(r for r in covered if rank_backends.get(r) == "none")
+    if no_backend:
+        notes.append(f"rank(s) {no_backend} run no capture backend: they cannot capture")
+    return notes
 
 
 def window_notes(armed: Sequence[int], captured: Sequence[int]) -> list[str]:

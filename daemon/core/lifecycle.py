@@ -8,12 +8,10 @@
        '-> failed (write refused or write deadline)         '-> incomplete (judgement time, batch not complete)
     any in-flight state -> cancelled (profwatch cancel) | superseded (new job generation); data always kept
 
-Every state that waits on something has a deadline derived from settings (:func:`deadline_for`); expiry is a
-transition with a reason (:func:`expire`). Every transition is a function ``(Capture, ..., now) -> Transition``:
-the new frozen :class:`Capture`, the events to publish (CloudEvents type + data + id) and the I/O the shell must
-do (:class:`Action`). No state name and no transition decision lives anywhere else (a unit test greps for them).
-The facts the rules rest on (torch_npu's per-process step counter, its dp log lines, stale shared memory) are in
-``docs/capture-lifecycle.md``.
+Every waiting state has a deadline from settings (:func:`deadline_for`); expiry is a transition with a reason
+(:func:`expire`). Every transition is ``(Capture, ..., now) -> Transition``: the new frozen :class:`Capture`, the
+events to publish and the I/O the shell must do (:class:`Action`). No state name and no transition decision lives
+anywhere else (a unit test greps for them). The torch_npu facts the rules rest on: ``docs/capture-lifecycle.md``.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from daemon.core.alerts import (
     TYPE_SUSPECT_RANKS,
 )
 from daemon.core.capture import CapturePlan
-from daemon.core.capture_report import explain_ranks, verdict_payload
+from daemon.core.capture_report import explain_ranks, plan_notes, verdict_payload
 from daemon.core.completeness import BatchState
 from rankhook import wire
 
@@ -145,13 +143,10 @@ class NodeWrite:
 
 @dataclass(frozen=True, slots=True)
 class Capture:
-    """One capture, immutable; transitions return a new one. Times are unix seconds.
-
-    ``deadline_unix_s`` belongs to the current state (None in final states); ``judge_unix_s`` is when the batch
-    is judged: the latest covered rank's window end plus the parse allowance. ``config`` is the rendered
-    ``profiler_config.json`` (opaque here). ``outcome`` says why the capture is where it is (expiry, failure,
-    cancel); ``notes`` are remarks carried into every verdict.
-    """
+    """One capture, immutable (transitions return a new one); times in unix seconds. ``deadline_unix_s``: of the
+    current state (None when final); ``judge_unix_s``: when the batch is judged (latest covered rank's window end +
+    parse allowance); ``config``: the rendered ``profiler_config.json``; ``outcome``: why the capture is where it is
+    (expiry, failure, cancel); ``notes``: remarks carried into every verdict."""
 
     capture_id: str
     job_id: str
@@ -258,16 +253,7 @@ def open_capture(plan: CapturePlan, *, world_size: int, profiler_config_path: st
     ranks = {r: RankProgress(rank=r, step_at_plan=rank_steps.get(r, -1), step_time_s=rank_step_time_s.get(r),
                              window_end_unix_s=plan.rank_deadlines_unix_s.get(r, plan.deadline_unix_s),
                              backend=rank_backends.get(r, "")) for r in covered}
-    notes: list[str] = []
-    if plan.step_spread > plan.lead_steps:
-        known = {r: s for r, s in rank_steps.items() if r in ranks}
-        behind = sorted(r for r, s in known.items() if plan.base_step - s > plan.lead_steps)
-        notes.append(f"ranks' step counters were far apart at arm time (covered ranks at steps {min(known.values())}"
-                     f"..{max(known.values())}): rank(s) {behind} restarted or resumed their counter and reach "
-                     f"start_step {plan.start_step} later than the others; each rank has its own deadline")
-    no_backend = sorted(r for r in covered if rank_backends.get(r) == "none")
-    if no_backend:
-        notes.append(f"rank(s) {no_backend} run no capture backend: they cannot capture")
+    notes = plan_notes(plan, covered, rank_steps, rank_backends)
     judge = max(r.window_end_unix_s for r in ranks.values()) + settings.parse_allowance_s
     cap = Capture(
         capture_id=plan.capture_id, job_id=plan.job_id, reason=plan.reason, state=S.PLANNED, created_unix_s=now,

@@ -313,3 +313,7 @@ def test_alerts_follow_for_one_job_prints_that_job_only(harness, short_tmp) -> N
         follow.terminate()
         follow.wait(10)
     assert [json.loads(x)["subject"] for x in lines if x.strip()] == ["ja"]
+    # the same kind of filter everywhere: stored events, status and captures take the job id exactly
+    assert {e["subject"] for e in h.events("ja", alerts_only=True)} == {"ja"}
+    assert [j["job_id"] for j in call(h.control, "status", {"job_id": "ja"}, timeout_s=10)["jobs"]] == ["ja"]
+    assert call(h.control, "captures", {"job_id": "j"}, timeout_s=10) == []
