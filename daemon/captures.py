@@ -112,15 +112,17 @@ class CaptureShell:
 
     # -- start, stop ----------------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the watcher, then resume every capture of the store: in-flight ones from their state, final ones
-        of the last hour into the arm history."""
+        """Start the watcher, then resume the store's captures: in-flight ones from their state; those of the last
+        hour also fill the arm history (older final ones stay in the store only)."""
         if self._make_watcher is not None:
             try:
                 self._watcher = self._make_watcher(lambda path: self.post(lambda: self.on_wake(path)))
             except Exception as exc:  # noqa: BLE001 - the periodic scan still finds every batch
                 log.warning("watcher_unavailable", error=repr(exc))
         now = self.clock()
-        for cap in self.store.captures():
+        hour = {c.capture_id: c for c in self.store.captures(since_unix_s=now - 3600)}
+        for cap in sorted({**hour, **{c.capture_id: c for c in self.store.captures(states=lc.ACTIVE)}}.values(),
+                          key=lambda c: (c.created_unix_s, c.capture_id)):
             job = self._job(cap.job_id)
             if cap.state in lc.ACTIVE:
                 log.info("capture_resumed", capture_id=cap.capture_id, state=cap.state.value, prof_dir=cap.prof_dir)
@@ -521,7 +523,7 @@ class CaptureShell:
         """The last 20 captures (of ``job_id``) for ``status``; an analysing one names the recipes running."""
         live = {c.capture_id: c for j in self._jobs.values() for c in j.active.values()}
         out = []
-        for cap in self.store.captures(job_id)[-20:]:
+        for cap in self.store.captures(job_id, newest=20):
             view = describe(live.get(cap.capture_id, cap), now)
             if live.get(cap.capture_id, cap).state is lc.S.ANALYSING:
                 view["running"] = self.analyser.running()

@@ -426,7 +426,7 @@ class Coordinator:
 
     def _cmd_captures(self, job_id: str | None = None) -> list[dict[str, Any]]:
         now = time.time()
-        return [describe(c, now) for c in self.state.captures(self._job_arg(job_id))]
+        return [describe(c, now) for c in self.state.captures(self._job_arg(job_id), newest=1000)]
 
     def _cmd_set_thresholds(self, detection: dict[str, Any] | None = None, arming: dict[str, Any] | None = None) -> dict[str, Any]:
         """Runtime tuning without restart: merge into the current settings, validate, apply to every detector."""

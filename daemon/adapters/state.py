@@ -178,9 +178,12 @@ class StateStore:
         found = self._load("WHERE capture_id=?", [capture_id])
         return found[0] if found else None
 
-    def captures(self, job_id: str | None = None, states: Iterable[CaptureState] | None = None) -> list[Capture]:
-        """Captures, oldest first, optionally filtered by job (exact id) and state."""
-        cond, args = [], []
+    def captures(self, job_id: str | None = None, states: Iterable[CaptureState] | None = None, *,
+                 since_unix_s: float | None = None, newest: int | None = None) -> list[Capture]:
+        """Captures, oldest first, optionally filtered by job (exact id), state and creation time; ``newest``
+        keeps only that many of the most recent."""
+        cond: list[str] = []
+        args: list[Any] = []
         if job_id is not None:
             cond.append("job_id=?")
             args.append(job_id)
@@ -188,11 +191,19 @@ class StateStore:
             vals = [s.value for s in states]
             cond.append(f"state IN ({','.join('?' * len(vals))})")
             args.extend(vals)
-        return self._load(("WHERE " + " AND ".join(cond)) if cond else "", args)
+        if since_unix_s is not None:
+            cond.append("created_unix_s>=?")
+            args.append(since_unix_s)
+        return self._load(("WHERE " + " AND ".join(cond)) if cond else "", args, newest)
 
-    def _load(self, where: str, args: list[Any]) -> list[Capture]:
-        rows = self.db.execute(f"SELECT {','.join(_CAPTURE_COLS)} FROM captures {where} "
-                               "ORDER BY created_unix_s, capture_id", args).fetchall()
+    def _load(self, where: str, args: list[Any], newest: int | None = None) -> list[Capture]:
+        if newest is None:
+            rows = self.db.execute(f"SELECT {','.join(_CAPTURE_COLS)} FROM captures {where} "
+                                   "ORDER BY created_unix_s, capture_id", args).fetchall()
+        else:
+            rows = self.db.execute(f"SELECT {','.join(_CAPTURE_COLS)} FROM captures {where} "
+                                   "ORDER BY created_unix_s DESC, capture_id DESC LIMIT ?", [*args, newest]).fetchall()
+            rows.reverse()
         if not rows:
             return []
         ids = [r[0] for r in rows]

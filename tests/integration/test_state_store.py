@@ -143,5 +143,10 @@ def test_typed_rows_round_trip_and_partial_rank_writes(tmp_path: Path) -> None:
         assert back.ranks[1].steps == (3, 4) and back.ranks[2].backend == "none"
         assert store.captures("j") == [] and store.captures("j1") == [cap2]  # exact job ids
         assert store.captures(states=[CaptureState.PLANNED]) == []
+        later = replace(cap2, capture_id="c-later", created_unix_s=T0 + 7200)
+        store.save_capture(later)
+        assert [c.capture_id for c in store.captures(newest=1)] == ["c-later"]
+        assert [c.capture_id for c in store.captures(newest=5)] == [cap2.capture_id, "c-later"]
+        assert [c.capture_id for c in store.captures(since_unix_s=T0 + 3600)] == ["c-later"]
     finally:
         store.close()
