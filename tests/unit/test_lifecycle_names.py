@@ -11,7 +11,10 @@ the syntax tree of every module of ``daemon`` and ``rankhook`` (docstrings exclu
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from daemon.core.lifecycle import CaptureState
@@ -89,3 +92,12 @@ def test_no_state_names_outside_the_lifecycle() -> None:
     assert len(files) > 40
     found = [v for p in files for v in violations(p)]
     assert not found, "\n".join(found)
+
+
+def test_the_capture_code_does_not_import_the_coordinator() -> None:
+    """No cycle: the shell, its ports and the lifecycle load without the coordinator (it composes them)."""
+    code = ("import sys, daemon.captures, daemon.capture_ports, daemon.core.lifecycle; "
+            "sys.exit(1 if 'daemon.coordinator' in sys.modules else 0)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert res.returncode == 0, res.stderr[-2000:]
