@@ -47,13 +47,17 @@ class ScannerPort(Protocol):
 
 class AnalyserPort(Protocol):
     """Analyses one complete batch; returns ``(status, verdict payload)`` (``VERDICT_KEYS``, also
-    ``report.json``). ``running()`` says what runs now (for ``status``); ``cancel_all()`` stops every run
-    (shutdown; the capture is redone after a restart); ``close()`` once the analysis workers are joined."""
+    ``report.json``). ``running()`` says what runs now (for ``status``); ``cancel(capture_id)`` stops the runs of
+    one capture that left ``analysing`` without a result (cancelled, superseded, past its deadline);
+    ``cancel_all()`` stops every run (shutdown; the capture is redone after a restart); ``close()`` once the
+    analysis workers are joined."""
 
     def analyse(self, batch: BatchState, *, work_dir: Path, hostnames: Mapping[int, str], context: dict[str, Any],
                 job_id: str, capture_reason: str) -> tuple[str, dict[str, Any]]: ...
 
     def running(self) -> list[str]: ...
+
+    def cancel(self, capture_id: str) -> None: ...
 
     def cancel_all(self) -> None: ...
 
@@ -144,6 +148,11 @@ class BatchAnalyser:
             args = [str(a) for a in (p.args if isinstance(p.args, (list, tuple)) else [p.args])]
             out.append(args[args.index("-m") + 1] if "-m" in args[:-1] else "advisor")
         return out
+
+    def cancel(self, capture_id: str) -> None:
+        """Not available with this process's msprof runner (its runs are cancelled all at once): the tool runs
+        out its own timeout and its late result is dropped by the lifecycle."""
+        return None
 
     def cancel_all(self) -> None:
         from daemon.adapters.msprof_runner import cancel_running

@@ -217,6 +217,8 @@ class CaptureShell:
             batch = self._batches.get(cap.capture_id)
             if batch is not None:
                 self.analysis_pool.submit(self._analyse, cap, batch)
+        elif action is lc.Action.STOP_ANALYSIS:
+            self.analyser.cancel(cap.capture_id)
         elif action is lc.Action.RETAIN:
             self._retain()
         elif action is lc.Action.ENRICH:  # the follow-up runner lands with the advisor split (issue 13)

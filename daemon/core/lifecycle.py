@@ -76,6 +76,7 @@ class Action(str, Enum):
     WATCH = "watch"  # watch the capture's prof_dir
     SCAN = "scan"  # scan the prof_dir now (completion, or the final scan at the judgement time)
     ANALYSE = "analyse"  # analyse the complete batch
+    STOP_ANALYSIS = "stop_analysis"  # the capture left analysing without a result: stop its tool runs
     ENRICH = "enrich"  # run the follow-up (advisor) for the analysed batch
     UNWATCH = "unwatch"  # stop watching the prof_dir
     RETAIN = "retain"  # apply the retention caps (only analysed batches are ever removed)
@@ -511,10 +512,10 @@ def cancel(cap: Capture, now: float, settings: LifecycleSettings, by: str = "ope
     on the ranks; whatever they write is left in place. Raises :class:`TransitionRefused` otherwise."""
     if cap.state not in IN_FLIGHT:
         raise TransitionRefused(f"capture {cap.capture_id} is {cap.state.value}: nothing to cancel")
-    was = cap.state.value
-    cap = _enter(cap, S.CANCELLED, now, settings, outcome=f"cancelled by {by} while {was}")
-    return Transition(cap, (_progress(cap, "cancelled", now, by=by, was=was, note="data kept; nothing deleted"),),
-                      frozenset({Action.UNWATCH}))
+    was = cap.state
+    cap = _enter(cap, S.CANCELLED, now, settings, outcome=f"cancelled by {by} while {was.value}")
+    return Transition(cap, (_progress(cap, "cancelled", now, by=by, was=was.value, note="data kept; nothing deleted"),),
+                      _leaving(was))
 
 
 def supersede(cap: Capture, generation: int, now: float, settings: LifecycleSettings) -> Transition:
@@ -522,11 +523,15 @@ def supersede(cap: Capture, generation: int, now: float, settings: LifecycleSett
     count steps anew, so the window can no longer be judged). Data kept. No-op for newer or final captures."""
     if cap.state not in IN_FLIGHT or cap.generation >= generation:
         return Transition(cap)
-    was = cap.state.value
+    was = cap.state
     cap = _enter(cap, S.SUPERSEDED, now, settings,
-                 outcome=f"job generation {cap.generation} -> {generation} while {was}")
+                 outcome=f"job generation {cap.generation} -> {generation} while {was.value}")
     return Transition(cap, (_progress(cap, "superseded", now, old_generation=cap.generation, generation=generation,
-                                      was=was, note="data kept; nothing deleted"),), frozenset({Action.UNWATCH}))
+                                      was=was.value, note="data kept; nothing deleted"),), _leaving(was))
+
+
+def _leaving(was: CaptureState) -> frozenset[Action]:
+    return frozenset({Action.UNWATCH, Action.STOP_ANALYSIS} if was is S.ANALYSING else {Action.UNWATCH})
 
 
 # -- 8. deadlines: every waiting state ends -------------------------------------------------------------------------
@@ -566,7 +571,8 @@ def expire(cap: Capture, now: float, settings: LifecycleSettings, causes: Mappin
                                  f"no scan of {cap.prof_dir} finished within {settings.final_scan_grace_s:g} s "
                                  "of the deadline: the file system may be unreachable")
     if cap.state is S.ANALYSING:
-        return _fail_analysis(cap, f"analysis did not finish within {settings.analysis_timeout_s:g} s", now, settings)
+        t = _fail_analysis(cap, f"analysis did not finish within {settings.analysis_timeout_s:g} s", now, settings)
+        return replace(t, actions=t.actions | {Action.STOP_ANALYSIS})
     if cap.state is S.ENRICHING:
         cap = _enter(cap, S.ANALYSED, now, settings,
                      outcome=f"enrichment did not finish within {settings.enrich_timeout_s:g} s")

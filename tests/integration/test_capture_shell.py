@@ -4,6 +4,7 @@ threads): the faults of issue 10 around arming, writing, cancelling, restarting 
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,6 +47,9 @@ class World:
         self.results: queue.Queue[Callable[[], None]] = queue.Queue()
         self.verdict: tuple[str, dict] = ("ok", {"status": "ok", "detail": "1 suspect"})
         self.batches: list[BatchState] = []
+        self.stopped: list[str] = []
+        self.release = threading.Event()  # the fake analysis returns once this is set
+        self.release.set()
         for r in range(world):
             node = nodes[r % len(nodes)]
             self.registry.heartbeat(wire.NodeHeartbeat(node_id=node, hostname=node, pid=1, ts_unix_s=T0,
@@ -72,10 +76,14 @@ class World:
 
         class Analyser:
             def analyse(self, batch: BatchState, **kw: Any) -> tuple[str, dict]:
+                outer.release.wait(30)
                 return outer.verdict[0], {**outer.verdict[1], **kw["context"]}
 
             def running(self) -> list[str]:
                 return ["slow_rank"]
+
+            def cancel(self, capture_id: str) -> None:
+                outer.stopped.append(capture_id)
 
             def cancel_all(self) -> None:
                 return None
@@ -275,3 +283,20 @@ def test_unacknowledged_ranks_are_explained_by_the_nodes_stale_torch_npu_state(w
     (ack,) = [d for d in w.of("io.profwatch.capture.v1") if d.get("event") == "ack_missing"]
     assert ack["ranks"] == [1]
     assert "torch_npu never acknowledged" in ack["causes"][0] and "orphan DynMonitorProc pid 4242" in ack["causes"][0]
+
+
+def test_cancelling_an_analysing_capture_stops_its_runs_and_drops_its_late_result(world) -> None:
+    w = world()
+    cid = w.arm()["capture_id"]
+    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
+    w.batches = [_complete_batch(cid)]
+    w.release.clear()  # the analysis will run until released
+    w.now += 6
+    w.shell.tick(w.now)
+    w.drain(lambda: w.state(cid) is CaptureState.ANALYSING)
+    (view,) = w.shell.cancel("j1", cid, w.now)
+    assert view["state"] == "cancelled" and w.stopped == [cid]
+    w.release.set()
+    w.shell.analysis_pool.shutdown(wait=True)  # the analysis returned ...
+    w.drain()  # ... and its result, handed back, is dropped
+    assert w.state(cid) is CaptureState.CANCELLED and not w.of("io.profwatch.suspect_ranks.v1")

@@ -288,6 +288,7 @@ def test_analysing_expires_to_failed() -> None:
     assert lc.expire(cap, T0 + 20 + 999, SET).capture is cap
     t = lc.expire(cap, T0 + 20 + 1000, SET)
     assert t.capture.state is CaptureState.FAILED and t.events[0].type == TYPE_ANALYSIS_FAILED
+    assert Action.STOP_ANALYSIS in t.actions
     assert "did not finish within 1000 s" in t.events[0].data["detail"]
 
 
@@ -334,6 +335,7 @@ def test_every_in_flight_state_can_be_cancelled_and_nothing_else() -> None:
         t = lc.cancel(cap, T0 + 50, SET, by="cli")
         assert t.capture.state is CaptureState.CANCELLED and t.capture.deadline_unix_s is None
         assert f"while {cap.state.value}" in t.capture.outcome and Action.UNWATCH in t.actions
+        assert (Action.STOP_ANALYSIS in t.actions) == (cap.state is CaptureState.ANALYSING)
         assert t.events[0].data["note"] == "data kept; nothing deleted"
         with pytest.raises(lc.TransitionRefused):
             lc.cancel(t.capture, T0 + 51, SET)
@@ -345,6 +347,7 @@ def test_a_new_generation_supersedes_older_in_flight_captures_only() -> None:
     for cap in _each_in_flight():
         t = lc.supersede(cap, 1, T0 + 50, SET)
         assert t.capture.state is CaptureState.SUPERSEDED and t.events[0].data["generation"] == 1
+        assert (Action.STOP_ANALYSIS in t.actions) == (cap.state is CaptureState.ANALYSING)
         assert lc.supersede(cap, 0, T0 + 50, SET).capture is cap  # same generation
     analysed = _analysed()
     assert lc.supersede(analysed, 1, T0 + 50, SET).capture is analysed
