@@ -45,9 +45,9 @@ class CaptureManager:
         self.policy = ArmingPolicy(self.s.arming)
         self.fs_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-fs")
         self.analysis_pool = ThreadPoolExecutor(self.s.coordinator.analysis_workers, thread_name_prefix="profwatch-analysis")
-        from daemon.adapters.msprof_runner import make_limiter
+        from daemon.adapters.msprof_runner import MsprofRunner
 
-        self._limiter = make_limiter(self.s.analysis.msprof)
+        self.runner = MsprofRunner(self.s.analysis.msprof)  # runs msprof-analyze for every analysis of this coordinator
         self._writer: Any = None
         self._watcher: Any = None
         self._webhook: Any = None
@@ -89,17 +89,12 @@ class CaptureManager:
                 self._watch(prof_dir)
 
     def close(self) -> None:
-        from daemon.adapters.msprof_runner import cancel_running, resume_runs
-
         if self._watcher is not None:
             self._watcher.close()
         # a running msprof-analyze is killed, not awaited: the capture stays "analysing" and is redone on restart
-        cancel_running()
-        try:
-            self.fs_pool.shutdown(wait=True, cancel_futures=True)
-            self.analysis_pool.shutdown(wait=True, cancel_futures=True)
-        finally:
-            resume_runs()
+        self.runner.close()
+        self.fs_pool.shutdown(wait=True, cancel_futures=True)
+        self.analysis_pool.shutdown(wait=True, cancel_futures=True)
         if self._webhook is not None:
             self._webhook.close()
 
@@ -438,7 +433,7 @@ class CaptureManager:
         try:
             work = Path(self.s.coordinator.work_dir) / cap["job_id"] / cid
             result = analyze_batch(batch, work_dir=work, settings=self.s.analysis, hostnames=hostnames or None,
-                                   capture_reason=cap["reason"], job_id=cap["job_id"], limiter=self._limiter)
+                                   capture_reason=cap["reason"], job_id=cap["job_id"], runner=self.runner)
             res_json = result.to_json()
             self.c.results.put(lambda: self._on_analysed(cap, batch, res_json, time.time() - t0))
         except Exception as exc:  # noqa: BLE001 - a failing analysis is an alert, never a crash

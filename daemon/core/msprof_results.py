@@ -1,9 +1,9 @@
 """Parse msprof-analyze 26.2.0 outputs (cluster_analysis.db rows, ``--agent`` JSON) into evidence (pure).
 
-Callers read the tables (e.g. ``daemon/adapters/msprof_runner.py`` via a read-only sqlite URI) and pass rows as
-mappings keyed by column name. Everything is parsed **by column name**, never by position or declared type:
-recipe tables come from pandas ``to_sql`` so column types vary between runs
-(``../shared/docs/msprof-analyze.md`` sections 10 and 14.11).
+Callers read the tables (``daemon/adapters/msprof_db.py``, read-only) and pass rows as mappings keyed by column
+name. Everything is parsed **by column name**, never by position or declared type: recipe tables come from
+pandas ``to_sql`` so column types vary between runs (docs/msprof-analyze.md, "Result tables"). Section numbers
+below ("section 5") refer to the result-table and agent-JSON descriptions in that page.
 """
 
 from __future__ import annotations
@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import math
 import re
-import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from daemon.core.evidence import RankStepSummary
@@ -224,47 +222,3 @@ def common_steps(summaries: Iterable[RankStepSummary]) -> list[int]:
     if not by_rank:
         return []
     return sorted(set.intersection(*by_rank.values()))
-
-
-def read_table(db_path: Path, table: str) -> list[dict[str, Any]] | None:
-    """Rows of ``table`` as dicts (by column name), reading ``db_path`` read-only by URI; None when the file or
-    table is missing or unreadable (e.g. "database disk image is malformed"). The one I/O helper of this module,
-    kept here so every result-table read goes through the same tolerant path (section 12, step 6)."""
-    if not db_path.is_file():
-        return None
-    try:
-        con = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return None
-    try:
-        con.row_factory = sqlite3.Row
-        found = con.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (table,)).fetchone()
-        if not found:
-            return None
-        return [dict(r) for r in con.execute(f'SELECT * FROM "{table}"')]
-    except sqlite3.Error:
-        return None
-    finally:
-        con.close()
-
-
-def sqlite_truncated(db_path: Path) -> bool:
-    """True when the file is shorter than its header's page count x page size (an interrupted copy or write).
-
-    O(1): reads the 100-byte SQLite header (page size at offset 16, in-header page count at 28, valid when the
-    version-valid-for number at 92 equals the change counter at 24). Unknown/invalid headers return False.
-    """
-    try:
-        with db_path.open("rb") as fh:
-            head = fh.read(100)
-        size = db_path.stat().st_size
-    except OSError:
-        return True
-    if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
-        return len(head) < 100
-    page_size = int.from_bytes(head[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    pages = int.from_bytes(head[28:32], "big")
-    if pages == 0 or head[24:28] != head[92:96]:
-        return False
-    return size < pages * page_size

@@ -296,8 +296,7 @@ def test_stop_during_analysis_is_prompt_and_the_capture_survives(short_tmp: Path
         generate_cluster(Path(res["prof_dir"]), world_size=4, capture_id=res["capture_id"])
         wait_for(lambda: call(h.control, "captures", {"job_id": "jobS"})[-1]["state"] == "analysing", 60, 0.2,
                  "analysis started")
-        wait_for(lambda: __import__("daemon.adapters.msprof_runner", fromlist=["_running"])._running, 30,
-                 what="the tool running")
+        wait_for(lambda: h.coord.captures.runner.running(), 30, what="the tool running")
     finally:
         h.close()  # joins the loop thread for at most 30 s; the 300 s tool must be killed, not awaited
     assert not h.thread.is_alive()
