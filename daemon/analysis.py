@@ -24,6 +24,7 @@ from daemon.adapters.report import write_report
 from daemon.core.alerts import TYPE_ANALYSIS_FAILED, TYPE_BATCH_INCOMPLETE, TYPE_SUSPECT_RANKS, suspect_alert_data
 from daemon.core.analysis_settings import AnalysisSettings
 from daemon.core.completeness import BatchState
+from daemon.core.display import printable
 from daemon.core.evidence import ClusterEvidence, RecipeStatus, Suspect
 from daemon.core.prof_layout import parse_rank_dir_name
 from daemon.core.ranking import rank_suspects, ranking_notes
@@ -254,8 +255,8 @@ def _analyze(batch: BatchState, result: AnalysisResult, work_dir: Path, out_dir:
         if settings.report_html:
             result.paths["report_html"] = str(out_dir / "report.html")
         try:
-            data = result.alert_data()
-            data["advisor"] = ev.advisor
+            # printable(): file names as text a UTF-8 file can hold, whatever bytes the OS gave (docs/paths.md)
+            data = printable({**result.alert_data(), "advisor": ev.advisor})
             json_path, html_path = write_report(
                 out_dir, data, ev.summaries, html_enabled=settings.report_html,
                 generated=datetime.fromtimestamp(now, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))

@@ -304,8 +304,22 @@ def _missing(name: str, why: str) -> click.Command:
     return _cmd
 
 
+def _escape_unencodable_output() -> None:
+    """Print what the terminal's encoding cannot show as backslash escapes instead of dying on it: file names are
+    bytes, shown as the OS gives them (undecodable bytes arrive as surrogate escapes), and under a C/ASCII locale
+    without UTF-8 mode even a valid non-ASCII name cannot be encoded (docs/paths.md)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a closed or exotic stream: leave it as it is
+                pass
+
+
 def main() -> None:
     """Console-script entry point."""
+    _escape_unencodable_output()
     cli(prog_name="profwatch")
 
 

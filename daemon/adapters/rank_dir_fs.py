@@ -197,7 +197,9 @@ def _check_sqlite(path: str, name: str, size: int, mtime: float) -> DbObservatio
     common: dict[str, Any] = {"name": name, "size_bytes": size, "mtime_s": mtime, "checked": True}
     if size == 0:
         return DbObservation(error="empty file", **common)
-    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    # quote the file name's bytes as the OS gives them (os.fsencode), not its str: a name that is not valid in
+    # the locale's encoding holds surrogate escapes, which a str quote() cannot encode (any locale, docs/paths.md)
+    uri = "file:" + urllib.parse.quote(os.fsencode(os.path.abspath(path))) + "?mode=ro"
     try:
         con = sqlite3.connect(uri, uri=True, timeout=0.2, check_same_thread=False)
     except sqlite3.Error as exc:
