@@ -69,7 +69,7 @@ class CaptureManager:
         try:
             from daemon.adapters.prof_watch import ProfWatcher
 
-            self._watcher = ProfWatcher(self._on_wake, settings=self.s.watch)
+            self._watcher = ProfWatcher(self._on_wake, settings=self.s.watch, metrics=self.c.metrics)
             self._watcher.start()
         except Exception as exc:  # noqa: BLE001 - fall back to the periodic reconciliation scan alone
             log.warning("watcher_unavailable", error=repr(exc))
