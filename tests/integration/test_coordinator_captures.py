@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import zmq
 
-from daemon.adapters.control import ControlError, call
+from daemon.adapters.control import ControlError, ControlUnavailable, call
 from daemon.config import load_settings
 from daemon.coordinator import Coordinator
 from daemon.node import NodeDaemon
 from daemon.simulate.ascend_tree import generate_cluster
 from rankhook import wire
-from tests.conftest import wait_for
+from tests.conftest import finish_process, wait_for
 
 
 def _port() -> int:
@@ -74,8 +74,28 @@ class Harness:
                         for r in range(world)])
 
     def events(self, job: str, alerts_only: bool = False) -> list[dict]:
-        return [r["event"] for r in call(self.control, "events", {"job_id": job, "alerts_only": alerts_only,
-                                                                   "limit": 500}, timeout_s=10)]
+        """The job's events; [] while the coordinator does not answer (wait predicates stay total)."""
+        try:
+            return [r["event"] for r in call(self.control, "events", {"job_id": job, "alerts_only": alerts_only,
+                                                                       "limit": 500}, timeout_s=10)]
+        except (ControlUnavailable, ControlError):
+            return []
+
+    def furthest_step(self, job: str) -> int | None:
+        """The job's furthest step in ``status``; None while the job is unknown or the coordinator silent."""
+        try:
+            jobs = call(self.control, "status", {"job_id": job})["jobs"]
+        except (ControlUnavailable, ControlError):
+            return None
+        return jobs[0].get("furthest_step") if jobs else None
+
+    def last_capture_state(self, job: str) -> str | None:
+        """State of the job's latest capture; None before its first capture (or while the coordinator is silent)."""
+        try:
+            caps = call(self.control, "captures", {"job_id": job})
+        except (ControlUnavailable, ControlError):
+            return None
+        return caps[-1].get("state") if caps else None
 
     def close(self) -> None:
         self.dealer.close(0)
@@ -109,7 +129,7 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
     cfg.mkdir(parents=True)
     h.hellos("jobX", 4, cfg, prof)
     h.steps("jobX", 4, 12)
-    wait_for(lambda: call(h.control, "status", {"job_id": "jobX"})["jobs"][0]["furthest_step"] == 12, 20)
+    wait_for(lambda: h.furthest_step("jobX") == 12, 20, what="job at step 12")
     dry = call(h.control, "arm", {"job_id": "jobX", "in_steps": 20, "dry_run": True})
     assert dry["dry_run"] and not (cfg / "profiler_config.json").exists()
     res = call(h.control, "arm", {"job_id": "jobX", "reason": "test", "active": 2})
@@ -149,7 +169,7 @@ def test_paths_outside_allowed_roots_are_refused(harness, short_tmp: Path) -> No
     ev = wait_for(lambda: _of_type(h.events("jobY", alerts_only=True), "io.profwatch.path_refused.v1"), 20)[0]
     assert len(ev["data"]["problems"]) == 2
     h.steps("jobY", 2, 12)
-    wait_for(lambda: call(h.control, "status", {"job_id": "jobY"})["jobs"][0]["furthest_step"] == 12, 20)
+    wait_for(lambda: h.furthest_step("jobY") == 12, 20, what="job at step 12")
     with pytest.raises(ControlError) as ei:
         call(h.control, "arm", {"job_id": "jobY"})
     assert ei.value.code == "refused"
@@ -162,7 +182,7 @@ def test_unacknowledged_arm_and_missing_ranks_are_reported(harness, short_tmp: P
     cfg.mkdir(parents=True)
     h.hellos("jobZ", 3, cfg, prof)
     h.steps("jobZ", 3, 12)
-    wait_for(lambda: call(h.control, "status", {"job_id": "jobZ"})["jobs"][0]["furthest_step"] == 12, 20)
+    wait_for(lambda: h.furthest_step("jobZ") == 12, 20, what="job at step 12")
     res = call(h.control, "arm", {"job_id": "jobZ"})
     # rank 1 acknowledges through its dp log (as relayed by a node daemon); 0 and 2 never do
     wait_for(lambda: _of_type(h.events("jobZ"), "io.profwatch.arm.v1"), 20)
@@ -204,8 +224,7 @@ def test_node_writes_config_on_command(harness, short_tmp: Path) -> None:
             for r in range(2):
                 push.send_multipart(wire.frames(wire.StepReport(job_id="jobN", rank=r, step=s, step_time_s=0.5,
                                                                 ts_unix_s=time.time())))
-        wait_for(lambda: (call(h.control, "status", {"job_id": "jobN"})["jobs"] or [{}])[0].get("furthest_step") == 12,
-                 20)
+        wait_for(lambda: h.furthest_step("jobN") == 12, 20, what="job at step 12")
         res = call(h.control, "arm", {"job_id": "jobN"})
         assert res["writer"] == "node" and res["nodes"] == ["fake-node"]
         ev = wait_for(lambda: _of_type(h.events("jobN"), "io.profwatch.arm.v1"), 20, what="node ack")[0]
@@ -273,8 +292,7 @@ def test_alerts_cli_prints_history_then_follows(harness, short_tmp: Path) -> Non
         wait_for(new_alert, 30, 0.1, "followed alert")
         assert json.loads(got[0])["type"] == "io.profwatch.path_refused.v1"
     finally:
-        follow.terminate()
-        follow.wait(10)
+        finish_process(follow, 10, terminate=True)
 
 
 def test_stop_during_analysis_is_prompt_and_the_capture_survives(short_tmp: Path) -> None:
@@ -290,11 +308,11 @@ def test_stop_during_analysis_is_prompt_and_the_capture_survives(short_tmp: Path
         cfg.mkdir(parents=True)
         h.hellos("jobS", 4, cfg, prof)
         h.steps("jobS", 4, 12)
-        wait_for(lambda: call(h.control, "status", {"job_id": "jobS"})["jobs"][0]["furthest_step"] == 12, 20)
+        wait_for(lambda: h.furthest_step("jobS") == 12, 20, what="job at step 12")
         res = call(h.control, "arm", {"job_id": "jobS"})
         wait_for(lambda: _of_type(h.events("jobS"), "io.profwatch.arm.v1"), 20)
         generate_cluster(Path(res["prof_dir"]), world_size=4, capture_id=res["capture_id"])
-        wait_for(lambda: call(h.control, "captures", {"job_id": "jobS"})[-1]["state"] == "analysing", 60, 0.2,
+        wait_for(lambda: h.last_capture_state("jobS") == "analysing", 60, 0.2,
                  "analysis started")
         wait_for(lambda: h.coord.captures.runner.running(), 30, what="the tool running")
     finally:
