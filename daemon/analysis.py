@@ -2,7 +2,7 @@
 
 Used by the coordinator (after a batch closes) and by ``profwatch analyze`` (offline), through the same
 :func:`analyze_batch`. It never raises for bad data or tool failures: every outcome is an :class:`AnalysisResult`
-with a clear status and a status per recipe (``../shared/docs/field-cases.md`` FC-03, FC-05, FC-06).
+with a clear status and a status per recipe (docs/field-cases.md#fc-03, #fc-05, #fc-06).
 """
 
 from __future__ import annotations

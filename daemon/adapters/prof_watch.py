@@ -459,7 +459,7 @@ class ProfWatcher:
                 except FileNotFoundError:
                     inode = None
                 except OSError:
-                    continue  # ESTALE/EIO: unknown; keep the watch as it is (FC-15)
+                    continue  # ESTALE/EIO: unknown; keep the watch as it is (docs/field-cases.md#fc-15)
                 stale = e.watch is not None and (inode != e.inode or not alive_emitters.get(id(e.watch), False))
                 if stale:
                     self._unschedule(e)

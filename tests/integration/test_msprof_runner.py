@@ -111,7 +111,7 @@ def test_text_only_export_is_not_an_empty_success(tmp_path: Path) -> None:
     for name in ("cluster_time_summary", "slow_rank"):
         assert ev.recipes[name].status == "no_data" and "text" in ev.recipes[name].detail
     assert ev.summaries == [] and ev.slow_rank_votes == {}
-    # what the tool itself says on this input: "success" with an empty message, rc 0 (section 2.4)
+    # what the tool itself says on this input: "success" with an empty message, rc 0 (docs/msprof-analyze.md#exit-codes)
     with MsprofRunner(FAST) as runner:
         run = runner.run("cluster_time_summary", ["-m", "cluster_time_summary", "-d", str(dirs[0].parent),
                                                   "--agent", "--force"], tmp_path / "raw")

@@ -1,6 +1,6 @@
 """ProfWatcher on real folders: inotify and polling observers, supervision, overflow rescans, mount detection.
 
-Completion is always decided by scan_tree from the wake callback, never by an event (FC-18).
+Completion is always decided by scan_tree from the wake callback, never by an event (docs/field-cases.md#fc-18).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def test_dead_observer_is_restarted(tmp_path: Path) -> None:
     with ProfWatcher(rec, settings=WatchSettings(observer="polling", **FAST), observer_factory=factory) as w:
         w.watch(prof)
         wait_for(lambda: rec.count() >= 1, 5)
-        created[0].stop()  # the observer thread dies (FC-16)
+        created[0].stop()  # the observer thread dies (docs/field-cases.md#fc-16)
         created[0].join(5)
         wait_for(lambda: w.stats.observer_restarts >= 1 and len(created) == 2, 5, what="restart")
         gen.generate_cluster(prof, world_size=4, capture_id="after")
