@@ -90,7 +90,7 @@ def test_every_docs_citation_resolves() -> None:
             if FORBIDDEN.search(line):
                 continue  # a citation of the research notes: the other test reports those
             for m in CITATION.finditer(line):
-                page, anchor = m.group(1), m.group(2)
-                if page not in anchors or (anchor and anchor not in anchors[page]):
+                name, anchor = m.group(1), m.group(2)
+                if name not in anchors or (anchor and anchor not in anchors[name]):
                     broken.append(f"{rel}: {m.group(0)}")
     assert not broken, "citations of missing docs pages or anchors:\n" + "\n".join(sorted(set(broken)))
