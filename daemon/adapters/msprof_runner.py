@@ -161,6 +161,7 @@ class MsprofRunner:
         self._serials = itertools.count(1)
         self._all_cancelled_below = 0
         self._owner_cancelled_below: dict[str, int] = {}
+        self._cancelled_serials: dict[int, None] = {}  # insertion-ordered set, bounded
         self._closed = False
 
     # ---------------------------------------------------------------------------------------------- control
@@ -184,6 +185,14 @@ class MsprofRunner:
             self._owner_cancelled_below[owner] = next(self._serials)
             while len(self._owner_cancelled_below) > _MAX_CANCELLED_OWNERS:
                 self._owner_cancelled_below.pop(next(iter(self._owner_cancelled_below)))
+        return self._kill_cancelled()
+
+    def cancel_ticket(self, ticket: RunTicket) -> int:
+        """Cancel the runs of this one ticket (e.g. an analysis interrupted by Ctrl-C). Returns processes killed."""
+        with self._lock:
+            self._cancelled_serials[ticket.serial] = None
+            while len(self._cancelled_serials) > _MAX_CANCELLED_OWNERS:
+                self._cancelled_serials.pop(next(iter(self._cancelled_serials)))
         return self._kill_cancelled()
 
     def cancel_all(self) -> int:
@@ -217,6 +226,8 @@ class MsprofRunner:
                 return "all analyses were cancelled"
             if ticket.serial < self._owner_cancelled_below.get(ticket.owner, 0):
                 return f"the analysis of {ticket.owner or 'this batch'} was cancelled"
+            if ticket.serial in self._cancelled_serials:
+                return "the analysis was interrupted"
             return ""
 
     def _kill_cancelled(self) -> int:
@@ -402,11 +413,15 @@ def run_msprof_analysis(staged_dir: Path, out_dir: Path, *, runner: MsprofRunner
         workers = max(1, min(len(plan.commands), runner.settings.max_concurrent_runs))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="msprof") as pool:
             futures = {c.name: pool.submit(runner.run, c.name, c.args, out_dir, ticket=ticket) for c in plan.commands}
-            for name, fut in futures.items():
-                try:
-                    runs[name] = fut.result()
-                except SpawnFailed as exc:
-                    runs[name] = exc
+            try:
+                for name, fut in futures.items():
+                    try:
+                        runs[name] = fut.result()
+                    except SpawnFailed as exc:
+                        runs[name] = exc
+            except BaseException:  # interrupted (Ctrl-C) or a bug: leave no tool running, do not wait for it
+                runner.cancel_ticket(ticket)
+                raise
     for name, run in runs.items():
         ev.recipes[name] = interpret_run(_outcome(run, name), facts, world_size, ev)
     log.info("msprof_analysis_finished", world_size=world_size, owner=owner,

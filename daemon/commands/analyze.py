@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from daemon.adapters.msprof_runner import MsprofRunner
 from daemon.adapters.rank_dir_fs import TreeUnavailable, scan_tree
 from daemon.analysis import AnalysisResult, AnalysisSettings, analyze_batch
 from daemon.core.display import display_str, printable
@@ -92,16 +93,18 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
     if not batches:
         _fail(ctx, as_json, "no_batch", f"no capture batch found under {directory}")
     worst = 0
-    for batch in batches:
-        res = analyze_batch(batch, work_dir=work, settings=settings)
-        if res.status == "incomplete":
-            res.notes.append(json.dumps({"completeness": batch.to_json()}, default=str)[:4000])
-        if as_json:
-            click.echo(json.dumps(printable(res.to_json()), default=str))
-        else:
-            click.echo(_human(res))
-        if res.status not in GOOD:
-            worst = 1
+    # one runner for every batch; leaving the block (also by Ctrl-C) kills any msprof-analyze still running
+    with MsprofRunner(settings.msprof) as runner:
+        for batch in batches:
+            res = analyze_batch(batch, work_dir=work, settings=settings, runner=runner)
+            if res.status == "incomplete":
+                res.notes.append(json.dumps({"completeness": batch.to_json()}, default=str)[:4000])
+            if as_json:
+                click.echo(json.dumps(printable(res.to_json()), default=str))
+            else:
+                click.echo(_human(res))
+            if res.status not in GOOD:
+                worst = 1
     ctx.exit(worst)
 
 

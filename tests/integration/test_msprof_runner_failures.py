@@ -172,3 +172,33 @@ def test_every_path_handed_to_the_tool_is_absolute(tmp_path: Path, monkeypatch: 
         assert os.path.isabs(c["log"])
         outs.append(o)
     assert len(set(outs)) == 4  # a fresh -o per command
+
+
+def test_ctrl_c_on_profwatch_analyze_leaves_no_tool_running(tmp_path: Path) -> None:
+    """The tool runs in its own session (a kill must reach its descendants), so a Ctrl-C at the terminal does not
+    reach it: the CLI itself must end it when interrupted, promptly."""
+    import subprocess
+    import time
+
+    from tests.conftest import PYTHON, finish_process, python_env
+
+    generate_cluster(tmp_path / "batch", world_size=4)
+    pidfile = tmp_path / "tool.pid"
+    tool = _tool(tmp_path, f"echo $$ > {pidfile}; exec sleep 300")
+    cfg = tmp_path / "profwatch.toml"
+    cfg.write_text(f'[analysis.msprof]\ncommand = "{tool}"\nadvisor = false\nretries = 0\n')
+    cli = subprocess.Popen([PYTHON, "-m", "daemon.cli", "analyze", str(tmp_path / "batch"), "--config", str(cfg),
+                            "--out", str(tmp_path / "out")], env=python_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip().isdigit(), 60, what="the tool started")
+        pid = int(pidfile.read_text())
+        t0 = time.monotonic()
+        cli.send_signal(signal.SIGINT)
+        cli.wait(30)
+        assert time.monotonic() - t0 < 30
+        wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in _proc_state(pid), 10,
+                 what="the tool killed with the CLI")
+    finally:
+        finish_process(cli, 10, terminate=True)
+        _kill_pid_in(pidfile)
