@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _env() -> dict[str, str]:
-    """The child's environment: ``REPO`` first on PYTHONPATH, ahead of the editable install's finder."""
+    """The child's environment: ``REPO`` first on PYTHONPATH, ahead of the editable install's finder (children
+    also run with ``cwd=REPO``: ``-c`` and ``-m`` put the working directory first on sys.path)."""
     env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
@@ -37,7 +38,7 @@ def _env() -> dict[str, str]:
 
 def import_ms(module: str) -> float:
     """Cumulative import time of ``module`` in a fresh interpreter (``-X importtime``), in ms."""
-    out = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"], env=_env(),
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"], env=_env(), cwd=REPO,
                          capture_output=True, text=True, check=True)
     for line in reversed(out.stderr.splitlines()):
         parts = [p.strip() for p in line.split("|")]
@@ -48,13 +49,14 @@ def import_ms(module: str) -> float:
 
 def wall_ms(argv: list[str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run(argv, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    subprocess.run(argv, env=_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     return (time.perf_counter() - t0) * 1000.0
 
 
 def heavy_loaded(code: str) -> list[str]:
     probe = f"{code}\nimport sys\nprint(' '.join(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))"
-    out = subprocess.run([sys.executable, "-c", probe], env=_env(), capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", probe], env=_env(), cwd=REPO, capture_output=True, text=True,
+                         check=True)
     return out.stdout.split()
 
 

@@ -17,11 +17,9 @@ subtree, logged once (``inotify_watch_limit_reached``), counted in ``WatchStats.
 
 from __future__ import annotations
 
-import errno
 import fnmatch
 import os
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +41,12 @@ from watchdog.events import (
 from watchdog.observers.api import BaseObserver, ObservedWatch
 from watchdog.observers.polling import PollingObserverVFS
 
+from daemon.adapters.inotify_observer import WatchLimitCallback, make_inotify_observer
+from daemon.core.mounts import fs_type_of, is_network_fs, parse_mountinfo
 from daemon.core.watch_settings import WatchSettings
+
+__all__ = ["INOTIFY_EVENTS", "ObserverFactory", "ObserverMode", "ProfWatcher", "WatchStats", "fs_type_of",
+           "is_network_fs", "make_inotify_observer", "parse_mountinfo", "pruned_scandir"]
 
 if TYPE_CHECKING:
     from daemon.adapters.metrics import DaemonMetrics
@@ -51,40 +54,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 ObserverMode = Literal["inotify", "polling"]
 ObserverFactory = Callable[[ObserverMode, Callable[[], None]], BaseObserver]
-WatchLimitCallback = Callable[[str, str], None]
-"""``(directory, error)``: inotify could not add a watch for ``directory`` (a limit was reached)."""
-_LIMIT_ERRNOS = (errno.ENOSPC, errno.EMFILE)
-_OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def parse_mountinfo(text: str) -> list[tuple[str, str]]:
-    """``(mount_point, fs_type)`` pairs from ``/proc/self/mountinfo`` text (proc(5)); octal escapes decoded."""
-    out = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, rest = left.split(), right.split()
-        if not sep or len(fields) < 5 or not rest:
-            continue
-        out.append((_OCTAL.sub(lambda m: chr(int(m[1], 8)), fields[4]), rest[0]))
-    return out
-
-
-def fs_type_of(path: str, mounts: list[tuple[str, str]]) -> str | None:
-    """File system type of the mount holding ``path`` (longest mount-point prefix; the last mount wins)."""
-    best: tuple[int, str] | None = None
-    for mount_point, fstype in mounts:
-        mp = mount_point.rstrip("/") or "/"
-        inside = path == mp or path.startswith(mp + "/") or mp == "/"
-        if inside and (best is None or len(mp) >= best[0]):
-            best = (len(mp), fstype)
-    return best[1] if best else None
-
-
-def is_network_fs(fstype: str | None, patterns: tuple[str, ...]) -> bool:
-    """True when ``fstype`` matches one of ``patterns`` (fnmatch, e.g. ``fuse.*``)."""
-    return fstype is not None and any(fnmatch.fnmatchcase(fstype, p) for p in patterns)
-
-
 #: inotify: only changes of the tree, never IN_OPEN/IN_ACCESS/IN_CLOSE_NOWRITE (our own reads would wake us and
 #: overflow the queue) nor IN_MODIFY (every DB page write); a file's last write shows as IN_CLOSE_WRITE.
 INOTIFY_EVENTS: list[type[FileSystemEvent]] = [
@@ -111,43 +80,6 @@ def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], setti
         return PollingObserverVFS(stat=os.stat, listdir=pruned_scandir(settings.poll_skip_dirs),
                                   polling_interval=settings.poll_interval_s)
     return make_inotify_observer(on_overflow, on_watch_limit)
-
-
-def make_inotify_observer(on_overflow: Callable[[], None],
-                          on_watch_limit: WatchLimitCallback | None = None) -> BaseObserver:
-    """watchdog's InotifyObserver whose inotify reader also reports ``IN_Q_OVERFLOW`` to ``on_overflow`` and every
-    watch it could not add because of a limit (ENOSPC, EMFILE) to ``on_watch_limit(directory, error)``.
-
-    watchdog 7 only logs an overflow and rebuilds its own watches; events lost in between must be found by a
-    rescan (docs/field-cases.md#fc-17). It silently skips directories below a recursive watch whose watch
-    cannot be added. ``on_watch_limit`` runs on whichever thread adds the watch, holding watchdog's locks: it
-    must only record (never block or call back into the observer). Imported lazily: inotify exists only on Linux.
-    """
-    from watchdog.observers.inotify import InotifyEmitter, InotifyObserver
-    from watchdog.observers.inotify_c import InotifyEvent, InotifyFD, WatchCallback, WatchDescriptor
-
-    class _FD(InotifyFD):
-        def handle_event(self, event: InotifyEvent) -> None:
-            if event.is_queue_overflow:
-                on_overflow()
-            super().handle_event(event)
-
-        def add_callback(self, path: bytes, mask: int, callback: WatchCallback, id_: object) -> WatchDescriptor:
-            try:
-                return super().add_callback(path, mask, callback, id_)  # type: ignore[arg-type]
-            except OSError as exc:
-                if exc.errno in _LIMIT_ERRNOS and on_watch_limit is not None:
-                    on_watch_limit(os.fsdecode(path), str(exc))
-                raise
-
-    class _Observer(InotifyObserver):
-        def __init__(self) -> None:
-            self._inotify_fd = _FD()
-            self._inotify_fd.start()
-            self.inotify_fd: InotifyFD = self._inotify_fd  # public: lets tests inject an overflow event
-            BaseObserver.__init__(self, InotifyEmitter, inotify_fd=self._inotify_fd)
-
-    return _Observer()
 
 
 class _Handler(FileSystemEventHandler):
