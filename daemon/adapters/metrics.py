@@ -26,7 +26,7 @@ class DaemonMetrics:
         self.alerts = Counter("profwatch_alerts", "Alerts and events published", ["type"], **labels)
         self.captures = Counter("profwatch_captures", "Capture state transitions", ["state"], **labels)
         self.watch_fallbacks = Counter("profwatch_watch_fallbacks", "prof_dir watches degraded to polling",
-                                       ["reason"], **labels)
+                                       ["reason"], registry=self.registry)
         self.daemon = daemon
         self._server = None
 
