@@ -130,6 +130,7 @@ def bench_coordinator(ranks: int, seconds: float, fill: bool) -> dict:
     proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "coordinator"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     ctrl = f"tcp://127.0.0.1:{ports[1]}"
+    lp: mp.Process | None = None
     try:
         for _ in range(200):
             try:
@@ -155,23 +156,41 @@ def bench_coordinator(ranks: int, seconds: float, fill: bool) -> dict:
         rss = ps.memory_info().rss
         return {"ranks": ranks, "reports_per_s": (c1 - c0) / (t1 - t0), "cpu_frac": (cpu1 - cpu0) / (t1 - t0),
                 "rss_mb": rss / 2**20, "filled_1000_steps": fill}
-    finally:
+    finally:  # end only what this benchmark started, by pid
+        _end(lp)
         proc.terminate()
-        proc.wait(30)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+
+
+def _end(p: mp.Process | None) -> None:
+    if p is not None and p.is_alive():
+        p.terminate()
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+            p.join(10)
 
 
 def bench_bare(ranks: int, seconds: float) -> float:
     port = _port()
     q: mp.Queue = mp.Queue()
     bp = mp.Process(target=bare, args=(f"tcp://127.0.0.1:{port}", seconds, q))
+    lp: mp.Process | None = None
     bp.start()
-    time.sleep(0.3)  # let the bare receiver bind (benchmark script, not a test)
-    lq: mp.Queue = mp.Queue()
-    lp = mp.Process(target=load, args=(f"tcp://127.0.0.1:{port}", ranks, "bench", seconds + 3, 0, lq))
-    lp.start()
-    _, n, dt = q.get(timeout=seconds + 120)
-    lp.terminate()
-    bp.join(10)
+    try:
+        time.sleep(0.3)  # let the bare receiver bind (benchmark script, not a test)
+        lq: mp.Queue = mp.Queue()
+        lp = mp.Process(target=load, args=(f"tcp://127.0.0.1:{port}", ranks, "bench", seconds + 3, 0, lq))
+        lp.start()
+        _, n, dt = q.get(timeout=seconds + 120)
+    finally:
+        _end(lp)
+        bp.join(10)
+        _end(bp)
     return n / dt if dt else 0.0
 
 

@@ -115,9 +115,13 @@ def main() -> None:
             med, p99, counters = time_hook(endpoint, n, prefill, pace)
             rmed, rp99 = time_raw(endpoint, n, prefill, pace)
             rows.append((name, med, p99, rmed, rp99, counters))
-    finally:
+    finally:  # end only the node daemon this script started, by pid
         node.terminate()
-        node.wait(10)
+        try:
+            node.wait(10)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait(10)
     print(f"rankhook.step() vs raw pyzmq NOBLOCK send, {a.calls} calls each (20k at 1 kHz) (microseconds)")
     print(f"{'scenario':<12} {'step med':>9} {'step p99':>9} {'raw med':>8} {'raw p99':>8} {'ratio med':>9}  counters")
     for name, med, p99, rmed, rp99, c in rows:

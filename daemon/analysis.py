@@ -2,13 +2,12 @@
 
 Used by the coordinator (after a batch closes) and by ``profwatch analyze`` (offline), through the same
 :func:`analyze_batch`. It never raises for bad data or tool failures: every outcome is an :class:`AnalysisResult`
-with a clear status and a status per recipe (``../shared/docs/field-cases.md`` FC-03, FC-05, FC-06).
+with a clear status and a status per recipe (docs/field-cases.md#fc-03, #fc-05, #fc-06).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -16,20 +15,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field
 
 from daemon.adapters import staging
 from daemon.adapters.kineto_reader import RECIPE as KINETO_RECIPE
 from daemon.adapters.kineto_reader import analyze_torch_batch
-from daemon.adapters.msprof_runner import MsprofSettings, run_msprof_analysis
+from daemon.adapters.msprof_runner import MsprofRunner, run_msprof_analysis
 from daemon.adapters.report import write_report
 from daemon.core.alerts import suspect_alert_data
+from daemon.core.analysis_settings import AnalysisSettings
 from daemon.core.capture_report import window_notes
 from daemon.core.completeness import BatchState
+from daemon.core.display import printable
 from daemon.core.evidence import ClusterEvidence, RecipeStatus, Suspect
 from daemon.core.lifecycle import event_type_for
 from daemon.core.prof_layout import parse_rank_dir_name
-from daemon.core.ranking import RankingSettings, rank_suspects, ranking_notes
+from daemon.core.ranking import rank_suspects, ranking_notes
 
 log = structlog.get_logger()
 
@@ -41,17 +41,8 @@ communication, groups too small and no time data). ``no_data``: recipes ran but 
 ``failed``: staging or a tool failed (see ``recipes``)."""
 
 TIME_RECIPES = ("cluster_time_summary", KINETO_RECIPE)
+__all__ = ["AnalysisResult", "AnalysisSettings", "AnalysisStatus", "analyze_batch", "hostnames_from_dirs"]
 
-
-class AnalysisSettings(BaseModel):
-    """Settings of :func:`analyze_batch`: msprof-analyze runs, ranking thresholds, report output."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    msprof: MsprofSettings = Field(default_factory=MsprofSettings)
-    ranking: RankingSettings = Field(default_factory=RankingSettings)
-    report: bool = True
-    report_html: bool = True
 
 
 @dataclass(slots=True)
@@ -183,17 +174,20 @@ def _not_complete(batch: BatchState, result: AnalysisResult) -> None:
 
 def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettings | None = None,
                   hostnames: dict[int, str] | None = None, capture_reason: str | None = None,
-                  job_id: str | None = None, limiter: threading.BoundedSemaphore | None = None,
+                  job_id: str | None = None, runner: MsprofRunner | None = None,
                   now_unix_s: float | None = None, context: dict[str, Any] | None = None) -> AnalysisResult:
     """Analyse one batch found by ``scan_tree``.
 
     Args:
         batch: a ``BatchState``; anything but ``complete`` gives status ``incomplete`` without running tools.
-        work_dir: folder for ``staging/<batch>/`` and ``results/<batch>/{msprof,report.json,report.html}``.
+        work_dir: folder for ``staging/<batch>/`` and ``results/<batch>/{msprof,report.json,report.html}``;
+            made absolute first (tools run from their own folders), so a relative one is relative to the cwd.
         settings: defaults when ``None``.
         hostnames: rank -> host (default: parsed from the rank dir names).
         capture_reason, job_id: copied into the result and the report.
-        limiter: shared semaphore bounding concurrent msprof-analyze commands (coordinator).
+        runner: the :class:`MsprofRunner` that runs msprof-analyze (its settings govern the runs; the
+            coordinator shares one across analyses); default: a runner made from ``settings.msprof`` for this
+            call and closed after it. The runs are labelled with the batch id (``runner.cancel(batch_id)``).
         now_unix_s: report timestamp (default: the wall clock).
         context: the capture's fields for the verdict payload (``daemon.core.lifecycle.analysis_context``).
 
@@ -202,6 +196,7 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
         ``failed`` with the error in ``detail``).
     """
     settings = settings or AnalysisSettings()
+    work_dir = Path(work_dir).absolute()
     t0 = time.monotonic()
     world = len(batch.expected_ranks) or len(batch.ranks)
     result = AnalysisResult(status="failed", batch_id=batch.batch_id, kind=batch.kind, world_size=world,
@@ -212,12 +207,17 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
         return result
     safe = staging.staging_dir_for(batch, Path(work_dir) / "results").name
     out_dir = Path(work_dir) / "results" / safe
+    own_runner = runner is None
+    active_runner = runner if runner is not None else MsprofRunner(settings.msprof)
     try:
-        result = _analyze(batch, result, Path(work_dir), out_dir, settings, hostnames, now_unix_s, limiter)
+        result = _analyze(batch, result, work_dir, out_dir, settings, hostnames, now_unix_s, active_runner)
     except Exception as exc:
         log.exception("analysis_crashed", batch_id=batch.batch_id)
         result.status = "failed"
         result.detail = f"analysis crashed: {exc!r}"
+    finally:
+        if own_runner:
+            active_runner.close()
     result.timings_s["total"] = time.monotonic() - t0
     log.info("analysis_finished", batch_id=batch.batch_id, status=result.status,
              suspects=[s.rank for s in result.suspects], total_s=round(result.timings_s["total"], 3))
@@ -226,7 +226,7 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
 
 def _analyze(batch: BatchState, result: AnalysisResult, work_dir: Path, out_dir: Path, settings: AnalysisSettings,
              hostnames: dict[int, str] | None, now_unix_s: float | None,
-             limiter: threading.BoundedSemaphore | None) -> AnalysisResult:
+             runner: MsprofRunner) -> AnalysisResult:
     t = time.monotonic()
     try:
         staged = staging.stage_batch(batch, work_dir / "staging")
@@ -240,8 +240,8 @@ def _analyze(batch: BatchState, result: AnalysisResult, work_dir: Path, out_dir:
     t = time.monotonic()
     if batch.kind == "ascend_pt":
         result.paths["outputs"] = str(out_dir / "msprof")
-        ev = run_msprof_analysis(staged, out_dir / "msprof", settings=settings.msprof, world_size=result.world_size
-                                 or len(batch.ranks), limiter=limiter)
+        ev = run_msprof_analysis(staged, out_dir / "msprof", runner=runner,
+                                 world_size=result.world_size or len(batch.ranks), owner=batch.batch_id)
     else:
         staged_dirs = {r: str(staged / os.path.basename(os.path.normpath(p))) for r, p in batch.rank_dirs.items()}
         ev = analyze_torch_batch({r: Path(p) for r, p in staged_dirs.items()})
@@ -274,8 +274,8 @@ def _analyze(batch: BatchState, result: AnalysisResult, work_dir: Path, out_dir:
         if settings.report_html:
             result.paths["report_html"] = str(out_dir / "report.html")
         try:
-            data = result.alert_data()
-            data["advisor"] = ev.advisor
+            # printable(): file names as text a UTF-8 file can hold, whatever bytes the OS gave (docs/paths.md)
+            data = printable({**result.alert_data(), "advisor": ev.advisor})
             json_path, html_path = write_report(
                 out_dir, data, ev.summaries, html_enabled=settings.report_html,
                 generated=datetime.fromtimestamp(now, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))

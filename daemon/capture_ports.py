@@ -121,45 +121,49 @@ class RankDirScanner:
 
 
 class BatchAnalyser:
-    """:class:`AnalyserPort` over ``daemon.analysis.analyze_batch`` and the msprof runner of this process."""
+    """:class:`AnalyserPort` over ``daemon.analysis.analyze_batch`` and one :class:`MsprofRunner` owned by this
+    analyser (the coordinator's only runner). Runs are labelled with the batch id; ``cancel(capture_id)`` maps the
+    capture to the batch it is analysing."""
 
     def __init__(self, settings: AnalysisSettings) -> None:
-        from daemon.adapters.msprof_runner import make_limiter
+        import threading
+
+        from daemon.adapters.msprof_runner import MsprofRunner
 
         self.settings = settings
-        self._limiter = make_limiter(settings.msprof)
+        self.runner = MsprofRunner(settings.msprof)
+        self._lock = threading.Lock()
+        self._batch_of: dict[str, str] = {}  # capture_id -> batch_id while it is analysed
 
     def analyse(self, batch: BatchState, *, work_dir: Path, hostnames: Mapping[int, str], context: dict[str, Any],
                 job_id: str, capture_reason: str) -> tuple[str, dict[str, Any]]:
         from daemon.analysis import analyze_batch
 
-        result = analyze_batch(batch, work_dir=work_dir, settings=self.settings, hostnames=dict(hostnames) or None,
-                               capture_reason=capture_reason, job_id=job_id, limiter=self._limiter, context=context)
+        capture_id = str(context.get("capture_id") or "")
+        with self._lock:
+            if capture_id:
+                self._batch_of[capture_id] = batch.batch_id
+        try:
+            result = analyze_batch(batch, work_dir=work_dir, settings=self.settings, hostnames=dict(hostnames) or None,
+                                   capture_reason=capture_reason, job_id=job_id, runner=self.runner, context=context)
+        finally:
+            with self._lock:
+                self._batch_of.pop(capture_id, None)
         return result.status, result.alert_data()
 
     def running(self) -> list[str]:
-        """The msprof-analyze commands running now, by recipe (``advisor`` for the advisor runs)."""
-        from daemon.adapters import msprof_runner as mr
-
-        with mr._running_lock:
-            procs = list(mr._running)
-        out = []
-        for p in procs:
-            args = [str(a) for a in (p.args if isinstance(p.args, (list, tuple)) else [p.args])]
-            out.append(args[args.index("-m") + 1] if "-m" in args[:-1] else "advisor")
-        return out
+        """The msprof-analyze commands running now: ``"<recipe> (<elapsed> s)"``."""
+        return [f"{r.name} ({r.elapsed_s:.0f} s)" for r in self.runner.running()]
 
     def cancel(self, capture_id: str) -> None:
-        """Not available with this process's msprof runner (its runs are cancelled all at once): the tool runs
-        out its own timeout and its late result is dropped by the lifecycle."""
-        return None
+        """Kill the runs of the batch this capture is analysing (its late result is dropped by the lifecycle)."""
+        with self._lock:
+            batch_id = self._batch_of.get(capture_id)
+        if batch_id is not None:
+            self.runner.cancel(batch_id)
 
     def cancel_all(self) -> None:
-        from daemon.adapters.msprof_runner import cancel_running
-
-        cancel_running()
+        self.runner.cancel_all()
 
     def close(self) -> None:
-        from daemon.adapters.msprof_runner import resume_runs
-
-        resume_runs()
+        self.runner.close()

@@ -43,7 +43,34 @@ def _install_sigterm(stop: Any) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+_LAZY_COMMANDS = {"scan": "scan", "analyze": "analyze", "replay": "replay", "simulate": "simulate", "demo": "demo"}
+"""Commands implemented in ``daemon/commands/<module>.py`` (command name -> module), imported only when used, so
+``profwatch status`` and the daemons never pay for the analysis stack (numpy, msprof parsing, Kineto reader)."""
+
+
+class _LazyGroup(click.Group):
+    """A click group that imports the commands of :data:`_LAZY_COMMANDS` on first use (click's documented
+    lazy-loading pattern: https://click.palletsprojects.com/en/stable/complex/#lazily-loading-subcommands).
+    A command whose module cannot be imported (a missing optional dependency) answers with why, exit 2."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *_LAZY_COMMANDS])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in _LAZY_COMMANDS or cmd_name in self.commands:
+            return super().get_command(ctx, cmd_name)
+        import importlib
+
+        try:
+            module = importlib.import_module(f"daemon.commands.{_LAZY_COMMANDS[cmd_name]}")
+            cmd: click.Command = getattr(module, cmd_name)
+        except ImportError as exc:
+            cmd = _missing(cmd_name, str(exc))
+        self.add_command(cmd, cmd_name)
+        return cmd
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="profwatch")
 def cli() -> None:
     """profwatch: anomaly-triggered, same-batch-checked profiling for Ascend NPU and PyTorch clusters."""
@@ -318,31 +345,32 @@ def telemetry(config_path: Path | None, job_id: str) -> None:
     click.echo(_call(s, "dump_telemetry", {"job_id": job_id}, timeout_s=30), nl=False)
 
 
-def _add_optional_commands() -> None:
-    """Commands implemented in ``daemon/commands/`` (kept there so this file stays a thin root)."""
-    import importlib
-
-    for mod, name in (("scan", "scan"), ("analyze", "analyze"), ("replay", "replay"), ("simulate", "simulate"),
-                      ("demo", "demo")):
-        try:
-            m = importlib.import_module(f"daemon.commands.{mod}")
-            cli.add_command(getattr(m, name))
-        except ImportError as exc:
-            _missing(name, str(exc))
-
-
-def _missing(name: str, why: str) -> None:
-    @cli.command(name=name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def _missing(name: str, why: str) -> click.Command:
+    @click.command(name=name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+                   help=f"(not available in this installation: {why})")
     def _cmd() -> None:
         click.echo(f"profwatch {name}: not available in this installation ({why})", err=True)
         sys.exit(EXIT_USAGE)
 
+    return _cmd
 
-_add_optional_commands()
+
+def _escape_unencodable_output() -> None:
+    """Print what the terminal's encoding cannot show as backslash escapes instead of dying on it: file names are
+    bytes, shown as the OS gives them (undecodable bytes arrive as surrogate escapes), and under a C/ASCII locale
+    without UTF-8 mode even a valid non-ASCII name cannot be encoded (docs/paths.md)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a closed or exotic stream: leave it as it is
+                pass
 
 
 def main() -> None:
     """Console-script entry point."""
+    _escape_unencodable_output()
     cli(prog_name="profwatch")
 
 

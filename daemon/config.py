@@ -2,8 +2,10 @@
 
 Loaded once in ``daemon/cli.py`` and passed down. Env overrides use ``__`` between levels, e.g.
 ``PROFWATCH_COORDINATOR__CONTROL_BIND=tcp://127.0.0.1:9712``. Unknown keys are errors (``extra="forbid"``).
-Each feature's own settings model lives next to its logic and is composed here. ``systemd/profwatch.toml`` is
-the annotated example.
+Each feature's own settings model lives next to its logic, in a module importable without that logic's heavy
+dependencies (``daemon/core/*_settings.py``, ``msprof_plan.MsprofSettings``), and is composed here: importing
+this module (every ``profwatch`` command does) must not import numpy, pandas or the analysis stack
+(``tests/unit/test_import_weight.py``). ``systemd/profwatch.toml`` is the annotated example.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from daemon.analysis import AnalysisSettings
-from daemon.core.anomaly import DetectionSettings
-from daemon.core.arming import ArmingSettings
+from daemon.core.analysis_settings import AnalysisSettings
+from daemon.core.arming_settings import ArmingSettings
 from daemon.core.capture import CaptureSettings
+from daemon.core.detection_settings import DetectionSettings
 from daemon.core.watch_settings import WatchSettings
 
 DEFAULT_RUNTIME_DIR = "/run/profwatch"

@@ -60,10 +60,10 @@ class _DetectorView:
         return frozenset(det.stalled_ranks) if det is not None else frozenset()
 
 
-def _start_watcher(on_wake: Callable[[str], None], settings: Settings) -> Any:
+def _start_watcher(on_wake: Callable[[str], None], settings: Settings, metrics: Any = None) -> Any:
     from daemon.adapters.prof_watch import ProfWatcher
 
-    watcher = ProfWatcher(on_wake, settings=settings.watch)
+    watcher = ProfWatcher(on_wake, settings=settings.watch, metrics=metrics)
     watcher.start()
     return watcher
 
@@ -107,7 +107,7 @@ class Coordinator:
             settings=settings, store=self.state, jobs=self.registry.jobs, nodes=self.registry.nodes,
             writer=ConfigWriter(), send_node_command=self.send_node_command, scanner=RankDirScanner(settings.watch),
             analyser=BatchAnalyser(settings.analysis), detectors=_DetectorView(self.detectors), emit=self.emit,
-            post=self.results.put, clock=time.time, make_watcher=lambda on_wake: _start_watcher(on_wake, settings),
+            post=self.results.put, clock=time.time, make_watcher=lambda on_wake: _start_watcher(on_wake, settings, self.metrics),
             count_state=lambda state: self.metrics.captures.labels(state).inc())
         log.info("coordinator_started", ingest=cs.ingest_bind, control=cs.control_bind, pub=cs.pub_bind,
                  state_db=str(cs.state_db), jobs=len(self.registry.jobs))

@@ -7,8 +7,10 @@ imported by profwatch itself), it registers torch's **global** optimizer-step po
 (``torch.optim.optimizer.register_optimizer_step_post_hook``), calls ``rankhook.init()`` at the first optimizer
 step and ``rankhook.step()`` once per iteration.
 
-Step counting mirrors torch_npu's PROF_CONFIG_PATH mode (``../shared/docs/torch_npu_dynamic_profile.md`` section
-1a): a per-optimizer step counter (weak dict) and a ``step()`` only when some optimizer's count exceeds the highest
+Install once per Python environment: ``python -m rankhook.autoinstall --install`` (``--uninstall`` to remove,
+``--site-dir DIR`` / ``--user`` for another target); it prints the file it wrote.
+
+Step counting mirrors torch_npu's PROF_CONFIG_PATH mode (docs/torch_npu-dynamic-profile.md#step-counting): a per-optimizer step counter (weak dict) and a ``step()`` only when some optimizer's count exceeds the highest
 count seen so far, so several optimizers stepping once per iteration make one step.
 
 Limits (documented, same as torch_npu's): no step 0 (the first ``step()`` happens after the first optimizer step,
@@ -20,11 +22,14 @@ combine with explicit ``rankhook.step()`` calls (double counting) or with torch_
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import site
 import sys
 import sysconfig
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 log = logging.getLogger("rankhook")
@@ -106,7 +111,7 @@ class _TorchOptimFinder:
             if _INSTALLER is not None:
                 _INSTALLER.register()
 
-        loader.exec_module = exec_module  # type: ignore[attr-defined]
+        loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
@@ -141,12 +146,20 @@ def default_site_dir() -> str:
 def install_pth(site_dir: str | None = None) -> str:
     """Write ``profwatch.pth`` into ``site_dir`` (default: this interpreter's site-packages); return its path.
 
-    The .pth only runs :func:`maybe_autoinstall`, which is inert without ``PROFWATCH=1``. Raises OSError.
+    The .pth only runs :func:`maybe_autoinstall`, which is inert without ``PROFWATCH=1``. Written to a temporary
+    name and renamed, so a Python starting meanwhile never reads half a line. Raises OSError (e.g. the folder is
+    not writable or does not exist).
     """
     d = site_dir or default_site_dir()
     path = os.path.join(d, PTH_NAME)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(PTH_LINE)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(PTH_LINE)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return path
 
 
@@ -158,3 +171,45 @@ def uninstall_pth(site_dir: str | None = None) -> bool:
         return True
     except FileNotFoundError:
         return False
+
+
+EXIT_OK = 0
+EXIT_USAGE = 2  # the same code as daemon/exitcodes.py EXIT_USAGE (rankhook never imports daemon)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m rankhook.autoinstall --install | --uninstall [--site-dir DIR | --user]``: write or remove
+    ``profwatch.pth``, print what was done. Returns 0, or 2 when the file cannot be written or removed."""
+    ap = argparse.ArgumentParser(prog="python -m rankhook.autoinstall",
+                                 description="Install the profwatch .pth hook: with PROFWATCH=1 in a training "
+                                             "process's environment, rankhook steps on optimizer steps.")
+    action = ap.add_mutually_exclusive_group(required=True)
+    action.add_argument("--install", action="store_true", help="write profwatch.pth into site-packages")
+    action.add_argument("--uninstall", action="store_true", help="remove profwatch.pth from site-packages")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--site-dir", help="target folder (default: this interpreter's site-packages)")
+    where.add_argument("--user", action="store_true", help="the user site-packages (site.getusersitepackages())")
+    args = ap.parse_args(argv)
+    site_dir = args.site_dir or (site.getusersitepackages() if args.user else default_site_dir())
+    try:
+        if args.install:
+            if args.user:
+                os.makedirs(site_dir, exist_ok=True)
+            path = install_pth(site_dir)
+            print(f"wrote {path}")
+            print(f"  it runs: {PTH_LINE.strip()}")
+            print(f"  inert unless the training process runs with {ENV_FLAG}=1 (remove: python -m "
+                  "rankhook.autoinstall --uninstall)")
+        elif uninstall_pth(site_dir):
+            print(f"removed {os.path.join(site_dir, PTH_NAME)}")
+        else:
+            print(f"nothing to remove: no {PTH_NAME} in {site_dir}")
+    except OSError as exc:
+        print(f"rankhook.autoinstall: cannot {'write' if args.install else 'remove'} {PTH_NAME} in {site_dir}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

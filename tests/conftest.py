@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -73,3 +74,19 @@ def python_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def finish_process(proc: subprocess.Popen, timeout_s: float, *, terminate: bool = False) -> str:
+    """End a process this test started: optionally SIGTERM it, wait up to ``timeout_s`` (reading its piped stdout),
+    then SIGKILL it by its pid if it is still running, and reap it. Never by name. Returns its stdout ("" when not
+    piped; bytes are decoded as UTF-8 with replacement)."""
+    if terminate and proc.poll() is None:
+        proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate(timeout=30)
+    if isinstance(out, bytes):
+        return out.decode("utf-8", "replace")
+    return out or ""

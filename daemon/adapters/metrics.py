@@ -10,7 +10,9 @@ class DaemonMetrics:
 
     Names: ``profwatch_messages_in_total{kind}``, ``profwatch_messages_out_total{kind}``,
     ``profwatch_rejected_total{reason}``, ``profwatch_dropped_total{where}``, ``profwatch_queue_depth{queue}``,
-    plus coordinator-only ``profwatch_alerts_total{type}`` and ``profwatch_captures_total{state}``.
+    plus coordinator-only ``profwatch_alerts_total{type}``, ``profwatch_captures_total{state}`` and
+    ``profwatch_watch_fallbacks_total{reason}`` (prof_dir watches degraded to polling: ``watch_limit`` for a
+    subtree inotify could not watch, ``inotify_root_failed`` for a whole prof_dir).
     """
 
     def __init__(self, daemon: str) -> None:
@@ -23,6 +25,8 @@ class DaemonMetrics:
         self.queue_depth = Gauge("profwatch_queue_depth", "Messages waiting", ["queue"], **labels)
         self.alerts = Counter("profwatch_alerts", "Alerts and events published", ["type"], **labels)
         self.captures = Counter("profwatch_captures", "Capture state transitions", ["state"], **labels)
+        self.watch_fallbacks = Counter("profwatch_watch_fallbacks", "prof_dir watches degraded to polling",
+                                       ["reason"], registry=self.registry)
         self.daemon = daemon
         self._server = None
 

@@ -1,23 +1,30 @@
 """Watches the prof_dirs of pending captures with watchdog and wakes the completeness logic (I/O adapter).
 
 Events only *wake* the logic: ``on_wake(prof_dir)`` means "look again at this prof_dir"; whether a batch is
-complete is decided by reading the files (``rank_dir_fs.scan_tree``), never by an event (FC-18). inotify is used
-on local file systems, watchdog's PollingObserver on network ones, where inotify misses other nodes' writes
-(FC-15). Only prof_dirs of pending captures are watched (FC-16). A supervisor thread restarts dead observers,
-re-arms watches on prof_dirs that appear, vanish or are recreated, rescans after an inotify queue overflow
-(FC-17), and wakes every watched prof_dir each ``reconcile_interval_s``.
+complete is decided by reading the files (``rank_dir_fs.scan_tree``), never by an event (docs/field-cases.md#fc-18).
+inotify is used on local file systems, watchdog's PollingObserver on network ones, where inotify misses other
+nodes' writes (#fc-15). Only prof_dirs of pending captures are watched (#fc-16). A supervisor thread restarts
+dead observers, re-arms watches on prof_dirs that appear, vanish or are recreated, rescans after an inotify
+queue overflow (#fc-17), and wakes every watched prof_dir each ``reconcile_interval_s``.
+
+inotify needs one watch per directory, and the per-user limit (``fs.inotify.max_user_watches``) can run out
+(ENOSPC; EMFILE for the instance limit). watchdog 7 ignores that failure for every directory below the watched
+root, so that subtree would go silent until the next reconciliation. Here the inotify file descriptor reports
+it, and the supervisor polls what could not be watched: the whole prof_dir when its root fails, else the
+subtree, logged once (``inotify_watch_limit_reached``), counted in ``WatchStats.watch_limit_fallbacks`` and the
+``profwatch_watch_fallbacks_total{reason}`` metric.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
-import re
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 from watchdog.events import (
@@ -34,42 +41,19 @@ from watchdog.events import (
 from watchdog.observers.api import BaseObserver, ObservedWatch
 from watchdog.observers.polling import PollingObserverVFS
 
+from daemon.adapters.inotify_observer import WatchLimitCallback, make_inotify_observer
+from daemon.core.mounts import fs_type_of, is_network_fs, parse_mountinfo
 from daemon.core.watch_settings import WatchSettings
+
+__all__ = ["INOTIFY_EVENTS", "ObserverFactory", "ObserverMode", "ProfWatcher", "WatchStats", "fs_type_of",
+           "is_network_fs", "make_inotify_observer", "parse_mountinfo", "pruned_scandir"]
+
+if TYPE_CHECKING:
+    from daemon.adapters.metrics import DaemonMetrics
 
 log = structlog.get_logger(__name__)
 ObserverMode = Literal["inotify", "polling"]
 ObserverFactory = Callable[[ObserverMode, Callable[[], None]], BaseObserver]
-_OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def parse_mountinfo(text: str) -> list[tuple[str, str]]:
-    """``(mount_point, fs_type)`` pairs from ``/proc/self/mountinfo`` text (proc(5)); octal escapes decoded."""
-    out = []
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, rest = left.split(), right.split()
-        if not sep or len(fields) < 5 or not rest:
-            continue
-        out.append((_OCTAL.sub(lambda m: chr(int(m[1], 8)), fields[4]), rest[0]))
-    return out
-
-
-def fs_type_of(path: str, mounts: list[tuple[str, str]]) -> str | None:
-    """File system type of the mount holding ``path`` (longest mount-point prefix; the last mount wins)."""
-    best: tuple[int, str] | None = None
-    for mount_point, fstype in mounts:
-        mp = mount_point.rstrip("/") or "/"
-        inside = path == mp or path.startswith(mp + "/") or mp == "/"
-        if inside and (best is None or len(mp) >= best[0]):
-            best = (len(mp), fstype)
-    return best[1] if best else None
-
-
-def is_network_fs(fstype: str | None, patterns: tuple[str, ...]) -> bool:
-    """True when ``fstype`` matches one of ``patterns`` (fnmatch, e.g. ``fuse.*``)."""
-    return fstype is not None and any(fnmatch.fnmatchcase(fstype, p) for p in patterns)
-
-
 #: inotify: only changes of the tree, never IN_OPEN/IN_ACCESS/IN_CLOSE_NOWRITE (our own reads would wake us and
 #: overflow the queue) nor IN_MODIFY (every DB page write); a file's last write shows as IN_CLOSE_WRITE.
 INOTIFY_EVENTS: list[type[FileSystemEvent]] = [
@@ -90,36 +74,12 @@ def pruned_scandir(skip: tuple[str, ...]) -> Callable[[str | None], Iterator[os.
     return listdir
 
 
-def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], settings: WatchSettings) -> BaseObserver:
+def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], settings: WatchSettings,
+                      on_watch_limit: WatchLimitCallback | None = None) -> BaseObserver:
     if mode == "polling":
         return PollingObserverVFS(stat=os.stat, listdir=pruned_scandir(settings.poll_skip_dirs),
                                   polling_interval=settings.poll_interval_s)
-    return make_inotify_observer(on_overflow)
-
-
-def make_inotify_observer(on_overflow: Callable[[], None]) -> BaseObserver:
-    """watchdog's InotifyObserver whose inotify reader also reports ``IN_Q_OVERFLOW`` to ``on_overflow``.
-
-    watchdog 7 only logs an overflow and rebuilds its own watches; events lost in between must be found by a
-    rescan (FC-17). Imported lazily: inotify exists only on Linux.
-    """
-    from watchdog.observers.inotify import InotifyEmitter, InotifyObserver
-    from watchdog.observers.inotify_c import InotifyEvent, InotifyFD
-
-    class _FD(InotifyFD):
-        def handle_event(self, event: InotifyEvent) -> None:
-            if event.is_queue_overflow:
-                on_overflow()
-            super().handle_event(event)
-
-    class _Observer(InotifyObserver):
-        def __init__(self) -> None:
-            self._inotify_fd = _FD()
-            self._inotify_fd.start()
-            self.inotify_fd: InotifyFD = self._inotify_fd  # public: lets tests inject an overflow event
-            BaseObserver.__init__(self, InotifyEmitter, inotify_fd=self._inotify_fd)
-
-    return _Observer()
+    return make_inotify_observer(on_overflow, on_watch_limit)
 
 
 class _Handler(FileSystemEventHandler):
@@ -133,13 +93,16 @@ class _Handler(FileSystemEventHandler):
 
 @dataclass(slots=True)
 class WatchStats:
-    """Counters: wakes delivered, reconciliation rounds, observer restarts, inotify overflows, fallbacks."""
+    """Counters: wakes delivered, reconciliation rounds, observer restarts, inotify overflows, prof_dirs polled
+    because inotify could not watch their root (``polling_fallbacks``), subtrees polled because an inotify limit
+    was reached below a watched root (``watch_limit_fallbacks``)."""
 
     wakes: int = 0
     reconciles: int = 0
     observer_restarts: int = 0
     overflows: int = 0
     polling_fallbacks: int = 0
+    watch_limit_fallbacks: int = 0
 
 
 @dataclass(slots=True)
@@ -147,6 +110,8 @@ class _Watched:
     mode: ObserverMode
     watch: ObservedWatch | None = None
     inode: tuple[int, int] | None = None
+    subtrees: dict[str, ObservedWatch] = field(default_factory=dict)
+    """Subtrees below an inotify-watched prof_dir that inotify could not watch: polled instead."""
 
 
 class ProfWatcher:
@@ -154,18 +119,24 @@ class ProfWatcher:
 
     ``on_wake`` runs on the watcher's own thread (never on a watchdog thread), coalesced per prof_dir; it
     should be quick or hand work off. ``observer_factory(mode, on_overflow)`` replaces the watchdog observers
-    (tests); ``mountinfo_path`` is read to pick inotify or polling when ``settings.observer == "auto"``.
-    Use as a context manager or call :meth:`start` and :meth:`close`.
+    (tests; an inotify one reports limits to :meth:`watch_limit_hit`); ``mountinfo_path`` is read to pick
+    inotify or polling when ``settings.observer == "auto"``. ``metrics`` (optional) counts fallbacks to polling
+    in ``profwatch_watch_fallbacks_total{reason}``. Use as a context manager or call :meth:`start` and
+    :meth:`close`.
     """
 
     def __init__(self, on_wake: Callable[[str], None], *, settings: WatchSettings | None = None,
                  mountinfo_path: str = "/proc/self/mountinfo", observer_factory: ObserverFactory | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, metrics: DaemonMetrics | None = None) -> None:
         self._on_wake = on_wake
         self._settings = settings or WatchSettings()
         self._mountinfo_path = mountinfo_path
-        self._factory = observer_factory or (lambda m, cb: _default_observer(m, cb, self._settings))
+        self._factory = observer_factory or (
+            lambda m, cb: _default_observer(m, cb, self._settings, self.watch_limit_hit))
         self._clock = clock
+        self._metrics = metrics
+        self._limit_hits: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+        self._limit_logged = False
         self._cv = threading.Condition()
         self._pending: set[str] = set()
         self._dirs: dict[str, _Watched] = {}
@@ -213,6 +184,16 @@ class ProfWatcher:
         """prof_dir -> observer mode, for status output."""
         with self._cv:
             return {p: e.mode for p, e in self._dirs.items()}
+
+    def polled_subtrees(self) -> dict[str, list[str]]:
+        """prof_dir -> subtrees polled because inotify could not watch them (a limit was reached), for status."""
+        with self._cv:
+            return {p: sorted(e.subtrees) for p, e in self._dirs.items() if e.subtrees}
+
+    def watch_limit_hit(self, directory: str, error: str) -> None:
+        """Record that inotify could not watch ``directory`` (ENOSPC/EMFILE); the supervisor polls it within
+        ``supervise_interval_s``. Safe from any thread, never blocks (called under watchdog's locks)."""
+        self._limit_hits.put((os.path.abspath(directory), error))
 
     def request_rescan(self) -> None:
         """Wake every watched prof_dir (after an inotify overflow, a remount, or on demand)."""
@@ -268,9 +249,10 @@ class ProfWatcher:
         except FileNotFoundError:
             entry.watch, entry.inode = None, None
         except OSError as exc:
-            if entry.mode == "inotify":  # ENOSPC (max_user_watches), EMFILE: fall back to polling (FC-17)
+            if entry.mode == "inotify":  # ENOSPC (max_user_watches), EMFILE: poll the whole prof_dir instead
                 log.warning("inotify_watch_failed_polling_instead", prof_dir=path, error=str(exc))
                 self.stats.polling_fallbacks += 1
+                self._count_fallback("inotify_root_failed")
                 entry.mode = "polling"
                 self._schedule(path, entry)
             else:
@@ -285,6 +267,57 @@ class ProfWatcher:
             except (KeyError, OSError):
                 pass
         entry.watch, entry.inode = None, None
+        for sub in list(entry.subtrees):
+            self._unschedule_subtree(entry, sub)
+
+    def _unschedule_subtree(self, entry: _Watched, subtree: str) -> None:
+        watch = entry.subtrees.pop(subtree, None)
+        obs = self._observers.get("polling")
+        if watch is not None and obs is not None:
+            try:
+                obs.unschedule(watch)
+            except (KeyError, OSError):
+                pass
+
+    def _count_fallback(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.watch_fallbacks.labels(reason).inc()
+
+    def _poll_unwatchable(self) -> None:
+        """Poll every subtree inotify reported it could not watch (caller holds the lock; supervisor thread)."""
+        while True:
+            try:
+                directory, error = self._limit_hits.get_nowait()
+            except queue.Empty:
+                return
+            owners = [p for p in self._dirs if directory == p or directory.startswith(p.rstrip("/") + "/")]
+            if not owners:
+                continue
+            prof_dir = max(owners, key=len)
+            entry = self._dirs[prof_dir]
+            if entry.mode != "inotify" or directory == prof_dir or any(
+                    directory == s or directory.startswith(s.rstrip("/") + "/") for s in entry.subtrees):
+                continue  # the root failed (polled whole by _schedule) or already polled
+            try:
+                watch = self._observer("polling").schedule(_Handler(prof_dir, self._notify), directory,
+                                                           recursive=True)
+            except OSError as exc:  # vanished meanwhile: the reconciliation scan covers it
+                log.debug("subtree_poll_failed", prof_dir=prof_dir, subtree=directory, error=str(exc))
+                continue
+            for nested in [s for s in entry.subtrees if s.startswith(directory.rstrip("/") + "/")]:
+                self._unschedule_subtree(entry, nested)
+            entry.subtrees[directory] = watch
+            self.stats.watch_limit_fallbacks += 1
+            self._count_fallback("watch_limit")
+            self._pending.add(prof_dir)  # events below it may have been missed until now
+            if not self._limit_logged:
+                self._limit_logged = True
+                log.warning("inotify_watch_limit_reached", prof_dir=prof_dir, subtree=directory, error=error,
+                            action="polling what could not be watched; raise fs.inotify.max_user_watches "
+                                   "(or set watch.observer = 'polling') to stop this",
+                            poll_interval_s=self._settings.poll_interval_s)
+            else:
+                log.debug("inotify_watch_limit_subtree_polled", prof_dir=prof_dir, subtree=directory)
 
     def _notify(self, prof_dir: str) -> None:
         with self._cv:
@@ -329,9 +362,14 @@ class ProfWatcher:
             log.exception("on_wake_failed", prof_dir=prof_dir)
 
     def _supervise(self) -> None:
-        """Restart dead observers; re-arm watches whose prof_dir appeared, vanished or was recreated."""
+        """Restart dead observers; re-arm watches whose prof_dir appeared, vanished or was recreated; poll
+        subtrees inotify could not watch, and stop polling those that are gone."""
         dead: list[BaseObserver] = []
         with self._cv:
+            self._poll_unwatchable()
+            for e in self._dirs.values():
+                for sub in [s for s in e.subtrees if not os.path.isdir(s)]:
+                    self._unschedule_subtree(e, sub)
             for mode, obs in list(self._observers.items()):
                 if obs.is_alive():
                     continue
@@ -353,7 +391,7 @@ class ProfWatcher:
                 except FileNotFoundError:
                     inode = None
                 except OSError:
-                    continue  # ESTALE/EIO: unknown; keep the watch as it is (FC-15)
+                    continue  # ESTALE/EIO: unknown; keep the watch as it is (docs/field-cases.md#fc-15)
                 stale = e.watch is not None and (inode != e.inode or not alive_emitters.get(id(e.watch), False))
                 if stale:
                     self._unschedule(e)

@@ -1,8 +1,9 @@
 """Reads rank dirs from (possibly shared) storage into the completeness core's inputs (I/O adapter).
 
-Every read tolerates entries vanishing mid-walk (a re-parse deletes ``ASCEND_PROFILER_OUTPUT``, msprof doc
-gotcha 17). Errors such as ESTALE/EIO, or a vanished scan root, mean "unknown", never "deleted" (FC-15).
-SQLite files are opened read-only through a ``file:...?mode=ro`` URI (msprof doc section 12.6).
+Every read tolerates entries vanishing mid-walk (a re-parse deletes ``ASCEND_PROFILER_OUTPUT``,
+docs/rank-dirs.md#completion). Errors such as ESTALE/EIO, or a vanished scan root, mean "unknown", never
+"deleted" (docs/field-cases.md#fc-15). SQLite files are opened read-only through a ``file:...?mode=ro`` URI
+built from the name's bytes (docs/msprof-analyze.md#before-running, docs/paths.md#any-locale).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from daemon.core.watch_settings import WatchSettings
 
 log = structlog.get_logger(__name__)
 
-#: errnos that say "the storage cannot answer now", not "the file is gone" (FC-15).
+#: errnos that say "the storage cannot answer now", not "the file is gone" (docs/field-cases.md#fc-15).
 UNKNOWN_ERRNOS: frozenset[int] = frozenset(
     getattr(errno, n)
     for n in ("ESTALE", "EIO", "ENOTCONN", "EHOSTDOWN", "EHOSTUNREACH", "ETIMEDOUT", "ENETDOWN", "ENETUNREACH",
@@ -172,7 +173,7 @@ class RankDirReader:
     def check_db(self, path: str, *, deep: bool = True) -> DbObservation:
         """Observe one SQLite file; with ``deep`` run quick_check and read the tables the recipes need.
 
-        Queries (msprof doc 12.6): ``PRAGMA quick_check``, the table list, ``RANK_DEVICE_MAP.rankId``,
+        Queries (docs/msprof-analyze.md#before-running): ``PRAGMA quick_check``, the table list, ``RANK_DEVICE_MAP.rankId``,
         ``STEP_TIME.id``, and whether ``COMMUNICATION_OP``/``StepTraceTime``/``CommAnalyzerTime`` have rows.
         """
         name = os.path.basename(path)
@@ -197,7 +198,9 @@ def _check_sqlite(path: str, name: str, size: int, mtime: float) -> DbObservatio
     common: dict[str, Any] = {"name": name, "size_bytes": size, "mtime_s": mtime, "checked": True}
     if size == 0:
         return DbObservation(error="empty file", **common)
-    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    # quote the file name's bytes as the OS gives them (os.fsencode), not its str: a name that is not valid in
+    # the locale's encoding holds surrogate escapes, which a str quote() cannot encode (docs/paths.md#any-locale)
+    uri = "file:" + urllib.parse.quote(os.fsencode(os.path.abspath(path))) + "?mode=ro"
     try:
         con = sqlite3.connect(uri, uri=True, timeout=0.2, check_same_thread=False)
     except sqlite3.Error as exc:
@@ -254,7 +257,7 @@ MAX_JSON_BYTES = 64 * 1024 * 1024
 
 
 def _read_json(path: str) -> tuple[Any, str | None]:
-    """Decoded JSON, or (None, why). A half-written file (non-atomic writes, msprof doc 4.1) is "not yet valid"."""
+    """Decoded JSON, or (None, why). A half-written file (non-atomic writes, docs/rank-dirs.md#ascend) is "not yet valid"."""
     try:
         # O_NONBLOCK: a FIFO planted in a rank dir must not hang the scan; only regular files are read, capped
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -284,7 +287,7 @@ def _read_json(path: str) -> tuple[Any, str | None]:
 
 
 def _has_leftover_sqlite(entry: os.DirEntry[str]) -> bool:
-    """``PROF_*/{host,device_*}/sqlite`` still there: CANN export not finished (msprof doc 12.5b)."""
+    """``PROF_*/{host,device_*}/sqlite`` still there: CANN export not finished (docs/rank-dirs.md#completion)."""
     try:
         if not entry.is_dir(follow_symlinks=False):
             return False

@@ -1,6 +1,6 @@
 """Stages one batch for msprof-analyze: a folder with exactly one real directory per rank, of links (I/O adapter).
 
-Why (``../shared/docs/msprof-analyze.md`` sections 3, 12.8 and gotchas 5-6): msprof-analyze analyses whatever
+Why (docs/msprof-analyze.md#discovery and #before-running, gotchas 5-6): msprof-analyze analyses whatever
 ranks it finds and picks the newest dir for a duplicated rank, so it must see exactly one batch; its DB
 discovery does not follow symlinked *rank directories* but does accept a symlinked ``ASCEND_PROFILER_OUTPUT``.
 So each rank gets a real directory named like the original, holding absolute symlinks to the original's
@@ -33,7 +33,7 @@ def _wanted_links(rank_dir: Path, kind: str) -> dict[str, str]:
     """name -> absolute target: top-level files plus ASCEND_PROFILER_OUTPUT (other dirs such as PROF_* raw data,
     FRAMEWORK and logs are not needed by the recipes and are left out)."""
     links: dict[str, str] = {}
-    real = Path(os.path.realpath(rank_dir))  # resolve symlinked mounts (FC-04)
+    real = Path(os.path.realpath(rank_dir))  # resolve symlinked mounts (docs/field-cases.md#fc-04)
     for entry in os.scandir(real):
         if entry.is_file(follow_symlinks=True) or (entry.name == PROFILER_OUTPUT_DIR and kind == "ascend_pt"):
             links[entry.name] = str(real / entry.name)

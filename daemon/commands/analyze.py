@@ -13,8 +13,10 @@ from typing import Any
 
 import click
 
+from daemon.adapters.msprof_runner import MsprofRunner
 from daemon.adapters.rank_dir_fs import TreeUnavailable, scan_tree
 from daemon.analysis import AnalysisResult, AnalysisSettings, analyze_batch
+from daemon.core.display import display_str, printable
 
 GOOD = ("ok", "no_suspect")
 
@@ -52,7 +54,7 @@ def _human(res: AnalysisResult) -> str:
             lines.append(f"      {s.rank_dir}")
     if res.report:
         lines.append(f"  report: {res.report}")
-    return "\n".join(lines)
+    return display_str("\n".join(lines))
 
 
 @click.command("analyze")
@@ -91,22 +93,24 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
     if not batches:
         _fail(ctx, as_json, "no_batch", f"no capture batch found under {directory}")
     worst = 0
-    for batch in batches:
-        res = analyze_batch(batch, work_dir=work, settings=settings)
-        if res.status == "incomplete":
-            res.notes.append(json.dumps({"completeness": batch.to_json()}, default=str)[:4000])
-        if as_json:
-            click.echo(json.dumps(res.to_json(), default=str))
-        else:
-            click.echo(_human(res))
-        if res.status not in GOOD:
-            worst = 1
+    # one runner for every batch; leaving the block (also by Ctrl-C) kills any msprof-analyze still running
+    with MsprofRunner(settings.msprof) as runner:
+        for batch in batches:
+            res = analyze_batch(batch, work_dir=work, settings=settings, runner=runner)
+            if res.status == "incomplete":
+                res.notes.append(json.dumps({"completeness": batch.to_json()}, default=str)[:4000])
+            if as_json:
+                click.echo(json.dumps(printable(res.to_json()), default=str))
+            else:
+                click.echo(_human(res))
+            if res.status not in GOOD:
+                worst = 1
     ctx.exit(worst)
 
 
 def _fail(ctx: click.Context, as_json: bool, status: str, detail: str) -> None:
     if as_json:
-        click.echo(json.dumps({"status": status, "detail": detail}))
+        click.echo(json.dumps({"status": status, "detail": display_str(detail)}))
     else:
-        click.echo(detail, err=True)
+        click.echo(display_str(detail), err=True)
     ctx.exit(2)

@@ -1,7 +1,9 @@
 """``profwatch scan DIR``: report the capture batches under a folder and whether each is complete (CLI body).
 
-Exit codes: 0 when at least one batch was found and every batch is ``complete``; 1 otherwise (a batch
-``incomplete``/``invalid``/``parsing``, no batch found, or DIR unreadable); 2 for usage errors (click).
+File names are printed as the OS gives them, decoded as UTF-8 with undecodable bytes as backslash-x escapes
+(``daemon/core/display.py``), under any locale. Exit codes: 0 when at least one batch was found and every batch
+is ``complete``; 1 otherwise (a batch ``incomplete``/``invalid``/``parsing``, no batch found, or DIR
+unreadable); 2 for usage errors (click).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import click
 
 from daemon.adapters.rank_dir_fs import TreeUnavailable, scan_tree
 from daemon.core.completeness import BatchState
+from daemon.core.display import display_str, printable
 from daemon.core.watch_settings import WatchSettings
 
 
@@ -28,7 +31,7 @@ def render_table(batches: list[BatchState]) -> str:
             where = f" ({p.path})" if p.path else ""
             lines.append(f"  problem: rank {'?' if p.rank is None else p.rank}: {p.reason}{where}")
         lines += [f"  note: {n}" for n in b.notes]
-    return "\n".join(lines)
+    return display_str("\n".join(lines))
 
 
 @click.command("scan")
@@ -44,13 +47,13 @@ def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: 
     try:
         batches = scan_tree(directory, world_size=world_size, now=time.time(), settings=settings)
     except TreeUnavailable as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(display_str(f"error: {exc}"), err=True)
         raise SystemExit(1) from exc
     if as_json:
-        click.echo(json.dumps([b.to_json() for b in batches], indent=2))
+        click.echo(json.dumps(printable([b.to_json() for b in batches]), indent=2, default=str))
     elif batches:
         click.echo(render_table(batches))
     else:
-        click.echo(f"no rank dirs found under {directory}")
+        click.echo(display_str(f"no rank dirs found under {directory}"))
     ok = bool(batches) and all(b.status == "complete" for b in batches)
     raise SystemExit(0 if ok else 1)

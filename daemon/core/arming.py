@@ -12,37 +12,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from daemon.core.anomaly import Anomaly
+from daemon.core.arming_settings import ArmingSettings
 
 ArmAction = Literal["arm", "would_arm", "suppress"]
 HOUR_S = 3600.0
-
-
-class ArmingSettings(BaseModel):
-    """Limits of automatic arming (runtime-tunable; units in the descriptions).
-
-    Raises ``pydantic.ValidationError`` on unknown keys or out-of-range values.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    mode: Literal["act", "observe", "off"] = Field(
-        "act", description="act: arm captures; observe: decide and report would_arm only; off: suppress everything"
-    )
-    cooldown_s: float = Field(900.0, ge=0, description="seconds after an arm of a job before the next arm")
-    max_captures_per_hour: int = Field(4, ge=0, description="arms per job per rolling hour")
-    max_capture_bytes_per_hour: int | None = Field(
-        50 * 2**30, ge=0, description="bytes captured per job per rolling hour before arming stops (None = no cap)"
-    )
-    warmup: int = Field(1, ge=0, description="profiler warm-up steps of the capture window (profiler_config key)")
-    active: int = Field(2, ge=1, le=20, description="captured steps of the capture window (profiler_config key)")
-    rank_list: tuple[int, ...] | None = Field(None, description="ranks to capture (None = all ranks)")
-    arm_on: tuple[Literal["step_regression", "rank_outlier", "stalled_rank"], ...] = Field(
-        ("step_regression", "rank_outlier"), description="anomaly kinds that may arm (stalled_rank never arms)"
-    )
-    min_magnitude: float = Field(0.0, ge=0, description="relative: anomalies below this magnitude do not arm")
 
 
 @dataclass(frozen=True, slots=True)

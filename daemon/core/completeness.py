@@ -2,7 +2,8 @@
 
 Inputs are :class:`~daemon.core.prof_layout.RankDirObservation` objects (read by ``rank_dir_fs.py``); outputs
 are :class:`BatchState` objects, whose ``to_json()`` is the ``profwatch scan --json`` shape. The checks follow
-``../shared/docs/msprof-analyze.md`` section 12 and field cases FC-01, FC-02, FC-07, FC-12 and FC-18.
+docs/rank-dirs.md#completion, docs/msprof-analyze.md#before-running and docs/field-cases.md (#fc-01, #fc-02,
+#fc-07, #fc-12, #fc-18).
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ def _db_reasons(db: DbObservation, required: Sequence[str], optional: frozenset[
 
 
 def _fallback_finished(obs: RankDirObservation, now_unix_s: float, settings: WatchSettings) -> str | None:
-    """None when an older torch_npu's parse looks finished (msprof doc 12.5 a-e), else what is still missing."""
+    """None when an older torch_npu's parse looks finished (docs/rank-dirs.md#completion), else what is still missing."""
     if not obs.profiler_dbs or obs.analysis_db is None:
         return "no analyse.done and not both DBs yet"
     if obs.leftover_sqlite:
@@ -198,10 +199,10 @@ def evaluate_rank_dir(obs: RankDirObservation, *, now_unix_s: float, settings: W
         appearing: no parseable ``profiler_info*.json`` or ``profiler_metadata.json`` yet (both are written at
         profiler stop, non-atomically: a half-written file is "appearing", not broken). raw_complete: both
         present, no output dir. parsing: output dir present without a finished parse; a re-parse deletes the
-        output dir and so moves a rank back (msprof doc 4.1 step 3, gotcha 17). parsed: ``analyse.done``
-        (``trace.done`` for torch_pt), or for older torch_npu the fallback of msprof doc 12.5, and every health
-        check of 12.6 passes; failed otherwise. The marker is written even when a parser failed
-        (torch_npu doc section 5), so health checks always run.
+        output dir and so moves a rank back (docs/rank-dirs.md#ascend). parsed: ``analyse.done``
+        (``trace.done`` for torch_pt), or for older torch_npu the fallback of docs/rank-dirs.md#completion, and
+        every health check of docs/msprof-analyze.md#before-running passes; failed otherwise. The marker is
+        written even when a parser failed (docs/rank-dirs.md#ascend), so health checks always run.
     """
     meta = obs.metadata
     common: dict[str, Any] = {
@@ -248,7 +249,7 @@ def evaluate_rank_dir(obs: RankDirObservation, *, now_unix_s: float, settings: W
 
 
 def _health(obs: RankDirObservation, rank: int | None, notes: list[str]) -> tuple[list[str], tuple[int, ...] | None]:
-    """DB health of a finished ascend rank (msprof doc 12.6, 14.7). Appends non-blocking remarks to ``notes``."""
+    """DB health of a finished ascend rank (docs/msprof-analyze.md#before-running, gotcha 7). Appends non-blocking remarks to ``notes``."""
     if not obs.profiler_dbs:
         if obs.output_files & TEXT_OUTPUTS:
             why = ("text-only export: no ascend_pytorch_profiler_{rank}.db; the recipes need DB input "
@@ -321,7 +322,7 @@ def group_rank_dirs(states: Iterable[RankDirState], settings: WatchSettings) -> 
 
     Notes:
         1. Dirs whose metadata carries ``profwatch_capture_id`` group by that id (and kind), wherever they sit.
-        2. Others (hand-armed captures) group by kind and HCCL group names (same job, msprof doc 12.3), then by
+        2. Others (hand-armed captures) group by kind and HCCL group names (same job: docs/rank-dirs.md#ascend), then by
            time proximity of the name ``ts`` (all ranks start a capture at the same step): a gap over
            ``group_gap_s`` starts a new batch; a cluster holding one rank twice is split at its largest gap if
            that gap is at least ``split_min_gap_s`` (two back-to-back captures); otherwise it stays one batch

@@ -1,9 +1,8 @@
 """Parse msprof-analyze 26.2.0 outputs (cluster_analysis.db rows, ``--agent`` JSON) into evidence (pure).
 
-Callers read the tables (e.g. ``daemon/adapters/msprof_runner.py`` via a read-only sqlite URI) and pass rows as
-mappings keyed by column name. Everything is parsed **by column name**, never by position or declared type:
-recipe tables come from pandas ``to_sql`` so column types vary between runs
-(``../shared/docs/msprof-analyze.md`` sections 10 and 14.11).
+Callers read the tables (``daemon/adapters/msprof_db.py``, read-only) and pass rows as mappings keyed by column
+name. Everything is parsed **by column name**, never by position or declared type: recipe tables come from
+pandas ``to_sql`` so column types vary between runs (docs/msprof-analyze.md#result-tables).
 """
 
 from __future__ import annotations
@@ -11,15 +10,13 @@ from __future__ import annotations
 import json
 import math
 import re
-import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from daemon.core.evidence import RankStepSummary
 
-#: columns of ClusterTimeSummary (µs) -> RankStepSummary field (section 5)
+#: columns of ClusterTimeSummary (µs) -> RankStepSummary field (docs/msprof-analyze.md#cluster-time-summary)
 CLUSTER_TIME_SUMMARY_COLUMNS: dict[str, str] = {
     "stepTime": "step_time_us",
     "computation": "computation_us",
@@ -59,7 +56,7 @@ def _int(value: Any) -> int:
 def parse_cluster_time_summary(rows: Iterable[Mapping[str, Any]]) -> list[RankStepSummary]:
     """ClusterTimeSummary rows -> RankStepSummary list (µs), sorted by (rank, step).
 
-    Source: msprof-analyze.md section 5 (all values µs; missing sources are zero-filled by the tool, so a
+    Source: docs/msprof-analyze.md#cluster-time-summary (all values µs; missing sources are zero-filled by the tool, so a
     missing column here is read as 0). Raises ResultParseError if ``rank`` or ``step`` is missing or not an int.
     """
     out: list[RankStepSummary] = []
@@ -73,7 +70,8 @@ def parse_cluster_time_summary(rows: Iterable[Mapping[str, Any]]) -> list[RankSt
 
 
 def parse_slow_rank(rows: Iterable[Mapping[str, Any]]) -> dict[int, int]:
-    """SlowRank rows (``rankId``, ``slowAffectCount``) -> {rank: votes}; only ranks with >= 1 vote (section 6)."""
+    """SlowRank rows (``rankId``, ``slowAffectCount``) -> {rank: votes}; only ranks with >= 1 vote
+    (docs/msprof-analyze.md#slow-rank)."""
     votes: dict[int, int] = {}
     for row in rows:
         if "rankId" not in row:
@@ -89,7 +87,7 @@ def parse_slow_op_stats(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any
     """SlowOpStats rows -> dicts keeping msprof-analyze's column names.
 
     ``SlowRank`` (TEXT, comma-joined) becomes ``slow_ranks: list[int]``; the ``*Ns`` columns are kept as named
-    but hold **µs** (unit bug, section 6 / gotcha 10); ``Timestamp`` is ns. Rows sorted by Timestamp.
+    but hold **µs** (unit bug, docs/msprof-analyze.md#result-tables); ``Timestamp`` is ns. Rows sorted by Timestamp.
     """
     out: list[dict[str, Any]] = []
     for row in rows:
@@ -107,13 +105,14 @@ def parse_slow_op_stats(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any
 
 
 def parse_rank_device_map(rows: Iterable[Mapping[str, Any]]) -> dict[int, str]:
-    """RankDeviceMap rows (``rankId``, ``profilePath``) -> {rank: rank dir path used by the tool} (section 10)."""
+    """RankDeviceMap rows (``rankId``, ``profilePath``) -> {rank: rank dir the tool used}
+    (docs/msprof-analyze.md#result-tables)."""
     return {_int(r["rankId"]): str(r.get("profilePath", "")) for r in rows if "rankId" in r}
 
 
 @dataclass(frozen=True, slots=True)
 class AgentMessage:
-    """The one JSON line ``--agent`` prints on stdout (section 2.3). ``found`` is False when none parsed."""
+    """The one JSON line ``--agent`` prints on stdout (docs/msprof-analyze.md#agent-json). ``found`` is False when none parsed."""
 
     found: bool
     status: str = ""
@@ -135,7 +134,7 @@ class AgentMessage:
 def parse_agent_stdout(stdout: str) -> AgentMessage:
     """Find the last JSON object line with a ``status`` key in ``stdout`` (advisor also prints a table).
 
-    Source: section 2.3 (keys status, code, message, suggestion, log_path). Never raises: no JSON ->
+    Source: docs/msprof-analyze.md#agent-json (keys status, code, message, suggestion, log_path). Never raises: no JSON ->
     ``AgentMessage(found=False)``.
     """
     for line in reversed(stdout.splitlines()):
@@ -170,7 +169,8 @@ def _sheet_rows(sheet: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def summarize_advisor(message: Mapping[str, Any]) -> dict[str, Any]:
-    """Compact ``advisor all --agent`` message (sheets ``{name: {headers, data}}``, section 2.3 / 8).
+    """Compact ``advisor all --agent`` message (sheets ``{name: {headers, data}}``,
+    docs/msprof-analyze.md#agent-json and #advisor).
 
     Returns ``{"problems": [{"category", "description"}], "slow_rank": [{step, rank_id, compute(us), ...}],
     "slow_link": [...], "comparisons": [sheet/problem titles naming ranks], "max_compute_rank": int | None,
@@ -217,54 +217,10 @@ def summarize_advisor(message: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def common_steps(summaries: Iterable[RankStepSummary]) -> list[int]:
-    """Steps present for every rank in ``summaries`` (FC-12), sorted; -1 (no STEP_TIME) included if common."""
+    """Steps present for every rank in ``summaries`` (docs/field-cases.md#fc-12), sorted; -1 (no STEP_TIME) included if common."""
     by_rank: dict[int, set[int]] = {}
     for s in summaries:
         by_rank.setdefault(s.rank, set()).add(s.step)
     if not by_rank:
         return []
     return sorted(set.intersection(*by_rank.values()))
-
-
-def read_table(db_path: Path, table: str) -> list[dict[str, Any]] | None:
-    """Rows of ``table`` as dicts (by column name), reading ``db_path`` read-only by URI; None when the file or
-    table is missing or unreadable (e.g. "database disk image is malformed"). The one I/O helper of this module,
-    kept here so every result-table read goes through the same tolerant path (section 12, step 6)."""
-    if not db_path.is_file():
-        return None
-    try:
-        con = sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return None
-    try:
-        con.row_factory = sqlite3.Row
-        found = con.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (table,)).fetchone()
-        if not found:
-            return None
-        return [dict(r) for r in con.execute(f'SELECT * FROM "{table}"')]
-    except sqlite3.Error:
-        return None
-    finally:
-        con.close()
-
-
-def sqlite_truncated(db_path: Path) -> bool:
-    """True when the file is shorter than its header's page count x page size (an interrupted copy or write).
-
-    O(1): reads the 100-byte SQLite header (page size at offset 16, in-header page count at 28, valid when the
-    version-valid-for number at 92 equals the change counter at 24). Unknown/invalid headers return False.
-    """
-    try:
-        with db_path.open("rb") as fh:
-            head = fh.read(100)
-        size = db_path.stat().st_size
-    except OSError:
-        return True
-    if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
-        return len(head) < 100
-    page_size = int.from_bytes(head[16:18], "big")
-    page_size = 65536 if page_size == 1 else page_size
-    pages = int.from_bytes(head[28:32], "big")
-    if pages == 0 or head[24:28] != head[92:96]:
-        return False
-    return size < pages * page_size

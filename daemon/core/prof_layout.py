@@ -1,8 +1,8 @@
 """Rank-dir layout of torch_npu / torch.profiler captures: name recognition and info/metadata parsing (pure).
 
 Nothing here reads files: callers pass directory names and already-decoded JSON objects. Sources:
-``../shared/docs/msprof-analyze.md`` sections 3, 4.1 and 12, ``../shared/docs/torch_npu_dynamic_profile.md``
-section 5, and the torch backend format in ``docs/architecture.md`` ("Rank dir formats").
+docs/rank-dirs.md (both formats and their completion rules), docs/msprof-analyze.md#discovery and
+#before-running, docs/torch_npu-dynamic-profile.md#output-layout.
 """
 
 from __future__ import annotations
@@ -15,23 +15,23 @@ from typing import Any, Literal
 
 RankDirKind = Literal["ascend_pt", "torch_pt"]
 
-#: Rank dir name, torch_npu spelling ``{worker}_{pid}_{YYYYmmddHHMMSSfff}_ascend_pt`` (msprof doc section 12.1);
+#: Rank dir name, torch_npu spelling ``{worker}_{pid}_{YYYYmmddHHMMSSfff}_ascend_pt`` (docs/rank-dirs.md);
 #: the torch backend uses the same shape with ``_torch_pt``.
 RANK_DIR_RE = re.compile(r"^(?P<worker>.+)_(?P<pid>\d+)_(?P<ts>\d{17})_(?P<kind>ascend_pt|torch_pt)$")
 PROFILER_INFO_RE = re.compile(r"^profiler_info(?:_(?P<rank>-?\d+))?\.json$")
-#: ``ascend_pytorch_profiler(_<digits>)?.db``; no digits means rank -1 to msprof-analyze (msprof doc section 3A).
+#: ``ascend_pytorch_profiler(_<digits>)?.db``; no digits means rank -1 to msprof-analyze (docs/msprof-analyze.md#discovery).
 PROFILER_DB_RE = re.compile(r"^ascend_pytorch_profiler(?:_(?P<rank>\d+))?\.db$")
 KINETO_TRACE_RE = re.compile(r"^.+\.pt\.trace\.json(?:\.gz)?$")
 
 PROFILER_OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
 PROFILER_METADATA = "profiler_metadata.json"
 ANALYSIS_DB = "analysis.db"
-#: torch_npu >= 26.0.0 writes this empty file last in a parse (msprof doc section 4.1 step 4).
+#: torch_npu >= 26.0.0 writes this empty file last in a parse (docs/rank-dirs.md#ascend).
 ANALYSE_DONE = "analyse.done"
 #: The torch backend's completion marker, written last (architecture.md "Rank dir formats").
 TRACE_DONE = "trace.done"
 
-#: Tables the recipes read from ``ascend_pytorch_profiler_{rank}.db`` (msprof doc sections 4.3, 4.4, 12.6).
+#: Tables the recipes read from ``ascend_pytorch_profiler_{rank}.db`` (docs/msprof-analyze.md#rank-files).
 REQUIRED_PROFILER_TABLES: tuple[str, ...] = (
     "STRING_IDS",
     "COMMUNICATION_OP",
@@ -40,11 +40,11 @@ REQUIRED_PROFILER_TABLES: tuple[str, ...] = (
     "TASK",
     "COMPUTE_TASK_INFO",
 )
-#: Tables that only carry communication data; a Level0 capture may lack them (field case FC-03).
+#: Tables that only carry communication data; a Level0 capture may lack them (docs/field-cases.md#fc-03).
 COMMUNICATION_TABLES: frozenset[str] = frozenset({"COMMUNICATION_OP", "CommAnalyzerTime"})
-#: Tables cluster_time_summary reads from ``analysis.db``; StepTraceTime is written last (msprof doc 4.1, 4.3).
+#: Tables cluster_time_summary reads from ``analysis.db``; StepTraceTime is written last (docs/rank-dirs.md#ascend).
 REQUIRED_ANALYSIS_TABLES: tuple[str, ...] = ("StepTraceTime", "CommAnalyzerTime")
-#: Text-export outputs (msprof doc section 4.2); seen without a DB they mean "text-only export".
+#: Text-export outputs (docs/rank-dirs.md#ascend); seen without a DB they mean "text-only export".
 TEXT_OUTPUTS: frozenset[str] = frozenset(
     {"step_trace_time.csv", "communication.json", "communication_matrix.json", "trace_view.json", "kernel_details.csv"}
 )
@@ -65,14 +65,14 @@ class RankDirName:
 
     @property
     def ts_naive(self) -> datetime:
-        """``ts`` as a naive local-time datetime (torch_npu writes local time, msprof doc section 3)."""
+        """``ts`` as a naive local-time datetime (torch_npu writes local time, docs/rank-dirs.md)."""
         t = self.ts
         return datetime(int(t[0:4]), int(t[4:6]), int(t[6:8]), int(t[8:10]), int(t[10:12]), int(t[12:14]),
                         int(t[14:17]) * 1000)
 
 
 def parse_rank_dir_name(name: str) -> RankDirName | None:
-    """Return the fields of a rank dir name, or None when ``name`` is not a rank dir (msprof doc section 12.1)."""
+    """Return the fields of a rank dir name, or None when ``name`` is not a rank dir (docs/rank-dirs.md)."""
     m = RANK_DIR_RE.match(name)
     if m is None:
         return None
@@ -100,7 +100,7 @@ def is_profiler_info_name(name: str) -> bool:
 def rank_from_db_name(name: str) -> int | None:
     """Rank msprof-analyze derives from a profiler DB file name: the digits, -1 without digits, None if no DB name.
 
-    Source: msprof doc section 3A (discovery takes the rank from the file name, not from the DB).
+    Source: docs/msprof-analyze.md#discovery (discovery takes the rank from the file name, not from the DB).
     """
     m = PROFILER_DB_RE.match(name)
     if m is None:
@@ -110,7 +110,7 @@ def rank_from_db_name(name: str) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class ProfilerInfo:
-    """What profwatch uses from ``profiler_info_{rank}.json`` (msprof doc section 4.1 step 2).
+    """What profwatch uses from ``profiler_info_{rank}.json`` (docs/rank-dirs.md#ascend, step 2).
 
     ``export_types`` from ``config.experimental_config._export_type`` (a string or a list; empty when absent,
     which torch_npu treats as text); ``collection_time_end_ns`` from ``end_info.collectionTimeEnd`` (unix ns);
@@ -178,12 +178,12 @@ def _str_or_none(value: Any) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class ProfilerMetadata:
-    """What profwatch uses from ``profiler_metadata.json`` (msprof doc 4.1 step 2, architecture.md rank dir formats).
+    """What profwatch uses from ``profiler_metadata.json`` (docs/rank-dirs.md).
 
     ``capture_id``/``job_id``/``reason``: the ``profwatch_*`` keys profwatch stamps into the config's metadata.
     ``world_size``: ``len(global_ranks)`` of the ``default_group`` entry of ``parallel_group_info``, else
-    ``distributed_args.world_size`` (msprof doc section 12.4). ``group_names``: the HCCL communicator names
-    (keys of ``parallel_group_info``), identical across ranks of one job, a grouping hint only (section 12.3).
+    ``distributed_args.world_size`` (docs/rank-dirs.md#completion). ``group_names``: the HCCL communicator names
+    (keys of ``parallel_group_info``), identical across ranks of one job, a grouping hint only.
     """
 
     capture_id: str | None = None
@@ -228,7 +228,7 @@ def parse_profiler_metadata(data: Mapping[str, Any]) -> ProfilerMetadata:
 
 @dataclass(frozen=True, slots=True)
 class DbObservation:
-    """What the adapter saw in one SQLite file (read-only open; msprof doc section 12.6).
+    """What the adapter saw in one SQLite file (read-only open; docs/msprof-analyze.md#before-running).
 
     ``checked`` is False when the adapter skipped the content checks (the rank is still parsing). ``error`` is
     the ``PRAGMA quick_check`` result when not ``ok``, or the open/read error ("database disk image is
@@ -255,13 +255,13 @@ class RankDirObservation:
     """Everything the completeness core needs from one rank dir, read by ``daemon/adapters/rank_dir_fs.py``.
 
     ``unknown`` is set (to the errno name and message) when the directory could not be read right now
-    (ESTALE, EIO, ...): such a rank is neither present-and-healthy nor deleted (field case FC-15).
+    (ESTALE, EIO, ...): such a rank is neither present-and-healthy nor deleted (docs/field-cases.md#fc-15).
     ``dir_ts_unix_s``: the name's local-time ``ts`` converted by the adapter (the host's time zone).
     ``info_file``/``info``/``info_error``: the ``profiler_info*.json`` file name, parsed content, or why it did
-    not parse (a non-atomic write may still be in progress, msprof doc 4.1). Same for ``metadata``.
+    not parse (a non-atomic write may still be in progress, docs/rank-dirs.md#ascend). Same for ``metadata``.
     ``output_files``: names in ``ASCEND_PROFILER_OUTPUT`` (ascend) or in the rank dir itself (torch).
     ``newest_output_mtime_s``: the newest mtime (unix s) of anything in the output dir, for the quiet period.
-    ``leftover_sqlite``: some ``PROF_*/{host,device_*}/sqlite`` dir still exists (msprof doc 12.5b).
+    ``leftover_sqlite``: some ``PROF_*/{host,device_*}/sqlite`` dir still exists (docs/rank-dirs.md#completion).
     """
 
     path: str

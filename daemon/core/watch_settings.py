@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-#: File system types polled instead of inotify: inotify does not see writes made by other nodes (field case FC-15).
+#: File system types polled instead of inotify: inotify does not see writes made by other nodes (docs/field-cases.md#fc-15).
 DEFAULT_NETWORK_FS_TYPES: tuple[str, ...] = (
     "nfs",
     "nfs4",
@@ -39,13 +39,13 @@ class WatchSettings(BaseModel):
     poll_skip_dirs: tuple[str, ...] = ("PROF_*", "FRAMEWORK", "logs")
     """Directory names (fnmatch) the polling observer does not descend into: raw data, hundreds of files per
     rank, that no completion rule looks inside except ``PROF_*/*/sqlite`` (a marker-less fallback, which the
-    reconciliation scan re-checks anyway) (FC-16)."""
+    reconciliation scan re-checks anyway) (docs/field-cases.md#fc-16)."""
     reconcile_interval_s: float = Field(30.0, gt=0)
-    """Periodic full re-check of every watched prof_dir, whatever the events said (FC-16, FC-17)."""
+    """Periodic full re-check of every watched prof_dir, whatever the events said (docs/field-cases.md#fc-16, #fc-17)."""
     supervise_interval_s: float = Field(0.5, gt=0)
     """How often the supervisor checks that observer threads are alive and pending prof_dirs exist."""
     quiet_period_s: float = Field(60.0, ge=0)
-    """Older torch_npu without ``analyse.done``: outputs unchanged this long count as parsed (msprof doc 12.5d)."""
+    """Older torch_npu without ``analyse.done``: outputs unchanged this long count as parsed (docs/rank-dirs.md#completion)."""
     parse_allowance_s: float = Field(600.0, ge=0)
     deadline_factor: float = Field(3.0, gt=0)
     default_capture_window_s: float = Field(600.0, ge=0)
@@ -54,6 +54,6 @@ class WatchSettings(BaseModel):
     split_min_gap_s: float = Field(2.0, ge=0)
     """A time cluster holding one rank twice is split at its largest gap if that gap is at least this long."""
     scan_max_depth: int = Field(5, ge=1, le=16)
-    """Directory levels walked below a scan root (msprof-analyze walks 5, msprof doc section 3A)."""
+    """Directory levels walked below a scan root (msprof-analyze walks 5, docs/msprof-analyze.md#discovery)."""
     retention_max_bytes: int | None = Field(None, ge=0)
     retention_max_age_s: float | None = Field(None, ge=0)

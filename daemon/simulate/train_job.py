@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                 dist.all_reduce(flat)
                 s1 = time.time_ns()
                 # the transfer took the shortest duration any rank saw (the last arrival's); the rest of this
-                # rank's duration was waiting (msprof-analyze's own definition of wait, section 5)
+                # rank's duration was waiting (msprof-analyze's own definition of wait,
+                # docs/msprof-analyze.md#cluster-time-summary)
                 shortest = torch.tensor([float(s1 - s0)], dtype=torch.float64)
                 dist.all_reduce(shortest, op=dist.ReduceOp.MIN)
                 wait_ns = max(0, (s1 - s0) - int(shortest.item()))

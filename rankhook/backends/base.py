@@ -121,7 +121,7 @@ class EventQueue:
 
 
 def ts17(now_unix_s: float) -> str:
-    """``YYYYmmddHHMMSSfff`` in local time, as torch_npu names rank dirs (doc section 5)."""
+    """``YYYYmmddHHMMSSfff`` in local time, as torch_npu names rank dirs (docs/rank-dirs.md)."""
     lt = time.localtime(now_unix_s)
     return time.strftime("%Y%m%d%H%M%S", lt) + f"{int(now_unix_s * 1000) % 1000:03d}"
 

@@ -1,7 +1,6 @@
 """Find torch_npu dynamic-profile leftovers on this node: stale shm blocks and orphan monitors (stdlib; reads only).
 
-Source: ``../shared/docs/torch_npu_dynamic_profile.md`` section 2 "Node-level shared-memory pitfalls" and
-``field-cases.md`` FC-09: ``/dev/shm/DynamicProfileNpuShm<YYYYMMDDHH>`` outlives a killed job and an orphaned
+Source: docs/torch_npu-dynamic-profile.md#shared-memory and docs/field-cases.md#fc-09: ``/dev/shm/DynamicProfileNpuShm<YYYYMMDDHH>`` outlives a killed job and an orphaned
 monitor (``/proc/<pid>/comm`` == ``DynMonitorProc``, parent pid 1) keeps feeding it. Report only; never deletes.
 """
 

@@ -5,13 +5,12 @@ mtime, strict-newer acceptance, start_step ``-1``/N/past, one pending slot, ``is
 ``warmup``/``active``, ``activities`` (``NPU`` maps to CUDA when available), ``record_shapes``/``with_stack``/
 ``profile_memory``/``with_flops``/``with_modules``.
 
-Window (torch_npu semantics, ``../shared/docs/torch_npu_dynamic_profile.md`` section 3): the capture starts inside
+Window (torch_npu semantics, docs/torch_npu-dynamic-profile.md#start-step): the capture starts inside
 the ``start_step``-th ``step()`` call and stops inside the call ``warmup + active`` steps later. The profiler's
 schedule is ``skip_first=S, wait=0, warmup, active, repeat=1`` with its step counter set to ``S``, so the trace's
 ``ProfilerStep#k`` labels are the dp step numbers; the recorded (active) steps are ``[S+warmup, S+warmup+active)``.
 
-Output, one dir per rank per capture under the config's ``prof_dir`` (``docs/architecture.md`` "Rank dir
-formats"): ``{host}_{pid}_{YYYYmmddHHMMSSfff}_torch_pt/`` with ``profiler_info_{rank}.json``,
+Output, one dir per rank per capture under the config's ``prof_dir`` (docs/rank-dirs.md#torch): ``{host}_{pid}_{YYYYmmddHHMMSSfff}_torch_pt/`` with ``profiler_info_{rank}.json``,
 ``profiler_metadata.json``, the Kineto trace ``{host}_{pid}.{ts_ms}.pt.trace.json`` (``distributedInfo.rank``
 always present) and the empty ``trace.done`` written last. The trace export runs on the watcher thread, not
 in ``step()``; ``close()`` stops a running capture and waits (bounded) for the export.
@@ -50,8 +49,8 @@ CLOSE_WAIT_S = 60.0
 def create_template(config_dir: str) -> bool:
     """Create ``<config_dir>/profiler_config.json`` from torch_npu's template if absent (mode 0640, indent 4).
 
-    Exclusive create, so concurrent ranks race safely; returns True if this call created it. Source: doc section 2
-    item 2 and section 4.
+    Exclusive create, so concurrent ranks race safely; returns True if this call created it. Source:
+    docs/torch_npu-dynamic-profile.md#config-polling (item 2) and #config-keys.
     """
     path = os.path.join(config_dir, CONFIG_FILE)
     try:
@@ -160,7 +159,7 @@ class TorchBackend:
                     step=step,
                     detail=f"start_step {cfg.start_step} already passed (current step {step})",
                 )
-        except Exception as exc:  # noqa: BLE001 - profiling must never break training (FC-13)
+        except Exception as exc:  # noqa: BLE001 - profiling must never break training (docs/field-cases.md#fc-13)
             self._broken = True
             self._cur = None
             log.warning("rankhook: torch.profiler capture failed, capture disabled: %r", exc)

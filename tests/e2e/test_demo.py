@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -10,17 +12,33 @@ import pytest
 
 from tests.conftest import PYTHON, python_env
 
-pytestmark = pytest.mark.slow
+DEMO_TIMEOUT_S = 900
+# the demo may take minutes on a loaded machine: give pytest-timeout more than the subprocess's own limit
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(DEMO_TIMEOUT_S + 60)]
 
 ORDER = ["detection", "arm", "batch_complete", "alert"]
 
 
+def _run_demo(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run the demo in its own process group; whatever happens (timeout, test interrupted), end that group: the
+    demo's daemons and rank processes are in it, and only they are (never killed by name)."""
+    proc = subprocess.Popen([PYTHON, "-m", "daemon.cli", "demo", *args], env=python_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=DEMO_TIMEOUT_S)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # leftovers of a failed or interrupted demo; no-op when all ended
+        except (ProcessLookupError, PermissionError):
+            pass
+        if proc.poll() is None:
+            proc.wait(30)
+
+
 def test_demo_both_scenarios_name_the_slow_rank(tmp_path: Path) -> None:
-    res = subprocess.run(
-        [PYTHON, "-m", "daemon.cli", "demo", "--workdir", str(tmp_path), "--ranks", "4", "--nodes", "2",
-         "--slow-rank", "1", "--slowdown", "3.0", "--at-step", "40", "--timeout-s", "300"],
-        env=python_env(), capture_output=True, text=True, timeout=900,
-    )
+    res = _run_demo(["--workdir", str(tmp_path), "--ranks", "4", "--nodes", "2", "--slow-rank", "1",
+                     "--slowdown", "3.0", "--at-step", "40", "--timeout-s", "300"])
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     (result_file,) = list(tmp_path.glob("run-*/demo_result.json"))
     result = json.loads(result_file.read_text())

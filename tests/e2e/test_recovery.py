@@ -25,6 +25,13 @@ def _events(stack: Stack, job: str, alerts_only: bool) -> list[dict]:
         return []
 
 
+def _captures(stack: Stack, job: str) -> list[dict]:
+    try:
+        return call(stack.control, "captures", {"job_id": job}, timeout_s=5)
+    except ControlUnavailable:
+        return []
+
+
 def test_coordinator_killed_mid_capture_still_analyses_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.conftest import REPO_ROOT
 
@@ -61,8 +68,7 @@ def test_coordinator_killed_mid_capture_still_analyses_once(tmp_path: Path, monk
         assert armed and captured and set(armed) <= set(captured), (armed, captured)
         # no duplicate: wait for the capture to be marked analysed, then count again
         wait_for(lambda: any(c["capture_id"] == capture_id and c["state"] == "analysed"
-                             for c in call(stack.control, "captures", {"job_id": "rec"}, timeout_s=5)), 60, 0.5,
-                 "capture analysed")
+                             for c in _captures(stack, "rec")), 60, 0.5, "capture analysed")
         assert len([e for e in suspects() if e["data"]["capture_id"] == capture_id]) == 1
     finally:
         if job is not None:

@@ -7,9 +7,19 @@ from pathlib import Path
 
 
 def read_events(out: Path, rank: int) -> list[dict]:
-    """The CaptureEvents one rank emitted, in order."""
-    p = out / f"events_{rank}.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+    """The CaptureEvents one rank emitted, in order; [] before the file exists. A line the rank is still writing
+    (not yet valid JSON) is left out: wait predicates built on this never raise."""
+    try:
+        lines = (out / f"events_{rank}.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    events = []
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return events
 
 
 def read_progress(out: Path, world: int) -> list[int]:

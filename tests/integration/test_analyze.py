@@ -126,7 +126,7 @@ def test_level0_no_communication(run_scenario):
 def test_truncated_db_never_crashes(run_scenario):
     res = run_scenario("truncated_4", world_size=4, slow_ranks={2: 1.5},
                       damage=lambda dirs: truncate_db(dirs[1]))
-    # completeness rejects the damaged rank before msprof-analyze could silently zero-fill it (FC-05)
+    # completeness rejects the damaged rank before msprof-analyze could silently zero-fill it (docs/field-cases.md#fc-05)
     assert res.status == "incomplete" and "damaged" in res.detail and res.suspects == []
     json.dumps(res.to_json(), default=str)
 

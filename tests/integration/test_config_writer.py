@@ -23,7 +23,7 @@ from daemon.adapters.config_writer import (
 )
 from daemon.core.capture import InvalidProfilerConfig, ProfilerConfig
 from rankhook.profconfig import TEMPLATE
-from tests.conftest import PYTHON, python_env, wait_for
+from tests.conftest import PYTHON, finish_process, python_env, wait_for
 
 READER = r"""
 import json, os, sys, time
@@ -75,7 +75,7 @@ def test_in_place_edits_fresh_mtimes_no_torn_file(tmp_path: Path) -> None:
             assert results[-1].mtime_s <= time.time()
     finally:
         stop.touch()
-        out, _ = reader.communicate(timeout=30)
+        out = finish_process(reader, 30)
     stats = json.loads(out)
     assert stats["reads"] > 100
     assert stats["bad"] == 0 and stats["empty"] == 0, stats

@@ -20,7 +20,7 @@ from daemon.core.lifecycle import CaptureState
 from daemon.node import NodeDaemon
 from daemon.simulate.ascend_tree import generate_cluster
 from rankhook import wire
-from tests.conftest import wait_for
+from tests.conftest import finish_process, wait_for
 
 
 def _port() -> int:
@@ -80,14 +80,14 @@ class Harness:
         try:
             return [r["event"] for r in call(self.control, "events", {"job_id": job, "alerts_only": alerts_only,
                                                                        "limit": 500}, timeout_s=10)]
-        except ControlUnavailable:
+        except (ControlUnavailable, ControlError):
             return []
 
     def furthest(self, job: str) -> int:
         """The job's furthest step in ``status`` (-1 while the job is unknown or the coordinator is busy)."""
         try:
             jobs = call(self.control, "status", {"job_id": job}, timeout_s=10)["jobs"]
-        except ControlUnavailable:
+        except (ControlUnavailable, ControlError):
             return -1
         return jobs[0]["furthest_step"] if jobs else -1
 
@@ -95,7 +95,7 @@ class Harness:
         """The job's newest capture as ``captures`` lists it ({} while there is none)."""
         try:
             caps = call(self.control, "captures", {"job_id": job}, timeout_s=10)
-        except ControlUnavailable:
+        except (ControlUnavailable, ControlError):
             return {}
         return caps[-1] if caps else {}
 
@@ -298,8 +298,7 @@ def test_alerts_cli_prints_history_then_follows(harness, short_tmp: Path) -> Non
         wait_for(new_alert, 30, 0.1, "followed alert")
         assert json.loads(got[0])["type"] == "io.profwatch.path_refused.v1"
     finally:
-        follow.terminate()
-        follow.wait(10)
+        finish_process(follow, 10, terminate=True)
 
 
 def test_stop_during_analysis_is_prompt_and_the_capture_survives(short_tmp: Path) -> None:
@@ -320,7 +319,7 @@ def test_stop_during_analysis_is_prompt_and_the_capture_survives(short_tmp: Path
         wait_for(lambda: _of_type(h.events("jobS"), "io.profwatch.arm.v1"), 20)
         generate_cluster(Path(res["prof_dir"]), world_size=4, capture_id=res["capture_id"])
         wait_for(lambda: h.last_capture("jobS").get("state") == "analysing", 60, 0.2, "analysis started")
-        wait_for(lambda: __import__("daemon.adapters.msprof_runner", fromlist=["_running"])._running, 30,
+        wait_for(lambda: h.coord.captures.analyser.runner.running(), 30,
                  what="the tool running")
     finally:
         h.close()  # joins the loop thread for at most 30 s; the 300 s tool must be killed, not awaited

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from daemon.adapters.config_writer import ConfigWriter
 from daemon.core.capture import CaptureRequest, CaptureSettings, JobProgress, ProfilerConfig, plan_capture
-from tests.conftest import PYTHON, REPO_ROOT, python_env, wait_for
+from tests.conftest import PYTHON, REPO_ROOT, finish_process, python_env, wait_for
 from tests.integration.capture_job_files import read_events, read_progress
 
 WORKER = str(Path(__file__).with_name("capture_rank_worker.py"))
@@ -103,6 +103,6 @@ def test_fake_dynamic_profile_four_ranks(tmp_path: Path) -> None:
         assert not (tmp_path / "past").exists()
     finally:
         (out / "stop").touch()
-        outputs = [p.communicate(timeout=30)[0] for p in procs]
+        outputs = [finish_process(p, 30) for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
     assert "not effective" in "".join(outputs)

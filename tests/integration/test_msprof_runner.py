@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
 
-from daemon.adapters.msprof_runner import MsprofSettings, run_msprof_analysis, run_tool
+from daemon.adapters.msprof_runner import MsprofRunner, MsprofSettings, resolve_command, run_msprof_analysis
 from daemon.core.evidence import ClusterEvidence
 from daemon.simulate import ascend_tree as at
 
-pytestmark = pytest.mark.skipif(shutil.which(MsprofSettings().command) is None, reason="msprof-analyze missing")
+pytestmark = pytest.mark.skipif(shutil.which(resolve_command(MsprofSettings().command)) is None,
+                                reason="msprof-analyze is not installed (pip install -e '.[test]')")
 
 FAST = MsprofSettings(advisor=False, timeout_s=120)
 
 
 def _analyze(tmp: Path, dirs: list[Path], world_size: int, settings: MsprofSettings = FAST) -> ClusterEvidence:
-    return run_msprof_analysis(dirs[0].parent, tmp / "out", settings=settings, world_size=world_size)
+    with MsprofRunner(settings) as runner:
+        return run_msprof_analysis(dirs[0].parent, tmp / "out", runner=runner, world_size=world_size)
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +111,10 @@ def test_text_only_export_is_not_an_empty_success(tmp_path: Path) -> None:
     for name in ("cluster_time_summary", "slow_rank"):
         assert ev.recipes[name].status == "no_data" and "text" in ev.recipes[name].detail
     assert ev.summaries == [] and ev.slow_rank_votes == {}
-    # what the tool itself says on this input: "success" with an empty message, rc 0 (section 2.4)
-    run = run_tool("cluster_time_summary", ["-m", "cluster_time_summary", "-d", str(dirs[0].parent), "--agent",
-                                            "--force"], tmp_path / "raw", FAST, threading.BoundedSemaphore(1))
+    # what the tool itself says on this input: "success" with an empty message, rc 0 (docs/msprof-analyze.md#exit-codes)
+    with MsprofRunner(FAST) as runner:
+        run = runner.run("cluster_time_summary", ["-m", "cluster_time_summary", "-d", str(dirs[0].parent),
+                                                  "--agent", "--force"], tmp_path / "raw")
     assert run.returncode == 0 and run.agent.status == "success" and run.agent.message == {}
     assert "only supports DB" in run.log_text()
 
@@ -137,6 +139,6 @@ def test_timeout_and_spawn_failure(tmp_path: Path) -> None:
     assert {r.status for r in ran.values()} == {"timeout"}
     assert all("2 attempt" in r.detail for r in ran.values())
     bad = MsprofSettings(command=str(tmp_path / "no-such-msprof"), advisor=True, retries=1)
-    ev = run_msprof_analysis(dirs[0].parent, tmp_path / "out2", settings=bad, world_size=4)
+    ev = _analyze(tmp_path / "second", dirs, 4, bad)
     assert {r.status for r in ev.recipes.values()} == {"tool_error"}
     assert all("cannot start" in r.detail for r in ev.recipes.values())

@@ -1,17 +1,23 @@
-"""The msprof-analyze runner against misbehaving tools: an orphan that keeps the pipes open, cancellation at
-daemon shutdown. The tool is a small script standing in for msprof-analyze (the failure is what is under test)."""
+"""The msprof-analyze runner against misbehaving tools: an orphan that keeps the pipes open, timeouts, cancellation
+per analysis and at shutdown, what each command is handed (absolute paths, fresh -o, --force, no stdin, UTF-8).
+The tool is a small shell script standing in for msprof-analyze (the failure is what is under test)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 
-from daemon.adapters import msprof_runner
-from daemon.adapters.msprof_runner import MsprofSettings, cancel_running, resume_runs, run_msprof_analysis
+from daemon.adapters.msprof_runner import MsprofRunner, MsprofSettings, run_msprof_analysis
+from daemon.core.evidence import ClusterEvidence
 from daemon.simulate.ascend_tree import generate_cluster
 from tests.conftest import wait_for
+
+NO_ADVISOR = {"advisor": False, "advisor_html": False, "retries": 0}
 
 
 def _tool(tmp: Path, body: str) -> str:
@@ -21,34 +27,178 @@ def _tool(tmp: Path, body: str) -> str:
     return str(p)
 
 
+def _kill_pid_in(path: Path) -> None:
+    """End the process whose pid the test's tool wrote to ``path`` (its own session: kill its group)."""
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _in_thread(fn: Any, name: str) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: out.update(ev=fn()), name=name)
+    t.start()
+    return t, out
+
+
 def test_descendant_holding_the_pipes_cannot_hang_an_analysis(tmp_path: Path) -> None:
     dirs = generate_cluster(tmp_path / "batch", world_size=4, slow_ranks={2: 1.5})
-    # exits at once but leaves a detached child holding stdout/stderr
-    tool = _tool(tmp_path, "setsid sleep 300 & exit 0")
-    settings = MsprofSettings(command=tool, timeout_s=2, advisor=False, advisor_html=False, retries=0)
-    ev = run_msprof_analysis(dirs[0].parent, tmp_path / "out", settings=settings, world_size=4)
-    ran = {k: r for k, r in ev.recipes.items() if r.status != "skipped"}  # advisor is off in these settings
-    assert set(ran) == {"cluster_time_summary", "slow_rank"}
-    assert {r.status for r in ran.values()} <= {"timeout", "tool_error", "no_data"}, ev.recipes
-    os.system("pkill -f 'sleep 300' >/dev/null 2>&1")  # the orphan belongs to this test
-
-
-def test_cancel_running_stops_an_analysis_promptly(tmp_path: Path) -> None:
-    dirs = generate_cluster(tmp_path / "batch", world_size=4)
-    tool = _tool(tmp_path, "sleep 300")
-    settings = MsprofSettings(command=tool, timeout_s=600, advisor=False, advisor_html=False, retries=0)
-    result: dict = {}
-    t = threading.Thread(target=lambda: result.update(ev=run_msprof_analysis(
-        dirs[0].parent, tmp_path / "out", settings=settings, world_size=4)), name="test-analysis")
-    t.start()
+    pidfile = tmp_path / "orphan.pid"
+    # exits at once but leaves a detached child (own session) holding stdout/stderr; it records its pid
+    tool = _tool(tmp_path, f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' & exit 0")
     try:
-        wait_for(lambda: msprof_runner._running, 20, what="the tool to start")
-        cancel_running()
+        with MsprofRunner(MsprofSettings(command=tool, timeout_s=2, **NO_ADVISOR)) as runner:
+            ev = run_msprof_analysis(dirs[0].parent, tmp_path / "out", runner=runner, world_size=4)
+        ran = {k: r for k, r in ev.recipes.items() if r.status != "skipped"}  # advisor is off in these settings
+        assert set(ran) == {"cluster_time_summary", "slow_rank"}
+        assert {r.status for r in ran.values()} <= {"timeout", "tool_error", "no_data"}, ev.recipes
+    finally:
+        _kill_pid_in(pidfile)  # the orphan this test's tool started, by its process group
+
+
+def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
+    dirs = generate_cluster(tmp_path / "batch", world_size=4)
+    pidfile = tmp_path / "child.pid"
+    tool = _tool(tmp_path, f"sh -c 'echo $$ > {pidfile}; exec sleep 300' & wait")
+    try:
+        with MsprofRunner(MsprofSettings(command=tool, timeout_s=1, **NO_ADVISOR)) as runner:
+            ev = run_msprof_analysis(dirs[0].parent, tmp_path / "out", runner=runner, world_size=4)
+        for name in ("cluster_time_summary", "slow_rank"):
+            assert ev.recipes[name].status == "timeout" and "killed after" in ev.recipes[name].detail
+        pid = int(pidfile.read_text())
+        wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in _proc_state(pid), 10,
+                 what="the tool's child killed with its group")
+    finally:
+        _kill_pid_in(pidfile)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def test_close_stops_an_analysis_promptly_and_refuses_new_runs(tmp_path: Path) -> None:
+    dirs = generate_cluster(tmp_path / "batch", world_size=4)
+    runner = MsprofRunner(MsprofSettings(command=_tool(tmp_path, "exec sleep 300"), timeout_s=600, **NO_ADVISOR))
+    t, result = _in_thread(lambda: run_msprof_analysis(dirs[0].parent, tmp_path / "out", runner=runner,
+                                                       world_size=4, owner="b1"), "test-analysis")
+    try:
+        running = wait_for(runner.running, 20, what="the tool to start")
+        assert running[0].owner == "b1" and running[0].name == "cluster_time_summary" and running[0].elapsed_s >= 0
+        runner.close()
         t.join(30)
         assert not t.is_alive()
-        ev = result["ev"]
-        assert all(r.status != "ok" for r in ev.recipes.values())
-        assert any("cancelled" in (r.log_tail + r.detail) for r in ev.recipes.values()), ev.recipes
+        ev: ClusterEvidence = result["ev"]
+        assert all(r.status == "timeout" for n, r in ev.recipes.items() if n != "advisor"), ev.recipes
+        assert all("cancelled" in r.detail for n, r in ev.recipes.items() if n != "advisor"), ev.recipes
+        later = runner.run("slow_rank", ["-m", "slow_rank"], tmp_path / "later")
+        assert later.cancelled and later.returncode is None and "closed" in later.cancel_reason
     finally:
-        resume_runs()
+        runner.close()
         t.join(30)
+
+
+def test_cancel_one_analysis_leaves_the_other_running(tmp_path: Path) -> None:
+    dirs = generate_cluster(tmp_path / "batch", world_size=4)
+    settings = MsprofSettings(command=_tool(tmp_path, "exec sleep 300"), timeout_s=600, max_concurrent_runs=4,
+                              **NO_ADVISOR)
+    runner = MsprofRunner(settings)
+    threads = [_in_thread(lambda o=owner: run_msprof_analysis(dirs[0].parent, tmp_path / o, runner=runner,
+                                                              world_size=4, owner=o), f"test-{owner}")
+               for owner in ("A", "B")]
+    try:
+        wait_for(lambda: {r.owner for r in runner.running()} == {"A", "B"}, 20, what="both analyses running")
+        assert runner.cancel("A") >= 1
+        threads[0][0].join(30)
+        assert not threads[0][0].is_alive()
+        ev_a: ClusterEvidence = threads[0][1]["ev"]
+        assert {r.status for r in ev_a.recipes.values()} == {"timeout", "skipped"}
+        assert "analysis of A was cancelled" in ev_a.recipes["cluster_time_summary"].detail
+        assert threads[1][0].is_alive() and {r.owner for r in runner.running()} == {"B"}
+        assert runner.cancel_all() >= 1  # everything started so far
+        threads[1][0].join(30)
+        assert not threads[1][0].is_alive()
+    finally:
+        runner.close()
+        for t, _ in threads:
+            t.join(30)
+
+
+def test_runs_after_cancel_all_proceed(tmp_path: Path) -> None:
+    runner = MsprofRunner(MsprofSettings(command=_tool(tmp_path, "echo '{\"status\": \"success\"}'"), **NO_ADVISOR))
+    try:
+        runner.cancel_all()
+        run = runner.run("cluster_time_summary", ["-m", "cluster_time_summary"], tmp_path / "out")
+        assert not run.cancelled and run.returncode == 0 and run.agent.status == "success"
+    finally:
+        runner.close()
+
+
+RECORDER = r"""
+out="$(pwd)/../argv-$$.json"
+TOOL_STDIN="$(readlink /proc/$$/fd/0)"
+export TOOL_STDIN
+python3 - "$@" > "$out" <<'EOF'
+import json, os, sys
+print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "stdin": os.environ["TOOL_STDIN"],
+                  "lc_all": os.environ.get("LC_ALL"), "log": os.environ.get("MSPROF_ANALYZE_LOG_FILE")}))
+EOF
+"""
+
+
+def test_every_path_handed_to_the_tool_is_absolute(tmp_path: Path, monkeypatch: Any) -> None:
+    """``--out`` relative to the caller's cwd: the tool runs in its own -o folder, so relative paths would point
+    nowhere (the issue's tool_error on every recipe). Also: fresh -o per command, --force, no stdin, UTF-8."""
+    generate_cluster(tmp_path / "data" / "batch", world_size=4)
+    monkeypatch.chdir(tmp_path)
+    settings = MsprofSettings(command=_tool(tmp_path, RECORDER), advisor=True, advisor_html=True, retries=0)
+    with MsprofRunner(settings) as runner:
+        run_msprof_analysis(Path("data/batch"), Path("rel-out"), runner=runner, world_size=4)
+    calls = [json.loads(p.read_text()) for p in (tmp_path / "rel-out").glob("argv-*.json")]
+    assert len(calls) == 4, calls
+    outs = []
+    for c in calls:
+        argv = c["argv"]
+        d, o = argv[argv.index("-d") + 1], argv[argv.index("-o") + 1]
+        assert d == str(tmp_path / "data" / "batch") and os.path.isabs(o) and c["cwd"] == o
+        assert "--force" in argv and c["stdin"] == "/dev/null" and c["lc_all"] == "C.UTF-8"
+        assert os.path.isabs(c["log"])
+        outs.append(o)
+    assert len(set(outs)) == 4  # a fresh -o per command
+
+
+def test_ctrl_c_on_profwatch_analyze_leaves_no_tool_running(tmp_path: Path) -> None:
+    """The tool runs in its own session (a kill must reach its descendants), so a Ctrl-C at the terminal does not
+    reach it: the CLI itself must end it when interrupted, promptly."""
+    import subprocess
+    import time
+
+    from tests.conftest import PYTHON, finish_process, python_env
+
+    generate_cluster(tmp_path / "batch", world_size=4)
+    pidfile = tmp_path / "tool.pid"
+    tool = _tool(tmp_path, f"echo $$ > {pidfile}; exec sleep 300")
+    cfg = tmp_path / "profwatch.toml"
+    cfg.write_text(f'[analysis.msprof]\ncommand = "{tool}"\nadvisor = false\nretries = 0\n')
+    cli = subprocess.Popen([PYTHON, "-m", "daemon.cli", "analyze", str(tmp_path / "batch"), "--config", str(cfg),
+                            "--out", str(tmp_path / "out")], env=python_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip().isdigit(), 60, what="the tool started")
+        pid = int(pidfile.read_text())
+        t0 = time.monotonic()
+        cli.send_signal(signal.SIGINT)
+        cli.wait(30)
+        assert time.monotonic() - t0 < 30
+        wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in _proc_state(pid), 10,
+                 what="the tool killed with the CLI")
+    finally:
+        finish_process(cli, 10, terminate=True)
+        _kill_pid_in(pidfile)

@@ -1,10 +1,11 @@
 """ProfWatcher on real folders: inotify and polling observers, supervision, overflow rescans, mount detection.
 
-Completion is always decided by scan_tree from the wake callback, never by an event (FC-18).
+Completion is always decided by scan_tree from the wake callback, never by an event (docs/field-cases.md#fc-18).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -117,7 +118,7 @@ def test_dead_observer_is_restarted(tmp_path: Path) -> None:
     with ProfWatcher(rec, settings=WatchSettings(observer="polling", **FAST), observer_factory=factory) as w:
         w.watch(prof)
         wait_for(lambda: rec.count() >= 1, 5)
-        created[0].stop()  # the observer thread dies (FC-16)
+        created[0].stop()  # the observer thread dies (docs/field-cases.md#fc-16)
         created[0].join(5)
         wait_for(lambda: w.stats.observer_restarts >= 1 and len(created) == 2, 5, what="restart")
         gen.generate_cluster(prof, world_size=4, capture_id="after")
@@ -196,3 +197,47 @@ def test_mountinfo_and_network_detection(tmp_path: Path) -> None:
     with ProfWatcher(lambda p: None, settings=WatchSettings(**FAST), mountinfo_path=str(fake)) as w:
         assert w.watch(tmp_path / "nfs" / "prof") == "polling"  # not created yet: its mount decides
         assert w.watch(tmp_path / "local") == "inotify"
+
+
+def test_watch_limit_polls_what_inotify_could_not_watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inotify watch limit (ENOSPC) reached below a watched prof_dir: watchdog skips that subtree silently.
+    Simulated by making the kernel call fail for the directories named ``deep*``; the rest is real inotify."""
+    import errno
+
+    from structlog.testing import capture_logs
+    from watchdog.observers.inotify_c import InotifyFD
+
+    from daemon.adapters.metrics import DaemonMetrics
+
+    real = InotifyFD._get_or_create_watch
+
+    def limited(self: InotifyFD, path: bytes, mask: int) -> object:
+        if Path(os.fsdecode(path)).name.startswith("deep"):
+            raise OSError(errno.ENOSPC, "inotify watch limit reached")
+        return real(self, path, mask)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(InotifyFD, "_get_or_create_watch", limited)
+    rec = Recorder()
+    prof = tmp_path / "prof"
+    (prof / "deep" / "deeper").mkdir(parents=True)
+    metrics = DaemonMetrics("test")
+    with capture_logs() as logs, ProfWatcher(rec, settings=WatchSettings(observer="inotify", **FAST),
+                                             metrics=metrics) as w:
+        assert w.watch(prof) == "inotify"
+        wait_for(lambda: w.polled_subtrees() == {str(prof): [str(prof / "deep")]}, 10, what="deep polled")
+        n = rec.count()
+        (prof / "deep" / "deeper" / "x").write_text("1")  # no inotify watch there: only polling sees it
+        wait_for(lambda: rec.count() > n, 10, what="wake from a polled subtree")
+        (prof / "deep_late").mkdir()  # a directory created later hits the limit too
+        wait_for(lambda: w.stats.watch_limit_fallbacks == 2, 10, what="late subtree polled")
+        n = rec.count()
+        gen.generate_cluster(prof / "deep_late", world_size=4, capture_id="late")
+        wait_for(lambda: rec.status.get("late") == "complete", 20, what="complete from polling")
+        (prof / "shallow").mkdir()  # unaffected directories stay on inotify
+        assert str(prof / "shallow") not in w.polled_subtrees()[str(prof)]
+        shutil.rmtree(prof / "deep")
+        wait_for(lambda: w.polled_subtrees() == {str(prof): [str(prof / "deep_late")]}, 10, what="gone: unpolled")
+    limit_logs = [e for e in logs if e["event"] == "inotify_watch_limit_reached"]
+    assert len(limit_logs) == 1 and "max_user_watches" in limit_logs[0]["action"]  # logged once
+    assert metrics.registry.get_sample_value("profwatch_watch_fallbacks_total", {"reason": "watch_limit"}) == 2
+    assert w.stats.polling_fallbacks == 0  # the root itself was watched by inotify

@@ -132,7 +132,7 @@ def test_deep_tree(tmp_path: Path) -> None:
     too_deep.mkdir(parents=True)
     moved = next((tmp_path / "root" / "node1" / "job" / "prof").iterdir())
     moved.rename(too_deep / moved.name)
-    assert len(find_rank_dirs(str(tmp_path / "root"))[0]) == 3  # msprof-analyze walks 5 levels too (section 3A)
+    assert len(find_rank_dirs(str(tmp_path / "root"))[0]) == 3  # msprof-analyze walks 5 levels too (docs/msprof-analyze.md#discovery)
 
 
 def test_1024_ranks(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -160,7 +160,7 @@ def test_unreadable_rank_dir_is_unknown(cluster: list[Path], monkeypatch: pytest
     reader = RankDirReader()
     assert _one(cluster[0].parent, reader=reader).status == "complete"
     monkeypatch.setattr(rank_dir_fs.os, "scandir", flaky)
-    # a reader that saw the rank before keeps its identity: the rank is unknown, not deleted (FC-15)
+    # a reader that saw the rank before keeps its identity: the rank is unknown, not deleted (docs/field-cases.md#fc-15)
     b = _one(cluster[0].parent, reader=reader)
     assert b.status == "parsing" and b.ranks[1].state == "unknown" and b.missing_ranks == []
     # a fresh reader cannot tell the rank, but still does not call the batch incomplete before the deadline

@@ -45,7 +45,7 @@ def test_stage_layout_and_idempotence(tmp_path: Path, batch_and_dirs) -> None:  
     assert staged == sorted(d.name for d in dirs)
     for d in dirs:
         s = stage / d.name
-        assert s.is_dir() and not s.is_symlink()  # real rank dirs: DB discovery skips symlinked ones (gotcha 6)
+        assert s.is_dir() and not s.is_symlink()  # real rank dirs: DB discovery skips symlinked ones (docs/msprof-analyze.md#discovery)
         out = s / "ASCEND_PROFILER_OUTPUT"
         assert out.is_symlink() and os.readlink(out) == str(d / "ASCEND_PROFILER_OUTPUT")
         assert all(p.is_symlink() for p in s.iterdir())
@@ -76,7 +76,7 @@ def test_msprof_analyze_discovers_all_staged_ranks(tmp_path: Path, batch_and_dir
     if exe is None:
         pytest.skip("msprof-analyze not installed")
     batch, dirs = batch_and_dirs
-    # a stray newer copy of rank 1 beside the originals would win in msprof-analyze (newest ts, section 3);
+    # a stray newer copy of rank 1 beside the originals would win in msprof-analyze (newest ts, docs/msprof-analyze.md#discovery);
     # the staged folder shows it only the batch
     stray = dirs[1].with_name(dirs[1].name.replace("_4001_2026", "_9001_2027"))
     shutil.copytree(dirs[1], stray)

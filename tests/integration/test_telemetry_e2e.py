@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from daemon.adapters.control import ControlUnavailable, call
-from tests.conftest import PYTHON, REPO_ROOT, python_env, wait_for
+from daemon.adapters.control import ControlError, ControlUnavailable, call
+from tests.conftest import PYTHON, REPO_ROOT, finish_process, python_env, wait_for
 
 WORKER = str(REPO_ROOT / "tests" / "fakes" / "rank_worker.py")
 
@@ -87,23 +87,38 @@ format = "console"
     def status(self) -> dict:
         return call(self.control, "status", timeout_s=8)
 
+    def try_status(self) -> dict | None:
+        """``status``, or None while the coordinator does not answer (for wait predicates: total, never raise)."""
+        try:
+            return self.status()
+        except (ControlUnavailable, ControlError):
+            return None
+
+    def worker_steps(self, rank: int) -> int:
+        """Steps the rank worker has recorded in its stats file; -1 while the file is missing or half-written."""
+        try:
+            return int(json.loads((self.root / f"rank{rank}.json").read_text())["steps"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return -1
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         p = self.procs.pop(name)
         p.send_signal(sig)
         p.wait(timeout=20)
 
     def stop_all(self) -> None:
-        for name in list(self.procs):
-            p = self.procs.pop(name)
+        """SIGTERM every process this cluster started, bounded wait for clean exits, then SIGKILL what is left."""
+        procs = [self.procs.pop(name) for name in list(self.procs)]
+        for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        # bounded wait for clean exits, then kill what is left
-        for p in list(self.procs.values()):
-            p.kill()
+        for p in procs:
+            finish_process(p, 15)
 
 
-def _rank_steps(st: dict, job: str = "jobA") -> dict[int, int]:
-    for j in st["jobs"]:
+def _rank_steps(st: dict | None, job: str = "jobA") -> dict[int, int]:
+    """rank -> last step of ``job`` in a status snapshot; {} when there is none (yet)."""
+    for j in (st or {}).get("jobs", []):
         if j["job_id"] == job:
             return {r["rank"]: r["last_step"] for r in j["ranks"]}
     return {}
@@ -113,13 +128,7 @@ def _rank_steps(st: dict, job: str = "jobA") -> dict[int, int]:
 def cluster(short_tmp: Path):
     c = Cluster(short_tmp)
     yield c
-    procs = list(c.procs.values())
     c.stop_all()
-    for p in procs:
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
@@ -129,7 +138,7 @@ def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
     for r in range(4):
         cluster.start_rank(r, "nodeA" if r < 2 else "nodeB")
     def all_at_20():
-        s = cluster.status()
+        s = cluster.try_status()
         steps = _rank_steps(s)
         return s if len(steps) == 4 and min(steps.values()) >= 20 else None
 
@@ -170,7 +179,10 @@ def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
     coord_metrics = scrape(cluster.ports["metrics"])
     assert 'profwatch_messages_in_total{kind="rank_message"}' in coord_metrics
     def node_scrape() -> str | None:
-        m = scrape(cluster.ports["node_metrics"])
+        try:
+            m = scrape(cluster.ports["node_metrics"])
+        except OSError:  # the node's metrics server is not listening yet
+            return None
         return m if "pending_relay" in m else None
 
     node_metrics = wait_for(node_scrape, 10, what="node queue gauge")
@@ -181,15 +193,15 @@ def test_rank_keeps_full_speed_while_node_daemon_is_down_and_telemetry_resumes(c
     cluster.start_coordinator()
     cluster.start_node("nodeA")
     cluster.start_rank(0, "nodeA", world=1)
-    wait_for(lambda: _rank_steps(cluster.status()).get(0, -1) >= 10, 30, what="rank 0 reporting")
+    wait_for(lambda: _rank_steps(cluster.try_status()).get(0, -1) >= 10, 30, what="rank 0 reporting")
     cluster.kill("nodeA")
-    before = json.loads((cluster.root / "rank0.json").read_text())["steps"]
+    before = cluster.worker_steps(0)
     # the rank keeps stepping while its node daemon is gone
-    wait_for(lambda: json.loads((cluster.root / "rank0.json").read_text())["steps"] >= before + 50, 30,
-             what="rank progress with node daemon down")
+    wait_for(lambda: cluster.worker_steps(0) >= before + 50, 30, what="rank progress with node daemon down")
     seen_before = _rank_steps(cluster.status())[0]
     cluster.start_node("nodeA")
-    wait_for(lambda: _rank_steps(cluster.status())[0] > seen_before + 20, 30, what="telemetry resumed after node restart")
+    wait_for(lambda: _rank_steps(cluster.try_status()).get(0, -1) > seen_before + 20, 30,
+             what="telemetry resumed after node restart")
     stats = json.loads((cluster.root / "rank0.json").read_text())
     assert stats["max_step_call_s"] < 0.05, stats  # never blocked on the missing daemon
 
@@ -199,8 +211,8 @@ def test_coordinator_restart_recovers_registry(cluster: Cluster) -> None:
     cluster.start_node("nodeA")
     for r in range(2):
         cluster.start_rank(r, "nodeA", world=2)
-    wait_for(lambda: len(_rank_steps(cluster.status())) == 2, 30, what="2 ranks registered")
-    wait_for(lambda: min(_rank_steps(cluster.status()).values()) >= 10, 30, what="steps flowing")
+    wait_for(lambda: len(_rank_steps(cluster.try_status())) == 2, 30, what="2 ranks registered")
+    wait_for(lambda: min(_rank_steps(cluster.try_status()).values(), default=-1) >= 10, 30, what="steps flowing")
     import time as _t
 
     flushed_after = _t.time() + 1.0  # registry_flush_s = 0.5
@@ -210,15 +222,18 @@ def test_coordinator_restart_recovers_registry(cluster: Cluster) -> None:
     st = cluster.status()  # straight from the store, before any rank message arrives
     assert set(_rank_steps(st)) == {0, 1}
     last = _rank_steps(st)
-    wait_for(lambda: all(v > last[k] + 10 for k, v in _rank_steps(cluster.status()).items()), 30,
-             what="steps advancing after coordinator restart")
+    def advanced() -> bool:
+        now = _rank_steps(cluster.try_status())
+        return set(now) >= set(last) and all(now[k] > last[k] + 10 for k in last)
+
+    wait_for(advanced, 30, what="steps advancing after coordinator restart")
 
 
 def test_bad_messages_are_rejected_and_service_continues(cluster: Cluster) -> None:
     cluster.start_coordinator()
     cluster.start_node("nodeA")
     cluster.start_rank(0, "nodeA", world=2)
-    wait_for(lambda: _rank_steps(cluster.status()).get(0, -1) >= 5, 30, what="rank 0 reporting")
+    wait_for(lambda: _rank_steps(cluster.try_status()).get(0, -1) >= 5, 30, what="rank 0 reporting")
     ctx = zmq.Context()
     try:
         push = ctx.socket(zmq.PUSH)
@@ -271,30 +286,31 @@ def test_bad_messages_are_rejected_and_service_continues(cluster: Cluster) -> No
     finally:
         ctx.term()
     def rejected():
-        s = cluster.status()
-        return s if s["counters"]["rejected"] >= 4 else None
+        s = cluster.try_status()
+        return s if s and s.get("counters", {}).get("rejected", 0) >= 4 else None
 
     st = wait_for(rejected, 20, what="rejections counted")
     assert cluster.procs["coordinator"].poll() is None and cluster.procs["nodeA"].poll() is None
     assert st["jobs"][0]["world_size"] == 2  # the conflicting hello did not change the job
-    node = wait_for(lambda: next((n for n in cluster.status()["nodes"] if n["counters"].get("rejected", 0) >= 8), None), 20,
+    node = wait_for(lambda: next((n for n in (cluster.try_status() or {}).get("nodes", [])
+                                  if n.get("counters", {}).get("rejected", 0) >= 8), None), 20,
                     what="node rejection counter")
     assert node["node_id"] == "nodeA"
     last = _rank_steps(cluster.status())[0]
-    wait_for(lambda: _rank_steps(cluster.status())[0] > last + 5, 20, what="still serving the good rank")
+    wait_for(lambda: _rank_steps(cluster.try_status()).get(0, -1) > last + 5, 20, what="still serving the good rank")
 
 
 def test_second_node_daemon_on_the_same_socket_is_refused(cluster: Cluster) -> None:
     cluster.start_coordinator()
     cluster.start_node("nodeA")
     cluster.start_rank(0, "nodeA", world=1)
-    wait_for(lambda: _rank_steps(cluster.status()).get(0, -1) >= 5, 30, what="rank 0 reporting")
+    wait_for(lambda: _rank_steps(cluster.try_status()).get(0, -1) >= 5, 30, what="rank 0 reporting")
     second = subprocess.run([PYTHON, "-m", "daemon.cli", "node", "--config", str(cluster.cfg)], env=python_env(
         {"PROFWATCH_NODE__NODE_ID": "intruder", "PROFWATCH_NODE__BIND": cluster.node_endpoint("nodeA")}),
         capture_output=True, text=True, timeout=60)
     assert second.returncode == 2 and "another node daemon" in second.stderr, second.stderr
     last = _rank_steps(cluster.status())[0]
-    wait_for(lambda: _rank_steps(cluster.status())[0] > last + 5, 20, what="the first node still relays")
+    wait_for(lambda: _rank_steps(cluster.try_status()).get(0, -1) > last + 5, 20, what="the first node still relays")
 
 
 def test_daemon_import_name_is_ours() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from daemon.adapters.config_writer import ConfigWriter
 from daemon.core.capture import CaptureRequest, CaptureSettings, JobProgress, plan_capture
-from tests.conftest import PYTHON, python_env, wait_for
+from tests.conftest import PYTHON, finish_process, python_env, wait_for
 from tests.integration.capture_job_files import read_events, read_progress
 
 pytest.importorskip("torch")
@@ -53,7 +53,7 @@ def test_two_rank_gloo_capture(tmp_path: Path) -> None:
                  what="completed on both ranks")
     finally:
         (out / "stop").touch()
-        outputs = [p.communicate(timeout=60)[0] for p in procs]
+        outputs = [finish_process(p, 60) for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
     rank_dirs = sorted(Path(plan.prof_dir).glob("*_torch_pt"))
     assert len(rank_dirs) == WORLD

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.core.msprof_results import sqlite_truncated
+from daemon.adapters.msprof_db import sqlite_truncated
 from daemon.simulate import ascend_tree as at
 from daemon.simulate.ascend_db import double_hash
 

@@ -20,7 +20,7 @@ def test_counter_one_step_per_iteration_and_new_optimizer_stall() -> None:
     a, b = _Opt(), _Opt()
     steps = sum(c.on_optimizer_step(o) for _ in range(5) for o in (a, b))
     assert steps == 5  # two optimizers per iteration count once
-    n = _Opt()  # a new optimizer instance restarts at 1: stalls until it passes the old maximum (doc section 1a)
+    n = _Opt()  # a new optimizer instance restarts at 1: stalls until it passes the old maximum (docs/torch_npu-dynamic-profile.md#step-counting)
     assert [c.on_optimizer_step(n) for _ in range(7)] == [False] * 5 + [True, True]
 
 

@@ -108,7 +108,7 @@ def test_missing_rank_is_parsing_until_deadline_then_incomplete() -> None:
 def test_rank_still_parsing_and_reparsed() -> None:
     b = one([obs(0), obs(1), obs(2, stage="parsing"), obs(3)])
     assert b.status == "parsing" and b.ranks[2].state == "parsing"
-    # a re-parse deletes ASCEND_PROFILER_OUTPUT: the rank goes back from parsed to raw_complete (gotcha 17)
+    # a re-parse deletes ASCEND_PROFILER_OUTPUT: the rank goes back from parsed to raw_complete (docs/rank-dirs.md#completion)
     b = one([obs(0), obs(1), obs(2, stage="raw_complete"), obs(3)])
     assert b.status == "parsing" and b.ranks[2].state == "raw_complete"
     assert one([obs(0), obs(1), obs(2, stage="raw_complete"), obs(3)], now=LATE).status == "incomplete"

@@ -86,7 +86,7 @@ def test_metadata_world_size_and_ids() -> None:
         "distributed_args": {"world_size": 16},
     })
     assert meta.capture_id == "cap-1" and meta.job_id == "job" and meta.reason == "slow"
-    assert meta.world_size == 8  # default_group wins over distributed_args (section 12.4)
+    assert meta.world_size == 8  # default_group wins over distributed_args (docs/rank-dirs.md#completion)
     assert meta.group_names == frozenset({"g1", "g2"})
     assert parse_profiler_metadata({"distributed_args": {"world_size": 16}}).world_size == 16
     assert parse_profiler_metadata({"trace_id": "x"}).world_size is None

@@ -1,0 +1,24 @@
+"""Settings of one batch analysis (``daemon.analysis.analyze_batch``): tool runs, ranking, report (pure, pydantic).
+
+Kept apart from ``daemon/analysis.py`` so that ``daemon/config.py`` composes it without importing the analysis
+stack (staging, subprocess runner, Kineto reader, report rendering).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from daemon.core.msprof_plan import MsprofSettings
+from daemon.core.ranking import RankingSettings
+
+
+class AnalysisSettings(BaseModel):
+    """Settings of ``analyze_batch``: msprof-analyze runs (``msprof``), ranking thresholds (``ranking``), and
+    whether ``report.json`` (``report``) and ``report.html`` (``report_html``) are written."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    msprof: MsprofSettings = Field(default_factory=MsprofSettings)
+    ranking: RankingSettings = Field(default_factory=RankingSettings)
+    report: bool = True
+    report_html: bool = True

@@ -1,0 +1,41 @@
+"""Show file names and other OS-given text on any terminal and in JSON, whatever the locale (pure).
+
+POSIX file names are bytes. Python hands them over as str decoded with the file system encoding and the
+``surrogateescape`` handler: a byte that does not decode becomes a lone surrogate (U+DC80..U+DCFF). Under a C /
+POSIX locale without UTF-8 mode (``PYTHONUTF8=0``) the file system encoding is ASCII, so *every* non-ASCII byte
+arrives that way; under a UTF-8 locale only invalid UTF-8 does. Such a str cannot be encoded for output or
+for JSON-as-UTF-8, which is how ``scan`` and ``analyze`` crashed with UnicodeEncodeError. See docs/paths.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def display_str(text: str) -> str:
+    """``text`` with the original bytes of its surrogate escapes restored and decoded as UTF-8; bytes that are not
+    UTF-8 are shown as ``\\xNN`` escapes. Text without surrogates is returned unchanged.
+
+    Examples: ``"bad_\\udcff"`` -> ``"bad_\\\\xff"``; ``"\\udcd0\\udcb4"`` (UTF-8 of "д" read under an ASCII
+    locale) -> ``"д"``; ``"µs"`` -> ``"µs"``. Never raises.
+    """
+    if text.isascii() or not any("\ud800" <= ch <= "\udfff" for ch in text):
+        return text
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that is not an escaped byte (e.g. from JSON): escape it as is
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def printable(value: Any) -> Any:
+    """``value`` (JSON-like: dicts, lists, tuples, str, numbers) with every str, keys included, passed through
+    :func:`display_str`, ready for ``json.dumps`` or a terminal. Other objects are returned as they are."""
+    if isinstance(value, str):
+        return display_str(value)
+    if isinstance(value, Mapping):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable(v) for v in value]
+    return value

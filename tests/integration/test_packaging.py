@@ -1,0 +1,161 @@
+"""Packaging: declared dependencies cover what the code imports, package data exists and ships, the console script
+explains a missing extra, and ``python -m rankhook.autoinstall`` installs its .pth into a fresh virtual env."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PYTHON, REPO_ROOT, python_env
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _req_names(reqs: list[str]) -> set[str]:
+    names = set()
+    for r in reqs:
+        name = re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0]
+        names.add(re.sub(r"[-_.]+", "-", name).lower())
+    return names
+
+
+def _extra(name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+    """Distribution names of an extra, following ``profwatch[...]`` self-references, plus the base deps."""
+    project = PYPROJECT["project"]
+    out = _req_names(project["dependencies"])
+    for req in project["optional-dependencies"][name]:
+        m = re.match(r"profwatch\[([\w,]+)\]", req)
+        if m:
+            for sub in m.group(1).split(","):
+                if sub not in seen:
+                    out |= _extra(sub, seen | {name})
+        else:
+            out |= _req_names([req])
+    return out - {"profwatch"}
+
+
+def _third_party_imports(files: list[Path]) -> dict[str, list[str]]:
+    """Top-level module -> files importing it, for modules that are not stdlib and not ours."""
+    found: dict[str, list[str]] = {}
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for n in names:
+                top = n.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in ("daemon", "rankhook", "tests", "torch_npu"):
+                    found.setdefault(top, []).append(str(f.relative_to(REPO_ROOT)))
+    return found
+
+
+def _dists_of(module: str) -> set[str]:
+    """Installed distributions providing ``module``; its own name when none is installed here (e.g. tomli, a
+    Python < 3.11 fallback imported under a version guard)."""
+    dists = importlib.metadata.packages_distributions().get(module) or [module]
+    return {re.sub(r"[-_.]+", "-", d).lower() for d in dists}
+
+
+@pytest.mark.parametrize(("extra", "where", "exclude"), [
+    # the daemons and the CLI, without the demo/simulation commands (they need torch: the `torch` extra)
+    ("daemon", "daemon", ("daemon/simulate/", "daemon/commands/demo.py", "daemon/commands/simulate.py")),
+    # the rank hook: base install (pyzmq); torch / torch_npu are imported lazily from the job's own environment
+    ("hook", "rankhook", ()),
+])
+def test_every_imported_package_is_declared(extra: str, where: str, exclude: tuple[str, ...]) -> None:
+    files = [f for f in sorted((REPO_ROOT / where).rglob("*.py"))
+             if not str(f.relative_to(REPO_ROOT)).startswith(exclude)]
+    declared = _extra(extra)
+    missing = {}
+    for module, users in _third_party_imports(files).items():
+        if module == "torch" and where == "rankhook":
+            continue  # the training job's own torch, imported lazily inside the torch backends
+        dists = _dists_of(module)
+        if not dists & declared:
+            missing[module] = (sorted(dists), users[:3])
+    assert not missing, f"imported but not declared in the {extra!r} extra: {missing}"
+
+
+def test_declared_package_data_exists() -> None:
+    for package, patterns in PYPROJECT["tool"]["setuptools"]["package-data"].items():
+        for pattern in patterns:
+            assert list((REPO_ROOT / package).glob(pattern)), f"package data {package}/{pattern} matches nothing"
+
+
+@pytest.mark.slow
+def test_wheel_ships_the_package_data(tmp_path: Path) -> None:
+    pytest.importorskip("setuptools")
+    out = subprocess.run([PYTHON, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                          str(tmp_path), str(REPO_ROOT)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    wheel = next(tmp_path.glob("profwatch-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for want in ("daemon/py.typed", "rankhook/py.typed", "daemon/console.py",
+                 "daemon/simulate/fake_torch_npu/torch_npu/profiler/dynamic_profile.py"):
+        assert want in names, f"{want} missing from {wheel.name}"
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "profwatch = daemon.console:main" in zipfile.ZipFile(wheel).read(entry).decode()
+
+
+@pytest.fixture(scope="module")
+def bare_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual env without pip and without any of our dependencies (the 'base install' worst case)."""
+    root = tmp_path_factory.mktemp("venv") / "v"
+    subprocess.run([PYTHON, "-m", "venv", "--without-pip", str(root)], check=True, timeout=120)
+    return root
+
+
+def _bare(venv: Path, args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = python_env()
+    env.pop("PROFWATCH", None)
+    env.update(extra_env or {})
+    return subprocess.run([str(venv / "bin" / "python"), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_console_script_without_the_daemon_extra_says_what_to_install(bare_venv: Path) -> None:
+    res = _bare(bare_venv, ["-c", "import sys; sys.argv = ['profwatch', 'status']; from daemon.console import main; "
+                                  "main()"])
+    assert res.returncode == 2, res.stderr
+    assert "pip install 'profwatch[daemon]'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_autoinstall_installs_into_a_fresh_venv_and_uninstalls(bare_venv: Path) -> None:
+    site_dir = Path(_bare(bare_venv, ["-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+                    .stdout.strip())
+    assert site_dir.is_relative_to(bare_venv)
+    res = _bare(bare_venv, ["-m", "rankhook.autoinstall", "--install"])
+    assert res.returncode == 0, res.stderr
+    pth = site_dir / "profwatch.pth"
+    assert f"wrote {pth}" in res.stdout and pth.read_text() == "import rankhook.autoinstall as _pw; " \
+                                                               "_pw.maybe_autoinstall()\n"
+    probe = ("import sys, rankhook.autoinstall as a; "
+             "print(a._INSTALLER is not None, any(type(f).__name__ == '_TorchOptimFinder' for f in sys.meta_path))")
+    assert _bare(bare_venv, ["-c", probe], {"PROFWATCH": "1"}).stdout.split() == ["True", "True"]  # ran at start-up
+    assert _bare(bare_venv, ["-c", probe]).stdout.split() == ["False", "False"]  # inert without PROFWATCH=1
+    res = _bare(bare_venv, ["-m", "rankhook.autoinstall", "--uninstall"])
+    assert res.returncode == 0 and f"removed {pth}" in res.stdout and not pth.exists()
+    res = _bare(bare_venv, ["-m", "rankhook.autoinstall", "--uninstall"])
+    assert res.returncode == 0 and "nothing to remove" in res.stdout
+
+
+def test_autoinstall_reports_an_unwritable_target(tmp_path: Path) -> None:
+    res = subprocess.run([PYTHON, "-m", "rankhook.autoinstall", "--install", "--site-dir", str(tmp_path / "nope")],
+                         env=python_env(), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "cannot write profwatch.pth" in res.stderr and not res.stdout
+    res = subprocess.run([PYTHON, "-m", "rankhook.autoinstall"], env=python_env(), capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2 and "one of the arguments --install --uninstall is required" in res.stderr

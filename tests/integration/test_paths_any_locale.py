@@ -1,0 +1,82 @@
+"""``scan`` and ``analyze`` on file names that are not ASCII or not even valid UTF-8, under a C locale without UTF-8
+mode and under a UTF-8 locale, with ``--out`` relative to the working directory (issue 10 faults: a
+UnicodeEncodeError traceback; every msprof-analyze recipe ``tool_error`` because the tool runs elsewhere).
+Real msprof-analyze on a generated tree; the CLI runs as a subprocess with the locale under test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from daemon.adapters.msprof_runner import resolve_command
+from daemon.simulate import ascend_tree as at
+from tests.conftest import PYTHON, python_env
+
+NAME = "данные_é_\udcff"  # Cyrillic, Latin-1 range, and the byte 0xFF, which is not UTF-8
+SHOWN = "данные_é_\\xff"  # how profwatch prints it under any locale
+LOCALES = {
+    # PEP 538 coercion and PEP 540 UTF-8 mode off: the file system encoding is ASCII; every non-ASCII byte of a
+    # name arrives as a surrogate escape, and stdout is ASCII
+    "c_locale": {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"},
+    "utf8_locale": {"LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "PYTHONUTF8": "0"},
+}
+
+
+def _env(locale: str) -> dict[str, str]:
+    env = python_env(LOCALES[locale])
+    env.pop("PYTHONIOENCODING", None)
+    return env
+
+
+def _profwatch(args: list[str], locale: str, cwd: Path, timeout_s: float = 600) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([PYTHON, "-m", "daemon.cli", *args], env=_env(locale), cwd=cwd, capture_output=True,
+                          timeout=timeout_s)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("names")
+    top = Path(os.fsdecode(os.fsencode(str(root)) + b"/" + os.fsencode(NAME)))
+    at.generate_cluster(top / "prof", world_size=4, capture_id="cap1", slow_ranks={2: 1.5})
+    assert os.fsencode(NAME) in os.listdir(os.fsencode(str(root)))
+    return root
+
+
+@pytest.mark.parametrize("locale", sorted(LOCALES))
+def test_fs_encoding_under_test(locale: str) -> None:
+    out = subprocess.run([PYTHON, "-c", "import sys; print(sys.getfilesystemencoding(), sys.stdout.encoding)"],
+                         env=_env(locale), capture_output=True, text=True, check=True)
+    assert out.stdout.split() == (["ascii", "ascii"] if locale == "c_locale" else ["utf-8", "utf-8"])
+
+
+@pytest.mark.parametrize("locale", sorted(LOCALES))
+def test_scan_prints_names_with_escapes(tree: Path, locale: str) -> None:
+    res = _profwatch(["scan", str(tree)], locale, tree)
+    out, err = res.stdout.decode("utf-8"), res.stderr.decode("utf-8", "replace")
+    assert res.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert f"{SHOWN}/prof" in out and "cap1  COMPLETE" in out
+    res = _profwatch(["scan", str(tree), "--json"], locale, tree)
+    assert res.returncode == 0, res.stderr[-3000:]
+    batches = json.loads(res.stdout)
+    assert batches[0]["prof_dir"] == f"{tree}/{SHOWN}/prof" and batches[0]["status"] == "complete"
+
+
+@pytest.mark.skipif(shutil.which(resolve_command("msprof-analyze")) is None,
+                    reason="msprof-analyze is not installed (pip install -e '.[test]')")
+def test_analyze_with_relative_out_under_c_locale(tree: Path) -> None:
+    work = tree / "cwd"
+    work.mkdir()
+    res = _profwatch(["analyze", str(tree), "--no-advisor", "--json", "--out", "rel-out"], "c_locale", work)
+    err = res.stderr.decode("utf-8", "replace")
+    assert res.returncode == 0 and "Traceback" not in err, err[-3000:]
+    result = json.loads(res.stdout.decode("utf-8").strip().splitlines()[-1])
+    assert result["status"] == "ok", result
+    assert result["recipes"] == {"cluster_time_summary": "ok", "slow_rank": "ok", "advisor": "skipped"}
+    assert result["suspects"][0]["rank"] == 2 and f"/{SHOWN}/prof/" in result["suspects"][0]["rank_dir"]
+    report = work / "rel-out" / "results" / "cap1" / "report.html"
+    assert Path(result["report"]) == report and SHOWN in report.read_text(encoding="utf-8")

@@ -1,0 +1,141 @@
+"""Recipe choice and run interpretation for msprof-analyze (pure: facts and outcomes in, plans and statuses out)."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.core.evidence import ClusterEvidence
+from daemon.core.msprof_plan import (
+    InputFacts,
+    MsprofSettings,
+    RunOutcome,
+    input_notes,
+    interpret_run,
+    plan_recipes,
+)
+from daemon.core.msprof_results import AgentMessage
+
+GOOD = InputFacts(rank_count=4, db_ranks=[0, 1, 2, 3], has_communication=True, has_memcpy=True, max_group_size=4,
+                  levels={"Level1"})
+
+
+def _names(facts: InputFacts, **settings: object) -> tuple[list[str], dict[str, str]]:
+    plan = plan_recipes(facts, MsprofSettings(**settings), "/stage/b1")  # type: ignore[arg-type]
+    return [c.name for c in plan.commands], {n: s.status for n, s in plan.skipped.items()}
+
+
+def test_plan_runs_everything_on_a_good_batch_with_absolute_paths() -> None:
+    plan = plan_recipes(GOOD, MsprofSettings(language="cn"), "/stage/b1")
+    assert [c.name for c in plan.commands] == ["cluster_time_summary", "slow_rank", "advisor", "advisor_html"]
+    assert plan.skipped == {}
+    for c in plan.commands:
+        assert c.args[c.args.index("-d") + 1] == "/stage/b1" and "--force" in c.args and "-o" not in c.args
+    assert "--agent" in plan.commands[2].args and "--agent" not in plan.commands[3].args
+    assert plan.commands[2].args[-2:] == ("-l", "cn")
+    with pytest.raises(ValueError, match="absolute"):
+        plan_recipes(GOOD, MsprofSettings(), "stage/b1")
+
+
+@pytest.mark.parametrize(("facts", "ran", "skipped"), [
+    (InputFacts(rank_count=4), ["advisor", "advisor_html"], {"cluster_time_summary": "no_data", "slow_rank": "no_data"}),
+    (InputFacts(rank_count=4, db_ranks=[0, 1, 2, 3], levels={"Level0"}), ["advisor", "advisor_html"],
+     {"cluster_time_summary": "not_applicable", "slow_rank": "not_applicable"}),
+    (InputFacts(rank_count=4, db_ranks=[0, 1, 2, 3], has_communication=True, max_group_size=4),
+     ["slow_rank", "advisor", "advisor_html"], {"cluster_time_summary": "not_applicable"}),
+    (InputFacts(rank_count=3, db_ranks=[0, 1, 2], has_communication=True, has_memcpy=True, max_group_size=3),
+     ["cluster_time_summary", "advisor", "advisor_html"], {"slow_rank": "not_applicable"}),
+])
+def test_plan_skips_what_the_inputs_cannot_answer(facts: InputFacts, ran: list[str], skipped: dict[str, str]) -> None:
+    assert _names(facts) == (ran, skipped)
+
+
+def test_plan_without_advisor() -> None:
+    assert _names(GOOD, advisor=False) == (["cluster_time_summary", "slow_rank"], {"advisor": "skipped"})
+    assert _names(GOOD, advisor_html=False)[0][-1] == "advisor"
+
+
+def test_input_notes() -> None:
+    facts = InputFacts(rank_count=3, db_ranks=[0, 1, 2], broken_db_ranks=[1], notes=["unreadable x"])
+    notes = input_notes(facts, 4)
+    assert notes[0] == "unreadable x" and "ranks [1]" in notes[1] and "3 rank dirs, expected 4" in notes[2]
+    assert input_notes(GOOD, 4) == []
+
+
+def _cts_rows(ranks: int, steps: list[int]) -> list[dict[str, object]]:
+    return [{"rank": r, "step": s, "stepTime": 100.0, "computation": 60.0 + r, "communication": 30.0,
+             "communicationWaitStageTime": 10.0, "communicationTransmitStageTime": 20.0, "free": 10.0}
+            for r in range(ranks) for s in steps]
+
+
+def _ok(name: str, tables: dict, agent_tables: list[str] | None = None, **kw: object) -> RunOutcome:
+    agent = AgentMessage(found=True, status="success", code=0, message={"tables": agent_tables or list(tables)})
+    return RunOutcome(name=name, output_dir="/o/x", returncode=0, agent=agent, tables=tables, **kw)  # type: ignore[arg-type]
+
+
+def test_cluster_time_summary_ok_and_incomplete() -> None:
+    ev = ClusterEvidence(kind="ascend_pt")
+    st = interpret_run(_ok("cluster_time_summary", {"ClusterTimeSummary": _cts_rows(4, [1, 2])}), GOOD, 4, ev)
+    assert st.status == "ok" and st.rows == 8 and len(ev.summaries) == 8 and st.output_dir == "/o/x"
+    ev = ClusterEvidence(kind="ascend_pt")
+    rows = _cts_rows(3, [1, 2]) + [{"rank": 3, "step": -1, "stepTime": 1.0}]
+    st = interpret_run(_ok("cluster_time_summary", {"ClusterTimeSummary": rows}, log_tail="tail"), GOOD, 4, ev)
+    assert st.status == "no_data" and "step -1" in st.detail and "incomplete" in st.detail and st.log_tail == "tail"
+    # rows in the DB but the agent JSON does not list the table: not trusted
+    st = interpret_run(_ok("cluster_time_summary", {"ClusterTimeSummary": _cts_rows(4, [1])}, agent_tables=["X"]),
+                       GOOD, 4, ClusterEvidence(kind="ascend_pt"))
+    assert st.status == "no_data"
+
+
+@pytest.mark.parametrize(("log", "status", "words"), [
+    ("... only supports DB ...", "no_data", "text-only"),
+    ("No valid transmit and wait time", "not_applicable", "communication"),
+    ("exception: 'rank'", "not_applicable", "MEMCPY_ASYNC"),
+    ("Failed to allocate profiling data", "no_data", "no rank data"),
+    ("", "no_data", "no result table"),
+])
+def test_empty_results_are_explained_from_the_log(log: str, status: str, words: str) -> None:
+    run = _ok("cluster_time_summary", {"ClusterTimeSummary": None}, agent_tables=[], log_text=log)
+    st = interpret_run(run, GOOD, 4, ClusterEvidence(kind="ascend_pt"))
+    assert (st.status, words in st.detail) == (status, True)
+
+
+def test_slow_rank_votes_and_no_votes() -> None:
+    ev = ClusterEvidence(kind="ascend_pt")
+    run = _ok("slow_rank", {"SlowRank": [{"rankId": 2, "slowAffectCount": 7}],
+                            "SlowOpStats": [{"SlowRank": "2", "OpName": "hcom", "Timestamp": 5}]},
+              agent_tables=["SlowRank"])
+    assert interpret_run(run, GOOD, 4, ev).status == "ok" and ev.slow_rank_votes == {2: 7} and ev.slow_ops
+    none = _ok("slow_rank", {"SlowRank": None, "SlowOpStats": None}, agent_tables=[], log_text="No slow rank found")
+    assert interpret_run(none, GOOD, 4, ClusterEvidence(kind="ascend_pt")).status == "ok"
+    broken = InputFacts(rank_count=4, db_ranks=[0, 1, 2, 3], broken_db_ranks=[1], has_communication=True)
+    st = interpret_run(none, broken, 4, ClusterEvidence(kind="ascend_pt"))
+    assert st.status == "no_data" and "3 of 4" in st.detail
+
+
+def test_failures_common_to_every_recipe() -> None:
+    ev = ClusterEvidence(kind="ascend_pt")
+    for name in ("cluster_time_summary", "slow_rank", "advisor", "advisor_html"):
+        assert interpret_run(RunOutcome(name, spawn_error="no such file"), GOOD, 4, ev).detail.startswith("cannot start")
+        timed = interpret_run(RunOutcome(name, timed_out=True, attempts=2, duration_s=9.0), GOOD, 4, ev)
+        assert (timed.status, timed.detail) == ("timeout", "killed after 9 s (2 attempt(s))")
+        cancelled = RunOutcome(name, timed_out=True, cancelled=True, cancel_reason="shutdown")
+        assert interpret_run(cancelled, GOOD, 4, ev).detail.endswith("cancelled after 0 s: shutdown")
+        rc = interpret_run(RunOutcome(name, returncode=3, log_tail="boom"), GOOD, 4, ev)
+        assert (rc.status, rc.detail, rc.log_tail) == ("tool_error", "exit code 3", "boom")
+        err = RunOutcome(name, returncode=0, agent=AgentMessage(found=True, status="error", message={"err": "bad -d"}))
+        assert interpret_run(err, GOOD, 4, ev).detail == "bad -d"
+    with pytest.raises(KeyError):
+        interpret_run(RunOutcome("nope", returncode=0), GOOD, 4, ev)
+
+
+def test_advisor_and_its_html() -> None:
+    ev = ClusterEvidence(kind="ascend_pt")
+    msg = {"tables": [], "problems": {"headers": ["category", "description"], "data": [["slow rank", "d"]]}}
+    run = RunOutcome("advisor", returncode=0, agent=AgentMessage(found=True, status="success", message=msg),
+                     tables={"RankDeviceMap": [{"rankId": 0, "profilePath": "/p0"}]})
+    assert interpret_run(run, GOOD, 4, ev).status == "ok" and ev.rank_paths == {0: "/p0"} and ev.advisor["problems"]
+    empty = RunOutcome("advisor", returncode=0, agent=AgentMessage(found=True, status="success"))
+    assert interpret_run(empty, GOOD, 4, ev).status == "no_data"
+    html = RunOutcome("advisor_html", returncode=0, files=["/o/mstt_advisor_1.html"])
+    assert interpret_run(html, GOOD, 4, ev).status == "ok" and ev.notes[-1].endswith("mstt_advisor_1.html")
+    assert interpret_run(RunOutcome("advisor_html", returncode=0), GOOD, 4, ev).status == "no_data"
