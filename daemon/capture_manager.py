@@ -21,7 +21,7 @@ import structlog
 
 from daemon.adapters import control
 from daemon.adapters.paths import PathRefused, check_inside
-from daemon.core.arming import ArmingPolicy, ArmingSettings, JobArmState
+from daemon.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, capture_request
 from daemon.core.capture import CaptureRequest, JobProgress, plan_capture
 from rankhook import wire
 
@@ -57,6 +57,7 @@ class CaptureManager:
         self._next_scan: dict[str, float] = {}
         self._refused_jobs: set[str] = set()
         self._acks: dict[str, dict[int, dict[str, Any]]] = {}  # capture_id -> rank -> {event: ts}
+        self._arm_histories: dict[str, ArmHistory] = {}  # job_id -> arms, would-arms and bytes of the last hour
         from daemon.adapters.rank_dir_fs import RankDirReader
 
         self._reader = RankDirReader()  # reused across scans (DB checks are cached); used on the fs thread only
@@ -153,35 +154,47 @@ class CaptureManager:
                         {"rank": msg.rank, "hostname": msg.hostname, "problems": problems},
                         event_id=f"path_refused-{msg.job_id}-{int(now)}")
 
-    def _job_arm_state(self, job_id: str, now: float) -> JobArmState:
-        caps = self.c.state.captures(job_id)
-        hour = [c for c in caps if c["created_unix_s"] >= now - 3600 and c["state"] != "refused"]
-        return JobArmState(
-            capture_in_flight=any(c["state"] in IN_FLIGHT for c in caps),
-            last_arm_unix_s=max((c["created_unix_s"] for c in caps if c["state"] != "refused"), default=None),
-            captures_last_hour=len(hour),
-            bytes_last_hour=sum(int(c["detail"].get("total_bytes", 0)) for c in hour),
-            stalled_ranks=det.stalled_ranks if (det := self.c.detectors.get(job_id)) is not None else frozenset(),
-        )
+    def _arm_history(self, job_id: str, now: float) -> ArmHistory:
+        """The job's :class:`ArmHistory`, seeded from the state store on first use (arms and bytes of the last
+        hour survive a coordinator restart; would-arms of observe mode are kept in memory only)."""
+        h = self._arm_histories.get(job_id)
+        if h is None:
+            h = self._arm_histories[job_id] = ArmHistory()
+            for c in self.c.state.captures(job_id):
+                if c["state"] != "refused" and c["created_unix_s"] >= now - 3600:
+                    h.record_arm(c["created_unix_s"])
+                    h.record_bytes(c["created_unix_s"], int(c["detail"].get("total_bytes", 0)))
+        return h
 
     # -- arming -------------------------------------------------------------------------------------------------
     def on_anomaly(self, an: Anomaly, now: float) -> None:
+        """The arming path shared with ``profwatch replay`` (``daemon/core/arming.py``): decide on the job's
+        history, build the capture request, plan it (write it in act mode, dry-run in observe mode), record."""
         job = self.c.registry.jobs.get(an.job_id)
         if job is None:
             return
-        decision = self.policy.decide(an, self._job_arm_state(an.job_id, now), now)
-        data = {"anomaly": an.kind, "step": an.step, "action": decision.action, "reason": decision.reason}
-        if decision.action != "arm":
+        det = self.c.detectors.get(an.job_id)
+        history = self._arm_history(an.job_id, now)
+        decision = history.decide(
+            self.policy, an, now, capture_in_flight=any(c["state"] in IN_FLIGHT for c in self.c.state.captures(an.job_id)),
+            stalled_ranks=det.stalled_ranks if det is not None else frozenset())
+        data: dict[str, Any] = {"anomaly": an.kind, "step": an.step, "action": decision.action,
+                                "reason": decision.reason}
+        if decision.action == "suppress":
             self.c.emit("io.profwatch.arm_decision.v1", an.job_id, data)
             return
-        req = CaptureRequest(job_id=an.job_id, reason=decision.capture_reason or an.kind, warmup=decision.warmup,
-                             active=decision.active, rank_list=decision.rank_list)
+        furthest = det.furthest_step if det is not None and det.furthest_step is not None else job.furthest_step()
+        step_time = det.baseline_step_time_s if det is not None else None
         try:
-            plan = self.arm(job, req, now)
-            data["capture_id"] = plan["capture_id"]
-        except control.ControlError as exc:
+            req = capture_request(an, decision, furthest_step=furthest, step_time_s=step_time, capture=self.s.capture)
+            plan = self.arm(job, req, now, dry_run=decision.action == "would_arm")
+            history.record(decision, now)
+            data["start_step"] = plan["start_step"]
+            if decision.action == "arm":
+                data["capture_id"] = plan["capture_id"]
+        except (control.ControlError, KeyError, TypeError, ValueError) as exc:
             data["action"] = "suppress"
-            data["reason"] = f"{exc.code}: {exc.message}"
+            data["reason"] = f"{exc.code}: {exc.message}" if isinstance(exc, control.ControlError) else f"plan_failed: {exc}"
         self.c.emit("io.profwatch.arm_decision.v1", an.job_id, data)
 
     def arm_from_control(self, args: dict[str, Any], now: float) -> dict[str, Any]:
@@ -214,7 +227,8 @@ class CaptureManager:
                 + "; torch_npu ignores configs written before every rank started")
         if not dry_run and any(c["state"] in IN_FLIGHT for c in self.c.state.captures(job.job_id)):
             raise control.ControlError("conflict", "a capture of this job is in flight (torch_npu keeps one pending slot)")
-        step_time = job.median_step_time_s() or 1.0
+        det = self.c.detectors.get(job.job_id)  # one step-time definition with replay: the detector's baseline
+        step_time = (det.baseline_step_time_s if det is not None else None) or job.median_step_time_s() or 1.0
         progress = JobProgress(job_id=job.job_id, world_size=job.world_size, furthest_step=max(0, job.furthest_step()),
                                step_time_s=step_time, prof_root=job.prof_root, now_unix_s=now)
         try:
@@ -233,7 +247,6 @@ class CaptureManager:
             return out
         self.c.state.upsert_capture(plan.capture_id, job.job_id, "planned", now, reason=plan.reason, plan=out)
         self.c.metrics.captures.labels("planned").inc()
-        det = self.c.detectors.get(job.job_id)
         if det is not None:
             det.exclude_steps(plan.start_step, plan.start_step + plan.warmup + plan.active - 1, f"capture {plan.capture_id}")
         if self.s.coordinator.config_writer == "coordinator":
@@ -306,6 +319,8 @@ class CaptureManager:
         acks = self._acks.setdefault(cap["capture_id"], {}).setdefault(ev.rank, {})
         acks[ev.event] = now
         total = cap["detail"].get("total_bytes", 0) + (ev.total_bytes or 0 if ev.event == "completed" else 0)
+        if ev.event == "completed" and ev.total_bytes:
+            self._arm_history(ev.job_id, now).record_bytes(now, int(ev.total_bytes))
         state = "collecting" if cap["state"] == "written" and ev.event in ("started", "completed") else cap["state"]
         self.c.state.upsert_capture(cap["capture_id"], ev.job_id, state, now, detail={"total_bytes": total})
         if ev.event == "arm_rejected":

@@ -27,7 +27,7 @@ def run(records: Iterable[dict[str, Any]], world_size: int, settings: DetectionS
     out: list[Anomaly] = []
     last_tick = float("-inf")
     for rec in records:
-        out += det.observe(to_report(rec))
+        out += det.observe(to_report(rec), rec["ts_unix_s"])
         if rec["ts_unix_s"] - last_tick >= 1.0:
             last_tick = rec["ts_unix_s"]
             out += det.tick(rec["ts_unix_s"])

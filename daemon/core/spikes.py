@@ -1,0 +1,292 @@
+"""Job-wide step-time spikes: transient episodes, and recurring ones with a period learned from the steps (pure).
+
+A GC pause, an unflagged checkpoint, a periodic evaluation or a data loader stall makes one to a few steps of
+the whole job several times slower and then is over. :class:`SpikeFilter` keeps such steps out of the
+change-point statistics, groups them into episodes, tells when an episode outlasted the time a capture needs to
+start (then it is a level change, not a spike), and learns which episodes recur with a fixed period in steps,
+so their next occurrence can be predicted (excluded, or captured on purpose).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from daemon.core.detection_settings import DetectionSettings
+
+MERGE_GAP_STEPS = 1
+"""Normal steps an episode may contain and go on (a 6x checkpoint may have one ordinary step inside)."""
+MAX_PATTERNS = 4
+HISTORY = 64
+"""Ended episodes remembered for period learning."""
+SIMILAR_PEAK_RATIO = 2.0
+"""Two episodes are alike when their peak step-time ratios are within this factor ..."""
+MAX_MISSES = 2
+"""A pattern is dropped after this many predicted occurrences in a row did not happen."""
+
+
+@dataclass(slots=True)
+class SpikeEpisode:
+    """Consecutive spike steps: ``onset`` and ``last`` spike step, ``peak`` relative excess (2.0 = 3x)."""
+
+    onset: int
+    last: int
+    peak: float
+    spike_steps: int = 1
+
+    @property
+    def duration(self) -> int:
+        """Steps from onset to the last spike step, inclusive."""
+        return self.last - self.onset + 1
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready ``{"first_step", "last_step", "duration_steps", "peak"}``."""
+        return {"first_step": self.onset, "last_step": self.last, "duration_steps": self.duration,
+                "peak": round(self.peak, 6)}
+
+
+@dataclass(slots=True)
+class PeriodicPattern:
+    """Episodes recurring every ``period`` steps (onsets within ``tolerance`` steps of the lattice)."""
+
+    period: int
+    tolerance: int
+    last_onset: int
+    duration: int
+    peak: float
+    occurrences: int
+    misses: int = 0
+    unseen: bool = False
+
+    @property
+    def next_onset(self) -> int:
+        """Predicted onset of the next occurrence."""
+        return self.last_onset + self.period
+
+    def covers(self, step: int) -> bool:
+        """True when ``step`` lies in the predicted window of the next occurrence."""
+        nxt = self.next_onset
+        return nxt - self.tolerance <= step <= nxt + self.tolerance + self.duration - 1 + MERGE_GAP_STEPS
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready description (steps; ``peak`` relative)."""
+        return {"period_steps": self.period, "tolerance_steps": self.tolerance, "last_onset_step": self.last_onset,
+                "next_onset_step": self.next_onset, "duration_steps": self.duration, "peak": round(self.peak, 6),
+                "occurrences": self.occurrences}
+
+
+@dataclass(frozen=True, slots=True)
+class SpikeOutcome:
+    """What one step did: ``held`` = keep it out of the change-point statistics and the baseline; ``ended`` an
+    episode that ended, ``ended_periodic`` whether it was a predicted occurrence of a known pattern;
+    ``sustained`` an episode that outlasted the hold (a level change); ``new_pattern`` a pattern just learned."""
+
+    held: bool
+    ended: SpikeEpisode | None = None
+    ended_periodic: bool = False
+    sustained: SpikeEpisode | None = None
+    new_pattern: PeriodicPattern | None = None
+
+
+_QUIET = SpikeOutcome(False)
+
+
+def _alike(a: SpikeEpisode, b: SpikeEpisode) -> bool:
+    if abs(a.duration - b.duration) > max(1, min(a.duration, b.duration) // 2):
+        return False
+    return abs(math.log((1.0 + a.peak) / (1.0 + b.peak))) <= math.log(SIMILAR_PEAK_RATIO)
+
+
+class SpikeFilter:
+    """Spike episodes and periodic spike patterns of one job's step-time series.
+
+    Args:
+        settings: ``spike_min_effect``, ``spike_z``, ``periodic_detection``, ``periodic_jitter``,
+            ``periodic_alpha``, ``periodic_min_period_steps``.
+
+    Notes:
+        Spike step: relative excess over the baseline ``>= spike_min_effect`` and ``>= spike_z`` noise sigmas
+        (both; the first keeps a small regression on a quiet job out of this path, the second keeps noise out
+        on a noisy one). Consecutive spike steps, with at most :data:`MERGE_GAP_STEPS` ordinary steps between
+        them, form an episode. An episode that has lasted more than ``hold_steps`` steps is *sustained*: it was
+        not over before a capture armed at its onset could start (the caller passes the capture planner's lead),
+        so it is a level change. An episode that ends within the hold is transient: the caller records it as an
+        event and never arms for it.
+
+        Period learning: each ended episode is compared with the alike ones remembered (duration within a
+        factor of 2 or 1 step, peak ratio within a factor of :data:`SIMILAR_PEAK_RATIO`). For a previous alike
+        onset ``o1``, ``p = onset - o1`` is a candidate period (``>= periodic_min_period_steps``); the lattice is
+        walked back (``o1 - p``, ``o1 - 2p``, ...) counting consecutive alike onsets within ``t`` steps
+        (``t = 0`` first, then ``floor(p * periodic_jitter)``). Under the null hypothesis that alike episodes
+        occur at random with the observed rate ``r`` (alike episodes per step), one lattice point is hit by
+        chance with probability ``q = min(1, (2t + 1) r)``; with ``m`` candidates tried, ``c`` further hits are
+        significant when ``m * q^c <= periodic_alpha`` (a Bonferroni bound on the chance of a false pattern per
+        episode). The pattern with most hits (then the shortest period) wins. With exact step periods this
+        learns a checkpoint every 200 steps at its 4th occurrence. A known pattern predicts its next onset;
+        episodes starting within ``t`` of it are occurrences (no event), ordinary steps in its window are held
+        out too, and :data:`MAX_MISSES` missed predictions in a row drop it (an occurrence hidden by an excluded
+        step, e.g. a capture window, is not a miss). Source: CUSUM-style change detection needs outliers kept
+        out of its statistic (Hawkins & Olwell 1998, "Cumulative Sum Charts and Charting for Quality
+        Improvement", ch. 6 on robustified CUSUMs); the period test is a scan statistic over arithmetic
+        progressions, our own, stated here so it can be checked.
+
+        Assumptions: periodic work is periodic in steps (every N steps), or in time with a step time steady
+        enough that the onset jitters by at most ``periodic_jitter`` of the period.
+    """
+
+    def __init__(self, settings: DetectionSettings) -> None:
+        self.settings = settings
+        self.patterns: list[PeriodicPattern] = []
+        self._history: deque[SpikeEpisode] = deque(maxlen=HISTORY)
+        self._open: SpikeEpisode | None = None
+        self._observed_from: int | None = None
+        self.counters = {"spike_steps": 0, "episodes": 0, "periodic_occurrences": 0, "patterns_learned": 0,
+                         "patterns_dropped": 0}
+
+    def reset_episode(self) -> None:
+        """Drop the open episode (the caller re-learns its baseline); learned patterns are kept."""
+        self._open = None
+
+    def reset(self) -> None:
+        """Forget everything (step counter restart: step numbers no longer line up)."""
+        self.patterns.clear()
+        self._history.clear()
+        self._open = None
+        self._observed_from = None
+
+    def is_spike(self, rel: float, z: float) -> bool:
+        """True when a step with relative excess ``rel`` and ``z`` noise sigmas is a spike step."""
+        s = self.settings
+        return rel >= s.spike_min_effect and z >= s.spike_z
+
+    def skip(self, step: int) -> None:
+        """An excluded step: an occurrence predicted in it cannot be seen, so it will not count as missed."""
+        for p in self.patterns:
+            if p.covers(step):
+                p.unseen = True
+
+    def observe(self, step: int, rel: float, z: float, hold_steps: int) -> SpikeOutcome:
+        """Classify one non-excluded step (``rel`` relative excess, ``z`` in noise sigmas; ``hold_steps`` >= 1)."""
+        if self._observed_from is None:
+            self._observed_from = step
+        spike = self.is_spike(rel, z)
+        ended: SpikeEpisode | None = None
+        ep = self._open
+        if ep is not None:
+            gap = step - ep.last  # ordinary steps since the last spike step, plus one
+            if gap > MERGE_GAP_STEPS + (1 if spike else 0):
+                ended, self._open, ep = ep, None, None
+        if spike:
+            self.counters["spike_steps"] += 1
+            if ep is None:
+                ep = self._open = SpikeEpisode(step, step, rel)
+            else:
+                ep.last = step
+                ep.peak = max(ep.peak, rel)
+                ep.spike_steps += 1
+        out_pattern: PeriodicPattern | None = None
+        ended_periodic = False
+        if ended is not None:
+            ended_periodic, out_pattern = self._on_ended(ended)
+        self._expire(step)
+        held = spike or any(p.covers(step) for p in self.patterns)
+        sustained = None
+        if ep is not None and step - ep.onset + 1 > self._hold_for(ep, hold_steps):
+            sustained, self._open = ep, None
+        if ended is None and sustained is None and out_pattern is None:
+            return SpikeOutcome(held) if held else _QUIET
+        return SpikeOutcome(held, ended, ended_periodic, sustained, out_pattern)
+
+    def _hold_for(self, ep: SpikeEpisode, hold_steps: int) -> int:
+        """An expected occurrence of a pattern may last as long as the pattern does before it counts as sustained."""
+        for p in self.patterns:
+            if abs(ep.onset - p.next_onset) <= p.tolerance:
+                return max(hold_steps, p.duration + MERGE_GAP_STEPS)
+        return hold_steps
+
+    # -- periodic patterns -----------------------------------------------------------------------------------------
+    def _on_ended(self, ep: SpikeEpisode) -> tuple[bool, PeriodicPattern | None]:
+        self.counters["episodes"] += 1
+        for p in self.patterns:
+            if abs(ep.onset - p.next_onset) <= p.tolerance:
+                p.last_onset = ep.onset
+                p.occurrences += 1
+                p.misses = 0
+                p.duration = max(p.duration, ep.duration)
+                self.counters["periodic_occurrences"] += 1
+                self._history.append(ep)
+                return True, None
+        new = self._learn(ep) if self.settings.periodic_detection else None
+        self._history.append(ep)
+        if new is not None:
+            if len(self.patterns) >= MAX_PATTERNS:
+                self.patterns.pop(0)
+            self.patterns.append(new)
+            self.counters["patterns_learned"] += 1
+        return False, new
+
+    def _expire(self, step: int) -> None:
+        """Count predicted occurrences that did not happen; drop patterns that missed too often."""
+        keep: list[PeriodicPattern] = []
+        for p in self.patterns:
+            while step > p.next_onset + p.tolerance + p.duration + MERGE_GAP_STEPS:
+                ep = self._open
+                if ep is not None and abs(ep.onset - p.next_onset) <= p.tolerance:
+                    break  # the occurrence is under way
+                if p.unseen:
+                    p.unseen = False
+                else:
+                    p.misses += 1
+                p.last_onset = p.next_onset
+                if p.misses >= MAX_MISSES:
+                    break
+            if p.misses >= MAX_MISSES:
+                self.counters["patterns_dropped"] += 1
+            else:
+                keep.append(p)
+        self.patterns = keep
+
+    def _learn(self, ep: SpikeEpisode) -> PeriodicPattern | None:
+        """The most significant periodic lattice ending at ``ep``, or None (algorithm in the class Notes)."""
+        s = self.settings
+        alike = [h for h in self._history if _alike(h, ep)]
+        if not alike:
+            return None
+        onsets = sorted({h.onset for h in alike})
+        start = self._observed_from if self._observed_from is not None else ep.onset
+        if len(self._history) == self._history.maxlen:
+            start = max(start, self._history[0].onset)
+        rate = (len(alike) + 1) / max(1, ep.onset - start + 1)
+        m = len(onsets)
+        best: tuple[int, int, int] | None = None  # (hits, -period, tolerance)
+        for o1 in reversed(onsets):
+            p = ep.onset - o1
+            if p < s.periodic_min_period_steps:
+                continue
+            for tol in sorted({0, int(p * s.periodic_jitter)}):
+                hits = 0
+                expected = o1 - p
+                while True:
+                    i = bisect.bisect_left(onsets, expected - tol)
+                    if i >= len(onsets) or onsets[i] > expected + tol:
+                        break
+                    hits += 1
+                    expected = onsets[i] - p
+                q = min(1.0, (2 * tol + 1) * rate)
+                if hits >= 1 and m * q**hits <= s.periodic_alpha:
+                    cand = (hits, -p, tol)
+                    if best is None or cand[:2] > best[:2]:
+                        best = cand
+                    break
+        if best is None:
+            return None
+        hits, neg_p, tol = best
+        period = -neg_p
+        members = [h for h in alike if any(abs(h.onset - (ep.onset - j * period)) <= tol for j in range(1, hits + 2))]
+        peaks = sorted([ep.peak, *(h.peak for h in members)])
+        return PeriodicPattern(period=period, tolerance=tol, last_onset=ep.onset,
+                               duration=max([ep.duration, *(h.duration for h in members)]),
+                               peak=peaks[len(peaks) // 2], occurrences=hits + 2)
