@@ -18,8 +18,16 @@ from daemon.core.detection_types import MAD_TO_SIGMA
 
 BIWEIGHT_C_LOCATION = 6.0
 BIWEIGHT_C_SCALE = 9.0
-STATS_EVERY = 4
-"""Full windows are re-estimated every this many pushes (a sort of ``window`` values); below ``window`` always."""
+STATS_EVERY = 8
+"""Full windows are re-estimated every this many pushes; below ``window`` values at every push."""
+
+
+def _median(a: np.ndarray) -> float:
+    """Median of a non-empty 1-D array (``np.partition``: a fraction of ``np.median``'s overhead on small arrays)."""
+    n = a.size
+    lo, hi = (n - 1) // 2, n // 2
+    p = np.partition(a, (lo, hi))
+    return 0.5 * (float(p[lo]) + float(p[hi]))
 
 
 def biweight(values: np.ndarray) -> tuple[float, float]:
@@ -32,9 +40,9 @@ def biweight(values: np.ndarray) -> tuple[float, float]:
     about 87 % for this one-step location (the median: 64 %) and 91 % for the scale. With MAD = 0 the median and 0
     are returned (the caller applies a floor).
     """
-    m = float(np.median(values))
+    m = _median(values)
     d = values - m
-    mad = float(np.median(np.abs(d)))
+    mad = _median(np.abs(d))
     if mad <= 0.0 or not math.isfinite(mad):
         return m, 0.0
     u = d / (BIWEIGHT_C_LOCATION * mad)
@@ -57,7 +65,7 @@ class RobustBaseline:
         window: values kept (oldest dropped first).
         lag: values held back before they enter the window.
 
-    Memory: ``window + lag`` floats. Cost: one ``biweight`` over the window every :data:`STATS_EVERY` pushes.
+    Memory: ``window + lag`` floats. Cost: one ``biweight`` (O(window)) every :data:`STATS_EVERY` pushes, about 40 us at 300 values.
     """
 
     def __init__(self, window: int, lag: int) -> None:

@@ -51,7 +51,7 @@ def cusum_design(min_effect: float, noise_rel: float, false_alarm_steps: float) 
 
     ``delta = min_effect / noise_rel`` (the shift to detect, in sigmas); reference ``k = delta / 2`` (optimal for
     that shift); threshold ``h`` from :func:`cusum_threshold` for a mean run of ``false_alarm_steps`` between
-    false alarms; increments are clipped at ``k + h / 2`` so no fewer than three steps can fire. Lorden's bound
+    false alarms; increments are clipped at ``k + h / 2`` so, from ``S = 0``, no fewer than three steps fire. Lorden's bound
     on the detection delay at that false-alarm rate is ``ln(false_alarm_steps) / (delta^2 / 2)`` steps.
     """
     delta = min_effect / noise_rel
@@ -90,7 +90,8 @@ class StepTimeRegressionDetector:
         Change point (Page 1954 CUSUM, two-sided): with ``delta = min_effect / s``, ``k = delta / 2`` and h
         such that the mean run between false alarms is ``false_alarm_steps`` (Siegmund's approximation, see
         :func:`cusum_threshold`), ``S+ = max(0, S+ + min(z, c) - k)`` and
-        ``S- = max(0, S- - max(z, -c) - k)``, ``c = k + h / 2`` (one outlier moves S by at most h / 2).
+        ``S- = max(0, S- - max(z, -c) - k)``, ``c = k + h / 2`` (one outlier moves S by at most h / 2, so from
+        ``S = 0`` it takes three steps to fire).
         ``S+ > h`` fires ``step_regression`` (``pattern "cusum"``) when the mean relative excess of the run since
         ``S+`` last was 0 (the change-point estimate, ``first_step``) is not significantly below ``min_effect``:
         ``mean + 2 * s / sqrt(run) >= min_effect`` (otherwise ``S+`` is capped at h: a shift smaller than
@@ -124,6 +125,8 @@ class StepTimeRegressionDetector:
         self.spikes = SpikeFilter(settings)
         self.counters = {"regressions": 0, "spike_events": 0, "spikes_not_reported": 0, "speedups": 0, "held": 0}
         self._last_job_step_s: float | None = None
+        self._design_key: tuple[float, float, float] | None = None
+        self._design_val = (0.0, 0.0, 0.0)
         self._relearn()
         self._last_spike_event: int | None = None
         self._spikes_since_event = 0
@@ -189,9 +192,9 @@ class StepTimeRegressionDetector:
         if sp.sustained is not None:
             ep = sp.sustained
             detail = {"pattern": "level", "first_step": ep.onset, "baseline_s": mu, "noise": noise,
-                      "step_time_s": mu * (1.0 + ep.peak), "steps": ep.duration, "hold_steps": hold,
-                      "slowest_ranks": [step.slowest_rank]}
-            out.append(self._fire(step.step, ep.peak, detail))
+                      "step_time_s": mu * (1.0 + ep.level), "peak": ep.peak, "steps": ep.duration,
+                      "hold_steps": hold, "slowest_ranks": [step.slowest_rank]}
+            out.append(self._fire(step.step, ep.level, detail))
             return out
         if sp.held:
             self.counters["held"] += 1
@@ -233,9 +236,16 @@ class StepTimeRegressionDetector:
         self.counters["spike_events"] += 1
         out.append(Anomaly("step_spike", self.job_id, step, (), ep.peak, detail))
 
+    def _design(self, noise: float) -> tuple[float, float, float]:
+        s = self.settings
+        key = (s.min_effect, noise, s.false_alarm_steps)
+        if key != self._design_key:
+            self._design_key, self._design_val = key, cusum_design(*key)
+        return self._design_val
+
     def _cusum(self, fs: FinalizedStep, x: float, rel: float, z: float, mu: float, noise: float) -> Anomaly | None:
         s = self.settings
-        k, h, clip = cusum_design(s.min_effect, noise, s.false_alarm_steps)
+        k, h, clip = self._design(noise)
         zc = min(max(z, -clip), clip)
         self._s_hi = max(0.0, self._s_hi + zc - k)
         self._s_lo = max(0.0, self._s_lo - zc - k)
@@ -249,7 +259,7 @@ class StepTimeRegressionDetector:
         else:
             self._run_reset()
         self._base.push(x)
-        if self._s_hi > h:
+        if self._s_hi > h * (1.0 + 1e-9):
             mean = self._run_sum / self._run_n
             if mean + EFFECT_Z * noise / math.sqrt(self._run_n) >= s.min_effect:
                 detail = {"pattern": "cusum", "first_step": self._run_start, "baseline_s": mu, "noise": noise,
@@ -257,7 +267,7 @@ class StepTimeRegressionDetector:
                           "steps": self._run_n, "slowest_ranks": sorted(self._run_slowest)}
                 return self._fire(fs.step, mean, detail)
             self._s_hi = h
-        if self._s_lo > h:
+        if self._s_lo > h * (1.0 + 1e-9):
             self.counters["speedups"] += 1
             self._relearn()
             return None
@@ -267,7 +277,7 @@ class StepTimeRegressionDetector:
         s = self.settings
         if not s.drift_detection or len(self._base) < s.min_baseline_steps:
             return None
-        mu = self._base.stats()[0]
+        mu = self._base.stats()[0]  # cached between re-estimates
         ref = self._reference
         if ref is None or mu < ref * (1.0 - s.min_effect):
             self._reference = mu

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from daemon.core.detection_settings import DetectionSettings
@@ -26,21 +26,40 @@ SIMILAR_PEAK_RATIO = 2.0
 """Two episodes are alike when their peak step-time ratios are within this factor ..."""
 MAX_MISSES = 2
 """A pattern is dropped after this many predicted occurrences in a row did not happen."""
+EXIT_FRACTION = 0.5
+"""Hysteresis: an open episode goes on through steps over this fraction of both spike thresholds."""
+MAX_EPISODE_VALUES = 256
 
 
 @dataclass(slots=True)
 class SpikeEpisode:
-    """Consecutive spike steps: ``onset`` and ``last`` spike step, ``peak`` relative excess (2.0 = 3x)."""
+    """A job-wide excursion: ``onset`` (first spike step), ``last`` elevated step, ``peak`` relative excess
+    (2.0 = 3x), ``rels`` the relative excess of its elevated steps (at most :data:`MAX_EPISODE_VALUES` kept)."""
 
     onset: int
     last: int
     peak: float
     spike_steps: int = 1
+    rels: list[float] = field(default_factory=list)
 
     @property
     def duration(self) -> int:
-        """Steps from onset to the last spike step, inclusive."""
+        """Steps from onset to the last elevated step, inclusive."""
         return self.last - self.onset + 1
+
+    @property
+    def level(self) -> float:
+        """Median relative excess of the elevated steps (the size of a level change, if it is one)."""
+        r = sorted(self.rels) or [self.peak]
+        return r[len(r) // 2] if len(r) % 2 else 0.5 * (r[len(r) // 2 - 1] + r[len(r) // 2])
+
+    def add(self, step: int, rel: float, spike: bool) -> None:
+        """Extend the episode by one elevated (``spike`` or not) step."""
+        self.last = step
+        self.peak = max(self.peak, rel)
+        self.spike_steps += spike
+        if len(self.rels) < MAX_EPISODE_VALUES:
+            self.rels.append(rel)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready ``{"first_step", "last_step", "duration_steps", "peak"}``."""
@@ -110,8 +129,11 @@ class SpikeFilter:
     Notes:
         Spike step: relative excess over the baseline ``>= spike_min_effect`` and ``>= spike_z`` noise sigmas
         (both; the first keeps a small regression on a quiet job out of this path, the second keeps noise out
-        on a noisy one). Consecutive spike steps, with at most :data:`MERGE_GAP_STEPS` ordinary steps between
-        them, form an episode. An episode that has lasted more than ``hold_steps`` steps is *sustained*: it was
+        on a noisy one). An episode starts at a spike step and goes on through elevated steps (over
+        :data:`EXIT_FRACTION` of both thresholds: hysteresis, so a level right at the threshold is one episode,
+        not many), with at most :data:`MERGE_GAP_STEPS` ordinary steps between them; spike steps are held out,
+        elevated ones still feed the change-point statistic. An episode that has lasted more than
+        ``hold_steps`` steps is *sustained*: it was
         not over before a capture armed at its onset could start (the caller passes the capture planner's lead),
         so it is a level change. An episode that ends within the hold is transient: the caller records it as an
         event and never arms for it.
@@ -172,21 +194,19 @@ class SpikeFilter:
         """Classify one non-excluded step (``rel`` relative excess, ``z`` in noise sigmas; ``hold_steps`` >= 1)."""
         if self._observed_from is None:
             self._observed_from = step
+        s = self.settings
         spike = self.is_spike(rel, z)
+        elevated = spike or (rel >= EXIT_FRACTION * s.spike_min_effect and z >= EXIT_FRACTION * s.spike_z)
         ended: SpikeEpisode | None = None
         ep = self._open
-        if ep is not None:
-            gap = step - ep.last  # ordinary steps since the last spike step, plus one
-            if gap > MERGE_GAP_STEPS + (1 if spike else 0):
-                ended, self._open, ep = ep, None, None
+        if ep is not None and step - ep.last > MERGE_GAP_STEPS + (1 if elevated else 0):
+            ended, self._open, ep = ep, None, None
         if spike:
             self.counters["spike_steps"] += 1
-            if ep is None:
-                ep = self._open = SpikeEpisode(step, step, rel)
-            else:
-                ep.last = step
-                ep.peak = max(ep.peak, rel)
-                ep.spike_steps += 1
+        if ep is not None and elevated:
+            ep.add(step, rel, spike)
+        elif ep is None and spike:
+            ep = self._open = SpikeEpisode(step, step, rel, 1, [rel])
         out_pattern: PeriodicPattern | None = None
         ended_periodic = False
         if ended is not None:
