@@ -75,7 +75,8 @@ class StepTimeRegressionDetector:
 
         Baseline: Tukey biweight location ``mu`` and scale ``sigma`` over the last ``baseline_steps`` accepted
         steps, lagging the newest ``baseline_lag_steps`` (see ``daemon/core/baseline.py``); detection starts
-        when it holds ``min_baseline_steps``. Noise ``s = max(sigma * (1 + sqrt(1.1 / 2n)), noise_floor * mu) / mu``
+        when it holds ``min_baseline_steps``; while it fills, spike steps are kept out of it unless they last
+        longer than the hold (the job changed level while learning: learning restarts there). Noise ``s = max(sigma * (1 + sqrt(1.1 / 2n)), noise_floor * mu) / mu``
         (relative; inflated by one standard error of the scale at n values). Standardised step:
         ``z = (x / mu - 1) / s``.
 
@@ -123,7 +124,9 @@ class StepTimeRegressionDetector:
         self._hold_steps = hold_steps
         self._base = RobustBaseline(settings.baseline_steps, settings.baseline_lag_steps)
         self.spikes = SpikeFilter(settings)
-        self.counters = {"regressions": 0, "spike_events": 0, "spikes_not_reported": 0, "speedups": 0, "held": 0}
+        self.counters = {"regressions": 0, "spike_events": 0, "spikes_not_reported": 0, "speedups": 0, "held": 0,
+                         "relearn_while_learning": 0}
+        self._learn_rejected = 0
         self._last_job_step_s: float | None = None
         self._design_key: tuple[float, float, float] | None = None
         self._design_val = (0.0, 0.0, 0.0)
@@ -176,14 +179,14 @@ class StepTimeRegressionDetector:
         s = self.settings
         n = len(self._base)
         if n < s.min_baseline_steps:
-            self._learn(x)
+            self._learn(step.step, x)
             return []
         mu, noise = self._noise()
         rel = x / mu - 1.0
         z = rel / noise
         out: list[Anomaly] = []
-        hold = s.spike_hold_steps or (self._hold_steps(step.step, mu) if self._hold_steps else DEFAULT_HOLD_STEPS)
-        sp = self.spikes.observe(step.step, rel, z, max(1, hold))
+        hold = self._hold(step.step, mu)
+        sp = self.spikes.observe(step.step, rel, z, hold)
         if sp.ended is not None and not sp.ended_periodic:
             self._spike_event(step.step, sp.ended, mu, hold, out)
         if sp.new_pattern is not None:
@@ -205,6 +208,11 @@ class StepTimeRegressionDetector:
         return out
 
     # -- internals -------------------------------------------------------------------------------------------------
+    def _hold(self, step: int, step_time_s: float) -> int:
+        s = self.settings
+        hold = s.spike_hold_steps or (self._hold_steps(step, step_time_s) if self._hold_steps else DEFAULT_HOLD_STEPS)
+        return max(1, hold)
+
     def _noise(self) -> tuple[float, float]:
         mu, sigma = self._base.stats()
         n = len(self._base)
@@ -213,12 +221,18 @@ class StepTimeRegressionDetector:
             return 1e-12, 1.0
         return mu, max(sigma / mu, self.settings.noise_floor, 1e-9)
 
-    def _learn(self, x: float) -> None:
-        """Fill the baseline; once it has a few values, spikes are kept out of it."""
+    def _learn(self, step: int, x: float) -> None:
+        """Fill the baseline; once it has a few values, spikes are kept out of it, unless they go on for longer
+        than the hold: then the job changed its level while we were learning, and learning starts again there."""
         if len(self._base) >= PROVISIONAL_MIN:
             mu, noise = self._noise()
             if self.spikes.is_spike(x / mu - 1.0, (x / mu - 1.0) / noise):
-                return
+                self._learn_rejected += 1
+                if self._learn_rejected <= self._hold(step, mu):
+                    return
+                self.counters["relearn_while_learning"] += 1
+                self._base.clear()
+        self._learn_rejected = 0
         self._base.push(x)
         if len(self._base) >= self.settings.min_baseline_steps and self._reference is None:
             self._reference = self._base.stats()[0]

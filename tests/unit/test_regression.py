@@ -142,3 +142,15 @@ def test_restart_reset_and_runtime_settings_keep_the_learned_level() -> None:
     assert det.baseline_step_time_s == pytest.approx(0.5, rel=0.02)
     det.reset()
     assert det.baseline_step_time_s is None
+
+
+def test_level_change_while_learning_restarts_learning_and_detection_goes_on() -> None:
+    xs = series(400, 0.02, seed=7)
+    xs[25:] *= 3.0  # 3x from step 26: the baseline (lag 16) then holds 9 values of the old level
+    xs[300:] *= 1.2  # and a genuine regression later
+    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 8)
+    found = feed(xs, det=det)
+    assert det.counters["relearn_while_learning"] == 1
+    assert det.baseline_step_time_s == pytest.approx(1.8, rel=0.05)
+    assert [(k, d["pattern"]) for s, k, _, d in found if s >= 300] == [("step_regression", "cusum")]
+    assert [k for s, k, _, _ in found if s < 300] == []
