@@ -26,6 +26,9 @@ SIMILAR_PEAK_RATIO = 2.0
 """Two episodes are alike when their peak step-time ratios are within this factor ..."""
 MAX_MISSES = 2
 """A pattern is dropped after this many predicted occurrences in a row did not happen."""
+DIVISORS = (1, 2, 3)
+"""Candidate periods are the gaps to earlier alike onsets divided by these (an occurrence may be hidden)."""
+MAX_LATTICE_POINTS = 64
 EXIT_FRACTION = 0.5
 """Hysteresis: an open episode goes on through steps over this fraction of both spike thresholds."""
 MAX_EPISODE_VALUES = 256
@@ -41,6 +44,8 @@ class SpikeEpisode:
     peak: float
     spike_steps: int = 1
     rels: list[float] = field(default_factory=list)
+    periodic: bool = False
+    """It contains a predicted occurrence of a known periodic pattern."""
 
     @property
     def duration(self) -> int:
@@ -86,9 +91,11 @@ class PeriodicPattern:
         return self.last_onset + self.period
 
     def covers(self, step: int) -> bool:
-        """True when ``step`` lies in the predicted window of the next occurrence."""
+        """True when ``step`` lies in the predicted window of the next occurrence, or in the last occurrence."""
         nxt = self.next_onset
-        return nxt - self.tolerance <= step <= nxt + self.tolerance + self.duration - 1 + MERGE_GAP_STEPS
+        if nxt - self.tolerance <= step <= nxt + self.tolerance + self.duration - 1 + MERGE_GAP_STEPS:
+            return True
+        return self.last_onset <= step <= self.last_onset + self.duration - 1 + MERGE_GAP_STEPS
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready description (steps; ``peak`` relative)."""
@@ -132,24 +139,28 @@ class SpikeFilter:
         on a noisy one). An episode starts at a spike step and goes on through elevated steps (over
         :data:`EXIT_FRACTION` of both thresholds: hysteresis, so a level right at the threshold is one episode,
         not many), with at most :data:`MERGE_GAP_STEPS` ordinary steps between them; spike steps are held out,
-        elevated ones still feed the change-point statistic. An episode that has lasted more than
-        ``hold_steps`` steps is *sustained*: it was
+        elevated ones still feed the change-point statistic. An episode still elevated, by a step no known
+        periodic pattern explains, more than ``hold_steps`` steps after its onset is *sustained*: it was
         not over before a capture armed at its onset could start (the caller passes the capture planner's lead),
         so it is a level change. An episode that ends within the hold is transient: the caller records it as an
         event and never arms for it.
 
         Period learning: each ended episode is compared with the alike ones remembered (duration within a
-        factor of 2 or 1 step, peak ratio within a factor of :data:`SIMILAR_PEAK_RATIO`). For a previous alike
-        onset ``o1``, ``p = onset - o1`` is a candidate period (``>= periodic_min_period_steps``); the lattice is
-        walked back (``o1 - p``, ``o1 - 2p``, ...) counting consecutive alike onsets within ``t`` steps
-        (``t = 0`` first, then ``floor(p * periodic_jitter)``). Under the null hypothesis that alike episodes
-        occur at random with the observed rate ``r`` (alike episodes per step), one lattice point is hit by
-        chance with probability ``q = min(1, (2t + 1) r)``; with ``m`` candidates tried, ``c`` further hits are
-        significant when ``m * q^c <= periodic_alpha`` (a Bonferroni bound on the chance of a false pattern per
-        episode). The pattern with most hits (then the shortest period) wins. With exact step periods this
-        learns a checkpoint every 200 steps at its 4th occurrence. A known pattern predicts its next onset;
-        episodes starting within ``t`` of it are occurrences (no event), ordinary steps in its window are held
-        out too, and :data:`MAX_MISSES` missed predictions in a row drop it (an occurrence hidden by an excluded
+        factor of 2 or 1 step, peak ratio within a factor of :data:`SIMILAR_PEAK_RATIO`). Candidate periods are
+        the gaps to earlier alike onsets, and those gaps divided by 2 and 3 (an occurrence may have merged with
+        another spike and look different), at least ``periodic_min_period_steps``. For a period ``p`` and a
+        tolerance ``t`` (0 first, then ``floor(p * periodic_jitter)``) the lattice ``onset - j * p`` is walked back
+        over the observed span (at most :data:`MAX_LATTICE_POINTS` points), counting points with an alike onset
+        within ``t``. Under the null hypothesis that alike episodes occur at random with the observed rate
+        ``r`` (alike episodes per step), a point is hit by chance with probability ``q = min(1, (2t + 1) r)``;
+        leaving out the point that suggested ``p``, ``h`` hits of ``n`` points are significant when
+        ``tests * P(Binomial(n, q) >= h) <= periodic_alpha`` (``tests``: every period and tolerance tried, a
+        Bonferroni bound on the chance of a false pattern per episode) and at least half the points are hit.
+        The shortest significant period wins. With exact step periods this
+        learns a checkpoint every 200 steps at its 4th occurrence. A known pattern predicts its next onset; a
+        spike step within ``t`` of it starts that occurrence (its episode gives no event, even when it merged
+        with a random spike), every step of the predicted window and of the occurrence is held out, and
+        :data:`MAX_MISSES` missed predictions in a row drop it (an occurrence hidden by an excluded
         step, e.g. a capture window, is not a miss). Source: CUSUM-style change detection needs outliers kept
         out of its statistic (Hawkins & Olwell 1998, "Cumulative Sum Charts and Charting for Quality
         Improvement", ch. 6 on robustified CUSUMs); the period test is a scan statistic over arithmetic
@@ -201,44 +212,48 @@ class SpikeFilter:
         ep = self._open
         if ep is not None and step - ep.last > MERGE_GAP_STEPS + (1 if elevated else 0):
             ended, self._open, ep = ep, None, None
+        occurrence = spike and self._occurrence_begins(step)
         if spike:
             self.counters["spike_steps"] += 1
         if ep is not None and elevated:
             ep.add(step, rel, spike)
         elif ep is None and spike:
             ep = self._open = SpikeEpisode(step, step, rel, 1, [rel])
+        if occurrence and ep is not None:
+            ep.periodic = True
         out_pattern: PeriodicPattern | None = None
         ended_periodic = False
         if ended is not None:
             ended_periodic, out_pattern = self._on_ended(ended)
         self._expire(step)
-        held = spike or any(p.covers(step) for p in self.patterns)
+        explained = any(p.covers(step) for p in self.patterns)
+        held = spike or explained
         sustained = None
-        if ep is not None and step - ep.onset + 1 > self._hold_for(ep, hold_steps):
+        if ep is not None and elevated and not explained and step - ep.onset + 1 > hold_steps:
             sustained, self._open = ep, None
         if ended is None and sustained is None and out_pattern is None:
             return SpikeOutcome(held) if held else _QUIET
         return SpikeOutcome(held, ended, ended_periodic, sustained, out_pattern)
 
-    def _hold_for(self, ep: SpikeEpisode, hold_steps: int) -> int:
-        """An expected occurrence of a pattern may last as long as the pattern does before it counts as sustained."""
+    def _occurrence_begins(self, step: int) -> bool:
+        """A spike step at a pattern's predicted onset (within its tolerance) is that occurrence's onset."""
+        hit = False
         for p in self.patterns:
-            if abs(ep.onset - p.next_onset) <= p.tolerance:
-                return max(hold_steps, p.duration + MERGE_GAP_STEPS)
-        return hold_steps
+            if abs(step - p.next_onset) <= p.tolerance:
+                p.last_onset = step
+                p.occurrences += 1
+                p.misses = 0
+                p.unseen = False
+                self.counters["periodic_occurrences"] += 1
+                hit = True
+        return hit
 
     # -- periodic patterns -----------------------------------------------------------------------------------------
     def _on_ended(self, ep: SpikeEpisode) -> tuple[bool, PeriodicPattern | None]:
         self.counters["episodes"] += 1
-        for p in self.patterns:
-            if abs(ep.onset - p.next_onset) <= p.tolerance:
-                p.last_onset = ep.onset
-                p.occurrences += 1
-                p.misses = 0
-                p.duration = max(p.duration, ep.duration)
-                self.counters["periodic_occurrences"] += 1
-                self._history.append(ep)
-                return True, None
+        if ep.periodic:
+            self._history.append(ep)
+            return True, None
         new = self._learn(ep) if self.settings.periodic_detection else None
         self._history.append(ep)
         if new is not None:
@@ -253,9 +268,6 @@ class SpikeFilter:
         keep: list[PeriodicPattern] = []
         for p in self.patterns:
             while step > p.next_onset + p.tolerance + p.duration + MERGE_GAP_STEPS:
-                ep = self._open
-                if ep is not None and abs(ep.onset - p.next_onset) <= p.tolerance:
-                    break  # the occurrence is under way
                 if p.unseen:
                     p.unseen = False
                 else:
@@ -270,43 +282,54 @@ class SpikeFilter:
         self.patterns = keep
 
     def _learn(self, ep: SpikeEpisode) -> PeriodicPattern | None:
-        """The most significant periodic lattice ending at ``ep``, or None (algorithm in the class Notes)."""
+        """The shortest significant periodic lattice ending at ``ep``, or None (algorithm in the class Notes)."""
         s = self.settings
         alike = [h for h in self._history if _alike(h, ep)]
-        if not alike:
+        if len(alike) < 2:
             return None
         onsets = sorted({h.onset for h in alike})
         start = self._observed_from if self._observed_from is not None else ep.onset
         if len(self._history) == self._history.maxlen:
             start = max(start, self._history[0].onset)
         rate = (len(alike) + 1) / max(1, ep.onset - start + 1)
-        m = len(onsets)
-        best: tuple[int, int, int] | None = None  # (hits, -period, tolerance)
-        for o1 in reversed(onsets):
-            p = ep.onset - o1
-            if p < s.periodic_min_period_steps:
-                continue
+        periods = sorted({(ep.onset - o) // d for o in onsets for d in DIVISORS
+                          if (ep.onset - o) % d == 0 and (ep.onset - o) // d >= s.periodic_min_period_steps})
+        tests = 2 * len(periods)  # Bonferroni: every (period, tolerance) pair tried
+        for p in periods:
             for tol in sorted({0, int(p * s.periodic_jitter)}):
-                hits = 0
-                expected = o1 - p
-                while True:
-                    i = bisect.bisect_left(onsets, expected - tol)
-                    if i >= len(onsets) or onsets[i] > expected + tol:
-                        break
-                    hits += 1
-                    expected = onsets[i] - p
+                points = min(MAX_LATTICE_POINTS, (ep.onset - start) // p)
+                hits = self._lattice_hits(onsets, ep.onset, p, tol, points)
+                # the point that suggested p is hit by construction: test the others
+                if len(hits) < 2 or 2 * len(hits) < points:
+                    continue
                 q = min(1.0, (2 * tol + 1) * rate)
-                if hits >= 1 and m * q**hits <= s.periodic_alpha:
-                    cand = (hits, -p, tol)
-                    if best is None or cand[:2] > best[:2]:
-                        best = cand
-                    break
-        if best is None:
-            return None
-        hits, neg_p, tol = best
-        period = -neg_p
-        members = [h for h in alike if any(abs(h.onset - (ep.onset - j * period)) <= tol for j in range(1, hits + 2))]
-        peaks = sorted([ep.peak, *(h.peak for h in members)])
-        return PeriodicPattern(period=period, tolerance=tol, last_onset=ep.onset,
-                               duration=max([ep.duration, *(h.duration for h in members)]),
-                               peak=peaks[len(peaks) // 2], occurrences=hits + 2)
+                if tests * _binomial_tail(points - 1, len(hits) - 1, q) <= s.periodic_alpha:
+                    members = [h for h in alike if h.onset in hits]
+                    peaks = sorted([ep.peak, *(h.peak for h in members)])
+                    return PeriodicPattern(period=p, tolerance=tol, last_onset=ep.onset,
+                                           duration=max([ep.duration, *(h.duration for h in members)]),
+                                           peak=peaks[len(peaks) // 2], occurrences=len(hits) + 1)
+        return None
+
+    @staticmethod
+    def _lattice_hits(onsets: list[int], onset: int, period: int, tol: int, points: int) -> set[int]:
+        """Onsets found within ``tol`` of ``onset - j * period``, j = 1..points (the walk follows each hit)."""
+        hits: set[int] = set()
+        expected = onset - period
+        for _ in range(points):
+            i = bisect.bisect_left(onsets, expected - tol)
+            if i < len(onsets) and onsets[i] <= expected + tol:
+                hits.add(onsets[i])
+                expected = onsets[i] - period
+            else:
+                expected -= period
+        return hits
+
+
+def _binomial_tail(n: int, k: int, q: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, q) (exact sum; n <= MAX_LATTICE_POINTS)."""
+    if k <= 0:
+        return 1.0
+    if q >= 1.0:
+        return 1.0
+    return min(1.0, sum(math.comb(n, i) * q**i * (1.0 - q) ** (n - i) for i in range(k, n + 1)))
