@@ -26,6 +26,7 @@ import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,13 +42,13 @@ from daemon.simulate.telemetry import TelemetryScenario, iter_telemetry
 from rankhook.wire import StepReport
 
 
-def _feed(sc: TelemetryScenario, settings: DetectionSettings) -> list[tuple[str, int, dict]]:
+def _feed(sc: TelemetryScenario, settings: DetectionSettings) -> list[tuple[str, int, dict[str, Any]]]:
     det = JobDetector(sc.job_id, sc.world_size, settings)
-    out = []
+    out: list[tuple[str, int, dict[str, Any]]] = []
     for rec in iter_telemetry(sc):
-        rep = StepReport(sc.job_id, rec["rank"], rec["step"], rec["step_time_s"], rec["ts_unix_s"],  # type: ignore[arg-type]
-                         rec.get("stages"), tuple(rec.get("flags", ())), bool(rec.get("capturing", False)))  # type: ignore[arg-type]
-        for a in det.observe(rep, rec["ts_unix_s"]):  # type: ignore[arg-type]
+        rep = StepReport(sc.job_id, rec["rank"], rec["step"], rec["step_time_s"], rec["ts_unix_s"],
+                         rec.get("stages"), tuple(rec.get("flags", ())), bool(rec.get("capturing", False)))
+        for a in det.observe(rep, rec["ts_unix_s"]):
             out.append((a.kind, a.step, a.detail))
     return out
 
@@ -112,7 +113,7 @@ def bench_false_alarms(args: argparse.Namespace, settings: DetectionSettings) ->
           f"design target 1 per {settings.false_alarm_steps:g}")
 
 
-SUITE = {
+SUITE: dict[str, dict[str, Any]] = {
     "gc_pauses": dict(gc_prob=0.02, gc_factor=3.0),
     "unflagged_checkpoints": dict(checkpoint_every=200, checkpoint_steps=3, checkpoint_factor=6.0,
                                   checkpoint_flagged=False),
@@ -127,7 +128,7 @@ def bench_replay_suite(args: argparse.Namespace, settings: DetectionSettings) ->
     cfg = ReplayConfig(detection=settings, arming=arming)
     print(f"== replay suite (profwatch replay's arming path, cooldown and hourly cap OFF): {steps} steps per "
           f"scenario, world_size={args.world_size}, cv={args.cv}, no sustained regression")
-    mixed = {k: v for d in SUITE.values() for k, v in d.items()}
+    mixed: dict[str, Any] = {k: v for d in SUITE.values() for k, v in d.items()}
     total_arms = total_steps = 0
     for name, effects in [*SUITE.items(), ("all_together", mixed)]:
         sc = replace(TelemetryScenario(world_size=args.world_size, steps=steps, cv=args.cv, seed=21,

@@ -273,9 +273,9 @@ class Coordinator:
                     self.captures.on_capture_event(m, node_id, now)
                 elif kind == "bye":
                     reg.bye(m, now)
-                    det = self.detectors.get(m.job_id)
-                    if det is not None:
-                        det.mark_left(m.rank)
+                    left = self.detectors.get(m.job_id)
+                    if left is not None:
+                        left.mark_left(m.rank)
             except RegistryError as exc:
                 self._reject(exc, node_id)
             except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -120,7 +121,7 @@ def _level(sc: TelemetryScenario, step: int, restarted: bool) -> tuple[float, st
     return lvl, flagged, capturing
 
 
-def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, object]]:
+def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, Any]]:
     """Yield records step by step (ranks in order within a step; ``ts_unix_s`` non-decreasing per rank).
 
     Shapes: ``steps * world_size`` records (fewer with a stall; more with a restart). Raises ValueError for
@@ -165,7 +166,7 @@ def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, object]]:
             if sc.stall_rank == r and sc.stall_from_step is not None and step >= sc.stall_from_step \
                     and not restarted:
                 continue
-            rec: dict[str, object] = {"job_id": sc.job_id, "rank": r, "world_size": n, "step": step,
+            rec: dict[str, Any] = {"job_id": sc.job_id, "rank": r, "world_size": n, "step": step,
                                       "step_time_s": round(float(step_t[r]), 6),
                                       "ts_unix_s": round(float(ts[r]), 6)}
             if sc.with_stages:
@@ -178,6 +179,6 @@ def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, object]]:
             yield rec
 
 
-def generate_telemetry(sc: TelemetryScenario) -> list[dict[str, object]]:
+def generate_telemetry(sc: TelemetryScenario) -> list[dict[str, Any]]:
     """All records of :func:`iter_telemetry` as a list."""
     return list(iter_telemetry(sc))

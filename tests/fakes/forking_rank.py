@@ -77,7 +77,8 @@ def main() -> None:
     elif MODE == "dataloader":
         from torch.utils.data import DataLoader
 
-        loader = DataLoader(Items(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+        loader: DataLoader = DataLoader(Items(), batch_size=None, num_workers=2,  # type: ignore[arg-type]
+                                        multiprocessing_context="fork")
         for item in loader:
             with open(os.path.join(OUT, f"child-{item['pid']}-{steps}.json"), "w") as f:
                 json.dump(item, f)

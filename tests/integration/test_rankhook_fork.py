@@ -95,7 +95,7 @@ def test_forked_children_stay_silent_and_the_parents_history_is_intact(daemons, 
         return r if r is not None and r["left"] and counters["received"] == parent["sent"] else None
 
     rank = wait_for(settled, 30, what="the parent's messages, and only those, at the coordinator")
-    assert rank["last_step"] == parent["steps"]
+    assert rank is not None and rank["last_step"] == parent["steps"]
     dump = call(control, "dump_telemetry", {"job_id": "jobF"}, timeout_s=8)
     steps = [json.loads(line)["step"] for line in dump.splitlines()]
     assert steps == list(range(1, parent["steps"] + 1))  # the parent's history, never wiped by a child

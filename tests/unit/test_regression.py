@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,9 +19,9 @@ BASE = TelemetryScenario(world_size=8, steps=300, cv=0.01, step_time_s=0.5)
 
 
 def feed(xs: np.ndarray, settings: DetectionSettings | None = None, hold: int = 8,
-         det: StepTimeRegressionDetector | None = None, first: int = 1) -> list[tuple[int, str, float, dict]]:
+         det: StepTimeRegressionDetector | None = None, first: int = 1) -> list[tuple[int, str, float, dict[str, Any]]]:
     det = det or StepTimeRegressionDetector("j", settings or DetectionSettings(), hold_steps=lambda _s, _t: hold)
-    out = []
+    out: list[tuple[int, str, float, dict[str, Any]]] = []
     for i, x in enumerate(xs.tolist()):
         for a in det.on_step(FinalizedStep(first + i, x, 0, 8, None, None)):
             out.append((a.step, a.kind, a.magnitude, a.detail))
