@@ -183,7 +183,7 @@ class CaptureManager:
         if decision.action == "suppress":
             self.c.emit("io.profwatch.arm_decision.v1", an.job_id, data)
             return
-        furthest = det.furthest_step if det is not None and det.furthest_step is not None else job.furthest_step()
+        furthest = max(0, job.furthest_step())  # what arm() plans from, so a periodic start_step passes its check
         step_time = det.baseline_step_time_s if det is not None else None
         try:
             req = capture_request(an, decision, furthest_step=furthest, step_time_s=step_time, capture=self.s.capture)
@@ -208,7 +208,12 @@ class CaptureManager:
         req = CaptureRequest(job_id=job.job_id, reason=str(args.get("reason") or "manual"), warmup=args.get("warmup"),
                              active=args.get("active"), rank_list=list(rank_list) if rank_list else None,
                              start_step=args.get("start_step"), in_steps=args.get("in_steps"))
-        return self.arm(job, req, now, dry_run=bool(args.get("dry_run")))
+        dry_run = bool(args.get("dry_run"))
+        history = self._arm_history(job.job_id, now)  # seeded before this arm is stored, so it counts once
+        out = self.arm(job, req, now, dry_run=dry_run)
+        if not dry_run:
+            history.record_arm(now)  # a manual arm counts for the cooldown and the caps too
+        return out
 
     def arm(self, job: JobState, req: CaptureRequest, now: float, dry_run: bool = False) -> dict[str, Any]:
         """Plan and write one capture. Raises ``ControlError`` (``refused``/``conflict``) with the reason."""
