@@ -119,8 +119,8 @@ class ArmingPolicy:
         that would include a currently stalled rank -> ``stalled_rank_in_capture``. In ``observe`` mode all
         checks run and a pass gives ``would_arm`` (reason ``observe_mode``); :class:`ArmHistory` counts it as an
         arm, so observe mode shows exactly what act mode would do (except the byte cap: nothing is captured).
-        Source: rate limits and observe-before-act as in ByteRobust (arXiv 2509.16293: act only after repeated
-        alerts) and the dry-run modes of cluster autoscalers and Ray's autoscaler.
+        Source: rate limits as in ByteRobust (arXiv 2509.16293: act only after repeated alerts); observe before
+        act as in the "observe" rollout mode of Ray Train's NCCL hang callback (ray-project/ray PRs 64928, 64993).
     """
 
     def __init__(self, settings: ArmingSettings | None = None) -> None:
