@@ -71,6 +71,10 @@ class DetectorsPort(Protocol):
 
     def stalled_ranks(self, job_id: str) -> frozenset[int]: ...
 
+    def baseline_step_time_s(self, job_id: str) -> float | None:
+        """The detector's step time of the job (the one definition replay uses too), None while unknown."""
+        ...
+
 
 SendNodeCommand = Callable[[str, wire.NodeCommand], None]
 """Send a command to one node daemon by its identity (the coordinator's ingest socket; never blocks)."""

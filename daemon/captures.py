@@ -33,7 +33,7 @@ from daemon.capture_ports import (
     WatcherPort,
 )
 from daemon.core import lifecycle as lc
-from daemon.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState
+from daemon.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
 from daemon.core.capture import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
 from daemon.core.capture_report import describe, explain_ranks, rank_causes, refusal
 from daemon.core.completeness import BatchState, CaptureHint
@@ -388,22 +388,30 @@ class CaptureShell:
                                  stalled_ranks=self.detectors.stalled_ranks(job_id))
 
     def on_anomaly(self, an: Anomaly, now: float) -> None:
-        """Decide, and arm (act mode) or count a would-arm (observe mode: cooldown and caps apply the same)."""
-        if an.job_id not in self.jobs:
+        """The arming path shared with ``profwatch replay`` (``daemon/core/arming.py``): decide on the job's arm
+        history, build the capture request, plan it (start the capture in act mode; a dry run in observe mode, whose
+        would-arm is then recorded so cooldown and caps apply exactly as in act mode)."""
+        job = self.jobs.get(an.job_id)
+        if job is None:
             return
         decision = self.policy.decide(an, self.arm_state(an.job_id, now), now)
         data: dict[str, Any] = {"anomaly": an.kind, "step": an.step, "action": decision.action,
                                 "reason": decision.reason}
-        if decision.action == "would_arm":
-            self._job(an.job_id).history.record_arm(now)
-        elif decision.action == "arm":
-            req = CaptureRequest(job_id=an.job_id, reason=decision.capture_reason or an.kind, warmup=decision.warmup,
-                                 active=decision.active,
-                                 rank_list=list(decision.rank_list) if decision.rank_list is not None else None)
+        if decision.action != "suppress":
             try:
-                data["capture_id"] = self.arm(an.job_id, req, now)["capture_id"]
+                req = capture_request(an, decision, furthest_step=max(0, job.furthest_step()),
+                                      step_time_s=self.detectors.baseline_step_time_s(an.job_id),
+                                      capture=self.s.capture)
+                plan = self.arm(an.job_id, req, now, dry_run=decision.action == "would_arm")
+                data["start_step"] = plan["start_step"]
+                if decision.action == "arm":
+                    data["capture_id"] = plan["capture_id"]
+                else:
+                    self._job(an.job_id).history.record(decision, now)
             except ControlError as exc:
                 data.update(action="suppress", reason=f"{exc.code}: {exc.message}")
+            except (KeyError, TypeError, ValueError) as exc:  # planner errors are shown, never hidden
+                data.update(action="suppress", reason=f"plan_failed: {exc}")
         self.emit("io.profwatch.arm_decision.v1", an.job_id, data)
 
     def arm(self, job_id: str, req: CaptureRequest, now: float, dry_run: bool = False) -> dict[str, Any]:
@@ -420,7 +428,8 @@ class CaptureShell:
             m = median(st.window.recent_times(20)) if st.window is not None else None
             if m:
                 times[r] = m
-        step_time = job.median_step_time_s() or 1.0
+        # one step-time definition with replay: the detector's baseline, else the registry's recent median
+        step_time = self.detectors.baseline_step_time_s(job.job_id) or job.median_step_time_s() or 1.0
         progress = JobProgress(job_id=job.job_id, world_size=job.world_size, furthest_step=max(0, job.furthest_step()),
                                step_time_s=step_time, prof_root=job.prof_root or "", now_unix_s=now,
                                rank_steps={r: max(0, s.last_step) for r, s in live.items()}, rank_step_time_s=times)

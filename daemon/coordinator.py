@@ -30,6 +30,7 @@ from daemon.core.capture import CaptureRequest
 from daemon.core.capture_report import describe
 from daemon.core.messages import MessageRejected, parse_node_message
 from daemon.core.registry import Registry, RegistryError
+from daemon.core.telemetry import dump_jsonl, window_records
 from daemon.logsetup import OncePerKind
 from rankhook import wire
 
@@ -58,6 +59,10 @@ class _DetectorView:
     def stalled_ranks(self, job_id: str) -> frozenset[int]:
         det = self._d.get(job_id)
         return frozenset(det.stalled_ranks) if det is not None else frozenset()
+
+    def baseline_step_time_s(self, job_id: str) -> float | None:
+        det = self._d.get(job_id)
+        return det.baseline_step_time_s if det is not None else None
 
 
 def _start_watcher(on_wake: Callable[[str], None], settings: Settings, metrics: Any = None) -> Any:
@@ -299,7 +304,7 @@ class Coordinator:
                         self._reject(MessageRejected("unknown_job", f"step for job {m.job_id} before any hello"), node_id)
                         continue
                     det = detectors.get(m.job_id) or self._detector_for(job.job_id, job.world_size)
-                    anomalies = det.observe(m)
+                    anomalies = det.observe(m, now)  # stalls are judged from this arrival time
                     if anomalies:
                         for an in anomalies:
                             self._on_anomaly(an, now)
@@ -315,9 +320,9 @@ class Coordinator:
                     self.captures.on_capture_event(m, node_id, now)
                 elif kind == "bye":
                     reg.bye(m, now)
-                    det = self.detectors.get(m.job_id)
-                    if det is not None:
-                        det.mark_left(m.rank)
+                    left = self.detectors.get(m.job_id)
+                    if left is not None:
+                        left.mark_left(m.rank)
             except RegistryError as exc:
                 self._reject(exc, node_id)
             except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
@@ -326,7 +331,7 @@ class Coordinator:
                     log.exception("message_handler_failed", kind=kind, job_id=getattr(m, "job_id", None))
 
     def _detector_for(self, job_id: str, world_size: int) -> JobDetector:
-        det = JobDetector(job_id, world_size, self.settings.detection)
+        det = JobDetector(job_id, world_size, self.settings.detection, capture=self.settings.capture)
         self.detectors[job_id] = det
         return det
 
@@ -447,23 +452,14 @@ class Coordinator:
         return {"detection": self.settings.detection.model_dump(), "arming": self.settings.arming.model_dump()}
 
     def _cmd_dump_telemetry(self, job_id: str) -> str:
-        """The job's step windows as ``profwatch replay`` JSONL. Windows keep no timestamps (8 bytes per step):
-        each step's ``ts_unix_s`` is rebuilt backwards from the rank's last report time and the step times after it."""
-        from daemon.commands.replay import dump_jsonl
-
+        """The job's step windows as ``profwatch replay`` JSONL (``daemon/core/telemetry.py``)."""
         job = self.registry.jobs.get(self._job_arg(job_id) or "")
         if job is None:
             raise control.ControlError("not_found", f"unknown job {job_id!r}")
         rows = []
         for r in job.ranks.values():
-            if r.window is None:
-                continue
-            ts = r.last_ts_unix_s
-            items = r.window.items()
-            for step, t in reversed(items):
-                rows.append({"job_id": job_id, "rank": r.rank, "step": step, "step_time_s": round(float(t), 6),
-                             "ts_unix_s": round(ts, 6)})
-                ts -= float(t)
+            if r.window is not None:
+                rows += window_records(job.job_id, r.rank, r.window.items(), r.last_ts_unix_s)
         rows.sort(key=lambda d: (d["step"], d["rank"]))
         return dump_jsonl(rows, world_size=job.world_size)
 

@@ -12,6 +12,9 @@ Public API::
     rankhook.shutdown()
 
 Every function is safe to call without ``init`` (it does nothing) and never raises into the training loop.
+A forked child of a rank (``os.fork``, multiprocessing's ``fork`` start method, DataLoader workers) never speaks
+as its parent: the hook it inherits is silent there, and ``init`` in the child returns that silent hook
+(``rankhook/hook.py``).
 Environment: ``PROFWATCH_NODE_ENDPOINT`` / ``PROFWATCH_RUNTIME_DIR`` (node daemon socket),
 ``PROFWATCH_JOB_ID``, ``PROFWATCH_BACKEND`` (auto|torch_npu|torch|none),
 ``PROFWATCH_PROFILER_CONFIG_PATH`` (folder of ``profiler_config.json``), ``PROFWATCH_PROF_ROOT``.
@@ -80,7 +83,8 @@ def init(
             off and only telemetry flows.
         prof_root: root under which captures land (announced to the daemons, checked against their roots).
         endpoint: node daemon endpoint (default :func:`rankhook.publisher.default_endpoint`).
-    A second call returns the existing hook.
+    A second call returns the existing hook; in a forked child of an initialised rank that is the parent's hook,
+    silenced (``hook.forked_child`` is true): the child never reports as its parent's rank.
     """
     global _hook
     if _hook is not None:

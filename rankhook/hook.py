@@ -2,7 +2,15 @@
 
 Hot path: :meth:`Hook.step` builds the step report JSON by string formatting (the field order of
 :class:`rankhook.wire.StepReport`), sends it with one non-blocking ZeroMQ call and hands the step to the capture
-backend. It never raises and never blocks the training loop (``../shared/docs/field-cases.md`` FC-13, FC-19).
+backend. It never raises and never blocks the training loop.
+
+Forked children: a child of a rank (``os.fork``, multiprocessing's ``fork`` start method, a DataLoader worker)
+inherits the rank's hook, identity and step counter. It must never speak as its parent: one step report from it
+would make the coordinator see the rank's step counter jump and then go back, i.e. a restart that wipes the
+rank's history. So every live hook is silenced in the child right after the fork (``os.register_at_fork``):
+``step``, ``emit``, ``set_step`` and the hello do nothing there, the backend is left alone (its threads and
+profiler state belong to the parent) and nothing is sent, not even a ``bye``. A process that is a rank of its
+own is started with exec/spawn (torchrun, ``mp.spawn``) and initialises rankhook afresh.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import logging
 import os
 import re
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from rankhook import wire
@@ -29,6 +38,17 @@ HELLO_RESEND_S = 10.0
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+_LIVE_HOOKS: weakref.WeakSet[Hook] = weakref.WeakSet()
+
+
+def _silence_hooks_after_fork() -> None:
+    """``os.register_at_fork(after_in_child=...)``: a forked child never speaks as its parent's rank."""
+    for hook in list(_LIVE_HOOKS):
+        hook.silence_forked_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_silence_hooks_after_fork)
 
 
 def _safe_stage_name(name: str) -> str:
@@ -101,13 +121,23 @@ class Hook:
             '{"job_id":' + json.dumps(ident.job_id) + ',"rank":' + str(ident.rank) + ',"step":'
         )
         self._closed = False
+        self.forked_child = False
+        """True in a forked child of the rank: the hook is silent there (module docstring)."""
+        _LIVE_HOOKS.add(self)
         self.send_hello()
         self._t_last = time.perf_counter()
         self._next_hello = self._t_last + HELLO_RESEND_S
 
     # -- messages -------------------------------------------------------------------------------------------
+    def silence_forked_child(self) -> None:
+        """Called in a forked child: from now on this hook sends nothing and drives no backend."""
+        self.forked_child = True
+        self._closed = True
+
     def send_hello(self) -> None:
         """(Re-)announce this rank to the node daemon, with the publisher's counters."""
+        if self.forked_child:
+            return
         c = self.publisher.counters
         hello = dataclasses.replace(self._hello, counters={"sent": c.sent, "dropped": c.dropped, "errors": c.errors})
         self.publisher.send(*wire.frames(hello))
@@ -123,6 +153,8 @@ class Hook:
 
     def emit(self, msg: Any) -> None:
         """Send any wire message (used by capture backends for :class:`~rankhook.wire.CaptureEvent`)."""
+        if self.forked_child:
+            return
         try:
             self.publisher.send(*wire.frames(msg))
         except Exception as exc:  # noqa: BLE001 - e.g. a non-finite float in a backend event
@@ -185,6 +217,8 @@ class Hook:
 
     def set_step(self, step: int) -> None:
         """Align the step counter after a resume (``dp.set_state({"cur_step": step})``); bad values are ignored."""
+        if self.forked_child:
+            return
         try:
             value = int(step)
             if not 0 <= value < 2**62:
@@ -200,7 +234,7 @@ class Hook:
             return
         self._closed = True
         if os.getpid() != self.ident.pid:
-            return  # a forked child must not say bye for (or close the backend of) its parent's rank
+            return  # a child forked without at-fork hooks (C fork): never a bye for, or a close of, the parent's
         try:
             self.backend.close()
         except Exception as exc:  # noqa: BLE001

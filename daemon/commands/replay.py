@@ -1,15 +1,15 @@
-"""``profwatch replay``: run the anomaly detectors and the arming policy over recorded step telemetry (I/O at the
+"""``profwatch replay``: run the anomaly detectors and the arming path over recorded step telemetry (I/O at the
 edge: reads one JSONL file and an optional TOML config; the work is :func:`replay_lines`, pure).
 
-Record format (one JSON object per line; the coordinator writes it with :func:`dump_jsonl`)::
+Record format: ``daemon/core/telemetry.py`` (what ``profwatch telemetry --job J`` writes).
 
-    {"job_id": "j1", "rank": 3, "world_size": 8, "step": 120, "step_time_s": 0.412, "ts_unix_s": 1764500042.5,
-     "stages": {"forward": 0.1}, "flags": ["checkpoint"], "capturing": false}
-    {"kind": "bye", "job_id": "j1", "rank": 3, "step": 500, "ts_unix_s": 1764500900.0}
-
-Time is taken from the records' ``ts_unix_s`` (stall checks run once per second of record time). Arms are
-simulated: the capture counts as in flight until the job's furthest step passes the window plus
-``parse_steps``, and its steps are excluded from detection, as the coordinator does.
+Replay goes through the coordinator's arming path (``daemon/core/arming.py``): the same detector
+(``JobDetector``), the same policy, the same :class:`~daemon.core.arming.ArmHistory` (so a would-arm in observe
+mode counts for the cooldown and caps as an arm does), the same step time (``JobDetector.baseline_step_time_s``)
+and the same planner (``daemon.core.capture.plan_capture`` with the ``[capture]`` settings). Time is taken from
+the records' ``ts_unix_s``: it stands for the arrival time of each report (stall checks run once per second of
+record time). Arms are simulated: the capture counts as in flight until the job's furthest step passes the
+window plus ``parse_steps``, and its steps are excluded from detection, as the coordinator does.
 """
 
 from __future__ import annotations
@@ -17,60 +17,41 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, is_dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import click
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from daemon.core.anomaly import Anomaly, DetectionSettings, JobDetector
-from daemon.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, plan_start_step
+from daemon.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, capture_request
+from daemon.core.capture import CaptureSettings, JobProgress, plan_capture
+from daemon.core.telemetry import TelemetryRecord, dump_jsonl
+from daemon.exitcodes import EXIT_USAGE
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+__all__ = ["ReplayConfig", "dump_jsonl", "load_config", "render_summary", "replay", "replay_lines"]
+
 MAX_BAD_LINES_LISTED = 100
 TICK_EVERY_S = 1.0
-RECORD_KEYS = ("job_id", "rank", "world_size", "step", "step_time_s", "ts_unix_s", "stages", "flags", "capturing")
-
-
-from daemon.core.messages import MAX_STEP, MAX_WORLD_SIZE  # noqa: E402  (the same bounds as the live wire)
+REPLAY_PROF_ROOT = "/replay"
+"""Stands in for the job's prof_root when planning (nothing is written)."""
 
 
 class ReplayConfig(BaseModel):
-    """The ``--config`` TOML file: ``[detection]`` and ``[arming]`` tables (both optional)."""
+    """The ``--config`` TOML file: ``[detection]``, ``[arming]`` and ``[capture]`` tables (all optional; the same
+    tables as the coordinator's config file). Unknown tables and keys are refused."""
 
     model_config = ConfigDict(extra="forbid")
     detection: DetectionSettings = Field(default_factory=DetectionSettings)
     arming: ArmingSettings = Field(default_factory=ArmingSettings)
-
-
-class TelemetryRecord(BaseModel):
-    """One telemetry line (unknown keys such as ``v`` are ignored)."""
-
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
-    kind: Literal["step", "bye"] = "step"
-    job_id: str = Field(min_length=1, max_length=128)
-    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE)
-    world_size: int | None = Field(None, ge=1, le=MAX_WORLD_SIZE)
-    step: int = Field(ge=0, lt=MAX_STEP)
-    step_time_s: float | None = Field(None, ge=0)
-    ts_unix_s: float
-    stages: dict[str, float] | None = None
-    flags: tuple[str, ...] = ()
-    capturing: bool = False
-
-    @model_validator(mode="after")
-    def _check(self) -> TelemetryRecord:
-        if self.kind == "step" and self.step_time_s is None:
-            raise ValueError("step record without step_time_s")
-        if self.world_size is not None and self.rank >= self.world_size:
-            raise ValueError(f"rank {self.rank} >= world_size {self.world_size}")
-        return self
+    capture: CaptureSettings = Field(default_factory=CaptureSettings)
 
 
 def load_config(path: Path | None) -> ReplayConfig:
@@ -80,31 +61,6 @@ def load_config(path: Path | None) -> ReplayConfig:
     with path.open("rb") as f:
         data = tomllib.load(f)
     return ReplayConfig.model_validate(data)
-
-
-def dump_jsonl(records: Iterable[Mapping[str, Any] | Any], *, world_size: int | None = None) -> str:
-    """Render step records (dicts or ``rankhook.wire.StepReport`` instances) as replayable JSONL text.
-
-    Keeps the keys of the record format only (``kind``/``v`` dropped; ``world_size`` added when given and
-    absent). Returns one compact JSON object per line, newline-terminated. Raises ``ValueError`` for NaN/inf.
-    """
-    out: list[str] = []
-    for rec in records:
-        d = asdict(rec) if is_dataclass(rec) and not isinstance(rec, type) else dict(rec)
-        row = {k: d[k] for k in RECORD_KEYS if k in d and d[k] is not None}
-        if d.get("kind") == "bye":
-            row = {"kind": "bye", **{k: d[k] for k in ("job_id", "rank", "step", "ts_unix_s") if k in d}}
-        elif world_size is not None and "world_size" not in row:
-            row["world_size"] = world_size
-        if "flags" in row:
-            if not row["flags"]:
-                del row["flags"]
-            else:
-                row["flags"] = list(row["flags"])
-        if row.get("capturing") is False:
-            del row["capturing"]
-        out.append(json.dumps(row, separators=(",", ":"), allow_nan=False))
-    return "".join(line + "\n" for line in out)
 
 
 @dataclass
@@ -133,8 +89,8 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
     """Replay JSONL telemetry lines through detection and arming; return the ``--json`` result dict.
 
     Shape: ``{"records", "jobs": {job_id: {"world_size", "counters"}}, "anomalies": [...], "arms": [...],
-    "suppressed": [...], "bad_lines": {"count", "lines": [{"line", "error"}]}, "planner"}``. Bad lines are
-    counted with their 1-based line numbers (first 100 listed); nothing here raises on bad input.
+    "suppressed": [...], "bad_lines": {"count", "lines": [{"line", "error"}]}}``. Bad lines are counted with
+    their 1-based line numbers (first 100 listed); nothing here raises on bad input.
     """
     cfg = config or ReplayConfig()
     parsed: list[tuple[int, TelemetryRecord]] = []
@@ -154,9 +110,8 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
     for _, rec in parsed:
         sizes[rec.job_id] = max(sizes.get(rec.job_id, 1), rec.world_size or 1, rec.rank + 1)
     policy = ArmingPolicy(cfg.arming)
-    jobs = {jid: _Job(JobDetector(jid, n, cfg.detection)) for jid, n in sizes.items()}
+    jobs = {jid: _Job(JobDetector(jid, n, cfg.detection, capture=cfg.capture)) for jid, n in sizes.items()}
     result: dict[str, Any] = {"anomalies": [], "arms": [], "suppressed": []}
-    planners: set[str] = set()
     last_ts = -math.inf
     for _, rec in parsed:
         job = jobs[rec.job_id]
@@ -167,18 +122,17 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
             continue
         assert rec.step_time_s is not None
         found = det.observe(_StepView(rec.rank, rec.step, rec.step_time_s, rec.ts_unix_s, rec.stages,
-                                      rec.flags, rec.capturing))
+                                      rec.flags, rec.capturing), rec.ts_unix_s)
         if rec.ts_unix_s - job.last_tick_s >= TICK_EVERY_S:
             job.last_tick_s = rec.ts_unix_s
             found += det.tick(rec.ts_unix_s)
-        _handle(found, job, policy, cfg, rec.ts_unix_s, result, planners)
+        _handle(found, job, policy, cfg, rec.ts_unix_s, result)
     for job in jobs.values():
-        _handle(job.detector.tick(last_ts), job, policy, cfg, last_ts, result, planners)
+        _handle(job.detector.tick(last_ts), job, policy, cfg, last_ts, result)
     result["records"] = len(parsed)
     result["jobs"] = {jid: {"world_size": j.detector.world_size, "counters": dict(j.detector.counters)}
                       for jid, j in jobs.items()}
     result["bad_lines"] = {"count": bad_count, "lines": bad}
-    result["planner"] = ",".join(sorted(planners)) if planners else None
     return result
 
 
@@ -192,7 +146,7 @@ def _short_error(exc: BaseException) -> str:
 
 
 def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayConfig, now: float,
-            result: dict[str, Any], planners: set[str]) -> None:
+            result: dict[str, Any]) -> None:
     det = job.detector
     furthest = det.furthest_step
     restarts = det.counters["restarts"]
@@ -202,24 +156,30 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
     job.restarts_seen = restarts
     for a in found:
         result["anomalies"].append(a.to_json())
-        state = job.history.state(now, capture_in_flight=job.in_flight_until_step is not None,
-                                  stalled_ranks=det.stalled_ranks)
-        d = policy.decide(a, state, now)
+        d = job.history.decide(policy, a, now, capture_in_flight=job.in_flight_until_step is not None,
+                               stalled_ranks=det.stalled_ranks)
         if d.action == "suppress":
             result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step, "reason": d.reason})
             continue
-        start, planner = plan_start_step(a.job_id, det.world_size, furthest if furthest is not None else a.step,
-                                         det.baseline_step_time_s, d, now_unix_s=now)
-        planners.add(planner)
-        job.history.record_arm(now)
+        at = furthest if furthest is not None else a.step
+        step_time = det.baseline_step_time_s
+        try:
+            req = capture_request(a, d, furthest_step=at, step_time_s=step_time, capture=cfg.capture)
+            plan = plan_capture(req, JobProgress(job_id=a.job_id, world_size=det.world_size, furthest_step=max(0, at),
+                                                 step_time_s=step_time, prof_root=REPLAY_PROF_ROOT, now_unix_s=now),
+                                cfg.capture)
+        except (ValueError, KeyError, TypeError) as exc:  # CannotPlanCapture / InvalidProfilerConfig are ValueErrors
+            result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step,
+                                         "reason": f"plan_failed: {exc}"})
+            continue
+        job.history.record(d, now)
         if d.action == "arm":
-            last = start + d.warmup + d.active - 1
-            det.exclude_steps(start, last, "capture")
+            last = plan.start_step + plan.warmup + plan.active - 1
+            det.exclude_steps(plan.start_step, last, "capture")
             job.in_flight_until_step = last + cfg.detection.parse_steps
-        result["arms"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step, "start_step": start,
-                               "warmup": d.warmup, "active": d.active,
-                               "rank_list": list(d.rank_list) if d.rank_list is not None else None,
-                               "reason": d.capture_reason, "action": d.action, "planner": planner})
+        result["arms"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step, "start_step": plan.start_step,
+                               "warmup": plan.warmup, "active": plan.active, "rank_list": plan.rank_list,
+                               "reason": plan.reason, "action": d.action})
 
 
 def render_summary(result: dict[str, Any]) -> str:
@@ -244,7 +204,7 @@ def render_summary(result: dict[str, Any]) -> str:
 @click.command("replay")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="TOML file with [detection] and [arming] tables.")
+              default=None, help="TOML file with [detection], [arming] and [capture] tables.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     """Replay recorded step telemetry FILE.jsonl through anomaly detection and the arming policy.
@@ -256,7 +216,9 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     optional: stages {"forward": 0.1, ...} (seconds), flags ["checkpoint"|"eval"], capturing (bool);
     {"kind": "bye", "job_id", "rank", "step", "ts_unix_s"} marks a rank that left on purpose.
     Bad lines are counted and listed with their line numbers.
-    Exit codes: 0 replayed; 1 no valid record (every line bad, or an empty file); 2 bad --config.
+    Arming goes through the coordinator's path: the same policy, history and capture planner.
+    Exit codes (daemon/exitcodes.py): 0 replayed; 2 bad --config, or no valid record (every line bad, or an
+    empty file).
     """
     try:
         cfg = load_config(config_path)
@@ -268,4 +230,4 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     if not result.get("records"):
         bad = result.get("bad_lines", {}).get("count", 0)
         click.echo(f"profwatch replay: no valid step record in {file} ({bad} bad lines)", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_USAGE)

@@ -1,19 +1,28 @@
-"""Automatic capture arming policy: anomaly + job state -> arm / would_arm / suppress (pure; time passed in).
+"""Automatic capture arming: anomaly + job history -> arm / would_arm / suppress, and the capture request to plan
+(pure; time passed in).
 
-Also holds two small pure helpers the coordinator and ``profwatch replay`` share: :class:`ArmHistory` (per-job
-arm/byte bookkeeping over the last hour) and :func:`plan_start_step` (the capture start step, delegated to
-``daemon.core.capture.plan_capture`` when that module is importable, else a documented fallback rule).
+The one arming path of profwatch. The coordinator and ``profwatch replay`` both, per anomaly:
+
+1. ``decision = history.decide(policy, anomaly, now, capture_in_flight=..., stalled_ranks=...)``
+   (:class:`ArmHistory` builds the :class:`JobArmState`, :class:`ArmingPolicy` decides);
+2. if ``decision.action`` is ``arm`` or ``would_arm``: ``req = capture_request(anomaly, decision, ...)`` and
+   ``daemon.core.capture.plan_capture(req, progress, capture_settings)`` (the coordinator writes the plan in
+   act mode and only plans it in observe mode);
+3. ``history.record(decision, now)`` once the plan succeeded, so a would-arm in observe mode counts for the
+   cooldown and the hourly cap exactly as an arm does in act mode; ``history.record_bytes`` as captures land.
+
+The job step time handed to the planner is ``JobDetector.baseline_step_time_s`` in both.
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from daemon.core.anomaly import Anomaly
 from daemon.core.arming_settings import ArmingSettings
+from daemon.core.capture import CaptureRequest, CaptureSettings, lead_steps
+from daemon.core.detection_types import Anomaly
 
 ArmAction = Literal["arm", "would_arm", "suppress"]
 HOUR_S = 3600.0
@@ -24,9 +33,9 @@ class JobArmState:
     """What the policy needs to know about one job at decision time.
 
     ``capture_in_flight`` is true while a capture is armed, running or captured but not yet analysed;
-    ``last_arm_unix_s`` the wall time of the last arm (None = never); ``captures_last_hour`` /
-    ``bytes_last_hour`` count arms and captured bytes in the rolling hour; ``stalled_ranks`` the ranks the
-    detector currently reports as stalled.
+    ``last_arm_unix_s`` the wall time of the last arm or would-arm (None = never); ``captures_last_hour`` /
+    ``bytes_last_hour`` count arms (and would-arms) and captured bytes in the rolling hour; ``stalled_ranks`` the
+    ranks the detector currently reports as stalled.
     """
 
     capture_in_flight: bool = False
@@ -42,9 +51,10 @@ class ArmDecision:
 
     ``action`` is ``arm``, ``would_arm`` (observe mode: everything passed) or ``suppress``; ``reason`` a stable
     snake_case string (``armed``, ``observe_mode``, ``mode_off``, ``stalled_rank_not_capturable``,
-    ``kind_not_armed``, ``below_min_magnitude``, ``capture_in_flight``, ``cooldown``, ``hourly_cap``, ``byte_cap``,
-    ``stalled_rank_in_capture``). ``warmup``/``active``/``rank_list`` are the window to arm (``rank_list`` None =
-    all ranks); ``capture_reason`` a short human text stamped into the capture metadata.
+    ``transient_not_capturable``, ``kind_not_armed``, ``below_min_magnitude``, ``capture_in_flight``,
+    ``cooldown``, ``hourly_cap``, ``byte_cap``, ``stalled_rank_in_capture``). ``warmup``/``active``/``rank_list``
+    are the window to arm (``rank_list`` None = all ranks); ``capture_reason`` a short human text stamped into
+    the capture metadata.
     """
 
     action: ArmAction
@@ -72,15 +82,16 @@ class ArmingPolicy:
 
     Notes:
         Checks, in order (the first that fails names the suppression reason): ``mode == "off"`` -> ``mode_off``;
-        stalled ranks -> ``stalled_rank_not_capturable`` (report only: a stalled rank never reaches a future
-        ``start_step``, so its batch could never complete; FC-11); kind not in ``arm_on`` -> ``kind_not_armed``;
+        a stall -> ``stalled_rank_not_capturable`` (report only: a stalled rank never reaches a future
+        ``start_step``, so its batch could never complete); a transient spike -> ``transient_not_capturable``
+        (it was over before any capture could start); kind not in ``arm_on`` -> ``kind_not_armed``;
         magnitude below ``min_magnitude``; one capture per job at a time (``capture_in_flight``, until analysed);
         ``cooldown_s`` since the last arm; ``max_captures_per_hour``; ``max_capture_bytes_per_hour``; a capture
-        that would include a currently stalled rank -> ``stalled_rank_in_capture`` (same reason as above). In
-        ``observe`` mode all checks run and a pass gives ``would_arm`` (reason ``observe_mode``), so observe mode
-        shows exactly what act mode would do; the caller should count it in :class:`ArmHistory` the same way.
-        Source: rate limits and observe-before-act as in ByteRobust (act after repeated alerts only) and Ray's
-        observe modes (``../shared/docs/anchors.md`` section 4).
+        that would include a currently stalled rank -> ``stalled_rank_in_capture``. In ``observe`` mode all
+        checks run and a pass gives ``would_arm`` (reason ``observe_mode``); :class:`ArmHistory` counts it as an
+        arm, so observe mode shows exactly what act mode would do (except the byte cap: nothing is captured).
+        Source: rate limits as in ByteRobust (arXiv 2509.16293: act only after repeated alerts); observe before
+        act as in the "observe" rollout mode of Ray Train's NCCL hang callback (ray-project/ray PRs 64928, 64993).
     """
 
     def __init__(self, settings: ArmingSettings | None = None) -> None:
@@ -103,6 +114,8 @@ class ArmingPolicy:
             return out("suppress", "mode_off")
         if anomaly.kind == "stalled_rank":
             return out("suppress", "stalled_rank_not_capturable")
+        if anomaly.kind == "step_spike":
+            return out("suppress", "transient_not_capturable")
         if anomaly.kind not in s.arm_on:
             return out("suppress", "kind_not_armed")
         if anomaly.magnitude < s.min_magnitude:
@@ -123,9 +136,11 @@ class ArmingPolicy:
 
 
 class ArmHistory:
-    """Arms and captured bytes of one job over the rolling hour (pure; times passed in, seconds).
+    """Arms, would-arms and captured bytes of one job over the rolling hour (pure; times passed in, seconds).
 
-    Memory: at most one entry per arm within the last hour (bounded by ``max_captures_per_hour`` in practice).
+    The coordinator keeps one per job (seeded from its state store after a restart) and ``profwatch replay``
+    keeps one per replayed job; both go through :meth:`decide` and :meth:`record`.
+    Memory: one entry per arm and per byte report within the last hour.
     """
 
     def __init__(self) -> None:
@@ -136,11 +151,18 @@ class ArmHistory:
     def record_arm(self, now_unix_s: float) -> None:
         """Count an arm (or, in observe mode, a would-arm) at ``now_unix_s``."""
         self._arms.append(now_unix_s)
-        self.last_arm_unix_s = now_unix_s
+        if self.last_arm_unix_s is None or now_unix_s > self.last_arm_unix_s:
+            self.last_arm_unix_s = now_unix_s
+
+    def record(self, decision: ArmDecision, now_unix_s: float) -> None:
+        """Count ``decision`` if it armed or would have armed (call once its capture was planned)."""
+        if decision.action in ("arm", "would_arm"):
+            self.record_arm(now_unix_s)
 
     def record_bytes(self, now_unix_s: float, total_bytes: int) -> None:
-        """Count ``total_bytes`` of a finished capture at ``now_unix_s``."""
-        self._bytes.append((now_unix_s, total_bytes))
+        """Count ``total_bytes`` captured at ``now_unix_s`` (call per rank or per capture; they add up)."""
+        if total_bytes > 0:
+            self._bytes.append((now_unix_s, total_bytes))
 
     def state(self, now_unix_s: float, *, capture_in_flight: bool,
               stalled_ranks: frozenset[int] = frozenset()) -> JobArmState:
@@ -152,42 +174,35 @@ class ArmHistory:
         return JobArmState(capture_in_flight, self.last_arm_unix_s, len(self._arms),
                            sum(b for _, b in self._bytes), stalled_ranks)
 
+    def decide(self, policy: ArmingPolicy, anomaly: Anomaly, now_unix_s: float, *, capture_in_flight: bool,
+               stalled_ranks: frozenset[int] = frozenset()) -> ArmDecision:
+        """``policy.decide`` on this history's state (nothing is recorded: call :meth:`record` after planning)."""
+        return policy.decide(anomaly, self.state(now_unix_s, capture_in_flight=capture_in_flight,
+                                                 stalled_ranks=stalled_ranks), now_unix_s)
 
-FALLBACK_MARGIN_S = 2.0
-"""Seconds added to the monitor poll interval for config propagation (NFS attribute cache, node write)."""
 
+def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: int, step_time_s: float | None,
+                    capture: CaptureSettings) -> CaptureRequest:
+    """The :class:`~daemon.core.capture.CaptureRequest` for an arming ``decision`` on ``anomaly``.
 
-def fallback_start_step(furthest_step: int, step_time_s: float | None, *, margin_s: float = FALLBACK_MARGIN_S) -> int:
-    """Capture ``start_step`` by the documented lead rule (used when ``daemon.core.capture`` is unavailable).
-
-    ``start_step = furthest_step + ceil((poll_interval_s + margin_s) / step_time_s) + 2`` where
-    ``poll_interval_s`` is 2 s before step 11 and afterwards the step time clamped to 1..50 s (torch_npu's
-    dynamic_profile monitor re-times its poll at step 11; ``../shared/docs/torch_npu_dynamic_profile.md``).
-    Unknown or non-positive step time counts as 1 s. Returns an absolute step (FC-10: ahead of every rank).
+    For every kind but ``periodic_spike`` the planner places ``start_step`` (its lead ahead of the furthest
+    rank). For ``periodic_spike`` the window is placed on a predicted occurrence: the first onset
+    ``o = next_onset_step + j * period_steps`` (j >= 0) with ``o - warmup`` at or after the planner's earliest
+    safe start (``furthest_step + lead_steps``), ``start_step = o - warmup`` so the active steps begin at the
+    onset, and ``active = max(decision.active, duration_steps)`` capped at ``capture.max_active``. Without a
+    step time (``None``) the planner's own rule applies (it raises ``CannotPlanCapture``). Pure; raises
+    ``KeyError``/``TypeError`` only for a malformed ``periodic_spike`` detail.
     """
-    st = step_time_s if step_time_s is not None and step_time_s > 0 and math.isfinite(step_time_s) else 1.0
-    poll_s = 2.0 if furthest_step < 11 else min(max(st, 1.0), 50.0)
-    return furthest_step + math.ceil((poll_s + margin_s) / st) + 2
-
-
-def plan_start_step(job_id: str, world_size: int, furthest_step: int, step_time_s: float | None,
-                    decision: ArmDecision, *, now_unix_s: float, settings: Any = None) -> tuple[int, str]:
-    """Return ``(start_step, planner)`` for an arm; ``planner`` is ``"capture.plan_capture"`` or ``"fallback"``.
-
-    Calls ``daemon.core.capture.plan_capture(CaptureRequest, JobProgress, settings)`` (the capture planner the
-    coordinator uses; ``settings`` None = its ``CaptureSettings()`` defaults) when that module imports and
-    accepts the call; any failure falls back to :func:`fallback_start_step`. Never raises. Used by replay.
-    """
-    try:
-        from daemon.core import capture
-
-        req = capture.CaptureRequest(job_id=job_id, reason=decision.capture_reason, warmup=decision.warmup,
-                                     active=decision.active,
-                                     rank_list=list(decision.rank_list) if decision.rank_list is not None else None)
-        job = capture.JobProgress(job_id=job_id, world_size=world_size, furthest_step=max(0, furthest_step),
-                                  step_time_s=step_time_s or 1.0, prof_root="/replay", now_unix_s=now_unix_s)
-        cap_settings = settings if settings is not None else capture.CaptureSettings()
-        plan = capture.plan_capture(req, job, cap_settings)
-        return int(plan.start_step), "capture.plan_capture"
-    except Exception:  # noqa: BLE001 - optional collaborator; the fallback rule is documented above
-        return fallback_start_step(furthest_step, step_time_s), "fallback"
+    rank_list = list(decision.rank_list) if decision.rank_list is not None else None
+    base = {"job_id": anomaly.job_id, "reason": decision.capture_reason or anomaly.kind, "warmup": decision.warmup,
+            "active": decision.active, "rank_list": rank_list}
+    if anomaly.kind != "periodic_spike" or step_time_s is None or not step_time_s > 0:
+        return CaptureRequest(**base)
+    d = anomaly.detail
+    period = int(d["period_steps"])
+    onset = int(d["next_onset_step"])
+    earliest = max(0, furthest_step) + lead_steps(max(0, furthest_step), step_time_s, capture)
+    while onset - decision.warmup < earliest:
+        onset += period
+    base["active"] = min(max(decision.active, int(d.get("duration_steps", 1))), capture.max_active)
+    return CaptureRequest(**base, start_step=onset - decision.warmup)

@@ -9,7 +9,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ArmingSettings"]
+__all__ = ["ArmableKind", "ArmingSettings"]
+
+ArmableKind = Literal["step_regression", "rank_outlier", "periodic_spike", "stalled_rank", "step_spike"]
 
 
 class ArmingSettings(BaseModel):
@@ -31,7 +33,9 @@ class ArmingSettings(BaseModel):
     warmup: int = Field(1, ge=0, description="profiler warm-up steps of the capture window (profiler_config key)")
     active: int = Field(2, ge=1, le=20, description="captured steps of the capture window (profiler_config key)")
     rank_list: tuple[int, ...] | None = Field(None, description="ranks to capture (None = all ranks)")
-    arm_on: tuple[Literal["step_regression", "rank_outlier", "stalled_rank"], ...] = Field(
-        ("step_regression", "rank_outlier"), description="anomaly kinds that may arm (stalled_rank never arms)"
+    arm_on: tuple[ArmableKind, ...] = Field(
+        ("step_regression", "rank_outlier"),
+        description="anomaly kinds that may arm; add periodic_spike to capture the next occurrence of a recurring "
+                    "spike (stalled_rank and step_spike never arm)",
     )
     min_magnitude: float = Field(0.0, ge=0, description="relative: anomalies below this magnitude do not arm")

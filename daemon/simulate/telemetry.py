@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,14 @@ class TelemetryScenario:
     ``capture_factor``, the last one by ``capture_flush_factor``) followed by ``parse_steps`` steps slowed by
     ``parse_factor``; a restart after ``restart_after_step``: the counter starts again at ``first_step`` after
     ``restart_gap_s`` seconds (then ``restart_steps`` more steps are generated).
+
+    Job-wide interruptions (unflagged unless said; drawn from a second seeded stream, so adding them leaves the
+    noise of a scenario unchanged): a GC pause on every rank with probability ``gc_prob`` per step, making the
+    step ``gc_factor`` times longer; a checkpoint lasting ``checkpoint_steps`` steps (see above); an evaluation
+    every ``eval_every`` steps making one step ``eval_factor`` times longer (flagged ``eval`` when
+    ``eval_flagged``); a data loader stall with probability ``loader_stall_prob`` per step: one random rank waits
+    ``loader_stall_factor - 1`` step times for data during ``loader_stall_steps`` steps (its compute stage holds
+    the wait), and in synchronous training every rank waits for it.
     """
 
     job_id: str = "sim"
@@ -69,24 +78,38 @@ class TelemetryScenario:
     capture_flush_factor: float = 3.0
     parse_steps: int = 2
     parse_factor: float = 1.4
+    checkpoint_steps: int = 1
+    gc_prob: float = 0.0
+    gc_factor: float = 3.0
+    eval_every: int | None = None
+    eval_factor: float = 10.0
+    eval_flagged: bool = False
+    loader_stall_prob: float = 0.0
+    loader_stall_factor: float = 3.0
+    loader_stall_steps: int = 1
     restart_after_step: int | None = None
     restart_gap_s: float = 30.0
     restart_steps: int = 100
 
 
-def _level(sc: TelemetryScenario, step: int, restarted: bool) -> tuple[float, bool, bool]:
-    """Return (relative level, flagged checkpoint?, capturing?) of ``step``."""
+def _level(sc: TelemetryScenario, step: int, restarted: bool) -> tuple[float, str | None, bool]:
+    """Return (relative level, flag or None, capturing?) of ``step``."""
     lvl = 1.0
-    flagged = capturing = False
+    flagged: str | None = None
+    capturing = False
     if sc.slowdown_from_step is not None and step >= sc.slowdown_from_step:
         lvl *= 1.0 + sc.slowdown
     if sc.drift_per_step and step >= sc.drift_from_step:
         lvl *= 1.0 + sc.drift_per_step * (step - sc.drift_from_step)
     if sc.spike_step is not None and step == sc.spike_step:
         lvl *= sc.spike_factor
-    if sc.checkpoint_every and step > sc.first_step and (step - sc.first_step) % sc.checkpoint_every == 0:
+    if sc.checkpoint_every and step > sc.first_step \
+            and (step - sc.first_step) % sc.checkpoint_every < max(1, sc.checkpoint_steps):
         lvl *= sc.checkpoint_factor
-        flagged = sc.checkpoint_flagged
+        flagged = "checkpoint" if sc.checkpoint_flagged else None
+    if sc.eval_every and step > sc.first_step and (step - sc.first_step) % sc.eval_every == 0:
+        lvl *= sc.eval_factor
+        flagged = flagged or ("eval" if sc.eval_flagged else None)
     cs = sc.capture_start_step
     if cs is not None and not restarted:
         end = cs + sc.capture_steps - 1
@@ -98,7 +121,7 @@ def _level(sc: TelemetryScenario, step: int, restarted: bool) -> tuple[float, bo
     return lvl, flagged, capturing
 
 
-def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, object]]:
+def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, Any]]:
     """Yield records step by step (ranks in order within a step; ``ts_unix_s`` non-decreasing per rank).
 
     Shapes: ``steps * world_size`` records (fewer with a stall; more with a restart). Raises ValueError for
@@ -107,6 +130,8 @@ def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, object]]:
     if sc.world_size < 1:
         raise ValueError("world_size must be >= 1")
     rng = np.random.default_rng(sc.seed)
+    events = np.random.default_rng([sc.seed, 1])  # interruptions: a separate stream keeps the noise unchanged
+    stall_rank, stall_left = -1, 0
     n = sc.world_size
     ts = np.full(n, sc.t0_unix_s)
     plan: list[tuple[int, bool]] = [(sc.first_step + i, False) for i in range(sc.steps)]
@@ -120,8 +145,15 @@ def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, object]]:
         prev_restarted = restarted
         lvl, flagged, capturing = _level(sc, step, restarted)
         g = max(0.2, 1.0 + sc.cv * float(rng.standard_normal()))
+        if sc.gc_prob and events.random() < sc.gc_prob:
+            lvl *= sc.gc_factor
         base = sc.step_time_s * lvl * g
         compute = base * sc.compute_frac * np.maximum(0.2, 1.0 + sc.rank_jitter_cv * rng.standard_normal(n))
+        if sc.loader_stall_prob and stall_left == 0 and events.random() < sc.loader_stall_prob:
+            stall_rank, stall_left = int(events.integers(n)), max(1, sc.loader_stall_steps)
+        if stall_left > 0:
+            compute[stall_rank] += sc.step_time_s * g * (sc.loader_stall_factor - 1.0)
+            stall_left -= 1
         if sc.slow_rank is not None and step >= sc.slow_rank_from_step and not restarted:
             compute[sc.slow_rank] *= sc.slow_rank_factor
         comm = base * (1.0 - sc.compute_frac)
@@ -134,19 +166,19 @@ def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, object]]:
             if sc.stall_rank == r and sc.stall_from_step is not None and step >= sc.stall_from_step \
                     and not restarted:
                 continue
-            rec: dict[str, object] = {"job_id": sc.job_id, "rank": r, "world_size": n, "step": step,
+            rec: dict[str, Any] = {"job_id": sc.job_id, "rank": r, "world_size": n, "step": step,
                                       "step_time_s": round(float(step_t[r]), 6),
                                       "ts_unix_s": round(float(ts[r]), 6)}
             if sc.with_stages:
                 c = float(compute[r])
                 rec["stages"] = {"compute": round(c, 6), "comm": round(float(step_t[r]) - c, 6)}
             if flagged:
-                rec["flags"] = ["checkpoint"]
+                rec["flags"] = [flagged]
             if capturing:
                 rec["capturing"] = True
             yield rec
 
 
-def generate_telemetry(sc: TelemetryScenario) -> list[dict[str, object]]:
+def generate_telemetry(sc: TelemetryScenario) -> list[dict[str, Any]]:
     """All records of :func:`iter_telemetry` as a list."""
     return list(iter_telemetry(sc))

@@ -98,6 +98,9 @@ class World:
             def stalled_ranks(self, job_id: str) -> frozenset[int]:
                 return frozenset()
 
+            def baseline_step_time_s(self, job_id: str) -> float | None:
+                return None
+
         self.shell = CaptureShell(
             settings=self.settings, store=self.store, jobs=self.registry.jobs, nodes=self.registry.nodes,
             writer=Writer(), send_node_command=lambda n, c: self.sent.append((n, c)), scanner=Scanner(),

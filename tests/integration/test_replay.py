@@ -35,7 +35,9 @@ def test_slowdown_arms_one_capture_and_its_window_does_not_retrigger(tmp_path: P
     arm = res["arms"][0]
     assert len(res["arms"]) == 1 and arm["action"] == "arm"
     assert arm["start_step"] > arm["step"] and (arm["warmup"], arm["active"], arm["rank_list"]) == (1, 2, None)
-    assert res["planner"] in ("fallback", "capture.plan_capture")
+    # placed by the coordinator's planner, its lead ahead of the furthest rank: ceil((1 s poll + 2 s margin) /
+    # step time) + 2 with the step time now 0.5 s * 1.3 (the detector re-learns the new level): 7 steps
+    assert arm["start_step"] == arm["step"] + 7
     assert res["bad_lines"]["count"] == 0 and res["records"] == 300 * 8
 
 
@@ -121,3 +123,37 @@ def test_dump_jsonl_accepts_wire_step_reports() -> None:
     assert res["records"] == len(reps) and res["bad_lines"]["count"] == 0
     assert res["jobs"]["j9"]["world_size"] == 4
     assert res["jobs"]["j9"]["counters"]["excluded"] >= 1  # the eval step
+
+
+def test_periodic_checkpoint_armed_on_its_next_onset_when_asked(tmp_path: Path) -> None:
+    """Issue 11 item 3 (b): unflagged 3-step checkpoints every 200 steps; with periodic_spike in arm_on the one
+    capture covers the next occurrence (active steps from its onset), nothing else arms."""
+    sc = replace(BASE, steps=1100, cv=0.03, checkpoint_every=200, checkpoint_steps=3, checkpoint_factor=6.0,
+                 checkpoint_flagged=False)
+    cfg = tmp_path / "pw.toml"
+    cfg.write_text('[arming]\ncooldown_s = 0\narm_on = ["step_regression", "periodic_spike"]\n')
+    res = run_json(tmp_path, generate_telemetry(sc), "--config", str(cfg))
+    assert [a["kind"] for a in res["anomalies"]].count("step_regression") == 0
+    [arm] = res["arms"]
+    assert arm["kind"] == "periodic_spike" and arm["action"] == "arm"
+    assert arm["start_step"] + arm["warmup"] == 1001 and arm["active"] >= 3
+    quiet = run_json(tmp_path, generate_telemetry(sc))
+    assert quiet["arms"] == []
+    assert {s["reason"] for s in quiet["suppressed"]} == {"transient_not_capturable", "kind_not_armed"}
+
+
+def test_planner_errors_are_reported_not_hidden(tmp_path: Path) -> None:
+    cfg = tmp_path / "pw.toml"
+    cfg.write_text("[arming]\nactive = 15\n\n[capture]\nmax_active = 10\n")
+    res = run_json(tmp_path, generate_telemetry(replace(BASE, slowdown=0.3, slowdown_from_step=150)),
+                   "--config", str(cfg))
+    assert res["arms"] == []
+    [sup] = res["suppressed"]
+    assert sup["kind"] == "step_regression" and sup["reason"].startswith("plan_failed: active 15 over max_active 10")
+
+
+def test_no_valid_record_is_an_input_error(tmp_path: Path) -> None:
+    f = tmp_path / "empty.jsonl"
+    f.write_text("not json\n")
+    code, out = invoke(f)
+    assert code == 2 and "bad lines: 1" in out

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import types
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -17,13 +14,16 @@ from daemon.core.arming import (
     ArmingPolicy,
     ArmingSettings,
     JobArmState,
-    fallback_start_step,
-    plan_start_step,
+    capture_request,
 )
+from daemon.core.capture import CaptureSettings, lead_steps
 
 REG = Anomaly("step_regression", "j1", 120, (), 0.25, {})
 OUT = Anomaly("rank_outlier", "j1", 130, (5,), 0.3, {})
 STALL = Anomaly("stalled_rank", "j1", 140, (3,), 1.0, {})
+SPIKE = Anomaly("step_spike", "j1", 150, (), 2.0, {"first_step": 148, "duration_steps": 1})
+PERIODIC = Anomaly("periodic_spike", "j1", 805, (), 5.0,
+                   {"period_steps": 200, "next_onset_step": 1001, "duration_steps": 3})
 NOW = 10_000.0
 
 
@@ -57,6 +57,8 @@ def test_rank_outlier_arms_configured_rank_list() -> None:
         (REG, JobArmState(bytes_last_hour=2**30), {"max_capture_bytes_per_hour": 2**30}, "byte_cap"),
         (REG, JobArmState(stalled_ranks=frozenset({3})), {}, "stalled_rank_in_capture"),
         (STALL, JobArmState(), {"mode": "observe"}, "stalled_rank_not_capturable"),
+        (SPIKE, JobArmState(), {"arm_on": ("step_spike",)}, "transient_not_capturable"),
+        (PERIODIC, JobArmState(), {}, "kind_not_armed"),
     ],
 )
 def test_suppression_reasons(anomaly: Anomaly, state: JobArmState, settings: dict[str, Any], reason: str) -> None:
@@ -102,49 +104,50 @@ def test_arm_history_rolls_over_one_hour() -> None:
     assert (st.captures_last_hour, st.bytes_last_hour, st.last_arm_unix_s) == (0, 0, 1000.0)
 
 
-@pytest.mark.parametrize(
-    ("furthest", "step_time", "expected"),
-    [
-        (5, 0.5, 5 + 8 + 2),  # poll 2 s before step 11: ceil((2+2)/0.5) = 8
-        (100, 0.5, 100 + 6 + 2),  # poll = step time clamped to >= 1 s: ceil((1+2)/0.5) = 6
-        (100, 100.0, 100 + 1 + 2),  # poll clamped to 50 s: ceil(52/100) = 1
-        (100, None, 100 + 3 + 2),  # unknown step time counts as 1 s
-        (100, 3.0, 100 + 2 + 2),  # poll 3 s: ceil(5/3) = 2
-    ],
-)
-def test_fallback_start_step(furthest: int, step_time: float | None, expected: int) -> None:
-    assert fallback_start_step(furthest, step_time) == expected
+def test_observe_mode_would_arm_counts_for_cooldown_and_cap_like_an_arm() -> None:
+    """One arming path: in observe mode a would_arm is recorded, so the second anomaly meets the cooldown exactly
+    as it would in act mode (issue 10: observe mode used to report would_arm on every anomaly)."""
+    for mode, first in (("act", "arm"), ("observe", "would_arm")):
+        policy = ArmingPolicy(ArmingSettings(mode=mode, cooldown_s=600, max_captures_per_hour=2))
+        h = ArmHistory()
+        actions = []
+        for i, t in enumerate((NOW, NOW + 60, NOW + 700, NOW + 1400)):
+            d = h.decide(policy, REG, t, capture_in_flight=False)
+            actions.append((d.action, d.reason))
+            h.record(d, t)
+            assert h.state(t, capture_in_flight=False).captures_last_hour == min(2, (i + 2) // 2)
+        assert actions == [(first, "armed" if mode == "act" else "observe_mode"), ("suppress", "cooldown"),
+                           (first, "armed" if mode == "act" else "observe_mode"), ("suppress", "hourly_cap")]
 
 
-def test_plan_start_step_delegates_to_capture_planner(monkeypatch: pytest.MonkeyPatch) -> None:
-    @dataclass
-    class Plan:
-        start_step: int
-
-    calls: list[tuple[Any, Any, Any]] = []
-    fake = types.ModuleType("daemon.core.capture")
-    fake.CaptureRequest = lambda **kw: ("req", kw)  # type: ignore[attr-defined]
-    fake.JobProgress = lambda **kw: ("job", kw)  # type: ignore[attr-defined]
-    fake.CaptureSettings = lambda: "settings"  # type: ignore[attr-defined]
-
-    def plan_capture(req: Any, job: Any, settings: Any) -> Plan:
-        calls.append((req, job, settings))
-        return Plan(job[1]["furthest_step"] + 42)
-
-    fake.plan_capture = plan_capture  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "daemon.core.capture", fake)
-    import daemon.core
-
-    monkeypatch.setattr(daemon.core, "capture", fake, raising=False)
-    d = decide()
-    assert plan_start_step("j1", 8, 100, 0.5, d, now_unix_s=NOW) == (142, "capture.plan_capture")
-    assert calls[0][1][1]["world_size"] == 8 and calls[0][2] == "settings"
+def test_suppressed_decisions_are_not_recorded_and_bytes_add_up() -> None:
+    h = ArmHistory()
+    policy = ArmingPolicy(ArmingSettings(max_capture_bytes_per_hour=1000))
+    h.record(h.decide(policy, STALL, NOW, capture_in_flight=False), NOW)
+    assert h.last_arm_unix_s is None
+    h.record_bytes(NOW, 600)
+    h.record_bytes(NOW + 1, 500)
+    h.record_bytes(NOW + 2, 0)
+    assert h.decide(policy, REG, NOW + 3, capture_in_flight=False).reason == "byte_cap"
 
 
-def test_plan_start_step_falls_back_when_planner_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    broken = types.ModuleType("daemon.core.capture")
-    monkeypatch.setitem(sys.modules, "daemon.core.capture", broken)
-    import daemon.core
+def test_capture_request_lets_the_planner_place_ordinary_captures() -> None:
+    d = decide(OUT, rank_list=(5,))
+    req = capture_request(OUT, d, furthest_step=130, step_time_s=0.5, capture=CaptureSettings())
+    assert (req.start_step, req.warmup, req.active, req.rank_list, req.job_id) == (None, 1, 2, [5], "j1")
+    assert "rank_outlier" in req.reason
 
-    monkeypatch.setattr(daemon.core, "capture", broken, raising=False)
-    assert plan_start_step("j1", 8, 100, 0.5, decide(), now_unix_s=NOW) == (108, "fallback")
+
+@pytest.mark.parametrize(("furthest", "step_time", "onset"), [(810, 0.5, 1001), (995, 0.5, 1201), (810, 20.0, 1001),
+                                                              (1400, 2.0, 1601)])
+def test_capture_request_places_a_periodic_capture_on_a_predicted_onset(furthest: int, step_time: float,
+                                                                        onset: int) -> None:
+    cap = CaptureSettings(max_active=10)
+    d = decide(PERIODIC, arm_on=("periodic_spike",), warmup=1, active=2)
+    req = capture_request(PERIODIC, d, furthest_step=furthest, step_time_s=step_time, capture=cap)
+    assert req.start_step is not None
+    assert req.start_step + d.warmup == onset  # active steps start at the onset
+    assert req.start_step >= furthest + lead_steps(furthest, step_time, cap)  # never closer than the planner allows
+    assert req.active == 3  # the spike's duration
+    short = CaptureSettings(max_active=2)
+    assert capture_request(PERIODIC, d, furthest_step=810, step_time_s=0.5, capture=short).active == 2

@@ -1,0 +1,75 @@
+"""Stalled ranks judged from arrival times on the coordinator's clock (daemon/core/stalls.py), never from the
+rank host's clock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from daemon.core.anomaly import DetectionSettings, JobDetector
+from daemon.simulate.telemetry import TelemetryScenario, generate_telemetry
+from rankhook.wire import StepReport
+from tests.unit.detection_helpers import kinds, run
+
+BASE = TelemetryScenario(world_size=8, steps=300, cv=0.01, step_time_s=0.5)
+QUICK = DetectionSettings(stall_after_s=10.0)
+
+
+def test_stalled_rank_is_stalled_not_regression() -> None:
+    found, det = run(generate_telemetry(replace(BASE, stall_rank=3, stall_from_step=150)), 8, QUICK)
+    assert kinds(found) == ["stalled_rank"]
+    a = found[0]
+    assert a.ranks == (3,)
+    assert a.detail["last_step"][3] == 149
+    assert a.detail["steps_behind"][3] >= 5
+    assert a.detail["clock"] == "coordinator_arrival"
+    assert det.stalled_ranks == {3}
+    # the rank comes back: cleared, and it may be reported again later
+    det.observe(StepReport("sim", 3, 400, 0.5, 2e9), 2e9)
+    assert det.stalled_ranks == frozenset()
+
+
+def test_rank_that_left_is_not_stalled() -> None:
+    det = JobDetector("sim", 8, QUICK)
+    recs = generate_telemetry(replace(BASE, stall_rank=3, stall_from_step=150))
+    run(recs[: 149 * 8 + 8], 8, det=det)
+    det.mark_left(3)
+    found, _ = run(recs[149 * 8 + 8:], 8, det=det)
+    assert found == []
+
+
+def test_stall_needs_both_steps_behind_and_silence() -> None:
+    det = JobDetector("j", 2, DetectionSettings(stall_after_s=10.0, stall_steps_behind=5, warmup_steps=0))
+    for k in range(1, 4):
+        det.observe(StepReport("j", 0, k, 1.0, 100.0 + k), 100.0 + k)
+        det.observe(StepReport("j", 1, k, 1.0, 100.0 + k), 100.0 + k)
+    det.observe(StepReport("j", 0, 4, 1.0, 104.0), 104.0)
+    assert det.tick(1000.0) == []  # silent long enough, but only 1 step behind
+    for k in range(5, 10):
+        det.observe(StepReport("j", 0, k, 1.0, 100.0 + k), 100.0 + k)
+    assert det.tick(105.0) == []  # 6 steps behind, silent only 2 s
+    found = det.tick(114.0)
+    assert [a.ranks for a in found] == [(1,)]
+    assert det.tick(200.0) == []  # reported once per stall episode
+
+
+def test_host_clock_skew_neither_fakes_nor_hides_a_stall() -> None:
+    """Rank 2's host clock is an hour behind and rank 5's is frozen; rank 6 stops while its clock runs a day
+    ahead. Only rank 6 is stalled: arrivals decide, the reports' ts_unix_s do not."""
+    recs = generate_telemetry(replace(BASE, stall_rank=6, stall_from_step=150))
+    for r in recs:
+        r["arrival_s"] = r["ts_unix_s"] + 0.05  # node relay delay
+        if r["rank"] == 2:
+            r["ts_unix_s"] -= 3600.0
+        elif r["rank"] == 5:
+            r["ts_unix_s"] = 1_000_000.0
+        elif r["rank"] == 6:
+            r["ts_unix_s"] += 86_400.0
+    found, det = run(recs, 8, QUICK)
+    assert [(a.kind, a.ranks) for a in found] == [("stalled_rank", (6,))]
+    assert det.stalled_ranks == {6}
+
+
+def test_restart_gap_is_not_a_stall() -> None:
+    sc = replace(BASE, steps=200, restart_after_step=150, restart_steps=150, restart_gap_s=60.0, cv=0.02)
+    found, _ = run(generate_telemetry(sc), 8, QUICK)
+    assert found == []
