@@ -13,10 +13,14 @@ sections 2-4), so the torch.profiler backend and the torch_npu wrapper react to 
   start now, ``cur_step == start_step`` starts, a passed start_step is discarded, a future one waits; one pending
   slot that newer configs replace; configs arriving during a capture are evaluated on the first step after it.
 
-Deliberate differences from torch_npu (safer, documented): an invalid or torn read does **not** consume the
-mtime (it is retried when the file's size or mtime changes, and reported once); an mtime in the future is
-rejected instead of blocking every later edit (section 2, "mtime in the future"); byte-identical content
-re-accepted within ``REDELIVERY_WINDOW_S`` (the config writer's mtime bump) is not a new arm.
+An mtime ahead of the clock is accepted, as torch_npu accepts it (verified against torch-npu 2.13.0,
+``docs/conformance.md``); profwatch's config writer then writes beyond it. The torch_npu backend passes
+``validate=`` :func:`rankhook.backends.torch_npu_config.torch_npu_reading` so that its mirror applies
+torch_npu's resets instead of this module's strict :func:`validate_config`.
+
+Deliberate differences from torch_npu (documented): an invalid or torn read does **not** consume the mtime (it
+is retried when the file's size or mtime changes, and reported once); byte-identical content re-accepted within
+``REDELIVERY_WINDOW_S`` (the config writer's mtime bump) is not a new arm.
 """
 
 from __future__ import annotations
@@ -238,6 +242,8 @@ class ConfigWatcher:
         tick: called on the watcher thread at least every ``tick_s`` seconds (backends drain deferred work there).
         poll_interval_s: fixed poll interval; default from ``PROFWATCH_POLL_INTERVAL_S`` or the torch_npu rule.
         clock: wall clock (``time.time``).
+        validate: ``raw -> (config, detail)``; ``config`` None rejects with ``detail`` as the reason, otherwise
+            ``detail`` (e.g. the resets applied) goes into the ``arm_seen`` event. Default :func:`validate_config`.
     The step path reads :attr:`latest` (a plain attribute, replaced atomically) and may set
     :attr:`step_time_s` once (step 11). ``close()`` stops and joins the thread.
     """
@@ -253,8 +259,10 @@ class ConfigWatcher:
         tick_s: float = 0.5,
         poll_interval_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        validate: Callable[[object], tuple[dict[str, Any] | None, str]] = validate_config,
     ) -> None:
         self.path = os.path.join(os.path.abspath(config_dir), CONFIG_FILE)
+        self._validate = validate
         self.rank = rank
         self._clock = clock
         self._accepted = int(clock() if init_unix_s is None else init_unix_s)
@@ -305,8 +313,6 @@ class ConfigWatcher:
         m = int(st.st_mtime)
         if m <= self._accepted or (m, st.st_size) == self._rejected_key:
             return None
-        if m > now + 1:
-            return self._reject(m, st.st_size, f"mtime {m} is in the future (now {int(now)}); ignored")
         if st.st_size > MAX_CONFIG_BYTES:
             return self._reject(m, st.st_size, f"config is {st.st_size} bytes, over {MAX_CONFIG_BYTES}")
         try:
@@ -315,16 +321,21 @@ class ConfigWatcher:
             raw = json.loads(data) if data.strip() else {}
         except (OSError, ValueError) as exc:
             return self._reject(m, st.st_size, f"cannot read/parse config: {exc}")
-        cfg, reason = validate_config(raw)
+        cfg, detail = self._validate(raw)
         if cfg is None:
-            return self._reject(m, st.st_size, reason)
+            return self._reject(m, st.st_size, detail)
         prev, self._accepted = self._accepted, m
         if data == self._accepted_data and m - prev <= REDELIVERY_WINDOW_S:
             return None  # the config writer's mtime bump re-delivering the same content: not a new arm
         self._accepted_data = data
         armed = make_armed(m, cfg, self.rank)
         self.latest = armed
-        self._emit("arm_seen", armed, m, "" if armed.selected else f"rank {self.rank} not in rank_list")
+        notes = [detail] if detail else []
+        if m > now + 1:
+            notes.append(f"mtime {m} is {m - int(now)} s ahead of the clock: edits must be newer to count")
+        if not armed.selected:
+            notes.insert(0, f"rank {self.rank} not in rank_list")
+        self._emit("arm_seen", armed, m, "; ".join(notes))
         return armed
 
     def _reject(self, m: int, size: int, reason: str) -> None:

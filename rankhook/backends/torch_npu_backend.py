@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from rankhook.backends.base import Emit, EventQueue
 from rankhook.backends.dp_state import scan_dp_state
-from rankhook.profconfig import ArmedConfig, ConfigWatcher, WindowGate, make_armed, validate_config
+from rankhook.backends.torch_npu_config import torch_npu_prof_dir, torch_npu_reading
+from rankhook.profconfig import ArmedConfig, ConfigWatcher, WindowGate, make_armed
 
 if TYPE_CHECKING:
     from rankhook.identity import Identity
@@ -119,7 +120,8 @@ class TorchNpuBackend:
         dp.init(self.config_dir)
         self._dp = dp
         self._watcher = ConfigWatcher(
-            self.config_dir, rank=ident.rank, init_unix_s=init_unix_s, on_event=self._on_config, tick=self._tick
+            self.config_dir, rank=ident.rank, init_unix_s=init_unix_s, on_event=self._on_config, tick=self._tick,
+            validate=torch_npu_reading,
         )
         self._watcher.start()
 
@@ -168,7 +170,7 @@ class TorchNpuBackend:
         try:
             with open(config_path, "rb") as f:
                 raw = json.loads(f.read() or b"{}")
-            cfg, _ = validate_config({**raw, "start_step": -1, "is_rank": False})
+            cfg, _ = torch_npu_reading({**raw, "start_step": -1, "is_rank": False})
         except (OSError, ValueError):
             cfg = None
         if cfg is not None:
@@ -195,7 +197,7 @@ class TorchNpuBackend:
             self._events.send_config_event(event, cfg, gen, detail)
 
     def _prof_dir(self, cfg: ArmedConfig) -> str:
-        return os.path.abspath(cfg.config["prof_dir"] or (self.prof_root or "."))
+        return torch_npu_prof_dir(cfg.config["prof_dir"])
 
     def _find_rank_dir(self, e: _Expect) -> str | None:
         assert self._ident is not None
