@@ -314,16 +314,19 @@ class ConfigWatcher:
         if m <= self._accepted or (m, st.st_size) == self._rejected_key:
             return None
         if st.st_size > MAX_CONFIG_BYTES:
-            return self._reject(m, st.st_size, f"config is {st.st_size} bytes, over {MAX_CONFIG_BYTES}")
+            self._reject(m, st.st_size, f"config is {st.st_size} bytes, over {MAX_CONFIG_BYTES}")
+            return None
         try:
             with open(self.path, "rb") as f:
                 data = f.read(MAX_CONFIG_BYTES + 1)
             raw = json.loads(data) if data.strip() else {}
         except (OSError, ValueError) as exc:
-            return self._reject(m, st.st_size, f"cannot read/parse config: {exc}")
+            self._reject(m, st.st_size, f"cannot read/parse config: {exc}")
+            return None
         cfg, detail = self._validate(raw)
         if cfg is None:
-            return self._reject(m, st.st_size, detail)
+            self._reject(m, st.st_size, detail)
+            return None
         prev, self._accepted = self._accepted, m
         if data == self._accepted_data and m - prev <= REDELIVERY_WINDOW_S:
             return None  # the config writer's mtime bump re-delivering the same content: not a new arm

@@ -37,13 +37,17 @@ def torch_npu_reading(raw: object) -> tuple[dict[str, Any] | None, str]:
     ``config`` has the keys the backend needs: ``start_step``, ``warmup``, ``active``, ``is_rank``,
     ``rank_list``, ``analyse``, ``async_mode``, ``prof_dir`` ("" = torch_npu's default folder), ``metadata``.
     ``notes`` lists the resets torch_npu applies, with its own log line. ``None`` for: not an object (torch_npu:
-    "load json failed"), ``NPU_MONITOR_START`` (a dyno-monitor command) and a start_step that ends up 0 (the
-    template default: "not effective" at the next step).
+    "load json failed"), ``NPU_MONITOR_START`` (a dyno-monitor command), a non-string activity (the parse raises
+    inside ``dp.step()``, which drops the config) and a start_step that ends up 0 (the template default: "not
+    effective" at the next step).
     """
     if not isinstance(raw, dict):
         return None, f"not a JSON object ({type(raw).__name__}): torch_npu's monitor logs 'load json failed'"
     if "NPU_MONITOR_START" in raw:
         return None, "NPU_MONITOR_START makes it a dyno-monitor command, not a capture"
+    acts = raw.get("activities")
+    if isinstance(acts, list) and acts and not all(isinstance(a, str) for a in acts):
+        return None, f"activities {acts!r}: a non-string entry makes torch_npu's dp.step() fail ('Call step failed')"
     notes: list[str] = []
     s = raw.get("start_step", 0)
     if not _int_like(s) or s < -1:

@@ -33,8 +33,8 @@ from daemon.config import load_settings
 from daemon.core.messages import MessageRejected, parse_node_message
 from daemon.node import NodeDaemon
 from rankhook import wire
-from tests.conftest import PYTHON, REPO_ROOT, python_env, wait_for
 from tests.conformance.real_torch_npu import MonitorTree, WheelUnavailable, build_tree, ensure_wheel, wheel_version
+from tests.conftest import PYTHON, REPO_ROOT, python_env, wait_for
 
 RANK_WORKER = str(Path(__file__).with_name("npu_rank.py"))
 

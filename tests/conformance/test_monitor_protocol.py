@@ -193,9 +193,8 @@ def test_rank_list_captures_only_listed_ranks_and_keeps_the_async_parse(npu_job)
         assert not job.dp_lines_with(r, "Start Dynamic Profiler")
     for r in (1, 3):
         assert not job.dp_lines_with(r, "analyse will be closed"), job.dp_log(r)
-        rd = rank_dir_of(job, p.prof_dir, r)
-        wait_for(lambda rd=rd: (rd / "ASCEND_PROFILER_OUTPUT" / "analyse.done").exists(), 60,
-                 what=f"online parse of rank {r}")
+        done = rank_dir_of(job, p.prof_dir, r) / "ASCEND_PROFILER_OUTPUT" / "analyse.done"
+        wait_for(done.exists, 60, what=f"online parse of rank {r}")
     assert len(job.rank_dirs(p.prof_dir)) == 2
     # rankhook's backend: only ranks 1 and 3 capture; 0 and 2 report that the arm excludes them
     completed = wait_hook_events(job, "completed", p.capture_id, [1, 3])

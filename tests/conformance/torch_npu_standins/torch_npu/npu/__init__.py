@@ -4,7 +4,7 @@ Only what the profiler's Python files call: ``mstx`` range markers, ``current_st
 ``_lazy_init``, ``is_available`` and ``Event`` (wrapped by ``profiler_interface`` during a capture). No device.
 """
 
-from torch_npu.npu.mstx import mstx
+from torch_npu.npu.mstx import mstx as mstx
 
 
 def current_stream(device=None):
