@@ -23,6 +23,7 @@ import os
 import time
 
 from daemon.adapters.config_writer import ConfigWriter
+from daemon.adapters.rank_dir_fs import scan_tree
 from daemon.core.capture import ProfilerConfig
 from daemon.core.prof_layout import parse_profiler_info
 from tests.conformance.helpers import (
@@ -98,6 +99,16 @@ def test_prewritten_config_is_ignored_and_an_armed_window_starts_at_start_step_o
         assert [e.step for e in dp_acks(job, "completed")[r]] == [end]
     assert_dp_log_parsed(job)
     assert not job.coord.rejected
+    # profwatch reads what the real parse wrote without crashing: framework-only DBs (no CANN data on a CPU host)
+    # are named as such, and gloo gives no parallel_group_info, so the world size must come from elsewhere
+    (batch,) = scan_tree(p.prof_dir)
+    assert batch.capture_id == p.capture_id and sorted(batch.ranks) == ALL4
+    assert any("world size unknown" in pr.reason for pr in batch.problems)
+    (batch,) = scan_tree(p.prof_dir, world_size=4)
+    assert batch.status == "incomplete" and batch.expected_ranks == ALL4
+    assert all(s.state == "failed" and "missing tables" in s.reasons[0] for s in batch.ranks.values()), batch.to_json()
+    for bad in ("rank ?", "rank None", "missing ranks []"):
+        assert bad not in batch.describe()
 
 
 def test_two_writes_within_one_second_are_both_seen_node_side_writer(npu_job) -> None:
