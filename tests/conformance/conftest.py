@@ -120,8 +120,9 @@ class NpuJob:
     """One job of ``world`` real ranks under the real monitor, a real node daemon and a fake coordinator."""
 
     def __init__(self, root: Path, ipc_dir: Path, tree: MonitorTree, *, world: int = 4, step_s: float = 0.25,
-                 max_steps: int = 4000, job_id: str = "job1", node_id: str = "node-a") -> None:
+                 max_steps: int = 4000, job_id: str = "job1", node_id: str = "node-a", fake: bool = False) -> None:
         self.root, self.tree, self.world, self.step_s = root, tree, world, step_s
+        self.fake = fake  # run profwatch's fake (daemon/simulate/fake_torch_npu) instead of the real monitor
         self.max_steps, self.job_id, self.node_id = max_steps, job_id, node_id
         self.cfg = root / "cfg" / job_id
         self.prof = root / "prof"
@@ -145,14 +146,16 @@ class NpuJob:
         self.node = NodeDaemon(self.node_settings)
         self.node_thread = threading.Thread(target=self.node.run, name="conformance-node")
         self.node_thread.start()
+        site = REPO_ROOT / "daemon" / "simulate" / "fake_torch_npu" if self.fake else self.tree.site
         env = python_env({
-            "PYTHONPATH": os.pathsep.join([str(self.tree.site), str(REPO_ROOT)]),
+            "PYTHONPATH": os.pathsep.join([str(site), str(REPO_ROOT)]),
             "PROFWATCH_CONFORMANCE_SHM_TAG": self.shm_tag,
             "PROFWATCH_CONFORMANCE_SITE": str(self.tree.site),
             "PROFWATCH_TORCH_NPU_STANDIN_VERSION": self.tree.version,
             "OMP_NUM_THREADS": "1",
         })
-        for k in ("PROF_CONFIG_PATH", "MSMONITOR_USE_DAEMON", "KINETO_USE_DAEMON", "PROFWATCH_POLL_INTERVAL_S"):
+        for k in ("PROF_CONFIG_PATH", "MSMONITOR_USE_DAEMON", "KINETO_USE_DAEMON", "PROFWATCH_POLL_INTERVAL_S",
+                  "PROFWATCH_SIM_POLL_INTERVAL_S"):
             env.pop(k, None)
         store = self.out / "gloo_store"
         self.started_unix_s = time.time()

@@ -38,7 +38,10 @@ def _start_coverage() -> object | None:
 
 
 def _tag_shm_name() -> None:
-    import torch_npu.profiler._dynamic_profiler._dynamic_profiler_monitor_shm as shm_mod
+    try:
+        import torch_npu.profiler._dynamic_profiler._dynamic_profiler_monitor_shm as shm_mod
+    except ImportError:  # profwatch's fake (daemon/simulate/fake_torch_npu) has no shared memory
+        return
 
     tag = os.environ.get("PROFWATCH_CONFORMANCE_SHM_TAG", "")
 
