@@ -1,7 +1,8 @@
 """Fixtures of the conformance suite: the real torch_npu monitor tree and a job of real ranks running under it.
 
 The wheel comes from the cache or PyPI (``real_torch_npu.ensure_wheel``). Without it the suite FAILS with the
-reason, unless ``PROFWATCH_OFFLINE=1`` (then it skips with the reason).
+reason, unless ``PROFWATCH_OFFLINE=1`` (then it skips with the reason; never when ``PROFWATCH_REQUIRE_REAL_TOOLS=1``,
+as in CI).
 
 :class:`NpuJob` runs, for one test: a fake coordinator (a ZeroMQ ROUTER on loopback that validates what it
 receives with the coordinator's own ``parse_node_message``), a real :class:`daemon.node.NodeDaemon` (relay,
@@ -43,14 +44,15 @@ RANK_WORKER = str(Path(__file__).with_name("npu_rank.py"))
 def monitor_tree(tmp_path_factory: pytest.TempPathFactory) -> MonitorTree:
     """The isolated real-monitor tree (session-wide). Fails, or skips under PROFWATCH_OFFLINE=1, without it."""
     version = wheel_version()
+    offline = os.environ.get("PROFWATCH_OFFLINE") == "1"
     try:
-        wheel = ensure_wheel(version)
+        wheel = ensure_wheel(version, offline=offline)
     except WheelUnavailable as exc:
         reason = (f"conformance needs the torch-npu {version} wheel (pip download --no-deps torch-npu=={version}, "
                   f"cached in $PROFWATCH_WHEEL_CACHE or ~/.cache/profwatch/wheels): {exc}")
-        if os.environ.get("PROFWATCH_OFFLINE") == "1":
-            pytest.skip(f"PROFWATCH_OFFLINE=1: {reason}")
-        pytest.fail(reason)
+        if offline and os.environ.get("PROFWATCH_REQUIRE_REAL_TOOLS") != "1":
+            pytest.skip(reason)
+        pytest.fail(reason, pytrace=False)
     return build_tree(wheel, tmp_path_factory.mktemp("torch_npu_real"), version)
 
 

@@ -104,17 +104,20 @@ def find_cached_wheel(version: str, directory: Path | None = None) -> Path | Non
     return None
 
 
-def ensure_wheel(version: str | None = None, *, timeout_s: float = 600.0) -> Path:
-    """Return the cached wheel, downloading it with ``pip download --no-deps`` when missing.
+def ensure_wheel(version: str | None = None, *, timeout_s: float = 600.0, offline: bool = False) -> Path:
+    """Return the cached wheel, downloading it with ``pip download --no-deps`` when missing (not when ``offline``).
 
     Raises:
-        WheelUnavailable: pip failed or timed out (no network, no such release for this Python).
+        WheelUnavailable: not cached and ``offline``, or pip failed or timed out (no network, no such release for
+        this Python).
     """
     version = version or wheel_version()
     d = cache_dir()
     found = find_cached_wheel(version, d)
     if found is not None:
         return found
+    if offline:
+        raise WheelUnavailable(f"not in the cache {d} and PROFWATCH_OFFLINE=1 forbids downloading it")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
            "-d", str(d), f"torch-npu=={version}"]
     try:
