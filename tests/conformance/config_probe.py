@@ -84,6 +84,14 @@ def probe(raw: Any) -> dict[str, Any]:
 
 
 def main() -> None:
+    import os
+
+    if os.environ.get("PROFWATCH_CONFORMANCE_COVERAGE"):
+        import coverage
+
+        cov = coverage.Coverage(config_file=os.path.join(os.environ["PROFWATCH_CONFORMANCE_COVERAGE"], "coveragerc"),
+                                auto_data=True)
+        cov.start()  # saved at exit
     configs = json.load(sys.stdin)
     print(json.dumps([probe(c) for c in configs], default=str))
 

@@ -53,7 +53,15 @@ def monitor_tree(tmp_path_factory: pytest.TempPathFactory) -> MonitorTree:
         if offline and os.environ.get("PROFWATCH_REQUIRE_REAL_TOOLS") != "1":
             pytest.skip(reason)
         pytest.fail(reason, pytrace=False)
-    return build_tree(wheel, tmp_path_factory.mktemp("torch_npu_real"), version)
+    tree = build_tree(wheel, tmp_path_factory.mktemp("torch_npu_real"), version)
+    cov_dir = os.environ.get("PROFWATCH_CONFORMANCE_COVERAGE")
+    if cov_dir:  # tests/conformance/coverage_report.py maps the data files back to the upstream names
+        Path(cov_dir).mkdir(parents=True, exist_ok=True)
+        (Path(cov_dir) / "site.txt").write_text(str(tree.site))
+        (Path(cov_dir) / "coveragerc").write_text(
+            f"[run]\ndata_file = {Path(cov_dir) / '.coverage'}\nparallel = True\n"
+            f"concurrency = thread,multiprocessing\ninclude = {tree.site}/torch_npu/*\n")
+    return tree
 
 
 def _port() -> int:
@@ -152,7 +160,6 @@ class NpuJob:
         env = python_env({
             "PYTHONPATH": os.pathsep.join([str(site), str(REPO_ROOT)]),
             "PROFWATCH_CONFORMANCE_SHM_TAG": self.shm_tag,
-            "PROFWATCH_CONFORMANCE_SITE": str(self.tree.site),
             "PROFWATCH_TORCH_NPU_STANDIN_VERSION": self.tree.version,
             "OMP_NUM_THREADS": "1",
         })
@@ -180,6 +187,10 @@ class NpuJob:
                 pass
 
     def close(self) -> None:
+        """Stop the ranks (gracefully first: torch_npu's exit hooks stop its monitor and unlink its shared
+        memory), then kill what is left, stop the node daemon and the fake coordinator."""
+        if any(p.poll() is None for p in self.procs):
+            self.stop(timeout_s=30.0)
         for p in self.procs:
             if p.poll() is None:
                 try:

@@ -13,8 +13,8 @@ from rankhook import wire
 from tests.conformance.conftest import NpuJob
 from tests.conftest import wait_for
 
-SETTINGS = CaptureSettings(warmup=1, active=2, margin_s=1.0)
-"""profwatch's defaults (analyse + async_mode, db export) with a shorter lead: the steps here take 0.25 s."""
+SETTINGS = CaptureSettings(warmup=1, active=2)
+"""profwatch's defaults: warmup 1, active 2, analyse + async_mode, db export, the default lead margin."""
 
 DP_LOG_KEYWORDS = ("Start step will be set to", "Start Dynamic Profiler at", "Stop Dynamic Profiler at",
                    "not in valid rank_list")

@@ -30,9 +30,7 @@ def _start_coverage() -> object | None:
         return None
     import coverage
 
-    site = os.environ["PROFWATCH_CONFORMANCE_SITE"]
-    cov = coverage.Coverage(data_file=os.path.join(d, ".coverage"), data_suffix=True,
-                            include=[os.path.join(site, "torch_npu", "*")], concurrency=["thread", "multiprocessing"])
+    cov = coverage.Coverage(config_file=os.path.join(d, "coveragerc"), auto_data=True)  # saved at exit
     cov.start()
     return cov
 

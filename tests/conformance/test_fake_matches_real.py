@@ -27,26 +27,34 @@ _PARSE_LINES = ("Set is_rank", "rank_list", "Set rank_list", "Invalid parameter"
 """Lines torch_npu logs while parsing a delivered config (after "Start step will be set to")."""
 
 
-def _collapse_redeliveries(lines: list[str]) -> list[str]:
-    """Drop a config delivery (the "Start step will be set to ..." line and the parse lines after it) identical to
-    the delivery before: the writer's mtime bump delivers a generation once or twice, depending on when the
-    monitor polls."""
-    out: list[str] = []
-    last: list[str] = []
+def _collapse_redeliveries(items: list[Any], starts: Any, follows: Any) -> list[Any]:
+    """Drop a config delivery (an item where ``starts(item)`` and the items after it where ``follows(item)``)
+    identical to the delivery before: the writer's mtime bump delivers a generation once or twice, depending on
+    when the monitor polls."""
+    out: list[Any] = []
+    last: list[Any] = []
     i = 0
-    while i < len(lines):
-        if "Start step will be set to" not in lines[i]:
-            out.append(lines[i])
+    while i < len(items):
+        if not starts(items[i]):
+            out.append(items[i])
             i += 1
             continue
         j = i + 1
-        while j < len(lines) and any(p in lines[j] for p in _PARSE_LINES):
+        while j < len(items) and follows(items[j]):
             j += 1
-        block = lines[i:j]
+        block = items[i:j]
         if block != last:
             out += block
         last, i = block, j
     return out
+
+
+def _log_delivery(line: str) -> bool:
+    return "Start step will be set to" in line
+
+
+def _log_parse_line(line: str) -> bool:
+    return any(p in line for p in _PARSE_LINES)
 
 
 def _run(job: NpuJob) -> dict[str, Any]:
@@ -80,7 +88,7 @@ def _run(job: NpuJob) -> dict[str, Any]:
                 msg = re.sub(r"\b\d+\b", label, msg)
                 msg = re.sub(r"change to \d+s", "change to Ns", msg)
                 lines.append(f"{m[1]} {m[2]}: {msg}")
-        out["logs"][r] = _collapse_redeliveries(lines)
+        out["logs"][r] = _collapse_redeliveries(lines, _log_delivery, _log_parse_line)
         rd = rank_dir_of(job, pa.prof_dir, r)
         out["files"][r] = sorted(str(p.relative_to(rd)) for p in rd.rglob("*") if p.is_file()
                                  and p.parent.name != "logs" and "FRAMEWORK" not in p.parts)
@@ -95,7 +103,7 @@ def _run(job: NpuJob) -> dict[str, Any]:
         out["info"][r]["group_ranks"] = [g["global_ranks"] for g in meta.get("parallel_group_info", {}).values()]
         acks = [(e.event, labels.get(str(e.start_step), e.start_step), labels.get(str(e.step), e.step))
                 for e in job.coord.captures("dp_log") if e.rank == r]
-        out["acks"][r] = [a for i, a in enumerate(acks) if i == 0 or a != acks[i - 1]]
+        out["acks"][r] = _collapse_redeliveries(acks, lambda a: a[0] == "arm_seen", lambda a: a[0] == "arm_rejected")
     return out
 
 

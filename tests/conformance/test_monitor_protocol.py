@@ -114,7 +114,7 @@ def test_prewritten_config_is_ignored_and_an_armed_window_starts_at_start_step_o
 def test_two_writes_within_one_second_are_both_seen_node_side_writer(npu_job) -> None:
     job = npu_job(world=2)
     job.wait_steps(14, 180)
-    p2 = plan(job)
+    p2 = plan(job, in_steps=40)  # both writes take their turn at a fresh mtime second first (about 2-4 s)
     p1 = plan(job, start_step=p2.start_step + 400)  # a far arm, replaced by the second write before it is due
     # the coordinator sends both commands within a millisecond; the node's ConfigWriter must make both visible
     c1 = job.coord.write_config(job.node_id, job.cfg, p1.config.render(), job.not_before())
