@@ -1,15 +1,15 @@
 """Rank-side reader of ``profiler_config.json`` for the torch backends (stdlib only; I/O on a background thread).
 
-It mirrors what torch_npu's dynamic_profile does on a rank (``../shared/docs/torch_npu_dynamic_profile.md``
-sections 2-4), so the torch.profiler backend and the torch_npu wrapper react to the same file the same way:
+It mirrors what torch_npu's dynamic_profile does on a rank (``docs/torch_npu-dynamic-profile.md``, sections config polling, mtime rules,
+start_step, config keys; checked against torch-npu 2.13.0 in ``docs/conformance.md``), so the torch.profiler backend and the torch_npu wrapper react to the same file the same way:
 
 * :class:`ConfigWatcher` polls ``<dir>/profiler_config.json`` on a daemon thread by **whole-second mtime**
-  (section 2 item 3) and accepts a generation only if its mtime is **strictly newer** than the rank's init time
-  and the last accepted mtime (section 2 item 5). Poll interval: 2 s until step 11, then the step time
-  truncated to whole seconds and clamped to [1, 50] s (section 2 item 4); ``PROFWATCH_POLL_INTERVAL_S``
+  (config polling) and accepts a generation only if its mtime is **strictly newer** than the rank's init time
+  and the last accepted mtime (mtime rules). Poll interval: 2 s until step 11, then the step time
+  truncated to whole seconds and clamped to [1, 50] s (config polling); ``PROFWATCH_POLL_INTERVAL_S``
   overrides it (tests). It validates minimally (the rules of ``daemon/core/capture.py``) and publishes the
   result in one attribute, :attr:`ConfigWatcher.latest`, which the step path reads without syscalls or locks.
-* :class:`WindowGate` is the step-path state machine with torch_npu's start_step rules (section 3): ``-1`` =
+* :class:`WindowGate` is the step-path state machine with torch_npu's start_step rules (start_step): ``-1`` =
   start now, ``cur_step == start_step`` starts, a passed start_step is discarded, a future one waits; one pending
   slot that newer configs replace; configs arriving during a capture are evaluated on the first step after it.
 
@@ -38,14 +38,14 @@ log = logging.getLogger("rankhook")
 
 CONFIG_FILE = "profiler_config.json"
 MAX_CONFIG_BYTES = 1048576
-"""torch_npu skips configs over 1 MiB (section 2 item 3)."""
+"""torch_npu skips configs over 1 MiB (config polling)."""
 POLL_ENV = "PROFWATCH_POLL_INTERVAL_S"
 FIRST_POLL_INTERVAL_S = 2.0
 POLL_STEP = 11
 REDELIVERY_WINDOW_S = 2
 """Identical bytes accepted again within this many seconds of the previous generation are the config writer's
 mtime bump (``daemon/adapters/config_writer.py``), not a new arm: no event, the pending config is kept."""
-"""torch_npu measures the duration of step 10 -> 11 and derives the poll interval from it (section 2 item 4)."""
+"""torch_npu measures the duration of step 10 -> 11 and derives the poll interval from it (config polling)."""
 
 TEMPLATE: dict[str, Any] = {
     "activities": ["CPU", "NPU"],
@@ -80,7 +80,7 @@ TEMPLATE: dict[str, Any] = {
         "sys_interconnection": False,
     },
 }
-"""The template torch_npu writes (mode 0640, indent 4) when the file is absent (doc section 4)."""
+"""The template torch_npu writes (mode 0640, indent 4) when the file is absent (config keys)."""
 
 _BOOL_KEYS = ("analyse", "async_mode", "record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
 
@@ -88,7 +88,7 @@ _BOOL_KEYS = ("analyse", "async_mode", "record_shapes", "profile_memory", "with_
 def poll_interval_s(step_time_s: float | None) -> float:
     """Return the monitor poll interval in seconds for a measured step time (None = not yet measured).
 
-    Source: torch_npu ``_dynamic_profiler_monitor`` (doc section 2 item 4): 2 s until step 11, then
+    Source: torch_npu ``_dynamic_profiler_monitor`` (config polling): 2 s until step 11, then
     ``int(step_time_s)`` clamped to [1, 50] s.
     """
     if step_time_s is None:
@@ -103,7 +103,7 @@ def _is_int(v: object) -> bool:
 def validate_config(raw: object) -> tuple[dict[str, Any] | None, str]:
     """Check a parsed ``profiler_config.json`` object; return ``(config, "")`` or ``(None, reason)``.
 
-    The rules are those where torch_npu would silently reset a value (doc section 2 "Invalid values", section 4):
+    The rules are those where torch_npu would silently reset a value (``docs/conformance.md``, config keys):
     start_step must be an int -1 or >= 1 (0 never fires), active an int > 0, warmup an int >= 0, flags bools,
     is_rank a bool with integer rank ids; ``is_valid``/``NPU_MONITOR_START`` are refused. Missing keys take the
     template defaults (so an empty file, read as ``{}``, is rejected for its start_step 0).
@@ -179,7 +179,7 @@ class WindowGate:
     :meth:`on_step` is called with the step counter after each ``step()`` and returns one of
     ``""`` (nothing), ``"start"`` (a capture starts inside this step), ``"stop"`` (the running capture ends inside
     this step: ``warmup + active`` steps after its start) or ``"discard"`` (the pending start_step passed), with the
-    config concerned. Source: torch_npu ``dynamic_profile.step`` (doc section 3).
+    config concerned. Source: torch_npu ``dynamic_profile.step`` (start_step; verified in ``docs/conformance.md``).
     """
 
     __slots__ = ("_seen", "active", "pending", "remaining", "started_at")

@@ -1,7 +1,7 @@
 """Writes ``profiler_config.json`` in place for torch_npu's dynamic_profile monitor (I/O adapter).
 
-Rules (``../shared/docs/torch_npu_dynamic_profile.md`` "What a config-writing daemon must respect" items 2, 3,
-7; section 2 "Consequences"; ``field-cases.md`` FC-14):
+Rules (``docs/torch_npu-dynamic-profile.md#writer-rules`` items 2, 3, 7 and ``#mtime-rules``; ``docs/field-cases.md#fc-14``; verified against
+the real monitor in ``docs/conformance.md``):
 
 * **In place, same inode**: no delete (the monitor logs "cfg json not exists" while absent), no copy-over or
   rename (owner/mode/ACL of the rank user's file stay as they are; symlinks are refused). The new JSON goes in
@@ -185,7 +185,7 @@ class ConfigWriter:
             os.fchmod(fd, 0o640)
             if os.geteuid() == 0:
                 dst = os.stat(d)
-                os.fchown(fd, dst.st_uid, dst.st_gid)  # the rank user must read it (section 2 "Atomic replace")
+                os.fchown(fd, dst.st_uid, dst.st_gid)  # the rank user must read it (mtime rules)
             os.fsync(fd)
             m = int(os.fstat(fd).st_mtime)
         finally:

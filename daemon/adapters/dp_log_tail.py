@@ -1,7 +1,8 @@
 """Tails torch_npu's dynamic-profile rank logs into per-rank capture acknowledgements (I/O adapter).
 
-Source: ``../shared/docs/torch_npu_dynamic_profile.md`` section 6 and "What a config-writing daemon must respect"
-item 9; ``field-cases.md`` FC-08 (an arm counts only when every expected rank acknowledges it) and FC-09.
+Source: ``docs/torch_npu-dynamic-profile.md#dp-logs`` and ``#writer-rules`` item 9; ``docs/field-cases.md#fc-08`` (an arm counts only when
+every expected rank acknowledges it) and ``#fc-09``; the lines checked against torch-npu 2.13.0 in
+``docs/conformance.md``.
 
 Files: ``<profiler_config_path>/log/dp_{hostname}_{pid}_rank_{rank}.log`` (+ the rotated ``.1``; the monitor's
 ``monitor_dp_*`` logs are not rank logs). Lines (format ``time [LEVEL] [pid] _dynamic_profiler_utils.py: msg``):

@@ -2,21 +2,22 @@
 
 NOT torch_npu. Used through the fake package ``daemon/simulate/fake_torch_npu/torch_npu`` (importable only when a
 test or ``profwatch simulate`` puts that folder on ``sys.path``). It reproduces what a daemon and a wrapper hook
-can observe of torch-npu 2.14 (``../shared/docs/torch_npu_dynamic_profile.md``):
+can observe of torch-npu 2.13/2.14 (``docs/torch_npu-dynamic-profile.md``; compared with the real monitor by
+``tests/conformance/test_fake_matches_real.py``, differences in ``docs/conformance.md``):
 
-* monitor (section 2): a poller per process and config path (the real one is one forked process per node)
+* monitor (config polling): a poller per process and config path (the real one is one forked process per node)
   takes ``int(getmtime(path))`` by path; the baseline is the mtime at init, so a pre-written config is never
   loaded; a changed mtime is re-read: invalid JSON -> ``{"is_valid": false}`` + monitor log ERROR, an empty
   file -> ``{}``, over 1 MiB -> skipped; poll interval 2 s, then the step-10->11 time truncated and clamped to
   [1, 50] s (``PROFWATCH_SIM_POLL_INTERVAL_S`` overrides it: a simulator-only knob for fast tests);
-* rank (sections 2-3): a payload is accepted only if its mtime is strictly newer than the rank's init time /
+* rank (mtime rules, start_step): a payload is accepted only if its mtime is strictly newer than the rank's init time /
   last accepted mtime; the config is parsed with torch_npu's resets (invalid start_step -> 0, active -> 1,
   warmup -> 0, non-bool flags -> False) and logs "Start step will be set to N."; one pending slot; ``-1`` starts
   now, ``cur_step == start_step`` starts, a passed start_step is "not effective" (stdout, rank 0 only), a
   config arriving during a capture waits until the first step after it; ``is_rank``/``rank_list``;
-* logs (section 6): ``<path>/log/dp_{host}_{pid}_rank_{rank}.log`` and ``monitor_dp_...`` with torch_npu's
+* logs (dp logs): ``<path>/log/dp_{host}_{pid}_rank_{rank}.log`` and ``monitor_dp_...`` with torch_npu's
   messages and format, rotating at 200 KB with one backup;
-* output (section 5): ``{host}_{pid}_{YYYYmmddHHMMSSfff}_ascend_pt`` under ``prof_dir`` created at start with
+* output (output layout): ``{host}_{pid}_{YYYYmmddHHMMSSfff}_ascend_pt`` under ``prof_dir`` created at start with
   ``FRAMEWORK/``; at stop ``profiler_info_{rank}.json`` then ``profiler_metadata.json`` (config metadata +
   ``trace_id``), "Stop Dynamic Profiler at N step."; with effective ``analyse`` the parse recreates
   ``ASCEND_PROFILER_OUTPUT/`` with DBs from :func:`daemon.simulate.ascend_tree.write_rank_dir` and writes
@@ -59,7 +60,7 @@ TEMPLATE: dict[str, Any] = {
         "sys_io": False, "sys_interconnection": False,
     },
 }
-"""torch_npu's template (doc section 4), kept separate from rankhook's on purpose: this file plays torch_npu."""
+"""torch_npu's template (config keys), kept separate from rankhook's on purpose: this file plays torch_npu."""
 
 _BOOLS = ("analyse", "async_mode", "record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
 
@@ -504,7 +505,7 @@ def _wrap(fn_name: str):  # type: ignore[no-untyped-def]
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return getattr(_SIM, fn_name)(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - torch_npu swallows and prints (doc section 1b)
+        except Exception as exc:  # noqa: BLE001 - torch_npu swallows and prints ("Call step failed")
             print(f"Call {fn_name} failed. Exception: {exc}", flush=True)
             return None
 

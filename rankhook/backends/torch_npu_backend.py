@@ -1,12 +1,12 @@
 """torch_npu capture backend: wraps ``torch_npu.profiler.dynamic_profile`` (I/O; torch_npu imported lazily in open).
 
-What it does (``../shared/docs/torch_npu_dynamic_profile.md`` "What a wrapper hook must do"):
+What it does (``docs/torch_npu-dynamic-profile.md#hook-rules``; checked against torch-npu 2.13.0 in ``docs/conformance.md``):
 
 * exactly one integration mode: refuses to start when ``PROF_CONFIG_PATH`` (or ``MSMONITOR_USE_DAEMON=1``) is
   set, because torch_npu then already called ``dp.init`` at import and steps on the optimizer hook, so our
-  ``dp.step()`` would double-count and our ``dp.init`` would be ignored (section 1);
-* sets ``RANK`` in ``os.environ`` before ``dp.init`` (log names, ``rank_list``; section 2 item 1, section 5);
-* warns about a leftover ``/dev/shm/DynamicProfileNpuShm*`` or an orphan ``DynMonitorProc`` (section 2, FC-09);
+  ``dp.step()`` would double-count and our ``dp.init`` would be ignored (``#modes``);
+* sets ``RANK`` in ``os.environ`` before ``dp.init`` (log names, ``rank_list``; ``#shared-memory``, ``#output-layout``);
+* warns about a leftover ``/dev/shm/DynamicProfileNpuShm*`` or an orphan ``DynMonitorProc`` (``#shared-memory``, ``docs/field-cases.md#fc-09``);
 * calls ``dp.step()`` once per ``after_step``, ``dp.start`` for ``start_now``, ``dp.set_state`` for ``set_step``.
 
 dynamic_profile exposes no events, so the backend *observes*: a :class:`~rankhook.profconfig.ConfigWatcher`
@@ -14,7 +14,7 @@ reads the same file torch_npu reads (``arm_seen``/``arm_rejected``), a :class:`~
 mirrors torch_npu's window in the step path (``capturing()``, passed start_steps), and the watcher thread looks
 for this process's new ``{host}_{pid}_{ts}_ascend_pt`` dir under ``prof_dir`` (``started``) and its completion
 marker (``completed``: ``ASCEND_PROFILER_OUTPUT/analyse.done`` when online parse is effective, else
-``profiler_metadata.json``; section 5 "Watcher rule"). Nothing of this runs in the step path.
+``profiler_metadata.json``; ``#output-layout``). Nothing of this runs in the step path.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class _Expect:
 def analyse_effective(cfg: dict[str, Any]) -> bool:
     """True if torch_npu parses online: ``analyse`` and not forced off by ``is_rank`` without ``async_mode``.
 
-    Source: doc section 4 (rank_list row) and section 5.
+    Source: ``docs/torch_npu-dynamic-profile.md#config-keys`` (rank_list) and ``#output-layout``; verified in ``docs/conformance.md``.
     """
     return bool(cfg.get("analyse")) and not (cfg.get("is_rank") and not cfg.get("async_mode"))
 

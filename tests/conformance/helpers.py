@@ -18,7 +18,7 @@ SETTINGS = CaptureSettings(warmup=1, active=2)
 
 DP_LOG_KEYWORDS = ("Start step will be set to", "Start Dynamic Profiler at", "Stop Dynamic Profiler at",
                    "not in valid rank_list")
-"""The real dp log messages that acknowledge an arm (section 6 of the dynamic-profile notes)."""
+"""The real dp log messages that acknowledge an arm (docs/torch_npu-dynamic-profile.md#dp-logs)."""
 
 
 def plan(job: NpuJob, *, settings: CaptureSettings = SETTINGS, **req: Any) -> CapturePlan:

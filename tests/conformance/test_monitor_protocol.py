@@ -55,7 +55,7 @@ def test_prewritten_config_is_ignored_and_an_armed_window_starts_at_start_step_o
     job = npu_job(world=4)
     job.wait_steps(20, 180)
     # real monitor: the creator rank takes the file's mtime as its baseline and the ranks' init time is newer:
-    # never loaded, never armed (torch_npu doc section 2 "Pre-arming does not work")
+    # never loaded, never armed (docs/torch_npu-dynamic-profile.md#mtime-rules)
     assert not any("load json success" in ln for ln in job.monitor_log()), job.monitor_log()
     for r in ALL4:
         assert not job.dp_lines_with(r, "Start step will be set"), job.dp_log(r)

@@ -27,7 +27,7 @@ from tests.conftest import SHARED
 
 SAMPLES = (Path(os.environ.get("PROFWATCH_SHARED_DIR") or SHARED) / "data" / "ascend_samples"
            / "msprof-analyze-test-resources" / "test")
-"""``../shared`` beside the clone (CI); ``PROFWATCH_SHARED_DIR`` points elsewhere (a git worktree)."""
+"""``../shared/data`` beside the clone (CI); ``PROFWATCH_SHARED_DIR`` points elsewhere (a git worktree)."""
 FILES = {
     "trace_view": SAMPLES / "ut/advisor/timeline_advice/trace_view.json",
     "kernels_new": SAMPLES / "ut/advisor/compute_advice/data/kernel_details.csv",
