@@ -42,7 +42,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 CFG_FILE = "profiler_config.json"
 MAX_BYTES = 1048576
@@ -445,7 +445,8 @@ class DynamicProfileSim:
             steps.append(StepTimeline(k, t0, t1, tuple(segs)))
         tl = RankTimeline(rank=rank, world_size=world, hostname=self.host, pid=os.getpid(), steps=steps,
                           start_ns=cap.start_ns, groups=[group] if world > 1 else [], level=cap.ctx.level)
-        et = "both" if set(cap.ctx.export_type) >= {"text", "db"} else ("db" if "db" in cap.ctx.export_type else "text")
+        et: Literal["db", "text", "both"] = (
+            "both" if set(cap.ctx.export_type) >= {"text", "db"} else ("db" if "db" in cap.ctx.export_type else "text"))
         tmp = tempfile.mkdtemp(prefix="pw-sim-parse-")
         try:
             gen = write_rank_dir(Path(tmp), tl, export_type=et, with_marker=False, metadata=meta)

@@ -145,7 +145,8 @@ def _probe(tree: MonitorTree, configs: list[Any]) -> list[dict[str, Any]]:
 def probed(monitor_tree: MonitorTree) -> dict[str, dict[str, Any]]:
     configs = [_with(o) for _, o, _, _ in CASES] + [[1, 2]]
     results = _probe(monitor_tree, configs)
-    return {cid: r for (cid, *_), r in zip([*CASES, ("not-an-object",)], results, strict=True)}
+    ids = [c[0] for c in CASES] + ["not-an-object"]
+    return dict(zip(ids, results, strict=True))
 
 
 @pytest.mark.parametrize(("cid", "overrides", "reason", "ours"), CASES, ids=[c[0] for c in CASES])
