@@ -100,7 +100,8 @@ def assert_dp_log_parsed(job: NpuJob) -> None:
                     n = int(line.rsplit(" ", 1)[1].rstrip("."))
                     assert ev.start_step == n and ev.event == ("arm_rejected" if n == 0 else "arm_seen"), line
                 elif "Start Dynamic Profiler at" in line:
-                    assert ev.event == "started" and ev.step == int(line.split(" at ")[1].split()[0]), line
+                    n = int(line.split(" at ")[1].split()[0])
+                    assert ev.event == "started" and ev.step == n == ev.start_step, line
                 elif "Stop Dynamic Profiler at" in line:
                     assert ev.event == "completed" and ev.step == int(line.split(" at ")[1].split()[0]), line
                 else:

@@ -95,7 +95,7 @@ def test_prewritten_config_is_ignored_and_an_armed_window_starts_at_start_step_o
     wait_for(lambda: set(dp_acks(job, "completed")) >= set(ALL4), 30, what="dp log completed acks")
     for r in ALL4:
         assert p.start_step in {e.start_step for e in dp_acks(job, "arm_seen")[r]}
-        assert [e.step for e in dp_acks(job, "started")[r]] == [p.start_step]
+        assert [(e.start_step, e.step) for e in dp_acks(job, "started")[r]] == [(p.start_step, p.start_step)]
         assert [e.step for e in dp_acks(job, "completed")[r]] == [end]
     assert_dp_log_parsed(job)
     assert not job.coord.rejected
