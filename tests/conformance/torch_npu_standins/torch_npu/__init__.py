@@ -13,4 +13,4 @@ import torch
 from torch_npu import npu
 
 __version__ = os.environ.get("PROFWATCH_TORCH_NPU_STANDIN_VERSION", "unknown")
-torch.npu = npu  # the real package registers its device module under this name
+torch.npu = npu  # type: ignore[attr-defined]  # the real package registers its device module under this name
