@@ -1,22 +1,26 @@
 """Rank-side reader of ``profiler_config.json`` for the torch backends (stdlib only; I/O on a background thread).
 
-It mirrors what torch_npu's dynamic_profile does on a rank (``../shared/docs/torch_npu_dynamic_profile.md``
-sections 2-4), so the torch.profiler backend and the torch_npu wrapper react to the same file the same way:
+It mirrors what torch_npu's dynamic_profile does on a rank (``docs/torch_npu-dynamic-profile.md``, sections config polling, mtime rules,
+start_step, config keys; checked against torch-npu 2.13.0 in ``docs/conformance.md``), so the torch.profiler backend and the torch_npu wrapper react to the same file the same way:
 
 * :class:`ConfigWatcher` polls ``<dir>/profiler_config.json`` on a daemon thread by **whole-second mtime**
-  (section 2 item 3) and accepts a generation only if its mtime is **strictly newer** than the rank's init time
-  and the last accepted mtime (section 2 item 5). Poll interval: 2 s until step 11, then the step time
-  truncated to whole seconds and clamped to [1, 50] s (section 2 item 4); ``PROFWATCH_POLL_INTERVAL_S``
-  overrides it (tests). It validates minimally (the rules of ``daemon/core/capture.py``) and publishes the
+  (config polling) and accepts a generation only if its mtime is **strictly newer** than the rank's init time
+  and the last accepted mtime (mtime rules). Poll interval: 2 s until step 11, then the step time
+  truncated to whole seconds and clamped to [1, 50] s (config polling); ``PROFWATCH_POLL_INTERVAL_S``
+  overrides it (tests). It validates minimally (the rules of ``daemon/core/profiler_config.py``) and publishes the
   result in one attribute, :attr:`ConfigWatcher.latest`, which the step path reads without syscalls or locks.
-* :class:`WindowGate` is the step-path state machine with torch_npu's start_step rules (section 3): ``-1`` =
+* :class:`WindowGate` is the step-path state machine with torch_npu's start_step rules (start_step): ``-1`` =
   start now, ``cur_step == start_step`` starts, a passed start_step is discarded, a future one waits; one pending
   slot that newer configs replace; configs arriving during a capture are evaluated on the first step after it.
 
-Deliberate differences from torch_npu (safer, documented): an invalid or torn read does **not** consume the
-mtime (it is retried when the file's size or mtime changes, and reported once); an mtime in the future is
-rejected instead of blocking every later edit (section 2, "mtime in the future"); byte-identical content
-re-accepted within ``REDELIVERY_WINDOW_S`` (the config writer's mtime bump) is not a new arm.
+An mtime ahead of the clock is accepted, as torch_npu accepts it (verified against torch-npu 2.13.0,
+``docs/conformance.md``); profwatch's config writer then writes beyond it. The torch_npu backend passes
+``validate=`` :func:`rankhook.backends.torch_npu_config.torch_npu_reading` so that its mirror applies
+torch_npu's resets instead of this module's strict :func:`validate_config`.
+
+Deliberate differences from torch_npu (documented): an invalid or torn read does **not** consume the mtime (it
+is retried when the file's size or mtime changes, and reported once); byte-identical content re-accepted within
+``REDELIVERY_WINDOW_S`` (the config writer's mtime bump) is not a new arm.
 """
 
 from __future__ import annotations
@@ -34,14 +38,14 @@ log = logging.getLogger("rankhook")
 
 CONFIG_FILE = "profiler_config.json"
 MAX_CONFIG_BYTES = 1048576
-"""torch_npu skips configs over 1 MiB (section 2 item 3)."""
+"""torch_npu skips configs over 1 MiB (config polling)."""
 POLL_ENV = "PROFWATCH_POLL_INTERVAL_S"
 FIRST_POLL_INTERVAL_S = 2.0
 POLL_STEP = 11
 REDELIVERY_WINDOW_S = 2
 """Identical bytes accepted again within this many seconds of the previous generation are the config writer's
 mtime bump (``daemon/adapters/config_writer.py``), not a new arm: no event, the pending config is kept."""
-"""torch_npu measures the duration of step 10 -> 11 and derives the poll interval from it (section 2 item 4)."""
+"""torch_npu measures the duration of step 10 -> 11 and derives the poll interval from it (config polling)."""
 
 TEMPLATE: dict[str, Any] = {
     "activities": ["CPU", "NPU"],
@@ -76,7 +80,7 @@ TEMPLATE: dict[str, Any] = {
         "sys_interconnection": False,
     },
 }
-"""The template torch_npu writes (mode 0640, indent 4) when the file is absent (doc section 4)."""
+"""The template torch_npu writes (mode 0640, indent 4) when the file is absent (config keys)."""
 
 _BOOL_KEYS = ("analyse", "async_mode", "record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
 
@@ -84,7 +88,7 @@ _BOOL_KEYS = ("analyse", "async_mode", "record_shapes", "profile_memory", "with_
 def poll_interval_s(step_time_s: float | None) -> float:
     """Return the monitor poll interval in seconds for a measured step time (None = not yet measured).
 
-    Source: torch_npu ``_dynamic_profiler_monitor`` (doc section 2 item 4): 2 s until step 11, then
+    Source: torch_npu ``_dynamic_profiler_monitor`` (config polling): 2 s until step 11, then
     ``int(step_time_s)`` clamped to [1, 50] s.
     """
     if step_time_s is None:
@@ -99,7 +103,7 @@ def _is_int(v: object) -> bool:
 def validate_config(raw: object) -> tuple[dict[str, Any] | None, str]:
     """Check a parsed ``profiler_config.json`` object; return ``(config, "")`` or ``(None, reason)``.
 
-    The rules are those where torch_npu would silently reset a value (doc section 2 "Invalid values", section 4):
+    The rules are those where torch_npu would silently reset a value (``docs/conformance.md``, config keys):
     start_step must be an int -1 or >= 1 (0 never fires), active an int > 0, warmup an int >= 0, flags bools,
     is_rank a bool with integer rank ids; ``is_valid``/``NPU_MONITOR_START`` are refused. Missing keys take the
     template defaults (so an empty file, read as ``{}``, is rejected for its start_step 0).
@@ -175,7 +179,7 @@ class WindowGate:
     :meth:`on_step` is called with the step counter after each ``step()`` and returns one of
     ``""`` (nothing), ``"start"`` (a capture starts inside this step), ``"stop"`` (the running capture ends inside
     this step: ``warmup + active`` steps after its start) or ``"discard"`` (the pending start_step passed), with the
-    config concerned. Source: torch_npu ``dynamic_profile.step`` (doc section 3).
+    config concerned. Source: torch_npu ``dynamic_profile.step`` (start_step; verified in ``docs/conformance.md``).
     """
 
     __slots__ = ("_seen", "active", "pending", "remaining", "started_at")
@@ -238,6 +242,8 @@ class ConfigWatcher:
         tick: called on the watcher thread at least every ``tick_s`` seconds (backends drain deferred work there).
         poll_interval_s: fixed poll interval; default from ``PROFWATCH_POLL_INTERVAL_S`` or the torch_npu rule.
         clock: wall clock (``time.time``).
+        validate: ``raw -> (config, detail)``; ``config`` None rejects with ``detail`` as the reason, otherwise
+            ``detail`` (e.g. the resets applied) goes into the ``arm_seen`` event. Default :func:`validate_config`.
     The step path reads :attr:`latest` (a plain attribute, replaced atomically) and may set
     :attr:`step_time_s` once (step 11). ``close()`` stops and joins the thread.
     """
@@ -253,8 +259,10 @@ class ConfigWatcher:
         tick_s: float = 0.5,
         poll_interval_s: float | None = None,
         clock: Callable[[], float] = time.time,
+        validate: Callable[[object], tuple[dict[str, Any] | None, str]] = validate_config,
     ) -> None:
         self.path = os.path.join(os.path.abspath(config_dir), CONFIG_FILE)
+        self._validate = validate
         self.rank = rank
         self._clock = clock
         self._accepted = int(clock() if init_unix_s is None else init_unix_s)
@@ -305,26 +313,32 @@ class ConfigWatcher:
         m = int(st.st_mtime)
         if m <= self._accepted or (m, st.st_size) == self._rejected_key:
             return None
-        if m > now + 1:
-            return self._reject(m, st.st_size, f"mtime {m} is in the future (now {int(now)}); ignored")
         if st.st_size > MAX_CONFIG_BYTES:
-            return self._reject(m, st.st_size, f"config is {st.st_size} bytes, over {MAX_CONFIG_BYTES}")
+            self._reject(m, st.st_size, f"config is {st.st_size} bytes, over {MAX_CONFIG_BYTES}")
+            return None
         try:
             with open(self.path, "rb") as f:
                 data = f.read(MAX_CONFIG_BYTES + 1)
             raw = json.loads(data) if data.strip() else {}
         except (OSError, ValueError) as exc:
-            return self._reject(m, st.st_size, f"cannot read/parse config: {exc}")
-        cfg, reason = validate_config(raw)
+            self._reject(m, st.st_size, f"cannot read/parse config: {exc}")
+            return None
+        cfg, detail = self._validate(raw)
         if cfg is None:
-            return self._reject(m, st.st_size, reason)
+            self._reject(m, st.st_size, detail)
+            return None
         prev, self._accepted = self._accepted, m
         if data == self._accepted_data and m - prev <= REDELIVERY_WINDOW_S:
             return None  # the config writer's mtime bump re-delivering the same content: not a new arm
         self._accepted_data = data
         armed = make_armed(m, cfg, self.rank)
         self.latest = armed
-        self._emit("arm_seen", armed, m, "" if armed.selected else f"rank {self.rank} not in rank_list")
+        notes = [detail] if detail else []
+        if m > now + 1:
+            notes.append(f"mtime {m} is {m - int(now)} s ahead of the clock: edits must be newer to count")
+        if not armed.selected:
+            notes.insert(0, f"rank {self.rank} not in rank_list")
+        self._emit("arm_seen", armed, m, "; ".join(notes))
         return armed
 
     def _reject(self, m: int, size: int, reason: str) -> None:

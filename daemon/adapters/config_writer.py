@@ -1,7 +1,7 @@
 """Writes ``profiler_config.json`` in place for torch_npu's dynamic_profile monitor (I/O adapter).
 
-Rules (``../shared/docs/torch_npu_dynamic_profile.md`` "What a config-writing daemon must respect" items 2, 3,
-7; section 2 "Consequences"; ``field-cases.md`` FC-14):
+Rules (``docs/torch_npu-dynamic-profile.md#writer-rules`` items 2, 3, 7 and ``#mtime-rules``; ``docs/field-cases.md#fc-14``; verified against
+the real monitor in ``docs/conformance.md``):
 
 * **In place, same inode**: no delete (the monitor logs "cfg json not exists" while absent), no copy-over or
   rename (owner/mode/ACL of the rank user's file stay as they are; symlinks are refused). The new JSON goes in
@@ -12,12 +12,18 @@ Rules (``../shared/docs/torch_npu_dynamic_profile.md`` "What a config-writing da
   or cut-off file.
 * **Fresh whole-second mtime**: the write lands in a second strictly later than the previous edit (ours, per
   path, kept in memory, and the file's own mtime, e.g. a hand edit) and than ``not_before_unix_s`` (the ranks'
-  start: their acceptance is strictly-newer than their init second), never in the future; if needed the writer
-  waits for the next second (bounded).
-* **Re-read after a torn read**: once the clock has moved into the next second, the mtime is bumped to that
-  second with ``os.utime`` so a monitor that read mid-write (and keyed the bad read to the write's second) reads
-  the complete content again. The returned ``mtime_s`` is the final one. Both generations carry the same
-  content, so an absolute ``start_step`` makes the double delivery harmless (a ``-1`` would not be).
+  start: their acceptance is strictly-newer than their init second); if needed the writer waits for the next
+  second (bounded).
+* **After a future mtime**: when the file's mtime (or our previous one) is ahead of the clock (``touch -d``, a
+  skewed NFS server), ranks may already have accepted it, and torch_npu then ignores every edit whose mtime is
+  not beyond it (verified against torch-npu 2.13.0, ``docs/conformance.md``). The writer does not wait for the
+  clock then: it sets the new content's mtime to the second after that future one (``os.utime``) and logs
+  ``config_mtime_ahead_of_clock``. Later writes keep counting up from there until the clock catches up.
+* **Re-read after a torn read**: the mtime is then bumped by one more second with ``os.utime`` (once the clock
+  reached that second, or at once when it is already ahead of the clock) so a monitor that read mid-write (and
+  keyed the bad read to the write's second) reads the complete content again. The returned ``mtime_s`` is the
+  final one. Both generations carry the same content, so an absolute ``start_step`` makes the double delivery
+  harmless (a ``-1`` would not be).
 """
 
 from __future__ import annotations
@@ -59,10 +65,6 @@ class ConfigDirReadOnly(ConfigWriteError):
 
 class ConfigPathSymlink(ConfigWriteError):
     """The config dir, a component below the allowed root, or ``profiler_config.json`` is a symlink."""
-
-
-class ConfigMtimeInFuture(ConfigWriteError):
-    """The file's mtime is ahead of the clock: ranks that accepted it ignore every edit until then."""
 
 
 class ConfigWriteTooEarly(ConfigWriteError):
@@ -135,7 +137,7 @@ class ConfigWriter:
             if not stat.S_ISREG(st0.st_mode):
                 raise ConfigWriteError(f"{path} is not a regular file")
             problem = self._check_current(fd, path, st0.st_size)
-            self._wait_for_fresh_second(path, st0, not_before_unix_s)
+            ahead = self._wait_for_fresh_second(path, st0, not_before_unix_s)
             padded = data + b" " * max(0, st0.st_size - len(data))
             n = os.pwrite(fd, padded, 0)
             while n < len(padded):  # a short write on a regular file is exceptional; finish it
@@ -149,7 +151,13 @@ class ConfigWriter:
             os.close(fd)
         if (st1.st_uid, st1.st_gid, stat.S_IMODE(st1.st_mode)) != (st0.st_uid, st0.st_gid, stat.S_IMODE(st0.st_mode)):
             log.warning("config_owner_or_mode_changed", path=path)
-        mtime = self._bump_mtime(path, int(st1.st_mtime))
+        written_m = int(st1.st_mtime)
+        if ahead is not None:
+            os.utime(path, (self._clock(), float(ahead)), follow_symlinks=False)
+            written_m = ahead
+            log.warning("config_mtime_ahead_of_clock", path=path, mtime_s=ahead,
+                        ahead_s=round(ahead - self._clock()), note="ranks that saw the future mtime ignore older ones")
+        mtime = self._bump_mtime(path, written_m)
         self._last_mtime[path] = mtime
         self._last_content[path] = content
         log.info("config_written", path=path, mtime_s=mtime, inode=st1.st_ino, start_step=content.get("start_step"))
@@ -177,7 +185,7 @@ class ConfigWriter:
             os.fchmod(fd, 0o640)
             if os.geteuid() == 0:
                 dst = os.stat(d)
-                os.fchown(fd, dst.st_uid, dst.st_gid)  # the rank user must read it (section 2 "Atomic replace")
+                os.fchown(fd, dst.st_uid, dst.st_gid)  # the rank user must read it (mtime rules)
             os.fsync(fd)
             m = int(os.fstat(fd).st_mtime)
         finally:
@@ -205,28 +213,30 @@ class ConfigWriter:
                     kept_in_memory=self._last_content.get(path) is not None)
         return problem
 
-    def _wait_for_fresh_second(self, path: str, st: os.stat_result, not_before_unix_s: float) -> None:
+    def _wait_for_fresh_second(self, path: str, st: os.stat_result, not_before_unix_s: float) -> int | None:
+        """Wait until the clock is in a second the ranks accept; return None, or the mtime to set explicitly when
+        the file's (or our previous) mtime is ahead of the clock (see the module doc)."""
         now = self._clock()
-        file_m = int(st.st_mtime)
-        if file_m > int(now) + 1:
-            raise ConfigMtimeInFuture(
-                f"{path} mtime {file_m} is {file_m - now:.0f}s in the future: ranks that saw it ignore later edits; "
-                "fix the clock/file and restart the job's arming"
-            )
-        need = max(self._last_mtime.get(path, 0), file_m, int(not_before_unix_s)) + 1
+        seen = max(self._last_mtime.get(path, 0), int(st.st_mtime))
+        if seen + 1 > now + self._max_wait_s:
+            return max(seen, int(not_before_unix_s)) + 1
+        need = max(seen, int(not_before_unix_s)) + 1
         if need > now + self._max_wait_s:
             raise ConfigWriteTooEarly(f"{path}: next acceptable mtime second {need} is {need - now:.1f}s away")
         while int(now) < need:
             self._sleep(max(0.005, need - now))
             now = self._clock()
+        return None
 
     def _bump_mtime(self, path: str, written_m: int) -> int:
-        """Wait for the second after the write, then set the mtime to it (never in the future)."""
+        """Set the mtime to the second after the write: once the clock reached it, or at once when the written
+        mtime is already ahead of the clock."""
         target = written_m + 1
         now = self._clock()
-        while now < target:
-            self._sleep(max(0.005, target - now))
-            now = self._clock()
+        if target <= now + self._max_wait_s:
+            while now < target:
+                self._sleep(max(0.005, target - now))
+                now = self._clock()
         os.utime(path, (now, float(target)), follow_symlinks=False)
         return target
 

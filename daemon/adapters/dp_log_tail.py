@@ -1,7 +1,8 @@
 """Tails torch_npu's dynamic-profile rank logs into per-rank capture acknowledgements (I/O adapter).
 
-Source: ``../shared/docs/torch_npu_dynamic_profile.md`` section 6 and "What a config-writing daemon must respect"
-item 9; ``field-cases.md`` FC-08 (an arm counts only when every expected rank acknowledges it) and FC-09.
+Source: ``docs/torch_npu-dynamic-profile.md#dp-logs`` and ``#writer-rules`` item 9; ``docs/field-cases.md#fc-08`` (an arm counts only when
+every expected rank acknowledges it) and ``#fc-09``; the lines checked against torch-npu 2.13.0 in
+``docs/conformance.md``.
 
 Files: ``<profiler_config_path>/log/dp_{hostname}_{pid}_rank_{rank}.log`` (+ the rotated ``.1``; the monitor's
 ``monitor_dp_*`` logs are not rank logs). Lines (format ``time [LEVEL] [pid] _dynamic_profiler_utils.py: msg``):
@@ -9,7 +10,8 @@ Files: ``<profiler_config_path>/log/dp_{hostname}_{pid}_rank_{rank}.log`` (+ the
 * ``Start step will be set to N.`` -> ``arm_seen`` (``start_step`` N); N == 0 -> ``arm_rejected`` (torn read,
   invalid JSON or invalid start_step: torch_npu will never fire it);
 * ``Rank r not in valid rank_list ...`` -> ``arm_rejected`` (not selected);
-* ``Start Dynamic Profiler at N step.`` -> ``started`` (``step`` N);
+* ``Start Dynamic Profiler at N step.`` -> ``started`` (``step`` N, and ``start_step`` N: torch_npu starts an
+  absolute arm exactly there, so the coordinator can match it to the capture);
 * ``Stop Dynamic Profiler at N step.`` -> ``completed`` (``step`` N; the window closed; whether the data is
   complete is decided by the prof_dir watcher).
 
@@ -71,8 +73,10 @@ def parse_line(line: str, job_id: str, rank: int, fallback_ts: float) -> Capture
             return CaptureEvent(job_id=job_id, rank=rank, event="arm_rejected", ts_unix_s=ts, start_step=0,
                                 source="dp_log", detail="start_step 0: invalid or torn config, never fires")
         return CaptureEvent(job_id=job_id, rank=rank, event="arm_seen", ts_unix_s=ts, start_step=n, source="dp_log")
-    if (m := _START.search(line)) is not None:
-        return CaptureEvent(job_id=job_id, rank=rank, event="started", ts_unix_s=ts, step=int(m[1]), source="dp_log")
+    if (m := _START.search(line)) is not None:  # torch_npu starts at cur_step == start_step (or at once for -1)
+        n = int(m[1])
+        return CaptureEvent(job_id=job_id, rank=rank, event="started", ts_unix_s=ts, step=n, start_step=n,
+                            source="dp_log")
     if (m := _STOP.search(line)) is not None:
         return CaptureEvent(job_id=job_id, rank=rank, event="completed", ts_unix_s=ts, step=int(m[1]),
                             source="dp_log", detail="window stopped")

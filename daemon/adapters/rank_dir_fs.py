@@ -38,6 +38,7 @@ from daemon.core.prof_layout import (
     parse_profiler_metadata,
     parse_rank_dir_name,
     rank_from_profiler_info_name,
+    unsupported_output,
 )
 from daemon.core.watch_settings import WatchSettings
 
@@ -333,6 +334,50 @@ def find_rank_dirs(root: str, *, max_depth: int = 5) -> tuple[list[str], list[st
         if not level:
             break
     return sorted(found), errors
+
+
+def find_unsupported(root: str | os.PathLike[str], *, max_depth: int = 5, limit: int = 10_000) -> dict[str, list[str]]:
+    """Profiler outputs under ``root`` that profwatch recognises but does not analyse (MindSpore ``*_ascend_ms``
+    rank dirs, msprof ``PROF_*`` captures, loose ``*.pt.trace.json``), by kind (sorted paths).
+
+    Walks like :func:`find_rank_dirs` (no symlinked dirs, not into rank dirs of either kind); looks at no more
+    than ``limit`` entries. Never raises: unreadable folders are skipped.
+    """
+    found: dict[str, list[str]] = {}
+    level = [os.path.abspath(root)]
+    seen = 0
+    for _depth in range(max_depth):
+        nxt: list[str] = []
+        for d in level:
+            try:
+                with os.scandir(d) as it:
+                    entries = list(it)
+            except OSError:
+                continue
+            for e in entries:
+                seen += 1
+                if seen > limit:
+                    return found
+                try:
+                    is_dir = e.is_dir(follow_symlinks=False)
+                except OSError:
+                    continue
+                what = unsupported_output(e.name, is_dir=is_dir)
+                if what is not None:
+                    found.setdefault(what, []).append(e.path)
+                elif is_dir and parse_rank_dir_name(e.name) is None:
+                    nxt.append(e.path)
+        level = nxt
+        if not level:
+            break
+    return {k: sorted(v) for k, v in found.items()}
+
+
+def describe_unsupported(found: Mapping[str, list[str]]) -> str:
+    """One line per kind of :func:`find_unsupported`: what was found, an example, and that it is not supported."""
+    return "\n".join(f"found {len(paths)} {what}, e.g. {paths[0]}: not supported (profwatch analyses PyTorch "
+                     "captures: *_ascend_pt rank dirs from torch_npu, *_torch_pt from its torch backend)"
+                     for what, paths in found.items())
 
 
 def scan_tree(root: str | os.PathLike[str], *, world_size: int | None = None, now: float | None = None,

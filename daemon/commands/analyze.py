@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from daemon.adapters.msprof_runner import MsprofRunner
-from daemon.adapters.rank_dir_fs import TreeUnavailable, scan_tree
+from daemon.adapters.rank_dir_fs import TreeUnavailable, describe_unsupported, find_unsupported, scan_tree
 from daemon.analysis import AnalysisResult, AnalysisSettings, analyze_batch
 from daemon.core.display import display_str, printable
 
@@ -91,7 +91,8 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
     if batch_ids:
         batches = [b for b in batches if b.batch_id in set(batch_ids)]
     if not batches:
-        _fail(ctx, as_json, "no_batch", f"no capture batch found under {directory}")
+        other = describe_unsupported(find_unsupported(directory))
+        _fail(ctx, as_json, "no_batch", f"no capture batch found under {directory}" + (f"; {other}" if other else ""))
     worst = 0
     # one runner for every batch; leaving the block (also by Ctrl-C) kills any msprof-analyze still running
     with MsprofRunner(settings.msprof) as runner:

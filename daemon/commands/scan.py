@@ -9,13 +9,15 @@ unreadable); 2 for usage errors (click).
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import click
 
-from daemon.adapters.rank_dir_fs import TreeUnavailable, scan_tree
+from daemon.adapters.rank_dir_fs import TreeUnavailable, describe_unsupported, find_unsupported, scan_tree
 from daemon.core.completeness import BatchState
 from daemon.core.display import display_str, printable
+from daemon.core.prof_layout import parse_rank_dir_name
 from daemon.core.watch_settings import WatchSettings
 
 
@@ -29,7 +31,7 @@ def render_table(batches: list[BatchState]) -> str:
             lines.append(f"  missing ranks: {b.missing_ranks}")
         for p in b.problems:
             where = f" ({p.path})" if p.path else ""
-            lines.append(f"  problem: rank {'?' if p.rank is None else p.rank}: {p.reason}{where}")
+            lines.append(f"  problem: {p.describe()}{where}")
         lines += [f"  note: {n}" for n in b.notes]
     return display_str("\n".join(lines))
 
@@ -44,16 +46,23 @@ def render_table(batches: list[BatchState]) -> str:
 def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: float | None) -> None:
     """Check the capture batches under DIRECTORY (exit 0 only if every batch found is complete)."""
     settings = WatchSettings() if quiet_period_s is None else WatchSettings(quiet_period_s=quiet_period_s)
+    root = os.path.abspath(directory)
+    if parse_rank_dir_name(os.path.basename(root)) is not None:
+        click.echo(f"note: {root} is one rank dir; pass its parent ({os.path.dirname(root)}) to check the whole "
+                   "batch", err=True)
     try:
         batches = scan_tree(directory, world_size=world_size, now=time.time(), settings=settings)
     except TreeUnavailable as exc:
         click.echo(display_str(f"error: {exc}"), err=True)
         raise SystemExit(1) from exc
+    other = describe_unsupported(find_unsupported(directory, max_depth=settings.scan_max_depth))
     if as_json:
         click.echo(json.dumps(printable([b.to_json() for b in batches]), indent=2, default=str))
     elif batches:
         click.echo(render_table(batches))
     else:
-        click.echo(display_str(f"no rank dirs found under {directory}"))
+        click.echo(display_str(f"no rank dirs found under {directory}" + (f"; {other}" if other else "")))
+    if other and (batches or as_json):
+        click.echo(display_str(f"note: {other}"), err=True)
     ok = bool(batches) and all(b.status == "complete" for b in batches)
     raise SystemExit(0 if ok else 1)

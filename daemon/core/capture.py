@@ -1,10 +1,8 @@
-"""Capture planning and the ``profiler_config.json`` model (pure: no I/O, time passed in).
+"""Capture planning (pure: no I/O, time passed in); re-exports the ``profiler_config.json`` model.
 
-* :class:`ProfilerConfig` mirrors torch_npu's ``profiler_config.json`` exactly: keys, types, defaults and the
-  ``experimental_config`` members/values of ``../shared/docs/torch_npu_dynamic_profile.md`` section 4. Where
-  torch_npu would silently reset a value (section 2 "Invalid values") validation **rejects** it with
-  :class:`InvalidProfilerConfig`; ``is_valid`` and ``NPU_MONITOR_START`` are refused ("What a config-writing
-  daemon must respect" item 7). :meth:`ProfilerConfig.render` emits only known keys.
+* :class:`ProfilerConfig` (``daemon/core/profiler_config.py``) mirrors torch_npu's ``profiler_config.json``;
+  where torch_npu would reset a value it **refuses** it with :class:`InvalidProfilerConfig`, quoting torch_npu's
+  own log line. :meth:`ProfilerConfig.render` emits only known keys.
 * :func:`plan_capture` turns a :class:`CaptureRequest` and the job's :class:`JobProgress` into a
   :class:`CapturePlan` with an absolute ``start_step`` ahead of the ranks the capture covers, a per-capture
   ``prof_dir``, request-id ``metadata`` and a wall-clock deadline per covered rank (``docs/capture-lifecycle.md``
@@ -14,202 +12,37 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import posixpath
 import re
 from datetime import datetime, timezone
-from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    StrictStr,
-    ValidationError,
-    field_validator,
-    model_validator,
+from pydantic import BaseModel, ConfigDict, Field
+
+from daemon.core.profiler_config import (
+    MAX_CONFIG_BYTES,
+    AicMetrics,
+    ExperimentalConfig,
+    ExportType,
+    HostSys,
+    InvalidProfilerConfig,
+    ProfilerConfig,
+    ProfilerLevel,
 )
 
-MAX_CONFIG_BYTES = 1048576
-"""torch_npu skips a config over 1 MiB (section 2 item 3)."""
-MAX_METADATA_VALUE_CHARS = 4096
-MAX_METADATA_TOTAL_CHARS = 50_000
-"""``add_metadata_json`` limits (section 4, metadata row)."""
+__all__ = [
+    "MAX_CONFIG_BYTES", "AicMetrics", "CannotPlanCapture", "CapturePlan", "CaptureRequest", "CaptureSettings",
+    "ExperimentalConfig", "ExportType", "HostSys", "InvalidProfilerConfig", "JobProgress", "ProfilerConfig",
+    "ProfilerLevel", "lead_steps", "new_capture_id", "plan_capture", "poll_interval_s",
+]
+
 FIRST_POLL_INTERVAL_S = 2.0
 POLL_STEP = 11
-
-ProfilerLevel = Literal["Level_none", "Level0", "Level1", "Level2"]
-AicMetrics = Literal[
-    "AiCoreNone", "PipeUtilization", "ArithmeticUtilization", "Memory", "MemoryL0", "MemoryUB",
-    "ResourceConflictRatio", "L2Cache", "MemoryAccess",
-]
-ExportType = Literal["text", "db"]
-HostSys = Literal["cpu", "mem", "disk", "network", "osrt", "numa"]
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-
-
-class InvalidProfilerConfig(ValueError):
-    """A profiler_config.json content torch_npu would ignore, reset or misread; the message says which key."""
 
 
 class CannotPlanCapture(ValueError):
     """A capture request that cannot be planned safely (unknown step time, start_step too close, bad ids)."""
-
-
-def _fmt(exc: ValidationError) -> str:
-    parts = []
-    for e in exc.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "config"
-        msg = str(e.get("msg", "")).removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg} (got {e.get('input')!r})" if e["type"] != "missing" else f"{loc}: required")
-    return "; ".join(parts)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, validate_default=True)
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise InvalidProfilerConfig(f"{type(self).__name__}: {_fmt(exc)}") from None
-
-
-class ExperimentalConfig(_Strict):
-    """``experimental_config`` members and values (section 4, second table); defaults = torch_npu's template."""
-
-    profiler_level: ProfilerLevel = "Level0"
-    aic_metrics: AicMetrics = "AiCoreNone"
-    l2_cache: StrictBool = False
-    op_attr: StrictBool = False
-    gc_detect_threshold: float | None = Field(default=None, ge=0)
-    data_simplification: StrictBool = True
-    record_op_args: StrictBool = False
-    export_type: list[ExportType] = Field(default_factory=lambda: list[ExportType](["text"]), min_length=1)
-    msprof_tx: StrictBool = False
-    mstx: StrictBool = False
-    host_sys: list[HostSys] = Field(default_factory=list)
-    mstx_domain_include: list[StrictStr] = Field(default_factory=list)
-    mstx_domain_exclude: list[StrictStr] = Field(default_factory=list)
-    sys_io: StrictBool = False
-    sys_interconnection: StrictBool = False
-
-    @field_validator("export_type", mode="before")
-    @classmethod
-    def _one_export(cls, v: Any) -> Any:
-        """torch_npu accepts ``"text"``/``"db"`` or a list; normalise to a list."""
-        return [v] if isinstance(v, str) else v
-
-    @field_validator("gc_detect_threshold", mode="before")
-    @classmethod
-    def _number(cls, v: Any) -> Any:
-        if isinstance(v, bool):
-            raise ValueError("must be a number >= 0 (ms) or null, not a bool")  # noqa: TRY004 - a typed ValueError by contract
-        return float(v) if isinstance(v, int) else v
-
-
-class ProfilerConfig(_Strict):
-    """torch_npu's ``profiler_config.json`` (section 4). Field defaults are the template's.
-
-    Rejected (raises :class:`InvalidProfilerConfig`), because torch_npu would reset or misread them: start_step 0
-    (the template default: never fires) or < -1 or non-int, active <= 0, warmup < 0, non-bool flags, unknown
-    activities / levels / aic_metrics / export types / host_sys entries, non-int or negative rank ids, is_rank
-    with an empty rank_list (no rank would capture), unknown keys (including ``is_valid`` and
-    ``NPU_MONITOR_START``), metadata over the add_metadata_json limits, a rendering over 1 MiB. A default-built
-    ``ProfilerConfig()`` therefore raises: pass a start_step.
-    """
-
-    activities: list[Literal["CPU", "NPU"]] = Field(default_factory=lambda: list[Literal["CPU", "NPU"]](["CPU", "NPU"]), min_length=1)
-    prof_dir: StrictStr = Field(default="./", min_length=1)
-    analyse: StrictBool = False
-    async_mode: StrictBool = False
-    record_shapes: StrictBool = False
-    profile_memory: StrictBool = False
-    with_stack: StrictBool = False
-    with_flops: StrictBool = False
-    with_modules: StrictBool = False
-    active: StrictInt = Field(default=1, gt=0)
-    warmup: StrictInt = Field(default=0, ge=0)
-    start_step: StrictInt = 0
-    is_rank: StrictBool = False
-    rank_list: list[StrictInt] = Field(default_factory=list)
-    metadata: dict[StrictStr, Any] = Field(default_factory=dict)
-    experimental_config: ExperimentalConfig = Field(default_factory=ExperimentalConfig)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_internal_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            if "NPU_MONITOR_START" in data:
-                raise ValueError("NPU_MONITOR_START turns the config into a dyno-monitor command; never write it")
-            if "is_valid" in data:
-                raise ValueError("is_valid is torch_npu-internal (marks a torn read); never write it")
-        return data
-
-    @field_validator("activities", mode="before")
-    @classmethod
-    def _upper(cls, v: Any) -> Any:
-        """Activity names are case-insensitive in torch_npu; normalise to upper case."""
-        return [a.upper() if isinstance(a, str) else a for a in v] if isinstance(v, list) else v
-
-    @field_validator("start_step")
-    @classmethod
-    def _start_step(cls, v: int) -> int:
-        if v == 0:
-            raise ValueError("start_step 0 never fires (torch_npu: '0 = do not collect'); use -1 or an absolute step >= 1")
-        if v < -1:
-            raise ValueError("start_step must be -1 (next step) or >= 1; torch_npu resets it to 0 (never)")
-        return v
-
-    @field_validator("rank_list")
-    @classmethod
-    def _ranks(cls, v: list[int]) -> list[int]:
-        bad = [r for r in v if r < 0]
-        if bad:
-            raise ValueError(f"rank ids must be >= 0 (torch_npu drops {bad})")
-        return v
-
-    @field_validator("metadata")
-    @classmethod
-    def _metadata(cls, v: dict[str, Any]) -> dict[str, Any]:
-        total = 0
-        for k, val in v.items():
-            try:
-                n = len(json.dumps(val, allow_nan=False))
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"metadata[{k!r}] is not JSON: {exc}") from None
-            if n > MAX_METADATA_VALUE_CHARS:
-                raise ValueError(f"metadata[{k!r}] is {n} chars of JSON, over {MAX_METADATA_VALUE_CHARS}")
-            total += n + len(k)
-        if total >= MAX_METADATA_TOTAL_CHARS:
-            raise ValueError(f"metadata is {total} chars, over ~{MAX_METADATA_TOTAL_CHARS}")
-        return v
-
-    @model_validator(mode="after")
-    def _rank_filter(self) -> ProfilerConfig:
-        if self.is_rank and not self.rank_list:
-            raise ValueError("is_rank with an empty rank_list captures no rank")
-        return self
-
-    @classmethod
-    def parse(cls, data: Any) -> ProfilerConfig:
-        """Validate a parsed JSON object (e.g. a hand-edited file). Raises :class:`InvalidProfilerConfig`."""
-        if not isinstance(data, dict):
-            raise InvalidProfilerConfig(f"profiler_config.json must be a JSON object, got {type(data).__name__}")
-        return cls(**data)
-
-    def render(self) -> dict[str, Any]:
-        """Return the JSON-ready dict of known keys only (what the config writer puts in the file).
-
-        Raises :class:`InvalidProfilerConfig` if the JSON would exceed 1 MiB.
-        """
-        out = self.model_dump(mode="json")
-        if len(json.dumps(out, indent=4)) > MAX_CONFIG_BYTES:
-            raise InvalidProfilerConfig(f"rendered config over {MAX_CONFIG_BYTES} bytes")
-        return out
 
 
 class CaptureSettings(BaseModel):
@@ -390,7 +223,8 @@ def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSetting
         active=active,
         prof_dir=prof_dir,
         analyse=s.analyse,
-        async_mode=s.async_mode,
+        # torch_npu parses listed ranks online only in async mode (it closes the parse otherwise)
+        async_mode=s.async_mode or (ranks is not None and s.analyse),
         is_rank=ranks is not None,
         rank_list=ranks or [],
         metadata={"profwatch_capture_id": capture_id, "profwatch_reason": req.reason, "profwatch_job_id": job.job_id},

@@ -34,6 +34,8 @@ RankState = Literal["appearing", "raw_complete", "parsing", "parsed", "failed", 
 BatchStatus = Literal["complete", "incomplete", "invalid", "parsing"]
 _PENDING: frozenset[str] = frozenset({"appearing", "raw_complete", "parsing", "unknown"})
 _EPOCH = datetime(1970, 1, 1)
+TEXT_EXPORT_REASON = "text export: re-export as db"
+"""The documented status of a rank captured with ``export_type`` text only (docs/conformance.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,10 @@ class Problem:
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "path": self.path, "reason": self.reason}
+
+    def describe(self) -> str:
+        """``rank R: reason`` for a rank's problem, the bare reason for a batch-wide one (never ``rank None``)."""
+        return self.reason if self.rank is None else f"rank {self.rank}: {self.reason}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +132,15 @@ class BatchState:
     prof_dir: str | None = None
     deadline_unix_s: float | None = None
     unassigned: list[RankDirState] = field(default_factory=list)
+
+    def describe(self, limit: int = 8) -> str:
+        """One line: the missing ranks (when any) and the first ``limit`` problems, each via
+        :meth:`Problem.describe` (never ``missing ranks []`` or ``rank None``)."""
+        parts = [f"missing ranks {self.missing_ranks}"] if self.missing_ranks else []
+        parts += [p.describe() for p in self.problems[:limit]]
+        if len(self.problems) > limit:
+            parts.append(f"... {len(self.problems) - limit} more problems")
+        return "; ".join(parts) or "no problem recorded"
 
     @property
     def rank_dirs(self) -> dict[int, str]:
@@ -252,8 +267,9 @@ def _health(obs: RankDirObservation, rank: int | None, notes: list[str]) -> tupl
     """DB health of a finished ascend rank (docs/msprof-analyze.md#before-running, gotcha 7). Appends non-blocking remarks to ``notes``."""
     if not obs.profiler_dbs:
         if obs.output_files & TEXT_OUTPUTS:
-            why = ("text-only export: no ascend_pytorch_profiler_{rank}.db; the recipes need DB input "
-                   "(re-parse offline with analyse(export_type=['db']))")
+            why = (f"{TEXT_EXPORT_REASON} (text-only export: no ascend_pytorch_profiler_{{rank}}.db; profwatch and the "
+                   "recipes read DB exports only; re-parse offline: torch_npu.profiler.profiler.analyse(<rank dir>, "
+                   "export_type=['db']))")
             return [why], None
         return ["parse finished but ASCEND_PROFILER_OUTPUT has no profiler DB"], None
     if len(obs.profiler_dbs) > 1:

@@ -23,6 +23,15 @@ PROFILER_INFO_RE = re.compile(r"^profiler_info(?:_(?P<rank>-?\d+))?\.json$")
 PROFILER_DB_RE = re.compile(r"^ascend_pytorch_profiler(?:_(?P<rank>\d+))?\.db$")
 KINETO_TRACE_RE = re.compile(r"^.+\.pt\.trace\.json(?:\.gz)?$")
 
+#: Profiler outputs profwatch recognises but does not analyse: (pattern, is_dir, what it is). msprof-analyze
+#: classifies the same suffixes (msprof doc section 3B); profwatch reads PyTorch captures only.
+UNSUPPORTED_OUTPUTS: tuple[tuple[re.Pattern[str], bool, str], ...] = (
+    (re.compile(r"^.+_\d+_\d{17}_ascend_ms$"), True, "MindSpore profiler rank dirs (*_ascend_ms)"),
+    (re.compile(r"^PROF_\d+_\d+_[0-9A-Za-z]+$"), True, "msprof command-line captures (PROF_*)"),
+    (re.compile(r"^.+\.pt\.trace\.json(?:\.gz)?$"), False,
+     "torch.profiler traces outside a profwatch *_torch_pt rank dir (*.pt.trace.json)"),
+)
+
 PROFILER_OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
 PROFILER_METADATA = "profiler_metadata.json"
 ANALYSIS_DB = "analysis.db"
@@ -82,6 +91,14 @@ def parse_rank_dir_name(name: str) -> RankDirName | None:
     except ValueError:
         return None
     return parsed
+
+
+def unsupported_output(name: str, *, is_dir: bool) -> str | None:
+    """What an entry of a scanned folder is when profwatch recognises it but does not analyse it, else None."""
+    for pattern, want_dir, what in UNSUPPORTED_OUTPUTS:
+        if want_dir == is_dir and pattern.match(name):
+            return what
+    return None
 
 
 def rank_from_profiler_info_name(name: str) -> int | None:

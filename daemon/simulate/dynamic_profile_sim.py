@@ -2,21 +2,22 @@
 
 NOT torch_npu. Used through the fake package ``daemon/simulate/fake_torch_npu/torch_npu`` (importable only when a
 test or ``profwatch simulate`` puts that folder on ``sys.path``). It reproduces what a daemon and a wrapper hook
-can observe of torch-npu 2.14 (``../shared/docs/torch_npu_dynamic_profile.md``):
+can observe of torch-npu 2.13/2.14 (``docs/torch_npu-dynamic-profile.md``; compared with the real monitor by
+``tests/conformance/test_fake_matches_real.py``, differences in ``docs/conformance.md``):
 
-* monitor (section 2): a poller per process and config path (the real one is one forked process per node)
+* monitor (config polling): a poller per process and config path (the real one is one forked process per node)
   takes ``int(getmtime(path))`` by path; the baseline is the mtime at init, so a pre-written config is never
   loaded; a changed mtime is re-read: invalid JSON -> ``{"is_valid": false}`` + monitor log ERROR, an empty
   file -> ``{}``, over 1 MiB -> skipped; poll interval 2 s, then the step-10->11 time truncated and clamped to
   [1, 50] s (``PROFWATCH_SIM_POLL_INTERVAL_S`` overrides it: a simulator-only knob for fast tests);
-* rank (sections 2-3): a payload is accepted only if its mtime is strictly newer than the rank's init time /
+* rank (mtime rules, start_step): a payload is accepted only if its mtime is strictly newer than the rank's init time /
   last accepted mtime; the config is parsed with torch_npu's resets (invalid start_step -> 0, active -> 1,
   warmup -> 0, non-bool flags -> False) and logs "Start step will be set to N."; one pending slot; ``-1`` starts
   now, ``cur_step == start_step`` starts, a passed start_step is "not effective" (stdout, rank 0 only), a
   config arriving during a capture waits until the first step after it; ``is_rank``/``rank_list``;
-* logs (section 6): ``<path>/log/dp_{host}_{pid}_rank_{rank}.log`` and ``monitor_dp_...`` with torch_npu's
+* logs (dp logs): ``<path>/log/dp_{host}_{pid}_rank_{rank}.log`` and ``monitor_dp_...`` with torch_npu's
   messages and format, rotating at 200 KB with one backup;
-* output (section 5): ``{host}_{pid}_{YYYYmmddHHMMSSfff}_ascend_pt`` under ``prof_dir`` created at start with
+* output (output layout): ``{host}_{pid}_{YYYYmmddHHMMSSfff}_ascend_pt`` under ``prof_dir`` created at start with
   ``FRAMEWORK/``; at stop ``profiler_info_{rank}.json`` then ``profiler_metadata.json`` (config metadata +
   ``trace_id``), "Stop Dynamic Profiler at N step."; with effective ``analyse`` the parse recreates
   ``ASCEND_PROFILER_OUTPUT/`` with DBs from :func:`daemon.simulate.ascend_tree.write_rank_dir` and writes
@@ -41,28 +42,14 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from daemon.simulate.dynamic_profile_config_sim import TEMPLATE, ConfigContext, print_warn
 
 CFG_FILE = "profiler_config.json"
 MAX_BYTES = 1048576
 POLL_ENV = "PROFWATCH_SIM_POLL_INTERVAL_S"
 FAKE_VERSION = "2.14.0+profwatch.sim"
-
-TEMPLATE: dict[str, Any] = {
-    "activities": ["CPU", "NPU"], "prof_dir": "./", "analyse": False, "async_mode": False, "record_shapes": False,
-    "profile_memory": False, "with_stack": False, "with_flops": False, "with_modules": False, "active": 1,
-    "warmup": 0, "start_step": 0, "is_rank": False, "rank_list": [],
-    "experimental_config": {
-        "profiler_level": "Level0", "aic_metrics": "AiCoreNone", "l2_cache": False, "op_attr": False,
-        "gc_detect_threshold": None, "data_simplification": True, "record_op_args": False, "export_type": ["text"],
-        "msprof_tx": False, "mstx": False, "host_sys": [], "mstx_domain_include": [], "mstx_domain_exclude": [],
-        "sys_io": False, "sys_interconnection": False,
-    },
-}
-"""torch_npu's template (doc section 4), kept separate from rankhook's on purpose: this file plays torch_npu."""
-
-_BOOLS = ("analyse", "async_mode", "record_shapes", "profile_memory", "with_stack", "with_flops", "with_modules")
-
 
 def _rank_id() -> int:
     try:
@@ -83,65 +70,15 @@ def _make_logger(path: str, name: str) -> logging.Logger:
     return lg
 
 
-class _ConfigContext:
-    """torch_npu's ``_DynamicProfilerConfigContext``: parse with resets (doc section 2 "Invalid values")."""
-
-    def __init__(self, raw: dict[str, Any], rank: int, log: logging.Logger) -> None:
-        self.raw = raw
-        s = raw.get("start_step", 0)
-        if raw.get("is_valid") is False:
-            s = 0
-        elif not isinstance(s, int) or isinstance(s, bool) or s < -1:
-            log.warning("Start step is not valid, will be reset to 0.")
-            s = 0
-        self.start_step = s
-        log.info("Start step will be set to %d.", s)
-        a = raw.get("active", 1)
-        if not isinstance(a, int) or isinstance(a, bool) or a <= 0:
-            log.warning("Invalid parameter active, reset it to 1.")
-            a = 1
-        w = raw.get("warmup", 0)
-        if not isinstance(w, int) or isinstance(w, bool) or w < 0:
-            log.warning("Invalid parameter warmup, reset it to 0.")
-            w = 0
-        self.active, self.warmup = a, w
-        flags = {k: raw.get(k, False) for k in _BOOLS}
-        self.flags = {k: (v if isinstance(v, bool) else False) for k, v in flags.items()}
-        self.is_rank = raw.get("is_rank", False) is True
-        rl = raw.get("rank_list", [])
-        self.rank_list = [r for r in rl if isinstance(r, int) and not isinstance(r, bool) and r >= 0] if isinstance(rl, list) else []
-        md = raw.get("metadata", {})
-        self.metadata = md if isinstance(md, dict) else {}
-        self.prof_dir = raw.get("prof_dir", "./") if isinstance(raw.get("prof_dir", "./"), str) else "./"
-        ec = raw.get("experimental_config") or {}
-        et = ec.get("export_type", ["text"]) if isinstance(ec, dict) else ["text"]
-        self.export_type = [et] if isinstance(et, str) else list(et)
-        self.level = ec.get("profiler_level", "Level0") if isinstance(ec, dict) else "Level0"
-        self._rank = rank
-        self._log = log
-        self.analyse = self.flags["analyse"]
-
-    def valid(self) -> bool:
-        """Rank filter (torch_npu ``valid()``); forces analyse off for listed ranks without async_mode."""
-        if not self.is_rank:
-            return True
-        if self._rank not in self.rank_list:
-            self._log.info("Rank %d not in valid rank_list %s!", self._rank, set(self.rank_list))
-            return False
-        if not self.flags["async_mode"] and self.analyse:
-            self._log.info("Rank %d is in rank_list %s, profiler data analyse will be closed !", self._rank,
-                           set(self.rank_list))
-            self.analyse = False
-        return True
-
-
 class _Capture:
-    def __init__(self, ctx: _ConfigContext, start_step: int, rank_dir: str) -> None:
+    def __init__(self, ctx: ConfigContext, start_step: int, rank_dir: str) -> None:
         self.ctx = ctx
         self.start_step = start_step
         self.rank_dir = rank_dir
-        self.remaining = ctx.warmup + ctx.active
+        self.warmup, self.active = ctx.warmup(), ctx.active()
+        self.remaining = self.warmup + self.active
         self.start_ns = time.time_ns()
+        self.start_mono_ns = time.monotonic_ns()
         self.step_marks: dict[int, int] = {start_step: self.start_ns}  # step k begins at the end of call k
         self.segments: list[tuple[str, int, int, str | None, int]] = []  # kind, start, end, name, wait_ns
 
@@ -158,7 +95,7 @@ class DynamicProfileSim:
         self._mlog: logging.Logger | None = None
         self._shm: tuple[int, dict[str, Any]] | None = None  # [uint32 mtime][JSON] slot
         self._cur_time = 0
-        self._pending: _ConfigContext | None = None
+        self._pending: ConfigContext | None = None
         self._cap: _Capture | None = None
         self._interval = 2.0
         self._t10 = 0.0
@@ -169,8 +106,7 @@ class DynamicProfileSim:
     # -- public API (dp.init / step / start / set_state) --------------------------------------------------------
     def init(self, path: str) -> None:
         if self.path is not None:
-            if self.log:
-                self.log.warning("Init dynamic profiling repeatedly")
+            print_warn("Init dynamic profiling repeatedly")
             return
         path = os.path.abspath(path)
         os.makedirs(path, exist_ok=True)
@@ -178,7 +114,7 @@ class DynamicProfileSim:
         self.rank = _rank_id()
         self.log = _make_logger(path, f"dp_{self.host}_{os.getpid()}_rank_{self.rank}.log")
         self._cur_time = int(time.time())
-        self.log.info("Rank %d shared memory is created", self.rank)
+        self.log.info("Rank %d shared memory is created.", self.rank)
         cfg = os.path.join(path, CFG_FILE)
         try:
             fd = os.open(cfg, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
@@ -195,7 +131,7 @@ class DynamicProfileSim:
         self._monitor = threading.Thread(target=self._monitor_loop, args=(cfg, baseline), name="DynMonitorProc",
                                          daemon=True)
         self._monitor.start()
-        self.log.info("Dynamic monitor process has been created by rank %d", self.rank)
+        self.log.info("Dynamic monitor process has been created by rank %d.", self.rank)
         atexit.register(self._exit)
 
     def step(self) -> None:
@@ -203,17 +139,18 @@ class DynamicProfileSim:
             raise AttributeError("'NoneType' object has no attribute 'shm_to_prof_conf_context'")
         self.cur_step += 1
         n = self.cur_step
+        shm = self._shm
+        if shm is not None and shm[0] > self._cur_time and self.log is not None:
+            self._cur_time = shm[0]
+            ctx = ConfigContext(shm[1], self.rank, self.log)
+            if ctx.valid():  # torch_npu keeps the pending config when the new one is not for this rank
+                self._pending = ctx
         if n == 10:
             self._t10 = time.monotonic()
         elif n == 11 and self._t10:
             self._interval = float(min(50, max(1, int(time.monotonic() - self._t10))))
             if self.log:
-                self.log.info("Dynamic profiler process poll interval time change to %ds", int(self._interval))
-        shm = self._shm
-        if shm is not None and shm[0] > self._cur_time and self.log is not None:
-            self._cur_time = shm[0]
-            ctx = _ConfigContext(shm[1], self.rank, self.log)
-            self._pending = ctx if ctx.valid() else None
+                self.log.info("Dynamic profiling monitor process poll interval time change to %ds", int(self._interval))
         cap = self._cap
         if cap is not None:
             cap.step_marks[n] = time.time_ns()
@@ -224,19 +161,18 @@ class DynamicProfileSim:
         p = self._pending
         if p is None:
             return
-        if p.start_step == -1 or n == p.start_step:
+        p.active(), p.warmup()  # torch_npu computes the window length (and logs resets) on every pending step
+        if n > p.start_step and p.start_step != -1:
+            self._pending = None
+            print_warn(f"Dynamic Profiler config is not effective. The start_step={p.start_step}, current_step={n}")
+        elif p.start_step == -1 or n == p.start_step:
             self._pending = None
             self._start_capture(p)
-        elif n > p.start_step:
-            self._pending = None
-            if self.rank in (-1, 0) and os.environ.get("TORCH_NPU_WARNING_DISABLE") != "1":
-                print(f"Dynamic Profiler config is not effective. The start_step={p.start_step}, current_step={n}",
-                      flush=True)
 
     def start(self, config_path: str) -> None:
         if self._cap is not None:
-            if self.log:
-                self.log.warning("Profiler already started")
+            print_warn("Profiler already started. Cannot call start interface while the profiler is active. ",
+                        "ERROR")
             return
         raw: Any = None
         for cand in (config_path, os.path.join(self.path or "", CFG_FILE)):
@@ -247,14 +183,19 @@ class DynamicProfileSim:
             except (OSError, ValueError):
                 continue
         lg = self.log or _make_logger(tempfile.gettempdir(), f"dp_{self.host}_{os.getpid()}_rank_{self.rank}.log")
-        ctx = _ConfigContext(raw if isinstance(raw, dict) else {}, self.rank, lg)
+        ctx = ConfigContext({**(raw if isinstance(raw, dict) else {}), "is_valid": True}, self.rank, lg)
         ctx.is_rank = False
         self._start_capture(ctx)
 
     def set_state(self, state: dict[str, Any]) -> None:
-        n = state.get("cur_step")
-        if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
-            self.cur_step = n
+        if not isinstance(state, dict):
+            print_warn("Dynamic profiler state_step must be dict.", "ERROR")
+            return
+        n = state.get("cur_step", 0)
+        if not isinstance(n, int) or n < 0:
+            print_warn("Dynamic profiler cur_step must be a non-negative integer.", "ERROR")
+            return
+        self.cur_step = n
 
     def record_segment(self, kind: str, start_ns: int, end_ns: int, name: str | None = None, wait_ns: int = 0) -> None:
         """NOT torch_npu: feed a measured compute/collective interval (unix ns) of the running capture.
@@ -286,23 +227,24 @@ class DynamicProfileSim:
     def _load(self, cfg: str, m: int) -> None:
         assert self._mlog is not None
         if os.path.getsize(cfg) > MAX_BYTES:
-            self._mlog.warning("Load json failed, because cfg bytes size over %d bytes", MAX_BYTES)
+            self._mlog.warning("Load json failed,  because cfg bytes size over %d bytes", MAX_BYTES)
             return
         try:
             with open(cfg, encoding="utf-8") as f:
                 data = f.read()
             raw = json.loads(data) if data else {}
-            if not isinstance(raw, dict):
-                raise ValueError("not a JSON object")  # noqa: TRY004 - caught right below
+            raw["is_valid"] = True  # what torch_npu's monitor adds (a JSON list fails right here, as in torch_npu)
             self._mlog.info("Dynamic profiler process load json success")
-        except (OSError, ValueError) as exc:
-            self._mlog.error("Dynamic profiler process load json failed, %s", exc)
+        except (OSError, ValueError, TypeError) as exc:
+            self._mlog.error("Dynamic profiler process load json failed, %s has occur!", exc)
             raw = {"is_valid": False}
         self._shm = (m, raw)
 
     # -- capture ----------------------------------------------------------------------------------------------
-    def _start_capture(self, ctx: _ConfigContext) -> None:
-        prof_dir = os.path.realpath(ctx.prof_dir or os.getcwd())
+    def _start_capture(self, ctx: ConfigContext) -> None:
+        work = os.environ.get("ASCEND_WORK_PATH")
+        default = os.path.join(os.path.abspath(work), "profiling_data") if work else os.getcwd()
+        prof_dir = os.path.realpath(os.path.expanduser(ctx.prof_dir)) if ctx.prof_dir else default
         now = time.time()
         lt = time.localtime(now)
         name = f"{self.host}_{os.getpid()}_{time.strftime('%Y%m%d%H%M%S', lt)}{int(now * 1000) % 1000:03d}_ascend_pt"
@@ -319,26 +261,37 @@ class DynamicProfileSim:
             return
         self._cap = None
         ctx = cap.ctx
-        end_ns = time.time_ns()
-        first = cap.start_step + ctx.warmup
-        recorded = [k for k in range(first, cap.start_step + ctx.warmup + ctx.active) if k + 1 in cap.step_marks]
-        info = {
+        first = cap.start_step + cap.warmup
+        recorded = [k for k in range(first, first + cap.active) if k + 1 in cap.step_marks]
+        flags = {k: ctx.flags[k] for k in ("record_shapes", "profile_memory", "with_stack", "with_flops",
+                                           "with_modules")}
+        info: dict[str, Any] = {  # torch_npu's profiler_interface._dump_profiler_info shape (indent 4)
             "config": {"common_config": {"activities": ["ProfilerActivity.CPU", "ProfilerActivity.NPU"],
-                                         "schedule": {"wait": 0, "warmup": ctx.warmup, "active": ctx.active,
-                                                      "repeat": 1, "skip_first": 0}},
+                                         "schedule": {"wait": 0, "active": cap.active, "warmup": cap.warmup,
+                                                      "repeat": 1, "skip_first": 0, "skip_first_wait": 0},
+                                         **flags},
                        "experimental_config": {"_profiler_level": ctx.level, "_export_type": ctx.export_type}},
-            "start_info": {"collectionTimeBegin": str(cap.start_ns)},
-            "end_info": {"collectionTimeEnd": str(end_ns)},
-            "torch_npu_version": FAKE_VERSION, "cann_version": "simulated", "rank_id": self.rank,
+            "start_info": {"syscnt_enable": False, "freq": 100, "start_cnt": 0, "start_monotonic": cap.start_mono_ns},
+            "end_info": {"collectionTimeEnd": time.time_ns(), "MonotonicTimeEnd": time.monotonic_ns()},
+            "torch_npu_version": FAKE_VERSION, "cann_version": "simulated",
             "profwatch_sim": {"steps": recorded, "start_step": cap.start_step},
         }
-        fname = f"profiler_info_{self.rank}.json" if self.rank >= 0 else "profiler_info.json"
-        _write_json(os.path.join(cap.rank_dir, fname), info)
+        env_rank = os.environ.get("RANK")
+        if env_rank is not None:
+            info["rank_id"] = env_rank  # torch_npu writes the RANK string as it is
+        fname = f"profiler_info_{env_rank}.json" if env_rank is not None else "profiler_info.json"
+        _write_json(os.path.join(cap.rank_dir, fname), info, indent=4)
         meta = dict(ctx.metadata)
-        meta["trace_id"] = uuid.uuid4().hex
+        if "text" in ctx.export_type:
+            meta["ENV_VARIABLES"] = {k: os.environ.get(k, "") for k in _ENV_VARIABLES}
+        world = _world_size()
+        if world > 1 and self.rank >= 0:  # torch_npu adds the HCCL groups when torch.distributed runs on HCCL
+            meta["parallel_group_info"] = {_group_name(): {"group_name": "default_group", "group_rank": self.rank,
+                                                           "global_ranks": list(range(world))}}
+        meta["trace_id"] = uuid.uuid4().hex.upper()
         _write_json(os.path.join(cap.rank_dir, "profiler_metadata.json"), meta)
         if ctx.analyse:
-            if ctx.flags["async_mode"]:
+            if ctx.async_mode:
                 t = threading.Thread(target=self._parse, args=(cap, recorded, meta), name="sim-dp-parse")
                 self._parses.append(t)
                 t.start()
@@ -357,16 +310,15 @@ class DynamicProfileSim:
             ParallelGroup,
             RankTimeline,
             StepTimeline,
-            default_group_name,
             write_rank_dir,
         )
 
         out = os.path.join(cap.rank_dir, "ASCEND_PROFILER_OUTPUT")
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out, mode=0o750)
-        world = max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+        world = _world_size()
         rank = max(self.rank, 0)
-        group = ParallelGroup(default_group_name(0), "default_group", tuple(range(world)))
+        group = ParallelGroup(_group_name(), "default_group", tuple(range(world)))
         steps = []
         for k in recorded:
             t0, t1 = cap.step_marks[k], cap.step_marks[k + 1]
@@ -392,7 +344,8 @@ class DynamicProfileSim:
             steps.append(StepTimeline(k, t0, t1, tuple(segs)))
         tl = RankTimeline(rank=rank, world_size=world, hostname=self.host, pid=os.getpid(), steps=steps,
                           start_ns=cap.start_ns, groups=[group] if world > 1 else [], level=cap.ctx.level)
-        et = "both" if set(cap.ctx.export_type) >= {"text", "db"} else ("db" if "db" in cap.ctx.export_type else "text")
+        et: Literal["db", "text", "both"] = (
+            "both" if set(cap.ctx.export_type) >= {"text", "db"} else ("db" if "db" in cap.ctx.export_type else "text"))
         tmp = tempfile.mkdtemp(prefix="pw-sim-parse-")
         try:
             gen = write_rank_dir(Path(tmp), tl, export_type=et, with_marker=False, metadata=meta)
@@ -408,7 +361,7 @@ class DynamicProfileSim:
     def _exit(self) -> None:
         if self._cap is not None:
             if self.rank in (-1, 0):
-                print("Profiler stop when process exit, check cfg json active whether over all step!", flush=True)
+                print_warn("Profiler stop when process exit, check cfg json active whether over all step!")
             self._stop_capture()
         for t in self._parses:
             t.join()
@@ -419,10 +372,30 @@ class DynamicProfileSim:
             self._mlog.info("Dynamic profiler process done")
 
 
-def _write_json(path: str, obj: Any) -> None:
+def _write_json(path: str, obj: Any, indent: int | None = None) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=4)
+        json.dump(obj, f, indent=indent, ensure_ascii=False)
+
+
+_ENV_VARIABLES = ("ASCEND_GLOBAL_LOG_LEVEL", "HCCL_RDMA_TC", "HCCL_RDMA_SL", "ACLNN_CACHE_LIMIT", "HOST_CACHE_CAPACITY",
+                  "ASCEND_ENHANCE_ENABLE", "PYTORCH_NPU_ALLOC_CONF", "ASCEND_LAUNCH_BLOCKING", "HCCL_ALGO")
+"""The environment torch_npu records in ``profiler_metadata.json`` for a text export (``collect_env_vars``)."""
+
+
+def _world_size() -> int:
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+    except ValueError:
+        return 1
+
+
+def _group_name() -> str:
+    """The simulated job's HCCL default-group communicator name, the same on every rank of one job."""
+    from daemon.simulate.ascend_tree import default_group_name
+
+    job = os.environ.get("PROFWATCH_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or ""
+    return default_group_name(int.from_bytes(job.encode()[:6].ljust(6, b"\0"), "big") * 1000)
 
 
 _SIM = DynamicProfileSim()
@@ -432,7 +405,7 @@ def _wrap(fn_name: str):  # type: ignore[no-untyped-def]
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return getattr(_SIM, fn_name)(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - torch_npu swallows and prints (doc section 1b)
+        except Exception as exc:  # noqa: BLE001 - torch_npu swallows and prints ("Call step failed")
             print(f"Call {fn_name} failed. Exception: {exc}", flush=True)
             return None
 

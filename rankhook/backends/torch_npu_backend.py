@@ -1,12 +1,12 @@
 """torch_npu capture backend: wraps ``torch_npu.profiler.dynamic_profile`` (I/O; torch_npu imported lazily in open).
 
-What it does (``../shared/docs/torch_npu_dynamic_profile.md`` "What a wrapper hook must do"):
+What it does (``docs/torch_npu-dynamic-profile.md#hook-rules``; checked against torch-npu 2.13.0 in ``docs/conformance.md``):
 
 * exactly one integration mode: refuses to start when ``PROF_CONFIG_PATH`` (or ``MSMONITOR_USE_DAEMON=1``) is
   set, because torch_npu then already called ``dp.init`` at import and steps on the optimizer hook, so our
-  ``dp.step()`` would double-count and our ``dp.init`` would be ignored (section 1);
-* sets ``RANK`` in ``os.environ`` before ``dp.init`` (log names, ``rank_list``; section 2 item 1, section 5);
-* warns about a leftover ``/dev/shm/DynamicProfileNpuShm*`` or an orphan ``DynMonitorProc`` (section 2, FC-09);
+  ``dp.step()`` would double-count and our ``dp.init`` would be ignored (``#modes``);
+* sets ``RANK`` in ``os.environ`` before ``dp.init`` (log names, ``rank_list``; ``#shared-memory``, ``#output-layout``);
+* warns about a leftover ``/dev/shm/DynamicProfileNpuShm*`` or an orphan ``DynMonitorProc`` (``#shared-memory``, ``docs/field-cases.md#fc-09``);
 * calls ``dp.step()`` once per ``after_step``, ``dp.start`` for ``start_now``, ``dp.set_state`` for ``set_step``.
 
 dynamic_profile exposes no events, so the backend *observes*: a :class:`~rankhook.profconfig.ConfigWatcher`
@@ -14,7 +14,7 @@ reads the same file torch_npu reads (``arm_seen``/``arm_rejected``), a :class:`~
 mirrors torch_npu's window in the step path (``capturing()``, passed start_steps), and the watcher thread looks
 for this process's new ``{host}_{pid}_{ts}_ascend_pt`` dir under ``prof_dir`` (``started``) and its completion
 marker (``completed``: ``ASCEND_PROFILER_OUTPUT/analyse.done`` when online parse is effective, else
-``profiler_metadata.json``; section 5 "Watcher rule"). Nothing of this runs in the step path.
+``profiler_metadata.json``; ``#output-layout``). Nothing of this runs in the step path.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from rankhook.backends.base import Emit, EventQueue
 from rankhook.backends.dp_state import scan_dp_state
-from rankhook.profconfig import ArmedConfig, ConfigWatcher, WindowGate, make_armed, validate_config
+from rankhook.backends.torch_npu_config import torch_npu_prof_dir, torch_npu_reading
+from rankhook.profconfig import ArmedConfig, ConfigWatcher, WindowGate, make_armed
 
 if TYPE_CHECKING:
     from rankhook.identity import Identity
@@ -58,7 +59,7 @@ class _Expect:
 def analyse_effective(cfg: dict[str, Any]) -> bool:
     """True if torch_npu parses online: ``analyse`` and not forced off by ``is_rank`` without ``async_mode``.
 
-    Source: doc section 4 (rank_list row) and section 5.
+    Source: ``docs/torch_npu-dynamic-profile.md#config-keys`` (rank_list) and ``#output-layout``; verified in ``docs/conformance.md``.
     """
     return bool(cfg.get("analyse")) and not (cfg.get("is_rank") and not cfg.get("async_mode"))
 
@@ -119,7 +120,8 @@ class TorchNpuBackend:
         dp.init(self.config_dir)
         self._dp = dp
         self._watcher = ConfigWatcher(
-            self.config_dir, rank=ident.rank, init_unix_s=init_unix_s, on_event=self._on_config, tick=self._tick
+            self.config_dir, rank=ident.rank, init_unix_s=init_unix_s, on_event=self._on_config, tick=self._tick,
+            validate=torch_npu_reading,
         )
         self._watcher.start()
 
@@ -168,7 +170,7 @@ class TorchNpuBackend:
         try:
             with open(config_path, "rb") as f:
                 raw = json.loads(f.read() or b"{}")
-            cfg, _ = validate_config({**raw, "start_step": -1, "is_rank": False})
+            cfg, _ = torch_npu_reading({**raw, "start_step": -1, "is_rank": False})
         except (OSError, ValueError):
             cfg = None
         if cfg is not None:
@@ -195,7 +197,7 @@ class TorchNpuBackend:
             self._events.send_config_event(event, cfg, gen, detail)
 
     def _prof_dir(self, cfg: ArmedConfig) -> str:
-        return os.path.abspath(cfg.config["prof_dir"] or (self.prof_root or "."))
+        return torch_npu_prof_dir(cfg.config["prof_dir"])
 
     def _find_rank_dir(self, e: _Expect) -> str | None:
         assert self._ident is not None

@@ -15,7 +15,6 @@ from daemon.adapters.config_writer import (
     ConfigDirMissing,
     ConfigDirNotAllowed,
     ConfigDirReadOnly,
-    ConfigMtimeInFuture,
     ConfigPathSymlink,
     ConfigWriter,
     ConfigWriteTooEarly,
@@ -160,14 +159,27 @@ def test_refusals(tmp_path: Path) -> None:
         w.write(str(root / "c"), _cfg(5), not_before_unix_s=0, allowed_roots=roots)
     with pytest.raises(InvalidProfilerConfig):
         w.write(str(root / "c"), {**_cfg(5), "NPU_MONITOR_START": True}, not_before_unix_s=0, allowed_roots=roots)
-    fut = root / "fut"
+    assert not (outside / "x.json").exists()
+
+
+def test_write_after_a_future_mtime_goes_beyond_it(tmp_path: Path) -> None:
+    """torch_npu ranks that accepted a future mtime ignore every edit not beyond it (docs/conformance.md): the
+    writer sets the mtime past it instead of refusing or waiting for the clock, and keeps counting up."""
+    fut = tmp_path / "fut"
     fut.mkdir()
     (fut / "profiler_config.json").write_text(json.dumps(TEMPLATE))
-    t = time.time() + 3600
+    t = int(time.time()) + 3600
     os.utime(fut / "profiler_config.json", (t, t))
-    with pytest.raises(ConfigMtimeInFuture):
-        w.write(str(fut), _cfg(5), not_before_unix_s=0, allowed_roots=roots)
-    assert not (outside / "x.json").exists()
+    w = ConfigWriter()
+    t0 = time.monotonic()
+    r1 = w.write(str(fut), _cfg(5), not_before_unix_s=0, allowed_roots=[str(tmp_path)])
+    r2 = w.write(str(fut), _cfg(6), not_before_unix_s=0, allowed_roots=[str(tmp_path)])
+    assert time.monotonic() - t0 < 2.0  # no waiting for a clock an hour behind
+    assert t < r1.mtime_s < r2.mtime_s <= t + 10
+    assert int((fut / "profiler_config.json").stat().st_mtime) == r2.mtime_s
+    assert json.loads((fut / "profiler_config.json").read_text())["start_step"] == 6
+    r3 = ConfigWriter().write(str(fut), _cfg(7), not_before_unix_s=0, allowed_roots=[str(tmp_path)])  # restarted
+    assert r3.mtime_s > r2.mtime_s
 
 
 def test_symlinked_root_is_allowed(tmp_path: Path) -> None:

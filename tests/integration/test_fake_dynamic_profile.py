@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from daemon.adapters.config_writer import ConfigWriter
+from daemon.adapters.rank_dir_fs import scan_tree
 from daemon.core.capture import CaptureRequest, CaptureSettings, JobProgress, ProfilerConfig, plan_capture
 from tests.conftest import PYTHON, REPO_ROOT, finish_process, python_env, wait_for
 from tests.integration.capture_job_files import read_events, read_progress
@@ -72,11 +73,14 @@ def test_fake_dynamic_profile_four_ranks(tmp_path: Path) -> None:
         for rd in rank_dirs:
             info_file = next(rd.glob("profiler_info_*.json"))
             info = json.loads(info_file.read_text())
-            rank = info["rank_id"]
+            rank = int(info["rank_id"])  # torch_npu writes the RANK string
             seen_ranks.add(rank)
             assert info["profwatch_sim"] == {"steps": list(range(s + plan.warmup, end)), "start_step": s}
             meta = json.loads((rd / "profiler_metadata.json").read_text())
             assert meta["profwatch_capture_id"] == plan.capture_id and meta["profwatch_job_id"] == "j1"
+            # the world size, where torch_npu on HCCL writes it (issue 14 item 2)
+            (group,) = meta["parallel_group_info"].values()
+            assert group["group_name"] == "default_group" and group["global_ranks"] == list(range(WORLD))
             assert (rd / "FRAMEWORK").is_dir()
             assert (rd / "ASCEND_PROFILER_OUTPUT" / f"ascend_pytorch_profiler_{rank}.db").is_file()
             assert (rd / "ASCEND_PROFILER_OUTPUT" / "analyse.done").is_file()
@@ -92,6 +96,9 @@ def test_fake_dynamic_profile_four_ranks(tmp_path: Path) -> None:
             assert done["steps"] == list(range(s + plan.warmup, end)) and done["step"] == end
             assert done["rank_dir"] == str(rd) and done["total_bytes"] > 0
         assert seen_ranks == set(range(WORLD))
+        # profwatch's own scan calls the simulator's batch complete without being told the world size
+        (batch,) = scan_tree(plan.prof_dir)
+        assert batch.status == "complete" and batch.expected_ranks == list(range(WORLD)), batch.to_json()
 
         # a start_step that already passed is discarded on every rank (no capture)
         past = ProfilerConfig(start_step=2, prof_dir=str(tmp_path / "past"),

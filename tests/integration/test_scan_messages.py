@@ -1,0 +1,95 @@
+"""What ``profwatch scan`` / ``analyze`` say about folders that are not a complete PyTorch batch (issue 14 items 2
+and 13): never ``rank ?``, ``rank None`` or ``missing ranks []``; a single rank dir gets "pass its parent";
+MindSpore rank dirs and other outputs profwatch does not analyse are named as found and not supported."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from daemon.adapters.rank_dir_fs import find_unsupported, scan_tree
+from daemon.commands.analyze import analyze
+from daemon.commands.scan import scan
+from daemon.simulate.ascend_tree import generate_cluster
+
+BAD = ("rank ?", "rank None", "missing ranks []")
+
+
+def _no_bad_words(text: str) -> None:
+    for bad in BAD:
+        assert bad not in text, f"{bad!r} in {text!r}"
+
+
+@pytest.fixture
+def unknown_world(tmp_path: Path) -> Path:
+    """A 2-rank batch whose metadata carries no world size (as torch_npu writes it without HCCL, e.g. gloo)."""
+    dirs = generate_cluster(tmp_path / "prof", world_size=2, capture_id="cap-w")
+    for d in dirs:
+        meta = json.loads((d / "profiler_metadata.json").read_text())
+        meta.pop("parallel_group_info"), meta.pop("distributed_args")
+        (d / "profiler_metadata.json").write_text(json.dumps(meta))
+    return tmp_path / "prof"
+
+
+def test_unknown_world_size_messages_name_no_fake_rank(unknown_world: Path) -> None:
+    res = CliRunner().invoke(scan, [str(unknown_world)])
+    assert res.exit_code == 1
+    assert "world size unknown" in res.output and "--world-size" in res.output
+    _no_bad_words(res.output)
+    (batch,) = scan_tree(unknown_world)
+    _no_bad_words(batch.describe())
+    assert CliRunner().invoke(scan, [str(unknown_world), "--world-size", "2"]).exit_code == 0
+
+
+def test_analyze_detail_of_an_incomplete_batch(unknown_world: Path, tmp_path: Path) -> None:
+    res = CliRunner().invoke(analyze, [str(unknown_world), "--json", "--no-advisor", "--no-html", "--out",
+                                       str(tmp_path / "work")])
+    assert res.exit_code == 1, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert out["status"] == "incomplete" and "world size unknown" in out["detail"]
+    _no_bad_words(out["detail"])
+
+
+def test_scan_of_one_rank_dir_says_to_pass_its_parent(tmp_path: Path) -> None:
+    dirs = generate_cluster(tmp_path / "prof", world_size=4, capture_id="cap-1")
+    res = CliRunner().invoke(scan, [str(dirs[2])])
+    assert f"pass its parent ({dirs[2].parent})" in res.output
+    assert res.exit_code == 1  # one rank of four: not complete
+    _no_bad_words(res.output)
+    assert "pass its parent" not in CliRunner().invoke(scan, [str(dirs[2].parent)]).output
+
+
+@pytest.mark.parametrize(
+    ("names", "what"),
+    [
+        ([f"node0_{4000 + r}_2026010112000000{r}_ascend_ms" for r in range(4)], "MindSpore profiler rank dirs"),
+        (["PROF_000001_20260101120000000_ABCDEFGH"], "msprof command-line captures (PROF_*)"),
+    ],
+)
+def test_outputs_profwatch_does_not_analyse_are_named(tmp_path: Path, names: list[str], what: str) -> None:
+    root = tmp_path / "run"
+    for n in names:
+        (root / "sub" / n / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True)
+        (root / "sub" / n / "ASCEND_PROFILER_OUTPUT" / "ascend_mindspore_profiler_0.db").write_bytes(b"")
+    res = CliRunner().invoke(scan, [str(root)])
+    assert res.exit_code == 1
+    assert f"found {len(names)} {what}" in res.output and "not supported" in res.output, res.output
+    res = CliRunner().invoke(analyze, [str(root), "--json"])
+    assert res.exit_code == 2
+    detail = json.loads(res.output.strip().splitlines()[-1])["detail"]
+    assert what in detail and "not supported" in detail
+    found = find_unsupported(root)
+    assert [len(v) for v in found.values()] == [len(names)]
+
+
+def test_loose_traces_next_to_a_batch_get_a_note(tmp_path: Path) -> None:
+    dirs = generate_cluster(tmp_path / "prof", world_size=2, capture_id="cap-2")
+    shutil.copy(Path(__file__), tmp_path / "prof" / "host_1.1767268800000.pt.trace.json")
+    res = CliRunner().invoke(scan, [str(tmp_path / "prof")])
+    assert res.exit_code == 0, res.output  # the batch itself is complete
+    assert "found 1 torch.profiler traces outside a profwatch *_torch_pt rank dir" in res.output
+    assert str(dirs[0].parent) in res.output
