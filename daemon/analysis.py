@@ -7,9 +7,11 @@ with a clear status and a status per recipe (``../shared/docs/field-cases.md`` F
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,18 +27,22 @@ from daemon.adapters.msprof_runner import MsprofSettings, run_msprof_analysis
 from daemon.adapters.report import write_report
 from daemon.core.alerts import TYPE_ANALYSIS_FAILED, TYPE_BATCH_INCOMPLETE, TYPE_SUSPECT_RANKS, suspect_alert_data
 from daemon.core.completeness import BatchState
-from daemon.core.evidence import ClusterEvidence, RecipeStatus, Suspect
+from daemon.core.evidence import ClusterEvidence, RecipeStatus, SlowLink, Suspect
 from daemon.core.prof_layout import parse_rank_dir_name
-from daemon.core.ranking import RankingSettings, rank_suspects, ranking_notes
+from daemon.core.ranking import RankingSettings, Verdict, judge_batch
 
 log = structlog.get_logger()
 
-AnalysisStatus = Literal["ok", "no_suspect", "partial", "incomplete", "not_applicable", "no_data", "failed"]
-"""``ok``: suspects named. ``no_suspect``: every rank's time data analysed, nobody stands out. ``partial``: data
-for only some ranks or steps and nobody stands out there (absence is not proven). ``incomplete``: the batch
-was not complete (nothing run). ``not_applicable``: the capture cannot answer (text-only export, Level0 / no
-communication, groups too small and no time data). ``no_data``: recipes ran but produced nothing usable.
-``failed``: staging or a tool failed (see ``recipes``)."""
+AnalysisStatus = Literal["ok", "weak", "no_suspect", "partial", "incomplete", "not_applicable", "no_data", "failed"]
+"""``ok``: suspects or slow links named on strong evidence, every rank judged. ``weak``: named, but the evidence
+rests on too few captured steps (fewer than ``RankingSettings.min_strong_steps``) or fewer steps than armed.
+``no_suspect``: every rank's data analysed over the armed window, nobody stands out. ``partial``: some ranks
+could not be judged (no usable device data, unparseable trace, missing from the time breakdown, steps that
+cannot be aligned) or the window was short and nobody stands out: the suspects named (if any) are among the
+judged ranks, absence is not proven. ``incomplete``: the batch was not complete (nothing run).
+``not_applicable``: the capture cannot answer (text-only export, Level0 / no communication, groups too small
+and no time data). ``no_data``: recipes ran but produced nothing usable. ``failed``: staging or a tool failed
+(see ``recipes``). Only ``ok`` and ``no_suspect`` make ``profwatch analyze`` exit 0 (docs/verdicts.md)."""
 
 TIME_RECIPES = ("cluster_time_summary", KINETO_RECIPE)
 
@@ -70,6 +76,25 @@ class AnalysisResult:
     paths: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
+    links: list[SlowLink] = field(default_factory=list)
+    impact: dict[str, float] | None = None
+    armed_steps: list[int] | None = None
+    captured_steps: list[int] = field(default_factory=list)
+    strength: str | None = None
+    unjudged_ranks: dict[int, str] = field(default_factory=dict)
+
+    def verdict_json(self) -> dict[str, Any]:
+        """The verdict keys shared by ``to_json()`` and ``alert_data()``: ``links``, ``impact`` (headline: every
+        suspect and link fixed), ``armed_steps``, ``captured_steps``, ``strength`` and ``unjudged_ranks``
+        ``[{"rank", "reason"}]`` (what could not be judged)."""
+        return {
+            "links": [lk.to_json() for lk in self.links],
+            "impact": self.impact,
+            "armed_steps": self.armed_steps,
+            "captured_steps": list(self.captured_steps),
+            "strength": self.strength,
+            "unjudged_ranks": [{"rank": r, "reason": why} for r, why in sorted(self.unjudged_ranks.items())],
+        }
 
     @property
     def event_type(self) -> str:
@@ -88,13 +113,16 @@ class AnalysisResult:
                                   recipes=self.recipes, paths=self.paths, capture_reason=self.capture_reason,
                                   world_size=self.world_size, notes=self.notes)
         data["detail"] = self.detail
+        data.update(self.verdict_json())
         return data
 
     def to_json(self) -> dict[str, Any]:
         """``{"status", "batch_id", "kind", "suspects": [{"rank","score","kind","hostname","evidence","rank_dir"}],
         "recipes": {name: status}, "report": path}`` plus ``detail``, ``world_size``, ``capture_reason``,
-        ``recipe_details`` {name: RecipeStatus json}, ``slow_rank_votes``, ``paths``, ``notes``, ``timings_s``."""
-        return {
+        ``recipe_details`` {name: RecipeStatus json}, ``slow_rank_votes``, ``paths``, ``notes``, ``timings_s``
+        and the verdict keys of :meth:`verdict_json` (``links``, ``impact``, ``armed_steps``, ``captured_steps``,
+        ``strength``, ``unjudged_ranks``)."""
+        return {**self.verdict_json(),
             "status": self.status,
             "batch_id": self.batch_id,
             "kind": self.kind,
@@ -123,33 +151,60 @@ def hostnames_from_dirs(rank_dirs: dict[int, str]) -> dict[int, str]:
     return out
 
 
-def _overall_status(ev: ClusterEvidence, suspects: list[Suspect], expected: int) -> tuple[AnalysisStatus, str]:
-    """Status of a batch whose tools ran (see :data:`AnalysisStatus`)."""
+def _overall_status(ev: ClusterEvidence, verdict: Verdict, expected: int,
+                    unjudged: dict[int, str]) -> tuple[AnalysisStatus, str]:
+    """Status of a batch whose tools ran (see :data:`AnalysisStatus`); ``unjudged`` is filled with every rank
+    that could not be judged and why."""
     states = {name: r.status for name, r in ev.recipes.items()}
+    suspects, links = verdict.suspects, verdict.links
     have_time = bool(ev.summaries)
     have_votes = bool(ev.slow_rank_votes)
     if not have_time and not have_votes:
         bad = sorted(n for n, s in states.items() if s in ("tool_error", "timeout"))
         if bad:
             return "failed", f"no usable result; failed recipes: {', '.join(bad)}"
-        if states and all(s in ("not_applicable", "skipped") for n, s in states.items() if n != "advisor") and any(
+        if states and all(s in ("not_applicable", "skipped", "no_data") for n, s in states.items()
+                          if n not in ("advisor", "advisor_html", "communication_matrix")) and any(
                 s == "not_applicable" for s in states.values()):
             return "not_applicable", "this capture cannot answer: " + "; ".join(dict.fromkeys(
                 r.detail for r in ev.recipes.values() if r.status == "not_applicable"))
         return "no_data", "no recipe produced usable data: " + "; ".join(
             f"{n}={s}" for n, s in sorted(states.items()))
+    unjudged.update(ev.unusable_ranks)
     covered = {s.rank for s in ev.summaries}
+    judged = covered | set(ev.slow_rank_votes) if not have_time else covered
+    for rank, why in (ev.alignment.get("unaligned") or {}).items():
+        unjudged.setdefault(int(rank), f"steps not aligned with its peers: {why}")
+    if have_time:
+        for rank in range(expected):
+            if rank not in judged and rank not in unjudged:
+                unjudged[rank] = "not in the time breakdown"
     time_ok = any(states.get(n) == "ok" for n in TIME_RECIPES)
-    if suspects:
-        return "ok", f"{len(suspects)} suspect rank(s); top: rank {suspects[0].rank} ({suspects[0].kind})"
+    steps = len(verdict.captured_steps)
+    window = (f"{steps} of {len(verdict.armed_steps)} armed steps captured" if verdict.armed_steps
+              else f"{steps} step(s) captured")
+    named = [f"rank {s.rank} ({s.kind})" for s in suspects[:3]] + [f"link {lk.ranks[0]}<->{lk.ranks[1]}"
+                                                                    for lk in links[:3]]
+    what = f"{len(suspects)} suspect rank(s), {len(links)} slow link(s); top: {', '.join(named)}" if named else ""
+    if unjudged:
+        names = "; ".join(f"rank {r}: {why}" for r, why in sorted(unjudged.items())[:8])
+        more = f" (+{len(unjudged) - 8} more)" if len(unjudged) > 8 else ""
+        lead = what + " among the judged ranks" if what else "nobody stands out among the judged ranks"
+        return "partial", f"{lead}; {len(unjudged)} rank(s) could not be judged: {names}{more}"
     if not have_time:
+        if suspects:
+            return "weak", f"{what}: from slow_rank votes only, no time breakdown"
         return "partial", "no time breakdown (only slow_rank votes, none strong enough): absence not proven"
-    if len(covered) < expected or not time_ok:
-        return "partial", (f"time breakdown covers {len(covered)} of {expected} ranks"
-                           + ("" if time_ok else f"; time recipe status "
-                              f"{[states.get(n) for n in TIME_RECIPES if n in states]}")
-                           + ": nobody stands out among them")
-    return "no_suspect", f"{len(covered)} ranks analysed: no rank stands out"
+    if not time_ok:
+        return "partial", (f"time recipe status {[states.get(n) for n in TIME_RECIPES if n in states]}: "
+                           + (what or "nobody stands out") + "; absence not proven")
+    if named:
+        if verdict.strength == "weak":
+            return "weak", f"{what}; evidence is weak: {window}"
+        return "ok", f"{what}; {window}"
+    if verdict.short_window or steps < 1:
+        return "partial", f"nobody stands out, but only {window}: absence not proven"
+    return "no_suspect", f"{len(covered)} ranks analysed over {window}: no rank stands out"
 
 
 def _not_complete(batch: BatchState, result: AnalysisResult) -> None:
@@ -173,7 +228,7 @@ def _not_complete(batch: BatchState, result: AnalysisResult) -> None:
 def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettings | None = None,
                   hostnames: dict[int, str] | None = None, capture_reason: str | None = None,
                   job_id: str | None = None, limiter: threading.BoundedSemaphore | None = None,
-                  now_unix_s: float | None = None) -> AnalysisResult:
+                  now_unix_s: float | None = None, armed_steps: Sequence[int] | None = None) -> AnalysisResult:
     """Analyse one batch found by ``scan_tree``.
 
     Args:
@@ -184,6 +239,8 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
         capture_reason, job_id: copied into the result and the report.
         limiter: shared semaphore bounding concurrent msprof-analyze commands (coordinator).
         now_unix_s: report timestamp (default: the wall clock).
+        armed_steps: the steps the capture was armed to record (``[start + warmup, start + warmup + active)``);
+            the verdict rates its evidence against them (``None``: unknown, rated on the captured steps alone).
 
     Returns:
         :class:`AnalysisResult`. Never raises for data or tool problems (unexpected exceptions become
@@ -193,14 +250,21 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
     t0 = time.monotonic()
     world = len(batch.expected_ranks) or len(batch.ranks)
     result = AnalysisResult(status="failed", batch_id=batch.batch_id, kind=batch.kind, world_size=world,
-                            capture_reason=capture_reason, job_id=job_id)
-    if batch.status != "complete":
+                            capture_reason=capture_reason, job_id=job_id,
+                            armed_steps=list(armed_steps) if armed_steps else None)
+    unusable = batch.unusable_ranks()
+    if batch.status != "complete" and not batch.judgeable():
         _not_complete(batch, result)
         return result
+    if unusable:  # every rank present and finished, some without usable data: judge the others (partial)
+        result.unjudged_ranks.update(unusable)
+        batch = dataclasses.replace(batch, ranks={r: s for r, s in batch.ranks.items() if r not in unusable},
+                                    status="complete")
     safe = staging.staging_dir_for(batch, Path(work_dir) / "results").name
     out_dir = Path(work_dir) / "results" / safe
     try:
-        result = _analyze(batch, result, Path(work_dir), out_dir, settings, hostnames, now_unix_s, limiter)
+        result = _analyze(batch, result, Path(work_dir), out_dir, settings, hostnames, now_unix_s, limiter,
+                          world_size=world)
     except Exception as exc:
         log.exception("analysis_crashed", batch_id=batch.batch_id)
         result.status = "failed"
@@ -213,7 +277,7 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
 
 def _analyze(batch: BatchState, result: AnalysisResult, work_dir: Path, out_dir: Path, settings: AnalysisSettings,
              hostnames: dict[int, str] | None, now_unix_s: float | None,
-             limiter: threading.BoundedSemaphore | None) -> AnalysisResult:
+             limiter: threading.BoundedSemaphore | None, *, world_size: int) -> AnalysisResult:
     t = time.monotonic()
     try:
         staged = staging.stage_batch(batch, work_dir / "staging")
@@ -228,7 +292,7 @@ def _analyze(batch: BatchState, result: AnalysisResult, work_dir: Path, out_dir:
     if batch.kind == "ascend_pt":
         result.paths["outputs"] = str(out_dir / "msprof")
         ev = run_msprof_analysis(staged, out_dir / "msprof", settings=settings.msprof, world_size=result.world_size
-                                 or len(batch.ranks), limiter=limiter)
+                                 or len(batch.ranks), limiter=limiter, expected_ranks=sorted(batch.ranks))
     else:
         staged_dirs = {r: str(staged / os.path.basename(os.path.normpath(p))) for r, p in batch.rank_dirs.items()}
         ev = analyze_torch_batch({r: Path(p) for r, p in staged_dirs.items()})
@@ -238,9 +302,15 @@ def _analyze(batch: BatchState, result: AnalysisResult, work_dir: Path, out_dir:
     t = time.monotonic()
     hosts = hostnames_from_dirs(batch.rank_dirs)
     hosts.update(hostnames or {})
-    result.suspects = rank_suspects(ev, hostnames=hosts, rank_dirs=batch.rank_dirs, settings=settings.ranking)
-    result.notes = list(ev.notes) + ranking_notes(ev, settings.ranking)
-    result.status, result.detail = _overall_status(ev, result.suspects, result.world_size or len(batch.ranks))
+    verdict = judge_batch(ev, hostnames=hosts, rank_dirs=batch.rank_dirs, settings=settings.ranking,
+                          armed_steps=result.armed_steps, world_size=world_size)
+    result.suspects, result.links, result.impact = verdict.suspects, verdict.links, verdict.impact
+    result.captured_steps, result.strength = verdict.captured_steps, verdict.strength
+    result.notes = list(ev.notes) + verdict.notes
+    if ev.alignment:
+        result.notes.append(f"step alignment: {ev.alignment.get('method')}"
+                            + "".join(f"; {n}" for n in ev.alignment.get("notes", [])))
+    result.status, result.detail = _overall_status(ev, verdict, world_size, result.unjudged_ranks)
     result.timings_s["ranking"] = time.monotonic() - t
     for name in ("advisor_html", "advisor"):  # only this run's output dirs (re-runs leave older ones)
         run_dir = ev.recipes[name].output_dir if name in ev.recipes else None

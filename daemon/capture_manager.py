@@ -399,7 +399,8 @@ class CaptureManager:
         # there (e.g. an older torch_npu without metadata) are ours too; a batch stamped with another id is not.
         mine = [b for b in batches if b.capture_id == cid] or [b for b in batches if b.capture_id is None]
         batch = next((b for b in mine if b.status == "complete"), mine[0] if mine else None)
-        if batch is not None and batch.status == "complete":
+        # judgeable: every rank finished, some without usable device data -> analysed as partial (issue 11 item 5)
+        if batch is not None and (batch.status == "complete" or batch.judgeable()):
             self.c.state.upsert_capture(cid, cap["job_id"], "analysing", now, detail={"batch_id": batch.batch_id})
             self.c.state.save_batch(batch.batch_id, cid, cap["job_id"], "complete", now, batch.to_json())
             self.c.emit("io.profwatch.batch.v1", cap["job_id"], {"capture_id": cid, "batch": batch.to_json(),
@@ -437,8 +438,12 @@ class CaptureManager:
         hostnames = {r.rank: r.hostname for r in job.ranks.values()} if job else {}
         try:
             work = Path(self.s.coordinator.work_dir) / cap["job_id"] / cid
+            plan = cap["plan"]
+            first = int(plan.get("start_step", 0)) + int(plan.get("warmup", 0))
+            armed = list(range(first, first + int(plan.get("active", 0)))) or None
             result = analyze_batch(batch, work_dir=work, settings=self.s.analysis, hostnames=hostnames or None,
-                                   capture_reason=cap["reason"], job_id=cap["job_id"], limiter=self._limiter)
+                                   capture_reason=cap["reason"], job_id=cap["job_id"], limiter=self._limiter,
+                                   armed_steps=armed)
             res_json = result.to_json()
             self.c.results.put(lambda: self._on_analysed(cap, batch, res_json, time.time() - t0))
         except Exception as exc:  # noqa: BLE001 - a failing analysis is an alert, never a crash
@@ -455,7 +460,9 @@ class CaptureManager:
                            int(plan.get("start_step", 0)) + int(plan.get("warmup", 0)) + int(plan.get("active", 0))))
         captured = list(getattr(batch, "steps", []) or [])
         data = {"batch_id": batch.batch_id, "capture_id": cid, "capture_reason": cap["reason"],
-                "analysis_duration_s": round(duration_s, 3), "armed_steps": armed, "captured_steps": captured, **res}
+                "analysis_duration_s": round(duration_s, 3), **res}
+        data["armed_steps"] = res.get("armed_steps") or armed
+        data["captured_steps"] = captured or res.get("captured_steps") or []
         if captured and armed and not set(captured) & set(armed):
             # step counters are per process (restarts, set_step): say so rather than silently trusting the data
             data.setdefault("notes", [])

@@ -68,6 +68,8 @@ class MsprofSettings(BaseModel):
     max_concurrent_runs: int = Field(default=1, ge=1)
     advisor: bool = True
     advisor_html: bool = True
+    communication_matrix: bool = True
+    """Run ``-m communication_matrix_sum`` (per-pair link bandwidth, for slow-link verdicts; a few seconds)."""
     retries: int = Field(default=1, ge=0, le=5)
     language: str = Field(default="en", pattern="^(en|cn)$")
 
@@ -354,7 +356,8 @@ def _why_empty(run: ToolRun, facts: InputFacts) -> tuple[str, str]:
     return "no_data", "msprof-analyze wrote no result table (see log_tail)"
 
 
-def _cluster_time_summary(run: ToolRun, facts: InputFacts, world_size: int, ev: ClusterEvidence) -> RecipeStatus:
+def _cluster_time_summary(run: ToolRun, facts: InputFacts, world_size: int, ev: ClusterEvidence,
+                          expected_ranks: list[int] | None = None) -> RecipeStatus:
     failed = _failed(run)
     if failed:
         return failed
@@ -369,10 +372,11 @@ def _cluster_time_summary(run: ToolRun, facts: InputFacts, world_size: int, ev: 
     problems = []
     if any(s.step == -1 for s in summaries):
         problems.append(f"step -1 rows (no STEP_TIME) on ranks {sorted({s.rank for s in summaries if s.step == -1})}")
-    if ranks != list(range(world_size)):
-        problems.append(f"ranks {ranks} != 0..{world_size - 1}")
-    if len(summaries) != world_size * len(steps):
-        problems.append(f"{len(summaries)} rows != {world_size} ranks x {len(steps)} common steps")
+    expected = expected_ranks if expected_ranks is not None else list(range(world_size))
+    if ranks != expected:
+        problems.append(f"ranks {ranks} != expected {expected if expected_ranks is not None else f'0..{world_size - 1}'}")
+    if len(summaries) != len(expected) * len(steps):
+        problems.append(f"{len(summaries)} rows != {len(expected)} ranks x {len(steps)} common steps")
     if not steps:
         problems.append("no step common to all ranks")
     table = ["ClusterTimeSummary"]
@@ -401,6 +405,20 @@ def _slow_rank(run: ToolRun, facts: InputFacts, world_size: int, ev: ClusterEvid
                                        f"(unusable: {facts.broken_db_ranks})", with_log=True)
     status, detail = _why_empty(run, facts)
     return _status(run, status, detail, with_log=True)
+
+
+def _communication_matrix(run: ToolRun, facts: InputFacts, ev: ClusterEvidence) -> RecipeStatus:
+    """``ClusterCommunicationMatrix`` rows (global ranks; MB, ms, GB/s) into ``ev.link_rows``."""
+    failed = _failed(run)
+    if failed:
+        return failed
+    rows = _result_tables(run, "ClusterCommunicationMatrix")["ClusterCommunicationMatrix"]
+    if not rows or "ClusterCommunicationMatrix" not in run.agent.tables:
+        status, detail = _why_empty(run, facts)
+        return _status(run, status, detail, with_log=True)
+    ev.link_rows = rows
+    pairs = {(r.get("src_rank"), r.get("dst_rank")) for r in rows}
+    return _status(run, "ok", f"{len(pairs)} rank pairs", tables=["ClusterCommunicationMatrix"], rows=len(rows))
 
 
 def _advisor(run: ToolRun, ev: ClusterEvidence) -> RecipeStatus:
@@ -444,7 +462,8 @@ def _versions(facts: InputFacts) -> dict[str, str]:
 
 
 def run_msprof_analysis(staged_dir: Path, out_dir: Path, *, settings: MsprofSettings, world_size: int,
-                        limiter: threading.BoundedSemaphore | None = None) -> ClusterEvidence:
+                        limiter: threading.BoundedSemaphore | None = None,
+                        expected_ranks: list[int] | None = None) -> ClusterEvidence:
     """Run cluster_time_summary, slow_rank and ``advisor all`` (each ``--agent --force`` into its own fresh
     ``-o`` under ``out_dir``) on one staged batch of ``world_size`` ranks; return the evidence (µs).
 
@@ -456,8 +475,8 @@ def run_msprof_analysis(staged_dir: Path, out_dir: Path, *, settings: MsprofSett
     ``not_applicable`` (no communication data, e.g. Level0; slow_rank with every group under 4 ranks;
     cluster_time_summary without any MEMCPY_ASYNC task) or ``no_data`` (no DB export). Otherwise
     ``no_data`` / ``tool_error`` (+ log tail) / ``timeout``. ``limiter`` bounds concurrent commands across
-    callers (default: a new one from settings). Raises nothing for tool failures; OSError if ``out_dir`` cannot
-    be created.
+    callers (default: a new one from settings). ``expected_ranks``: the ranks staged when they are not
+    ``0..world_size-1`` (a subset). Raises nothing for tool failures; OSError if ``out_dir`` cannot be created.
     """
     staged_dir, out_dir = Path(staged_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -465,8 +484,9 @@ def run_msprof_analysis(staged_dir: Path, out_dir: Path, *, settings: MsprofSett
     facts = inspect_inputs(staged_dir)
     ev = ClusterEvidence(kind="ascend_pt", versions=_versions(facts))
     ev.notes += facts.notes
-    if facts.rank_count != world_size:
-        ev.notes.append(f"staged dir holds {facts.rank_count} rank dirs, expected {world_size}")
+    n_expected = len(expected_ranks) if expected_ranks is not None else world_size
+    if facts.rank_count != n_expected:
+        ev.notes.append(f"staged dir holds {facts.rank_count} rank dirs, expected {n_expected}")
     base = ["-d", str(staged_dir), "--agent", "--force"]
     jobs: dict[str, list[str]] = {}
     if not facts.db_ranks:
@@ -483,6 +503,8 @@ def run_msprof_analysis(staged_dir: Path, out_dir: Path, *, settings: MsprofSett
         else:
             ev.recipes["cluster_time_summary"] = _skipped(
                 "cluster_time_summary", "not_applicable", "no MEMCPY_ASYNC task on any rank: the recipe cannot run")
+        if settings.communication_matrix:
+            jobs["communication_matrix"] = ["-m", "communication_matrix_sum", *base]
         if facts.max_group_size >= 4:
             jobs["slow_rank"] = ["-m", "slow_rank", *base]
         else:
@@ -508,9 +530,11 @@ def run_msprof_analysis(staged_dir: Path, out_dir: Path, *, settings: MsprofSett
         if isinstance(run, Exception):
             ev.recipes[name] = RecipeStatus(name=name, status="tool_error", detail=f"cannot start: {run}")
         elif name == "cluster_time_summary":
-            ev.recipes[name] = _cluster_time_summary(run, facts, world_size, ev)
+            ev.recipes[name] = _cluster_time_summary(run, facts, world_size, ev, expected_ranks)
         elif name == "slow_rank":
-            ev.recipes[name] = _slow_rank(run, facts, world_size, ev)
+            ev.recipes[name] = _slow_rank(run, facts, n_expected, ev)
+        elif name == "communication_matrix":
+            ev.recipes[name] = _communication_matrix(run, facts, ev)
         elif name == "advisor":
             ev.recipes[name] = _advisor(run, ev)
         else:

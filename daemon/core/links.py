@@ -59,6 +59,7 @@ class LinkSample:
     size_mb: float = 0.0
     time_ms: float = 0.0
     transport: str = ""
+    directions: int = 1
 
 
 @dataclass(slots=True)
@@ -116,9 +117,13 @@ def _pairs(samples: Mapping[tuple[str, str, int, int], LinkSample]
     out: dict[tuple[str, str, tuple[int, int]], dict[str, LinkSample]] = defaultdict(dict)
     for (group, step, src, dst), s in samples.items():
         key = (group, s.transport, (min(src, dst), max(src, dst)))
-        cur = out[key].setdefault(step, LinkSample(transport=s.transport))
-        cur.size_mb += s.size_mb
-        cur.time_ms += s.time_ms
+        cur = out[key].get(step)
+        if cur is None:
+            out[key][step] = LinkSample(s.size_mb, s.time_ms, s.transport)
+        else:
+            cur.size_mb += s.size_mb
+            cur.time_ms += s.time_ms
+            cur.directions += 1
     return out
 
 
@@ -175,11 +180,13 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
             if len(vals) < settings.min_peers + 1:
                 continue
             med = median(vals.values())
-            med_t = median(here[i].time_ms for i in vals)  # type: ignore[union-attr]
+            # transit time of one direction (a ring moves each direction's data in parallel)
+            one_way = {i: here[i].time_ms / here[i].directions for i in vals}  # type: ignore[union-attr]
+            med_t = median(one_way.values())
             for i, v in vals.items():
                 deficit[i].append(-math.log(v / med))
                 bw[i].append(v)
-                transit[i].append(here[i].time_ms * 1e3)  # type: ignore[union-attr]
+                transit[i].append(one_way[i] * 1e3)
                 peer_transit[i].append(med_t * 1e3)
         if not deficit:
             continue
