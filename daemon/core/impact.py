@@ -28,7 +28,7 @@ def step_savings_us(rows: Mapping[int, RankStepSummary], fixed: set[int] | froze
     """Step time (µs) one step would save if the ranks in ``fixed`` did the median rank's own work.
 
     Notes:
-        ``W_r`` = own work of rank r; ``B`` = median of ``W`` over the step's ranks (what a typical peer needs);
+        ``W_r`` = own work of rank r; ``B`` = median of ``W`` over the other ranks (what a typical peer needs);
         today the step waits for ``max W``; with ``fixed`` made typical it waits for
         ``max(B, max W over the others)``. The saving is the difference, at most the median peer's ``wait``
         when wait data is present (peers cannot save more time than they spend waiting). With several
@@ -38,9 +38,9 @@ def step_savings_us(rows: Mapping[int, RankStepSummary], fixed: set[int] | froze
     if not rows or not fixed:
         return 0.0
     work = {r: own_work_us(row) for r, row in rows.items()}
-    base = median(work.values())
-    now = max(work.values())
     others = [w for r, w in work.items() if r not in fixed]
+    base = median(others) if others else median(work.values())
+    now = max(work.values())
     after = max([base, *others])
     saving = max(0.0, now - after)
     waits = [row.wait_us for r, row in rows.items() if r not in fixed and (row.wait_us > 0 or row.transmit_us > 0)]
@@ -74,7 +74,7 @@ def impact_of(by_step: Mapping[int, Mapping[int, RankStepSummary]], fixed: set[i
     if not step_times:
         return None
     saving_us = sum(savings) / len(savings) + sum(extra_us_per_step)
-    return _to_impact(saving_us, sum(step_times) / len(step_times), world_size)
+    return to_impact(saving_us, sum(step_times) / len(step_times), world_size)
 
 
 def _step_time_us(rows: Mapping[int, RankStepSummary]) -> float:
@@ -82,7 +82,8 @@ def _step_time_us(rows: Mapping[int, RankStepSummary]) -> float:
                   for r in rows.values())
 
 
-def _to_impact(saving_us: float, step_us: float, world_size: int) -> Impact:
+def to_impact(saving_us: float, step_us: float, world_size: int) -> Impact:
+    """:class:`Impact` of a saving of ``saving_us`` per step of ``step_us`` in a job of ``world_size``."""
     frac = saving_us / step_us if step_us > 0 else 0.0
     return Impact(saving_s_per_step=saving_us / 1e6, saving_pct_of_step=100.0 * frac,
                   accelerator_hours_per_day=frac * max(world_size, 0) * HOURS_PER_DAY)
@@ -102,12 +103,15 @@ def single_rank_impacts(by_step: Mapping[int, Mapping[int, RankStepSummary]], ra
             continue
         step_times.append(_step_time_us(rows))
         work = {r: own_work_us(row) for r, row in rows.items()}
-        base = median(work.values())
+        peers_median = dict(zip(work, loo_medians(list(work.values())), strict=True))
         top = heapq.nlargest(2, work.items(), key=lambda kv: kv[1])
-        second = top[1][1] if len(top) > 1 else base
         waiters = [r for r, row in rows.items() if row.wait_us > 0 or row.transmit_us > 0]
         loo = dict(zip(waiters, loo_medians([rows[r].wait_us for r in waiters]), strict=True))
         for r in wanted & set(rows):
+            base = peers_median[r]
+            if base is None:
+                continue
+            second = top[1][1] if len(top) > 1 else base
             after = max(base, second if r == top[0][0] else top[0][1])
             saving = max(0.0, top[0][1] - after)
             cap = loo.get(r) if r in loo else (median(rows[w].wait_us for w in waiters) if waiters else None)
@@ -115,7 +119,7 @@ def single_rank_impacts(by_step: Mapping[int, Mapping[int, RankStepSummary]], ra
     if not step_times:
         return {}
     step_us = sum(step_times) / len(step_times)
-    return {r: _to_impact(t / len(step_times), step_us, world_size) for r, t in totals.items()}
+    return {r: to_impact(t / len(step_times), step_us, world_size) for r, t in totals.items()}
 
 
 def link_saving_us(transit_us: Sequence[float], peer_transit_us: Sequence[float]) -> float:

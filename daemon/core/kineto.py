@@ -185,7 +185,7 @@ def _side(tr: RankTrace) -> tuple[bool, list[tuple[int, float, float]], list[Col
     return device, spans, colls
 
 
-def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 1_000_000.0) -> KinetoBreakdown:
+def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50_000.0) -> KinetoBreakdown:
     """Per-(rank, step) breakdown of a set of rank traces of one batch.
 
     Args:

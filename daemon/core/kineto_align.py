@@ -9,10 +9,14 @@ estimated from the ends of the collectives it shares with the reference: a synch
 moment on every member (the last arrival releases everyone; msprof-analyze's wait/transmit split rests on the
 same fact), so ``end_rank - end_reference`` of matching instances is the clock offset. The offset with the most
 matching ends (within a tolerance) wins, ties to the smallest offset, and is refined as the median difference of
-the matched ends. Each step span, shifted by the offset, is then paired with the reference step it overlaps most
-(at least half of the shorter span). Without enough shared collective ends the rank falls back to the armed
-window: every rank records the same armed steps, so its k-th recorded step is the reference's k-th. Ranks whose
-steps overlap none of the reference's are not aligned, with the reason.
+the matched ends. Offsets are searched within ``max_skew_us`` (50 ms) and never beyond half the median step: a
+training step repeats the same collectives, so a shift by whole steps would match as well as the true offset,
+and a rank that recorded other steps would look like a skewed clock. Each step span, shifted by the offset, is
+then paired with the reference step it overlaps most (at least half of the shorter span). A rank that shares
+collectives with the reference but none of whose collective ends match within that window recorded other steps
+(or its clock is off by more than the window): it is not aligned, with the reason. Only a rank without any
+collective in common with the reference falls back to the armed window: every rank records the same armed steps,
+so its k-th recorded step is the reference's k-th.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ class Alignment:
     """How each rank's steps map onto the reference's.
 
     ``labels[rank][own label] = canonical step`` (the reference's label); ``methods[rank]``:
-    ``"reference"``, ``"collective_ends"`` or ``"armed_window"``; ``offsets_us[rank]``: its clock minus the
+    ``"reference"``, ``"collective_ends"``, ``"clock"`` (collective ends did not line up, the steps overlap on
+    the clocks as they are) or ``"armed_window"``; ``offsets_us[rank]``: its clock minus the
     reference's (collective_ends only); ``unaligned[rank]``: why a rank could not be aligned; ``method``: the one
     method used by every aligned non-reference rank, else ``"mixed"``.
     """
@@ -133,7 +138,7 @@ def _pair_spans(mine: Sequence[Span], ref: Sequence[Span], offset_us: float) -> 
 
 
 def align_steps(spans: Mapping[int, Sequence[Span]], collectives: Mapping[int, Sequence[tuple[str, float]]], *,
-                max_skew_us: float = 1_000_000.0, tol_us: float = 200.0) -> Alignment:
+                max_skew_us: float = 50_000.0, tol_us: float = 200.0) -> Alignment:
     """Align every rank's step spans onto a reference rank's (see the module docstring).
 
     Args:
@@ -141,7 +146,7 @@ def align_steps(spans: Mapping[int, Sequence[Span]], collectives: Mapping[int, S
         collectives: rank -> ``(name, end_us)`` of its collectives of one class present on every rank (the
             ``k``-th instance of a name within a trace is named ``name#k`` by the caller or not: only names and
             end times are used).
-        max_skew_us: largest clock offset considered (1 s).
+        max_skew_us: largest clock offset considered (50 ms; at most half the median step is used).
         tol_us: how close two ends must be to count as the same instance (200 µs).
 
     Returns:
@@ -156,13 +161,27 @@ def align_steps(spans: Mapping[int, Sequence[Span]], collectives: Mapping[int, S
         return al
     ref = min(have, key=lambda r: (-len(have[r]), r))
     al.reference = ref
+    lengths = sorted(e - s for v in have.values() for _, s, e in v)
+    window = min(max_skew_us, 0.5 * lengths[len(lengths) // 2]) if lengths else max_skew_us
     al.methods[ref] = "reference"
     al.labels[ref] = {lab: lab for lab, _, _ in have[ref]}
     for r in sorted(have):
         if r == ref:
             continue
-        est = estimate_offset(collectives.get(r, ()), collectives.get(ref, ()), max_skew_us=max_skew_us,
-                              tol_us=tol_us) if collectives.get(r) and collectives.get(ref) else None
+        mine, theirs = collectives.get(r, ()), collectives.get(ref, ())
+        shared = bool({n for n, _ in mine} & {n for n, _ in theirs})
+        est = estimate_offset(mine, theirs, max_skew_us=window, tol_us=min(tol_us, window / 4)) if shared else None
+        if shared and est is None:
+            as_is = _pair_spans(have[r], have[ref], 0.0)
+            if len(as_is) * 2 >= min(len(have[r]), len(have[ref])):
+                # the collective ends do not line up (e.g. asynchronous collectives) but the steps overlap on the
+                # clocks as they are: trust the clocks
+                al.methods[r], al.labels[r], al.offsets_us[r] = "clock", as_is, 0.0
+                continue
+            al.unaligned[r] = (f"none of its collective ends matches rank {ref}'s within a clock offset of "
+                               f"{window / 1e3:.1f} ms and its steps do not overlap rank {ref}'s: it recorded other "
+                               "steps, or its clock is further off")
+            continue
         if est is not None:
             offset, n = est
             mapping = _pair_spans(have[r], have[ref], offset)

@@ -59,13 +59,14 @@ class LinkSample:
     size_mb: float = 0.0
     time_ms: float = 0.0
     transport: str = ""
-    directions: int = 1
+    max_one_way_ms: float = 0.0
 
 
 @dataclass(slots=True)
 class LinkFindings:
     """Result of :func:`find_slow_links`: ``links`` (slow pairs), ``folded_ranks`` (rank -> how many of its links
-    are slow, when that makes the rank itself the suspect), ``pairs_judged`` and ``notes``."""
+    are slow, when that makes the rank itself the suspect, with ``saving_us_per_step``: the largest saving of
+    its slow links, since a ring waits for its slowest link), ``pairs_judged`` and ``notes``."""
 
     links: list[SlowLink] = field(default_factory=list)
     folded_ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -119,11 +120,11 @@ def _pairs(samples: Mapping[tuple[str, str, int, int], LinkSample]
         key = (group, s.transport, (min(src, dst), max(src, dst)))
         cur = out[key].get(step)
         if cur is None:
-            out[key][step] = LinkSample(s.size_mb, s.time_ms, s.transport)
+            out[key][step] = LinkSample(s.size_mb, s.time_ms, s.transport, s.time_ms)
         else:
             cur.size_mb += s.size_mb
             cur.time_ms += s.time_ms
-            cur.directions += 1
+            cur.max_one_way_ms = max(cur.max_one_way_ms, s.time_ms)
     return out
 
 
@@ -180,8 +181,8 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
             if len(vals) < settings.min_peers + 1:
                 continue
             med = median(vals.values())
-            # transit time of one direction (a ring moves each direction's data in parallel)
-            one_way = {i: here[i].time_ms / here[i].directions for i in vals}  # type: ignore[union-attr]
+            # the slower direction's transit time: a ring collective waits for its slowest hop
+            one_way = {i: here[i].max_one_way_ms for i in vals}  # type: ignore[union-attr]
             med_t = median(one_way.values())
             for i, v in vals.items():
                 deficit[i].append(-math.log(v / med))
@@ -224,6 +225,8 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
     for r in sorted(folded):
         ls = per_rank[r]
         found.folded_ranks[r] = {"slow_links": len(ls), "links": links_of[r],
+                                 "saving_us_per_step": max((lk.impact or {}).get("saving_s_per_step", 0.0)
+                                                           for lk in ls) * 1e6,
                                  "median_ratio": round(median(lk.bandwidth_gbps / lk.peer_median_gbps
                                                               for lk in ls if lk.peer_median_gbps > 0), 4)}
     found.links = [lk for _, lk in sorted(slow, key=lambda t: -t[0]) if not set(lk.ranks) & folded]

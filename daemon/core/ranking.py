@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from daemon.core.evidence import ClusterEvidence, SlowLink, Strength, Suspect, SuspectKind
-from daemon.core.impact import impact_of, single_rank_impacts
+from daemon.core.impact import impact_of, single_rank_impacts, to_impact
 from daemon.core.links import LinkSettings, find_slow_links
 from daemon.core.robust import OutlierTest, median, upper_outliers
 from daemon.core.signals import SignalTable, measure_signals, parse_link_rows
@@ -302,6 +302,9 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
     impacts = single_rank_impacts(by_step, [s.rank for _, s in pending if s.evidence.get("signal")], world_size=world)
     for score, sus in pending:
         imp = impacts.get(sus.rank)
+        if sus.rank in folded and mean_step_us:  # its links' cost comes on top of any own-work excess
+            extra_us = folded[sus.rank]["saving_us_per_step"] + (imp.saving_s_per_step * 1e6 if imp else 0.0)
+            imp = to_impact(extra_us, mean_step_us, world)
         sus.impact = imp.to_json() if imp else None
         named.append((imp.saving_s_per_step if imp else 0.0, score, sus))
     named.sort(key=lambda t: (-t[0], -t[1], t[2].rank))
@@ -310,6 +313,7 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
     if found:
         verdict.notes += found.notes
     extra = [(lk.impact or {}).get("saving_s_per_step", 0.0) * 1e6 for lk in verdict.links]
+    extra += [folded[s.rank]["saving_us_per_step"] for s in verdict.suspects if s.rank in folded]
     if verdict.suspects or verdict.links:
         fixed = {s.rank for s in verdict.suspects if s.impact is not None}
         head = impact_of(by_step, fixed, world_size=world, extra_us_per_step=extra) if by_step else None

@@ -443,6 +443,23 @@ def remove_profiler_info(rank_dir: Path) -> list[Path]:
     return removed
 
 
+def empty_device_data(rank_dir: Path, *, device_dir: bool = True) -> Path:
+    """A rank that finished but recorded no device work (issue 11 item 5a): empty TASK and COMPUTE_TASK_INFO in
+    its profiler DB and, with ``device_dir``, an empty ``PROF_*/device_N`` beside it. Returns the DB path."""
+    path = profiler_db_path(rank_dir)
+    con = sqlite3.connect(path)
+    try:
+        con.execute("DELETE FROM TASK")
+        con.execute("DELETE FROM COMPUTE_TASK_INFO")
+        con.commit()
+    finally:
+        con.close()
+    if device_dir:
+        dev = Path(rank_dir) / "PROF_000001_20260101120000123_ABCDEFGHIJKLMNOP" / "device_0"
+        dev.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def remove_marker(rank_dir: Path) -> None:
     """Delete ``analyse.done`` (parse not finished, or torch_npu before the 26.0.0 line)."""
     (Path(rank_dir) / "ASCEND_PROFILER_OUTPUT" / "analyse.done").unlink(missing_ok=True)
