@@ -34,7 +34,7 @@ def test_slowdown_arms_one_capture_and_its_window_does_not_retrigger(tmp_path: P
     assert [a["kind"] for a in res["anomalies"]] == ["step_regression"]
     arm = res["arms"][0]
     assert len(res["arms"]) == 1 and arm["action"] == "arm"
-    assert arm["start_step"] > arm["step"] and (arm["warmup"], arm["active"], arm["rank_list"]) == (1, 2, None)
+    assert arm["start_step"] > arm["step"] and (arm["warmup"], arm["active"], arm["rank_list"]) == (1, 4, None)
     assert res["planner"] in ("fallback", "capture.plan_capture")
     assert res["bad_lines"]["count"] == 0 and res["records"] == 300 * 8
 

@@ -34,7 +34,7 @@ def decide(anomaly: Anomaly = REG, state: JobArmState | None = None, **settings:
 def test_act_mode_arms_with_window_defaults() -> None:
     d = decide()
     assert (d.action, d.reason) == ("arm", "armed")
-    assert (d.warmup, d.active, d.rank_list) == (1, 2, None)
+    assert (d.warmup, d.active, d.rank_list) == (1, 4, None)
     assert "step_regression" in d.capture_reason and "+25%" in d.capture_reason
     assert d.to_json()["rank_list"] is None
 
