@@ -147,6 +147,8 @@ def analyze_torch_batch(rank_dirs: Mapping[int, Path]) -> ClusterEvidence:
     ev.summaries = brk.summaries
     ev.notes.extend(brk.notes)
     ev.alignment = brk.alignment.to_json()
+    n_steps = len({s.step for s in brk.summaries})
+    ev.collectives_per_step = brk.instances_matched / n_steps if n_steps and brk.instances_matched else None
     unusable.update({r: f"steps cannot be aligned with its peers: {why}" for r, why in brk.alignment.unaligned.items()})
     ev.unusable_ranks = dict(unusable)
     judged = {s.rank for s in brk.summaries}

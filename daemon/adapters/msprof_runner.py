@@ -129,6 +129,7 @@ class InputFacts:
     broken_db_ranks: list[int] = field(default_factory=list)
     has_communication: bool = False
     has_memcpy: bool = False
+    collectives_per_step: float | None = None
     max_group_size: int = 0
     levels: set[str] = field(default_factory=set)
     torch_npu_versions: set[str] = field(default_factory=set)
@@ -197,9 +198,27 @@ def inspect_inputs(staged_dir: Path, *, max_depth: int = 5) -> InputFacts:
     facts.has_communication = any(_probe(db, "SELECT 1 FROM COMMUNICATION_OP LIMIT 1") for db in healthy)
     facts.has_memcpy = any(_probe(db, "SELECT 1 FROM TASK WHERE taskType IN (SELECT id FROM STRING_IDS "
                                       "WHERE value='MEMCPY_ASYNC') LIMIT 1") for db in healthy)
+    if healthy and facts.has_communication:
+        facts.collectives_per_step = _collectives_per_step(healthy[0])
     if facts.broken_db_ranks:
         facts.notes.append(f"unusable rank DBs (truncated or unreadable): ranks {facts.broken_db_ranks}")
     return facts
+
+
+def _collectives_per_step(db: Path) -> float | None:
+    """COMMUNICATION_OP rows per STEP_TIME row of one rank DB (for the impact estimate), None when unknown."""
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        ops = con.execute("SELECT COUNT(*) FROM COMMUNICATION_OP").fetchone()[0]
+        steps = con.execute("SELECT COUNT(*) FROM STEP_TIME").fetchone()[0]
+        return ops / steps if steps and ops else None
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
 
 
 _running: set[subprocess.Popen[bytes]] = set()
@@ -482,7 +501,7 @@ def run_msprof_analysis(staged_dir: Path, out_dir: Path, *, settings: MsprofSett
     out_dir.mkdir(parents=True, exist_ok=True)
     limiter = limiter or make_limiter(settings)
     facts = inspect_inputs(staged_dir)
-    ev = ClusterEvidence(kind="ascend_pt", versions=_versions(facts))
+    ev = ClusterEvidence(kind="ascend_pt", versions=_versions(facts), collectives_per_step=facts.collectives_per_step)
     ev.notes += facts.notes
     n_expected = len(expected_ranks) if expected_ranks is not None else world_size
     if facts.rank_count != n_expected:

@@ -70,6 +70,7 @@ class ClusterEvidence:
     ``unusable_ranks``: rank -> why its data could not be judged (no device data, unparseable trace); such a
     batch is at best ``partial``. ``alignment``: how the ranks' steps were put side by side (torch traces:
     ``{"method": ..., "offsets_us": {rank: us}, "unaligned": {rank: reason}, "notes": [...]}``).
+    ``collectives_per_step``: collectives one rank runs per step (None when unknown), for the impact estimate.
     """
 
     kind: EvidenceKind
@@ -84,6 +85,7 @@ class ClusterEvidence:
     link_rows: list[dict[str, Any]] = field(default_factory=list)
     unusable_ranks: dict[int, str] = field(default_factory=dict)
     alignment: dict[str, Any] = field(default_factory=dict)
+    collectives_per_step: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

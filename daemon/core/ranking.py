@@ -42,6 +42,9 @@ class RankingSettings(BaseModel):
     """Floor of the pooled noise sigma (0.05 % of a step), so identical synthetic timings stay finite."""
     min_strong_steps: int = Field(default=3, ge=1)
     """Evidence resting on fewer captured steps is ``weak``."""
+    trim_z: float = Field(default=3.0, gt=0)
+    """A rank's worst step is left out of its pooled excess when it exceeds the rank's other steps by this many
+    within-rank sigmas (a one-off delay is not a slow rank)."""
     vote_weight: float = Field(default=0.25, ge=0, le=1)
     """Weight of the msprof-analyze slow_rank vote share in the score (only when any vote was cast)."""
     agreement_weight: float = Field(default=0.15, ge=0, le=1)
@@ -89,7 +92,7 @@ def _noise_tests(table: SignalTable, settings: RankingSettings) -> dict[str, Out
         if not pooled:
             continue
         within, steps = table.within.get(name, (0.0, 1.0))
-        floor = max(settings.min_sigma_frac, within / math.sqrt(max(1.0, steps - 1)))
+        floor = max(settings.min_sigma_frac, within / math.sqrt(max(1.0, steps)))
         tests[name] = upper_outliers(pooled, candidate_z=settings.candidate_z, sigma_floor=floor)
     return tests
 
@@ -169,13 +172,14 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
         * ``link = (link_time - ref(link_time)) / T`` from the advisor's per-rank "slow link" sheet.
 
         Pooling and test (issue 11 items 4 and 6): a rank's pooled value of a signal is its mean over the
-        captured steps *without its single worst step* (:func:`daemon.core.robust.trimmed_pool`; the smaller
-        of two steps; the one step when only one was captured). So a one-off delay cannot make a suspect, and
-        the step-to-step noise averages out. The noise is the batch's own: per signal, the median and MAD
+        captured steps, its worst step left out when that step exceeds its other steps by more than ``trim_z``
+        (3) robust within-rank sigmas (:func:`daemon.core.signals.pool`): a one-off delay cannot make a suspect,
+        a consistent excess keeps the full gain of pooling. A rank must also stand out (excess above half its
+        pooled value) in at least half of its steps. The noise is the batch's own: per signal, the median and MAD
         scale of the pooled values of the *other* ranks, candidates (z > ``candidate_z``) left out and the
         estimate repeated until stable (:func:`daemon.core.robust.upper_outliers`, the modified z-score rule of
         Iglewicz & Hoaglin 1993 with candidates excluded from the scale), floored at the pooled step-to-step
-        noise ``sigma_within / sqrt(steps - 1)`` and at ``min_sigma_frac``. A rank is named when some signal has
+        noise ``sigma_within / sqrt(steps)`` and at ``min_sigma_frac``. A rank is named when some signal has
         ``z >= min_robust_z`` (4.0; with at least half of the slow_rank votes ``vote_z_relief x`` that) **and**
         a pooled excess of at least ``min_effect_frac`` of the step. With Gaussian noise a 4-sigma threshold
         leaves about 3e-5 false names per innocent rank.
@@ -207,7 +211,7 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
     hostnames = hostnames or {}
     dirs: dict[int, str] = dict(evidence.rank_paths)
     dirs.update(rank_dirs or {})
-    table = measure_signals(evidence.summaries, _link_rows(evidence))
+    table = measure_signals(evidence.summaries, _link_rows(evidence), trim_z=settings.trim_z)
     by_step = table.by_step
     verdict = Verdict(captured_steps=sorted(c.step for c in table.columns),
                       armed_steps=list(armed_steps) if armed_steps else None, notes=list(table.notes))
@@ -269,6 +273,8 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
         n_steps = table.n_steps[rank]
         details = table.details(rank)
         standing = sum(1 for x in series if x > 0 and x >= 0.5 * pooled_lead)
+        if series and rank not in folded and 2 * standing < len(series):
+            continue  # stands out in a minority of its steps: not consistent (issue 11 item 4)
         z_lead = max(z.get(lead, 0.0), z_needed if rank in folded else 0.0)
         explain_ok = bool(passed - {"late"})
         agree = 1.0 if ("late" in passed and explain_ok) else 0.5
@@ -299,7 +305,8 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
         if rank in table.unreliable:
             ev["wait_reliable"] = False
         pending.append((score, Suspect(rank, round(score, 4), kind, hostnames.get(rank), ev, dirs.get(rank))))
-    impacts = single_rank_impacts(by_step, [s.rank for _, s in pending if s.evidence.get("signal")], world_size=world)
+    impacts = single_rank_impacts(by_step, [s.rank for _, s in pending if s.evidence.get("signal")], world_size=world,
+                                  collectives_per_step=evidence.collectives_per_step)
     for score, sus in pending:
         imp = impacts.get(sus.rank)
         if sus.rank in folded and mean_step_us:  # its links' cost comes on top of any own-work excess
@@ -316,7 +323,8 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
     extra += [folded[s.rank]["saving_us_per_step"] for s in verdict.suspects if s.rank in folded]
     if verdict.suspects or verdict.links:
         fixed = {s.rank for s in verdict.suspects if s.impact is not None}
-        head = impact_of(by_step, fixed, world_size=world, extra_us_per_step=extra) if by_step else None
+        head = impact_of(by_step, fixed, world_size=world, extra_us_per_step=extra,
+                         collectives_per_step=evidence.collectives_per_step) if by_step else None
         verdict.impact = head.to_json() if head else None
         strengths = [s.evidence.get("strength") for s in verdict.suspects] + \
             [lk.evidence.get("strength") for lk in verdict.links]

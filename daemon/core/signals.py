@@ -9,7 +9,6 @@ signal is a fraction of the step's median step time; raw values are microseconds
 from __future__ import annotations
 
 import math
-import operator
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from daemon.core.evidence import RankStepSummary
-from daemon.core.robust import loo_medians, median
+from daemon.core.robust import MAD_TO_SIGMA, loo_medians, median
 
 SIGNALS = ("comp", "free", "own", "comm", "late", "link")
 """``comp``/``free``: computation / free-time excess; ``own`` their sum (own work); ``comm``: collective time not
@@ -151,10 +150,9 @@ def step_columns(step: int, rows: Mapping[int, RankStepSummary], link: Mapping[i
 class SignalTable:
     """All steps' columns and every rank's pooled signals.
 
-    ``pooled[signal][rank]``: mean over the rank's steps without its worst step (``own``'s worst step for
-    ``comp``/``free``/``own``, each signal's own worst step otherwise; the smaller of two steps; the value of one).
-    ``n_steps[rank]``: steps with an own-work value. ``within[signal]``: pooled within-rank step-to-step sigma and
-    the median number of steps per rank.
+    ``pooled[signal][rank]``: see :func:`pool` (``comp``/``free`` over the steps ``own`` kept); ``left_out[rank]``:
+    the index of the step ``own`` left out. ``n_steps[rank]``: steps with an own-work value. ``within[signal]``:
+    robust within-rank step-to-step sigma and the median number of steps per rank.
     """
 
     columns: list[StepColumns]
@@ -162,6 +160,7 @@ class SignalTable:
     pooled: dict[str, dict[int, float]] = field(default_factory=dict)
     n_steps: dict[int, int] = field(default_factory=dict)
     within: dict[str, tuple[float, float]] = field(default_factory=dict)
+    left_out: dict[int, int] = field(default_factory=dict)
     unreliable: set[int] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
 
@@ -217,26 +216,54 @@ def _per_rank(columns: list[StepColumns], name: str, same: bool) -> dict[int, li
 
 
 def _within(series: Iterable[list[float]]) -> tuple[float, float]:
-    """Pooled within-series sigma and the median series length."""
-    ss = 0.0
-    dof = 0
-    lengths = []
+    """Robust within-rank step-to-step sigma and the median series length.
+
+    ``1.4826 x MAD`` of every value's deviation from its own rank's median, times ``sqrt(n / (n - 1))`` (the
+    deviations are from a median of ``n`` values, which shrinks them): a few one-off spikes (a start-up delay, a GC
+    pause) do not inflate it, unlike a pooled variance.
+    """
+    devs: list[float] = []
+    lengths: list[int] = []
     for xs in series:
         n = len(xs)
         lengths.append(n)
         if n < 2:
             continue
-        s1 = sum(xs)
-        ss += max(0.0, sum(map(operator.mul, xs, xs)) - s1 * s1 / n)
-        dof += n - 1
-    return (math.sqrt(ss / dof) if dof else 0.0), (median(lengths) if lengths else 0.0)
+        m = sorted(xs)
+        mid = (m[n // 2] if n % 2 else (m[n // 2 - 1] + m[n // 2]) / 2.0)
+        devs.extend(abs(x - mid) for x in xs)
+    if not devs:
+        return 0.0, (median(lengths) if lengths else 0.0)
+    n_typ = median(lengths)
+    return MAD_TO_SIGMA * median(devs) * math.sqrt(n_typ / max(1.0, n_typ - 1)), n_typ
 
 
-def measure_signals(summaries: Sequence[RankStepSummary], link_rows: Iterable[Mapping[str, Any]] = ()) -> SignalTable:
-    """Every rank's per-step excess and pooled value of each signal (see :data:`SIGNALS`).
+def pool(xs: Sequence[float], sigma_within: float, trim_z: float) -> tuple[float, int | None]:
+    """A rank's pooled value of one signal and the index of the step left out (``None`` if none).
+
+    The mean over its steps, except that its worst (largest) step is left out when it stands out from the rank's
+    own other steps by more than ``trim_z`` within-rank sigmas (``sqrt(2)`` times that for two steps): a one-off
+    delay is not evidence of a slow rank, a consistent excess is pooled in full.
+    """
+    n = len(xs)
+    if n == 1:
+        return xs[0], None
+    i = max(range(n), key=xs.__getitem__)
+    rest = [x for j, x in enumerate(xs) if j != i]
+    ref = rest[0] if n == 2 else median(rest)
+    limit = trim_z * max(sigma_within, 1e-12) * (math.sqrt(2.0) if n == 2 else 1.0)
+    if xs[i] - ref > limit:
+        return sum(rest) / (n - 1), i
+    return sum(xs) / n, None
+
+
+def measure_signals(summaries: Sequence[RankStepSummary], link_rows: Iterable[Mapping[str, Any]] = (), *,
+                    trim_z: float = 3.0) -> SignalTable:
+    """Every rank's per-step excess and pooled value of each signal (see :data:`SIGNALS` and :func:`pool`).
 
     References are leave-one-out medians: a rank is compared with the median of the *other* ranks of the step,
-    so a slow rank does not pull its own reference (this matters for 2- and 3-rank groups).
+    so a slow rank does not pull its own reference (this matters for 2- and 3-rank groups). ``comp`` and ``free``
+    are pooled over the same steps as ``own`` (so the kind always explains the excess that was tested).
     """
     by_step, notes = valid_rows(summaries)
     links = parse_link_rows(link_rows)
@@ -253,21 +280,19 @@ def measure_signals(summaries: Sequence[RankStepSummary], link_rows: Iterable[Ma
     free = _per_rank(columns, "free", same)
     table.n_steps = {r: len(v) for r, v in own.items()}
     pooled: dict[str, dict[int, float]] = {"own": {}, "comp": {}, "free": {}}
-    for r, xs in own.items():
-        n = len(xs)
-        cs, fs = comp[r], free[r]
-        if n == 1:
-            keep_sum_o, keep_sum_c, keep_sum_f, k = xs[0], cs[0], fs[0], 1
-        elif n == 2:
-            i = 0 if xs[0] <= xs[1] else 1  # the smaller of two steps
-            keep_sum_o, keep_sum_c, keep_sum_f, k = xs[i], cs[i], fs[i], 1
-        else:
-            i = max(range(n), key=xs.__getitem__)  # leave the worst step out
-            keep_sum_o, keep_sum_c, keep_sum_f, k = sum(xs) - xs[i], sum(cs) - cs[i], sum(fs) - fs[i], n - 1
-        pooled["own"][r] = keep_sum_o / k
-        pooled["comp"][r] = keep_sum_c / k
-        pooled["free"][r] = keep_sum_f / k
     table.within["own"] = _within(own.values())
+    sigma_own = table.within["own"][0]
+    for r, xs in own.items():
+        value, left_out = pool(xs, sigma_own, trim_z)
+        pooled["own"][r] = value
+        cs, fs = comp[r], free[r]
+        if left_out is None:
+            pooled["comp"][r] = sum(cs) / len(cs)
+            pooled["free"][r] = sum(fs) / len(fs)
+        else:
+            table.left_out[r] = left_out
+            pooled["comp"][r] = (sum(cs) - cs[left_out]) / (len(cs) - 1)
+            pooled["free"][r] = (sum(fs) - fs[left_out]) / (len(fs) - 1)
     for name in ("comm", "late", "link"):
         if all(c.ex[name][0] is None and c.ex[name][-1] is None and not any(v is not None for v in c.ex[name])
                for c in columns):
@@ -275,11 +300,8 @@ def measure_signals(summaries: Sequence[RankStepSummary], link_rows: Iterable[Ma
         per = _per_rank(columns, name, same)
         if not per:
             continue
-        vals: dict[int, float] = {}
-        for r, xs in per.items():
-            n = len(xs)
-            vals[r] = xs[0] if n == 1 else min(xs) if n == 2 else (sum(xs) - max(xs)) / (n - 1)
-        pooled[name] = vals
         table.within[name] = _within(per.values())
+        sigma = table.within[name][0]
+        pooled[name] = {r: pool(xs, sigma, trim_z)[0] for r, xs in per.items()}
     table.pooled = pooled
     return table

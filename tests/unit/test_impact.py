@@ -22,14 +22,17 @@ def _mean_step_s(timelines) -> float:
 
 @pytest.mark.parametrize("world,slow,noise", [
     (8, {3: 1.2}, 0.02), (8, {3: 1.5}, 0.03), (16, {1: 1.3, 9: 1.15}, 0.02), (32, {5: 1.25}, 0.02),
-    (64, {7: 1.2}, 0.01), (4, {2: 1.4}, 0.02), (2, {1: 1.3}, 0.02),
+    (64, {7: 1.2}, 0.01), (4, {2: 1.4}, 0.02), (2, {1: 1.3}, 0.02), (32, {5: 1.1}, 0.02), (16, {4: 1.1}, 0.03),
+    (8, {6: 1.08}, 0.01),
 ])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_predicted_saving_matches_the_measured_difference(world: int, slow: dict[int, float], noise: float,
                                                           seed: int):
     base = build_timelines(world_size=world, steps=5, seed=seed, noise=noise)
     slowed = build_timelines(world_size=world, steps=5, seed=seed, noise=noise, slow_ranks=slow)
-    v = judge_batch(ClusterEvidence(kind="ascend_pt", summaries=cluster_time_summary(slowed)), world_size=world)
+    # 4 collectives per step, as msprof_runner reads it from COMMUNICATION_OP / STEP_TIME
+    ev = ClusterEvidence(kind="ascend_pt", summaries=cluster_time_summary(slowed), collectives_per_step=4)
+    v = judge_batch(ev, world_size=world)
     measured = _mean_step_s(slowed) - _mean_step_s(base)
     assert sorted(s.rank for s in v.suspects) == sorted(slow)
     assert v.impact is not None
@@ -41,9 +44,20 @@ def test_predicted_saving_matches_the_measured_difference(world: int, slow: dict
         assert v.suspects[0].impact == v.impact
 
 
+def test_without_the_collective_count_the_estimate_errs_on_the_large_side():
+    base = build_timelines(world_size=32, steps=5, seed=4, noise=0.03)
+    slowed = build_timelines(world_size=32, steps=5, seed=4, noise=0.03, slow_ranks={5: 1.1})
+    measured = _mean_step_s(slowed) - _mean_step_s(base)
+    rows = cluster_time_summary(slowed)
+    unknown = judge_batch(ClusterEvidence(kind="ascend_pt", summaries=rows)).impact["saving_s_per_step"]
+    known = judge_batch(ClusterEvidence(kind="ascend_pt", summaries=rows, collectives_per_step=4)).impact
+    assert unknown > known["saving_s_per_step"] and unknown > measured
+    assert known["saving_s_per_step"] == pytest.approx(measured, rel=0.10)
+
+
 def test_each_suspect_alone_vs_all_fixed():
     slowed = build_timelines(world_size=16, steps=5, seed=3, noise=0.02, slow_ranks={1: 1.3, 9: 1.15})
-    v = judge_batch(ClusterEvidence(kind="ascend_pt", summaries=cluster_time_summary(slowed)))
+    v = judge_batch(ClusterEvidence(kind="ascend_pt", summaries=cluster_time_summary(slowed), collectives_per_step=4))
     first, second = v.suspects
     assert first.rank == 1 and second.rank == 9
     # rank 1 alone: the step then waits for rank 9 (0.15 of the 15 ms chunks); rank 9 alone: nothing changes
@@ -53,13 +67,13 @@ def test_each_suspect_alone_vs_all_fixed():
 
 
 def test_single_rank_shortcut_equals_the_general_what_if():
-    rows = cluster_time_summary(build_timelines(world_size=8, steps=4, seed=5, noise=0.03, slow_ranks={2: 1.2}))
+    rows = cluster_time_summary(build_timelines(world_size=8, steps=4, seed=5, noise=0.03, slow_ranks={2: 1.2, 5: 1.1}))
     by_step: dict[int, dict[int, RankStepSummary]] = {}
     for r in rows:
         by_step.setdefault(r.step, {})[r.rank] = r
-    fast = single_rank_impacts(by_step, range(8), world_size=8)
-    for rank in range(8):
-        slow_way = impact_of(by_step, {rank}, world_size=8)
+    fast = single_rank_impacts(by_step, [2, 5], world_size=8, collectives_per_step=4)
+    for rank in (2, 5):
+        slow_way = impact_of(by_step, {rank}, world_size=8, suspects={2, 5}, collectives_per_step=4)
         assert fast[rank].saving_s_per_step == pytest.approx(slow_way.saving_s_per_step, rel=1e-6, abs=1e-9)
     assert step_savings_us(by_step[1], set()) == 0.0 and impact_of({}, {1}, world_size=8) is None
 
