@@ -202,7 +202,7 @@ def _overall_status(ev: ClusterEvidence, verdict: Verdict, expected: int,
         if verdict.strength == "weak":
             return "weak", f"{what}; evidence is weak: {window}"
         return "ok", f"{what}; {window}"
-    if verdict.short_window or steps < 1:
+    if verdict.short_window or not verdict.enough_steps:
         return "partial", f"nobody stands out, but only {window}: absence not proven"
     return "no_suspect", f"{len(covered)} ranks analysed over {window}: no rank stands out"
 

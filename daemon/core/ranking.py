@@ -82,6 +82,8 @@ class Verdict:
     noise: dict[str, dict[str, float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     short_window: bool = False
+    enough_steps: bool = True
+    """False when fewer steps were captured than ``min_strong_steps``: an empty verdict then proves little."""
 
 
 def _noise_tests(table: SignalTable, settings: RankingSettings) -> dict[str, OutlierTest]:
@@ -217,6 +219,7 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
                       armed_steps=list(armed_steps) if armed_steps else None, notes=list(table.notes))
     world = world_size or len({r for rows in by_step.values() for r in rows})
     captured = len(verdict.captured_steps)
+    verdict.enough_steps = captured >= settings.min_strong_steps
     if verdict.armed_steps is not None and captured < len(verdict.armed_steps):
         verdict.short_window = True
         verdict.notes.append(f"{captured} of {len(verdict.armed_steps)} armed steps captured: evidence is weak")
