@@ -94,9 +94,10 @@ def estimate_offset(mine: Sequence[tuple[str, float]], ref: Sequence[tuple[str, 
         return None
     anchor = max(shared, key=lambda n: min(len(a[n]), len(b[n])))
     cands: set[float] = set()
+    grid = tol_us / 2
     for e in a[anchor][:8]:
         lo, hi = bisect_left(b[anchor], e - max_skew_us), bisect_left(b[anchor], e + max_skew_us)
-        cands.update(round((e - f) / tol_us) * tol_us for f in b[anchor][lo:hi])
+        cands.update(round((e - f) / grid) * grid for f in b[anchor][lo:hi])
     best: tuple[int, float, list[float]] | None = None
     for d in sorted(cands, key=abs):
         diffs = []
@@ -147,7 +148,9 @@ def align_steps(spans: Mapping[int, Sequence[Span]], collectives: Mapping[int, S
             ``k``-th instance of a name within a trace is named ``name#k`` by the caller or not: only names and
             end times are used).
         max_skew_us: largest clock offset considered (50 ms; at most half the median step is used).
-        tol_us: how close two ends must be to count as the same instance (200 µs).
+        tol_us: how close two ends must be to count as the same instance: at least 200 µs, up to a quarter of
+            the median gap between the reference's collective ends (host collectives on a busy host end
+            milliseconds apart), at most a quarter of the skew window.
 
     Returns:
         :class:`Alignment`; ranks without spans are ``unaligned``.
@@ -163,6 +166,13 @@ def align_steps(spans: Mapping[int, Sequence[Span]], collectives: Mapping[int, S
     al.reference = ref
     lengths = sorted(e - s for v in have.values() for _, s, e in v)
     window = min(max_skew_us, 0.5 * lengths[len(lengths) // 2]) if lengths else max_skew_us
+    # ranks leave a collective within microseconds on a device, within milliseconds for host collectives on a busy
+    # host: the tolerance grows with the spacing of the collectives (a quarter of the median gap), never past a
+    # quarter of the skew window
+    ref_ends = sorted(e for _, e in collectives.get(ref, ()))
+    gaps = sorted(b - a for a, b in zip(ref_ends, ref_ends[1:], strict=False) if b > a)
+    spacing = gaps[len(gaps) // 2] if gaps else 0.0
+    tol = min(window / 4, max(tol_us, spacing / 4))
     al.methods[ref] = "reference"
     al.labels[ref] = {lab: lab for lab, _, _ in have[ref]}
     for r in sorted(have):
@@ -170,7 +180,7 @@ def align_steps(spans: Mapping[int, Sequence[Span]], collectives: Mapping[int, S
             continue
         mine, theirs = collectives.get(r, ()), collectives.get(ref, ())
         shared = bool({n for n, _ in mine} & {n for n, _ in theirs})
-        est = estimate_offset(mine, theirs, max_skew_us=window, tol_us=min(tol_us, window / 4)) if shared else None
+        est = estimate_offset(mine, theirs, max_skew_us=window, tol_us=tol) if shared else None
         if shared and est is None:
             as_is = _pair_spans(have[r], have[ref], 0.0)
             if len(as_is) * 2 >= min(len(have[r]), len(have[ref])):

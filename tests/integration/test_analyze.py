@@ -241,6 +241,10 @@ def test_real_torch_gloo_traces(gloo_batch: Path, tmp_path: Path):
     assert res.status == "ok" and res.suspects[0].rank == 2 and res.suspects[0].kind == "compute"
     assert len({s.step for s in res.evidence.summaries}) == 4
     assert Path(res.report).exists()
+    # steps paired by time: the clock offsets (same host, so truly 0) come out within a few ms from collective ends
+    al = res.evidence.alignment
+    assert al["method"] == "collective_ends" and all(abs(v) < 5_000 for v in al["offsets_us"].values()), al
+    assert res.suspects[0].impact["saving_s_per_step"] > 0.02  # 40 ms of extra compute per step on rank 2
 
 
 def _torch_batch(root: Path, *, work: dict[int, float], steps: int = 3) -> dict[int, Path]:
