@@ -90,7 +90,8 @@ def sync_overhead(by_step: Mapping[int, Mapping[int, RankStepSummary]], exclude:
     resid: list[float] = []
     lengths: list[int] = []
     means: list[float] = []
-    for xs in dev.values():
+    series = list(dev.values())
+    for xs in series[::max(1, len(series) // 2048)]:  # spreads from 2048 ranks are precise to a few %
         n = len(xs)
         lengths.append(n)
         means.append(sum(xs) / n)
@@ -136,7 +137,7 @@ def step_savings_us(rows: Mapping[int, RankStepSummary], fixed: set[int] | froze
 
 def impact_of(by_step: Mapping[int, Mapping[int, RankStepSummary]], fixed: set[int] | frozenset[int], *,
               world_size: int, extra_us_per_step: Sequence[float] = (), suspects: Iterable[int] = (),
-              collectives_per_step: float | None = None) -> Impact | None:
+              collectives_per_step: float | None = None, overhead: SyncOverhead | None = None) -> Impact | None:
     """Mean what-if saving over the steps of ``by_step`` (step -> rank -> row) for the ranks ``fixed``.
 
     Args:
@@ -148,13 +149,16 @@ def impact_of(by_step: Mapping[int, Mapping[int, RankStepSummary]], fixed: set[i
         suspects: every named suspect (default: ``fixed``); the others are the innocent ranks whose median and
             synchronisation overhead set the step time after the fix.
         collectives_per_step: collectives per step on a rank (for :func:`sync_overhead`; ``None``: 1).
+        overhead: a :func:`sync_overhead` already computed for these suspects (saves recomputing it).
 
     Returns:
         :class:`Impact`, or ``None`` without steps. ``saving_pct_of_step`` is against the mean measured step
         time (median over ranks per step); ``accelerator_hours_per_day = saving / step x world_size x 24``.
     """
     named = set(suspects) | set(fixed)
-    over = sync_overhead(by_step, named, collectives_per_step=collectives_per_step).overhead_us if fixed else 0.0
+    if overhead is None and fixed:
+        overhead = sync_overhead(by_step, named, collectives_per_step=collectives_per_step)
+    over = overhead.overhead_us if overhead is not None and fixed else 0.0
     savings: list[float] = []
     step_times: list[float] = []
     for rows in by_step.values():
@@ -169,13 +173,14 @@ def impact_of(by_step: Mapping[int, Mapping[int, RankStepSummary]], fixed: set[i
 
 
 def single_rank_impacts(by_step: Mapping[int, Mapping[int, RankStepSummary]], ranks: Iterable[int], *,
-                        world_size: int, collectives_per_step: float | None = None) -> dict[int, Impact]:
+                        world_size: int, collectives_per_step: float | None = None,
+                        overhead: SyncOverhead | None = None) -> dict[int, Impact]:
     """:func:`impact_of` with ``fixed = {r}`` and ``suspects = ranks`` for each of ``ranks``, for all of them in
     O(S N log N) (per step: the peers' median, the two largest suspects' own work, leave-one-out median waits)."""
     wanted = set(ranks)
     if not wanted:
         return {}
-    over = sync_overhead(by_step, wanted, collectives_per_step=collectives_per_step).overhead_us
+    over = (overhead or sync_overhead(by_step, wanted, collectives_per_step=collectives_per_step)).overhead_us
     totals: dict[int, float] = dict.fromkeys(wanted, 0.0)
     step_times: list[float] = []
     for rows in by_step.values():

@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from daemon.core.evidence import ClusterEvidence, SlowLink, Strength, Suspect, SuspectKind
-from daemon.core.impact import impact_of, single_rank_impacts, to_impact
+from daemon.core.impact import impact_of, single_rank_impacts, sync_overhead, to_impact
 from daemon.core.links import LinkSettings, find_slow_links
 from daemon.core.robust import OutlierTest, median, upper_outliers
 from daemon.core.signals import SignalTable, measure_signals, parse_link_rows
@@ -35,7 +36,10 @@ class RankingSettings(BaseModel):
     min_effect_frac: float = Field(default=0.015, gt=0, lt=1)
     """Smallest pooled excess, as a fraction of step time, that can make a rank a suspect (practical size)."""
     min_robust_z: float = Field(default=4.0, ge=0)
-    """Significance: the pooled excess must be this many robust sigmas above the noise of the other ranks."""
+    """Significance: the pooled excess must be this many robust sigmas above the noise of the other ranks..."""
+    family_alpha: float = Field(default=0.01, gt=0, lt=1)
+    """...and above ``Phi^-1(1 - family_alpha / N)`` for N ranks tested (Bonferroni), so a batch of N innocent
+    ranks names one with probability at most ``family_alpha`` per signal: 4.0 up to ~500 ranks, 4.85 at 16,384."""
     candidate_z: float = Field(default=3.0, ge=0)
     """Ranks above this z are left out of the noise estimate (two slow ranks must not hide each other)."""
     min_sigma_frac: float = Field(default=0.0005, gt=0)
@@ -183,8 +187,9 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
         Iglewicz & Hoaglin 1993 with candidates excluded from the scale), floored at the pooled step-to-step
         noise ``sigma_within / sqrt(steps)`` and at ``min_sigma_frac``. A rank is named when some signal has
         ``z >= min_robust_z`` (4.0; with at least half of the slow_rank votes ``vote_z_relief x`` that) **and**
-        a pooled excess of at least ``min_effect_frac`` of the step. With Gaussian noise a 4-sigma threshold
-        leaves about 3e-5 false names per innocent rank.
+        a pooled excess of at least ``min_effect_frac`` of the step. For N ranks the threshold is at least
+        ``Phi^-1(1 - family_alpha / N)`` (Bonferroni; 4.85 sigma at 16,384 ranks), so with Gaussian noise a batch
+        of innocent ranks names one with probability at most ``family_alpha`` (1 %) per signal.
 
         Kind rules (stable from capture to capture, since a fault moves one component): a significant ``own``
         excess is ``compute`` when its computation part is at least its free part, else ``host``; otherwise a
@@ -244,7 +249,9 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
     with_time = set(table.n_steps)
     # only ranks that can pass are looked at in detail: those above the lowest threshold in some signal, voted
     # ranks and ranks at the end of several slow links (O(N) scan, O(S) work per candidate)
-    z_floor = settings.min_robust_z * min(settings.vote_z_relief, 1.0)
+    n_tested = max(len(table.n_steps), 1)
+    z_base = max(settings.min_robust_z, NormalDist().inv_cdf(1.0 - settings.family_alpha / n_tested))
+    z_floor = z_base * min(settings.vote_z_relief, 1.0)
     maybe = {r for t in tests.values() for r, z in t.z.items() if z >= z_floor}
     for rank in sorted(maybe | set(votes) | set(folded)):
         n_votes = votes.get(rank, 0)
@@ -257,7 +264,7 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
                 pending.append((score, Suspect(rank, round(score, 4), "unknown", hostnames.get(rank), ev,
                                                dirs.get(rank))))
             continue
-        z_needed = settings.min_robust_z * (settings.vote_z_relief if share >= 0.5 and n_votes > 0 else 1.0)
+        z_needed = z_base * (settings.vote_z_relief if share >= 0.5 and n_votes > 0 else 1.0)
         z = {name: t.z[rank] for name, t in tests.items() if rank in t.z}
         pooled = {name: vals[rank] for name, vals in table.pooled.items() if rank in vals}
         passed = {name for name in z if z[name] >= z_needed and pooled.get(name, 0.0) >= settings.min_effect_frac}
@@ -308,8 +315,9 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
         if rank in table.unreliable:
             ev["wait_reliable"] = False
         pending.append((score, Suspect(rank, round(score, 4), kind, hostnames.get(rank), ev, dirs.get(rank))))
-    impacts = single_rank_impacts(by_step, [s.rank for _, s in pending if s.evidence.get("signal")], world_size=world,
-                                  collectives_per_step=evidence.collectives_per_step)
+    timed = {s.rank for _, s in pending if s.evidence.get("signal")}
+    sync = sync_overhead(by_step, timed, collectives_per_step=evidence.collectives_per_step) if timed else None
+    impacts = single_rank_impacts(by_step, timed, world_size=world, overhead=sync)
     for score, sus in pending:
         imp = impacts.get(sus.rank)
         if sus.rank in folded and mean_step_us:  # its links' cost comes on top of any own-work excess
@@ -327,7 +335,8 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
     if verdict.suspects or verdict.links:
         fixed = {s.rank for s in verdict.suspects if s.impact is not None}
         head = impact_of(by_step, fixed, world_size=world, extra_us_per_step=extra,
-                         collectives_per_step=evidence.collectives_per_step) if by_step else None
+                         collectives_per_step=evidence.collectives_per_step,
+                         overhead=sync if fixed == timed else None) if by_step else None
         verdict.impact = head.to_json() if head else None
         strengths = [s.evidence.get("strength") for s in verdict.suspects] + \
             [lk.evidence.get("strength") for lk in verdict.links]
