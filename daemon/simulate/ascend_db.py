@@ -272,7 +272,7 @@ def write_analysis_db(path: Path, tl: RankTimeline, *, minimal: bool) -> None:
     device = tl.device_id if tl.device_id is not None else tl.rank % 8
     members = {g.raw_name: g.global_ranks for g in tl.groups}
     times, bws, matrix = [], [], []
-    totals: dict[tuple[str, str, str, int, str], list[float]] = {}
+    totals: dict[tuple[str, str, str, int, int, str], list[float]] = {}
     slowest = max([tl.own_link_factor, *tl.peer_link_factors.values(), 1.0])
     for st, seg, transit, link in _comm_rows(tl):
         step, gname = f"step{st.step}", str(double_hash(seg.group))
@@ -300,11 +300,10 @@ def write_analysis_db(path: Path, tl: RankTimeline, *, minimal: bool) -> None:
             if last:
                 matrix.append((f"{seg.op_type}-top1", gname, str(local), str(peer), transport, part, t,
                                _bandwidth_gb_s(part, t), step, "collective", seg.name))
-            acc = totals.setdefault((gname, step, seg.op_type, peer, transport), [0.0, 0.0])
+            acc = totals.setdefault((gname, step, seg.op_type, local, peer, transport), [0.0, 0.0])
             acc[0] += part
             acc[1] += t
-    for (gname, step, op_type, peer, transport), (size, t) in totals.items():
-        local = members.get(next(g for g in members if str(double_hash(g)) == gname), ()).index(tl.rank)
+    for (gname, step, op_type, local, peer, transport), (size, t) in totals.items():
         matrix.append((f"{op_type}-total", gname, str(local), str(peer), transport, size, t,
                        _bandwidth_gb_s(size, t), step, "collective", ""))
     con = _connect(path)
