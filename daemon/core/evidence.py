@@ -1,7 +1,8 @@
 """Shared analysis dataclasses: what msprof-analyze and the Kineto analyzer produce, what ranking consumes (pure).
 
 Units: every duration here is in microseconds (``_us``), the unit of msprof-analyze's ``ClusterTimeSummary``
-(``../shared/docs/msprof-analyze.md`` section 5). Kineto traces are in microseconds too.
+(Ascend/msprof-analyze, recipe ``cluster_analyse/recipes/cluster_time_summary``; docs/verdicts.md). Kineto traces
+are in microseconds too.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 The adapter ``daemon/adapters/kineto_reader.py`` streams each rank's trace and feeds ``ph == "X"`` events into a
 :class:`RankTrace` (compact columns, not dicts); :func:`summarize_traces` turns the ranks' traces into
-``RankStepSummary`` rows with the same meaning as msprof-analyze ``ClusterTimeSummary`` (section 5 of
-``../shared/docs/msprof-analyze.md``), so ranking treats both backends alike. All times are microseconds, the unit
+``RankStepSummary`` rows with the same meaning as msprof-analyze ``ClusterTimeSummary`` (Ascend/msprof-analyze
+recipe ``cluster_time_summary``: wait = own collective time minus the shortest of the same instance, transmit = that
+shortest), so ranking treats both backends alike. All times are microseconds, the unit
 of Kineto's ``ts``/``dur``.
 """
 

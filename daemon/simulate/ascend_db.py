@@ -1,10 +1,10 @@
 """SIMULATOR helpers: write the per-rank Ascend profiler outputs of one rank timeline (I/O, sqlite and files).
 
 Nothing here is captured data. The tables, columns and units mirror what torch_npu + CANN write into
-``ASCEND_PROFILER_OUTPUT/`` (``../shared/docs/msprof-analyze.md`` sections 4.1, 4.3 and 10): the profiler DB
+``ASCEND_PROFILER_OUTPUT/`` (Ascend/pytorch ``torch_npu/profiler`` DB export, read by Ascend/msprof-analyze): the profiler DB
 ``ascend_pytorch_profiler_{rank}.db`` (all times ns, unix epoch, strings as ids into STRING_IDS) and
 ``analysis.db`` (StepTraceTime in µs; CommAnalyzer* durations in ms, ``start_timestamp`` in µs), plus the text
-export files msprof-analyze reads in text mode (section 4.2). Used only through
+export files msprof-analyze reads in text mode. Used only through
 :func:`daemon.simulate.ascend_tree.write_rank_dir`.
 """
 
@@ -95,7 +95,7 @@ _ENUMS = {
 def double_hash(text: str) -> int:
     """CANN / msprof-analyze group-name hash: two 32-bit polynomial hashes (x29, x131) packed into 64 bits.
 
-    Mirrors ``msprof_analyze.cluster_analyse.common_func.utils.double_hash`` (msprof-analyze.md section 4.3).
+    Mirrors ``msprof_analyze.cluster_analyse.common_func.utils.double_hash`` (Ascend/msprof-analyze).
     """
     h0 = h1 = 0
     for ch in text:

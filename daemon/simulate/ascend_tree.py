@@ -1,15 +1,15 @@
 """SIMULATOR: writes Ascend-format rank dirs (``*_ascend_pt``) as torch_npu does, from timelines (I/O).
 
 This is **not** captured data. It mirrors the layout, file order, modes and tables torch_npu + CANN produce
-(``../shared/docs/msprof-analyze.md`` sections 3, 4.1, 4.3 and 12) so that msprof-analyze 26.2.0 accepts the
-tree. Two entry points:
+(Ascend/pytorch ``torch_npu/profiler`` writers; the rank discovery and table reads of Ascend/msprof-analyze
+``cluster_analyse``) so that msprof-analyze 26.2.0 accepts the tree. Two entry points:
 
 - :func:`write_rank_dir` writes one rank dir from a :class:`RankTimeline` (e.g. timings measured by the
   simulator job, one call per rank);
 - :func:`generate_cluster` builds physically consistent timelines for a whole world and writes them.
 
-Damage helpers (:func:`truncate_db`, :func:`drop_table`, ...) break a written rank dir the way field cases do
-(``../shared/docs/field-cases.md`` FC-01/02/07) for tests.
+Damage helpers (:func:`truncate_db`, :func:`drop_table`, :func:`empty_device_data`, ...) break a written rank dir
+the way real captures break (interrupted copies, missing tables, no device data) for tests.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class RankTimeline:
     """Everything needed to write one rank dir. ``start_ns``: profiler start (names the dir, local time).
 
     ``level``: ``"Level0"`` writes no communication tables (COMMUNICATION_OP, CommAnalyzer*), as a Level0
-    capture has no HCCL op data (msprof-analyze.md section 5.1 of anchors / FC-03). ``memcpy``: add one
+    capture has no HCCL op data. ``memcpy``: add one
     MEMCPY_ASYNC task per step (cluster_time_summary needs at least one in the cluster, section 5).
     """
 
@@ -217,7 +217,7 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
         spread between kernels). Every rank leaves the collective at ``last arrival + transmit``, transmit being
         1 ms x the worst ``slow_link_ranks`` / ``slow_links`` factor in the group (a ring collective moves at the
         pace of its slowest link); so the last arrival (the slow rank) has the shortest collective and the
-        others wait (msprof-analyze.md section 6). A slow-link rank also records its own link time x factor
+        others wait (the fact msprof-analyze's slow_rank recipe votes on). A slow-link rank also records its own link time x factor
         (lower bandwidth); ``slow_links`` {(a, b): factor} slows only the link between a and b: both record
         their link time x factor and the communication matrix shows the pair (and only it) slower.
         ``first_step_delay_ranks`` {rank: fraction of a chunk}: a one-off delay before the rank's first kernel
