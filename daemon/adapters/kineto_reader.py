@@ -104,43 +104,60 @@ def analyze_torch_batch(rank_dirs: Mapping[int, Path]) -> ClusterEvidence:
         rank_dirs: rank -> rank dir (one trace per dir; the newest when several).
 
     Returns:
-        ``ClusterEvidence(kind="torch_pt")`` with summaries and a ``kineto_breakdown`` recipe status: ``ok``,
-        ``no_data`` (no steps/traces) or ``tool_error`` (unreadable trace). Never raises for bad data.
+        ``ClusterEvidence(kind="torch_pt")`` with summaries, ``unusable_ranks`` (rank -> why: no trace, trace
+        cannot be parsed, steps not alignable), ``alignment`` (how steps were aligned across ranks) and a
+        ``kineto_breakdown`` recipe status: ``ok`` when at least two ranks could be compared (the others are
+        ``unusable_ranks``, which makes the analysis ``partial``), ``no_data`` (no steps/traces) or
+        ``tool_error`` (fewer than two readable traces, some unreadable). A trace whose header
+        (``distributedInfo.rank``) names another rank than its rank dir is used as the dir's rank, with a note.
+        Never raises for bad data.
     """
     t0 = time.monotonic()
     traces: dict[int, RankTrace] = {}
-    problems: list[str] = []
+    unusable: dict[int, str] = {}
+    notes: list[str] = []
     paths: dict[int, str] = {}
     for rank, rdir in sorted(rank_dirs.items()):
         files = find_trace_files(Path(rdir))
         if not files:
-            problems.append(f"rank {rank}: no *.pt.trace.json in {rdir}")
+            unusable[rank] = f"no *.pt.trace.json in {rdir}"
             continue
         path = max(files, key=lambda p: p.stat().st_mtime)
         try:
+            header = _header_rank(path)
             traces[rank] = read_rank_trace(path, rank=rank)
-        except TraceFormatError as exc:
-            problems.append(f"rank {rank}: {exc}")
+        except (TraceFormatError, ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError,
+                UnicodeDecodeError) as exc:
+            unusable[rank] = f"trace cannot be parsed: {exc}"
             continue
+        if header is not None and header != rank:
+            notes.append(f"rank {rank}: trace header says rank {header} (distributedInfo.rank) but its rank dir is "
+                         f"rank {rank}'s; judged as rank {rank}")
         paths[rank] = str(rdir)
-    ev = ClusterEvidence(kind="torch_pt", rank_paths=paths, notes=list(problems))
-    bad = [p for p in problems if "no *.pt.trace.json" not in p]
+    ev = ClusterEvidence(kind="torch_pt", rank_paths=paths, notes=notes + [f"rank {r}: {why}" for r, why in
+                                                                          sorted(unusable.items())])
+    bad = any("cannot be parsed" in why for why in unusable.values())
     if len(traces) < 2:
+        ev.unusable_ranks = dict(unusable)
         status: Any = "tool_error" if bad else "no_data"
-        ev.recipes[RECIPE] = RecipeStatus(RECIPE, status, "; ".join(problems) or "fewer than 2 readable traces",
-                                          duration_s=time.monotonic() - t0)
+        ev.recipes[RECIPE] = RecipeStatus(RECIPE, status, "; ".join(f"rank {r}: {w}" for r, w in unusable.items())
+                                          or "fewer than 2 readable traces", duration_s=time.monotonic() - t0)
         return ev
     brk = summarize_traces(traces)
     ev.summaries = brk.summaries
     ev.notes.extend(brk.notes)
-    detail = (f"{len(traces)} ranks, {len({s.step for s in brk.summaries})} steps, collective class "
-              f"{brk.collective_class}, {brk.instances_matched} instances matched")
-    if problems:
-        detail += "; " + "; ".join(problems)
-    status = "ok" if brk.summaries else "no_data"
-    if status == "ok" and problems:
-        status = "tool_error" if bad else "no_data"
-        detail = "partial: " + detail
+    ev.alignment = brk.alignment.to_json()
+    n_steps = len({s.step for s in brk.summaries})
+    ev.collectives_per_step = brk.instances_matched / n_steps if n_steps and brk.instances_matched else None
+    unusable.update({r: f"steps cannot be aligned with its peers: {why}" for r, why in brk.alignment.unaligned.items()})
+    ev.unusable_ranks = dict(unusable)
+    judged = {s.rank for s in brk.summaries}
+    detail = (f"{len(judged)} of {len(rank_dirs)} ranks, {len({s.step for s in brk.summaries})} steps "
+              f"(aligned: {brk.alignment.method}), collective class {brk.collective_class}, "
+              f"{brk.instances_matched} instances matched")
+    if unusable:
+        detail += "; not judged: " + "; ".join(f"rank {r}: {w}" for r, w in sorted(unusable.items()))
+    status = "ok" if len(judged) >= 2 else ("tool_error" if bad else "no_data")
     ev.recipes[RECIPE] = RecipeStatus(RECIPE, status, detail, rows=len(brk.summaries),
                                       duration_s=time.monotonic() - t0)
     return ev

@@ -53,6 +53,22 @@ def read_tables(db_path: Path, tables: Iterable[str]) -> dict[str, list[dict[str
     return {t: read_table(db_path, t) for t in tables}
 
 
+def collectives_per_step(db_path: Path) -> float | None:
+    """COMMUNICATION_OP rows per STEP_TIME row of one rank DB (for the impact estimate), None when unknown."""
+    try:
+        con = _connect_ro(db_path)
+    except sqlite3.Error:
+        return None
+    try:
+        ops = con.execute("SELECT COUNT(*) FROM COMMUNICATION_OP").fetchone()[0]
+        steps = con.execute("SELECT COUNT(*) FROM STEP_TIME").fetchone()[0]
+        return ops / steps if steps and ops else None
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+
+
 def has_row(db_path: Path, sql: str) -> bool:
     """True when ``sql`` returns a row from ``db_path`` opened read-only; False on no row or any sqlite error."""
     try:
@@ -141,4 +157,6 @@ def inspect_inputs(staged_dir: Path, *, max_depth: int = 5) -> InputFacts:
     facts.has_communication = any(has_row(db, "SELECT 1 FROM COMMUNICATION_OP LIMIT 1") for db in healthy)
     facts.has_memcpy = any(has_row(db, "SELECT 1 FROM TASK WHERE taskType IN (SELECT id FROM STRING_IDS "
                                        "WHERE value='MEMCPY_ASYNC') LIMIT 1") for db in healthy)
+    if healthy and facts.has_communication:
+        facts.collectives_per_step = collectives_per_step(healthy[0])
     return facts

@@ -389,21 +389,22 @@ def _versions(facts: InputFacts) -> dict[str, str]:
 
 
 def run_msprof_analysis(staged_dir: Path, out_dir: Path, *, runner: MsprofRunner, world_size: int,
-                        owner: str = "") -> ClusterEvidence:
+                        owner: str = "", expected_ranks: list[int] | None = None) -> ClusterEvidence:
     """Run the recipes ``plan_recipes`` picks (cluster_time_summary, slow_rank, ``advisor all``; each
     ``--agent --force`` into its own fresh ``-o`` under ``out_dir``) on one staged batch of ``world_size``
     ranks through ``runner``; return the evidence (µs) with a :class:`RecipeStatus` per recipe
     (``evidence.recipes[name]``, statuses as ``msprof_plan.interpret_run`` documents).
 
-    ``owner`` labels the runs for :meth:`MsprofRunner.cancel` and ``running()``. Paths are made absolute first.
+    ``owner`` labels the runs for :meth:`MsprofRunner.cancel` and ``running()``. ``expected_ranks``: the ranks
+    staged when they are not ``0..world_size-1`` (a subset). Paths are made absolute first.
     Raises nothing for tool failures; OSError if ``out_dir`` cannot be created.
     """
     staged_dir, out_dir = Path(staged_dir).absolute(), Path(out_dir).absolute()
     out_dir.mkdir(parents=True, exist_ok=True)
     ticket = runner.ticket(owner)
     facts = inspect_inputs(staged_dir)
-    ev = ClusterEvidence(kind="ascend_pt", versions=_versions(facts))
-    ev.notes += input_notes(facts, world_size)
+    ev = ClusterEvidence(kind="ascend_pt", versions=_versions(facts), collectives_per_step=facts.collectives_per_step)
+    ev.notes += input_notes(facts, len(expected_ranks) if expected_ranks is not None else world_size)
     plan = plan_recipes(facts, runner.settings, str(staged_dir))
     for name, status in plan.skipped.items():
         log.info("msprof_recipe_skipped", recipe=name, status=status.status, detail=status.detail)
@@ -423,7 +424,7 @@ def run_msprof_analysis(staged_dir: Path, out_dir: Path, *, runner: MsprofRunner
                 runner.cancel_ticket(ticket)
                 raise
     for name, run in runs.items():
-        ev.recipes[name] = interpret_run(_outcome(run, name), facts, world_size, ev)
+        ev.recipes[name] = interpret_run(_outcome(run, name), facts, world_size, ev, expected_ranks)
     log.info("msprof_analysis_finished", world_size=world_size, owner=owner,
              statuses={k: v.status for k, v in ev.recipes.items()}, votes=ev.slow_rank_votes)
     return ev

@@ -120,7 +120,9 @@ class RankDirReader:
             out["trace_files"] = tuple(sorted(n for n in entries if KINETO_TRACE_RE.match(n)))
             out["output_files"] = frozenset(entries)
             return RankDirObservation(**out)
-        out["leftover_sqlite"] = any(_has_leftover_sqlite(e) for n, e in entries.items() if n.startswith("PROF_"))
+        prof = [e for n, e in entries.items() if n.startswith("PROF_")]
+        out["leftover_sqlite"] = any(_has_leftover_sqlite(e) for e in prof)
+        out["device_dirs"], out["empty_device_dirs"] = _device_dirs(prof)
         outdir = entries.get(PROFILER_OUTPUT_DIR)
         if outdir is None or not outdir.is_dir(follow_symlinks=True):
             return RankDirObservation(**out)
@@ -215,7 +217,8 @@ def _check_sqlite(path: str, name: str, size: int, mtime: float) -> DbObservatio
             if "RANK_DEVICE_MAP" in tables else None
         steps = tuple(int(r[0]) for r in con.execute("SELECT id FROM STEP_TIME")) if "STEP_TIME" in tables else None
         rows = {t: int(con.execute(f'SELECT EXISTS(SELECT 1 FROM "{t}")').fetchone()[0])
-                for t in ("COMMUNICATION_OP", "StepTraceTime", "CommAnalyzerTime") if t in tables}
+                for t in ("COMMUNICATION_OP", "StepTraceTime", "CommAnalyzerTime", "TASK", "COMPUTE_TASK_INFO")
+                if t in tables}
         return DbObservation(tables=tables, rank_device_map=rdm, step_ids=steps, rows=rows, **common)
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc) or "busy" in str(exc):
@@ -285,6 +288,26 @@ def _read_json(path: str) -> tuple[Any, str | None]:
         return json.loads(text), None
     except ValueError as exc:
         return None, f"not valid JSON yet ({exc})"
+
+
+def _device_dirs(prof_entries: list[os.DirEntry[str]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(PROF_*/device_N dirs, those of them that are empty)`` as paths relative to the rank dir."""
+    found: list[str] = []
+    empty: list[str] = []
+    for entry in prof_entries:
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            for sub in os.scandir(entry.path):
+                if sub.name.startswith("device_") and sub.is_dir(follow_symlinks=False):
+                    rel = f"{entry.name}/{sub.name}"
+                    found.append(rel)
+                    with os.scandir(sub.path) as it:
+                        if next(it, None) is None:
+                            empty.append(rel)
+        except FileNotFoundError:
+            continue
+    return tuple(sorted(found)), tuple(sorted(empty))
 
 
 def _has_leftover_sqlite(entry: os.DirEntry[str]) -> bool:

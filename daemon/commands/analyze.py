@@ -43,15 +43,33 @@ def _settings(ctx: click.Context, config_path: Path | None, no_advisor: bool, ti
     return settings
 
 
+def _saving(impact: dict[str, float] | None) -> str:
+    if not impact:
+        return ""
+    return (f"saves {1e3 * impact['saving_s_per_step']:.1f} ms/step ({impact['saving_pct_of_step']:.1f}% of step, "
+            f"{impact['accelerator_hours_per_day']:.0f} accelerator-h/day)")
+
+
 def _human(res: AnalysisResult) -> str:
     lines = [f"batch {res.batch_id} [{res.kind}, {res.world_size} ranks]: {res.status} - {res.detail}"]
+    if res.impact:
+        lines.append(f"  if every suspect were fixed: {_saving(res.impact)}")
+    if res.captured_steps:
+        armed = f" of armed {res.armed_steps}" if res.armed_steps else ""
+        lines.append(f"  steps analysed {res.captured_steps}{armed}; evidence {res.strength or '-'}")
     for name, r in res.recipes.items():
         lines.append(f"  recipe {name:<22} {r.status:<15} {r.detail[:110]}")
     for i, s in enumerate(res.suspects, start=1):
-        lines.append(f"  #{i} rank {s.rank:<5} score {s.score:.2f}  {s.kind:<13} host {s.hostname or '-'}")
-        lines.append(f"      {s.evidence.get('summary', '')}")
+        lines.append(f"  #{i} rank {s.rank:<5} score {s.score:.2f}  {s.kind:<13} host {s.hostname or '-'}  "
+                     f"{_saving(s.impact)}")
+        lines.append(f"      {s.evidence.get('summary', '')} [{s.evidence.get('strength', '-')}]")
         if s.rank_dir:
             lines.append(f"      {s.rank_dir}")
+    for lk in res.links:
+        lines.append(f"  link {lk.ranks[0]}<->{lk.ranks[1]} (group {lk.group}, {lk.transport or '?'}): "
+                     f"{lk.bandwidth_gbps:.2f} GB/s vs peers {lk.peer_median_gbps:.2f} GB/s  {_saving(lk.impact)}")
+    for rank, why in sorted(res.unjudged_ranks.items()):
+        lines.append(f"  not judged: rank {rank}: {why}")
     if res.report:
         lines.append(f"  report: {res.report}")
     return display_str("\n".join(lines))
@@ -76,8 +94,8 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
             config_path: Path | None) -> None:
     """Check which capture batches under DIR are complete, analyse them and rank suspect slow ranks.
 
-    Exit status: 0 when every batch was analysed (ok / no_suspect), 1 when any batch was incomplete or its
-    analysis failed or was partial, 2 when DIR holds no batch or cannot be read.
+    Exit status: 0 when every batch was analysed (ok / no_suspect), 1 when any batch was incomplete, partial,
+    weak (evidence on too few steps) or its analysis failed, 2 when DIR holds no batch or cannot be read.
     """
     from daemon.logsetup import configure_logging
 

@@ -31,7 +31,8 @@ class ArmingSettings(BaseModel):
         50 * 2**30, ge=0, description="bytes captured per job per rolling hour before arming stops (None = no cap)"
     )
     warmup: int = Field(1, ge=0, description="profiler warm-up steps of the capture window (profiler_config key)")
-    active: int = Field(2, ge=1, le=20, description="captured steps of the capture window (profiler_config key)")
+    active: int = Field(4, ge=1, le=20, description="captured steps of the capture window (profiler_config key); "
+                        "default 4: see CAPTURE_WINDOW_NOTE in daemon/core/capture.py")
     rank_list: tuple[int, ...] | None = Field(None, description="ranks to capture (None = all ranks)")
     arm_on: tuple[ArmableKind, ...] = Field(
         ("step_regression", "rank_outlier"),

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 VERDICT_KEYS = ("batch_id", "job_id", "kind", "status", "detail", "capture_id", "capture_reason", "world_size",
                 "suspects", "ranks", "recipes", "paths", "report", "notes", "armed_steps", "captured_steps",
-                "missing_ranks", "problems", "causes", "analysis_duration_s")
+                "missing_ranks", "problems", "causes", "analysis_duration_s", "links", "impact", "strength",
+                "unjudged_ranks")
 """The one payload shape of every verdict (``suspect_ranks``, ``batch_incomplete``, ``analysis_failed``) and of
 ``report.json`` (which adds the raw per-step ``summaries`` and the advisor's full ``advisor`` message)."""
 
@@ -58,7 +59,8 @@ def verdict_payload(cap: Capture, *, status: str, detail: str, batch: BatchState
                               world_size=len(cap.ranks), notes=[*cap.notes, *window_notes(cap.armed_steps, captured)])
     return {**base, "detail": detail, "capture_id": cap.capture_id, "report": None, "armed_steps": cap.armed_steps,
             "captured_steps": captured, "missing_ranks": list(missing_ranks), "problems": [dict(p) for p in problems],
-            "causes": list(causes), "analysis_duration_s": None}
+            "causes": list(causes), "analysis_duration_s": None, "links": [], "impact": None, "strength": None,
+            "unjudged_ranks": []}
 
 
 def explain_ranks(cap: Capture, ranks: Iterable[int], causes: Mapping[int, str]) -> list[str]:

@@ -30,6 +30,9 @@ from daemon.core.prof_layout import (
 )
 from daemon.core.watch_settings import WatchSettings
 
+NO_DEVICE_DATA = "no usable device data"
+"""Prefix of the reason of a rank dir that finished but holds nothing to judge: the batch is not ``complete``,
+yet :meth:`BatchState.judgeable` lets the analysis judge the other ranks (``partial``, issue 11 item 5)."""
 RankState = Literal["appearing", "raw_complete", "parsing", "parsed", "failed", "unknown"]
 BatchStatus = Literal["complete", "incomplete", "invalid", "parsing"]
 _PENDING: frozenset[str] = frozenset({"appearing", "raw_complete", "parsing", "unknown"})
@@ -146,6 +149,24 @@ class BatchState:
     def rank_dirs(self) -> dict[int, str]:
         """rank -> rank dir path."""
         return {r: s.path for r, s in sorted(self.ranks.items())}
+
+    def unusable_ranks(self) -> dict[int, str]:
+        """rank -> why, for ranks whose dir finished but holds no usable device data (reasons ``NO_DEVICE_DATA``)."""
+        return {r: "; ".join(s.reasons) for r, s in sorted(self.ranks.items())
+                if s.state == "failed" and s.reasons and all(x.startswith(NO_DEVICE_DATA) for x in s.reasons)}
+
+    def judgeable(self) -> bool:
+        """True when the batch is complete, or when every expected rank is present and finished, the only
+        problems are ranks without usable device data and at least two usable ranks remain: the analysis then
+        judges the usable ranks and says which could not be judged (``partial``)."""
+        if self.status == "complete":
+            return True
+        unusable = self.unusable_ranks()
+        if self.status != "incomplete" or self.missing_ranks or not unusable:
+            return False
+        usable = [s for r, s in self.ranks.items() if r not in unusable]
+        return (len(usable) >= 2 and all(s.state == "parsed" for s in usable) and not self.unassigned
+                and all(p.rank in unusable for p in self.problems))
 
     def to_json(self) -> dict[str, Any]:
         """``{"batch_id","status","kind","expected_ranks","ranks","missing_ranks","problems","steps"}`` plus
@@ -301,8 +322,22 @@ def _health(obs: RankDirObservation, rank: int | None, notes: list[str]) -> tupl
         reasons.append(f"{ANALYSIS_DB} missing (cluster_time_summary needs it)")
     else:
         reasons += _db_reasons(adb, REQUIRED_ANALYSIS_TABLES, optional)
+    if not reasons:
+        reasons += _device_data_reasons(obs, db)
     steps = None if db.error or db.step_ids is None else tuple(sorted(set(db.step_ids)))
     return reasons, steps
+
+
+def _device_data_reasons(obs: RankDirObservation, db: DbObservation) -> list[str]:
+    """A healthy DB that recorded no device work (empty TASK / COMPUTE_TASK_INFO), or every ``PROF_*/device_N``
+    dir empty: nothing on this rank can be judged (issue 11 item 5a)."""
+    empty = [t for t in ("TASK", "COMPUTE_TASK_INFO") if db.rows.get(t, 1) == 0]
+    out = []
+    if empty:
+        out.append(f"{NO_DEVICE_DATA}: {db.name} has empty {' and '.join(empty)}")
+    if obs.device_dirs and len(obs.empty_device_dirs) == len(obs.device_dirs):
+        out.append(f"{NO_DEVICE_DATA}: {', '.join(obs.empty_device_dirs)} empty")
+    return out
 
 
 def _evaluate_torch(obs: RankDirObservation, rank: int | None, common: dict[str, Any]) -> RankDirState:

@@ -2,8 +2,9 @@
 
 The adapter ``daemon/adapters/kineto_reader.py`` streams each rank's trace and feeds ``ph == "X"`` events into a
 :class:`RankTrace` (compact columns, not dicts); :func:`summarize_traces` turns the ranks' traces into
-``RankStepSummary`` rows with the same meaning as msprof-analyze ``ClusterTimeSummary``
-(docs/msprof-analyze.md#cluster-time-summary), so ranking treats both backends alike. All times are microseconds, the unit
+``RankStepSummary`` rows with the same meaning as msprof-analyze ``ClusterTimeSummary`` (Ascend/msprof-analyze
+recipe ``cluster_time_summary``: wait = own collective time minus the shortest of the same instance, transmit = that
+shortest), so ranking treats both backends alike. All times are microseconds, the unit
 of Kineto's ``ts``/``dur``.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from daemon.core.evidence import RankStepSummary
+from daemon.core.kineto_align import Alignment, align_steps
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 COLLECTIVE_TOKENS = ("nccl", "gloo", "hccl", "c10d::", "all_reduce", "allreduce", "broadcast", "all_gather",
@@ -124,12 +126,14 @@ class RankTrace:
 
 @dataclass(slots=True)
 class KinetoBreakdown:
-    """Result of :func:`summarize_traces`: rows plus what was used and what was odd."""
+    """Result of :func:`summarize_traces`: rows (steps are the reference rank's labels), the collective class
+    used, instances matched, notes, and how the ranks' steps were aligned."""
 
     summaries: list[RankStepSummary]
     collective_class: str | None
     instances_matched: int
     notes: list[str]
+    alignment: Alignment = field(default_factory=Alignment)
 
 
 def _merge(starts: list[float], ends: list[float]) -> tuple[list[float], list[float], list[float]]:
@@ -173,14 +177,30 @@ def _step_of(spans: list[tuple[int, float, float]], ts: float) -> int | None:
     return None
 
 
-def summarize_traces(traces: Mapping[int, RankTrace]) -> KinetoBreakdown:
+def _side(tr: RankTrace) -> tuple[bool, list[tuple[int, float, float]], list[Collective]]:
+    """``(device side?, step spans sorted by start, collectives of that side)`` of one trace."""
+    device = tr.has_device
+    spans_map = {**tr.steps, **tr.device_steps} if device else tr.steps
+    spans = sorted(((s, a, b) for s, (a, b) in spans_map.items()), key=lambda t: t[1])
+    colls = [c for c in tr.collectives if c.device == device]
+    return device, spans, colls
+
+
+def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50_000.0) -> KinetoBreakdown:
     """Per-(rank, step) breakdown of a set of rank traces of one batch.
 
     Args:
         traces: rank -> :class:`RankTrace` (one per rank).
+        max_skew_us: largest clock offset between hosts considered when aligning steps.
 
     Returns:
-        :class:`KinetoBreakdown` with one ``RankStepSummary`` per rank and ``ProfilerStep#N`` of that rank.
+        :class:`KinetoBreakdown` with one ``RankStepSummary`` per rank and aligned step (the reference rank's
+        ``ProfilerStep#N`` label), and the :class:`~daemon.core.kineto_align.Alignment` used.
+
+    Alignment (issue 11 item 2; :mod:`daemon.core.kineto_align`): steps are paired across ranks by the time their
+    spans overlap after correcting each rank's clock offset, estimated from the ends of the collectives it shares
+    with the reference rank; without shared collectives by position in the armed window. Steps of a rank that
+    cannot be aligned are left out and the rank is named in ``alignment.unaligned``.
 
     Definitions (µs, per rank and step span ``[a, b)``; device lanes when the rank has device activity, as HTA's
     temporal breakdown does, otherwise host lanes):
@@ -193,11 +213,11 @@ def summarize_traces(traces: Mapping[int, RankTrace]) -> KinetoBreakdown:
     * ``free`` = ``step_time`` minus the union of all busy intervals (compute and collectives).
     * ``wait``/``transmit`` as msprof-analyze: collective instances are the events of the best collective
       class present on every rank (device kernels > ``gloo:``/``nccl:`` spans > ``record_param_comms`` >
-      ``c10d::``), assigned to the step containing their start and matched across ranks by (name, order of
-      that name within the step). Per instance seen on >= 2 ranks: ``transmit += min duration``,
+      ``c10d::``), assigned to the aligned step containing their start and matched across ranks by (name,
+      order of that name within the step). Per instance seen on >= 2 ranks: ``transmit += min duration``,
       ``wait += own - min``. The rank the others wait for has the shortest collective, so wait ~0. Like
       msprof-analyze these are sums over instances, so with concurrent collectives (DDP buckets on several gloo
-      threads) ``wait + transmit`` can exceed the union ``communication``.
+      threads) ``wait + transmit`` can exceed the union ``communication``. Durations do not depend on clocks.
     """
     notes: list[str] = []
     summaries: list[RankStepSummary] = []
@@ -206,18 +226,21 @@ def summarize_traces(traces: Mapping[int, RankTrace]) -> KinetoBreakdown:
     klass = min(common) if common else None
     if klass is None and any(present):
         notes.append("no collective class common to all ranks: wait/transmit not computed")
+    sides = {rank: _side(tr) for rank, tr in traces.items()}
+    alignment = align_steps(
+        {r: spans for r, (_, spans, _) in sides.items()},
+        {r: [(c.name, c.ts_us + c.dur_us) for c in colls if c.klass == klass] for r, (_, _, colls) in sides.items()}
+        if klass is not None else {}, max_skew_us=max_skew_us)
+    notes += alignment.notes + [f"rank {r}: {why}" for r, why in sorted(alignment.unaligned.items())]
     # instances[step][(name, k)] -> rank -> duration
     instances: dict[int, dict[tuple[str, int], dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     rows: dict[tuple[int, int], list[float]] = {}
     for rank, tr in traces.items():
-        if not tr.steps and not tr.device_steps:
-            notes.append(f"rank {rank}: no ProfilerStep#N spans")
+        labels = alignment.labels.get(rank)
+        if not labels:
             continue
-        device = tr.has_device
-        spans_map = {**tr.steps, **tr.device_steps} if device else tr.steps
-        spans = sorted((s, a, b) for s, (a, b) in spans_map.items())
-        colls = [c for c in tr.collectives if c.device == device] if device else [c for c in tr.collectives
-                                                                                  if not c.device]
+        device, all_spans, colls = sides[rank]
+        spans = [(labels[s], a, b) for s, a, b in all_spans if s in labels]
         comp_s = list(tr.dev_start if device else tr.cpu_start)
         comp_e = list(tr.dev_end if device else tr.cpu_end)
         comm_union = _merge([c.ts_us for c in colls], [c.ts_us + c.dur_us for c in colls])
@@ -230,13 +253,14 @@ def summarize_traces(traces: Mapping[int, RankTrace]) -> KinetoBreakdown:
         if klass is None:
             continue
         seen: dict[tuple[int, str], int] = defaultdict(int)
+        spans.sort(key=lambda t: t[1])
         for c in sorted((c for c in tr.collectives if c.klass == klass), key=lambda c: c.ts_us):
-            step = _step_of(spans, c.ts_us)
-            if step is None:
+            found = _step_of(spans, c.ts_us)
+            if found is None:
                 continue
-            k = seen[(step, c.name)]
-            seen[(step, c.name)] += 1
-            instances[step][(c.name, k)][rank] = c.dur_us
+            k = seen[(found, c.name)]
+            seen[(found, c.name)] += 1
+            instances[found][(c.name, k)][rank] = c.dur_us
     matched = 0
     for step, insts in instances.items():
         for durs in insts.values():
@@ -253,4 +277,5 @@ def summarize_traces(traces: Mapping[int, RankTrace]) -> KinetoBreakdown:
         summaries.append(RankStepSummary(rank, step, st, comp, comm, wait, tx, max(0.0, free)))
     if klass is not None and matched == 0:
         notes.append("no collective instance matched across ranks")
-    return KinetoBreakdown(summaries, CLASS_NAMES.get(klass) if klass is not None else None, matched, notes)
+    return KinetoBreakdown(summaries, CLASS_NAMES.get(klass) if klass is not None else None, matched, notes,
+                           alignment)

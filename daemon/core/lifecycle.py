@@ -381,17 +381,19 @@ def pick_batch(cap: Capture, batches: Sequence[BatchState]) -> BatchState | None
     """This capture's batch among a scan of its own prof_dir: stamped with its id first, else unstamped rank dirs
     (an older torch_npu writes no metadata); a batch stamped with another id is never ours. Complete ones first."""
     mine = [b for b in batches if b.capture_id == cap.capture_id] or [b for b in batches if b.capture_id is None]
-    return next((b for b in mine if b.status == "complete"), mine[0] if mine else None)
+    return next((b for b in mine if b.status == "complete"), next((b for b in mine if b.judgeable()),
+                                                                  mine[0] if mine else None))
 
 
 def scan_result(cap: Capture, batch: BatchState | None, now: float, settings: LifecycleSettings,
                 causes: Mapping[int, str] | None = None) -> Transition:
-    """Judge a scan: a complete batch -> analysing; at or after the judgement time anything else -> incomplete
+    """Judge a scan: a complete batch -> analysing (also a judgeable one: every rank finished, some without usable
+    device data; the analysis judges the others and says which could not be judged); at or after the judgement time anything else -> incomplete
     (every missing rank named with what it said and the known cause); earlier, rank dirs appearing while
     acknowledged -> collecting. Late data of a lagging rank is therefore picked up until the batch is judged."""
     if cap.state not in SCANNED:
         return Transition(cap)
-    if batch is not None and batch.status == "complete":
+    if batch is not None and batch.judgeable():
         cap = _enter(cap, S.ANALYSING, now, settings, batch_id=batch.batch_id)
         return Transition(cap, (Event(TYPE_BATCH, {"capture_id": cap.capture_id, "batch": batch.to_json(),
                                                    "event": "batch_complete"}, f"batch_complete-{cap.capture_id}"),

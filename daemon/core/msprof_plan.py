@@ -35,6 +35,7 @@ RESULT_DB = "cluster_analysis_output/cluster_analysis.db"
 RESULT_TABLES: dict[str, tuple[str, ...]] = {
     "cluster_time_summary": ("ClusterTimeSummary",),
     "slow_rank": ("SlowRank", "SlowOpStats"),
+    "communication_matrix": ("ClusterCommunicationMatrix",),
     "advisor": ("RankDeviceMap",),
     "advisor_html": (),
 }
@@ -59,6 +60,8 @@ class MsprofSettings(BaseModel):
     max_concurrent_runs: int = Field(default=1, ge=1)
     advisor: bool = True
     advisor_html: bool = True
+    communication_matrix: bool = True
+    """Run ``-m communication_matrix_sum`` (per-pair link bandwidth, for slow-link verdicts; a few seconds)."""
     retries: int = Field(default=1, ge=0, le=5)
     language: str = Field(default="en", pattern="^(en|cn)$")
 
@@ -77,6 +80,7 @@ class InputFacts:
     broken_db_ranks: list[int] = field(default_factory=list)
     has_communication: bool = False
     has_memcpy: bool = False
+    collectives_per_step: float | None = None
     max_group_size: int = 0
     levels: set[str] = field(default_factory=set)
     torch_npu_versions: set[str] = field(default_factory=set)
@@ -132,6 +136,8 @@ def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -
         else:
             plan.skipped["cluster_time_summary"] = RecipeStatus(
                 "cluster_time_summary", "not_applicable", "no MEMCPY_ASYNC task on any rank: the recipe cannot run")
+        if settings.communication_matrix:
+            plan.commands.append(RecipeCommand("communication_matrix", ("-m", "communication_matrix_sum", *base)))
         if facts.max_group_size >= SLOW_RANK_MIN_GROUP:
             plan.commands.append(RecipeCommand("slow_rank", ("-m", "slow_rank", *base)))
         else:
@@ -219,7 +225,8 @@ def why_empty(log_text: str, facts: InputFacts) -> tuple[RecipeState, str]:
     return "no_data", "msprof-analyze wrote no result table (see log_tail)"
 
 
-def _cluster_time_summary(run: RunOutcome, facts: InputFacts, world_size: int, ev: ClusterEvidence) -> RecipeStatus:
+def _cluster_time_summary(run: RunOutcome, facts: InputFacts, world_size: int, ev: ClusterEvidence,
+                          expected_ranks: list[int] | None = None) -> RecipeStatus:
     rows = run.tables.get("ClusterTimeSummary")
     if not rows or "ClusterTimeSummary" not in run.agent.tables:
         status, detail = why_empty(run.log_text, facts)
@@ -231,10 +238,11 @@ def _cluster_time_summary(run: RunOutcome, facts: InputFacts, world_size: int, e
     problems = []
     if any(s.step == -1 for s in summaries):
         problems.append(f"step -1 rows (no STEP_TIME) on ranks {sorted({s.rank for s in summaries if s.step == -1})}")
-    if ranks != list(range(world_size)):
-        problems.append(f"ranks {ranks} != 0..{world_size - 1}")
-    if len(summaries) != world_size * len(steps):
-        problems.append(f"{len(summaries)} rows != {world_size} ranks x {len(steps)} common steps")
+    expected = expected_ranks if expected_ranks is not None else list(range(world_size))
+    if ranks != expected:
+        problems.append(f"ranks {ranks} != expected {expected if expected_ranks is not None else f'0..{world_size - 1}'}")
+    if len(summaries) != len(expected) * len(steps):
+        problems.append(f"{len(summaries)} rows != {len(expected)} ranks x {len(steps)} common steps")
     if not steps:
         problems.append("no step common to all ranks")
     table = ["ClusterTimeSummary"]
@@ -260,6 +268,17 @@ def _slow_rank(run: RunOutcome, facts: InputFacts, world_size: int, ev: ClusterE
     return _status(run, status, detail, with_log=True)
 
 
+def _communication_matrix(run: RunOutcome, facts: InputFacts, ev: ClusterEvidence) -> RecipeStatus:
+    """``ClusterCommunicationMatrix`` rows (global ranks; MB, ms, GB/s) into ``ev.link_rows``."""
+    rows = run.tables.get("ClusterCommunicationMatrix")
+    if not rows or "ClusterCommunicationMatrix" not in run.agent.tables:
+        status, detail = why_empty(run.log_text, facts)
+        return _status(run, status, detail, with_log=True)
+    ev.link_rows = rows
+    pairs = {(r.get("src_rank"), r.get("dst_rank")) for r in rows}
+    return _status(run, "ok", f"{len(pairs)} rank pairs", tables=["ClusterCommunicationMatrix"], rows=len(rows))
+
+
 def _advisor(run: RunOutcome, ev: ClusterEvidence) -> RecipeStatus:
     rank_map = run.tables.get("RankDeviceMap")
     if rank_map:
@@ -278,7 +297,8 @@ def _advisor_html(run: RunOutcome, ev: ClusterEvidence) -> RecipeStatus:
     return _status(run, "ok", " ".join(run.files))
 
 
-def interpret_run(run: RunOutcome, facts: InputFacts, world_size: int, ev: ClusterEvidence) -> RecipeStatus:
+def interpret_run(run: RunOutcome, facts: InputFacts, world_size: int, ev: ClusterEvidence,
+                  expected_ranks: list[int] | None = None) -> RecipeStatus:
     """The :class:`RecipeStatus` of one finished command; fills the matching fields of ``ev`` (µs).
 
     ``ok`` only when the ``--agent`` JSON lists the result table *and* the table holds the expected rows
@@ -287,15 +307,18 @@ def interpret_run(run: RunOutcome, facts: InputFacts, world_size: int, ev: Clust
     usable (the outlier test ran and found nothing: a result, not missing data). Otherwise ``no_data`` /
     ``not_applicable`` (from the log, :func:`why_empty`), ``tool_error`` (non-zero exit, agent status
     ``error``, cannot start) or ``timeout`` (also for cancelled runs). Raises ResultParseError when a result
-    table lacks a key column. Unknown recipe names raise KeyError.
+    table lacks a key column. Unknown recipe names raise KeyError. ``expected_ranks``: the ranks staged when they
+    are not ``0..world_size-1`` (a subset, e.g. a targeted capture); ``world_size`` is then their count.
     """
     failed = _failed(run)
     if failed is not None:
         return failed
     if run.name == "cluster_time_summary":
-        return _cluster_time_summary(run, facts, world_size, ev)
+        return _cluster_time_summary(run, facts, world_size, ev, expected_ranks)
     if run.name == "slow_rank":
-        return _slow_rank(run, facts, world_size, ev)
+        return _slow_rank(run, facts, len(expected_ranks) if expected_ranks is not None else world_size, ev)
+    if run.name == "communication_matrix":
+        return _communication_matrix(run, facts, ev)
     if run.name == "advisor":
         return _advisor(run, ev)
     if run.name == "advisor_html":

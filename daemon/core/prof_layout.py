@@ -252,7 +252,8 @@ class DbObservation:
     malformed", "file is not a database"). ``locked``: a writer holds the DB (still being written).
     ``rank_device_map``: ``RANK_DEVICE_MAP.rankId`` values (None when the table is missing);
     ``step_ids``: ``STEP_TIME.id`` values (None when the table is missing); ``rows``: row counts of the
-    tables the checks count (``COMMUNICATION_OP``, ``StepTraceTime``, ``CommAnalyzerTime``).
+    tables the checks count (``COMMUNICATION_OP``, ``StepTraceTime``, ``CommAnalyzerTime``, ``TASK``,
+    ``COMPUTE_TASK_INFO``; 1 = has rows, 0 = empty).
     """
 
     name: str
@@ -279,6 +280,8 @@ class RankDirObservation:
     ``output_files``: names in ``ASCEND_PROFILER_OUTPUT`` (ascend) or in the rank dir itself (torch).
     ``newest_output_mtime_s``: the newest mtime (unix s) of anything in the output dir, for the quiet period.
     ``leftover_sqlite``: some ``PROF_*/{host,device_*}/sqlite`` dir still exists (docs/rank-dirs.md#completion).
+    ``device_dirs`` / ``empty_device_dirs``: the ``PROF_*/device_N`` dirs, and those holding nothing at all (the
+    device recorded no data).
     """
 
     path: str
@@ -299,3 +302,5 @@ class RankDirObservation:
     journal_files: tuple[str, ...] = ()
     newest_output_mtime_s: float | None = None
     trace_files: tuple[str, ...] = ()
+    device_dirs: tuple[str, ...] = ()
+    empty_device_dirs: tuple[str, ...] = ()

@@ -1,10 +1,10 @@
 """SIMULATOR helpers: write the per-rank Ascend profiler outputs of one rank timeline (I/O, sqlite and files).
 
 Nothing here is captured data. The tables, columns and units mirror what torch_npu + CANN write into
-``ASCEND_PROFILER_OUTPUT/`` (``../shared/docs/msprof-analyze.md`` sections 4.1, 4.3 and 10): the profiler DB
+``ASCEND_PROFILER_OUTPUT/`` (Ascend/pytorch ``torch_npu/profiler`` DB export, read by Ascend/msprof-analyze): the profiler DB
 ``ascend_pytorch_profiler_{rank}.db`` (all times ns, unix epoch, strings as ids into STRING_IDS) and
 ``analysis.db`` (StepTraceTime in µs; CommAnalyzer* durations in ms, ``start_timestamp`` in µs), plus the text
-export files msprof-analyze reads in text mode (section 4.2). Used only through
+export files msprof-analyze reads in text mode. Used only through
 :func:`daemon.simulate.ascend_tree.write_rank_dir`.
 """
 
@@ -95,7 +95,7 @@ _ENUMS = {
 def double_hash(text: str) -> int:
     """CANN / msprof-analyze group-name hash: two 32-bit polynomial hashes (x29, x131) packed into 64 bits.
 
-    Mirrors ``msprof_analyze.cluster_analyse.common_func.utils.double_hash`` (msprof-analyze.md section 4.3).
+    Mirrors ``msprof_analyze.cluster_analyse.common_func.utils.double_hash`` (Ascend/msprof-analyze).
     """
     h0 = h1 = 0
     for ch in text:
@@ -192,20 +192,20 @@ def write_profiler_db(path: Path, tl: RankTimeline, *, metadata: dict[str, Any],
                          _INVALID))
         if not with_comm:
             continue
-        for seg in colls:
+        for cseg in colls:
             conn += 1
-            api.append((seg.start_ns - 20_000, seg.start_ns - 12_000, _API_NODE, _TID, conn, s("HcclAllreduce")))
-            comm.append((s(seg.name), seg.start_ns, seg.end_ns, conn, s(seg.group), len(comm) + 1, 0, 0, 3,
-                         s("MESH-RING"), seg.size_bytes // 2, s(seg.op_type), device))
+            api.append((cseg.start_ns - 20_000, cseg.start_ns - 12_000, _API_NODE, _TID, conn, s("HcclAllreduce")))
+            comm.append((s(cseg.name), cseg.start_ns, cseg.end_ns, conn, s(cseg.group), len(comm) + 1, 0, 0, 3,
+                         s("MESH-RING"), cseg.size_bytes // 2, s(cseg.op_type), device))
             if minimal:
                 continue
-            wait_end = seg.start_ns + max(seg.wait_ns, 1_000)
-            for ttype, t0, t1, size in (("Notify_Wait", seg.start_ns, wait_end, 0),
-                                        ("Memcpy", wait_end, seg.end_ns, seg.size_bytes)):
+            wait_end = cseg.start_ns + max(cseg.wait_ns, 1_000)
+            for ttype, t0, t1, size in (("Notify_Wait", cseg.start_ns, wait_end, 0),
+                                        ("Memcpy", wait_end, cseg.end_ns, cseg.size_bytes)):
                 gid = 1_000_000 + len(ctask)
                 tid = s(ttype)
                 task.append((t0, t1, device, conn, gid, tl.pid, tid, _INVALID, 10, gid, _INVALID))
-                ctask.append((tid, gid, tid, 0, s(seg.group), 0, 65534, tl.rank, (tl.rank + 1) % tl.world_size,
+                ctask.append((tid, gid, tid, 0, s(cseg.group), 0, 65534, tl.rank, (tl.rank + 1) % tl.world_size,
                               0, size, 3, 1, len(comm), 1, 0))
     meta = {"SCHEMA_VERSION": "1.0.5", "SCHEMA_VERSION_MAJOR": "1", "SCHEMA_VERSION_MINOR": "0",
             "SCHEMA_VERSION_MICRO": "5", "ENV_VARIABLES": json.dumps({"ASCEND_GLOBAL_LOG_LEVEL": ""})}
@@ -262,11 +262,18 @@ def write_analysis_db(path: Path, tl: RankTimeline, *, minimal: bool) -> None:
     """Write ``analysis.db``: CommAnalyzer{Time,Bandwidth,Matrix} (Level1+) and, last, StepTraceTime.
 
     ``group_name`` is ``double_hash(raw group)`` in decimal; durations ms; start_timestamp µs (section 4.3).
+    CommAnalyzerMatrix holds, per step and op type, a ``-top1`` row per peer for the step's last collective and a
+    ``-total`` row per peer summing all its collectives (msprof-analyze's ``communication_matrix_sum`` adds the
+    ``-total`` rows into ``Total Op Info``). Peers: every member in groups of up to 8, else the two ring
+    neighbours plus any ``slow_links`` peer. A link's time is 1 ms x this rank's ``own_link_factor`` x the
+    pair's factor.
     ``minimal`` skips Bandwidth and Matrix (cluster_time_summary and slow_rank never read them, section 4.4).
     """
     device = tl.device_id if tl.device_id is not None else tl.rank % 8
     members = {g.raw_name: g.global_ranks for g in tl.groups}
     times, bws, matrix = [], [], []
+    totals: dict[tuple[str, str, str, int, int, str], list[float]] = {}
+    slowest = max([tl.own_link_factor, *tl.peer_link_factors.values(), 1.0])
     for st, seg, transit, link in _comm_rows(tl):
         step, gname = f"step{st.step}", str(double_hash(seg.group))
         elapse = (seg.end_ns - seg.start_ns) / _NS_PER_MS
@@ -279,15 +286,26 @@ def write_analysis_db(path: Path, tl: RankTimeline, *, minimal: bool) -> None:
         transport = _transport(tl, ranks)
         bws.append((seg.name, gname, transport, size_mb, link, bw, 1, 4, 16, link, step, "collective"))
         bws.append((seg.name, gname, "SDMA", size_mb, link, bw, 0, 0, 0, 0, step, "collective"))
-        if seg is _segments(st)[1][-1] and tl.rank in ranks:
-            local = ranks.index(tl.rank)
-            n = len(ranks)
-            peers = range(n) if n <= 8 else ((local - 1) % n, (local + 1) % n)
-            part = size_mb / max(n - 1, 1)
-            for peer in peers:
-                if peer != local:
-                    matrix.append((f"{seg.op_type}-top1", gname, str(local), str(peer), transport, part, link,
-                                   _bandwidth_gb_s(part, link), step, "collective", seg.name))
+        if tl.rank not in ranks:
+            continue
+        local = ranks.index(tl.rank)
+        n = len(ranks)
+        near = set(range(n)) if n <= 8 else {(local - 1) % n, (local + 1) % n}
+        near |= {ranks.index(p) for p in tl.peer_link_factors if p in ranks}
+        part = size_mb / max(n - 1, 1)
+        unit = link / slowest  # the link time of a normal link
+        last = seg is _segments(st)[1][-1]
+        for peer in sorted(near - {local}):
+            t = unit * tl.own_link_factor * tl.peer_link_factors.get(ranks[peer], 1.0)
+            if last:
+                matrix.append((f"{seg.op_type}-top1", gname, str(local), str(peer), transport, part, t,
+                               _bandwidth_gb_s(part, t), step, "collective", seg.name))
+            acc = totals.setdefault((gname, step, seg.op_type, local, peer, transport), [0.0, 0.0])
+            acc[0] += part
+            acc[1] += t
+    for (gname, step, op_type, local, peer, transport), (size, t) in totals.items():
+        matrix.append((f"{op_type}-total", gname, str(local), str(peer), transport, size, t,
+                       _bandwidth_gb_s(size, t), step, "collective", ""))
     con = _connect(path)
     try:
         con.executescript(ANALYSIS_DDL + (ANALYSIS_COMM_DDL if tl.level != "Level0" else ""))
@@ -358,11 +376,11 @@ def write_text_outputs(out: Path, tl: RankTimeline) -> list[Path]:
     if tl.level != "Level0":
         comm: dict[str, Any] = {}
         matrix: dict[str, Any] = {}
-        for st, seg, transit, link in _comm_rows(tl):
-            key = f"{seg.name}@{double_hash(seg.group)}"
-            elapse = (seg.end_ns - seg.start_ns) / _NS_PER_MS
-            wait = seg.wait_ns / _NS_PER_MS
-            size_mb = seg.size_bytes / _MIB
+        for st, cseg, transit, link in _comm_rows(tl):
+            key = f"{cseg.name}@{double_hash(cseg.group)}"
+            elapse = (cseg.end_ns - cseg.start_ns) / _NS_PER_MS
+            wait = cseg.wait_ns / _NS_PER_MS
+            size_mb = cseg.size_bytes / _MIB
             bw = round(_bandwidth_gb_s(size_mb, link), 4)
             empty = {"Transit Size(MB)": 0, "Transit Time(ms)": 0, "Bandwidth(GB/s)": 0, "Large Packet Ratio": 0,
                      "Size Distribution": {}}
@@ -370,7 +388,7 @@ def write_text_outputs(out: Path, tl: RankTimeline) -> list[Path]:
                          "Large Packet Ratio": 1.0, "Size Distribution": {"4.0": [16, link]}}
             comm.setdefault(f"step{st.step}", {"collective": {}})["collective"][key] = {
                 "Communication Time Info": {
-                    "Start Timestamp(us)": seg.start_ns / _NS_PER_US, "Elapse Time(ms)": elapse,
+                    "Start Timestamp(us)": cseg.start_ns / _NS_PER_US, "Elapse Time(ms)": elapse,
                     "Transit Time(ms)": transit, "Wait Time(ms)": wait, "Synchronization Time(ms)": wait * 0.9,
                     "Idle Time(ms)": max(elapse - transit - wait, 0.0),
                     "Wait Time Ratio": round(wait / (wait + transit), 4) if wait + transit else 0,
@@ -382,11 +400,11 @@ def write_text_outputs(out: Path, tl: RankTimeline) -> list[Path]:
             peers = {f"{tl.rank}-{p}": {"Transport Type": "HCCS", "Transit Time(ms)": link,
                                         "Transit Size(MB)": size_mb / max(n - 1, 1),
                                         "Bandwidth(GB/s)": round(_bandwidth_gb_s(size_mb / max(n - 1, 1), link), 4),
-                                        "Op Name": seg.name}
+                                        "Op Name": cseg.name}
                      for p in ((tl.rank + 1) % n, (tl.rank - 1) % n) if p != tl.rank}
-            matrix[f"step{st.step}"] = {"collective": {f"{seg.op_type}-top1@{double_hash(seg.group)}": peers}}
-            events.append({"ph": "X", "name": seg.name, "pid": 2, "tid": 1, "args": {},
-                           "ts": f"{seg.start_ns / _NS_PER_US:.3f}", "dur": elapse * 1000.0})
+            matrix[f"step{st.step}"] = {"collective": {f"{cseg.op_type}-top1@{double_hash(cseg.group)}": peers}}
+            events.append({"ph": "X", "name": cseg.name, "pid": 2, "tid": 1, "args": {},
+                           "ts": f"{cseg.start_ns / _NS_PER_US:.3f}", "dur": elapse * 1000.0})
         _write_json(out / "communication.json", comm)
         _write_json(out / "communication_matrix.json", matrix)
         written += [out / "communication.json", out / "communication_matrix.json"]

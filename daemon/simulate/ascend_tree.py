@@ -1,15 +1,15 @@
 """SIMULATOR: writes Ascend-format rank dirs (``*_ascend_pt``) as torch_npu does, from timelines (I/O).
 
 This is **not** captured data. It mirrors the layout, file order, modes and tables torch_npu + CANN produce
-(``../shared/docs/msprof-analyze.md`` sections 3, 4.1, 4.3 and 12) so that msprof-analyze 26.2.0 accepts the
-tree. Two entry points:
+(Ascend/pytorch ``torch_npu/profiler`` writers; the rank discovery and table reads of Ascend/msprof-analyze
+``cluster_analyse``) so that msprof-analyze 26.2.0 accepts the tree. Two entry points:
 
 - :func:`write_rank_dir` writes one rank dir from a :class:`RankTimeline` (e.g. timings measured by the
   simulator job, one call per rank);
 - :func:`generate_cluster` builds physically consistent timelines for a whole world and writes them.
 
-Damage helpers (:func:`truncate_db`, :func:`drop_table`, ...) break a written rank dir the way field cases do
-(``../shared/docs/field-cases.md`` FC-01/02/07) for tests.
+Damage helpers (:func:`truncate_db`, :func:`drop_table`, :func:`empty_device_data`, ...) break a written rank dir
+the way real captures break (interrupted copies, missing tables, no device data) for tests.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from daemon.core.evidence import RankStepSummary
 from daemon.simulate.ascend_db import FILE_MODE, write_analysis_db, write_profiler_db, write_text_outputs
 
 ExportType = Literal["db", "text", "both"]
@@ -98,7 +99,7 @@ class RankTimeline:
     """Everything needed to write one rank dir. ``start_ns``: profiler start (names the dir, local time).
 
     ``level``: ``"Level0"`` writes no communication tables (COMMUNICATION_OP, CommAnalyzer*), as a Level0
-    capture has no HCCL op data (msprof-analyze.md section 5.1 of anchors / FC-03). ``memcpy``: add one
+    capture has no HCCL op data. ``memcpy``: add one
     MEMCPY_ASYNC task per step (cluster_time_summary needs at least one in the cluster, section 5).
     """
 
@@ -114,6 +115,10 @@ class RankTimeline:
     memcpy: bool = True
     torch_npu_version: str = TORCH_NPU_VERSION
     cann_version: str = CANN_VERSION
+    peer_link_factors: dict[int, float] = field(default_factory=dict)
+    """global peer rank -> how many times slower the link to that peer is (``slow_links``); matrix rows only."""
+    own_link_factor: float = 1.0
+    """this rank's own link slowdown (``slow_link_ranks``): every link of the rank, in the matrix too."""
 
 
 def rank_dir_name(hostname: str, pid: int, start_ns: int) -> str:
@@ -200,7 +205,9 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
                     seed: int = 0, noise: float = 0.02, level: str = "Level1",
                     host_bound_ranks: Mapping[int, float] | None = None,
                     slow_link_ranks: Mapping[int, float] | None = None, ts_base: int | None = None,
-                    kernels_per_chunk: int = 6) -> list[RankTimeline]:
+                    kernels_per_chunk: int = 6, slow_links: Mapping[tuple[int, int], float] | None = None,
+                    first_step_delay_ranks: Mapping[int, float] | None = None,
+                    step_delays: Mapping[tuple[int, int], float] | None = None) -> list[RankTimeline]:
     """Physically consistent timelines of one synchronous data-parallel job (one world allreduce group).
 
     Notes:
@@ -208,18 +215,34 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
         total, times ``slow_ranks[r]``, each kernel jittered by N(1, ``noise``)) -> world allreduce]. Rank r
         arrives at the collective when its chunk ends (plus ``host_bound_ranks[r]`` x chunk of dispatch gaps
         spread between kernels). Every rank leaves the collective at ``last arrival + transmit``, transmit being
-        1 ms x the worst ``slow_link_ranks`` factor in the group; so the last arrival (the slow rank) has the
-        shortest collective and the others wait (msprof-analyze.md section 6). A slow-link rank also records
-        its own link time x factor (lower bandwidth). Steps start in lockstep; timestamps are unix-epoch ns
-        from ``ts_base`` (default :data:`DEFAULT_TS_BASE_NS`). Deterministic for a given ``seed``.
+        1 ms x the worst ``slow_link_ranks`` / ``slow_links`` factor in the group (a ring collective moves at the
+        pace of its slowest link); so the last arrival (the slow rank) has the shortest collective and the
+        others wait (the fact msprof-analyze's slow_rank recipe votes on). A slow-link rank also records its own link time x factor
+        (lower bandwidth); ``slow_links`` {(a, b): factor} slows only the link between a and b: both record
+        their link time x factor and the communication matrix shows the pair (and only it) slower.
+        ``first_step_delay_ranks`` {rank: fraction of a chunk}: a one-off delay before the rank's first kernel
+        of the first step (the profiler's start-up on one rank); ``step_delays`` {(rank, step index): fraction}
+        the same for any step. Steps start in lockstep; timestamps are unix-epoch ns from ``ts_base`` (default
+        :data:`DEFAULT_TS_BASE_NS`). Deterministic for a given ``seed``; the random draws do not depend on the
+        slowdowns, so a batch with and one without a slowdown (same seed) differ only by it.
     """
     if world_size < 1 or steps < 1 or collectives_per_step < 1:
         raise ValueError("world_size, steps and collectives_per_step must be >= 1")
     rng = random.Random(seed)
     base = DEFAULT_TS_BASE_NS if ts_base is None else ts_base
     slow, host_bound, slow_link = dict(slow_ranks or {}), dict(host_bound_ranks or {}), dict(slow_link_ranks or {})
+    pairs = {(min(a, b), max(a, b)): float(f) for (a, b), f in (slow_links or {}).items() if a != b}
+    for a, b in pairs:
+        if not (0 <= a < world_size and 0 <= b < world_size):
+            raise ValueError(f"slow link {a}-{b} outside ranks 0..{world_size - 1}")
+    delays = {(r, 0): f for r, f in (first_step_delay_ranks or {}).items()}
+    delays.update(step_delays or {})
+    peer_factors: dict[int, dict[int, float]] = {r: {} for r in range(world_size)}
+    for (a, b), f in pairs.items():
+        peer_factors[a][b] = peer_factors[b][a] = f
+    rank_link = {r: max([slow_link.get(r, 1.0), *peer_factors[r].values()]) for r in range(world_size)}
     group = ParallelGroup(default_group_name(base), "default_group", tuple(range(world_size)))
-    link_factor = max([1.0, *slow_link.values()])
+    link_factor = max([1.0, *slow_link.values(), *pairs.values()])
     op_ns = _CHUNK_COMPUTE_NS // kernels_per_chunk
     segs: list[list[list[Segment]]] = [[[] for _ in range(steps)] for _ in range(world_size)]
     windows: list[tuple[int, int]] = []
@@ -228,6 +251,8 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
     for s in range(steps):
         step_start = t
         cursor = [step_start + int(100_000 * (1 + rng.random() * 0.5)) for _ in range(world_size)]
+        for r in range(world_size):
+            cursor[r] += int(delays.get((r, s), 0.0) * _CHUNK_COMPUTE_NS)
         for _c in range(collectives_per_step):
             for r in range(world_size):
                 factor = slow.get(r, 1.0)
@@ -243,7 +268,7 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
             name = f"hcom_allReduce__{instance}_0_1"
             instance += 1
             for r in range(world_size):
-                link = int(_TRANSMIT_NS * slow_link.get(r, 1.0))
+                link = int(_TRANSMIT_NS * rank_link[r])
                 segs[r][s].append(CollectiveSegment(cursor[r], end, name, group.raw_name, wait_ns=last - cursor[r],
                                                     link_transit_ns=link))
                 cursor[r] = end + 30_000
@@ -255,9 +280,58 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
         RankTimeline(rank=r, world_size=world_size, hostname=hosts.get(r, f"node{r // 8}"), pid=4000 + r,
                      start_ns=base + r * 1_000_000, groups=[group], device_id=r % 8, level=level,
                      steps=[StepTimeline(first_step + s, windows[s][0], windows[s][1], tuple(segs[r][s]))
-                            for s in range(steps)])
+                            for s in range(steps)],
+                     peer_link_factors=dict(peer_factors[r]), own_link_factor=slow_link.get(r, 1.0))
         for r in range(world_size)
     ]
+
+
+def cluster_time_summary(timelines: Sequence[RankTimeline]) -> list[RankStepSummary]:
+    """EMULATION of msprof-analyze ``ClusterTimeSummary`` rows (µs) from timelines, without running the tool.
+
+    Definitions (msprof-analyze ``cluster_time_summary`` recipe): step time = the step window; communication =
+    union of collective intervals; computation = busy time outside them; free = step - busy; transmit = per
+    collective instance the shortest duration across ranks, summed; wait = own duration minus that shortest,
+    summed. Used by tests and ``bench/bench_ranking.py`` to judge the ranking alone, fast.
+    """
+    inst: dict[tuple[int, str], dict[int, float]] = {}
+    for tl in timelines:
+        for st in tl.steps:
+            for seg in st.segments:
+                if isinstance(seg, CollectiveSegment):
+                    inst.setdefault((st.step, seg.name), {})[tl.rank] = (seg.end_ns - seg.start_ns) / 1e3
+    shortest = {k: min(v.values()) for k, v in inst.items()}
+    rows: list[RankStepSummary] = []
+    for tl in timelines:
+        for st in tl.steps:
+            comp = [(x.start_ns, x.end_ns) for x in st.segments if not isinstance(x, CollectiveSegment)]
+            comm = [(x.start_ns, x.end_ns) for x in st.segments if isinstance(x, CollectiveSegment)]
+            busy = _union_ns(comp + comm, st.start_ns, st.end_ns) / 1e3
+            comm_us = _union_ns(comm, st.start_ns, st.end_ns) / 1e3
+            wait = tx = 0.0
+            for x in st.segments:
+                if isinstance(x, CollectiveSegment):
+                    low = shortest[(st.step, x.name)]
+                    wait += (x.end_ns - x.start_ns) / 1e3 - low
+                    tx += low
+            step_us = (st.end_ns - st.start_ns) / 1e3
+            rows.append(RankStepSummary(tl.rank, st.step, step_us, busy - comm_us, comm_us, wait, tx, step_us - busy))
+    return rows
+
+
+def _union_ns(intervals: list[tuple[int, int]], a: int, b: int) -> int:
+    """Length of the union of ``intervals`` clipped to ``[a, b)``."""
+    total, cur_s, cur_e = 0, 0, None
+    for s0, e0 in sorted((max(a, s0), min(b, e0)) for s0, e0 in intervals if e0 > a and s0 < b):
+        if cur_e is None or s0 > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s0, e0
+        else:
+            cur_e = max(cur_e, e0)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
 
 
 def generate_cluster(out_dir: Path, *, world_size: int = 4, slow_ranks: Mapping[int, float] | None = None,
@@ -267,11 +341,14 @@ def generate_cluster(out_dir: Path, *, world_size: int = 4, slow_ranks: Mapping[
                      seed: int = 0, noise: float = 0.02, level: str = "Level1",
                      host_bound_ranks: Mapping[int, float] | None = None,
                      slow_link_ranks: Mapping[int, float] | None = None, ts_base: int | None = None,
-                     minimal: bool = False) -> list[Path]:
+                     minimal: bool = False, slow_links: Mapping[tuple[int, int], float] | None = None,
+                     first_step_delay_ranks: Mapping[int, float] | None = None) -> list[Path]:
     """Write one capture batch of ``world_size`` rank dirs under ``out_dir``; return them ordered by rank.
 
     ``slow_ranks`` {rank: factor}: compute x factor. ``host_bound_ranks`` {rank: fraction}: extra dispatch gaps
     (free time) of that fraction of the chunk. ``slow_link_ranks`` {rank: factor}: that rank's link time x factor.
+    ``slow_links`` {(a, b): factor}: only the link between a and b is slower. ``first_step_delay_ranks``
+    {rank: fraction of a chunk}: a one-off delay at the start of that rank's first step.
     ``capture_id`` is stamped as ``profwatch_capture_id`` into ``profiler_metadata.json`` / META_DATA, next to
     ``metadata``. ``minimal`` (1 kernel per chunk, small DBs, no text) makes 1024 ranks take seconds.
     Timing model: :func:`build_timelines`. Raises ValueError on bad sizes, FileExistsError on name clashes.
@@ -283,7 +360,8 @@ def generate_cluster(out_dir: Path, *, world_size: int = 4, slow_ranks: Mapping[
                                 collectives_per_step=collectives_per_step, hostnames=hostnames, seed=seed,
                                 noise=noise, level=level, host_bound_ranks=host_bound_ranks,
                                 slow_link_ranks=slow_link_ranks, ts_base=ts_base,
-                                kernels_per_chunk=1 if minimal else 6)
+                                kernels_per_chunk=1 if minimal else 6, slow_links=slow_links,
+                                first_step_delay_ranks=first_step_delay_ranks)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return [write_rank_dir(out, tl, export_type=export_type, with_marker=with_marker, metadata=meta, minimal=minimal)
@@ -363,6 +441,23 @@ def remove_profiler_info(rank_dir: Path) -> list[Path]:
     for p in removed:
         p.unlink()
     return removed
+
+
+def empty_device_data(rank_dir: Path, *, device_dir: bool = True) -> Path:
+    """A rank that finished but recorded no device work (issue 11 item 5a): empty TASK and COMPUTE_TASK_INFO in
+    its profiler DB and, with ``device_dir``, an empty ``PROF_*/device_N`` beside it. Returns the DB path."""
+    path = profiler_db_path(rank_dir)
+    con = sqlite3.connect(path)
+    try:
+        con.execute("DELETE FROM TASK")
+        con.execute("DELETE FROM COMPUTE_TASK_INFO")
+        con.commit()
+    finally:
+        con.close()
+    if device_dir:
+        dev = Path(rank_dir) / "PROF_000001_20260101120000123_ABCDEFGHIJKLMNOP" / "device_0"
+        dev.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def remove_marker(rank_dir: Path) -> None:

@@ -19,7 +19,7 @@ from daemon.adapters.rank_dir_fs import scan_tree
 from daemon.analysis import AnalysisResult, AnalysisSettings, analyze_batch
 from daemon.commands.analyze import analyze
 from daemon.core.alerts import TYPE_SUSPECT_RANKS, make_cloudevent, to_alertmanager
-from daemon.simulate.ascend_tree import generate_cluster, truncate_db
+from daemon.simulate.ascend_tree import empty_device_data, generate_cluster, truncate_db
 from tests.conftest import PYTHON, REPO_ROOT, python_env
 
 SCENARIOS: dict[str, dict[str, Any]] = {
@@ -34,6 +34,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "world_3": {"world_size": 3, "slow_ranks": {0: 1.4}},
     "text_only_4": {"world_size": 4, "slow_ranks": {2: 1.5}, "export_type": "text"},
     "level0_4": {"world_size": 4, "slow_ranks": {2: 1.5}, "level": "Level0"},
+    "slow_link_pair_8": {"world_size": 8, "slow_links": {(2, 5): 3.0}},
+    "startup_delay_8": {"world_size": 8, "steps": 5, "first_step_delay_ranks": {6: 0.6}},
 }
 
 
@@ -157,7 +159,54 @@ def test_alert_payload_from_result(run_scenario):
     j = res.to_json()
     assert set(j) >= {"status", "batch_id", "kind", "suspects", "recipes", "report"}
     assert j["recipes"]["cluster_time_summary"] == "ok"
-    assert set(j["suspects"][0]) == {"rank", "score", "kind", "hostname", "evidence", "rank_dir"}
+    assert set(j["suspects"][0]) == {"rank", "score", "kind", "hostname", "evidence", "rank_dir", "impact"}
+    assert set(j["suspects"][0]["impact"]) == {"saving_s_per_step", "saving_pct_of_step", "accelerator_hours_per_day"}
+    assert j["suspects"][0]["evidence"]["strength"] == "strong" and j["impact"] == j["suspects"][0]["impact"]
+    assert j["links"] == [] and j["captured_steps"] == [1, 2, 3] and j["armed_steps"] is None
+    data = res.alert_data()
+    assert data["impact"] == j["impact"] and data["strength"] == "strong" and data["unjudged_ranks"] == []
+
+
+def test_slow_link_is_one_link_not_two_ranks(run_scenario):
+    """issue 11 item 9, with the real communication_matrix_sum on a generated tree."""
+    res = run_scenario("slow_link_pair_8")
+    assert res.recipes["communication_matrix"].status == "ok", res.recipes["communication_matrix"].detail
+    assert res.suspects == [] and [lk.ranks for lk in res.links] == [(2, 5)]
+    link = res.to_json()["links"][0]
+    assert link["bandwidth_ratio"] == pytest.approx(1 / 3, rel=0.1) and link["group"]
+    # the whole group's collectives wait 4 x 2 ms more per step
+    assert link["impact"]["saving_s_per_step"] == pytest.approx(0.008, rel=0.15)
+    assert res.status == "ok" and "link 2<->5" in res.detail
+
+
+def test_startup_delay_on_one_rank_is_not_a_suspect(run_scenario):
+    """issue 11 item 4: a one-off delay on the first recorded step of one rank."""
+    res = run_scenario("startup_delay_8")
+    assert res.status == "no_suspect" and res.suspects == [], res.detail
+    assert res.captured_steps == [1, 2, 3, 4, 5]
+
+
+def test_rank_without_device_data_is_partial_and_named(run_scenario, tmp_path: Path):
+    """issue 11 item 5a: analyse.done but empty TASK / COMPUTE_TASK_INFO and an empty device_0."""
+    res = run_scenario("no_device_data_4", world_size=4, slow_ranks={2: 1.5},
+                       damage=lambda dirs: empty_device_data(dirs[1]))
+    assert res.status == "partial" and set(res.unjudged_ranks) == {1}, res.detail
+    assert "no usable device data" in res.unjudged_ranks[1] and "rank 1" in res.detail
+    assert [s.rank for s in res.suspects] == [2]  # judged among the others
+    data = res.alert_data()
+    assert data["unjudged_ranks"][0]["rank"] == 1 and data["status"] == "partial"
+
+
+def test_cli_exit_status_for_a_partial_batch(tmp_path: Path):
+    dirs = generate_cluster(tmp_path / "prof", world_size=4, slow_ranks={2: 1.6}, capture_id="cap-part")
+    empty_device_data(dirs[3], device_dir=False)
+    batches = scan_tree(tmp_path / "prof", world_size=4)
+    assert batches[0].status != "complete" and batches[0].judgeable()
+    out = CliRunner().invoke(analyze, [str(tmp_path / "prof"), "--world-size", "4", "--json", "--no-advisor",
+                                       "--out", str(tmp_path / "work")])
+    assert out.exit_code == 1, out.output
+    doc = json.loads(out.output.strip().splitlines()[-1])
+    assert doc["status"] == "partial" and doc["unjudged_ranks"][0]["rank"] == 3
 
 
 def test_cli_analyze_json(tmp_path: Path):
@@ -192,3 +241,45 @@ def test_real_torch_gloo_traces(gloo_batch: Path, tmp_path: Path):
     assert res.status == "ok" and res.suspects[0].rank == 2 and res.suspects[0].kind == "compute"
     assert len({s.step for s in res.evidence.summaries}) == 4
     assert Path(res.report).exists()
+    # steps paired by time: the clock offsets (same host, so truly 0) come out within a few ms from collective ends
+    al = res.evidence.alignment
+    assert al["method"] == "collective_ends" and all(abs(v) < 5_000 for v in al["offsets_us"].values()), al
+    assert res.suspects[0].impact["saving_s_per_step"] > 0.02  # 40 ms of extra compute per step on rank 2
+
+
+def _torch_batch(root: Path, *, work: dict[int, float], steps: int = 3) -> dict[int, Path]:
+    from daemon.adapters.kineto_reader import write_torch_trace
+    from tests.unit.test_kineto_align import job_events
+
+    events = job_events(4, work=work, steps=steps)
+    dirs = {}
+    for r in range(4):
+        d = root / f"node0_{4000 + r}_20260101120000{r:03d}_torch_pt"
+        d.mkdir(parents=True)
+        (d / f"profiler_info_{r}.json").write_text(json.dumps({"rank_id": r, "world_size": 4}))
+        (d / "profiler_metadata.json").write_text(json.dumps({"profwatch_capture_id": "cap-torch"}))
+        write_torch_trace(d / f"node0_{4000 + r}.1767268800000.pt.trace.json", r, 4, events[r])
+        (d / "trace.done").write_text("")
+        dirs[r] = d
+    return dirs
+
+
+def test_torch_batch_short_window_is_weak_and_unparseable_trace_is_partial(tmp_path: Path):
+    """issue 11 items 10 and 5b on torch.profiler captures (no msprof-analyze needed)."""
+    dirs = _torch_batch(tmp_path / "prof", work={1: 1.3})
+    batch = scan_tree(tmp_path / "prof", world_size=4)[0]
+    assert batch.status == "complete"
+    full = analyze_batch(batch, work_dir=tmp_path / "w1", settings=_settings(), armed_steps=[1, 2, 3])
+    assert full.status == "ok" and full.suspects[0].rank == 1 and full.strength == "strong"
+    short = analyze_batch(batch, work_dir=tmp_path / "w2", settings=_settings(), armed_steps=[1, 2, 3, 4, 5])
+    assert short.status == "weak" and "3 of 5 armed steps" in short.detail
+    assert short.to_json()["armed_steps"] == [1, 2, 3, 4, 5] and short.to_json()["captured_steps"] == [1, 2, 3]
+    trace = next(dirs[3].glob("*.pt.trace.json"))
+    trace.write_bytes(trace.read_bytes()[:400])
+    part = analyze_batch(scan_tree(tmp_path / "prof", world_size=4)[0], work_dir=tmp_path / "w3",
+                         settings=_settings())
+    assert part.status == "partial" and set(part.unjudged_ranks) == {3}, part.detail
+    assert "cannot be parsed" in part.unjudged_ranks[3] and part.suspects[0].rank == 1
+    out = CliRunner().invoke(analyze, [str(tmp_path / "prof"), "--world-size", "4", "--json",
+                                       "--out", str(tmp_path / "w4")])
+    assert out.exit_code == 1 and json.loads(out.output.strip().splitlines()[-1])["status"] == "partial"

@@ -34,7 +34,10 @@ def slow4(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], Cluster
 def test_slow_rank_named_in_4(slow4: tuple[list[Path], ClusterEvidence]) -> None:
     dirs, ev = slow4
     assert {k: v.status for k, v in ev.recipes.items()} == {
-        "cluster_time_summary": "ok", "slow_rank": "ok", "advisor": "ok", "advisor_html": "ok"}
+        "cluster_time_summary": "ok", "slow_rank": "ok", "communication_matrix": "ok", "advisor": "ok",
+        "advisor_html": "ok"}
+    assert {(int(r["src_rank"]), int(r["dst_rank"])) for r in ev.link_rows} >= {(0, 1), (3, 2)}
+    assert ev.collectives_per_step == 4
     assert max(ev.slow_rank_votes, key=ev.slow_rank_votes.__getitem__) == 2
     assert ev.slow_rank_votes[2] >= 10  # 3 steps x 4 collectives
     assert ev.slow_ops and all(op["slow_ranks"] == [2] for op in ev.slow_ops)
@@ -55,7 +58,7 @@ def test_advisor_finds_slow_rank_with_fresh_output_dirs(slow4: tuple[list[Path],
     assert ev.advisor["max_compute_rank"] == 2
     assert any("Rank2" in title for title in ev.advisor["comparisons"])
     outs = [Path(r.output_dir) for r in ev.recipes.values() if r.output_dir]
-    assert len(set(outs)) == 4  # a fresh -o per command, so each advisor run did its own cluster pass
+    assert len(set(outs)) == 5  # a fresh -o per command, so each advisor run did its own cluster pass
     for out in outs:
         assert (out / "cluster_analysis_output" / "cluster_analysis.db").is_file()
     html_dir = Path(ev.recipes["advisor_html"].output_dir)

@@ -55,7 +55,7 @@ def test_descendant_holding_the_pipes_cannot_hang_an_analysis(tmp_path: Path) ->
         with MsprofRunner(MsprofSettings(command=tool, timeout_s=2, **NO_ADVISOR)) as runner:
             ev = run_msprof_analysis(dirs[0].parent, tmp_path / "out", runner=runner, world_size=4)
         ran = {k: r for k, r in ev.recipes.items() if r.status != "skipped"}  # advisor is off in these settings
-        assert set(ran) == {"cluster_time_summary", "slow_rank"}
+        assert set(ran) == {"cluster_time_summary", "slow_rank", "communication_matrix"}
         assert {r.status for r in ran.values()} <= {"timeout", "tool_error", "no_data"}, ev.recipes
     finally:
         _kill_pid_in(pidfile)  # the orphan this test's tool started, by its process group
@@ -162,7 +162,7 @@ def test_every_path_handed_to_the_tool_is_absolute(tmp_path: Path, monkeypatch: 
     with MsprofRunner(settings) as runner:
         run_msprof_analysis(Path("data/batch"), Path("rel-out"), runner=runner, world_size=4)
     calls = [json.loads(p.read_text()) for p in (tmp_path / "rel-out").glob("argv-*.json")]
-    assert len(calls) == 4, calls
+    assert len(calls) == 5, calls  # cluster_time_summary, communication_matrix, slow_rank, advisor (json, html)
     outs = []
     for c in calls:
         argv = c["argv"]
@@ -171,7 +171,7 @@ def test_every_path_handed_to_the_tool_is_absolute(tmp_path: Path, monkeypatch: 
         assert "--force" in argv and c["stdin"] == "/dev/null" and c["lc_all"] == "C.UTF-8"
         assert os.path.isabs(c["log"])
         outs.append(o)
-    assert len(set(outs)) == 4  # a fresh -o per command
+    assert len(set(outs)) == len(calls)  # a fresh -o per command
 
 
 def test_ctrl_c_on_profwatch_analyze_leaves_no_tool_running(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ def test_slowdown_arms_one_capture_and_its_window_does_not_retrigger(tmp_path: P
     assert [a["kind"] for a in res["anomalies"]] == ["step_regression"]
     arm = res["arms"][0]
     assert len(res["arms"]) == 1 and arm["action"] == "arm"
-    assert arm["start_step"] > arm["step"] and (arm["warmup"], arm["active"], arm["rank_list"]) == (1, 2, None)
+    assert arm["start_step"] > arm["step"] and (arm["warmup"], arm["active"], arm["rank_list"]) == (1, 4, None)
     # placed by the coordinator's planner, its lead ahead of the furthest rank: ceil((1 s poll + 2 s margin) /
     # step time) + 2 with the step time now 0.5 s * 1.3 (the detector re-learns the new level): 7 steps
     assert arm["start_step"] == arm["step"] + 7

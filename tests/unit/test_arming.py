@@ -34,7 +34,7 @@ def decide(anomaly: Anomaly = REG, state: JobArmState | None = None, **settings:
 def test_act_mode_arms_with_window_defaults() -> None:
     d = decide()
     assert (d.action, d.reason) == ("arm", "armed")
-    assert (d.warmup, d.active, d.rank_list) == (1, 2, None)
+    assert (d.warmup, d.active, d.rank_list) == (1, 4, None)
     assert "step_regression" in d.capture_reason and "+25%" in d.capture_reason
     assert d.to_json()["rank_list"] is None
 
@@ -134,7 +134,7 @@ def test_suppressed_decisions_are_not_recorded_and_bytes_add_up() -> None:
 def test_capture_request_lets_the_planner_place_ordinary_captures() -> None:
     d = decide(OUT, rank_list=(5,))
     req = capture_request(OUT, d, furthest_step=130, step_time_s=0.5, capture=CaptureSettings())
-    assert (req.start_step, req.warmup, req.active, req.rank_list, req.job_id) == (None, 1, 2, [5], "j1")
+    assert (req.start_step, req.warmup, req.active, req.rank_list, req.job_id) == (None, 1, 4, [5], "j1")
     assert "rank_outlier" in req.reason
 
 

@@ -121,7 +121,7 @@ def test_plan_lead_and_margin_math() -> None:
     assert lead_steps(100, 20.0, s) == 4
     p = plan_capture(CaptureRequest(job_id="j1", reason="slow_rank"), _job(), s)
     assert p.start_step == 108 and p.lead_steps == 8 and p.poll_interval_s == 1.0
-    assert (p.warmup, p.active) == (1, 2)
+    assert (p.warmup, p.active) == (1, 4)
     assert p.prof_dir == f"/prof/j1/{p.capture_id}/"
     cfg = p.config.render()
     assert cfg["start_step"] == 108 and cfg["prof_dir"] == p.prof_dir

@@ -252,3 +252,30 @@ def test_torch_pt_rank_dirs() -> None:
     b = one([torch_obs(0, marker=True, traces=trace), torch_obs(1, marker=True, traces=trace)])
     assert b.status == "complete"
     assert one([torch_obs(0, marker=True, traces=()), torch_obs(1, marker=True, traces=trace)]).status == "incomplete"
+
+
+def _no_device_rows(rank: int, **kw: Any) -> RankDirObservation:
+    o = obs(rank, **kw)
+    db = replace(o.profiler_dbs[0], rows={"COMMUNICATION_OP": 1, "TASK": 0, "COMPUTE_TASK_INFO": 0})
+    return replace(o, profiler_dbs=(db,))
+
+
+def test_rank_without_device_data_is_not_complete_but_judgeable() -> None:
+    """issue 11 item 5a: analyse.done with empty TASK / COMPUTE_TASK_INFO counted as parsed (batch COMPLETE)."""
+    b = one([obs(0), _no_device_rows(1), obs(2), obs(3)])
+    assert b.status == "incomplete" and b.ranks[1].state == "failed"
+    assert "no usable device data" in b.ranks[1].reasons[0] and "TASK" in b.ranks[1].reasons[0]
+    assert b.unusable_ranks() == {1: b.ranks[1].reasons[0]} and b.judgeable()
+    # an empty PROF_*/device_N (and nothing else in any device dir) says the same
+    empty_dev = replace(obs(2), device_dirs=("PROF_1/device_2",), empty_device_dirs=("PROF_1/device_2",))
+    b = one([obs(0), obs(1), empty_dev, obs(3)])
+    assert set(b.unusable_ranks()) == {2} and "device_2 empty" in b.ranks[2].reasons[0] and b.judgeable()
+    ok_dev = replace(obs(2), device_dirs=("PROF_1/device_2", "PROF_1/device_3"), empty_device_dirs=("PROF_1/device_3",))
+    assert one([obs(0), obs(1), ok_dev, obs(3)]).status == "complete"
+
+
+def test_not_judgeable_when_other_problems_or_too_few_usable_ranks() -> None:
+    assert not one([obs(0), _no_device_rows(1), obs(2)], world_size=4).judgeable()  # rank 3 missing
+    assert not one([_no_device_rows(0), _no_device_rows(1), obs(2)], world_size=3).judgeable()  # 1 usable rank
+    assert not one([obs(0), _no_device_rows(1), obs(2), obs(3, db_error="malformed")]).judgeable()
+    assert one([obs(r) for r in range(4)]).judgeable()

@@ -83,7 +83,7 @@ def test_open_capture_is_planned_with_the_write_deadline_and_asks_for_the_write(
     assert t.actions == {Action.WRITE_CONFIG, Action.WATCH}
     assert cap.expected_ranks == [0, 1, 2, 3] and cap.config["start_step"] == plan.start_step
     assert cap.judge_unix_s == pytest.approx(plan.deadline_unix_s + 100)
-    assert cap.armed_steps == [plan.start_step + 1, plan.start_step + 2]
+    assert cap.armed_steps == [plan.start_step + plan.warmup + i for i in range(plan.active)]
     assert [e.data["event"] for e in t.events] == ["planned"]
     assert not lc.is_due(cap, T0 + 29.9) and lc.is_due(cap, T0 + 30)
 

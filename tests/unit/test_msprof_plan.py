@@ -26,12 +26,13 @@ def _names(facts: InputFacts, **settings: object) -> tuple[list[str], dict[str, 
 
 def test_plan_runs_everything_on_a_good_batch_with_absolute_paths() -> None:
     plan = plan_recipes(GOOD, MsprofSettings(language="cn"), "/stage/b1")
-    assert [c.name for c in plan.commands] == ["cluster_time_summary", "slow_rank", "advisor", "advisor_html"]
+    assert [c.name for c in plan.commands] == ["cluster_time_summary", "communication_matrix", "slow_rank", "advisor",
+                                               "advisor_html"]
     assert plan.skipped == {}
     for c in plan.commands:
         assert c.args[c.args.index("-d") + 1] == "/stage/b1" and "--force" in c.args and "-o" not in c.args
-    assert "--agent" in plan.commands[2].args and "--agent" not in plan.commands[3].args
-    assert plan.commands[2].args[-2:] == ("-l", "cn")
+    assert "--agent" in plan.commands[3].args and "--agent" not in plan.commands[4].args
+    assert plan.commands[3].args[-2:] == ("-l", "cn")
     with pytest.raises(ValueError, match="absolute"):
         plan_recipes(GOOD, MsprofSettings(), "stage/b1")
 
@@ -41,16 +42,18 @@ def test_plan_runs_everything_on_a_good_batch_with_absolute_paths() -> None:
     (InputFacts(rank_count=4, db_ranks=[0, 1, 2, 3], levels={"Level0"}), ["advisor", "advisor_html"],
      {"cluster_time_summary": "not_applicable", "slow_rank": "not_applicable"}),
     (InputFacts(rank_count=4, db_ranks=[0, 1, 2, 3], has_communication=True, max_group_size=4),
-     ["slow_rank", "advisor", "advisor_html"], {"cluster_time_summary": "not_applicable"}),
+     ["communication_matrix", "slow_rank", "advisor", "advisor_html"], {"cluster_time_summary": "not_applicable"}),
     (InputFacts(rank_count=3, db_ranks=[0, 1, 2], has_communication=True, has_memcpy=True, max_group_size=3),
-     ["cluster_time_summary", "advisor", "advisor_html"], {"slow_rank": "not_applicable"}),
+     ["cluster_time_summary", "communication_matrix", "advisor", "advisor_html"], {"slow_rank": "not_applicable"}),
 ])
 def test_plan_skips_what_the_inputs_cannot_answer(facts: InputFacts, ran: list[str], skipped: dict[str, str]) -> None:
     assert _names(facts) == (ran, skipped)
 
 
 def test_plan_without_advisor() -> None:
-    assert _names(GOOD, advisor=False) == (["cluster_time_summary", "slow_rank"], {"advisor": "skipped"})
+    assert _names(GOOD, advisor=False) == (["cluster_time_summary", "communication_matrix", "slow_rank"],
+                                           {"advisor": "skipped"})
+    assert "communication_matrix" not in _names(GOOD, communication_matrix=False)[0]
     assert _names(GOOD, advisor_html=False)[0][-1] == "advisor"
 
 

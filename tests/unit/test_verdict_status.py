@@ -1,0 +1,56 @@
+"""The status of an analysed batch (daemon.analysis._overall_status) from its evidence and verdict: every status
+that rates the evidence (issue 11 items 2, 4, 5, 10), without running any tool."""
+
+from __future__ import annotations
+
+from daemon.analysis import _overall_status
+from daemon.core.evidence import ClusterEvidence, RecipeStatus
+from daemon.core.ranking import judge_batch
+from daemon.simulate.ascend_tree import build_timelines, cluster_time_summary
+
+
+def _ev(steps: int = 4, **kw) -> ClusterEvidence:
+    ev = ClusterEvidence(kind="ascend_pt", summaries=cluster_time_summary(
+        build_timelines(world_size=8, steps=steps, seed=3, noise=0.02, **kw)))
+    ev.recipes["cluster_time_summary"] = RecipeStatus("cluster_time_summary", "ok")
+    return ev
+
+
+def _status(ev: ClusterEvidence, armed: list[int] | None = None) -> tuple[str, str, dict[int, str]]:
+    unjudged: dict[int, str] = {}
+    status, detail = _overall_status(ev, judge_batch(ev, armed_steps=armed), 8, unjudged)
+    return status, detail, unjudged
+
+
+def test_ok_and_no_suspect_need_the_whole_window():
+    assert _status(_ev(slow_ranks={4: 1.3}), [1, 2, 3, 4])[0] == "ok"
+    assert _status(_ev(), [1, 2, 3, 4])[0] == "no_suspect"
+    assert _status(_ev())[0] == "no_suspect"  # armed window unknown (offline): rated on the 4 steps captured
+
+
+def test_short_window_is_weak_with_suspects_and_partial_without():
+    status, detail, _ = _status(_ev(steps=2, slow_ranks={4: 1.3}), [1, 2, 3, 4])
+    assert status == "weak" and "2 of 4 armed steps captured" in detail
+    status, detail, _ = _status(_ev(steps=2), [1, 2, 3, 4])
+    assert status == "partial" and "absence not proven" in detail
+    assert _status(_ev(steps=1))[0] == "partial"  # one step, armed unknown: still not a proof of absence
+
+
+def test_unusable_or_unaligned_ranks_make_it_partial_even_with_suspects():
+    ev = _ev(slow_ranks={4: 1.3})
+    ev.unusable_ranks = {6: "no usable device data: ascend_pytorch_profiler_6.db has empty TASK"}
+    status, detail, unjudged = _status(ev)
+    assert status == "partial" and unjudged == ev.unusable_ranks and "rank 4 (compute)" in detail
+    ev = _ev()
+    ev.summaries = [s for s in ev.summaries if s.rank != 2]
+    ev.alignment = {"method": "collective_ends", "unaligned": {"2": "it recorded other steps"}}
+    status, detail, unjudged = _status(ev)
+    assert status == "partial" and "nobody stands out among the judged ranks" in detail
+    assert "steps not aligned" in unjudged[2]
+
+
+def test_a_rank_missing_from_the_time_breakdown_is_not_judged():
+    ev = _ev()
+    ev.summaries = [s for s in ev.summaries if s.rank != 7]
+    status, _, unjudged = _status(ev)
+    assert status == "partial" and unjudged == {7: "not in the time breakdown"}
