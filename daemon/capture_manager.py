@@ -265,9 +265,10 @@ class CaptureManager:
             self.c.results.put(lambda: self._on_written(capture_id, job_id, False, {"error": err}))
 
     def on_node_ack(self, ack: wire.NodeAck, now: float) -> None:
-        pend = self._pending_acks.pop(ack.command_id, None)
-        if pend is None:
+        pend = self._pending_acks.get(ack.command_id)
+        if pend is None or pend["node_id"] != ack.node_id:  # only the node a command went to may answer it
             return
+        del self._pending_acks[ack.command_id]
         detail = {f"node_{ack.node_id}": {"ok": ack.ok, "detail": ack.detail, **ack.result}}
         self.c.state.upsert_capture(pend["capture_id"], pend["job_id"], self.c.state.get_capture(pend["capture_id"])["state"],
                                     now, detail=detail)

@@ -78,7 +78,7 @@ def node(config_path: Path | None) -> None:
 
     s = _load(config_path)
     configure_logging(s.logging.level, s.logging.format)
-    _serve("node", s.node.metrics_port, lambda metrics: NodeDaemon(s.node, metrics))
+    _serve("node", s.node.metrics_port, lambda metrics: NodeDaemon(s.node, metrics, s.security, s.limits))
 
 
 @cli.command()
@@ -93,11 +93,26 @@ def coordinator(config_path: Path | None) -> None:
     _serve("coordinator", s.coordinator.metrics_port, lambda metrics: Coordinator(s, metrics))
 
 
-def _call(s: Any, cmd: str, args: dict[str, Any] | None = None, timeout_s: float = 5.0) -> Any:
-    from daemon.adapters.control import ControlError, ControlUnavailable, call
+def _client_keys(s: Any, endpoint: str) -> Any:
+    """CURVE client keys for ``endpoint`` (None when it does not use CURVE); exit 2 with the fix when missing."""
+    from daemon.adapters.curve import CurveSetupError, client_keys
 
     try:
-        return call(s.coordinator.control_bind, cmd, args, timeout_s=timeout_s)
+        return client_keys(s.security, endpoint)
+    except CurveSetupError as exc:
+        click.echo(f"profwatch: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+
+
+def _call(s: Any, cmd: str, args: dict[str, Any] | None = None, timeout_s: float = 5.0) -> Any:
+    from daemon.adapters.control import ControlAuthFailed, ControlError, ControlUnavailable, call
+
+    endpoint = s.coordinator.control_bind
+    try:
+        return call(endpoint, cmd, args, timeout_s=timeout_s, curve=_client_keys(s, endpoint))
+    except ControlAuthFailed as exc:
+        click.echo(f"profwatch: {exc.message}", err=True)
+        sys.exit(EXIT_UNREACHABLE)
     except ControlUnavailable as exc:
         click.echo(f"profwatch: {exc.message}\n  is the coordinator running? The CLI finds it through [coordinator] "
                    "control_bind of --config / PROFWATCH_CONFIG (default tcp://127.0.0.1:7712).", err=True)
@@ -200,7 +215,8 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
     ctx = zmq.Context.instance()
     if follow:  # subscribe first, then fetch history, then dedup by id: no gap between the two
         kinds = ["profwatch.alert."] + (["profwatch.event."] if all_events else [])
-        sub = subscribe(ctx, s.coordinator.pub_bind, [k + (job_id or "") for k in kinds])
+        sub = subscribe(ctx, s.coordinator.pub_bind, [k + (job_id or "") for k in kinds],
+                        curve=_client_keys(s, s.coordinator.pub_bind))
     seen: set[str] = set()
     last_seq = 0
     for row in _call(s, "events", args):
@@ -272,7 +288,7 @@ def _add_optional_commands() -> None:
     import importlib
 
     for mod, name in (("scan", "scan"), ("analyze", "analyze"), ("replay", "replay"), ("simulate", "simulate"),
-                      ("demo", "demo")):
+                      ("demo", "demo"), ("keys", "keys")):
         try:
             m = importlib.import_module(f"daemon.commands.{mod}")
             cli.add_command(getattr(m, name))

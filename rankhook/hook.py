@@ -109,7 +109,8 @@ class Hook:
     def send_hello(self) -> None:
         """(Re-)announce this rank to the node daemon, with the publisher's counters."""
         c = self.publisher.counters
-        hello = dataclasses.replace(self._hello, counters={"sent": c.sent, "dropped": c.dropped, "errors": c.errors})
+        counters = {"sent": c.sent, "dropped": c.dropped, "errors": c.errors, "oversize": c.oversize}
+        hello = dataclasses.replace(self._hello, counters=counters)
         self.publisher.send(*wire.frames(hello))
 
     def emit(self, msg: Any) -> None:

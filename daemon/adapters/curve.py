@@ -1,0 +1,484 @@
+"""CURVE authentication for the daemons' ZeroMQ sockets (I/O): certificate files, the ZAP authenticator thread,
+socket setup, handshake monitors and the start-up self-test.
+
+Formats and protocols: certificates are the files ``zmq.auth.create_certificates`` writes (ZeroMQ's "ZPL"
+text format: a ``metadata`` section, then ``curve`` with ``public-key`` / ``secret-key`` in Z85); the handshake is
+CurveZMQ (RFC 26) and the authentication ZAP (RFC 27), served by pyzmq's ``zmq.auth.thread.ThreadAuthenticator``.
+Each client certificate carries ``name`` and ``role`` metadata; the name becomes the ZAP ``User-Id`` every message
+of that connection carries (frame property ``"User-Id"``), which is how the coordinator knows who sent it.
+
+Field case: a wrong key looks like a network outage (the peer just never answers). Hence the self-test at start,
+a log line and a metric for every refused handshake, and clients that say "authentication failed".
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+from zmq.utils.monitor import parse_monitor_message
+
+from daemon.core.access import SOCKET_ROLES, Role
+from daemon.core.messages import node_id_ok
+
+log = structlog.get_logger("profwatch.curve")
+
+ROLES: tuple[Role, ...] = ("node", "read", "act")
+_mon_ids = itertools.count(1)
+
+
+class CurveSetupError(RuntimeError):
+    """CURVE is required but cannot be set up (missing or unreadable key, libzmq without CURVE, failed self-test).
+    The message says what to do; the daemons exit 2 on it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientKey:
+    """One allowed client: certificate ``name`` (a node's id for role ``node``), ``role``, Z85 public key."""
+
+    name: str
+    role: Role
+    public_z85: bytes
+    path: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPair:
+    """A certificate with its secret part (Z85 bytes) and metadata."""
+
+    public: bytes
+    secret: bytes
+    metadata: dict[str, str]
+
+
+# -- certificate files --------------------------------------------------------------------------------------------
+def read_certificate(path: Path) -> tuple[bytes, bytes | None, dict[str, str]]:
+    """``(public_z85, secret_z85 or None, metadata)`` of a certificate file.
+
+    Raises:
+        CurveSetupError: missing or unreadable file, no valid public key.
+    """
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise CurveSetupError(f"cannot read certificate {path}: {exc}") from None
+    if len(public) != 40 or (secret is not None and len(secret) != 40):
+        raise CurveSetupError(f"certificate {path} holds no 40-character Z85 key")
+    meta: dict[str, str] = {}
+    section = ""
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line[0].isspace():
+            section = line.strip()
+        elif section == "metadata" and "=" in line:
+            k, v = line.split("=", 1)
+            meta[k.strip()] = v.strip().strip('"')
+    return public, secret, meta
+
+
+def _check_secret_mode(path: Path) -> None:
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise CurveSetupError(f"cannot read {path}: {exc}") from None
+    if mode & stat.S_IROTH:
+        raise CurveSetupError(f"secret key {path} is readable by every user (mode {stat.S_IMODE(mode):o}); "
+                              f"run: chmod 600 {path}")
+
+
+def load_keypair(path: Path, what: str, fix: str) -> KeyPair:
+    """Load a secret certificate (``*.key_secret``). Raises :class:`CurveSetupError` naming ``what`` and ``fix``."""
+    if not path.is_file():
+        raise CurveSetupError(f"{what} {path} does not exist; {fix}")
+    _check_secret_mode(path)
+    public, secret, meta = read_certificate(path)
+    if secret is None:
+        raise CurveSetupError(f"{what} {path} has no secret-key (is it the public .key file?); {fix}")
+    return KeyPair(public, secret, meta)
+
+
+def load_public_key(path: Path, what: str, fix: str) -> bytes:
+    """Load the public key of a certificate. Raises :class:`CurveSetupError`."""
+    if not path.is_file():
+        raise CurveSetupError(f"{what} {path} does not exist; {fix}")
+    return read_certificate(path)[0]
+
+
+def create_certificate(directory: Path, name: str, role: Role | None) -> tuple[Path, Path]:
+    """Write ``<name>.key`` (public, mode 0644) and ``<name>.key_secret`` (mode 0600) into ``directory`` with
+    ``zmq.auth.create_certificates``; metadata ``name`` and ``role`` (none for the server) in both files (pyzmq
+    writes metadata into the secret file only; it is added to the public one in the same format). Refuses to
+    overwrite.
+
+    Raises:
+        CurveSetupError: bad name or role, or the files exist.
+    """
+    if not node_id_ok(name):
+        raise CurveSetupError(f"key name {name!r} must be 1-128 letters, digits or _ . : - (a node's key name is its node id)")
+    if role is not None and role not in ROLES:
+        raise CurveSetupError(f"role must be one of {', '.join(ROLES)}")
+    directory.mkdir(parents=True, exist_ok=True)
+    pub, sec = directory / f"{name}.key", directory / f"{name}.key_secret"
+    for p in (pub, sec):
+        if p.exists():
+            raise CurveSetupError(f"{p} exists; remove it first to replace the key")
+    meta = {"name": name} | ({"role": role} if role else {})
+    old = os.umask(0o077)
+    try:
+        zmq.auth.create_certificates(directory, name, metadata=meta)
+    finally:
+        os.umask(old)
+    text = pub.read_text(encoding="utf-8")
+    meta_lines = "".join(f"    {k} = {v}\n" for k, v in meta.items())
+    pub.write_text(text.replace("metadata\n", "metadata\n" + meta_lines, 1), encoding="utf-8")
+    os.chmod(sec, 0o600)
+    os.chmod(pub, 0o644)
+    return pub, sec
+
+
+class KeyRing:
+    """The allowed client certificates of one directory (``*.key`` files with ``name``/``role`` metadata).
+
+    Re-read when the directory changes (checked at most once a second), so ``profwatch keys add`` takes effect
+    without a restart; removing a file revokes the key for new connections. Thread-safe (the ZAP thread reads it).
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._lock = threading.Lock()
+        self._by_key: dict[bytes, ClientKey] = {}
+        self._by_name: dict[str, ClientKey] = {}
+        self._probes: dict[bytes, ClientKey] = {}
+        self._mtime_ns = -1
+        self._checked = 0.0
+        self.problems: list[str] = []
+        if not directory.is_dir():
+            raise CurveSetupError(f"client key directory {directory} does not exist; run `profwatch keys init` "
+                                  "and add clients with `profwatch keys add NAME --role node|read|act`")
+        self._load()
+
+    def _load(self) -> None:
+        by_key: dict[bytes, ClientKey] = {}
+        by_name: dict[str, ClientKey] = {}
+        problems = []
+        try:
+            mtime_ns = self.directory.stat().st_mtime_ns
+            files = sorted(self.directory.glob("*.key"))
+        except OSError as exc:
+            problems.append(f"{self.directory}: {exc}")
+            files, mtime_ns = [], -1
+        for f in files:
+            try:
+                public, _secret, meta = read_certificate(f)
+            except CurveSetupError as exc:
+                problems.append(str(exc))
+                continue
+            name, role = meta.get("name") or f.stem, meta.get("role", "")
+            if role not in ROLES or not node_id_ok(name) or name in by_name:
+                problems.append(f"{f}: needs metadata role = node|read|act and a unique name (got {name!r}, {role!r})")
+                continue
+            key = ClientKey(name, role, public, f)  # type: ignore[arg-type]
+            by_key[public] = key
+            by_name[name] = key
+        with self._lock:
+            self._by_key, self._by_name, self._mtime_ns = by_key, by_name, mtime_ns
+            self.problems = problems
+        for p in problems:
+            log.warning("client_key_ignored", problem=p)
+
+    def refresh(self) -> None:
+        """Reload when the directory changed (rate-limited to once a second)."""
+        now = time.monotonic()
+        if now - self._checked < 1.0:
+            return
+        self._checked = now
+        try:
+            mtime_ns = self.directory.stat().st_mtime_ns
+        except OSError:
+            return
+        if mtime_ns != self._mtime_ns:
+            self._load()
+            log.info("client_keys_reloaded", directory=str(self.directory), keys=len(self._by_key))
+
+    def lookup(self, public_z85: bytes) -> ClientKey | None:
+        self.refresh()
+        with self._lock:
+            return self._by_key.get(public_z85) or self._probes.get(public_z85)
+
+    def by_name(self, name: str) -> ClientKey | None:
+        with self._lock:
+            return self._by_name.get(name)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._by_name)
+
+    def add_probe(self, key: ClientKey) -> None:
+        """Admit an in-memory key (the self-test's probe)."""
+        with self._lock:
+            self._probes[key.public_z85] = key
+
+    def remove_probe(self, public_z85: bytes) -> None:
+        with self._lock:
+            self._probes.pop(public_z85, None)
+
+
+def client_keys(security: Any, endpoint: str) -> tuple[KeyPair, bytes] | None:
+    """The client's key pair and the server's public key when ``endpoint`` uses CURVE, else None.
+
+    ``security`` is the ``[security]`` settings (:class:`daemon.core.access.SecuritySettings`).
+    Raises:
+        CurveSetupError: CURVE is required and a key is missing or unreadable (the message says how to fix it).
+    """
+    if not security.curve_for(endpoint):
+        return None
+    require_curve()
+    keys = load_keypair(security.client_secret_path(), "client secret key",
+                        "ask the coordinator's administrator for a certificate (`profwatch keys add NAME --role "
+                        "node|read|act`) and install its .key_secret there (or set security.client_secret_key)")
+    server = load_public_key(security.server_public_path(), "coordinator public key",
+                             "copy the coordinator's server.key there (or set security.server_public_key)")
+    return keys, server
+
+
+# -- the ZAP handler ----------------------------------------------------------------------------------------------
+class CurveAuthenticator(ThreadAuthenticator):
+    """ZAP handler of one context: admits a CURVE client when its key is in the :class:`KeyRing` with a role the
+    socket's ZAP domain (``ingest``, ``control``, ``pub``) admits (:data:`~daemon.core.access.SOCKET_ROLES`).
+
+    Every refusal increments ``on_refused(socket, reason)`` and is logged with the peer address (at most once
+    per peer, key and socket per minute). Keys listed in ``quiet_keys`` (the self-test's) are refused silently.
+    """
+
+    def __init__(self, context: zmq.Context, keyring: KeyRing, on_refused: Any = None) -> None:
+        super().__init__(context, log=logging.getLogger("profwatch.zap"))
+        self.keyring = keyring
+        self.on_refused = on_refused
+        self.quiet_keys: set[bytes] = set()
+        self._address = ""
+        self._logged: dict[tuple[str, str, bytes], float] = {}
+
+    def start(self) -> None:
+        super().start()
+        for domain in SOCKET_ROLES:
+            self.configure_curve_callback(domain, credentials_provider=self)
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        self._address = msg[3].decode("utf-8", "replace") if len(msg) > 3 else ""
+        await super().handle_zap_message(msg)
+
+    def callback(self, domain: str, public_z85: bytes) -> bool:
+        """pyzmq's credentials-provider hook (runs on the authenticator thread)."""
+        key = self.keyring.lookup(public_z85)
+        allowed = SOCKET_ROLES.get(domain, frozenset())  # type: ignore[call-overload]
+        if key is not None and key.role in allowed:
+            return True
+        reason = "unknown_key" if key is None else "role_not_allowed"
+        if public_z85 in self.quiet_keys:
+            return False
+        if self.on_refused is not None:
+            self.on_refused(domain, reason)
+        now = time.monotonic()
+        tag = (domain, self._address, public_z85)
+        if now - self._logged.get(tag, -1e9) >= 60.0:
+            if len(self._logged) > 10_000:
+                self._logged.clear()
+            self._logged[tag] = now
+            log.warning("auth_refused", socket=domain, peer=self._address, reason=reason,
+                        key=public_z85.decode("ascii", "replace"), key_name=key.name if key else None,
+                        role=key.role if key else None, note="logged once a minute per peer and key")
+        return False
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        key = self.keyring.lookup(z85.encode(client_public_key))
+        return key.name if key is not None else "unknown"
+
+
+def user_id(frame: zmq.Frame) -> str | None:
+    """The ZAP User-Id of the connection a frame came from (the certificate name), None without ZAP."""
+    try:
+        return str(frame.get("User-Id"))
+    except zmq.ZMQError:
+        return None
+
+
+def peer_address(frame: zmq.Frame) -> str | None:
+    """ZeroMQ's ``Peer-Address`` of a frame (for ``ipc://``: ``host:uid:gid:pid``), None when not available."""
+    try:
+        return str(frame.get("Peer-Address"))
+    except zmq.ZMQError:
+        return None
+
+
+# -- socket setup -------------------------------------------------------------------------------------------------
+def require_curve() -> None:
+    if not zmq.has("curve"):
+        raise CurveSetupError(f"this libzmq ({zmq.zmq_version()}) was built without CURVE; install pyzmq's wheel "
+                              "(bundled libzmq with CURVE) or set security.insecure = true on a trusted network")
+
+
+def make_server(sock: zmq.Socket, domain: str, keys: KeyPair) -> None:
+    """Make ``sock`` a CURVE server authenticated through ZAP ``domain``; call before ``bind``."""
+    sock.curve_secretkey = keys.secret
+    sock.curve_publickey = keys.public
+    sock.curve_server = True
+    sock.zap_domain = domain.encode()
+
+
+def make_client(sock: zmq.Socket, keys: KeyPair, server_public: bytes) -> None:
+    """Make ``sock`` a CURVE client of the server with ``server_public``; call before ``connect``."""
+    sock.curve_secretkey = keys.secret
+    sock.curve_publickey = keys.public
+    sock.curve_serverkey = server_public
+
+
+_EVENT_NAMES = {v: k for k, v in vars(zmq).items() if k.startswith("EVENT_") and isinstance(v, int)}
+_FAILURES = {zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+             zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL}
+
+
+def describe_failure(event: int, value: int) -> tuple[str, str]:
+    """``(reason, explanation)`` of a handshake failure event seen by a client or a server."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return "refused", (f"the coordinator refused this client's key (ZAP status {value}): add its public key with "
+                           "`profwatch keys add NAME --role ...` on the coordinator, with a role this socket admits")
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        return "mechanism_mismatch", ("one side uses CURVE and the other does not: set security.curve the same on "
+                                      "both sides (and give this client a key)")
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        return "protocol", ("the CURVE handshake failed (cryptographic error): the client's server_public_key is "
+                            "not this coordinator's server.key")
+    return "no_detail", ("the CURVE handshake failed without detail: server_public_key is probably not the "
+                         "coordinator's server.key")
+
+
+class HandshakeMonitor:
+    """A socket monitor reduced to what matters for security: handshake successes and failures.
+
+    ``poll()`` drains pending events without blocking and returns ``[(event_name, value, failure)]`` where
+    ``failure`` is ``(reason, explanation)`` for a failed handshake, else None. ``sock`` is the monitor's PAIR
+    socket (register it with a poller). ``close()`` before closing the monitored socket.
+    """
+
+    def __init__(self, target: zmq.Socket) -> None:
+        self.target = target
+        addr = f"inproc://profwatch-monitor-{os.getpid()}-{next(_mon_ids)}"
+        events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | \
+            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_CONNECTED | \
+            zmq.EVENT_DISCONNECTED
+        target.monitor(addr, events)
+        self.sock = target.context.socket(zmq.PAIR)
+        self.sock.linger = 0
+        self.sock.connect(addr)
+        self.succeeded = 0
+        self.failed = 0
+        self.connected = 0
+
+    def poll(self) -> list[tuple[str, int, tuple[str, str] | None]]:
+        out: list[tuple[str, int, tuple[str, str] | None]] = []
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except (zmq.Again, zmq.ZMQError):
+                return out
+            try:
+                msg = parse_monitor_message(frames)
+            except Exception:  # noqa: BLE001 - a malformed monitor frame is ignored
+                continue
+            ev, value = int(msg["event"]), int(msg["value"])
+            failure = describe_failure(ev, value) if ev in _FAILURES else None
+            if failure is not None:
+                self.failed += 1
+            elif ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.succeeded += 1
+            elif ev == zmq.EVENT_CONNECTED:
+                self.connected += 1
+            out.append((_EVENT_NAMES.get(ev, str(ev)), value, failure))
+
+    def close(self) -> None:
+        try:
+            self.target.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self.sock.close(0)
+
+
+# -- self-test ----------------------------------------------------------------------------------------------------
+def connect_address(bound: str) -> str:
+    """A connectable endpoint for a bound one: wildcards become loopback (``tcp://0.0.0.0:7711`` ->
+    ``tcp://127.0.0.1:7711``, ``tcp://[::]:7711`` -> ``tcp://[::1]:7711``)."""
+    host, _, port = bound[len("tcp://") :].rpartition(":")
+    if host in ("0.0.0.0", "*", ""):
+        host = "127.0.0.1"
+    elif host in ("[::]", "::"):
+        host = "[::1]"
+    return f"tcp://{host}:{port}"
+
+
+def selftest(ctx: zmq.Context, targets: dict[str, str], server_public: bytes, auth: CurveAuthenticator,
+             timeout_s: float = 5.0) -> list[str]:
+    """Handshake with each bound CURVE socket twice: with a probe key the socket admits (must succeed) and with
+    an unknown key (must be refused). ``targets`` maps a ZAP domain to the socket's bound endpoint
+    (``sock.last_endpoint``). Returns the problems found (empty: CURVE works as configured)."""
+    problems: list[str] = []
+    probes: list[tuple[str, str, zmq.Socket, HandshakeMonitor, bool]] = []
+    added: list[bytes] = []
+    try:
+        for domain, bound in targets.items():
+            for expect_ok in (True, False):
+                pub, sec = zmq.curve_keypair()
+                if expect_ok:
+                    role = sorted(SOCKET_ROLES[domain])[0]  # type: ignore[index]
+                    auth.keyring.add_probe(ClientKey(f"_selftest_{domain}", role, pub))
+                    added.append(pub)
+                else:
+                    auth.quiet_keys.add(pub)
+                sock = ctx.socket(zmq.SUB if domain == "pub" else zmq.DEALER)
+                sock.linger = 0
+                if bound.startswith("tcp://[") or "::" in bound:
+                    sock.ipv6 = True
+                make_client(sock, KeyPair(pub, sec, {}), server_public)
+                mon = HandshakeMonitor(sock)
+                sock.connect(connect_address(bound))
+                probes.append((domain, bound, sock, mon, expect_ok))
+        deadline = time.monotonic() + timeout_s
+        pending = list(probes)
+        while pending and time.monotonic() < deadline:
+            for p in list(pending):
+                p[3].poll()
+                if p[3].succeeded or p[3].failed:
+                    pending.remove(p)
+            time.sleep(0.01)
+        for domain, bound, _sock, mon, expect_ok in probes:
+            if expect_ok and not mon.succeeded:
+                problems.append(f"{domain} ({bound}): a key it admits could not complete the CURVE handshake within "
+                                f"{timeout_s:g}s")
+            if not expect_ok and mon.succeeded:
+                problems.append(f"{domain} ({bound}): an unknown key was admitted")
+            if not expect_ok and not mon.failed:
+                problems.append(f"{domain} ({bound}): an unknown key was neither admitted nor refused within "
+                                f"{timeout_s:g}s")
+    finally:
+        for _d, _b, sock, mon, _e in probes:
+            mon.close()
+            sock.close(0)
+        for pub in added:
+            auth.keyring.remove_probe(pub)
+    return problems
