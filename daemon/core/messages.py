@@ -283,7 +283,7 @@ def parse_rank_message(raw: bytes | str | dict[str, Any]) -> Any:
 def _check_envelope(env: Any) -> None:
     if not node_id_ok(env.node_id):
         raise MessageRejected("bad_node_id", repr(env.node_id[:80]))
-    _check_text(env.hostname, "hostname")
+    _check_text(getattr(env, "hostname", None), "hostname")
     if env.kind == "node_batch":
         if not 0 <= env.seq < MAX_INT or not _time_ok(env.ts_unix_s, MAX_TS_UNIX_S):
             raise MessageRejected("bad_value", f"seq={env.seq} ts_unix_s={env.ts_unix_s}")
