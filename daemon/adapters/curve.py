@@ -354,8 +354,20 @@ _FAILURES = {zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCO
              zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL}
 
 
-def describe_failure(event: int, value: int) -> tuple[str, str]:
-    """``(reason, explanation)`` of a handshake failure event seen by a client or a server."""
+_SERVER_TEXT = {
+    "refused": "a client's key was refused (see auth_refused for its address)",
+    "mechanism_mismatch": "a client connected without CURVE (or with another mechanism): it needs a key",
+    "protocol": "a client's CURVE handshake failed: it does not hold this coordinator's server.key",
+    "no_detail": "a client's handshake broke off: it has no CURVE key, or not this coordinator's server.key",
+}
+
+
+def describe_failure(event: int, value: int, side: str = "client") -> tuple[str, str]:
+    """``(reason, explanation)`` of a handshake failure event seen by a ``client`` or a ``server``. The reason a
+    server sees for the same client fault varies with timing (``mechanism_mismatch`` or ``no_detail``)."""
+    if side == "server":
+        reason = describe_failure(event, value)[0]
+        return reason, _SERVER_TEXT[reason]
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return "refused", (f"the coordinator refused this client's key (ZAP status {value}): add its public key with "
                            "`profwatch keys add NAME --role ...` on the coordinator, with a role this socket admits")
@@ -377,8 +389,9 @@ class HandshakeMonitor:
     socket (register it with a poller). ``close()`` before closing the monitored socket.
     """
 
-    def __init__(self, target: zmq.Socket) -> None:
+    def __init__(self, target: zmq.Socket, side: str = "client") -> None:
         self.target = target
+        self.side = side
         addr = f"inproc://profwatch-monitor-{os.getpid()}-{next(_mon_ids)}"
         events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | \
             zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_CONNECTED | \
@@ -403,7 +416,7 @@ class HandshakeMonitor:
             except Exception:  # noqa: BLE001 - a malformed monitor frame is ignored
                 continue
             ev, value = int(msg["event"]), int(msg["value"])
-            failure = describe_failure(ev, value) if ev in _FAILURES else None
+            failure = describe_failure(ev, value, self.side) if ev in _FAILURES else None
             if failure is not None:
                 self.failed += 1
             elif ev == zmq.EVENT_HANDSHAKE_SUCCEEDED:

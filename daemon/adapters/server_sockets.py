@@ -88,7 +88,7 @@ class ServerSockets:
             self.pub = EventPublisher(ctx, binds["pub"], curve=keys if self.curve["pub"] else None)
             for name, sock in (("ingest", self.ingest), ("control", self.control), ("pub", self.pub.sock)):
                 if self.curve[name]:
-                    self.monitors[name] = HandshakeMonitor(sock)
+                    self.monitors[name] = HandshakeMonitor(sock, side="server")
             if self.auth is not None and keys is not None:
                 targets = {name: str(sock.getsockopt_string(zmq.LAST_ENDPOINT)) for name, sock in
                            (("ingest", self.ingest), ("control", self.control), ("pub", self.pub.sock))
