@@ -150,10 +150,12 @@ def batch(node_id: str, *msgs: Any, seq: int = 1) -> bytes:
 
 
 def hello(job: str, rank: int, world: int = 2, root: Path | None = None, **kw: Any) -> wire.RankHello:
-    paths = {"profiler_config_path": str(root / "cfg" / job), "prof_root": str(root / "prof")} if root else {}
-    paths.update(kw)
-    return wire.RankHello(job_id=job, rank=rank, local_rank=rank, world_size=world, hostname="h", pid=100 + rank,
-                          backend="torch", ts_unix_s=time.time() - 5, **paths)  # type: ignore[arg-type]
+    fields: dict[str, Any] = {"job_id": job, "rank": rank, "local_rank": rank, "world_size": world, "hostname": "h",
+                              "pid": 100 + rank, "backend": "torch", "ts_unix_s": time.time() - 5}
+    if root is not None:
+        fields |= {"profiler_config_path": str(root / "cfg" / job), "prof_root": str(root / "prof")}
+    fields.update(kw)
+    return wire.RankHello(**fields)
 
 
 def step(job: str, rank: int, s: int, t: float = 0.1) -> wire.StepReport:
