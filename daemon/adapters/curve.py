@@ -220,6 +220,7 @@ class KeyRing:
             return self._by_key.get(public_z85) or self._probes.get(public_z85)
 
     def by_name(self, name: str) -> ClientKey | None:
+        self.refresh()
         with self._lock:
             return self._by_name.get(name)
 

@@ -33,6 +33,8 @@ class LimitSettings(BaseModel):
     max_jobs_per_node: int = Field(64, ge=1, le=100_000, description="jobs with a rank on one node")
     max_ranks_total: int = Field(65_536, ge=1, le=1 << 24,
                                  description="rank records, and (separately) world sizes of jobs with a detector")
+    max_ranks_per_node: int = Field(1024, ge=1, le=1 << 24,
+                                    description="rank records bound to one node (a node hosts a handful of ranks)")
     max_nodes: int = Field(4096, ge=1, le=1_000_000, description="node identities the coordinator tracks")
     job_expiry_s: float = Field(900.0, gt=0, le=30 * 86400,
                                 description="a job none of whose ranks reported for this long is forgotten")
@@ -62,7 +64,8 @@ class LimitSettings(BaseModel):
         ingest_hwm = self.hwm_for(self.ingest_queue_bytes_per_peer, max_batch_bytes)
         control_hwm = self.hwm_for(self.control_queue_bytes_per_peer, control_request_bytes)
         parts = {
-            "ranks": self.max_ranks_total * (RANK_RECORD_BYTES + STEP_BYTES * window_steps),
+            "ranks": min(self.max_ranks_total, self.max_ranks_per_node * self.max_nodes)
+            * (RANK_RECORD_BYTES + STEP_BYTES * window_steps),
             "detectors": self.max_ranks_total * DETECTOR_BYTES_PER_RANK,
             "jobs": self.max_jobs_total * JOB_RECORD_BYTES,
             "nodes": self.max_nodes * NODE_RECORD_BYTES,

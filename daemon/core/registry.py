@@ -105,6 +105,7 @@ class Registry:
         self.nodes: dict[str, NodeState] = {}
         self.rank_count = 0
         self._node_jobs: dict[str, set[str]] = {}  # node_id -> jobs with a rank bound to it
+        self._node_ranks: dict[str, int] = {}  # node_id -> rank records bound to it
 
     # -- nodes ------------------------------------------------------------------------------------------------
     def touch_node(self, node_id: str, hostname: str, now: float) -> tuple[NodeState, bool]:
@@ -202,13 +203,26 @@ class Registry:
     def _new_rank(self, job: JobState, rank: int, node_id: str) -> RankState:
         if self.rank_count >= self.limits.max_ranks_total:
             raise RegistryError("too_many_ranks", f"{self.rank_count} ranks tracked (limits.max_ranks_total)")
+        if self._node_ranks.get(node_id, 0) >= self.limits.max_ranks_per_node:
+            raise RegistryError("too_many_ranks_on_node",
+                                f"node {node_id} has {self.limits.max_ranks_per_node} ranks (limits.max_ranks_per_node)")
         if node_id and job.job_id not in self._node_jobs.get(node_id, ()):
             self._check_new_job_on_node(node_id)
         r = job.ranks[rank] = RankState(rank=rank, node_id=node_id, window=StepWindow(self.window_steps))
         self.rank_count += 1
-        if node_id:
-            self._node_jobs.setdefault(node_id, set()).add(job.job_id)
+        self._count_rank(node_id, job.job_id, +1)
         return r
+
+    def _count_rank(self, node_id: str, job_id: str, delta: int) -> None:
+        if not node_id:
+            return
+        n = self._node_ranks.get(node_id, 0) + delta
+        if n > 0:
+            self._node_ranks[node_id] = n
+            if delta > 0:
+                self._node_jobs.setdefault(node_id, set()).add(job_id)
+        else:
+            self._node_ranks.pop(node_id, None)
 
     def _check_new_job_on_node(self, node_id: str) -> None:
         if len(self._node_jobs.get(node_id, ())) >= self.limits.max_jobs_per_node:
@@ -218,8 +232,8 @@ class Registry:
     def _bind(self, r: RankState, job_id: str, node_id: str) -> None:
         old = r.node_id
         r.node_id = node_id
-        if node_id:
-            self._node_jobs.setdefault(node_id, set()).add(job_id)
+        self._count_rank(node_id, job_id, +1)
+        self._count_rank(old, job_id, -1)
         if old and old != node_id:
             job = self.jobs.get(job_id)
             if job is not None and not any(x.node_id == old for x in job.ranks.values()):
@@ -233,8 +247,7 @@ class Registry:
         self.jobs[job.job_id] = job
         self.rank_count += len(job.ranks)
         for r in job.ranks.values():
-            if r.node_id:
-                self._node_jobs.setdefault(r.node_id, set()).add(job.job_id)
+            self._count_rank(r.node_id, job.job_id, +1)
 
     def expire(self, now: float) -> list[str]:
         """Forget jobs none of whose ranks was heard for ``limits.job_expiry_s`` (and nodes silent as long with no
@@ -245,6 +258,7 @@ class Registry:
             job = self.jobs.pop(job_id)
             self.rank_count -= len(job.ranks)
             for r in job.ranks.values():
+                self._count_rank(r.node_id, job_id, -1)
                 jobs = self._node_jobs.get(r.node_id)
                 if jobs is not None:
                     jobs.discard(job_id)

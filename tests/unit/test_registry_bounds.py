@@ -109,3 +109,17 @@ def test_silent_jobs_expire_and_free_their_slots() -> None:
     assert set(reg.jobs) == {"live"} and reg.rank_count == 1 and "n0" not in reg.nodes
     reg.hello(hello(0, job="new"), "n0", 62.0)  # the node's job slot is free again
     assert reg.expire(200.0) == ["live", "new"] and reg.rank_count == 0
+
+
+def test_ranks_per_node_are_capped_so_one_node_cannot_take_every_slot() -> None:
+    reg = Registry(limits=LimitSettings(max_ranks_per_node=3, max_ranks_total=10))
+    reg.hello(hello(0, world=1 << 20), "greedy", 1.0)
+    reg.step(step(1, 1), 1.0, "greedy")
+    reg.step(step(2, 1), 1.0, "greedy")
+    with pytest.raises(RegistryError) as ei:
+        reg.step(step(3, 1), 1.0, "greedy")
+    assert ei.value.reason == "too_many_ranks_on_node"
+    reg.hello(hello(0, job="other"), "honest", 1.0)  # other nodes still have room
+    assert reg.rank_count == 4
+    assert reg.expire(1e9) == ["j", "other"] and reg.rank_count == 0
+    reg.hello(hello(0, world=1 << 20), "greedy", 2e9)  # the node's slots came back with the expiry
