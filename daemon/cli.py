@@ -212,7 +212,7 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
     s = _load(config_path)
     args = {"job_id": job_id, "limit": limit, "alerts_only": not all_events}
     sub = None
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     if follow:  # subscribe first, then fetch history, then dedup by id: no gap between the two
         kinds = ["profwatch.alert."] + (["profwatch.event."] if all_events else [])
         sub = subscribe(ctx, s.coordinator.pub_bind, [k + (job_id or "") for k in kinds],

@@ -83,9 +83,10 @@ class Coordinator:
         self.pub = self.sockets.pub
         self.captures = CaptureManager(self)
         bound = settings.limits.coordinator_peak_bytes(cs.window_steps, wire.MAX_BATCH_BYTES, control.MAX_REQUEST_BYTES)
+        self._state_bound_mib = round(bound["total"] / 2**20)
         log.info("coordinator_started", ingest=cs.ingest_bind, control=cs.control_bind, pub=cs.pub_bind,
                  curve=sorted(k for k, v in self.sockets.curve.items() if v), state_db=str(cs.state_db),
-                 jobs=len(self.registry.jobs), state_bound_mib=round(bound["total"] / 2**20))
+                 jobs=len(self.registry.jobs), state_bound_mib=self._state_bound_mib)
 
     # -- persistence --------------------------------------------------------------------------------------------
     def _restore_registry(self) -> None:
@@ -447,6 +448,9 @@ class Coordinator:
             snap["jobs"] = [j for j in snap["jobs"] if j["job_id"] == job_id]
         snap["counters"] = dict(self.counters)
         snap["captures"] = self.captures.summary(job_id)
+        snap["bounds"] = {"jobs": len(self.registry.jobs), "ranks": self.registry.rank_count,
+                          "nodes": len(self.registry.nodes), "detector_ranks": self._detector_ranks,
+                          "state_bound_mib": self._state_bound_mib}
         return snap
 
     def _cmd_events(self, job_id: str | None = None, since_seq: int = 0, limit: int = 100,
