@@ -216,7 +216,7 @@ format = "console"
                 self.tried += 1
             self.node_b.send(json.dumps(head)[:-1].encode() + b',"messages":[' + msgs.encode() + b"]}")
             self.node_b.send(b" " * (15 * 1024 * 1024))  # over MAXMSGSIZE: ZeroMQ drops it
-            self.tried += 2
+            self.tried += 25000 + 1  # every rank message counts as one input
             self.dropped_by_transport += 1
             self._honest_step()
         for env in (wire.NodeHeartbeat(node_id="nodeA", hostname="x", pid=1, ts_unix_s=1.0, started_unix_s=1.0),
@@ -277,11 +277,16 @@ format = "console"
             "registry_flush_failed")
         return harm
 
-    def handled(self) -> int:
+    def handled(self) -> dict[str, int]:
+        """Inputs the daemons refused or dropped, by their own counters (a refused handshake counts once per
+        connection attempt, so a client that retries is counted more than once)."""
         coord, node = _scrape(self.ports["cm"]), _scrape(self.ports["nm"])
-        return int(_metric_sum(coord, "profwatch_rejected_total") + _metric_sum(node, "profwatch_rejected_total")
-                   + _metric_sum(coord, "profwatch_auth_refused_total") + self.dropped_by_transport
-                   + self.control_refused)
+        parts = {"coordinator_rejected": int(_metric_sum(coord, "profwatch_rejected_total")),
+                 "node_rejected": int(_metric_sum(node, "profwatch_rejected_total")),
+                 "auth_refused": int(_metric_sum(coord, "profwatch_auth_refused_total")),
+                 "dropped_by_transport": self.dropped_by_transport, "control_refused": self.control_refused}
+        parts["total"] = sum(parts.values())
+        return parts
 
     def close(self) -> None:
         for s in (self.honest, self.evil, self.node_b):
@@ -323,7 +328,8 @@ def main() -> None:
                       f"(peak {hwm:.1f})  node RSS={nrss:.1f} MiB  harmful={sum(harm.values())} {harm if any(harm.values()) else ''}")
             _, hwm = _rss_mib(run.coord.pid)
             print(f"inputs tried: {run.tried}")
-            print(f"handled (refused or dropped, by the daemons' counters): {run.handled()}")
+            handled = run.handled()
+            print(f"handled (refused or dropped, by the daemons' counters): {handled.pop('total')}  {handled}")
             print(f"harmful: {sum(total_harm.values())}  {total_harm}")
             print(f"coordinator peak RSS: {hwm:.1f} MiB")
         finally:
