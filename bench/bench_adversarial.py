@@ -40,7 +40,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from daemon.adapters.control import ControlError, call  # noqa: E402
-from daemon.adapters.curve import create_certificate, load_keypair, load_public_key, make_client  # noqa: E402
+from daemon.adapters.curve import make_client  # noqa: E402
+from daemon.adapters.keyfiles import create_certificate, load_keypair, load_public_key  # noqa: E402
 from rankhook import wire  # noqa: E402
 
 

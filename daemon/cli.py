@@ -95,7 +95,7 @@ def coordinator(config_path: Path | None) -> None:
 
 def _client_keys(s: Any, endpoint: str) -> Any:
     """CURVE client keys for ``endpoint`` (None when it does not use CURVE); exit 2 with the fix when missing."""
-    from daemon.adapters.curve import CurveSetupError, client_keys
+    from daemon.adapters.keyfiles import CurveSetupError, client_keys
 
     try:
         return client_keys(s.security, endpoint)

@@ -27,7 +27,8 @@ from typing import Any
 import structlog
 import zmq
 
-from daemon.adapters.curve import CurveSetupError, HandshakeMonitor, KeyPair, client_keys, make_client, peer_address
+from daemon.adapters.curve import HandshakeMonitor, make_client, peer_address
+from daemon.adapters.keyfiles import CurveSetupError, KeyPair, client_keys
 from daemon.adapters.metrics import DaemonMetrics
 from daemon.config import NodeSettings
 from daemon.core.access import SecuritySettings, insecure_endpoints, parse_peer_address

@@ -17,7 +17,8 @@ from typing import Any
 
 import zmq
 
-from daemon.adapters.curve import HandshakeMonitor, KeyPair, make_client, make_server
+from daemon.adapters.curve import HandshakeMonitor, make_client, make_server
+from daemon.adapters.keyfiles import KeyPair
 from daemon.core.messages import utf8_clean
 
 ERROR_CODES = ("bad_request", "unknown_command", "denied", "not_found", "refused", "conflict", "unavailable",

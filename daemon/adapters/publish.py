@@ -12,7 +12,8 @@ from typing import Any
 
 import zmq
 
-from daemon.adapters.curve import KeyPair, make_client, make_server
+from daemon.adapters.curve import make_client, make_server
+from daemon.adapters.keyfiles import KeyPair
 
 
 class EventPublisher:

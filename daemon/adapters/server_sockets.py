@@ -19,18 +19,8 @@ import structlog
 import zmq
 
 from daemon.adapters import control
-from daemon.adapters.curve import (
-    CurveAuthenticator,
-    CurveSetupError,
-    HandshakeMonitor,
-    KeyPair,
-    KeyRing,
-    load_keypair,
-    make_server,
-    require_curve,
-    selftest,
-    user_id,
-)
+from daemon.adapters.curve import CurveAuthenticator, HandshakeMonitor, make_server, selftest, user_id
+from daemon.adapters.keyfiles import CurveSetupError, KeyPair, KeyRing, load_keypair, require_curve
 from daemon.adapters.publish import EventPublisher
 from daemon.core.access import ROLE_GRANTS, ControlRole, SecuritySettings, insecure_endpoints
 from daemon.core.limits import LimitSettings

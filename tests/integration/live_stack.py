@@ -12,7 +12,8 @@ from typing import Any
 import zmq
 
 from daemon.adapters.control import call
-from daemon.adapters.curve import KeyPair, create_certificate, load_keypair, load_public_key, make_client
+from daemon.adapters.curve import make_client
+from daemon.adapters.keyfiles import KeyPair, create_certificate, load_keypair, load_public_key
 from daemon.config import load_settings
 from daemon.coordinator import Coordinator
 from daemon.node import NodeDaemon

@@ -13,7 +13,8 @@ import zmq
 from click.testing import CliRunner
 
 from daemon.adapters.control import ControlAuthFailed, ControlError
-from daemon.adapters.curve import CurveAuthenticator, CurveSetupError, HandshakeMonitor
+from daemon.adapters.curve import CurveAuthenticator, HandshakeMonitor
+from daemon.adapters.keyfiles import CurveSetupError
 from daemon.adapters.publish import subscribe
 from daemon.cli import cli
 from daemon.config import load_settings
