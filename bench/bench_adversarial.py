@@ -7,15 +7,16 @@ process on the node socket and as a second authenticated node ("nodeB") and as u
 - hello floods for new jobs claiming 2**20 ranks each, with one step each;
 - rank messages in UTF-16, UTF-32, with a BOM, with invalid UTF-8, with lone surrogates, with lax types
   (``rank: "1"``, ``rank: true``) and absurd values (``step_time_s: 1e308``), and 300 KiB (over the limit);
-- 24 batches of ~4 MiB from nodeB (rank records for up to 2**20 ranks) and 24 batches of 15 MB (over the limit);
+- 24 batches of ~3.7 MB from nodeB (rank records for up to 2**20 ranks) and 24 batches of 15 MB (over the limit);
 - identity claims: nodeB's key speaking for nodeA, nodeB speaking for nodeA's ranks, an unknown key, a client
   without CURVE; control: a read key trying ``set_thresholds`` and ``arm``, unknown commands.
 
 After each round it checks for harm (each item that got through counts one): honest steps lost, the honest
 job's paths, node binding or step times changed, jobs beyond the caps, node ids other than nodeA/nodeB, arming
 switched off, a daemon gone, a failed registry flush. Prints inputs tried, handled (refused or dropped by a
-daemon, by their own counters), harmful (goal 0), and the coordinator's peak RSS and RSS after each round
-(goal: no growth after the first round fills the caps; CPython rarely returns freed memory to the OS).
+daemon, by their own counters), harmful (goal 0), the records the coordinator holds after each round (jobs, ranks,
+nodes: the caps stop their growth in round 1), its RSS after each round and its peak (goal: no growth trend; CPython
+rarely returns freed memory to the OS, so RSS wanders).
 
 Usage: python bench/bench_adversarial.py [--rounds 5] [--hellos 2000]
 """
@@ -43,6 +44,9 @@ from daemon.adapters.control import ControlError, call  # noqa: E402
 from daemon.adapters.curve import make_client  # noqa: E402
 from daemon.adapters.keyfiles import create_certificate, load_keypair, load_public_key  # noqa: E402
 from rankhook import wire  # noqa: E402
+
+PER_BATCH = 22_000
+"""Rank messages in one of nodeB's big batches (~3.7 MB: under the 4 MiB MAXMSGSIZE, which would drop it unread)."""
 
 
 def _port() -> int:
@@ -123,6 +127,7 @@ format = "console"
         self.honest = self._push()
         self.evil = self._push()
         self.node_b = self._dealer("nodeB")
+        self.node_b_oversize = self._dealer("nodeB")  # its own connection: ZeroMQ closes it at each oversize message
         self.honest_sent: list[int] = []
         self.tried = 0
         self.dropped_by_transport = 0
@@ -208,16 +213,16 @@ format = "console"
             self._honest_step()
         # nodeB: valid key, floods of big batches (rank records) and oversize ones, and lies about identity
         for b in range(24):
-            msgs = ",".join(json.dumps({"kind": "step", "v": 1, "job_id": f"bjob{r}", "rank": b * 25000 + k, "step": 1,
-                                        "step_time_s": 0.1, "ts_unix_s": time.time()}) for k in range(25000))
+            msgs = ",".join(json.dumps({"kind": "step", "v": 1, "job_id": f"bjob{r}", "rank": b * PER_BATCH + k, "step": 1,
+                                        "step_time_s": 0.1, "ts_unix_s": time.time()}) for k in range(PER_BATCH))
             head = {"kind": "node_batch", "v": 1, "node_id": "nodeB", "hostname": "b", "seq": r * 100 + b, "ts_unix_s": 1}
             if b == 0:
                 self.node_b.send(wire.encode(wire.NodeBatch(node_id="nodeB", hostname="b", seq=r * 100, ts_unix_s=1.0,
                                                             messages=[wire.to_dict(self._hello(f"bjob{r}", 0, 1 << 20))])))
                 self.tried += 1
             self.node_b.send(json.dumps(head)[:-1].encode() + b',"messages":[' + msgs.encode() + b"]}")
-            self.node_b.send(b" " * (15 * 1024 * 1024))  # over MAXMSGSIZE: ZeroMQ drops it
-            self.tried += 25000 + 1  # every rank message counts as one input
+            self.node_b_oversize.send(b" " * (15 * 1024 * 1024))  # over MAXMSGSIZE: ZeroMQ drops it
+            self.tried += PER_BATCH + 1  # every rank message counts as one input
             self.dropped_by_transport += 1
             self._honest_step()
         for env in (wire.NodeHeartbeat(node_id="nodeA", hostname="x", pid=1, ts_unix_s=1.0, started_unix_s=1.0),
@@ -290,7 +295,7 @@ format = "console"
         return parts
 
     def close(self) -> None:
-        for s in (self.honest, self.evil, self.node_b):
+        for s in (self.honest, self.evil, self.node_b, self.node_b_oversize):
             s.close(0)
         self.ctx.term()
         for p in (self.node, self.coord):
@@ -325,8 +330,11 @@ def main() -> None:
                     total_harm[k] = total_harm.get(k, 0) + v
                 rss, hwm = _rss_mib(run.coord.pid)
                 nrss, _ = _rss_mib(run.node.pid)
-                print(f"round {r + 1}: {time.monotonic() - t0:5.1f}s  tried={run.tried}  coordinator RSS={rss:.1f} MiB "
-                      f"(peak {hwm:.1f})  node RSS={nrss:.1f} MiB  harmful={sum(harm.values())} {harm if any(harm.values()) else ''}")
+                b = (run.control("status") or {}).get("bounds", {})
+                held = f"jobs={b.get('jobs')} ranks={b.get('ranks')} nodes={b.get('nodes')}"
+                print(f"round {r + 1}: {time.monotonic() - t0:5.1f}s  tried={run.tried}  held {held}  coordinator "
+                      f"RSS={rss:.1f} MiB (peak {hwm:.1f})  node RSS={nrss:.1f} MiB  harmful={sum(harm.values())} "
+                      f"{harm if any(harm.values()) else ''}")
             _, hwm = _rss_mib(run.coord.pid)
             print(f"inputs tried: {run.tried}")
             handled = run.handled()

@@ -167,8 +167,8 @@ class Registry:
         r = job.ranks.get(msg.rank) if job is not None else None
         if r is not None:
             self._check_rank_node(r, msg.job_id, node_id, now)
-        elif self.rank_count >= self.limits.max_ranks_total:
-            raise RegistryError("too_many_ranks", f"{self.rank_count} ranks tracked (limits.max_ranks_total)")
+        else:
+            self._check_rank_room(node_id)  # before anything changes: a refused hello leaves no empty job behind
         if job is None:
             job = self.jobs[msg.job_id] = JobState(job_id=msg.job_id, world_size=msg.world_size, first_seen_unix_s=now,
                                                    pinned_paths=paths, profiler_config_path=paths[0], prof_root=paths[1])
@@ -200,12 +200,15 @@ class Registry:
             raise RegistryError("rank_on_other_node",
                                 f"rank {r.rank} of job {job_id} runs on node {r.node_id}, not {node_id}")
 
-    def _new_rank(self, job: JobState, rank: int, node_id: str) -> RankState:
+    def _check_rank_room(self, node_id: str) -> None:
         if self.rank_count >= self.limits.max_ranks_total:
             raise RegistryError("too_many_ranks", f"{self.rank_count} ranks tracked (limits.max_ranks_total)")
         if self._node_ranks.get(node_id, 0) >= self.limits.max_ranks_per_node:
             raise RegistryError("too_many_ranks_on_node",
                                 f"node {node_id} has {self.limits.max_ranks_per_node} ranks (limits.max_ranks_per_node)")
+
+    def _new_rank(self, job: JobState, rank: int, node_id: str) -> RankState:
+        self._check_rank_room(node_id)
         if node_id and job.job_id not in self._node_jobs.get(node_id, ()):
             self._check_new_job_on_node(node_id)
         r = job.ranks[rank] = RankState(rank=rank, node_id=node_id, window=StepWindow(self.window_steps))

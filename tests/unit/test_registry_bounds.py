@@ -123,3 +123,11 @@ def test_ranks_per_node_are_capped_so_one_node_cannot_take_every_slot() -> None:
     assert reg.rank_count == 4
     assert reg.expire(1e9) == ["j", "other"] and reg.rank_count == 0
     reg.hello(hello(0, world=1 << 20), "greedy", 2e9)  # the node's slots came back with the expiry
+
+
+def test_a_refused_hello_leaves_no_empty_job_behind() -> None:
+    reg = Registry(limits=LimitSettings(max_ranks_per_node=1))
+    reg.hello(hello(0, job="a"), "n0", 1.0)
+    with pytest.raises(RegistryError) as ei:
+        reg.hello(hello(0, job="b"), "n0", 1.0)
+    assert ei.value.reason == "too_many_ranks_on_node" and set(reg.jobs) == {"a"}
