@@ -43,7 +43,8 @@ def _install_sigterm(stop: Any) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-_LAZY_COMMANDS = {"scan": "scan", "analyze": "analyze", "replay": "replay", "simulate": "simulate", "demo": "demo"}
+_LAZY_COMMANDS = {"scan": "scan", "analyze": "analyze", "replay": "replay", "simulate": "simulate", "demo": "demo",
+                  "keys": "keys"}
 """Commands implemented in ``daemon/commands/<module>.py`` (command name -> module), imported only when used, so
 ``profwatch status`` and the daemons never pay for the analysis stack (numpy, msprof parsing, Kineto reader)."""
 
@@ -105,7 +106,7 @@ def node(config_path: Path | None) -> None:
 
     s = _load(config_path)
     configure_logging(s.logging.level, s.logging.format)
-    _serve("node", s.node.metrics_port, lambda metrics: NodeDaemon(s.node, metrics))
+    _serve("node", s.node.metrics_port, lambda metrics: NodeDaemon(s.node, metrics, s.security, s.limits))
 
 
 @cli.command()
@@ -120,11 +121,26 @@ def coordinator(config_path: Path | None) -> None:
     _serve("coordinator", s.coordinator.metrics_port, lambda metrics: Coordinator(s, metrics))
 
 
-def _call(s: Any, cmd: str, args: dict[str, Any] | None = None, timeout_s: float = 5.0) -> Any:
-    from daemon.adapters.control import ControlError, ControlUnavailable, call
+def _client_keys(s: Any, endpoint: str) -> Any:
+    """CURVE client keys for ``endpoint`` (None when it does not use CURVE); exit 2 with the fix when missing."""
+    from daemon.adapters.keyfiles import CurveSetupError, client_keys
 
     try:
-        return call(s.coordinator.control_bind, cmd, args, timeout_s=timeout_s)
+        return client_keys(s.security, endpoint)
+    except CurveSetupError as exc:
+        click.echo(f"profwatch: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+
+
+def _call(s: Any, cmd: str, args: dict[str, Any] | None = None, timeout_s: float = 5.0) -> Any:
+    from daemon.adapters.control import ControlAuthFailed, ControlError, ControlUnavailable, call
+
+    endpoint = s.coordinator.control_bind
+    try:
+        return call(endpoint, cmd, args, timeout_s=timeout_s, curve=_client_keys(s, endpoint))
+    except ControlAuthFailed as exc:
+        click.echo(f"profwatch: {exc.message}", err=True)
+        sys.exit(EXIT_UNREACHABLE)
     except ControlUnavailable as exc:
         click.echo(f"profwatch: {exc.message}\n  is the coordinator running? The CLI finds it through [coordinator] "
                    "control_bind of --config / PROFWATCH_CONFIG (default tcp://127.0.0.1:7712).", err=True)
@@ -243,7 +259,8 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
     sub = None
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     if follow:  # subscribe first, then fetch history, then dedup by id: no gap between the two
-        sub = Subscription(ctx, s.coordinator.pub_bind, ["alert", "event"] if all_events else ["alert"], job_id)
+        sub = Subscription(ctx, s.coordinator.pub_bind, ["alert", "event"] if all_events else ["alert"], job_id,
+                           curve=_client_keys(s, s.coordinator.pub_bind))
     seen: set[str] = set()
     last_seq = 0
     for row in _call(s, "events", args):
@@ -270,7 +287,7 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
 @click.option("--job", "job_id", required=True)
 @click.option("--in-steps", type=int, help="start this many steps after the furthest rank")
 @click.option("--start-step", type=int, help="absolute start_step (must be ahead of every rank)")
-@click.option("--active", type=int, help="steps recorded (default from config: 2)")
+@click.option("--active", type=int, help="steps recorded (default from config: [arming] active, 4)")
 @click.option("--warmup", type=int, help="warm-up steps before recording (default 1)")
 @click.option("--ranks", help="comma-separated rank ids (default: all ranks)")
 @click.option("--reason", default="manual", show_default=True)

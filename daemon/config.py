@@ -10,7 +10,6 @@ this module (every ``profwatch`` command does) must not import numpy, pandas or 
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from pathlib import Path
 from typing import Any, Literal
@@ -18,10 +17,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from daemon.core.access import SecuritySettings, exposure_problems
 from daemon.core.analysis_settings import AnalysisSettings
 from daemon.core.arming_settings import ArmingSettings
 from daemon.core.capture import CaptureSettings
 from daemon.core.detection_settings import DetectionSettings
+from daemon.core.limits import LimitSettings
 from daemon.core.watch_settings import WatchSettings
 
 DEFAULT_RUNTIME_DIR = "/run/profwatch"
@@ -30,20 +31,6 @@ DEFAULT_STATE_DIR = "/var/lib/profwatch"
 
 class ConfigError(ValueError):
     """The configuration file or environment is invalid (message says which key and why)."""
-
-
-def _is_local_endpoint(endpoint: str) -> bool:
-    if endpoint.startswith(("ipc://", "inproc://")):
-        return True
-    if endpoint.startswith("tcp://"):
-        host = endpoint[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
-        if host in ("localhost",):
-            return True
-        try:
-            return ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            return False
-    return False
 
 
 class _Strict(BaseModel):
@@ -56,11 +43,17 @@ class NodeSettings(_Strict):
     node_id: str = Field(default_factory=socket.gethostname, description="stable id of this node (default hostname)")
     runtime_dir: Path = Path(DEFAULT_RUNTIME_DIR)
     bind: str | None = Field(None, description="rank endpoint; default ipc://<runtime_dir>/node.sock")
-    socket_mode: int = Field(0o666, description="mode of the ipc socket file (ranks run as other users)")
+    socket_mode: int = Field(0o660, ge=0, le=0o777,
+                             description="mode of the ipc socket file: owner and socket_group may connect")
+    socket_group: str | None = Field(
+        None, description="group of the ipc socket file (e.g. 'profwatch', which training users join); "
+                          "None keeps the daemon's group")
     coordinator: str = "tcp://127.0.0.1:7711"
     heartbeat_interval_s: float = Field(2.0, gt=0, le=3600)
     batch_max_messages: int = Field(1000, ge=1, le=10_000)
     batch_max_delay_s: float = Field(0.05, gt=0, le=10)
+    batch_max_bytes: int = Field(1024 * 1024, ge=64 * 1024, le=2 * 1024 * 1024,
+                                 description="relay a batch before its bytes reach this")
     relay_hwm: int = Field(1000, ge=1, le=1_000_000, description="batches queued while the coordinator is unreachable")
     allowed_config_roots: list[Path] = Field(default_factory=list, description="folders this node may write configs in")
     dp_log_poll_s: float = Field(1.0, gt=0, le=3600)
@@ -80,9 +73,6 @@ class CoordinatorSettings(_Strict):
     ingest_bind: str = Field("tcp://127.0.0.1:7711", description="node daemons connect here")
     control_bind: str = "tcp://127.0.0.1:7712"
     pub_bind: str = "tcp://127.0.0.1:7713"
-    allow_remote_control: bool = Field(
-        False, description="allow control/pub on non-loopback interfaces (unauthenticated: trusted networks only)"
-    )
     state_db: Path = Path(DEFAULT_STATE_DIR) / "state.db"
     work_dir: Path = Path(DEFAULT_STATE_DIR) / "work"
     window_steps: int = Field(1000, ge=10, le=100_000)
@@ -99,17 +89,9 @@ class CoordinatorSettings(_Strict):
     ack_timeout_s: float = Field(60.0, gt=0, le=86400, description="arms not acknowledged by every rank by then are reported")
     metrics_port: int | None = Field(None, ge=1, le=65535)
 
-    @model_validator(mode="after")
-    def _loopback_unless_allowed(self) -> CoordinatorSettings:
-        if not self.allow_remote_control:
-            for name in ("control_bind", "pub_bind"):
-                ep = getattr(self, name)
-                if not _is_local_endpoint(ep):
-                    raise ValueError(
-                        f"coordinator.{name}={ep!r} listens beyond loopback; set coordinator.allow_remote_control=true "
-                        "to allow it (no authentication yet)"
-                    )
-        return self
+    def binds(self) -> dict[str, str]:
+        """The three listening endpoints by socket name (``ingest``, ``control``, ``pub``)."""
+        return {"ingest": self.ingest_bind, "control": self.control_bind, "pub": self.pub_bind}
 
 
 class WebhookSettings(_Strict):
@@ -142,6 +124,19 @@ class Settings(BaseSettings):
     analysis: AnalysisSettings = Field(default_factory=AnalysisSettings)
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    security: SecuritySettings = Field(default_factory=SecuritySettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+
+    @model_validator(mode="after")
+    def _no_open_sockets(self) -> Settings:
+        """Refuse a socket reachable beyond loopback without CURVE (unless ``security.insecure``)."""
+        eps = {f"coordinator.{k}_bind": v for k, v in self.coordinator.binds().items()}
+        eps["node.coordinator"] = self.node.coordinator
+        eps["node.bind"] = self.node.rank_endpoint()
+        problems = exposure_problems(eps, self.security)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -1,13 +1,16 @@
 """Coordinator daemon (composition root): telemetry ingest, registry, detection, arming, capture tracking,
 control socket, event/alert stream and state store.
 
-Sockets: ingest ROUTER (node DEALERs connect), control ROUTER (CLI REQ clients), PUB (subscribers).
+Sockets (``daemon/adapters/server_sockets.py``): ingest ROUTER (node DEALERs connect), control ROUTER (CLI REQ
+clients), PUB (subscribers); CURVE-authenticated beyond loopback. A node speaks for the node id its key names
+(``daemon/core/peers.py``); each control command needs the role ``daemon/core/access.py`` lists for it.
 One thread owns the sockets and the SQLite connection (the main loop). File system work (config writes on shared
 storage, rank-dir scans) and analyses run on worker threads and hand results back through a queue (FC-15).
 """
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 import time
@@ -19,16 +22,18 @@ import zmq
 
 from daemon.adapters import control
 from daemon.adapters.metrics import DaemonMetrics
-from daemon.adapters.publish import EventPublisher
+from daemon.adapters.server_sockets import ServerSockets
 from daemon.adapters.state import StateStore
 from daemon.capture_ports import BatchAnalyser, RankDirScanner
 from daemon.captures import CaptureShell
 from daemon.config import Settings
+from daemon.core.access import AccessDenied, authorize
 from daemon.core.alerts import TYPE_ANALYSIS_ENRICHED, make_cloudevent
 from daemon.core.anomaly import Anomaly, JobDetector
 from daemon.core.capture import CaptureRequest
 from daemon.core.capture_report import describe
 from daemon.core.messages import MessageRejected, parse_node_message
+from daemon.core.peers import NodeRoutes
 from daemon.core.registry import Registry, RegistryError
 from daemon.core.telemetry import dump_jsonl, window_records
 from daemon.logsetup import OncePerKind
@@ -79,6 +84,7 @@ class Coordinator:
     Raises:
         zmq.ZMQError: an endpoint cannot be bound (address in use).
         sqlite3.DatabaseError: the state database is not usable.
+        daemon.adapters.curve.CurveSetupError: CURVE is required but a key is missing or the self-test failed.
     """
 
     def __init__(self, settings: Settings, metrics: DaemonMetrics | None = None) -> None:
@@ -88,23 +94,26 @@ class Coordinator:
         self._stop = threading.Event()
         self._ctx = zmq.Context()
         self.state = StateStore(cs.state_db)
-        self.registry = Registry(window_steps=cs.window_steps)
+        self.registry = Registry(window_steps=cs.window_steps, limits=settings.limits)
+        self.routes = NodeRoutes(settings.limits.max_nodes)  # node id <-> ingest connection (identity binding)
         self.detectors: dict[str, JobDetector] = {}
+        self._detector_ranks = 0  # sum of world sizes of jobs with a detector (bounded by limits.max_ranks_total)
         self._known_nodes: set[str] = set()  # nodes seen since this process started (others must re-register)
         self._once = OncePerKind()
+        self._peer_logged: dict[tuple[str, str], float] = {}
         self.counters = {"received": 0, "rejected": 0, "batches": 0, "lost_batches": 0, "events": 0}
         self.results: queue.Queue[Callable[[], None]] = queue.Queue()
         self._restore_registry()
-        self.ingest = self._ctx.socket(zmq.ROUTER)
-        self.ingest.setsockopt(zmq.LINGER, 0)
-        self.ingest.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BATCH_BYTES)
-        self.ingest.setsockopt(zmq.RCVHWM, 200)  # batches (up to 1000 reports each): bounds queued memory
-        # a restarted node daemon reconnects with the same identity before the old connection is torn down:
-        # hand the identity over to it instead of ignoring the new peer (FC-21)
-        self.ingest.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self.ingest.bind(cs.ingest_bind)
-        self.control_sock = control.bind_control(self._ctx, cs.control_bind)
-        self.pub = EventPublisher(self._ctx, cs.pub_bind)
+        try:
+            self.sockets = ServerSockets(self._ctx, cs.binds(), settings.security, settings.limits,
+                                         on_refused=lambda sock, why: self.metrics.auth_refused.labels(sock, why).inc())
+        except BaseException:
+            self.state.close()
+            self._ctx.term()
+            raise
+        self.ingest = self.sockets.ingest
+        self.control_sock = self.sockets.control
+        self.pub = self.sockets.pub
         self._sinks: list[Any] = []
         from daemon.adapters.config_writer import ConfigWriter
 
@@ -114,8 +123,11 @@ class Coordinator:
             analyser=BatchAnalyser(settings.analysis), detectors=_DetectorView(self.detectors), emit=self.emit,
             post=self.results.put, clock=time.time, make_watcher=lambda on_wake: _start_watcher(on_wake, settings, self.metrics),
             count_state=lambda state: self.metrics.captures.labels(state).inc())
+        bound = settings.limits.coordinator_peak_bytes(cs.window_steps, wire.MAX_BATCH_BYTES, control.MAX_REQUEST_BYTES)
+        self._state_bound_mib = round(bound["total"] / 2**20)
         log.info("coordinator_started", ingest=cs.ingest_bind, control=cs.control_bind, pub=cs.pub_bind,
-                 state_db=str(cs.state_db), jobs=len(self.registry.jobs))
+                 curve=sorted(k for k, v in self.sockets.curve.items() if v), state_db=str(cs.state_db),
+                 jobs=len(self.registry.jobs), state_bound_mib=self._state_bound_mib)
 
     # -- persistence --------------------------------------------------------------------------------------------
     def _restore_registry(self) -> None:
@@ -125,14 +137,15 @@ class Coordinator:
         jobs, ranks, _nodes = self.state.load_registry()
         import json
 
+        restored: dict[str, JobState] = {}
         for j in jobs:
-            self.registry.jobs[j["job_id"]] = JobState(
+            restored[j["job_id"]] = JobState(
                 job_id=j["job_id"], world_size=j["world_size"], profiler_config_path=j["profiler_config_path"],
                 prof_root=j["prof_root"], backend=j["backend"] or "", first_seen_unix_s=j["first_seen_unix_s"] or 0.0,
                 started_unix_s=j["started_unix_s"] or 0.0, versions=json.loads(j["versions"] or "{}"),
             )
         for r in ranks:
-            job = self.registry.jobs.get(r["job_id"])
+            job = restored.get(r["job_id"])
             if job is None:
                 continue
             job.ranks[r["rank"]] = RankState(
@@ -142,6 +155,8 @@ class Coordinator:
                 last_step_time_s=r["last_step_time_s"] or 0.0, seen_unix_s=r["seen_unix_s"] or 0.0,
                 left=bool(r["left"]), window=StepWindow(self.registry.window_steps),
             )
+        for job in restored.values():
+            self.registry.restore(job)
 
     def _flush_registry(self) -> None:
         import json
@@ -189,7 +204,9 @@ class Coordinator:
         poller = zmq.Poller()
         poller.register(self.ingest, zmq.POLLIN)
         poller.register(self.control_sock, zmq.POLLIN)
-        next_tick = next_flush = 0.0
+        for mon in self.sockets.monitor_sockets():
+            poller.register(mon, zmq.POLLIN)
+        next_tick = next_flush = next_expiry = 0.0
         if self.settings.webhook.url:
             from daemon.adapters.alert_sinks import WebhookSink
 
@@ -204,11 +221,16 @@ class Coordinator:
                     self._drain_ingest()
                 if self.control_sock in events:
                     self._drain_control()
+                if len(events) > (self.ingest in events) + (self.control_sock in events):
+                    self.sockets.poll_monitors()
                 self._drain_results()
                 now = time.time()
                 if now >= next_tick:
                     next_tick = now + cs.tick_interval_s
                     self._tick(now)
+                if now >= next_expiry:
+                    next_expiry = now + min(10.0, self.settings.limits.job_expiry_s / 4)
+                    self._expire(now)
                 if now >= next_flush:
                     next_flush = now + cs.registry_flush_s
                     try:
@@ -241,54 +263,81 @@ class Coordinator:
             if self._once.first(f"tick:{type(exc).__name__}"):
                 log.exception("tick_failed", error=repr(exc))
 
-    def _reject(self, exc: MessageRejected | RegistryError, node_id: str = "") -> None:
+    def _reject(self, exc: MessageRejected | RegistryError, node_id: str = "", quiet: bool = False) -> None:
         self.counters["rejected"] += 1
         self.metrics.rejected.labels(exc.reason).inc()
-        if self._once.first(exc.reason):
+        if not quiet and self._once.first(exc.reason):
             log.warning("message_rejected", reason=exc.reason, detail=str(exc), node_id=node_id,
                         note="logged once per reason; see profwatch_rejected_total")
+
+    def _refuse_peer(self, reason: str, detail: str, peer: str) -> None:
+        """Count a refusal by a peer and log it once a minute per (reason, peer)."""
+        self._reject(MessageRejected(reason, detail), peer, quiet=True)
+        now = time.monotonic()
+        if now - self._peer_logged.get((reason, peer), -1e9) >= 60.0:
+            if len(self._peer_logged) > 10_000:
+                self._peer_logged.clear()
+            self._peer_logged[(reason, peer)] = now
+            log.warning("peer_refused", reason=reason, detail=detail, peer=peer,
+                        note="logged once a minute per peer and reason; see profwatch_rejected_total")
 
     def _drain_ingest(self) -> None:
         # at most 100 batches (~100k reports) per pass, so control requests and SIGTERM are never starved
         for _ in range(100):
             try:
-                frames = self.ingest.recv_multipart(zmq.NOBLOCK)
+                frames = self.ingest.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            route = frames[0].bytes
+            key = self.sockets.node_key(frames[-1])
+            peer = f"key:{key}" if key is not None else f"conn:{route.hex()}"
             if len(frames) != 2:
-                self._reject(MessageRejected("bad_framing", f"{len(frames)} frames"))
+                self._reject(MessageRejected("bad_framing", f"{len(frames)} frames"), peer)
                 continue
-            ident, data = frames
-            node_id = ident.decode(errors="replace")
             try:
-                env, msgs, bad = parse_node_message(data)
+                env, msgs, bad = parse_node_message(frames[1].bytes)
             except MessageRejected as exc:
-                self._reject(exc, node_id)
+                self._reject(exc, peer)
                 continue
             except Exception as exc:  # noqa: BLE001 - whatever a peer sends, the loop keeps serving
-                self._reject(MessageRejected("bad_message", repr(exc)[:200]), node_id)
+                self._reject(MessageRejected("bad_message", repr(exc)[:200]), peer)
                 continue
+            verdict = self.routes.admit(route, env.node_id, key)
+            if verdict.action == "refuse":
+                self._refuse_peer(verdict.reason, verdict.detail, peer)
+                continue
+            node_id = env.node_id
             for b in bad:
                 self._reject(b, node_id)
             now = time.time()
-            if env.node_id != node_id:
-                self._reject(MessageRejected("bad_node_id", f"{env.node_id!r} sent by {node_id!r}"), node_id)
-                continue
-            if node_id not in self._known_nodes:
-                self._known_nodes.add(node_id)
-                if env.kind != "node_batch" or not any(m.kind == "hello" for m in msgs):
-                    self._send_node(ident, wire.NodeCommand(cmd="register", command_id=f"reg-{int(now)}"))
-            if env.kind == "node_heartbeat":
-                self.registry.heartbeat(env, now)
-            elif env.kind == "node_ack":
-                self.captures.on_node_ack(env, now)
-            elif env.kind == "node_batch":
-                node, _new = self.registry.touch_node(env.node_id, env.hostname, now)
-                lost = self.registry.note_batch_seq(node, env.seq)
-                if lost:
-                    self.counters["lost_batches"] += lost
-                self.counters["batches"] += 1
-                self._ingest_messages(msgs, node_id, now)
+            if verdict.old_route is not None:
+                log.warning("node_connection_replaced", node_id=node_id, key=key, detail=verdict.detail,
+                            note="the previous connection was told to reconnect")
+                self._send_node(verdict.old_route, wire.NodeCommand(
+                    cmd="reconnect", command_id=f"reconnect-{int(now)}", args={"after_s": 2.0}))
+            try:
+                self._on_node_message(route, env, msgs, now)
+            except RegistryError as exc:
+                self._refuse_peer(exc.reason, str(exc), peer)
+
+    def _on_node_message(self, route: bytes, env: Any, msgs: list[Any], now: float) -> None:
+        node_id = env.node_id
+        if node_id not in self._known_nodes:
+            self.registry.touch_node(node_id, getattr(env, "hostname", ""), now)  # refused beyond limits.max_nodes
+            self._known_nodes.add(node_id)
+            if env.kind != "node_batch" or not any(m.kind == "hello" for m in msgs):
+                self._send_node(route, wire.NodeCommand(cmd="register", command_id=f"reg-{int(now)}"))
+        if env.kind == "node_heartbeat":
+            self.registry.heartbeat(env, now)
+        elif env.kind == "node_ack":
+            self.captures.on_node_ack(env, now)
+        elif env.kind == "node_batch":
+            node, _new = self.registry.touch_node(node_id, env.hostname, now)
+            lost = self.registry.note_batch_seq(node, env.seq)
+            if lost:
+                self.counters["lost_batches"] += lost
+            self.counters["batches"] += 1
+            self._ingest_messages(msgs, node_id, now)
 
     def _ingest_messages(self, msgs: list[Any], node_id: str, now: float) -> None:
         reg = self.registry
@@ -299,11 +348,13 @@ class Coordinator:
             kind = m.kind
             try:
                 if kind == "step":
-                    job, _rank, _restarted = reg.step(m, now)
+                    job, _rank, _restarted = reg.step(m, now, node_id)
                     if job is None:
                         self._reject(MessageRejected("unknown_job", f"step for job {m.job_id} before any hello"), node_id)
                         continue
                     det = detectors.get(m.job_id) or self._detector_for(job.job_id, job.world_size)
+                    if det is None:
+                        continue
                     anomalies = det.observe(m, now)  # stalls are judged from this arrival time
                     if anomalies:
                         for an in anomalies:
@@ -312,49 +363,91 @@ class Coordinator:
                     known = m.job_id in reg.jobs
                     job = reg.hello(m, node_id, now)
                     if not known:
-                        log.info("job_registered", job_id=m.job_id, world_size=m.world_size, backend=m.backend)
+                        log.info("job_registered", job_id=m.job_id, world_size=m.world_size, backend=m.backend,
+                                 node_id=node_id, uid=m.peer_uid)
                     self.captures.on_hello(job, m, now)
-                    if m.job_id not in self.detectors:
-                        self._detector_for(job.job_id, job.world_size)
                 elif kind == "capture":
+                    reg.rank_for(m, node_id)  # a node speaks only for the ranks that run on it
                     self.captures.on_capture_event(m, node_id, now)
                 elif kind == "bye":
-                    reg.bye(m, now)
+                    reg.bye(m, now, node_id)
                     left = self.detectors.get(m.job_id)
                     if left is not None:
                         left.mark_left(m.rank)
             except RegistryError as exc:
+                if exc.reason == "paths_changed":
+                    self._paths_changed(m, node_id, str(exc), now)
                 self._reject(exc, node_id)
             except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
                 self.counters["internal_errors"] = self.counters.get("internal_errors", 0) + 1
                 if self._once.first(f"internal:{kind}:{type(exc).__name__}"):
                     log.exception("message_handler_failed", kind=kind, job_id=getattr(m, "job_id", None))
 
-    def _detector_for(self, job_id: str, world_size: int) -> JobDetector:
+    def _detector_for(self, job_id: str, world_size: int) -> JobDetector | None:
+        """Create a job's detector at its first step (its per-rank tables are ``world_size`` long), while the sum
+        of world sizes with a detector stays within ``limits.max_ranks_total``; else None (logged once per job)."""
+        if self._detector_ranks + world_size > self.settings.limits.max_ranks_total:
+            if self._once.first(f"detector_budget:{job_id}"):
+                log.warning("detection_skipped", job_id=job_id, world_size=world_size,
+                            ranks_with_detectors=self._detector_ranks, limit=self.settings.limits.max_ranks_total,
+                            note="limits.max_ranks_total reached: the job is tracked, not analysed for anomalies")
+            return None
         det = JobDetector(job_id, world_size, self.settings.detection, capture=self.settings.capture)
         self.detectors[job_id] = det
+        self._detector_ranks += world_size
         return det
+
+    def _paths_changed(self, m: Any, node_id: str, detail: str, now: float) -> None:
+        """Alert once per job and claimed paths: a hello tried to move a job's pinned paths."""
+        claimed = repr((m.profiler_config_path, m.prof_root)).encode("utf-8", "backslashreplace")
+        digest = hashlib.sha256(claimed).hexdigest()[:16]
+        self.emit("io.profwatch.path_refused.v1", m.job_id,
+                  {"rank": m.rank, "hostname": m.hostname, "node_id": node_id, "reason": "paths_changed",
+                   "problems": [detail]}, event_id=f"paths_changed-{m.job_id}-{digest}")
+
+    def _expire(self, now: float) -> None:
+        """Forget jobs with no rank heard for ``limits.job_expiry_s`` (and their detectors and stored rows)."""
+        gone = self.registry.expire(now)
+        for job_id in gone:
+            det = self.detectors.pop(job_id, None)
+            if det is not None:
+                self._detector_ranks -= det.world_size
+            log.info("job_expired", job_id=job_id, silent_for_s=self.settings.limits.job_expiry_s)
+        if gone:
+            try:
+                self.state.forget_jobs(gone)
+            except Exception as exc:  # noqa: BLE001 - retried at the next restart's expiry
+                log.warning("forget_jobs_failed", error=repr(exc))
+        for node_id in self.routes.node_ids():
+            if node_id not in self.registry.nodes:
+                self.routes.forget(node_id)
+                self._known_nodes.discard(node_id)
 
     def _on_anomaly(self, an: Anomaly, now: float) -> None:
         data = {"kind": an.kind, "step": an.step, "ranks": list(an.ranks), "magnitude": an.magnitude, "detail": an.detail}
         self.emit("io.profwatch.anomaly.v1", an.job_id, data)
         self.captures.on_anomaly(an, now)
 
-    def _send_node(self, ident: bytes, cmd: wire.NodeCommand) -> None:
+    def _send_node(self, route: bytes, cmd: wire.NodeCommand) -> None:
         try:
-            self.ingest.send_multipart([ident, wire.encode(cmd)], zmq.NOBLOCK)
+            self.ingest.send_multipart([route, wire.encode(cmd)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
-            log.warning("node_command_failed", node_id=ident.decode(errors="replace"), error=str(exc))
+            log.warning("node_command_failed", node_id=self.routes.node(route), cmd=cmd.cmd, error=str(exc))
 
     def send_node_command(self, node_id: str, cmd: wire.NodeCommand) -> None:
-        """Send a command to one node daemon (by its identity)."""
-        self._send_node(node_id.encode(), cmd)
+        """Send a command to one node daemon: to the connection that speaks for ``node_id`` (dropped and logged
+        when the node has none)."""
+        route = self.routes.route(node_id)
+        if route is None:
+            log.warning("node_command_failed", node_id=node_id, cmd=cmd.cmd, error="node not connected")
+            return
+        self._send_node(route, cmd)
 
     # -- control ------------------------------------------------------------------------------------------------
     def _drain_control(self) -> None:
         for _ in range(100):
             try:
-                envelope, req = control.recv_request(self.control_sock)
+                envelope, req, frame = control.recv_request(self.control_sock)
             except zmq.Again:
                 return
             except Exception as exc:  # noqa: BLE001 - a malformed request never stops the coordinator
@@ -362,6 +455,14 @@ class Coordinator:
                 continue
             if isinstance(req, control.ControlError):
                 control.send_reply(self.control_sock, envelope, error=req)
+                continue
+            try:
+                authorize(req["cmd"], self.sockets.grants(frame))
+            except AccessDenied as exc:
+                from daemon.adapters.curve import user_id
+
+                self._refuse_peer(f"control_{exc.code}", exc.message, f"key:{user_id(frame) or '-'}")
+                control.send_reply(self.control_sock, envelope, error=control.ControlError(exc.code, exc.message))
                 continue
             handler = getattr(self, f"_cmd_{req['cmd']}", None)
             if handler is None:
@@ -395,6 +496,9 @@ class Coordinator:
             snap["jobs"] = [j for j in snap["jobs"] if j["job_id"] == job_id]
         snap["counters"] = dict(self.counters)
         snap["captures"] = self.captures.summary(job_id, time.time())
+        snap["bounds"] = {"jobs": len(self.registry.jobs), "ranks": self.registry.rank_count,
+                          "nodes": len(self.registry.nodes), "detector_ranks": self._detector_ranks,
+                          "state_bound_mib": self._state_bound_mib}
         return snap
 
     def _cmd_events(self, job_id: str | None = None, since_seq: int = 0, limit: int = 100,
@@ -478,8 +582,6 @@ class Coordinator:
             except Exception as exc:  # noqa: BLE001
                 log.warning("registry_flush_failed", error=repr(exc))
             self.state.close()
-            self.ingest.close(0)
-            self.control_sock.close(0)
-            self.pub.close()
+            self.sockets.close()
             self._ctx.term()
             log.info("coordinator_stopped", **self.counters)

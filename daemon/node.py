@@ -2,9 +2,15 @@
 coordinator, sends heartbeats, re-registers its ranks after a coordinator restart, writes node-local
 ``profiler_config.json`` copies on the coordinator's command and tails torch_npu's dp logs for acknowledgements.
 
-Sockets: PULL bound on ``node.rank_endpoint()`` (ranks PUSH, FC-19), DEALER connected to the coordinator's
-ingest ROUTER with identity ``node_id`` (FC-21). File system work (config writes, log tailing) runs on a worker
-thread, never on the socket loop (FC-15).
+Sockets: PULL bound on ``node.rank_endpoint()`` (ranks PUSH, FC-19; an ``ipc://`` file of mode
+``node.socket_mode`` and group ``node.socket_group``), DEALER connected to the coordinator's ingest ROUTER
+(CURVE-authenticated beyond loopback; the coordinator knows this node by its key, FC-21). File system work
+(config writes, log tailing) runs on a worker thread, never on the socket loop (FC-15).
+
+What ranks send is decoded as strict UTF-8 JSON, validated, pinned to the uid of the first process that spoke
+for its job on this node (``SO_PEERCRED`` through ZeroMQ's ``Peer-Address``), and relayed *re-encoded*: raw
+rank bytes never reach the coordinator. The fs worker hands its results back through two typed queues
+(node acknowledgements, dp-log capture events).
 """
 
 from __future__ import annotations
@@ -14,19 +20,34 @@ import os
 import queue
 import threading
 import time
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import structlog
 import zmq
 
+from daemon.adapters.curve import HandshakeMonitor, make_client, peer_address
+from daemon.adapters.keyfiles import CurveSetupError, KeyPair, client_keys
 from daemon.adapters.metrics import DaemonMetrics
 from daemon.config import NodeSettings
-from daemon.core.messages import MessageRejected, parse_node_command, parse_rank_message
+from daemon.core.access import SecuritySettings, insecure_endpoints, parse_peer_address
+from daemon.core.limits import LimitSettings
+from daemon.core.messages import MessageRejected, check_rank_message, parse_node_command
+from daemon.core.rank_intake import RankIntake
 from daemon.logsetup import OncePerKind
 from rankhook import wire
 
 log = structlog.get_logger("profwatch.node")
+
+RANK_MAXMSGSIZE = 2 * wire.MAX_MESSAGE_BYTES
+"""ZeroMQ drops (and disconnects) a rank message above this; between the wire limit and this it is counted."""
+
+
+@lru_cache(maxsize=4096)
+def _uid_of(peer: str | None) -> int | None:
+    creds = parse_peer_address(peer)
+    return creds[0] if creds is not None else None
 
 
 class NodeDaemon:
@@ -35,32 +56,60 @@ class NodeDaemon:
     Args:
         settings: the ``[node]`` section.
         metrics: Prometheus metrics (a fresh registry is made when omitted).
+        security: the ``[security]`` section (CURVE keys for the coordinator connection).
+        limits: the ``[limits]`` section (queued bytes per rank, cached hellos).
     Raises:
         zmq.ZMQError: the rank endpoint cannot be bound (e.g. another node daemon holds it).
+        CurveSetupError: CURVE is required and this node's key is missing, unreadable or not its node id's.
+        ValueError: ``socket_group`` does not exist or cannot be applied.
     """
 
-    def __init__(self, settings: NodeSettings, metrics: DaemonMetrics | None = None) -> None:
+    def __init__(self, settings: NodeSettings, metrics: DaemonMetrics | None = None,
+                 security: SecuritySettings | None = None, limits: LimitSettings | None = None) -> None:
         self.s = settings
+        self.security = security or SecuritySettings.model_validate({})
+        self.limits = limits or LimitSettings.model_validate({})
         self.metrics = metrics or DaemonMetrics("node")
         self.node_id = settings.node_id
         self.hostname = os.uname().nodename
         self.started_unix_s = time.time()
         self._stop = threading.Event()
+        self._curve = self._client_keys()
         self._ctx = zmq.Context()
-        self._hellos: dict[tuple[str, int], bytes] = {}  # (job_id, rank) -> raw hello payload
+        self.intake = RankIntake(self.limits)  # validation, uid pins, cached hellos
         self._pending: list[bytes] = []
+        self._pending_bytes = 0
         self._pending_since = 0.0
         self._seq = 0
         self._once = OncePerKind()
-        self.counters = {"received": 0, "rejected": 0, "relayed": 0, "dropped": 0, "batches": 0}
+        self._logged: dict[tuple[str, str], float] = {}
+        self.counters = {"received": 0, "rejected": 0, "relayed": 0, "dropped": 0, "batches": 0, "oversize": 0}
         self._fs_jobs: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1000)
-        self._outbox: queue.Queue[bytes] = queue.Queue()  # node messages produced by the fs worker
-        self._dp_jobs: dict[str, str] = {}  # job_id -> profiler_config_path to tail (torch_npu backend)
+        # results of the fs worker, one typed queue per kind
+        self._acks: queue.Queue[wire.NodeAck] = queue.Queue(maxsize=10_000)
+        self._dp_events: queue.Queue[list[wire.CaptureEvent]] = queue.Queue(maxsize=1000)
+        self._dp_jobs = self.intake.dp_jobs  # job_id -> profiler_config_path to tail (torch_npu backend)
+        self._reconnect_at: float | None = None
+        self._ipc = self.s.rank_endpoint().startswith("ipc://")
         self._npu_starts: dict[tuple[str, int], float] = {}  # local torch_npu ranks -> their start time
         self._stale_state = ""  # what the last stale torch_npu check found (sent with every heartbeat)
         self._check_stale_now = threading.Event()
         self._bind_sockets()
         self._fs_thread = threading.Thread(target=self._fs_worker, name="profwatch-node-fs", daemon=True)
+
+    def _client_keys(self) -> tuple[KeyPair, bytes] | None:
+        keys = client_keys(self.security, self.s.coordinator)
+        if keys is not None:
+            name = keys[0].metadata.get("name")
+            if name and name != self.node_id:
+                raise CurveSetupError(f"node.node_id {self.node_id!r} is not the name of this node's key ({name!r}): "
+                                      f"the coordinator knows a node by its key; set node.node_id = {name!r}")
+        open_eps = insecure_endpoints({"node.coordinator": self.s.coordinator, "node.bind": self.s.rank_endpoint()},
+                                      self.security)
+        if open_eps:
+            log.warning("insecure_sockets", endpoints=open_eps,
+                        note="security.insecure = true: reachable beyond loopback without authentication")
+        return keys
 
     # -- setup --------------------------------------------------------------------------------------------------
     def _bind_sockets(self) -> None:
@@ -70,23 +119,65 @@ class NodeDaemon:
             if len(str(path).encode()) > 107:
                 raise ValueError(f"ipc path {path} is longer than 107 bytes; set node.runtime_dir to a shorter folder")
             path.parent.mkdir(parents=True, exist_ok=True)
+        gid = self._socket_gid()
         self._lock_fd = self._lock_endpoint(ep)
         self.pull = self._ctx.socket(zmq.PULL)
         self.pull.setsockopt(zmq.LINGER, 0)
-        self.pull.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_BYTES)
-        self.pull.setsockopt(zmq.RCVHWM, 100_000)
-        self.pull.bind(ep)
-        if ep.startswith("ipc://"):
-            os.chmod(ep[len("ipc://") :], self.s.socket_mode)
+        self.pull.setsockopt(zmq.MAXMSGSIZE, RANK_MAXMSGSIZE)
+        self.pull.setsockopt(zmq.RCVHWM, self.limits.hwm_for(self.limits.rank_queue_bytes_per_peer, RANK_MAXMSGSIZE))
+        old_umask = os.umask(0o177)  # the socket file appears owner-only; mode and group are applied next
+        try:
+            self.pull.bind(ep)
+        finally:
+            os.umask(old_umask)
+        if self._ipc:
+            sock_path = ep[len("ipc://") :]
+            if gid is not None:
+                os.chown(sock_path, -1, gid)
+            os.chmod(sock_path, self.s.socket_mode)
+        self._connect_dealer()
+        log.info("node_started", node_id=self.node_id, rank_endpoint=ep, coordinator=self.s.coordinator,
+                 curve=self._curve is not None, socket_mode=oct(self.s.socket_mode), socket_group=self.s.socket_group)
+
+    def _socket_gid(self) -> int | None:
+        if not self.s.socket_group or not self._ipc:
+            return None
+        import grp
+
+        try:
+            gid = grp.getgrnam(self.s.socket_group).gr_gid
+        except KeyError:
+            raise ValueError(f"node.socket_group {self.s.socket_group!r} does not exist: create it (groupadd "
+                             f"{self.s.socket_group}) and add the training users to it, or unset it") from None
+        if os.getuid() != 0 and gid not in os.getgroups() and gid != os.getgid():
+            raise ValueError(f"the node daemon is not a member of node.socket_group {self.s.socket_group!r}, so it "
+                             "cannot give the socket that group: add it (systemd: SupplementaryGroups=)")
+        return gid
+
+    def _connect_dealer(self) -> None:
         self.dealer = self._ctx.socket(zmq.DEALER)
         self.dealer.setsockopt(zmq.LINGER, 0)
-        self.dealer.setsockopt(zmq.IDENTITY, self.node_id.encode())
         self.dealer.setsockopt(zmq.SNDHWM, self.s.relay_hwm)
         self.dealer.setsockopt(zmq.RECONNECT_IVL, 200)
         self.dealer.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
         self.dealer.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BATCH_BYTES)
+        self.dealer.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        self.dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10_000)
+        if self._curve is not None:
+            make_client(self.dealer, self._curve[0], self._curve[1])
+        self.monitor = HandshakeMonitor(self.dealer)
         self.dealer.connect(self.s.coordinator)
-        log.info("node_started", node_id=self.node_id, rank_endpoint=ep, coordinator=self.s.coordinator)
+
+    def _reconnect(self) -> None:
+        """Replace the coordinator connection (the coordinator said another connection took this node's id)."""
+        self._poller.unregister(self.dealer)
+        self._poller.unregister(self.monitor.sock)
+        self.monitor.close()
+        self.dealer.close(0)
+        self._connect_dealer()
+        self._poller.register(self.dealer, zmq.POLLIN)
+        self._poller.register(self.monitor.sock, zmq.POLLIN)
+        log.info("coordinator_reconnected", coordinator=self.s.coordinator)
 
     @staticmethod
     def _lock_endpoint(ep: str) -> int | None:
@@ -113,9 +204,10 @@ class NodeDaemon:
     def run(self) -> None:
         """Serve until stopped; always closes sockets and the worker thread."""
         self._fs_thread.start()
-        poller = zmq.Poller()
+        self._poller = poller = zmq.Poller()
         poller.register(self.pull, zmq.POLLIN)
         poller.register(self.dealer, zmq.POLLIN)
+        poller.register(self.monitor.sock, zmq.POLLIN)
         next_hb = 0.0
         try:
             while not self._stop.is_set():
@@ -125,8 +217,13 @@ class NodeDaemon:
                     self._drain_ranks()
                 if self.dealer in events:
                     self._drain_commands()
+                if self.monitor.sock in events:
+                    self._on_handshakes()
                 self._drain_outbox()
                 now = time.monotonic()
+                if self._reconnect_at is not None and now >= self._reconnect_at:
+                    self._reconnect_at = None
+                    self._reconnect()
                 if self._pending and (
                     len(self._pending) >= self.s.batch_max_messages or now - self._pending_since >= self.s.batch_max_delay_s
                 ):
@@ -140,43 +237,70 @@ class NodeDaemon:
     def _drain_ranks(self) -> None:
         for _ in range(10_000):
             try:
-                frames = self.pull.recv_multipart(zmq.NOBLOCK)
+                frames = self.pull.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             self.counters["received"] += 1
-            payload = frames[-1]
+            payload = frames[-1].bytes
+            uid = _uid_of(peer_address(frames[-1])) if self._ipc else None
             try:
                 if len(frames) != 2:
                     raise MessageRejected("bad_framing", f"{len(frames)} frames")
-                msg = parse_rank_message(payload)
+                msg, data = self.intake.accept(payload, uid, time.monotonic())
             except MessageRejected as exc:
+                if exc.reason == "oversize":
+                    self.counters["oversize"] += 1
+                    self._log_peer("rank_message_oversize", str(uid), bytes=len(payload), uid=uid,
+                                   limit=wire.MAX_MESSAGE_BYTES)
+                elif exc.reason == "job_uid_mismatch":
+                    self._log_peer("job_uid_mismatch", f"{uid}", uid=uid, detail=exc.detail)
                 self._reject(exc)
                 continue
             except Exception as exc:  # noqa: BLE001 - whatever a local process sends, the relay keeps serving
                 self._reject(MessageRejected("bad_message", repr(exc)[:200]))
                 continue
             self.metrics.messages_in.labels(msg.kind).inc()
-            if msg.kind == "hello":
-                self._hellos[(msg.job_id, msg.rank)] = payload
-                if msg.backend == "torch_npu" and msg.profiler_config_path:
-                    self._dp_jobs[msg.job_id] = msg.profiler_config_path
-                if msg.backend == "torch_npu" and (msg.job_id, msg.rank) not in self._npu_starts:
-                    if len(self._npu_starts) >= 4096:  # bounded: forget the oldest half (ranks of ended jobs)
-                        for key in sorted(self._npu_starts, key=self._npu_starts.__getitem__)[:2048]:
-                            del self._npu_starts[key]
-                    self._npu_starts[(msg.job_id, msg.rank)] = msg.ts_unix_s
-                    self._check_stale_now.set()
-            if not self._pending:
-                self._pending_since = time.monotonic()
-            self._pending.append(payload)
-            if len(self._pending) >= self.s.batch_max_messages:
-                self._flush()
+            if msg.kind == "hello" and msg.backend == "torch_npu" and (msg.job_id, msg.rank) not in self._npu_starts:
+                if len(self._npu_starts) >= 4096:  # bounded: forget the oldest half (ranks of ended jobs)
+                    for key in sorted(self._npu_starts, key=self._npu_starts.__getitem__)[:2048]:
+                        del self._npu_starts[key]
+                self._npu_starts[(msg.job_id, msg.rank)] = msg.ts_unix_s
+                self._check_stale_now.set()
+            self._queue(data)  # what was validated, re-encoded: never the rank's raw bytes
+
+    def _queue(self, data: bytes) -> None:
+        if not self._pending:
+            self._pending_since = time.monotonic()
+        self._pending.append(data)
+        self._pending_bytes += len(data) + 1
+        if len(self._pending) >= self.s.batch_max_messages or self._pending_bytes >= self.s.batch_max_bytes:
+            self._flush()
+
+    def _log_peer(self, event: str, tag: str, **fields: Any) -> None:
+        now = time.monotonic()
+        if now - self._logged.get((event, tag), -1e9) >= 60.0:
+            if len(self._logged) > 10_000:
+                self._logged.clear()
+            self._logged[(event, tag)] = now
+            log.warning(event, **fields, note="logged once a minute per peer")
 
     def _reject(self, exc: MessageRejected) -> None:
         self.counters["rejected"] += 1
         self.metrics.rejected.labels(exc.reason).inc()
         if self._once.first(exc.reason):
             log.warning("message_rejected", reason=exc.reason, detail=exc.detail, note="logged once per reason")
+
+    def _on_handshakes(self) -> None:
+        """Log and count the coordinator connection's handshake failures (a wrong key is not a network outage)."""
+        for _ev, _value, failure in self.monitor.poll():
+            if failure is None:
+                if _ev == "EVENT_HANDSHAKE_SUCCEEDED":
+                    log.info("coordinator_connected", coordinator=self.s.coordinator, curve=self._curve is not None)
+                continue
+            reason, explanation = failure
+            self.metrics.auth_refused.labels("coordinator", reason).inc()
+            self._log_peer("coordinator_auth_failed", reason, coordinator=self.s.coordinator, reason=reason,
+                           detail=explanation)
 
     def _batch_bytes(self, payloads: list[bytes]) -> bytes:
         self._seq += 1
@@ -201,6 +325,7 @@ class NodeDaemon:
 
     def _flush(self) -> None:
         payloads, self._pending = self._pending, []
+        self._pending_bytes = 0
         if self._send(self._batch_bytes(payloads), "node_batch"):
             self.counters["relayed"] += len(payloads)
             self.counters["batches"] += 1
@@ -226,31 +351,53 @@ class NodeDaemon:
                 self._reject(exc)
                 continue
             if cmd.cmd == "register":
-                log.info("reregistering", ranks=len(self._hellos))
-                hellos = list(self._hellos.values())
-                for i in range(0, len(hellos), self.s.batch_max_messages):
-                    self._send(self._batch_bytes(hellos[i : i + self.s.batch_max_messages]), "node_batch")
+                log.info("reregistering", ranks=len(self.intake.hellos))
+                self._flush_if_pending()
+                for data in list(self.intake.hellos.values()):
+                    self._queue(data)
+                self._flush_if_pending()
+            elif cmd.cmd == "reconnect":
+                after = cmd.args.get("after_s", 1.0)
+                after_s = min(60.0, max(0.0, float(after))) if isinstance(after, (int, float)) else 1.0
+                log.warning("coordinator_asked_reconnect", after_s=after_s,
+                            note="another connection for this node id replaced ours (a second daemon with this key?)")
+                self._reconnect_at = time.monotonic() + after_s
             elif cmd.cmd == "write_config":
                 try:
                     self._fs_jobs.put_nowait(("write_config", cmd))
                 except queue.Full:
                     self._ack(cmd.command_id, False, "node busy")
 
+    def _flush_if_pending(self) -> None:
+        if self._pending:
+            self._flush()
+
     def _ack(self, command_id: str, ok: bool, detail: str = "", result: dict[str, Any] | None = None) -> None:
-        self._outbox.put(wire.encode(wire.NodeAck(node_id=self.node_id, command_id=command_id, ok=ok, detail=detail,
-                                                  result=result or {})))
+        try:
+            self._acks.put_nowait(wire.NodeAck(node_id=self.node_id, command_id=command_id, ok=ok, detail=detail[:2000],
+                                               result=result or {}))
+        except queue.Full:
+            self.counters["dropped"] += 1
 
     def _drain_outbox(self) -> None:
+        """Send what the fs worker produced: acknowledgements as ``node_ack`` messages, dp-log capture events
+        (validated like any rank message) inside a batch."""
         while True:
             try:
-                data = self._outbox.get_nowait()
+                ack = self._acks.get_nowait()
+            except queue.Empty:
+                break
+            self._send(wire.encode(ack), "node_ack")
+        while True:
+            try:
+                events = self._dp_events.get_nowait()
             except queue.Empty:
                 return
-            if data.startswith(b"["):  # a list of rank message payloads (dp log acknowledgements)
-                payloads = json.loads(data)
-                self._send(self._batch_bytes([json.dumps(p).encode() for p in payloads]), "node_batch")
-            else:
-                self._send(data, "node_ack")
+            for ev in events:
+                try:
+                    self._queue(wire.encode(check_rank_message(ev)))
+                except MessageRejected as exc:
+                    self._reject(exc)
 
     # -- file system worker -------------------------------------------------------------------------------------
     def _fs_worker(self) -> None:
@@ -309,18 +456,21 @@ class NodeDaemon:
         """Read new torch_npu dp log lines of every torch_npu job on this node; relay them as acknowledgements."""
         from daemon.adapters.dp_log_tail import DpLogTail
 
-        acks = []
+        acks: list[wire.CaptureEvent] = []
         for job_id, cfg_path in list(self._dp_jobs.items()):
             try:
                 tail = tailers.get(job_id)
                 if tail is None:
                     tail = tailers[job_id] = DpLogTail(cfg_path, job_id=job_id)
-                acks.extend(wire.to_dict(ev) for ev in tail.poll())
+                acks.extend(tail.poll())
             except Exception as exc:  # noqa: BLE001
                 if self._once.first(f"dp_log_tail:{job_id}"):
                     log.warning("dp_log_tail_failed", job_id=job_id, error=repr(exc))
         if acks:
-            self._outbox.put(json.dumps(acks).encode())
+            try:
+                self._dp_events.put_nowait(acks)
+            except queue.Full:
+                self.counters["dropped"] += len(acks)
 
     def close(self) -> None:
         """Close sockets and the worker (idempotent)."""
@@ -331,6 +481,7 @@ class NodeDaemon:
             if self._pending:  # relay what arrived before SIGTERM (non-blocking; dropped and counted if full)
                 self._flush()
             self.pull.close(0)
+            self.monitor.close()
             self.dealer.close(200)
             self._ctx.term()
             ep = self.s.rank_endpoint()

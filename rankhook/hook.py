@@ -139,7 +139,8 @@ class Hook:
         if self.forked_child:
             return
         c = self.publisher.counters
-        hello = dataclasses.replace(self._hello, counters={"sent": c.sent, "dropped": c.dropped, "errors": c.errors})
+        counters = {"sent": c.sent, "dropped": c.dropped, "errors": c.errors, "oversize": c.oversize}
+        hello = dataclasses.replace(self._hello, counters=counters)
         self.publisher.send(*wire.frames(hello))
 
     def backend_failed(self, error: str) -> None:

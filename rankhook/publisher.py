@@ -9,6 +9,8 @@ Design (field cases FC-19 and FC-22 in ``../shared/docs/field-cases.md``):
 - The context is created lazily and owned by the creating PID. A forked child (data loader workers, torch_npu's
   monitor process) that calls :meth:`Publisher.send` gets its own fresh context; the parent's is never touched.
 - Every exception is caught and counted; the first of each kind is logged once through ``logging``.
+- A message larger than ``rankhook.wire.MAX_MESSAGE_BYTES`` is never handed to ZeroMQ: it is counted as dropped
+  (and as ``oversize``) and logged once, instead of being counted as sent and then discarded by the node daemon.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger("rankhook")
 
@@ -68,6 +71,8 @@ class PublisherCounters:
     sent: int = 0
     dropped: int = 0
     errors: int = 0
+    oversize: int = 0
+    """Messages over ``max_message_bytes`` (also counted in ``dropped``)."""
 
 
 class Publisher:
@@ -76,18 +81,22 @@ class Publisher:
     Args:
         endpoint: ``ipc://...`` or ``tcp://...`` of the node daemon's PULL socket.
         sndhwm: messages queued while the node daemon is down or slow; beyond that, drops.
+        max_message_bytes: topic plus payload above this are dropped and counted (default: the wire limit).
     Raises:
         EndpointError: at construction, for an unusable endpoint.
     """
 
-    def __init__(self, endpoint: str, sndhwm: int = 10_000) -> None:
+    def __init__(self, endpoint: str, sndhwm: int = 10_000, max_message_bytes: int | None = None) -> None:
+        from rankhook.wire import MAX_MESSAGE_BYTES
+
         self.endpoint = check_endpoint(endpoint)
         self.sndhwm = sndhwm
+        self.max_message_bytes = MAX_MESSAGE_BYTES if max_message_bytes is None else max_message_bytes
         self.counters = PublisherCounters()
         self._pid = -1
         self._ctx: object | None = None
         self._sock: object | None = None
-        self._send = None
+        self._send: Any = None
         self._flags = 0
         self._logged: set[str] = set()
         self._closed = False
@@ -126,6 +135,12 @@ class Publisher:
     def send(self, topic: bytes, payload: bytes) -> bool:
         """Queue one message; return False if it was dropped. Never raises, never blocks."""
         if self._closed:
+            return False
+        if len(payload) + len(topic) > self.max_message_bytes:
+            self.counters.dropped += 1
+            self.counters.oversize += 1
+            self._log_once("oversize", "rankhook: dropping a %d-byte message (limit %d bytes); counted as dropped",
+                           len(payload) + len(topic), self.max_message_bytes)
             return False
         if self._backoff_until and time.perf_counter() < self._backoff_until:
             self.counters.dropped += 1  # the queue was full a moment ago: a raised zmq.Again costs ~4 us

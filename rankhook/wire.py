@@ -21,9 +21,11 @@ SCHEMA_VERSION = 1
 
 TOPIC_PREFIX = "profwatch"
 MAX_MESSAGE_BYTES = 256 * 1024
-"""Hard cap for one rank->node message (ZeroMQ ``MAXMSGSIZE`` on the node's socket)."""
-MAX_BATCH_BYTES = 16 * 1024 * 1024
-"""Hard cap for one node->coordinator message (``MAXMSGSIZE`` on the coordinator's ingest socket)."""
+"""Largest rank->node message. The rank's publisher counts a larger one as dropped (``oversize``) and never
+sends it; the node daemon counts and logs one it receives (its ZeroMQ ``MAXMSGSIZE`` is 4x this)."""
+MAX_BATCH_BYTES = 4 * 1024 * 1024
+"""Hard cap for one node->coordinator message (``MAXMSGSIZE`` on the coordinator's ingest socket); the node
+daemon flushes a batch before its bytes reach ``node.batch_max_bytes`` (1 MiB by default)."""
 
 Backend = Literal["torch_npu", "torch", "none"]
 CaptureEventKind = Literal["arm_seen", "arm_rejected", "started", "completed", "failed"]
@@ -47,6 +49,8 @@ class RankHello:
     ``backend`` is the capture backend in use (``none`` when the requested one failed to open);
     ``backend_error`` says which was requested and why it is not in use (empty otherwise; added without a
     schema bump: older receivers ignore it, older senders omit it).
+    ``peer_uid`` is set by the node daemon from the ipc connection's peer credentials (``SO_PEERCRED``); a value
+    sent by the rank itself is overwritten (or cleared where the transport gives no credentials).
     """
 
     job_id: str
@@ -62,6 +66,7 @@ class RankHello:
     prof_root: str | None = None
     counters: dict[str, int] = field(default_factory=dict)
     backend_error: str = ""
+    peer_uid: int | None = None
     kind: Literal["hello"] = "hello"
     v: int = SCHEMA_VERSION
 
@@ -199,13 +204,14 @@ class NodeCommand:
     """Coordinator -> node command, sent over the node's DEALER connection.
 
     ``cmd`` is ``register`` (resend every cached ``RankHello``: the coordinator does not know this node, e.g.
-    after its restart) or ``write_config`` (write ``args["config"]`` into ``args["profiler_config_path"]`` on
-    this node and acknowledge with a :class:`NodeAck`).
+    after its restart), ``write_config`` (write ``args["config"]`` into ``args["profiler_config_path"]`` on
+    this node and acknowledge with a :class:`NodeAck`) or ``reconnect`` (another connection of this node's
+    identity replaced this one: close it and connect again after ``args["after_s"]`` seconds).
 
     Example: ``{"kind": "node_command", "v": 1, "cmd": "register", "command_id": "r-1", "args": {}}``
     """
 
-    cmd: Literal["register", "write_config"]
+    cmd: Literal["register", "write_config", "reconnect"]
     command_id: str
     args: dict[str, Any] = field(default_factory=dict)
     kind: Literal["node_command"] = "node_command"

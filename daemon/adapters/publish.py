@@ -14,14 +14,22 @@ from typing import Any
 
 import zmq
 
+from daemon.adapters.curve import make_client, make_server
+from daemon.adapters.keyfiles import KeyPair
+
 
 class EventPublisher:
-    """Bind a PUB socket and publish CloudEvents. Never blocks (HWM drops for slow subscribers)."""
+    """Bind a PUB socket and publish CloudEvents. Never blocks (HWM drops for slow subscribers).
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, sndhwm: int = 10_000) -> None:
+    ``curve``: the server key pair when the socket uses CURVE (ZAP domain ``pub``: ``read``/``act`` keys).
+    ``sndhwm`` bounds the events queued per subscriber."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, sndhwm: int = 1000, curve: KeyPair | None = None) -> None:
         self.sock = ctx.socket(zmq.PUB)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, sndhwm)
+        if curve is not None:
+            make_server(self.sock, "pub", curve)
         self.sock.bind(endpoint)
         self.sent = 0
 
@@ -46,11 +54,13 @@ class Subscription:
     """A SUB socket for ``kinds`` (``alert``, ``event``) of one job (``job_id``) or of every job (None).
 
     :meth:`recv` returns the next CloudEvent whose topic is exactly one asked for, None on timeout; messages of
-    other jobs that share the prefix are dropped here.
+    other jobs that share the prefix are dropped here. ``curve``: the client key pair and the server's public key
+    when the endpoint uses CURVE.
     """
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, kinds: list[str], job_id: str | None = None) -> None:
-        self.sock = subscribe(ctx, endpoint, [f"profwatch.{k}." + (job_id or "") for k in kinds])
+    def __init__(self, ctx: zmq.Context, endpoint: str, kinds: list[str], job_id: str | None = None,
+                 curve: tuple[KeyPair, bytes] | None = None) -> None:
+        self.sock = subscribe(ctx, endpoint, [f"profwatch.{k}." + (job_id or "") for k in kinds], curve=curve)
         self._exact = {topic(k, job_id).encode() for k in kinds} if job_id is not None else None
 
     def recv(self, timeout_ms: int) -> dict[str, Any] | None:
@@ -72,10 +82,14 @@ class Subscription:
         self.sock.close(0)
 
 
-def subscribe(ctx: zmq.Context, endpoint: str, prefixes: list[str]) -> zmq.Socket:
-    """Return a SUB socket connected to ``endpoint`` and subscribed to the topic ``prefixes``."""
+def subscribe(ctx: zmq.Context, endpoint: str, prefixes: list[str],
+              curve: tuple[KeyPair, bytes] | None = None) -> zmq.Socket:
+    """Return a SUB socket connected to ``endpoint`` and subscribed to the topic ``prefixes``
+    (``curve``: the client key pair and the server's public key when the endpoint uses CURVE)."""
     sock = ctx.socket(zmq.SUB)
     sock.setsockopt(zmq.LINGER, 0)
+    if curve is not None:
+        make_client(sock, curve[0], curve[1])
     for p in prefixes:
         sock.setsockopt(zmq.SUBSCRIBE, p.encode())
     sock.connect(endpoint)

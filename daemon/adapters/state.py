@@ -155,6 +155,13 @@ class StateStore:
             self.db.executemany("INSERT OR REPLACE INTO ranks VALUES(?,?,?,?,?,?,?,?,?,?,?)", ranks)
             self.db.executemany("INSERT OR REPLACE INTO nodes VALUES(?,?,?,?,?)", nodes)
 
+    def forget_jobs(self, job_ids: list[str]) -> None:
+        """Delete expired jobs and their ranks (captures, batches and events stay)."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany("DELETE FROM ranks WHERE job_id=?", [(j,) for j in job_ids])
+            self.db.executemany("DELETE FROM jobs WHERE job_id=?", [(j,) for j in job_ids])
+
     def load_registry(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
         """Return ``(jobs, ranks, nodes)`` as dict rows."""
         self.db.row_factory = sqlite3.Row

@@ -1,12 +1,23 @@
 """Validation of wire messages (pure): pydantic ``TypeAdapter`` over the dataclasses of ``rankhook/wire.py``.
 
-The schema lives only in ``rankhook/wire.py``; this module adds the value rules the types cannot say
-(finite non-negative times, ``0 <= rank < world_size``, safe ``job_id`` spelling, schema version) and turns every
-failure into a :class:`MessageRejected` with a short ``reason`` code used for counters and one log line per kind.
+The schema lives only in ``rankhook/wire.py``; this module adds what the types cannot say and turns every failure
+into a :class:`MessageRejected` with a short ``reason`` code used for counters and one log line per kind:
+
+- **Encoding**: payloads are parsed as strict UTF-8 JSON (pydantic-core's parser, RFC 8259 section 8.1): UTF-16,
+  UTF-32, a byte-order mark, invalid byte sequences and lone surrogates (``"\\ud800"``, which Python's ``json``
+  accepts) are refused with reason ``bad_encoding``, so every string that gets in encodes to UTF-8 again.
+- **Strict types** (pydantic strict mode): ``rank: "1"``, ``rank: true`` or ``rank: 1.0`` are refused; JSON
+  numbers are accepted for float fields.
+- **Physical bounds**: finite, non-negative times; a step shorter than :data:`MAX_STEP_TIME_S`; timestamps before
+  :data:`MAX_TS_UNIX_S`; ``0 <= rank < world_size <= MAX_WORLD_SIZE``; bounded string lengths and dict sizes
+  (:data:`MAX_TEXT`, :data:`MAX_PATH`, :data:`MAX_ENTRIES`), no NUL characters; safe ``job_id`` and ``node_id``.
+- **Batches** are split, never dropped whole: a batch that fails as a whole is decoded element by element
+  (:func:`parse_node_message`), each bad message is counted, every good one is kept.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import make_dataclass
@@ -19,13 +30,31 @@ from rankhook import wire
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 """job_id becomes part of topics, file names and paths: letters, digits, ``_ . : -``; 1..128 chars."""
+NODE_ID_RE = JOB_ID_RE
+"""node_id (and CURVE key names) follow the job_id spelling: they appear in logs, metrics and file names."""
 STAGE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 MAX_STAGES = 32
 MAX_STEP = 2**62
 MAX_WORLD_SIZE = 1 << 20
-"""Ranks per job accepted (1,048,576): detectors allocate per-rank state, so absurd sizes are refused."""
+"""Ranks per job accepted (1,048,576). Per-rank state is allocated lazily, when a rank reports."""
 MAX_INT = 2**62
 """Bound for ids and counters that reach SQLite (signed 64-bit) and per-rank tables."""
+MAX_STEP_TIME_S = 7 * 86400.0
+"""A step (or stage) longer than a week is not a measurement (``step_time_s: 1e308`` is refused)."""
+MAX_TS_UNIX_S = 1e10
+"""Timestamps are Unix seconds before the year 2286."""
+MAX_TEXT = 256
+"""Characters in a short text field (hostname, backend version strings, flags, capture ids)."""
+MAX_PATH = 4096
+"""Characters in a path field (``PATH_MAX`` on Linux)."""
+MAX_DETAIL = 2048
+"""Characters in a free-text detail."""
+MAX_ENTRIES = 64
+"""Entries in a small dict or list field (versions, counters, flags)."""
+MAX_CAPTURED_STEPS = 10_000
+UTF8_BOM = b"\xef\xbb\xbf"
+MAX_RESYNC = 100
+"""Unreadable messages skipped inside one batch before the rest of it is given up (and counted)."""
 
 
 class MessageRejected(ValueError):
@@ -65,14 +94,32 @@ _command_adapter: TypeAdapter[wire.NodeCommand] = TypeAdapter(wire.NodeCommand)
 
 _KNOWN_RANK_KINDS = {"hello", "step", "capture", "bye"}
 _KNOWN_NODE_KINDS = {"node_heartbeat", "node_batch", "node_ack"}
-
-
-def _finite_nonneg(x: float, name: str) -> None:
-    if not 0.0 <= x < _INF:  # also false for NaN
-        raise MessageRejected("bad_value", f"{name}={x!r} must be finite and >= 0")
-
-
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _INF = math.inf
+
+
+# -- small checks -------------------------------------------------------------------------------------------------
+def _time_ok(x: float, limit: float) -> bool:
+    return 0.0 <= x <= limit  # also false for NaN and inf
+
+
+def _check_time(x: float, name: str, limit: float) -> None:
+    if not _time_ok(x, limit):
+        raise MessageRejected("bad_value", f"{name}={x!r} must be finite, >= 0 and <= {limit:g}")
+
+
+def _check_text(s: str | None, name: str, limit: int = MAX_TEXT) -> None:
+    if s is not None and (len(s) > limit or "\x00" in s):
+        raise MessageRejected("bad_value", f"{name}: longer than {limit} characters or contains NUL")
+
+
+def _check_str_dict(d: dict[str, Any], name: str) -> None:
+    if len(d) > MAX_ENTRIES:
+        raise MessageRejected("bad_value", f"{name}: {len(d)} entries > {MAX_ENTRIES}")
+    for k, v in d.items():
+        _check_text(k, f"{name} key")
+        if isinstance(v, str):
+            _check_text(v, f"{name}[{k[:40]}]")
 
 
 @lru_cache(maxsize=4096)
@@ -80,6 +127,50 @@ def _job_id_ok(job_id: str) -> bool:
     return JOB_ID_RE.match(job_id) is not None
 
 
+def node_id_ok(node_id: str) -> bool:
+    """True when ``node_id`` is safe to use as an identity, a log field and a metric label."""
+    return NODE_ID_RE.match(node_id) is not None
+
+
+def utf8_clean(obj: Any, depth: int = 0) -> bool:
+    """True when every string (and dict key) inside ``obj`` encodes to UTF-8 (no lone surrogates) and the
+    structure is at most 64 levels deep. For objects decoded with Python's ``json`` (control requests)."""
+    if depth > 64:
+        return False
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(obj, dict):
+        return all(utf8_clean(k, depth + 1) and utf8_clean(v, depth + 1) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return all(utf8_clean(v, depth + 1) for v in obj)
+    return True
+
+
+def _encoding_problem(data: bytes | str) -> str | None:
+    """Why ``data`` is not strict UTF-8 JSON text, or None when its encoding is fine."""
+    if isinstance(data, str):
+        try:
+            data = data.encode("utf-8")
+        except UnicodeEncodeError:
+            return "text contains lone surrogates"
+    if data.startswith(UTF8_BOM):
+        return "byte-order mark (JSON text must be UTF-8 without a BOM)"
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or (len(data) > 1 and (data[0] == 0 or data[1] == 0)):
+        return "UTF-16 or UTF-32 (JSON text must be UTF-8)"
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"invalid UTF-8 at byte {exc.start}"
+    if _SURROGATE_ESCAPE.search(data) is not None:
+        return "\\u escape of a lone surrogate"
+    return None
+
+
+# -- rank messages ------------------------------------------------------------------------------------------------
 def check_rank_message(msg: Any) -> Any:
     """Apply the value rules to a typed rank message; return it or raise :class:`MessageRejected`.
 
@@ -93,9 +184,10 @@ def check_rank_message(msg: Any) -> Any:
         raise MessageRejected("bad_rank", f"rank={msg.rank}")
     kind = msg.kind
     if kind == "step":
-        if not (0.0 <= msg.step_time_s < _INF and 0.0 <= msg.ts_unix_s < _INF and 0 <= msg.step < MAX_STEP):
-            _finite_nonneg(msg.step_time_s, "step_time_s")
-            _finite_nonneg(msg.ts_unix_s, "ts_unix_s")
+        if not (0.0 <= msg.step_time_s <= MAX_STEP_TIME_S and 0.0 <= msg.ts_unix_s <= MAX_TS_UNIX_S
+                and 0 <= msg.step < MAX_STEP):
+            _check_time(msg.step_time_s, "step_time_s", MAX_STEP_TIME_S)
+            _check_time(msg.ts_unix_s, "ts_unix_s", MAX_TS_UNIX_S)
             raise MessageRejected("bad_value", f"step={msg.step}")
         if msg.stages:
             if len(msg.stages) > MAX_STAGES:
@@ -103,79 +195,183 @@ def check_rank_message(msg: Any) -> Any:
             for name, dur in msg.stages.items():
                 if not STAGE_NAME_RE.match(name):
                     raise MessageRejected("bad_value", f"stage name {name[:40]!r}")
-                _finite_nonneg(dur, f"stages[{name}]")
+                _check_time(dur, f"stages[{name}]", MAX_STEP_TIME_S)
+        if msg.flags:
+            if len(msg.flags) > MAX_ENTRIES:
+                raise MessageRejected("bad_value", f"{len(msg.flags)} flags > {MAX_ENTRIES}")
+            for f in msg.flags:
+                _check_text(f, "flags", 64)
     elif kind == "hello":
         if not 1 <= msg.world_size <= MAX_WORLD_SIZE or msg.rank >= msg.world_size:
             raise MessageRejected("bad_rank", f"rank={msg.rank} world_size={msg.world_size} (max {MAX_WORLD_SIZE})")
         if not 0 <= msg.local_rank < MAX_WORLD_SIZE or not 0 < msg.pid < MAX_INT:
             raise MessageRejected("bad_value", f"local_rank={msg.local_rank} pid={msg.pid}")
-        if any(not isinstance(v, int) or not 0 <= v < MAX_INT for v in msg.counters.values()):
+        if len(msg.counters) > MAX_ENTRIES or any(not 0 <= v < MAX_INT for v in msg.counters.values()):
             raise MessageRejected("bad_value", "counters out of range")
-        _finite_nonneg(msg.ts_unix_s, "ts_unix_s")
+        _check_time(msg.ts_unix_s, "ts_unix_s", MAX_TS_UNIX_S)
+        _check_text(msg.hostname, "hostname")
+        _check_str_dict(msg.versions, "versions")
+        _check_str_dict(msg.counters, "counters")
+        _check_text(msg.profiler_config_path, "profiler_config_path", MAX_PATH)
+        _check_text(msg.prof_root, "prof_root", MAX_PATH)
+        if msg.peer_uid is not None and not 0 <= msg.peer_uid < 2**32:
+            raise MessageRejected("bad_value", f"peer_uid={msg.peer_uid}")
     else:
-        _finite_nonneg(msg.ts_unix_s, "ts_unix_s")
+        _check_time(msg.ts_unix_s, "ts_unix_s", MAX_TS_UNIX_S)
         for name in ("step", "generation", "start_step", "total_bytes"):
             v = getattr(msg, name, None)
             if v is not None and not -1 <= v < MAX_INT:
                 raise MessageRejected("bad_value", f"{name}={v}")
-        if kind == "capture" and len(msg.steps) > 10_000:
-            raise MessageRejected("bad_value", f"{len(msg.steps)} captured steps")
+        if kind == "capture":
+            if len(msg.steps) > MAX_CAPTURED_STEPS or any(not 0 <= s < MAX_STEP for s in msg.steps):
+                raise MessageRejected("bad_value", f"{len(msg.steps)} captured steps (max {MAX_CAPTURED_STEPS})")
+            _check_text(msg.capture_id, "capture_id")
+            _check_text(msg.rank_dir, "rank_dir", MAX_PATH)
+            _check_text(msg.detail, "detail", MAX_DETAIL)
     return msg
 
 
-def _rejected_from(exc: ValidationError, known: set[str], raw: Any) -> MessageRejected:
-    kind = raw.get("kind") if isinstance(raw, dict) else None
+def _rejected_from(exc: ValidationError, known: set[str], data: bytes | str) -> MessageRejected:
+    """Turn a pydantic failure into a reason: encoding first, then JSON syntax, then kind/schema."""
+    problem = _encoding_problem(data)
+    if problem is not None:
+        return MessageRejected("bad_encoding", problem)
+    errors: list[Any] = list(exc.errors())
+    first: dict[str, Any] = dict(errors[0]) if errors else {}
+    if first.get("type") == "json_invalid":
+        return MessageRejected("bad_json", str(first.get("msg", ""))[:120])
+    try:
+        raw = json.loads(data)
+    except (ValueError, RecursionError):
+        raw = None
     if not isinstance(raw, dict):
         return MessageRejected("bad_schema", "not a JSON object")
+    kind = raw.get("kind")
     if kind not in known:
         return MessageRejected("unknown_kind", repr(kind)[:60])
-    first = exc.errors()[0] if exc.errors() else {}
+    if raw.get("v", wire.SCHEMA_VERSION) != wire.SCHEMA_VERSION:
+        return MessageRejected("bad_version", f"v={raw.get('v')!r}")
     loc = ".".join(str(p) for p in first.get("loc", ()))
     return MessageRejected("bad_schema", f"{loc}: {first.get('msg', '')}"[:200])
 
 
-def parse_rank_message(raw: Any) -> Any:
-    """Validate one rank message given as a dict (or JSON bytes/str); return the wire dataclass instance.
+def parse_rank_message(raw: bytes | str | dict[str, Any]) -> Any:
+    """Validate one rank message given as UTF-8 JSON bytes (or str, or an already decoded dict); return the wire
+    dataclass instance.
+
+    A dict is re-serialised first, so the same strict JSON rules apply to it (its lone surrogates are refused).
 
     Raises:
-        MessageRejected: reason ``bad_json``, ``bad_schema``, ``unknown_kind``, ``bad_version``, ``bad_job_id``,
-            ``bad_rank`` or ``bad_value``.
+        MessageRejected: reason ``bad_encoding``, ``bad_json``, ``bad_schema``, ``unknown_kind``, ``bad_version``,
+            ``bad_job_id``, ``bad_rank`` or ``bad_value``.
     """
-    if isinstance(raw, (bytes, str)):
-        import json
-
+    if isinstance(raw, dict):
         try:
-            raw = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise MessageRejected("bad_json", str(exc)[:120]) from None
-    if isinstance(raw, dict) and raw.get("v", wire.SCHEMA_VERSION) != wire.SCHEMA_VERSION:
-        raise MessageRejected("bad_version", f"v={raw.get('v')!r}")
+            raw = json.dumps(raw)
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise MessageRejected("bad_schema", str(exc)[:120]) from None
     try:
-        msg = _rank_adapter.validate_python(raw)
+        msg = _rank_adapter.validate_json(raw, strict=True)
     except ValidationError as exc:
         raise _rejected_from(exc, _KNOWN_RANK_KINDS, raw) from None
     except (ValueError, RecursionError) as exc:
-        raise MessageRejected("bad_schema", str(exc)[:120]) from None
+        raise MessageRejected("bad_json", str(exc)[:120]) from None
     return check_rank_message(msg)
 
 
-def parse_node_message(data: bytes) -> tuple[Any, list[Any], list[MessageRejected]]:
-    """Validate one node->coordinator message.
+# -- node messages ------------------------------------------------------------------------------------------------
+def _check_envelope(env: Any) -> None:
+    if not node_id_ok(env.node_id):
+        raise MessageRejected("bad_node_id", repr(env.node_id[:80]))
+    _check_text(getattr(env, "hostname", None), "hostname")
+    if env.kind == "node_batch":
+        if not 0 <= env.seq < MAX_INT or not _time_ok(env.ts_unix_s, MAX_TS_UNIX_S):
+            raise MessageRejected("bad_value", f"seq={env.seq} ts_unix_s={env.ts_unix_s}")
+    elif env.kind == "node_heartbeat":
+        if not (0 < env.pid < MAX_INT and _time_ok(env.ts_unix_s, MAX_TS_UNIX_S)
+                and _time_ok(env.started_unix_s, MAX_TS_UNIX_S) and len(env.counters) <= MAX_ENTRIES
+                and all(0 <= v < MAX_INT for v in env.counters.values())):
+            raise MessageRejected("bad_value", "heartbeat pid/times/counters out of range")
+        _check_str_dict(env.counters, "counters")
+
+
+def _split_batch(data: bytes, max_messages: int) -> tuple[Any, list[Any], list[MessageRejected]]:
+    """Slow path: decode a batch that failed as a whole, element by element, keeping every good message.
+
+    Invalid UTF-8 inside one message is kept apart (``surrogateescape``), so it spoils only that message; a
+    message that is not valid JSON is skipped by resynchronising on the next ``{`` at the top level of the
+    ``messages`` array. At most ``max_messages`` elements are examined, and the split stops after
+    :data:`MAX_RESYNC` unreadable ones (the work stays linear in the batch size).
+    """
+    text = data.decode("utf-8", errors="surrogateescape")
+    key = text.find('"messages"')
+    start = text.find("[", key) if key >= 0 else -1
+    if start < 0:
+        raise MessageRejected("bad_schema", "no messages array")
+    # the envelope: everything except the messages array
+    end = text.rfind("]")
+    head = text[:key] + '"messages":[]' + text[end + 1 :] if end > start else ""
+    try:
+        env = _node_adapter.validate_json(head.encode("utf-8", errors="surrogateescape"), strict=True)
+    except (ValidationError, ValueError, RecursionError) as exc:
+        raise MessageRejected("bad_schema", f"batch envelope unreadable: {str(exc)[:120]}") from None
+    if env.kind != "node_batch":
+        raise MessageRejected("bad_schema", "a messages array outside a node_batch")
+    _check_envelope(env)
+    decoder = json.JSONDecoder()
+    good: list[Any] = []
+    bad: list[MessageRejected] = []
+    pos, failures = start + 1, 0
+    while pos < end and len(good) + len(bad) < max_messages:
+        while pos < end and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= end:
+            break
+        try:
+            obj, nxt = decoder.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            bad.append(MessageRejected("bad_json", f"unreadable message at character {pos}"))
+            failures += 1
+            nxt = text.find(",{", pos + 1)
+            if nxt < 0 or failures >= MAX_RESYNC:
+                if nxt >= 0:
+                    bad.append(MessageRejected("bad_json", f"split abandoned after {failures} unreadable messages"))
+                break
+            pos = nxt + 1
+            continue
+        pos = nxt
+        if not isinstance(obj, dict):
+            bad.append(MessageRejected("bad_schema", "not a JSON object"))
+            continue
+        if not utf8_clean(obj):
+            bad.append(MessageRejected("bad_encoding", "a string that is not UTF-8"))
+            continue
+        try:
+            good.append(parse_rank_message(obj))
+        except MessageRejected as exc:
+            bad.append(exc)
+    return env, good, bad
+
+
+def parse_node_message(data: bytes, max_messages: int = 20_000) -> tuple[Any, list[Any], list[MessageRejected]]:
+    """Validate one node->coordinator message (UTF-8 JSON bytes).
 
     Returns:
         ``(envelope, rank_messages, rejected)``: for a ``node_batch`` the valid rank messages (typed) and one
-        :class:`MessageRejected` per bad one (the rest of the batch is kept); for other kinds the lists are empty.
+        :class:`MessageRejected` per bad one (the rest of the batch is kept, see :func:`_split_batch`); for other
+        kinds the lists are empty.
     Raises:
-        MessageRejected: the envelope itself is unusable.
+        MessageRejected: the envelope itself is unusable (reasons as :func:`parse_rank_message`, plus
+            ``bad_node_id``).
     """
-    import json
-
     # Fast path: the whole batch validates in one pass.
     try:
-        tb = _typed_batch_adapter.validate_json(data)
+        tb = _typed_batch_adapter.validate_json(data, strict=True)
     except (ValidationError, ValueError, RecursionError):
         tb = None  # not a batch, or one bad message inside: take the slow path that isolates it
     if tb is not None:
+        env = wire.NodeBatch(node_id=tb.node_id, hostname=tb.hostname, seq=tb.seq, ts_unix_s=tb.ts_unix_s)
+        _check_envelope(env)
         good: list[Any] = []
         bad: list[MessageRejected] = []
         for m in tb.messages:
@@ -183,48 +379,34 @@ def parse_node_message(data: bytes) -> tuple[Any, list[Any], list[MessageRejecte
                 good.append(check_rank_message(m))
             except MessageRejected as exc:
                 bad.append(exc)
-        if not 0 <= tb.seq < MAX_INT:
-            raise MessageRejected("bad_value", f"seq={tb.seq}")
-        env = wire.NodeBatch(node_id=tb.node_id, hostname=tb.hostname, seq=tb.seq, ts_unix_s=tb.ts_unix_s)
         return env, good, bad
     try:
-        raw = json.loads(data)
+        env = _node_adapter.validate_json(data, strict=True)
+    except ValidationError as exc:
+        if b'"node_batch"' in data and b'"messages"' in data:
+            return _split_batch(data, max_messages)
+        raise _rejected_from(exc, _KNOWN_NODE_KINDS, data) from None
     except (ValueError, RecursionError) as exc:
         raise MessageRejected("bad_json", str(exc)[:120]) from None
-    if not isinstance(raw, dict):
-        raise MessageRejected("bad_schema", "not a JSON object")
-    if raw.get("v") != wire.SCHEMA_VERSION:
-        raise MessageRejected("bad_version", f"v={raw.get('v')!r}")
-    try:
-        env = _node_adapter.validate_python(raw)
-    except ValidationError as exc:
-        raise _rejected_from(exc, _KNOWN_NODE_KINDS, raw) from None
-    except (ValueError, RecursionError) as exc:
-        raise MessageRejected("bad_schema", str(exc)[:120]) from None
-    if env.kind == "node_heartbeat" and not (0 < env.pid < MAX_INT and 0.0 <= env.ts_unix_s < _INF
-                                              and 0.0 <= env.started_unix_s < _INF
-                                              and all(isinstance(v, int) and 0 <= v < MAX_INT
-                                                      for v in env.counters.values())):
-        raise MessageRejected("bad_value", "heartbeat pid/times/counters out of range")
-    if env.kind == "node_batch" and not 0 <= env.seq < MAX_INT:
-        raise MessageRejected("bad_value", f"seq={env.seq}")
+    _check_envelope(env)
+    if env.kind == "node_ack":
+        _check_text(env.command_id, "command_id")
+        _check_text(env.detail, "detail", MAX_DETAIL)
     if env.kind != "node_batch":
         return env, [], []
-    good, bad = [], []
-    for m in env.messages:
-        try:
-            good.append(parse_rank_message(m))
-        except MessageRejected as exc:
-            bad.append(exc)
-    return env, good, bad
+    return _split_batch(data, max_messages)  # typed-batch failure but envelope fine: isolate the bad messages
 
 
 def parse_node_command(data: bytes) -> wire.NodeCommand:
-    """Validate a coordinator->node command. Raises :class:`MessageRejected`."""
+    """Validate a coordinator->node command (strict UTF-8 JSON). Raises :class:`MessageRejected`."""
     try:
-        cmd = _command_adapter.validate_json(data)
+        cmd = _command_adapter.validate_json(data, strict=True)
     except ValidationError as exc:
+        if _encoding_problem(data) is not None:
+            raise MessageRejected("bad_encoding", str(_encoding_problem(data))) from None
         raise MessageRejected("bad_schema", str(exc.errors()[0].get("msg", ""))[:200]) from None
+    except (ValueError, RecursionError) as exc:
+        raise MessageRejected("bad_json", str(exc)[:120]) from None
     if cmd.v != wire.SCHEMA_VERSION:
         raise MessageRejected("bad_version", f"v={cmd.v}")
     return cmd

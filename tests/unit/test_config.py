@@ -28,7 +28,8 @@ def test_env_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     [
         ("[coordinator\n", {}, "not valid TOML"),
         ("[coordinator]\nbogus = 1\n", {}, "bogus"),
-        ("[coordinator]\ncontrol_bind = \"tcp://0.0.0.0:7712\"\n", {}, "allow_remote_control"),
+        ("[coordinator]\ncontrol_bind = \"tcp://0.0.0.0:7712\"\n[security]\ncurve = \"off\"\n", {}, "without CURVE"),
+        ("[node]\nbind = \"tcp://0.0.0.0:7700\"\n", {}, "ranks cannot use CURVE"),
         ("", {"PROFWATCH_COORDINATOR__TICK_INTERVAL_S": "inf"}, "finite"),
         ("", {"PROFWATCH_NODE__BATCH_MAX_DELAY_S": "1e308"}, "less than or equal"),
         ("", {"PROFWATCH_COORDINATOR": "garbage"}, "environment"),

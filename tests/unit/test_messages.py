@@ -112,3 +112,107 @@ def test_heartbeat_values_are_bounded() -> None:
     hb["pid"] = 2**70
     with pytest.raises(MessageRejected):
         parse_node_message(json.dumps(hb).encode())
+
+
+# -- strict encodings, types and bounds (issue: bad input that harms) -------------------------------------------
+def _capture(**kw):
+    d = wire.to_dict(wire.CaptureEvent(job_id="j1", rank=1, event="completed", ts_unix_s=1.0, capture_id="c1"))
+    d.update(kw)
+    return d
+
+
+def _with_lone_surrogate(d: dict, path: list) -> bytes:
+    """JSON of ``d`` with the string at ``path`` made a lone surrogate escape (as json.dumps writes it)."""
+    target = d
+    for p in path[:-1]:
+        target = target[p]
+    last = path[-1]
+    if last == "<key>":
+        (k, v), = target.items()
+        target.clear()
+        target["\ud800" + k] = v
+    else:
+        target[last] = "x\udfff"
+    return json.dumps(d).encode()
+
+
+@pytest.mark.parametrize(("base", "path"), [
+    (_hello, ["hostname"]), (_hello, ["job_id"]), (_hello, ["profiler_config_path"]), (_hello, ["prof_root"]),
+    (lambda: _hello(versions={"torch": "2"}), ["versions", "torch"]),
+    (lambda: _hello(versions={"torch": "2"}), ["versions", "<key>"]),
+    (lambda: _step(stages={"fwd": 0.1}), ["stages", "<key>"]), (lambda: _step(flags=["a"]), ["flags", 0]),
+    (_capture, ["detail"]), (_capture, ["rank_dir"]), (_capture, ["capture_id"]),
+])
+def test_lone_surrogates_are_refused_in_every_field(base, path) -> None:
+    with pytest.raises(MessageRejected) as ei:
+        parse_rank_message(_with_lone_surrogate(base(), path))
+    assert ei.value.reason == "bad_encoding"
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-8-sig", "latin-1"])
+def test_only_utf8_without_bom_is_accepted(codec: str) -> None:
+    text = json.dumps(_hello(hostname="h\u00e9"), ensure_ascii=False)
+    with pytest.raises(MessageRejected) as ei:
+        parse_rank_message(text.encode(codec))
+    assert ei.value.reason == "bad_encoding"
+    assert parse_rank_message(text.encode("utf-8")).hostname == "h\u00e9"
+
+
+@pytest.mark.parametrize("kw", [{"rank": "1"}, {"rank": True}, {"rank": 1.0}, {"step": "7"}, {"step_time_s": "0.1"},
+                                {"capturing": 1}, {"flags": "checkpoint"}, {"stages": {"fwd": "0.1"}}])
+def test_types_are_strict(kw: dict) -> None:
+    with pytest.raises(MessageRejected) as ei:
+        parse_rank_message(json.dumps(_step(**kw)).encode())
+    assert ei.value.reason == "bad_schema"
+
+
+@pytest.mark.parametrize("kw", [{"step_time_s": 1e308}, {"step_time_s": 8 * 86400.0}, {"ts_unix_s": 1e12},
+                                {"stages": {"fwd": 1e300}}, {"flags": ["x" * 65]}, {"flags": ["a"] * 65}])
+def test_physical_bounds(kw: dict) -> None:
+    with pytest.raises(MessageRejected) as ei:
+        parse_rank_message(json.dumps(_step(**kw)).encode())
+    assert ei.value.reason == "bad_value"
+    assert parse_rank_message(json.dumps(_step(step_time_s=3600.0, ts_unix_s=1.8e9)).encode()).step_time_s == 3600.0
+
+
+@pytest.mark.parametrize("kw", [{"hostname": "h" * 300}, {"hostname": "a\u0000b"}, {"profiler_config_path": "/" * 5000},
+                                {"versions": {f"k{i}": "v" for i in range(100)}}, {"peer_uid": -1}])
+def test_hello_text_bounds(kw: dict) -> None:
+    with pytest.raises(MessageRejected) as ei:
+        parse_rank_message(json.dumps(_hello(**kw)).encode())
+    assert ei.value.reason == "bad_value"
+
+
+def _batch_bytes(elements: list[bytes], node_id: str = "n1") -> bytes:
+    head = json.dumps({"kind": "node_batch", "v": 1, "node_id": node_id, "hostname": "h", "seq": 1, "ts_unix_s": 1.0})
+    return head[:-1].encode() + b',"messages":[' + b",".join(elements) + b"]}"
+
+
+def test_a_bad_batch_is_split_never_dropped_whole() -> None:
+    good = [json.dumps(_step(step=s)).encode() for s in range(1, 201)]
+    poison = [json.dumps(_step(step=999)).encode("utf-16"),  # what an old node relayed raw
+              json.dumps(_step(step=998)).encode("utf-32"),
+              b'{"kind":"step","v":1,"job_id":"j\xff","rank":1,"step":997,"step_time_s":0.1,"ts_unix_s":1}',
+              json.dumps(_hello(hostname="\ud800")).encode(),
+              b'{"kind":"step","v":1,"job_id":"j1","rank":1,"step":',
+              json.dumps(_step(rank="1")).encode()]
+    elements = good[:50] + poison[:2] + good[50:120] + poison[2:4] + good[120:] + poison[4:]
+    env, msgs, bad = parse_node_message(_batch_bytes(elements))
+    assert env.node_id == "n1" and env.seq == 1
+    assert sorted(m.step for m in msgs) == list(range(1, 201))  # 200 of 200 honest steps kept
+    assert len(bad) >= len(poison) - 1 and {b.reason for b in bad} <= {"bad_json", "bad_encoding", "bad_schema"}
+
+
+def test_a_batch_of_garbage_is_given_up_after_a_bounded_number_of_resyncs() -> None:
+    from daemon.core.messages import MAX_RESYNC
+
+    _env, msgs, bad = parse_node_message(_batch_bytes([b"{" + b'"a":' * 10 + b"x"] * 5000))
+    assert msgs == [] and len(bad) == MAX_RESYNC + 1 and bad[-1].detail.startswith("split abandoned")
+
+
+@pytest.mark.parametrize("node_id", ["", "../x", "a b", "n" * 200, "\u00e9"])
+def test_node_ids_are_safe_names(node_id: str) -> None:
+    hb = wire.to_dict(wire.NodeHeartbeat(node_id=node_id, hostname="h", pid=1, ts_unix_s=1.0, started_unix_s=1.0))
+    with pytest.raises(MessageRejected) as ei:
+        parse_node_message(json.dumps(hb).encode())
+    assert ei.value.reason == "bad_node_id"

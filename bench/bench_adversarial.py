@@ -1,0 +1,349 @@
+"""Adversarial run against live daemons: floods, other encodings, identity claims and control misuse, five rounds.
+
+A real ``profwatch coordinator`` and a real ``profwatch node`` run as subprocesses with CURVE on (loopback, keys
+made for the run). One honest rank reports steps through the node the whole time. Each round sends, as a local
+process on the node socket and as a second authenticated node ("nodeB") and as unauthenticated clients:
+
+- hello floods for new jobs claiming 2**20 ranks each, with one step each;
+- rank messages in UTF-16, UTF-32, with a BOM, with invalid UTF-8, with lone surrogates, with lax types
+  (``rank: "1"``, ``rank: true``) and absurd values (``step_time_s: 1e308``), and 300 KiB (over the limit);
+- 24 batches of ~3.7 MB from nodeB (rank records for up to 2**20 ranks) and 24 batches of 15 MB (over the limit);
+- identity claims: nodeB's key speaking for nodeA, nodeB speaking for nodeA's ranks, an unknown key, a client
+  without CURVE; control: a read key trying ``set_thresholds`` and ``arm``, unknown commands.
+
+After each round it checks for harm (each item that got through counts one): honest steps lost, the honest
+job's paths, node binding or step times changed, jobs beyond the caps, node ids other than nodeA/nodeB, arming
+switched off, a daemon gone, a failed registry flush. Prints inputs tried, handled (refused or dropped by a
+daemon, by their own counters), harmful (goal 0), the records the coordinator holds after each round (jobs, ranks,
+nodes: the caps stop their growth in round 1), its RSS after each round and its peak (goal: no growth trend; CPython
+rarely returns freed memory to the OS, so RSS wanders).
+
+Usage: python bench/bench_adversarial.py [--rounds 5] [--hellos 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from daemon.adapters.control import ControlError, call  # noqa: E402
+from daemon.adapters.curve import make_client  # noqa: E402
+from daemon.adapters.keyfiles import create_certificate, load_keypair, load_public_key  # noqa: E402
+from rankhook import wire  # noqa: E402
+
+PER_BATCH = 22_000
+"""Rank messages in one of nodeB's big batches (~3.7 MB: under the 4 MiB MAXMSGSIZE, which would drop it unread)."""
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rss_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MiB."""
+    vals = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            k, v = line.split(":", 1)
+            vals[k] = int(v.split()[0]) / 1024
+    return vals.get("VmRSS", 0.0), vals.get("VmHWM", 0.0)
+
+
+def _metric_sum(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def _scrape(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return str(r.read().decode())
+
+
+class Run:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        kd = root / "keys"
+        create_certificate(kd, "server", None)
+        (kd / "clients").mkdir()
+        self.secrets: dict[str, Path] = {}
+        for name, role, allowed in (("nodeA", "node", True), ("nodeB", "node", True), ("ops", "read", True),
+                                    ("admin", "act", True), ("mallory", "act", False)):
+            pub, sec = create_certificate(root / ("issued" if allowed else "rogue"), name, role)  # type: ignore[arg-type]
+            if allowed:
+                (kd / "clients" / pub.name).write_bytes(pub.read_bytes())
+            self.secrets[name] = sec
+        self.server_pub = load_public_key(kd / "server.key", "", "")
+        self.ports = {k: _port() for k in ("ingest", "control", "pub", "cm", "nm")}
+        self.control_ep = f"tcp://127.0.0.1:{self.ports['control']}"
+        cfg = root / "pw.toml"
+        cfg.write_text(f"""
+[coordinator]
+ingest_bind = "tcp://127.0.0.1:{self.ports['ingest']}"
+control_bind = "{self.control_ep}"
+pub_bind = "tcp://127.0.0.1:{self.ports['pub']}"
+state_db = "{root}/state.db"
+work_dir = "{root}/work"
+allowed_prof_roots = ["{root}/prof"]
+allowed_config_roots = ["{root}/cfg"]
+metrics_port = {self.ports['cm']}
+[node]
+node_id = "nodeA"
+bind = "ipc://{root}/node.sock"
+coordinator = "tcp://127.0.0.1:{self.ports['ingest']}"
+metrics_port = {self.ports['nm']}
+[security]
+curve = "on"
+keys_dir = "{kd}"
+client_secret_key = "{self.secrets['nodeA']}"
+[logging]
+format = "console"
+""")
+        env = dict(os.environ, PYTHONPATH=str(REPO), TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+        self.logs = {n: open(root / f"{n}.log", "wb") for n in ("coordinator", "node")}  # noqa: SIM115
+        self.coord = subprocess.Popen([sys.executable, "-m", "daemon.cli", "coordinator", "--config", str(cfg)],
+                                      env=env, stdout=self.logs["coordinator"], stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+        self._wait(lambda: self.control("ping"), "coordinator")
+        self.node = subprocess.Popen([sys.executable, "-m", "daemon.cli", "node", "--config", str(cfg)], env=env,
+                                     stdout=self.logs["node"], stderr=subprocess.STDOUT, start_new_session=True)
+        self.ctx = zmq.Context()
+        self.honest = self._push()
+        self.evil = self._push()
+        self.node_b = self._dealer("nodeB")
+        self.node_b_oversize = self._dealer("nodeB")  # its own connection: ZeroMQ closes it at each oversize message
+        self.honest_sent: list[int] = []
+        self.tried = 0
+        self.dropped_by_transport = 0
+        self.control_refused = 0
+        self.paths = {"profiler_config_path": f"{root}/cfg/honest", "prof_root": f"{root}/prof"}
+        self.honest.send_multipart(wire.frames(self._hello("honest", 0, 1, **self.paths)))
+        self._wait(lambda: self._job("honest"), "honest job registered")
+
+    # -- plumbing ------------------------------------------------------------------------------------------------
+    def control(self, cmd: str, args: dict[str, Any] | None = None, key: str = "ops") -> Any:
+        try:
+            return call(self.control_ep, cmd, args, timeout_s=10,
+                        curve=(load_keypair(self.secrets[key], "", ""), self.server_pub))
+        except ControlError:
+            return None
+
+    @staticmethod
+    def _wait(pred: Any, what: str, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not pred():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"bench: timed out waiting for {what}")
+            time.sleep(0.1)
+
+    def _push(self) -> zmq.Socket:
+        s = self.ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.LINGER, 2000)
+        s.setsockopt(zmq.SNDHWM, 1_000_000)
+        s.connect(f"ipc://{self.root}/node.sock")
+        return s
+
+    def _dealer(self, key: str | None) -> zmq.Socket:
+        s = self.ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 1000)
+        if key is not None:
+            make_client(s, load_keypair(self.secrets[key], "", ""), self.server_pub)
+        s.connect(f"tcp://127.0.0.1:{self.ports['ingest']}")
+        return s
+
+    @staticmethod
+    def _hello(job: str, rank: int, world: int, **kw: Any) -> wire.RankHello:
+        fields: dict[str, Any] = {"job_id": job, "rank": rank, "local_rank": 0, "world_size": world,
+                                  "hostname": "bench", "pid": 4242, "backend": "none", "ts_unix_s": time.time()}
+        return wire.RankHello(**(fields | kw))
+
+    def _job(self, job: str) -> dict[str, Any] | None:
+        st = self.control("status", {"job_id": job})
+        return st["jobs"][0] if st and st["jobs"] else None
+
+    def _honest_step(self) -> None:
+        s = len(self.honest_sent) + 1
+        self.honest.send_multipart(wire.frames(wire.StepReport(job_id="honest", rank=0, step=s, step_time_s=0.1,
+                                                               ts_unix_s=time.time())))
+        self.honest_sent.append(s)
+
+    def _evil(self, payload: bytes) -> None:
+        self.evil.send_multipart([b"profwatch.x", payload])
+        self.tried += 1
+
+    # -- one round -----------------------------------------------------------------------------------------------
+    def round(self, r: int, hellos: int) -> None:
+        base = wire.to_dict(wire.StepReport(job_id="honest", rank=0, step=1, step_time_s=0.1, ts_unix_s=time.time()))
+        text = json.dumps(base)
+        for i in range(hellos):  # hello flood: new jobs claiming 2**20 ranks, one step each
+            job = f"flood{r}x{i}"
+            self._evil(wire.encode(self._hello(job, 0, 1 << 20)))
+            self._evil(wire.encode(wire.StepReport(job_id=job, rank=12345, step=1, step_time_s=0.1,
+                                                   ts_unix_s=time.time())))
+            if i % 20 == 0:
+                self._honest_step()
+        bad = [text.encode("utf-16"), text.encode("utf-16-le"), text.encode("utf-32"), b"\xef\xbb\xbf" + text.encode(),
+               text.replace('"honest"', '"hon\\ud800est"').encode(), text.replace('"honest"', '"hon\xffest"').encode("latin-1"),
+               json.dumps(base | {"rank": "0"}).encode(), json.dumps(base | {"rank": True}).encode(),
+               json.dumps(base | {"step_time_s": 1e308}).encode(), json.dumps(base | {"step": 10**9, "stages": {"x": 1e300}}).encode(),
+               json.dumps(wire.to_dict(self._hello("honest", 0, 1, hostname="\ud800", **self.paths))).encode(),
+               json.dumps(wire.to_dict(self._hello("honest", 0, 1, profiler_config_path="/etc",
+                                                   prof_root="/"))).encode(),
+               b"[" * 100_000, b"x" * (300 * 1024)]
+        for _ in range(20):
+            for payload in bad:
+                self._evil(payload)
+            self._honest_step()
+        # nodeB: valid key, floods of big batches (rank records) and oversize ones, and lies about identity
+        for b in range(24):
+            msgs = ",".join(json.dumps({"kind": "step", "v": 1, "job_id": f"bjob{r}", "rank": b * PER_BATCH + k, "step": 1,
+                                        "step_time_s": 0.1, "ts_unix_s": time.time()}) for k in range(PER_BATCH))
+            head = {"kind": "node_batch", "v": 1, "node_id": "nodeB", "hostname": "b", "seq": r * 100 + b, "ts_unix_s": 1}
+            if b == 0:
+                self.node_b.send(wire.encode(wire.NodeBatch(node_id="nodeB", hostname="b", seq=r * 100, ts_unix_s=1.0,
+                                                            messages=[wire.to_dict(self._hello(f"bjob{r}", 0, 1 << 20))])))
+                self.tried += 1
+            self.node_b.send(json.dumps(head)[:-1].encode() + b',"messages":[' + msgs.encode() + b"]}")
+            self.node_b_oversize.send(b" " * (15 * 1024 * 1024))  # over MAXMSGSIZE: ZeroMQ drops it
+            self.tried += PER_BATCH + 1  # every rank message counts as one input
+            self.dropped_by_transport += 1
+            self._honest_step()
+        for env in (wire.NodeHeartbeat(node_id="nodeA", hostname="x", pid=1, ts_unix_s=1.0, started_unix_s=1.0),
+                    wire.NodeBatch(node_id="nodeA", hostname="x", seq=1, ts_unix_s=1.0,
+                                   messages=[wire.to_dict(self._hello("honest", 0, 1, prof_root="/tmp"))]),
+                    wire.NodeBatch(node_id="nodeB", hostname="b", seq=r * 100 + 99, ts_unix_s=1.0,
+                                   messages=[wire.to_dict(wire.StepReport(job_id="honest", rank=0, step=10**6,
+                                                                          step_time_s=999.0, ts_unix_s=1.0))])):
+            self.node_b.send(wire.encode(env))
+            self.tried += 1
+        for key in ("mallory", None):  # unknown key, no CURVE: the handshake never completes
+            d = self._dealer(key)
+            d.send(wire.encode(wire.NodeHeartbeat(node_id="nodeA", hostname="x", pid=1, ts_unix_s=1.0,
+                                                  started_unix_s=1.0)))
+            self.tried += 1
+            time.sleep(0.2)
+            d.close(0)
+        for cmd, args in (("set_thresholds", {"arming": {"mode": "off"}}), ("arm", {"job_id": "honest"}),
+                          ("close", {}), ("_flush_registry", {})):
+            self.tried += 1
+            try:
+                call(self.control_ep, cmd, args, timeout_s=10,
+                     curve=(load_keypair(self.secrets["ops"], "", ""), self.server_pub))
+            except ControlError as exc:
+                self.control_refused += exc.code in ("denied", "unknown_command")
+        for _ in range(50):
+            self._honest_step()
+
+    def harm(self) -> dict[str, int]:
+        """Count what got through (0 everywhere is the goal)."""
+        harm: dict[str, int] = {}
+        last = self.honest_sent[-1]
+        self._wait(lambda: (j := self._job("honest")) is not None and j["furthest_step"] >= last or self.coord.poll() is not None,
+                   "honest steps", 120)
+        jsonl = self.control("dump_telemetry", {"job_id": "honest"}) or ""
+        got = {json.loads(x)["step"] for x in jsonl.splitlines() if '"step"' in x}
+        harm["honest_steps_lost"] = len(set(self.honest_sent[-1000:]) - got)
+        if os.environ.get("BENCH_DEBUG") and harm["honest_steps_lost"]:
+            print("missing", sorted(set(self.honest_sent[-1000:]) - got)[:50], "got", sorted(got)[:30])
+            for port in ("nm", "cm"):
+                print(port, [x for x in _scrape(self.ports[port]).splitlines() if x.startswith(("profwatch_dropped", "profwatch_rejected"))])
+        job = self._job("honest") or {}
+        harm["honest_paths_changed"] = int(any(job.get(k) != v for k, v in self.paths.items()))
+        harm["honest_rank_hijacked"] = sum(1 for r in job.get("ranks", []) if r["node_id"] != "nodeA"
+                                           or r["step_time_s"] > 1.0 or r["hostname"] != "bench")
+        st = self.control("status") or {"jobs": [], "nodes": []}
+        harm["jobs_over_cap"] = max(0, len(st["jobs"]) - 1024)
+        per_node: dict[str, int] = {}
+        for j in st["jobs"]:
+            for n in {r["node_id"] for r in j["ranks"]}:
+                per_node[n] = per_node.get(n, 0) + 1
+        harm["jobs_over_node_cap"] = sum(max(0, v - 64) for v in per_node.values())
+        harm["unknown_node_ids"] = len({n["node_id"] for n in st["nodes"]} - {"nodeA", "nodeB"})
+        settings = self.control("set_thresholds", {}, key="admin") or {}  # an act key reads the current values
+        harm["arming_switched"] = int(settings.get("arming", {}).get("mode") != "act")
+        harm["daemon_exited"] = int(self.coord.poll() is not None) + int(self.node.poll() is not None)
+        harm["registry_flush_failed"] = (self.root / "coordinator.log").read_text(errors="replace").count(
+            "registry_flush_failed")
+        return harm
+
+    def handled(self) -> dict[str, int]:
+        """Inputs the daemons refused or dropped, by their own counters (a refused handshake counts once per
+        connection attempt, so a client that retries is counted more than once)."""
+        coord, node = _scrape(self.ports["cm"]), _scrape(self.ports["nm"])
+        parts = {"coordinator_rejected": int(_metric_sum(coord, "profwatch_rejected_total")),
+                 "node_rejected": int(_metric_sum(node, "profwatch_rejected_total")),
+                 "auth_refused": int(_metric_sum(coord, "profwatch_auth_refused_total")),
+                 "dropped_by_transport": self.dropped_by_transport, "control_refused": self.control_refused}
+        parts["total"] = sum(parts.values())
+        return parts
+
+    def close(self) -> None:
+        for s in (self.honest, self.evil, self.node_b, self.node_b_oversize):
+            s.close(0)
+        self.ctx.term()
+        for p in (self.node, self.coord):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in (self.node, self.coord):
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=30)
+        for f in self.logs.values():
+            f.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--hellos", type=int, default=2000, help="new-job hellos per round")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="pwadv", dir="/tmp") as tmp:
+        run = Run(Path(tmp))
+        try:
+            rss0, _ = _rss_mib(run.coord.pid)
+            print(f"coordinator RSS at start: {rss0:.1f} MiB")
+            total_harm: dict[str, int] = {}
+            for r in range(args.rounds):
+                t0 = time.monotonic()
+                run.round(r, args.hellos)
+                harm = run.harm()
+                for k, v in harm.items():
+                    total_harm[k] = total_harm.get(k, 0) + v
+                rss, hwm = _rss_mib(run.coord.pid)
+                nrss, _ = _rss_mib(run.node.pid)
+                b = (run.control("status") or {}).get("bounds", {})
+                held = f"jobs={b.get('jobs')} ranks={b.get('ranks')} nodes={b.get('nodes')}"
+                print(f"round {r + 1}: {time.monotonic() - t0:5.1f}s  tried={run.tried}  held {held}  coordinator "
+                      f"RSS={rss:.1f} MiB (peak {hwm:.1f})  node RSS={nrss:.1f} MiB  harmful={sum(harm.values())} "
+                      f"{harm if any(harm.values()) else ''}")
+            _, hwm = _rss_mib(run.coord.pid)
+            print(f"inputs tried: {run.tried}")
+            handled = run.handled()
+            print(f"handled (refused or dropped, by the daemons' counters): {handled.pop('total')}  {handled}")
+            print(f"harmful: {sum(total_harm.values())}  {total_harm}")
+            print(f"coordinator peak RSS: {hwm:.1f} MiB")
+        finally:
+            run.close()
+
+
+if __name__ == "__main__":
+    main()

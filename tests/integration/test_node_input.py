@@ -1,0 +1,194 @@
+"""Bad input at the node socket, with a live node daemon and coordinator: other encodings cost no honest step and
+never poison re-registration; lone surrogates never reach the store; strict types; oversize messages counted on
+both sides; the socket's mode, group and peer uid; a job pinned to the uid that runs it."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import structlog
+
+from rankhook import wire
+from rankhook.publisher import Publisher
+from tests.conftest import wait_for
+from tests.integration.live_stack import Stack, batch, hello, job_view, rank_view, step
+
+
+@pytest.fixture
+def stack(short_tmp: Path):
+    st = Stack(short_tmp)
+    st.start()
+    yield st
+    st.close()
+
+
+def _encoded(msg: object, how: str) -> bytes:
+    text = json.dumps(wire.to_dict(msg))
+    return {"utf16": text.encode("utf-16"), "utf16le": text.encode("utf-16-le"), "utf32": text.encode("utf-32"),
+            "bom": b"\xef\xbb\xbf" + text.encode()}[how]
+
+
+def test_other_encodings_cost_no_honest_step_and_never_poison_reregistration(stack: Stack, short_tmp: Path) -> None:
+    node = stack.node("n1")
+    push = stack.push("n1")
+    push.send_multipart(wire.frames(hello("jobU", 0, world=1)))
+    hows = ["utf16", "utf16le", "utf32", "bom"]
+    poison = 0
+    for s in range(1, 201):
+        push.send_multipart(wire.frames(step("jobU", 0, s)))
+        if s % 10 == 0:  # a local process sends the same kinds of message in other encodings
+            how = hows[(s // 10) % 4]
+            push.send_multipart([b"t", _encoded(step("jobU", 0, 10_000 + s), how)])
+            push.send_multipart([b"t", _encoded(hello("jobU", 0, world=1, hostname=f"evil{s}"), how)])
+            poison += 2
+    wait_for(lambda: rank_view(stack.control("status"), "jobU").get(0, {}).get("last_step") == 200, 30,
+             what="all honest steps")
+    jsonl = stack.control("dump_telemetry", {"job_id": "jobU"})
+    steps = sorted(json.loads(line)["step"] for line in jsonl.splitlines() if '"step"' in line)
+    assert steps == list(range(1, 201))  # 200 of 200 honest steps, none of the poison
+    assert node.counters["rejected"] == poison
+    coord = stack.coord
+    assert coord is not None and coord.counters["rejected"] == 0  # nothing bad was relayed
+    # a coordinator restart: the node re-registers from its cache, which holds only validated hellos
+    stack.stop_coordinator()
+    fresh = stack.start()
+    wait_for(lambda: job_view(stack.control("status"), "jobU") is not None and fresh.counters["batches"] > 0, 30,
+             what="re-registration")
+    push.send_multipart(wire.frames(step("jobU", 0, 201)))
+    wait_for(lambda: rank_view(stack.control("status"), "jobU")[0]["last_step"] == 201, 30)
+    assert fresh.counters["rejected"] == 0
+    assert rank_view(stack.control("status"), "jobU")[0]["hostname"] == "h"
+
+
+def test_lone_surrogates_never_reach_the_store(stack: Stack, short_tmp: Path) -> None:
+    stack.node("n1")
+    push = stack.push("n1")
+    evil = json.dumps(wire.to_dict(hello("jobS", 0, world=1, hostname="\ud800"))).encode()
+    push.send_multipart([b"t", evil])  # through the node
+    old_node = stack.dealer()  # and straight into ingest, as an old node daemon relayed it
+    old_node.send(batch("old", hello("jobS", 0, world=1, hostname="\udfff"), hello("jobT", 0, world=1)))
+    push.send_multipart(wire.frames(hello("jobV", 0, world=1)))
+    wait_for(lambda: all(job_view(stack.control("status"), j) for j in ("jobT", "jobV")), 20)
+    coord = stack.coord
+    assert coord is not None
+    wait_for(lambda: coord.metrics.registry.get_sample_value("profwatch_rejected_total",
+                                                             {"reason": "bad_encoding"}) == 1, 20)
+    stack.stop_coordinator()  # its last registry flush must succeed: every job registered survives the restart
+    stack.start()
+    status = stack.control("status")
+    assert {j["job_id"] for j in status["jobs"]} == {"jobT", "jobV"}
+
+
+def test_lax_types_and_absurd_values_are_refused_live(stack: Stack) -> None:
+    node = stack.node("n1")
+    push = stack.push("n1")
+    push.send_multipart(wire.frames(hello("jobL", 0, world=2)))
+    push.send_multipart(wire.frames(step("jobL", 0, 1)))
+    base = wire.to_dict(step("jobL", 0, 2))
+    for bad in ({"rank": "1"}, {"rank": True}, {"step_time_s": 1e308}, {"step": 2.0}, {"capturing": "yes"}):
+        push.send_multipart([b"t", json.dumps(base | bad).encode()])
+    push.send_multipart(wire.frames(step("jobL", 0, 3)))
+    wait_for(lambda: rank_view(stack.control("status"), "jobL").get(0, {}).get("last_step") == 3, 20)
+    ranks = rank_view(stack.control("status"), "jobL")
+    assert set(ranks) == {0} and ranks[0]["step_time_s"] < 1.0
+    assert node.counters["rejected"] == 5
+
+
+def test_oversize_messages_are_counted_on_both_sides(stack: Stack, short_tmp: Path) -> None:
+    node = stack.node("n1")
+    pub = Publisher(f"ipc://{short_tmp}/n1.sock")
+    try:
+        big = json.dumps(wire.to_dict(hello("jobO", 0, world=1, hostname="h"))).encode() + b" " * (300 * 1024)
+        assert pub.send(b"profwatch.hello.jobO.0", big) is False
+        assert (pub.counters.oversize, pub.counters.dropped, pub.counters.sent) == (1, 1, 0)
+        assert pub.send(*wire.frames(hello("jobO", 0, world=1)))
+        assert pub.counters.sent == 1
+    finally:
+        pub.close(linger_ms=1000)
+    push = stack.push("n1")  # a sender that ignores the limit: the node counts and logs it
+    with structlog.testing.capture_logs() as logs:
+        push.send_multipart([b"t", big])
+        push.send_multipart(wire.frames(hello("jobO", 0, world=1)))
+        push.send_multipart(wire.frames(step("jobO", 0, 1)))
+        wait_for(lambda: rank_view(stack.control("status"), "jobO").get(0, {}).get("last_step") == 1, 20)
+    assert node.counters["oversize"] == 1
+    assert node.metrics.registry.get_sample_value("profwatch_rejected_total", {"reason": "oversize"}) == 1
+    assert any(e["event"] == "rank_message_oversize" for e in logs)
+
+
+def test_socket_mode_group_and_peer_uid(stack: Stack, short_tmp: Path) -> None:
+    group = grp.getgrgid(os.getgid()).gr_name
+    stack.node("n1", socket_group=group)
+    st = os.stat(short_tmp / "n1.sock")
+    assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == os.getgid()
+    push = stack.push("n1")
+    push.send_multipart(wire.frames(hello("jobG", 0, world=1)))
+    rank = wait_for(lambda: rank_view(stack.control("status"), "jobG").get(0), 20)
+    assert rank["uid"] == os.getuid()
+    with pytest.raises(ValueError, match="does not exist"):
+        stack.node("n2", socket_group="no-such-group-pw")
+
+
+NOBODY = 65534
+
+
+def _as_nobody(action) -> int:
+    """Run ``action()`` in a forked child with uid/gid 65534; return its exit status (13: permission denied)."""
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            code = action()
+        except PermissionError:
+            code = 13
+        finally:
+            os._exit(code)
+    _pid, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _connect(path: str) -> int:
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+    return 0
+
+
+def _send(path: str, payload: bytes) -> int:
+    import zmq
+
+    ctx = zmq.Context()
+    p = ctx.socket(zmq.PUSH)
+    p.setsockopt(zmq.LINGER, 5000)
+    p.connect("ipc://" + path)
+    p.send_multipart([b"t", payload])
+    p.close()
+    ctx.term()
+    return 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a child process as another uid")
+def test_other_users_cannot_connect_and_cannot_speak_for_a_job(stack: Stack, short_tmp: Path) -> None:
+    os.chmod(short_tmp, 0o755)
+    stack.node("n1")  # default mode 0660: another user cannot even connect
+    assert _as_nobody(lambda: _connect(str(short_tmp / "n1.sock"))) == 13
+    node = stack.node("n2", socket_mode=0o666)  # a world-writable socket: the job's uid pin still holds
+    push = stack.push("n2")
+    push.send_multipart(wire.frames(hello("jobP", 0, world=2)))
+    wait_for(lambda: job_view(stack.control("status"), "jobP"), 20)
+    spoof = json.dumps(wire.to_dict(hello("jobP", 1, world=2, hostname="spoof"))).encode()
+    assert _as_nobody(lambda: _send(str(short_tmp / "n2.sock"), spoof)) == 0
+    wait_for(lambda: node.metrics.registry.get_sample_value("profwatch_rejected_total",
+                                                            {"reason": "job_uid_mismatch"}) == 1, 20)
+    push.send_multipart(wire.frames(hello("jobP", 1, world=2)))
+    ranks = wait_for(lambda: (r := rank_view(stack.control("status"), "jobP")) and 1 in r and r, 20)
+    assert ranks[1]["hostname"] == "h" and ranks[1]["uid"] == os.getuid()

@@ -1,0 +1,63 @@
+"""What a node accepts from its ranks (pure): re-encoded relays, uid pins, oversize, bounded hello cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from daemon.core.limits import LimitSettings
+from daemon.core.messages import MessageRejected
+from daemon.core.rank_intake import RankIntake
+from rankhook import wire
+
+
+def hello(job: str = "j", rank: int = 0, **kw: object) -> bytes:
+    d = wire.to_dict(wire.RankHello(job_id=job, rank=rank, local_rank=rank, world_size=64, hostname="h", pid=1,
+                                    backend="torch_npu", ts_unix_s=1.0, profiler_config_path=f"/cfg/{job}"))
+    d.update(kw)
+    return json.dumps(d, ensure_ascii=False).encode()
+
+
+def test_relays_re_encoded_validated_bytes_with_the_peer_uid() -> None:
+    intake = RankIntake()
+    raw = b'  {"kind": "hello", "v": 1, "job_id": "j", "rank": 0, "local_rank": 0, "world_size": 2, "hostname": ' \
+          b'"h\xc3\xa9", "pid": 5, "backend": "none", "ts_unix_s": 1, "peer_uid": 0, "extra": "ignored"}'
+    msg, data = intake.accept(raw, 1234, 0.0)
+    assert data != raw and b"extra" not in data
+    assert json.loads(data)["peer_uid"] == 1234 and json.loads(data)["hostname"] == "h\u00e9"
+    data.decode("ascii")  # re-encoded: plain ASCII JSON whatever the rank sent
+    _msg, data2 = intake.accept(raw, None, 0.0)
+    assert json.loads(data2)["peer_uid"] is None  # a rank cannot claim a uid
+
+
+@pytest.mark.parametrize("encode", [lambda s: s.encode("utf-16"), lambda s: s.encode("utf-16-le"),
+                                    lambda s: s.encode("utf-32"), lambda s: b"\xef\xbb\xbf" + s.encode(),
+                                    lambda s: s.replace("h", "\\ud800", 1).encode()])
+def test_other_encodings_are_refused(encode) -> None:
+    text = hello().decode()
+    with pytest.raises(MessageRejected) as ei:
+        RankIntake().accept(encode(text), None, 0.0)
+    assert ei.value.reason == "bad_encoding"
+
+
+def test_a_job_is_pinned_to_the_first_uid_until_it_is_silent() -> None:
+    intake = RankIntake(LimitSettings(job_expiry_s=100))
+    intake.accept(hello(), 1000, 0.0)
+    with pytest.raises(MessageRejected) as ei:
+        intake.accept(hello(rank=1), 2000, 50.0)
+    assert ei.value.reason == "job_uid_mismatch"
+    intake.accept(hello(rank=1), 1000, 60.0)
+    intake.accept(hello(job="k"), 2000, 60.0)  # another job of another user
+    intake.accept(hello(rank=2), 2000, 161.0)  # pin lapsed after job_expiry_s of silence
+
+
+def test_oversize_and_bounded_caches() -> None:
+    intake = RankIntake(LimitSettings(node_max_cached_hellos=3, max_jobs_per_node=2))
+    with pytest.raises(MessageRejected) as ei:
+        intake.accept(b"{" + b" " * wire.MAX_MESSAGE_BYTES + b"}", 1, 0.0)
+    assert ei.value.reason == "oversize"
+    for r in range(5):
+        intake.accept(hello(job=f"j{r}"), 7, float(r))
+    assert [k[0] for k in intake.hellos] == ["j2", "j3", "j4"] and len(intake.job_uids) == 3
+    assert set(intake.dp_jobs) == {"j0", "j1"}
