@@ -213,7 +213,8 @@ def part_a_hard(settings: RankingSettings, per_world: int = 20) -> None:
 def part_b(specs: list[dict[str, Any]], settings: RankingSettings) -> None:
     from daemon.adapters.rank_dir_fs import scan_tree
     from daemon.analysis import AnalysisSettings, analyze_batch
-    from daemon.core.alerts import make_cloudevent, to_alertmanager
+    from daemon.core.alertmanager import AlertBook
+    from daemon.core.alerts import make_cloudevent
     from daemon.simulate.ascend_tree import generate_cluster
 
     asettings = AnalysisSettings(ranking=settings, report=True)
@@ -237,7 +238,7 @@ def part_b(specs: list[dict[str, Any]], settings: RankingSettings) -> None:
                 continue
             res = analyze_batch(batches[0], work_dir=root / "work", settings=asettings)
             event = make_cloudevent(res.event_type, "bench", res.alert_data(), source="//bench", now_unix_s=time.time())
-            to_alertmanager([event], external_url="http://bench")
+            AlertBook(cluster="bench", resend_interval_s=60).apply(event, time.time())
             elapsed = time.monotonic() - t_complete
             overhead.append(elapsed - res.timings_s.get("tool", 0.0))
             tool.append(res.timings_s.get("tool", 0.0))

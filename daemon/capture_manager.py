@@ -50,7 +50,6 @@ class CaptureManager:
         self._limiter = make_limiter(self.s.analysis.msprof)
         self._writer: Any = None
         self._watcher: Any = None
-        self._webhook: Any = None
         self._cmd_ids = itertools.count(1)
         self._pending_acks: dict[str, dict[str, Any]] = {}  # command_id -> {capture_id, node_id}
         self._scanning: set[str] = set()
@@ -74,12 +73,6 @@ class CaptureManager:
         except Exception as exc:  # noqa: BLE001 - fall back to the periodic reconciliation scan alone
             log.warning("watcher_unavailable", error=repr(exc))
             self._watcher = None
-        if self.s.webhook.url:
-            from daemon.adapters.alert_sinks import WebhookSink
-
-            self._webhook = WebhookSink(self.s.webhook.url, timeout_s=self.s.webhook.timeout_s,
-                                        retries=self.s.webhook.retries, queue_size=self.s.webhook.queue_size,
-                                        external_url=self.s.webhook.external_url)
         for cap in self.c.state.captures(states=ACTIVE):
             prof_dir = cap["plan"].get("prof_dir")
             log.info("capture_resumed", capture_id=cap["capture_id"], state=cap["state"], prof_dir=prof_dir)
@@ -100,15 +93,9 @@ class CaptureManager:
             self.analysis_pool.shutdown(wait=True, cancel_futures=True)
         finally:
             resume_runs()
-        if self._webhook is not None:
-            self._webhook.close()
 
     def update_arming(self, settings: ArmingSettings) -> None:
         self.policy = ArmingPolicy(settings)
-
-    def sink_alert(self, event: dict[str, Any]) -> None:
-        if self._webhook is not None:
-            self._webhook.submit(event)
 
     def _watch(self, prof_dir: str) -> None:
         try:

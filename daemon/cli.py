@@ -50,23 +50,38 @@ def cli() -> None:
 
 
 def _serve(label: str, metrics_port: int | None, build: Any) -> None:
-    """Start one daemon: metrics endpoint, ``build(metrics)``, SIGTERM -> ``stop()``, ``run()`` until stopped.
-    A daemon that cannot start (port in use, bad state file, endpoint held) exits 2 with one line, no traceback."""
+    """Start one daemon: metrics endpoint, ``build(metrics, notifier)``, SIGTERM -> ``stop()``, ``run()`` until
+    stopped. A daemon that cannot start (port in use, bad state file, endpoint held, unusable sink secret) exits 2
+    with one line, no traceback. Under systemd (``Type=notify``) the daemon sends READY=1 once it serves and
+    WATCHDOG=1 from its main loop; SIGHUP reloads nothing (restart is the reload path: docs/systemd.md)."""
+    import os
+
     from daemon.adapters.metrics import DaemonMetrics
+    from daemon.adapters.sd_notify import SdNotifier
 
     metrics = DaemonMetrics(label)
+    notifier = SdNotifier(os.environ)
     try:
         metrics.serve(metrics_port)
-        d = build(metrics)
+        d = build(metrics, notifier)
     except Exception as exc:  # noqa: BLE001
         click.echo(f"profwatch {label}: cannot start: {exc}", err=True)
         metrics.close()
         sys.exit(EXIT_USAGE)
     _install_sigterm(d.stop)
+
+    def on_hup(signum: int, frame: Any) -> None:
+        import structlog
+
+        structlog.get_logger("profwatch").warning("reload_not_supported", daemon=label,
+                                                  hint="systemctl restart reloads the config; state is kept")
+
+    signal.signal(signal.SIGHUP, on_hup)
     try:
         d.run()
     finally:
         metrics.close()
+        notifier.close()
 
 
 @cli.command()
@@ -78,7 +93,7 @@ def node(config_path: Path | None) -> None:
 
     s = _load(config_path)
     configure_logging(s.logging.level, s.logging.format)
-    _serve("node", s.node.metrics_port, lambda metrics: NodeDaemon(s.node, metrics))
+    _serve("node", s.node.metrics_port, lambda metrics, notifier: NodeDaemon(s.node, metrics, notifier))
 
 
 @cli.command()
@@ -90,7 +105,7 @@ def coordinator(config_path: Path | None) -> None:
 
     s = _load(config_path)
     configure_logging(s.logging.level, s.logging.format)
-    _serve("coordinator", s.coordinator.metrics_port, lambda metrics: Coordinator(s, metrics))
+    _serve("coordinator", s.coordinator.metrics_port, lambda metrics, notifier: Coordinator(s, metrics, notifier))
 
 
 def _call(s: Any, cmd: str, args: dict[str, Any] | None = None, timeout_s: float = 5.0) -> Any:
@@ -197,7 +212,7 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
     s = _load(config_path)
     args = {"job_id": job_id, "limit": limit, "alerts_only": not all_events}
     sub = None
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     if follow:  # subscribe first, then fetch history, then dedup by id: no gap between the two
         kinds = ["profwatch.alert."] + (["profwatch.event."] if all_events else [])
         sub = subscribe(ctx, s.coordinator.pub_bind, [k + (job_id or "") for k in kinds])

@@ -20,6 +20,7 @@ from daemon.analysis import AnalysisSettings
 from daemon.core.anomaly import DetectionSettings
 from daemon.core.arming import ArmingSettings
 from daemon.core.capture import CaptureSettings
+from daemon.core.sink_settings import AlertmanagerSettings, WebhookSettings
 from daemon.core.watch_settings import WatchSettings
 
 DEFAULT_RUNTIME_DIR = "/run/profwatch"
@@ -92,6 +93,9 @@ class CoordinatorSettings(_Strict):
     analysis_workers: int = Field(1, ge=1, le=8)
     ack_timeout_s: float = Field(60.0, gt=0, le=86400, description="arms not acknowledged by every rank by then are reported")
     metrics_port: int | None = Field(None, ge=1, le=65535)
+    job_end_after_s: float = Field(600.0, gt=0, le=30 * 86400,
+                                   description="a job none of whose ranks reported this long has ended (job_ended "
+                                               "event; its alerts resolve)")
 
     @model_validator(mode="after")
     def _loopback_unless_allowed(self) -> CoordinatorSettings:
@@ -104,16 +108,6 @@ class CoordinatorSettings(_Strict):
                         "to allow it (no authentication yet)"
                     )
         return self
-
-
-class WebhookSettings(_Strict):
-    """Alertmanager-compatible webhook sink (off when ``url`` is empty)."""
-
-    url: str = ""
-    timeout_s: float = Field(5.0, gt=0)
-    retries: int = Field(3, ge=0)
-    queue_size: int = Field(1000, ge=1)
-    external_url: str = ""
 
 
 class LoggingSettings(_Strict):
@@ -134,6 +128,7 @@ class Settings(BaseSettings):
     capture: CaptureSettings = Field(default_factory=CaptureSettings)
     watch: WatchSettings = Field(default_factory=WatchSettings)
     analysis: AnalysisSettings = Field(default_factory=AnalysisSettings)
+    alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
 

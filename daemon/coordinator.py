@@ -8,6 +8,7 @@ storage, rank-dir scans) and analyses run on worker threads and hand results bac
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -18,13 +19,16 @@ import structlog
 import zmq
 
 from daemon.adapters import control
+from daemon.adapters.alert_sinks import AlertSinks
 from daemon.adapters.metrics import DaemonMetrics
 from daemon.adapters.publish import EventPublisher
+from daemon.adapters.sd_notify import SdNotifier
 from daemon.adapters.state import StateStore
 from daemon.capture_manager import CaptureManager
 from daemon.config import Settings
-from daemon.core.alerts import make_cloudevent
+from daemon.core.alerts import TYPE_JOB_ENDED, make_cloudevent
 from daemon.core.anomaly import Anomaly, JobDetector
+from daemon.core.job_end import JobEndTracker
 from daemon.core.messages import MessageRejected, parse_node_message
 from daemon.core.registry import Registry, RegistryError
 from daemon.logsetup import OncePerKind
@@ -46,15 +50,27 @@ class Coordinator:
     Raises:
         zmq.ZMQError: an endpoint cannot be bound (address in use).
         sqlite3.DatabaseError: the state database is not usable.
+        SinkConfigError: an alert sink's Authorization or TLS file is unusable.
     """
 
-    def __init__(self, settings: Settings, metrics: DaemonMetrics | None = None) -> None:
+    def __init__(self, settings: Settings, metrics: DaemonMetrics | None = None,
+                 notifier: SdNotifier | None = None) -> None:
         self.settings = settings
         cs = settings.coordinator
         self.metrics = metrics or DaemonMetrics("coordinator")
+        self.notifier = notifier or SdNotifier({})
         self._stop = threading.Event()
+        # alert sinks: every emitted event goes to them; standing Alertmanager alerts are rebuilt from the store
+        self.sinks = AlertSinks.from_settings(settings.alertmanager, settings.webhook, os.environ, self.metrics)
+        try:
+            self.state = StateStore(cs.state_db)
+            self.sinks.restore(self.state.iter_events(self.sinks.restore_types))
+        except Exception:
+            self.sinks.close()
+            raise
+        self._job_end = JobEndTracker(cs.job_end_after_s)
+        self._next_observe = 0.0
         self._ctx = zmq.Context()
-        self.state = StateStore(cs.state_db)
         self.registry = Registry(window_steps=cs.window_steps)
         self.detectors: dict[str, JobDetector] = {}
         self._known_nodes: set[str] = set()  # nodes seen since this process started (others must re-register)
@@ -130,10 +146,9 @@ class Coordinator:
         if not self.state.add_event(ev, is_alert):
             return None
         self.pub.publish(ev, is_alert)
-        self.metrics.alerts.labels(type_).inc()
+        self.metrics.observe_event(ev)
         self.counters["events"] += 1
-        if is_alert:
-            self.captures.sink_alert(ev)
+        self.sinks.submit(ev, is_alert, time.time())
         log.info("event_published", type=type_, job_id=job_id, event_id=ev["id"])
         return ev
 
@@ -149,8 +164,10 @@ class Coordinator:
         poller.register(self.control_sock, zmq.POLLIN)
         next_tick = next_flush = 0.0
         self.captures.start()
+        self.notifier.ready("serving")
         try:
             while not self._stop.is_set():
+                self.notifier.watchdog(time.monotonic())  # only while this loop turns (systemd WatchdogSec)
                 events = dict(poller.poll(int(cs.tick_interval_s * 1000 / 2)))
                 if self.ingest in events:
                     self._drain_ingest()
@@ -189,9 +206,24 @@ class Coordinator:
                 for an in det.tick(now):
                     self._on_anomaly(an, now)
             self.captures.tick(now)
+            self._tick_jobs_and_sinks(now)
         except Exception as exc:  # noqa: BLE001
             if self._once.first(f"tick:{type(exc).__name__}"):
                 log.exception("tick_failed", error=repr(exc))
+
+    def _tick_jobs_and_sinks(self, now: float) -> None:
+        """Job ends (no rank reported for ``job_end_after_s``: ``job_ended`` event), alert re-sends, gauges."""
+        cs = self.settings.coordinator
+        last = {j.job_id: max((r.seen_unix_s for r in j.ranks.values()), default=0.0)
+                for j in self.registry.jobs.values()}
+        for end in self._job_end.check(last, now):
+            self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json(), event_id=end.event_id())
+        self.sinks.tick(now)
+        if now >= self._next_observe:
+            self._next_observe = now + 1.0
+            snap = self.registry.snapshot(now, cs.node_timeout_s)
+            active = {j for j, t in last.items() if now - t < cs.job_end_after_s}
+            self.metrics.observe_state(snap["jobs"], snap["nodes"], active, self.state.capture_state_summary(), now)
 
     def _reject(self, exc: MessageRejected | RegistryError, node_id: str = "") -> None:
         self.counters["rejected"] += 1
@@ -272,9 +304,9 @@ class Coordinator:
                     self.captures.on_capture_event(m, node_id, now)
                 elif kind == "bye":
                     reg.bye(m, now)
-                    det = self.detectors.get(m.job_id)
-                    if det is not None:
-                        det.mark_left(m.rank)
+                    left_det = self.detectors.get(m.job_id)
+                    if left_det is not None:
+                        left_det.mark_left(m.rank)
             except RegistryError as exc:
                 self._reject(exc, node_id)
             except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
@@ -408,8 +440,10 @@ class Coordinator:
         if self._ctx.closed:
             return
         self._stop.set()
+        self.notifier.stopping()
         try:
             self.captures.close()
+            self.sinks.close()
         finally:
             try:
                 self._flush_registry()

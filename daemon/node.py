@@ -21,6 +21,7 @@ import structlog
 import zmq
 
 from daemon.adapters.metrics import DaemonMetrics
+from daemon.adapters.sd_notify import SdNotifier
 from daemon.config import NodeSettings
 from daemon.core.messages import MessageRejected, parse_node_command, parse_rank_message
 from daemon.logsetup import OncePerKind
@@ -35,13 +36,16 @@ class NodeDaemon:
     Args:
         settings: the ``[node]`` section.
         metrics: Prometheus metrics (a fresh registry is made when omitted).
+        notifier: systemd notifications (READY/WATCHDOG/STOPPING); none when omitted.
     Raises:
         zmq.ZMQError: the rank endpoint cannot be bound (e.g. another node daemon holds it).
     """
 
-    def __init__(self, settings: NodeSettings, metrics: DaemonMetrics | None = None) -> None:
+    def __init__(self, settings: NodeSettings, metrics: DaemonMetrics | None = None,
+                 notifier: SdNotifier | None = None) -> None:
         self.s = settings
         self.metrics = metrics or DaemonMetrics("node")
+        self.notifier = notifier or SdNotifier({})
         self.node_id = settings.node_id
         self.hostname = os.uname().nodename
         self.started_unix_s = time.time()
@@ -114,8 +118,10 @@ class NodeDaemon:
         poller.register(self.pull, zmq.POLLIN)
         poller.register(self.dealer, zmq.POLLIN)
         next_hb = 0.0
+        self.notifier.ready("serving")
         try:
             while not self._stop.is_set():
+                self.notifier.watchdog(time.monotonic())  # only while this loop turns (systemd WatchdogSec)
                 timeout_ms = max(1, int(self.s.batch_max_delay_s * 1000))
                 events = dict(poller.poll(timeout_ms))
                 if self.pull in events:
@@ -278,7 +284,7 @@ class NodeDaemon:
         """Read new torch_npu dp log lines of every torch_npu job on this node; relay them as acknowledgements."""
         from daemon.adapters.dp_log_tail import DpLogTail
 
-        acks = []
+        acks: list[dict[str, Any]] = []
         for job_id, cfg_path in list(self._dp_jobs.items()):
             try:
                 tail = tailers.get(job_id)
@@ -293,6 +299,8 @@ class NodeDaemon:
 
     def close(self) -> None:
         """Close sockets and the worker (idempotent)."""
+        if not self._ctx.closed:
+            self.notifier.stopping()
         self._stop.set()
         if self._fs_thread.is_alive():
             self._fs_thread.join(timeout=2)

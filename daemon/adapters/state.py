@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,11 @@ class StateStore:
         r = cur.fetchone()
         return None if r is None else self._capture_row(r)
 
+    def capture_state_summary(self) -> dict[str, tuple[int, float | None]]:
+        """state -> (number of captures in it, oldest ``created_unix_s`` among them), for metrics."""
+        rows = self.db.execute("SELECT state, COUNT(*), MIN(created_unix_s) FROM captures GROUP BY state").fetchall()
+        return {r[0]: (int(r[1]), r[2]) for r in rows}
+
     def captures(self, job_id: str | None = None, states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         """Captures, oldest first, optionally filtered by job and state."""
         q = "SELECT capture_id, job_id, state, reason, created_unix_s, updated_unix_s, plan, detail FROM captures"
@@ -178,3 +184,16 @@ class StateStore:
         args.append(limit)
         rows = self.db.execute(q, args).fetchall()
         return [(seq, json.loads(body)) for seq, body in reversed(rows)]
+
+    def iter_events(self, types: Sequence[str], since_seq: int = 0) -> Iterator[dict[str, Any]]:
+        """Stored events of the given types, oldest first (streamed; used to rebuild sink state at start)."""
+        if not types:
+            return
+        q = f"SELECT body FROM events WHERE seq > ? AND type IN ({','.join('?' * len(types))}) ORDER BY seq"
+        cur = self.db.execute(q, [since_seq, *types])
+        try:
+            while rows := cur.fetchmany(500):
+                for (body,) in rows:
+                    yield json.loads(body)
+        finally:
+            cur.close()
