@@ -252,7 +252,12 @@ class HttpPoster:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                if self._closing.is_set():  # close() could not queue _STOP into a full queue
+                    break
+                continue
             if item is _STOP:
                 break
             if self._closing.is_set():
