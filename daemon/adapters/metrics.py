@@ -46,7 +46,8 @@ class DaemonMetrics:
         self.rejected = Counter("profwatch_rejected", "Messages rejected by validation", ["reason"], registry=r)
         self.dropped = Counter("profwatch_dropped", "Messages dropped (queue full, peer down)", ["where"], registry=r)
         self.queue_depth = Gauge("profwatch_queue_depth", "Messages waiting", ["queue"], registry=r)
-        self.dropped.labels("relay")  # exported as 0 before the first drop
+        self.dropped.labels("relay")  # exported as 0 before the first drop (a missing series is not a zero)
+        self.rejected.labels("bad_message")
         self.alerts = Counter("profwatch_alerts", "Alerts and events published", ["type"], registry=r)
         self.captures = Counter("profwatch_captures", "Capture state transitions", ["state"], registry=r)
         self._server: Any = None
