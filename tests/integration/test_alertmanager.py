@@ -232,3 +232,27 @@ def test_a_bad_alertmanager_never_blocks_the_coordinator_and_is_counted(short_tm
             holder.close()
         elif holder is not None:
             holder.close()
+
+
+def test_the_documented_route_is_valid_and_routes_profwatch_alerts(tmp_path: Path) -> None:
+    import re
+    import shutil
+    import subprocess
+
+    from tests.conftest import REPO_ROOT, require_tool
+
+    amtool = shutil.which("amtool") or require_tool("amtool", "the route in docs/alerts.md is checked by Alertmanager's "
+                                                    "amtool (Debian's prometheus-alertmanager ships it)")
+    doc = (REPO_ROOT / "docs" / "alerts.md").read_text()
+    route = re.search(r"```yaml\n(# alertmanager.yml\n.*?)```", doc, re.S)
+    assert route, "docs/alerts.md lost its Alertmanager route"
+    cfg = tmp_path / "alertmanager.yml"
+    cfg.write_text(route.group(1))
+    res = subprocess.run([amtool, "check-config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
+    for labels, receiver in ((["alertname=ProfwatchSuspectRank", "job_id=j1", "severity=critical"], "training-oncall"),
+                             (["alertname=ProfwatchBatchIncomplete", "job_id=j1"], "training-oncall"),
+                             (["alertname=SomethingElse"], "default")):
+        res = subprocess.run([amtool, "config", "routes", "test", f"--config.file={cfg}", *labels],
+                             capture_output=True, text=True, timeout=60)
+        assert res.stdout.strip() == receiver, (labels, res.stdout, res.stderr)
