@@ -214,13 +214,13 @@ class Coordinator:
     def _tick_jobs_and_sinks(self, now: float) -> None:
         """Job ends (no rank reported for ``job_end_after_s``: ``job_ended`` event), alert re-sends, gauges."""
         cs = self.settings.coordinator
-        last = {j.job_id: max((r.seen_unix_s for r in j.ranks.values()), default=0.0)
-                for j in self.registry.jobs.values()}
-        for end in self._job_end.check(last, now):
-            self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json(), event_id=end.event_id())
         self.sinks.tick(now)
-        if now >= self._next_observe:
+        if now >= self._next_observe:  # once a second: O(ranks)
             self._next_observe = now + 1.0
+            last = {j.job_id: max((r.seen_unix_s for r in j.ranks.values()), default=0.0)
+                    for j in self.registry.jobs.values()}
+            for end in self._job_end.check(last, now):
+                self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json(), event_id=end.event_id())
             snap = self.registry.snapshot(now, cs.node_timeout_s)
             active = {j for j, t in last.items() if now - t < cs.job_end_after_s}
             self.metrics.observe_state(snap["jobs"], snap["nodes"], active, self.state.capture_state_summary(), now)

@@ -16,6 +16,7 @@ Nothing here blocks the caller: bodies go to bounded queues served by one thread
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
@@ -190,7 +191,11 @@ class AlertSinks:
             except Exception as exc:  # noqa: BLE001
                 self._log_once(s.name, exc)
 
-    def close(self) -> None:
+    def close(self, flush_s: float = 2.0) -> None:
+        """Give queued requests (e.g. a resolution just decided) up to ``flush_s`` in all, then stop every sink."""
+        deadline = time.monotonic() + flush_s
+        for s in self.sinks:
+            s.poster.flush(max(0.0, deadline - time.monotonic()))
         for s in self.sinks:
             s.close()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -100,8 +100,11 @@ class AlertmanagerSettings(HttpClientSettings):
 
     def alerts_url(self) -> str:
         """The ``POST`` endpoint: ``<url>/api/v2/alerts``."""
-        base = self.url.rstrip("/")
-        return base if base.endswith("/api/v2/alerts") else base + "/api/v2/alerts"
+        parts = urlsplit(self.url)
+        path = parts.path.rstrip("/")
+        if not path.endswith("/api/v2/alerts"):
+            path += "/api/v2/alerts"
+        return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
 class WebhookSettings(HttpClientSettings):

@@ -51,6 +51,9 @@ def test_alertmanager_endpoint_and_defaults(tmp_path: Path):
     assert s.alertmanager.alerts_url() == "http://am:9093/api/v2/alerts"
     assert AlertmanagerSettings(url="http://am:9093/").alerts_url() == "http://am:9093/api/v2/alerts"
     assert AlertmanagerSettings(url="http://am:9093/api/v2/alerts").alerts_url() == "http://am:9093/api/v2/alerts"
+    # behind a reverse proxy with a path prefix, with a query string
+    assert AlertmanagerSettings(url="https://gw/alertmanager?tenant=a").alerts_url() == \
+        "https://gw/alertmanager/api/v2/alerts?tenant=a"
     assert s.alertmanager.cluster == "prod" and s.webhook.url == "" and s.coordinator.job_end_after_s == 600
 
 
