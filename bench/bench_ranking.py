@@ -241,7 +241,8 @@ def part_c(steps: int) -> None:
 def part_d(specs: list[dict[str, Any]], steps: int, settings: RankingSettings) -> None:
     from daemon.adapters.rank_dir_fs import scan_tree
     from daemon.analysis import AnalysisSettings, analyze_batch
-    from daemon.core.alerts import make_cloudevent, to_alertmanager
+    from daemon.core.alertmanager import AlertBook
+    from daemon.core.alerts import make_cloudevent
     from daemon.simulate.ascend_tree import generate_cluster
 
     asettings = AnalysisSettings(ranking=settings, report=True)
@@ -258,11 +259,14 @@ def part_d(specs: list[dict[str, Any]], steps: int, settings: RankingSettings) -
                              host_bound_ranks=spec["host"], steps=steps, seed=spec["seed"], noise=spec["noise"],
                              capture_id=f"cap{i}")
             t_complete = time.monotonic()
-            batch = [b for b in scan_tree(root / "prof", world_size=spec["world"]) if b.status == "complete"][0]
-            res = analyze_batch(batch, work_dir=root / "work", settings=asettings,
+            batches = [b for b in scan_tree(root / "prof", world_size=spec["world"]) if b.status == "complete"]
+            if not batches:
+                statuses["not complete"] += 1
+                continue
+            res = analyze_batch(batches[0], work_dir=root / "work", settings=asettings,
                                 armed_steps=list(range(1, steps + 1)))
-            to_alertmanager([make_cloudevent(res.event_type, "bench", res.alert_data(), source="//bench",
-                                             now_unix_s=time.time())], external_url="http://bench")
+            event = make_cloudevent(res.event_type, "bench", res.alert_data(), source="//bench", now_unix_s=time.time())
+            AlertBook(cluster="bench", resend_interval_s=60).apply(event, time.time())
             elapsed = time.monotonic() - t_complete
             tool.append(res.timings_s.get("tool", 0.0))
             overhead.append(elapsed - tool[-1])

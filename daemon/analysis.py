@@ -23,7 +23,7 @@ from daemon.adapters.kineto_reader import RECIPE as KINETO_RECIPE
 from daemon.adapters.kineto_reader import analyze_torch_batch
 from daemon.adapters.msprof_runner import MsprofRunner, run_msprof_analysis
 from daemon.adapters.report import write_report
-from daemon.core.alerts import suspect_alert_data
+from daemon.core.alerts import judged_ranks, suspect_alert_data
 from daemon.core.analysis_settings import AnalysisSettings
 from daemon.core.capture_report import window_notes
 from daemon.core.completeness import BatchState
@@ -122,9 +122,10 @@ class AnalysisResult:
     def to_json(self) -> dict[str, Any]:
         """``{"status", "batch_id", "kind", "suspects": [{"rank","score","kind","hostname","evidence","rank_dir"}],
         "recipes": {name: status}, "report": path}`` plus ``detail``, ``world_size``, ``capture_reason``,
-        ``recipe_details`` {name: RecipeStatus json}, ``slow_rank_votes``, ``paths``, ``notes``, ``timings_s``
-        and the verdict keys of :meth:`verdict_json` (``links``, ``impact``, ``armed_steps``, ``captured_steps``,
-        ``strength``, ``unjudged_ranks``)."""
+        ``recipe_details`` {name: RecipeStatus json}, ``slow_rank_votes``, ``judged_ranks`` (ranks with a time
+        breakdown: what the verdict covers), ``paths``, ``notes``, ``timings_s`` and the verdict keys of
+        :meth:`verdict_json` (``links``, ``impact``, ``armed_steps``, ``captured_steps``, ``strength``,
+        ``unjudged_ranks``)."""
         return {**self.verdict_json(),
             "status": self.status,
             "batch_id": self.batch_id,
@@ -137,6 +138,7 @@ class AnalysisResult:
             "capture_reason": self.capture_reason,
             "recipe_details": {name: r.to_json() for name, r in self.recipes.items()},
             "slow_rank_votes": dict(self.evidence.slow_rank_votes) if self.evidence else {},
+            "judged_ranks": judged_ranks(self.evidence.summaries) if self.evidence else [],
             "paths": dict(self.paths),
             "notes": list(self.notes),
             "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},

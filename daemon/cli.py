@@ -78,23 +78,38 @@ def cli() -> None:
 
 
 def _serve(label: str, metrics_port: int | None, build: Any) -> None:
-    """Start one daemon: metrics endpoint, ``build(metrics)``, SIGTERM -> ``stop()``, ``run()`` until stopped.
-    A daemon that cannot start (port in use, bad state file, endpoint held) exits 2 with one line, no traceback."""
+    """Start one daemon: metrics endpoint, ``build(metrics, notifier)``, SIGTERM -> ``stop()``, ``run()`` until
+    stopped. A daemon that cannot start (port in use, bad state file, endpoint held, unusable sink secret) exits 2
+    with one line, no traceback. Under systemd (``Type=notify``) the daemon sends READY=1 once it serves and
+    WATCHDOG=1 from its main loop; SIGHUP reloads nothing (restart is the reload path: docs/systemd.md)."""
+    import os
+
     from daemon.adapters.metrics import DaemonMetrics
+    from daemon.adapters.sd_notify import SdNotifier
 
     metrics = DaemonMetrics(label)
+    notifier = SdNotifier(os.environ)
     try:
         metrics.serve(metrics_port)
-        d = build(metrics)
+        d = build(metrics, notifier)
     except Exception as exc:  # noqa: BLE001
         click.echo(f"profwatch {label}: cannot start: {exc}", err=True)
         metrics.close()
         sys.exit(EXIT_USAGE)
     _install_sigterm(d.stop)
+
+    def on_hup(signum: int, frame: Any) -> None:
+        import structlog
+
+        structlog.get_logger("profwatch").warning("reload_not_supported", daemon=label,
+                                                  hint="systemctl restart reloads the config; state is kept")
+
+    signal.signal(signal.SIGHUP, on_hup)
     try:
         d.run()
     finally:
         metrics.close()
+        notifier.close()
 
 
 @cli.command()
@@ -106,7 +121,8 @@ def node(config_path: Path | None) -> None:
 
     s = _load(config_path)
     configure_logging(s.logging.level, s.logging.format)
-    _serve("node", s.node.metrics_port, lambda metrics: NodeDaemon(s.node, metrics, s.security, s.limits))
+    _serve("node", s.node.metrics_port,
+           lambda metrics, notifier: NodeDaemon(s.node, metrics, s.security, s.limits, notifier))
 
 
 @cli.command()
@@ -118,7 +134,7 @@ def coordinator(config_path: Path | None) -> None:
 
     s = _load(config_path)
     configure_logging(s.logging.level, s.logging.format)
-    _serve("coordinator", s.coordinator.metrics_port, lambda metrics: Coordinator(s, metrics))
+    _serve("coordinator", s.coordinator.metrics_port, lambda metrics, notifier: Coordinator(s, metrics, notifier))
 
 
 def _client_keys(s: Any, endpoint: str) -> Any:

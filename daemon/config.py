@@ -23,6 +23,7 @@ from daemon.core.arming_settings import ArmingSettings
 from daemon.core.capture import CaptureSettings
 from daemon.core.detection_settings import DetectionSettings
 from daemon.core.limits import LimitSettings
+from daemon.core.sink_settings import AlertmanagerSettings, WebhookSettings
 from daemon.core.watch_settings import WatchSettings
 
 DEFAULT_RUNTIME_DIR = "/run/profwatch"
@@ -88,20 +89,13 @@ class CoordinatorSettings(_Strict):
     analysis_workers: int = Field(1, ge=1, le=8)
     ack_timeout_s: float = Field(60.0, gt=0, le=86400, description="arms not acknowledged by every rank by then are reported")
     metrics_port: int | None = Field(None, ge=1, le=65535)
+    job_end_after_s: float = Field(600.0, gt=0, le=30 * 86400,
+                                   description="a job none of whose ranks reported this long has ended (job_ended "
+                                               "event; its alerts resolve)")
 
     def binds(self) -> dict[str, str]:
         """The three listening endpoints by socket name (``ingest``, ``control``, ``pub``)."""
         return {"ingest": self.ingest_bind, "control": self.control_bind, "pub": self.pub_bind}
-
-
-class WebhookSettings(_Strict):
-    """Alertmanager-compatible webhook sink (off when ``url`` is empty)."""
-
-    url: str = ""
-    timeout_s: float = Field(5.0, gt=0)
-    retries: int = Field(3, ge=0)
-    queue_size: int = Field(1000, ge=1)
-    external_url: str = ""
 
 
 class LoggingSettings(_Strict):
@@ -122,6 +116,7 @@ class Settings(BaseSettings):
     capture: CaptureSettings = Field(default_factory=CaptureSettings)
     watch: WatchSettings = Field(default_factory=WatchSettings)
     analysis: AnalysisSettings = Field(default_factory=AnalysisSettings)
+    alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
     logging: LoggingSettings = Field(default_factory=LoggingSettings)
     security: SecuritySettings = Field(default_factory=SecuritySettings)

@@ -11,6 +11,7 @@ storage, rank-dir scans) and analyses run on worker threads and hand results bac
 from __future__ import annotations
 
 import hashlib
+import os
 import queue
 import threading
 import time
@@ -21,17 +22,20 @@ import structlog
 import zmq
 
 from daemon.adapters import control
+from daemon.adapters.alert_sinks import AlertSinks
 from daemon.adapters.metrics import DaemonMetrics
+from daemon.adapters.sd_notify import SdNotifier
 from daemon.adapters.server_sockets import ServerSockets
 from daemon.adapters.state import StateStore
 from daemon.capture_ports import BatchAnalyser, RankDirScanner
 from daemon.captures import CaptureShell
 from daemon.config import Settings
 from daemon.core.access import AccessDenied, authorize
-from daemon.core.alerts import TYPE_ANALYSIS_ENRICHED, make_cloudevent
+from daemon.core.alerts import TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, make_cloudevent
 from daemon.core.anomaly import Anomaly, JobDetector
 from daemon.core.capture import CaptureRequest
 from daemon.core.capture_report import describe
+from daemon.core.job_end import JobEndTracker
 from daemon.core.messages import MessageRejected, parse_node_message
 from daemon.core.peers import NodeRoutes
 from daemon.core.registry import Registry, RegistryError
@@ -85,15 +89,27 @@ class Coordinator:
         zmq.ZMQError: an endpoint cannot be bound (address in use).
         sqlite3.DatabaseError: the state database is not usable.
         daemon.adapters.curve.CurveSetupError: CURVE is required but a key is missing or the self-test failed.
+        SinkConfigError: an alert sink's Authorization or TLS file is unusable.
     """
 
-    def __init__(self, settings: Settings, metrics: DaemonMetrics | None = None) -> None:
+    def __init__(self, settings: Settings, metrics: DaemonMetrics | None = None,
+                 notifier: SdNotifier | None = None) -> None:
         self.settings = settings
         cs = settings.coordinator
         self.metrics = metrics or DaemonMetrics("coordinator")
+        self.notifier = notifier or SdNotifier({})
         self._stop = threading.Event()
+        # alert sinks: every emitted event goes to them; standing Alertmanager alerts are rebuilt from the store
+        self.sinks = AlertSinks.from_settings(settings.alertmanager, settings.webhook, os.environ, self.metrics)
+        try:
+            self.state = StateStore(cs.state_db)
+            self.sinks.restore(self.state.iter_events(self.sinks.restore_types))
+        except Exception:
+            self.sinks.close()
+            raise
+        self._job_end = JobEndTracker(cs.job_end_after_s)
+        self._next_observe = 0.0
         self._ctx = zmq.Context()
-        self.state = StateStore(cs.state_db)
         self.registry = Registry(window_steps=cs.window_steps, limits=settings.limits)
         self.routes = NodeRoutes(settings.limits.max_nodes)  # node id <-> ingest connection (identity binding)
         self.detectors: dict[str, JobDetector] = {}
@@ -114,7 +130,6 @@ class Coordinator:
         self.ingest = self.sockets.ingest
         self.control_sock = self.sockets.control
         self.pub = self.sockets.pub
-        self._sinks: list[Any] = []
         from daemon.adapters.config_writer import ConfigWriter
 
         self.captures = CaptureShell(
@@ -186,11 +201,9 @@ class Coordinator:
         if not self.state.add_event(ev, is_alert):
             return None
         self.pub.publish(ev, is_alert)
-        self.metrics.alerts.labels(type_).inc()
+        self.metrics.observe_event(ev)
         self.counters["events"] += 1
-        if is_alert:
-            for sink in self._sinks:
-                sink.submit(ev)
+        self.sinks.submit(ev, is_alert, time.time())
         log.info("event_published", type=type_, job_id=job_id, event_id=ev["id"])
         return ev
 
@@ -207,15 +220,11 @@ class Coordinator:
         for mon in self.sockets.monitor_sockets():
             poller.register(mon, zmq.POLLIN)
         next_tick = next_flush = next_expiry = 0.0
-        if self.settings.webhook.url:
-            from daemon.adapters.alert_sinks import WebhookSink
-
-            w = self.settings.webhook
-            self._sinks.append(WebhookSink(w.url, timeout_s=w.timeout_s, retries=w.retries, queue_size=w.queue_size,
-                                           external_url=w.external_url))
         self.captures.start()
+        self.notifier.ready("serving")
         try:
             while not self._stop.is_set():
+                self.notifier.watchdog(time.monotonic())  # only while this loop turns (systemd WatchdogSec)
                 events = dict(poller.poll(int(cs.tick_interval_s * 1000 / 2)))
                 if self.ingest in events:
                     self._drain_ingest()
@@ -259,9 +268,24 @@ class Coordinator:
                 for an in det.tick(now):
                     self._on_anomaly(an, now)
             self.captures.tick(now)
+            self._tick_jobs_and_sinks(now)
         except Exception as exc:  # noqa: BLE001
             if self._once.first(f"tick:{type(exc).__name__}"):
                 log.exception("tick_failed", error=repr(exc))
+
+    def _tick_jobs_and_sinks(self, now: float) -> None:
+        """Job ends (no rank reported for ``job_end_after_s``: ``job_ended`` event), alert re-sends, gauges."""
+        cs = self.settings.coordinator
+        self.sinks.tick(now)
+        if now >= self._next_observe:  # once a second: O(ranks)
+            self._next_observe = now + 1.0
+            last = {j.job_id: max((r.seen_unix_s for r in j.ranks.values()), default=0.0)
+                    for j in self.registry.jobs.values()}
+            for end in self._job_end.check(last, now):
+                self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json(), event_id=end.event_id())
+            snap = self.registry.snapshot(now, cs.node_timeout_s)
+            active = {j for j, t in last.items() if now - t < cs.job_end_after_s}
+            self.metrics.observe_state(snap["jobs"], snap["nodes"], active, self.state.capture_state_summary(), now)
 
     def _reject(self, exc: MessageRejected | RegistryError, node_id: str = "", quiet: bool = False) -> None:
         self.counters["rejected"] += 1
@@ -572,10 +596,10 @@ class Coordinator:
         if self._ctx.closed:
             return
         self._stop.set()
+        self.notifier.stopping()
         try:
             self.captures.close()
-            for sink in self._sinks:
-                sink.close()
+            self.sinks.close()
         finally:
             try:
                 self._flush_registry()

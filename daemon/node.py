@@ -30,6 +30,7 @@ import zmq
 from daemon.adapters.curve import HandshakeMonitor, make_client, peer_address
 from daemon.adapters.keyfiles import CurveSetupError, KeyPair, client_keys
 from daemon.adapters.metrics import DaemonMetrics
+from daemon.adapters.sd_notify import SdNotifier
 from daemon.config import NodeSettings
 from daemon.core.access import SecuritySettings, insecure_endpoints, parse_peer_address
 from daemon.core.limits import LimitSettings
@@ -58,6 +59,7 @@ class NodeDaemon:
         metrics: Prometheus metrics (a fresh registry is made when omitted).
         security: the ``[security]`` section (CURVE keys for the coordinator connection).
         limits: the ``[limits]`` section (queued bytes per rank, cached hellos).
+        notifier: systemd notifications (READY/WATCHDOG/STOPPING); none when omitted.
     Raises:
         zmq.ZMQError: the rank endpoint cannot be bound (e.g. another node daemon holds it).
         CurveSetupError: CURVE is required and this node's key is missing, unreadable or not its node id's.
@@ -65,11 +67,13 @@ class NodeDaemon:
     """
 
     def __init__(self, settings: NodeSettings, metrics: DaemonMetrics | None = None,
-                 security: SecuritySettings | None = None, limits: LimitSettings | None = None) -> None:
+                 security: SecuritySettings | None = None, limits: LimitSettings | None = None,
+                 notifier: SdNotifier | None = None) -> None:
         self.s = settings
         self.security = security or SecuritySettings.model_validate({})
         self.limits = limits or LimitSettings.model_validate({})
         self.metrics = metrics or DaemonMetrics("node")
+        self.notifier = notifier or SdNotifier({})
         self.node_id = settings.node_id
         self.hostname = os.uname().nodename
         self.started_unix_s = time.time()
@@ -209,8 +213,10 @@ class NodeDaemon:
         poller.register(self.dealer, zmq.POLLIN)
         poller.register(self.monitor.sock, zmq.POLLIN)
         next_hb = 0.0
+        self.notifier.ready("serving")
         try:
             while not self._stop.is_set():
+                self.notifier.watchdog(time.monotonic())  # only while this loop turns (systemd WatchdogSec)
                 timeout_ms = max(1, int(self.s.batch_max_delay_s * 1000))
                 events = dict(poller.poll(timeout_ms))
                 if self.pull in events:
@@ -474,6 +480,8 @@ class NodeDaemon:
 
     def close(self) -> None:
         """Close sockets and the worker (idempotent)."""
+        if not self._ctx.closed:
+            self.notifier.stopping()
         self._stop.set()
         if self._fs_thread.is_alive():
             self._fs_thread.join(timeout=2)

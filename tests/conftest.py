@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -60,6 +61,18 @@ def _no_leaked_threads():
             break
         time.sleep(0.02)
     assert not leaked, f"test leaked threads: {[t.name for t in leaked]}"
+
+
+def require_tool(name: str, why: str) -> str:
+    """Path of the executable ``name``. Missing: skip with ``why``, but fail when ``PROFWATCH_REQUIRE_REAL_TOOLS=1``
+    (``.ci/run`` sets it after installing the tools, so CI never passes by skipping)."""
+    path = shutil.which(name)
+    if path:
+        return path
+    msg = f"{name} is not installed: {why}"
+    if os.environ.get("PROFWATCH_REQUIRE_REAL_TOOLS") == "1":
+        pytest.fail(f"{msg} (PROFWATCH_REQUIRE_REAL_TOOLS=1: .ci/run should have installed it)")
+    pytest.skip(msg)
 
 
 def python_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -1,198 +1,206 @@
-"""Alert sinks: POST Alertmanager-webhook-v4 JSON to an HTTP endpoint from a background thread (I/O).
+"""Alert sinks (I/O): every event the coordinator stores and publishes goes through :class:`AlertSinks`, which
+hands it to each configured sink; each sink decides what it forwards.
 
-The caller never blocks: :meth:`WebhookSink.send` puts the payload on a bounded queue and returns; when the
-queue is full the payload is dropped and counted. One worker thread POSTs with ``urllib`` (stdlib) and retries
-transient failures (connection errors, timeouts, HTTP 5xx and 429) with tenacity, exponential backoff and a
-stop; other 4xx answers are not retried. :meth:`close` stops the thread (pending retries are cut short).
+* :class:`AlertmanagerSink` (``[alertmanager] url``): API v2 postable alerts (``POST <url>/api/v2/alerts``),
+  standing alerts re-sent every ``resend_interval_s``, resolutions sent as ``endsAt`` = now. The rules of what
+  fires and what resolves are pure (``daemon/core/alertmanager.py: AlertBook``); the book is rebuilt from the
+  state store's events when the coordinator restarts.
+* :class:`CloudEventsWebhookSink` (``[webhook] url``): each event as one CloudEvent, HTTP protocol binding,
+  structured content mode (https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/bindings/http-protocol-binding.md
+  section 3.2): body = the event JSON, ``Content-Type: application/cloudevents+json; charset=utf-8``.
+
+Nothing here blocks the caller: bodies go to bounded queues served by one thread per sink
+(``daemon/adapters/http_post.py``); a full queue drops and counts.
 """
 
 from __future__ import annotations
 
 import json
-import queue
-import threading
-import urllib.error
-import urllib.request
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 import structlog
-from tenacity import (
-    RetryError,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_when_event_set,
-    wait_exponential,
-)
 
-from daemon.core.alerts import to_alertmanager
+from daemon.adapters.http_post import HttpPoster, read_authorization
+from daemon.core.alertmanager import AlertBook
+from daemon.core.alerts import TYPE_JOB_ENDED, TYPE_SUSPECT_RANKS
+from daemon.core.sink_settings import AlertmanagerSettings, WebhookSettings
 
-log = structlog.get_logger()
-_STOP = object()
+log = structlog.get_logger("profwatch.sinks")
 
-
-class _Transient(Exception):
-    """A failure worth retrying (5xx, 429, connection refused, timeout)."""
+CLOUDEVENTS_CONTENT_TYPE = "application/cloudevents+json; charset=utf-8"
+MAX_ALERTS_PER_POST = 500
+RESTORE_TYPES = (TYPE_SUSPECT_RANKS, "io.profwatch.batch_incomplete.v1", "io.profwatch.analysis_failed.v1",
+                 "io.profwatch.path_refused.v1", TYPE_JOB_ENDED)
+"""Event types the Alertmanager book is rebuilt from after a restart."""
 
 
-@dataclass(slots=True)
-class SinkStats:
-    """Counters of one sink (monotonic): queued, sent, failed (gave up after retries or 4xx), dropped (queue
-    full or sink closed), attempts (HTTP requests made)."""
+class SinkMetrics(Protocol):
+    """What the sinks report to (``daemon/adapters/metrics.py: DaemonMetrics`` provides it)."""
 
-    queued: int = 0
-    sent: int = 0
-    failed: int = 0
-    dropped: int = 0
-    attempts: int = 0
+    def sink_outcome(self, sink: str, outcome: str, n: int) -> None: ...
+
+    def sink_state(self, sink: str, queued: int, standing: int | None) -> None: ...
 
 
-class WebhookSink:
-    """Bounded, non-blocking webhook poster.
+class AlertmanagerSink:
+    """Alertmanager API v2 client with the standing-alert book.
 
     Args:
-        url: ``http(s)://`` endpoint (an Alertmanager-compatible receiver, or a Slack/relay proxy).
-        timeout_s: per-request timeout.
-        retries: extra attempts after the first for a transient failure (0 = one try).
-        queue_size: pending payloads kept; more are dropped and counted.
-        backoff_s: first retry delay; doubles up to ``max_backoff_s``.
-        headers: extra HTTP headers (e.g. ``Authorization``).
-        external_url: ``externalURL`` / ``generatorURL`` of payloads built by :meth:`submit`.
+        settings: the ``[alertmanager]`` section (``url`` set).
+        authorization: ``Authorization`` header value or None.
+        metrics: counters and gauges (optional).
+    Raises:
+        SinkConfigError: TLS files cannot be loaded.
     """
 
-    def __init__(self, url: str, timeout_s: float = 5.0, retries: int = 3, queue_size: int = 100, *,
-                 backoff_s: float = 0.2, max_backoff_s: float = 5.0, headers: Mapping[str, str] | None = None,
-                 external_url: str = "", name: str = "webhook") -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"webhook url must be http(s): {url!r}")
-        self.url = url
-        self.external_url = external_url
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
-        self.headers = {"Content-Type": "application/json", "User-Agent": "profwatch", **dict(headers or {})}
-        self.stats = SinkStats()
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
-        self._closing = threading.Event()
-        self._idle = threading.Condition()
-        self._in_flight = 0
-        self._thread = threading.Thread(target=self._run, name=f"profwatch-sink-{name}", daemon=True)
-        self._thread.start()
+    name = "alertmanager"
 
-    # -- caller side ---------------------------------------------------------------------------------------------
-    def send(self, payload: Mapping[str, Any]) -> bool:
-        """Queue one JSON payload; ``False`` (and ``stats.dropped += 1``) if the queue is full or the sink closed."""
-        if self._closing.is_set():
-            self.stats.dropped += 1
-            return False
-        with self._idle:
-            try:
-                self._queue.put_nowait(dict(payload))
-            except queue.Full:
-                full = True
-            else:
-                full = False
-                self._in_flight += 1
-        if full:
-            self.stats.dropped += 1
-            log.warning("alert_sink_dropped", sink=self.url, reason="queue_full", dropped=self.stats.dropped)
-            return False
-        self.stats.queued += 1
-        return True
+    def __init__(self, settings: AlertmanagerSettings, authorization: str | None = None,
+                 metrics: SinkMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.book = AlertBook(cluster=settings.cluster, resend_interval_s=settings.resend_interval_s,
+                              max_suspects=settings.max_suspects, external_url=settings.external_url)
+        on = (lambda outcome, n: metrics.sink_outcome(self.name, outcome, n)) if metrics else None
+        self.poster = HttpPoster(self.name, settings.alerts_url(), settings, content_type="application/json",
+                                 authorization=authorization, on_outcome=on)
 
-    def send_events(self, events: Sequence[Mapping[str, Any]], *, external_url: str | None = None) -> bool:
-        """Convert CloudEvents with :func:`daemon.core.alerts.to_alertmanager` and queue the payload if it has
-        alerts; ``True`` when queued (or nothing to send). Raises ``AlertFormatError`` for a non-profwatch event."""
-        payload = to_alertmanager(events, external_url=self.external_url if external_url is None else external_url)
-        return self.send(payload) if payload["alerts"] else True
+    def restore(self, events: Iterable[Mapping[str, Any]]) -> int:
+        """Rebuild the standing alerts from stored events (oldest first); they are re-sent at the next tick."""
+        n = self.book.restore(events)
+        if n:
+            log.info("alertmanager_alerts_restored", standing=n)
+        return n
 
-    def submit(self, event: Mapping[str, Any]) -> bool:
-        """Queue one CloudEvent as an Alertmanager payload (what the coordinator calls per alert event)."""
-        return self.send_events([event])
+    def submit(self, event: Mapping[str, Any], is_alert: bool, now_unix_s: float) -> None:
+        self._post(self.book.apply(event, now_unix_s))
 
-    def flush(self, timeout_s: float = 10.0) -> bool:
-        """Wait (bounded) until every queued payload was sent or given up; ``True`` if drained."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
+    def tick(self, now_unix_s: float) -> None:
+        self._post(self.book.due(now_unix_s))
+        if self.metrics is not None:
+            self.metrics.sink_state(self.name, self.poster.depth(), len(self.book.alerts))
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the worker: pending payloads are dropped (counted), retries in progress end at once."""
-        if self._closing.is_set():
-            return
-        self._closing.set()
+    def _post(self, alerts: list[dict[str, Any]]) -> None:
+        for i in range(0, len(alerts), MAX_ALERTS_PER_POST):
+            body = json.dumps(alerts[i : i + MAX_ALERTS_PER_POST], separators=(",", ":"), default=str).encode()
+            self.poster.post(body)
+
+    def close(self) -> None:
+        self.poster.close()
+
+
+class CloudEventsWebhookSink:
+    """One CloudEvent per POST, structured mode.
+
+    Args:
+        settings: the ``[webhook]`` section (``url`` set); ``events`` picks alerts only or every event.
+        authorization: ``Authorization`` header value or None.
+        metrics: counters and gauges (optional).
+    Raises:
+        SinkConfigError: TLS files cannot be loaded.
+    """
+
+    name = "webhook"
+
+    def __init__(self, settings: WebhookSettings, authorization: str | None = None,
+                 metrics: SinkMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        on = (lambda outcome, n: metrics.sink_outcome(self.name, outcome, n)) if metrics else None
+        self.poster = HttpPoster(self.name, settings.url, settings, content_type=CLOUDEVENTS_CONTENT_TYPE,
+                                 authorization=authorization, on_outcome=on)
+
+    def restore(self, events: Iterable[Mapping[str, Any]]) -> int:
+        return 0
+
+    def submit(self, event: Mapping[str, Any], is_alert: bool, now_unix_s: float) -> None:
+        if is_alert or self.settings.events == "all":
+            self.poster.post(json.dumps(event, separators=(",", ":"), default=str).encode())
+
+    def tick(self, now_unix_s: float) -> None:
+        if self.metrics is not None:
+            self.metrics.sink_state(self.name, self.poster.depth(), None)
+
+    def close(self) -> None:
+        self.poster.close()
+
+
+class AlertSinks:
+    """The sinks facade the coordinator talks to: ``submit`` every stored and published event, ``tick`` from the
+    main loop, ``close`` at shutdown. Never raises into the caller after construction.
+
+    Args:
+        sinks: configured sinks (may be empty).
+    """
+
+    def __init__(self, sinks: list[AlertmanagerSink | CloudEventsWebhookSink]) -> None:
+        self.sinks = sinks
+        self._failed_once: set[str] = set()
+
+    @classmethod
+    def from_settings(cls, alertmanager: AlertmanagerSettings, webhook: WebhookSettings,
+                      environ: Mapping[str, str], metrics: SinkMetrics | None = None) -> AlertSinks:
+        """Build the sinks whose ``url`` is set; Authorization values come from files or ``environ``.
+
+        Raises:
+            SinkConfigError: an Authorization file or env var or a TLS file is unusable.
+        """
+        sinks: list[AlertmanagerSink | CloudEventsWebhookSink] = []
         try:
-            self._queue.put_nowait(_STOP)
-        except queue.Full:
-            pass
-        self._thread.join(timeout_s)
-
-    def __enter__(self) -> WebhookSink:  # noqa: PYI034
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- worker side ---------------------------------------------------------------------------------------------
-    def _post_once(self, body: bytes) -> None:
-        self.stats.attempts += 1
-        req = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                resp.read(1024)
-        except urllib.error.HTTPError as exc:
-            if exc.code >= 500 or exc.code == 429:
-                raise _Transient(f"HTTP {exc.code}") from exc
+            if alertmanager.url:
+                sinks.append(AlertmanagerSink(alertmanager, read_authorization(alertmanager, environ, "alertmanager"),
+                                              metrics))
+            if webhook.url:
+                sinks.append(CloudEventsWebhookSink(webhook, read_authorization(webhook, environ, "webhook"), metrics))
+        except Exception:
+            for s in sinks:
+                s.close()
             raise
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-            raise _Transient(str(exc)) from exc
+        for s in sinks:
+            log.info("alert_sink_configured", sink=s.name, url=s.poster.url,
+                     authorization=bool(s.poster.headers.get("Authorization")))
+        return cls(sinks)
 
-    def _deliver(self, payload: dict[str, Any]) -> None:
-        body = json.dumps(payload, separators=(",", ":")).encode()
-        retrying = Retrying(
-            stop=stop_after_attempt(self.retries + 1) | stop_when_event_set(self._closing),
-            wait=wait_exponential(multiplier=self.backoff_s, min=self.backoff_s, max=self.max_backoff_s),
-            retry=retry_if_exception(lambda e: isinstance(e, _Transient)),
-            sleep=self._closing.wait,
-            reraise=False,
-        )
-        try:
-            retrying(self._post_once, body)
-            self.stats.sent += 1
-        except RetryError as exc:
-            self.stats.failed += 1
-            log.warning("alert_sink_failed", sink=self.url, reason=str(exc.last_attempt.exception()),
-                        attempts=exc.last_attempt.attempt_number)
-        except urllib.error.HTTPError as exc:
-            self.stats.failed += 1
-            log.warning("alert_sink_rejected", sink=self.url, status=exc.code)
-        except Exception as exc:  # noqa: BLE001 - the worker must survive anything a payload does
-            self.stats.failed += 1
-            log.error("alert_sink_error", sink=self.url, error=repr(exc))
+    @property
+    def restore_types(self) -> tuple[str, ...]:
+        """Event types :meth:`restore` needs (empty when no sink keeps state)."""
+        return RESTORE_TYPES if any(isinstance(s, AlertmanagerSink) for s in self.sinks) else ()
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                break
-            if self._closing.is_set():
-                self.stats.dropped += 1
-            else:
-                self._deliver(item)
-            with self._idle:
-                self._in_flight -= 1
-                self._idle.notify_all()
-        # drain what is left so flush() waiters wake up
-        while True:
+    def restore(self, events: Iterable[Mapping[str, Any]]) -> None:
+        """Rebuild sink state from stored events, oldest first (the ``restore_types`` only)."""
+        for s in self.sinks:
+            if isinstance(s, AlertmanagerSink):  # the only sink with state
+                s.restore(events)
+                return
+
+    def submit(self, event: Mapping[str, Any], is_alert: bool, now_unix_s: float) -> None:
+        """Hand one stored and published event to every sink (never blocks, never raises)."""
+        for s in self.sinks:
             try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not _STOP:
-                self.stats.dropped += 1
-                with self._idle:
-                    self._in_flight -= 1
-        with self._idle:
-            self._idle.notify_all()
+                s.submit(event, is_alert, now_unix_s)
+            except Exception as exc:  # noqa: BLE001 - a sink bug must not stop the coordinator
+                self._log_once(s.name, exc)
+
+    def tick(self, now_unix_s: float) -> None:
+        """Re-send standing alerts that are due; refresh the sink gauges."""
+        for s in self.sinks:
+            try:
+                s.tick(now_unix_s)
+            except Exception as exc:  # noqa: BLE001
+                self._log_once(s.name, exc)
+
+    def close(self, flush_s: float = 2.0) -> None:
+        """Give queued requests (e.g. a resolution just decided) up to ``flush_s`` in all, then stop every sink."""
+        deadline = time.monotonic() + flush_s
+        for s in self.sinks:
+            s.poster.flush(max(0.0, deadline - time.monotonic()))
+        for s in self.sinks:
+            s.close()
+
+    def _log_once(self, name: str, exc: Exception) -> None:
+        key = f"{name}:{type(exc).__name__}"
+        if key not in self._failed_once:
+            self._failed_once.add(key)
+            log.exception("alert_sink_internal_error", sink=name, error=repr(exc))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +185,11 @@ class StateStore:
         found = self._load("WHERE capture_id=?", [capture_id])
         return found[0] if found else None
 
+    def capture_state_summary(self) -> dict[str, tuple[int, float | None]]:
+        """state -> (number of captures in it, oldest ``created_unix_s`` among them), for metrics."""
+        rows = self.db.execute("SELECT state, COUNT(*), MIN(created_unix_s) FROM captures GROUP BY state").fetchall()
+        return {r[0]: (int(r[1]), r[2]) for r in rows}
+
     def captures(self, job_id: str | None = None, states: Iterable[CaptureState] | None = None, *,
                  since_unix_s: float | None = None, newest: int | None = None) -> list[Capture]:
         """Captures, oldest first, optionally filtered by job (exact id), state and creation time; ``newest``
@@ -280,3 +285,16 @@ class StateStore:
         args.append(limit)
         rows = self.db.execute(q, args).fetchall()
         return [(seq, json.loads(body)) for seq, body in reversed(rows)]
+
+    def iter_events(self, types: Sequence[str], since_seq: int = 0) -> Iterator[dict[str, Any]]:
+        """Stored events of the given types, oldest first (streamed; used to rebuild sink state at start)."""
+        if not types:
+            return
+        q = f"SELECT body FROM events WHERE seq > ? AND type IN ({','.join('?' * len(types))}) ORDER BY seq"
+        cur = self.db.execute(q, [since_seq, *types])
+        try:
+            while rows := cur.fetchmany(500):
+                for (body,) in rows:
+                    yield json.loads(body)
+        finally:
+            cur.close()

@@ -1,19 +1,17 @@
-"""Alert payloads: CloudEvents 1.0 envelopes, suspect-rank event data, Alertmanager webhook v4 (pure).
+"""Alert payloads: CloudEvents 1.0 envelopes and suspect-rank event data (pure).
 
 Formats:
 * CloudEvents 1.0 structured JSON mode (https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/spec.md):
   required ``id``, ``source``, ``specversion`` "1.0", ``type``; we also set ``subject`` (the job id), ``time``
   (RFC 3339, UTC), ``datacontenttype`` "application/json" and ``data``. ``source`` + ``id`` is the dedup key.
-* Alertmanager webhook payload version "4"
-  (https://prometheus.io/docs/alerting/latest/configuration/#webhook_config), so existing routing, silencing and
-  Slack/PagerDuty integrations accept profwatch alerts unchanged.
+* The Alertmanager mapping (API v2 postable alerts, what Alertmanager accepts) is ``daemon/core/alertmanager.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from statistics import median
 from typing import Any
@@ -32,23 +30,11 @@ TYPE_BATCH = "io.profwatch.batch.v1"
 TYPE_PATH_REFUSED = "io.profwatch.path_refused.v1"
 TYPE_ANALYSIS_ENRICHED = "io.profwatch.analysis_enriched.v1"
 """Follow-up of a published verdict (the advisor's findings), same ``capture_id``/``batch_id``."""
+TYPE_JOB_ENDED = "io.profwatch.job_ended.v1"
+"""No rank of the job reported for ``coordinator.job_end_after_s``; data ``{"last_report_unix_s", "silent_s"}``."""
 EVENT_TYPES = frozenset({TYPE_SUSPECT_RANKS, TYPE_BATCH_INCOMPLETE, TYPE_ANOMALY, TYPE_ARM, TYPE_CAPTURE,
                          TYPE_ANALYSIS_FAILED, TYPE_ARM_DECISION, TYPE_BATCH, TYPE_PATH_REFUSED,
-                         TYPE_ANALYSIS_ENRICHED})
-ALERTMANAGER_ZERO_TIME = "0001-01-01T00:00:00Z"
-"""``endsAt`` of a firing alert in Alertmanager's webhook payload."""
-_ALERTNAMES = {
-    TYPE_SUSPECT_RANKS: "ProfwatchSuspectRank",
-    TYPE_BATCH_INCOMPLETE: "ProfwatchBatchIncomplete",
-    TYPE_ANALYSIS_FAILED: "ProfwatchAnalysisFailed",
-    TYPE_ANOMALY: "ProfwatchAnomaly",
-    TYPE_ARM: "ProfwatchCaptureArmed",
-    TYPE_CAPTURE: "ProfwatchCapture",
-    TYPE_ARM_DECISION: "ProfwatchArmDecision",
-    TYPE_BATCH: "ProfwatchBatch",
-    TYPE_PATH_REFUSED: "ProfwatchPathRefused",
-    TYPE_ANALYSIS_ENRICHED: "ProfwatchAnalysisEnriched",
-}
+                         TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED})
 
 
 class AlertFormatError(ValueError):
@@ -114,6 +100,12 @@ def per_rank_summary(summaries: Sequence[RankStepSummary]) -> list[dict[str, Any
     return out
 
 
+def judged_ranks(summaries: Sequence[RankStepSummary]) -> list[int]:
+    """Ranks whose time breakdown was captured and analysed (at least one step row), sorted: the ranks a verdict
+    covers. A rank absent here (not captured, or no usable rows) was not judged, whatever the status says."""
+    return sorted({s.rank for s in summaries if s.step >= 0})
+
+
 def suspect_alert_data(*, batch_id: str, job_id: str | None, kind: str, status: str,
                        suspects: Sequence[Suspect], summaries: Sequence[RankStepSummary],
                        recipes: Mapping[str, RecipeStatus], paths: Mapping[str, str | None],
@@ -124,6 +116,7 @@ def suspect_alert_data(*, batch_id: str, job_id: str | None, kind: str, status: 
     Shape::
 
         {"batch_id", "job_id", "kind" ("ascend_pt"|"torch_pt"), "status", "capture_reason", "world_size",
+         "judged_ranks": [int],                                                          # see judged_ranks()
          "suspects": [{"rank", "score", "kind", "hostname", "evidence", "rank_dir"}],   # ordered, best first
          "ranks": [{"rank", "steps", "step_time_us", "computation_us", "communication_us", "wait_us",
                     "transmit_us", "free_us"}],                                          # medians over steps
@@ -137,106 +130,10 @@ def suspect_alert_data(*, batch_id: str, job_id: str | None, kind: str, status: 
         "status": status,
         "capture_reason": capture_reason,
         "world_size": world_size,
+        "judged_ranks": judged_ranks(summaries),
         "suspects": [s.to_json() for s in suspects],
         "ranks": per_rank_summary(summaries),
         "recipes": {name: r.to_json() for name, r in recipes.items()},
         "paths": {k: v for k, v in paths.items() if v},
         "notes": list(notes),
-    }
-
-
-def _fingerprint(labels: Mapping[str, str]) -> str:
-    """16 hex chars identifying a label set (Alertmanager's fingerprint is a 64-bit hash of the labels)."""
-    return _digest(sorted(labels.items()), n=16)
-
-
-def _event_alerts(ev: Mapping[str, Any], external_url: str, max_suspects: int) -> list[dict[str, Any]]:
-    """One Alertmanager alert per suspect of a suspect_ranks event; one alert for any other type."""
-    type_ = ev.get("type")
-    if type_ not in _ALERTNAMES:
-        raise AlertFormatError(f"not a profwatch event: type={type_!r}")
-    data = ev.get("data") or {}
-    base = {"alertname": _ALERTNAMES[type_], "job_id": str(ev.get("subject", "")), "source": "profwatch"}
-    if data.get("batch_id"):
-        base["batch_id"] = str(data["batch_id"])
-    starts = ev.get("time") or ALERTMANAGER_ZERO_TIME
-    paths = data.get("paths") or {}
-    report = paths.get("report_html") or paths.get("report_json") or ""
-    alerts: list[dict[str, Any]] = []
-    if type_ == TYPE_SUSPECT_RANKS:
-        for pos, s in enumerate((data.get("suspects") or [])[:max_suspects], start=1):
-            labels = {**base, "rank": str(s["rank"]), "kind": str(s.get("kind", "unknown")),
-                      "hostname": str(s.get("hostname") or ""), "severity": "warning" if pos > 1 else "critical"}
-            ann = {
-                "summary": f"rank {s['rank']} ({s.get('hostname') or '?'}) is suspect #{pos} in batch "
-                           f"{data.get('batch_id')}: {s.get('kind')}, score {float(s.get('score', 0)):.2f}",
-                "description": str((s.get("evidence") or {}).get("summary", "")),
-                "score": f"{float(s.get('score', 0)):.4f}",
-                "rank_dir": str(s.get("rank_dir") or ""),
-                "report": report,
-                "capture_reason": str(data.get("capture_reason") or ""),
-                "cloudevent_id": str(ev.get("id", "")),
-            }
-            alerts.append(_alert(labels, ann, starts, external_url))
-        return alerts
-    labels = {**base, "severity": "warning" if type_ in (TYPE_BATCH_INCOMPLETE, TYPE_ANALYSIS_FAILED) else "info"}
-    detail = data.get("detail") or data.get("reason") or data.get("status") or ""
-    ann = {"summary": f"{_ALERTNAMES[type_]} for job {ev.get('subject')}", "description": str(detail),
-           "report": report, "cloudevent_id": str(ev.get("id", ""))}
-    return [_alert(labels, ann, starts, external_url)]
-
-
-def _alert(labels: dict[str, str], ann: dict[str, str], starts: str, external_url: str) -> dict[str, Any]:
-    ann = {k: v for k, v in ann.items() if v != ""}
-    return {"status": "firing", "labels": labels, "annotations": ann, "startsAt": starts,
-            "endsAt": ALERTMANAGER_ZERO_TIME, "generatorURL": external_url, "fingerprint": _fingerprint(labels)}
-
-
-def _common(dicts: Iterable[Mapping[str, str]]) -> dict[str, str]:
-    items = [dict(d) for d in dicts]
-    if not items:
-        return {}
-    first = items[0]
-    return {k: v for k, v in first.items() if all(d.get(k) == v for d in items[1:])}
-
-
-def to_alertmanager(events: Sequence[Mapping[str, Any]], *, external_url: str, receiver: str = "profwatch",
-                    max_alerts: int = 0, max_suspects_per_event: int = 5) -> dict[str, Any]:
-    """Convert CloudEvents (from :func:`make_cloudevent`) into one Alertmanager webhook v4 payload.
-
-    Args:
-        events: profwatch events; a ``suspect_ranks`` event yields one alert per suspect (labels ``rank``,
-            ``hostname``, ``kind``; the top suspect is ``critical``), other types one alert each. A
-            ``suspect_ranks`` event without suspects yields no alert.
-        external_url: ``externalURL`` and each alert's ``generatorURL`` (e.g. the coordinator's report URL).
-        max_alerts: cap on ``alerts`` (0 = none); the rest is counted in ``truncatedAlerts``.
-
-    Returns:
-        ``{"receiver", "status", "alerts", "groupLabels", "commonLabels", "commonAnnotations", "externalURL",
-        "version": "4", "groupKey", "truncatedAlerts"}``.
-
-    Raises:
-        AlertFormatError: an event of an unknown type.
-    """
-    alerts: list[dict[str, Any]] = []
-    for ev in events:
-        alerts.extend(_event_alerts(ev, external_url, max_suspects_per_event))
-    truncated = 0
-    if max_alerts and len(alerts) > max_alerts:
-        truncated = len(alerts) - max_alerts
-        alerts = alerts[:max_alerts]
-    common_labels = _common(a["labels"] for a in alerts)
-    group_labels = {k: common_labels[k] for k in ("alertname", "job_id") if k in common_labels}
-    group_key = "{}:{" + ", ".join(f'{k}="{v}"' for k, v in sorted(group_labels.items())) + "}"
-    return {
-        "receiver": receiver,
-        "status": "firing" if any(a["status"] == "firing" for a in alerts) else "resolved",
-        "alerts": alerts,
-        "groupLabels": group_labels,
-        "commonLabels": common_labels,
-        "commonAnnotations": _common(a["annotations"] for a in alerts),
-        "externalURL": external_url,
-        "version": "4",
-        "groupKey": group_key,
-        "truncatedAlerts": truncated,
     }

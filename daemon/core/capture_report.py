@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 VERDICT_KEYS = ("batch_id", "job_id", "kind", "status", "detail", "capture_id", "capture_reason", "world_size",
                 "suspects", "ranks", "recipes", "paths", "report", "notes", "armed_steps", "captured_steps",
                 "missing_ranks", "problems", "causes", "analysis_duration_s", "links", "impact", "strength",
-                "unjudged_ranks")
+                "unjudged_ranks", "judged_ranks")
 """The one payload shape of every verdict (``suspect_ranks``, ``batch_incomplete``, ``analysis_failed``) and of
 ``report.json`` (which adds the raw per-step ``summaries`` and the advisor's full ``advisor`` message)."""
 

@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from daemon.adapters.rank_dir_fs import scan_tree
 from daemon.analysis import AnalysisResult, AnalysisSettings, analyze_batch
 from daemon.commands.analyze import analyze
-from daemon.core.alerts import TYPE_SUSPECT_RANKS, make_cloudevent, to_alertmanager
+from daemon.core.alertmanager import AlertBook
+from daemon.core.alerts import TYPE_SUSPECT_RANKS, make_cloudevent
 from daemon.simulate.ascend_tree import empty_device_data, generate_cluster, truncate_db
 from tests.conftest import PYTHON, REPO_ROOT, python_env
 
@@ -154,8 +155,8 @@ def test_alert_payload_from_result(run_scenario):
     res = run_scenario("one_in_8")
     ev = make_cloudevent(res.event_type, "job", res.alert_data(), source="//t", now_unix_s=1.7e9)
     assert ev["type"] == TYPE_SUSPECT_RANKS
-    am = to_alertmanager([ev], external_url="http://x")
-    assert am["alerts"][0]["labels"]["rank"] == "5"
+    am = AlertBook(cluster="c", resend_interval_s=60).apply(ev, 1.7e9)
+    assert am[0]["labels"]["rank"] == "5" and ev["data"]["judged_ranks"] == list(range(8))
     j = res.to_json()
     assert set(j) >= {"status", "batch_id", "kind", "suspects", "recipes", "report"}
     assert j["recipes"]["cluster_time_summary"] == "ok"

@@ -1,17 +1,22 @@
-"""systemd units: valid for systemd-analyze (where available), ExecStart commands exist, example config loads."""
+"""systemd units: valid for systemd-analyze (where available), ExecStart commands exist, example config loads;
+no restart storm on permanent errors (exit 2 is never restarted, transient failures back off and are limited),
+Type=notify with a watchdog; under a real systemd (when this machine runs one) the units are started for real."""
 
 from __future__ import annotations
 
 import configparser
+import os
 import shlex
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
 
 from daemon.config import load_settings
-from tests.conftest import PYTHON, REPO_ROOT, python_env
+from daemon.exitcodes import EXIT_USAGE
+from tests.conftest import PYTHON, REPO_ROOT, python_env, wait_for
 
 UNITS = ["profwatch-node.service", "profwatch-coordinator.service"]
 SYSTEMD = REPO_ROOT / "systemd"
@@ -71,3 +76,103 @@ def test_systemd_analyze_verify(name: str, tmp_path: Path) -> None:
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert not [ln for ln in out.splitlines() if "Unknown" in ln or "Invalid" in ln or "Ignoring" in ln], out
+
+
+def _seconds(v: str) -> float:
+    """systemd time span (``30s``, ``10min``, ``2min 30s``, plain seconds) -> seconds."""
+    total = 0.0
+    for part in v.split():
+        num = part.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = part[len(num):] or "s"
+        total += float(num) * {"s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "ms": 0.001}[unit]
+    return total
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_no_restart_storm_and_notify_watchdog(name: str) -> None:
+    unit = _unit(name)
+    svc, top = unit["Service"], unit["Unit"]
+    # permanent errors (exit 2 in the one exit-code table) are never restarted
+    assert str(EXIT_USAGE) in svc["RestartPreventExitStatus"].split()
+    # transient ones back off and are limited: at most StartLimitBurst starts per StartLimitIntervalSec
+    assert _seconds(svc["RestartSec"]) >= 5
+    burst, interval = int(top["StartLimitBurst"]), _seconds(top["StartLimitIntervalSec"])
+    assert 1 <= burst <= 10 and interval >= burst * _seconds(svc["RestartSec"])
+    # readiness and liveness come from the daemon itself
+    assert svc["Type"] == "notify" and svc.get("NotifyAccess", "main") == "main"
+    assert 10 <= _seconds(svc["WatchdogSec"]) <= 300
+    assert "ExecReload" not in svc  # restart is the reload path (docs/systemd.md)
+
+
+@pytest.mark.parametrize("daemon", ["node", "coordinator"])
+def test_a_bad_config_is_a_permanent_error_for_both_daemons(daemon: str, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f"[{daemon}]\nno_such_key = 1\n")
+    res = subprocess.run([PYTHON, "-m", "daemon.cli", daemon, "--config", str(bad)], env=python_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == EXIT_USAGE, res.stderr  # ...which the units' RestartPreventExitStatus never restarts
+
+
+def _real_systemd() -> bool:
+    return (os.geteuid() == 0 and Path("/run/systemd/system").is_dir() and shutil.which("systemctl") is not None
+            and Path("/proc/1/comm").read_text().strip() == "systemd")
+
+
+def _show(unit: str, *props: str) -> dict[str, str]:
+    out = subprocess.run(["systemctl", "show", unit, *(f"-p{p}" for p in props)], capture_output=True, text=True,
+                         timeout=30).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+@pytest.mark.skipif(not _real_systemd(), reason="this machine does not run systemd as PID 1 (root needed): the "
+                    "directives are checked by the tests above instead")
+@pytest.mark.parametrize("daemon", ["node", "coordinator"])
+def test_units_under_a_real_systemd(daemon: str) -> None:
+    exe = shutil.which("profwatch") or str(Path(PYTHON).parent / "profwatch")
+    tag = f"pwtest-{uuid.uuid4().hex[:8]}"
+    runtime = Path("/run") / tag  # outside /tmp: the units run with PrivateTmp=yes
+    runtime.mkdir(mode=0o755)
+    from tests.integration.sink_support import free_port
+
+    good = runtime / "good.toml"
+    good.write_text(f"""
+[node]
+node_id = "{tag}"
+bind = "ipc://{runtime}/node.sock"
+coordinator = "tcp://127.0.0.1:{free_port()}"
+[coordinator]
+ingest_bind = "tcp://127.0.0.1:{free_port()}"
+control_bind = "tcp://127.0.0.1:{free_port()}"
+pub_bind = "tcp://127.0.0.1:{free_port()}"
+state_db = "{runtime}/state.db"
+work_dir = "{runtime}/work"
+""")
+    bad = runtime / "bad.toml"
+    bad.write_text(f"[{daemon}]\nno_such_key = 1\n")
+    src = (SYSTEMD / f"profwatch-{daemon}.service").read_text().replace("/usr/local/bin/profwatch", exe)
+    src = "\n".join(ln for ln in src.splitlines() if not ln.startswith(("User=", "Group=")))
+    units = {}
+    for kind, cfg in (("good", good), ("bad", bad)):
+        name = f"{tag}-{daemon}-{kind}.service"
+        text = src.replace("/etc/profwatch/profwatch.toml", str(cfg)).replace("RestartSec=", "RestartSec=1s\n#")
+        (Path("/run/systemd/system") / name).write_text(text)
+        units[kind] = name
+    try:
+        subprocess.run(["systemctl", "daemon-reload"], check=True, timeout=60)
+        # Type=notify: start returns once the daemon said READY=1
+        res = subprocess.run(["systemctl", "start", units["good"]], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert _show(units["good"], "ActiveState")["ActiveState"] == "active"
+        # a permanent error: exit 2, and no restart however long we wait
+        subprocess.run(["systemctl", "start", units["bad"]], capture_output=True, text=True, timeout=120)
+        wait_for(lambda: _show(units["bad"], "ActiveState")["ActiveState"] == "failed", 60, 0.2, "bad unit failed")
+        subprocess.run(["sleep", "4"], timeout=10)  # > 3 x RestartSec of this copy
+        st = _show(units["bad"], "ActiveState", "NRestarts", "ExecMainStatus")
+        assert st == {"ActiveState": "failed", "NRestarts": "0", "ExecMainStatus": str(EXIT_USAGE)}, st
+    finally:
+        for name in units.values():
+            subprocess.run(["systemctl", "stop", name], capture_output=True, timeout=60)
+            subprocess.run(["systemctl", "reset-failed", name], capture_output=True, timeout=60)
+            (Path("/run/systemd/system") / name).unlink(missing_ok=True)
+        subprocess.run(["systemctl", "daemon-reload"], capture_output=True, timeout=60)
+        shutil.rmtree(runtime, ignore_errors=True)

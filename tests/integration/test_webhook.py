@@ -1,165 +1,209 @@
-"""WebhookSink against a real local http.server on 127.0.0.1 (success, 500-then-200, 4xx, dead port, full queue)."""
+"""The generic webhook: CloudEvents over HTTP (structured mode) parsed by a real CloudEvents consumer (the
+``cloudevents`` SDK), Authorization from an env var or a file, TLS with a private CA and a client certificate;
+and the HTTP poster under both sinks (retries, 4xx, dead port, full queue, prompt close)."""
 
 from __future__ import annotations
 
-import json
+import os
 import socket
-import threading
+import ssl
+import subprocess
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
-from daemon.adapters.alert_sinks import WebhookSink
-from daemon.core.alerts import TYPE_SUSPECT_RANKS, make_cloudevent
-from tests.conftest import wait_for
-
-
-class Receiver:
-    """A local webhook receiver answering with a scripted list of status codes (then 200)."""
-
-    def __init__(self, codes: list[int] | None = None, delay_s: float = 0.0) -> None:
-        self.codes = list(codes or [])
-        self.delay_s = delay_s
-        self.bodies: list[dict] = []
-        self.hits = 0
-        self.release = threading.Event()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                outer.hits += 1
-                if outer.delay_s:
-                    outer.release.wait(outer.delay_s)
-                code = outer.codes.pop(0) if outer.codes else 200
-                if code == 200:
-                    outer.bodies.append(json.loads(body))
-                self.send_response(code)
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       name="test-http")
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-
-    def close(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
+from daemon.adapters.alert_sinks import CloudEventsWebhookSink
+from daemon.adapters.http_post import HttpPoster, SinkConfigError
+from daemon.core.alerts import TYPE_ANOMALY, TYPE_SUSPECT_RANKS, make_cloudevent
+from daemon.core.sink_settings import HttpClientSettings, WebhookSettings
+from tests.conftest import require_tool, wait_for
+from tests.integration.sink_support import CoordinatorHarness, Recorder
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
+def receiver() -> Iterator[Recorder]:
+    r = Recorder()
     yield r
     r.close()
 
 
-def _event() -> dict:
-    data = {"batch_id": "b1", "suspects": [{"rank": 3, "score": 0.9, "kind": "compute", "hostname": "n0",
-                                            "evidence": {"summary": "x"}, "rank_dir": "/d"}]}
-    return make_cloudevent(TYPE_SUSPECT_RANKS, "job1", data, source="//profwatch/test", now_unix_s=1.7e9)
+def _settings(**kw: object) -> HttpClientSettings:
+    return HttpClientSettings(**({"timeout_s": 2.0, "retries": 2, "backoff_s": 0.01, "queue_size": 4} | kw))
 
 
-def test_posts_alertmanager_payload(receiver: Receiver):
-    with WebhookSink(receiver.url, timeout_s=2, retries=2, queue_size=4) as sink:
-        assert sink.send_events([_event()], external_url="http://coord")
-        assert sink.flush(10)
-    assert sink.stats.sent == 1 and sink.stats.failed == 0
-    body = receiver.bodies[0]
-    assert body["version"] == "4" and body["alerts"][0]["labels"]["rank"] == "3"
+def _consume(rec: Recorder) -> list:
+    """What a CloudEvents consumer gets: each request parsed by the SDK's HTTP binding."""
+    return [from_http_event(HTTPMessage(headers=h, body=b)) for h, b, _p in list(rec.requests)]
 
 
-def test_submit_one_cloudevent_with_external_url(receiver: Receiver):
-    sink = WebhookSink(receiver.url, timeout_s=2, retries=0, queue_size=4, external_url="http://coord:7714")
+def test_live_coordinator_events_reach_a_cloudevents_consumer(short_tmp: Path, receiver: Recorder,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PW_TEST_WEBHOOK_AUTH", "Bearer t0ken")
+    h = CoordinatorHarness(short_tmp, webhook={"url": receiver.url, "authorization_env": "PW_TEST_WEBHOOK_AUTH"})
     try:
-        assert sink.submit(_event())
-        assert sink.flush(10)
+        data = {"batch_id": "b1", "status": "ok", "judged_ranks": [0, 1],
+                "suspects": [{"rank": 1, "score": 0.9, "kind": "compute", "hostname": "n1"}]}
+        h.emit(TYPE_SUSPECT_RANKS, "jobW", data, event_id="suspects-c1")
+        h.emit(TYPE_ANOMALY, "jobW", {"kind": "step_regression", "ranks": [1]})  # not an alert: not forwarded
+        h.emit(TYPE_SUSPECT_RANKS, "jobW", data, event_id="suspects-c1")  # a duplicate: stored once, sent once
+        wait_for(lambda: len(h.events("jobW")) == 2, 20, what="events stored")
+        wait_for(lambda: receiver.requests, 20, what="webhook POST")
+        time.sleep(0.5)  # a second (wrong) POST would arrive within this
+        events = _consume(receiver)
+    finally:
+        h.close()
+    assert len(events) == 1
+    ev = events[0]
+    assert ev.get_type() == TYPE_SUSPECT_RANKS and ev.get_id() == "suspects-c1" and ev.get_subject() == "jobW"
+    assert ev.get_specversion() == "1.0" and ev.get_source() == h.settings.coordinator.event_source
+    assert ev.get_time() is not None and ev.get_data()["suspects"][0]["rank"] == 1
+    headers = receiver.requests[0][0]
+    assert headers["content-type"].startswith("application/cloudevents+json")
+    assert headers["authorization"] == "Bearer t0ken"
+    assert not any(k.startswith("ce-") for k in headers)  # structured mode: attributes in the body only
+
+
+def test_all_events_mode_and_authorization_file(tmp_path: Path, receiver: Recorder) -> None:
+    auth = tmp_path / "auth"
+    auth.write_text("Basic dXNlcjpwdw==\n")
+    os.chmod(auth, 0o600)
+    from daemon.adapters.http_post import read_authorization
+
+    s = WebhookSettings(url=receiver.url, events="all", authorization_file=auth, backoff_s=0.01)
+    sink = CloudEventsWebhookSink(s, read_authorization(s, {}, "webhook"))
+    try:
+        for i, t in enumerate((TYPE_ANOMALY, TYPE_SUSPECT_RANKS)):
+            ev = make_cloudevent(t, "j", {"i": i}, source="//t", now_unix_s=1.7e9 + i)
+            sink.submit(ev, is_alert=t == TYPE_SUSPECT_RANKS, now_unix_s=1.7e9)
+        assert sink.poster.flush(10)
     finally:
         sink.close()
-    assert receiver.bodies[0]["externalURL"] == "http://coord:7714"
-    assert receiver.bodies[0]["alerts"][0]["generatorURL"] == "http://coord:7714"
+    assert [e.get_type() for e in _consume(receiver)] == [TYPE_ANOMALY, TYPE_SUSPECT_RANKS]
+    assert all(h["authorization"] == "Basic dXNlcjpwdw==" for h, _b, _p in receiver.requests)
 
 
-def test_500_then_200_is_retried():
-    r = Receiver(codes=[500, 503])
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run([require_tool("openssl", "the TLS test makes its own certificates"), *args], cwd=cwd, check=True,
+                   capture_output=True, timeout=60)
+
+
+def _self_signed(d: Path, name: str) -> tuple[Path, Path]:
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.pem",
+             "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", cwd=d)
+    return d / f"{name}.pem", d / f"{name}.key"
+
+
+def test_tls_private_ca_and_client_certificate(tmp_path: Path) -> None:
+    server_cert, server_key = _self_signed(tmp_path, "server")
+    client_cert, client_key = _self_signed(tmp_path, "client")
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(server_cert, server_key)
+    tls.verify_mode = ssl.CERT_REQUIRED  # mutual TLS: the server wants our client certificate
+    tls.load_verify_locations(client_cert)
+    rec = Recorder(tls=tls)
+    body = b'{"specversion":"1.0","id":"1","source":"//t","type":"x"}'
     try:
-        sink = WebhookSink(r.url, timeout_s=2, retries=3, queue_size=4, backoff_s=0.01)
-        sink.send({"version": "4", "alerts": []})
-        assert sink.flush(10)
-        sink.close()
-        assert sink.stats.sent == 1 and sink.stats.attempts == 3 and r.hits == 3 and len(r.bodies) == 1
+        good = HttpPoster("webhook", rec.url, _settings(ca_file=server_cert, cert_file=client_cert,
+                                                         key_file=client_key), content_type="application/json")
+        no_client_cert = HttpPoster("webhook", rec.url, _settings(ca_file=server_cert, retries=0),
+                                    content_type="application/json")
+        unknown_ca = HttpPoster("webhook", rec.url, _settings(cert_file=client_cert, key_file=client_key,
+                                                               retries=0), content_type="application/json")
+        posters = [good, no_client_cert, unknown_ca]
+        try:
+            for p in posters:
+                p.post(body)
+                assert p.flush(20)
+        finally:
+            for p in posters:
+                p.close()
+        assert good.stats.sent == 1 and len(rec.requests) == 1
+        assert no_client_cert.stats.failed == 1 and unknown_ca.stats.failed == 1
+        with pytest.raises(SinkConfigError, match="TLS files cannot be loaded"):
+            HttpPoster("webhook", rec.url, _settings(ca_file=tmp_path / "missing.pem"), content_type="x")
+    finally:
+        rec.close()
+
+
+# -- the poster under both sinks --------------------------------------------------------------------------------
+
+def test_500_then_200_is_retried_and_counted() -> None:
+    r = Recorder(codes=[500, 503])
+    seen: list[tuple[str, int]] = []
+    try:
+        p = HttpPoster("t", r.url, _settings(retries=3), content_type="application/json",
+                       on_outcome=lambda o, n: seen.append((o, n)))
+        p.post(b"{}")
+        assert p.flush(10)
+        p.close()
+        assert p.stats.sent == 1 and p.stats.attempts == 3 and r.hits == 3 and len(r.requests) == 1
+        assert seen.count(("retried", 1)) == 2 and ("sent", 1) in seen and ("queued", 1) in seen
     finally:
         r.close()
 
 
-def test_4xx_is_not_retried():
-    r = Receiver(codes=[400])
+def test_4xx_is_not_retried() -> None:
+    r = Recorder(codes=[400])
     try:
-        sink = WebhookSink(r.url, timeout_s=2, retries=3, backoff_s=0.01)
-        sink.send({"a": 1})
-        assert sink.flush(10)
-        sink.close()
-        assert sink.stats.failed == 1 and sink.stats.attempts == 1
+        p = HttpPoster("t", r.url, _settings(retries=3), content_type="application/json")
+        p.post(b"{}")
+        assert p.flush(10)
+        p.close()
+        assert p.stats.rejected == 1 and p.stats.attempts == 1
     finally:
         r.close()
 
 
-def test_dead_port_gives_up_after_retries_and_never_blocks():
+def test_dead_port_gives_up_after_retries_and_never_blocks() -> None:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
-    s.close()  # nothing listens there now
-    sink = WebhookSink(f"http://127.0.0.1:{port}/x", timeout_s=0.5, retries=2, backoff_s=0.01)
+    s.close()
+    p = HttpPoster("t", f"http://127.0.0.1:{port}/x", _settings(timeout_s=0.5, retries=2),
+                   content_type="application/json")
     t0 = time.monotonic()
-    assert sink.send({"a": 1})
+    assert p.post(b"{}")
     assert time.monotonic() - t0 < 0.1
-    wait_for(lambda: sink.stats.failed == 1, timeout_s=10, what="give up")
-    assert sink.stats.attempts == 3 and sink.stats.sent == 0
-    sink.close()
+    wait_for(lambda: p.stats.failed == 1, timeout_s=10, what="give up")
+    assert p.stats.attempts == 3 and p.stats.sent == 0
+    p.close()
 
 
-def test_full_queue_drops_and_counts_and_close_is_prompt():
-    r = Receiver(delay_s=30)  # the first POST hangs until close
+def test_full_queue_drops_and_counts_and_close_is_prompt() -> None:
+    r = Recorder(delay_s=30)  # the first POST hangs until released
     try:
-        sink = WebhookSink(r.url, timeout_s=30, retries=0, queue_size=2)
+        p = HttpPoster("t", r.url, _settings(timeout_s=30, retries=0, queue_size=2), content_type="application/json")
         t0 = time.monotonic()
-        results = [sink.send({"i": i}) for i in range(10)]
+        results = [p.post(b"{}") for _ in range(10)]
         assert time.monotonic() - t0 < 0.5  # never blocks the caller
         wait_for(lambda: r.hits == 1, timeout_s=5, what="first POST in flight")
         assert results[:2] == [True, True] and results.count(False) >= 7
-        assert sink.stats.dropped >= 7
+        assert p.stats.dropped >= 7
         r.release.set()
-        assert sink.flush(10)
-        sink.close()
-        assert not sink._thread.is_alive()
-        assert sink.send({"late": 1}) is False
+        assert p.flush(10)
+        p.close()
+        assert not p._thread.is_alive()
+        assert p.post(b"{}") is False
     finally:
         r.close()
 
 
-def test_close_interrupts_backoff():
-    r = Receiver(codes=[500] * 10)
+def test_close_interrupts_backoff() -> None:
+    r = Recorder(codes=[500] * 10)
     try:
-        sink = WebhookSink(r.url, timeout_s=2, retries=5, backoff_s=20, max_backoff_s=20)
-        sink.send({"a": 1})
+        p = HttpPoster("t", r.url, _settings(retries=5, backoff_s=20, max_backoff_s=20), content_type="x")
+        p.post(b"{}")
         wait_for(lambda: r.hits >= 1, timeout_s=5, what="first attempt")
         t0 = time.monotonic()
-        sink.close(timeout_s=5)
-        assert time.monotonic() - t0 < 3 and sink.stats.sent == 0
+        p.close(timeout_s=5)
+        assert time.monotonic() - t0 < 3 and p.stats.sent == 0
     finally:
         r.close()
 
 
-def test_rejects_non_http_url():
-    with pytest.raises(ValueError):
-        WebhookSink("file:///etc/passwd")
+def test_rejects_non_http_url() -> None:
+    with pytest.raises(SinkConfigError):
+        HttpPoster("t", "file:///etc/passwd", _settings(), content_type="x")

@@ -1,4 +1,4 @@
-"""Unit tests for daemon.core.alerts (CloudEvents 1.0 and Alertmanager webhook v4 shapes; pure)."""
+"""Unit tests for daemon.core.alerts (CloudEvents 1.0 envelopes, suspect event data; pure)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ import json
 import pytest
 
 from daemon.core.alerts import (
-    ALERTMANAGER_ZERO_TIME,
-    TYPE_BATCH_INCOMPLETE,
+    TYPE_JOB_ENDED,
     TYPE_SUSPECT_RANKS,
     AlertFormatError,
+    judged_ranks,
     make_cloudevent,
     rfc3339,
     suspect_alert_data,
-    to_alertmanager,
 )
 from daemon.core.evidence import RankStepSummary, RecipeStatus, Suspect
 
@@ -65,31 +64,16 @@ def test_cloudevent_rejects(bad):
         make_cloudevent(**kw)
 
 
-def test_alertmanager_v4_payload():
-    ev = make_cloudevent(TYPE_SUSPECT_RANKS, "j1", _data(), source="s", now_unix_s=NOW)
-    ev2 = make_cloudevent(TYPE_BATCH_INCOMPLETE, "j1", {"batch_id": "b2", "detail": "rank 3 missing"}, source="s",
-                          now_unix_s=NOW + 1)
-    p = to_alertmanager([ev, ev2], external_url="http://coord:9000")
-    assert set(p) == {"receiver", "status", "alerts", "groupLabels", "commonLabels", "commonAnnotations",
-                      "externalURL", "version", "groupKey", "truncatedAlerts"}
-    assert p["version"] == "4" and p["status"] == "firing" and p["truncatedAlerts"] == 0
-    a0, a1, a2 = p["alerts"]
-    assert a0["labels"]["rank"] == "2" and a0["labels"]["severity"] == "critical" and a1["labels"]["rank"] == "5"
-    assert a0["labels"]["alertname"] == "ProfwatchSuspectRank" and a2["labels"]["alertname"] == "ProfwatchBatchIncomplete"
-    assert a0["endsAt"] == ALERTMANAGER_ZERO_TIME and a0["startsAt"] == ev["time"]
-    assert a0["annotations"]["rank_dir"] == "/p/node1_2_ascend_pt" and "computation" in a0["annotations"]["description"]
-    assert len({a["fingerprint"] for a in p["alerts"]}) == 3
-    assert p["commonLabels"] == {"job_id": "j1", "source": "profwatch"}
-    assert p["groupLabels"] == {"job_id": "j1"} and p["groupKey"] == '{}:{job_id="j1"}'
-    json.dumps(p)
+def test_judged_ranks_are_the_ranks_with_a_time_breakdown():
+    data = _data()
+    assert data["judged_ranks"] == [0, 1, 2, 3]
+    rows = [RankStepSummary(r, 1, 64e3, 40e3, 20e3, 0, 4e3, 500) for r in (5, 2)]
+    rows.append(RankStepSummary(7, -1, 0, 0, 0, 0, 0, 0))  # a per-rank total row, not a step: not judged
+    assert judged_ranks(rows) == [2, 5]
+    assert judged_ranks([]) == []
 
 
-def test_alertmanager_truncation_and_empty():
-    ev = make_cloudevent(TYPE_SUSPECT_RANKS, "j1", _data(), source="s", now_unix_s=NOW)
-    p = to_alertmanager([ev], external_url="http://x", max_alerts=1)
-    assert len(p["alerts"]) == 1 and p["truncatedAlerts"] == 1
-    assert p["groupLabels"]["alertname"] == "ProfwatchSuspectRank"
-    empty = make_cloudevent(TYPE_SUSPECT_RANKS, "j1", {"suspects": []}, source="s", now_unix_s=NOW)
-    assert to_alertmanager([empty], external_url="http://x")["alerts"] == []
-    with pytest.raises(AlertFormatError):
-        to_alertmanager([{"type": "x"}], external_url="http://x")
+def test_job_ended_is_an_event_type():
+    ev = make_cloudevent(TYPE_JOB_ENDED, "j1", {"last_report_unix_s": NOW, "silent_s": 600.0}, source="s",
+                         now_unix_s=NOW + 600)
+    assert ev["type"] == "io.profwatch.job_ended.v1" and ev["subject"] == "j1"

@@ -1,0 +1,160 @@
+"""Unit tests for daemon.core.alertmanager (postable alerts, standing book, resolve rules; pure, fake clock)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from daemon.core.alertmanager import AlertBook, judged_of, parse_time
+from daemon.core.alerts import (
+    TYPE_ANALYSIS_FAILED,
+    TYPE_ANOMALY,
+    TYPE_BATCH_INCOMPLETE,
+    TYPE_JOB_ENDED,
+    TYPE_PATH_REFUSED,
+    TYPE_SUSPECT_RANKS,
+    make_cloudevent,
+    rfc3339,
+)
+
+T0 = 1_764_500_000.0
+RESEND = 10.0
+
+
+def _suspect(rank: int, kind: str = "compute", host: str = "n0", score: float = 0.9) -> dict:
+    return {"rank": rank, "score": score, "kind": kind, "hostname": host, "rank_dir": f"/p/{host}_{rank}_ascend_pt",
+            "evidence": {"summary": f"rank {rank} computes longer", "effect_frac": 0.5,
+                         "median_us": {"step_time_us": 60e3}, "peer_median_us": {"step_time_us": 40e3}}}
+
+
+def _verdict(job: str, t: float, status: str, suspects: list[dict], judged: list[int] | None, cid: str = "c1") -> dict:
+    data: dict = {"batch_id": f"b-{cid}", "capture_id": cid, "status": status, "suspects": suspects,
+                  "world_size": 4, "paths": {"report_html": f"/w/{cid}/report.html"}}
+    if judged is not None:
+        data["judged_ranks"] = judged
+    return make_cloudevent(TYPE_SUSPECT_RANKS, job, data, source="//t", now_unix_s=t, event_id=f"suspects-{cid}")
+
+
+def _book() -> AlertBook:
+    return AlertBook(cluster="c1", resend_interval_s=RESEND, max_suspects=3)
+
+
+def test_suspects_fire_with_the_labels_and_annotations_alertmanager_needs():
+    book = _book()
+    out = book.apply(_verdict("j1", T0, "ok", [_suspect(2), _suspect(5, "host", "n1", 0.6)], [0, 1, 2, 3, 4, 5]), T0)
+    assert len(out) == 2
+    a, b = out
+    assert a["labels"] == {"alertname": "ProfwatchSuspectRank", "job_id": "j1", "rank": "2", "hostname": "n0",
+                           "kind": "compute", "severity": "critical", "cluster": "c1"}
+    assert b["labels"]["severity"] == "warning" and b["labels"]["kind"] == "host"
+    for key in ("summary", "description", "impact", "report", "rank_dir"):
+        assert a["annotations"][key], key
+    assert "+50%" in a["annotations"]["impact"] and "60.0 ms vs peer median 40.0 ms" in a["annotations"]["impact"]
+    assert a["startsAt"] == rfc3339(T0) and a["endsAt"] == rfc3339(T0 + 4 * RESEND)
+    assert a["generatorURL"] == "file:///w/c1/report.html"
+    assert all(isinstance(v, str) for al in out for v in (*al["labels"].values(), *al["annotations"].values()))
+    json.dumps(out)
+
+
+def test_external_url_is_the_generator_url_and_empty_values_are_not_labels():
+    book = AlertBook(cluster="c", resend_interval_s=RESEND, external_url="https://reports.example/profwatch")
+    s = _suspect(1)
+    s["hostname"] = None
+    out = book.apply(_verdict("j1", T0, "ok", [s], None), T0)
+    assert out[0]["generatorURL"] == "https://reports.example/profwatch" and "hostname" not in out[0]["labels"]
+
+
+def test_standing_alerts_are_resent_with_a_fresh_end_until_resolved():
+    book = _book()
+    book.apply(_verdict("j1", T0, "ok", [_suspect(2)], [0, 1, 2, 3]), T0)
+    first = book.due(T0)
+    assert len(first) == 1 and first[0]["endsAt"] == rfc3339(T0 + 4 * RESEND)
+    assert book.due(T0 + RESEND - 0.1) == []
+    again = book.due(T0 + RESEND)
+    assert again[0]["endsAt"] == rfc3339(T0 + 5 * RESEND) and again[0]["startsAt"] == rfc3339(T0)
+
+
+@pytest.mark.parametrize("status", ["ok", "no_suspect"])
+def test_a_later_verdict_that_judged_the_rank_not_slow_resolves_it(status: str):
+    book = _book()
+    book.apply(_verdict("j1", T0, "ok", [_suspect(2)], [0, 1, 2, 3]), T0)
+    other = [_suspect(3)] if status == "ok" else []
+    out = book.apply(_verdict("j1", T0 + 60, status, other, [0, 1, 2, 3], "c2"), T0 + 60)
+    resolved = [a for a in out if a["labels"]["rank"] == "2"]
+    assert resolved and resolved[0]["endsAt"] == rfc3339(T0 + 60)
+    assert ("j1", "ProfwatchSuspectRank", 2) not in book.alerts
+    assert [a["labels"]["rank"] for a in book.due(T0 + 61)] == (["3"] if status == "ok" else [])
+
+
+def test_partial_targeted_other_job_and_old_events_resolve_nothing():
+    book = _book()
+    book.apply(_verdict("j1", T0, "ok", [_suspect(2)], [0, 1, 2, 3]), T0)
+    assert book.apply(_verdict("j1", T0 + 1, "partial", [], [0, 1, 2, 3], "c2"), T0 + 1) == []
+    assert book.apply(_verdict("j1", T0 + 2, "no_suspect", [], [0, 1], "c3"), T0 + 2) == []  # rank 2 not captured
+    assert book.apply(_verdict("j2", T0 + 3, "no_suspect", [], [0, 1, 2, 3], "c4"), T0 + 3) == []  # other job
+    assert book.apply(_verdict("j1", T0 + 4, "no_suspect", [], None, "c5"), T0 + 4) == []  # no judged_ranks
+    assert book.apply(make_cloudevent(TYPE_ANOMALY, "j1", {"ranks": [2]}, source="s", now_unix_s=T0), T0) == []
+    assert list(book.alerts) == [("j1", "ProfwatchSuspectRank", 2)]
+
+
+def test_a_still_slow_rank_keeps_its_start_and_changed_labels_replace_the_alert():
+    book = _book()
+    book.apply(_verdict("j1", T0, "ok", [_suspect(2)], [0, 1, 2, 3]), T0)
+    same = book.apply(_verdict("j1", T0 + 60, "ok", [_suspect(2)], [0, 1, 2, 3], "c2"), T0 + 60)
+    assert len(same) == 1 and same[0]["startsAt"] == rfc3339(T0)
+    changed = book.apply(_verdict("j1", T0 + 90, "ok", [_suspect(2, "communication")], [0, 1, 2, 3], "c3"), T0 + 90)
+    assert [(a["labels"]["kind"], a["endsAt"]) for a in changed] == [
+        ("compute", rfc3339(T0 + 90)), ("communication", rfc3339(T0 + 90 + 4 * RESEND))]
+    assert len(book.alerts) == 1
+
+
+def test_job_level_alerts_resolve_on_a_verdict_or_job_end():
+    book = _book()
+    inc = make_cloudevent(TYPE_BATCH_INCOMPLETE, "j1", {"capture_id": "c1", "missing_ranks": [3]}, source="s",
+                          now_unix_s=T0)
+    refused = make_cloudevent(TYPE_PATH_REFUSED, "j1", {"problems": ["/etc outside"]}, source="s", now_unix_s=T0)
+    out = book.apply(inc, T0) + book.apply(refused, T0)
+    assert {a["labels"]["alertname"] for a in out} == {"ProfwatchBatchIncomplete", "ProfwatchPathRefused"}
+    assert "rank" not in out[0]["labels"] and out[0]["annotations"]["description"] == "[3]"
+    out = book.apply(_verdict("j1", T0 + 5, "partial", [], [0, 1]), T0 + 5)
+    assert [a["labels"]["alertname"] for a in out] == ["ProfwatchBatchIncomplete"]
+    failed = make_cloudevent(TYPE_ANALYSIS_FAILED, "j1", {"error": "boom"}, source="s", now_unix_s=T0 + 6)
+    book.apply(failed, T0 + 6)
+    book.apply(_verdict("j1", T0 + 7, "ok", [_suspect(1)], [0, 1]), T0 + 7)
+    ended = make_cloudevent(TYPE_JOB_ENDED, "j1", {"last_report_unix_s": T0}, source="s", now_unix_s=T0 + 700)
+    out = book.apply(ended, T0 + 700)
+    assert {a["labels"]["alertname"] for a in out} == {"ProfwatchPathRefused", "ProfwatchSuspectRank"}
+    assert all(a["endsAt"] == rfc3339(T0 + 700) for a in out) and not book.alerts
+
+
+def test_max_suspects_caps_alerts_per_event():
+    book = _book()
+    out = book.apply(_verdict("j1", T0, "ok", [_suspect(r) for r in range(6)], list(range(8))), T0)
+    assert [a["labels"]["rank"] for a in out] == ["0", "1", "2"]
+
+
+def test_restore_rebuilds_the_book_from_stored_events_and_resends_at_once():
+    evs = [_verdict("j1", T0, "ok", [_suspect(2), _suspect(3)], [0, 1, 2, 3]),
+           _verdict("j1", T0 + 60, "ok", [_suspect(3)], [0, 1, 2, 3], "c2"),
+           _verdict("j2", T0 + 61, "ok", [_suspect(0)], [0, 1], "c3"),
+           make_cloudevent(TYPE_JOB_ENDED, "j2", {}, source="s", now_unix_s=T0 + 900)]
+    book = _book()
+    assert book.restore(evs) == 1
+    due = book.due(T0 + 1000)
+    assert [(a["labels"]["job_id"], a["labels"]["rank"]) for a in due] == [("j1", "3")]
+    # rank 3 went from suspect #2 (warning) to #1 (critical): a new label set, so a new start
+    assert due[0]["labels"]["severity"] == "critical" and due[0]["startsAt"] == rfc3339(T0 + 60)
+    assert due[0]["endsAt"] == rfc3339(T0 + 1000 + 4 * RESEND)
+
+
+def test_helpers_are_total():
+    assert parse_time("2025-11-30T10:00:00.250Z", 0) == pytest.approx(1764496800.25)
+    assert parse_time("garbage", 7.0) == 7.0 and parse_time(None, 3.0) == 3.0
+    assert judged_of({"ranks": [{"rank": 1}, {"rank": "x"}, "y"]}) == {1}
+    assert judged_of({"judged_ranks": [1, True, "2", 3]}) == {1, 3}
+    assert judged_of({}) == set()
+    book = _book()
+    assert book.apply({"type": TYPE_SUSPECT_RANKS, "subject": "", "data": {}}, T0) == []
+    assert book.apply({"type": TYPE_SUSPECT_RANKS, "subject": "j", "data": "not a dict"}, T0) == []
+    assert book.apply(_verdict("j", T0, "ok", [{"rank": "2"}, {"no": 1}], [0]), T0) == []
