@@ -103,8 +103,8 @@ def rank_figure(view: ReportView) -> dict[str, Any] | None:
         customdata=[[[k, _r(o), _r(p)] for k, o, p in zip(m.ranks, own, peer, strict=True)]
                     for own, peer in zip(m.own_ms, m.peer_ms, strict=True)],
         text=[[""] * len(m.ranks) for _ in m.steps],
-        colorbar={"title": {"text": "ms vs<br>peers", "side": "top"}, "thickness": 12, "len": 0.8,
-                  "y": (heat_px / 2) / total, "yanchor": "middle", "outlinewidth": 0},
+        colorbar={"title": {"text": "ms vs<br>peers", "side": "top"}, "thickness": 12, "lenmode": "pixels",
+                  "len": heat_px, "y": 0, "yanchor": "bottom", "outlinewidth": 0},
         hovertemplate=("<b>rank %{customdata[0]}, %{y}</b>%{text}<br>own work %{customdata[1]:.1f} ms vs peer "
                        "median %{customdata[2]:.1f} ms<br>difference <b>%{z:+.1f} ms</b><extra></extra>")),
         row=3, col=1)

@@ -60,6 +60,8 @@ class Headline:
     badge: str
     sentence: str
     rank: int | None = None
+    subject: str = ""
+    """``rank 5 on node0 (compute)`` when a rank is named; ``sentence`` then says why."""
 
 
 @dataclass(slots=True)
@@ -255,13 +257,13 @@ def headline_of(status: str, detail: str, suspects: Sequence[SuspectRow]) -> Hea
     (status ``no_suspect``) or ``could not judge: <why>`` (any other status)."""
     if suspects and status == "ok":
         top = suspects[0]
-        where = f"rank {top.rank}" + (f" on {top.hostname}" if top.hostname else "")
-        sentence = f"{where} ({top.kind}): {top.summary}" if top.summary else f"{where} ({top.kind})"
+        subject = f"rank {top.rank}" + (f" on {top.hostname}" if top.hostname else "") + f" ({top.kind})"
+        sentence = top.summary or "named by the ranking"
         if top.impact is not None:
             sentence += f". Fixing this rank alone saves {impact_text(top.impact)}"
         if top.grade == "strong":
-            return Headline("found", "slow rank found", sentence, top.rank)
-        return Headline("possible", "possible slow rank (weak evidence)", sentence, top.rank)
+            return Headline("found", "slow rank found", sentence, top.rank, subject)
+        return Headline("possible", "possible slow rank (weak evidence)", sentence, top.rank, subject)
     if status == "no_suspect":
         return Headline("none", "no slow rank", detail or "every rank analysed; no rank stands out")
     why = detail or f"analysis status {status or 'unknown'}"
