@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 import time
@@ -59,6 +60,18 @@ def _no_leaked_threads():
             break
         time.sleep(0.02)
     assert not leaked, f"test leaked threads: {[t.name for t in leaked]}"
+
+
+def require_tool(name: str, why: str) -> str:
+    """Path of the executable ``name``. Missing: skip with ``why`` on a dev machine, but fail when
+    ``PROFWATCH_REQUIRE_REAL_TOOLS=1`` (set by ``.ci/run``, which installs every such tool)."""
+    path = shutil.which(name)
+    if path:
+        return path
+    msg = f"{name} is not installed: {why}"
+    if os.environ.get("PROFWATCH_REQUIRE_REAL_TOOLS") == "1":
+        pytest.fail(f"{msg} (PROFWATCH_REQUIRE_REAL_TOOLS=1: .ci/run must install it)")
+    pytest.skip(msg)
 
 
 def python_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -9,6 +9,7 @@ slow rank is never averaged or drawn away. Plotly: https://plotly.com/python/ (M
 
 from __future__ import annotations
 
+import html
 from functools import lru_cache
 from typing import Any
 
@@ -86,7 +87,8 @@ def rank_figure(view: ReportView) -> dict[str, Any] | None:
             marker={"symbol": st["symbol"], "size": st["size"], "color": st["color"],
                     "opacity": [round(0.45 + 0.55 * s.score, 3) for s in sus], "line": {"width": 2,
                                                                                       "color": st["color"]}},
-            customdata=[[s.position, s.score, s.kind, s.hostname or "-"] for s in sus],
+            # plotly.js reads a few tags (<b>, <br>, <a>) in hover text: data strings go in entity-escaped
+            customdata=[[s.position, s.score, html.escape(s.kind), html.escape(s.hostname or "-")] for s in sus],
             hovertemplate=(f"<b>suspect #%{{customdata[0]}}: %{{text}}</b> ({grade})<br>score "
                            "%{customdata[1]:.2f}, %{customdata[2]}, host %{customdata[3]}<extra></extra>")),
             row=1, col=1)

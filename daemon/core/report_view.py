@@ -40,7 +40,8 @@ MIN_COLOUR_FRAC = 0.10
 """The colour scale spans at least +-10 % of the median step time, so a balanced cluster's noise stays pale."""
 MAX_MATRIX_STEPS = 64
 """At most this many steps (the last ones) go into the rank x step view."""
-_PATH = re.compile(r"(?<![\w.~-])/(?:[^\s,;:'\"()<>]+)")
+_PATH = re.compile(r"(?<![\w.~<-])(?:/[^\s,;:'\"()<>/]+){2,}")
+"""An absolute path of at least two segments (so ``</script>`` or ``GB/s`` is never taken for one)."""
 
 
 @dataclass(frozen=True, slots=True)

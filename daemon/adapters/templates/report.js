@@ -87,7 +87,12 @@
   function draw(range) {
     var k = binSize(range);
     busy = true;
-    var layout = gd.layout && gd.data ? gd.layout : fig.layout;
+    var layout = Object.assign({}, gd.layout && gd.data ? gd.layout : fig.layout);
+    Object.keys(layout).forEach(function (key) {  // every (matched) rank axis gets the same range
+      if (!/^xaxis\d*$/.test(key)) { return; }
+      layout[key] = Object.assign({}, layout[key], range ? {range: [range[0], range[1]], autorange: false}
+                                                          : {autorange: true});
+    });
     return Plotly.react(gd, traces(k), layout, config).then(function () {
       busy = false;
       gd.setAttribute("data-bin-size", String(k));
