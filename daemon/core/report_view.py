@@ -340,6 +340,10 @@ def files_of(paths: Mapping[str, Any], texts: Sequence[str]) -> list[tuple[str, 
     return out
 
 
+def _mapping(v: Any) -> Mapping[str, Any]:
+    return v if isinstance(v, Mapping) else {}
+
+
 def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
                generated: str = "") -> ReportView:
     """The whole report's content for one batch; never raises on missing optional keys."""
@@ -347,16 +351,16 @@ def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
     by_rank = {r.rank: r for r in ranks}
     suspects: list[SuspectRow] = []
     for pos, s in enumerate(data.get("suspects") or [], start=1):
-        ev = s.get("evidence") if isinstance(s.get("evidence"), Mapping) else {}
+        ev = _mapping(s.get("evidence"))
         rank, score = int(s["rank"]), float(s.get("score") or 0.0)
         suspects.append(SuspectRow(pos, rank, score, grade_of(score, ev), str(s.get("kind") or "unknown"),
                                    s.get("hostname") or None, str(ev.get("summary") or ""), s.get("rank_dir"),
                                    by_rank.get(rank), parse_impact(s.get("impact"))))
     status, detail = str(data.get("status") or ""), str(data.get("detail") or "")
-    recipes_raw = data.get("recipes") if isinstance(data.get("recipes"), Mapping) else {}
+    recipes_raw = _mapping(data.get("recipes"))
     notes_raw = list(dict.fromkeys(str(n) for n in data.get("notes") or []))
     texts = [str(r.get("detail") or "") for r in recipes_raw.values() if isinstance(r, Mapping)] + notes_raw
-    paths = data.get("paths") if isinstance(data.get("paths"), Mapping) else {}
+    paths = _mapping(data.get("paths"))
     files = files_of(paths, texts)
     names = {p: p.rsplit("/", 1)[-1] for _, p in files}
     recipes = [{"name": name, "status": str(r.get("status") or ""),
@@ -366,7 +370,7 @@ def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
     # a note that only lists output files (e.g. "advisor report: a.xlsx, b.html") repeats the Files section
     notes = [shorten_paths(t, names) for t in notes_raw
              if not (_PATH.search(t) and re.fullmatch(r"[\w ()-]*:?[\s,.]*", _PATH.sub("", t)))]
-    advisor = data.get("advisor") if isinstance(data.get("advisor"), Mapping) else {}
+    advisor = _mapping(data.get("advisor"))
     problems = list(dict.fromkeys((str(p.get("category") or ""), str(p.get("description") or ""))
                                   for p in advisor.get("problems") or [] if isinstance(p, Mapping)))[:12]
     world = data.get("world_size")
