@@ -15,16 +15,21 @@
                 modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d"],
                 toImageButtonOptions: {format: "png", filename: "profwatch-ranks", scale: 2}};
 
-  function visibleCount(range) {
-    if (!range) { return xs.length; }
-    var lo = Math.min(range[0], range[1]), hi = Math.max(range[0], range[1]), n = 0;
-    for (var i = 0; i < xs.length; i++) { if (xs[i] >= lo && xs[i] <= hi) { n++; } }
-    return n;
+  /* [first, last] indices of the points to draw: the view, plus one view width on each side (for panning) */
+  function window_(range) {
+    if (!range) { return {a: 0, b: xs.length - 1, n: xs.length}; }
+    var lo = Math.min(range[0], range[1]), hi = Math.max(range[0], range[1]), span = hi - lo, n = 0;
+    var a = xs.length, b = -1;
+    for (var i = 0; i < xs.length; i++) {
+      if (xs[i] >= lo && xs[i] <= hi) { n++; }
+      if (xs[i] >= lo - span && xs[i] <= hi + span) { a = Math.min(a, i); b = Math.max(b, i); }
+    }
+    return b < a ? {a: 0, b: -1, n: 0} : {a: a, b: b, n: n};
   }
 
-  function binSize(range) {
+  function binSize(n) {
     var px = Math.max(200, gd.clientWidth - 110);
-    return Math.max(1, Math.ceil(visibleCount(range) / Math.max(50, Math.floor(px / PX_PER_BAR))));
+    return Math.max(1, Math.ceil(n / Math.max(50, Math.floor(px / PX_PER_BAR))));
   }
 
   function score(v, mode) {
@@ -32,18 +37,18 @@
     return mode === "max" ? v : Math.abs(v);
   }
 
-  function groups(n, k) {
+  function groups(a, b, k) {
     var out = [];
-    for (var a = 0; a < n; a += k) { out.push([a, Math.min(n, a + k) - 1]); }
+    for (var i = a; i <= b; i += k) { out.push([i, Math.min(b, i + k - 1)]); }
     return out;
   }
 
   function label(x, g) {
-    return " (largest of ranks " + x[g[0]] + "-" + x[g[1]] + ")";
+    return g[0] === g[1] ? "" : " (largest of ranks " + x[g[0]] + "-" + x[g[1]] + ")";
   }
 
-  function binBars(t, k) {
-    var g = groups(t.x.length, k), o = Object.assign({}, t);
+  function binBars(t, w, k) {
+    var g = groups(w.a, w.b, k), o = Object.assign({}, t);
     var colors = t.marker && Array.isArray(t.marker.color) ? t.marker.color : null;
     o.x = []; o.y = []; o.customdata = []; o.text = []; o.width = [];
     if (colors) { o.marker = Object.assign({}, t.marker, {color: []}); }
@@ -51,7 +56,7 @@
       var best = gr[0];
       for (var i = gr[0] + 1; i <= gr[1]; i++) { if (score(t.y[i], t.meta) > score(t.y[best], t.meta)) { best = i; } }
       o.x.push((t.x[gr[0]] + t.x[gr[1]]) / 2);
-      o.width.push((t.x[gr[1]] - t.x[gr[0]] + 1) * 0.9);
+      o.width.push((t.x[gr[1]] - t.x[gr[0]] + 1) * (k > 1 ? 0.9 : 0.8));
       o.y.push(t.y[best]);
       o.customdata.push(t.customdata[best]);
       o.text.push(label(t.x, gr));
@@ -60,8 +65,8 @@
     return o;
   }
 
-  function binHeat(t, k) {
-    var g = groups(t.x.length, k), o = Object.assign({}, t);
+  function binHeat(t, w, k) {
+    var g = groups(w.a, w.b, k), o = Object.assign({}, t);
     o.x = g.map(function (gr) { return (t.x[gr[0]] + t.x[gr[1]]) / 2; });
     o.z = []; o.customdata = []; o.text = [];
     t.z.forEach(function (row, s) {
@@ -76,16 +81,17 @@
     return o;
   }
 
-  function traces(k) {
+  function traces(w, k) {
+    var whole = w.a === 0 && w.b === xs.length - 1;
     return full.map(function (t) {
-      if (k <= 1 || t.meta === "keep") { return t; }
-      return t.meta === "heat" ? binHeat(t, k) : binBars(t, k);
+      if (t.meta === "keep" || (k <= 1 && whole)) { return t; }
+      return t.meta === "heat" ? binHeat(t, w, k) : binBars(t, w, k);
     });
   }
 
   var busy = false;
   function draw(range) {
-    var k = binSize(range);
+    var w = window_(range), k = binSize(w.n);
     busy = true;
     var layout = Object.assign({}, gd.layout && gd.data ? gd.layout : fig.layout);
     Object.keys(layout).forEach(function (key) {  // every (matched) rank axis gets the same range
@@ -93,7 +99,7 @@
       layout[key] = Object.assign({}, layout[key], range ? {range: [range[0], range[1]], autorange: false}
                                                           : {autorange: true});
     });
-    return Plotly.react(gd, traces(k), layout, config).then(function () {
+    return Plotly.react(gd, traces(w, k), layout, config).then(function () {
       busy = false;
       gd.setAttribute("data-bin-size", String(k));
       gd.setAttribute("data-rendered", "1");
