@@ -38,7 +38,7 @@ from daemon.core.report_view import build_view  # noqa: E402
 
 def make_rows(world: int, steps: int, slow: int, seed: int = 0) -> list[RankStepSummary]:
     rng = random.Random(seed)
-    rows = []
+    rows: list[RankStepSummary] = []
     for step in range(1, steps + 1):
         comp = [40_000.0 * (1.4 if r == slow else 1.0) * (1 + 0.01 * rng.gauss(0, 1)) for r in range(world)]
         free = [500.0 * (1 + 0.02 * rng.gauss(0, 1)) for _ in range(world)]
