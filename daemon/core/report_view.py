@@ -335,7 +335,8 @@ def files_of(paths: Mapping[str, Any], texts: Sequence[str]) -> list[tuple[str, 
         for m in _PATH.finditer(text):
             p = m.group(0).rstrip(".")
             if p not in seen and "." in p.rsplit("/", 1)[-1]:
-                out.append((p.rsplit(".", 1)[-1] + " output", p))
+                ext, name = p.rsplit(".", 1)[-1], p.rsplit("/", 1)[-1]
+                out.append((f"advisor report ({ext})" if "advisor" in name else f"{ext} output", p))
                 seen.add(p)
     return out
 

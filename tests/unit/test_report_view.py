@@ -142,7 +142,7 @@ def test_paths_are_listed_once() -> None:
             "notes": [f"advisor report: {xlsx}, {adv}", f"advisor report: {xlsx}, {adv}", "kept: /a/b/c.db used"]}
     view = build_view(data, [])
     assert view.files == [("report.json (all numbers)", "/w/out/report.json"), ("advisor report (HTML)", adv),
-                          ("xlsx output", xlsx), ("db output", "/a/b/c.db")]
+                          ("advisor report (xlsx)", xlsx), ("db output", "/a/b/c.db")]
     assert view.recipes[0]["detail"] == "mstt_advisor_1.xlsx mstt_advisor_1.html"
     assert view.recipes[1]["detail"] == "bandwidth 12 GB/s, ratio 1/2 </b>"
     assert view.notes == ["kept: c.db used"]
