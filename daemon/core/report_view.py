@@ -351,7 +351,9 @@ def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
     ranks, matrix, step_ms = measure_ranks(summaries)
     by_rank = {r.rank: r for r in ranks}
     suspects: list[SuspectRow] = []
-    for pos, s in enumerate(data.get("suspects") or [], start=1):
+    valid = [s for s in data.get("suspects") or [] if isinstance(s, Mapping) and isinstance(s.get("rank"), int)
+             and _fnum(s.get("score") or 0.0) is not None]  # ours always are; a hand-edited report.json may not be
+    for pos, s in enumerate(valid, start=1):
         ev = _mapping(s.get("evidence"))
         rank, score = int(s["rank"]), float(s.get("score") or 0.0)
         suspects.append(SuspectRow(pos, rank, score, grade_of(score, ev), str(s.get("kind") or "unknown"),

@@ -120,6 +120,9 @@ def test_optional_contract_keys_parse_or_are_ignored() -> None:
                          {"ranks": [1, 2], "bandwidth_gbps": "fast", "peer_median_gbps": 1}])
     assert [(lk.ranks, lk.group, lk.bandwidth_gbps) for lk in links] == [((1, 2), "dp", 10.0)]
     assert parse_links(None) == []
+    view = build_view({"status": "ok", "suspects": [{"rank": "x"}, "junk", {"rank": 3, "score": "high"},
+                                                    {"rank": 4, "score": 0.8}]}, [])
+    assert [(s.position, s.rank) for s in view.suspects] == [(1, 4)]
 
 
 def test_steps_meta_and_mismatch_note() -> None:
