@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -33,7 +33,7 @@ def wait_for(predicate: Callable[[], T], timeout_s: float = 10.0, interval_s: fl
 
 
 @pytest.fixture
-def short_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def short_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A short temp dir for ipc:// socket paths (AF_UNIX paths are limited to ~107 bytes)."""
     import tempfile
 

@@ -1,4 +1,7 @@
-"""report.json / report.html: content, self-containment, escaping, and (when chromium exists) a real render."""
+"""report.json / report.html: content, one self-contained file, escaping, graceful degradation, packaged templates.
+
+The real browser render is checked in ``test_report_browser.py``.
+"""
 
 from __future__ import annotations
 
@@ -6,69 +9,219 @@ import json
 import re
 import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from daemon.adapters.report import render_html, write_report
+from daemon.adapters.report import href, render_html, write_report
+from daemon.adapters.report_charts import plotly_js
 from daemon.core.alerts import suspect_alert_data
-from daemon.core.evidence import RecipeStatus
+from daemon.core.evidence import RankStepSummary, RecipeStatus
 from daemon.core.ranking import rank_suspects
+from tests.conftest import REPO_ROOT
 from tests.unit.test_ranking import make_evidence
 
+EVIL = "<script>window.__pwned=1</script>"
 
-def _data(tmp_path: Path, world: int = 8, **kw):
-    ev = make_evidence(world, steps=4, **kw)
-    dirs = {r: str(tmp_path / "stage" / f"node{r // 8}_{4000 + r}_20260101120000000_ascend_pt") for r in range(world)}
-    sus = rank_suspects(ev, hostnames={r: f"node{r // 8}" for r in range(world)}, rank_dirs=dirs)
+
+def report_data(tmp_path: Path, world: int = 8, *, host_names: dict[int, str] | None = None, status: str | None = None,
+                **kw: Any) -> tuple[dict[str, Any], list[RankStepSummary]]:
+    """Suspect-ranks data for a synthetic batch (``make_evidence`` kwargs), ranked by the real ranking."""
+    ev = make_evidence(world, steps=kw.pop("steps", 4), **kw)
+    hosts = {r: f"node{r // 8}" for r in range(world)}
+    hosts.update(host_names or {})
+    dirs = {r: str(tmp_path / "stage" / f"{hosts[r]}_{4000 + r}_20260101120000000_ascend_pt") for r in range(world)}
+    sus = rank_suspects(ev, hostnames=hosts, rank_dirs=dirs)
     recipes = {"cluster_time_summary": RecipeStatus("cluster_time_summary", "ok", "32 rows", rows=32, duration_s=3.0),
                "slow_rank": RecipeStatus("slow_rank", "not_applicable", "groups < 4"),
-               "advisor": RecipeStatus("advisor", "tool_error", "boom <script>alert(1)</script>",
-                                       log_tail="Traceback <b>x</b>")}
-    data = suspect_alert_data(batch_id="cap<1>", job_id="j&1", kind="ascend_pt", status="ok" if sus else "no_suspect",
-                              suspects=sus, summaries=ev.summaries, recipes=recipes,
+               "advisor": RecipeStatus("advisor", "tool_error", f"boom {EVIL}", log_tail="Traceback <b>x</b>"),
+               "advisor_html": RecipeStatus("advisor_html", "ok", f"{tmp_path}/out/mstt_advisor_1.xlsx "
+                                                                  f"{tmp_path}/out/mstt_advisor_1.html")}
+    data = suspect_alert_data(batch_id="cap<1>", job_id="j&1", kind="ascend_pt",
+                              status=status or ("ok" if sus else "no_suspect"), suspects=sus, summaries=ev.summaries,
+                              recipes=recipes,
                               paths={"staging": str(tmp_path / "stage"),
                                      "advisor_html": str(tmp_path / "out" / "mstt_advisor_1.html")},
-                              capture_reason="spike", world_size=world)
+                              capture_reason="spike", world_size=world,
+                              notes=[f"advisor report: {tmp_path}/out/mstt_advisor_1.xlsx, "
+                                     f"{tmp_path}/out/mstt_advisor_1.html"])
     return data, ev.summaries
 
 
-def test_report_files_and_content(tmp_path: Path):
-    data, rows = _data(tmp_path, slow={3: 1.5})
-    jp, hp = write_report(tmp_path / "out", data, rows, generated="now")
+def _figure(page: str) -> dict[str, Any]:
+    m = re.search(r'<script id="pw-figure" type="application/json">(.*?)</script>', page, re.DOTALL)
+    assert m, "no figure JSON in the page"
+    fig: dict[str, Any] = json.loads(m.group(1))
+    return fig
+
+
+def test_report_files_one_self_contained_page(tmp_path: Path) -> None:
+    data, rows = report_data(tmp_path, slow={3: 1.5})
+    out = tmp_path / "out"
+    jp, hp = write_report(out, data, rows, generated="now")
+    assert hp is not None
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]  # no asset beside the page
     doc = json.loads(jp.read_text())
     assert doc["suspects"][0]["rank"] == 3 and len(doc["summaries"]) == 32
     page = hp.read_text()
-    assert page.startswith("<!doctype html>") and "<svg" in page and "<style>" in page
-    # self-contained: no external fetches, no scripts
-    assert not re.search(r"<script|<link |src=\"http|@import|url\(http", page, re.IGNORECASE)
-    # escaping of user-controlled strings
-    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;" in page and "cap&lt;1&gt;" in page
-    assert "node0_4003_20260101120000000_ascend_pt" in page and "compute" in page
+    assert page.startswith("<!doctype html>") and "<style>" in page
+    # self-contained: plotly.js inlined, nothing fetched
+    assert plotly_js() in page and len(plotly_js()) > 1_000_000
+    ours = page.replace(plotly_js(), "")  # the bundle's own strings (e.g. its logo link) are never fetched
+    assert not re.search(r"<script[^>]+src=|<link\b|@import|url\(\s*['\"]?(https?:)?//", ours, re.IGNORECASE)
+    assert not re.search(r"(src|href)=\"(https?:)?//", ours)
+    # the badge, the headline's rank, the strong suspect's row
+    assert re.search(r'id="pw-badge" class="badge badge-found"[^>]*>slow rank found<', page)
+    assert 'id="pw-top-suspect" data-rank="3"' in page
+    assert 'class="pw-suspect pw-grade-strong" data-rank="3"' in page
     assert 'href="mstt_advisor_1.html"' in page  # relative link to the advisor output
-    assert page.count("<rect") > 8 * 4
+    # each advisor path once: in Files, not again in the recipe detail and the notes
+    assert page.count(f"{tmp_path}/out/mstt_advisor_1.html") == 1
+    assert page.count(f"{tmp_path}/out/mstt_advisor_1.xlsx") == 1
+    assert "advisor report:" not in page
 
 
-def test_balanced_report_says_no_suspect_and_html_optional(tmp_path: Path):
-    data, rows = _data(tmp_path)
+def test_rank_chart_points_at_the_slow_rank(tmp_path: Path) -> None:
+    data, rows = report_data(tmp_path, world=16, slow={11: 1.4}, noise=0.01)
+    fig = _figure(render_html(data, rows))
+    bars, wait, heat = (next(t for t in fig["data"] if t.get("meta") == m) for m in ("absmax", "max", "heat"))
+    assert bars["x"] == list(range(16))
+    # difference colouring: the slow rank's bar is the tallest, by far, and every other bar is near zero
+    top = max(range(16), key=lambda i: bars["y"][i])
+    assert bars["x"][top] == 11 and bars["y"][top] > 10
+    assert all(abs(y) < 0.15 * bars["y"][top] for i, y in enumerate(bars["y"]) if i != top)
+    assert bars["marker"]["color"] == bars["y"] and bars["marker"]["cmin"] == -bars["marker"]["cmax"]
+    assert max(range(16), key=lambda i: wait["y"][i]) == top
+    # rank x step: the darkest (largest) cell of every step is the slow rank's
+    assert all(max(range(16), key=lambda j: row[j]) == top for row in heat["z"])
+    assert heat["y"] == ["step 1", "step 2", "step 3", "step 4"] and heat["zmid"] == 0
+    strong = next(t for t in fig["data"] if t.get("uid") == "pwstrong")
+    assert strong["x"] == [11] and strong["text"] == ["rank 11"]
+    titles = {k: v["title"]["text"] for k, v in fig["layout"].items() if k.startswith(("xaxis", "yaxis"))
+              and "title" in v and "text" in v["title"]}
+    assert titles == {"xaxis3": "rank", "yaxis": "ms per step", "yaxis2": "ms per step", "yaxis3": "step"}
+    assert "step time" not in json.dumps(fig).lower()  # the uniform-by-construction step time map is gone
+
+
+def test_weak_suspect_is_not_painted_like_the_strong_one(tmp_path: Path) -> None:
+    data, rows = report_data(tmp_path, world=16, slow={2: 1.4}, noise=0.005)
+    data["suspects"].append({"rank": 9, "score": 0.4, "kind": "host", "hostname": "node1",
+                             "evidence": {"summary": "a little idle time", "strength": "weak"}, "rank_dir": None})
+    data["suspects"][0]["evidence"]["strength"] = "strong"
+    page = render_html(data, rows)
+    assert 'class="pw-suspect pw-grade-weak" data-rank="9"' in page
+    fig = _figure(page)
+    weak = next(t for t in fig["data"] if t.get("uid") == "pwweak")
+    strong = next(t for t in fig["data"] if t.get("uid") == "pwstrong")
+    assert weak["x"] == [9] and strong["x"] == [2]
+    assert weak["marker"]["color"] != strong["marker"]["color"] and weak["marker"]["symbol"].endswith("-open")
+    assert weak["marker"]["opacity"][0] < strong["marker"]["opacity"][0]
+
+
+@pytest.mark.parametrize(("status", "detail", "badge"), [
+    ("no_suspect", "8 ranks analysed: no rank stands out", "no slow rank"),
+    ("partial", "time breakdown covers 3 of 4 ranks", "could not judge: time breakdown covers 3 of 4 ranks"),
+    ("failed", "no usable result; failed recipes: cluster_time_summary",
+     "could not judge: no usable result; failed recipes: cluster_time_summary"),
+])
+def test_badge_without_a_named_rank(tmp_path: Path, status: str, detail: str, badge: str) -> None:
+    data, rows = report_data(tmp_path, status=status)
     assert data["suspects"] == []
-    assert "No suspect rank" in render_html(data, rows)
-    jp, hp = write_report(tmp_path / "o2", data, rows, html_enabled=False)
+    data["detail"] = detail
+    page = render_html(data, rows)
+    assert re.search(rf'class="badge badge-(none|unknown)" data-state="\w+">{re.escape(badge)}<', page)
+    assert "pw-top-suspect" not in page and "pwstrong" not in page
+
+
+def test_only_weak_suspects_say_possible(tmp_path: Path) -> None:
+    data, rows = report_data(tmp_path, slow={1: 1.3})
+    data["suspects"][0]["evidence"]["strength"] = "weak"
+    page = render_html(data, rows)
+    assert ">possible slow rank (weak evidence)<" in page and "badge-possible" in page
+
+
+def test_impact_links_and_steps_rendered_when_present(tmp_path: Path) -> None:
+    data, rows = report_data(tmp_path, slow={3: 1.5})
+    imp = {"saving_s_per_step": 0.0241, "saving_pct_of_step": 27.3, "accelerator_hours_per_day": 52.4}
+    data["suspects"][0]["impact"] = imp
+    data["impact"] = {**imp, "accelerator_hours_per_day": 60.0}
+    data["links"] = [{"ranks": [2, 6], "group": "tp<0>", "bandwidth_gbps": 12.0, "peer_median_gbps": 48.0},
+                     {"ranks": "bad"}]
+    data["armed_steps"], data["captured_steps"] = [62, 63, 64], [62, 63, 64]
+    page = render_html(data, rows)
+    assert "Fixing this rank alone saves 0.0241 s/step (27% of step time), about 52 accelerator-hours per day" in page
+    assert "All suspects fixed: saves <b>0.0241 s/step (27% of step time), about 60 accelerator-hours" in page
+    assert 'data-ranks="2-6"' in page and "tp&lt;0&gt;" in page and ">25%<" in page and page.count("pw-link") == 1
+    assert "armed steps <b>62-64</b>" in page and "steps <b>62-64</b>" in page
+    data["captured_steps"] = [3, 4]
+    assert "captured steps 3-4 are not the armed steps 62-64" in render_html(data, rows)
+
+
+def test_absent_optional_keys_degrade_gracefully(tmp_path: Path) -> None:
+    data, rows = report_data(tmp_path, slow={3: 1.5})
+    data["impact"] = {"saving_s_per_step": "lots"}  # malformed: ignored, not a crash
+    for s in data["suspects"]:  # an analysis that estimated no per-suspect impact
+        s.pop("impact", None)
+    page = render_html(data, rows)
+    assert "not estimated" in page and "All suspects fixed" not in page and "Slow links" not in page
+
+
+def test_every_data_value_is_escaped(tmp_path: Path) -> None:
+    data, rows = report_data(tmp_path, slow={3: 1.5}, host_names={3: EVIL})
+    data["suspects"][0]["rank_dir"] = f"/data/{EVIL}/x_ascend_pt"
+    data["capture_reason"] = EVIL
+    data["notes"] = [f"note {EVIL}"]
+    data["advisor"] = {"problems": [{"category": "<img src=x onerror=alert(1)>", "description": EVIL}]}
+    data["links"] = [{"ranks": [1, 2], "group": EVIL, "bandwidth_gbps": 1.0, "peer_median_gbps": 2.0}]
+    data["detail"] = EVIL
+    page = render_html(data, rows)
+    assert EVIL not in page and "<img src=x" not in page
+    assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in page and "cap&lt;1&gt;" in page and "j&amp;1" in page
+    fig_json = re.search(r'<script id="pw-figure" type="application/json">(.*?)</script>', page, re.DOTALL)
+    assert fig_json and "<" not in fig_json.group(1)  # tojson escapes < > & in the embedded data
+    assert "Traceback &lt;b&gt;x&lt;/b&gt;" in page
+
+
+def test_href_cannot_become_a_url_scheme(tmp_path: Path) -> None:
+    assert href("javascript:alert(1)", tmp_path) == "javascript%3Aalert%281%29"
+    assert href(str(tmp_path / "a b" / "c.html"), tmp_path) == "a%20b/c.html"
+    assert href("/elsewhere/x.html", None) == "/elsewhere/x.html"
+
+
+def test_report_with_no_rows_and_html_optional(tmp_path: Path) -> None:
+    data, _ = report_data(tmp_path)
+    page = render_html(data, [])
+    assert "No per-rank time breakdown" in page and "pw-figure" not in page and "Plotly" not in page
+    jp, hp = write_report(tmp_path / "o2", data, [], html_enabled=False)
     assert jp.exists() and hp is None
 
 
-def test_report_with_no_rows(tmp_path: Path):
-    data, _ = _data(tmp_path)
-    page = render_html(data, [])
-    assert "No per-rank time breakdown" in page
+def test_templates_ship_in_the_wheel_and_sdist(tmp_path: Path) -> None:
+    pytest.importorskip("setuptools", reason="building the wheel needs setuptools in the test environment")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO_ROOT / name, src / name)
+    for pkg in ("daemon", "rankhook"):
+        shutil.copytree(REPO_ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    built = []
+    for hook in ("build_wheel", "build_sdist"):  # one process each: setuptools keeps state between the two
+        proc = subprocess.run([sys.executable, "-c", f"import sys; from setuptools import build_meta as b; "
+                               f"print('BUILT', b.{hook}(sys.argv[1]))", str(tmp_path / "dist")], cwd=src,
+                              capture_output=True, text=True, timeout=240, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        built.append(re.findall(r"^BUILT (\S+)$", proc.stdout, re.MULTILINE)[-1])
+    wheel_name, sdist_name = built
+    templates = sorted(p.name for p in (REPO_ROOT / "daemon" / "adapters" / "templates").iterdir())
+    assert templates == ["report.css", "report.html.j2", "report.js"]
+    with zipfile.ZipFile(tmp_path / "dist" / wheel_name) as whl:
+        names = set(whl.namelist())
+    assert {f"daemon/adapters/templates/{t}" for t in templates} <= names
+    import tarfile
 
-
-@pytest.mark.skipif(not shutil.which("chromium"), reason="chromium not installed")
-def test_render_with_headless_chromium(tmp_path: Path):
-    data, rows = _data(tmp_path, world=32, slow={7: 1.4}, host={20: 0.2})
-    _, hp = write_report(tmp_path / "out", data, rows)
-    png = tmp_path / "shot.png"
-    proc = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,2200",
-                           f"--screenshot={png}", hp.as_uri()], capture_output=True, timeout=60, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert png.exists() and png.stat().st_size > 20_000
+    with tarfile.open(tmp_path / "dist" / sdist_name) as sd:
+        members = {m.name.split("/", 1)[1] for m in sd.getmembers() if "/" in m.name}
+    assert {f"daemon/adapters/templates/{t}" for t in templates} <= members

@@ -1,0 +1,153 @@
+"""Unit tests for daemon.core.report_view (pure: data in, view out)."""
+
+from __future__ import annotations
+
+import random
+from statistics import median
+
+import pytest
+
+from daemon.core.evidence import RankStepSummary
+from daemon.core.report_view import (
+    Impact,
+    build_view,
+    files_of,
+    grade_of,
+    headline_of,
+    loo_medians,
+    measure_ranks,
+    parse_impact,
+    parse_links,
+    shorten_paths,
+    step_list_text,
+)
+from tests.unit.test_ranking import make_evidence
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 33])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_loo_medians_match_the_definition(n: int, seed: int) -> None:
+    rng = random.Random(seed)
+    vals = [rng.choice([1.0, 2.0, 2.0, 5.0]) + rng.random() * (seed % 2) for _ in range(n)]
+    want = [median(vals[:i] + vals[i + 1:]) if n > 1 else None for i in range(n)]
+    assert loo_medians(vals) == pytest.approx(want) if n > 1 else loo_medians(vals) == [None]
+
+
+@pytest.mark.parametrize(("world", "slow", "factor"), [(2, 1, 1.5), (3, 0, 1.3), (4, 2, 1.4), (64, 40, 1.2),
+                                                      (8, 7, 0.7)])
+def test_slow_rank_has_the_largest_own_work_difference_at_every_scale(world: int, slow: int, factor: float) -> None:
+    ev = make_evidence(world, slow={slow: factor}, noise=0.01, steps=5)
+    ranks, matrix, step_ms = measure_ranks(ev.summaries)
+    by = {r.rank: r for r in ranks}
+    target = by[slow]
+    # compute (40 ms) x factor against peers at 40 ms: the difference is the extra compute, for 2 ranks as for 64
+    assert target.own_delta_ms == pytest.approx(40.0 * (factor - 1), rel=0.1)
+    others = [r for r in ranks if r.rank != slow]
+    if world >= 4:
+        assert all(abs(r.own_delta_ms) < 0.25 * abs(target.own_delta_ms) for r in others)
+    else:  # 2-3 ranks: a peer's reference holds the slow rank, so it shows the opposite sign, never the same
+        assert all(r.own_delta_ms * target.own_delta_ms < 0 for r in others)
+    if factor > 1:  # peers wait for it; it causes wait, nobody else does
+        assert target.wait_caused_ms == pytest.approx(40.0 * (factor - 1), rel=0.15)
+        assert all(r.wait_caused_ms < 0.2 * target.wait_caused_ms for r in others)
+        assert max(range(world), key=lambda j: matrix.delta_ms[0][j] or 0.0) == matrix.ranks.index(slow)
+    else:  # a fast rank: the largest negative difference, and it causes no wait
+        assert target.own_delta_ms < 0 and target.wait_caused_ms == 0.0
+    assert matrix.steps == [1, 2, 3, 4, 5] and len(matrix.delta_ms[0]) == world
+    assert step_ms > 40
+
+
+def test_zero_filled_rows_and_lonely_steps_are_left_out() -> None:
+    rows = [RankStepSummary(0, 1, 100, 50, 10, 0, 10, 1), RankStepSummary(1, 1, 100, 60, 10, 0, 10, 1),
+            RankStepSummary(2, 1, 0, 0, 0, 0, 0, 0),  # zero-filled
+            RankStepSummary(0, -1, 100, 50, 10, 0, 10, 1), RankStepSummary(0, 2, 100, 50, 10, 0, 10, 1)]
+    ranks, matrix, _ = measure_ranks(rows)
+    assert [r.rank for r in ranks] == [0, 1] and matrix.steps == [1]
+    assert ranks[1].own_delta_ms == pytest.approx(0.01)
+
+
+def test_many_steps_are_capped_in_the_matrix_but_not_in_the_medians() -> None:
+    ev = make_evidence(4, slow={1: 1.5}, steps=70)
+    view = build_view({"status": "ok", "suspects": []}, ev.summaries)
+    assert len(view.matrix.steps) == 64 and view.matrix.steps[0] == 7 and view.matrix.dropped_steps == 6
+    assert view.ranks[1].steps == 70 and any("last 64 of 70 steps" in n for n in view.notes)
+
+
+def test_grades_and_headlines() -> None:
+    assert grade_of(0.95, {}) == "strong" and grade_of(0.5, {}) == "weak"
+    assert grade_of(0.95, {"strength": "weak"}) == "weak" and grade_of(0.3, {"strength": "strong"}) == "strong"
+    assert grade_of(0.9, {"strength": "bogus"}) == "strong"
+    ev = make_evidence(8, slow={5: 1.4})
+    data = {"status": "ok", "suspects": [
+        {"rank": 5, "score": 0.9, "kind": "compute", "hostname": "n0", "evidence": {"summary": "why"},
+         "impact": {"saving_s_per_step": 0.02, "saving_pct_of_step": 25.0, "accelerator_hours_per_day": 48.0}},
+        {"rank": 2, "score": 0.3, "kind": "host", "evidence": {}}]}
+    view = build_view(data, ev.summaries)
+    h = view.headline
+    assert (h.state, h.badge, h.rank, h.subject) == ("found", "slow rank found", 5, "rank 5 on n0 (compute)")
+    assert h.sentence == "why. Fixing this rank alone saves 0.02 s/step (25% of step time), about 48 " \
+                         "accelerator-hours per day"
+    assert [s.grade for s in view.suspects] == ["strong", "weak"] and view.suspects[1].hostname is None
+    assert view.suspects[0].row is not None and view.suspects[0].row.own_delta_ms > 10
+    weak_only = headline_of("ok", "", view.suspects[1:])
+    assert weak_only.state == "possible" and weak_only.rank == 2
+    assert headline_of("no_suspect", "8 ranks analysed", []).badge == "no slow rank"
+    assert headline_of("incomplete", "missing ranks [3]", []).badge == "could not judge: missing ranks [3]"
+    assert headline_of("failed", "", []).badge == "could not judge: analysis status failed"
+    # suspects on a status that is not ok (should not happen): the status wins, never "found"
+    assert headline_of("partial", "3 of 4 ranks", view.suspects).state == "unknown"
+
+
+def test_colour_scale_keeps_a_balanced_cluster_pale() -> None:
+    ev = make_evidence(8, noise=0.01)
+    view = build_view({"status": "no_suspect"}, ev.summaries)
+    biggest = max(abs(v) for line in view.matrix.delta_ms for v in line if v is not None)
+    assert view.colour_limit_ms >= 0.1 * view.median_step_ms > 2 * biggest
+    slow = build_view({"status": "ok"}, make_evidence(8, slow={1: 2.0}).summaries)
+    assert slow.colour_limit_ms == pytest.approx(max(v for line in slow.matrix.delta_ms for v in line if v))
+
+
+def test_optional_contract_keys_parse_or_are_ignored() -> None:
+    assert parse_impact({"saving_s_per_step": 1, "saving_pct_of_step": 2.5, "accelerator_hours_per_day": 3}) == \
+        Impact(1.0, 2.5, 3.0)
+    bads: list[object] = [None, [], {"saving_s_per_step": 1}, {"saving_s_per_step": float("nan"), "saving_pct_of_step": 1,
+                                                    "accelerator_hours_per_day": 1},
+            {"saving_s_per_step": True, "saving_pct_of_step": 1, "accelerator_hours_per_day": 1}]
+    for bad in bads:
+        assert parse_impact(bad) is None
+    links = parse_links([{"ranks": [1, 2], "group": "dp", "bandwidth_gbps": 10, "peer_median_gbps": 40.0},
+                         {"ranks": [1], "bandwidth_gbps": 1, "peer_median_gbps": 1}, "x",
+                         {"ranks": [1, 2], "bandwidth_gbps": "fast", "peer_median_gbps": 1}])
+    assert [(lk.ranks, lk.group, lk.bandwidth_gbps) for lk in links] == [((1, 2), "dp", 10.0)]
+    assert parse_links(None) == []
+    view = build_view({"status": "ok", "suspects": [{"rank": "x"}, "junk", {"rank": 3, "score": "high"},
+                                                    {"rank": 4, "score": 0.8}]}, [])
+    assert [(s.position, s.rank) for s in view.suspects] == [(1, 4)]
+
+
+def test_steps_meta_and_mismatch_note() -> None:
+    assert step_list_text([64, 62, 63, 70, 72, 71, 80]) == "62-64, 70-72, 80"
+    assert step_list_text([]) == ""
+    ev = make_evidence(4, steps=3)
+    view = build_view({"status": "no_suspect", "armed_steps": [62, 63, 64], "captured_steps": [1, 2, 3],
+                       "world_size": 5}, ev.summaries)
+    meta = dict(view.meta)
+    assert meta["steps"] == "1-3" and meta["armed steps"] == "62-64" and meta["ranks"] == "4 of 5"
+    assert view.notes[0] == "captured steps 1-3 are not the armed steps 62-64"
+
+
+def test_paths_are_listed_once() -> None:
+    adv = "/w/out/msprof/advisor_html-x/mstt_advisor_1.html"
+    xlsx = "/w/out/msprof/advisor_html-x/log/mstt_advisor_1.xlsx"
+    data = {"status": "no_suspect", "paths": {"advisor_html": adv, "report_json": "/w/out/report.json"},
+            "recipes": {"advisor_html": {"status": "ok", "detail": f"{xlsx} {adv}"},
+                        "x": {"status": "ok", "detail": "bandwidth 12 GB/s, ratio 1/2 </b>"}},
+            "notes": [f"advisor report: {xlsx}, {adv}", f"advisor report: {xlsx}, {adv}", "kept: /a/b/c.db used"]}
+    view = build_view(data, [])
+    assert view.files == [("report.json (all numbers)", "/w/out/report.json"), ("advisor report (HTML)", adv),
+                          ("advisor report (xlsx)", xlsx), ("db output", "/a/b/c.db")]
+    assert view.recipes[0]["detail"] == "mstt_advisor_1.xlsx mstt_advisor_1.html"
+    assert view.recipes[1]["detail"] == "bandwidth 12 GB/s, ratio 1/2 </b>"
+    assert view.notes == ["kept: c.db used"]
+    assert files_of({}, ["see /one"]) == []  # a single segment is not taken for a path
+    assert shorten_paths("at /x/y/z.txt.", {}) == "at z.txt."
