@@ -84,6 +84,7 @@ class FakeCoordinator:
         self.acks: list[wire.NodeAck] = []
         self.rejected: list[MessageRejected] = []
         self.node_ids: set[bytes] = set()
+        self.routes: dict[str, bytes] = {}  # node_id -> routing id of the connection that speaks for it
         self._ids = itertools.count(1)
 
     def pump(self) -> None:
@@ -94,6 +95,7 @@ class FakeCoordinator:
                 return
             self.node_ids.add(ident)
             env, good, bad = parse_node_message(data)
+            self.routes[env.node_id] = ident  # as the coordinator does: reply on the connection the node spoke on
             self.rank_messages += good
             self.rejected += bad
             if isinstance(env, wire.NodeAck):
@@ -114,7 +116,11 @@ class FakeCoordinator:
         cid = f"w-{next(self._ids)}"
         cmd = wire.NodeCommand(cmd="write_config", command_id=cid, args={
             "profiler_config_path": str(config_dir), "config": config, "not_before_unix_s": not_before_unix_s})
-        self.sock.send_multipart([node_id.encode(), wire.encode(cmd)])
+        self.pump()
+        route = self.routes.get(node_id)
+        if route is None:
+            raise AssertionError(f"node {node_id} has not spoken to the fake coordinator yet")
+        self.sock.send_multipart([route, wire.encode(cmd)])
         return cid
 
     def ack(self, command_id: str) -> wire.NodeAck | None:
