@@ -167,8 +167,10 @@ def parse_profiler_info(data: Mapping[str, Any]) -> ProfilerInfo:
     rank_id = _as_int(rank_raw)
     if rank_raw is not None and rank_id is None:
         raise LayoutError(f"profiler_info rank_id is not an integer: {rank_raw!r}")
-    config = data.get("config") if isinstance(data.get("config"), Mapping) else {}
-    exp = config.get("experimental_config") if isinstance(config.get("experimental_config"), Mapping) else {}
+    config_raw = data.get("config")
+    config: Mapping[str, Any] = config_raw if isinstance(config_raw, Mapping) else {}
+    exp_raw = config.get("experimental_config")
+    exp: Mapping[str, Any] = exp_raw if isinstance(exp_raw, Mapping) else {}
     export_raw = exp.get("_export_type", exp.get("export_type"))
     if isinstance(export_raw, str):
         export_types: tuple[str, ...] = (export_raw.lower(),)
@@ -177,7 +179,8 @@ def parse_profiler_info(data: Mapping[str, Any]) -> ProfilerInfo:
     else:
         export_types = ()
     level = exp.get("_profiler_level", exp.get("profiler_level"))
-    end_info = data.get("end_info") if isinstance(data.get("end_info"), Mapping) else {}
+    end_raw = data.get("end_info")
+    end_info: Mapping[str, Any] = end_raw if isinstance(end_raw, Mapping) else {}
     return ProfilerInfo(
         rank_id=rank_id,
         export_types=export_types,

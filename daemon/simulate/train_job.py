@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                     z = torch.tanh(z @ extra)
         with rankhook.stage("backward"):
             opt.zero_grad(set_to_none=True)
+            assert loss is not None  # at least one inner micro-batch ran (a.inner >= 1)
             loss.backward()
         c1 = time.time_ns()
         cpu1 = time.thread_time_ns()
