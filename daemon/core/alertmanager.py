@@ -17,6 +17,12 @@ Rules (issue 16):
 * A rank's alert resolves only when a later ``suspect_ranks`` event of the same job with status ``ok`` or
   ``no_suspect`` lists the rank in ``judged_ranks`` (captured and judged) and not among its suspects. A
   ``partial`` result, or a targeted capture that did not include the rank, resolves nothing.
+* ``suspect_ranks`` with slow links (``links[]``): one ``ProfwatchSlowLink`` alert per link (``kind``
+  ``communication``, label ``link`` = ``"a-b"``); it resolves when a later ``ok``/``no_suspect`` verdict judged
+  both ranks and no longer names the link.
+* ``suspect_ranks`` with status ``partial`` or ``weak``: one job-level ``ProfwatchVerdictIncomplete`` alert
+  (warning) saying what could not be judged (``unjudged_ranks``, ``detail``); it resolves with the next ``ok`` or
+  ``no_suspect`` verdict of the job.
 * ``batch_incomplete``, ``analysis_failed``, ``path_refused``: one job-level alert each; the first two resolve
   when a later capture of the job reaches a verdict (any ``suspect_ranks`` event), all resolve at job end.
 * ``job_ended``: every alert of the job resolves.
@@ -39,6 +45,9 @@ from daemon.core.alerts import (
 )
 
 ALERTNAME_SUSPECT = "ProfwatchSuspectRank"
+ALERTNAME_LINK = "ProfwatchSlowLink"
+ALERTNAME_UNJUDGED = "ProfwatchVerdictIncomplete"
+UNJUDGED_STATUSES = ("partial", "weak")
 JOB_ALERTNAMES = {
     TYPE_BATCH_INCOMPLETE: "ProfwatchBatchIncomplete",
     TYPE_ANALYSIS_FAILED: "ProfwatchAnalysisFailed",
@@ -50,8 +59,8 @@ RESOLVING_STATUSES = ("ok", "no_suspect")
 LIFETIME_FACTOR = 4
 _ANNOTATION_MAX = 2048
 
-AlertKey = tuple[str, str, int | None]
-"""(job_id, alertname, rank or None): at most one standing alert per key."""
+AlertKey = tuple[str, str, int | str | None]
+"""(job_id, alertname, rank, ``"a-b"`` for a link, or None): at most one standing alert per key."""
 
 
 @dataclass(slots=True)
@@ -95,7 +104,24 @@ def _labels(**kv: Any) -> dict[str, str]:
     return {k: str(v) for k, v in kv.items() if v not in (None, "")}
 
 
+def _saving(impact: Any) -> str:
+    """The what-if figure (``docs/verdicts.md``) as text, or "" when the verdict carries none."""
+    if not isinstance(impact, Mapping):
+        return ""
+    sec, pct, hours = (impact.get(k) for k in ("saving_s_per_step", "saving_pct_of_step", "accelerator_hours_per_day"))
+    if not isinstance(sec, (int, float)) or isinstance(sec, bool):
+        return ""
+    text = f"{1e3 * float(sec):.1f} ms per step"
+    if isinstance(pct, (int, float)) and not isinstance(pct, bool):
+        text += f" ({float(pct):.1f}% of the step"
+        text += f", {float(hours):.1f} accelerator-hours per day)" if isinstance(hours, (int, float)) else ")"
+    return text
+
+
 def _impact(s: Mapping[str, Any], world_size: Any) -> str:
+    saving = _saving(s.get("impact"))
+    if saving:
+        return f"fixing rank {s.get('rank')} alone would save {saving}"
     ev = s.get("evidence") or {}
     effect = ev.get("effect_frac")
     mine = (ev.get("median_us") or {}).get("step_time_us")
@@ -114,6 +140,17 @@ def _report_url(data: Mapping[str, Any]) -> str:
     paths = data.get("paths") or {}
     report = data.get("report") or paths.get("report_html") or paths.get("report_json") or ""
     return str(report)
+
+
+def _link_id(lk: Mapping[str, Any]) -> str:
+    """``"a-b"`` (a < b) for a slow link's two ranks, "" when ``ranks`` is not two distinct ints."""
+    ranks = lk.get("ranks")
+    if not isinstance(ranks, (list, tuple)) or len(ranks) != 2:
+        return ""
+    if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks) or ranks[0] == ranks[1]:
+        return ""
+    a, b = sorted(int(r) for r in ranks)
+    return f"{a}-{b}"
 
 
 def judged_of(data: Mapping[str, Any]) -> set[int]:
@@ -179,14 +216,29 @@ class AlertBook:
                 out.append(self._resolve((job_id, name, None), now_unix_s))
         suspects = [s for s in (data.get("suspects") or []) if isinstance(s, Mapping) and isinstance(s.get("rank"), int)]
         suspects = suspects[: self.max_suspects]
-        if data.get("status") in RESOLVING_STATUSES:
+        links = [lk for lk in (data.get("links") or []) if isinstance(lk, Mapping) and _link_id(lk)]
+        links = links[: self.max_suspects]
+        status = data.get("status")
+        if status in RESOLVING_STATUSES:
+            judged = judged_of(data)
             slow = {int(s["rank"]) for s in suspects}
-            for rank in sorted(judged_of(data) - slow):
+            for rank in sorted(judged - slow):
                 key = (job_id, ALERTNAME_SUSPECT, rank)
                 if key in self.alerts:
                     out.append(self._resolve(key, now_unix_s))
+            named = {_link_id(lk) for lk in links}
+            for key in [k for k in self.alerts if k[0] == job_id and k[1] == ALERTNAME_LINK and k[2] not in named]:
+                a, b = (int(x) for x in str(key[2]).split("-"))
+                if a in judged and b in judged:
+                    out.append(self._resolve(key, now_unix_s))
+            if (job_id, ALERTNAME_UNJUDGED, None) in self.alerts:
+                out.append(self._resolve((job_id, ALERTNAME_UNJUDGED, None), now_unix_s))
+        elif status in UNJUDGED_STATUSES:
+            out.extend(self._fire(self._unjudged_alert(job_id, event, data, starts), now_unix_s))
         for pos, s in enumerate(suspects, start=1):
             out.extend(self._fire(self._suspect_alert(job_id, pos, s, event, data, starts), now_unix_s))
+        for lk in links:
+            out.extend(self._fire(self._link_alert(job_id, lk, event, data, starts), now_unix_s))
         return out
 
     def restore(self, events: Iterable[Mapping[str, Any]]) -> int:
@@ -249,6 +301,50 @@ class AlertBook:
             "cloudevent_id": event.get("id") or "",
         }
         return StandingAlert((job_id, ALERTNAME_SUSPECT, rank), labels,
+                             {k: _clip(v) for k, v in ann.items() if v not in (None, "")}, starts,
+                             self._generator(data))
+
+    def _link_alert(self, job_id: str, lk: Mapping[str, Any], event: Mapping[str, Any], data: Mapping[str, Any],
+                    starts: float) -> StandingAlert:
+        link = _link_id(lk)
+        bw, peer = lk.get("bandwidth_gbps"), lk.get("peer_median_gbps")
+        labels = _labels(alertname=ALERTNAME_LINK, job_id=job_id, link=link, kind="communication",
+                         group=lk.get("group"), severity="warning", cluster=self.cluster)
+        speed = (f"{float(bw):.1f} GB/s against a peer median of {float(peer):.1f} GB/s"
+                 if isinstance(bw, (int, float)) and isinstance(peer, (int, float)) else "slower than its peers")
+        saving = _saving(lk.get("impact"))
+        ann = {
+            "summary": f"job {job_id}: the link between ranks {link.replace('-', ' and ')} is slow ({speed}) "
+                       f"in batch {data.get('batch_id')}",
+            "description": (lk.get("evidence") or {}).get("summary") or "" if isinstance(lk.get("evidence"), Mapping)
+                           else "",
+            "impact": f"fixing this link alone would save {saving}" if saving else
+                      "collectives over this link wait for it",
+            "report": _report_url(data),
+            "batch_id": data.get("batch_id") or "",
+            "capture_id": data.get("capture_id") or "",
+            "cloudevent_id": event.get("id") or "",
+        }
+        return StandingAlert((job_id, ALERTNAME_LINK, link), labels,
+                             {k: _clip(v) for k, v in ann.items() if v not in (None, "")}, starts,
+                             self._generator(data))
+
+    def _unjudged_alert(self, job_id: str, event: Mapping[str, Any], data: Mapping[str, Any],
+                        starts: float) -> StandingAlert:
+        labels = _labels(alertname=ALERTNAME_UNJUDGED, job_id=job_id, severity="warning", cluster=self.cluster)
+        unjudged = [u for u in (data.get("unjudged_ranks") or []) if isinstance(u, Mapping)]
+        names = "; ".join(f"rank {u.get('rank')}: {u.get('reason')}" for u in unjudged[:8])
+        ann = {
+            "summary": f"job {job_id}: the verdict of batch {data.get('batch_id')} is {data.get('status')}: "
+                       + (f"{len(unjudged)} rank(s) could not be judged" if unjudged else "the evidence is weak"),
+            "description": "; ".join(x for x in (str(data.get("detail") or ""), names) if x),
+            "impact": "a slow rank among those not judged would go unseen; the captured data is kept",
+            "report": _report_url(data),
+            "batch_id": data.get("batch_id") or "",
+            "capture_id": data.get("capture_id") or "",
+            "cloudevent_id": event.get("id") or "",
+        }
+        return StandingAlert((job_id, ALERTNAME_UNJUDGED, None), labels,
                              {k: _clip(v) for k, v in ann.items() if v not in (None, "")}, starts,
                              self._generator(data))
 

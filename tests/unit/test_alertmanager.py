@@ -90,12 +90,14 @@ def test_a_later_verdict_that_judged_the_rank_not_slow_resolves_it(status: str):
 def test_partial_targeted_other_job_and_old_events_resolve_nothing():
     book = _book()
     book.apply(_verdict("j1", T0, "ok", [_suspect(2)], [0, 1, 2, 3]), T0)
-    assert book.apply(_verdict("j1", T0 + 1, "partial", [], [0, 1, 2, 3], "c2"), T0 + 1) == []
     assert book.apply(_verdict("j1", T0 + 2, "no_suspect", [], [0, 1], "c3"), T0 + 2) == []  # rank 2 not captured
     assert book.apply(_verdict("j2", T0 + 3, "no_suspect", [], [0, 1, 2, 3], "c4"), T0 + 3) == []  # other job
     assert book.apply(_verdict("j1", T0 + 4, "no_suspect", [], None, "c5"), T0 + 4) == []  # no judged_ranks
     assert book.apply(make_cloudevent(TYPE_ANOMALY, "j1", {"ranks": [2]}, source="s", now_unix_s=T0), T0) == []
-    assert list(book.alerts) == [("j1", "ProfwatchSuspectRank", 2)]
+    # partial: says so (its own warning) but resolves nothing
+    out = book.apply(_verdict("j1", T0 + 5, "partial", [], [0, 1, 2, 3], "c2"), T0 + 5)
+    assert [a["labels"]["alertname"] for a in out] == ["ProfwatchVerdictIncomplete"]
+    assert list(book.alerts) == [("j1", "ProfwatchSuspectRank", 2), ("j1", "ProfwatchVerdictIncomplete", None)]
 
 
 def test_a_still_slow_rank_keeps_its_start_and_changed_labels_replace_the_alert():
@@ -118,7 +120,8 @@ def test_job_level_alerts_resolve_on_a_verdict_or_job_end():
     assert {a["labels"]["alertname"] for a in out} == {"ProfwatchBatchIncomplete", "ProfwatchPathRefused"}
     assert "rank" not in out[0]["labels"] and out[0]["annotations"]["description"] == "[3]"
     out = book.apply(_verdict("j1", T0 + 5, "partial", [], [0, 1]), T0 + 5)
-    assert [a["labels"]["alertname"] for a in out] == ["ProfwatchBatchIncomplete"]
+    assert [a["labels"]["alertname"] for a in out] == ["ProfwatchBatchIncomplete", "ProfwatchVerdictIncomplete"]
+    assert out[0]["endsAt"] == rfc3339(T0 + 5)  # the incomplete batch is resolved by a verdict
     failed = make_cloudevent(TYPE_ANALYSIS_FAILED, "j1", {"error": "boom"}, source="s", now_unix_s=T0 + 6)
     book.apply(failed, T0 + 6)
     book.apply(_verdict("j1", T0 + 7, "ok", [_suspect(1)], [0, 1]), T0 + 7)
@@ -158,3 +161,58 @@ def test_helpers_are_total():
     assert book.apply({"type": TYPE_SUSPECT_RANKS, "subject": "", "data": {}}, T0) == []
     assert book.apply({"type": TYPE_SUSPECT_RANKS, "subject": "j", "data": "not a dict"}, T0) == []
     assert book.apply(_verdict("j", T0, "ok", [{"rank": "2"}, {"no": 1}], [0]), T0) == []
+
+
+def _ended(a: dict, t: float) -> bool:
+    return a["endsAt"] == rfc3339(t)
+
+
+def test_the_impact_annotation_leads_with_the_what_if_saving_when_the_verdict_has_one():
+    s = _suspect(2)
+    s["impact"] = {"saving_s_per_step": 0.012, "saving_pct_of_step": 8.0, "accelerator_hours_per_day": 46.1}
+    (a,) = _book().apply(_verdict("j1", T0, "ok", [s], [0, 1, 2, 3]), T0)
+    assert a["annotations"]["impact"] == ("fixing rank 2 alone would save 12.0 ms per step (8.0% of the step, "
+                                          "46.1 accelerator-hours per day)")
+    s["impact"] = {"saving_s_per_step": "lots"}  # malformed: the evidence-based text instead, never a crash
+    (b,) = _book().apply(_verdict("j1", T0, "ok", [s], [0, 1, 2, 3]), T0)
+    assert "+50%" in b["annotations"]["impact"]
+
+
+def test_a_partial_verdict_without_suspects_still_reaches_alertmanager_and_the_next_full_verdict_resolves_it():
+    book = _book()
+    ev = _verdict("j1", T0, "partial", [], [0, 1, 2])
+    ev["data"]["unjudged_ranks"] = [{"rank": 3, "reason": "no usable device data"}]
+    ev["data"]["detail"] = "nobody stands out among the judged ranks; 1 rank(s) could not be judged"
+    (a,) = book.apply(ev, T0)
+    assert a["labels"]["alertname"] == "ProfwatchVerdictIncomplete" and a["labels"]["severity"] == "warning"
+    assert "rank 3: no usable device data" in a["annotations"]["description"]
+    assert not _ended(a, T0)
+    assert book.apply(_verdict("j1", T0 + 5, "partial", [], [0, 1, 2], cid="c2"), T0 + 5)[0]["labels"] == a["labels"]
+    (r,) = book.apply(_verdict("j1", T0 + 60, "no_suspect", [], [0, 1, 2, 3], cid="c3"), T0 + 60)
+    assert r["labels"] == a["labels"] and _ended(r, T0 + 60)
+    assert not book.alerts
+
+
+def test_weak_verdicts_warn_too_and_another_job_resolves_nothing():
+    book = _book()
+    out = book.apply(_verdict("j1", T0, "weak", [_suspect(1, score=0.5)], [0, 1, 2, 3]), T0)
+    assert {a["labels"]["alertname"] for a in out} == {"ProfwatchVerdictIncomplete", "ProfwatchSuspectRank"}
+    assert book.apply(_verdict("j2", T0 + 1, "no_suspect", [], [0, 1, 2, 3]), T0 + 1) == []
+    assert len(book.alerts) == 2
+
+
+def test_a_slow_link_fires_one_link_alert_and_resolves_only_when_both_ends_were_judged():
+    book = _book()
+    link = {"ranks": [5, 4], "group": "tp0", "bandwidth_gbps": 3.2, "peer_median_gbps": 18.5,
+            "impact": {"saving_s_per_step": 0.004, "saving_pct_of_step": 2.5, "accelerator_hours_per_day": 3.0}}
+    ev = _verdict("j1", T0, "ok", [], list(range(8)))
+    ev["data"]["links"] = [link, {"ranks": [1, 1]}, {"ranks": "x"}]  # malformed links are ignored
+    (a,) = book.apply(ev, T0)
+    assert a["labels"] == {"alertname": "ProfwatchSlowLink", "job_id": "j1", "link": "4-5", "kind": "communication",
+                           "group": "tp0", "severity": "warning", "cluster": "c1"}
+    assert "3.2 GB/s against a peer median of 18.5 GB/s" in a["annotations"]["summary"]
+    assert a["annotations"]["impact"].startswith("fixing this link alone would save 4.0 ms per step")
+    # a targeted capture that judged only one end resolves nothing
+    assert book.apply(_verdict("j1", T0 + 30, "no_suspect", [], [0, 1, 2, 3, 4], cid="c2"), T0 + 30) == []
+    (r,) = book.apply(_verdict("j1", T0 + 60, "no_suspect", [], list(range(8)), cid="c3"), T0 + 60)
+    assert r["labels"]["link"] == "4-5" and _ended(r, T0 + 60)
