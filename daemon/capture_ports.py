@@ -46,16 +46,21 @@ class ScannerPort(Protocol):
 
 
 class AnalyserPort(Protocol):
-    """Analyses one complete batch; returns ``(status, verdict payload)`` (``VERDICT_KEYS``, also
-    ``report.json``). ``running()`` says what runs now (for ``status``); ``cancel(capture_id)`` stops the runs of
-    one capture that left ``analysing`` without a result (cancelled, superseded, past its deadline);
+    """Analyses one complete batch in two phases. ``analyse`` runs the alert phase and returns ``(status, verdict
+    payload)`` (``VERDICT_KEYS``, also ``report.json``); the payload's ``pending_recipes`` names what
+    ``enrich(capture_id)`` will run afterwards (it returns the verdict payload again, judged on the fuller
+    evidence; raises ``LookupError`` when nothing is pending for the capture). ``running(capture_id)`` says what
+    runs now (for ``status``; every run when None); ``cancel(capture_id)`` stops the runs of one capture that left
+    ``analysing`` / ``enriching`` without a result (cancelled, superseded, past its deadline);
     ``cancel_all()`` stops every run (shutdown; the capture is redone after a restart); ``close()`` once the
     analysis workers are joined."""
 
     def analyse(self, batch: BatchState, *, work_dir: Path, hostnames: Mapping[int, str], context: dict[str, Any],
                 job_id: str, capture_reason: str) -> tuple[str, dict[str, Any]]: ...
 
-    def running(self) -> list[str]: ...
+    def enrich(self, capture_id: str) -> tuple[str, dict[str, Any]]: ...
+
+    def running(self, capture_id: str | None = None) -> list[str]: ...
 
     def cancel(self, capture_id: str) -> None: ...
 
@@ -125,9 +130,13 @@ class RankDirScanner:
 
 
 class BatchAnalyser:
-    """:class:`AnalyserPort` over ``daemon.analysis.analyze_batch`` and one :class:`MsprofRunner` owned by this
-    analyser (the coordinator's only runner). Runs are labelled with the batch id; ``cancel(capture_id)`` maps the
-    capture to the batch it is analysing."""
+    """:class:`AnalyserPort` over ``daemon.analysis.analyze_batch`` / ``enrich_analysis`` and one
+    :class:`MsprofRunner` owned by this analyser (the coordinator's only runner). Runs are labelled with the batch
+    id; ``cancel(capture_id)`` maps the capture to the batch it is analysing or enriching. Results waiting for
+    their enrich phase are kept here (at most :attr:`MAX_PENDING`, oldest dropped: its enrichment then fails
+    with the reason, the verdict stands)."""
+
+    MAX_PENDING = 16
 
     def __init__(self, settings: AnalysisSettings) -> None:
         import threading
@@ -137,7 +146,8 @@ class BatchAnalyser:
         self.settings = settings
         self.runner = MsprofRunner(settings.msprof)
         self._lock = threading.Lock()
-        self._batch_of: dict[str, str] = {}  # capture_id -> batch_id while it is analysed
+        self._batch_of: dict[str, str] = {}  # capture_id -> batch_id while it is analysed or enriched
+        self._pending: dict[str, Any] = {}  # capture_id -> AnalysisResult waiting for its enrich phase
 
     def analyse(self, batch: BatchState, *, work_dir: Path, hostnames: Mapping[int, str], context: dict[str, Any],
                 job_id: str, capture_reason: str) -> tuple[str, dict[str, Any]]:
@@ -149,20 +159,58 @@ class BatchAnalyser:
                 self._batch_of[capture_id] = batch.batch_id
         try:
             result = analyze_batch(batch, work_dir=work_dir, settings=self.settings, hostnames=dict(hostnames) or None,
-                                   capture_reason=capture_reason, job_id=job_id, runner=self.runner, context=context)
+                                   capture_reason=capture_reason, job_id=job_id, runner=self.runner, context=context,
+                                   enrich=False)
+        finally:
+            with self._lock:
+                self._batch_of.pop(capture_id, None)
+        if result.pending and capture_id:
+            with self._lock:
+                self._pending[capture_id] = result
+                while len(self._pending) > self.MAX_PENDING:
+                    self._pending.pop(next(iter(self._pending)))
+        return result.status, result.alert_data()
+
+    def enrich(self, capture_id: str) -> tuple[str, dict[str, Any]]:
+        """Run the enrich phase of the capture's analysed batch (advisor at low priority, slow links, html report);
+        returns ``(status, verdict payload)``. Raises LookupError when no analysed result waits for it."""
+        from daemon.analysis import enrich_analysis
+
+        with self._lock:
+            result = self._pending.pop(capture_id, None)
+            if result is None:
+                raise LookupError(f"no analysed result of capture {capture_id} waits for enrichment (dropped, or "
+                                  "the coordinator restarted)")
+            self._batch_of[capture_id] = result.batch_id
+        try:
+            enrich_analysis(result, runner=self.runner)
         finally:
             with self._lock:
                 self._batch_of.pop(capture_id, None)
         return result.status, result.alert_data()
 
-    def running(self) -> list[str]:
-        """The msprof-analyze commands running now: ``"<recipe> (<elapsed> s)"``."""
-        return [f"{r.name} ({r.elapsed_s:.0f} s)" for r in self.runner.running()]
+    def running(self, capture_id: str | None = None) -> list[str]:
+        """The msprof-analyze commands running now (of ``capture_id``'s batch, or all): ``"<recipe> (<elapsed> s)"``,
+        `` [enrich]`` added for the enrich phase."""
+        return [f"{r['recipe']} ({r['elapsed_s']:.0f} s)" + (" [enrich]" if r["phase"] == "enrich" else "")
+                for r in self.running_recipes(capture_id)]
+
+    def running_recipes(self, capture_id: str | None = None) -> list[dict[str, Any]]:
+        """``[{"recipe", "phase", "elapsed_s", "started_unix_s", "rss_bytes", "batch_id"}]`` running now."""
+        with self._lock:
+            batch_id = self._batch_of.get(capture_id) if capture_id is not None else None
+        if capture_id is not None and batch_id is None:
+            return []
+        return [{"recipe": r.name, "phase": r.phase, "elapsed_s": round(r.elapsed_s, 1),
+                 "started_unix_s": r.started_unix_s, "rss_bytes": r.rss_bytes, "batch_id": r.owner}
+                for r in self.runner.running() if batch_id is None or r.owner == batch_id]
 
     def cancel(self, capture_id: str) -> None:
-        """Kill the runs of the batch this capture is analysing (its late result is dropped by the lifecycle)."""
+        """Kill the runs of the batch this capture is analysing or enriching (its late result is dropped by the
+        lifecycle); a result waiting for enrichment is dropped."""
         with self._lock:
             batch_id = self._batch_of.get(capture_id)
+            self._pending.pop(capture_id, None)
         if batch_id is not None:
             self.runner.cancel(batch_id)
 

@@ -53,17 +53,18 @@ RECENT_PER_JOB = 8
 
 def lifecycle_settings(s: Settings) -> lc.LifecycleSettings:
     """Deadline inputs from the configuration: ``[capture] write_timeout_s`` / ``final_scan_grace_s``,
-    ``[coordinator] ack_timeout_s``, ``[watch] parse_allowance_s``; the analysis deadline is the tool timeouts:
-    ``ceil(recipes / max_concurrent_runs)`` rounds of ``[analysis.msprof] timeout_s``, each retried once at most
-    after a timeout, plus 300 s for staging, ranking and the report; enrichment: the advisor runs' share."""
+    ``[coordinator] ack_timeout_s``, ``[watch] parse_allowance_s``. The analysis deadline is the alert phase's
+    tool timeouts: its two recipes in ``ceil(2 / max_concurrent_runs)`` rounds (auto concurrency counts as 1) of
+    ``[analysis.msprof] timeout_s``, each retried once at most after a timeout, plus 300 s for staging, ranking and
+    the report; enrichment: its runs one after another (communication matrix, advisor, its html) plus 300 s."""
     m = s.analysis.msprof
-    advisor_runs = (1 + int(m.advisor_html)) if m.advisor else 0
-    rounds = -(-(2 + advisor_runs) // max(m.max_concurrent_runs, 1))
+    enrich_runs = int(m.communication_matrix) + ((1 + int(m.advisor_html)) if m.advisor else 0)
+    rounds = -(-2 // max(m.max_concurrent_runs, 1))
     per_run = m.timeout_s * (1 + min(m.retries, 1))
     return lc.LifecycleSettings(
         write_timeout_s=s.capture.write_timeout_s, ack_timeout_s=s.coordinator.ack_timeout_s,
         parse_allowance_s=s.watch.parse_allowance_s, final_scan_grace_s=s.capture.final_scan_grace_s,
-        analysis_timeout_s=rounds * per_run + 300.0, enrich_timeout_s=max(advisor_runs, 1) * per_run + 300.0)
+        analysis_timeout_s=rounds * per_run + 300.0, enrich_timeout_s=enrich_runs * per_run + 300.0)
 
 
 @dataclass
@@ -101,6 +102,8 @@ class CaptureShell:
         self.fs_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-fs")
         self.analysis_pool = ThreadPoolExecutor(settings.coordinator.analysis_workers,
                                                 thread_name_prefix="profwatch-analysis")
+        # the enrich phase (advisor...) of one capture at a time, apart from the alert phases of the others
+        self.enrich_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-enrich")
         self._make_watcher = make_watcher
         self._watcher: WatcherPort | None = None
         self._jobs: dict[str, _Job] = {}
@@ -145,6 +148,7 @@ class CaptureShell:
         try:
             self.fs_pool.shutdown(wait=True, cancel_futures=True)
             self.analysis_pool.shutdown(wait=True, cancel_futures=True)
+            self.enrich_pool.shutdown(wait=True, cancel_futures=True)
         finally:
             self.analyser.close()
 
@@ -221,8 +225,8 @@ class CaptureShell:
             self.analyser.cancel(cap.capture_id)
         elif action is lc.Action.RETAIN:
             self._retain()
-        elif action is lc.Action.ENRICH:  # the follow-up runner lands with the advisor split (issue 13)
-            self._apply(lc.enrich_failed(cap, "no enrichment runner in this coordinator", self.clock(), self.ls))
+        elif action is lc.Action.ENRICH:
+            self.enrich_pool.submit(self._enrich, cap.capture_id)
 
     def causes(self, cap: lc.Capture, now: float) -> dict[int, str]:
         """Known causes per covered rank (node down or stale torch_npu state, backend failure, rank gone)."""
@@ -366,6 +370,25 @@ class CaptureShell:
         cap = self._find(cid)
         if cap is not None:
             self._apply(lc.analysis_raised(cap, err, self.clock(), self.ls))
+
+    def _enrich(self, cid: str) -> None:
+        """Enrich worker: the enrich phase of an analysed capture (after its verdict was published)."""
+        try:
+            status, payload = self.analyser.enrich(cid)
+            self.post(lambda: self._on_enriched(cid, status, payload))
+        except Exception as exc:  # noqa: BLE001 - a failed follow-up leaves the verdict standing
+            err = str(exc) or repr(exc)
+            log.warning("enrichment_failed", capture_id=cid, error=err)
+            self.post(lambda: self._on_enriched(cid, "", {"enrich_error": err}))
+
+    def _on_enriched(self, cid: str, status: str, payload: dict[str, Any]) -> None:
+        cap = self._find(cid)
+        if cap is None:
+            return
+        now = self.clock()
+        if status and cap.batch_id:
+            self.store.save_batch(cap.batch_id, cid, cap.job_id, status, now, payload)
+        self._apply(lc.enrich_done(cap, payload, now, self.ls))
 
     def _retain(self) -> None:
         w = self.s.watch
@@ -531,13 +554,18 @@ class CaptureShell:
         return len(self._scanning)
 
     def summary(self, job_id: str | None, now: float) -> list[dict[str, Any]]:
-        """The last 20 captures (of ``job_id``) for ``status``; an analysing one names the recipes running."""
+        """The last 20 captures (of ``job_id``) for ``status``; an analysing or enriching one names the recipes
+        running for it with their elapsed time (``running``: ``"<recipe> (<elapsed> s)"``; ``running_recipes``:
+        the same as objects, with phase and resident memory when the analyser tells them)."""
         live = {c.capture_id: c for j in self._jobs.values() for c in j.active.values()}
         out = []
         for cap in self.store.captures(job_id, newest=20):
             view = describe(live.get(cap.capture_id, cap), now)
-            if live.get(cap.capture_id, cap).state is lc.S.ANALYSING:
-                view["running"] = self.analyser.running()
+            if live.get(cap.capture_id, cap).state in (lc.S.ANALYSING, lc.S.ENRICHING):
+                view["running"] = self.analyser.running(cap.capture_id)
+                detailed = getattr(self.analyser, "running_recipes", None)
+                if detailed is not None:
+                    view["running_recipes"] = detailed(cap.capture_id)
             out.append(view)
         return out
 

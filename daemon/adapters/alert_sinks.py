@@ -24,14 +24,15 @@ import structlog
 
 from daemon.adapters.http_post import HttpPoster, read_authorization
 from daemon.core.alertmanager import AlertBook
-from daemon.core.alerts import TYPE_JOB_ENDED, TYPE_SUSPECT_RANKS
+from daemon.core.alerts import TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_SUSPECT_RANKS
 from daemon.core.sink_settings import AlertmanagerSettings, WebhookSettings
 
 log = structlog.get_logger("profwatch.sinks")
 
 CLOUDEVENTS_CONTENT_TYPE = "application/cloudevents+json; charset=utf-8"
 MAX_ALERTS_PER_POST = 500
-RESTORE_TYPES = (TYPE_SUSPECT_RANKS, "io.profwatch.batch_incomplete.v1", "io.profwatch.analysis_failed.v1",
+RESTORE_TYPES = (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED, "io.profwatch.batch_incomplete.v1",
+                 "io.profwatch.analysis_failed.v1",
                  "io.profwatch.path_refused.v1", TYPE_JOB_ENDED)
 """Event types the Alertmanager book is rebuilt from after a restart."""
 

@@ -1,19 +1,19 @@
-"""Run msprof-analyze 26.2.0 as subprocesses for one staged batch and collect what each run left (I/O: subprocess).
+"""Run msprof-analyze 26.2.0 as subprocesses and collect what each run left (I/O: subprocess).
 
-:class:`MsprofRunner` owns the processes: a bound on concurrent commands, timeouts, a process-group kill that
-cannot hang on descendants, cancellation (per analysis or all at once, e.g. at daemon shutdown) and the list of
-running recipes for ``status``. :func:`run_msprof_analysis` reads the batch (``msprof_db.inspect_inputs``), runs
-the commands ``daemon.core.msprof_plan.plan_recipes`` chooses and hands each run's outputs to
-``msprof_plan.interpret_run``: no policy here. Facts relied on (docs/msprof-analyze.md): exit code 0 for most
-failures, so outcomes are judged from the ``--agent`` JSON and the result tables; a fresh ``-o`` per command (an
-existing output folder makes advisor "succeed" empty); ``MSPROF_ANALYZE_LOG_FILE`` per run; ``--force`` (no
-interactive prompt), stdin closed; never ``-V``; each command forks one worker per CPU, hence the bound. Every
-path handed to the tool is absolute: it runs with its own output folder as working directory.
+:class:`MsprofRunner` owns the processes: a bound on concurrent commands per phase (the recipes the verdict waits
+for never wait for an enrichment run: those have their own slot and run at a lower CPU priority), timeouts, a
+memory watchdog on each tool's whole process session (``daemon/adapters/proc_memory.py``; a run killed at the
+cap is a result, ``oom``, never an exception), a process-group kill that cannot hang on descendants,
+cancellation (per analysis or all at once, e.g. at daemon shutdown) and the list of running recipes for
+``status``. What to run and what a run means is decided elsewhere (``daemon/core/msprof_plan.py``; the batch
+level is ``daemon/adapters/msprof_analysis.py``). Facts relied on (docs/msprof-analyze.md): exit code 0 for most
+failures; a fresh ``-o`` per command; ``MSPROF_ANALYZE_LOG_FILE`` per run; ``--force`` (no interactive prompt),
+stdin closed; never ``-V``; each command forks one worker per CPU, hence the bounds. Every path handed to the
+tool is absolute: it runs with its own output folder as working directory.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import itertools
 import os
 import shutil
@@ -24,29 +24,29 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from daemon.adapters.msprof_db import inspect_inputs, read_tables
-from daemon.core.evidence import ClusterEvidence
-from daemon.core.msprof_plan import (
-    RESULT_DB,
-    RESULT_TABLES,
-    InputFacts,
-    MsprofSettings,
-    RunOutcome,
-    input_notes,
-    interpret_run,
-    plan_recipes,
-)
+from daemon.adapters import proc_memory
+from daemon.core.evidence import RecipePhase
+from daemon.core.msprof_plan import MsprofSettings, concurrent_runs, memory_cap_bytes
 from daemon.core.msprof_results import AgentMessage, parse_agent_stdout
 
 __all__ = ["MsprofRunner", "MsprofSettings", "RunningRecipe", "RunTicket", "SpawnFailed", "ToolRun",
-           "resolve_command", "run_msprof_analysis"]
+           "resolve_command"]
+
+
+def __getattr__(name: str) -> Any:
+    """``run_msprof_analysis`` moved to ``daemon/adapters/msprof_analysis.py``; kept importable from here."""
+    if name == "run_msprof_analysis":
+        from daemon.adapters.msprof_analysis import run_msprof_analysis
+
+        return run_msprof_analysis
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 log = structlog.get_logger()
 _LOG_TAIL_BYTES = 4000
@@ -86,18 +86,23 @@ class RunTicket:
 
 @dataclass(frozen=True, slots=True)
 class RunningRecipe:
-    """One msprof-analyze process running now: recipe name, owner (batch id), pid, start (wall, s), elapsed (s)."""
+    """One msprof-analyze process running now: recipe name, owner (batch id), pid, start (wall, s), elapsed (s),
+    phase (``alert`` / ``enrich``) and the resident memory of its process group at the last watchdog poll."""
 
     name: str
     owner: str
     pid: int
     started_unix_s: float
     elapsed_s: float
+    phase: RecipePhase = "alert"
+    rss_bytes: int = 0
 
 
 @dataclass(slots=True)
 class ToolRun:
-    """One finished msprof-analyze process. ``returncode`` None when killed (timeout or cancelled)."""
+    """One finished msprof-analyze process. ``returncode`` None when killed (timeout, cancelled, memory cap).
+    ``oom``: killed by the memory watchdog at ``memory_limit_bytes`` (or, under a systemd scope, by the kernel);
+    ``peak_rss_bytes``: the highest resident memory of its process session seen by the watchdog."""
 
     name: str
     argv: list[str]
@@ -112,6 +117,11 @@ class ToolRun:
     cancel_reason: str = ""
     attempts: int = 1
     agent: AgentMessage = field(default_factory=lambda: AgentMessage(found=False))
+    phase: RecipePhase = "alert"
+    oom: bool = False
+    oom_detail: str = ""
+    peak_rss_bytes: int = 0
+    memory_limit_bytes: int | None = None
 
     def log_tail(self) -> str:
         """Last ~4 KB of the per-run log file, else of stderr (UTF-8, undecodable bytes replaced)."""
@@ -140,10 +150,19 @@ class _Proc:
     ticket: RunTicket
     started_unix_s: float
     started_mono: float
+    phase: RecipePhase = "alert"
+    rss_bytes: int = 0
 
 
 class MsprofRunner:
-    """Runs msprof-analyze commands for any number of analyses, at most ``settings.max_concurrent_runs`` at once.
+    """Runs msprof-analyze commands for any number of analyses.
+
+    Bounds: at most ``concurrency`` alert-phase commands at once (``settings.max_concurrent_runs``, 0 = from the
+    CPU count: ``msprof_plan.concurrent_runs``) and one enrich-phase command, which runs ``settings.enrich_nice``
+    lower in CPU priority, so an advisor never holds a slot nor CPU the verdict of another batch waits for. Every
+    command's process session is capped at ``memory_limit_bytes`` (``msprof_plan.memory_cap_bytes``: the setting,
+    else a share of the host's memory) by a watchdog polling ``/proc`` every ``memory_poll_interval_s``, plus a
+    systemd scope where one can be started (``settings.memory_limit``).
 
     One per process that analyses (the coordinator owns one; ``profwatch analyze`` makes its own). Thread-safe.
     ``clock``/``wall_clock`` (monotonic and wall seconds) are injectable for tests. Use as a context manager or
@@ -155,7 +174,14 @@ class MsprofRunner:
         self.settings = settings or MsprofSettings()
         self._clock = clock
         self._wall = wall_clock
-        self._slots = threading.BoundedSemaphore(self.settings.max_concurrent_runs)
+        self.concurrency = concurrent_runs(self.settings, _cpu_count())
+        self.memory_limit_bytes = memory_cap_bytes(self.settings, proc_memory.host_memory_bytes())
+        self.scope = (proc_memory.probe_systemd_scope() if self.settings.memory_limit in ("auto", "scope")
+                      and self.memory_limit_bytes else proc_memory.ScopeSupport(why="not asked for"))
+        if self.settings.memory_limit == "scope" and not self.scope.available:
+            log.warning("msprof_memory_scope_unavailable", why=self.scope.why, fallback="watchdog")
+        self._slots = threading.BoundedSemaphore(self.concurrency)
+        self._enrich_slots = threading.BoundedSemaphore(1)
         self._lock = threading.Lock()
         self._procs: dict[int, _Proc] = {}
         self._serials = itertools.count(1)
@@ -176,7 +202,7 @@ class MsprofRunner:
         with self._lock:
             procs = sorted(self._procs.values(), key=lambda p: p.started_mono)
         return [RunningRecipe(p.name, p.ticket.owner, p.popen.pid, p.started_unix_s,
-                              round(now_mono - p.started_mono, 3)) for p in procs]
+                              round(now_mono - p.started_mono, 3), p.phase, p.rss_bytes) for p in procs]
 
     def cancel(self, owner: str) -> int:
         """Cancel the runs of every ticket of ``owner`` issued so far: running ones are killed, waiting and later
@@ -241,10 +267,13 @@ class MsprofRunner:
 
     # ---------------------------------------------------------------------------------------------- running
     def run(self, name: str, args: list[str] | tuple[str, ...], out_root: Path, *,
-            ticket: RunTicket | None = None) -> ToolRun:
+            ticket: RunTicket | None = None, phase: RecipePhase = "alert",
+            on_start: Callable[[], None] | None = None) -> ToolRun:
         """Run ``msprof-analyze *args -o <fresh dir under out_root>`` (plus transient retries), waiting for a free
-        slot first. ``out_root`` is made absolute. Raises SpawnFailed when the command cannot be started after
-        every attempt; timeouts and cancellations are results (``timed_out`` / ``cancelled``), never raised."""
+        slot of its ``phase`` first. ``out_root`` is made absolute. Raises SpawnFailed when the command cannot be
+        started after every attempt; timeouts, cancellations and the memory cap are results (``timed_out`` /
+        ``cancelled`` / ``oom``), never raised; a run killed at the memory cap is not retried. ``on_start`` is
+        called once, when the first attempt's process starts (after the wait for a slot)."""
         ticket = ticket or self.ticket()
         out_root = Path(out_root).absolute()
         attempts = 0
@@ -253,7 +282,7 @@ class MsprofRunner:
         def attempt() -> ToolRun:
             nonlocal attempts, timeouts
             attempts += 1
-            run = self._run_once(name, list(args), out_root, ticket)
+            run = self._run_once(name, list(args), out_root, ticket, phase, on_start if attempts == 1 else None)
             run.attempts = attempts
             if run.timed_out and not run.cancelled:
                 timeouts += 1
@@ -267,81 +296,126 @@ class MsprofRunner:
                             retry=retry_if_exception_type((SpawnFailed, _TimedOut)))
         run: ToolRun = retrying(attempt)
         log.info("msprof_run_finished", recipe=name, returncode=run.returncode, duration_s=round(run.duration_s, 2),
-                 timed_out=run.timed_out, cancelled=run.cancelled, agent_status=run.agent.status,
+                 timed_out=run.timed_out, cancelled=run.cancelled, oom=run.oom, phase=phase,
+                 peak_rss_mib=round(run.peak_rss_bytes / 2**20, 1), agent_status=run.agent.status,
                  tables=run.agent.tables)
         return run
 
-    def _acquire_slot(self, ticket: RunTicket) -> str:
-        """Wait for a slot; return "" once held, or the cancellation reason (no slot held)."""
+    def _acquire_slot(self, ticket: RunTicket, slots: threading.BoundedSemaphore) -> str:
+        """Wait for one of ``slots``; return "" once held, or the cancellation reason (no slot held)."""
         while True:
             reason = self._cancel_reason(ticket)
             if reason:
                 return reason
-            if self._slots.acquire(timeout=_POLL_S):
+            if slots.acquire(timeout=_POLL_S):
                 reason = self._cancel_reason(ticket)
                 if reason:
-                    self._slots.release()
+                    slots.release()
                 return reason
 
-    def _run_once(self, name: str, args: list[str], out_root: Path, ticket: RunTicket) -> ToolRun:
+    def _run_once(self, name: str, args: list[str], out_root: Path, ticket: RunTicket,
+                  phase: RecipePhase = "alert", on_start: Callable[[], None] | None = None) -> ToolRun:
         out_root.mkdir(parents=True, exist_ok=True)
         run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out_root))
         log_path = out_root / "logs" / f"{run_dir.name}.log"
         log_path.parent.mkdir(exist_ok=True)
         argv = [resolve_command(self.settings.command), *args, "-o", str(run_dir)]
-        run = ToolRun(name=name, argv=argv, output_dir=run_dir, log_path=log_path)
-        reason = self._acquire_slot(ticket)
+        run = ToolRun(name=name, argv=argv, output_dir=run_dir, log_path=log_path, phase=phase,
+                      memory_limit_bytes=self.memory_limit_bytes)
+        slots = self._enrich_slots if phase == "enrich" else self._slots
+        reason = self._acquire_slot(ticket, slots)
         if reason:
             run.timed_out = run.cancelled = True
             run.cancel_reason = run.stderr_tail = f"cancelled: {reason}"
             return run
         try:
-            return self._spawn(run, ticket)
+            return self._spawn(run, ticket, on_start)
         finally:
-            self._slots.release()
+            slots.release()
 
-    def _spawn(self, run: ToolRun, ticket: RunTicket) -> ToolRun:
+    def _spawn(self, run: ToolRun, ticket: RunTicket, on_start: Callable[[], None] | None = None) -> ToolRun:
         env = dict(os.environ, LANG="C.UTF-8", LC_ALL="C.UTF-8", PYTHONIOENCODING="utf-8",
                    MSPROF_ANALYZE_LOG_FILE=str(run.log_path))
-        log.info("msprof_run_started", recipe=run.name, owner=ticket.owner)
+        log.info("msprof_run_started", recipe=run.name, owner=ticket.owner, phase=run.phase)
+        limit = self.memory_limit_bytes
+        # the kernel's cap (a scope, where systemd allows) sits 10 % above the watchdog's: the watchdog, which
+        # can name the cause, acts first; the scope stops a spike between two polls
+        prefix = proc_memory.scope_prefix(self.scope, int(limit * 1.1)) if limit else []
         t0 = self._clock()
         try:
-            proc = subprocess.Popen(run.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            proc = subprocess.Popen([*prefix, *run.argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, cwd=run.output_dir, env=env, start_new_session=True)
         except OSError as exc:
             log.warning("msprof_spawn_failed", recipe=run.name, error=str(exc))
             raise SpawnFailed(str(exc)) from exc
-        entry = _Proc(proc, run.name, ticket, self._wall(), t0)
+        if run.phase == "enrich" and self.settings.enrich_nice:
+            try:  # before the tool forks its workers (it imports for ~1 s first): they inherit the priority
+                os.setpriority(os.PRIO_PROCESS, proc.pid, min(19, os.getpriority(os.PRIO_PROCESS, 0)
+                                                                + self.settings.enrich_nice))
+            except OSError as exc:
+                log.warning("msprof_nice_failed", recipe=run.name, error=str(exc))
+        entry = _Proc(proc, run.name, ticket, self._wall(), t0, run.phase)
         with self._lock:
             self._procs[proc.pid] = entry
+        if on_start is not None:
+            try:
+                on_start()
+            except Exception:  # noqa: BLE001 - a progress display never stops a run
+                log.warning("msprof_progress_failed", recipe=run.name, exc_info=True)
         try:
-            out, err, over = self._collect(proc, ticket, t0 + self.settings.timeout_s)
+            out, err, why = self._collect(proc, ticket, t0 + self.settings.timeout_s, run, entry)
         finally:
             with self._lock:
                 self._procs.pop(proc.pid, None)
-        reason = self._cancel_reason(ticket) if over else ""
+        over = bool(why)
+        reason = self._cancel_reason(ticket) if why == "cancel" else ""
         if reason:
             run.cancelled = True
             run.cancel_reason = reason
             err = f"cancelled: {reason}\n".encode() + err
-        run.timed_out = over
+        if why == "oom":
+            run.oom = True
+            err = f"killed: {run.oom_detail}\n".encode() + err
+        elif not why and prefix and limit and proc.returncode == -signal.SIGKILL:
+            run.oom = True  # nobody here sent it: the scope's MemoryMax (the kernel's OOM killer) did
+            run.oom_detail = (f"killed by SIGKILL in its systemd scope (MemoryMax={int(limit * 1.1)} bytes): "
+                              "the kernel's OOM killer")
+        run.timed_out = over and why != "oom"
         run.duration_s = self._clock() - t0
         run.returncode = None if over else proc.returncode
+        if run.oom:
+            log.warning("msprof_run_oom", recipe=run.name, owner=ticket.owner, detail=run.oom_detail)
         run.stdout = out.decode("utf-8", "replace")
         run.stderr_tail = err.decode("utf-8", "replace")[-_LOG_TAIL_BYTES:]
         run.agent = parse_agent_stdout(run.stdout)
         return run
 
-    def _collect(self, proc: subprocess.Popen[bytes], ticket: RunTicket,
-                 deadline: float) -> tuple[bytes, bytes, bool]:
-        """Wait for ``proc`` until ``deadline`` (monotonic) or its cancellation; then kill its process group.
-        Returns ``(stdout, stderr, killed)``. Never hangs on a descendant that keeps the pipes open."""
+    def _collect(self, proc: subprocess.Popen[bytes], ticket: RunTicket, deadline: float, run: ToolRun,
+                 entry: _Proc) -> tuple[bytes, bytes, str]:
+        """Wait for ``proc`` until ``deadline`` (monotonic), its cancellation or its memory cap; then kill its
+        process group. Returns ``(stdout, stderr, why)``, ``why`` "" when it ended by itself, else ``timeout``,
+        ``cancel`` or ``oom``. Never hangs on a descendant that keeps the pipes open."""
+        limit = self.memory_limit_bytes if self.settings.memory_limit != "off" else None
+        poll = min(_POLL_S, self.settings.memory_poll_interval_s)
+        why = ""
         while True:
             try:
-                out, err = proc.communicate(timeout=min(_POLL_S, max(0.01, deadline - self._clock())))
-                return out, err, bool(self._cancel_reason(ticket))  # killed by a cancellation: not a result
+                out, err = proc.communicate(timeout=min(poll, max(0.01, deadline - self._clock())))
+                # killed by a cancellation while we waited: not a result
+                return out, err, "cancel" if self._cancel_reason(ticket) else ""
             except subprocess.TimeoutExpired:
-                if self._clock() < deadline and not self._cancel_reason(ticket):
+                rss = proc_memory.session_rss_bytes(proc.pid)
+                entry.rss_bytes = rss
+                run.peak_rss_bytes = max(run.peak_rss_bytes, rss)
+                if limit is not None and rss > limit:
+                    why = "oom"
+                    run.oom_detail = (f"resident memory of its process group reached {rss / 2**20:.0f} MiB, over "
+                                      f"the cap of {limit / 2**20:.0f} MiB ([analysis.msprof] memory_limit_bytes)")
+                elif self._cancel_reason(ticket):
+                    why = "cancel"
+                elif self._clock() >= deadline:
+                    why = "timeout"
+                else:
                     continue
             _kill_group(proc)
             try:
@@ -352,80 +426,30 @@ class MsprofRunner:
                         f.close()
                 proc.wait(timeout=5)
                 out, err = b"", b"(output abandoned: a descendant kept the pipes open after the kill)"
-            return out or b"", err or b"", True
+            return out or b"", err or b"", why
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> int:
-    """SIGKILL the process group of ``proc`` (its own session); 1 when signalled, 0 when already gone."""
+    """SIGKILL the process group of ``proc`` (its own session) and any process of its session that left the
+    group; 1 when signalled, 0 when already gone."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-        return 1
+        killed = 1
     except (ProcessLookupError, PermissionError):
-        return 0
+        killed = 0
+    for pid in proc_memory.session_members(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return killed
 
 
-def _outcome(run: ToolRun | SpawnFailed, name: str) -> RunOutcome:
-    """Read what one run left (result tables, log, advisor files) into a :class:`RunOutcome`."""
-    if isinstance(run, SpawnFailed):
-        return RunOutcome(name=name, spawn_error=str(run))
-    tables = read_tables(run.output_dir / RESULT_DB, RESULT_TABLES.get(name, ()))
-    files = []
-    if name == "advisor_html" and not run.timed_out:
-        files = sorted(str(p) for p in run.output_dir.rglob("mstt_advisor_*") if p.suffix in (".html", ".xlsx"))
-    return RunOutcome(name=name, output_dir=str(run.output_dir), returncode=run.returncode, timed_out=run.timed_out,
-                      cancelled=run.cancelled, cancel_reason=run.cancel_reason, attempts=run.attempts,
-                      duration_s=run.duration_s, agent=run.agent, log_text=run.log_text(), log_tail=run.log_tail(),
-                      tables=tables, files=files)
-
-
-def _versions(facts: InputFacts) -> dict[str, str]:
-    versions = {"torch_npu": ",".join(sorted(facts.torch_npu_versions)),
-                "cann": ",".join(sorted(facts.cann_versions))}
+def _cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
     try:
-        versions["msprof_analyze"] = importlib.metadata.version("msprof-analyze")
-    except importlib.metadata.PackageNotFoundError:
-        versions["msprof_analyze"] = "unknown"
-    return {k: v for k, v in versions.items() if v}
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
-
-def run_msprof_analysis(staged_dir: Path, out_dir: Path, *, runner: MsprofRunner, world_size: int,
-                        owner: str = "", expected_ranks: list[int] | None = None) -> ClusterEvidence:
-    """Run the recipes ``plan_recipes`` picks (cluster_time_summary, slow_rank, ``advisor all``; each
-    ``--agent --force`` into its own fresh ``-o`` under ``out_dir``) on one staged batch of ``world_size``
-    ranks through ``runner``; return the evidence (µs) with a :class:`RecipeStatus` per recipe
-    (``evidence.recipes[name]``, statuses as ``msprof_plan.interpret_run`` documents).
-
-    ``owner`` labels the runs for :meth:`MsprofRunner.cancel` and ``running()``. ``expected_ranks``: the ranks
-    staged when they are not ``0..world_size-1`` (a subset). Paths are made absolute first.
-    Raises nothing for tool failures; OSError if ``out_dir`` cannot be created.
-    """
-    staged_dir, out_dir = Path(staged_dir).absolute(), Path(out_dir).absolute()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ticket = runner.ticket(owner)
-    facts = inspect_inputs(staged_dir)
-    ev = ClusterEvidence(kind="ascend_pt", versions=_versions(facts), collectives_per_step=facts.collectives_per_step)
-    ev.notes += input_notes(facts, len(expected_ranks) if expected_ranks is not None else world_size)
-    plan = plan_recipes(facts, runner.settings, str(staged_dir))
-    for name, status in plan.skipped.items():
-        log.info("msprof_recipe_skipped", recipe=name, status=status.status, detail=status.detail)
-        ev.recipes[name] = status
-    runs: dict[str, ToolRun | SpawnFailed] = {}
-    if plan.commands:
-        workers = max(1, min(len(plan.commands), runner.settings.max_concurrent_runs))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="msprof") as pool:
-            futures = {c.name: pool.submit(runner.run, c.name, c.args, out_dir, ticket=ticket) for c in plan.commands}
-            try:
-                for name, fut in futures.items():
-                    try:
-                        runs[name] = fut.result()
-                    except SpawnFailed as exc:
-                        runs[name] = exc
-            except BaseException:  # interrupted (Ctrl-C) or a bug: leave no tool running, do not wait for it
-                runner.cancel_ticket(ticket)
-                raise
-    for name, run in runs.items():
-        ev.recipes[name] = interpret_run(_outcome(run, name), facts, world_size, ev, expected_ranks)
-    log.info("msprof_analysis_finished", world_size=world_size, owner=owner,
-             statuses={k: v.status for k, v in ev.recipes.items()}, votes=ev.slow_rank_votes)
-    return ev
 

@@ -36,6 +36,7 @@ from datetime import datetime
 from typing import Any
 
 from daemon.core.alerts import (
+    TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
     TYPE_BATCH_INCOMPLETE,
     TYPE_JOB_ENDED,
@@ -153,6 +154,17 @@ def _link_id(lk: Mapping[str, Any]) -> str:
     return f"{a}-{b}"
 
 
+def _phase_note(data: Mapping[str, Any]) -> str:
+    """``analysis`` annotation: the recipes still to come (first alert) or the follow-up's recipe statuses."""
+    pending = data.get("pending_recipes")
+    if isinstance(pending, list) and pending:
+        return "first verdict; follow-up coming: " + ", ".join(str(p) for p in pending)
+    recipes = data.get("recipes")
+    if data.get("follow_up") and isinstance(recipes, Mapping):
+        return "enriched: " + ", ".join(f"{k}={v.get('status')}" for k, v in recipes.items() if isinstance(v, Mapping))
+    return ""
+
+
 def judged_of(data: Mapping[str, Any]) -> set[int]:
     """Ranks a ``suspect_ranks`` event captured and judged: ``judged_ranks``, else the ranks of its per-rank
     summary (``ranks[].rank``), else none (an old or partial event resolves nothing)."""
@@ -198,7 +210,7 @@ class AlertBook:
         job_id = str(event.get("subject") or "")
         raw = event.get("data")
         data: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-        if not job_id or type_ not in (TYPE_SUSPECT_RANKS, TYPE_JOB_ENDED, *JOB_ALERTNAMES):
+        if not job_id or type_ not in (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, *JOB_ALERTNAMES):
             return []
         starts = parse_time(event.get("time"), now_unix_s)
         out: list[dict[str, Any]] = []
@@ -210,7 +222,8 @@ class AlertBook:
             name = JOB_ALERTNAMES[type_]
             out.extend(self._fire(self._job_alert(job_id, name, event, data, starts), now_unix_s))
             return out
-        # suspect_ranks: a verdict was reached
+        # suspect_ranks, or its analysis_enriched follow-up (the same verdict judged again on the advisor's and the
+        # communication matrix's evidence: same keys, so standing alerts keep startsAt and get the new annotations)
         for name in RESOLVED_BY_VERDICT:
             if (job_id, name, None) in self.alerts:
                 out.append(self._resolve((job_id, name, None), now_unix_s))
@@ -299,6 +312,7 @@ class AlertBook:
             "capture_reason": data.get("capture_reason") or "",
             "score": f"{score:.4f}",
             "cloudevent_id": event.get("id") or "",
+            "analysis": _phase_note(data),
         }
         return StandingAlert((job_id, ALERTNAME_SUSPECT, rank), labels,
                              {k: _clip(v) for k, v in ann.items() if v not in (None, "")}, starts,

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-RecipeState = Literal["ok", "not_applicable", "no_data", "tool_error", "timeout", "skipped"]
+RecipeState = Literal["ok", "not_applicable", "no_data", "tool_error", "timeout", "oom", "skipped"]
+RecipePhase = Literal["alert", "enrich"]
 SuspectKind = Literal["compute", "communication", "host", "unknown"]
 EvidenceKind = Literal["ascend_pt", "torch_pt"]
 Strength = Literal["strong", "weak"]
@@ -41,7 +42,10 @@ class RecipeStatus:
 
     ``status``: ``ok`` (expected table present with expected rows), ``not_applicable`` (the data cannot
     answer this recipe, e.g. groups under 4 ranks for slow_rank), ``no_data``, ``tool_error`` (with
-    ``log_tail``), ``timeout``, ``skipped``.
+    ``log_tail``), ``timeout``, ``oom`` (killed at the memory cap of its whole process group), ``skipped``.
+    ``duration_s``: wall seconds of the run; ``phase``: ``alert`` (the verdict waits for it) or ``enrich`` (runs
+    after the verdict is published, ``analysis_enriched``); ``peak_rss_bytes``: the highest resident memory of
+    the tool's process group seen by the memory watchdog (None when not measured).
     """
 
     name: str
@@ -53,6 +57,8 @@ class RecipeStatus:
     log_tail: str = ""
     duration_s: float = 0.0
     returncode: int | None = None
+    phase: RecipePhase = "alert"
+    peak_rss_bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

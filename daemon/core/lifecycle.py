@@ -76,7 +76,7 @@ class Action(str, Enum):
     WATCH = "watch"  # watch the capture's prof_dir
     SCAN = "scan"  # scan the prof_dir now (completion, or the final scan at the judgement time)
     ANALYSE = "analyse"  # analyse the complete batch
-    STOP_ANALYSIS = "stop_analysis"  # the capture left analysing without a result: stop its tool runs
+    STOP_ANALYSIS = "stop_analysis"  # the capture left analysing/enriching without a result: stop its tool runs
     ENRICH = "enrich"  # run the follow-up (advisor) for the analysed batch
     UNWATCH = "unwatch"  # stop watching the prof_dir
     RETAIN = "retain"  # apply the retention caps (only analysed batches are ever removed)
@@ -445,26 +445,35 @@ def event_type_for(status: str) -> str:
 
 def analysis_context(cap: Capture) -> dict[str, Any]:
     """The capture's part of the verdict payload, handed to the analysis so ``report.json`` and the alert carry
-    the same data (``VERDICT_KEYS``)."""
+    the same data (``VERDICT_KEYS``). ``job_world_size``: the job's size (a targeted capture holds fewer ranks;
+    the impact figure counts the job's accelerators)."""
     return {"capture_id": cap.capture_id, "capture_reason": cap.reason, "job_id": cap.job_id,
             "armed_steps": cap.armed_steps, "missing_ranks": [], "problems": [], "causes": [],
-            "notes": list(cap.notes)}
+            "notes": list(cap.notes), "job_world_size": cap.world_size}
 
 
 def analysis_done(cap: Capture, status: str, payload: Mapping[str, Any], now: float,
                   settings: LifecycleSettings) -> Transition:
     """The analysis returned a result with ``status`` and its verdict ``payload`` (published as is: it is also
     ``report.json``). analysing -> analysed | incomplete | failed per ``OUTCOMES``; a result for a capture that
-    left ``analysing`` meanwhile (cancelled, expired) is dropped."""
+    left ``analysing`` meanwhile (cancelled, expired) is dropped. An analysed verdict whose payload names
+    ``pending_recipes`` (the enrich phase: advisor, slow links, the html report) goes on to ``enriching`` at once
+    (:func:`begin_enrich`): the verdict event is always published first, the follow-up only after it."""
     if cap.state is not S.ANALYSING:
         return Transition(cap)
     etype, state = OUTCOMES.get(status, OUTCOMES["failed"])
     detail = str(payload.get("detail") or status)
     cap = _enter(cap, state, now, settings, analysis_status=status,
                  outcome="" if state is S.ANALYSED else detail)
-    return Transition(cap, (Event(etype, dict(payload), f"{_EVENT_IDS[etype]}-{cap.capture_id}"),
-                            _progress(cap, state.value, now, analysis_status=status)),
-                      frozenset({Action.UNWATCH, Action.RETAIN} if state is S.ANALYSED else {Action.UNWATCH}))
+    t = Transition(cap, (Event(etype, dict(payload), f"{_EVENT_IDS[etype]}-{cap.capture_id}"),
+                         _progress(cap, state.value, now, analysis_status=status)),
+                   frozenset({Action.UNWATCH, Action.RETAIN} if state is S.ANALYSED else {Action.UNWATCH}))
+    if state is S.ANALYSED and payload.get("pending_recipes"):
+        follow = begin_enrich(cap, now, settings)
+        return Transition(follow.capture, t.events + tuple(
+            replace(e, data={**e.data, "pending_recipes": list(payload["pending_recipes"])}) for e in follow.events),
+            t.actions | follow.actions)
+    return t
 
 
 def analysis_raised(cap: Capture, error: str, now: float, settings: LifecycleSettings) -> Transition:
@@ -491,13 +500,20 @@ def begin_enrich(cap: Capture, now: float, settings: LifecycleSettings) -> Trans
 
 
 def enrich_done(cap: Capture, findings: Mapping[str, Any], now: float, settings: LifecycleSettings) -> Transition:
-    """enriching -> enriched: publish ``analysis_enriched`` with the same ids as the verdict (capture, batch)."""
+    """The follow-up returned. enriching -> enriched: publish ``analysis_enriched`` with the same ids as the
+    verdict (capture, batch) and the whole verdict again (``findings``: the verdict payload judged on the fuller
+    evidence, each recipe's status, e.g. an advisor killed at its memory cap is ``oom`` there). A follow-up that
+    crashed (``findings["enrich_error"]``) publishes nothing new: :func:`enrich_failed`."""
     if cap.state is not S.ENRICHING:
         return Transition(cap)
+    if findings.get("enrich_error"):
+        return enrich_failed(cap, str(findings["enrich_error"]), now, settings)
     cap = _enter(cap, S.ENRICHED, now, settings)
     data = {**findings, "capture_id": cap.capture_id, "batch_id": cap.batch_id, "job_id": cap.job_id}
+    statuses = {k: v.get("status") for k, v in (findings.get("recipes") or {}).items() if isinstance(v, Mapping)}
     return Transition(cap, (Event(TYPE_ANALYSIS_ENRICHED, data, f"enriched-{cap.capture_id}"),
-                            _progress(cap, "enriched", now)))
+                            _progress(cap, "enriched", now, recipes=statuses,
+                                      enrich_duration_s=findings.get("enrich_duration_s"))))
 
 
 def enrich_failed(cap: Capture, error: str, now: float, settings: LifecycleSettings) -> Transition:
@@ -546,7 +562,8 @@ def expire(cap: Capture, now: float, settings: LifecycleSettings, causes: Mappin
     """The state's deadline passed. planned -> failed (the writer never confirmed: named nodes and causes);
     written -> collecting with ``ack_missing`` naming each unacknowledged rank and why; acknowledged/collecting:
     ask for the final scan (:func:`scan_result` judges), and -> incomplete if none came within
-    ``final_scan_grace_s``; analysing -> failed (``analysis_failed``); enriching -> analysed (the verdict stands)."""
+    ``final_scan_grace_s``; analysing -> failed (``analysis_failed``); enriching -> analysed (the verdict stands;
+    its tool runs are stopped)."""
     if not is_due(cap, now):
         return Transition(cap)
     causes = causes or {}
@@ -578,7 +595,8 @@ def expire(cap: Capture, now: float, settings: LifecycleSettings, causes: Mappin
     if cap.state is S.ENRICHING:
         cap = _enter(cap, S.ANALYSED, now, settings,
                      outcome=f"enrichment did not finish within {settings.enrich_timeout_s:g} s")
-        return Transition(cap, (_progress(cap, "enrich_expired", now, detail=cap.outcome),))
+        return Transition(cap, (_progress(cap, "enrich_expired", now, detail=cap.outcome),),
+                          frozenset({Action.STOP_ANALYSIS}))
     return Transition(cap)
 
 

@@ -12,12 +12,14 @@ down in ``docs/msprof-analyze.md``; the upstream source is the msprof-analyze pa
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from statistics import median
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from daemon.core.evidence import ClusterEvidence, RecipeState, RecipeStatus
+from daemon.core.evidence import ClusterEvidence, RecipePhase, RecipeState, RecipeStatus
 from daemon.core.msprof_results import (
     AgentMessage,
     common_steps,
@@ -48,22 +50,66 @@ class MsprofSettings(BaseModel):
 
     ``command``: the executable; a bare name (the default ``msprof-analyze``) is looked up by the runner next to
     the Python interpreter first (same venv), then on PATH. ``timeout_s`` per command; ``retries``: extra attempts
-    for transient failures (spawn OSError; a timeout is retried once at most). ``max_concurrent_runs`` bounds
-    commands running at once per runner (each command forks one worker per CPU). ``advisor_html`` adds a plain
-    advisor run so the html/xlsx exist for people. ``language``: advisor's ``-l``.
+    for transient failures (spawn OSError; a timeout is retried once at most). ``language``: advisor's ``-l``.
+
+    Phases (docs/msprof-analyze.md#phases): the verdict waits only for ``cluster_time_summary`` and
+    ``slow_rank`` (the *alert* phase); ``communication_matrix`` and ``advisor`` run after it is published (the
+    *enrich* phase, ``analysis_enriched``). ``max_concurrent_runs`` bounds alert-phase commands running at once per
+    runner (each command forks one worker per CPU); 0 = from the CPU count (:func:`concurrent_runs`). Enrich-phase
+    commands run one at a time, ``enrich_nice`` lower in CPU priority. ``advisor_html`` adds a plain advisor run
+    for the html/xlsx (off by default: produced on request, e.g. ``profwatch analyze --advisor-html``).
+
+    Bounds: ``memory_limit_bytes`` caps the resident memory of one command's whole process group (None = 40 %
+    of the host's memory: :func:`memory_cap_bytes`); a command over it is killed, recipe status ``oom``.
+    ``memory_limit``: ``auto`` (watchdog, plus a systemd scope where one can be started), ``watchdog``, ``scope``
+    (asked for; falls back to the watchdog with a warning), ``off``. Size rule: a batch of more than
+    ``advisor_max_ranks`` ranks runs the advisor on the suspects and ``advisor_reference_ranks`` reference ranks
+    only (``advisor_above_max = "subset"``) or not at all (``"skip"``), the reason in its recipe status.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     command: str = Field(default="msprof-analyze", min_length=1)
     timeout_s: float = Field(default=900.0, gt=0)
-    max_concurrent_runs: int = Field(default=1, ge=1)
+    max_concurrent_runs: int = Field(default=0, ge=0, le=64)
     advisor: bool = True
-    advisor_html: bool = True
+    advisor_html: bool = False
     communication_matrix: bool = True
     """Run ``-m communication_matrix_sum`` (per-pair link bandwidth, for slow-link verdicts; a few seconds)."""
     retries: int = Field(default=1, ge=0, le=5)
     language: str = Field(default="en", pattern="^(en|cn)$")
+    memory_limit_bytes: int | None = Field(default=None, ge=64 * 2**20)
+    memory_limit: Literal["auto", "watchdog", "scope", "off"] = "auto"
+    memory_poll_interval_s: float = Field(default=0.5, gt=0, le=10)
+    enrich_nice: int = Field(default=10, ge=0, le=19)
+    advisor_max_ranks: int = Field(default=256, ge=2)
+    advisor_above_max: Literal["subset", "skip"] = "subset"
+    advisor_reference_ranks: int = Field(default=4, ge=1, le=64)
+
+
+#: Recipes the verdict waits for; every other command runs in the enrich phase.
+ALERT_RECIPES = ("cluster_time_summary", "slow_rank")
+#: Share of the host's physical memory one command may hold when ``memory_limit_bytes`` is not set.
+DEFAULT_MEMORY_SHARE = 0.4
+
+
+def concurrent_runs(settings: MsprofSettings, cpus: int) -> int:
+    """Alert-phase commands to run at once: ``max_concurrent_runs``, else (0) one per two CPUs, at least 1 and at
+    most the alert recipes. Each command forks one worker per CPU, so two on two CPUs only share them: the
+    verdict then waits about as long as for both in a row (``bench/bench_alert_latency.py`` measures both)."""
+    if settings.max_concurrent_runs:
+        return settings.max_concurrent_runs
+    return max(1, min(len(ALERT_RECIPES), cpus // 2))
+
+
+def memory_cap_bytes(settings: MsprofSettings, host_bytes: int | None) -> int | None:
+    """The resident-memory cap of one command's process group, bytes: ``memory_limit_bytes``, else
+    :data:`DEFAULT_MEMORY_SHARE` of ``host_bytes`` (None when that is unknown too, or ``memory_limit == "off"``)."""
+    if settings.memory_limit == "off":
+        return None
+    if settings.memory_limit_bytes is not None:
+        return settings.memory_limit_bytes
+    return int(host_bytes * DEFAULT_MEMORY_SHARE) if host_bytes else None
 
 
 @dataclass(slots=True)
@@ -94,10 +140,12 @@ class InputFacts:
 
 @dataclass(frozen=True, slots=True)
 class RecipeCommand:
-    """One msprof-analyze command to run: ``msprof-analyze *args -o <fresh dir>`` (the runner adds ``-o``)."""
+    """One msprof-analyze command to run: ``msprof-analyze *args -o <fresh dir>`` (the runner adds ``-o``), in
+    the ``alert`` phase (the verdict waits for it) or the ``enrich`` phase (after the verdict is published)."""
 
     name: str
     args: tuple[str, ...]
+    phase: RecipePhase = "alert"
 
 
 @dataclass(slots=True)
@@ -106,6 +154,10 @@ class RecipePlan:
 
     commands: list[RecipeCommand] = field(default_factory=list)
     skipped: dict[str, RecipeStatus] = field(default_factory=dict)
+
+    def phase(self, phase: RecipePhase) -> list[RecipeCommand]:
+        """The commands of one phase, in order."""
+        return [c for c in self.commands if c.phase == phase]
 
 
 def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -> RecipePlan:
@@ -116,7 +168,9 @@ def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -
     ``not_applicable``; cluster_time_summary needs a MEMCPY_ASYNC task on some rank (the tool raises otherwise);
     slow_rank needs a group of at least 4 ranks. Every command gets ``--agent --force`` (JSON line on stdout; no
     interactive ownership prompt). ``advisor all`` runs when ``settings.advisor``, plus a plain run for the html
-    when ``settings.advisor_html``. Raises ValueError for a relative ``staged_dir``.
+    when ``settings.advisor_html``. Phases: cluster_time_summary and slow_rank (:data:`ALERT_RECIPES`) are
+    ``alert``, the others ``enrich``; the advisor's size rule is :func:`advisor_ranks`, applied once the verdict
+    names the suspects. Raises ValueError for a relative ``staged_dir``.
     """
     if not posixpath.isabs(staged_dir):
         raise ValueError(f"staged_dir must be absolute (the tool runs from its own folder): {staged_dir!r}")
@@ -137,7 +191,8 @@ def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -
             plan.skipped["cluster_time_summary"] = RecipeStatus(
                 "cluster_time_summary", "not_applicable", "no MEMCPY_ASYNC task on any rank: the recipe cannot run")
         if settings.communication_matrix:
-            plan.commands.append(RecipeCommand("communication_matrix", ("-m", "communication_matrix_sum", *base)))
+            plan.commands.append(RecipeCommand("communication_matrix", ("-m", "communication_matrix_sum", *base),
+                                               "enrich"))
         if facts.max_group_size >= SLOW_RANK_MIN_GROUP:
             plan.commands.append(RecipeCommand("slow_rank", ("-m", "slow_rank", *base)))
         else:
@@ -145,13 +200,72 @@ def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -
                 "slow_rank", "not_applicable", f"largest collective group has {facts.max_group_size} ranks; "
                 f"slow_rank votes only in groups of {SLOW_RANK_MIN_GROUP} or more")
     if settings.advisor:
-        plan.commands.append(RecipeCommand("advisor", ("advisor", "all", *base, "-l", settings.language)))
+        plan.commands.append(RecipeCommand("advisor", ("advisor", "all", *base, "-l", settings.language), "enrich"))
         if settings.advisor_html:
             plan.commands.append(RecipeCommand(
-                "advisor_html", ("advisor", "all", "-d", staged_dir, "--force", "-l", settings.language)))
+                "advisor_html", ("advisor", "all", "-d", staged_dir, "--force", "-l", settings.language), "enrich"))
     else:
         plan.skipped["advisor"] = RecipeStatus("advisor", "skipped", "advisor disabled in settings")
     return plan
+
+
+def advisor_ranks(ranks: Sequence[int], suspects: Sequence[int], step_time_us: Mapping[int, float],
+                  hosts: Mapping[int, str], settings: MsprofSettings) -> tuple[list[int] | None, str]:
+    """The advisor's size rule: ``(None, "")`` to run it on the whole batch (at most ``advisor_max_ranks``
+    ranks); ``([], why)`` to skip it (``advisor_above_max = "skip"``); else ``(subset, why)``: the suspects
+    (best first, as many as fit), for each suspect one peer of its node, and ``advisor_reference_ranks`` ranks
+    whose step time is closest to the batch median (the fast ranks the advisor compares the slow ones with); with
+    no suspect, the slowest and the fastest rank join the references. At least two ranks (the advisor's cluster
+    mode needs two rank dirs).
+
+    Why: the advisor's memory grows about as N^1.8 with the ranks it reads (3.5 GiB at 256 ranks, above 10 GiB
+    at 512; issue 13), while what it adds, the slow-vs-fast kernel comparison and per-rank deep dives, is about
+    the suspects. ``step_time_us``: a rank's median step time (ranks without one rank last as references).
+    """
+    ranks = sorted(set(ranks))
+    n, cap = len(ranks), settings.advisor_max_ranks
+    if n <= cap:
+        return None, ""
+    if settings.advisor_above_max == "skip":
+        return [], (f"skipped by the size rule: {n} ranks > advisor_max_ranks {cap} (advisor_above_max = skip); "
+                    "the verdict rests on cluster_time_summary and slow_rank")
+    present = set(ranks)
+    chosen: list[int] = []
+    room = max(2, cap - settings.advisor_reference_ranks)
+    for r in suspects:
+        if r in present and r not in chosen and len(chosen) < room:
+            chosen.append(r)
+    timed = [r for r in ranks if r in step_time_us]
+    mid = median(step_time_us[r] for r in timed) if timed else 0.0
+    by_mid = sorted(ranks, key=lambda r: (r not in step_time_us, abs(step_time_us.get(r, 0.0) - mid), r))
+    for s in list(chosen):
+        peer = next((r for r in by_mid if r not in chosen and hosts.get(r) and hosts.get(r) == hosts.get(s)), None)
+        if peer is not None and len(chosen) < cap:
+            chosen.append(peer)
+    refs = [r for r in by_mid if r not in chosen][: settings.advisor_reference_ranks]
+    if not suspects and timed:
+        refs += [r for r in (max(timed, key=lambda r: step_time_us[r]), min(timed, key=lambda r: step_time_us[r]))
+                 if r not in chosen and r not in refs]
+    chosen += refs[: max(0, cap - len(chosen))]
+    for r in by_mid:
+        if len(set(chosen)) >= 2:
+            break
+        chosen.append(r)
+    chosen = sorted(set(chosen))
+    named = [r for r in suspects if r in chosen]
+    return chosen, (f"size rule: {n} ranks > advisor_max_ranks {cap}: advisor ran on {len(chosen)} ranks "
+                    f"(suspects {named}, same-node peers and ranks nearest the median step) {chosen[:16]}"
+                    + (" ..." if len(chosen) > 16 else ""))
+
+
+def with_input(cmd: RecipeCommand, staged_dir: str) -> RecipeCommand:
+    """``cmd`` reading ``staged_dir`` (absolute) instead of its ``-d`` folder (the advisor's subset staging)."""
+    if not posixpath.isabs(staged_dir):
+        raise ValueError(f"staged_dir must be absolute: {staged_dir!r}")
+    args = list(cmd.args)
+    if "-d" in args:
+        args[args.index("-d") + 1] = staged_dir
+    return RecipeCommand(cmd.name, tuple(args), cmd.phase)
 
 
 def input_notes(facts: InputFacts, world_size: int) -> list[str]:
@@ -172,6 +286,7 @@ class RunOutcome:
     command could not be started at all (the other fields are then empty). ``tables``: each table of
     :data:`RESULT_TABLES` for this recipe -> rows (dicts by column name) or None when absent/unreadable.
     ``files``: advisor html/xlsx files found under ``output_dir``. ``log_text``: the per-run log (bounded).
+    ``oom``: killed at the memory cap (``oom_detail`` says how much); ``peak_rss_bytes``: the watchdog's peak.
     """
 
     name: str
@@ -188,19 +303,28 @@ class RunOutcome:
     tables: dict[str, list[dict[str, Any]] | None] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     spawn_error: str | None = None
+    phase: RecipePhase = "alert"
+    oom: bool = False
+    oom_detail: str = ""
+    peak_rss_bytes: int | None = None
 
 
 def _status(run: RunOutcome, status: RecipeState, detail: str, *, tables: list[str] | None = None, rows: int = 0,
             with_log: bool = False) -> RecipeStatus:
     return RecipeStatus(name=run.name, status=status, detail=detail, tables=tables or [], rows=rows,
                         output_dir=run.output_dir or None, log_tail=run.log_tail if with_log else "",
-                        duration_s=round(run.duration_s, 3), returncode=run.returncode)
+                        duration_s=round(run.duration_s, 3), returncode=run.returncode, phase=run.phase,
+                        peak_rss_bytes=run.peak_rss_bytes)
 
 
 def _failed(run: RunOutcome) -> RecipeStatus | None:
-    """Statuses common to every command (cannot start, cancelled, timeout, tool error), or None."""
+    """Statuses common to every command (cannot start, memory cap, cancelled, timeout, tool error), or None."""
     if run.spawn_error is not None:
-        return RecipeStatus(name=run.name, status="tool_error", detail=f"cannot start: {run.spawn_error}")
+        return RecipeStatus(name=run.name, status="tool_error", detail=f"cannot start: {run.spawn_error}",
+                            phase=run.phase)
+    if run.oom:
+        return _status(run, "oom", f"killed after {run.duration_s:.0f} s: {run.oom_detail or 'memory cap'}",
+                       with_log=True)
     if run.cancelled:
         return _status(run, "timeout", f"cancelled after {run.duration_s:.0f} s: {run.cancel_reason or 'on request'}",
                        with_log=True)
@@ -301,7 +425,8 @@ def interpret_run(run: RunOutcome, facts: InputFacts, world_size: int, ev: Clust
                   expected_ranks: list[int] | None = None) -> RecipeStatus:
     """The :class:`RecipeStatus` of one finished command; fills the matching fields of ``ev`` (µs).
 
-    ``ok`` only when the ``--agent`` JSON lists the result table *and* the table holds the expected rows
+    ``oom`` when the run was killed at its memory cap (whatever it left). ``ok`` only when the ``--agent`` JSON
+    lists the result table *and* the table holds the expected rows
     (ClusterTimeSummary: ``world_size`` x common steps, no step -1): msprof-analyze exits 0 for most failures.
     slow_rank with **no votes** is ``ok`` when the tool logged "No slow rank found" and every rank DB was
     usable (the outlier test ran and found nothing: a result, not missing data). Otherwise ``no_data`` /

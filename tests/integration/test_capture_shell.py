@@ -50,6 +50,10 @@ class World:
         self.stopped: list[str] = []
         self.release = threading.Event()  # the fake analysis returns once this is set
         self.release.set()
+        self.enrich_release = threading.Event()  # the fake enrichment returns once this is set
+        self.enrich_release.set()
+        self.enrich_error = ""
+        self.enrich_recipes: dict = {"advisor": {"status": "ok", "phase": "enrich", "duration_s": 1.0}}
         for r in range(world):
             node = nodes[r % len(nodes)]
             self.registry.heartbeat(wire.NodeHeartbeat(node_id=node, hostname=node, pid=1, ts_unix_s=T0,
@@ -79,7 +83,14 @@ class World:
                 outer.release.wait(30)
                 return outer.verdict[0], {**outer.verdict[1], **kw["context"]}
 
-            def running(self) -> list[str]:
+            def enrich(self, capture_id: str) -> tuple[str, dict]:
+                outer.enrich_release.wait(30)
+                if outer.enrich_error:
+                    raise RuntimeError(outer.enrich_error)
+                return outer.verdict[0], {**outer.verdict[1], "pending_recipes": [], "follow_up": True,
+                                          "recipes": outer.enrich_recipes}
+
+            def running(self, capture_id: str | None = None) -> list[str]:
                 return ["slow_rank"]
 
             def cancel(self, capture_id: str) -> None:

@@ -9,9 +9,13 @@ from daemon.core.msprof_plan import (
     InputFacts,
     MsprofSettings,
     RunOutcome,
+    advisor_ranks,
+    concurrent_runs,
     input_notes,
     interpret_run,
+    memory_cap_bytes,
     plan_recipes,
+    with_input,
 )
 from daemon.core.msprof_results import AgentMessage
 
@@ -25,9 +29,12 @@ def _names(facts: InputFacts, **settings: object) -> tuple[list[str], dict[str, 
 
 
 def test_plan_runs_everything_on_a_good_batch_with_absolute_paths() -> None:
-    plan = plan_recipes(GOOD, MsprofSettings(language="cn"), "/stage/b1")
+    plan = plan_recipes(GOOD, MsprofSettings(language="cn", advisor_html=True), "/stage/b1")
     assert [c.name for c in plan.commands] == ["cluster_time_summary", "communication_matrix", "slow_rank", "advisor",
                                                "advisor_html"]
+    # the verdict waits for the time breakdown and the votes only; the rest follows it
+    assert [c.name for c in plan.phase("alert")] == ["cluster_time_summary", "slow_rank"]
+    assert [c.name for c in plan.phase("enrich")] == ["communication_matrix", "advisor", "advisor_html"]
     assert plan.skipped == {}
     for c in plan.commands:
         assert c.args[c.args.index("-d") + 1] == "/stage/b1" and "--force" in c.args and "-o" not in c.args
@@ -38,13 +45,13 @@ def test_plan_runs_everything_on_a_good_batch_with_absolute_paths() -> None:
 
 
 @pytest.mark.parametrize(("facts", "ran", "skipped"), [
-    (InputFacts(rank_count=4), ["advisor", "advisor_html"], {"cluster_time_summary": "no_data", "slow_rank": "no_data"}),
-    (InputFacts(rank_count=4, db_ranks=[0, 1, 2, 3], levels={"Level0"}), ["advisor", "advisor_html"],
+    (InputFacts(rank_count=4), ["advisor"], {"cluster_time_summary": "no_data", "slow_rank": "no_data"}),
+    (InputFacts(rank_count=4, db_ranks=[0, 1, 2, 3], levels={"Level0"}), ["advisor"],
      {"cluster_time_summary": "not_applicable", "slow_rank": "not_applicable"}),
     (InputFacts(rank_count=4, db_ranks=[0, 1, 2, 3], has_communication=True, max_group_size=4),
-     ["communication_matrix", "slow_rank", "advisor", "advisor_html"], {"cluster_time_summary": "not_applicable"}),
+     ["communication_matrix", "slow_rank", "advisor"], {"cluster_time_summary": "not_applicable"}),
     (InputFacts(rank_count=3, db_ranks=[0, 1, 2], has_communication=True, has_memcpy=True, max_group_size=3),
-     ["cluster_time_summary", "communication_matrix", "advisor", "advisor_html"], {"slow_rank": "not_applicable"}),
+     ["cluster_time_summary", "communication_matrix", "advisor"], {"slow_rank": "not_applicable"}),
 ])
 def test_plan_skips_what_the_inputs_cannot_answer(facts: InputFacts, ran: list[str], skipped: dict[str, str]) -> None:
     assert _names(facts) == (ran, skipped)
@@ -55,6 +62,7 @@ def test_plan_without_advisor() -> None:
                                            {"advisor": "skipped"})
     assert "communication_matrix" not in _names(GOOD, communication_matrix=False)[0]
     assert _names(GOOD, advisor_html=False)[0][-1] == "advisor"
+    assert _names(GOOD, advisor_html=True)[0][-1] == "advisor_html"  # the html only on request
 
 
 def test_input_notes() -> None:
@@ -142,3 +150,58 @@ def test_advisor_and_its_html() -> None:
     html = RunOutcome("advisor_html", returncode=0, files=["/o/mstt_advisor_1.html"])
     assert interpret_run(html, GOOD, 4, ev).status == "ok" and ev.notes[-1].endswith("mstt_advisor_1.html")
     assert interpret_run(RunOutcome("advisor_html", returncode=0), GOOD, 4, ev).status == "no_data"
+
+
+def test_a_run_killed_at_the_memory_cap_is_oom_whatever_it_left() -> None:
+    ev = ClusterEvidence(kind="ascend_pt")
+    for name in ("cluster_time_summary", "slow_rank", "advisor"):
+        run = RunOutcome(name, returncode=None, timed_out=False, oom=True, duration_s=31.0, phase="enrich",
+                         oom_detail="resident memory of its process group reached 900 MiB, over the cap of 512 MiB",
+                         peak_rss_bytes=900 * 2**20)
+        st = interpret_run(run, GOOD, 4, ev)
+        assert st.status == "oom" and st.detail.startswith("killed after 31 s: resident memory")
+        assert st.phase == "enrich" and st.peak_rss_bytes == 900 * 2**20
+
+
+def test_concurrency_from_the_cpu_count_unless_set() -> None:
+    auto = MsprofSettings()
+    assert [concurrent_runs(auto, n) for n in (1, 2, 3, 4, 16, 64)] == [1, 1, 1, 2, 2, 2]
+    assert concurrent_runs(MsprofSettings(max_concurrent_runs=3), 2) == 3
+
+
+def test_memory_cap_is_the_setting_else_a_share_of_the_host() -> None:
+    assert memory_cap_bytes(MsprofSettings(), 10 * 2**30) == int(0.4 * 10 * 2**30)
+    assert memory_cap_bytes(MsprofSettings(memory_limit_bytes=2**30), 10 * 2**30) == 2**30
+    assert memory_cap_bytes(MsprofSettings(), None) is None
+    assert memory_cap_bytes(MsprofSettings(memory_limit="off", memory_limit_bytes=2**30), 2**34) is None
+
+
+def _times(n: int, slow: dict[int, float] | None = None) -> dict[int, float]:
+    return {r: 1000.0 + r % 7 + (slow or {}).get(r, 0.0) for r in range(n)}
+
+
+def test_advisor_size_rule_whole_batch_subset_or_skip() -> None:
+    hosts = {r: f"node{r // 8}" for r in range(512)}
+    small = MsprofSettings(advisor_max_ranks=64)
+    assert advisor_ranks(range(64), [3], _times(64), hosts, small) == (None, "")
+    subset, why = advisor_ranks(range(512), [300, 17], _times(512, {300: 500.0, 17: 400.0}), hosts, small)
+    assert subset is not None and 300 in subset and 17 in subset and len(subset) <= 64
+    # each suspect brings a peer of its own node, and the references sit nearest the median step
+    assert any(r != 300 and hosts[r] == "node37" for r in subset) and any(r != 17 and hosts[r] == "node2" for r in subset)
+    assert len(subset) == 2 + 2 + small.advisor_reference_ranks
+    assert "512 ranks > advisor_max_ranks 64" in why and "suspects [300, 17]" in why
+    skip, why = advisor_ranks(range(512), [300], _times(512), hosts,
+                              MsprofSettings(advisor_max_ranks=64, advisor_above_max="skip"))
+    assert skip == [] and why.startswith("skipped by the size rule")
+    # no suspect: references plus the slowest and the fastest rank
+    refs, _ = advisor_ranks(range(512), [], _times(512, {5: 900.0}), hosts, small)
+    assert refs is not None and 5 in refs and len(refs) >= 2
+
+
+def test_with_input_points_a_command_at_another_staging() -> None:
+    plan = plan_recipes(GOOD, MsprofSettings(), "/stage/b1")
+    adv = next(c for c in plan.commands if c.name == "advisor")
+    moved = with_input(adv, "/stage/b1-advisor-subset")
+    assert moved.args[moved.args.index("-d") + 1] == "/stage/b1-advisor-subset" and moved.phase == "enrich"
+    with pytest.raises(ValueError):
+        with_input(adv, "relative")
