@@ -341,15 +341,18 @@ class MsprofRunner:
         # the kernel's cap (a scope, where systemd allows) sits 10 % above the watchdog's: the watchdog, which
         # can name the cause, acts first; the scope stops a spike between two polls
         prefix = proc_memory.scope_prefix(self.scope, int(limit * 1.1)) if limit else []
+        nice = shutil.which("nice") if run.phase == "enrich" and self.settings.enrich_nice else None
+        # nice(1) execs the tool at the lower priority: every worker it forks inherits it, from the first instant
+        lower = [nice, "-n", str(self.settings.enrich_nice)] if nice else []
         t0 = self._clock()
         try:
-            proc = subprocess.Popen([*prefix, *run.argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            proc = subprocess.Popen([*prefix, *lower, *run.argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, cwd=run.output_dir, env=env, start_new_session=True)
         except OSError as exc:
             log.warning("msprof_spawn_failed", recipe=run.name, error=str(exc))
             raise SpawnFailed(str(exc)) from exc
-        if run.phase == "enrich" and self.settings.enrich_nice:
-            try:  # before the tool forks its workers (it imports for ~1 s first): they inherit the priority
+        if run.phase == "enrich" and self.settings.enrich_nice and not nice:
+            try:  # no nice(1): lower it right after the start, before the tool forks its workers (~1 s of imports)
                 os.setpriority(os.PRIO_PROCESS, proc.pid, min(19, os.getpriority(os.PRIO_PROCESS, 0)
                                                                 + self.settings.enrich_nice))
             except OSError as exc:

@@ -314,3 +314,66 @@ def test_cancelling_an_analysing_capture_stops_its_runs_and_drops_its_late_resul
     w.shell.analysis_pool.shutdown(wait=True)  # the analysis returned ...
     w.drain()  # ... and its result, handed back, is dropped
     assert w.state(cid) is CaptureState.CANCELLED and not w.of("io.profwatch.suspect_ranks.v1")
+
+
+# -- alert first, enrich after (issue 13) ----------------------------------------------------------------------------
+def _analysed_then_enriching(w: World) -> str:
+    """Arm, complete the batch; the verdict names a follow-up (``pending_recipes``): returns the capture id once
+    the verdict is published and the follow-up runs (held by ``w.enrich_release``)."""
+    w.verdict = ("ok", {"status": "ok", "detail": "1 suspect", "suspects": [{"rank": 1}],
+                        "pending_recipes": ["advisor", "report_html"]})
+    w.enrich_release.clear()
+    cid = w.arm()["capture_id"]
+    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
+    w.batches = [_complete_batch(cid)]
+    w.now += 6
+    w.shell.tick(w.now)
+    w.drain(lambda: w.state(cid) is CaptureState.ENRICHING)
+    return cid
+
+
+def test_the_enriched_update_follows_the_alert_with_the_same_ids(world) -> None:
+    w = world()
+    cid = _analysed_then_enriching(w)
+    # the verdict is out while the advisor still runs; nothing enriched yet; status names what runs for it
+    (alert,) = w.of("io.profwatch.suspect_ranks.v1")
+    assert alert["pending_recipes"] == ["advisor", "report_html"] and not w.of("io.profwatch.analysis_enriched.v1")
+    (view,) = [v for v in w.shell.summary("j1", w.now) if v["capture_id"] == cid]
+    assert view["state"] == "enriching" and view["running"] == ["slow_rank"]
+    w.enrich_release.set()
+    w.drain(lambda: w.state(cid) is CaptureState.ENRICHED)
+    types = [t for t, *_ in w.events]
+    assert types.index("io.profwatch.suspect_ranks.v1") < types.index("io.profwatch.analysis_enriched.v1")
+    (enriched,) = w.of("io.profwatch.analysis_enriched.v1")
+    assert (enriched["capture_id"], enriched["batch_id"], enriched["job_id"]) == (cid, f"b-{cid}", "j1")
+    assert enriched["recipes"]["advisor"]["duration_s"] == 1.0
+    steps = [d["event"] for t, _j, d, _i in w.events if t == "io.profwatch.capture.v1"]
+    assert steps[-3:] == ["analysed", "enriching", "enriched"]
+    # the job may arm again while a capture is only enriching (it holds no torch_npu config slot)
+    w.now += 10_000
+    assert w.arm()["capture_id"] != cid
+
+
+def test_an_advisor_killed_for_memory_leaves_the_alert_standing_with_its_status(world) -> None:
+    w = world()
+    w.enrich_recipes = {"advisor": {"status": "oom", "phase": "enrich", "duration_s": 80.0,
+                                    "detail": "killed after 80 s: resident memory ... over the cap"}}
+    cid = _analysed_then_enriching(w)
+    w.enrich_release.set()
+    w.drain(lambda: w.state(cid) is CaptureState.ENRICHED)
+    (alert,) = w.of("io.profwatch.suspect_ranks.v1")
+    (enriched,) = w.of("io.profwatch.analysis_enriched.v1")
+    assert enriched["suspects"] == alert["suspects"] and enriched["recipes"]["advisor"]["status"] == "oom"
+    (done,) = [d for t, _j, d, _i in w.events if t == "io.profwatch.capture.v1" and d["event"] == "enriched"]
+    assert done["recipes"] == {"advisor": "oom"}
+
+
+def test_a_crashed_follow_up_publishes_nothing_new_and_the_verdict_stands(world) -> None:
+    w = world()
+    cid = _analysed_then_enriching(w)
+    w.enrich_error = "advisor staging vanished"
+    w.enrich_release.set()
+    w.drain(lambda: w.state(cid) is CaptureState.ANALYSED)
+    assert len(w.of("io.profwatch.suspect_ranks.v1")) == 1 and not w.of("io.profwatch.analysis_enriched.v1")
+    cap = w.store.get_capture(cid)
+    assert cap.analysis_status == "ok" and "advisor staging vanished" in cap.outcome

@@ -8,6 +8,7 @@ import pytest
 
 from daemon.core.alertmanager import AlertBook, judged_of, parse_time
 from daemon.core.alerts import (
+    TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
     TYPE_ANOMALY,
     TYPE_BATCH_INCOMPLETE,
@@ -216,3 +217,22 @@ def test_a_slow_link_fires_one_link_alert_and_resolves_only_when_both_ends_were_
     assert book.apply(_verdict("j1", T0 + 30, "no_suspect", [], [0, 1, 2, 3, 4], cid="c2"), T0 + 30) == []
     (r,) = book.apply(_verdict("j1", T0 + 60, "no_suspect", [], list(range(8)), cid="c3"), T0 + 60)
     assert r["labels"]["link"] == "4-5" and _ended(r, T0 + 60)
+
+
+def test_the_enriched_update_refreshes_the_same_alerts_and_keeps_their_start():
+    book = _book()
+    first = _verdict("j1", T0, "ok", [_suspect(2)], [0, 1, 2, 3])
+    first["data"]["pending_recipes"] = ["advisor", "report_html"]
+    (fired,) = book.apply(first, T0)
+    assert fired["annotations"]["analysis"] == "first verdict; follow-up coming: advisor, report_html"
+    data = {**first["data"], "pending_recipes": [], "follow_up": True,
+            "recipes": {"advisor": {"status": "oom"}, "communication_matrix": {"status": "ok"}},
+            "links": [{"ranks": [0, 3], "group": "g", "bandwidth_gbps": 5.0, "peer_median_gbps": 20.0}]}
+    later = make_cloudevent(TYPE_ANALYSIS_ENRICHED, "j1", data, source="//t", now_unix_s=T0 + 60,
+                            event_id="enriched-c1")
+    out = book.apply(later, T0 + 60)
+    rank = next(a for a in out if a["labels"]["alertname"] == "ProfwatchSuspectRank")
+    assert rank["startsAt"] == rfc3339(T0) and rank["annotations"]["cloudevent_id"] == "enriched-c1"
+    assert rank["annotations"]["analysis"] == "enriched: advisor=oom, communication_matrix=ok"
+    assert any(a["labels"]["alertname"] == "ProfwatchSlowLink" for a in out)  # slow links come with the follow-up
+    assert len(book.alerts) == 2 and not [a for a in out if a["endsAt"] == rfc3339(T0 + 60)]

@@ -313,10 +313,27 @@ def test_enrichment_failure_or_expiry_leaves_the_verdict_standing() -> None:
     failed = lc.enrich_failed(enriching, "advisor oom", T0 + 35, SET).capture
     assert failed.state is CaptureState.ANALYSED and "advisor oom" in failed.outcome
     assert lc.expire(enriching, T0 + 31 + 499, SET).capture is enriching
-    expired = lc.expire(enriching, T0 + 31 + 500, SET).capture
-    assert expired.state is CaptureState.ANALYSED and "enrichment did not finish" in expired.outcome
+    t = lc.expire(enriching, T0 + 31 + 500, SET)
+    assert t.capture.state is CaptureState.ANALYSED and "enrichment did not finish" in t.capture.outcome
+    assert Action.STOP_ANALYSIS in t.actions  # the advisor still running is stopped
     with pytest.raises(lc.TransitionRefused):
         lc.begin_enrich(_analysing(), T0, SET)
+    crashed = lc.enrich_done(enriching, {"enrich_error": "staging vanished"}, T0 + 36, SET)
+    assert crashed.capture.state is CaptureState.ANALYSED and not any(
+        e.type == TYPE_ANALYSIS_ENRICHED for e in crashed.events)
+
+
+def test_a_verdict_with_a_follow_up_is_published_before_the_enrichment_starts() -> None:
+    payload = {"status": "ok", "suspects": [{"rank": 1}], "pending_recipes": ["advisor", "report_html"]}
+    t = lc.analysis_done(_analysing(), "ok", payload, T0 + 30, SET)
+    assert t.capture.state is CaptureState.ENRICHING and {Action.ENRICH, Action.UNWATCH, Action.RETAIN} <= t.actions
+    assert [e.type for e in t.events] == [TYPE_SUSPECT_RANKS, TYPE_CAPTURE, TYPE_CAPTURE]
+    assert [e.data["event"] for e in t.events[1:]] == ["analysed", "enriching"]
+    assert t.events[2].data["pending_recipes"] == ["advisor", "report_html"]
+    # nothing to follow, or not a verdict: no enrichment
+    assert lc.analysis_done(_analysing(), "ok", {"status": "ok"}, T0 + 30, SET).capture.state is CaptureState.ANALYSED
+    failed = lc.analysis_done(_analysing(), "failed", {"pending_recipes": ["advisor"]}, T0 + 30, SET)
+    assert failed.capture.state is CaptureState.FAILED and Action.ENRICH not in failed.actions
 
 
 # -- endings from outside ----------------------------------------------------------------------------------------------
