@@ -2,10 +2,11 @@
 
 1. **Alert** (:func:`analyze_batch`): stage -> the recipes the verdict needs (msprof-analyze cluster_time_summary
    and slow_rank, concurrently where the runner allows; or the Kineto breakdown of torch.profiler captures) ->
-   rank suspects -> ``report.json``. Its result is what ``suspect_ranks`` publishes at once.
+   rank suspects -> ``report.json`` + ``report.html``. Its result is what ``suspect_ranks`` publishes at once.
 2. **Enrich** (:func:`enrich_analysis`): the rest (msprof-analyze communication_matrix_sum for slow links, the
-   advisor under its size rule, the html report) -> the verdict judged again on the fuller evidence ->
-   ``report.json`` and ``report.html`` rewritten. Its result is what ``analysis_enriched`` publishes.
+   advisor under its size rule; for torch.profiler captures each suspect's ops against a reference rank's) -> the
+   verdict judged again on the fuller evidence -> ``report.json`` and ``report.html`` rewritten. Its result is
+   what ``analysis_enriched`` publishes.
 
 Used by the coordinator (the capture shell runs the phases apart, the alert first) and by ``profwatch analyze``
 (offline, both in a row). It never raises for bad data or tool failures: every outcome is an
@@ -27,8 +28,8 @@ from typing import Any
 import structlog
 
 from daemon.adapters import staging
+from daemon.adapters.kineto_reader import OP_COMPARE, analyze_torch_batch, compare_suspects
 from daemon.adapters.kineto_reader import RECIPE as KINETO_RECIPE
-from daemon.adapters.kineto_reader import analyze_torch_batch
 from daemon.adapters.msprof_analysis import MsprofSession, Progress, advisor_commands, prepare_msprof, run_phase
 from daemon.adapters.msprof_runner import MsprofRunner
 from daemon.adapters.report import write_report
@@ -66,6 +67,7 @@ class Followup:
     base_unjudged: dict[int, str] = field(default_factory=dict)
     now_unix_s: float | None = None
     session: MsprofSession | None = None
+    staged: Path | None = None
 
 
 def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettings | None = None,
@@ -163,6 +165,7 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
         result.detail = f"staging failed: {exc}"
         return result
     result.paths["staging"] = str(staged)
+    f.staged = staged
     result.timings_s["staging"] = time.monotonic() - t
     f.out_dir.mkdir(parents=True, exist_ok=True)
     t = time.monotonic()
@@ -185,11 +188,11 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
     t = time.monotonic()
     _judge(result, ev, f)
     result.timings_s["ranking"] = time.monotonic() - t
-    if settings.report and settings.report_html:
-        pending.append("report_html")
+    if batch.kind != "ascend_pt" and settings.kineto_op_compare and result.suspects and len(batch.ranks) > 1:
+        pending.append(OP_COMPARE)
     result.pending = pending
     result.followup = f if pending else None
-    _write_report(result, f, html=settings.report_html and not pending)
+    _write_report(result, f, html=settings.report_html)
     return result
 
 
@@ -214,30 +217,44 @@ def enrich_analysis(result: AnalysisResult, *, runner: MsprofRunner,
     try:
         if f.session is not None:
             _enrich_msprof(result, ev, f, runner, progress)
+        elif OP_COMPARE in result.pending:
+            _enrich_kineto(result, ev, f, progress)
         result.evidence = ev
         _judge(result, ev, f)
-        html = f.settings.report_html
-        if html and progress is not None:
-            progress("started", "report_html", None)
         result.timings_s["enrich"] = time.monotonic() - t0
         result.enriched = True
         result.pending = []
-        _write_report(result, f, html=html)
-        if html and progress is not None:
-            progress("finished", "report_html", RecipeStatus("report_html", "ok", result.paths.get("report_html", ""),
-                                                             phase="enrich"))
+        _write_report(result, f, html=f.settings.report_html)
     except Exception as exc:
         log.exception("enrichment_crashed", batch_id=result.batch_id)
         result.context["enrich_error"] = repr(exc)
         result.pending = []
-    finally:
         result.timings_s["enrich"] = time.monotonic() - t0
+    finally:
         result.followup = None
     log.info("analysis_enriched", batch_id=result.batch_id, status=result.status,
              recipes={k: v.status for k, v in result.recipes.items()}, enrich_s=round(result.timings_s["enrich"], 3))
     if progress is not None:
         progress("follow_up", result.status, None)
     return result
+
+
+def _enrich_kineto(result: AnalysisResult, ev: ClusterEvidence, f: Followup, progress: Progress | None) -> None:
+    """torch.profiler follow-up: the top suspects' ops against the rank nearest the median step time."""
+    if progress is not None:
+        progress("started", OP_COMPARE, None)
+    staged = f.staged or Path(".")
+    dirs = {r: staged / os.path.basename(os.path.normpath(p)) for r, p in f.batch.rank_dirs.items()}
+    named = [s.rank for s in result.suspects[:3]]
+    times = {row["rank"]: row["step_time_us"] for row in per_rank_summary(ev.summaries) if row["rank"] not in named}
+    if not times:
+        ev.recipes[OP_COMPARE] = RecipeStatus(OP_COMPARE, "not_applicable", "no rank to compare with", phase="enrich")
+    else:
+        mid = sorted(times.values())[len(times) // 2]
+        reference = min(times, key=lambda r: (abs(times[r] - mid), r))
+        result.op_compare, ev.recipes[OP_COMPARE] = compare_suspects(dirs, named, reference)
+    if progress is not None:
+        progress("finished", OP_COMPARE, ev.recipes[OP_COMPARE])
 
 
 def _enrich_msprof(result: AnalysisResult, ev: ClusterEvidence, f: Followup, runner: MsprofRunner,

@@ -33,7 +33,7 @@ TIME_RECIPES = ("cluster_time_summary", KINETO_RECIPE)
 
 __all__ = ["AnalysisResult", "AnalysisStatus", "ENRICH_ONLY", "hostnames_from_dirs", "overall_status"]
 
-ENRICH_ONLY = ("advisor", "advisor_html", "communication_matrix", "report_html")
+ENRICH_ONLY = ("advisor", "advisor_html", "communication_matrix", "kineto_op_compare")
 """Recipes of the enrich phase: what they find refines a verdict, never decides whether there is one."""
 
 
@@ -67,6 +67,8 @@ class AnalysisResult:
     enriched: bool = False
     captured_ranks: list[int] | None = None
     """The ranks the batch holds when they are a subset of the job (a targeted capture), else None."""
+    op_compare: list[dict[str, Any]] = field(default_factory=list)
+    """torch.profiler follow-up: ``[{"rank", "reference_rank", "ops": [...]}]`` (``kineto_reader.compare_suspects``)."""
     followup: Any = field(default=None, repr=False)
     """What the enrich phase needs (``daemon.analysis.Followup``); None when nothing follows. Not serialised."""
 
@@ -107,7 +109,8 @@ class AnalysisResult:
                      "analysis_duration_s": round(sum(spent), 3) if spent else None,
                      "enrich_duration_s": round(self.timings_s["enrich"], 3) if "enrich" in self.timings_s else None,
                      "pending_recipes": list(self.pending), "follow_up": self.enriched,
-                     "captured_ranks": list(self.captured_ranks) if self.captured_ranks is not None else None})
+                     "captured_ranks": list(self.captured_ranks) if self.captured_ranks is not None else None,
+                     "op_compare": list(self.op_compare)})
         data.update(self.verdict_json())
         ctx = dict(self.context)
         extra_notes = list(ctx.pop("notes", []))
@@ -143,6 +146,7 @@ class AnalysisResult:
             "pending_recipes": list(self.pending),
             "follow_up": self.enriched,
             "captured_ranks": list(self.captured_ranks) if self.captured_ranks is not None else None,
+            "op_compare": list(self.op_compare),
         }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -21,9 +21,11 @@ from typing import IO, Any
 import ijson
 
 from daemon.core.evidence import ClusterEvidence, RecipeStatus
-from daemon.core.kineto import RankTrace, summarize_traces
+from daemon.core.kineto import CPU_COMPUTE_CATS, DEVICE_CATS, RankTrace, compare_ops, parse_step, summarize_traces
 
 RECIPE = "kineto_breakdown"
+OP_COMPARE = "kineto_op_compare"
+"""The torch.profiler follow-up (enrich phase): each suspect's ops against a reference rank's."""
 
 
 class TraceFormatError(ValueError):
@@ -161,6 +163,81 @@ def analyze_torch_batch(rank_dirs: Mapping[int, Path]) -> ClusterEvidence:
     ev.recipes[RECIPE] = RecipeStatus(RECIPE, status, detail, rows=len(brk.summaries),
                                       duration_s=time.monotonic() - t0)
     return ev
+
+
+def op_totals(path: Path, steps: Collection[int] | None = None) -> tuple[dict[str, float], int]:
+    """``(op / kernel name -> total duration in µs, windows)`` inside the trace's ``ProfilerStep#N`` windows (those
+    of ``steps`` only when given; device-lane windows for device kernels when the trace has them), streamed in two
+    passes (windows, then ops). ``windows``: how many step windows the totals cover.
+
+    Raises:
+        TraceFormatError: truncated or malformed JSON.
+    """
+    wanted = set(steps) if steps is not None else None
+    host: dict[int, tuple[float, float]] = {}
+    dev: dict[int, tuple[float, float]] = {}
+    try:
+        with _open(path) as fh:
+            for ev in ijson.items(fh, "traceEvents.item", use_float=True):
+                if isinstance(ev, dict) and ev.get("ph") == "X":
+                    step = parse_step(str(ev.get("name", "")))
+                    ts, dur = ev.get("ts"), ev.get("dur")
+                    if (step is not None and (wanted is None or step in wanted) and isinstance(ts, (int, float))
+                            and isinstance(dur, (int, float))):
+                        lane = dev if str(ev.get("cat", "")).startswith("gpu_") else host
+                        lane[step] = (float(ts), float(ts) + float(dur))
+        out: dict[str, float] = {}
+        with _open(path) as fh:
+            for ev in ijson.items(fh, "traceEvents.item", use_float=True):
+                if not isinstance(ev, dict) or ev.get("ph") != "X":
+                    continue
+                cat, ts, dur = str(ev.get("cat", "")), ev.get("ts"), ev.get("dur")
+                if cat not in DEVICE_CATS and cat not in CPU_COMPUTE_CATS:
+                    continue
+                if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur <= 0:
+                    continue
+                lanes = (dev or host) if cat in DEVICE_CATS else host
+                if any(a <= ts < b for a, b in lanes.values()):
+                    name = str(ev.get("name", ""))
+                    out[name] = out.get(name, 0.0) + float(dur)
+    except (ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"{path}: {exc}") from exc
+    return out, len(host)
+
+
+def compare_suspects(rank_dirs: Mapping[int, Path], suspects: Sequence[int],
+                     reference: int) -> tuple[list[dict[str, Any]], RecipeStatus]:
+    """The torch.profiler follow-up: for each suspect, the ops where it spends more time per step than the
+    ``reference`` rank, each over the step windows of its own trace (a rank's step labels may be offset from its
+    peers': ``daemon/core/kineto_align.py``), per step (``daemon.core.kineto.compare_ops``). Returns
+    ``([{"rank", "reference_rank", "steps", "ops": [...]}], RecipeStatus)``; never raises for bad data."""
+    t0 = time.monotonic()
+
+    def per_step(rank: int) -> tuple[dict[str, float], int]:
+        files = find_trace_files(Path(rank_dirs[rank]))
+        if not files:
+            raise TraceFormatError(f"no *.pt.trace.json in {rank_dirs[rank]}")
+        totals, windows = op_totals(max(files, key=lambda p: p.stat().st_mtime))
+        if not windows:
+            raise TraceFormatError(f"rank {rank}: no ProfilerStep window in its trace")
+        return {k: v / windows for k, v in totals.items()}, windows
+
+    try:
+        ref, _ = per_step(reference)
+        out: list[dict[str, Any]] = []
+        for r in suspects:
+            if r in rank_dirs:
+                mine, windows = per_step(r)
+                out.append({"rank": r, "reference_rank": reference, "steps": windows,
+                            "ops": compare_ops(mine, ref, 1)})
+    except (TraceFormatError, OSError, KeyError) as exc:
+        return [], RecipeStatus(OP_COMPARE, "no_data", f"cannot compare ops: {exc}", phase="enrich",
+                                duration_s=round(time.monotonic() - t0, 3))
+    named = "; ".join(f"rank {c['rank']}: " + (", ".join(str(o["name"])[:40] for o in c["ops"][:3])
+                                                 or "nothing stands out") for c in out)
+    return out, RecipeStatus(OP_COMPARE, "ok", f"per step, against rank {reference}: {named}",
+                             rows=sum(len(c["ops"]) for c in out), phase="enrich",
+                             duration_s=round(time.monotonic() - t0, 3))
 
 
 def write_torch_trace(path: Path, rank: int, world_size: int, events: list[dict[str, Any]]) -> Path:

@@ -14,7 +14,9 @@ from daemon.core.ranking import RankingSettings
 
 class AnalysisSettings(BaseModel):
     """Settings of ``analyze_batch``: msprof-analyze runs (``msprof``), ranking thresholds (``ranking``), and
-    whether ``report.json`` (``report``) and ``report.html`` (``report_html``) are written."""
+    whether ``report.json`` (``report``) and ``report.html`` (``report_html``) are written (by the alert phase, and
+    again by the enrich phase). ``kineto_op_compare``: the torch.profiler follow-up, each suspect's ops against a
+    reference rank's (``analysis_enriched``)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -22,3 +24,4 @@ class AnalysisSettings(BaseModel):
     ranking: RankingSettings = Field(default_factory=RankingSettings)
     report: bool = True
     report_html: bool = True
+    kineto_op_compare: bool = True

@@ -17,9 +17,13 @@ if TYPE_CHECKING:
 VERDICT_KEYS = ("batch_id", "job_id", "kind", "status", "detail", "capture_id", "capture_reason", "world_size",
                 "suspects", "ranks", "recipes", "paths", "report", "notes", "armed_steps", "captured_steps",
                 "missing_ranks", "problems", "causes", "analysis_duration_s", "links", "impact", "strength",
-                "unjudged_ranks", "judged_ranks")
+                "unjudged_ranks", "judged_ranks", "pending_recipes", "follow_up", "enrich_duration_s", "captured_ranks",
+                "op_compare")
 """The one payload shape of every verdict (``suspect_ranks``, ``batch_incomplete``, ``analysis_failed``) and of
-``report.json`` (which adds the raw per-step ``summaries`` and the advisor's full ``advisor`` message)."""
+``report.json`` (which adds the raw per-step ``summaries`` and the advisor's full ``advisor`` message). The enriched
+follow-up (``analysis_enriched``) has the same keys: ``pending_recipes`` (what the follow-up will run; [] in it),
+``follow_up`` (true in it), ``enrich_duration_s``, ``captured_ranks`` (a targeted capture's ranks, else null) and
+``op_compare`` (torch.profiler: each suspect's ops against a reference rank)."""
 
 
 def plan_notes(plan: CapturePlan, covered: Sequence[int], rank_steps: Mapping[int, int],
@@ -60,7 +64,8 @@ def verdict_payload(cap: Capture, *, status: str, detail: str, batch: BatchState
     return {**base, "detail": detail, "capture_id": cap.capture_id, "report": None, "armed_steps": cap.armed_steps,
             "captured_steps": captured, "missing_ranks": list(missing_ranks), "problems": [dict(p) for p in problems],
             "causes": list(causes), "analysis_duration_s": None, "links": [], "impact": None, "strength": None,
-            "unjudged_ranks": []}
+            "unjudged_ranks": [], "pending_recipes": [], "follow_up": False, "enrich_duration_s": None,
+            "captured_ranks": list(cap.rank_list) if cap.rank_list is not None else None, "op_compare": []}
 
 
 def explain_ranks(cap: Capture, ranks: Iterable[int], causes: Mapping[int, str]) -> list[str]:

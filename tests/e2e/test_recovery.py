@@ -66,9 +66,9 @@ def test_coordinator_killed_mid_capture_still_analyses_once(tmp_path: Path, monk
         # torch.profiler captures carry the steps they hold (read from the traces), and they are the armed ones
         armed, captured = got[0]["data"]["armed_steps"], got[0]["data"]["captured_steps"]
         assert armed and captured and set(armed) <= set(captured), (armed, captured)
-        # no duplicate: wait for the capture to be marked analysed, then count again
-        wait_for(lambda: any(c["capture_id"] == capture_id and c["state"] == "analysed"
-                             for c in _captures(stack, "rec")), 60, 0.5, "capture analysed")
+        # no duplicate: wait for the capture's life to end (its follow-up, the suspects' op comparison), count again
+        wait_for(lambda: any(c["capture_id"] == capture_id and c["state"] in ("analysed", "enriched")
+                             and not c.get("running") for c in _captures(stack, "rec")), 60, 0.5, "capture analysed")
         assert len([e for e in suspects() if e["data"]["capture_id"] == capture_id]) == 1
     finally:
         if job is not None:

@@ -215,8 +215,16 @@ def test_cli_analyze_json(tmp_path: Path):
     out = CliRunner().invoke(analyze, [str(tmp_path / "prof"), "--world-size", "4", "--json", "--no-advisor",
                                        "--out", str(tmp_path / "work")])
     assert out.exit_code == 0, out.output
-    doc = json.loads(out.output.strip().splitlines()[-1])
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["status"] == "ok" and doc["suspects"][0]["rank"] == 1 and doc["batch_id"] == "cap-cli"
+    # per-recipe progress on stderr (plain lines off a terminal): the verdict before the follow-up's recipes
+    said = [line.split("] ")[0] for line in out.stderr.splitlines() if line.startswith("analyze: cap-cli: ")]
+    assert any("cluster_time_summary ok in" in s for s in said) and any("slow_rank ok in" in s for s in said), said
+    verdict = next(i for i, s in enumerate(said) if "verdict ok" in s)
+    assert verdict < next(i for i, s in enumerate(said) if "communication_matrix started" in s)
+    assert verdict < next(i for i, s in enumerate(said) if "report_html started" in s)
+    assert doc["recipe_details"]["communication_matrix"]["phase"] == "enrich"
+    assert not any("analyze:" in line for line in out.stdout.splitlines())
     human = CliRunner().invoke(analyze, [str(tmp_path / "prof"), "--no-advisor", "--out", str(tmp_path / "w2")])
     assert human.exit_code == 0 and "rank 1" in human.output
     empty = CliRunner().invoke(analyze, [str(tmp_path / "work" / "results"), "--json"])

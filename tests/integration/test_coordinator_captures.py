@@ -152,10 +152,18 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
                      0.2, "suspect alert")[0]
     d = alert["data"]
     assert d["capture_id"] == res["capture_id"] and d["capture_reason"] == "test"
-    # one payload shape: report.json holds the alert's data (plus the raw per-step rows and the advisor message)
-    assert set(d) == set(VERDICT_KEYS)
+    # one payload shape: report.json holds the verdict's data (plus the raw per-step rows and the advisor message);
+    # the verdict names its follow-up (slow links), whose analysis_enriched rewrites the report with the same ids
+    assert set(d) == set(VERDICT_KEYS) and d["pending_recipes"] == ["communication_matrix"]
+    assert set(d["recipes"]) == {"cluster_time_summary", "slow_rank", "advisor"}  # advisor: skipped in settings
+    assert wait_for(lambda: h.last_capture("jobX").get("state") == "enriched", 120)
+    (enriched,) = _of_type(h.events("jobX", alerts_only=True), "io.profwatch.analysis_enriched.v1")
+    e = enriched["data"]
+    assert set(e) == set(VERDICT_KEYS) and (e["capture_id"], e["batch_id"]) == (d["capture_id"], d["batch_id"])
+    assert e["follow_up"] is True and e["recipes"]["communication_matrix"]["phase"] == "enrich"
+    assert e["suspects"][0]["rank"] == 2 and e["pending_recipes"] == []
     report = json.loads(Path(d["paths"]["report_json"]).read_text())
-    assert {k: v for k, v in report.items() if k not in ("summaries", "advisor")} == d
+    assert {k: v for k, v in report.items() if k not in ("summaries", "advisor")} == e
     # the generated batch holds steps 1..3, not the armed window: the alert says so instead of trusting it silently
     assert d["captured_steps"] == [1, 2, 3] and d["armed_steps"][0] == res["start_step"] + res["warmup"]
     assert any("not the armed window" in n for n in d["notes"])
@@ -164,7 +172,6 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
         d["recipes"]["slow_rank"] == "ok"
     batch_events = _of_type(h.events("jobX"), "io.profwatch.batch.v1")
     assert len(batch_events) == 1
-    assert wait_for(lambda: h.last_capture("jobX").get("state") == "analysed", 20)
 
 
 def test_paths_outside_allowed_roots_are_refused(harness, short_tmp: Path) -> None:
