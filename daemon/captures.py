@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from daemon.adapters.control import ControlError
+from daemon.capture_analysis import AnalysisSteps
 from daemon.capture_ports import (
     AnalyserPort,
     Clock,
@@ -38,6 +39,7 @@ from daemon.core.capture import CannotPlanCapture, CaptureRequest, JobProgress, 
 from daemon.core.capture_report import describe, explain_ranks, rank_causes, refusal
 from daemon.core.completeness import BatchState, CaptureHint
 from daemon.core.step_window import median
+from daemon.core.targeting import JobTopology, estimate_capture_bytes
 from rankhook import wire
 
 if TYPE_CHECKING:
@@ -69,14 +71,17 @@ def lifecycle_settings(s: Settings) -> lc.LifecycleSettings:
 
 @dataclass
 class _Job:
-    """Per-job shell state: in-flight and recent captures, the arm history."""
+    """Per-job shell state: in-flight and recent captures, the arm history, and the communication groups the
+    job's last complete batch recorded (``parallel_group_info``; for targeted captures; kept in memory only)."""
 
     active: dict[str, lc.Capture]
     recent: deque[lc.Capture]
     history: ArmHistory
+    groups: dict[str, tuple[int, ...]] | None = None
+    groups_from: str | None = None
 
 
-class CaptureShell:
+class CaptureShell(AnalysisSteps):
     """Applies lifecycle transitions for every capture of one coordinator (see the module doc).
 
     Args:
@@ -137,7 +142,8 @@ class CaptureShell:
             if cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE):
                 job.history.record_arm(cap.created_unix_s)
                 if cap.state not in lc.ACTIVE and cap.total_bytes:
-                    job.history.record_bytes(cap.state_since_unix_s, cap.total_bytes)
+                    job.history.record_bytes(cap.state_since_unix_s, cap.total_bytes, ranks=len(cap.ranks),
+                                             active_steps=cap.active)
 
     def close(self) -> None:
         """Stop the watcher; kill running tools (not awaited: an interrupted capture stays ``analysing`` in the
@@ -182,7 +188,8 @@ class CaptureShell:
         else:
             if job.active.pop(cap.capture_id, None) is not None:
                 job.recent.append(cap)
-                job.history.record_bytes(self.clock(), cap.total_bytes)
+                job.history.settle(cap.capture_id, self.clock(), cap.total_bytes, ranks=len(cap.ranks),
+                                   active_steps=cap.active)
                 self._forget(cap.capture_id)
             else:
                 job.recent = deque((cap if c.capture_id == cap.capture_id else c for c in job.recent),
@@ -340,68 +347,11 @@ class CaptureShell:
         if lc.Action.ANALYSE in t.actions and batch is not None:
             self._batches[cid] = batch
             self.store.save_batch(batch.batch_id, cid, cap.job_id, batch.status, now, batch.to_json())
+            groups = batch.parallel_groups()
+            if groups:  # the communicators the next targeted capture of the job can pick group peers from
+                job = self._job(cap.job_id)
+                job.groups, job.groups_from = groups, cid
         self._apply(t)
-
-    # -- analysis ------------------------------------------------------------------------------------------------------
-    def _analyse(self, cap: lc.Capture, batch: BatchState) -> None:
-        """Analysis worker: run the analyser, hand the verdict back to the main loop."""
-        cid = cap.capture_id
-        job = self.jobs.get(cap.job_id)
-        hostnames = {r.rank: r.hostname for r in job.ranks.values() if r.hostname} if job is not None else {}
-        try:
-            status, payload = self.analyser.analyse(
-                batch, work_dir=Path(self.s.coordinator.work_dir) / cap.job_id / cid, hostnames=hostnames,
-                context=lc.analysis_context(cap), job_id=cap.job_id, capture_reason=cap.reason)
-            self.post(lambda: self._on_analysed(cid, batch, status, payload))
-        except Exception as exc:  # noqa: BLE001 - a failing analysis is a verdict, never a crash
-            err = repr(exc)
-            log.exception("analysis_failed", capture_id=cid)
-            self.post(lambda: self._on_analysis_error(cid, err))
-
-    def _on_analysed(self, cid: str, batch: BatchState, status: str, payload: dict[str, Any]) -> None:
-        cap = self._find(cid)
-        if cap is None:
-            return
-        now = self.clock()
-        self.store.save_batch(batch.batch_id, cid, cap.job_id, status, now, payload)
-        self._apply(lc.analysis_done(cap, status, payload, now, self.ls))
-
-    def _on_analysis_error(self, cid: str, err: str) -> None:
-        cap = self._find(cid)
-        if cap is not None:
-            self._apply(lc.analysis_raised(cap, err, self.clock(), self.ls))
-
-    def _enrich(self, cid: str) -> None:
-        """Enrich worker: the enrich phase of an analysed capture (after its verdict was published)."""
-        try:
-            status, payload = self.analyser.enrich(cid)
-            self.post(lambda: self._on_enriched(cid, status, payload))
-        except Exception as exc:  # noqa: BLE001 - a failed follow-up leaves the verdict standing
-            err = str(exc) or repr(exc)
-            log.warning("enrichment_failed", capture_id=cid, error=err)
-            self.post(lambda: self._on_enriched(cid, "", {"enrich_error": err}))
-
-    def _on_enriched(self, cid: str, status: str, payload: dict[str, Any]) -> None:
-        cap = self._find(cid)
-        if cap is None:
-            return
-        now = self.clock()
-        if status and cap.batch_id:
-            self.store.save_batch(cap.batch_id, cid, cap.job_id, status, now, payload)
-        self._apply(lc.enrich_done(cap, payload, now, self.ls))
-
-    def _retain(self) -> None:
-        w = self.s.watch
-        if w.retention_max_bytes is None and w.retention_max_age_s is None:
-            return
-        analysed = [(c.prof_dir, c.batch_id, c.world_size) for c in self.store.captures(states=[lc.S.ANALYSED,
-                                                                                                lc.S.ENRICHED])
-                    if c.batch_id and c.prof_dir]
-        self.fs_pool.submit(self._retain_worker, analysed, self.clock())
-
-    def _retain_worker(self, analysed: list[tuple[str, str, int]], now: float) -> None:
-        for r in self.scanner.retain(analysed, now):
-            log.info("batch_retired", batch=repr(r))
 
     # -- arming --------------------------------------------------------------------------------------------------------
     def arm_state(self, job_id: str, now: float) -> JobArmState:
@@ -410,6 +360,17 @@ class CaptureShell:
         return job.history.state(now, capture_in_flight=lc.blocking_capture(job.active.values()) is not None,
                                  stalled_ranks=self.detectors.stalled_ranks(job_id))
 
+    def topology(self, job_id: str) -> JobTopology | None:
+        """The job's layout for targeted captures: its size, each rank's host (hellos) and the communication groups
+        of its last complete batch (None for an unknown job)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        mine = self._job(job_id)
+        return JobTopology(world_size=job.world_size,
+                           hosts={r.rank: r.hostname for r in job.ranks.values() if r.hostname},
+                           groups=mine.groups or {}, groups_from=mine.groups_from)
+
     def on_anomaly(self, an: Anomaly, now: float) -> None:
         """The arming path shared with ``profwatch replay`` (``daemon/core/arming.py``): decide on the job's arm
         history, build the capture request, plan it (start the capture in act mode; a dry run in observe mode, whose
@@ -417,9 +378,10 @@ class CaptureShell:
         job = self.jobs.get(an.job_id)
         if job is None:
             return
-        decision = self.policy.decide(an, self.arm_state(an.job_id, now), now)
+        decision = self.policy.decide(an, self.arm_state(an.job_id, now), now, self.topology(an.job_id))
         data: dict[str, Any] = {"anomaly": an.kind, "step": an.step, "action": decision.action,
-                                "reason": decision.reason}
+                                "reason": decision.reason, "estimated_bytes": decision.estimated_bytes,
+                                "targeting": decision.target.to_json() if decision.target is not None else None}
         if decision.action != "suppress":
             try:
                 req = capture_request(an, decision, furthest_step=max(0, job.furthest_step()),
@@ -490,7 +452,11 @@ class CaptureShell:
                             writer=writer, rank_steps=progress.rank_steps, rank_step_time_s=times,
                             rank_backends={r: s.backend for r, s in live.items()}, nodes=nodes, now=now,
                             settings=self.ls, step_time_s=step_time)
-        self._job(job.job_id).history.record_arm(now)
+        history = self._job(job.job_id).history
+        history.record_arm(now)
+        per_rank = history.bytes_per_rank_step
+        history.reserve(plan.capture_id, now, estimate_capture_bytes(
+            len(covered), plan.active, per_rank if per_rank is not None else self.s.arming.targeting.bytes_per_rank_step))
         cap = self._apply(t)
         self.detectors.exclude_steps(job.job_id, plan.start_step, plan.start_step + plan.warmup + plan.active - 1,
                                      f"capture {plan.capture_id}")

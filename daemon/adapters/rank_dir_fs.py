@@ -75,6 +75,7 @@ class RankDirReader:
         self._cache: dict[tuple[str, int, int], DbObservation] = {}
         self._identity: dict[str, dict[str, Any]] = {}
         self._json_cache: dict[tuple[str, int, int], tuple[Any, str | None]] = {}
+        self._groups: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per communicator's members
         self._lock = threading.Lock()
 
     def read(self, path: str) -> RankDirObservation | None:
@@ -114,7 +115,7 @@ class RankDirReader:
         elif info_file:
             out["info"], out["info_error"] = self._parsed_json(entries[info_file], _parse_info)
         if PROFILER_METADATA in entries:
-            out["metadata"], out["metadata_error"] = self._parsed_json(entries[PROFILER_METADATA], _parse_meta)
+            out["metadata"], out["metadata_error"] = self._parsed_json(entries[PROFILER_METADATA], self._parse_meta)
         if kind == "torch_pt":
             out["marker"] = TRACE_DONE in entries
             out["trace_files"] = tuple(sorted(n for n in entries if KINETO_TRACE_RE.match(n)))
@@ -149,6 +150,11 @@ class RankDirReader:
         out.update(output_dir=True, output_files=names, marker=marker, profiler_dbs=dbs, analysis_db=adb,
                    journal_files=journals, newest_output_mtime_s=newest)
         return RankDirObservation(**out)
+
+    def _parse_meta(self, data: Any) -> Any:
+        if len(self._groups) > 100_000:
+            self._groups.clear()
+        return _parse_meta(data, self._groups)
 
     def _parsed_json(self, entry: os.DirEntry[str], parse: Callable[[Any], Any]) -> tuple[Any, str | None]:
         """``(parse(decoded JSON), None)`` or ``(None, why)``; cached by (path, size, mtime_ns)."""
@@ -241,10 +247,10 @@ def _parse_info(data: Any) -> Any:
     return parse_profiler_info(data)
 
 
-def _parse_meta(data: Any) -> Any:
+def _parse_meta(data: Any, intern: dict[tuple[int, ...], tuple[int, ...]] | None = None) -> Any:
     if isinstance(data, dict):  # add_metadata() stores strings: decode JSON-encoded values
         data = {k: _maybe_json(v) if k in _JSON_VALUE_KEYS else v for k, v in data.items()}
-    return parse_profiler_metadata(data)
+    return parse_profiler_metadata(data, intern)
 
 
 def _maybe_json(value: Any) -> Any:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from daemon.core.arming_settings import ArmingSettings
 from daemon.core.capture import CaptureRequest, CaptureSettings, lead_steps
 from daemon.core.detection_types import Anomaly
+from daemon.core.targeting import JobTopology, Target, estimate_capture_bytes, plan_targets
 
 ArmAction = Literal["arm", "would_arm", "suppress"]
 HOUR_S = 3600.0
@@ -34,8 +35,10 @@ class JobArmState:
 
     ``capture_in_flight`` is true while a capture is armed, running or captured but not yet analysed;
     ``last_arm_unix_s`` the wall time of the last arm or would-arm (None = never); ``captures_last_hour`` /
-    ``bytes_last_hour`` count arms (and would-arms) and captured bytes in the rolling hour; ``stalled_ranks`` the
-    ranks the detector currently reports as stalled.
+    ``bytes_last_hour`` count arms (and would-arms) and bytes in the rolling hour (captured, plus the estimate of
+    captures still in flight); ``stalled_ranks`` the ranks the detector currently reports as stalled;
+    ``bytes_per_rank_step``: what one rank wrote per recorded step in the job's last capture (None = no capture
+    yet: ``[arming.targeting] bytes_per_rank_step`` is the estimate).
     """
 
     capture_in_flight: bool = False
@@ -43,6 +46,7 @@ class JobArmState:
     captures_last_hour: int = 0
     bytes_last_hour: int = 0
     stalled_ranks: frozenset[int] = frozenset()
+    bytes_per_rank_step: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,9 @@ class ArmDecision:
     ``transient_not_capturable``, ``kind_not_armed``, ``below_min_magnitude``, ``capture_in_flight``,
     ``cooldown``, ``hourly_cap``, ``byte_cap``, ``stalled_rank_in_capture``). ``warmup``/``active``/``rank_list``
     are the window to arm (``rank_list`` None = all ranks); ``capture_reason`` a short human text stamped into
-    the capture metadata.
+    the capture metadata. ``target``: which ranks and why (``daemon/core/targeting.py``; None when the job's
+    layout was not given); ``estimated_bytes``: what the capture is expected to write, counted against
+    ``max_capture_bytes_per_hour`` before arming.
     """
 
     action: ArmAction
@@ -63,12 +69,15 @@ class ArmDecision:
     active: int
     rank_list: tuple[int, ...] | None
     capture_reason: str
+    target: Target | None = None
+    estimated_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict of every field."""
         return {"action": self.action, "reason": self.reason, "warmup": self.warmup, "active": self.active,
                 "rank_list": list(self.rank_list) if self.rank_list is not None else None,
-                "capture_reason": self.capture_reason}
+                "capture_reason": self.capture_reason, "estimated_bytes": self.estimated_bytes,
+                "targeting": self.target.to_json() if self.target is not None else None}
 
 
 def describe_anomaly(anomaly: Anomaly) -> str:
@@ -86,8 +95,12 @@ class ArmingPolicy:
         ``start_step``, so its batch could never complete); a transient spike -> ``transient_not_capturable``
         (it was over before any capture could start); kind not in ``arm_on`` -> ``kind_not_armed``;
         magnitude below ``min_magnitude``; one capture per job at a time (``capture_in_flight``, until analysed);
-        ``cooldown_s`` since the last arm; ``max_captures_per_hour``; ``max_capture_bytes_per_hour``; a capture
-        that would include a currently stalled rank -> ``stalled_rank_in_capture``. In ``observe`` mode all
+        ``cooldown_s`` since the last arm; ``max_captures_per_hour``; ``max_capture_bytes_per_hour`` (bytes of the
+        hour plus this capture's estimate: ranks covered x active steps x the job's last bytes per rank and step,
+        else ``[arming.targeting] bytes_per_rank_step``); a capture that would include a currently stalled rank
+        -> ``stalled_rank_in_capture``. The ranks covered: ``rank_list`` when set, else, given the job's
+        ``topology``, :func:`daemon.core.targeting.plan_targets` (suspects + peers + reference ranks for a rank
+        outlier in a large job, a sample covering every node for a job-wide one; every rank in a small job). In ``observe`` mode all
         checks run and a pass gives ``would_arm`` (reason ``observe_mode``); :class:`ArmHistory` counts it as an
         arm, so observe mode shows exactly what act mode would do (except the byte cap: nothing is captured).
         Source: rate limits as in ByteRobust (arXiv 2509.16293: act only after repeated alerts); observe before
@@ -101,14 +114,23 @@ class ArmingPolicy:
         """Swap limits at runtime (no state is kept here)."""
         self.settings = settings
 
-    def decide(self, anomaly: Anomaly, job_state: JobArmState, now_unix_s: float) -> ArmDecision:
-        """Return the decision for ``anomaly`` given ``job_state`` at wall time ``now_unix_s`` (seconds)."""
+    def decide(self, anomaly: Anomaly, job_state: JobArmState, now_unix_s: float,
+               topology: JobTopology | None = None) -> ArmDecision:
+        """Return the decision for ``anomaly`` given ``job_state`` at wall time ``now_unix_s`` (seconds) and, when
+        known, the job's ``topology`` (which ranks to cover)."""
         s = self.settings
-        rank_list = s.rank_list
+        target = None
+        if s.rank_list is None and topology is not None:
+            target = plan_targets(anomaly.ranks, topology, s.targeting)
+        rank_list = s.rank_list if s.rank_list is not None else (target.rank_list if target is not None else None)
         text = describe_anomaly(anomaly)
+        covered = len(rank_list) if rank_list is not None else (topology.world_size if topology is not None else 0)
+        per_rank = (job_state.bytes_per_rank_step if job_state.bytes_per_rank_step is not None
+                    else s.targeting.bytes_per_rank_step)
+        estimate = estimate_capture_bytes(covered, s.active, per_rank)
 
         def out(action: ArmAction, reason: str) -> ArmDecision:
-            return ArmDecision(action, reason, s.warmup, s.active, rank_list, text)
+            return ArmDecision(action, reason, s.warmup, s.active, rank_list, text, target, estimate)
 
         if s.mode == "off":
             return out("suppress", "mode_off")
@@ -126,7 +148,8 @@ class ArmingPolicy:
             return out("suppress", "cooldown")
         if job_state.captures_last_hour >= s.max_captures_per_hour:
             return out("suppress", "hourly_cap")
-        if s.max_capture_bytes_per_hour is not None and job_state.bytes_last_hour >= s.max_capture_bytes_per_hour:
+        cap = s.max_capture_bytes_per_hour
+        if cap is not None and (job_state.bytes_last_hour >= cap or job_state.bytes_last_hour + estimate > cap):
             return out("suppress", "byte_cap")
         if job_state.stalled_ranks and (rank_list is None or job_state.stalled_ranks.intersection(rank_list)):
             return out("suppress", "stalled_rank_in_capture")
@@ -146,7 +169,9 @@ class ArmHistory:
     def __init__(self) -> None:
         self._arms: deque[float] = deque()
         self._bytes: deque[tuple[float, int]] = deque()
+        self._reserved: dict[str, tuple[float, int]] = {}
         self.last_arm_unix_s: float | None = None
+        self.bytes_per_rank_step: float | None = None
 
     def record_arm(self, now_unix_s: float) -> None:
         """Count an arm (or, in observe mode, a would-arm) at ``now_unix_s``."""
@@ -159,26 +184,42 @@ class ArmHistory:
         if decision.action in ("arm", "would_arm"):
             self.record_arm(now_unix_s)
 
-    def record_bytes(self, now_unix_s: float, total_bytes: int) -> None:
-        """Count ``total_bytes`` captured at ``now_unix_s`` (call per rank or per capture; they add up)."""
+    def record_bytes(self, now_unix_s: float, total_bytes: int, *, ranks: int = 0, active_steps: int = 0) -> None:
+        """Count ``total_bytes`` captured at ``now_unix_s`` (call per rank or per capture; they add up). With the
+        capture's ``ranks`` and ``active_steps``, its bytes per rank and step become the next estimate."""
         if total_bytes > 0:
             self._bytes.append((now_unix_s, total_bytes))
+            if ranks > 0 and active_steps > 0:
+                self.bytes_per_rank_step = total_bytes / (ranks * active_steps)
+
+    def reserve(self, capture_id: str, now_unix_s: float, estimated_bytes: int) -> None:
+        """Count a capture's estimate while it is in flight (the byte budget counts it before anything lands)."""
+        if estimated_bytes > 0:
+            self._reserved[capture_id] = (now_unix_s, estimated_bytes)
+
+    def settle(self, capture_id: str, now_unix_s: float, total_bytes: int, *, ranks: int = 0,
+               active_steps: int = 0) -> None:
+        """The capture ended: its estimate gives way to the bytes it wrote (:meth:`record_bytes`)."""
+        self._reserved.pop(capture_id, None)
+        self.record_bytes(now_unix_s, total_bytes, ranks=ranks, active_steps=active_steps)
 
     def state(self, now_unix_s: float, *, capture_in_flight: bool,
               stalled_ranks: frozenset[int] = frozenset()) -> JobArmState:
-        """Return the :class:`JobArmState` at ``now_unix_s`` (drops entries older than one hour)."""
+        """Return the :class:`JobArmState` at ``now_unix_s`` (drops entries older than one hour; estimates of
+        captures still in flight count whatever their age)."""
         while self._arms and self._arms[0] <= now_unix_s - HOUR_S:
             self._arms.popleft()
         while self._bytes and self._bytes[0][0] <= now_unix_s - HOUR_S:
             self._bytes.popleft()
-        return JobArmState(capture_in_flight, self.last_arm_unix_s, len(self._arms),
-                           sum(b for _, b in self._bytes), stalled_ranks)
+        held = sum(b for _, b in self._bytes) + sum(b for _, b in self._reserved.values())
+        return JobArmState(capture_in_flight, self.last_arm_unix_s, len(self._arms), held, stalled_ranks,
+                           self.bytes_per_rank_step)
 
     def decide(self, policy: ArmingPolicy, anomaly: Anomaly, now_unix_s: float, *, capture_in_flight: bool,
-               stalled_ranks: frozenset[int] = frozenset()) -> ArmDecision:
+               stalled_ranks: frozenset[int] = frozenset(), topology: JobTopology | None = None) -> ArmDecision:
         """``policy.decide`` on this history's state (nothing is recorded: call :meth:`record` after planning)."""
         return policy.decide(anomaly, self.state(now_unix_s, capture_in_flight=capture_in_flight,
-                                                 stalled_ranks=stalled_ranks), now_unix_s)
+                                                 stalled_ranks=stalled_ranks), now_unix_s, topology)
 
 
 def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: int, step_time_s: float | None,
@@ -194,8 +235,10 @@ def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: i
     ``KeyError``/``TypeError`` only for a malformed ``periodic_spike`` detail.
     """
     rank_list = list(decision.rank_list) if decision.rank_list is not None else None
-    base = {"job_id": anomaly.job_id, "reason": decision.capture_reason or anomaly.kind, "warmup": decision.warmup,
-            "active": decision.active, "rank_list": rank_list}
+    base: dict[str, Any] = {"job_id": anomaly.job_id, "reason": decision.capture_reason or anomaly.kind,
+                            "warmup": decision.warmup, "active": decision.active, "rank_list": rank_list}
+    if decision.target is not None and decision.target.rank_list is not None:
+        base["targeting"] = {**decision.target.to_json(), "estimated_bytes": decision.estimated_bytes}
     if anomaly.kind != "periodic_spike" or step_time_s is None or not step_time_s > 0:
         return CaptureRequest(**base)
     d = anomaly.detail

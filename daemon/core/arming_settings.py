@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from daemon.core.targeting import TargetingSettings
+
 __all__ = ["ArmableKind", "ArmingSettings"]
 
 ArmableKind = Literal["step_regression", "rank_outlier", "periodic_spike", "stalled_rank", "step_spike"]
@@ -40,3 +42,7 @@ class ArmingSettings(BaseModel):
                     "spike (stalled_rank and step_spike never arm)",
     )
     min_magnitude: float = Field(0.0, ge=0, description="relative: anomalies below this magnitude do not arm")
+    targeting: TargetingSettings = Field(
+        default_factory=TargetingSettings,
+        description="targeted captures of large jobs: suspects + node/group peers + reference ranks, or a sample "
+                    "covering every node for a job-wide anomaly (daemon/core/targeting.py); rank_list overrides it")

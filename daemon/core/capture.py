@@ -16,6 +16,7 @@ import math
 import posixpath
 import re
 from datetime import datetime, timezone
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -94,7 +95,9 @@ class CaptureSettings(BaseModel):
 
 class CaptureRequest(BaseModel):
     """Ask for one capture. ``start_step`` (absolute) or ``in_steps`` (at least this many steps ahead of the
-    furthest rank) override the planner's lead; ``rank_list`` None = all ranks; ``capture_id`` None = new one."""
+    furthest rank) override the planner's lead; ``rank_list`` None = all ranks; ``capture_id`` None = new one;
+    ``targeting``: why these ranks (``daemon.core.targeting.Target.to_json`` + ``estimated_bytes``), carried into
+    the capture's event and notes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -106,6 +109,7 @@ class CaptureRequest(BaseModel):
     start_step: int | None = None
     in_steps: int | None = None
     capture_id: str | None = None
+    targeting: dict[str, Any] | None = None
 
 
 class JobProgress(BaseModel):
@@ -156,6 +160,7 @@ class CapturePlan(BaseModel):
     base_step: int = 0
     rank_deadlines_unix_s: dict[int, float] = Field(default_factory=dict)
     step_spread: int = 0
+    targeting: dict[str, Any] | None = None
 
 
 def poll_interval_s(furthest_step: int, step_time_s: float | None) -> float:
@@ -243,7 +248,8 @@ def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSetting
         active=active,
         prof_dir=prof_dir,
         analyse=s.analyse,
-        # torch_npu parses listed ranks online only in async mode (it closes the parse otherwise)
+        # torch_npu parses listed ranks online only in async mode: with is_rank and async_mode false it turns the
+        # online parse off for them (docs/torch_npu-dynamic-profile.md), and completeness would wait for analyse.done
         async_mode=s.async_mode or (ranks is not None and s.analyse),
         is_rank=ranks is not None,
         rank_list=ranks or [],
@@ -264,5 +270,5 @@ def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSetting
         capture_id=capture_id, job_id=job.job_id, reason=req.reason, start_step=start, warmup=warmup, active=active,
         rank_list=ranks, prof_dir=prof_dir, config=config, deadline_unix_s=max(rank_deadlines.values()),
         lead_steps=lead, poll_interval_s=poll, base_step=base, rank_deadlines_unix_s=rank_deadlines,
-        step_spread=spread,
+        step_spread=spread, targeting=req.targeting if ranks is not None else None,
     )

@@ -29,7 +29,8 @@ follow-up (``analysis_enriched``) has the same keys: ``pending_recipes`` (what t
 def plan_notes(plan: CapturePlan, covered: Sequence[int], rank_steps: Mapping[int, int],
                rank_backends: Mapping[int, str]) -> list[str]:
     """Remarks fixed at arm time and carried into every verdict: covered ranks whose step counters are further
-    apart than the arm lead (a restart or a resume without ``set_step``), covered ranks without a capture backend."""
+    apart than the arm lead (a restart or a resume without ``set_step``), covered ranks without a capture backend,
+    and for a targeted capture which ranks it covers and why (``plan.targeting``)."""
     notes = []
     known = {r: s for r, s in rank_steps.items() if r in set(covered)}
     if known and plan.step_spread > plan.lead_steps:
@@ -40,6 +41,10 @@ def plan_notes(plan: CapturePlan, covered: Sequence[int], rank_steps: Mapping[in
     no_backend = sorted(r for r in covered if rank_backends.get(r) == "none")
     if no_backend:
         notes.append(f"rank(s) {no_backend} run no capture backend: they cannot capture")
+    if plan.targeting:
+        est = plan.targeting.get("estimated_bytes")
+        notes.append(str(plan.targeting.get("detail") or "targeted capture")
+                     + (f"; estimated {est / 2**30:.2f} GiB" if isinstance(est, (int, float)) and est else ""))
     return notes
 
 

@@ -97,6 +97,7 @@ class RankDirState:
     dir_ts: str = ""
     dir_ts_unix_s: float | None = None
     has_metadata: bool = False
+    groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -149,6 +150,15 @@ class BatchState:
     def rank_dirs(self) -> dict[int, str]:
         """rank -> rank dir path."""
         return {r: s.path for r, s in sorted(self.ranks.items())}
+
+    def parallel_groups(self) -> dict[str, tuple[int, ...]]:
+        """Communicators smaller than the world recorded by the batch's ranks (``parallel_group_info``): name ->
+        global ranks, the union over the ranks (each rank lists only its own groups)."""
+        out: dict[str, tuple[int, ...]] = {}
+        for s in self.ranks.values():
+            for name, members in s.groups.items():
+                out.setdefault(name, members)
+        return out
 
     def unusable_ranks(self) -> dict[int, str]:
         """rank -> why, for ranks whose dir finished but holds no usable device data (reasons ``NO_DEVICE_DATA``)."""
@@ -246,6 +256,7 @@ def evaluate_rank_dir(obs: RankDirObservation, *, now_unix_s: float, settings: W
         "kind": obs.name.kind,
         "capture_id": meta.capture_id if meta else None,
         "group_names": meta.group_names if meta else frozenset(),
+        "groups": meta.groups if meta else {},
         "t_order_s": (obs.name.ts_naive - _EPOCH).total_seconds(),
         "dir_ts": obs.name.ts,
         "dir_ts_unix_s": obs.dir_ts_unix_s,

@@ -266,7 +266,9 @@ def open_capture(plan: CapturePlan, *, world_size: int, profiler_config_path: st
         notes=tuple(notes))
     cap = replace(cap, deadline_unix_s=deadline_for(cap, S.PLANNED, now, settings))
     return Transition(cap, (_progress(cap, "planned", now, start_step=cap.start_step, writer=writer,
-                                      nodes=sorted(cap.nodes), notes=list(cap.notes)),),
+                                      nodes=sorted(cap.nodes), notes=list(cap.notes),
+                                      rank_list=list(cap.rank_list) if cap.rank_list is not None else None,
+                                      targeting=plan.targeting),),
                       frozenset({Action.WRITE_CONFIG, Action.WATCH}))
 
 

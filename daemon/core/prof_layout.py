@@ -203,7 +203,10 @@ class ProfilerMetadata:
     ``capture_id``/``job_id``/``reason``: the ``profwatch_*`` keys profwatch stamps into the config's metadata.
     ``world_size``: ``len(global_ranks)`` of the ``default_group`` entry of ``parallel_group_info``, else
     ``distributed_args.world_size`` (docs/rank-dirs.md#completion). ``group_names``: the HCCL communicator names
-    (keys of ``parallel_group_info``), identical across ranks of one job, a grouping hint only.
+    (keys of ``parallel_group_info``), identical across ranks of one job, a grouping hint only. ``groups``: the
+    communicators smaller than the world (name -> sorted global ranks), which targeted captures use to pick a
+    suspect's group peers (``daemon/core/targeting.py``); the world group is left out (it says nothing about
+    locality, and a copy of it per rank would cost N^2 memory).
     """
 
     capture_id: str | None = None
@@ -211,13 +214,32 @@ class ProfilerMetadata:
     reason: str | None = None
     world_size: int | None = None
     group_names: frozenset[str] = field(default_factory=frozenset)
+    groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
-def parse_profiler_metadata(data: Mapping[str, Any]) -> ProfilerMetadata:
+def _group_members(pgi: Mapping[str, Any], world: int | None,
+                   intern: dict[tuple[int, ...], tuple[int, ...]] | None) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for raw_name, info in pgi.items():
+        ranks = info.get("global_ranks") if isinstance(info, Mapping) else None
+        if not isinstance(ranks, list) or not ranks or (world is not None and len(ranks) >= world):
+            continue
+        if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
+            continue
+        members = tuple(sorted(set(ranks)))
+        if intern is not None:  # every rank of a group lists the same members: keep one tuple
+            members = intern.setdefault(members, members)
+        out[str(raw_name)] = members
+    return out
+
+
+def parse_profiler_metadata(data: Mapping[str, Any],
+                            intern: dict[tuple[int, ...], tuple[int, ...]] | None = None) -> ProfilerMetadata:
     """Extract :class:`ProfilerMetadata` from a decoded ``profiler_metadata.json`` object.
 
     torch_npu stores some values as JSON-encoded strings (``add_metadata`` takes strings), so string values of
     ``parallel_group_info`` / ``distributed_args`` are decoded by the caller or ignored here when not objects.
+    ``intern``: a table shared across the ranks of a scan, so that a group's member tuple exists once.
 
     Raises:
         LayoutError: ``data`` is not an object.
@@ -237,12 +259,14 @@ def parse_profiler_metadata(data: Mapping[str, Any]) -> ProfilerMetadata:
     dargs = data.get("distributed_args")
     if world_size is None and isinstance(dargs, Mapping):
         world_size = _as_int(dargs.get("world_size"))
+    world = world_size if world_size and world_size > 0 else None
     return ProfilerMetadata(
         capture_id=_str_or_none(data.get("profwatch_capture_id")),
         job_id=_str_or_none(data.get("profwatch_job_id")),
         reason=_str_or_none(data.get("profwatch_reason")),
-        world_size=world_size if world_size and world_size > 0 else None,
+        world_size=world,
         group_names=frozenset(groups),
+        groups=_group_members(pgi, world, intern) if isinstance(pgi, Mapping) else {},
     )
 
 
