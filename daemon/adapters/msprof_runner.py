@@ -344,6 +344,9 @@ class MsprofRunner:
         nice = shutil.which("nice") if run.phase == "enrich" and self.settings.enrich_nice else None
         # nice(1) execs the tool at the lower priority: every worker it forks inherits it, from the first instant
         lower = [nice, "-n", str(self.settings.enrich_nice)] if nice else []
+        if (prefix or lower) and shutil.which(run.argv[0]) is None:  # a wrapper would start and fail with 127
+            log.warning("msprof_spawn_failed", recipe=run.name, error=f"not an executable: {run.argv[0]}")
+            raise SpawnFailed(f"[Errno 2] No such file or directory: {run.argv[0]!r}")
         t0 = self._clock()
         try:
             proc = subprocess.Popen([*prefix, *lower, *run.argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -222,7 +222,7 @@ def test_cli_analyze_json(tmp_path: Path):
     assert any("cluster_time_summary ok in" in s for s in said) and any("slow_rank ok in" in s for s in said), said
     verdict = next(i for i, s in enumerate(said) if "verdict ok" in s)
     assert verdict < next(i for i, s in enumerate(said) if "communication_matrix started" in s)
-    assert verdict < next(i for i, s in enumerate(said) if "report_html started" in s)
+    assert verdict < next(i for i, s in enumerate(said) if "follow-up done" in s)
     assert doc["recipe_details"]["communication_matrix"]["phase"] == "enrich"
     assert not any("analyze:" in line for line in out.stdout.splitlines())
     human = CliRunner().invoke(analyze, [str(tmp_path / "prof"), "--no-advisor", "--out", str(tmp_path / "w2")])
