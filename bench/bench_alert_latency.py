@@ -1,0 +1,276 @@
+"""Time to alert (issue 13): batch complete -> first alert -> enriched alert, beside each recipe alone.
+
+Sections (each prints numbers; nothing is asserted):
+
+1. **Latency** at each ``--sizes`` (default 16, 64, 256, 512, 1024 generated ranks, 3 steps, one rank 1.5x slow):
+   the batch is found complete by ``scan_tree``; then ``analyze_batch(enrich=False)`` (stage, cluster_time_summary
+   and slow_rank concurrently, rank, report) = first alert, and ``enrich_analysis`` (communication matrix, the
+   advisor under its size rule, report rewritten) = enriched alert; then cluster_time_summary and slow_rank each
+   run alone on the same staged batch with the same runner settings. Peak RSS is the sum over the bench process
+   and all its descendants (the msprof-analyze process trees), polled every 0.2 s. Goal: first alert <= 1.2 x the
+   slower of the two recipes alone.
+2. **Advisor at its cap**: ``--cap-ranks`` ranks (default 512) with the size rule off (the advisor reads every
+   rank), the tools capped at ``--cap-mib`` (default 1024 MiB, watchdog): the advisor's status (``oom``), its peak,
+   and the suspect alert published before it.
+3. **Targeted vs full capture** of a 4096-rank job (8 ranks per node) with one slow rank: ranks, files and bytes,
+   from the files and bytes of generated rank dirs (full, not minimal, 5 active steps) scaled to the rank count.
+4. **The 30 s budget** of a 1000-rank job at 1 s per step, from the figures above (``--budget-alert-s`` overrides
+   the measured first alert of the largest size run).
+5. ``--scan``: the scan benchmark (``bench/scan_tree_bench.py``).
+
+Run from the repo root: ``python bench/bench_alert_latency.py [--sizes 16,64,256] [--no-cap] [--scan]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from daemon.adapters.msprof_runner import MsprofRunner
+from daemon.adapters.rank_dir_fs import scan_tree
+from daemon.analysis import AnalysisSettings, analyze_batch, enrich_analysis
+from daemon.core.arming_settings import ArmingSettings
+from daemon.core.capture import CaptureSettings, lead_steps, poll_interval_s
+from daemon.core.completeness import BatchState
+from daemon.core.msprof_plan import MsprofSettings
+from daemon.core.targeting import JobTopology, TargetingSettings, estimate_capture_bytes, plan_targets
+from daemon.simulate.ascend_tree import generate_cluster
+
+MiB = 2**20
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        kids.setdefault(int(fields[1]), []).append(int(name))
+    return kids
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident bytes of ``root`` and all its descendants (``/proc/<pid>/statm``; shared pages counted per process)."""
+    kids, total, todo = _children(), 0, [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(kids.get(pid, ()))
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * PAGE
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+class PeakRss:
+    """Polls :func:`tree_rss_bytes` of this process in a thread; ``peak`` in bytes."""
+
+    def __init__(self, interval_s: float = 0.2) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._interval = interval_s
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, tree_rss_bytes(os.getpid()))
+            self._stop.wait(self._interval)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _batch(root: Path, world: int) -> BatchState:
+    (batch,) = scan_tree(root, world_size=world)
+    if batch.status != "complete":
+        raise SystemExit(f"generated batch of {world} ranks is {batch.status}: {batch.describe()}")
+    return batch
+
+
+def _settings(**msprof: Any) -> AnalysisSettings:
+    settings = AnalysisSettings()
+    settings.msprof = MsprofSettings(**{"memory_limit": "watchdog", "retries": 0, "timeout_s": 1800, **msprof})
+    return settings
+
+
+def latency_row(work: Path, n: int, settings: AnalysisSettings) -> dict[str, Any]:
+    """One size of section 1; returns the figures (seconds, bytes)."""
+    root = work / f"batch{n}"
+    shutil.rmtree(work, ignore_errors=True)
+    t = time.monotonic()
+    generate_cluster(root, world_size=n, slow_ranks={n // 3: 1.5}, steps=3, minimal=True)
+    gen_s = time.monotonic() - t
+    batch = _batch(root, n)
+    row: dict[str, Any] = {"ranks": n, "gen_s": gen_s}
+    with MsprofRunner(settings.msprof) as runner, PeakRss() as rss:
+        t0 = time.monotonic()
+        result = analyze_batch(batch, work_dir=work / "w", settings=settings, runner=runner, enrich=False)
+        row["alert_s"] = time.monotonic() - t0
+        first = result.alert_data()
+        session = result.followup.session if result.followup is not None else None
+        enrich_analysis(result, runner=runner)
+        row["enriched_s"] = time.monotonic() - t0
+        after = result.alert_data()
+        row["peak_rss"] = rss.peak
+        row["concurrency"] = runner.concurrency
+        alone: dict[str, float] = {}
+        if session is not None:
+            for c in session.plan.phase("alert"):
+                run = runner.run(c.name, c.args, work / "w" / "alone", phase="alert")
+                alone[c.name] = run.duration_s if run.returncode == 0 else float("nan")
+    row["alone"] = alone
+    row["suspects"] = [s["rank"] for s in first.get("suspects", [])][:3]
+    row["status"] = first.get("status")
+    row["recipes"] = {k: (v.get("status"), v.get("duration_s")) for k, v in after.get("recipes", {}).items()}
+    shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
+def section_latency(work: Path, sizes: list[int], concurrency: int) -> list[dict[str, Any]]:
+    print("== 1. batch complete -> first alert -> enriched alert (generated batches, 3 steps, one slow rank) ==")
+    print(f"cores: {os.cpu_count()}; alert recipes at once: {concurrency or 'auto (one per two CPUs)'}; "
+          "tools under the watchdog; advisor size rule at its default "
+          f"(advisor_max_ranks {MsprofSettings().advisor_max_ranks}, above it: subset)")
+    print(f"{'ranks':>6} {'alert s':>8} {'enriched s':>10} {'cts alone':>9} {'slow_rank alone':>15} "
+          f"{'alert/max alone':>15} {'peak RSS MiB':>12}  suspects  recipes (status, s)")
+    rows = []
+    for n in sizes:
+        row = latency_row(work, n, _settings(max_concurrent_runs=concurrency))
+        a = row["alone"]
+        slowest = max(a.get("cluster_time_summary", float("nan")), a.get("slow_rank", float("nan")))
+        print(f"{n:>6} {row['alert_s']:>8.1f} {row['enriched_s']:>10.1f} "
+              f"{a.get('cluster_time_summary', float('nan')):>9.1f} {a.get('slow_rank', float('nan')):>15.1f} "
+              f"{row['alert_s'] / slowest:>15.2f} {row['peak_rss'] / MiB:>12.0f}  {row['suspects']} (slow {n // 3}) "
+              + ", ".join(f"{k} {s} {d if d is None else round(d, 1)}" for k, (s, d) in row["recipes"].items()),
+              flush=True)
+        rows.append(row)
+    print("goal: alert/max alone <= 1.2\n")
+    return rows
+
+
+def section_cap(work: Path, n: int, cap_mib: int) -> None:
+    print(f"== 2. a {n}-rank advisor at a cap of {cap_mib} MiB (size rule off: the advisor reads every rank) ==")
+    settings = _settings(memory_limit_bytes=cap_mib * MiB, advisor_max_ranks=max(n, 2), communication_matrix=False)
+    root = work / f"cap{n}"
+    shutil.rmtree(work, ignore_errors=True)
+    generate_cluster(root, world_size=n, slow_ranks={n // 3: 1.5}, steps=3, minimal=True)
+    batch = _batch(root, n)
+    with MsprofRunner(settings.msprof) as runner, PeakRss() as rss:
+        t0 = time.monotonic()
+        result = analyze_batch(batch, work_dir=work / "w", settings=settings, runner=runner, enrich=False)
+        alert_s = time.monotonic() - t0
+        first = result.alert_data()
+        enrich_analysis(result, runner=runner)
+        enriched_s = time.monotonic() - t0
+    after = result.alert_data()
+    adv = after.get("recipes", {}).get("advisor", {})
+    print(f"first alert {alert_s:.1f} s: status {first.get('status')}, suspects "
+          f"{[s['rank'] for s in first.get('suspects', [])][:3]} (slow {n // 3})")
+    print(f"advisor: status {adv.get('status')}, {adv.get('duration_s')} s, peak "
+          f"{(adv.get('peak_rss_bytes') or 0) / MiB:.0f} MiB; detail: {str(adv.get('detail', ''))[:160]}")
+    print(f"enriched alert {enriched_s:.1f} s: status {after.get('status')}, suspects "
+          f"{[s['rank'] for s in after.get('suspects', [])][:3]}; bench tree peak RSS {rss.peak / MiB:.0f} MiB\n")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _tree_size(root: Path) -> tuple[int, int]:
+    files = size = 0
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            files += 1
+            size += os.lstat(os.path.join(dirpath, name)).st_size
+    return files, size
+
+
+def section_targeted(work: Path, world: int = 4096, per_node: int = 8, active: int = 5) -> None:
+    print(f"== 3. capture of a {world}-rank job ({per_node} ranks per node) with one slow rank: full vs targeted ==")
+    sample = 8
+    shutil.rmtree(work, ignore_errors=True)
+    generate_cluster(work / "t", world_size=sample, slow_ranks={3: 1.5}, steps=active)
+    files, size = _tree_size(work / "t")
+    shutil.rmtree(work, ignore_errors=True)
+    hosts = {r: f"node{r // per_node}" for r in range(world)}
+    ts = TargetingSettings()
+    for label, ranks in (("rank outlier", [1234]), ("job-wide regression", [])):
+        target = plan_targets(ranks, JobTopology(world, hosts), ts)
+        k = len(target.rank_list) if target.rank_list is not None else world
+        print(f"{label}: {target.detail}")
+        print(f"{'':>4}{'capture':<10} {'ranks':>6} {'files':>9} {'generated bytes':>16} "
+              f"{'estimate (16 MiB/rank/step)':>28}")
+        for name, count in (("full", world), ("targeted" if ranks else "sample", k)):
+            est = estimate_capture_bytes(count, active, ts.bytes_per_rank_step)
+            print(f"{'':>4}{name:<10} {count:>6} {files * count // sample:>9} "
+                  f"{size * count / sample / MiB:>14.0f} M {est / 2**30:>26.1f} G")
+    print(f"(generated rank dir: {files // sample} files, {size / sample / MiB:.2f} MiB for {active} steps of the "
+          "generator's small timeline; real captures are larger, hence the estimate column)\n")
+
+
+def section_budget(alert_s: float, source: str, step_s: float = 1.0) -> None:
+    print(f"== 4. the 30 s budget: a 1000-rank job at {step_s:g} s per step ==")
+    arming, cap = ArmingSettings(), CaptureSettings()
+    furthest = 100
+    detect = 6 * step_s
+    lead = lead_steps(furthest, step_s, cap) * step_s
+    window = (arming.warmup + arming.active) * step_s
+    completion = 1.0
+    parts = [("detection (about 6 steps, docs/verdicts.md)", detect),
+             (f"arm lead (poll {poll_interval_s(furthest, step_s):g} s + margin {cap.margin_s:g} s, "
+              f"+{cap.margin_steps} steps)", lead),
+             (f"window (warmup {arming.warmup} + active {arming.active} steps)", window),
+             ("ranks' own parse", 0.0),
+             ("batch complete noticed (inotify; bench_completion.py)", completion),
+             (f"batch complete -> first alert ({source})", alert_s)]
+    for what, s in parts:
+        print(f"  {what:<62} {s:>6.1f} s" + ("   (excluded)" if what.startswith("ranks'") else ""))
+    total = sum(s for _w, s in parts)
+    print(f"  {'total':<62} {total:>6.1f} s   (goal 30 s; first alert goal <= 10 s)\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="16,64,256,512,1024")
+    ap.add_argument("--cap-ranks", type=int, default=512)
+    ap.add_argument("--cap-mib", type=int, default=1024)
+    ap.add_argument("--concurrency", type=int, default=0, help="max_concurrent_runs (0 = the default rule)")
+    ap.add_argument("--no-cap", action="store_true", help="skip section 2")
+    ap.add_argument("--budget-alert-s", type=float, default=None)
+    ap.add_argument("--scan", action="store_true", help="also run bench/scan_tree_bench.py at 1024,4096,16384")
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "profwatch-bench-alert")
+    a = ap.parse_args()
+    sizes = [int(x) for x in a.sizes.split(",") if x]
+    rows = section_latency(a.work, sizes, a.concurrency) if sizes else []
+    if not a.no_cap:
+        section_cap(a.work, a.cap_ranks, a.cap_mib)
+    section_targeted(a.work)
+    if a.budget_alert_s is not None:
+        section_budget(a.budget_alert_s, "given")
+    elif rows:
+        last = max(rows, key=lambda r: r["ranks"])
+        section_budget(last["alert_s"], f"measured at {last['ranks']} ranks")
+    if a.scan:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import scan_tree_bench
+
+        scan_tree_bench.run(a.work / "scan", [1024, 4096, 16384])
+    shutil.rmtree(a.work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
