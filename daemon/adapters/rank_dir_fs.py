@@ -122,8 +122,7 @@ class RankDirReader:
             out["output_files"] = frozenset(entries)
             return RankDirObservation(**out)
         prof = [e for n, e in entries.items() if n.startswith("PROF_")]
-        out["leftover_sqlite"] = any(_has_leftover_sqlite(e) for e in prof)
-        out["device_dirs"], out["empty_device_dirs"] = _device_dirs(prof)
+        out["device_dirs"], out["empty_device_dirs"], out["leftover_sqlite"] = _raw_data_state(prof)
         outdir = entries.get(PROFILER_OUTPUT_DIR)
         if outdir is None or not outdir.is_dir(follow_symlinks=True):
             return RankDirObservation(**out)
@@ -296,16 +295,24 @@ def _read_json(path: str) -> tuple[Any, str | None]:
         return None, f"not valid JSON yet ({exc})"
 
 
-def _device_dirs(prof_entries: list[os.DirEntry[str]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``(PROF_*/device_N dirs, those of them that are empty)`` as paths relative to the rank dir."""
+def _raw_data_state(prof_entries: list[os.DirEntry[str]]) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+    """One pass over the ``PROF_*`` dirs (names only: no raw data file is read): ``(PROF_*/device_N dirs, those of
+    them that are empty, whether a PROF_*/{host,device_*}/sqlite is still there)``; the last means CANN's export
+    is not finished (docs/rank-dirs.md#completion). Device dirs are paths relative to the rank dir."""
     found: list[str] = []
     empty: list[str] = []
+    leftover = False
     for entry in prof_entries:
         try:
             if not entry.is_dir(follow_symlinks=False):
                 continue
             for sub in os.scandir(entry.path):
-                if sub.name.startswith("device_") and sub.is_dir(follow_symlinks=False):
+                is_device = sub.name.startswith("device_")
+                if not (is_device or sub.name == "host") or not sub.is_dir(follow_symlinks=False):
+                    continue
+                if not leftover and os.path.isdir(os.path.join(sub.path, "sqlite")):
+                    leftover = True
+                if is_device:
                     rel = f"{entry.name}/{sub.name}"
                     found.append(rel)
                     with os.scandir(sub.path) as it:
@@ -313,22 +320,7 @@ def _device_dirs(prof_entries: list[os.DirEntry[str]]) -> tuple[tuple[str, ...],
                             empty.append(rel)
         except FileNotFoundError:
             continue
-    return tuple(sorted(found)), tuple(sorted(empty))
-
-
-def _has_leftover_sqlite(entry: os.DirEntry[str]) -> bool:
-    """``PROF_*/{host,device_*}/sqlite`` still there: CANN export not finished (docs/rank-dirs.md#completion)."""
-    try:
-        if not entry.is_dir(follow_symlinks=False):
-            return False
-        for sub in os.scandir(entry.path):
-            if (sub.name == "host" or sub.name.startswith("device_")) and os.path.isdir(
-                os.path.join(sub.path, "sqlite")
-            ):
-                return True
-    except FileNotFoundError:
-        return False
-    return False
+    return tuple(sorted(found)), tuple(sorted(empty)), leftover
 
 
 def find_rank_dirs(root: str, *, max_depth: int = 5) -> tuple[list[str], list[str]]:
