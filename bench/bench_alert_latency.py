@@ -145,7 +145,7 @@ def latency_row(work: Path, n: int, settings: AnalysisSettings) -> dict[str, Any
 
 def section_latency(work: Path, sizes: list[int], concurrency: int) -> list[dict[str, Any]]:
     print("== 1. batch complete -> first alert -> enriched alert (generated batches, 3 steps, one slow rank) ==")
-    print(f"cores: {os.cpu_count()}; alert recipes at once: {concurrency or 'auto (one per two CPUs)'}; "
+    print(f"cores: {os.cpu_count()}; alert recipes at once: {concurrency or 'auto (both on 2+ CPUs)'}; "
           "tools under the watchdog; advisor size rule at its default "
           f"(advisor_max_ranks {MsprofSettings().advisor_max_ranks}, above it: subset)")
     print(f"{'ranks':>6} {'alert s':>8} {'enriched s':>10} {'cts alone':>9} {'slow_rank alone':>15} "

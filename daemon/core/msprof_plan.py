@@ -94,12 +94,13 @@ DEFAULT_MEMORY_SHARE = 0.4
 
 
 def concurrent_runs(settings: MsprofSettings, cpus: int) -> int:
-    """Alert-phase commands to run at once: ``max_concurrent_runs``, else (0) one per two CPUs, at least 1 and at
-    most the alert recipes. Each command forks one worker per CPU, so two on two CPUs only share them: the
-    verdict then waits about as long as for both in a row (``bench/bench_alert_latency.py`` measures both)."""
+    """Alert-phase commands to run at once: ``max_concurrent_runs``, else (0) every alert recipe at once when
+    there are two CPUs or more, one at a time on a single CPU. Each command forks one worker per CPU, but most
+    of a run is single-threaded start-up and I/O: on two CPUs the pair together took 1.07-1.7x the slower one
+    alone, one after the other 1.8-2.4x (``bench/bench_alert_latency.py --concurrency 1|2``, 16-256 ranks)."""
     if settings.max_concurrent_runs:
         return settings.max_concurrent_runs
-    return max(1, min(len(ALERT_RECIPES), cpus // 2))
+    return len(ALERT_RECIPES) if cpus >= 2 else 1
 
 
 def memory_cap_bytes(settings: MsprofSettings, host_bytes: int | None) -> int | None:

@@ -165,7 +165,7 @@ def test_a_run_killed_at_the_memory_cap_is_oom_whatever_it_left() -> None:
 
 def test_concurrency_from_the_cpu_count_unless_set() -> None:
     auto = MsprofSettings()
-    assert [concurrent_runs(auto, n) for n in (1, 2, 3, 4, 16, 64)] == [1, 1, 1, 2, 2, 2]
+    assert [concurrent_runs(auto, n) for n in (1, 2, 3, 4, 16, 64)] == [1, 2, 2, 2, 2, 2]
     assert concurrent_runs(MsprofSettings(max_concurrent_runs=3), 2) == 3
 
 
