@@ -24,6 +24,7 @@ from typing import Any
 
 import click
 
+from daemon.core.alerts import TYPE_ANALYSIS_ENRICHED
 from daemon.core.lifecycle import CaptureState
 from daemon.simulate.launcher import JobSpec, free_port, launch_job
 
@@ -36,6 +37,7 @@ class Timeline:
     job_id: str
     marks: list[tuple[str, float, int | None, str]] = field(default_factory=list)
     alert: dict[str, Any] | None = None
+    enriched: dict[str, Any] | None = None  # the analysis_enriched follow-up of ``alert``
     suppressed: dict[str, int] = field(default_factory=dict)
     samples: list[tuple[float, int]] = field(default_factory=list)  # (unix s, furthest step) from status polls
 
@@ -200,11 +202,41 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
             rows = call(stack.control, "events", {"job_id": job_id, "alerts_only": True, "limit": 20}, timeout_s=5)
             for row in rows:
                 _on_event(tl, row["event"], time.time(), step, echo)
+        if _follow_up_pending(tl):  # the alert is out; the advisor's follow-up comes after it (issue 13)
+            job.request_stop()
+            echo(f"[{scenario}] waiting for the enriched follow-up "
+                 f"({', '.join(tl.alert['data']['pending_recipes'])})")  # type: ignore[index]
+            t_end = time.monotonic() + timeout_s
+            while time.monotonic() < t_end and tl.enriched is None:
+                ev = sub.recv(250)
+                if ev is not None and str(ev.get("id")) not in seen:
+                    seen.add(str(ev.get("id")))
+                    _on_event(tl, ev, time.time(), step, echo)
+            if tl.enriched is None:
+                echo(f"[{scenario}] no enriched follow-up within {timeout_s:.0f}s")
     finally:
         sub.close()
         job.request_stop()
         job.wait(60)
     return tl
+
+
+def _follow_up_pending(tl: Timeline) -> bool:
+    """The scenario's alert is a verdict whose enrich phase is still to come (``pending_recipes``)."""
+    return (tl.alert is not None and tl.alert.get("type") == "io.profwatch.suspect_ranks.v1"
+            and bool((tl.alert.get("data") or {}).get("pending_recipes")) and tl.enriched is None)
+
+
+def _recipes_text(d: dict[str, Any]) -> str:
+    """``name=status (seconds)`` per recipe of a verdict payload."""
+    out = []
+    for k, v in (d.get("recipes") or {}).items():
+        if isinstance(v, dict):
+            dur = v.get("duration_s")
+            out.append(f"{k}={v.get('status')}" + (f" ({float(dur):.1f}s)" if dur is not None else ""))
+        else:
+            out.append(f"{k}={v}")
+    return ", ".join(out)
 
 
 def _on_event(tl: Timeline, ev: dict[str, Any], now: float, step: int | None, echo: Any) -> None:
@@ -223,10 +255,16 @@ def _on_event(tl: Timeline, ev: dict[str, Any], now: float, step: int | None, ec
     elif t == "io.profwatch.batch.v1":
         tl.add("batch_complete", now, None, d.get("batch", {}).get("batch_id", ""))
     elif t == "io.profwatch.suspect_ranks.v1":
-        tl.add("analysis", now - float(d.get("analysis_duration_s") or 0), None, "recipes: " + ", ".join(
-            f"{k}={v.get('status') if isinstance(v, dict) else v}" for k, v in (d.get("recipes") or {}).items()))
+        tl.add("analysis", now - float(d.get("analysis_duration_s") or 0), None, "recipes: " + _recipes_text(d))
         tl.add("alert", now, None, _suspects_text(d))
+        if tl.alert is None:
+            echo(f"[{tl.scenario}] ALERT: {_suspects_text(d)}; recipes: {_recipes_text(d)}"
+                 + (f"; still running: {', '.join(d['pending_recipes'])}" if d.get("pending_recipes") else ""))
         tl.alert = ev
+    elif t == TYPE_ANALYSIS_ENRICHED and tl.alert is not None:
+        tl.add("enriched", now, None, "recipes: " + _recipes_text(d))
+        echo(f"[{tl.scenario}] ENRICHED: {_suspects_text(d)}; recipes: {_recipes_text(d)}")
+        tl.enriched = ev
     elif t in ("io.profwatch.batch_incomplete.v1", "io.profwatch.analysis_failed.v1"):
         tl.add("alert", now, None, t)
         tl.alert = ev
@@ -288,7 +326,8 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
             click.echo(f"  drill down: {sus[0]['rank_dir']}")
     (root / "demo_result.json").write_text(json.dumps(
         {"ok": ok, "elapsed_s": round(time.time() - t0, 1), "scenarios": [
-            {"scenario": tl.scenario, "job_id": tl.job_id, "marks": tl.marks, "alert": tl.alert} for tl in results]},
+            {"scenario": tl.scenario, "job_id": tl.job_id, "marks": tl.marks, "alert": tl.alert,
+             "enriched": tl.enriched} for tl in results]},
         indent=2, default=str))
     click.echo(f"\ndemo finished in {time.time() - t0:.0f}s: {'all alerts named the slow rank' if ok else 'FAILED'}; "
                f"results in {root / 'demo_result.json'}, logs in {root / 'logs'}")

@@ -57,7 +57,15 @@ def test_demo_both_scenarios_name_the_slow_rank(tmp_path: Path) -> None:
         missing = [m for m in ORDER if m not in times]
         assert not missing, (sc["scenario"], sc["marks"])
         assert [times[m] for m in ORDER] == sorted(times[m] for m in ORDER), sc["marks"]
+        enriched = sc["enriched"]  # the follow-up after the alert, same ids (issue 13)
+        assert enriched is not None and enriched["type"] == "io.profwatch.analysis_enriched.v1", sc["marks"]
+        assert (enriched["data"]["batch_id"], enriched["data"]["capture_id"]) == (data["batch_id"],
+                                                                                 data["capture_id"])
+        assert data["pending_recipes"] and enriched["data"]["pending_recipes"] == []
+        assert times["alert"] < times["enriched"], sc["marks"]
     recipes = result["scenarios"][1]["alert"]["data"]["recipes"]
     status = {k: (v["status"] if isinstance(v, dict) else v) for k, v in recipes.items()}
     assert status["cluster_time_summary"] == "ok" and status["slow_rank"] == "ok", recipes  # real msprof-analyze ran
     assert res.stdout.count("(expected 1) -> OK") == 2, res.stdout
+    for sc in ("torch", "ascend"):  # printed as they came: the alert first, the enriched update after
+        assert res.stdout.index(f"[{sc}] ALERT:") < res.stdout.index(f"[{sc}] ENRICHED:"), res.stdout
