@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.adapters.msprof_runner import MsprofRunner, MsprofSettings, resolve_command
-from daemon.adapters.proc_memory import session_members, session_rss_bytes
+from daemon.adapters.proc_memory import session_members
 from daemon.analysis import AnalysisSettings, analyze_batch, enrich_analysis
 from daemon.core.completeness import BatchState
 from daemon.simulate.ascend_tree import generate_cluster
