@@ -104,7 +104,7 @@ def test_enrich_runs_have_their_own_slot_and_a_lower_priority(tmp_path: Path) ->
         threads[0].start()
         wait_for(lambda: [r.name for r in runner.running()] == ["advisor"], 20, what="the advisor to start")
         threads[1].start()
-        both = wait_for(lambda: len(runner.running()) == 2 and runner.running(), 20, what="both to run at once")
+        both = wait_for(lambda: r if len(r := runner.running()) == 2 else [], 20, what="both to run at once")
         assert {r.name: r.phase for r in both} == {"advisor": "enrich", "cluster_time_summary": "alert"}
         runner.cancel("b1")
         for t in threads:
