@@ -7,6 +7,7 @@ docs/rank-dirs.md (both formats and their completion rules), docs/msprof-analyze
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -80,8 +81,10 @@ class RankDirName:
                         int(t[14:17]) * 1000)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def parse_rank_dir_name(name: str) -> RankDirName | None:
-    """Return the fields of a rank dir name, or None when ``name`` is not a rank dir (docs/rank-dirs.md)."""
+    """Return the fields of a rank dir name, or None when ``name`` is not a rank dir (docs/rank-dirs.md).
+    Memoised (the result is immutable): a warm scan parses each of thousands of names again."""
     m = RANK_DIR_RE.match(name)
     if m is None:
         return None
