@@ -51,6 +51,10 @@ class RankHello:
     schema bump: older receivers ignore it, older senders omit it).
     ``peer_uid`` is set by the node daemon from the ipc connection's peer credentials (``SO_PEERCRED``); a value
     sent by the rank itself is overwritten (or cleared where the transport gives no credentials).
+    ``restart_count`` is torchrun's ``TORCHELASTIC_RESTART_COUNT`` (``None`` outside torchrun elastic): it grows by
+    one each time the elastic agent restarts the job's workers, possibly with another ``world_size``; the
+    coordinator opens a new generation of the job from it (``docs/generations.md``). Added without a schema bump:
+    older receivers ignore it, older senders omit it.
     """
 
     job_id: str
@@ -67,6 +71,7 @@ class RankHello:
     counters: dict[str, int] = field(default_factory=dict)
     backend_error: str = ""
     peer_uid: int | None = None
+    restart_count: int | None = None
     kind: Literal["hello"] = "hello"
     v: int = SCHEMA_VERSION
 

@@ -94,7 +94,11 @@ def test_template_created_once_with_mode_0640(tmp_path: Path) -> None:
     d = tmp_path / "c"
     d.mkdir()
     w = ConfigWriter(max_wait_s=5)
-    w._ensure_file(str(d), str(d / "profiler_config.json"))
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        w._ensure_file(dfd, str(d / "profiler_config.json"))
+    finally:
+        os.close(dfd)
     p = d / "profiler_config.json"
     assert json.loads(p.read_text()) == TEMPLATE
     assert p.stat().st_mode & 0o777 == 0o640

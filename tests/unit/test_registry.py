@@ -30,13 +30,13 @@ def test_window_is_bounded_and_ordered() -> None:
     assert median([3.0, 1.0, 2.0]) == 2.0 and median([]) is None
 
 
-def test_conflicting_world_size_is_refused() -> None:
+def test_a_lone_hello_of_another_world_size_is_held_and_changes_nothing() -> None:
     reg = Registry(window_steps=10)
     reg.hello(hello(0), "n0", 1.0)
     with pytest.raises(RegistryError) as ei:
         reg.hello(hello(1, world=8), "n0", 1.0)
-    assert ei.value.reason == "world_size_conflict"
-    assert reg.jobs["j"].world_size == 4
+    assert ei.value.reason == "generation_pending"  # a claim for a new generation, without a quorum
+    assert reg.jobs["j"].world_size == 4 and reg.jobs["j"].generation == 0 and set(reg.jobs["j"].ranks) == {0}
 
 
 def test_rank_outside_world_is_refused_and_unknown_job_ignored() -> None:
