@@ -48,6 +48,7 @@ class World:
         self.verdict: tuple[str, dict] = ("ok", {"status": "ok", "detail": "1 suspect"})
         self.batches: list[BatchState] = []
         self.stopped: list[str] = []
+        self.excluded: list[tuple[str, int, int, str]] = []
         self.release = threading.Event()  # the fake analysis returns once this is set
         self.release.set()
         for r in range(world):
@@ -93,7 +94,7 @@ class World:
 
         class Detectors:
             def exclude_steps(self, job_id: str, first: int, last: int, reason: str) -> None:
-                return None
+                outer.excluded.append((job_id, first, last, reason))
 
             def stalled_ranks(self, job_id: str) -> frozenset[int]:
                 return frozenset()
@@ -303,3 +304,15 @@ def test_cancelling_an_analysing_capture_stops_its_runs_and_drops_its_late_resul
     w.shell.analysis_pool.shutdown(wait=True)  # the analysis returned ...
     w.drain()  # ... and its result, handed back, is dropped
     assert w.state(cid) is CaptureState.CANCELLED and not w.of("io.profwatch.suspect_ranks.v1")
+
+
+def test_an_armed_window_is_hidden_from_the_detector_in_step_report_numbering(world) -> None:
+    """The detector hides the step reports whose time includes the profiler: start inside call S (report S+1
+    measures the first profiled iteration, ``ProfilerStep#S``), stop's flush inside call S+warmup+active (report
+    S+warmup+active+1). Off by one before: the reports S .. S+warmup+active-1 were hidden, the flush was judged."""
+    w = world()
+    out = w.arm(warmup=1, active=3)
+    cid, s = out["capture_id"], out["start_step"]
+    cap = w.store.get_capture(cid)
+    assert cap is not None and cap.armed_steps == [s + 1, s + 2, s + 3]  # trace labels, as the traces say
+    assert w.excluded == [("j1", s + 1, s + 1 + 3 + 1, f"capture {cid}")]
