@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,18 @@ def _call(s: Any, cmd: str, args: dict[str, Any] | None = None, timeout_s: float
         sys.exit(EXIT_PROBLEM)
 
 
+def _echo_generation(job: dict[str, Any]) -> None:
+    """The job's generation (elastic restarts and resizes, docs/generations.md) and claims still short of a quorum."""
+    gen, rc = job.get("generation") or 0, job.get("restart_count")
+    if gen or rc is not None:
+        click.echo(f"  generation {gen} (restart count {'-' if rc is None else rc}, since "
+                   f"{time.strftime('%H:%M:%S', time.localtime(job.get('generation_since_unix_s') or 0))})")
+    for c in job.get("pending_generations") or []:
+        click.echo(f"  claimed: world_size={c['world_size']} restart count {c['restart_count']}: "
+                   f"{c['agreeing_through_job_nodes']} of {c['quorum']} ranks agree through the job's nodes "
+                   f"({c['ranks']} held); no new generation yet")
+
+
 @cli.command()
 @_config_option
 @click.option("--job", "job_id", help="only this job")
@@ -185,6 +198,7 @@ def status(config_path: Path | None, job_id: str | None, as_json: bool) -> None:
         click.echo(f"job {job['job_id']}  world_size={job['world_size']} ranks_seen={job['ranks_seen']} "
                    f"backend={job['backend'] or '-'} furthest_step={job['furthest_step']} "
                    f"median_step_time={f'{mst:.3f}s' if mst else '-'} rank_drops={job.get('rank_drops', 0)}")
+        _echo_generation(job)
         for rank, err in sorted((job.get("backend_errors") or {}).items(), key=lambda kv: int(kv[0])):
             click.echo(f"  rank {rank}: capture backend not in use: {err}")
         click.echo(f"  {'rank':>5} {'host':<20} {'last_step':>9} {'step_time_s':>11} {'age_s':>7}  state")

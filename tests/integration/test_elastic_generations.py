@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 import zmq
+from click.testing import CliRunner
 
+from daemon.cli import cli
 from rankhook import wire
 from tests.conftest import PYTHON, finish_process, python_env, wait_for
 from tests.integration.live_stack import Stack, job_view
@@ -123,6 +125,10 @@ def test_scale_down_8_to_4_opens_a_generation_and_supersedes_the_capture(stack) 
     assert _rejected(st, "bad_rank") == 0 and _rejected(st, "world_size_conflict") == 0
     new = st.control("arm", {"job_id": JOB, "in_steps": 100_000, "reason": "test", "dry_run": True})
     assert new["world_size"] == 4 and "refused" not in new  # the new generation can be armed at once
+    shown = CliRunner().invoke(cli, ["status", "--job", JOB],
+                               env={"PROFWATCH_COORDINATOR__CONTROL_BIND": st.settings.coordinator.control_bind})
+    assert shown.exit_code == 0 and f"job {JOB}  world_size=4" in shown.output, shown.output
+    assert "  generation 1 (restart count 1, since " in shown.output and "claimed:" not in shown.output
 
 
 def test_scale_up_4_to_8_through_a_new_node_and_a_spoofed_hello_opens_nothing(stack) -> None:
@@ -150,6 +156,10 @@ def test_scale_up_4_to_8_through_a_new_node_and_a_spoofed_hello_opens_nothing(st
     assert j["pending_generations"][0] | {"age_s": 0} == {"world_size": 8, "restart_count": 5, "ranks": 1,
                                                           "agreeing_through_job_nodes": 1, "quorum": 2, "age_s": 0}
     assert not _events(st, "io.profwatch.job_generation.v1")
+    shown = CliRunner().invoke(cli, ["status", "--job", JOB],
+                               env={"PROFWATCH_COORDINATOR__CONTROL_BIND": st.settings.coordinator.control_bind})
+    assert "  generation 0 (restart count 0, since " in shown.output, shown.output
+    assert "claimed: world_size=8 restart count 5: 1 of 2 ranks agree through the job's nodes (1 held)" in shown.output
 
     cap = _arm_far_ahead(st)
     groups[0].kill()
