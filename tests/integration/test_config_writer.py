@@ -128,7 +128,7 @@ def test_hand_edit_reported_and_last_good_kept(tmp_path: Path) -> None:
         f.write('{"start_step": 0, "active": ')
     r = w.write(str(d), _cfg(9), not_before_unix_s=0, allowed_roots=[str(tmp_path)])
     assert r.replaced_problem and "not JSON" in r.replaced_problem
-    assert w.last_content(str(d))["start_step"] == 9
+    assert (w.last_content(str(d)) or {})["start_step"] == 9
     p.write_text(json.dumps({"start_step": 0}))
     r2 = ConfigWriter().write(str(d), _cfg(11), not_before_unix_s=0, allowed_roots=[str(tmp_path)])
     assert r2.replaced_problem and "start_step" in r2.replaced_problem

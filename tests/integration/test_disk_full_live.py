@@ -87,7 +87,7 @@ class Harness:
         state_dir.mkdir()
         for d in ("prof", "cfg/jf", "work"):
             (root / d).mkdir(parents=True, exist_ok=True)
-        self.coordinator = {
+        self.coordinator: dict[str, Any] = {
             "ingest_bind": f"tcp://127.0.0.1:{self.ports['ingest']}",
             "control_bind": f"tcp://127.0.0.1:{self.ports['control']}",
             "pub_bind": f"tcp://127.0.0.1:{self.ports['pub']}", "state_db": str(state_dir / "state.db"),
@@ -127,7 +127,12 @@ class Harness:
     def _on_loop(self, fn: Any) -> None:
         assert self.coord is not None
         done = threading.Event()
-        self.coord.results.put(lambda: (fn(), done.set()))
+
+        def run() -> None:
+            fn()
+            done.set()
+
+        self.coord.results.put(run)
         assert done.wait(30), "the coordinator loop did not run the fault"
 
     def fill(self) -> None:
@@ -274,7 +279,7 @@ def _ping(h: Harness) -> bool:
 
 
 def _follow_ids(root: Path) -> list[str]:
-    out = []
+    out: list[str] = []
     try:
         lines = (root / "follow.jsonl").read_text().splitlines()
     except OSError:

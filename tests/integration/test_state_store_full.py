@@ -132,12 +132,14 @@ def test_capture_and_batch_rows_are_queued_latest_wins(tmp_path: Path) -> None:
     for c in (written, cancelled):
         store.save_capture(c, ranks=[0])
     assert ("capture", "c1") in store.queue and store.failures.get("capture", 0) >= 1
-    assert store.get_capture("c1").state is lc.CaptureState.PLANNED  # reads still answer (the older row)
+    older = store.get_capture("c1")
+    assert older is not None and older.state is lc.CaptureState.PLANNED  # reads still answer (the older row)
     _free(store)
     assert store.retry(1e12) is True
-    got = store.get_capture("c1")
+    got, batch = store.get_capture("c1"), store.get_batch("b1")
+    assert got is not None and batch is not None
     assert got.state is lc.CaptureState.CANCELLED and got.generation == 3 and sorted(got.ranks) == [0, 1]
-    assert store.get_batch("b1")["result"]["pad"] == BIG * 3 and store.get_batch("b1")["updated_unix_s"] == T0 + 2
+    assert batch["result"]["pad"] == BIG * 3 and batch["updated_unix_s"] == T0 + 2
     store.close()
 
 

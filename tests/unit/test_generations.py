@@ -9,6 +9,7 @@ import pytest
 from daemon.core.generations import CLAIM_WINDOW_S, MAX_SHAPES, Shape, classify, quorum
 from daemon.core.limits import LimitSettings
 from daemon.core.registry import GenerationPending, Registry, RegistryError
+from daemon.core.registry_state import RankState
 from rankhook import wire
 
 CFG, PROF = "/cfg/j", "/prof"
@@ -146,27 +147,34 @@ def test_a_restart_at_the_same_size_opens_a_generation_by_restart_count() -> Non
     assert sorted(reg.jobs["j"].ranks) == [1, 3] and reg.jobs["j"].ranks[1].pid == 5001
 
 
+def _restart(reg: Registry, rank: int, now: float, node: str) -> tuple[RankState, bool]:
+    """One step report at step 1 (the rank's counter went back); the rank's record and whether it restarted."""
+    _j, r, restarted = reg.step(step(rank, 1), now, node)
+    assert r is not None
+    return r, restarted
+
+
 def test_step_counters_going_back_on_a_quorum_open_a_generation_without_restart_counts() -> None:
     reg = job_of(4, 2, rc=None)
     job = reg.jobs["j"]
-    _j, r0, restarted = reg.step(step(0, 1), 5.0, "n0")
+    r0, restarted = _restart(reg, 0, 5.0, "n0")
     assert restarted and reg.note_restart(job, r0, 5.0) is None  # one rank: a process restart, not a generation
-    _j, r2, restarted = reg.step(step(2, 1), 5.5, "n1")
+    r2, restarted = _restart(reg, 2, 5.5, "n1")
     g = reg.note_restart(job, r2, 5.5)
     assert g is not None and g.reason == "steps_went_back" and g.ranks == (0, 2) and job.generation == 1
     assert (job.ranks[0].gen, job.ranks[1].gen, job.ranks[2].gen) == (1, 0, 1)  # rank 1 has not restarted yet
-    _j, r1, restarted = reg.step(step(1, 1), 6.0, "n0")
+    r1, restarted = _restart(reg, 1, 6.0, "n0")
     assert restarted and reg.note_restart(job, r1, 6.0) is None and r1.gen == 1  # joins, opens nothing
-    _j, r3, restarted = reg.step(step(3, 1), 6.0, "n1")
+    r3, restarted = _restart(reg, 3, 6.0, "n1")
     assert reg.note_restart(job, r3, 6.0) is None and job.generation == 1
 
 
 def test_restarts_spread_beyond_the_claim_window_open_nothing() -> None:
     reg = job_of(4, 2, rc=None)
     job = reg.jobs["j"]
-    _j, r0, _ = reg.step(step(0, 1), 5.0, "n0")
+    r0, _ = _restart(reg, 0, 5.0, "n0")
     reg.note_restart(job, r0, 5.0)
-    _j, r2, _ = reg.step(step(2, 1), 5.0 + CLAIM_WINDOW_S + 1, "n1")
+    r2, _ = _restart(reg, 2, 5.0 + CLAIM_WINDOW_S + 1, "n1")
     assert reg.note_restart(job, r2, 5.0 + CLAIM_WINDOW_S + 1) is None and job.generation == 0
 
 

@@ -219,6 +219,7 @@ def test_collecting_expiry_asks_for_the_final_scan_then_closes_without_one() -> 
     cap = lc.rank_event(_acked(_written(_open())), _ev(0, "started", step=0), T0 + 5, SET).capture
     assert cap.state is CaptureState.COLLECTING
     d = cap.deadline_unix_s
+    assert d is not None
     assert lc.expire(cap, d - 1, SET).capture is cap
     t = lc.expire(cap, d, SET)
     assert t.capture is cap and t.actions == {Action.SCAN}
@@ -434,7 +435,7 @@ def test_refusal_names_the_blocking_capture_and_when_it_ends() -> None:
     assert lc.blocking_capture([done, collecting]) is collecting
     assert lc.blocking_capture([done]) is None
     text = refusal(collecting, T0 + 10)
-    assert collecting.capture_id in text and "collecting" in text
+    assert collecting.capture_id in text and "collecting" in text and collecting.deadline_unix_s is not None
     assert f"deadline is in {collecting.deadline_unix_s - (T0 + 10):.0f} s" in text
     assert f"profwatch cancel --job j1 --capture {collecting.capture_id}" in text
 

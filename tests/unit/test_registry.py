@@ -59,7 +59,7 @@ def test_steps_restart_and_snapshot() -> None:
     assert job.median_step_time_s() == pytest.approx(0.1, abs=1e-6)
     assert job.started_unix_s == 13.0
     _, rank, restarted = reg.step(step(2, 1), 3.0)
-    assert restarted and len(rank.window) == 1
+    assert rank is not None and rank.window is not None and restarted and len(rank.window) == 1
     snap = reg.snapshot(4.0)
     j = snap["jobs"][0]
     assert j["ranks_seen"] == 4 and j["rank_drops"] == 0 + 1 + 2 + 3
