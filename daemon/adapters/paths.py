@@ -86,14 +86,22 @@ def check_inside(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike
 def open_dir(path: str | os.PathLike[str], roots: Sequence[str | os.PathLike[str]], *, create: bool = False,
              mode: int = 0o750) -> int:
     """Open the directory ``path`` (inside one of ``roots``) without following any symlink below its root; with
-    ``create``, make each missing component (``mode``, less the umask). Returns a descriptor the caller closes.
+    ``create``, make each missing component (``mode``, less the umask), the root itself too when it is missing
+    (it is the operator's path, so it is made as ``os.makedirs`` would). Returns a descriptor the caller closes.
 
     Raises:
         PathRefused: outside the roots, or a component below the root is (now) a symlink or not a directory.
         FileNotFoundError: a component is missing (without ``create``); other ``OSError`` as the system says.
     """
     root, parts = _split(path, roots)
-    fd = os.open(root, _PATH_ONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    root_flags = _PATH_ONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(root, root_flags)
+    except FileNotFoundError:
+        if not create:
+            raise
+        os.makedirs(root, mode, exist_ok=True)  # the operator's root (trusted, links allowed): made as configured
+        fd = os.open(root, root_flags)
     cur = root
     try:
         for part in parts:

@@ -72,6 +72,19 @@ def test_mkdir_after_a_swap_is_refused_and_creates_nothing_outside(roots) -> Non
         os.close(open_dir(root / "jobA", [root]))
 
 
+def test_mkdir_makes_a_missing_allowed_root_as_configured_but_only_a_root(tmp_path: Path) -> None:
+    """The allowed root is the operator's path: made when missing (as ``mkdir -p`` did), links above it allowed;
+    without ``create`` a missing root is an error, not a refusal."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "linked").symlink_to(real)
+    root = tmp_path / "linked" / "prof"
+    with pytest.raises(FileNotFoundError):
+        os.close(open_dir(root / "jobA", [root]))
+    make_dirs(root / "jobA" / "cap1", [root])
+    assert (real / "prof" / "jobA" / "cap1").is_dir()
+
+
 def test_scan_after_a_swap_is_refused(roots) -> None:
     root, outside = roots
     gen.generate_cluster(root / "jobA" / "cap1", world_size=2, capture_id="cap1")
