@@ -353,6 +353,8 @@ class Coordinator:
                 self._send_node(route, wire.NodeCommand(cmd="register", command_id=f"reg-{int(now)}"))
         if env.kind == "node_heartbeat":
             self.registry.heartbeat(env, now)
+            # answered, so a node dialling the wrong endpoint (or refused here) notices: it warns when unanswered
+            self._send_node(route, wire.NodeCommand(cmd="heartbeat_ack", command_id=f"hb-{int(now)}"))
         elif env.kind == "node_ack":
             self.captures.on_node_ack(env, now)
         elif env.kind == "node_batch":
@@ -519,6 +521,7 @@ class Coordinator:
         if job_id is not None:
             snap["jobs"] = [j for j in snap["jobs"] if j["job_id"] == job_id]
         snap["counters"] = dict(self.counters)
+        snap["ingest_bind"] = self.settings.coordinator.ingest_bind  # where nodes must dial (status names it)
         snap["captures"] = self.captures.summary(job_id, time.time())
         snap["bounds"] = {"jobs": len(self.registry.jobs), "ranks": self.registry.rank_count,
                           "nodes": len(self.registry.nodes), "detector_ranks": self._detector_ranks,
