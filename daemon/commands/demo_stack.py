@@ -44,7 +44,7 @@ mode = "act"
 active = 3          # 3 captured steps: enough for a strong verdict, and fewer bytes for 4 ranks on 2 cores
 [analysis.ranking]
 # 4 ranks and the daemons share 2 CPU cores here: per-step times carry ~10% scheduling noise that real NPU
-# device times do not. Name a rank only for an excess of 8% of the step (the default, 2.5%, suits device data).
+# device times do not. Name a rank only for an excess of 8% of the step (the default, 1.5%, suits device data).
 min_effect_frac = 0.08
 [logging]
 format = "json"
