@@ -59,3 +59,44 @@ def test_first_mark_wins_and_unknown_stages_are_refused() -> None:
 def test_event_time_reads_rfc3339_and_falls_back() -> None:
     assert event_time({"time": "2026-12-01T01:13:05.250Z"}, 0.0) == pytest.approx(1796087585.25)
     assert event_time({}, 7.0) == 7.0 and event_time({"time": "yesterday"}, 8.0) == 8.0
+
+
+def test_demo_without_torch_says_how_to_install_the_cpu_build(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import importlib.util
+
+    from click.testing import CliRunner
+
+    from daemon.commands.demo import TORCH_CPU_INSTALL, demo
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    res = CliRunner().invoke(demo, ["--workdir", str(tmp_path)])
+    assert res.exit_code == 2 and TORCH_CPU_INSTALL in res.stderr and "CUDA build" in res.stderr
+    assert not list(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_published_events_fold_into_the_stages() -> None:
+    from daemon.commands.demo import _expects_enrichment, on_event
+    from daemon.core.alerts import rfc3339
+
+    def ev(typ: str, t: float, **data: object) -> dict:
+        return {"type": f"io.profwatch.{typ}", "time": rfc3339(t), "data": data}
+
+    tl = Timeline("ascend", "demo-ascend")
+    seen: list[str] = []
+    events = [ev("anomaly.v1", 100.8, kind="rank_outlier", magnitude=6.03, step=46),
+              ev("arm_decision.v1", 101.0, action="suppress", reason="capture_in_flight"),
+              ev("arm.v1", 101.3, status="written", start_step=68, warmup=1, active=3),
+              ev("batch.v1", 104.7, batch={"batch_id": "c-1"}),
+              ev("capture.v1", 104.8, event="all_ranks_completed"),
+              ev("suspect_ranks.v1", 110.0, status="ok", analysis_duration_s=5.0, pending=["advisor"],
+                 suspects=[{"rank": 2, "kind": "compute", "score": 0.9}], recipes={"slow_rank": {"status": "ok"}}),
+              ev("analysis_enriched.v1", 150.0, capture_id="c-1", recipes={"advisor": {"status": "ok"}})]
+    for e in events:
+        on_event(tl, e, 0.0, lambda stage, t, detail: seen.append(stage))
+    assert seen == ["detection", "arm", "batch_complete", "capture", "analysis", "first_alert", "enriched"]
+    assert tl.suppressed == {"suppress (capture_in_flight)": 1}
+    rows = {r[0]: r for r in tl.ordered()}
+    assert rows["analysis"][1] == pytest.approx(105.0) and rows["first_alert"][2] == pytest.approx(5.0)
+    assert rows["enriched"][2] == pytest.approx(40.0) and rows["detection"][3] == 46
+    assert _expects_enrichment(tl) and tl.enriched is not None and "rank 2 compute" in rows["first_alert"][4]
