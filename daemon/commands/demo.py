@@ -95,7 +95,7 @@ def on_event(tl: Timeline, ev: dict[str, Any], now: float, note: Callable[[str, 
         mark("first_alert", t_ev, f"{typ.removeprefix('io.profwatch.')}: {d.get('detail', '')}"[:160])
         tl.alert = tl.alert or ev
     elif typ == "io.profwatch.analysis_enriched.v1":
-        mark("enriched", t_ev, f"analysis_enriched: {_recipes(d) or 'follow-up findings'}")
+        mark("enriched_update", t_ev, f"analysis_enriched: {_recipes(d) or 'follow-up findings'}")
         tl.enriched = tl.enriched or ev
 
 
@@ -162,7 +162,7 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
             if time.monotonic() - last_note >= NOTE_EVERY_S:
                 last_note = time.monotonic()
                 for cap in st.get("captures") or []:
-                    if cap["state"] in ("analysing", "enriching"):
+                    if cap["state"] in (CaptureState.ANALYSING, CaptureState.ENRICHING):
                         running = ", ".join(cap.get("running") or []) or "staging, ranking or the Kineto analysis"
                         progress(f"[{scenario}] capture {cap['state']} for {cap.get('in_state_s', 0):.0f}s; "
                                  f"running now: {running}")
@@ -203,7 +203,7 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
             echo("  enriched update: MISSING (the first alert announced one: " + ", ".join(d["pending"]) + ")")
             ok = False
         else:
-            first, enr = tl.t("first_alert"), tl.t("enriched")
+            first, enr = tl.t("first_alert"), tl.t("enriched_update")
             echo(f"  first alert, then the enriched update {0.0 if first is None or enr is None else enr - first:.1f} s "
                  "later (analysis_enriched)")
     if d.get("report"):

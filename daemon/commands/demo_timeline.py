@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-STAGES = ("slowdown", "detection", "arm", "capture", "batch_complete", "analysis", "first_alert", "enriched")
+STAGES = ("slowdown", "detection", "arm", "capture", "batch_complete", "analysis", "first_alert",
+          "enriched_update")
 """Pipeline order of the timeline's stages (``analysis`` marks the analysis start)."""
 
 
@@ -104,4 +105,4 @@ class Timeline:
     def to_json(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "job_id": self.job_id,
                 "marks": [[s, t, took, step, detail] for s, t, took, step, detail in self.ordered()],
-                "alert": self.alert, "enriched": self.enriched}
+                "alert": self.alert, "enriched_update": self.enriched}

@@ -53,7 +53,7 @@ def test_first_mark_wins_and_unknown_stages_are_refused() -> None:
     assert tl.t("arm") == 1.0
     with pytest.raises(ValueError):
         tl.add("alert", 1.0)
-    assert set(STAGES) >= {"first_alert", "enriched"}
+    assert set(STAGES) >= {"first_alert", "enriched_update"}
 
 
 def test_event_time_reads_rfc3339_and_falls_back() -> None:
@@ -94,9 +94,9 @@ def test_published_events_fold_into_the_stages() -> None:
               ev("analysis_enriched.v1", 150.0, capture_id="c-1", recipes={"advisor": {"status": "ok"}})]
     for e in events:
         on_event(tl, e, 0.0, lambda stage, t, detail: seen.append(stage))
-    assert seen == ["detection", "arm", "batch_complete", "capture", "analysis", "first_alert", "enriched"]
+    assert seen == ["detection", "arm", "batch_complete", "capture", "analysis", "first_alert", "enriched_update"]
     assert tl.suppressed == {"suppress (capture_in_flight)": 1}
     rows = {r[0]: r for r in tl.ordered()}
     assert rows["analysis"][1] == pytest.approx(105.0) and rows["first_alert"][2] == pytest.approx(5.0)
-    assert rows["enriched"][2] == pytest.approx(40.0) and rows["detection"][3] == 46
+    assert rows["enriched_update"][2] == pytest.approx(40.0) and rows["detection"][3] == 46
     assert _expects_enrichment(tl) and tl.enriched is not None and "rank 2 compute" in rows["first_alert"][4]

@@ -1,5 +1,5 @@
 """The README stays true of the code: its exit-code table is daemon/exitcodes.py's, every command it runs exists,
-every docs page it links exists, and it never points into ../shared."""
+and every docs page it links exists (tests/unit/test_repo_stands_alone.py checks that it stands alone)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def test_every_profwatch_command_in_the_readme_exists() -> None:
         assert option in CliRunner().invoke(cli, ["simulate", "job", "--help"]).output
 
 
-def test_linked_docs_exist_and_nothing_points_into_shared() -> None:
-    for link in re.findall(r"\]\((docs/[^)#]+)", README):
+def test_linked_docs_exist() -> None:
+    links = re.findall(r"\]\((docs/[^)#]+)", README)
+    assert len(links) >= 10
+    for link in links:
         assert (REPO_ROOT / link).is_file(), link
-    assert "../shared" not in README and "/work/wt" not in README and "/work/main" not in README
