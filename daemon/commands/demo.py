@@ -88,19 +88,26 @@ def on_event(tl: Timeline, ev: dict[str, Any], now: float, note: Callable[[str, 
     elif typ == "io.profwatch.suspect_ranks.v1":
         took = float(d.get("analysis_duration_s") or 0.0)
         mark("analysis", t_ev - took, f"{took:.1f} s to the verdict; recipes: {_recipes(d)}")
-        pending = d.get("pending") or []
+        pending = _pending(d)
         mark("first_alert", t_ev, _suspects_text(d) + (f"; follow-up pending: {', '.join(pending)}" if pending else ""))
         tl.alert = tl.alert or ev
     elif typ in ("io.profwatch.batch_incomplete.v1", "io.profwatch.analysis_failed.v1"):
         mark("first_alert", t_ev, f"{typ.removeprefix('io.profwatch.')}: {d.get('detail', '')}"[:160])
         tl.alert = tl.alert or ev
     elif typ == "io.profwatch.analysis_enriched.v1":
-        mark("enriched_update", t_ev, f"analysis_enriched: {_recipes(d) or 'follow-up findings'}")
+        enrich_s = d.get("enrich_duration_s")
+        mark("enriched_update", t_ev, "analysis_enriched" + (f" after {float(enrich_s):.1f} s of follow-up" if enrich_s else "")
+             + f": {_suspects_text(d)}; recipes: {_recipes(d)}")
         tl.enriched = tl.enriched or ev
 
 
+def _pending(d: dict[str, Any]) -> list[str]:
+    """What the verdict's follow-up will still run (``pending_recipes``); [] when no enriched update follows."""
+    return list(d.get("pending_recipes") or [])
+
+
 def _expects_enrichment(tl: Timeline) -> bool:
-    return bool(tl.alert is not None and (tl.alert.get("data") or {}).get("pending"))
+    return bool(tl.alert is not None and _pending(tl.alert.get("data") or {}))
 
 
 def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slowdown: float, at_step: int,
@@ -200,14 +207,15 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
     ok = hit
     if _expects_enrichment(tl):
         if tl.enriched is None:
-            echo("  enriched update: MISSING (the first alert announced one: " + ", ".join(d["pending"]) + ")")
+            echo("  enriched update: MISSING (the first alert announced one: " + ", ".join(_pending(d)) + ")")
             ok = False
         else:
             first, enr = tl.t("first_alert"), tl.t("enriched_update")
             echo(f"  first alert, then the enriched update {0.0 if first is None or enr is None else enr - first:.1f} s "
                  "later (analysis_enriched)")
-    if d.get("report"):
-        echo(f"  report: {d['report']}")
+    enriched = (tl.enriched or {}).get("data") or {}
+    if enriched.get("report") or d.get("report"):
+        echo(f"  report: {enriched.get('report') or d['report']}")
     if sus and sus[0].get("rank_dir"):
         echo(f"  drill down: {sus[0]['rank_dir']}")
     return ok

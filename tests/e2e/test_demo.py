@@ -57,7 +57,7 @@ def test_demo_both_scenarios_name_the_slow_rank(tmp_path: Path) -> None:
         names = [m[0] for m in sc["marks"]]
         assert names[: len(ORDER)] == ORDER, (sc["scenario"], sc["marks"])  # pipeline order, every stage
         assert data["captured_steps"] and data["captured_steps"] == data["armed_steps"], data
-        if data.get("pending"):  # the first alert announced a follow-up: the enriched update came after it
+        if data.get("pending_recipes"):  # the first alert announced a follow-up: the enriched update came after it
             assert names[-1] == "enriched_update"
             assert sc["enriched_update"]["data"]["capture_id"] == data["capture_id"]
     recipes = result["scenarios"][1]["alert"]["data"]["recipes"]

@@ -89,9 +89,10 @@ def test_published_events_fold_into_the_stages() -> None:
               ev("arm.v1", 101.3, status="written", start_step=68, warmup=1, active=3),
               ev("batch.v1", 104.7, batch={"batch_id": "c-1"}),
               ev("capture.v1", 104.8, event="all_ranks_completed"),
-              ev("suspect_ranks.v1", 110.0, status="ok", analysis_duration_s=5.0, pending=["advisor"],
+              ev("suspect_ranks.v1", 110.0, status="ok", analysis_duration_s=5.0, pending_recipes=["advisor"],
                  suspects=[{"rank": 2, "kind": "compute", "score": 0.9}], recipes={"slow_rank": {"status": "ok"}}),
-              ev("analysis_enriched.v1", 150.0, capture_id="c-1", recipes={"advisor": {"status": "ok"}})]
+              ev("analysis_enriched.v1", 150.0, capture_id="c-1", status="ok", enrich_duration_s=39.5,
+                 suspects=[{"rank": 2, "kind": "compute", "score": 0.9}], recipes={"advisor": {"status": "ok"}})]
     for e in events:
         on_event(tl, e, 0.0, lambda stage, t, detail: seen.append(stage))
     assert seen == ["detection", "arm", "batch_complete", "capture", "analysis", "first_alert", "enriched_update"]
