@@ -36,12 +36,12 @@ def render_event(ev: dict[str, Any]) -> str:
     d = ev.get("data") or {}
     t = str(ev.get("type", ""))
     line = f"{ev.get('time', '')} {t.removeprefix('io.profwatch.')} job={ev.get('subject')}"
-    if t == "io.profwatch.suspect_ranks.v1":
+    if t in ("io.profwatch.suspect_ranks.v1", "io.profwatch.analysis_enriched.v1"):
+        if t.endswith("analysis_enriched.v1"):
+            line += f" capture {d.get('capture_id')} follow-up:"
         line += _suspects(d)
-        if d.get("report"):
-            line += f" report={d['report']}"
-    elif t == "io.profwatch.analysis_enriched.v1":
-        line += f" capture {d.get('capture_id')}: follow-up findings"
+        if d.get("pending_recipes"):
+            line += f" (follow-up pending: {', '.join(d['pending_recipes'])})"
         if d.get("report"):
             line += f" report={d['report']}"
     elif t == "io.profwatch.batch_incomplete.v1":

@@ -63,3 +63,21 @@ def test_an_analysing_capture_says_what_runs_and_for_how_long() -> None:
     assert "analysing for 42s, deadline in 258s" in lines[0] and "warmup=1 active=4" in lines[0]
     assert lines[1] == "    running now: slow_rank (12 s)"
     assert "staging, ranking" in render_capture({**cap, "running": []})[1]
+
+
+def test_alert_lines_name_the_suspects_of_the_verdict_and_of_its_follow_up() -> None:
+    from daemon.commands.alerts import render_event
+
+    sus = [{"rank": 2, "kind": "compute", "score": 0.91, "hostname": "h2"}]
+    first = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",
+                          "data": {"status": "ok", "suspects": sus, "pending_recipes": ["advisor"],
+                                   "report": "/w/report.json"}})
+    assert first == ("T suspect_ranks.v1 job=j1 ok: suspects rank 2 (compute, score 0.91, h2) "
+                     "(follow-up pending: advisor) report=/w/report.json")
+    later = render_event({"type": "io.profwatch.analysis_enriched.v1", "time": "T", "subject": "j1",
+                          "data": {"capture_id": "c-1", "status": "ok", "suspects": sus, "report": "/w/report.html"}})
+    assert later.startswith("T analysis_enriched.v1 job=j1 capture c-1 follow-up: ok: suspects rank 2")
+    assert later.endswith("report=/w/report.html")
+    none = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",
+                         "data": {"status": "no_suspect", "suspects": [], "detail": "balanced"}})
+    assert none.endswith("no_suspect: no suspect (balanced)")
