@@ -218,7 +218,6 @@ def _not_complete(batch: BatchState, result: AnalysisResult) -> None:
     ``completeness`` pseudo-recipe carries the reasons."""
     failed = {r: s for r, s in batch.ranks.items() if s.state == "failed"}
     reasons = {s.reasons[0] if s.reasons else "" for s in failed.values()}
-    problems = "; ".join(f"rank {p.rank}: {p.reason}" for p in batch.problems[:8])
     if batch.ranks and not batch.missing_ranks and len(failed) == len(batch.ranks) and len(reasons) == 1:
         reason = next(iter(reasons))
         result.status = "not_applicable"
@@ -226,7 +225,7 @@ def _not_complete(batch: BatchState, result: AnalysisResult) -> None:
         result.recipes["completeness"] = RecipeStatus("completeness", "not_applicable", reason)
         return
     result.status = "incomplete"
-    result.detail = f"batch is {batch.status}: missing ranks {batch.missing_ranks}; {problems}".rstrip("; ")
+    result.detail = f"batch is {batch.status}: {batch.describe()}"
     result.recipes["completeness"] = RecipeStatus("completeness", "no_data", result.detail)
 
 

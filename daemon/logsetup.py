@@ -23,7 +23,9 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        # not cached: the daemons log rarely (never per message), and an uncached logger follows a later
+        # structlog.configure (tests capture logs after an in-process command has configured logging)
+        cache_logger_on_first_use=False,
     )
 
 

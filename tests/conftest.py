@@ -46,6 +46,18 @@ def short_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(autouse=True)
+def _structlog_defaults():
+    """Each test starts with structlog's defaults: a command run in-process (``profwatch analyze`` through click's
+    runner) configures logging for the process, e.g. a WARNING filter that would hide the info events a later test
+    captures with ``structlog.testing.capture_logs``."""
+    import structlog
+
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
+
+
+@pytest.fixture(autouse=True)
 def _no_leaked_threads():
     """Fail a test that leaves non-daemon-library threads running (watchdog/zmq loops must be closed)."""
     before = {t.ident for t in threading.enumerate()}
