@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Literal, cast
+from typing import Literal, get_args
 
 import click
 
-ExportType = Literal["db", "text", "both"]
+ExportType = Literal["db", "text", "both"]  # generate_cluster's export types = the --export-type choices
 
 
 @click.group()
@@ -44,12 +44,12 @@ def _parse_factors(spec: str | None, what: str) -> dict[int, float]:
 @click.option("--host-bound", help="rank:extra_free_fraction, e.g. 1:0.3")
 @click.option("--slow-link", help="rank:factor for a slower link")
 @click.option("--steps", default=3, show_default=True)
-@click.option("--export-type", type=click.Choice(["db", "text", "both"]), default="db", show_default=True)
+@click.option("--export-type", type=click.Choice(get_args(ExportType)), default="db", show_default=True)
 @click.option("--no-marker", is_flag=True, help="omit analyse.done (older torch_npu)")
 @click.option("--capture-id", default=None)
 @click.option("--seed", default=0, show_default=True)
 def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, slow_link: str | None, steps: int,
-         export_type: str, no_marker: bool, capture_id: str | None, seed: int) -> None:
+         export_type: ExportType, no_marker: bool, capture_id: str | None, seed: int) -> None:
     """Write a simulated Ascend capture batch into OUT."""
     from daemon.simulate.ascend_tree import generate_cluster
 
@@ -65,7 +65,7 @@ def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, s
     out.mkdir(parents=True, exist_ok=True)
     dirs = generate_cluster(out, world_size=world_size, slow_ranks=slow_f or None, host_bound_ranks=host_f or None,
                             slow_link_ranks=link_f or None, steps=steps,
-                            export_type=cast(ExportType, export_type), with_marker=not no_marker,
+                            export_type=export_type, with_marker=not no_marker,
                             capture_id=capture_id or f"sim-{int(time.time())}", seed=seed)
     click.echo(f"wrote {len(dirs)} simulated rank dirs under {out}")
 
