@@ -60,7 +60,15 @@ def _suspects_text(d: dict[str, Any]) -> str:
 
 
 def _recipes(d: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v.get('status') if isinstance(v, dict) else v}" for k, v in (d.get("recipes") or {}).items())
+    """``name=status`` per recipe of a verdict payload, with ``(N.Ns)`` where the recipe reports ``duration_s``."""
+    out = []
+    for k, v in (d.get("recipes") or {}).items():
+        if not isinstance(v, dict):
+            out.append(f"{k}={v}")
+            continue
+        dur = v.get("duration_s")
+        out.append(f"{k}={v.get('status')}" + (f" ({float(dur):.1f}s)" if isinstance(dur, (int, float)) else ""))
+    return ", ".join(out)
 
 
 def on_event(tl: Timeline, ev: dict[str, Any], now: float, note: Callable[[str, float, str], None]) -> None:

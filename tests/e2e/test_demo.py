@@ -58,8 +58,10 @@ def test_demo_both_scenarios_name_the_slow_rank(tmp_path: Path) -> None:
         assert names[: len(ORDER)] == ORDER, (sc["scenario"], sc["marks"])  # pipeline order, every stage
         assert data["captured_steps"] and data["captured_steps"] == data["armed_steps"], data
         if data.get("pending_recipes"):  # the first alert announced a follow-up: the enriched update came after it
-            assert names[-1] == "enriched_update"
-            assert sc["enriched_update"]["data"]["capture_id"] == data["capture_id"]
+            assert names[-1] == "enriched_update", sc["marks"]
+            enriched = sc["enriched_update"]["data"]  # the same capture and batch, nothing left pending
+            assert (enriched["capture_id"], enriched["batch_id"]) == (data["capture_id"], data["batch_id"])
+            assert not enriched.get("pending_recipes"), enriched
     recipes = result["scenarios"][1]["alert"]["data"]["recipes"]
     status = {k: (v["status"] if isinstance(v, dict) else v) for k, v in recipes.items()}
     assert status["cluster_time_summary"] == "ok" and status["slow_rank"] == "ok", recipes  # real msprof-analyze ran

@@ -90,7 +90,8 @@ def test_published_events_fold_into_the_stages() -> None:
               ev("batch.v1", 104.7, batch={"batch_id": "c-1"}),
               ev("capture.v1", 104.8, event="all_ranks_completed"),
               ev("suspect_ranks.v1", 110.0, status="ok", analysis_duration_s=5.0, pending_recipes=["advisor"],
-                 suspects=[{"rank": 2, "kind": "compute", "score": 0.9}], recipes={"slow_rank": {"status": "ok"}}),
+                 suspects=[{"rank": 2, "kind": "compute", "score": 0.9}], recipes={"slow_rank": {"status": "ok", "duration_s": 3.25},
+                                                                         "kineto_breakdown": "ok"}),
               ev("analysis_enriched.v1", 150.0, capture_id="c-1", status="ok", enrich_duration_s=39.5,
                  suspects=[{"rank": 2, "kind": "compute", "score": 0.9}], recipes={"advisor": {"status": "ok"}})]
     for e in events:
@@ -101,3 +102,4 @@ def test_published_events_fold_into_the_stages() -> None:
     assert rows["analysis"][1] == pytest.approx(105.0) and rows["first_alert"][2] == pytest.approx(5.0)
     assert rows["enriched_update"][2] == pytest.approx(40.0) and rows["detection"][3] == 46
     assert _expects_enrichment(tl) and tl.enriched is not None and "rank 2 compute" in rows["first_alert"][4]
+    assert "recipes: slow_rank=ok (3.2s), kineto_breakdown=ok" in rows["analysis"][4]  # durations where reported
