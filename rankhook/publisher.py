@@ -1,6 +1,6 @@
 """Rank-side ZeroMQ publisher: lazy, per-PID, never blocks, never raises (I/O; stdlib + pyzmq).
 
-Design (field cases FC-19 and FC-22 in ``../shared/docs/field-cases.md``):
+Design (field cases FC-19 and FC-22 in ``docs/field-cases.md``, section ZeroMQ):
 
 - One PUSH socket that *connects* to the node daemon's PULL socket (the stable side binds). ZeroMQ's own
   per-pipe queue is the bounded queue: ``SNDHWM`` messages, then ``send(NOBLOCK)`` raises ``EAGAIN`` and the
