@@ -359,6 +359,8 @@ class Coordinator(ControlCommands):
                 self._send_node(route, wire.NodeCommand(cmd="register", command_id=f"reg-{int(now)}"))
         if env.kind == "node_heartbeat":
             self.registry.heartbeat(env, now)
+            # answered, so a node dialling the wrong endpoint (or refused here) notices: it warns when unanswered
+            self._send_node(route, wire.NodeCommand(cmd="heartbeat_ack", command_id=f"hb-{int(now)}"))
         elif env.kind == "node_ack":
             self.captures.on_node_ack(env, now)
         elif env.kind == "node_batch":

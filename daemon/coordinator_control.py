@@ -97,6 +97,7 @@ class ControlCommands:
         if job_id is not None:
             snap["jobs"] = [j for j in snap["jobs"] if j["job_id"] == job_id]
         snap["counters"] = dict(self.counters)
+        snap["ingest_bind"] = self.settings.coordinator.ingest_bind  # where nodes must dial (status names it)
         snap["captures"] = self.captures.summary(job_id, time.time())
         snap["state_store"] = self.state.status()
         snap["bounds"] = {"jobs": len(self.registry.jobs), "ranks": self.registry.rank_count,

@@ -210,13 +210,14 @@ class NodeCommand:
 
     ``cmd`` is ``register`` (resend every cached ``RankHello``: the coordinator does not know this node, e.g.
     after its restart), ``write_config`` (write ``args["config"]`` into ``args["profiler_config_path"]`` on
-    this node and acknowledge with a :class:`NodeAck`) or ``reconnect`` (another connection of this node's
-    identity replaced this one: close it and connect again after ``args["after_s"]`` seconds).
+    this node and acknowledge with a :class:`NodeAck`), ``reconnect`` (another connection of this node's
+    identity replaced this one: close it and connect again after ``args["after_s"]`` seconds) or
+    ``heartbeat_ack`` (the answer to each :class:`NodeHeartbeat`: a node whose heartbeats go unanswered warns).
 
     Example: ``{"kind": "node_command", "v": 1, "cmd": "register", "command_id": "r-1", "args": {}}``
     """
 
-    cmd: Literal["register", "write_config", "reconnect"]
+    cmd: Literal["register", "write_config", "reconnect", "heartbeat_ack"]
     command_id: str
     args: dict[str, Any] = field(default_factory=dict)
     kind: Literal["node_command"] = "node_command"

@@ -109,6 +109,7 @@ def snapshot(jobs: Iterable[JobState], nodes: Iterable[NodeState], now: float,
                 "pid": r.pid,
                 "last_step": r.last_step,
                 "step_time_s": round(r.last_step_time_s, 6),
+                "median_step_time_s": _recent_median(r, STATUS_MEDIAN_STEPS),
                 "age_s": round(now - r.seen_unix_s, 3) if r.seen_unix_s else None,
                 "capturing": r.capturing,
                 "left": r.left,
@@ -132,7 +133,8 @@ def snapshot(jobs: Iterable[JobState], nodes: Iterable[NodeState], now: float,
                 "backend": _backends_in_use(job),
                 "backend_errors": {str(r.rank): r.backend_error for r in job.ranks.values() if r.backend_error},
                 "furthest_step": job.furthest_step(),
-                "median_step_time_s": job.median_step_time_s(),
+                "median_step_time_s": job.median_step_time_s(STATUS_MEDIAN_STEPS),
+                "median_steps": STATUS_MEDIAN_STEPS,
                 "profiler_config_path": job.profiler_config_path,
                 "prof_root": job.prof_root,
                 "rank_drops": sum(r.dropped for r in job.ranks.values()),
@@ -153,6 +155,18 @@ def snapshot(jobs: Iterable[JobState], nodes: Iterable[NodeState], now: float,
         for n in nodes
     ]
     return {"jobs": out, "nodes": nodes_out}
+
+
+STATUS_MEDIAN_STEPS = 20
+"""``status`` shows each rank's median over its last this many steps and the job's median of those medians."""
+
+
+def _recent_median(r: RankState, n: int) -> float | None:
+    """Median of the rank's last ``n`` step times (None before its first step), rounded to the microsecond."""
+    if r.window is None or not len(r.window):
+        return None
+    m = median(r.window.recent_times(n))
+    return None if m is None else round(m, 6)
 
 
 def _backends_in_use(job: JobState) -> str:
