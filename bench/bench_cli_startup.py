@@ -6,7 +6,10 @@ Measures, as the median of ``--runs`` fresh interpreters each:
 - ``import daemon.config`` + ``load_settings()``: what ``profwatch status`` runs before its control call (ms);
 - the wall time of ``profwatch status --help``, run as ``python -m daemon.cli status --help`` so the same
   command line also measures an older checkout (``--repo``), and as the installed console script (ms);
-- which heavy packages (numpy, pandas, msprof_analyze, ijson, sqlite3, watchdog) those imports load.
+- which heavy packages (numpy, pandas, msprof_analyze, ijson, sqlite3, watchdog) those imports load;
+- what a missing coordinator costs ``profwatch status`` (exit 3): nothing listening on the control port (the
+  refused connection is seen at once), and a port that accepts but never answers (bounded by the first ``ping``,
+  ``daemon/commands/common.py: PING_TIMEOUT_S``).
 
 Usage: ``python bench/bench_cli_startup.py [--runs 7] [--repo PATH]`` (``--repo``: measure another checkout, e.g.
 ``git archive main | tar -x -C /tmp/ref``, with this interpreter). Numbers vary with machine load; compare
@@ -47,10 +50,42 @@ def import_ms(module: str) -> float:
     raise RuntimeError(f"no importtime line for {module}")
 
 
-def wall_ms(argv: list[str]) -> float:
+def wall_ms(argv: list[str], env: dict[str, str] | None = None, rc: int = 0) -> float:
     t0 = time.perf_counter()
-    subprocess.run(argv, env=_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    res = subprocess.run(argv, env=_env() | (env or {}), cwd=REPO, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    if res.returncode != rc:
+        raise RuntimeError(f"{argv} exited {res.returncode}, expected {rc}")
     return (time.perf_counter() - t0) * 1000.0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def missing_coordinator_ms(runs: int) -> dict[str, list[float]]:
+    """Wall time of ``status`` (exit 3) against a closed port and against a port that never answers."""
+    import zmq
+
+    status = [sys.executable, "-m", "daemon.cli", "status"]
+    closed = {"PROFWATCH_COORDINATOR__CONTROL_BIND": f"tcp://127.0.0.1:{_free_port()}"}
+    ctx = zmq.Context()
+    mute = ctx.socket(zmq.ROUTER)  # accepts connections and requests, answers nothing
+    port = mute.bind_to_random_port("tcp://127.0.0.1")
+    silent = {"PROFWATCH_COORDINATOR__CONTROL_BIND": f"tcp://127.0.0.1:{port}"}
+    try:
+        return {
+            "status, nothing listening (exit 3, wall, ms)": [wall_ms(status, closed, rc=3) for _ in range(runs)],
+            "status, endpoint never answers (exit 3, wall, ms)": [wall_ms(status, silent, rc=3)
+                                                                 for _ in range(min(runs, 3))],
+        }
+    finally:
+        mute.close(0)
+        ctx.term()
 
 
 def heavy_loaded(code: str) -> list[str]:
@@ -81,6 +116,7 @@ def main() -> None:
     if args.repo is None:  # the installed console script runs this checkout's daemon.console
         rows["profwatch status --help (console script, wall, ms)"] = [
             wall_ms([profwatch, "status", "--help"]) for _ in range(args.runs)]
+    rows |= missing_coordinator_ms(args.runs)
     rows |= {
         "python -c pass (wall, ms; the floor)": [wall_ms([sys.executable, "-c", "pass"]) for _ in range(args.runs)],
     }

@@ -7,6 +7,7 @@ them over. Tests pass fakes with the same methods.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -92,23 +93,32 @@ Clock = Callable[[], float]
 
 class RankDirScanner:
     """:class:`ScannerPort` over ``daemon.adapters.rank_dir_fs.scan_tree`` and ``daemon.adapters.retention``.
-    One long-lived reader (its DB checks are cached); use from one thread."""
+    One long-lived reader (its DB checks are cached); use from one thread. With ``allowed_roots`` every prof_dir is
+    re-checked before each scan and deletion (``daemon.adapters.paths``: no symlink below its root), so a folder
+    swapped for a link after the hello is refused (:class:`~daemon.adapters.paths.PathRefused`), not followed."""
 
-    def __init__(self, settings: WatchSettings) -> None:
+    def __init__(self, settings: WatchSettings, allowed_roots: Sequence[str | os.PathLike[str]] | None = None) -> None:
         from daemon.adapters.rank_dir_fs import RankDirReader
 
         self.settings = settings
+        self.allowed_roots = None if allowed_roots is None else list(allowed_roots)
         self._reader = RankDirReader()
+
+    def _checked(self, prof_dir: str) -> Path:
+        from daemon.adapters.paths import check_inside
+
+        return Path(prof_dir) if self.allowed_roots is None else check_inside(prof_dir, self.allowed_roots)
 
     def scan(self, prof_dir: str, *, world_size: int, capture_id: str, hint: CaptureHint) -> list[BatchState]:
         from daemon.adapters.rank_dir_fs import scan_tree
 
-        return scan_tree(Path(prof_dir), world_size=world_size, settings=self.settings, hints={capture_id: hint},
-                         reader=self._reader)
+        return scan_tree(self._checked(prof_dir), world_size=world_size, settings=self.settings,
+                         hints={capture_id: hint}, reader=self._reader)
 
     def retain(self, analysed: Sequence[tuple[str, str, int]], now_unix_s: float) -> list[Any]:
         """Apply the byte/age caps to ``(prof_dir, batch_id, world_size)`` of analysed captures only; an unreadable
         prof_dir is neither counted nor deleted."""
+        from daemon.adapters.paths import PathRefused
         from daemon.adapters.rank_dir_fs import TreeUnavailable, scan_tree
         from daemon.adapters.retention import enforce_retention
 
@@ -118,15 +128,16 @@ class RankDirScanner:
         batches, ids = [], set()
         for prof_dir, batch_id, world_size in analysed:
             try:
-                found = scan_tree(Path(prof_dir), world_size=world_size, settings=s, reader=self._reader)
-            except (TreeUnavailable, OSError):
+                found = scan_tree(self._checked(prof_dir), world_size=world_size, settings=s, reader=self._reader)
+            except (TreeUnavailable, OSError, PathRefused):
                 continue
             for b in found:
                 if b.batch_id == batch_id:
                     batches.append(b)
                     ids.add(batch_id)
         return enforce_retention(batches, analysed=ids, max_bytes=s.retention_max_bytes,
-                                 max_age_s=s.retention_max_age_s, now_unix_s=now_unix_s)
+                                 max_age_s=s.retention_max_age_s, now_unix_s=now_unix_s,
+                                 allowed_roots=self.allowed_roots)
 
 
 class BatchAnalyser:

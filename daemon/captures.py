@@ -15,12 +15,12 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from daemon.adapters.control import ControlError
+from daemon.adapters.paths import PathRefused, check_inside, make_dirs
 from daemon.capture_analysis import AnalysisSteps
 from daemon.capture_ports import (
     AnalyserPort,
@@ -38,6 +38,7 @@ from daemon.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmS
 from daemon.core.capture import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
 from daemon.core.capture_report import describe, explain_ranks, rank_causes, refusal
 from daemon.core.completeness import BatchState, CaptureHint
+from daemon.core.step_numbering import profiled_report_steps
 from daemon.core.step_window import median
 from daemon.core.targeting import JobTopology, estimate_capture_bytes
 from rankhook import wire
@@ -212,9 +213,11 @@ class CaptureShell(AnalysisSteps):
         if action is lc.Action.WRITE_CONFIG:
             self._write_config(cap)
         elif action is lc.Action.WATCH and self._watcher is not None:
-            try:
-                Path(cap.prof_dir).mkdir(parents=True, exist_ok=True)
+            try:  # mkdir -p without following a link below the allowed root (daemon/adapters/paths.py)
+                make_dirs(cap.prof_dir, self.s.coordinator.allowed_prof_roots)
                 self._watcher.watch(cap.prof_dir)
+            except PathRefused as exc:
+                self.on_path_refused(cap.capture_id, "mkdir", str(exc))
             except Exception as exc:  # noqa: BLE001 - the periodic scan covers an unwatchable dir
                 log.warning("watch_failed", prof_dir=cap.prof_dir, error=repr(exc))
         elif action is lc.Action.UNWATCH and self._watcher is not None:
@@ -328,13 +331,29 @@ class CaptureShell(AnalysisSteps):
         try:
             batches = self.scanner.scan(prof_dir, world_size=world_size, capture_id=cid, hint=hint)
             self.post(lambda: self._on_scan(cid, batches))
+        except PathRefused as exc:
+            why = str(exc)
+            self.post(lambda: self._on_scan_error(cid, why, refused=True))
         except Exception as exc:  # noqa: BLE001 - unknown is retried at the next tick, never judged
             err = repr(exc)
             self.post(lambda: self._on_scan_error(cid, err))
 
-    def _on_scan_error(self, cid: str, err: str) -> None:
+    def on_path_refused(self, cid: str, op: str, detail: str) -> None:
+        """A capture's prof_dir failed its re-check before ``op`` (a component became a symlink): nothing was
+        followed; one ``path_refused`` alert per capture and operation. The capture is judged at its deadline."""
+        cap = self._find(cid) or self.store.get_capture(cid)
+        job_id = cap.job_id if cap is not None else None
+        log.warning("path_refused", capture_id=cid, op=op, detail=detail)
+        self.emit("io.profwatch.path_refused.v1", job_id, {
+            "capture_id": cid, "op": op, "reason": "path_swapped", "prof_dir": cap.prof_dir if cap else None,
+            "problems": [detail]}, event_id=f"path_refused-{cid}-{op}")
+
+    def _on_scan_error(self, cid: str, err: str, refused: bool = False) -> None:
         self._scanning.discard(cid)
-        log.warning("scan_failed", capture_id=cid, error=err)
+        if refused:
+            self.on_path_refused(cid, "scan", err)
+        else:
+            log.warning("scan_failed", capture_id=cid, error=err)
 
     def _on_scan(self, cid: str, batches: list[BatchState]) -> None:
         self._scanning.discard(cid)
@@ -451,14 +470,14 @@ class CaptureShell(AnalysisSteps):
         t = lc.open_capture(plan, world_size=job.world_size, profiler_config_path=job.profiler_config_path or "",
                             writer=writer, rank_steps=progress.rank_steps, rank_step_time_s=times,
                             rank_backends={r: s.backend for r, s in live.items()}, nodes=nodes, now=now,
-                            settings=self.ls, step_time_s=step_time)
+                            settings=self.ls, step_time_s=step_time, generation=job.generation)
         history = self._job(job.job_id).history
         history.record_arm(now)
         per_rank = history.bytes_per_rank_step
         history.reserve(plan.capture_id, now, estimate_capture_bytes(
             len(covered), plan.active, per_rank if per_rank is not None else self.s.arming.targeting.bytes_per_rank_step))
         cap = self._apply(t)
-        self.detectors.exclude_steps(job.job_id, plan.start_step, plan.start_step + plan.warmup + plan.active - 1,
+        self.detectors.exclude_steps(job.job_id, *profiled_report_steps(plan.start_step, plan.warmup, plan.active),
                                      f"capture {plan.capture_id}")
         return {**out, **describe(cap, now)}
 
@@ -537,9 +556,8 @@ class CaptureShell(AnalysisSteps):
 
     # -- hellos ----------------------------------------------------------------------------------------------------------
     def on_hello(self, job: JobState, msg: wire.RankHello, now: float) -> None:
-        """Check the paths a hello names; refuse and report anything outside the allowed roots."""
-        from daemon.adapters.paths import PathRefused, check_inside
-
+        """Check the paths a hello names; refuse and report anything outside the allowed roots or passing through a
+        symlink below its root (``daemon/adapters/paths.py``: what is checked here is what is used later)."""
         cs = self.s.coordinator
         problems = []
         if msg.prof_root:
@@ -561,6 +579,7 @@ class CaptureShell(AnalysisSteps):
                       event_id=f"path_refused-{msg.job_id}-{int(now)}")
 
     def supersede_generation(self, job_id: str, generation: int, now: float) -> None:
-        """Close the job's in-flight captures of older generations as superseded (data kept)."""
+        """The job started ``generation``: close its captures of older generations that still wait for their ranks
+        as superseded (``lc.supersede``; data kept, nothing deleted; an ``analysing`` one finishes)."""
         for cap in list(self._job(job_id).active.values()):
             self._apply(lc.supersede(cap, generation, now, self.ls))

@@ -15,24 +15,8 @@ from typing import Any
 import click
 
 from daemon import __version__
-from daemon.exitcodes import EXIT_NOT_OK as EXIT_PROBLEM
-from daemon.exitcodes import EXIT_UNAVAILABLE as EXIT_UNREACHABLE
-from daemon.exitcodes import EXIT_USAGE
-
-_config_option = click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="PROFWATCH_CONFIG",
-    help="TOML config file (env PROFWATCH_CONFIG); PROFWATCH_<SECTION>__<KEY> env vars override it.",
-)
-
-
-def _load(config_path: Path | None) -> Any:
-    from daemon.config import ConfigError, load_settings
-
-    try:
-        return load_settings(config_path)
-    except ConfigError as exc:
-        click.echo(f"profwatch: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
+from daemon.commands.common import CoordinatorClient, config_option, load_or_exit
+from daemon.exitcodes import EXIT_NOT_OK, EXIT_USAGE
 
 
 def _install_sigterm(stop: Any) -> None:
@@ -44,7 +28,7 @@ def _install_sigterm(stop: Any) -> None:
 
 
 _LAZY_COMMANDS = {"scan": "scan", "analyze": "analyze", "replay": "replay", "simulate": "simulate", "demo": "demo",
-                  "keys": "keys"}
+                  "keys": "keys", "status": "status", "alerts": "alerts"}
 """Commands implemented in ``daemon/commands/<module>.py`` (command name -> module), imported only when used, so
 ``profwatch status`` and the daemons never pay for the analysis stack (numpy, msprof parsing, Kineto reader)."""
 
@@ -113,198 +97,37 @@ def _serve(label: str, metrics_port: int | None, build: Any) -> None:
 
 
 @cli.command()
-@_config_option
+@config_option
 def node(config_path: Path | None) -> None:
     """Run the node daemon (one per host): relay rank telemetry, write node-local configs, tail dp logs."""
     from daemon.logsetup import configure_logging
     from daemon.node import NodeDaemon
 
-    s = _load(config_path)
+    s = load_or_exit(config_path)
     configure_logging(s.logging.level, s.logging.format)
     _serve("node", s.node.metrics_port,
            lambda metrics, notifier: NodeDaemon(s.node, metrics, s.security, s.limits, notifier))
 
 
 @cli.command()
-@_config_option
+@config_option
 def coordinator(config_path: Path | None) -> None:
     """Run the coordinator: ingest, detection, arming, completeness, analysis, alerts."""
     from daemon.coordinator import Coordinator
     from daemon.logsetup import configure_logging
 
-    s = _load(config_path)
+    s = load_or_exit(config_path)
     configure_logging(s.logging.level, s.logging.format)
     _serve("coordinator", s.coordinator.metrics_port, lambda metrics, notifier: Coordinator(s, metrics, notifier))
 
 
-def _client_keys(s: Any, endpoint: str) -> Any:
-    """CURVE client keys for ``endpoint`` (None when it does not use CURVE); exit 2 with the fix when missing."""
-    from daemon.adapters.keyfiles import CurveSetupError, client_keys
-
-    try:
-        return client_keys(s.security, endpoint)
-    except CurveSetupError as exc:
-        click.echo(f"profwatch: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
-
-
-def _call(s: Any, cmd: str, args: dict[str, Any] | None = None, timeout_s: float = 5.0) -> Any:
-    from daemon.adapters.control import ControlAuthFailed, ControlError, ControlUnavailable, call
-
-    endpoint = s.coordinator.control_bind
-    try:
-        return call(endpoint, cmd, args, timeout_s=timeout_s, curve=_client_keys(s, endpoint))
-    except ControlAuthFailed as exc:
-        click.echo(f"profwatch: {exc.message}", err=True)
-        sys.exit(EXIT_UNREACHABLE)
-    except ControlUnavailable as exc:
-        click.echo(f"profwatch: {exc.message}\n  is the coordinator running? The CLI finds it through [coordinator] "
-                   "control_bind of --config / PROFWATCH_CONFIG (default tcp://127.0.0.1:7712).", err=True)
-        sys.exit(EXIT_UNREACHABLE)
-    except ControlError as exc:
-        click.echo(f"profwatch: coordinator refused {cmd}: [{exc.code}] {exc.message}", err=True)
-        sys.exit(EXIT_PROBLEM)
-
-
 @cli.command()
-@_config_option
-@click.option("--job", "job_id", help="only this job")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def status(config_path: Path | None, job_id: str | None, as_json: bool) -> None:
-    """Show jobs, ranks (last step, step time), nodes, drops and captures."""
-    s = _load(config_path)
-    snap = _call(s, "status", {"job_id": job_id} if job_id else {})
-    if job_id and not snap["jobs"]:
-        click.echo(f"profwatch: the coordinator knows no job {job_id!r} (no rank of it has said hello)", err=True)
-        sys.exit(EXIT_PROBLEM)
-    if as_json:
-        click.echo(json.dumps(snap, indent=2))
-        return
-    for job in snap["jobs"]:
-        mst = job["median_step_time_s"]
-        click.echo(f"job {job['job_id']}  world_size={job['world_size']} ranks_seen={job['ranks_seen']} "
-                   f"backend={job['backend'] or '-'} furthest_step={job['furthest_step']} "
-                   f"median_step_time={f'{mst:.3f}s' if mst else '-'} rank_drops={job.get('rank_drops', 0)}")
-        for rank, err in sorted((job.get("backend_errors") or {}).items(), key=lambda kv: int(kv[0])):
-            click.echo(f"  rank {rank}: capture backend not in use: {err}")
-        click.echo(f"  {'rank':>5} {'host':<20} {'last_step':>9} {'step_time_s':>11} {'age_s':>7}  state")
-        for r in job["ranks"]:
-            st = "left" if r["left"] else ("capturing" if r["capturing"] else "")
-            age = f"{r['age_s']:.1f}" if r["age_s"] is not None else "-"
-            click.echo(f"  {r['rank']:>5} {r['hostname'][:20]:<20} {r['last_step']:>9} {r['step_time_s']:>11.4f} {age:>7}  {st}")
-    click.echo("nodes:")
-    for n in snap["nodes"]:
-        c = n.get("counters", {})
-        down = " DOWN" if n.get("down") else ""
-        click.echo(f"  {n['node_id']:<20}{down} age={n['age_s']:.1f}s received={c.get('received', 0)} "
-                   f"rejected={c.get('rejected', 0)} dropped={c.get('dropped', 0)} lost_batches={n['lost_batches']}")
-        if n.get("stale_state"):
-            click.echo(f"    stale torch_npu state: {n['stale_state']}")
-    if snap.get("captures"):
-        click.echo("captures:")
-        for cap in snap["captures"]:
-            _print_capture(cap)
-    cnt = snap["counters"]
-    click.echo(f"coordinator: received={cnt['received']} rejected={cnt['rejected']} lost_batches={cnt['lost_batches']}")
-
-
-def _print_capture(cap: dict[str, Any]) -> None:
-    """One capture of ``status``: state, how long in it, its deadline, acknowledgements, outcome."""
-    left = cap.get("deadline_in_s")
-    deadline = "" if left is None else (f" deadline in {left:.0f}s" if left >= 0 else f" deadline passed {-left:.0f}s ago")
-    click.echo(f"  {cap['capture_id']:<32} {cap['state']:<12} for {cap.get('in_state_s', 0):.0f}s{deadline} "
-               f"start_step={cap['start_step']} acked={cap.get('acknowledged_ranks')}/{cap.get('expected_ranks')} "
-               f"reason={cap['reason']}")
-    if cap.get("running") is not None:
-        click.echo(f"    running: {', '.join(cap['running']) or 'staging, ranking or the Kineto analyzer'}")
-    if cap.get("outcome"):
-        click.echo(f"    {cap['outcome']}")
-
-
-def _print_alert(ev: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps(ev))
-        return
-    d = ev.get("data", {})
-    line = f"{ev.get('time', '')} {ev.get('type', '')} job={ev.get('subject')}"
-    sus = d.get("suspects")
-    if sus is not None:
-        if sus:
-            line += " suspects: " + ", ".join(
-                f"rank {x['rank']} ({x['kind']}, score {x['score']:.2f}, {x.get('hostname') or '?'})" for x in sus)
-        else:
-            line += " no suspect (balanced)"
-        if d.get("report"):
-            line += f" report={d['report']}"
-    elif d.get("missing_ranks") is not None:
-        line += f" missing_ranks={d['missing_ranks']} problems={len(d.get('problems') or [])}"
-    elif ev.get("type") == "io.profwatch.anomaly.v1":
-        line += (f" {d.get('kind')} at step {d.get('step')} ranks={d.get('ranks')} "
-                 f"+{100 * float(d.get('magnitude') or 0):.0f}%")
-    elif ev.get("type") == "io.profwatch.arm_decision.v1":
-        line += f" {d.get('action')} ({d.get('reason')}) for {d.get('anomaly')} at step {d.get('step')}"
-    elif ev.get("type") == "io.profwatch.arm.v1":
-        line += (f" capture {d.get('capture_id')} {d.get('status')} start_step={d.get('start_step')} "
-                 f"warmup={d.get('warmup')} active={d.get('active')} config={d.get('path') or d.get('error', '')}")
-    elif ev.get("type") in ("io.profwatch.capture.v1", "io.profwatch.batch.v1"):
-        line += f" capture {d.get('capture_id')} {d.get('event')}" + (f" ranks={d['ranks']}" if "ranks" in d else "")
-    else:
-        line += " " + json.dumps(d)[:200]
-    click.echo(line)
-
-
-@cli.command()
-@_config_option
-@click.option("--job", "job_id", help="only this job")
-@click.option("--follow", "-f", is_flag=True, help="keep listening for new alerts")
-@click.option("--all-events", is_flag=True, help="also anomalies, arm decisions and capture progress")
-@click.option("--limit", default=20, show_default=True, help="recent alerts fetched first")
-@click.option("--json", "as_json", is_flag=True, help="one CloudEvent JSON per line")
-def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_events: bool, limit: int, as_json: bool) -> None:
-    """Print recent alerts, then (with --follow) new ones as they are published.
-
-    Missed alerts are fetched from the coordinator's store first, so nothing published before the subscriber
-    joined is lost (ZeroMQ PUB drops what was sent before a SUB connected).
-    """
-    import zmq
-
-    from daemon.adapters.publish import Subscription
-
-    s = _load(config_path)
-    args = {"job_id": job_id, "limit": limit, "alerts_only": not all_events}
-    sub = None
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-    if follow:  # subscribe first, then fetch history, then dedup by id: no gap between the two
-        sub = Subscription(ctx, s.coordinator.pub_bind, ["alert", "event"] if all_events else ["alert"], job_id,
-                           curve=_client_keys(s, s.coordinator.pub_bind))
-    seen: set[str] = set()
-    last_seq = 0
-    for row in _call(s, "events", args):
-        seen.add(row["event"]["id"])
-        last_seq = max(last_seq, row["seq"])
-        _print_alert(row["event"], as_json)
-    if sub is None:
-        return
-    stop = {"flag": False}
-    _install_sigterm(lambda: stop.__setitem__("flag", True))
-    try:
-        while not stop["flag"]:
-            ev = sub.recv(500)
-            if ev is not None and str(ev.get("id")) not in seen:
-                seen.add(str(ev.get("id")))
-                _print_alert(ev, as_json)
-                sys.stdout.flush()
-    finally:
-        sub.close()
-
-
-@cli.command()
-@_config_option
+@config_option
 @click.option("--job", "job_id", required=True)
 @click.option("--in-steps", type=int, help="start this many steps after the furthest rank")
 @click.option("--start-step", type=int, help="absolute start_step (must be ahead of every rank)")
-@click.option("--active", type=int, help="steps recorded (default from config: [arming] active, 4)")
-@click.option("--warmup", type=int, help="warm-up steps before recording (default 1)")
+@click.option("--active", type=int, help="steps recorded (default: [capture] active of the coordinator's config, 4)")
+@click.option("--warmup", type=int, help="warm-up steps before recording (default: [capture] warmup, 1)")
 @click.option("--ranks", help="comma-separated rank ids (default: all ranks)")
 @click.option("--reason", default="manual", show_default=True)
 @click.option("--dry-run", is_flag=True, help="plan and print, write nothing")
@@ -326,8 +149,9 @@ def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step:
         rank_list = [int(x) for x in ranks.split(",")] if ranks else None
     except ValueError:
         raise click.UsageError(f"--ranks must be comma-separated integers, got {ranks!r}") from None
-    s = _load(config_path)
-    res = _call(s, "arm", {"job_id": job_id, "in_steps": in_steps, "start_step": start_step, "active": active,
+    s = load_or_exit(config_path)
+    coord = CoordinatorClient(s)
+    res = coord.call("arm", {"job_id": job_id, "in_steps": in_steps, "start_step": start_step, "active": active,
                            "warmup": warmup, "rank_list": rank_list, "reason": reason, "dry_run": dry_run})
     if as_json:
         click.echo(json.dumps(res, indent=2))
@@ -336,7 +160,7 @@ def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step:
     if dry_run:
         if res.get("refused"):
             click.echo(f"dry run: would be refused: {res['refused']['message']}", err=as_json)
-            sys.exit(EXIT_PROBLEM)
+            sys.exit(EXIT_NOT_OK)
         if not as_json:
             click.echo(f"dry run (nothing written): {what}")
         return
@@ -348,20 +172,20 @@ def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step:
         from daemon.commands.arm_wait import wait_for_arm
 
         bound = wait_s if wait_s is not None else s.capture.write_timeout_s + s.coordinator.ack_timeout_s + 10
-        ok = wait_for_arm(lambda: _call(s, "capture", {"capture_id": res["capture_id"]}), bound, click.echo)
-        sys.exit(0 if ok else EXIT_PROBLEM)
+        ok = wait_for_arm(lambda: coord.call("capture", {"capture_id": res["capture_id"]}), bound, click.echo)
+        sys.exit(0 if ok else EXIT_NOT_OK)
 
 
 @cli.command()
-@_config_option
+@config_option
 @click.option("--job", "job_id", required=True)
 @click.option("--capture", "capture_id", help="this capture (default: every capture of the job in flight)")
 @click.option("--json", "as_json", is_flag=True)
 def cancel(config_path: Path | None, job_id: str, capture_id: str | None, as_json: bool) -> None:
     """Stop tracking a capture in flight so the job can be armed again. Its data is kept; a config already
     delivered may still fire on the ranks (whatever they write stays in place)."""
-    s = _load(config_path)
-    res = _call(s, "cancel", {"job_id": job_id, "capture_id": capture_id})
+    s = load_or_exit(config_path)
+    res = CoordinatorClient(s).call("cancel", {"job_id": job_id, "capture_id": capture_id})
     if as_json:
         click.echo(json.dumps(res, indent=2))
         return
@@ -370,12 +194,12 @@ def cancel(config_path: Path | None, job_id: str, capture_id: str | None, as_jso
 
 
 @cli.command()
-@_config_option
+@config_option
 @click.option("--job", "job_id", required=True)
 def telemetry(config_path: Path | None, job_id: str) -> None:
     """Dump a job's recent step telemetry (the coordinator's windows) as JSONL for ``profwatch replay``."""
-    s = _load(config_path)
-    click.echo(_call(s, "dump_telemetry", {"job_id": job_id}, timeout_s=30), nl=False)
+    s = load_or_exit(config_path)
+    click.echo(CoordinatorClient(s).call("dump_telemetry", {"job_id": job_id}, timeout_s=30), nl=False)
 
 
 def _missing(name: str, why: str) -> click.Command:

@@ -26,20 +26,26 @@ from daemon.adapters.alert_sinks import AlertSinks
 from daemon.adapters.metrics import DaemonMetrics
 from daemon.adapters.sd_notify import SdNotifier
 from daemon.adapters.server_sockets import ServerSockets
-from daemon.adapters.state import StateStore
+from daemon.adapters.state import StateStore, Stored
 from daemon.capture_ports import BatchAnalyser, RankDirScanner
 from daemon.captures import CaptureShell
 from daemon.config import Settings
-from daemon.core.access import AccessDenied, authorize
-from daemon.core.alerts import TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, make_cloudevent
+from daemon.coordinator_control import ControlCommands
+from daemon.core.alerts import (
+    TYPE_ANALYSIS_ENRICHED,
+    TYPE_JOB_ENDED,
+    TYPE_JOB_GENERATION,
+    TYPE_STORAGE_FAILED,
+    TYPE_STORAGE_RECOVERED,
+    make_cloudevent,
+)
 from daemon.core.anomaly import Anomaly, JobDetector
-from daemon.core.capture import CaptureRequest
-from daemon.core.capture_report import describe
+from daemon.core.generations import GenerationOpened
 from daemon.core.job_end import JobEndTracker
 from daemon.core.messages import MessageRejected, parse_node_message
 from daemon.core.peers import NodeRoutes
-from daemon.core.registry import Registry, RegistryError
-from daemon.core.telemetry import dump_jsonl, window_records
+from daemon.core.registry import GenerationPending, Registry, RegistryError
+from daemon.core.registry_state import jobs_from_rows, registry_rows
 from daemon.logsetup import OncePerKind
 from rankhook import wire
 
@@ -51,6 +57,7 @@ ALERT_TYPES = {
     "io.profwatch.analysis_failed.v1",
     "io.profwatch.path_refused.v1",
     TYPE_ANALYSIS_ENRICHED,
+    TYPE_STORAGE_FAILED,
 }
 
 
@@ -82,7 +89,7 @@ def _start_watcher(on_wake: Callable[[str], None], settings: Settings, metrics: 
     return watcher
 
 
-class Coordinator:
+class Coordinator(ControlCommands):
     """The coordinator. ``run()`` blocks until ``stop()``; everything persistent is in ``settings.coordinator.state_db``.
 
     Raises:
@@ -102,7 +109,11 @@ class Coordinator:
         # alert sinks: every emitted event goes to them; standing Alertmanager alerts are rebuilt from the store
         self.sinks = AlertSinks.from_settings(settings.alertmanager, settings.webhook, os.environ, self.metrics)
         try:
-            self.state = StateStore(cs.state_db)
+            lim = settings.limits
+            self.state = StateStore(
+                cs.state_db, retry_max_items=lim.state_retry_queue_items, retry_max_bytes=lim.state_retry_queue_bytes,
+                on_failed=lambda op, _err: self.metrics.state_store_failures.labels(op).inc(),
+                on_dropped=lambda kind, n: self.metrics.state_store_dropped.labels(kind).inc(n))
             self.sinks.restore(self.state.iter_events(self.sinks.restore_types))
         except Exception:
             self.sinks.close()
@@ -116,6 +127,8 @@ class Coordinator:
         self._detector_ranks = 0  # sum of world sizes of jobs with a detector (bounded by limits.max_ranks_total)
         self._known_nodes: set[str] = set()  # nodes seen since this process started (others must re-register)
         self._once = OncePerKind()
+        self._storage_failed: float | None = None  # when the current storage_failed alert was raised
+        self._flushed_generation: dict[str, int] = {}  # job -> generation whose rank rows the store holds
         self._peer_logged: dict[tuple[str, str], float] = {}
         self.counters = {"received": 0, "rejected": 0, "batches": 0, "lost_batches": 0, "events": 0}
         self.results: queue.Queue[Callable[[], None]] = queue.Queue()
@@ -134,7 +147,7 @@ class Coordinator:
 
         self.captures = CaptureShell(
             settings=settings, store=self.state, jobs=self.registry.jobs, nodes=self.registry.nodes,
-            writer=ConfigWriter(), send_node_command=self.send_node_command, scanner=RankDirScanner(settings.watch),
+            writer=ConfigWriter(), send_node_command=self.send_node_command, scanner=RankDirScanner(settings.watch, settings.coordinator.allowed_prof_roots),
             analyser=BatchAnalyser(settings.analysis), detectors=_DetectorView(self.detectors), emit=self.emit,
             post=self.results.put, clock=time.time, make_watcher=lambda on_wake: _start_watcher(on_wake, settings, self.metrics),
             count_state=lambda state: self.metrics.captures.labels(state).inc())
@@ -146,66 +159,57 @@ class Coordinator:
 
     # -- persistence --------------------------------------------------------------------------------------------
     def _restore_registry(self) -> None:
-        from daemon.core.registry import JobState, RankState
-        from daemon.core.step_window import StepWindow
-
         jobs, ranks, _nodes = self.state.load_registry()
-        import json
-
-        restored: dict[str, JobState] = {}
-        for j in jobs:
-            restored[j["job_id"]] = JobState(
-                job_id=j["job_id"], world_size=j["world_size"], profiler_config_path=j["profiler_config_path"],
-                prof_root=j["prof_root"], backend=j["backend"] or "", first_seen_unix_s=j["first_seen_unix_s"] or 0.0,
-                started_unix_s=j["started_unix_s"] or 0.0, versions=json.loads(j["versions"] or "{}"),
-            )
-        for r in ranks:
-            job = restored.get(r["job_id"])
-            if job is None:
-                continue
-            job.ranks[r["rank"]] = RankState(
-                rank=r["rank"], hostname=r["hostname"] or "", node_id=r["node_id"] or "", pid=r["pid"] or 0,
-                local_rank=r["local_rank"] if r["local_rank"] is not None else -1, backend=r["backend"] or "",
-                last_step=r["last_step"] if r["last_step"] is not None else -1,
-                last_step_time_s=r["last_step_time_s"] or 0.0, seen_unix_s=r["seen_unix_s"] or 0.0,
-                left=bool(r["left"]), window=StepWindow(self.registry.window_steps),
-            )
-        for job in restored.values():
+        for job in jobs_from_rows(jobs, ranks, self.registry.window_steps):
             self.registry.restore(job)
+            self._flushed_generation[job.job_id] = job.generation
 
     def _flush_registry(self) -> None:
-        import json
-
-        jobs, ranks, nodes = [], [], []
-        for job in self.registry.jobs.values():
-            jobs.append({
-                "job_id": job.job_id, "world_size": job.world_size, "backend": job.backend,
-                "profiler_config_path": job.profiler_config_path, "prof_root": job.prof_root,
-                "first_seen_unix_s": job.first_seen_unix_s, "started_unix_s": job.started_unix_s,
-                "versions": json.dumps(job.versions),
-            })
-            for r in job.ranks.values():
-                ranks.append((job.job_id, r.rank, r.hostname, r.node_id, r.pid, r.local_rank, r.backend, r.last_step,
-                              r.last_step_time_s, r.seen_unix_s, int(r.left)))
-        for n in self.registry.nodes.values():
-            nodes.append((n.node_id, n.hostname, n.pid, n.last_seen_unix_s, json.dumps(n.counters)))
-        self.state.save_registry(jobs, ranks, nodes)
+        jobs, ranks, nodes = registry_rows(self.registry.jobs.values(), self.registry.nodes.values())
+        reset = [j.job_id for j in self.registry.jobs.values()
+                 if self._flushed_generation.get(j.job_id, j.generation) != j.generation]
+        self.state.save_registry(jobs, ranks, nodes, reset_ranks_of=reset)
+        self._flushed_generation = {j.job_id: j.generation for j in self.registry.jobs.values()}
 
     # -- events -------------------------------------------------------------------------------------------------
     def emit(self, type_: str, job_id: str | None, data: dict[str, Any], event_id: str | None = None) -> dict[str, Any] | None:
-        """Store and publish one CloudEvent; alerts are deduplicated by ``event_id``. Returns the event or None
-        when it was a duplicate."""
+        """Store and publish one CloudEvent; events are deduplicated by ``event_id`` on every path (store, PUB,
+        sinks). When the store fails the event is published anyway and kept for a retry (``storage_failed``).
+        Returns the event, or None when it was a duplicate."""
+        now = time.time()
         ev = make_cloudevent(type_, job_id or "_", data, source=self.settings.coordinator.event_source,
-                             now_unix_s=time.time(), event_id=event_id)
+                             now_unix_s=now, event_id=event_id)
         is_alert = type_ in ALERT_TYPES
-        if not self.state.add_event(ev, is_alert):
+        stored = self.state.add_event(ev, is_alert)
+        if stored is Stored.DUPLICATE:
             return None
         self.pub.publish(ev, is_alert)
         self.metrics.observe_event(ev)
         self.counters["events"] += 1
-        self.sinks.submit(ev, is_alert, time.time())
-        log.info("event_published", type=type_, job_id=job_id, event_id=ev["id"])
+        self.sinks.submit(ev, is_alert, now)
+        log.info("event_published", type=type_, job_id=job_id, event_id=ev["id"], stored=stored.value)
+        if stored is Stored.QUEUED:
+            self._check_store(now)
         return ev
+
+    def _check_store(self, now: float) -> None:
+        """Retry the store's queued writes when due; raise ``storage_failed`` once per failure episode and say
+        ``storage_recovered`` when everything is stored again."""
+        ok = self.state.retry(now)
+        self.metrics.state_store_pending.set(len(self.state.queue))
+        if not ok and self._storage_failed is None:
+            self._storage_failed = now
+            st = self.state.status()
+            self.emit(TYPE_STORAGE_FAILED, None, {
+                "path": self.state.path, "error": st["last_error"], "pending": st["pending"],
+                "failures": st["failures"], "since_unix_s": st["failing_since_unix_s"],
+                "note": "events are published anyway and stored when the store takes writes again; "
+                        "free space on the state disk"}, event_id=f"storage_failed-{int(now * 1000)}")
+        elif ok and self._storage_failed is not None:
+            since, self._storage_failed = self._storage_failed, None
+            self.emit(TYPE_STORAGE_RECOVERED, None, {"path": self.state.path, "failed_for_s": round(now - since, 3),
+                                                     "dropped": dict(self.state.dropped)},
+                      event_id=f"storage_recovered-{int(now * 1000)}")
 
     # -- main loop ----------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -234,6 +238,8 @@ class Coordinator:
                     self.sockets.poll_monitors()
                 self._drain_results()
                 now = time.time()
+                if self._storage_failed is not None or len(self.state.queue):
+                    self._check_store(now)
                 if now >= next_tick:
                     next_tick = now + cs.tick_interval_s
                     self._tick(now)
@@ -353,6 +359,8 @@ class Coordinator:
                 self._send_node(route, wire.NodeCommand(cmd="register", command_id=f"reg-{int(now)}"))
         if env.kind == "node_heartbeat":
             self.registry.heartbeat(env, now)
+            # answered, so a node dialling the wrong endpoint (or refused here) notices: it warns when unanswered
+            self._send_node(route, wire.NodeCommand(cmd="heartbeat_ack", command_id=f"hb-{int(now)}"))
         elif env.kind == "node_ack":
             self.captures.on_node_ack(env, now)
         elif env.kind == "node_batch":
@@ -372,10 +380,16 @@ class Coordinator:
             kind = m.kind
             try:
                 if kind == "step":
-                    job, _rank, _restarted = reg.step(m, now, node_id)
-                    if job is None:
+                    job, rank, restarted = reg.step(m, now, node_id)
+                    if job is None or rank is None:
                         self._reject(MessageRejected("unknown_job", f"step for job {m.job_id} before any hello"), node_id)
                         continue
+                    if restarted:
+                        opened = reg.note_restart(job, rank, now)
+                        if opened is not None:
+                            self._on_generation(opened, now)
+                    if rank.gen != job.generation:
+                        continue  # a worker of an older generation that has not restarted yet: not this shape
                     det = detectors.get(m.job_id) or self._detector_for(job.job_id, job.world_size)
                     if det is None:
                         continue
@@ -385,11 +399,13 @@ class Coordinator:
                             self._on_anomaly(an, now)
                 elif kind == "hello":
                     known = m.job_id in reg.jobs
-                    job = reg.hello(m, node_id, now)
+                    outcome = reg.admit_hello(m, node_id, now)
                     if not known:
                         log.info("job_registered", job_id=m.job_id, world_size=m.world_size, backend=m.backend,
-                                 node_id=node_id, uid=m.peer_uid)
-                    self.captures.on_hello(job, m, now)
+                                 node_id=node_id, uid=m.peer_uid, restart_count=m.restart_count)
+                    if outcome.opened is not None:
+                        self._on_generation(outcome.opened, now)
+                    self.captures.on_hello(outcome.job, m, now)
                 elif kind == "capture":
                     reg.rank_for(m, node_id)  # a node speaks only for the ranks that run on it
                     self.captures.on_capture_event(m, node_id, now)
@@ -398,6 +414,11 @@ class Coordinator:
                     left = self.detectors.get(m.job_id)
                     if left is not None:
                         left.mark_left(m.rank)
+            except GenerationPending as exc:
+                self.counters["generation_pending"] = self.counters.get("generation_pending", 0) + 1
+                self._reject(exc, node_id, quiet=True)
+                if self._once.first(f"claim:{m.job_id}:{getattr(m, 'world_size', '')}:{getattr(m, 'restart_count', '')}"):
+                    log.info("generation_claimed", job_id=m.job_id, detail=str(exc), node_id=node_id)
             except RegistryError as exc:
                 if exc.reason == "paths_changed":
                     self._paths_changed(m, node_id, str(exc), now)
@@ -420,6 +441,19 @@ class Coordinator:
         self.detectors[job_id] = det
         self._detector_ranks += world_size
         return det
+
+    def _on_generation(self, g: GenerationOpened, now: float) -> None:
+        """A job started a new generation: drop its detector (rebuilt for the new shape at its next step: windows
+        and baselines of the old shape would judge the new one), close its old captures as superseded (data
+        kept), and publish ``job_generation``."""
+        det = self.detectors.pop(g.job_id, None)
+        if det is not None:
+            self._detector_ranks -= det.world_size
+        log.info("job_generation", job_id=g.job_id, generation=g.generation, world_size=g.world_size,
+                 old_world_size=g.old_world_size, restart_count=g.restart_count, reason=g.reason, nodes=list(g.nodes),
+                 refused=dict(g.refused))
+        self.captures.supersede_generation(g.job_id, g.generation, now)
+        self.emit(TYPE_JOB_GENERATION, g.job_id, g.to_json(), event_id=g.event_id())
 
     def _paths_changed(self, m: Any, node_id: str, detail: str, now: float) -> None:
         """Alert once per job and claimed paths: a hello tried to move a job's pinned paths."""
@@ -466,130 +500,6 @@ class Coordinator:
             log.warning("node_command_failed", node_id=node_id, cmd=cmd.cmd, error="node not connected")
             return
         self._send_node(route, cmd)
-
-    # -- control ------------------------------------------------------------------------------------------------
-    def _drain_control(self) -> None:
-        for _ in range(100):
-            try:
-                envelope, req, frame = control.recv_request(self.control_sock)
-            except zmq.Again:
-                return
-            except Exception as exc:  # noqa: BLE001 - a malformed request never stops the coordinator
-                self._reject(MessageRejected("bad_control_request", repr(exc)[:200]))
-                continue
-            if isinstance(req, control.ControlError):
-                control.send_reply(self.control_sock, envelope, error=req)
-                continue
-            try:
-                authorize(req["cmd"], self.sockets.grants(frame))
-            except AccessDenied as exc:
-                from daemon.adapters.curve import user_id
-
-                self._refuse_peer(f"control_{exc.code}", exc.message, f"key:{user_id(frame) or '-'}")
-                control.send_reply(self.control_sock, envelope, error=control.ControlError(exc.code, exc.message))
-                continue
-            handler = getattr(self, f"_cmd_{req['cmd']}", None)
-            if handler is None:
-                control.send_reply(self.control_sock, envelope,
-                                   error=control.ControlError("unknown_command", f"unknown command {req['cmd']!r}"))
-                continue
-            try:
-                result = handler(**req.get("args", {}))
-                control.send_reply(self.control_sock, envelope, result=result)
-            except control.ControlError as exc:
-                control.send_reply(self.control_sock, envelope, error=exc)
-            except (TypeError, ValueError, OverflowError) as exc:
-                control.send_reply(self.control_sock, envelope, error=control.ControlError("bad_request", str(exc)))
-            except Exception as exc:  # noqa: BLE001
-                log.exception("control_command_failed", cmd=req["cmd"])
-                control.send_reply(self.control_sock, envelope, error=control.ControlError("internal", repr(exc)))
-
-    def _cmd_ping(self) -> dict[str, Any]:
-        return {"pong": True, "ts_unix_s": time.time()}
-
-    @staticmethod
-    def _job_arg(job_id: Any) -> str | None:
-        if job_id is not None and not isinstance(job_id, str):
-            raise control.ControlError("bad_request", f"job_id must be a string, got {type(job_id).__name__}")
-        return job_id
-
-    def _cmd_status(self, job_id: str | None = None) -> dict[str, Any]:
-        job_id = self._job_arg(job_id)
-        snap = self.registry.snapshot(time.time(), self.settings.coordinator.node_timeout_s)
-        if job_id is not None:
-            snap["jobs"] = [j for j in snap["jobs"] if j["job_id"] == job_id]
-        snap["counters"] = dict(self.counters)
-        snap["captures"] = self.captures.summary(job_id, time.time())
-        snap["bounds"] = {"jobs": len(self.registry.jobs), "ranks": self.registry.rank_count,
-                          "nodes": len(self.registry.nodes), "detector_ranks": self._detector_ranks,
-                          "state_bound_mib": self._state_bound_mib}
-        return snap
-
-    def _cmd_events(self, job_id: str | None = None, since_seq: int = 0, limit: int = 100,
-                    alerts_only: bool = True) -> list[dict[str, Any]]:
-        job_id = self._job_arg(job_id)
-        since, lim = int(since_seq), int(limit)
-        if not (0 <= since < 2**62 and 1 <= lim <= 10_000):
-            raise control.ControlError("bad_request", "since_seq must be in [0, 2**62) and limit in [1, 10000]")
-        return [{"seq": s, "event": e} for s, e in
-                self.state.events(job_id=job_id, alerts_only=bool(alerts_only), since_seq=since, limit=lim)]
-
-    def _cmd_arm(self, job_id: Any = None, reason: Any = None, warmup: Any = None, active: Any = None,
-                 rank_list: Any = None, start_step: Any = None, in_steps: Any = None,
-                 dry_run: Any = False) -> dict[str, Any]:
-        if not isinstance(job_id, str):
-            raise control.ControlError("bad_request", "job_id (a string) is required")
-        try:
-            req = CaptureRequest(job_id=job_id, reason=str(reason or "manual"), warmup=warmup, active=active,
-                                 rank_list=list(rank_list) if rank_list else None, start_step=start_step,
-                                 in_steps=in_steps)
-        except ValueError as exc:  # pydantic: wrong types
-            raise control.ControlError("bad_request", str(exc)) from None
-        return self.captures.arm(job_id, req, time.time(), dry_run=bool(dry_run))
-
-    def _cmd_cancel(self, job_id: Any = None, capture_id: Any = None) -> list[dict[str, Any]]:
-        if not isinstance(job_id, str) or not (capture_id is None or isinstance(capture_id, str)):
-            raise control.ControlError("bad_request", "job_id (a string) is required; capture_id is a string")
-        return self.captures.cancel(job_id, capture_id, time.time())
-
-    def _cmd_capture(self, capture_id: Any = None) -> dict[str, Any]:
-        if not isinstance(capture_id, str):
-            raise control.ControlError("bad_request", "capture_id (a string) is required")
-        return self.captures.capture_view(capture_id, time.time())
-
-    def _cmd_captures(self, job_id: str | None = None) -> list[dict[str, Any]]:
-        now = time.time()
-        return [describe(c, now) for c in self.state.captures(self._job_arg(job_id), newest=1000)]
-
-    def _cmd_set_thresholds(self, detection: dict[str, Any] | None = None, arming: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Runtime tuning without restart: merge into the current settings, validate, apply to every detector."""
-        from pydantic import ValidationError
-
-        try:
-            if detection:
-                new_det = self.settings.detection.model_validate(self.settings.detection.model_dump() | detection)
-                self.settings.detection = new_det
-                for det in self.detectors.values():
-                    det.update_settings(new_det)
-            if arming:
-                new_arm = self.settings.arming.model_validate(self.settings.arming.model_dump() | arming)
-                self.settings.arming = new_arm
-                self.captures.update_arming(new_arm)
-        except ValidationError as exc:
-            raise control.ControlError("bad_request", str(exc)) from None
-        return {"detection": self.settings.detection.model_dump(), "arming": self.settings.arming.model_dump()}
-
-    def _cmd_dump_telemetry(self, job_id: str) -> str:
-        """The job's step windows as ``profwatch replay`` JSONL (``daemon/core/telemetry.py``)."""
-        job = self.registry.jobs.get(self._job_arg(job_id) or "")
-        if job is None:
-            raise control.ControlError("not_found", f"unknown job {job_id!r}")
-        rows = []
-        for r in job.ranks.values():
-            if r.window is not None:
-                rows += window_records(job.job_id, r.rank, r.window.items(), r.last_ts_unix_s)
-        rows.sort(key=lambda d: (d["step"], d["rank"]))
-        return dump_jsonl(rows, world_size=job.world_size)
 
     # -- shutdown -----------------------------------------------------------------------------------------------
     def close(self) -> None:

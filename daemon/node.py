@@ -41,6 +41,10 @@ from rankhook import wire
 
 log = structlog.get_logger("profwatch.node")
 
+UNANSWERED_MIN_S = 10.0
+"""A node warns (``coordinator_unanswered``) when nothing came from the coordinator for this long, or for three
+heartbeat intervals when that is longer, and again every minute of silence; ``coordinator_answering`` ends it."""
+
 RANK_MAXMSGSIZE = 2 * wire.MAX_MESSAGE_BYTES
 """ZeroMQ drops (and disconnects) a rank message above this; between the wire limit and this it is counted."""
 
@@ -94,6 +98,11 @@ class NodeDaemon:
         self._dp_events: queue.Queue[list[wire.CaptureEvent]] = queue.Queue(maxsize=1000)
         self._dp_jobs = self.intake.dp_jobs  # job_id -> profiler_config_path to tail (torch_npu backend)
         self._reconnect_at: float | None = None
+        # the coordinator answers every heartbeat (heartbeat_ack): silence for this long is warned about
+        self.unanswered_after_s = max(UNANSWERED_MIN_S, 3 * self.s.heartbeat_interval_s)
+        self._answered_mono = time.monotonic()  # last message from the coordinator (start counts as one)
+        self._unanswered_warned_mono: float | None = None
+        self._link = "connecting"  # the coordinator connection as the socket monitor last saw it
         self._ipc = self.s.rank_endpoint().startswith("ipc://")
         self._npu_starts: dict[tuple[str, int], float] = {}  # local torch_npu ranks -> their start time
         self._stale_state = ""  # what the last stale torch_npu check found (sent with every heartbeat)
@@ -179,6 +188,7 @@ class NodeDaemon:
         self.monitor.close()
         self.dealer.close(0)
         self._connect_dealer()
+        self._link = "connecting"
         self._poller.register(self.dealer, zmq.POLLIN)
         self._poller.register(self.monitor.sock, zmq.POLLIN)
         log.info("coordinator_reconnected", coordinator=self.s.coordinator)
@@ -237,6 +247,7 @@ class NodeDaemon:
                 if now >= next_hb:
                     next_hb = now + self.s.heartbeat_interval_s
                     self._heartbeat()
+                    self._check_answered(now)
         finally:
             self.close()
 
@@ -296,9 +307,41 @@ class NodeDaemon:
         if self._once.first(exc.reason):
             log.warning("message_rejected", reason=exc.reason, detail=exc.detail, note="logged once per reason")
 
+    def _check_answered(self, now: float) -> None:
+        """Warn when the coordinator has not answered for ``unanswered_after_s`` (again every minute), naming the
+        likely cause from what the socket monitor saw; say so once when answers come back."""
+        silent_s = now - self._answered_mono
+        if silent_s < self.unanswered_after_s:
+            return
+        if self._unanswered_warned_mono is not None and now - self._unanswered_warned_mono < 60.0:
+            return
+        self._unanswered_warned_mono = now
+        ep = self.s.coordinator
+        if self._link == "refused":
+            cause = (f"nothing listens at {ep} (connection refused): is the coordinator running, and is "
+                     "[node] coordinator its [coordinator] ingest_bind (host and port)?")
+        elif self._link == "connected":
+            cause = (f"connected to {ep}, but nothing answers: is that the coordinator's ingest_bind (not its "
+                     "control or pub port)? Does the coordinator log peer_refused for this node?")
+        else:
+            cause = f"no connection to {ep} yet: is the host reachable (firewall, DNS) and the coordinator running?"
+        log.warning("coordinator_unanswered", coordinator=ep, silent_s=round(silent_s, 1), link=self._link,
+                    likely_cause=cause, note="heartbeats and telemetry are queued, then dropped (relay_hwm)")
+
+    def _answered(self) -> None:
+        now = time.monotonic()
+        if self._unanswered_warned_mono is not None:
+            log.info("coordinator_answering", coordinator=self.s.coordinator,
+                     after_s=round(now - self._answered_mono, 1))
+            self._unanswered_warned_mono = None
+        self._answered_mono = now
+
     def _on_handshakes(self) -> None:
-        """Log and count the coordinator connection's handshake failures (a wrong key is not a network outage)."""
+        """Log and count the coordinator connection's handshake failures (a wrong key is not a network outage);
+        remember whether the connection is up, refused or lost (the likely cause of unanswered heartbeats)."""
         for _ev, _value, failure in self.monitor.poll():
+            self._link = {"EVENT_CONNECTED": "connected", "EVENT_CONNECT_RETRIED": "refused",
+                          "EVENT_DISCONNECTED": "disconnected"}.get(_ev, self._link)
             if failure is None:
                 if _ev == "EVENT_HANDSHAKE_SUCCEEDED":
                     log.info("coordinator_connected", coordinator=self.s.coordinator, curve=self._curve is not None)
@@ -356,6 +399,7 @@ class NodeDaemon:
             except MessageRejected as exc:
                 self._reject(exc)
                 continue
+            self._answered()
             if cmd.cmd == "register":
                 log.info("reregistering", ranks=len(self.intake.hellos))
                 self._flush_if_pending()

@@ -115,6 +115,7 @@ class Hook:
             versions=versions or {},
             profiler_config_path=profiler_config_path,
             prof_root=prof_root,
+            restart_count=ident.restart_count,
         )
         self._topic_step = wire.topic_for("step", ident.job_id, ident.rank).encode()
         self._prefix = (

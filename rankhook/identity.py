@@ -3,7 +3,8 @@
 Sources, in order: explicit arguments; the standard launcher env (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` as set
 by torchrun, torch_npu_run, Slurm's ``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NTASKS``); then
 ``torch.distributed`` if it is already initialised. job_id: ``PROFWATCH_JOB_ID``, torchrun's
-``TORCHELASTIC_RUN_ID`` (unless it is the default ``none``), ``SLURM_JOB_ID``, else ``"default"``.
+``TORCHELASTIC_RUN_ID`` (unless it is the default ``none``), ``SLURM_JOB_ID``, else ``"default"``. restart_count:
+torchrun's ``TORCHELASTIC_RESTART_COUNT`` (the elastic agent's count of worker-group restarts; None when unset).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Identity:
     world_size: int
     hostname: str
     pid: int
+    restart_count: int | None = None
 
 
 def _env_int(env: dict[str, str] | os._Environ[str], *names: str) -> int | None:
@@ -87,4 +89,13 @@ def resolve_identity(
         world_size=world_size,
         hostname=socket.gethostname(),
         pid=os.getpid(),
+        restart_count=restart_count_from_env(env),
     )
+
+
+def restart_count_from_env(env: dict[str, str] | os._Environ[str] | None = None) -> int | None:
+    """``TORCHELASTIC_RESTART_COUNT`` as a non-negative int (torchrun sets it in every worker: 0 at the first start,
+    +1 per restart of the worker group), or None when unset or not a number."""
+    env = os.environ if env is None else env
+    val = env.get("TORCHELASTIC_RESTART_COUNT", "").strip()
+    return int(val) if val.isdigit() and len(val) < 10 else None

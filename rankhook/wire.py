@@ -51,6 +51,10 @@ class RankHello:
     schema bump: older receivers ignore it, older senders omit it).
     ``peer_uid`` is set by the node daemon from the ipc connection's peer credentials (``SO_PEERCRED``); a value
     sent by the rank itself is overwritten (or cleared where the transport gives no credentials).
+    ``restart_count`` is torchrun's ``TORCHELASTIC_RESTART_COUNT`` (``None`` outside torchrun elastic): it grows by
+    one each time the elastic agent restarts the job's workers, possibly with another ``world_size``; the
+    coordinator opens a new generation of the job from it (``docs/generations.md``). Added without a schema bump:
+    older receivers ignore it, older senders omit it.
     """
 
     job_id: str
@@ -67,6 +71,7 @@ class RankHello:
     counters: dict[str, int] = field(default_factory=dict)
     backend_error: str = ""
     peer_uid: int | None = None
+    restart_count: int | None = None
     kind: Literal["hello"] = "hello"
     v: int = SCHEMA_VERSION
 
@@ -205,13 +210,14 @@ class NodeCommand:
 
     ``cmd`` is ``register`` (resend every cached ``RankHello``: the coordinator does not know this node, e.g.
     after its restart), ``write_config`` (write ``args["config"]`` into ``args["profiler_config_path"]`` on
-    this node and acknowledge with a :class:`NodeAck`) or ``reconnect`` (another connection of this node's
-    identity replaced this one: close it and connect again after ``args["after_s"]`` seconds).
+    this node and acknowledge with a :class:`NodeAck`), ``reconnect`` (another connection of this node's
+    identity replaced this one: close it and connect again after ``args["after_s"]`` seconds) or
+    ``heartbeat_ack`` (the answer to each :class:`NodeHeartbeat`: a node whose heartbeats go unanswered warns).
 
     Example: ``{"kind": "node_command", "v": 1, "cmd": "register", "command_id": "r-1", "args": {}}``
     """
 
-    cmd: Literal["register", "write_config", "reconnect"]
+    cmd: Literal["register", "write_config", "reconnect", "heartbeat_ack"]
     command_id: str
     args: dict[str, Any] = field(default_factory=dict)
     kind: Literal["node_command"] = "node_command"

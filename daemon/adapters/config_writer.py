@@ -4,7 +4,10 @@ Rules (``docs/torch_npu-dynamic-profile.md#writer-rules`` items 2, 3, 7 and ``#m
 the real monitor in ``docs/conformance.md``):
 
 * **In place, same inode**: no delete (the monitor logs "cfg json not exists" while absent), no copy-over or
-  rename (owner/mode/ACL of the rank user's file stay as they are; symlinks are refused). The new JSON goes in
+  rename (owner/mode/ACL of the rank user's file stay as they are; symlinks are refused). The config dir is opened
+  from its allowed root one component at a time without following links (``daemon.adapters.paths.open_dir``) and
+  every file operation is relative to that descriptor (``openat`` semantics, ``O_NOFOLLOW``), so a component
+  swapped for a symlink after the check is refused, never followed. The new JSON goes in
   with **one** ``pwrite`` at offset 0 that is at least as long as the old content (padded with trailing spaces,
   which JSON allows), then the file is truncated to a length >= the new JSON. At no point does the file hold
   fewer bytes than a complete document, so a concurrent reader sees the old document, the new one, or (only if
@@ -38,6 +41,7 @@ from typing import Any
 
 import structlog
 
+from daemon.adapters.paths import PathRefused, open_dir
 from daemon.core.capture import InvalidProfilerConfig, ProfilerConfig
 from rankhook.profconfig import CONFIG_FILE, TEMPLATE
 
@@ -125,9 +129,23 @@ class ConfigWriter:
         data = json.dumps(content, indent=4).encode()
         d = check_config_dir(config_dir, allowed_roots)
         path = os.path.join(d, CONFIG_FILE)
-        created = self._ensure_file(d, path)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+            dfd = open_dir(d, allowed_roots)
+        except PathRefused as exc:
+            raise ConfigPathSymlink(str(exc)) from None
+        except FileNotFoundError:
+            raise ConfigDirMissing(f"{d} does not exist") from None
+        try:
+            return self._write_in(dfd, d, path, content, data, not_before_unix_s)
+        finally:
+            os.close(dfd)
+
+    def _write_in(self, dfd: int, d: str, path: str, content: dict[str, Any], data: bytes,
+                  not_before_unix_s: float) -> WriteResult:
+        """The write itself, every file operation relative to the config dir's descriptor ``dfd``."""
+        created = self._ensure_file(dfd, path)
+        try:
+            fd = os.open(CONFIG_FILE, os.O_RDWR | os.O_NOFOLLOW, dir_fd=dfd)
         except PermissionError as exc:
             raise ConfigDirReadOnly(f"cannot open {path} for writing: {exc}") from None
         except OSError as exc:  # ELOOP: replaced by a symlink since the check
@@ -153,21 +171,21 @@ class ConfigWriter:
             log.warning("config_owner_or_mode_changed", path=path)
         written_m = int(st1.st_mtime)
         if ahead is not None:
-            os.utime(path, (self._clock(), float(ahead)), follow_symlinks=False)
+            os.utime(CONFIG_FILE, (self._clock(), float(ahead)), dir_fd=dfd, follow_symlinks=False)
             written_m = ahead
             log.warning("config_mtime_ahead_of_clock", path=path, mtime_s=ahead,
                         ahead_s=round(ahead - self._clock()), note="ranks that saw the future mtime ignore older ones")
-        mtime = self._bump_mtime(path, written_m)
+        mtime = self._bump_mtime(dfd, path, written_m)
         self._last_mtime[path] = mtime
         self._last_content[path] = content
         log.info("config_written", path=path, mtime_s=mtime, inode=st1.st_ino, start_step=content.get("start_step"))
         return WriteResult(path, mtime, st1.st_ino, created, problem)
 
     # -- steps --------------------------------------------------------------------------------------------------
-    def _ensure_file(self, d: str, path: str) -> bool:
-        """Create torch_npu's template (0640, indent 4, owned like the dir) only if the file is absent."""
+    def _ensure_file(self, dfd: int, path: str) -> bool:
+        """Create torch_npu's template (0640, indent 4, owned like the dir ``dfd``) only if the file is absent."""
         try:
-            st = os.lstat(path)
+            st = os.lstat(CONFIG_FILE, dir_fd=dfd)
         except FileNotFoundError:
             st = None
         if st is not None:
@@ -175,7 +193,7 @@ class ConfigWriter:
                 raise ConfigPathSymlink(f"{path} is a symlink; refusing to write through it")
             return False
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+            fd = os.open(CONFIG_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640, dir_fd=dfd)
         except FileExistsError:
             return False
         except PermissionError as exc:
@@ -184,7 +202,7 @@ class ConfigWriter:
             os.write(fd, json.dumps(TEMPLATE, indent=4).encode())
             os.fchmod(fd, 0o640)
             if os.geteuid() == 0:
-                dst = os.stat(d)
+                dst = os.fstat(dfd)
                 os.fchown(fd, dst.st_uid, dst.st_gid)  # the rank user must read it (mtime rules)
             os.fsync(fd)
             m = int(os.fstat(fd).st_mtime)
@@ -228,7 +246,7 @@ class ConfigWriter:
             now = self._clock()
         return None
 
-    def _bump_mtime(self, path: str, written_m: int) -> int:
+    def _bump_mtime(self, dfd: int, path: str, written_m: int) -> int:
         """Set the mtime to the second after the write: once the clock reached it, or at once when the written
         mtime is already ahead of the clock."""
         target = written_m + 1
@@ -237,7 +255,7 @@ class ConfigWriter:
             while now < target:
                 self._sleep(max(0.005, target - now))
                 now = self._clock()
-        os.utime(path, (now, float(target)), follow_symlinks=False)
+        os.utime(CONFIG_FILE, (now, float(target)), dir_fd=dfd, follow_symlinks=False)
         return target
 
 

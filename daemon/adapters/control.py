@@ -36,10 +36,15 @@ class ControlError(Exception):
 
 
 class ControlUnavailable(ControlError):
-    """No reply within the timeout: the coordinator is down, or the endpoint is wrong."""
+    """No reply: nothing listens at the endpoint (``refused``: the connection was refused, seen at once), or no
+    reply came within the timeout (the coordinator is down or busy, the host unreachable, or the endpoint wrong)."""
 
-    def __init__(self, endpoint: str, timeout_s: float) -> None:
-        super().__init__("unavailable", f"no reply from coordinator at {endpoint} within {timeout_s:g}s")
+    def __init__(self, endpoint: str, timeout_s: float, refused: bool = False) -> None:
+        why = ("nothing is listening there (connection refused)" if refused
+               else f"no reply within {timeout_s:g}s")
+        super().__init__("unavailable", f"no coordinator at {endpoint}: {why}")
+        self.endpoint = endpoint
+        self.refused = refused
 
 
 class ControlAuthFailed(ControlError):
@@ -112,7 +117,8 @@ def call(endpoint: str, cmd: str, args: dict[str, Any] | None = None, timeout_s:
     Raises:
         ControlAuthFailed: the handshake was refused or never completed (wrong or unknown key, CURVE on one side
             only); seen through the socket monitor, so it is reported as such instead of as a timeout.
-        ControlUnavailable: no reply within ``timeout_s``.
+        ControlUnavailable: no reply within ``timeout_s``; at once (``refused``) when every connection attempt
+            was refused and none succeeded since, i.e. nothing listens at ``endpoint``.
         ControlError: the coordinator refused the request.
     """
     ctx: zmq.Context = zmq.Context.instance()
@@ -149,6 +155,8 @@ def _await_reply(sock: zmq.Socket, mon: HandshakeMonitor, endpoint: str, timeout
             for _name, _value, failure in mon.poll():
                 if failure is not None:
                     raise ControlAuthFailed(endpoint, failure[1])
+            if mon.retried and not mon.connected:
+                raise ControlUnavailable(endpoint, timeout_s, refused=True)
         if sock in events:
             return json.loads(sock.recv())
     mon.poll()

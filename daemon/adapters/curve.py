@@ -155,7 +155,9 @@ class HandshakeMonitor:
 
     ``poll()`` drains pending events without blocking and returns ``[(event_name, value, failure)]`` where
     ``failure`` is ``(reason, explanation)`` for a failed handshake, else None. ``sock`` is the monitor's PAIR
-    socket (register it with a poller). ``close()`` before closing the monitored socket.
+    socket (register it with a poller). ``close()`` before closing the monitored socket. The counters
+    ``connected`` and ``retried`` (connection attempts refused, e.g. nothing listens on that port) let a client tell
+    "nothing there" from "there, but silent".
     """
 
     def __init__(self, target: zmq.Socket, side: str = "client") -> None:
@@ -164,7 +166,7 @@ class HandshakeMonitor:
         addr = f"inproc://profwatch-monitor-{os.getpid()}-{next(_mon_ids)}"
         events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | \
             zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_CONNECTED | \
-            zmq.EVENT_DISCONNECTED
+            zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
         target.monitor(addr, events)
         self.sock = target.context.socket(zmq.PAIR)
         self.sock.linger = 0
@@ -172,6 +174,7 @@ class HandshakeMonitor:
         self.succeeded = 0
         self.failed = 0
         self.connected = 0
+        self.retried = 0  # connection attempts that failed (refused: nothing listens there), retried by ZeroMQ
 
     def poll(self) -> list[tuple[str, int, tuple[str, str] | None]]:
         out: list[tuple[str, int, tuple[str, str] | None]] = []
@@ -192,6 +195,8 @@ class HandshakeMonitor:
                 self.succeeded += 1
             elif ev == zmq.EVENT_CONNECTED:
                 self.connected += 1
+            elif ev == zmq.EVENT_CONNECT_RETRIED:
+                self.retried += 1
             out.append((_EVENT_NAMES.get(ev, str(ev)), value, failure))
 
     def close(self) -> None:

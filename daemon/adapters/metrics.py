@@ -93,6 +93,19 @@ class DaemonMetrics:
                                 registry=r)
         self.alerts_standing = Gauge("profwatch_alertmanager_alerts_standing",
                                      "Alerts profwatch keeps firing in Alertmanager", registry=r)
+        self.state_store_failures = Counter(
+            "profwatch_state_store_failures", "State store writes refused (disk full, I/O error), kept for a retry",
+            ["op"], registry=r)
+        self.state_store_pending = Gauge("profwatch_state_store_pending", "State store writes waiting for a retry",
+                                         registry=r)
+        self.state_store_dropped = Counter(
+            "profwatch_state_store_dropped", "Queued state store writes dropped (retry queue full, refused at retry)",
+            ["kind"], registry=r)
+        for op in ("event", "capture", "batch"):
+            self.state_store_failures.labels(op)
+            self.state_store_dropped.labels(op)
+        self.job_generation = Gauge("profwatch_job_generation",
+                                    "The job's generation: elastic restarts and resizes seen", ["job_id"], registry=r)
         self._job_labels: set[str] = set()
 
     # -- coordinator updates --------------------------------------------------------------------------------------
@@ -128,8 +141,10 @@ class DaemonMetrics:
             self.job_step_time.labels(job_id).set(float(j.get("median_step_time_s") or 0.0))
             self.job_furthest_step.labels(job_id).set(float(j.get("furthest_step") or 0))
             self.job_rank_drops.labels(job_id).set(float(j.get("rank_drops") or 0))
+            self.job_generation.labels(job_id).set(float(j.get("generation") or 0))
         for gone in self._job_labels - seen:
-            for g in (self.job_ranks, self.job_step_time, self.job_furthest_step, self.job_rank_drops):
+            for g in (self.job_ranks, self.job_step_time, self.job_furthest_step, self.job_rank_drops,
+                      self.job_generation):
                 try:
                     g.remove(gone)
                 except KeyError:

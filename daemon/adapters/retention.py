@@ -2,19 +2,21 @@
 
 Only batches the caller names as analysed are ever removed; everything else is left untouched, whatever its
 age or size. The choice itself is the pure :func:`plan_retention`; :func:`enforce_retention` measures and
-deletes.
+deletes. Deletion never follows a symlink: each rank dir is removed through its parent opened without following
+links from an allowed root (``daemon.adapters.paths.remove_tree``), the staging folder from the staging root, so a
+folder swapped for a link after the scan is refused, not followed.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import structlog
 
+from daemon.adapters.paths import PathRefused, remove_tree
 from daemon.adapters.staging import staging_dir_for
 from daemon.core.completeness import BatchState
 
@@ -85,11 +87,14 @@ def measure_batch(batch: BatchState) -> RetentionEntry:
 
 def enforce_retention(batches: Sequence[BatchState], *, analysed: Collection[str], max_bytes: int | None,
                       max_age_s: float | None, now_unix_s: float,
-                      staging_root: str | os.PathLike[str] | None = None) -> list[RemovedBatch]:
+                      staging_root: str | os.PathLike[str] | None = None,
+                      allowed_roots: Sequence[str | os.PathLike[str]] | None = None) -> list[RemovedBatch]:
     """Remove analysed batches past ``max_age_s`` or beyond ``max_bytes`` (see :func:`plan_retention`).
 
-    Deletes each chosen batch's rank dirs and, with ``staging_root``, its staging folder (links only).
-    Returns what was removed; never raises for a file that vanished or could not be deleted (in ``errors``).
+    Deletes each chosen batch's rank dirs (re-checked inside ``allowed_roots``; None: inside their own parent
+    folder, the prof_dir the caller scanned) and, with ``staging_root``, its staging folder (links only).
+    Returns what was removed; never raises for a file that vanished, could not be deleted or was refused (a
+    symlink on the way, outside the roots): those are in ``errors``.
     """
     entries = [measure_batch(b) for b in batches if b.batch_id in analysed]
     by_id = {b.batch_id: b for b in batches}
@@ -97,18 +102,16 @@ def enforce_retention(batches: Sequence[BatchState], *, analysed: Collection[str
     for entry, reason in plan_retention(entries, analysed=analysed, max_bytes=max_bytes, max_age_s=max_age_s,
                                         now_unix_s=now_unix_s):
         errors: list[str] = []
-        targets = list(entry.paths)
+        targets = [(p, list(allowed_roots) if allowed_roots is not None else [os.path.dirname(os.path.abspath(p))])
+                   for p in entry.paths]
         if staging_root is not None:
-            stage = staging_dir_for(by_id[entry.batch_id], staging_root)
-            if stage.is_dir() and not stage.is_symlink():
-                targets.append(str(stage))
-
-        for path in targets:
+            targets.append((str(staging_dir_for(by_id[entry.batch_id], staging_root)), [staging_root]))
+        for path, roots in targets:
             try:
-                shutil.rmtree(path)
+                remove_tree(path, roots)
             except FileNotFoundError:
                 pass
-            except OSError as exc:
+            except (OSError, PathRefused) as exc:
                 errors.append(f"{path}: {exc}")
         log.info("retention_removed", batch_id=entry.batch_id, reason=reason, size_bytes=entry.size_bytes)
         removed.append(RemovedBatch(entry.batch_id, entry.paths, entry.size_bytes, reason, tuple(errors)))

@@ -6,25 +6,39 @@ out), batch results, and every published event (alerts are re-served to late sub
 the connection belongs to the thread that created it (the coordinator's main loop).
 
 Schema versions (``PRAGMA user_version``): 0/absent with a ``captures.plan`` column = version 1 (captures as JSON
-``plan``/``detail`` blobs), migrated in place on open (the old table is kept as ``captures_v1``); 2 = this one.
-A newer version is refused with :class:`StateSchemaError`.
+``plan``/``detail`` blobs), migrated in place on open (the old table is kept as ``captures_v1``); 2 = typed capture
+rows; 3 = this one (``jobs.generation``, ``jobs.restart_count``: added to a version-2 file in place). A newer
+version is refused with :class:`StateSchemaError`.
+
+A write the disk refuses (``SQLITE_FULL``, an I/O error) loses nothing the coordinator still holds: events, capture
+rows and batch results go to a bounded retry queue (``daemon/adapters/state_retry.py``) and :meth:`StateStore.retry`
+writes them later; an event's unique ``id`` still drops duplicates meanwhile (the queue, a memory of recent ids, and
+a read of the file, which works on a full disk). The caller publishes regardless and raises ``storage_failed``.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import structlog
+
+from daemon.adapters.state_retry import PendingWrite, RetryQueue
 from daemon.core.lifecycle import Capture, CaptureState, NodeWrite, RankProgress
 
-SCHEMA_VERSION = 2
+log = structlog.get_logger("profwatch.state")
+SCHEMA_VERSION = 3
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs(
   job_id TEXT PRIMARY KEY, world_size INTEGER NOT NULL, backend TEXT, profiler_config_path TEXT, prof_root TEXT,
-  first_seen_unix_s REAL, started_unix_s REAL, versions TEXT);
+  first_seen_unix_s REAL, started_unix_s REAL, versions TEXT, generation INTEGER NOT NULL DEFAULT 0,
+  restart_count INTEGER);
 CREATE TABLE IF NOT EXISTS ranks(
   job_id TEXT NOT NULL, rank INTEGER NOT NULL, hostname TEXT, node_id TEXT, pid INTEGER, local_rank INTEGER,
   backend TEXT, last_step INTEGER, last_step_time_s REAL, seen_unix_s REAL, left INTEGER DEFAULT 0,
@@ -67,6 +81,19 @@ _RANK_COLS = ("capture_id", "rank", "step_at_plan", "step_time_s", "window_end_u
               "total_bytes")
 V1_PARSE_ALLOWANCE_S = 600.0
 """Judgement time of a migrated version-1 capture: its plan deadline plus the default parse allowance."""
+RECENT_EVENT_IDS = 10_000
+"""Event ids remembered in memory, so a duplicate is dropped even when the file cannot be read."""
+RETRY_BACKOFF_S = (1.0, 30.0)
+"""First and longest wait between two retries of the queued writes (doubling)."""
+_EVENT_SQL = "INSERT INTO events(id, type, job_id, time, is_alert, body) VALUES(?,?,?,?,?,?)"
+
+
+class Stored(str, Enum):
+    """What :meth:`StateStore.add_event` did with an event."""
+
+    NEW = "new"  # stored
+    DUPLICATE = "duplicate"  # its id was stored (or queued) before: drop it on every path
+    QUEUED = "queued"  # the store failed: kept for a retry; publish it anyway
 
 
 def write_capture(db: sqlite3.Connection, cap: Capture, ranks: Iterable[int] | None = None) -> None:
@@ -103,10 +130,22 @@ class StateStore:
             :class:`StateSchemaError` for a newer or unknown schema.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, retry_max_items: int = 20_000, retry_max_bytes: int = 32 << 20,
+                 on_failed: Callable[[str, str], None] | None = None,
+                 on_dropped: Callable[[str, int], None] | None = None) -> None:
         if str(path) != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.path = str(path)
+        self.queue = RetryQueue(retry_max_items, retry_max_bytes)
+        self._recent_ids: OrderedDict[str, None] = OrderedDict()
+        self._on_failed = on_failed or (lambda op, error: None)
+        self._on_dropped = on_dropped or (lambda kind, n: None)
+        self.failures: dict[str, int] = {}  # op -> writes the store refused
+        self.dropped: dict[str, int] = {}  # kind -> pending writes dropped by the queue's bounds or refused at retry
+        self.last_error = ""
+        self.failing_since_unix_s: float | None = None
+        self._next_retry = 0.0
+        self._backoff_s = RETRY_BACKOFF_S[0]
         # built by the thread that constructs the coordinator, then used only by its main loop thread
         self.db = sqlite3.connect(self.path, isolation_level=None, timeout=10, check_same_thread=False)
         try:
@@ -133,21 +172,84 @@ class StateStore:
             raise StateSchemaError(f"state db {self.path}: unknown captures table (columns {sorted(cols)}); "
                                    "move the file away to start with an empty state")
         self.db.executescript(CAPTURE_SCHEMA)
+        job_cols = {r[1] for r in self.db.execute("PRAGMA table_info(jobs)")}
+        if "generation" not in job_cols:  # version 2: job generations (docs/generations.md)
+            self.db.execute("ALTER TABLE jobs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+            self.db.execute("ALTER TABLE jobs ADD COLUMN restart_count INTEGER")
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
+        """Try the queued writes once more, then close (what still fails is logged as lost)."""
+        if len(self.queue):
+            self.retry(float("inf"))
+            if len(self.queue):
+                log.error("state_writes_lost", pending=len(self.queue), error=self.last_error,
+                          note="the state store failed until shutdown; these events were published, not stored")
         self.db.close()
 
+    # -- failed writes --------------------------------------------------------------------------------------------
+    def _failed(self, w: PendingWrite, exc: sqlite3.Error) -> None:
+        self.last_error = str(exc) or repr(exc)
+        self.failures[w.kind] = self.failures.get(w.kind, 0) + 1
+        if self.failing_since_unix_s is None:
+            self.failing_since_unix_s = time.time()
+            log.error("state_write_failed", op=w.kind, error=self.last_error, path=self.path,
+                      note="kept in memory for a retry (bounded); events are still published")
+        self._on_failed(w.kind, self.last_error)
+        for d in self.queue.put(w):
+            self._count_dropped(d.kind, 1)
+
+    def _count_dropped(self, kind: str, n: int) -> None:
+        self.dropped[kind] = self.dropped.get(kind, 0) + n
+        self._on_dropped(kind, n)
+
+    def retry(self, now: float) -> bool:
+        """Write the queued writes (at most once per backoff period, doubling from 1 s to 30 s while they fail).
+        Returns True when the queue is empty afterwards."""
+        if not len(self.queue):
+            return True
+        if now < self._next_retry:
+            return False
+        try:
+            written, rejected = self.queue.flush(self.db)
+        except sqlite3.OperationalError as exc:
+            self.last_error = str(exc) or repr(exc)
+            self._next_retry = now + self._backoff_s if now != float("inf") else 0.0
+            self._backoff_s = min(self._backoff_s * 2, RETRY_BACKOFF_S[1])
+            return False
+        for w, why in rejected:
+            self._count_dropped(w.kind, 1)
+            log.error("state_write_rejected", op=w.kind, key=w.key, error=why)
+        log.info("state_writes_retried", written=written, rejected=len(rejected),
+                 failing_for_s=round(time.time() - (self.failing_since_unix_s or time.time()), 3))
+        self.failing_since_unix_s = None
+        self._backoff_s = RETRY_BACKOFF_S[0]
+        self._next_retry = 0.0
+        return True
+
+    def status(self) -> dict[str, Any]:
+        """For ``profwatch status``: writes waiting for a retry, failures and drops by kind, the last error."""
+        return {"pending": len(self.queue), "pending_bytes": self.queue.bytes, "failures": dict(self.failures),
+                "dropped": dict(self.dropped), "last_error": self.last_error,
+                "failing_since_unix_s": self.failing_since_unix_s}
+
     # -- registry -------------------------------------------------------------------------------------------------
-    def save_registry(self, jobs: list[dict[str, Any]], ranks: list[tuple], nodes: list[tuple]) -> None:
+    def save_registry(self, jobs: list[dict[str, Any]], ranks: list[tuple], nodes: list[tuple],
+                      reset_ranks_of: Sequence[str] = ()) -> None:
         """Upsert jobs, ranks ``(job_id, rank, hostname, node_id, pid, local_rank, backend, last_step,
-        last_step_time_s, seen_unix_s, left)`` and nodes ``(node_id, hostname, pid, last_seen_unix_s, counters_json)``."""
+        last_step_time_s, seen_unix_s, left)`` and nodes ``(node_id, hostname, pid, last_seen_unix_s, counters_json)``;
+        first delete every rank row of the jobs in ``reset_ranks_of`` (a new generation: other ranks). Raises
+        ``sqlite3.Error`` when the store fails (the caller retries at its next flush)."""
         with self.db:
             self.db.execute("BEGIN")
+            self.db.executemany("DELETE FROM ranks WHERE job_id=?", [(j,) for j in reset_ranks_of])
             self.db.executemany(
-                "INSERT INTO jobs VALUES(:job_id,:world_size,:backend,:profiler_config_path,:prof_root,"
-                ":first_seen_unix_s,:started_unix_s,:versions) ON CONFLICT(job_id) DO UPDATE SET "
-                "world_size=excluded.world_size, backend=excluded.backend,"
+                "INSERT INTO jobs(job_id, world_size, backend, profiler_config_path, prof_root, first_seen_unix_s, "
+                "started_unix_s, versions, generation, restart_count) VALUES(:job_id,:world_size,:backend,"
+                ":profiler_config_path,:prof_root,:first_seen_unix_s,:started_unix_s,:versions,:generation,"
+                ":restart_count) ON CONFLICT(job_id) DO UPDATE SET "
+                "world_size=excluded.world_size, backend=excluded.backend, generation=excluded.generation, "
+                "restart_count=excluded.restart_count,"
                 "profiler_config_path=excluded.profiler_config_path, prof_root=excluded.prof_root,"
                 "started_unix_s=excluded.started_unix_s, versions=excluded.versions",
                 jobs,
@@ -177,9 +279,17 @@ class StateStore:
     def save_capture(self, cap: Capture, ranks: Iterable[int] | None = None) -> None:
         """Write one capture: its row, its node writes, and the per-rank rows of ``ranks`` (None = all of them;
         pass the ranks a transition touched so a 10,000-rank capture is not rewritten per acknowledgement)."""
-        with self.db:
-            self.db.execute("BEGIN")
-            write_capture(self.db, cap, ranks)
+        if ("capture", cap.capture_id) in self.queue:
+            ranks = None  # an older version of this capture waits: write every row of the newer one
+        try:
+            with self.db:
+                self.db.execute("BEGIN")
+                write_capture(self.db, cap, ranks)
+        except sqlite3.OperationalError as exc:
+            self._failed(PendingWrite("capture", cap.capture_id, lambda db: write_capture(db, cap, None),
+                                      2048 + 256 * len(cap.ranks), time.time()), exc)
+            return
+        self.queue.discard("capture", cap.capture_id)
 
     def get_capture(self, capture_id: str) -> Capture | None:
         found = self._load("WHERE capture_id=?", [capture_id])
@@ -245,10 +355,18 @@ class StateStore:
     # -- batches --------------------------------------------------------------------------------------------------
     def save_batch(self, batch_id: str, capture_id: str | None, job_id: str | None, status: str, now: float,
                    result: dict[str, Any]) -> None:
-        self.db.execute(
-            "INSERT OR REPLACE INTO batches VALUES(?,?,?,?,?,?)",
-            (batch_id, capture_id, job_id, status, now, json.dumps(result, default=str)),
-        )
+        """Store one batch result (queued for a retry when the store fails)."""
+        row = (batch_id, capture_id, job_id, status, now, json.dumps(result, default=str))
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("INSERT OR REPLACE INTO batches VALUES(?,?,?,?,?,?)", row)
+
+        try:
+            write(self.db)
+        except sqlite3.OperationalError as exc:
+            self._failed(PendingWrite("batch", batch_id, write, 256 + len(row[5]), time.time()), exc)
+            return
+        self.queue.discard("batch", batch_id)
 
     def get_batch(self, batch_id: str) -> dict[str, Any] | None:
         r = self.db.execute("SELECT batch_id, capture_id, job_id, status, updated_unix_s, result FROM batches "
@@ -259,17 +377,47 @@ class StateStore:
                 "result": json.loads(r[5] or "{}")}
 
     # -- events ---------------------------------------------------------------------------------------------------
-    def add_event(self, event: dict[str, Any], is_alert: bool) -> bool:
-        """Store a CloudEvent; return False if its ``id`` was already stored (no duplicate alerts)."""
+    def add_event(self, event: dict[str, Any], is_alert: bool) -> Stored:
+        """Store a CloudEvent. Returns :attr:`Stored.DUPLICATE` when its ``id`` was stored or queued before (drop
+        it on every path), :attr:`Stored.QUEUED` when the store failed (kept for :meth:`retry`; publish it anyway),
+        else :attr:`Stored.NEW`."""
+        eid = str(event["id"])
+        if eid in self._recent_ids or ("event", eid) in self.queue:
+            return Stored.DUPLICATE
+        body = json.dumps(event, default=str)
+        row = (eid, event["type"], event.get("subject"), event.get("time"), int(is_alert), body)
         try:
-            self.db.execute(
-                "INSERT INTO events(id, type, job_id, time, is_alert, body) VALUES(?,?,?,?,?,?)",
-                (event["id"], event["type"], event.get("subject"), event.get("time"), int(is_alert),
-                 json.dumps(event, default=str)),
-            )
-            return True
+            self.db.execute(_EVENT_SQL, row)
         except sqlite3.IntegrityError:
+            self._remember(eid)
+            return Stored.DUPLICATE
+        except sqlite3.OperationalError as exc:
+            if self._event_stored(eid):  # reads work on a full disk: a stored id is a duplicate
+                self._remember(eid)
+                return Stored.DUPLICATE
+            def write(db: sqlite3.Connection) -> None:  # duplicates by id are dropped here too
+                db.execute(_EVENT_SQL.replace("INSERT", "INSERT OR IGNORE", 1), row)
+
+            self._failed(PendingWrite("event", eid, write, len(body) + 200, time.time(), is_alert, event), exc)
+            return Stored.QUEUED
+        self._remember(eid)
+        return Stored.NEW
+
+    def _remember(self, eid: str) -> None:
+        self._recent_ids[eid] = None
+        if len(self._recent_ids) > RECENT_EVENT_IDS:
+            self._recent_ids.popitem(last=False)
+
+    def _event_stored(self, eid: str) -> bool:
+        try:
+            return self.db.execute("SELECT 1 FROM events WHERE id=?", (eid,)).fetchone() is not None
+        except sqlite3.Error:
             return False
+
+    def pending_events(self, *, job_id: str | None = None, alerts_only: bool = True) -> list[dict[str, Any]]:
+        """Events published while the store failed and not stored yet (oldest first)."""
+        return [e for e, is_alert in self.queue.events()
+                if (not job_id or e.get("subject") == job_id) and (is_alert or not alerts_only)]
 
     def events(self, *, job_id: str | None = None, alerts_only: bool = True, since_seq: int = 0,
                limit: int = 100) -> list[tuple[int, dict[str, Any]]]:

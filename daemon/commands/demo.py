@@ -7,148 +7,41 @@ the Kineto analysis runs and the alert's top suspect must be R.
 Scenario ``ascend``: the same with ranks using the fake ``torch_npu`` package (clearly labelled simulator) that
 writes Ascend-format rank dirs from the measured timings; the coordinator runs the real msprof-analyze.
 
-Exit code 0 when every scenario's alert names the slow rank first, 1 otherwise.
+Both scenarios run real PyTorch processes (gloo on the CPU): without torch the demo says how to install the CPU
+build and exits 2. Progress goes to stderr as it happens; the timelines (``demo_timeline.py``) and results go to
+stdout at the end. Exit codes (``daemon/exitcodes.py``): 0 every scenario's first alert names the slow rank and
+every announced enriched update arrived; 1 otherwise (also when stopped by Ctrl-C / SIGTERM, which stops the
+daemons and ranks it started); 2 usage error or torch missing.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
-import subprocess
+import signal
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from daemon.core.alerts import TYPE_ANALYSIS_ENRICHED
+from daemon.commands.demo_stack import Stack
+from daemon.commands.demo_timeline import Timeline, event_time
 from daemon.core.lifecycle import CaptureState
-from daemon.simulate.launcher import JobSpec, free_port, launch_job
+from daemon.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
+from daemon.simulate.launcher import JobSpec, launch_job
+
+TORCH_CPU_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+NOTE_EVERY_S = 15.0
+"""While a capture is analysed or enriched, a progress line on stderr this often (what runs, for how long)."""
 
 
-@dataclass
-class Timeline:
-    """Wall-clock marks (unix seconds) and the furthest step at each, for one scenario."""
-
-    scenario: str
-    job_id: str
-    marks: list[tuple[str, float, int | None, str]] = field(default_factory=list)
-    alert: dict[str, Any] | None = None
-    enriched: dict[str, Any] | None = None  # the analysis_enriched follow-up of ``alert``
-    suppressed: dict[str, int] = field(default_factory=dict)
-    samples: list[tuple[float, int]] = field(default_factory=list)  # (unix s, furthest step) from status polls
-
-    def step_at(self, t: float) -> int | None:
-        """The job's furthest step at time ``t``, from the status samples (the last one not after ``t``)."""
-        best = None
-        for ts, step in self.samples:
-            if ts <= t:
-                best = step
-        return best
-
-    def add(self, name: str, t: float, step: int | None, detail: str = "") -> None:
-        if not any(m[0] == name for m in self.marks):
-            self.marks.append((name, t, step, detail))
-
-    def t(self, name: str) -> float | None:
-        return next((m[1] for m in self.marks if m[0] == name), None)
-
-    def render(self) -> str:
-        t0 = self.t("slowdown") or (self.marks[0][1] if self.marks else 0.0)
-        lines = [f"  {'stage':<16} {'t+s':>7} {'step':>6}  detail"]
-        for name, t, step, detail in sorted(self.marks, key=lambda m: m[1]):
-            step = self.step_at(t) if step is None else step
-            lines.append(f"  {name:<16} {t - t0:>7.1f} {step if step is not None else '-':>6}  {detail}")
-        for key, n in self.suppressed.items():
-            lines.append(f"  (later anomalies while a capture was in flight or cooling down: {n} x {key})")
-        return "\n".join(lines)
-
-
-class Stack:
-    """The daemons of the demo, as subprocesses sharing one config file."""
-
-    def __init__(self, root: Path, runtime: Path, nodes: int) -> None:
-        self.root, self.runtime, self.nodes = root, runtime, nodes
-        self.ports = {k: free_port() for k in ("ingest", "control", "pub")}
-        self.cfg = root / "profwatch.toml"
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.cfg.write_text(f"""# written by profwatch demo
-[coordinator]
-ingest_bind = "tcp://127.0.0.1:{self.ports['ingest']}"
-control_bind = "tcp://127.0.0.1:{self.ports['control']}"
-pub_bind = "tcp://127.0.0.1:{self.ports['pub']}"
-state_db = "{root / 'state' / 'state.db'}"
-work_dir = "{root / 'work'}"
-allowed_prof_roots = ["{root}"]
-allowed_config_roots = ["{root}"]
-[node]
-coordinator = "tcp://127.0.0.1:{self.ports['ingest']}"
-allowed_config_roots = ["{root}"]
-heartbeat_interval_s = 1.0
-[arming]
-mode = "act"
-active = 3          # one more step than the default: 4 ranks share 2 cores here, so per-step timing is noisy
-[analysis.ranking]
-# 4 ranks and the daemons share 2 CPU cores here: per-step times carry ~10% scheduling noise that real NPU
-# device times do not. Name a rank only for an excess of 8% of the step (the default, 2.5%, suits device data).
-min_effect_frac = 0.08
-[logging]
-format = "json"
-""")
-
-    def endpoint(self, k: int) -> str:
-        return f"ipc://{self.runtime}/node{k}.sock"
-
-    def _start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
-        import os
-
-        e = dict(os.environ)
-        e.update(env or {})
-        log = open(self.root / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "daemon.cli", *args, "--config", str(self.cfg)],
-                                            env=e, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def start(self) -> None:
-        self.start_coordinator_only()
-        for k in range(self.nodes):
-            self._start(f"node{k}", ["node"], {"PROFWATCH_NODE__NODE_ID": f"node{k}",
-                                               "PROFWATCH_NODE__BIND": self.endpoint(k)})
-
-    def start_coordinator_only(self) -> None:
-        """Start the coordinator and wait until it answers on its control socket."""
-        from daemon.adapters.control import ControlUnavailable, call
-
-        (self.root / "logs").mkdir(parents=True, exist_ok=True)
-        self._start("coordinator", ["coordinator"])
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                call(self.control, "ping", timeout_s=1.0)
-                break
-            except ControlUnavailable:
-                if time.monotonic() > deadline or self.procs["coordinator"].poll() is not None:
-                    raise click.ClickException(f"coordinator did not start; see {self.root / 'logs' / 'coordinator.log'}") from None
-
-    @property
-    def control(self) -> str:
-        return f"tcp://127.0.0.1:{self.ports['control']}"
-
-    @property
-    def pub(self) -> str:
-        return f"tcp://127.0.0.1:{self.ports['pub']}"
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+class Stopped(BaseException):
+    """SIGTERM reached the demo: unwind (stopping ranks and daemons) like Ctrl-C does."""
 
 
 def _furthest(status: dict[str, Any], job_id: str) -> int | None:
@@ -158,9 +51,77 @@ def _furthest(status: dict[str, Any], job_id: str) -> int | None:
     return None
 
 
+def _suspects_text(d: dict[str, Any]) -> str:
+    sus = d.get("suspects") or []
+    if not sus:
+        return f"{d.get('status', '?')}: no suspect"
+    return f"{d.get('status', '?')}: " + "; ".join(
+        f"rank {s['rank']} {s['kind']} score {s['score']:.2f}" for s in sus[:3])
+
+
+def _recipes(d: dict[str, Any]) -> str:
+    """``name=status`` per recipe of a verdict payload, with ``(N.Ns)`` where the recipe reports ``duration_s``."""
+    out = []
+    for k, v in (d.get("recipes") or {}).items():
+        if not isinstance(v, dict):
+            out.append(f"{k}={v}")
+            continue
+        dur = v.get("duration_s")
+        out.append(f"{k}={v.get('status')}" + (f" ({float(dur):.1f}s)" if isinstance(dur, (int, float)) else ""))
+    return ", ".join(out)
+
+
+def on_event(tl: Timeline, ev: dict[str, Any], now: float, note: Callable[[str, float, str], None]) -> None:
+    """Fold one published event of the scenario's job into its timeline; ``note(stage, t, detail)`` reports a
+    stage the first time it is seen."""
+    t_ev, d = event_time(ev, now), ev.get("data") or {}
+    typ = ev.get("type", "")
+
+    def mark(stage: str, t: float, detail: str, step: int | None = None) -> None:
+        if tl.add(stage, t, step, detail):
+            note(stage, t, detail)
+
+    if typ == "io.profwatch.anomaly.v1":
+        mark("detection", t_ev, f"{d.get('kind')} +{100 * float(d.get('magnitude') or 0):.0f}%", d.get("step"))
+    elif typ == "io.profwatch.arm_decision.v1" and d.get("action") != "arm":
+        key = f"{d.get('action')} ({d.get('reason')})"
+        tl.suppressed[key] = tl.suppressed.get(key, 0) + 1
+    elif typ == "io.profwatch.arm.v1" and d.get("status") == CaptureState.WRITTEN:
+        mark("arm", t_ev, f"config written: start_step={d.get('start_step')} warmup={d.get('warmup')} "
+                          f"active={d.get('active')}")
+    elif typ == "io.profwatch.capture.v1" and d.get("event") == "all_ranks_completed":
+        mark("capture", t_ev, "every rank wrote its rank dir")
+    elif typ == "io.profwatch.batch.v1":
+        mark("batch_complete", t_ev, (d.get("batch") or {}).get("batch_id", ""))
+    elif typ == "io.profwatch.suspect_ranks.v1":
+        took = float(d.get("analysis_duration_s") or 0.0)
+        mark("analysis", t_ev - took, f"{took:.1f} s to the verdict; recipes: {_recipes(d)}")
+        pending = _pending(d)
+        mark("first_alert", t_ev, _suspects_text(d) + (f"; follow-up pending: {', '.join(pending)}" if pending else ""))
+        tl.alert = tl.alert or ev
+    elif typ in ("io.profwatch.batch_incomplete.v1", "io.profwatch.analysis_failed.v1"):
+        mark("first_alert", t_ev, f"{typ.removeprefix('io.profwatch.')}: {d.get('detail', '')}"[:160])
+        tl.alert = tl.alert or ev
+    elif typ == "io.profwatch.analysis_enriched.v1":
+        enrich_s = d.get("enrich_duration_s")
+        mark("enriched_update", t_ev, "analysis_enriched" + (f" after {float(enrich_s):.1f} s of follow-up" if enrich_s else "")
+             + f": {_suspects_text(d)}; recipes: {_recipes(d)}")
+        tl.enriched = tl.enriched or ev
+
+
+def _pending(d: dict[str, Any]) -> list[str]:
+    """What the verdict's follow-up will still run (``pending_recipes``); [] when no enriched update follows."""
+    return list(d.get("pending_recipes") or [])
+
+
+def _expects_enrichment(tl: Timeline) -> bool:
+    return bool(tl.alert is not None and _pending(tl.alert.get("data") or {}))
+
+
 def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slowdown: float, at_step: int,
-                 timeout_s: float, echo: Any) -> Timeline:
-    """Run one scenario to its alert (or timeout); return its timeline."""
+                 timeout_s: float, progress: Callable[[str], None]) -> Timeline:
+    """Run one scenario to its first alert and, when that alert announces a follow-up, to its enriched update
+    (each within ``timeout_s``); return its timeline. The job's ranks are stopped at the first alert."""
     import zmq
 
     from daemon.adapters.control import ControlError, call
@@ -170,111 +131,102 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
     tl = Timeline(scenario, job_id)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sub = Subscription(ctx, stack.pub, ["alert", "event"], job_id)
-    stop_file = stack.root / f"{job_id}.stop"
     spec = JobSpec(job_id=job_id, world_size=ranks, node_endpoints=[stack.endpoint(k) for k in range(stack.nodes)],
                    profiler_config_path=stack.root / "cfg" / job_id, prof_root=stack.root / "prof",
                    mode="torch" if scenario == "torch" else "ascend-sim", slow_rank=slow_rank, slowdown=slowdown,
-                   slow_at_step=at_step, max_seconds=timeout_s + 60, stop_file=stop_file, log_dir=stack.root / "logs")
+                   slow_at_step=at_step, max_seconds=timeout_s + 60, stop_file=stack.root / f"{job_id}.stop",
+                   log_dir=stack.root / "logs")
     job = launch_job(spec)
-    echo(f"[{scenario}] {ranks} ranks on {stack.nodes} nodes; rank {slow_rank} gets {slowdown:g}x slower at step {at_step}")
-    step = None
-    t_end = time.monotonic() + timeout_s
+    progress(f"[{scenario}] {ranks} ranks on {stack.nodes} nodes; rank {slow_rank} gets {slowdown:g}x slower at "
+             f"step {at_step}; waiting for the slowdown")
+
+    def note(stage: str, t: float, detail: str) -> None:
+        t0 = tl.t("slowdown")
+        progress(f"[{scenario}] {'' if t0 is None else f'+{t - t0:.1f}s '}{stage}: {detail}")
+
     seen: set[str] = set()
+    end = time.monotonic() + timeout_s
+    last_note = time.monotonic()
+    job_stopped = False
     try:
-        while time.monotonic() < t_end and tl.alert is None:
+        while time.monotonic() < end:
+            if tl.alert is not None:
+                if not job_stopped:  # the verdict is in: free the CPU for the follow-up
+                    job.request_stop()
+                    job_stopped = True
+                    if _expects_enrichment(tl):
+                        end = time.monotonic() + timeout_s
+                        progress(f"[{scenario}] waiting for the enriched update (up to {timeout_s:.0f} s)")
+                if tl.enriched is not None or not _expects_enrichment(tl):
+                    break
             ev = sub.recv(250)
             if ev is not None and str(ev.get("id")) not in seen:
                 seen.add(str(ev.get("id")))
-                _on_event(tl, ev, time.time(), step, echo)
+                on_event(tl, ev, time.time(), note)
             try:
                 st = call(stack.control, "status", {"job_id": job_id}, timeout_s=5)
-                step = _furthest(st, job_id)
-                if step is not None:
-                    tl.samples.append((time.time(), step))
             except ControlError:
-                pass
-            if step is not None and step >= at_step:
-                tl.add("slowdown", time.time(), None, f"rank {slow_rank} x{slowdown:g} from step {at_step}")
-            if any(p.poll() not in (None, 0) for p in job.procs):
-                echo(f"[{scenario}] a rank process died; see {stack.root / 'logs'}")
+                continue
+            step = _furthest(st, job_id)
+            if step is not None:
+                tl.samples.append((time.time(), step))
+                t_slow = tl.time_of_step(at_step)
+                if t_slow is not None and tl.add("slowdown", t_slow, at_step, f"rank {slow_rank} x{slowdown:g} "
+                                                                                f"from step {at_step}"):
+                    note("slowdown", t_slow, f"rank {slow_rank} x{slowdown:g} from step {at_step}")
+            if time.monotonic() - last_note >= NOTE_EVERY_S:
+                last_note = time.monotonic()
+                for cap in st.get("captures") or []:
+                    if cap["state"] in (CaptureState.ANALYSING, CaptureState.ENRICHING):
+                        running = ", ".join(cap.get("running") or []) or "staging, ranking or the Kineto analysis"
+                        progress(f"[{scenario}] capture {cap['state']} for {cap.get('in_state_s', 0):.0f}s; "
+                                 f"running now: {running}")
+            if not job_stopped and any(p.poll() not in (None, 0) for p in job.procs):
+                progress(f"[{scenario}] a rank process died; see {stack.root / 'logs'}")
                 break
-        if tl.alert is None:  # fetch from the store in case the PUB message was missed
-            rows = call(stack.control, "events", {"job_id": job_id, "alerts_only": True, "limit": 20}, timeout_s=5)
-            for row in rows:
-                _on_event(tl, row["event"], time.time(), step, echo)
-        if _follow_up_pending(tl):  # the alert is out; the advisor's follow-up comes after it (issue 13)
-            job.request_stop()
-            echo(f"[{scenario}] waiting for the enriched follow-up "
-                 f"({', '.join(tl.alert['data']['pending_recipes'])})")  # type: ignore[index]
-            t_end = time.monotonic() + timeout_s
-            while time.monotonic() < t_end and tl.enriched is None:
-                ev = sub.recv(250)
-                if ev is not None and str(ev.get("id")) not in seen:
-                    seen.add(str(ev.get("id")))
-                    _on_event(tl, ev, time.time(), step, echo)
-            if tl.enriched is None:
-                echo(f"[{scenario}] no enriched follow-up within {timeout_s:.0f}s")
+        if tl.alert is None or (_expects_enrichment(tl) and tl.enriched is None):
+            # fetch from the store in case a PUB message was missed
+            for row in call(stack.control, "events", {"job_id": job_id, "alerts_only": True, "limit": 50},
+                            timeout_s=5):
+                on_event(tl, row["event"], time.time(), note)
     finally:
         sub.close()
-        job.request_stop()
-        job.wait(60)
+        job.stop(grace_s=60)
     return tl
 
 
-def _follow_up_pending(tl: Timeline) -> bool:
-    """The scenario's alert is a verdict whose enrich phase is still to come (``pending_recipes``)."""
-    return (tl.alert is not None and tl.alert.get("type") == "io.profwatch.suspect_ranks.v1"
-            and bool((tl.alert.get("data") or {}).get("pending_recipes")) and tl.enriched is None)
+def _steps(steps: list[int] | None) -> str:
+    if not steps:
+        return "none"
+    return f"{steps[0]}-{steps[-1]}" if steps == list(range(steps[0], steps[-1] + 1)) else ",".join(map(str, steps))
 
 
-def _recipes_text(d: dict[str, Any]) -> str:
-    """``name=status (seconds)`` per recipe of a verdict payload."""
-    out = []
-    for k, v in (d.get("recipes") or {}).items():
-        if isinstance(v, dict):
-            dur = v.get("duration_s")
-            out.append(f"{k}={v.get('status')}" + (f" ({float(dur):.1f}s)" if dur is not None else ""))
-        else:
-            out.append(f"{k}={v}")
-    return ", ".join(out)
-
-
-def _on_event(tl: Timeline, ev: dict[str, Any], now: float, step: int | None, echo: Any) -> None:
-    t, d = ev.get("type", ""), ev.get("data", {})
-    if t == "io.profwatch.anomaly.v1":
-        tl.add("detection", now, d.get("step"), f"{d.get('kind')} +{100 * float(d.get('magnitude') or 0):.0f}%")
-    elif t == "io.profwatch.arm_decision.v1" and d.get("action") != "arm":
-        key = f"{d.get('action')} ({d.get('reason')})"
-        tl.suppressed[key] = tl.suppressed.get(key, 0) + 1
-        if tl.suppressed[key] == 1:
-            echo(f"[{tl.scenario}] later anomaly at step {d.get('step')}: {key}; repeats are counted, not printed")
-    elif t == "io.profwatch.arm.v1" and d.get("status") == CaptureState.WRITTEN:
-        tl.add("arm", now, None, f"start_step={d.get('start_step')} warmup={d.get('warmup')} active={d.get('active')}")
-    elif t == "io.profwatch.capture.v1" and d.get("event") == "all_ranks_completed":
-        tl.add("capture", now, None, "all ranks wrote their rank dir")
-    elif t == "io.profwatch.batch.v1":
-        tl.add("batch_complete", now, None, d.get("batch", {}).get("batch_id", ""))
-    elif t == "io.profwatch.suspect_ranks.v1":
-        tl.add("analysis", now - float(d.get("analysis_duration_s") or 0), None, "recipes: " + _recipes_text(d))
-        tl.add("alert", now, None, _suspects_text(d))
-        if tl.alert is None:
-            echo(f"[{tl.scenario}] ALERT: {_suspects_text(d)}; recipes: {_recipes_text(d)}"
-                 + (f"; still running: {', '.join(d['pending_recipes'])}" if d.get("pending_recipes") else ""))
-        tl.alert = ev
-    elif t == TYPE_ANALYSIS_ENRICHED and tl.alert is not None:
-        tl.add("enriched", now, None, "recipes: " + _recipes_text(d))
-        echo(f"[{tl.scenario}] ENRICHED: {_suspects_text(d)}; recipes: {_recipes_text(d)}")
-        tl.enriched = ev
-    elif t in ("io.profwatch.batch_incomplete.v1", "io.profwatch.analysis_failed.v1"):
-        tl.add("alert", now, None, t)
-        tl.alert = ev
-
-
-def _suspects_text(d: dict[str, Any]) -> str:
+def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
+    """Print one scenario's timeline and result; True when its first alert names ``slow_rank`` first and an
+    announced enriched update arrived."""
+    echo(f"\n== scenario {tl.scenario} (job {tl.job_id}) ==")
+    echo(tl.render())
+    d = (tl.alert or {}).get("data", {})
     sus = d.get("suspects") or []
-    if not sus:
-        return "no suspect"
-    return "; ".join(f"rank {s['rank']} {s['kind']} score {s['score']:.2f}" for s in sus[:3])
+    top = sus[0]["rank"] if sus else None
+    hit = tl.alert is not None and tl.alert.get("type") == "io.profwatch.suspect_ranks.v1" and top == slow_rank
+    echo(f"  result: top suspect {top} (expected {slow_rank}) -> {'OK' if hit else 'MISSED'}; steps captured "
+         f"{_steps(d.get('captured_steps'))} of armed {_steps(d.get('armed_steps'))}")
+    ok = hit
+    if _expects_enrichment(tl):
+        if tl.enriched is None:
+            echo("  enriched update: MISSING (the first alert announced one: " + ", ".join(_pending(d)) + ")")
+            ok = False
+        else:
+            first, enr = tl.t("first_alert"), tl.t("enriched_update")
+            echo(f"  first alert, then the enriched update {0.0 if first is None or enr is None else enr - first:.1f} s "
+                 "later (analysis_enriched)")
+    enriched = (tl.enriched or {}).get("data") or {}
+    if enriched.get("report") or d.get("report"):
+        echo(f"  report: {enriched.get('report') or d['report']}")
+    if sus and sus[0].get("rank_dir"):
+        echo(f"  drill down: {sus[0]['rank_dir']}")
+    return ok
 
 
 @click.command()
@@ -286,14 +238,26 @@ def _suspects_text(d: dict[str, Any]) -> str:
 @click.option("--slowdown", default=3.0, show_default=True, help="slow rank's compute factor")
 @click.option("--at-step", default=40, show_default=True, help="step from which the rank is slower")
 @click.option("--scenario", type=click.Choice(["both", "torch", "ascend"]), default="both", show_default=True)
-@click.option("--timeout-s", default=240.0, show_default=True, help="per scenario")
+@click.option("--timeout-s", default=240.0, show_default=True,
+              help="per scenario: bound to the first alert, and again to the enriched update")
 def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float, at_step: int, scenario: str,
          timeout_s: float) -> None:
-    """Run the end-to-end demo: real job, real daemons, real detection, capture, analysis and alert."""
+    """Run the end-to-end demo: real job, real daemons, real detection, capture, analysis and alert.
+
+    Progress goes to stderr as it happens; each scenario's timeline (stages in pipeline order, with how long each
+    took) and result go to stdout. Exit 0 when every first alert names the slow rank, 1 otherwise, 2 when
+    PyTorch is not installed (both scenarios run real PyTorch ranks).
+    """
     if not 0 <= slow_rank < ranks:
         raise click.UsageError("--slow-rank must be in [0, ranks)")
     if nodes < 1 or nodes > ranks:
         raise click.UsageError("--nodes must be in [1, ranks]")
+    if importlib.util.find_spec("torch") is None:
+        click.echo("profwatch demo: PyTorch is not installed. Both scenarios run real PyTorch ranks (gloo on the "
+                   f"CPU; the Ascend one through a simulated torch_npu). Install the CPU-only build:\n  "
+                   f"{TORCH_CPU_INSTALL}\n(about 190 MB to download; the default PyPI torch is the CUDA build, several "
+                   "GB with its NVIDIA packages)", err=True)
+        sys.exit(EXIT_USAGE)
     root = (workdir / time.strftime("run-%Y%m%d-%H%M%S")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     runtime = Path(tempfile.mkdtemp(prefix="pwdemo", dir="/tmp"))  # short ipc:// paths
@@ -301,34 +265,39 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
     scenarios = ["torch", "ascend"] if scenario == "both" else [scenario]
     results: list[Timeline] = []
     t0 = time.time()
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise Stopped()
+
+    signal.signal(signal.SIGTERM, on_term)
+    progress = _progress_printer(t0)
+    stopped = ""
     try:
         stack.start()
-        click.echo(f"profwatch demo: daemons up (coordinator + {nodes} node daemons), work dir {root}")
+        progress(f"daemons up (coordinator + {nodes} node daemons; JSON logs in {root / 'logs'}), work dir {root}")
         for sc in scenarios:
             results.append(run_scenario(stack, sc, ranks=ranks, slow_rank=slow_rank, slowdown=slowdown,
-                                        at_step=at_step, timeout_s=timeout_s, echo=click.echo))
+                                        at_step=at_step, timeout_s=timeout_s, progress=progress))
+    except (KeyboardInterrupt, Stopped) as exc:
+        stopped = "SIGTERM" if isinstance(exc, Stopped) else "Ctrl-C"
+        progress(f"{stopped}: stopping the ranks and daemons this demo started")
     finally:
         stack.stop()
         shutil.rmtree(runtime, ignore_errors=True)
-    ok = True
+    ok = not stopped and len(results) == len(scenarios)
     for tl in results:
-        click.echo(f"\n== scenario {tl.scenario} (job {tl.job_id}) ==")
-        click.echo(tl.render())
-        d = (tl.alert or {}).get("data", {})
-        sus = d.get("suspects") or []
-        top = sus[0]["rank"] if sus else None
-        hit = tl.alert is not None and tl.alert.get("type") == "io.profwatch.suspect_ranks.v1" and top == slow_rank
-        ok &= hit
-        click.echo(f"  result: top suspect {top} (expected {slow_rank}) -> {'OK' if hit else 'MISSED'}")
-        if d.get("report"):
-            click.echo(f"  report: {d['report']}")
-        if sus and sus[0].get("rank_dir"):
-            click.echo(f"  drill down: {sus[0]['rank_dir']}")
+        ok &= report(tl, slow_rank, click.echo)
     (root / "demo_result.json").write_text(json.dumps(
-        {"ok": ok, "elapsed_s": round(time.time() - t0, 1), "scenarios": [
-            {"scenario": tl.scenario, "job_id": tl.job_id, "marks": tl.marks, "alert": tl.alert,
-             "enriched": tl.enriched} for tl in results]},
-        indent=2, default=str))
-    click.echo(f"\ndemo finished in {time.time() - t0:.0f}s: {'all alerts named the slow rank' if ok else 'FAILED'}; "
-               f"results in {root / 'demo_result.json'}, logs in {root / 'logs'}")
-    sys.exit(0 if ok else 1)
+        {"ok": ok, "elapsed_s": round(time.time() - t0, 1), "stopped": stopped or None,
+         "scenarios": [tl.to_json() for tl in results]}, indent=2, default=str))
+    verdict = "all alerts named the slow rank" if ok else (f"stopped by {stopped}" if stopped else "FAILED")
+    click.echo(f"\ndemo finished in {time.time() - t0:.0f}s: {verdict}; results in {root / 'demo_result.json'}, "
+               f"logs in {root / 'logs'}")
+    sys.exit(EXIT_OK if ok else EXIT_NOT_OK)
+
+
+def _progress_printer(t0: float) -> Callable[[str], None]:
+    def progress(line: str) -> None:
+        click.echo(f"[{time.time() - t0:6.1f}s] {line}", err=True)
+
+    return progress

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from daemon.core.anomaly import Anomaly, DetectionSettings, JobDetector
 from daemon.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, capture_request
 from daemon.core.capture import CaptureSettings, JobProgress, plan_capture
+from daemon.core.step_numbering import profiled_report_steps
 from daemon.core.telemetry import TelemetryRecord, dump_jsonl
 from daemon.exitcodes import EXIT_USAGE
 
@@ -174,8 +175,8 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
             continue
         job.history.record(d, now)
         if d.action == "arm":
-            last = plan.start_step + plan.warmup + plan.active - 1
-            det.exclude_steps(plan.start_step, last, "capture")
+            first, last = profiled_report_steps(plan.start_step, plan.warmup, plan.active)
+            det.exclude_steps(first, last, "capture")
             job.in_flight_until_step = last + cfg.detection.parse_steps
         result["arms"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step, "start_step": plan.start_step,
                                "warmup": plan.warmup, "active": plan.active, "rank_list": plan.rank_list,

@@ -1,9 +1,9 @@
 """``profwatch scan DIR``: report the capture batches under a folder and whether each is complete (CLI body).
 
 File names are printed as the OS gives them, decoded as UTF-8 with undecodable bytes as backslash-x escapes
-(``daemon/core/display.py``), under any locale. Exit codes: 0 when at least one batch was found and every batch
-is ``complete``; 1 otherwise (a batch ``incomplete``/``invalid``/``parsing``, no batch found, or DIR
-unreadable); 2 for usage errors (click).
+(``daemon/core/display.py``), under any locale. Exit codes (``daemon/exitcodes.py``, the same as ``analyze``):
+0 when at least one batch was found and every batch is ``complete``; 1 when a batch is
+``incomplete``/``invalid``/``parsing``; 2 when DIR holds no batch, cannot be read, or the arguments are wrong.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from daemon.core.completeness import BatchState
 from daemon.core.display import display_str, printable
 from daemon.core.prof_layout import parse_rank_dir_name
 from daemon.core.watch_settings import WatchSettings
+from daemon.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
 
 
 def render_table(batches: list[BatchState]) -> str:
@@ -44,7 +45,11 @@ def render_table(batches: list[BatchState]) -> str:
 @click.option("--quiet-period-s", type=click.FloatRange(min=0), default=None,
               help="Older torch_npu without analyse.done: seconds outputs must be unchanged.")
 def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: float | None) -> None:
-    """Check the capture batches under DIRECTORY (exit 0 only if every batch found is complete)."""
+    """Check the capture batches under DIRECTORY.
+
+    Exit 0 when every batch found is complete, 1 when one is not, 2 when DIRECTORY holds no batch or cannot be
+    read.
+    """
     settings = WatchSettings() if quiet_period_s is None else WatchSettings(quiet_period_s=quiet_period_s)
     root = os.path.abspath(directory)
     if parse_rank_dir_name(os.path.basename(root)) is not None:
@@ -54,7 +59,7 @@ def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: 
         batches = scan_tree(directory, world_size=world_size, now=time.time(), settings=settings)
     except TreeUnavailable as exc:
         click.echo(display_str(f"error: {exc}"), err=True)
-        raise SystemExit(1) from exc
+        raise SystemExit(EXIT_USAGE) from exc
     other = describe_unsupported(find_unsupported(directory, max_depth=settings.scan_max_depth))
     if as_json:
         click.echo(json.dumps(printable([b.to_json() for b in batches]), indent=2, default=str))
@@ -64,5 +69,6 @@ def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: 
         click.echo(display_str(f"no rank dirs found under {directory}" + (f"; {other}" if other else "")))
     if other and (batches or as_json):
         click.echo(display_str(f"note: {other}"), err=True)
-    ok = bool(batches) and all(b.status == "complete" for b in batches)
-    raise SystemExit(0 if ok else 1)
+    if not batches:
+        raise SystemExit(EXIT_USAGE)
+    raise SystemExit(EXIT_OK if all(b.status == "complete" for b in batches) else EXIT_NOT_OK)

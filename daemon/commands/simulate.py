@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Literal, get_args
 
 import click
+
+ExportType = Literal["db", "text", "both"]  # generate_cluster's export types = the --export-type choices
 
 
 @click.group()
@@ -41,12 +44,12 @@ def _parse_factors(spec: str | None, what: str) -> dict[int, float]:
 @click.option("--host-bound", help="rank:extra_free_fraction, e.g. 1:0.3")
 @click.option("--slow-link", help="rank:factor for a slower link")
 @click.option("--steps", default=3, show_default=True)
-@click.option("--export-type", type=click.Choice(["db", "text", "both"]), default="db", show_default=True)
+@click.option("--export-type", type=click.Choice(get_args(ExportType)), default="db", show_default=True)
 @click.option("--no-marker", is_flag=True, help="omit analyse.done (older torch_npu)")
 @click.option("--capture-id", default=None)
 @click.option("--seed", default=0, show_default=True)
 def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, slow_link: str | None, steps: int,
-         export_type: str, no_marker: bool, capture_id: str | None, seed: int) -> None:
+         export_type: ExportType, no_marker: bool, capture_id: str | None, seed: int) -> None:
     """Write a simulated Ascend capture batch into OUT."""
     from daemon.simulate.ascend_tree import generate_cluster
 
@@ -79,10 +82,21 @@ def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, s
 @click.option("--slow-rank", default=-1, show_default=True)
 @click.option("--slowdown", default=2.0, show_default=True)
 @click.option("--at-step", default=40, show_default=True)
-@click.option("--duration-s", default=300.0, show_default=True)
+@click.option("--duration-s", default=300.0, show_default=True, help="the ranks stop by themselves after this")
+@click.option("--stop-grace-s", default=30.0, show_default=True,
+              help="on Ctrl-C / SIGTERM: how long the ranks get to stop together before their process group is "
+                   "sent SIGTERM, then SIGKILL")
 def job(job_id: str, ranks: int, endpoints: tuple[str, ...], config_dir: Path, prof_root: Path, slow_rank: int,
-        slowdown: float, at_step: int, duration_s: float) -> None:
-    """Run simulated Ascend ranks against running node daemons until --duration-s or Ctrl-C."""
+        slowdown: float, at_step: int, duration_s: float, stop_grace_s: float) -> None:
+    """Run simulated Ascend ranks against running node daemons until --duration-s, Ctrl-C or SIGTERM.
+
+    The ranks run in a process group of their own; stopping this command stops them (stop file first, so they
+    leave together at an agreed step, then SIGTERM, then SIGKILL to that group). Exit 0 when every rank ended
+    cleanly, 1 otherwise.
+    """
+    import signal
+    import sys
+
     from daemon.simulate.launcher import JobSpec, launch_job
     from rankhook.publisher import default_endpoint
 
@@ -92,11 +106,24 @@ def job(job_id: str, ranks: int, endpoints: tuple[str, ...], config_dir: Path, p
     spec = JobSpec(job_id=job_id, world_size=ranks, node_endpoints=eps, profiler_config_path=config_dir.resolve(),
                    prof_root=prof_root.resolve(), mode="ascend-sim", slow_rank=slow_rank, slowdown=slowdown,
                    slow_at_step=at_step, max_seconds=duration_s, stop_file=stop)
+    asked: dict[str, str] = {}
+
+    def on_signal(signum: int, frame: object) -> None:
+        asked.setdefault("by", signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     running = launch_job(spec)
-    click.echo(f"simulated job {job_id}: {ranks} ranks -> {', '.join(eps)}; config {config_dir}; Ctrl-C stops")
-    try:
-        codes = running.wait(duration_s + 120)
-    except KeyboardInterrupt:
-        running.request_stop()
-        codes = running.wait(60)
-    click.echo(f"ranks exited with {codes}")
+    click.echo(f"simulated job {job_id}: {ranks} ranks (process group {running.pgid}) -> {', '.join(eps)}; "
+               f"config {config_dir}; runs {duration_s:g} s, Ctrl-C stops it", err=True)
+    end = time.monotonic() + duration_s + 120
+    while running.running() and "by" not in asked and time.monotonic() < end:
+        time.sleep(0.2)
+    if running.running():
+        why = f"{asked['by']} received" if "by" in asked else "past --duration-s"
+        click.echo(f"{why}: stopping the {running.running()} running ranks (up to {stop_grace_s:g} s to stop "
+                   "together, then SIGTERM, then SIGKILL to their process group)", err=True)
+    codes = running.stop(grace_s=stop_grace_s)
+    stop.unlink(missing_ok=True)
+    click.echo(f"ranks exited with {codes}", err=True)
+    sys.exit(0 if all(c == 0 for c in codes) else 1)

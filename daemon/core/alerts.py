@@ -32,9 +32,16 @@ TYPE_ANALYSIS_ENRICHED = "io.profwatch.analysis_enriched.v1"
 """Follow-up of a published verdict (the advisor's findings), same ``capture_id``/``batch_id``."""
 TYPE_JOB_ENDED = "io.profwatch.job_ended.v1"
 """No rank of the job reported for ``coordinator.job_end_after_s``; data ``{"last_report_unix_s", "silent_s"}``."""
+TYPE_JOB_GENERATION = "io.profwatch.job_generation.v1"
+"""A job started a new generation (elastic restart or resize): old and new world size (``docs/generations.md``)."""
+TYPE_STORAGE_FAILED = "io.profwatch.storage_failed.v1"
+"""The coordinator's state store refused a write (disk full): events are published anyway and retried."""
+TYPE_STORAGE_RECOVERED = "io.profwatch.storage_recovered.v1"
+"""The state store took every queued write again."""
 EVENT_TYPES = frozenset({TYPE_SUSPECT_RANKS, TYPE_BATCH_INCOMPLETE, TYPE_ANOMALY, TYPE_ARM, TYPE_CAPTURE,
                          TYPE_ANALYSIS_FAILED, TYPE_ARM_DECISION, TYPE_BATCH, TYPE_PATH_REFUSED,
-                         TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED})
+                         TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_JOB_GENERATION, TYPE_STORAGE_FAILED,
+                         TYPE_STORAGE_RECOVERED})
 
 
 class AlertFormatError(ValueError):

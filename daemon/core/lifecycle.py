@@ -6,7 +6,8 @@
        |          |  ack deadline: ack_missing ---^         |             '-> incomplete | failed (by result status)
        |          '-- batch complete (any time) ------------+-> analysing
        '-> failed (write refused or write deadline)         '-> incomplete (judgement time, batch not complete)
-    any in-flight state -> cancelled (profwatch cancel) | superseded (new job generation); data always kept
+    any in-flight state -> cancelled (profwatch cancel); planned..collecting -> superseded (new job generation); data
+    always kept
 
 Every waiting state has a deadline from settings (:func:`deadline_for`); expiry is a transition with a reason
 (:func:`expire`). Every transition is ``(Capture, ..., now) -> Transition``: the new frozen :class:`Capture`, the
@@ -538,10 +539,17 @@ def cancel(cap: Capture, now: float, settings: LifecycleSettings, by: str = "ope
                       _leaving(was))
 
 
+SUPERSEDABLE = IN_FLIGHT - {S.ANALYSING}
+"""States a new job generation ends: the capture still waits for the old generation's ranks (write, acknowledgement,
+window, rank dirs). An ``analysing`` capture has its complete batch and is judged as the old generation was."""
+
+
 def supersede(cap: Capture, generation: int, now: float, settings: LifecycleSettings) -> Transition:
-    """An in-flight capture of an older job generation -> superseded (the job restarted or resized; its ranks
-    count steps anew, so the window can no longer be judged). Data kept. No-op for newer or final captures."""
-    if cap.state not in IN_FLIGHT or cap.generation >= generation:
+    """A capture of an older job generation still waiting for its ranks -> superseded (the job restarted or
+    resized: its new processes count steps anew and never take a config written before they started, so the window
+    cannot come). Data kept. No-op for newer captures, ``analysing`` ones (the batch is complete: its verdict
+    stands for the old generation) and final ones."""
+    if cap.state not in SUPERSEDABLE or cap.generation >= generation:
         return Transition(cap)
     was = cap.state
     cap = _enter(cap, S.SUPERSEDED, now, settings,

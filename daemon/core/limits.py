@@ -23,6 +23,8 @@ DETECTOR_BYTES_PER_RANK = 200
 JOB_RECORD_BYTES = 16 * 1024
 """One job record and its detector's fixed state (windows of job step times, baselines)."""
 NODE_RECORD_BYTES = 4 * 1024
+CLAIM_BYTES = 1024
+"""One held hello of a claimed job generation (pruned: no versions, counters or paths; ``generations.py``)."""
 
 
 class LimitSettings(BaseModel):
@@ -49,6 +51,12 @@ class LimitSettings(BaseModel):
         16 * MIB, ge=MIB, le=1 << 32, description="bytes one rank connection may have queued at its node daemon")
     node_max_cached_hellos: int = Field(4096, ge=1, le=1_000_000,
                                         description="rank hellos a node keeps for re-registration (LRU)")
+    state_retry_queue_bytes: int = Field(
+        32 * MIB, ge=MIB, le=1 << 34,
+        description="writes the coordinator keeps for a retry while its state store fails (disk full); beyond it "
+                    "the oldest events are dropped, non-alerts first (counted)")
+    state_retry_queue_items: int = Field(20_000, ge=100, le=10_000_000,
+                                         description="writes kept for a retry while the state store fails")
 
     def hwm_for(self, queue_bytes: int, max_message_bytes: int) -> int:
         """ZeroMQ receive high-water mark (messages) that keeps a peer's queue under ``queue_bytes``."""
@@ -72,6 +80,8 @@ class LimitSettings(BaseModel):
             "nodes": self.max_nodes * NODE_RECORD_BYTES,
             "queues": expected_peers * ingest_hwm * max_batch_bytes + control_hwm * control_request_bytes,
             "parse": 12 * max_batch_bytes,
+            "claims": (64 * self.max_jobs_total + 2 * self.max_ranks_total) * CLAIM_BYTES,
+            "store_retry": self.state_retry_queue_bytes,
         }
         parts["total"] = sum(parts.values())
         return parts

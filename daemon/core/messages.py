@@ -216,6 +216,8 @@ def check_rank_message(msg: Any) -> Any:
         _check_text(msg.prof_root, "prof_root", MAX_PATH)
         if msg.peer_uid is not None and not 0 <= msg.peer_uid < 2**32:
             raise MessageRejected("bad_value", f"peer_uid={msg.peer_uid}")
+        if msg.restart_count is not None and not 0 <= msg.restart_count < MAX_INT:
+            raise MessageRejected("bad_value", f"restart_count={msg.restart_count}")
     else:
         _check_time(msg.ts_unix_s, "ts_unix_s", MAX_TS_UNIX_S)
         for name in ("step", "generation", "start_step", "total_bytes"):

@@ -2,7 +2,9 @@
 
 One call per message: strict UTF-8 JSON validation (``daemon/core/messages.py``), the size limit, the job's uid
 pin, and the re-encoded bytes to relay (never the rank's raw bytes: what reaches the coordinator is what was
-validated). Hellos are kept for re-registration after a coordinator restart; both tables are bounded LRUs.
+validated). Hellos are kept for re-registration after a coordinator restart; both tables are bounded LRUs. A hello
+of a new shape of its job (another ``world_size`` or ``restart_count``: an elastic restart, ``docs/generations.md``)
+drops the job's cached hellos of older or unknown restart counts, so a re-registration never replays the old shape.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class RankIntake:
     def __init__(self, limits: LimitSettings | None = None) -> None:
         self.limits = limits or LimitSettings.model_validate({})
         self.hellos: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._shapes: dict[tuple[str, int], tuple[int, int | None]] = {}  # (world_size, restart_count) per hello
+        self._job_shape: dict[str, tuple[int, int | None]] = {}  # the shape of each job's latest hello
         self.job_uids: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self.dp_jobs: dict[str, str] = {}  # job_id -> profiler_config_path (torch_npu jobs)
 
@@ -65,10 +69,26 @@ class RankIntake:
 
     def _cache_hello(self, msg: wire.RankHello, data: bytes) -> None:
         key = (msg.job_id, msg.rank)
+        shape = (msg.world_size, msg.restart_count)
+        if self._job_shape.get(msg.job_id, shape) != shape:
+            self._drop_older_shapes(msg.job_id, shape)
+        self._job_shape[msg.job_id] = shape
         self.hellos[key] = data
+        self._shapes[key] = shape
         self.hellos.move_to_end(key)
         while len(self.hellos) > self.limits.node_max_cached_hellos:
-            self.hellos.popitem(last=False)
+            self._shapes.pop(self.hellos.popitem(last=False)[0], None)
+        if len(self._job_shape) > 2 * self.limits.node_max_cached_hellos:  # amortised O(1)
+            live = {k[0] for k in self.hellos}
+            self._job_shape = {j: s for j, s in self._job_shape.items() if j in live}
         if msg.backend == "torch_npu" and msg.profiler_config_path:
             if msg.job_id in self.dp_jobs or len(self.dp_jobs) < self.limits.max_jobs_per_node:
                 self.dp_jobs[msg.job_id] = msg.profiler_config_path
+
+    def _drop_older_shapes(self, job_id: str, shape: tuple[int, int | None]) -> None:
+        """Forget the job's cached hellos of another shape whose restart count is not newer than ``shape``'s."""
+        rc = shape[1]
+        for key, old in list(self._shapes.items()):
+            if key[0] == job_id and old != shape and (old[1] is None or rc is None or old[1] <= rc):
+                self.hellos.pop(key, None)
+                del self._shapes[key]

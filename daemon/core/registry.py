@@ -5,8 +5,13 @@ node and capture state, per node its heartbeat and counters.
 
 What a message may change is bounded here (issue "authenticated, identity-bound, bounded daemons"):
 
-- a job's world size and its paths (``profiler_config_path``, ``prof_root``) are pinned by its first hello; a
-  later hello that differs is refused (``world_size_conflict``, ``paths_changed``) and changes nothing;
+- a job's paths (``profiler_config_path``, ``prof_root``) are pinned by its first hello, across generations; a
+  later hello that differs is refused (``paths_changed``) and changes nothing;
+- a job's shape (world size, torchrun restart count) changes only by a new *generation* (an elastic restart or
+  resize, ``daemon/core/generations.py``): a hello of another shape is held as a claim (``generation_pending``)
+  until hellos of that shape from a quorum of ranks arrived through nodes the job runs on; a stale hello (older
+  restart count) or another world size with the same restart count is refused (``stale_generation``,
+  ``world_size_conflict``);
 - a rank is bound to the node that first reported it: another node's step, capture event, bye or hello for it is
   refused (``rank_on_other_node``) until the rank said bye or was silent for ``rank_rebind_after_s``;
 - jobs, ranks and nodes are capped (:class:`~daemon.core.limits.LimitSettings`); rank records are created only
@@ -15,12 +20,15 @@ What a message may change is bounded here (issue "authenticated, identity-bound,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+from daemon.core.generations import GenerationOpened, Reason, Shape, classify, quorum
 from daemon.core.limits import LimitSettings
-from daemon.core.step_window import StepWindow, median
+from daemon.core.registry_state import HelloOutcome, JobState, NodeState, RankState, snapshot
+from daemon.core.step_window import StepWindow
 from rankhook import wire
+
+__all__ = ["GenerationPending", "HelloOutcome", "JobState", "NodeState", "RankState", "Registry", "RegistryError"]
 
 
 class RegistryError(ValueError):
@@ -31,70 +39,9 @@ class RegistryError(ValueError):
         self.reason = reason
 
 
-@dataclass(slots=True)
-class RankState:
-    """One rank as last seen."""
-
-    rank: int
-    hostname: str = ""
-    node_id: str = ""
-    pid: int = 0
-    local_rank: int = -1
-    backend: str = ""
-    last_step: int = -1
-    last_step_time_s: float = 0.0
-    last_ts_unix_s: float = 0.0
-    seen_unix_s: float = 0.0
-    capturing: bool = False
-    left: bool = False
-    dropped: int = 0  # messages the rank's publisher dropped (from its periodic hello)
-    uid: int | None = None  # the rank process's uid, from the node socket's peer credentials (None: not known)
-    window: StepWindow | None = None
-    backend_error: str = ""  # why the requested capture backend is not in use ("" = none asked or it opened)
-
-
-@dataclass(slots=True)
-class JobState:
-    """One job: identity, ranks and where its capture files live."""
-
-    job_id: str
-    world_size: int
-    ranks: dict[int, RankState] = field(default_factory=dict)
-    profiler_config_path: str | None = None
-    prof_root: str | None = None
-    backend: str = ""
-    first_seen_unix_s: float = 0.0
-    started_unix_s: float = 0.0  # latest rank init time seen (arms must be newer than every rank's start)
-    versions: dict[str, str] = field(default_factory=dict)
-    pinned_paths: tuple[str | None, str | None] | None = None  # (config path, prof_root) of the first hello
-
-    def last_heard_unix_s(self) -> float:
-        """Latest time any rank of the job was heard (0.0 when none)."""
-        return max((r.seen_unix_s for r in self.ranks.values()), default=self.first_seen_unix_s)
-
-    def furthest_step(self) -> int:
-        """Highest step any rank reported (-1 before any)."""
-        return max((r.last_step for r in self.ranks.values()), default=-1)
-
-    def median_step_time_s(self, n: int = 20) -> float | None:
-        """Median over ranks of each rank's median of its last ``n`` step times (robust typical step time)."""
-        medians = [median(r.window.recent_times(n)) for r in self.ranks.values() if r.window is not None and len(r.window)]
-        return median([x for x in medians if x is not None])
-
-
-@dataclass(slots=True)
-class NodeState:
-    """One node daemon."""
-
-    node_id: str
-    hostname: str
-    pid: int = 0
-    last_seen_unix_s: float = 0.0
-    started_unix_s: float = 0.0
-    last_seq: int = -1
-    lost_batches: int = 0
-    counters: dict[str, int] = field(default_factory=dict)
-    stale_state: str = ""  # torch_npu leftovers the node daemon found (stale shm segment, orphaned monitor)
+class GenerationPending(RegistryError):
+    """A hello (or a step of a rank beyond the current world size) belongs to a claimed new generation that has
+    no quorum yet: it is held or dropped, and nothing else changed. Not an error of the sender."""
 
 
 class Registry:
@@ -147,37 +94,58 @@ class Registry:
 
     # -- ranks ------------------------------------------------------------------------------------------------
     def hello(self, msg: wire.RankHello, node_id: str, now: float) -> JobState:
-        """Register a rank of a job (the job too when it is new) for the node ``node_id``.
+        """:meth:`admit_hello` for callers that do not follow generations; returns the job."""
+        return self.admit_hello(msg, node_id, now).job
+
+    def admit_hello(self, msg: wire.RankHello, node_id: str, now: float) -> HelloOutcome:
+        """Register a rank of a job (the job too when it is new) for the node ``node_id``; a hello of a new shape
+        may open the job's next generation (``daemon/core/generations.py``).
 
         Raises:
-            RegistryError: ``world_size_conflict`` or ``paths_changed`` (the job's first hello said otherwise),
-                ``rank_on_other_node`` (the rank is live on another node), ``too_many_jobs`` /
-                ``too_many_jobs_on_node`` / ``too_many_ranks`` (limits). Nothing is changed then.
+            GenerationPending: the hello claims a new generation that has no quorum yet (held; nothing changed).
+            RegistryError: ``paths_changed`` (the job's first hello said otherwise), ``stale_generation``,
+                ``world_size_conflict``, ``rank_on_other_node`` (the rank is live on another node),
+                ``too_many_jobs`` / ``too_many_jobs_on_node`` / ``too_many_ranks`` (limits). Nothing is changed then.
         """
         paths = (msg.profiler_config_path, msg.prof_root)
         job = self.jobs.get(msg.job_id)
         if job is None:
             self._check_new_job(node_id)
-        elif job.world_size != msg.world_size:
-            raise RegistryError(
-                "world_size_conflict", f"job {msg.job_id} has world_size {job.world_size}, rank {msg.rank} says {msg.world_size}"
-            )
-        elif job.pinned_paths is not None and paths != job.pinned_paths:
+            self._check_rank_room(node_id)  # before anything changes: a refused hello leaves no empty job behind
+            job = self.jobs[msg.job_id] = JobState(
+                job_id=msg.job_id, world_size=msg.world_size, first_seen_unix_s=now, pinned_paths=paths,
+                profiler_config_path=paths[0], prof_root=paths[1], restart_count=msg.restart_count,
+                generation_since_unix_s=now)
+            self._apply_hello(job, msg, node_id, now)
+            return HelloOutcome(job)
+        if job.pinned_paths is not None and paths != job.pinned_paths:
             raise RegistryError(
                 "paths_changed", f"job {msg.job_id} pinned profiler_config_path={job.pinned_paths[0]!r} "
                 f"prof_root={job.pinned_paths[1]!r} at its first hello; rank {msg.rank} from node {node_id} says "
                 f"{paths[0]!r} {paths[1]!r}")
-        r = job.ranks.get(msg.rank) if job is not None else None
+        claimed = Shape(msg.world_size, msg.restart_count)
+        change = classify(job.shape, claimed)
+        if change == "stale":
+            raise RegistryError("stale_generation", f"job {msg.job_id} is in generation {job.generation} (restart "
+                                f"count {job.restart_count}); rank {msg.rank} says restart count {msg.restart_count}")
+        if change == "conflict":
+            raise RegistryError("world_size_conflict", f"job {msg.job_id} has world_size {job.world_size} at restart "
+                                f"count {job.restart_count}, rank {msg.rank} says {msg.world_size}")
+        if change == "claim":
+            return HelloOutcome(job, self._claim(job, claimed, msg, node_id, now))
+        r = job.ranks.get(msg.rank)
         if r is not None:
             self._check_rank_node(r, msg.job_id, node_id, now)
         else:
-            self._check_rank_room(node_id)  # before anything changes: a refused hello leaves no empty job behind
-        if job is None:
-            job = self.jobs[msg.job_id] = JobState(job_id=msg.job_id, world_size=msg.world_size, first_seen_unix_s=now,
-                                                   pinned_paths=paths, profiler_config_path=paths[0], prof_root=paths[1])
-        elif job.pinned_paths is None:  # restored without paths: the first hello after a restart pins them
+            self._check_rank_room(node_id)
+        if job.pinned_paths is None:  # restored without paths: the first hello after a restart pins them
             job.pinned_paths = paths
             job.profiler_config_path, job.prof_root = paths
+        self._apply_hello(job, msg, node_id, now)
+        return HelloOutcome(job)
+
+    def _apply_hello(self, job: JobState, msg: wire.RankHello, node_id: str, now: float) -> RankState:
+        r = job.ranks.get(msg.rank)
         if r is None:
             r = self._new_rank(job, msg.rank, node_id)
         elif r.node_id != node_id:
@@ -192,7 +160,80 @@ class Registry:
         job.started_unix_s = max(job.started_unix_s, msg.ts_unix_s)
         if len(job.versions) < 64:
             job.versions.update(list(msg.versions.items())[: 64 - len(job.versions)])
-        return job
+        return r
+
+    # -- generations -------------------------------------------------------------------------------------------
+    def _claim(self, job: JobState, shape: Shape, msg: wire.RankHello, node_id: str, now: float) -> GenerationOpened:
+        """Hold a claiming hello; open the generation when its shape has a quorum through the job's nodes."""
+        job.claims.expire(now)
+        counts = bool(node_id) and job.job_id in self._node_jobs.get(node_id, ())
+        claim = job.claims.add(shape, msg, node_id, counts=counts, now=now, max_held=64 + 2 * len(job.ranks))
+        need = quorum(job.world_size, shape.world_size)
+        if claim is None or len(claim.counted) < need:
+            have = len(claim.counted) if claim is not None else 0
+            raise GenerationPending(
+                "generation_pending", f"job {job.job_id}: rank {msg.rank} via node {node_id} claims world_size "
+                f"{shape.world_size} restart count {shape.restart_count}; {have} of {need} ranks agree through "
+                f"nodes the job runs on" + ("" if claim is not None else " (not held: bound reached or rank held "
+                                            "from another node)"))
+        reason: Reason = "world_size" if shape.world_size != job.world_size else "restart_count"
+        old = (job.generation, job.world_size, job.restart_count)
+        self._release_ranks(job)
+        self._next_generation(job, shape, now)
+        admitted: list[int] = []
+        refused: list[tuple[int, str]] = []
+        for rank, (via, held) in sorted(claim.hellos.items()):
+            try:
+                self._check_rank_room(via)
+                self._apply_hello(job, held, via, now)
+                admitted.append(rank)
+            except RegistryError as exc:
+                refused.append((rank, exc.reason))
+        return GenerationOpened(
+            job_id=job.job_id, generation=job.generation, old_generation=old[0], world_size=job.world_size,
+            old_world_size=old[1], restart_count=job.restart_count, old_restart_count=old[2], reason=reason,
+            ranks=tuple(sorted(claim.counted)), nodes=tuple(sorted({claim.hellos[r][0] for r in claim.counted})),
+            opened_unix_s=now, admitted=tuple(admitted), refused=tuple(refused))
+
+    def note_restart(self, job: JobState, r: RankState, now: float) -> GenerationOpened | None:
+        """``r``'s step counter went back (:meth:`step` said ``restarted``). When the ranks of a quorum did so
+        within the claim window, open a generation of the same shape (launchers without restart counts) and
+        return it; a rank of an older generation just joins the current one."""
+        if r.gen < job.generation:
+            r.gen = job.generation
+            return None
+        job.claims.expire(now)
+        if job.claims.note_restart(r.rank, now) < quorum(job.world_size, job.world_size):
+            return None
+        ranks = tuple(sorted(x for x in job.claims.restarts if x in job.ranks))
+        old_gen = job.generation
+        self._next_generation(job, job.shape, now)
+        for x in ranks:
+            job.ranks[x].gen = job.generation
+        return GenerationOpened(
+            job_id=job.job_id, generation=job.generation, old_generation=old_gen, world_size=job.world_size,
+            old_world_size=job.world_size, restart_count=job.restart_count, old_restart_count=job.restart_count,
+            reason="steps_went_back", ranks=ranks, nodes=tuple(sorted({job.ranks[x].node_id for x in ranks})),
+            opened_unix_s=now)
+
+    @staticmethod
+    def _next_generation(job: JobState, shape: Shape, now: float) -> None:
+        job.world_size, job.restart_count = shape.world_size, shape.restart_count
+        job.generation += 1
+        job.generation_since_unix_s = now
+        job.claims.clear()
+
+    def _release_ranks(self, job: JobState) -> None:
+        """Forget the job's rank records and their node bindings (expiry, or a new generation)."""
+        self.rank_count -= len(job.ranks)
+        for r in job.ranks.values():
+            self._count_rank(r.node_id, job.job_id, -1)
+            jobs = self._node_jobs.get(r.node_id)
+            if jobs is not None:
+                jobs.discard(job.job_id)
+                if not jobs:
+                    del self._node_jobs[r.node_id]
+        job.ranks.clear()
 
     def _check_new_job(self, node_id: str) -> None:
         if len(self.jobs) >= self.limits.max_jobs_total:
@@ -215,7 +256,8 @@ class Registry:
         self._check_rank_room(node_id)
         if node_id and job.job_id not in self._node_jobs.get(node_id, ()):
             self._check_new_job_on_node(node_id)
-        r = job.ranks[rank] = RankState(rank=rank, node_id=node_id, window=StepWindow(self.window_steps))
+        r = job.ranks[rank] = RankState(rank=rank, node_id=node_id, window=StepWindow(self.window_steps),
+                                        gen=job.generation)
         self.rank_count += 1
         self._count_rank(node_id, job.job_id, +1)
         return r
@@ -254,6 +296,7 @@ class Registry:
         self.jobs[job.job_id] = job
         self.rank_count += len(job.ranks)
         for r in job.ranks.values():
+            r.gen = job.generation
             self._count_rank(r.node_id, job.job_id, +1)
 
     def expire(self, now: float) -> list[str]:
@@ -262,15 +305,9 @@ class Registry:
         cutoff = now - self.limits.job_expiry_s
         gone = [j.job_id for j in self.jobs.values() if j.last_heard_unix_s() < cutoff]
         for job_id in gone:
-            job = self.jobs.pop(job_id)
-            self.rank_count -= len(job.ranks)
-            for r in job.ranks.values():
-                self._count_rank(r.node_id, job_id, -1)
-                jobs = self._node_jobs.get(r.node_id)
-                if jobs is not None:
-                    jobs.discard(job_id)
-                    if not jobs:
-                        del self._node_jobs[r.node_id]
+            self._release_ranks(self.jobs.pop(job_id))
+        for job in self.jobs.values():
+            job.claims.expire(now)
         for node in [n for n in self.nodes.values() if n.last_seen_unix_s < cutoff and n.node_id not in self._node_jobs]:
             del self.nodes[node.node_id]
         return gone
@@ -290,6 +327,9 @@ class Registry:
         if job is None:
             return None, None
         if msg.rank >= job.world_size:
+            if any(msg.rank < c.shape.world_size for c in job.claims.claims.values()):
+                raise GenerationPending("generation_pending", f"rank {msg.rank} of job {msg.job_id} belongs to a "
+                                        f"claimed generation of another world size (not open yet)")
             raise RegistryError("bad_rank", f"rank {msg.rank} >= world_size {job.world_size} of job {msg.job_id}")
         r = job.ranks.get(msg.rank)
         if r is not None and node_id is not None and r.node_id and r.node_id != node_id:
@@ -329,66 +369,6 @@ class Registry:
         if r is not None:
             r.left = True
             r.seen_unix_s = now
-
     def snapshot(self, now: float, node_timeout_s: float = 10.0) -> dict[str, Any]:
-        """A JSON-ready view for ``profwatch status``."""
-        jobs = []
-        for job in self.jobs.values():
-            ranks = [
-                {
-                    "rank": r.rank,
-                    "hostname": r.hostname,
-                    "node_id": r.node_id,
-                    "pid": r.pid,
-                    "last_step": r.last_step,
-                    "step_time_s": round(r.last_step_time_s, 6),
-                    "age_s": round(now - r.seen_unix_s, 3) if r.seen_unix_s else None,
-                    "capturing": r.capturing,
-                    "left": r.left,
-                    "dropped": r.dropped,
-                    "backend": r.backend,
-                    "backend_error": r.backend_error,
-                    "uid": r.uid,
-                }
-                for r in sorted(job.ranks.values(), key=lambda r: r.rank)
-            ]
-            jobs.append(
-                {
-                    "job_id": job.job_id,
-                    "world_size": job.world_size,
-                    "ranks_seen": len(job.ranks),
-                    "backend": _backends_in_use(job),
-                    "backend_errors": {str(r.rank): r.backend_error for r in job.ranks.values() if r.backend_error},
-                    "furthest_step": job.furthest_step(),
-                    "median_step_time_s": job.median_step_time_s(),
-                    "profiler_config_path": job.profiler_config_path,
-                    "prof_root": job.prof_root,
-                    "rank_drops": sum(r.dropped for r in job.ranks.values()),
-                    "ranks": ranks,
-                }
-            )
-        nodes = [
-            {
-                "node_id": n.node_id,
-                "hostname": n.hostname,
-                "pid": n.pid,
-                "age_s": round(now - n.last_seen_unix_s, 3),
-                "lost_batches": n.lost_batches,
-                "down": now - n.last_seen_unix_s > node_timeout_s,
-                "counters": n.counters,
-                "stale_state": n.stale_state,
-            }
-            for n in self.nodes.values()
-        ]
-        return {"jobs": jobs, "nodes": nodes}
-
-
-def _backends_in_use(job: JobState) -> str:
-    """The capture backend the job's ranks actually run (``torch_npu``; ``none`` when it failed to open), e.g.
-    ``torch_npu`` or ``none x1, torch_npu x3`` when the ranks differ."""
-    counts: dict[str, int] = {}
-    for r in job.ranks.values():
-        counts[r.backend or "?"] = counts.get(r.backend or "?", 0) + 1
-    if len(counts) <= 1:
-        return next(iter(counts), job.backend)
-    return ", ".join(f"{b} x{n}" for b, n in sorted(counts.items()))
+        """A JSON-ready view for ``profwatch status`` (:func:`daemon.core.registry_state.snapshot`)."""
+        return snapshot(self.jobs.values(), self.nodes.values(), now, node_timeout_s)

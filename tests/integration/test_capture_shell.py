@@ -48,6 +48,7 @@ class World:
         self.verdict: tuple[str, dict] = ("ok", {"status": "ok", "detail": "1 suspect"})
         self.batches: list[BatchState] = []
         self.stopped: list[str] = []
+        self.excluded: list[tuple[str, int, int, str]] = []
         self.release = threading.Event()  # the fake analysis returns once this is set
         self.release.set()
         self.enrich_release = threading.Event()  # the fake enrichment returns once this is set
@@ -104,7 +105,7 @@ class World:
 
         class Detectors:
             def exclude_steps(self, job_id: str, first: int, last: int, reason: str) -> None:
-                return None
+                outer.excluded.append((job_id, first, last, reason))
 
             def stalled_ranks(self, job_id: str) -> frozenset[int]:
                 return frozenset()
@@ -377,3 +378,15 @@ def test_a_crashed_follow_up_publishes_nothing_new_and_the_verdict_stands(world)
     assert len(w.of("io.profwatch.suspect_ranks.v1")) == 1 and not w.of("io.profwatch.analysis_enriched.v1")
     cap = w.store.get_capture(cid)
     assert cap.analysis_status == "ok" and "advisor staging vanished" in cap.outcome
+
+
+def test_an_armed_window_is_hidden_from_the_detector_in_step_report_numbering(world) -> None:
+    """The detector hides the step reports whose time includes the profiler: start inside call S (report S+1
+    measures the first profiled iteration, ``ProfilerStep#S``), stop's flush inside call S+warmup+active (report
+    S+warmup+active+1). Off by one before: the reports S .. S+warmup+active-1 were hidden, the flush was judged."""
+    w = world()
+    out = w.arm(warmup=1, active=3)
+    cid, s = out["capture_id"], out["start_step"]
+    cap = w.store.get_capture(cid)
+    assert cap is not None and cap.armed_steps == [s + 1, s + 2, s + 3]  # trace labels, as the traces say
+    assert w.excluded == [("j1", s + 1, s + 1 + 3 + 1, f"capture {cid}")]

@@ -94,7 +94,11 @@ def test_template_created_once_with_mode_0640(tmp_path: Path) -> None:
     d = tmp_path / "c"
     d.mkdir()
     w = ConfigWriter(max_wait_s=5)
-    w._ensure_file(str(d), str(d / "profiler_config.json"))
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        w._ensure_file(dfd, str(d / "profiler_config.json"))
+    finally:
+        os.close(dfd)
     p = d / "profiler_config.json"
     assert json.loads(p.read_text()) == TEMPLATE
     assert p.stat().st_mode & 0o777 == 0o640
@@ -124,7 +128,7 @@ def test_hand_edit_reported_and_last_good_kept(tmp_path: Path) -> None:
         f.write('{"start_step": 0, "active": ')
     r = w.write(str(d), _cfg(9), not_before_unix_s=0, allowed_roots=[str(tmp_path)])
     assert r.replaced_problem and "not JSON" in r.replaced_problem
-    assert w.last_content(str(d))["start_step"] == 9
+    assert (w.last_content(str(d)) or {})["start_step"] == 9
     p.write_text(json.dumps({"start_step": 0}))
     r2 = ConfigWriter().write(str(d), _cfg(11), not_before_unix_s=0, allowed_roots=[str(tmp_path)])
     assert r2.replaced_problem and "start_step" in r2.replaced_problem

@@ -182,7 +182,7 @@ def test_cli_exit_codes_and_json(cluster: list[Path]) -> None:
     assert data[0]["status"] == "complete" and data[0]["expected_ranks"] == [0, 1, 2, 3]
     res = runner.invoke(scan, [str(cluster[0].parent), "--world-size", "8"])
     assert res.exit_code == 1 and "missing ranks: [4, 5, 6, 7]" in res.output
-    assert runner.invoke(scan, [str(cluster[0].parent / "nope")]).exit_code == 1
+    assert runner.invoke(scan, [str(cluster[0].parent / "nope")]).exit_code == 2  # unreadable: input error
 
 
 def test_unknown_world_size_is_never_complete(cluster: list[Path]) -> None:

@@ -76,7 +76,7 @@ def test_outputs_profwatch_does_not_analyse_are_named(tmp_path: Path, names: lis
         (root / "sub" / n / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True)
         (root / "sub" / n / "ASCEND_PROFILER_OUTPUT" / "ascend_mindspore_profiler_0.db").write_bytes(b"")
     res = CliRunner().invoke(scan, [str(root)])
-    assert res.exit_code == 1
+    assert res.exit_code == 2  # no batch profwatch analyses: the same input error as analyze
     assert f"found {len(names)} {what}" in res.output and "not supported" in res.output, res.output
     res = CliRunner().invoke(analyze, [str(root), "--json"])
     assert res.exit_code == 2

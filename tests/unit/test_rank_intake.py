@@ -61,3 +61,18 @@ def test_oversize_and_bounded_caches() -> None:
         intake.accept(hello(job=f"j{r}"), 7, float(r))
     assert [k[0] for k in intake.hellos] == ["j2", "j3", "j4"] and len(intake.job_uids) == 3
     assert set(intake.dp_jobs) == {"j0", "j1"}
+
+
+def test_a_new_shape_of_a_job_drops_its_older_cached_hellos_so_a_reregistration_never_replays_them() -> None:
+    intake = RankIntake()
+    for r in range(8):  # generation 0: 8 ranks, restart count 0
+        intake.accept(hello(rank=r, world_size=8, restart_count=0), 1000, 0.0)
+    intake.accept(hello(job="other", rank=5), 1000, 0.0)
+    intake.accept(hello(rank=0, world_size=4, restart_count=1), 1000, 1.0)  # the elastic restart at 4 ranks
+    shapes = {k: (json.loads(v)["world_size"], json.loads(v)["restart_count"]) for k, v in intake.hellos.items()}
+    assert shapes == {("other", 5): (64, None), ("j", 0): (4, 1)}
+    intake.accept(hello(rank=6, world_size=8, restart_count=0), 1000, 2.0)  # a late hello of the old generation
+    intake.accept(hello(rank=1, world_size=4, restart_count=1), 1000, 3.0)
+    assert ("j", 1) in intake.hellos and ("j", 0) in intake.hellos  # the newer shape is never dropped by an older
+    intake.accept(hello(rank=1, world_size=2, restart_count=2), 1000, 4.0)
+    assert {k: json.loads(v)["world_size"] for k, v in intake.hellos.items() if k[0] == "j"} == {("j", 1): 2}

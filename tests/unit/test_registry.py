@@ -30,13 +30,13 @@ def test_window_is_bounded_and_ordered() -> None:
     assert median([3.0, 1.0, 2.0]) == 2.0 and median([]) is None
 
 
-def test_conflicting_world_size_is_refused() -> None:
+def test_a_lone_hello_of_another_world_size_is_held_and_changes_nothing() -> None:
     reg = Registry(window_steps=10)
     reg.hello(hello(0), "n0", 1.0)
     with pytest.raises(RegistryError) as ei:
         reg.hello(hello(1, world=8), "n0", 1.0)
-    assert ei.value.reason == "world_size_conflict"
-    assert reg.jobs["j"].world_size == 4
+    assert ei.value.reason == "generation_pending"  # a claim for a new generation, without a quorum
+    assert reg.jobs["j"].world_size == 4 and reg.jobs["j"].generation == 0 and set(reg.jobs["j"].ranks) == {0}
 
 
 def test_rank_outside_world_is_refused_and_unknown_job_ignored() -> None:
@@ -59,7 +59,7 @@ def test_steps_restart_and_snapshot() -> None:
     assert job.median_step_time_s() == pytest.approx(0.1, abs=1e-6)
     assert job.started_unix_s == 13.0
     _, rank, restarted = reg.step(step(2, 1), 3.0)
-    assert restarted and len(rank.window) == 1
+    assert rank is not None and rank.window is not None and restarted and len(rank.window) == 1
     snap = reg.snapshot(4.0)
     j = snap["jobs"][0]
     assert j["ranks_seen"] == 4 and j["rank_drops"] == 0 + 1 + 2 + 3

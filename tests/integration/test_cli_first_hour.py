@@ -1,0 +1,270 @@
+"""The first hour with profwatch, through the real CLI against real daemons (issue 14, items 1, 3, 5, 6).
+
+Exit codes agree across commands; a missing coordinator is reported at once with the hint; ``status`` with no
+node names the likely cause; a node whose heartbeats go unanswered warns, and says so when answers resume;
+``alerts --follow`` says where it listens; ``alerts`` reads the state db offline, within its file permissions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+from click.testing import CliRunner
+
+from daemon.adapters.state import StateStore
+from daemon.cli import cli
+from daemon.commands.common import PING_TIMEOUT_S
+from daemon.core.alerts import make_cloudevent
+from tests.conftest import PYTHON, finish_process, python_env, wait_for
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config(root: Path, ports: dict[str, int], **node: object) -> Path:
+    cfg = root / "profwatch.toml"
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in node.items())
+    cfg.write_text(f"""
+[coordinator]
+ingest_bind = "tcp://127.0.0.1:{ports['ingest']}"
+control_bind = "tcp://127.0.0.1:{ports['control']}"
+pub_bind = "tcp://127.0.0.1:{ports['pub']}"
+state_db = "{root / 'state' / 'state.db'}"
+work_dir = "{root / 'work'}"
+[node]
+coordinator = "tcp://127.0.0.1:{ports['ingest']}"
+bind = "ipc://{root}/node.sock"
+heartbeat_interval_s = 0.5
+{extra}[logging]
+format = "json"
+""")
+    return cfg
+
+
+@pytest.fixture
+def ports() -> dict[str, int]:
+    return {k: _free_port() for k in ("ingest", "control", "pub")}
+
+
+def _daemon(kind: str, cfg: Path, log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen([PYTHON, "-m", "daemon.cli", kind, "--config", str(cfg)], env=python_env(),
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _log_events(log: Path) -> list[dict]:
+    """JSON log lines of a daemon ([] while none is complete: wait predicates stay total)."""
+    out = []
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def _answers(control: str) -> bool:
+    from daemon.adapters.control import ControlError, call
+
+    try:
+        return bool(call(control, "ping", timeout_s=1.0))
+    except ControlError:
+        return False
+
+
+# -- 6: exit codes agree, a missing coordinator fails fast with the hint -------------------------------------------
+@pytest.mark.parametrize("args", [["status"], ["alerts"], ["arm", "--job", "j1"], ["cancel", "--job", "j1"],
+                                  ["telemetry", "--job", "j1"], ["alerts", "--follow"]])
+def test_every_coordinator_command_reports_nothing_listening_at_once(tmp_path: Path, ports: dict[str, int],
+                                                                    args: list[str]) -> None:
+    cfg = _config(tmp_path, ports)
+    res = CliRunner().invoke(cli, [*args, "--config", str(cfg)])
+    assert res.exit_code == 3, res.output
+    # refused at once, not after a timeout: the message says why, and the hint says where the CLI looked
+    assert f"tcp://127.0.0.1:{ports['control']}" in res.output
+    assert "connection refused" in res.output or "no state db" in res.output, res.output
+    assert "control_bind" in res.output
+
+
+def test_a_silent_endpoint_is_reported_after_the_short_ping(tmp_path: Path, ports: dict[str, int]) -> None:
+    """Something accepts the connection but never answers: the command ends after the ping's bound."""
+    ctx = zmq.Context()
+    mute = ctx.socket(zmq.ROUTER)
+    mute.bind(f"tcp://127.0.0.1:{ports['control']}")
+    try:
+        res = CliRunner().invoke(cli, ["status", "--config", str(_config(tmp_path, ports))])
+    finally:
+        mute.close(0)
+        ctx.term()
+    assert res.exit_code == 3
+    assert f"no reply within {PING_TIMEOUT_S:g}s" in res.output, res.output
+
+
+def test_scan_and_analyze_agree_on_folders_without_a_batch(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for cmd in (["scan"], ["analyze", "--no-html", "--out", str(tmp_path / "work")]):
+        assert CliRunner().invoke(cli, [*cmd, str(empty)]).exit_code == 2, cmd
+        assert CliRunner().invoke(cli, [*cmd, str(tmp_path / "nope")]).exit_code == 2, cmd
+
+
+# -- 5: alerts read the state db offline ------------------------------------------------------------------------------
+def _stored(db: Path, close: bool = True) -> StateStore:
+    store = StateStore(db)
+    for i, (job, typ, alert) in enumerate([("j1", "io.profwatch.suspect_ranks.v1", True),
+                                           ("j1", "io.profwatch.anomaly.v1", False),
+                                           ("j2", "io.profwatch.batch_incomplete.v1", True)]):
+        data = {"status": "ok", "suspects": [{"rank": 3, "kind": "compute", "score": 0.9, "hostname": "h3"}]} \
+            if alert and job == "j1" else {"kind": "step_regression", "step": 40, "missing_ranks": [1]}
+        store.add_event(make_cloudevent(typ, job, data, source="//profwatch/test", now_unix_s=1.0e9 + i), alert)
+    if close:
+        store.close()
+    return store
+
+
+def test_alerts_after_the_coordinator_stopped_come_from_the_state_db(tmp_path: Path, ports: dict[str, int]) -> None:
+    cfg = _config(tmp_path, ports)
+    _stored(tmp_path / "state" / "state.db")
+    res = CliRunner().invoke(cli, ["alerts", "--config", str(cfg)])
+    assert res.exit_code == 0, res.output
+    assert "reading its state db" in res.stderr and "offline" in res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == 2 and "suspect_ranks.v1 job=j1" in lines[0] and "rank 3 (compute" in lines[0]
+    assert "batch_incomplete.v1 job=j2" in lines[1]
+    res = CliRunner().invoke(cli, ["alerts", "--config", str(cfg), "--job", "j1", "--all-events", "--json"])
+    assert [json.loads(x)["type"] for x in res.stdout.splitlines()] == ["io.profwatch.suspect_ranks.v1",
+                                                                        "io.profwatch.anomaly.v1"]
+    follow = CliRunner().invoke(cli, ["alerts", "--config", str(cfg), "--follow"])
+    assert follow.exit_code == 3 and "cannot --follow" in follow.stderr and len(follow.stdout.splitlines()) == 2
+
+
+def test_offline_alerts_of_a_killed_coordinator_include_its_wal(tmp_path: Path, ports: dict[str, int]) -> None:
+    """A coordinator killed outright leaves its newest events in the -wal file: they are read too."""
+    store = _stored(tmp_path / "state" / "state.db", close=False)
+    try:
+        assert Path(f"{tmp_path / 'state' / 'state.db'}-wal").stat().st_size > 0
+        res = CliRunner().invoke(cli, ["alerts", "--config", str(_config(tmp_path, ports))])
+    finally:
+        store.close()
+    assert res.exit_code == 0 and len(res.stdout.splitlines()) == 2, res.output
+
+
+def _alerts_without_override(cfg: Path) -> subprocess.CompletedProcess[str]:
+    """``profwatch alerts`` bound by file permissions. Under root the child drops CAP_DAC_OVERRIDE and
+    CAP_DAC_READ_SEARCH from its bounding set before exec (prctl PR_CAPBSET_DROP), so it is refused what its uid
+    is refused, like any other user."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def drop() -> None:
+        for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH (linux/capability.h)
+            if prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+                raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
+
+    return subprocess.run([PYTHON, "-m", "daemon.cli", "alerts", "--config", str(cfg)], env=python_env(),
+                          capture_output=True, text=True, timeout=120,
+                          preexec_fn=drop if os.geteuid() == 0 else None)
+
+
+def test_offline_alerts_honour_the_state_db_permissions(tmp_path: Path, ports: dict[str, int]) -> None:
+    """A db this user may not read: refused, naming who may. A readable db in a folder this user cannot write
+    (no -shm index can be created there): read, and nothing is created or written."""
+    cfg = _config(tmp_path, ports)
+    state = tmp_path / "state"
+    db = state / "state.db"
+    _stored(db)
+    other = 65534 if os.geteuid() == 0 else None  # under root: files owned by nobody, so the uid's bits are not ours
+    if other is not None:
+        os.chown(db, other, other)
+    db.chmod(0o600 if other is not None else 0o000)
+    try:
+        res = _alerts_without_override(cfg)
+        assert res.returncode == 3, res.stderr
+        assert "may not read the state db" in res.stderr and "mode 0o" in res.stderr and res.stdout == ""
+        db.chmod(0o644)
+        if other is not None:
+            os.chown(state, other, other)
+        state.chmod(0o555)
+        before = sorted(p.name for p in state.iterdir())
+        res = _alerts_without_override(cfg)
+        assert res.returncode == 0, res.stderr
+        assert len(res.stdout.splitlines()) == 2 and "offline" in res.stderr
+        assert sorted(p.name for p in state.iterdir()) == before  # nothing created or written
+    finally:
+        state.chmod(0o755)
+        db.chmod(0o644)
+
+
+# -- 1 and 3: real daemons ------------------------------------------------------------------------------------------
+def test_node_warns_when_unanswered_and_status_names_the_cause(tmp_path: Path, ports: dict[str, int]) -> None:
+    """The node dials an ingest port nothing listens on: it warns with the likely cause; a coordinator on that
+    port answers and the node says so; a coordinator that no node reaches says "no node connected"."""
+    cfg = _config(tmp_path, ports)
+    node_log, coord_log = tmp_path / "node.log", tmp_path / "coordinator.log"
+    node = _daemon("node", cfg, node_log)
+    coord = None
+    try:
+        warned = wait_for(lambda: [e for e in _log_events(node_log) if e.get("event") == "coordinator_unanswered"],
+                          60, 0.2, "coordinator_unanswered in the node's log")
+        assert warned[0]["link"] == "refused" and "nothing listens" in warned[0]["likely_cause"]
+        assert warned[0]["coordinator"] == f"tcp://127.0.0.1:{ports['ingest']}"
+        coord = _daemon("coordinator", cfg, coord_log)
+        wait_for(lambda: any(e.get("event") == "coordinator_answering" for e in _log_events(node_log)), 60, 0.2,
+                 "coordinator_answering in the node's log")
+        wait_for(lambda: _answers(f"tcp://127.0.0.1:{ports['control']}"), 30, 0.2, "coordinator control socket")
+        res = CliRunner().invoke(cli, ["status", "--config", str(cfg)])
+        assert res.exit_code == 0 and "no node connected" not in res.output and "nodes:" in res.output
+        finish_process(node, 20, terminate=True)
+        finish_process(coord, 20, terminate=True)
+        (tmp_path / "state" / "state.db").unlink()  # a fresh coordinator, on an ingest port no node dials
+        other = _config(tmp_path, {**ports, "ingest": _free_port()})
+        coord = _daemon("coordinator", other, tmp_path / "other.log")
+        wait_for(lambda: _answers(f"tcp://127.0.0.1:{ports['control']}"), 30, 0.2, "second coordinator")
+        res = CliRunner().invoke(cli, ["status", "--config", str(other)])
+        assert res.exit_code == 0, res.output
+        assert "nodes: no node connected" in res.output and "[node] coordinator" in res.output
+        assert "jobs: none" in res.output
+    finally:
+        for p in (node, coord):
+            if p is not None:
+                finish_process(p, 20, terminate=True)
+
+
+def test_alerts_follow_says_where_it_listens(tmp_path: Path, ports: dict[str, int]) -> None:
+    cfg = _config(tmp_path, ports)
+    coord = _daemon("coordinator", cfg, tmp_path / "coordinator.log")
+    follow = None
+    try:
+        wait_for(lambda: _answers(f"tcp://127.0.0.1:{ports['control']}"), 30, 0.2, "coordinator control socket")
+        follow = subprocess.Popen([PYTHON, "-m", "daemon.cli", "alerts", "--follow", "--job", "j7", "--config",
+                                   str(cfg)], env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        assert follow.stderr is not None
+        line = ""
+        deadline = time.monotonic() + 60
+        while "listening" not in line and time.monotonic() < deadline:
+            line = follow.stderr.readline()
+        assert line.strip() == (f"profwatch: listening on tcp://127.0.0.1:{ports['pub']} for alerts of job j7 "
+                                "(Ctrl-C stops)"), line
+        follow.send_signal(signal.SIGINT)
+        assert follow.wait(30) == 0
+    finally:
+        if follow is not None:
+            finish_process(follow, 10, terminate=True)
+        finish_process(coord, 20, terminate=True)

@@ -1,0 +1,105 @@
+"""The demo timeline: pipeline order, durations, slowdown time from status samples, event times."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.commands.demo_timeline import STAGES, Timeline, event_time
+
+
+def test_stages_render_in_pipeline_order_whatever_the_arrival_order() -> None:
+    tl = Timeline("ascend", "demo-ascend")
+    # arrival order as seen in the field: the verdict first, the batch before the last rank's completion event
+    tl.add("first_alert", 141.7, None, "rank 2 compute")
+    tl.add("analysis", 104.9, None, "36.8 s")
+    tl.add("batch_complete", 104.8, 76, "c-1")
+    tl.add("capture", 104.85, 77, "every rank wrote its rank dir")
+    tl.add("detection", 100.8, 47, "rank_outlier")
+    tl.add("arm", 101.6, 51, "config written")
+    tl.add("slowdown", 100.0, 40, "rank 2 x3")
+    rows = tl.ordered()
+    assert [r[0] for r in rows] == ["slowdown", "detection", "arm", "capture", "batch_complete", "analysis",
+                                    "first_alert"]
+    took = {r[0]: r[2] for r in rows}
+    assert took["slowdown"] is None
+    assert took["detection"] == pytest.approx(0.8) and took["first_alert"] == pytest.approx(36.8)
+    # the capture cannot have completed after the batch it belongs to was found complete
+    assert took["capture"] == pytest.approx(3.2) and took["batch_complete"] == pytest.approx(0.0)
+    text = tl.render()
+    assert text.index("detection") < text.index("batch_complete") < text.index("analysis") < text.index("first_alert")
+    assert "-0.0" not in text and " 36.8 " in text
+
+
+def test_an_estimated_slowdown_after_the_detection_is_shown_at_the_detection() -> None:
+    tl = Timeline("torch", "demo-torch")
+    tl.add("detection", 50.0, 47)
+    tl.add("slowdown", 50.3, 40)
+    rows = tl.ordered()
+    assert rows[0][:3] == ("slowdown", 50.0, None) and rows[1][2] == 0.0
+
+
+def test_time_of_step_interpolates_between_status_samples() -> None:
+    tl = Timeline("torch", "demo-torch")
+    tl.samples = [(10.0, 30), (11.0, 38), (12.0, 46)]
+    assert tl.time_of_step(42) == pytest.approx(11.5)
+    assert tl.time_of_step(30) == 10.0
+    assert tl.time_of_step(47) is None
+    assert tl.step_at(11.9) == 38 and tl.step_at(9.0) is None
+
+
+def test_first_mark_wins_and_unknown_stages_are_refused() -> None:
+    tl = Timeline("torch", "demo-torch")
+    assert tl.add("arm", 1.0) and not tl.add("arm", 2.0)
+    assert tl.t("arm") == 1.0
+    with pytest.raises(ValueError):
+        tl.add("alert", 1.0)
+    assert set(STAGES) >= {"first_alert", "enriched_update"}
+
+
+def test_event_time_reads_rfc3339_and_falls_back() -> None:
+    assert event_time({"time": "2026-12-01T01:13:05.250Z"}, 0.0) == pytest.approx(1796087585.25)
+    assert event_time({}, 7.0) == 7.0 and event_time({"time": "yesterday"}, 8.0) == 8.0
+
+
+def test_demo_without_torch_says_how_to_install_the_cpu_build(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import importlib.util
+
+    from click.testing import CliRunner
+
+    from daemon.commands.demo import TORCH_CPU_INSTALL, demo
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    res = CliRunner().invoke(demo, ["--workdir", str(tmp_path)])
+    assert res.exit_code == 2 and TORCH_CPU_INSTALL in res.stderr and "CUDA build" in res.stderr
+    assert not list(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_published_events_fold_into_the_stages() -> None:
+    from daemon.commands.demo import _expects_enrichment, on_event
+    from daemon.core.alerts import rfc3339
+
+    def ev(typ: str, t: float, **data: object) -> dict:
+        return {"type": f"io.profwatch.{typ}", "time": rfc3339(t), "data": data}
+
+    tl = Timeline("ascend", "demo-ascend")
+    seen: list[str] = []
+    events = [ev("anomaly.v1", 100.8, kind="rank_outlier", magnitude=6.03, step=46),
+              ev("arm_decision.v1", 101.0, action="suppress", reason="capture_in_flight"),
+              ev("arm.v1", 101.3, status="written", start_step=68, warmup=1, active=3),
+              ev("batch.v1", 104.7, batch={"batch_id": "c-1"}),
+              ev("capture.v1", 104.8, event="all_ranks_completed"),
+              ev("suspect_ranks.v1", 110.0, status="ok", analysis_duration_s=5.0, pending_recipes=["advisor"],
+                 suspects=[{"rank": 2, "kind": "compute", "score": 0.9}], recipes={"slow_rank": {"status": "ok", "duration_s": 3.25},
+                                                                         "kineto_breakdown": "ok"}),
+              ev("analysis_enriched.v1", 150.0, capture_id="c-1", status="ok", enrich_duration_s=39.5,
+                 suspects=[{"rank": 2, "kind": "compute", "score": 0.9}], recipes={"advisor": {"status": "ok"}})]
+    for e in events:
+        on_event(tl, e, 0.0, lambda stage, t, detail: seen.append(stage))
+    assert seen == ["detection", "arm", "batch_complete", "capture", "analysis", "first_alert", "enriched_update"]
+    assert tl.suppressed == {"suppress (capture_in_flight)": 1}
+    rows = {r[0]: r for r in tl.ordered()}
+    assert rows["analysis"][1] == pytest.approx(105.0) and rows["first_alert"][2] == pytest.approx(5.0)
+    assert rows["enriched_update"][2] == pytest.approx(40.0) and rows["detection"][3] == 46
+    assert _expects_enrichment(tl) and tl.enriched is not None and "rank 2 compute" in rows["first_alert"][4]
+    assert "recipes: slow_rank=ok (3.2s), kineto_breakdown=ok" in rows["analysis"][4]  # durations where reported

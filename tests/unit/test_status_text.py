@@ -1,0 +1,83 @@
+"""``profwatch status`` text: every rank has a state, figures name their window, no node names the cause."""
+
+from __future__ import annotations
+
+from daemon.core.status_text import SILENT_MIN_S, rank_state, render_capture, render_nodes, render_status
+
+
+def _rank(rank: int, **kw: object) -> dict[str, object]:
+    base: dict[str, object] = {"rank": rank, "hostname": "h1", "last_step": 120, "step_time_s": 0.41,
+                               "median_step_time_s": 0.4, "age_s": 0.3, "capturing": False, "left": False}
+    base.update(kw)
+    return base
+
+
+def _snap(**kw: object) -> dict[str, object]:
+    job = {"job_id": "j1", "world_size": 2, "ranks_seen": 2, "backend": "torch", "furthest_step": 120,
+           "median_step_time_s": 0.4, "median_steps": 20, "rank_drops": 0, "ranks": [_rank(0), _rank(1)]}
+    snap: dict[str, object] = {"jobs": [job], "nodes": [{"node_id": "n1", "age_s": 0.5, "lost_batches": 0,
+                                                         "down": False, "counters": {"received": 9}}],
+                               "captures": [], "counters": {"received": 9, "rejected": 0, "lost_batches": 0},
+                               "ingest_bind": "tcp://10.0.0.5:17711"}
+    snap.update(kw)
+    return snap
+
+
+def test_every_live_rank_has_a_state() -> None:
+    assert rank_state(_rank(0), 0.4) == "running"
+    assert rank_state(_rank(0, capturing=True), 0.4) == "capturing"
+    assert rank_state(_rank(0, left=True, capturing=True), 0.4) == "left"
+    assert rank_state(_rank(0, last_step=-1, step_time_s=0.0, median_step_time_s=None), None) == "no step yet"
+    assert rank_state(_rank(0, age_s=SILENT_MIN_S + 5), 0.4) == "silent 15s"
+    # a slow job (60 s steps) is not silent between two steps, but is after five of them
+    assert rank_state(_rank(0, age_s=100.0), 60.0) == "running"
+    assert rank_state(_rank(0, age_s=301.0), 60.0) == "silent 301s"
+
+
+def test_the_table_names_the_window_of_each_figure() -> None:
+    text = "\n".join(render_status(_snap()))
+    assert "median over ranks of each rank's median of its last 20 steps" in text
+    assert "last_step_s" in text and "median20_s" in text
+    row = next(line for line in text.splitlines() if line.strip().startswith("0 "))
+    assert row.split()[-1] == "running" and "0.4100" in row and "0.4000" in row
+
+
+def test_no_node_connected_names_the_likely_cause() -> None:
+    lines = render_nodes([], "tcp://10.0.0.5:17711")
+    assert lines[0] == "nodes: no node connected"
+    assert "[node] coordinator" in lines[1] and "tcp://10.0.0.5:17711" in lines[1]
+    text = "\n".join(render_status(_snap(jobs=[], nodes=[])))
+    assert "jobs: none" in text and "no node connected" in text
+
+
+def test_every_node_down_says_so() -> None:
+    lines = render_nodes([{"node_id": "n1", "age_s": 42.0, "lost_batches": 0, "down": True}], None)
+    assert " DOWN " in lines[1] and "every node is down" in lines[-1] and "tcp://127.0.0.1:7711" in lines[-1]
+
+
+def test_an_analysing_capture_says_what_runs_and_for_how_long() -> None:
+    cap = {"capture_id": "c-1", "state": "analysing", "in_state_s": 42.4, "deadline_in_s": 258.0, "start_step": 70,
+           "warmup": 1, "active": 4, "acknowledged_ranks": 4, "expected_ranks": 4, "reason": "step_regression",
+           "running": ["slow_rank (12 s)"]}
+    lines = render_capture(cap)
+    assert "analysing for 42s, deadline in 258s" in lines[0] and "warmup=1 active=4" in lines[0]
+    assert lines[1] == "    running now: slow_rank (12 s)"
+    assert "staging, ranking" in render_capture({**cap, "running": []})[1]
+
+
+def test_alert_lines_name_the_suspects_of_the_verdict_and_of_its_follow_up() -> None:
+    from daemon.commands.alerts import render_event
+
+    sus = [{"rank": 2, "kind": "compute", "score": 0.91, "hostname": "h2"}]
+    first = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",
+                          "data": {"status": "ok", "suspects": sus, "pending_recipes": ["advisor"],
+                                   "report": "/w/report.json"}})
+    assert first == ("T suspect_ranks.v1 job=j1 ok: suspects rank 2 (compute, score 0.91, h2) "
+                     "(follow-up pending: advisor) report=/w/report.json")
+    later = render_event({"type": "io.profwatch.analysis_enriched.v1", "time": "T", "subject": "j1",
+                          "data": {"capture_id": "c-1", "status": "ok", "suspects": sus, "report": "/w/report.html"}})
+    assert later.startswith("T analysis_enriched.v1 job=j1 capture c-1 follow-up: ok: suspects rank 2")
+    assert later.endswith("report=/w/report.html")
+    none = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",
+                         "data": {"status": "no_suspect", "suspects": [], "detail": "balanced"}})
+    assert none.endswith("no_suspect: no suspect (balanced)")
