@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 
@@ -130,7 +130,10 @@ def call(endpoint: str, cmd: str, args: dict[str, Any] | None = None, timeout_s:
     mon = HandshakeMonitor(sock)
     try:
         sock.connect(endpoint)
-        sock.send(json.dumps({"cmd": cmd, "args": args or {}}).encode())
+        try:
+            sock.send(json.dumps({"cmd": cmd, "args": args or {}}).encode())
+        except zmq.Again:  # no pipe within SNDTIMEO: a refused handshake tore it down before the send
+            _classify_silence(mon, endpoint, timeout_s, curve is not None)
         reply = _await_reply(sock, mon, endpoint, timeout_s, curve is not None)
     finally:
         mon.close()
@@ -159,7 +162,17 @@ def _await_reply(sock: zmq.Socket, mon: HandshakeMonitor, endpoint: str, timeout
                 raise ControlUnavailable(endpoint, timeout_s, refused=True)
         if sock in events:
             return json.loads(sock.recv())
-    mon.poll()
+    _classify_silence(mon, endpoint, timeout_s, curve)
+
+
+def _classify_silence(mon: HandshakeMonitor, endpoint: str, timeout_s: float, curve: bool) -> NoReturn:
+    """Raise what the socket monitor saw when no reply (or no send) came within ``timeout_s``: a refused
+    handshake, nothing listening, a CURVE handshake that never completed, or a silent endpoint."""
+    for _name, _value, failure in mon.poll():
+        if failure is not None:
+            raise ControlAuthFailed(endpoint, failure[1])
+    if mon.retried and not mon.connected:
+        raise ControlUnavailable(endpoint, timeout_s, refused=True)
     if curve and mon.connected and not mon.succeeded:
         raise ControlAuthFailed(endpoint, f"connected, but no CURVE handshake completed within {timeout_s:g}s")
     raise ControlUnavailable(endpoint, timeout_s)

@@ -127,16 +127,18 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
             _echo(row["event"], as_json)
         if sub is None:
             return
+        stop = _stop_on_signals()  # before saying "listening": a Ctrl-C right after that line stops cleanly
         what = "events" if all_events else "alerts"
         click.echo(f"profwatch: listening on {s.coordinator.pub_bind} for {what} of "
                    f"{f'job {job_id}' if job_id else 'every job'} (Ctrl-C stops)", err=True)
-        _follow(sub, seen, as_json)
+        _follow(sub, seen, as_json, stop)
     finally:
         if sub is not None:
             sub.close()
 
 
-def _follow(sub: Any, seen: set[str], as_json: bool) -> None:
+def _stop_on_signals() -> dict[str, bool]:
+    """SIGTERM and SIGINT set ``["flag"]`` instead of raising, so ``--follow`` ends with exit 0."""
     import signal
 
     stop = {"flag": False}
@@ -146,6 +148,10 @@ def _follow(sub: Any, seen: set[str], as_json: bool) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    return stop
+
+
+def _follow(sub: Any, seen: set[str], as_json: bool, stop: dict[str, bool]) -> None:
     while not stop["flag"]:
         ev = sub.recv(500)
         if ev is not None and str(ev.get("id")) not in seen:

@@ -92,7 +92,7 @@ def test_a_tool_under_its_cap_runs_to_its_end_and_reports_its_peak(tmp_path: Pat
 def test_enrich_runs_have_their_own_slot_and_a_lower_priority(tmp_path: Path) -> None:
     """With one alert slot, an advisor running already does not delay a verdict's recipe; and it runs niced."""
     tool = tmp_path / "nice-tool"
-    tool.write_text("#!/bin/sh\nps -o ni= -p $$ > nice.txt\nexec sleep 30\n")
+    tool.write_text("#!/bin/sh\nps -o ni= -p $$ > nice.tmp && mv nice.tmp nice.txt\nexec sleep 30\n")
     tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
     settings = MsprofSettings(command=str(tool), max_concurrent_runs=1, enrich_nice=7, timeout_s=60, retries=0)
     runs: dict[str, Any] = {}
@@ -106,6 +106,8 @@ def test_enrich_runs_have_their_own_slot_and_a_lower_priority(tmp_path: Path) ->
         threads[1].start()
         both = wait_for(lambda: r if len(r := runner.running()) == 2 else [], 20, what="both to run at once")
         assert {r.name: r.phase for r in both} == {"advisor": "enrich", "cluster_time_summary": "alert"}
+        # each tool wrote its niceness (renamed into place when whole) before the cancel ends it
+        wait_for(lambda: len(list(tmp_path.rglob("nice.txt"))) == 2, 30, what="both tools to record their nice value")
         runner.cancel("b1")
         for t in threads:
             t.join(30)
