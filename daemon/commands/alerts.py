@@ -122,9 +122,12 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
                            curve=client_keys_or_exit(s, s.coordinator.pub_bind))
     seen: set[str] = set()
     try:
-        for row in coord.call("events", args):
+        rows = coord.call("events", args)
+        for row in rows:
             seen.add(str(row["event"]["id"]))
             _echo(row["event"], as_json)
+        if not rows:
+            _say_why_empty(coord, job_id, all_events)
         if sub is None:
             return
         stop = _stop_on_signals()  # before saying "listening": a Ctrl-C right after that line stops cleanly
@@ -135,6 +138,18 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
     finally:
         if sub is not None:
             sub.close()
+
+
+def _say_why_empty(coord: CoordinatorClient, job_id: str | None, all_events: bool) -> None:
+    """No stored alert: say so on stderr, and whether ``--job`` names a job the coordinator knows (a typo looks
+    like a quiet job otherwise). The exit code stays 0: an empty history is an answer."""
+    what = "event" if all_events else "alert"
+    if job_id is None:
+        click.echo(f"profwatch: no {what} stored yet", err=True)
+        return
+    known = any(j.get("job_id") == job_id for j in coord.call("status", {"job_id": job_id}).get("jobs", []))
+    click.echo(f"profwatch: no {what} stored for job {job_id!r}" + (
+        "" if known else " (the coordinator knows no such job now: check the id with `profwatch status`)"), err=True)
 
 
 def _stop_on_signals() -> dict[str, bool]:

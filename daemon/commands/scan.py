@@ -52,9 +52,7 @@ def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: 
     """
     settings = WatchSettings() if quiet_period_s is None else WatchSettings(quiet_period_s=quiet_period_s)
     root = os.path.abspath(directory)
-    if parse_rank_dir_name(os.path.basename(root)) is not None:
-        click.echo(f"note: {root} is one rank dir; pass its parent ({os.path.dirname(root)}) to check the whole "
-                   "batch", err=True)
+    one_rank_dir = parse_rank_dir_name(os.path.basename(root)) is not None
     try:
         batches = scan_tree(directory, world_size=world_size, now=time.time(), settings=settings)
     except TreeUnavailable as exc:
@@ -66,9 +64,12 @@ def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: 
     elif batches:
         click.echo(render_table(batches))
     else:
-        click.echo(display_str(f"no rank dirs found under {directory}" + (f"; {other}" if other else "")))
+        click.echo(display_str(f"no rank dirs found under {directory}" + (f"; {other}" if other else "")), err=True)
     if other and (batches or as_json):
         click.echo(display_str(f"note: {other}"), err=True)
+    if one_rank_dir:  # last, so it is what the user reads: the other ranks were not looked for
+        click.echo(display_str(f"note: {root} is one rank dir, so its peers count as missing above; pass its parent "
+                               f"({os.path.dirname(root)}) to check the whole batch"), err=True)
     if not batches:
         raise SystemExit(EXIT_USAGE)
     raise SystemExit(EXIT_OK if all(b.status == "complete" for b in batches) else EXIT_NOT_OK)
