@@ -248,8 +248,9 @@ def grade_of(score: float, evidence: Mapping[str, Any]) -> Grade:
 
 
 def impact_text(imp: Impact) -> str:
-    """``"0.024 s/step (27% of step time), about 52 accelerator-hours per day"``."""
-    return (f"{imp.saving_s_per_step:.3g} s/step ({imp.saving_pct_of_step:.0f}% of step time), about "
+    """``"24.1 ms/step (27% of step time), about 52 accelerator-hours per day"`` (the unit ``profwatch analyze``
+    and the alerts use)."""
+    return (f"{1e3 * imp.saving_s_per_step:.1f} ms/step ({imp.saving_pct_of_step:.0f}% of step time), about "
             f"{imp.accelerator_hours_per_day:,.0f} accelerator-hours per day")
 
 

@@ -152,8 +152,8 @@ def test_impact_links_and_steps_rendered_when_present(tmp_path: Path) -> None:
                      {"ranks": "bad"}]
     data["armed_steps"], data["captured_steps"] = [62, 63, 64], [62, 63, 64]
     page = render_html(data, rows)
-    assert "Fixing this rank alone saves 0.0241 s/step (27% of step time), about 52 accelerator-hours per day" in page
-    assert "All suspects fixed: saves <b>0.0241 s/step (27% of step time), about 60 accelerator-hours" in page
+    assert "Fixing this rank alone saves 24.1 ms/step (27% of step time), about 52 accelerator-hours per day" in page
+    assert "All suspects fixed: saves <b>24.1 ms/step (27% of step time), about 60 accelerator-hours" in page
     assert 'data-ranks="2-6"' in page and "tp&lt;0&gt;" in page and ">25%<" in page and page.count("pw-link") == 1
     assert "armed steps <b>62-64</b>" in page and "steps <b>62-64</b>" in page
     data["captured_steps"] = [3, 4]

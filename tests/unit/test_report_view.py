@@ -85,7 +85,7 @@ def test_grades_and_headlines() -> None:
     view = build_view(data, ev.summaries)
     h = view.headline
     assert (h.state, h.badge, h.rank, h.subject) == ("found", "slow rank found", 5, "rank 5 on n0 (compute)")
-    assert h.sentence == "why. Fixing this rank alone saves 0.02 s/step (25% of step time), about 48 " \
+    assert h.sentence == "why. Fixing this rank alone saves 20.0 ms/step (25% of step time), about 48 " \
                          "accelerator-hours per day"
     assert [s.grade for s in view.suspects] == ["strong", "weak"] and view.suspects[1].hostname is None
     assert view.suspects[0].row is not None and view.suspects[0].row.own_delta_ms > 10
