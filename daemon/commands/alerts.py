@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,10 @@ def _offline(s: Any, coord: CoordinatorClient, args: dict[str, Any], follow: boo
         sys.exit(EXIT_UNAVAILABLE)
 
 
+FOLLOW_CHECK_S = 15.0
+"""``--follow`` pings the coordinator after this long without an event, so a stopped coordinator is noticed."""
+
+
 @click.command("alerts")
 @config_option
 @click.option("--job", "job_id", help="only this job")
@@ -98,8 +103,10 @@ def _offline(s: Any, coord: CoordinatorClient, args: dict[str, Any], follow: boo
 @click.option("--limit", type=click.IntRange(1, 10_000), default=20, show_default=True,
               help="recent alerts fetched first")
 @click.option("--json", "as_json", is_flag=True, help="one CloudEvent JSON per line")
+@click.option("--check-s", type=click.FloatRange(min=0.5), default=FOLLOW_CHECK_S, show_default=True,
+              help="with --follow: ping the coordinator after this many seconds without an event")
 def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_events: bool, limit: int,
-           as_json: bool) -> None:
+           as_json: bool, check_s: float) -> None:
     """Print recent alerts, then (with --follow) new ones as they are published.
 
     When the coordinator does not answer, the stored alerts are read from its state db (read-only, if this user
@@ -134,7 +141,7 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
         what = "events" if all_events else "alerts"
         click.echo(f"profwatch: listening on {s.coordinator.pub_bind} for {what} of "
                    f"{f'job {job_id}' if job_id else 'every job'} (Ctrl-C stops)", err=True)
-        _follow(sub, seen, as_json, stop)
+        _follow(sub, seen, as_json, stop, coord, args, check_s)
     finally:
         if sub is not None:
             sub.close()
@@ -166,10 +173,33 @@ def _stop_on_signals() -> dict[str, bool]:
     return stop
 
 
-def _follow(sub: Any, seen: set[str], as_json: bool, stop: dict[str, bool]) -> None:
+def _follow(sub: Any, seen: set[str], as_json: bool, stop: dict[str, bool], coord: CoordinatorClient,
+            args: dict[str, Any], check_s: float = 15.0) -> None:
+    """Print new events until SIGINT/SIGTERM. After ``check_s`` of quiet, ping the coordinator: say once on
+    stderr when it stops answering (PUB is silent then, like a quiet job) and when it answers again; then fetch
+    the stored alerts again, so nothing published around its restart is missed (ids already shown are skipped)."""
+    quiet_since = time.monotonic()
+    down = False
     while not stop["flag"]:
         ev = sub.recv(500)
-        if ev is not None and str(ev.get("id")) not in seen:
-            seen.add(str(ev.get("id")))
-            _echo(ev, as_json)
-            sys.stdout.flush()
+        if ev is not None:
+            quiet_since = time.monotonic()
+            if str(ev.get("id")) not in seen:
+                seen.add(str(ev.get("id")))
+                _echo(ev, as_json)
+                sys.stdout.flush()
+            continue
+        if time.monotonic() - quiet_since < check_s:
+            continue
+        quiet_since = time.monotonic()
+        up = coord.reachable()
+        if up == down:  # changed
+            down = not up
+            click.echo(f"profwatch: the coordinator at {coord.endpoint} "
+                       + ("answers again" if up else "stopped answering; still listening (Ctrl-C stops)"), err=True)
+            if up:
+                for row in coord.call("events", args):
+                    if str(row["event"]["id"]) not in seen:
+                        seen.add(str(row["event"]["id"]))
+                        _echo(row["event"], as_json)
+                sys.stdout.flush()

@@ -268,3 +268,50 @@ def test_alerts_follow_says_where_it_listens(tmp_path: Path, ports: dict[str, in
         if follow is not None:
             finish_process(follow, 10, terminate=True)
         finish_process(coord, 20, terminate=True)
+
+
+def test_alerts_follow_notices_the_coordinator_stopping_and_coming_back(tmp_path: Path, ports: dict[str, int]) -> None:
+    """Fresh-user finding: with the coordinator stopped, ``alerts --follow`` stayed silent (a quiet job and a dead
+    coordinator looked alike). After ``--check-s`` of quiet it pings and says so, once each way."""
+    import queue
+    import threading
+
+    cfg = _config(tmp_path, ports)
+    coord = _daemon("coordinator", cfg, tmp_path / "coordinator.log")
+    follow = coord2 = None
+    lines: queue.Queue[str] = queue.Queue()
+
+    def until(text: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                line = lines.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if text in line:
+                return line
+        raise AssertionError(f"no stderr line with {text!r} within {timeout_s} s")
+
+    try:
+        wait_for(lambda: _answers(f"tcp://127.0.0.1:{ports['control']}"), 30, 0.2, "coordinator control socket")
+        follow = subprocess.Popen([PYTHON, "-m", "daemon.cli", "alerts", "--follow", "--check-s", "1", "--config",
+                                   str(cfg)], env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        stream = follow.stderr
+        assert stream is not None
+        threading.Thread(target=lambda: [lines.put(x) for x in stream], daemon=True).start()
+        until("listening on", 60)
+        finish_process(coord, 20, terminate=True)
+        line = until("stopped answering", 60)
+        assert f"tcp://127.0.0.1:{ports['control']}" in line and "still listening" in line, line
+        coord2 = _daemon("coordinator", cfg, tmp_path / "coordinator2.log")
+        until("answers again", 90)
+        assert follow.poll() is None  # it kept following throughout
+        follow.send_signal(signal.SIGINT)
+        assert follow.wait(30) == 0
+    finally:
+        if follow is not None:
+            finish_process(follow, 10, terminate=True)
+        for p in (coord, coord2):
+            if p is not None:
+                finish_process(p, 20, terminate=True)
