@@ -78,7 +78,7 @@ class MsprofSettings(BaseModel):
     """Run ``-m communication_matrix_sum`` (per-pair link bandwidth, for slow-link verdicts; a few seconds)."""
     retries: int = Field(default=1, ge=0, le=5)
     language: str = Field(default="en", pattern="^(en|cn)$")
-    memory_limit_bytes: int | None = Field(default=None, ge=64 * 2**20)
+    memory_limit_bytes: int | None = Field(default=None, ge=64 * 2**20, le=2**50)
     memory_limit: Literal["auto", "watchdog", "scope", "off"] = "auto"
     memory_poll_interval_s: float = Field(default=0.5, gt=0, le=10)
     enrich_nice: int = Field(default=10, ge=0, le=19)

@@ -49,13 +49,13 @@ class TargetingSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     enabled: bool = True
-    min_world_size: int = Field(64, ge=1)
+    min_world_size: int = Field(64, ge=1, le=1 << 20)
     reference_ranks: int = Field(16, ge=4, le=4096)
     node_peers: int = Field(2, ge=0, le=64)
     group_peers: int = Field(2, ge=0, le=64)
     max_suspects: int = Field(8, ge=1, le=256)
-    sample_ranks: int = Field(64, ge=4)
-    bytes_per_rank_step: int = Field(16 * 2**20, ge=0)
+    sample_ranks: int = Field(64, ge=4, le=1 << 20)
+    bytes_per_rank_step: int = Field(16 * 2**20, ge=0, le=2**40)
 
 
 @dataclass(frozen=True, slots=True)
