@@ -50,6 +50,8 @@ from daemon.logsetup import OncePerKind
 from rankhook import wire
 
 log = structlog.get_logger("profwatch.coordinator")
+INGEST_PASS_S = 0.2
+"""Longest one pass over the ingest socket runs before control requests and timers get their turn (seconds)."""
 
 ALERT_TYPES = {
     "io.profwatch.suspect_ranks.v1",
@@ -312,8 +314,12 @@ class Coordinator(ControlCommands):
                         note="logged once a minute per peer and reason; see profwatch_rejected_total")
 
     def _drain_ingest(self) -> None:
-        # at most 100 batches (~100k reports) per pass, so control requests and SIGTERM are never starved
+        # at most 100 batches (~100k reports) and INGEST_PASS_S per pass, so control requests (the CLI's 3 s ping)
+        # and SIGTERM are never starved, however costly each batch is (e.g. 1000 hellos)
+        until = time.monotonic() + INGEST_PASS_S
         for _ in range(100):
+            if time.monotonic() > until:
+                return
             try:
                 frames = self.ingest.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:

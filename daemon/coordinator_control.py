@@ -105,18 +105,26 @@ class ControlCommands:
                           "state_bound_mib": self._state_bound_mib}
         return snap
 
+    @staticmethod
+    def _flag_arg(name: str, value: Any) -> bool:
+        """A JSON boolean, nothing else: the string "false" is truthy in Python and must not read as true."""
+        if not isinstance(value, bool):
+            raise control.ControlError("bad_request", f"{name} must be true or false, got {type(value).__name__}")
+        return value
+
     def _cmd_events(self, job_id: str | None = None, since_seq: int = 0, limit: int = 100,
                     alerts_only: bool = True) -> list[dict[str, Any]]:
         job_id = self._job_arg(job_id)
+        alerts_only = self._flag_arg("alerts_only", alerts_only)
         since, lim = int(since_seq), int(limit)
         if not (0 <= since < 2**62 and 1 <= lim <= 10_000):
             raise control.ControlError("bad_request", "since_seq must be in [0, 2**62) and limit in [1, 10000]")
         rows: list[dict[str, Any]] = [{"seq": s, "event": e} for s, e in
-                                      self.state.events(job_id=job_id, alerts_only=bool(alerts_only), since_seq=since,
+                                      self.state.events(job_id=job_id, alerts_only=alerts_only, since_seq=since,
                                                         limit=lim)]
         if since == 0:  # published while the store failed, not stored yet (seq 0: no place in the store's order)
             rows += [{"seq": 0, "event": e, "stored": False}
-                     for e in self.state.pending_events(job_id=job_id, alerts_only=bool(alerts_only))[-lim:]]
+                     for e in self.state.pending_events(job_id=job_id, alerts_only=alerts_only)[-lim:]]
         return rows
 
     def _cmd_arm(self, job_id: Any = None, reason: Any = None, warmup: Any = None, active: Any = None,
@@ -130,7 +138,7 @@ class ControlCommands:
                                  in_steps=in_steps)
         except ValueError as exc:  # pydantic: wrong types
             raise control.ControlError("bad_request", str(exc)) from None
-        return self.captures.arm(job_id, req, time.time(), dry_run=bool(dry_run))
+        return self.captures.arm(job_id, req, time.time(), dry_run=self._flag_arg("dry_run", dry_run))
 
     def _cmd_cancel(self, job_id: Any = None, capture_id: Any = None) -> list[dict[str, Any]]:
         if not isinstance(job_id, str) or not (capture_id is None or isinstance(capture_id, str)):

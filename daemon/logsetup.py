@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 import structlog
 
@@ -30,14 +31,31 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
 
 
 class OncePerKind:
-    """Log one line per ``kind`` (e.g. per rejection reason); later ones are only counted."""
+    """Log one line per ``kind`` (e.g. per rejection reason); later ones are only counted.
 
-    def __init__(self) -> None:
+    Bounded: at most ``max_kinds`` kinds are remembered (kinds may carry peer-chosen values, e.g. a claimed
+    world size). Once full, a new kind gets a line at most once per ``overflow_interval_s`` (monotonic clock),
+    so a peer cycling through values cannot grow memory or the log without bound.
+    """
+
+    def __init__(self, max_kinds: int = 4096, overflow_interval_s: float = 60.0) -> None:
         self._seen: set[str] = set()
+        self.max_kinds = max_kinds
+        self.overflow_interval_s = overflow_interval_s
+        self._next_overflow_line = 0.0
+        self.suppressed = 0  # new kinds not logged because the set was full
 
     def first(self, kind: str) -> bool:
-        """True the first time ``kind`` is seen."""
+        """True the first time ``kind`` is seen (while fewer than ``max_kinds`` are remembered), else at most once
+        per ``overflow_interval_s`` for kinds beyond the bound."""
         if kind in self._seen:
             return False
-        self._seen.add(kind)
-        return True
+        if len(self._seen) < self.max_kinds:
+            self._seen.add(kind)
+            return True
+        now = time.monotonic()
+        if now >= self._next_overflow_line:
+            self._next_overflow_line = now + self.overflow_interval_s
+            return True
+        self.suppressed += 1
+        return False

@@ -50,9 +50,10 @@ RANK_MAXMSGSIZE = 2 * wire.MAX_MESSAGE_BYTES
 
 
 @lru_cache(maxsize=4096)
-def _uid_of(peer: str | None) -> int | None:
+def _creds_of(peer: str | None) -> tuple[int | None, int | None]:
+    """``(uid, pid)`` of an ipc peer from ZeroMQ's ``Peer-Address`` (``(None, None)`` when not given)."""
     creds = parse_peer_address(peer)
-    return creds[0] if creds is not None else None
+    return (creds[0], creds[2]) if creds is not None else (None, None)
 
 
 class NodeDaemon:
@@ -259,11 +260,11 @@ class NodeDaemon:
                 return
             self.counters["received"] += 1
             payload = frames[-1].bytes
-            uid = _uid_of(peer_address(frames[-1])) if self._ipc else None
+            uid, pid = _creds_of(peer_address(frames[-1])) if self._ipc else (None, None)
             try:
                 if len(frames) != 2:
                     raise MessageRejected("bad_framing", f"{len(frames)} frames")
-                msg, data = self.intake.accept(payload, uid, time.monotonic())
+                msg, data = self.intake.accept(payload, uid, time.monotonic(), pid)
             except MessageRejected as exc:
                 if exc.reason == "oversize":
                     self.counters["oversize"] += 1

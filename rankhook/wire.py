@@ -49,8 +49,9 @@ class RankHello:
     ``backend`` is the capture backend in use (``none`` when the requested one failed to open);
     ``backend_error`` says which was requested and why it is not in use (empty otherwise; added without a
     schema bump: older receivers ignore it, older senders omit it).
-    ``peer_uid`` is set by the node daemon from the ipc connection's peer credentials (``SO_PEERCRED``); a value
-    sent by the rank itself is overwritten (or cleared where the transport gives no credentials).
+    ``peer_uid`` and ``peer_pid`` are set by the node daemon from the ipc connection's peer credentials
+    (``SO_PEERCRED``); values sent by the rank itself are overwritten (or cleared where the transport gives no
+    credentials). ``peer_pid`` was added without a schema bump (older receivers ignore it).
     ``restart_count`` is torchrun's ``TORCHELASTIC_RESTART_COUNT`` (``None`` outside torchrun elastic): it grows by
     one each time the elastic agent restarts the job's workers, possibly with another ``world_size``; the
     coordinator opens a new generation of the job from it (``docs/generations.md``). Added without a schema bump:
@@ -72,6 +73,7 @@ class RankHello:
     backend_error: str = ""
     peer_uid: int | None = None
     restart_count: int | None = None
+    peer_pid: int | None = None
     kind: Literal["hello"] = "hello"
     v: int = SCHEMA_VERSION
 

@@ -27,7 +27,8 @@ def status(config_path: Path | None, job_id: str | None, as_json: bool) -> None:
     s = load_or_exit(config_path)
     snap = CoordinatorClient(s).call("status", {"job_id": job_id} if job_id else {})
     if job_id and not snap["jobs"]:
-        click.echo(f"profwatch: the coordinator knows no job {job_id!r} (no rank of it has said hello)", err=True)
+        click.echo(f"profwatch: the coordinator knows no job {job_id!r} (no rank of it has said hello, "
+                   "or its hellos were refused: see the coordinator's log and profwatch_rejected_total)", err=True)
         sys.exit(EXIT_NOT_OK)
     if as_json:
         click.echo(json.dumps(snap, indent=2))

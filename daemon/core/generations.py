@@ -23,6 +23,9 @@ on the new shape and arrive through nodes the job runs on; paths stay pinned acr
   ``64 + 2 x ranks known`` held hellos per job (pruned copies: no versions, counters or paths).
 
 A lone hello, or any number of hellos through nodes the job does not run on, therefore never opens a generation.
+Nor do hellos for several ranks from one process: where the node attests the sending process (``peer_pid`` from
+the ipc connection's credentials), one process counts for one rank only (a torchrun worker group runs one process
+per rank).
 What a node may claim is bounded by its identity (CURVE key) and, on the node, by the uid pin of the job
 (``docs/security.md``): only processes of the job's own user on the job's own nodes can claim.
 """
@@ -80,12 +83,14 @@ def classify(current: Shape, claimed: Shape) -> Change:
 @dataclass(slots=True)
 class Claim:
     """Hellos of one shape waiting for a quorum: ``hellos[rank] = (node_id, pruned hello)``; ``counted`` holds the
-    ranks whose hello came through a node the job runs on."""
+    ranks whose hello came through a node the job runs on, one rank per sending process (``voters[(node_id,
+    peer_pid)] = rank`` where the node attested the process)."""
 
     shape: Shape
     first_unix_s: float
     hellos: dict[int, tuple[str, wire.RankHello]] = field(default_factory=dict)
     counted: set[int] = field(default_factory=set)
+    voters: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +174,11 @@ class GenerationClaims:
             return None
         claim.hellos[msg.rank] = (node_id, pruned(msg))
         if counts:
-            claim.counted.add(msg.rank)
+            voter = (node_id, msg.peer_pid) if msg.peer_pid is not None else None
+            if voter is None:
+                claim.counted.add(msg.rank)
+            elif claim.voters.setdefault(voter, msg.rank) == msg.rank:  # one process speaks for one rank
+                claim.counted.add(msg.rank)
         return claim
 
     def note_restart(self, rank: int, now: float) -> int:

@@ -334,6 +334,11 @@ def match_capture(captures: Sequence[Capture], ev: wire.CaptureEvent) -> Capture
     return None
 
 
+MAX_RANK_CAPTURE_BYTES = 1 << 40
+"""Most bytes one rank's capture may claim (1 TiB: far above one rank's few-step capture; a peer saying more is
+capped, so a job's byte total stays below 2**60 at the largest world size, 2**20 ranks)."""
+
+
 def rank_event(cap: Capture, ev: wire.CaptureEvent, now: float, settings: LifecycleSettings) -> Transition:
     """Record one rank's capture event; move written -> acknowledged once every covered rank acknowledged (see
     :attr:`RankProgress.acknowledged`), acknowledged -> collecting when a window started or finished anywhere.
@@ -351,8 +356,11 @@ def rank_event(cap: Capture, ev: wire.CaptureEvent, now: float, settings: Lifecy
     elif ev.event == "started":
         r = replace(r, started_unix_s=r.started_unix_s or ts)
     elif ev.event == "completed":
+        # a rank's bytes are the largest it reported, capped per rank: repeated or inflated claims cannot push the
+        # job's byte history (which gates automatic arms) past MAX_RANK_CAPTURE_BYTES per rank
+        said = min(max(ev.total_bytes or 0, 0), MAX_RANK_CAPTURE_BYTES)
         r = replace(r, completed_unix_s=r.completed_unix_s or ts, rank_dir=ev.rank_dir or r.rank_dir,
-                    steps=tuple(ev.steps) or r.steps, total_bytes=max(r.total_bytes, ev.total_bytes or 0))
+                    steps=tuple(ev.steps) or r.steps, total_bytes=max(r.total_bytes, said))
     before_done = all(p.completed_unix_s is not None for p in cap.ranks.values())
     cap = replace(cap, ranks={**cap.ranks, ev.rank: r})
     events: list[Event] = []

@@ -34,6 +34,8 @@ class LimitSettings(BaseModel):
 
     max_jobs_total: int = Field(1024, ge=1, le=1_000_000, description="jobs the coordinator tracks at once")
     max_jobs_per_node: int = Field(64, ge=1, le=100_000, description="jobs with a rank on one node")
+    max_jobs_per_node_per_uid: int = Field(16, ge=1, le=100_000,
+                                           description="jobs of one user (attested uid) with a rank on one node")
     max_ranks_total: int = Field(65_536, ge=1, le=1 << 24,
                                  description="rank records, and (separately) world sizes of jobs with a detector")
     max_ranks_per_node: int = Field(1024, ge=1, le=1 << 24,

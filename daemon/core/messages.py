@@ -216,6 +216,8 @@ def check_rank_message(msg: Any) -> Any:
         _check_text(msg.prof_root, "prof_root", MAX_PATH)
         if msg.peer_uid is not None and not 0 <= msg.peer_uid < 2**32:
             raise MessageRejected("bad_value", f"peer_uid={msg.peer_uid}")
+        if msg.peer_pid is not None and not 0 < msg.peer_pid < 2**32:
+            raise MessageRejected("bad_value", f"peer_pid={msg.peer_pid}")
         if msg.restart_count is not None and not 0 <= msg.restart_count < MAX_INT:
             raise MessageRejected("bad_value", f"restart_count={msg.restart_count}")
     else:

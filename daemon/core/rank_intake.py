@@ -38,8 +38,10 @@ class RankIntake:
         self.job_uids: OrderedDict[str, tuple[int, float]] = OrderedDict()
         self.dp_jobs: dict[str, str] = {}  # job_id -> profiler_config_path (torch_npu jobs)
 
-    def accept(self, payload: bytes, uid: int | None, now: float) -> tuple[Any, bytes]:
-        """Validate one rank message; return ``(typed message, bytes to relay)``.
+    def accept(self, payload: bytes, uid: int | None, now: float, pid: int | None = None) -> tuple[Any, bytes]:
+        """Validate one rank message; return ``(typed message, bytes to relay)``. ``uid``/``pid``: the sending
+        process's credentials from the transport (None where it gives none); a hello carries them as
+        ``peer_uid``/``peer_pid``, whatever the rank wrote there.
 
         Raises:
             MessageRejected: ``oversize`` (over ``wire.MAX_MESSAGE_BYTES``), ``job_uid_mismatch``, or any reason
@@ -50,7 +52,7 @@ class RankIntake:
         msg = parse_rank_message(payload)
         self._check_uid(msg.job_id, uid, now)
         if msg.kind == "hello":
-            msg = dataclasses.replace(msg, peer_uid=uid)
+            msg = dataclasses.replace(msg, peer_uid=uid, peer_pid=pid)
         data = wire.encode(msg)
         if msg.kind == "hello":
             self._cache_hello(msg, data)

@@ -105,12 +105,12 @@ class Registry:
             GenerationPending: the hello claims a new generation that has no quorum yet (held; nothing changed).
             RegistryError: ``paths_changed`` (the job's first hello said otherwise), ``stale_generation``,
                 ``world_size_conflict``, ``rank_on_other_node`` (the rank is live on another node),
-                ``too_many_jobs`` / ``too_many_jobs_on_node`` / ``too_many_ranks`` (limits). Nothing is changed then.
+                ``too_many_jobs`` / ``too_many_jobs_on_node`` / ``too_many_jobs_of_uid_on_node`` / ``too_many_ranks`` (limits). Nothing is changed then.
         """
         paths = (msg.profiler_config_path, msg.prof_root)
         job = self.jobs.get(msg.job_id)
         if job is None:
-            self._check_new_job(node_id)
+            self._check_new_job(node_id, msg.peer_uid)
             self._check_rank_room(node_id)  # before anything changes: a refused hello leaves no empty job behind
             job = self.jobs[msg.job_id] = JobState(
                 job_id=msg.job_id, world_size=msg.world_size, first_seen_unix_s=now, pinned_paths=paths,
@@ -235,10 +235,10 @@ class Registry:
                     del self._node_jobs[r.node_id]
         job.ranks.clear()
 
-    def _check_new_job(self, node_id: str) -> None:
+    def _check_new_job(self, node_id: str, uid: int | None = None) -> None:
         if len(self.jobs) >= self.limits.max_jobs_total:
             raise RegistryError("too_many_jobs", f"{len(self.jobs)} jobs tracked (limits.max_jobs_total)")
-        self._check_new_job_on_node(node_id)
+        self._check_new_job_on_node(node_id, uid)
 
     def _check_rank_node(self, r: RankState, job_id: str, node_id: str, now: float) -> None:
         if r.node_id and r.node_id != node_id and not r.left and now - r.seen_unix_s < self.limits.rank_rebind_after_s:
@@ -273,10 +273,21 @@ class Registry:
         else:
             self._node_ranks.pop(node_id, None)
 
-    def _check_new_job_on_node(self, node_id: str) -> None:
-        if len(self._node_jobs.get(node_id, ())) >= self.limits.max_jobs_per_node:
+    def _check_new_job_on_node(self, node_id: str, uid: int | None = None) -> None:
+        """Refuse a new job on ``node_id`` beyond ``max_jobs_per_node``, or beyond ``max_jobs_per_node_per_uid``
+        jobs of the attested ``uid`` there (one user cannot take every job slot of a node)."""
+        on_node = self._node_jobs.get(node_id, ())
+        if len(on_node) >= self.limits.max_jobs_per_node:
             raise RegistryError("too_many_jobs_on_node",
                                 f"node {node_id} has ranks of {self.limits.max_jobs_per_node} jobs (limits.max_jobs_per_node)")
+        if uid is None or len(on_node) < self.limits.max_jobs_per_node_per_uid:
+            return
+        mine = sum(1 for j in on_node if (job := self.jobs.get(j)) is not None
+                   and any(r.uid == uid and r.node_id == node_id for r in job.ranks.values()))
+        if mine >= self.limits.max_jobs_per_node_per_uid:
+            raise RegistryError("too_many_jobs_of_uid_on_node",
+                                f"uid {uid} has ranks of {mine} jobs on node {node_id} "
+                                "(limits.max_jobs_per_node_per_uid)")
 
     def _bind(self, r: RankState, job_id: str, node_id: str) -> None:
         old = r.node_id

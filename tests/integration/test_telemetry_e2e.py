@@ -276,7 +276,10 @@ def test_bad_messages_are_rejected_and_service_continues(cluster: Cluster) -> No
         req.send(b"[" * 200_000)
         assert json.loads(req.recv())["error"]["code"] == "bad_request"
         for bad_req in ({"cmd": "events", "args": {"since_seq": "abc"}}, {"cmd": "captures", "args": {"job_id": [1]}},
-                        {"cmd": "arm", "args": {"job_id": 5}}, {"cmd": "status", "args": []}, {"cmd": "nope"}):
+                        {"cmd": "arm", "args": {"job_id": 5}}, {"cmd": "status", "args": []}, {"cmd": "nope"},
+                        # a string is not a flag: "false" must not read as true (adversarial finding)
+                        {"cmd": "events", "args": {"alerts_only": "false"}},
+                        {"cmd": "arm", "args": {"job_id": "j", "dry_run": "no"}}):
             req.send(json.dumps(bad_req).encode())
             reply = json.loads(req.recv())
             assert reply["ok"] is False and reply["error"]["code"] in ("bad_request", "unknown_command"), reply

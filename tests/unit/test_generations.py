@@ -114,6 +114,23 @@ def test_a_lone_spoofed_hello_never_opens_a_generation_and_its_claim_lapses() ->
     assert job.claims.claims == {} and reg.snapshot(200.0)["jobs"][0]["pending_generations"] == []
 
 
+def test_one_process_speaking_for_several_ranks_counts_once() -> None:
+    """Adversarial finding: one process on the job's node sent hellos for ranks 0 and 1 with world_size 2**20 and
+    opened a generation (quorum 2). Where the node attests the sender (``peer_pid``), one process is one vote."""
+    reg = job_of(4, 1)
+    for r in range(4):  # any number of ranks from one process: still one vote, nothing opens
+        with pytest.raises(GenerationPending):
+            reg.hello(hello(r, 2**20, rc=1, peer_pid=4242), "n0", 5.0 + r)
+    job = reg.jobs["j"]
+    assert (job.world_size, job.generation) == (4, 0)
+    assert reg.snapshot(10.0)["jobs"][0]["pending_generations"][0]["agreeing_through_job_nodes"] == 1
+    # a real worker group: one process per rank, so two distinct processes open it
+    with pytest.raises(GenerationPending):
+        reg.hello(hello(0, 8, rc=1, peer_pid=5000), "n0", 20.0)
+    out = reg.admit_hello(hello(1, 8, rc=1, peer_pid=5001), "n0", 20.5)
+    assert out.opened is not None and (job.world_size, job.generation) == (8, 1)
+
+
 def test_hellos_through_nodes_the_job_does_not_run_on_never_open_a_generation() -> None:
     reg = job_of(4, 2)
     for r in range(4):

@@ -163,6 +163,21 @@ def test_window_start_moves_to_collecting_and_completion_asks_for_a_scan() -> No
     assert done.event_id == f"captured-{cap.capture_id}" and done.data["total_bytes"] == 15
 
 
+def test_inflated_or_repeated_byte_claims_are_capped_per_rank() -> None:
+    """Adversarial finding: four ``completed`` events at 2**61 bytes after the capture ended made the job's total
+    2**63 (beyond SQLite's integers); the byte history gates automatic arms."""
+    cap = _acked(_written(_open(world=4)))
+    for repeat in range(3):
+        for r in range(4):
+            cap = lc.rank_event(cap, _ev(r, "completed", source="hook", capture_id=cap.capture_id,
+                                         total_bytes=2**61), T0 + 20 + repeat, SET).capture
+    assert all(p.total_bytes == lc.MAX_RANK_CAPTURE_BYTES for p in cap.ranks.values())
+    assert cap.total_bytes == 4 * lc.MAX_RANK_CAPTURE_BYTES < 2**62
+    later = lc.rank_event(cap, _ev(0, "completed", source="hook", capture_id=cap.capture_id, total_bytes=-5),
+                          T0 + 30, SET).capture
+    assert later.ranks[0].total_bytes == lc.MAX_RANK_CAPTURE_BYTES  # a negative claim lowers nothing
+
+
 def test_rejections_are_recorded_and_published_and_uncovered_ranks_ignored() -> None:
     cap = _written(_open(world=4, rank_list=[1, 3]))
     assert cap.expected_ranks == [1, 3]

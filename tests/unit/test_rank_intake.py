@@ -31,6 +31,16 @@ def test_relays_re_encoded_validated_bytes_with_the_peer_uid() -> None:
     assert json.loads(data2)["peer_uid"] is None  # a rank cannot claim a uid
 
 
+def test_the_sending_process_is_attested_whatever_the_rank_wrote() -> None:
+    """``peer_pid`` (one process, one vote for a new job generation) comes from the transport, never the rank."""
+    raw = (b'{"kind": "hello", "v": 1, "job_id": "j", "rank": 1, "local_rank": 1, "world_size": 2, "hostname": "h", '
+           b'"pid": 5, "backend": "none", "ts_unix_s": 1, "peer_pid": 99}')
+    msg, data = RankIntake().accept(raw, 1000, 0.0, 4321)
+    assert msg.peer_pid == 4321 and json.loads(data)["peer_pid"] == 4321
+    msg, data = RankIntake().accept(raw, None, 0.0)
+    assert msg.peer_pid is None and json.loads(data)["peer_pid"] is None
+
+
 @pytest.mark.parametrize("encode", [lambda s: s.encode("utf-16"), lambda s: s.encode("utf-16-le"),
                                     lambda s: s.encode("utf-32"), lambda s: b"\xef\xbb\xbf" + s.encode(),
                                     lambda s: s.replace("h", "\\ud800", 1).encode()])

@@ -73,3 +73,27 @@ def test_batch_sequence_gaps_are_counted() -> None:
     assert reg.note_batch_seq(node, 1) == 0
     assert reg.note_batch_seq(node, 5) == 3
     assert node.lost_batches == 3
+
+
+def test_one_user_cannot_take_every_job_slot_of_a_node() -> None:
+    """Adversarial finding: 20,000 hellos with distinct job ids from one user filled a node's 64 job slots, and a
+    real job's hello was refused for 15 minutes. One attested uid gets ``max_jobs_per_node_per_uid`` of them."""
+    from dataclasses import replace
+
+    from daemon.core.limits import LimitSettings
+
+    reg = Registry(window_steps=10, limits=LimitSettings(max_jobs_per_node=8, max_jobs_per_node_per_uid=3))
+    for i in range(3):
+        reg.hello(replace(hello(0, world=1, job=f"flood{i}"), peer_uid=666), "n0", 1.0)
+    with pytest.raises(RegistryError) as ei:
+        reg.hello(replace(hello(0, world=1, job="flood3"), peer_uid=666), "n0", 1.0)
+    assert ei.value.reason == "too_many_jobs_of_uid_on_node" and "flood3" not in reg.jobs
+    reg.hello(replace(hello(0, world=1, job="flood3"), peer_uid=666), "n1", 1.0)  # per node: another node has room
+    reg.hello(replace(hello(0, world=2, job="legit"), peer_uid=1000), "n0", 1.0)  # another user still fits
+    reg.hello(replace(hello(1, world=2, job="legit"), peer_uid=1000), "n0", 1.0)
+    assert set(reg.jobs["legit"].ranks) == {0, 1}
+    for i in range(4, 8):  # the node's own bound still holds for everyone
+        reg.hello(replace(hello(0, world=1, job=f"u{i}"), peer_uid=2000 + i), "n0", 1.0)
+    with pytest.raises(RegistryError) as ei:
+        reg.hello(replace(hello(0, world=1, job="late"), peer_uid=3000), "n0", 1.0)
+    assert ei.value.reason == "too_many_jobs_on_node"
