@@ -134,7 +134,7 @@ def inspect_inputs(staged_dir: Path, *, max_depth: int = 5) -> InputFacts:
                 info = _read_json(info_path)
                 config = info.get("config", {})
                 facts.levels.add(str(config.get("experimental_config", {}).get("_profiler_level", "")))
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError, RecursionError, MemoryError):
                 facts.notes.append(f"unreadable {info_path}")
                 continue
             for key, bag in (("torch_npu_version", facts.torch_npu_versions), ("cann_version", facts.cann_versions)):
@@ -143,7 +143,7 @@ def inspect_inputs(staged_dir: Path, *, max_depth: int = 5) -> InputFacts:
         try:
             meta = _read_json(rd / "profiler_metadata.json")
             groups += [len(g.get("global_ranks", [])) for g in meta.get("parallel_group_info", {}).values()]
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError, MemoryError):
             pass
         for db in (rd / "ASCEND_PROFILER_OUTPUT").glob("ascend_pytorch_profiler*.db"):
             digits = db.stem.rsplit("_", 1)[-1]

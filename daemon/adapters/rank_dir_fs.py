@@ -26,10 +26,13 @@ from daemon.core.prof_layout import (
     ANALYSE_DONE,
     ANALYSIS_DB,
     KINETO_TRACE_RE,
+    NOT_REGULAR,
+    OUTPUT_MARKER,
     PROFILER_DB_RE,
     PROFILER_METADATA,
     PROFILER_OUTPUT_DIR,
     TRACE_DONE,
+    UNREADABLE,
     DbObservation,
     LayoutError,
     RankDirObservation,
@@ -186,6 +189,8 @@ class RankDirReader:
         """
         name = os.path.basename(path)
         st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO/socket/device/dir in place of a DB: never opened (it may block)
+            return DbObservation(name=name, size_bytes=0, mtime_s=st.st_mtime, checked=True, error=NOT_REGULAR)
         if not deep:
             return DbObservation(name=name, size_bytes=st.st_size, mtime_s=st.st_mtime)
         key = (path, st.st_size, st.st_mtime_ns)
@@ -204,6 +209,14 @@ class RankDirReader:
 
 def _check_sqlite(path: str, name: str, size: int, mtime: float) -> DbObservation:
     common: dict[str, Any] = {"name": name, "size_bytes": size, "mtime_s": mtime, "checked": True}
+    try:  # sqlite3 says only "unable to open database file": name a permission problem as such
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+    except PermissionError:
+        return DbObservation(error=f"{UNREADABLE} (permission denied)", **common)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        return DbObservation(error=f"{UNREADABLE} ({_describe(exc)})", **common)
     if size == 0:
         return DbObservation(error="empty file", **common)
     # quote the file name's bytes as the OS gives them (os.fsencode), not its str: a name that is not valid in
@@ -256,7 +269,7 @@ def _maybe_json(value: Any) -> Any:
     if isinstance(value, str):
         try:
             return json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError, MemoryError):  # nested past the parser's depth limit: not JSON
             return value
     return value
 
@@ -293,6 +306,10 @@ def _read_json(path: str) -> tuple[Any, str | None]:
         return json.loads(text), None
     except ValueError as exc:
         return None, f"not valid JSON yet ({exc})"
+    except RecursionError:  # "[[[[..." deeper than the interpreter's recursion limit (a hostile or corrupt file)
+        return None, "not valid JSON (nested too deeply to decode)"
+    except MemoryError:
+        return None, "not valid JSON (too large to decode in memory)"
 
 
 def _raw_data_state(prof_entries: list[os.DirEntry[str]]) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
@@ -323,10 +340,13 @@ def _raw_data_state(prof_entries: list[os.DirEntry[str]]) -> tuple[tuple[str, ..
     return tuple(sorted(found)), tuple(sorted(empty)), leftover
 
 
-def find_rank_dirs(root: str, *, max_depth: int = 5) -> tuple[list[str], list[str]]:
+def find_rank_dirs(root: str, *, max_depth: int = 5, notes: list[str] | None = None) -> tuple[list[str], list[str]]:
     """Rank dirs under ``root`` (``root`` itself included), at most ``max_depth`` levels down, no symlinked dirs.
 
-    Does not descend into rank dirs. Returns ``(paths, walk_errors)``; sub-dirs vanishing mid-walk are skipped.
+    Does not descend into rank dirs, nor into folders below ``root`` that hold profwatch's
+    :data:`~daemon.core.prof_layout.OUTPUT_MARKER` (its own staging and output folders). Returns
+    ``(paths, walk_errors)``; sub-dirs vanishing mid-walk are skipped. ``notes``, when given, receives one line
+    per rank dir name skipped because it is a symlink (not followed, as msprof-analyze does not) or not a folder.
 
     Raises:
         TreeUnavailable: ``root`` cannot be listed (missing mount, ESTALE, EIO, ...).
@@ -342,7 +362,15 @@ def find_rank_dirs(root: str, *, max_depth: int = 5) -> tuple[list[str], list[st
         for d in level:
             try:
                 with os.scandir(d) as it:
-                    subdirs = [e for e in it if e.is_dir(follow_symlinks=False)]
+                    entries = list(it)
+                if d != root and any(e.name == OUTPUT_MARKER for e in entries):
+                    continue  # profwatch's own output (staged links of a batch): not capture data
+                subdirs = []
+                for e in entries:
+                    if e.is_dir(follow_symlinks=False):
+                        subdirs.append(e)
+                    elif notes is not None and parse_rank_dir_name(e.name) is not None:
+                        notes.append(_skipped_rank_dir(e))
             except OSError as exc:
                 if d == root:
                     raise TreeUnavailable(exc.errno, f"cannot list scan root {root}: {_describe(exc)}") from exc
@@ -357,15 +385,29 @@ def find_rank_dirs(root: str, *, max_depth: int = 5) -> tuple[list[str], list[st
     return sorted(found), errors
 
 
+def _skipped_rank_dir(entry: os.DirEntry[str]) -> str:
+    """Why a rank-dir-named entry that is not a real folder was not scanned (for a note naming its path)."""
+    if entry.is_symlink():
+        try:
+            dest = os.readlink(entry.path)
+        except OSError as exc:
+            dest = f"? ({_describe(exc)})"
+        return (f"skipped {entry.path}: a symlink (-> {dest}); rank dir links are not followed, as msprof-analyze "
+                "does not follow them: scan the link's target instead")
+    return f"skipped {entry.path}: named like a rank dir but not a folder"
+
+
 def find_unsupported(root: str | os.PathLike[str], *, max_depth: int = 5, limit: int = 10_000) -> dict[str, list[str]]:
     """Profiler outputs under ``root`` that profwatch recognises but does not analyse (MindSpore ``*_ascend_ms``
     rank dirs, msprof ``PROF_*`` captures, loose ``*.pt.trace.json``), by kind (sorted paths).
 
-    Walks like :func:`find_rank_dirs` (no symlinked dirs, not into rank dirs of either kind); looks at no more
+    Walks like :func:`find_rank_dirs` (no symlinked dirs, not into rank dirs of either kind nor profwatch's output
+    folders); looks at no more
     than ``limit`` entries. Never raises: unreadable folders are skipped.
     """
     found: dict[str, list[str]] = {}
-    level = [os.path.abspath(root)]
+    level_root = os.path.abspath(root)
+    level = [level_root]
     seen = 0
     for _depth in range(max_depth):
         nxt: list[str] = []
@@ -375,6 +417,8 @@ def find_unsupported(root: str | os.PathLike[str], *, max_depth: int = 5, limit:
                     entries = list(it)
             except OSError:
                 continue
+            if d != level_root and any(e.name == OUTPUT_MARKER for e in entries):
+                continue  # profwatch's own output folder
             for e in entries:
                 seen += 1
                 if seen > limit:
@@ -415,7 +459,8 @@ def scan_tree(root: str | os.PathLike[str], *, world_size: int | None = None, no
     """
     settings = settings or WatchSettings()
     reader = reader or RankDirReader()
-    paths, errors = find_rank_dirs(os.fspath(root), max_depth=settings.scan_max_depth)
+    skipped: list[str] = []
+    paths, errors = find_rank_dirs(os.fspath(root), max_depth=settings.scan_max_depth, notes=skipped)
     for e in errors:
         log.warning("scan_walk_error", error=e)
     observations = [o for o in (reader.read(p) for p in paths) if o is not None]
@@ -423,4 +468,5 @@ def scan_tree(root: str | os.PathLike[str], *, world_size: int | None = None, no
                              world_size=world_size, hints=hints)
     for b in batches:
         b.notes += [f"could not list {e}; ranks below it may be missing" for e in errors]
+        b.notes += skipped
     return batches

@@ -12,16 +12,38 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from pathlib import Path
 
 from daemon.core.completeness import BatchState
-from daemon.core.prof_layout import PROFILER_OUTPUT_DIR
+from daemon.core.prof_layout import OUTPUT_MARKER, PROFILER_OUTPUT_DIR
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class StagingError(RuntimeError):
     """The batch cannot be staged (invalid batch, a rank dir missing, or a foreign entry in the way)."""
+
+
+def mark_output_dir(path: str | os.PathLike[str], *, mark: bool = True) -> Path:
+    """Create ``path`` (and parents) and write :data:`~daemon.core.prof_layout.OUTPUT_MARKER` into it, so scans of
+    a tree holding it skip it. Idempotent; returns the marker's path. With ``mark=False`` (the folder also holds
+    capture data, e.g. ``analyze --out`` = the capture dir) only checks that a file can be created there.
+
+    Raises:
+        OSError: ``path`` cannot be created or written (permission denied, a file in the way, read-only mount).
+    """
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / OUTPUT_MARKER
+    if not mark:
+        fd, probe = tempfile.mkstemp(prefix=".profwatch-write-check-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    elif not marker.is_file():
+        marker.write_text("profwatch output folder (staged links, tool outputs, reports): not capture data; "
+                          "profwatch scan/analyze skip this folder.\n", encoding="utf-8")
+    return marker
 
 
 def staging_dir_for(batch: BatchState, staging_root: str | os.PathLike[str]) -> Path:
@@ -56,6 +78,7 @@ def stage_batch(batch: BatchState, staging_root: str | os.PathLike[str]) -> Path
         raise StagingError(f"batch {batch.batch_id} is invalid: {[p.reason for p in batch.problems]}")
     if not batch.ranks:
         raise StagingError(f"batch {batch.batch_id} has no rank dirs")
+    mark_output_dir(staging_root)  # a later scan of a tree holding the staging root must not see its rank dirs
     target = staging_dir_for(batch, staging_root)
     target.mkdir(parents=True, exist_ok=True)
     wanted: dict[str, dict[str, str]] = {}

@@ -8,6 +8,7 @@ the flags below override them.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -18,9 +19,11 @@ import click
 
 from daemon.adapters.msprof_runner import MsprofRunner
 from daemon.adapters.rank_dir_fs import TreeUnavailable, describe_unsupported, find_unsupported, scan_tree
+from daemon.adapters.staging import mark_output_dir
 from daemon.analysis import AnalysisResult, AnalysisSettings, analyze_batch
 from daemon.core.display import display_str, printable
 from daemon.core.evidence import RecipeStatus
+from daemon.core.messages import MAX_WORLD_SIZE
 
 GOOD = ("ok", "no_suspect")
 
@@ -155,8 +158,8 @@ def _human(res: AnalysisResult) -> str:
 
 @click.command("analyze")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--world-size", type=click.IntRange(min=1), default=None,
-              help="Expected ranks per batch (default: from profiler_info / the rank dirs).")
+@click.option("--world-size", type=click.IntRange(min=1, max=MAX_WORLD_SIZE), default=None,
+              help=f"Expected ranks per batch, at most {MAX_WORLD_SIZE} (default: from profiler_info / the rank dirs).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per batch (JSON Lines).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Work folder for staging, tool outputs and reports (default: ./profwatch-analysis).")
@@ -185,6 +188,7 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
     configure_logging("WARNING", "console")  # logs to stderr: stdout carries only the result (--json lines)
     settings = _settings(ctx, config_path, no_advisor, timeout_s, no_html, advisor_html)
     work = out_dir or Path.cwd() / "profwatch-analysis"
+    _check_out(ctx, as_json, work, directory)
     try:
         batches = scan_tree(directory, world_size=world_size)
     except TreeUnavailable as exc:
@@ -212,6 +216,18 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
             if res.status not in GOOD:
                 worst = 1
     ctx.exit(worst)
+
+
+def _check_out(ctx: click.Context, as_json: bool, work: Path, directory: Path) -> None:
+    """Exit 2 unless ``work`` can be created and written; mark it as profwatch output (later scans skip it) unless
+    it holds the capture data itself (``--out`` = DIR or a parent of DIR)."""
+    cap, out = os.path.realpath(directory), os.path.realpath(work)
+    holds_captures = cap == out or cap.startswith(out.rstrip(os.sep) + os.sep)
+    try:
+        mark_output_dir(work, mark=not holds_captures)
+    except OSError as exc:
+        _fail(ctx, as_json, "bad_out", f"cannot write the output folder {work} (--out): "
+                                       f"{exc.strerror or exc}; choose a writable folder with --out")
 
 
 def _fail(ctx: click.Context, as_json: bool, status: str, detail: str) -> None:

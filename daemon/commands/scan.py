@@ -15,8 +15,9 @@ import time
 import click
 
 from daemon.adapters.rank_dir_fs import TreeUnavailable, describe_unsupported, find_unsupported, scan_tree
-from daemon.core.completeness import BatchState
+from daemon.core.completeness import BatchState, rank_summary, summarise_problems
 from daemon.core.display import display_str, printable
+from daemon.core.messages import MAX_WORLD_SIZE
 from daemon.core.prof_layout import parse_rank_dir_name
 from daemon.core.watch_settings import WatchSettings
 from daemon.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
@@ -29,18 +30,16 @@ def render_table(batches: list[BatchState]) -> str:
         lines.append(f"{b.batch_id}  {b.status.upper()}  kind={b.kind}  ranks {len(b.ranks)}/"
                      f"{len(b.expected_ranks)}  steps={b.steps or '-'}  dir={b.prof_dir}")
         if b.missing_ranks:
-            lines.append(f"  missing ranks: {b.missing_ranks}")
-        for p in b.problems:
-            where = f" ({p.path})" if p.path else ""
-            lines.append(f"  problem: {p.describe()}{where}")
+            lines.append(f"  missing ranks: {rank_summary(b.missing_ranks)}")
+        lines += [f"  problem: {text}" for text in summarise_problems(b.problems, with_paths=True)]
         lines += [f"  note: {n}" for n in b.notes]
     return display_str("\n".join(lines))
 
 
 @click.command("scan")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
-@click.option("--world-size", type=click.IntRange(min=1), default=None,
-              help="Expected number of ranks (default: from profiler_metadata.json).")
+@click.option("--world-size", type=click.IntRange(min=1, max=MAX_WORLD_SIZE), default=None,
+              help=f"Expected number of ranks, at most {MAX_WORLD_SIZE} (default: from profiler_metadata.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of batches instead of a table.")
 @click.option("--quiet-period-s", type=click.FloatRange(min=0), default=None,
               help="Older torch_npu without analyse.done: seconds outputs must be unchanged.")

@@ -16,12 +16,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from daemon.core.messages import MAX_WORLD_SIZE
 from daemon.core.prof_layout import (
     ANALYSIS_DB,
     COMMUNICATION_TABLES,
+    NOT_REGULAR,
     REQUIRED_ANALYSIS_TABLES,
     REQUIRED_PROFILER_TABLES,
     TEXT_OUTPUTS,
+    UNREADABLE,
     DbObservation,
     RankDirKind,
     RankDirObservation,
@@ -37,6 +40,8 @@ RankState = Literal["appearing", "raw_complete", "parsing", "parsed", "failed", 
 BatchStatus = Literal["complete", "incomplete", "invalid", "parsing"]
 _PENDING: frozenset[str] = frozenset({"appearing", "raw_complete", "parsing", "unknown"})
 _EPOCH = datetime(1970, 1, 1)
+MISSING_REASON = "rank dir missing"
+"""Prefix of the reason of an expected rank without a dir (followed by " after deadline" / " (not seen yet)")."""
 TEXT_EXPORT_REASON = "text export: re-export as db"
 """The documented status of a rank captured with ``export_type`` text only (docs/conformance.md)."""
 
@@ -140,10 +145,11 @@ class BatchState:
     def describe(self, limit: int = 8) -> str:
         """One line: the missing ranks (when any) and the first ``limit`` problems, each via
         :meth:`Problem.describe` (never ``missing ranks []`` or ``rank None``)."""
-        parts = [f"missing ranks {self.missing_ranks}"] if self.missing_ranks else []
-        parts += [p.describe() for p in self.problems[:limit]]
-        if len(self.problems) > limit:
-            parts.append(f"... {len(self.problems) - limit} more problems")
+        parts = [f"missing ranks {rank_summary(self.missing_ranks)}"] if self.missing_ranks else []
+        lines = summarise_problems(self.problems)
+        parts += lines[:limit]
+        if len(lines) > limit:
+            parts.append(f"... {len(lines) - limit} more problems")
         return "; ".join(parts) or "no problem recorded"
 
     @property
@@ -205,6 +211,8 @@ class BatchState:
 
 def _db_reasons(db: DbObservation, required: Sequence[str], optional: frozenset[str]) -> list[str]:
     if db.error:
+        if db.error.startswith((UNREADABLE, NOT_REGULAR)):  # not damage: the file may be fine (say so)
+            return [f"{db.name}: {db.error}"]
         return [f"{db.name}: damaged ({db.error})"]
     missing = [t for t in required if t not in db.tables and t not in optional]
     return [f"{db.name}: missing tables {', '.join(missing)}"] if missing else []
@@ -458,15 +466,27 @@ def _expected(members: Sequence[RankDirState], world_size: int | None, hint: Cap
     """Expected ranks: hint rank_list, else 0..W-1 with W from the caller, metadata, or telemetry (msprof 12.4)."""
     if hint is not None and hint.rank_list:
         return sorted(set(hint.rank_list))
+    source = "given"
     if world_size is None:
+        source = "claimed"
         sizes = Counter(m.world_size for m in members if m.world_size)
         if len(sizes) > 1:
-            problems.append(Problem(None, None, f"ranks disagree on world size: {dict(sizes)}"))
+            shown = dict(sizes.most_common(8))
+            more = f" and {len(sizes) - 8} more sizes" if len(sizes) > 8 else ""
+            problems.append(Problem(None, None, f"ranks disagree on world size: {shown}{more}"))
         world_size = sizes.most_common(1)[0][0] if sizes else (hint.world_size if hint else None)
+    present = sorted({m.rank for m in members if m.rank is not None})
     if world_size is None:
-        ranks = [m.rank for m in members if m.rank is not None]
-        world_size = max(ranks) + 1 if ranks else 0
-        notes.append(f"world size unknown (no parallel_group_info/distributed_args); assumed {world_size}")
+        world_size = present[-1] + 1 if present else 0
+        if world_size > MAX_WORLD_SIZE:
+            source = "assumed (from the highest rank id)"
+        else:
+            notes.append(f"world size unknown (no parallel_group_info/distributed_args); assumed {world_size}")
+    if world_size > MAX_WORLD_SIZE:
+        # a corrupt or hostile profiler_metadata.json / rank id must not make the scan list millions of ranks
+        problems.append(Problem(None, None, f"{source} world size {world_size} is implausible (more than "
+                                            f"{MAX_WORLD_SIZE} ranks); missing ranks not listed"))
+        return present
     return list(range(world_size))
 
 
@@ -519,7 +539,7 @@ def evaluate_batch(members: Sequence[RankDirState], *, now_unix_s: float, settin
         problems.append(Problem(None, None, "no step common to all ranks (different captures mixed?)"))
     pending = bool(missing) or any(m.state in _PENDING for m in members)
     for r in missing:
-        problems.append(Problem(r, None, "rank dir missing" + (" after deadline" if late else " (not seen yet)")))
+        problems.append(Problem(r, None, MISSING_REASON + (" after deadline" if late else " (not seen yet)")))
     if any(n.startswith("world size unknown") for n in notes):
         # without a world size nobody can tell whether the highest ranks are missing: never call that complete
         problems.append(Problem(None, None, "world size unknown (no parallel_group_info, distributed_args or "
@@ -542,6 +562,49 @@ def evaluate_batch(members: Sequence[RankDirState], *, now_unix_s: float, settin
                       expected_ranks=expected, ranks=ranks, missing_ranks=missing, problems=problems,
                       steps=list(steps or []), capture_id=capture_id, notes=notes, prof_dir=prof_dir,
                       deadline_unix_s=deadline, unassigned=unassigned)
+
+
+def rank_ranges(ranks: Iterable[int], limit: int = 20) -> str:
+    """``"0-3, 5, 7-1023"``: sorted ranks as contiguous ranges, at most ``limit`` ranges then ``"... and N more
+    ranks"`` (the text of a batch missing a million ranks stays one short line)."""
+    spans: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans[:limit])
+    if len(spans) > limit:
+        text += f", ... and {sum(b - a + 1 for a, b in spans[limit:])} more ranks"
+    return text
+
+
+def rank_summary(ranks: Sequence[int], short: int = 16) -> str:
+    """``[4, 5, 6, 7]`` for up to ``short`` ranks, else ``"4-1023 (1020 ranks)"`` via :func:`rank_ranges`."""
+    if len(ranks) <= short:
+        return str(list(ranks))
+    return f"{rank_ranges(ranks)} ({len(ranks)} ranks)"
+
+
+def summarise_problems(problems: Sequence[Problem], short: int = 3, *, with_paths: bool = False) -> list[str]:
+    """:meth:`Problem.describe` of each problem, except that more than ``short`` missing-rank problems (rank set,
+    no path) with the same reason become one line ``ranks 4-1023: rank dir missing ...`` at the place of the
+    first (for text output; ``to_json`` keeps every problem). ``with_paths``: append `` (path)`` when a problem
+    names a rank dir."""
+    by_reason: dict[str, list[int]] = {}
+    for p in problems:
+        if p.rank is not None and p.path is None and p.reason.startswith(MISSING_REASON):
+            by_reason.setdefault(p.reason, []).append(p.rank)
+    out: list[str] = []
+    done: set[str] = set()
+    for p in problems:
+        ranks = by_reason.get(p.reason) if p.rank is not None and p.path is None else None
+        if ranks is None or len(ranks) <= short:
+            out.append(p.describe() + (f" ({p.path})" if with_paths and p.path else ""))
+        elif p.reason not in done:
+            done.add(p.reason)
+            out.append(f"ranks {rank_ranges(ranks)}: {p.reason} ({len(ranks)} ranks)")
+    return out
 
 
 def _span(ranks: Sequence[int]) -> str:

@@ -34,6 +34,13 @@ UNSUPPORTED_OUTPUTS: tuple[tuple[re.Pattern[str], bool, str], ...] = (
 )
 
 PROFILER_OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
+NOT_REGULAR = "not a regular file"
+"""``DbObservation.error`` of a FIFO/socket/device in place of a DB (never opened: that could block)."""
+UNREADABLE = "unreadable"
+"""Prefix of ``DbObservation.error`` when the file could not be opened (permission denied, ...): not damage."""
+OUTPUT_MARKER = ".profwatch-output"
+"""File profwatch writes into the folders it creates (``analyze --out``, staging roots): scans skip any folder
+below the scan root holding it, so staged links to a batch never count as a second copy of its ranks."""
 PROFILER_METADATA = "profiler_metadata.json"
 ANALYSIS_DB = "analysis.db"
 #: torch_npu >= 26.0.0 writes this empty file last in a parse (docs/rank-dirs.md#ascend).
