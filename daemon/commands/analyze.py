@@ -188,7 +188,6 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
     configure_logging("WARNING", "console")  # logs to stderr: stdout carries only the result (--json lines)
     settings = _settings(ctx, config_path, no_advisor, timeout_s, no_html, advisor_html)
     work = out_dir or Path.cwd() / "profwatch-analysis"
-    _check_out(ctx, as_json, work, directory)
     try:
         batches = scan_tree(directory, world_size=world_size)
     except TreeUnavailable as exc:
@@ -198,6 +197,7 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
     if not batches:
         other = describe_unsupported(find_unsupported(directory))
         _fail(ctx, as_json, "no_batch", f"no capture batch found under {directory}" + (f"; {other}" if other else ""))
+    _check_out(ctx, as_json, work, directory)  # after the input checks: a bad DIR leaves no output folder behind
     worst = 0
     # one runner for every batch; leaving the block (also by Ctrl-C) kills any msprof-analyze still running
     with MsprofRunner(settings.msprof) as runner:
