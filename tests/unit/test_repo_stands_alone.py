@@ -84,3 +84,24 @@ def test_every_docs_citation_resolves() -> None:
                 if name not in anchors or (anchor and anchor not in anchors[name]):
                     broken.append(f"{rel}: {m.group(0)}")
     assert not broken, "citations of missing docs pages or anchors:\n" + "\n".join(sorted(set(broken)))
+
+
+KILL_BY_NAME = re.compile(r"""(["'\[(]|^|\s)(pkill|killall)(["',\s]|$)""")
+
+
+def test_no_script_or_test_kills_processes_by_name() -> None:
+    """Tests and scripts end only the processes they started, by PID or process group: ``pkill``/``killall`` can
+    end processes that are not theirs (issue 10). Docs may mention them (upstream advice), code may not run them."""
+    offenders = []
+    for rel in _tracked_files():
+        if not rel.endswith((".py", ".sh")) and not rel.startswith(".ci/"):
+            continue
+        try:
+            text = (REPO_ROOT / rel).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            code = line.split("#", 1)[0] if rel.endswith(".sh") or rel.startswith(".ci/") else line
+            if KILL_BY_NAME.search(code) and "``" not in line:
+                offenders.append(f"{rel}:{n}: {line.strip()}")
+    assert not offenders, "end processes by PID or process group instead:\n" + "\n".join(offenders)
