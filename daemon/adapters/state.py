@@ -29,6 +29,7 @@ from typing import Any
 
 import structlog
 
+from daemon.adapters.state_reader import events_query
 from daemon.adapters.state_retry import PendingWrite, RetryQueue
 from daemon.core.lifecycle import Capture, CaptureState, NodeWrite, RankProgress
 
@@ -422,15 +423,7 @@ class StateStore:
     def events(self, *, job_id: str | None = None, alerts_only: bool = True, since_seq: int = 0,
                limit: int = 100) -> list[tuple[int, dict[str, Any]]]:
         """Return ``[(seq, event)]`` newest last (at most ``limit``, the most recent ones)."""
-        q = "SELECT seq, body FROM events WHERE seq > ?"
-        args: list[Any] = [since_seq]
-        if alerts_only:
-            q += " AND is_alert = 1"
-        if job_id:
-            q += " AND job_id = ?"
-            args.append(job_id)
-        q += " ORDER BY seq DESC LIMIT ?"
-        args.append(limit)
+        q, args = events_query(job_id=job_id, alerts_only=alerts_only, since_seq=since_seq, limit=limit)
         rows = self.db.execute(q, args).fetchall()
         return [(seq, json.loads(body)) for seq, body in reversed(rows)]
 

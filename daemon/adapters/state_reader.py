@@ -50,6 +50,21 @@ def _who_may_read(path: Path) -> str:
             f"mode {oct(st.st_mode & 0o777)})")
 
 
+def events_query(*, job_id: str | None, alerts_only: bool, since_seq: int, limit: int) -> tuple[str, list[Any]]:
+    """The SQL and arguments for the most recent ``limit`` events after ``since_seq`` (newest first), of
+    ``job_id`` when given, alerts only when asked: one query for the live store and the offline reader."""
+    q = "SELECT seq, body FROM events WHERE seq > ?"
+    args: list[Any] = [since_seq]
+    if alerts_only:
+        q += " AND is_alert = 1"
+    if job_id:
+        q += " AND job_id = ?"
+        args.append(job_id)
+    q += " ORDER BY seq DESC LIMIT ?"
+    args.append(int(limit))
+    return q, args
+
+
 def _connect(path: Path, immutable: bool) -> sqlite3.Connection:
     uri = f"file:{quote(str(path))}?mode=ro" + ("&immutable=1" if immutable else "")
     return sqlite3.connect(uri, uri=True, timeout=5)
@@ -70,15 +85,7 @@ def read_events(path: str | Path, *, job_id: str | None = None, alerts_only: boo
         raise StateUnreadable(f"this user may not read the state db {p}{_who_may_read(p)}: run as a user the file "
                               "permits (its group), or ask an operator")
     out = OfflineEvents(str(p))
-    q = "SELECT seq, body FROM events WHERE 1=1"
-    args: list[Any] = []
-    if alerts_only:
-        q += " AND is_alert = 1"
-    if job_id:
-        q += " AND job_id = ?"
-        args.append(job_id)
-    q += " ORDER BY seq DESC LIMIT ?"
-    args.append(int(limit))
+    q, args = events_query(job_id=job_id, alerts_only=alerts_only, since_seq=0, limit=limit)
     def query(immutable: bool) -> list[Any]:
         db = _connect(p, immutable)
         try:
