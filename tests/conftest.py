@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -115,3 +116,27 @@ def finish_process(proc: subprocess.Popen, timeout_s: float, *, terminate: bool 
     if isinstance(out, bytes):
         return out.decode("utf-8", "replace")
     return out or ""
+
+
+def kill_group_in(pidfile: Path) -> None:
+    """End the process group whose leader's pid a test's tool wrote to ``pidfile`` (the tool runs in its own
+    session), if anything is left; nothing when the file is missing or not a pid. By process group, never by name."""
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def scrape_metrics(port: int) -> str:
+    """The Prometheus text of ``http://127.0.0.1:PORT/metrics`` ("" while nothing answers: total for wait_for)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+    except OSError:
+        return ""

@@ -169,15 +169,22 @@ def _complete_batch(cid: str, world: int = 2) -> BatchState:
                       ranks=ranks, missing_ranks=[], problems=[], steps=[1, 2], capture_id=cid)
 
 
-def test_a_returned_failed_analysis_is_published_as_analysis_failed_not_suspect_ranks(world) -> None:
-    w = world()
-    w.verdict = ("failed", {"status": "failed", "detail": "no usable result; failed recipes: slow_rank"})
+def _arm_and_land(w: World, until: CaptureState) -> str:
+    """Arm, let the config be written, land a complete batch and tick past the window: returns the capture id
+    once the capture reached ``until``."""
     cid = w.arm()["capture_id"]
     w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
     w.batches = [_complete_batch(cid)]
     w.now += 6
     w.shell.tick(w.now)
-    w.drain(lambda: w.state(cid) is CaptureState.FAILED)
+    w.drain(lambda: w.state(cid) is until)
+    return str(cid)
+
+
+def test_a_returned_failed_analysis_is_published_as_analysis_failed_not_suspect_ranks(world) -> None:
+    w = world()
+    w.verdict = ("failed", {"status": "failed", "detail": "no usable result; failed recipes: slow_rank"})
+    cid = _arm_and_land(w, CaptureState.FAILED)
     assert not w.of("io.profwatch.suspect_ranks.v1")
     (failed,) = w.of("io.profwatch.analysis_failed.v1")
     assert failed["capture_id"] == cid and failed["detail"].startswith("no usable result")
@@ -302,13 +309,8 @@ def test_unacknowledged_ranks_are_explained_by_the_nodes_stale_torch_npu_state(w
 
 def test_cancelling_an_analysing_capture_stops_its_runs_and_drops_its_late_result(world) -> None:
     w = world()
-    cid = w.arm()["capture_id"]
-    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
-    w.batches = [_complete_batch(cid)]
     w.release.clear()  # the analysis will run until released
-    w.now += 6
-    w.shell.tick(w.now)
-    w.drain(lambda: w.state(cid) is CaptureState.ANALYSING)
+    cid = _arm_and_land(w, CaptureState.ANALYSING)
     (view,) = w.shell.cancel("j1", cid, w.now)
     assert view["state"] == "cancelled" and w.stopped == [cid]
     w.release.set()
@@ -324,13 +326,7 @@ def _analysed_then_enriching(w: World) -> str:
     w.verdict = ("ok", {"status": "ok", "detail": "1 suspect", "suspects": [{"rank": 1}],
                         "pending_recipes": ["advisor", "report_html"]})
     w.enrich_release.clear()
-    cid = w.arm()["capture_id"]
-    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
-    w.batches = [_complete_batch(cid)]
-    w.now += 6
-    w.shell.tick(w.now)
-    w.drain(lambda: w.state(cid) is CaptureState.ENRICHING)
-    return cid
+    return _arm_and_land(w, CaptureState.ENRICHING)
 
 
 def test_the_enriched_update_follows_the_alert_with_the_same_ids(world) -> None:

@@ -8,12 +8,11 @@ import json
 import re
 import signal
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHON, REPO_ROOT, python_env, require_tool, wait_for
+from tests.conftest import PYTHON, REPO_ROOT, python_env, require_tool, scrape_metrics, wait_for
 from tests.integration.sink_support import free_port
 
 DASH = REPO_ROOT / "dashboards" / "profwatch-grafana.json"
@@ -90,14 +89,6 @@ def test_alert_rules_check_and_their_unit_tests_pass() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def _scrape(port: int) -> str:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            return r.read().decode()
-    except OSError:
-        return ""
-
-
 def _exported(text: str) -> set[str]:
     return {line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
 
@@ -146,7 +137,7 @@ format = "console"
         last: dict[str, set[str]] = {}
 
         def all_there() -> bool:
-            have = _exported(_scrape(ports["coord_metrics"])) | _exported(_scrape(ports["node_metrics"]))
+            have = _exported(scrape_metrics(ports["coord_metrics"])) | _exported(scrape_metrics(ports["node_metrics"]))
             last["missing"] = {n for n in wanted if n not in have}
             return not last["missing"]
 
@@ -154,9 +145,9 @@ format = "console"
             wait_for(all_there, 90, 0.5, "every dashboard/rule metric in a live scrape")
         except AssertionError:
             raise AssertionError(f"not exported by either daemon: {sorted(last['missing'])}") from None
-        coord = _scrape(ports["coord_metrics"])
+        coord = scrape_metrics(ports["coord_metrics"])
         assert 'profwatch_job_step_time_seconds{job_id="jobM"}' in coord
-        assert 'profwatch_daemon_info{daemon="node"' in _scrape(ports["node_metrics"])
+        assert 'profwatch_daemon_info{daemon="node"' in scrape_metrics(ports["node_metrics"])
     finally:
         for p in procs:
             if p.poll() is None:

@@ -32,7 +32,7 @@ from daemon.adapters.publish import Subscription
 from daemon.config import load_settings
 from daemon.coordinator import Coordinator
 from rankhook import wire
-from tests.conftest import PYTHON, finish_process, python_env, wait_for
+from tests.conftest import PYTHON, finish_process, python_env, scrape_metrics, wait_for
 from tests.integration.sink_support import Recorder, free_port
 
 N = 300
@@ -122,7 +122,7 @@ class Harness:
             from prometheus_client import generate_latest
 
             return generate_latest(self.coord.metrics.registry).decode()
-        return _scrape(self.ports["metrics"])
+        return scrape_metrics(self.ports["metrics"])
 
     def _on_loop(self, fn: Any) -> None:
         assert self.coord is not None
@@ -292,13 +292,3 @@ def _follow_ids(root: Path) -> list[str]:
         if isinstance(ev, dict) and "id" in ev:
             out.append(ev["id"])
     return out
-
-
-def _scrape(port: int) -> str:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            return r.read().decode()
-    except OSError:
-        return ""

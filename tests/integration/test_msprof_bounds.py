@@ -8,7 +8,6 @@ under test); the last test runs the real msprof-analyze for every recipe but the
 from __future__ import annotations
 
 import os
-import signal
 import stat
 import sys
 import threading
@@ -20,7 +19,7 @@ from daemon.adapters.proc_memory import session_members
 from daemon.analysis import AnalysisSettings, analyze_batch, enrich_analysis
 from daemon.core.completeness import BatchState
 from daemon.simulate.ascend_tree import generate_cluster
-from tests.conftest import wait_for
+from tests.conftest import kill_group_in, wait_for
 
 MiB = 2**20
 EATER = """
@@ -51,18 +50,6 @@ def _eater(tmp: Path) -> str:
     return str(tool)
 
 
-def _end(pidfile: Path) -> None:
-    """End what the test's tool started, by its session (the tool's own process group), if anything is left."""
-    try:
-        pid = int(pidfile.read_text())
-    except (OSError, ValueError):
-        return
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def test_the_whole_process_group_is_capped_and_killed_as_oom(tmp_path: Path) -> None:
     os.environ["EAT_N"], os.environ["EAT_MIB"] = "3", "120"  # 3 x 120 MiB: each under the cap, together over it
     settings = MsprofSettings(command=_eater(tmp_path), memory_limit_bytes=256 * MiB, memory_limit="watchdog",
@@ -76,7 +63,7 @@ def test_the_whole_process_group_is_capped_and_killed_as_oom(tmp_path: Path) -> 
         wait_for(lambda: not session_members(pid), 10, what="the tool's whole session to be gone")
     finally:
         os.environ.pop("EAT_N"), os.environ.pop("EAT_MIB")
-        _end(tmp_path / "eater.pid")
+        kill_group_in(tmp_path / "eater.pid")
 
 
 def test_a_tool_under_its_cap_runs_to_its_end_and_reports_its_peak(tmp_path: Path) -> None:
@@ -151,7 +138,7 @@ def test_an_advisor_killed_at_its_cap_leaves_the_verdict_standing(tmp_path: Path
             assert all(r["duration_s"] > 0 for r in first["recipes"].values())
             enrich_analysis(result, runner=runner, progress=lambda e, n, s: events.append((e, n)))
     finally:
-        _end(tmp_path / "eater.pid")
+        kill_group_in(tmp_path / "eater.pid")
     after = result.alert_data()
     adv = after["recipes"]["advisor"]
     assert adv["status"] == "oom" and adv["phase"] == "enrich" and adv["peak_rss_bytes"] > 1024 * MiB

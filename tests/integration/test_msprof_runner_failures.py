@@ -15,7 +15,7 @@ from typing import Any
 from daemon.adapters.msprof_runner import MsprofRunner, MsprofSettings, run_msprof_analysis
 from daemon.core.evidence import ClusterEvidence
 from daemon.simulate.ascend_tree import generate_cluster
-from tests.conftest import wait_for
+from tests.conftest import kill_group_in, wait_for
 
 NO_ADVISOR = {"advisor": False, "advisor_html": False, "retries": 0}
 
@@ -25,18 +25,6 @@ def _tool(tmp: Path, body: str) -> str:
     p.write_text("#!/bin/sh\n" + body + "\n")
     p.chmod(p.stat().st_mode | stat.S_IXUSR)
     return str(p)
-
-
-def _kill_pid_in(path: Path) -> None:
-    """End the process whose pid the test's tool wrote to ``path`` (its own session: kill its group)."""
-    try:
-        pid = int(path.read_text().strip())
-    except (OSError, ValueError):
-        return
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _in_thread(fn: Any, name: str) -> tuple[threading.Thread, dict[str, Any]]:
@@ -58,7 +46,7 @@ def test_descendant_holding_the_pipes_cannot_hang_an_analysis(tmp_path: Path) ->
         assert set(ran) == {"cluster_time_summary", "slow_rank", "communication_matrix"}
         assert {r.status for r in ran.values()} <= {"timeout", "tool_error", "no_data"}, ev.recipes
     finally:
-        _kill_pid_in(pidfile)  # the orphan this test's tool started, by its process group
+        kill_group_in(pidfile)  # the orphan this test's tool started, by its process group
 
 
 def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
@@ -74,7 +62,7 @@ def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
         wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in _proc_state(pid), 10,
                  what="the tool's child killed with its group")
     finally:
-        _kill_pid_in(pidfile)
+        kill_group_in(pidfile)
 
 
 def _proc_state(pid: int) -> str:
@@ -201,4 +189,4 @@ def test_ctrl_c_on_profwatch_analyze_leaves_no_tool_running(tmp_path: Path) -> N
                  what="the tool killed with the CLI")
     finally:
         finish_process(cli, 10, terminate=True)
-        _kill_pid_in(pidfile)
+        kill_group_in(pidfile)
