@@ -31,6 +31,7 @@ import click
 
 from daemon.commands.demo_stack import Stack
 from daemon.commands.demo_timeline import Timeline, event_time
+from daemon.core.alertmanager import saving_text
 from daemon.core.lifecycle import CaptureState
 from daemon.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
 from daemon.simulate.launcher import JobSpec, launch_job
@@ -212,10 +213,9 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
     hit = tl.alert is not None and tl.alert.get("type") == "io.profwatch.suspect_ranks.v1" and top == slow_rank
     echo(f"  result: top suspect {top} (expected {slow_rank}) -> {'OK' if hit else 'MISSED'}; steps captured "
          f"{_steps(d.get('captured_steps'))} of armed {_steps(d.get('armed_steps'))}")
-    imp = sus[0].get("impact") if sus else None
-    if isinstance(imp, dict) and isinstance(imp.get("saving_s_per_step"), (int, float)):
-        echo(f"  impact: fixing rank {top} alone would save {1e3 * float(imp['saving_s_per_step']):.1f} ms/step "
-             f"({float(imp.get('saving_pct_of_step') or 0.0):.1f}% of the step)")
+    saving = saving_text(sus[0].get("impact")) if sus else ""
+    if saving:
+        echo(f"  impact: fixing rank {top} alone would save {saving}")
     ok = hit
     if _expects_enrichment(tl):
         if tl.enriched is None:

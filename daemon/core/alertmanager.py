@@ -105,7 +105,7 @@ def _labels(**kv: Any) -> dict[str, str]:
     return {k: str(v) for k, v in kv.items() if v not in (None, "")}
 
 
-def _saving(impact: Any) -> str:
+def saving_text(impact: Any) -> str:
     """The what-if figure (``docs/verdicts.md``) as text, or "" when the verdict carries none."""
     if not isinstance(impact, Mapping):
         return ""
@@ -120,7 +120,7 @@ def _saving(impact: Any) -> str:
 
 
 def _impact(s: Mapping[str, Any], world_size: Any) -> str:
-    saving = _saving(s.get("impact"))
+    saving = saving_text(s.get("impact"))
     if saving:
         return f"fixing rank {s.get('rank')} alone would save {saving}"
     ev = s.get("evidence") or {}
@@ -326,7 +326,7 @@ class AlertBook:
                          group=lk.get("group"), severity="warning", cluster=self.cluster)
         speed = (f"{float(bw):.1f} GB/s against a peer median of {float(peer):.1f} GB/s"
                  if isinstance(bw, (int, float)) and isinstance(peer, (int, float)) else "slower than its peers")
-        saving = _saving(lk.get("impact"))
+        saving = saving_text(lk.get("impact"))
         ann = {
             "summary": f"job {job_id}: the link between ranks {link.replace('-', ' and ')} is slow ({speed}) "
                        f"in batch {data.get('batch_id')}",
