@@ -79,7 +79,9 @@ def test_close_stops_an_analysis_promptly_and_refuses_new_runs(tmp_path: Path) -
                                                        world_size=4, owner="b1"), "test-analysis")
     try:
         running = wait_for(runner.running, 20, what="the tool to start")
-        assert running[0].owner == "b1" and running[0].name == "cluster_time_summary" and running[0].elapsed_s >= 0
+        # The alert phase runs its recipes side by side, so which one started first is up to the scheduler.
+        assert all(r.owner == "b1" and r.elapsed_s >= 0 for r in running), running
+        assert {r.name for r in running} <= {"cluster_time_summary", "slow_rank"}, running
         runner.close()
         t.join(30)
         assert not t.is_alive()
