@@ -134,6 +134,20 @@ receivers:
         except OSError:
             return []
 
+    def alerts_strict(self, **labels: str) -> list[dict[str, Any]]:
+        """Like :meth:`alerts`, for assertions: retries a failed GET (up to 3 tries, 1 s apart) and raises
+        ``OSError`` when every try failed, so a slow Alertmanager is not read as "no alerts"."""
+        q = urllib.parse.urlencode([("filter", f'{k}="{v}"') for k, v in labels.items()])
+        for attempt in range(3):
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/v2/alerts?{q}", timeout=10) as r:
+                    return json.loads(r.read())
+            except OSError:
+                if attempt == 2:
+                    raise
+                time.sleep(1.0)
+        raise AssertionError("unreachable")
+
     def close(self) -> None:
         try:
             if self.proc.poll() is None:

@@ -80,12 +80,18 @@ def _armed_config(cfg: Path, capture_id: str) -> dict[str, Any]:
     return wait_for(read, 30, 0.1, f"profiler_config.json armed for {capture_id}")
 
 
+def _furthest(h: CoordinatorHarness, job_id: str) -> int | None:
+    """The job's furthest step in ``status``; None while the coordinator has not seen the job yet."""
+    jobs = call(h.control, "status", {"job_id": job_id})["jobs"]
+    return jobs[0]["furthest_step"] if jobs else None
+
+
 def _stays_firing(am: Alertmanager, seconds: float, **labels: str) -> list[float]:
     """Poll for ``seconds``; every poll must find the alert. Returns the endsAt values seen (Unix s)."""
     ends = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        found = am.alerts(**labels)
+        found = am.alerts_strict(**labels)
         assert found, f"alert {labels} disappeared while it should stand"
         ends.append(parse_time(found[0]["endsAt"], 0.0))
         time.sleep(0.3)
@@ -101,7 +107,7 @@ def test_live_capture_alert_reaches_alertmanager_stays_and_a_balanced_capture_re
     cfg.mkdir(parents=True)
     h.hellos("jobA", 4, cfg, prof)
     h.steps("jobA", 4, 1, 12)
-    wait_for(lambda: call(h.control, "status", {"job_id": "jobA"})["jobs"][0]["furthest_step"] == 12, 20)
+    wait_for(lambda: _furthest(h, "jobA") == 12, 20)
     res = call(h.control, "arm", {"job_id": "jobA", "reason": "test", "active": 2})
     written = _armed_config(cfg, res["capture_id"])
     generate_cluster(Path(res["prof_dir"]), world_size=4, slow_ranks={2: 1.6}, capture_id=res["capture_id"],
@@ -119,7 +125,7 @@ def test_live_capture_alert_reaches_alertmanager_stays_and_a_balanced_capture_re
     assert max(ends) > min(ends) + RESEND_S
     # a later capture of the same job, balanced and covering every rank, resolves it
     h.steps("jobA", 4, 13, 30)
-    wait_for(lambda: call(h.control, "status", {"job_id": "jobA"})["jobs"][0]["furthest_step"] == 30, 20)
+    wait_for(lambda: _furthest(h, "jobA") == 30, 20)
     # the verdict's follow-up (slow links) ends the capture's life; the alert stood all along
     wait_for(lambda: call(h.control, "captures", {"job_id": "jobA"})[-1]["state"] == "enriched", 120)
     res2 = call(h.control, "arm", {"job_id": "jobA", "reason": "recheck", "active": 2})
@@ -150,7 +156,7 @@ def _alive_wait(h: CoordinatorHarness, predicate: Any, timeout_s: float, what: s
 
 def test_alerts_survive_a_coordinator_restart_and_resolve_at_job_end(
         short_tmp: Path, alertmanager: Alertmanager, notifications: Recorder, harnesses) -> None:
-    sections = {"alertmanager": _am_section(alertmanager.url), "coordinator": {"job_end_after_s": 3.0}}
+    sections = {"alertmanager": _am_section(alertmanager.url), "coordinator": {"job_end_after_s": 10.0}}
     h = CoordinatorHarness(short_tmp, **sections)
     harnesses.append(h)
     h.hellos("jobR", 2)
@@ -158,7 +164,7 @@ def test_alerts_survive_a_coordinator_restart_and_resolve_at_job_end(
     h.emit(TYPE_SUSPECT_RANKS, "jobR", _verdict("ok", [1], [0, 1], "c1"), event_id="suspects-c1")
     h.emit(TYPE_BATCH_INCOMPLETE, "jobR", {"capture_id": "c0", "missing_ranks": [0]}, event_id="inc-c0")
     _alive_wait(h, lambda: len(alertmanager.alerts(job_id="jobR")) == 2, 30, "two alerts in Alertmanager")
-    assert {a["labels"]["alertname"] for a in alertmanager.alerts(job_id="jobR")} == {
+    assert {a["labels"]["alertname"] for a in alertmanager.alerts_strict(job_id="jobR")} == {
         "ProfwatchSuspectRank", "ProfwatchBatchIncomplete"}
     h.stop()
     stopped = time.monotonic()
@@ -167,7 +173,7 @@ def test_alerts_survive_a_coordinator_restart_and_resolve_at_job_end(
     h2.start()
     # the restarted coordinator rebuilt its standing alerts from the state store and keeps them alive
     _alive_wait(h2, lambda: time.monotonic() > stopped + LIFETIME_S + 1.5, 30, "past the old alerts' lifetime")
-    assert {a["labels"]["alertname"] for a in alertmanager.alerts(job_id="jobR")} == {
+    assert {a["labels"]["alertname"] for a in alertmanager.alerts_strict(job_id="jobR")} == {
         "ProfwatchSuspectRank", "ProfwatchBatchIncomplete"}
     # a partial verdict resolves no rank, but a verdict was reached: the incomplete-batch alert resolves and a
     # job-level ProfwatchVerdictIncomplete says some ranks could not be judged
@@ -175,9 +181,9 @@ def test_alerts_survive_a_coordinator_restart_and_resolve_at_job_end(
     _alive_wait(h2, lambda: sorted(a["labels"]["alertname"] for a in alertmanager.alerts(job_id="jobR")) == [
         "ProfwatchSuspectRank", "ProfwatchVerdictIncomplete"], 20, "incomplete-batch alert resolved")
     # the ranks fall silent: job_ended after job_end_after_s, and the rank's alert resolves
-    ended = wait_for(lambda: [e for e in h2.events("jobR") if e["type"] == "io.profwatch.job_ended.v1"], 30, 0.2,
+    ended = wait_for(lambda: [e for e in h2.events("jobR") if e["type"] == "io.profwatch.job_ended.v1"], 60, 0.2,
                      "job_ended event")[0]
-    assert ended["data"]["silent_s"] >= 3.0
+    assert ended["data"]["silent_s"] >= 10.0
     wait_for(lambda: not alertmanager.alerts(job_id="jobR"), 20, 0.2, "alerts resolved at job end")
     wait_for(lambda: _resolved_notifications(notifications, "jobR", "1"), 20, 0.2, "resolved notification")
 
@@ -215,7 +221,7 @@ def test_a_bad_alertmanager_never_blocks_the_coordinator_and_is_counted(short_tm
         t0 = time.monotonic()
         for _ in range(10):
             assert call(h.control, "ping", timeout_s=2)["pong"]
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 10  # a loop that waited on the sink would answer late (2 s limit each)
         wait_for(lambda: len(h.events(alerts_only=True)) == 40, 20, what="40 alerts stored")
         assert h.coord is not None
         reg = h.coord.metrics.registry
@@ -225,7 +231,8 @@ def test_a_bad_alertmanager_never_blocks_the_coordinator_and_is_counted(short_tm
                                         {"sink": "alertmanager", "outcome": outcome}) or 0.0
 
         wait_for(lambda: counted() >= 1, 30, 0.1, f"{outcome} counted")
-        assert reg.get_sample_value("profwatch_alertmanager_alerts_standing") == 40
+        wait_for(lambda: reg.get_sample_value("profwatch_alertmanager_alerts_standing") == 40, 10, 0.1,
+                 "40 alerts standing")
         t0 = time.monotonic()
         h.stop()  # stopping is prompt even with requests in flight
         assert time.monotonic() - t0 < 15

@@ -96,7 +96,7 @@ def test_an_arm_needing_a_node_that_is_down_is_refused(harness, short_tmp) -> No
 
 
 def test_stale_torch_npu_state_on_a_node_is_named_as_the_cause(harness, short_tmp) -> None:
-    h = harness(ack_timeout_s=1.0, capture={"deadline_factor": 1.0, "deadline_grace_s": 0.0})
+    h = harness(ack_timeout_s=5.0, capture={"deadline_factor": 1.0, "deadline_grace_s": 0.0})
     shm, proc = short_tmp / "shm", short_tmp / "proc" / "4242"
     shm.mkdir()
     proc.mkdir(parents=True)
@@ -184,7 +184,7 @@ def test_arm_wait_reports_the_write_and_every_acknowledgement(harness, short_tmp
 
 @pytest.mark.slow
 def test_arm_wait_names_the_silent_rank_then_dry_run_refusal_cancel_and_status(harness, short_tmp) -> None:
-    h = harness(ack_timeout_s=2.0)
+    h = harness(ack_timeout_s=5.0)
     _ready_job(h, short_tmp, "jobM")
     res = call(h.control, "arm", {"job_id": "jobM"})
     cid = res["capture_id"]

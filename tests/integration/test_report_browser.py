@@ -83,8 +83,10 @@ def _rgb(css: str) -> tuple[int, ...]:
     return tuple(int(float(v)) for v in css[css.index("(") + 1:css.index(")")].split(",")[:3])
 
 
-def _hover_text(driver: Any, axis: str, x: float, y: float) -> str:
-    """Move the real mouse over data point (x, y) of subplot ``axis`` ("" or "3") and return the hover label."""
+def _hover_text(driver: Any, axis: str, x: float, y: float, expect: str) -> str:
+    """Move the real mouse over data point (x, y) of subplot ``axis`` ("" or "3") and return the hover label once
+    it contains ``expect`` (plotly throttles hover updates, so a label of a point passed on the way may show
+    first). Raises AssertionError when no such label shows within 10 s."""
     from selenium.webdriver.common.action_chains import ActionChains
 
     gd = driver.find_element("id", "pw-rank-chart")
@@ -101,7 +103,11 @@ def _hover_text(driver: Any, axis: str, x: float, y: float) -> str:
             "return Array.from(document.querySelectorAll('#pw-rank-chart .hoverlayer .hovertext'))"
             ".map(function (e) { return e.textContent; }).join(' | ')") or "")
 
-    return wait_for(label, timeout_s=10, what="a hover label")
+    def expected_label() -> str:
+        text = label()
+        return text if expect in text else ""
+
+    return wait_for(expected_label, timeout_s=10, what=f"a hover label with {expect!r}")
 
 
 def test_900px_report_points_at_the_slow_rank(browser: Any, tmp_path: Path) -> None:
@@ -132,9 +138,9 @@ def test_900px_report_points_at_the_slow_rank(browser: Any, tmp_path: Path) -> N
             "return Array.from(document.querySelectorAll('#pw-rank-chart g.x3tick text'))"
             ".map(function (e) { return e.textContent; })")
         assert [t for t in ticks if t] == [str(i) for i in range(8)]
-        hover = _hover_text(browser, "", 5, tallest_y(browser, 5))
+        hover = _hover_text(browser, "", 5, tallest_y(browser, 5), "rank 5")
         assert "rank 5" in hover and "own work" in hover and "ms" in hover
-        hover = _hover_text(browser, "3", 5, 1)
+        hover = _hover_text(browser, "3", 5, 1, "rank 5, step 2")
         assert "rank 5, step 2" in hover and "difference" in hover
         # the injected host name and reason are shown as text, never run; nothing was fetched
         assert browser.execute_script("return window.__pwned === undefined")
@@ -187,7 +193,7 @@ def test_1024_rank_report_bins_zooms_and_grades(browser: Any, tmp_path: Path) ->
         wait_for(lambda: gd.get_attribute("data-bin-size") == "1", timeout_s=30, what="re-binning after zoom")
         tallest = browser.execute_script(TALLEST_BAR_JS)
         assert tallest["rank"] == 517
-        hover = _hover_text(browser, "3", 517, 2)
+        hover = _hover_text(browser, "3", 517, 2, "rank 517, step 3")
         assert "rank 517, step 3" in hover and "largest of" not in hover
         browser.save_screenshot(str(tmp_path / "report-1024-ranks-zoomed.png"))
         assert _console_errors(browser) == []

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -148,7 +150,7 @@ def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
     hosts = {r["rank"]: r["node_id"] for r in job["ranks"]}
     assert hosts == {0: "nodeA", 1: "nodeA", 2: "nodeB", 3: "nodeB"}
     assert {n["node_id"] for n in st["nodes"]} == {"nodeA", "nodeB"}
-    assert job["median_step_time_s"] == pytest.approx(0.02, abs=0.015)
+    assert job["median_step_time_s"] == pytest.approx(0.02, abs=0.03)  # the workers sleep 20 ms a step
     # the CLI shows the same
     out = subprocess.run([PYTHON, "-m", "daemon.cli", "status", "--config", str(cluster.cfg), "--json"],
                          env=python_env(), capture_output=True, text=True, timeout=30)
@@ -203,7 +205,9 @@ def test_rank_keeps_full_speed_while_node_daemon_is_down_and_telemetry_resumes(c
     wait_for(lambda: _rank_steps(cluster.try_status()).get(0, -1) > seen_before + 20, 30,
              what="telemetry resumed after node restart")
     stats = json.loads((cluster.root / "rank0.json").read_text())
-    assert stats["max_step_call_s"] < 0.05, stats  # never blocked on the missing daemon
+    # never blocked on the missing daemon: the typical call is fast, and no call waited on a reconnect (a blocked
+    # send would take seconds); the max alone is one scheduler hiccup away from any tight bound on 2 cores
+    assert stats["p99_step_call_s"] < 0.05 and stats["max_step_call_s"] < 1.0, stats
 
 
 def test_coordinator_restart_recovers_registry(cluster: Cluster) -> None:
@@ -213,10 +217,16 @@ def test_coordinator_restart_recovers_registry(cluster: Cluster) -> None:
         cluster.start_rank(r, "nodeA", world=2)
     wait_for(lambda: len(_rank_steps(cluster.try_status())) == 2, 30, what="2 ranks registered")
     wait_for(lambda: min(_rank_steps(cluster.try_status()).values(), default=-1) >= 10, 30, what="steps flowing")
-    import time as _t
 
-    flushed_after = _t.time() + 1.0  # registry_flush_s = 0.5
-    wait_for(lambda: _t.time() > flushed_after, 5, what="one registry flush period")
+    def stored() -> bool:  # the registry flush (every 0.5 s) has written both ranks with their progress
+        try:
+            with closing(sqlite3.connect(f"file:{cluster.root / 'state.db'}?mode=ro", uri=True, timeout=1)) as db:
+                rows = db.execute("SELECT rank, last_step FROM ranks").fetchall()
+        except sqlite3.Error:
+            return False
+        return {r for r, step in rows if (step or 0) >= 10} == {0, 1}
+
+    wait_for(stored, 30, 0.1, "both ranks in the state store")
     cluster.kill("coordinator")
     cluster.start_coordinator()
     st = cluster.status()  # straight from the store, before any rank message arrives

@@ -162,12 +162,12 @@ def test_dead_port_gives_up_after_retries_and_never_blocks() -> None:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    p = HttpPoster("t", f"http://127.0.0.1:{port}/x", _settings(timeout_s=0.5, retries=2),
+    p = HttpPoster("t", f"http://127.0.0.1:{port}/x", _settings(timeout_s=0.5, retries=2, backoff_s=1.0, max_backoff_s=1.0),
                    content_type="application/json")
     t0 = time.monotonic()
     assert p.post(b"{}")
-    assert time.monotonic() - t0 < 0.1
-    wait_for(lambda: p.stats.failed == 1, timeout_s=10, what="give up")
+    assert time.monotonic() - t0 < 1.0  # posting in the caller's thread would take the two 1 s backoffs
+    wait_for(lambda: p.stats.failed == 1, timeout_s=30, what="give up")
     assert p.stats.attempts == 3 and p.stats.sent == 0
     p.close()
 
@@ -178,7 +178,7 @@ def test_full_queue_drops_and_counts_and_close_is_prompt() -> None:
         p = HttpPoster("t", r.url, _settings(timeout_s=30, retries=0, queue_size=2), content_type="application/json")
         t0 = time.monotonic()
         results = [p.post(b"{}") for _ in range(10)]
-        assert time.monotonic() - t0 < 0.5  # never blocks the caller
+        assert time.monotonic() - t0 < 5  # never blocks the caller (the first POST hangs 30 s)
         wait_for(lambda: r.hits == 1, timeout_s=5, what="first POST in flight")
         assert results[:2] == [True, True] and results.count(False) >= 7
         assert p.stats.dropped >= 7
@@ -194,12 +194,12 @@ def test_full_queue_drops_and_counts_and_close_is_prompt() -> None:
 def test_close_interrupts_backoff() -> None:
     r = Recorder(codes=[500] * 10)
     try:
-        p = HttpPoster("t", r.url, _settings(retries=5, backoff_s=20, max_backoff_s=20), content_type="x")
+        p = HttpPoster("t", r.url, _settings(retries=5, backoff_s=60, max_backoff_s=60), content_type="x")
         p.post(b"{}")
-        wait_for(lambda: r.hits >= 1, timeout_s=5, what="first attempt")
+        wait_for(lambda: r.hits >= 1, timeout_s=10, what="first attempt")
         t0 = time.monotonic()
-        p.close(timeout_s=5)
-        assert time.monotonic() - t0 < 3 and p.stats.sent == 0
+        p.close(timeout_s=30)
+        assert time.monotonic() - t0 < 20 and not p._thread.is_alive() and p.stats.sent == 0  # not the 60 s backoff
     finally:
         r.close()
 
