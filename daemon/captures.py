@@ -33,6 +33,7 @@ from daemon.capture_ports import (
     SendNodeCommand,
     WatcherPort,
 )
+from daemon.capture_writes import ConfigWrites
 from daemon.core import lifecycle as lc
 from daemon.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
 from daemon.core.capture import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
@@ -82,7 +83,7 @@ class _Job:
     groups_from: str | None = None
 
 
-class CaptureShell(AnalysisSteps):
+class CaptureShell(AnalysisSteps, ConfigWrites):
     """Applies lifecycle transitions for every capture of one coordinator (see the module doc).
 
     Args:
@@ -114,6 +115,8 @@ class CaptureShell(AnalysisSteps):
         self._watcher: WatcherPort | None = None
         self._jobs: dict[str, _Job] = {}
         self._commands: dict[str, tuple[str, str]] = {}  # write_config command_id -> (capture_id, node_id)
+        # idle write_config command_id -> (the cancelled capture, the node asked)
+        self._idle_commands: dict[str, tuple[lc.Capture, str]] = {}
         self._batches: dict[str, BatchState] = {}  # capture_id -> its complete batch, until analysed
         self._scanning: set[str] = set()
         self._next_scan: dict[str, float] = {}
@@ -237,58 +240,13 @@ class CaptureShell(AnalysisSteps):
             self._retain()
         elif action is lc.Action.ENRICH:
             self.enrich_pool.submit(self._enrich, cap.capture_id)
+        elif action is lc.Action.IDLE_CONFIG:
+            self._write_idle(cap)
 
     def causes(self, cap: lc.Capture, now: float) -> dict[int, str]:
         """Known causes per covered rank (node down or stale torch_npu state, backend failure, rank gone)."""
         return rank_causes(cap.expected_ranks, self.jobs.get(cap.job_id), self.nodes, now,
                            self.s.coordinator.node_timeout_s)
-
-    # -- the config write -------------------------------------------------------------------------------------------
-    def _index_commands(self, cap: lc.Capture) -> None:
-        for n in cap.nodes.values():
-            self._commands[n.command_id] = (cap.capture_id, n.node_id)
-
-    def _write_config(self, cap: lc.Capture) -> None:
-        job = self.jobs.get(cap.job_id)
-        not_before = job.started_unix_s if job is not None else 0.0
-        if cap.writer == "coordinator":
-            self.fs_pool.submit(self._write_shared, cap.capture_id, cap.profiler_config_path, dict(cap.config),
-                                not_before)
-            return
-        self._index_commands(cap)
-        for n in cap.nodes.values():
-            if n.ok is None:
-                self.send_node_command(n.node_id, wire.NodeCommand(
-                    cmd="write_config", command_id=n.command_id,
-                    args={"profiler_config_path": cap.profiler_config_path, "config": dict(cap.config),
-                          "not_before_unix_s": not_before}))
-
-    def _write_shared(self, capture_id: str, config_dir: str, config: dict[str, Any], not_before: float) -> None:
-        """File system worker: write the shared config, report back to the main loop."""
-        try:
-            res = self.writer.write(config_dir, config, not_before_unix_s=not_before,
-                                    allowed_roots=[str(r) for r in self.s.coordinator.allowed_config_roots])
-            result = {"path": str(res.path), "mtime_s": res.mtime_s}
-            self.post(lambda: self._on_written(capture_id, result, None))
-        except Exception as exc:  # noqa: BLE001 - a refusal is the capture's outcome, never a crash
-            err = str(exc) or repr(exc)
-            self.post(lambda: self._on_written(capture_id, {}, err))
-
-    def _on_written(self, capture_id: str, result: dict[str, Any], error: str | None) -> None:
-        cap = self._find(capture_id)
-        if cap is None:
-            return
-        now = self.clock()
-        self._apply(lc.config_write_failed(cap, error, now, self.ls) if error is not None
-                    else lc.config_written(cap, result, now, self.ls))
-
-    def on_node_ack(self, ack: wire.NodeAck, now: float) -> None:
-        """A node daemon answered a ``write_config`` command."""
-        cid, node_id = self._commands.get(ack.command_id, ("", ""))
-        cap = self._find(cid)
-        if cap is None or node_id != ack.node_id:
-            return
-        self._apply(lc.node_write_result(cap, node_id, ack.ok, ack.detail, dict(ack.result), now, self.ls))
 
     # -- rank events, wake-ups, ticks ---------------------------------------------------------------------------------
     def on_capture_event(self, ev: wire.CaptureEvent, node_id: str, now: float) -> None:
@@ -518,9 +476,10 @@ class CaptureShell(AnalysisSteps):
         out = []
         for cap in caps:
             try:
-                out.append(describe(self._apply(lc.cancel(cap, now, self.ls, by="profwatch cancel")), now))
+                view = describe(self._apply(lc.cancel(cap, now, self.ls, by="profwatch cancel")), now)
             except lc.TransitionRefused as exc:
                 raise ControlError("conflict", str(exc)) from None
+            out.append({**view, "idle_config": cap.state in lc.WINDOW_PENDING})
         return out
 
     def capture_view(self, capture_id: str, now: float) -> dict[str, Any]:

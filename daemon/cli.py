@@ -182,8 +182,9 @@ def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step:
 @click.option("--capture", "capture_id", help="this capture (default: every capture of the job in flight)")
 @click.option("--json", "as_json", is_flag=True)
 def cancel(config_path: Path | None, job_id: str, capture_id: str | None, as_json: bool) -> None:
-    """Stop tracking a capture in flight so the job can be armed again. Its data is kept; a config already
-    delivered may still fire on the ranks (whatever they write stays in place)."""
+    """Stop tracking a capture in flight so the job can be armed again. Its data is kept (whatever the ranks wrote
+    stays in place). Before analysis the idle config (start_step 0) is written over the arm: ranks that have not
+    started the window drop it; a window already running ends as armed."""
     s = load_or_exit(config_path)
     res = CoordinatorClient(s).call("cancel", {"job_id": job_id, "capture_id": capture_id})
     if as_json:
@@ -191,6 +192,9 @@ def cancel(config_path: Path | None, job_id: str, capture_id: str | None, as_jso
         return
     for cap in res:
         click.echo(f"cancelled capture {cap['capture_id']} of job {cap['job_id']} ({cap['outcome']}); data kept")
+        if cap.get("idle_config"):
+            click.echo("  the idle config (start_step 0) goes over the arm: ranks that have not started the window "
+                       "drop it (see the capture's idle_config_* event)")
 
 
 @cli.command()

@@ -477,7 +477,8 @@ class NodeDaemon:
             a = cmd.args
             res = self._writer.write(str(a["profiler_config_path"]), dict(a["config"]),
                                      not_before_unix_s=float(a.get("not_before_unix_s") or 0.0),
-                                     allowed_roots=[str(r) for r in self.s.allowed_config_roots])
+                                     allowed_roots=[str(r) for r in self.s.allowed_config_roots],
+                                     idle=a.get("idle") is True)
             result = {"path": str(res.path), "mtime_s": res.mtime_s, "inode": res.inode, "created": res.created}
             self._ack(cmd.command_id, True, result=result)
             log.info("config_written", command_id=cmd.command_id, **result)

@@ -18,6 +18,10 @@ An mtime ahead of the clock is accepted, as torch_npu accepts it (verified again
 ``validate=`` :func:`rankhook.backends.torch_npu_config.torch_npu_reading` so that its mirror applies
 torch_npu's resets instead of this module's strict :func:`validate_config`.
 
+A complete file that never fires (start_step 0, e.g. the idle config ``profwatch cancel`` writes, or one the
+validator refuses) replaces the pending config, as it replaces torch_npu's single pending slot: the arm it
+replaced never starts (checked against torch-npu 2.13.0 in ``tests/conformance/test_monitor_protocol.py``).
+
 Deliberate differences from torch_npu (documented): an invalid or torn read does **not** consume the mtime (it
 is retried when the file's size or mtime changes, and reported once); byte-identical content re-accepted within
 ``REDELIVERY_WINDOW_S`` (the config writer's mtime bump) is not a new arm.
@@ -140,6 +144,29 @@ def validate_config(raw: object) -> tuple[dict[str, Any] | None, str]:
     return cfg, ""
 
 
+def replaces_pending(raw: object, rank: int) -> bool:
+    """True when torch_npu takes ``raw`` into ``rank``'s single pending slot although it never fires: a JSON object,
+    not a dyno-monitor command (``NPU_MONITOR_START``), with string activities (another entry makes the parse raise
+    inside ``dp.step()``, which keeps the old config), a start_step that reads as 0 (missing, 0, or reset to 0: not
+    an int, or below -1) and selecting ``rank`` (``is_rank`` not true, or ``rank`` in an integer ``rank_list``).
+    Such a config replaces a waiting arm and is then dropped as "not effective"; e.g. the idle config
+    ``profwatch cancel`` writes. Source: torch-npu 2.13.0 ``_dynamic_profiler_monitor.shm_to_prof_conf_context``
+    (a context only when ``ConfigContext.valid()``) and ``dynamic_profile.step`` (a returned context replaces the
+    pending one); checked against those files in ``tests/conformance/test_monitor_protocol.py``."""
+    if not isinstance(raw, dict) or "NPU_MONITOR_START" in raw:
+        return False
+    acts = raw.get("activities")
+    if isinstance(acts, list) and not all(isinstance(a, str) for a in acts):
+        return False
+    s = raw.get("start_step", 0)
+    if _is_int(s) and s != 0 and s >= -1:
+        return False
+    if raw.get("is_rank") is True:
+        rl = raw.get("rank_list")
+        return isinstance(rl, list) and any(_is_int(r) and r == rank for r in rl)
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class ArmedConfig:
     """One accepted ``profiler_config.json`` generation.
@@ -192,10 +219,12 @@ class WindowGate:
         self._seen: ArmedConfig | None = None
 
     def offer(self, cfg: ArmedConfig | None) -> None:
-        """Put ``cfg`` in the single pending slot if it is new (a newer config replaces a waiting one)."""
+        """Put ``cfg`` in the single pending slot if it is new and selects this rank (a newer config replaces a
+        waiting one; one for other ranks leaves it: torch_npu's ``ConfigContext.valid()`` is false for it)."""
         if cfg is not None and cfg is not self._seen:
             self._seen = cfg
-            self.pending = cfg if cfg.selected else None
+            if cfg.selected:
+                self.pending = cfg
 
     def start_now(self, cfg: ArmedConfig, cur_step: int) -> bool:
         """Start ``cfg`` immediately (``dp.start``); False if a capture is running."""
@@ -217,6 +246,9 @@ class WindowGate:
         if p is None:
             return "", None
         s = p.start_step
+        if s == 0:  # never fires (torch_npu: "not effective"); the watcher already reported it as arm_rejected
+            self.pending = None
+            return "", None
         if s == -1 or cur_step == s:
             self.pending = None
             self.start_now(p, cur_step)
@@ -325,6 +357,8 @@ class ConfigWatcher:
             return None
         cfg, detail = self._validate(raw)
         if cfg is None:
+            if replaces_pending(raw, self.rank):  # it never fires, but the arm it replaced is gone too
+                self.latest = ArmedConfig(generation=m, start_step=0, warmup=0, active=0, selected=True, config={})
             self._reject(m, st.st_size, detail)
             return None
         prev, self._accepted = self._accepted, m

@@ -43,6 +43,7 @@ import structlog
 
 from daemon.adapters.paths import PathRefused, open_dir
 from daemon.core.capture import InvalidProfilerConfig, ProfilerConfig
+from daemon.core.profiler_config import check_idle_config
 from rankhook.profconfig import CONFIG_FILE, TEMPLATE
 
 log = structlog.get_logger("profwatch.config_writer")
@@ -119,13 +120,19 @@ class ConfigWriter:
         *,
         not_before_unix_s: float,
         allowed_roots: Sequence[str],
+        idle: bool = False,
     ) -> WriteResult:
         """Write ``content`` (validated as :class:`ProfilerConfig`) into ``<config_dir>/profiler_config.json``.
 
+        ``idle=True`` writes :func:`daemon.core.profiler_config.idle_config` instead (start_step 0, checked by
+        ``check_idle_config``): what ``profwatch cancel`` puts over an arm so that it never fires.
         Blocks up to ~``max_wait_s`` + 1 s (fresh second, then the mtime bump). Raises
         :class:`InvalidProfilerConfig` for bad content and a :class:`ConfigWriteError` subclass for refusals.
         """
-        ProfilerConfig.parse(content)
+        if idle:
+            check_idle_config(content)
+        else:
+            ProfilerConfig.parse(content)
         data = json.dumps(content, indent=4).encode()
         d = check_config_dir(config_dir, allowed_roots)
         path = os.path.join(d, CONFIG_FILE)

@@ -81,6 +81,7 @@ class Action(str, Enum):
     ENRICH = "enrich"  # run the follow-up (advisor) for the analysed batch
     UNWATCH = "unwatch"  # stop watching the prof_dir
     RETAIN = "retain"  # apply the retention caps (only analysed batches are ever removed)
+    IDLE_CONFIG = "idle_config"  # write the idle config (start_step 0) over a cancelled arm so it never fires
 
 
 # -- settings and deadlines -----------------------------------------------------------------------------------------
@@ -536,15 +537,31 @@ def enrich_failed(cap: Capture, error: str, now: float, settings: LifecycleSetti
 
 
 # -- 7. endings from outside: cancelled, superseded ------------------------------------------------------------------
+WINDOW_PENDING = frozenset({S.PLANNED, S.WRITTEN, S.ACKNOWLEDGED, S.COLLECTING})
+"""States whose config may still wait in the ranks' pending slot: a cancel writes the idle config over it."""
+
+
 def cancel(cap: Capture, now: float, settings: LifecycleSettings, by: str = "operator") -> Transition:
-    """An in-flight capture -> cancelled (its job may arm again). The config already delivered may still fire
-    on the ranks; whatever they write is left in place. Raises :class:`TransitionRefused` otherwise."""
+    """An in-flight capture -> cancelled (its job may arm again). Before analysis the idle config (start_step 0,
+    :func:`daemon.core.profiler_config.idle_config`) is written over the arm, so ranks that have not started the
+    window drop it; a window already running ends as armed. Whatever the ranks write is left in place. Raises
+    :class:`TransitionRefused` otherwise."""
     if cap.state not in IN_FLIGHT:
         raise TransitionRefused(f"capture {cap.capture_id} is {cap.state.value}: nothing to cancel")
     was = cap.state
     cap = _enter(cap, S.CANCELLED, now, settings, outcome=f"cancelled by {by} while {was.value}")
-    return Transition(cap, (_progress(cap, "cancelled", now, by=by, was=was.value, note="data kept; nothing deleted"),),
-                      _leaving(was))
+    idle = was in WINDOW_PENDING
+    note = "data kept; nothing deleted" + ("; the idle config (start_step 0) replaces the arm on ranks that have "
+                                           "not started the window" if idle else "")
+    actions = _leaving(was) | ({Action.IDLE_CONFIG} if idle else frozenset())
+    return Transition(cap, (_progress(cap, "cancelled", now, by=by, was=was.value, note=note),), actions)
+
+
+def idle_config_result(cap: Capture, writer: str, ok: bool, detail: str, now: float) -> Event:
+    """The ``io.profwatch.capture.v1`` event saying whether the idle config written after a cancel landed
+    (``idle_config_written`` / ``idle_config_failed``); ``writer``: "coordinator" or the node id (one event each)."""
+    ev = _progress(cap, "idle_config_written" if ok else "idle_config_failed", now, writer=writer, detail=detail[:500])
+    return Event(ev.type, ev.data, f"{ev.event_id}-{writer}")
 
 
 SUPERSEDABLE = IN_FLIGHT - {S.ANALYSING}

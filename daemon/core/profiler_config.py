@@ -310,3 +310,34 @@ class ProfilerConfig(_Strict):
         if len(json.dumps(out, indent=4)) > MAX_CONFIG_BYTES:
             raise InvalidProfilerConfig(f"rendered config over {MAX_CONFIG_BYTES} bytes")
         return out
+
+
+IDLE_METADATA_KEY = "profwatch_idle"
+"""``metadata`` key of the idle config: why it was written (e.g. "capture c-... cancelled")."""
+
+
+def idle_config(note: str) -> dict[str, Any]:
+    """The idle ``profiler_config.json``: every key at the template's value (``start_step`` 0) and
+    ``metadata = {"profwatch_idle": note}`` (``note`` cut to 200 characters).
+
+    Written over a cancelled arm whose window may not have started yet. torch_npu's dynamic_profile keeps one
+    pending config per rank and a newer one replaces it; a start_step of 0 is then dropped at the next step as
+    "not effective" (torch-npu 2.13.0 ``dynamic_profile.step``; 2.6.0 keeps it pending forever, which never fires
+    either). So the cancelled arm never starts. A window already running is not stopped: a config seen during a
+    capture is looked at after it ends (``docs/torch_npu-dynamic-profile.md``, start_step and config polling;
+    checked against the real monitor in ``tests/conformance/test_monitor_protocol.py``).
+    """
+    out = ProfilerConfig(start_step=1, metadata={IDLE_METADATA_KEY: str(note)[:200]}).render()
+    out["start_step"] = 0
+    return out
+
+
+def check_idle_config(content: Any) -> None:
+    """Raise :class:`InvalidProfilerConfig` unless ``content`` is an idle config: a JSON object with
+    ``start_step`` 0 (not a bool) that is otherwise a valid :class:`ProfilerConfig`."""
+    if not isinstance(content, dict):
+        raise InvalidProfilerConfig(f"an idle config must be a JSON object, got {type(content).__name__}")
+    s = content.get("start_step")
+    if type(s) is not int or s != 0:
+        raise InvalidProfilerConfig(f"an idle config has start_step 0, got {s!r}")
+    ProfilerConfig.parse({**content, "start_step": 1})

@@ -22,10 +22,14 @@ import json
 import os
 import time
 
+import pytest
+
 from daemon.adapters.config_writer import ConfigWriter
 from daemon.adapters.rank_dir_fs import scan_tree
 from daemon.core.capture import ProfilerConfig
 from daemon.core.prof_layout import parse_profiler_info
+from daemon.core.profiler_config import idle_config
+from rankhook import wire
 from tests.conformance.helpers import (
     assert_dp_log_parsed,
     dp_acks,
@@ -187,6 +191,38 @@ def test_writes_after_a_config_with_a_past_or_future_mtime_are_seen(npu_job) -> 
         assert job.dp_lines_with(r, f"Start Dynamic Profiler at {pc.start_step} step."), job.dp_log(r)
     wait_hook_events(job, "started", pc.capture_id, [0, 1])
     assert_dp_log_parsed(job)
+
+
+@pytest.mark.parametrize("fake", [False, True], ids=["real", "fake"])
+def test_the_idle_config_of_a_cancel_drops_the_waiting_arm_on_every_rank(npu_job, fake: bool) -> None:
+    job = npu_job(world=2, fake=fake)
+    job.wait_steps(14, 180)
+    writer = ConfigWriter()  # the coordinator-side writer, as profwatch cancel uses it
+    roots = [str(job.root / "cfg")]
+    p = plan(job, in_steps=80)  # 20 s ahead: the idle config lands long before
+    writer.write(str(job.cfg), p.config.render(), not_before_unix_s=job.not_before(), allowed_roots=roots)
+    wait_hook_events(job, "arm_seen", p.capture_id, [0, 1])
+    for r in (0, 1):
+        wait_for(lambda r=r: job.dp_lines_with(r, f"Start step will be set to {p.start_step}."), 60,
+                 what=f"rank {r} took the arm")
+    writer.write(str(job.cfg), idle_config(f"capture {p.capture_id} cancelled"), not_before_unix_s=job.not_before(),
+                 allowed_roots=roots, idle=True)
+    for r in (0, 1):  # the monitor delivered the idle config to every rank ...
+        wait_for(lambda r=r: job.dp_lines_with(r, "Start step will be set to 0."), 60, what=f"rank {r} idle")
+    assert max(job.progress()) < p.start_step, "the idle config came too late to test anything"
+    job.wait_steps(window_end(p) + 3, 120)
+    job.check_alive()
+    for r in (0, 1):  # ... which replaced the waiting arm: its start step passed and nothing started
+        assert not job.dp_lines_with(r, "Start Dynamic Profiler at"), job.dp_log(r)
+    assert "Dynamic Profiler config is not effective. The start_step=0" in job.stdout(0)
+    assert not job.rank_dirs(p.prof_dir)
+    # rankhook's mirror agrees: it reported the idle config as rejected and never marked a step as captured
+    wait_hook_events(job, "arm_rejected", None, [0, 1])
+    assert not hook_events(job, "started", p.capture_id) and not hook_events(job, "started")
+    job.coord.pump()
+    steps = [m for m in job.coord.rank_messages if isinstance(m, wire.StepReport)]
+    assert {m.rank for m in steps if m.step > window_end(p)} == {0, 1}
+    assert not [m for m in steps if m.capturing], "the mirror still ran the cancelled window"
 
 
 def test_rank_list_captures_only_listed_ranks_and_keeps_the_async_parse(npu_job) -> None:

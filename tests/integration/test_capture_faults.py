@@ -185,7 +185,7 @@ def test_arm_wait_reports_the_write_and_every_acknowledgement(harness, short_tmp
 @pytest.mark.slow
 def test_arm_wait_names_the_silent_rank_then_dry_run_refusal_cancel_and_status(harness, short_tmp) -> None:
     h = harness(ack_timeout_s=5.0)
-    _ready_job(h, short_tmp, "jobM")
+    cfg = _ready_job(h, short_tmp, "jobM")
     res = call(h.control, "arm", {"job_id": "jobM"})
     cid = res["capture_id"]
     wait_for(lambda: _of_type(h.events("jobM"), "io.profwatch.arm.v1"), 60, what="config written")
@@ -205,7 +205,14 @@ def test_arm_wait_names_the_silent_rank_then_dry_run_refusal_cancel_and_status(h
     assert "collecting" in line and "deadline in" in line and "acked=1/2" in line
     cancelled = _cli(h, "cancel", "--job", "jobM")
     assert cancelled.returncode == 0 and cancelled.stdout.startswith(f"cancelled capture {cid} of job jobM")
+    assert "the idle config (start_step 0) goes over the arm" in cancelled.stdout
     assert h.last_capture("jobM")["state"] == "cancelled"
+    # rank 1 never took the arm: the idle config (start_step 0) now stands in the file, so it never will
+    idled = wait_for(lambda: [e for e in _capture_event(h, "jobM", cid) if e["data"]["event"].startswith("idle_config")],
+                     30, what="the idle config written")
+    assert idled[0]["data"]["event"] == "idle_config_written", idled
+    on_disk = json.loads((cfg / "profiler_config.json").read_text())
+    assert on_disk["start_step"] == 0 and on_disk["metadata"] == {"profwatch_idle": f"capture {cid} cancelled"}
     again = _cli(h, "cancel", "--job", "jobM")
     assert again.returncode == 1 and "no capture in flight" in again.stderr
     # a fresh arm whose rank 1 never acknowledges: --wait says who and why, exit 1

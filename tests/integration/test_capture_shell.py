@@ -20,6 +20,7 @@ from daemon.core.anomaly import Anomaly
 from daemon.core.capture import CaptureRequest
 from daemon.core.completeness import BatchState, RankDirState
 from daemon.core.lifecycle import CaptureState
+from daemon.core.profiler_config import idle_config
 from daemon.core.registry import Registry
 from rankhook import wire
 from tests.conftest import wait_for
@@ -44,6 +45,8 @@ class World:
         self.events: list[tuple[str, str, dict, str | None]] = []
         self.sent: list[tuple[str, wire.NodeCommand]] = []
         self.writes: list[tuple[str, dict]] = []
+        self.idle_writes: list[tuple[str, dict]] = []
+        self.idle_error = ""  # the idle write raises this when set
         self.results: queue.Queue[Callable[[], None]] = queue.Queue()
         self.verdict: tuple[str, dict] = ("ok", {"status": "ok", "detail": "1 suspect"})
         self.batches: list[BatchState] = []
@@ -68,8 +71,14 @@ class World:
         outer = self
 
         class Writer:
-            def write(self, config_dir: str, content: dict, *, not_before_unix_s: float, allowed_roots: Any) -> Any:
-                outer.writes.append((config_dir, content))
+            def write(self, config_dir: str, content: dict, *, not_before_unix_s: float, allowed_roots: Any,
+                      idle: bool = False) -> Any:
+                if idle:
+                    outer.idle_writes.append((config_dir, content))
+                    if outer.idle_error:
+                        raise PermissionError(outer.idle_error)
+                else:
+                    outer.writes.append((config_dir, content))
                 return SimpleNamespace(path=f"{config_dir}/profiler_config.json", mtime_s=int(outer.now))
 
         class Scanner:
@@ -230,7 +239,7 @@ def test_cancel_frees_the_job_and_keeps_the_record(world) -> None:
         w.shell.cancel("j1", "c-nope", w.now)
     assert ei.value.code == "not_found"
     (view,) = w.shell.cancel("j1", None, w.now)
-    assert view["state"] == "cancelled" and "while written" in view["outcome"]
+    assert view["state"] == "cancelled" and "while written" in view["outcome"] and view["idle_config"] is True
     assert w.state(cid) is CaptureState.CANCELLED
     with pytest.raises(ControlError) as ei:
         w.shell.cancel("j1", None, w.now)
@@ -238,7 +247,57 @@ def test_cancel_frees_the_job_and_keeps_the_record(world) -> None:
     with pytest.raises(ControlError) as ei:
         w.shell.cancel("j1", cid, w.now)
     assert ei.value.code == "conflict"
+    # the idle config (start_step 0) went over the arm, after it, by the same writer; its result is an event
+    w.drain(lambda: bool(_capture_events(w, "idle_config_written")))
+    ((cfg_dir, idle),) = w.idle_writes
+    assert cfg_dir == w.writes[0][0] and idle == idle_config(f"capture {cid} cancelled")
+    assert idle["start_step"] == 0 and idle["metadata"] == {"profwatch_idle": f"capture {cid} cancelled"}
+    (ev,) = _capture_events(w, "idle_config_written")
+    assert ev["capture_id"] == cid and ev["writer"] == "coordinator" and "profiler_config.json" in ev["detail"]
     assert w.arm()["capture_id"] != cid
+
+
+def _capture_events(w: World, event: str) -> list[dict]:
+    return [d for d in w.of("io.profwatch.capture.v1") if d.get("event") == event]
+
+
+def test_a_failed_idle_write_is_reported_and_the_cancel_stands(world) -> None:
+    w = world()
+    w.idle_error = "read-only file system"
+    cid = w.arm()["capture_id"]
+    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
+    w.shell.cancel("j1", cid, w.now)
+    w.drain(lambda: bool(_capture_events(w, "idle_config_failed")))
+    (ev,) = _capture_events(w, "idle_config_failed")
+    assert ev["writer"] == "coordinator" and "read-only file system" in ev["detail"]
+    assert w.state(cid) is CaptureState.CANCELLED and w.arm()["capture_id"] != cid
+
+
+def test_node_writer_cancel_sends_the_idle_config_to_each_node_and_reports_each_answer(world) -> None:
+    w = world(writer="node", nodes=("n1", "n2"))
+    cid = w.arm()["capture_id"]
+    for node, cmd in list(w.sent):
+        w.shell.on_node_ack(wire.NodeAck(node_id=node, command_id=cmd.command_id, ok=True,
+                                         result={"path": "/cfg/profiler_config.json", "mtime_s": 5}), w.now)
+    assert w.state(cid) is CaptureState.WRITTEN
+    w.shell.cancel("j1", cid, w.now)
+    idle = [(n, c) for n, c in w.sent if c.args.get("idle") is True]
+    assert sorted(n for n, _c in idle) == ["n1", "n2"]
+    assert all(c.cmd == "write_config" and c.args["config"]["start_step"] == 0 for _n, c in idle)
+    by_node = {n: c for n, c in idle}
+    # an answer naming another node's command is ignored; each node's own answer is one event
+    w.shell.on_node_ack(wire.NodeAck(node_id="n2", command_id=by_node["n1"].command_id, ok=True), w.now)
+    assert not _capture_events(w, "idle_config_written")
+    w.shell.on_node_ack(wire.NodeAck(node_id="n1", command_id=by_node["n1"].command_id, ok=True,
+                                     result={"path": "/cfg/profiler_config.json", "mtime_s": 6}), w.now)
+    w.shell.on_node_ack(wire.NodeAck(node_id="n2", command_id=by_node["n2"].command_id, ok=False,
+                                     detail="config dir is a symlink"), w.now)
+    w.shell.on_node_ack(wire.NodeAck(node_id="n1", command_id=by_node["n1"].command_id, ok=True), w.now)  # again
+    (ok,) = _capture_events(w, "idle_config_written")
+    (bad,) = _capture_events(w, "idle_config_failed")
+    assert ok["writer"] == "n1" and "(mtime 6)" in ok["detail"]
+    assert bad["writer"] == "n2" and bad["detail"] == "config dir is a symlink"
+    assert w.state(cid) is CaptureState.CANCELLED
 
 
 def test_dry_run_agrees_with_the_refusal_and_names_the_blocker(world) -> None:
@@ -312,7 +371,8 @@ def test_cancelling_an_analysing_capture_stops_its_runs_and_drops_its_late_resul
     w.release.clear()  # the analysis will run until released
     cid = _arm_and_land(w, CaptureState.ANALYSING)
     (view,) = w.shell.cancel("j1", cid, w.now)
-    assert view["state"] == "cancelled" and w.stopped == [cid]
+    assert view["state"] == "cancelled" and w.stopped == [cid] and view["idle_config"] is False
+    assert not w.idle_writes  # the window is long over: nothing to take back
     w.release.set()
     w.shell.analysis_pool.shutdown(wait=True)  # the analysis returned ...
     w.drain()  # ... and its result, handed back, is dropped

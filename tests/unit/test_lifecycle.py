@@ -368,12 +368,27 @@ def test_every_in_flight_state_can_be_cancelled_and_nothing_else() -> None:
         t = lc.cancel(cap, T0 + 50, SET, by="cli")
         assert t.capture.state is CaptureState.CANCELLED and t.capture.deadline_unix_s is None
         assert f"while {cap.state.value}" in t.capture.outcome and Action.UNWATCH in t.actions
-        assert (Action.STOP_ANALYSIS in t.actions) == (cap.state is CaptureState.ANALYSING)
-        assert t.events[0].data["note"] == "data kept; nothing deleted"
+        analysing = cap.state is CaptureState.ANALYSING
+        assert (Action.STOP_ANALYSIS in t.actions) == analysing
+        # before analysis the arm may still wait on ranks that have not started the window: the idle config
+        # (start_step 0) goes over it; an analysing capture's window is long over
+        assert (Action.IDLE_CONFIG in t.actions) == (not analysing) == (cap.state in lc.WINDOW_PENDING)
+        assert t.events[0].data["note"].startswith("data kept; nothing deleted")
+        assert ("idle config (start_step 0)" in t.events[0].data["note"]) == (not analysing)
         with pytest.raises(lc.TransitionRefused):
             lc.cancel(t.capture, T0 + 51, SET)
     with pytest.raises(lc.TransitionRefused):
         lc.cancel(_analysed(), T0 + 51, SET)
+
+
+def test_the_idle_config_result_is_one_event_per_writer() -> None:
+    cap = lc.cancel(_written(_open()), T0 + 50, SET, by="cli").capture
+    ok = lc.idle_config_result(cap, "node-a", True, "/cfg/profiler_config.json (mtime 7)", T0 + 51)
+    bad = lc.idle_config_result(cap, "node-b", False, "x" * 900, T0 + 51)
+    assert ok.data["event"] == "idle_config_written" and ok.data["writer"] == "node-a"
+    assert ok.data["state"] == "cancelled" and ok.data["capture_id"] == cap.capture_id
+    assert bad.data["event"] == "idle_config_failed" and len(bad.data["detail"]) == 500
+    assert len({ok.event_id, bad.event_id, lc.idle_config_result(cap, "node-b", True, "", T0).event_id}) == 3
 
 
 def test_a_new_generation_supersedes_older_captures_that_still_wait_for_ranks_only() -> None:

@@ -1,0 +1,153 @@
+"""The single pending config slot on a rank: the idle config ``profwatch cancel`` writes takes it (so a cancelled
+arm never starts), a config for other ranks leaves it (``rankhook/profconfig.py``: ``replaces_pending``,
+``WindowGate``, ``ConfigWatcher``; ``daemon/core/profiler_config.py``: ``idle_config``). The same rules are checked
+against the real torch_npu monitor in ``tests/conformance/test_monitor_protocol.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.adapters.config_writer import ConfigWriter
+from daemon.core.profiler_config import InvalidProfilerConfig, ProfilerConfig, check_idle_config, idle_config
+from rankhook.profconfig import TEMPLATE, ArmedConfig, ConfigWatcher, WindowGate, make_armed, replaces_pending
+
+
+def test_the_idle_config_is_the_template_with_a_note() -> None:
+    idle = idle_config("capture c-1 cancelled " + "x" * 500)
+    assert {k: v for k, v in idle.items() if k != "metadata"} == TEMPLATE
+    assert idle["metadata"] == {"profwatch_idle": ("capture c-1 cancelled " + "x" * 500)[:200]}
+    check_idle_config(idle)  # accepted as idle ...
+    with pytest.raises(InvalidProfilerConfig, match="never fires"):
+        ProfilerConfig.parse(idle)  # ... and never as an arm
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"start_step": 5}, "has start_step 0"), ({"start_step": False}, "has start_step 0"),
+    ({"start_step": "0"}, "has start_step 0"), ({"start_step": 0.0}, "has start_step 0"),
+    ({"active": 0}, "active"), ({"is_valid": True}, "is_valid"), ({"surprise": 1}, "surprise"),
+])
+def test_check_idle_config_refuses_anything_else(change: dict[str, Any], match: str) -> None:
+    with pytest.raises(InvalidProfilerConfig, match=match):
+        check_idle_config({**idle_config("n"), **change})
+    with pytest.raises(InvalidProfilerConfig, match="JSON object"):
+        check_idle_config([idle_config("n")])
+
+
+def test_the_writer_writes_the_idle_config_only_when_asked(tmp_path: Path) -> None:
+    d = tmp_path / "cfg"
+    d.mkdir()
+    w, roots = ConfigWriter(), [str(tmp_path)]
+    arm = ProfilerConfig(start_step=40, metadata={"profwatch_capture_id": "c-1"}).render()
+    first = w.write(str(d), arm, not_before_unix_s=0, allowed_roots=roots)
+    with pytest.raises(InvalidProfilerConfig, match="never fires"):
+        w.write(str(d), idle_config("c-1 cancelled"), not_before_unix_s=0, allowed_roots=roots)
+    with pytest.raises(InvalidProfilerConfig, match="has start_step 0"):
+        w.write(str(d), arm, not_before_unix_s=0, allowed_roots=roots, idle=True)
+    res = w.write(str(d), idle_config("c-1 cancelled"), not_before_unix_s=0, allowed_roots=roots, idle=True)
+    assert res.mtime_s > first.mtime_s  # a newer whole second: every rank's monitor reads it
+    assert json.loads((d / "profiler_config.json").read_text()) == idle_config("c-1 cancelled")
+
+
+@pytest.mark.parametrize(("raw", "rank", "replaces"), [
+    (idle_config("x"), 0, True),
+    ({}, 3, True),  # an empty file reads as {}: every key at the template value
+    ({"start_step": 0}, 0, True),
+    ({"start_step": "5"}, 0, True),  # torch_npu resets a non-int start_step to 0
+    ({"start_step": -3}, 0, True),
+    ({"start_step": 2.5}, 0, True),
+    ({"start_step": True}, 0, True),
+    ({"start_step": 0, "is_rank": True, "rank_list": [1, 2]}, 2, True),
+    ({"start_step": 0, "is_rank": True, "rank_list": [1, 2]}, 0, False),  # not for this rank: valid() is false
+    ({"start_step": 0, "is_rank": True, "rank_list": "0,1"}, 0, False),  # torch_npu reads no rank at all
+    ({"start_step": 0, "is_rank": "yes", "rank_list": [5]}, 0, True),  # a non-bool is_rank resets to false
+    ({"start_step": 0, "activities": ["CPU", 1]}, 0, False),  # the parse raises inside dp.step(): old one kept
+    ({"start_step": 0, "NPU_MONITOR_START": True}, 0, False),  # a dyno-monitor command, not a config
+    ({"start_step": 7}, 0, False), ({"start_step": -1}, 0, False),  # these fire: not a rejection at all
+    ([1, 2], 0, False), ("text", 0, False), (None, 0, False),
+])
+def test_which_rejected_files_take_the_pending_slot(raw: Any, rank: int, replaces: bool) -> None:
+    assert replaces_pending(raw, rank) is replaces
+
+
+def _armed(start_step: int, *, generation: int = 1, rank_list: list[int] | None = None) -> ArmedConfig:
+    cfg = {**TEMPLATE, "metadata": {"profwatch_capture_id": f"c-{generation}"}, "start_step": start_step,
+           "is_rank": rank_list is not None, "rank_list": rank_list or []}
+    return make_armed(generation, cfg, 0)
+
+
+def test_the_gate_drops_a_waiting_arm_for_a_never_firing_config_and_keeps_it_for_other_ranks() -> None:
+    gate = WindowGate()
+    arm = _armed(40)
+    gate.offer(arm)
+    assert gate.on_step(20) == ("", None) and gate.pending is arm
+    gate.offer(_armed(30, generation=2, rank_list=[3]))  # for rank 3 only: rank 0's pending arm stays
+    assert gate.pending is arm
+    gate.offer(ArmedConfig(generation=3, start_step=0, warmup=0, active=0, selected=True, config={}))
+    assert gate.on_step(21) == ("", None) and gate.pending is None  # dropped without a second event
+    assert all(gate.on_step(s) == ("", None) for s in range(22, 60))  # step 40 passes: nothing starts
+
+
+def test_a_window_already_running_ends_as_armed() -> None:
+    gate = WindowGate()
+    gate.offer(_armed(-1))
+    assert gate.on_step(5)[0] == "start"
+    gate.offer(ArmedConfig(generation=2, start_step=0, warmup=0, active=0, selected=True, config={}))
+    assert gate.on_step(6)[0] == "stop" and gate.on_step(7) == ("", None) and gate.pending is None
+
+
+class _Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _put(path: Path, content: Any, mtime: int) -> None:
+    path.write_text(json.dumps(content))
+    os.utime(path, (mtime, mtime))
+
+
+def test_the_watcher_reports_the_idle_config_as_rejected_and_the_gate_forgets_the_arm(tmp_path: Path) -> None:
+    events: list[tuple[str, str | None, str]] = []
+    clock = _Clock(1_000_000.0)
+    w = ConfigWatcher(str(tmp_path), rank=0, init_unix_s=clock.t, clock=clock,
+                      on_event=lambda ev, cfg, gen, detail: events.append((ev, cfg.capture_id if cfg else None, detail)))
+    f = tmp_path / "profiler_config.json"
+    gate = WindowGate()
+    _put(f, ProfilerConfig(start_step=40, metadata={"profwatch_capture_id": "c-9"}).render(), 1_000_002)
+    clock.t += 3
+    assert w.poll_once() is not None
+    gate.offer(w.latest)
+    assert gate.on_step(20) == ("", None) and gate.pending is not None and gate.pending.capture_id == "c-9"
+    # a config for other ranks is rejected by nobody and leaves rank 0's arm waiting
+    _put(f, ProfilerConfig(start_step=30, is_rank=True, rank_list=[2], analyse=False,
+                           metadata={"profwatch_capture_id": "c-10"}).render(), 1_000_004)
+    clock.t += 2
+    w.poll_once()
+    gate.offer(w.latest)
+    assert gate.pending is not None and gate.pending.capture_id == "c-9"
+    # the idle config: reported as rejected (it never fires), and the waiting arm is gone
+    _put(f, idle_config("capture c-9 cancelled"), 1_000_006)
+    clock.t += 2
+    assert w.poll_once() is None
+    gate.offer(w.latest)
+    assert all(gate.on_step(s) == ("", None) for s in range(21, 60))
+    assert [e[0] for e in events] == ["arm_seen", "arm_seen", "arm_rejected"]
+    assert "start_step" in events[-1][2]
+    # a torn read (not JSON) is retried and leaves the slot as it was
+    _put(f, ProfilerConfig(start_step=70, metadata={"profwatch_capture_id": "c-11"}).render(), 1_000_008)
+    clock.t += 2
+    w.poll_once()
+    gate.offer(w.latest)
+    f.write_text('{"start_step": 0, "act')
+    os.utime(f, (1_000_010, 1_000_010))
+    clock.t += 2
+    assert w.poll_once() is None
+    gate.offer(w.latest)
+    assert gate.pending is not None and gate.pending.capture_id == "c-11"
