@@ -111,11 +111,13 @@ class FakeCoordinator:
         self.pump()
         return [m for m in self.rank_messages if isinstance(m, wire.RankHello)]
 
-    def write_config(self, node_id: str, config_dir: Path, config: dict[str, Any], not_before_unix_s: float) -> str:
-        """Send the node a ``write_config`` command (as the coordinator does with ``config_writer = "node"``)."""
+    def write_config(self, node_id: str, config_dir: Path, config: dict[str, Any], not_before_unix_s: float,
+                     idle: bool = False) -> str:
+        """Send the node a ``write_config`` command (as the coordinator does with ``config_writer = "node"``;
+        ``idle``: the idle config of a cancel)."""
         cid = f"w-{next(self._ids)}"
-        cmd = wire.NodeCommand(cmd="write_config", command_id=cid, args={
-            "profiler_config_path": str(config_dir), "config": config, "not_before_unix_s": not_before_unix_s})
+        args = {"profiler_config_path": str(config_dir), "config": config, "not_before_unix_s": not_before_unix_s}
+        cmd = wire.NodeCommand(cmd="write_config", command_id=cid, args=args | ({"idle": True} if idle else {}))
         self.pump()
         route = self.routes.get(node_id)
         if route is None:

@@ -193,20 +193,29 @@ def test_writes_after_a_config_with_a_past_or_future_mtime_are_seen(npu_job) -> 
     assert_dp_log_parsed(job)
 
 
-@pytest.mark.parametrize("fake", [False, True], ids=["real", "fake"])
+@pytest.mark.parametrize("fake", [False, True], ids=["real-monitor-coordinator-writer", "fake-monitor-node-writer"])
 def test_the_idle_config_of_a_cancel_drops_the_waiting_arm_on_every_rank(npu_job, fake: bool) -> None:
     job = npu_job(world=2, fake=fake)
     job.wait_steps(14, 180)
-    writer = ConfigWriter()  # the coordinator-side writer, as profwatch cancel uses it
-    roots = [str(job.root / "cfg")]
     p = plan(job, in_steps=80)  # 20 s ahead: the idle config lands long before
-    writer.write(str(job.cfg), p.config.render(), not_before_unix_s=job.not_before(), allowed_roots=roots)
+    idle = idle_config(f"capture {p.capture_id} cancelled")
+    if fake:  # the node daemon's writer, answering write_config commands as profwatch cancel sends them
+        arm_cmd = job.coord.write_config(job.node_id, job.cfg, p.config.render(), job.not_before())
+        assert wait_for(lambda: job.coord.ack(arm_cmd), 30, what="arm written").ok
+    else:  # the coordinator-side writer
+        writer, roots = ConfigWriter(), [str(job.root / "cfg")]
+        writer.write(str(job.cfg), p.config.render(), not_before_unix_s=job.not_before(), allowed_roots=roots)
     wait_hook_events(job, "arm_seen", p.capture_id, [0, 1])
     for r in (0, 1):
         wait_for(lambda r=r: job.dp_lines_with(r, f"Start step will be set to {p.start_step}."), 60,
                  what=f"rank {r} took the arm")
-    writer.write(str(job.cfg), idle_config(f"capture {p.capture_id} cancelled"), not_before_unix_s=job.not_before(),
-                 allowed_roots=roots, idle=True)
+    if fake:
+        refused = job.coord.write_config(job.node_id, job.cfg, idle, job.not_before())  # not marked idle
+        assert "never fires" in wait_for(lambda: job.coord.ack(refused), 30, what="refusal").detail
+        idle_cmd = job.coord.write_config(job.node_id, job.cfg, idle, job.not_before(), idle=True)
+        assert wait_for(lambda: job.coord.ack(idle_cmd), 30, what="idle written").ok
+    else:
+        writer.write(str(job.cfg), idle, not_before_unix_s=job.not_before(), allowed_roots=roots, idle=True)
     for r in (0, 1):  # the monitor delivered the idle config to every rank ...
         wait_for(lambda r=r: job.dp_lines_with(r, "Start step will be set to 0."), 60, what=f"rank {r} idle")
     assert max(job.progress()) < p.start_step, "the idle config came too late to test anything"
