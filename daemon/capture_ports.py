@@ -23,10 +23,11 @@ if TYPE_CHECKING:
 class ConfigWriterPort(Protocol):
     """Writes ``profiler_config.json`` (``daemon.adapters.config_writer.ConfigWriter``); returns an object with
     ``path`` and ``mtime_s``; raises on refusal or I/O error. Called on the shell's file system worker.
-    ``idle=True``: ``content`` is the idle config (start_step 0) written over a cancelled arm."""
+    ``idle_for="<capture id>"``: ``content`` is the idle config (start_step 0) taking that capture's arm back,
+    written only while the file still holds it (else raises ``ConfigIdleNotNeeded``)."""
 
     def write(self, config_dir: str, content: dict[str, Any], *, not_before_unix_s: float,
-              allowed_roots: Sequence[str], idle: bool = False) -> Any: ...
+              allowed_roots: Sequence[str], idle_for: str | None = None) -> Any: ...
 
 
 class WatcherPort(Protocol):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from daemon.core import lifecycle as lc
@@ -19,8 +20,22 @@ if TYPE_CHECKING:
     from daemon.config import Settings
     from daemon.core.registry import JobState
 
-MAX_IDLE_COMMANDS = 4096
-"""Idle-config commands awaiting their node's answer (the oldest are forgotten beyond this: only their event is lost)."""
+MAX_IDLE_SENDS = 1 << 16
+"""Idle writes waiting for their node's answer (one per node of an ended capture; each ends at its deadline)."""
+IDLE_RESEND_S = 10.0
+"""A node that has not answered an idle write is asked again this often (a lost command, a reconnecting node)."""
+
+
+@dataclass(slots=True)
+class IdleSend:
+    """One node's idle write owed for an ended capture: its command ``args``, when to (re)send, when to give up
+    (the window's judgement time, at least the write timeout ahead)."""
+
+    cap: lc.Capture
+    node_id: str
+    args: dict[str, Any]
+    next_unix_s: float
+    until: float
 
 
 class ConfigWrites:
@@ -36,7 +51,7 @@ class ConfigWrites:
     clock: Clock
     fs_pool: ThreadPoolExecutor
     _commands: dict[str, tuple[str, str]]
-    _idle_commands: dict[str, tuple[lc.Capture, str]]
+    _idle_sends: dict[str, IdleSend]
     _find: Callable[[str], lc.Capture | None]
     _apply: Callable[..., lc.Capture]
 
@@ -79,32 +94,61 @@ class ConfigWrites:
                     else lc.config_written(cap, result, now, self.ls))
 
     def _write_idle(self, cap: lc.Capture) -> None:
-        """After a cancel: the idle config (start_step 0) over the arm, by the writer(s) that wrote the arm (in order
-        after it: one file system worker, one FIFO queue per node); each result is an ``idle_config_*`` event."""
+        """The idle config (start_step 0) over an arm that ended unused (cancelled, failed, superseded), by the
+        writer(s) of the arm and after it (one file system worker; one FIFO queue per node). Written only while the
+        file still holds this capture's arm, so a repeat is harmless: a node that does not answer is asked again
+        every :data:`IDLE_RESEND_S` until the window's judgement time. Each writer's outcome is one
+        ``idle_config_{written,skipped,failed}`` event."""
         job = self.jobs.get(cap.job_id)
         not_before = job.started_unix_s if job is not None else 0.0
-        content = idle_config(f"capture {cap.capture_id} cancelled")
+        state, why = cap.state.value, cap.outcome or cap.state.value
+        content = idle_config(f"capture {cap.capture_id} " + (why if why.startswith(state) else f"{state}: {why}"))
         if cap.writer == "coordinator":
             self.fs_pool.submit(self._write_idle_shared, cap, content, not_before)
             return
+        now = self.clock()
+        args = {"profiler_config_path": cap.profiler_config_path, "config": content, "not_before_unix_s": not_before,
+                "idle_for": cap.capture_id}
         for n in cap.nodes.values():
+            if n.ok is False:
+                continue  # this node refused the arm: there is nothing of it to take back
             command_id = f"idle-{cap.capture_id}-{n.node_id}"
-            self._idle_commands[command_id] = (cap, n.node_id)
-            while len(self._idle_commands) > MAX_IDLE_COMMANDS:  # nodes that never answer do not grow it
-                self._idle_commands.pop(next(iter(self._idle_commands)))
-            self.send_node_command(n.node_id, wire.NodeCommand(cmd="write_config", command_id=command_id, args={
-                "profiler_config_path": cap.profiler_config_path, "config": content, "not_before_unix_s": not_before,
-                "idle": True}))
+            self._idle_sends[command_id] = IdleSend(cap, n.node_id, args, 0.0,
+                                                    max(cap.judge_unix_s, now + self.ls.write_timeout_s))
+            while len(self._idle_sends) > MAX_IDLE_SENDS:  # bounded: the oldest is given up, and said so
+                old_id = next(iter(self._idle_sends))
+                old = self._idle_sends.pop(old_id)
+                self._emit_event(lc.idle_config_result(old.cap, old.node_id, lc.IdleOutcome.FAILED,
+                                                       "given up: too many idle writes waiting", now), old.cap.job_id)
+        self._send_idle_due(now)
+
+    def _send_idle_due(self, now: float) -> None:
+        """Send the idle writes that are due; give up on those past their deadline (tick and after a cancel)."""
+        for command_id, send in list(self._idle_sends.items()):
+            if now >= send.until:
+                del self._idle_sends[command_id]
+                self._emit_event(lc.idle_config_result(
+                    send.cap, send.node_id, lc.IdleOutcome.FAILED, f"node {send.node_id} did not answer before the window's end "
+                    "(not connected, or its daemon restarted)", now), send.cap.job_id)
+            elif now >= send.next_unix_s:
+                send.next_unix_s = now + IDLE_RESEND_S
+                self.send_node_command(send.node_id, wire.NodeCommand(cmd="write_config", command_id=command_id,
+                                                                      args=dict(send.args)))
 
     def _write_idle_shared(self, cap: lc.Capture, content: dict[str, Any], not_before: float) -> None:
         """File system worker: the idle config into the shared config dir; the result goes to the main loop."""
+        from daemon.adapters.config_writer import ConfigIdleNotNeeded
+
         try:
-            res = self.writer.write(cap.profiler_config_path, content, not_before_unix_s=not_before, idle=True,
+            res = self.writer.write(cap.profiler_config_path, content, not_before_unix_s=not_before,
+                                    idle_for=cap.capture_id,
                                     allowed_roots=[str(r) for r in self.s.coordinator.allowed_config_roots])
-            ok, detail = True, f"{res.path} (mtime {res.mtime_s})"
+            outcome, detail = lc.IdleOutcome.WRITTEN, f"{res.path} (mtime {res.mtime_s})"
+        except ConfigIdleNotNeeded as exc:
+            outcome, detail = lc.IdleOutcome.SKIPPED, str(exc)
         except Exception as exc:  # noqa: BLE001 - a failed idle write is reported, never a crash
-            ok, detail = False, str(exc) or repr(exc)
-        self.post(lambda: self._emit_event(lc.idle_config_result(cap, "coordinator", ok, detail, self.clock()),
+            outcome, detail = lc.IdleOutcome.FAILED, str(exc) or repr(exc)
+        self.post(lambda: self._emit_event(lc.idle_config_result(cap, "coordinator", outcome, detail, self.clock()),
                                            cap.job_id))
 
     def _emit_event(self, ev: lc.Event, job_id: str) -> None:
@@ -112,12 +156,16 @@ class ConfigWrites:
 
     def on_node_ack(self, ack: wire.NodeAck, now: float) -> None:
         """A node daemon answered a ``write_config`` command."""
-        idle, idle_node = self._idle_commands.get(ack.command_id, (None, ""))
-        if idle is not None:
-            if idle_node == ack.node_id:  # another node naming this command is ignored
-                del self._idle_commands[ack.command_id]
-                detail = ack.detail or f"{ack.result.get('path', '')} (mtime {ack.result.get('mtime_s')})"
-                self._emit_event(lc.idle_config_result(idle, ack.node_id, ack.ok, detail, now), idle.job_id)
+        send = self._idle_sends.get(ack.command_id)
+        if send is not None:
+            if send.node_id == ack.node_id:  # another node naming this command is ignored
+                del self._idle_sends[ack.command_id]
+                skipped = ack.result.get("skipped")
+                outcome = (lc.IdleOutcome.FAILED if not ack.ok else lc.IdleOutcome.SKIPPED if skipped
+                           else lc.IdleOutcome.WRITTEN)
+                detail = (ack.detail if not ack.ok else str(skipped) if skipped
+                          else f"{ack.result.get('path', '')} (mtime {ack.result.get('mtime_s')})")
+                self._emit_event(lc.idle_config_result(send.cap, ack.node_id, outcome, detail, now), send.cap.job_id)
             return
         cid, node_id = self._commands.get(ack.command_id, ("", ""))
         cap = self._find(cid)

@@ -33,7 +33,7 @@ from daemon.capture_ports import (
     SendNodeCommand,
     WatcherPort,
 )
-from daemon.capture_writes import ConfigWrites
+from daemon.capture_writes import ConfigWrites, IdleSend
 from daemon.core import lifecycle as lc
 from daemon.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
 from daemon.core.capture import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
@@ -115,8 +115,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         self._watcher: WatcherPort | None = None
         self._jobs: dict[str, _Job] = {}
         self._commands: dict[str, tuple[str, str]] = {}  # write_config command_id -> (capture_id, node_id)
-        # idle write_config command_id -> (the cancelled capture, the node asked)
-        self._idle_commands: dict[str, tuple[lc.Capture, str]] = {}
+        self._idle_sends: dict[str, IdleSend] = {}  # idle write_config command_id -> the node's idle write owed
         self._batches: dict[str, BatchState] = {}  # capture_id -> its complete batch, until analysed
         self._scanning: set[str] = set()
         self._next_scan: dict[str, float] = {}
@@ -125,7 +124,8 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
     # -- start, stop ----------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the watcher, then resume the store's captures: in-flight ones from their state; those of the last
-        hour also fill the arm history (older final ones stay in the store only)."""
+        hour also fill the arm history (older final ones stay in the store only); an ended one whose window is still
+        ahead gets its idle config again (``lc.owes_idle``: the write before the stop may have been lost)."""
         if self._make_watcher is not None:
             try:
                 self._watcher = self._make_watcher(lambda path: self.post(lambda: self.on_wake(path)))
@@ -143,6 +143,8 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                 self._apply(lc.resume(cap, now, self.ls), force_save=True)
             else:
                 job.recent.append(cap)
+                if lc.owes_idle(cap, now):
+                    self._write_idle(cap)
             if cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE):
                 job.history.record_arm(cap.created_unix_s)
                 if cap.state not in lc.ACTIVE and cap.total_bytes:
@@ -265,7 +267,8 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                     self._schedule_scan(cap, self.clock())
 
     def tick(self, now: float) -> None:
-        """Expire what is due; scan what waits for its batch every ``reconcile_interval_s``."""
+        """Expire what is due; scan what waits for its batch every ``reconcile_interval_s``; (re)send idle writes."""
+        self._send_idle_due(now)
         for job in list(self._jobs.values()):
             for cap in list(job.active.values()):
                 if lc.is_due(cap, now):

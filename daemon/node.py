@@ -473,15 +473,22 @@ class NodeDaemon:
                 self._check_stale_state()
 
     def _write_config(self, cmd: wire.NodeCommand) -> None:
+        """Write an arm (or, with ``args["idle_for"]``, the idle config taking that capture's arm back) and answer."""
+        from daemon.adapters.config_writer import ConfigIdleNotNeeded
+
         try:
             a = cmd.args
+            idle_for = a.get("idle_for")
             res = self._writer.write(str(a["profiler_config_path"]), dict(a["config"]),
                                      not_before_unix_s=float(a.get("not_before_unix_s") or 0.0),
                                      allowed_roots=[str(r) for r in self.s.allowed_config_roots],
-                                     idle=a.get("idle") is True)
+                                     idle_for=idle_for if isinstance(idle_for, str) else None)
             result = {"path": str(res.path), "mtime_s": res.mtime_s, "inode": res.inode, "created": res.created}
             self._ack(cmd.command_id, True, result=result)
             log.info("config_written", command_id=cmd.command_id, **result)
+        except ConfigIdleNotNeeded as exc:  # the arm is gone already: nothing to take back
+            self._ack(cmd.command_id, True, result={"skipped": str(exc)[:2000]})
+            log.info("config_idle_skipped", command_id=cmd.command_id, detail=str(exc))
         except Exception as exc:  # noqa: BLE001 - refusals and I/O errors are reported, never fatal
             log.warning("config_write_failed", command_id=cmd.command_id, error=str(exc))
             self._ack(cmd.command_id, False, str(exc))

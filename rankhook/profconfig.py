@@ -18,9 +18,10 @@ An mtime ahead of the clock is accepted, as torch_npu accepts it (verified again
 ``validate=`` :func:`rankhook.backends.torch_npu_config.torch_npu_reading` so that its mirror applies
 torch_npu's resets instead of this module's strict :func:`validate_config`.
 
-A complete file that never fires (start_step 0, e.g. the idle config ``profwatch cancel`` writes, or one the
-validator refuses) replaces the pending config, as it replaces torch_npu's single pending slot: the arm it
-replaced never starts (checked against torch-npu 2.13.0 in ``tests/conformance/test_monitor_protocol.py``).
+A complete file the watcher rejects but torch_npu would still take (:func:`replaces_pending`; mostly a start step
+that reads as 0, e.g. the idle config ``profwatch cancel`` writes) replaces the pending config, as it replaces
+torch_npu's single pending slot: the arm it replaced never starts (checked against torch-npu 2.13.0 in
+``tests/conformance/test_monitor_protocol.py``); its mtime counts as read.
 
 Deliberate differences from torch_npu (documented): an invalid or torn read does **not** consume the mtime (it
 is retried when the file's size or mtime changes, and reported once); byte-identical content re-accepted within
@@ -144,26 +145,40 @@ def validate_config(raw: object) -> tuple[dict[str, Any] | None, str]:
     return cfg, ""
 
 
-def replaces_pending(raw: object, rank: int) -> bool:
-    """True when torch_npu takes ``raw`` into ``rank``'s single pending slot although it never fires: a JSON object,
-    not a dyno-monitor command (``NPU_MONITOR_START``), with string activities (another entry makes the parse raise
-    inside ``dp.step()``, which keeps the old config), a start_step that reads as 0 (missing, 0, or reset to 0: not
-    an int, or below -1) and selecting ``rank`` (``is_rank`` not true, or ``rank`` in an integer ``rank_list``).
-    Such a config replaces a waiting arm and is then dropped as "not effective"; e.g. the idle config
-    ``profwatch cancel`` writes. Source: torch-npu 2.13.0 ``_dynamic_profiler_monitor.shm_to_prof_conf_context``
-    (a context only when ``ConfigContext.valid()``) and ``dynamic_profile.step`` (a returned context replaces the
-    pending one); checked against those files in ``tests/conformance/test_monitor_protocol.py``."""
-    if not isinstance(raw, dict) or "NPU_MONITOR_START" in raw:
-        return False
+def parse_raises(raw: dict[str, Any]) -> str:
+    """Why torch_npu's own parse of ``raw`` raises inside ``dp.step()`` ("" when it does not): a non-string
+    activity, an ``experimental_config`` that is truthy but not an object, a non-string ``profiler_level`` or
+    ``aic_metrics`` (looked up with ``getattr``). ``dp.step()`` swallows the error and keeps its old config; the
+    new one is lost. Source: torch-npu 2.13.0 ``ConfigContext._parse_activity`` / ``_parse_cfg_json_exp_cfg``."""
     acts = raw.get("activities")
-    if isinstance(acts, list) and not all(isinstance(a, str) for a in acts):
-        return False
-    s = raw.get("start_step", 0)
-    if _is_int(s) and s != 0 and s >= -1:
+    if isinstance(acts, list) and acts and not all(isinstance(a, str) for a in acts):
+        return f"activities {acts!r}: a non-string entry makes torch_npu's dp.step() fail ('Call step failed')"
+    exp = raw.get("experimental_config")
+    if exp and not isinstance(exp, dict):
+        return f"experimental_config {exp!r} is not an object: torch_npu's dp.step() fails ('Call step failed')"
+    if isinstance(exp, dict):
+        for key in ("profiler_level", "aic_metrics"):
+            if key in exp and not isinstance(exp[key], str):
+                return f"{key} {exp[key]!r} is not a string: torch_npu's dp.step() fails ('Call step failed')"
+    return ""
+
+
+def replaces_pending(raw: object, rank: int) -> bool:
+    """True when torch_npu takes ``raw`` into ``rank``'s single pending slot, replacing a waiting arm: a JSON
+    object, not a dyno-monitor command (``NPU_MONITOR_START``), whose parse does not raise (:func:`parse_raises`:
+    then the old config stays) and that selects ``rank`` (``is_rank`` not true, or ``rank`` in ``rank_list``,
+    whose ints >= 0 count, bools included as 0/1). The watcher asks it for a file it rejects: that file does not
+    fire here, and the arm it replaced is gone, as in torch_npu. The common case is a start_step that reads as 0
+    (the idle config ``profwatch cancel`` writes), which torch_npu drops as "not effective" at the next step.
+    Source: torch-npu 2.13.0 ``_dynamic_profiler_monitor.shm_to_prof_conf_context`` (a context only when
+    ``ConfigContext.valid()``), ``ConfigContext._parse_ranks`` and ``dynamic_profile.step`` (a returned context
+    replaces the pending one); the idle config is checked against those files in
+    ``tests/conformance/test_monitor_protocol.py``."""
+    if not isinstance(raw, dict) or "NPU_MONITOR_START" in raw or parse_raises(raw):
         return False
     if raw.get("is_rank") is True:
         rl = raw.get("rank_list")
-        return isinstance(rl, list) and any(_is_int(r) and r == rank for r in rl)
+        return isinstance(rl, list) and any(isinstance(r, int) and r >= 0 and r == rank for r in rl)
     return True
 
 
@@ -351,7 +366,7 @@ class ConfigWatcher:
         try:
             with open(self.path, "rb") as f:
                 data = f.read(MAX_CONFIG_BYTES + 1)
-            raw = json.loads(data) if data.strip() else {}
+            raw = json.loads(data) if data else {}  # torch_npu: an empty file is {}; blanks are not JSON
         except (OSError, ValueError) as exc:
             self._reject(m, st.st_size, f"cannot read/parse config: {exc}")
             return None
@@ -359,6 +374,7 @@ class ConfigWatcher:
         if cfg is None:
             if replaces_pending(raw, self.rank):  # it never fires, but the arm it replaced is gone too
                 self.latest = ArmedConfig(generation=m, start_step=0, warmup=0, active=0, selected=True, config={})
+                self._accepted = m  # and, as in torch_npu, an older mtime no longer counts
             self._reject(m, st.st_size, detail)
             return None
         prev, self._accepted = self._accepted, m

@@ -212,7 +212,9 @@ class NodeCommand:
 
     ``cmd`` is ``register`` (resend every cached ``RankHello``: the coordinator does not know this node, e.g.
     after its restart), ``write_config`` (write ``args["config"]`` into ``args["profiler_config_path"]`` on
-    this node and acknowledge with a :class:`NodeAck`), ``reconnect`` (another connection of this node's
+    this node and acknowledge with a :class:`NodeAck`; with ``args["idle_for"] = "<capture id>"`` the config is the
+    idle one taking that capture's arm back, written only while the file still holds it, else acknowledged with
+    ``result["skipped"]``), ``reconnect`` (another connection of this node's
     identity replaced this one: close it and connect again after ``args["after_s"]`` seconds) or
     ``heartbeat_ack`` (the answer to each :class:`NodeHeartbeat`: a node whose heartbeats go unanswered warns).
 

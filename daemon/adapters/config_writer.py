@@ -76,6 +76,21 @@ class ConfigWriteTooEarly(ConfigWriteError):
     """A strictly newer second than the previous edit / ``not_before_unix_s`` is more than MAX_WAIT_S away."""
 
 
+class ConfigIdleNotNeeded(ConfigWriteError):
+    """An idle write found the file no longer holding the arm it was to take back (another arm, a hand edit, or
+    the idle config already): nothing was written."""
+
+
+def _held_capture(raw: bytes) -> str | None:
+    """``metadata.profwatch_capture_id`` of a config file's bytes (None for anything else, never raises)."""
+    try:
+        meta = json.loads(raw).get("metadata")
+        cid = meta.get("profwatch_capture_id") if isinstance(meta, dict) else None
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return cid if isinstance(cid, str) else None
+
+
 @dataclass(frozen=True, slots=True)
 class WriteResult:
     """``path`` written, its final whole-second ``mtime_s``, its ``inode``; ``created`` if the template was
@@ -120,16 +135,18 @@ class ConfigWriter:
         *,
         not_before_unix_s: float,
         allowed_roots: Sequence[str],
-        idle: bool = False,
+        idle_for: str | None = None,
     ) -> WriteResult:
         """Write ``content`` (validated as :class:`ProfilerConfig`) into ``<config_dir>/profiler_config.json``.
 
-        ``idle=True`` writes :func:`daemon.core.profiler_config.idle_config` instead (start_step 0, checked by
-        ``check_idle_config``): what ``profwatch cancel`` puts over an arm so that it never fires.
+        ``idle_for="<capture id>"``: ``content`` is the idle config (start_step 0, checked by
+        :func:`daemon.core.profiler_config.check_idle_config`) that takes that capture's arm back; it is written
+        only while the file still holds that arm (``metadata.profwatch_capture_id``), so a late or repeated idle
+        write never replaces a newer arm or a hand edit (:class:`ConfigIdleNotNeeded` otherwise).
         Blocks up to ~``max_wait_s`` + 1 s (fresh second, then the mtime bump). Raises
         :class:`InvalidProfilerConfig` for bad content and a :class:`ConfigWriteError` subclass for refusals.
         """
-        if idle:
+        if idle_for is not None:
             check_idle_config(content)
         else:
             ProfilerConfig.parse(content)
@@ -143,12 +160,12 @@ class ConfigWriter:
         except FileNotFoundError:
             raise ConfigDirMissing(f"{d} does not exist") from None
         try:
-            return self._write_in(dfd, d, path, content, data, not_before_unix_s)
+            return self._write_in(dfd, d, path, content, data, not_before_unix_s, idle_for)
         finally:
             os.close(dfd)
 
     def _write_in(self, dfd: int, d: str, path: str, content: dict[str, Any], data: bytes,
-                  not_before_unix_s: float) -> WriteResult:
+                  not_before_unix_s: float, idle_for: str | None = None) -> WriteResult:
         """The write itself, every file operation relative to the config dir's descriptor ``dfd``."""
         created = self._ensure_file(dfd, path)
         try:
@@ -161,6 +178,11 @@ class ConfigWriter:
             st0 = os.fstat(fd)
             if not stat.S_ISREG(st0.st_mode):
                 raise ConfigWriteError(f"{path} is not a regular file")
+            if idle_for is not None:
+                held = _held_capture(os.pread(fd, min(st0.st_size, 1 << 21), 0))
+                if held != idle_for:
+                    raise ConfigIdleNotNeeded(f"{path} holds {f'capture {held}' if held else 'no profwatch arm'} now, "
+                                              f"not capture {idle_for}'s: left as it is")
             problem = self._check_current(fd, path, st0.st_size)
             ahead = self._wait_for_fresh_second(path, st0, not_before_unix_s)
             padded = data + b" " * max(0, st0.st_size - len(data))
@@ -230,7 +252,10 @@ class ConfigWriter:
             if cur == self._last_content.get(path) or cur == TEMPLATE:
                 return None
             try:
-                ProfilerConfig.parse(cur)
+                if isinstance(cur, dict) and cur.get("start_step") == 0 and cur.get("metadata"):
+                    check_idle_config(cur)  # an idle config (a cancel's, maybe by another writer) is no hand edit
+                else:
+                    ProfilerConfig.parse(cur)
                 return None
             except InvalidProfilerConfig as exc:
                 problem = str(exc)

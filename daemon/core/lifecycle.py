@@ -81,7 +81,7 @@ class Action(str, Enum):
     ENRICH = "enrich"  # run the follow-up (advisor) for the analysed batch
     UNWATCH = "unwatch"  # stop watching the prof_dir
     RETAIN = "retain"  # apply the retention caps (only analysed batches are ever removed)
-    IDLE_CONFIG = "idle_config"  # write the idle config (start_step 0) over a cancelled arm so it never fires
+    IDLE_CONFIG = "idle_config"  # write the idle config (start_step 0) over an arm that ended unused: it never fires
 
 
 # -- settings and deadlines -----------------------------------------------------------------------------------------
@@ -291,14 +291,16 @@ def config_written(cap: Capture, result: Mapping[str, Any], now: float, settings
 
 
 def config_write_failed(cap: Capture, error: str, now: float, settings: LifecycleSettings) -> Transition:
-    """The writer refused or failed: planned -> failed with the error (nothing was armed)."""
+    """The writer refused, failed or did not confirm in time: planned -> failed with the error. Another node may
+    have written the arm, or a slow write may still land: the idle config follows (written only where the file
+    holds this capture's arm), so no rank runs a window nobody watches."""
     if cap.state is not S.PLANNED:
         return Transition(cap)
     cap = _enter(cap, S.FAILED, now, settings, outcome=f"config not written: {error}")
     return Transition(cap, (Event(TYPE_ARM, {"capture_id": cap.capture_id, "status": cap.state.value,
                                              "error": error}, f"arm-{cap.capture_id}"),
                             _progress(cap, "write_failed", now, detail=cap.outcome)),
-                      frozenset({Action.UNWATCH}))
+                      frozenset({Action.UNWATCH, Action.IDLE_CONFIG}))
 
 
 def node_write_result(cap: Capture, node_id: str, ok: bool, detail: str, result: Mapping[str, Any], now: float,
@@ -543,9 +545,9 @@ WINDOW_PENDING = frozenset({S.PLANNED, S.WRITTEN, S.ACKNOWLEDGED, S.COLLECTING})
 
 def cancel(cap: Capture, now: float, settings: LifecycleSettings, by: str = "operator") -> Transition:
     """An in-flight capture -> cancelled (its job may arm again). Before analysis the idle config (start_step 0,
-    :func:`daemon.core.profiler_config.idle_config`) is written over the arm, so ranks that have not started the
-    window drop it; a window already running ends as armed. Whatever the ranks write is left in place. Raises
-    :class:`TransitionRefused` otherwise."""
+    :func:`daemon.core.profiler_config.idle_config`) is written over the arm (only while the file still holds
+    it), so ranks that have not started the window drop it; a window already running ends as armed. Whatever the
+    ranks write is left in place. Raises :class:`TransitionRefused` otherwise."""
     if cap.state not in IN_FLIGHT:
         raise TransitionRefused(f"capture {cap.capture_id} is {cap.state.value}: nothing to cancel")
     was = cap.state
@@ -557,10 +559,31 @@ def cancel(cap: Capture, now: float, settings: LifecycleSettings, by: str = "ope
     return Transition(cap, (_progress(cap, "cancelled", now, by=by, was=was.value, note=note),), actions)
 
 
-def idle_config_result(cap: Capture, writer: str, ok: bool, detail: str, now: float) -> Event:
-    """The ``io.profwatch.capture.v1`` event saying whether the idle config written after a cancel landed
-    (``idle_config_written`` / ``idle_config_failed``); ``writer``: "coordinator" or the node id (one event each)."""
-    ev = _progress(cap, "idle_config_written" if ok else "idle_config_failed", now, writer=writer, detail=detail[:500])
+IDLE_ENDINGS = frozenset({S.CANCELLED, S.FAILED, S.SUPERSEDED})
+"""Final states whose arm may still wait on ranks: their transitions ask for the idle config."""
+
+
+def owes_idle(cap: Capture, now: float) -> bool:
+    """True when a restarted coordinator writes the idle config for ``cap`` again (the write before the stop may
+    have been lost): it ended in :data:`IDLE_ENDINGS` and its window's judgement time is still ahead. A repeat is
+    harmless: the idle config goes only where the file still holds this capture's arm."""
+    return cap.state in IDLE_ENDINGS and cap.judge_unix_s > now
+
+
+class IdleOutcome(str, Enum):
+    """What one writer's idle write came to."""
+
+    WRITTEN = "written"
+    SKIPPED = "skipped"  # the file no longer held this capture's arm: nothing to take back
+    FAILED = "failed"  # refused, or no answer before the window's end
+
+
+def idle_config_result(cap: Capture, writer: str, outcome: IdleOutcome, detail: str, now: float) -> Event:
+    """The ``io.profwatch.capture.v1`` event of one writer's idle write: ``idle_config_written``,
+    ``idle_config_skipped`` or ``idle_config_failed`` (:class:`IdleOutcome`); ``writer``: "coordinator" or the
+    node id (one event each). Raises ValueError for an outcome that is not an :class:`IdleOutcome`."""
+    outcome = IdleOutcome(outcome)
+    ev = _progress(cap, f"idle_config_{outcome.value}", now, writer=writer, detail=detail[:500])
     return Event(ev.type, ev.data, f"{ev.event_id}-{writer}")
 
 
@@ -571,16 +594,18 @@ window, rank dirs). An ``analysing`` capture has its complete batch and is judge
 
 def supersede(cap: Capture, generation: int, now: float, settings: LifecycleSettings) -> Transition:
     """A capture of an older job generation still waiting for its ranks -> superseded (the job restarted or
-    resized: its new processes count steps anew and never take a config written before they started, so the window
-    cannot come). Data kept. No-op for newer captures, ``analysing`` ones (the batch is complete: its verdict
-    stands for the old generation) and final ones."""
+    resized: its new processes count steps anew and ignore a config written before they started; one still being
+    written may land after, so the idle config follows it, only where the file holds this capture's arm). Data
+    kept. No-op for newer captures, ``analysing`` ones (the batch is complete: its verdict stands for the old
+    generation) and final ones."""
     if cap.state not in SUPERSEDABLE or cap.generation >= generation:
         return Transition(cap)
     was = cap.state
     cap = _enter(cap, S.SUPERSEDED, now, settings,
                  outcome=f"job generation {cap.generation} -> {generation} while {was.value}")
     return Transition(cap, (_progress(cap, "superseded", now, old_generation=cap.generation, generation=generation,
-                                      was=was.value, note="data kept; nothing deleted"),), _leaving(was))
+                                      was=was.value, note="data kept; nothing deleted"),),
+                      _leaving(was) | {Action.IDLE_CONFIG})
 
 
 def _leaving(was: CaptureState) -> frozenset[Action]:

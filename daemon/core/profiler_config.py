@@ -334,10 +334,14 @@ def idle_config(note: str) -> dict[str, Any]:
 
 def check_idle_config(content: Any) -> None:
     """Raise :class:`InvalidProfilerConfig` unless ``content`` is an idle config: a JSON object with
-    ``start_step`` 0 (not a bool) that is otherwise a valid :class:`ProfilerConfig`."""
+    ``start_step`` 0 (not a bool), for every rank (``is_rank`` false, no ``rank_list``: one for some ranks would
+    leave the others' arm in place), otherwise a valid :class:`ProfilerConfig`."""
     if not isinstance(content, dict):
         raise InvalidProfilerConfig(f"an idle config must be a JSON object, got {type(content).__name__}")
     s = content.get("start_step")
     if type(s) is not int or s != 0:
         raise InvalidProfilerConfig(f"an idle config has start_step 0, got {s!r}")
+    if content.get("is_rank", False) is not False or content.get("rank_list", []) != []:
+        raise InvalidProfilerConfig("an idle config is for every rank: is_rank false and no rank_list, got "
+                                    f"is_rank {content.get('is_rank')!r}, rank_list {content.get('rank_list')!r}")
     ProfilerConfig.parse({**content, "start_step": 1})

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from rankhook.profconfig import parse_raises
+
 START_STEP_RESET = "Start step is not valid, will be reset to 0."
 ACTIVE_RESET = "Invalid parameter active, reset it to 1."
 WARMUP_RESET = "Invalid parameter warmup, reset it to 0."
@@ -37,17 +39,18 @@ def torch_npu_reading(raw: object) -> tuple[dict[str, Any] | None, str]:
     ``config`` has the keys the backend needs: ``start_step``, ``warmup``, ``active``, ``is_rank``,
     ``rank_list``, ``analyse``, ``async_mode``, ``prof_dir`` ("" = torch_npu's default folder), ``metadata``.
     ``notes`` lists the resets torch_npu applies, with its own log line. ``None`` for: not an object (torch_npu:
-    "load json failed"), ``NPU_MONITOR_START`` (a dyno-monitor command), a non-string activity (the parse raises
-    inside ``dp.step()``, which drops the config) and a start_step that ends up 0 (the template default: "not
-    effective" at the next step).
+    "load json failed"), ``NPU_MONITOR_START`` (a dyno-monitor command), a config whose parse raises inside
+    ``dp.step()`` (:func:`rankhook.profconfig.parse_raises`: a non-string activity, a bad ``experimental_config``;
+    torch_npu keeps its old config) and a start_step that ends up 0 (the template default: "not effective" at the
+    next step).
     """
     if not isinstance(raw, dict):
         return None, f"not a JSON object ({type(raw).__name__}): torch_npu's monitor logs 'load json failed'"
     if "NPU_MONITOR_START" in raw:
         return None, "NPU_MONITOR_START makes it a dyno-monitor command, not a capture"
-    acts = raw.get("activities")
-    if isinstance(acts, list) and acts and not all(isinstance(a, str) for a in acts):
-        return None, f"activities {acts!r}: a non-string entry makes torch_npu's dp.step() fail ('Call step failed')"
+    raises = parse_raises(raw)
+    if raises:
+        return None, raises
     notes: list[str] = []
     s = raw.get("start_step", 0)
     if not _int_like(s) or s < -1:

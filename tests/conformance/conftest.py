@@ -112,12 +112,13 @@ class FakeCoordinator:
         return [m for m in self.rank_messages if isinstance(m, wire.RankHello)]
 
     def write_config(self, node_id: str, config_dir: Path, config: dict[str, Any], not_before_unix_s: float,
-                     idle: bool = False) -> str:
+                     idle_for: str | None = None) -> str:
         """Send the node a ``write_config`` command (as the coordinator does with ``config_writer = "node"``;
-        ``idle``: the idle config of a cancel)."""
+        ``idle_for``: the idle config taking that capture's arm back)."""
         cid = f"w-{next(self._ids)}"
         args = {"profiler_config_path": str(config_dir), "config": config, "not_before_unix_s": not_before_unix_s}
-        cmd = wire.NodeCommand(cmd="write_config", command_id=cid, args=args | ({"idle": True} if idle else {}))
+        cmd = wire.NodeCommand(cmd="write_config", command_id=cid,
+                               args=args | ({"idle_for": idle_for} if idle_for else {}))
         self.pump()
         route = self.routes.get(node_id)
         if route is None:

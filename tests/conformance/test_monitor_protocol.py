@@ -212,10 +212,14 @@ def test_the_idle_config_of_a_cancel_drops_the_waiting_arm_on_every_rank(npu_job
     if fake:
         refused = job.coord.write_config(job.node_id, job.cfg, idle, job.not_before())  # not marked idle
         assert "never fires" in wait_for(lambda: job.coord.ack(refused), 30, what="refusal").detail
-        idle_cmd = job.coord.write_config(job.node_id, job.cfg, idle, job.not_before(), idle=True)
-        assert wait_for(lambda: job.coord.ack(idle_cmd), 30, what="idle written").ok
+        other = job.coord.write_config(job.node_id, job.cfg, idle, job.not_before(), idle_for="c-someone-else")
+        assert "holds capture" in wait_for(lambda: job.coord.ack(other), 30, what="skip").result["skipped"]
+        idle_cmd = job.coord.write_config(job.node_id, job.cfg, idle, job.not_before(), idle_for=p.capture_id)
+        done = wait_for(lambda: job.coord.ack(idle_cmd), 30, what="idle written")
+        assert done.ok and "skipped" not in done.result and done.result["mtime_s"] > 0
     else:
-        writer.write(str(job.cfg), idle, not_before_unix_s=job.not_before(), allowed_roots=roots, idle=True)
+        writer.write(str(job.cfg), idle, not_before_unix_s=job.not_before(), allowed_roots=roots,
+                     idle_for=p.capture_id)
     for r in (0, 1):  # the monitor delivered the idle config to every rank ...
         wait_for(lambda r=r: job.dp_lines_with(r, "Start step will be set to 0."), 60, what=f"rank {r} idle")
     assert max(job.progress()) < p.start_step, "the idle config came too late to test anything"

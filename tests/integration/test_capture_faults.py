@@ -212,7 +212,8 @@ def test_arm_wait_names_the_silent_rank_then_dry_run_refusal_cancel_and_status(h
                      30, what="the idle config written")
     assert idled[0]["data"]["event"] == "idle_config_written", idled
     on_disk = json.loads((cfg / "profiler_config.json").read_text())
-    assert on_disk["start_step"] == 0 and on_disk["metadata"] == {"profwatch_idle": f"capture {cid} cancelled"}
+    assert on_disk["start_step"] == 0 and on_disk["metadata"] == {
+        "profwatch_idle": f"capture {cid} cancelled by profwatch cancel while collecting"}
     again = _cli(h, "cancel", "--job", "jobM")
     assert again.returncode == 1 and "no capture in flight" in again.stderr
     # a fresh arm whose rank 1 never acknowledges: --wait says who and why, exit 1

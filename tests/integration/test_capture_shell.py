@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 
+from daemon.adapters.config_writer import ConfigIdleNotNeeded
 from daemon.adapters.control import ControlError
 from daemon.adapters.state import StateStore
 from daemon.captures import CaptureShell
 from daemon.config import load_settings
+from daemon.core import lifecycle as lc
 from daemon.core.anomaly import Anomaly
 from daemon.core.capture import CaptureRequest
 from daemon.core.completeness import BatchState, RankDirState
@@ -32,8 +34,9 @@ class World:
     """A registry with one job, fake collaborators, a fake clock and a shell over a real store."""
 
     def __init__(self, tmp: Path, *, writer: str = "coordinator", arming: dict | None = None,
-                 store: StateStore | None = None, nodes: tuple[str, ...] = ("n1",), world: int = 2) -> None:
-        self.now = T0
+                 store: StateStore | None = None, nodes: tuple[str, ...] = ("n1",), world: int = 2,
+                 file_writes: list[tuple[str, dict]] | None = None, now: float = T0) -> None:
+        self.now = now
         self.tmp = tmp
         self.settings = load_settings(
             None, coordinator={"config_writer": writer, "allowed_config_roots": [str(tmp)], "ack_timeout_s": 60,
@@ -44,7 +47,7 @@ class World:
         self.registry = Registry()
         self.events: list[tuple[str, str, dict, str | None]] = []
         self.sent: list[tuple[str, wire.NodeCommand]] = []
-        self.writes: list[tuple[str, dict]] = []
+        self.writes: list[tuple[str, dict]] = list(file_writes or [])  # arm writes (the last one is in the file)
         self.idle_writes: list[tuple[str, dict]] = []
         self.idle_error = ""  # the idle write raises this when set
         self.results: queue.Queue[Callable[[], None]] = queue.Queue()
@@ -72,11 +75,14 @@ class World:
 
         class Writer:
             def write(self, config_dir: str, content: dict, *, not_before_unix_s: float, allowed_roots: Any,
-                      idle: bool = False) -> Any:
-                if idle:
-                    outer.idle_writes.append((config_dir, content))
+                      idle_for: str | None = None) -> Any:
+                if idle_for is not None:  # as the real writer: only over that capture's arm
                     if outer.idle_error:
                         raise PermissionError(outer.idle_error)
+                    held = outer.writes[-1][1]["metadata"].get("profwatch_capture_id") if outer.writes else None
+                    if held != idle_for:
+                        raise ConfigIdleNotNeeded(f"holds capture {held} now, not {idle_for}'s")
+                    outer.idle_writes.append((config_dir, content))
                 else:
                     outer.writes.append((config_dir, content))
                 return SimpleNamespace(path=f"{config_dir}/profiler_config.json", mtime_s=int(outer.now))
@@ -250,8 +256,9 @@ def test_cancel_frees_the_job_and_keeps_the_record(world) -> None:
     # the idle config (start_step 0) went over the arm, after it, by the same writer; its result is an event
     w.drain(lambda: bool(_capture_events(w, "idle_config_written")))
     ((cfg_dir, idle),) = w.idle_writes
-    assert cfg_dir == w.writes[0][0] and idle == idle_config(f"capture {cid} cancelled")
-    assert idle["start_step"] == 0 and idle["metadata"] == {"profwatch_idle": f"capture {cid} cancelled"}
+    note = f"capture {cid} cancelled by profwatch cancel while written"
+    assert cfg_dir == w.writes[0][0] and idle == idle_config(note)
+    assert idle["start_step"] == 0 and idle["metadata"] == {"profwatch_idle": note}
     (ev,) = _capture_events(w, "idle_config_written")
     assert ev["capture_id"] == cid and ev["writer"] == "coordinator" and "profiler_config.json" in ev["detail"]
     assert w.arm()["capture_id"] != cid
@@ -281,9 +288,10 @@ def test_node_writer_cancel_sends_the_idle_config_to_each_node_and_reports_each_
                                          result={"path": "/cfg/profiler_config.json", "mtime_s": 5}), w.now)
     assert w.state(cid) is CaptureState.WRITTEN
     w.shell.cancel("j1", cid, w.now)
-    idle = [(n, c) for n, c in w.sent if c.args.get("idle") is True]
+    idle = [(n, c) for n, c in w.sent if "idle_for" in c.args]
     assert sorted(n for n, _c in idle) == ["n1", "n2"]
-    assert all(c.cmd == "write_config" and c.args["config"]["start_step"] == 0 for _n, c in idle)
+    assert all(c.cmd == "write_config" and c.args["config"]["start_step"] == 0 and c.args["idle_for"] == cid
+               for _n, c in idle)
     by_node = {n: c for n, c in idle}
     # an answer naming another node's command is ignored; each node's own answer is one event
     w.shell.on_node_ack(wire.NodeAck(node_id="n2", command_id=by_node["n1"].command_id, ok=True), w.now)
@@ -298,6 +306,74 @@ def test_node_writer_cancel_sends_the_idle_config_to_each_node_and_reports_each_
     assert ok["writer"] == "n1" and "(mtime 6)" in ok["detail"]
     assert bad["writer"] == "n2" and bad["detail"] == "config dir is a symlink"
     assert w.state(cid) is CaptureState.CANCELLED
+    n_sent = len(w.sent)
+    w.now += 600
+    w.shell.tick(w.now)  # both answered: nothing is sent again
+    assert len(w.sent) == n_sent
+
+
+def test_a_node_that_does_not_answer_is_asked_again_until_the_window_ends_then_reported(world) -> None:
+    w = world(writer="node", nodes=("n1", "n2"))
+    cid = w.arm()["capture_id"]
+    for node, cmd in list(w.sent):
+        w.shell.on_node_ack(wire.NodeAck(node_id=node, command_id=cmd.command_id, ok=True), w.now)
+    w.shell.cancel("j1", cid, w.now)
+    judge = w.store.get_capture(cid).judge_unix_s
+
+    def idle_sends(node: str) -> int:
+        return sum(1 for n, c in w.sent if n == node and "idle_for" in c.args)
+
+    assert idle_sends("n1") == idle_sends("n2") == 1
+    (n1_cmd,) = [c for n, c in w.sent if n == "n1" and "idle_for" in c.args]
+    w.shell.on_node_ack(wire.NodeAck(node_id="n1", command_id=n1_cmd.command_id, ok=True,
+                                     result={"skipped": "holds capture c-9 now"}), w.now)
+    (skipped,) = _capture_events(w, "idle_config_skipped")
+    assert skipped["writer"] == "n1" and skipped["detail"] == "holds capture c-9 now"
+    while w.now + 10 < judge:  # n2's command is lost (or n2 reconnects): asked again every 10 s, same command id
+        w.now += 10
+        w.shell.tick(w.now)
+    assert idle_sends("n1") == 1 and idle_sends("n2") >= 2
+    assert len({c.command_id for n, c in w.sent if n == "n2" and "idle_for" in c.args}) == 1
+    assert not _capture_events(w, "idle_config_failed")
+    w.now = judge
+    w.shell.tick(w.now)
+    (failed,) = _capture_events(w, "idle_config_failed")
+    assert failed["writer"] == "n2" and "did not answer before the window's end" in failed["detail"]
+    sent = len(w.sent)
+    w.now += 100
+    w.shell.tick(w.now)
+    assert len(w.sent) == sent and len(_capture_events(w, "idle_config_failed")) == 1
+
+
+def test_a_failed_node_write_takes_the_arm_back_from_the_nodes_that_wrote_it(world) -> None:
+    w = world(writer="node", nodes=("n1", "n2"))
+    cid = w.arm()["capture_id"]
+    cmds = {n: c for n, c in w.sent}
+    w.shell.on_node_ack(wire.NodeAck(node_id="n1", command_id=cmds["n1"].command_id, ok=True), w.now)
+    w.shell.on_node_ack(wire.NodeAck(node_id="n2", command_id=cmds["n2"].command_id, ok=False,
+                                     detail="read-only file system"), w.now)
+    assert w.state(cid) is CaptureState.FAILED
+    # n1 holds a live arm nobody watches: the idle config goes there; n2 refused, so nothing to take back there
+    assert [n for n, c in w.sent if "idle_for" in c.args] == ["n1"]
+
+
+def test_a_restart_writes_the_idle_config_again_while_the_window_is_ahead(world, tmp_path: Path) -> None:
+    w = world()
+    cid = w.arm()["capture_id"]
+    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
+    # the coordinator stopped after the cancel was stored, before its idle write ran (it waited on the fs worker)
+    w.store.save_capture(lc.cancel(w.store.get_capture(cid), w.now, w.shell.ls, by="test").capture)
+    assert not w.idle_writes
+    w2 = world(store=StateStore(tmp_path / "state.db"), file_writes=w.writes)  # the file still holds the arm
+    w2.drain(lambda: bool(_capture_events(w2, "idle_config_written")))
+    assert w2.idle_writes[0][1]["metadata"]["profwatch_idle"].startswith(f"capture {cid} cancelled")
+    # past the window's judgement time there is nothing left to take back: no write
+    late = world(store=StateStore(tmp_path / "state.db"), file_writes=w.writes,
+                 now=w.store.get_capture(cid).judge_unix_s)
+    late.shell.fs_pool.submit(lambda: None).result(10)  # the fs worker ran whatever start() queued
+    late.drain()
+    assert not late.idle_writes and not _capture_events(late, "idle_config_written")
+
 
 
 def test_dry_run_agrees_with_the_refusal_and_names_the_blocker(world) -> None:

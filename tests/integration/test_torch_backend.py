@@ -107,7 +107,7 @@ def test_the_idle_config_of_a_cancel_drops_a_waiting_window(tmp_path: Path) -> N
         wait_for(lambda: all(any(e["event"] == "arm_seen" and e["capture_id"] == plan.capture_id
                                  for e in _events(out, r)) for r in range(WORLD)), 60, what="arm seen on both ranks")
         writer.write(str(cfg_dir), idle_config(f"capture {plan.capture_id} cancelled"), not_before_unix_s=t_job,
-                     allowed_roots=roots, idle=True)
+                     allowed_roots=roots, idle_for=plan.capture_id)
         wait_for(lambda: all(any(e["event"] == "arm_rejected" and "start_step" in e.get("detail", "")
                                  for e in _events(out, r)) for r in range(WORLD)), 60, what="idle config on both ranks")
         assert max(_progress(out)) < plan.start_step, "the idle config came too late to test anything"

@@ -383,12 +383,32 @@ def test_every_in_flight_state_can_be_cancelled_and_nothing_else() -> None:
 
 def test_the_idle_config_result_is_one_event_per_writer() -> None:
     cap = lc.cancel(_written(_open()), T0 + 50, SET, by="cli").capture
-    ok = lc.idle_config_result(cap, "node-a", True, "/cfg/profiler_config.json (mtime 7)", T0 + 51)
-    bad = lc.idle_config_result(cap, "node-b", False, "x" * 900, T0 + 51)
+    ok = lc.idle_config_result(cap, "node-a", "written", "/cfg/profiler_config.json (mtime 7)", T0 + 51)
+    bad = lc.idle_config_result(cap, "node-b", "failed", "x" * 900, T0 + 51)
+    skip = lc.idle_config_result(cap, "node-c", "skipped", "holds capture c-2 now", T0 + 51)
     assert ok.data["event"] == "idle_config_written" and ok.data["writer"] == "node-a"
     assert ok.data["state"] == "cancelled" and ok.data["capture_id"] == cap.capture_id
     assert bad.data["event"] == "idle_config_failed" and len(bad.data["detail"]) == 500
-    assert len({ok.event_id, bad.event_id, lc.idle_config_result(cap, "node-b", True, "", T0).event_id}) == 3
+    assert skip.data["event"] == "idle_config_skipped"
+    assert len({ok.event_id, bad.event_id, skip.event_id,
+                lc.idle_config_result(cap, "node-b", "written", "", T0).event_id}) == 4
+    with pytest.raises(ValueError, match="'ok' is not a valid IdleOutcome"):
+        lc.idle_config_result(cap, "node-a", "ok", "", T0)  # type: ignore[arg-type]
+
+
+def test_every_ending_that_can_leave_an_arm_behind_asks_for_the_idle_config() -> None:
+    planned = _open()
+    failed = lc.config_write_failed(planned, "ro fs", T0 + 1, SET)  # another node may hold the arm
+    expired = lc.expire(planned, T0 + SET.write_timeout_s + 1, SET)  # a slow write may still land
+    for t in (failed, expired):
+        assert t.capture.state is CaptureState.FAILED and Action.IDLE_CONFIG in t.actions
+    for cap in _each_in_flight():
+        t = lc.supersede(cap, 1, T0 + 50, SET)
+        assert (Action.IDLE_CONFIG in t.actions) == (t.capture.state is CaptureState.SUPERSEDED)
+    # after a restart the idle config is written again while the window is still ahead, and only then
+    for t in (failed, lc.cancel(_written(planned), T0 + 2, SET), lc.supersede(planned, 1, T0 + 2, SET)):
+        assert lc.owes_idle(t.capture, T0 + 3) and not lc.owes_idle(t.capture, t.capture.judge_unix_s)
+    assert not lc.owes_idle(_analysed(), T0) and not lc.owes_idle(planned, T0)
 
 
 def test_a_new_generation_supersedes_older_captures_that_still_wait_for_ranks_only() -> None:

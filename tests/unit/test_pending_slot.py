@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from daemon.adapters.config_writer import ConfigWriter
+from daemon.adapters.config_writer import ConfigIdleNotNeeded, ConfigWriter
 from daemon.core.profiler_config import InvalidProfilerConfig, ProfilerConfig, check_idle_config, idle_config
 from rankhook.profconfig import TEMPLATE, ArmedConfig, ConfigWatcher, WindowGate, make_armed, replaces_pending
 
@@ -30,6 +30,7 @@ def test_the_idle_config_is_the_template_with_a_note() -> None:
     ({"start_step": 5}, "has start_step 0"), ({"start_step": False}, "has start_step 0"),
     ({"start_step": "0"}, "has start_step 0"), ({"start_step": 0.0}, "has start_step 0"),
     ({"active": 0}, "active"), ({"is_valid": True}, "is_valid"), ({"surprise": 1}, "surprise"),
+    ({"is_rank": True, "rank_list": [7], "async_mode": True}, "for every rank"), ({"rank_list": [1]}, "every rank"),
 ])
 def test_check_idle_config_refuses_anything_else(change: dict[str, Any], match: str) -> None:
     with pytest.raises(InvalidProfilerConfig, match=match):
@@ -38,19 +39,35 @@ def test_check_idle_config_refuses_anything_else(change: dict[str, Any], match: 
         check_idle_config([idle_config("n")])
 
 
-def test_the_writer_writes_the_idle_config_only_when_asked(tmp_path: Path) -> None:
+def test_the_writer_writes_the_idle_config_only_when_asked_and_only_over_that_arm(tmp_path: Path) -> None:
     d = tmp_path / "cfg"
     d.mkdir()
     w, roots = ConfigWriter(), [str(tmp_path)]
+    f = d / "profiler_config.json"
+    with pytest.raises(ConfigIdleNotNeeded, match="holds no profwatch arm now"):  # only the template there
+        w.write(str(d), idle_config("c-1 cancelled"), not_before_unix_s=0, allowed_roots=roots, idle_for="c-1")
     arm = ProfilerConfig(start_step=40, metadata={"profwatch_capture_id": "c-1"}).render()
     first = w.write(str(d), arm, not_before_unix_s=0, allowed_roots=roots)
     with pytest.raises(InvalidProfilerConfig, match="never fires"):
         w.write(str(d), idle_config("c-1 cancelled"), not_before_unix_s=0, allowed_roots=roots)
     with pytest.raises(InvalidProfilerConfig, match="has start_step 0"):
-        w.write(str(d), arm, not_before_unix_s=0, allowed_roots=roots, idle=True)
-    res = w.write(str(d), idle_config("c-1 cancelled"), not_before_unix_s=0, allowed_roots=roots, idle=True)
+        w.write(str(d), arm, not_before_unix_s=0, allowed_roots=roots, idle_for="c-1")
+    with pytest.raises(ConfigIdleNotNeeded, match="holds capture c-1 now, not capture c-0's"):
+        w.write(str(d), idle_config("c-0 cancelled"), not_before_unix_s=0, allowed_roots=roots, idle_for="c-0")
+    assert json.loads(f.read_text()) == arm  # a late idle of an older capture leaves a newer arm alone
+    res = w.write(str(d), idle_config("c-1 cancelled"), not_before_unix_s=0, allowed_roots=roots, idle_for="c-1")
     assert res.mtime_s > first.mtime_s  # a newer whole second: every rank's monitor reads it
-    assert json.loads((d / "profiler_config.json").read_text()) == idle_config("c-1 cancelled")
+    assert json.loads(f.read_text()) == idle_config("c-1 cancelled")
+    with pytest.raises(ConfigIdleNotNeeded, match="holds no profwatch arm now"):  # a repeat changes nothing
+        w.write(str(d), idle_config("c-1 cancelled"), not_before_unix_s=0, allowed_roots=roots, idle_for="c-1")
+    assert os.stat(f).st_mtime == res.mtime_s
+    # a restarted writer finds the idle config in the file: an arm over it is no "hand edit" to warn about
+    again = ConfigWriter().write(str(d), ProfilerConfig(start_step=90).render(), not_before_unix_s=0,
+                                 allowed_roots=roots)
+    assert again.replaced_problem is None
+    f.write_text('{"start_step": 0, "is_valid": true, "metadata": {"x": 1}}')  # a real bad edit is still named
+    assert "is_valid" in (ConfigWriter().write(str(d), ProfilerConfig(start_step=95).render(), not_before_unix_s=0,
+                                               allowed_roots=roots).replaced_problem or "")
 
 
 @pytest.mark.parametrize(("raw", "rank", "replaces"), [
@@ -60,14 +77,21 @@ def test_the_writer_writes_the_idle_config_only_when_asked(tmp_path: Path) -> No
     ({"start_step": "5"}, 0, True),  # torch_npu resets a non-int start_step to 0
     ({"start_step": -3}, 0, True),
     ({"start_step": 2.5}, 0, True),
-    ({"start_step": True}, 0, True),
+    ({"start_step": True}, 0, True),  # an int to torch_npu: 1 (refused by the strict validator)
     ({"start_step": 0, "is_rank": True, "rank_list": [1, 2]}, 2, True),
     ({"start_step": 0, "is_rank": True, "rank_list": [1, 2]}, 0, False),  # not for this rank: valid() is false
     ({"start_step": 0, "is_rank": True, "rank_list": "0,1"}, 0, False),  # torch_npu reads no rank at all
     ({"start_step": 0, "is_rank": "yes", "rank_list": [5]}, 0, True),  # a non-bool is_rank resets to false
     ({"start_step": 0, "activities": ["CPU", 1]}, 0, False),  # the parse raises inside dp.step(): old one kept
+    ({"start_step": 0, "experimental_config": "Level1"}, 0, False),  # so does a truthy non-object ...
+    ({"start_step": 0, "experimental_config": [1]}, 0, False),
+    ({"start_step": 0, "experimental_config": {"profiler_level": 1}}, 0, False),  # ... and a getattr with a non-str
+    ({"start_step": 0, "experimental_config": {"aic_metrics": None}}, 0, False),
+    ({"start_step": 0, "experimental_config": {}}, 0, True), ({"start_step": 0, "experimental_config": ""}, 0, True),
+    ({"start_step": 0, "is_rank": True, "rank_list": [True]}, 1, True),  # torch_npu's isinstance(r, int): True == 1
+    ({"start_step": 0, "is_rank": True, "rank_list": [-1, 2.0]}, 2, False),  # negatives and floats are dropped
     ({"start_step": 0, "NPU_MONITOR_START": True}, 0, False),  # a dyno-monitor command, not a config
-    ({"start_step": 7}, 0, False), ({"start_step": -1}, 0, False),  # these fire: not a rejection at all
+    ({"start_step": 7, "active": 0}, 0, True),  # torch_npu takes it (active reset to 1); the strict validator refuses
     ([1, 2], 0, False), ("text", 0, False), (None, 0, False),
 ])
 def test_which_rejected_files_take_the_pending_slot(raw: Any, rank: int, replaces: bool) -> None:
@@ -140,14 +164,19 @@ def test_the_watcher_reports_the_idle_config_as_rejected_and_the_gate_forgets_th
     assert all(gate.on_step(s) == ("", None) for s in range(21, 60))
     assert [e[0] for e in events] == ["arm_seen", "arm_seen", "arm_rejected"]
     assert "start_step" in events[-1][2]
+    # its mtime counts as read, as in torch_npu: a file copied in with an older mtime (cp -p) is not an arm
+    _put(f, ProfilerConfig(start_step=50, metadata={"profwatch_capture_id": "c-old"}).render(), 1_000_005)
+    clock.t += 2
+    assert w.poll_once() is None and len(events) == 3
     # a torn read (not JSON) is retried and leaves the slot as it was
     _put(f, ProfilerConfig(start_step=70, metadata={"profwatch_capture_id": "c-11"}).render(), 1_000_008)
     clock.t += 2
     w.poll_once()
     gate.offer(w.latest)
-    f.write_text('{"start_step": 0, "act')
-    os.utime(f, (1_000_010, 1_000_010))
-    clock.t += 2
-    assert w.poll_once() is None
-    gate.offer(w.latest)
-    assert gate.pending is not None and gate.pending.capture_id == "c-11"
+    for torn in ('{"start_step": 0, "act', "  \n"):  # half a file, or blanks (not JSON to torch_npu either)
+        f.write_text(torn)
+        os.utime(f, (1_000_010, 1_000_010))
+        clock.t += 2
+        assert w.poll_once() is None
+        gate.offer(w.latest)
+        assert gate.pending is not None and gate.pending.capture_id == "c-11"
