@@ -18,12 +18,14 @@ from rankhook import wire
 if TYPE_CHECKING:
     from daemon.capture_ports import Clock, ConfigWriterPort, Emit, Post, SendNodeCommand
     from daemon.config import Settings
-    from daemon.core.registry import JobState
+    from daemon.core.registry import JobState, NodeState
 
-MAX_IDLE_SENDS = 1 << 16
+MAX_IDLE_SENDS = 1 << 14
 """Idle writes waiting for their node's answer (one per node of an ended capture; each ends at its deadline)."""
 IDLE_RESEND_S = 10.0
-"""A node that has not answered an idle write is asked again this often (a lost command, a reconnecting node)."""
+"""A node that has not answered an idle write is asked again this often while it is heard from (a lost command, a
+reconnected node, a full queue)."""
+
 
 
 @dataclass(slots=True)
@@ -44,6 +46,7 @@ class ConfigWrites:
     s: Settings
     ls: lc.LifecycleSettings
     jobs: Mapping[str, JobState]
+    nodes: Mapping[str, NodeState]
     writer: ConfigWriterPort
     send_node_command: SendNodeCommand
     emit: Emit
@@ -109,9 +112,7 @@ class ConfigWrites:
         now = self.clock()
         args = {"profiler_config_path": cap.profiler_config_path, "config": content, "not_before_unix_s": not_before,
                 "idle_for": cap.capture_id}
-        for n in cap.nodes.values():
-            if n.ok is False:
-                continue  # this node refused the arm: there is nothing of it to take back
+        for n in cap.nodes.values():  # a node that answered "no" may still have written (an mtime it could not set)
             command_id = f"idle-{cap.capture_id}-{n.node_id}"
             self._idle_sends[command_id] = IdleSend(cap, n.node_id, args, 0.0,
                                                     max(cap.judge_unix_s, now + self.ls.write_timeout_s))
@@ -132,8 +133,11 @@ class ConfigWrites:
                     "(not connected, or its daemon restarted)", now), send.cap.job_id)
             elif now >= send.next_unix_s:
                 send.next_unix_s = now + IDLE_RESEND_S
-                self.send_node_command(send.node_id, wire.NodeCommand(cmd="write_config", command_id=command_id,
-                                                                      args=dict(send.args)))
+                node = self.nodes.get(send.node_id)
+                if node is not None and now - node.last_seen_unix_s <= self.s.coordinator.node_timeout_s:
+                    self.send_node_command(send.node_id, wire.NodeCommand(cmd="write_config", command_id=command_id,
+                                                                          args=dict(send.args)))
+                # a node not heard from lately is not sent to (no route, no warning per try): asked when it is back
 
     def _write_idle_shared(self, cap: lc.Capture, content: dict[str, Any], not_before: float) -> None:
         """File system worker: the idle config into the shared config dir; the result goes to the main loop."""
@@ -159,6 +163,8 @@ class ConfigWrites:
         send = self._idle_sends.get(ack.command_id)
         if send is not None:
             if send.node_id == ack.node_id:  # another node naming this command is ignored
+                if not ack.ok and ack.detail == wire.NODE_BUSY:
+                    return  # its queue was full: asked again at the next resend
                 del self._idle_sends[ack.command_id]
                 skipped = ack.result.get("skipped")
                 outcome = (lc.IdleOutcome.FAILED if not ack.ok else lc.IdleOutcome.SKIPPED if skipped

@@ -133,7 +133,8 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                 log.warning("watcher_unavailable", error=repr(exc))
         now = self.clock()
         hour = {c.capture_id: c for c in self.store.captures(since_unix_s=now - 3600)}
-        for cap in sorted({**hour, **{c.capture_id: c for c in self.store.captures(states=lc.ACTIVE)}}.values(),
+        ahead = {c.capture_id: c for c in self.store.captures(states=lc.IDLE_ENDINGS, judged_after_unix_s=now)}
+        for cap in sorted({**hour, **ahead, **{c.capture_id: c for c in self.store.captures(states=lc.ACTIVE)}}.values(),
                           key=lambda c: (c.created_unix_s, c.capture_id)):
             job = self._job(cap.job_id)
             if cap.state in lc.ACTIVE:

@@ -417,7 +417,7 @@ class NodeDaemon:
                 try:
                     self._fs_jobs.put_nowait(("write_config", cmd))
                 except queue.Full:
-                    self._ack(cmd.command_id, False, "node busy")
+                    self._ack(cmd.command_id, False, wire.NODE_BUSY)
 
     def _flush_if_pending(self) -> None:
         if self._pending:

@@ -366,7 +366,8 @@ class ConfigWatcher:
         try:
             with open(self.path, "rb") as f:
                 data = f.read(MAX_CONFIG_BYTES + 1)
-            raw = json.loads(data) if data else {}  # torch_npu: an empty file is {}; blanks are not JSON
+            # torch_npu reads UTF-8 text: an empty file is {}; blanks, a BOM or UTF-16 are not JSON to it
+            raw = json.loads(data.decode("utf-8")) if data else {}
         except (OSError, ValueError) as exc:
             self._reject(m, st.st_size, f"cannot read/parse config: {exc}")
             return None
@@ -375,6 +376,7 @@ class ConfigWatcher:
             if replaces_pending(raw, self.rank):  # it never fires, but the arm it replaced is gone too
                 self.latest = ArmedConfig(generation=m, start_step=0, warmup=0, active=0, selected=True, config={})
                 self._accepted = m  # and, as in torch_npu, an older mtime no longer counts
+                self._accepted_data = None  # the arm written again after it is a new arm, not a re-delivery
             self._reject(m, st.st_size, detail)
             return None
         prev, self._accepted = self._accepted, m

@@ -206,6 +206,10 @@ class NodeBatch:
     v: int = SCHEMA_VERSION
 
 
+NODE_BUSY = "node busy"
+"""``NodeAck.detail`` when the node daemon's file system queue was full: the command was not run (ask again)."""
+
+
 @dataclass(frozen=True, slots=True)
 class NodeCommand:
     """Coordinator -> node command, sent over the node's DEALER connection.

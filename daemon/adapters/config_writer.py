@@ -31,6 +31,7 @@ the real monitor in ``docs/conformance.md``):
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import stat
@@ -143,6 +144,10 @@ class ConfigWriter:
         :func:`daemon.core.profiler_config.check_idle_config`) that takes that capture's arm back; it is written
         only while the file still holds that arm (``metadata.profwatch_capture_id``), so a late or repeated idle
         write never replaces a newer arm or a hand edit (:class:`ConfigIdleNotNeeded` otherwise).
+        An idle write for a dir this writer could never have written (missing, outside the roots, through a link)
+        is :class:`ConfigIdleNotNeeded` too: no arm of that capture can be there.
+        Writers of one file take turns (``flock`` on it, held from the check to the mtime bump), so two writers,
+        e.g. node daemons sharing a config dir on shared storage, never interleave.
         Blocks up to ~``max_wait_s`` + 1 s (fresh second, then the mtime bump). Raises
         :class:`InvalidProfilerConfig` for bad content and a :class:`ConfigWriteError` subclass for refusals.
         """
@@ -151,14 +156,19 @@ class ConfigWriter:
         else:
             ProfilerConfig.parse(content)
         data = json.dumps(content, indent=4).encode()
-        d = check_config_dir(config_dir, allowed_roots)
-        path = os.path.join(d, CONFIG_FILE)
         try:
-            dfd = open_dir(d, allowed_roots)
-        except PathRefused as exc:
-            raise ConfigPathSymlink(str(exc)) from None
-        except FileNotFoundError:
-            raise ConfigDirMissing(f"{d} does not exist") from None
+            d = check_config_dir(config_dir, allowed_roots)
+            path = os.path.join(d, CONFIG_FILE)
+            try:
+                dfd = open_dir(d, allowed_roots)
+            except PathRefused as exc:
+                raise ConfigPathSymlink(str(exc)) from None
+            except FileNotFoundError:
+                raise ConfigDirMissing(f"{d} does not exist") from None
+        except (ConfigDirMissing, ConfigDirNotAllowed, ConfigPathSymlink) as exc:
+            if idle_for is None:
+                raise
+            raise ConfigIdleNotNeeded(f"no arm of capture {idle_for} can be there: {exc}") from None
         try:
             return self._write_in(dfd, d, path, content, data, not_before_unix_s, idle_for)
         finally:
@@ -178,13 +188,14 @@ class ConfigWriter:
             st0 = os.fstat(fd)
             if not stat.S_ISREG(st0.st_mode):
                 raise ConfigWriteError(f"{path} is not a regular file")
+            fcntl.flock(fd, fcntl.LOCK_EX)  # one writer at a time from here to the mtime bump (released by close)
             if idle_for is not None:
-                held = _held_capture(os.pread(fd, min(st0.st_size, 1 << 21), 0))
-                if held != idle_for:
-                    raise ConfigIdleNotNeeded(f"{path} holds {f'capture {held}' if held else 'no profwatch arm'} now, "
-                                              f"not capture {idle_for}'s: left as it is")
+                self._check_held(fd, path, idle_for)
+            st0 = os.fstat(fd)  # another writer may have been before us
             problem = self._check_current(fd, path, st0.st_size)
             ahead = self._wait_for_fresh_second(path, st0, not_before_unix_s)
+            if idle_for is not None:
+                self._check_held(fd, path, idle_for)  # again, right before the write
             padded = data + b" " * max(0, st0.st_size - len(data))
             n = os.pwrite(fd, padded, 0)
             while n < len(padded):  # a short write on a regular file is exceptional; finish it
@@ -194,23 +205,37 @@ class ConfigWriter:
                 os.ftruncate(fd, len(data))
                 os.fsync(fd)
             st1 = os.fstat(fd)
+            if (st1.st_uid, st1.st_gid, stat.S_IMODE(st1.st_mode)) != (st0.st_uid, st0.st_gid,
+                                                                       stat.S_IMODE(st0.st_mode)):
+                log.warning("config_owner_or_mode_changed", path=path)
+            written_m = int(st1.st_mtime)
+            if ahead is not None:
+                try:
+                    os.utime(CONFIG_FILE, (self._clock(), float(ahead)), dir_fd=dfd, follow_symlinks=False)
+                    written_m = ahead
+                    log.warning("config_mtime_ahead_of_clock", path=path, mtime_s=ahead,
+                                ahead_s=round(ahead - self._clock()),
+                                note="ranks that saw the future mtime ignore older ones")
+                except PermissionError:  # an explicit mtime needs ownership: the content is written all the same
+                    log.warning("config_mtime_ahead_not_settable", path=path, mtime_s=ahead,
+                                note="the file is not ours: ranks that saw its future mtime ignore this edit")
+            mtime = self._bump_mtime(dfd, path, written_m)
         finally:
-            os.close(fd)
-        if (st1.st_uid, st1.st_gid, stat.S_IMODE(st1.st_mode)) != (st0.st_uid, st0.st_gid, stat.S_IMODE(st0.st_mode)):
-            log.warning("config_owner_or_mode_changed", path=path)
-        written_m = int(st1.st_mtime)
-        if ahead is not None:
-            os.utime(CONFIG_FILE, (self._clock(), float(ahead)), dir_fd=dfd, follow_symlinks=False)
-            written_m = ahead
-            log.warning("config_mtime_ahead_of_clock", path=path, mtime_s=ahead,
-                        ahead_s=round(ahead - self._clock()), note="ranks that saw the future mtime ignore older ones")
-        mtime = self._bump_mtime(dfd, path, written_m)
+            os.close(fd)  # releases the lock
         self._last_mtime[path] = mtime
         self._last_content[path] = content
         log.info("config_written", path=path, mtime_s=mtime, inode=st1.st_ino, start_step=content.get("start_step"))
         return WriteResult(path, mtime, st1.st_ino, created, problem)
 
     # -- steps --------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _check_held(fd: int, path: str, capture_id: str) -> None:
+        """Raise :class:`ConfigIdleNotNeeded` unless the file holds ``capture_id``'s arm."""
+        held = _held_capture(os.pread(fd, min(os.fstat(fd).st_size, 1 << 21), 0))
+        if held != capture_id:
+            raise ConfigIdleNotNeeded(f"{path} holds {f'capture {held}' if held else 'no profwatch arm'} now, "
+                                      f"not capture {capture_id}'s: left as it is")
+
     def _ensure_file(self, dfd: int, path: str) -> bool:
         """Create torch_npu's template (0640, indent 4, owned like the dir ``dfd``) only if the file is absent."""
         try:
@@ -287,7 +312,13 @@ class ConfigWriter:
             while now < target:
                 self._sleep(max(0.005, target - now))
                 now = self._clock()
-        os.utime(CONFIG_FILE, (now, float(target)), dir_fd=dfd, follow_symlinks=False)
+        try:
+            os.utime(CONFIG_FILE, (now, float(target)), dir_fd=dfd, follow_symlinks=False)
+        except PermissionError:
+            # an explicit time needs ownership (torch_npu created the file as the rank's user); "now" needs only
+            # write access, and now is past the written second, so the monitor still sees a newer mtime
+            os.utime(CONFIG_FILE, None, dir_fd=dfd, follow_symlinks=False)
+            return int(os.stat(CONFIG_FILE, dir_fd=dfd, follow_symlinks=False).st_mtime)
         return target
 
 

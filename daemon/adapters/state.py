@@ -302,9 +302,10 @@ class StateStore:
         return {r[0]: (int(r[1]), r[2]) for r in rows}
 
     def captures(self, job_id: str | None = None, states: Iterable[CaptureState] | None = None, *,
-                 since_unix_s: float | None = None, newest: int | None = None) -> list[Capture]:
-        """Captures, oldest first, optionally filtered by job (exact id), state and creation time; ``newest``
-        keeps only that many of the most recent."""
+                 since_unix_s: float | None = None, judged_after_unix_s: float | None = None,
+                 newest: int | None = None) -> list[Capture]:
+        """Captures, oldest first, optionally filtered by job (exact id), state, creation time and judgement time
+        (``judge_unix_s`` later than ``judged_after_unix_s``); ``newest`` keeps only that many of the most recent."""
         cond: list[str] = []
         args: list[Any] = []
         if job_id is not None:
@@ -317,6 +318,9 @@ class StateStore:
         if since_unix_s is not None:
             cond.append("created_unix_s>=?")
             args.append(since_unix_s)
+        if judged_after_unix_s is not None:
+            cond.append("judge_unix_s>?")
+            args.append(judged_after_unix_s)
         return self._load(("WHERE " + " AND ".join(cond)) if cond else "", args, newest)
 
     def _load(self, where: str, args: list[Any], newest: int | None = None) -> list[Capture]:

@@ -565,9 +565,14 @@ IDLE_ENDINGS = frozenset({S.CANCELLED, S.FAILED, S.SUPERSEDED})
 
 def owes_idle(cap: Capture, now: float) -> bool:
     """True when a restarted coordinator writes the idle config for ``cap`` again (the write before the stop may
-    have been lost): it ended in :data:`IDLE_ENDINGS` and its window's judgement time is still ahead. A repeat is
-    harmless: the idle config goes only where the file still holds this capture's arm."""
-    return cap.state in IDLE_ENDINGS and cap.judge_unix_s > now
+    have been lost): its window's judgement time is still ahead and it ended the ways that ask for it: superseded,
+    failed before any analysis (no ``analysis_status``: the write failed or expired), cancelled before it had a
+    batch (no ``batch_id``: before analysis). A repeat is harmless: the idle config goes only where the file
+    still holds this capture's arm."""
+    if cap.judge_unix_s <= now or cap.state not in IDLE_ENDINGS:
+        return False
+    return (cap.state is S.SUPERSEDED or (cap.state is S.FAILED and cap.analysis_status is None)
+            or (cap.state is S.CANCELLED and cap.batch_id is None))
 
 
 class IdleOutcome(str, Enum):

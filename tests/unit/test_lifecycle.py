@@ -409,6 +409,12 @@ def test_every_ending_that_can_leave_an_arm_behind_asks_for_the_idle_config() ->
     for t in (failed, lc.cancel(_written(planned), T0 + 2, SET), lc.supersede(planned, 1, T0 + 2, SET)):
         assert lc.owes_idle(t.capture, T0 + 3) and not lc.owes_idle(t.capture, t.capture.judge_unix_s)
     assert not lc.owes_idle(_analysed(), T0) and not lc.owes_idle(planned, T0)
+    # endings the live rules do not idle are not idled after a restart either: the window ran, a verdict came
+    crashed = lc.analysis_raised(_analysing(), "boom", T0 + 20, SET).capture
+    cancelled_late = lc.cancel(_analysing(), T0 + 20, SET).capture
+    assert crashed.state is CaptureState.FAILED and cancelled_late.state is CaptureState.CANCELLED
+    assert not lc.owes_idle(crashed, T0 + 21) and not lc.owes_idle(cancelled_late, T0 + 21)
+    assert crashed.judge_unix_s > T0 + 21  # (so it is the ending, not the time, that says no)
 
 
 def test_a_new_generation_supersedes_older_captures_that_still_wait_for_ranks_only() -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +182,99 @@ def test_the_watcher_reports_the_idle_config_as_rejected_and_the_gate_forgets_th
         assert w.poll_once() is None
         gate.offer(w.latest)
         assert gate.pending is not None and gate.pending.capture_id == "c-11"
+
+
+def test_an_idle_write_for_a_dir_that_cannot_hold_the_arm_is_not_needed(tmp_path: Path) -> None:
+    roots = [str(tmp_path / "root")]
+    (tmp_path / "root").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "root" / "link").symlink_to(tmp_path / "elsewhere")
+    for d in (tmp_path / "root" / "gone", tmp_path / "elsewhere", tmp_path / "root" / "link"):
+        with pytest.raises(ConfigIdleNotNeeded, match="no arm of capture c-1 can be there"):
+            ConfigWriter().write(str(d), idle_config("x"), not_before_unix_s=0, allowed_roots=roots, idle_for="c-1")
+
+
+def test_an_arm_written_during_an_idle_writes_wait_is_never_lost(tmp_path: Path) -> None:
+    """Two writers of one file (node daemons on shared storage) take turns: the second waits for the first."""
+    d = tmp_path / "cfg"
+    d.mkdir()
+    roots = [str(tmp_path)]
+    ConfigWriter().write(str(d), ProfilerConfig(start_step=40, metadata={"profwatch_capture_id": "c-A"}).render(),
+                         not_before_unix_s=0, allowed_roots=roots)
+    arm_b = ProfilerConfig(start_step=80, metadata={"profwatch_capture_id": "c-B"}).render()
+    other: dict[str, Any] = {}
+
+    def arm_meanwhile() -> None:
+        other["result"] = ConfigWriter().write(str(d), arm_b, not_before_unix_s=0, allowed_roots=roots)
+
+    started: list[threading.Thread] = []
+
+    def sleep(s: float) -> None:  # the idle writer waits for a fresh second: another writer arms B just then
+        if not started:
+            started.append(threading.Thread(target=arm_meanwhile))
+            started[0].start()
+        time.sleep(s)
+
+    idle = ConfigWriter(sleep=sleep).write(str(d), idle_config("c-A cancelled"), not_before_unix_s=0,
+                                           allowed_roots=roots, idle_for="c-A")
+    started[0].join(30)
+    assert not started[0].is_alive() and other["result"].mtime_s > idle.mtime_s  # B went second, after the idle
+    assert json.loads((d / "profiler_config.json").read_text()) == arm_b
+
+
+def test_a_file_owned_by_the_rank_user_still_gets_a_fresh_mtime(tmp_path: Path, monkeypatch) -> None:
+    """torch_npu creates the file as the rank's user: an explicit mtime needs ownership, "now" only write access."""
+    d = tmp_path / "cfg"
+    d.mkdir()
+    real_utime = os.utime
+    refused: list[Any] = []
+
+    def utime(path: Any, times: Any = None, **kw: Any) -> None:
+        if times is not None:  # as for a daemon user that does not own the file
+            refused.append(times)
+            raise PermissionError(1, "Operation not permitted")
+        real_utime(path, times, **kw)
+
+    w = ConfigWriter()
+    first = w.write(str(d), ProfilerConfig(start_step=40).render(), not_before_unix_s=0, allowed_roots=[str(tmp_path)])
+    monkeypatch.setattr(os, "utime", utime)
+    res = w.write(str(d), ProfilerConfig(start_step=50).render(), not_before_unix_s=0, allowed_roots=[str(tmp_path)])
+    monkeypatch.undo()
+    assert refused and res.mtime_s > first.mtime_s and int(os.stat(d / "profiler_config.json").st_mtime) == res.mtime_s
+    assert json.loads((d / "profiler_config.json").read_text())["start_step"] == 50
+
+
+def test_a_bom_or_utf16_file_is_not_json_to_the_mirror_either(tmp_path: Path) -> None:
+    clock = _Clock(1_000_000.0)
+    w = ConfigWatcher(str(tmp_path), rank=0, init_unix_s=clock.t, clock=clock)
+    f = tmp_path / "profiler_config.json"
+    gate = WindowGate()
+    _put(f, ProfilerConfig(start_step=40, metadata={"profwatch_capture_id": "c-1"}).render(), 1_000_002)
+    clock.t += 3
+    w.poll_once()
+    gate.offer(w.latest)
+    for i, data in enumerate((b"\xef\xbb\xbf" + json.dumps(idle_config("x")).encode(),
+                              json.dumps(idle_config("x")).encode("utf-16"))):
+        f.write_bytes(data)
+        os.utime(f, (1_000_004 + i, 1_000_004 + i))
+        clock.t += 2
+        assert w.poll_once() is None
+        gate.offer(w.latest)
+        assert gate.pending is not None and gate.pending.capture_id == "c-1"  # torch_npu keeps the arm too
+
+
+def test_the_same_arm_written_again_after_the_idle_config_is_a_new_arm(tmp_path: Path) -> None:
+    clock = _Clock(1_000_000.0)
+    w = ConfigWatcher(str(tmp_path), rank=0, init_unix_s=clock.t, clock=clock)
+    f = tmp_path / "profiler_config.json"
+    arm = ProfilerConfig(start_step=40, metadata={"profwatch_capture_id": "c-1"}).render()
+    _put(f, arm, 1_000_002)
+    clock.t += 3
+    assert w.poll_once() is not None
+    _put(f, idle_config("x"), 1_000_003)
+    clock.t += 1
+    assert w.poll_once() is None
+    _put(f, arm, 1_000_004)  # within the re-delivery window of the first, but the idle config came between
+    clock.t += 1
+    again = w.poll_once()
+    assert again is not None and again.capture_id == "c-1" and w.latest is again
