@@ -1,6 +1,6 @@
 """The config writes of the capture shell (``daemon/captures.py``): the arm's ``profiler_config.json`` by the
 coordinator (its file system worker) or by each node daemon (``write_config`` commands and their answers), and the
-idle config (start_step 0) over a cancelled arm (``daemon/core/profiler_config.py: idle_config``). I/O shell;
+idle config (start_step 0) over an arm that ended unused (``daemon/core/profiler_config.py: idle_config``). I/O shell;
 decisions in ``daemon/core/lifecycle.py``. A mixin: :class:`daemon.captures.CaptureShell` provides the attributes
 below."""
 
@@ -25,7 +25,6 @@ MAX_IDLE_SENDS = 1 << 14
 IDLE_RESEND_S = 10.0
 """A node that has not answered an idle write is asked again this often while it is heard from (a lost command, a
 reconnected node, a full queue)."""
-
 
 
 @dataclass(slots=True)
@@ -128,9 +127,9 @@ class ConfigWrites:
         for command_id, send in list(self._idle_sends.items()):
             if now >= send.until:
                 del self._idle_sends[command_id]
-                self._emit_event(lc.idle_config_result(
-                    send.cap, send.node_id, lc.IdleOutcome.FAILED, f"node {send.node_id} did not answer before the window's end "
-                    "(not connected, or its daemon restarted)", now), send.cap.job_id)
+                why = f"node {send.node_id} did not answer before the window's end (not connected, or it restarted)"
+                self._emit_event(lc.idle_config_result(send.cap, send.node_id, lc.IdleOutcome.FAILED, why, now),
+                                 send.cap.job_id)
             elif now >= send.next_unix_s:
                 send.next_unix_s = now + IDLE_RESEND_S
                 node = self.nodes.get(send.node_id)

@@ -134,8 +134,8 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         now = self.clock()
         hour = {c.capture_id: c for c in self.store.captures(since_unix_s=now - 3600)}
         ahead = {c.capture_id: c for c in self.store.captures(states=lc.IDLE_ENDINGS, judged_after_unix_s=now)}
-        for cap in sorted({**hour, **ahead, **{c.capture_id: c for c in self.store.captures(states=lc.ACTIVE)}}.values(),
-                          key=lambda c: (c.created_unix_s, c.capture_id)):
+        active = {c.capture_id: c for c in self.store.captures(states=lc.ACTIVE)}
+        for cap in sorted({**hour, **ahead, **active}.values(), key=lambda c: (c.created_unix_s, c.capture_id)):
             job = self._job(cap.job_id)
             if cap.state in lc.ACTIVE:
                 log.info("capture_resumed", capture_id=cap.capture_id, state=cap.state.value, prof_dir=cap.prof_dir)

@@ -143,7 +143,7 @@ def test_the_watcher_reports_the_idle_config_as_rejected_and_the_gate_forgets_th
     events: list[tuple[str, str | None, str]] = []
     clock = _Clock(1_000_000.0)
     w = ConfigWatcher(str(tmp_path), rank=0, init_unix_s=clock.t, clock=clock,
-                      on_event=lambda ev, cfg, gen, detail: events.append((ev, cfg.capture_id if cfg else None, detail)))
+                      on_event=lambda ev, cfg, _gen, why: events.append((ev, cfg.capture_id if cfg else None, why)))
     f = tmp_path / "profiler_config.json"
     gate = WindowGate()
     _put(f, ProfilerConfig(start_step=40, metadata={"profwatch_capture_id": "c-9"}).render(), 1_000_002)
