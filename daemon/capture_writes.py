@@ -166,10 +166,13 @@ class ConfigWrites:
                     return  # its queue was full: asked again at the next resend
                 del self._idle_sends[ack.command_id]
                 skipped = ack.result.get("skipped")
-                outcome = (lc.IdleOutcome.FAILED if not ack.ok else lc.IdleOutcome.SKIPPED if skipped
-                           else lc.IdleOutcome.WRITTEN)
-                detail = (ack.detail if not ack.ok else str(skipped) if skipped
-                          else f"{ack.result.get('path', '')} (mtime {ack.result.get('mtime_s')})")
+                if not ack.ok:
+                    outcome, detail = lc.IdleOutcome.FAILED, ack.detail
+                elif skipped:
+                    outcome, detail = lc.IdleOutcome.SKIPPED, str(skipped)
+                else:
+                    outcome = lc.IdleOutcome.WRITTEN
+                    detail = f"{ack.result.get('path', '')} (mtime {ack.result.get('mtime_s')})"
                 self._emit_event(lc.idle_config_result(send.cap, ack.node_id, outcome, detail, now), send.cap.job_id)
             return
         cid, node_id = self._commands.get(ack.command_id, ("", ""))

@@ -480,10 +480,10 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         out = []
         for cap in caps:
             try:
-                view = describe(self._apply(lc.cancel(cap, now, self.ls, by="profwatch cancel")), now)
+                t = lc.cancel(cap, now, self.ls, by="profwatch cancel")
             except lc.TransitionRefused as exc:
                 raise ControlError("conflict", str(exc)) from None
-            out.append({**view, "idle_config": cap.state in lc.WINDOW_PENDING})
+            out.append({**describe(self._apply(t), now), "idle_config": lc.Action.IDLE_CONFIG in t.actions})
         return out
 
     def capture_view(self, capture_id: str, now: float) -> dict[str, Any]:

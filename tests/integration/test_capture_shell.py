@@ -280,15 +280,26 @@ def test_a_failed_idle_write_is_reported_and_the_cancel_stands(world) -> None:
     assert w.state(cid) is CaptureState.CANCELLED and w.arm()["capture_id"] != cid
 
 
-def test_node_writer_cancel_sends_the_idle_config_to_each_node_and_reports_each_answer(world) -> None:
-    w = world(writer="node", nodes=("n1", "n2"))
+def _written_by_nodes_then_cancelled(w: World) -> str:
+    """Arm a node-writer world, let every node confirm the write, cancel: returns the capture id."""
     cid = w.arm()["capture_id"]
     for node, cmd in list(w.sent):
         w.shell.on_node_ack(wire.NodeAck(node_id=node, command_id=cmd.command_id, ok=True,
                                          result={"path": "/cfg/profiler_config.json", "mtime_s": 5}), w.now)
     assert w.state(cid) is CaptureState.WRITTEN
     w.shell.cancel("j1", cid, w.now)
-    idle = [(n, c) for n, c in w.sent if "idle_for" in c.args]
+    return str(cid)
+
+
+def _idle_sent(w: World, node: str | None = None) -> list[tuple[str, wire.NodeCommand]]:
+    """The idle write commands sent so far (to ``node`` only when given), in order."""
+    return [(n, c) for n, c in w.sent if "idle_for" in c.args and node in (None, n)]
+
+
+def test_node_writer_cancel_sends_the_idle_config_to_each_node_and_reports_each_answer(world) -> None:
+    w = world(writer="node", nodes=("n1", "n2"))
+    cid = _written_by_nodes_then_cancelled(w)
+    idle = _idle_sent(w)
     assert sorted(n for n, _c in idle) == ["n1", "n2"]
     assert all(c.cmd == "write_config" and c.args["config"]["start_step"] == 0 and c.args["idle_for"] == cid
                for _n, c in idle)
@@ -314,17 +325,10 @@ def test_node_writer_cancel_sends_the_idle_config_to_each_node_and_reports_each_
 
 def test_a_node_that_does_not_answer_is_asked_again_until_the_window_ends_then_reported(world) -> None:
     w = world(writer="node", nodes=("n1", "n2"))
-    cid = w.arm()["capture_id"]
-    for node, cmd in list(w.sent):
-        w.shell.on_node_ack(wire.NodeAck(node_id=node, command_id=cmd.command_id, ok=True), w.now)
-    w.shell.cancel("j1", cid, w.now)
+    cid = _written_by_nodes_then_cancelled(w)
     judge = w.store.get_capture(cid).judge_unix_s
-
-    def idle_sends(node: str) -> int:
-        return sum(1 for n, c in w.sent if n == node and "idle_for" in c.args)
-
-    assert idle_sends("n1") == idle_sends("n2") == 1
-    (n1_cmd,) = [c for n, c in w.sent if n == "n1" and "idle_for" in c.args]
+    assert len(_idle_sent(w, "n1")) == len(_idle_sent(w, "n2")) == 1
+    ((_n, n1_cmd),) = _idle_sent(w, "n1")
     w.shell.on_node_ack(wire.NodeAck(node_id="n1", command_id=n1_cmd.command_id, ok=True,
                                      result={"skipped": "holds capture c-9 now"}), w.now)
     (skipped,) = _capture_events(w, "idle_config_skipped")
@@ -332,8 +336,8 @@ def test_a_node_that_does_not_answer_is_asked_again_until_the_window_ends_then_r
     while w.now + 10 < judge:  # n2's command is lost (or n2 reconnects): asked again every 10 s, same command id
         w.now += 10
         w.shell.tick(w.now)
-    assert idle_sends("n1") == 1 and idle_sends("n2") >= 2
-    assert len({c.command_id for n, c in w.sent if n == "n2" and "idle_for" in c.args}) == 1
+    assert len(_idle_sent(w, "n1")) == 1 and len(_idle_sent(w, "n2")) >= 2
+    assert len({c.command_id for _n, c in _idle_sent(w, "n2")}) == 1
     assert not _capture_events(w, "idle_config_failed")
     w.now = judge
     w.shell.tick(w.now)
@@ -355,16 +359,13 @@ def test_a_failed_node_write_takes_the_arm_back_from_the_nodes_that_wrote_it(wor
     assert w.state(cid) is CaptureState.FAILED
     # n1 holds a live arm nobody watches: the idle config goes there; n2 said no, but a write can fail after its
     # content landed (an mtime it may not set), so n2 is asked too (it skips when the file does not hold the arm)
-    assert sorted(n for n, c in w.sent if "idle_for" in c.args) == ["n1", "n2"]
+    assert sorted(n for n, _c in _idle_sent(w)) == ["n1", "n2"]
 
 
 def test_a_busy_node_is_asked_again_and_a_silent_one_is_not_sent_to_until_heard(world) -> None:
     w = world(writer="node", nodes=("n1", "n2"))
-    cid = w.arm()["capture_id"]
-    for node, cmd in list(w.sent):
-        w.shell.on_node_ack(wire.NodeAck(node_id=node, command_id=cmd.command_id, ok=True), w.now)
-    w.shell.cancel("j1", cid, w.now)
-    cmds = {n: c for n, c in w.sent if "idle_for" in c.args}
+    _written_by_nodes_then_cancelled(w)
+    cmds = dict(_idle_sent(w))
     w.shell.on_node_ack(wire.NodeAck(node_id="n1", command_id=cmds["n1"].command_id, ok=False,
                                      detail=wire.NODE_BUSY), w.now)
     assert not _capture_events(w, "idle_config_failed")  # a full queue is no answer: asked again
