@@ -39,10 +39,11 @@ import zmq
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "daemon"))
 
-from daemon.adapters.control import ControlError, call  # noqa: E402
-from daemon.adapters.curve import make_client  # noqa: E402
-from daemon.adapters.keyfiles import create_certificate, load_keypair, load_public_key  # noqa: E402
+from profwatch.adapters.control import ControlError, call  # noqa: E402
+from profwatch.adapters.curve import make_client  # noqa: E402
+from profwatch.adapters.keyfiles import create_certificate, load_keypair, load_public_key  # noqa: E402
 from rankhook import wire  # noqa: E402
 
 PER_BATCH = 22_000
@@ -115,13 +116,13 @@ client_secret_key = "{self.secrets['nodeA']}"
 [logging]
 format = "console"
 """)
-        env = dict(os.environ, PYTHONPATH=str(REPO), TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "daemon"), str(REPO)]), TORCH_DEVICE_BACKEND_AUTOLOAD="0")
         self.logs = {n: open(root / f"{n}.log", "wb") for n in ("coordinator", "node")}  # noqa: SIM115
-        self.coord = subprocess.Popen([sys.executable, "-m", "daemon.cli", "coordinator", "--config", str(cfg)],
+        self.coord = subprocess.Popen([sys.executable, "-m", "profwatch.cli", "coordinator", "--config", str(cfg)],
                                       env=env, stdout=self.logs["coordinator"], stderr=subprocess.STDOUT,
                                       start_new_session=True)
         self._wait(lambda: self.control("ping"), "coordinator")
-        self.node = subprocess.Popen([sys.executable, "-m", "daemon.cli", "node", "--config", str(cfg)], env=env,
+        self.node = subprocess.Popen([sys.executable, "-m", "profwatch.cli", "node", "--config", str(cfg)], env=env,
                                      stdout=self.logs["node"], stderr=subprocess.STDOUT, start_new_session=True)
         self.ctx = zmq.Context()
         self.honest = self._push()

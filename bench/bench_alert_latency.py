@@ -34,15 +34,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from daemon.adapters.msprof_runner import MsprofRunner
-from daemon.adapters.rank_dir_fs import scan_tree
-from daemon.analysis import AnalysisSettings, analyze_batch, enrich_analysis
-from daemon.core.arming_settings import ArmingSettings
-from daemon.core.capture import CaptureSettings, lead_steps, poll_interval_s
-from daemon.core.completeness import BatchState
-from daemon.core.msprof_plan import MsprofSettings
-from daemon.core.targeting import JobTopology, TargetingSettings, estimate_capture_bytes, plan_targets
-from daemon.simulate.ascend_tree import generate_cluster
+from profwatch.adapters.msprof_runner import MsprofRunner
+from profwatch.adapters.rank_dir_fs import scan_tree
+from profwatch.analysis import AnalysisSettings, analyze_batch, enrich_analysis
+from profwatch.core.arming_settings import ArmingSettings
+from profwatch.core.capture import CaptureSettings, lead_steps, poll_interval_s
+from profwatch.core.completeness import BatchState
+from profwatch.core.msprof_plan import MsprofSettings
+from profwatch.core.targeting import JobTopology, TargetingSettings, estimate_capture_bytes, plan_targets
+from profwatch.simulate.ascend_tree import generate_cluster
 
 MiB = 2**20
 PAGE = os.sysconf("SC_PAGE_SIZE")

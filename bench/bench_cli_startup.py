@@ -2,14 +2,14 @@
 
 Measures, as the median of ``--runs`` fresh interpreters each:
 
-- ``import daemon.cli``: the cumulative import time ``python -X importtime`` reports for it (ms);
-- ``import daemon.config`` + ``load_settings()``: what ``profwatch status`` runs before its control call (ms);
-- the wall time of ``profwatch status --help``, run as ``python -m daemon.cli status --help`` so the same
+- ``import profwatch.cli``: the cumulative import time ``python -X importtime`` reports for it (ms);
+- ``import profwatch.config`` + ``load_settings()``: what ``profwatch status`` runs before its control call (ms);
+- the wall time of ``profwatch status --help``, run as ``python -m profwatch.cli status --help`` so the same
   command line also measures an older checkout (``--repo``), and as the installed console script (ms);
 - which heavy packages (numpy, pandas, msprof_analyze, ijson, sqlite3, watchdog) those imports load;
 - what a missing coordinator costs ``profwatch status`` (exit 3): nothing listening on the control port (the
   refused connection is seen at once), and a port that accepts but never answers (bounded by the first ``ping``,
-  ``daemon/commands/common.py: PING_TIMEOUT_S``).
+  ``daemon/profwatch/commands/common.py: PING_TIMEOUT_S``).
 
 Usage: ``python bench/bench_cli_startup.py [--runs 7] [--repo PATH]`` (``--repo``: measure another checkout, e.g.
 ``git archive main | tar -x -C /tmp/ref``, with this interpreter). Numbers vary with machine load; compare
@@ -35,7 +35,7 @@ def _env() -> dict[str, str]:
     """The child's environment: ``REPO`` first on PYTHONPATH, ahead of the editable install's finder (children
     also run with ``cwd=REPO``: ``-c`` and ``-m`` put the working directory first on sys.path)."""
     env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "daemon"), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
 
@@ -71,7 +71,7 @@ def missing_coordinator_ms(runs: int) -> dict[str, list[float]]:
     """Wall time of ``status`` (exit 3) against a closed port and against a port that never answers."""
     import zmq
 
-    status = [sys.executable, "-m", "daemon.cli", "status"]
+    status = [sys.executable, "-m", "profwatch.cli", "status"]
     closed = {"PROFWATCH_COORDINATOR__CONTROL_BIND": f"tcp://127.0.0.1:{_free_port()}"}
     ctx = zmq.Context()
     mute = ctx.socket(zmq.ROUTER)  # accepts connections and requests, answers nothing
@@ -106,14 +106,14 @@ def main() -> None:
     print(f"repo: {REPO}")
     profwatch = shutil.which("profwatch") or str(Path(sys.executable).with_name("profwatch"))
     rows = {
-        "import daemon.cli (importtime, ms)": [import_ms("daemon.cli") for _ in range(args.runs)],
-        "import daemon.config + load_settings() (wall, ms)": [
-            wall_ms([sys.executable, "-c", "import daemon.cli, daemon.config; daemon.config.load_settings()"])
+        "import profwatch.cli (importtime, ms)": [import_ms("profwatch.cli") for _ in range(args.runs)],
+        "import profwatch.config + load_settings() (wall, ms)": [
+            wall_ms([sys.executable, "-c", "import profwatch.cli, profwatch.config; profwatch.config.load_settings()"])
             for _ in range(args.runs)],
-        "python -m daemon.cli status --help (wall, ms)": [
-            wall_ms([sys.executable, "-m", "daemon.cli", "status", "--help"]) for _ in range(args.runs)],
+        "python -m profwatch.cli status --help (wall, ms)": [
+            wall_ms([sys.executable, "-m", "profwatch.cli", "status", "--help"]) for _ in range(args.runs)],
     }
-    if args.repo is None:  # the installed console script runs this checkout's daemon.console
+    if args.repo is None:  # the installed console script runs this checkout's profwatch.console
         rows["profwatch status --help (console script, wall, ms)"] = [
             wall_ms([profwatch, "status", "--help"]) for _ in range(args.runs)]
     rows |= missing_coordinator_ms(args.runs)
@@ -122,9 +122,9 @@ def main() -> None:
     }
     for name, values in rows.items():
         print(f"{name:<56} median {statistics.median(values):8.1f}  min {min(values):8.1f}  (n={len(values)})")
-    print(f"{'heavy packages after import daemon.cli':<56} {heavy_loaded('import daemon.cli') or 'none'}")
+    print(f"{'heavy packages after import profwatch.cli':<56} {heavy_loaded('import profwatch.cli') or 'none'}")
     print(f"{'heavy packages after load_settings()':<56} "
-          f"{heavy_loaded('import daemon.config; daemon.config.load_settings()') or 'none'}")
+          f"{heavy_loaded('import profwatch.config; profwatch.config.load_settings()') or 'none'}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Prints numbers only (no assertions). Targets from issue 4: inotify <= 1 s; polli
 
     /work/venv/bin/python bench/bench_completion.py [--ranks 1024] [--files-per-rank 150] [--poll-interval-s 2]
 
-Setup: ``--ranks`` minimal generated rank dirs (daemon/simulate/ascend_tree.py) without markers, padded with
+Setup: ``--ranks`` minimal generated rank dirs (daemon/profwatch/simulate/ascend_tree.py) without markers, padded with
 raw-data files (FRAMEWORK/, PROF_*/host, PROF_*/device_0/data, logs/) to ``--files-per-rank`` entries, as a real
 torch_npu rank dir holds hundreds. All markers but the last are written and scanned first (warm DB cache, as in
 the daemon, where earlier ranks finish first); then the last marker is written and the clock runs until the
@@ -25,14 +25,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers.polling import PollingObserverVFS
 
-from daemon.adapters.prof_watch import ProfWatcher, pruned_scandir
-from daemon.adapters.rank_dir_fs import RankDirReader, scan_tree
-from daemon.core.watch_settings import WatchSettings
-from daemon.simulate import ascend_tree as gen
+from profwatch.adapters.prof_watch import ProfWatcher, pruned_scandir
+from profwatch.adapters.rank_dir_fs import RankDirReader, scan_tree
+from profwatch.core.watch_settings import WatchSettings
+from profwatch.simulate import ascend_tree as gen
 
 
 def pad_rank_dir(rank_dir: Path, n_files: int) -> None:

@@ -29,6 +29,7 @@ import zmq
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "daemon"))
 
 from rankhook import wire  # noqa: E402
 
@@ -83,8 +84,8 @@ allowed_prof_roots = ["{root}/prof"]
 allowed_config_roots = ["{root}/cfg"]
 """)
     control = f"tcp://127.0.0.1:{ports['control']}"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    coord = subprocess.Popen([sys.executable, "-m", "daemon.cli", "coordinator", "--config", str(cfg)],
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "daemon"), str(REPO)])}
+    coord = subprocess.Popen([sys.executable, "-m", "profwatch.cli", "coordinator", "--config", str(cfg)],
                              stdout=subprocess.DEVNULL, stderr=open(root / "coordinator.log", "wb"), env=env,
                              start_new_session=True)
     try:

@@ -1,6 +1,6 @@
 """Benchmark of step-time anomaly detection (prints numbers; no assertions).
 
-Measures, on generated telemetry (``daemon/simulate/telemetry.py``; job step-time noise CV 5 % by default):
+Measures, on generated telemetry (``daemon/profwatch/simulate/telemetry.py``; job step-time noise CV 5 % by default):
 
 * detection delay in steps after a sustained job-wide slowdown begins (1 = fired on the first slow step), median
   and p90, beside the CUSUM/Lorden bound ``ln(false_alarm_steps) / (delta^2 / 2)`` (delta = slowdown / CV), and
@@ -31,14 +31,15 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 
-from daemon.commands.replay import ReplayConfig, replay_lines
-from daemon.core.anomaly import DetectionSettings, JobDetector
-from daemon.core.arming import ArmingSettings
-from daemon.core.detection_types import FinalizedStep
-from daemon.core.regression import StepTimeRegressionDetector
-from daemon.core.telemetry import dump_jsonl
-from daemon.simulate.telemetry import TelemetryScenario, iter_telemetry
+from profwatch.commands.replay import ReplayConfig, replay_lines
+from profwatch.core.anomaly import DetectionSettings, JobDetector
+from profwatch.core.arming import ArmingSettings
+from profwatch.core.detection_types import FinalizedStep
+from profwatch.core.regression import StepTimeRegressionDetector
+from profwatch.core.telemetry import dump_jsonl
+from profwatch.simulate.telemetry import TelemetryScenario, iter_telemetry
 from rankhook.wire import StepReport
 
 

@@ -28,6 +28,7 @@ import zmq
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "daemon"))
 
 
 def _batches(ranks: int, job: str, start_step: int):
@@ -118,16 +119,16 @@ def _port() -> int:
 
 
 def bench_coordinator(ranks: int, seconds: float, fill: bool) -> dict:
-    from daemon.adapters.control import call
+    from profwatch.adapters.control import call
 
     tmp = Path(tempfile.mkdtemp(prefix="pwbi", dir="/tmp"))
     ports = [_port() for _ in range(3)]
-    env = dict(os.environ, PYTHONPATH=str(REPO), PROFWATCH_COORDINATOR__INGEST_BIND=f"tcp://127.0.0.1:{ports[0]}",
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "daemon"), str(REPO)]), PROFWATCH_COORDINATOR__INGEST_BIND=f"tcp://127.0.0.1:{ports[0]}",
                PROFWATCH_COORDINATOR__CONTROL_BIND=f"tcp://127.0.0.1:{ports[1]}",
                PROFWATCH_COORDINATOR__PUB_BIND=f"tcp://127.0.0.1:{ports[2]}",
                PROFWATCH_COORDINATOR__STATE_DB=str(tmp / "state.db"), PROFWATCH_COORDINATOR__WORK_DIR=str(tmp / "w"),
                PROFWATCH_ARMING__MODE="off", PROFWATCH_LOGGING__LEVEL="WARNING")
-    proc = subprocess.Popen([sys.executable, "-m", "daemon.cli", "coordinator"], env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "profwatch.cli", "coordinator"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     ctrl = f"tcp://127.0.0.1:{ports[1]}"
     lp: mp.Process | None = None

@@ -1,6 +1,6 @@
 """Benchmark of the verdicts: accuracy, false secondary suspects, kind accuracy, impact and cost (prints numbers).
 
-Part A, ranking only, on generated batches: timelines from ``daemon.simulate.ascend_tree.build_timelines`` (kernel
+Part A, ranking only, on generated batches: timelines from ``profwatch.simulate.ascend_tree.build_timelines`` (kernel
 noise 1-5 %, slowdowns 3-25 %, 8-64 ranks, one or two slow ranks, a host-bound rank, or none) turned into
 ``ClusterTimeSummary`` rows by the simulator's emulation (``cluster_time_summary``), slow_rank votes EMULATED with
 the Dixon Q-test of msprof-analyze (``emulate_slow_rank``). Prints top-1 (one slow rank), both-found (two),
@@ -33,11 +33,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 
-from daemon.core.evidence import ClusterEvidence, RankStepSummary
-from daemon.core.ranking import RankingSettings, judge_batch
-from daemon.core.robust import mad_sigma, median
-from daemon.simulate.ascend_tree import CollectiveSegment, RankTimeline, build_timelines, cluster_time_summary
+from profwatch.core.evidence import ClusterEvidence, RankStepSummary
+from profwatch.core.ranking import RankingSettings, judge_batch
+from profwatch.core.robust import mad_sigma, median
+from profwatch.simulate.ascend_tree import CollectiveSegment, RankTimeline, build_timelines, cluster_time_summary
 
 DIXON_CRIT = {4: 0.920, 5: 0.823, 6: 0.744, 7: 0.680, 8: 0.723, 9: 0.676, 10: 0.638, 11: 0.707, 12: 0.675,
               13: 0.649, 14: 0.672, 16: 0.629, 20: 0.568, 32: 0.473, 64: 0.382, 100: 0.341}
@@ -239,11 +240,11 @@ def part_c(steps: int) -> None:
 
 
 def part_d(specs: list[dict[str, Any]], steps: int, settings: RankingSettings) -> None:
-    from daemon.adapters.rank_dir_fs import scan_tree
-    from daemon.analysis import AnalysisSettings, analyze_batch
-    from daemon.core.alertmanager import AlertBook
-    from daemon.core.alerts import make_cloudevent
-    from daemon.simulate.ascend_tree import generate_cluster
+    from profwatch.adapters.rank_dir_fs import scan_tree
+    from profwatch.analysis import AnalysisSettings, analyze_batch
+    from profwatch.core.alertmanager import AlertBook
+    from profwatch.core.alerts import make_cloudevent
+    from profwatch.simulate.ascend_tree import generate_cluster
 
     asettings = AnalysisSettings(ranking=settings, report=True)
     asettings.msprof.advisor = False

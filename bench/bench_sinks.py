@@ -15,10 +15,10 @@ import socket
 import statistics
 import time
 
-from daemon.adapters.alert_sinks import AlertSinks
-from daemon.core.alertmanager import AlertBook
-from daemon.core.alerts import TYPE_SUSPECT_RANKS, make_cloudevent
-from daemon.core.sink_settings import AlertmanagerSettings, WebhookSettings
+from profwatch.adapters.alert_sinks import AlertSinks
+from profwatch.core.alertmanager import AlertBook
+from profwatch.core.alerts import TYPE_SUSPECT_RANKS, make_cloudevent
+from profwatch.core.sink_settings import AlertmanagerSettings, WebhookSettings
 
 
 def _event(job: int, i: int, t: float) -> dict:

@@ -21,6 +21,7 @@ from pathlib import Path
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 
 from rankhook.backends.base import NoneBackend  # noqa: E402
 from rankhook.hook import Hook  # noqa: E402
@@ -97,8 +98,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="pwb", dir="/tmp"))
     ep = f"ipc://{tmp}/node.sock"
     env = dict(os.environ, PROFWATCH_NODE__BIND=ep, PROFWATCH_NODE__COORDINATOR="tcp://127.0.0.1:1",
-               PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    node = subprocess.Popen([sys.executable, "-m", "daemon.cli", "node"], env=env, stdout=subprocess.DEVNULL,
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent / "daemon"),
+                                         str(Path(__file__).resolve().parent.parent)]))
+    node = subprocess.Popen([sys.executable, "-m", "profwatch.cli", "node"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30

@@ -1,7 +1,7 @@
 """Part of ``bench/bench_alert_latency.py``: ``scan`` cold and warm at 1,024 .. 16,384 ranks on a tree holding only
 the files ``scan`` reads (issue 13: warm scan <= 2 s at 16,384 ranks).
 
-Each rank dir is a copy of one generated rank (``daemon/simulate/ascend_tree.py``, minimal DBs) with its rank
+Each rank dir is a copy of one generated rank (``daemon/profwatch/simulate/ascend_tree.py``, minimal DBs) with its rank
 written where torch_npu writes it: the DB file name, ``RANK_DEVICE_MAP.rankId``, ``profiler_info_<rank>.json``;
 ``profiler_metadata.json`` carries the capture id and the job's tensor-parallel groups of 8 (the world group is
 left out: listing 16,384 ranks in each of 16,384 files would write 1.6 GB of JSON). Raw data (``PROF_*``) holds
@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from daemon.adapters.rank_dir_fs import RankDirReader, scan_tree
-from daemon.core.completeness import CaptureHint
-from daemon.core.watch_settings import WatchSettings
-from daemon.simulate import ascend_tree as gen
+from profwatch.adapters.rank_dir_fs import RankDirReader, scan_tree
+from profwatch.core.completeness import CaptureHint
+from profwatch.core.watch_settings import WatchSettings
+from profwatch.simulate import ascend_tree as gen
 
 CAPTURE = "c-bench-scan"
 

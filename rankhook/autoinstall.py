@@ -174,7 +174,7 @@ def uninstall_pth(site_dir: str | None = None) -> bool:
 
 
 EXIT_OK = 0
-EXIT_USAGE = 2  # the same code as daemon/exitcodes.py EXIT_USAGE (rankhook never imports daemon)
+EXIT_USAGE = 2  # the same code as daemon/profwatch/exitcodes.py EXIT_USAGE (rankhook never imports daemon)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,7 @@ Transport framing: each message travels as a two-frame ZeroMQ multipart ``[topic
 Topics follow ``profwatch.<kind>.<job_id>[.<rank>]`` (general part first, so subscribers filter by
 prefix). The payload is the dataclass serialised with :func:`encode`; it always carries ``kind`` and
 ``v`` (the schema version). The daemon validates payloads with pydantic (``TypeAdapter`` over these
-dataclasses, see ``daemon/core/messages.py``), so the schema exists only here.
+dataclasses, see ``daemon/profwatch/core/messages.py``), so the schema exists only here.
 
 Units are in the field names: ``_s`` seconds, ``_bytes`` bytes; ``ts_unix_s`` is wall-clock Unix time.
 ``step`` is the count of ``rankhook.step()`` calls (the same counter torch_npu's ``dp.step()`` advances).

@@ -17,6 +17,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = REPO_ROOT.parent / "shared"
+# The source roots a child process needs on PYTHONPATH: daemon/ (package ``profwatch``) and the root (``rankhook``).
+SOURCE_PATHS = os.pathsep.join([str(REPO_ROOT / "daemon"), str(REPO_ROOT)])
 
 T = TypeVar("T")
 
@@ -91,7 +93,7 @@ def require_tool(name: str, why: str) -> str:
 def python_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for child Python processes: the repo on PYTHONPATH, no torch_npu autoload."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([SOURCE_PATHS, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     env.setdefault("PYTHONUNBUFFERED", "1")
     if extra:

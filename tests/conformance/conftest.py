@@ -5,7 +5,7 @@ reason, unless ``PROFWATCH_OFFLINE=1`` (then it skips with the reason; never whe
 as in CI).
 
 :class:`NpuJob` runs, for one test: a fake coordinator (a ZeroMQ ROUTER on loopback that validates what it
-receives with the coordinator's own ``parse_node_message``), a real :class:`daemon.node.NodeDaemon` (relay,
+receives with the coordinator's own ``parse_node_message``), a real :class:`profwatch.node.NodeDaemon` (relay,
 node-side ``ConfigWriter``, dp log tailer) in a thread, and ``world`` rank processes (``npu_rank.py``: real CPU
 torch with gloo, ``rankhook`` with its torch_npu backend over the real monitor). Everything a test observes
 comes from the real monitor's files (``log/dp_*``, ``monitor_dp_*``, rank dirs, stdout) or from what the
@@ -30,12 +30,12 @@ from typing import Any
 import pytest
 import zmq
 
-from daemon.config import load_settings
-from daemon.core.messages import MessageRejected, parse_node_message
-from daemon.node import NodeDaemon
+from profwatch.config import load_settings
+from profwatch.core.messages import MessageRejected, parse_node_message
+from profwatch.node import NodeDaemon
 from rankhook import wire
 from tests.conformance.real_torch_npu import MonitorTree, WheelUnavailable, build_tree, ensure_wheel, wheel_version
-from tests.conftest import PYTHON, REPO_ROOT, python_env, wait_for
+from tests.conftest import PYTHON, REPO_ROOT, SOURCE_PATHS, python_env, wait_for
 
 RANK_WORKER = str(Path(__file__).with_name("npu_rank.py"))
 
@@ -141,7 +141,7 @@ class NpuJob:
     def __init__(self, root: Path, ipc_dir: Path, tree: MonitorTree, *, world: int = 4, step_s: float = 0.25,
                  max_steps: int = 4000, job_id: str = "job1", node_id: str = "node-a", fake: bool = False) -> None:
         self.root, self.tree, self.world, self.step_s = root, tree, world, step_s
-        self.fake = fake  # run profwatch's fake (daemon/simulate/fake_torch_npu) instead of the real monitor
+        self.fake = fake  # run profwatch's fake (daemon/profwatch/simulate/fake_torch_npu) instead of the real monitor
         self.max_steps, self.job_id, self.node_id = max_steps, job_id, node_id
         self.cfg = root / "cfg" / job_id
         self.prof = root / "prof"
@@ -165,9 +165,9 @@ class NpuJob:
         self.node = NodeDaemon(self.node_settings)
         self.node_thread = threading.Thread(target=self.node.run, name="conformance-node")
         self.node_thread.start()
-        site = REPO_ROOT / "daemon" / "simulate" / "fake_torch_npu" if self.fake else self.tree.site
+        site = REPO_ROOT / "daemon" / "profwatch" / "simulate" / "fake_torch_npu" if self.fake else self.tree.site
         env = python_env({
-            "PYTHONPATH": os.pathsep.join([str(site), str(REPO_ROOT)]),
+            "PYTHONPATH": os.pathsep.join([str(site), SOURCE_PATHS]),
             "PROFWATCH_CONFORMANCE_SHM_TAG": self.shm_tag,
             "PROFWATCH_TORCH_NPU_STANDIN_VERSION": self.tree.version,
             "OMP_NUM_THREADS": "1",

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from daemon.adapters.dp_log_tail import parse_line
-from daemon.core.capture import CapturePlan, CaptureRequest, CaptureSettings, JobProgress, plan_capture
+from profwatch.adapters.dp_log_tail import parse_line
+from profwatch.core.capture import CapturePlan, CaptureRequest, CaptureSettings, JobProgress, plan_capture
 from rankhook import wire
 from tests.conformance.conftest import NpuJob
 from tests.conftest import wait_for

@@ -38,7 +38,7 @@ def _start_coverage() -> object | None:
 def _tag_shm_name() -> None:
     try:
         import torch_npu.profiler._dynamic_profiler._dynamic_profiler_monitor_shm as shm_mod
-    except ImportError:  # profwatch's fake (daemon/simulate/fake_torch_npu) has no shared memory
+    except ImportError:  # profwatch's fake (daemon/profwatch/simulate/fake_torch_npu) has no shared memory
         return
 
     tag = os.environ.get("PROFWATCH_CONFORMANCE_SHM_TAG", "")

@@ -1,4 +1,4 @@
-"""profwatch's fake torch_npu (``daemon/simulate``) against the real monitor: the same job, the same arms, the
+"""profwatch's fake torch_npu (``daemon/profwatch/simulate``) against the real monitor: the same job, the same arms, the
 same observable result (dp log lines, rank dir files, ``profiler_info`` shape, acknowledgements).
 
 Both jobs run 2 real CPU ranks under rankhook's torch_npu backend; one imports the real monitor (the isolated
@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from daemon.adapters.config_writer import ConfigWriter
+from profwatch.adapters.config_writer import ConfigWriter
 from tests.conformance.conftest import NpuJob
 from tests.conformance.helpers import plan, rank_dir_of, wait_hook_events, wait_stopped, window_end
 

@@ -24,11 +24,11 @@ import time
 
 import pytest
 
-from daemon.adapters.config_writer import ConfigWriter
-from daemon.adapters.rank_dir_fs import scan_tree
-from daemon.core.capture import ProfilerConfig
-from daemon.core.prof_layout import parse_profiler_info
-from daemon.core.profiler_config import idle_config
+from profwatch.adapters.config_writer import ConfigWriter
+from profwatch.adapters.rank_dir_fs import scan_tree
+from profwatch.core.capture import ProfilerConfig
+from profwatch.core.prof_layout import parse_profiler_info
+from profwatch.core.profiler_config import idle_config
 from rankhook import wire
 from tests.conformance.helpers import (
     assert_dp_log_parsed,

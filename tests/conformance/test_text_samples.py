@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from daemon.commands.analyze import analyze
-from daemon.commands.scan import scan
-from daemon.core.completeness import TEXT_EXPORT_REASON
+from profwatch.commands.analyze import analyze
+from profwatch.commands.scan import scan
+from profwatch.core.completeness import TEXT_EXPORT_REASON
 from tests.conftest import SHARED
 
 SAMPLES = (Path(os.environ.get("PROFWATCH_SHARED_DIR") or SHARED) / "data" / "ascend_samples"

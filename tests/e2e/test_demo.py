@@ -23,7 +23,7 @@ ORDER = ["slowdown", "detection", "arm", "capture", "batch_complete", "analysis"
 def _run_demo(args: list[str]) -> subprocess.CompletedProcess[str]:
     """Run the demo in its own process group; whatever happens (timeout, test interrupted), end that group: the
     demo's daemons and rank processes are in it, and only they are (never killed by name)."""
-    proc = subprocess.Popen([PYTHON, "-m", "daemon.cli", "demo", *args], env=python_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen([PYTHON, "-m", "profwatch.cli", "demo", *args], env=python_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=DEMO_TIMEOUT_S)

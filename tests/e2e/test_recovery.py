@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.adapters.control import ControlUnavailable, call
-from daemon.commands.demo import Stack
-from daemon.simulate.launcher import JobSpec, launch_job
+from profwatch.adapters.control import ControlUnavailable, call
+from profwatch.commands.demo import Stack
+from profwatch.simulate.launcher import JobSpec, launch_job
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow
@@ -33,9 +33,9 @@ def _captures(stack: Stack, job: str) -> list[dict]:
 
 
 def test_coordinator_killed_mid_capture_still_analyses_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.conftest import REPO_ROOT
+    from tests.conftest import SOURCE_PATHS
 
-    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
+    monkeypatch.setenv("PYTHONPATH", SOURCE_PATHS)
     runtime = Path(tempfile.mkdtemp(prefix="pwrec", dir="/tmp"))
     stack = Stack(tmp_path, runtime, nodes=1)
     stack.start()

@@ -11,12 +11,12 @@ from typing import Any
 
 import zmq
 
-from daemon.adapters.control import call
-from daemon.adapters.curve import make_client
-from daemon.adapters.keyfiles import KeyPair, create_certificate, load_keypair, load_public_key
-from daemon.config import load_settings
-from daemon.coordinator import Coordinator
-from daemon.node import NodeDaemon
+from profwatch.adapters.control import call
+from profwatch.adapters.curve import make_client
+from profwatch.adapters.keyfiles import KeyPair, create_certificate, load_keypair, load_public_key
+from profwatch.config import load_settings
+from profwatch.coordinator import Coordinator
+from profwatch.node import NodeDaemon
 from rankhook import wire
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import zmq
 
-from daemon.adapters.control import call
-from daemon.config import load_settings
-from daemon.coordinator import Coordinator
+from profwatch.adapters.control import call
+from profwatch.config import load_settings
+from profwatch.coordinator import Coordinator
 from rankhook import wire
 from tests.conftest import require_tool, wait_for
 

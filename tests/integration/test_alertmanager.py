@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from daemon.adapters.control import call
-from daemon.core.alertmanager import parse_time
-from daemon.core.alerts import TYPE_BATCH_INCOMPLETE, TYPE_SUSPECT_RANKS
-from daemon.simulate.ascend_tree import generate_cluster
+from profwatch.adapters.control import call
+from profwatch.core.alertmanager import parse_time
+from profwatch.core.alerts import TYPE_BATCH_INCOMPLETE, TYPE_SUSPECT_RANKS
+from profwatch.simulate.ascend_tree import generate_cluster
 from tests.conftest import wait_for
 from tests.integration.sink_support import Alertmanager, CoordinatorHarness, Recorder
 

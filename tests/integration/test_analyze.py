@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from daemon.adapters.rank_dir_fs import scan_tree
-from daemon.analysis import AnalysisResult, AnalysisSettings, analyze_batch
-from daemon.commands.analyze import analyze
-from daemon.core.alertmanager import AlertBook
-from daemon.core.alerts import TYPE_SUSPECT_RANKS, make_cloudevent
-from daemon.simulate.ascend_tree import empty_device_data, generate_cluster, truncate_db
+from profwatch.adapters.rank_dir_fs import scan_tree
+from profwatch.analysis import AnalysisResult, AnalysisSettings, analyze_batch
+from profwatch.commands.analyze import analyze
+from profwatch.core.alertmanager import AlertBook
+from profwatch.core.alerts import TYPE_SUSPECT_RANKS, make_cloudevent
+from profwatch.simulate.ascend_tree import empty_device_data, generate_cluster, truncate_db
 from tests.conftest import PYTHON, REPO_ROOT, python_env
 
 SCENARIOS: dict[str, dict[str, Any]] = {
@@ -257,7 +257,7 @@ def test_real_torch_gloo_traces(gloo_batch: Path, tmp_path: Path):
 
 
 def _torch_batch(root: Path, *, work: dict[int, float], steps: int = 3) -> dict[int, Path]:
-    from daemon.adapters.kineto_reader import write_torch_trace
+    from profwatch.adapters.kineto_reader import write_torch_trace
     from tests.unit.test_kineto_align import job_events
 
     events = job_events(4, work=work, steps=steps)

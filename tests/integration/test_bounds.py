@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from daemon.coordinator import Coordinator
+from profwatch.coordinator import Coordinator
 from rankhook import wire
 from tests.conftest import wait_for
 from tests.integration.live_stack import Stack, batch, hello, job_view, rank_view, step

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import zmq
 
-from daemon.adapters.control import ControlError, ControlUnavailable, call
-from daemon.adapters.publish import EventPublisher, Subscription
-from daemon.config import load_settings
-from daemon.core.alerts import make_cloudevent
-from daemon.node import NodeDaemon
-from daemon.simulate.ascend_tree import generate_cluster
+from profwatch.adapters.control import ControlError, ControlUnavailable, call
+from profwatch.adapters.publish import EventPublisher, Subscription
+from profwatch.config import load_settings
+from profwatch.core.alerts import make_cloudevent
+from profwatch.node import NodeDaemon
+from profwatch.simulate.ascend_tree import generate_cluster
 from rankhook import wire
 from tests.conftest import PYTHON, python_env, wait_for
 from tests.integration.test_coordinator_captures import Harness, _of_type
@@ -43,7 +43,7 @@ def harness(short_tmp: Path):
 def _cli(h: Harness, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = python_env({"PROFWATCH_COORDINATOR__CONTROL_BIND": h.settings.coordinator.control_bind,
                       "PROFWATCH_COORDINATOR__PUB_BIND": h.settings.coordinator.pub_bind})
-    return subprocess.run([PYTHON, "-m", "daemon.cli", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([PYTHON, "-m", "profwatch.cli", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -161,7 +161,7 @@ def test_stale_torch_npu_state_on_a_node_is_named_as_the_cause(harness, short_tm
 def test_arm_wait_reports_the_write_and_every_acknowledgement(harness, short_tmp) -> None:
     h = harness()
     _ready_job(h, short_tmp, "jobW")
-    cli = subprocess.Popen([PYTHON, "-m", "daemon.cli", "arm", "--job", "jobW", "--wait", "--wait-s", "60"],
+    cli = subprocess.Popen([PYTHON, "-m", "profwatch.cli", "arm", "--job", "jobW", "--wait", "--wait-s", "60"],
                            env=python_env({"PROFWATCH_COORDINATOR__CONTROL_BIND": h.settings.coordinator.control_bind}),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -218,7 +218,7 @@ def test_arm_wait_names_the_silent_rank_then_dry_run_refusal_cancel_and_status(h
     assert again.returncode == 1 and "no capture in flight" in again.stderr
     # a fresh arm whose rank 1 never acknowledges: --wait says who and why, exit 1
     h.steps("jobM", 2, 2)
-    second = subprocess.Popen([PYTHON, "-m", "daemon.cli", "arm", "--job", "jobM", "--wait", "--wait-s", "60"],
+    second = subprocess.Popen([PYTHON, "-m", "profwatch.cli", "arm", "--job", "jobM", "--wait", "--wait-s", "60"],
                               env=python_env({"PROFWATCH_COORDINATOR__CONTROL_BIND": h.settings.coordinator.control_bind}),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -297,7 +297,7 @@ def test_alerts_follow_for_one_job_prints_that_job_only(harness, short_tmp) -> N
     h = harness()
     env = python_env({"PROFWATCH_COORDINATOR__CONTROL_BIND": h.settings.coordinator.control_bind,
                       "PROFWATCH_COORDINATOR__PUB_BIND": h.settings.coordinator.pub_bind})
-    follow = subprocess.Popen([PYTHON, "-u", "-m", "daemon.cli", "alerts", "--follow", "--json", "--job", "ja"],
+    follow = subprocess.Popen([PYTHON, "-u", "-m", "profwatch.cli", "alerts", "--follow", "--json", "--job", "ja"],
                               env=env, stdout=subprocess.PIPE, text=True)
     lines: list[str] = []
     try:

@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
-from daemon.adapters.config_writer import ConfigIdleNotNeeded
-from daemon.adapters.control import ControlError
-from daemon.adapters.state import StateStore
-from daemon.captures import CaptureShell
-from daemon.config import load_settings
-from daemon.core import lifecycle as lc
-from daemon.core.anomaly import Anomaly
-from daemon.core.capture import CaptureRequest
-from daemon.core.completeness import BatchState, RankDirState
-from daemon.core.lifecycle import CaptureState
-from daemon.core.profiler_config import idle_config
-from daemon.core.registry import Registry
+from profwatch.adapters.config_writer import ConfigIdleNotNeeded
+from profwatch.adapters.control import ControlError
+from profwatch.adapters.state import StateStore
+from profwatch.captures import CaptureShell
+from profwatch.config import load_settings
+from profwatch.core import lifecycle as lc
+from profwatch.core.anomaly import Anomaly
+from profwatch.core.capture import CaptureRequest
+from profwatch.core.completeness import BatchState, RankDirState
+from profwatch.core.lifecycle import CaptureState
+from profwatch.core.profiler_config import idle_config
+from profwatch.core.registry import Registry
 from rankhook import wire
 from tests.conftest import wait_for
 

@@ -19,10 +19,10 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-from daemon.adapters.state import StateStore
-from daemon.cli import cli
-from daemon.commands.common import PING_TIMEOUT_S
-from daemon.core.alerts import make_cloudevent
+from profwatch.adapters.state import StateStore
+from profwatch.cli import cli
+from profwatch.commands.common import PING_TIMEOUT_S
+from profwatch.core.alerts import make_cloudevent
 from tests.conftest import PYTHON, finish_process, python_env, wait_for
 
 
@@ -59,7 +59,7 @@ def ports() -> dict[str, int]:
 
 def _daemon(kind: str, cfg: Path, log: Path) -> subprocess.Popen:
     with open(log, "ab") as out:
-        return subprocess.Popen([PYTHON, "-m", "daemon.cli", kind, "--config", str(cfg)], env=python_env(),
+        return subprocess.Popen([PYTHON, "-m", "profwatch.cli", kind, "--config", str(cfg)], env=python_env(),
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
@@ -79,7 +79,7 @@ def _log_events(log: Path) -> list[dict]:
 
 
 def _answers(control: str) -> bool:
-    from daemon.adapters.control import ControlError, call
+    from profwatch.adapters.control import ControlError, call
 
     try:
         return bool(call(control, "ping", timeout_s=1.0))
@@ -177,7 +177,7 @@ def _alerts_without_override(cfg: Path) -> subprocess.CompletedProcess[str]:
             if prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
                 raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
 
-    return subprocess.run([PYTHON, "-m", "daemon.cli", "alerts", "--config", str(cfg)], env=python_env(),
+    return subprocess.run([PYTHON, "-m", "profwatch.cli", "alerts", "--config", str(cfg)], env=python_env(),
                           capture_output=True, text=True, timeout=120,
                           preexec_fn=drop if os.geteuid() == 0 else None)
 
@@ -252,7 +252,7 @@ def test_alerts_follow_says_where_it_listens(tmp_path: Path, ports: dict[str, in
     follow = None
     try:
         wait_for(lambda: _answers(f"tcp://127.0.0.1:{ports['control']}"), 30, 0.2, "coordinator control socket")
-        follow = subprocess.Popen([PYTHON, "-m", "daemon.cli", "alerts", "--follow", "--job", "j7", "--config",
+        follow = subprocess.Popen([PYTHON, "-m", "profwatch.cli", "alerts", "--follow", "--job", "j7", "--config",
                                    str(cfg)], env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
         assert follow.stderr is not None
@@ -294,7 +294,7 @@ def test_alerts_follow_notices_the_coordinator_stopping_and_coming_back(tmp_path
 
     try:
         wait_for(lambda: _answers(f"tcp://127.0.0.1:{ports['control']}"), 30, 0.2, "coordinator control socket")
-        follow = subprocess.Popen([PYTHON, "-m", "daemon.cli", "alerts", "--follow", "--check-s", "1", "--config",
+        follow = subprocess.Popen([PYTHON, "-m", "profwatch.cli", "alerts", "--follow", "--check-s", "1", "--config",
                                    str(cfg)], env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)
         stream = follow.stderr

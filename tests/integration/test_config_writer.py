@@ -1,4 +1,4 @@
-"""daemon/adapters/config_writer.py on a real file system: in-place edits, no torn file, fresh mtimes, refusals."""
+"""daemon/profwatch/adapters/config_writer.py on a real file system: in-place edits, no torn file, fresh mtimes, refusals."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.adapters.config_writer import (
+from profwatch.adapters.config_writer import (
     ConfigDirMissing,
     ConfigDirNotAllowed,
     ConfigDirReadOnly,
@@ -20,7 +20,7 @@ from daemon.adapters.config_writer import (
     ConfigWriteTooEarly,
     write_profiler_config,
 )
-from daemon.core.capture import InvalidProfilerConfig, ProfilerConfig
+from profwatch.core.capture import InvalidProfilerConfig, ProfilerConfig
 from rankhook.profconfig import TEMPLATE
 from tests.conftest import PYTHON, finish_process, python_env, wait_for
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import zmq
 
-from daemon.adapters.control import ControlError, ControlUnavailable, call
-from daemon.config import load_settings
-from daemon.coordinator import Coordinator
-from daemon.core.capture_report import VERDICT_KEYS
-from daemon.core.lifecycle import CaptureState
-from daemon.node import NodeDaemon
-from daemon.simulate.ascend_tree import generate_cluster
+from profwatch.adapters.control import ControlError, ControlUnavailable, call
+from profwatch.config import load_settings
+from profwatch.coordinator import Coordinator
+from profwatch.core.capture_report import VERDICT_KEYS
+from profwatch.core.lifecycle import CaptureState
+from profwatch.node import NodeDaemon
+from profwatch.simulate.ascend_tree import generate_cluster
 from rankhook import wire
 from tests.conftest import finish_process, wait_for
 
@@ -289,11 +289,11 @@ def test_alerts_cli_prints_history_then_follows(harness, short_tmp: Path) -> Non
                       "PROFWATCH_COORDINATOR__PUB_BIND": h.settings.coordinator.pub_bind})
     h.hellos("jobA1", 1, short_tmp / "nope" / "cfg", Path("/etc"))  # refused paths -> an alert
     wait_for(lambda: _of_type(h.events("jobA1", alerts_only=True), "io.profwatch.path_refused.v1"), 20)
-    once = subprocess.run([PYTHON, "-m", "daemon.cli", "alerts", "--json"], env=env, capture_output=True, text=True,
+    once = subprocess.run([PYTHON, "-m", "profwatch.cli", "alerts", "--json"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert once.returncode == 0, once.stderr
     assert [json.loads(line)["type"] for line in once.stdout.splitlines()] == ["io.profwatch.path_refused.v1"]
-    follow = subprocess.Popen([PYTHON, "-u", "-m", "daemon.cli", "alerts", "--follow", "--json"], env=env,
+    follow = subprocess.Popen([PYTHON, "-u", "-m", "profwatch.cli", "alerts", "--follow", "--json"], env=env,
                               stdout=subprocess.PIPE, text=True)
     try:
         first = follow.stdout.readline()  # the stored alert, fetched after subscribing
@@ -337,7 +337,7 @@ def test_stop_during_analysis_is_prompt_and_the_capture_survives(short_tmp: Path
     finally:
         h.close()  # joins the loop thread for at most 30 s; the 300 s tool must be killed, not awaited
     assert not h.thread.is_alive()
-    from daemon.adapters.state import StateStore
+    from profwatch.adapters.state import StateStore
 
     store = StateStore(short_tmp / "state.db")
     try:

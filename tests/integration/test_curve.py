@@ -12,15 +12,15 @@ import structlog
 import zmq
 from click.testing import CliRunner
 
-from daemon.adapters.control import ControlAuthFailed, ControlError
-from daemon.adapters.curve import CurveAuthenticator, HandshakeMonitor
-from daemon.adapters.keyfiles import CurveSetupError
-from daemon.adapters.publish import subscribe
-from daemon.cli import cli
-from daemon.config import load_settings
-from daemon.coordinator import Coordinator
-from daemon.exitcodes import EXIT_UNAVAILABLE, EXIT_USAGE
-from daemon.node import NodeDaemon
+from profwatch.adapters.control import ControlAuthFailed, ControlError
+from profwatch.adapters.curve import CurveAuthenticator, HandshakeMonitor
+from profwatch.adapters.keyfiles import CurveSetupError
+from profwatch.adapters.publish import subscribe
+from profwatch.cli import cli
+from profwatch.config import load_settings
+from profwatch.coordinator import Coordinator
+from profwatch.exitcodes import EXIT_UNAVAILABLE, EXIT_USAGE
+from profwatch.node import NodeDaemon
 from rankhook import wire
 from tests.conftest import wait_for
 from tests.integration.live_stack import Keys, Stack, free_port, hello, job_view, rank_view, step
@@ -183,7 +183,7 @@ def test_event_stream_needs_a_read_key(short_tmp: Path, keys: Keys, stacks) -> N
     sub = subscribe(st.ctx, pub_ep, ["profwatch.alert."], curve=keys.client(reader))
     bad = st.ctx.socket(zmq.SUB)
     bad.linger = 0
-    from daemon.adapters.curve import make_client
+    from profwatch.adapters.curve import make_client
 
     make_client(bad, *keys.client(node_key))
     mon = HandshakeMonitor(bad)

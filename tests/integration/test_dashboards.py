@@ -126,8 +126,8 @@ format = "console"
         procs.append(subprocess.Popen(args, env=python_env(env), stdout=log, stderr=subprocess.STDOUT))
 
     try:
-        start("coordinator", [PYTHON, "-m", "daemon.cli", "coordinator", "--config", str(cfg)])
-        start("node", [PYTHON, "-m", "daemon.cli", "node", "--config", str(cfg)])
+        start("coordinator", [PYTHON, "-m", "profwatch.cli", "coordinator", "--config", str(cfg)])
+        start("node", [PYTHON, "-m", "profwatch.cli", "node", "--config", str(cfg)])
         start("rank0", [PYTHON, WORKER, str(short_tmp / "rank0.json"), "0", "0.05"],
               {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "PROFWATCH_JOB_ID": "jobM",
                "PROFWATCH_NODE_ENDPOINT": f"ipc://{short_tmp}/node.sock"})

@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 import zmq
 
-from daemon.adapters.control import call
-from daemon.adapters.publish import Subscription
-from daemon.config import load_settings
-from daemon.coordinator import Coordinator
+from profwatch.adapters.control import call
+from profwatch.adapters.publish import Subscription
+from profwatch.config import load_settings
+from profwatch.coordinator import Coordinator
 from rankhook import wire
 from tests.conftest import PYTHON, finish_process, python_env, scrape_metrics, wait_for
 from tests.integration.sink_support import Recorder, free_port
@@ -40,7 +40,7 @@ PATH_REFUSED = "io.profwatch.path_refused.v1"
 SCRIPT = r"""
 set -e
 mount -t tmpfs -o size=4m tmpfs "$STATE_DIR"
-"$PYTHON" -m daemon.cli coordinator --config "$CONFIG" &
+"$PYTHON" -m profwatch.cli coordinator --config "$CONFIG" &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid; exit 0' TERM
 while kill -0 $pid 2>/dev/null; do
@@ -217,7 +217,7 @@ def test_alerts_raised_while_the_store_fails_reach_every_path_once(short_tmp: Pa
         feed = Feed(ctx, h.coordinator["ingest_bind"])
         feed.send([_hello(None, short_tmp)])  # pins the job's paths
         wait_for(lambda: any(j["job_id"] == "jf" for j in h.control("status")["jobs"]), 30, what="job jf")
-        follow = subprocess.Popen([PYTHON, "-m", "daemon.cli", "alerts", "--follow", "--json", "--config",
+        follow = subprocess.Popen([PYTHON, "-m", "profwatch.cli", "alerts", "--follow", "--json", "--config",
                                    str(h.config)], env=python_env(), stdout=follow_out, stderr=subprocess.STDOUT)
         feed.send([_hello(-1, short_tmp)])  # one alert before the fault: the subscribers are connected
         wait_for(lambda: (len(alerts_of(drain())), len(_follow_ids(short_tmp)), len(rec.requests)) == (1, 1, 1),

@@ -16,7 +16,7 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-from daemon.cli import cli
+from profwatch.cli import cli
 from rankhook import wire
 from tests.conftest import PYTHON, finish_process, python_env, wait_for
 from tests.integration.live_stack import Stack, job_view

@@ -1,7 +1,7 @@
-"""4 rank processes on the FAKE torch_npu (daemon/simulate) driven by rankhook's torch_npu backend.
+"""4 rank processes on the FAKE torch_npu (daemon/profwatch/simulate) driven by rankhook's torch_npu backend.
 
 Checks the protocol end to end: a pre-written config is ignored, an absolute start_step planned by
-daemon/core/capture.py and written by the config writer captures exactly [start_step, start_step+warmup+active)
+daemon/profwatch/core/capture.py and written by the config writer captures exactly [start_step, start_step+warmup+active)
 on every rank (dp log lines, profiler_info steps, DBs + analyse.done, metadata), and a passed start_step is
 discarded.
 """
@@ -14,14 +14,14 @@ import subprocess
 import time
 from pathlib import Path
 
-from daemon.adapters.config_writer import ConfigWriter
-from daemon.adapters.rank_dir_fs import scan_tree
-from daemon.core.capture import CaptureRequest, CaptureSettings, JobProgress, ProfilerConfig, plan_capture
+from profwatch.adapters.config_writer import ConfigWriter
+from profwatch.adapters.rank_dir_fs import scan_tree
+from profwatch.core.capture import CaptureRequest, CaptureSettings, JobProgress, ProfilerConfig, plan_capture
 from tests.conftest import PYTHON, REPO_ROOT, finish_process, python_env, wait_for
 from tests.integration.capture_job_files import read_events, read_progress
 
 WORKER = str(Path(__file__).with_name("capture_rank_worker.py"))
-FAKE = str(REPO_ROOT / "daemon" / "simulate" / "fake_torch_npu")
+FAKE = str(REPO_ROOT / "daemon" / "profwatch" / "simulate" / "fake_torch_npu")
 WORLD = 4
 STEP_S = 0.05
 

@@ -14,11 +14,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from daemon.adapters.msprof_runner import MsprofRunner, MsprofSettings, resolve_command
-from daemon.adapters.proc_memory import session_members
-from daemon.analysis import AnalysisSettings, analyze_batch, enrich_analysis
-from daemon.core.completeness import BatchState
-from daemon.simulate.ascend_tree import generate_cluster
+from profwatch.adapters.msprof_runner import MsprofRunner, MsprofSettings, resolve_command
+from profwatch.adapters.proc_memory import session_members
+from profwatch.analysis import AnalysisSettings, analyze_batch, enrich_analysis
+from profwatch.core.completeness import BatchState
+from profwatch.simulate.ascend_tree import generate_cluster
 from tests.conftest import kill_group_in, wait_for
 
 MiB = 2**20
@@ -103,7 +103,7 @@ def test_enrich_runs_have_their_own_slot_and_a_lower_priority(tmp_path: Path) ->
 
 
 def _batch(dirs: list[Path], world: int) -> BatchState:
-    from daemon.adapters.rank_dir_fs import scan_tree
+    from profwatch.adapters.rank_dir_fs import scan_tree
 
     (batch,) = scan_tree(dirs[0].parent, world_size=world)
     assert batch.status == "complete"

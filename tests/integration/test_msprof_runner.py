@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.adapters.msprof_runner import MsprofRunner, MsprofSettings, resolve_command, run_msprof_analysis
-from daemon.core.evidence import ClusterEvidence
-from daemon.simulate import ascend_tree as at
+from profwatch.adapters.msprof_runner import MsprofRunner, MsprofSettings, resolve_command, run_msprof_analysis
+from profwatch.core.evidence import ClusterEvidence
+from profwatch.simulate import ascend_tree as at
 
 pytestmark = pytest.mark.skipif(shutil.which(resolve_command(MsprofSettings().command)) is None,
                                 reason="msprof-analyze is not installed (pip install -e '.[test]')")

@@ -12,9 +12,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from daemon.adapters.msprof_runner import MsprofRunner, MsprofSettings, run_msprof_analysis
-from daemon.core.evidence import ClusterEvidence
-from daemon.simulate.ascend_tree import generate_cluster
+from profwatch.adapters.msprof_runner import MsprofRunner, MsprofSettings, run_msprof_analysis
+from profwatch.core.evidence import ClusterEvidence
+from profwatch.simulate.ascend_tree import generate_cluster
 from tests.conftest import kill_group_in, wait_for
 
 NO_ADVISOR = {"advisor": False, "advisor_html": False, "retries": 0}
@@ -177,7 +177,7 @@ def test_ctrl_c_on_profwatch_analyze_leaves_no_tool_running(tmp_path: Path) -> N
     tool = _tool(tmp_path, f"echo $$ > {pidfile}; exec sleep 300")
     cfg = tmp_path / "profwatch.toml"
     cfg.write_text(f'[analysis.msprof]\ncommand = "{tool}"\nadvisor = false\nretries = 0\n')
-    cli = subprocess.Popen([PYTHON, "-m", "daemon.cli", "analyze", str(tmp_path / "batch"), "--config", str(cfg),
+    cli = subprocess.Popen([PYTHON, "-m", "profwatch.cli", "analyze", str(tmp_path / "batch"), "--config", str(cfg),
                             "--out", str(tmp_path / "out")], env=python_env(), stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT)
     try:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.adapters.msprof_runner import resolve_command
-from daemon.simulate import ascend_tree as at
+from profwatch.adapters.msprof_runner import resolve_command
+from profwatch.simulate import ascend_tree as at
 from tests.conftest import PYTHON, python_env
 
 NAME = "данные_é_\udcff"  # Cyrillic, Latin-1 range, and the byte 0xFF, which is not UTF-8
@@ -34,7 +34,7 @@ def _env(locale: str) -> dict[str, str]:
 
 
 def _profwatch(args: list[str], locale: str, cwd: Path, timeout_s: float = 600) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([PYTHON, "-m", "daemon.cli", *args], env=_env(locale), cwd=cwd, capture_output=True,
+    return subprocess.run([PYTHON, "-m", "profwatch.cli", *args], env=_env(locale), cwd=cwd, capture_output=True,
                           timeout=timeout_s)
 
 

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-import daemon.adapters.config_writer as cw
-from daemon.adapters.config_writer import ConfigPathSymlink, ConfigWriter
-from daemon.adapters.paths import PathRefused, check_inside, make_dirs, open_dir, remove_tree
-from daemon.adapters.rank_dir_fs import scan_tree
-from daemon.adapters.retention import enforce_retention
-from daemon.capture_ports import RankDirScanner
-from daemon.core.completeness import CaptureHint
-from daemon.core.watch_settings import WatchSettings
-from daemon.simulate import ascend_tree as gen
+import profwatch.adapters.config_writer as cw
+from profwatch.adapters.config_writer import ConfigPathSymlink, ConfigWriter
+from profwatch.adapters.paths import PathRefused, check_inside, make_dirs, open_dir, remove_tree
+from profwatch.adapters.rank_dir_fs import scan_tree
+from profwatch.adapters.retention import enforce_retention
+from profwatch.capture_ports import RankDirScanner
+from profwatch.core.completeness import CaptureHint
+from profwatch.core.watch_settings import WatchSettings
+from profwatch.simulate import ascend_tree as gen
 
 EARLY = gen.DEFAULT_TS_BASE_NS / 1e9 + 30
 

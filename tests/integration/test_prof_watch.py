@@ -15,16 +15,16 @@ import pytest
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
-from daemon.adapters.prof_watch import (
+from profwatch.adapters.prof_watch import (
     ProfWatcher,
     fs_type_of,
     is_network_fs,
     make_inotify_observer,
     parse_mountinfo,
 )
-from daemon.adapters.rank_dir_fs import RankDirReader, scan_tree
-from daemon.core.watch_settings import WatchSettings
-from daemon.simulate import ascend_tree as gen
+from profwatch.adapters.rank_dir_fs import RankDirReader, scan_tree
+from profwatch.core.watch_settings import WatchSettings
+from profwatch.simulate import ascend_tree as gen
 from tests.conftest import wait_for
 
 EARLY = gen.DEFAULT_TS_BASE_NS / 1e9 + 30
@@ -207,7 +207,7 @@ def test_watch_limit_polls_what_inotify_could_not_watch(tmp_path: Path, monkeypa
     from structlog.testing import capture_logs
     from watchdog.observers.inotify_c import InotifyFD
 
-    from daemon.adapters.metrics import DaemonMetrics
+    from profwatch.adapters.metrics import DaemonMetrics
 
     real = InotifyFD._get_or_create_watch
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.adapters.control import call
-from daemon.config import load_settings
-from daemon.coordinator import Coordinator
-from daemon.node import NodeDaemon
+from profwatch.adapters.control import call
+from profwatch.config import load_settings
+from profwatch.coordinator import Coordinator
+from profwatch.node import NodeDaemon
 from tests.conftest import PYTHON, REPO_ROOT, python_env, wait_for
 
 WORKER = str(REPO_ROOT / "tests" / "fakes" / "forking_rank.py")

@@ -9,8 +9,8 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from daemon.commands.replay import dump_jsonl, replay, replay_lines
-from daemon.simulate.telemetry import TelemetryScenario, generate_telemetry
+from profwatch.commands.replay import dump_jsonl, replay, replay_lines
+from profwatch.simulate.telemetry import TelemetryScenario, generate_telemetry
 from rankhook.wire import StepReport
 
 BASE = TelemetryScenario(world_size=8, steps=300, cv=0.01, step_time_s=0.5)

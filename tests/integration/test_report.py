@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from daemon.adapters.report import href, render_html, write_report
-from daemon.adapters.report_charts import plotly_js
-from daemon.core.alerts import suspect_alert_data
-from daemon.core.evidence import RankStepSummary, RecipeStatus
-from daemon.core.ranking import rank_suspects
+from profwatch.adapters.report import href, render_html, write_report
+from profwatch.adapters.report_charts import plotly_js
+from profwatch.core.alerts import suspect_alert_data
+from profwatch.core.evidence import RankStepSummary, RecipeStatus
+from profwatch.core.ranking import rank_suspects
 from tests.conftest import REPO_ROOT
 from tests.unit.test_ranking import make_evidence
 
@@ -215,13 +215,13 @@ def test_templates_ship_in_the_wheel_and_sdist(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr[-3000:]
         built.append(re.findall(r"^BUILT (\S+)$", proc.stdout, re.MULTILINE)[-1])
     wheel_name, sdist_name = built
-    templates = sorted(p.name for p in (REPO_ROOT / "daemon" / "adapters" / "templates").iterdir())
+    templates = sorted(p.name for p in (REPO_ROOT / "daemon" / "profwatch" / "adapters" / "templates").iterdir())
     assert templates == ["report.css", "report.html.j2", "report.js"]
     with zipfile.ZipFile(tmp_path / "dist" / wheel_name) as whl:
         names = set(whl.namelist())
-    assert {f"daemon/adapters/templates/{t}" for t in templates} <= names
+    assert {f"profwatch/adapters/templates/{t}" for t in templates} <= names
     import tarfile
 
     with tarfile.open(tmp_path / "dist" / sdist_name) as sd:
         members = {m.name.split("/", 1)[1] for m in sd.getmembers() if "/" in m.name}
-    assert {f"daemon/adapters/templates/{t}" for t in templates} <= members
+    assert {f"daemon/profwatch/adapters/templates/{t}" for t in templates} <= members

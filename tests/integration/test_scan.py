@@ -1,4 +1,4 @@
-"""scan_tree and `profwatch scan` on generated Ascend trees (daemon/simulate/ascend_tree.py)."""
+"""scan_tree and `profwatch scan` on generated Ascend trees (daemon/profwatch/simulate/ascend_tree.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from daemon.adapters import rank_dir_fs
-from daemon.adapters.rank_dir_fs import RankDirReader, TreeUnavailable, find_rank_dirs, scan_tree
-from daemon.commands.scan import scan
-from daemon.core.watch_settings import WatchSettings
-from daemon.simulate import ascend_tree as gen
+from profwatch.adapters import rank_dir_fs
+from profwatch.adapters.rank_dir_fs import RankDirReader, TreeUnavailable, find_rank_dirs, scan_tree
+from profwatch.commands.scan import scan
+from profwatch.core.watch_settings import WatchSettings
+from profwatch.simulate import ascend_tree as gen
 
 BASE_S = gen.DEFAULT_TS_BASE_NS / 1e9
 EARLY = BASE_S + 30  # before every default deadline

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from daemon.adapters.rank_dir_fs import scan_tree
-from daemon.commands.analyze import analyze
-from daemon.commands.scan import scan
-from daemon.core.completeness import rank_ranges
-from daemon.core.messages import MAX_WORLD_SIZE
-from daemon.core.prof_layout import OUTPUT_MARKER
-from daemon.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
-from daemon.simulate.ascend_tree import generate_cluster, profiler_db_path
+from profwatch.adapters.rank_dir_fs import scan_tree
+from profwatch.commands.analyze import analyze
+from profwatch.commands.scan import scan
+from profwatch.core.completeness import rank_ranges
+from profwatch.core.messages import MAX_WORLD_SIZE
+from profwatch.core.prof_layout import OUTPUT_MARKER
+from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
+from profwatch.simulate.ascend_tree import generate_cluster, profiler_db_path
 
 DEPTH = 100_000  # far past CPython's recursion limit (json's C scanner raises RecursionError)
 

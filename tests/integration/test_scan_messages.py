@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from daemon.adapters.rank_dir_fs import find_unsupported, scan_tree
-from daemon.commands.analyze import analyze
-from daemon.commands.scan import scan
-from daemon.simulate.ascend_tree import generate_cluster
+from profwatch.adapters.rank_dir_fs import find_unsupported, scan_tree
+from profwatch.commands.analyze import analyze
+from profwatch.commands.scan import scan
+from profwatch.simulate.ascend_tree import generate_cluster
 
 BAD = ("rank ?", "rank None", "missing ranks []")
 

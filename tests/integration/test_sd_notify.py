@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.adapters.sd_notify import SdNotifier
+from profwatch.adapters.sd_notify import SdNotifier
 from tests.conftest import PYTHON, python_env, wait_for
 from tests.integration.sink_support import free_port
 
@@ -60,7 +60,7 @@ def test_daemon_sends_ready_watchdog_and_stopping(short_tmp: Path, notify_socket
     sock, path = notify_socket
     env = python_env({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"})
     log = open(short_tmp / f"{daemon}.log", "wb")  # noqa: SIM115
-    p = subprocess.Popen([PYTHON, "-m", "daemon.cli", daemon, "--config", str(_config(short_tmp))], env=env,
+    p = subprocess.Popen([PYTHON, "-m", "profwatch.cli", daemon, "--config", str(_config(short_tmp))], env=env,
                          stdout=log, stderr=subprocess.STDOUT)
     got: list[str] = []
     try:
@@ -87,7 +87,7 @@ def test_daemon_that_cannot_start_exits_2_without_ready(short_tmp: Path, notify_
     sock, path = notify_socket
     bad = short_tmp / "bad.toml"
     bad.write_text("[coordinator]\nno_such_key = 1\n")
-    res = subprocess.run([PYTHON, "-m", "daemon.cli", "coordinator", "--config", str(bad)],
+    res = subprocess.run([PYTHON, "-m", "profwatch.cli", "coordinator", "--config", str(bad)],
                          env=python_env({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "200000"}), capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 2 and "no_such_key" in res.stderr

@@ -34,7 +34,7 @@ def _group(pgid: int) -> list[int]:
 
 def _start(tmp_path: Path) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
-        [PYTHON, "-m", "daemon.cli", "simulate", "job", "--ranks", "2", "--config-dir", str(tmp_path / "cfg"),
+        [PYTHON, "-m", "profwatch.cli", "simulate", "job", "--ranks", "2", "--config-dir", str(tmp_path / "cfg"),
          "--prof-root", str(tmp_path / "prof"), "--node-endpoint", f"ipc://{tmp_path}/nobody.sock",
          "--duration-s", "300", "--stop-grace-s", "10"],
         env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

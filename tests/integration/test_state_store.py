@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from daemon.adapters.state import SCHEMA_VERSION, StateSchemaError, StateStore
-from daemon.core import lifecycle as lc
-from daemon.core.capture import CaptureRequest, JobProgress, plan_capture
-from daemon.core.lifecycle import CaptureState
+from profwatch.adapters.state import SCHEMA_VERSION, StateSchemaError, StateStore
+from profwatch.core import lifecycle as lc
+from profwatch.core.capture import CaptureRequest, JobProgress, plan_capture
+from profwatch.core.lifecycle import CaptureState
 
 T0 = 1_800_000_000.0
 
-# The schema and row shapes written by profwatch before typed rows (daemon/adapters/state.py and
+# The schema and row shapes written by profwatch before typed rows (daemon/profwatch/adapters/state.py and
 # daemon/capture_manager.py of that version), verbatim.
 V1_SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs(

@@ -11,10 +11,10 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from daemon.adapters.state import SCHEMA_VERSION, StateStore, Stored
-from daemon.core import lifecycle as lc
-from daemon.core.alerts import make_cloudevent
-from daemon.core.capture import CaptureRequest, JobProgress, plan_capture
+from profwatch.adapters.state import SCHEMA_VERSION, StateStore, Stored
+from profwatch.core import lifecycle as lc
+from profwatch.core.alerts import make_cloudevent
+from profwatch.core.capture import CaptureRequest, JobProgress, plan_capture
 
 T0 = 1_800_000_000.0
 BIG = "x" * 5000  # more than a page: every event needs a new (overflow) page, which a full file refuses

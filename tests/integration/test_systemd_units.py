@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.config import load_settings
-from daemon.exitcodes import EXIT_USAGE
+from profwatch.config import load_settings
+from profwatch.exitcodes import EXIT_USAGE
 from tests.conftest import PYTHON, REPO_ROOT, python_env, wait_for
 
 UNITS = ["profwatch-node.service", "profwatch-coordinator.service"]
@@ -47,7 +47,7 @@ def test_execstart_command_exists(name: str) -> None:
     assert Path(argv[0]).name == "profwatch"
     sub = argv[1]
     # the subcommand and its --config option exist in this installation
-    res = subprocess.run([PYTHON, "-m", "daemon.cli", sub, "--help"], env=python_env(), capture_output=True,
+    res = subprocess.run([PYTHON, "-m", "profwatch.cli", sub, "--help"], env=python_env(), capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert "--config" in res.stdout
@@ -108,7 +108,7 @@ def test_no_restart_storm_and_notify_watchdog(name: str) -> None:
 def test_a_bad_config_is_a_permanent_error_for_both_daemons(daemon: str, tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(f"[{daemon}]\nno_such_key = 1\n")
-    res = subprocess.run([PYTHON, "-m", "daemon.cli", daemon, "--config", str(bad)], env=python_env(),
+    res = subprocess.run([PYTHON, "-m", "profwatch.cli", daemon, "--config", str(bad)], env=python_env(),
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == EXIT_USAGE, res.stderr  # ...which the units' RestartPreventExitStatus never restarts
 

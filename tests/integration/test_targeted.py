@@ -8,13 +8,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from daemon.adapters.rank_dir_fs import scan_tree
-from daemon.analysis import AnalysisSettings, analyze_batch
-from daemon.core.anomaly import Anomaly
-from daemon.core.completeness import BatchState, CaptureHint, RankDirState
-from daemon.core.lifecycle import CaptureState
-from daemon.core.msprof_plan import MsprofSettings
-from daemon.simulate.ascend_tree import generate_cluster
+from profwatch.adapters.rank_dir_fs import scan_tree
+from profwatch.analysis import AnalysisSettings, analyze_batch
+from profwatch.core.anomaly import Anomaly
+from profwatch.core.completeness import BatchState, CaptureHint, RankDirState
+from profwatch.core.lifecycle import CaptureState
+from profwatch.core.msprof_plan import MsprofSettings
+from profwatch.simulate.ascend_tree import generate_cluster
 from tests.integration.test_capture_shell import World
 
 SUBSET = [0, 5, 13, 14, 15, 21, 29, 37, 45, 53, 61]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from daemon.adapters.control import ControlError, ControlUnavailable, call
+from profwatch.adapters.control import ControlError, ControlUnavailable, call
 from tests.conftest import PYTHON, REPO_ROOT, finish_process, python_env, wait_for
 
 WORKER = str(REPO_ROOT / "tests" / "fakes" / "rank_worker.py")
@@ -63,7 +63,7 @@ format = "console"
         return p
 
     def start_coordinator(self) -> None:
-        self.start("coordinator", [PYTHON, "-m", "daemon.cli", "coordinator", "--config", str(self.cfg)])
+        self.start("coordinator", [PYTHON, "-m", "profwatch.cli", "coordinator", "--config", str(self.cfg)])
         wait_for(lambda: self._ping(), 20, what="coordinator control socket")
 
     def node_endpoint(self, node: str) -> str:
@@ -73,7 +73,7 @@ format = "console"
         env = {"PROFWATCH_NODE__NODE_ID": node, "PROFWATCH_NODE__BIND": self.node_endpoint(node)}
         if metrics_port:
             env["PROFWATCH_NODE__METRICS_PORT"] = str(metrics_port)
-        self.start(node, [PYTHON, "-m", "daemon.cli", "node", "--config", str(self.cfg)], env)
+        self.start(node, [PYTHON, "-m", "profwatch.cli", "node", "--config", str(self.cfg)], env)
 
     def start_rank(self, rank: int, node: str, steps: int = 0, step_s: float = 0.02, world: int = 4) -> None:
         env = {"RANK": str(rank), "LOCAL_RANK": str(rank % 2), "WORLD_SIZE": str(world), "PROFWATCH_JOB_ID": "jobA",
@@ -152,12 +152,12 @@ def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
     assert {n["node_id"] for n in st["nodes"]} == {"nodeA", "nodeB"}
     assert job["median_step_time_s"] == pytest.approx(0.02, abs=0.03)  # the workers sleep 20 ms a step
     # the CLI shows the same
-    out = subprocess.run([PYTHON, "-m", "daemon.cli", "status", "--config", str(cluster.cfg), "--json"],
+    out = subprocess.run([PYTHON, "-m", "profwatch.cli", "status", "--config", str(cluster.cfg), "--json"],
                          env=python_env(), capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)["jobs"][0]["ranks"]) == 4
     # the coordinator's windows dump as replayable JSONL, and replay accepts every line
-    dump = subprocess.run([PYTHON, "-m", "daemon.cli", "telemetry", "--job", "jobA", "--config", str(cluster.cfg)],
+    dump = subprocess.run([PYTHON, "-m", "profwatch.cli", "telemetry", "--job", "jobA", "--config", str(cluster.cfg)],
                           env=python_env(), capture_output=True, text=True, timeout=30)
     assert dump.returncode == 0, dump.stderr
     rows = [json.loads(line) for line in dump.stdout.splitlines()]
@@ -166,7 +166,7 @@ def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
     assert all(a["ts_unix_s"] < b["ts_unix_s"] for a, b in zip(r0, r0[1:], strict=False))
     f = cluster.root / "dump.jsonl"
     f.write_text(dump.stdout)
-    rep = subprocess.run([PYTHON, "-m", "daemon.cli", "replay", str(f), "--json"], env=python_env(),
+    rep = subprocess.run([PYTHON, "-m", "profwatch.cli", "replay", str(f), "--json"], env=python_env(),
                          capture_output=True, text=True, timeout=60)
     assert rep.returncode == 0, rep.stderr
     result = json.loads(rep.stdout)
@@ -318,7 +318,7 @@ def test_second_node_daemon_on_the_same_socket_is_refused(cluster: Cluster) -> N
     cluster.start_node("nodeA")
     cluster.start_rank(0, "nodeA", world=1)
     wait_for(lambda: _rank_steps(cluster.try_status()).get(0, -1) >= 5, 30, what="rank 0 reporting")
-    second = subprocess.run([PYTHON, "-m", "daemon.cli", "node", "--config", str(cluster.cfg)], env=python_env(
+    second = subprocess.run([PYTHON, "-m", "profwatch.cli", "node", "--config", str(cluster.cfg)], env=python_env(
         {"PROFWATCH_NODE__NODE_ID": "intruder", "PROFWATCH_NODE__BIND": cluster.node_endpoint("nodeA")}),
         capture_output=True, text=True, timeout=60)
     assert second.returncode == 2 and "another node daemon" in second.stderr, second.stderr
@@ -327,7 +327,7 @@ def test_second_node_daemon_on_the_same_socket_is_refused(cluster: Cluster) -> N
 
 
 def test_daemon_import_name_is_ours() -> None:
-    import daemon
+    import profwatch
 
-    assert Path(daemon.__file__).resolve().parent == (REPO_ROOT / "daemon").resolve()
-    assert hasattr(daemon, "__version__")
+    assert Path(profwatch.__file__).resolve().parent == (REPO_ROOT / "daemon" / "profwatch").resolve()
+    assert hasattr(profwatch, "__version__")

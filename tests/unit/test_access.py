@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.core.access import (
+from profwatch.core.access import (
     COMMAND_ROLES,
     ROLE_GRANTS,
     AccessDenied,
@@ -18,7 +18,7 @@ from daemon.core.access import (
 
 
 def test_every_existing_control_command_is_classified() -> None:
-    import daemon.coordinator as coord
+    import profwatch.coordinator as coord
 
     handlers = {n[len("_cmd_"):] for n in dir(coord.Coordinator) if n.startswith("_cmd_")}
     assert handlers <= set(COMMAND_ROLES), handlers - set(COMMAND_ROLES)

@@ -1,4 +1,4 @@
-"""Unit tests for daemon.core.alerts (CloudEvents 1.0 envelopes, suspect event data; pure)."""
+"""Unit tests for profwatch.core.alerts (CloudEvents 1.0 envelopes, suspect event data; pure)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from daemon.core.alerts import (
+from profwatch.core.alerts import (
     TYPE_JOB_ENDED,
     TYPE_SUSPECT_RANKS,
     AlertFormatError,
@@ -15,7 +15,7 @@ from daemon.core.alerts import (
     rfc3339,
     suspect_alert_data,
 )
-from daemon.core.evidence import RankStepSummary, RecipeStatus, Suspect
+from profwatch.core.evidence import RankStepSummary, RecipeStatus, Suspect
 
 NOW = 1_764_500_000.25
 

@@ -1,4 +1,4 @@
-"""Tests of daemon/core/arming.py (pure; fake clock)."""
+"""Tests of daemon/profwatch/core/arming.py (pure; fake clock)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from daemon.core.anomaly import Anomaly
-from daemon.core.arming import (
+from profwatch.core.anomaly import Anomaly
+from profwatch.core.arming import (
     ArmDecision,
     ArmHistory,
     ArmingPolicy,
@@ -16,7 +16,7 @@ from daemon.core.arming import (
     JobArmState,
     capture_request,
 )
-from daemon.core.capture import CaptureSettings, lead_steps
+from profwatch.core.capture import CaptureSettings, lead_steps
 
 REG = Anomaly("step_regression", "j1", 120, (), 0.25, {})
 OUT = Anomaly("rank_outlier", "j1", 130, (5,), 0.3, {})

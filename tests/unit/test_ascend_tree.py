@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.adapters.msprof_db import sqlite_truncated
-from daemon.simulate import ascend_tree as at
-from daemon.simulate.ascend_db import double_hash
+from profwatch.adapters.msprof_db import sqlite_truncated
+from profwatch.simulate import ascend_tree as at
+from profwatch.simulate.ascend_db import double_hash
 
 NAME_RE = re.compile(r"^(?P<worker>.+)_(?P<pid>\d+)_(?P<ts>\d{17})_ascend_pt$")
 PROFILER_TABLES = {"STRING_IDS", "COMMUNICATION_OP", "CANN_API", "RANK_DEVICE_MAP", "STEP_TIME", "TASK",

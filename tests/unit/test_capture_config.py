@@ -1,4 +1,4 @@
-"""daemon/core/capture.py: profiler_config.json schema, rejections, render, planner lead/margin math."""
+"""daemon/profwatch/core/capture.py: profiler_config.json schema, rejections, render, planner lead/margin math."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from daemon.core.capture import (
+from profwatch.core.capture import (
     CannotPlanCapture,
     CaptureRequest,
     CaptureSettings,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.config import ConfigError, load_settings
+from profwatch.config import ConfigError, load_settings
 
 
 def test_defaults_are_loopback_and_valid() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.commands.demo_timeline import STAGES, Timeline, event_time
+from profwatch.commands.demo_timeline import STAGES, Timeline, event_time
 
 
 def test_stages_render_in_pipeline_order_whatever_the_arrival_order() -> None:
@@ -66,7 +66,7 @@ def test_demo_without_torch_says_how_to_install_the_cpu_build(monkeypatch: pytes
 
     from click.testing import CliRunner
 
-    from daemon.commands.demo import TORCH_CPU_INSTALL, demo
+    from profwatch.commands.demo import TORCH_CPU_INSTALL, demo
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
@@ -76,8 +76,8 @@ def test_demo_without_torch_says_how_to_install_the_cpu_build(monkeypatch: pytes
 
 
 def test_published_events_fold_into_the_stages() -> None:
-    from daemon.commands.demo import _expects_enrichment, on_event
-    from daemon.core.alerts import rfc3339
+    from profwatch.commands.demo import _expects_enrichment, on_event
+    from profwatch.core.alerts import rfc3339
 
     def ev(typ: str, t: float, **data: object) -> dict:
         return {"type": f"io.profwatch.{typ}", "time": rfc3339(t), "data": data}

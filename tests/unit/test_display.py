@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from daemon.core.display import display_str, printable
+from profwatch.core.display import display_str, printable
 
 
 def test_display_str_restores_and_escapes_bytes() -> None:

@@ -1,4 +1,4 @@
-"""What-if impact (daemon.core.impact) checked against generated pairs of batches with and without the slowdown.
+"""What-if impact (profwatch.core.impact) checked against generated pairs of batches with and without the slowdown.
 
 The generator draws the same noise for a given seed whatever the slowdown, so the measured step-time difference
 of a pair is the slowdown's true cost; the predicted saving must be within 10 % of it (issue 11, impact).
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.core.evidence import ClusterEvidence, RankStepSummary
-from daemon.core.impact import impact_of, single_rank_impacts, step_savings_us
-from daemon.core.kineto import RankTrace, summarize_traces
-from daemon.core.ranking import judge_batch
-from daemon.simulate.ascend_tree import build_timelines, cluster_time_summary
+from profwatch.core.evidence import ClusterEvidence, RankStepSummary
+from profwatch.core.impact import impact_of, single_rank_impacts, step_savings_us
+from profwatch.core.kineto import RankTrace, summarize_traces
+from profwatch.core.ranking import judge_batch
+from profwatch.simulate.ascend_tree import build_timelines, cluster_time_summary
 
 
 def _mean_step_s(timelines) -> float:

@@ -1,4 +1,4 @@
-"""Every ``profwatch`` command pays for what ``daemon.cli`` and ``daemon.config`` import: keep the analysis stack out.
+"""Every ``profwatch`` command pays for what ``profwatch.cli`` and ``profwatch.config`` import: keep the analysis stack out.
 
 Checked in a fresh interpreter (``sys.modules`` after the import), because this test process has imported
 everything already. ``bench/bench_cli_startup.py`` prints the times.
@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import PYTHON, python_env
 
 HEAVY = ("numpy", "pandas", "msprof_analyze", "ijson", "torch")
-HEAVY_OURS = ("daemon.analysis", "daemon.core.anomaly", "daemon.adapters.msprof_runner", "daemon.adapters.rank_dir_fs")
+HEAVY_OURS = ("profwatch.analysis", "profwatch.core.anomaly", "profwatch.adapters.msprof_runner", "profwatch.adapters.rank_dir_fs")
 
 
 def _loaded(code: str) -> dict[str, list[str]]:
@@ -27,10 +27,10 @@ def _loaded(code: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("code", [
-    "import daemon.config",
-    "import daemon.cli",
-    "import daemon.config; daemon.config.load_settings()",
-    "import sys; sys.argv = ['profwatch', 'status', '--help']\nimport daemon.cli\ntry:\n    daemon.cli.main()\n"
+    "import profwatch.config",
+    "import profwatch.cli",
+    "import profwatch.config; profwatch.config.load_settings()",
+    "import sys; sys.argv = ['profwatch', 'status', '--help']\nimport profwatch.cli\ntry:\n    profwatch.cli.main()\n"
     "except SystemExit:\n    pass",
 ])
 def test_cli_and_config_do_not_import_the_analysis_stack(code: str) -> None:
@@ -38,6 +38,6 @@ def test_cli_and_config_do_not_import_the_analysis_stack(code: str) -> None:
 
 
 def test_a_lazy_command_still_loads_when_used() -> None:
-    got = _loaded("import sys; sys.argv = ['profwatch', 'analyze', '--help']\nimport daemon.cli\ntry:\n"
-                  "    daemon.cli.main()\nexcept SystemExit:\n    pass")
-    assert "daemon.analysis" in got["ours"]
+    got = _loaded("import sys; sys.argv = ['profwatch', 'analyze', '--help']\nimport profwatch.cli\ntry:\n"
+                  "    profwatch.cli.main()\nexcept SystemExit:\n    pass")
+    assert "profwatch.analysis" in got["ours"]

@@ -1,4 +1,4 @@
-"""Kineto breakdown (daemon.core.kineto, pure) and the streaming reader (daemon.adapters.kineto_reader) on small
+"""Kineto breakdown (profwatch.core.kineto, pure) and the streaming reader (profwatch.adapters.kineto_reader) on small
 handmade traces."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from daemon.adapters.kineto_reader import (
+from profwatch.adapters.kineto_reader import (
     TraceFormatError,
     analyze_torch_batch,
     find_trace_files,
     read_rank_trace,
     write_torch_trace,
 )
-from daemon.core.kineto import (
+from profwatch.core.kineto import (
     COLL_BACKEND,
     COLL_C10D,
     COLL_DEVICE,

@@ -1,5 +1,5 @@
-"""Step alignment of torch.profiler traces by time (daemon.core.kineto_align, daemon.core.kineto) and the reader's
-notes and unusable ranks (daemon.adapters.kineto_reader): issue 11 items 2 and 5b."""
+"""Step alignment of torch.profiler traces by time (profwatch.core.kineto_align, profwatch.core.kineto) and the reader's
+notes and unusable ranks (profwatch.adapters.kineto_reader): issue 11 items 2 and 5b."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from daemon.adapters.kineto_reader import analyze_torch_batch, find_trace_files, write_torch_trace
-from daemon.core.evidence import ClusterEvidence
-from daemon.core.kineto import RankTrace, summarize_traces
-from daemon.core.kineto_align import align_steps, estimate_offset
-from daemon.core.ranking import judge_batch
+from profwatch.adapters.kineto_reader import analyze_torch_batch, find_trace_files, write_torch_trace
+from profwatch.core.evidence import ClusterEvidence
+from profwatch.core.kineto import RankTrace, summarize_traces
+from profwatch.core.kineto_align import align_steps, estimate_offset
+from profwatch.core.ranking import judge_batch
 
 CHUNKS = 3
 

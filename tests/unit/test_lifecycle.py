@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from daemon.core import lifecycle as lc
-from daemon.core.alerts import (
+from profwatch.core import lifecycle as lc
+from profwatch.core.alerts import (
     TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
     TYPE_ARM,
@@ -16,10 +16,10 @@ from daemon.core.alerts import (
     TYPE_CAPTURE,
     TYPE_SUSPECT_RANKS,
 )
-from daemon.core.capture import CaptureRequest, CaptureSettings, JobProgress, plan_capture
-from daemon.core.capture_report import VERDICT_KEYS, refusal
-from daemon.core.completeness import BatchState, Problem, RankDirState
-from daemon.core.lifecycle import Action, CaptureState
+from profwatch.core.capture import CaptureRequest, CaptureSettings, JobProgress, plan_capture
+from profwatch.core.capture_report import VERDICT_KEYS, refusal
+from profwatch.core.completeness import BatchState, Problem, RankDirState
+from profwatch.core.lifecycle import Action, CaptureState
 from rankhook import wire
 
 T0 = 1_800_000_000.0

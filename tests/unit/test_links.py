@@ -1,4 +1,4 @@
-"""Slow-link verdicts (daemon.core.links, and their place in daemon.core.ranking.judge_batch): pure, on
+"""Slow-link verdicts (profwatch.core.links, and their place in profwatch.core.ranking.judge_batch): pure, on
 ClusterCommunicationMatrix-shaped rows (issue 11 item 9). The real tool on generated trees: tests/integration."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from daemon.core.evidence import ClusterEvidence
-from daemon.core.links import LinkSettings, find_slow_links, parse_matrix_rows
-from daemon.core.ranking import judge_batch
-from daemon.simulate.ascend_tree import build_timelines, cluster_time_summary
+from profwatch.core.evidence import ClusterEvidence
+from profwatch.core.links import LinkSettings, find_slow_links, parse_matrix_rows
+from profwatch.core.ranking import judge_batch
+from profwatch.simulate.ascend_tree import build_timelines, cluster_time_summary
 
 
 def matrix_rows(world: int, *, slow_pairs: dict[tuple[int, int], float] | None = None,

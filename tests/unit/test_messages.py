@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from daemon.core.messages import MessageRejected, parse_node_command, parse_node_message, parse_rank_message
+from profwatch.core.messages import MessageRejected, parse_node_command, parse_node_message, parse_rank_message
 from rankhook import wire
 
 
@@ -204,7 +204,7 @@ def test_a_bad_batch_is_split_never_dropped_whole() -> None:
 
 
 def test_a_batch_of_garbage_is_given_up_after_a_bounded_number_of_resyncs() -> None:
-    from daemon.core.messages import MAX_RESYNC
+    from profwatch.core.messages import MAX_RESYNC
 
     _env, msgs, bad = parse_node_message(_batch_bytes([b"{" + b'"a":' * 10 + b"x"] * 5000))
     assert msgs == [] and len(bad) == MAX_RESYNC + 1 and bad[-1].detail.startswith("split abandoned")

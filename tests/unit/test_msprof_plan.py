@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.core.evidence import ClusterEvidence
-from daemon.core.msprof_plan import (
+from profwatch.core.evidence import ClusterEvidence
+from profwatch.core.msprof_plan import (
     InputFacts,
     MsprofSettings,
     RunOutcome,
@@ -17,7 +17,7 @@ from daemon.core.msprof_plan import (
     plan_recipes,
     with_input,
 )
-from daemon.core.msprof_results import AgentMessage
+from profwatch.core.msprof_results import AgentMessage
 
 GOOD = InputFacts(rank_count=4, db_ranks=[0, 1, 2, 3], has_communication=True, has_memcpy=True, max_group_size=4,
                   levels={"Level1"})

@@ -3,7 +3,7 @@ count per hello made one log line and one remembered key each, without limit).""
 
 from __future__ import annotations
 
-from daemon.logsetup import OncePerKind
+from profwatch.logsetup import OncePerKind
 
 
 def test_each_kind_logs_once_while_below_the_bound() -> None:

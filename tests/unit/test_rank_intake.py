@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from daemon.core.limits import LimitSettings
-from daemon.core.messages import MessageRejected
-from daemon.core.rank_intake import RankIntake
+from profwatch.core.limits import LimitSettings
+from profwatch.core.messages import MessageRejected
+from profwatch.core.rank_intake import RankIntake
 from rankhook import wire
 
 

@@ -1,4 +1,4 @@
-"""Rank outliers (daemon/core/rank_outliers.py) on generated telemetry."""
+"""Rank outliers (daemon/profwatch/core/rank_outliers.py) on generated telemetry."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from daemon.core.anomaly import DetectionSettings
-from daemon.core.rank_outliers import RankOutlierDetector, outlying_ranks
-from daemon.simulate.telemetry import TelemetryScenario, generate_telemetry
+from profwatch.core.anomaly import DetectionSettings
+from profwatch.core.rank_outliers import RankOutlierDetector, outlying_ranks
+from profwatch.simulate.telemetry import TelemetryScenario, generate_telemetry
 from tests.unit.detection_helpers import kinds, of_kind, run
 
 BASE = TelemetryScenario(world_size=8, steps=300, cv=0.01, step_time_s=0.5)

@@ -84,7 +84,7 @@ def test_bad_stage_names_are_made_safe_and_set_step_never_raises(short_tmp) -> N
                 pass
         names = set(hook._stages)
         assert len(names) <= 32 and "other" in names
-        from daemon.core.messages import STAGE_NAME_RE
+        from profwatch.core.messages import STAGE_NAME_RE
 
         assert all(STAGE_NAME_RE.match(n) for n in names)  # what the daemons accept
         for bad in ("abc", None, -3, 1.5e300):

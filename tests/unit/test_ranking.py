@@ -1,7 +1,7 @@
-"""Unit tests for daemon.core.ranking on synthetic evidence and generator timelines (pure; no I/O).
+"""Unit tests for profwatch.core.ranking on synthetic evidence and generator timelines (pure; no I/O).
 
 Each example of issue 11 items 4, 6 and 10 is a test here; the generator cases use the simulator's emulation of
-msprof-analyze's ClusterTimeSummary (``daemon.simulate.ascend_tree.cluster_time_summary``).
+msprof-analyze's ClusterTimeSummary (``profwatch.simulate.ascend_tree.cluster_time_summary``).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from daemon.core.evidence import ClusterEvidence, RankStepSummary
-from daemon.core.ranking import RankingSettings, judge_batch, rank_suspects, score_is_valid
-from daemon.core.robust import mad_sigma, median
-from daemon.simulate.ascend_tree import build_timelines, cluster_time_summary
+from profwatch.core.evidence import ClusterEvidence, RankStepSummary
+from profwatch.core.ranking import RankingSettings, judge_batch, rank_suspects, score_is_valid
+from profwatch.core.robust import mad_sigma, median
+from profwatch.simulate.ascend_tree import build_timelines, cluster_time_summary
 
 
 def make_evidence(world: int, *, slow: dict[int, float] | None = None, host: dict[int, float] | None = None,

@@ -1,4 +1,4 @@
-"""The README stays true of the code: its exit-code table is daemon/exitcodes.py's, every command it runs exists,
+"""The README stays true of the code: its exit-code table is daemon/profwatch/exitcodes.py's, every command it runs exists,
 and every docs page it links exists (tests/unit/test_repo_stands_alone.py checks that it stands alone)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import re
 
 from click.testing import CliRunner
 
-from daemon import exitcodes
-from daemon.cli import cli
+from profwatch import exitcodes
+from profwatch.cli import cli
 from tests.conftest import REPO_ROOT
 
 README = (REPO_ROOT / "README.md").read_text()

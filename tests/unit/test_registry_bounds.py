@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from daemon.core.limits import LimitSettings
-from daemon.core.registry import Registry, RegistryError
+from profwatch.core.limits import LimitSettings
+from profwatch.core.registry import Registry, RegistryError
 from rankhook import wire
 
 

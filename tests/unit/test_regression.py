@@ -1,4 +1,4 @@
-"""Tests of the job step-time change-point detector (daemon/core/regression.py) on generated series."""
+"""Tests of the job step-time change-point detector (daemon/profwatch/core/regression.py) on generated series."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from daemon.core.anomaly import DetectionSettings
-from daemon.core.detection_types import FinalizedStep
-from daemon.core.regression import StepTimeRegressionDetector, cusum_design, cusum_threshold
-from daemon.simulate.telemetry import TelemetryScenario, generate_telemetry
+from profwatch.core.anomaly import DetectionSettings
+from profwatch.core.detection_types import FinalizedStep
+from profwatch.core.regression import StepTimeRegressionDetector, cusum_design, cusum_threshold
+from profwatch.simulate.telemetry import TelemetryScenario, generate_telemetry
 from tests.unit.detection_helpers import of_kind, run
 
 BASE = TelemetryScenario(world_size=8, steps=300, cv=0.01, step_time_s=0.5)

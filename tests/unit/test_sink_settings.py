@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.adapters.http_post import SinkConfigError, read_authorization
-from daemon.config import ConfigError, load_settings
-from daemon.core.job_end import JobEndTracker
-from daemon.core.sink_settings import AlertmanagerSettings, WebhookSettings
+from profwatch.adapters.http_post import SinkConfigError, read_authorization
+from profwatch.config import ConfigError, load_settings
+from profwatch.core.job_end import JobEndTracker
+from profwatch.core.sink_settings import AlertmanagerSettings, WebhookSettings
 
 
 def _load(tmp_path: Path, text: str):

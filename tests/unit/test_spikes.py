@@ -1,5 +1,5 @@
 """Periodic and transient spikes (issue 11 item 3), each case on a generated series through the JobDetector,
-plus the arming of a periodic spike's next occurrence (daemon/core/spikes.py, regression.py, arming.py)."""
+plus the arming of a periodic spike's next occurrence (daemon/profwatch/core/spikes.py, regression.py, arming.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from daemon.core.anomaly import DetectionSettings, JobDetector
-from daemon.core.arming import ArmingPolicy, ArmingSettings, JobArmState, capture_request
-from daemon.core.capture import CaptureSettings, JobProgress, lead_steps, plan_capture
-from daemon.core.spikes import SpikeFilter
-from daemon.simulate.telemetry import TelemetryScenario, generate_telemetry
+from profwatch.core.anomaly import DetectionSettings, JobDetector
+from profwatch.core.arming import ArmingPolicy, ArmingSettings, JobArmState, capture_request
+from profwatch.core.capture import CaptureSettings, JobProgress, lead_steps, plan_capture
+from profwatch.core.spikes import SpikeFilter
+from profwatch.simulate.telemetry import TelemetryScenario, generate_telemetry
 from tests.unit.detection_helpers import of_kind, run
 
 BASE = TelemetryScenario(world_size=8, steps=1200, cv=0.05, step_time_s=0.5)

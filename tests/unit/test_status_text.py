@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from daemon.core.status_text import SILENT_MIN_S, rank_state, render_capture, render_nodes, render_status
+from profwatch.core.status_text import SILENT_MIN_S, rank_state, render_capture, render_nodes, render_status
 
 
 def _rank(rank: int, **kw: object) -> dict[str, object]:
@@ -66,7 +66,7 @@ def test_an_analysing_capture_says_what_runs_and_for_how_long() -> None:
 
 
 def test_alert_lines_name_the_suspects_of_the_verdict_and_of_its_follow_up() -> None:
-    from daemon.commands.alerts import render_event
+    from profwatch.commands.alerts import render_event
 
     sus = [{"rank": 2, "kind": "compute", "score": 0.91, "hostname": "h2"}]
     first = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",

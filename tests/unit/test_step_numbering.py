@@ -1,4 +1,4 @@
-"""The one mapping between rankhook's step reports and ``ProfilerStep#k`` trace labels (daemon/core/step_numbering.py),
+"""The one mapping between rankhook's step reports and ``ProfilerStep#k`` trace labels (daemon/profwatch/core/step_numbering.py),
 checked against the facts it rests on: docs/conformance.md "Verified" item 2 (torch_npu starts inside ``dp.step()``
 call S, labels the iteration after call k ``ProfilerStep#k``, records ``#S+warmup .. #S+warmup+active-1`` and stops
 inside call S+warmup+active) and rankhook's hook (report k is sent by call k and measures the time since call k-1)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.core.step_numbering import label_of_report_step, profiled_report_steps, report_step_of_label
+from profwatch.core.step_numbering import label_of_report_step, profiled_report_steps, report_step_of_label
 
 
 def _report_measuring(call_after: int) -> int:

@@ -1,12 +1,12 @@
-"""The status of an analysed batch (daemon.analysis_result.overall_status) from its evidence and verdict: every status
+"""The status of an analysed batch (profwatch.analysis_result.overall_status) from its evidence and verdict: every status
 that rates the evidence (issue 11 items 2, 4, 5, 10), without running any tool."""
 
 from __future__ import annotations
 
-from daemon.analysis_result import overall_status as _overall_status
-from daemon.core.evidence import ClusterEvidence, RecipeStatus
-from daemon.core.ranking import judge_batch
-from daemon.simulate.ascend_tree import build_timelines, cluster_time_summary
+from profwatch.analysis_result import overall_status as _overall_status
+from profwatch.core.evidence import ClusterEvidence, RecipeStatus
+from profwatch.core.ranking import judge_batch
+from profwatch.simulate.ascend_tree import build_timelines, cluster_time_summary
 
 
 def _ev(steps: int = 4, **kw) -> ClusterEvidence:

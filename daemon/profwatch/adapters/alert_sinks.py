@@ -1,0 +1,207 @@
+"""Alert sinks (I/O): every event the coordinator stores and publishes goes through :class:`AlertSinks`, which
+hands it to each configured sink; each sink decides what it forwards.
+
+* :class:`AlertmanagerSink` (``[alertmanager] url``): API v2 postable alerts (``POST <url>/api/v2/alerts``),
+  standing alerts re-sent every ``resend_interval_s``, resolutions sent as ``endsAt`` = now. The rules of what
+  fires and what resolves are pure (``daemon/profwatch/core/alertmanager.py: AlertBook``); the book is rebuilt from the
+  state store's events when the coordinator restarts.
+* :class:`CloudEventsWebhookSink` (``[webhook] url``): each event as one CloudEvent, HTTP protocol binding,
+  structured content mode (https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/bindings/http-protocol-binding.md
+  section 3.2): body = the event JSON, ``Content-Type: application/cloudevents+json; charset=utf-8``.
+
+Nothing here blocks the caller: bodies go to bounded queues served by one thread per sink
+(``daemon/profwatch/adapters/http_post.py``); a full queue drops and counts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+import structlog
+
+from profwatch.adapters.http_post import HttpPoster, read_authorization
+from profwatch.core.alertmanager import AlertBook
+from profwatch.core.alerts import TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_SUSPECT_RANKS
+from profwatch.core.sink_settings import AlertmanagerSettings, WebhookSettings
+
+log = structlog.get_logger("profwatch.sinks")
+
+CLOUDEVENTS_CONTENT_TYPE = "application/cloudevents+json; charset=utf-8"
+MAX_ALERTS_PER_POST = 500
+RESTORE_TYPES = (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED, "io.profwatch.batch_incomplete.v1",
+                 "io.profwatch.analysis_failed.v1",
+                 "io.profwatch.path_refused.v1", TYPE_JOB_ENDED)
+"""Event types the Alertmanager book is rebuilt from after a restart."""
+
+
+class SinkMetrics(Protocol):
+    """What the sinks report to (``daemon/profwatch/adapters/metrics.py: DaemonMetrics`` provides it)."""
+
+    def sink_outcome(self, sink: str, outcome: str, n: int) -> None: ...
+
+    def sink_state(self, sink: str, queued: int, standing: int | None) -> None: ...
+
+
+class AlertmanagerSink:
+    """Alertmanager API v2 client with the standing-alert book.
+
+    Args:
+        settings: the ``[alertmanager]`` section (``url`` set).
+        authorization: ``Authorization`` header value or None.
+        metrics: counters and gauges (optional).
+    Raises:
+        SinkConfigError: TLS files cannot be loaded.
+    """
+
+    name = "alertmanager"
+
+    def __init__(self, settings: AlertmanagerSettings, authorization: str | None = None,
+                 metrics: SinkMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.book = AlertBook(cluster=settings.cluster, resend_interval_s=settings.resend_interval_s,
+                              max_suspects=settings.max_suspects, external_url=settings.external_url)
+        on = (lambda outcome, n: metrics.sink_outcome(self.name, outcome, n)) if metrics else None
+        self.poster = HttpPoster(self.name, settings.alerts_url(), settings, content_type="application/json",
+                                 authorization=authorization, on_outcome=on)
+
+    def restore(self, events: Iterable[Mapping[str, Any]]) -> int:
+        """Rebuild the standing alerts from stored events (oldest first); they are re-sent at the next tick."""
+        n = self.book.restore(events)
+        if n:
+            log.info("alertmanager_alerts_restored", standing=n)
+        return n
+
+    def submit(self, event: Mapping[str, Any], is_alert: bool, now_unix_s: float) -> None:
+        self._post(self.book.apply(event, now_unix_s))
+
+    def tick(self, now_unix_s: float) -> None:
+        self._post(self.book.due(now_unix_s))
+        if self.metrics is not None:
+            self.metrics.sink_state(self.name, self.poster.depth(), len(self.book.alerts))
+
+    def _post(self, alerts: list[dict[str, Any]]) -> None:
+        for i in range(0, len(alerts), MAX_ALERTS_PER_POST):
+            body = json.dumps(alerts[i : i + MAX_ALERTS_PER_POST], separators=(",", ":"), default=str).encode()
+            self.poster.post(body)
+
+    def close(self) -> None:
+        self.poster.close()
+
+
+class CloudEventsWebhookSink:
+    """One CloudEvent per POST, structured mode.
+
+    Args:
+        settings: the ``[webhook]`` section (``url`` set); ``events`` picks alerts only or every event.
+        authorization: ``Authorization`` header value or None.
+        metrics: counters and gauges (optional).
+    Raises:
+        SinkConfigError: TLS files cannot be loaded.
+    """
+
+    name = "webhook"
+
+    def __init__(self, settings: WebhookSettings, authorization: str | None = None,
+                 metrics: SinkMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        on = (lambda outcome, n: metrics.sink_outcome(self.name, outcome, n)) if metrics else None
+        self.poster = HttpPoster(self.name, settings.url, settings, content_type=CLOUDEVENTS_CONTENT_TYPE,
+                                 authorization=authorization, on_outcome=on)
+
+    def restore(self, events: Iterable[Mapping[str, Any]]) -> int:
+        return 0
+
+    def submit(self, event: Mapping[str, Any], is_alert: bool, now_unix_s: float) -> None:
+        if is_alert or self.settings.events == "all":
+            self.poster.post(json.dumps(event, separators=(",", ":"), default=str).encode())
+
+    def tick(self, now_unix_s: float) -> None:
+        if self.metrics is not None:
+            self.metrics.sink_state(self.name, self.poster.depth(), None)
+
+    def close(self) -> None:
+        self.poster.close()
+
+
+class AlertSinks:
+    """The sinks facade the coordinator talks to: ``submit`` every stored and published event, ``tick`` from the
+    main loop, ``close`` at shutdown. Never raises into the caller after construction.
+
+    Args:
+        sinks: configured sinks (may be empty).
+    """
+
+    def __init__(self, sinks: list[AlertmanagerSink | CloudEventsWebhookSink]) -> None:
+        self.sinks = sinks
+        self._failed_once: set[str] = set()
+
+    @classmethod
+    def from_settings(cls, alertmanager: AlertmanagerSettings, webhook: WebhookSettings,
+                      environ: Mapping[str, str], metrics: SinkMetrics | None = None) -> AlertSinks:
+        """Build the sinks whose ``url`` is set; Authorization values come from files or ``environ``.
+
+        Raises:
+            SinkConfigError: an Authorization file or env var or a TLS file is unusable.
+        """
+        sinks: list[AlertmanagerSink | CloudEventsWebhookSink] = []
+        try:
+            if alertmanager.url:
+                sinks.append(AlertmanagerSink(alertmanager, read_authorization(alertmanager, environ, "alertmanager"),
+                                              metrics))
+            if webhook.url:
+                sinks.append(CloudEventsWebhookSink(webhook, read_authorization(webhook, environ, "webhook"), metrics))
+        except Exception:
+            for s in sinks:
+                s.close()
+            raise
+        for s in sinks:
+            log.info("alert_sink_configured", sink=s.name, url=s.poster.url,
+                     authorization=bool(s.poster.headers.get("Authorization")))
+        return cls(sinks)
+
+    @property
+    def restore_types(self) -> tuple[str, ...]:
+        """Event types :meth:`restore` needs (empty when no sink keeps state)."""
+        return RESTORE_TYPES if any(isinstance(s, AlertmanagerSink) for s in self.sinks) else ()
+
+    def restore(self, events: Iterable[Mapping[str, Any]]) -> None:
+        """Rebuild sink state from stored events, oldest first (the ``restore_types`` only)."""
+        for s in self.sinks:
+            if isinstance(s, AlertmanagerSink):  # the only sink with state
+                s.restore(events)
+                return
+
+    def submit(self, event: Mapping[str, Any], is_alert: bool, now_unix_s: float) -> None:
+        """Hand one stored and published event to every sink (never blocks, never raises)."""
+        for s in self.sinks:
+            try:
+                s.submit(event, is_alert, now_unix_s)
+            except Exception as exc:  # noqa: BLE001 - a sink bug must not stop the coordinator
+                self._log_once(s.name, exc)
+
+    def tick(self, now_unix_s: float) -> None:
+        """Re-send standing alerts that are due; refresh the sink gauges."""
+        for s in self.sinks:
+            try:
+                s.tick(now_unix_s)
+            except Exception as exc:  # noqa: BLE001
+                self._log_once(s.name, exc)
+
+    def close(self, flush_s: float = 2.0) -> None:
+        """Give queued requests (e.g. a resolution just decided) up to ``flush_s`` in all, then stop every sink."""
+        deadline = time.monotonic() + flush_s
+        for s in self.sinks:
+            s.poster.flush(max(0.0, deadline - time.monotonic()))
+        for s in self.sinks:
+            s.close()
+
+    def _log_once(self, name: str, exc: Exception) -> None:
+        key = f"{name}:{type(exc).__name__}"
+        if key not in self._failed_once:
+            self._failed_once.add(key)
+            log.exception("alert_sink_internal_error", sink=name, error=repr(exc))

@@ -1,0 +1,251 @@
+"""Streaming reader of torch.profiler (Kineto) rank dirs into ``ClusterEvidence`` (I/O: reads files).
+
+Traces are parsed with ijson (C backend when installed), one event at a time, so a multi-GB trace never sits in
+RAM: only the columns :class:`profwatch.core.kineto.RankTrace` keeps (about 16 bytes per compute event) do.
+Format: Chrome trace JSON as Kineto writes it (``{"distributedInfo": {"rank": ...}, "traceEvents": [{"ph": "X",
+"name", "cat", "ts", "dur", "pid", "tid", "args"}, ...]}``, µs), optionally gzip-compressed (``.json.gz``), the
+input HTA reads. Rank dir layout (``docs/architecture.md``): ``*_torch_pt/`` with ``*.pt.trace.json``,
+``profiler_info_{rank}.json`` and ``trace.done``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import ijson
+
+from profwatch.core.evidence import ClusterEvidence, RecipeStatus
+from profwatch.core.kineto import CPU_COMPUTE_CATS, DEVICE_CATS, RankTrace, compare_ops, parse_step, summarize_traces
+
+RECIPE = "kineto_breakdown"
+OP_COMPARE = "kineto_op_compare"
+"""The torch.profiler follow-up (enrich phase): each suspect's ops against a reference rank's."""
+
+
+class TraceFormatError(ValueError):
+    """A trace file is not a readable Kineto Chrome trace (truncated JSON, no ``traceEvents``)."""
+
+
+@contextmanager
+def _open(path: Path) -> Iterator[IO[bytes]]:
+    """Open a trace as bytes, transparently gunzipping ``*.gz``."""
+    fh: IO[bytes] = gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")  # type: ignore[assignment]  # noqa: SIM115
+    try:
+        yield fh
+    finally:
+        fh.close()
+
+
+def find_trace_files(rank_dir: Path) -> list[Path]:
+    """Kineto traces in a rank dir (``*.pt.trace.json`` / ``.json.gz``, also one level down), sorted."""
+    pats = ("*.pt.trace.json", "*.pt.trace.json.gz")
+    found = [p for pat in pats for p in rank_dir.glob(pat)] + [p for pat in pats for p in rank_dir.glob("*/" + pat)]
+    return sorted(set(found))
+
+
+def _header_rank(path: Path) -> int | None:
+    """``distributedInfo.rank`` from the trace header, scanning tokens only until ``traceEvents`` starts.
+
+    Kineto writes ``distributedInfo`` before ``traceEvents``; if it does not, the rank is looked up by a full
+    token scan (slower, still streaming).
+    """
+    with _open(path) as fh:
+        for prefix, event, value in ijson.parse(fh):
+            if prefix == "distributedInfo.rank" and event == "number":
+                return int(value)
+            if prefix == "traceEvents" and event == "start_array":
+                break
+    with _open(path) as fh:
+        for prefix, event, value in ijson.parse(fh):
+            if prefix == "distributedInfo.rank" and event == "number":
+                return int(value)
+    return None
+
+
+def read_rank_trace(path: Path, *, rank: int | None = None) -> RankTrace:
+    """Stream one Kineto trace into a :class:`RankTrace`.
+
+    Args:
+        path: ``*.pt.trace.json`` or ``*.json.gz``.
+        rank: the rank when known (else ``distributedInfo.rank``, else 0).
+
+    Raises:
+        TraceFormatError: truncated or malformed JSON, or no ``traceEvents`` array.
+    """
+    try:
+        if rank is None:
+            rank = _header_rank(path)
+        tr = RankTrace(rank if rank is not None else 0)
+        n_items = 0
+        with _open(path) as fh:
+            for ev in ijson.items(fh, "traceEvents.item", use_float=True):
+                n_items += 1
+                if not isinstance(ev, dict) or ev.get("ph") != "X":
+                    continue
+                ts, dur = ev.get("ts"), ev.get("dur", 0.0)
+                if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+                    continue
+                tr.add_event(str(ev.get("name", "")), str(ev.get("cat", "")), float(ts), float(dur))
+    except (ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"{path}: {exc}") from exc
+    if n_items == 0:
+        raise TraceFormatError(f"{path}: no traceEvents")
+    return tr
+
+
+def analyze_torch_batch(rank_dirs: Mapping[int, Path]) -> ClusterEvidence:
+    """Kineto breakdown of one staged torch_pt batch.
+
+    Args:
+        rank_dirs: rank -> rank dir (one trace per dir; the newest when several).
+
+    Returns:
+        ``ClusterEvidence(kind="torch_pt")`` with summaries, ``unusable_ranks`` (rank -> why: no trace, trace
+        cannot be parsed, steps not alignable), ``alignment`` (how steps were aligned across ranks) and a
+        ``kineto_breakdown`` recipe status: ``ok`` when at least two ranks could be compared (the others are
+        ``unusable_ranks``, which makes the analysis ``partial``), ``no_data`` (no steps/traces) or
+        ``tool_error`` (fewer than two readable traces, some unreadable). A trace whose header
+        (``distributedInfo.rank``) names another rank than its rank dir is used as the dir's rank, with a note.
+        Never raises for bad data.
+    """
+    t0 = time.monotonic()
+    traces: dict[int, RankTrace] = {}
+    unusable: dict[int, str] = {}
+    notes: list[str] = []
+    paths: dict[int, str] = {}
+    for rank, rdir in sorted(rank_dirs.items()):
+        files = find_trace_files(Path(rdir))
+        if not files:
+            unusable[rank] = f"no *.pt.trace.json in {rdir}"
+            continue
+        path = max(files, key=lambda p: p.stat().st_mtime)
+        try:
+            header = _header_rank(path)
+            traces[rank] = read_rank_trace(path, rank=rank)
+        except (TraceFormatError, ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError,
+                UnicodeDecodeError) as exc:
+            unusable[rank] = f"trace cannot be parsed: {exc}"
+            continue
+        if header is not None and header != rank:
+            notes.append(f"rank {rank}: trace header says rank {header} (distributedInfo.rank) but its rank dir is "
+                         f"rank {rank}'s; judged as rank {rank}")
+        paths[rank] = str(rdir)
+    ev = ClusterEvidence(kind="torch_pt", rank_paths=paths, notes=notes + [f"rank {r}: {why}" for r, why in
+                                                                          sorted(unusable.items())])
+    bad = any("cannot be parsed" in why for why in unusable.values())
+    if len(traces) < 2:
+        ev.unusable_ranks = dict(unusable)
+        status: Any = "tool_error" if bad else "no_data"
+        ev.recipes[RECIPE] = RecipeStatus(RECIPE, status, "; ".join(f"rank {r}: {w}" for r, w in unusable.items())
+                                          or "fewer than 2 readable traces", duration_s=time.monotonic() - t0)
+        return ev
+    brk = summarize_traces(traces)
+    ev.summaries = brk.summaries
+    ev.notes.extend(brk.notes)
+    ev.alignment = brk.alignment.to_json()
+    n_steps = len({s.step for s in brk.summaries})
+    ev.collectives_per_step = brk.instances_matched / n_steps if n_steps and brk.instances_matched else None
+    unusable.update({r: f"steps cannot be aligned with its peers: {why}" for r, why in brk.alignment.unaligned.items()})
+    ev.unusable_ranks = dict(unusable)
+    judged = {s.rank for s in brk.summaries}
+    detail = (f"{len(judged)} of {len(rank_dirs)} ranks, {len({s.step for s in brk.summaries})} steps "
+              f"(aligned: {brk.alignment.method}), collective class {brk.collective_class}, "
+              f"{brk.instances_matched} instances matched")
+    if unusable:
+        detail += "; not judged: " + "; ".join(f"rank {r}: {w}" for r, w in sorted(unusable.items()))
+    status = "ok" if len(judged) >= 2 else ("tool_error" if bad else "no_data")
+    ev.recipes[RECIPE] = RecipeStatus(RECIPE, status, detail, rows=len(brk.summaries),
+                                      duration_s=time.monotonic() - t0)
+    return ev
+
+
+def op_totals(path: Path, steps: Collection[int] | None = None) -> tuple[dict[str, float], int]:
+    """``(op / kernel name -> total duration in µs, windows)`` inside the trace's ``ProfilerStep#N`` windows (those
+    of ``steps`` only when given; device-lane windows for device kernels when the trace has them), streamed in two
+    passes (windows, then ops). ``windows``: how many step windows the totals cover.
+
+    Raises:
+        TraceFormatError: truncated or malformed JSON.
+    """
+    wanted = set(steps) if steps is not None else None
+    host: dict[int, tuple[float, float]] = {}
+    dev: dict[int, tuple[float, float]] = {}
+    try:
+        with _open(path) as fh:
+            for ev in ijson.items(fh, "traceEvents.item", use_float=True):
+                if isinstance(ev, dict) and ev.get("ph") == "X":
+                    step = parse_step(str(ev.get("name", "")))
+                    ts, dur = ev.get("ts"), ev.get("dur")
+                    if (step is not None and (wanted is None or step in wanted) and isinstance(ts, (int, float))
+                            and isinstance(dur, (int, float))):
+                        lane = dev if str(ev.get("cat", "")).startswith("gpu_") else host
+                        lane[step] = (float(ts), float(ts) + float(dur))
+        out: dict[str, float] = {}
+        with _open(path) as fh:
+            for ev in ijson.items(fh, "traceEvents.item", use_float=True):
+                if not isinstance(ev, dict) or ev.get("ph") != "X":
+                    continue
+                cat, ts, dur = str(ev.get("cat", "")), ev.get("ts"), ev.get("dur")
+                if cat not in DEVICE_CATS and cat not in CPU_COMPUTE_CATS:
+                    continue
+                if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur <= 0:
+                    continue
+                lanes = (dev or host) if cat in DEVICE_CATS else host
+                if any(a <= ts < b for a, b in lanes.values()):
+                    name = str(ev.get("name", ""))
+                    out[name] = out.get(name, 0.0) + float(dur)
+    except (ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"{path}: {exc}") from exc
+    return out, len(host)
+
+
+def compare_suspects(rank_dirs: Mapping[int, Path], suspects: Sequence[int],
+                     reference: int) -> tuple[list[dict[str, Any]], RecipeStatus]:
+    """The torch.profiler follow-up: for each suspect, the ops where it spends more time per step than the
+    ``reference`` rank, each over the step windows of its own trace (a rank's step labels may be offset from its
+    peers': ``daemon/profwatch/core/kineto_align.py``), per step (``profwatch.core.kineto.compare_ops``). Returns
+    ``([{"rank", "reference_rank", "steps", "ops": [...]}], RecipeStatus)``; never raises for bad data."""
+    t0 = time.monotonic()
+
+    def per_step(rank: int) -> tuple[dict[str, float], int]:
+        files = find_trace_files(Path(rank_dirs[rank]))
+        if not files:
+            raise TraceFormatError(f"no *.pt.trace.json in {rank_dirs[rank]}")
+        totals, windows = op_totals(max(files, key=lambda p: p.stat().st_mtime))
+        if not windows:
+            raise TraceFormatError(f"rank {rank}: no ProfilerStep window in its trace")
+        return {k: v / windows for k, v in totals.items()}, windows
+
+    try:
+        ref, _ = per_step(reference)
+        out: list[dict[str, Any]] = []
+        for r in suspects:
+            if r in rank_dirs:
+                mine, windows = per_step(r)
+                out.append({"rank": r, "reference_rank": reference, "steps": windows,
+                            "ops": compare_ops(mine, ref, 1)})
+    except (TraceFormatError, OSError, KeyError) as exc:
+        return [], RecipeStatus(OP_COMPARE, "no_data", f"cannot compare ops: {exc}", phase="enrich",
+                                duration_s=round(time.monotonic() - t0, 3))
+    named = "; ".join(f"rank {c['rank']}: " + (", ".join(str(o["name"])[:40] for o in c["ops"][:3])
+                                                 or "nothing stands out") for c in out)
+    return out, RecipeStatus(OP_COMPARE, "ok", f"per step, against rank {reference}: {named}",
+                             rows=sum(len(c["ops"]) for c in out), phase="enrich",
+                             duration_s=round(time.monotonic() - t0, 3))
+
+
+def write_torch_trace(path: Path, rank: int, world_size: int, events: list[dict[str, Any]]) -> Path:
+    """Write a minimal Kineto-shaped trace (used by tests and simulators; real traces come from torch).
+
+    ``events`` are Chrome trace events (``ph``, ``name``, ``cat``, ``ts``, ``dur``, ``pid``, ``tid``).
+    """
+    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world_size},
+           "displayTimeUnit": "ms", "traceEvents": events}
+    path.write_text(json.dumps(doc))
+    return path

@@ -1,0 +1,145 @@
+"""The coordinator's three listening sockets with their security (I/O): ingest ROUTER, control ROUTER, event PUB.
+
+Each TCP socket that :meth:`SecuritySettings.curve_for` says must use CURVE becomes a CURVE server in its ZAP
+domain (``ingest``, ``control``, ``pub``), admitted keys come from the client key directory, handshakes are
+watched by socket monitors (every failure is counted and logged), and a self-test proves at start that a known key
+gets in and an unknown one does not (``daemon/profwatch/adapters/curve.py``). Sockets beyond loopback without CURVE are only
+possible with ``security.insecure = true`` and are warned about at every start.
+
+Queued memory per peer is bounded: ``MAXMSGSIZE`` times the receive high-water mark derived from
+``[limits]`` (``ingest_queue_bytes_per_peer``, ``control_queue_bytes_per_peer``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+import zmq
+
+from profwatch.adapters import control
+from profwatch.adapters.curve import CurveAuthenticator, HandshakeMonitor, make_server, selftest, user_id
+from profwatch.adapters.keyfiles import CurveSetupError, KeyPair, KeyRing, load_keypair, require_curve
+from profwatch.adapters.publish import EventPublisher
+from profwatch.core.access import ROLE_GRANTS, ControlRole, SecuritySettings, insecure_endpoints
+from profwatch.core.limits import LimitSettings
+from rankhook import wire
+
+log = structlog.get_logger("profwatch.sockets")
+
+
+class ServerSockets:
+    """Bind ingest, control and pub as configured; raises :class:`CurveSetupError` (exit 2) when CURVE is
+    required but not usable, and ``zmq.ZMQError`` when an endpoint cannot be bound.
+
+    Args:
+        binds: ``{"ingest": ..., "control": ..., "pub": ...}`` endpoints.
+        on_refused: ``(socket, reason) -> None`` called for every refused or failed handshake (a metric).
+    """
+
+    def __init__(self, ctx: zmq.Context, binds: dict[str, str], security: SecuritySettings, limits: LimitSettings,
+                 on_refused: Any = None) -> None:
+        self.security = security
+        self.on_refused = on_refused
+        self.curve = {name: security.curve_for(ep) for name, ep in binds.items()}
+        self.auth: CurveAuthenticator | None = None
+        self.keyring: KeyRing | None = None
+        self.monitors: dict[str, HandshakeMonitor] = {}
+        self._logged: dict[tuple[str, str], float] = {}
+        keys: KeyPair | None = None
+        if any(self.curve.values()):
+            require_curve()
+            keys = load_keypair(security.server_secret_path(), "server secret key",
+                                "run `profwatch keys init` on the coordinator (or set security.server_secret_key)")
+            self.keyring = KeyRing(security.client_keys_path())
+            self.auth = CurveAuthenticator(ctx, self.keyring, on_refused=on_refused)
+            self.auth.start()
+        open_eps = insecure_endpoints(binds, security)
+        if open_eps:
+            log.warning("insecure_sockets", endpoints=open_eps,
+                        note="security.insecure = true: reachable beyond loopback without authentication")
+        try:
+            self.ingest = ctx.socket(zmq.ROUTER)
+            self.ingest.setsockopt(zmq.LINGER, 0)
+            self.ingest.setsockopt(zmq.MAXMSGSIZE, wire.MAX_BATCH_BYTES)
+            self.ingest.setsockopt(zmq.RCVHWM, limits.hwm_for(limits.ingest_queue_bytes_per_peer, wire.MAX_BATCH_BYTES))
+            # commands to a node that went away are dropped, never queued for a peer that may not return
+            self.ingest.setsockopt(zmq.SNDHWM, 100)
+            # ZMTP heartbeats: a dead peer's connection is closed within ~10 s (half-open TCP after a host crash)
+            self.ingest.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+            self.ingest.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10_000)
+            if self.curve["ingest"] and keys is not None:
+                make_server(self.ingest, "ingest", keys)
+            self.ingest.bind(binds["ingest"])
+            self.control = control.bind_control(
+                ctx, binds["control"], curve=keys if self.curve["control"] else None,
+                rcvhwm=limits.hwm_for(limits.control_queue_bytes_per_peer, control.MAX_REQUEST_BYTES))
+            self.pub = EventPublisher(ctx, binds["pub"], curve=keys if self.curve["pub"] else None)
+            for name, sock in (("ingest", self.ingest), ("control", self.control), ("pub", self.pub.sock)):
+                if self.curve[name]:
+                    self.monitors[name] = HandshakeMonitor(sock, side="server")
+            if self.auth is not None and keys is not None:
+                targets = {name: str(sock.getsockopt_string(zmq.LAST_ENDPOINT)) for name, sock in
+                           (("ingest", self.ingest), ("control", self.control), ("pub", self.pub.sock))
+                           if self.curve[name]}
+                problems = selftest(ctx, targets, keys.public, self.auth, security.selftest_timeout_s)
+                if problems:
+                    raise CurveSetupError("CURVE self-test failed: " + "; ".join(problems))
+                self.poll_monitors(quiet=True)
+                log.info("curve_ready", sockets=sorted(targets), client_keys=len(self.keyring or ()),
+                         key_dir=str(security.client_keys_path()))
+        except BaseException:
+            self.close()
+            raise
+
+    def grants(self, frame: zmq.Frame) -> frozenset[ControlRole]:
+        """Control roles of the connection a request frame came from: its certificate's role under CURVE (none for
+        a key removed since), ``security.loopback_roles`` without CURVE."""
+        if not self.curve["control"] or self.keyring is None:
+            return self.security.loopback_grants()
+        name = user_id(frame)
+        key = self.keyring.by_name(name) if name else None
+        return ROLE_GRANTS[key.role] if key is not None else frozenset()
+
+    def node_key(self, frame: zmq.Frame) -> str | None:
+        """The certificate name an ingest message's connection authenticated with (None without CURVE)."""
+        if not self.curve["ingest"]:
+            return None
+        return user_id(frame) or ""
+
+    def poll_monitors(self, quiet: bool = False) -> None:
+        """Count and log handshake failures the monitors saw (a refused key is also logged by the ZAP handler,
+        with the peer's address; failures before ZAP, such as a client without CURVE, only show here)."""
+        now = time.monotonic()
+        for name, mon in self.monitors.items():
+            for _ev, _value, failure in mon.poll():
+                if failure is None or quiet:
+                    continue
+                reason, explanation = failure
+                if reason == "refused":
+                    continue  # the ZAP handler counted and logged it with the peer address
+                if self.on_refused is not None:
+                    self.on_refused(name, reason)
+                if now - self._logged.get((name, reason), -1e9) >= 60.0:
+                    self._logged[(name, reason)] = now
+                    log.warning("handshake_failed", socket=name, reason=reason, detail=explanation,
+                                note="logged once a minute per socket and reason; see profwatch_auth_refused_total")
+
+    def monitor_sockets(self) -> list[zmq.Socket]:
+        return [m.sock for m in self.monitors.values()]
+
+    def close(self) -> None:
+        for mon in self.monitors.values():
+            mon.close()
+        self.monitors = {}
+        for attr in ("ingest", "control"):
+            sock = getattr(self, attr, None)
+            if sock is not None:
+                sock.close(0)
+        pub = getattr(self, "pub", None)
+        if pub is not None:
+            pub.close()
+        if self.auth is not None:
+            self.auth.stop()
+            self.auth = None

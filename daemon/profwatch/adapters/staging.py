@@ -1,0 +1,123 @@
+"""Stages one batch for msprof-analyze: a folder with exactly one real directory per rank, of links (I/O adapter).
+
+Why (docs/msprof-analyze.md#discovery and #before-running, gotchas 5-6): msprof-analyze analyses whatever
+ranks it finds and picks the newest dir for a duplicated rank, so it must see exactly one batch; its DB
+discovery does not follow symlinked *rank directories* but does accept a symlinked ``ASCEND_PROFILER_OUTPUT``.
+So each rank gets a real directory named like the original, holding absolute symlinks to the original's
+top-level files and to its ``ASCEND_PROFILER_OUTPUT`` (torch_pt: to its files). Data is never copied and the
+originals are never written, moved or deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from profwatch.core.completeness import BatchState
+from profwatch.core.prof_layout import OUTPUT_MARKER, PROFILER_OUTPUT_DIR
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class StagingError(RuntimeError):
+    """The batch cannot be staged (invalid batch, a rank dir missing, or a foreign entry in the way)."""
+
+
+def mark_output_dir(path: str | os.PathLike[str], *, mark: bool = True) -> Path:
+    """Create ``path`` (and parents) and write :data:`~profwatch.core.prof_layout.OUTPUT_MARKER` into it, so scans of
+    a tree holding it skip it. Idempotent; returns the marker's path. With ``mark=False`` (the folder also holds
+    capture data, e.g. ``analyze --out`` = the capture dir) only checks that a file can be created there.
+
+    Raises:
+        OSError: ``path`` cannot be created or written (permission denied, a file in the way, read-only mount).
+    """
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / OUTPUT_MARKER
+    if not mark:
+        fd, probe = tempfile.mkstemp(prefix=".profwatch-write-check-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    elif not marker.is_file():
+        marker.write_text("profwatch output folder (staged links, tool outputs, reports): not capture data; "
+                          "profwatch scan/analyze skip this folder.\n", encoding="utf-8")
+    return marker
+
+
+def staging_dir_for(batch: BatchState, staging_root: str | os.PathLike[str]) -> Path:
+    """``staging_root/<batch_id made file-name safe>``."""
+    return Path(staging_root) / (_SAFE.sub("_", batch.batch_id).strip("._") or "batch")
+
+
+def _wanted_links(rank_dir: Path, kind: str) -> dict[str, str]:
+    """name -> absolute target: top-level files plus ASCEND_PROFILER_OUTPUT (other dirs such as PROF_* raw data,
+    FRAMEWORK and logs are not needed by the recipes and are left out)."""
+    links: dict[str, str] = {}
+    real = Path(os.path.realpath(rank_dir))  # resolve symlinked mounts (docs/field-cases.md#fc-04)
+    for entry in os.scandir(real):
+        if entry.is_file(follow_symlinks=True) or (entry.name == PROFILER_OUTPUT_DIR and kind == "ascend_pt"):
+            links[entry.name] = str(real / entry.name)
+    return links
+
+
+def stage_batch(batch: BatchState, staging_root: str | os.PathLike[str]) -> Path:
+    """Create (or bring up to date) the staging folder of ``batch``; return its path. Idempotent.
+
+    Layout: ``<staging_root>/<batch_id>/<original rank dir name>/{profiler_info_N.json, profiler_metadata.json,
+    ASCEND_PROFILER_OUTPUT -> original, ...}``. On a repeat call, links pointing elsewhere are replaced, extra
+    links and rank dirs of ranks no longer in the batch are removed (only symlinks and our own empty dirs are
+    ever removed).
+
+    Raises:
+        StagingError: the batch is ``invalid``, has no rank dirs, or a rank dir vanished; or a non-link entry
+            inside the staging folder is in the way.
+    """
+    if batch.status == "invalid":
+        raise StagingError(f"batch {batch.batch_id} is invalid: {[p.reason for p in batch.problems]}")
+    if not batch.ranks:
+        raise StagingError(f"batch {batch.batch_id} has no rank dirs")
+    mark_output_dir(staging_root)  # a later scan of a tree holding the staging root must not see its rank dirs
+    target = staging_dir_for(batch, staging_root)
+    target.mkdir(parents=True, exist_ok=True)
+    wanted: dict[str, dict[str, str]] = {}
+    for rank, state in sorted(batch.ranks.items()):
+        name = os.path.basename(state.path)
+        if name in wanted:
+            raise StagingError(f"two ranks share the dir name {name}")
+        try:
+            wanted[name] = _wanted_links(Path(state.path), state.kind)
+        except OSError as exc:
+            raise StagingError(f"rank {rank}: cannot list {state.path}: {exc}") from exc
+    for entry in os.scandir(target):
+        if entry.name not in wanted:
+            _remove_stage_entry(Path(entry.path))
+    for name, links in wanted.items():
+        rank_stage = target / name
+        if rank_stage.is_symlink() or (rank_stage.exists() and not rank_stage.is_dir()):
+            rank_stage.unlink()
+        rank_stage.mkdir(exist_ok=True)
+        for entry in os.scandir(rank_stage):
+            want = links.get(entry.name)
+            if not entry.is_symlink():
+                raise StagingError(f"{entry.path} is not a link; refusing to touch it")
+            if want is None or os.readlink(entry.path) != want:
+                os.unlink(entry.path)
+        for link_name, dest in links.items():
+            link = rank_stage / link_name
+            if not link.is_symlink():
+                os.symlink(dest, link)
+    return target
+
+
+def _remove_stage_entry(path: Path) -> None:
+    """Remove a staged rank dir: its symlinks, then the dir itself; never follows a link."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+        return
+    for entry in os.scandir(path):
+        if not entry.is_symlink():
+            raise StagingError(f"{entry.path} is not a link; refusing to remove it")
+        os.unlink(entry.path)
+    path.rmdir()

@@ -1,0 +1,346 @@
+"""Analyse one complete batch in two phases (composition, I/O).
+
+1. **Alert** (:func:`analyze_batch`): stage -> the recipes the verdict needs (msprof-analyze cluster_time_summary
+   and slow_rank, concurrently where the runner allows; or the Kineto breakdown of torch.profiler captures) ->
+   rank suspects -> ``report.json`` + ``report.html``. Its result is what ``suspect_ranks`` publishes at once.
+2. **Enrich** (:func:`enrich_analysis`): the rest (msprof-analyze communication_matrix_sum for slow links, the
+   advisor under its size rule; for torch.profiler captures each suspect's ops against a reference rank's) -> the
+   verdict judged again on the fuller evidence -> ``report.json`` and ``report.html`` rewritten. Its result is
+   what ``analysis_enriched`` publishes.
+
+Used by the coordinator (the capture shell runs the phases apart, the alert first) and by ``profwatch analyze``
+(offline, both in a row). It never raises for bad data or tool failures: every outcome is an
+:class:`AnalysisResult` with a clear status and a status per recipe (docs/field-cases.md#fc-03, #fc-05, #fc-06); a
+recipe that fails, times out or is killed at its memory cap is a status, never a lost verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from profwatch.adapters import staging
+from profwatch.adapters.kineto_reader import OP_COMPARE, analyze_torch_batch, compare_suspects
+from profwatch.adapters.kineto_reader import RECIPE as KINETO_RECIPE
+from profwatch.adapters.msprof_analysis import MsprofSession, Progress, advisor_commands, prepare_msprof, run_phase
+from profwatch.adapters.msprof_runner import MsprofRunner
+from profwatch.adapters.report import write_report
+from profwatch.analysis_result import (
+    AnalysisResult,
+    AnalysisStatus,
+    hostnames_from_dirs,
+    not_complete,
+    overall_status,
+)
+from profwatch.core.alerts import per_rank_summary
+from profwatch.core.analysis_settings import AnalysisSettings
+from profwatch.core.completeness import BatchState
+from profwatch.core.display import printable
+from profwatch.core.evidence import ClusterEvidence, RecipeStatus
+from profwatch.core.msprof_plan import advisor_ranks
+from profwatch.core.ranking import judge_batch
+
+log = structlog.get_logger()
+
+__all__ = ["AnalysisResult", "AnalysisSettings", "AnalysisStatus", "Followup", "Progress", "analyze_batch",
+           "enrich_analysis", "hostnames_from_dirs"]
+
+
+@dataclass(slots=True)
+class Followup:
+    """What the enrich phase of one analysis needs from its alert phase (kept on the result, not serialised)."""
+
+    batch: BatchState
+    work_dir: Path
+    out_dir: Path
+    settings: AnalysisSettings
+    hostnames: dict[int, str]
+    job_world: int
+    base_unjudged: dict[int, str] = field(default_factory=dict)
+    now_unix_s: float | None = None
+    session: MsprofSession | None = None
+    staged: Path | None = None
+
+
+def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettings | None = None,
+                  hostnames: dict[int, str] | None = None, capture_reason: str | None = None,
+                  job_id: str | None = None, runner: MsprofRunner | None = None,
+                  now_unix_s: float | None = None, armed_steps: Sequence[int] | None = None,
+                  context: dict[str, Any] | None = None, enrich: bool = True,
+                  progress: Progress | None = None) -> AnalysisResult:
+    """Analyse one batch found by ``scan_tree``: the alert phase, then (``enrich``) the enrich phase.
+
+    Args:
+        batch: a ``BatchState``; anything but ``complete`` (or judgeable) gives status ``incomplete`` without
+            running tools.
+        work_dir: folder for ``staging/<batch>/`` and ``results/<batch>/{msprof,report.json,report.html}``;
+            made absolute first (tools run from their own folders), so a relative one is relative to the cwd.
+        settings: defaults when ``None``.
+        hostnames: rank -> host (default: parsed from the rank dir names).
+        capture_reason, job_id: copied into the result and the report.
+        runner: the :class:`MsprofRunner` that runs msprof-analyze (its settings govern the runs; the
+            coordinator shares one across analyses); default: a runner made from ``settings.msprof`` for this
+            call and closed after it (then the enrich phase, if wanted, runs here too). The runs are labelled
+            with the batch id (``runner.cancel(batch_id)``).
+        now_unix_s: report timestamp (default: the wall clock).
+        armed_steps: the steps the capture was armed to record (``[start + warmup, start + warmup + active)``);
+            the verdict rates its evidence against them (``None``: ``context["armed_steps"]`` if given, else
+            unknown: rated on the captured steps alone).
+        context: the capture's fields for the verdict payload (``profwatch.core.lifecycle.analysis_context``);
+            ``job_world_size`` there is the job's size when the batch holds a subset (a targeted capture).
+        enrich: run the enrich phase before returning (offline); ``False`` returns after the alert phase with
+            ``result.pending`` naming what :func:`enrich_analysis` would run (the coordinator publishes first).
+        progress: called per recipe (``Progress``), and with ``("verdict", status, None)`` once the alert
+            phase's verdict stands.
+
+    Returns:
+        :class:`AnalysisResult`. Never raises for data or tool problems (unexpected exceptions become
+        ``failed`` with the error in ``detail``).
+    """
+    settings = settings or AnalysisSettings()
+    work_dir = Path(work_dir).absolute()
+    context = dict(context or {})
+    if not armed_steps and context.get("armed_steps"):
+        armed_steps = list(context["armed_steps"])
+    t0 = time.monotonic()
+    world = len(batch.expected_ranks) or len(batch.ranks)
+    job_world = int(context.pop("job_world_size", 0) or 0) or world
+    subset = sorted(batch.expected_ranks) if batch.expected_ranks != list(range(world)) else None
+    result = AnalysisResult(status="failed", batch_id=batch.batch_id, kind=batch.kind, world_size=job_world,
+                            capture_reason=capture_reason, job_id=job_id, context=context,
+                            armed_steps=list(armed_steps) if armed_steps else None, captured_steps=list(batch.steps),
+                            captured_ranks=subset)
+    unusable = batch.unusable_ranks()
+    if batch.status != "complete" and not batch.judgeable():
+        not_complete(batch, result)
+        return result
+    if unusable:  # every rank present and finished, some without usable data: judge the others (partial)
+        result.unjudged_ranks.update(unusable)
+        batch = dataclasses.replace(batch, ranks={r: s for r, s in batch.ranks.items() if r not in unusable},
+                                    status="complete")
+    safe = staging.staging_dir_for(batch, Path(work_dir) / "results").name
+    out_dir = Path(work_dir) / "results" / safe
+    own_runner = runner is None
+    active_runner = runner if runner is not None else MsprofRunner(settings.msprof)
+    follow = Followup(batch, work_dir, out_dir, settings, dict(hostnames or {}), job_world, dict(unusable),
+                      now_unix_s)
+    try:
+        try:
+            result = _alert_phase(result, follow, active_runner, progress)
+        except Exception as exc:
+            log.exception("analysis_crashed", batch_id=batch.batch_id)
+            result.status = "failed"
+            result.detail = f"analysis crashed: {exc!r}"
+            result.pending, result.followup = [], None
+        result.timings_s["total"] = time.monotonic() - t0
+        log.info("analysis_finished", batch_id=batch.batch_id, status=result.status, phase="alert",
+                 suspects=[s.rank for s in result.suspects], total_s=round(result.timings_s["total"], 3),
+                 pending=result.pending)
+        if progress is not None:
+            progress("verdict", result.status, None)
+        if enrich and result.pending:
+            enrich_analysis(result, runner=active_runner, progress=progress)
+    finally:
+        if own_runner:
+            active_runner.close()
+    return result
+
+
+def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
+                 progress: Progress | None) -> AnalysisResult:
+    batch, settings = f.batch, f.settings
+    t = time.monotonic()
+    try:
+        staged = staging.stage_batch(batch, f.work_dir / "staging")
+    except (staging.StagingError, OSError) as exc:
+        result.recipes["staging"] = RecipeStatus("staging", "tool_error", str(exc))
+        result.detail = f"staging failed: {exc}"
+        return result
+    result.paths["staging"] = str(staged)
+    f.staged = staged
+    result.timings_s["staging"] = time.monotonic() - t
+    f.out_dir.mkdir(parents=True, exist_ok=True)
+    t = time.monotonic()
+    pending: list[str] = []
+    if batch.kind == "ascend_pt":
+        result.paths["outputs"] = str(f.out_dir / "msprof")
+        ev, f.session = prepare_msprof(staged, f.out_dir / "msprof", runner=runner, world_size=len(batch.ranks),
+                                       owner=batch.batch_id, expected_ranks=sorted(batch.ranks), progress=progress)
+        run_phase(f.session, ev, "alert", runner=runner, progress=progress)
+        pending = [c.name for c in f.session.plan.phase("enrich")]
+    else:
+        staged_dirs = {r: str(staged / os.path.basename(os.path.normpath(p))) for r, p in batch.rank_dirs.items()}
+        if progress is not None:
+            progress("started", KINETO_RECIPE, None)
+        ev = analyze_torch_batch({r: Path(p) for r, p in staged_dirs.items()})
+        if progress is not None and KINETO_RECIPE in ev.recipes:
+            progress("finished", KINETO_RECIPE, ev.recipes[KINETO_RECIPE])
+    result.timings_s["tool"] = time.monotonic() - t
+    result.evidence = ev
+    t = time.monotonic()
+    _judge(result, ev, f)
+    result.timings_s["ranking"] = time.monotonic() - t
+    if batch.kind != "ascend_pt" and settings.kineto_op_compare and result.suspects and len(batch.ranks) > 1:
+        pending.append(OP_COMPARE)
+    result.pending = pending
+    result.followup = f if pending else None
+    _write_report(result, f, html=settings.report_html)
+    return result
+
+
+def enrich_analysis(result: AnalysisResult, *, runner: MsprofRunner,
+                    progress: Progress | None = None) -> AnalysisResult:
+    """The enrich phase of ``result`` (from :func:`analyze_batch` with ``enrich=False``), in place: msprof-analyze
+    ``communication_matrix`` and ``advisor`` (``advisor_html`` when asked for) at low priority through ``runner``,
+    the advisor under its size rule (``msprof_plan.advisor_ranks``: on a batch above ``advisor_max_ranks`` ranks
+    it reads a staging of the suspects and reference ranks only, or is skipped, the reason in its status); then
+    the verdict is judged again on the fuller evidence (slow links, the advisor's per-rank link times) and
+    ``report.json`` + ``report.html`` are rewritten. ``result.enriched`` is set, ``result.pending`` cleared,
+    ``timings_s["enrich"]`` measured. A result with nothing pending is returned unchanged.
+
+    Never raises for tool failures (statuses) or crashes (noted; the alert-phase verdict stands): returns the
+    result with ``enrich_error`` in ``context`` in that case.
+    """
+    f: Followup | None = result.followup
+    if f is None or not result.pending:
+        return result
+    t0 = time.monotonic()
+    ev = result.evidence or ClusterEvidence(kind="ascend_pt")
+    try:
+        if f.session is not None:
+            _enrich_msprof(result, ev, f, runner, progress)
+        elif OP_COMPARE in result.pending:
+            _enrich_kineto(result, ev, f, progress)
+        result.evidence = ev
+        _judge(result, ev, f)
+        result.timings_s["enrich"] = time.monotonic() - t0
+        result.enriched = True
+        result.pending = []
+        _write_report(result, f, html=f.settings.report_html)
+    except Exception as exc:
+        log.exception("enrichment_crashed", batch_id=result.batch_id)
+        result.context["enrich_error"] = repr(exc)
+        result.pending = []
+        result.timings_s["enrich"] = time.monotonic() - t0
+    finally:
+        result.followup = None
+    log.info("analysis_enriched", batch_id=result.batch_id, status=result.status,
+             recipes={k: v.status for k, v in result.recipes.items()}, enrich_s=round(result.timings_s["enrich"], 3))
+    if progress is not None:
+        progress("follow_up", result.status, None)
+    return result
+
+
+def _enrich_kineto(result: AnalysisResult, ev: ClusterEvidence, f: Followup, progress: Progress | None) -> None:
+    """torch.profiler follow-up: the top suspects' ops against the rank nearest the median step time."""
+    if progress is not None:
+        progress("started", OP_COMPARE, None)
+    staged = f.staged or Path(".")
+    dirs = {r: staged / os.path.basename(os.path.normpath(p)) for r, p in f.batch.rank_dirs.items()}
+    named = [s.rank for s in result.suspects[:3]]
+    times = {row["rank"]: row["step_time_us"] for row in per_rank_summary(ev.summaries) if row["rank"] not in named}
+    if not times:
+        ev.recipes[OP_COMPARE] = RecipeStatus(OP_COMPARE, "not_applicable", "no rank to compare with", phase="enrich")
+    else:
+        mid = sorted(times.values())[len(times) // 2]
+        reference = min(times, key=lambda r: (abs(times[r] - mid), r))
+        result.op_compare, ev.recipes[OP_COMPARE] = compare_suspects(dirs, named, reference)
+    if progress is not None:
+        progress("finished", OP_COMPARE, ev.recipes[OP_COMPARE])
+
+
+def _enrich_msprof(result: AnalysisResult, ev: ClusterEvidence, f: Followup, runner: MsprofRunner,
+                   progress: Progress | None) -> None:
+    """The msprof-analyze commands of the enrich phase, the advisor under its size rule."""
+    session = f.session
+    assert session is not None
+    cmds = [c for c in session.plan.phase("enrich") if c.name not in ("advisor", "advisor_html")]
+    advisor = advisor_commands(session, None)
+    why = ""
+    if advisor:
+        times = {row["rank"]: row["step_time_us"] for row in per_rank_summary(ev.summaries)}
+        hosts = hostnames_from_dirs(f.batch.rank_dirs)
+        hosts.update(f.hostnames)
+        subset, why = advisor_ranks(sorted(f.batch.ranks), [s.rank for s in result.suspects], times, hosts,
+                                    f.settings.msprof)
+        if subset == []:
+            for c in advisor:
+                ev.recipes[c.name] = RecipeStatus(c.name, "skipped", why, phase="enrich")
+                if progress is not None:
+                    progress("finished", c.name, ev.recipes[c.name])
+            advisor = []
+        elif subset is not None:
+            part = dataclasses.replace(f.batch, batch_id=f"{f.batch.batch_id}-advisor-subset",
+                                       ranks={r: s for r, s in f.batch.ranks.items() if r in set(subset)})
+            try:
+                advisor = advisor_commands(session, staging.stage_batch(part, f.work_dir / "staging"))
+            except (staging.StagingError, OSError) as exc:
+                for c in advisor:
+                    ev.recipes[c.name] = RecipeStatus(c.name, "tool_error", f"{why}; staging failed: {exc}",
+                                                      phase="enrich")
+                advisor = []
+    run_phase(session, ev, "enrich", runner=runner, commands=[*cmds, *advisor], progress=progress)
+    if why:
+        for c in advisor:
+            if c.name in ev.recipes:
+                ev.recipes[c.name].detail = f"{why}; {ev.recipes[c.name].detail}"
+
+
+def _judge(result: AnalysisResult, ev: ClusterEvidence, f: Followup) -> None:
+    """Judge the batch on ``ev`` (again, after the enrich phase) and set the verdict fields of ``result``."""
+    batch = f.batch
+    hosts = hostnames_from_dirs(batch.rank_dirs)
+    hosts.update(f.hostnames)
+    verdict = judge_batch(ev, hostnames=hosts, rank_dirs=batch.rank_dirs, settings=f.settings.ranking,
+                          armed_steps=result.armed_steps, world_size=f.job_world)
+    result.recipes = dict(ev.recipes)
+    result.suspects, result.links, result.impact = verdict.suspects, verdict.links, verdict.impact
+    result.captured_steps = list(verdict.captured_steps) or result.captured_steps
+    result.strength = verdict.strength
+    result.notes = list(ev.notes) + verdict.notes
+    if ev.alignment:
+        result.notes.append(f"step alignment: {ev.alignment.get('method')}"
+                            + "".join(f"; {n}" for n in ev.alignment.get("notes", [])))
+    unjudged = dict(f.base_unjudged)
+    result.status, result.detail = overall_status(ev, verdict, sorted(batch.expected_ranks) or len(batch.ranks),
+                                                  unjudged)
+    result.unjudged_ranks = unjudged
+    for name in ("advisor_html", "advisor"):  # only this run's output dirs (re-runs leave older ones)
+        run_dir = ev.recipes[name].output_dir if name in ev.recipes else None
+        html_files = sorted(Path(run_dir).rglob("mstt_advisor_*.html")) if run_dir else []
+        if html_files:
+            result.paths["advisor_html"] = str(html_files[-1])
+            break
+
+
+def _write_report(result: AnalysisResult, f: Followup, *, html: bool) -> None:
+    """``report.json`` (and ``report.html`` when ``html``) from the result as it stands (rewritten by the enrich
+    phase). An unwritable folder is a note, never a failure."""
+    if not f.settings.report:
+        return
+    t = time.monotonic()
+    now = time.time() if f.now_unix_s is None else f.now_unix_s
+    result.paths["report_json"] = str(f.out_dir / "report.json")
+    if html:
+        result.paths["report_html"] = str(f.out_dir / "report.html")
+    ev = result.evidence
+    try:
+        # printable(): file names as text a UTF-8 file can hold, whatever bytes the OS gave (docs/paths.md)
+        data = printable({**result.alert_data(), "advisor": ev.advisor if ev else {}})
+        json_path, html_path = write_report(
+            f.out_dir, data, ev.summaries if ev else [], html_enabled=html,
+            generated=datetime.fromtimestamp(now, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
+        result.report = str(html_path or json_path)
+    except OSError as exc:
+        result.notes.append(f"report not written: {exc}")
+        result.paths.pop("report_json", None)
+        result.paths.pop("report_html", None)
+    result.timings_s["report_html" if html else "report"] = time.monotonic() - t

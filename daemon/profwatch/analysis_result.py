@@ -1,0 +1,236 @@
+"""The outcome of one batch analysis and the rules for its status (``AnalysisResult``, ``overall_status``): data in,
+data out, no I/O. The composition that produces it (staging, tools, ranking, report) is ``daemon/profwatch/analysis.py``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from profwatch.adapters.kineto_reader import RECIPE as KINETO_RECIPE
+from profwatch.core.alerts import judged_ranks, suspect_alert_data
+from profwatch.core.capture_report import window_notes
+from profwatch.core.completeness import BatchState
+from profwatch.core.evidence import ClusterEvidence, RecipeStatus, SlowLink, Suspect
+from profwatch.core.lifecycle import event_type_for
+from profwatch.core.prof_layout import parse_rank_dir_name
+from profwatch.core.ranking import Verdict
+
+AnalysisStatus = Literal["ok", "weak", "no_suspect", "partial", "incomplete", "not_applicable", "no_data", "failed"]
+"""``ok``: suspects or slow links named on strong evidence, every rank judged. ``weak``: named, but the evidence
+rests on too few captured steps (fewer than ``RankingSettings.min_strong_steps``) or fewer steps than armed.
+``no_suspect``: every rank's data analysed over the armed window, nobody stands out. ``partial``: some ranks
+could not be judged (no usable device data, unparseable trace, missing from the time breakdown, steps that
+cannot be aligned) or the window was short and nobody stands out: the suspects named (if any) are among the
+judged ranks, absence is not proven. ``incomplete``: the batch was not complete (nothing run).
+``not_applicable``: the capture cannot answer (text-only export, Level0 / no communication, groups too small
+and no time data). ``no_data``: recipes ran but produced nothing usable. ``failed``: staging or a tool failed
+(see ``recipes``). Only ``ok`` and ``no_suspect`` make ``profwatch analyze`` exit 0 (docs/verdicts.md)."""
+
+TIME_RECIPES = ("cluster_time_summary", KINETO_RECIPE)
+
+
+__all__ = ["AnalysisResult", "AnalysisStatus", "ENRICH_ONLY", "hostnames_from_dirs", "overall_status"]
+
+ENRICH_ONLY = ("advisor", "advisor_html", "communication_matrix", "kineto_op_compare")
+"""Recipes of the enrich phase: what they find refines a verdict, never decides whether there is one."""
+
+
+@dataclass(slots=True)
+class AnalysisResult:
+    """Outcome of one batch analysis; ``to_json()`` is the ``profwatch analyze --json`` shape."""
+
+    status: AnalysisStatus
+    batch_id: str
+    kind: str
+    suspects: list[Suspect] = field(default_factory=list)
+    recipes: dict[str, RecipeStatus] = field(default_factory=dict)
+    report: str | None = None
+    evidence: ClusterEvidence | None = None
+    detail: str = ""
+    world_size: int | None = None
+    capture_reason: str | None = None
+    job_id: str | None = None
+    paths: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    links: list[SlowLink] = field(default_factory=list)
+    impact: dict[str, float] | None = None
+    armed_steps: list[int] | None = None
+    captured_steps: list[int] = field(default_factory=list)
+    strength: str | None = None
+    unjudged_ranks: dict[int, str] = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)
+    pending: list[str] = field(default_factory=list)
+    """Recipes of the enrich phase still to run (``analysis_enriched`` follows); [] once enriched or when none."""
+    enriched: bool = False
+    captured_ranks: list[int] | None = None
+    """The ranks the batch holds when they are a subset of the job (a targeted capture), else None."""
+    op_compare: list[dict[str, Any]] = field(default_factory=list)
+    """torch.profiler follow-up: ``[{"rank", "reference_rank", "ops": [...]}]`` (``kineto_reader.compare_suspects``)."""
+    followup: Any = field(default=None, repr=False)
+    """What the enrich phase needs (``profwatch.analysis.Followup``); None when nothing follows. Not serialised."""
+
+    def verdict_json(self) -> dict[str, Any]:
+        """The verdict keys shared by ``to_json()`` and ``alert_data()``: ``links``, ``impact`` (headline: every
+        suspect and link fixed), ``armed_steps``, ``captured_steps``, ``strength`` and ``unjudged_ranks``
+        ``[{"rank", "reason"}]`` (what could not be judged)."""
+        return {
+            "links": [lk.to_json() for lk in self.links],
+            "impact": self.impact,
+            "armed_steps": self.armed_steps,
+            "captured_steps": list(self.captured_steps),
+            "strength": self.strength,
+            "unjudged_ranks": [{"rank": r, "reason": why} for r, why in sorted(self.unjudged_ranks.items())],
+        }
+
+    @property
+    def event_type(self) -> str:
+        """CloudEvent type to publish for this result (the one mapping, ``profwatch.core.lifecycle.OUTCOMES``)."""
+        return event_type_for(self.status)
+
+    def alert_data(self) -> dict[str, Any]:
+        """The verdict payload (``profwatch.core.capture_report.VERDICT_KEYS`` plus the verdict keys of
+        :meth:`verdict_json`): ``data`` of the event for this batch and the body of ``report.json``. ``context``
+        (the capture's own fields, e.g. ``capture_id``, ``armed_steps``) is merged in, its ``notes`` appended;
+        ``analysis_duration_s`` sums staging, tool and ranking times (what the verdict waited for);
+        ``enrich_duration_s`` is the enrich phase's wall time (None before it ran); ``pending_recipes`` the
+        recipes of the enrich phase still to come (their ``analysis_enriched`` follows), ``follow_up`` whether
+        this payload is that follow-up; ``captured_ranks`` the ranks of a targeted capture (None = all)."""
+        ev = self.evidence
+        data = suspect_alert_data(batch_id=self.batch_id, job_id=self.job_id, kind=self.kind, status=self.status,
+                                  suspects=self.suspects, summaries=ev.summaries if ev else [],
+                                  recipes=self.recipes, paths=self.paths, capture_reason=self.capture_reason,
+                                  world_size=self.world_size, notes=self.notes)
+        spent = [self.timings_s[k] for k in ("staging", "tool", "ranking") if k in self.timings_s]
+        data.update({"detail": self.detail, "capture_id": None, "report": self.paths.get("report_html")
+                     or self.paths.get("report_json"), "missing_ranks": [], "problems": [], "causes": [],
+                     "analysis_duration_s": round(sum(spent), 3) if spent else None,
+                     "enrich_duration_s": round(self.timings_s["enrich"], 3) if "enrich" in self.timings_s else None,
+                     "pending_recipes": list(self.pending), "follow_up": self.enriched,
+                     "captured_ranks": list(self.captured_ranks) if self.captured_ranks is not None else None,
+                     "op_compare": list(self.op_compare)})
+        data.update(self.verdict_json())
+        ctx = dict(self.context)
+        extra_notes = list(ctx.pop("notes", []))
+        ctx.pop("armed_steps", None)  # already in verdict_json (the analysis was handed the same window)
+        data.update(ctx)
+        data["armed_steps"] = data["armed_steps"] or []
+        data["notes"] = [*data["notes"], *extra_notes, *window_notes(data["armed_steps"], data["captured_steps"])]
+        return data
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"status", "batch_id", "kind", "suspects": [{"rank","score","kind","hostname","evidence","rank_dir"}],
+        "recipes": {name: status}, "report": path}`` plus ``detail``, ``world_size``, ``capture_reason``,
+        ``recipe_details`` {name: RecipeStatus json}, ``slow_rank_votes``, ``judged_ranks`` (ranks with a time
+        breakdown: what the verdict covers), ``paths``, ``notes``, ``timings_s`` and the verdict keys of
+        :meth:`verdict_json` (``links``, ``impact``, ``armed_steps``, ``captured_steps``, ``strength``,
+        ``unjudged_ranks``)."""
+        return {**self.verdict_json(),
+            "status": self.status,
+            "batch_id": self.batch_id,
+            "kind": self.kind,
+            "suspects": [s.to_json() for s in self.suspects],
+            "recipes": {name: r.status for name, r in self.recipes.items()},
+            "report": self.report,
+            "detail": self.detail,
+            "world_size": self.world_size,
+            "capture_reason": self.capture_reason,
+            "recipe_details": {name: r.to_json() for name, r in self.recipes.items()},
+            "slow_rank_votes": dict(self.evidence.slow_rank_votes) if self.evidence else {},
+            "judged_ranks": judged_ranks(self.evidence.summaries) if self.evidence else [],
+            "paths": dict(self.paths),
+            "notes": list(self.notes),
+            "timings_s": {k: round(v, 4) for k, v in self.timings_s.items()},
+            "pending_recipes": list(self.pending),
+            "follow_up": self.enriched,
+            "captured_ranks": list(self.captured_ranks) if self.captured_ranks is not None else None,
+            "op_compare": list(self.op_compare),
+        }
+
+
+def hostnames_from_dirs(rank_dirs: dict[int, str]) -> dict[int, str]:
+    """rank -> host from rank dir names ``{host}_{pid}_{ts}_{kind}`` (torch_npu's worker name defaults to the
+    hostname); ranks whose dir name does not parse are left out."""
+    out = {}
+    for rank, path in rank_dirs.items():
+        parsed = parse_rank_dir_name(os.path.basename(os.path.normpath(path)))
+        if parsed is not None:
+            out[rank] = parsed.worker
+    return out
+
+
+def overall_status(ev: ClusterEvidence, verdict: Verdict, expected: int | Sequence[int],
+                   unjudged: dict[int, str]) -> tuple[AnalysisStatus, str]:
+    """Status of a batch whose tools ran (see :data:`AnalysisStatus`); ``unjudged`` is filled with every rank
+    that could not be judged and why. ``expected``: the ranks the batch holds (a count means ``0..n-1``; a
+    targeted capture gives its rank list, so ranks it never captured are not "unjudged"). Recipes of the enrich
+    phase (:data:`ENRICH_ONLY`) never decide whether there is a verdict."""
+    states = {name: r.status for name, r in ev.recipes.items()}
+    suspects, links = verdict.suspects, verdict.links
+    have_time = bool(ev.summaries)
+    have_votes = bool(ev.slow_rank_votes)
+    if not have_time and not have_votes:
+        bad = sorted(n for n, s in states.items() if s in ("tool_error", "timeout", "oom") and n not in ENRICH_ONLY)
+        if bad:
+            return "failed", f"no usable result; failed recipes: {', '.join(bad)}"
+        if states and all(s in ("not_applicable", "skipped", "no_data") for n, s in states.items()
+                          if n not in ENRICH_ONLY) and any(
+                s == "not_applicable" for s in states.values()):
+            return "not_applicable", "this capture cannot answer: " + "; ".join(dict.fromkeys(
+                r.detail for r in ev.recipes.values() if r.status == "not_applicable"))
+        return "no_data", "no recipe produced usable data: " + "; ".join(
+            f"{n}={s}" for n, s in sorted(states.items()))
+    unjudged.update(ev.unusable_ranks)
+    covered = {s.rank for s in ev.summaries}
+    judged = covered | set(ev.slow_rank_votes) if not have_time else covered
+    for rank, why in (ev.alignment.get("unaligned") or {}).items():
+        unjudged.setdefault(int(rank), f"steps not aligned with its peers: {why}")
+    if have_time:
+        for rank in (range(expected) if isinstance(expected, int) else expected):
+            if rank not in judged and rank not in unjudged:
+                unjudged[rank] = "not in the time breakdown"
+    time_ok = any(states.get(n) == "ok" for n in TIME_RECIPES)
+    steps = len(verdict.captured_steps)
+    window = (f"{steps} of {len(verdict.armed_steps)} armed steps captured" if verdict.armed_steps
+              else f"{steps} step(s) captured")
+    named = [f"rank {s.rank} ({s.kind})" for s in suspects[:3]] + [f"link {lk.ranks[0]}<->{lk.ranks[1]}"
+                                                                    for lk in links[:3]]
+    what = f"{len(suspects)} suspect rank(s), {len(links)} slow link(s); top: {', '.join(named)}" if named else ""
+    if unjudged:
+        names = "; ".join(f"rank {r}: {why}" for r, why in sorted(unjudged.items())[:8])
+        more = f" (+{len(unjudged) - 8} more)" if len(unjudged) > 8 else ""
+        lead = what + " among the judged ranks" if what else "nobody stands out among the judged ranks"
+        return "partial", f"{lead}; {len(unjudged)} rank(s) could not be judged: {names}{more}"
+    if not have_time:
+        if suspects:
+            return "weak", f"{what}: from slow_rank votes only, no time breakdown"
+        return "partial", "no time breakdown (only slow_rank votes, none strong enough): absence not proven"
+    if not time_ok:
+        return "partial", (f"time recipe status {[states.get(n) for n in TIME_RECIPES if n in states]}: "
+                           + (what or "nobody stands out") + "; absence not proven")
+    if named:
+        if verdict.strength == "weak":
+            return "weak", f"{what}; evidence is weak: {window}"
+        return "ok", f"{what}; {window}"
+    if verdict.short_window or not verdict.enough_steps:
+        return "partial", f"nobody stands out, but only {window}: absence not proven"
+    return "no_suspect", f"{len(covered)} ranks analysed over {window}: no rank stands out"
+
+
+def not_complete(batch: BatchState, result: AnalysisResult) -> None:
+    """Status of a batch that is not complete: ``not_applicable`` when every rank is present but failed for the
+    same reason (e.g. a text-only export: the capture itself cannot be analysed), else ``incomplete``. A
+    ``completeness`` pseudo-recipe carries the reasons."""
+    failed = {r: s for r, s in batch.ranks.items() if s.state == "failed"}
+    reasons = {s.reasons[0] if s.reasons else "" for s in failed.values()}
+    if batch.ranks and not batch.missing_ranks and len(failed) == len(batch.ranks) and len(reasons) == 1:
+        reason = next(iter(reasons))
+        result.status = "not_applicable"
+        result.detail = f"every rank of the batch is unusable: {reason}"
+        result.recipes["completeness"] = RecipeStatus("completeness", "not_applicable", reason)
+        return
+    result.status = "incomplete"
+    result.detail = f"batch is {batch.status}: {batch.describe()}"
+    result.recipes["completeness"] = RecipeStatus("completeness", "no_data", result.detail)

@@ -1,0 +1,234 @@
+"""The narrow collaborators of the capture shell (``daemon/profwatch/captures.py``) as Protocols, and their default
+implementations over the adapters (I/O: file system scans, msprof-analyze through ``analyze_batch``).
+
+The shell never sees the coordinator: the composition root (``daemon/profwatch/coordinator.py``) builds these and hands
+them over. Tests pass fakes with the same methods.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from profwatch.core.completeness import BatchState, CaptureHint
+from rankhook import wire
+
+if TYPE_CHECKING:
+    from profwatch.analysis import AnalysisSettings
+    from profwatch.core.watch_settings import WatchSettings
+
+
+class ConfigWriterPort(Protocol):
+    """Writes ``profiler_config.json`` (``profwatch.adapters.config_writer.ConfigWriter``); returns an object with
+    ``path`` and ``mtime_s``; raises on refusal or I/O error. Called on the shell's file system worker.
+    ``idle_for="<capture id>"``: ``content`` is the idle config (start_step 0) taking that capture's arm back,
+    written only while the file still holds it (else raises ``ConfigIdleNotNeeded``)."""
+
+    def write(self, config_dir: str, content: dict[str, Any], *, not_before_unix_s: float,
+              allowed_roots: Sequence[str], idle_for: str | None = None) -> Any: ...
+
+
+class WatcherPort(Protocol):
+    """Watches prof_dirs and wakes the shell (``profwatch.adapters.prof_watch.ProfWatcher``)."""
+
+    def watch(self, prof_dir: str) -> Any: ...
+
+    def unwatch(self, prof_dir: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ScannerPort(Protocol):
+    """Reads a prof_dir into batches, and applies retention to analysed batches (file system worker only)."""
+
+    def scan(self, prof_dir: str, *, world_size: int, capture_id: str, hint: CaptureHint) -> list[BatchState]: ...
+
+    def retain(self, analysed: Sequence[tuple[str, str, int]], now_unix_s: float) -> list[Any]: ...
+
+
+class AnalyserPort(Protocol):
+    """Analyses one complete batch in two phases. ``analyse`` runs the alert phase and returns ``(status, verdict
+    payload)`` (``VERDICT_KEYS``, also ``report.json``); the payload's ``pending_recipes`` names what
+    ``enrich(capture_id)`` will run afterwards (it returns the verdict payload again, judged on the fuller
+    evidence; raises ``LookupError`` when nothing is pending for the capture). ``running(capture_id)`` says what
+    runs now (for ``status``; every run when None); ``cancel(capture_id)`` stops the runs of one capture that left
+    ``analysing`` / ``enriching`` without a result (cancelled, superseded, past its deadline);
+    ``cancel_all()`` stops every run (shutdown; the capture is redone after a restart); ``close()`` once the
+    analysis workers are joined."""
+
+    def analyse(self, batch: BatchState, *, work_dir: Path, hostnames: Mapping[int, str], context: dict[str, Any],
+                job_id: str, capture_reason: str) -> tuple[str, dict[str, Any]]: ...
+
+    def enrich(self, capture_id: str) -> tuple[str, dict[str, Any]]: ...
+
+    def running(self, capture_id: str | None = None) -> list[str]: ...
+
+    def cancel(self, capture_id: str) -> None: ...
+
+    def cancel_all(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class DetectorsPort(Protocol):
+    """What the shell asks of the job's detector: keep the captured window out of the baseline, stalled ranks."""
+
+    def exclude_steps(self, job_id: str, first: int, last: int, reason: str) -> None: ...
+
+    def stalled_ranks(self, job_id: str) -> frozenset[int]: ...
+
+    def baseline_step_time_s(self, job_id: str) -> float | None:
+        """The detector's step time of the job (the one definition replay uses too), None while unknown."""
+        ...
+
+
+SendNodeCommand = Callable[[str, wire.NodeCommand], None]
+"""Send a command to one node daemon by its identity (the coordinator's ingest socket; never blocks)."""
+Emit = Callable[..., Any]
+"""``emit(type_, job_id, data, event_id=None)``: store and publish one CloudEvent (the coordinator's sinks too)."""
+Post = Callable[[Callable[[], None]], None]
+"""Hand a callable to the main loop (results of worker threads come back this way)."""
+Clock = Callable[[], float]
+
+
+class RankDirScanner:
+    """:class:`ScannerPort` over ``profwatch.adapters.rank_dir_fs.scan_tree`` and ``profwatch.adapters.retention``.
+    One long-lived reader (its DB checks are cached); use from one thread. With ``allowed_roots`` every prof_dir is
+    re-checked before each scan and deletion (``profwatch.adapters.paths``: no symlink below its root), so a folder
+    swapped for a link after the hello is refused (:class:`~profwatch.adapters.paths.PathRefused`), not followed."""
+
+    def __init__(self, settings: WatchSettings, allowed_roots: Sequence[str | os.PathLike[str]] | None = None) -> None:
+        from profwatch.adapters.rank_dir_fs import RankDirReader
+
+        self.settings = settings
+        self.allowed_roots = None if allowed_roots is None else list(allowed_roots)
+        self._reader = RankDirReader()
+
+    def _checked(self, prof_dir: str) -> Path:
+        from profwatch.adapters.paths import check_inside
+
+        return Path(prof_dir) if self.allowed_roots is None else check_inside(prof_dir, self.allowed_roots)
+
+    def scan(self, prof_dir: str, *, world_size: int, capture_id: str, hint: CaptureHint) -> list[BatchState]:
+        from profwatch.adapters.rank_dir_fs import scan_tree
+
+        return scan_tree(self._checked(prof_dir), world_size=world_size, settings=self.settings,
+                         hints={capture_id: hint}, reader=self._reader)
+
+    def retain(self, analysed: Sequence[tuple[str, str, int]], now_unix_s: float) -> list[Any]:
+        """Apply the byte/age caps to ``(prof_dir, batch_id, world_size)`` of analysed captures only; an unreadable
+        prof_dir is neither counted nor deleted."""
+        from profwatch.adapters.paths import PathRefused
+        from profwatch.adapters.rank_dir_fs import TreeUnavailable, scan_tree
+        from profwatch.adapters.retention import enforce_retention
+
+        s = self.settings
+        if s.retention_max_bytes is None and s.retention_max_age_s is None:
+            return []
+        batches, ids = [], set()
+        for prof_dir, batch_id, world_size in analysed:
+            try:
+                found = scan_tree(self._checked(prof_dir), world_size=world_size, settings=s, reader=self._reader)
+            except (TreeUnavailable, OSError, PathRefused):
+                continue
+            for b in found:
+                if b.batch_id == batch_id:
+                    batches.append(b)
+                    ids.add(batch_id)
+        return enforce_retention(batches, analysed=ids, max_bytes=s.retention_max_bytes,
+                                 max_age_s=s.retention_max_age_s, now_unix_s=now_unix_s,
+                                 allowed_roots=self.allowed_roots)
+
+
+class BatchAnalyser:
+    """:class:`AnalyserPort` over ``profwatch.analysis.analyze_batch`` / ``enrich_analysis`` and one
+    :class:`MsprofRunner` owned by this analyser (the coordinator's only runner). Runs are labelled with the batch
+    id; ``cancel(capture_id)`` maps the capture to the batch it is analysing or enriching. Results waiting for
+    their enrich phase are kept here (at most :attr:`MAX_PENDING`, oldest dropped: its enrichment then fails
+    with the reason, the verdict stands)."""
+
+    MAX_PENDING = 16
+
+    def __init__(self, settings: AnalysisSettings) -> None:
+        import threading
+
+        from profwatch.adapters.msprof_runner import MsprofRunner
+
+        self.settings = settings
+        self.runner = MsprofRunner(settings.msprof)
+        self._lock = threading.Lock()
+        self._batch_of: dict[str, str] = {}  # capture_id -> batch_id while it is analysed or enriched
+        self._pending: dict[str, Any] = {}  # capture_id -> AnalysisResult waiting for its enrich phase
+
+    def analyse(self, batch: BatchState, *, work_dir: Path, hostnames: Mapping[int, str], context: dict[str, Any],
+                job_id: str, capture_reason: str) -> tuple[str, dict[str, Any]]:
+        from profwatch.analysis import analyze_batch
+
+        capture_id = str(context.get("capture_id") or "")
+        with self._lock:
+            if capture_id:
+                self._batch_of[capture_id] = batch.batch_id
+        try:
+            result = analyze_batch(batch, work_dir=work_dir, settings=self.settings, hostnames=dict(hostnames) or None,
+                                   capture_reason=capture_reason, job_id=job_id, runner=self.runner, context=context,
+                                   enrich=False)
+        finally:
+            with self._lock:
+                self._batch_of.pop(capture_id, None)
+        if result.pending and capture_id:
+            with self._lock:
+                self._pending[capture_id] = result
+                while len(self._pending) > self.MAX_PENDING:
+                    self._pending.pop(next(iter(self._pending)))
+        return result.status, result.alert_data()
+
+    def enrich(self, capture_id: str) -> tuple[str, dict[str, Any]]:
+        """Run the enrich phase of the capture's analysed batch (advisor at low priority, slow links, html report);
+        returns ``(status, verdict payload)``. Raises LookupError when no analysed result waits for it."""
+        from profwatch.analysis import enrich_analysis
+
+        with self._lock:
+            result = self._pending.pop(capture_id, None)
+            if result is None:
+                raise LookupError(f"no analysed result of capture {capture_id} waits for enrichment (dropped, or "
+                                  "the coordinator restarted)")
+            self._batch_of[capture_id] = result.batch_id
+        try:
+            enrich_analysis(result, runner=self.runner)
+        finally:
+            with self._lock:
+                self._batch_of.pop(capture_id, None)
+        return result.status, result.alert_data()
+
+    def running(self, capture_id: str | None = None) -> list[str]:
+        """The msprof-analyze commands running now (of ``capture_id``'s batch, or all): ``"<recipe> (<elapsed> s)"``,
+        `` [enrich]`` added for the enrich phase."""
+        return [f"{r['recipe']} ({r['elapsed_s']:.0f} s)" + (" [enrich]" if r["phase"] == "enrich" else "")
+                for r in self.running_recipes(capture_id)]
+
+    def running_recipes(self, capture_id: str | None = None) -> list[dict[str, Any]]:
+        """``[{"recipe", "phase", "elapsed_s", "started_unix_s", "rss_bytes", "batch_id"}]`` running now."""
+        with self._lock:
+            batch_id = self._batch_of.get(capture_id) if capture_id is not None else None
+        if capture_id is not None and batch_id is None:
+            return []
+        return [{"recipe": r.name, "phase": r.phase, "elapsed_s": round(r.elapsed_s, 1),
+                 "started_unix_s": r.started_unix_s, "rss_bytes": r.rss_bytes, "batch_id": r.owner}
+                for r in self.runner.running() if batch_id is None or r.owner == batch_id]
+
+    def cancel(self, capture_id: str) -> None:
+        """Kill the runs of the batch this capture is analysing or enriching (its late result is dropped by the
+        lifecycle); a result waiting for enrichment is dropped."""
+        with self._lock:
+            batch_id = self._batch_of.get(capture_id)
+            self._pending.pop(capture_id, None)
+        if batch_id is not None:
+            self.runner.cancel(batch_id)
+
+    def cancel_all(self) -> None:
+        self.runner.cancel_all()
+
+    def close(self) -> None:
+        self.runner.close()

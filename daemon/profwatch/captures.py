@@ -1,0 +1,548 @@
+"""Capture orchestration (the I/O shell around ``daemon/profwatch/core/lifecycle.py``): arming, config writes, scans,
+analyses, events and persistence, through narrow collaborators (``daemon/profwatch/capture_ports.py``), never the coordinator.
+
+Every decision is a lifecycle transition; this module applies it: persist the new record (typed rows), publish
+its events, perform its :class:`~profwatch.core.lifecycle.Action` s. Runs on the coordinator's main thread; file
+system work and analyses go to worker pools and come back through ``post`` (the main loop's queue). Captures in
+flight live in memory (loaded once at start); the store is written on every transition and read only at start
+and for listings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from profwatch.adapters.control import ControlError
+from profwatch.adapters.paths import PathRefused, check_inside, make_dirs
+from profwatch.capture_analysis import AnalysisSteps
+from profwatch.capture_ports import (
+    AnalyserPort,
+    Clock,
+    ConfigWriterPort,
+    DetectorsPort,
+    Emit,
+    Post,
+    ScannerPort,
+    SendNodeCommand,
+    WatcherPort,
+)
+from profwatch.capture_writes import ConfigWrites, IdleSend
+from profwatch.core import lifecycle as lc
+from profwatch.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
+from profwatch.core.capture import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
+from profwatch.core.capture_report import describe, explain_ranks, rank_causes, refusal
+from profwatch.core.completeness import BatchState, CaptureHint
+from profwatch.core.step_numbering import profiled_report_steps
+from profwatch.core.step_window import median
+from profwatch.core.targeting import JobTopology, estimate_capture_bytes
+from rankhook import wire
+
+if TYPE_CHECKING:
+    from profwatch.adapters.state import StateStore
+    from profwatch.config import Settings
+    from profwatch.core.anomaly import Anomaly
+    from profwatch.core.registry import JobState, NodeState
+
+log = structlog.get_logger("profwatch.captures")
+RECENT_PER_JOB = 8
+"""Final captures kept in memory per job (late rank events still count their bytes); older ones are in the store."""
+
+
+def lifecycle_settings(s: Settings) -> lc.LifecycleSettings:
+    """Deadline inputs from the configuration: ``[capture] write_timeout_s`` / ``final_scan_grace_s``,
+    ``[coordinator] ack_timeout_s``, ``[watch] parse_allowance_s``. The analysis deadline is the alert phase's
+    tool timeouts: its two recipes in ``ceil(2 / max_concurrent_runs)`` rounds (auto concurrency counts as 1) of
+    ``[analysis.msprof] timeout_s``, each retried once at most after a timeout, plus 300 s for staging, ranking and
+    the report; enrichment: its runs one after another (communication matrix, advisor, its html) plus 300 s."""
+    m = s.analysis.msprof
+    enrich_runs = int(m.communication_matrix) + ((1 + int(m.advisor_html)) if m.advisor else 0)
+    rounds = -(-2 // max(m.max_concurrent_runs, 1))
+    per_run = m.timeout_s * (1 + min(m.retries, 1))
+    return lc.LifecycleSettings(
+        write_timeout_s=s.capture.write_timeout_s, ack_timeout_s=s.coordinator.ack_timeout_s,
+        parse_allowance_s=s.watch.parse_allowance_s, final_scan_grace_s=s.capture.final_scan_grace_s,
+        analysis_timeout_s=rounds * per_run + 300.0, enrich_timeout_s=enrich_runs * per_run + 300.0)
+
+
+@dataclass
+class _Job:
+    """Per-job shell state: in-flight and recent captures, the arm history, and the communication groups the
+    job's last complete batch recorded (``parallel_group_info``; for targeted captures; kept in memory only)."""
+
+    active: dict[str, lc.Capture]
+    recent: deque[lc.Capture]
+    history: ArmHistory
+    groups: dict[str, tuple[int, ...]] | None = None
+    groups_from: str | None = None
+
+
+class CaptureShell(AnalysisSteps, ConfigWrites):
+    """Applies lifecycle transitions for every capture of one coordinator (see the module doc).
+
+    Args:
+        settings: the whole configuration tree (coordinator, capture, watch, analysis, arming sections).
+        store: the state store (typed capture rows, batches).
+        jobs, nodes: the registry's job and node maps (read only).
+        writer, send_node_command, scanner, analyser, detectors: collaborators (``daemon/profwatch/capture_ports.py``).
+        make_watcher: builds the prof_dir watcher given the wake callback (None when watching is unavailable).
+        emit, post, clock, count_state: publish an event; hand work to the main loop; wall clock; metrics hook.
+    """
+
+    def __init__(self, *, settings: Settings, store: StateStore, jobs: Mapping[str, JobState],
+                 nodes: Mapping[str, NodeState], writer: ConfigWriterPort, send_node_command: SendNodeCommand,
+                 scanner: ScannerPort, analyser: AnalyserPort, detectors: DetectorsPort, emit: Emit, post: Post,
+                 clock: Clock, make_watcher: Any = None, count_state: Any = None) -> None:
+        self.s = settings
+        self.ls = lifecycle_settings(settings)
+        self.store, self.jobs, self.nodes = store, jobs, nodes
+        self.writer, self.send_node_command, self.scanner, self.analyser = writer, send_node_command, scanner, analyser
+        self.detectors, self.emit, self.post, self.clock = detectors, emit, post, clock
+        self.count_state = count_state or (lambda state: None)
+        self.policy = ArmingPolicy(settings.arming)
+        self.fs_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-fs")
+        self.analysis_pool = ThreadPoolExecutor(settings.coordinator.analysis_workers,
+                                                thread_name_prefix="profwatch-analysis")
+        # the enrich phase (advisor...) of one capture at a time, apart from the alert phases of the others
+        self.enrich_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-enrich")
+        self._make_watcher = make_watcher
+        self._watcher: WatcherPort | None = None
+        self._jobs: dict[str, _Job] = {}
+        self._commands: dict[str, tuple[str, str]] = {}  # write_config command_id -> (capture_id, node_id)
+        self._idle_sends: dict[str, IdleSend] = {}  # idle write_config command_id -> the node's idle write owed
+        self._batches: dict[str, BatchState] = {}  # capture_id -> its complete batch, until analysed
+        self._scanning: set[str] = set()
+        self._next_scan: dict[str, float] = {}
+        self._refused_jobs: set[str] = set()
+
+    # -- start, stop ----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the watcher, then resume the store's captures: in-flight ones from their state; those of the last
+        hour also fill the arm history (older final ones stay in the store only); an ended one whose window is still
+        ahead gets its idle config again (``lc.owes_idle``: the write before the stop may have been lost)."""
+        if self._make_watcher is not None:
+            try:
+                self._watcher = self._make_watcher(lambda path: self.post(lambda: self.on_wake(path)))
+            except Exception as exc:  # noqa: BLE001 - the periodic scan still finds every batch
+                log.warning("watcher_unavailable", error=repr(exc))
+        now = self.clock()
+        hour = {c.capture_id: c for c in self.store.captures(since_unix_s=now - 3600)}
+        ahead = {c.capture_id: c for c in self.store.captures(states=lc.IDLE_ENDINGS, judged_after_unix_s=now)}
+        active = {c.capture_id: c for c in self.store.captures(states=lc.ACTIVE)}
+        for cap in sorted({**hour, **ahead, **active}.values(), key=lambda c: (c.created_unix_s, c.capture_id)):
+            job = self._job(cap.job_id)
+            if cap.state in lc.ACTIVE:
+                log.info("capture_resumed", capture_id=cap.capture_id, state=cap.state.value, prof_dir=cap.prof_dir)
+                job.active[cap.capture_id] = cap
+                self._index_commands(cap)
+                self._apply(lc.resume(cap, now, self.ls), force_save=True)
+            else:
+                job.recent.append(cap)
+                if lc.owes_idle(cap, now):
+                    self._write_idle(cap)
+            if cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE):
+                job.history.record_arm(cap.created_unix_s)
+                if cap.state not in lc.ACTIVE and cap.total_bytes:
+                    job.history.record_bytes(cap.state_since_unix_s, cap.total_bytes, ranks=len(cap.ranks),
+                                             active_steps=cap.active)
+
+    def close(self) -> None:
+        """Stop the watcher; kill running tools (not awaited: an interrupted capture stays ``analysing`` in the
+        store and is redone after the next start); join the workers."""
+        if self._watcher is not None:
+            self._watcher.close()
+        self.analyser.cancel_all()
+        try:
+            self.fs_pool.shutdown(wait=True, cancel_futures=True)
+            self.analysis_pool.shutdown(wait=True, cancel_futures=True)
+            self.enrich_pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            self.analyser.close()
+
+    def update_arming(self, settings: ArmingSettings) -> None:
+        self.policy = ArmingPolicy(settings)
+
+    # -- applying a transition ------------------------------------------------------------------------------------
+    def _job(self, job_id: str) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = self._jobs[job_id] = _Job({}, deque(maxlen=RECENT_PER_JOB), ArmHistory())
+        return job
+
+    def _caps(self, job_id: str) -> list[lc.Capture]:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return []
+        return sorted([*job.recent, *job.active.values()], key=lambda c: (c.created_unix_s, c.capture_id))
+
+    def _find(self, capture_id: str) -> lc.Capture | None:
+        return next((j.active[capture_id] for j in self._jobs.values() if capture_id in j.active), None)
+
+    def _apply(self, t: lc.Transition, ranks: Sequence[int] | None = None, force_save: bool = False) -> lc.Capture:
+        cap = t.capture
+        job = self._job(cap.job_id)
+        old = job.active.get(cap.capture_id) or next((c for c in job.recent if c.capture_id == cap.capture_id), None)
+        if old is not cap or force_save:
+            self.store.save_capture(cap, ranks if old is not None else None)
+        if cap.state in lc.ACTIVE:
+            job.active[cap.capture_id] = cap
+        else:
+            if job.active.pop(cap.capture_id, None) is not None:
+                job.recent.append(cap)
+                job.history.settle(cap.capture_id, self.clock(), cap.total_bytes, ranks=len(cap.ranks),
+                                   active_steps=cap.active)
+                self._forget(cap.capture_id)
+            else:
+                job.recent = deque((cap if c.capture_id == cap.capture_id else c for c in job.recent),
+                                   maxlen=RECENT_PER_JOB)
+        if old is None or old.state is not cap.state:
+            self.count_state(cap.state.value)
+        for ev in t.events:
+            self.emit(ev.type, cap.job_id, dict(ev.data), event_id=ev.event_id)
+        for action in sorted(t.actions, key=lambda a: a.value):
+            self._do(action, cap)
+        return cap
+
+    def _forget(self, capture_id: str) -> None:
+        self._batches.pop(capture_id, None)
+        self._next_scan.pop(capture_id, None)
+        for cmd in [k for k, v in self._commands.items() if v[0] == capture_id]:
+            del self._commands[cmd]
+
+    def _do(self, action: lc.Action, cap: lc.Capture) -> None:
+        if action is lc.Action.WRITE_CONFIG:
+            self._write_config(cap)
+        elif action is lc.Action.WATCH and self._watcher is not None:
+            try:  # mkdir -p without following a link below the allowed root (daemon/profwatch/adapters/paths.py)
+                make_dirs(cap.prof_dir, self.s.coordinator.allowed_prof_roots)
+                self._watcher.watch(cap.prof_dir)
+            except PathRefused as exc:
+                self.on_path_refused(cap.capture_id, "mkdir", str(exc))
+            except Exception as exc:  # noqa: BLE001 - the periodic scan covers an unwatchable dir
+                log.warning("watch_failed", prof_dir=cap.prof_dir, error=repr(exc))
+        elif action is lc.Action.UNWATCH and self._watcher is not None:
+            try:
+                self._watcher.unwatch(cap.prof_dir)
+            except Exception:  # noqa: BLE001
+                pass
+        elif action is lc.Action.SCAN:
+            self._schedule_scan(cap, self.clock())
+        elif action is lc.Action.ANALYSE:
+            batch = self._batches.get(cap.capture_id)
+            if batch is not None:
+                self.analysis_pool.submit(self._analyse, cap, batch)
+        elif action is lc.Action.STOP_ANALYSIS:
+            self.analyser.cancel(cap.capture_id)
+        elif action is lc.Action.RETAIN:
+            self._retain()
+        elif action is lc.Action.ENRICH:
+            self.enrich_pool.submit(self._enrich, cap.capture_id)
+        elif action is lc.Action.IDLE_CONFIG:
+            self._write_idle(cap)
+
+    def causes(self, cap: lc.Capture, now: float) -> dict[int, str]:
+        """Known causes per covered rank (node down or stale torch_npu state, backend failure, rank gone)."""
+        return rank_causes(cap.expected_ranks, self.jobs.get(cap.job_id), self.nodes, now,
+                           self.s.coordinator.node_timeout_s)
+
+    # -- rank events, wake-ups, ticks ---------------------------------------------------------------------------------
+    def on_capture_event(self, ev: wire.CaptureEvent, node_id: str, now: float) -> None:
+        """A rank's capture event (from its hook, or torch_npu's dp log relayed by its node daemon)."""
+        cap = lc.match_capture(self._caps(ev.job_id), ev)
+        if cap is not None:
+            self._apply(lc.rank_event(cap, ev, now, self.ls), ranks=[ev.rank])
+
+    def on_wake(self, path: str) -> None:
+        """The watcher saw a change under ``path``: scan the captures whose prof_dir holds it or lies under it."""
+        p = os.path.abspath(path)
+        for job in self._jobs.values():
+            for cap in list(job.active.values()):
+                d = os.path.abspath(cap.prof_dir)
+                if lc.wants_scan(cap) and os.path.commonpath([p, d]) in (p, d):
+                    self._schedule_scan(cap, self.clock())
+
+    def tick(self, now: float) -> None:
+        """Expire what is due; scan what waits for its batch every ``reconcile_interval_s``; (re)send idle writes."""
+        self._send_idle_due(now)
+        for job in list(self._jobs.values()):
+            for cap in list(job.active.values()):
+                if lc.is_due(cap, now):
+                    self._apply(lc.expire(cap, now, self.ls, self.causes(cap, now)))
+                elif lc.wants_scan(cap) and now >= self._next_scan.get(cap.capture_id, 0.0):
+                    self._schedule_scan(cap, now)
+
+    # -- scans -------------------------------------------------------------------------------------------------------
+    def _schedule_scan(self, cap: lc.Capture, now: float) -> None:
+        cid = cap.capture_id
+        if cid in self._scanning:
+            return
+        self._scanning.add(cid)
+        self._next_scan[cid] = now + float(self.s.watch.reconcile_interval_s)
+        hint = CaptureHint(world_size=cap.world_size, rank_list=cap.rank_list, steps=cap.warmup + cap.active,
+                           step_time_s=cap.step_time_s, armed_unix_s=cap.created_unix_s,
+                           deadline_unix_s=cap.judge_unix_s - self.ls.parse_allowance_s)
+        self.fs_pool.submit(self._scan, cid, cap.prof_dir, cap.world_size, hint)
+
+    def _scan(self, cid: str, prof_dir: str, world_size: int, hint: CaptureHint) -> None:
+        try:
+            batches = self.scanner.scan(prof_dir, world_size=world_size, capture_id=cid, hint=hint)
+            self.post(lambda: self._on_scan(cid, batches))
+        except PathRefused as exc:
+            why = str(exc)
+            self.post(lambda: self._on_scan_error(cid, why, refused=True))
+        except Exception as exc:  # noqa: BLE001 - unknown is retried at the next tick, never judged
+            err = repr(exc)
+            self.post(lambda: self._on_scan_error(cid, err))
+
+    def on_path_refused(self, cid: str, op: str, detail: str) -> None:
+        """A capture's prof_dir failed its re-check before ``op`` (a component became a symlink): nothing was
+        followed; one ``path_refused`` alert per capture and operation. The capture is judged at its deadline."""
+        cap = self._find(cid) or self.store.get_capture(cid)
+        job_id = cap.job_id if cap is not None else None
+        log.warning("path_refused", capture_id=cid, op=op, detail=detail)
+        self.emit("io.profwatch.path_refused.v1", job_id, {
+            "capture_id": cid, "op": op, "reason": "path_swapped", "prof_dir": cap.prof_dir if cap else None,
+            "problems": [detail]}, event_id=f"path_refused-{cid}-{op}")
+
+    def _on_scan_error(self, cid: str, err: str, refused: bool = False) -> None:
+        self._scanning.discard(cid)
+        if refused:
+            self.on_path_refused(cid, "scan", err)
+        else:
+            log.warning("scan_failed", capture_id=cid, error=err)
+
+    def _on_scan(self, cid: str, batches: list[BatchState]) -> None:
+        self._scanning.discard(cid)
+        cap = self._find(cid)
+        if cap is None:
+            return
+        now = self.clock()
+        batch = lc.pick_batch(cap, batches)
+        t = lc.scan_result(cap, batch, now, self.ls, self.causes(cap, now))
+        if lc.Action.ANALYSE in t.actions and batch is not None:
+            self._batches[cid] = batch
+            self.store.save_batch(batch.batch_id, cid, cap.job_id, batch.status, now, batch.to_json())
+            groups = batch.parallel_groups()
+            if groups:  # the communicators the next targeted capture of the job can pick group peers from
+                job = self._job(cap.job_id)
+                job.groups, job.groups_from = groups, cid
+        self._apply(t)
+
+    # -- arming --------------------------------------------------------------------------------------------------------
+    def arm_state(self, job_id: str, now: float) -> JobArmState:
+        """The one place the arming policy's view of a job is built (arm history + capture in flight)."""
+        job = self._job(job_id)
+        return job.history.state(now, capture_in_flight=lc.blocking_capture(job.active.values()) is not None,
+                                 stalled_ranks=self.detectors.stalled_ranks(job_id))
+
+    def topology(self, job_id: str) -> JobTopology | None:
+        """The job's layout for targeted captures: its size, each rank's host (hellos) and the communication groups
+        of its last complete batch (None for an unknown job)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        mine = self._job(job_id)
+        return JobTopology(world_size=job.world_size,
+                           hosts={r.rank: r.hostname for r in job.ranks.values() if r.hostname},
+                           groups=mine.groups or {}, groups_from=mine.groups_from)
+
+    def on_anomaly(self, an: Anomaly, now: float) -> None:
+        """The arming path shared with ``profwatch replay`` (``daemon/profwatch/core/arming.py``): decide on the job's arm
+        history, build the capture request, plan it (start the capture in act mode; a dry run in observe mode, whose
+        would-arm is then recorded so cooldown and caps apply exactly as in act mode)."""
+        job = self.jobs.get(an.job_id)
+        if job is None:
+            return
+        decision = self.policy.decide(an, self.arm_state(an.job_id, now), now, self.topology(an.job_id))
+        data: dict[str, Any] = {"anomaly": an.kind, "step": an.step, "action": decision.action,
+                                "reason": decision.reason, "estimated_bytes": decision.estimated_bytes,
+                                "targeting": decision.target.to_json() if decision.target is not None else None}
+        if decision.action != "suppress":
+            try:
+                req = capture_request(an, decision, furthest_step=max(0, job.furthest_step()),
+                                      step_time_s=self.detectors.baseline_step_time_s(an.job_id),
+                                      capture=self.s.capture)
+                plan = self.arm(an.job_id, req, now, dry_run=decision.action == "would_arm")
+                data["start_step"] = plan["start_step"]
+                if decision.action == "arm":
+                    data["capture_id"] = plan["capture_id"]
+                else:
+                    self._job(an.job_id).history.record(decision, now)
+            except ControlError as exc:
+                data.update(action="suppress", reason=f"{exc.code}: {exc.message}")
+            except (KeyError, TypeError, ValueError) as exc:  # planner errors are shown, never hidden
+                data.update(action="suppress", reason=f"plan_failed: {exc}")
+        self.emit("io.profwatch.arm_decision.v1", an.job_id, data)
+
+    def arm(self, job_id: str, req: CaptureRequest, now: float, dry_run: bool = False) -> dict[str, Any]:
+        """Plan one capture and start its life. A dry run plans the same and says whether the arm would be refused
+        (``refused``). Raises ``ControlError``: ``not_found``, ``refused`` (paths, ranks or nodes not ready),
+        ``conflict`` (a capture in flight: named, with its deadline), ``bad_request`` (cannot plan)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise ControlError("not_found", f"unknown job {job_id!r} (no rank has said hello)")
+        self._check_armable(job, req, now)
+        live = {r.rank: r for r in job.ranks.values() if not r.left}
+        times: dict[int, float] = {}
+        for r, st in live.items():
+            m = median(st.window.recent_times(20)) if st.window is not None else None
+            if m:
+                times[r] = m
+        # one step-time definition with replay: the detector's baseline, else the registry's recent median
+        step_time = self.detectors.baseline_step_time_s(job.job_id) or job.median_step_time_s() or 1.0
+        progress = JobProgress(job_id=job.job_id, world_size=job.world_size, furthest_step=max(0, job.furthest_step()),
+                               step_time_s=step_time, prof_root=job.prof_root or "", now_unix_s=now,
+                               rank_steps={r: max(0, s.last_step) for r, s in live.items()}, rank_step_time_s=times)
+        if req.capture_id is None:  # ids come from the job and the time: two arms within 1 ms get a suffix
+            base = cid = new_capture_id(job.job_id, now)
+            n = 0
+            while any(c.capture_id == cid for c in self._caps(job.job_id)) or self.store.get_capture(cid):
+                n += 1
+                cid = f"{base}-{n}"
+            req = req.model_copy(update={"capture_id": cid})
+        try:
+            plan = plan_capture(req, progress, self.s.capture)
+        except (CannotPlanCapture, ValueError) as exc:
+            raise ControlError("bad_request", str(exc)) from None
+        covered = plan.rank_list if plan.rank_list is not None else list(range(job.world_size))
+        writer = self.s.coordinator.config_writer
+        nodes = sorted({live[r].node_id for r in covered if r in live and live[r].node_id}) if writer == "node" else []
+        out = {"capture_id": plan.capture_id, "job_id": job.job_id, "reason": plan.reason,
+               "start_step": plan.start_step, "warmup": plan.warmup, "active": plan.active,
+               "rank_list": plan.rank_list, "prof_dir": plan.prof_dir, "profiler_config_path": job.profiler_config_path,
+               "window_deadline_unix_s": plan.deadline_unix_s, "config": plan.config.render(), "writer": writer,
+               "nodes": nodes, "dry_run": dry_run, "base_step": plan.base_step, "step_spread": plan.step_spread,
+               "furthest_step": progress.furthest_step, "step_time_s": step_time, "world_size": job.world_size}
+        blocker = lc.blocking_capture(self._job(job.job_id).active.values())
+        if blocker is not None:
+            message = refusal(blocker, now)
+            if dry_run:
+                return {**out, "refused": {"code": "conflict", "message": message, "blocking_capture":
+                                           blocker.capture_id, "blocking_state": blocker.state.value,
+                                           "blocking_deadline_unix_s": blocker.deadline_unix_s}}
+            raise ControlError("conflict", message)
+        if dry_run:
+            return out
+        t = lc.open_capture(plan, world_size=job.world_size, profiler_config_path=job.profiler_config_path or "",
+                            writer=writer, rank_steps=progress.rank_steps, rank_step_time_s=times,
+                            rank_backends={r: s.backend for r, s in live.items()}, nodes=nodes, now=now,
+                            settings=self.ls, step_time_s=step_time, generation=job.generation)
+        history = self._job(job.job_id).history
+        history.record_arm(now)
+        per_rank = history.bytes_per_rank_step
+        history.reserve(plan.capture_id, now, estimate_capture_bytes(
+            len(covered), plan.active, per_rank if per_rank is not None else self.s.arming.targeting.bytes_per_rank_step))
+        cap = self._apply(t)
+        self.detectors.exclude_steps(job.job_id, *profiled_report_steps(plan.start_step, plan.warmup, plan.active),
+                                     f"capture {plan.capture_id}")
+        return {**out, **describe(cap, now)}
+
+    def _check_armable(self, job: JobState, req: CaptureRequest, now: float) -> None:
+        if not job.profiler_config_path:
+            raise ControlError("refused", f"job {job.job_id} announced no usable profiler_config_path")
+        if not job.prof_root:
+            raise ControlError("refused", f"job {job.job_id} announced no usable prof_root")
+        live = [r for r in job.ranks.values() if not r.left]
+        if not live:
+            raise ControlError("refused", f"job {job.job_id} has no live ranks (all {len(job.ranks)} left)")
+        if len(live) < job.world_size:
+            left = sorted(r.rank for r in job.ranks.values() if r.left)
+            raise ControlError("refused", f"only {len(live)}/{job.world_size} ranks are live"
+                               + (f" (left: {left})" if left else " (the others have not started yet)")
+                               + "; torch_npu ignores configs written before every rank started")
+        if self.s.coordinator.config_writer == "node":
+            covered = set(req.rank_list) if req.rank_list else {r.rank for r in live}
+            timeout = self.s.coordinator.node_timeout_s
+            for node_id in sorted({r.node_id for r in live if r.rank in covered and r.node_id}):
+                node = self.nodes.get(node_id)
+                if node is None or now - node.last_seen_unix_s > timeout:
+                    heard = f"last heard {now - node.last_seen_unix_s:.0f} s ago" if node is not None else "never heard"
+                    raise ControlError("refused", f"node {node_id} is down ({heard}): it writes the config for its "
+                                                  "ranks (config_writer = \"node\"); start its node daemon first")
+
+    # -- control commands ----------------------------------------------------------------------------------------------
+    def cancel(self, job_id: str, capture_id: str | None, now: float) -> list[dict[str, Any]]:
+        """Cancel ``capture_id`` (of ``job_id``) or every in-flight capture of the job. Raises ``ControlError``."""
+        caps = [c for c in self._job(job_id).active.values() if capture_id in (None, c.capture_id)]
+        if capture_id is not None and not caps:
+            known = next((c for c in self.store.captures(job_id) if c.capture_id == capture_id), None)
+            if known is None:
+                raise ControlError("not_found", f"job {job_id!r} has no capture {capture_id!r}")
+            caps = [known]
+        if not caps:
+            raise ControlError("not_found", f"job {job_id!r} has no capture in flight")
+        out = []
+        for cap in caps:
+            try:
+                t = lc.cancel(cap, now, self.ls, by="profwatch cancel")
+            except lc.TransitionRefused as exc:
+                raise ControlError("conflict", str(exc)) from None
+            out.append({**describe(self._apply(t), now), "idle_config": lc.Action.IDLE_CONFIG in t.actions})
+        return out
+
+    def capture_view(self, capture_id: str, now: float) -> dict[str, Any]:
+        """One capture for ``profwatch arm --wait``: its ``status`` view plus each unacknowledged rank explained."""
+        cap = self._find(capture_id) or self.store.get_capture(capture_id)
+        if cap is None:
+            raise ControlError("not_found", f"unknown capture {capture_id!r}")
+        missing = [r for r, p in sorted(cap.ranks.items()) if not p.acknowledged]
+        view = describe(cap, now)
+        view["unacknowledged"] = explain_ranks(cap, missing[:64], self.causes(cap, now))
+        return view
+
+    @property
+    def scans_in_flight(self) -> int:
+        """Scans submitted and not yet handed back (tests wait on it; ``status`` may show it)."""
+        return len(self._scanning)
+
+    def summary(self, job_id: str | None, now: float) -> list[dict[str, Any]]:
+        """The last 20 captures (of ``job_id``) for ``status``; an analysing or enriching one names the recipes
+        running for it with their elapsed time (``running``: ``"<recipe> (<elapsed> s)"``; ``running_recipes``:
+        the same as objects, with phase and resident memory when the analyser tells them)."""
+        live = {c.capture_id: c for j in self._jobs.values() for c in j.active.values()}
+        out = []
+        for cap in self.store.captures(job_id, newest=20):
+            view = describe(live.get(cap.capture_id, cap), now)
+            if live.get(cap.capture_id, cap).state in (lc.S.ANALYSING, lc.S.ENRICHING):
+                view["running"] = self.analyser.running(cap.capture_id)
+                detailed = getattr(self.analyser, "running_recipes", None)
+                if detailed is not None:
+                    view["running_recipes"] = detailed(cap.capture_id)
+            out.append(view)
+        return out
+
+    # -- hellos ----------------------------------------------------------------------------------------------------------
+    def on_hello(self, job: JobState, msg: wire.RankHello, now: float) -> None:
+        """Check the paths a hello names; refuse and report anything outside the allowed roots or passing through a
+        symlink below its root (``daemon/profwatch/adapters/paths.py``: what is checked here is what is used later)."""
+        cs = self.s.coordinator
+        problems = []
+        if msg.prof_root:
+            try:
+                check_inside(msg.prof_root, cs.allowed_prof_roots)
+            except PathRefused as exc:
+                problems.append(str(exc))
+                job.prof_root = None
+        if msg.profiler_config_path and cs.config_writer == "coordinator":
+            try:
+                check_inside(msg.profiler_config_path, cs.allowed_config_roots)
+            except PathRefused as exc:
+                problems.append(str(exc))
+                job.profiler_config_path = None
+        if problems and msg.job_id not in self._refused_jobs:
+            self._refused_jobs.add(msg.job_id)
+            self.emit("io.profwatch.path_refused.v1", msg.job_id,
+                      {"rank": msg.rank, "hostname": msg.hostname, "problems": problems},
+                      event_id=f"path_refused-{msg.job_id}-{int(now)}")
+
+    def supersede_generation(self, job_id: str, generation: int, now: float) -> None:
+        """The job started ``generation``: close its captures of older generations that still wait for their ranks
+        as superseded (``lc.supersede``; data kept, nothing deleted; an ``analysing`` one finishes)."""
+        for cap in list(self._job(job_id).active.values()):
+            self._apply(lc.supersede(cap, generation, now, self.ls))

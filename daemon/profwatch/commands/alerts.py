@@ -1,0 +1,211 @@
+"""``profwatch alerts``: stored recent alerts, then (``--follow``) new ones as they are published (CLI body).
+
+Online: the coordinator's ``events`` command, and with ``--follow`` its PUB socket (subscribed *before* the
+history is fetched, then deduplicated by event id, so nothing published in between is lost: ZeroMQ PUB drops
+what was sent before a SUB connected). Offline (the coordinator does not answer): the same stored events read
+from its state db, read-only and as far as the file's permissions allow this user
+(``daemon/profwatch/adapters/state_reader.py``), with a note on stderr that they come from the store.
+
+Exit codes (``daemon/profwatch/exitcodes.py``): 0 alerts shown (online, or offline from the store); 2 bad config;
+3 the coordinator is unavailable and its store cannot be read, or ``--follow`` while it is down.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from profwatch.commands.common import (
+    CoordinatorClient,
+    client_keys_or_exit,
+    config_option,
+    load_or_exit,
+    unavailable_hint,
+)
+from profwatch.exitcodes import EXIT_UNAVAILABLE
+
+
+def _suspects(d: dict[str, Any]) -> str:
+    sus = d.get("suspects")
+    if not sus:
+        return f" {d.get('status', '')}: no suspect" + (f" ({d['detail']})" if d.get("detail") else "")
+    return f" {d.get('status', '')}: suspects " + ", ".join(
+        f"rank {x['rank']} ({x['kind']}, score {x['score']:.2f}, {x.get('hostname') or 'host unknown'})" for x in sus)
+
+
+def render_event(ev: dict[str, Any]) -> str:
+    """One line for one CloudEvent (``io.profwatch.*``): time, type, job, then what matters for that type."""
+    d = ev.get("data") or {}
+    t = str(ev.get("type", ""))
+    line = f"{ev.get('time', '')} {t.removeprefix('io.profwatch.')} job={ev.get('subject')}"
+    if t in ("io.profwatch.suspect_ranks.v1", "io.profwatch.analysis_enriched.v1"):
+        if t.endswith("analysis_enriched.v1"):
+            line += f" capture {d.get('capture_id')} follow-up:"
+        line += _suspects(d)
+        if d.get("pending_recipes"):
+            line += f" (follow-up pending: {', '.join(d['pending_recipes'])})"
+        if d.get("report"):
+            line += f" report={d['report']}"
+    elif t == "io.profwatch.batch_incomplete.v1":
+        line += f" capture {d.get('capture_id')}: missing_ranks={d.get('missing_ranks')} " \
+                f"problems={len(d.get('problems') or [])}"
+    elif t == "io.profwatch.anomaly.v1":
+        line += (f" {d.get('kind')} at step {d.get('step')} ranks={d.get('ranks')} "
+                 f"+{100 * float(d.get('magnitude') or 0):.0f}%")
+    elif t == "io.profwatch.arm_decision.v1":
+        line += f" {d.get('action')} ({d.get('reason')}) for {d.get('anomaly')} at step {d.get('step')}"
+    elif t == "io.profwatch.arm.v1":
+        line += (f" capture {d.get('capture_id')} {d.get('status')} start_step={d.get('start_step')} "
+                 f"warmup={d.get('warmup')} active={d.get('active')} config={d.get('path') or d.get('error', '')}")
+    elif t in ("io.profwatch.capture.v1", "io.profwatch.batch.v1"):
+        line += f" capture {d.get('capture_id')} {d.get('event')}" + (f" ranks={d['ranks']}" if "ranks" in d else "")
+    else:
+        line += " " + json.dumps(d)[:200]
+    return line
+
+
+def _echo(ev: dict[str, Any], as_json: bool) -> None:
+    click.echo(json.dumps(ev) if as_json else render_event(ev))
+
+
+def _offline(s: Any, coord: CoordinatorClient, args: dict[str, Any], follow: bool, as_json: bool) -> None:
+    """Show the stored events from the state db; exit 3 when it cannot be read or ``--follow`` was asked."""
+    from profwatch.adapters.state_reader import StateUnreadable, read_events
+
+    db = s.coordinator.state_db
+    click.echo(f"profwatch: no coordinator answers at {coord.endpoint}; reading its state db {db} offline "
+               "(what it stored until it stopped)", err=True)
+    try:
+        got = read_events(db, job_id=args["job_id"], alerts_only=args["alerts_only"], limit=args["limit"])
+    except StateUnreadable as exc:
+        click.echo(f"profwatch: {exc}\n{unavailable_hint()}", err=True)
+        sys.exit(EXIT_UNAVAILABLE)
+    for note in got.notes:
+        click.echo(f"profwatch: note: {note}", err=True)
+    for _seq, ev in got.rows:
+        _echo(ev, as_json)
+    if not got.rows:
+        click.echo("profwatch: the store holds no " + ("alert" if args["alerts_only"] else "event")
+                   + (f" of job {args['job_id']}" if args["job_id"] else ""), err=True)
+    if follow:
+        click.echo(f"profwatch: cannot --follow while the coordinator is down\n{unavailable_hint()}", err=True)
+        sys.exit(EXIT_UNAVAILABLE)
+
+
+FOLLOW_CHECK_S = 15.0
+"""``--follow`` pings the coordinator after this long without an event, so a stopped coordinator is noticed."""
+
+
+@click.command("alerts")
+@config_option
+@click.option("--job", "job_id", help="only this job")
+@click.option("--follow", "-f", is_flag=True, help="keep listening for new alerts (Ctrl-C stops)")
+@click.option("--all-events", is_flag=True, help="also anomalies, arm decisions and capture progress")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=20, show_default=True,
+              help="recent alerts fetched first")
+@click.option("--json", "as_json", is_flag=True, help="one CloudEvent JSON per line")
+@click.option("--check-s", type=click.FloatRange(min=0.5), default=FOLLOW_CHECK_S, show_default=True,
+              help="with --follow: ping the coordinator after this many seconds without an event")
+def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_events: bool, limit: int,
+           as_json: bool, check_s: float) -> None:
+    """Print recent alerts, then (with --follow) new ones as they are published.
+
+    When the coordinator does not answer, the stored alerts are read from its state db (read-only, if this user
+    may read the file) and a note on stderr says so. Progress lines go to stderr; stdout carries only alerts.
+    """
+    s = load_or_exit(config_path)
+    args = {"job_id": job_id, "limit": limit, "alerts_only": not all_events}
+    coord = CoordinatorClient(s)
+    if not coord.reachable():
+        _offline(s, coord, args, follow, as_json)
+        return
+    sub = None
+    if follow:  # subscribe first, then fetch history, then dedup by id: no gap between the two
+        import zmq
+
+        from profwatch.adapters.publish import Subscription
+
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        sub = Subscription(ctx, s.coordinator.pub_bind, ["alert", "event"] if all_events else ["alert"], job_id,
+                           curve=client_keys_or_exit(s, s.coordinator.pub_bind))
+    seen: set[str] = set()
+    try:
+        rows = coord.call("events", args)
+        for row in rows:
+            seen.add(str(row["event"]["id"]))
+            _echo(row["event"], as_json)
+        if not rows:
+            _say_why_empty(coord, job_id, all_events)
+        if sub is None:
+            return
+        stop = _stop_on_signals()  # before saying "listening": a Ctrl-C right after that line stops cleanly
+        what = "events" if all_events else "alerts"
+        click.echo(f"profwatch: listening on {s.coordinator.pub_bind} for {what} of "
+                   f"{f'job {job_id}' if job_id else 'every job'} (Ctrl-C stops)", err=True)
+        _follow(sub, seen, as_json, stop, coord, args, check_s)
+    finally:
+        if sub is not None:
+            sub.close()
+
+
+def _say_why_empty(coord: CoordinatorClient, job_id: str | None, all_events: bool) -> None:
+    """No stored alert: say so on stderr, and whether ``--job`` names a job the coordinator knows (a typo looks
+    like a quiet job otherwise). The exit code stays 0: an empty history is an answer."""
+    what = "event" if all_events else "alert"
+    if job_id is None:
+        click.echo(f"profwatch: no {what} stored yet", err=True)
+        return
+    known = any(j.get("job_id") == job_id for j in coord.call("status", {"job_id": job_id}).get("jobs", []))
+    click.echo(f"profwatch: no {what} stored for job {job_id!r}" + (
+        "" if known else " (the coordinator knows no such job now: check the id with `profwatch status`)"), err=True)
+
+
+def _stop_on_signals() -> dict[str, bool]:
+    """SIGTERM and SIGINT set ``["flag"]`` instead of raising, so ``--follow`` ends with exit 0."""
+    import signal
+
+    stop = {"flag": False}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop["flag"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop
+
+
+def _follow(sub: Any, seen: set[str], as_json: bool, stop: dict[str, bool], coord: CoordinatorClient,
+            args: dict[str, Any], check_s: float = 15.0) -> None:
+    """Print new events until SIGINT/SIGTERM. After ``check_s`` of quiet, ping the coordinator: say once on
+    stderr when it stops answering (PUB is silent then, like a quiet job) and when it answers again; then fetch
+    the stored alerts again, so nothing published around its restart is missed (ids already shown are skipped)."""
+    quiet_since = time.monotonic()
+    down = False
+    while not stop["flag"]:
+        ev = sub.recv(500)
+        if ev is not None:
+            quiet_since = time.monotonic()
+            if str(ev.get("id")) not in seen:
+                seen.add(str(ev.get("id")))
+                _echo(ev, as_json)
+                sys.stdout.flush()
+            continue
+        if time.monotonic() - quiet_since < check_s:
+            continue
+        quiet_since = time.monotonic()
+        up = coord.reachable()
+        if up == down:  # changed
+            down = not up
+            click.echo(f"profwatch: the coordinator at {coord.endpoint} "
+                       + ("answers again" if up else "stopped answering; still listening (Ctrl-C stops)"), err=True)
+            if up:
+                for row in coord.call("events", args):
+                    if str(row["event"]["id"]) not in seen:
+                        seen.add(str(row["event"]["id"]))
+                        _echo(row["event"], as_json)
+                sys.stdout.flush()

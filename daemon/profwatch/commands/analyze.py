@@ -1,0 +1,238 @@
+"""``profwatch analyze DIR``: offline completeness check plus analysis, the coordinator's code path (CLI body).
+
+Wired by ``daemon/profwatch/cli.py`` with ``cli.add_command(analyze)``. Settings: ``ctx.obj["analysis_settings"]`` if the
+CLI group provides one, else the ``[analysis]`` section of ``--config`` / ``PROFWATCH_CONFIG``, else defaults;
+the flags below override them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import click
+
+from profwatch.adapters.msprof_runner import MsprofRunner
+from profwatch.adapters.rank_dir_fs import TreeUnavailable, describe_unsupported, find_unsupported, scan_tree
+from profwatch.adapters.staging import mark_output_dir
+from profwatch.analysis import AnalysisResult, AnalysisSettings, analyze_batch
+from profwatch.core.display import display_str, printable
+from profwatch.core.evidence import RecipeStatus
+from profwatch.core.messages import MAX_WORLD_SIZE
+
+GOOD = ("ok", "no_suspect")
+
+
+class RecipeProgress:
+    """Per-recipe progress of one batch on stderr (``profwatch.analysis.Progress``): plain lines, or on a terminal one
+    status line drawn by tqdm (what runs, what finished, elapsed time) that ends in the same lines. Stdout keeps
+    only the results. Use as a context manager (it owns a refresh thread on a terminal)."""
+
+    def __init__(self, batch_id: str, stream: IO[str] | None = None, tty: bool | None = None) -> None:
+        self.batch_id = batch_id
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.t0 = time.monotonic()
+        self.running: dict[str, float] = {}
+        self.done: list[str] = []
+        self._bar: Any = None
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        if self.tty:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=None, file=self.stream, bar_format="{desc}", leave=False, dynamic_ncols=True)
+            self._ticker = threading.Thread(target=self._tick, name="profwatch-progress", daemon=True)
+            self._ticker.start()
+
+    def __enter__(self) -> RecipeProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(2)
+        if self._bar is not None:
+            self._bar.close()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            self._draw()
+
+    def _draw(self) -> None:
+        if self._bar is None:
+            return
+        now = time.monotonic()
+        runs = ", ".join(f"{n} {now - t:.0f} s" for n, t in self.running.items()) or "-"
+        self._bar.set_description_str(f"{self.batch_id}: {now - self.t0:.0f} s; running: {runs}; done: "
+                                      f"{len(self.done)}", refresh=True)
+
+    def _line(self, text: str) -> None:
+        line = f"analyze: {self.batch_id}: {text} [t+{time.monotonic() - self.t0:.1f} s]"
+        if self._bar is not None:
+            self._bar.write(line, file=self.stream)
+            self._draw()
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def __call__(self, event: str, name: str, status: RecipeStatus | None) -> None:
+        if event == "started":
+            self.running[name] = time.monotonic()
+            self._line(f"{name} started")
+        elif event == "finished" and status is not None:
+            self.running.pop(name, None)
+            self.done.append(name)
+            took = f" in {status.duration_s:.1f} s" if status.duration_s else ""
+            mem = f", peak {status.peak_rss_bytes / 2**20:.0f} MiB" if status.peak_rss_bytes else ""
+            self._line(f"{name} {status.status}{took}{mem}" + (f": {status.detail[:100]}" if status.status != "ok"
+                                                                else ""))
+        elif event == "verdict":
+            self._line(f"verdict {name} (the alert would go out now)")
+        elif event == "follow_up":
+            self._line(f"follow-up done (advisor, slow links, html report): {name}")
+
+
+def _settings(ctx: click.Context, config_path: Path | None, no_advisor: bool, timeout_s: float | None,
+              no_html: bool, advisor_html: bool = False) -> AnalysisSettings:
+    obj: Any = ctx.obj
+    base = obj.get("analysis_settings") if isinstance(obj, dict) else None
+    if base is None and config_path is not None:
+        from profwatch.config import ConfigError, load_settings
+
+        try:
+            base = load_settings(config_path).analysis
+        except ConfigError as exc:
+            click.echo(f"profwatch: {exc}", err=True)
+            ctx.exit(2)
+    settings = base.model_copy(deep=True) if isinstance(base, AnalysisSettings) else AnalysisSettings()
+    if no_advisor:
+        settings.msprof.advisor = False
+    if advisor_html:
+        settings.msprof.advisor_html = True
+    if timeout_s is not None:
+        settings.msprof.timeout_s = timeout_s
+    if no_html:
+        settings.report_html = False
+    return settings
+
+
+def _saving(impact: dict[str, float] | None) -> str:
+    if not impact:
+        return ""
+    return (f"saves {1e3 * impact['saving_s_per_step']:.1f} ms/step ({impact['saving_pct_of_step']:.1f}% of step, "
+            f"{impact['accelerator_hours_per_day']:.0f} accelerator-h/day)")
+
+
+def _human(res: AnalysisResult) -> str:
+    lines = [f"batch {res.batch_id} [{res.kind}, {res.world_size} ranks]: {res.status} - {res.detail}"]
+    if res.impact:
+        lines.append(f"  if every suspect were fixed: {_saving(res.impact)}")
+    if res.captured_steps:
+        armed = f" of armed {res.armed_steps}" if res.armed_steps else ""
+        lines.append(f"  steps analysed {res.captured_steps}{armed}; evidence {res.strength or '-'}")
+    for name, r in res.recipes.items():
+        lines.append(f"  recipe {name:<22} {r.status:<15} {r.detail[:110]}")
+    for i, s in enumerate(res.suspects, start=1):
+        lines.append(f"  #{i} rank {s.rank:<5} score {s.score:.2f}  {s.kind:<13} host {s.hostname or '-'}  "
+                     f"{_saving(s.impact)}")
+        lines.append(f"      {s.evidence.get('summary', '')} [{s.evidence.get('strength', '-')}]")
+        if s.rank_dir:
+            lines.append(f"      {s.rank_dir}")
+    for lk in res.links:
+        lines.append(f"  link {lk.ranks[0]}<->{lk.ranks[1]} (group {lk.group}, {lk.transport or '?'}): "
+                     f"{lk.bandwidth_gbps:.2f} GB/s vs peers {lk.peer_median_gbps:.2f} GB/s  {_saving(lk.impact)}")
+    for rank, why in sorted(res.unjudged_ranks.items()):
+        lines.append(f"  not judged: rank {rank}: {why}")
+    if res.report:
+        lines.append(f"  report: {res.report}")
+    return display_str("\n".join(lines))
+
+
+@click.command("analyze")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--world-size", type=click.IntRange(min=1, max=MAX_WORLD_SIZE), default=None,
+              help=f"Expected ranks per batch, at most {MAX_WORLD_SIZE} (default: from profiler_info / the rank dirs).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per batch (JSON Lines).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Work folder for staging, tool outputs and reports (default: ./profwatch-analysis).")
+@click.option("--batch", "batch_ids", multiple=True, help="Only these batch ids (repeatable).")
+@click.option("--no-advisor", is_flag=True, help="Skip msprof-analyze advisor (it runs after the verdict; about 10-60 s "
+              "on 2 cores, longer on large batches).")
+@click.option("--advisor-html", is_flag=True, help="Also write msprof-analyze advisor's own html/xlsx (another advisor "
+              "run).")
+@click.option("--quiet", is_flag=True, help="No per-recipe progress on stderr.")
+@click.option("--no-html", is_flag=True, help="Write report.json only.")
+@click.option("--timeout-s", type=click.FloatRange(min=1), default=None, help="Per msprof-analyze command.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="PROFWATCH_CONFIG",
+              default=None, help="TOML config; its [analysis] section gives the settings (flags override).")
+@click.pass_context
+def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json: bool, out_dir: Path | None,
+            batch_ids: tuple[str, ...], no_advisor: bool, advisor_html: bool, quiet: bool, no_html: bool,
+            timeout_s: float | None, config_path: Path | None) -> None:
+    """Check which capture batches under DIR are complete, analyse them and rank suspect slow ranks.
+
+    Exit status: 0 when every batch was analysed (ok / no_suspect), 1 when any batch was incomplete, partial,
+    weak (evidence on too few steps) or its analysis failed, 2 when DIR holds no batch or cannot be read.
+    Progress per recipe goes to stderr (the verdict is reached before the advisor runs; see --quiet).
+    """
+    from profwatch.logsetup import configure_logging
+
+    configure_logging("WARNING", "console")  # logs to stderr: stdout carries only the result (--json lines)
+    settings = _settings(ctx, config_path, no_advisor, timeout_s, no_html, advisor_html)
+    work = out_dir or Path.cwd() / "profwatch-analysis"
+    try:
+        batches = scan_tree(directory, world_size=world_size)
+    except TreeUnavailable as exc:
+        _fail(ctx, as_json, "unreadable", f"cannot read {directory}: {exc}")
+    if batch_ids:
+        batches = [b for b in batches if b.batch_id in set(batch_ids)]
+    if not batches:
+        other = describe_unsupported(find_unsupported(directory))
+        _fail(ctx, as_json, "no_batch", f"no capture batch found under {directory}" + (f"; {other}" if other else ""))
+    _check_out(ctx, as_json, work, directory)  # after the input checks: a bad DIR leaves no output folder behind
+    worst = 0
+    # one runner for every batch; leaving the block (also by Ctrl-C) kills any msprof-analyze still running
+    with MsprofRunner(settings.msprof) as runner:
+        for batch in batches:
+            if quiet:
+                res = analyze_batch(batch, work_dir=work, settings=settings, runner=runner)
+            else:
+                with RecipeProgress(display_str(batch.batch_id)) as progress:
+                    res = analyze_batch(batch, work_dir=work, settings=settings, runner=runner, progress=progress)
+            if res.status == "incomplete":
+                res.notes.append(json.dumps({"completeness": batch.to_json()}, default=str)[:4000])
+            if as_json:
+                click.echo(json.dumps(printable(res.to_json()), default=str))
+            else:
+                click.echo(_human(res))
+            if res.status not in GOOD:
+                worst = 1
+    ctx.exit(worst)
+
+
+def _check_out(ctx: click.Context, as_json: bool, work: Path, directory: Path) -> None:
+    """Exit 2 unless ``work`` can be created and written; mark it as profwatch output (later scans skip it) unless
+    it holds the capture data itself (``--out`` = DIR or a parent of DIR)."""
+    cap, out = os.path.realpath(directory), os.path.realpath(work)
+    holds_captures = cap == out or cap.startswith(out.rstrip(os.sep) + os.sep)
+    try:
+        mark_output_dir(work, mark=not holds_captures)
+    except OSError as exc:
+        _fail(ctx, as_json, "bad_out", f"cannot write the output folder {work} (--out): "
+                                       f"{exc.strerror or exc}; choose a writable folder with --out")
+
+
+def _fail(ctx: click.Context, as_json: bool, status: str, detail: str) -> None:
+    if as_json:
+        click.echo(json.dumps({"status": status, "detail": display_str(detail)}))
+    else:
+        click.echo(display_str(detail), err=True)
+    ctx.exit(2)

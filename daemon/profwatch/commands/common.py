@@ -1,0 +1,105 @@
+"""Helpers shared by the ``profwatch`` commands that talk to the coordinator (CLI layer: config, keys, calls).
+
+Every failure ends the command with one line on stderr and an exit code of the one table in
+``daemon/profwatch/exitcodes.py``: 2 for a bad config or key setup, 3 when the coordinator cannot be reached or refuses us,
+1 when it answered but refused the request.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from profwatch.exitcodes import EXIT_NOT_OK, EXIT_UNAVAILABLE, EXIT_USAGE
+
+PING_TIMEOUT_S = 3.0
+"""Bound of the first exchange of a command with the coordinator (``ping``). A coordinator that does not answer
+a ping within it is reported at once instead of after the command's own, longer timeout; a port nothing listens
+on is reported as soon as the connection is refused (milliseconds)."""
+
+config_option = click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="PROFWATCH_CONFIG",
+    help="TOML config file (env PROFWATCH_CONFIG); PROFWATCH_<SECTION>__<KEY> env vars override it.",
+)
+
+
+def load_or_exit(config_path: Path | None) -> Any:
+    """The settings tree from ``config_path`` (and the env); exit 2 with the reason when it is invalid."""
+    from profwatch.config import ConfigError, load_settings
+
+    try:
+        return load_settings(config_path)
+    except ConfigError as exc:
+        click.echo(f"profwatch: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+
+
+def client_keys_or_exit(s: Any, endpoint: str) -> Any:
+    """CURVE client keys for ``endpoint`` (None when it does not use CURVE); exit 2 with the fix when missing."""
+    from profwatch.adapters.keyfiles import CurveSetupError, client_keys
+
+    try:
+        return client_keys(s.security, endpoint)
+    except CurveSetupError as exc:
+        click.echo(f"profwatch: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+
+
+def unavailable_hint() -> str:
+    """Where the CLI looks for the coordinator and how to point it elsewhere (the second line of an exit 3)."""
+    return ("  is the coordinator running there? The CLI finds it through [coordinator] control_bind (and pub_bind "
+            "for --follow) of --config / PROFWATCH_CONFIG; default tcp://127.0.0.1:7712.")
+
+
+class CoordinatorClient:
+    """The coordinator as one command sees it: the first call is a short ``ping`` (fail fast), later calls use
+    their own timeouts. ``call`` exits the command on failure (codes above) unless ``exit_on_unavailable`` is off,
+    in which case :class:`~profwatch.adapters.control.ControlUnavailable` is raised to the caller."""
+
+    def __init__(self, settings: Any) -> None:
+        self.s = settings
+        self.endpoint: str = settings.coordinator.control_bind
+        self._curve = client_keys_or_exit(settings, self.endpoint)
+        self._pinged = False
+
+    def _raw(self, cmd: str, args: dict[str, Any] | None, timeout_s: float) -> Any:
+        from profwatch.adapters.control import call
+
+        if not self._pinged:
+            call(self.endpoint, "ping", None, timeout_s=min(PING_TIMEOUT_S, timeout_s), curve=self._curve)
+            self._pinged = True
+        return call(self.endpoint, cmd, args, timeout_s=timeout_s, curve=self._curve)
+
+    def reachable(self) -> bool:
+        """True when the coordinator answers a ping; False when it is unavailable. Exits 3 when it refuses our
+        key (an authentication failure is a setup problem, never "offline")."""
+        from profwatch.adapters.control import ControlAuthFailed, ControlUnavailable, call
+
+        try:
+            call(self.endpoint, "ping", None, timeout_s=PING_TIMEOUT_S, curve=self._curve)
+            self._pinged = True
+            return True
+        except ControlAuthFailed as exc:
+            click.echo(f"profwatch: {exc.message}", err=True)
+            sys.exit(EXIT_UNAVAILABLE)
+        except ControlUnavailable:
+            return False
+
+    def call(self, cmd: str, args: dict[str, Any] | None = None, timeout_s: float = 10.0) -> Any:
+        """Run ``cmd`` and return its result; on failure print one line (and the hint) and exit."""
+        from profwatch.adapters.control import ControlAuthFailed, ControlError, ControlUnavailable
+
+        try:
+            return self._raw(cmd, args, timeout_s)
+        except ControlAuthFailed as exc:
+            click.echo(f"profwatch: {exc.message}", err=True)
+            sys.exit(EXIT_UNAVAILABLE)
+        except ControlUnavailable as exc:
+            click.echo(f"profwatch: {exc.message}\n{unavailable_hint()}", err=True)
+            sys.exit(EXIT_UNAVAILABLE)
+        except ControlError as exc:
+            click.echo(f"profwatch: coordinator refused {cmd}: [{exc.code}] {exc.message}", err=True)
+            sys.exit(EXIT_NOT_OK)

@@ -1,0 +1,307 @@
+"""``profwatch demo``: the whole loop for real on one machine (coordinator + node daemons as processes, real
+ZeroMQ, a real gloo PyTorch job, simulated Ascend ranks speaking the dynamic_profile protocol, real msprof-analyze).
+
+Scenario ``torch``: rank R of a DDP job gets really slower from step S; the coordinator detects the regression,
+arms a capture through ``profiler_config.json``, the ranks capture it with torch.profiler, the batch completes,
+the Kineto analysis runs and the alert's top suspect must be R.
+Scenario ``ascend``: the same with ranks using the fake ``torch_npu`` package (clearly labelled simulator) that
+writes Ascend-format rank dirs from the measured timings; the coordinator runs the real msprof-analyze.
+
+Both scenarios run real PyTorch processes (gloo on the CPU): without torch the demo says how to install the CPU
+build and exits 2. Progress goes to stderr as it happens; the timelines (``demo_timeline.py``) and results go to
+stdout at the end. Exit codes (``daemon/profwatch/exitcodes.py``): 0 every scenario's first alert names the slow rank and
+every announced enriched update arrived; 1 otherwise (also when stopped by Ctrl-C / SIGTERM, which stops the
+daemons and ranks it started); 2 usage error or torch missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from profwatch.commands.demo_stack import Stack
+from profwatch.commands.demo_timeline import Timeline, event_time
+from profwatch.core.alertmanager import saving_text
+from profwatch.core.lifecycle import CaptureState
+from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
+from profwatch.simulate.launcher import JobSpec, launch_job
+
+TORCH_CPU_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+NOTE_EVERY_S = 15.0
+"""While a capture is analysed or enriched, a progress line on stderr this often (what runs, for how long)."""
+
+
+class Stopped(BaseException):
+    """SIGTERM reached the demo: unwind (stopping ranks and daemons) like Ctrl-C does."""
+
+
+def _furthest(status: dict[str, Any], job_id: str) -> int | None:
+    for j in status.get("jobs", []):
+        if j["job_id"] == job_id:
+            return int(j["furthest_step"])
+    return None
+
+
+def _suspects_text(d: dict[str, Any]) -> str:
+    sus = d.get("suspects") or []
+    if not sus:
+        return f"{d.get('status', '?')}: no suspect"
+    return f"{d.get('status', '?')}: " + "; ".join(
+        f"rank {s['rank']} {s['kind']} score {s['score']:.2f}" for s in sus[:3])
+
+
+def _recipes(d: dict[str, Any]) -> str:
+    """``name=status`` per recipe of a verdict payload, with ``(N.Ns)`` where the recipe reports ``duration_s``."""
+    out = []
+    for k, v in (d.get("recipes") or {}).items():
+        if not isinstance(v, dict):
+            out.append(f"{k}={v}")
+            continue
+        dur = v.get("duration_s")
+        out.append(f"{k}={v.get('status')}" + (f" ({float(dur):.1f}s)" if isinstance(dur, (int, float)) else ""))
+    return ", ".join(out)
+
+
+def on_event(tl: Timeline, ev: dict[str, Any], now: float, note: Callable[[str, float, str], None]) -> None:
+    """Fold one published event of the scenario's job into its timeline; ``note(stage, t, detail)`` reports a
+    stage the first time it is seen."""
+    t_ev, d = event_time(ev, now), ev.get("data") or {}
+    typ = ev.get("type", "")
+
+    def mark(stage: str, t: float, detail: str, step: int | None = None) -> None:
+        if tl.add(stage, t, step, detail):
+            note(stage, t, detail)
+
+    if typ == "io.profwatch.anomaly.v1":
+        mark("detection", t_ev, f"{d.get('kind')} +{100 * float(d.get('magnitude') or 0):.0f}%", d.get("step"))
+    elif typ == "io.profwatch.arm_decision.v1" and d.get("action") != "arm":
+        key = f"{d.get('action')} ({d.get('reason')})"
+        tl.suppressed[key] = tl.suppressed.get(key, 0) + 1
+    elif typ == "io.profwatch.arm.v1" and d.get("status") == CaptureState.WRITTEN:
+        mark("arm", t_ev, f"config written: start_step={d.get('start_step')} warmup={d.get('warmup')} "
+                          f"active={d.get('active')}")
+    elif typ == "io.profwatch.capture.v1" and d.get("event") == "all_ranks_completed":
+        mark("capture", t_ev, "every rank wrote its rank dir")
+    elif typ == "io.profwatch.batch.v1":
+        mark("batch_complete", t_ev, (d.get("batch") or {}).get("batch_id", ""))
+    elif typ == "io.profwatch.suspect_ranks.v1":
+        took = float(d.get("analysis_duration_s") or 0.0)
+        mark("analysis", t_ev - took, f"{took:.1f} s to the verdict; recipes: {_recipes(d)}")
+        pending = _pending(d)
+        mark("first_alert", t_ev, _suspects_text(d) + (f"; follow-up pending: {', '.join(pending)}" if pending else ""))
+        tl.alert = tl.alert or ev
+    elif typ in ("io.profwatch.batch_incomplete.v1", "io.profwatch.analysis_failed.v1"):
+        mark("first_alert", t_ev, f"{typ.removeprefix('io.profwatch.')}: {d.get('detail', '')}"[:160])
+        tl.alert = tl.alert or ev
+    elif typ == "io.profwatch.analysis_enriched.v1":
+        enrich_s = d.get("enrich_duration_s")
+        mark("enriched_update", t_ev, "analysis_enriched" + (f" after {float(enrich_s):.1f} s of follow-up" if enrich_s else "")
+             + f": {_suspects_text(d)}; recipes: {_recipes(d)}")
+        tl.enriched = tl.enriched or ev
+
+
+def _pending(d: dict[str, Any]) -> list[str]:
+    """What the verdict's follow-up will still run (``pending_recipes``); [] when no enriched update follows."""
+    return list(d.get("pending_recipes") or [])
+
+
+def _expects_enrichment(tl: Timeline) -> bool:
+    return bool(tl.alert is not None and _pending(tl.alert.get("data") or {}))
+
+
+def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slowdown: float, at_step: int,
+                 timeout_s: float, progress: Callable[[str], None]) -> Timeline:
+    """Run one scenario to its first alert and, when that alert announces a follow-up, to its enriched update
+    (each within ``timeout_s``); return its timeline. The job's ranks are stopped at the first alert."""
+    import zmq
+
+    from profwatch.adapters.control import ControlError, call
+    from profwatch.adapters.publish import Subscription
+
+    job_id = f"demo-{scenario}"
+    tl = Timeline(scenario, job_id)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sub = Subscription(ctx, stack.pub, ["alert", "event"], job_id)
+    spec = JobSpec(job_id=job_id, world_size=ranks, node_endpoints=[stack.endpoint(k) for k in range(stack.nodes)],
+                   profiler_config_path=stack.root / "cfg" / job_id, prof_root=stack.root / "prof",
+                   mode="torch" if scenario == "torch" else "ascend-sim", slow_rank=slow_rank, slowdown=slowdown,
+                   slow_at_step=at_step, max_seconds=timeout_s + 60, stop_file=stack.root / f"{job_id}.stop",
+                   log_dir=stack.root / "logs")
+    job = launch_job(spec)
+    progress(f"[{scenario}] {ranks} ranks on {stack.nodes} nodes; rank {slow_rank} gets {slowdown:g}x slower at "
+             f"step {at_step}; waiting for the slowdown")
+
+    def note(stage: str, t: float, detail: str) -> None:
+        t0 = tl.t("slowdown")
+        progress(f"[{scenario}] {'' if t0 is None else f'+{t - t0:.1f}s '}{stage}: {detail}")
+
+    seen: set[str] = set()
+    end = time.monotonic() + timeout_s
+    last_note = time.monotonic()
+    job_stopped = False
+    try:
+        while time.monotonic() < end:
+            if tl.alert is not None:
+                if not job_stopped:  # the verdict is in: free the CPU for the follow-up
+                    job.request_stop()
+                    job_stopped = True
+                    if _expects_enrichment(tl):
+                        end = time.monotonic() + timeout_s
+                        progress(f"[{scenario}] waiting for the enriched update (up to {timeout_s:.0f} s)")
+                if tl.enriched is not None or not _expects_enrichment(tl):
+                    break
+            ev = sub.recv(250)
+            if ev is not None and str(ev.get("id")) not in seen:
+                seen.add(str(ev.get("id")))
+                on_event(tl, ev, time.time(), note)
+            try:
+                st = call(stack.control, "status", {"job_id": job_id}, timeout_s=5)
+            except ControlError:
+                continue
+            step = _furthest(st, job_id)
+            if step is not None:
+                tl.samples.append((time.time(), step))
+                t_slow = tl.time_of_step(at_step)
+                if t_slow is not None and tl.add("slowdown", t_slow, at_step, f"rank {slow_rank} x{slowdown:g} "
+                                                                                f"from step {at_step}"):
+                    note("slowdown", t_slow, f"rank {slow_rank} x{slowdown:g} from step {at_step}")
+            if time.monotonic() - last_note >= NOTE_EVERY_S:
+                last_note = time.monotonic()
+                for cap in st.get("captures") or []:
+                    if cap["state"] in (CaptureState.ANALYSING, CaptureState.ENRICHING):
+                        running = ", ".join(cap.get("running") or []) or "staging, ranking or the Kineto analysis"
+                        progress(f"[{scenario}] capture {cap['state']} for {cap.get('in_state_s', 0):.0f}s; "
+                                 f"running now: {running}")
+            if not job_stopped and any(p.poll() not in (None, 0) for p in job.procs):
+                progress(f"[{scenario}] a rank process died; see {stack.root / 'logs'}")
+                break
+        if tl.alert is None or (_expects_enrichment(tl) and tl.enriched is None):
+            # fetch from the store in case a PUB message was missed
+            for row in call(stack.control, "events", {"job_id": job_id, "alerts_only": True, "limit": 50},
+                            timeout_s=5):
+                on_event(tl, row["event"], time.time(), note)
+    finally:
+        sub.close()
+        job.stop(grace_s=60)
+    return tl
+
+
+def _steps(steps: list[int] | None) -> str:
+    if not steps:
+        return "none"
+    return f"{steps[0]}-{steps[-1]}" if steps == list(range(steps[0], steps[-1] + 1)) else ",".join(map(str, steps))
+
+
+def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
+    """Print one scenario's timeline and result; True when its first alert names ``slow_rank`` first and an
+    announced enriched update arrived."""
+    echo(f"\n== scenario {tl.scenario} (job {tl.job_id}) ==")
+    echo(tl.render())
+    d = (tl.alert or {}).get("data", {})
+    sus = d.get("suspects") or []
+    top = sus[0]["rank"] if sus else None
+    hit = tl.alert is not None and tl.alert.get("type") == "io.profwatch.suspect_ranks.v1" and top == slow_rank
+    echo(f"  result: top suspect {top} (expected {slow_rank}) -> {'OK' if hit else 'MISSED'}; steps captured "
+         f"{_steps(d.get('captured_steps'))} of armed {_steps(d.get('armed_steps'))}")
+    saving = saving_text(sus[0].get("impact")) if sus else ""
+    if saving:
+        echo(f"  impact: fixing rank {top} alone would save {saving}")
+    ok = hit
+    if _expects_enrichment(tl):
+        if tl.enriched is None:
+            echo("  enriched update: MISSING (the first alert announced one: " + ", ".join(_pending(d)) + ")")
+            ok = False
+        else:
+            first, enr = tl.t("first_alert"), tl.t("enriched_update")
+            echo(f"  first alert, then the enriched update {0.0 if first is None or enr is None else enr - first:.1f} s "
+                 "later (analysis_enriched)")
+    enriched = (tl.enriched or {}).get("data") or {}
+    if enriched.get("report") or d.get("report"):
+        echo(f"  report: {enriched.get('report') or d['report']}")
+    if sus and sus[0].get("rank_dir"):
+        echo(f"  drill down: {sus[0]['rank_dir']}")
+    return ok
+
+
+@click.command()
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("profwatch-demo"),
+              show_default=True, help="where configs, captures, reports and logs go")
+@click.option("--ranks", default=4, show_default=True)
+@click.option("--nodes", default=2, show_default=True)
+@click.option("--slow-rank", default=2, show_default=True)
+@click.option("--slowdown", default=3.0, show_default=True, help="slow rank's compute factor")
+@click.option("--at-step", default=40, show_default=True, help="step from which the rank is slower")
+@click.option("--scenario", type=click.Choice(["both", "torch", "ascend"]), default="both", show_default=True)
+@click.option("--timeout-s", default=240.0, show_default=True,
+              help="per scenario: bound to the first alert, and again to the enriched update")
+def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float, at_step: int, scenario: str,
+         timeout_s: float) -> None:
+    """Run the end-to-end demo: real job, real daemons, real detection, capture, analysis and alert.
+
+    Progress goes to stderr as it happens; each scenario's timeline (stages in pipeline order, with how long each
+    took) and result go to stdout. Exit 0 when every first alert names the slow rank, 1 otherwise, 2 when
+    PyTorch is not installed (both scenarios run real PyTorch ranks).
+    """
+    if not 0 <= slow_rank < ranks:
+        raise click.UsageError("--slow-rank must be in [0, ranks)")
+    if nodes < 1 or nodes > ranks:
+        raise click.UsageError("--nodes must be in [1, ranks]")
+    if importlib.util.find_spec("torch") is None:
+        click.echo("profwatch demo: PyTorch is not installed. Both scenarios run real PyTorch ranks (gloo on the "
+                   f"CPU; the Ascend one through a simulated torch_npu). Install the CPU-only build:\n  "
+                   f"{TORCH_CPU_INSTALL}\n(about 190 MB to download; the default PyPI torch is the CUDA build, several "
+                   "GB with its NVIDIA packages)", err=True)
+        sys.exit(EXIT_USAGE)
+    root = (workdir / time.strftime("run-%Y%m%d-%H%M%S")).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    runtime = Path(tempfile.mkdtemp(prefix="pwdemo", dir="/tmp"))  # short ipc:// paths
+    stack = Stack(root, runtime, nodes)
+    scenarios = ["torch", "ascend"] if scenario == "both" else [scenario]
+    results: list[Timeline] = []
+    t0 = time.time()
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise Stopped()
+
+    signal.signal(signal.SIGTERM, on_term)
+    progress = _progress_printer(t0)
+    stopped = ""
+    try:
+        stack.start()
+        progress(f"daemons up (coordinator + {nodes} node daemons; JSON logs in {root / 'logs'}), work dir {root}")
+        for sc in scenarios:
+            results.append(run_scenario(stack, sc, ranks=ranks, slow_rank=slow_rank, slowdown=slowdown,
+                                        at_step=at_step, timeout_s=timeout_s, progress=progress))
+    except (KeyboardInterrupt, Stopped) as exc:
+        stopped = "SIGTERM" if isinstance(exc, Stopped) else "Ctrl-C"
+        progress(f"{stopped}: stopping the ranks and daemons this demo started")
+    finally:
+        stack.stop()
+        shutil.rmtree(runtime, ignore_errors=True)
+    ok = not stopped and len(results) == len(scenarios)
+    for tl in results:
+        ok &= report(tl, slow_rank, click.echo)
+    (root / "demo_result.json").write_text(json.dumps(
+        {"ok": ok, "elapsed_s": round(time.time() - t0, 1), "stopped": stopped or None,
+         "scenarios": [tl.to_json() for tl in results]}, indent=2, default=str))
+    verdict = "all alerts named the slow rank" if ok else (f"stopped by {stopped}" if stopped else "FAILED")
+    click.echo(f"\ndemo finished in {time.time() - t0:.0f}s: {verdict}; results in {root / 'demo_result.json'}, "
+               f"logs in {root / 'logs'}")
+    sys.exit(EXIT_OK if ok else EXIT_NOT_OK)
+
+
+def _progress_printer(t0: float) -> Callable[[str], None]:
+    def progress(line: str) -> None:
+        click.echo(f"[{time.time() - t0:6.1f}s] {line}", err=True)
+
+    return progress

@@ -1,0 +1,106 @@
+"""The demo's daemons: one coordinator and N node daemons as subprocesses sharing one config file (I/O).
+
+Each daemon logs JSON lines to ``<root>/logs/<name>.log`` (never to the demo's terminal) and gets SIGTERM if the
+demo process dies (``daemon/profwatch/simulate/launcher.py: die_with_parent``); :meth:`Stack.stop` ends them (SIGTERM,
+then SIGKILL after 15 s), by their PIDs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from profwatch.simulate.launcher import die_with_parent, free_port
+
+
+class Stack:
+    """The daemons of the demo, as subprocesses sharing one config file."""
+
+    def __init__(self, root: Path, runtime: Path, nodes: int) -> None:
+        self.root, self.runtime, self.nodes = root, runtime, nodes
+        self.ports = {k: free_port() for k in ("ingest", "control", "pub")}
+        self.cfg = root / "profwatch.toml"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.cfg.write_text(f"""# written by profwatch demo
+[coordinator]
+ingest_bind = "tcp://127.0.0.1:{self.ports['ingest']}"
+control_bind = "tcp://127.0.0.1:{self.ports['control']}"
+pub_bind = "tcp://127.0.0.1:{self.ports['pub']}"
+state_db = "{root / 'state' / 'state.db'}"
+work_dir = "{root / 'work'}"
+allowed_prof_roots = ["{root}"]
+allowed_config_roots = ["{root}"]
+[node]
+coordinator = "tcp://127.0.0.1:{self.ports['ingest']}"
+allowed_config_roots = ["{root}"]
+heartbeat_interval_s = 1.0
+[arming]
+mode = "act"
+active = 3          # 3 captured steps: enough for a strong verdict, and fewer bytes for 4 ranks on 2 cores
+[analysis.ranking]
+# 4 ranks and the daemons share 2 CPU cores here: per-step times carry ~10% scheduling noise that real NPU
+# device times do not. Name a rank only for an excess of 8% of the step (the default, 1.5%, suits device data).
+min_effect_frac = 0.08
+[logging]
+format = "json"
+""")
+
+    def endpoint(self, k: int) -> str:
+        return f"ipc://{self.runtime}/node{k}.sock"
+
+    @property
+    def control(self) -> str:
+        return f"tcp://127.0.0.1:{self.ports['control']}"
+
+    @property
+    def pub(self) -> str:
+        return f"tcp://127.0.0.1:{self.ports['pub']}"
+
+    def _start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        e = dict(os.environ)
+        e.update(env or {})
+        with open(self.root / "logs" / f"{name}.log", "ab") as log:  # the child keeps its own copy
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "profwatch.cli", *args, "--config", str(self.cfg)], env=e, stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent())
+
+    def start(self) -> None:
+        """Start the coordinator (wait until it answers), then the node daemons."""
+        self.start_coordinator_only()
+        for k in range(self.nodes):
+            self._start(f"node{k}", ["node"], {"PROFWATCH_NODE__NODE_ID": f"node{k}",
+                                               "PROFWATCH_NODE__BIND": self.endpoint(k)})
+
+    def start_coordinator_only(self) -> None:
+        """Start the coordinator and wait (up to 60 s) until it answers on its control socket."""
+        from profwatch.adapters.control import ControlUnavailable, call
+
+        (self.root / "logs").mkdir(parents=True, exist_ok=True)
+        self._start("coordinator", ["coordinator"])
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                call(self.control, "ping", timeout_s=1.0)
+                return
+            except ControlUnavailable:
+                if time.monotonic() > deadline or self.procs["coordinator"].poll() is not None:
+                    raise click.ClickException(
+                        f"coordinator did not start; see {self.root / 'logs' / 'coordinator.log'}") from None
+                time.sleep(0.2)  # a refused connection is reported at once: do not spin
+
+    def stop(self) -> None:
+        """SIGTERM every daemon, wait up to 15 s each, then SIGKILL what is left (by PID)."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)

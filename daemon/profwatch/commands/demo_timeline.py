@@ -1,0 +1,108 @@
+"""The demo's timeline: when each stage of the pipeline happened for one scenario, and how long it took (pure).
+
+Stages, in pipeline order (:data:`STAGES`): the slowdown starts, the coordinator detects it, the capture config
+is written (arm), every rank wrote its rank dir (capture), the batch is complete, the analysis starts, the first
+alert (the verdict) is published, and the enriched update (``analysis_enriched``: the advisor's findings) follows.
+Times are Unix seconds on this host's clock: the coordinator's event times (CloudEvents ``time``) for what it
+published, and for the slowdown the moment the job reached the slow step, interpolated between ``status`` samples.
+Rendering follows the pipeline order, never the arrival order; ``took`` is a stage's time since the stage before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+STAGES = ("slowdown", "detection", "arm", "capture", "batch_complete", "analysis", "first_alert",
+          "enriched_update")
+"""Pipeline order of the timeline's stages (``analysis`` marks the analysis start)."""
+
+
+def event_time(ev: dict[str, Any], fallback: float) -> float:
+    """The CloudEvent's ``time`` (RFC 3339, as ``daemon/profwatch/core/alerts.py: rfc3339`` writes it) in Unix seconds;
+    ``fallback`` when absent or unreadable."""
+    try:
+        return datetime.fromisoformat(str(ev["time"]).replace("Z", "+00:00")).timestamp()
+    except (KeyError, ValueError):
+        return fallback
+
+
+@dataclass
+class Timeline:
+    """Marks of one scenario: ``stage -> (unix s, step or None, detail)``, and ``status`` samples."""
+
+    scenario: str
+    job_id: str
+    marks: dict[str, tuple[float, int | None, str]] = field(default_factory=dict)
+    alert: dict[str, Any] | None = None
+    enriched: dict[str, Any] | None = None
+    suppressed: dict[str, int] = field(default_factory=dict)
+    samples: list[tuple[float, int]] = field(default_factory=list)  # (unix s, furthest step) from status polls
+
+    def add(self, stage: str, t: float, step: int | None = None, detail: str = "") -> bool:
+        """Record ``stage`` once (the first time wins); True when it is new."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}")
+        if stage in self.marks:
+            return False
+        self.marks[stage] = (t, step, detail)
+        return True
+
+    def t(self, stage: str) -> float | None:
+        m = self.marks.get(stage)
+        return m[0] if m else None
+
+    def step_at(self, t: float) -> int | None:
+        """The job's furthest step at time ``t``, from the status samples (the last one not after ``t``)."""
+        best = None
+        for ts, step in self.samples:
+            if ts <= t:
+                best = step
+        return best
+
+    def time_of_step(self, step: int) -> float | None:
+        """When the job reached ``step``: linear interpolation between the last sample below it and the first at
+        or above it (the first such sample's time when there is none below); None before it is reached."""
+        prev: tuple[float, int] | None = None
+        for ts, s in self.samples:
+            if s >= step:
+                if prev is None or s == prev[1]:
+                    return ts
+                return prev[0] + (ts - prev[0]) * (step - prev[1]) / (s - prev[1])
+            prev = (ts, s)
+        return None
+
+    def ordered(self) -> list[tuple[str, float, float | None, int | None, str]]:
+        """``(stage, t, took_s, step, detail)`` in pipeline order. A stage seen after a later one (the batch found
+        complete before the last rank's completion event arrived) is shown at the later stage's time: it cannot
+        have finished after it."""
+        rows: list[tuple[str, float, float | None, int | None, str]] = []
+        present = [s for s in STAGES if s in self.marks]
+        times = {s: self.marks[s][0] for s in present}
+        for i in range(len(present) - 2, -1, -1):  # from the end: no stage after the one that follows it
+            times[present[i]] = min(times[present[i]], times[present[i + 1]])
+        prev: float | None = None
+        for s in present:
+            _t, step, detail = self.marks[s]
+            t = times[s]
+            rows.append((s, t, None if prev is None else t - prev, self.step_at(t) if step is None else step, detail))
+            prev = t
+        return rows
+
+    def render(self) -> str:
+        """The timeline table: stage, seconds since the slowdown, seconds since the stage before, step, detail."""
+        rows = self.ordered()
+        t0 = self.t("slowdown") or (rows[0][1] if rows else 0.0)
+        lines = [f"  {'stage':<15} {'t+s':>7} {'took_s':>7} {'step':>6}  detail"]
+        for stage, t, took, step, detail in rows:
+            took_s = "-" if took is None else f"{took:.1f}"
+            lines.append(f"  {stage:<15} {t - t0:>7.1f} {took_s:>7} {step if step is not None else '-':>6}  {detail}")
+        for key, n in self.suppressed.items():
+            lines.append(f"  (later anomalies while a capture was in flight or cooling down: {n} x {key})")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "job_id": self.job_id,
+                "marks": [[s, t, took, step, detail] for s, t, took, step, detail in self.ordered()],
+                "alert": self.alert, "enriched_update": self.enriched}

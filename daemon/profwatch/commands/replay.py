@@ -1,0 +1,234 @@
+"""``profwatch replay``: run the anomaly detectors and the arming path over recorded step telemetry (I/O at the
+edge: reads one JSONL file and an optional TOML config; the work is :func:`replay_lines`, pure).
+
+Record format: ``daemon/profwatch/core/telemetry.py`` (what ``profwatch telemetry --job J`` writes).
+
+Replay goes through the coordinator's arming path (``daemon/profwatch/core/arming.py``): the same detector
+(``JobDetector``), the same policy, the same :class:`~profwatch.core.arming.ArmHistory` (so a would-arm in observe
+mode counts for the cooldown and caps as an arm does), the same step time (``JobDetector.baseline_step_time_s``)
+and the same planner (``profwatch.core.capture.plan_capture`` with the ``[capture]`` settings). Time is taken from
+the records' ``ts_unix_s``: it stands for the arrival time of each report (stall checks run once per second of
+record time). Arms are simulated: the capture counts as in flight until the job's furthest step passes the
+window plus ``parse_steps``, and its steps are excluded from detection, as the coordinator does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from profwatch.core.anomaly import Anomaly, DetectionSettings, JobDetector
+from profwatch.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, capture_request
+from profwatch.core.capture import CaptureSettings, JobProgress, plan_capture
+from profwatch.core.step_numbering import profiled_report_steps
+from profwatch.core.telemetry import TelemetryRecord, dump_jsonl
+from profwatch.exitcodes import EXIT_USAGE
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["ReplayConfig", "dump_jsonl", "load_config", "render_summary", "replay", "replay_lines"]
+
+MAX_BAD_LINES_LISTED = 100
+TICK_EVERY_S = 1.0
+REPLAY_PROF_ROOT = "/replay"
+"""Stands in for the job's prof_root when planning (nothing is written)."""
+
+
+class ReplayConfig(BaseModel):
+    """The ``--config`` TOML file: ``[detection]``, ``[arming]`` and ``[capture]`` tables (all optional; the same
+    tables as the coordinator's config file). Unknown tables and keys are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+    detection: DetectionSettings = Field(default_factory=DetectionSettings)
+    arming: ArmingSettings = Field(default_factory=ArmingSettings)
+    capture: CaptureSettings = Field(default_factory=CaptureSettings)
+
+
+def load_config(path: Path | None) -> ReplayConfig:
+    """Read and validate a TOML config; raises ``ValueError`` (TOML syntax) or ``ValidationError``."""
+    if path is None:
+        return ReplayConfig()
+    with path.open("rb") as f:
+        data = tomllib.load(f)
+    return ReplayConfig.model_validate(data)
+
+
+@dataclass
+class _Job:
+    detector: JobDetector
+    history: ArmHistory = field(default_factory=ArmHistory)
+    in_flight_until_step: int | None = None
+    restarts_seen: int = 0
+    last_tick_s: float = -math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class _StepView:
+    """The StepReport fields the detector reads (avoids a wire import for replay)."""
+
+    rank: int
+    step: int
+    step_time_s: float
+    ts_unix_s: float
+    stages: dict[str, float] | None
+    flags: tuple[str, ...]
+    capturing: bool
+
+
+def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> dict[str, Any]:
+    """Replay JSONL telemetry lines through detection and arming; return the ``--json`` result dict.
+
+    Shape: ``{"records", "jobs": {job_id: {"world_size", "counters"}}, "anomalies": [...], "arms": [...],
+    "suppressed": [...], "bad_lines": {"count", "lines": [{"line", "error"}]}}``. Bad lines are counted with
+    their 1-based line numbers (first 100 listed); nothing here raises on bad input.
+    """
+    cfg = config or ReplayConfig()
+    parsed: list[tuple[int, TelemetryRecord]] = []
+    bad: list[dict[str, Any]] = []
+    bad_count = 0
+    for no, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            parsed.append((no, TelemetryRecord.model_validate(json.loads(text))))
+        except (ValueError, ValidationError, TypeError, RecursionError) as exc:
+            bad_count += 1
+            if len(bad) < MAX_BAD_LINES_LISTED:
+                bad.append({"line": no, "error": _short_error(exc)})
+    sizes: dict[str, int] = {}
+    for _, rec in parsed:
+        sizes[rec.job_id] = max(sizes.get(rec.job_id, 1), rec.world_size or 1, rec.rank + 1)
+    policy = ArmingPolicy(cfg.arming)
+    jobs = {jid: _Job(JobDetector(jid, n, cfg.detection, capture=cfg.capture)) for jid, n in sizes.items()}
+    result: dict[str, Any] = {"anomalies": [], "arms": [], "suppressed": []}
+    last_ts = -math.inf
+    for _, rec in parsed:
+        job = jobs[rec.job_id]
+        det = job.detector
+        last_ts = max(last_ts, rec.ts_unix_s)
+        if rec.kind == "bye":
+            det.mark_left(rec.rank)
+            continue
+        assert rec.step_time_s is not None
+        found = det.observe(_StepView(rec.rank, rec.step, rec.step_time_s, rec.ts_unix_s, rec.stages,
+                                      rec.flags, rec.capturing), rec.ts_unix_s)
+        if rec.ts_unix_s - job.last_tick_s >= TICK_EVERY_S:
+            job.last_tick_s = rec.ts_unix_s
+            found += det.tick(rec.ts_unix_s)
+        _handle(found, job, policy, cfg, rec.ts_unix_s, result)
+    for job in jobs.values():
+        _handle(job.detector.tick(last_ts), job, policy, cfg, last_ts, result)
+    result["records"] = len(parsed)
+    result["jobs"] = {jid: {"world_size": j.detector.world_size, "counters": dict(j.detector.counters)}
+                      for jid, j in jobs.items()}
+    result["bad_lines"] = {"count": bad_count, "lines": bad}
+    return result
+
+
+def _short_error(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError):
+        errs = exc.errors()
+        if errs:
+            loc = ".".join(str(x) for x in errs[0].get("loc", ()))
+            return f"{loc}: {errs[0].get('msg', '')}" if loc else str(errs[0].get("msg", ""))
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
+def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayConfig, now: float,
+            result: dict[str, Any]) -> None:
+    det = job.detector
+    furthest = det.furthest_step
+    restarts = det.counters["restarts"]
+    if job.in_flight_until_step is not None and (furthest is None or furthest > job.in_flight_until_step
+                                                  or restarts != job.restarts_seen):
+        job.in_flight_until_step = None  # window plus parse steps passed (or the step counter restarted)
+    job.restarts_seen = restarts
+    for a in found:
+        result["anomalies"].append(a.to_json())
+        d = job.history.decide(policy, a, now, capture_in_flight=job.in_flight_until_step is not None,
+                               stalled_ranks=det.stalled_ranks)
+        if d.action == "suppress":
+            result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step, "reason": d.reason})
+            continue
+        at = furthest if furthest is not None else a.step
+        step_time = det.baseline_step_time_s
+        try:
+            req = capture_request(a, d, furthest_step=at, step_time_s=step_time, capture=cfg.capture)
+            plan = plan_capture(req, JobProgress(job_id=a.job_id, world_size=det.world_size, furthest_step=max(0, at),
+                                                 step_time_s=step_time, prof_root=REPLAY_PROF_ROOT, now_unix_s=now),
+                                cfg.capture)
+        except (ValueError, KeyError, TypeError) as exc:  # CannotPlanCapture / InvalidProfilerConfig are ValueErrors
+            result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step,
+                                         "reason": f"plan_failed: {exc}"})
+            continue
+        job.history.record(d, now)
+        if d.action == "arm":
+            first, last = profiled_report_steps(plan.start_step, plan.warmup, plan.active)
+            det.exclude_steps(first, last, "capture")
+            job.in_flight_until_step = last + cfg.detection.parse_steps
+        result["arms"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step, "start_step": plan.start_step,
+                               "warmup": plan.warmup, "active": plan.active, "rank_list": plan.rank_list,
+                               "reason": plan.reason, "action": d.action})
+
+
+def render_summary(result: dict[str, Any]) -> str:
+    """Readable multi-line summary of a :func:`replay_lines` result."""
+    out = [f"records: {result['records']}  jobs: {len(result['jobs'])}  bad lines: {result['bad_lines']['count']}"]
+    for b in result["bad_lines"]["lines"][:10]:
+        out.append(f"  bad line {b['line']}: {b['error']}")
+    out.append(f"anomalies: {len(result['anomalies'])}")
+    for a in result["anomalies"]:
+        ranks = f" ranks={a['ranks'][:8]}" if a["ranks"] else ""
+        out.append(f"  {a['job_id']} step {a['step']}: {a['kind']} {a['magnitude']:+.1%}{ranks}")
+    out.append(f"arms: {len(result['arms'])}")
+    for r in result["arms"]:
+        out.append(f"  {r['job_id']} step {r['step']}: {r['action']} start_step={r['start_step']} "
+                   f"warmup={r['warmup']} active={r['active']} ({r['reason']})")
+    out.append(f"suppressed: {len(result['suppressed'])}")
+    for s in result["suppressed"]:
+        out.append(f"  {s['job_id']} step {s['step']}: {s['kind']} suppressed ({s['reason']})")
+    return "\n".join(out)
+
+
+@click.command("replay")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="TOML file with [detection], [arming] and [capture] tables.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
+    """Replay recorded step telemetry FILE.jsonl through anomaly detection and the arming policy.
+
+    \b
+    One JSON object per line (what `profwatch telemetry --job J` writes):
+      {"job_id": "j1", "rank": 0, "world_size": 8, "step": 120, "step_time_s": 0.412, "ts_unix_s": 1764500042.5}
+    required: job_id, rank, step, step_time_s (seconds), ts_unix_s; world_size on at least one line per job;
+    optional: stages {"forward": 0.1, ...} (seconds), flags ["checkpoint"|"eval"], capturing (bool);
+    {"kind": "bye", "job_id", "rank", "step", "ts_unix_s"} marks a rank that left on purpose.
+    Bad lines are counted and listed with their line numbers.
+    Arming goes through the coordinator's path: the same policy, history and capture planner.
+    Exit codes (daemon/profwatch/exitcodes.py): 0 replayed; 2 bad --config, or no valid record (every line bad, or an
+    empty file).
+    """
+    try:
+        cfg = load_config(config_path)
+    except (ValueError, ValidationError, OSError) as exc:
+        raise click.BadParameter(_short_error(exc), param_hint="--config") from exc
+    with file.open("r", encoding="utf-8", errors="replace") as f:
+        result = replay_lines(f, cfg)
+    click.echo(json.dumps(result, indent=2, sort_keys=False, default=str) if as_json else render_summary(result))
+    if not result.get("records"):
+        bad = result.get("bad_lines", {}).get("count", 0)
+        click.echo(f"profwatch replay: no valid step record in {file} ({bad} bad lines)", err=True)
+        sys.exit(EXIT_USAGE)

@@ -1,0 +1,74 @@
+"""``profwatch scan DIR``: report the capture batches under a folder and whether each is complete (CLI body).
+
+File names are printed as the OS gives them, decoded as UTF-8 with undecodable bytes as backslash-x escapes
+(``daemon/profwatch/core/display.py``), under any locale. Exit codes (``daemon/profwatch/exitcodes.py``, the same as ``analyze``):
+0 when at least one batch was found and every batch is ``complete``; 1 when a batch is
+``incomplete``/``invalid``/``parsing``; 2 when DIR holds no batch, cannot be read, or the arguments are wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import click
+
+from profwatch.adapters.rank_dir_fs import TreeUnavailable, describe_unsupported, find_unsupported, scan_tree
+from profwatch.core.completeness import BatchState, rank_summary, summarise_problems
+from profwatch.core.display import display_str, printable
+from profwatch.core.messages import MAX_WORLD_SIZE
+from profwatch.core.prof_layout import parse_rank_dir_name
+from profwatch.core.watch_settings import WatchSettings
+from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
+
+
+def render_table(batches: list[BatchState]) -> str:
+    """Readable report: one header line per batch, then its problems and notes."""
+    lines = []
+    for b in batches:
+        lines.append(f"{b.batch_id}  {b.status.upper()}  kind={b.kind}  ranks {len(b.ranks)}/"
+                     f"{len(b.expected_ranks)}  steps={b.steps or '-'}  dir={b.prof_dir}")
+        if b.missing_ranks:
+            lines.append(f"  missing ranks: {rank_summary(b.missing_ranks)}")
+        lines += [f"  problem: {text}" for text in summarise_problems(b.problems, with_paths=True)]
+        lines += [f"  note: {n}" for n in b.notes]
+    return display_str("\n".join(lines))
+
+
+@click.command("scan")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.option("--world-size", type=click.IntRange(min=1, max=MAX_WORLD_SIZE), default=None,
+              help=f"Expected number of ranks, at most {MAX_WORLD_SIZE} (default: from profiler_metadata.json).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of batches instead of a table.")
+@click.option("--quiet-period-s", type=click.FloatRange(min=0), default=None,
+              help="Older torch_npu without analyse.done: seconds outputs must be unchanged.")
+def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: float | None) -> None:
+    """Check the capture batches under DIRECTORY.
+
+    Exit 0 when every batch found is complete, 1 when one is not, 2 when DIRECTORY holds no batch or cannot be
+    read.
+    """
+    settings = WatchSettings() if quiet_period_s is None else WatchSettings(quiet_period_s=quiet_period_s)
+    root = os.path.abspath(directory)
+    one_rank_dir = parse_rank_dir_name(os.path.basename(root)) is not None
+    try:
+        batches = scan_tree(directory, world_size=world_size, now=time.time(), settings=settings)
+    except TreeUnavailable as exc:
+        click.echo(display_str(f"error: {exc}"), err=True)
+        raise SystemExit(EXIT_USAGE) from exc
+    other = describe_unsupported(find_unsupported(directory, max_depth=settings.scan_max_depth))
+    if as_json:
+        click.echo(json.dumps(printable([b.to_json() for b in batches]), indent=2, default=str))
+    elif batches:
+        click.echo(render_table(batches))
+    else:
+        click.echo(display_str(f"no rank dirs found under {directory}" + (f"; {other}" if other else "")), err=True)
+    if other and (batches or as_json):
+        click.echo(display_str(f"note: {other}"), err=True)
+    if one_rank_dir:  # last, so it is what the user reads: the other ranks were not looked for
+        click.echo(display_str(f"note: {root} is one rank dir, so its peers count as missing above; pass its parent "
+                               f"({os.path.dirname(root)}) to check the whole batch"), err=True)
+    if not batches:
+        raise SystemExit(EXIT_USAGE)
+    raise SystemExit(EXIT_OK if all(b.status == "complete" for b in batches) else EXIT_NOT_OK)

@@ -1,0 +1,129 @@
+"""``profwatch simulate``: SIMULATORS for trying profwatch and alert consumers without an NPU cluster.
+
+- ``profwatch simulate tree OUT``: write an Ascend-format capture batch (the generator the tests use; the real
+  msprof-analyze accepts it) with chosen slow ranks, for ``profwatch scan`` / ``profwatch analyze``.
+- ``profwatch simulate job``: start simulated Ascend ranks (real processes, real gloo all-reduce, the fake
+  ``torch_npu`` dynamic_profile protocol) that report to running node daemons and obey arms like real ones.
+Nothing here is torch_npu; everything it writes says so in its metadata.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Literal, get_args
+
+import click
+
+ExportType = Literal["db", "text", "both"]  # generate_cluster's export types = the --export-type choices
+
+
+@click.group()
+def simulate() -> None:
+    """Simulated Ascend captures and ranks (clearly labelled simulator; no NPU needed)."""
+
+
+def _parse_factors(spec: str | None, what: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for part in (spec or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            rank, factor = part.split(":") if ":" in part else (part, "1.5")
+            out[int(rank)] = float(factor)
+        except ValueError:
+            raise click.UsageError(f"{what} must look like '2:1.5,5:2.0', got {spec!r}") from None
+    return out
+
+
+@simulate.command()
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--world-size", default=4, show_default=True)
+@click.option("--slow", "slow", help="slow ranks as rank:factor[,rank:factor] (compute slower), e.g. 2:1.5")
+@click.option("--host-bound", help="rank:extra_free_fraction, e.g. 1:0.3")
+@click.option("--slow-link", help="rank:factor for a slower link")
+@click.option("--steps", default=3, show_default=True)
+@click.option("--export-type", type=click.Choice(get_args(ExportType)), default="db", show_default=True)
+@click.option("--no-marker", is_flag=True, help="omit analyse.done (older torch_npu)")
+@click.option("--capture-id", default=None)
+@click.option("--seed", default=0, show_default=True)
+def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, slow_link: str | None, steps: int,
+         export_type: ExportType, no_marker: bool, capture_id: str | None, seed: int) -> None:
+    """Write a simulated Ascend capture batch into OUT."""
+    from profwatch.simulate.ascend_tree import generate_cluster
+
+    if world_size < 1:
+        raise click.UsageError("--world-size must be >= 1")
+    slow_f, host_f, link_f = (_parse_factors(slow, "--slow"), _parse_factors(host_bound, "--host-bound"),
+                              _parse_factors(slow_link, "--slow-link"))
+    bad = sorted(r for r in (*slow_f, *host_f, *link_f) if not 0 <= r < world_size)
+    if bad:
+        raise click.UsageError(f"ranks {bad} are outside 0..{world_size - 1} (--world-size {world_size})")
+    if out.exists() and any(out.glob("*_ascend_pt")):
+        raise click.UsageError(f"{out} already holds rank dirs; pick an empty or new folder (nothing was written)")
+    out.mkdir(parents=True, exist_ok=True)
+    dirs = generate_cluster(out, world_size=world_size, slow_ranks=slow_f or None, host_bound_ranks=host_f or None,
+                            slow_link_ranks=link_f or None, steps=steps,
+                            export_type=export_type, with_marker=not no_marker,
+                            capture_id=capture_id or f"sim-{int(time.time())}", seed=seed)
+    click.echo(f"wrote {len(dirs)} simulated rank dirs under {out}")
+
+
+@simulate.command()
+@click.option("--job-id", default="sim-job", show_default=True)
+@click.option("--ranks", default=4, show_default=True)
+@click.option("--node-endpoint", "endpoints", multiple=True,
+              help="node daemon endpoint(s); ranks are spread over them (default: PROFWATCH_NODE_ENDPOINT or the "
+                   "standard runtime socket)")
+@click.option("--config-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="profiler_config_path of the simulated job (inside the daemons' allowed roots)")
+@click.option("--prof-root", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--slow-rank", default=-1, show_default=True)
+@click.option("--slowdown", default=2.0, show_default=True)
+@click.option("--at-step", default=40, show_default=True)
+@click.option("--duration-s", default=300.0, show_default=True, help="the ranks stop by themselves after this")
+@click.option("--stop-grace-s", default=30.0, show_default=True,
+              help="on Ctrl-C / SIGTERM: how long the ranks get to stop together before their process group is "
+                   "sent SIGTERM, then SIGKILL")
+def job(job_id: str, ranks: int, endpoints: tuple[str, ...], config_dir: Path, prof_root: Path, slow_rank: int,
+        slowdown: float, at_step: int, duration_s: float, stop_grace_s: float) -> None:
+    """Run simulated Ascend ranks against running node daemons until --duration-s, Ctrl-C or SIGTERM.
+
+    The ranks run in a process group of their own; stopping this command stops them (stop file first, so they
+    leave together at an agreed step, then SIGTERM, then SIGKILL to that group). Exit 0 when every rank ended
+    cleanly, 1 otherwise.
+    """
+    import signal
+    import sys
+
+    from profwatch.simulate.launcher import JobSpec, launch_job
+    from rankhook.publisher import default_endpoint
+
+    eps = list(endpoints) or [default_endpoint()]
+    stop = config_dir.resolve() / f".{job_id}.stop"
+    stop.unlink(missing_ok=True)
+    spec = JobSpec(job_id=job_id, world_size=ranks, node_endpoints=eps, profiler_config_path=config_dir.resolve(),
+                   prof_root=prof_root.resolve(), mode="ascend-sim", slow_rank=slow_rank, slowdown=slowdown,
+                   slow_at_step=at_step, max_seconds=duration_s, stop_file=stop)
+    asked: dict[str, str] = {}
+
+    def on_signal(signum: int, frame: object) -> None:
+        asked.setdefault("by", signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    running = launch_job(spec)
+    click.echo(f"simulated job {job_id}: {ranks} ranks (process group {running.pgid}) -> {', '.join(eps)}; "
+               f"config {config_dir}; runs {duration_s:g} s, Ctrl-C stops it", err=True)
+    end = time.monotonic() + duration_s + 120
+    while running.running() and "by" not in asked and time.monotonic() < end:
+        time.sleep(0.2)
+    if running.running():
+        why = f"{asked['by']} received" if "by" in asked else "past --duration-s"
+        click.echo(f"{why}: stopping the {running.running()} running ranks (up to {stop_grace_s:g} s to stop "
+                   "together, then SIGTERM, then SIGKILL to their process group)", err=True)
+    codes = running.stop(grace_s=stop_grace_s)
+    stop.unlink(missing_ok=True)
+    click.echo(f"ranks exited with {codes}", err=True)
+    sys.exit(0 if all(c == 0 for c in codes) else 1)

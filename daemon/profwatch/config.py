@@ -1,0 +1,189 @@
+"""The one validated configuration tree (pydantic-settings): a TOML file plus ``PROFWATCH_*`` env overrides.
+
+Loaded once in ``daemon/profwatch/cli.py`` and passed down. Env overrides use ``__`` between levels, e.g.
+``PROFWATCH_COORDINATOR__CONTROL_BIND=tcp://127.0.0.1:9712``. Unknown keys are errors (``extra="forbid"``).
+Each feature's own settings model lives next to its logic, in a module importable without that logic's heavy
+dependencies (``daemon/profwatch/core/*_settings.py``, ``msprof_plan.MsprofSettings``), and is composed here: importing
+this module (every ``profwatch`` command does) must not import numpy, pandas or the analysis stack
+(``tests/unit/test_import_weight.py``). ``systemd/profwatch.toml`` is the annotated example.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+from profwatch.core.access import SecuritySettings, exposure_problems
+from profwatch.core.analysis_settings import AnalysisSettings
+from profwatch.core.arming_settings import ArmingSettings
+from profwatch.core.capture import CaptureSettings
+from profwatch.core.detection_settings import DetectionSettings
+from profwatch.core.limits import LimitSettings
+from profwatch.core.sink_settings import AlertmanagerSettings, WebhookSettings
+from profwatch.core.watch_settings import WatchSettings
+
+DEFAULT_RUNTIME_DIR = "/run/profwatch"
+DEFAULT_STATE_DIR = "/var/lib/profwatch"
+
+
+class ConfigError(ValueError):
+    """The configuration file or environment is invalid (message says which key and why)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class NodeSettings(_Strict):
+    """Node daemon (one per host)."""
+
+    node_id: str = Field(default_factory=socket.gethostname, description="stable id of this node (default hostname)")
+    runtime_dir: Path = Path(DEFAULT_RUNTIME_DIR)
+    bind: str | None = Field(None, description="rank endpoint; default ipc://<runtime_dir>/node.sock")
+    socket_mode: int = Field(0o660, ge=0, le=0o777,
+                             description="mode of the ipc socket file: owner and socket_group may connect")
+    socket_group: str | None = Field(
+        None, description="group of the ipc socket file (e.g. 'profwatch', which training users join); "
+                          "None keeps the daemon's group")
+    coordinator: str = "tcp://127.0.0.1:7711"
+    heartbeat_interval_s: float = Field(2.0, gt=0, le=3600)
+    batch_max_messages: int = Field(1000, ge=1, le=10_000)
+    batch_max_delay_s: float = Field(0.05, gt=0, le=10)
+    batch_max_bytes: int = Field(1024 * 1024, ge=64 * 1024, le=2 * 1024 * 1024,
+                                 description="relay a batch before its bytes reach this")
+    relay_hwm: int = Field(1000, ge=1, le=1_000_000, description="batches queued while the coordinator is unreachable")
+    allowed_config_roots: list[Path] = Field(default_factory=list, description="folders this node may write configs in")
+    dp_log_poll_s: float = Field(1.0, gt=0, le=3600)
+    stale_check_interval_s: float = Field(30.0, gt=0, le=86400, description="how often the node looks for stale "
+                                          "torch_npu state (leftover shm segment, orphaned monitor)")
+    shm_dir: Path = Field(Path("/dev/shm"), description="where torch_npu's DynamicProfileNpuShm* segments live")
+    proc_dir: Path = Field(Path("/proc"), description="process table read to find orphaned DynMonitorProc monitors")
+    metrics_port: int | None = Field(None, ge=1, le=65535)
+
+    def rank_endpoint(self) -> str:
+        return self.bind or f"ipc://{self.runtime_dir}/node.sock"
+
+
+class CoordinatorSettings(_Strict):
+    """Coordinator daemon (one per cluster or per job group)."""
+
+    ingest_bind: str = Field("tcp://127.0.0.1:7711", description="node daemons connect here")
+    control_bind: str = "tcp://127.0.0.1:7712"
+    pub_bind: str = "tcp://127.0.0.1:7713"
+    state_db: Path = Path(DEFAULT_STATE_DIR) / "state.db"
+    work_dir: Path = Path(DEFAULT_STATE_DIR) / "work"
+    window_steps: int = Field(1000, ge=10, le=100_000)
+    node_timeout_s: float = Field(10.0, gt=0, le=86400)
+    tick_interval_s: float = Field(0.2, gt=0, le=10)
+    registry_flush_s: float = Field(2.0, gt=0, le=3600)
+    allowed_prof_roots: list[Path] = Field(default_factory=list, description="where rank dirs may be read")
+    allowed_config_roots: list[Path] = Field(default_factory=list, description="where the coordinator may write configs")
+    config_writer: Literal["coordinator", "node"] = Field(
+        "coordinator", description="who writes profiler_config.json: the coordinator (shared storage) or each node"
+    )
+    event_source: str = Field(default_factory=lambda: f"//profwatch/{socket.gethostname()}")
+    analysis_workers: int = Field(1, ge=1, le=8)
+    ack_timeout_s: float = Field(60.0, gt=0, le=86400, description="arms not acknowledged by every rank by then are reported")
+    metrics_port: int | None = Field(None, ge=1, le=65535)
+    job_end_after_s: float = Field(600.0, gt=0, le=30 * 86400,
+                                   description="a job none of whose ranks reported this long has ended (job_ended "
+                                               "event; its alerts resolve)")
+
+    def binds(self) -> dict[str, str]:
+        """The three listening endpoints by socket name (``ingest``, ``control``, ``pub``)."""
+        return {"ingest": self.ingest_bind, "control": self.control_bind, "pub": self.pub_bind}
+
+
+class LoggingSettings(_Strict):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["json", "console"] = "json"
+
+
+class Settings(BaseSettings):
+    """Root of the configuration tree (TOML file sections have the same names)."""
+
+    model_config = SettingsConfigDict(env_prefix="PROFWATCH_", env_nested_delimiter="__", extra="forbid",
+                                      allow_inf_nan=False)
+
+    node: NodeSettings = Field(default_factory=NodeSettings)
+    coordinator: CoordinatorSettings = Field(default_factory=CoordinatorSettings)
+    detection: DetectionSettings = Field(default_factory=DetectionSettings)
+    arming: ArmingSettings = Field(default_factory=ArmingSettings)
+    capture: CaptureSettings = Field(default_factory=CaptureSettings)
+    watch: WatchSettings = Field(default_factory=WatchSettings)
+    analysis: AnalysisSettings = Field(default_factory=AnalysisSettings)
+    alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
+    webhook: WebhookSettings = Field(default_factory=WebhookSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
+    security: SecuritySettings = Field(default_factory=SecuritySettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+
+    @model_validator(mode="after")
+    def _no_open_sockets(self) -> Settings:
+        """Refuse a socket reachable beyond loopback without CURVE (unless ``security.insecure``)."""
+        eps = {f"coordinator.{k}_bind": v for k, v in self.coordinator.binds().items()}
+        eps["node.coordinator"] = self.node.coordinator
+        eps["node.bind"] = self.node.rank_endpoint()
+        problems = exposure_problems(eps, self.security)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml = _TOML_PATH.get("path")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if toml is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml))
+        return tuple(sources)
+
+
+_TOML_PATH: dict[str, Path | None] = {"path": None}
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
+    """Load the config file (optional) with env overrides; ``overrides`` win over both.
+
+    Raises:
+        ConfigError: unreadable file, bad TOML, unknown keys or invalid values, with the offending key.
+    """
+    from pydantic import ValidationError
+
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist or is not a file")
+        try:
+            try:
+                import tomllib as _t
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as _t  # type: ignore[no-redef]
+            _t.loads(p.read_text())
+        except Exception as exc:  # noqa: BLE001
+            raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+    _TOML_PATH["path"] = Path(path) if path is not None else None
+    from pydantic_settings import SettingsError
+
+    try:
+        return Settings(**overrides)
+    except SettingsError as exc:
+        raise ConfigError(f"invalid configuration from the environment: {exc}") from None
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err.get("loc", ()))
+            lines.append(f"{loc}: {err.get('msg')}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+    finally:
+        _TOML_PATH["path"] = None

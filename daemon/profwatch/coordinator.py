@@ -1,0 +1,527 @@
+"""Coordinator daemon (composition root): telemetry ingest, registry, detection, arming, capture tracking,
+control socket, event/alert stream and state store.
+
+Sockets (``daemon/profwatch/adapters/server_sockets.py``): ingest ROUTER (node DEALERs connect), control ROUTER (CLI REQ
+clients), PUB (subscribers); CURVE-authenticated beyond loopback. A node speaks for the node id its key names
+(``daemon/profwatch/core/peers.py``); each control command needs the role ``daemon/profwatch/core/access.py`` lists for it.
+One thread owns the sockets and the SQLite connection (the main loop). File system work (config writes on shared
+storage, rank-dir scans) and analyses run on worker threads and hand results back through a queue (FC-15).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+import zmq
+
+from profwatch.adapters import control
+from profwatch.adapters.alert_sinks import AlertSinks
+from profwatch.adapters.metrics import DaemonMetrics
+from profwatch.adapters.sd_notify import SdNotifier
+from profwatch.adapters.server_sockets import ServerSockets
+from profwatch.adapters.state import StateStore, Stored
+from profwatch.capture_ports import BatchAnalyser, RankDirScanner
+from profwatch.captures import CaptureShell
+from profwatch.config import Settings
+from profwatch.coordinator_control import ControlCommands
+from profwatch.core.alerts import (
+    TYPE_ANALYSIS_ENRICHED,
+    TYPE_JOB_ENDED,
+    TYPE_JOB_GENERATION,
+    TYPE_STORAGE_FAILED,
+    TYPE_STORAGE_RECOVERED,
+    make_cloudevent,
+)
+from profwatch.core.anomaly import Anomaly, JobDetector
+from profwatch.core.generations import GenerationOpened
+from profwatch.core.job_end import JobEndTracker
+from profwatch.core.messages import MessageRejected, parse_node_message
+from profwatch.core.peers import NodeRoutes
+from profwatch.core.registry import GenerationPending, Registry, RegistryError
+from profwatch.core.registry_state import jobs_from_rows, registry_rows
+from profwatch.logsetup import OncePerKind
+from rankhook import wire
+
+log = structlog.get_logger("profwatch.coordinator")
+INGEST_PASS_S = 0.2
+"""Longest one pass over the ingest socket runs before control requests and timers get their turn (seconds)."""
+
+ALERT_TYPES = {
+    "io.profwatch.suspect_ranks.v1",
+    "io.profwatch.batch_incomplete.v1",
+    "io.profwatch.analysis_failed.v1",
+    "io.profwatch.path_refused.v1",
+    TYPE_ANALYSIS_ENRICHED,
+    TYPE_STORAGE_FAILED,
+}
+
+
+class _DetectorView:
+    """The capture shell's narrow view of the coordinator's detectors (``DetectorsPort``)."""
+
+    def __init__(self, detectors: dict[str, JobDetector]) -> None:
+        self._d = detectors
+
+    def exclude_steps(self, job_id: str, first: int, last: int, reason: str) -> None:
+        det = self._d.get(job_id)
+        if det is not None:
+            det.exclude_steps(first, last, reason)
+
+    def stalled_ranks(self, job_id: str) -> frozenset[int]:
+        det = self._d.get(job_id)
+        return frozenset(det.stalled_ranks) if det is not None else frozenset()
+
+    def baseline_step_time_s(self, job_id: str) -> float | None:
+        det = self._d.get(job_id)
+        return det.baseline_step_time_s if det is not None else None
+
+
+def _start_watcher(on_wake: Callable[[str], None], settings: Settings, metrics: Any = None) -> Any:
+    from profwatch.adapters.prof_watch import ProfWatcher
+
+    watcher = ProfWatcher(on_wake, settings=settings.watch, metrics=metrics)
+    watcher.start()
+    return watcher
+
+
+class Coordinator(ControlCommands):
+    """The coordinator. ``run()`` blocks until ``stop()``; everything persistent is in ``settings.coordinator.state_db``.
+
+    Raises:
+        zmq.ZMQError: an endpoint cannot be bound (address in use).
+        sqlite3.DatabaseError: the state database is not usable.
+        profwatch.adapters.curve.CurveSetupError: CURVE is required but a key is missing or the self-test failed.
+        SinkConfigError: an alert sink's Authorization or TLS file is unusable.
+    """
+
+    def __init__(self, settings: Settings, metrics: DaemonMetrics | None = None,
+                 notifier: SdNotifier | None = None) -> None:
+        self.settings = settings
+        cs = settings.coordinator
+        self.metrics = metrics or DaemonMetrics("coordinator")
+        self.notifier = notifier or SdNotifier({})
+        self._stop = threading.Event()
+        # alert sinks: every emitted event goes to them; standing Alertmanager alerts are rebuilt from the store
+        self.sinks = AlertSinks.from_settings(settings.alertmanager, settings.webhook, os.environ, self.metrics)
+        try:
+            lim = settings.limits
+            self.state = StateStore(
+                cs.state_db, retry_max_items=lim.state_retry_queue_items, retry_max_bytes=lim.state_retry_queue_bytes,
+                on_failed=lambda op, _err: self.metrics.state_store_failures.labels(op).inc(),
+                on_dropped=lambda kind, n: self.metrics.state_store_dropped.labels(kind).inc(n))
+            self.sinks.restore(self.state.iter_events(self.sinks.restore_types))
+        except Exception:
+            self.sinks.close()
+            raise
+        self._job_end = JobEndTracker(cs.job_end_after_s)
+        self._next_observe = 0.0
+        self._ctx = zmq.Context()
+        self.registry = Registry(window_steps=cs.window_steps, limits=settings.limits)
+        self.routes = NodeRoutes(settings.limits.max_nodes)  # node id <-> ingest connection (identity binding)
+        self.detectors: dict[str, JobDetector] = {}
+        self._detector_ranks = 0  # sum of world sizes of jobs with a detector (bounded by limits.max_ranks_total)
+        self._known_nodes: set[str] = set()  # nodes seen since this process started (others must re-register)
+        self._once = OncePerKind()
+        self._storage_failed: float | None = None  # when the current storage_failed alert was raised
+        self._flushed_generation: dict[str, int] = {}  # job -> generation whose rank rows the store holds
+        self._peer_logged: dict[tuple[str, str], float] = {}
+        self.counters = {"received": 0, "rejected": 0, "batches": 0, "lost_batches": 0, "events": 0}
+        self.results: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._restore_registry()
+        try:
+            self.sockets = ServerSockets(self._ctx, cs.binds(), settings.security, settings.limits,
+                                         on_refused=lambda sock, why: self.metrics.auth_refused.labels(sock, why).inc())
+        except BaseException:
+            self.state.close()
+            self._ctx.term()
+            raise
+        self.ingest = self.sockets.ingest
+        self.control_sock = self.sockets.control
+        self.pub = self.sockets.pub
+        from profwatch.adapters.config_writer import ConfigWriter
+
+        self.captures = CaptureShell(
+            settings=settings, store=self.state, jobs=self.registry.jobs, nodes=self.registry.nodes,
+            writer=ConfigWriter(), send_node_command=self.send_node_command, scanner=RankDirScanner(settings.watch, settings.coordinator.allowed_prof_roots),
+            analyser=BatchAnalyser(settings.analysis), detectors=_DetectorView(self.detectors), emit=self.emit,
+            post=self.results.put, clock=time.time, make_watcher=lambda on_wake: _start_watcher(on_wake, settings, self.metrics),
+            count_state=lambda state: self.metrics.captures.labels(state).inc())
+        bound = settings.limits.coordinator_peak_bytes(cs.window_steps, wire.MAX_BATCH_BYTES, control.MAX_REQUEST_BYTES)
+        self._state_bound_mib = round(bound["total"] / 2**20)
+        log.info("coordinator_started", ingest=cs.ingest_bind, control=cs.control_bind, pub=cs.pub_bind,
+                 curve=sorted(k for k, v in self.sockets.curve.items() if v), state_db=str(cs.state_db),
+                 jobs=len(self.registry.jobs), state_bound_mib=self._state_bound_mib)
+
+    # -- persistence --------------------------------------------------------------------------------------------
+    def _restore_registry(self) -> None:
+        jobs, ranks, _nodes = self.state.load_registry()
+        for job in jobs_from_rows(jobs, ranks, self.registry.window_steps):
+            self.registry.restore(job)
+            self._flushed_generation[job.job_id] = job.generation
+
+    def _flush_registry(self) -> None:
+        jobs, ranks, nodes = registry_rows(self.registry.jobs.values(), self.registry.nodes.values())
+        reset = [j.job_id for j in self.registry.jobs.values()
+                 if self._flushed_generation.get(j.job_id, j.generation) != j.generation]
+        self.state.save_registry(jobs, ranks, nodes, reset_ranks_of=reset)
+        self._flushed_generation = {j.job_id: j.generation for j in self.registry.jobs.values()}
+
+    # -- events -------------------------------------------------------------------------------------------------
+    def emit(self, type_: str, job_id: str | None, data: dict[str, Any], event_id: str | None = None) -> dict[str, Any] | None:
+        """Store and publish one CloudEvent; events are deduplicated by ``event_id`` on every path (store, PUB,
+        sinks). When the store fails the event is published anyway and kept for a retry (``storage_failed``).
+        Returns the event, or None when it was a duplicate."""
+        now = time.time()
+        ev = make_cloudevent(type_, job_id or "_", data, source=self.settings.coordinator.event_source,
+                             now_unix_s=now, event_id=event_id)
+        is_alert = type_ in ALERT_TYPES
+        stored = self.state.add_event(ev, is_alert)
+        if stored is Stored.DUPLICATE:
+            return None
+        self.pub.publish(ev, is_alert)
+        self.metrics.observe_event(ev)
+        self.counters["events"] += 1
+        self.sinks.submit(ev, is_alert, now)
+        log.info("event_published", type=type_, job_id=job_id, event_id=ev["id"], stored=stored.value)
+        if stored is Stored.QUEUED:
+            self._check_store(now)
+        return ev
+
+    def _check_store(self, now: float) -> None:
+        """Retry the store's queued writes when due; raise ``storage_failed`` once per failure episode and say
+        ``storage_recovered`` when everything is stored again."""
+        ok = self.state.retry(now)
+        self.metrics.state_store_pending.set(len(self.state.queue))
+        if not ok and self._storage_failed is None:
+            self._storage_failed = now
+            st = self.state.status()
+            self.emit(TYPE_STORAGE_FAILED, None, {
+                "path": self.state.path, "error": st["last_error"], "pending": st["pending"],
+                "failures": st["failures"], "since_unix_s": st["failing_since_unix_s"],
+                "note": "events are published anyway and stored when the store takes writes again; "
+                        "free space on the state disk"}, event_id=f"storage_failed-{int(now * 1000)}")
+        elif ok and self._storage_failed is not None:
+            since, self._storage_failed = self._storage_failed, None
+            self.emit(TYPE_STORAGE_RECOVERED, None, {"path": self.state.path, "failed_for_s": round(now - since, 3),
+                                                     "dropped": dict(self.state.dropped)},
+                      event_id=f"storage_recovered-{int(now * 1000)}")
+
+    # -- main loop ----------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Serve until stopped; always closes sockets, workers and the state store."""
+        cs = self.settings.coordinator
+        poller = zmq.Poller()
+        poller.register(self.ingest, zmq.POLLIN)
+        poller.register(self.control_sock, zmq.POLLIN)
+        for mon in self.sockets.monitor_sockets():
+            poller.register(mon, zmq.POLLIN)
+        next_tick = next_flush = next_expiry = 0.0
+        self.captures.start()
+        self.notifier.ready("serving")
+        try:
+            while not self._stop.is_set():
+                self.notifier.watchdog(time.monotonic())  # only while this loop turns (systemd WatchdogSec)
+                events = dict(poller.poll(int(cs.tick_interval_s * 1000 / 2)))
+                if self.ingest in events:
+                    self._drain_ingest()
+                if self.control_sock in events:
+                    self._drain_control()
+                if len(events) > (self.ingest in events) + (self.control_sock in events):
+                    self.sockets.poll_monitors()
+                self._drain_results()
+                now = time.time()
+                if self._storage_failed is not None or len(self.state.queue):
+                    self._check_store(now)
+                if now >= next_tick:
+                    next_tick = now + cs.tick_interval_s
+                    self._tick(now)
+                if now >= next_expiry:
+                    next_expiry = now + min(10.0, self.settings.limits.job_expiry_s / 4)
+                    self._expire(now)
+                if now >= next_flush:
+                    next_flush = now + cs.registry_flush_s
+                    try:
+                        self._flush_registry()
+                    except Exception as exc:  # noqa: BLE001 - a failed flush is retried at the next period
+                        if self._once.first(f"flush:{type(exc).__name__}"):
+                            log.exception("registry_flush_failed", error=repr(exc))
+        finally:
+            self.close()
+
+    def _drain_results(self) -> None:
+        while True:
+            try:
+                fn = self.results.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - a failing handler must not kill the loop
+                log.exception("result_handler_failed", error=repr(exc))
+
+    def _tick(self, now: float) -> None:
+        self.metrics.queue_depth.labels("results").set(self.results.qsize())
+        try:
+            for det in list(self.detectors.values()):
+                for an in det.tick(now):
+                    self._on_anomaly(an, now)
+            self.captures.tick(now)
+            self._tick_jobs_and_sinks(now)
+        except Exception as exc:  # noqa: BLE001
+            if self._once.first(f"tick:{type(exc).__name__}"):
+                log.exception("tick_failed", error=repr(exc))
+
+    def _tick_jobs_and_sinks(self, now: float) -> None:
+        """Job ends (no rank reported for ``job_end_after_s``: ``job_ended`` event), alert re-sends, gauges."""
+        cs = self.settings.coordinator
+        self.sinks.tick(now)
+        if now >= self._next_observe:  # once a second: O(ranks)
+            self._next_observe = now + 1.0
+            last = {j.job_id: max((r.seen_unix_s for r in j.ranks.values()), default=0.0)
+                    for j in self.registry.jobs.values()}
+            for end in self._job_end.check(last, now):
+                self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json(), event_id=end.event_id())
+            snap = self.registry.snapshot(now, cs.node_timeout_s)
+            active = {j for j, t in last.items() if now - t < cs.job_end_after_s}
+            self.metrics.observe_state(snap["jobs"], snap["nodes"], active, self.state.capture_state_summary(), now)
+
+    def _reject(self, exc: MessageRejected | RegistryError, node_id: str = "", quiet: bool = False) -> None:
+        self.counters["rejected"] += 1
+        self.metrics.rejected.labels(exc.reason).inc()
+        if not quiet and self._once.first(exc.reason):
+            log.warning("message_rejected", reason=exc.reason, detail=str(exc), node_id=node_id,
+                        note="logged once per reason; see profwatch_rejected_total")
+
+    def _refuse_peer(self, reason: str, detail: str, peer: str) -> None:
+        """Count a refusal by a peer and log it once a minute per (reason, peer)."""
+        self._reject(MessageRejected(reason, detail), peer, quiet=True)
+        now = time.monotonic()
+        if now - self._peer_logged.get((reason, peer), -1e9) >= 60.0:
+            if len(self._peer_logged) > 10_000:
+                self._peer_logged.clear()
+            self._peer_logged[(reason, peer)] = now
+            log.warning("peer_refused", reason=reason, detail=detail, peer=peer,
+                        note="logged once a minute per peer and reason; see profwatch_rejected_total")
+
+    def _drain_ingest(self) -> None:
+        # at most 100 batches (~100k reports) and INGEST_PASS_S per pass, so control requests (the CLI's 3 s ping)
+        # and SIGTERM are never starved, however costly each batch is (e.g. 1000 hellos)
+        until = time.monotonic() + INGEST_PASS_S
+        for _ in range(100):
+            if time.monotonic() > until:
+                return
+            try:
+                frames = self.ingest.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            route = frames[0].bytes
+            key = self.sockets.node_key(frames[-1])
+            peer = f"key:{key}" if key is not None else f"conn:{route.hex()}"
+            if len(frames) != 2:
+                self._reject(MessageRejected("bad_framing", f"{len(frames)} frames"), peer)
+                continue
+            try:
+                env, msgs, bad = parse_node_message(frames[1].bytes)
+            except MessageRejected as exc:
+                self._reject(exc, peer)
+                continue
+            except Exception as exc:  # noqa: BLE001 - whatever a peer sends, the loop keeps serving
+                self._reject(MessageRejected("bad_message", repr(exc)[:200]), peer)
+                continue
+            verdict = self.routes.admit(route, env.node_id, key)
+            if verdict.action == "refuse":
+                self._refuse_peer(verdict.reason, verdict.detail, peer)
+                continue
+            node_id = env.node_id
+            for b in bad:
+                self._reject(b, node_id)
+            now = time.time()
+            if verdict.old_route is not None:
+                log.warning("node_connection_replaced", node_id=node_id, key=key, detail=verdict.detail,
+                            note="the previous connection was told to reconnect")
+                self._send_node(verdict.old_route, wire.NodeCommand(
+                    cmd="reconnect", command_id=f"reconnect-{int(now)}", args={"after_s": 2.0}))
+            try:
+                self._on_node_message(route, env, msgs, now)
+            except RegistryError as exc:
+                self._refuse_peer(exc.reason, str(exc), peer)
+
+    def _on_node_message(self, route: bytes, env: Any, msgs: list[Any], now: float) -> None:
+        node_id = env.node_id
+        if node_id not in self._known_nodes:
+            self.registry.touch_node(node_id, getattr(env, "hostname", ""), now)  # refused beyond limits.max_nodes
+            self._known_nodes.add(node_id)
+            if env.kind != "node_batch" or not any(m.kind == "hello" for m in msgs):
+                self._send_node(route, wire.NodeCommand(cmd="register", command_id=f"reg-{int(now)}"))
+        if env.kind == "node_heartbeat":
+            self.registry.heartbeat(env, now)
+            # answered, so a node dialling the wrong endpoint (or refused here) notices: it warns when unanswered
+            self._send_node(route, wire.NodeCommand(cmd="heartbeat_ack", command_id=f"hb-{int(now)}"))
+        elif env.kind == "node_ack":
+            self.captures.on_node_ack(env, now)
+        elif env.kind == "node_batch":
+            node, _new = self.registry.touch_node(node_id, env.hostname, now)
+            lost = self.registry.note_batch_seq(node, env.seq)
+            if lost:
+                self.counters["lost_batches"] += lost
+            self.counters["batches"] += 1
+            self._ingest_messages(msgs, node_id, now)
+
+    def _ingest_messages(self, msgs: list[Any], node_id: str, now: float) -> None:
+        reg = self.registry
+        self.counters["received"] += len(msgs)
+        self.metrics.messages_in.labels("rank_message").inc(len(msgs))
+        detectors = self.detectors
+        for m in msgs:
+            kind = m.kind
+            try:
+                if kind == "step":
+                    job, rank, restarted = reg.step(m, now, node_id)
+                    if job is None or rank is None:
+                        self._reject(MessageRejected("unknown_job", f"step for job {m.job_id} before any hello"), node_id)
+                        continue
+                    if restarted:
+                        opened = reg.note_restart(job, rank, now)
+                        if opened is not None:
+                            self._on_generation(opened, now)
+                    if rank.gen != job.generation:
+                        continue  # a worker of an older generation that has not restarted yet: not this shape
+                    det = detectors.get(m.job_id) or self._detector_for(job.job_id, job.world_size)
+                    if det is None:
+                        continue
+                    anomalies = det.observe(m, now)  # stalls are judged from this arrival time
+                    if anomalies:
+                        for an in anomalies:
+                            self._on_anomaly(an, now)
+                elif kind == "hello":
+                    known = m.job_id in reg.jobs
+                    outcome = reg.admit_hello(m, node_id, now)
+                    if not known:
+                        log.info("job_registered", job_id=m.job_id, world_size=m.world_size, backend=m.backend,
+                                 node_id=node_id, uid=m.peer_uid, restart_count=m.restart_count)
+                    if outcome.opened is not None:
+                        self._on_generation(outcome.opened, now)
+                    self.captures.on_hello(outcome.job, m, now)
+                elif kind == "capture":
+                    reg.rank_for(m, node_id)  # a node speaks only for the ranks that run on it
+                    self.captures.on_capture_event(m, node_id, now)
+                elif kind == "bye":
+                    reg.bye(m, now, node_id)
+                    left = self.detectors.get(m.job_id)
+                    if left is not None:
+                        left.mark_left(m.rank)
+            except GenerationPending as exc:
+                self.counters["generation_pending"] = self.counters.get("generation_pending", 0) + 1
+                self._reject(exc, node_id, quiet=True)
+                if self._once.first(f"claim:{m.job_id}:{getattr(m, 'world_size', '')}:{getattr(m, 'restart_count', '')}"):
+                    log.info("generation_claimed", job_id=m.job_id, detail=str(exc), node_id=node_id)
+            except RegistryError as exc:
+                if exc.reason == "paths_changed":
+                    self._paths_changed(m, node_id, str(exc), now)
+                self._reject(exc, node_id)
+            except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
+                self.counters["internal_errors"] = self.counters.get("internal_errors", 0) + 1
+                if self._once.first(f"internal:{kind}:{type(exc).__name__}"):
+                    log.exception("message_handler_failed", kind=kind, job_id=getattr(m, "job_id", None))
+
+    def _detector_for(self, job_id: str, world_size: int) -> JobDetector | None:
+        """Create a job's detector at its first step (its per-rank tables are ``world_size`` long), while the sum
+        of world sizes with a detector stays within ``limits.max_ranks_total``; else None (logged once per job)."""
+        if self._detector_ranks + world_size > self.settings.limits.max_ranks_total:
+            if self._once.first(f"detector_budget:{job_id}"):
+                log.warning("detection_skipped", job_id=job_id, world_size=world_size,
+                            ranks_with_detectors=self._detector_ranks, limit=self.settings.limits.max_ranks_total,
+                            note="limits.max_ranks_total reached: the job is tracked, not analysed for anomalies")
+            return None
+        det = JobDetector(job_id, world_size, self.settings.detection, capture=self.settings.capture)
+        self.detectors[job_id] = det
+        self._detector_ranks += world_size
+        return det
+
+    def _on_generation(self, g: GenerationOpened, now: float) -> None:
+        """A job started a new generation: drop its detector (rebuilt for the new shape at its next step: windows
+        and baselines of the old shape would judge the new one), close its old captures as superseded (data
+        kept), and publish ``job_generation``."""
+        det = self.detectors.pop(g.job_id, None)
+        if det is not None:
+            self._detector_ranks -= det.world_size
+        log.info("job_generation", job_id=g.job_id, generation=g.generation, world_size=g.world_size,
+                 old_world_size=g.old_world_size, restart_count=g.restart_count, reason=g.reason, nodes=list(g.nodes),
+                 refused=dict(g.refused))
+        self.captures.supersede_generation(g.job_id, g.generation, now)
+        self.emit(TYPE_JOB_GENERATION, g.job_id, g.to_json(), event_id=g.event_id())
+
+    def _paths_changed(self, m: Any, node_id: str, detail: str, now: float) -> None:
+        """Alert once per job and claimed paths: a hello tried to move a job's pinned paths."""
+        claimed = repr((m.profiler_config_path, m.prof_root)).encode("utf-8", "backslashreplace")
+        digest = hashlib.sha256(claimed).hexdigest()[:16]
+        self.emit("io.profwatch.path_refused.v1", m.job_id,
+                  {"rank": m.rank, "hostname": m.hostname, "node_id": node_id, "reason": "paths_changed",
+                   "problems": [detail]}, event_id=f"paths_changed-{m.job_id}-{digest}")
+
+    def _expire(self, now: float) -> None:
+        """Forget jobs with no rank heard for ``limits.job_expiry_s`` (and their detectors and stored rows)."""
+        gone = self.registry.expire(now)
+        for job_id in gone:
+            det = self.detectors.pop(job_id, None)
+            if det is not None:
+                self._detector_ranks -= det.world_size
+            log.info("job_expired", job_id=job_id, silent_for_s=self.settings.limits.job_expiry_s)
+        if gone:
+            try:
+                self.state.forget_jobs(gone)
+            except Exception as exc:  # noqa: BLE001 - retried at the next restart's expiry
+                log.warning("forget_jobs_failed", error=repr(exc))
+        for node_id in self.routes.node_ids():
+            if node_id not in self.registry.nodes:
+                self.routes.forget(node_id)
+                self._known_nodes.discard(node_id)
+
+    def _on_anomaly(self, an: Anomaly, now: float) -> None:
+        data = {"kind": an.kind, "step": an.step, "ranks": list(an.ranks), "magnitude": an.magnitude, "detail": an.detail}
+        self.emit("io.profwatch.anomaly.v1", an.job_id, data)
+        self.captures.on_anomaly(an, now)
+
+    def _send_node(self, route: bytes, cmd: wire.NodeCommand) -> None:
+        try:
+            self.ingest.send_multipart([route, wire.encode(cmd)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.warning("node_command_failed", node_id=self.routes.node(route), cmd=cmd.cmd, error=str(exc))
+
+    def send_node_command(self, node_id: str, cmd: wire.NodeCommand) -> None:
+        """Send a command to one node daemon: to the connection that speaks for ``node_id`` (dropped and logged
+        when the node has none)."""
+        route = self.routes.route(node_id)
+        if route is None:
+            log.warning("node_command_failed", node_id=node_id, cmd=cmd.cmd, error="node not connected")
+            return
+        self._send_node(route, cmd)
+
+    # -- shutdown -----------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._ctx.closed:
+            return
+        self._stop.set()
+        self.notifier.stopping()
+        try:
+            self.captures.close()
+            self.sinks.close()
+        finally:
+            try:
+                self._flush_registry()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("registry_flush_failed", error=repr(exc))
+            self.state.close()
+            self.sockets.close()
+            self._ctx.term()
+            log.info("coordinator_stopped", **self.counters)

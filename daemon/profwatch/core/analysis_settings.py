@@ -1,0 +1,27 @@
+"""Settings of one batch analysis (``profwatch.analysis.analyze_batch``): tool runs, ranking, report (pure, pydantic).
+
+Kept apart from ``daemon/profwatch/analysis.py`` so that ``daemon/profwatch/config.py`` composes it without importing the analysis
+stack (staging, subprocess runner, Kineto reader, report rendering).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from profwatch.core.msprof_plan import MsprofSettings
+from profwatch.core.ranking import RankingSettings
+
+
+class AnalysisSettings(BaseModel):
+    """Settings of ``analyze_batch``: msprof-analyze runs (``msprof``), ranking thresholds (``ranking``), and
+    whether ``report.json`` (``report``) and ``report.html`` (``report_html``) are written (by the alert phase, and
+    again by the enrich phase). ``kineto_op_compare``: the torch.profiler follow-up, each suspect's ops against a
+    reference rank's (``analysis_enriched``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    msprof: MsprofSettings = Field(default_factory=MsprofSettings)
+    ranking: RankingSettings = Field(default_factory=RankingSettings)
+    report: bool = True
+    report_html: bool = True
+    kineto_op_compare: bool = True

@@ -1,0 +1,251 @@
+"""Automatic capture arming: anomaly + job history -> arm / would_arm / suppress, and the capture request to plan
+(pure; time passed in).
+
+The one arming path of profwatch. The coordinator and ``profwatch replay`` both, per anomaly:
+
+1. ``decision = history.decide(policy, anomaly, now, capture_in_flight=..., stalled_ranks=...)``
+   (:class:`ArmHistory` builds the :class:`JobArmState`, :class:`ArmingPolicy` decides);
+2. if ``decision.action`` is ``arm`` or ``would_arm``: ``req = capture_request(anomaly, decision, ...)`` and
+   ``profwatch.core.capture.plan_capture(req, progress, capture_settings)`` (the coordinator writes the plan in
+   act mode and only plans it in observe mode);
+3. ``history.record(decision, now)`` once the plan succeeded, so a would-arm in observe mode counts for the
+   cooldown and the hourly cap exactly as an arm does in act mode; ``history.record_bytes`` as captures land.
+
+The job step time handed to the planner is ``JobDetector.baseline_step_time_s`` in both.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from profwatch.core.arming_settings import ArmingSettings
+from profwatch.core.capture import CaptureRequest, CaptureSettings, lead_steps
+from profwatch.core.detection_types import Anomaly
+from profwatch.core.targeting import JobTopology, Target, estimate_capture_bytes, plan_targets
+
+ArmAction = Literal["arm", "would_arm", "suppress"]
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobArmState:
+    """What the policy needs to know about one job at decision time.
+
+    ``capture_in_flight`` is true while a capture is armed, running or captured but not yet analysed;
+    ``last_arm_unix_s`` the wall time of the last arm or would-arm (None = never); ``captures_last_hour`` /
+    ``bytes_last_hour`` count arms (and would-arms) and bytes in the rolling hour (captured, plus the estimate of
+    captures still in flight); ``stalled_ranks`` the ranks the detector currently reports as stalled;
+    ``bytes_per_rank_step``: what one rank wrote per recorded step in the job's last capture (None = no capture
+    yet: ``[arming.targeting] bytes_per_rank_step`` is the estimate).
+    """
+
+    capture_in_flight: bool = False
+    last_arm_unix_s: float | None = None
+    captures_last_hour: int = 0
+    bytes_last_hour: int = 0
+    stalled_ranks: frozenset[int] = frozenset()
+    bytes_per_rank_step: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ArmDecision:
+    """Outcome of :meth:`ArmingPolicy.decide`.
+
+    ``action`` is ``arm``, ``would_arm`` (observe mode: everything passed) or ``suppress``; ``reason`` a stable
+    snake_case string (``armed``, ``observe_mode``, ``mode_off``, ``stalled_rank_not_capturable``,
+    ``transient_not_capturable``, ``kind_not_armed``, ``below_min_magnitude``, ``capture_in_flight``,
+    ``cooldown``, ``hourly_cap``, ``byte_cap``, ``stalled_rank_in_capture``). ``warmup``/``active``/``rank_list``
+    are the window to arm (``rank_list`` None = all ranks); ``capture_reason`` a short human text stamped into
+    the capture metadata. ``target``: which ranks and why (``daemon/profwatch/core/targeting.py``; None when the job's
+    layout was not given); ``estimated_bytes``: what the capture is expected to write, counted against
+    ``max_capture_bytes_per_hour`` before arming.
+    """
+
+    action: ArmAction
+    reason: str
+    warmup: int
+    active: int
+    rank_list: tuple[int, ...] | None
+    capture_reason: str
+    target: Target | None = None
+    estimated_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict of every field."""
+        return {"action": self.action, "reason": self.reason, "warmup": self.warmup, "active": self.active,
+                "rank_list": list(self.rank_list) if self.rank_list is not None else None,
+                "capture_reason": self.capture_reason, "estimated_bytes": self.estimated_bytes,
+                "targeting": self.target.to_json() if self.target is not None else None}
+
+
+def describe_anomaly(anomaly: Anomaly) -> str:
+    """Short human text for an anomaly, e.g. ``step_regression +25% at step 120``."""
+    ranks = f" ranks {list(anomaly.ranks)[:8]}" if anomaly.ranks else ""
+    return f"{anomaly.kind} {anomaly.magnitude:+.0%} at step {anomaly.step}{ranks}"
+
+
+class ArmingPolicy:
+    """Decides whether an anomaly arms a capture.
+
+    Notes:
+        Checks, in order (the first that fails names the suppression reason): ``mode == "off"`` -> ``mode_off``;
+        a stall -> ``stalled_rank_not_capturable`` (report only: a stalled rank never reaches a future
+        ``start_step``, so its batch could never complete); a transient spike -> ``transient_not_capturable``
+        (it was over before any capture could start); kind not in ``arm_on`` -> ``kind_not_armed``;
+        magnitude below ``min_magnitude``; one capture per job at a time (``capture_in_flight``, until analysed);
+        ``cooldown_s`` since the last arm; ``max_captures_per_hour``; ``max_capture_bytes_per_hour`` (bytes of the
+        hour plus this capture's estimate: ranks covered x active steps x the job's last bytes per rank and step,
+        else ``[arming.targeting] bytes_per_rank_step``); a capture that would include a currently stalled rank
+        -> ``stalled_rank_in_capture``. The ranks covered: ``rank_list`` when set, else, given the job's
+        ``topology``, :func:`profwatch.core.targeting.plan_targets` (suspects + peers + reference ranks for a rank
+        outlier in a large job, a sample covering every node for a job-wide one; every rank in a small job). In ``observe`` mode all
+        checks run and a pass gives ``would_arm`` (reason ``observe_mode``); :class:`ArmHistory` counts it as an
+        arm, so observe mode shows exactly what act mode would do (except the byte cap: nothing is captured).
+        Source: rate limits as in ByteRobust (arXiv 2509.16293: act only after repeated alerts); observe before
+        act as in the "observe" rollout mode of Ray Train's NCCL hang callback (ray-project/ray PRs 64928, 64993).
+    """
+
+    def __init__(self, settings: ArmingSettings | None = None) -> None:
+        self.settings = settings or ArmingSettings()
+
+    def update_settings(self, settings: ArmingSettings) -> None:
+        """Swap limits at runtime (no state is kept here)."""
+        self.settings = settings
+
+    def decide(self, anomaly: Anomaly, job_state: JobArmState, now_unix_s: float,
+               topology: JobTopology | None = None) -> ArmDecision:
+        """Return the decision for ``anomaly`` given ``job_state`` at wall time ``now_unix_s`` (seconds) and, when
+        known, the job's ``topology`` (which ranks to cover)."""
+        s = self.settings
+        target = None
+        if s.rank_list is None and topology is not None:
+            target = plan_targets(anomaly.ranks, topology, s.targeting)
+        rank_list = s.rank_list if s.rank_list is not None else (target.rank_list if target is not None else None)
+        text = describe_anomaly(anomaly)
+        covered = len(rank_list) if rank_list is not None else (topology.world_size if topology is not None else 0)
+        per_rank = (job_state.bytes_per_rank_step if job_state.bytes_per_rank_step is not None
+                    else s.targeting.bytes_per_rank_step)
+        estimate = estimate_capture_bytes(covered, s.active, per_rank)
+
+        def out(action: ArmAction, reason: str) -> ArmDecision:
+            return ArmDecision(action, reason, s.warmup, s.active, rank_list, text, target, estimate)
+
+        if s.mode == "off":
+            return out("suppress", "mode_off")
+        if anomaly.kind == "stalled_rank":
+            return out("suppress", "stalled_rank_not_capturable")
+        if anomaly.kind == "step_spike":
+            return out("suppress", "transient_not_capturable")
+        if anomaly.kind not in s.arm_on:
+            return out("suppress", "kind_not_armed")
+        if anomaly.magnitude < s.min_magnitude:
+            return out("suppress", "below_min_magnitude")
+        if job_state.capture_in_flight:
+            return out("suppress", "capture_in_flight")
+        if job_state.last_arm_unix_s is not None and now_unix_s - job_state.last_arm_unix_s < s.cooldown_s:
+            return out("suppress", "cooldown")
+        if job_state.captures_last_hour >= s.max_captures_per_hour:
+            return out("suppress", "hourly_cap")
+        cap = s.max_capture_bytes_per_hour
+        if cap is not None and (job_state.bytes_last_hour >= cap or job_state.bytes_last_hour + estimate > cap):
+            return out("suppress", "byte_cap")
+        if job_state.stalled_ranks and (rank_list is None or job_state.stalled_ranks.intersection(rank_list)):
+            return out("suppress", "stalled_rank_in_capture")
+        if s.mode == "observe":
+            return out("would_arm", "observe_mode")
+        return out("arm", "armed")
+
+
+class ArmHistory:
+    """Arms, would-arms and captured bytes of one job over the rolling hour (pure; times passed in, seconds).
+
+    The coordinator keeps one per job (seeded from its state store after a restart) and ``profwatch replay``
+    keeps one per replayed job; both go through :meth:`decide` and :meth:`record`.
+    Memory: one entry per arm and per byte report within the last hour.
+    """
+
+    def __init__(self) -> None:
+        self._arms: deque[float] = deque()
+        self._bytes: deque[tuple[float, int]] = deque()
+        self._reserved: dict[str, tuple[float, int]] = {}
+        self.last_arm_unix_s: float | None = None
+        self.bytes_per_rank_step: float | None = None
+
+    def record_arm(self, now_unix_s: float) -> None:
+        """Count an arm (or, in observe mode, a would-arm) at ``now_unix_s``."""
+        self._arms.append(now_unix_s)
+        if self.last_arm_unix_s is None or now_unix_s > self.last_arm_unix_s:
+            self.last_arm_unix_s = now_unix_s
+
+    def record(self, decision: ArmDecision, now_unix_s: float) -> None:
+        """Count ``decision`` if it armed or would have armed (call once its capture was planned)."""
+        if decision.action in ("arm", "would_arm"):
+            self.record_arm(now_unix_s)
+
+    def record_bytes(self, now_unix_s: float, total_bytes: int, *, ranks: int = 0, active_steps: int = 0) -> None:
+        """Count ``total_bytes`` captured at ``now_unix_s`` (call per rank or per capture; they add up). With the
+        capture's ``ranks`` and ``active_steps``, its bytes per rank and step become the next estimate."""
+        if total_bytes > 0:
+            self._bytes.append((now_unix_s, total_bytes))
+            if ranks > 0 and active_steps > 0:
+                self.bytes_per_rank_step = total_bytes / (ranks * active_steps)
+
+    def reserve(self, capture_id: str, now_unix_s: float, estimated_bytes: int) -> None:
+        """Count a capture's estimate while it is in flight (the byte budget counts it before anything lands)."""
+        if estimated_bytes > 0:
+            self._reserved[capture_id] = (now_unix_s, estimated_bytes)
+
+    def settle(self, capture_id: str, now_unix_s: float, total_bytes: int, *, ranks: int = 0,
+               active_steps: int = 0) -> None:
+        """The capture ended: its estimate gives way to the bytes it wrote (:meth:`record_bytes`)."""
+        self._reserved.pop(capture_id, None)
+        self.record_bytes(now_unix_s, total_bytes, ranks=ranks, active_steps=active_steps)
+
+    def state(self, now_unix_s: float, *, capture_in_flight: bool,
+              stalled_ranks: frozenset[int] = frozenset()) -> JobArmState:
+        """Return the :class:`JobArmState` at ``now_unix_s`` (drops entries older than one hour; estimates of
+        captures still in flight count whatever their age)."""
+        while self._arms and self._arms[0] <= now_unix_s - HOUR_S:
+            self._arms.popleft()
+        while self._bytes and self._bytes[0][0] <= now_unix_s - HOUR_S:
+            self._bytes.popleft()
+        held = sum(b for _, b in self._bytes) + sum(b for _, b in self._reserved.values())
+        return JobArmState(capture_in_flight, self.last_arm_unix_s, len(self._arms), held, stalled_ranks,
+                           self.bytes_per_rank_step)
+
+    def decide(self, policy: ArmingPolicy, anomaly: Anomaly, now_unix_s: float, *, capture_in_flight: bool,
+               stalled_ranks: frozenset[int] = frozenset(), topology: JobTopology | None = None) -> ArmDecision:
+        """``policy.decide`` on this history's state (nothing is recorded: call :meth:`record` after planning)."""
+        return policy.decide(anomaly, self.state(now_unix_s, capture_in_flight=capture_in_flight,
+                                                 stalled_ranks=stalled_ranks), now_unix_s, topology)
+
+
+def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: int, step_time_s: float | None,
+                    capture: CaptureSettings) -> CaptureRequest:
+    """The :class:`~profwatch.core.capture.CaptureRequest` for an arming ``decision`` on ``anomaly``.
+
+    For every kind but ``periodic_spike`` the planner places ``start_step`` (its lead ahead of the furthest
+    rank). For ``periodic_spike`` the window is placed on a predicted occurrence: the first onset
+    ``o = next_onset_step + j * period_steps`` (j >= 0) with ``o - warmup`` at or after the planner's earliest
+    safe start (``furthest_step + lead_steps``), ``start_step = o - warmup`` so the active steps begin at the
+    onset, and ``active = max(decision.active, duration_steps)`` capped at ``capture.max_active``. Without a
+    step time (``None``) the planner's own rule applies (it raises ``CannotPlanCapture``). Pure; raises
+    ``KeyError``/``TypeError`` only for a malformed ``periodic_spike`` detail.
+    """
+    rank_list = list(decision.rank_list) if decision.rank_list is not None else None
+    base: dict[str, Any] = {"job_id": anomaly.job_id, "reason": decision.capture_reason or anomaly.kind,
+                            "warmup": decision.warmup, "active": decision.active, "rank_list": rank_list}
+    if decision.target is not None and decision.target.rank_list is not None:
+        base["targeting"] = {**decision.target.to_json(), "estimated_bytes": decision.estimated_bytes}
+    if anomaly.kind != "periodic_spike" or step_time_s is None or not step_time_s > 0:
+        return CaptureRequest(**base)
+    d = anomaly.detail
+    period = int(d["period_steps"])
+    onset = int(d["next_onset_step"])
+    earliest = max(0, furthest_step) + lead_steps(max(0, furthest_step), step_time_s, capture)
+    while onset - decision.warmup < earliest:
+        onset += period
+    base["active"] = min(max(decision.active, int(d.get("duration_steps", 1))), capture.max_active)
+    return CaptureRequest(**base, start_step=onset - decision.warmup)

@@ -1,0 +1,48 @@
+"""Limits of automatic capture arming (pure, pydantic; the policy itself is ``daemon/profwatch/core/arming.py``).
+
+A module of its own so that ``daemon/profwatch/config.py`` composes it without importing the detector (and numpy).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from profwatch.core.targeting import TargetingSettings
+
+__all__ = ["ArmableKind", "ArmingSettings"]
+
+ArmableKind = Literal["step_regression", "rank_outlier", "periodic_spike", "stalled_rank", "step_spike"]
+
+
+class ArmingSettings(BaseModel):
+    """Limits of automatic arming (runtime-tunable; units in the descriptions).
+
+    Raises ``pydantic.ValidationError`` on unknown keys or out-of-range values.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    mode: Literal["act", "observe", "off"] = Field(
+        "act", description="act: arm captures; observe: decide and report would_arm only; off: suppress everything"
+    )
+    cooldown_s: float = Field(900.0, ge=0, description="seconds after an arm of a job before the next arm")
+    max_captures_per_hour: int = Field(4, ge=0, description="arms per job per rolling hour")
+    max_capture_bytes_per_hour: int | None = Field(
+        50 * 2**30, ge=0, description="bytes captured per job per rolling hour before arming stops (None = no cap)"
+    )
+    warmup: int = Field(1, ge=0, description="profiler warm-up steps of the capture window (profiler_config key)")
+    active: int = Field(4, ge=1, le=20, description="captured steps of the capture window (profiler_config key); "
+                        "default 4: see CAPTURE_WINDOW_NOTE in daemon/profwatch/core/capture.py")
+    rank_list: tuple[int, ...] | None = Field(None, description="ranks to capture (None = all ranks)")
+    arm_on: tuple[ArmableKind, ...] = Field(
+        ("step_regression", "rank_outlier"),
+        description="anomaly kinds that may arm; add periodic_spike to capture the next occurrence of a recurring "
+                    "spike (stalled_rank and step_spike never arm)",
+    )
+    min_magnitude: float = Field(0.0, ge=0, description="relative: anomalies below this magnitude do not arm")
+    targeting: TargetingSettings = Field(
+        default_factory=TargetingSettings,
+        description="targeted captures of large jobs: suspects + node/group peers + reference ranks, or a sample "
+                    "covering every node for a job-wide anomaly (daemon/profwatch/core/targeting.py); rank_list overrides it")

@@ -1,0 +1,85 @@
+"""Thresholds of step-time anomaly detection (pure pydantic model; every field runtime-tunable).
+
+One flat model, the ``[detection]`` table of the config file and of ``profwatch replay --config``. The algorithm
+each group of fields tunes is documented in the detector that reads it: step aggregation and exclusions in
+``daemon/profwatch/core/step_aggregation.py``, job step-time regressions in ``daemon/profwatch/core/regression.py``, spikes and
+periodic spikes in ``daemon/profwatch/core/spikes.py``, rank outliers in ``daemon/profwatch/core/rank_outliers.py``, stalls in
+``daemon/profwatch/core/stalls.py``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class DetectionSettings(BaseModel):
+    """Thresholds of :class:`profwatch.core.anomaly.JobDetector` (units in the descriptions).
+
+    Raises ``pydantic.ValidationError`` on unknown keys or out-of-range values.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    # -- step aggregation and exclusions ---------------------------------------------------------------------------
+    warmup_steps: int = Field(10, ge=0, description="steps ignored at job start and after a step-counter restart")
+    finalize_lag_steps: int = Field(
+        3, ge=0, description="steps: a step is finalised when all ranks reported it or the furthest rank is this far ahead"
+    )
+    parse_steps: int = Field(2, ge=0, description="steps excluded after each capturing step (profiler flush/parse)")
+    excluded_flags: tuple[str, ...] = Field(("checkpoint", "eval"), description="StepReport.flags that exclude a step")
+    max_exclusions: int = Field(256, ge=1, description="excluded step ranges kept (oldest dropped first)")
+
+    # -- job step-time regression (change point) -------------------------------------------------------------------
+    baseline_steps: int = Field(300, ge=5, description="steps in the rolling robust baseline (median, biweight scale)")
+    min_baseline_steps: int = Field(30, ge=3, description="steps the baseline needs before detection (also re-learn)")
+    baseline_lag_steps: int = Field(
+        16, ge=0, description="steps: the newest steps enter the baseline only this late (a change cannot hide in it)"
+    )
+    min_effect: float = Field(0.10, gt=0, description="relative: the smallest regression reported (0.10 = 10% slower)")
+    false_alarm_steps: float = Field(
+        1e5, ge=10, description="steps: target mean run between false alarms; the CUSUM threshold is its log"
+    )
+    noise_floor: float = Field(0.01, ge=0, description="relative: floor of the step-time noise, as a fraction of the median")
+    drift_detection: bool = Field(True, description="also fire when the rolling baseline drifts min_effect above its reference")
+
+    # -- spikes and periodic spikes --------------------------------------------------------------------------------
+    spike_min_effect: float = Field(0.30, gt=0, description="relative: a spike step is at least this much over the baseline")
+    spike_z: float = Field(6.0, gt=0, description="noise sigmas a spike step must also exceed")
+    spike_hold_steps: int | None = Field(
+        None, ge=1, description="steps a spike may last and stay transient (None = the capture planner's lead)"
+    )
+    spike_event_gap_steps: int = Field(100, ge=0, description="steps between two reported step_spike events (rate limit)")
+    periodic_detection: bool = Field(True, description="learn recurring spikes (period from the step series) and exclude them")
+    periodic_jitter: float = Field(0.01, ge=0, le=0.2, description="relative: onset tolerance of a periodic spike")
+    periodic_alpha: float = Field(1e-3, gt=0, lt=1, description="chance probability below which a lattice of spikes is periodic")
+    periodic_min_period_steps: int = Field(5, ge=2, description="shortest period learned (steps)")
+
+    # -- rank outliers ---------------------------------------------------------------------------------------------
+    outlier_stages: tuple[str, ...] | None = Field(
+        None, description="stages compared across ranks (None = every stage reported); leave out pure-wait stages"
+    )
+    outlier_on_step_time: bool = Field(
+        False, description="also compare step_time_s across ranks (only without a per-step barrier, e.g. inference)"
+    )
+    outlier_window_steps: int = Field(12, ge=1, description="steps in the per-rank outlier window")
+    outlier_min_steps: int = Field(8, ge=1, description="outlying steps within the window needed to fire")
+    outlier_z: float = Field(4.0, gt=0, description="robust z vs the peer median for a rank to be outlying in a step")
+    outlier_min_effect: float = Field(0.10, gt=0, description="relative: minimum excess over the peer median")
+    outlier_min_abs_s: float = Field(0.001, ge=0, description="seconds: minimum absolute excess over the peer median")
+    outlier_min_ranks: int = Field(4, ge=2, description="ranks that must report a stage in a step to compare them")
+
+    # -- stalled ranks ---------------------------------------------------------------------------------------------
+    stall_steps_behind: int = Field(5, ge=1, description="steps a rank must be behind the furthest rank to be stalled")
+    stall_after_s: float = Field(
+        30.0, gt=0, description="seconds since the rank's last report arrived for it to be stalled (coordinator clock)"
+    )
+
+    @model_validator(mode="after")
+    def _check_windows(self) -> DetectionSettings:
+        if self.min_baseline_steps > self.baseline_steps:
+            raise ValueError("min_baseline_steps must be <= baseline_steps")
+        if self.outlier_min_steps > self.outlier_window_steps:
+            raise ValueError("outlier_min_steps must be <= outlier_window_steps")
+        if self.spike_min_effect < self.min_effect:
+            raise ValueError("spike_min_effect must be >= min_effect (a spike is larger than the smallest regression)")
+        return self

@@ -1,0 +1,119 @@
+"""Types shared by the step aggregator and the detectors it feeds (pure; no I/O).
+
+:class:`Anomaly` is what every detector returns; :class:`FinalizedStep` is what the step aggregator hands to the
+step detectors; :class:`StepDetector` and :class:`StallDetector` are the small Protocols a
+:class:`profwatch.core.anomaly.JobDetector` composes, so each detector can be swapped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from profwatch.core.detection_settings import DetectionSettings
+
+AnomalyKind = Literal["step_regression", "step_spike", "periodic_spike", "rank_outlier", "stalled_rank"]
+"""``step_regression``: the job got slower and stayed slower; ``step_spike``: a job-wide excursion that was over
+before any capture could start (an event, never armed); ``periodic_spike``: recurring spikes with a learned
+period (armed only when the arming policy asks for it, to cover the next occurrence); ``rank_outlier``: ranks
+consistently slower than their peers; ``stalled_rank``: a rank stopped reporting while its peers go on."""
+
+MAD_TO_SIGMA = 1.4826
+"""MAD * 1.4826 estimates the standard deviation of normal data (Rousseeuw & Croux 1993, JASA 88:1273)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """One detection finding.
+
+    ``step`` is the step at which it fired (for stalls: the furthest step of the job then); ``ranks`` the ranks
+    involved (empty = job-wide); ``magnitude`` is relative (0.25 = 25 % slower; 1.0 for a stall, which is a full
+    stop); ``detail`` holds detector-specific JSON-ready evidence.
+    """
+
+    kind: AnomalyKind
+    job_id: str
+    step: int
+    ranks: tuple[int, ...]
+    magnitude: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return ``{"kind", "job_id", "step", "ranks", "magnitude", "detail"}`` (JSON-ready)."""
+        return {"kind": self.kind, "job_id": self.job_id, "step": self.step, "ranks": list(self.ranks),
+                "magnitude": round(self.magnitude, 6), "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class FinalizedStep:
+    """One step of the job, aggregated over the ranks that reported it.
+
+    ``time_s`` is the job step time (seconds): the slowest reporting rank's ``step_time_s`` (in synchronous
+    training every rank waits for it); ``slowest_rank`` that rank; ``ranks_reported`` how many ranks reported;
+    ``stages`` per compared stage one value per rank (seconds, NaN = not reported), or None; ``excluded`` the
+    reason the step is excluded from detection (warm-up, capture, a flag, ...) or None.
+    """
+
+    step: int
+    time_s: float
+    slowest_rank: int
+    ranks_reported: int
+    stages: dict[str, list[float]] | None
+    excluded: str | None
+
+
+class StepDetector(Protocol):
+    """A detector fed one :class:`FinalizedStep` at a time, in step order (excluded steps included, flagged)."""
+
+    def on_step(self, step: FinalizedStep) -> list[Anomaly]:
+        """Consume one finalised step; return what fired (usually nothing)."""
+        ...
+
+    def reset(self) -> None:
+        """Forget everything learned (the job's step counter restarted)."""
+        ...
+
+    def update_settings(self, settings: DetectionSettings) -> None:
+        """Swap thresholds, keeping learned state where the new settings allow it."""
+        ...
+
+
+class RankProgress(Protocol):
+    """What a stall detector reads from the step aggregator about each rank (index = rank)."""
+
+    @property
+    def furthest_step(self) -> int | None: ...
+
+    @property
+    def last_step(self) -> Sequence[int]: ...
+
+    @property
+    def rank_epoch(self) -> Sequence[int]: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def epoch_start_arrival_s(self) -> float: ...
+
+
+class StallDetector(Protocol):
+    """A detector of ranks that stopped reporting, judged from arrival times on the coordinator's clock."""
+
+    def on_arrival(self, rank: int, arrival_unix_s: float) -> None:
+        """A report of ``rank`` arrived at ``arrival_unix_s`` (seconds, coordinator clock)."""
+        ...
+
+    def mark_left(self, rank: int) -> None:
+        """``rank`` said bye: never stalled until it reports again."""
+        ...
+
+    def check(self, progress: RankProgress, now_unix_s: float) -> list[Anomaly]:
+        """Return newly stalled ranks at ``now_unix_s`` (same clock as the arrivals)."""
+        ...
+
+    @property
+    def stalled_ranks(self) -> frozenset[int]: ...
+
+    def update_settings(self, settings: DetectionSettings) -> None: ...

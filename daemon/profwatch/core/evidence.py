@@ -1,0 +1,159 @@
+"""Shared analysis dataclasses: what msprof-analyze and the Kineto analyzer produce, what ranking consumes (pure).
+
+Units: every duration here is in microseconds (``_us``), the unit of msprof-analyze's ``ClusterTimeSummary``
+(Ascend/msprof-analyze, recipe ``cluster_analyse/recipes/cluster_time_summary``; docs/verdicts.md). Kineto traces
+are in microseconds too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+RecipeState = Literal["ok", "not_applicable", "no_data", "tool_error", "timeout", "oom", "skipped"]
+RecipePhase = Literal["alert", "enrich"]
+SuspectKind = Literal["compute", "communication", "host", "unknown"]
+EvidenceKind = Literal["ascend_pt", "torch_pt"]
+Strength = Literal["strong", "weak"]
+
+
+@dataclass(frozen=True, slots=True)
+class RankStepSummary:
+    """Time breakdown of one step on one rank (all microseconds).
+
+    ``wait_us`` is time spent in collectives waiting for peers (msprof-analyze ``communicationWaitStageTime``:
+    own duration minus the shortest duration of the same collective across ranks); ``transmit_us`` is the rest
+    of the collective time. The rank the others wait for has ``wait_us`` close to 0.
+    """
+
+    rank: int
+    step: int
+    step_time_us: float
+    computation_us: float
+    communication_us: float
+    wait_us: float
+    transmit_us: float
+    free_us: float
+
+
+@dataclass(slots=True)
+class RecipeStatus:
+    """Outcome of one analysis recipe (an msprof-analyze command or the Kineto analyzer).
+
+    ``status``: ``ok`` (expected table present with expected rows), ``not_applicable`` (the data cannot
+    answer this recipe, e.g. groups under 4 ranks for slow_rank), ``no_data``, ``tool_error`` (with
+    ``log_tail``), ``timeout``, ``oom`` (killed at the memory cap of its whole process group), ``skipped``.
+    ``duration_s``: wall seconds of the run; ``phase``: ``alert`` (the verdict waits for it) or ``enrich`` (runs
+    after the verdict is published, ``analysis_enriched``); ``peak_rss_bytes``: the highest resident memory of
+    the tool's process group seen by the memory watchdog (None when not measured).
+    """
+
+    name: str
+    status: RecipeState
+    detail: str = ""
+    tables: list[str] = field(default_factory=list)
+    rows: int = 0
+    output_dir: str | None = None
+    log_tail: str = ""
+    duration_s: float = 0.0
+    returncode: int | None = None
+    phase: RecipePhase = "alert"
+    peak_rss_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class ClusterEvidence:
+    """Everything an analysis learned about one batch, keyed by rank.
+
+    ``slow_rank_votes``: rank -> msprof-analyze ``SlowRank.slowAffectCount`` (empty when no vote or not run).
+    ``slow_ops``: rows of ``SlowOpStats`` as dicts (``*Ns`` columns hold microseconds, kept as named).
+    ``rank_paths``: rank -> rank dir the tool actually used (``RankDeviceMap``), for auditing.
+    ``advisor``: the advisor's ``--agent`` JSON message (sheets), or ``{}``.
+    ``link_rows``: rows of msprof-analyze ``ClusterCommunicationMatrix`` (``communication_matrix_sum``, global
+    ranks; sizes MB, times ms, bandwidth GB/s) as dicts, for slow-link verdicts (``daemon/profwatch/core/links.py``).
+    ``unusable_ranks``: rank -> why its data could not be judged (no device data, unparseable trace); such a
+    batch is at best ``partial``. ``alignment``: how the ranks' steps were put side by side (torch traces:
+    ``{"method": ..., "offsets_us": {rank: us}, "unaligned": {rank: reason}, "notes": [...]}``).
+    ``collectives_per_step``: collectives one rank runs per step (None when unknown), for the impact estimate.
+    """
+
+    kind: EvidenceKind
+    summaries: list[RankStepSummary] = field(default_factory=list)
+    slow_rank_votes: dict[int, int] = field(default_factory=dict)
+    slow_ops: list[dict[str, Any]] = field(default_factory=list)
+    rank_paths: dict[int, str] = field(default_factory=dict)
+    advisor: dict[str, Any] = field(default_factory=dict)
+    recipes: dict[str, RecipeStatus] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    link_rows: list[dict[str, Any]] = field(default_factory=list)
+    unusable_ranks: dict[int, str] = field(default_factory=dict)
+    alignment: dict[str, Any] = field(default_factory=dict)
+    collectives_per_step: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Impact:
+    """What fixing a suspect would save, by what-if analysis (``daemon/profwatch/core/impact.py``).
+
+    ``saving_s_per_step``: seconds per step the job would save; ``saving_pct_of_step``: that as % of the
+    measured step time; ``accelerator_hours_per_day``: accelerator-hours per day the job loses to it at its
+    size (``saving / step_time x world_size x 24``).
+    """
+
+    saving_s_per_step: float
+    saving_pct_of_step: float
+    accelerator_hours_per_day: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"saving_s_per_step": round(self.saving_s_per_step, 6),
+                "saving_pct_of_step": round(self.saving_pct_of_step, 3),
+                "accelerator_hours_per_day": round(self.accelerator_hours_per_day, 3)}
+
+
+@dataclass(slots=True)
+class Suspect:
+    """One ranked suspect rank with the numbers behind its score.
+
+    ``score`` is in [0, 1] (higher = more likely the cause); ``rank_dir`` is the directory to open in
+    MindStudio Insight (or HTA / Perfetto for torch traces) for the timeline drill-down. ``impact``: the
+    :class:`Impact` of this rank alone made as fast as its peers, as JSON (``None`` when it cannot be
+    estimated, e.g. a suspect named from slow_rank votes only). ``evidence["strength"]`` is ``"strong"`` or
+    ``"weak"`` (see ``docs/verdicts.md``).
+    """
+
+    rank: int
+    score: float
+    kind: SuspectKind
+    hostname: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    rank_dir: str | None = None
+    impact: dict[str, float] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class SlowLink:
+    """One slow link: the pair of global ``ranks`` (lower first), its communication ``group``, its pooled
+    bandwidth against the median of its peers (the other pairs of the group over the same transport), and its
+    :class:`Impact` as JSON. ``evidence`` holds the numbers behind it (z, steps, strength, summary)."""
+
+    ranks: tuple[int, int]
+    group: str
+    bandwidth_gbps: float
+    peer_median_gbps: float
+    transport: str = ""
+    impact: dict[str, float] | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ranks": list(self.ranks), "group": self.group, "bandwidth_gbps": round(self.bandwidth_gbps, 4),
+                "peer_median_gbps": round(self.peer_median_gbps, 4),
+                "bandwidth_ratio": round(self.bandwidth_gbps / self.peer_median_gbps, 4)
+                if self.peer_median_gbps > 0 else None,
+                "transport": self.transport, "impact": self.impact, "evidence": dict(self.evidence)}

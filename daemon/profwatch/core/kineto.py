@@ -1,0 +1,310 @@
+"""Kineto (torch.profiler Chrome trace) time breakdown per rank and step, msprof-analyze style (pure).
+
+The adapter ``daemon/profwatch/adapters/kineto_reader.py`` streams each rank's trace and feeds ``ph == "X"`` events into a
+:class:`RankTrace` (compact columns, not dicts); :func:`summarize_traces` turns the ranks' traces into
+``RankStepSummary`` rows with the same meaning as msprof-analyze ``ClusterTimeSummary`` (Ascend/msprof-analyze
+recipe ``cluster_time_summary``: wait = own collective time minus the shortest of the same instance, transmit = that
+shortest), so ranking treats both backends alike. All times are microseconds, the unit
+of Kineto's ``ts``/``dur``.
+"""
+
+from __future__ import annotations
+
+import re
+from array import array
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from profwatch.core.evidence import RankStepSummary
+from profwatch.core.kineto_align import Alignment, align_steps
+
+STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+COLLECTIVE_TOKENS = ("nccl", "gloo", "hccl", "c10d::", "all_reduce", "allreduce", "broadcast", "all_gather",
+                     "allgather", "reduce_scatter", "reducescatter", "barrier", "all_to_all", "alltoall",
+                     "record_param_comms")
+"""Lower-case substrings that make an event a collective (CPU or device lane)."""
+DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "mtia_kernel"})
+"""Kineto categories of device-lane activity."""
+CPU_COMPUTE_CATS = frozenset({"cpu_op"})
+"""Host categories counted as busy. ``user_annotation`` spans (record_function) are left out: a user span
+around a whole step would otherwise hide every idle gap."""
+
+# Collective classes, best first: the instance matcher uses the best class present on every rank.
+COLL_DEVICE = 0     # device kernels: ncclDevKernel_AllReduce..., hcom kernels (the real transfer)
+COLL_BACKEND = 1    # ProcessGroup spans "gloo:all_reduce" (on gloo's runloop thread: the real transfer)
+COLL_PARAM = 2      # record_param_comms
+COLL_C10D = 3       # c10d::allreduce_ (host enqueue; the wait happens in work.wait())
+COLL_OTHER = 4
+CLASS_NAMES = {COLL_DEVICE: "device", COLL_BACKEND: "backend", COLL_PARAM: "record_param_comms",
+               COLL_C10D: "c10d", COLL_OTHER: "other"}
+
+
+def collective_class(name: str, cat: str) -> int | None:
+    """Collective class of an event (``COLL_*``), or ``None`` when it is not a collective.
+
+    ``aten::`` ops are never collectives (``aten::broadcast_tensors`` is compute).
+    """
+    low = name.lower()
+    if low.startswith("aten::") or not any(tok in low for tok in COLLECTIVE_TOKENS):
+        return None
+    if cat in DEVICE_CATS:
+        return COLL_DEVICE
+    if low.startswith(("gloo:", "nccl:", "hccl:")):
+        return COLL_BACKEND
+    if low == "record_param_comms":
+        return COLL_PARAM
+    if low.startswith("c10d::"):
+        return COLL_C10D
+    return COLL_OTHER
+
+
+def parse_step(name: str) -> int | None:
+    """``"ProfilerStep#12"`` -> 12; anything else -> ``None``."""
+    m = STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(slots=True)
+class Collective:
+    """One collective event: start and duration (µs), name, class, device lane or not."""
+
+    ts_us: float
+    dur_us: float
+    name: str
+    klass: int
+    device: bool
+
+
+@dataclass(slots=True)
+class RankTrace:
+    """The parts of one rank's Kineto trace the breakdown needs, in compact columns.
+
+    ``steps``/``device_steps``: step -> (start_us, end_us) of ``ProfilerStep#N`` on the host / on the device lane
+    (``gpu_user_annotation``). Compute intervals are kept as parallel float arrays (16 bytes per event).
+    """
+
+    rank: int
+    steps: dict[int, tuple[float, float]] = field(default_factory=dict)
+    device_steps: dict[int, tuple[float, float]] = field(default_factory=dict)
+    cpu_start: array = field(default_factory=lambda: array("d"))
+    cpu_end: array = field(default_factory=lambda: array("d"))
+    dev_start: array = field(default_factory=lambda: array("d"))
+    dev_end: array = field(default_factory=lambda: array("d"))
+    collectives: list[Collective] = field(default_factory=list)
+    events_seen: int = 0
+
+    def add_event(self, name: str, cat: str, ts_us: float, dur_us: float) -> None:
+        """Feed one complete (``ph == "X"``) event. Events with a negative duration are ignored."""
+        self.events_seen += 1
+        if dur_us < 0:
+            return
+        step = parse_step(name)
+        if step is not None:
+            target = self.device_steps if cat.startswith("gpu_") else self.steps
+            prev = target.get(step)
+            target[step] = (ts_us, ts_us + dur_us) if prev is None else (min(prev[0], ts_us),
+                                                                         max(prev[1], ts_us + dur_us))
+            return
+        klass = collective_class(name, cat)
+        device = cat in DEVICE_CATS
+        if klass is not None:
+            self.collectives.append(Collective(ts_us, dur_us, name, klass, device))
+        elif device:
+            self.dev_start.append(ts_us)
+            self.dev_end.append(ts_us + dur_us)
+        elif cat in CPU_COMPUTE_CATS:
+            self.cpu_start.append(ts_us)
+            self.cpu_end.append(ts_us + dur_us)
+
+    @property
+    def has_device(self) -> bool:
+        """True when the trace has device-lane activity (GPU kernels): breakdown is then device-side."""
+        return bool(self.dev_start) or any(c.device for c in self.collectives)
+
+
+@dataclass(slots=True)
+class KinetoBreakdown:
+    """Result of :func:`summarize_traces`: rows (steps are the reference rank's labels), the collective class
+    used, instances matched, notes, and how the ranks' steps were aligned."""
+
+    summaries: list[RankStepSummary]
+    collective_class: str | None
+    instances_matched: int
+    notes: list[str]
+    alignment: Alignment = field(default_factory=Alignment)
+
+
+def _merge(starts: list[float], ends: list[float]) -> tuple[list[float], list[float], list[float]]:
+    """Union of intervals -> sorted disjoint ``(starts, ends, prefix_lengths)``; prefix[i] = length before i."""
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    ms: list[float] = []
+    me: list[float] = []
+    for i in order:
+        s, e = starts[i], ends[i]
+        if ms and s <= me[-1]:
+            me[-1] = max(me[-1], e)
+        else:
+            ms.append(s)
+            me.append(e)
+    prefix = [0.0]
+    for s, e in zip(ms, me, strict=True):
+        prefix.append(prefix[-1] + e - s)
+    return ms, me, prefix
+
+
+def _measure(merged: tuple[list[float], list[float], list[float]], a: float, b: float) -> float:
+    """Length of ``union ∩ [a, b)`` for a union from :func:`_merge` (O(log n) plus the two edge intervals)."""
+    ms, me, prefix = merged
+    if not ms or b <= a:
+        return 0.0
+    lo = bisect_right(me, a)          # first interval ending after a
+    hi = bisect_right(ms, b) - 1      # last interval starting before b
+    if hi < lo:
+        return 0.0
+    total = prefix[hi + 1] - prefix[lo]
+    total -= max(0.0, a - ms[lo])      # clip the first interval at a
+    total -= max(0.0, me[hi] - b)      # clip the last interval at b
+    return max(0.0, total)
+
+
+def _step_of(spans: list[tuple[int, float, float]], ts: float) -> int | None:
+    """Step whose span contains ``ts`` (spans sorted by start)."""
+    i = bisect_right([s[1] for s in spans], ts) - 1
+    if i >= 0 and spans[i][1] <= ts < spans[i][2]:
+        return spans[i][0]
+    return None
+
+
+def _side(tr: RankTrace) -> tuple[bool, list[tuple[int, float, float]], list[Collective]]:
+    """``(device side?, step spans sorted by start, collectives of that side)`` of one trace."""
+    device = tr.has_device
+    spans_map = {**tr.steps, **tr.device_steps} if device else tr.steps
+    spans = sorted(((s, a, b) for s, (a, b) in spans_map.items()), key=lambda t: t[1])
+    colls = [c for c in tr.collectives if c.device == device]
+    return device, spans, colls
+
+
+def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50_000.0) -> KinetoBreakdown:
+    """Per-(rank, step) breakdown of a set of rank traces of one batch.
+
+    Args:
+        traces: rank -> :class:`RankTrace` (one per rank).
+        max_skew_us: largest clock offset between hosts considered when aligning steps.
+
+    Returns:
+        :class:`KinetoBreakdown` with one ``RankStepSummary`` per rank and aligned step (the reference rank's
+        ``ProfilerStep#N`` label), and the :class:`~profwatch.core.kineto_align.Alignment` used.
+
+    Alignment (issue 11 item 2; :mod:`profwatch.core.kineto_align`): steps are paired across ranks by the time their
+    spans overlap after correcting each rank's clock offset, estimated from the ends of the collectives it shares
+    with the reference rank; without shared collectives by position in the armed window. Steps of a rank that
+    cannot be aligned are left out and the rank is named in ``alignment.unaligned``.
+
+    Definitions (µs, per rank and step span ``[a, b)``; device lanes when the rank has device activity, as HTA's
+    temporal breakdown does, otherwise host lanes):
+
+    * ``step_time`` = ``b - a`` (device-side ``ProfilerStep`` span when the trace has one).
+    * ``communication`` = length of the union of collective intervals in the span (all classes, all lanes of
+      the chosen side), overlapped or not, as msprof-analyze's ``communication`` column.
+    * ``computation`` = length of the union of compute intervals (``cpu_op`` outside collectives, or device
+      kernels/memcpy), including compute overlapped by communication (DDP), as msprof's ``computation``.
+    * ``free`` = ``step_time`` minus the union of all busy intervals (compute and collectives).
+    * ``wait``/``transmit`` as msprof-analyze: collective instances are the events of the best collective
+      class present on every rank (device kernels > ``gloo:``/``nccl:`` spans > ``record_param_comms`` >
+      ``c10d::``), assigned to the aligned step containing their start and matched across ranks by (name,
+      order of that name within the step). Per instance seen on >= 2 ranks: ``transmit += min duration``,
+      ``wait += own - min``. The rank the others wait for has the shortest collective, so wait ~0. Like
+      msprof-analyze these are sums over instances, so with concurrent collectives (DDP buckets on several gloo
+      threads) ``wait + transmit`` can exceed the union ``communication``. Durations do not depend on clocks.
+    """
+    notes: list[str] = []
+    summaries: list[RankStepSummary] = []
+    present = [{c.klass for c in t.collectives} for t in traces.values()]
+    common = set.intersection(*present) if present else set()
+    klass = min(common) if common else None
+    if klass is None and any(present):
+        notes.append("no collective class common to all ranks: wait/transmit not computed")
+    sides = {rank: _side(tr) for rank, tr in traces.items()}
+    alignment = align_steps(
+        {r: spans for r, (_, spans, _) in sides.items()},
+        {r: [(c.name, c.ts_us + c.dur_us) for c in colls if c.klass == klass] for r, (_, _, colls) in sides.items()}
+        if klass is not None else {}, max_skew_us=max_skew_us)
+    notes += alignment.notes + [f"rank {r}: {why}" for r, why in sorted(alignment.unaligned.items())]
+    # instances[step][(name, k)] -> rank -> duration
+    instances: dict[int, dict[tuple[str, int], dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    rows: dict[tuple[int, int], list[float]] = {}
+    for rank, tr in traces.items():
+        labels = alignment.labels.get(rank)
+        if not labels:
+            continue
+        device, all_spans, colls = sides[rank]
+        spans = [(labels[s], a, b) for s, a, b in all_spans if s in labels]
+        comp_s = list(tr.dev_start if device else tr.cpu_start)
+        comp_e = list(tr.dev_end if device else tr.cpu_end)
+        comm_union = _merge([c.ts_us for c in colls], [c.ts_us + c.dur_us for c in colls])
+        comp_union = _merge(comp_s, comp_e)
+        busy_union = _merge(comp_s + [c.ts_us for c in colls], comp_e + [c.ts_us + c.dur_us for c in colls])
+        for step, a, b in spans:
+            busy = _measure(busy_union, a, b)
+            rows[(rank, step)] = [b - a, _measure(comp_union, a, b), _measure(comm_union, a, b), 0.0, 0.0,
+                                  (b - a) - busy]
+        if klass is None:
+            continue
+        seen: dict[tuple[int, str], int] = defaultdict(int)
+        spans.sort(key=lambda t: t[1])
+        for c in sorted((c for c in tr.collectives if c.klass == klass), key=lambda c: c.ts_us):
+            found = _step_of(spans, c.ts_us)
+            if found is None:
+                continue
+            k = seen[(found, c.name)]
+            seen[(found, c.name)] += 1
+            instances[found][(c.name, k)][rank] = c.dur_us
+    matched = 0
+    for step, insts in instances.items():
+        for durs in insts.values():
+            if len(durs) < 2:
+                continue
+            matched += 1
+            shortest = min(durs.values())
+            for rank, d in durs.items():
+                row = rows.get((rank, step))
+                if row is not None:
+                    row[3] += d - shortest
+                    row[4] += shortest
+    for (rank, step), (st, comp, comm, wait, tx, free) in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        summaries.append(RankStepSummary(rank, step, st, comp, comm, wait, tx, max(0.0, free)))
+    if klass is not None and matched == 0:
+        notes.append("no collective instance matched across ranks")
+    return KinetoBreakdown(summaries, CLASS_NAMES.get(klass) if klass is not None else None, matched, notes,
+                           alignment)
+
+
+def compare_ops(suspect_us: Mapping[str, float], reference_us: Mapping[str, float], steps: int, *,
+                top: int = 8, min_share: float = 0.01) -> list[dict[str, float | str]]:
+    """The ops where a suspect rank spends more time than a reference rank, per step, largest excess first.
+
+    Args:
+        suspect_us, reference_us: op or kernel name -> total duration (µs) over the same ``steps`` captured steps
+            (``kineto_reader.op_totals``; nested CPU ops count in their parent too, alike on both ranks).
+        steps: how many steps the totals cover (>= 1).
+        top: rows kept; ``min_share``: rows whose excess is below this share of the suspect's total are dropped.
+
+    Returns:
+        ``[{"name", "suspect_us_per_step", "reference_us_per_step", "excess_us_per_step", "ratio"}]`` (``ratio``
+        suspect / reference, ``inf`` spelled as 0 reference). The same comparison msprof-analyze's advisor makes
+        for Ascend ranks ("Kernel Compare" / "Api Compare" sheets: slow rank against a fast one).
+    """
+    n = max(1, steps)
+    total = sum(suspect_us.values()) or 1.0
+    rows: list[dict[str, float | str]] = []
+    for name, s in suspect_us.items():
+        r = reference_us.get(name, 0.0)
+        excess = s - r
+        if excess <= 0 or excess < min_share * total:
+            continue
+        rows.append({"name": name, "suspect_us_per_step": round(s / n, 3), "reference_us_per_step": round(r / n, 3),
+                     "excess_us_per_step": round(excess / n, 3), "ratio": round(s / r, 3) if r > 0 else 0.0})
+    rows.sort(key=lambda x: -x["excess_us_per_step"] if isinstance(x["excess_us_per_step"], float) else 0.0)
+    return rows[:top]

@@ -1,0 +1,363 @@
+"""Suspect-rank ranking: turn one batch's ``ClusterEvidence`` into suspects, slow links and their impact (pure).
+
+Inputs are the per-(rank, step) time breakdowns (msprof-analyze ``ClusterTimeSummary`` or the Kineto analyzer,
+both in microseconds), msprof-analyze ``slow_rank`` votes when present, the advisor's per-rank "slow link" sheet
+and the ``ClusterCommunicationMatrix`` rows for links. :func:`judge_batch` returns a :class:`Verdict`;
+:func:`rank_suspects` only its suspects. An empty suspect list means "no rank stands out", never "analysis
+failed". Statistics: ``daemon/profwatch/core/robust.py``; links: ``daemon/profwatch/core/links.py``; impact: ``daemon/profwatch/core/impact.py``;
+the rules in words: ``docs/verdicts.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from profwatch.core.evidence import ClusterEvidence, SlowLink, Strength, Suspect, SuspectKind
+from profwatch.core.impact import impact_of, single_rank_impacts, sync_overhead, to_impact
+from profwatch.core.links import LinkSettings, find_slow_links
+from profwatch.core.robust import OutlierTest, median, upper_outliers
+from profwatch.core.signals import SignalTable, measure_signals, parse_link_rows
+
+__all__ = ["RankingSettings", "Verdict", "judge_batch", "parse_link_rows", "rank_suspects", "ranking_notes",
+           "score_is_valid"]
+
+
+class RankingSettings(BaseModel):
+    """Thresholds of :func:`judge_batch` (fractions are of the step's median step time)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    min_effect_frac: float = Field(default=0.015, gt=0, lt=1)
+    """Smallest pooled excess, as a fraction of step time, that can make a rank a suspect (practical size)."""
+    min_robust_z: float = Field(default=4.0, ge=0)
+    """Significance: the pooled excess must be this many robust sigmas above the noise of the other ranks..."""
+    family_alpha: float = Field(default=0.01, gt=0, lt=1)
+    """...and above ``Phi^-1(1 - family_alpha / N)`` for N ranks tested (Bonferroni), so a batch of N innocent
+    ranks names one with probability at most ``family_alpha`` per signal: 4.0 up to ~500 ranks, 4.85 at 16,384."""
+    candidate_z: float = Field(default=3.0, ge=0)
+    """Ranks above this z are left out of the noise estimate (two slow ranks must not hide each other)."""
+    min_sigma_frac: float = Field(default=0.0005, gt=0)
+    """Floor of the pooled noise sigma (0.05 % of a step), so identical synthetic timings stay finite."""
+    min_strong_steps: int = Field(default=3, ge=1)
+    """Evidence resting on fewer captured steps is ``weak``."""
+    trim_z: float = Field(default=3.0, gt=0)
+    """A rank's worst step is left out of its pooled excess when it exceeds the rank's other steps by this many
+    within-rank sigmas (a one-off delay is not a slow rank)."""
+    vote_weight: float = Field(default=0.25, ge=0, le=1)
+    """Weight of the msprof-analyze slow_rank vote share in the score (only when any vote was cast)."""
+    agreement_weight: float = Field(default=0.15, ge=0, le=1)
+    """Weight of "two independent signals agree" (peers wait for the rank AND it has an explaining excess)."""
+    vote_only_min_count: int = Field(default=2, ge=1)
+    """A rank without usable time data is still named when slow_rank gave it at least this many votes
+    and at least half of all votes."""
+    vote_z_relief: float = Field(default=0.75, gt=0, le=1)
+    """A rank holding at least half of all slow_rank votes needs only this fraction of ``min_robust_z``."""
+    max_suspects: int = Field(default=8, ge=1)
+    links: LinkSettings = Field(default_factory=lambda: LinkSettings())
+
+
+TESTED = ("own", "comm", "late", "link")
+"""Signals a rank is tested on (``daemon/profwatch/core/signals.py``): own work (computation + free), collective time not
+explained by waiting, peers' wait for it, its link time (advisor sheet). ``comp``/``free`` only decide the kind."""
+
+
+@dataclass(slots=True)
+class Verdict:
+    """Everything :func:`judge_batch` concluded about one batch.
+
+    ``suspects`` ordered by impact then score; ``links`` slow links; ``impact`` the headline (every suspect and
+    link fixed) as JSON; ``captured_steps`` the steps analysed; ``armed_steps`` the window armed (``None`` when
+    unknown); ``strength`` of the whole verdict (``None`` without suspects or links); ``noise`` the noise
+    estimate per signal; ``notes`` data-quality remarks.
+    """
+
+    suspects: list[Suspect] = field(default_factory=list)
+    links: list[SlowLink] = field(default_factory=list)
+    impact: dict[str, float] | None = None
+    captured_steps: list[int] = field(default_factory=list)
+    armed_steps: list[int] | None = None
+    strength: Strength | None = None
+    noise: dict[str, dict[str, float]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    short_window: bool = False
+    enough_steps: bool = True
+    """False when fewer steps were captured than ``min_strong_steps``: an empty verdict then proves little."""
+
+
+def _noise_tests(table: SignalTable, settings: RankingSettings) -> dict[str, OutlierTest]:
+    """One :func:`~profwatch.core.robust.upper_outliers` test per signal, with a floor from the step-to-step noise."""
+    tests: dict[str, OutlierTest] = {}
+    for name in TESTED:
+        pooled = table.pooled.get(name)
+        if not pooled:
+            continue
+        within, steps = table.within.get(name, (0.0, 1.0))
+        floor = max(settings.min_sigma_frac, within / math.sqrt(max(1.0, steps)))
+        tests[name] = upper_outliers(pooled, candidate_z=settings.candidate_z, sigma_floor=floor)
+    return tests
+
+
+def _kind(pooled: Mapping[str, float], passed: set[str]) -> SuspectKind:
+    """Kind rules (docs/verdicts.md): own work -> compute or host by the larger component; else communication;
+    else unknown (peers wait for the rank but the breakdown does not say why)."""
+    if "own" in passed:
+        return "compute" if pooled.get("comp", 0.0) >= pooled.get("free", 0.0) else "host"
+    if passed & {"comm", "link"}:
+        return "communication"
+    return "unknown"
+
+
+def _summary_text(pooled: Mapping[str, float], details: Mapping[str, Any], kind: SuspectKind, votes: int,
+                  total_votes: int, standing: int, steps: int) -> str:
+    """One human line for the alert and the report, e.g. ``computation 60.1 ms vs peers 40.0 ms (+31% of step)``."""
+    med, peer = details["median_us"], details["peer_median_us"]
+    parts: list[str] = []
+    if kind == "compute" and "computation_us" in peer:
+        parts.append(f"computation {med['computation_us'] / 1e3:.1f} ms vs peers {peer['computation_us'] / 1e3:.1f} ms"
+                     f" (+{100 * pooled.get('comp', 0.0):.1f}% of step)")
+    elif kind == "host" and "free_us" in peer:
+        parts.append(f"idle/host time {med['free_us'] / 1e3:.1f} ms vs peers {peer['free_us'] / 1e3:.1f} ms"
+                     f" (+{100 * pooled.get('free', 0.0):.1f}% of step)")
+    elif kind == "communication" and pooled.get("link", 0.0) > pooled.get("comm", 0.0):
+        ratio = details.get("bandwidth_ratio")
+        bw = f" (bandwidth {100 * ratio:.0f}% of peers)" if ratio is not None else ""
+        parts.append(f"slow link: link time +{100 * pooled.get('link', 0.0):.1f}% of step vs peers{bw}")
+    elif kind == "communication":
+        parts.append(f"collectives {100 * pooled.get('comm', 0.0):.1f}% of step longer than peers, "
+                     "not explained by waiting")
+    if pooled.get("late", 0.0) > 0 and "wait_us" in peer and "wait_us" in med:
+        parts.append(f"peers wait {peer['wait_us'] / 1e3:.1f} ms/step in collectives, it waits "
+                     f"{med['wait_us'] / 1e3:.1f} ms")
+    if total_votes:
+        parts.append(f"slow_rank votes {votes}/{total_votes}")
+    parts.append(f"stands out in {standing}/{steps} steps")
+    return "; ".join(parts)
+
+
+def _link_rows(evidence: ClusterEvidence) -> list[Mapping[str, Any]]:
+    rows = evidence.advisor.get("slow_link") if isinstance(evidence.advisor, Mapping) else None
+    return [r for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else []
+
+
+def _strength(steps: int, settings: RankingSettings, short: bool) -> Strength:
+    return "weak" if steps < settings.min_strong_steps or short else "strong"
+
+
+def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | None = None,
+                rank_dirs: Mapping[int, str] | None = None, settings: RankingSettings | None = None,
+                armed_steps: Sequence[int] | None = None, world_size: int | None = None) -> Verdict:
+    """Judge one batch: suspect ranks, slow links, each one's impact and how strong the evidence is.
+
+    Args:
+        evidence: summaries (µs), slow_rank votes, advisor sheets and matrix rows of one batch.
+        hostnames: rank -> hostname (missing ranks get ``None``).
+        rank_dirs: rank -> rank dir path; falls back to ``evidence.rank_paths``.
+        settings: thresholds (defaults when ``None``).
+        armed_steps: the steps the capture was armed to record (``None`` when unknown).
+        world_size: accelerators of the job (default: ranks in the evidence), for accelerator-hours per day.
+
+    Returns:
+        :class:`Verdict`. Never raises for odd data (it is noted instead).
+
+    Notes:
+        Signals, per step ``s`` with >= 2 valid ranks, ``T`` = median step time of the step, ``ref(x)`` = median
+        of ``x`` over the *other* ranks (leave-one-out):
+
+        * ``own = (W - ref(W)) / T`` with own work ``W = computation + free``; its components ``comp`` and
+          ``free`` likewise. The rank the others wait for does more own work.
+        * ``late = (ref(wait) - wait) / T``: msprof-analyze's wait is own collective time minus the shortest
+          duration of the same collective instance, so the rank the others wait for has wait ~0.
+        * ``comm``: collective time not explained by waiting, ``U = C - (max W - W)`` with ``C`` the
+          non-overlapped collective time; ``(U - ref(U)) / T``.
+        * ``link = (link_time - ref(link_time)) / T`` from the advisor's per-rank "slow link" sheet.
+
+        Pooling and test (issue 11 items 4 and 6): a rank's pooled value of a signal is its mean over the
+        captured steps, its worst step left out when that step exceeds its other steps by more than ``trim_z``
+        (3) robust within-rank sigmas (:func:`profwatch.core.signals.pool`): a one-off delay cannot make a suspect,
+        a consistent excess keeps the full gain of pooling. A rank must also stand out (excess above half its
+        pooled value) in at least half of its steps. The noise is the batch's own: per signal, the median and MAD
+        scale of the pooled values of the *other* ranks, candidates (z > ``candidate_z``) left out and the
+        estimate repeated until stable (:func:`profwatch.core.robust.upper_outliers`, the modified z-score rule of
+        Iglewicz & Hoaglin 1993 with candidates excluded from the scale), floored at the pooled step-to-step
+        noise ``sigma_within / sqrt(steps)`` and at ``min_sigma_frac``. A rank is named when some signal has
+        ``z >= min_robust_z`` (4.0; with at least half of the slow_rank votes ``vote_z_relief x`` that) **and**
+        a pooled excess of at least ``min_effect_frac`` of the step. For N ranks the threshold is at least
+        ``Phi^-1(1 - family_alpha / N)`` (Bonferroni; 4.85 sigma at 16,384 ranks), so with Gaussian noise a batch
+        of innocent ranks names one with probability at most ``family_alpha`` (1 %) per signal.
+
+        Kind rules (stable from capture to capture, since a fault moves one component): a significant ``own``
+        excess is ``compute`` when its computation part is at least its free part, else ``host``; otherwise a
+        significant ``comm`` or ``link`` excess is ``communication``; otherwise (only peers' wait says it) the
+        kind is ``unknown``. A rank named only from slow_rank votes (no time data) is ``unknown`` too.
+
+        Links (:func:`profwatch.core.links.find_slow_links`): a slow pair is a link verdict, not two suspect
+        ranks: a ``communication`` suspect at the end of a slow link is folded into it. A rank at the end of
+        several slow links is a ``communication`` suspect (its port or NIC).
+
+        Impact (:mod:`profwatch.core.impact`): each suspect's saving with that rank alone as fast as its peers;
+        the headline with every suspect and link fixed. Suspects are ordered by their saving, then score.
+
+        Strength: ``weak`` when the verdict rests on fewer than ``min_strong_steps`` captured steps, or when
+        fewer steps were captured than armed (``short_window``); else ``strong``.
+
+        Score, in [0, 1] (for ordering equals and for sinks): ``e = z / (z + min_robust_z)`` (0.5 at the
+        threshold), ``a`` = 1 when ``late`` and the explaining signal are both significant, 0.5 when one is;
+        ``v`` = the rank's share of the slow_rank votes; ``score = w_e e + w_a a + w_v v`` with ``w_v =
+        vote_weight`` only when some vote was cast, ``w_a = agreement_weight``, ``w_e = 1 - w_a - w_v``.
+
+        Assumes synchronous data-parallel-style collectives in which every rank of a step takes part; pipeline
+        stages with different work per rank will look like compute excess.
+    """
+    settings = settings or RankingSettings()
+    hostnames = hostnames or {}
+    dirs: dict[int, str] = dict(evidence.rank_paths)
+    dirs.update(rank_dirs or {})
+    table = measure_signals(evidence.summaries, _link_rows(evidence), trim_z=settings.trim_z)
+    by_step = table.by_step
+    verdict = Verdict(captured_steps=sorted(c.step for c in table.columns),
+                      armed_steps=list(armed_steps) if armed_steps else None, notes=list(table.notes))
+    world = world_size or len({r for rows in by_step.values() for r in rows})
+    captured = len(verdict.captured_steps)
+    verdict.enough_steps = captured >= settings.min_strong_steps
+    if verdict.armed_steps is not None and captured < len(verdict.armed_steps):
+        verdict.short_window = True
+        verdict.notes.append(f"{captured} of {len(verdict.armed_steps)} armed steps captured: evidence is weak")
+    tests = _noise_tests(table, settings)
+    verdict.noise = {name: {"center": round(t.center, 6), "sigma": round(t.sigma, 6),
+                            "sigma_between": round(t.sigma_between, 6), "ranks": t.n_noise}
+                     for name, t in tests.items()}
+    votes = {int(k): int(v) for k, v in evidence.slow_rank_votes.items() if v > 0}
+    total_votes = sum(votes.values())
+    w_v = settings.vote_weight if total_votes else 0.0
+    w_a = settings.agreement_weight
+    w_e = max(0.0, 1.0 - w_v - w_a)
+    step_us = [median(r.step_time_us for r in rows.values()) for rows in by_step.values()]
+    mean_step_us = sum(step_us) / len(step_us) if step_us else None
+    found = find_slow_links(evidence.link_rows, settings=settings.links, world_size=world,
+                            step_time_us=mean_step_us) if evidence.link_rows else None
+    link_ranks = {r for lk in (found.links if found else []) for r in lk.ranks}
+    folded = found.folded_ranks if found else {}
+
+    named: list[tuple[float, float, Suspect]] = []
+    pending: list[tuple[float, Suspect]] = []
+    with_time = set(table.n_steps)
+    # only ranks that can pass are looked at in detail: those above the lowest threshold in some signal, voted
+    # ranks and ranks at the end of several slow links (O(N) scan, O(S) work per candidate)
+    n_tested = max(len(table.n_steps), 1)
+    z_base = max(settings.min_robust_z, NormalDist().inv_cdf(1.0 - settings.family_alpha / n_tested))
+    z_floor = z_base * min(settings.vote_z_relief, 1.0)
+    maybe = {r for t in tests.values() for r, z in t.z.items() if z >= z_floor}
+    for rank in sorted(maybe | set(votes) | set(folded)):
+        n_votes = votes.get(rank, 0)
+        share = n_votes / total_votes if total_votes else 0.0
+        if rank not in with_time:
+            if n_votes >= settings.vote_only_min_count and share >= 0.5:
+                ev: dict[str, Any] = {"slow_rank_votes": n_votes, "vote_share": round(share, 4), "strength": "weak",
+                                      "summary": f"slow_rank votes {n_votes}/{total_votes}; no time breakdown"}
+                score = min(1.0, settings.vote_weight * share + 0.25)
+                pending.append((score, Suspect(rank, round(score, 4), "unknown", hostnames.get(rank), ev,
+                                               dirs.get(rank))))
+            continue
+        z_needed = z_base * (settings.vote_z_relief if share >= 0.5 and n_votes > 0 else 1.0)
+        z = {name: t.z[rank] for name, t in tests.items() if rank in t.z}
+        pooled = {name: vals[rank] for name, vals in table.pooled.items() if rank in vals}
+        passed = {name for name in z if z[name] >= z_needed and pooled.get(name, 0.0) >= settings.min_effect_frac}
+        if rank in folded:
+            passed.add("link")
+        if not passed:
+            continue
+        kind = _kind(pooled, passed)
+        if kind == "communication" and rank in link_ranks and rank not in folded:
+            continue  # the slow link explains it: reported as the link, not as a rank
+        lead = "own" if "own" in passed else ("link" if "link" in passed and (
+            pooled.get("link", 0.0) >= pooled.get("comm", 0.0) or "comm" not in passed) else
+            "comm" if "comm" in passed else "late")
+        series = table.series(rank, lead)
+        pooled_lead = pooled.get(lead, 0.0)
+        n_steps = table.n_steps[rank]
+        details = table.details(rank)
+        standing = sum(1 for x in series if x > 0 and x >= 0.5 * pooled_lead)
+        if series and rank not in folded and 2 * standing < len(series):
+            continue  # stands out in a minority of its steps: not consistent (issue 11 item 4)
+        z_lead = max(z.get(lead, 0.0), z_needed if rank in folded else 0.0)
+        explain_ok = bool(passed - {"late"})
+        agree = 1.0 if ("late" in passed and explain_ok) else 0.5
+        e = z_lead / (z_lead + settings.min_robust_z) if z_lead > 0 else 0.0
+        score = min(1.0, max(0.0, w_e * e + w_a * agree + w_v * share))
+        strength = _strength(n_steps, settings, verdict.short_window)
+        ev = {
+            "summary": _summary_text(pooled, details, kind, n_votes, total_votes, standing, n_steps),
+            "strength": strength,
+            "steps": n_steps,
+            "steps_standing_out": standing,
+            "signal": lead,
+            "z": {name: round(v, 3) for name, v in z.items()},
+            "threshold_z": round(z_needed, 3),
+            "effect_frac": round(pooled_lead, 5),
+            "pooled_frac": {name: round(v, 5) for name, v in pooled.items()},
+            "noise_sigma_frac": round(tests[lead].sigma, 6) if lead in tests else None,
+            "median_us": {m: round(v, 3) for m, v in details["median_us"].items()},
+            "peer_median_us": {m: round(v, 3) for m, v in details["peer_median_us"].items()},
+            "slow_rank_votes": n_votes,
+            "vote_share": round(share, 4),
+            "signals_agree": agree == 1.0,
+        }
+        if details["bandwidth_ratio"] is not None:
+            ev["bandwidth_ratio"] = round(details["bandwidth_ratio"], 4)
+        if rank in folded:
+            ev["slow_links"] = folded[rank]
+        if rank in table.unreliable:
+            ev["wait_reliable"] = False
+        pending.append((score, Suspect(rank, round(score, 4), kind, hostnames.get(rank), ev, dirs.get(rank))))
+    timed = {s.rank for _, s in pending if s.evidence.get("signal")}
+    sync = sync_overhead(by_step, timed, collectives_per_step=evidence.collectives_per_step) if timed else None
+    impacts = single_rank_impacts(by_step, timed, world_size=world, overhead=sync)
+    for score, sus in pending:
+        imp = impacts.get(sus.rank)
+        if sus.rank in folded and mean_step_us:  # its links' cost comes on top of any own-work excess
+            extra_us = folded[sus.rank]["saving_us_per_step"] + (imp.saving_s_per_step * 1e6 if imp else 0.0)
+            imp = to_impact(extra_us, mean_step_us, world)
+        sus.impact = imp.to_json() if imp else None
+        named.append((imp.saving_s_per_step if imp else 0.0, score, sus))
+    named.sort(key=lambda t: (-t[0], -t[1], t[2].rank))
+    verdict.suspects = [s for _, _, s in named[: settings.max_suspects]]
+    verdict.links = found.links if found else []
+    if found:
+        verdict.notes += found.notes
+    extra = [(lk.impact or {}).get("saving_s_per_step", 0.0) * 1e6 for lk in verdict.links]
+    extra += [folded[s.rank]["saving_us_per_step"] for s in verdict.suspects if s.rank in folded]
+    if verdict.suspects or verdict.links:
+        fixed = {s.rank for s in verdict.suspects if s.impact is not None}
+        head = impact_of(by_step, fixed, world_size=world, extra_us_per_step=extra,
+                         collectives_per_step=evidence.collectives_per_step,
+                         overhead=sync if fixed == timed else None) if by_step else None
+        verdict.impact = head.to_json() if head else None
+        strengths = [s.evidence.get("strength") for s in verdict.suspects] + \
+            [lk.evidence.get("strength") for lk in verdict.links]
+        verdict.strength = "strong" if "strong" in strengths else "weak"
+    if verdict.suspects and verdict.notes:
+        verdict.suspects[0].evidence.setdefault("notes", list(verdict.notes))
+    return verdict
+
+
+def rank_suspects(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | None = None,
+                  rank_dirs: Mapping[int, str] | None = None,
+                  settings: RankingSettings | None = None) -> list[Suspect]:
+    """The suspects of :func:`judge_batch` (ordered by impact, then score; at most ``settings.max_suspects``)."""
+    return judge_batch(evidence, hostnames=hostnames, rank_dirs=rank_dirs, settings=settings).suspects
+
+
+def ranking_notes(evidence: ClusterEvidence, settings: RankingSettings | None = None) -> list[str]:
+    """Data-quality notes the ranking saw (ignored rows, unusable wait data), for reports."""
+    return measure_signals(evidence.summaries, _link_rows(evidence)).notes
+
+
+def score_is_valid(x: float) -> bool:
+    """True for a finite score in [0, 1] (used by tests and alert validation)."""
+    return math.isfinite(x) and 0.0 <= x <= 1.0

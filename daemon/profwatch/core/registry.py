@@ -1,0 +1,385 @@
+"""Registry of jobs, nodes and ranks as seen from step telemetry (pure; time is passed in).
+
+Holds what ``profwatch status`` shows: per job its world size and ranks, per rank its last step, step time,
+node and capture state, per node its heartbeat and counters.
+
+What a message may change is bounded here (issue "authenticated, identity-bound, bounded daemons"):
+
+- a job's paths (``profiler_config_path``, ``prof_root``) are pinned by its first hello, across generations; a
+  later hello that differs is refused (``paths_changed``) and changes nothing;
+- a job's shape (world size, torchrun restart count) changes only by a new *generation* (an elastic restart or
+  resize, ``daemon/profwatch/core/generations.py``): a hello of another shape is held as a claim (``generation_pending``)
+  until hellos of that shape from a quorum of ranks arrived through nodes the job runs on; a stale hello (older
+  restart count) or another world size with the same restart count is refused (``stale_generation``,
+  ``world_size_conflict``);
+- a rank is bound to the node that first reported it: another node's step, capture event, bye or hello for it is
+  refused (``rank_on_other_node``) until the rank said bye or was silent for ``rank_rebind_after_s``;
+- jobs, ranks and nodes are capped (:class:`~profwatch.core.limits.LimitSettings`); rank records are created only
+  when a rank reports, never from a declared ``world_size``; jobs with no rank heard for ``job_expiry_s`` expire.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profwatch.core.generations import GenerationOpened, Reason, Shape, classify, quorum
+from profwatch.core.limits import LimitSettings
+from profwatch.core.registry_state import HelloOutcome, JobState, NodeState, RankState, snapshot
+from profwatch.core.step_window import StepWindow
+from rankhook import wire
+
+__all__ = ["GenerationPending", "HelloOutcome", "JobState", "NodeState", "RankState", "Registry", "RegistryError"]
+
+
+class RegistryError(ValueError):
+    """A message contradicts what the registry knows. ``reason`` is a counter label."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+class GenerationPending(RegistryError):
+    """A hello (or a step of a rank beyond the current world size) belongs to a claimed new generation that has
+    no quorum yet: it is held or dropped, and nothing else changed. Not an error of the sender."""
+
+
+class Registry:
+    """Jobs, nodes and ranks; bounded memory per rank (``window_steps``) and in total (``limits``)."""
+
+    def __init__(self, window_steps: int = 1000, limits: LimitSettings | None = None) -> None:
+        self.window_steps = window_steps
+        self.limits = limits or LimitSettings.model_validate({})
+        self.jobs: dict[str, JobState] = {}
+        self.nodes: dict[str, NodeState] = {}
+        self.rank_count = 0
+        self._node_jobs: dict[str, set[str]] = {}  # node_id -> jobs with a rank bound to it
+        self._node_ranks: dict[str, int] = {}  # node_id -> rank records bound to it
+
+    # -- nodes ------------------------------------------------------------------------------------------------
+    def touch_node(self, node_id: str, hostname: str, now: float) -> tuple[NodeState, bool]:
+        """Return the node (created if new) and whether it was unknown.
+
+        Raises:
+            RegistryError: ``too_many_nodes`` when a new node would exceed ``limits.max_nodes``.
+        """
+        node = self.nodes.get(node_id)
+        new = node is None
+        if node is None:
+            if len(self.nodes) >= self.limits.max_nodes:
+                raise RegistryError("too_many_nodes", f"{len(self.nodes)} nodes tracked (limits.max_nodes)")
+            node = self.nodes[node_id] = NodeState(node_id=node_id, hostname=hostname)
+        node.last_seen_unix_s = now
+        return node, new
+
+    def note_batch_seq(self, node: NodeState, seq: int) -> int:
+        """Track batch sequence numbers; return how many batches were lost in between (0 normally)."""
+        lost = 0
+        if node.last_seq >= 0 and seq > node.last_seq + 1:
+            lost = seq - node.last_seq - 1
+            node.lost_batches += lost
+        node.last_seq = seq
+        return lost
+
+    def heartbeat(self, hb: wire.NodeHeartbeat, now: float) -> bool:
+        """Record a node heartbeat; return True when the node was unknown (must re-register)."""
+        node, new = self.touch_node(hb.node_id, hb.hostname, now)
+        if node.started_unix_s and hb.started_unix_s != node.started_unix_s:
+            node.last_seq = -1  # the node daemon restarted: its seq starts again
+        node.pid = hb.pid
+        node.started_unix_s = hb.started_unix_s
+        node.counters = dict(hb.counters)
+        node.stale_state = hb.stale_state[:2000]
+        return new
+
+    # -- ranks ------------------------------------------------------------------------------------------------
+    def hello(self, msg: wire.RankHello, node_id: str, now: float) -> JobState:
+        """:meth:`admit_hello` for callers that do not follow generations; returns the job."""
+        return self.admit_hello(msg, node_id, now).job
+
+    def admit_hello(self, msg: wire.RankHello, node_id: str, now: float) -> HelloOutcome:
+        """Register a rank of a job (the job too when it is new) for the node ``node_id``; a hello of a new shape
+        may open the job's next generation (``daemon/profwatch/core/generations.py``).
+
+        Raises:
+            GenerationPending: the hello claims a new generation that has no quorum yet (held; nothing changed).
+            RegistryError: ``paths_changed`` (the job's first hello said otherwise), ``stale_generation``,
+                ``world_size_conflict``, ``rank_on_other_node`` (the rank is live on another node),
+                ``too_many_jobs`` / ``too_many_jobs_on_node`` / ``too_many_jobs_of_uid_on_node`` / ``too_many_ranks`` (limits). Nothing is changed then.
+        """
+        paths = (msg.profiler_config_path, msg.prof_root)
+        job = self.jobs.get(msg.job_id)
+        if job is None:
+            self._check_new_job(node_id, msg.peer_uid)
+            self._check_rank_room(node_id)  # before anything changes: a refused hello leaves no empty job behind
+            job = self.jobs[msg.job_id] = JobState(
+                job_id=msg.job_id, world_size=msg.world_size, first_seen_unix_s=now, pinned_paths=paths,
+                profiler_config_path=paths[0], prof_root=paths[1], restart_count=msg.restart_count,
+                generation_since_unix_s=now)
+            self._apply_hello(job, msg, node_id, now)
+            return HelloOutcome(job)
+        if job.pinned_paths is not None and paths != job.pinned_paths:
+            raise RegistryError(
+                "paths_changed", f"job {msg.job_id} pinned profiler_config_path={job.pinned_paths[0]!r} "
+                f"prof_root={job.pinned_paths[1]!r} at its first hello; rank {msg.rank} from node {node_id} says "
+                f"{paths[0]!r} {paths[1]!r}")
+        claimed = Shape(msg.world_size, msg.restart_count)
+        change = classify(job.shape, claimed)
+        if change == "stale":
+            raise RegistryError("stale_generation", f"job {msg.job_id} is in generation {job.generation} (restart "
+                                f"count {job.restart_count}); rank {msg.rank} says restart count {msg.restart_count}")
+        if change == "conflict":
+            raise RegistryError("world_size_conflict", f"job {msg.job_id} has world_size {job.world_size} at restart "
+                                f"count {job.restart_count}, rank {msg.rank} says {msg.world_size}")
+        if change == "claim":
+            return HelloOutcome(job, self._claim(job, claimed, msg, node_id, now))
+        r = job.ranks.get(msg.rank)
+        if r is not None:
+            self._check_rank_node(r, msg.job_id, node_id, now)
+        else:
+            self._check_rank_room(node_id)
+        if job.pinned_paths is None:  # restored without paths: the first hello after a restart pins them
+            job.pinned_paths = paths
+            job.profiler_config_path, job.prof_root = paths
+        self._apply_hello(job, msg, node_id, now)
+        return HelloOutcome(job)
+
+    def _apply_hello(self, job: JobState, msg: wire.RankHello, node_id: str, now: float) -> RankState:
+        r = job.ranks.get(msg.rank)
+        if r is None:
+            r = self._new_rank(job, msg.rank, node_id)
+        elif r.node_id != node_id:
+            self._bind(r, job.job_id, node_id)
+        r.hostname, r.pid, r.local_rank, r.backend = msg.hostname, msg.pid, msg.local_rank, msg.backend
+        r.backend_error = msg.backend_error[:500]
+        r.seen_unix_s = now
+        r.left = False
+        r.dropped = int(msg.counters.get("dropped", 0))
+        r.uid = msg.peer_uid
+        job.backend = msg.backend
+        job.started_unix_s = max(job.started_unix_s, msg.ts_unix_s)
+        if len(job.versions) < 64:
+            job.versions.update(list(msg.versions.items())[: 64 - len(job.versions)])
+        return r
+
+    # -- generations -------------------------------------------------------------------------------------------
+    def _claim(self, job: JobState, shape: Shape, msg: wire.RankHello, node_id: str, now: float) -> GenerationOpened:
+        """Hold a claiming hello; open the generation when its shape has a quorum through the job's nodes."""
+        job.claims.expire(now)
+        counts = bool(node_id) and job.job_id in self._node_jobs.get(node_id, ())
+        claim = job.claims.add(shape, msg, node_id, counts=counts, now=now, max_held=64 + 2 * len(job.ranks))
+        need = quorum(job.world_size, shape.world_size)
+        if claim is None or len(claim.counted) < need:
+            have = len(claim.counted) if claim is not None else 0
+            raise GenerationPending(
+                "generation_pending", f"job {job.job_id}: rank {msg.rank} via node {node_id} claims world_size "
+                f"{shape.world_size} restart count {shape.restart_count}; {have} of {need} ranks agree through "
+                f"nodes the job runs on" + ("" if claim is not None else " (not held: bound reached or rank held "
+                                            "from another node)"))
+        reason: Reason = "world_size" if shape.world_size != job.world_size else "restart_count"
+        old = (job.generation, job.world_size, job.restart_count)
+        self._release_ranks(job)
+        self._next_generation(job, shape, now)
+        admitted: list[int] = []
+        refused: list[tuple[int, str]] = []
+        for rank, (via, held) in sorted(claim.hellos.items()):
+            try:
+                self._check_rank_room(via)
+                self._apply_hello(job, held, via, now)
+                admitted.append(rank)
+            except RegistryError as exc:
+                refused.append((rank, exc.reason))
+        return GenerationOpened(
+            job_id=job.job_id, generation=job.generation, old_generation=old[0], world_size=job.world_size,
+            old_world_size=old[1], restart_count=job.restart_count, old_restart_count=old[2], reason=reason,
+            ranks=tuple(sorted(claim.counted)), nodes=tuple(sorted({claim.hellos[r][0] for r in claim.counted})),
+            opened_unix_s=now, admitted=tuple(admitted), refused=tuple(refused))
+
+    def note_restart(self, job: JobState, r: RankState, now: float) -> GenerationOpened | None:
+        """``r``'s step counter went back (:meth:`step` said ``restarted``). When the ranks of a quorum did so
+        within the claim window, open a generation of the same shape (launchers without restart counts) and
+        return it; a rank of an older generation just joins the current one."""
+        if r.gen < job.generation:
+            r.gen = job.generation
+            return None
+        job.claims.expire(now)
+        if job.claims.note_restart(r.rank, now) < quorum(job.world_size, job.world_size):
+            return None
+        ranks = tuple(sorted(x for x in job.claims.restarts if x in job.ranks))
+        old_gen = job.generation
+        self._next_generation(job, job.shape, now)
+        for x in ranks:
+            job.ranks[x].gen = job.generation
+        return GenerationOpened(
+            job_id=job.job_id, generation=job.generation, old_generation=old_gen, world_size=job.world_size,
+            old_world_size=job.world_size, restart_count=job.restart_count, old_restart_count=job.restart_count,
+            reason="steps_went_back", ranks=ranks, nodes=tuple(sorted({job.ranks[x].node_id for x in ranks})),
+            opened_unix_s=now)
+
+    @staticmethod
+    def _next_generation(job: JobState, shape: Shape, now: float) -> None:
+        job.world_size, job.restart_count = shape.world_size, shape.restart_count
+        job.generation += 1
+        job.generation_since_unix_s = now
+        job.claims.clear()
+
+    def _release_ranks(self, job: JobState) -> None:
+        """Forget the job's rank records and their node bindings (expiry, or a new generation)."""
+        self.rank_count -= len(job.ranks)
+        for r in job.ranks.values():
+            self._count_rank(r.node_id, job.job_id, -1)
+            jobs = self._node_jobs.get(r.node_id)
+            if jobs is not None:
+                jobs.discard(job.job_id)
+                if not jobs:
+                    del self._node_jobs[r.node_id]
+        job.ranks.clear()
+
+    def _check_new_job(self, node_id: str, uid: int | None = None) -> None:
+        if len(self.jobs) >= self.limits.max_jobs_total:
+            raise RegistryError("too_many_jobs", f"{len(self.jobs)} jobs tracked (limits.max_jobs_total)")
+        self._check_new_job_on_node(node_id, uid)
+
+    def _check_rank_node(self, r: RankState, job_id: str, node_id: str, now: float) -> None:
+        if r.node_id and r.node_id != node_id and not r.left and now - r.seen_unix_s < self.limits.rank_rebind_after_s:
+            raise RegistryError("rank_on_other_node",
+                                f"rank {r.rank} of job {job_id} runs on node {r.node_id}, not {node_id}")
+
+    def _check_rank_room(self, node_id: str) -> None:
+        if self.rank_count >= self.limits.max_ranks_total:
+            raise RegistryError("too_many_ranks", f"{self.rank_count} ranks tracked (limits.max_ranks_total)")
+        if self._node_ranks.get(node_id, 0) >= self.limits.max_ranks_per_node:
+            raise RegistryError("too_many_ranks_on_node",
+                                f"node {node_id} has {self.limits.max_ranks_per_node} ranks (limits.max_ranks_per_node)")
+
+    def _new_rank(self, job: JobState, rank: int, node_id: str) -> RankState:
+        self._check_rank_room(node_id)
+        if node_id and job.job_id not in self._node_jobs.get(node_id, ()):
+            self._check_new_job_on_node(node_id)
+        r = job.ranks[rank] = RankState(rank=rank, node_id=node_id, window=StepWindow(self.window_steps),
+                                        gen=job.generation)
+        self.rank_count += 1
+        self._count_rank(node_id, job.job_id, +1)
+        return r
+
+    def _count_rank(self, node_id: str, job_id: str, delta: int) -> None:
+        if not node_id:
+            return
+        n = self._node_ranks.get(node_id, 0) + delta
+        if n > 0:
+            self._node_ranks[node_id] = n
+            if delta > 0:
+                self._node_jobs.setdefault(node_id, set()).add(job_id)
+        else:
+            self._node_ranks.pop(node_id, None)
+
+    def _check_new_job_on_node(self, node_id: str, uid: int | None = None) -> None:
+        """Refuse a new job on ``node_id`` beyond ``max_jobs_per_node``, or beyond ``max_jobs_per_node_per_uid``
+        jobs of the attested ``uid`` there (one user cannot take every job slot of a node)."""
+        on_node = self._node_jobs.get(node_id, ())
+        if len(on_node) >= self.limits.max_jobs_per_node:
+            raise RegistryError("too_many_jobs_on_node",
+                                f"node {node_id} has ranks of {self.limits.max_jobs_per_node} jobs (limits.max_jobs_per_node)")
+        if uid is None or len(on_node) < self.limits.max_jobs_per_node_per_uid:
+            return
+        mine = sum(1 for j in on_node if (job := self.jobs.get(j)) is not None
+                   and any(r.uid == uid and r.node_id == node_id for r in job.ranks.values()))
+        if mine >= self.limits.max_jobs_per_node_per_uid:
+            raise RegistryError("too_many_jobs_of_uid_on_node",
+                                f"uid {uid} has ranks of {mine} jobs on node {node_id} "
+                                "(limits.max_jobs_per_node_per_uid)")
+
+    def _bind(self, r: RankState, job_id: str, node_id: str) -> None:
+        old = r.node_id
+        r.node_id = node_id
+        self._count_rank(node_id, job_id, +1)
+        self._count_rank(old, job_id, -1)
+        if old and old != node_id:
+            job = self.jobs.get(job_id)
+            if job is not None and not any(x.node_id == old for x in job.ranks.values()):
+                self._node_jobs.get(old, set()).discard(job_id)
+
+    def restore(self, job: JobState) -> None:
+        """Add a job read back from the state store (its ranks included), keeping the counts in step. Caps are not
+        applied: what was stored was admitted before."""
+        if not job.pinned_paths and (job.profiler_config_path or job.prof_root):
+            job.pinned_paths = (job.profiler_config_path, job.prof_root)
+        self.jobs[job.job_id] = job
+        self.rank_count += len(job.ranks)
+        for r in job.ranks.values():
+            r.gen = job.generation
+            self._count_rank(r.node_id, job.job_id, +1)
+
+    def expire(self, now: float) -> list[str]:
+        """Forget jobs none of whose ranks was heard for ``limits.job_expiry_s`` (and nodes silent as long with no
+        job left); return the job ids."""
+        cutoff = now - self.limits.job_expiry_s
+        gone = [j.job_id for j in self.jobs.values() if j.last_heard_unix_s() < cutoff]
+        for job_id in gone:
+            self._release_ranks(self.jobs.pop(job_id))
+        for job in self.jobs.values():
+            job.claims.expire(now)
+        for node in [n for n in self.nodes.values() if n.last_seen_unix_s < cutoff and n.node_id not in self._node_jobs]:
+            del self.nodes[node.node_id]
+        return gone
+
+    def forget_node(self, node_id: str) -> None:
+        """Forget a node record (not its ranks)."""
+        self.nodes.pop(node_id, None)
+
+    def rank_for(self, msg: Any, node_id: str | None) -> tuple[JobState | None, RankState | None]:
+        """The job and rank a step/capture/bye message is about, checked against the node it came through.
+
+        Returns ``(None, None)`` for an unknown job and ``(job, None)`` for a rank not reported yet.
+        Raises:
+            RegistryError: ``bad_rank`` (outside the job's world size), ``rank_on_other_node``.
+        """
+        job = self.jobs.get(msg.job_id)
+        if job is None:
+            return None, None
+        if msg.rank >= job.world_size:
+            if any(msg.rank < c.shape.world_size for c in job.claims.claims.values()):
+                raise GenerationPending("generation_pending", f"rank {msg.rank} of job {msg.job_id} belongs to a "
+                                        f"claimed generation of another world size (not open yet)")
+            raise RegistryError("bad_rank", f"rank {msg.rank} >= world_size {job.world_size} of job {msg.job_id}")
+        r = job.ranks.get(msg.rank)
+        if r is not None and node_id is not None and r.node_id and r.node_id != node_id:
+            raise RegistryError("rank_on_other_node",
+                                f"rank {r.rank} of job {job.job_id} runs on node {r.node_id}, not {node_id}")
+        return job, r
+
+    def step(self, msg: wire.StepReport, now: float, node_id: str | None = None) -> tuple[JobState | None, RankState | None, bool]:
+        """Record a step report that arrived through ``node_id`` (None: not checked, for offline tools).
+
+        Returns ``(job, rank, restarted)``; ``(None, None, False)`` for an unknown job. ``restarted`` is True when
+        the rank's step counter went backwards (process restart / resume).
+        Raises:
+            RegistryError: ``bad_rank``, ``rank_on_other_node``, ``too_many_ranks``, ``too_many_jobs_on_node``.
+        """
+        job, r = self.rank_for(msg, node_id)
+        if job is None:
+            return None, None, False
+        if r is None:
+            r = self._new_rank(job, msg.rank, node_id or "")
+        step = msg.step
+        restarted = step < r.last_step
+        if restarted:
+            r.window.clear()  # type: ignore[union-attr]
+        r.last_step = step
+        r.last_step_time_s = msg.step_time_s
+        r.last_ts_unix_s = msg.ts_unix_s
+        r.seen_unix_s = now
+        r.capturing = msg.capturing
+        r.left = False
+        r.window.append(step, msg.step_time_s)  # type: ignore[union-attr]
+        return job, r, restarted
+
+    def bye(self, msg: wire.RankBye, now: float, node_id: str | None = None) -> None:
+        """Mark a rank as left on purpose. Raises :class:`RegistryError` for a rank bound to another node."""
+        _job, r = self.rank_for(msg, node_id)
+        if r is not None:
+            r.left = True
+            r.seen_unix_s = now
+    def snapshot(self, now: float, node_timeout_s: float = 10.0) -> dict[str, Any]:
+        """A JSON-ready view for ``profwatch status`` (:func:`profwatch.core.registry_state.snapshot`)."""
+        return snapshot(self.jobs.values(), self.nodes.values(), now, node_timeout_s)

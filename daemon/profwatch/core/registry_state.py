@@ -1,0 +1,221 @@
+"""The registry's records of jobs, ranks and nodes, the ``profwatch status`` view of them, and their rows in the
+state store (pure)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from profwatch.core.generations import GenerationClaims, GenerationOpened, Shape
+from profwatch.core.step_window import StepWindow, median
+
+
+@dataclass(slots=True)
+class RankState:
+    """One rank as last seen."""
+
+    rank: int
+    hostname: str = ""
+    node_id: str = ""
+    pid: int = 0
+    local_rank: int = -1
+    backend: str = ""
+    last_step: int = -1
+    last_step_time_s: float = 0.0
+    last_ts_unix_s: float = 0.0
+    seen_unix_s: float = 0.0
+    capturing: bool = False
+    left: bool = False
+    dropped: int = 0  # messages the rank's publisher dropped (from its periodic hello)
+    uid: int | None = None  # the rank process's uid, from the node socket's peer credentials (None: not known)
+    window: StepWindow | None = None
+    backend_error: str = ""  # why the requested capture backend is not in use ("" = none asked or it opened)
+    gen: int = 0  # the job generation this rank's step counter belongs to (older: a worker not restarted yet)
+
+
+@dataclass(slots=True)
+class JobState:
+    """One job: identity, ranks and where its capture files live."""
+
+    job_id: str
+    world_size: int
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    profiler_config_path: str | None = None
+    prof_root: str | None = None
+    backend: str = ""
+    first_seen_unix_s: float = 0.0
+    started_unix_s: float = 0.0  # latest rank init time seen (arms must be newer than every rank's start)
+    versions: dict[str, str] = field(default_factory=dict)
+    pinned_paths: tuple[str | None, str | None] | None = None  # (config path, prof_root) of the first hello
+    generation: int = 0  # 0 at the first hello; +1 per elastic restart or resize (daemon/profwatch/core/generations.py)
+    restart_count: int | None = None  # TORCHELASTIC_RESTART_COUNT of the current generation (None: not torchrun)
+    generation_since_unix_s: float = 0.0
+    claims: GenerationClaims = field(default_factory=GenerationClaims)
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.world_size, self.restart_count)
+
+    def last_heard_unix_s(self) -> float:
+        """Latest time any rank of the job was heard (0.0 when none)."""
+        return max((r.seen_unix_s for r in self.ranks.values()), default=self.first_seen_unix_s)
+
+    def furthest_step(self) -> int:
+        """Highest step any rank reported (-1 before any)."""
+        return max((r.last_step for r in self.ranks.values()), default=-1)
+
+    def median_step_time_s(self, n: int = 20) -> float | None:
+        """Median over ranks of each rank's median of its last ``n`` step times (robust typical step time)."""
+        medians = [median(r.window.recent_times(n)) for r in self.ranks.values() if r.window is not None and len(r.window)]
+        return median([x for x in medians if x is not None])
+
+
+@dataclass(slots=True)
+class NodeState:
+    """One node daemon."""
+
+    node_id: str
+    hostname: str
+    pid: int = 0
+    last_seen_unix_s: float = 0.0
+    started_unix_s: float = 0.0
+    last_seq: int = -1
+    lost_batches: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+    stale_state: str = ""  # torch_npu leftovers the node daemon found (stale shm segment, orphaned monitor)
+
+
+@dataclass(frozen=True, slots=True)
+class HelloOutcome:
+    """What a hello did: the job it registered with, and the generation it opened (None: none)."""
+
+    job: JobState
+    opened: GenerationOpened | None = None
+
+
+def snapshot(jobs: Iterable[JobState], nodes: Iterable[NodeState], now: float,
+             node_timeout_s: float = 10.0) -> dict[str, Any]:
+    """A JSON-ready view for ``profwatch status``: ``{"jobs": [...], "nodes": [...]}``; each job shows its
+    ``generation``, ``restart_count`` and the claims of a next generation still waiting for a quorum."""
+    out = []
+    for job in jobs:
+        ranks = [
+            {
+                "rank": r.rank,
+                "hostname": r.hostname,
+                "node_id": r.node_id,
+                "pid": r.pid,
+                "last_step": r.last_step,
+                "step_time_s": round(r.last_step_time_s, 6),
+                "median_step_time_s": _recent_median(r, STATUS_MEDIAN_STEPS),
+                "age_s": round(now - r.seen_unix_s, 3) if r.seen_unix_s else None,
+                "capturing": r.capturing,
+                "left": r.left,
+                "dropped": r.dropped,
+                "backend": r.backend,
+                "backend_error": r.backend_error,
+                "uid": r.uid,
+                "generation": r.gen,
+            }
+            for r in sorted(job.ranks.values(), key=lambda r: r.rank)
+        ]
+        out.append(
+            {
+                "job_id": job.job_id,
+                "world_size": job.world_size,
+                "generation": job.generation,
+                "restart_count": job.restart_count,
+                "generation_since_unix_s": job.generation_since_unix_s,
+                "pending_generations": job.claims.summary(job.shape, now),
+                "ranks_seen": len(job.ranks),
+                "backend": _backends_in_use(job),
+                "backend_errors": {str(r.rank): r.backend_error for r in job.ranks.values() if r.backend_error},
+                "furthest_step": job.furthest_step(),
+                "median_step_time_s": job.median_step_time_s(STATUS_MEDIAN_STEPS),
+                "median_steps": STATUS_MEDIAN_STEPS,
+                "profiler_config_path": job.profiler_config_path,
+                "prof_root": job.prof_root,
+                "rank_drops": sum(r.dropped for r in job.ranks.values()),
+                "ranks": ranks,
+            }
+        )
+    nodes_out = [
+        {
+            "node_id": n.node_id,
+            "hostname": n.hostname,
+            "pid": n.pid,
+            "age_s": round(now - n.last_seen_unix_s, 3),
+            "lost_batches": n.lost_batches,
+            "down": now - n.last_seen_unix_s > node_timeout_s,
+            "counters": n.counters,
+            "stale_state": n.stale_state,
+        }
+        for n in nodes
+    ]
+    return {"jobs": out, "nodes": nodes_out}
+
+
+STATUS_MEDIAN_STEPS = 20
+"""``status`` shows each rank's median over its last this many steps and the job's median of those medians."""
+
+
+def _recent_median(r: RankState, n: int) -> float | None:
+    """Median of the rank's last ``n`` step times (None before its first step), rounded to the microsecond."""
+    if r.window is None or not len(r.window):
+        return None
+    m = median(r.window.recent_times(n))
+    return None if m is None else round(m, 6)
+
+
+def _backends_in_use(job: JobState) -> str:
+    """The capture backend the job's ranks actually run (``torch_npu``; ``none`` when it failed to open), e.g.
+    ``torch_npu`` or ``none x1, torch_npu x3`` when the ranks differ."""
+    counts: dict[str, int] = {}
+    for r in job.ranks.values():
+        counts[r.backend or "?"] = counts.get(r.backend or "?", 0) + 1
+    if len(counts) <= 1:
+        return next(iter(counts), job.backend)
+    return ", ".join(f"{b} x{n}" for b, n in sorted(counts.items()))
+
+
+def registry_rows(jobs: Iterable[JobState], nodes: Iterable[NodeState]
+                  ) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """``(job rows, rank rows, node rows)`` for :meth:`profwatch.adapters.state.StateStore.save_registry`."""
+    job_rows: list[dict[str, Any]] = []
+    rank_rows: list[tuple[Any, ...]] = []
+    for job in jobs:
+        job_rows.append({
+            "job_id": job.job_id, "world_size": job.world_size, "backend": job.backend,
+            "profiler_config_path": job.profiler_config_path, "prof_root": job.prof_root,
+            "first_seen_unix_s": job.first_seen_unix_s, "started_unix_s": job.started_unix_s,
+            "versions": json.dumps(job.versions), "generation": job.generation, "restart_count": job.restart_count,
+        })
+        rank_rows += [(job.job_id, r.rank, r.hostname, r.node_id, r.pid, r.local_rank, r.backend, r.last_step,
+                       r.last_step_time_s, r.seen_unix_s, int(r.left)) for r in job.ranks.values()]
+    node_rows = [(n.node_id, n.hostname, n.pid, n.last_seen_unix_s, json.dumps(n.counters)) for n in nodes]
+    return job_rows, rank_rows, node_rows
+
+
+def jobs_from_rows(jobs: Iterable[Mapping[str, Any]], ranks: Iterable[Mapping[str, Any]],
+                   window_steps: int) -> list[JobState]:
+    """Jobs (with their ranks, empty step windows) read back from the state store's rows."""
+    restored: dict[str, JobState] = {}
+    for j in jobs:
+        restored[j["job_id"]] = JobState(
+            job_id=j["job_id"], world_size=j["world_size"], profiler_config_path=j["profiler_config_path"],
+            prof_root=j["prof_root"], backend=j["backend"] or "", first_seen_unix_s=j["first_seen_unix_s"] or 0.0,
+            started_unix_s=j["started_unix_s"] or 0.0, versions=json.loads(j["versions"] or "{}"),
+            generation=j.get("generation") or 0, restart_count=j.get("restart_count"))
+    for r in ranks:
+        job = restored.get(r["job_id"])
+        if job is None or not 0 <= r["rank"] < job.world_size:
+            continue
+        job.ranks[r["rank"]] = RankState(
+            rank=r["rank"], hostname=r["hostname"] or "", node_id=r["node_id"] or "", pid=r["pid"] or 0,
+            local_rank=r["local_rank"] if r["local_rank"] is not None else -1, backend=r["backend"] or "",
+            last_step=r["last_step"] if r["last_step"] is not None else -1,
+            last_step_time_s=r["last_step_time_s"] or 0.0, seen_unix_s=r["seen_unix_s"] or 0.0,
+            left=bool(r["left"]), window=StepWindow(window_steps), gen=job.generation)
+    return list(restored.values())

@@ -1,0 +1,310 @@
+"""Job step-time regression: a two-sided CUSUM change-point detector on the robust-standardised job step time,
+with spikes held out (pure; implements the ``StepDetector`` Protocol of ``daemon/profwatch/core/detection_types.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from profwatch.core.baseline import RobustBaseline
+from profwatch.core.detection_settings import DetectionSettings
+from profwatch.core.detection_types import Anomaly, FinalizedStep
+from profwatch.core.spikes import SpikeEpisode, SpikeFilter
+
+EFFECT_Z = 2.0
+"""A fire needs the run's mean excess to be within this many standard errors of ``min_effect`` or above it."""
+SMALL_SAMPLE_C = 1.0
+"""The noise estimate is inflated by ``1 + SMALL_SAMPLE_C * sqrt(1.1 / (2 n))`` (one standard error of the
+biweight scale over n steps), so a short baseline does not make the detector trigger-happy."""
+PROVISIONAL_MIN = 5
+"""While learning, steps are screened for spikes once the baseline holds this many values."""
+DEFAULT_HOLD_STEPS = 8
+MAX_SLOWEST_RANKS = 16
+
+
+SIEGMUND_RHO = 0.583
+"""Expected overshoot of a Gaussian random walk over a boundary, in sigmas: Siegmund's correction is 2 * 0.583."""
+
+
+def cusum_threshold(k: float, arl0_steps: float) -> float:
+    """Threshold h (sigmas) of a one-sided CUSUM with reference ``k`` whose mean run between false alarms is
+    ``arl0_steps`` on N(0, 1) data, by Siegmund's approximation ``ARL0 = (e^{2kb} - 2kb - 1) / (2k^2)`` with
+    ``b = h + 1.166`` (Siegmund 1985, "Sequential Analysis", eq. 2.57). Solved by fixed-point iteration on
+    ``x = 2kb``: ``x = ln(2 k^2 ARL0 + x + 1)``. Returns at least 0.05. Raises ``ValueError`` for ``k <= 0``.
+    """
+    if k <= 0:
+        raise ValueError(f"CUSUM reference must be > 0, got {k}")
+    c = 2.0 * k * k * arl0_steps
+    x = math.log(c + 1.0)
+    for _ in range(50):
+        nx = math.log(c + x + 1.0)
+        if abs(nx - x) < 1e-12:
+            break
+        x = nx
+    return max(0.05, x / (2.0 * k) - 2.0 * SIEGMUND_RHO)
+
+
+def cusum_design(min_effect: float, noise_rel: float, false_alarm_steps: float) -> tuple[float, float, float]:
+    """``(k, h, clip)`` of the CUSUM in noise-sigma units for a shift of ``min_effect`` at noise ``noise_rel``.
+
+    ``delta = min_effect / noise_rel`` (the shift to detect, in sigmas); reference ``k = delta / 2`` (optimal for
+    that shift); threshold ``h`` from :func:`cusum_threshold` for a mean run of ``false_alarm_steps`` between
+    false alarms; increments are clipped at ``k + h / 2`` so, from ``S = 0``, no fewer than three steps fire. Lorden's bound
+    on the detection delay at that false-alarm rate is ``ln(false_alarm_steps) / (delta^2 / 2)`` steps.
+    """
+    delta = min_effect / noise_rel
+    k = delta / 2.0
+    h = cusum_threshold(k, false_alarm_steps)
+    return k, h, k + h / 2.0
+
+
+class StepTimeRegressionDetector:
+    """Finds lasting changes of a job's step time; reports transient and periodic spikes as such.
+
+    Args:
+        job_id: copied into every :class:`Anomaly`.
+        settings: thresholds (see Notes).
+        hold_steps: ``(step, step_time_s) -> steps`` a spike may last and still be over before a capture armed at
+            its onset could start: the capture planner's lead. Used when ``spike_hold_steps`` is None.
+
+    Notes:
+        Series: the job step time of each non-excluded finalised step (the slowest rank's; in synchronous
+        training all ranks wait for it, so their noise is common, and pooling ranks cannot sharpen this series).
+
+        Baseline: Tukey biweight location ``mu`` and scale ``sigma`` over the last ``baseline_steps`` accepted
+        steps, lagging the newest ``baseline_lag_steps`` (see ``daemon/profwatch/core/baseline.py``); detection starts
+        when it holds ``min_baseline_steps``; while it fills, spike steps are kept out of it unless they last
+        longer than the hold (the job changed level while learning: learning restarts there). Noise ``s = max(sigma * (1 + sqrt(1.1 / 2n)), noise_floor * mu) / mu``
+        (relative; inflated by one standard error of the scale at n values). Standardised step:
+        ``z = (x / mu - 1) / s``.
+
+        Spikes first (``daemon/profwatch/core/spikes.py``): a step ``>= spike_min_effect`` and ``>= spike_z`` sigmas
+        over ``mu`` is a spike step, held out of the CUSUM and the baseline. An episode of spike steps that
+        ends within the hold (``spike_hold_steps``, default the capture planner's lead at the current step
+        time) is reported as ``step_spike`` (at most one event per ``spike_event_gap_steps``; the others are
+        counted in the next event) and never arms; one that lasts longer is a sustained level change:
+        ``step_regression`` with ``pattern "level"``. Recurring episodes are learned as periodic: reported once
+        as ``periodic_spike`` (with the next onset), their predicted windows held out.
+
+        Change point (Page 1954 CUSUM, two-sided): with ``delta = min_effect / s``, ``k = delta / 2`` and h
+        such that the mean run between false alarms is ``false_alarm_steps`` (Siegmund's approximation, see
+        :func:`cusum_threshold`), ``S+ = max(0, S+ + min(z, c) - k)`` and
+        ``S- = max(0, S- - max(z, -c) - k)``, ``c = k + h / 2`` (one outlier moves S by at most h / 2, so from
+        ``S = 0`` it takes three steps to fire).
+        ``S+ > h`` fires ``step_regression`` (``pattern "cusum"``) when the mean relative excess of the run since
+        ``S+`` last was 0 (the change-point estimate, ``first_step``) is not significantly below ``min_effect``:
+        ``mean + 2 * s / sqrt(run) >= min_effect`` (otherwise ``S+`` is capped at h: a shift smaller than
+        ``min_effect`` is never reported, it is absorbed by the baseline). ``S- > h`` (the job got faster)
+        re-learns the baseline silently. After a fire the baseline is re-learned (debounce: the new level
+        becomes normal). Magnitude = mean relative excess of the run.
+
+        Guarantees with known mu and s (Gaussian noise): mean run between false alarms about
+        ``false_alarm_steps`` per side, and a mean delay for a shift of ``delta`` sigmas close to Lorden's bound
+        ``ln(false_alarm_steps) / (delta^2 / 2)`` (Lorden 1971, Ann. Math. Statist. 42:1897; CUSUM is optimal in
+        his sense, Moustakides 1986). For 10 % at 5 % noise: delta = 2, bound 5.8 steps.
+        ``bench/bench_detection.py`` prints the bound beside the measured delays and the false alarms measured with
+        estimated mu and s.
+
+        Drift: when the baseline ``mu`` exceeds the ``mu`` it had when first learned by ``min_effect``, fire once
+        with ``pattern "drift"`` and take the current ``mu`` as the new reference (a drift slower than the baseline
+        follows it never moves S+).
+
+        Source: Page, "Continuous inspection schemes", Biometrika 41 (1954); minimum effect 10 % as in Greyhound /
+        Falcon (Wu et al., ATC'25; arXiv 2410.12588), which pairs a change-point test on iteration time with a
+        >= 10 % mean-change filter. Assumes comparable steps (the same work per step) and noise that is
+        independent from step to step.
+    """
+
+    def __init__(self, job_id: str, settings: DetectionSettings,
+                 hold_steps: Callable[[int, float], int] | None = None) -> None:
+        self.job_id = job_id
+        self.settings = settings
+        self._hold_steps = hold_steps
+        self._base = RobustBaseline(settings.baseline_steps, settings.baseline_lag_steps)
+        self.spikes = SpikeFilter(settings)
+        self.counters = {"regressions": 0, "spike_events": 0, "spikes_not_reported": 0, "speedups": 0, "held": 0,
+                         "relearn_while_learning": 0}
+        self._learn_rejected = 0
+        self._last_job_step_s: float | None = None
+        self._design_key: tuple[float, float, float] | None = None
+        self._design_val = (0.0, 0.0, 0.0)
+        self._relearn()
+        self._last_spike_event: int | None = None
+        self._spikes_since_event = 0
+
+    # -- StepDetector ----------------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget everything (the step counter restarted)."""
+        self._relearn()
+        self.spikes.reset()
+        self._last_spike_event = None
+        self._spikes_since_event = 0
+        self._last_job_step_s = None
+
+    def update_settings(self, settings: DetectionSettings) -> None:
+        """Swap thresholds keeping the learned baseline (resized) and the learned periodic patterns."""
+        self.settings = settings
+        self.spikes.settings = settings
+        self._base.resize(settings.baseline_steps, settings.baseline_lag_steps)
+
+    @property
+    def baseline_step_time_s(self) -> float | None:
+        """The baseline job step time (s) once learned, else the last accepted job step time, else None."""
+        if len(self._base) >= self.settings.min_baseline_steps:
+            return self._base.stats()[0]
+        return self._last_job_step_s
+
+    def _relearn(self) -> None:
+        self._base.clear()
+        self._s_hi = self._s_lo = 0.0
+        self._run_reset()
+        self._reference: float | None = None
+        self.spikes.reset_episode()
+
+    def _run_reset(self) -> None:
+        self._run_start: int | None = None
+        self._run_n = 0
+        self._run_sum = 0.0
+        self._run_slowest: set[int] = set()
+
+    def on_step(self, step: FinalizedStep) -> list[Anomaly]:
+        """Consume one finalised step (excluded steps only advance the periodic bookkeeping)."""
+        if step.excluded is not None:
+            self.spikes.skip(step.step)
+            return []
+        x = step.time_s
+        self._last_job_step_s = x
+        s = self.settings
+        n = len(self._base)
+        if n < s.min_baseline_steps:
+            self._learn(step.step, x)
+            return []
+        mu, noise = self._noise()
+        rel = x / mu - 1.0
+        z = rel / noise
+        out: list[Anomaly] = []
+        hold = self._hold(step.step, mu)
+        sp = self.spikes.observe(step.step, rel, z, hold)
+        if sp.ended is not None and not sp.ended_periodic:
+            self._spike_event(step.step, sp.ended, mu, hold, out)
+        if sp.new_pattern is not None:
+            detail = {"pattern": "periodic", **sp.new_pattern.to_json(), "baseline_s": mu}
+            out.append(Anomaly("periodic_spike", self.job_id, step.step, (), sp.new_pattern.peak, detail))
+        if sp.sustained is not None:
+            ep = sp.sustained
+            detail = {"pattern": "level", "first_step": ep.onset, "baseline_s": mu, "noise": noise,
+                      "step_time_s": mu * (1.0 + ep.level), "peak": ep.peak, "steps": ep.duration,
+                      "hold_steps": hold, "slowest_ranks": [step.slowest_rank]}
+            out.append(self._fire(step.step, ep.level, detail))
+            return out
+        if sp.held:
+            self.counters["held"] += 1
+            return out
+        a = self._cusum(step, x, rel, z, mu, noise)
+        if a is not None:
+            out.append(a)
+        return out
+
+    # -- internals -------------------------------------------------------------------------------------------------
+    def _hold(self, step: int, step_time_s: float) -> int:
+        s = self.settings
+        hold = s.spike_hold_steps or (self._hold_steps(step, step_time_s) if self._hold_steps else DEFAULT_HOLD_STEPS)
+        return max(1, hold)
+
+    def _noise(self) -> tuple[float, float]:
+        mu, sigma = self._base.stats()
+        n = len(self._base)
+        sigma *= 1.0 + SMALL_SAMPLE_C * math.sqrt(1.1 / (2.0 * n))
+        if mu <= 0:
+            return 1e-12, 1.0
+        return mu, max(sigma / mu, self.settings.noise_floor, 1e-9)
+
+    def _learn(self, step: int, x: float) -> None:
+        """Fill the baseline; once it has a few values, spikes are kept out of it, unless they go on for longer
+        than the hold: then the job changed its level while we were learning, and learning starts again there."""
+        if len(self._base) >= PROVISIONAL_MIN:
+            mu, noise = self._noise()
+            if self.spikes.is_spike(x / mu - 1.0, (x / mu - 1.0) / noise):
+                self._learn_rejected += 1
+                if self._learn_rejected <= self._hold(step, mu):
+                    return
+                self.counters["relearn_while_learning"] += 1
+                self._base.clear()
+        self._learn_rejected = 0
+        self._base.push(x)
+        if len(self._base) >= self.settings.min_baseline_steps and self._reference is None:
+            self._reference = self._base.stats()[0]
+
+    def _spike_event(self, step: int, ep: SpikeEpisode, mu: float, hold: int, out: list[Anomaly]) -> None:
+        gap = self.settings.spike_event_gap_steps
+        if self._last_spike_event is not None and ep.onset - self._last_spike_event < gap:
+            self._spikes_since_event += 1
+            self.counters["spikes_not_reported"] += 1
+            return
+        detail: dict[str, Any] = {"pattern": "transient", **ep.to_json(), "baseline_s": mu, "hold_steps": hold,
+                                  "not_reported_before": self._spikes_since_event}
+        self._last_spike_event = ep.onset
+        self._spikes_since_event = 0
+        self.counters["spike_events"] += 1
+        out.append(Anomaly("step_spike", self.job_id, step, (), ep.peak, detail))
+
+    def _design(self, noise: float) -> tuple[float, float, float]:
+        s = self.settings
+        key = (s.min_effect, noise, s.false_alarm_steps)
+        if key != self._design_key:
+            self._design_key, self._design_val = key, cusum_design(*key)
+        return self._design_val
+
+    def _cusum(self, fs: FinalizedStep, x: float, rel: float, z: float, mu: float, noise: float) -> Anomaly | None:
+        s = self.settings
+        k, h, clip = self._design(noise)
+        zc = min(max(z, -clip), clip)
+        self._s_hi = max(0.0, self._s_hi + zc - k)
+        self._s_lo = max(0.0, self._s_lo - zc - k)
+        if self._s_hi > 0.0:
+            if self._run_start is None:
+                self._run_start = fs.step
+            self._run_n += 1
+            self._run_sum += rel
+            if len(self._run_slowest) < MAX_SLOWEST_RANKS:
+                self._run_slowest.add(fs.slowest_rank)
+        else:
+            self._run_reset()
+        self._base.push(x)
+        if self._s_hi > h * (1.0 + 1e-9):
+            mean = self._run_sum / self._run_n
+            if mean + EFFECT_Z * noise / math.sqrt(self._run_n) >= s.min_effect:
+                detail = {"pattern": "cusum", "first_step": self._run_start, "baseline_s": mu, "noise": noise,
+                          "step_time_s": mu * (1.0 + mean), "cusum": self._s_hi, "threshold": h,
+                          "steps": self._run_n, "slowest_ranks": sorted(self._run_slowest)}
+                return self._fire(fs.step, mean, detail)
+            self._s_hi = h
+        if self._s_lo > h * (1.0 + 1e-9):
+            self.counters["speedups"] += 1
+            self._relearn()
+            return None
+        return self._drift(fs.step)
+
+    def _drift(self, step: int) -> Anomaly | None:
+        s = self.settings
+        if not s.drift_detection or len(self._base) < s.min_baseline_steps:
+            return None
+        mu = self._base.stats()[0]  # cached between re-estimates
+        ref = self._reference
+        if ref is None or mu < ref * (1.0 - s.min_effect):
+            self._reference = mu
+            return None
+        if mu / ref - 1.0 < s.min_effect:
+            return None
+        self._reference = mu
+        detail = {"pattern": "drift", "first_step": None, "baseline_s": ref, "step_time_s": mu,
+                  "steps": len(self._base)}
+        self.counters["regressions"] += 1
+        return Anomaly("step_regression", self.job_id, step, (), mu / ref - 1.0, detail)
+
+    def _fire(self, step: int, magnitude: float, detail: dict[str, Any]) -> Anomaly:
+        self.counters["regressions"] += 1
+        self._relearn()
+        return Anomaly("step_regression", self.job_id, step, (), magnitude, detail)

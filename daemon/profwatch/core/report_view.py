@@ -1,0 +1,405 @@
+"""What the batch report shows: headline, graded suspects, own work against the peer median per rank and step (pure).
+
+Input is the ``io.profwatch.suspect_ranks.v1`` data (``profwatch.core.alerts.suspect_alert_data``, plus the optional
+``impact``, ``links``, ``armed_steps``, ``captured_steps`` and ``suspects[i].evidence.strength`` /
+``suspects[i].impact`` keys) and the per-(rank, step) rows behind it. Output is a :class:`ReportView` that the
+report adapter renders; nothing here formats HTML or draws.
+
+Definitions (all durations in ms here, from the µs rows of msprof-analyze ``ClusterTimeSummary`` or the Kineto
+analyzer):
+
+* own work ``W = computation + free``: the time a rank spends before it joins the step's collectives, what its
+  peers wait for (the same ``W`` as :func:`profwatch.core.ranking.rank_suspects`).
+* peer median: in each step, the median of ``W`` over the *other* ranks (leave-one-out, so a slow rank does not
+  pull its own reference; this matters for 2-4 ranks).
+* own-work difference: ``W - peer median`` per (rank, step); per rank, its median over steps. The slow rank is
+  the one with the large positive difference; every other rank sits near zero.
+* wait caused: ``peer median of wait - own wait`` per step (msprof-analyze ``communicationWaitStageTime`` is own
+  collective time minus the shortest one, so the rank the others wait for waits ~0 while they wait), median over
+  steps, floored at 0: how long each peer waits for this rank per step.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any, Literal
+
+from profwatch.core.evidence import RankStepSummary
+
+Grade = Literal["strong", "weak"]
+HeadlineState = Literal["found", "possible", "none", "unknown"]
+
+STRONG_SCORE = 0.7
+"""Without an explicit ``evidence.strength``, a suspect with at least this score is graded ``strong``."""
+MIN_COLOUR_FRAC = 0.10
+"""The colour scale spans at least +-10 % of the median step time, so a balanced cluster's noise stays pale."""
+MAX_MATRIX_STEPS = 64
+"""At most this many steps (the last ones) go into the rank x step view."""
+_PATH = re.compile(r"(?<![\w.~<-])(?:/[^\s,;:'\"()<>/]+){2,}")
+"""An absolute path of at least two segments (so ``</script>`` or ``GB/s`` is never taken for one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Impact:
+    """Time a fix would give back: ``saving_s_per_step`` (s), ``saving_pct_of_step`` (%), accelerator-hours/day."""
+
+    saving_s_per_step: float
+    saving_pct_of_step: float
+    accelerator_hours_per_day: float
+
+
+@dataclass(frozen=True, slots=True)
+class Headline:
+    """The badge and one sentence at the top of the report."""
+
+    state: HeadlineState
+    badge: str
+    sentence: str
+    rank: int | None = None
+    subject: str = ""
+    """``rank 5 on node0 (compute)`` when a rank is named; ``sentence`` then says why."""
+
+
+@dataclass(slots=True)
+class RankRow:
+    """One rank's medians over steps (ms); ``wait_caused_ms`` >= 0."""
+
+    rank: int
+    steps: int
+    own_ms: float
+    peer_own_ms: float
+    own_delta_ms: float
+    computation_ms: float
+    free_ms: float
+    wait_ms: float
+    wait_caused_ms: float
+    step_ms: float
+
+
+@dataclass(slots=True)
+class SuspectRow:
+    """One suspect as the report shows it; ``position`` counts from 1 (best first)."""
+
+    position: int
+    rank: int
+    score: float
+    grade: Grade
+    kind: str
+    hostname: str | None
+    summary: str
+    rank_dir: str | None
+    row: RankRow | None
+    impact: Impact | None
+
+
+@dataclass(slots=True)
+class StepMatrix:
+    """Own-work difference per (step, rank) in ms: ``delta_ms[i][j]`` for ``steps[i]``, ``ranks[j]`` (None: no row)."""
+
+    steps: list[int]
+    ranks: list[int]
+    delta_ms: list[list[float | None]]
+    own_ms: list[list[float | None]]
+    peer_ms: list[list[float | None]]
+    dropped_steps: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SlowLink:
+    """A link reported slow: its two ranks, its communication group and bandwidths (GB/s)."""
+
+    ranks: tuple[int, int]
+    group: str
+    bandwidth_gbps: float
+    peer_median_gbps: float
+
+
+@dataclass(slots=True)
+class ReportView:
+    """Everything the report renders for one batch."""
+
+    headline: Headline
+    suspects: list[SuspectRow]
+    ranks: list[RankRow]
+    matrix: StepMatrix
+    colour_limit_ms: float
+    median_step_ms: float
+    impact_total: Impact | None
+    links: list[SlowLink]
+    meta: list[tuple[str, str]]
+    recipes: list[dict[str, Any]]
+    files: list[tuple[str, str]]
+    advisor_problems: list[tuple[str, str]]
+    notes: list[str] = field(default_factory=list)
+
+
+def loo_medians(values: Sequence[float]) -> list[float | None]:
+    """Leave-one-out medians: ``out[i]`` = median of ``values`` without ``values[i]`` (None when nothing is left).
+
+    O(n log n) (one sort), for 4096+ ranks per step.
+    """
+    n = len(values)
+    if n < 2:
+        return [None] * n
+    order = sorted(range(n), key=values.__getitem__)
+    srt = [values[i] for i in order]
+    pos = [0] * n
+    for p, i in enumerate(order):
+        pos[i] = p
+    m = n - 1
+
+    def at(j: int, p: int) -> float:  # j-th smallest of the rest, the element at sorted position p removed
+        return srt[j if j < p else j + 1]
+
+    out: list[float | None] = []
+    for i in range(n):
+        p = pos[i]
+        out.append(at(m // 2, p) if m % 2 else (at(m // 2 - 1, p) + at(m // 2, p)) / 2)
+    return out
+
+
+def _usable(row: RankStepSummary) -> bool:
+    """Rows msprof-analyze zero-fills for a rank without sources (step -1, no computation and no communication)
+    carry no signal (the same rule as the ranking)."""
+    return row.step >= 0 and (row.computation_us > 0 or row.communication_us > 0)
+
+
+def measure_ranks(summaries: Sequence[RankStepSummary]) -> tuple[list[RankRow], StepMatrix, float]:
+    """Per-rank rows, the rank x step own-work difference matrix and the median step time (ms).
+
+    Steps with fewer than two usable ranks are left out (no peers to compare with). A rank's wait is left out of
+    "wait caused" in a step where it communicates but its wait and transmit are both zero while other ranks have
+    transmit time (zero-filled wait data, as in the ranking).
+    """
+    by_step: dict[int, dict[int, RankStepSummary]] = defaultdict(dict)
+    for r in summaries:
+        if _usable(r):
+            by_step[r.step][r.rank] = r
+    steps_all = sorted(s for s, rows in by_step.items() if len(rows) >= 2)
+    acc: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    cells: dict[tuple[int, int], tuple[float, float, float]] = {}
+    step_times: list[float] = []
+    for step in steps_all:
+        rows = by_step[step]
+        ranks = sorted(rows)
+        own = [rows[k].computation_us + rows[k].free_us for k in ranks]
+        ref = loo_medians(own)
+        any_tx = any(r.transmit_us > 0 for r in rows.values())
+        waits = {k: rows[k].wait_us for k in ranks if not (any_tx and rows[k].communication_us > 0
+                                                           and rows[k].wait_us <= 0 and rows[k].transmit_us <= 0)}
+        wait_keys = sorted(waits)
+        wait_ref = dict(zip(wait_keys, loo_medians([waits[k] for k in wait_keys]), strict=True))
+        step_times.append(median(r.step_time_us for r in rows.values()))
+        for k, w, pm in zip(ranks, own, ref, strict=True):
+            row, a = rows[k], acc[k]
+            if pm is None:
+                continue
+            cells[(step, k)] = (w / 1e3, pm / 1e3, (w - pm) / 1e3)
+            a["own"].append(w / 1e3)
+            a["peer"].append(pm / 1e3)
+            a["delta"].append((w - pm) / 1e3)
+            for name, us in (("comp", row.computation_us), ("free", row.free_us), ("wait", row.wait_us),
+                             ("step", row.step_time_us)):
+                a[name].append(us / 1e3)
+            wref = wait_ref.get(k)
+            if wref is not None:
+                a["caused"].append((wref - waits[k]) / 1e3)
+    out = [RankRow(rank=k, steps=len(a["own"]), own_ms=median(a["own"]), peer_own_ms=median(a["peer"]),
+                   own_delta_ms=median(a["delta"]), computation_ms=median(a["comp"]), free_ms=median(a["free"]),
+                   wait_ms=median(a["wait"]), wait_caused_ms=max(0.0, median(a["caused"])) if a["caused"] else 0.0,
+                   step_ms=median(a["step"]))
+           for k, a in sorted(acc.items()) if a["own"]]
+    keep = steps_all[-MAX_MATRIX_STEPS:]
+    ranks_all = [r.rank for r in out]
+    grid = [[cells.get((s, k)) for k in ranks_all] for s in keep]
+    matrix = StepMatrix(steps=keep, ranks=ranks_all,
+                        delta_ms=[[c[2] if c else None for c in line] for line in grid],
+                        own_ms=[[c[0] if c else None for c in line] for line in grid],
+                        peer_ms=[[c[1] if c else None for c in line] for line in grid],
+                        dropped_steps=len(steps_all) - len(keep))
+    return out, matrix, (median(step_times) / 1e3 if step_times else 0.0)
+
+
+def parse_impact(raw: Any) -> Impact | None:
+    """``{"saving_s_per_step", "saving_pct_of_step", "accelerator_hours_per_day"}`` -> :class:`Impact`; None when
+    absent or when any value is missing or not a finite number."""
+    if not isinstance(raw, Mapping):
+        return None
+    vals = []
+    for key in ("saving_s_per_step", "saving_pct_of_step", "accelerator_hours_per_day"):
+        v = raw.get(key)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            return None
+        vals.append(float(v))
+    return Impact(*vals)
+
+
+def grade_of(score: float, evidence: Mapping[str, Any]) -> Grade:
+    """``evidence["strength"]`` when it says ``strong`` or ``weak``, else ``strong`` from :data:`STRONG_SCORE`."""
+    strength = evidence.get("strength")
+    if strength in ("strong", "weak"):
+        return "strong" if strength == "strong" else "weak"
+    return "strong" if score >= STRONG_SCORE else "weak"
+
+
+def impact_text(imp: Impact) -> str:
+    """``"24.1 ms/step (27% of step time), about 52 accelerator-hours per day"`` (the unit ``profwatch analyze``
+    and the alerts use)."""
+    return (f"{1e3 * imp.saving_s_per_step:.1f} ms/step ({imp.saving_pct_of_step:.0f}% of step time), about "
+            f"{imp.accelerator_hours_per_day:,.0f} accelerator-hours per day")
+
+
+def headline_of(status: str, detail: str, suspects: Sequence[SuspectRow]) -> Headline:
+    """Badge: ``slow rank found`` (top suspect strong), ``possible slow rank`` (only weak suspects), ``no slow rank``
+    (status ``no_suspect``) or ``could not judge: <why>`` (any other status)."""
+    if suspects and status == "ok":
+        top = suspects[0]
+        subject = f"rank {top.rank}" + (f" on {top.hostname}" if top.hostname else "") + f" ({top.kind})"
+        sentence = top.summary or "named by the ranking"
+        if top.impact is not None:
+            sentence += f". Fixing this rank alone saves {impact_text(top.impact)}"
+        if top.grade == "strong":
+            return Headline("found", "slow rank found", sentence, top.rank, subject)
+        return Headline("possible", "possible slow rank (weak evidence)", sentence, top.rank, subject)
+    if status == "no_suspect":
+        return Headline("none", "no slow rank", detail or "every rank analysed; no rank stands out")
+    why = detail or f"analysis status {status or 'unknown'}"
+    return Headline("unknown", f"could not judge: {why}", why)
+
+
+def _fnum(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def parse_links(raw: Any) -> list[SlowLink]:
+    """Top-level ``links`` entries ``{"ranks": [a, b], "group", "bandwidth_gbps", "peer_median_gbps"}``; entries
+    that do not have that shape are skipped."""
+    out = []
+    for item in raw if isinstance(raw, list) else []:
+        if not isinstance(item, Mapping):
+            continue
+        ranks = item.get("ranks")
+        bw, ref = _fnum(item.get("bandwidth_gbps")), _fnum(item.get("peer_median_gbps"))
+        if (not isinstance(ranks, list | tuple) or len(ranks) != 2 or not all(isinstance(r, int) for r in ranks)
+                or bw is None or ref is None):
+            continue
+        out.append(SlowLink((int(ranks[0]), int(ranks[1])), str(item.get("group", "")), bw, ref))
+    return out
+
+
+def step_list_text(steps: Sequence[int]) -> str:
+    """``[62, 63, 64, 70]`` -> ``"62-64, 70"``."""
+    out: list[str] = []
+    run: list[int] = []
+    for s in sorted(set(steps)):
+        if run and s == run[-1] + 1:
+            run.append(s)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [s]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
+
+
+def _int_list(raw: Any) -> list[int]:
+    return [int(v) for v in raw if isinstance(v, int) and not isinstance(v, bool)] if isinstance(raw, list) else []
+
+
+def shorten_paths(text: str, known: Mapping[str, str]) -> str:
+    """Replace every absolute path in ``text`` by its file name (the Files section lists each path once)."""
+    return _PATH.sub(lambda m: known.get(m.group(0).rstrip("."), m.group(0).rstrip(".").rsplit("/", 1)[-1])
+                     + ("." if m.group(0).endswith(".") else ""), text)
+
+
+def files_of(paths: Mapping[str, Any], texts: Sequence[str]) -> list[tuple[str, str]]:
+    """``(label, path)`` for each distinct output path: the known ``paths`` keys first, then absolute paths that
+    recipe details and notes mention (e.g. the advisor's xlsx), each path once."""
+    labels = (("report_json", "report.json (all numbers)"), ("advisor_html", "advisor report (HTML)"),
+              ("outputs", "analysis outputs"), ("staging", "staged batch"))
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for key, label in labels:
+        p = paths.get(key)
+        if isinstance(p, str) and p and p not in seen:
+            out.append((label, p))
+            seen.add(p)
+    for text in texts:
+        for m in _PATH.finditer(text):
+            p = m.group(0).rstrip(".")
+            if p not in seen and "." in p.rsplit("/", 1)[-1]:
+                ext, name = p.rsplit(".", 1)[-1], p.rsplit("/", 1)[-1]
+                out.append((f"advisor report ({ext})" if "advisor" in name else f"{ext} output", p))
+                seen.add(p)
+    return out
+
+
+def _mapping(v: Any) -> Mapping[str, Any]:
+    return v if isinstance(v, Mapping) else {}
+
+
+def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
+               generated: str = "") -> ReportView:
+    """The whole report's content for one batch; never raises on missing optional keys."""
+    ranks, matrix, step_ms = measure_ranks(summaries)
+    by_rank = {r.rank: r for r in ranks}
+    suspects: list[SuspectRow] = []
+    valid = [s for s in data.get("suspects") or [] if isinstance(s, Mapping) and isinstance(s.get("rank"), int)
+             and _fnum(s.get("score") or 0.0) is not None]  # ours always are; a hand-edited report.json may not be
+    for pos, s in enumerate(valid, start=1):
+        ev = _mapping(s.get("evidence"))
+        rank, score = int(s["rank"]), float(s.get("score") or 0.0)
+        suspects.append(SuspectRow(pos, rank, score, grade_of(score, ev), str(s.get("kind") or "unknown"),
+                                   s.get("hostname") or None, str(ev.get("summary") or ""), s.get("rank_dir"),
+                                   by_rank.get(rank), parse_impact(s.get("impact"))))
+    status, detail = str(data.get("status") or ""), str(data.get("detail") or "")
+    recipes_raw = _mapping(data.get("recipes"))
+    notes_raw = list(dict.fromkeys(str(n) for n in data.get("notes") or []))
+    texts = [str(r.get("detail") or "") for r in recipes_raw.values() if isinstance(r, Mapping)] + notes_raw
+    paths = _mapping(data.get("paths"))
+    files = files_of(paths, texts)
+    names = {p: p.rsplit("/", 1)[-1] for _, p in files}
+    recipes = [{"name": name, "status": str(r.get("status") or ""),
+                "detail": shorten_paths(str(r.get("detail") or ""), names),
+                "duration_s": _fnum(r.get("duration_s")) or 0.0, "log_tail": str(r.get("log_tail") or "")}
+               for name, r in recipes_raw.items() if isinstance(r, Mapping)]
+    # a note that only lists output files (e.g. "advisor report: a.xlsx, b.html") repeats the Files section
+    notes = [shorten_paths(t, names) for t in notes_raw
+             if not (_PATH.search(t) and re.fullmatch(r"[\w ()-]*:?[\s,.]*", _PATH.sub("", t)))]
+    advisor = _mapping(data.get("advisor"))
+    problems = list(dict.fromkeys((str(p.get("category") or ""), str(p.get("description") or ""))
+                                  for p in advisor.get("problems") or [] if isinstance(p, Mapping)))[:12]
+    world = data.get("world_size")
+    meta = [("job", str(data.get("job_id") or "-")), ("batch", str(data.get("batch_id") or "-")),
+            ("kind", str(data.get("kind") or "-")),
+            ("ranks", f"{len(ranks)} of {world}" if isinstance(world, int) and world != len(ranks) else
+             str(len(ranks) or world or "-")),
+            ("median step time", f"{step_ms:.1f} ms" if step_ms else "-")]
+    armed, captured = _int_list(data.get("armed_steps")), _int_list(data.get("captured_steps"))
+    if captured or matrix.steps:
+        meta.append(("steps", step_list_text(captured or matrix.steps)))
+    if armed:
+        meta.append(("armed steps", step_list_text(armed)))
+        if captured and not set(armed) & set(captured):
+            notes.insert(0, f"captured steps {step_list_text(captured)} are not the armed steps "
+                            f"{step_list_text(armed)}")
+    meta.append(("capture reason", str(data.get("capture_reason") or "-")))
+    if generated:
+        meta.append(("generated", generated))
+    if matrix.dropped_steps:
+        notes.append(f"rank x step view shows the last {len(matrix.steps)} of "
+                     f"{len(matrix.steps) + matrix.dropped_steps} steps (per-rank medians use all)")
+    cells = [abs(v) for line in matrix.delta_ms for v in line if v is not None]
+    limit = max(max(cells, default=0.0), MIN_COLOUR_FRAC * step_ms, 1e-3)
+    return ReportView(headline=headline_of(status, detail, suspects), suspects=suspects, ranks=ranks, matrix=matrix,
+                      colour_limit_ms=limit, median_step_ms=step_ms, impact_total=parse_impact(data.get("impact")),
+                      links=parse_links(data.get("links")), meta=meta, recipes=recipes, files=files,
+                      advisor_problems=problems, notes=notes)

@@ -1,0 +1,130 @@
+"""What ``profwatch status`` prints: the coordinator's status snapshot as lines of text (pure).
+
+Input: the ``status`` control reply (``daemon/profwatch/core/registry.py: Registry.snapshot`` plus the coordinator's
+``counters``, ``captures`` and ``ingest_bind``). Output: lines without trailing newlines. Every figure says which
+window it comes from; every rank has a state; a coordinator with no node says so and names the likely cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+SILENT_MIN_S = 10.0
+"""A rank is ``silent`` once its last report is older than this, or than ``SILENT_STEPS`` of its own median step
+time when that is longer (a slow job is not silent between two steps)."""
+SILENT_STEPS = 5.0
+DEFAULT_INGEST = "tcp://127.0.0.1:7711"
+
+
+def rank_state(rank: Mapping[str, Any], median_s: float | None) -> str:
+    """One rank's state: ``left`` (said bye), ``capturing`` (its capture backend records now), ``no step yet``
+    (said hello only), ``silent Ns`` (no report for longer than the bound above), else ``running``."""
+    if rank.get("left"):
+        return "left"
+    if rank.get("capturing"):
+        return "capturing"
+    age = rank.get("age_s")
+    if rank.get("last_step", -1) < 0 and not rank.get("step_time_s"):
+        return "no step yet"
+    bound = max(SILENT_MIN_S, SILENT_STEPS * (median_s or 0.0))
+    if age is not None and age > bound:
+        return f"silent {age:.0f}s"
+    return "running"
+
+
+def _s(x: float | None, digits: int = 4) -> str:
+    return f"{x:.{digits}f}" if x is not None else "-"
+
+
+def render_job(job: Mapping[str, Any]) -> list[str]:
+    """Header, step-time line and the rank table of one job."""
+    n = job.get("median_steps") or 20
+    lines = [f"job {job['job_id']}  world_size={job['world_size']} ranks_seen={job['ranks_seen']} "
+             f"backend={job.get('backend') or '-'} furthest_step={job['furthest_step']} "
+             f"rank_drops={job.get('rank_drops', 0)}"]
+    mst = job.get("median_step_time_s")
+    lines.append(f"  step time: {_s(mst, 3)} s = median over ranks of each rank's median of its last {n} steps "
+                 f"(the median{n}_s column)" if mst else "  step time: - (no step reported yet)")
+    lines.extend(render_generation(job))
+    for rank, err in sorted((job.get("backend_errors") or {}).items(), key=lambda kv: int(kv[0])):
+        lines.append(f"  rank {rank}: capture backend not in use: {err}")
+    lines.append(f"  {'rank':>5} {'host':<20} {'last_step':>9} {'last_step_s':>11} {f'median{n}_s':>11} {'age_s':>7}  "
+                 "state")
+    for r in job.get("ranks", []):
+        med = r.get("median_step_time_s")
+        age = f"{r['age_s']:.1f}" if r.get("age_s") is not None else "-"
+        lines.append(f"  {r['rank']:>5} {str(r.get('hostname') or '-')[:20]:<20} {r['last_step']:>9} "
+                     f"{_s(r.get('step_time_s')):>11} {_s(med):>11} {age:>7}  {rank_state(r, med)}")
+    return lines
+
+
+def render_generation(job: Mapping[str, Any]) -> list[str]:
+    """The job's generation (elastic restarts and resizes, docs/generations.md), its start in local time, and each
+    claim of a next generation still short of a quorum; nothing for a job that never reported a restart count."""
+    lines = []
+    gen, rc = job.get("generation") or 0, job.get("restart_count")
+    if gen or rc is not None:
+        since = datetime.fromtimestamp(float(job.get("generation_since_unix_s") or 0.0)).strftime("%H:%M:%S")
+        lines.append(f"  generation {gen} (restart count {'-' if rc is None else rc}, since {since})")
+    for c in job.get("pending_generations") or []:
+        lines.append(f"  claimed: world_size={c['world_size']} restart count {c['restart_count']}: "
+                     f"{c['agreeing_through_job_nodes']} of {c['quorum']} ranks agree through the job's nodes "
+                     f"({c['ranks']} held); no new generation yet")
+    return lines
+
+
+def render_nodes(nodes: Sequence[Mapping[str, Any]], ingest_bind: str | None) -> list[str]:
+    """The node lines; with no node (or every node down) the likely cause: nodes dial ``[node] coordinator``,
+    which must name this coordinator's ingest endpoint."""
+    where = ingest_bind or DEFAULT_INGEST
+    cause = (f"node daemons dial [node] coordinator, which must be this coordinator's ingest endpoint {where} "
+             "([coordinator] ingest_bind; mind the host and port); a node that gets no answer logs "
+             "coordinator_unanswered")
+    if not nodes:
+        return ["nodes: no node connected", f"  likely cause: no node daemon is running, or {cause}"]
+    lines = ["nodes:"]
+    for n in nodes:
+        c = n.get("counters") or {}
+        down = " DOWN" if n.get("down") else ""
+        lines.append(f"  {n['node_id']:<20}{down} last heard {n['age_s']:.1f}s ago received={c.get('received', 0)} "
+                     f"rejected={c.get('rejected', 0)} dropped={c.get('dropped', 0)} lost_batches={n['lost_batches']}")
+        if n.get("stale_state"):
+            lines.append(f"    stale torch_npu state: {n['stale_state']}")
+    if all(n.get("down") for n in nodes):
+        lines.append(f"  every node is down: their daemons stopped, or they now dial another coordinator ({cause})")
+    return lines
+
+
+def render_capture(cap: Mapping[str, Any]) -> list[str]:
+    """One capture: state and for how long, its deadline, acknowledgements, what runs now, outcome."""
+    left = cap.get("deadline_in_s")
+    deadline = "" if left is None else (f", deadline in {left:.0f}s" if left >= 0 else f", deadline passed {-left:.0f}s ago")
+    lines = [f"  {cap['capture_id']:<32} {cap['state']} for {cap.get('in_state_s', 0):.0f}s{deadline}; "
+             f"start_step={cap['start_step']} warmup={cap.get('warmup', '-')} active={cap.get('active', '-')} "
+             f"acked={cap.get('acknowledged_ranks')}/{cap.get('expected_ranks')} reason={cap['reason']}"]
+    if cap.get("running") is not None:
+        running = ", ".join(cap["running"]) or "staging, ranking or the Kineto analysis (no msprof-analyze command)"
+        lines.append(f"    running now: {running}")
+    if cap.get("outcome"):
+        lines.append(f"    {cap['outcome']}")
+    return lines
+
+
+def render_status(snap: Mapping[str, Any]) -> list[str]:
+    """The whole ``status`` text: jobs, nodes, captures, coordinator counters."""
+    lines: list[str] = []
+    for job in snap.get("jobs", []):
+        lines += render_job(job)
+    if not snap.get("jobs"):
+        lines.append("jobs: none (no rank has said hello to this coordinator)")
+    lines += render_nodes(snap.get("nodes", []), snap.get("ingest_bind"))
+    if snap.get("captures"):
+        lines.append("captures (newest last):")
+        for cap in snap["captures"]:
+            lines += render_capture(cap)
+    cnt = snap.get("counters") or {}
+    lines.append(f"coordinator: received={cnt.get('received', 0)} rejected={cnt.get('rejected', 0)} "
+                 f"lost_batches={cnt.get('lost_batches', 0)}")
+    return lines

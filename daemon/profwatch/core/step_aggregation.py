@@ -1,0 +1,310 @@
+"""Per-step cross-rank aggregation of one job's step reports, with exclusions (pure; time passed in).
+
+:class:`StepAggregator` turns the job's stream of step reports (any order across ranks, one rank's steps in
+order) into :class:`~profwatch.core.detection_types.FinalizedStep` records in step order, each carrying the job
+step time, the slowest rank, the per-rank stage values to compare and the reason it is excluded from detection
+(warm-up, a capture window and the steps after it, a flagged step, a range the coordinator excluded).
+
+Cost: ``observe`` is O(1) per report (a few list/dict operations). Memory is bounded: at most
+``finalize_lag_steps`` + 1 open steps, per-rank lists of ``world_size`` entries, ``max_exclusions`` ranges.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Protocol
+
+from profwatch.core.detection_settings import DetectionSettings
+from profwatch.core.detection_types import FinalizedStep
+
+NEVER = -(2**62)
+"""``last_step`` of a rank that never reported."""
+MAX_STAGES_PER_STEP = 32
+
+
+class StepReportLike(Protocol):
+    """The fields of :class:`rankhook.wire.StepReport` the detectors read (``ts_unix_s``, the rank host's clock,
+    is not among them: arrival times are passed separately)."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def step_time_s(self) -> float: ...
+
+    @property
+    def stages(self) -> dict[str, float] | None: ...
+
+    @property
+    def flags(self) -> tuple[str, ...]: ...
+
+    @property
+    def capturing(self) -> bool: ...
+
+
+class _OpenStep:
+    """One step not yet finalised: report count, slowest rank, exclusion, per-rank stage values."""
+
+    __slots__ = ("excluded", "max_rank", "max_t", "n", "vals")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.max_t = -1.0
+        self.max_rank = -1
+        self.excluded: str | None = None
+        self.vals: dict[str, list[float]] | None = None
+
+
+class StepAggregator:
+    """Aggregates one job's step reports per step and finalises steps in order.
+
+    Args:
+        world_size: ranks of the job; reports with ``rank`` outside ``[0, world_size)`` are counted and ignored.
+        settings: thresholds (``warmup_steps``, ``finalize_lag_steps``, ``parse_steps``, ``excluded_flags``,
+            ``max_exclusions``, ``outlier_stages``, ``outlier_on_step_time``).
+
+    Notes:
+        Job step time: the job's time for step k is the slowest reporting rank's ``step_time_s`` at step k (in
+        synchronous training everyone waits for it). A step is finalised, in step order, when all
+        ``world_size`` ranks reported it or when the furthest rank is more than ``finalize_lag_steps`` ahead (so
+        a stalled rank never blocks detection). Reports for finalised steps are counted as ``late`` and dropped;
+        a repeated step of a rank as ``duplicate``.
+
+        Exclusions (the step is still finalised, with ``excluded`` set, so detectors can keep their step
+        bookkeeping): the first ``warmup_steps`` steps of the job and after each restart; steps any rank
+        reported with ``capturing`` true and the ``parse_steps`` steps after them (profiler start, flush and
+        parse slow them); steps any rank flagged with one of ``excluded_flags``; ranges given to
+        :meth:`exclude_steps` (the coordinator's planned capture windows).
+
+        Restarts: a rank whose step goes backwards starts a new epoch. The first rank to do so resets the job
+        state (open steps, exclusions, warm-up) and :meth:`observe` returns ``restarted=True`` so the caller
+        resets its detectors; ranks still in the old epoch are kept for stall checks but their reports are not
+        aggregated until they restart too (or their step falls within the new run).
+    """
+
+    def __init__(self, world_size: int, settings: DetectionSettings) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self.world_size = world_size
+        self.settings = settings
+        n = world_size
+        self._last_step: list[int] = [NEVER] * n
+        self._rank_epoch: list[int] = [0] * n
+        self._epoch = 0
+        self.counters: dict[str, int] = {"reports": 0, "late": 0, "duplicate": 0, "bad_rank": 0, "old_epoch": 0,
+                                         "restarts": 0, "finalized": 0, "excluded": 0}
+        self._reset_job_state()
+
+    def _reset_job_state(self) -> None:
+        self._pending: dict[int, _OpenStep] = {}
+        self._cursor: int | None = None
+        self._furthest: int | None = None
+        self._first_step: int | None = None
+        self._epoch_start_arrival_s = -math.inf
+        self._exclusions: deque[tuple[int, int, str]] = deque(maxlen=self.settings.max_exclusions)
+        self.last_job_step_s: float | None = None
+
+    # -- read-only views (RankProgress) ----------------------------------------------------------------------------
+    @property
+    def furthest_step(self) -> int | None:
+        """The highest step any rank of the current epoch reported (None before the first report)."""
+        return self._furthest
+
+    @property
+    def last_step(self) -> list[int]:
+        """Per rank, the last step it reported (:data:`NEVER` if none). Do not modify."""
+        return self._last_step
+
+    @property
+    def rank_epoch(self) -> list[int]:
+        """Per rank, the epoch (restart count) its reports belong to. Do not modify."""
+        return self._rank_epoch
+
+    @property
+    def epoch(self) -> int:
+        """The job's current epoch (0 until the first step-counter restart)."""
+        return self._epoch
+
+    @property
+    def epoch_start_arrival_s(self) -> float:
+        """Arrival time (coordinator clock, s) of the first report of the current epoch (-inf before any)."""
+        return self._epoch_start_arrival_s
+
+    @property
+    def open_steps(self) -> int:
+        """Steps aggregated but not yet finalised (bounded by ``finalize_lag_steps`` + 1)."""
+        return len(self._pending)
+
+    @property
+    def exclusion_ranges(self) -> int:
+        """Excluded ranges currently kept (bounded by ``max_exclusions``)."""
+        return len(self._exclusions)
+
+    # -- control ---------------------------------------------------------------------------------------------------
+    def update_settings(self, settings: DetectionSettings) -> None:
+        """Swap thresholds; the exclusion list is resized when ``max_exclusions`` changes."""
+        old, self.settings = self.settings, settings
+        if settings.max_exclusions != old.max_exclusions:
+            self._exclusions = deque(self._exclusions, maxlen=settings.max_exclusions)
+
+    def exclude_steps(self, first: int, last: int, reason: str, *, pad_parse_steps: bool = True) -> None:
+        """Exclude steps ``first..last`` (inclusive; plus ``parse_steps`` after ``last`` unless
+        ``pad_parse_steps`` is false). Raises ``ValueError`` when ``last < first``."""
+        if last < first:
+            raise ValueError(f"exclude_steps: last ({last}) < first ({first})")
+        pad = self.settings.parse_steps if pad_parse_steps else 0
+        self._exclusions.append((first, last + pad, reason))
+
+    # -- ingest ----------------------------------------------------------------------------------------------------
+    def observe(self, report: StepReportLike, arrival_unix_s: float) -> tuple[list[FinalizedStep], bool]:
+        """Ingest one report that arrived at ``arrival_unix_s``; return ``(finalised steps, restarted)``.
+
+        ``restarted`` is true when this report started a new epoch (the caller resets its detectors).
+        O(1) amortised. Invalid ranks, duplicates, late and old-epoch reports are counted in ``counters``.
+        """
+        self.counters["reports"] += 1
+        r = report.rank
+        if not 0 <= r < self.world_size:
+            self.counters["bad_rank"] += 1
+            return [], False
+        step = report.step
+        last = self._last_step[r]
+        restarted = False
+        if step <= last:
+            if step == last:
+                self.counters["duplicate"] += 1
+                return [], False
+            restarted = self._restart_rank(r)
+        self._last_step[r] = step
+        if self._rank_epoch[r] != self._epoch and not self._join_epoch(r, step, last):
+            self.counters["old_epoch"] += 1
+            return [], restarted
+        cursor = self._cursor
+        if cursor is None:
+            self._cursor = cursor = step
+            self._first_step = step
+            self._epoch_start_arrival_s = arrival_unix_s
+            self._furthest = step
+        elif step < cursor:
+            self.counters["late"] += 1
+            return [], restarted
+        e = self._pending.get(step)
+        if e is None:
+            e = self._pending[step] = _OpenStep()
+        e.n += 1
+        t = report.step_time_s
+        if t > e.max_t:
+            e.max_t = t
+            e.max_rank = r
+        s = self.settings
+        if report.flags and e.excluded is None:
+            for f in report.flags:
+                if f in s.excluded_flags:
+                    e.excluded = f
+                    break
+        if report.capturing:
+            self._exclude_capturing(step)
+        if report.stages:
+            wanted = s.outlier_stages
+            for name, v in report.stages.items():
+                if wanted is None or name in wanted:
+                    self._add_value(e, r, name, v)
+        if s.outlier_on_step_time:
+            self._add_value(e, r, "step_time_s", t)
+        if step > self._furthest:  # type: ignore[operator]
+            self._furthest = step
+            return self._advance(), restarted
+        if e.n >= self.world_size and step == cursor:
+            return self._advance(), restarted
+        return [], restarted
+
+    def _add_value(self, e: _OpenStep, r: int, name: str, v: float) -> None:
+        vals = e.vals
+        if vals is None:
+            vals = e.vals = {}
+        arr = vals.get(name)
+        if arr is None:
+            if len(vals) >= MAX_STAGES_PER_STEP:
+                return
+            arr = vals[name] = [math.nan] * self.world_size
+        arr[r] = v
+
+    def _exclude_capturing(self, step: int) -> None:
+        end = step + self.settings.parse_steps
+        ex = self._exclusions
+        if ex:
+            first, last, reason = ex[-1]
+            if reason == "capturing" and first <= step <= last + 1:
+                if end > last:
+                    ex[-1] = (first, end, reason)
+                return
+        ex.append((step, end, "capturing"))
+
+    def _join_epoch(self, r: int, step: int, last: int) -> bool:
+        """Move an old-epoch rank into the current epoch when it never reported before, or its step lies within
+        the current run (it restarted but its old counter was low, e.g. it stalled early)."""
+        f = self._furthest
+        if last == NEVER or f is None or step <= f + self.settings.finalize_lag_steps + 1:
+            self._rank_epoch[r] = self._epoch
+            return True
+        return False
+
+    def _restart_rank(self, r: int) -> bool:
+        self._rank_epoch[r] += 1
+        if self._rank_epoch[r] > self._epoch:
+            self._epoch = self._rank_epoch[r]
+            self.counters["restarts"] += 1
+            self._reset_job_state()
+            return True
+        return False
+
+    # -- finalise --------------------------------------------------------------------------------------------------
+    def _advance(self) -> list[FinalizedStep]:
+        """Finalise open steps in order while complete or older than the lag."""
+        out: list[FinalizedStep] = []
+        pending = self._pending
+        limit = self._furthest - self.settings.finalize_lag_steps  # type: ignore[operator]
+        c = self._cursor
+        assert c is not None
+        while pending:
+            e = pending.get(c)
+            if e is None:
+                if c > limit:
+                    break
+                c = min(pending)
+                continue
+            if e.n < self.world_size and c > limit:
+                break
+            del pending[c]
+            out.append(self._finalize(c, e))
+            c += 1
+        if c <= limit:
+            c = limit + 1
+        self._cursor = c
+        return out
+
+    def _excluded_reason(self, step: int, e: _OpenStep) -> str | None:
+        if e.excluded is not None:
+            return e.excluded
+        if self._first_step is not None and step < self._first_step + self.settings.warmup_steps:
+            return "warmup"
+        ex = self._exclusions
+        while ex and ex[0][1] < step:
+            ex.popleft()
+        for first, last, reason in ex:
+            if first <= step <= last:
+                return reason
+        return None
+
+    def _finalize(self, step: int, e: _OpenStep) -> FinalizedStep:
+        self.counters["finalized"] += 1
+        reason = self._excluded_reason(step, e)
+        if reason is not None:
+            self.counters["excluded"] += 1
+        else:
+            self.last_job_step_s = e.max_t
+        return FinalizedStep(step, e.max_t, e.max_rank, e.n, e.vals, reason)

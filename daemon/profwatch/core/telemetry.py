@@ -1,0 +1,92 @@
+"""The step-telemetry record format that ``profwatch telemetry`` writes and ``profwatch replay`` reads (pure).
+
+One JSON object per line::
+
+    {"job_id": "j1", "rank": 3, "world_size": 8, "step": 120, "step_time_s": 0.412, "ts_unix_s": 1764500042.5,
+     "stages": {"forward": 0.1}, "flags": ["checkpoint"], "capturing": false}
+    {"kind": "bye", "job_id": "j1", "rank": 3, "step": 500, "ts_unix_s": 1764500900.0}
+
+Required: ``job_id``, ``rank``, ``step``, ``step_time_s`` (seconds), ``ts_unix_s``; ``world_size`` on at least
+one line per job; optional ``stages`` (seconds), ``flags``, ``capturing``. The bounds are the live wire's
+(``profwatch.core.messages``). Here live the validation model (:class:`TelemetryRecord`), the renderer
+(:func:`dump_jsonl`) and the coordinator's rebuild of records from its step windows (:func:`window_records`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, is_dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from profwatch.core.messages import MAX_STEP, MAX_WORLD_SIZE
+
+RECORD_KEYS = ("job_id", "rank", "world_size", "step", "step_time_s", "ts_unix_s", "stages", "flags", "capturing")
+
+
+class TelemetryRecord(BaseModel):
+    """One telemetry line (unknown keys such as ``v`` are ignored). Raises ``pydantic.ValidationError``."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    kind: Literal["step", "bye"] = "step"
+    job_id: str = Field(min_length=1, max_length=128)
+    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE)
+    world_size: int | None = Field(None, ge=1, le=MAX_WORLD_SIZE)
+    step: int = Field(ge=0, lt=MAX_STEP)
+    step_time_s: float | None = Field(None, ge=0)
+    ts_unix_s: float
+    stages: dict[str, float] | None = None
+    flags: tuple[str, ...] = ()
+    capturing: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> TelemetryRecord:
+        if self.kind == "step" and self.step_time_s is None:
+            raise ValueError("step record without step_time_s")
+        if self.world_size is not None and self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} >= world_size {self.world_size}")
+        return self
+
+
+def dump_jsonl(records: Iterable[Mapping[str, Any] | Any], *, world_size: int | None = None) -> str:
+    """Render step records (dicts or ``rankhook.wire.StepReport`` instances) as replayable JSONL text.
+
+    Keeps the keys of the record format only (``kind``/``v`` dropped; ``world_size`` added when given and
+    absent). Returns one compact JSON object per line, newline-terminated. Raises ``ValueError`` for NaN/inf.
+    """
+    out: list[str] = []
+    for rec in records:
+        d: dict[str, Any] = asdict(rec) if is_dataclass(rec) and not isinstance(rec, type) else dict(rec)  # type: ignore[arg-type]
+        row = {k: d[k] for k in RECORD_KEYS if k in d and d[k] is not None}
+        if d.get("kind") == "bye":
+            row = {"kind": "bye", **{k: d[k] for k in ("job_id", "rank", "step", "ts_unix_s") if k in d}}
+        elif world_size is not None and "world_size" not in row:
+            row["world_size"] = world_size
+        if "flags" in row:
+            if not row["flags"]:
+                del row["flags"]
+            else:
+                row["flags"] = list(row["flags"])
+        if row.get("capturing") is False:
+            del row["capturing"]
+        out.append(json.dumps(row, separators=(",", ":"), allow_nan=False))
+    return "".join(line + "\n" for line in out)
+
+
+def window_records(job_id: str, rank: int, items: Iterable[tuple[int, float]],
+                   last_ts_unix_s: float) -> list[dict[str, Any]]:
+    """Records of one rank's step window ``[(step, step_time_s), ...]`` (oldest first).
+
+    Windows keep no timestamps (8 bytes per step), so each step's ``ts_unix_s`` is rebuilt backwards from the
+    rank's last report time: the newest step ends at ``last_ts_unix_s`` and each earlier one ends its
+    successor's ``step_time_s`` before. Returns records newest first (callers sort).
+    """
+    rows: list[dict[str, Any]] = []
+    ts = last_ts_unix_s
+    for step, t in reversed(list(items)):
+        rows.append({"job_id": job_id, "rank": rank, "step": step, "step_time_s": round(float(t), 6),
+                     "ts_unix_s": round(ts, 6)})
+        ts -= float(t)
+    return rows
