@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 
 from profwatch.commands.replay import ReplayConfig, replay_lines
-from profwatch.core.anomaly import DetectionSettings, JobDetector
 from profwatch.core.arming import ArmingSettings
-from profwatch.core.detection_types import FinalizedStep
-from profwatch.core.regression import StepTimeRegressionDetector
+from profwatch.core.detection.job_detector import DetectionSettings, JobDetector
+from profwatch.core.detection.regression import StepTimeRegressionDetector
+from profwatch.core.detection.types import FinalizedStep
 from profwatch.core.telemetry import dump_jsonl
 from profwatch.simulate.telemetry import TelemetryScenario, iter_telemetry
 from rankhook.wire import StepReport

@@ -47,7 +47,7 @@ from rankhook import wire
 if TYPE_CHECKING:
     from profwatch.adapters.state import StateStore
     from profwatch.config import Settings
-    from profwatch.core.anomaly import Anomaly
+    from profwatch.core.detection.job_detector import Anomaly
     from profwatch.core.registry import JobState, NodeState
 
 log = structlog.get_logger("profwatch.captures")

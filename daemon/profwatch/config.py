@@ -21,7 +21,7 @@ from profwatch.core.access import SecuritySettings, exposure_problems
 from profwatch.core.analysis_settings import AnalysisSettings
 from profwatch.core.arming_settings import ArmingSettings
 from profwatch.core.capture import CaptureSettings
-from profwatch.core.detection_settings import DetectionSettings
+from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.limits import LimitSettings
 from profwatch.core.sink_settings import AlertmanagerSettings, WebhookSettings
 from profwatch.core.watch_settings import WatchSettings

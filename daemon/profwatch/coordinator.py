@@ -39,7 +39,7 @@ from profwatch.core.alerts import (
     TYPE_STORAGE_RECOVERED,
     make_cloudevent,
 )
-from profwatch.core.anomaly import Anomaly, JobDetector
+from profwatch.core.detection.job_detector import Anomaly, JobDetector
 from profwatch.core.generations import GenerationOpened
 from profwatch.core.job_end import JobEndTracker
 from profwatch.core.messages import MessageRejected, parse_node_message

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from profwatch.adapters.state import StateStore
     from profwatch.captures import CaptureShell
     from profwatch.config import Settings
-    from profwatch.core.anomaly import JobDetector
+    from profwatch.core.detection.job_detector import JobDetector
     from profwatch.core.registry import Registry, RegistryError
 
 log = structlog.get_logger("profwatch.coordinator")

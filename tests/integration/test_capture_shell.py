@@ -18,9 +18,9 @@ from profwatch.adapters.state import StateStore
 from profwatch.captures import CaptureShell
 from profwatch.config import load_settings
 from profwatch.core import lifecycle as lc
-from profwatch.core.anomaly import Anomaly
 from profwatch.core.capture import CaptureRequest
 from profwatch.core.completeness import BatchState, RankDirState
+from profwatch.core.detection.job_detector import Anomaly
 from profwatch.core.lifecycle import CaptureState
 from profwatch.core.profiler_config import idle_config
 from profwatch.core.registry import Registry

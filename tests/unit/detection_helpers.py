@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from profwatch.core.anomaly import Anomaly, DetectionSettings, JobDetector
+from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
 from rankhook.wire import StepReport
 
 

@@ -1,5 +1,5 @@
-"""Tests of the JobDetector facade (daemon/profwatch/core/anomaly.py) and the step aggregation it composes
-(daemon/profwatch/core/step_aggregation.py), on generated telemetry (fake clock from the records; no sockets, no sleeps)."""
+"""Tests of the JobDetector facade (daemon/profwatch/core/detection/job_detector.py) and the step aggregation it composes
+(daemon/profwatch/core/detection/aggregation.py), on generated telemetry (fake clock from the records; no sockets, no sleeps)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 from pydantic import ValidationError
 
-from profwatch.core.anomaly import Anomaly, DetectionSettings, FinalizedStep, JobDetector
-from profwatch.core.detection_types import RankProgress
+from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, FinalizedStep, JobDetector
+from profwatch.core.detection.types import RankProgress
 from profwatch.simulate.telemetry import TelemetryScenario, generate_telemetry
 from rankhook.wire import StepReport
 from tests.unit.detection_helpers import kinds, run

@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from profwatch.core.anomaly import Anomaly
 from profwatch.core.arming import (
     ArmDecision,
     ArmHistory,
@@ -17,6 +16,7 @@ from profwatch.core.arming import (
     capture_request,
 )
 from profwatch.core.capture import CaptureSettings, lead_steps
+from profwatch.core.detection.job_detector import Anomaly
 
 REG = Anomaly("step_regression", "j1", 120, (), 0.25, {})
 OUT = Anomaly("rank_outlier", "j1", 130, (5,), 0.3, {})

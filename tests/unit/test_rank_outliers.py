@@ -1,4 +1,4 @@
-"""Rank outliers (daemon/profwatch/core/rank_outliers.py) on generated telemetry."""
+"""Rank outliers (daemon/profwatch/core/detection/rank_outliers.py) on generated telemetry."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from profwatch.core.anomaly import DetectionSettings
-from profwatch.core.rank_outliers import RankOutlierDetector, outlying_ranks
+from profwatch.core.detection.job_detector import DetectionSettings
+from profwatch.core.detection.rank_outliers import RankOutlierDetector, outlying_ranks
 from profwatch.simulate.telemetry import TelemetryScenario, generate_telemetry
 from tests.unit.detection_helpers import kinds, of_kind, run
 

@@ -1,4 +1,4 @@
-"""Tests of the job step-time change-point detector (daemon/profwatch/core/regression.py) on generated series."""
+"""Tests of the job step-time change-point detector (daemon/profwatch/core/detection/regression.py) on generated series."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from profwatch.core.anomaly import DetectionSettings
-from profwatch.core.detection_types import FinalizedStep
-from profwatch.core.regression import StepTimeRegressionDetector, cusum_design, cusum_threshold
+from profwatch.core.detection.job_detector import DetectionSettings
+from profwatch.core.detection.regression import StepTimeRegressionDetector, cusum_design, cusum_threshold
+from profwatch.core.detection.types import FinalizedStep
 from profwatch.simulate.telemetry import TelemetryScenario, generate_telemetry
 from tests.unit.detection_helpers import of_kind, run
 

@@ -1,5 +1,5 @@
 """Periodic and transient spikes (issue 11 item 3), each case on a generated series through the JobDetector,
-plus the arming of a periodic spike's next occurrence (daemon/profwatch/core/spikes.py, regression.py, arming.py)."""
+plus the arming of a periodic spike's next occurrence (daemon/profwatch/core/detection/spikes.py, regression.py, arming.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from profwatch.core.anomaly import DetectionSettings, JobDetector
 from profwatch.core.arming import ArmingPolicy, ArmingSettings, JobArmState, capture_request
 from profwatch.core.capture import CaptureSettings, JobProgress, lead_steps, plan_capture
-from profwatch.core.spikes import SpikeFilter
+from profwatch.core.detection.job_detector import DetectionSettings, JobDetector
+from profwatch.core.detection.spikes import SpikeFilter
 from profwatch.simulate.telemetry import TelemetryScenario, generate_telemetry
 from tests.unit.detection_helpers import of_kind, run
 

@@ -1,11 +1,11 @@
-"""Stalled ranks judged from arrival times on the coordinator's clock (daemon/profwatch/core/stalls.py), never from the
+"""Stalled ranks judged from arrival times on the coordinator's clock (daemon/profwatch/core/detection/stalls.py), never from the
 rank host's clock."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from profwatch.core.anomaly import DetectionSettings, JobDetector
+from profwatch.core.detection.job_detector import DetectionSettings, JobDetector
 from profwatch.simulate.telemetry import TelemetryScenario, generate_telemetry
 from rankhook.wire import StepReport
 from tests.unit.detection_helpers import kinds, run

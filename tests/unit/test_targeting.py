@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from profwatch.core.anomaly import Anomaly
 from profwatch.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
 from profwatch.core.capture import CaptureSettings, JobProgress, plan_capture
 from profwatch.core.capture_report import plan_notes
+from profwatch.core.detection.job_detector import Anomaly
 from profwatch.core.targeting import JobTopology, TargetingSettings, estimate_capture_bytes, plan_targets
 
 NOW = 10_000.0

@@ -25,9 +25,9 @@ from typing import Any
 import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from profwatch.core.anomaly import Anomaly, DetectionSettings, JobDetector
 from profwatch.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, capture_request
 from profwatch.core.capture import CaptureSettings, JobProgress, plan_capture
+from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
 from profwatch.core.step_numbering import profiled_report_steps
 from profwatch.core.telemetry import TelemetryRecord, dump_jsonl
 from profwatch.exitcodes import EXIT_USAGE

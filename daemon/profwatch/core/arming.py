@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from profwatch.core.arming_settings import ArmingSettings
 from profwatch.core.capture import CaptureRequest, CaptureSettings, lead_steps
-from profwatch.core.detection_types import Anomaly
+from profwatch.core.detection.types import Anomaly
 from profwatch.core.targeting import JobTopology, Target, estimate_capture_bytes, plan_targets
 
 ArmAction = Literal["arm", "would_arm", "suppress"]

@@ -1,5 +1,5 @@
 """Job step-time regression: a two-sided CUSUM change-point detector on the robust-standardised job step time,
-with spikes held out (pure; implements the ``StepDetector`` Protocol of ``daemon/profwatch/core/detection_types.py``).
+with spikes held out (pure; implements the ``StepDetector`` Protocol of ``daemon/profwatch/core/detection/types.py``).
 """
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from profwatch.core.baseline import RobustBaseline
-from profwatch.core.detection_settings import DetectionSettings
-from profwatch.core.detection_types import Anomaly, FinalizedStep
-from profwatch.core.spikes import SpikeEpisode, SpikeFilter
+from profwatch.core.detection.baseline import RobustBaseline
+from profwatch.core.detection.settings import DetectionSettings
+from profwatch.core.detection.spikes import SpikeEpisode, SpikeFilter
+from profwatch.core.detection.types import Anomaly, FinalizedStep
 
 EFFECT_Z = 2.0
 """A fire needs the run's mean excess to be within this many standard errors of ``min_effect`` or above it."""
@@ -74,13 +74,13 @@ class StepTimeRegressionDetector:
         training all ranks wait for it, so their noise is common, and pooling ranks cannot sharpen this series).
 
         Baseline: Tukey biweight location ``mu`` and scale ``sigma`` over the last ``baseline_steps`` accepted
-        steps, lagging the newest ``baseline_lag_steps`` (see ``daemon/profwatch/core/baseline.py``); detection starts
+        steps, lagging the newest ``baseline_lag_steps`` (see ``daemon/profwatch/core/detection/baseline.py``); detection starts
         when it holds ``min_baseline_steps``; while it fills, spike steps are kept out of it unless they last
         longer than the hold (the job changed level while learning: learning restarts there). Noise ``s = max(sigma * (1 + sqrt(1.1 / 2n)), noise_floor * mu) / mu``
         (relative; inflated by one standard error of the scale at n values). Standardised step:
         ``z = (x / mu - 1) / s``.
 
-        Spikes first (``daemon/profwatch/core/spikes.py``): a step ``>= spike_min_effect`` and ``>= spike_z`` sigmas
+        Spikes first (``daemon/profwatch/core/detection/spikes.py``): a step ``>= spike_min_effect`` and ``>= spike_z`` sigmas
         over ``mu`` is a spike step, held out of the CUSUM and the baseline. An episode of spike steps that
         ends within the hold (``spike_hold_steps``, default the capture planner's lead at the current step
         time) is reported as ``step_spike`` (at most one event per ``spike_event_gap_steps``; the others are

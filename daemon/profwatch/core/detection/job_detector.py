@@ -1,14 +1,14 @@
 """Step-time anomaly detection for one job (pure: data in, anomalies out; time is passed in).
 
 :class:`JobDetector` is the facade the coordinator and ``profwatch replay`` use. It composes a
-:class:`~profwatch.core.step_aggregation.StepAggregator` (per-step cross-rank aggregation and exclusions) with
-swappable detectors behind two small Protocols (``daemon/profwatch/core/detection_types.py``):
+:class:`~profwatch.core.detection.aggregation.StepAggregator` (per-step cross-rank aggregation and exclusions) with
+swappable detectors behind two small Protocols (``daemon/profwatch/core/detection/types.py``):
 
-* ``StepDetector`` (fed each finalised step): :class:`~profwatch.core.regression.StepTimeRegressionDetector`
-  (``step_regression``, ``step_spike``, ``periodic_spike``) and :class:`~profwatch.core.rank_outliers.RankOutlierDetector`
+* ``StepDetector`` (fed each finalised step): :class:`~profwatch.core.detection.regression.StepTimeRegressionDetector`
+  (``step_regression``, ``step_spike``, ``periodic_spike``) and :class:`~profwatch.core.detection.rank_outliers.RankOutlierDetector`
   (``rank_outlier``);
 * ``StallDetector`` (fed arrival times, checked by :meth:`JobDetector.tick`):
-  :class:`~profwatch.core.stalls.ArrivalStallDetector` (``stalled_rank``).
+  :class:`~profwatch.core.detection.stalls.ArrivalStallDetector` (``stalled_rank``).
 
 Each detector documents its algorithm, thresholds and sources in its ``Notes:``. Thresholds live in
 :class:`DetectionSettings` and can be swapped at runtime with :meth:`JobDetector.update_settings`.
@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from profwatch.core.capture import CaptureSettings, lead_steps
-from profwatch.core.detection_settings import DetectionSettings
-from profwatch.core.detection_types import Anomaly, AnomalyKind, FinalizedStep, StallDetector, StepDetector
-from profwatch.core.rank_outliers import RankOutlierDetector
-from profwatch.core.regression import StepTimeRegressionDetector
-from profwatch.core.stalls import ArrivalStallDetector
-from profwatch.core.step_aggregation import StepAggregator, StepReportLike
+from profwatch.core.detection.aggregation import StepAggregator, StepReportLike
+from profwatch.core.detection.rank_outliers import RankOutlierDetector
+from profwatch.core.detection.regression import StepTimeRegressionDetector
+from profwatch.core.detection.settings import DetectionSettings
+from profwatch.core.detection.stalls import ArrivalStallDetector
+from profwatch.core.detection.types import Anomaly, AnomalyKind, FinalizedStep, StallDetector, StepDetector
 
 __all__ = ["Anomaly", "AnomalyKind", "DetectionSettings", "FinalizedStep", "JobDetector", "StepReportLike"]
 

@@ -2,7 +2,7 @@
 
 :class:`Anomaly` is what every detector returns; :class:`FinalizedStep` is what the step aggregator hands to the
 step detectors; :class:`StepDetector` and :class:`StallDetector` are the small Protocols a
-:class:`profwatch.core.anomaly.JobDetector` composes, so each detector can be swapped.
+:class:`profwatch.core.detection.job_detector.JobDetector` composes, so each detector can be swapped.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from profwatch.core.detection_settings import DetectionSettings
+from profwatch.core.detection.settings import DetectionSettings
 
 AnomalyKind = Literal["step_regression", "step_spike", "periodic_spike", "rank_outlier", "stalled_rank"]
 """``step_regression``: the job got slower and stayed slower; ``step_spike``: a job-wide excursion that was over

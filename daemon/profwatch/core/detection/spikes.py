@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from profwatch.core.detection_settings import DetectionSettings
+from profwatch.core.detection.settings import DetectionSettings
 
 MERGE_GAP_STEPS = 1
 """Normal steps an episode may contain and go on (a 6x checkpoint may have one ordinary step inside)."""

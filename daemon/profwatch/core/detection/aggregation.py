@@ -1,7 +1,7 @@
 """Per-step cross-rank aggregation of one job's step reports, with exclusions (pure; time passed in).
 
 :class:`StepAggregator` turns the job's stream of step reports (any order across ranks, one rank's steps in
-order) into :class:`~profwatch.core.detection_types.FinalizedStep` records in step order, each carrying the job
+order) into :class:`~profwatch.core.detection.types.FinalizedStep` records in step order, each carrying the job
 step time, the slowest rank, the per-rank stage values to compare and the reason it is excluded from detection
 (warm-up, a capture window and the steps after it, a flagged step, a range the coordinator excluded).
 
@@ -15,8 +15,8 @@ import math
 from collections import deque
 from typing import Protocol
 
-from profwatch.core.detection_settings import DetectionSettings
-from profwatch.core.detection_types import FinalizedStep
+from profwatch.core.detection.settings import DetectionSettings
+from profwatch.core.detection.types import FinalizedStep
 
 NEVER = -(2**62)
 """``last_step`` of a rank that never reported."""

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from profwatch.core.detection_settings import DetectionSettings
-from profwatch.core.detection_types import Anomaly, RankProgress
+from profwatch.core.detection.settings import DetectionSettings
+from profwatch.core.detection.types import Anomaly, RankProgress
 
 
 class ArrivalStallDetector:

@@ -2,9 +2,9 @@
 
 One flat model, the ``[detection]`` table of the config file and of ``profwatch replay --config``. The algorithm
 each group of fields tunes is documented in the detector that reads it: step aggregation and exclusions in
-``daemon/profwatch/core/step_aggregation.py``, job step-time regressions in ``daemon/profwatch/core/regression.py``, spikes and
-periodic spikes in ``daemon/profwatch/core/spikes.py``, rank outliers in ``daemon/profwatch/core/rank_outliers.py``, stalls in
-``daemon/profwatch/core/stalls.py``.
+``daemon/profwatch/core/detection/aggregation.py``, job step-time regressions in ``daemon/profwatch/core/detection/regression.py``, spikes and
+periodic spikes in ``daemon/profwatch/core/detection/spikes.py``, rank outliers in ``daemon/profwatch/core/detection/rank_outliers.py``, stalls in
+``daemon/profwatch/core/detection/stalls.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class DetectionSettings(BaseModel):
-    """Thresholds of :class:`profwatch.core.anomaly.JobDetector` (units in the descriptions).
+    """Thresholds of :class:`profwatch.core.detection.job_detector.JobDetector` (units in the descriptions).
 
     Raises ``pydantic.ValidationError`` on unknown keys or out-of-range values.
     """

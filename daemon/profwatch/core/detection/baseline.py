@@ -14,7 +14,7 @@ from collections import deque
 
 import numpy as np
 
-from profwatch.core.detection_types import MAD_TO_SIGMA
+from profwatch.core.detection.types import MAD_TO_SIGMA
 
 BIWEIGHT_C_LOCATION = 6.0
 BIWEIGHT_C_SCALE = 9.0

@@ -1,6 +1,6 @@
 """Rank-outlier detection: ranks consistently slower than their peers in a compared stage (pure).
 
-Implements the ``StepDetector`` Protocol of ``daemon/profwatch/core/detection_types.py``.
+Implements the ``StepDetector`` Protocol of ``daemon/profwatch/core/detection/types.py``.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections import deque
 
 import numpy as np
 
-from profwatch.core.detection_settings import DetectionSettings
-from profwatch.core.detection_types import MAD_TO_SIGMA, Anomaly, FinalizedStep
+from profwatch.core.detection.settings import DetectionSettings
+from profwatch.core.detection.types import MAD_TO_SIGMA, Anomaly, FinalizedStep
 
 NUMPY_MIN_RANKS = 256
 """Below this many ranks the per-step cross-rank comparison runs in pure Python (cheaper than numpy)."""

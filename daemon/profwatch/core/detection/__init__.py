@@ -1,0 +1,1 @@
+"""Step-time anomaly detection: aggregation, baselines, regressions, spikes, rank outliers, stalls."""
