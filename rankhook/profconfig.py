@@ -7,7 +7,7 @@ start_step, config keys; checked against torch-npu 2.13.0 in ``docs/conformance.
   (config polling) and accepts a generation only if its mtime is **strictly newer** than the rank's init time
   and the last accepted mtime (mtime rules). Poll interval: 2 s until step 11, then the step time
   truncated to whole seconds and clamped to [1, 50] s (config polling); ``PROFWATCH_POLL_INTERVAL_S``
-  overrides it (tests). It validates minimally (the rules of ``daemon/profwatch/core/profiler_config.py``) and publishes the
+  overrides it (tests). It validates minimally (the rules of ``daemon/profwatch/core/capture/profiler_config.py``) and publishes the
   result in one attribute, :attr:`ConfigWatcher.latest`, which the step path reads without syscalls or locks.
 * :class:`WindowGate` is the step-path state machine with torch_npu's start_step rules (start_step): ``-1`` =
   start now, ``cur_step == start_step`` starts, a passed start_step is discarded, a future one waits; one pending

@@ -94,7 +94,7 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
         armed_steps: the steps the capture was armed to record (``[start + warmup, start + warmup + active)``);
             the verdict rates its evidence against them (``None``: ``context["armed_steps"]`` if given, else
             unknown: rated on the captured steps alone).
-        context: the capture's fields for the verdict payload (``profwatch.core.lifecycle.analysis_context``);
+        context: the capture's fields for the verdict payload (``profwatch.core.capture.lifecycle.analysis_context``);
             ``job_world_size`` there is the job's size when the batch holds a subset (a targeted capture).
         enrich: run the enrich phase before returning (offline); ``False`` returns after the alert phase with
             ``result.pending`` naming what :func:`enrich_analysis` would run (the coordinator publishes first).

@@ -10,10 +10,10 @@ from typing import Any, Literal
 
 from profwatch.adapters.kineto_reader import RECIPE as KINETO_RECIPE
 from profwatch.core.alerts import judged_ranks, suspect_alert_data
-from profwatch.core.capture_report import window_notes
+from profwatch.core.capture.lifecycle import event_type_for
+from profwatch.core.capture.report import window_notes
 from profwatch.core.completeness import BatchState
 from profwatch.core.evidence import ClusterEvidence, RecipeStatus, SlowLink, Suspect
-from profwatch.core.lifecycle import event_type_for
 from profwatch.core.prof_layout import parse_rank_dir_name
 from profwatch.core.ranking import Verdict
 
@@ -87,11 +87,11 @@ class AnalysisResult:
 
     @property
     def event_type(self) -> str:
-        """CloudEvent type to publish for this result (the one mapping, ``profwatch.core.lifecycle.OUTCOMES``)."""
+        """CloudEvent type to publish for this result (the one mapping, ``profwatch.core.capture.lifecycle.OUTCOMES``)."""
         return event_type_for(self.status)
 
     def alert_data(self) -> dict[str, Any]:
-        """The verdict payload (``profwatch.core.capture_report.VERDICT_KEYS`` plus the verdict keys of
+        """The verdict payload (``profwatch.core.capture.report.VERDICT_KEYS`` plus the verdict keys of
         :meth:`verdict_json`): ``data`` of the event for this batch and the body of ``report.json``. ``context``
         (the capture's own fields, e.g. ``capture_id``, ``armed_steps``) is merged in, its ``notes`` appended;
         ``analysis_duration_s`` sums staging, tool and ranking times (what the verdict waited for);

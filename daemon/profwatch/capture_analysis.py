@@ -1,6 +1,6 @@
 """The analysis steps of the capture shell (``daemon/profwatch/captures.py``): the alert phase on the analysis workers, the
 enrich phase on its own worker after the verdict is published, retention (I/O shell; decisions in
-``daemon/profwatch/core/lifecycle.py``). A mixin: :class:`profwatch.captures.CaptureShell` provides the attributes below."""
+``daemon/profwatch/core/capture/lifecycle.py``). A mixin: :class:`profwatch.captures.CaptureShell` provides the attributes below."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from profwatch.core import lifecycle as lc
+from profwatch.core.capture import lifecycle as lc
 from profwatch.core.completeness import BatchState
 
 if TYPE_CHECKING:

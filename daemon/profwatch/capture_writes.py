@@ -1,7 +1,7 @@
 """The config writes of the capture shell (``daemon/profwatch/captures.py``): the arm's ``profiler_config.json`` by the
 coordinator (its file system worker) or by each node daemon (``write_config`` commands and their answers), and the
-idle config (start_step 0) over an arm that ended unused (``daemon/profwatch/core/profiler_config.py: idle_config``). I/O shell;
-decisions in ``daemon/profwatch/core/lifecycle.py``. A mixin: :class:`profwatch.captures.CaptureShell` provides the attributes
+idle config (start_step 0) over an arm that ended unused (``daemon/profwatch/core/capture/profiler_config.py: idle_config``). I/O shell;
+decisions in ``daemon/profwatch/core/capture/lifecycle.py``. A mixin: :class:`profwatch.captures.CaptureShell` provides the attributes
 below."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from profwatch.core import lifecycle as lc
-from profwatch.core.profiler_config import idle_config
+from profwatch.core.capture import lifecycle as lc
+from profwatch.core.capture.profiler_config import idle_config
 from rankhook import wire
 
 if TYPE_CHECKING:

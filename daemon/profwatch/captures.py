@@ -1,8 +1,8 @@
-"""Capture orchestration (the I/O shell around ``daemon/profwatch/core/lifecycle.py``): arming, config writes, scans,
+"""Capture orchestration (the I/O shell around ``daemon/profwatch/core/capture/lifecycle.py``): arming, config writes, scans,
 analyses, events and persistence, through narrow collaborators (``daemon/profwatch/capture_ports.py``), never the coordinator.
 
 Every decision is a lifecycle transition; this module applies it: persist the new record (typed rows), publish
-its events, perform its :class:`~profwatch.core.lifecycle.Action` s. Runs on the coordinator's main thread; file
+its events, perform its :class:`~profwatch.core.capture.lifecycle.Action` s. Runs on the coordinator's main thread; file
 system work and analyses go to worker pools and come back through ``post`` (the main loop's queue). Captures in
 flight live in memory (loaded once at start); the store is written on every transition and read only at start
 and for listings.
@@ -34,14 +34,14 @@ from profwatch.capture_ports import (
     WatcherPort,
 )
 from profwatch.capture_writes import ConfigWrites, IdleSend
-from profwatch.core import lifecycle as lc
-from profwatch.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
-from profwatch.core.capture import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
-from profwatch.core.capture_report import describe, explain_ranks, rank_causes, refusal
+from profwatch.core.capture import lifecycle as lc
+from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
+from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
+from profwatch.core.capture.report import describe, explain_ranks, rank_causes, refusal
+from profwatch.core.capture.targeting import JobTopology, estimate_capture_bytes
 from profwatch.core.completeness import BatchState, CaptureHint
 from profwatch.core.step_numbering import profiled_report_steps
 from profwatch.core.step_window import median
-from profwatch.core.targeting import JobTopology, estimate_capture_bytes
 from rankhook import wire
 
 if TYPE_CHECKING:
@@ -353,7 +353,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                            groups=mine.groups or {}, groups_from=mine.groups_from)
 
     def on_anomaly(self, an: Anomaly, now: float) -> None:
-        """The arming path shared with ``profwatch replay`` (``daemon/profwatch/core/arming.py``): decide on the job's arm
+        """The arming path shared with ``profwatch replay`` (``daemon/profwatch/core/capture/arming.py``): decide on the job's arm
         history, build the capture request, plan it (start the capture in act mode; a dry run in observe mode, whose
         would-arm is then recorded so cooldown and caps apply exactly as in act mode)."""
         job = self.jobs.get(an.job_id)

@@ -11,8 +11,8 @@ import zmq
 
 from profwatch.adapters import control
 from profwatch.core.access import AccessDenied, authorize
-from profwatch.core.capture import CaptureRequest
-from profwatch.core.capture_report import describe
+from profwatch.core.capture.planner import CaptureRequest
+from profwatch.core.capture.report import describe
 from profwatch.core.messages import MessageRejected
 from profwatch.core.telemetry import dump_jsonl, window_records
 

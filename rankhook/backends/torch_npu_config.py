@@ -10,7 +10,7 @@ non-bool analyse/async_mode -> False, non-bool is_rank -> False, a non-list rank
 ``isinstance(x, int)`` lets ``true``/``false`` through as 1/0. The backend must predict what torch_npu really
 does, so it applies the same resets (rankhook's strict :func:`rankhook.profconfig.validate_config` serves the
 torch.profiler backend, where rankhook itself is the monitor). profwatch's writer never writes such configs
-(``daemon/profwatch/core/profiler_config.py`` refuses them); these rules matter for hand-written ones.
+(``daemon/profwatch/core/capture/profiler_config.py`` refuses them); these rules matter for hand-written ones.
 """
 
 from __future__ import annotations

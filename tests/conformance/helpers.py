@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from profwatch.adapters.dp_log_tail import parse_line
-from profwatch.core.capture import CapturePlan, CaptureRequest, CaptureSettings, JobProgress, plan_capture
+from profwatch.core.capture.planner import CapturePlan, CaptureRequest, CaptureSettings, JobProgress, plan_capture
 from rankhook import wire
 from tests.conformance.conftest import NpuJob
 from tests.conftest import wait_for

@@ -5,7 +5,7 @@ Each case is a config that torch_npu resets, ignores or fails on. ``config_probe
 ``dynamic_profile`` does before a capture, rank 0) and reports torch_npu's own messages. The test then asserts:
 
 * torch_npu really says the quoted reason (so the table below is true for this release),
-* profwatch's model (``daemon/profwatch/core/profiler_config.py``) refuses the config and its message carries the same
+* profwatch's model (``daemon/profwatch/core/capture/profiler_config.py``) refuses the config and its message carries the same
   reason,
 * rankhook's torch_npu mirror (``rankhook/backends/torch_npu_config.py``) predicts the values torch_npu uses.
 
@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from profwatch.core.capture import CaptureRequest, CaptureSettings, JobProgress, plan_capture
-from profwatch.core.profiler_config import (
+from profwatch.core.capture.planner import CaptureRequest, CaptureSettings, JobProgress, plan_capture
+from profwatch.core.capture.profiler_config import (
     AIC_NEEDS_LEVEL,
     ANALYSE_CLOSED,
     DOMAINS_BOTH,

@@ -20,7 +20,7 @@ from profwatch.adapters.config_writer import (
     ConfigWriteTooEarly,
     write_profiler_config,
 )
-from profwatch.core.capture import InvalidProfilerConfig, ProfilerConfig
+from profwatch.core.capture.planner import InvalidProfilerConfig, ProfilerConfig
 from rankhook.profconfig import TEMPLATE
 from tests.conftest import PYTHON, finish_process, python_env, wait_for
 

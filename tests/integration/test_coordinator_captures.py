@@ -17,8 +17,8 @@ import zmq
 from profwatch.adapters.control import ControlError, ControlUnavailable, call
 from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
-from profwatch.core.capture_report import VERDICT_KEYS
-from profwatch.core.lifecycle import CaptureState
+from profwatch.core.capture.lifecycle import CaptureState
+from profwatch.core.capture.report import VERDICT_KEYS
 from profwatch.node import NodeDaemon
 from profwatch.simulate.ascend_tree import generate_cluster
 from rankhook import wire

@@ -1,7 +1,7 @@
 """4 rank processes on the FAKE torch_npu (daemon/profwatch/simulate) driven by rankhook's torch_npu backend.
 
 Checks the protocol end to end: a pre-written config is ignored, an absolute start_step planned by
-daemon/profwatch/core/capture.py and written by the config writer captures exactly [start_step, start_step+warmup+active)
+daemon/profwatch/core/capture/planner.py and written by the config writer captures exactly [start_step, start_step+warmup+active)
 on every rank (dp log lines, profiler_info steps, DBs + analyse.done, metadata), and a passed start_step is
 discarded.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from profwatch.adapters.config_writer import ConfigWriter
 from profwatch.adapters.rank_dir_fs import scan_tree
-from profwatch.core.capture import CaptureRequest, CaptureSettings, JobProgress, ProfilerConfig, plan_capture
+from profwatch.core.capture.planner import CaptureRequest, CaptureSettings, JobProgress, ProfilerConfig, plan_capture
 from tests.conftest import PYTHON, REPO_ROOT, finish_process, python_env, wait_for
 from tests.integration.capture_job_files import read_events, read_progress
 

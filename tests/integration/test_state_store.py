@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from profwatch.adapters.state import SCHEMA_VERSION, StateSchemaError, StateStore
-from profwatch.core import lifecycle as lc
-from profwatch.core.capture import CaptureRequest, JobProgress, plan_capture
-from profwatch.core.lifecycle import CaptureState
+from profwatch.core.capture import lifecycle as lc
+from profwatch.core.capture.lifecycle import CaptureState
+from profwatch.core.capture.planner import CaptureRequest, JobProgress, plan_capture
 
 T0 = 1_800_000_000.0
 

@@ -12,9 +12,9 @@ import sqlite3
 from pathlib import Path
 
 from profwatch.adapters.state import SCHEMA_VERSION, StateStore, Stored
-from profwatch.core import lifecycle as lc
 from profwatch.core.alerts import make_cloudevent
-from profwatch.core.capture import CaptureRequest, JobProgress, plan_capture
+from profwatch.core.capture import lifecycle as lc
+from profwatch.core.capture.planner import CaptureRequest, JobProgress, plan_capture
 
 T0 = 1_800_000_000.0
 BIG = "x" * 5000  # more than a page: every event needs a new (overflow) page, which a full file refuses

@@ -1,4 +1,4 @@
-"""Tests of daemon/profwatch/core/arming.py (pure; fake clock)."""
+"""Tests of daemon/profwatch/core/capture/arming.py (pure; fake clock)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from profwatch.core.arming import (
+from profwatch.core.capture.arming import (
     ArmDecision,
     ArmHistory,
     ArmingPolicy,
@@ -15,7 +15,7 @@ from profwatch.core.arming import (
     JobArmState,
     capture_request,
 )
-from profwatch.core.capture import CaptureSettings, lead_steps
+from profwatch.core.capture.planner import CaptureSettings, lead_steps
 from profwatch.core.detection.job_detector import Anomaly
 
 REG = Anomaly("step_regression", "j1", 120, (), 0.25, {})

@@ -1,4 +1,4 @@
-"""daemon/profwatch/core/capture.py: profiler_config.json schema, rejections, render, planner lead/margin math."""
+"""daemon/profwatch/core/capture/planner.py: profiler_config.json schema, rejections, render, planner lead/margin math."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from profwatch.core.capture import (
+from profwatch.core.capture.planner import (
     CannotPlanCapture,
     CaptureRequest,
     CaptureSettings,

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 
 import pytest
 
-from profwatch.core import lifecycle as lc
 from profwatch.core.alerts import (
     TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
@@ -16,10 +15,11 @@ from profwatch.core.alerts import (
     TYPE_CAPTURE,
     TYPE_SUSPECT_RANKS,
 )
-from profwatch.core.capture import CaptureRequest, CaptureSettings, JobProgress, plan_capture
-from profwatch.core.capture_report import VERDICT_KEYS, refusal
+from profwatch.core.capture import lifecycle as lc
+from profwatch.core.capture.lifecycle import Action, CaptureState
+from profwatch.core.capture.planner import CaptureRequest, CaptureSettings, JobProgress, plan_capture
+from profwatch.core.capture.report import VERDICT_KEYS, refusal
 from profwatch.core.completeness import BatchState, Problem, RankDirState
-from profwatch.core.lifecycle import Action, CaptureState
 from rankhook import wire
 
 T0 = 1_800_000_000.0

@@ -1,4 +1,4 @@
-"""No capture state name and no state decision outside ``daemon/profwatch/core/lifecycle.py`` (a static check of the package).
+"""No capture state name and no state decision outside ``daemon/profwatch/core/capture/lifecycle.py`` (a static check of the package).
 
 The lifecycle owns the states: other modules use ``CaptureState`` members and the lifecycle's functions. This walks
 the syntax tree of every module of ``daemon`` and ``rankhook`` (docstrings excluded) and fails on
@@ -17,13 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from profwatch.core.lifecycle import CaptureState
+from profwatch.core.capture.lifecycle import CaptureState
 from tests.conftest import REPO_ROOT
 
 ALL_NAMES = {s.value for s in CaptureState}
 SHARED_WORDS = {"failed", "incomplete"}  # also batch statuses, recipe statuses and capture event kinds
 UNIQUE_NAMES = ALL_NAMES - SHARED_WORDS
-OWNER = REPO_ROOT / "daemon" / "profwatch" / "core" / "lifecycle.py"
+OWNER = REPO_ROOT / "daemon" / "profwatch" / "core" / "capture" / "lifecycle.py"
 ALLOWED = {"daemon/profwatch/adapters/state_migrate.py": {"acknowledged", "written"}}
 """Keys of the version-1 capture JSON that happen to spell state names (read once by the migration)."""
 
@@ -96,7 +96,7 @@ def test_no_state_names_outside_the_lifecycle() -> None:
 
 def test_the_capture_code_does_not_import_the_coordinator() -> None:
     """No cycle: the shell, its ports and the lifecycle load without the coordinator (it composes them)."""
-    code = ("import sys, profwatch.captures, profwatch.capture_ports, profwatch.core.lifecycle; "
+    code = ("import sys, profwatch.captures, profwatch.capture_ports, profwatch.core.capture.lifecycle; "
             "sys.exit(1 if 'profwatch.coordinator' in sys.modules else 0)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})

@@ -1,6 +1,6 @@
 """The single pending config slot on a rank: the idle config ``profwatch cancel`` writes takes it (so a cancelled
 arm never starts), a config for other ranks leaves it (``rankhook/profconfig.py``: ``replaces_pending``,
-``WindowGate``, ``ConfigWatcher``; ``daemon/profwatch/core/profiler_config.py``: ``idle_config``). The same rules are checked
+``WindowGate``, ``ConfigWatcher``; ``daemon/profwatch/core/capture/profiler_config.py``: ``idle_config``). The same rules are checked
 against the real torch_npu monitor in ``tests/conformance/test_monitor_protocol.py``."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from profwatch.adapters.config_writer import ConfigIdleNotNeeded, ConfigWriter
-from profwatch.core.profiler_config import InvalidProfilerConfig, ProfilerConfig, check_idle_config, idle_config
+from profwatch.core.capture.profiler_config import InvalidProfilerConfig, ProfilerConfig, check_idle_config, idle_config
 from rankhook.profconfig import TEMPLATE, ArmedConfig, ConfigWatcher, WindowGate, make_armed, replaces_pending
 
 

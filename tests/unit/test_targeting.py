@@ -1,12 +1,12 @@
-"""Targeted captures (daemon/profwatch/core/targeting.py) and how arming and planning use them (pure: issue 13)."""
+"""Targeted captures (daemon/profwatch/core/capture/targeting.py) and how arming and planning use them (pure: issue 13)."""
 
 from __future__ import annotations
 
-from profwatch.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
-from profwatch.core.capture import CaptureSettings, JobProgress, plan_capture
-from profwatch.core.capture_report import plan_notes
+from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
+from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture
+from profwatch.core.capture.report import plan_notes
+from profwatch.core.capture.targeting import JobTopology, TargetingSettings, estimate_capture_bytes, plan_targets
 from profwatch.core.detection.job_detector import Anomaly
-from profwatch.core.targeting import JobTopology, TargetingSettings, estimate_capture_bytes, plan_targets
 
 NOW = 10_000.0
 HOSTS_4096 = {r: f"node{r // 8:03d}" for r in range(4096)}  # 512 nodes of 8 ranks

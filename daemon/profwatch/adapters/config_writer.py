@@ -43,8 +43,8 @@ from typing import Any
 import structlog
 
 from profwatch.adapters.paths import PathRefused, open_dir
-from profwatch.core.capture import InvalidProfilerConfig, ProfilerConfig
-from profwatch.core.profiler_config import check_idle_config
+from profwatch.core.capture.planner import InvalidProfilerConfig, ProfilerConfig
+from profwatch.core.capture.profiler_config import check_idle_config
 from rankhook.profconfig import CONFIG_FILE, TEMPLATE
 
 log = structlog.get_logger("profwatch.config_writer")
@@ -141,7 +141,7 @@ class ConfigWriter:
         """Write ``content`` (validated as :class:`ProfilerConfig`) into ``<config_dir>/profiler_config.json``.
 
         ``idle_for="<capture id>"``: ``content`` is the idle config (start_step 0, checked by
-        :func:`profwatch.core.profiler_config.check_idle_config`) that takes that capture's arm back; it is written
+        :func:`profwatch.core.capture.profiler_config.check_idle_config`) that takes that capture's arm back; it is written
         only while the file still holds that arm (``metadata.profwatch_capture_id``), so a late or repeated idle
         write never replaces a newer arm or a hand edit (:class:`ConfigIdleNotNeeded` otherwise).
         An idle write for a dir this writer could never have written (missing, outside the roots, through a link)

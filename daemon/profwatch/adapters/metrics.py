@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from profwatch import __version__
 from profwatch.core.alerts import EVENT_TYPES
-from profwatch.core.lifecycle import ACTIVE, CaptureState
+from profwatch.core.capture.lifecycle import ACTIVE, CaptureState
 
 CAPTURE_STATES = tuple(s.value for s in CaptureState)
 """Capture states exported with a zero value before the first capture (a missing series is not a zero)."""

@@ -1,7 +1,7 @@
 """Coordinator state in SQLite (stdlib ``sqlite3``; I/O): jobs, ranks, nodes, captures, batches, events/alerts.
 
 A restart loses nothing that matters: the registry (jobs, ranks, last steps), every capture with its plan, state,
-deadlines, per-rank acknowledgements and per-node writes (typed columns, ``profwatch.core.lifecycle.Capture`` in and
+deadlines, per-rank acknowledgements and per-node writes (typed columns, ``profwatch.core.capture.lifecycle.Capture`` in and
 out), batch results, and every published event (alerts are re-served to late subscribers from here). WAL mode;
 the connection belongs to the thread that created it (the coordinator's main loop).
 
@@ -31,7 +31,7 @@ import structlog
 
 from profwatch.adapters.state_reader import events_query
 from profwatch.adapters.state_retry import PendingWrite, RetryQueue
-from profwatch.core.lifecycle import Capture, CaptureState, NodeWrite, RankProgress
+from profwatch.core.capture.lifecycle import Capture, CaptureState, NodeWrite, RankProgress
 
 log = structlog.get_logger("profwatch.state")
 SCHEMA_VERSION = 3

@@ -6,7 +6,7 @@ the typed tables and converts every row in one transaction: plan keys become col
 ``capture_ranks`` rows (with the version-1 acknowledgement time when there was one), node writes become
 ``capture_nodes`` rows. Legacy state names: ``refused`` (an arm that could not be written) becomes the failed
 state, ``capturing`` the collecting state, anything unknown the failed state with the old name in ``outcome``.
-Deadlines of migrated in-flight captures come from the default :class:`~profwatch.core.lifecycle.LifecycleSettings`
+Deadlines of migrated in-flight captures come from the default :class:`~profwatch.core.capture.lifecycle.LifecycleSettings`
 and the plan's deadline.
 """
 
@@ -17,7 +17,14 @@ import sqlite3
 from dataclasses import replace
 from typing import Any
 
-from profwatch.core.lifecycle import Capture, CaptureState, LifecycleSettings, NodeWrite, RankProgress, deadline_for
+from profwatch.core.capture.lifecycle import (
+    Capture,
+    CaptureState,
+    LifecycleSettings,
+    NodeWrite,
+    RankProgress,
+    deadline_for,
+)
 
 _LEGACY = {"refused": CaptureState.FAILED, "capturing": CaptureState.COLLECTING}
 

@@ -32,7 +32,7 @@ import click
 from profwatch.commands.demo_stack import Stack
 from profwatch.commands.demo_timeline import Timeline, event_time
 from profwatch.core.alertmanager import saving_text
-from profwatch.core.lifecycle import CaptureState
+from profwatch.core.capture.lifecycle import CaptureState
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
 from profwatch.simulate.launcher import JobSpec, launch_job
 

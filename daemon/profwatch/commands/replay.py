@@ -3,10 +3,10 @@ edge: reads one JSONL file and an optional TOML config; the work is :func:`repla
 
 Record format: ``daemon/profwatch/core/telemetry.py`` (what ``profwatch telemetry --job J`` writes).
 
-Replay goes through the coordinator's arming path (``daemon/profwatch/core/arming.py``): the same detector
-(``JobDetector``), the same policy, the same :class:`~profwatch.core.arming.ArmHistory` (so a would-arm in observe
+Replay goes through the coordinator's arming path (``daemon/profwatch/core/capture/arming.py``): the same detector
+(``JobDetector``), the same policy, the same :class:`~profwatch.core.capture.arming.ArmHistory` (so a would-arm in observe
 mode counts for the cooldown and caps as an arm does), the same step time (``JobDetector.baseline_step_time_s``)
-and the same planner (``profwatch.core.capture.plan_capture`` with the ``[capture]`` settings). Time is taken from
+and the same planner (``profwatch.core.capture.planner.plan_capture`` with the ``[capture]`` settings). Time is taken from
 the records' ``ts_unix_s``: it stands for the arrival time of each report (stall checks run once per second of
 record time). Arms are simulated: the capture counts as in flight until the job's furthest step passes the
 window plus ``parse_steps``, and its steps are excluded from detection, as the coordinator does.
@@ -25,8 +25,8 @@ from typing import Any
 import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from profwatch.core.arming import ArmHistory, ArmingPolicy, ArmingSettings, capture_request
-from profwatch.core.capture import CaptureSettings, JobProgress, plan_capture
+from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, capture_request
+from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
 from profwatch.core.step_numbering import profiled_report_steps
 from profwatch.core.telemetry import TelemetryRecord, dump_jsonl

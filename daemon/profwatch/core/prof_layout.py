@@ -215,7 +215,7 @@ class ProfilerMetadata:
     ``distributed_args.world_size`` (docs/rank-dirs.md#completion). ``group_names``: the HCCL communicator names
     (keys of ``parallel_group_info``), identical across ranks of one job, a grouping hint only. ``groups``: the
     communicators smaller than the world (name -> sorted global ranks), which targeted captures use to pick a
-    suspect's group peers (``daemon/profwatch/core/targeting.py``); the world group is left out (it says nothing about
+    suspect's group peers (``daemon/profwatch/core/capture/targeting.py``); the world group is left out (it says nothing about
     locality, and a copy of it per rank would cost N^2 memory).
     """
 

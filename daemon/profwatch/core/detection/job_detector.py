@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from profwatch.core.capture import CaptureSettings, lead_steps
+from profwatch.core.capture.planner import CaptureSettings, lead_steps
 from profwatch.core.detection.aggregation import StepAggregator, StepReportLike
 from profwatch.core.detection.rank_outliers import RankOutlierDetector
 from profwatch.core.detection.regression import StepTimeRegressionDetector
@@ -37,7 +37,7 @@ class JobDetector:
         world_size: number of ranks; reports with ``rank`` outside ``[0, world_size)`` are counted and ignored.
         settings: thresholds; see :class:`DetectionSettings`.
         capture: the capture planner's settings; a spike counts as transient while it is shorter than the
-            planner's lead (``profwatch.core.capture.lead_steps``) unless ``spike_hold_steps`` is set.
+            planner's lead (``profwatch.core.capture.planner.lead_steps``) unless ``spike_hold_steps`` is set.
         step_detectors: replaces the default ``[StepTimeRegressionDetector, RankOutlierDetector]``.
         stall_detector: replaces the default :class:`ArrivalStallDetector`.
 

@@ -44,7 +44,7 @@ class TargetingSettings(BaseModel):
     per suspect; ``sample_ranks``: the size of a job-wide regression's sample (at least one rank per node);
     ``bytes_per_rank_step``: the estimate of one rank's bytes per recorded step before the job's first capture
     says (16 MiB: about 8 MB of profiler DB plus as much raw data for 20,000 kernels per step, the arithmetic of
-    ``CAPTURE_WINDOW_NOTE`` in ``daemon/profwatch/core/capture.py``)."""
+    ``CAPTURE_WINDOW_NOTE`` in ``daemon/profwatch/core/capture/planner.py``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 

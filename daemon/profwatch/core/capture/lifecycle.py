@@ -31,8 +31,8 @@ from profwatch.core.alerts import (
     TYPE_CAPTURE,
     TYPE_SUSPECT_RANKS,
 )
-from profwatch.core.capture import CapturePlan
-from profwatch.core.capture_report import explain_ranks, plan_notes, verdict_payload
+from profwatch.core.capture.planner import CapturePlan
+from profwatch.core.capture.report import explain_ranks, plan_notes, verdict_payload
 from profwatch.core.completeness import BatchState
 from rankhook import wire
 
@@ -545,7 +545,7 @@ WINDOW_PENDING = frozenset({S.PLANNED, S.WRITTEN, S.ACKNOWLEDGED, S.COLLECTING})
 
 def cancel(cap: Capture, now: float, settings: LifecycleSettings, by: str = "operator") -> Transition:
     """An in-flight capture -> cancelled (its job may arm again). Before analysis the idle config (start_step 0,
-    :func:`profwatch.core.profiler_config.idle_config`) is written over the arm (only while the file still holds
+    :func:`profwatch.core.capture.profiler_config.idle_config`) is written over the arm (only while the file still holds
     it), so ranks that have not started the window drop it; a window already running ends as armed. Whatever the
     ranks write is left in place. Raises :class:`TransitionRefused` otherwise."""
     if cap.state not in IN_FLIGHT:

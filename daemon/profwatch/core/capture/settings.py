@@ -1,4 +1,4 @@
-"""Limits of automatic capture arming (pure, pydantic; the policy itself is ``daemon/profwatch/core/arming.py``).
+"""Limits of automatic capture arming (pure, pydantic; the policy itself is ``daemon/profwatch/core/capture/arming.py``).
 
 A module of its own so that ``daemon/profwatch/config.py`` composes it without importing the detector (and numpy).
 """
@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profwatch.core.targeting import TargetingSettings
+from profwatch.core.capture.targeting import TargetingSettings
 
 __all__ = ["ArmableKind", "ArmingSettings"]
 
@@ -34,7 +34,7 @@ class ArmingSettings(BaseModel):
     )
     warmup: int = Field(1, ge=0, description="profiler warm-up steps of the capture window (profiler_config key)")
     active: int = Field(4, ge=1, le=20, description="captured steps of the capture window (profiler_config key); "
-                        "default 4: see CAPTURE_WINDOW_NOTE in daemon/profwatch/core/capture.py")
+                        "default 4: see CAPTURE_WINDOW_NOTE in daemon/profwatch/core/capture/planner.py")
     rank_list: tuple[int, ...] | None = Field(None, description="ranks to capture (None = all ranks)")
     arm_on: tuple[ArmableKind, ...] = Field(
         ("step_regression", "rank_outlier"),
@@ -45,4 +45,4 @@ class ArmingSettings(BaseModel):
     targeting: TargetingSettings = Field(
         default_factory=TargetingSettings,
         description="targeted captures of large jobs: suspects + node/group peers + reference ranks, or a sample "
-                    "covering every node for a job-wide anomaly (daemon/profwatch/core/targeting.py); rank_list overrides it")
+                    "covering every node for a job-wide anomaly (daemon/profwatch/core/capture/targeting.py); rank_list overrides it")

@@ -1,6 +1,6 @@
 """Capture planning (pure: no I/O, time passed in); re-exports the ``profiler_config.json`` model.
 
-* :class:`ProfilerConfig` (``daemon/profwatch/core/profiler_config.py``) mirrors torch_npu's ``profiler_config.json``;
+* :class:`ProfilerConfig` (``daemon/profwatch/core/capture/profiler_config.py``) mirrors torch_npu's ``profiler_config.json``;
   where torch_npu would reset a value it **refuses** it with :class:`InvalidProfilerConfig`, quoting torch_npu's
   own log line. :meth:`ProfilerConfig.render` emits only known keys.
 * :func:`plan_capture` turns a :class:`CaptureRequest` and the job's :class:`JobProgress` into a
@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profwatch.core.profiler_config import (
+from profwatch.core.capture.profiler_config import (
     MAX_CONFIG_BYTES,
     AicMetrics,
     ExperimentalConfig,
@@ -96,7 +96,7 @@ class CaptureSettings(BaseModel):
 class CaptureRequest(BaseModel):
     """Ask for one capture. ``start_step`` (absolute) or ``in_steps`` (at least this many steps ahead of the
     furthest rank) override the planner's lead; ``rank_list`` None = all ranks; ``capture_id`` None = new one;
-    ``targeting``: why these ranks (``profwatch.core.targeting.Target.to_json`` + ``estimated_bytes``), carried into
+    ``targeting``: why these ranks (``profwatch.core.capture.targeting.Target.to_json`` + ``estimated_bytes``), carried into
     the capture's event and notes."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

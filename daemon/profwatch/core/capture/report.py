@@ -1,5 +1,5 @@
 """What a capture says: the one verdict payload shape, per-rank explanations, the ``status`` view and the arm
-refusal text (pure; the lifecycle in ``daemon/profwatch/core/lifecycle.py`` decides, this module words it)."""
+refusal text (pure; the lifecycle in ``daemon/profwatch/core/capture/lifecycle.py`` decides, this module words it)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from profwatch.core.alerts import suspect_alert_data
 from profwatch.core.completeness import BatchState
 
 if TYPE_CHECKING:
-    from profwatch.core.capture import CapturePlan
-    from profwatch.core.lifecycle import Capture
+    from profwatch.core.capture.lifecycle import Capture
+    from profwatch.core.capture.planner import CapturePlan
     from profwatch.core.registry import JobState, NodeState
 
 VERDICT_KEYS = ("batch_id", "job_id", "kind", "status", "detail", "capture_id", "capture_reason", "world_size",
@@ -103,7 +103,7 @@ def explain_ranks(cap: Capture, ranks: Iterable[int], causes: Mapping[int, str])
 
 def describe(cap: Capture, now: float) -> dict[str, Any]:
     """The ``status`` view of one capture: state, its deadline and time left, acknowledgements, outcome."""
-    from profwatch.core.lifecycle import ARM_PENDING
+    from profwatch.core.capture.lifecycle import ARM_PENDING
 
     acked = sum(1 for p in cap.ranks.values() if p.acknowledged)
     done = sum(1 for p in cap.ranks.values() if p.completed_unix_s is not None)

@@ -6,7 +6,7 @@ The one arming path of profwatch. The coordinator and ``profwatch replay`` both,
 1. ``decision = history.decide(policy, anomaly, now, capture_in_flight=..., stalled_ranks=...)``
    (:class:`ArmHistory` builds the :class:`JobArmState`, :class:`ArmingPolicy` decides);
 2. if ``decision.action`` is ``arm`` or ``would_arm``: ``req = capture_request(anomaly, decision, ...)`` and
-   ``profwatch.core.capture.plan_capture(req, progress, capture_settings)`` (the coordinator writes the plan in
+   ``profwatch.core.capture.planner.plan_capture(req, progress, capture_settings)`` (the coordinator writes the plan in
    act mode and only plans it in observe mode);
 3. ``history.record(decision, now)`` once the plan succeeded, so a would-arm in observe mode counts for the
    cooldown and the hourly cap exactly as an arm does in act mode; ``history.record_bytes`` as captures land.
@@ -20,10 +20,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from profwatch.core.arming_settings import ArmingSettings
-from profwatch.core.capture import CaptureRequest, CaptureSettings, lead_steps
+from profwatch.core.capture.planner import CaptureRequest, CaptureSettings, lead_steps
+from profwatch.core.capture.settings import ArmingSettings
+from profwatch.core.capture.targeting import JobTopology, Target, estimate_capture_bytes, plan_targets
 from profwatch.core.detection.types import Anomaly
-from profwatch.core.targeting import JobTopology, Target, estimate_capture_bytes, plan_targets
 
 ArmAction = Literal["arm", "would_arm", "suppress"]
 HOUR_S = 3600.0
@@ -58,7 +58,7 @@ class ArmDecision:
     ``transient_not_capturable``, ``kind_not_armed``, ``below_min_magnitude``, ``capture_in_flight``,
     ``cooldown``, ``hourly_cap``, ``byte_cap``, ``stalled_rank_in_capture``). ``warmup``/``active``/``rank_list``
     are the window to arm (``rank_list`` None = all ranks); ``capture_reason`` a short human text stamped into
-    the capture metadata. ``target``: which ranks and why (``daemon/profwatch/core/targeting.py``; None when the job's
+    the capture metadata. ``target``: which ranks and why (``daemon/profwatch/core/capture/targeting.py``; None when the job's
     layout was not given); ``estimated_bytes``: what the capture is expected to write, counted against
     ``max_capture_bytes_per_hour`` before arming.
     """
@@ -99,7 +99,7 @@ class ArmingPolicy:
         hour plus this capture's estimate: ranks covered x active steps x the job's last bytes per rank and step,
         else ``[arming.targeting] bytes_per_rank_step``); a capture that would include a currently stalled rank
         -> ``stalled_rank_in_capture``. The ranks covered: ``rank_list`` when set, else, given the job's
-        ``topology``, :func:`profwatch.core.targeting.plan_targets` (suspects + peers + reference ranks for a rank
+        ``topology``, :func:`profwatch.core.capture.targeting.plan_targets` (suspects + peers + reference ranks for a rank
         outlier in a large job, a sample covering every node for a job-wide one; every rank in a small job). In ``observe`` mode all
         checks run and a pass gives ``would_arm`` (reason ``observe_mode``); :class:`ArmHistory` counts it as an
         arm, so observe mode shows exactly what act mode would do (except the byte cap: nothing is captured).
@@ -224,7 +224,7 @@ class ArmHistory:
 
 def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: int, step_time_s: float | None,
                     capture: CaptureSettings) -> CaptureRequest:
-    """The :class:`~profwatch.core.capture.CaptureRequest` for an arming ``decision`` on ``anomaly``.
+    """The :class:`~profwatch.core.capture.planner.CaptureRequest` for an arming ``decision`` on ``anomaly``.
 
     For every kind but ``periodic_spike`` the planner places ``start_step`` (its lead ahead of the furthest
     rank). For ``periodic_spike`` the window is placed on a predicted occurrence: the first onset

@@ -1,0 +1,1 @@
+"""Capture planning and the capture lifecycle: profiler_config, targeting, arming, the report."""
