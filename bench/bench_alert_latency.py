@@ -37,10 +37,10 @@ from typing import Any
 from profwatch.adapters.msprof_runner import MsprofRunner
 from profwatch.adapters.rank_dir_fs import scan_tree
 from profwatch.analysis import AnalysisSettings, analyze_batch, enrich_analysis
+from profwatch.core.batches.completeness import BatchState
 from profwatch.core.capture.planner import CaptureSettings, lead_steps, poll_interval_s
 from profwatch.core.capture.settings import ArmingSettings
 from profwatch.core.capture.targeting import JobTopology, TargetingSettings, estimate_capture_bytes, plan_targets
-from profwatch.core.completeness import BatchState
 from profwatch.core.msprof_plan import MsprofSettings
 from profwatch.simulate.ascend_tree import generate_cluster
 

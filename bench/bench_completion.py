@@ -32,7 +32,7 @@ from watchdog.observers.polling import PollingObserverVFS
 
 from profwatch.adapters.prof_watch import ProfWatcher, pruned_scandir
 from profwatch.adapters.rank_dir_fs import RankDirReader, scan_tree
-from profwatch.core.watch_settings import WatchSettings
+from profwatch.core.batches.settings import WatchSettings
 from profwatch.simulate import ascend_tree as gen
 
 

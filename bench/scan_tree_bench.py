@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from profwatch.adapters.rank_dir_fs import RankDirReader, scan_tree
-from profwatch.core.completeness import CaptureHint
-from profwatch.core.watch_settings import WatchSettings
+from profwatch.core.batches.completeness import CaptureHint
+from profwatch.core.batches.settings import WatchSettings
 from profwatch.simulate import ascend_tree as gen
 
 CAPTURE = "c-bench-scan"

@@ -42,7 +42,7 @@ from profwatch.analysis_result import (
 )
 from profwatch.core.alerts import per_rank_summary
 from profwatch.core.analysis_settings import AnalysisSettings
-from profwatch.core.completeness import BatchState
+from profwatch.core.batches.completeness import BatchState
 from profwatch.core.display import printable
 from profwatch.core.evidence import ClusterEvidence, RecipeStatus
 from profwatch.core.msprof_plan import advisor_ranks

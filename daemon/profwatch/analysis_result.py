@@ -10,11 +10,11 @@ from typing import Any, Literal
 
 from profwatch.adapters.kineto_reader import RECIPE as KINETO_RECIPE
 from profwatch.core.alerts import judged_ranks, suspect_alert_data
+from profwatch.core.batches.completeness import BatchState
+from profwatch.core.batches.prof_layout import parse_rank_dir_name
 from profwatch.core.capture.lifecycle import event_type_for
 from profwatch.core.capture.report import window_notes
-from profwatch.core.completeness import BatchState
 from profwatch.core.evidence import ClusterEvidence, RecipeStatus, SlowLink, Suspect
-from profwatch.core.prof_layout import parse_rank_dir_name
 from profwatch.core.ranking import Verdict
 
 AnalysisStatus = Literal["ok", "weak", "no_suspect", "partial", "incomplete", "not_applicable", "no_data", "failed"]

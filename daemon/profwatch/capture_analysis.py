@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from profwatch.core.batches.completeness import BatchState
 from profwatch.core.capture import lifecycle as lc
-from profwatch.core.completeness import BatchState
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

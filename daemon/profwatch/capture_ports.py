@@ -12,12 +12,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from profwatch.core.completeness import BatchState, CaptureHint
+from profwatch.core.batches.completeness import BatchState, CaptureHint
 from rankhook import wire
 
 if TYPE_CHECKING:
     from profwatch.analysis import AnalysisSettings
-    from profwatch.core.watch_settings import WatchSettings
+    from profwatch.core.batches.settings import WatchSettings
 
 
 class ConfigWriterPort(Protocol):

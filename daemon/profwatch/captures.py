@@ -34,12 +34,12 @@ from profwatch.capture_ports import (
     WatcherPort,
 )
 from profwatch.capture_writes import ConfigWrites, IdleSend
+from profwatch.core.batches.completeness import BatchState, CaptureHint
 from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
 from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
 from profwatch.core.capture.report import describe, explain_ranks, rank_causes, refusal
 from profwatch.core.capture.targeting import JobTopology, estimate_capture_bytes
-from profwatch.core.completeness import BatchState, CaptureHint
 from profwatch.core.step_numbering import profiled_report_steps
 from profwatch.core.step_window import median
 from rankhook import wire

@@ -19,12 +19,12 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from profwatch.core.access import SecuritySettings, exposure_problems
 from profwatch.core.analysis_settings import AnalysisSettings
+from profwatch.core.batches.settings import WatchSettings
 from profwatch.core.capture.planner import CaptureSettings
 from profwatch.core.capture.settings import ArmingSettings
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.limits import LimitSettings
 from profwatch.core.sink_settings import AlertmanagerSettings, WebhookSettings
-from profwatch.core.watch_settings import WatchSettings
 
 DEFAULT_RUNTIME_DIR = "/run/profwatch"
 DEFAULT_STATE_DIR = "/var/lib/profwatch"

@@ -26,9 +26,9 @@ import pytest
 
 from profwatch.adapters.config_writer import ConfigWriter
 from profwatch.adapters.rank_dir_fs import scan_tree
+from profwatch.core.batches.prof_layout import parse_profiler_info
 from profwatch.core.capture.planner import ProfilerConfig
 from profwatch.core.capture.profiler_config import idle_config
-from profwatch.core.prof_layout import parse_profiler_info
 from rankhook import wire
 from tests.conformance.helpers import (
     assert_dp_log_parsed,

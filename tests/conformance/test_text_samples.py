@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from profwatch.commands.analyze import analyze
 from profwatch.commands.scan import scan
-from profwatch.core.completeness import TEXT_EXPORT_REASON
+from profwatch.core.batches.completeness import TEXT_EXPORT_REASON
 from tests.conftest import SHARED
 
 SAMPLES = (Path(os.environ.get("PROFWATCH_SHARED_DIR") or SHARED) / "data" / "ascend_samples"

@@ -17,11 +17,11 @@ from profwatch.adapters.control import ControlError
 from profwatch.adapters.state import StateStore
 from profwatch.captures import CaptureShell
 from profwatch.config import load_settings
+from profwatch.core.batches.completeness import BatchState, RankDirState
 from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.lifecycle import CaptureState
 from profwatch.core.capture.planner import CaptureRequest
 from profwatch.core.capture.profiler_config import idle_config
-from profwatch.core.completeness import BatchState, RankDirState
 from profwatch.core.detection.job_detector import Anomaly
 from profwatch.core.registry import Registry
 from rankhook import wire

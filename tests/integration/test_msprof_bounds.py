@@ -17,7 +17,7 @@ from typing import Any
 from profwatch.adapters.msprof_runner import MsprofRunner, MsprofSettings, resolve_command
 from profwatch.adapters.proc_memory import session_members
 from profwatch.analysis import AnalysisSettings, analyze_batch, enrich_analysis
-from profwatch.core.completeness import BatchState
+from profwatch.core.batches.completeness import BatchState
 from profwatch.simulate.ascend_tree import generate_cluster
 from tests.conftest import kill_group_in, wait_for
 

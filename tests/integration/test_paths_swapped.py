@@ -15,8 +15,8 @@ from profwatch.adapters.paths import PathRefused, check_inside, make_dirs, open_
 from profwatch.adapters.rank_dir_fs import scan_tree
 from profwatch.adapters.retention import enforce_retention
 from profwatch.capture_ports import RankDirScanner
-from profwatch.core.completeness import CaptureHint
-from profwatch.core.watch_settings import WatchSettings
+from profwatch.core.batches.completeness import CaptureHint
+from profwatch.core.batches.settings import WatchSettings
 from profwatch.simulate import ascend_tree as gen
 
 EARLY = gen.DEFAULT_TS_BASE_NS / 1e9 + 30

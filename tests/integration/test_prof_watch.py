@@ -23,7 +23,7 @@ from profwatch.adapters.prof_watch import (
     parse_mountinfo,
 )
 from profwatch.adapters.rank_dir_fs import RankDirReader, scan_tree
-from profwatch.core.watch_settings import WatchSettings
+from profwatch.core.batches.settings import WatchSettings
 from profwatch.simulate import ascend_tree as gen
 from tests.conftest import wait_for
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from profwatch.adapters import rank_dir_fs
 from profwatch.adapters.rank_dir_fs import RankDirReader, TreeUnavailable, find_rank_dirs, scan_tree
 from profwatch.commands.scan import scan
-from profwatch.core.watch_settings import WatchSettings
+from profwatch.core.batches.settings import WatchSettings
 from profwatch.simulate import ascend_tree as gen
 
 BASE_S = gen.DEFAULT_TS_BASE_NS / 1e9

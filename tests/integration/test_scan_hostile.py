@@ -15,9 +15,9 @@ from click.testing import CliRunner, Result
 from profwatch.adapters.rank_dir_fs import scan_tree
 from profwatch.commands.analyze import analyze
 from profwatch.commands.scan import scan
-from profwatch.core.completeness import rank_ranges
+from profwatch.core.batches.completeness import rank_ranges
+from profwatch.core.batches.prof_layout import OUTPUT_MARKER
 from profwatch.core.messages import MAX_WORLD_SIZE
-from profwatch.core.prof_layout import OUTPUT_MARKER
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
 from profwatch.simulate.ascend_tree import generate_cluster, profiler_db_path
 

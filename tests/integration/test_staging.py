@@ -14,7 +14,7 @@ import pytest
 from profwatch.adapters.rank_dir_fs import scan_tree
 from profwatch.adapters.retention import RetentionEntry, enforce_retention, plan_retention
 from profwatch.adapters.staging import StagingError, stage_batch
-from profwatch.core.prof_layout import OUTPUT_MARKER
+from profwatch.core.batches.prof_layout import OUTPUT_MARKER
 from profwatch.simulate import ascend_tree as gen
 
 EARLY = gen.DEFAULT_TS_BASE_NS / 1e9 + 30

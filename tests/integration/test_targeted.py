@@ -10,8 +10,8 @@ from typing import Any
 
 from profwatch.adapters.rank_dir_fs import scan_tree
 from profwatch.analysis import AnalysisSettings, analyze_batch
+from profwatch.core.batches.completeness import BatchState, CaptureHint, RankDirState
 from profwatch.core.capture.lifecycle import CaptureState
-from profwatch.core.completeness import BatchState, CaptureHint, RankDirState
 from profwatch.core.detection.job_detector import Anomaly
 from profwatch.core.msprof_plan import MsprofSettings
 from profwatch.simulate.ascend_tree import generate_cluster

@@ -9,13 +9,13 @@ from typing import Any
 import pydantic
 import pytest
 
-from profwatch.core.completeness import (
+from profwatch.core.batches.completeness import (
     CaptureHint,
     assess_batches,
     compute_deadline,
     evaluate_rank_dir,
 )
-from profwatch.core.prof_layout import (
+from profwatch.core.batches.prof_layout import (
     REQUIRED_ANALYSIS_TABLES,
     REQUIRED_PROFILER_TABLES,
     DbObservation,
@@ -24,7 +24,7 @@ from profwatch.core.prof_layout import (
     RankDirObservation,
     parse_rank_dir_name,
 )
-from profwatch.core.watch_settings import WatchSettings
+from profwatch.core.batches.settings import WatchSettings
 
 T0 = datetime(2026, 1, 1, 12, 0, 0)
 T0_UNIX = 1_767_268_800.0  # only used as "start"; the core never converts the name itself

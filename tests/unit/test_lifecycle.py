@@ -15,11 +15,11 @@ from profwatch.core.alerts import (
     TYPE_CAPTURE,
     TYPE_SUSPECT_RANKS,
 )
+from profwatch.core.batches.completeness import BatchState, Problem, RankDirState
 from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.lifecycle import Action, CaptureState
 from profwatch.core.capture.planner import CaptureRequest, CaptureSettings, JobProgress, plan_capture
 from profwatch.core.capture.report import VERDICT_KEYS, refusal
-from profwatch.core.completeness import BatchState, Problem, RankDirState
 from rankhook import wire
 
 T0 = 1_800_000_000.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from profwatch.core.prof_layout import (
+from profwatch.core.batches.prof_layout import (
     LayoutError,
     parse_profiler_info,
     parse_profiler_metadata,

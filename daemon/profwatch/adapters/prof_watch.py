@@ -42,8 +42,8 @@ from watchdog.observers.api import BaseObserver, ObservedWatch
 from watchdog.observers.polling import PollingObserverVFS
 
 from profwatch.adapters.inotify_observer import WatchLimitCallback, make_inotify_observer
-from profwatch.core.mounts import fs_type_of, is_network_fs, parse_mountinfo
-from profwatch.core.watch_settings import WatchSettings
+from profwatch.core.batches.mounts import fs_type_of, is_network_fs, parse_mountinfo
+from profwatch.core.batches.settings import WatchSettings
 
 __all__ = ["INOTIFY_EVENTS", "ObserverFactory", "ObserverMode", "ProfWatcher", "WatchStats", "fs_type_of",
            "is_network_fs", "make_inotify_observer", "parse_mountinfo", "pruned_scandir"]

@@ -21,8 +21,8 @@ from typing import Any
 
 import structlog
 
-from profwatch.core.completeness import BatchState, CaptureHint, assess_batches
-from profwatch.core.prof_layout import (
+from profwatch.core.batches.completeness import BatchState, CaptureHint, assess_batches
+from profwatch.core.batches.prof_layout import (
     ANALYSE_DONE,
     ANALYSIS_DB,
     KINETO_TRACE_RE,
@@ -43,7 +43,7 @@ from profwatch.core.prof_layout import (
     rank_from_profiler_info_name,
     unsupported_output,
 )
-from profwatch.core.watch_settings import WatchSettings
+from profwatch.core.batches.settings import WatchSettings
 
 log = structlog.get_logger(__name__)
 
@@ -344,7 +344,7 @@ def find_rank_dirs(root: str, *, max_depth: int = 5, notes: list[str] | None = N
     """Rank dirs under ``root`` (``root`` itself included), at most ``max_depth`` levels down, no symlinked dirs.
 
     Does not descend into rank dirs, nor into folders below ``root`` that hold profwatch's
-    :data:`~profwatch.core.prof_layout.OUTPUT_MARKER` (its own staging and output folders). Returns
+    :data:`~profwatch.core.batches.prof_layout.OUTPUT_MARKER` (its own staging and output folders). Returns
     ``(paths, walk_errors)``; sub-dirs vanishing mid-walk are skipped. ``notes``, when given, receives one line
     per rank dir name skipped because it is a symlink (not followed, as msprof-analyze does not) or not a folder.
 

@@ -18,7 +18,7 @@ import structlog
 
 from profwatch.adapters.paths import PathRefused, remove_tree
 from profwatch.adapters.staging import staging_dir_for
-from profwatch.core.completeness import BatchState
+from profwatch.core.batches.completeness import BatchState
 
 log = structlog.get_logger(__name__)
 RemovalReason = Literal["age", "bytes"]

@@ -15,8 +15,8 @@ import re
 import tempfile
 from pathlib import Path
 
-from profwatch.core.completeness import BatchState
-from profwatch.core.prof_layout import OUTPUT_MARKER, PROFILER_OUTPUT_DIR
+from profwatch.core.batches.completeness import BatchState
+from profwatch.core.batches.prof_layout import OUTPUT_MARKER, PROFILER_OUTPUT_DIR
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -26,7 +26,7 @@ class StagingError(RuntimeError):
 
 
 def mark_output_dir(path: str | os.PathLike[str], *, mark: bool = True) -> Path:
-    """Create ``path`` (and parents) and write :data:`~profwatch.core.prof_layout.OUTPUT_MARKER` into it, so scans of
+    """Create ``path`` (and parents) and write :data:`~profwatch.core.batches.prof_layout.OUTPUT_MARKER` into it, so scans of
     a tree holding it skip it. Idempotent; returns the marker's path. With ``mark=False`` (the folder also holds
     capture data, e.g. ``analyze --out`` = the capture dir) only checks that a file can be created there.
 

@@ -15,11 +15,11 @@ import time
 import click
 
 from profwatch.adapters.rank_dir_fs import TreeUnavailable, describe_unsupported, find_unsupported, scan_tree
-from profwatch.core.completeness import BatchState, rank_summary, summarise_problems
+from profwatch.core.batches.completeness import BatchState, rank_summary, summarise_problems
+from profwatch.core.batches.prof_layout import parse_rank_dir_name
+from profwatch.core.batches.settings import WatchSettings
 from profwatch.core.display import display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE
-from profwatch.core.prof_layout import parse_rank_dir_name
-from profwatch.core.watch_settings import WatchSettings
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
 
 

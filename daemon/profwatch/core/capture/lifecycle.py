@@ -31,9 +31,9 @@ from profwatch.core.alerts import (
     TYPE_CAPTURE,
     TYPE_SUSPECT_RANKS,
 )
+from profwatch.core.batches.completeness import BatchState
 from profwatch.core.capture.planner import CapturePlan
 from profwatch.core.capture.report import explain_ranks, plan_notes, verdict_payload
-from profwatch.core.completeness import BatchState
 from rankhook import wire
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from profwatch.core.alerts import suspect_alert_data
-from profwatch.core.completeness import BatchState
+from profwatch.core.batches.completeness import BatchState
 
 if TYPE_CHECKING:
     from profwatch.core.capture.lifecycle import Capture

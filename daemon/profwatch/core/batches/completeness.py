@@ -1,6 +1,6 @@
 """Per-rank parse state, batch grouping and same-batch completeness of profiler captures (pure; time passed in).
 
-Inputs are :class:`~profwatch.core.prof_layout.RankDirObservation` objects (read by ``rank_dir_fs.py``); outputs
+Inputs are :class:`~profwatch.core.batches.prof_layout.RankDirObservation` objects (read by ``rank_dir_fs.py``); outputs
 are :class:`BatchState` objects, whose ``to_json()`` is the ``profwatch scan --json`` shape. The checks follow
 docs/rank-dirs.md#completion, docs/msprof-analyze.md#before-running and docs/field-cases.md (#fc-01, #fc-02,
 #fc-07, #fc-12, #fc-18).
@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from profwatch.core.messages import MAX_WORLD_SIZE
-from profwatch.core.prof_layout import (
+from profwatch.core.batches.prof_layout import (
     ANALYSIS_DB,
     COMMUNICATION_TABLES,
     NOT_REGULAR,
@@ -31,7 +30,8 @@ from profwatch.core.prof_layout import (
     rank_from_db_name,
     rank_from_profiler_info_name,
 )
-from profwatch.core.watch_settings import WatchSettings
+from profwatch.core.batches.settings import WatchSettings
+from profwatch.core.messages import MAX_WORLD_SIZE
 
 NO_DEVICE_DATA = "no usable device data"
 """Prefix of the reason of a rank dir that finished but holds nothing to judge: the batch is not ``complete``,

@@ -1,0 +1,1 @@
+"""Batch completeness: rank-dir layout, mounts, watch settings."""
