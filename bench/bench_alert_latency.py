@@ -41,7 +41,7 @@ from profwatch.core.batches.completeness import BatchState
 from profwatch.core.capture.planner import CaptureSettings, lead_steps, poll_interval_s
 from profwatch.core.capture.settings import ArmingSettings
 from profwatch.core.capture.targeting import JobTopology, TargetingSettings, estimate_capture_bytes, plan_targets
-from profwatch.core.msprof_plan import MsprofSettings
+from profwatch.core.verdict.msprof_plan import MsprofSettings
 from profwatch.simulate.ascend_tree import generate_cluster
 
 MiB = 2**20

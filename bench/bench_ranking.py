@@ -35,9 +35,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 
-from profwatch.core.evidence import ClusterEvidence, RankStepSummary
-from profwatch.core.ranking import RankingSettings, judge_batch
-from profwatch.core.robust import mad_sigma, median
+from profwatch.core.verdict.evidence import ClusterEvidence, RankStepSummary
+from profwatch.core.verdict.ranking import RankingSettings, judge_batch
+from profwatch.core.verdict.robust import mad_sigma, median
 from profwatch.simulate.ascend_tree import CollectiveSegment, RankTimeline, build_timelines, cluster_time_summary
 
 DIXON_CRIT = {4: 0.920, 5: 0.823, 6: 0.744, 7: 0.680, 8: 0.723, 9: 0.676, 10: 0.638, 11: 0.707, 12: 0.675,

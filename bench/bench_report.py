@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 from profwatch.adapters.report import render_html, write_report  # noqa: E402
 from profwatch.adapters.report_charts import plotly_js, rank_figure  # noqa: E402
 from profwatch.core.alerts import suspect_alert_data  # noqa: E402
-from profwatch.core.evidence import RankStepSummary, RecipeStatus, Suspect  # noqa: E402
-from profwatch.core.report_view import build_view  # noqa: E402
+from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus, Suspect  # noqa: E402
+from profwatch.core.verdict.report_view import build_view  # noqa: E402
 
 
 def make_rows(world: int, steps: int, slow: int, seed: int = 0) -> list[RankStepSummary]:

@@ -41,12 +41,12 @@ from profwatch.analysis_result import (
     overall_status,
 )
 from profwatch.core.alerts import per_rank_summary
-from profwatch.core.analysis_settings import AnalysisSettings
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.display import printable
-from profwatch.core.evidence import ClusterEvidence, RecipeStatus
-from profwatch.core.msprof_plan import advisor_ranks
-from profwatch.core.ranking import judge_batch
+from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
+from profwatch.core.verdict.msprof_plan import advisor_ranks
+from profwatch.core.verdict.ranking import judge_batch
+from profwatch.core.verdict.settings import AnalysisSettings
 
 log = structlog.get_logger()
 

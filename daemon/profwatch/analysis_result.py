@@ -14,8 +14,8 @@ from profwatch.core.batches.completeness import BatchState
 from profwatch.core.batches.prof_layout import parse_rank_dir_name
 from profwatch.core.capture.lifecycle import event_type_for
 from profwatch.core.capture.report import window_notes
-from profwatch.core.evidence import ClusterEvidence, RecipeStatus, SlowLink, Suspect
-from profwatch.core.ranking import Verdict
+from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus, SlowLink, Suspect
+from profwatch.core.verdict.ranking import Verdict
 
 AnalysisStatus = Literal["ok", "weak", "no_suspect", "partial", "incomplete", "not_applicable", "no_data", "failed"]
 """``ok``: suspects or slow links named on strong evidence, every rank judged. ``weak``: named, but the evidence

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from profwatch.adapters.msprof_runner import MsprofRunner, MsprofSettings, run_msprof_analysis
-from profwatch.core.evidence import ClusterEvidence
+from profwatch.core.verdict.evidence import ClusterEvidence
 from profwatch.simulate.ascend_tree import generate_cluster
 from tests.conftest import kill_group_in, wait_for
 

@@ -19,8 +19,8 @@ import pytest
 from profwatch.adapters.report import href, render_html, write_report
 from profwatch.adapters.report_charts import plotly_js
 from profwatch.core.alerts import suspect_alert_data
-from profwatch.core.evidence import RankStepSummary, RecipeStatus
-from profwatch.core.ranking import rank_suspects
+from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus
+from profwatch.core.verdict.ranking import rank_suspects
 from tests.conftest import REPO_ROOT
 from tests.unit.test_ranking import make_evidence
 

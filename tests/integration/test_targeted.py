@@ -13,7 +13,7 @@ from profwatch.analysis import AnalysisSettings, analyze_batch
 from profwatch.core.batches.completeness import BatchState, CaptureHint, RankDirState
 from profwatch.core.capture.lifecycle import CaptureState
 from profwatch.core.detection.job_detector import Anomaly
-from profwatch.core.msprof_plan import MsprofSettings
+from profwatch.core.verdict.msprof_plan import MsprofSettings
 from profwatch.simulate.ascend_tree import generate_cluster
 from tests.integration.test_capture_shell import World
 

@@ -15,7 +15,7 @@ from profwatch.core.alerts import (
     rfc3339,
     suspect_alert_data,
 )
-from profwatch.core.evidence import RankStepSummary, RecipeStatus, Suspect
+from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus, Suspect
 
 NOW = 1_764_500_000.25
 

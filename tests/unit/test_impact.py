@@ -1,4 +1,4 @@
-"""What-if impact (profwatch.core.impact) checked against generated pairs of batches with and without the slowdown.
+"""What-if impact (profwatch.core.verdict.impact) checked against generated pairs of batches with and without the slowdown.
 
 The generator draws the same noise for a given seed whatever the slowdown, so the measured step-time difference
 of a pair is the slowdown's true cost; the predicted saving must be within 10 % of it (issue 11, impact).
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from profwatch.core.evidence import ClusterEvidence, RankStepSummary
-from profwatch.core.impact import impact_of, single_rank_impacts, step_savings_us
-from profwatch.core.kineto import RankTrace, summarize_traces
-from profwatch.core.ranking import judge_batch
+from profwatch.core.verdict.evidence import ClusterEvidence, RankStepSummary
+from profwatch.core.verdict.impact import impact_of, single_rank_impacts, step_savings_us
+from profwatch.core.verdict.kineto import RankTrace, summarize_traces
+from profwatch.core.verdict.ranking import judge_batch
 from profwatch.simulate.ascend_tree import build_timelines, cluster_time_summary
 
 

@@ -1,4 +1,4 @@
-"""Kineto breakdown (profwatch.core.kineto, pure) and the streaming reader (profwatch.adapters.kineto_reader) on small
+"""Kineto breakdown (profwatch.core.verdict.kineto, pure) and the streaming reader (profwatch.adapters.kineto_reader) on small
 handmade traces."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from profwatch.adapters.kineto_reader import (
     read_rank_trace,
     write_torch_trace,
 )
-from profwatch.core.kineto import (
+from profwatch.core.verdict.kineto import (
     COLL_BACKEND,
     COLL_C10D,
     COLL_DEVICE,

@@ -1,4 +1,4 @@
-"""Step alignment of torch.profiler traces by time (profwatch.core.kineto_align, profwatch.core.kineto) and the reader's
+"""Step alignment of torch.profiler traces by time (profwatch.core.verdict.kineto_align, profwatch.core.verdict.kineto) and the reader's
 notes and unusable ranks (profwatch.adapters.kineto_reader): issue 11 items 2 and 5b."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from profwatch.adapters.kineto_reader import analyze_torch_batch, find_trace_files, write_torch_trace
-from profwatch.core.evidence import ClusterEvidence
-from profwatch.core.kineto import RankTrace, summarize_traces
-from profwatch.core.kineto_align import align_steps, estimate_offset
-from profwatch.core.ranking import judge_batch
+from profwatch.core.verdict.evidence import ClusterEvidence
+from profwatch.core.verdict.kineto import RankTrace, summarize_traces
+from profwatch.core.verdict.kineto_align import align_steps, estimate_offset
+from profwatch.core.verdict.ranking import judge_batch
 
 CHUNKS = 3
 

@@ -1,4 +1,4 @@
-"""Slow-link verdicts (profwatch.core.links, and their place in profwatch.core.ranking.judge_batch): pure, on
+"""Slow-link verdicts (profwatch.core.verdict.links, and their place in profwatch.core.verdict.ranking.judge_batch): pure, on
 ClusterCommunicationMatrix-shaped rows (issue 11 item 9). The real tool on generated trees: tests/integration."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from profwatch.core.evidence import ClusterEvidence
-from profwatch.core.links import LinkSettings, find_slow_links, parse_matrix_rows
-from profwatch.core.ranking import judge_batch
+from profwatch.core.verdict.evidence import ClusterEvidence
+from profwatch.core.verdict.links import LinkSettings, find_slow_links, parse_matrix_rows
+from profwatch.core.verdict.ranking import judge_batch
 from profwatch.simulate.ascend_tree import build_timelines, cluster_time_summary
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from profwatch.core.evidence import ClusterEvidence
-from profwatch.core.msprof_plan import (
+from profwatch.core.verdict.evidence import ClusterEvidence
+from profwatch.core.verdict.msprof_plan import (
     InputFacts,
     MsprofSettings,
     RunOutcome,
@@ -17,7 +17,7 @@ from profwatch.core.msprof_plan import (
     plan_recipes,
     with_input,
 )
-from profwatch.core.msprof_results import AgentMessage
+from profwatch.core.verdict.msprof_results import AgentMessage
 
 GOOD = InputFacts(rank_count=4, db_ranks=[0, 1, 2, 3], has_communication=True, has_memcpy=True, max_group_size=4,
                   levels={"Level1"})

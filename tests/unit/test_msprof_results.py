@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from profwatch.core.msprof_results import (
+from profwatch.core.verdict.msprof_results import (
     common_steps,
     parse_agent_stdout,
     parse_cluster_time_summary,

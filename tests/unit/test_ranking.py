@@ -1,4 +1,4 @@
-"""Unit tests for profwatch.core.ranking on synthetic evidence and generator timelines (pure; no I/O).
+"""Unit tests for profwatch.core.verdict.ranking on synthetic evidence and generator timelines (pure; no I/O).
 
 Each example of issue 11 items 4, 6 and 10 is a test here; the generator cases use the simulator's emulation of
 msprof-analyze's ClusterTimeSummary (``profwatch.simulate.ascend_tree.cluster_time_summary``).
@@ -11,9 +11,9 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from profwatch.core.evidence import ClusterEvidence, RankStepSummary
-from profwatch.core.ranking import RankingSettings, judge_batch, rank_suspects, score_is_valid
-from profwatch.core.robust import mad_sigma, median
+from profwatch.core.verdict.evidence import ClusterEvidence, RankStepSummary
+from profwatch.core.verdict.ranking import RankingSettings, judge_batch, rank_suspects, score_is_valid
+from profwatch.core.verdict.robust import mad_sigma, median
 from profwatch.simulate.ascend_tree import build_timelines, cluster_time_summary
 
 

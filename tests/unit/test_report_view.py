@@ -1,4 +1,4 @@
-"""Unit tests for profwatch.core.report_view (pure: data in, view out)."""
+"""Unit tests for profwatch.core.verdict.report_view (pure: data in, view out)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from statistics import median
 
 import pytest
 
-from profwatch.core.evidence import RankStepSummary
-from profwatch.core.report_view import (
+from profwatch.core.verdict.evidence import RankStepSummary
+from profwatch.core.verdict.report_view import (
     Impact,
     build_view,
     files_of,

@@ -1,4 +1,4 @@
-"""Robust statistics helpers (profwatch.core.robust): exact against brute force, candidates kept out of the noise."""
+"""Robust statistics helpers (profwatch.core.verdict.robust): exact against brute force, candidates kept out of the noise."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import statistics
 
 import pytest
 
-from profwatch.core.robust import loo_medians, mad_sigma, median, pooled_within_sigma, trimmed_pool, upper_outliers
+from profwatch.core.verdict.robust import (
+    loo_medians,
+    mad_sigma,
+    median,
+    pooled_within_sigma,
+    trimmed_pool,
+    upper_outliers,
+)
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -4,8 +4,8 @@ that rates the evidence (issue 11 items 2, 4, 5, 10), without running any tool."
 from __future__ import annotations
 
 from profwatch.analysis_result import overall_status as _overall_status
-from profwatch.core.evidence import ClusterEvidence, RecipeStatus
-from profwatch.core.ranking import judge_batch
+from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
+from profwatch.core.verdict.ranking import judge_batch
 from profwatch.simulate.ascend_tree import build_timelines, cluster_time_summary
 
 

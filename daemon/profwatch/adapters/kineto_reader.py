@@ -1,7 +1,7 @@
 """Streaming reader of torch.profiler (Kineto) rank dirs into ``ClusterEvidence`` (I/O: reads files).
 
 Traces are parsed with ijson (C backend when installed), one event at a time, so a multi-GB trace never sits in
-RAM: only the columns :class:`profwatch.core.kineto.RankTrace` keeps (about 16 bytes per compute event) do.
+RAM: only the columns :class:`profwatch.core.verdict.kineto.RankTrace` keeps (about 16 bytes per compute event) do.
 Format: Chrome trace JSON as Kineto writes it (``{"distributedInfo": {"rank": ...}, "traceEvents": [{"ph": "X",
 "name", "cat", "ts", "dur", "pid", "tid", "args"}, ...]}``, µs), optionally gzip-compressed (``.json.gz``), the
 input HTA reads. Rank dir layout (``docs/architecture.md``): ``*_torch_pt/`` with ``*.pt.trace.json``,
@@ -20,8 +20,15 @@ from typing import IO, Any
 
 import ijson
 
-from profwatch.core.evidence import ClusterEvidence, RecipeStatus
-from profwatch.core.kineto import CPU_COMPUTE_CATS, DEVICE_CATS, RankTrace, compare_ops, parse_step, summarize_traces
+from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
+from profwatch.core.verdict.kineto import (
+    CPU_COMPUTE_CATS,
+    DEVICE_CATS,
+    RankTrace,
+    compare_ops,
+    parse_step,
+    summarize_traces,
+)
 
 RECIPE = "kineto_breakdown"
 OP_COMPARE = "kineto_op_compare"
@@ -209,7 +216,7 @@ def compare_suspects(rank_dirs: Mapping[int, Path], suspects: Sequence[int],
                      reference: int) -> tuple[list[dict[str, Any]], RecipeStatus]:
     """The torch.profiler follow-up: for each suspect, the ops where it spends more time per step than the
     ``reference`` rank, each over the step windows of its own trace (a rank's step labels may be offset from its
-    peers': ``daemon/profwatch/core/kineto_align.py``), per step (``profwatch.core.kineto.compare_ops``). Returns
+    peers': ``daemon/profwatch/core/verdict/kineto_align.py``), per step (``profwatch.core.verdict.kineto.compare_ops``). Returns
     ``([{"rank", "reference_rank", "steps", "ops": [...]}], RecipeStatus)``; never raises for bad data."""
     t0 = time.monotonic()
 

@@ -19,8 +19,8 @@ import structlog
 
 from profwatch.adapters.msprof_db import inspect_inputs, read_tables
 from profwatch.adapters.msprof_runner import MsprofRunner, RunTicket, SpawnFailed, ToolRun
-from profwatch.core.evidence import ClusterEvidence, RecipePhase, RecipeStatus
-from profwatch.core.msprof_plan import (
+from profwatch.core.verdict.evidence import ClusterEvidence, RecipePhase, RecipeStatus
+from profwatch.core.verdict.msprof_plan import (
     RESULT_DB,
     RESULT_TABLES,
     InputFacts,

@@ -5,7 +5,7 @@ tool output, and a read-only open of a missing file fails instead of creating an
 as dicts by column name, because msprof-analyze's result tables come from pandas ``to_sql`` and their column
 types vary between runs (docs/msprof-analyze.md, "Result tables"). Readers never raise for broken data: a
 missing or malformed file reads as None / False, and the caller decides what that means
-(``daemon/profwatch/core/msprof_plan.py``).
+(``daemon/profwatch/core/verdict/msprof_plan.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from profwatch.core.msprof_plan import InputFacts
+from profwatch.core.verdict.msprof_plan import InputFacts
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 

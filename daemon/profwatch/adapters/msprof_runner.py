@@ -5,7 +5,7 @@ for never wait for an enrichment run: those have their own slot and run at a low
 memory watchdog on each tool's whole process session (``daemon/profwatch/adapters/proc_memory.py``; a run killed at the
 cap is a result, ``oom``, never an exception), a process-group kill that cannot hang on descendants,
 cancellation (per analysis or all at once, e.g. at daemon shutdown) and the list of running recipes for
-``status``. What to run and what a run means is decided elsewhere (``daemon/profwatch/core/msprof_plan.py``; the batch
+``status``. What to run and what a run means is decided elsewhere (``daemon/profwatch/core/verdict/msprof_plan.py``; the batch
 level is ``daemon/profwatch/adapters/msprof_analysis.py``). Facts relied on (docs/msprof-analyze.md): exit code 0 for most
 failures; a fresh ``-o`` per command; ``MSPROF_ANALYZE_LOG_FILE`` per run; ``--force`` (no interactive prompt),
 stdin closed; never ``-V``; each command forks one worker per CPU, hence the bounds. Every path handed to the
@@ -32,9 +32,9 @@ import structlog
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from profwatch.adapters import proc_memory
-from profwatch.core.evidence import RecipePhase
-from profwatch.core.msprof_plan import MsprofSettings, concurrent_runs, memory_cap_bytes
-from profwatch.core.msprof_results import AgentMessage, parse_agent_stdout
+from profwatch.core.verdict.evidence import RecipePhase
+from profwatch.core.verdict.msprof_plan import MsprofSettings, concurrent_runs, memory_cap_bytes
+from profwatch.core.verdict.msprof_results import AgentMessage, parse_agent_stdout
 
 __all__ = ["MsprofRunner", "MsprofSettings", "RunningRecipe", "RunTicket", "SpawnFailed", "ToolRun",
            "resolve_command"]

@@ -3,7 +3,7 @@
 The page is rendered from the package templates ``templates/report.html.j2`` (+ ``report.css``, ``report.js``)
 with Jinja2 autoescaping, so every value from the data (host names, paths, recipe logs) is escaped; the chart
 data goes in as ``|tojson`` (``<``, ``>``, ``&``, ``'`` escaped). plotly.js is inlined: the page needs no second
-file and no network. What the page shows is decided in :mod:`profwatch.core.report_view`; the chart in
+file and no network. What the page shows is decided in :mod:`profwatch.core.verdict.report_view`; the chart in
 :mod:`profwatch.adapters.report_charts`. Jinja2: https://jinja.palletsprojects.com/ (BSD-3-Clause).
 """
 
@@ -22,8 +22,8 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from profwatch.adapters.report_charts import plotly_js, rank_figure
-from profwatch.core.evidence import RankStepSummary
-from profwatch.core.report_view import build_view, impact_text
+from profwatch.core.verdict.evidence import RankStepSummary
+from profwatch.core.verdict.report_view import build_view, impact_text
 
 KNOWN_STATUS = frozenset({"ok", "no_suspect", "not_applicable", "skipped", "no_data", "incomplete", "partial",
                           "tool_error", "timeout", "failed"})

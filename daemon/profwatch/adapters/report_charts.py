@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from profwatch.core.report_view import ReportView
+from profwatch.core.verdict.report_view import ReportView
 
 DIVERGING = [[0.0, "#2166ac"], [0.35, "#92c5de"], [0.5, "#f7f7f7"], [0.65, "#f4a582"], [1.0, "#b2182b"]]
 """Blue (less own work than the peer median) - white (as the peers) - red (more: the others wait for it)."""

@@ -22,8 +22,8 @@ from profwatch.adapters.rank_dir_fs import TreeUnavailable, describe_unsupported
 from profwatch.adapters.staging import mark_output_dir
 from profwatch.analysis import AnalysisResult, AnalysisSettings, analyze_batch
 from profwatch.core.display import display_str, printable
-from profwatch.core.evidence import RecipeStatus
 from profwatch.core.messages import MAX_WORLD_SIZE
+from profwatch.core.verdict.evidence import RecipeStatus
 
 GOOD = ("ok", "no_suspect")
 

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from statistics import median
 from typing import Any
 
-from profwatch.core.evidence import RankStepSummary, RecipeStatus, Suspect
+from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus, Suspect
 
 SPECVERSION = "1.0"
 TYPE_SUSPECT_RANKS = "io.profwatch.suspect_ranks.v1"

@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from profwatch.core.evidence import RankStepSummary
+from profwatch.core.verdict.evidence import RankStepSummary
 from profwatch.simulate.ascend_db import FILE_MODE, write_analysis_db, write_profiler_db, write_text_outputs
 
 ExportType = Literal["db", "text", "both"]

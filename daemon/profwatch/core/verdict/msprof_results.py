@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from profwatch.core.evidence import RankStepSummary
+from profwatch.core.verdict.evidence import RankStepSummary
 
 #: columns of ClusterTimeSummary (µs) -> RankStepSummary field (docs/msprof-analyze.md#cluster-time-summary)
 CLUSTER_TIME_SUMMARY_COLUMNS: dict[str, str] = {

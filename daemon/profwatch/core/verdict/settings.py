@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profwatch.core.msprof_plan import MsprofSettings
-from profwatch.core.ranking import RankingSettings
+from profwatch.core.verdict.msprof_plan import MsprofSettings
+from profwatch.core.verdict.ranking import RankingSettings
 
 
 class AnalysisSettings(BaseModel):

@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profwatch.core.evidence import Impact, SlowLink
-from profwatch.core.impact import HOURS_PER_DAY, link_saving_us
-from profwatch.core.robust import median, pooled_within_sigma, trimmed_pool, upper_outliers
+from profwatch.core.verdict.evidence import Impact, SlowLink
+from profwatch.core.verdict.impact import HOURS_PER_DAY, link_saving_us
+from profwatch.core.verdict.robust import median, pooled_within_sigma, trimmed_pool, upper_outliers
 
 _DIGITS = re.compile(r"-?\d+")
 _STAT_ROWS = ("top", "middle", "bottom")
@@ -41,7 +41,7 @@ class LinkSettings(BaseModel):
     """A link is named only when its pooled bandwidth is at least this fraction below its peers' median."""
     min_robust_z: float = Field(default=4.0, ge=0)
     """...and its pooled log-bandwidth deficit is this many robust sigmas below its peers (noise of the group's
-    other pairs, candidates excluded; see :func:`profwatch.core.robust.upper_outliers`)."""
+    other pairs, candidates excluded; see :func:`profwatch.core.verdict.robust.upper_outliers`)."""
     candidate_z: float = Field(default=3.0, ge=0)
     min_peers: int = Field(default=3, ge=1)
     """Pairs in the same group and transport needed to judge a link against its peers."""
@@ -145,8 +145,8 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
         Per undirected pair and step, bandwidth = (MB both ways) / (ms both ways) (GB/s). Per group and
         transport type (HCCS, RDMA, ... are never compared with each other) and step, ``d = ln(bw / median bw of
         the group's pairs)``. A pair's pooled deficit is ``-d`` pooled over steps without its single worst step
-        (:func:`profwatch.core.robust.trimmed_pool`), so one congested step does not make a verdict. It is tested
-        against the group's other pairs with :func:`~profwatch.core.robust.upper_outliers` (candidates excluded
+        (:func:`profwatch.core.verdict.robust.trimmed_pool`), so one congested step does not make a verdict. It is tested
+        against the group's other pairs with :func:`~profwatch.core.verdict.robust.upper_outliers` (candidates excluded
         from the noise; floor ``max(min_sigma, within-pair step noise / sqrt(steps - 1))``). Named when
         ``z >= min_robust_z`` and the pooled bandwidth is at least ``min_drop`` below the peers' median.
         Groups with fewer than ``min_peers + 1`` pairs are not judged (no peers to compare with). A rank at the

@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profwatch.core.evidence import ClusterEvidence, RecipePhase, RecipeState, RecipeStatus
-from profwatch.core.msprof_results import (
+from profwatch.core.verdict.evidence import ClusterEvidence, RecipePhase, RecipeState, RecipeStatus
+from profwatch.core.verdict.msprof_results import (
     AgentMessage,
     common_steps,
     parse_cluster_time_summary,

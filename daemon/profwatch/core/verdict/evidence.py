@@ -73,7 +73,7 @@ class ClusterEvidence:
     ``rank_paths``: rank -> rank dir the tool actually used (``RankDeviceMap``), for auditing.
     ``advisor``: the advisor's ``--agent`` JSON message (sheets), or ``{}``.
     ``link_rows``: rows of msprof-analyze ``ClusterCommunicationMatrix`` (``communication_matrix_sum``, global
-    ranks; sizes MB, times ms, bandwidth GB/s) as dicts, for slow-link verdicts (``daemon/profwatch/core/links.py``).
+    ranks; sizes MB, times ms, bandwidth GB/s) as dicts, for slow-link verdicts (``daemon/profwatch/core/verdict/links.py``).
     ``unusable_ranks``: rank -> why its data could not be judged (no device data, unparseable trace); such a
     batch is at best ``partial``. ``alignment``: how the ranks' steps were put side by side (torch traces:
     ``{"method": ..., "offsets_us": {rank: us}, "unaligned": {rank: reason}, "notes": [...]}``).
@@ -97,7 +97,7 @@ class ClusterEvidence:
 
 @dataclass(frozen=True, slots=True)
 class Impact:
-    """What fixing a suspect would save, by what-if analysis (``daemon/profwatch/core/impact.py``).
+    """What fixing a suspect would save, by what-if analysis (``daemon/profwatch/core/verdict/impact.py``).
 
     ``saving_s_per_step``: seconds per step the job would save; ``saving_pct_of_step``: that as % of the
     measured step time; ``accelerator_hours_per_day``: accelerator-hours per day the job loses to it at its

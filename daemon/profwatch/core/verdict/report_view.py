@@ -9,7 +9,7 @@ Definitions (all durations in ms here, from the µs rows of msprof-analyze ``Clu
 analyzer):
 
 * own work ``W = computation + free``: the time a rank spends before it joins the step's collectives, what its
-  peers wait for (the same ``W`` as :func:`profwatch.core.ranking.rank_suspects`).
+  peers wait for (the same ``W`` as :func:`profwatch.core.verdict.ranking.rank_suspects`).
 * peer median: in each step, the median of ``W`` over the *other* ranks (leave-one-out, so a slow rank does not
   pull its own reference; this matters for 2-4 ranks).
 * own-work difference: ``W - peer median`` per (rank, step); per rank, its median over steps. The slow rank is
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Literal
 
-from profwatch.core.evidence import RankStepSummary
+from profwatch.core.verdict.evidence import RankStepSummary
 
 Grade = Literal["strong", "weak"]
 HeadlineState = Literal["found", "possible", "none", "unknown"]

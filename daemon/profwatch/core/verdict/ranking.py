@@ -4,7 +4,7 @@ Inputs are the per-(rank, step) time breakdowns (msprof-analyze ``ClusterTimeSum
 both in microseconds), msprof-analyze ``slow_rank`` votes when present, the advisor's per-rank "slow link" sheet
 and the ``ClusterCommunicationMatrix`` rows for links. :func:`judge_batch` returns a :class:`Verdict`;
 :func:`rank_suspects` only its suspects. An empty suspect list means "no rank stands out", never "analysis
-failed". Statistics: ``daemon/profwatch/core/robust.py``; links: ``daemon/profwatch/core/links.py``; impact: ``daemon/profwatch/core/impact.py``;
+failed". Statistics: ``daemon/profwatch/core/verdict/robust.py``; links: ``daemon/profwatch/core/verdict/links.py``; impact: ``daemon/profwatch/core/verdict/impact.py``;
 the rules in words: ``docs/verdicts.md``.
 """
 
@@ -18,11 +18,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profwatch.core.evidence import ClusterEvidence, SlowLink, Strength, Suspect, SuspectKind
-from profwatch.core.impact import impact_of, single_rank_impacts, sync_overhead, to_impact
-from profwatch.core.links import LinkSettings, find_slow_links
-from profwatch.core.robust import OutlierTest, median, upper_outliers
-from profwatch.core.signals import SignalTable, measure_signals, parse_link_rows
+from profwatch.core.verdict.evidence import ClusterEvidence, SlowLink, Strength, Suspect, SuspectKind
+from profwatch.core.verdict.impact import impact_of, single_rank_impacts, sync_overhead, to_impact
+from profwatch.core.verdict.links import LinkSettings, find_slow_links
+from profwatch.core.verdict.robust import OutlierTest, median, upper_outliers
+from profwatch.core.verdict.signals import SignalTable, measure_signals, parse_link_rows
 
 __all__ = ["RankingSettings", "Verdict", "judge_batch", "parse_link_rows", "rank_suspects", "ranking_notes",
            "score_is_valid"]
@@ -63,7 +63,7 @@ class RankingSettings(BaseModel):
 
 
 TESTED = ("own", "comm", "late", "link")
-"""Signals a rank is tested on (``daemon/profwatch/core/signals.py``): own work (computation + free), collective time not
+"""Signals a rank is tested on (``daemon/profwatch/core/verdict/signals.py``): own work (computation + free), collective time not
 explained by waiting, peers' wait for it, its link time (advisor sheet). ``comp``/``free`` only decide the kind."""
 
 
@@ -91,7 +91,7 @@ class Verdict:
 
 
 def _noise_tests(table: SignalTable, settings: RankingSettings) -> dict[str, OutlierTest]:
-    """One :func:`~profwatch.core.robust.upper_outliers` test per signal, with a floor from the step-to-step noise."""
+    """One :func:`~profwatch.core.verdict.robust.upper_outliers` test per signal, with a floor from the step-to-step noise."""
     tests: dict[str, OutlierTest] = {}
     for name in TESTED:
         pooled = table.pooled.get(name)
@@ -179,11 +179,11 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
 
         Pooling and test (issue 11 items 4 and 6): a rank's pooled value of a signal is its mean over the
         captured steps, its worst step left out when that step exceeds its other steps by more than ``trim_z``
-        (3) robust within-rank sigmas (:func:`profwatch.core.signals.pool`): a one-off delay cannot make a suspect,
+        (3) robust within-rank sigmas (:func:`profwatch.core.verdict.signals.pool`): a one-off delay cannot make a suspect,
         a consistent excess keeps the full gain of pooling. A rank must also stand out (excess above half its
         pooled value) in at least half of its steps. The noise is the batch's own: per signal, the median and MAD
         scale of the pooled values of the *other* ranks, candidates (z > ``candidate_z``) left out and the
-        estimate repeated until stable (:func:`profwatch.core.robust.upper_outliers`, the modified z-score rule of
+        estimate repeated until stable (:func:`profwatch.core.verdict.robust.upper_outliers`, the modified z-score rule of
         Iglewicz & Hoaglin 1993 with candidates excluded from the scale), floored at the pooled step-to-step
         noise ``sigma_within / sqrt(steps)`` and at ``min_sigma_frac``. A rank is named when some signal has
         ``z >= min_robust_z`` (4.0; with at least half of the slow_rank votes ``vote_z_relief x`` that) **and**
@@ -196,11 +196,11 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
         significant ``comm`` or ``link`` excess is ``communication``; otherwise (only peers' wait says it) the
         kind is ``unknown``. A rank named only from slow_rank votes (no time data) is ``unknown`` too.
 
-        Links (:func:`profwatch.core.links.find_slow_links`): a slow pair is a link verdict, not two suspect
+        Links (:func:`profwatch.core.verdict.links.find_slow_links`): a slow pair is a link verdict, not two suspect
         ranks: a ``communication`` suspect at the end of a slow link is folded into it. A rank at the end of
         several slow links is a ``communication`` suspect (its port or NIC).
 
-        Impact (:mod:`profwatch.core.impact`): each suspect's saving with that rank alone as fast as its peers;
+        Impact (:mod:`profwatch.core.verdict.impact`): each suspect's saving with that rank alone as fast as its peers;
         the headline with every suspect and link fixed. Suspects are ordered by their saving, then score.
 
         Strength: ``weak`` when the verdict rests on fewer than ``min_strong_steps`` captured steps, or when

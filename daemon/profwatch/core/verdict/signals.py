@@ -1,6 +1,6 @@
 """Per-rank excess signals of one batch, computed column-wise per step and pooled per rank (pure).
 
-Used by :mod:`profwatch.core.ranking`. Each step is handled as columns (one list per signal, ranks in sorted order)
+Used by :mod:`profwatch.core.verdict.ranking`. Each step is handled as columns (one list per signal, ranks in sorted order)
 with leave-one-out medians from one sort, and per-rank pooling works on ``zip(*columns)``: the whole table costs
 O(S N log N) with small constants, so 16,384 ranks x 5 steps take well under a second in pure Python. Units: every
 signal is a fraction of the step's median step time; raw values are microseconds as in ``RankStepSummary``.
@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profwatch.core.evidence import RankStepSummary
-from profwatch.core.robust import MAD_TO_SIGMA, loo_medians, median
+from profwatch.core.verdict.evidence import RankStepSummary
+from profwatch.core.verdict.robust import MAD_TO_SIGMA, loo_medians, median
 
 _WITHIN_SAMPLE = 2048
 SIGNALS = ("comp", "free", "own", "comm", "late", "link")

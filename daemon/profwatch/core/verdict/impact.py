@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from profwatch.core.evidence import Impact, RankStepSummary
-from profwatch.core.robust import MAD_TO_SIGMA, loo_medians, median
+from profwatch.core.verdict.evidence import Impact, RankStepSummary
+from profwatch.core.verdict.robust import MAD_TO_SIGMA, loo_medians, median
 
 HOURS_PER_DAY = 24.0
 

@@ -17,8 +17,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from profwatch.core.evidence import RankStepSummary
-from profwatch.core.kineto_align import Alignment, align_steps
+from profwatch.core.verdict.evidence import RankStepSummary
+from profwatch.core.verdict.kineto_align import Alignment, align_steps
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 COLLECTIVE_TOKENS = ("nccl", "gloo", "hccl", "c10d::", "all_reduce", "allreduce", "broadcast", "all_gather",
@@ -195,9 +195,9 @@ def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50
 
     Returns:
         :class:`KinetoBreakdown` with one ``RankStepSummary`` per rank and aligned step (the reference rank's
-        ``ProfilerStep#N`` label), and the :class:`~profwatch.core.kineto_align.Alignment` used.
+        ``ProfilerStep#N`` label), and the :class:`~profwatch.core.verdict.kineto_align.Alignment` used.
 
-    Alignment (issue 11 item 2; :mod:`profwatch.core.kineto_align`): steps are paired across ranks by the time their
+    Alignment (issue 11 item 2; :mod:`profwatch.core.verdict.kineto_align`): steps are paired across ranks by the time their
     spans overlap after correcting each rank's clock offset, estimated from the ends of the collectives it shares
     with the reference rank; without shared collectives by position in the armed window. Steps of a rank that
     cannot be aligned are left out and the rank is named in ``alignment.unaligned``.

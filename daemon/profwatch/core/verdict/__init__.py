@@ -1,0 +1,1 @@
+"""The verdict: signals, robust statistics, ranking, links, impact, msprof-analyze plan and results."""
