@@ -242,8 +242,8 @@ def part_c(steps: int) -> None:
 def part_d(specs: list[dict[str, Any]], steps: int, settings: RankingSettings) -> None:
     from profwatch.adapters.rank_dir_fs import scan_tree
     from profwatch.analysis import AnalysisSettings, analyze_batch
-    from profwatch.core.alertmanager import AlertBook
-    from profwatch.core.alerts import make_cloudevent
+    from profwatch.core.alerts.alertmanager import AlertBook
+    from profwatch.core.alerts.events import make_cloudevent
     from profwatch.simulate.ascend_tree import generate_cluster
 
     asettings = AnalysisSettings(ranking=settings, report=True)

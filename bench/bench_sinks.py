@@ -16,9 +16,9 @@ import statistics
 import time
 
 from profwatch.adapters.alert_sinks import AlertSinks
-from profwatch.core.alertmanager import AlertBook
-from profwatch.core.alerts import TYPE_SUSPECT_RANKS, make_cloudevent
-from profwatch.core.sink_settings import AlertmanagerSettings, WebhookSettings
+from profwatch.core.alerts.alertmanager import AlertBook
+from profwatch.core.alerts.events import TYPE_SUSPECT_RANKS, make_cloudevent
+from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings
 
 
 def _event(job: int, i: int, t: float) -> dict:

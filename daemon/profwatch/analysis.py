@@ -40,7 +40,7 @@ from profwatch.analysis_result import (
     not_complete,
     overall_status,
 )
-from profwatch.core.alerts import per_rank_summary
+from profwatch.core.alerts.events import per_rank_summary
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.display import printable
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus

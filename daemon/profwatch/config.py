@@ -18,12 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from profwatch.core.access import SecuritySettings, exposure_problems
+from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings
 from profwatch.core.batches.settings import WatchSettings
 from profwatch.core.capture.planner import CaptureSettings
 from profwatch.core.capture.settings import ArmingSettings
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.limits import LimitSettings
-from profwatch.core.sink_settings import AlertmanagerSettings, WebhookSettings
 from profwatch.core.verdict.settings import AnalysisSettings
 
 DEFAULT_RUNTIME_DIR = "/run/profwatch"

@@ -31,7 +31,7 @@ from profwatch.capture_ports import BatchAnalyser, RankDirScanner
 from profwatch.captures import CaptureShell
 from profwatch.config import Settings
 from profwatch.coordinator_control import ControlCommands
-from profwatch.core.alerts import (
+from profwatch.core.alerts.events import (
     TYPE_ANALYSIS_ENRICHED,
     TYPE_JOB_ENDED,
     TYPE_JOB_GENERATION,

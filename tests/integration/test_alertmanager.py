@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from profwatch.adapters.control import call
-from profwatch.core.alertmanager import parse_time
-from profwatch.core.alerts import TYPE_BATCH_INCOMPLETE, TYPE_SUSPECT_RANKS
+from profwatch.core.alerts.alertmanager import parse_time
+from profwatch.core.alerts.events import TYPE_BATCH_INCOMPLETE, TYPE_SUSPECT_RANKS
 from profwatch.simulate.ascend_tree import generate_cluster
 from tests.conftest import wait_for
 from tests.integration.sink_support import Alertmanager, CoordinatorHarness, Recorder

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from profwatch.adapters.rank_dir_fs import scan_tree
 from profwatch.analysis import AnalysisResult, AnalysisSettings, analyze_batch
 from profwatch.commands.analyze import analyze
-from profwatch.core.alertmanager import AlertBook
-from profwatch.core.alerts import TYPE_SUSPECT_RANKS, make_cloudevent
+from profwatch.core.alerts.alertmanager import AlertBook
+from profwatch.core.alerts.events import TYPE_SUSPECT_RANKS, make_cloudevent
 from profwatch.simulate.ascend_tree import empty_device_data, generate_cluster, truncate_db
 from tests.conftest import PYTHON, REPO_ROOT, python_env
 

@@ -18,7 +18,7 @@ import zmq
 from profwatch.adapters.control import ControlError, ControlUnavailable, call
 from profwatch.adapters.publish import EventPublisher, Subscription
 from profwatch.config import load_settings
-from profwatch.core.alerts import make_cloudevent
+from profwatch.core.alerts.events import make_cloudevent
 from profwatch.node import NodeDaemon
 from profwatch.simulate.ascend_tree import generate_cluster
 from rankhook import wire

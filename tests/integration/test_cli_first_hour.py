@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from profwatch.adapters.state import StateStore
 from profwatch.cli import cli
 from profwatch.commands.common import PING_TIMEOUT_S
-from profwatch.core.alerts import make_cloudevent
+from profwatch.core.alerts.events import make_cloudevent
 from tests.conftest import PYTHON, finish_process, python_env, wait_for
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from profwatch.adapters.report import href, render_html, write_report
 from profwatch.adapters.report_charts import plotly_js
-from profwatch.core.alerts import suspect_alert_data
+from profwatch.core.alerts.events import suspect_alert_data
 from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus
 from profwatch.core.verdict.ranking import rank_suspects
 from tests.conftest import REPO_ROOT

@@ -12,7 +12,7 @@ import sqlite3
 from pathlib import Path
 
 from profwatch.adapters.state import SCHEMA_VERSION, StateStore, Stored
-from profwatch.core.alerts import make_cloudevent
+from profwatch.core.alerts.events import make_cloudevent
 from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.planner import CaptureRequest, JobProgress, plan_capture
 

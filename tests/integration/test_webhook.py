@@ -17,8 +17,8 @@ from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
 from profwatch.adapters.alert_sinks import CloudEventsWebhookSink
 from profwatch.adapters.http_post import HttpPoster, SinkConfigError
-from profwatch.core.alerts import TYPE_ANOMALY, TYPE_SUSPECT_RANKS, make_cloudevent
-from profwatch.core.sink_settings import HttpClientSettings, WebhookSettings
+from profwatch.core.alerts.events import TYPE_ANOMALY, TYPE_SUSPECT_RANKS, make_cloudevent
+from profwatch.core.alerts.settings import HttpClientSettings, WebhookSettings
 from tests.conftest import require_tool, wait_for
 from tests.integration.sink_support import CoordinatorHarness, Recorder
 

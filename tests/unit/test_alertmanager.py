@@ -1,4 +1,4 @@
-"""Unit tests for profwatch.core.alertmanager (postable alerts, standing book, resolve rules; pure, fake clock)."""
+"""Unit tests for profwatch.core.alerts.alertmanager (postable alerts, standing book, resolve rules; pure, fake clock)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from profwatch.core.alertmanager import AlertBook, judged_of, parse_time
-from profwatch.core.alerts import (
+from profwatch.core.alerts.alertmanager import AlertBook, judged_of, parse_time
+from profwatch.core.alerts.events import (
     TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
     TYPE_ANOMALY,

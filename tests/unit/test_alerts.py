@@ -1,4 +1,4 @@
-"""Unit tests for profwatch.core.alerts (CloudEvents 1.0 envelopes, suspect event data; pure)."""
+"""Unit tests for profwatch.core.alerts.events (CloudEvents 1.0 envelopes, suspect event data; pure)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from profwatch.core.alerts import (
+from profwatch.core.alerts.events import (
     TYPE_JOB_ENDED,
     TYPE_SUSPECT_RANKS,
     AlertFormatError,

@@ -77,7 +77,7 @@ def test_demo_without_torch_says_how_to_install_the_cpu_build(monkeypatch: pytes
 
 def test_published_events_fold_into_the_stages() -> None:
     from profwatch.commands.demo import _expects_enrichment, on_event
-    from profwatch.core.alerts import rfc3339
+    from profwatch.core.alerts.events import rfc3339
 
     def ev(typ: str, t: float, **data: object) -> dict:
         return {"type": f"io.profwatch.{typ}", "time": rfc3339(t), "data": data}

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from profwatch.core.alerts import (
+from profwatch.core.alerts.events import (
     TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
     TYPE_ARM,

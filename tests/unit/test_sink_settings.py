@@ -10,8 +10,8 @@ import pytest
 
 from profwatch.adapters.http_post import SinkConfigError, read_authorization
 from profwatch.config import ConfigError, load_settings
+from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings
 from profwatch.core.job_end import JobEndTracker
-from profwatch.core.sink_settings import AlertmanagerSettings, WebhookSettings
 
 
 def _load(tmp_path: Path, text: str):

@@ -3,7 +3,7 @@ hands it to each configured sink; each sink decides what it forwards.
 
 * :class:`AlertmanagerSink` (``[alertmanager] url``): API v2 postable alerts (``POST <url>/api/v2/alerts``),
   standing alerts re-sent every ``resend_interval_s``, resolutions sent as ``endsAt`` = now. The rules of what
-  fires and what resolves are pure (``daemon/profwatch/core/alertmanager.py: AlertBook``); the book is rebuilt from the
+  fires and what resolves are pure (``daemon/profwatch/core/alerts/alertmanager.py: AlertBook``); the book is rebuilt from the
   state store's events when the coordinator restarts.
 * :class:`CloudEventsWebhookSink` (``[webhook] url``): each event as one CloudEvent, HTTP protocol binding,
   structured content mode (https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/bindings/http-protocol-binding.md
@@ -23,9 +23,9 @@ from typing import Any, Protocol
 import structlog
 
 from profwatch.adapters.http_post import HttpPoster, read_authorization
-from profwatch.core.alertmanager import AlertBook
-from profwatch.core.alerts import TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_SUSPECT_RANKS
-from profwatch.core.sink_settings import AlertmanagerSettings, WebhookSettings
+from profwatch.core.alerts.alertmanager import AlertBook
+from profwatch.core.alerts.events import TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_SUSPECT_RANKS
+from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings
 
 log = structlog.get_logger("profwatch.sinks")
 

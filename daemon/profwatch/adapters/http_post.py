@@ -29,7 +29,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from profwatch.core.sink_settings import HttpClientSettings
+from profwatch.core.alerts.settings import HttpClientSettings
 
 log = structlog.get_logger("profwatch.sinks")
 _STOP = object()

@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from profwatch import __version__
-from profwatch.core.alerts import EVENT_TYPES
+from profwatch.core.alerts.events import EVENT_TYPES
 from profwatch.core.capture.lifecycle import ACTIVE, CaptureState
 
 CAPTURE_STATES = tuple(s.value for s in CaptureState)

@@ -31,7 +31,7 @@ import click
 
 from profwatch.commands.demo_stack import Stack
 from profwatch.commands.demo_timeline import Timeline, event_time
-from profwatch.core.alertmanager import saving_text
+from profwatch.core.alerts.alertmanager import saving_text
 from profwatch.core.capture.lifecycle import CaptureState
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
 from profwatch.simulate.launcher import JobSpec, launch_job

@@ -20,7 +20,7 @@ STAGES = ("slowdown", "detection", "arm", "capture", "batch_complete", "analysis
 
 
 def event_time(ev: dict[str, Any], fallback: float) -> float:
-    """The CloudEvent's ``time`` (RFC 3339, as ``daemon/profwatch/core/alerts.py: rfc3339`` writes it) in Unix seconds;
+    """The CloudEvent's ``time`` (RFC 3339, as ``daemon/profwatch/core/alerts/events.py: rfc3339`` writes it) in Unix seconds;
     ``fallback`` when absent or unreadable."""
     try:
         return datetime.fromisoformat(str(ev["time"]).replace("Z", "+00:00")).timestamp()

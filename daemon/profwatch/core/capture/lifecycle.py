@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from profwatch.core.alerts import (
+from profwatch.core.alerts.events import (
     TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
     TYPE_ARM,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from profwatch.core.alerts import suspect_alert_data
+from profwatch.core.alerts.events import suspect_alert_data
 from profwatch.core.batches.completeness import BatchState
 
 if TYPE_CHECKING:

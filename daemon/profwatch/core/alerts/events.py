@@ -4,7 +4,7 @@ Formats:
 * CloudEvents 1.0 structured JSON mode (https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/spec.md):
   required ``id``, ``source``, ``specversion`` "1.0", ``type``; we also set ``subject`` (the job id), ``time``
   (RFC 3339, UTC), ``datacontenttype`` "application/json" and ``data``. ``source`` + ``id`` is the dedup key.
-* The Alertmanager mapping (API v2 postable alerts, what Alertmanager accepts) is ``daemon/profwatch/core/alertmanager.py``.
+* The Alertmanager mapping (API v2 postable alerts, what Alertmanager accepts) is ``daemon/profwatch/core/alerts/alertmanager.py``.
 """
 
 from __future__ import annotations

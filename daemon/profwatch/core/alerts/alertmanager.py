@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from profwatch.core.alerts import (
+from profwatch.core.alerts.events import (
     TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
     TYPE_BATCH_INCOMPLETE,

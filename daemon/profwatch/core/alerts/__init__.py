@@ -1,0 +1,1 @@
+"""Alerts: the event-type table, CloudEvents, the Alertmanager mapping, sink settings."""
