@@ -38,7 +38,7 @@ from profwatch.core.capture.arming import ArmingSettings
 from profwatch.core.detection.job_detector import DetectionSettings, JobDetector
 from profwatch.core.detection.regression import StepTimeRegressionDetector
 from profwatch.core.detection.types import FinalizedStep
-from profwatch.core.telemetry import dump_jsonl
+from profwatch.core.fleet.telemetry import dump_jsonl
 from profwatch.simulate.telemetry import TelemetryScenario, iter_telemetry
 from rankhook.wire import StepReport
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from profwatch.adapters.state import StateStore
     from profwatch.capture_ports import AnalyserPort, Clock, Post, ScannerPort
     from profwatch.config import Settings
-    from profwatch.core.registry import JobState
+    from profwatch.core.fleet.registry import JobState
 
 log = structlog.get_logger("profwatch.captures")
 

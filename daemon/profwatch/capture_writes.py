@@ -18,7 +18,7 @@ from rankhook import wire
 if TYPE_CHECKING:
     from profwatch.capture_ports import Clock, ConfigWriterPort, Emit, Post, SendNodeCommand
     from profwatch.config import Settings
-    from profwatch.core.registry import JobState, NodeState
+    from profwatch.core.fleet.registry import JobState, NodeState
 
 MAX_IDLE_SENDS = 1 << 14
 """Idle writes waiting for their node's answer (one per node of an ended capture; each ends at its deadline)."""

@@ -40,15 +40,15 @@ from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettin
 from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
 from profwatch.core.capture.report import describe, explain_ranks, rank_causes, refusal
 from profwatch.core.capture.targeting import JobTopology, estimate_capture_bytes
+from profwatch.core.fleet.step_window import median
 from profwatch.core.step_numbering import profiled_report_steps
-from profwatch.core.step_window import median
 from rankhook import wire
 
 if TYPE_CHECKING:
     from profwatch.adapters.state import StateStore
     from profwatch.config import Settings
     from profwatch.core.detection.job_detector import Anomaly
-    from profwatch.core.registry import JobState, NodeState
+    from profwatch.core.fleet.registry import JobState, NodeState
 
 log = structlog.get_logger("profwatch.captures")
 RECENT_PER_JOB = 8

@@ -23,7 +23,7 @@ from profwatch.core.batches.settings import WatchSettings
 from profwatch.core.capture.planner import CaptureSettings
 from profwatch.core.capture.settings import ArmingSettings
 from profwatch.core.detection.settings import DetectionSettings
-from profwatch.core.limits import LimitSettings
+from profwatch.core.fleet.limits import LimitSettings
 from profwatch.core.verdict.settings import AnalysisSettings
 
 DEFAULT_RUNTIME_DIR = "/run/profwatch"

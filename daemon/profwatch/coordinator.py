@@ -3,7 +3,7 @@ control socket, event/alert stream and state store.
 
 Sockets (``daemon/profwatch/adapters/server_sockets.py``): ingest ROUTER (node DEALERs connect), control ROUTER (CLI REQ
 clients), PUB (subscribers); CURVE-authenticated beyond loopback. A node speaks for the node id its key names
-(``daemon/profwatch/core/peers.py``); each control command needs the role ``daemon/profwatch/core/access.py`` lists for it.
+(``daemon/profwatch/core/fleet/peers.py``); each control command needs the role ``daemon/profwatch/core/access.py`` lists for it.
 One thread owns the sockets and the SQLite connection (the main loop). File system work (config writes on shared
 storage, rank-dir scans) and analyses run on worker threads and hand results back through a queue (FC-15).
 """
@@ -40,12 +40,12 @@ from profwatch.core.alerts.events import (
     make_cloudevent,
 )
 from profwatch.core.detection.job_detector import Anomaly, JobDetector
-from profwatch.core.generations import GenerationOpened
-from profwatch.core.job_end import JobEndTracker
+from profwatch.core.fleet.generations import GenerationOpened
+from profwatch.core.fleet.job_end import JobEndTracker
+from profwatch.core.fleet.peers import NodeRoutes
+from profwatch.core.fleet.registry import GenerationPending, Registry, RegistryError
+from profwatch.core.fleet.registry_state import jobs_from_rows, registry_rows
 from profwatch.core.messages import MessageRejected, parse_node_message
-from profwatch.core.peers import NodeRoutes
-from profwatch.core.registry import GenerationPending, Registry, RegistryError
-from profwatch.core.registry_state import jobs_from_rows, registry_rows
 from profwatch.logsetup import OncePerKind
 from rankhook import wire
 

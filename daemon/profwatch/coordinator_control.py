@@ -13,8 +13,8 @@ from profwatch.adapters import control
 from profwatch.core.access import AccessDenied, authorize
 from profwatch.core.capture.planner import CaptureRequest
 from profwatch.core.capture.report import describe
+from profwatch.core.fleet.telemetry import dump_jsonl, window_records
 from profwatch.core.messages import MessageRejected
-from profwatch.core.telemetry import dump_jsonl, window_records
 
 if TYPE_CHECKING:
     from profwatch.adapters.server_sockets import ServerSockets
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from profwatch.captures import CaptureShell
     from profwatch.config import Settings
     from profwatch.core.detection.job_detector import JobDetector
-    from profwatch.core.registry import Registry, RegistryError
+    from profwatch.core.fleet.registry import Registry, RegistryError
 
 log = structlog.get_logger("profwatch.coordinator")
 
@@ -173,7 +173,7 @@ class ControlCommands:
         return {"detection": self.settings.detection.model_dump(), "arming": self.settings.arming.model_dump()}
 
     def _cmd_dump_telemetry(self, job_id: str) -> str:
-        """The job's step windows as ``profwatch replay`` JSONL (``daemon/profwatch/core/telemetry.py``)."""
+        """The job's step windows as ``profwatch replay`` JSONL (``daemon/profwatch/core/fleet/telemetry.py``)."""
         job = self.registry.jobs.get(self._job_arg(job_id) or "")
         if job is None:
             raise control.ControlError("not_found", f"unknown job {job_id!r}")

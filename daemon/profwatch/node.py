@@ -33,9 +33,9 @@ from profwatch.adapters.metrics import DaemonMetrics
 from profwatch.adapters.sd_notify import SdNotifier
 from profwatch.config import NodeSettings
 from profwatch.core.access import SecuritySettings, insecure_endpoints, parse_peer_address
-from profwatch.core.limits import LimitSettings
+from profwatch.core.fleet.limits import LimitSettings
+from profwatch.core.fleet.rank_intake import RankIntake
 from profwatch.core.messages import MessageRejected, check_rank_message, parse_node_command
-from profwatch.core.rank_intake import RankIntake
 from profwatch.logsetup import OncePerKind
 from rankhook import wire
 
@@ -497,7 +497,7 @@ class NodeDaemon:
         """Look for torch_npu leftovers (stale shm segment, orphaned monitor); log a change once, report it with
         every heartbeat (the coordinator names it as the cause of a capture's silent ranks). Never deletes."""
         from profwatch.adapters.dp_log_tail import find_stale_dp_state
-        from profwatch.core.node_checks import stale_dp_findings
+        from profwatch.core.fleet.node_checks import stale_dp_findings
 
         try:
             found = find_stale_dp_state(str(self.s.shm_dir), str(self.s.proc_dir))

@@ -8,8 +8,8 @@ from pathlib import Path
 import zmq
 
 import rankhook
+from profwatch.core.fleet.registry import Registry
 from profwatch.core.messages import parse_rank_message
-from profwatch.core.registry import Registry
 from tests.conftest import wait_for
 
 

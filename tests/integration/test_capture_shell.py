@@ -23,7 +23,7 @@ from profwatch.core.capture.lifecycle import CaptureState
 from profwatch.core.capture.planner import CaptureRequest
 from profwatch.core.capture.profiler_config import idle_config
 from profwatch.core.detection.job_detector import Anomaly
-from profwatch.core.registry import Registry
+from profwatch.core.fleet.registry import Registry
 from rankhook import wire
 from tests.conftest import wait_for
 

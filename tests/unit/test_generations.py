@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from profwatch.core.generations import CLAIM_WINDOW_S, MAX_SHAPES, Shape, classify, quorum
-from profwatch.core.limits import LimitSettings
-from profwatch.core.registry import GenerationPending, Registry, RegistryError
-from profwatch.core.registry_state import RankState
+from profwatch.core.fleet.generations import CLAIM_WINDOW_S, MAX_SHAPES, Shape, classify, quorum
+from profwatch.core.fleet.limits import LimitSettings
+from profwatch.core.fleet.registry import GenerationPending, Registry, RegistryError
+from profwatch.core.fleet.registry_state import RankState
 from rankhook import wire
 
 CFG, PROF = "/cfg/j", "/prof"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from profwatch.core.node_checks import stale_dp_findings
+from profwatch.core.fleet.node_checks import stale_dp_findings
 from rankhook.backends.dp_state import DpState, MonitorProc, ShmBlock
 
 T = 1_800_000_000.0

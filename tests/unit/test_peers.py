@@ -3,7 +3,7 @@ the old one, which is told to reconnect; a connection keeps its node id; node id
 
 from __future__ import annotations
 
-from profwatch.core.peers import NodeRoutes
+from profwatch.core.fleet.peers import NodeRoutes
 
 
 def test_key_decides_the_node_id() -> None:

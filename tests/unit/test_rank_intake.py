@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from profwatch.core.limits import LimitSettings
+from profwatch.core.fleet.limits import LimitSettings
+from profwatch.core.fleet.rank_intake import RankIntake
 from profwatch.core.messages import MessageRejected
-from profwatch.core.rank_intake import RankIntake
 from rankhook import wire
 
 

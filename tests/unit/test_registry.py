@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from profwatch.core.registry import Registry, RegistryError
-from profwatch.core.step_window import StepWindow, median
+from profwatch.core.fleet.registry import Registry, RegistryError
+from profwatch.core.fleet.step_window import StepWindow, median
 from rankhook import wire
 
 
@@ -80,7 +80,7 @@ def test_one_user_cannot_take_every_job_slot_of_a_node() -> None:
     real job's hello was refused for 15 minutes. One attested uid gets ``max_jobs_per_node_per_uid`` of them."""
     from dataclasses import replace
 
-    from profwatch.core.limits import LimitSettings
+    from profwatch.core.fleet.limits import LimitSettings
 
     reg = Registry(window_steps=10, limits=LimitSettings(max_jobs_per_node=8, max_jobs_per_node_per_uid=3))
     for i in range(3):

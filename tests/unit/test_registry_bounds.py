@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from profwatch.core.limits import LimitSettings
-from profwatch.core.registry import Registry, RegistryError
+from profwatch.core.fleet.limits import LimitSettings
+from profwatch.core.fleet.registry import Registry, RegistryError
 from rankhook import wire
 
 

@@ -11,7 +11,7 @@ import pytest
 from profwatch.adapters.http_post import SinkConfigError, read_authorization
 from profwatch.config import ConfigError, load_settings
 from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings
-from profwatch.core.job_end import JobEndTracker
+from profwatch.core.fleet.job_end import JobEndTracker
 
 
 def _load(tmp_path: Path, text: str):

@@ -1,4 +1,4 @@
-"""The telemetry record format shared by the coordinator's dump and replay (daemon/profwatch/core/telemetry.py)."""
+"""The telemetry record format shared by the coordinator's dump and replay (daemon/profwatch/core/fleet/telemetry.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from profwatch.core.telemetry import TelemetryRecord, dump_jsonl, window_records
+from profwatch.core.fleet.telemetry import TelemetryRecord, dump_jsonl, window_records
 
 
 def test_window_records_rebuild_timestamps_backwards_and_round_trip() -> None:

@@ -23,7 +23,7 @@ from profwatch.adapters.curve import CurveAuthenticator, HandshakeMonitor, make_
 from profwatch.adapters.keyfiles import CurveSetupError, KeyPair, KeyRing, load_keypair, require_curve
 from profwatch.adapters.publish import EventPublisher
 from profwatch.core.access import ROLE_GRANTS, ControlRole, SecuritySettings, insecure_endpoints
-from profwatch.core.limits import LimitSettings
+from profwatch.core.fleet.limits import LimitSettings
 from rankhook import wire
 
 log = structlog.get_logger("profwatch.sockets")

@@ -1,7 +1,7 @@
 """``profwatch replay``: run the anomaly detectors and the arming path over recorded step telemetry (I/O at the
 edge: reads one JSONL file and an optional TOML config; the work is :func:`replay_lines`, pure).
 
-Record format: ``daemon/profwatch/core/telemetry.py`` (what ``profwatch telemetry --job J`` writes).
+Record format: ``daemon/profwatch/core/fleet/telemetry.py`` (what ``profwatch telemetry --job J`` writes).
 
 Replay goes through the coordinator's arming path (``daemon/profwatch/core/capture/arming.py``): the same detector
 (``JobDetector``), the same policy, the same :class:`~profwatch.core.capture.arming.ArmHistory` (so a would-arm in observe
@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, capture_request
 from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
+from profwatch.core.fleet.telemetry import TelemetryRecord, dump_jsonl
 from profwatch.core.step_numbering import profiled_report_steps
-from profwatch.core.telemetry import TelemetryRecord, dump_jsonl
 from profwatch.exitcodes import EXIT_USAGE
 
 if sys.version_info >= (3, 11):

@@ -1,6 +1,6 @@
 """What ``profwatch status`` prints: the coordinator's status snapshot as lines of text (pure).
 
-Input: the ``status`` control reply (``daemon/profwatch/core/registry.py: Registry.snapshot`` plus the coordinator's
+Input: the ``status`` control reply (``daemon/profwatch/core/fleet/registry.py: Registry.snapshot`` plus the coordinator's
 ``counters``, ``captures`` and ``ingest_bind``). Output: lines without trailing newlines. Every figure says which
 window it comes from; every rank has a state; a coordinator with no node says so and names the likely cause.
 """

@@ -12,7 +12,7 @@ from profwatch.core.batches.completeness import BatchState
 if TYPE_CHECKING:
     from profwatch.core.capture.lifecycle import Capture
     from profwatch.core.capture.planner import CapturePlan
-    from profwatch.core.registry import JobState, NodeState
+    from profwatch.core.fleet.registry import JobState, NodeState
 
 VERDICT_KEYS = ("batch_id", "job_id", "kind", "status", "detail", "capture_id", "capture_reason", "world_size",
                 "suspects", "ranks", "recipes", "paths", "report", "notes", "armed_steps", "captured_steps",

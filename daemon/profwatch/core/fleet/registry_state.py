@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from profwatch.core.generations import GenerationClaims, GenerationOpened, Shape
-from profwatch.core.step_window import StepWindow, median
+from profwatch.core.fleet.generations import GenerationClaims, GenerationOpened, Shape
+from profwatch.core.fleet.step_window import StepWindow, median
 
 
 @dataclass(slots=True)
@@ -49,7 +49,7 @@ class JobState:
     started_unix_s: float = 0.0  # latest rank init time seen (arms must be newer than every rank's start)
     versions: dict[str, str] = field(default_factory=dict)
     pinned_paths: tuple[str | None, str | None] | None = None  # (config path, prof_root) of the first hello
-    generation: int = 0  # 0 at the first hello; +1 per elastic restart or resize (daemon/profwatch/core/generations.py)
+    generation: int = 0  # 0 at the first hello; +1 per elastic restart or resize (daemon/profwatch/core/fleet/generations.py)
     restart_count: int | None = None  # TORCHELASTIC_RESTART_COUNT of the current generation (None: not torchrun)
     generation_since_unix_s: float = 0.0
     claims: GenerationClaims = field(default_factory=GenerationClaims)

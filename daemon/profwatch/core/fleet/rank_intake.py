@@ -13,7 +13,7 @@ import dataclasses
 from collections import OrderedDict
 from typing import Any
 
-from profwatch.core.limits import LimitSettings
+from profwatch.core.fleet.limits import LimitSettings
 from profwatch.core.messages import MessageRejected, parse_rank_message
 from rankhook import wire
 

@@ -8,13 +8,13 @@ What a message may change is bounded here (issue "authenticated, identity-bound,
 - a job's paths (``profiler_config_path``, ``prof_root``) are pinned by its first hello, across generations; a
   later hello that differs is refused (``paths_changed``) and changes nothing;
 - a job's shape (world size, torchrun restart count) changes only by a new *generation* (an elastic restart or
-  resize, ``daemon/profwatch/core/generations.py``): a hello of another shape is held as a claim (``generation_pending``)
+  resize, ``daemon/profwatch/core/fleet/generations.py``): a hello of another shape is held as a claim (``generation_pending``)
   until hellos of that shape from a quorum of ranks arrived through nodes the job runs on; a stale hello (older
   restart count) or another world size with the same restart count is refused (``stale_generation``,
   ``world_size_conflict``);
 - a rank is bound to the node that first reported it: another node's step, capture event, bye or hello for it is
   refused (``rank_on_other_node``) until the rank said bye or was silent for ``rank_rebind_after_s``;
-- jobs, ranks and nodes are capped (:class:`~profwatch.core.limits.LimitSettings`); rank records are created only
+- jobs, ranks and nodes are capped (:class:`~profwatch.core.fleet.limits.LimitSettings`); rank records are created only
   when a rank reports, never from a declared ``world_size``; jobs with no rank heard for ``job_expiry_s`` expire.
 """
 
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from profwatch.core.generations import GenerationOpened, Reason, Shape, classify, quorum
-from profwatch.core.limits import LimitSettings
-from profwatch.core.registry_state import HelloOutcome, JobState, NodeState, RankState, snapshot
-from profwatch.core.step_window import StepWindow
+from profwatch.core.fleet.generations import GenerationOpened, Reason, Shape, classify, quorum
+from profwatch.core.fleet.limits import LimitSettings
+from profwatch.core.fleet.registry_state import HelloOutcome, JobState, NodeState, RankState, snapshot
+from profwatch.core.fleet.step_window import StepWindow
 from rankhook import wire
 
 __all__ = ["GenerationPending", "HelloOutcome", "JobState", "NodeState", "RankState", "Registry", "RegistryError"]
@@ -99,7 +99,7 @@ class Registry:
 
     def admit_hello(self, msg: wire.RankHello, node_id: str, now: float) -> HelloOutcome:
         """Register a rank of a job (the job too when it is new) for the node ``node_id``; a hello of a new shape
-        may open the job's next generation (``daemon/profwatch/core/generations.py``).
+        may open the job's next generation (``daemon/profwatch/core/fleet/generations.py``).
 
         Raises:
             GenerationPending: the hello claims a new generation that has no quorum yet (held; nothing changed).
@@ -381,5 +381,5 @@ class Registry:
             r.left = True
             r.seen_unix_s = now
     def snapshot(self, now: float, node_timeout_s: float = 10.0) -> dict[str, Any]:
-        """A JSON-ready view for ``profwatch status`` (:func:`profwatch.core.registry_state.snapshot`)."""
+        """A JSON-ready view for ``profwatch status`` (:func:`profwatch.core.fleet.registry_state.snapshot`)."""
         return snapshot(self.jobs.values(), self.nodes.values(), now, node_timeout_s)
