@@ -41,9 +41,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "daemon"))
 
-from profwatch.adapters.control import ControlError, call  # noqa: E402
-from profwatch.adapters.curve import make_client  # noqa: E402
-from profwatch.adapters.keyfiles import create_certificate, load_keypair, load_public_key  # noqa: E402
+from profwatch.adapters.zmq.control import ControlError, call  # noqa: E402
+from profwatch.adapters.zmq.curve import make_client  # noqa: E402
+from profwatch.adapters.zmq.keyfiles import create_certificate, load_keypair, load_public_key  # noqa: E402
 from rankhook import wire  # noqa: E402
 
 PER_BATCH = 22_000

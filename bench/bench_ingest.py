@@ -119,7 +119,7 @@ def _port() -> int:
 
 
 def bench_coordinator(ranks: int, seconds: float, fill: bool) -> dict:
-    from profwatch.adapters.control import call
+    from profwatch.adapters.zmq.control import call
 
     tmp = Path(tempfile.mkdtemp(prefix="pwbi", dir="/tmp"))
     ports = [_port() for _ in range(3)]

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from profwatch.adapters.control import ControlError
 from profwatch.adapters.paths import PathRefused, check_inside, make_dirs
+from profwatch.adapters.zmq.control import ControlError
 from profwatch.capture_analysis import AnalysisSteps
 from profwatch.capture_ports import (
     AnalyserPort,

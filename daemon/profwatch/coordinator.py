@@ -1,7 +1,7 @@
 """Coordinator daemon (composition root): telemetry ingest, registry, detection, arming, capture tracking,
 control socket, event/alert stream and state store.
 
-Sockets (``daemon/profwatch/adapters/server_sockets.py``): ingest ROUTER (node DEALERs connect), control ROUTER (CLI REQ
+Sockets (``daemon/profwatch/adapters/zmq/server_sockets.py``): ingest ROUTER (node DEALERs connect), control ROUTER (CLI REQ
 clients), PUB (subscribers); CURVE-authenticated beyond loopback. A node speaks for the node id its key names
 (``daemon/profwatch/core/fleet/peers.py``); each control command needs the role ``daemon/profwatch/core/access.py`` lists for it.
 One thread owns the sockets and the SQLite connection (the main loop). File system work (config writes on shared
@@ -21,12 +21,12 @@ from typing import Any
 import structlog
 import zmq
 
-from profwatch.adapters import control
 from profwatch.adapters.alert_sinks import AlertSinks
 from profwatch.adapters.metrics import DaemonMetrics
 from profwatch.adapters.sd_notify import SdNotifier
-from profwatch.adapters.server_sockets import ServerSockets
 from profwatch.adapters.state import StateStore, Stored
+from profwatch.adapters.zmq import control
+from profwatch.adapters.zmq.server_sockets import ServerSockets
 from profwatch.capture_ports import BatchAnalyser, RankDirScanner
 from profwatch.captures import CaptureShell
 from profwatch.config import Settings
@@ -97,7 +97,7 @@ class Coordinator(ControlCommands):
     Raises:
         zmq.ZMQError: an endpoint cannot be bound (address in use).
         sqlite3.DatabaseError: the state database is not usable.
-        profwatch.adapters.curve.CurveSetupError: CURVE is required but a key is missing or the self-test failed.
+        profwatch.adapters.zmq.curve.CurveSetupError: CURVE is required but a key is missing or the self-test failed.
         SinkConfigError: an alert sink's Authorization or TLS file is unusable.
     """
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import zmq
 
-from profwatch.adapters import control
+from profwatch.adapters.zmq import control
 from profwatch.core.access import AccessDenied, authorize
 from profwatch.core.capture.planner import CaptureRequest
 from profwatch.core.capture.report import describe
@@ -17,8 +17,8 @@ from profwatch.core.fleet.telemetry import dump_jsonl, window_records
 from profwatch.core.messages import MessageRejected
 
 if TYPE_CHECKING:
-    from profwatch.adapters.server_sockets import ServerSockets
     from profwatch.adapters.state import StateStore
+    from profwatch.adapters.zmq.server_sockets import ServerSockets
     from profwatch.captures import CaptureShell
     from profwatch.config import Settings
     from profwatch.core.detection.job_detector import JobDetector
@@ -61,7 +61,7 @@ class ControlCommands:
             try:
                 authorize(req["cmd"], self.sockets.grants(frame))
             except AccessDenied as exc:
-                from profwatch.adapters.curve import user_id
+                from profwatch.adapters.zmq.curve import user_id
 
                 self._refuse_peer(f"control_{exc.code}", exc.message, f"key:{user_id(frame) or '-'}")
                 control.send_reply(self.control_sock, envelope, error=control.ControlError(exc.code, exc.message))

@@ -27,10 +27,10 @@ from typing import Any
 import structlog
 import zmq
 
-from profwatch.adapters.curve import HandshakeMonitor, make_client, peer_address
-from profwatch.adapters.keyfiles import CurveSetupError, KeyPair, client_keys
 from profwatch.adapters.metrics import DaemonMetrics
 from profwatch.adapters.sd_notify import SdNotifier
+from profwatch.adapters.zmq.curve import HandshakeMonitor, make_client, peer_address
+from profwatch.adapters.zmq.keyfiles import CurveSetupError, KeyPair, client_keys
 from profwatch.config import NodeSettings
 from profwatch.core.access import SecuritySettings, insecure_endpoints, parse_peer_address
 from profwatch.core.fleet.limits import LimitSettings

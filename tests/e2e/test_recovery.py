@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.control import ControlUnavailable, call
+from profwatch.adapters.zmq.control import ControlUnavailable, call
 from profwatch.commands.demo import Stack
 from profwatch.simulate.launcher import JobSpec, launch_job
 from tests.conftest import wait_for

@@ -11,9 +11,9 @@ from typing import Any
 
 import zmq
 
-from profwatch.adapters.control import call
-from profwatch.adapters.curve import make_client
-from profwatch.adapters.keyfiles import KeyPair, create_certificate, load_keypair, load_public_key
+from profwatch.adapters.zmq.control import call
+from profwatch.adapters.zmq.curve import make_client
+from profwatch.adapters.zmq.keyfiles import KeyPair, create_certificate, load_keypair, load_public_key
 from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
 from profwatch.node import NodeDaemon

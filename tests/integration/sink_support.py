@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 
-from profwatch.adapters.control import call
+from profwatch.adapters.zmq.control import call
 from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
 from rankhook import wire

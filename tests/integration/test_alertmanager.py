@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from profwatch.adapters.control import call
+from profwatch.adapters.zmq.control import call
 from profwatch.core.alerts.alertmanager import parse_time
 from profwatch.core.alerts.events import TYPE_BATCH_INCOMPLETE, TYPE_SUSPECT_RANKS
 from profwatch.simulate.ascend_tree import generate_cluster

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from profwatch.adapters.control import ControlError, ControlUnavailable, call
-from profwatch.adapters.publish import EventPublisher, Subscription
+from profwatch.adapters.zmq.control import ControlError, ControlUnavailable, call
+from profwatch.adapters.zmq.publish import EventPublisher, Subscription
 from profwatch.config import load_settings
 from profwatch.core.alerts.events import make_cloudevent
 from profwatch.node import NodeDaemon

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from profwatch.adapters.config_writer import ConfigIdleNotNeeded
-from profwatch.adapters.control import ControlError
 from profwatch.adapters.state import StateStore
+from profwatch.adapters.zmq.control import ControlError
 from profwatch.captures import CaptureShell
 from profwatch.config import load_settings
 from profwatch.core.batches.completeness import BatchState, RankDirState

@@ -79,7 +79,7 @@ def _log_events(log: Path) -> list[dict]:
 
 
 def _answers(control: str) -> bool:
-    from profwatch.adapters.control import ControlError, call
+    from profwatch.adapters.zmq.control import ControlError, call
 
     try:
         return bool(call(control, "ping", timeout_s=1.0))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from profwatch.adapters.control import ControlError, ControlUnavailable, call
+from profwatch.adapters.zmq.control import ControlError, ControlUnavailable, call
 from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
 from profwatch.core.capture.lifecycle import CaptureState

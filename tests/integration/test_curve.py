@@ -12,10 +12,10 @@ import structlog
 import zmq
 from click.testing import CliRunner
 
-from profwatch.adapters.control import ControlAuthFailed, ControlError
-from profwatch.adapters.curve import CurveAuthenticator, HandshakeMonitor
-from profwatch.adapters.keyfiles import CurveSetupError
-from profwatch.adapters.publish import subscribe
+from profwatch.adapters.zmq.control import ControlAuthFailed, ControlError
+from profwatch.adapters.zmq.curve import CurveAuthenticator, HandshakeMonitor
+from profwatch.adapters.zmq.keyfiles import CurveSetupError
+from profwatch.adapters.zmq.publish import subscribe
 from profwatch.cli import cli
 from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
@@ -183,7 +183,7 @@ def test_event_stream_needs_a_read_key(short_tmp: Path, keys: Keys, stacks) -> N
     sub = subscribe(st.ctx, pub_ep, ["profwatch.alert."], curve=keys.client(reader))
     bad = st.ctx.socket(zmq.SUB)
     bad.linger = 0
-    from profwatch.adapters.curve import make_client
+    from profwatch.adapters.zmq.curve import make_client
 
     make_client(bad, *keys.client(node_key))
     mon = HandshakeMonitor(bad)

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 import zmq
 
-from profwatch.adapters.control import call
-from profwatch.adapters.publish import Subscription
+from profwatch.adapters.zmq.control import call
+from profwatch.adapters.zmq.publish import Subscription
 from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
 from rankhook import wire

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.control import call
+from profwatch.adapters.zmq.control import call
 from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
 from profwatch.node import NodeDaemon

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from profwatch.adapters.control import ControlError, ControlUnavailable, call
+from profwatch.adapters.zmq.control import ControlError, ControlUnavailable, call
 from tests.conftest import PYTHON, REPO_ROOT, finish_process, python_env, wait_for
 
 WORKER = str(REPO_ROOT / "tests" / "fakes" / "rank_worker.py")

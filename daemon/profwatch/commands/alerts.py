@@ -128,7 +128,7 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
     if follow:  # subscribe first, then fetch history, then dedup by id: no gap between the two
         import zmq
 
-        from profwatch.adapters.publish import Subscription
+        from profwatch.adapters.zmq.publish import Subscription
 
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         sub = Subscription(ctx, s.coordinator.pub_bind, ["alert", "event"] if all_events else ["alert"], job_id,

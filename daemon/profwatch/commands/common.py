@@ -39,7 +39,7 @@ def load_or_exit(config_path: Path | None) -> Any:
 
 def client_keys_or_exit(s: Any, endpoint: str) -> Any:
     """CURVE client keys for ``endpoint`` (None when it does not use CURVE); exit 2 with the fix when missing."""
-    from profwatch.adapters.keyfiles import CurveSetupError, client_keys
+    from profwatch.adapters.zmq.keyfiles import CurveSetupError, client_keys
 
     try:
         return client_keys(s.security, endpoint)
@@ -57,7 +57,7 @@ def unavailable_hint() -> str:
 class CoordinatorClient:
     """The coordinator as one command sees it: the first call is a short ``ping`` (fail fast), later calls use
     their own timeouts. ``call`` exits the command on failure (codes above) unless ``exit_on_unavailable`` is off,
-    in which case :class:`~profwatch.adapters.control.ControlUnavailable` is raised to the caller."""
+    in which case :class:`~profwatch.adapters.zmq.control.ControlUnavailable` is raised to the caller."""
 
     def __init__(self, settings: Any) -> None:
         self.s = settings
@@ -66,7 +66,7 @@ class CoordinatorClient:
         self._pinged = False
 
     def _raw(self, cmd: str, args: dict[str, Any] | None, timeout_s: float) -> Any:
-        from profwatch.adapters.control import call
+        from profwatch.adapters.zmq.control import call
 
         if not self._pinged:
             call(self.endpoint, "ping", None, timeout_s=min(PING_TIMEOUT_S, timeout_s), curve=self._curve)
@@ -76,7 +76,7 @@ class CoordinatorClient:
     def reachable(self) -> bool:
         """True when the coordinator answers a ping; False when it is unavailable. Exits 3 when it refuses our
         key (an authentication failure is a setup problem, never "offline")."""
-        from profwatch.adapters.control import ControlAuthFailed, ControlUnavailable, call
+        from profwatch.adapters.zmq.control import ControlAuthFailed, ControlUnavailable, call
 
         try:
             call(self.endpoint, "ping", None, timeout_s=PING_TIMEOUT_S, curve=self._curve)
@@ -90,7 +90,7 @@ class CoordinatorClient:
 
     def call(self, cmd: str, args: dict[str, Any] | None = None, timeout_s: float = 10.0) -> Any:
         """Run ``cmd`` and return its result; on failure print one line (and the hint) and exit."""
-        from profwatch.adapters.control import ControlAuthFailed, ControlError, ControlUnavailable
+        from profwatch.adapters.zmq.control import ControlAuthFailed, ControlError, ControlUnavailable
 
         try:
             return self._raw(cmd, args, timeout_s)

@@ -125,8 +125,8 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
     (each within ``timeout_s``); return its timeline. The job's ranks are stopped at the first alert."""
     import zmq
 
-    from profwatch.adapters.control import ControlError, call
-    from profwatch.adapters.publish import Subscription
+    from profwatch.adapters.zmq.control import ControlError, call
+    from profwatch.adapters.zmq.publish import Subscription
 
     job_id = f"demo-{scenario}"
     tl = Timeline(scenario, job_id)

@@ -78,7 +78,7 @@ format = "json"
 
     def start_coordinator_only(self) -> None:
         """Start the coordinator and wait (up to 60 s) until it answers on its control socket."""
-        from profwatch.adapters.control import ControlUnavailable, call
+        from profwatch.adapters.zmq.control import ControlUnavailable, call
 
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         self._start("coordinator", ["coordinator"])

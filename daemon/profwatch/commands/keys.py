@@ -69,7 +69,7 @@ def keys() -> None:
 @_with_options
 def init(config_path: Path | None, keys_dir: Path | None) -> None:
     """Create the coordinator's certificate and the empty client key directory."""
-    from profwatch.adapters.keyfiles import CurveSetupError, create_certificate
+    from profwatch.adapters.zmq.keyfiles import CurveSetupError, create_certificate
 
     kd, clients = _keys_dir(config_path, keys_dir)
     try:
@@ -95,7 +95,7 @@ def init(config_path: Path | None, keys_dir: Path | None) -> None:
               help="Where the client's own certificate pair is written (default <keys_dir>/issued).")
 def add(config_path: Path | None, keys_dir: Path | None, name: str, role: str, out_dir: Path | None) -> None:
     """Create a client certificate NAME with ROLE and allow it (its public key goes into the client directory)."""
-    from profwatch.adapters.keyfiles import CurveSetupError, create_certificate
+    from profwatch.adapters.zmq.keyfiles import CurveSetupError, create_certificate
 
     kd, clients = _keys_dir(config_path, keys_dir)
     out = out_dir or kd / "issued"
@@ -126,7 +126,7 @@ def add(config_path: Path | None, keys_dir: Path | None, name: str, role: str, o
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def list_keys(config_path: Path | None, keys_dir: Path | None, as_json: bool) -> None:
     """List the coordinator's certificate and every allowed client (name, role, public key)."""
-    from profwatch.adapters.keyfiles import CurveSetupError, KeyRing, read_certificate
+    from profwatch.adapters.zmq.keyfiles import CurveSetupError, KeyRing, read_certificate
 
     kd, clients = _keys_dir(config_path, keys_dir)
     server: dict[str, Any] = {"path": str(kd / "server.key"), "public_key": None}

@@ -14,8 +14,8 @@ from typing import Any
 
 import zmq
 
-from profwatch.adapters.curve import make_client, make_server
-from profwatch.adapters.keyfiles import KeyPair
+from profwatch.adapters.zmq.curve import make_client, make_server
+from profwatch.adapters.zmq.keyfiles import KeyPair
 
 
 class EventPublisher:

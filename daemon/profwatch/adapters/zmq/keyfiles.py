@@ -2,7 +2,7 @@
 
 Format: the files ``zmq.auth.create_certificates`` writes (ZeroMQ's "ZPL" text format: a ``metadata`` section, then
 ``curve`` with ``public-key`` / ``secret-key`` in Z85). Each client certificate carries ``name`` and ``role``
-metadata; the name becomes the ZAP ``User-Id`` of its connections (``daemon/profwatch/adapters/curve.py``).
+metadata; the name becomes the ZAP ``User-Id`` of its connections (``daemon/profwatch/adapters/zmq/curve.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each TCP socket that :meth:`SecuritySettings.curve_for` says must use CURVE becomes a CURVE server in its ZAP
 domain (``ingest``, ``control``, ``pub``), admitted keys come from the client key directory, handshakes are
 watched by socket monitors (every failure is counted and logged), and a self-test proves at start that a known key
-gets in and an unknown one does not (``daemon/profwatch/adapters/curve.py``). Sockets beyond loopback without CURVE are only
+gets in and an unknown one does not (``daemon/profwatch/adapters/zmq/curve.py``). Sockets beyond loopback without CURVE are only
 possible with ``security.insecure = true`` and are warned about at every start.
 
 Queued memory per peer is bounded: ``MAXMSGSIZE`` times the receive high-water mark derived from
@@ -18,10 +18,10 @@ from typing import Any
 import structlog
 import zmq
 
-from profwatch.adapters import control
-from profwatch.adapters.curve import CurveAuthenticator, HandshakeMonitor, make_server, selftest, user_id
-from profwatch.adapters.keyfiles import CurveSetupError, KeyPair, KeyRing, load_keypair, require_curve
-from profwatch.adapters.publish import EventPublisher
+from profwatch.adapters.zmq import control
+from profwatch.adapters.zmq.curve import CurveAuthenticator, HandshakeMonitor, make_server, selftest, user_id
+from profwatch.adapters.zmq.keyfiles import CurveSetupError, KeyPair, KeyRing, load_keypair, require_curve
+from profwatch.adapters.zmq.publish import EventPublisher
 from profwatch.core.access import ROLE_GRANTS, ControlRole, SecuritySettings, insecure_endpoints
 from profwatch.core.fleet.limits import LimitSettings
 from rankhook import wire

@@ -6,7 +6,7 @@ Protocol: request ``{"cmd": str, "args": {...}}`` as strict UTF-8 JSON; reply ``
 ``denied``, ``not_found``, ``refused``, ``conflict``, ``unavailable``, ``auth_failed``, ``internal``.
 
 Which command needs which role is one table, ``daemon/profwatch/core/access.py: COMMAND_ROLES``; under CURVE the role comes
-from the client's certificate (the connection's ZAP User-Id), see ``daemon/profwatch/adapters/curve.py``.
+from the client's certificate (the connection's ZAP User-Id), see ``daemon/profwatch/adapters/zmq/curve.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 
 import zmq
 
-from profwatch.adapters.curve import HandshakeMonitor, make_client, make_server
-from profwatch.adapters.keyfiles import KeyPair
+from profwatch.adapters.zmq.curve import HandshakeMonitor, make_client, make_server
+from profwatch.adapters.zmq.keyfiles import KeyPair
 from profwatch.core.messages import utf8_clean
 
 ERROR_CODES = ("bad_request", "unknown_command", "denied", "not_found", "refused", "conflict", "unavailable",
@@ -113,7 +113,7 @@ def call(endpoint: str, cmd: str, args: dict[str, Any] | None = None, timeout_s:
 
     Args:
         curve: ``(client key pair, server public key)`` when the endpoint uses CURVE
-            (``profwatch.adapters.curve.client_keys``).
+            (``profwatch.adapters.zmq.curve.client_keys``).
     Raises:
         ControlAuthFailed: the handshake was refused or never completed (wrong or unknown key, CURVE on one side
             only); seen through the socket monitor, so it is reported as such instead of as a timeout.

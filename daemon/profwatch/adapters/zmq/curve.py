@@ -25,7 +25,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
-from profwatch.adapters.keyfiles import ClientKey, KeyPair, KeyRing
+from profwatch.adapters.zmq.keyfiles import ClientKey, KeyPair, KeyRing
 from profwatch.core.access import SOCKET_ROLES
 
 log = structlog.get_logger("profwatch.curve")

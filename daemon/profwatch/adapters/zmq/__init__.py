@@ -1,0 +1,1 @@
+"""ZeroMQ sockets, CURVE keys and the control channel."""
