@@ -17,7 +17,7 @@ from profwatch.core.capture import lifecycle as lc
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from profwatch.adapters.state import StateStore
+    from profwatch.adapters.store.state import StateStore
     from profwatch.capture_ports import AnalyserPort, Clock, Post, ScannerPort
     from profwatch.config import Settings
     from profwatch.core.fleet.registry import JobState

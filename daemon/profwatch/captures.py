@@ -45,7 +45,7 @@ from profwatch.core.step_numbering import profiled_report_steps
 from rankhook import wire
 
 if TYPE_CHECKING:
-    from profwatch.adapters.state import StateStore
+    from profwatch.adapters.store.state import StateStore
     from profwatch.config import Settings
     from profwatch.core.detection.job_detector import Anomaly
     from profwatch.core.fleet.registry import JobState, NodeState

@@ -24,7 +24,7 @@ import zmq
 from profwatch.adapters.alert_sinks import AlertSinks
 from profwatch.adapters.metrics import DaemonMetrics
 from profwatch.adapters.sd_notify import SdNotifier
-from profwatch.adapters.state import StateStore, Stored
+from profwatch.adapters.store.state import StateStore, Stored
 from profwatch.adapters.zmq import control
 from profwatch.adapters.zmq.server_sockets import ServerSockets
 from profwatch.capture_ports import BatchAnalyser, RankDirScanner

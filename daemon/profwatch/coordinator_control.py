@@ -17,7 +17,7 @@ from profwatch.core.fleet.telemetry import dump_jsonl, window_records
 from profwatch.core.messages import MessageRejected
 
 if TYPE_CHECKING:
-    from profwatch.adapters.state import StateStore
+    from profwatch.adapters.store.state import StateStore
     from profwatch.adapters.zmq.server_sockets import ServerSockets
     from profwatch.captures import CaptureShell
     from profwatch.config import Settings

@@ -19,7 +19,7 @@ import pytest
 import zmq
 from click.testing import CliRunner
 
-from profwatch.adapters.state import StateStore
+from profwatch.adapters.store.state import StateStore
 from profwatch.cli import cli
 from profwatch.commands.common import PING_TIMEOUT_S
 from profwatch.core.alerts.events import make_cloudevent

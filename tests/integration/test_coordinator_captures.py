@@ -337,7 +337,7 @@ def test_stop_during_analysis_is_prompt_and_the_capture_survives(short_tmp: Path
     finally:
         h.close()  # joins the loop thread for at most 30 s; the 300 s tool must be killed, not awaited
     assert not h.thread.is_alive()
-    from profwatch.adapters.state import StateStore
+    from profwatch.adapters.store.state import StateStore
 
     store = StateStore(short_tmp / "state.db")
     try:

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.state import SCHEMA_VERSION, StateSchemaError, StateStore
+from profwatch.adapters.store.state import SCHEMA_VERSION, StateSchemaError, StateStore
 from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.lifecycle import CaptureState
 from profwatch.core.capture.planner import CaptureRequest, JobProgress, plan_capture
 
 T0 = 1_800_000_000.0
 
-# The schema and row shapes written by profwatch before typed rows (daemon/profwatch/adapters/state.py and
+# The schema and row shapes written by profwatch before typed rows (daemon/profwatch/adapters/store/state.py and
 # daemon/capture_manager.py of that version), verbatim.
 V1_SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from profwatch.adapters.state import SCHEMA_VERSION, StateStore, Stored
+from profwatch.adapters.store.state import SCHEMA_VERSION, StateStore, Stored
 from profwatch.core.alerts.events import make_cloudevent
 from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.planner import CaptureRequest, JobProgress, plan_capture

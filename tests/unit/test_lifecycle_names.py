@@ -24,7 +24,7 @@ ALL_NAMES = {s.value for s in CaptureState}
 SHARED_WORDS = {"failed", "incomplete"}  # also batch statuses, recipe statuses and capture event kinds
 UNIQUE_NAMES = ALL_NAMES - SHARED_WORDS
 OWNER = REPO_ROOT / "daemon" / "profwatch" / "core" / "capture" / "lifecycle.py"
-ALLOWED = {"daemon/profwatch/adapters/state_migrate.py": {"acknowledged", "written"}}
+ALLOWED = {"daemon/profwatch/adapters/store/state_migrate.py": {"acknowledged", "written"}}
 """Keys of the version-1 capture JSON that happen to spell state names (read once by the migration)."""
 
 

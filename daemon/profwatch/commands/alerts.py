@@ -4,7 +4,7 @@ Online: the coordinator's ``events`` command, and with ``--follow`` its PUB sock
 history is fetched, then deduplicated by event id, so nothing published in between is lost: ZeroMQ PUB drops
 what was sent before a SUB connected). Offline (the coordinator does not answer): the same stored events read
 from its state db, read-only and as far as the file's permissions allow this user
-(``daemon/profwatch/adapters/state_reader.py``), with a note on stderr that they come from the store.
+(``daemon/profwatch/adapters/store/state_reader.py``), with a note on stderr that they come from the store.
 
 Exit codes (``daemon/profwatch/exitcodes.py``): 0 alerts shown (online, or offline from the store); 2 bad config;
 3 the coordinator is unavailable and its store cannot be read, or ``--follow`` while it is down.
@@ -75,7 +75,7 @@ def _echo(ev: dict[str, Any], as_json: bool) -> None:
 
 def _offline(s: Any, coord: CoordinatorClient, args: dict[str, Any], follow: bool, as_json: bool) -> None:
     """Show the stored events from the state db; exit 3 when it cannot be read or ``--follow`` was asked."""
-    from profwatch.adapters.state_reader import StateUnreadable, read_events
+    from profwatch.adapters.store.state_reader import StateUnreadable, read_events
 
     db = s.coordinator.state_db
     click.echo(f"profwatch: no coordinator answers at {coord.endpoint}; reading its state db {db} offline "

@@ -182,7 +182,7 @@ def _backends_in_use(job: JobState) -> str:
 
 def registry_rows(jobs: Iterable[JobState], nodes: Iterable[NodeState]
                   ) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """``(job rows, rank rows, node rows)`` for :meth:`profwatch.adapters.state.StateStore.save_registry`."""
+    """``(job rows, rank rows, node rows)`` for :meth:`profwatch.adapters.store.state.StateStore.save_registry`."""
     job_rows: list[dict[str, Any]] = []
     rank_rows: list[tuple[Any, ...]] = []
     for job in jobs:

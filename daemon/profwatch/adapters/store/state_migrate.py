@@ -90,7 +90,7 @@ def convert_v1_row(row: tuple[Any, ...], parse_allowance_s: float) -> Capture:
 
 def migrate_v1_captures(db: sqlite3.Connection, parse_allowance_s: float) -> int:
     """Convert the version-1 ``captures`` table in one transaction; return how many captures were migrated."""
-    from profwatch.adapters.state import CAPTURE_SCHEMA, write_capture
+    from profwatch.adapters.store.state import CAPTURE_SCHEMA, write_capture
 
     with db:
         db.execute("BEGIN IMMEDIATE")

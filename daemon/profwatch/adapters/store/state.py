@@ -11,7 +11,7 @@ rows; 3 = this one (``jobs.generation``, ``jobs.restart_count``: added to a vers
 version is refused with :class:`StateSchemaError`.
 
 A write the disk refuses (``SQLITE_FULL``, an I/O error) loses nothing the coordinator still holds: events, capture
-rows and batch results go to a bounded retry queue (``daemon/profwatch/adapters/state_retry.py``) and :meth:`StateStore.retry`
+rows and batch results go to a bounded retry queue (``daemon/profwatch/adapters/store/state_retry.py``) and :meth:`StateStore.retry`
 writes them later; an event's unique ``id`` still drops duplicates meanwhile (the queue, a memory of recent ids, and
 a read of the file, which works on a full disk). The caller publishes regardless and raises ``storage_failed``.
 """
@@ -29,8 +29,8 @@ from typing import Any
 
 import structlog
 
-from profwatch.adapters.state_reader import events_query
-from profwatch.adapters.state_retry import PendingWrite, RetryQueue
+from profwatch.adapters.store.state_reader import events_query
+from profwatch.adapters.store.state_retry import PendingWrite, RetryQueue
 from profwatch.core.capture.lifecycle import Capture, CaptureState, NodeWrite, RankProgress
 
 log = structlog.get_logger("profwatch.state")
@@ -166,7 +166,7 @@ class StateStore:
         cols = {r[1] for r in self.db.execute("PRAGMA table_info(captures)")}
         self.db.executescript(SCHEMA)
         if "plan" in cols:
-            from profwatch.adapters.state_migrate import migrate_v1_captures
+            from profwatch.adapters.store.state_migrate import migrate_v1_captures
 
             migrate_v1_captures(self.db, V1_PARSE_ALLOWANCE_S)
         elif cols and "judge_unix_s" not in cols:

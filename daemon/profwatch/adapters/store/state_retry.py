@@ -1,5 +1,5 @@
 """Writes the coordinator's state store could not take (disk full, I/O error), kept for a retry (helper of
-``daemon/profwatch/adapters/state.py``; holds SQLite writes as closures, performs them only when the store asks).
+``daemon/profwatch/adapters/store/state.py``; holds SQLite writes as closures, performs them only when the store asks).
 
 Bounded by items and bytes (``[limits] state_retry_queue_items`` / ``state_retry_queue_bytes``). When full, the
 oldest *event* that is not an alert goes first, then the oldest alert; capture and batch rows are never dropped

@@ -1,0 +1,1 @@
+"""The SQLite state store: tables, migrations, the offline reader, the retry queue."""
