@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 from watchdog.events import FileSystemEventHandler
 from watchdog.observers.polling import PollingObserverVFS
 
-from profwatch.adapters.prof_watch import ProfWatcher, pruned_scandir
-from profwatch.adapters.rank_dir_fs import RankDirReader, scan_tree
+from profwatch.adapters.fs.prof_watch import ProfWatcher, pruned_scandir
+from profwatch.adapters.fs.rank_dir_fs import RankDirReader, scan_tree
 from profwatch.core.batches.settings import WatchSettings
 from profwatch.simulate import ascend_tree as gen
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from profwatch.adapters.rank_dir_fs import RankDirReader, scan_tree
+from profwatch.adapters.fs.rank_dir_fs import RankDirReader, scan_tree
 from profwatch.core.batches.completeness import CaptureHint
 from profwatch.core.batches.settings import WatchSettings
 from profwatch.simulate import ascend_tree as gen

@@ -49,7 +49,7 @@ FIRST_POLL_INTERVAL_S = 2.0
 POLL_STEP = 11
 REDELIVERY_WINDOW_S = 2
 """Identical bytes accepted again within this many seconds of the previous generation are the config writer's
-mtime bump (``daemon/profwatch/adapters/config_writer.py``), not a new arm: no event, the pending config is kept."""
+mtime bump (``daemon/profwatch/adapters/fs/config_writer.py``), not a new arm: no event, the pending config is kept."""
 """torch_npu measures the duration of step 10 -> 11 and derives the poll interval from it (config polling)."""
 
 TEMPLATE: dict[str, Any] = {

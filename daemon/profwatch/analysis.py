@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from profwatch.adapters import staging
+from profwatch.adapters.fs import staging
 from profwatch.adapters.kineto_reader import OP_COMPARE, analyze_torch_batch, compare_suspects
 from profwatch.adapters.kineto_reader import RECIPE as KINETO_RECIPE
 from profwatch.adapters.msprof_analysis import MsprofSession, Progress, advisor_commands, prepare_msprof, run_phase

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class ConfigWriterPort(Protocol):
-    """Writes ``profiler_config.json`` (``profwatch.adapters.config_writer.ConfigWriter``); returns an object with
+    """Writes ``profiler_config.json`` (``profwatch.adapters.fs.config_writer.ConfigWriter``); returns an object with
     ``path`` and ``mtime_s``; raises on refusal or I/O error. Called on the shell's file system worker.
     ``idle_for="<capture id>"``: ``content`` is the idle config (start_step 0) taking that capture's arm back,
     written only while the file still holds it (else raises ``ConfigIdleNotNeeded``)."""
@@ -31,7 +31,7 @@ class ConfigWriterPort(Protocol):
 
 
 class WatcherPort(Protocol):
-    """Watches prof_dirs and wakes the shell (``profwatch.adapters.prof_watch.ProfWatcher``)."""
+    """Watches prof_dirs and wakes the shell (``profwatch.adapters.fs.prof_watch.ProfWatcher``)."""
 
     def watch(self, prof_dir: str) -> Any: ...
 
@@ -94,25 +94,25 @@ Clock = Callable[[], float]
 
 
 class RankDirScanner:
-    """:class:`ScannerPort` over ``profwatch.adapters.rank_dir_fs.scan_tree`` and ``profwatch.adapters.retention``.
+    """:class:`ScannerPort` over ``profwatch.adapters.fs.rank_dir_fs.scan_tree`` and ``profwatch.adapters.fs.retention``.
     One long-lived reader (its DB checks are cached); use from one thread. With ``allowed_roots`` every prof_dir is
-    re-checked before each scan and deletion (``profwatch.adapters.paths``: no symlink below its root), so a folder
-    swapped for a link after the hello is refused (:class:`~profwatch.adapters.paths.PathRefused`), not followed."""
+    re-checked before each scan and deletion (``profwatch.adapters.fs.paths``: no symlink below its root), so a folder
+    swapped for a link after the hello is refused (:class:`~profwatch.adapters.fs.paths.PathRefused`), not followed."""
 
     def __init__(self, settings: WatchSettings, allowed_roots: Sequence[str | os.PathLike[str]] | None = None) -> None:
-        from profwatch.adapters.rank_dir_fs import RankDirReader
+        from profwatch.adapters.fs.rank_dir_fs import RankDirReader
 
         self.settings = settings
         self.allowed_roots = None if allowed_roots is None else list(allowed_roots)
         self._reader = RankDirReader()
 
     def _checked(self, prof_dir: str) -> Path:
-        from profwatch.adapters.paths import check_inside
+        from profwatch.adapters.fs.paths import check_inside
 
         return Path(prof_dir) if self.allowed_roots is None else check_inside(prof_dir, self.allowed_roots)
 
     def scan(self, prof_dir: str, *, world_size: int, capture_id: str, hint: CaptureHint) -> list[BatchState]:
-        from profwatch.adapters.rank_dir_fs import scan_tree
+        from profwatch.adapters.fs.rank_dir_fs import scan_tree
 
         return scan_tree(self._checked(prof_dir), world_size=world_size, settings=self.settings,
                          hints={capture_id: hint}, reader=self._reader)
@@ -120,9 +120,9 @@ class RankDirScanner:
     def retain(self, analysed: Sequence[tuple[str, str, int]], now_unix_s: float) -> list[Any]:
         """Apply the byte/age caps to ``(prof_dir, batch_id, world_size)`` of analysed captures only; an unreadable
         prof_dir is neither counted nor deleted."""
-        from profwatch.adapters.paths import PathRefused
-        from profwatch.adapters.rank_dir_fs import TreeUnavailable, scan_tree
-        from profwatch.adapters.retention import enforce_retention
+        from profwatch.adapters.fs.paths import PathRefused
+        from profwatch.adapters.fs.rank_dir_fs import TreeUnavailable, scan_tree
+        from profwatch.adapters.fs.retention import enforce_retention
 
         s = self.settings
         if s.retention_max_bytes is None and s.retention_max_age_s is None:

@@ -140,7 +140,7 @@ class ConfigWrites:
 
     def _write_idle_shared(self, cap: lc.Capture, content: dict[str, Any], not_before: float) -> None:
         """File system worker: the idle config into the shared config dir; the result goes to the main loop."""
-        from profwatch.adapters.config_writer import ConfigIdleNotNeeded
+        from profwatch.adapters.fs.config_writer import ConfigIdleNotNeeded
 
         try:
             res = self.writer.write(cap.profiler_config_path, content, not_before_unix_s=not_before,

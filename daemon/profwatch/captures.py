@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from profwatch.adapters.paths import PathRefused, check_inside, make_dirs
+from profwatch.adapters.fs.paths import PathRefused, check_inside, make_dirs
 from profwatch.adapters.zmq.control import ControlError
 from profwatch.capture_analysis import AnalysisSteps
 from profwatch.capture_ports import (
@@ -219,7 +219,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         if action is lc.Action.WRITE_CONFIG:
             self._write_config(cap)
         elif action is lc.Action.WATCH and self._watcher is not None:
-            try:  # mkdir -p without following a link below the allowed root (daemon/profwatch/adapters/paths.py)
+            try:  # mkdir -p without following a link below the allowed root (daemon/profwatch/adapters/fs/paths.py)
                 make_dirs(cap.prof_dir, self.s.coordinator.allowed_prof_roots)
                 self._watcher.watch(cap.prof_dir)
             except PathRefused as exc:
@@ -520,7 +520,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
     # -- hellos ----------------------------------------------------------------------------------------------------------
     def on_hello(self, job: JobState, msg: wire.RankHello, now: float) -> None:
         """Check the paths a hello names; refuse and report anything outside the allowed roots or passing through a
-        symlink below its root (``daemon/profwatch/adapters/paths.py``: what is checked here is what is used later)."""
+        symlink below its root (``daemon/profwatch/adapters/fs/paths.py``: what is checked here is what is used later)."""
         cs = self.s.coordinator
         problems = []
         if msg.prof_root:

@@ -84,7 +84,7 @@ class _DetectorView:
 
 
 def _start_watcher(on_wake: Callable[[str], None], settings: Settings, metrics: Any = None) -> Any:
-    from profwatch.adapters.prof_watch import ProfWatcher
+    from profwatch.adapters.fs.prof_watch import ProfWatcher
 
     watcher = ProfWatcher(on_wake, settings=settings.watch, metrics=metrics)
     watcher.start()
@@ -145,7 +145,7 @@ class Coordinator(ControlCommands):
         self.ingest = self.sockets.ingest
         self.control_sock = self.sockets.control
         self.pub = self.sockets.pub
-        from profwatch.adapters.config_writer import ConfigWriter
+        from profwatch.adapters.fs.config_writer import ConfigWriter
 
         self.captures = CaptureShell(
             settings=settings, store=self.state, jobs=self.registry.jobs, nodes=self.registry.nodes,

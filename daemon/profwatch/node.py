@@ -452,7 +452,7 @@ class NodeDaemon:
 
     # -- file system worker -------------------------------------------------------------------------------------
     def _fs_worker(self) -> None:
-        from profwatch.adapters.config_writer import ConfigWriter
+        from profwatch.adapters.fs.config_writer import ConfigWriter
 
         self._writer = ConfigWriter()
         tailers: dict[str, Any] = {}
@@ -474,7 +474,7 @@ class NodeDaemon:
 
     def _write_config(self, cmd: wire.NodeCommand) -> None:
         """Write an arm (or, with ``args["idle_for"]``, the idle config taking that capture's arm back) and answer."""
-        from profwatch.adapters.config_writer import ConfigIdleNotNeeded
+        from profwatch.adapters.fs.config_writer import ConfigIdleNotNeeded
 
         try:
             a = cmd.args
@@ -496,7 +496,7 @@ class NodeDaemon:
     def _check_stale_state(self) -> None:
         """Look for torch_npu leftovers (stale shm segment, orphaned monitor); log a change once, report it with
         every heartbeat (the coordinator names it as the cause of a capture's silent ranks). Never deletes."""
-        from profwatch.adapters.dp_log_tail import find_stale_dp_state
+        from profwatch.adapters.fs.dp_log_tail import find_stale_dp_state
         from profwatch.core.fleet.node_checks import stale_dp_findings
 
         try:
@@ -513,7 +513,7 @@ class NodeDaemon:
 
     def _tail_dp_logs(self, tailers: dict[str, Any]) -> None:
         """Read new torch_npu dp log lines of every torch_npu job on this node; relay them as acknowledgements."""
-        from profwatch.adapters.dp_log_tail import DpLogTail
+        from profwatch.adapters.fs.dp_log_tail import DpLogTail
 
         acks: list[wire.CaptureEvent] = []
         for job_id, cfg_path in list(self._dp_jobs.items()):

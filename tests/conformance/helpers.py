@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from profwatch.adapters.dp_log_tail import parse_line
+from profwatch.adapters.fs.dp_log_tail import parse_line
 from profwatch.core.capture.planner import CapturePlan, CaptureRequest, CaptureSettings, JobProgress, plan_capture
 from rankhook import wire
 from tests.conformance.conftest import NpuJob

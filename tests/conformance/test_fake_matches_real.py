@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from profwatch.adapters.config_writer import ConfigWriter
+from profwatch.adapters.fs.config_writer import ConfigWriter
 from tests.conformance.conftest import NpuJob
 from tests.conformance.helpers import plan, rank_dir_of, wait_hook_events, wait_stopped, window_end
 

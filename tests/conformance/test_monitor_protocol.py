@@ -24,8 +24,8 @@ import time
 
 import pytest
 
-from profwatch.adapters.config_writer import ConfigWriter
-from profwatch.adapters.rank_dir_fs import scan_tree
+from profwatch.adapters.fs.config_writer import ConfigWriter
+from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.core.batches.prof_layout import parse_profiler_info
 from profwatch.core.capture.planner import ProfilerConfig
 from profwatch.core.capture.profiler_config import idle_config

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from profwatch.adapters.rank_dir_fs import scan_tree
+from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.analysis import AnalysisResult, AnalysisSettings, analyze_batch
 from profwatch.commands.analyze import analyze
 from profwatch.core.alerts.alertmanager import AlertBook

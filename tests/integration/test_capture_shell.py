@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from profwatch.adapters.config_writer import ConfigIdleNotNeeded
+from profwatch.adapters.fs.config_writer import ConfigIdleNotNeeded
 from profwatch.adapters.store.state import StateStore
 from profwatch.adapters.zmq.control import ControlError
 from profwatch.captures import CaptureShell

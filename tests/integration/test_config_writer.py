@@ -1,4 +1,4 @@
-"""daemon/profwatch/adapters/config_writer.py on a real file system: in-place edits, no torn file, fresh mtimes, refusals."""
+"""daemon/profwatch/adapters/fs/config_writer.py on a real file system: in-place edits, no torn file, fresh mtimes, refusals."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.config_writer import (
+from profwatch.adapters.fs.config_writer import (
     ConfigDirMissing,
     ConfigDirNotAllowed,
     ConfigDirReadOnly,

@@ -1,11 +1,11 @@
-"""daemon/profwatch/adapters/dp_log_tail.py: per-rank acknowledgements from dp_*.log, rotation/truncation, stale state."""
+"""daemon/profwatch/adapters/fs/dp_log_tail.py: per-rank acknowledgements from dp_*.log, rotation/truncation, stale state."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from profwatch.adapters.dp_log_tail import DpLogTail, find_stale_dp_state, parse_log_name
+from profwatch.adapters.fs.dp_log_tail import DpLogTail, find_stale_dp_state, parse_log_name
 
 
 def _line(msg: str, level: str = "INFO", pid: int = 42) -> str:

@@ -14,8 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from profwatch.adapters.config_writer import ConfigWriter
-from profwatch.adapters.rank_dir_fs import scan_tree
+from profwatch.adapters.fs.config_writer import ConfigWriter
+from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.core.capture.planner import CaptureRequest, CaptureSettings, JobProgress, ProfilerConfig, plan_capture
 from tests.conftest import PYTHON, REPO_ROOT, finish_process, python_env, wait_for
 from tests.integration.capture_job_files import read_events, read_progress

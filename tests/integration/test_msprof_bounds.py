@@ -14,8 +14,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from profwatch.adapters.fs.proc_memory import session_members
 from profwatch.adapters.msprof_runner import MsprofRunner, MsprofSettings, resolve_command
-from profwatch.adapters.proc_memory import session_members
 from profwatch.analysis import AnalysisSettings, analyze_batch, enrich_analysis
 from profwatch.core.batches.completeness import BatchState
 from profwatch.simulate.ascend_tree import generate_cluster
@@ -103,7 +103,7 @@ def test_enrich_runs_have_their_own_slot_and_a_lower_priority(tmp_path: Path) ->
 
 
 def _batch(dirs: list[Path], world: int) -> BatchState:
-    from profwatch.adapters.rank_dir_fs import scan_tree
+    from profwatch.adapters.fs.rank_dir_fs import scan_tree
 
     (batch,) = scan_tree(dirs[0].parent, world_size=world)
     assert batch.status == "complete"

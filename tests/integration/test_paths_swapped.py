@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import profwatch.adapters.config_writer as cw
-from profwatch.adapters.config_writer import ConfigPathSymlink, ConfigWriter
-from profwatch.adapters.paths import PathRefused, check_inside, make_dirs, open_dir, remove_tree
-from profwatch.adapters.rank_dir_fs import scan_tree
-from profwatch.adapters.retention import enforce_retention
+import profwatch.adapters.fs.config_writer as cw
+from profwatch.adapters.fs.config_writer import ConfigPathSymlink, ConfigWriter
+from profwatch.adapters.fs.paths import PathRefused, check_inside, make_dirs, open_dir, remove_tree
+from profwatch.adapters.fs.rank_dir_fs import scan_tree
+from profwatch.adapters.fs.retention import enforce_retention
 from profwatch.capture_ports import RankDirScanner
 from profwatch.core.batches.completeness import CaptureHint
 from profwatch.core.batches.settings import WatchSettings

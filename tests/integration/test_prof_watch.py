@@ -15,14 +15,14 @@ import pytest
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
-from profwatch.adapters.prof_watch import (
+from profwatch.adapters.fs.prof_watch import (
     ProfWatcher,
     fs_type_of,
     is_network_fs,
     make_inotify_observer,
     parse_mountinfo,
 )
-from profwatch.adapters.rank_dir_fs import RankDirReader, scan_tree
+from profwatch.adapters.fs.rank_dir_fs import RankDirReader, scan_tree
 from profwatch.core.batches.settings import WatchSettings
 from profwatch.simulate import ascend_tree as gen
 from tests.conftest import wait_for

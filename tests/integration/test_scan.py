@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from profwatch.adapters import rank_dir_fs
-from profwatch.adapters.rank_dir_fs import RankDirReader, TreeUnavailable, find_rank_dirs, scan_tree
+from profwatch.adapters.fs import rank_dir_fs
+from profwatch.adapters.fs.rank_dir_fs import RankDirReader, TreeUnavailable, find_rank_dirs, scan_tree
 from profwatch.commands.scan import scan
 from profwatch.core.batches.settings import WatchSettings
 from profwatch.simulate import ascend_tree as gen

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from profwatch.adapters.rank_dir_fs import scan_tree
+from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.commands.analyze import analyze
 from profwatch.commands.scan import scan
 from profwatch.core.batches.completeness import rank_ranges

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from profwatch.adapters.rank_dir_fs import find_unsupported, scan_tree
+from profwatch.adapters.fs.rank_dir_fs import find_unsupported, scan_tree
 from profwatch.commands.analyze import analyze
 from profwatch.commands.scan import scan
 from profwatch.simulate.ascend_tree import generate_cluster

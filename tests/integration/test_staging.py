@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.rank_dir_fs import scan_tree
-from profwatch.adapters.retention import RetentionEntry, enforce_retention, plan_retention
-from profwatch.adapters.staging import StagingError, stage_batch
+from profwatch.adapters.fs.rank_dir_fs import scan_tree
+from profwatch.adapters.fs.retention import RetentionEntry, enforce_retention, plan_retention
+from profwatch.adapters.fs.staging import StagingError, stage_batch
 from profwatch.core.batches.prof_layout import OUTPUT_MARKER
 from profwatch.simulate import ascend_tree as gen
 

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from profwatch.adapters.rank_dir_fs import scan_tree
+from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.analysis import AnalysisSettings, analyze_batch
 from profwatch.core.batches.completeness import BatchState, CaptureHint, RankDirState
 from profwatch.core.capture.lifecycle import CaptureState

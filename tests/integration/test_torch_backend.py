@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.config_writer import ConfigWriter
+from profwatch.adapters.fs.config_writer import ConfigWriter
 from profwatch.core.capture.planner import CaptureRequest, CaptureSettings, JobProgress, plan_capture
 from profwatch.core.capture.profiler_config import idle_config
 from tests.conftest import PYTHON, finish_process, python_env, wait_for

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from profwatch.adapters.config_writer import ConfigIdleNotNeeded, ConfigWriter
+from profwatch.adapters.fs.config_writer import ConfigIdleNotNeeded, ConfigWriter
 from profwatch.core.capture.profiler_config import InvalidProfilerConfig, ProfilerConfig, check_idle_config, idle_config
 from rankhook.profconfig import TEMPLATE, ArmedConfig, ConfigWatcher, WindowGate, make_armed, replaces_pending
 

@@ -1,4 +1,4 @@
-"""The memory watchdog's reading of /proc (daemon/profwatch/adapters/proc_memory.py) on a fake proc tree: the session filter,
+"""The memory watchdog's reading of /proc (daemon/profwatch/adapters/fs/proc_memory.py) on a fake proc tree: the session filter,
 command names holding spaces and parentheses, vanished and malformed entries; the host's memory; the scope prefix
 and the probe where systemd is absent. The real /proc: this process's own session is found."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from profwatch.adapters.proc_memory import (
+from profwatch.adapters.fs.proc_memory import (
     PAGE_BYTES,
     ScopeSupport,
     host_memory_bytes,

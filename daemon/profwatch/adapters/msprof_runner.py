@@ -2,7 +2,7 @@
 
 :class:`MsprofRunner` owns the processes: a bound on concurrent commands per phase (the recipes the verdict waits
 for never wait for an enrichment run: those have their own slot and run at a lower CPU priority), timeouts, a
-memory watchdog on each tool's whole process session (``daemon/profwatch/adapters/proc_memory.py``; a run killed at the
+memory watchdog on each tool's whole process session (``daemon/profwatch/adapters/fs/proc_memory.py``; a run killed at the
 cap is a result, ``oom``, never an exception), a process-group kill that cannot hang on descendants,
 cancellation (per analysis or all at once, e.g. at daemon shutdown) and the list of running recipes for
 ``status``. What to run and what a run means is decided elsewhere (``daemon/profwatch/core/verdict/msprof_plan.py``; the batch
@@ -31,7 +31,7 @@ from typing import Any
 import structlog
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from profwatch.adapters import proc_memory
+from profwatch.adapters.fs import proc_memory
 from profwatch.core.verdict.evidence import RecipePhase
 from profwatch.core.verdict.msprof_plan import MsprofSettings, concurrent_runs, memory_cap_bytes
 from profwatch.core.verdict.msprof_results import AgentMessage, parse_agent_stdout

@@ -14,7 +14,7 @@ import time
 
 import click
 
-from profwatch.adapters.rank_dir_fs import TreeUnavailable, describe_unsupported, find_unsupported, scan_tree
+from profwatch.adapters.fs.rank_dir_fs import TreeUnavailable, describe_unsupported, find_unsupported, scan_tree
 from profwatch.core.batches.completeness import BatchState, rank_summary, summarise_problems
 from profwatch.core.batches.prof_layout import parse_rank_dir_name
 from profwatch.core.batches.settings import WatchSettings

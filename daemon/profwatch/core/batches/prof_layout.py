@@ -307,7 +307,7 @@ class DbObservation:
 
 @dataclass(frozen=True, slots=True)
 class RankDirObservation:
-    """Everything the completeness core needs from one rank dir, read by ``daemon/profwatch/adapters/rank_dir_fs.py``.
+    """Everything the completeness core needs from one rank dir, read by ``daemon/profwatch/adapters/fs/rank_dir_fs.py``.
 
     ``unknown`` is set (to the errno name and message) when the directory could not be read right now
     (ESTALE, EIO, ...): such a rank is neither present-and-healthy nor deleted (docs/field-cases.md#fc-15).

@@ -5,7 +5,7 @@ the real monitor in ``docs/conformance.md``):
 
 * **In place, same inode**: no delete (the monitor logs "cfg json not exists" while absent), no copy-over or
   rename (owner/mode/ACL of the rank user's file stay as they are; symlinks are refused). The config dir is opened
-  from its allowed root one component at a time without following links (``profwatch.adapters.paths.open_dir``) and
+  from its allowed root one component at a time without following links (``profwatch.adapters.fs.paths.open_dir``) and
   every file operation is relative to that descriptor (``openat`` semantics, ``O_NOFOLLOW``), so a component
   swapped for a symlink after the check is refused, never followed. The new JSON goes in
   with **one** ``pwrite`` at offset 0 that is at least as long as the old content (padded with trailing spaces,
@@ -42,7 +42,7 @@ from typing import Any
 
 import structlog
 
-from profwatch.adapters.paths import PathRefused, open_dir
+from profwatch.adapters.fs.paths import PathRefused, open_dir
 from profwatch.core.capture.planner import InvalidProfilerConfig, ProfilerConfig
 from profwatch.core.capture.profiler_config import check_idle_config
 from rankhook.profconfig import CONFIG_FILE, TEMPLATE

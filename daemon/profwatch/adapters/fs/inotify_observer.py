@@ -1,6 +1,6 @@
 """watchdog's inotify observer, extended to report queue overflows and watch-limit failures (I/O adapter; Linux).
 
-``daemon/profwatch/adapters/prof_watch.py`` uses it. watchdog 7 only logs an inotify queue overflow and silently skips
+``daemon/profwatch/adapters/fs/prof_watch.py`` uses it. watchdog 7 only logs an inotify queue overflow and silently skips
 directories below a recursive watch whose watch cannot be added (``fs.inotify.max_user_watches`` reached:
 ENOSPC; instance limit: EMFILE). This subclass reports both, so the watcher can rescan and poll what could
 not be watched (docs/field-cases.md#fc-17). It subclasses watchdog internals (``InotifyFD``,

@@ -41,7 +41,7 @@ from watchdog.events import (
 from watchdog.observers.api import BaseObserver, ObservedWatch
 from watchdog.observers.polling import PollingObserverVFS
 
-from profwatch.adapters.inotify_observer import WatchLimitCallback, make_inotify_observer
+from profwatch.adapters.fs.inotify_observer import WatchLimitCallback, make_inotify_observer
 from profwatch.core.batches.mounts import fs_type_of, is_network_fs, parse_mountinfo
 from profwatch.core.batches.settings import WatchSettings
 

@@ -3,7 +3,7 @@
 Only batches the caller names as analysed are ever removed; everything else is left untouched, whatever its
 age or size. The choice itself is the pure :func:`plan_retention`; :func:`enforce_retention` measures and
 deletes. Deletion never follows a symlink: each rank dir is removed through its parent opened without following
-links from an allowed root (``profwatch.adapters.paths.remove_tree``), the staging folder from the staging root, so a
+links from an allowed root (``profwatch.adapters.fs.paths.remove_tree``), the staging folder from the staging root, so a
 folder swapped for a link after the scan is refused, not followed.
 """
 
@@ -16,8 +16,8 @@ from typing import Literal
 
 import structlog
 
-from profwatch.adapters.paths import PathRefused, remove_tree
-from profwatch.adapters.staging import staging_dir_for
+from profwatch.adapters.fs.paths import PathRefused, remove_tree
+from profwatch.adapters.fs.staging import staging_dir_for
 from profwatch.core.batches.completeness import BatchState
 
 log = structlog.get_logger(__name__)

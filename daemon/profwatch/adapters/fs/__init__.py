@@ -1,0 +1,1 @@
+"""Files on shared storage: prof_dir watching, rank dirs, config writes, staging, retention."""
