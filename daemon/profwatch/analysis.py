@@ -28,11 +28,17 @@ from typing import Any
 import structlog
 
 from profwatch.adapters.fs import staging
-from profwatch.adapters.kineto_reader import OP_COMPARE, analyze_torch_batch, compare_suspects
-from profwatch.adapters.kineto_reader import RECIPE as KINETO_RECIPE
-from profwatch.adapters.msprof_analysis import MsprofSession, Progress, advisor_commands, prepare_msprof, run_phase
-from profwatch.adapters.msprof_runner import MsprofRunner
 from profwatch.adapters.report import write_report
+from profwatch.adapters.tools.kineto_reader import OP_COMPARE, analyze_torch_batch, compare_suspects
+from profwatch.adapters.tools.kineto_reader import RECIPE as KINETO_RECIPE
+from profwatch.adapters.tools.msprof_analysis import (
+    MsprofSession,
+    Progress,
+    advisor_commands,
+    prepare_msprof,
+    run_phase,
+)
+from profwatch.adapters.tools.msprof_runner import MsprofRunner
 from profwatch.analysis_result import (
     AnalysisResult,
     AnalysisStatus,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from profwatch.adapters.kineto_reader import RECIPE as KINETO_RECIPE
+from profwatch.adapters.tools.kineto_reader import RECIPE as KINETO_RECIPE
 from profwatch.core.alerts.events import judged_ranks, suspect_alert_data
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.batches.prof_layout import parse_rank_dir_name

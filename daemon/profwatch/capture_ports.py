@@ -154,7 +154,7 @@ class BatchAnalyser:
     def __init__(self, settings: AnalysisSettings) -> None:
         import threading
 
-        from profwatch.adapters.msprof_runner import MsprofRunner
+        from profwatch.adapters.tools.msprof_runner import MsprofRunner
 
         self.settings = settings
         self.runner = MsprofRunner(settings.msprof)

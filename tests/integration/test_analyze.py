@@ -257,7 +257,7 @@ def test_real_torch_gloo_traces(gloo_batch: Path, tmp_path: Path):
 
 
 def _torch_batch(root: Path, *, work: dict[int, float], steps: int = 3) -> dict[int, Path]:
-    from profwatch.adapters.kineto_reader import write_torch_trace
+    from profwatch.adapters.tools.kineto_reader import write_torch_trace
     from tests.unit.test_kineto_align import job_events
 
     events = job_events(4, work=work, steps=steps)

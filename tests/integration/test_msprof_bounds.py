@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from profwatch.adapters.fs.proc_memory import session_members
-from profwatch.adapters.msprof_runner import MsprofRunner, MsprofSettings, resolve_command
+from profwatch.adapters.tools.msprof_runner import MsprofRunner, MsprofSettings, resolve_command
 from profwatch.analysis import AnalysisSettings, analyze_batch, enrich_analysis
 from profwatch.core.batches.completeness import BatchState
 from profwatch.simulate.ascend_tree import generate_cluster

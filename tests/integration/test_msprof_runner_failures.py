@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from profwatch.adapters.msprof_runner import MsprofRunner, MsprofSettings, run_msprof_analysis
+from profwatch.adapters.tools.msprof_runner import MsprofRunner, MsprofSettings, run_msprof_analysis
 from profwatch.core.verdict.evidence import ClusterEvidence
 from profwatch.simulate.ascend_tree import generate_cluster
 from tests.conftest import kill_group_in, wait_for

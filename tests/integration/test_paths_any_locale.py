@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.msprof_runner import resolve_command
+from profwatch.adapters.tools.msprof_runner import resolve_command
 from profwatch.simulate import ascend_tree as at
 from tests.conftest import PYTHON, python_env
 

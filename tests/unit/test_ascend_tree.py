@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.msprof_db import sqlite_truncated
+from profwatch.adapters.tools.msprof_db import sqlite_truncated
 from profwatch.simulate import ascend_tree as at
 from profwatch.simulate.ascend_db import double_hash
 

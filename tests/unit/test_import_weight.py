@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import PYTHON, python_env
 
 HEAVY = ("numpy", "pandas", "msprof_analyze", "ijson", "torch")
-HEAVY_OURS = ("profwatch.analysis", "profwatch.core.detection.job_detector", "profwatch.adapters.msprof_runner", "profwatch.adapters.fs.rank_dir_fs")
+HEAVY_OURS = ("profwatch.analysis", "profwatch.core.detection.job_detector", "profwatch.adapters.tools.msprof_runner", "profwatch.adapters.fs.rank_dir_fs")
 
 
 def _loaded(code: str) -> dict[str, list[str]]:

@@ -1,4 +1,4 @@
-"""Kineto breakdown (profwatch.core.verdict.kineto, pure) and the streaming reader (profwatch.adapters.kineto_reader) on small
+"""Kineto breakdown (profwatch.core.verdict.kineto, pure) and the streaming reader (profwatch.adapters.tools.kineto_reader) on small
 handmade traces."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.kineto_reader import (
+from profwatch.adapters.tools.kineto_reader import (
     TraceFormatError,
     analyze_torch_batch,
     find_trace_files,

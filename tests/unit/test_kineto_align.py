@@ -1,5 +1,5 @@
 """Step alignment of torch.profiler traces by time (profwatch.core.verdict.kineto_align, profwatch.core.verdict.kineto) and the reader's
-notes and unusable ranks (profwatch.adapters.kineto_reader): issue 11 items 2 and 5b."""
+notes and unusable ranks (profwatch.adapters.tools.kineto_reader): issue 11 items 2 and 5b."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.kineto_reader import analyze_torch_batch, find_trace_files, write_torch_trace
+from profwatch.adapters.tools.kineto_reader import analyze_torch_batch, find_trace_files, write_torch_trace
 from profwatch.core.verdict.evidence import ClusterEvidence
 from profwatch.core.verdict.kineto import RankTrace, summarize_traces
 from profwatch.core.verdict.kineto_align import align_steps, estimate_offset

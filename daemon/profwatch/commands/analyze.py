@@ -19,7 +19,7 @@ import click
 
 from profwatch.adapters.fs.rank_dir_fs import TreeUnavailable, describe_unsupported, find_unsupported, scan_tree
 from profwatch.adapters.fs.staging import mark_output_dir
-from profwatch.adapters.msprof_runner import MsprofRunner
+from profwatch.adapters.tools.msprof_runner import MsprofRunner
 from profwatch.analysis import AnalysisResult, AnalysisSettings, analyze_batch
 from profwatch.core.display import display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE

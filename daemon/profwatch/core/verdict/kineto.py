@@ -1,6 +1,6 @@
 """Kineto (torch.profiler Chrome trace) time breakdown per rank and step, msprof-analyze style (pure).
 
-The adapter ``daemon/profwatch/adapters/kineto_reader.py`` streams each rank's trace and feeds ``ph == "X"`` events into a
+The adapter ``daemon/profwatch/adapters/tools/kineto_reader.py`` streams each rank's trace and feeds ``ph == "X"`` events into a
 :class:`RankTrace` (compact columns, not dicts); :func:`summarize_traces` turns the ranks' traces into
 ``RankStepSummary`` rows with the same meaning as msprof-analyze ``ClusterTimeSummary`` (Ascend/msprof-analyze
 recipe ``cluster_time_summary``: wait = own collective time minus the shortest of the same instance, transmit = that

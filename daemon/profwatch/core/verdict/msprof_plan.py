@@ -1,6 +1,6 @@
 """Which msprof-analyze recipes to run on a staged batch, and what a finished run means (pure).
 
-The adapter ``daemon/profwatch/adapters/msprof_runner.py`` inspects the batch (``msprof_db.inspect_inputs`` ->
+The adapter ``daemon/profwatch/adapters/tools/msprof_runner.py`` inspects the batch (``msprof_db.inspect_inputs`` ->
 :class:`InputFacts`), asks :func:`plan_recipes` which commands to run, runs them, reads each run's result tables
 and log into a :class:`RunOutcome`, and asks :func:`interpret_run` for the recipe's :class:`RecipeStatus`. No
 I/O here: every fact about files arrives as data. The tool behaviour these rules rely on (exit code 0 for most

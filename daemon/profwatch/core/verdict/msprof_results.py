@@ -1,6 +1,6 @@
 """Parse msprof-analyze 26.2.0 outputs (cluster_analysis.db rows, ``--agent`` JSON) into evidence (pure).
 
-Callers read the tables (``daemon/profwatch/adapters/msprof_db.py``, read-only) and pass rows as mappings keyed by column
+Callers read the tables (``daemon/profwatch/adapters/tools/msprof_db.py``, read-only) and pass rows as mappings keyed by column
 name. Everything is parsed **by column name**, never by position or declared type: recipe tables come from
 pandas ``to_sql`` so column types vary between runs (docs/msprof-analyze.md#result-tables).
 """

@@ -6,7 +6,7 @@ memory watchdog on each tool's whole process session (``daemon/profwatch/adapter
 cap is a result, ``oom``, never an exception), a process-group kill that cannot hang on descendants,
 cancellation (per analysis or all at once, e.g. at daemon shutdown) and the list of running recipes for
 ``status``. What to run and what a run means is decided elsewhere (``daemon/profwatch/core/verdict/msprof_plan.py``; the batch
-level is ``daemon/profwatch/adapters/msprof_analysis.py``). Facts relied on (docs/msprof-analyze.md): exit code 0 for most
+level is ``daemon/profwatch/adapters/tools/msprof_analysis.py``). Facts relied on (docs/msprof-analyze.md): exit code 0 for most
 failures; a fresh ``-o`` per command; ``MSPROF_ANALYZE_LOG_FILE`` per run; ``--force`` (no interactive prompt),
 stdin closed; never ``-V``; each command forks one worker per CPU, hence the bounds. Every path handed to the
 tool is absolute: it runs with its own output folder as working directory.
@@ -41,9 +41,9 @@ __all__ = ["MsprofRunner", "MsprofSettings", "RunningRecipe", "RunTicket", "Spaw
 
 
 def __getattr__(name: str) -> Any:
-    """``run_msprof_analysis`` moved to ``daemon/profwatch/adapters/msprof_analysis.py``; kept importable from here."""
+    """``run_msprof_analysis`` moved to ``daemon/profwatch/adapters/tools/msprof_analysis.py``; kept importable from here."""
     if name == "run_msprof_analysis":
-        from profwatch.adapters.msprof_analysis import run_msprof_analysis
+        from profwatch.adapters.tools.msprof_analysis import run_msprof_analysis
 
         return run_msprof_analysis
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import structlog
 
-from profwatch.adapters.msprof_db import inspect_inputs, read_tables
-from profwatch.adapters.msprof_runner import MsprofRunner, RunTicket, SpawnFailed, ToolRun
+from profwatch.adapters.tools.msprof_db import inspect_inputs, read_tables
+from profwatch.adapters.tools.msprof_runner import MsprofRunner, RunTicket, SpawnFailed, ToolRun
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipePhase, RecipeStatus
 from profwatch.core.verdict.msprof_plan import (
     RESULT_DB,

@@ -1,0 +1,1 @@
+"""External analysis tools and their outputs: msprof-analyze, its DBs, Kineto traces."""
