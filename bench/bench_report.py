@@ -30,8 +30,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 
-from profwatch.adapters.report import render_html, write_report  # noqa: E402
-from profwatch.adapters.report_charts import plotly_js, rank_figure  # noqa: E402
+from profwatch.adapters.outputs.report import render_html, write_report  # noqa: E402
+from profwatch.adapters.outputs.report_charts import plotly_js, rank_figure  # noqa: E402
 from profwatch.core.alerts.events import suspect_alert_data  # noqa: E402
 from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus, Suspect  # noqa: E402
 from profwatch.core.verdict.report_view import build_view  # noqa: E402

@@ -15,7 +15,7 @@ import socket
 import statistics
 import time
 
-from profwatch.adapters.alert_sinks import AlertSinks
+from profwatch.adapters.outputs.alert_sinks import AlertSinks
 from profwatch.core.alerts.alertmanager import AlertBook
 from profwatch.core.alerts.events import TYPE_SUSPECT_RANKS, make_cloudevent
 from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings

@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 
 from profwatch.adapters.fs import staging
-from profwatch.adapters.report import write_report
+from profwatch.adapters.outputs.report import write_report
 from profwatch.adapters.tools.kineto_reader import OP_COMPARE, analyze_torch_batch, compare_suspects
 from profwatch.adapters.tools.kineto_reader import RECIPE as KINETO_RECIPE
 from profwatch.adapters.tools.msprof_analysis import (

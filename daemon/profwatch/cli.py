@@ -68,8 +68,8 @@ def _serve(label: str, metrics_port: int | None, build: Any) -> None:
     WATCHDOG=1 from its main loop; SIGHUP reloads nothing (restart is the reload path: docs/systemd.md)."""
     import os
 
-    from profwatch.adapters.metrics import DaemonMetrics
-    from profwatch.adapters.sd_notify import SdNotifier
+    from profwatch.adapters.outputs.metrics import DaemonMetrics
+    from profwatch.adapters.outputs.sd_notify import SdNotifier
 
     metrics = DaemonMetrics(label)
     notifier = SdNotifier(os.environ)

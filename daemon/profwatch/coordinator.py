@@ -21,9 +21,9 @@ from typing import Any
 import structlog
 import zmq
 
-from profwatch.adapters.alert_sinks import AlertSinks
-from profwatch.adapters.metrics import DaemonMetrics
-from profwatch.adapters.sd_notify import SdNotifier
+from profwatch.adapters.outputs.alert_sinks import AlertSinks
+from profwatch.adapters.outputs.metrics import DaemonMetrics
+from profwatch.adapters.outputs.sd_notify import SdNotifier
 from profwatch.adapters.store.state import StateStore, Stored
 from profwatch.adapters.zmq import control
 from profwatch.adapters.zmq.server_sockets import ServerSockets

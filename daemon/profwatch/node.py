@@ -27,8 +27,8 @@ from typing import Any
 import structlog
 import zmq
 
-from profwatch.adapters.metrics import DaemonMetrics
-from profwatch.adapters.sd_notify import SdNotifier
+from profwatch.adapters.outputs.metrics import DaemonMetrics
+from profwatch.adapters.outputs.sd_notify import SdNotifier
 from profwatch.adapters.zmq.curve import HandshakeMonitor, make_client, peer_address
 from profwatch.adapters.zmq.keyfiles import CurveSetupError, KeyPair, client_keys
 from profwatch.config import NodeSettings

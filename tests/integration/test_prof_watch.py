@@ -207,7 +207,7 @@ def test_watch_limit_polls_what_inotify_could_not_watch(tmp_path: Path, monkeypa
     from structlog.testing import capture_logs
     from watchdog.observers.inotify_c import InotifyFD
 
-    from profwatch.adapters.metrics import DaemonMetrics
+    from profwatch.adapters.outputs.metrics import DaemonMetrics
 
     real = InotifyFD._get_or_create_watch
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from profwatch.adapters.report import href, render_html, write_report
-from profwatch.adapters.report_charts import plotly_js
+from profwatch.adapters.outputs.report import href, render_html, write_report
+from profwatch.adapters.outputs.report_charts import plotly_js
 from profwatch.core.alerts.events import suspect_alert_data
 from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus
 from profwatch.core.verdict.ranking import rank_suspects
@@ -215,13 +215,13 @@ def test_templates_ship_in_the_wheel_and_sdist(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr[-3000:]
         built.append(re.findall(r"^BUILT (\S+)$", proc.stdout, re.MULTILINE)[-1])
     wheel_name, sdist_name = built
-    templates = sorted(p.name for p in (REPO_ROOT / "daemon" / "profwatch" / "adapters" / "templates").iterdir())
+    templates = sorted(p.name for p in (REPO_ROOT / "daemon" / "profwatch" / "adapters" / "outputs" / "templates").iterdir())
     assert templates == ["report.css", "report.html.j2", "report.js"]
     with zipfile.ZipFile(tmp_path / "dist" / wheel_name) as whl:
         names = set(whl.namelist())
-    assert {f"profwatch/adapters/templates/{t}" for t in templates} <= names
+    assert {f"profwatch/adapters/outputs/templates/{t}" for t in templates} <= names
     import tarfile
 
     with tarfile.open(tmp_path / "dist" / sdist_name) as sd:
         members = {m.name.split("/", 1)[1] for m in sd.getmembers() if "/" in m.name}
-    assert {f"daemon/profwatch/adapters/templates/{t}" for t in templates} <= members
+    assert {f"daemon/profwatch/adapters/outputs/templates/{t}" for t in templates} <= members

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from profwatch.adapters.report import write_report
+from profwatch.adapters.outputs.report import write_report
 from tests.conftest import require_tool, wait_for
 from tests.integration.test_report import EVIL, report_data
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.sd_notify import SdNotifier
+from profwatch.adapters.outputs.sd_notify import SdNotifier
 from tests.conftest import PYTHON, python_env, wait_for
 from tests.integration.sink_support import free_port
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from cloudevents.core.bindings.http import HTTPMessage, from_http_event
 
-from profwatch.adapters.alert_sinks import CloudEventsWebhookSink
-from profwatch.adapters.http_post import HttpPoster, SinkConfigError
+from profwatch.adapters.outputs.alert_sinks import CloudEventsWebhookSink
+from profwatch.adapters.outputs.http_post import HttpPoster, SinkConfigError
 from profwatch.core.alerts.events import TYPE_ANOMALY, TYPE_SUSPECT_RANKS, make_cloudevent
 from profwatch.core.alerts.settings import HttpClientSettings, WebhookSettings
 from tests.conftest import require_tool, wait_for
@@ -70,7 +70,7 @@ def test_all_events_mode_and_authorization_file(tmp_path: Path, receiver: Record
     auth = tmp_path / "auth"
     auth.write_text("Basic dXNlcjpwdw==\n")
     os.chmod(auth, 0o600)
-    from profwatch.adapters.http_post import read_authorization
+    from profwatch.adapters.outputs.http_post import read_authorization
 
     s = WebhookSettings(url=receiver.url, events="all", authorization_file=auth, backoff_s=0.01)
     sink = CloudEventsWebhookSink(s, read_authorization(s, {}, "webhook"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.http_post import SinkConfigError, read_authorization
+from profwatch.adapters.outputs.http_post import SinkConfigError, read_authorization
 from profwatch.config import ConfigError, load_settings
 from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings
 from profwatch.core.fleet.job_end import JobEndTracker

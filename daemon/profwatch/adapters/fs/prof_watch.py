@@ -49,7 +49,7 @@ __all__ = ["INOTIFY_EVENTS", "ObserverFactory", "ObserverMode", "ProfWatcher", "
            "is_network_fs", "make_inotify_observer", "parse_mountinfo", "pruned_scandir"]
 
 if TYPE_CHECKING:
-    from profwatch.adapters.metrics import DaemonMetrics
+    from profwatch.adapters.outputs.metrics import DaemonMetrics
 
 log = structlog.get_logger(__name__)
 ObserverMode = Literal["inotify", "polling"]

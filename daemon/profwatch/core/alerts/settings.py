@@ -2,7 +2,7 @@
 
 Secrets never sit in the TOML file: the ``Authorization`` header value is read from a file
 (``authorization_file``) or an environment variable (``authorization_env``) when the coordinator starts
-(``daemon/profwatch/adapters/http_post.py: read_authorization``).
+(``daemon/profwatch/adapters/outputs/http_post.py: read_authorization``).
 """
 
 from __future__ import annotations

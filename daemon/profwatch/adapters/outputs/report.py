@@ -4,7 +4,7 @@ The page is rendered from the package templates ``templates/report.html.j2`` (+ 
 with Jinja2 autoescaping, so every value from the data (host names, paths, recipe logs) is escaped; the chart
 data goes in as ``|tojson`` (``<``, ``>``, ``&``, ``'`` escaped). plotly.js is inlined: the page needs no second
 file and no network. What the page shows is decided in :mod:`profwatch.core.verdict.report_view`; the chart in
-:mod:`profwatch.adapters.report_charts`. Jinja2: https://jinja.palletsprojects.com/ (BSD-3-Clause).
+:mod:`profwatch.adapters.outputs.report_charts`. Jinja2: https://jinja.palletsprojects.com/ (BSD-3-Clause).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from urllib.parse import quote
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
-from profwatch.adapters.report_charts import plotly_js, rank_figure
+from profwatch.adapters.outputs.report_charts import plotly_js, rank_figure
 from profwatch.core.verdict.evidence import RankStepSummary
 from profwatch.core.verdict.report_view import build_view, impact_text
 
@@ -31,7 +31,7 @@ KNOWN_STATUS = frozenset({"ok", "no_suspect", "not_applicable", "skipped", "no_d
 
 @lru_cache(maxsize=1)
 def _env() -> Environment:
-    return Environment(loader=PackageLoader("profwatch.adapters", "templates"), autoescape=True,
+    return Environment(loader=PackageLoader("profwatch.adapters.outputs", "templates"), autoescape=True,
                        undefined=StrictUndefined, keep_trailing_newline=True)
 
 

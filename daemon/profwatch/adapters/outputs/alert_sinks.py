@@ -10,7 +10,7 @@ hands it to each configured sink; each sink decides what it forwards.
   section 3.2): body = the event JSON, ``Content-Type: application/cloudevents+json; charset=utf-8``.
 
 Nothing here blocks the caller: bodies go to bounded queues served by one thread per sink
-(``daemon/profwatch/adapters/http_post.py``); a full queue drops and counts.
+(``daemon/profwatch/adapters/outputs/http_post.py``); a full queue drops and counts.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from profwatch.adapters.http_post import HttpPoster, read_authorization
+from profwatch.adapters.outputs.http_post import HttpPoster, read_authorization
 from profwatch.core.alerts.alertmanager import AlertBook
 from profwatch.core.alerts.events import TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_SUSPECT_RANKS
 from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings
@@ -38,7 +38,7 @@ RESTORE_TYPES = (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED, "io.profwatch.batch
 
 
 class SinkMetrics(Protocol):
-    """What the sinks report to (``daemon/profwatch/adapters/metrics.py: DaemonMetrics`` provides it)."""
+    """What the sinks report to (``daemon/profwatch/adapters/outputs/metrics.py: DaemonMetrics`` provides it)."""
 
     def sink_outcome(self, sink: str, outcome: str, n: int) -> None: ...
 

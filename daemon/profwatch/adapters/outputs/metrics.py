@@ -163,7 +163,7 @@ class DaemonMetrics:
                 oldest = first if oldest is None else min(oldest, first)
         self.capture_oldest_active_age.set(max(0.0, now_unix_s - oldest) if oldest is not None else 0.0)
 
-    # -- sinks (daemon/profwatch/adapters/alert_sinks.py: SinkMetrics) -------------------------------------------------------
+    # -- sinks (daemon/profwatch/adapters/outputs/alert_sinks.py: SinkMetrics) -------------------------------------------------------
     def sink_outcome(self, sink: str, outcome: str, n: int) -> None:
         self.sink_requests.labels(sink, outcome).inc(n)
 

@@ -1,0 +1,1 @@
+"""What leaves profwatch: alert sinks, HTTP posts, metrics, the HTML report, sd_notify."""
