@@ -36,7 +36,7 @@ from typing import Any
 
 from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
-from profwatch.analysis import AnalysisSettings, analyze_batch, enrich_analysis
+from profwatch.analysis.facade import AnalysisSettings, analyze_batch, enrich_analysis
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.capture.planner import CaptureSettings, lead_steps, poll_interval_s
 from profwatch.core.capture.settings import ArmingSettings

@@ -241,7 +241,7 @@ def part_c(steps: int) -> None:
 
 def part_d(specs: list[dict[str, Any]], steps: int, settings: RankingSettings) -> None:
     from profwatch.adapters.fs.rank_dir_fs import scan_tree
-    from profwatch.analysis import AnalysisSettings, analyze_batch
+    from profwatch.analysis.facade import AnalysisSettings, analyze_batch
     from profwatch.core.alerts.alertmanager import AlertBook
     from profwatch.core.alerts.events import make_cloudevent
     from profwatch.simulate.ascend_tree import generate_cluster

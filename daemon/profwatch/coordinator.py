@@ -27,8 +27,8 @@ from profwatch.adapters.outputs.sd_notify import SdNotifier
 from profwatch.adapters.store.state import StateStore, Stored
 from profwatch.adapters.zmq import control
 from profwatch.adapters.zmq.server_sockets import ServerSockets
-from profwatch.capture_ports import BatchAnalyser, RankDirScanner
-from profwatch.captures import CaptureShell
+from profwatch.captures.ports import BatchAnalyser, RankDirScanner
+from profwatch.captures.shell import CaptureShell
 from profwatch.config import Settings
 from profwatch.coordinator_control import ControlCommands
 from profwatch.core.alerts.events import (

@@ -19,7 +19,7 @@ from profwatch.core.messages import MessageRejected
 if TYPE_CHECKING:
     from profwatch.adapters.store.state import StateStore
     from profwatch.adapters.zmq.server_sockets import ServerSockets
-    from profwatch.captures import CaptureShell
+    from profwatch.captures.shell import CaptureShell
     from profwatch.config import Settings
     from profwatch.core.detection.job_detector import JobDetector
     from profwatch.core.fleet.registry import Registry, RegistryError

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from profwatch.adapters.fs.rank_dir_fs import scan_tree
-from profwatch.analysis import AnalysisResult, AnalysisSettings, analyze_batch
+from profwatch.analysis.facade import AnalysisResult, AnalysisSettings, analyze_batch
 from profwatch.commands.analyze import analyze
 from profwatch.core.alerts.alertmanager import AlertBook
 from profwatch.core.alerts.events import TYPE_SUSPECT_RANKS, make_cloudevent

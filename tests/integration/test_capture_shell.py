@@ -15,7 +15,7 @@ import pytest
 from profwatch.adapters.fs.config_writer import ConfigIdleNotNeeded
 from profwatch.adapters.store.state import StateStore
 from profwatch.adapters.zmq.control import ControlError
-from profwatch.captures import CaptureShell
+from profwatch.captures.shell import CaptureShell
 from profwatch.config import load_settings
 from profwatch.core.batches.completeness import BatchState, RankDirState
 from profwatch.core.capture import lifecycle as lc

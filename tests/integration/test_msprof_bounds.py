@@ -16,7 +16,7 @@ from typing import Any
 
 from profwatch.adapters.fs.proc_memory import session_members
 from profwatch.adapters.tools.msprof_runner import MsprofRunner, MsprofSettings, resolve_command
-from profwatch.analysis import AnalysisSettings, analyze_batch, enrich_analysis
+from profwatch.analysis.facade import AnalysisSettings, analyze_batch, enrich_analysis
 from profwatch.core.batches.completeness import BatchState
 from profwatch.simulate.ascend_tree import generate_cluster
 from tests.conftest import kill_group_in, wait_for

@@ -14,7 +14,7 @@ from profwatch.adapters.fs.config_writer import ConfigPathSymlink, ConfigWriter
 from profwatch.adapters.fs.paths import PathRefused, check_inside, make_dirs, open_dir, remove_tree
 from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.adapters.fs.retention import enforce_retention
-from profwatch.capture_ports import RankDirScanner
+from profwatch.captures.ports import RankDirScanner
 from profwatch.core.batches.completeness import CaptureHint
 from profwatch.core.batches.settings import WatchSettings
 from profwatch.simulate import ascend_tree as gen

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from profwatch.adapters.fs.rank_dir_fs import scan_tree
-from profwatch.analysis import AnalysisSettings, analyze_batch
+from profwatch.analysis.facade import AnalysisSettings, analyze_batch
 from profwatch.core.batches.completeness import BatchState, CaptureHint, RankDirState
 from profwatch.core.capture.lifecycle import CaptureState
 from profwatch.core.detection.job_detector import Anomaly

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import PYTHON, python_env
 
 HEAVY = ("numpy", "pandas", "msprof_analyze", "ijson", "torch")
-HEAVY_OURS = ("profwatch.analysis", "profwatch.core.detection.job_detector", "profwatch.adapters.tools.msprof_runner", "profwatch.adapters.fs.rank_dir_fs")
+HEAVY_OURS = ("profwatch.analysis.facade", "profwatch.core.detection.job_detector", "profwatch.adapters.tools.msprof_runner", "profwatch.adapters.fs.rank_dir_fs")
 
 
 def _loaded(code: str) -> dict[str, list[str]]:
@@ -40,4 +40,4 @@ def test_cli_and_config_do_not_import_the_analysis_stack(code: str) -> None:
 def test_a_lazy_command_still_loads_when_used() -> None:
     got = _loaded("import sys; sys.argv = ['profwatch', 'analyze', '--help']\nimport profwatch.cli\ntry:\n"
                   "    profwatch.cli.main()\nexcept SystemExit:\n    pass")
-    assert "profwatch.analysis" in got["ours"]
+    assert "profwatch.analysis.facade" in got["ours"]

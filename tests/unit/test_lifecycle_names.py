@@ -96,7 +96,7 @@ def test_no_state_names_outside_the_lifecycle() -> None:
 
 def test_the_capture_code_does_not_import_the_coordinator() -> None:
     """No cycle: the shell, its ports and the lifecycle load without the coordinator (it composes them)."""
-    code = ("import sys, profwatch.captures, profwatch.capture_ports, profwatch.core.capture.lifecycle; "
+    code = ("import sys, profwatch.captures.shell, profwatch.captures.ports, profwatch.core.capture.lifecycle; "
             "sys.exit(1 if 'profwatch.coordinator' in sys.modules else 0)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})

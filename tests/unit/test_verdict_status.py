@@ -1,9 +1,9 @@
-"""The status of an analysed batch (profwatch.analysis_result.overall_status) from its evidence and verdict: every status
+"""The status of an analysed batch (profwatch.analysis.result.overall_status) from its evidence and verdict: every status
 that rates the evidence (issue 11 items 2, 4, 5, 10), without running any tool."""
 
 from __future__ import annotations
 
-from profwatch.analysis_result import overall_status as _overall_status
+from profwatch.analysis.result import overall_status as _overall_status
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
 from profwatch.core.verdict.ranking import judge_batch
 from profwatch.simulate.ascend_tree import build_timelines, cluster_time_summary

@@ -20,7 +20,7 @@ import click
 from profwatch.adapters.fs.rank_dir_fs import TreeUnavailable, describe_unsupported, find_unsupported, scan_tree
 from profwatch.adapters.fs.staging import mark_output_dir
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
-from profwatch.analysis import AnalysisResult, AnalysisSettings, analyze_batch
+from profwatch.analysis.facade import AnalysisResult, AnalysisSettings, analyze_batch
 from profwatch.core.display import display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE
 from profwatch.core.verdict.evidence import RecipeStatus
@@ -29,7 +29,7 @@ GOOD = ("ok", "no_suspect")
 
 
 class RecipeProgress:
-    """Per-recipe progress of one batch on stderr (``profwatch.analysis.Progress``): plain lines, or on a terminal one
+    """Per-recipe progress of one batch on stderr (``profwatch.analysis.facade.Progress``): plain lines, or on a terminal one
     status line drawn by tqdm (what runs, what finished, elapsed time) that ends in the same lines. Stdout keeps
     only the results. Use as a context manager (it owns a refresh thread on a terminal)."""
 

@@ -156,7 +156,7 @@ def run_msprof_analysis(staged_dir: Path, out_dir: Path, *, runner: MsprofRunner
     """Run every recipe ``plan_recipes`` picks (cluster_time_summary, slow_rank, communication_matrix, ``advisor
     all``) on one staged batch of ``world_size`` ranks through ``runner``, the alert phase then the enrich phase;
     return the evidence (µs) with a :class:`RecipeStatus` per recipe (statuses as ``msprof_plan.interpret_run``
-    documents). The advisor runs on the whole batch here (no size rule: ``daemon/profwatch/analysis.py`` applies it).
+    documents). The advisor runs on the whole batch here (no size rule: ``daemon/profwatch/analysis/facade.py`` applies it).
 
     ``owner`` labels the runs for :meth:`MsprofRunner.cancel` and ``running()``. ``expected_ranks``: the ranks
     staged when they are not ``0..world_size-1`` (a subset). Paths are made absolute first.

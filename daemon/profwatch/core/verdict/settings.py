@@ -1,6 +1,6 @@
-"""Settings of one batch analysis (``profwatch.analysis.analyze_batch``): tool runs, ranking, report (pure, pydantic).
+"""Settings of one batch analysis (``profwatch.analysis.facade.analyze_batch``): tool runs, ranking, report (pure, pydantic).
 
-Kept apart from ``daemon/profwatch/analysis.py`` so that ``daemon/profwatch/config.py`` composes it without importing the analysis
+Kept apart from ``daemon/profwatch/analysis/facade.py`` so that ``daemon/profwatch/config.py`` composes it without importing the analysis
 stack (staging, subprocess runner, Kineto reader, report rendering).
 """
 

@@ -39,7 +39,7 @@ from profwatch.adapters.tools.msprof_analysis import (
     run_phase,
 )
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
-from profwatch.analysis_result import (
+from profwatch.analysis.result import (
     AnalysisResult,
     AnalysisStatus,
     hostnames_from_dirs,

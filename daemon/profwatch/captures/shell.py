@@ -1,5 +1,5 @@
 """Capture orchestration (the I/O shell around ``daemon/profwatch/core/capture/lifecycle.py``): arming, config writes, scans,
-analyses, events and persistence, through narrow collaborators (``daemon/profwatch/capture_ports.py``), never the coordinator.
+analyses, events and persistence, through narrow collaborators (``daemon/profwatch/captures/ports.py``), never the coordinator.
 
 Every decision is a lifecycle transition; this module applies it: persist the new record (typed rows), publish
 its events, perform its :class:`~profwatch.core.capture.lifecycle.Action` s. Runs on the coordinator's main thread; file
@@ -21,8 +21,9 @@ import structlog
 
 from profwatch.adapters.fs.paths import PathRefused, check_inside, make_dirs
 from profwatch.adapters.zmq.control import ControlError
-from profwatch.capture_analysis import AnalysisSteps
-from profwatch.capture_ports import (
+from profwatch.captures.analysis_steps import AnalysisSteps
+from profwatch.captures.config_writes import ConfigWrites, IdleSend
+from profwatch.captures.ports import (
     AnalyserPort,
     Clock,
     ConfigWriterPort,
@@ -33,7 +34,6 @@ from profwatch.capture_ports import (
     SendNodeCommand,
     WatcherPort,
 )
-from profwatch.capture_writes import ConfigWrites, IdleSend
 from profwatch.core.batches.completeness import BatchState, CaptureHint
 from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from profwatch.core.detection.job_detector import Anomaly
     from profwatch.core.fleet.registry import JobState, NodeState
 
-log = structlog.get_logger("profwatch.captures")
+log = structlog.get_logger("profwatch.captures.shell")
 RECENT_PER_JOB = 8
 """Final captures kept in memory per job (late rank events still count their bytes); older ones are in the store."""
 
@@ -90,7 +90,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         settings: the whole configuration tree (coordinator, capture, watch, analysis, arming sections).
         store: the state store (typed capture rows, batches).
         jobs, nodes: the registry's job and node maps (read only).
-        writer, send_node_command, scanner, analyser, detectors: collaborators (``daemon/profwatch/capture_ports.py``).
+        writer, send_node_command, scanner, analyser, detectors: collaborators (``daemon/profwatch/captures/ports.py``).
         make_watcher: builds the prof_dir watcher given the wake callback (None when watching is unavailable).
         emit, post, clock, count_state: publish an event; hand work to the main loop; wall clock; metrics hook.
     """

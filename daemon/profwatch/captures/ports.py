@@ -1,4 +1,4 @@
-"""The narrow collaborators of the capture shell (``daemon/profwatch/captures.py``) as Protocols, and their default
+"""The narrow collaborators of the capture shell (``daemon/profwatch/captures/shell.py``) as Protocols, and their default
 implementations over the adapters (I/O: file system scans, msprof-analyze through ``analyze_batch``).
 
 The shell never sees the coordinator: the composition root (``daemon/profwatch/coordinator.py``) builds these and hands
@@ -16,7 +16,7 @@ from profwatch.core.batches.completeness import BatchState, CaptureHint
 from rankhook import wire
 
 if TYPE_CHECKING:
-    from profwatch.analysis import AnalysisSettings
+    from profwatch.analysis.facade import AnalysisSettings
     from profwatch.core.batches.settings import WatchSettings
 
 
@@ -143,7 +143,7 @@ class RankDirScanner:
 
 
 class BatchAnalyser:
-    """:class:`AnalyserPort` over ``profwatch.analysis.analyze_batch`` / ``enrich_analysis`` and one
+    """:class:`AnalyserPort` over ``profwatch.analysis.facade.analyze_batch`` / ``enrich_analysis`` and one
     :class:`MsprofRunner` owned by this analyser (the coordinator's only runner). Runs are labelled with the batch
     id; ``cancel(capture_id)`` maps the capture to the batch it is analysing or enriching. Results waiting for
     their enrich phase are kept here (at most :attr:`MAX_PENDING`, oldest dropped: its enrichment then fails
@@ -164,7 +164,7 @@ class BatchAnalyser:
 
     def analyse(self, batch: BatchState, *, work_dir: Path, hostnames: Mapping[int, str], context: dict[str, Any],
                 job_id: str, capture_reason: str) -> tuple[str, dict[str, Any]]:
-        from profwatch.analysis import analyze_batch
+        from profwatch.analysis.facade import analyze_batch
 
         capture_id = str(context.get("capture_id") or "")
         with self._lock:
@@ -187,7 +187,7 @@ class BatchAnalyser:
     def enrich(self, capture_id: str) -> tuple[str, dict[str, Any]]:
         """Run the enrich phase of the capture's analysed batch (advisor at low priority, slow links, html report);
         returns ``(status, verdict payload)``. Raises LookupError when no analysed result waits for it."""
-        from profwatch.analysis import enrich_analysis
+        from profwatch.analysis.facade import enrich_analysis
 
         with self._lock:
             result = self._pending.pop(capture_id, None)

@@ -1,6 +1,6 @@
-"""The analysis steps of the capture shell (``daemon/profwatch/captures.py``): the alert phase on the analysis workers, the
+"""The analysis steps of the capture shell (``daemon/profwatch/captures/shell.py``): the alert phase on the analysis workers, the
 enrich phase on its own worker after the verdict is published, retention (I/O shell; decisions in
-``daemon/profwatch/core/capture/lifecycle.py``). A mixin: :class:`profwatch.captures.CaptureShell` provides the attributes below."""
+``daemon/profwatch/core/capture/lifecycle.py``). A mixin: :class:`profwatch.captures.shell.CaptureShell` provides the attributes below."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from profwatch.adapters.store.state import StateStore
-    from profwatch.capture_ports import AnalyserPort, Clock, Post, ScannerPort
+    from profwatch.captures.ports import AnalyserPort, Clock, Post, ScannerPort
     from profwatch.config import Settings
     from profwatch.core.fleet.registry import JobState
 
-log = structlog.get_logger("profwatch.captures")
+log = structlog.get_logger("profwatch.captures.shell")
 
 
 class AnalysisSteps:

@@ -1,5 +1,5 @@
 """The outcome of one batch analysis and the rules for its status (``AnalysisResult``, ``overall_status``): data in,
-data out, no I/O. The composition that produces it (staging, tools, ranking, report) is ``daemon/profwatch/analysis.py``."""
+data out, no I/O. The composition that produces it (staging, tools, ranking, report) is ``daemon/profwatch/analysis/facade.py``."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ class AnalysisResult:
     op_compare: list[dict[str, Any]] = field(default_factory=list)
     """torch.profiler follow-up: ``[{"rank", "reference_rank", "ops": [...]}]`` (``kineto_reader.compare_suspects``)."""
     followup: Any = field(default=None, repr=False)
-    """What the enrich phase needs (``profwatch.analysis.Followup``); None when nothing follows. Not serialised."""
+    """What the enrich phase needs (``profwatch.analysis.facade.Followup``); None when nothing follows. Not serialised."""
 
     def verdict_json(self) -> dict[str, Any]:
         """The verdict keys shared by ``to_json()`` and ``alert_data()``: ``links``, ``impact`` (headline: every

@@ -1,7 +1,7 @@
-"""The config writes of the capture shell (``daemon/profwatch/captures.py``): the arm's ``profiler_config.json`` by the
+"""The config writes of the capture shell (``daemon/profwatch/captures/shell.py``): the arm's ``profiler_config.json`` by the
 coordinator (its file system worker) or by each node daemon (``write_config`` commands and their answers), and the
 idle config (start_step 0) over an arm that ended unused (``daemon/profwatch/core/capture/profiler_config.py: idle_config``). I/O shell;
-decisions in ``daemon/profwatch/core/capture/lifecycle.py``. A mixin: :class:`profwatch.captures.CaptureShell` provides the attributes
+decisions in ``daemon/profwatch/core/capture/lifecycle.py``. A mixin: :class:`profwatch.captures.shell.CaptureShell` provides the attributes
 below."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from profwatch.core.capture.profiler_config import idle_config
 from rankhook import wire
 
 if TYPE_CHECKING:
-    from profwatch.capture_ports import Clock, ConfigWriterPort, Emit, Post, SendNodeCommand
+    from profwatch.captures.ports import Clock, ConfigWriterPort, Emit, Post, SendNodeCommand
     from profwatch.config import Settings
     from profwatch.core.fleet.registry import JobState, NodeState
 
