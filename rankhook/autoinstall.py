@@ -104,7 +104,7 @@ class _TorchOptimFinder:
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
-        orig_exec = loader.exec_module  # type: ignore[attr-defined]
+        orig_exec = loader.exec_module
 
         def exec_module(module: Any) -> None:
             orig_exec(module)

@@ -151,7 +151,7 @@ class Publisher:
                     # First use, or we are a forked child: build our own context, leave the parent's alone.
                     self._sock = None
                     self._connect()
-                self._send([topic, payload], self._flags)  # type: ignore[misc]
+                self._send([topic, payload], self._flags)
             self.counters.sent += 1
             self._backoff_until = 0.0
             return True

@@ -168,7 +168,7 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
             try:
                 import tomllib as _t
             except ModuleNotFoundError:  # Python 3.10
-                import tomli as _t  # type: ignore[no-redef]
+                import tomli as _t
             _t.loads(p.read_text())
         except Exception as exc:  # noqa: BLE001
             raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None

@@ -86,7 +86,7 @@ _TypedBatch = make_dataclass(
         ("ts_unix_s", float),
         ("messages", list[_RankUnion]),
         ("kind", Literal["node_batch"]),
-        ("v", Literal[wire.SCHEMA_VERSION]),  # type: ignore[valid-type]
+        ("v", Literal[wire.SCHEMA_VERSION]),
     ],
 )
 _typed_batch_adapter: TypeAdapter[Any] = TypeAdapter(_TypedBatch)

@@ -179,7 +179,7 @@ class KeyRing:
             if role not in ROLES or not node_id_ok(name) or name in by_name:
                 problems.append(f"{f}: needs metadata role = node|read|act and a unique name (got {name!r}, {role!r})")
                 continue
-            key = ClientKey(name, role, public, f)  # type: ignore[arg-type]
+            key = ClientKey(name, role, public, f)
             by_key[public] = key
             by_name[name] = key
         with self._lock:

@@ -207,7 +207,7 @@ def _per_rank(columns: list[StepColumns], name: str, same: bool) -> dict[int, li
                 vals = tuple(v for v in vals if v is not None)
             if vals:
                 out[r] = list(vals)
-        return out  # type: ignore[return-value]
+        return out
     acc: dict[int, list[float]] = defaultdict(list)
     for c in columns:
         for r, v in zip(c.ranks, c.ex[name], strict=True):
