@@ -116,7 +116,7 @@ def _level(sc: TelemetryScenario, step: int, restarted: bool) -> tuple[float, st
     lvl = 1.0
     flagged: str | None = None
     capturing = False
-    if sc.slowdown_from_step is not None and step >= sc.slowdown_from_step and not restarted \
+    if sc.slowdown_from_step is not None and step >= sc.slowdown_from_step \
             and (sc.slowdown_until_step is None or step < sc.slowdown_until_step):
         lvl *= 1.0 + sc.slowdown
     if sc.drift_per_step and step >= sc.drift_from_step:
@@ -292,7 +292,7 @@ def _iter_replica(sc: ServingScenario, q: int) -> Iterator[dict[str, Any]]:
                 it *= sc.slow_factor
             compute = 0.8 * it * np.maximum(0.3, 1.0 + sc.rank_jitter_cv * rng.standard_normal(sc.tp))
             if late and sc.slow_rank in ranks:
-                compute[ranks.index(sc.slow_rank)] *= sc.slow_factor  # type: ignore[arg-type]
+                compute[ranks.index(sc.slow_rank)] *= sc.slow_factor
             dur = float(compute.max()) + 0.2 * it
             t += dur
             for i, r in enumerate(ranks):

@@ -43,9 +43,9 @@ class DetectionSettings(BaseModel):
     )
     noise_floor: float = Field(0.01, ge=0, description="relative: floor of the step-time noise, as a fraction of the median")
     drift_detection: bool = Field(True, description="report a slow drift of the baseline as `drift` (slope, total)")
-    drift_threshold: float = Field(
-        0.10, gt=0, description="relative: `drift` is reported when the level rose this much since the reference, "
-        "and again each time it grew by this much more"
+    drift_threshold: float | None = Field(
+        None, gt=0, description="relative: `drift` is reported when the level rose this much since the reference, "
+        "and again each time it grew by this much more (None = min_effect)"
     )
 
     # -- spikes and periodic spikes --------------------------------------------------------------------------------
