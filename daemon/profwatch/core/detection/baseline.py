@@ -11,6 +11,7 @@ count as noise.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 
@@ -21,7 +22,8 @@ from profwatch.core.detection.types import MAD_TO_SIGMA
 BIWEIGHT_C_LOCATION = 6.0
 BIWEIGHT_C_SCALE = 9.0
 STATS_EVERY = 8
-"""Full windows are re-estimated every this many pushes; below ``window`` values at every push."""
+"""Windows are re-estimated every this many pushes; below :data:`STATS_EVERY_BELOW` values at every push."""
+STATS_EVERY_BELOW = 64
 MAX_TREND_BLOCKS = 12
 MIN_TREND_VALUES = 48
 TREND_Z = 3.0
@@ -64,8 +66,15 @@ def biweight(values: np.ndarray) -> tuple[float, float]:
     return loc, scale
 
 
+@functools.lru_cache(maxsize=MAX_TREND_BLOCKS + 1)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs (i < j) of n points (cached: the same few block counts recur)."""
+    i, j = np.triu_indices(n, 1)
+    return i, j
+
+
 def _theil_sen(med: np.ndarray, pos: np.ndarray) -> float:
-    i, j = np.triu_indices(med.size, 1)
+    i, j = _pairs(med.size)
     return float(np.median((med[j] - med[i]) / (pos[j] - pos[i])))
 
 
@@ -104,7 +113,8 @@ class RobustBaseline:
         lag: values held back before they enter the window.
         trend: estimate a linear trend (see :meth:`stats`).
 
-    Memory: ``window + lag`` floats. Cost: one ``biweight`` (O(window)) every :data:`STATS_EVERY` pushes, about 40 us at 300 values.
+    Memory: ``window + lag`` floats. Cost: one ``biweight`` (O(window)) every :data:`STATS_EVERY` pushes, about 40 us at 300 values
+    (about 100 us with the trend).
     """
 
     def __init__(self, window: int, lag: int, *, trend: bool = False) -> None:
@@ -146,7 +156,7 @@ class RobustBaseline:
             x = self._held.popleft()
         self._window.append(x)
         self._stale += 1
-        if self._stale >= STATS_EVERY or len(self._window) < (self._window.maxlen or 0):
+        if self._stale >= STATS_EVERY or len(self._window) < min(STATS_EVERY_BELOW, self._window.maxlen or 0):
             self._stats = None
             self._stale = 0
 

@@ -8,6 +8,7 @@ between the step aggregator and the step detectors and hands them one
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections import Counter
 
@@ -16,6 +17,8 @@ import numpy as np
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import FinalizedStep
 
+NUMPY_MIN_RANKS = 64
+"""Per-rank block medians in pure Python below this many ranks (numpy's overhead dominates there)."""
 LEARN_STEPS = 32
 """Non-excluded steps whose median step time sets the block size."""
 
@@ -39,20 +42,22 @@ class StepBlocks:
         more). A block of B consecutive finalised steps becomes one record: ``step`` its last step, ``time_s``
         the median job step time, ``slowest_rank`` the rank slowest most often, ``ranks_reported`` the least,
         ``stages`` per stage and rank the median (NaN where a rank never reported), ``work`` the median work,
-        ``steps`` B. A block with any excluded step is excluded with that step's reason (a capture window, a
+        ``steps`` B (at least ``min_steps_without_work`` when none of those steps reported ``work``: a serving
+        unit without work judges block medians). A block with any excluded step is excluded with that step's reason (a capture window, a
         flagged step). Medians make a block insensitive to a few jittery steps, so host jitter does not reach
         the detectors, while a sustained change moves every block; the detectors' thresholds (``min_effect``,
         ``outlier_*``) keep their meaning and their step counts (``outlier_window_steps``, ``baseline_steps``,
         ``spike_event_gap_steps``) count blocks. Cost: O(world_size) per stage per block, nothing per report.
     """
 
-    def __init__(self, settings: DetectionSettings) -> None:
+    def __init__(self, settings: DetectionSettings, *, min_steps_without_work: int = 1) -> None:
         self.settings = settings
+        self.min_steps_without_work = min_steps_without_work
         self.reset()
 
     def reset(self) -> None:
         """Forget the block size and the open block (a new generation)."""
-        self.size: int | None = None if self.settings.block_target_s > 0 else 1
+        self.size: int | None = None if self.settings.block_target_s > 0 or self.min_steps_without_work > 1 else 1
         self._held: list[FinalizedStep] = []
         self._open: list[FinalizedStep] = []
 
@@ -74,6 +79,8 @@ class StepBlocks:
             t = _median(ok)
             self.size = max(1, min(self.settings.max_block_steps,
                                    round(self.settings.block_target_s / t) if t > 0 else 1))
+            if all(h.work is None for h in self._held):
+                self.size = max(self.size, self.min_steps_without_work)
             held, self._held = self._held, []
             out: list[FinalizedStep] = []
             for h in held:
@@ -103,14 +110,14 @@ def merge_block(block: list[FinalizedStep]) -> FinalizedStep:
         stages = {}
         width = max(len(v) for b in block if b.stages for v in b.stages.values())
         for name in names:
-            a = np.full((len(block), width), np.nan)
-            for i, b in enumerate(block):
-                v = b.stages.get(name) if b.stages else None
-                if v is not None:
-                    a[i, : len(v)] = v
+            rows = [v for b in block if b.stages and (v := b.stages.get(name)) is not None and len(v) == width]
+            if width < NUMPY_MIN_RANKS:
+                cols = [[x for x in col if not math.isnan(x)] for col in zip(*rows, strict=True)]
+                stages[name] = [_median(c) if c else math.nan for c in cols]
+                continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # a rank that reported no step of the block
-                stages[name] = [float(x) for x in np.nanmedian(a, axis=0)]
+                stages[name] = [float(x) for x in np.nanmedian(np.asarray(rows, dtype=np.float64), axis=0)]
     return FinalizedStep(step=last.step, time_s=_median([b.time_s for b in block]), slowest_rank=slowest,
                          ranks_reported=min(b.ranks_reported for b in block), stages=stages, excluded=excluded,
                          work=_median(works) if works else None, steps=sum(b.steps for b in block))

@@ -15,7 +15,7 @@ from profwatch.core.detection.aggregation import NEVER, StepAggregator, StepRepo
 from profwatch.core.detection.blocks import StepBlocks
 from profwatch.core.detection.rank_outliers import RankOutlierDetector
 from profwatch.core.detection.regression import StepTimeRegressionDetector
-from profwatch.core.detection.serving import LoadNormaliser
+from profwatch.core.detection.serving import BLOCK_STEPS_WITHOUT_WORK, LoadNormaliser
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.stalls import ArrivalStallDetector
 from profwatch.core.detection.types import Anomaly, StallDetector, StepDetector
@@ -53,7 +53,7 @@ class UnitPipeline:
         self._identity = self.ranks == list(range(len(self.ranks)))
         n = len(self.ranks)
         self.aggregator = StepAggregator(n, settings)
-        self.blocks = StepBlocks(settings)
+        self.blocks = StepBlocks(settings, min_steps_without_work=BLOCK_STEPS_WITHOUT_WORK if serving else 1)
         self._hold_steps = hold_steps
         self.normaliser = LoadNormaliser(settings) if serving and step_detectors is None else None
         self.regression: StepTimeRegressionDetector | None = None
@@ -117,13 +117,23 @@ class UnitPipeline:
                 d.reset()
         out: list[Anomaly] = []
         for fs0 in steps:
+            if self.normaliser is not None:
+                self.normaliser.note_step(fs0)
             for fs in self.blocks.push(fs0):
                 rf = self.normaliser.normalise(fs) if self.normaliser is not None else fs
                 for d in self.step_detectors:
                     found = d.on_step(rf if d is self.regression else fs)
                     if found:
+                        if self.normaliser is not None and d is self.regression:
+                            self._rebase_loads(found)
                         out.extend(self._to_job(a) for a in found)
         return out
+
+    def _rebase_loads(self, found: list[Anomaly]) -> None:
+        assert self.normaliser is not None
+        for a in found:
+            if a.kind == "step_regression" and a.detail.get("pattern") in ("cusum", "level"):
+                self.normaliser.rescale(1.0 + a.magnitude)
 
     def check_stalls(self, now_unix_s: float) -> list[Anomaly]:
         """The stall detector's check, mapped to job ranks."""

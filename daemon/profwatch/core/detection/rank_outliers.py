@@ -84,7 +84,7 @@ class RankOutlierDetector:
 
         Own baseline (structural imbalance): over the first ``structural_learn_steps`` non-excluded steps of a
         generation (after warm-up), each rank's ratio ``v / m`` to its peers' median is recorded per stage
-        (at most :data:`MAX_LEARNED_STAGES`). A rank whose median ratio ``c`` differs from 1 by at least half of
+        (at most :data:`MAX_LEARNED_STAGES`). A rank whose median ratio ``c`` exceeds 1 by at least half of
         ``outlier_min_effect``, with the medians of the two halves of the window within
         :data:`STABLE_FRACTION` of ``outlier_min_effect`` of each other (it was like that from the start, not a
         change inside the window), gets ``c`` as its baseline: from then on its values are divided by ``c``
@@ -108,7 +108,9 @@ class RankOutlierDetector:
         not named (their compute stage is normal; a pure wait stage is shorter on the slow rank); leave pure
         wait stages out of ``outlier_stages``. Job-wide events (GC pauses, checkpoints on every rank) raise the
         peer median with every rank and are not outliers; a one-step stall of one rank (a data loader hiccup)
-        counts one step of ``outlier_min_steps``. A rank that became slow within the learning window and stays
+        counts one step of ``outlier_min_steps``. Ranks faster than their peers from the start keep the peers'
+        median as their reference (normalising them would turn the wait they take up when a peer slows down
+        into an outlier). A rank that became slow within the learning window and stays
         stable over both halves of it cannot be told from a structural one: it is reported as structural.
 
         Source: peer-relative per-rank scores as in NVIDIA Resiliency Extension's straggler detection
@@ -292,7 +294,7 @@ class RankOutlierDetector:
                 first = np.nanmedian(ratios[: n // 2], axis=0)
                 second = np.nanmedian(ratios[n // 2:], axis=0)
                 cost = np.nanmedian(self._learn_cost[name], axis=0)
-            learned = (np.abs(c - 1.0) >= s.outlier_min_effect / 2.0) & (np.abs(first - second) < half_tol)
+            learned = (c - 1.0 >= s.outlier_min_effect / 2.0) & (np.abs(first - second) < half_tol)
             base: dict[int, float] = {}
             for r in np.flatnonzero(learned).tolist():
                 base[int(r)] = float(c[r])

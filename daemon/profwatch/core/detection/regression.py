@@ -246,7 +246,7 @@ class StepTimeRegressionDetector:
                 self._base.clear()
         self._learn_rejected = 0
         self._base.push(x)
-        if len(self._base) >= self.settings.min_baseline_steps:
+        if len(self._base) >= self.settings.min_baseline_steps and self.drift.reference_s is None:
             self.drift.learned(self._noise()[0], step)
 
     def _spike_event(self, step: int, ep: SpikeEpisode, mu: float, hold: int, out: list[Anomaly]) -> None:

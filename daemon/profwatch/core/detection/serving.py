@@ -17,15 +17,16 @@ from dataclasses import replace
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import FinalizedStep
 
-WORK_BAND_RATIO = 1.25
-"""Work bands are powers of this ratio (work within 25 % is one band)."""
+WORK_BAND_RATIO = 1.1
+"""Work bands are powers of this ratio (work within 10 % is one band)."""
 BAND_WINDOW = 128
 """Values per band in its reference (rolling median)."""
 BAND_LAG = 32
 """The newest values of a band enter its reference only this late (a change cannot hide in it at once)."""
 BAND_MIN = 8
 """Values a band needs before its steps are judged."""
-MAX_BANDS = 64
+MAX_BANDS = 128
+BLOCK_STEPS_WITHOUT_WORK = 16
 LOAD_WINDOW_STEPS = 64
 """Steps over which the busy fraction (the load band without ``work``) is measured."""
 
@@ -61,14 +62,16 @@ class LoadNormaliser:
 
     Notes:
         Band: with ``work`` (tokens, requests: what the rank reported for the step), the band is
-        ``floor(log(work) / log(1.25))``: steps of similar work; without it, the load band is the busy fraction
+        ``floor(log(work) / log(1.1))``: steps of similar work; without it, the load band is the busy fraction
         over the last :data:`LOAD_WINDOW_STEPS` steps (busy time / (busy + idle time)) cut into
-        ``serving_load_bands`` equal bands. Each band keeps a rolling median of the last :data:`BAND_WINDOW`
+        ``serving_load_bands`` equal bands, and the unit is judged in blocks of at least
+        :data:`BLOCK_STEPS_WITHOUT_WORK` steps (their median: a prefill among decode iterations does not move
+        it). Each band keeps a rolling median of the last :data:`BAND_WINDOW`
         step times, the newest :data:`BAND_LAG` held back. A step becomes ``time_s / reference`` (dimensionless,
         about 1.0); a step of a band with fewer than :data:`BAND_MIN` values is excluded (``"load_band"``).
         The regression detector then judges one series of ratios, all loads pooled, so its change-point test
-        keeps its power; a change that lasts is found before it enters the band references (lag), and after a
-        while a lasting change becomes the new normal of each band. Idle steps (excluded ``"idle"``) only count
+        keeps its power; a change that lasts is found before it enters the band references (lag), and once the
+        regression detector reported it, :meth:`rescale` makes it the new normal of every band at once. Idle steps (excluded ``"idle"``) only count
         for the busy fraction. Memory: at most :data:`MAX_BANDS` bands (the least recently used is dropped).
         Assumption: at one load, iteration time does not depend on what came before (no queue effects).
     """
@@ -82,11 +85,25 @@ class LoadNormaliser:
         self._bands: dict[int, _Band] = {}
         self._busy: deque[tuple[float, bool]] = deque(maxlen=LOAD_WINDOW_STEPS)
         self._raw: deque[float] = deque(maxlen=BAND_WINDOW)
+        self._usual: float | None = None
+        self._pushed = 0
 
     @property
     def usual_step_s(self) -> float | None:
-        """Median raw step time of the recent non-idle steps (seconds), for planning; None before any."""
-        return _median(list(self._raw)) if self._raw else None
+        """Median raw step time of the recent non-idle steps (seconds; re-estimated every 16 steps), for
+        planning and for telling idle gaps; None before any."""
+        return self._usual
+
+    def rescale(self, factor: float) -> None:
+        """Every band's reference times ``factor``: a lasting change the regression detector just reported
+        becomes the new normal of every load at once (not band by band as each band's window turns over)."""
+        if not factor > 0:
+            return
+        for band in self._bands.values():
+            band.values = deque((v * factor for v in band.values), maxlen=BAND_WINDOW)
+            band.held.clear()  # the newest values may already be at the new level: not scaled twice
+            if band.ref is not None:
+                band.ref *= factor
 
     def band_of(self, fs: FinalizedStep) -> int:
         """The band key of ``fs`` (rules in Notes)."""
@@ -98,14 +115,22 @@ class LoadNormaliser:
         n = self.settings.serving_load_bands
         return -1 - min(n - 1, int(frac * n))
 
-    def normalise(self, fs: FinalizedStep) -> FinalizedStep:
-        """Return ``fs`` with ``time_s`` as a ratio to its band's reference, or excluded (``"load_band"``)."""
+    def note_step(self, fs: FinalizedStep) -> None:
+        """Count one finalised step (before any block) for the busy fraction and the usual step time."""
+        idle = fs.excluded == "idle"
+        self._busy.append((fs.time_s, idle))
         if fs.excluded is not None:
-            if fs.excluded == "idle":
-                self._busy.append((fs.time_s, True))
-            return fs
-        self._busy.append((fs.time_s, False))
+            return
         self._raw.append(fs.time_s)
+        self._pushed += 1
+        if self._usual is None or self._pushed % 16 == 0:
+            self._usual = _median(list(self._raw))
+
+    def normalise(self, fs: FinalizedStep) -> FinalizedStep:
+        """Return ``fs`` (a step or a block) with ``time_s`` as a ratio to its band's reference, or excluded
+        (``"load_band"``)."""
+        if fs.excluded is not None:
+            return fs
         key = self.band_of(fs)
         band = self._bands.pop(key, None) or _Band()
         self._bands[key] = band  # most recently used last

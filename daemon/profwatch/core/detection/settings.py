@@ -102,7 +102,7 @@ class DetectionSettings(BaseModel):
 
     # -- blocks of steps at high step rates ------------------------------------------------------------------------
     block_target_s: float = Field(
-        0.1, ge=0, description="seconds: fast steps are judged in blocks of about this length (0 = step by step)"
+        0.05, ge=0, description="seconds: fast steps are judged in blocks of about this length (0 = step by step)"
     )
     max_block_steps: int = Field(256, ge=1, description="the most steps in one block")
 
