@@ -35,12 +35,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from profwatch.core.alerts.event_types import JOB_ALERTNAMES
 from profwatch.core.alerts.events import (
     TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
     TYPE_BATCH_INCOMPLETE,
     TYPE_JOB_ENDED,
-    TYPE_PATH_REFUSED,
     TYPE_SUSPECT_RANKS,
     rfc3339,
 )
@@ -49,12 +49,7 @@ ALERTNAME_SUSPECT = "ProfwatchSuspectRank"
 ALERTNAME_LINK = "ProfwatchSlowLink"
 ALERTNAME_UNJUDGED = "ProfwatchVerdictIncomplete"
 UNJUDGED_STATUSES = ("partial", "weak")
-JOB_ALERTNAMES = {
-    TYPE_BATCH_INCOMPLETE: "ProfwatchBatchIncomplete",
-    TYPE_ANALYSIS_FAILED: "ProfwatchAnalysisFailed",
-    TYPE_PATH_REFUSED: "ProfwatchPathRefused",
-}
-RESOLVED_BY_VERDICT = ("ProfwatchBatchIncomplete", "ProfwatchAnalysisFailed")
+RESOLVED_BY_VERDICT = (JOB_ALERTNAMES[TYPE_BATCH_INCOMPLETE], JOB_ALERTNAMES[TYPE_ANALYSIS_FAILED])
 RESOLVING_STATUSES = ("ok", "no_suspect")
 """``suspect_ranks`` statuses whose ``judged_ranks`` may resolve a rank (``partial`` proves no absence)."""
 LIFETIME_FACTOR = 4

@@ -95,7 +95,7 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class GenerationOpened:
-    """A new generation of ``job_id`` (the ``io.profwatch.job_generation.v1`` event's data).
+    """A new generation of ``job_id`` (the ``job_generation`` event's data).
 
     ``ranks``: the ranks whose agreement opened it; ``nodes``: the nodes they spoke through; ``admitted``: ranks
     registered at once from held hellos; ``refused``: held hellos the registry refused then (reason per rank).
