@@ -10,7 +10,7 @@ identity; an alert whose ``endsAt`` has passed is resolved. Alertmanager's clien
 ``endsAt = now + 4 x resend_interval_s``, so a lost re-send does not resolve an alert, and alerts of a profwatch
 that stopped for good expire by themselves.
 
-Rules (issue 16):
+Rules (``docs/alerts.md``):
 * ``suspect_ranks`` with suspects: one ``ProfwatchSuspectRank`` alert per suspect (at most ``max_suspects``;
   the top one ``critical``, the others ``warning``). One alert stands per (job, rank): if the same rank comes
   back with other labels (kind, severity, host), the old label set is resolved and the new one fires.
