@@ -23,7 +23,7 @@ Rules (issue 16):
 * ``suspect_ranks`` with status ``partial`` or ``weak``: one job-level ``ProfwatchVerdictIncomplete`` alert
   (warning) saying what could not be judged (``unjudged_ranks``, ``detail``); it resolves with the next ``ok`` or
   ``no_suspect`` verdict of the job.
-* ``batch_incomplete``, ``analysis_failed``, ``path_refused``: one job-level alert each; the first two resolve
+* ``batch_incomplete``, ``analysis_failed``, ``path_refused``, ``job_id_collision``: one job-level alert each; the first two resolve
   when a later capture of the job reaches a verdict (any ``suspect_ranks`` event), all resolve at job end.
 * ``job_ended``: every alert of the job resolves.
 """
@@ -40,6 +40,7 @@ from profwatch.core.alerts.events import (
     TYPE_ANALYSIS_FAILED,
     TYPE_BATCH_INCOMPLETE,
     TYPE_JOB_ENDED,
+    TYPE_JOB_ID_COLLISION,
     TYPE_PATH_REFUSED,
     TYPE_SUSPECT_RANKS,
     rfc3339,
@@ -53,6 +54,7 @@ JOB_ALERTNAMES = {
     TYPE_BATCH_INCOMPLETE: "ProfwatchBatchIncomplete",
     TYPE_ANALYSIS_FAILED: "ProfwatchAnalysisFailed",
     TYPE_PATH_REFUSED: "ProfwatchPathRefused",
+    TYPE_JOB_ID_COLLISION: "ProfwatchJobIdCollision",
 }
 RESOLVED_BY_VERDICT = ("ProfwatchBatchIncomplete", "ProfwatchAnalysisFailed")
 RESOLVING_STATUSES = ("ok", "no_suspect")
