@@ -79,7 +79,8 @@ def one_round(root: Path, in_place: bool) -> dict[str, float]:
         req.send_json({"cmd": "ping", "args": {}})
         if not req.poll(5000):
             raise RuntimeError("no reply")
-        return bool(req.recv_json()["ok"])
+        reply: dict[str, Any] = req.recv_json()  # type: ignore[assignment]
+        return bool(reply["ok"])
 
     def heartbeat() -> None:
         node.send(wire.encode(wire.NodeHeartbeat(node_id="nodeA", hostname="h", pid=1, ts_unix_s=time.time(),
