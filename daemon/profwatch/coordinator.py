@@ -117,6 +117,7 @@ class Coordinator(ControlCommands):
                 on_failed=lambda op, _err: self.metrics.state_store_failures.labels(op).inc(),
                 on_dropped=lambda kind, n: self.metrics.state_store_dropped.labels(kind).inc(n))
             self.sinks.restore(self.state.iter_events(self.sinks.restore_types))
+            self.sinks.attach_outbox(self.state)
         except Exception:
             self.sinks.close()
             raise
