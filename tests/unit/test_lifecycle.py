@@ -517,3 +517,22 @@ def test_progress_events_carry_state_and_deadline() -> None:
     t = lc.rank_event(_acked(_written(_open())), _ev(0, "started", step=0), T0 + 5, SET)
     ev = next(e for e in t.events if e.type == TYPE_CAPTURE)
     assert ev.data["state"] == "collecting" and ev.data["deadline_unix_s"] == t.capture.deadline_unix_s
+
+
+@pytest.mark.parametrize(("step_time_s", "step", "window_s"), [
+    (None, 100, 60.0),  # no step time known: ack_timeout_s
+    (0.5, 100, 60.0),  # fast steps: ack_timeout_s
+    (19.0, 100, 76.0),  # 3 x 19 + 19 s poll: just over the default
+    (40.0, 100, 160.0),  # 3 x 40 + 40 s poll
+    (100.0, 100, 350.0),  # the poll interval is capped at 50 s
+    (40.0, 5, 122.0),  # before step 11 torch_npu polls every 2 s
+])
+def test_the_ack_deadline_grows_with_the_step_time(step_time_s: float | None, step: int, window_s: float) -> None:
+    plan, steps = _plan(steps=dict.fromkeys(range(4), step), times=dict.fromkeys(range(4), step_time_s or 0.5))
+    cap = lc.open_capture(plan, world_size=4, profiler_config_path="/cfg/j1", writer="coordinator", rank_steps=steps,
+                          rank_step_time_s=dict.fromkeys(range(4), step_time_s) if step_time_s else {},
+                          rank_backends=dict.fromkeys(range(4), "torch_npu"), nodes=[], now=T0, settings=SET,
+                          step_time_s=step_time_s).capture
+    assert lc.ack_window_s(cap, SET) == window_s
+    written = _written(cap)
+    assert written.deadline_unix_s == T0 + 1 + window_s < cap.judge_unix_s  # the window ends later still
