@@ -536,3 +536,18 @@ def test_the_ack_deadline_grows_with_the_step_time(step_time_s: float | None, st
     assert lc.ack_window_s(cap, SET) == window_s
     written = _written(cap)
     assert written.deadline_unix_s == T0 + 1 + window_s < cap.judge_unix_s  # the window ends later still
+
+
+def test_job_end_cancels_captures_whose_window_has_not_started_and_lets_the_others_run() -> None:
+    planned, written = _open(), _written(_open())
+    acked = _acked(_written(_open()))
+    collecting = lc.rank_event(acked, _ev(0, "started", step=acked.start_step), T0 + 5, SET).capture
+    for cap in (planned, written, acked):
+        t = lc.job_ended(cap, T0 + 700, SET)
+        assert t is not None and t.capture.state is CaptureState.CANCELLED, cap.state
+        assert "job ended" in t.capture.outcome and t.capture.deadline_unix_s is None
+        assert Action.IDLE_CONFIG in t.actions  # a later run in the same folder must not fire the old arm
+        assert t.events[0].data["reason"] == "job ended"
+    assert collecting.state is CaptureState.COLLECTING
+    for cap in (collecting, _analysing(), _analysed()):  # torch_npu may still be parsing: run to the deadline
+        assert lc.job_ended(cap, T0 + 700, SET) is None, cap.state

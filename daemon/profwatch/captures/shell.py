@@ -542,6 +542,15 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                       {"rank": msg.rank, "hostname": msg.hostname, "problems": problems},
                       event_id=f"path_refused-{msg.job_id}-{int(now)}")
 
+    def on_job_ended(self, job_id: str, now: float) -> None:
+        """The job ended: cancel its captures whose window has not started (``lc.job_ended``); the others run to
+        their deadlines."""
+        job = self._jobs.get(job_id)
+        for cap in list(job.active.values()) if job is not None else []:
+            t = lc.job_ended(cap, now, self.ls)
+            if t is not None:
+                self._apply(t)
+
     def supersede_generation(self, job_id: str, generation: int, now: float) -> None:
         """The job started ``generation``: close its captures of older generations that still wait for their ranks
         as superseded (``lc.supersede``; data kept, nothing deleted; an ``analysing`` one finishes)."""

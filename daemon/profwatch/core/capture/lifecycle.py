@@ -575,6 +575,21 @@ def cancel(cap: Capture, now: float, settings: LifecycleSettings, by: str = "ope
     return Transition(cap, (_progress(cap, "cancelled", now, by=by, was=was.value, note=note),), actions)
 
 
+def job_ended(cap: Capture, now: float, settings: LifecycleSettings) -> Transition | None:
+    """The capture's job ended (no rank reported for ``job_end_after_s``): a capture whose window has not started
+    (planned, written, acknowledged: no rank started or finished it) -> cancelled, reason ``job ended``, with the
+    idle config over its arm (a later run of the job in the same folder must not fire it). A capture collecting or
+    analysing runs to its deadline (torch_npu may still be parsing what it recorded): None, nothing changes."""
+    if cap.state not in (S.PLANNED, S.WRITTEN, S.ACKNOWLEDGED) or any(
+            p.started_unix_s is not None or p.completed_unix_s is not None for p in cap.ranks.values()):
+        return None
+    was = cap.state
+    cap = _enter(cap, S.CANCELLED, now, settings, outcome=f"job ended before its window started (was {was.value})")
+    return Transition(cap, (_progress(cap, "cancelled", now, by="job ended", reason="job ended", was=was.value,
+                                      note="the window at start_step was never reached; the idle config replaces "
+                                           "the arm"),), _leaving(was) | {Action.IDLE_CONFIG})
+
+
 IDLE_ENDINGS = frozenset({S.CANCELLED, S.FAILED, S.SUPERSEDED})
 """Final states whose arm may still wait on ranks: their transitions ask for the idle config."""
 
