@@ -150,7 +150,9 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                 job.recent.append(cap)
                 if lc.owes_idle(cap, now):
                     self._write_idle(cap)
-            if cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE):
+            gen = self._generation(cap.job_id)
+            if (cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE)
+                    and (gen is None or cap.generation >= gen)):  # an older generation's arms: not this budget
                 job.history.record_arm(cap.created_unix_s)
                 if cap.state not in lc.ACTIVE and cap.total_bytes:
                     job.history.record_bytes(cap.state_since_unix_s, cap.total_bytes, ranks=len(cap.ranks),
@@ -178,6 +180,11 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         if job is None:
             job = self._jobs[job_id] = _Job({}, deque(maxlen=RECENT_PER_JOB), ArmHistory())
         return job
+
+    def _generation(self, job_id: str) -> int | None:
+        """The job's current generation in the registry (None: not known there)."""
+        job = self.jobs.get(job_id)
+        return job.generation if job is not None else None
 
     def _caps(self, job_id: str) -> list[lc.Capture]:
         job = self._jobs.get(job_id)
@@ -342,7 +349,8 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
     def arm_state(self, job_id: str, now: float) -> JobArmState:
         """The one place the arming policy's view of a job is built (arm history + capture in flight)."""
         job = self._job(job_id)
-        return job.history.state(now, capture_in_flight=lc.blocking_capture(job.active.values()) is not None,
+        return job.history.state(now, capture_in_flight=lc.blocking_capture(job.active.values(),
+                                                                             self._generation(job_id)) is not None,
                                  stalled_ranks=self.detectors.stalled_ranks(job_id))
 
     def topology(self, job_id: str) -> JobTopology | None:
@@ -426,7 +434,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         partial = self._unavailable(job, set(covered))
         if partial is not None:
             out["warnings"] = [partial.detail()]
-        blocker = lc.blocking_capture(self._job(job.job_id).active.values())
+        blocker = lc.blocking_capture(self._job(job.job_id).active.values(), job.generation)
         if blocker is not None:
             message = refusal(blocker, now)
             if dry_run:
@@ -586,6 +594,12 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
 
     def supersede_generation(self, job_id: str, generation: int, now: float) -> None:
         """The job started ``generation``: close its captures of older generations that still wait for their ranks
-        as superseded (``lc.supersede``; data kept, nothing deleted; an ``analysing`` one finishes)."""
-        for cap in list(self._job(job_id).active.values()):
+        as superseded (``lc.supersede``; data kept, nothing deleted; an ``analysing`` one finishes without holding
+        the new generation's arms back) and start the job's arm history afresh (cooldown and hourly caps count the
+        new generation's arms only; ``docs/generations.md``)."""
+        job = self._job(job_id)
+        for cap in list(job.active.values()):
             self._apply(lc.supersede(cap, generation, now, self.ls))
+        fresh = ArmHistory()  # a new run starts a fresh budget: the old run's arms never suppress its arms
+        fresh.bytes_per_rank_step = job.history.bytes_per_rank_step  # the size estimate still holds
+        job.history = fresh
