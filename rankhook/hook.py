@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -141,6 +142,12 @@ class Hook:
             return
         c = self.publisher.counters
         counters = {"sent": c.sent, "dropped": c.dropped, "errors": c.errors, "oversize": c.oversize}
+        versions = self._hello.versions
+        if "torch_npu" not in versions:  # imported after init (its backend opens later): the daemons check its rules
+            mod = sys.modules.get("torch_npu")
+            if mod is not None and isinstance(getattr(mod, "__version__", None), str):
+                versions = {**versions, "torch_npu": mod.__version__}
+                self._hello = dataclasses.replace(self._hello, versions=versions)
         hello = dataclasses.replace(self._hello, counters=counters)
         self.publisher.send(*wire.frames(hello))
 
