@@ -36,10 +36,11 @@ def _keys_dir(config_path: Path | None, keys_dir: Path | None) -> tuple[Path, Pa
     """``(keys_dir, client_keys_dir)`` from ``--dir`` or the config's ``[security]``."""
     if keys_dir is not None:
         return keys_dir, keys_dir / "clients"
+    from profwatch.commands.common import resolve_config_path
     from profwatch.config import ConfigError, load_settings
 
     try:
-        s = load_settings(config_path)
+        s = load_settings(resolve_config_path(config_path))
     except ConfigError as exc:
         click.echo(f"profwatch keys: {exc}", err=True)
         sys.exit(EXIT_USAGE)
@@ -86,8 +87,9 @@ def _fail(msg: str) -> None:
 
 
 _options = [
-    click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="PROFWATCH_CONFIG",
-                 help="TOML config file whose [security] keys_dir / client_keys_dir are used."),
+    click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+                 help="TOML config file whose [security] keys_dir / client_keys_dir are used (default: as every "
+                      "command: profwatch --config, PROFWATCH_CONFIG, /etc/profwatch/profwatch.toml)."),
     click.option("--dir", "keys_dir", type=click.Path(file_okay=False, path_type=Path),
                  help="Key directory (overrides the config's security.keys_dir)."),
 ]
