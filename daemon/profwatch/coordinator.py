@@ -311,6 +311,7 @@ class Coordinator(ControlCommands):
                     for j in self.registry.jobs.values()}
             for end in self._job_end.check(last, now):
                 self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json(), event_id=end.event_id())
+                self.captures.on_job_ended(end.job_id, now)
             snap = self.registry.snapshot(now, cs.node_timeout_s)
             active = {j for j, t in last.items() if now - t < cs.job_end_after_s}
             self.metrics.observe_state(snap["jobs"], snap["nodes"], active, self.state.capture_state_summary(), now)
