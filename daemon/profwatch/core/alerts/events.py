@@ -38,10 +38,21 @@ TYPE_STORAGE_FAILED = "io.profwatch.storage_failed.v1"
 """The coordinator's state store refused a write (disk full): events are published anyway and retried."""
 TYPE_STORAGE_RECOVERED = "io.profwatch.storage_recovered.v1"
 """The state store took every queued write again."""
+TYPE_EPISODE_OPENED = "io.profwatch.episode_opened.v1"
+"""An anomaly opened an episode (``daemon/profwatch/core/capture/episodes.py``); not an alert."""
+TYPE_EPISODE_UPDATED = "io.profwatch.episode_updated.v1"
+"""An open episode was reported again or its ranks changed (magnitude, ranks, stage); not an alert."""
+TYPE_EPISODE_CLOSED = "io.profwatch.episode_closed.v1"
+"""An episode ended (quiet for ``[arming] episode_quiet_steps``, its job ended or started a new generation), with
+whether it was captured and, if not, what it waited for; not an alert. Resolves ``culprit_rotates``."""
+TYPE_CULPRIT_ROTATES = "io.profwatch.culprit_rotates.v1"
+"""Successive captures of one episode named a different rank each (load imbalance, e.g. MoE routing); the episode
+is not captured again. An alert (``ProfwatchCulpritRotates``, warning), resolved by the episode's close or job end."""
 EVENT_TYPES = frozenset({TYPE_SUSPECT_RANKS, TYPE_BATCH_INCOMPLETE, TYPE_ANOMALY, TYPE_ARM, TYPE_CAPTURE,
                          TYPE_ANALYSIS_FAILED, TYPE_ARM_DECISION, TYPE_BATCH, TYPE_PATH_REFUSED,
                          TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_JOB_GENERATION, TYPE_STORAGE_FAILED,
-                         TYPE_STORAGE_RECOVERED})
+                         TYPE_STORAGE_RECOVERED, TYPE_EPISODE_OPENED, TYPE_EPISODE_UPDATED, TYPE_EPISODE_CLOSED,
+                         TYPE_CULPRIT_ROTATES})
 
 
 class AlertFormatError(ValueError):
