@@ -146,8 +146,8 @@ class Episode:
 
     @property
     def in_flight(self) -> str | None:
-        """The id of its own capture still in flight, or None."""
-        return next((c.capture_id for c in self.captures if c.own and c.status is None), None)
+        """The id of a capture covering it that is still in flight (its own or another episode's), or None."""
+        return next((c.capture_id for c in self.captures if c.status is None), None)
 
     @property
     def captured_unix_s(self) -> float | None:
