@@ -31,14 +31,16 @@ from profwatch.captures.ports import BatchAnalyser, RankDirScanner
 from profwatch.captures.shell import CaptureShell
 from profwatch.config import Settings
 from profwatch.coordinator_control import ControlCommands
-from profwatch.core.alerts.events import (
-    TYPE_ANALYSIS_ENRICHED,
+from profwatch.core.alerts.event_types import (
+    ALERT_TYPES,
+    TYPE_ANOMALY,
     TYPE_JOB_ENDED,
     TYPE_JOB_GENERATION,
+    TYPE_PATH_REFUSED,
     TYPE_STORAGE_FAILED,
     TYPE_STORAGE_RECOVERED,
-    make_cloudevent,
 )
+from profwatch.core.alerts.events import make_cloudevent
 from profwatch.core.detection.job_detector import Anomaly, JobDetector
 from profwatch.core.fleet.generations import GenerationOpened
 from profwatch.core.fleet.job_end import JobEndTracker
@@ -53,14 +55,6 @@ log = structlog.get_logger("profwatch.coordinator")
 INGEST_PASS_S = 0.2
 """Longest one pass over the ingest socket runs before control requests and timers get their turn (seconds)."""
 
-ALERT_TYPES = {
-    "io.profwatch.suspect_ranks.v1",
-    "io.profwatch.batch_incomplete.v1",
-    "io.profwatch.analysis_failed.v1",
-    "io.profwatch.path_refused.v1",
-    TYPE_ANALYSIS_ENRICHED,
-    TYPE_STORAGE_FAILED,
-}
 
 
 class _DetectorView:
@@ -465,7 +459,7 @@ class Coordinator(ControlCommands):
         """Alert once per job and claimed paths: a hello tried to move a job's pinned paths."""
         claimed = repr((m.profiler_config_path, m.prof_root)).encode("utf-8", "backslashreplace")
         digest = hashlib.sha256(claimed).hexdigest()[:16]
-        self.emit("io.profwatch.path_refused.v1", m.job_id,
+        self.emit(TYPE_PATH_REFUSED, m.job_id,
                   {"rank": m.rank, "hostname": m.hostname, "node_id": node_id, "reason": "paths_changed",
                    "problems": [detail]}, event_id=f"paths_changed-{m.job_id}-{digest}")
 
@@ -489,7 +483,7 @@ class Coordinator(ControlCommands):
 
     def _on_anomaly(self, an: Anomaly, now: float) -> None:
         data = {"kind": an.kind, "step": an.step, "ranks": list(an.ranks), "magnitude": an.magnitude, "detail": an.detail}
-        self.emit("io.profwatch.anomaly.v1", an.job_id, data)
+        self.emit(TYPE_ANOMALY, an.job_id, data)
         self.captures.on_anomaly(an, now)
 
     def _send_node(self, route: bytes, cmd: wire.NodeCommand) -> None:

@@ -10,7 +10,7 @@ identity; an alert whose ``endsAt`` has passed is resolved. Alertmanager's clien
 ``endsAt = now + 4 x resend_interval_s``, so a lost re-send does not resolve an alert, and alerts of a profwatch
 that stopped for good expire by themselves.
 
-Rules (issue 16):
+Rules (``docs/alerts.md``):
 * ``suspect_ranks`` with suspects: one ``ProfwatchSuspectRank`` alert per suspect (at most ``max_suspects``;
   the top one ``critical``, the others ``warning``). One alert stands per (job, rank): if the same rank comes
   back with other labels (kind, severity, host), the old label set is resolved and the new one fires.
@@ -25,6 +25,8 @@ Rules (issue 16):
   ``no_suspect`` verdict of the job.
 * ``batch_incomplete``, ``analysis_failed``, ``path_refused``: one job-level alert each; the first two resolve
   when a later capture of the job reaches a verdict (any ``suspect_ranks`` event), all resolve at job end.
+* ``culprit_rotates``: one job-level ``ProfwatchCulpritRotates`` alert (warning; the summary names the ranks); it
+  resolves when a rotating episode of the job closes (``episode_closed`` with a ``rotation``) or at job end.
 * ``job_ended``: every alert of the job resolves.
 """
 
@@ -35,12 +37,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from profwatch.core.alerts.event_types import JOB_ALERTNAMES, TYPE_CULPRIT_ROTATES, TYPE_EPISODE_CLOSED
 from profwatch.core.alerts.events import (
     TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
     TYPE_BATCH_INCOMPLETE,
     TYPE_JOB_ENDED,
-    TYPE_PATH_REFUSED,
     TYPE_SUSPECT_RANKS,
     rfc3339,
 )
@@ -49,12 +51,7 @@ ALERTNAME_SUSPECT = "ProfwatchSuspectRank"
 ALERTNAME_LINK = "ProfwatchSlowLink"
 ALERTNAME_UNJUDGED = "ProfwatchVerdictIncomplete"
 UNJUDGED_STATUSES = ("partial", "weak")
-JOB_ALERTNAMES = {
-    TYPE_BATCH_INCOMPLETE: "ProfwatchBatchIncomplete",
-    TYPE_ANALYSIS_FAILED: "ProfwatchAnalysisFailed",
-    TYPE_PATH_REFUSED: "ProfwatchPathRefused",
-}
-RESOLVED_BY_VERDICT = ("ProfwatchBatchIncomplete", "ProfwatchAnalysisFailed")
+RESOLVED_BY_VERDICT = (JOB_ALERTNAMES[TYPE_BATCH_INCOMPLETE], JOB_ALERTNAMES[TYPE_ANALYSIS_FAILED])
 RESOLVING_STATUSES = ("ok", "no_suspect")
 """``suspect_ranks`` statuses whose ``judged_ranks`` may resolve a rank (``partial`` proves no absence)."""
 LIFETIME_FACTOR = 4
@@ -210,12 +207,18 @@ class AlertBook:
         job_id = str(event.get("subject") or "")
         raw = event.get("data")
         data: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-        if not job_id or type_ not in (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, *JOB_ALERTNAMES):
+        if not job_id or type_ not in (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_EPISODE_CLOSED,
+                                       *JOB_ALERTNAMES):
             return []
         starts = parse_time(event.get("time"), now_unix_s)
         out: list[dict[str, Any]] = []
         if type_ == TYPE_JOB_ENDED:
             for key in [k for k in self.alerts if k[0] == job_id]:
+                out.append(self._resolve(key, now_unix_s))
+            return out
+        if type_ == TYPE_EPISODE_CLOSED:  # a rotating episode ended: its rotation alert resolves
+            key = (job_id, JOB_ALERTNAMES[TYPE_CULPRIT_ROTATES], None)
+            if data.get("rotation") and key in self.alerts:
                 out.append(self._resolve(key, now_unix_s))
             return out
         if type_ in JOB_ALERTNAMES:
@@ -367,13 +370,16 @@ class AlertBook:
         labels = _labels(alertname=name, job_id=job_id, severity="warning", cluster=self.cluster)
         what = {"ProfwatchBatchIncomplete": "a capture did not complete (missing or unusable rank dirs)",
                 "ProfwatchAnalysisFailed": "the analysis of a complete capture failed",
-                "ProfwatchPathRefused": "a rank named a config or profiling path outside the allowed roots"}[name]
+                "ProfwatchPathRefused": "a rank named a config or profiling path outside the allowed roots",
+                "ProfwatchCulpritRotates": str(data.get("summary") or "the culprit rotates")}[name]
         detail = data.get("detail") or data.get("error") or data.get("problems") or data.get("missing_ranks") or ""
         ann = {
             "summary": f"job {job_id}: {what}",
             "description": detail if isinstance(detail, str) else repr(detail),
-            "impact": "no verdict on the slow rank for this capture; the captured data is kept"
-                      if name != "ProfwatchPathRefused" else "captures cannot be armed or read for this job",
+            "impact": {"ProfwatchPathRefused": "captures cannot be armed or read for this job",
+                       "ProfwatchCulpritRotates": "no single slow rank to fix: balance the load (e.g. MoE routing, "
+                                                  "expert placement); this episode is not captured again"}.get(
+                name, "no verdict on the slow rank for this capture; the captured data is kept"),
             "report": _report_url(data),
             "capture_id": data.get("capture_id") or "",
             "batch_id": data.get("batch_id") or "",

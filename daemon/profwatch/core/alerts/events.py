@@ -16,43 +16,32 @@ from datetime import datetime, timezone
 from statistics import median
 from typing import Any
 
+from profwatch.core.alerts.event_types import (  # the one table of event types; re-exported for the builders below
+    EVENT_TYPES,
+    TYPE_ANALYSIS_ENRICHED,
+    TYPE_ANALYSIS_FAILED,
+    TYPE_ANOMALY,
+    TYPE_ARM,
+    TYPE_ARM_DECISION,
+    TYPE_BATCH,
+    TYPE_BATCH_INCOMPLETE,
+    TYPE_CAPTURE,
+    TYPE_JOB_ENDED,
+    TYPE_JOB_GENERATION,
+    TYPE_PATH_REFUSED,
+    TYPE_STORAGE_FAILED,
+    TYPE_STORAGE_RECOVERED,
+    TYPE_SUSPECT_RANKS,
+)
 from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus, Suspect
 
+__all__ = [
+    "EVENT_TYPES", "TYPE_ANALYSIS_ENRICHED", "TYPE_ANALYSIS_FAILED", "TYPE_ANOMALY", "TYPE_ARM", "TYPE_ARM_DECISION",
+    "TYPE_BATCH", "TYPE_BATCH_INCOMPLETE", "TYPE_CAPTURE", "TYPE_JOB_ENDED", "TYPE_JOB_GENERATION",
+    "TYPE_PATH_REFUSED", "TYPE_STORAGE_FAILED", "TYPE_STORAGE_RECOVERED", "TYPE_SUSPECT_RANKS",
+]
+
 SPECVERSION = "1.0"
-TYPE_SUSPECT_RANKS = "io.profwatch.suspect_ranks.v1"
-TYPE_BATCH_INCOMPLETE = "io.profwatch.batch_incomplete.v1"
-TYPE_ANOMALY = "io.profwatch.anomaly.v1"
-TYPE_ARM = "io.profwatch.arm.v1"
-TYPE_CAPTURE = "io.profwatch.capture.v1"
-TYPE_ANALYSIS_FAILED = "io.profwatch.analysis_failed.v1"
-TYPE_ARM_DECISION = "io.profwatch.arm_decision.v1"
-TYPE_BATCH = "io.profwatch.batch.v1"
-TYPE_PATH_REFUSED = "io.profwatch.path_refused.v1"
-TYPE_ANALYSIS_ENRICHED = "io.profwatch.analysis_enriched.v1"
-"""Follow-up of a published verdict (the advisor's findings), same ``capture_id``/``batch_id``."""
-TYPE_JOB_ENDED = "io.profwatch.job_ended.v1"
-"""No rank of the job reported for ``coordinator.job_end_after_s``; data ``{"last_report_unix_s", "silent_s"}``."""
-TYPE_JOB_GENERATION = "io.profwatch.job_generation.v1"
-"""A job started a new generation (elastic restart or resize): old and new world size (``docs/generations.md``)."""
-TYPE_STORAGE_FAILED = "io.profwatch.storage_failed.v1"
-"""The coordinator's state store refused a write (disk full): events are published anyway and retried."""
-TYPE_STORAGE_RECOVERED = "io.profwatch.storage_recovered.v1"
-"""The state store took every queued write again."""
-TYPE_EPISODE_OPENED = "io.profwatch.episode_opened.v1"
-"""An anomaly opened an episode (``daemon/profwatch/core/capture/episodes.py``); not an alert."""
-TYPE_EPISODE_UPDATED = "io.profwatch.episode_updated.v1"
-"""An open episode was reported again or its ranks changed (magnitude, ranks, stage); not an alert."""
-TYPE_EPISODE_CLOSED = "io.profwatch.episode_closed.v1"
-"""An episode ended (quiet for ``[arming] episode_quiet_steps``, its job ended or started a new generation), with
-whether it was captured and, if not, what it waited for; not an alert. Resolves ``culprit_rotates``."""
-TYPE_CULPRIT_ROTATES = "io.profwatch.culprit_rotates.v1"
-"""Successive captures of one episode named a different rank each (load imbalance, e.g. MoE routing); the episode
-is not captured again. An alert (``ProfwatchCulpritRotates``, warning), resolved by the episode's close or job end."""
-EVENT_TYPES = frozenset({TYPE_SUSPECT_RANKS, TYPE_BATCH_INCOMPLETE, TYPE_ANOMALY, TYPE_ARM, TYPE_CAPTURE,
-                         TYPE_ANALYSIS_FAILED, TYPE_ARM_DECISION, TYPE_BATCH, TYPE_PATH_REFUSED,
-                         TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_JOB_GENERATION, TYPE_STORAGE_FAILED,
-                         TYPE_STORAGE_RECOVERED, TYPE_EPISODE_OPENED, TYPE_EPISODE_UPDATED, TYPE_EPISODE_CLOSED,
-                         TYPE_CULPRIT_ROTATES})
 
 
 class AlertFormatError(ValueError):
@@ -129,7 +118,7 @@ def suspect_alert_data(*, batch_id: str, job_id: str | None, kind: str, status: 
                        recipes: Mapping[str, RecipeStatus], paths: Mapping[str, str | None],
                        capture_reason: str | None = None, world_size: int | None = None,
                        notes: Sequence[str] = ()) -> dict[str, Any]:
-    """``data`` of an ``io.profwatch.suspect_ranks.v1`` event.
+    """``data`` of a ``suspect_ranks`` event.
 
     Shape::
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from profwatch.core.alerts.events import (
+from profwatch.core.alerts.event_types import (
     TYPE_CULPRIT_ROTATES,
     TYPE_EPISODE_CLOSED,
     TYPE_EPISODE_OPENED,
@@ -217,7 +217,7 @@ class Episode:
         return {"episode_id": self.episode_id, "kind": self.kind, "scope": self.scope, "ranks": list(self.ranks),
                 "magnitude": round(self.magnitude, 6), "peak_magnitude": round(self.peak_magnitude, 6),
                 "opened_step": self.opened_step, "step": self.last_step, "reports": self.reports,
-                "captures": [c.capture_id for c in self.captures]}
+                "captures": [c.capture_id for c in self.captures], "rotation": list(self.rotation)}
 
 
 def value_key(ep: Episode) -> tuple[bool, bool, float, float, str]:

@@ -3,7 +3,7 @@
 Holds what ``profwatch status`` shows: per job its world size and ranks, per rank its last step, step time,
 node and capture state, per node its heartbeat and counters.
 
-What a message may change is bounded here (issue "authenticated, identity-bound, bounded daemons"):
+What a message may change is bounded here (``docs/security.md``):
 
 - a job's paths (``profiler_config_path``, ``prof_root``) are pinned by its first hello, across generations; a
   later hello that differs is refused (``paths_changed``) and changes nothing;
