@@ -26,7 +26,7 @@ from profwatch.core.alerts.event_types import (
     TYPE_EPISODE_UPDATED,
 )
 from profwatch.core.capture.arming import JOB_HOLDS, ArmDecision, ArmHistory, ArmingPolicy
-from profwatch.core.capture.lifecycle import Event
+from profwatch.core.capture.lifecycle import CaptureState, Event
 from profwatch.core.capture.settings import ArmingSettings
 from profwatch.core.capture.targeting import JobTopology
 from profwatch.core.detection.types import Anomaly, AnomalyKind
@@ -39,7 +39,7 @@ STANDING_KINDS = frozenset({"periodic_spike", "structural_imbalance", "drift"})
 """Kinds their detector reports once per level: the episode stays open until its job ends or starts a new
 generation (quiet steps do not close it)."""
 VERDICTS = frozenset({"ok", "no_suspect", "partial", "weak"})
-CAPTURED = VERDICTS | {"cancelled", "would_arm", "simulated"}
+CAPTURED = VERDICTS | {CaptureState.CANCELLED.value, "would_arm", "simulated"}
 """Capture outcomes that count as captured for the episode's cooldown; others (failed, expired, incomplete,
 superseded) leave the episode wanting a capture."""
 MAX_OPEN = 64
