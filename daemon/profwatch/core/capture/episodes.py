@@ -503,6 +503,8 @@ class JobEpisodes:
         for pos, ep in enumerate([*queued, *rest]):
             v = ep.to_json(now_unix_s)
             v["queue_position"] = pos + 1 if ep in queued else None
+            until = ep.waiting_until_unix_s
+            v["waiting_in_s"] = round(max(0.0, until - now_unix_s), 1) if until is not None else None
             out.append(v)
         out.extend(e.to_json(now_unix_s) for e in list(self.closed)[-closed:] if closed > 0)
         return out
