@@ -221,3 +221,19 @@ def test_observe_mode_would_arm_counts_as_captured_for_the_cooldown() -> None:
     b.armed(picked[0].episode_id, "would-1", T0, covered=None, status="would_arm")
     assert ep is not None and ep.in_flight is None and ep.is_repeat
     assert b.next_arm(p, T0 + 100, capture_in_flight=False) is None and ep.waiting == "cooldown"
+
+
+def test_an_episode_opening_while_a_capture_of_every_rank_waits_for_its_window_is_covered_by_it() -> None:
+    b, p = book()
+    named, _ = b.observe(out(297, (5,), mag=3.4), T0)
+    assert named is not None
+    picked = b.next_arm(p, T0, capture_in_flight=False)
+    assert picked is not None
+    b.history.record(picked[1], T0, "c1")
+    b.armed(named.episode_id, "c1", T0, covered=None, start_step=305)
+    job, _ = b.observe(Anomaly("step_regression", "j", 298, (), 3.0, {"first_step": 291}), T0 + 2)
+    late, _ = b.observe(Anomaly("drift", "j", 400, (), 0.2, {"first_step": 390}), T0 + 3)  # after the window
+    assert job is not None and job.in_flight == "c1" and not job.captures[0].own
+    assert late is not None and late.captures == []
+    b.capture_ended("c1", T0 + 60, "ok", named=(5,))
+    assert job.is_repeat and not late.is_repeat

@@ -150,7 +150,7 @@ class EpisodeDesk:
                     b.history.record(d, now, cid)
                 data["capture_id"] = cid if d.action == "arm" else None
                 data["covers"] = [e.episode_id for e in b.armed(ep.episode_id, cid, now, covered=covered,
-                                                                 status=status)]
+                                                                 status=status, start_step=plan["start_step"])]
                 armed.update(data["covers"])
             except ControlError as exc:
                 b.arm_failed(ep.episode_id, now, f"{exc.code}: {exc.message}")

@@ -280,6 +280,7 @@ class JobEpisodes:
         self.open: dict[str, Episode] = {}
         self.closed: deque[Episode] = deque(maxlen=MAX_CLOSED)
         self._dirty: dict[str, Episode] = {}
+        self._flight: dict[str, tuple[int | None, frozenset[int] | None]] = {}  # capture -> (start_step, covered)
 
     # -- bookkeeping ------------------------------------------------------------------------------------------------
     def _touch(self, ep: Episode) -> None:
@@ -327,6 +328,12 @@ class JobEpisodes:
                          ranks, detail, float(base) if isinstance(base, (int, float)) and base > 0 else None)
             self.open[key] = ep
             self._touch(ep)
+            onset = detail.get("first_step")
+            onset = onset if isinstance(onset, int) else anomaly.step
+            for cid, (start, covered) in self._flight.items():  # a capture in flight whose window follows the onset
+                if start is not None and start > onset and (covered is None or (ranks and set(ranks) <= covered)):
+                    self._add_capture(ep, EpisodeCapture(cid, now_unix_s, ranks, False))
+                    break
             out.append(self._event(TYPE_EPISODE_OPENED, ep, "", detail=detail))
             return ep, out
         fresh = sorted(set(ranks) - ep.seen_ranks)
@@ -442,14 +449,17 @@ class JobEpisodes:
             self._wait(ep, reason, ep.not_before_unix_s, "")
 
     def armed(self, episode_id: str, capture_id: str, now_unix_s: float, *, covered: tuple[int, ...] | None,
-              status: str | None = None) -> list[Episode]:
+              status: str | None = None, start_step: int | None = None) -> list[Episode]:
         """Record that ``capture_id`` was armed for ``episode_id`` (``status`` ``would_arm`` in observe mode: it
         is counted as captured at once) and covers every other open episode that wants a capture and whose ranks
-        lie in ``covered`` (None: every rank; a job-wide episode only then). Returns the episodes it covers.
-        Recording the arm in :attr:`history` is the caller's (the arm path does it for every arm)."""
+        lie in ``covered`` (None: every rank; a job-wide episode only then); while it is in flight, an episode that
+        opens with its onset before ``start_step`` and its ranks covered is covered by it too. Returns the episodes
+        it covers. Recording the arm in :attr:`history` is the caller's (the arm path does it for every arm)."""
         ep = self.find(episode_id)
         if ep is None:
             return []
+        if status is None:
+            self._flight[capture_id] = (start_step, frozenset(covered) if covered is not None else None)
         out = [ep]
         self._add_capture(ep, EpisodeCapture(capture_id, now_unix_s, ep.ranks, True, status))
         for other in self.open.values():
@@ -473,6 +483,7 @@ class JobEpisodes:
         suspect first). Releases the hourly slot of a ``no_suspect`` capture; returns ``culprit_rotates`` events."""
         if status == "no_suspect":
             self.history.release(capture_id)
+        self._flight.pop(capture_id, None)
         out: list[Event] = []
         for ep in (*self.open.values(), *self.closed):
             hit = [c for c in ep.captures if c.capture_id == capture_id]
