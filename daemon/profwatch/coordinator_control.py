@@ -58,6 +58,14 @@ class ControlCommands:
             if isinstance(req, control.ControlError):
                 control.send_reply(self.control_sock, envelope, error=req)
                 continue
+            if not self.sockets.admitted(frame, "control"):
+                from profwatch.adapters.zmq.curve import user_id
+
+                self._refuse_peer("key_revoked", "control request on a connection whose key was removed or changed",
+                                  f"key:{user_id(frame) or '-'}")
+                control.send_reply(self.control_sock, envelope, error=control.ControlError(
+                    "denied", "this connection's key was removed from the coordinator's key ring or changed (revoked)"))
+                continue
             try:
                 authorize(req["cmd"], self.sockets.grants(frame))
             except AccessDenied as exc:

@@ -153,7 +153,7 @@ def test_typed_rows_round_trip_and_partial_rank_writes(tmp_path: Path) -> None:
 
 
 def test_a_version_3_state_db_gains_the_episodes_table_and_keeps_episodes(tmp_path: Path) -> None:
-    """Schema 4: the episodes table is created in a version-3 file in place (its other tables untouched); rows
+    """The episodes table is created in a version-3 file that lacks it, in place, without a version change; rows
     round-trip, every open episode and the last closed ones per job are read back, a damaged body is skipped."""
     path = tmp_path / "state.db"
     first = StateStore(path)

@@ -243,11 +243,11 @@ def test_a_rotating_culprit_fires_one_job_alert_resolved_when_its_episode_closes
 
     book = _book()
     text = "culprit rotates: ranks 0, 3, 6 in the last 3 captures: load imbalance, e.g. MoE routing"
-    ev = make_cloudevent(TYPE_CULPRIT_ROTATES, "j1", {"episode_id": "ep-1", "rotation": [0, 3, 6], "summary": text},
+    ev = make_cloudevent(TYPE_CULPRIT_ROTATES, "j1", {"episode_id": "ep-1", "rotation": [0, 3, 6], "detail": text},
                          source="//t", now_unix_s=10.0)
     (fired,) = book.apply(ev, 10.0)
     assert fired["labels"]["alertname"] == "ProfwatchCulpritRotates" and fired["labels"]["severity"] == "warning"
-    assert text in fired["annotations"]["summary"] and "balance the load" in fired["annotations"]["impact"]
+    assert text == fired["annotations"]["description"] and "balance the load" in fired["annotations"]["impact"]
     other = make_cloudevent(TYPE_EPISODE_CLOSED, "j1", {"episode_id": "ep-2", "rotation": []}, source="//t",
                             now_unix_s=20.0)
     assert book.apply(other, 20.0) == []  # an episode that did not rotate resolves nothing

@@ -154,7 +154,7 @@ def test_new_ranks_in_an_open_episode_are_captured_without_its_cooldown_until_th
     assert ep is not None and ep.rotation == (0, 3, 6)
     (rot,) = events
     assert rot.type == "io.profwatch.culprit_rotates.v1"
-    assert "culprit rotates: ranks 0, 3, 6 in the last 3 captures" in rot.data["summary"]
+    assert "culprit rotates: ranks 0, 3, 6 in the last 3 captures" in rot.data["detail"]
     b.observe(out(700, (9,)), t)  # another new rank: still not captured as a slow rank
     assert b.next_arm(p, t + 5000, capture_in_flight=False) is None and ep.waiting == "culprit_rotates"
 

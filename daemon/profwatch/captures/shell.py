@@ -10,6 +10,7 @@ and for listings.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -35,10 +36,11 @@ from profwatch.captures.ports import (
     SendNodeCommand,
     WatcherPort,
 )
-from profwatch.core.alerts.event_types import TYPE_PATH_REFUSED
+from profwatch.core.alerts.event_types import TYPE_CAPTURE_UNAVAILABLE, TYPE_PATH_REFUSED
 from profwatch.core.batches.completeness import BatchState, CaptureHint
 from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings
+from profwatch.core.capture.availability import Unavailable, explain, unavailable
 from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
 from profwatch.core.capture.report import describe, explain_ranks, rank_causes, refusal
 from profwatch.core.capture.targeting import JobTopology, estimate_capture_bytes
@@ -122,6 +124,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         self._scanning: set[str] = set()
         self._next_scan: dict[str, float] = {}
         self._refused_jobs: set[str] = set()
+        self._unavailable_seen: set[tuple[str, str]] = set()  # (job, backend_error) alerted as capture_unavailable
         self.episodes = EpisodeDesk(  # anomalies as episodes; the capture queue (captures/episode_desk.py)
             settings=settings, store=store, jobs=jobs, detectors=detectors, emit=emit, arm=self.arm,
             in_flight=lambda job_id: lc.blocking_capture(self._job(job_id).active.values()) is not None,
@@ -402,6 +405,9 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                "window_deadline_unix_s": plan.deadline_unix_s, "config": plan.config.render(), "writer": writer,
                "nodes": nodes, "dry_run": dry_run, "base_step": plan.base_step, "step_spread": plan.step_spread,
                "furthest_step": progress.furthest_step, "step_time_s": step_time, "world_size": job.world_size}
+        partial = self._unavailable(job, set(covered))
+        if partial is not None:
+            out["warnings"] = [partial.detail()]
         blocker = lc.blocking_capture(self._job(job.job_id).active.values())
         if blocker is not None:
             message = refusal(blocker, now)
@@ -426,6 +432,11 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                                      f"capture {plan.capture_id}")
         return {**out, **describe(cap, now)}
 
+    @staticmethod
+    def _unavailable(job: JobState, covered: set[int]) -> Unavailable | None:
+        return unavailable((r.rank, r.hostname, r.backend, r.backend_error, job.profiler_config_path)
+                           for r in job.ranks.values() if not r.left and r.rank in covered)
+
     def _check_armable(self, job: JobState, req: CaptureRequest, now: float) -> None:
         if not job.profiler_config_path:
             raise ControlError("refused", f"job {job.job_id} announced no usable profiler_config_path")
@@ -439,8 +450,11 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
             raise ControlError("refused", f"only {len(live)}/{job.world_size} ranks are live"
                                + (f" (left: {left})" if left else " (the others have not started yet)")
                                + "; torch_npu ignores configs written before every rank started")
+        covered = set(req.rank_list) if req.rank_list else {r.rank for r in live}
+        gone = self._unavailable(job, covered)
+        if gone is not None and gone.fatal:
+            raise ControlError("refused", gone.detail())
         if self.s.coordinator.config_writer == "node":
-            covered = set(req.rank_list) if req.rank_list else {r.rank for r in live}
             timeout = self.s.coordinator.node_timeout_s
             for node_id in sorted({r.node_id for r in live if r.rank in covered and r.node_id}):
                 node = self.nodes.get(node_id)
@@ -518,11 +532,39 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
             except PathRefused as exc:
                 problems.append(str(exc))
                 job.profiler_config_path = None
+        if msg.backend == "none" and msg.backend_error:
+            self._capture_unavailable(msg)
         if problems and msg.job_id not in self._refused_jobs:
             self._refused_jobs.add(msg.job_id)
             self.emit(TYPE_PATH_REFUSED, msg.job_id,
                       {"rank": msg.rank, "hostname": msg.hostname, "problems": problems},
                       event_id=f"path_refused-{msg.job_id}-{int(now)}")
+
+    def _capture_unavailable(self, msg: wire.RankHello) -> None:
+        """A rank could not open the capture backend it asked for: one ``capture_unavailable`` alert per job and
+        error where no capture can reach it (``core/capture/availability.py``)."""
+        cause, fix, fatal = explain(msg.backend_error, msg.profiler_config_path, msg.hostname)
+        key = (msg.job_id, msg.backend_error)
+        if not fatal or key in self._unavailable_seen:
+            return
+        if len(self._unavailable_seen) >= 10_000:
+            self._unavailable_seen.clear()
+        self._unavailable_seen.add(key)
+        digest = hashlib.sha256(msg.backend_error.encode("utf-8", "backslashreplace")).hexdigest()[:16]
+        self.emit(TYPE_CAPTURE_UNAVAILABLE, msg.job_id, {
+            "rank": msg.rank, "hostname": msg.hostname, "profiler_config_path": msg.profiler_config_path,
+            "error": msg.backend_error, "cause": cause, "fix": fix,
+            "detail": f"rank {msg.rank} on {msg.hostname}: {cause}. Fix: {fix}"},
+            event_id=f"capture_unavailable-{msg.job_id}-{digest}")
+
+    def on_job_ended(self, job_id: str, now: float) -> None:
+        """The job ended: cancel its captures whose window has not started (``lc.job_ended``); the others run to
+        their deadlines."""
+        job = self._jobs.get(job_id)
+        for cap in list(job.active.values()) if job is not None else []:
+            t = lc.job_ended(cap, now, self.ls)
+            if t is not None:
+                self._apply(t)
 
     def supersede_generation(self, job_id: str, generation: int, now: float) -> None:
         """The job started ``generation``: close its captures of older generations that still wait for their ranks

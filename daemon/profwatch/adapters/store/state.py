@@ -7,9 +7,10 @@ the connection belongs to the thread that created it (the coordinator's main loo
 
 Schema versions (``PRAGMA user_version``): 0/absent with a ``captures.plan`` column = version 1 (captures as JSON
 ``plan``/``detail`` blobs), migrated in place on open (the old table is kept as ``captures_v1``); 2 = typed capture
-rows; 3 = ``jobs.generation``, ``jobs.restart_count`` (added to a version-2 file in place); 4 = this one (the
-``episodes`` table: anomaly episodes, ``daemon/profwatch/core/capture/episodes.py``; created in an older file in place,
-empty). A newer version is refused with :class:`StateSchemaError`.
+rows; 3 = this one (``jobs.generation``, ``jobs.restart_count``: added to a version-2 file in place). A newer
+version is refused with :class:`StateSchemaError`. The ``sink_outbox`` table (a sink's undelivered events, in
+order) and the ``episodes`` table (anomaly episodes, ``daemon/profwatch/core/capture/episodes.py``) are created
+when missing without a version change: an older profwatch ignores them.
 
 A write the disk refuses (``SQLITE_FULL``, an I/O error) loses nothing the coordinator still holds: events, capture
 rows and batch results go to a bounded retry queue (``daemon/profwatch/adapters/store/state_retry.py``) and :meth:`StateStore.retry`
@@ -35,7 +36,7 @@ from profwatch.adapters.store.state_retry import PendingWrite, RetryQueue
 from profwatch.core.capture.lifecycle import Capture, CaptureState, NodeWrite, RankProgress
 
 log = structlog.get_logger("profwatch.state")
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 3
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs(
   job_id TEXT PRIMARY KEY, world_size INTEGER NOT NULL, backend TEXT, profiler_config_path TEXT, prof_root TEXT,
@@ -53,6 +54,9 @@ CREATE TABLE IF NOT EXISTS events(
   seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, type TEXT NOT NULL, job_id TEXT,
   time TEXT, is_alert INTEGER NOT NULL DEFAULT 0, body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, seq);
+CREATE TABLE IF NOT EXISTS sink_outbox(
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, sink TEXT NOT NULL, event_id TEXT NOT NULL, body BLOB NOT NULL,
+  UNIQUE(sink, event_id));
 CREATE TABLE IF NOT EXISTS episodes(
   episode_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, open INTEGER NOT NULL, updated_unix_s REAL NOT NULL,
   body TEXT NOT NULL);
@@ -430,6 +434,23 @@ class StateStore:
             return None
         return {"batch_id": r[0], "capture_id": r[1], "job_id": r[2], "status": r[3], "updated_unix_s": r[4],
                 "result": json.loads(r[5] or "{}")}
+
+    # -- a sink's undelivered events ----------------------------------------------------------------------------
+    def outbox_add(self, sink: str, event_id: str, body: bytes) -> None:
+        """Keep one undelivered body of ``sink`` (a second add of the same event is ignored). Raises
+        ``sqlite3.Error`` when the store fails (the sink keeps it in memory only)."""
+        self.db.execute("INSERT OR IGNORE INTO sink_outbox(sink, event_id, body) VALUES(?,?,?)", (sink, event_id, body))
+
+    def outbox_remove(self, sink: str, event_ids: Iterable[str]) -> None:
+        """Forget delivered (or dropped) bodies of ``sink``. Raises ``sqlite3.Error`` when the store fails."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany("DELETE FROM sink_outbox WHERE sink=? AND event_id=?", [(sink, e) for e in event_ids])
+
+    def outbox_load(self, sink: str) -> list[tuple[str, bytes]]:
+        """``[(event_id, body)]`` of ``sink`` still undelivered, oldest first."""
+        rows = self.db.execute("SELECT event_id, body FROM sink_outbox WHERE sink=? ORDER BY seq", (sink,)).fetchall()
+        return [(str(e), bytes(b)) for e, b in rows]
 
     # -- events ---------------------------------------------------------------------------------------------------
     def add_event(self, event: dict[str, Any], is_alert: bool) -> Stored:

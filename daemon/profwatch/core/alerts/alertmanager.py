@@ -23,7 +23,7 @@ Rules (``docs/alerts.md``):
 * ``suspect_ranks`` with status ``partial`` or ``weak``: one job-level ``ProfwatchVerdictIncomplete`` alert
   (warning) saying what could not be judged (``unjudged_ranks``, ``detail``); it resolves with the next ``ok`` or
   ``no_suspect`` verdict of the job.
-* ``batch_incomplete``, ``analysis_failed``, ``path_refused``: one job-level alert each; the first two resolve
+* ``batch_incomplete``, ``analysis_failed``, ``path_refused``, ``job_id_collision``: one job-level alert each; the first two resolve
   when a later capture of the job reaches a verdict (any ``suspect_ranks`` event), all resolve at job end.
 * ``culprit_rotates``: one job-level ``ProfwatchCulpritRotates`` alert (warning; the summary names the ranks); it
   resolves when a rotating episode of the job closes (``episode_closed`` with a ``rotation``) or at job end.
@@ -54,6 +54,21 @@ UNJUDGED_STATUSES = ("partial", "weak")
 RESOLVED_BY_VERDICT = (JOB_ALERTNAMES[TYPE_BATCH_INCOMPLETE], JOB_ALERTNAMES[TYPE_ANALYSIS_FAILED])
 RESOLVING_STATUSES = ("ok", "no_suspect")
 """``suspect_ranks`` statuses whose ``judged_ranks`` may resolve a rank (``partial`` proves no absence)."""
+_NO_VERDICT = "no verdict on the slow rank for this capture; the captured data is kept"
+_JOB_ALERT_TEXT = {
+    "ProfwatchBatchIncomplete": ("a capture did not complete (missing or unusable rank dirs)", _NO_VERDICT),
+    "ProfwatchAnalysisFailed": ("the analysis of a complete capture failed", _NO_VERDICT),
+    "ProfwatchPathRefused": ("a rank named a config or profiling path outside the allowed roots",
+                             "captures cannot be armed or read for this job"),
+    "ProfwatchJobIdCollision": ("another job claims this job id (its messages are refused)",
+                                "the other job is not watched; this one is watched as before"),
+    "ProfwatchCaptureUnavailable": ("ranks of the job cannot be captured",
+                                    "slowdowns are detected but never captured or explained until it is fixed"),
+    "ProfwatchCulpritRotates": ("successive captures of one episode named a different slow rank each",
+                                "no single slow rank to fix: balance the load (e.g. MoE routing, expert placement); "
+                                "the episode is not captured again"),
+}
+"""Summary and impact annotations of each job-level alert: (what happened, what it costs)."""
 LIFETIME_FACTOR = 4
 _ANNOTATION_MAX = 2048
 
@@ -368,18 +383,13 @@ class AlertBook:
     def _job_alert(self, job_id: str, name: str, event: Mapping[str, Any], data: Mapping[str, Any],
                    starts: float) -> StandingAlert:
         labels = _labels(alertname=name, job_id=job_id, severity="warning", cluster=self.cluster)
-        what = {"ProfwatchBatchIncomplete": "a capture did not complete (missing or unusable rank dirs)",
-                "ProfwatchAnalysisFailed": "the analysis of a complete capture failed",
-                "ProfwatchPathRefused": "a rank named a config or profiling path outside the allowed roots",
-                "ProfwatchCulpritRotates": str(data.get("summary") or "the culprit rotates")}[name]
+        what, impact = _JOB_ALERT_TEXT[name]
         detail = data.get("detail") or data.get("error") or data.get("problems") or data.get("missing_ranks") or ""
         ann = {
             "summary": f"job {job_id}: {what}",
             "description": detail if isinstance(detail, str) else repr(detail),
-            "impact": {"ProfwatchPathRefused": "captures cannot be armed or read for this job",
-                       "ProfwatchCulpritRotates": "no single slow rank to fix: balance the load (e.g. MoE routing, "
-                                                  "expert placement); this episode is not captured again"}.get(
-                name, "no verdict on the slow rank for this capture; the captured data is kept"),
+            "impact": impact,
+            "fix": data.get("fix") or "",
             "report": _report_url(data),
             "capture_id": data.get("capture_id") or "",
             "batch_id": data.get("batch_id") or "",

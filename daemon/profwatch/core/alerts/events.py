@@ -91,6 +91,31 @@ def make_cloudevent(type_: str, job_id: str, data: Mapping[str, Any], *, source:
     }
 
 
+def collision_data(*, reason: str, owner_uid: int | None, uid: int | None, node_id: str, hostname: str, rank: int,
+                   pid: int | None, paths: tuple[str | None, str | None],
+                   owner_paths: tuple[str | None, str | None] | None, refused: int, detail: str) -> dict[str, Any]:
+    """``data`` of a ``job_id_collision`` event (``core/alerts/event_types.py``).
+
+    Shape::
+
+        {"reason" ("paths_changed"|"uid_mismatch"), "owner_uid", "uid", "pid", "rank", "node_id", "hostname",
+         "profiler_config_path", "prof_root", "owner_profiler_config_path", "owner_prof_root", "refused",
+         "detail", "fix"}
+    """
+    owner = owner_paths or (None, None)
+    return {"reason": reason, "owner_uid": owner_uid, "uid": uid, "pid": pid, "rank": rank, "node_id": node_id,
+            "hostname": hostname, "profiler_config_path": paths[0], "prof_root": paths[1],
+            "owner_profiler_config_path": owner[0], "owner_prof_root": owner[1], "refused": refused,
+            "detail": detail, "fix": "give each job its own job id (PROFWATCH_JOB_ID, or the launcher's job id); "
+            "the second job is not watched until then"}
+
+
+def collision_event_id(job_id: str, reason: str, node_id: str, uid: int | None,
+                       paths: tuple[str | None, str | None]) -> str:
+    """One event per case: the job, the reason and who claims it (node, uid, claimed paths)."""
+    return f"job_id_collision-{job_id}-{reason}-{_digest(node_id, uid, list(paths), n=16)}"
+
+
 def per_rank_summary(summaries: Sequence[RankStepSummary]) -> list[dict[str, Any]]:
     """Per-rank medians over steps: ``[{"rank", "steps", "step_time_us", "computation_us", ...}]`` sorted by rank."""
     by_rank: dict[int, list[RankStepSummary]] = {}

@@ -501,8 +501,8 @@ class JobEpisodes:
                 text = ", ".join(str(r) for r in ep.rotation)
                 out.append(self._event(
                     TYPE_CULPRIT_ROTATES, ep, "", rotation=list(ep.rotation),
-                    summary=f"culprit rotates: ranks {text} in the last {n} captures: load imbalance, e.g. MoE "
-                            "routing; not captured again as a slow rank"))
+                    detail=f"culprit rotates: ranks {text} in the last {n} captures: load imbalance, e.g. MoE "
+                           "routing; not captured again as a slow rank"))
         return out
 
     # -- views ----------------------------------------------------------------------------------------------------------
