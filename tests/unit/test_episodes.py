@@ -237,3 +237,15 @@ def test_an_episode_opening_while_a_capture_of_every_rank_waits_for_its_window_i
     assert late is not None and late.captures == []
     b.capture_ended("c1", T0 + 60, "ok", named=(5,))
     assert job.is_repeat and not late.is_repeat
+
+
+def test_a_new_run_closes_the_episodes_and_starts_a_fresh_budget() -> None:
+    b, p = book(max_captures_per_hour=1)
+    ep, _ = b.observe(out(10, (2,)), T0)
+    assert ep is not None and arm_next(b, p, T0, "c1") is ep
+    b.history.bytes_per_rank_step = 1000.0
+    events = b.new_run(T0 + 10, "new_generation")
+    assert [e.data["reason"] for e in events] == ["new_generation"] and not b.open
+    assert b.history.last_arm_unix_s is None and b.history.bytes_per_rank_step == 1000.0
+    again, _ = b.observe(out(5, (2,)), T0 + 20)  # the new run's slow rank: not held by the old run's arm
+    assert arm_next(b, p, T0 + 20, "c2") is again

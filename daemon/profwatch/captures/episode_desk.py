@@ -16,7 +16,7 @@ import structlog
 from profwatch.adapters.zmq.control import ControlError
 from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_SUSPECT_RANKS
 from profwatch.core.capture import lifecycle as lc
-from profwatch.core.capture.arming import ArmingPolicy, capture_request
+from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, capture_request
 from profwatch.core.capture.episodes import Episode, JobEpisodes
 
 if TYPE_CHECKING:
@@ -104,10 +104,16 @@ class EpisodeDesk:
                 self._run(job_id, now)
 
     def close_job(self, job_id: str, now: float, reason: str) -> None:
-        """The job ended or started a new generation (``reason``): close its open episodes."""
+        """The job ended (``reason``): close its open episodes."""
         b = self.books.get(job_id)
         if b is not None:
             self._publish(job_id, b.close_all(now, reason))
+
+    def new_generation(self, job_id: str, now: float) -> ArmHistory:
+        """The job started a new generation: close its open episodes and return its fresh arm budget."""
+        b = self.book(job_id)
+        self._publish(job_id, b.new_run(now, "new_generation"))
+        return b.history
 
     def forget(self, job_ids: Iterable[str]) -> None:
         """Expired jobs: drop their books from memory (the store keeps their episodes)."""

@@ -571,4 +571,5 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         as superseded (``lc.supersede``; data kept, nothing deleted; an ``analysing`` one finishes)."""
         for cap in list(self._job(job_id).active.values()):
             self._apply(lc.supersede(cap, generation, now, self.ls))
-        self.episodes.close_job(job_id, now, "new_generation")
+        # its episodes close and its budget starts afresh: the old run's arms never hold the new run's
+        self._job(job_id).history = self.episodes.new_generation(job_id, now)

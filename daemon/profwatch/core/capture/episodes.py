@@ -383,6 +383,15 @@ class JobEpisodes:
                 out.append(self._close(ep, now_unix_s, "quiet"))
         return out
 
+    def new_run(self, now_unix_s: float, reason: str) -> list[Event]:
+        """The job started a new generation (a restart, a resize, a new run under its id): close every open episode
+        and start a fresh budget (the old run's arms never hold the new run's; the bytes-per-step estimate stays)."""
+        fresh = ArmHistory()
+        fresh.bytes_per_rank_step = self.history.bytes_per_rank_step
+        self.history = fresh
+        self._flight.clear()
+        return self.close_all(now_unix_s, reason)
+
     def close_all(self, now_unix_s: float, reason: str) -> list[Event]:
         """Close every open episode (the job ended, or started a new generation: ``reason``)."""
         return [self._close(ep, now_unix_s, reason) for ep in list(self.open.values())]
