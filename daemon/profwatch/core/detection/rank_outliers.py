@@ -163,6 +163,12 @@ class RankOutlierDetector:
         self._learn_cost: dict[str, np.ndarray] = {}
         self._learn_step_s: list[float] = []
 
+    @property
+    def reported_ranks(self) -> frozenset[int]:
+        """Ranks reported and not cleared yet (their count has not fallen below half of ``outlier_min_steps``):
+        the episode layer's sign that a rank-outlier episode still holds."""
+        return frozenset(self._reported)
+
     def update_settings(self, settings: DetectionSettings) -> None:
         """Swap thresholds; the window restarts when its size or the firing count changes (baselines are kept)."""
         old, self.settings = self.settings, settings
