@@ -184,10 +184,10 @@ class JobDetector:
         """Per anomaly kind, the ranks its detector still names now (``rank_outlier``: reported and not cleared;
         ``stalled_rank``: stalled): what tells the episode layer (``daemon/profwatch/core/capture/episodes.py``) that an
         episode still holds between reports."""
-        out = {"stalled_rank": self.stall_detector.stalled_ranks}
-        for d in self.step_detectors:
-            if isinstance(d, RankOutlierDetector):
-                out["rank_outlier"] = out.get("rank_outlier", frozenset()) | d.reported_ranks
+        out: dict[str, frozenset[int]] = {"stalled_rank": self.stalled_ranks}
+        for u in self.units:
+            for kind, ranks in u.ongoing().items():
+                out[kind] = out.get(kind, frozenset()) | ranks
         return out
 
     def update_settings(self, settings: DetectionSettings) -> None:

@@ -161,6 +161,16 @@ class UnitPipeline:
         """The unit's stalled ranks, as job ranks."""
         return frozenset(self.ranks[i] for i in self.stall.stalled_ranks)
 
+    def ongoing(self) -> dict[str, frozenset[int]]:
+        """Per anomaly kind, the job ranks the unit's step detectors still name (``rank_outlier``: reported and
+        not cleared)."""
+        out: dict[str, frozenset[int]] = {}
+        for d in self.step_detectors:
+            if isinstance(d, RankOutlierDetector):
+                out["rank_outlier"] = out.get("rank_outlier", frozenset()) | frozenset(
+                    self.ranks[i] for i in d.reported_ranks)
+        return out
+
     def mark_left(self, rank: int) -> None:
         """Job rank ``rank`` said bye."""
         i = self.index.get(rank)
