@@ -74,8 +74,10 @@ class JobDetector:
         (:class:`~profwatch.core.detection.serving.LoadNormaliser`), and at each :meth:`tick` the ranks are
         split into units whose step counters stay together
         (:class:`~profwatch.core.detection.serving.UnitSplitter`); each unit is judged on its own (its own
-        steps, baseline, outliers and stalls), so replicas are never late to each other and an idle replica is
-        never stalled (a rank is stalled only when the ranks of its own unit go on without it).
+        steps, baseline and outliers), so replicas are never late to each other. No ``stalled_rank`` is judged in
+        serving mode: an idle replica is not stalled, a tensor-parallel peer that hangs blocks its unit (nobody
+        goes on without it), and a replica that stops with queued work cannot be told from an idle one from
+        step reports and keepalives alone (the hook sends no queue depth).
 
         Cost: O(1) amortised per report; the step detectors' work runs once per finalised step or block
         (amortised over the unit's ranks); ``tick`` is O(world_size log world_size) in serving mode, else

@@ -21,6 +21,7 @@ from profwatch.core.detection.stalls import ArrivalStallDetector
 from profwatch.core.detection.types import Anomaly, StallDetector, StepDetector
 
 HoldSteps = Callable[[int, float], int]
+SERVING_FALSE_ALARM_FACTOR = 100.0
 
 
 class UnitPipeline:
@@ -40,7 +41,8 @@ class UnitPipeline:
         Finalised steps go through :class:`~profwatch.core.detection.blocks.StepBlocks`; the regression detector
         gets them normalised in a serving unit (ratios to the usual time at that load) and raw otherwise; the
         other step detectors get them raw. The spike hold is converted from steps to blocks. In a unit that is
-        not the whole job, a ``step_regression`` or ``drift`` names the unit's ranks (``detail["unit"]``).
+        not the whole job, a ``step_regression`` or ``drift`` names the unit's ranks (``detail["unit"]``). A
+        serving unit checks no stalls and detects no drift (its ratios follow the load by construction).
     """
 
     def __init__(self, job_id: str, ranks: Sequence[int], settings: DetectionSettings, hold_steps: HoldSteps, *,
@@ -59,12 +61,24 @@ class UnitPipeline:
         self.regression: StepTimeRegressionDetector | None = None
         self.outliers: RankOutlierDetector | None = None
         if step_detectors is None:
-            self.regression = StepTimeRegressionDetector(job_id, settings, hold_steps=self._hold)
+            self.regression = StepTimeRegressionDetector(job_id, self._regression_settings(settings),
+                                                         hold_steps=self._hold)
             local_roles = [roles[r] for r in self.ranks] if roles is not None else None
             self.outliers = RankOutlierDetector(job_id, n, settings, roles=local_roles)
             step_detectors = [self.regression, self.outliers]
         self.step_detectors: list[StepDetector] = list(step_detectors)
         self.stall: StallDetector = stall_detector or ArrivalStallDetector(job_id, n, settings)
+        self.serving = serving
+
+    def _regression_settings(self, settings: DetectionSettings) -> DetectionSettings:
+        """A serving unit's regression detector judges ratios to load-band references that follow the load:
+        their level carries no drift, so drift detection is off there; and a server makes many short steps per
+        hour whose ratios are less regular than a training loop's, so its mean run between false alarms is
+        :data:`SERVING_FALSE_ALARM_FACTOR` times ``false_alarm_steps`` (the delay grows with its log only)."""
+        if self.normaliser is None:
+            return settings
+        return settings.model_copy(update={"drift_detection": False,
+                                           "false_alarm_steps": settings.false_alarm_steps * SERVING_FALSE_ALARM_FACTOR})
 
     def _hold(self, step: int, step_time_s: float) -> int:
         if self.normaliser is not None:
@@ -94,7 +108,7 @@ class UnitPipeline:
         if self.normaliser is not None:
             self.normaliser.settings = settings
         for d in self.step_detectors:
-            d.update_settings(settings)
+            d.update_settings(self._regression_settings(settings) if d is self.regression else settings)
         self.stall.update_settings(settings)
 
     def set_role(self, rank: int, role: str | None) -> None:
@@ -136,7 +150,9 @@ class UnitPipeline:
                 self.normaliser.rescale(1.0 + a.magnitude)
 
     def check_stalls(self, now_unix_s: float) -> list[Anomaly]:
-        """The stall detector's check, mapped to job ranks."""
+        """The stall detector's check, mapped to job ranks; none in a serving unit (see ``JobDetector`` Notes)."""
+        if self.serving:
+            return []
         return [self._to_job(a) for a in self.stall.check(self.aggregator, now_unix_s)]
 
     def _to_job(self, a: Anomaly) -> Anomaly:
