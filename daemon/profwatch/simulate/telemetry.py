@@ -43,7 +43,7 @@ class TelemetryScenario:
     (the ``role`` field); ``rotate_every`` moves the slow rank (``slow_rank_factor``) every that many steps through
     ``rotate_ranks`` (default every rank: a hot MoE expert); after a restart (a requeue) ``restart_world_size``
     ranks report, ``restart_slow_rank`` is slow from ``restart_slow_rank_from_step``; ``with_identity`` adds
-    ``pid`` and ``hostname`` (new pids and other nodes after a restart); ``mode`` is copied into every record.
+    ``pid`` and ``node`` (new pids and other nodes after a restart); ``mode`` is copied into every record.
 
     Job-wide interruptions (unflagged unless said; drawn from a second seeded stream, so adding them leaves the
     noise of a scenario unchanged): a GC pause on every rank with probability ``gc_prob`` per step, making the
@@ -205,7 +205,7 @@ def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, Any]]:
                 rec["mode"] = sc.mode
             if sc.with_identity:
                 rec["pid"] = 10_000 + r + (50_000 if restarted else 0)
-                rec["hostname"] = f"node-{'b' if restarted else 'a'}{r // max(1, sc.ranks_per_node)}"
+                rec["node"] = f"node-{'b' if restarted else 'a'}{r // max(1, sc.ranks_per_node)}"
             if sc.with_stages:
                 c = float(compute[r])
                 rec["stages"] = {"compute": round(c, 6), "comm": round(float(step_t[r]) - c, 6)}
