@@ -58,6 +58,9 @@ class Change:
     ranks: tuple[int, ...]
     kinds: tuple[str, ...]
     usual: str | None = None
+    at_step: int | None = None
+    """For training families: the onset step (its first arrival in epoch ``epoch`` is the onset time)."""
+    epoch: int = 0
 
 
 @dataclass
@@ -69,19 +72,14 @@ class Family:
     """The usual step time (seconds), to give delays in steps."""
 
 
-def _t(sc: TelemetryScenario, step: int) -> float:
-    """Approximate seconds from the start to ``step`` (steps at the scenario's base step time)."""
-    return (step - sc.first_step) * sc.step_time_s
-
-
 def families(hours: float, seed: int) -> list[Family]:
     out: list[Family] = []
     plain = TelemetryScenario(job_id="plain", world_size=4, steps=2400, cv=0.03, step_time_s=0.5, seed=seed,
                               slowdown=0.25, slowdown_from_step=1000, slowdown_until_step=1060, slow_rank=2,
                               slow_rank_factor=1.5, slow_rank_from_step=1130)
     out.append(Family("plain_burst", lambda: iter_telemetry(plain), [
-        Change("+25% job-wide burst (60 steps)", _t(plain, 1000), (), ("step_regression",), "job"),
-        Change("rank 2 +50%", _t(plain, 1130), (2,), ("rank_outlier", "step_regression"), "rank")]))
+        Change("+25% job-wide burst (60 steps)", 0, (), ("step_regression",), "job", 1000),
+        Change("rank 2 +50%", 0, (2,), ("rank_outlier", "step_regression"), "rank", 1130)]))
     dur = hours * 3600.0
     tp = ServingScenario(job_id="serve_tp", replicas=1, tp=4, duration_s=dur + 1800, step_time_s=0.2,
                          slow_rank=1, slow_factor=1.3, slow_from_s=dur, seed=seed)
@@ -96,34 +94,33 @@ def families(hours: float, seed: int) -> list[Family]:
                            roles=("pp0", "pp0", "pp1", "pp1", "pp2", "pp2", "pp3", "pp3"),
                            slow_rank=3, slow_rank_factor=1.25, slow_rank_from_step=1500)
     out.append(Family("pipeline", lambda: iter_telemetry(pp), [
-        Change("middle-stage rank 3 +25%", _t(pp, 1500), (3,), ("rank_outlier",), "rank25")]))
+        Change("middle-stage rank 3 +25%", 0, (3,), ("rank_outlier",), "rank25", 1500)]))
     ds = TelemetryScenario(job_id="drift_slow", world_size=4, steps=8000, cv=0.03, step_time_s=0.5, seed=seed,
                            drift_per_step=0.0005, slowdown=0.11, slowdown_from_step=6000)
     out.append(Family("drift_slow", lambda: iter_telemetry(ds), [
-        Change("+11% job-wide during the drift", _t(ds, 6000), (), ("step_regression",), "job11")]))
+        Change("+11% job-wide during the drift", 0, (), ("step_regression",), "job11", 6000)]))
     dfast = TelemetryScenario(job_id="drift_fast", world_size=4, steps=2000, cv=0.03, step_time_s=0.5, seed=seed,
                               drift_per_step=0.003, drift_from_step=500, slowdown=0.11, slowdown_from_step=1300)
     out.append(Family("drift_fast", lambda: iter_telemetry(dfast), [
-        Change("+11% job-wide during the drift", _t(dfast, 1300), (), ("step_regression",), "job11")]))
+        Change("+11% job-wide during the drift", 0, (), ("step_regression",), "job11", 1300)]))
     rq = TelemetryScenario(job_id="requeue", world_size=4, steps=1500, cv=0.03, step_time_s=0.5, seed=seed,
                            restart_after_step=1500, restart_steps=1200, restart_gap_s=120.0, restart_world_size=2,
                            restart_slow_rank=1, restart_slow_rank_from_step=600, with_identity=True,
                            ranks_per_node=2)
-    requeue_at = _t(rq, 1501) + rq.restart_gap_s + 599 * rq.step_time_s
     out.append(Family("requeue", lambda: iter_telemetry(rq), [
-        Change("after the requeue (2 ranks, other node): rank 1 +50%", requeue_at, (1,),
-               ("step_regression", "rank_outlier"), "rank")]))
+        Change("after the requeue (2 ranks, other node): rank 1 +50%", 0, (1,),
+               ("step_regression", "rank_outlier"), "rank", 600, 1)]))
     for name, every in (("moe_slow", 150), ("moe_fast", 20)):
         moe = TelemetryScenario(job_id=name, world_size=8, steps=2400, cv=0.02, step_time_s=0.5, seed=seed,
                                 rotate_every=every, slow_rank_factor=1.5, slow_rank_from_step=800)
         out.append(Family(name, (lambda m=moe: iter_telemetry(m)), [
-            Change(f"hot expert +50%, moves every {every} steps", _t(moe, 800), tuple(range(8)),
-                   ("rank_outlier", "step_regression"), None)]))
+            Change(f"hot expert +50%, moves every {every} steps", 0, tuple(range(8)),
+                   ("rank_outlier", "step_regression"), None, 800)]))
     fast = TelemetryScenario(job_id="fast_5ms", world_size=4, steps=72_000, cv=0.05, step_time_s=0.005, seed=seed,
                              gc_prob=0.02, gc_factor=3.0, loader_stall_prob=0.01, slowdown=0.15,
                              slowdown_from_step=60_000)
     out.append(Family("fast_5ms", lambda: iter_telemetry(fast), [
-        Change("+15% job-wide", _t(fast, 60_000), (), ("step_regression",), None)], fast.step_time_s))
+        Change("+15% job-wide", 0, (), ("step_regression",), None, 60_000)], fast.step_time_s))
     return out
 
 
@@ -165,7 +162,14 @@ def run_family(fam: Family, usual: dict[str, float]) -> dict[str, Any]:
     res = replay_lines(dump_jsonl(records).splitlines(), ReplayConfig())
     at, start = _times(records)
     end = max(r["ts_unix_s"] for r in records)
-    first_change = min((c.at_s for c in fam.changes), default=end - start) + start
+
+    def onset_of(c: Change) -> float:
+        if c.at_step is None:
+            return start + c.at_s
+        return min(t for (e, _, s), t in at.items() if e == c.epoch and s >= c.at_step)
+
+    onsets = [onset_of(c) for c in fam.changes]
+    first_change = min(onsets, default=end)
     index: dict[tuple[int, int], list[float]] = {}
     for (_, r, s), t in at.items():
         index.setdefault((r, s), []).append(t)
@@ -183,8 +187,7 @@ def run_family(fam: Family, usual: dict[str, float]) -> dict[str, Any]:
     healthy_h = (first_change - start) / 3600.0
     kinds = Counter(a["kind"] for a in res["anomalies"])
     rows = []
-    for c in fam.changes:
-        onset = start + c.at_s
+    for c, onset in zip(fam.changes, onsets, strict=True):
         hits = [(when(a["ranks"], a["step"], onset - 1.0), a) for a in res["anomalies"] if a["kind"] in c.kinds
                 and (not c.ranks or not a["ranks"] or set(c.ranks) & set(a["ranks"]))]
         hits = [(t, a) for t, a in hits if t >= onset]
