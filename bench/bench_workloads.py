@@ -157,7 +157,7 @@ def _times(records: list[dict[str, Any]]) -> tuple[dict[tuple[int, int, int], fl
 
 
 def run_family(fam: Family, usual: dict[str, float]) -> dict[str, Any]:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     records = list(fam.records())
     res = replay_lines(dump_jsonl(records).splitlines(), ReplayConfig())
     at, start = _times(records)
@@ -208,7 +208,7 @@ def run_family(fam: Family, usual: dict[str, float]) -> dict[str, Any]:
                      "first_arm": first_arm})
     return {"family": fam.name, "records": len(records), "healthy_h": healthy_h, "false_pages": false_pages,
             "arms": len(res["arms"]), "kinds": kinds, "changes": rows, "seconds": time.perf_counter() - t0,
-            "episodes": len(res.get("episodes") or [])}
+            "episodes": len(res.get("episodes") or []), "cpu_s": time.process_time() - c0}
 
 
 def main() -> None:
@@ -231,12 +231,12 @@ def main() -> None:
         per_h = r["false_pages"] / r["healthy_h"] if r["healthy_h"] > 0 else math.nan
         new = {k: v for k, v in r["kinds"].items() if k in ("structural_imbalance", "drift")}
         print(f"{r['family']:12s} {r['records']:8d} {r['healthy_h']:9.2f} {per_h:8.2f} ({r['false_pages']:2d})"
-              f" {r['arms']:5d}  {dict(new) or ''}  all reports {dict(r['kinds'])} ({r['seconds']:.0f} s)")
+              f" {r['arms']:5d}  {dict(new) or ''}  all reports {dict(r['kinds'])} ({r['cpu_s']:.0f} s CPU)")
         for c in r["changes"]:
             usual_txt = f"{c['usual_s']:.1f} s" if not math.isnan(c["usual_s"]) else "-"
             print(f"{'':12s}   {c['change']}: delay {c['delay_s']:.1f} s ({c['delay_steps']:.0f} steps; usual "
                   f"{usual_txt}), captured {'yes' if c['captured'] else 'NO'} (first arm after it: {c['first_arm']})")
-    print(f"total {time.perf_counter() - t0:.0f} s")
+    print(f"total {time.perf_counter() - t0:.0f} s wall, {time.process_time():.0f} s CPU")
 
 
 if __name__ == "__main__":
