@@ -178,10 +178,16 @@ class DaemonMetrics:
             self.alerts_standing.set(standing)
 
     # -- exposition -----------------------------------------------------------------------------------------------
-    def serve(self, port: int | None, addr: str = "127.0.0.1") -> None:
-        """Start the ``/metrics`` HTTP server (no-op when ``port`` is None)."""
+    def serve(self, port: int | None, addr: str = "127.0.0.1", *, certfile: str | None = None,
+              keyfile: str | None = None, client_cafile: str | None = None) -> None:
+        """Start the ``/metrics`` HTTP server on ``addr:port`` (no-op when ``port`` is None); HTTPS with
+        ``certfile``/``keyfile`` (PEM), and then client certificates signed by ``client_cafile`` required when it
+        is given (prometheus-client's ``start_http_server`` TLS options). Raises ``OSError`` (address in use) or
+        ``ssl.SSLError`` (unusable certificate files)."""
         if port is not None:
-            self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+            self._server, _thread = start_http_server(
+                port, addr=addr, registry=self.registry, certfile=certfile, keyfile=keyfile,
+                client_cafile=client_cafile, client_auth_required=client_cafile is not None)
 
     def close(self) -> None:
         if self._server is not None:
