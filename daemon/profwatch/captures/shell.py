@@ -10,7 +10,6 @@ and for listings.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -20,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from profwatch.adapters.fs.paths import PathRefused, check_inside, make_dirs
+from profwatch.adapters.fs.paths import PathRefused, make_dirs
 from profwatch.adapters.zmq.control import ControlError
 from profwatch.captures.analysis_steps import AnalysisSteps
+from profwatch.captures.arm_checks import ArmChecks
 from profwatch.captures.config_writes import ConfigWrites, IdleSend
 from profwatch.captures.ports import (
     AnalyserPort,
@@ -35,11 +35,10 @@ from profwatch.captures.ports import (
     SendNodeCommand,
     WatcherPort,
 )
-from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_CAPTURE_UNAVAILABLE, TYPE_PATH_REFUSED
+from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_PATH_REFUSED
 from profwatch.core.batches.completeness import BatchState, CaptureHint
 from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
-from profwatch.core.capture.availability import Unavailable, explain, unavailable
 from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
 from profwatch.core.capture.report import describe, explain_ranks, rank_causes, refusal
 from profwatch.core.capture.targeting import JobTopology, estimate_capture_bytes
@@ -86,7 +85,7 @@ class _Job:
     groups_from: str | None = None
 
 
-class CaptureShell(AnalysisSteps, ConfigWrites):
+class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
     """Applies lifecycle transitions for every capture of one coordinator (see the module doc).
 
     Args:
@@ -423,9 +422,9 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                "window_deadline_unix_s": plan.deadline_unix_s, "config": plan.config.render(), "writer": writer,
                "nodes": nodes, "dry_run": dry_run, "base_step": plan.base_step, "step_spread": plan.step_spread,
                "furthest_step": progress.furthest_step, "step_time_s": step_time, "world_size": job.world_size}
-        partial = self._unavailable(job, set(covered))
-        if partial is not None:
-            out["warnings"] = [partial.detail()]
+        warnings = self.arm_warnings(job, set(covered))
+        if warnings:
+            out["warnings"] = warnings
         blocker = lc.blocking_capture(self._job(job.job_id).active.values())
         if blocker is not None:
             message = refusal(blocker, now)
@@ -449,37 +448,6 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         self.detectors.exclude_steps(job.job_id, *profiled_report_steps(plan.start_step, plan.warmup, plan.active),
                                      f"capture {plan.capture_id}")
         return {**out, **describe(cap, now)}
-
-    @staticmethod
-    def _unavailable(job: JobState, covered: set[int]) -> Unavailable | None:
-        return unavailable((r.rank, r.hostname, r.backend, r.backend_error, job.profiler_config_path)
-                           for r in job.ranks.values() if not r.left and r.rank in covered)
-
-    def _check_armable(self, job: JobState, req: CaptureRequest, now: float) -> None:
-        if not job.profiler_config_path:
-            raise ControlError("refused", f"job {job.job_id} announced no usable profiler_config_path")
-        if not job.prof_root:
-            raise ControlError("refused", f"job {job.job_id} announced no usable prof_root")
-        live = [r for r in job.ranks.values() if not r.left]
-        if not live:
-            raise ControlError("refused", f"job {job.job_id} has no live ranks (all {len(job.ranks)} left)")
-        if len(live) < job.world_size:
-            left = sorted(r.rank for r in job.ranks.values() if r.left)
-            raise ControlError("refused", f"only {len(live)}/{job.world_size} ranks are live"
-                               + (f" (left: {left})" if left else " (the others have not started yet)")
-                               + "; torch_npu ignores configs written before every rank started")
-        covered = set(req.rank_list) if req.rank_list else {r.rank for r in live}
-        gone = self._unavailable(job, covered)
-        if gone is not None and gone.fatal:
-            raise ControlError("refused", gone.detail())
-        if self.s.coordinator.config_writer == "node":
-            timeout = self.s.coordinator.node_timeout_s
-            for node_id in sorted({r.node_id for r in live if r.rank in covered and r.node_id}):
-                node = self.nodes.get(node_id)
-                if node is None or now - node.last_seen_unix_s > timeout:
-                    heard = f"last heard {now - node.last_seen_unix_s:.0f} s ago" if node is not None else "never heard"
-                    raise ControlError("refused", f"node {node_id} is down ({heard}): it writes the config for its "
-                                                  "ranks (config_writer = \"node\"); start its node daemon first")
 
     # -- control commands ----------------------------------------------------------------------------------------------
     def cancel(self, job_id: str, capture_id: str | None, now: float) -> list[dict[str, Any]]:
@@ -533,48 +501,6 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         return out
 
     # -- hellos ----------------------------------------------------------------------------------------------------------
-    def on_hello(self, job: JobState, msg: wire.RankHello, now: float) -> None:
-        """Check the paths a hello names; refuse and report anything outside the allowed roots or passing through a
-        symlink below its root (``daemon/profwatch/adapters/fs/paths.py``: what is checked here is what is used later)."""
-        cs = self.s.coordinator
-        problems = []
-        if msg.prof_root:
-            try:
-                check_inside(msg.prof_root, cs.allowed_prof_roots)
-            except PathRefused as exc:
-                problems.append(str(exc))
-                job.prof_root = None
-        if msg.profiler_config_path and cs.config_writer == "coordinator":
-            try:
-                check_inside(msg.profiler_config_path, cs.allowed_config_roots)
-            except PathRefused as exc:
-                problems.append(str(exc))
-                job.profiler_config_path = None
-        if msg.backend == "none" and msg.backend_error:
-            self._capture_unavailable(msg)
-        if problems and msg.job_id not in self._refused_jobs:
-            self._refused_jobs.add(msg.job_id)
-            self.emit(TYPE_PATH_REFUSED, msg.job_id,
-                      {"rank": msg.rank, "hostname": msg.hostname, "problems": problems},
-                      event_id=f"path_refused-{msg.job_id}-{int(now)}")
-
-    def _capture_unavailable(self, msg: wire.RankHello) -> None:
-        """A rank could not open the capture backend it asked for: one ``capture_unavailable`` alert per job and
-        error where no capture can reach it (``core/capture/availability.py``)."""
-        cause, fix, fatal = explain(msg.backend_error, msg.profiler_config_path, msg.hostname)
-        key = (msg.job_id, msg.backend_error)
-        if not fatal or key in self._unavailable_seen:
-            return
-        if len(self._unavailable_seen) >= 10_000:
-            self._unavailable_seen.clear()
-        self._unavailable_seen.add(key)
-        digest = hashlib.sha256(msg.backend_error.encode("utf-8", "backslashreplace")).hexdigest()[:16]
-        self.emit(TYPE_CAPTURE_UNAVAILABLE, msg.job_id, {
-            "rank": msg.rank, "hostname": msg.hostname, "profiler_config_path": msg.profiler_config_path,
-            "error": msg.backend_error, "cause": cause, "fix": fix,
-            "detail": f"rank {msg.rank} on {msg.hostname}: {cause}. Fix: {fix}"},
-            event_id=f"capture_unavailable-{msg.job_id}-{digest}")
-
     def on_job_ended(self, job_id: str, now: float) -> None:
         """The job ended: cancel its captures whose window has not started (``lc.job_ended``); the others run to
         their deadlines."""
