@@ -252,7 +252,8 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
                                "waited_s": round(now - ep.opened_unix_s, 3)})
     for a, ep in fresh:
         if ep.episode_id not in armed:
-            result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step, "reason": ep.waiting,
+            reason = "covered_by_capture" if ep.in_flight is not None else ep.waiting
+            result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step, "reason": reason,
                                          "episode_id": ep.episode_id})
     result["episode_events"].extend({"type": e.type, "job_id": job.detector.job_id, **e.data} for e in events)
 
