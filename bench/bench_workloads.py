@@ -164,8 +164,12 @@ def run_family(fam: Family, usual: dict[str, float]) -> dict[str, Any]:
     end = max(r["ts_unix_s"] for r in records)
 
     def onset_of(c: Change) -> float:
+        """The first step of the change: its onset step's first arrival, or (serving, where a replica may be idle
+        when the change begins) the first step the changed ranks made after its onset time."""
         if c.at_step is None:
-            return start + c.at_s
+            nominal = start + c.at_s
+            return min((t for (_, r, _), t in at.items() if t >= nominal and (not c.ranks or r in c.ranks)),
+                       default=nominal)
         return min(t for (e, _, s), t in at.items() if e == c.epoch and s >= c.at_step)
 
     onsets = [onset_of(c) for c in fam.changes]
@@ -179,16 +183,30 @@ def run_family(fam: Family, usual: dict[str, float]) -> dict[str, Any]:
         later = [t for t in times if t >= after]
         return later[0] if later else (times[-1] if times else math.nan)
 
+    def timed(items: list[dict[str, Any]]) -> list[tuple[float, dict[str, Any]]]:
+        """Each report or arm with the record time replay saw it at (``at_unix_s``); an alert event with the
+        arrival of its step (the first at or after the previous one's)."""
+        out, cursor = [], -math.inf
+        for a in items:
+            t = a.get("at_unix_s")
+            if t is None:
+                t = when(a.get("ranks") or [], a["step"], cursor) if isinstance(a.get("step"), int) else cursor
+            if not math.isnan(t):
+                cursor = max(cursor, t)
+            out.append((t, a))
+        return out
+
     alerts = [e for e in res["episode_events"] if BY_NAME.get(e["type"].split(".")[2]) is not None
               and BY_NAME[e["type"].split(".")[2]].alert]
-    arm_times = [(when(a["ranks"], a["step"]), a) for a in res["arms"]]
+    arm_times = timed(res["arms"])
+    anomaly_times = timed(res["anomalies"])
     false_pages = sum(1 for t, _ in arm_times if t < first_change) + sum(
-        1 for e in alerts if isinstance(e.get("step"), int) and when(e.get("ranks") or [], e["step"]) < first_change)
+        1 for t, _ in timed(alerts) if t < first_change)
     healthy_h = (first_change - start) / 3600.0
     kinds = Counter(a["kind"] for a in res["anomalies"])
     rows = []
     for c, onset in zip(fam.changes, onsets, strict=True):
-        hits = [(when(a["ranks"], a["step"], onset - 1.0), a) for a in res["anomalies"] if a["kind"] in c.kinds
+        hits = [(t, a) for t, a in anomaly_times if a["kind"] in c.kinds
                 and (not c.ranks or not a["ranks"] or set(c.ranks) & set(a["ranks"]))]
         hits = [(t, a) for t, a in hits if t >= onset]
         delay_s = min((t for t, _ in hits), default=math.nan) - onset
