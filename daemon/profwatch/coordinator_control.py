@@ -107,6 +107,7 @@ class ControlCommands:
         snap["counters"] = dict(self.counters)
         snap["ingest_bind"] = self.settings.coordinator.ingest_bind  # where nodes must dial (status names it)
         snap["captures"] = self.captures.summary(job_id, time.time())
+        snap["episodes"] = self.captures.episodes.view(job_id, time.time())
         snap["state_store"] = self.state.status()
         snap["bounds"] = {"jobs": len(self.registry.jobs), "ranks": self.registry.rank_count,
                           "nodes": len(self.registry.nodes), "detector_ranks": self._detector_ranks,

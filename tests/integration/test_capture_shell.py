@@ -128,6 +128,9 @@ class World:
             def baseline_step_time_s(self, job_id: str) -> float | None:
                 return None
 
+            def ongoing(self, job_id: str) -> dict[str, frozenset[int]]:
+                return {}
+
         self.shell = CaptureShell(
             settings=self.settings, store=self.store, jobs=self.registry.jobs, nodes=self.registry.nodes,
             writer=Writer(), send_node_command=lambda n, c: self.sent.append((n, c)), scanner=Scanner(),
@@ -454,7 +457,17 @@ def test_a_restarted_shell_resumes_its_capture_and_its_arm_history(world, tmp_pa
     (alert,) = w2.of("io.profwatch.suspect_ranks.v1")
     assert alert["capture_id"] == cid and alert["armed_steps"]
     w2.shell.on_anomaly(Anomaly(kind="step_regression", job_id="j1", step=30, ranks=(), magnitude=0.4), w2.now)
-    assert w2.of("io.profwatch.arm_decision.v1")[-1]["reason"] == "cooldown"  # the history survived the restart
+    last = w2.of("io.profwatch.arm_decision.v1")[-1]  # the arm history survived the restart: the job's gap holds
+    assert (last["reason"], last["until_unix_s"]) == ("min_arm_gap", w.now + 60.0)
+    # the episode the report opened waits in the queue, is stored, and survives another restart
+    w2.shell.close()
+    w3 = world(store=StateStore(tmp_path / "state.db"))
+    (ep,) = [e for e in w3.shell.episodes.view("j1", w2.now) if e["closed_unix_s"] is None]
+    assert (ep["episode_id"], ep["kind"], ep["captures"]) == (last["episode_id"], "step_regression", [])
+    w3.now = w.now + 61
+    w3.shell.tick(w3.now)
+    (armed,) = [d for d in w3.of("io.profwatch.arm_decision.v1") if d["action"] == "arm"]
+    assert armed["episode_id"] == ep["episode_id"] and armed["capture_id"]  # captured once the gap passed
 
 
 def test_unacknowledged_ranks_are_explained_by_the_nodes_stale_torch_npu_state(world) -> None:
