@@ -33,6 +33,7 @@ from profwatch.core.batches.prof_layout import (
     PROFILER_OUTPUT_DIR,
     TRACE_DONE,
     UNREADABLE,
+    UNSUPPORTED_ADVICE,
     DbObservation,
     LayoutError,
     RankDirObservation,
@@ -444,6 +445,7 @@ def describe_unsupported(found: Mapping[str, list[str]]) -> str:
     """One line per kind of :func:`find_unsupported`: what was found, an example, and that it is not supported."""
     return "\n".join(f"found {len(paths)} {what}, e.g. {paths[0]}: not supported (profwatch analyses PyTorch "
                      "captures: *_ascend_pt rank dirs from torch_npu, *_torch_pt from its torch backend)"
+                     + (f"; {UNSUPPORTED_ADVICE[what]}" if what in UNSUPPORTED_ADVICE else "")
                      for what, paths in found.items())
 
 
