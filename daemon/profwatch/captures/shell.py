@@ -126,7 +126,8 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
         self._unavailable_seen: set[tuple[str, str]] = set()  # (job, backend_error) alerted as capture_unavailable
         self.episodes = EpisodeDesk(  # anomalies as episodes; the capture queue (captures/episode_desk.py)
             settings=settings, store=store, jobs=jobs, detectors=detectors, emit=emit, arm=self.arm,
-            in_flight=lambda job_id: lc.blocking_capture(self._job(job_id).active.values()) is not None,
+            in_flight=lambda job_id: lc.blocking_capture(self._job(job_id).active.values(),
+                                                         self._generation(job_id)) is not None,
             topology=self.topology, policy=lambda: self.policy)
 
     # -- start, stop ----------------------------------------------------------------------------------------------
@@ -155,7 +156,9 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
                 job.recent.append(cap)
                 if lc.owes_idle(cap, now):
                     self._write_idle(cap)
-            if cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE):
+            gen = self._generation(cap.job_id)
+            if (cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE)
+                    and (gen is None or cap.generation >= gen)):  # an older generation's arms: not this budget
                 job.history.record_arm(cap.created_unix_s, cap.capture_id)
                 if cap.analysis_status == "no_suspect":
                     job.history.release(cap.capture_id)  # found nothing: its hourly slot was given back
@@ -185,6 +188,11 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
         if job is None:
             job = self._jobs[job_id] = _Job({}, deque(maxlen=RECENT_PER_JOB), self.episodes.book(job_id).history)
         return job
+
+    def _generation(self, job_id: str) -> int | None:
+        """The job's current generation in the registry (None: not known there)."""
+        job = self.jobs.get(job_id)
+        return job.generation if job is not None else None
 
     def _caps(self, job_id: str) -> list[lc.Capture]:
         job = self._jobs.get(job_id)
@@ -407,7 +415,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
         warnings = self.arm_warnings(job, set(covered))
         if warnings:
             out["warnings"] = warnings
-        blocker = lc.blocking_capture(self._job(job.job_id).active.values())
+        blocker = lc.blocking_capture(self._job(job.job_id).active.values(), job.generation)
         if blocker is not None:
             message = refusal(blocker, now)
             if dry_run:
@@ -494,8 +502,11 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
 
     def supersede_generation(self, job_id: str, generation: int, now: float) -> None:
         """The job started ``generation``: close its captures of older generations that still wait for their ranks
-        as superseded (``lc.supersede``; data kept, nothing deleted; an ``analysing`` one finishes)."""
-        for cap in list(self._job(job_id).active.values()):
+        as superseded (``lc.supersede``; data kept, nothing deleted; an ``analysing`` one finishes without holding
+        the new generation's arms back) and start the job's arm history afresh (cooldown and hourly caps count the
+        new generation's arms only; ``docs/generations.md``)."""
+        job = self._job(job_id)
+        for cap in list(job.active.values()):
             self._apply(lc.supersede(cap, generation, now, self.ls))
         # its episodes close and its budget starts afresh: the old run's arms never hold the new run's
         self._job(job_id).history = self.episodes.new_generation(job_id, now)
