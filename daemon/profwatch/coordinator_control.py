@@ -1,16 +1,17 @@
-"""The coordinator's control commands (part of the composition root ``daemon/profwatch/coordinator.py``): the
+"""The coordinator's control commands (built by the composition root ``daemon/profwatch/coordinator.py``): the
 ``profwatch`` CLI's requests on the control socket, each checked against its role (``daemon/profwatch/core/access.py``)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
 import zmq
 
 from profwatch.adapters.zmq import control
-from profwatch.core.access import AccessDenied, authorize
+from profwatch.core.access import AccessDenied, ControlRole, authorize
 from profwatch.core.capture.planner import CaptureRequest
 from profwatch.core.capture.report import describe
 from profwatch.core.fleet.telemetry import dump_jsonl, window_records
@@ -18,7 +19,6 @@ from profwatch.core.messages import MessageRejected
 
 if TYPE_CHECKING:
     from profwatch.adapters.store.state import StateStore
-    from profwatch.adapters.zmq.server_sockets import ServerSockets
     from profwatch.captures.shell import CaptureShell
     from profwatch.config import Settings
     from profwatch.core.detection.job_detector import JobDetector
@@ -28,59 +28,64 @@ log = structlog.get_logger("profwatch.coordinator")
 
 
 class ControlCommands:
-    """Mixin of :class:`~profwatch.coordinator.Coordinator`: ``_drain_control`` and one ``_cmd_<name>`` per command."""
+    """Serves the control socket: :meth:`drain` answers the waiting requests, one ``_cmd_<name>`` per command.
 
-    if TYPE_CHECKING:  # what the handlers use of the coordinator
-        settings: Settings
-        registry: Registry
-        captures: CaptureShell
-        state: StateStore
-        sockets: ServerSockets
-        control_sock: zmq.Socket[bytes]
-        detectors: dict[str, JobDetector]
-        counters: dict[str, int]
-        _detector_ranks: int
-        _state_bound_mib: int
+    Args:
+        sock: the control ROUTER socket (owned by the coordinator's sockets; used only from its main loop).
+        grants: the roles a request's frame carries (``ServerSockets.grants``: CURVE key or loopback).
+        settings: the configuration tree (``set_thresholds`` replaces its detection and arming sections).
+        registry, captures, state, detectors: what the commands read or act on (the coordinator's own objects).
+        counters: the coordinator's message counters (shown by ``status``).
+        bounds: the coordinator's current sizes and memory bound for ``status`` (jobs, ranks, nodes,
+            detector_ranks, state_bound_mib).
+        reject, refuse_peer: count a malformed request / a refused peer (the coordinator's counters and logs).
+    """
 
-        def _reject(self, exc: MessageRejected | RegistryError, node_id: str = "", quiet: bool = False) -> None: ...
+    def __init__(self, *, sock: zmq.Socket[bytes], grants: Callable[[zmq.Frame], frozenset[ControlRole]],
+                 settings: Settings, registry: Registry, captures: CaptureShell, state: StateStore,
+                 detectors: dict[str, JobDetector], counters: dict[str, int], bounds: Callable[[], dict[str, int]],
+                 reject: Callable[[MessageRejected | RegistryError], None],
+                 refuse_peer: Callable[[str, str, str], None]) -> None:
+        self.sock, self.grants, self.settings = sock, grants, settings
+        self.registry, self.captures, self.state, self.detectors = registry, captures, state, detectors
+        self.counters, self.bounds, self.reject, self.refuse_peer = counters, bounds, reject, refuse_peer
 
-        def _refuse_peer(self, reason: str, detail: str, peer: str) -> None: ...
-
-    def _drain_control(self) -> None:
+    def drain(self) -> None:
+        """Answer up to 100 waiting requests (never blocks; a malformed one is counted and answered)."""
         for _ in range(100):
             try:
-                envelope, req, frame = control.recv_request(self.control_sock)
+                envelope, req, frame = control.recv_request(self.sock)
             except zmq.Again:
                 return
             except Exception as exc:  # noqa: BLE001 - a malformed request never stops the coordinator
-                self._reject(MessageRejected("bad_control_request", repr(exc)[:200]))
+                self.reject(MessageRejected("bad_control_request", repr(exc)[:200]))
                 continue
             if isinstance(req, control.ControlError):
-                control.send_reply(self.control_sock, envelope, error=req)
+                control.send_reply(self.sock, envelope, error=req)
                 continue
             try:
-                authorize(req["cmd"], self.sockets.grants(frame))
+                authorize(req["cmd"], self.grants(frame))
             except AccessDenied as exc:
                 from profwatch.adapters.zmq.curve import user_id
 
-                self._refuse_peer(f"control_{exc.code}", exc.message, f"key:{user_id(frame) or '-'}")
-                control.send_reply(self.control_sock, envelope, error=control.ControlError(exc.code, exc.message))
+                self.refuse_peer(f"control_{exc.code}", exc.message, f"key:{user_id(frame) or '-'}")
+                control.send_reply(self.sock, envelope, error=control.ControlError(exc.code, exc.message))
                 continue
             handler = getattr(self, f"_cmd_{req['cmd']}", None)
             if handler is None:
-                control.send_reply(self.control_sock, envelope,
+                control.send_reply(self.sock, envelope,
                                    error=control.ControlError("unknown_command", f"unknown command {req['cmd']!r}"))
                 continue
             try:
                 result = handler(**req.get("args", {}))
-                control.send_reply(self.control_sock, envelope, result=result)
+                control.send_reply(self.sock, envelope, result=result)
             except control.ControlError as exc:
-                control.send_reply(self.control_sock, envelope, error=exc)
+                control.send_reply(self.sock, envelope, error=exc)
             except (TypeError, ValueError, OverflowError) as exc:
-                control.send_reply(self.control_sock, envelope, error=control.ControlError("bad_request", str(exc)))
+                control.send_reply(self.sock, envelope, error=control.ControlError("bad_request", str(exc)))
             except Exception as exc:  # noqa: BLE001
                 log.exception("control_command_failed", cmd=req["cmd"])
-                control.send_reply(self.control_sock, envelope, error=control.ControlError("internal", repr(exc)))
+                control.send_reply(self.sock, envelope, error=control.ControlError("internal", repr(exc)))
 
     def _cmd_ping(self) -> dict[str, Any]:
         return {"pong": True, "ts_unix_s": time.time()}
@@ -100,9 +105,7 @@ class ControlCommands:
         snap["ingest_bind"] = self.settings.coordinator.ingest_bind  # where nodes must dial (status names it)
         snap["captures"] = self.captures.summary(job_id, time.time())
         snap["state_store"] = self.state.status()
-        snap["bounds"] = {"jobs": len(self.registry.jobs), "ranks": self.registry.rank_count,
-                          "nodes": len(self.registry.nodes), "detector_ranks": self._detector_ranks,
-                          "state_bound_mib": self._state_bound_mib}
+        snap["bounds"] = self.bounds()
         return snap
 
     @staticmethod

@@ -487,7 +487,7 @@ def test_cancelling_an_analysing_capture_stops_its_runs_and_drops_its_late_resul
     assert view["state"] == "cancelled" and w.stopped == [cid] and view["idle_config"] is False
     assert not w.idle_writes  # the window is long over: nothing to take back
     w.release.set()
-    w.shell.analysis_pool.shutdown(wait=True)  # the analysis returned ...
+    w.shell.steps.analysis_pool.shutdown(wait=True)  # the analysis returned ...
     w.drain()  # ... and its result, handed back, is dropped
     assert w.state(cid) is CaptureState.CANCELLED and not w.of("io.profwatch.suspect_ranks.v1")
 

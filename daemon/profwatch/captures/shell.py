@@ -1,5 +1,8 @@
 """Capture orchestration (the I/O shell around ``daemon/profwatch/core/capture/lifecycle.py``): arming, config writes, scans,
 analyses, events and persistence, through narrow collaborators (``daemon/profwatch/captures/ports.py``), never the coordinator.
+The shell owns two parts built with explicit arguments: :class:`~profwatch.captures.config_writes.ConfigWrites`
+(the arm and the idle config) and :class:`~profwatch.captures.analysis_steps.AnalysisSteps` (analyses, enrichment,
+retention); each reaches the captures only through the shell's ``find`` and ``apply``.
 
 Every decision is a lifecycle transition; this module applies it: persist the new record (typed rows), publish
 its events, perform its :class:`~profwatch.core.capture.lifecycle.Action` s. Runs on the coordinator's main thread; file
@@ -22,7 +25,7 @@ import structlog
 from profwatch.adapters.fs.paths import PathRefused, check_inside, make_dirs
 from profwatch.adapters.zmq.control import ControlError
 from profwatch.captures.analysis_steps import AnalysisSteps
-from profwatch.captures.config_writes import ConfigWrites, IdleSend
+from profwatch.captures.config_writes import ConfigWrites
 from profwatch.captures.ports import (
     AnalyserPort,
     Clock,
@@ -36,6 +39,7 @@ from profwatch.captures.ports import (
 )
 from profwatch.core.batches.completeness import BatchState, CaptureHint
 from profwatch.core.capture import lifecycle as lc
+from profwatch.core.capture.admission import arm_refusal
 from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
 from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
 from profwatch.core.capture.report import describe, explain_ranks, rank_causes, refusal
@@ -83,7 +87,7 @@ class _Job:
     groups_from: str | None = None
 
 
-class CaptureShell(AnalysisSteps, ConfigWrites):
+class CaptureShell:
     """Applies lifecycle transitions for every capture of one coordinator (see the module doc).
 
     Args:
@@ -93,6 +97,9 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         writer, send_node_command, scanner, analyser, detectors: collaborators (``daemon/profwatch/captures/ports.py``).
         make_watcher: builds the prof_dir watcher given the wake callback (None when watching is unavailable).
         emit, post, clock, count_state: publish an event; hand work to the main loop; wall clock; metrics hook.
+
+    Parts: ``writes`` (:class:`ConfigWrites`) and ``steps`` (:class:`AnalysisSteps`); the shell owns the one file
+    system worker (``fs_pool``: config writes, scans and retention keep their order) and hands it to both.
     """
 
     def __init__(self, *, settings: Settings, store: StateStore, jobs: Mapping[str, JobState],
@@ -107,15 +114,19 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         self.count_state = count_state or (lambda state: None)
         self.policy = ArmingPolicy(settings.arming)
         self.fs_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-fs")
-        self.analysis_pool = ThreadPoolExecutor(settings.coordinator.analysis_workers,
-                                                thread_name_prefix="profwatch-analysis")
-        # the enrich phase (advisor...) of one capture at a time, apart from the alert phases of the others
-        self.enrich_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-enrich")
+        cs = settings.coordinator
+        self.writes = ConfigWrites(
+            jobs=jobs, nodes=nodes, writer=writer, send_node_command=send_node_command,
+            allowed_config_roots=[str(r) for r in cs.allowed_config_roots], node_timeout_s=cs.node_timeout_s,
+            settings=self.ls, fs_pool=self.fs_pool, find=self._find, apply=self._apply, emit=emit, post=post,
+            clock=clock)
+        self.steps = AnalysisSteps(
+            store=store, jobs=jobs, analyser=analyser, scanner=scanner, work_dir=cs.work_dir, watch=settings.watch,
+            analysis_workers=cs.analysis_workers, settings=self.ls, fs_pool=self.fs_pool, find=self._find,
+            apply=self._apply, post=post, clock=clock)
         self._make_watcher = make_watcher
         self._watcher: WatcherPort | None = None
         self._jobs: dict[str, _Job] = {}
-        self._commands: dict[str, tuple[str, str]] = {}  # write_config command_id -> (capture_id, node_id)
-        self._idle_sends: dict[str, IdleSend] = {}  # idle write_config command_id -> the node's idle write owed
         self._batches: dict[str, BatchState] = {}  # capture_id -> its complete batch, until analysed
         self._scanning: set[str] = set()
         self._next_scan: dict[str, float] = {}
@@ -125,7 +136,8 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
     def start(self) -> None:
         """Start the watcher, then resume the store's captures: in-flight ones from their state; those of the last
         hour also fill the arm history (older final ones stay in the store only); an ended one whose window is still
-        ahead gets its idle config again (``lc.owes_idle``: the write before the stop may have been lost)."""
+        ahead and that owes the idle config gets it again (``lc.owes_idle``: the write before the stop may have been
+        lost)."""
         if self._make_watcher is not None:
             try:
                 self._watcher = self._make_watcher(lambda path: self.post(lambda: self.on_wake(path)))
@@ -140,12 +152,12 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
             if cap.state in lc.ACTIVE:
                 log.info("capture_resumed", capture_id=cap.capture_id, state=cap.state.value, prof_dir=cap.prof_dir)
                 job.active[cap.capture_id] = cap
-                self._index_commands(cap)
+                self.writes.index(cap)
                 self._apply(lc.resume(cap, now, self.ls), force_save=True)
             else:
                 job.recent.append(cap)
                 if lc.owes_idle(cap, now):
-                    self._write_idle(cap)
+                    self.writes.write_idle(cap)
             if cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE):
                 job.history.record_arm(cap.created_unix_s)
                 if cap.state not in lc.ACTIVE and cap.total_bytes:
@@ -160,8 +172,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         self.analyser.cancel_all()
         try:
             self.fs_pool.shutdown(wait=True, cancel_futures=True)
-            self.analysis_pool.shutdown(wait=True, cancel_futures=True)
-            self.enrich_pool.shutdown(wait=True, cancel_futures=True)
+            self.steps.shutdown()
         finally:
             self.analyser.close()
 
@@ -185,6 +196,8 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         return next((j.active[capture_id] for j in self._jobs.values() if capture_id in j.active), None)
 
     def _apply(self, t: lc.Transition, ranks: Sequence[int] | None = None, force_save: bool = False) -> lc.Capture:
+        """Apply one transition: store the new record (its ``ranks`` rows only, when given), move it between the
+        job's in-flight and recent captures, publish its events, perform its actions. Returns the new record."""
         cap = t.capture
         job = self._job(cap.job_id)
         old = job.active.get(cap.capture_id) or next((c for c in job.recent if c.capture_id == cap.capture_id), None)
@@ -212,12 +225,11 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
     def _forget(self, capture_id: str) -> None:
         self._batches.pop(capture_id, None)
         self._next_scan.pop(capture_id, None)
-        for cmd in [k for k, v in self._commands.items() if v[0] == capture_id]:
-            del self._commands[cmd]
+        self.writes.forget(capture_id)
 
     def _do(self, action: lc.Action, cap: lc.Capture) -> None:
         if action is lc.Action.WRITE_CONFIG:
-            self._write_config(cap)
+            self.writes.write_config(cap)
         elif action is lc.Action.WATCH and self._watcher is not None:
             try:  # mkdir -p without following a link below the allowed root (daemon/profwatch/adapters/fs/paths.py)
                 make_dirs(cap.prof_dir, self.s.coordinator.allowed_prof_roots)
@@ -236,15 +248,15 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         elif action is lc.Action.ANALYSE:
             batch = self._batches.get(cap.capture_id)
             if batch is not None:
-                self.analysis_pool.submit(self._analyse, cap, batch)
+                self.steps.analyse(cap, batch)
         elif action is lc.Action.STOP_ANALYSIS:
             self.analyser.cancel(cap.capture_id)
         elif action is lc.Action.RETAIN:
-            self._retain()
+            self.steps.retain()
         elif action is lc.Action.ENRICH:
-            self.enrich_pool.submit(self._enrich, cap.capture_id)
+            self.steps.enrich(cap.capture_id)
         elif action is lc.Action.IDLE_CONFIG:
-            self._write_idle(cap)
+            self.writes.write_idle(cap)
 
     def causes(self, cap: lc.Capture, now: float) -> dict[int, str]:
         """Known causes per covered rank (node down or stale torch_npu state, backend failure, rank gone)."""
@@ -269,7 +281,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
 
     def tick(self, now: float) -> None:
         """Expire what is due; scan what waits for its batch every ``reconcile_interval_s``; (re)send idle writes."""
-        self._send_idle_due(now)
+        self.writes.tick(now)
         for job in list(self._jobs.values()):
             for cap in list(job.active.values()):
                 if lc.is_due(cap, now):
@@ -383,19 +395,25 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
     def arm(self, job_id: str, req: CaptureRequest, now: float, dry_run: bool = False) -> dict[str, Any]:
         """Plan one capture and start its life. A dry run plans the same and says whether the arm would be refused
         (``refused``). Raises ``ControlError``: ``not_found``, ``refused`` (paths, ranks or nodes not ready),
-        ``conflict`` (a capture in flight: named, with its deadline), ``bad_request`` (cannot plan)."""
+        ``conflict`` (a capture in flight: named, with its deadline), ``bad_request`` (cannot plan, e.g. no step time
+        measured yet: ``core/capture/planner.py``; the refusal rules: ``core/capture/admission.py``)."""
         job = self.jobs.get(job_id)
         if job is None:
             raise ControlError("not_found", f"unknown job {job_id!r} (no rank has said hello)")
-        self._check_armable(job, req, now)
+        why = arm_refusal(job, req.rank_list, self.nodes, now, config_writer=self.s.coordinator.config_writer,
+                          node_timeout_s=self.s.coordinator.node_timeout_s)
+        if why is not None:
+            raise ControlError("refused", why)
         live = {r.rank: r for r in job.ranks.values() if not r.left}
         times: dict[int, float] = {}
         for r, st in live.items():
             m = median(st.window.recent_times(20)) if st.window is not None else None
             if m:
                 times[r] = m
-        # one step-time definition with replay: the detector's baseline, else the registry's recent median
-        step_time = self.detectors.baseline_step_time_s(job.job_id) or job.median_step_time_s() or 1.0
+        # one step-time definition with replay: the detector's baseline, else the registry's recent median; none
+        # measured yet is the planner's refusal (no step time is assumed: the lead of an absolute start_step
+        # placed on a guess may be passed before the ranks read the config)
+        step_time = self.detectors.baseline_step_time_s(job.job_id) or job.median_step_time_s()
         progress = JobProgress(job_id=job.job_id, world_size=job.world_size, furthest_step=max(0, job.furthest_step()),
                                step_time_s=step_time, prof_root=job.prof_root or "", now_unix_s=now,
                                rank_steps={r: max(0, s.last_step) for r, s in live.items()}, rank_step_time_s=times)
@@ -442,29 +460,6 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         self.detectors.exclude_steps(job.job_id, *profiled_report_steps(plan.start_step, plan.warmup, plan.active),
                                      f"capture {plan.capture_id}")
         return {**out, **describe(cap, now)}
-
-    def _check_armable(self, job: JobState, req: CaptureRequest, now: float) -> None:
-        if not job.profiler_config_path:
-            raise ControlError("refused", f"job {job.job_id} announced no usable profiler_config_path")
-        if not job.prof_root:
-            raise ControlError("refused", f"job {job.job_id} announced no usable prof_root")
-        live = [r for r in job.ranks.values() if not r.left]
-        if not live:
-            raise ControlError("refused", f"job {job.job_id} has no live ranks (all {len(job.ranks)} left)")
-        if len(live) < job.world_size:
-            left = sorted(r.rank for r in job.ranks.values() if r.left)
-            raise ControlError("refused", f"only {len(live)}/{job.world_size} ranks are live"
-                               + (f" (left: {left})" if left else " (the others have not started yet)")
-                               + "; torch_npu ignores configs written before every rank started")
-        if self.s.coordinator.config_writer == "node":
-            covered = set(req.rank_list) if req.rank_list else {r.rank for r in live}
-            timeout = self.s.coordinator.node_timeout_s
-            for node_id in sorted({r.node_id for r in live if r.rank in covered and r.node_id}):
-                node = self.nodes.get(node_id)
-                if node is None or now - node.last_seen_unix_s > timeout:
-                    heard = f"last heard {now - node.last_seen_unix_s:.0f} s ago" if node is not None else "never heard"
-                    raise ControlError("refused", f"node {node_id} is down ({heard}): it writes the config for its "
-                                                  "ranks (config_writer = \"node\"); start its node daemon first")
 
     # -- control commands ----------------------------------------------------------------------------------------------
     def cancel(self, job_id: str, capture_id: str | None, now: float) -> list[dict[str, Any]]:
@@ -516,6 +511,10 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                     view["running_recipes"] = detailed(cap.capture_id)
             out.append(view)
         return out
+
+    def on_node_ack(self, ack: wire.NodeAck, now: float) -> None:
+        """A node daemon answered a ``write_config`` command (``ConfigWrites.on_node_ack``)."""
+        self.writes.on_node_ack(ack, now)
 
     # -- hellos ----------------------------------------------------------------------------------------------------------
     def on_hello(self, job: JobState, msg: wire.RankHello, now: float) -> None:

@@ -1,0 +1,46 @@
+"""Whether a job can take an arm now: the refusal rules the capture shell applies before planning (pure; time
+passed in).
+
+An arm is refused, with a message that says what to fix, when the job announced no usable
+``profiler_config_path`` or ``prof_root`` (missing, or refused by the path checks at its hello), when not every
+rank of the job is live (a config written before a rank started is never loaded by it:
+``docs/torch_npu-dynamic-profile.md``, the mtime rules), or, with ``config_writer = "node"``, when a node daemon that must write
+the config for a covered rank has not been heard from within ``node_timeout_s``. Other refusals live with the
+fact they rest on: a capture in flight (``lifecycle.blocking_capture``, torch_npu's one pending config slot) and
+an unmeasured step time (the planner's ``CannotPlanCapture``: an absolute ``start_step`` cannot be placed
+without it, and no step time is ever assumed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from profwatch.core.fleet.registry import JobState, NodeState
+
+
+def arm_refusal(job: JobState, rank_list: Sequence[int] | None, nodes: Mapping[str, NodeState], now: float, *,
+                config_writer: str, node_timeout_s: float) -> str | None:
+    """Why ``job`` cannot take an arm covering ``rank_list`` (None: every rank) at ``now`` (unix s), or None when
+    it can. ``nodes``: the registry's node map (``last_seen_unix_s``); ``config_writer``: ``"coordinator"`` or
+    ``"node"``. The rules are checked in the module doc's order and the first one that fails is named."""
+    if not job.profiler_config_path:
+        return f"job {job.job_id} announced no usable profiler_config_path"
+    if not job.prof_root:
+        return f"job {job.job_id} announced no usable prof_root"
+    live = [r for r in job.ranks.values() if not r.left]
+    if not live:
+        return f"job {job.job_id} has no live ranks (all {len(job.ranks)} left)"
+    if len(live) < job.world_size:
+        left = sorted(r.rank for r in job.ranks.values() if r.left)
+        return (f"only {len(live)}/{job.world_size} ranks are live"
+                + (f" (left: {left})" if left else " (the others have not started yet)")
+                + "; torch_npu ignores configs written before every rank started")
+    if config_writer == "node":
+        covered = set(rank_list) if rank_list else {r.rank for r in live}
+        for node_id in sorted({r.node_id for r in live if r.rank in covered and r.node_id}):
+            node = nodes.get(node_id)
+            if node is None or now - node.last_seen_unix_s > node_timeout_s:
+                heard = f"last heard {now - node.last_seen_unix_s:.0f} s ago" if node is not None else "never heard"
+                return (f"node {node_id} is down ({heard}): it writes the config for its ranks "
+                        "(config_writer = \"node\"); start its node daemon first")
+    return None
