@@ -11,8 +11,7 @@ Deadlines of migrated in-flight captures come from the default :class:`~profwatc
 and the plan's deadline.
 
 Rows written before version 4 do not say whether their ending asked for the idle config; :func:`legacy_idle_owed`
-derives it from what they stored, as earlier versions decided at a restart. It errs on one case: a capture resumed
-from ``analysing`` and cancelled before its new batch keeps its ``batch_id`` and is read as not owing it.
+derives it from what they stored, as the transitions decided it.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from typing import Any
 
 from profwatch.core.capture.lifecycle import (
     IDLE_ENDINGS,
+    WINDOW_PENDING,
     Capture,
     CaptureState,
     LifecycleSettings,
@@ -47,14 +47,22 @@ def _num(v: Any, default: float) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
 
 
-def legacy_idle_owed(state: CaptureState, analysis_status: str | None, batch_id: str | None) -> bool:
-    """Whether a capture stored before version 4 owes the idle config, from its stored fields: superseded, failed
-    before any analysis (no ``analysis_status``: the write failed or expired), or cancelled before it had a batch
-    (no ``batch_id``)."""
+def legacy_idle_owed(state: CaptureState, analysis_status: str | None, batch_id: str | None, outcome: str) -> bool:
+    """Whether a capture stored before version 4 owes the idle config, from its stored fields: superseded; failed
+    before any analysis (no ``analysis_status``: the write failed or expired); cancelled while its window could
+    still be pending (the state its ``outcome`` names: "cancelled by B while S", as ``lifecycle.cancel`` writes
+    it; a capture resumed from analysing and cancelled while collecting keeps its ``batch_id`` and still owes
+    it), or, when the outcome names no state (a version-1 row), cancelled before it had a batch (no
+    ``batch_id``)."""
     if state not in IDLE_ENDINGS:
         return False
-    return (state is CaptureState.SUPERSEDED or (state is CaptureState.FAILED and analysis_status is None)
-            or (state is CaptureState.CANCELLED and batch_id is None))
+    if state is CaptureState.CANCELLED:
+        was = outcome.rsplit(" while ", 1)[1].strip() if " while " in outcome else ""
+        try:
+            return CaptureState(was) in WINDOW_PENDING
+        except ValueError:
+            return batch_id is None
+    return state is CaptureState.SUPERSEDED or analysis_status is None
 
 
 def add_idle_owed(db: sqlite3.Connection) -> int:
@@ -64,9 +72,10 @@ def add_idle_owed(db: sqlite3.Connection) -> int:
         db.execute("BEGIN IMMEDIATE")
         db.execute("ALTER TABLE captures ADD COLUMN idle_owed INTEGER NOT NULL DEFAULT 0")
         states = [s.value for s in IDLE_ENDINGS]
-        rows = db.execute(f"SELECT capture_id, state, analysis_status, batch_id FROM captures WHERE state IN "
+        rows = db.execute(f"SELECT capture_id, state, analysis_status, batch_id, outcome FROM captures WHERE state IN "
                           f"({','.join('?' * len(states))})", states).fetchall()
-        owed = [(cid,) for cid, state, status, batch in rows if legacy_idle_owed(CaptureState(state), status, batch)]
+        owed = [(cid,) for cid, state, status, batch, outcome in rows
+                if legacy_idle_owed(CaptureState(state), status, batch, outcome or "")]
         db.executemany("UPDATE captures SET idle_owed=1 WHERE capture_id=?", owed)
     return len(owed)
 
@@ -115,7 +124,7 @@ def convert_v1_row(row: tuple[Any, ...], parse_allowance_s: float) -> Capture:
         judge_unix_s=window_end + parse_allowance_s, config=config, ranks=ranks, nodes=nodes, written_unix_s=detail.get("written_unix_s"),
         config_mtime_s=int(written["mtime_s"]) if isinstance(written.get("mtime_s"), (int, float)) else None,
         batch_id=detail.get("batch_id"), analysis_status=detail.get("analysis_status"), outcome=outcome)
-    cap = replace(cap, idle_owed=legacy_idle_owed(state, cap.analysis_status, cap.batch_id))
+    cap = replace(cap, idle_owed=legacy_idle_owed(state, cap.analysis_status, cap.batch_id, ""))
     return replace(cap, deadline_unix_s=deadline_for(cap, state, cap.state_since_unix_s, LifecycleSettings()))
 
 
