@@ -154,7 +154,7 @@ class Coordinator:
             post=self.results.put, clock=time.time, make_watcher=lambda on_wake: _start_watcher(on_wake, settings, self.metrics),
             count_state=lambda state: self.metrics.captures.labels(state).inc())
         self.control = ControlCommands(
-            sock=self.control_sock, grants=self.sockets.grants, settings=settings, registry=self.registry,
+            sockets=self.sockets, settings=settings, registry=self.registry,
             captures=self.captures, state=self.state, detectors=self.detectors, counters=self.counters,
             bounds=self._bounds, reject=self._reject, refuse_peer=self._refuse_peer)
         bound = settings.limits.coordinator_peak_bytes(cs.window_steps, wire.MAX_BATCH_BYTES, control.MAX_REQUEST_BYTES)

@@ -11,7 +11,7 @@ import structlog
 import zmq
 
 from profwatch.adapters.zmq import control
-from profwatch.core.access import AccessDenied, ControlRole, authorize
+from profwatch.core.access import AccessDenied, authorize
 from profwatch.core.capture.planner import CaptureRequest
 from profwatch.core.capture.report import describe
 from profwatch.core.fleet.telemetry import dump_jsonl, window_records
@@ -19,6 +19,7 @@ from profwatch.core.messages import MessageRejected
 
 if TYPE_CHECKING:
     from profwatch.adapters.store.state import StateStore
+    from profwatch.adapters.zmq.server_sockets import ServerSockets
     from profwatch.captures.shell import CaptureShell
     from profwatch.config import Settings
     from profwatch.core.detection.job_detector import JobDetector
@@ -31,8 +32,8 @@ class ControlCommands:
     """Serves the control socket: :meth:`drain` answers the waiting requests, one ``_cmd_<name>`` per command.
 
     Args:
-        sock: the control ROUTER socket (owned by the coordinator's sockets; used only from its main loop).
-        grants: the roles a request's frame carries (``ServerSockets.grants``: CURVE key or loopback).
+        sockets: the coordinator's sockets (its control ROUTER, used only from the main loop, and the roles a
+            request's frame carries: ``ServerSockets.grants``, by CURVE key or loopback).
         settings: the configuration tree (``set_thresholds`` replaces its detection and arming sections).
         registry, captures, state, detectors: what the commands read or act on (the coordinator's own objects).
         counters: the coordinator's message counters (shown by ``status``).
@@ -41,51 +42,50 @@ class ControlCommands:
         reject, refuse_peer: count a malformed request / a refused peer (the coordinator's counters and logs).
     """
 
-    def __init__(self, *, sock: zmq.Socket[bytes], grants: Callable[[zmq.Frame], frozenset[ControlRole]],
-                 settings: Settings, registry: Registry, captures: CaptureShell, state: StateStore,
-                 detectors: dict[str, JobDetector], counters: dict[str, int], bounds: Callable[[], dict[str, int]],
+    def __init__(self, *, sockets: ServerSockets, settings: Settings, registry: Registry, captures: CaptureShell,
+                 state: StateStore, detectors: dict[str, JobDetector], counters: dict[str, int], bounds: Callable[[], dict[str, int]],
                  reject: Callable[[MessageRejected | RegistryError], None],
                  refuse_peer: Callable[[str, str, str], None]) -> None:
-        self.sock, self.grants, self.settings = sock, grants, settings
+        self.sockets, self.control_sock, self.settings = sockets, sockets.control, settings
         self.registry, self.captures, self.state, self.detectors = registry, captures, state, detectors
-        self.counters, self.bounds, self.reject, self.refuse_peer = counters, bounds, reject, refuse_peer
+        self.counters, self.bounds, self._reject, self._refuse_peer = counters, bounds, reject, refuse_peer
 
     def drain(self) -> None:
         """Answer up to 100 waiting requests (never blocks; a malformed one is counted and answered)."""
         for _ in range(100):
             try:
-                envelope, req, frame = control.recv_request(self.sock)
+                envelope, req, frame = control.recv_request(self.control_sock)
             except zmq.Again:
                 return
             except Exception as exc:  # noqa: BLE001 - a malformed request never stops the coordinator
-                self.reject(MessageRejected("bad_control_request", repr(exc)[:200]))
+                self._reject(MessageRejected("bad_control_request", repr(exc)[:200]))
                 continue
             if isinstance(req, control.ControlError):
-                control.send_reply(self.sock, envelope, error=req)
+                control.send_reply(self.control_sock, envelope, error=req)
                 continue
             try:
-                authorize(req["cmd"], self.grants(frame))
+                authorize(req["cmd"], self.sockets.grants(frame))
             except AccessDenied as exc:
                 from profwatch.adapters.zmq.curve import user_id
 
-                self.refuse_peer(f"control_{exc.code}", exc.message, f"key:{user_id(frame) or '-'}")
-                control.send_reply(self.sock, envelope, error=control.ControlError(exc.code, exc.message))
+                self._refuse_peer(f"control_{exc.code}", exc.message, f"key:{user_id(frame) or '-'}")
+                control.send_reply(self.control_sock, envelope, error=control.ControlError(exc.code, exc.message))
                 continue
             handler = getattr(self, f"_cmd_{req['cmd']}", None)
             if handler is None:
-                control.send_reply(self.sock, envelope,
+                control.send_reply(self.control_sock, envelope,
                                    error=control.ControlError("unknown_command", f"unknown command {req['cmd']!r}"))
                 continue
             try:
                 result = handler(**req.get("args", {}))
-                control.send_reply(self.sock, envelope, result=result)
+                control.send_reply(self.control_sock, envelope, result=result)
             except control.ControlError as exc:
-                control.send_reply(self.sock, envelope, error=exc)
+                control.send_reply(self.control_sock, envelope, error=exc)
             except (TypeError, ValueError, OverflowError) as exc:
-                control.send_reply(self.sock, envelope, error=control.ControlError("bad_request", str(exc)))
+                control.send_reply(self.control_sock, envelope, error=control.ControlError("bad_request", str(exc)))
             except Exception as exc:  # noqa: BLE001
                 log.exception("control_command_failed", cmd=req["cmd"])
-                control.send_reply(self.sock, envelope, error=control.ControlError("internal", repr(exc)))
+                control.send_reply(self.control_sock, envelope, error=control.ControlError("internal", repr(exc)))
 
     def _cmd_ping(self) -> dict[str, Any]:
         return {"pong": True, "ts_unix_s": time.time()}
