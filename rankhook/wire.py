@@ -249,7 +249,39 @@ class NodeAck:
     v: int = SCHEMA_VERSION
 
 
-NodeMessage = NodeHeartbeat | NodeBatch | NodeAck
+@dataclass(frozen=True, slots=True)
+class NodeJobIdCollision:
+    """Node -> coordinator: a local process claims a job id another job owns on this node, and its messages are
+    refused there (``daemon/profwatch/core/fleet/job_pins.py``). Sent once per colliding process.
+
+    ``reason``: ``paths_changed`` (its hello names other paths while the first job's processes are alive) or
+    ``uid_mismatch`` (another uid: a squatted job id). ``owner_uid`` and ``owner_*`` paths are the first job's;
+    ``uid``, ``pid``, ``rank`` and the paths the claimant's (from the ipc peer credentials and its hello).
+
+    Example: ``{"kind": "node_job_id_collision", "v": 1, "node_id": "node1", "hostname": "node1", "job_id": "j1",
+    "reason": "paths_changed", "owner_uid": 1000, "uid": 1000, "pid": 4242, "rank": 0, "refused": 1, ...}``
+    """
+
+    node_id: str
+    hostname: str
+    job_id: str
+    reason: Literal["paths_changed", "uid_mismatch"]
+    owner_uid: int
+    uid: int
+    rank: int
+    ts_unix_s: float
+    pid: int | None = None
+    profiler_config_path: str | None = None
+    prof_root: str | None = None
+    owner_profiler_config_path: str | None = None
+    owner_prof_root: str | None = None
+    refused: int = 1
+    detail: str = ""
+    kind: Literal["node_job_id_collision"] = "node_job_id_collision"
+    v: int = SCHEMA_VERSION
+
+
+NodeMessage = NodeHeartbeat | NodeBatch | NodeAck | NodeJobIdCollision
 
 
 def topic_for(kind: str, job_id: str | None = None, rank: int | None = None) -> str:

@@ -31,14 +31,17 @@ from profwatch.captures.ports import BatchAnalyser, RankDirScanner
 from profwatch.captures.shell import CaptureShell
 from profwatch.config import Settings
 from profwatch.coordinator_control import ControlCommands
-from profwatch.core.alerts.events import (
-    TYPE_ANALYSIS_ENRICHED,
+from profwatch.core.alerts.event_types import (
+    ALERT_TYPES,
+    TYPE_ANOMALY,
     TYPE_JOB_ENDED,
     TYPE_JOB_GENERATION,
+    TYPE_JOB_ID_COLLISION,
+    TYPE_PATH_REFUSED,
     TYPE_STORAGE_FAILED,
     TYPE_STORAGE_RECOVERED,
-    make_cloudevent,
 )
+from profwatch.core.alerts.events import collision_data, collision_event_id, make_cloudevent
 from profwatch.core.detection.job_detector import Anomaly, JobDetector
 from profwatch.core.fleet.generations import GenerationOpened
 from profwatch.core.fleet.job_end import JobEndTracker
@@ -53,14 +56,6 @@ log = structlog.get_logger("profwatch.coordinator")
 INGEST_PASS_S = 0.2
 """Longest one pass over the ingest socket runs before control requests and timers get their turn (seconds)."""
 
-ALERT_TYPES = {
-    "io.profwatch.suspect_ranks.v1",
-    "io.profwatch.batch_incomplete.v1",
-    "io.profwatch.analysis_failed.v1",
-    "io.profwatch.path_refused.v1",
-    TYPE_ANALYSIS_ENRICHED,
-    TYPE_STORAGE_FAILED,
-}
 
 
 class _DetectorView:
@@ -378,6 +373,8 @@ class Coordinator:
             self._send_node(route, wire.NodeCommand(cmd="heartbeat_ack", command_id=f"hb-{int(now)}"))
         elif env.kind == "node_ack":
             self.captures.on_node_ack(env, now)
+        elif env.kind == "node_job_id_collision":
+            self._node_collision(env, node_id)
         elif env.kind == "node_batch":
             node, _new = self.registry.touch_node(node_id, env.hostname, now)
             lost = self.registry.note_batch_seq(node, env.seq)
@@ -437,7 +434,9 @@ class Coordinator:
             except RegistryError as exc:
                 if exc.reason == "paths_changed":
                     self._paths_changed(m, node_id, str(exc), now)
-                self._reject(exc, node_id)
+                elif exc.reason == "job_id_collision" and kind == "hello":
+                    self._hello_collision(m, node_id, str(exc))
+                self._reject(exc, node_id, quiet=kind != "hello" and exc.reason == "job_id_collision")
             except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
                 self.counters["internal_errors"] = self.counters.get("internal_errors", 0) + 1
                 if self._once.first(f"internal:{kind}:{type(exc).__name__}"):
@@ -474,9 +473,35 @@ class Coordinator:
         """Alert once per job and claimed paths: a hello tried to move a job's pinned paths."""
         claimed = repr((m.profiler_config_path, m.prof_root)).encode("utf-8", "backslashreplace")
         digest = hashlib.sha256(claimed).hexdigest()[:16]
-        self.emit("io.profwatch.path_refused.v1", m.job_id,
+        self.emit(TYPE_PATH_REFUSED, m.job_id,
                   {"rank": m.rank, "hostname": m.hostname, "node_id": node_id, "reason": "paths_changed",
                    "problems": [detail]}, event_id=f"paths_changed-{m.job_id}-{digest}")
+
+    def _hello_collision(self, m: wire.RankHello, node_id: str, detail: str) -> None:
+        """A hello names other paths than its job's while the job's ranks are alive (the hello came through
+        another node than the job's, or an older node daemon): one ``job_id_collision`` alert per claimant."""
+        job = self.registry.jobs.get(m.job_id)
+        owner_uid = next((r.uid for r in job.ranks.values() if r.uid is not None), None) if job else None
+        paths = (m.profiler_config_path, m.prof_root)
+        data = collision_data(reason="paths_changed", owner_uid=owner_uid, uid=m.peer_uid, node_id=node_id,
+                              hostname=m.hostname, rank=m.rank, pid=m.peer_pid, paths=paths,
+                              owner_paths=job.pinned_paths if job else None, refused=1, detail=detail)
+        self._collision(m.job_id, data, collision_event_id(m.job_id, "paths_changed", node_id, m.peer_uid, paths))
+
+    def _node_collision(self, env: wire.NodeJobIdCollision, node_id: str) -> None:
+        """A node refused a process that claims a job id another job owns there: one alert per claimant."""
+        paths = (env.profiler_config_path, env.prof_root)
+        data = collision_data(reason=env.reason, owner_uid=env.owner_uid, uid=env.uid, node_id=node_id,
+                              hostname=env.hostname, rank=env.rank, pid=env.pid, paths=paths,
+                              owner_paths=(env.owner_profiler_config_path, env.owner_prof_root),
+                              refused=env.refused, detail=env.detail)
+        self._collision(env.job_id, data, collision_event_id(env.job_id, env.reason, node_id, env.uid, paths))
+
+    def _collision(self, job_id: str, data: dict[str, Any], event_id: str) -> None:
+        self.counters["job_id_collisions"] = self.counters.get("job_id_collisions", 0) + 1
+        if self.emit(TYPE_JOB_ID_COLLISION, job_id, data, event_id=event_id) is not None:
+            log.warning("job_id_collision", job_id=job_id, reason=data["reason"], owner_uid=data["owner_uid"],
+                        uid=data["uid"], node_id=data["node_id"], detail=data["detail"])
 
     def _expire(self, now: float) -> None:
         """Forget jobs with no rank heard for ``limits.job_expiry_s`` (and their detectors and stored rows)."""
@@ -498,7 +523,7 @@ class Coordinator:
 
     def _on_anomaly(self, an: Anomaly, now: float) -> None:
         data = {"kind": an.kind, "step": an.step, "ranks": list(an.ranks), "magnitude": an.magnitude, "detail": an.detail}
-        self.emit("io.profwatch.anomaly.v1", an.job_id, data)
+        self.emit(TYPE_ANOMALY, an.job_id, data)
         self.captures.on_anomaly(an, now)
 
     def _send_node(self, route: bytes, cmd: wire.NodeCommand) -> None:

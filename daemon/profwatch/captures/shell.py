@@ -37,6 +37,7 @@ from profwatch.captures.ports import (
     SendNodeCommand,
     WatcherPort,
 )
+from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_PATH_REFUSED
 from profwatch.core.batches.completeness import BatchState, CaptureHint
 from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.admission import arm_refusal
@@ -318,7 +319,7 @@ class CaptureShell:
         cap = self._find(cid) or self.store.get_capture(cid)
         job_id = cap.job_id if cap is not None else None
         log.warning("path_refused", capture_id=cid, op=op, detail=detail)
-        self.emit("io.profwatch.path_refused.v1", job_id, {
+        self.emit(TYPE_PATH_REFUSED, job_id, {
             "capture_id": cid, "op": op, "reason": "path_swapped", "prof_dir": cap.prof_dir if cap else None,
             "problems": [detail]}, event_id=f"path_refused-{cid}-{op}")
 
@@ -390,7 +391,7 @@ class CaptureShell:
                 data.update(action="suppress", reason=f"{exc.code}: {exc.message}")
             except (KeyError, TypeError, ValueError) as exc:  # planner errors are shown, never hidden
                 data.update(action="suppress", reason=f"plan_failed: {exc}")
-        self.emit("io.profwatch.arm_decision.v1", an.job_id, data)
+        self.emit(TYPE_ARM_DECISION, an.job_id, data)
 
     def arm(self, job_id: str, req: CaptureRequest, now: float, dry_run: bool = False) -> dict[str, Any]:
         """Plan one capture and start its life. A dry run plans the same and says whether the arm would be refused
@@ -536,7 +537,7 @@ class CaptureShell:
                 job.profiler_config_path = None
         if problems and msg.job_id not in self._refused_jobs:
             self._refused_jobs.add(msg.job_id)
-            self.emit("io.profwatch.path_refused.v1", msg.job_id,
+            self.emit(TYPE_PATH_REFUSED, msg.job_id,
                       {"rank": msg.rank, "hostname": msg.hostname, "problems": problems},
                       event_id=f"path_refused-{msg.job_id}-{int(now)}")
 

@@ -71,7 +71,7 @@ _RankUnion = Annotated[
     Field(discriminator="kind"),
 ]
 _NodeUnion = Annotated[
-    Union[wire.NodeHeartbeat, wire.NodeBatch, wire.NodeAck],  # noqa: UP007
+    Union[wire.NodeHeartbeat, wire.NodeBatch, wire.NodeAck, wire.NodeJobIdCollision],  # noqa: UP007
     Field(discriminator="kind"),
 ]
 _rank_adapter: TypeAdapter[Any] = TypeAdapter(_RankUnion)
@@ -93,7 +93,7 @@ _typed_batch_adapter: TypeAdapter[Any] = TypeAdapter(_TypedBatch)
 _command_adapter: TypeAdapter[wire.NodeCommand] = TypeAdapter(wire.NodeCommand)
 
 _KNOWN_RANK_KINDS = {"hello", "step", "capture", "bye"}
-_KNOWN_NODE_KINDS = {"node_heartbeat", "node_batch", "node_ack"}
+_KNOWN_NODE_KINDS = {"node_heartbeat", "node_batch", "node_ack", "node_job_id_collision"}
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _INF = math.inf
 
@@ -299,6 +299,18 @@ def _check_envelope(env: Any) -> None:
         _check_str_dict(env.counters, "counters")
 
 
+def _check_collision(env: wire.NodeJobIdCollision) -> None:
+    if not _job_id_ok(env.job_id):
+        raise MessageRejected("bad_job_id", repr(env.job_id[:80]))
+    if not (0 <= env.owner_uid < MAX_INT and 0 <= env.uid < MAX_INT and 0 <= env.rank < MAX_INT
+            and 0 < env.refused < MAX_INT and (env.pid is None or 0 < env.pid < MAX_INT)
+            and _time_ok(env.ts_unix_s, MAX_TS_UNIX_S)):
+        raise MessageRejected("bad_value", "collision uids/rank/pid/count/time out of range")
+    for name in ("profiler_config_path", "prof_root", "owner_profiler_config_path", "owner_prof_root"):
+        _check_text(getattr(env, name), name, MAX_PATH)
+    _check_text(env.detail, "detail", MAX_DETAIL)
+
+
 def _split_batch(data: bytes, max_messages: int) -> tuple[Any, list[Any], list[MessageRejected]]:
     """Slow path: decode a batch that failed as a whole, element by element, keeping every good message.
 
@@ -396,6 +408,8 @@ def parse_node_message(data: bytes, max_messages: int = 20_000) -> tuple[Any, li
     if env.kind == "node_ack":
         _check_text(env.command_id, "command_id")
         _check_text(env.detail, "detail", MAX_DETAIL)
+    if env.kind == "node_job_id_collision":
+        _check_collision(env)
     if env.kind != "node_batch":
         return env, [], []
     return _split_batch(data, max_messages)  # typed-batch failure but envelope fine: isolate the bad messages

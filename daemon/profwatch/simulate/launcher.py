@@ -30,6 +30,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+ALL_RANKS = -2
+"""``JobSpec.slow_rank`` value that slows every rank."""
+
+
 @dataclass
 class JobSpec:
     """What to launch. ``node_endpoints[k]`` is node k's rank endpoint."""
@@ -41,6 +45,7 @@ class JobSpec:
     prof_root: Path
     mode: str = "torch"  # or "ascend-sim"
     slow_rank: int = -1
+    """The rank made slower from ``slow_at_step``: -1 none, :data:`ALL_RANKS` every rank (a job-wide regression)."""
     slowdown: float = 2.0
     slow_at_step: int = 40
     max_steps: int = 5000

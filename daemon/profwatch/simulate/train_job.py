@@ -2,7 +2,7 @@
 
 One process per rank (identity from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``; rendezvous at ``MASTER_ADDR``/
 ``MASTER_PORT``), an MLP on generated data, DDP gradient all-reduce over gloo on the CPU, rankhook telemetry with
-per-stage timing. From ``--slow-at-step`` on, ``--slow-rank`` does ``--slowdown`` times its normal forward compute
+per-stage timing. From ``--slow-at-step`` on, ``--slow-rank`` (-2: every rank) does ``--slowdown`` times its normal forward compute
 (extra real matrix multiplications), so every rank's step time rises (the others wait in the all-reduce).
 
 Backends: ``--mode torch`` uses rankhook's ``torch`` backend (torch.profiler); ``--mode ascend-sim`` uses the
@@ -25,7 +25,7 @@ from pathlib import Path
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=["torch", "ascend-sim"], default="torch")
-    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slow-rank", type=int, default=-1, help="-1: none; -2: every rank (a job-wide regression)")
     p.add_argument("--slowdown", type=float, default=2.0, help="slow rank's compute factor from --slow-at-step")
     p.add_argument("--slow-at-step", type=int, default=40)
     p.add_argument("--max-steps", type=int, default=2000)
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX)
             if stop_flag.item() > 0:
                 break
-        slow = rank == a.slow_rank and step + 1 >= a.slow_at_step
+        slow = (rank == a.slow_rank or a.slow_rank == -2) and step + 1 >= a.slow_at_step
         c0 = time.time_ns()
         cpu0 = time.thread_time_ns()
         with rankhook.stage("data"):

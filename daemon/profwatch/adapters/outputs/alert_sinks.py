@@ -24,17 +24,13 @@ import structlog
 
 from profwatch.adapters.outputs.http_post import HttpPoster, read_authorization
 from profwatch.core.alerts.alertmanager import AlertBook
-from profwatch.core.alerts.events import TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_SUSPECT_RANKS
+from profwatch.core.alerts.event_types import RESTORE_TYPES
 from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings
 
 log = structlog.get_logger("profwatch.sinks")
 
 CLOUDEVENTS_CONTENT_TYPE = "application/cloudevents+json; charset=utf-8"
 MAX_ALERTS_PER_POST = 500
-RESTORE_TYPES = (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED, "io.profwatch.batch_incomplete.v1",
-                 "io.profwatch.analysis_failed.v1",
-                 "io.profwatch.path_refused.v1", TYPE_JOB_ENDED)
-"""Event types the Alertmanager book is rebuilt from after a restart."""
 
 
 class SinkMetrics(Protocol):

@@ -237,7 +237,7 @@ def _enter(cap: Capture, state: CaptureState, now: float, settings: LifecycleSet
 
 
 def _progress(cap: Capture, event: str, now: float, **data: Any) -> Event:
-    """The ``io.profwatch.capture.v1`` event of one step in the capture's life."""
+    """The ``capture`` event (``core/alerts/event_types.py``) of one step in the capture's life."""
     body = {"capture_id": cap.capture_id, "event": event, "state": cap.state.value,
             "deadline_unix_s": cap.deadline_unix_s, "ts_unix_s": now, **data}
     return Event(TYPE_CAPTURE, body, f"capture-{cap.capture_id}-{event}")
@@ -584,7 +584,7 @@ class IdleOutcome(str, Enum):
 
 
 def idle_config_result(cap: Capture, writer: str, outcome: IdleOutcome, detail: str, now: float) -> Event:
-    """The ``io.profwatch.capture.v1`` event of one writer's idle write: ``idle_config_written``,
+    """The ``capture`` event of one writer's idle write: ``idle_config_written``,
     ``idle_config_skipped`` or ``idle_config_failed`` (:class:`IdleOutcome`); ``writer``: "coordinator" or the
     node id (one event each). Raises ValueError for an outcome that is not an :class:`IdleOutcome`."""
     outcome = IdleOutcome(outcome)

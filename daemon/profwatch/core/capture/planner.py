@@ -47,7 +47,7 @@ class CannotPlanCapture(ValueError):
 
 
 CAPTURE_WINDOW_NOTE = """Default capture window: ``warmup = 1``, ``active = 4`` (owner of the choice: the verdicts work,
-issue 11 item 4; docs/verdicts.md).
+docs/verdicts.md).
 
 Why 4 recorded steps. The ranking pools each rank's excess over the recorded steps *without its worst step*, so a
 one-off delay (the profiler's start-up on one rank, a GC pause) never makes a suspect, and a verdict resting on

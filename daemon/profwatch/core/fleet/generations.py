@@ -6,8 +6,8 @@ or the membership changes, the elastic agents stop every worker and start a new 
 Launch)": environment variables, and "Elastic Agent": restarts stop and restart all workers). Each process of the
 new group counts steps from 0 again. profwatch calls each such worker group a *generation* of the job.
 
-Who may open one (issue "verdicts you can trust", precision: "a new generation is opened only by hellos that agree
-on the new shape and arrive through nodes the job runs on; paths stay pinned across generations"):
+Who may open one (``docs/generations.md``): a new generation is opened only by hellos that agree on the new shape
+and arrive through nodes the job runs on; paths stay pinned across generations:
 
 - The *shape* of a hello is ``(world_size, restart_count)``. A hello whose shape differs from the job's current one
   (another world size, or a higher restart count) is a **claim**; by itself it changes nothing. A hello with a lower
@@ -95,7 +95,7 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class GenerationOpened:
-    """A new generation of ``job_id`` (the ``io.profwatch.job_generation.v1`` event's data).
+    """A new generation of ``job_id`` (the ``job_generation`` event's data).
 
     ``ranks``: the ranks whose agreement opened it; ``nodes``: the nodes they spoke through; ``admitted``: ranks
     registered at once from held hellos; ``refused``: held hellos the registry refused then (reason per rank).

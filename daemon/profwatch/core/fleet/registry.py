@@ -3,10 +3,14 @@
 Holds what ``profwatch status`` shows: per job its world size and ranks, per rank its last step, step time,
 node and capture state, per node its heartbeat and counters.
 
-What a message may change is bounded here (issue "authenticated, identity-bound, bounded daemons"):
+What a message may change is bounded here (``docs/security.md``):
 
 - a job's paths (``profiler_config_path``, ``prof_root``) are pinned by its first hello, across generations; a
-  later hello that differs is refused (``paths_changed``) and changes nothing;
+  later hello that differs while a rank of the job is alive is another job with the same id (``job_id_collision``,
+  reason ``paths_changed``; ``daemon/profwatch/core/fleet/job_pins.py`` keeps the two apart on one node): refused,
+  and steps of ranks not known yet from that node are refused too; with every rank gone it is refused as
+  ``paths_changed`` (the rule for a new run under the same id, ``docs/generations.md``, decides there); neither
+  changes anything;
 - a job's shape (world size, torchrun restart count) changes only by a new *generation* (an elastic restart or
   resize, ``daemon/profwatch/core/fleet/generations.py``): a hello of another shape is held as a claim (``generation_pending``)
   until hellos of that shape from a quorum of ranks arrived through nodes the job runs on; a stale hello (older
@@ -23,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from profwatch.core.fleet.generations import GenerationOpened, Reason, Shape, classify, quorum
+from profwatch.core.fleet.job_pins import alive_after_s
 from profwatch.core.fleet.limits import LimitSettings
 from profwatch.core.fleet.registry_state import HelloOutcome, JobState, NodeState, RankState, snapshot
 from profwatch.core.fleet.step_window import StepWindow
@@ -103,7 +108,8 @@ class Registry:
 
         Raises:
             GenerationPending: the hello claims a new generation that has no quorum yet (held; nothing changed).
-            RegistryError: ``paths_changed`` (the job's first hello said otherwise), ``stale_generation``,
+            RegistryError: ``job_id_collision`` (other paths than the job's first hello while ranks of the job
+                are alive), ``paths_changed`` (the same with every rank gone), ``stale_generation``,
                 ``world_size_conflict``, ``rank_on_other_node`` (the rank is live on another node),
                 ``too_many_jobs`` / ``too_many_jobs_on_node`` / ``too_many_jobs_of_uid_on_node`` / ``too_many_ranks`` (limits). Nothing is changed then.
         """
@@ -119,10 +125,15 @@ class Registry:
             self._apply_hello(job, msg, node_id, now)
             return HelloOutcome(job)
         if job.pinned_paths is not None and paths != job.pinned_paths:
-            raise RegistryError(
-                "paths_changed", f"job {msg.job_id} pinned profiler_config_path={job.pinned_paths[0]!r} "
-                f"prof_root={job.pinned_paths[1]!r} at its first hello; rank {msg.rank} from node {node_id} says "
-                f"{paths[0]!r} {paths[1]!r}")
+            alive = self.alive_ranks(job, now)
+            detail = (f"job {msg.job_id} pinned profiler_config_path={job.pinned_paths[0]!r} "
+                      f"prof_root={job.pinned_paths[1]!r} at its first hello; rank {msg.rank} from node {node_id} "
+                      f"says {paths[0]!r} {paths[1]!r}")
+            if alive:
+                if node_id and (node_id in job.collided_nodes or len(job.collided_nodes) < 64):
+                    job.collided_nodes[node_id] = now
+                raise RegistryError("job_id_collision", f"{detail} while {len(alive)} of its ranks are alive")
+            raise RegistryError("paths_changed", detail)
         claimed = Shape(msg.world_size, msg.restart_count)
         change = classify(job.shape, claimed)
         if change == "stale":
@@ -143,6 +154,13 @@ class Registry:
             job.profiler_config_path, job.prof_root = paths
         self._apply_hello(job, msg, node_id, now)
         return HelloOutcome(job)
+
+    def alive_ranks(self, job: JobState, now: float) -> list[int]:
+        """Ranks of ``job`` that are alive: no bye, heard within ``max(rank_rebind_after_s, 3 x their last step
+        time)`` (:func:`~profwatch.core.fleet.job_pins.alive_after_s`)."""
+        rebind = self.limits.rank_rebind_after_s
+        return [r.rank for r in job.ranks.values()
+                if not r.left and now - r.seen_unix_s < alive_after_s(rebind, r.last_step_time_s)]
 
     def _apply_hello(self, job: JobState, msg: wire.RankHello, node_id: str, now: float) -> RankState:
         r = job.ranks.get(msg.rank)
@@ -332,7 +350,8 @@ class Registry:
 
         Returns ``(None, None)`` for an unknown job and ``(job, None)`` for a rank not reported yet.
         Raises:
-            RegistryError: ``bad_rank`` (outside the job's world size), ``rank_on_other_node``.
+            RegistryError: ``bad_rank`` (outside the job's world size), ``rank_on_other_node``,
+                ``job_id_collision`` (a rank not known yet, from a node where another job claimed this id).
         """
         job = self.jobs.get(msg.job_id)
         if job is None:
@@ -346,6 +365,9 @@ class Registry:
         if r is not None and node_id is not None and r.node_id and r.node_id != node_id:
             raise RegistryError("rank_on_other_node",
                                 f"rank {r.rank} of job {job.job_id} runs on node {r.node_id}, not {node_id}")
+        if r is None and node_id is not None and node_id in job.collided_nodes and job.job_id not in self._node_jobs.get(node_id, ()):
+            raise RegistryError("job_id_collision", f"rank {msg.rank} of job {job.job_id} via node {node_id}: "
+                                "another job with this id runs there (its hello was refused)")
         return job, r
 
     def step(self, msg: wire.StepReport, now: float, node_id: str | None = None) -> tuple[JobState | None, RankState | None, bool]:

@@ -53,6 +53,7 @@ class JobState:
     restart_count: int | None = None  # TORCHELASTIC_RESTART_COUNT of the current generation (None: not torchrun)
     generation_since_unix_s: float = 0.0
     claims: GenerationClaims = field(default_factory=GenerationClaims)
+    collided_nodes: dict[str, float] = field(default_factory=dict)  # node id -> when another job claimed this id there
 
     @property
     def shape(self) -> Shape:
