@@ -57,7 +57,7 @@ class IdleWrites:
 
     max_waiting: int = MAX_IDLE_SENDS
     resend_s: float = IDLE_RESEND_S
-    _waiting: dict[str, IdleSend] = field(default_factory=dict)
+    _waiting: dict[str, IdleSend] = field(default_factory=dict, init=False, repr=False)
 
     def __len__(self) -> int:
         return len(self._waiting)
