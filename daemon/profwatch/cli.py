@@ -157,6 +157,8 @@ def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step:
         click.echo(json.dumps(res, indent=2))
     what = (f"capture {res['capture_id']} of job {res['job_id']}: start_step={res['start_step']} "
             f"warmup={res['warmup']} active={res['active']} ranks={res['rank_list'] or 'all'} -> {res['prof_dir']}")
+    for warning in res.get("warnings") or []:
+        click.echo(f"warning: {warning}", err=True)
     if dry_run:
         if res.get("refused"):
             click.echo(f"dry run: would be refused: {res['refused']['message']}", err=as_json)
@@ -171,7 +173,8 @@ def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step:
     if wait:
         from profwatch.commands.arm_wait import wait_for_arm
 
-        bound = wait_s if wait_s is not None else s.capture.write_timeout_s + s.coordinator.ack_timeout_s + 10
+        ack_s = max(s.coordinator.ack_timeout_s, 3 * float(res.get("step_time_s") or 0) + 50)  # lifecycle.ack_window_s
+        bound = wait_s if wait_s is not None else s.capture.write_timeout_s + ack_s + 10
         ok = wait_for_arm(lambda: coord.call("capture", {"capture_id": res["capture_id"]}), bound, click.echo)
         sys.exit(0 if ok else EXIT_NOT_OK)
 

@@ -87,11 +87,14 @@ class CoordinatorSettings(_Strict):
     )
     event_source: str = Field(default_factory=lambda: f"//profwatch/{socket.gethostname()}")
     analysis_workers: int = Field(1, ge=1, le=8)
-    ack_timeout_s: float = Field(60.0, gt=0, le=86400, description="arms not acknowledged by every rank by then are reported")
+    ack_timeout_s: float = Field(60.0, gt=0, le=86400,
+                                 description="arms not acknowledged by every rank by then are reported (at least "
+                                             "3 x step time + torch_npu's poll interval)")
     metrics_port: int | None = Field(None, ge=1, le=65535)
     job_end_after_s: float = Field(600.0, gt=0, le=30 * 86400,
                                    description="a job none of whose ranks reported this long has ended (job_ended "
-                                               "event; its alerts resolve)")
+                                               "event; its alerts resolve; its captures whose window has not started "
+                                               "are cancelled)")
 
     def binds(self) -> dict[str, str]:
         """The three listening endpoints by socket name (``ingest``, ``control``, ``pub``)."""

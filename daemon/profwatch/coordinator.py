@@ -112,6 +112,7 @@ class Coordinator:
                 on_failed=lambda op, _err: self.metrics.state_store_failures.labels(op).inc(),
                 on_dropped=lambda kind, n: self.metrics.state_store_dropped.labels(kind).inc(n))
             self.sinks.restore(self.state.iter_events(self.sinks.restore_types))
+            self.sinks.attach_outbox(self.state)
         except Exception:
             self.sinks.close()
             raise
@@ -224,11 +225,7 @@ class Coordinator:
     def run(self) -> None:
         """Serve until stopped; always closes sockets, workers and the state store."""
         cs = self.settings.coordinator
-        poller = zmq.Poller()
-        poller.register(self.ingest, zmq.POLLIN)
-        poller.register(self.control_sock, zmq.POLLIN)
-        for mon in self.sockets.monitor_sockets():
-            poller.register(mon, zmq.POLLIN)
+        poller = self._poller()
         next_tick = next_flush = next_expiry = 0.0
         self.captures.start()
         self.notifier.ready("serving")
@@ -242,6 +239,8 @@ class Coordinator:
                     self.control.drain()
                 if len(events) > (self.ingest in events) + (self.control_sock in events):
                     self.sockets.poll_monitors()
+                if self._check_revocations():
+                    poller = self._poller()
                 self._drain_results()
                 now = time.time()
                 if self._storage_failed is not None or len(self.state.queue):
@@ -261,6 +260,24 @@ class Coordinator:
                             log.exception("registry_flush_failed", error=repr(exc))
         finally:
             self.close()
+
+    def _poller(self) -> zmq.Poller:
+        poller = zmq.Poller()
+        poller.register(self.ingest, zmq.POLLIN)
+        poller.register(self.control_sock, zmq.POLLIN)
+        for mon in self.sockets.monitor_sockets():
+            poller.register(mon, zmq.POLLIN)
+        return poller
+
+    def _check_revocations(self) -> bool:
+        """Cut the event stream's revoked subscribers off (True when the sockets to poll changed)."""
+        try:
+            return self.sockets.check_revocations()
+        except zmq.ZMQError as exc:
+            if self._once.first(f"rebind:{exc.errno}"):
+                log.error("event_stream_rebind_failed", error=str(exc), endpoint=self.pub.endpoint,
+                          note="the event stream is down until the endpoint can be bound again")
+            return True
 
     def _drain_results(self) -> None:
         while True:
@@ -295,6 +312,7 @@ class Coordinator:
                     for j in self.registry.jobs.values()}
             for end in self._job_end.check(last, now):
                 self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json(), event_id=end.event_id())
+                self.captures.on_job_ended(end.job_id, now)
             snap = self.registry.snapshot(now, cs.node_timeout_s)
             active = {j for j, t in last.items() if now - t < cs.job_end_after_s}
             self.metrics.observe_state(snap["jobs"], snap["nodes"], active, self.state.capture_state_summary(), now)
@@ -331,6 +349,15 @@ class Coordinator:
             route = frames[0].bytes
             key = self.sockets.node_key(frames[-1])
             peer = f"key:{key}" if key is not None else f"conn:{route.hex()}"
+            if not self.sockets.admitted(frames[-1], "ingest"):
+                # the key was removed or changed since this connection's handshake: nothing it sends counts, and
+                # commands no longer go to it
+                self.metrics.auth_refused.labels("ingest", "revoked").inc()
+                self._refuse_peer("key_revoked", "message on a connection whose key was removed or changed", peer)
+                revoked_node = self.routes.node(route)
+                if revoked_node is not None:
+                    self.routes.forget(revoked_node)
+                continue
             if len(frames) != 2:
                 self._reject(MessageRejected("bad_framing", f"{len(frames)} frames"), peer)
                 continue

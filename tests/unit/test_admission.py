@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from profwatch.core.capture.admission import arm_refusal
+from profwatch.core.capture.admission import arm_refusal, covered_unavailable
 from profwatch.core.fleet.registry import Registry
 from rankhook import wire
 
@@ -64,3 +64,17 @@ def test_a_silent_node_refuses_a_node_written_arm_only_when_it_covers_one_of_its
     del reg.nodes["n2"]
     assert "node n2 is down (never heard)" in (_refusal(reg, rank_list=[1]) or "")
     assert _refusal(_registry(), now=T0 + 11) is not None  # the heartbeat ages with the clock
+
+
+def test_a_covered_rank_no_capture_can_reach_refuses_the_arm_a_telemetry_only_one_warns() -> None:
+    reg = _registry()
+    rank3 = reg.jobs["j1"].ranks[3]
+    rank3.backend, rank3.backend_error = "none", "ModuleNotFoundError: No module named 'torch_npu'"
+    why = _refusal(reg)
+    assert why is not None and "cannot be imported" in why
+    assert _refusal(reg, rank_list=[0, 1]) is None  # rank 3 is not covered
+    rank3.backend_error = ""  # telemetry-only by choice: not fatal, the arm goes on (the shell warns)
+    assert _refusal(reg) is None
+    gone = covered_unavailable(reg.jobs["j1"], {0, 3})
+    assert gone is not None and gone.ranks == (3,) and not gone.fatal
+    assert covered_unavailable(reg.jobs["j1"], {0, 1}) is None

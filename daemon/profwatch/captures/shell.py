@@ -13,6 +13,7 @@ and for listings.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -37,11 +38,12 @@ from profwatch.captures.ports import (
     SendNodeCommand,
     WatcherPort,
 )
-from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_PATH_REFUSED
+from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_CAPTURE_UNAVAILABLE, TYPE_PATH_REFUSED
 from profwatch.core.batches.completeness import BatchState, CaptureHint
 from profwatch.core.capture import lifecycle as lc
-from profwatch.core.capture.admission import arm_refusal
+from profwatch.core.capture.admission import arm_refusal, covered_unavailable
 from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
+from profwatch.core.capture.availability import explain
 from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
 from profwatch.core.capture.report import describe, explain_ranks, rank_causes, refusal
 from profwatch.core.capture.targeting import JobTopology, estimate_capture_bytes
@@ -132,6 +134,7 @@ class CaptureShell:
         self._scanning: set[str] = set()
         self._next_scan: dict[str, float] = {}
         self._refused_jobs: set[str] = set()
+        self._unavailable_seen: set[tuple[str, str]] = set()  # (job, backend_error) alerted as capture_unavailable
 
     # -- start, stop ----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -438,6 +441,9 @@ class CaptureShell:
                "window_deadline_unix_s": plan.deadline_unix_s, "config": plan.config.render(), "writer": writer,
                "nodes": nodes, "dry_run": dry_run, "base_step": plan.base_step, "step_spread": plan.step_spread,
                "furthest_step": progress.furthest_step, "step_time_s": step_time, "world_size": job.world_size}
+        partial = covered_unavailable(job, set(covered))
+        if partial is not None:
+            out["warnings"] = [partial.detail()]
         blocker = lc.blocking_capture(self._job(job.job_id).active.values())
         if blocker is not None:
             message = refusal(blocker, now)
@@ -535,11 +541,39 @@ class CaptureShell:
             except PathRefused as exc:
                 problems.append(str(exc))
                 job.profiler_config_path = None
+        if msg.backend == "none" and msg.backend_error:
+            self._capture_unavailable(msg)
         if problems and msg.job_id not in self._refused_jobs:
             self._refused_jobs.add(msg.job_id)
             self.emit(TYPE_PATH_REFUSED, msg.job_id,
                       {"rank": msg.rank, "hostname": msg.hostname, "problems": problems},
                       event_id=f"path_refused-{msg.job_id}-{int(now)}")
+
+    def _capture_unavailable(self, msg: wire.RankHello) -> None:
+        """A rank could not open the capture backend it asked for: one ``capture_unavailable`` alert per job and
+        error where no capture can reach it (``core/capture/availability.py``)."""
+        cause, fix, fatal = explain(msg.backend_error, msg.profiler_config_path, msg.hostname)
+        key = (msg.job_id, msg.backend_error)
+        if not fatal or key in self._unavailable_seen:
+            return
+        if len(self._unavailable_seen) >= 10_000:
+            self._unavailable_seen.clear()
+        self._unavailable_seen.add(key)
+        digest = hashlib.sha256(msg.backend_error.encode("utf-8", "backslashreplace")).hexdigest()[:16]
+        self.emit(TYPE_CAPTURE_UNAVAILABLE, msg.job_id, {
+            "rank": msg.rank, "hostname": msg.hostname, "profiler_config_path": msg.profiler_config_path,
+            "error": msg.backend_error, "cause": cause, "fix": fix,
+            "detail": f"rank {msg.rank} on {msg.hostname}: {cause}. Fix: {fix}"},
+            event_id=f"capture_unavailable-{msg.job_id}-{digest}")
+
+    def on_job_ended(self, job_id: str, now: float) -> None:
+        """The job ended: cancel its captures whose window has not started (``lc.job_ended``); the others run to
+        their deadlines."""
+        job = self._jobs.get(job_id)
+        for cap in list(job.active.values()) if job is not None else []:
+            t = lc.job_ended(cap, now, self.ls)
+            if t is not None:
+                self._apply(t)
 
     def supersede_generation(self, job_id: str, generation: int, now: float) -> None:
         """The job started ``generation``: close its captures of older generations that still wait for their ranks

@@ -84,6 +84,9 @@ class _StepView:
     stages: dict[str, float] | None
     flags: tuple[str, ...]
     capturing: bool
+    work: float | None = None
+    mode: str | None = None
+    role: str | None = None
 
 
 def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> dict[str, Any]:
@@ -123,7 +126,7 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
             continue
         assert rec.step_time_s is not None
         found = det.observe(_StepView(rec.rank, rec.step, rec.step_time_s, rec.ts_unix_s, rec.stages,
-                                      rec.flags, rec.capturing), rec.ts_unix_s)
+                                      rec.flags, rec.capturing, rec.work, rec.mode, rec.role), rec.ts_unix_s)
         if rec.ts_unix_s - job.last_tick_s >= TICK_EVERY_S:
             job.last_tick_s = rec.ts_unix_s
             found += det.tick(rec.ts_unix_s)
@@ -214,7 +217,8 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     One JSON object per line (what `profwatch telemetry --job J` writes):
       {"job_id": "j1", "rank": 0, "world_size": 8, "step": 120, "step_time_s": 0.412, "ts_unix_s": 1764500042.5}
     required: job_id, rank, step, step_time_s (seconds), ts_unix_s; world_size on at least one line per job;
-    optional: stages {"forward": 0.1, ...} (seconds), flags ["checkpoint"|"eval"], capturing (bool);
+    optional: stages {"forward": 0.1, ...} (seconds), flags ["checkpoint"|"eval"], capturing (bool),
+    work (per step: tokens, samples), mode ("training"|"serving"), role (e.g. "pp1"), pid, node;
     {"kind": "bye", "job_id", "rank", "step", "ts_unix_s"} marks a rank that left on purpose.
     Bad lines are counted and listed with their line numbers.
     Arming goes through the coordinator's path: the same policy, history and capture planner.

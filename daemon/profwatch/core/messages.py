@@ -33,6 +33,8 @@ JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 NODE_ID_RE = JOB_ID_RE
 """node_id (and CURVE key names) follow the job_id spelling: they appear in logs, metrics and file names."""
 STAGE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+LABEL_RE = STAGE_NAME_RE
+"""A ``mode`` or ``role`` label (``rankhook/wire.py``): the spelling of stage names."""
 MAX_STAGES = 32
 MAX_STEP = 2**62
 MAX_WORLD_SIZE = 1 << 20
@@ -123,6 +125,19 @@ def _check_str_dict(d: dict[str, Any], name: str) -> None:
 
 
 @lru_cache(maxsize=4096)
+def _label_ok(label: str) -> bool:
+    return LABEL_RE.match(label) is not None
+
+
+def _check_labels(msg: Any) -> None:
+    """``mode`` and ``role`` of a hello or step report: ``None`` or a :data:`LABEL_RE` label (memoised)."""
+    for name in ("mode", "role"):
+        v = getattr(msg, name)
+        if v is not None and (len(v) > 64 or not _label_ok(v)):  # the length first: the cache holds short keys
+            raise MessageRejected("bad_value", f"{name}={v[:40]!r}: letters, digits, _ . : - (1..64)")
+
+
+@lru_cache(maxsize=4096)
 def _job_id_ok(job_id: str) -> bool:
     return JOB_ID_RE.match(job_id) is not None
 
@@ -201,6 +216,9 @@ def check_rank_message(msg: Any) -> Any:
                 raise MessageRejected("bad_value", f"{len(msg.flags)} flags > {MAX_ENTRIES}")
             for f in msg.flags:
                 _check_text(f, "flags", 64)
+        if msg.work is not None and not 0.0 <= msg.work <= wire.MAX_WORK:
+            raise MessageRejected("bad_value", f"work={msg.work!r} must be finite, >= 0 and <= {wire.MAX_WORK:g}")
+        _check_labels(msg)
     elif kind == "hello":
         if not 1 <= msg.world_size <= MAX_WORLD_SIZE or msg.rank >= msg.world_size:
             raise MessageRejected("bad_rank", f"rank={msg.rank} world_size={msg.world_size} (max {MAX_WORLD_SIZE})")
@@ -220,6 +238,7 @@ def check_rank_message(msg: Any) -> Any:
             raise MessageRejected("bad_value", f"peer_pid={msg.peer_pid}")
         if msg.restart_count is not None and not 0 <= msg.restart_count < MAX_INT:
             raise MessageRejected("bad_value", f"restart_count={msg.restart_count}")
+        _check_labels(msg)
     else:
         _check_time(msg.ts_unix_s, "ts_unix_s", MAX_TS_UNIX_S)
         for name in ("step", "generation", "start_step", "total_bytes"):

@@ -10,6 +10,8 @@ Schema versions (``PRAGMA user_version``): 0/absent with a ``captures.plan`` col
 rows; 3 = ``jobs.generation``, ``jobs.restart_count`` (added to a version-2 file in place); 4 = this one
 (``captures.idle_owed``: added in place, derived for the rows already there by
 ``daemon/profwatch/adapters/store/state_migrate.py``). A newer version is refused with :class:`StateSchemaError`.
+The ``sink_outbox`` table (a sink's undelivered events, in order) is created when missing without a version change:
+an older profwatch ignores it.
 
 A write the disk refuses (``SQLITE_FULL``, an I/O error) loses nothing the coordinator still holds: events, capture
 rows and batch results go to a bounded retry queue (``daemon/profwatch/adapters/store/state_retry.py``) and :meth:`StateStore.retry`
@@ -53,6 +55,9 @@ CREATE TABLE IF NOT EXISTS events(
   seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, type TEXT NOT NULL, job_id TEXT,
   time TEXT, is_alert INTEGER NOT NULL DEFAULT 0, body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, seq);
+CREATE TABLE IF NOT EXISTS sink_outbox(
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, sink TEXT NOT NULL, event_id TEXT NOT NULL, body BLOB NOT NULL,
+  UNIQUE(sink, event_id));
 """
 CAPTURE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS captures(
@@ -388,6 +393,23 @@ class StateStore:
             return None
         return {"batch_id": r[0], "capture_id": r[1], "job_id": r[2], "status": r[3], "updated_unix_s": r[4],
                 "result": json.loads(r[5] or "{}")}
+
+    # -- a sink's undelivered events ----------------------------------------------------------------------------
+    def outbox_add(self, sink: str, event_id: str, body: bytes) -> None:
+        """Keep one undelivered body of ``sink`` (a second add of the same event is ignored). Raises
+        ``sqlite3.Error`` when the store fails (the sink keeps it in memory only)."""
+        self.db.execute("INSERT OR IGNORE INTO sink_outbox(sink, event_id, body) VALUES(?,?,?)", (sink, event_id, body))
+
+    def outbox_remove(self, sink: str, event_ids: Iterable[str]) -> None:
+        """Forget delivered (or dropped) bodies of ``sink``. Raises ``sqlite3.Error`` when the store fails."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany("DELETE FROM sink_outbox WHERE sink=? AND event_id=?", [(sink, e) for e in event_ids])
+
+    def outbox_load(self, sink: str) -> list[tuple[str, bytes]]:
+        """``[(event_id, body)]`` of ``sink`` still undelivered, oldest first."""
+        rows = self.db.execute("SELECT event_id, body FROM sink_outbox WHERE sink=? ORDER BY seq", (sink,)).fetchall()
+        return [(str(e), bytes(b)) for e, b in rows]
 
     # -- events ---------------------------------------------------------------------------------------------------
     def add_event(self, event: dict[str, Any], is_alert: bool) -> Stored:

@@ -60,6 +60,8 @@ _JOB_ALERT_TEXT = {
                              "captures cannot be armed or read for this job"),
     "ProfwatchJobIdCollision": ("another job claims this job id (its messages are refused)",
                                 "the other job is not watched; this one is watched as before"),
+    "ProfwatchCaptureUnavailable": ("ranks of the job cannot be captured",
+                                    "slowdowns are detected but never captured or explained until it is fixed"),
 }
 """Summary and impact annotations of each job-level alert: (what happened, what it costs)."""
 LIFETIME_FACTOR = 4

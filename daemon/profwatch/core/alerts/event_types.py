@@ -86,6 +86,11 @@ TABLE: tuple[EventType, ...] = (
               job_alert=True, severity="warning", resolved_by="job_ended",
               summary="two jobs claim one job id (reason paths_changed or uid_mismatch, the owning uid): the "
                       "second's messages are refused (core/fleet/job_pins.py)"),
+    EventType("capture_unavailable", alert=True, restored_by_sinks=True,
+              alertmanager=("ProfwatchCaptureUnavailable",), job_alert=True, severity="warning",
+              resolved_by="job_ended",
+              summary="ranks of the job cannot be captured (config folder missing, backend not importable): "
+                      "the cause and the fix (core/capture/availability.py)"),
     EventType("storage_failed", alert=True, restored_by_sinks=False, alertmanager=(), job_alert=False,
               severity=None, resolved_by="storage_recovered (an event, not an Alertmanager alert)",
               summary="the coordinator's state store refused a write (disk full); events are published anyway"),
@@ -139,6 +144,7 @@ TYPE_BATCH_INCOMPLETE = BY_NAME["batch_incomplete"].type
 TYPE_ANALYSIS_FAILED = BY_NAME["analysis_failed"].type
 TYPE_PATH_REFUSED = BY_NAME["path_refused"].type
 TYPE_JOB_ID_COLLISION = BY_NAME["job_id_collision"].type
+TYPE_CAPTURE_UNAVAILABLE = BY_NAME["capture_unavailable"].type
 TYPE_STORAGE_FAILED = BY_NAME["storage_failed"].type
 TYPE_STORAGE_RECOVERED = BY_NAME["storage_recovered"].type
 TYPE_JOB_ENDED = BY_NAME["job_ended"].type

@@ -4,8 +4,9 @@ passed in).
 An arm is refused, with a message that says what to fix, when the job announced no usable
 ``profiler_config_path`` or ``prof_root`` (missing, or refused by the path checks at its hello), when not every
 rank of the job is live (a config written before a rank started is never loaded by it:
-``docs/torch_npu-dynamic-profile.md``, the mtime rules), or, with ``config_writer = "node"``, when a node daemon that must write
-the config for a covered rank has not been heard from within ``node_timeout_s``. Other refusals live with the
+``docs/torch_npu-dynamic-profile.md``, the mtime rules), when a covered rank has no capture backend for a cause
+no capture can get past (``core/capture/availability.py``: ``fatal``), or, with ``config_writer = "node"``, when
+a node daemon that must write the config for a covered rank has not been heard from within ``node_timeout_s``. Other refusals live with the
 fact they rest on: a capture in flight (``lifecycle.blocking_capture``, torch_npu's one pending config slot) and
 an unmeasured step time (the planner's ``CannotPlanCapture``: an absolute ``start_step`` cannot be placed
 without it, and no step time is ever assumed).
@@ -13,9 +14,17 @@ without it, and no step time is ever assumed).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
+from profwatch.core.capture.availability import Unavailable, unavailable
 from profwatch.core.fleet.registry import JobState, NodeState
+
+
+def covered_unavailable(job: JobState, covered: Collection[int]) -> Unavailable | None:
+    """The live ranks among ``covered`` that have no capture backend, with the cause (``availability.unavailable``;
+    ``fatal``: no capture can reach them), or None when every one has a backend."""
+    return unavailable((r.rank, r.hostname, r.backend, r.backend_error, job.profiler_config_path)
+                       for r in job.ranks.values() if not r.left and r.rank in covered)
 
 
 def arm_refusal(job: JobState, rank_list: Sequence[int] | None, nodes: Mapping[str, NodeState], now: float, *,
@@ -35,8 +44,11 @@ def arm_refusal(job: JobState, rank_list: Sequence[int] | None, nodes: Mapping[s
         return (f"only {len(live)}/{job.world_size} ranks are live"
                 + (f" (left: {left})" if left else " (the others have not started yet)")
                 + "; torch_npu ignores configs written before every rank started")
+    covered = set(rank_list) if rank_list else {r.rank for r in live}
+    gone = covered_unavailable(job, covered)
+    if gone is not None and gone.fatal:
+        return gone.detail()
     if config_writer == "node":
-        covered = set(rank_list) if rank_list else {r.rank for r in live}
         for node_id in sorted({r.node_id for r in live if r.rank in covered and r.node_id}):
             node = nodes.get(node_id)
             if node is None or now - node.last_seen_unix_s > node_timeout_s:

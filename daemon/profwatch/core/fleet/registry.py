@@ -174,6 +174,7 @@ class Registry:
         r.left = False
         r.dropped = int(msg.counters.get("dropped", 0))
         r.uid = msg.peer_uid
+        r.mode, r.role = msg.mode, msg.role
         job.backend = msg.backend
         job.started_unix_s = max(job.started_unix_s, msg.ts_unix_s)
         if len(job.versions) < 64:
@@ -393,7 +394,7 @@ class Registry:
         r.seen_unix_s = now
         r.capturing = msg.capturing
         r.left = False
-        r.window.append(step, msg.step_time_s)  # type: ignore[union-attr]
+        r.window.append(step, msg.step_time_s, msg.work)  # type: ignore[union-attr]
         return job, r, restarted
 
     def bye(self, msg: wire.RankBye, now: float, node_id: str | None = None) -> None:

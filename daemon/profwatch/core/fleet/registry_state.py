@@ -33,6 +33,8 @@ class RankState:
     window: StepWindow | None = None
     backend_error: str = ""  # why the requested capture backend is not in use ("" = none asked or it opened)
     gen: int = 0  # the job generation this rank's step counter belongs to (older: a worker not restarted yet)
+    mode: str | None = None  # what the rank's hello says: "training" | "serving" | None (not said)
+    role: str | None = None  # the rank's role label from its hello (ranks doing the same work), None: not said
 
 
 @dataclass(slots=True)
@@ -119,6 +121,8 @@ def snapshot(jobs: Iterable[JobState], nodes: Iterable[NodeState], now: float,
                 "backend_error": r.backend_error,
                 "uid": r.uid,
                 "generation": r.gen,
+                "mode": r.mode,
+                "role": r.role,
             }
             for r in sorted(job.ranks.values(), key=lambda r: r.rank)
         ]
