@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import re
+import sys
 import threading
 import time
 import weakref
@@ -211,6 +212,12 @@ class Hook:
         self._t_hello = time.perf_counter()
         c = self.publisher.counters
         counters = {"sent": c.sent, "dropped": c.dropped, "errors": c.errors, "oversize": c.oversize}
+        versions = self._hello.versions
+        if "torch_npu" not in versions:  # imported after init (its backend opens later): the daemons check its rules
+            mod = sys.modules.get("torch_npu")
+            if mod is not None and isinstance(getattr(mod, "__version__", None), str):
+                versions = {**versions, "torch_npu": mod.__version__}
+                self._hello = dataclasses.replace(self._hello, versions=versions)
         hello = dataclasses.replace(self._hello, counters=counters)
         self.publisher.send(*wire.frames(hello))
 

@@ -57,8 +57,13 @@ class _LazyGroup(click.Group):
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="profwatch")
-def cli() -> None:
-    """profwatch: anomaly-triggered, same-batch-checked profiling for Ascend NPU and PyTorch clusters."""
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="TOML config file for every subcommand (a subcommand's own --config wins).")
+def cli(config_path: Path | None) -> None:
+    """profwatch: anomaly-triggered, same-batch-checked profiling for Ascend NPU and PyTorch clusters.
+
+    Config file: the subcommand's --config, then this --config, then env PROFWATCH_CONFIG (empty: none), then
+    /etc/profwatch/profwatch.toml when it exists, then built-in defaults."""
 
 
 def _serve(label: str, metrics_port: int | None, build: Any) -> None:

@@ -24,7 +24,8 @@ import zmq
 from profwatch.adapters.outputs.alert_sinks import AlertSinks
 from profwatch.adapters.outputs.metrics import DaemonMetrics
 from profwatch.adapters.outputs.sd_notify import SdNotifier
-from profwatch.adapters.store.state import StateStore, Stored
+from profwatch.adapters.store.state import Stored
+from profwatch.adapters.store.state_open import open_state_store
 from profwatch.adapters.zmq import control
 from profwatch.adapters.zmq.server_sockets import ServerSockets
 from profwatch.captures.ports import BatchAnalyser, RankDirScanner
@@ -38,6 +39,7 @@ from profwatch.core.alerts.event_types import (
     TYPE_JOB_GENERATION,
     TYPE_JOB_ID_COLLISION,
     TYPE_PATH_REFUSED,
+    TYPE_STATE_STORE_RESET,
     TYPE_STORAGE_FAILED,
     TYPE_STORAGE_RECOVERED,
 )
@@ -107,8 +109,10 @@ class Coordinator:
         self.sinks = AlertSinks.from_settings(settings.alertmanager, settings.webhook, os.environ, self.metrics)
         try:
             lim = settings.limits
-            self.state = StateStore(
-                cs.state_db, retry_max_items=lim.state_retry_queue_items, retry_max_bytes=lim.state_retry_queue_bytes,
+            # a corrupt file is moved aside (kept) and the store starts empty; a newer schema still stops the start
+            self.state, self._store_reset = open_state_store(
+                cs.state_db, time.time(), retry_max_items=lim.state_retry_queue_items,
+                retry_max_bytes=lim.state_retry_queue_bytes,
                 on_failed=lambda op, _err: self.metrics.state_store_failures.labels(op).inc(),
                 on_dropped=lambda kind, n: self.metrics.state_store_dropped.labels(kind).inc(n))
             self.sinks.restore(self.state.iter_events(self.sinks.restore_types))
@@ -155,6 +159,10 @@ class Coordinator:
             bounds=self._bounds, reject=self._reject, refuse_peer=self._refuse_peer)
         bound = settings.limits.coordinator_peak_bytes(cs.window_steps, wire.MAX_BATCH_BYTES, control.MAX_REQUEST_BYTES)
         self._state_bound_mib = round(bound["total"] / 2**20)
+        if self._store_reset is not None:
+            self.metrics.state_store_resets.inc()
+            self.emit(TYPE_STATE_STORE_RESET, None, self._store_reset.to_json(),
+                      event_id=f"state_store_reset-{int(time.time() * 1000)}")
         log.info("coordinator_started", ingest=cs.ingest_bind, control=cs.control_bind, pub=cs.pub_bind,
                  curve=sorted(k for k, v in self.sockets.curve.items() if v), state_db=str(cs.state_db),
                  jobs=len(self.registry.jobs), state_bound_mib=self._state_bound_mib)

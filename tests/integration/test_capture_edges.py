@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 
 from profwatch.adapters.zmq.control import ControlError, call
 from profwatch.cli import cli
+from rankhook import wire
 from tests.conftest import PYTHON, REPO_ROOT, finish_process, python_env, wait_for
 from tests.integration.live_stack import Stack, rank_view
 from tests.integration.test_coordinator_captures import Harness
@@ -132,3 +134,41 @@ def test_a_telemetry_only_job_is_armable_with_a_warning(stack: Stack, short_tmp:
     finally:
         for p in procs:
             finish_process(p, 20, terminate=True)
+
+
+def _hellos(h: Harness, job: str, cfg: Path, prof: Path, version: str) -> None:
+    h.send(*[wire.RankHello(job_id=job, rank=r, local_rank=r, world_size=2, hostname="fake", pid=100 + r,
+                            backend="torch_npu", ts_unix_s=time.time() - 5, profiler_config_path=str(cfg),
+                            prof_root=str(prof), versions={"torch_npu": version}) for r in range(2)])
+
+
+@pytest.mark.parametrize(("name", "version", "outcome"), [
+    ("job@1", "2.6.0", "refused"), ("job@2", "2.1.0.post17", "refused"), ("job@3", "2.14.0", "warned"),
+    ("job_4", "2.6.0", "clean"),
+])
+def test_config_paths_torch_npu_refuses_are_refused_by_version(harness, short_tmp: Path, name: str, version: str,
+                                                               outcome: str) -> None:
+    h = harness()
+    cfg, prof = short_tmp / "cfg" / name, short_tmp / "prof"
+    cfg.mkdir(parents=True)
+    job = name.replace("@", "-")
+    _hellos(h, job, cfg, prof, version)
+    h.steps(job, 2, 12)
+    wait_for(lambda: h.furthest(job) == 12, 20)
+    if outcome == "refused":
+        rows = wait_for(lambda: [e for e in h.events(job, alerts_only=True)
+                                 if e["data"].get("reason") == "torch_npu_refuses_path"], 20)
+        assert len(rows) == 1 and rows[0]["data"]["torch_npu"] == version and "'@'" in rows[0]["data"]["detail"]
+        for dry in (True, False):
+            with pytest.raises(ControlError, match="dynamic_profile stays off") as ei:
+                call(h.control, "arm", {"job_id": job, "dry_run": dry})
+            assert ei.value.code == "refused" and version in ei.value.message
+        assert not (cfg / "profiler_config.json").exists()  # nothing written, not even the template
+        return
+    plan = call(h.control, "arm", {"job_id": job, "dry_run": True})
+    status = call(h.control, "status", {"job_id": job})["jobs"][0]
+    assert not [e for e in h.events(job, alerts_only=True) if e["data"].get("reason") == "torch_npu_refuses_path"]
+    if outcome == "warned":
+        assert "only warns" in plan["warnings"][0] and "only warns" in status["warnings"][0]
+    else:
+        assert "warnings" not in plan and status["warnings"] == []

@@ -403,7 +403,7 @@ def test_a_restart_writes_the_idle_config_again_while_the_window_is_ahead(world,
 
 def test_a_restart_finds_an_old_capture_whose_long_window_is_still_ahead(world, tmp_path: Path) -> None:
     w = world()
-    cid = w.arm(in_steps=20000)["capture_id"]  # hours ahead at 0.5 s a step
+    cid = w.arm(in_steps=7000)["capture_id"]  # ~1 h ahead at 0.5 s a step (the furthest an arm may go); judged later
     w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
     w.store.save_capture(lc.cancel(w.store.get_capture(cid), w.now, w.shell.ls, by="test").capture)
     assert w.store.get_capture(cid).judge_unix_s > T0 + 7200

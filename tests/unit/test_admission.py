@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from profwatch.core.capture.admission import arm_refusal, covered_unavailable
+from profwatch.core.capture.admission import arm_refusal, arm_warnings, covered_unavailable
 from profwatch.core.fleet.registry import Registry
 from rankhook import wire
 
@@ -78,3 +78,18 @@ def test_a_covered_rank_no_capture_can_reach_refuses_the_arm_a_telemetry_only_on
     gone = covered_unavailable(reg.jobs["j1"], {0, 3})
     assert gone is not None and gone.ranks == (3,) and not gone.fatal
     assert covered_unavailable(reg.jobs["j1"], {0, 1}) is None
+
+
+def test_a_config_path_the_covered_ranks_torch_npu_raises_on_refuses_the_arm_one_it_warns_about_warns() -> None:
+    reg = _registry(config="/cfg/j1$")  # "$" is outside dp.init's allowed characters
+    job = reg.jobs["j1"]
+    assert _refusal(reg) is None  # no torch_npu version known: nothing to judge
+    job.ranks[1].torch_npu = "2.6.0"  # raises in every release
+    why = _refusal(reg)
+    assert why is not None and why.startswith("profiler_config_path '/cfg/j1$'") and "raises" in why
+    assert _refusal(reg, rank_list=[0, 2]) is None  # rank 1 is not covered
+    job.ranks[1].torch_npu = "2.13.0"  # only warns from then on
+    assert _refusal(reg) is None
+    (warning,) = arm_warnings(job, {0, 1, 2, 3}, config_path_is_link=False)
+    assert warning.startswith("profiler_config_path '/cfg/j1$'") and "2.13.0" in warning
+    assert arm_warnings(_registry().jobs["j1"], {0, 1}, config_path_is_link=False) == []

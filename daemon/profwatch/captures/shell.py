@@ -1,8 +1,9 @@
 """Capture orchestration (the I/O shell around ``daemon/profwatch/core/capture/lifecycle.py``): arming, config writes, scans,
 analyses, events and persistence, through narrow collaborators (``daemon/profwatch/captures/ports.py``), never the coordinator.
-The shell owns two parts built with explicit arguments: :class:`~profwatch.captures.config_writes.ConfigWrites`
-(the arm and the idle config) and :class:`~profwatch.captures.analysis_steps.AnalysisSteps` (analyses, enrichment,
-retention); each reaches the captures only through the shell's ``find`` and ``apply``.
+The shell owns three parts built with explicit arguments: :class:`~profwatch.captures.arm_checks.ArmChecks` (hello
+and arm checks), :class:`~profwatch.captures.config_writes.ConfigWrites` (the arm and the idle config) and
+:class:`~profwatch.captures.analysis_steps.AnalysisSteps` (analyses, enrichment, retention); the last two reach the
+captures only through the shell's ``find`` and ``apply``.
 
 Every decision is a lifecycle transition; this module applies it: persist the new record (typed rows), publish
 its events, perform its :class:`~profwatch.core.capture.lifecycle.Action` s. Runs on the coordinator's main thread; file
@@ -13,7 +14,6 @@ and for listings.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from profwatch.adapters.fs.paths import PathRefused, check_inside, make_dirs
+from profwatch.adapters.fs.paths import PathRefused, make_dirs
 from profwatch.adapters.zmq.control import ControlError
 from profwatch.captures.analysis_steps import AnalysisSteps
+from profwatch.captures.arm_checks import ArmChecks
 from profwatch.captures.config_writes import ConfigWrites
 from profwatch.captures.ports import (
     AnalyserPort,
@@ -38,12 +39,10 @@ from profwatch.captures.ports import (
     SendNodeCommand,
     WatcherPort,
 )
-from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_CAPTURE_UNAVAILABLE, TYPE_PATH_REFUSED
+from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_PATH_REFUSED
 from profwatch.core.batches.completeness import BatchState, CaptureHint
 from profwatch.core.capture import lifecycle as lc
-from profwatch.core.capture.admission import arm_refusal, covered_unavailable
 from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
-from profwatch.core.capture.availability import explain
 from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
 from profwatch.core.capture.report import describe, explain_ranks, rank_causes, refusal
 from profwatch.core.capture.targeting import JobTopology, estimate_capture_bytes
@@ -101,8 +100,9 @@ class CaptureShell:
         make_watcher: builds the prof_dir watcher given the wake callback (None when watching is unavailable).
         emit, post, clock, count_state: publish an event; hand work to the main loop; wall clock; metrics hook.
 
-    Parts: ``writes`` (:class:`ConfigWrites`) and ``steps`` (:class:`AnalysisSteps`); the shell owns the one file
-    system worker (``fs_pool``: config writes, scans and retention keep their order) and hands it to both.
+    Parts: ``checks`` (:class:`ArmChecks`: hellos, arm refusals and warnings), ``writes`` (:class:`ConfigWrites`) and
+    ``steps`` (:class:`AnalysisSteps`); the shell owns the one file system worker (``fs_pool``: config writes, scans
+    and retention keep their order) and hands it to the last two.
     """
 
     def __init__(self, *, settings: Settings, store: StateStore, jobs: Mapping[str, JobState],
@@ -123,6 +123,7 @@ class CaptureShell:
             allowed_config_roots=[str(r) for r in cs.allowed_config_roots], node_timeout_s=cs.node_timeout_s,
             settings=self.ls, fs_pool=self.fs_pool, find=self._find, apply=self._apply, emit=emit, post=post,
             clock=clock)
+        self.checks = ArmChecks(coordinator=cs, nodes=nodes, emit=emit)
         self.steps = AnalysisSteps(
             store=store, jobs=jobs, analyser=analyser, scanner=scanner, work_dir=cs.work_dir, watch=settings.watch,
             analysis_workers=cs.analysis_workers, settings=self.ls, fs_pool=self.fs_pool, find=self._find,
@@ -133,8 +134,6 @@ class CaptureShell:
         self._batches: dict[str, BatchState] = {}  # capture_id -> its complete batch, until analysed
         self._scanning: set[str] = set()
         self._next_scan: dict[str, float] = {}
-        self._refused_jobs: set[str] = set()
-        self._unavailable_seen: set[tuple[str, str]] = set()  # (job, backend_error) alerted as capture_unavailable
 
     # -- start, stop ----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -404,10 +403,7 @@ class CaptureShell:
         job = self.jobs.get(job_id)
         if job is None:
             raise ControlError("not_found", f"unknown job {job_id!r} (no rank has said hello)")
-        why = arm_refusal(job, req.rank_list, self.nodes, now, config_writer=self.s.coordinator.config_writer,
-                          node_timeout_s=self.s.coordinator.node_timeout_s)
-        if why is not None:
-            raise ControlError("refused", why)
+        self.checks.check_armable(job, req, now)
         live = {r.rank: r for r in job.ranks.values() if not r.left}
         times: dict[int, float] = {}
         for r, st in live.items():
@@ -441,9 +437,9 @@ class CaptureShell:
                "window_deadline_unix_s": plan.deadline_unix_s, "config": plan.config.render(), "writer": writer,
                "nodes": nodes, "dry_run": dry_run, "base_step": plan.base_step, "step_spread": plan.step_spread,
                "furthest_step": progress.furthest_step, "step_time_s": step_time, "world_size": job.world_size}
-        partial = covered_unavailable(job, set(covered))
-        if partial is not None:
-            out["warnings"] = [partial.detail()]
+        warnings = self.checks.arm_warnings(job, set(covered))
+        if warnings:
+            out["warnings"] = warnings
         blocker = lc.blocking_capture(self._job(job.job_id).active.values())
         if blocker is not None:
             message = refusal(blocker, now)
@@ -523,49 +519,11 @@ class CaptureShell:
         """A node daemon answered a ``write_config`` command (``ConfigWrites.on_node_ack``)."""
         self.writes.on_node_ack(ack, now)
 
-    # -- hellos ----------------------------------------------------------------------------------------------------------
     def on_hello(self, job: JobState, msg: wire.RankHello, now: float) -> None:
-        """Check the paths a hello names; refuse and report anything outside the allowed roots or passing through a
-        symlink below its root (``daemon/profwatch/adapters/fs/paths.py``: what is checked here is what is used later)."""
-        cs = self.s.coordinator
-        problems = []
-        if msg.prof_root:
-            try:
-                check_inside(msg.prof_root, cs.allowed_prof_roots)
-            except PathRefused as exc:
-                problems.append(str(exc))
-                job.prof_root = None
-        if msg.profiler_config_path and cs.config_writer == "coordinator":
-            try:
-                check_inside(msg.profiler_config_path, cs.allowed_config_roots)
-            except PathRefused as exc:
-                problems.append(str(exc))
-                job.profiler_config_path = None
-        if msg.backend == "none" and msg.backend_error:
-            self._capture_unavailable(msg)
-        if problems and msg.job_id not in self._refused_jobs:
-            self._refused_jobs.add(msg.job_id)
-            self.emit(TYPE_PATH_REFUSED, msg.job_id,
-                      {"rank": msg.rank, "hostname": msg.hostname, "problems": problems},
-                      event_id=f"path_refused-{msg.job_id}-{int(now)}")
+        """Check the paths and the capture backend a hello names (``ArmChecks.on_hello``)."""
+        self.checks.on_hello(job, msg, now)
 
-    def _capture_unavailable(self, msg: wire.RankHello) -> None:
-        """A rank could not open the capture backend it asked for: one ``capture_unavailable`` alert per job and
-        error where no capture can reach it (``core/capture/availability.py``)."""
-        cause, fix, fatal = explain(msg.backend_error, msg.profiler_config_path, msg.hostname)
-        key = (msg.job_id, msg.backend_error)
-        if not fatal or key in self._unavailable_seen:
-            return
-        if len(self._unavailable_seen) >= 10_000:
-            self._unavailable_seen.clear()
-        self._unavailable_seen.add(key)
-        digest = hashlib.sha256(msg.backend_error.encode("utf-8", "backslashreplace")).hexdigest()[:16]
-        self.emit(TYPE_CAPTURE_UNAVAILABLE, msg.job_id, {
-            "rank": msg.rank, "hostname": msg.hostname, "profiler_config_path": msg.profiler_config_path,
-            "error": msg.backend_error, "cause": cause, "fix": fix,
-            "detail": f"rank {msg.rank} on {msg.hostname}: {cause}. Fix: {fix}"},
-            event_id=f"capture_unavailable-{msg.job_id}-{digest}")
-
+    # -- hellos ----------------------------------------------------------------------------------------------------------
     def on_job_ended(self, job_id: str, now: float) -> None:
         """The job ended: cancel its captures whose window has not started (``lc.job_ended``); the others run to
         their deadlines."""

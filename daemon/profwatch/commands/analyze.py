@@ -106,6 +106,9 @@ def _settings(ctx: click.Context, config_path: Path | None, no_advisor: bool, ti
               no_html: bool, advisor_html: bool = False) -> AnalysisSettings:
     obj: Any = ctx.obj
     base = obj.get("analysis_settings") if isinstance(obj, dict) else None
+    from profwatch.commands.common import resolve_config_path
+
+    config_path = resolve_config_path(config_path)
     if base is None and config_path is not None:
         from profwatch.config import ConfigError, load_settings
 
@@ -188,7 +191,7 @@ def _human(res: AnalysisResult) -> str:
               help="A healthy reference capture of the same job: each verdict gains `changes` (what changed since it: "
                    "compute, communication, host, software; docs/changes.md).")
 @click.option("--baseline-batch", default=None, help="The reference batch id when BASELINE holds several.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="PROFWATCH_CONFIG",
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="TOML config; its [analysis] section gives the settings (flags override).")
 @click.pass_context
 def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json: bool, out_dir: Path | None,

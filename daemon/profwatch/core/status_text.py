@@ -50,6 +50,8 @@ def render_job(job: Mapping[str, Any]) -> list[str]:
     lines.extend(render_generation(job))
     for rank, err in sorted((job.get("backend_errors") or {}).items(), key=lambda kv: int(kv[0])):
         lines.append(f"  rank {rank}: capture backend not in use: {err}")
+    for warning in job.get("warnings") or []:
+        lines.append(f"  warning: {warning}")
     lines.append(f"  {'rank':>5} {'host':<20} {'last_step':>9} {'last_step_s':>11} {f'median{n}_s':>11} {'age_s':>7}  "
                  "state")
     for r in job.get("ranks", []):

@@ -101,6 +101,9 @@ class DaemonMetrics:
         self.state_store_dropped = Counter(
             "profwatch_state_store_dropped", "Queued state store writes dropped (retry queue full, refused at retry)",
             ["kind"], registry=r)
+        self.state_store_resets = Counter(
+            "profwatch_state_store_resets", "Corrupt state dbs moved aside at start (the coordinator started empty)",
+            registry=r)
         for op in ("event", "capture", "batch"):
             self.state_store_failures.labels(op)
             self.state_store_dropped.labels(op)

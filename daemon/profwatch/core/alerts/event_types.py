@@ -94,6 +94,10 @@ TABLE: tuple[EventType, ...] = (
     EventType("storage_failed", alert=True, restored_by_sinks=False, alertmanager=(), job_alert=False,
               severity=None, resolved_by="storage_recovered (an event, not an Alertmanager alert)",
               summary="the coordinator's state store refused a write (disk full); events are published anyway"),
+    EventType("state_store_reset", alert=True, restored_by_sinks=False, alertmanager=(), job_alert=False,
+              severity=None, resolved_by="- (a one-off notice; profwatch_state_store_resets_total counts them)",
+              summary="the state db was corrupt at start: moved aside (kept), started empty; what was lost and what "
+                      "the nodes rebuild"),
     EventType("job_ended", alert=False, restored_by_sinks=True, alertmanager=(), job_alert=False, severity=None,
               resolved_by=_NONE, summary="no rank of the job reported for coordinator.job_end_after_s; resolves "
                                          "every alert of the job"),
@@ -147,6 +151,7 @@ TYPE_JOB_ID_COLLISION = BY_NAME["job_id_collision"].type
 TYPE_CAPTURE_UNAVAILABLE = BY_NAME["capture_unavailable"].type
 TYPE_STORAGE_FAILED = BY_NAME["storage_failed"].type
 TYPE_STORAGE_RECOVERED = BY_NAME["storage_recovered"].type
+TYPE_STATE_STORE_RESET = BY_NAME["state_store_reset"].type
 TYPE_JOB_ENDED = BY_NAME["job_ended"].type
 TYPE_ANOMALY = BY_NAME["anomaly"].type
 TYPE_ARM_DECISION = BY_NAME["arm_decision"].type

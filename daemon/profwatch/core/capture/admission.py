@@ -5,8 +5,11 @@ An arm is refused, with a message that says what to fix, when the job announced 
 ``profiler_config_path`` or ``prof_root`` (missing, or refused by the path checks at its hello), when not every
 rank of the job is live (a config written before a rank started is never loaded by it:
 ``docs/torch_npu-dynamic-profile.md``, the mtime rules), when a covered rank has no capture backend for a cause
-no capture can get past (``core/capture/availability.py``: ``fatal``), or, with ``config_writer = "node"``, when
-a node daemon that must write the config for a covered rank has not been heard from within ``node_timeout_s``. Other refusals live with the
+no capture can get past (``core/capture/availability.py``: ``fatal``), when the torch_npu version of a covered
+rank raises on the job's config path in ``dp.init`` (``core/capture/torch_npu_paths.py``), or, with
+``config_writer = "node"``, when a node daemon that must write the config for a covered rank has not been heard
+from within ``node_timeout_s``. What only may go wrong (ranks running telemetry-only, a path torch_npu warns
+about) is a warning of the arm (:func:`arm_warnings`). Other refusals live with the
 fact they rest on: a capture in flight (``lifecycle.blocking_capture``, torch_npu's one pending config slot) and
 an unmeasured step time (the planner's ``CannotPlanCapture``: an absolute ``start_step`` cannot be placed
 without it, and no step time is ever assumed).
@@ -17,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from profwatch.core.capture.availability import Unavailable, unavailable
+from profwatch.core.capture.torch_npu_paths import PathVerdict, check_config_path
 from profwatch.core.fleet.registry import JobState, NodeState
 
 
@@ -27,11 +31,33 @@ def covered_unavailable(job: JobState, covered: Collection[int]) -> Unavailable 
                        for r in job.ranks.values() if not r.left and r.rank in covered)
 
 
+def torch_npu_path(job: JobState, covered: Collection[int], *, config_path_is_link: bool) -> PathVerdict | None:
+    """torch_npu's verdict on the job's config path under the covered live ranks' versions, the raising one first
+    (None: no problem, or no version known). ``config_path_is_link``: the path is a symbolic link (read by the
+    caller: this module does no I/O)."""
+    path = job.profiler_config_path
+    versions = {r.torch_npu for r in job.ranks.values() if r.torch_npu and not r.left and r.rank in covered}
+    if not path or not versions:
+        return None
+    verdicts = [v for v in (check_config_path(path, ver, config_path_is_link) for ver in sorted(versions)) if v]
+    return min(verdicts, key=lambda v: v.severity != "raise", default=None)
+
+
+def arm_warnings(job: JobState, covered: Collection[int], *, config_path_is_link: bool) -> list[str]:
+    """What may go wrong with an arm of ``covered`` that is not refused (shown by the arm and its dry run): ranks
+    without a capture backend of their own, a config path the ranks' torch_npu warns about."""
+    partial = covered_unavailable(job, covered)
+    path = torch_npu_path(job, covered, config_path_is_link=config_path_is_link)
+    return ([partial.detail()] if partial is not None else []) + (
+        [f"profiler_config_path {job.profiler_config_path!r}: {path.detail()}"] if path is not None else [])
+
+
 def arm_refusal(job: JobState, rank_list: Sequence[int] | None, nodes: Mapping[str, NodeState], now: float, *,
-                config_writer: str, node_timeout_s: float) -> str | None:
+                config_writer: str, node_timeout_s: float, config_path_is_link: bool = False) -> str | None:
     """Why ``job`` cannot take an arm covering ``rank_list`` (None: every rank) at ``now`` (unix s), or None when
     it can. ``nodes``: the registry's node map (``last_seen_unix_s``); ``config_writer``: ``"coordinator"`` or
-    ``"node"``. The rules are checked in the module doc's order and the first one that fails is named."""
+    ``"node"``; ``config_path_is_link``: the job's config path is a symbolic link (read by the caller). The rules
+    are checked in the module doc's order and the first one that fails is named."""
     if not job.profiler_config_path:
         return f"job {job.job_id} announced no usable profiler_config_path"
     if not job.prof_root:
@@ -48,6 +74,9 @@ def arm_refusal(job: JobState, rank_list: Sequence[int] | None, nodes: Mapping[s
     gone = covered_unavailable(job, covered)
     if gone is not None and gone.fatal:
         return gone.detail()
+    path = torch_npu_path(job, covered, config_path_is_link=config_path_is_link)
+    if path is not None and path.severity == "raise":
+        return f"profiler_config_path {job.profiler_config_path!r}: {path.detail()}"
     if config_writer == "node":
         for node_id in sorted({r.node_id for r in live if r.rank in covered and r.node_id}):
             node = nodes.get(node_id)

@@ -174,6 +174,7 @@ class Registry:
         r.left = False
         r.dropped = int(msg.counters.get("dropped", 0))
         r.uid = msg.peer_uid
+        r.torch_npu = msg.versions.get("torch_npu", "")[:64]
         r.mode, r.role = msg.mode, msg.role
         job.backend = msg.backend
         job.started_unix_s = max(job.started_unix_s, msg.ts_unix_s)
