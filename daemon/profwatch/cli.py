@@ -66,7 +66,7 @@ def cli(config_path: Path | None) -> None:
     /etc/profwatch/profwatch.toml when it exists, then built-in defaults."""
 
 
-def _serve(label: str, metrics_port: int | None, build: Any) -> None:
+def _serve(label: str, endpoint: Any, build: Any) -> None:
     """Start one daemon: metrics endpoint, ``build(metrics, notifier)``, SIGTERM -> ``stop()``, ``run()`` until
     stopped. A daemon that cannot start (port in use, bad state file, endpoint held, unusable sink secret) exits 2
     with one line, no traceback. Under systemd (``Type=notify``) the daemon sends READY=1 once it serves and
@@ -78,8 +78,17 @@ def _serve(label: str, metrics_port: int | None, build: Any) -> None:
 
     metrics = DaemonMetrics(label)
     notifier = SdNotifier(os.environ)
+    if endpoint.metrics_plain_beyond_loopback():
+        import structlog
+
+        structlog.get_logger("profwatch").warning(
+            "metrics_insecure", daemon=label, addr=endpoint.metrics_addr, port=endpoint.metrics_port,
+            note="metrics_insecure = true: /metrics is served in plain HTTP beyond loopback (docs/security.md)")
     try:
-        metrics.serve(metrics_port)
+        metrics.serve(endpoint.metrics_port, endpoint.metrics_addr,
+                      certfile=str(endpoint.metrics_tls_cert) if endpoint.metrics_tls_cert else None,
+                      keyfile=str(endpoint.metrics_tls_key) if endpoint.metrics_tls_key else None,
+                      client_cafile=str(endpoint.metrics_client_ca) if endpoint.metrics_client_ca else None)
         d = build(metrics, notifier)
     except Exception as exc:  # noqa: BLE001
         click.echo(f"profwatch {label}: cannot start: {exc}", err=True)
@@ -110,7 +119,7 @@ def node(config_path: Path | None) -> None:
 
     s = load_or_exit(config_path)
     configure_logging(s.logging.level, s.logging.format)
-    _serve("node", s.node.metrics_port,
+    _serve("node", s.node,
            lambda metrics, notifier: NodeDaemon(s.node, metrics, s.security, s.limits, notifier))
 
 
@@ -123,7 +132,7 @@ def coordinator(config_path: Path | None) -> None:
 
     s = load_or_exit(config_path)
     configure_logging(s.logging.level, s.logging.format)
-    _serve("coordinator", s.coordinator.metrics_port, lambda metrics, notifier: Coordinator(s, metrics, notifier))
+    _serve("coordinator", s.coordinator, lambda metrics, notifier: Coordinator(s, metrics, notifier))
 
 
 @cli.command()

@@ -79,6 +79,10 @@ class _DetectorView:
         det = self._d.get(job_id)
         return det.baseline_step_time_s if det is not None else None
 
+    def ongoing(self, job_id: str) -> dict[str, frozenset[int]]:
+        det = self._d.get(job_id)
+        return det.ongoing() if det is not None else {}
+
 
 def _start_watcher(on_wake: Callable[[str], None], settings: Settings, metrics: Any = None) -> Any:
     from profwatch.adapters.fs.prof_watch import ProfWatcher
@@ -321,6 +325,7 @@ class Coordinator:
             for end in self._job_end.check(last, now):
                 self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json(), event_id=end.event_id())
                 self.captures.on_job_ended(end.job_id, now)
+                self.captures.episodes.close_job(end.job_id, now, "job_ended")
             snap = self.registry.snapshot(now, cs.node_timeout_s)
             active = {j for j, t in last.items() if now - t < cs.job_end_after_s}
             self.metrics.observe_state(snap["jobs"], snap["nodes"], active, self.state.capture_state_summary(), now)
@@ -542,10 +547,12 @@ class Coordinator:
         """Forget jobs with no rank heard for ``limits.job_expiry_s`` (and their detectors and stored rows)."""
         gone = self.registry.expire(now)
         for job_id in gone:
+            self.captures.episodes.close_job(job_id, now, "job_expired")
             det = self.detectors.pop(job_id, None)
             if det is not None:
                 self._detector_ranks -= det.world_size
             log.info("job_expired", job_id=job_id, silent_for_s=self.settings.limits.job_expiry_s)
+        self.captures.episodes.forget(gone)
         if gone:
             try:
                 self.state.forget_jobs(gone)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import pytest
@@ -577,3 +578,15 @@ def test_job_end_cancels_captures_whose_window_has_not_started_and_lets_the_othe
     assert collecting.state is CaptureState.COLLECTING
     for cap in (collecting, _analysing(), _analysed()):  # torch_npu may still be parsing: run to the deadline
         assert lc.job_ended(cap, T0 + 700, SET) is None, cap.state
+
+
+def test_an_older_generations_analysing_capture_does_not_block_a_new_runs_arms() -> None:
+    """A new run (``docs/generations.md``) is never held back by the old run's capture: an ``analysing`` capture of
+    an older generation has its window behind it; one of the current generation still blocks, as does any older
+    capture still waiting for ranks (those are superseded when the generation opens)."""
+    collecting = lc.rank_event(_acked(_written(_open())), _ev(0, "started", step=0), T0 + 5, SET).capture
+    analysing = dataclasses.replace(collecting, state=lc.CaptureState.ANALYSING)
+    assert lc.blocking_capture([analysing], generation=1) is None
+    assert lc.blocking_capture([analysing], generation=0) is analysing
+    assert lc.blocking_capture([analysing]) is analysing
+    assert lc.blocking_capture([collecting], generation=1) is collecting

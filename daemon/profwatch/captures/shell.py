@@ -28,6 +28,7 @@ from profwatch.adapters.zmq.control import ControlError
 from profwatch.captures.analysis_steps import AnalysisSteps
 from profwatch.captures.arm_checks import ArmChecks
 from profwatch.captures.config_writes import ConfigWrites
+from profwatch.captures.episode_desk import EpisodeDesk
 from profwatch.captures.ports import (
     AnalyserPort,
     Clock,
@@ -39,10 +40,10 @@ from profwatch.captures.ports import (
     SendNodeCommand,
     WatcherPort,
 )
-from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_PATH_REFUSED
+from profwatch.core.alerts.event_types import TYPE_PATH_REFUSED
 from profwatch.core.batches.completeness import BatchState, CaptureHint
 from profwatch.core.capture import lifecycle as lc
-from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
+from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings
 from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
 from profwatch.core.capture.report import describe, explain_ranks, rank_causes, refusal
 from profwatch.core.capture.targeting import JobTopology, estimate_capture_bytes
@@ -134,6 +135,11 @@ class CaptureShell:
         self._batches: dict[str, BatchState] = {}  # capture_id -> its complete batch, until analysed
         self._scanning: set[str] = set()
         self._next_scan: dict[str, float] = {}
+        self.episodes = EpisodeDesk(  # anomalies as episodes; the capture queue (captures/episode_desk.py)
+            settings=settings, store=store, jobs=jobs, detectors=detectors, emit=emit, arm=self.arm,
+            in_flight=lambda job_id: lc.blocking_capture(self._job(job_id).active.values(),
+                                                         self._generation(job_id)) is not None,
+            topology=self.topology, policy=lambda: self.policy)
 
     # -- start, stop ----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -147,6 +153,7 @@ class CaptureShell:
             except Exception as exc:  # noqa: BLE001 - the periodic scan still finds every batch
                 log.warning("watcher_unavailable", error=repr(exc))
         now = self.clock()
+        self.episodes.start()
         hour = {c.capture_id: c for c in self.store.captures(since_unix_s=now - 3600)}
         ahead = {c.capture_id: c for c in self.store.captures(states=lc.IDLE_ENDINGS, judged_after_unix_s=now)}
         active = {c.capture_id: c for c in self.store.captures(states=lc.ACTIVE)}
@@ -161,8 +168,12 @@ class CaptureShell:
                 job.recent.append(cap)
                 if lc.owes_idle(cap, now):
                     self.writes.write_idle(cap)
-            if cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE):
-                job.history.record_arm(cap.created_unix_s)
+            gen = self._generation(cap.job_id)
+            if (cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE)
+                    and (gen is None or cap.generation >= gen)):  # an older generation's arms: not this budget
+                job.history.record_arm(cap.created_unix_s, cap.capture_id)
+                if cap.analysis_status == "no_suspect":
+                    job.history.release(cap.capture_id)  # found nothing: its hourly slot was given back
                 if cap.state not in lc.ACTIVE and cap.total_bytes:
                     job.history.record_bytes(cap.state_since_unix_s, cap.total_bytes, ranks=len(cap.ranks),
                                              active_steps=cap.active)
@@ -186,8 +197,13 @@ class CaptureShell:
     def _job(self, job_id: str) -> _Job:
         job = self._jobs.get(job_id)
         if job is None:
-            job = self._jobs[job_id] = _Job({}, deque(maxlen=RECENT_PER_JOB), ArmHistory())
+            job = self._jobs[job_id] = _Job({}, deque(maxlen=RECENT_PER_JOB), self.episodes.book(job_id).history)
         return job
+
+    def _generation(self, job_id: str) -> int | None:
+        """The job's current generation in the registry (None: not known there)."""
+        job = self.jobs.get(job_id)
+        return job.generation if job is not None else None
 
     def _caps(self, job_id: str) -> list[lc.Capture]:
         job = self._jobs.get(job_id)
@@ -221,6 +237,8 @@ class CaptureShell:
             self.count_state(cap.state.value)
         for ev in t.events:
             self.emit(ev.type, cap.job_id, dict(ev.data), event_id=ev.event_id)
+        if old is not None and old.state in lc.IN_FLIGHT and cap.state not in lc.IN_FLIGHT:
+            self.episodes.capture_ended(cap, t.events, self.clock())
         for action in sorted(t.actions, key=lambda a: a.value):
             self._do(action, cap)
         return cap
@@ -285,6 +303,7 @@ class CaptureShell:
     def tick(self, now: float) -> None:
         """Expire what is due; scan what waits for its batch every ``reconcile_interval_s``; (re)send idle writes."""
         self.writes.tick(now)
+        self.episodes.tick(now)
         for job in list(self._jobs.values()):
             for cap in list(job.active.values()):
                 if lc.is_due(cap, now):
@@ -350,12 +369,6 @@ class CaptureShell:
         self._apply(t)
 
     # -- arming --------------------------------------------------------------------------------------------------------
-    def arm_state(self, job_id: str, now: float) -> JobArmState:
-        """The one place the arming policy's view of a job is built (arm history + capture in flight)."""
-        job = self._job(job_id)
-        return job.history.state(now, capture_in_flight=lc.blocking_capture(job.active.values()) is not None,
-                                 stalled_ranks=self.detectors.stalled_ranks(job_id))
-
     def topology(self, job_id: str) -> JobTopology | None:
         """The job's layout for targeted captures: its size, each rank's host (hellos) and the communication groups
         of its last complete batch (None for an unknown job)."""
@@ -368,32 +381,9 @@ class CaptureShell:
                            groups=mine.groups or {}, groups_from=mine.groups_from)
 
     def on_anomaly(self, an: Anomaly, now: float) -> None:
-        """The arming path shared with ``profwatch replay`` (``daemon/profwatch/core/capture/arming.py``): decide on the job's arm
-        history, build the capture request, plan it (start the capture in act mode; a dry run in observe mode, whose
-        would-arm is then recorded so cooldown and caps apply exactly as in act mode)."""
-        job = self.jobs.get(an.job_id)
-        if job is None:
-            return
-        decision = self.policy.decide(an, self.arm_state(an.job_id, now), now, self.topology(an.job_id))
-        data: dict[str, Any] = {"anomaly": an.kind, "step": an.step, "action": decision.action,
-                                "reason": decision.reason, "estimated_bytes": decision.estimated_bytes,
-                                "targeting": decision.target.to_json() if decision.target is not None else None}
-        if decision.action != "suppress":
-            try:
-                req = capture_request(an, decision, furthest_step=max(0, job.furthest_step()),
-                                      step_time_s=self.detectors.baseline_step_time_s(an.job_id),
-                                      capture=self.s.capture)
-                plan = self.arm(an.job_id, req, now, dry_run=decision.action == "would_arm")
-                data["start_step"] = plan["start_step"]
-                if decision.action == "arm":
-                    data["capture_id"] = plan["capture_id"]
-                else:
-                    self._job(an.job_id).history.record(decision, now)
-            except ControlError as exc:
-                data.update(action="suppress", reason=f"{exc.code}: {exc.message}")
-            except (KeyError, TypeError, ValueError) as exc:  # planner errors are shown, never hidden
-                data.update(action="suppress", reason=f"plan_failed: {exc}")
-        self.emit(TYPE_ARM_DECISION, an.job_id, data)
+        """A detector's report: its episode is opened or updated and the job's capture queue runs
+        (``daemon/profwatch/captures/episode_desk.py``; the arming path shared with ``profwatch replay``)."""
+        self.episodes.on_anomaly(an, now)
 
     def arm(self, job_id: str, req: CaptureRequest, now: float, dry_run: bool = False) -> dict[str, Any]:
         """Plan one capture and start its life. A dry run plans the same and says whether the arm would be refused
@@ -440,7 +430,7 @@ class CaptureShell:
         warnings = self.checks.arm_warnings(job, set(covered))
         if warnings:
             out["warnings"] = warnings
-        blocker = lc.blocking_capture(self._job(job.job_id).active.values())
+        blocker = lc.blocking_capture(self._job(job.job_id).active.values(), job.generation)
         if blocker is not None:
             message = refusal(blocker, now)
             if dry_run:
@@ -455,7 +445,7 @@ class CaptureShell:
                             rank_backends={r: s.backend for r, s in live.items()}, nodes=nodes, now=now,
                             settings=self.ls, step_time_s=step_time, generation=job.generation)
         history = self._job(job.job_id).history
-        history.record_arm(now)
+        history.record_arm(now, plan.capture_id)
         per_rank = history.bytes_per_rank_step
         history.reserve(plan.capture_id, now, estimate_capture_bytes(
             len(covered), plan.active, per_rank if per_rank is not None else self.s.arming.targeting.bytes_per_rank_step))
@@ -535,6 +525,11 @@ class CaptureShell:
 
     def supersede_generation(self, job_id: str, generation: int, now: float) -> None:
         """The job started ``generation``: close its captures of older generations that still wait for their ranks
-        as superseded (``lc.supersede``; data kept, nothing deleted; an ``analysing`` one finishes)."""
-        for cap in list(self._job(job_id).active.values()):
+        as superseded (``lc.supersede``; data kept, nothing deleted; an ``analysing`` one finishes without holding
+        the new generation's arms back) and start the job's arm history afresh (cooldown and hourly caps count the
+        new generation's arms only; ``docs/generations.md``)."""
+        job = self._job(job_id)
+        for cap in list(job.active.values()):
             self._apply(lc.supersede(cap, generation, now, self.ls))
+        # its episodes close and its budget starts afresh: the old run's arms never hold the new run's
+        self._job(job_id).history = self.episodes.new_generation(job_id, now)

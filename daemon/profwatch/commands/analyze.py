@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -221,7 +222,10 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
     ref_batch = _baseline_batch(ctx, as_json, baseline_dir, baseline_batch, world_size) if baseline_dir else None
     _check_out(ctx, as_json, work, directory)  # after the input checks: a bad DIR leaves no output folder behind
     worst = 0
-    # one runner for every batch; leaving the block (also by Ctrl-C) kills any msprof-analyze still running
+    # SIGTERM (a scheduler, `timeout`) ends the command like Ctrl-C: the exception unwinds the block below, whose
+    # exit kills every msprof-analyze still running (each runs in its own session, out of reach of our signals)
+    signal.signal(signal.SIGTERM, _terminated)
+    # one runner for every batch; leaving the block (also by Ctrl-C or SIGTERM) kills any msprof-analyze running
     with MsprofRunner(settings.msprof) as runner:
         reference = None
         if ref_batch is not None and baseline_dir is not None:
@@ -246,6 +250,15 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
             if res.status not in GOOD:
                 worst = 1
     ctx.exit(worst)
+
+
+EXIT_SIGTERM = 128 + signal.SIGTERM
+"""Exit status after SIGTERM (the shell's convention for a signal's death: 143)."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM handler: unwind the command (the runner's ``with`` block kills its tool processes), exit 143."""
+    raise SystemExit(EXIT_SIGTERM)
 
 
 def _baseline_batch(ctx: click.Context, as_json: bool, directory: Path, batch_id: str | None,

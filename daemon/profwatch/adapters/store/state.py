@@ -10,8 +10,9 @@ Schema versions (``PRAGMA user_version``): 0/absent with a ``captures.plan`` col
 rows; 3 = ``jobs.generation``, ``jobs.restart_count`` (added to a version-2 file in place); 4 = this one
 (``captures.idle_owed``: added in place, derived for the rows already there by
 ``daemon/profwatch/adapters/store/state_migrate.py``). A newer version is refused with :class:`StateSchemaError`.
-The ``sink_outbox`` table (a sink's undelivered events, in order) is created when missing without a version change:
-an older profwatch ignores it.
+The ``sink_outbox`` table (a sink's undelivered events, in order) and the ``episodes`` table (anomaly episodes,
+``daemon/profwatch/core/capture/episodes.py``) are created when missing without a version change: an older
+profwatch ignores them.
 
 A write the disk refuses (``SQLITE_FULL``, an I/O error) loses nothing the coordinator still holds: events, capture
 rows and batch results go to a bounded retry queue (``daemon/profwatch/adapters/store/state_retry.py``) and :meth:`StateStore.retry`
@@ -58,6 +59,10 @@ CREATE INDEX IF NOT EXISTS events_job ON events(job_id, seq);
 CREATE TABLE IF NOT EXISTS sink_outbox(
   seq INTEGER PRIMARY KEY AUTOINCREMENT, sink TEXT NOT NULL, event_id TEXT NOT NULL, body BLOB NOT NULL,
   UNIQUE(sink, event_id));
+CREATE TABLE IF NOT EXISTS episodes(
+  episode_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, open INTEGER NOT NULL, updated_unix_s REAL NOT NULL,
+  body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS episodes_job ON episodes(job_id, open);
 """
 CAPTURE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS captures(
@@ -368,6 +373,51 @@ class StateStore:
             d["notes"] = tuple(json.loads(d["notes"]))
             d["idle_owed"] = bool(d["idle_owed"])
             out.append(Capture(**d, ranks=ranks[d["capture_id"]], nodes=nodes[d["capture_id"]]))
+        return out
+
+    # -- episodes -------------------------------------------------------------------------------------------------
+    def save_episode(self, episode_id: str, job_id: str, is_open: bool, updated_unix_s: float,
+                     body: dict[str, Any]) -> None:
+        """Upsert one episode (``Episode.to_json``); queued for a retry when the store fails."""
+        row = (episode_id, job_id, int(is_open), updated_unix_s, json.dumps(body, default=str))
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("INSERT OR REPLACE INTO episodes VALUES(?,?,?,?,?)", row)
+
+        try:
+            with self.db:
+                write(self.db)
+        except sqlite3.OperationalError as exc:
+            self._failed(PendingWrite("episode", episode_id, write, 256 + len(row[4]), time.time()), exc)
+            return
+        self.queue.discard("episode", episode_id)
+
+    def episodes(self, job_ids: Sequence[str] | None = None, closed_per_job: int = 16) -> list[dict[str, Any]]:
+        """Stored episodes, oldest first: every open one and the last ``closed_per_job`` closed ones of each job
+        (of ``job_ids`` only, when given). A body that is not JSON is skipped."""
+        where, args = "", list(job_ids or ())
+        if job_ids is not None:
+            if not args:
+                return []
+            where = f"WHERE job_id IN ({','.join('?' * len(args))})"
+        rows = self.db.execute(f"SELECT job_id, open, body FROM episodes {where} ORDER BY updated_unix_s",
+                               args).fetchall()
+        closed: dict[str, int] = {}
+        keep: list[tuple[str, int, str]] = []
+        for job_id, is_open, body in reversed(rows):
+            if not is_open:
+                closed[job_id] = closed.get(job_id, 0) + 1
+                if closed[job_id] > closed_per_job:
+                    continue
+            keep.append((job_id, is_open, body))
+        out = []
+        for _, _, body in reversed(keep):
+            try:
+                v = json.loads(body)
+            except ValueError:
+                continue
+            if isinstance(v, dict):
+                out.append(v)
         return out
 
     # -- batches --------------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ Rules (``docs/alerts.md``):
   ``no_suspect`` verdict of the job.
 * ``batch_incomplete``, ``analysis_failed``, ``path_refused``, ``job_id_collision``: one job-level alert each; the first two resolve
   when a later capture of the job reaches a verdict (any ``suspect_ranks`` event), all resolve at job end.
+* ``culprit_rotates``: one job-level ``ProfwatchCulpritRotates`` alert (warning; the summary names the ranks); it
+  resolves when a rotating episode of the job closes (``episode_closed`` with a ``rotation``) or at job end.
 * ``job_ended``: every alert of the job resolves.
 """
 
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from profwatch.core.alerts.event_types import JOB_ALERTNAMES
+from profwatch.core.alerts.event_types import JOB_ALERTNAMES, TYPE_CULPRIT_ROTATES, TYPE_EPISODE_CLOSED
 from profwatch.core.alerts.events import (
     TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
@@ -62,6 +64,9 @@ _JOB_ALERT_TEXT = {
                                 "the other job is not watched; this one is watched as before"),
     "ProfwatchCaptureUnavailable": ("ranks of the job cannot be captured",
                                     "slowdowns are detected but never captured or explained until it is fixed"),
+    "ProfwatchCulpritRotates": ("successive captures of one episode named a different slow rank each",
+                                "no single slow rank to fix: balance the load (e.g. MoE routing, expert placement); "
+                                "the episode is not captured again"),
 }
 """Summary and impact annotations of each job-level alert: (what happened, what it costs)."""
 LIFETIME_FACTOR = 4
@@ -217,12 +222,18 @@ class AlertBook:
         job_id = str(event.get("subject") or "")
         raw = event.get("data")
         data: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-        if not job_id or type_ not in (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, *JOB_ALERTNAMES):
+        if not job_id or type_ not in (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_EPISODE_CLOSED,
+                                       *JOB_ALERTNAMES):
             return []
         starts = parse_time(event.get("time"), now_unix_s)
         out: list[dict[str, Any]] = []
         if type_ == TYPE_JOB_ENDED:
             for key in [k for k in self.alerts if k[0] == job_id]:
+                out.append(self._resolve(key, now_unix_s))
+            return out
+        if type_ == TYPE_EPISODE_CLOSED:  # a rotating episode ended: its rotation alert resolves
+            key = (job_id, JOB_ALERTNAMES[TYPE_CULPRIT_ROTATES], None)
+            if data.get("rotation") and key in self.alerts:
                 out.append(self._resolve(key, now_unix_s))
             return out
         if type_ in JOB_ALERTNAMES:

@@ -82,6 +82,11 @@ TABLE: tuple[EventType, ...] = (
     EventType("path_refused", alert=True, restored_by_sinks=True, alertmanager=("ProfwatchPathRefused",),
               job_alert=True, severity="warning", resolved_by="job_ended",
               summary="a rank's config or prof_dir path was refused (outside the allowed roots, changed, unsafe)"),
+    EventType("culprit_rotates", alert=True, restored_by_sinks=True, alertmanager=("ProfwatchCulpritRotates",),
+              job_alert=True, severity="warning",
+              resolved_by="episode_closed of the rotating episode; job_ended",
+              summary="successive captures of one episode named a different rank each (load imbalance, e.g. MoE "
+                      "routing): the episode is not captured again as a slow rank"),
     EventType("job_id_collision", alert=True, restored_by_sinks=True, alertmanager=("ProfwatchJobIdCollision",),
               job_alert=True, severity="warning", resolved_by="job_ended",
               summary="two jobs claim one job id (reason paths_changed or uid_mismatch, the owning uid): the "
@@ -103,6 +108,16 @@ TABLE: tuple[EventType, ...] = (
                                          "every alert of the job"),
     EventType("anomaly", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False, severity=None,
               resolved_by=_NONE, summary="a detector's report: step regression, rank outlier, stall, spike"),
+    EventType("episode_opened", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False,
+              severity=None, resolved_by=_NONE,
+              summary="an anomaly opened an episode (kind, scope, ranks, magnitude); see README: episodes"),
+    EventType("episode_updated", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False,
+              severity=None, resolved_by=_NONE,
+              summary="an open episode was reported again or its ranks changed (magnitude, ranks, step)"),
+    EventType("episode_closed", alert=False, restored_by_sinks=True, alertmanager=(), job_alert=False,
+              severity=None, resolved_by=_NONE,
+              summary="an episode ended (quiet, job ended, new generation): captured or not, what it waited for; "
+                      "resolves culprit_rotates"),
     EventType("arm_decision", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False,
               severity=None, resolved_by=_NONE, summary="what the arming policy decided for an anomaly and why"),
     EventType("arm", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False, severity=None,
@@ -159,3 +174,7 @@ TYPE_ARM = BY_NAME["arm"].type
 TYPE_CAPTURE = BY_NAME["capture"].type
 TYPE_BATCH = BY_NAME["batch"].type
 TYPE_JOB_GENERATION = BY_NAME["job_generation"].type
+TYPE_EPISODE_OPENED = BY_NAME["episode_opened"].type
+TYPE_EPISODE_UPDATED = BY_NAME["episode_updated"].type
+TYPE_EPISODE_CLOSED = BY_NAME["episode_closed"].type
+TYPE_CULPRIT_ROTATES = BY_NAME["culprit_rotates"].type

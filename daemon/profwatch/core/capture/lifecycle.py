@@ -260,9 +260,12 @@ def _progress(cap: Capture, event: str, now: float, **data: Any) -> Event:
 
 
 # -- 1. birth: planned ----------------------------------------------------------------------------------------------
-def blocking_capture(captures: Iterable[Capture]) -> Capture | None:
-    """The capture of a job that blocks a new arm (torch_npu keeps one pending config slot), or None."""
-    return next((c for c in captures if c.state in IN_FLIGHT), None)
+def blocking_capture(captures: Iterable[Capture], generation: int | None = None) -> Capture | None:
+    """The capture of a job that blocks a new arm (torch_npu keeps one pending config slot), or None. With the job's
+    current ``generation``, an ``analysing`` capture of an older generation blocks nothing: its window is over (the
+    slot is free) and a new run's arms are never held back by the old run's captures."""
+    return next((c for c in captures if c.state in IN_FLIGHT
+                 and not (generation is not None and c.generation < generation and c.state is S.ANALYSING)), None)
 
 
 def open_capture(plan: CapturePlan, *, world_size: int, profiler_config_path: str, writer: str,

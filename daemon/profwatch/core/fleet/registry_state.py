@@ -33,6 +33,7 @@ class RankState:
     window: StepWindow | None = None
     backend_error: str = ""  # why the requested capture backend is not in use ("" = none asked or it opened)
     gen: int = 0  # the job generation this rank's step counter belongs to (older: a worker not restarted yet)
+    peer_pid: int | None = None  # the hello's process as the node attested it (SO_PEERCRED); None: not attested
     torch_npu: str = ""  # the torch_npu version the rank's hello reports ("" when none)
     mode: str | None = None  # what the rank's hello says: "training" | "serving" | None (not said)
     role: str | None = None  # the rank's role label from its hello (ranks doing the same work), None: not said
