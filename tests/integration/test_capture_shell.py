@@ -572,3 +572,31 @@ def test_an_armed_window_is_hidden_from_the_detector_in_step_report_numbering(wo
     cap = w.store.get_capture(cid)
     assert cap is not None and cap.armed_steps == [s + 1, s + 2, s + 3]  # trace labels, as the traces say
     assert w.excluded == [("j1", s + 1, s + 1 + 3 + 1, f"capture {cid}")]
+
+
+def test_successive_captures_naming_other_ranks_say_the_culprit_rotates_and_stop_capturing_it(world) -> None:
+    """Issue 20 item 6: a rank-outlier episode whose slow rank moves (0, then 3, then 6, as a hot MoE expert does)
+    is captured again for each new rank without waiting for its cooldown; once three verdicts named three ranks,
+    culprit_rotates is published (an alert) and the episode is not captured again."""
+    w = world(world=8, arming={"min_arm_gap_s": 0})
+    cids: list[str] = []
+    for i, rank in enumerate((0, 3, 6)):
+        w.shell.on_anomaly(Anomaly("rank_outlier", "j1", 21 + i, (rank,), 0.5,
+                                   {"stage": {rank: "forward"}, "excess": {rank: 0.5}}), w.now)
+        arm = [d for d in w.of("io.profwatch.arm_decision.v1") if d["action"] == "arm"][-1]
+        cid = arm["capture_id"]
+        assert cid not in cids
+        cids.append(cid)
+        w.drain(lambda c=cid: w.state(c) is CaptureState.WRITTEN)
+        w.verdict = ("ok", {"status": "ok", "detail": "1 suspect", "suspects": [{"rank": rank}]})
+        w.batches = [_complete_batch(cid, 8)]
+        w.now += 6
+        w.shell.tick(w.now)
+        w.drain(lambda c=cid: w.state(c) is CaptureState.ANALYSED)
+    (rot,) = w.of("io.profwatch.culprit_rotates.v1")
+    assert rot["rotation"] == [0, 3, 6] and "culprit rotates: ranks 0, 3, 6 in the last 3 captures" in rot["detail"]
+    episodes = {e["episode_id"] for e in w.of("io.profwatch.episode_opened.v1")}
+    assert episodes == {rot["episode_id"]}  # one episode, updated with each new rank
+    w.shell.on_anomaly(Anomaly("rank_outlier", "j1", 40, (1,), 0.5, {"stage": {1: "forward"}}), w.now + 1)
+    last = w.of("io.profwatch.arm_decision.v1")[-1]
+    assert (last["action"], last["reason"], last["queued"]) == ("suppress", "culprit_rotates", False)

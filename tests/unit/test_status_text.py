@@ -107,3 +107,16 @@ def test_episodes_say_what_they_wait_for_and_how_they_ended() -> None:
     b.close_all(1100.0, "job_ended")
     text = "\n".join(render_status({"jobs": [], "nodes": [], "episodes": b.view(1100.0)}))
     assert "closed (job_ended); never captured (waited for: min_arm_gap)" in text
+
+
+def test_episode_and_rotation_events_have_one_line_each() -> None:
+    from profwatch.commands.alerts import render_event
+
+    closed = {"type": "io.profwatch.episode_closed.v1", "subject": "j", "time": "t",
+              "data": {"episode_id": "ep-1", "kind": "rank_outlier", "ranks": [3], "magnitude": 0.5, "step": 10,
+                       "reason": "quiet", "captured": False, "waited_for": "hourly_cap"}}
+    assert render_event(closed) == ("t episode_closed.v1 job=j ep-1 rank_outlier ranks=[3] +50% step 10 closed "
+                                    "(quiet): never captured (waited for hourly_cap)")
+    rot = {"type": "io.profwatch.culprit_rotates.v1", "subject": "j", "time": "t",
+           "data": {"episode_id": "ep-1", "detail": "culprit rotates: ranks 0, 3, 6 in the last 3 captures"}}
+    assert render_event(rot).endswith("ep-1: culprit rotates: ranks 0, 3, 6 in the last 3 captures")

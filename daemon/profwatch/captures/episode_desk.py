@@ -92,6 +92,11 @@ class EpisodeDesk:
                 self.emit(TYPE_ARM_DECISION, an.job_id, {"anomaly": an.kind, "step": an.step, "action": "suppress",
                                                          "reason": "transient_not_capturable"})
             return
+        if ep.in_flight is not None:  # a capture in flight covers it (its window follows the onset)
+            self.emit(TYPE_ARM_DECISION, an.job_id, {"anomaly": an.kind, "step": an.step, "action": "suppress",
+                                                     "reason": "covered_by_capture", "episode_id": ep.episode_id,
+                                                     "capture_id": ep.in_flight})
+            return
         self.emit(TYPE_ARM_DECISION, an.job_id, {
             "anomaly": an.kind, "step": an.step, "action": "suppress", "reason": ep.waiting,
             "episode_id": ep.episode_id, "until_unix_s": ep.waiting_until_unix_s, "behind": ep.waiting_behind or None,

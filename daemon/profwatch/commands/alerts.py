@@ -35,6 +35,10 @@ from profwatch.core.alerts.event_types import (
     TYPE_BATCH,
     TYPE_BATCH_INCOMPLETE,
     TYPE_CAPTURE,
+    TYPE_CULPRIT_ROTATES,
+    TYPE_EPISODE_CLOSED,
+    TYPE_EPISODE_OPENED,
+    TYPE_EPISODE_UPDATED,
     TYPE_SUSPECT_RANKS,
     display_name,
 )
@@ -71,6 +75,17 @@ def render_event(ev: dict[str, Any]) -> str:
                  f"+{100 * float(d.get('magnitude') or 0):.0f}%")
     elif t == TYPE_ARM_DECISION:
         line += f" {d.get('action')} ({d.get('reason')}) for {d.get('anomaly')} at step {d.get('step')}"
+        if d.get("episode_id"):
+            line += f" episode {d['episode_id']}" + (" (queued)" if d.get("queued") else "")
+    elif t in (TYPE_EPISODE_OPENED, TYPE_EPISODE_UPDATED, TYPE_EPISODE_CLOSED):
+        ranks = f"ranks={d.get('ranks')}" if d.get("ranks") else "job-wide"
+        line += (f" {d.get('episode_id')} {d.get('kind')} {ranks} +{100 * float(d.get('magnitude') or 0):.0f}% "
+                 f"step {d.get('step')}")
+        if t == TYPE_EPISODE_CLOSED:
+            line += f" closed ({d.get('reason')}): " + ("captured" if d.get("captured") else
+                                                        f"never captured (waited for {d.get('waited_for')})")
+    elif t == TYPE_CULPRIT_ROTATES:
+        line += f" {d.get('episode_id')}: {d.get('detail')}"
     elif t == TYPE_ARM:
         line += (f" capture {d.get('capture_id')} {d.get('status')} start_step={d.get('start_step')} "
                  f"warmup={d.get('warmup')} active={d.get('active')} config={d.get('path') or d.get('error', '')}")

@@ -376,8 +376,9 @@ class JobEpisodes:
             elif not ep.ranks and ep.reference_s is not None and step_time_s is not None:
                 held = step_time_s >= ep.reference_s * (1.0 + ep.magnitude / 2.0)
             if held and furthest_step > ep.last_ongoing_step:
+                if furthest_step - ep.last_ongoing_step >= max(1, self.settings.episode_quiet_steps // 4):
+                    self._touch(ep)  # stored now and then, not every second: a restart may close it a bit early
                 ep.last_ongoing_step = furthest_step
-                self._touch(ep)
             quiet = furthest_step - max(ep.last_ongoing_step, ep.last_step)
             if quiet >= self.settings.episode_quiet_steps and ep.in_flight is None:
                 out.append(self._close(ep, now_unix_s, "quiet"))
