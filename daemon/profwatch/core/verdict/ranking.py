@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from profwatch.core.verdict.evidence import ClusterEvidence, SlowLink, Strength, Suspect, SuspectKind
+from profwatch.core.verdict.explain import vote_notes
 from profwatch.core.verdict.impact import (
     impact_of,
     single_rank_impacts,
@@ -131,10 +132,10 @@ def _summary_text(pooled: Mapping[str, float], details: Mapping[str, Any], kind:
     parts: list[str] = []
     if kind == "compute" and "computation_us" in peer:
         parts.append(f"computation {med['computation_us'] / 1e3:.1f} ms vs peers {peer['computation_us'] / 1e3:.1f} ms"
-                     f" (+{100 * pooled.get('comp', 0.0):.1f}% of step)")
+                     f" (medians; mean excess +{100 * pooled.get('comp', 0.0):.1f}% of step)")
     elif kind == "host" and "free_us" in peer:
         parts.append(f"idle/host time {med['free_us'] / 1e3:.1f} ms vs peers {peer['free_us'] / 1e3:.1f} ms"
-                     f" (+{100 * pooled.get('free', 0.0):.1f}% of step)")
+                     f" (medians; mean excess +{100 * pooled.get('free', 0.0):.1f}% of step)")
     elif kind == "communication" and pooled.get("link", 0.0) > pooled.get("comm", 0.0):
         ratio = details.get("bandwidth_ratio")
         bw = f" (bandwidth {100 * ratio:.0f}% of peers)" if ratio is not None else ""
@@ -144,7 +145,8 @@ def _summary_text(pooled: Mapping[str, float], details: Mapping[str, Any], kind:
                      "not explained by waiting")
     if pooled.get("late", 0.0) > 0 and "wait_us" in peer and "wait_us" in med:
         parts.append(f"peers wait {peer['wait_us'] / 1e3:.1f} ms/step in collectives, it waits "
-                     f"{med['wait_us'] / 1e3:.1f} ms")
+                     f"{med['wait_us'] / 1e3:.1f} ms (each peer waits "
+                     f"{max(0.0, peer['wait_us'] - med['wait_us']) / 1e3:.1f} ms/step for it)")
     if total_votes:
         parts.append(f"slow_rank votes {votes}/{total_votes}")
     parts.append(f"stands out in {standing}/{steps} steps")
@@ -399,6 +401,11 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
     verdict.one_offs = find_one_offs(table, tests, {s.rank for s in verdict.suspects}, settings,
                                      evidence.collectives_per_step)
     verdict.notes += [o["text"] for o in verdict.one_offs]
+    slow_rank = evidence.recipes.get("slow_rank")
+    own = tests.get("own")
+    verdict.notes += vote_notes(votes, verdict.suspects, slow_rank.status if slow_rank is not None else None,
+                                own.z if own is not None else {}, table.pooled.get("own", {}), z_needed=z_base,
+                                min_effect_frac=settings.min_effect_frac)
     verdict.links = found.links if found else []
     if found:
         verdict.notes += found.notes
