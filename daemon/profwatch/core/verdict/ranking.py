@@ -29,7 +29,7 @@ from profwatch.core.verdict.impact import (
 )
 from profwatch.core.verdict.links import LinkSettings, find_slow_links
 from profwatch.core.verdict.robust import OutlierTest, median, upper_outliers
-from profwatch.core.verdict.signals import SignalTable, captured_steps, measure_signals, parse_link_rows
+from profwatch.core.verdict.signals import SignalTable, measure_signals, parse_link_rows
 
 __all__ = ["RankingSettings", "Verdict", "find_one_offs", "judge_batch", "parse_link_rows", "rank_suspects", "ranking_notes",
            "score_is_valid"]
@@ -174,7 +174,8 @@ def find_one_offs(table: SignalTable, tests: Mapping[str, OutlierTest], named: s
     times of the analysed steps.
 
     Notes:
-        Significance: the one step's excess must be at least ``min_effect_frac`` of the step and ``z >=
+        Size: its cost must be at least ``min_effect_frac`` of the window. Significance: the one step's excess must
+        be at least ``min_effect_frac`` of the step and ``z >=
         max(min_robust_z, Phi^-1(1 - family_alpha / (N S)))`` (Bonferroni over the N ranks x S steps tested)
         against the sd of one step's excess, ``sqrt(tau^2 + sigma_within^2)``: ``tau^2`` the between-rank spread
         of pooled values less their step-to-step part (``sigma_pooled^2 - sigma_within^2 / S``).
@@ -206,6 +207,8 @@ def find_one_offs(table: SignalTable, tests: Mapping[str, OutlierTest], named: s
         rows = table.by_step[step]
         cost = step_savings_us(rows, {rank}, suspects={rank}, overhead_us=over)
         pct = 100.0 * cost / window_us if window_us > 0 else 0.0
+        if pct < 100.0 * settings.min_effect_frac:
+            continue  # a one-off that cost the window less than the effect size is not worth a line
         excess_us = x * col.t_step_us
         text = (f"rank {rank} was slow in step {step} only (+{excess_us / 1e3:.1f} ms of own work, "
                 f"{100 * x:.1f}% of the step): a one-off, not a slow rank; it cost the job {cost / 1e3:.1f} ms, "
@@ -287,7 +290,7 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
     dirs.update(rank_dirs or {})
     table = measure_signals(evidence.summaries, _link_rows(evidence), trim_z=settings.trim_z)
     by_step = table.by_step
-    verdict = Verdict(captured_steps=captured_steps(evidence.summaries) or sorted(c.step for c in table.columns),
+    verdict = Verdict(captured_steps=table.steps_seen or sorted(c.step for c in table.columns),
                       armed_steps=list(armed_steps) if armed_steps else None, notes=list(table.notes),
                       compared_ranks=len(table.n_steps))
     world = world_size or len({r for rows in by_step.values() for r in rows}) or \

@@ -56,8 +56,8 @@ def parse_link_rows(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[int, tu
 
 
 def valid_rows(summaries: Sequence[RankStepSummary]) -> tuple[dict[int, dict[int, RankStepSummary]], list[str]]:
-    """Group rows by step, dropping rows that cannot carry a signal and steps with fewer than two ranks (nothing
-    to compare). Returns ``(step -> rank -> row, notes)``; :func:`captured_steps` lists every step with a row."""
+    """Group rows by step, dropping rows that cannot carry a signal (steps with one rank are kept: the caller
+    compares only steps with two or more). Returns ``(step -> rank -> row, notes)``."""
     by_step: dict[int, dict[int, RankStepSummary]] = defaultdict(dict)
     notes: list[str] = []
     dropped = 0
@@ -68,7 +68,7 @@ def valid_rows(summaries: Sequence[RankStepSummary]) -> tuple[dict[int, dict[int
         by_step[row.step][row.rank] = row
     if dropped:
         notes.append(f"ignored {dropped} zero-filled or negative-step summary rows")
-    return {s: r for s, r in by_step.items() if len(r) >= 2}, notes
+    return dict(by_step), notes
 
 
 def usable_row(row: RankStepSummary) -> bool:
@@ -76,11 +76,6 @@ def usable_row(row: RankStepSummary) -> bool:
     busy = row.computation_us + row.communication_us + row.free_us
     return not (row.step < 0 or (row.step_time_us <= 0 and busy <= 0) or
                 (row.computation_us <= 0 and row.communication_us <= 0))
-
-
-def captured_steps(summaries: Iterable[RankStepSummary]) -> list[int]:
-    """Every step with at least one usable row, sorted (a one-rank job's steps too, though none is comparable)."""
-    return sorted({r.step for r in summaries if usable_row(r)})
 
 
 @dataclass(slots=True)
@@ -175,6 +170,8 @@ class SignalTable:
     left_out: dict[int, int] = field(default_factory=dict)
     unreliable: set[int] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    steps_seen: list[int] = field(default_factory=list)
+    """Every step with a usable row, sorted, also those with one rank (a one-rank job's steps)."""
 
     def step_of(self, rank: int, name: str, index: int) -> int | None:
         """The step number of entry ``index`` of :meth:`series` ``(rank, name)`` (``None`` when out of range)."""
@@ -280,11 +277,12 @@ def measure_signals(summaries: Sequence[RankStepSummary], link_rows: Iterable[Ma
     so a slow rank does not pull its own reference (this matters for 2- and 3-rank groups). ``comp`` and ``free``
     are pooled over the same steps as ``own`` (so the kind always explains the excess that was tested).
     """
-    by_step, notes = valid_rows(summaries)
+    all_steps, notes = valid_rows(summaries)
+    by_step = {s: r for s, r in all_steps.items() if len(r) >= 2}
     links = parse_link_rows(link_rows)
     unreliable: set[int] = set()
     columns = [c for s in sorted(by_step) if (c := step_columns(s, by_step[s], links.get(s, {}), unreliable))]
-    table = SignalTable(columns, by_step, unreliable=unreliable, notes=notes)
+    table = SignalTable(columns, by_step, unreliable=unreliable, notes=notes, steps_seen=sorted(all_steps))
     if unreliable:
         notes.append(f"wait time unusable (zero-filled) for ranks {sorted(unreliable)}")
     if not columns:
