@@ -73,15 +73,19 @@ class AnalysisResult:
     """A targeted capture whose ranks wait for uncaptured ranks (``profwatch.core.verdict.subset.wait_outside``)."""
     op_compare: list[dict[str, Any]] = field(default_factory=list)
     """torch.profiler follow-up: ``[{"rank", "reference_rank", "ops": [...]}]`` (``kineto_reader.compare_suspects``)."""
+    comparison: dict[str, Any] | None = None
+    """What changed since a healthy reference capture (``profwatch.core.verdict.changes.Comparison.to_json`` plus
+    ``reference`` {path, batch_id, steps, step_time_s} and ``impact_accelerator_hours_per_day``); None without one."""
     followup: Any = field(default=None, repr=False)
     """What the enrich phase needs (``profwatch.analysis.facade.Followup``); None when nothing follows. Not serialised."""
 
     def verdict_json(self) -> dict[str, Any]:
         """The verdict keys shared by ``to_json()`` and ``alert_data()``: ``links``, ``impact`` (headline: every
         suspect and link fixed), ``armed_steps``, ``captured_steps``, ``strength``, ``unjudged_ranks``
-        ``[{"rank", "reason"}]`` (what could not be judged) and ``one_offs`` (ranks slow in one step only, with
+        ``[{"rank", "reason"}]`` (what could not be judged), ``one_offs`` (ranks slow in one step only, with
         their cost: ``find_one_offs``), ``waited_for`` (a targeted capture's ranks wait for uncaptured ranks:
-        ``wait_outside``; else None)."""
+        ``wait_outside``; else None), ``changes`` (what changed since the reference capture, ``docs/changes.md``;
+        [] without one) and ``comparison`` (the whole comparison, or None)."""
         return {
             "links": [lk.to_json() for lk in self.links],
             "impact": self.impact,
@@ -91,6 +95,8 @@ class AnalysisResult:
             "unjudged_ranks": [{"rank": r, "reason": why} for r, why in sorted(self.unjudged_ranks.items())],
             "one_offs": [dict(o) for o in self.one_offs],
             "waited_for": dict(self.waited_for) if self.waited_for is not None else None,
+            "changes": list((self.comparison or {}).get("changes", [])),
+            "comparison": self.comparison,
         }
 
     @property
@@ -134,7 +140,7 @@ class AnalysisResult:
         ``recipe_details`` {name: RecipeStatus json}, ``slow_rank_votes``, ``judged_ranks`` (ranks with a time
         breakdown: what the verdict covers), ``paths``, ``notes``, ``timings_s`` and the verdict keys of
         :meth:`verdict_json` (``links``, ``impact``, ``armed_steps``, ``captured_steps``, ``strength``,
-        ``unjudged_ranks``)."""
+        ``unjudged_ranks``, ``changes``, ``comparison``)."""
         return {**self.verdict_json(),
             "status": self.status,
             "batch_id": self.batch_id,
