@@ -8,6 +8,7 @@ docs/rank-dirs.md#completion, docs/msprof-analyze.md#before-running and docs/fie
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import posixpath
 from collections import Counter
@@ -103,6 +104,8 @@ class RankDirState:
     dir_ts_unix_s: float | None = None
     has_metadata: bool = False
     groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    versions: tuple[str | None, str | None] = (None, None)  # (torch_npu, CANN) from profiler_info
+    rank_list: tuple[int, ...] | None = None
 
     @property
     def healthy(self) -> bool:
@@ -219,8 +222,14 @@ def _db_reasons(db: DbObservation, required: Sequence[str], optional: frozenset[
 
 
 def _fallback_finished(obs: RankDirObservation, now_unix_s: float, settings: WatchSettings) -> str | None:
-    """None when an older torch_npu's parse looks finished (docs/rank-dirs.md#completion), else what is still missing."""
+    """None when an older torch_npu's parse looks finished (docs/rank-dirs.md#completion), else what is still missing.
+    A dir without both DBs whose outputs were quiet for ``quiet_period_s`` (no CANN export or journal left) is
+    finished too: the health checks then name what it lacks (a text-only export, ``analysis.db`` missing)."""
+    quiet = (obs.newest_output_mtime_s is not None
+             and now_unix_s - obs.newest_output_mtime_s >= settings.quiet_period_s)
     if not obs.profiler_dbs or obs.analysis_db is None:
+        if quiet and not obs.leftover_sqlite and not obs.journal_files:
+            return None  # quiet for the whole period: what is missing stays missing (the health checks name it)
         return "no analyse.done and not both DBs yet"
     if obs.leftover_sqlite:
         return "no analyse.done; PROF_*/*/sqlite still present (CANN export running)"
@@ -265,6 +274,7 @@ def evaluate_rank_dir(obs: RankDirObservation, *, now_unix_s: float, settings: W
         "capture_id": meta.capture_id if meta else None,
         "group_names": meta.group_names if meta else frozenset(),
         "groups": meta.groups if meta else {},
+        "rank_list": meta.rank_list if meta else None,
         "t_order_s": (obs.name.ts_naive - _EPOCH).total_seconds(),
         "dir_ts": obs.name.ts,
         "dir_ts_unix_s": obs.dir_ts_unix_s,
@@ -273,6 +283,8 @@ def evaluate_rank_dir(obs: RankDirObservation, *, now_unix_s: float, settings: W
     world = (meta.world_size if meta else None) or (obs.info.world_size if obs.info else None)
     common["world_size"] = world
     rank, id_reasons = _identify_rank(obs)
+    if obs.info is not None:
+        common["versions"] = (obs.info.torch_npu_version, obs.info.cann_version)
     if obs.unknown:
         return RankDirState(rank=rank, state="unknown", reasons=(f"unreadable now: {obs.unknown}",), **common)
     if obs.info is None:
@@ -533,6 +545,7 @@ def evaluate_batch(members: Sequence[RankDirState], *, now_unix_s: float, settin
         for n in s.notes:
             by_note.setdefault(n, []).append(s.rank if s.rank is not None else -1)
     notes += [f"rank{'s' if len(rs) > 1 else ''} {_span(rs)}: {n}" for n, rs in by_note.items()]
+    notes += mixed_versions(ranks.values())
     steps = _common_steps(healthy, notes)
     if steps is None:
         invalid = True
@@ -562,6 +575,24 @@ def evaluate_batch(members: Sequence[RankDirState], *, now_unix_s: float, settin
                       expected_ranks=expected, ranks=ranks, missing_ranks=missing, problems=problems,
                       steps=list(steps or []), capture_id=capture_id, notes=notes, prof_dir=prof_dir,
                       deadline_unix_s=deadline, unassigned=unassigned)
+
+
+def mixed_versions(states: Iterable[RankDirState]) -> list[str]:
+    """One note per component (torch_npu, CANN) whose version differs between the rank dirs of a batch:
+    ``"mixed torch_npu versions: 2.1.0.post17 on ranks 0-1, 2.6.0 on ranks 2-3 ..."``; [] when one version (or
+    none) is seen. The formats of the rank data differ between versions (no ``analyse.done`` before torch_npu
+    26.0.0, table sets): one job run with one version is what the recipes assume."""
+    notes = []
+    for i, what in enumerate(("torch_npu", "CANN")):
+        by_version: dict[str, list[int]] = {}
+        for st in states:
+            if st.versions[i] and st.rank is not None:
+                by_version.setdefault(st.versions[i] or "", []).append(st.rank)
+        if len(by_version) > 1:
+            parts = ", ".join(f"{v} on ranks {rank_ranges(rs)}" for v, rs in sorted(by_version.items()))
+            notes.append(f"mixed {what} versions: {parts}; their data formats differ, compare with care "
+                         "(capture again with one version)")
+    return notes
 
 
 def rank_ranges(ranks: Iterable[int], limit: int = 20) -> str:
@@ -634,18 +665,32 @@ def _common_steps(healthy: Sequence[RankDirState], notes: list[str]) -> list[int
     return sorted(common)
 
 
+def _metadata_hint(members: Sequence[RankDirState], hint: CaptureHint | None) -> CaptureHint | None:
+    """``hint`` with the ``rank_list`` the members' metadata carry (a targeted capture re-read offline), when
+    every member that says one says the same; else ``hint`` unchanged."""
+    lists = {m.rank_list for m in members if m.rank_list is not None}
+    if len(lists) != 1:
+        return hint
+    ranks = next(iter(lists))
+    return dataclasses.replace(hint, rank_list=ranks) if hint is not None else CaptureHint(rank_list=ranks)
+
+
 def assess_batches(observations: Iterable[RankDirObservation], *, now_unix_s: float, settings: WatchSettings,
                    world_size: int | None = None, hints: Mapping[str, CaptureHint] | None = None
                    ) -> list[BatchState]:
     """Evaluate rank dirs, group them into batches and decide each batch's status (sorted by batch_id).
 
-    ``world_size`` applies to every batch (the ``--world-size`` flag); ``hints`` are keyed by capture id.
+    ``world_size`` applies to every batch (the ``--world-size`` flag); ``hints`` are keyed by capture id. A
+    targeted capture's ``rank_list`` comes from the hint, else from its rank dirs' metadata (``RANK_LIST_KEY``),
+    so an offline scan expects only the ranks it captured.
     """
     states = [evaluate_rank_dir(o, now_unix_s=now_unix_s, settings=settings) for o in observations]
     out = []
     for members in group_rank_dirs(states, settings):
         cid = next((m.capture_id for m in members if m.capture_id), None)
         hint = (hints or {}).get(cid) if cid else None
+        if hint is None or hint.rank_list is None:
+            hint = _metadata_hint(members, hint)
         out.append(evaluate_batch(members, now_unix_s=now_unix_s, settings=settings, world_size=world_size,
                                   hint=hint))
     return sorted(out, key=lambda b: b.batch_id)
