@@ -91,6 +91,9 @@ class World:
             def scan(self, prof_dir: str, **kw: Any) -> list[BatchState]:
                 return list(outer.batches)
 
+            def reconciling(self, prof_dir: str) -> bool:
+                return False
+
             def retain(self, analysed: Any, now_unix_s: float) -> list[Any]:
                 return []
 
