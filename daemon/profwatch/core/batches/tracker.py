@@ -90,6 +90,8 @@ class RankDirTracker:
         self._plan: deque[str] = deque()
         self._pass_from = 0  # read number when the current pass began
         self._pass_open = False
+        self.passes = 0
+        """Reconcile passes begun so far."""
 
     # -- per rank dir ---------------------------------------------------------------------------------------------
     def update(self, path: str, state: RankDirState | None) -> None:
@@ -177,6 +179,7 @@ class RankDirTracker:
         self._plan = deque([*gone, *new, *pending, *rest])
         self._pass_from = self._reads
         self._pass_open = True
+        self.passes += 1
         return len(self._plan)
 
     def next_to_read(self) -> str | None:
