@@ -97,10 +97,10 @@ class IncrementalScan:
                 add_walk_notes(batches, self._walk_errors, self._skipped)
                 return batches
             self._read(path, now)
+            if self._decidable(capture_id, expected, before):  # O(1): stop as soon as the batch can be decided
+                return self._batch_of(capture_id, now, world_size, hint)
             if self._clock() >= end:
-                break
-        return self._batch_of(capture_id, now, world_size, hint) \
-            if self._decidable(capture_id, expected, before) else None
+                return None
 
     def _decidable(self, capture_id: str | None, expected: int | None, before: int) -> bool:
         return self.tracker.ready(capture_id, expected) or (before == 0 and self.tracker.count(capture_id) > 0)
