@@ -45,7 +45,12 @@ from watchdog.observers.api import BaseObserver  # noqa: E402
 from watchdog.observers.polling import PollingObserverVFS  # noqa: E402
 
 from profwatch.adapters.fs.incremental_scan import IncrementalScan  # noqa: E402
-from profwatch.adapters.fs.prof_watch import ProfWatcher, make_inotify_observer, pruned_scandir  # noqa: E402
+from profwatch.adapters.fs.prof_watch import (  # noqa: E402
+    ProfWatcher,
+    completion_scandir,
+    make_inotify_observer,
+    pruned_scandir,
+)
 from profwatch.adapters.fs.rank_dir_fs import RankDirReader  # noqa: E402
 from profwatch.core.batches.settings import WatchSettings  # noqa: E402
 from profwatch.simulate import ascend_tree as gen  # noqa: E402
@@ -189,11 +194,10 @@ def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirRead
 
 
 def measure_polling_cost(prof: Path, poll_interval_s: float, window_s: float,
-                         skip: tuple[str, ...] = ()) -> tuple[float, float, int]:
-    """(CPU s per wall s, stat+scandir calls per s, calls per poll) of one PollingObserver over the tree;
-    ``skip``: dir names not descended into (ProfWatcher uses ``WatchSettings.poll_skip_dirs``)."""
+                         scandir: Callable[[str | None], Iterator[os.DirEntry[str]]]) -> tuple[float, float, int]:
+    """(CPU s per wall s, stat+scandir calls per s, calls per poll) of one PollingObserver over the tree listing
+    with ``scandir`` (ProfWatcher's: ``completion_scandir``)."""
     calls = [0]
-    scandir = pruned_scandir(skip)
 
     def stat(path: str) -> os.stat_result:
         calls[0] += 1
@@ -248,9 +252,11 @@ def main() -> None:
                       f"{m['full_looks']:>10.0f} "
                       f"{m['first_look_s']:>13.1f} {m['overflows']:>10.0f} {os.getloadavg()[0]:>8.2f}", flush=True)
             if args.cost:
-                for label, skip in (("whole tree", ()), ("as ProfWatcher polls", WatchSettings().poll_skip_dirs)):
+                listings = (("whole tree", pruned_scandir(())),
+                            ("as ProfWatcher polls", completion_scandir(WatchSettings().poll_skip_dirs)))
+                for label, listing in listings:
                     cpu, calls_s, per_poll = measure_polling_cost(prof, args.poll_interval_s, args.cost_window_s,
-                                                                  skip)
+                                                                  listing)
                     print(f"  polling cost at {n} rank dirs, {label} (interval {args.poll_interval_s:g} s): "
                           f"{cpu:.3f} CPU s per wall s, {calls_s:.0f} stat/scandir calls per s ({per_poll} per "
                           f"poll); tree built in {build_s:.0f} s", flush=True)

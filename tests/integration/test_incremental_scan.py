@@ -163,3 +163,21 @@ def test_a_name_from_an_event_is_read_only_where_a_walk_would_find_it(tmp_path: 
     out = scan.update(frozenset({str(link), str(copy), str(deep)}), capture_id="cap", world_size=1)
     assert scan.reader.reads == 1 and len(scan.tracker) == 1
     assert out is not None and [b.status for b in out] == ["complete"] and out[0].rank_dirs == {0: str(deep)}
+
+
+def test_a_pass_over_a_batch_that_stays_undecided_still_ends(tmp_path: Path) -> None:
+    """Every rank finished but two dirs claim ranks 0 and 1 (invalid, never complete): each resumed slice reads
+    on and the pass ends with every batch, rather than answering the same decision again and again."""
+    prof = tmp_path / "prof"
+    gen.generate_cluster(prof, world_size=4, capture_id="cap")
+    gen.generate_cluster(prof, world_size=2, capture_id="cap", ts_base=gen.DEFAULT_TS_BASE_NS + 5_000_000_000)
+    ticks = itertools.count()
+    scan = IncrementalScan(prof, settings=WatchSettings(reconcile_slice_s=1.5), clock=lambda: float(next(ticks)),
+                           wall=lambda: EARLY)
+    out = scan.update(None, capture_id="cap", world_size=4)
+    calls = 1
+    while scan.reconciling and calls < 20:
+        out = scan.update((), capture_id="cap", world_size=4)
+        calls += 1
+    assert not scan.reconciling and scan.reader.reads == 6
+    assert out is not None and [b.status for b in out] == ["invalid"]

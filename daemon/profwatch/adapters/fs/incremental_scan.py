@@ -63,14 +63,17 @@ class IncrementalScan:
         progress, or None for a full look (walk the tree; a new pass replaces the one in progress). Returns the
         batches ``lifecycle.pick_batch`` picks from (exact: as ``scan_tree`` would decide them from the same
         reads) when the batch got its first dir, when every expected rank has a dir and none is pending
-        (``RankDirTracker.ready``), or when a pass has just read its last dir (then every batch); else None
-        ("nothing to decide yet"). Returns before running a slice when the events alone made the batch ready.
+        (``RankDirTracker.ready``: after event reads whenever it holds, within a pass when the pass made it
+        hold; the slice stops there), or when a pass has just read its last dir (then every batch); else None
+        ("nothing to decide yet"). Event reads that make a decision possible return before any slice.
 
         Raises:
             TreeUnavailable: a full look cannot list ``root`` (its ranks are unknown, not deleted).
         """
         s = self.settings
+        expected = expected_count(world_size, hint)
         before = self.tracker.count(capture_id)
+        ready_before = self.tracker.ready(capture_id, expected)
         now = self._wall()
         if rank_dirs is None:
             skipped: list[str] = []
@@ -82,9 +85,8 @@ class IncrementalScan:
         else:
             for changed in sorted(rank_dirs):
                 self._read(changed, now)
-        expected = expected_count(world_size, hint)
-        if self._decidable(capture_id, expected, before):
-            return self._batch_of(capture_id, now, world_size, hint)
+            if rank_dirs and self._decidable(capture_id, expected, before):
+                return self._batch_of(capture_id, now, world_size, hint)  # the events alone: no slice first
         if not self.tracker.reconciling:
             return None
         end = self._clock() + s.reconcile_slice_s
@@ -97,10 +99,12 @@ class IncrementalScan:
                 add_walk_notes(batches, self._walk_errors, self._skipped)
                 return batches
             self._read(path, now)
-            if self._decidable(capture_id, expected, before):  # O(1): stop as soon as the batch can be decided
+            if not ready_before and self.tracker.ready(capture_id, expected):  # O(1): decidable now, stop here
                 return self._batch_of(capture_id, now, world_size, hint)
             if self._clock() >= end:
-                return None
+                break
+        return self._batch_of(capture_id, now, world_size, hint) if before == 0 < self.tracker.count(capture_id) \
+            else None
 
     def _decidable(self, capture_id: str | None, expected: int | None, before: int) -> bool:
         return self.tracker.ready(capture_id, expected) or (before == 0 and self.tracker.count(capture_id) > 0)

@@ -47,11 +47,18 @@ from watchdog.observers.polling import PollingObserverVFS
 
 from profwatch.adapters.fs.inotify_observer import WatchLimitCallback, make_inotify_observer
 from profwatch.core.batches.mounts import fs_type_of, is_network_fs, parse_mountinfo
-from profwatch.core.batches.prof_layout import rank_dir_of
+from profwatch.core.batches.prof_layout import (
+    PROFILER_METADATA,
+    PROFILER_OUTPUT_DIR,
+    TRACE_DONE,
+    is_profiler_info_name,
+    parse_rank_dir_name,
+    rank_dir_of,
+)
 from profwatch.core.batches.settings import WatchSettings
 
-__all__ = ["INOTIFY_EVENTS", "ObserverFactory", "ObserverMode", "ProfWatcher", "WatchStats", "fs_type_of",
-           "is_network_fs", "make_inotify_observer", "parse_mountinfo", "pruned_scandir"]
+__all__ = ["INOTIFY_EVENTS", "ObserverFactory", "ObserverMode", "ProfWatcher", "WatchStats", "completion_scandir",
+           "fs_type_of", "is_network_fs", "make_inotify_observer", "parse_mountinfo", "pruned_scandir"]
 
 if TYPE_CHECKING:
     from profwatch.adapters.outputs.metrics import DaemonMetrics
@@ -79,10 +86,36 @@ def pruned_scandir(skip: tuple[str, ...]) -> Callable[[str | None], Iterator[os.
     return listdir
 
 
+def completion_scandir(skip: tuple[str, ...]) -> Callable[[str | None], Iterator[os.DirEntry[str]]]:
+    """The polling observer's listing: what completion needs to notice, not the whole tree
+    (docs/rank-dirs.md#completion). Above rank dirs: sub-folders only (minus ``skip``: new rank dirs appear
+    there). In a rank dir: ``ASCEND_PROFILER_OUTPUT/``, ``profiler_info*.json``, ``profiler_metadata.json``,
+    ``trace.done`` (their sizes and the folder's mtime change when a rank finishes its stop, a parse starts over,
+    or the torch backend's marker lands). ``ASCEND_PROFILER_OUTPUT/`` itself is not listed: its mtime changes when
+    ``analyse.done`` is created. A poll of 16,384 rank dirs then stats about 4 entries per rank dir instead of
+    every output file."""
+    skip_dirs = pruned_scandir(skip)
+
+    def listdir(path: str | None) -> Iterator[os.DirEntry[str]]:
+        here = os.fspath(path or ".")
+        base = os.path.basename(here)
+        if base == PROFILER_OUTPUT_DIR and parse_rank_dir_name(os.path.basename(os.path.dirname(here))) is not None:
+            return iter(())
+        if parse_rank_dir_name(base) is None:
+            return iter([e for e in skip_dirs(path) if e.is_dir(follow_symlinks=False)])
+        with os.scandir(path) as it:
+            return iter([e for e in it if e.name in _RANK_DIR_WATCHED or is_profiler_info_name(e.name)])
+
+    return listdir
+
+
+_RANK_DIR_WATCHED = frozenset({PROFILER_OUTPUT_DIR, PROFILER_METADATA, TRACE_DONE})
+
+
 def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], settings: WatchSettings,
                       on_watch_limit: WatchLimitCallback | None = None) -> BaseObserver:
     if mode == "polling":
-        return PollingObserverVFS(stat=os.stat, listdir=pruned_scandir(settings.poll_skip_dirs),
+        return PollingObserverVFS(stat=os.stat, listdir=completion_scandir(settings.poll_skip_dirs),
                                   polling_interval=settings.poll_interval_s)
     return make_inotify_observer(on_overflow, on_watch_limit)
 

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from profwatch.core.batches.completeness import (
+    BY_TIME_PATH,
     BatchState,
     CaptureHint,
     RankDirState,
@@ -159,7 +160,7 @@ class RankDirTracker:
             return self.batches(now_unix_s=now_unix_s, settings=settings, world_size=world_size, hints=hints)
         out = []
         for k in keys:
-            members = sorted(self._tallies[k].members.values(), key=lambda m: (m.t_order_s, m.path))
+            members = sorted(self._tallies[k].members.values(), key=BY_TIME_PATH)
             out.append(evaluate_batch(members, now_unix_s=now_unix_s, settings=settings, world_size=world_size,
                                       hint=hint))
         return sorted(out, key=lambda b: b.batch_id)
