@@ -1,13 +1,18 @@
 """Coordinator ingest: sustained step reports per second through the node protocol, CPU and RSS, for 1k and 16k
 simulated ranks, beside a bare pyzmq receive-and-decode loop fed the same bytes in the same run.
 
-A load process plays one node daemon (DEALER, identity ``benchnode``): hellos for every rank, then batches of
-1000 step reports (steps advancing, ~5% noise) as fast as the receiver takes them (blocking send, HWM 50).
+A load process plays the node daemons of the job: ``--ranks-per-node`` ranks each (16 by default, so 16,384 ranks
+are 1,024 nodes: within ``limits.max_ranks_per_node`` and ``limits.max_nodes``, so every report takes the accepted
+path, none the refusal path), one DEALER per node (identity ``benchnode<k>``): hellos for every rank, then, step by
+step, one batch per node with its ranks' step reports (~5% noise) as fast as the receiver takes them (blocking
+send, HWM 50 per node). The bare baseline receives the same bytes from the same load on a ROUTER and does only
+``recv_multipart`` + ``json.loads`` of each batch and counts its messages: no validation, no registry, no
+detection; it is the floor of a Python receiver, not a competitor.
 The coordinator runs as a real ``profwatch coordinator`` subprocess (validation, registry, step windows, detectors).
 Targets (issue 2): >= 100k reports/s on one core, >= 0.5x the bare loop, RSS <= 300 MB at 16k ranks with
 1000-step windows (``--fill`` sends 1000 steps per rank first).
 
-Usage: python bench/bench_ingest.py [--ranks 1024 16384] [--seconds 10] [--fill]
+Usage: python bench/bench_ingest.py [--ranks 1024 16384] [--ranks-per-node 16] [--seconds 10] [--fill]
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ import json
 import multiprocessing as mp
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -31,59 +38,75 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "daemon"))
 
 
-def _batches(ranks: int, job: str, start_step: int):
-    """Yield node_batch bytes forever: every rank reports step s, then s+1, ..."""
+RANKS_PER_NODE = 16
+
+
+def _nodes(ranks: int, per_node: int) -> list[range]:
+    """The ranks of each simulated node."""
+    return [range(lo, min(ranks, lo + per_node)) for lo in range(0, ranks, per_node)]
+
+
+def _batches(ranks: int, per_node: int, job: str, start_step: int) -> Iterator[tuple[int, bytes, int]]:
+    """Yield ``(node index, node_batch bytes, reports)`` forever: every node's ranks report step s, then s+1, ..."""
     rng = random.Random(1)
     seq = 0
     step = start_step
+    nodes = _nodes(ranks, per_node)
     while True:
-        for lo in range(0, ranks, 1000):
-            seq += 1
+        seq += 1
+        for k, rs in enumerate(nodes):
             msgs = ",".join(
                 f'{{"job_id":"{job}","rank":{r},"step":{step},"step_time_s":{0.1 * (1 + 0.05 * rng.gauss(0, 1)):.6f},'
-                f'"ts_unix_s":{time.time():.3f},"kind":"step","v":1}}'
-                for r in range(lo, min(ranks, lo + 1000))
-            )
-            yield (f'{{"kind":"node_batch","v":1,"node_id":"benchnode","hostname":"bench","seq":{seq},'
-                   f'"ts_unix_s":{time.time():.3f},"messages":[{msgs}]}}').encode(), min(1000, ranks - lo)
+                f'"ts_unix_s":{time.time():.3f},"kind":"step","v":1}}' for r in rs)
+            yield k, (f'{{"kind":"node_batch","v":1,"node_id":"benchnode{k}","hostname":"bench{k}","seq":{seq},'
+                      f'"ts_unix_s":{time.time():.3f},"messages":[{msgs}]}}').encode(), len(rs)
         step += 1
 
 
-def _hellos(ranks: int, job: str) -> list[bytes]:
+def _hellos(ranks: int, per_node: int, job: str) -> list[tuple[int, bytes]]:
     out = []
-    for lo in range(0, ranks, 1000):
-        msgs = ",".join(json.dumps({"kind": "hello", "v": 1, "job_id": job, "rank": r, "local_rank": r % 8,
-                                    "world_size": ranks, "hostname": f"h{r // 8}", "pid": 1000 + r,
-                                    "backend": "none", "ts_unix_s": time.time()}) for r in range(lo, min(ranks, lo + 1000)))
-        out.append((f'{{"kind":"node_batch","v":1,"node_id":"benchnode","hostname":"bench","seq":0,'
-                    f'"ts_unix_s":{time.time():.3f},"messages":[{msgs}]}}').encode())
+    for k, rs in enumerate(_nodes(ranks, per_node)):
+        msgs = ",".join(json.dumps({"kind": "hello", "v": 1, "job_id": job, "rank": r, "local_rank": r - rs.start,
+                                    "world_size": ranks, "hostname": f"bench{k}", "pid": 1000 + r,
+                                    "backend": "none", "ts_unix_s": time.time()}) for r in rs)
+        out.append((k, (f'{{"kind":"node_batch","v":1,"node_id":"benchnode{k}","hostname":"bench{k}","seq":0,'
+                        f'"ts_unix_s":{time.time():.3f},"messages":[{msgs}]}}').encode()))
     return out
 
 
-def load(endpoint: str, ranks: int, job: str, seconds: float, steps_first: int, q: mp.Queue) -> None:
-    ctx = zmq.Context()
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.IDENTITY, b"benchnode")
-    s.setsockopt(zmq.SNDHWM, 50)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(endpoint)
-    for h in _hellos(ranks, job):
-        s.send(h)
+def load(endpoint: str, ranks: int, per_node: int, job: str, seconds: float, steps_first: int, q: mp.Queue) -> None:
+    """One DEALER per simulated node daemon, all in this process."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))  # ~2 fds per node socket
+    ctx = zmq.Context(io_threads=2)
+    ctx.setsockopt(zmq.MAX_SOCKETS, 65536)
+    socks = []
+    for k in range(len(_nodes(ranks, per_node))):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.IDENTITY, f"benchnode{k}".encode())
+        s.setsockopt(zmq.SNDHWM, 50)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint)
+        socks.append(s)
+    for k, h in _hellos(ranks, per_node, job):
+        socks[k].send(h)
     sent = 0
-    gen = _batches(ranks, job, 1)
+    gen = _batches(ranks, per_node, job, 1)
+    nodes = len(socks)
     if steps_first:
-        for _ in range(steps_first * -(-ranks // 1000)):
-            data, n = next(gen)
-            s.send(data)
+        for _ in range(steps_first * nodes):
+            k, data, n = next(gen)
+            socks[k].send(data)
             sent += n
     q.put(("filled", sent, time.time()))
     t_end = time.time() + seconds
     while time.time() < t_end:
-        data, n = next(gen)
-        s.send(data)
+        k, data, n = next(gen)
+        socks[k].send(data)
         sent += n
     q.put(("done", sent, time.time()))
-    s.close(0)
+    for s in socks:
+        s.close(0)
     ctx.term()
 
 
@@ -118,7 +141,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def bench_coordinator(ranks: int, seconds: float, fill: bool) -> dict:
+def bench_coordinator(ranks: int, per_node: int, seconds: float, fill: bool) -> dict:
     from profwatch.adapters.zmq.control import call
 
     tmp = Path(tempfile.mkdtemp(prefix="pwbi", dir="/tmp"))
@@ -141,7 +164,7 @@ def bench_coordinator(ranks: int, seconds: float, fill: bool) -> dict:
                 time.sleep(0.1)
         ps = psutil.Process(proc.pid)
         q: mp.Queue = mp.Queue()
-        lp = mp.Process(target=load, args=(f"tcp://127.0.0.1:{ports[0]}", ranks, "bench", seconds,
+        lp = mp.Process(target=load, args=(f"tcp://127.0.0.1:{ports[0]}", ranks, per_node, "bench", seconds,
                                             1000 if fill else 5, q))
         lp.start()
         kind, _n, _t = q.get(timeout=1800)
@@ -176,7 +199,7 @@ def _end(p: mp.Process | None) -> None:
             p.join(10)
 
 
-def bench_bare(ranks: int, seconds: float) -> float:
+def bench_bare(ranks: int, per_node: int, seconds: float) -> float:
     port = _port()
     q: mp.Queue = mp.Queue()
     bp = mp.Process(target=bare, args=(f"tcp://127.0.0.1:{port}", seconds, q))
@@ -185,7 +208,7 @@ def bench_bare(ranks: int, seconds: float) -> float:
     try:
         time.sleep(0.3)  # let the bare receiver bind (benchmark script, not a test)
         lq: mp.Queue = mp.Queue()
-        lp = mp.Process(target=load, args=(f"tcp://127.0.0.1:{port}", ranks, "bench", seconds + 3, 0, lq))
+        lp = mp.Process(target=load, args=(f"tcp://127.0.0.1:{port}", ranks, per_node, "bench", seconds + 3, 0, lq))
         lp.start()
         _, n, dt = q.get(timeout=seconds + 120)
     finally:
@@ -200,13 +223,17 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[1024, 16384])
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--fill", action="store_true", help="fill every rank's 1000-step window before measuring")
+    ap.add_argument("--ranks-per-node", type=int, default=RANKS_PER_NODE)
     a = ap.parse_args()
-    print(f"{'ranks':>6} {'coord rep/s':>12} {'bare rep/s':>11} {'ratio':>6} {'coord CPU':>9} {'RSS MB':>7} filled")
+    print(f"{'ranks':>6} {'nodes':>6} {'coord rep/s':>12} {'bare rep/s':>11} {'ratio':>6} {'coord CPU':>9} "
+          f"{'rep/CPU-s':>10} {'RSS MB':>7} {'load1':>5} filled")
     for n in a.ranks:
-        r = bench_coordinator(n, a.seconds, a.fill)
-        b = bench_bare(n, a.seconds)
-        print(f"{n:>6} {r['reports_per_s']:>12,.0f} {b:>11,.0f} {r['reports_per_s'] / b:>6.2f} "
-              f"{r['cpu_frac']:>9.2f} {r['rss_mb']:>7.0f} {r['filled_1000_steps']}")
+        r = bench_coordinator(n, a.ranks_per_node, a.seconds, a.fill)
+        b = bench_bare(n, a.ranks_per_node, a.seconds)
+        per_cpu = r["reports_per_s"] / r["cpu_frac"] if r["cpu_frac"] else 0.0
+        print(f"{n:>6} {len(_nodes(n, a.ranks_per_node)):>6} {r['reports_per_s']:>12,.0f} {b:>11,.0f} "
+              f"{r['reports_per_s'] / b:>6.2f} {r['cpu_frac']:>9.2f} {per_cpu:>10,.0f} {r['rss_mb']:>7.0f} "
+              f"{os.getloadavg()[0]:>5.2f} {r['filled_1000_steps']}")
 
 
 if __name__ == "__main__":

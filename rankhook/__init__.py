@@ -17,7 +17,8 @@ as its parent: the hook it inherits is silent there, and ``init`` in the child r
 (``rankhook/hook.py``).
 Environment: ``PROFWATCH_NODE_ENDPOINT`` / ``PROFWATCH_RUNTIME_DIR`` (node daemon socket),
 ``PROFWATCH_JOB_ID``, ``PROFWATCH_BACKEND`` (auto|torch_npu|torch|none),
-``PROFWATCH_PROFILER_CONFIG_PATH`` (folder of ``profiler_config.json``), ``PROFWATCH_PROF_ROOT``.
+``PROFWATCH_PROFILER_CONFIG_PATH`` (folder of ``profiler_config.json``), ``PROFWATCH_PROF_ROOT``,
+``PROFWATCH_MODE`` (``training`` | ``serving``), ``PROFWATCH_ROLE`` (a label of the ranks doing the same work).
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def init(
     rank: int | None = None,
     local_rank: int | None = None,
     world_size: int | None = None,
+    mode: str | None = None,
+    role: str | None = None,
 ) -> Hook | None:
     """Start rankhook in this process; return the hook, or None when it could not start (logged once).
 
@@ -83,6 +86,10 @@ def init(
             off and only telemetry flows.
         prof_root: root under which captures land (announced to the daemons, checked against their roots).
         endpoint: node daemon endpoint (default :func:`rankhook.publisher.default_endpoint`).
+        mode: ``training`` or ``serving`` (default ``PROFWATCH_MODE``, else not said). Serving: engine iterations
+            with idle gaps; the hook sends a keepalive while idle. Another value is ignored with a warning.
+        role: label of the ranks that do the same work, e.g. the pipeline stage ``pp1`` (default
+            ``PROFWATCH_ROLE``); letters, digits, ``_ . : -``, at most 64 characters (others become ``_``).
     A second call returns the existing hook; in a forked child of an initialised rank that is the parent's hook,
     silenced (``hook.forked_child`` is true): the child never reports as its parent's rank.
     """
@@ -95,6 +102,7 @@ def init(
         profiler_config_path = profiler_config_path or env.get("PROFWATCH_PROFILER_CONFIG_PATH") or None
         prof_root = prof_root or env.get("PROFWATCH_PROF_ROOT") or None
         backend_name = (backend or env.get("PROFWATCH_BACKEND") or "auto").strip()
+        mode, role = _labels(mode, role)
         publisher = Publisher(endpoint or default_endpoint())
     except EndpointError as exc:
         log.error("rankhook disabled: %s", exc)
@@ -115,7 +123,7 @@ def init(
             log.warning("rankhook: capture backend %r unavailable (%r); telemetry only", backend_name, exc)
             capture = NoneBackend()
             backend_error = f"{backend_name} unavailable: {exc!r}"
-    hook = Hook(ident, publisher, capture, profiler_config_path, prof_root, _versions())
+    hook = Hook(ident, publisher, capture, profiler_config_path, prof_root, _versions(), mode=mode, role=role)
     try:
         capture.open(ident, hook.emit)
     except Exception as exc:  # noqa: BLE001
@@ -128,16 +136,35 @@ def init(
     return hook
 
 
+def _labels(mode: str | None, role: str | None) -> tuple[str | None, str | None]:
+    """``(mode, role)`` from the arguments or ``PROFWATCH_MODE`` / ``PROFWATCH_ROLE``: a mode outside
+    ``wire.MODES`` is dropped with a warning; a role is made safe like a stage name (empty: not said)."""
+    from rankhook.hook import _safe_stage_name
+    from rankhook.wire import MODES
+
+    env = os.environ
+    mode = (mode if mode is not None else env.get("PROFWATCH_MODE", "")).strip().lower() or None
+    if mode is not None and mode not in MODES:
+        log.warning("rankhook: mode %r ignored (one of %s)", mode, ", ".join(MODES))
+        mode = None
+    role = (role if role is not None else env.get("PROFWATCH_ROLE", "")).strip()
+    return mode, (_safe_stage_name(role) if role else None)
+
+
 def current() -> Hook | None:
     """Return the active hook, or None."""
     return _hook
 
 
-def step() -> None:
-    """End of one training step. Call exactly once per iteration (also when the optimizer skipped)."""
+def step(work: float | None = None) -> None:
+    """End of one training step. Call exactly once per iteration (also when the optimizer skipped), from one thread:
+    the first thread that calls it owns the step counter, calls from other threads are dropped with one warning.
+
+    ``work``: optional work done in this step (tokens, samples): lets serving ranks be judged per unit of work.
+    """
     h = _hook
     if h is not None:
-        h.step()
+        h.step(work)
 
 
 def stage(name: str) -> _Stage | _NullStage:
@@ -162,6 +189,8 @@ def start(config_path: str) -> None:
     if h.backend.name == "none":
         log.warning("rankhook.start(%s): no capture backend is active (no profiler_config_path?)", config_path)
         return
+    if not h.owns_steps("rankhook.start()"):
+        return  # the profiler is started only from the thread that calls step() (rankhook/hook.py)
     try:
         h.backend.start_now(config_path)
     except Exception as exc:  # noqa: BLE001

@@ -11,6 +11,15 @@ rank's history. So every live hook is silenced in the child right after the fork
 ``step``, ``emit``, ``set_step`` and the hello do nothing there, the backend is left alone (its threads and
 profiler state belong to the parent) and nothing is sent, not even a ``bye``. A process that is a rank of its
 own is started with exec/spawn (torchrun, ``mp.spawn``) and initialises rankhook afresh.
+
+Threads: the *owner* of the step counter is the thread that first called :meth:`Hook.step`. A ``step()`` from any
+other thread is dropped (one warning per hook, counted in ``foreign_steps``): it neither advances the counter nor
+reaches the capture backend, so the profiler is started and stepped only from the owner thread and the counter
+never goes back or jumps because two threads share it. ``set_step`` and ``rankhook.start()`` from another thread
+are refused the same way once the owner is known. ``stage()`` and ``flag_step()`` may be called from any thread.
+
+Serving mode (``mode="serving"``): a keepalive thread re-sends the hello while the rank has not stepped for
+``wire.KEEPALIVE_S``, so an idle server stays known (its job is not ended, its ranks are not gone).
 """
 
 from __future__ import annotations
@@ -18,8 +27,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
+import sys
+import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -85,6 +97,8 @@ class Hook:
         backend: the capture backend (``none`` when capture is off).
         profiler_config_path: folder of ``profiler_config.json`` announced in the hello.
         prof_root: where captures land, announced in the hello.
+        mode: ``training`` | ``serving`` | None (not said); sent in the hello and every step report.
+        role: label of the ranks doing the same work (e.g. ``pp1``), made safe like a stage name; None: not said.
     """
 
     def __init__(
@@ -95,6 +109,8 @@ class Hook:
         profiler_config_path: str | None = None,
         prof_root: str | None = None,
         versions: dict[str, str] | None = None,
+        mode: str | None = None,
+        role: str | None = None,
     ) -> None:
         self.ident = ident
         self.publisher = publisher
@@ -116,31 +132,92 @@ class Hook:
             profiler_config_path=profiler_config_path,
             prof_root=prof_root,
             restart_count=ident.restart_count,
+            mode=mode,
+            role=role,
         )
+        self.mode = mode
+        self.role = role
         self._topic_step = wire.topic_for("step", ident.job_id, ident.rank).encode()
         self._prefix = (
             '{"job_id":' + json.dumps(ident.job_id) + ',"rank":' + str(ident.rank) + ',"step":'
         )
+        labels = (',"mode":' + json.dumps(mode) if mode else "") + (',"role":' + json.dumps(role) if role else "")
+        self._suffix = labels + ',"kind":"step","v":1}'
         self._closed = False
         self.forked_child = False
         """True in a forked child of the rank: the hook is silent there (module docstring)."""
+        self._owner: int | None = None
+        """``threading.get_ident()`` of the thread that owns the step counter (the first to call ``step()``)."""
+        self._owner_lock = threading.Lock()
+        self.foreign_steps = 0
+        """``step()`` calls dropped because they came from a thread other than the owner."""
+        self._warned: set[str] = set()
+        self._t_hello = 0.0  # perf_counter() of the last hello sent
         _LIVE_HOOKS.add(self)
         self.send_hello()
         self._t_last = time.perf_counter()
         self._next_hello = self._t_last + HELLO_RESEND_S
+        self._stop = threading.Event()
+        self._keepalive: threading.Thread | None = None
+        if mode == "serving":
+            self._keepalive = threading.Thread(target=self._keepalive_loop, name="rankhook-keepalive", daemon=True)
+            self._keepalive.start()
 
     # -- messages -------------------------------------------------------------------------------------------
     def silence_forked_child(self) -> None:
         """Called in a forked child: from now on this hook sends nothing and drives no backend."""
         self.forked_child = True
         self._closed = True
+        self._owner_lock = threading.Lock()  # a lock inherited through fork may be held by a thread not there
+        self._keepalive = None  # the thread does not exist in the child
+
+    def _keepalive_loop(self) -> None:
+        """Serving mode: re-send the hello while no step came for ``wire.KEEPALIVE_S`` (module doc)."""
+        period = wire.KEEPALIVE_S
+        while not self._stop.wait(period / 4):
+            if self._closed:
+                return
+            now = time.perf_counter()
+            if now - self._t_last >= period and now - self._t_hello >= period:
+                try:
+                    self.send_hello()
+                except Exception as exc:  # noqa: BLE001 - a keepalive must never take the process down
+                    self._warn_once("keepalive", "rankhook: keepalive failed: %r", exc)
+
+    def _warn_once(self, kind: str, msg: str, *args: object) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning(msg, *args)
+
+    def owns_steps(self, what: str, *, claim: bool = False) -> bool:
+        """True when the calling thread owns the step counter, or nobody does yet (then, with ``claim``, it
+        becomes the owner); otherwise warn once per ``what`` and return False."""
+        me = threading.get_ident()
+        with self._owner_lock:
+            if self._owner is None:
+                if not claim:
+                    return True
+                self._owner = me
+            if self._owner == me:
+                return True
+        self._warn_once(what, "rankhook: %s called from thread %s, but thread %s owns the step counter (it called "
+                        "step() first): ignored (this warning is shown once)", what,
+                        threading.current_thread().name, self._owner)
+        return False
 
     def send_hello(self) -> None:
         """(Re-)announce this rank to the node daemon, with the publisher's counters."""
         if self.forked_child:
             return
+        self._t_hello = time.perf_counter()
         c = self.publisher.counters
         counters = {"sent": c.sent, "dropped": c.dropped, "errors": c.errors, "oversize": c.oversize}
+        versions = self._hello.versions
+        if "torch_npu" not in versions:  # imported after init (its backend opens later): the daemons check its rules
+            mod = sys.modules.get("torch_npu")
+            if mod is not None and isinstance(getattr(mod, "__version__", None), str):
+                versions = {**versions, "torch_npu": mod.__version__}
+                self._hello = dataclasses.replace(self._hello, versions=versions)
         hello = dataclasses.replace(self._hello, counters=counters)
         self.publisher.send(*wire.frames(hello))
 
@@ -164,9 +241,17 @@ class Hook:
             log.warning("rankhook: cannot encode %s: %r", type(msg).__name__, exc)
 
     # -- hot path -------------------------------------------------------------------------------------------
-    def step(self) -> None:
-        """Mark the end of one training step: publish its duration, advance the capture backend."""
+    def step(self, work: float | None = None) -> None:
+        """Mark the end of one training step: publish its duration, advance the capture backend.
+
+        ``work``: the work done in this step (tokens, samples; finite and ``0 <= work <= wire.MAX_WORK``, anything
+        else is left out of the report with one warning). A call from a thread other than the owner (module doc)
+        is dropped.
+        """
         if self._closed:
+            return
+        if threading.get_ident() != self._owner and not self.owns_steps("step()", claim=True):
+            self.foreign_steps += 1
             return
         now = time.perf_counter()
         dt = now - self._t_last
@@ -183,7 +268,9 @@ class Hook:
                 self._flags = []
             if self.backend.capturing():
                 tail += ',"capturing":true'
-            payload = (self._prefix + str(step) + tail + ',"kind":"step","v":1}').encode()
+            if work is not None:
+                tail += self._work_field(work)
+            payload = (self._prefix + str(step) + tail + self._suffix).encode()
             self.publisher.send(self._topic_step, payload)
             if now >= self._next_hello:
                 self._next_hello = now + HELLO_RESEND_S
@@ -195,6 +282,18 @@ class Hook:
             self.backend.after_step(step)
         except Exception as exc:  # noqa: BLE001 - a broken backend must not break training
             log.warning("rankhook: capture backend %s failed in step(): %r", self.backend.name, exc)
+
+    def _work_field(self, work: float) -> str:
+        """``,"work":<w>`` for a usable ``work`` value, else "" (with one warning)."""
+        try:
+            w = float(work)
+        except (TypeError, ValueError):
+            w = math.nan
+        if 0.0 <= w <= wire.MAX_WORK:
+            return ',"work":' + repr(w)
+        self._warn_once("work", "rankhook: step(work=%r) left out of the report: work must be a finite number "
+                        "in [0, %g] (this warning is shown once)", work, wire.MAX_WORK)
+        return ""
 
     def stage(self, name: str) -> _Stage:
         """Return a context manager timing one stage of the current step (durations add up per step).
@@ -219,7 +318,7 @@ class Hook:
 
     def set_step(self, step: int) -> None:
         """Align the step counter after a resume (``dp.set_state({"cur_step": step})``); bad values are ignored."""
-        if self.forked_child:
+        if self.forked_child or not self.owns_steps("set_step()"):
             return
         try:
             value = int(step)
@@ -237,6 +336,10 @@ class Hook:
         self._closed = True
         if os.getpid() != self.ident.pid:
             return  # a child forked without at-fork hooks (C fork): never a bye for, or a close of, the parent's
+        self._stop.set()
+        ka = self._keepalive
+        if ka is not None and ka is not threading.current_thread():
+            ka.join(2.0)
         try:
             self.backend.close()
         except Exception as exc:  # noqa: BLE001

@@ -23,11 +23,21 @@ TOPIC_PREFIX = "profwatch"
 MAX_MESSAGE_BYTES = 256 * 1024
 """Largest rank->node message. The rank's publisher counts a larger one as dropped (``oversize``) and never
 sends it; the node daemon counts and logs one it receives (its ZeroMQ ``MAXMSGSIZE`` is 4x this)."""
+KEEPALIVE_S = 10.0
+"""In ``serving`` mode, a rank with no step for this long re-sends its hello (a keepalive), then again every this
+long while idle (the pace of the hello re-send while stepping): well under the coordinator's ``job_end_after_s``
+(600 s by default) and its ``rank_rebind_after_s`` (30 s), so an idle server is neither an ended job nor gone."""
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 """Hard cap for one node->coordinator message (``MAXMSGSIZE`` on the coordinator's ingest socket); the node
 daemon flushes a batch before its bytes reach ``node.batch_max_bytes`` (1 MiB by default)."""
 
 Backend = Literal["torch_npu", "torch", "none"]
+MODES = ("training", "serving")
+"""Values of the optional ``mode`` field the hook sends (``rankhook.init(mode=...)``, ``PROFWATCH_MODE``): ``training``
+(a steady loop, one step per iteration) or ``serving`` (engine iterations: steps only while requests are queued,
+idle gaps of seconds to minutes). Receivers treat another value as not said (a newer hook's mode)."""
+MAX_WORK = 1e15
+"""Largest ``work`` value accepted (units of work per step: tokens, samples)."""
 CaptureEventKind = Literal["arm_seen", "arm_rejected", "started", "completed", "failed"]
 
 
@@ -56,6 +66,12 @@ class RankHello:
     one each time the elastic agent restarts the job's workers, possibly with another ``world_size``; the
     coordinator opens a new generation of the job from it (``docs/generations.md``). Added without a schema bump:
     older receivers ignore it, older senders omit it.
+    ``mode`` (``training`` | ``serving``, :data:`MODES`) and ``role`` (a label of the ranks that do the same work:
+    a pipeline stage, a parallel group, a replica, e.g. ``pp1``; letters, digits, ``_ . : -``, at most 64
+    characters) are what the rank says about itself (``rankhook.init(mode=..., role=...)``, ``PROFWATCH_MODE``,
+    ``PROFWATCH_ROLE``); ``None`` when not said. Added without a schema bump: older receivers ignore them.
+    In ``serving`` mode the hook re-sends the hello as a keepalive while the rank is idle (no step for
+    :data:`KEEPALIVE_S`), so an idle server is not taken for an ended job.
     """
 
     job_id: str
@@ -74,6 +90,8 @@ class RankHello:
     peer_uid: int | None = None
     restart_count: int | None = None
     peer_pid: int | None = None
+    mode: str | None = None
+    role: str | None = None
     kind: Literal["hello"] = "hello"
     v: int = SCHEMA_VERSION
 
@@ -91,6 +109,11 @@ class StepReport:
     ``step_time_s`` is the wall time between the previous ``step()`` call and this one (monotonic clock).
     ``stages`` holds per-stage durations measured with ``rankhook.stage(name)``; ``flags`` marks steps the
     job declared special (``checkpoint``, ``eval``); ``capturing`` is true while a capture window is open.
+    ``work`` is the work the rank did in this step as it reports it (``rankhook.step(work=...)``: tokens, batch
+    size; finite, ``0 <= work <= MAX_WORK``; ``None`` when not reported), so a serving rank's step time can be
+    normalised by its load. ``mode`` and ``role`` repeat the hello's (``None`` when not said), so every report says
+    which peers it is to be compared with. The three were added without a schema bump: older receivers ignore
+    them, older senders omit them.
     """
 
     job_id: str
@@ -101,6 +124,9 @@ class StepReport:
     stages: dict[str, float] | None = None
     flags: tuple[str, ...] = ()
     capturing: bool = False
+    work: float | None = None
+    mode: str | None = None
+    role: str | None = None
     kind: Literal["step"] = "step"
     v: int = SCHEMA_VERSION
 
@@ -249,7 +275,39 @@ class NodeAck:
     v: int = SCHEMA_VERSION
 
 
-NodeMessage = NodeHeartbeat | NodeBatch | NodeAck
+@dataclass(frozen=True, slots=True)
+class NodeJobIdCollision:
+    """Node -> coordinator: a local process claims a job id another job owns on this node, and its messages are
+    refused there (``daemon/profwatch/core/fleet/job_pins.py``). Sent once per colliding process.
+
+    ``reason``: ``paths_changed`` (its hello names other paths while the first job's processes are alive) or
+    ``uid_mismatch`` (another uid: a squatted job id). ``owner_uid`` and ``owner_*`` paths are the first job's;
+    ``uid``, ``pid``, ``rank`` and the paths the claimant's (from the ipc peer credentials and its hello).
+
+    Example: ``{"kind": "node_job_id_collision", "v": 1, "node_id": "node1", "hostname": "node1", "job_id": "j1",
+    "reason": "paths_changed", "owner_uid": 1000, "uid": 1000, "pid": 4242, "rank": 0, "refused": 1, ...}``
+    """
+
+    node_id: str
+    hostname: str
+    job_id: str
+    reason: Literal["paths_changed", "uid_mismatch"]
+    owner_uid: int
+    uid: int
+    rank: int
+    ts_unix_s: float
+    pid: int | None = None
+    profiler_config_path: str | None = None
+    prof_root: str | None = None
+    owner_profiler_config_path: str | None = None
+    owner_prof_root: str | None = None
+    refused: int = 1
+    detail: str = ""
+    kind: Literal["node_job_id_collision"] = "node_job_id_collision"
+    v: int = SCHEMA_VERSION
+
+
+NodeMessage = NodeHeartbeat | NodeBatch | NodeAck | NodeJobIdCollision
 
 
 def topic_for(kind: str, job_id: str | None = None, rank: int | None = None) -> str:

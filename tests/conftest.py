@@ -19,6 +19,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = REPO_ROOT.parent / "shared"
 # The source roots a child process needs on PYTHONPATH: daemon/ (package ``profwatch``) and the root (``rankhook``).
 SOURCE_PATHS = os.pathsep.join([str(REPO_ROOT / "daemon"), str(REPO_ROOT)])
+# Tests never read the host's /etc/profwatch/profwatch.toml (nor a PROFWATCH_CONFIG of the shell that runs them):
+# set but empty means "no config file" to every command and to the child processes the tests start.
+os.environ["PROFWATCH_CONFIG"] = ""
 
 T = TypeVar("T")
 

@@ -57,11 +57,16 @@ class _LazyGroup(click.Group):
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="profwatch")
-def cli() -> None:
-    """profwatch: anomaly-triggered, same-batch-checked profiling for Ascend NPU and PyTorch clusters."""
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="TOML config file for every subcommand (a subcommand's own --config wins).")
+def cli(config_path: Path | None) -> None:
+    """profwatch: anomaly-triggered, same-batch-checked profiling for Ascend NPU and PyTorch clusters.
+
+    Config file: the subcommand's --config, then this --config, then env PROFWATCH_CONFIG (empty: none), then
+    /etc/profwatch/profwatch.toml when it exists, then built-in defaults."""
 
 
-def _serve(label: str, metrics_port: int | None, build: Any) -> None:
+def _serve(label: str, endpoint: Any, build: Any) -> None:
     """Start one daemon: metrics endpoint, ``build(metrics, notifier)``, SIGTERM -> ``stop()``, ``run()`` until
     stopped. A daemon that cannot start (port in use, bad state file, endpoint held, unusable sink secret) exits 2
     with one line, no traceback. Under systemd (``Type=notify``) the daemon sends READY=1 once it serves and
@@ -73,8 +78,17 @@ def _serve(label: str, metrics_port: int | None, build: Any) -> None:
 
     metrics = DaemonMetrics(label)
     notifier = SdNotifier(os.environ)
+    if endpoint.metrics_plain_beyond_loopback():
+        import structlog
+
+        structlog.get_logger("profwatch").warning(
+            "metrics_insecure", daemon=label, addr=endpoint.metrics_addr, port=endpoint.metrics_port,
+            note="metrics_insecure = true: /metrics is served in plain HTTP beyond loopback (docs/security.md)")
     try:
-        metrics.serve(metrics_port)
+        metrics.serve(endpoint.metrics_port, endpoint.metrics_addr,
+                      certfile=str(endpoint.metrics_tls_cert) if endpoint.metrics_tls_cert else None,
+                      keyfile=str(endpoint.metrics_tls_key) if endpoint.metrics_tls_key else None,
+                      client_cafile=str(endpoint.metrics_client_ca) if endpoint.metrics_client_ca else None)
         d = build(metrics, notifier)
     except Exception as exc:  # noqa: BLE001
         click.echo(f"profwatch {label}: cannot start: {exc}", err=True)
@@ -105,7 +119,7 @@ def node(config_path: Path | None) -> None:
 
     s = load_or_exit(config_path)
     configure_logging(s.logging.level, s.logging.format)
-    _serve("node", s.node.metrics_port,
+    _serve("node", s.node,
            lambda metrics, notifier: NodeDaemon(s.node, metrics, s.security, s.limits, notifier))
 
 
@@ -118,7 +132,7 @@ def coordinator(config_path: Path | None) -> None:
 
     s = load_or_exit(config_path)
     configure_logging(s.logging.level, s.logging.format)
-    _serve("coordinator", s.coordinator.metrics_port, lambda metrics, notifier: Coordinator(s, metrics, notifier))
+    _serve("coordinator", s.coordinator, lambda metrics, notifier: Coordinator(s, metrics, notifier))
 
 
 @cli.command()
@@ -157,6 +171,8 @@ def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step:
         click.echo(json.dumps(res, indent=2))
     what = (f"capture {res['capture_id']} of job {res['job_id']}: start_step={res['start_step']} "
             f"warmup={res['warmup']} active={res['active']} ranks={res['rank_list'] or 'all'} -> {res['prof_dir']}")
+    for warning in res.get("warnings") or []:
+        click.echo(f"warning: {warning}", err=True)
     if dry_run:
         if res.get("refused"):
             click.echo(f"dry run: would be refused: {res['refused']['message']}", err=as_json)
@@ -171,7 +187,8 @@ def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step:
     if wait:
         from profwatch.commands.arm_wait import wait_for_arm
 
-        bound = wait_s if wait_s is not None else s.capture.write_timeout_s + s.coordinator.ack_timeout_s + 10
+        ack_s = max(s.coordinator.ack_timeout_s, 3 * float(res.get("step_time_s") or 0) + 50)  # lifecycle.ack_window_s
+        bound = wait_s if wait_s is not None else s.capture.write_timeout_s + ack_s + 10
         ok = wait_for_arm(lambda: coord.call("capture", {"capture_id": res["capture_id"]}), bound, click.echo)
         sys.exit(0 if ok else EXIT_NOT_OK)
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from profwatch.core.access import SecuritySettings, exposure_problems
+from profwatch.core.access import SecuritySettings, exposure_problems, is_loopback_endpoint
 from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings
 from profwatch.core.batches.settings import WatchSettings
 from profwatch.core.capture.planner import CaptureSettings
@@ -38,7 +38,45 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class NodeSettings(_Strict):
+class MetricsEndpoint(_Strict):
+    """The daemon's Prometheus ``/metrics`` endpoint (off while ``metrics_port`` is unset).
+
+    ``metrics_addr`` defaults to loopback. Beyond loopback the endpoint is served over TLS
+    (``metrics_tls_cert`` + ``metrics_tls_key``, PEM; with ``metrics_client_ca`` a scraper must present a client
+    certificate signed by it: prometheus-client's ``start_http_server`` TLS options), or in plain HTTP only with
+    ``metrics_insecure = true``, warned at every start (docs/security.md, "Metrics" says what they expose).
+    """
+
+    metrics_port: int | None = Field(None, ge=1, le=65535)
+    metrics_addr: str = Field("127.0.0.1", min_length=1, description="address the /metrics endpoint binds")
+    metrics_tls_cert: Path | None = None
+    metrics_tls_key: Path | None = None
+    metrics_client_ca: Path | None = Field(None, description="PEM CA a scraper's client certificate must chain to")
+    metrics_insecure: bool = Field(False, description="serve /metrics beyond loopback without TLS (warned)")
+
+    @model_validator(mode="after")
+    def _metrics_exposure(self) -> MetricsEndpoint:
+        if (self.metrics_tls_cert is None) != (self.metrics_tls_key is None):
+            raise ValueError("metrics_tls_cert and metrics_tls_key go together")
+        if self.metrics_client_ca is not None and self.metrics_tls_cert is None:
+            raise ValueError("metrics_client_ca needs metrics_tls_cert and metrics_tls_key (client certificates "
+                             "are checked over TLS only)")
+        if (self.metrics_port is not None and not self.metrics_loopback() and self.metrics_tls_cert is None
+                and not self.metrics_insecure):
+            raise ValueError(f"metrics_addr {self.metrics_addr!r} is beyond loopback: set metrics_tls_cert and "
+                             "metrics_tls_key (and metrics_client_ca to require client certificates), or "
+                             "metrics_insecure = true on a trusted network")
+        return self
+
+    def metrics_loopback(self) -> bool:
+        return is_loopback_endpoint(f"tcp://{self.metrics_addr}:1")
+
+    def metrics_plain_beyond_loopback(self) -> bool:
+        """True when ``/metrics`` is served in plain HTTP beyond loopback (``metrics_insecure``; warned)."""
+        return self.metrics_port is not None and not self.metrics_loopback() and self.metrics_tls_cert is None
+
+
+class NodeSettings(MetricsEndpoint):
     """Node daemon (one per host)."""
 
     node_id: str = Field(default_factory=socket.gethostname, description="stable id of this node (default hostname)")
@@ -62,13 +100,12 @@ class NodeSettings(_Strict):
                                           "torch_npu state (leftover shm segment, orphaned monitor)")
     shm_dir: Path = Field(Path("/dev/shm"), description="where torch_npu's DynamicProfileNpuShm* segments live")
     proc_dir: Path = Field(Path("/proc"), description="process table read to find orphaned DynMonitorProc monitors")
-    metrics_port: int | None = Field(None, ge=1, le=65535)
 
     def rank_endpoint(self) -> str:
         return self.bind or f"ipc://{self.runtime_dir}/node.sock"
 
 
-class CoordinatorSettings(_Strict):
+class CoordinatorSettings(MetricsEndpoint):
     """Coordinator daemon (one per cluster or per job group)."""
 
     ingest_bind: str = Field("tcp://127.0.0.1:7711", description="node daemons connect here")
@@ -87,11 +124,13 @@ class CoordinatorSettings(_Strict):
     )
     event_source: str = Field(default_factory=lambda: f"//profwatch/{socket.gethostname()}")
     analysis_workers: int = Field(1, ge=1, le=8)
-    ack_timeout_s: float = Field(60.0, gt=0, le=86400, description="arms not acknowledged by every rank by then are reported")
-    metrics_port: int | None = Field(None, ge=1, le=65535)
+    ack_timeout_s: float = Field(60.0, gt=0, le=86400,
+                                 description="arms not acknowledged by every rank by then are reported (at least "
+                                             "3 x step time + torch_npu's poll interval)")
     job_end_after_s: float = Field(600.0, gt=0, le=30 * 86400,
                                    description="a job none of whose ranks reported this long has ended (job_ended "
-                                               "event; its alerts resolve)")
+                                               "event; its alerts resolve; its captures whose window has not started "
+                                               "are cancelled)")
 
     def binds(self) -> dict[str, str]:
         """The three listening endpoints by socket name (``ingest``, ``control``, ``pub``)."""

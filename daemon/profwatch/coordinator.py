@@ -24,21 +24,26 @@ import zmq
 from profwatch.adapters.outputs.alert_sinks import AlertSinks
 from profwatch.adapters.outputs.metrics import DaemonMetrics
 from profwatch.adapters.outputs.sd_notify import SdNotifier
-from profwatch.adapters.store.state import StateStore, Stored
+from profwatch.adapters.store.state import Stored
+from profwatch.adapters.store.state_open import open_state_store
 from profwatch.adapters.zmq import control
 from profwatch.adapters.zmq.server_sockets import ServerSockets
 from profwatch.captures.ports import BatchAnalyser, RankDirScanner
 from profwatch.captures.shell import CaptureShell
 from profwatch.config import Settings
 from profwatch.coordinator_control import ControlCommands
-from profwatch.core.alerts.events import (
-    TYPE_ANALYSIS_ENRICHED,
+from profwatch.core.alerts.event_types import (
+    ALERT_TYPES,
+    TYPE_ANOMALY,
     TYPE_JOB_ENDED,
     TYPE_JOB_GENERATION,
+    TYPE_JOB_ID_COLLISION,
+    TYPE_PATH_REFUSED,
+    TYPE_STATE_STORE_RESET,
     TYPE_STORAGE_FAILED,
     TYPE_STORAGE_RECOVERED,
-    make_cloudevent,
 )
+from profwatch.core.alerts.events import collision_data, collision_event_id, make_cloudevent
 from profwatch.core.detection.job_detector import Anomaly, JobDetector
 from profwatch.core.fleet.generations import GenerationOpened
 from profwatch.core.fleet.job_end import JobEndTracker
@@ -53,14 +58,6 @@ log = structlog.get_logger("profwatch.coordinator")
 INGEST_PASS_S = 0.2
 """Longest one pass over the ingest socket runs before control requests and timers get their turn (seconds)."""
 
-ALERT_TYPES = {
-    "io.profwatch.suspect_ranks.v1",
-    "io.profwatch.batch_incomplete.v1",
-    "io.profwatch.analysis_failed.v1",
-    "io.profwatch.path_refused.v1",
-    TYPE_ANALYSIS_ENRICHED,
-    TYPE_STORAGE_FAILED,
-}
 
 
 class _DetectorView:
@@ -81,6 +78,10 @@ class _DetectorView:
     def baseline_step_time_s(self, job_id: str) -> float | None:
         det = self._d.get(job_id)
         return det.baseline_step_time_s if det is not None else None
+
+    def ongoing(self, job_id: str) -> dict[str, frozenset[int]]:
+        det = self._d.get(job_id)
+        return det.ongoing() if det is not None else {}
 
 
 def _start_watcher(on_wake: Callable[[str], None], on_rank_dirs: Callable[[str, frozenset[str]], None],
@@ -113,11 +114,14 @@ class Coordinator(ControlCommands):
         self.sinks = AlertSinks.from_settings(settings.alertmanager, settings.webhook, os.environ, self.metrics)
         try:
             lim = settings.limits
-            self.state = StateStore(
-                cs.state_db, retry_max_items=lim.state_retry_queue_items, retry_max_bytes=lim.state_retry_queue_bytes,
+            # a corrupt file is moved aside (kept) and the store starts empty; a newer schema still stops the start
+            self.state, self._store_reset = open_state_store(
+                cs.state_db, time.time(), retry_max_items=lim.state_retry_queue_items,
+                retry_max_bytes=lim.state_retry_queue_bytes,
                 on_failed=lambda op, _err: self.metrics.state_store_failures.labels(op).inc(),
                 on_dropped=lambda kind, n: self.metrics.state_store_dropped.labels(kind).inc(n))
             self.sinks.restore(self.state.iter_events(self.sinks.restore_types))
+            self.sinks.attach_outbox(self.state)
         except Exception:
             self.sinks.close()
             raise
@@ -157,6 +161,10 @@ class Coordinator(ControlCommands):
             count_state=lambda state: self.metrics.captures.labels(state).inc())
         bound = settings.limits.coordinator_peak_bytes(cs.window_steps, wire.MAX_BATCH_BYTES, control.MAX_REQUEST_BYTES)
         self._state_bound_mib = round(bound["total"] / 2**20)
+        if self._store_reset is not None:
+            self.metrics.state_store_resets.inc()
+            self.emit(TYPE_STATE_STORE_RESET, None, self._store_reset.to_json(),
+                      event_id=f"state_store_reset-{int(time.time() * 1000)}")
         log.info("coordinator_started", ingest=cs.ingest_bind, control=cs.control_bind, pub=cs.pub_bind,
                  curve=sorted(k for k, v in self.sockets.curve.items() if v), state_db=str(cs.state_db),
                  jobs=len(self.registry.jobs), state_bound_mib=self._state_bound_mib)
@@ -222,11 +230,7 @@ class Coordinator(ControlCommands):
     def run(self) -> None:
         """Serve until stopped; always closes sockets, workers and the state store."""
         cs = self.settings.coordinator
-        poller = zmq.Poller()
-        poller.register(self.ingest, zmq.POLLIN)
-        poller.register(self.control_sock, zmq.POLLIN)
-        for mon in self.sockets.monitor_sockets():
-            poller.register(mon, zmq.POLLIN)
+        poller = self._poller()
         next_tick = next_flush = next_expiry = 0.0
         self.captures.start()
         self.notifier.ready("serving")
@@ -240,6 +244,8 @@ class Coordinator(ControlCommands):
                     self._drain_control()
                 if len(events) > (self.ingest in events) + (self.control_sock in events):
                     self.sockets.poll_monitors()
+                if self._check_revocations():
+                    poller = self._poller()
                 self._drain_results()
                 now = time.time()
                 if self._storage_failed is not None or len(self.state.queue):
@@ -259,6 +265,24 @@ class Coordinator(ControlCommands):
                             log.exception("registry_flush_failed", error=repr(exc))
         finally:
             self.close()
+
+    def _poller(self) -> zmq.Poller:
+        poller = zmq.Poller()
+        poller.register(self.ingest, zmq.POLLIN)
+        poller.register(self.control_sock, zmq.POLLIN)
+        for mon in self.sockets.monitor_sockets():
+            poller.register(mon, zmq.POLLIN)
+        return poller
+
+    def _check_revocations(self) -> bool:
+        """Cut the event stream's revoked subscribers off (True when the sockets to poll changed)."""
+        try:
+            return self.sockets.check_revocations()
+        except zmq.ZMQError as exc:
+            if self._once.first(f"rebind:{exc.errno}"):
+                log.error("event_stream_rebind_failed", error=str(exc), endpoint=self.pub.endpoint,
+                          note="the event stream is down until the endpoint can be bound again")
+            return True
 
     def _drain_results(self) -> None:
         while True:
@@ -293,6 +317,8 @@ class Coordinator(ControlCommands):
                     for j in self.registry.jobs.values()}
             for end in self._job_end.check(last, now):
                 self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json(), event_id=end.event_id())
+                self.captures.on_job_ended(end.job_id, now)
+                self.captures.episodes.close_job(end.job_id, now, "job_ended")
             snap = self.registry.snapshot(now, cs.node_timeout_s)
             active = {j for j, t in last.items() if now - t < cs.job_end_after_s}
             self.metrics.observe_state(snap["jobs"], snap["nodes"], active, self.state.capture_state_summary(), now)
@@ -329,6 +355,15 @@ class Coordinator(ControlCommands):
             route = frames[0].bytes
             key = self.sockets.node_key(frames[-1])
             peer = f"key:{key}" if key is not None else f"conn:{route.hex()}"
+            if not self.sockets.admitted(frames[-1], "ingest"):
+                # the key was removed or changed since this connection's handshake: nothing it sends counts, and
+                # commands no longer go to it
+                self.metrics.auth_refused.labels("ingest", "revoked").inc()
+                self._refuse_peer("key_revoked", "message on a connection whose key was removed or changed", peer)
+                revoked_node = self.routes.node(route)
+                if revoked_node is not None:
+                    self.routes.forget(revoked_node)
+                continue
             if len(frames) != 2:
                 self._reject(MessageRejected("bad_framing", f"{len(frames)} frames"), peer)
                 continue
@@ -371,6 +406,8 @@ class Coordinator(ControlCommands):
             self._send_node(route, wire.NodeCommand(cmd="heartbeat_ack", command_id=f"hb-{int(now)}"))
         elif env.kind == "node_ack":
             self.captures.on_node_ack(env, now)
+        elif env.kind == "node_job_id_collision":
+            self._node_collision(env, node_id)
         elif env.kind == "node_batch":
             node, _new = self.registry.touch_node(node_id, env.hostname, now)
             lost = self.registry.note_batch_seq(node, env.seq)
@@ -430,7 +467,9 @@ class Coordinator(ControlCommands):
             except RegistryError as exc:
                 if exc.reason == "paths_changed":
                     self._paths_changed(m, node_id, str(exc), now)
-                self._reject(exc, node_id)
+                elif exc.reason == "job_id_collision" and kind == "hello":
+                    self._hello_collision(m, node_id, str(exc))
+                self._reject(exc, node_id, quiet=kind != "hello" and exc.reason == "job_id_collision")
             except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
                 self.counters["internal_errors"] = self.counters.get("internal_errors", 0) + 1
                 if self._once.first(f"internal:{kind}:{type(exc).__name__}"):
@@ -467,18 +506,46 @@ class Coordinator(ControlCommands):
         """Alert once per job and claimed paths: a hello tried to move a job's pinned paths."""
         claimed = repr((m.profiler_config_path, m.prof_root)).encode("utf-8", "backslashreplace")
         digest = hashlib.sha256(claimed).hexdigest()[:16]
-        self.emit("io.profwatch.path_refused.v1", m.job_id,
+        self.emit(TYPE_PATH_REFUSED, m.job_id,
                   {"rank": m.rank, "hostname": m.hostname, "node_id": node_id, "reason": "paths_changed",
                    "problems": [detail]}, event_id=f"paths_changed-{m.job_id}-{digest}")
+
+    def _hello_collision(self, m: wire.RankHello, node_id: str, detail: str) -> None:
+        """A hello names other paths than its job's while the job's ranks are alive (the hello came through
+        another node than the job's, or an older node daemon): one ``job_id_collision`` alert per claimant."""
+        job = self.registry.jobs.get(m.job_id)
+        owner_uid = next((r.uid for r in job.ranks.values() if r.uid is not None), None) if job else None
+        paths = (m.profiler_config_path, m.prof_root)
+        data = collision_data(reason="paths_changed", owner_uid=owner_uid, uid=m.peer_uid, node_id=node_id,
+                              hostname=m.hostname, rank=m.rank, pid=m.peer_pid, paths=paths,
+                              owner_paths=job.pinned_paths if job else None, refused=1, detail=detail)
+        self._collision(m.job_id, data, collision_event_id(m.job_id, "paths_changed", node_id, m.peer_uid, paths))
+
+    def _node_collision(self, env: wire.NodeJobIdCollision, node_id: str) -> None:
+        """A node refused a process that claims a job id another job owns there: one alert per claimant."""
+        paths = (env.profiler_config_path, env.prof_root)
+        data = collision_data(reason=env.reason, owner_uid=env.owner_uid, uid=env.uid, node_id=node_id,
+                              hostname=env.hostname, rank=env.rank, pid=env.pid, paths=paths,
+                              owner_paths=(env.owner_profiler_config_path, env.owner_prof_root),
+                              refused=env.refused, detail=env.detail)
+        self._collision(env.job_id, data, collision_event_id(env.job_id, env.reason, node_id, env.uid, paths))
+
+    def _collision(self, job_id: str, data: dict[str, Any], event_id: str) -> None:
+        self.counters["job_id_collisions"] = self.counters.get("job_id_collisions", 0) + 1
+        if self.emit(TYPE_JOB_ID_COLLISION, job_id, data, event_id=event_id) is not None:
+            log.warning("job_id_collision", job_id=job_id, reason=data["reason"], owner_uid=data["owner_uid"],
+                        uid=data["uid"], node_id=data["node_id"], detail=data["detail"])
 
     def _expire(self, now: float) -> None:
         """Forget jobs with no rank heard for ``limits.job_expiry_s`` (and their detectors and stored rows)."""
         gone = self.registry.expire(now)
         for job_id in gone:
+            self.captures.episodes.close_job(job_id, now, "job_expired")
             det = self.detectors.pop(job_id, None)
             if det is not None:
                 self._detector_ranks -= det.world_size
             log.info("job_expired", job_id=job_id, silent_for_s=self.settings.limits.job_expiry_s)
+        self.captures.episodes.forget(gone)
         if gone:
             try:
                 self.state.forget_jobs(gone)
@@ -491,7 +558,7 @@ class Coordinator(ControlCommands):
 
     def _on_anomaly(self, an: Anomaly, now: float) -> None:
         data = {"kind": an.kind, "step": an.step, "ranks": list(an.ranks), "magnitude": an.magnitude, "detail": an.detail}
-        self.emit("io.profwatch.anomaly.v1", an.job_id, data)
+        self.emit(TYPE_ANOMALY, an.job_id, data)
         self.captures.on_anomaly(an, now)
 
     def _send_node(self, route: bytes, cmd: wire.NodeCommand) -> None:

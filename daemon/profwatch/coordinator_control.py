@@ -58,6 +58,14 @@ class ControlCommands:
             if isinstance(req, control.ControlError):
                 control.send_reply(self.control_sock, envelope, error=req)
                 continue
+            if not self.sockets.admitted(frame, "control"):
+                from profwatch.adapters.zmq.curve import user_id
+
+                self._refuse_peer("key_revoked", "control request on a connection whose key was removed or changed",
+                                  f"key:{user_id(frame) or '-'}")
+                control.send_reply(self.control_sock, envelope, error=control.ControlError(
+                    "denied", "this connection's key was removed from the coordinator's key ring or changed (revoked)"))
+                continue
             try:
                 authorize(req["cmd"], self.sockets.grants(frame))
             except AccessDenied as exc:
@@ -99,6 +107,7 @@ class ControlCommands:
         snap["counters"] = dict(self.counters)
         snap["ingest_bind"] = self.settings.coordinator.ingest_bind  # where nodes must dial (status names it)
         snap["captures"] = self.captures.summary(job_id, time.time())
+        snap["episodes"] = self.captures.episodes.view(job_id, time.time())
         snap["state_store"] = self.state.status()
         snap["bounds"] = {"jobs": len(self.registry.jobs), "ranks": self.registry.rank_count,
                           "nodes": len(self.registry.nodes), "detector_ranks": self._detector_ranks,
@@ -180,6 +189,7 @@ class ControlCommands:
         rows = []
         for r in job.ranks.values():
             if r.window is not None:
-                rows += window_records(job.job_id, r.rank, r.window.items(), r.last_ts_unix_s)
+                rows += window_records(job.job_id, r.rank, r.window.items_with_work(), r.last_ts_unix_s,
+                                       {"mode": r.mode, "role": r.role, "pid": r.pid or None, "node": r.node_id})
         rows.sort(key=lambda d: (d["step"], d["rank"]))
         return dump_jsonl(rows, world_size=job.world_size)

@@ -33,6 +33,7 @@ from profwatch.adapters.zmq.curve import HandshakeMonitor, make_client, peer_add
 from profwatch.adapters.zmq.keyfiles import CurveSetupError, KeyPair, client_keys
 from profwatch.config import NodeSettings
 from profwatch.core.access import SecuritySettings, insecure_endpoints, parse_peer_address
+from profwatch.core.fleet.job_pins import Collision, JobIdCollision
 from profwatch.core.fleet.limits import LimitSettings
 from profwatch.core.fleet.rank_intake import RankIntake
 from profwatch.core.messages import MessageRejected, check_rank_message, parse_node_command
@@ -92,6 +93,7 @@ class NodeDaemon:
         self._seq = 0
         self._once = OncePerKind()
         self._logged: dict[tuple[str, str], float] = {}
+        self._unsent_collisions: list[bytes] = []
         self.counters = {"received": 0, "rejected": 0, "relayed": 0, "dropped": 0, "batches": 0, "oversize": 0}
         self._fs_jobs: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1000)
         # results of the fs worker, one typed queue per kind
@@ -265,13 +267,17 @@ class NodeDaemon:
                 if len(frames) != 2:
                     raise MessageRejected("bad_framing", f"{len(frames)} frames")
                 msg, data = self.intake.accept(payload, uid, time.monotonic(), pid)
+            except JobIdCollision as exc:
+                self.counters["job_id_collision"] = self.counters.get("job_id_collision", 0) + 1
+                if exc.new:
+                    self._report_collision(exc.collision)
+                self._reject(exc)
+                continue
             except MessageRejected as exc:
                 if exc.reason == "oversize":
                     self.counters["oversize"] += 1
                     self._log_peer("rank_message_oversize", str(uid), bytes=len(payload), uid=uid,
                                    limit=wire.MAX_MESSAGE_BYTES)
-                elif exc.reason == "job_uid_mismatch":
-                    self._log_peer("job_uid_mismatch", f"{uid}", uid=uid, detail=exc.detail)
                 self._reject(exc)
                 continue
             except Exception as exc:  # noqa: BLE001 - whatever a local process sends, the relay keeps serving
@@ -285,6 +291,25 @@ class NodeDaemon:
                 self._npu_starts[(msg.job_id, msg.rank)] = msg.ts_unix_s
                 self._check_stale_now.set()
             self._queue(data)  # what was validated, re-encoded: never the rank's raw bytes
+
+    def _report_collision(self, c: Collision) -> None:
+        """Log a new job id collision and tell the coordinator, which raises the ``job_id_collision`` alert."""
+        log.warning("job_id_collision", job_id=c.job_id, reason=c.reason, owner_uid=c.owner_uid, uid=c.uid,
+                    pid=c.pid, rank=c.rank, detail=c.detail())
+        owner = c.owner_paths or (None, None)
+        msg = wire.NodeJobIdCollision(
+            node_id=self.node_id, hostname=self.hostname, job_id=c.job_id, reason=c.reason, owner_uid=c.owner_uid,
+            uid=c.uid, rank=c.rank, ts_unix_s=time.time(), pid=c.pid, profiler_config_path=c.paths[0],
+            prof_root=c.paths[1], owner_profiler_config_path=owner[0], owner_prof_root=owner[1],
+            refused=c.refused, detail=c.detail()[:2000])
+        self._unsent_collisions.append(wire.encode(msg))
+        del self._unsent_collisions[:-64]  # bounded: a flood of colliding processes keeps the newest reports
+        self._send_collisions()
+
+    def _send_collisions(self) -> None:
+        """Send the collision reports not sent yet (the relay queue was full); again at each heartbeat."""
+        while self._unsent_collisions and self._send(self._unsent_collisions[0], "node_job_id_collision"):
+            self._unsent_collisions.pop(0)
 
     def _queue(self, data: bytes) -> None:
         if not self._pending:
@@ -388,6 +413,7 @@ class NodeDaemon:
             started_unix_s=self.started_unix_s, counters=dict(self.counters), stale_state=self._stale_state,
         )
         self._send(wire.encode(hb), "node_heartbeat")
+        self._send_collisions()
 
     def _drain_commands(self) -> None:
         while True:

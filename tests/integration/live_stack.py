@@ -65,7 +65,7 @@ class Stack:
     """Coordinator in a thread (``start``/``restart``), node daemons in threads, raw peers on demand."""
 
     def __init__(self, root: Path, security: dict[str, Any] | None = None, limits: dict[str, Any] | None = None,
-                 **coordinator: Any) -> None:
+                 sections: dict[str, Any] | None = None, **coordinator: Any) -> None:
         self.root = root
         self.ports = {k: free_port() for k in ("ingest", "control", "pub")}
         over = {"ingest_bind": f"tcp://127.0.0.1:{self.ports['ingest']}",
@@ -76,7 +76,8 @@ class Stack:
         over.update(coordinator)
         self.security = security or {}
         self.limits = limits or {}
-        self.settings = load_settings(None, coordinator=over, security=self.security, limits=self.limits)
+        self.settings = load_settings(None, coordinator=over, security=self.security, limits=self.limits,
+                                      **(sections or {}))  # other config sections ([arming], [analysis]...)
         self.coord: Coordinator | None = None
         self.thread: threading.Thread | None = None
         self.nodes: dict[str, tuple[NodeDaemon, threading.Thread]] = {}

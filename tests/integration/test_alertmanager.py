@@ -261,6 +261,9 @@ def test_the_documented_route_is_valid_and_routes_profwatch_alerts(tmp_path: Pat
     assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
     for labels, receiver in ((["alertname=ProfwatchSuspectRank", "job_id=j1", "severity=critical"], "training-oncall"),
                              (["alertname=ProfwatchBatchIncomplete", "job_id=j1"], "training-oncall"),
+                             (["alertname=ProfwatchCoordinatorDown", "component=profwatch", "severity=critical"],
+                              "profwatch-admins"),
+                             (["alertname=ProfwatchStateStoreFailing", "component=profwatch"], "profwatch-admins"),
                              (["alertname=SomethingElse"], "default")):
         res = subprocess.run([amtool, "config", "routes", "test", f"--config.file={cfg}", *labels],
                              capture_output=True, text=True, timeout=60)

@@ -109,7 +109,7 @@ def test_paths_are_pinned_live_and_a_change_is_alerted(stack: Stack, short_tmp: 
     assert job["prof_root"] == str(short_tmp / "prof") and job["ranks_seen"] == 1
     other.send(batch("n2", hello("jobP", 1, root=short_tmp, **moved), seq=2))  # again: counted, not re-alerted
     wait_for(lambda: _coord(stack).metrics.registry.get_sample_value("profwatch_rejected_total",
-                                                                     {"reason": "paths_changed"}) == 3, 20)
+                                                                     {"reason": "job_id_collision"}) == 3, 20)
     assert len(alerts()) == 2
     node.send(batch("n1", hello("jobP", 1, root=short_tmp), seq=2))
     wait_for(lambda: job_view(stack.control("status"), "jobP")["ranks_seen"] == 2, 20)

@@ -131,6 +131,9 @@ class World:
             def baseline_step_time_s(self, job_id: str) -> float | None:
                 return None
 
+            def ongoing(self, job_id: str) -> dict[str, frozenset[int]]:
+                return {}
+
         self.shell = CaptureShell(
             settings=self.settings, store=self.store, jobs=self.registry.jobs, nodes=self.registry.nodes,
             writer=Writer(), send_node_command=lambda n, c: self.sent.append((n, c)), scanner=Scanner(),
@@ -457,7 +460,17 @@ def test_a_restarted_shell_resumes_its_capture_and_its_arm_history(world, tmp_pa
     (alert,) = w2.of("io.profwatch.suspect_ranks.v1")
     assert alert["capture_id"] == cid and alert["armed_steps"]
     w2.shell.on_anomaly(Anomaly(kind="step_regression", job_id="j1", step=30, ranks=(), magnitude=0.4), w2.now)
-    assert w2.of("io.profwatch.arm_decision.v1")[-1]["reason"] == "cooldown"  # the history survived the restart
+    last = w2.of("io.profwatch.arm_decision.v1")[-1]  # the arm history survived the restart: the job's gap holds
+    assert (last["reason"], last["until_unix_s"]) == ("min_arm_gap", w.now + 60.0)
+    # the episode the report opened waits in the queue, is stored, and survives another restart
+    w2.shell.close()
+    w3 = world(store=StateStore(tmp_path / "state.db"))
+    (ep,) = [e for e in w3.shell.episodes.view("j1", w2.now) if e["closed_unix_s"] is None]
+    assert (ep["episode_id"], ep["kind"], ep["captures"]) == (last["episode_id"], "step_regression", [])
+    w3.now = w.now + 61
+    w3.shell.tick(w3.now)
+    (armed,) = [d for d in w3.of("io.profwatch.arm_decision.v1") if d["action"] == "arm"]
+    assert armed["episode_id"] == ep["episode_id"] and armed["capture_id"]  # captured once the gap passed
 
 
 def test_unacknowledged_ranks_are_explained_by_the_nodes_stale_torch_npu_state(world) -> None:
@@ -596,3 +609,31 @@ def test_rank_dirs_named_while_a_scan_runs_are_read_after_it_and_none_is_dropped
     w.drain(lambda: frozenset({a, b}) in calls[1:])
     assert calls[1] == frozenset({a, b})  # the waiting names first, together, only those under its prof_dir
     assert sum(1 for c in calls if c) == 1
+
+
+def test_successive_captures_naming_other_ranks_say_the_culprit_rotates_and_stop_capturing_it(world) -> None:
+    """Issue 20 item 6: a rank-outlier episode whose slow rank moves (0, then 3, then 6, as a hot MoE expert does)
+    is captured again for each new rank without waiting for its cooldown; once three verdicts named three ranks,
+    culprit_rotates is published (an alert) and the episode is not captured again."""
+    w = world(world=8, arming={"min_arm_gap_s": 0})
+    cids: list[str] = []
+    for i, rank in enumerate((0, 3, 6)):
+        w.shell.on_anomaly(Anomaly("rank_outlier", "j1", 21 + i, (rank,), 0.5,
+                                   {"stage": {rank: "forward"}, "excess": {rank: 0.5}}), w.now)
+        arm = [d for d in w.of("io.profwatch.arm_decision.v1") if d["action"] == "arm"][-1]
+        cid = arm["capture_id"]
+        assert cid not in cids
+        cids.append(cid)
+        w.drain(lambda c=cid: w.state(c) is CaptureState.WRITTEN)
+        w.verdict = ("ok", {"status": "ok", "detail": "1 suspect", "suspects": [{"rank": rank}]})
+        w.batches = [_complete_batch(cid, 8)]
+        w.now += 6
+        w.shell.tick(w.now)
+        w.drain(lambda c=cid: w.state(c) is CaptureState.ANALYSED)
+    (rot,) = w.of("io.profwatch.culprit_rotates.v1")
+    assert rot["rotation"] == [0, 3, 6] and "culprit rotates: ranks 0, 3, 6 in the last 3 captures" in rot["detail"]
+    episodes = {e["episode_id"] for e in w.of("io.profwatch.episode_opened.v1")}
+    assert episodes == {rot["episode_id"]}  # one episode, updated with each new rank
+    w.shell.on_anomaly(Anomaly("rank_outlier", "j1", 40, (1,), 0.5, {"stage": {1: "forward"}}), w.now + 1)
+    last = w.of("io.profwatch.arm_decision.v1")[-1]
+    assert (last["action"], last["reason"], last["queued"]) == ("suppress", "culprit_rotates", False)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from profwatch.adapters.zmq.control import ControlAuthFailed, ControlError
 from profwatch.adapters.zmq.curve import CurveAuthenticator, HandshakeMonitor
-from profwatch.adapters.zmq.keyfiles import CurveSetupError
+from profwatch.adapters.zmq.keyfiles import CurveSetupError, create_certificate
 from profwatch.adapters.zmq.publish import subscribe
 from profwatch.cli import cli
 from profwatch.config import load_settings
@@ -203,3 +203,89 @@ def test_event_stream_needs_a_read_key(short_tmp: Path, keys: Keys, stacks) -> N
         mon.close()
         bad.close(0)
         sub.close(0)
+
+
+def test_revocation_cuts_open_connections_for_every_role(short_tmp: Path, keys: Keys, stacks) -> None:
+    """Issue 24 item 13: keys removed from clients/ (node, read) or edited in place (act) stop working on the
+    connections already open: a revoked node's heartbeats and hellos are refused, a revoked reader's open control
+    connection is denied and its event subscription is cut (the stream is re-bound), while an admitted
+    subscriber gets events again without doing anything."""
+    node_key, reader, actor, other = (keys.issue("nodeA", "node"), keys.issue("alice", "read"),
+                                      keys.issue("bob", "act"), keys.issue("carol", "read"))
+    node_b = keys.issue("nodeB", "node")
+    st = Stack(short_tmp, security=keys.security())
+    stacks.append(st)
+    coord = st.start()
+    m = coord.metrics.registry
+    st.node("nodeA", security=keys.security(node_key))
+    push = st.push("nodeA")
+    push.send_multipart(wire.frames(hello("jobR", 0, world=1, root=short_tmp)))
+    carol = keys.client(other)
+    wait_for(lambda: job_view(st.control("status", curve=carol), "jobR") is not None, 30, what="job over CURVE")
+    # open connections: alice's and bob's control REQ sockets, alice's and carol's subscriptions
+    from profwatch.adapters.zmq.curve import make_client
+
+    def req(secret: Path) -> zmq.Socket:
+        s = st.ctx.socket(zmq.REQ)
+        s.linger = 0
+        make_client(s, *keys.client(secret))
+        s.connect(st.settings.coordinator.control_bind)
+        st._socks.append(s)
+        return s
+
+    def ask(s: zmq.Socket, cmd: str) -> dict:
+        s.send_json({"cmd": cmd, "args": {}})
+        assert s.poll(20_000), f"no reply to {cmd}"
+        return s.recv_json()
+
+    alice_req, bob_req = req(reader), req(actor)
+    assert ask(alice_req, "ping")["ok"] and ask(bob_req, "ping")["ok"]
+    subs = {name: subscribe(st.ctx, st.settings.coordinator.pub_bind, ["profwatch."], curve=keys.client(sec))
+            for name, sec in (("alice", reader), ("carol", other))}
+    mons = {name: HandshakeMonitor(s) for name, s in subs.items()}
+    tags = iter(range(10_000))
+
+    def hears(name: str, push_: zmq.Socket, job: str) -> bool:
+        """A new paths_changed alert for ``job`` (a hello claiming other paths) reaches subscriber ``name``."""
+        push_.send_multipart(wire.frames(hello(job, 0, world=1, root=short_tmp, prof_root=f"/tmp/p{next(tags)}")))
+        got = False
+        while subs[name].poll(300):
+            got |= subs[name].recv_multipart()[0] == f"profwatch.alert.{job}".encode()
+        return got
+
+    try:
+        wait_for(lambda: hears("alice", push, "jobR") and hears("carol", push, "jobR"), 30,
+                 what="both subscribers receive alerts")
+        # revoke: remove the node's and alice's public keys, edit bob's in place (another key, same name)
+        (keys.clients / "nodeA.key").unlink()
+        (keys.clients / "alice.key").unlink()
+        new_pub, _new_sec = create_certificate(short_tmp / "rekey", "bob", "act")
+        with open(keys.clients / "bob.key", "r+b") as f:  # in place: same inode, the directory's mtime unchanged
+            body = new_pub.read_bytes()
+            f.write(body)
+            f.truncate(len(body))
+        refused = lambda: _metric(m, "profwatch_auth_refused_total", socket="ingest", reason="revoked")  # noqa: E731
+        wait_for(lambda: refused() >= 1, 20, what="the revoked node's heartbeats refused")
+        wait_for(lambda: not ask(alice_req, "ping")["ok"], 20, what="alice's open control connection denied")
+        assert ask(alice_req, "status")["error"]["code"] == "denied"
+        assert ask(bob_req, "ping")["error"]["code"] == "denied"  # edited in place: the old key is gone
+        # the stream was re-bound: alice's subscription dropped and refused at its reconnect
+        wait_for(lambda: _metric(m, "profwatch_auth_refused_total", socket="pub", reason="revoked") >= 1, 20,
+                 what="the event stream re-bound")
+        wait_for(lambda: any(f for _e, _v, f in mons["alice"].poll()), 20, what="alice refused at reconnect")
+        # the revoked node registers nothing new
+        before = refused()
+        push.send_multipart(wire.frames(hello("jobT", 0, world=1, root=short_tmp)))
+        wait_for(lambda: refused() > before, 20, what="the revoked node's hello refused")
+        assert job_view(st.control("status", curve=carol), "jobT") is None
+        # an admitted subscriber gets events again by itself (carol, through a node with a valid key); alice not
+        st.node("nodeB", security=keys.security(node_b))
+        push_b = st.push("nodeB")
+        wait_for(lambda: hears("carol", push_b, "jobS"), 30, what="carol receives events after the re-bind")
+        assert not hears("alice", push_b, "jobS"), "the revoked subscriber still receives the stream"
+        assert not hears("alice", push_b, "jobS")
+    finally:
+        for mon in mons.values():
+            mon.close()
+        for s in subs.values():
+            s.close(0)

@@ -94,7 +94,7 @@ def stack(short_tmp: Path):
 
 
 def _arm_far_ahead(st: Stack) -> dict[str, Any]:
-    cap = st.control("arm", {"job_id": JOB, "in_steps": 100_000, "reason": "test"})
+    cap = st.control("arm", {"job_id": JOB, "in_steps": 20_000, "reason": "test"})  # ~1000 s ahead: never reached
     wait_for(lambda: st.control("capture", {"capture_id": cap["capture_id"]})["state"] == "written", 60, 0.2,
              "the capture's config written")
     return cap
@@ -123,7 +123,7 @@ def test_scale_down_8_to_4_opens_a_generation_and_supersedes_the_capture(stack) 
     assert Path(cap["prof_dir"]).is_dir()  # data kept
     assert _status(st)["bounds"]["detector_ranks"] == 4  # the detector was rebuilt for the new shape
     assert _rejected(st, "bad_rank") == 0 and _rejected(st, "world_size_conflict") == 0
-    new = st.control("arm", {"job_id": JOB, "in_steps": 100_000, "reason": "test", "dry_run": True})
+    new = st.control("arm", {"job_id": JOB, "in_steps": 20_000, "reason": "test", "dry_run": True})
     assert new["world_size"] == 4 and "refused" not in new  # the new generation can be armed at once
     shown = CliRunner().invoke(cli, ["status", "--job", JOB],
                                env={"PROFWATCH_COORDINATOR__CONTROL_BIND": st.settings.coordinator.control_bind})

@@ -99,7 +99,9 @@ def test_enrich_runs_have_their_own_slot_and_a_lower_priority(tmp_path: Path) ->
         for t in threads:
             t.join(30)
     nice = {n: int((Path(r.output_dir) / "nice.txt").read_text()) for n, r in runs.items()}
-    assert nice["advisor"] == nice["cluster_time_summary"] + 7, nice
+    base = os.nice(0)  # the suite may itself run niced (CI under `nice -n 19`): the kernel caps niceness at 19
+    assert nice["cluster_time_summary"] == base, nice
+    assert nice["advisor"] == min(19, base + 7), nice
 
 
 def _batch(dirs: list[Path], world: int) -> BatchState:

@@ -12,6 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from profwatch.adapters.tools.msprof_runner import MsprofRunner, MsprofSettings, run_msprof_analysis
 from profwatch.core.verdict.evidence import ClusterEvidence
 from profwatch.simulate.ascend_tree import generate_cluster
@@ -164,9 +166,11 @@ def test_every_path_handed_to_the_tool_is_absolute(tmp_path: Path, monkeypatch: 
     assert len(set(outs)) == len(calls)  # a fresh -o per command
 
 
-def test_ctrl_c_on_profwatch_analyze_leaves_no_tool_running(tmp_path: Path) -> None:
-    """The tool runs in its own session (a kill must reach its descendants), so a Ctrl-C at the terminal does not
-    reach it: the CLI itself must end it when interrupted, promptly."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_on_profwatch_analyze_leaves_no_tool_running(tmp_path: Path, sig: signal.Signals) -> None:
+    """The tool runs in its own session (a kill must reach its descendants), so a Ctrl-C at the terminal, or the
+    SIGTERM a scheduler or `timeout` sends, does not reach it: the CLI itself must end it, promptly (issue 24 item
+    11: SIGTERM left the tools running)."""
     import subprocess
     import time
 
@@ -184,8 +188,10 @@ def test_ctrl_c_on_profwatch_analyze_leaves_no_tool_running(tmp_path: Path) -> N
         wait_for(lambda: pidfile.exists() and pidfile.read_text().strip().isdigit(), 60, what="the tool started")
         pid = int(pidfile.read_text())
         t0 = time.monotonic()
-        cli.send_signal(signal.SIGINT)
-        cli.wait(30)
+        cli.send_signal(sig)
+        rc = cli.wait(30)
+        if sig == signal.SIGTERM:
+            assert rc == 128 + signal.SIGTERM
         assert time.monotonic() - t0 < 30
         wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in _proc_state(pid), 10,
                  what="the tool killed with the CLI")

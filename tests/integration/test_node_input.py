@@ -189,6 +189,11 @@ def test_other_users_cannot_connect_and_cannot_speak_for_a_job(stack: Stack, sho
     assert _as_nobody(lambda: _send(str(short_tmp / "n2.sock"), spoof)) == 0
     wait_for(lambda: node.metrics.registry.get_sample_value("profwatch_rejected_total",
                                                             {"reason": "job_uid_mismatch"}) == 1, 20)
+    # the squatted id is alerted (docs/security.md), with the owning uid
+    rows = wait_for(lambda: [r["event"] for r in stack.control("events", {"job_id": "jobP", "alerts_only": True})
+                             if r["event"]["type"] == "io.profwatch.job_id_collision.v1"], 20)
+    assert len(rows) == 1 and rows[0]["data"]["reason"] == "uid_mismatch"
+    assert rows[0]["data"]["owner_uid"] == os.getuid() and rows[0]["data"]["uid"] != os.getuid()
     push.send_multipart(wire.frames(hello("jobP", 1, world=2)))
     ranks = wait_for(lambda: (r := rank_view(stack.control("status"), "jobP")) and 1 in r and r, 20)
     assert ranks[1]["hostname"] == "h" and ranks[1]["uid"] == os.getuid()

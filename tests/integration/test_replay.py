@@ -51,8 +51,11 @@ def test_stalled_rank_reported_and_suppressed(tmp_path: Path) -> None:
     cfg.write_text("[detection]\nstall_after_s = 10.0\n")
     res = run_json(tmp_path, generate_telemetry(replace(BASE, stall_rank=2, stall_from_step=100)), "--config", str(cfg))
     assert [(a["kind"], a["ranks"]) for a in res["anomalies"]] == [("stalled_rank", [2])]
-    assert res["suppressed"] == [{"job_id": "sim", "kind": "stalled_rank", "step": res["anomalies"][0]["step"],
-                                  "reason": "stalled_rank_not_capturable"}]
+    [sup] = res["suppressed"]
+    assert sup["kind"] == "stalled_rank" and sup["step"] == res["anomalies"][0]["step"]
+    assert sup["reason"] == "stalled_rank_not_capturable"
+    [ep] = res["episodes"]
+    assert (ep["kind"], ep["ranks"], ep["captures"], ep["episode_id"]) == ("stalled_rank", [2], [], sup["episode_id"])
     assert res["arms"] == []
 
 
@@ -66,17 +69,25 @@ def test_bye_is_not_a_stall(tmp_path: Path) -> None:
     assert res["anomalies"] == []
 
 
-def test_observe_mode_and_cooldown_from_config(tmp_path: Path) -> None:
+def test_observe_mode_gap_and_episodes_from_config(tmp_path: Path) -> None:
+    """Observe mode: the job-wide regression would arm at once; the slow rank behind it is another episode, held by
+    the job's min gap only (not by the first one's cooldown), then would arm: both are captured."""
     cfg = tmp_path / "pw.toml"
-    cfg.write_text('[detection]\nmin_effect = 0.1\n\n[arming]\nmode = "observe"\ncooldown_s = 3600\n')
+    cfg.write_text('[detection]\nmin_effect = 0.1\n\n[arming]\nmode = "observe"\ncooldown_s = 3600\n'
+                   'min_arm_gap_s = 30\n')
     recs = generate_telemetry(replace(BASE, steps=400, slow_rank=5, slow_rank_from_step=150))
     res = run_json(tmp_path, recs, "--config", str(cfg))
     kinds = sorted(a["kind"] for a in res["anomalies"])
     assert kinds == ["rank_outlier", "step_regression"]
     outlier = next(a for a in res["anomalies"] if a["kind"] == "rank_outlier")
     assert outlier["ranks"] == [5]
-    assert [a["action"] for a in res["arms"]] == ["would_arm"]
-    assert [s["reason"] for s in res["suppressed"]] == ["cooldown"]
+    assert [(a["action"], a["kind"]) for a in res["arms"]] == [("would_arm", "step_regression"),
+                                                               ("would_arm", "rank_outlier")]
+    first, second = res["arms"]
+    assert second["ranks"] == [5] and 0 < second["waited_s"] <= 30
+    assert [s["reason"] for s in res["suppressed"]] == ["min_arm_gap"]
+    # one replay: the same episode is not re-armed within its cooldown
+    assert {e["kind"]: len(e["captures"]) for e in res["episodes"]} == {"step_regression": 1, "rank_outlier": 1}
 
 
 def test_counter_restart_replays_quietly(tmp_path: Path) -> None:
@@ -131,12 +142,14 @@ def test_periodic_checkpoint_armed_on_its_next_onset_when_asked(tmp_path: Path) 
     sc = replace(BASE, steps=1100, cv=0.03, checkpoint_every=200, checkpoint_steps=3, checkpoint_factor=6.0,
                  checkpoint_flagged=False)
     cfg = tmp_path / "pw.toml"
-    cfg.write_text('[arming]\ncooldown_s = 0\narm_on = ["step_regression", "periodic_spike"]\n')
+    cfg.write_text('[arming]\narm_on = ["step_regression", "periodic_spike"]\n')
     res = run_json(tmp_path, generate_telemetry(sc), "--config", str(cfg))
     assert [a["kind"] for a in res["anomalies"]].count("step_regression") == 0
     [arm] = res["arms"]
     assert arm["kind"] == "periodic_spike" and arm["action"] == "arm"
     assert arm["start_step"] + arm["warmup"] == 1001 and arm["active"] >= 3
+    [ep] = res["episodes"]  # the learned pattern is one standing episode, captured once (its cooldown)
+    assert ep["kind"] == "periodic_spike" and ep["closed_unix_s"] is None and len(ep["captures"]) == 1
     quiet = run_json(tmp_path, generate_telemetry(sc))
     assert quiet["arms"] == []
     assert {s["reason"] for s in quiet["suppressed"]} == {"transient_not_capturable", "kind_not_armed"}
@@ -157,3 +170,34 @@ def test_no_valid_record_is_an_input_error(tmp_path: Path) -> None:
     f.write_text("not json\n")
     code, out = invoke(f)
     assert code == 2 and "bad lines: 1" in out
+
+
+def _with_load_burst(recs: list[dict[str, Any]], first: int, last: int, factor: float) -> list[dict[str, Any]]:
+    """Every rank (all its stages) ``factor`` times slower for steps ``first..last``: host load on the whole job."""
+    out = []
+    for r in recs:
+        if "step_time_s" in r and first <= r["step"] <= last:
+            r = {**r, "step_time_s": r["step_time_s"] * factor,
+                 "stages": {k: v * factor for k, v in (r.get("stages") or {}).items()}}
+        out.append(r)
+    return out
+
+
+def test_a_load_burst_does_not_keep_the_slow_rank_after_it_from_being_captured() -> None:
+    """Issue 20 item 1, default config: a +25 % job-wide load burst arms first (its verdict would be no_suspect);
+    the slow rank (+336 %) that comes 60 steps after the burst is its own episode, not held by the burst's cooldown:
+    the first arm after its onset captures it."""
+    onset = 290
+    recs = generate_telemetry(replace(BASE, steps=500, slow_rank=5, slow_rank_factor=4.36, slow_rank_from_step=onset))
+    res = replay_lines(dump_jsonl(_with_load_burst(recs, 150, 230, 1.25)).splitlines())
+    arms = res["arms"]
+    assert arms and arms[0]["kind"] == "step_regression" and arms[0]["step"] < onset  # the burst armed first
+    after = [a for a in arms if a["start_step"] > onset]
+    assert after, arms
+    first = after[0]
+    assert first["action"] == "arm" and first["kind"] == "rank_outlier" and first["ranks"] == [5], arms
+    eps = {e["episode_id"]: e for e in res["episodes"]}
+    straggler = eps[first["episode_id"]]
+    assert straggler["opened_step"] >= onset and straggler["captures"][0]["ranks"] == [5]
+    burst = eps[arms[0]["episode_id"]]
+    assert burst["closed_unix_s"] is not None and burst["close_reason"] == "quiet"  # the burst ended

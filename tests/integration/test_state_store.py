@@ -150,3 +150,30 @@ def test_typed_rows_round_trip_and_partial_rank_writes(tmp_path: Path) -> None:
         assert [c.capture_id for c in store.captures(since_unix_s=T0 + 3600)] == ["c-later"]
     finally:
         store.close()
+
+
+def test_a_version_3_state_db_gains_the_episodes_table_and_keeps_episodes(tmp_path: Path) -> None:
+    """The episodes table is created in a version-3 file that lacks it, in place, without a version change; rows
+    round-trip, every open episode and the last closed ones per job are read back, a damaged body is skipped."""
+    path = tmp_path / "state.db"
+    first = StateStore(path)
+    first.db.execute("DROP TABLE episodes")
+    first.db.execute("PRAGMA user_version=3")
+    first.db.commit()
+    first.close()
+    store = StateStore(path)
+    try:
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert store.episodes() == []
+        store.save_episode("ep-1", "j1", True, T0, {"episode_id": "ep-1", "job_id": "j1"})
+        for k in range(3):
+            store.save_episode(f"ep-c{k}", "j1", False, T0 + 1 + k, {"episode_id": f"ep-c{k}"})
+        store.save_episode("ep-1", "j1", True, T0 + 10, {"episode_id": "ep-1", "job_id": "j1", "reports": 2})
+        store.save_episode("ep-9", "j9", True, T0, {"episode_id": "ep-9"})
+        store.db.execute("UPDATE episodes SET body='not json' WHERE episode_id='ep-9'")
+        store.db.commit()
+        assert [e["episode_id"] for e in store.episodes(["j1"], closed_per_job=2)] == ["ep-c1", "ep-c2", "ep-1"]
+        assert store.episodes(["j1"])[-1]["reports"] == 2
+        assert store.episodes(["j9"]) == [] and store.episodes([]) == []
+    finally:
+        store.close()

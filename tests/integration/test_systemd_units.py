@@ -61,21 +61,92 @@ def test_example_config_is_valid() -> None:
     assert s.analysis.msprof.advisor_html is True
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
-@pytest.mark.parametrize("name", UNITS)
-def test_systemd_analyze_verify(name: str, tmp_path: Path) -> None:
-    # verify resolves ExecStart and User: point ExecStart at a real profwatch and drop User= (no such user here)
+def _verify_copy(name: str, unit_dir: Path) -> str:
+    """``systemd-analyze verify`` on a copy of unit ``name`` in ``unit_dir`` (drop-ins beside it are read too), its
+    ExecStart pointing at this venv's profwatch and without User/Group (no such user here). Returns the output."""
     exe = shutil.which("profwatch") or str(Path(PYTHON).parent / "profwatch")
     if not Path(exe).exists():
         pytest.skip("profwatch console script not installed")
     text = (SYSTEMD / name).read_text().replace("/usr/local/bin/profwatch", exe)
     text = "\n".join(line for line in text.splitlines() if not line.startswith(("User=", "Group=")))
-    unit = tmp_path / name
+    unit_dir.mkdir(parents=True, exist_ok=True)
+    unit = unit_dir / name
     unit.write_text(text)
     res = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert not [ln for ln in out.splitlines() if "Unknown" in ln or "Invalid" in ln or "Ignoring" in ln], out
+    return out
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+@pytest.mark.parametrize("name", UNITS)
+def test_systemd_analyze_verify(name: str, tmp_path: Path) -> None:
+    _verify_copy(name, tmp_path)
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_units_start_on_a_default_install_without_keys(name: str) -> None:
+    """LoadCredential= of an absent file fails the start (243/CREDENTIALS): the shipped units load no key; the
+    drop-ins ``keys init`` / ``keys install`` write do."""
+    text = (SYSTEMD / name).read_text()
+    assert not [ln for ln in text.splitlines() if ln.startswith(("LoadCredential", "SetCredential"))]
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_keys_init_and_install_write_drop_ins_that_verify(tmp_path: Path) -> None:
+    units = tmp_path / "units"
+    units.mkdir()
+
+    def cli(*args: str) -> str:
+        res = subprocess.run([PYTHON, "-m", "profwatch.cli", "keys", *args, "--systemd-dir", str(units)],
+                             env=python_env(), capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    out = cli("init", "--dir", str(tmp_path / "coord"))
+    assert "daemon-reload" in out
+    res = subprocess.run([PYTHON, "-m", "profwatch.cli", "keys", "add", "node7", "--role", "node", "--dir",
+                          str(tmp_path / "coord")], env=python_env(), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    # the node host: the issued secret and the server's public key, installed by the named command
+    out = cli("install", str(tmp_path / "coord" / "issued" / "node7.key_secret"), "--server-key",
+              str(tmp_path / "coord" / "server.key"), "--dir", str(tmp_path / "node"))
+    assert "node.node_id = 'node7'" in out
+    assert (tmp_path / "node" / "client.key_secret").stat().st_mode & 0o777 == 0o600
+    for unit, cred, env, key in (
+            ("profwatch-coordinator.service", "server.key_secret", "PROFWATCH_SECURITY__SERVER_SECRET_KEY",
+             tmp_path / "coord" / "server.key_secret"),
+            ("profwatch-node.service", "client.key_secret", "PROFWATCH_SECURITY__CLIENT_SECRET_KEY",
+             tmp_path / "node" / "client.key_secret")):
+        dropin = (units / f"{unit}.d" / "50-profwatch-curve.conf").read_text()
+        assert f"LoadCredential={cred}:{key.resolve()}" in dropin and f"Environment={env}=%d/{cred}" in dropin
+        _verify_copy(unit, units)  # the unit with its drop-in beside it
+
+
+@pytest.mark.skipif(not (shutil.which("systemd-sysusers") and shutil.which("systemd-tmpfiles")) or os.geteuid() != 0,
+                    reason="systemd-sysusers / systemd-tmpfiles not installed, or not root (the folders are chowned)")
+def test_sysusers_and_tmpfiles_create_the_user_and_key_folders(tmp_path: Path) -> None:
+    """The real tools, applied to an empty root (``--root``): the profwatch user and group, and the key folders
+    readable by that group only."""
+    root = tmp_path / "root"
+    for sub, conf in (("sysusers.d", "sysusers.d/profwatch.conf"), ("tmpfiles.d", "tmpfiles.d/profwatch.conf")):
+        (root / "usr/lib" / sub).mkdir(parents=True)
+        shutil.copy(SYSTEMD / conf, root / "usr/lib" / sub / "profwatch.conf")
+    (root / "etc").mkdir()
+    for f in ("passwd", "group", "shadow", "gshadow"):
+        (root / "etc" / f).touch()
+    for tool in (["systemd-sysusers"], ["systemd-tmpfiles", "--create"]):
+        res = subprocess.run([*tool, f"--root={root}", "profwatch.conf"], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+    passwd = (root / "etc/passwd").read_text()
+    group = (root / "etc/group").read_text()
+    assert passwd.startswith("profwatch:") and "/usr/sbin/nologin" in passwd and group.startswith("profwatch:")
+    gid = int(group.split(":")[2])
+    keys = root / "etc/profwatch/keys"
+    for d in (keys, keys / "clients"):
+        st = d.stat()
+        assert (st.st_mode & 0o777, st.st_uid, st.st_gid) == (0o750, 0, gid), d
 
 
 def _seconds(v: str) -> float:

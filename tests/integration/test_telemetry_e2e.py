@@ -75,9 +75,10 @@ format = "console"
             env["PROFWATCH_NODE__METRICS_PORT"] = str(metrics_port)
         self.start(node, [PYTHON, "-m", "profwatch.cli", "node", "--config", str(self.cfg)], env)
 
-    def start_rank(self, rank: int, node: str, steps: int = 0, step_s: float = 0.02, world: int = 4) -> None:
+    def start_rank(self, rank: int, node: str, steps: int = 0, step_s: float = 0.02, world: int = 4,
+                   extra_env: dict[str, str] | None = None) -> None:
         env = {"RANK": str(rank), "LOCAL_RANK": str(rank % 2), "WORLD_SIZE": str(world), "PROFWATCH_JOB_ID": "jobA",
-               "PROFWATCH_NODE_ENDPOINT": self.node_endpoint(node)}
+               "PROFWATCH_NODE_ENDPOINT": self.node_endpoint(node), **(extra_env or {})}
         self.start(f"rank{rank}", [PYTHON, WORKER, str(self.root / f"rank{rank}.json"), str(steps), str(step_s)], env)
 
     def _ping(self) -> bool:
@@ -137,8 +138,9 @@ def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
     cluster.start_coordinator()
     cluster.start_node("nodeA", metrics_port=cluster.ports["node_metrics"])
     cluster.start_node("nodeB")
-    for r in range(4):
-        cluster.start_rank(r, "nodeA" if r < 2 else "nodeB")
+    for r in range(4):  # the ranks say their mode and role (pipeline stage) through the environment
+        cluster.start_rank(r, "nodeA" if r < 2 else "nodeB",
+                           extra_env={"PROFWATCH_MODE": "training", "PROFWATCH_ROLE": f"pp{r // 2}"})
     def all_at_20():
         s = cluster.try_status()
         steps = _rank_steps(s)
@@ -149,6 +151,8 @@ def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
     assert job["world_size"] == 4
     hosts = {r["rank"]: r["node_id"] for r in job["ranks"]}
     assert hosts == {0: "nodeA", 1: "nodeA", 2: "nodeB", 3: "nodeB"}
+    assert {r["rank"]: (r["mode"], r["role"]) for r in job["ranks"]} == {
+        0: ("training", "pp0"), 1: ("training", "pp0"), 2: ("training", "pp1"), 3: ("training", "pp1")}
     assert {n["node_id"] for n in st["nodes"]} == {"nodeA", "nodeB"}
     assert job["median_step_time_s"] == pytest.approx(0.02, abs=0.03)  # the workers sleep 20 ms a step
     # the CLI shows the same
@@ -162,6 +166,9 @@ def test_four_ranks_two_nodes_status_shows_every_rank(cluster: Cluster) -> None:
     assert dump.returncode == 0, dump.stderr
     rows = [json.loads(line) for line in dump.stdout.splitlines()]
     assert {r["rank"] for r in rows} == {0, 1, 2, 3} and all(r["world_size"] == 4 for r in rows)
+    pids = {r["rank"]: r["pid"] for r in job["ranks"]}
+    assert all((r["node"], r["pid"], r["mode"], r["role"]) == (hosts[r["rank"]], pids[r["rank"]], "training",
+                                                               f"pp{r['rank'] // 2}") for r in rows)
     r0 = [r for r in rows if r["rank"] == 0]
     assert all(a["ts_unix_s"] < b["ts_unix_s"] for a, b in zip(r0, r0[1:], strict=False))
     f = cluster.root / "dump.jsonl"

@@ -236,3 +236,22 @@ def test_the_enriched_update_refreshes_the_same_alerts_and_keeps_their_start():
     assert rank["annotations"]["analysis"] == "enriched: advisor=oom, communication_matrix=ok"
     assert any(a["labels"]["alertname"] == "ProfwatchSlowLink" for a in out)  # slow links come with the follow-up
     assert len(book.alerts) == 2 and not [a for a in out if a["endsAt"] == rfc3339(T0 + 60)]
+
+
+def test_a_rotating_culprit_fires_one_job_alert_resolved_when_its_episode_closes() -> None:
+    from profwatch.core.alerts.event_types import TYPE_CULPRIT_ROTATES, TYPE_EPISODE_CLOSED
+
+    book = _book()
+    text = "culprit rotates: ranks 0, 3, 6 in the last 3 captures: load imbalance, e.g. MoE routing"
+    ev = make_cloudevent(TYPE_CULPRIT_ROTATES, "j1", {"episode_id": "ep-1", "rotation": [0, 3, 6], "detail": text},
+                         source="//t", now_unix_s=10.0)
+    (fired,) = book.apply(ev, 10.0)
+    assert fired["labels"]["alertname"] == "ProfwatchCulpritRotates" and fired["labels"]["severity"] == "warning"
+    assert text == fired["annotations"]["description"] and "balance the load" in fired["annotations"]["impact"]
+    other = make_cloudevent(TYPE_EPISODE_CLOSED, "j1", {"episode_id": "ep-2", "rotation": []}, source="//t",
+                            now_unix_s=20.0)
+    assert book.apply(other, 20.0) == []  # an episode that did not rotate resolves nothing
+    closed = make_cloudevent(TYPE_EPISODE_CLOSED, "j1", {"episode_id": "ep-1", "rotation": [0, 3, 6]},
+                             source="//t", now_unix_s=30.0)
+    (resolved,) = book.apply(closed, 30.0)
+    assert resolved["labels"]["alertname"] == "ProfwatchCulpritRotates" and resolved["endsAt"] == rfc3339(30.0)

@@ -52,7 +52,10 @@ def test_rank_outlier_arms_configured_rank_list() -> None:
         (OUT, JobArmState(), {"arm_on": ("step_regression",)}, "kind_not_armed"),
         (REG, JobArmState(), {"min_magnitude": 0.5}, "below_min_magnitude"),
         (REG, JobArmState(capture_in_flight=True), {}, "capture_in_flight"),
-        (REG, JobArmState(last_arm_unix_s=NOW - 10), {"cooldown_s": 60}, "cooldown"),
+        (REG, JobArmState(episode_captured_unix_s=NOW - 10), {"cooldown_s": 60}, "cooldown"),
+        (REG, JobArmState(last_arm_unix_s=NOW - 10), {"min_arm_gap_s": 60}, "min_arm_gap"),
+        (REG, JobArmState(rotating=True), {}, "culprit_rotates"),
+        (REG, JobArmState(), {"max_capture_bytes_per_hour": 10, "rank_list": (0, 1)}, "larger_than_byte_cap"),
         (REG, JobArmState(captures_last_hour=4), {"max_captures_per_hour": 4}, "hourly_cap"),
         (REG, JobArmState(bytes_last_hour=2**30), {"max_capture_bytes_per_hour": 2**30}, "byte_cap"),
         (REG, JobArmState(stalled_ranks=frozenset({3})), {}, "stalled_rank_in_capture"),
@@ -71,8 +74,10 @@ def test_stalled_rank_outside_rank_list_does_not_block() -> None:
     assert d.action == "arm"
 
 
-def test_cooldown_expires_and_no_byte_cap() -> None:
-    assert decide(state=JobArmState(last_arm_unix_s=NOW - 61), cooldown_s=60).action == "arm"
+def test_cooldown_and_gap_expire_and_no_byte_cap() -> None:
+    assert decide(state=JobArmState(episode_captured_unix_s=NOW - 61), cooldown_s=60).action == "arm"
+    assert decide(state=JobArmState(last_arm_unix_s=NOW - 61), min_arm_gap_s=60).action == "arm"
+    assert decide(state=JobArmState(last_arm_unix_s=NOW - 61), cooldown_s=900).action == "arm"  # other episode
     assert decide(state=JobArmState(bytes_last_hour=10**15), max_capture_bytes_per_hour=None).action == "arm"
 
 
@@ -104,11 +109,11 @@ def test_arm_history_rolls_over_one_hour() -> None:
     assert (st.captures_last_hour, st.bytes_last_hour, st.last_arm_unix_s) == (0, 0, 1000.0)
 
 
-def test_observe_mode_would_arm_counts_for_cooldown_and_cap_like_an_arm() -> None:
-    """One arming path: in observe mode a would_arm is recorded, so the second anomaly meets the cooldown exactly
-    as it would in act mode (issue 10: observe mode used to report would_arm on every anomaly)."""
+def test_observe_mode_would_arm_counts_for_gap_and_cap_like_an_arm() -> None:
+    """One arming path: in observe mode a would_arm is recorded, so the second anomaly meets the gap and the cap
+    exactly as it would in act mode (issue 10: observe mode used to report would_arm on every anomaly)."""
     for mode, first in (("act", "arm"), ("observe", "would_arm")):
-        policy = ArmingPolicy(ArmingSettings(mode=mode, cooldown_s=600, max_captures_per_hour=2))
+        policy = ArmingPolicy(ArmingSettings(mode=mode, min_arm_gap_s=600, max_captures_per_hour=2))
         h = ArmHistory()
         actions = []
         for i, t in enumerate((NOW, NOW + 60, NOW + 700, NOW + 1400)):
@@ -116,8 +121,24 @@ def test_observe_mode_would_arm_counts_for_cooldown_and_cap_like_an_arm() -> Non
             actions.append((d.action, d.reason))
             h.record(d, t)
             assert h.state(t, capture_in_flight=False).captures_last_hour == min(2, (i + 2) // 2)
-        assert actions == [(first, "armed" if mode == "act" else "observe_mode"), ("suppress", "cooldown"),
+        assert actions == [(first, "armed" if mode == "act" else "observe_mode"), ("suppress", "min_arm_gap"),
                            (first, "armed" if mode == "act" else "observe_mode"), ("suppress", "hourly_cap")]
+
+
+def test_release_returns_the_hourly_slot_and_hold_until_says_when_each_hold_ends() -> None:
+    s = ArmingSettings(max_captures_per_hour=2, min_arm_gap_s=60, cooldown_s=900, max_capture_bytes_per_hour=1000)
+    h = ArmHistory()
+    h.record_arm(NOW, "c1")
+    h.record_arm(NOW + 100, "c2")
+    assert h.hold_until("hourly_cap", NOW + 200, s) == NOW + 3600
+    assert h.hold_until("min_arm_gap", NOW + 120, s) == NOW + 160
+    assert h.hold_until("cooldown", NOW + 120, s, episode_captured_unix_s=NOW) == NOW + 900
+    assert h.release("c1") and not h.release("c1")
+    assert h.state(NOW + 200, capture_in_flight=False).captures_last_hour == 1
+    h.record_bytes(NOW, 600)
+    h.record_bytes(NOW + 50, 300)
+    assert h.hold_until("byte_cap", NOW + 200, s, estimated_bytes=200) == NOW + 3600
+    assert h.hold_until("capture_in_flight", NOW + 200, s) is None
 
 
 def test_suppressed_decisions_are_not_recorded_and_bytes_add_up() -> None:

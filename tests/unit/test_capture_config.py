@@ -15,6 +15,7 @@ from profwatch.core.capture.planner import (
     JobProgress,
     ProfilerConfig,
     lead_steps,
+    max_steps_ahead,
     new_capture_id,
     plan_capture,
     poll_interval_s,
@@ -183,3 +184,15 @@ def test_new_capture_id_is_pure_and_safe() -> None:
     assert a == new_capture_id("j1", 1_800_000_000.123)
     assert a.startswith("c-20270115T") and a != new_capture_id("j2", 1_800_000_000.123)
     assert "/" not in a
+
+
+@pytest.mark.parametrize(("step_time_s", "limit"), [(0.5, 7200), (3.6, 1000), (10.0, 1000), (0.01, 360_000)])
+def test_a_start_step_more_than_an_hour_or_1000_steps_ahead_is_refused(step_time_s: float, limit: int) -> None:
+    """max(1000 steps, one hour at the measured step time) ahead of the covered ranks' furthest step (100)."""
+    j = _job(step_time_s=step_time_s)
+    assert max_steps_ahead(step_time_s) == limit
+    assert plan_capture(CaptureRequest(job_id="j1", reason="r", start_step=100 + limit), j).start_step == 100 + limit
+    with pytest.raises(CannotPlanCapture, match="would likely outlive the job"):
+        plan_capture(CaptureRequest(job_id="j1", reason="r", start_step=100 + limit + 1), j)
+    with pytest.raises(CannotPlanCapture, match="steps ahead"):
+        plan_capture(CaptureRequest(job_id="j1", reason="r", in_steps=limit + 1), j)

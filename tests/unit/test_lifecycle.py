@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import pytest
@@ -517,3 +518,49 @@ def test_progress_events_carry_state_and_deadline() -> None:
     t = lc.rank_event(_acked(_written(_open())), _ev(0, "started", step=0), T0 + 5, SET)
     ev = next(e for e in t.events if e.type == TYPE_CAPTURE)
     assert ev.data["state"] == "collecting" and ev.data["deadline_unix_s"] == t.capture.deadline_unix_s
+
+
+@pytest.mark.parametrize(("step_time_s", "step", "window_s"), [
+    (None, 100, 60.0),  # no step time known: ack_timeout_s
+    (0.5, 100, 60.0),  # fast steps: ack_timeout_s
+    (19.0, 100, 76.0),  # 3 x 19 + 19 s poll: just over the default
+    (40.0, 100, 160.0),  # 3 x 40 + 40 s poll
+    (100.0, 100, 350.0),  # the poll interval is capped at 50 s
+    (40.0, 5, 122.0),  # before step 11 torch_npu polls every 2 s
+])
+def test_the_ack_deadline_grows_with_the_step_time(step_time_s: float | None, step: int, window_s: float) -> None:
+    plan, steps = _plan(steps=dict.fromkeys(range(4), step), times=dict.fromkeys(range(4), step_time_s or 0.5))
+    cap = lc.open_capture(plan, world_size=4, profiler_config_path="/cfg/j1", writer="coordinator", rank_steps=steps,
+                          rank_step_time_s=dict.fromkeys(range(4), step_time_s) if step_time_s else {},
+                          rank_backends=dict.fromkeys(range(4), "torch_npu"), nodes=[], now=T0, settings=SET,
+                          step_time_s=step_time_s).capture
+    assert lc.ack_window_s(cap, SET) == window_s
+    written = _written(cap)
+    assert written.deadline_unix_s == T0 + 1 + window_s < cap.judge_unix_s  # the window ends later still
+
+
+def test_job_end_cancels_captures_whose_window_has_not_started_and_lets_the_others_run() -> None:
+    planned, written = _open(), _written(_open())
+    acked = _acked(_written(_open()))
+    collecting = lc.rank_event(acked, _ev(0, "started", step=acked.start_step), T0 + 5, SET).capture
+    for cap in (planned, written, acked):
+        t = lc.job_ended(cap, T0 + 700, SET)
+        assert t is not None and t.capture.state is CaptureState.CANCELLED, cap.state
+        assert "job ended" in t.capture.outcome and t.capture.deadline_unix_s is None
+        assert Action.IDLE_CONFIG in t.actions  # a later run in the same folder must not fire the old arm
+        assert t.events[0].data["reason"] == "job ended"
+    assert collecting.state is CaptureState.COLLECTING
+    for cap in (collecting, _analysing(), _analysed()):  # torch_npu may still be parsing: run to the deadline
+        assert lc.job_ended(cap, T0 + 700, SET) is None, cap.state
+
+
+def test_an_older_generations_analysing_capture_does_not_block_a_new_runs_arms() -> None:
+    """A new run (``docs/generations.md``) is never held back by the old run's capture: an ``analysing`` capture of
+    an older generation has its window behind it; one of the current generation still blocks, as does any older
+    capture still waiting for ranks (those are superseded when the generation opens)."""
+    collecting = lc.rank_event(_acked(_written(_open())), _ev(0, "started", step=0), T0 + 5, SET).capture
+    analysing = dataclasses.replace(collecting, state=lc.CaptureState.ANALYSING)
+    assert lc.blocking_capture([analysing], generation=1) is None
+    assert lc.blocking_capture([analysing], generation=0) is analysing
+    assert lc.blocking_capture([analysing]) is analysing
+    assert lc.blocking_capture([collecting], generation=1) is collecting

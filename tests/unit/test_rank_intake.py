@@ -69,7 +69,7 @@ def test_oversize_and_bounded_caches() -> None:
     assert ei.value.reason == "oversize"
     for r in range(5):
         intake.accept(hello(job=f"j{r}"), 7, float(r))
-    assert [k[0] for k in intake.hellos] == ["j2", "j3", "j4"] and len(intake.job_uids) == 3
+    assert [k[0] for k in intake.hellos] == ["j2", "j3", "j4"] and len(intake.pins.pins) == 3
     assert set(intake.dp_jobs) == {"j0", "j1"}
 
 

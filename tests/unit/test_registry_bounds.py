@@ -28,11 +28,39 @@ def test_paths_are_pinned_at_the_first_hello(cfg: str | None, prof: str | None) 
     reg.hello(hello(0), "n0", 1.0)
     with pytest.raises(RegistryError) as ei:
         reg.hello(hello(1, cfg=cfg, prof=prof), "n0", 2.0)
-    assert ei.value.reason == "paths_changed"
+    assert ei.value.reason == "job_id_collision"  # rank 0 is alive: another job with this id
     job = reg.jobs["j"]
     assert (job.profiler_config_path, job.prof_root) == ("/cfg/j", "/prof") and set(job.ranks) == {0}
     reg.hello(hello(1), "n0", 2.0)  # the same paths: fine
     assert set(job.ranks) == {0, 1}
+
+
+def test_other_paths_with_every_rank_gone_open_a_new_run_only_under_the_jobs_uid() -> None:
+    """Not a collision: the rule for a new run decides (``docs/generations.md``). A new process of the job's uid
+    re-pins the paths; another uid, or an old process speaking again, is refused as ``paths_changed``."""
+    reg = Registry()
+    reg.hello(dataclasses.replace(hello(0), peer_uid=1000, peer_pid=500), "n0", 1.0)
+    gone = 1.0 + reg.limits.rank_rebind_after_s + 1
+    for other in (dataclasses.replace(hello(1, cfg="/other"), peer_uid=1001, peer_pid=600),  # another user
+                  dataclasses.replace(hello(0, cfg="/other"), peer_uid=1000, peer_pid=500)):  # the old process
+        with pytest.raises(RegistryError) as ei:
+            reg.hello(other, "n0", gone)
+        assert ei.value.reason == "paths_changed"
+    out = reg.admit_hello(dataclasses.replace(hello(1, cfg="/other"), peer_uid=1000, peer_pid=600), "n0", gone)
+    assert out.opened is not None and out.opened.reason == "every_rank_gone"
+    job = reg.jobs["j"]
+    assert (job.pinned_paths, set(job.ranks), job.generation) == (("/other", "/prof"), {1}, 1)
+
+
+def test_steps_of_unknown_ranks_from_a_node_where_the_id_collided_are_refused() -> None:
+    reg = Registry()
+    reg.hello(hello(0), "n0", 1.0)
+    with pytest.raises(RegistryError):
+        reg.hello(hello(1, cfg="/other"), "n1", 2.0)
+    with pytest.raises(RegistryError) as ei:
+        reg.step(step(1, 5), 3.0, "n1")
+    assert ei.value.reason == "job_id_collision" and set(reg.jobs["j"].ranks) == {0}
+    reg.step(step(0, 5), 3.0, "n0")  # the first job goes on
 
 
 def test_restored_job_keeps_its_pins_and_an_unpinned_one_takes_the_next_hello() -> None:

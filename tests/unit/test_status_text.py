@@ -81,3 +81,42 @@ def test_alert_lines_name_the_suspects_of_the_verdict_and_of_its_follow_up() -> 
     none = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",
                          "data": {"status": "no_suspect", "suspects": [], "detail": "balanced"}})
     assert none.endswith("no_suspect: no suspect (balanced)")
+
+
+def test_episodes_say_what_they_wait_for_and_how_they_ended() -> None:
+    from profwatch.core.capture.arming import ArmingPolicy, ArmingSettings
+    from profwatch.core.capture.episodes import JobEpisodes
+    from profwatch.core.detection.types import Anomaly
+
+    s = ArmingSettings(min_arm_gap_s=60, cooldown_s=900)
+    b, p = JobEpisodes("j", s), ArmingPolicy(s)
+    load, _ = b.observe(Anomaly("step_regression", "j", 150, (), 0.25, {"baseline_s": 0.5}), 1000.0)
+    picked = b.next_arm(p, 1000.0, capture_in_flight=False)
+    assert picked is not None and load is not None
+    b.history.record(picked[1], 1000.0, "c1")
+    b.armed(load.episode_id, "c1", 1000.0, covered=(0, 1))
+    b.capture_ended("c1", 1030.0, "no_suspect")
+    b.observe(Anomaly("rank_outlier", "j", 290, (5,), 3.36, {"stage": {5: "forward"}}), 1040.0)
+    assert b.next_arm(p, 1040.0, capture_in_flight=False) is None
+    text = "\n".join(render_status({"jobs": [], "nodes": [], "episodes": b.view(1040.0)}))
+    assert "episodes (open ones in capture order" in text
+    assert "rank_outlier ranks [5] stage forward +336%" in text
+    assert "waits for the job's gap between arms (arming.min_arm_gap_s) for 20 s more (#1 in the job's capture " \
+           "queue)" in text
+    assert "step_regression job-wide +25%" in text and "captured: c1 (no_suspect)" in text
+    b.close_all(1100.0, "job_ended")
+    text = "\n".join(render_status({"jobs": [], "nodes": [], "episodes": b.view(1100.0)}))
+    assert "closed (job_ended); never captured (waited for: min_arm_gap)" in text
+
+
+def test_episode_and_rotation_events_have_one_line_each() -> None:
+    from profwatch.commands.alerts import render_event
+
+    closed = {"type": "io.profwatch.episode_closed.v1", "subject": "j", "time": "t",
+              "data": {"episode_id": "ep-1", "kind": "rank_outlier", "ranks": [3], "magnitude": 0.5, "step": 10,
+                       "reason": "quiet", "captured": False, "waited_for": "hourly_cap"}}
+    assert render_event(closed) == ("t episode_closed.v1 job=j ep-1 rank_outlier ranks=[3] +50% step 10 closed "
+                                    "(quiet): never captured (waited for hourly_cap)")
+    rot = {"type": "io.profwatch.culprit_rotates.v1", "subject": "j", "time": "t",
+           "data": {"episode_id": "ep-1", "detail": "culprit rotates: ranks 0, 3, 6 in the last 3 captures"}}
+    assert render_event(rot).endswith("ep-1: culprit rotates: ranks 0, 3, 6 in the last 3 captures")

@@ -68,7 +68,7 @@ def test_the_policy_targets_and_counts_the_estimate_against_the_byte_budget() ->
     # a full capture of the same job would not fit the hourly budget of 50 GiB: 4096 x 4 x 16 MiB = 256 GiB
     whole = ArmingPolicy(ArmingSettings(targeting=TargetingSettings(enabled=False))).decide(OUT, JobArmState(), NOW,
                                                                                               topo)
-    assert (whole.action, whole.reason, whole.rank_list) == ("suppress", "byte_cap", None)
+    assert (whole.action, whole.reason, whole.rank_list) == ("suppress", "larger_than_byte_cap", None)
     # the job's own bytes per rank and step (from its last capture) replace the default estimate
     learned = policy.decide(OUT, JobArmState(bytes_per_rank_step=2**20), NOW, topo)
     assert learned.estimated_bytes == 19 * 4 * 2**20

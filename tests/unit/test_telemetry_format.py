@@ -36,3 +36,34 @@ def test_record_validation() -> None:
                                         "ts_unix_s": 1})
     with pytest.raises(ValidationError):
         TelemetryRecord.model_validate({"job_id": "j", "rank": 0, "step": 1, "ts_unix_s": 1})
+
+
+def test_work_mode_role_pid_node_round_trip_through_window_and_replay_format() -> None:
+    """What ``profwatch telemetry`` writes for a rank that reports work and labels (issue 20: the replay format
+    carries what the new detectors and the new-run rule read)."""
+    from profwatch.core.fleet.step_window import StepWindow
+
+    w = StepWindow(3)
+    w.append(1, 0.5)
+    w.append(2, 0.25, 128.0)  # the work ring is allocated here, step 1 has none
+    assert w.items_with_work() == [(1, 0.5, None), (2, 0.25, 128.0)]
+    w.append(3, 0.5, 64.0)
+    w.append(4, 1.0)  # wraps: step 1 is dropped
+    assert w.items_with_work() == [(2, 0.25, 128.0), (3, 0.5, 64.0), (4, 1.0, None)]
+    rows = window_records("j1", 1, w.items_with_work(), 100.0,
+                          {"mode": "serving", "role": "pp1", "pid": 4242, "node": "n1", "unused": None})
+    text = dump_jsonl(sorted(rows, key=lambda r: r["step"]), world_size=2)
+    recs = [TelemetryRecord.model_validate(json.loads(line)) for line in text.splitlines()]
+    assert [(r.step, r.work) for r in recs] == [(2, 128.0), (3, 64.0), (4, None)]
+    assert {(r.mode, r.role, r.pid, r.node) for r in recs} == {("serving", "pp1", 4242, "n1")}
+    assert "unused" not in text and '"work"' not in text.splitlines()[-1]
+    w.clear()
+    assert w.items_with_work() == []
+
+
+@pytest.mark.parametrize(("field", "value"), [("work", -1.0), ("role", "a b"), ("mode", "x" * 65), ("pid", 0),
+                                              ("node", "../n")])
+def test_record_refuses_bad_new_fields(field: str, value: object) -> None:
+    rec = {"job_id": "j", "rank": 0, "step": 1, "step_time_s": 0.1, "ts_unix_s": 1.0, field: value}
+    with pytest.raises(ValidationError):
+        TelemetryRecord.model_validate(rec)

@@ -69,13 +69,17 @@ class AnalysisResult:
     """The ranks the batch holds when they are a subset of the job (a targeted capture), else None."""
     op_compare: list[dict[str, Any]] = field(default_factory=list)
     """torch.profiler follow-up: ``[{"rank", "reference_rank", "ops": [...]}]`` (``kineto_reader.compare_suspects``)."""
+    comparison: dict[str, Any] | None = None
+    """What changed since a healthy reference capture (``profwatch.core.verdict.changes.Comparison.to_json`` plus
+    ``reference`` {path, batch_id, steps, step_time_s} and ``impact_accelerator_hours_per_day``); None without one."""
     followup: Any = field(default=None, repr=False)
     """What the enrich phase needs (``profwatch.analysis.facade.Followup``); None when nothing follows. Not serialised."""
 
     def verdict_json(self) -> dict[str, Any]:
         """The verdict keys shared by ``to_json()`` and ``alert_data()``: ``links``, ``impact`` (headline: every
-        suspect and link fixed), ``armed_steps``, ``captured_steps``, ``strength`` and ``unjudged_ranks``
-        ``[{"rank", "reason"}]`` (what could not be judged)."""
+        suspect and link fixed), ``armed_steps``, ``captured_steps``, ``strength``, ``unjudged_ranks``
+        ``[{"rank", "reason"}]`` (what could not be judged), ``changes`` (what changed since the reference capture,
+        ``docs/changes.md``; [] without one) and ``comparison`` (the whole comparison, or None)."""
         return {
             "links": [lk.to_json() for lk in self.links],
             "impact": self.impact,
@@ -83,6 +87,8 @@ class AnalysisResult:
             "captured_steps": list(self.captured_steps),
             "strength": self.strength,
             "unjudged_ranks": [{"rank": r, "reason": why} for r, why in sorted(self.unjudged_ranks.items())],
+            "changes": list((self.comparison or {}).get("changes", [])),
+            "comparison": self.comparison,
         }
 
     @property
@@ -126,7 +132,7 @@ class AnalysisResult:
         ``recipe_details`` {name: RecipeStatus json}, ``slow_rank_votes``, ``judged_ranks`` (ranks with a time
         breakdown: what the verdict covers), ``paths``, ``notes``, ``timings_s`` and the verdict keys of
         :meth:`verdict_json` (``links``, ``impact``, ``armed_steps``, ``captured_steps``, ``strength``,
-        ``unjudged_ranks``)."""
+        ``unjudged_ranks``, ``changes``, ``comparison``)."""
         return {**self.verdict_json(),
             "status": self.status,
             "batch_id": self.batch_id,

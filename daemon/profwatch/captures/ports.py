@@ -82,7 +82,8 @@ class AnalyserPort(Protocol):
 
 
 class DetectorsPort(Protocol):
-    """What the shell asks of the job's detector: keep the captured window out of the baseline, stalled ranks."""
+    """What the shell asks of the job's detector: keep the captured window out of the baseline, stalled ranks, the
+    step time, and the ranks each kind still names (episodes hold while their detector names their ranks)."""
 
     def exclude_steps(self, job_id: str, first: int, last: int, reason: str) -> None: ...
 
@@ -90,6 +91,10 @@ class DetectorsPort(Protocol):
 
     def baseline_step_time_s(self, job_id: str) -> float | None:
         """The detector's step time of the job (the one definition replay uses too), None while unknown."""
+        ...
+
+    def ongoing(self, job_id: str) -> dict[str, frozenset[int]]:
+        """Per anomaly kind, the ranks the job's detector still names (``JobDetector.ongoing``; {} when none)."""
         ...
 
 

@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from profwatch.adapters.fs.paths import PathRefused, check_inside, make_dirs
+from profwatch.adapters.fs.paths import PathRefused, make_dirs
 from profwatch.adapters.zmq.control import ControlError
 from profwatch.captures.analysis_steps import AnalysisSteps
+from profwatch.captures.arm_checks import ArmChecks
 from profwatch.captures.config_writes import ConfigWrites, IdleSend
+from profwatch.captures.episode_desk import EpisodeDesk
 from profwatch.captures.ports import (
     AnalyserPort,
     Clock,
@@ -34,9 +36,10 @@ from profwatch.captures.ports import (
     SendNodeCommand,
     WatcherPort,
 )
+from profwatch.core.alerts.event_types import TYPE_PATH_REFUSED
 from profwatch.core.batches.completeness import BatchState, CaptureHint
 from profwatch.core.capture import lifecycle as lc
-from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
+from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings
 from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
 from profwatch.core.capture.report import describe, explain_ranks, rank_causes, refusal
 from profwatch.core.capture.targeting import JobTopology, estimate_capture_bytes
@@ -83,7 +86,7 @@ class _Job:
     groups_from: str | None = None
 
 
-class CaptureShell(AnalysisSteps, ConfigWrites):
+class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
     """Applies lifecycle transitions for every capture of one coordinator (see the module doc).
 
     Args:
@@ -123,6 +126,12 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         self._want_dirs: dict[str, set[str]] = {}  # capture_id -> rank dirs events named, waiting to be read
         self._next_scan: dict[str, float] = {}
         self._refused_jobs: set[str] = set()
+        self._unavailable_seen: set[tuple[str, str]] = set()  # (job, backend_error) alerted as capture_unavailable
+        self.episodes = EpisodeDesk(  # anomalies as episodes; the capture queue (captures/episode_desk.py)
+            settings=settings, store=store, jobs=jobs, detectors=detectors, emit=emit, arm=self.arm,
+            in_flight=lambda job_id: lc.blocking_capture(self._job(job_id).active.values(),
+                                                         self._generation(job_id)) is not None,
+            topology=self.topology, policy=lambda: self.policy)
 
     # -- start, stop ----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -137,6 +146,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
             except Exception as exc:  # noqa: BLE001 - the periodic scan still finds every batch
                 log.warning("watcher_unavailable", error=repr(exc))
         now = self.clock()
+        self.episodes.start()
         hour = {c.capture_id: c for c in self.store.captures(since_unix_s=now - 3600)}
         ahead = {c.capture_id: c for c in self.store.captures(states=lc.IDLE_ENDINGS, judged_after_unix_s=now)}
         active = {c.capture_id: c for c in self.store.captures(states=lc.ACTIVE)}
@@ -151,8 +161,12 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                 job.recent.append(cap)
                 if lc.owes_idle(cap, now):
                     self._write_idle(cap)
-            if cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE):
-                job.history.record_arm(cap.created_unix_s)
+            gen = self._generation(cap.job_id)
+            if (cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE)
+                    and (gen is None or cap.generation >= gen)):  # an older generation's arms: not this budget
+                job.history.record_arm(cap.created_unix_s, cap.capture_id)
+                if cap.analysis_status == "no_suspect":
+                    job.history.release(cap.capture_id)  # found nothing: its hourly slot was given back
                 if cap.state not in lc.ACTIVE and cap.total_bytes:
                     job.history.record_bytes(cap.state_since_unix_s, cap.total_bytes, ranks=len(cap.ranks),
                                              active_steps=cap.active)
@@ -177,8 +191,13 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
     def _job(self, job_id: str) -> _Job:
         job = self._jobs.get(job_id)
         if job is None:
-            job = self._jobs[job_id] = _Job({}, deque(maxlen=RECENT_PER_JOB), ArmHistory())
+            job = self._jobs[job_id] = _Job({}, deque(maxlen=RECENT_PER_JOB), self.episodes.book(job_id).history)
         return job
+
+    def _generation(self, job_id: str) -> int | None:
+        """The job's current generation in the registry (None: not known there)."""
+        job = self.jobs.get(job_id)
+        return job.generation if job is not None else None
 
     def _caps(self, job_id: str) -> list[lc.Capture]:
         job = self._jobs.get(job_id)
@@ -210,6 +229,8 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
             self.count_state(cap.state.value)
         for ev in t.events:
             self.emit(ev.type, cap.job_id, dict(ev.data), event_id=ev.event_id)
+        if old is not None and old.state in lc.IN_FLIGHT and cap.state not in lc.IN_FLIGHT:
+            self.episodes.capture_ended(cap, t.events, self.clock())
         for action in sorted(t.actions, key=lambda a: a.value):
             self._do(action, cap)
         return cap
@@ -291,6 +312,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
     def tick(self, now: float) -> None:
         """Expire what is due; scan what waits for its batch every ``reconcile_interval_s``; (re)send idle writes."""
         self._send_idle_due(now)
+        self.episodes.tick(now)
         for job in list(self._jobs.values()):
             for cap in list(job.active.values()):
                 if lc.is_due(cap, now):
@@ -356,7 +378,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         cap = self._find(cid) or self.store.get_capture(cid)
         job_id = cap.job_id if cap is not None else None
         log.warning("path_refused", capture_id=cid, op=op, detail=detail)
-        self.emit("io.profwatch.path_refused.v1", job_id, {
+        self.emit(TYPE_PATH_REFUSED, job_id, {
             "capture_id": cid, "op": op, "reason": "path_swapped", "prof_dir": cap.prof_dir if cap else None,
             "problems": [detail]}, event_id=f"path_refused-{cid}-{op}")
 
@@ -395,12 +417,6 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         self._apply(t)
 
     # -- arming --------------------------------------------------------------------------------------------------------
-    def arm_state(self, job_id: str, now: float) -> JobArmState:
-        """The one place the arming policy's view of a job is built (arm history + capture in flight)."""
-        job = self._job(job_id)
-        return job.history.state(now, capture_in_flight=lc.blocking_capture(job.active.values()) is not None,
-                                 stalled_ranks=self.detectors.stalled_ranks(job_id))
-
     def topology(self, job_id: str) -> JobTopology | None:
         """The job's layout for targeted captures: its size, each rank's host (hellos) and the communication groups
         of its last complete batch (None for an unknown job)."""
@@ -413,32 +429,9 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                            groups=mine.groups or {}, groups_from=mine.groups_from)
 
     def on_anomaly(self, an: Anomaly, now: float) -> None:
-        """The arming path shared with ``profwatch replay`` (``daemon/profwatch/core/capture/arming.py``): decide on the job's arm
-        history, build the capture request, plan it (start the capture in act mode; a dry run in observe mode, whose
-        would-arm is then recorded so cooldown and caps apply exactly as in act mode)."""
-        job = self.jobs.get(an.job_id)
-        if job is None:
-            return
-        decision = self.policy.decide(an, self.arm_state(an.job_id, now), now, self.topology(an.job_id))
-        data: dict[str, Any] = {"anomaly": an.kind, "step": an.step, "action": decision.action,
-                                "reason": decision.reason, "estimated_bytes": decision.estimated_bytes,
-                                "targeting": decision.target.to_json() if decision.target is not None else None}
-        if decision.action != "suppress":
-            try:
-                req = capture_request(an, decision, furthest_step=max(0, job.furthest_step()),
-                                      step_time_s=self.detectors.baseline_step_time_s(an.job_id),
-                                      capture=self.s.capture)
-                plan = self.arm(an.job_id, req, now, dry_run=decision.action == "would_arm")
-                data["start_step"] = plan["start_step"]
-                if decision.action == "arm":
-                    data["capture_id"] = plan["capture_id"]
-                else:
-                    self._job(an.job_id).history.record(decision, now)
-            except ControlError as exc:
-                data.update(action="suppress", reason=f"{exc.code}: {exc.message}")
-            except (KeyError, TypeError, ValueError) as exc:  # planner errors are shown, never hidden
-                data.update(action="suppress", reason=f"plan_failed: {exc}")
-        self.emit("io.profwatch.arm_decision.v1", an.job_id, data)
+        """A detector's report: its episode is opened or updated and the job's capture queue runs
+        (``daemon/profwatch/captures/episode_desk.py``; the arming path shared with ``profwatch replay``)."""
+        self.episodes.on_anomaly(an, now)
 
     def arm(self, job_id: str, req: CaptureRequest, now: float, dry_run: bool = False) -> dict[str, Any]:
         """Plan one capture and start its life. A dry run plans the same and says whether the arm would be refused
@@ -479,7 +472,10 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                "window_deadline_unix_s": plan.deadline_unix_s, "config": plan.config.render(), "writer": writer,
                "nodes": nodes, "dry_run": dry_run, "base_step": plan.base_step, "step_spread": plan.step_spread,
                "furthest_step": progress.furthest_step, "step_time_s": step_time, "world_size": job.world_size}
-        blocker = lc.blocking_capture(self._job(job.job_id).active.values())
+        warnings = self.arm_warnings(job, set(covered))
+        if warnings:
+            out["warnings"] = warnings
+        blocker = lc.blocking_capture(self._job(job.job_id).active.values(), job.generation)
         if blocker is not None:
             message = refusal(blocker, now)
             if dry_run:
@@ -494,7 +490,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
                             rank_backends={r: s.backend for r, s in live.items()}, nodes=nodes, now=now,
                             settings=self.ls, step_time_s=step_time, generation=job.generation)
         history = self._job(job.job_id).history
-        history.record_arm(now)
+        history.record_arm(now, plan.capture_id)
         per_rank = history.bytes_per_rank_step
         history.reserve(plan.capture_id, now, estimate_capture_bytes(
             len(covered), plan.active, per_rank if per_rank is not None else self.s.arming.targeting.bytes_per_rank_step))
@@ -502,29 +498,6 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         self.detectors.exclude_steps(job.job_id, *profiled_report_steps(plan.start_step, plan.warmup, plan.active),
                                      f"capture {plan.capture_id}")
         return {**out, **describe(cap, now)}
-
-    def _check_armable(self, job: JobState, req: CaptureRequest, now: float) -> None:
-        if not job.profiler_config_path:
-            raise ControlError("refused", f"job {job.job_id} announced no usable profiler_config_path")
-        if not job.prof_root:
-            raise ControlError("refused", f"job {job.job_id} announced no usable prof_root")
-        live = [r for r in job.ranks.values() if not r.left]
-        if not live:
-            raise ControlError("refused", f"job {job.job_id} has no live ranks (all {len(job.ranks)} left)")
-        if len(live) < job.world_size:
-            left = sorted(r.rank for r in job.ranks.values() if r.left)
-            raise ControlError("refused", f"only {len(live)}/{job.world_size} ranks are live"
-                               + (f" (left: {left})" if left else " (the others have not started yet)")
-                               + "; torch_npu ignores configs written before every rank started")
-        if self.s.coordinator.config_writer == "node":
-            covered = set(req.rank_list) if req.rank_list else {r.rank for r in live}
-            timeout = self.s.coordinator.node_timeout_s
-            for node_id in sorted({r.node_id for r in live if r.rank in covered and r.node_id}):
-                node = self.nodes.get(node_id)
-                if node is None or now - node.last_seen_unix_s > timeout:
-                    heard = f"last heard {now - node.last_seen_unix_s:.0f} s ago" if node is not None else "never heard"
-                    raise ControlError("refused", f"node {node_id} is down ({heard}): it writes the config for its "
-                                                  "ranks (config_writer = \"node\"); start its node daemon first")
 
     # -- control commands ----------------------------------------------------------------------------------------------
     def cancel(self, job_id: str, capture_id: str | None, now: float) -> list[dict[str, Any]]:
@@ -578,31 +551,22 @@ class CaptureShell(AnalysisSteps, ConfigWrites):
         return out
 
     # -- hellos ----------------------------------------------------------------------------------------------------------
-    def on_hello(self, job: JobState, msg: wire.RankHello, now: float) -> None:
-        """Check the paths a hello names; refuse and report anything outside the allowed roots or passing through a
-        symlink below its root (``daemon/profwatch/adapters/fs/paths.py``: what is checked here is what is used later)."""
-        cs = self.s.coordinator
-        problems = []
-        if msg.prof_root:
-            try:
-                check_inside(msg.prof_root, cs.allowed_prof_roots)
-            except PathRefused as exc:
-                problems.append(str(exc))
-                job.prof_root = None
-        if msg.profiler_config_path and cs.config_writer == "coordinator":
-            try:
-                check_inside(msg.profiler_config_path, cs.allowed_config_roots)
-            except PathRefused as exc:
-                problems.append(str(exc))
-                job.profiler_config_path = None
-        if problems and msg.job_id not in self._refused_jobs:
-            self._refused_jobs.add(msg.job_id)
-            self.emit("io.profwatch.path_refused.v1", msg.job_id,
-                      {"rank": msg.rank, "hostname": msg.hostname, "problems": problems},
-                      event_id=f"path_refused-{msg.job_id}-{int(now)}")
+    def on_job_ended(self, job_id: str, now: float) -> None:
+        """The job ended: cancel its captures whose window has not started (``lc.job_ended``); the others run to
+        their deadlines."""
+        job = self._jobs.get(job_id)
+        for cap in list(job.active.values()) if job is not None else []:
+            t = lc.job_ended(cap, now, self.ls)
+            if t is not None:
+                self._apply(t)
 
     def supersede_generation(self, job_id: str, generation: int, now: float) -> None:
         """The job started ``generation``: close its captures of older generations that still wait for their ranks
-        as superseded (``lc.supersede``; data kept, nothing deleted; an ``analysing`` one finishes)."""
-        for cap in list(self._job(job_id).active.values()):
+        as superseded (``lc.supersede``; data kept, nothing deleted; an ``analysing`` one finishes without holding
+        the new generation's arms back) and start the job's arm history afresh (cooldown and hourly caps count the
+        new generation's arms only; ``docs/generations.md``)."""
+        job = self._job(job_id)
+        for cap in list(job.active.values()):
             self._apply(lc.supersede(cap, generation, now, self.ls))
+        # its episodes close and its budget starts afresh: the old run's arms never hold the new run's
+        self._job(job_id).history = self.episodes.new_generation(job_id, now)

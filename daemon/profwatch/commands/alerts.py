@@ -27,6 +27,21 @@ from profwatch.commands.common import (
     load_or_exit,
     unavailable_hint,
 )
+from profwatch.core.alerts.event_types import (
+    TYPE_ANALYSIS_ENRICHED,
+    TYPE_ANOMALY,
+    TYPE_ARM,
+    TYPE_ARM_DECISION,
+    TYPE_BATCH,
+    TYPE_BATCH_INCOMPLETE,
+    TYPE_CAPTURE,
+    TYPE_CULPRIT_ROTATES,
+    TYPE_EPISODE_CLOSED,
+    TYPE_EPISODE_OPENED,
+    TYPE_EPISODE_UPDATED,
+    TYPE_SUSPECT_RANKS,
+    display_name,
+)
 from profwatch.exitcodes import EXIT_UNAVAILABLE
 
 
@@ -39,30 +54,42 @@ def _suspects(d: dict[str, Any]) -> str:
 
 
 def render_event(ev: dict[str, Any]) -> str:
-    """One line for one CloudEvent (``io.profwatch.*``): time, type, job, then what matters for that type."""
+    """One line for one CloudEvent: time, short type name (``core/alerts/event_types.py``), job, then what matters for
+    that type."""
     d = ev.get("data") or {}
     t = str(ev.get("type", ""))
-    line = f"{ev.get('time', '')} {t.removeprefix('io.profwatch.')} job={ev.get('subject')}"
-    if t in ("io.profwatch.suspect_ranks.v1", "io.profwatch.analysis_enriched.v1"):
-        if t.endswith("analysis_enriched.v1"):
+    line = f"{ev.get('time', '')} {display_name(t)} job={ev.get('subject')}"
+    if t in (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED):
+        if t == TYPE_ANALYSIS_ENRICHED:
             line += f" capture {d.get('capture_id')} follow-up:"
         line += _suspects(d)
         if d.get("pending_recipes"):
             line += f" (follow-up pending: {', '.join(d['pending_recipes'])})"
         if d.get("report"):
             line += f" report={d['report']}"
-    elif t == "io.profwatch.batch_incomplete.v1":
+    elif t == TYPE_BATCH_INCOMPLETE:
         line += f" capture {d.get('capture_id')}: missing_ranks={d.get('missing_ranks')} " \
                 f"problems={len(d.get('problems') or [])}"
-    elif t == "io.profwatch.anomaly.v1":
+    elif t == TYPE_ANOMALY:
         line += (f" {d.get('kind')} at step {d.get('step')} ranks={d.get('ranks')} "
                  f"+{100 * float(d.get('magnitude') or 0):.0f}%")
-    elif t == "io.profwatch.arm_decision.v1":
+    elif t == TYPE_ARM_DECISION:
         line += f" {d.get('action')} ({d.get('reason')}) for {d.get('anomaly')} at step {d.get('step')}"
-    elif t == "io.profwatch.arm.v1":
+        if d.get("episode_id"):
+            line += f" episode {d['episode_id']}" + (" (queued)" if d.get("queued") else "")
+    elif t in (TYPE_EPISODE_OPENED, TYPE_EPISODE_UPDATED, TYPE_EPISODE_CLOSED):
+        ranks = f"ranks={d.get('ranks')}" if d.get("ranks") else "job-wide"
+        line += (f" {d.get('episode_id')} {d.get('kind')} {ranks} +{100 * float(d.get('magnitude') or 0):.0f}% "
+                 f"step {d.get('step')}")
+        if t == TYPE_EPISODE_CLOSED:
+            line += f" closed ({d.get('reason')}): " + ("captured" if d.get("captured") else
+                                                        f"never captured (waited for {d.get('waited_for')})")
+    elif t == TYPE_CULPRIT_ROTATES:
+        line += f" {d.get('episode_id')}: {d.get('detail')}"
+    elif t == TYPE_ARM:
         line += (f" capture {d.get('capture_id')} {d.get('status')} start_step={d.get('start_step')} "
                  f"warmup={d.get('warmup')} active={d.get('active')} config={d.get('path') or d.get('error', '')}")
-    elif t in ("io.profwatch.capture.v1", "io.profwatch.batch.v1"):
+    elif t in (TYPE_CAPTURE, TYPE_BATCH):
         line += f" capture {d.get('capture_id')} {d.get('event')}" + (f" ranks={d['ranks']}" if "ranks" in d else "")
     else:
         line += " " + json.dumps(d)[:200]

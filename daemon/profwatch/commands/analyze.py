@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import click
 
 from profwatch.adapters.fs.rank_dir_fs import TreeUnavailable, describe_unsupported, find_unsupported, scan_tree
 from profwatch.adapters.fs.staging import mark_output_dir
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
+from profwatch.analysis.compare import attach_comparison
 from profwatch.analysis.facade import AnalysisResult, AnalysisSettings, analyze_batch
+from profwatch.core.batches.completeness import BatchState
 from profwatch.core.display import display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE
 from profwatch.core.verdict.evidence import RecipeStatus
@@ -104,6 +107,9 @@ def _settings(ctx: click.Context, config_path: Path | None, no_advisor: bool, ti
               no_html: bool, advisor_html: bool = False) -> AnalysisSettings:
     obj: Any = ctx.obj
     base = obj.get("analysis_settings") if isinstance(obj, dict) else None
+    from profwatch.commands.common import resolve_config_path
+
+    config_path = resolve_config_path(config_path)
     if base is None and config_path is not None:
         from profwatch.config import ConfigError, load_settings
 
@@ -151,6 +157,17 @@ def _human(res: AnalysisResult) -> str:
                      f"{lk.bandwidth_gbps:.2f} GB/s vs peers {lk.peer_median_gbps:.2f} GB/s  {_saving(lk.impact)}")
     for rank, why in sorted(res.unjudged_ranks.items()):
         lines.append(f"  not judged: rank {rank}: {why}")
+    if res.comparison is not None:
+        c = res.comparison
+        lines.append(f"  since the reference ({c['reference']['path']}): {c['headline']}")
+        for comp in c["components"]:
+            lines.append(f"    {comp['component']:<14} reference {1e3 * comp['baseline_s_per_step']:8.2f} ms/step  "
+                         f"now {1e3 * comp['now_s_per_step']:8.2f}  change {1e3 * comp['delta_s_per_step']:+8.2f}")
+        if c.get("impact_accelerator_hours_per_day") is not None:
+            lines.append(f"    the step-time change costs {c['impact_accelerator_hours_per_day']:.1f} "
+                         "accelerator-hours per day")
+        for note in c["notes"]:
+            lines.append(f"    note: {note}")
     if res.report:
         lines.append(f"  report: {res.report}")
     return display_str("\n".join(lines))
@@ -171,12 +188,17 @@ def _human(res: AnalysisResult) -> str:
 @click.option("--quiet", is_flag=True, help="No per-recipe progress on stderr.")
 @click.option("--no-html", is_flag=True, help="Write report.json only.")
 @click.option("--timeout-s", type=click.FloatRange(min=1), default=None, help="Per msprof-analyze command.")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="PROFWATCH_CONFIG",
+@click.option("--baseline", "baseline_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="A healthy reference capture of the same job: each verdict gains `changes` (what changed since it: "
+                   "compute, communication, host, software; docs/changes.md).")
+@click.option("--baseline-batch", default=None, help="The reference batch id when BASELINE holds several.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="TOML config; its [analysis] section gives the settings (flags override).")
 @click.pass_context
 def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json: bool, out_dir: Path | None,
             batch_ids: tuple[str, ...], no_advisor: bool, advisor_html: bool, quiet: bool, no_html: bool,
-            timeout_s: float | None, config_path: Path | None) -> None:
+            timeout_s: float | None, config_path: Path | None, baseline_dir: Path | None = None,
+            baseline_batch: str | None = None) -> None:
     """Check which capture batches under DIR are complete, analyse them and rank suspect slow ranks.
 
     Exit status: 0 when every batch was analysed (ok / no_suspect), 1 when any batch was incomplete, partial,
@@ -197,16 +219,28 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
     if not batches:
         other = describe_unsupported(find_unsupported(directory))
         _fail(ctx, as_json, "no_batch", f"no capture batch found under {directory}" + (f"; {other}" if other else ""))
+    ref_batch = _baseline_batch(ctx, as_json, baseline_dir, baseline_batch, world_size) if baseline_dir else None
     _check_out(ctx, as_json, work, directory)  # after the input checks: a bad DIR leaves no output folder behind
     worst = 0
-    # one runner for every batch; leaving the block (also by Ctrl-C) kills any msprof-analyze still running
+    # SIGTERM (a scheduler, `timeout`) ends the command like Ctrl-C: the exception unwinds the block below, whose
+    # exit kills every msprof-analyze still running (each runs in its own session, out of reach of our signals)
+    signal.signal(signal.SIGTERM, _terminated)
+    # one runner for every batch; leaving the block (also by Ctrl-C or SIGTERM) kills any msprof-analyze running
     with MsprofRunner(settings.msprof) as runner:
+        reference = None
+        if ref_batch is not None and baseline_dir is not None:
+            ref_settings = settings.model_copy(deep=True)
+            ref_settings.msprof.advisor = False  # only the time breakdown is compared
+            ref_settings.report_html = False
+            reference = analyze_batch(ref_batch, work_dir=work / "reference", settings=ref_settings, runner=runner)
         for batch in batches:
             if quiet:
                 res = analyze_batch(batch, work_dir=work, settings=settings, runner=runner)
             else:
                 with RecipeProgress(display_str(batch.batch_id)) as progress:
                     res = analyze_batch(batch, work_dir=work, settings=settings, runner=runner, progress=progress)
+            if reference is not None and baseline_dir is not None and res.status != "incomplete":
+                attach_comparison(res, reference, reference_path=str(baseline_dir))
             if res.status == "incomplete":
                 res.notes.append(json.dumps({"completeness": batch.to_json()}, default=str)[:4000])
             if as_json:
@@ -216,6 +250,32 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
             if res.status not in GOOD:
                 worst = 1
     ctx.exit(worst)
+
+
+EXIT_SIGTERM = 128 + signal.SIGTERM
+"""Exit status after SIGTERM (the shell's convention for a signal's death: 143)."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM handler: unwind the command (the runner's ``with`` block kills its tool processes), exit 143."""
+    raise SystemExit(EXIT_SIGTERM)
+
+
+def _baseline_batch(ctx: click.Context, as_json: bool, directory: Path, batch_id: str | None,
+                    world_size: int | None) -> BatchState:
+    """The one complete reference batch under ``directory`` (exits 2 with a clear message otherwise)."""
+    try:
+        found = scan_tree(directory, world_size=world_size)
+    except TreeUnavailable as exc:
+        _fail(ctx, as_json, "unreadable", f"cannot read the baseline {directory}: {exc}")
+    if batch_id:
+        found = [b for b in found if b.batch_id == batch_id]
+    complete = [b for b in found if b.status == "complete"]
+    if len(complete) != 1:
+        names = ", ".join(display_str(b.batch_id) for b in found) or "none"
+        _fail(ctx, as_json, "no_batch", f"the baseline {directory} must hold exactly one complete batch "
+                                        f"(found {len(complete)} of: {names}); choose one with --baseline-batch")
+    return complete[0]
 
 
 def _check_out(ctx: click.Context, as_json: bool, work: Path, directory: Path) -> None:
@@ -230,7 +290,7 @@ def _check_out(ctx: click.Context, as_json: bool, work: Path, directory: Path) -
                                        f"{exc.strerror or exc}; choose a writable folder with --out")
 
 
-def _fail(ctx: click.Context, as_json: bool, status: str, detail: str) -> None:
+def _fail(ctx: click.Context, as_json: bool, status: str, detail: str) -> NoReturn:
     if as_json:
         click.echo(json.dumps({"status": status, "detail": display_str(detail)}))
     else:

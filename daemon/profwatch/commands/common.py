@@ -7,7 +7,9 @@ Every failure ends the command with one line on stderr and an exit code of the o
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +22,46 @@ PING_TIMEOUT_S = 3.0
 a ping within it is reported at once instead of after the command's own, longer timeout; a port nothing listens
 on is reported as soon as the connection is refused (milliseconds)."""
 
+DEFAULT_CONFIG_PATH = Path("/etc/profwatch/profwatch.toml")
+"""The config file every command reads when none is named (README "Configuration": precedence)."""
+
 config_option = click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), envvar="PROFWATCH_CONFIG",
-    help="TOML config file (env PROFWATCH_CONFIG); PROFWATCH_<SECTION>__<KEY> env vars override it.",
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+    help="TOML config file. Without it: profwatch --config FILE, then env PROFWATCH_CONFIG (empty: no file), then "
+         "/etc/profwatch/profwatch.toml when it exists, then the built-in defaults; PROFWATCH_<SECTION>__<KEY> env "
+         "vars override the file.",
 )
 
 
+def config_path_for(flag: Path | None, group_flag: Path | None, environ: Mapping[str, str],
+                    default: Path = DEFAULT_CONFIG_PATH) -> Path | None:
+    """The config file a command reads, first found of: the subcommand's ``--config``, the group's
+    (``profwatch --config FILE status``), ``PROFWATCH_CONFIG`` (set but empty: no file, built-in defaults), the
+    default file when it exists; None: built-in defaults only."""
+    if flag is not None:
+        return flag
+    if group_flag is not None:
+        return group_flag
+    env = environ.get("PROFWATCH_CONFIG")
+    if env is not None:
+        return Path(env) if env.strip() else None
+    return default if default.is_file() else None
+
+
+def resolve_config_path(flag: Path | None) -> Path | None:
+    """:func:`config_path_for` with the current click context's group option and ``os.environ``."""
+    ctx = click.get_current_context(silent=True)
+    group = ctx.find_root().params.get("config_path") if ctx is not None else None
+    return config_path_for(flag, group, os.environ, DEFAULT_CONFIG_PATH)
+
+
 def load_or_exit(config_path: Path | None) -> Any:
-    """The settings tree from ``config_path`` (and the env); exit 2 with the reason when it is invalid."""
+    """The settings tree from the config file :func:`resolve_config_path` picks for the subcommand's ``--config``
+    (and the env); exit 2 with the reason when it is invalid."""
     from profwatch.config import ConfigError, load_settings
 
     try:
-        return load_settings(config_path)
+        return load_settings(resolve_config_path(config_path))
     except ConfigError as exc:
         click.echo(f"profwatch: {exc}", err=True)
         sys.exit(EXIT_USAGE)
@@ -51,7 +81,7 @@ def client_keys_or_exit(s: Any, endpoint: str) -> Any:
 def unavailable_hint() -> str:
     """Where the CLI looks for the coordinator and how to point it elsewhere (the second line of an exit 3)."""
     return ("  is the coordinator running there? The CLI finds it through [coordinator] control_bind (and pub_bind "
-            "for --follow) of --config / PROFWATCH_CONFIG; default tcp://127.0.0.1:7712.")
+            "for --follow) of --config / PROFWATCH_CONFIG / /etc/profwatch/profwatch.toml; default tcp://127.0.0.1:7712.")
 
 
 class CoordinatorClient:

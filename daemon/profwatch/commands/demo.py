@@ -32,6 +32,18 @@ import click
 from profwatch.commands.demo_stack import Stack
 from profwatch.commands.demo_timeline import Timeline, event_time
 from profwatch.core.alerts.alertmanager import saving_text
+from profwatch.core.alerts.event_types import (
+    TYPE_ANALYSIS_ENRICHED,
+    TYPE_ANALYSIS_FAILED,
+    TYPE_ANOMALY,
+    TYPE_ARM,
+    TYPE_ARM_DECISION,
+    TYPE_BATCH,
+    TYPE_BATCH_INCOMPLETE,
+    TYPE_CAPTURE,
+    TYPE_SUSPECT_RANKS,
+    display_name,
+)
 from profwatch.core.capture.lifecycle import CaptureState
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
 from profwatch.simulate.launcher import JobSpec, launch_job
@@ -82,28 +94,28 @@ def on_event(tl: Timeline, ev: dict[str, Any], now: float, note: Callable[[str, 
         if tl.add(stage, t, step, detail):
             note(stage, t, detail)
 
-    if typ == "io.profwatch.anomaly.v1":
+    if typ == TYPE_ANOMALY:
         mark("detection", t_ev, f"{d.get('kind')} +{100 * float(d.get('magnitude') or 0):.0f}%", d.get("step"))
-    elif typ == "io.profwatch.arm_decision.v1" and d.get("action") != "arm":
+    elif typ == TYPE_ARM_DECISION and d.get("action") != "arm":
         key = f"{d.get('action')} ({d.get('reason')})"
         tl.suppressed[key] = tl.suppressed.get(key, 0) + 1
-    elif typ == "io.profwatch.arm.v1" and d.get("status") == CaptureState.WRITTEN:
+    elif typ == TYPE_ARM and d.get("status") == CaptureState.WRITTEN:
         mark("arm", t_ev, f"config written: start_step={d.get('start_step')} warmup={d.get('warmup')} "
                           f"active={d.get('active')}")
-    elif typ == "io.profwatch.capture.v1" and d.get("event") == "all_ranks_completed":
+    elif typ == TYPE_CAPTURE and d.get("event") == "all_ranks_completed":
         mark("capture", t_ev, "every rank wrote its rank dir")
-    elif typ == "io.profwatch.batch.v1":
+    elif typ == TYPE_BATCH:
         mark("batch_complete", t_ev, (d.get("batch") or {}).get("batch_id", ""))
-    elif typ == "io.profwatch.suspect_ranks.v1":
+    elif typ == TYPE_SUSPECT_RANKS:
         took = float(d.get("analysis_duration_s") or 0.0)
         mark("analysis", t_ev - took, f"{took:.1f} s to the verdict; recipes: {_recipes(d)}")
         pending = _pending(d)
         mark("first_alert", t_ev, _suspects_text(d) + (f"; follow-up pending: {', '.join(pending)}" if pending else ""))
         tl.alert = tl.alert or ev
-    elif typ in ("io.profwatch.batch_incomplete.v1", "io.profwatch.analysis_failed.v1"):
-        mark("first_alert", t_ev, f"{typ.removeprefix('io.profwatch.')}: {d.get('detail', '')}"[:160])
+    elif typ in (TYPE_BATCH_INCOMPLETE, TYPE_ANALYSIS_FAILED):
+        mark("first_alert", t_ev, f"{display_name(typ)}: {d.get('detail', '')}"[:160])
         tl.alert = tl.alert or ev
-    elif typ == "io.profwatch.analysis_enriched.v1":
+    elif typ == TYPE_ANALYSIS_ENRICHED:
         enrich_s = d.get("enrich_duration_s")
         mark("enriched_update", t_ev, "analysis_enriched" + (f" after {float(enrich_s):.1f} s of follow-up" if enrich_s else "")
              + f": {_suspects_text(d)}; recipes: {_recipes(d)}")
@@ -210,7 +222,7 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
     d = (tl.alert or {}).get("data", {})
     sus = d.get("suspects") or []
     top = sus[0]["rank"] if sus else None
-    hit = tl.alert is not None and tl.alert.get("type") == "io.profwatch.suspect_ranks.v1" and top == slow_rank
+    hit = tl.alert is not None and tl.alert.get("type") == TYPE_SUSPECT_RANKS and top == slow_rank
     echo(f"  result: top suspect {top} (expected {slow_rank}) -> {'OK' if hit else 'MISSED'}; steps captured "
          f"{_steps(d.get('captured_steps'))} of armed {_steps(d.get('armed_steps'))}")
     saving = saving_text(sus[0].get("impact")) if sus else ""

@@ -4,12 +4,15 @@ edge: reads one JSONL file and an optional TOML config; the work is :func:`repla
 Record format: ``daemon/profwatch/core/fleet/telemetry.py`` (what ``profwatch telemetry --job J`` writes).
 
 Replay goes through the coordinator's arming path (``daemon/profwatch/core/capture/arming.py``): the same detector
-(``JobDetector``), the same policy, the same :class:`~profwatch.core.capture.arming.ArmHistory` (so a would-arm in observe
-mode counts for the cooldown and caps as an arm does), the same step time (``JobDetector.baseline_step_time_s``)
-and the same planner (``profwatch.core.capture.planner.plan_capture`` with the ``[capture]`` settings). Time is taken from
-the records' ``ts_unix_s``: it stands for the arrival time of each report (stall checks run once per second of
-record time). Arms are simulated: the capture counts as in flight until the job's furthest step passes the
-window plus ``parse_steps``, and its steps are excluded from detection, as the coordinator does.
+(``JobDetector``), the same episodes and capture queue (:class:`~profwatch.core.capture.episodes.JobEpisodes` with its
+:class:`~profwatch.core.capture.arming.ArmHistory`, so a would-arm in observe mode counts for the cooldown, the gap and
+the caps as an arm does), the same policy, the same step time (``JobDetector.baseline_step_time_s``) and the same
+planner (``profwatch.core.capture.planner.plan_capture`` with the ``[capture]`` settings). Time is taken from the
+records' ``ts_unix_s``: it stands for the arrival time of each report (stall checks, episode closing and the
+queue run once per second of record time, and at each anomaly). Arms are simulated: the capture counts as in
+flight until the job's furthest step passes the window plus ``parse_steps`` (then it ends with status
+``simulated``: no verdict, so nothing is released and no rotation is seen), and its steps are excluded from
+detection, as the coordinator does.
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ from typing import Any
 import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, capture_request
+from profwatch.core.capture.arming import ArmingPolicy, ArmingSettings, capture_request
+from profwatch.core.capture.episodes import JobEpisodes
 from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
+from profwatch.core.fleet.generations import GenerationOpened
+from profwatch.core.fleet.replay_runs import RunFollower
 from profwatch.core.fleet.telemetry import TelemetryRecord, dump_jsonl
 from profwatch.core.step_numbering import profiled_report_steps
 from profwatch.exitcodes import EXIT_USAGE
@@ -67,10 +73,13 @@ def load_config(path: Path | None) -> ReplayConfig:
 @dataclass
 class _Job:
     detector: JobDetector
-    history: ArmHistory = field(default_factory=ArmHistory)
+    episodes: JobEpisodes
     in_flight_until_step: int | None = None
+    in_flight_id: str = ""
+    arms: int = 0
     restarts_seen: int = 0
     last_tick_s: float = -math.inf
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,14 +93,23 @@ class _StepView:
     stages: dict[str, float] | None
     flags: tuple[str, ...]
     capturing: bool
+    work: float | None = None
+    mode: str | None = None
+    role: str | None = None
 
 
 def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> dict[str, Any]:
     """Replay JSONL telemetry lines through detection and arming; return the ``--json`` result dict.
 
     Shape: ``{"records", "jobs": {job_id: {"world_size", "counters"}}, "anomalies": [...], "arms": [...],
-    "suppressed": [...], "bad_lines": {"count", "lines": [{"line", "error"}]}}``. Bad lines are counted with
-    their 1-based line numbers (first 100 listed); nothing here raises on bad input.
+    "suppressed": [...], "episodes": [...], "episode_events": [...], "bad_lines": {"count", "lines": [{"line",
+    "error"}]}}``; ``arms`` carry the ``episode_id`` they captured and ``waited_s`` since it opened; ``suppressed``
+    lists anomalies not armed when they arrived, with what their episode waits for (it is armed later when the
+    budget allows, unless it closes first); ``episodes`` every episode, open and closed, as
+    :meth:`~profwatch.core.capture.episodes.Episode.to_json`; ``generations`` the new runs the records show
+    (``job_generation`` data: records that name their ``pid`` follow the coordinator's rule,
+    ``daemon/profwatch/core/fleet/replay_runs.py``). Bad lines are counted with their 1-based line numbers
+    (first 100 listed); nothing here raises on bad input.
     """
     cfg = config or ReplayConfig()
     parsed: list[tuple[int, TelemetryRecord]] = []
@@ -111,8 +129,11 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
     for _, rec in parsed:
         sizes[rec.job_id] = max(sizes.get(rec.job_id, 1), rec.world_size or 1, rec.rank + 1)
     policy = ArmingPolicy(cfg.arming)
-    jobs = {jid: _Job(JobDetector(jid, n, cfg.detection, capture=cfg.capture)) for jid, n in sizes.items()}
-    result: dict[str, Any] = {"anomalies": [], "arms": [], "suppressed": []}
+    jobs = {jid: _Job(JobDetector(jid, n, cfg.detection, capture=cfg.capture), JobEpisodes(jid, cfg.arming))
+            for jid, n in sizes.items()}
+    result: dict[str, Any] = {"anomalies": [], "arms": [], "suppressed": [], "episode_events": [],
+                              "generations": []}
+    runs = RunFollower()  # records that name their process (pid) follow the coordinator's new-run rule
     last_ts = -math.inf
     for _, rec in parsed:
         job = jobs[rec.job_id]
@@ -120,21 +141,46 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
         last_ts = max(last_ts, rec.ts_unix_s)
         if rec.kind == "bye":
             det.mark_left(rec.rank)
+            runs.bye(rec.job_id, rec.rank, rec.step, rec.ts_unix_s)
             continue
         assert rec.step_time_s is not None
+        if rec.pid is not None:
+            run = runs.observe(job_id=rec.job_id, rank=rec.rank, world_size=rec.world_size or det.world_size,
+                               step=rec.step, step_time_s=rec.step_time_s, ts_unix_s=rec.ts_unix_s, pid=rec.pid,
+                               node=rec.node)
+            if run.opened is not None:
+                det = _new_run(job, run.opened, cfg, rec.ts_unix_s, result)
+            if not run.accepted:
+                continue  # refused or not of the current run, as the coordinator would
         found = det.observe(_StepView(rec.rank, rec.step, rec.step_time_s, rec.ts_unix_s, rec.stages,
-                                      rec.flags, rec.capturing), rec.ts_unix_s)
-        if rec.ts_unix_s - job.last_tick_s >= TICK_EVERY_S:
+                                      rec.flags, rec.capturing, rec.work, rec.mode, rec.role), rec.ts_unix_s)
+        tick = rec.ts_unix_s - job.last_tick_s >= TICK_EVERY_S
+        if tick:
             job.last_tick_s = rec.ts_unix_s
             found += det.tick(rec.ts_unix_s)
-        _handle(found, job, policy, cfg, rec.ts_unix_s, result)
+        if found or tick:
+            _handle(found, job, policy, cfg, rec.ts_unix_s, result)
     for job in jobs.values():
         _handle(job.detector.tick(last_ts), job, policy, cfg, last_ts, result)
+    result["episodes"] = [e.to_json() for j in jobs.values()
+                          for e in sorted([*j.episodes.open.values(), *j.episodes.closed],
+                                          key=lambda e: e.opened_unix_s)]
     result["records"] = len(parsed)
     result["jobs"] = {jid: {"world_size": j.detector.world_size, "counters": dict(j.detector.counters)}
                       for jid, j in jobs.items()}
     result["bad_lines"] = {"count": bad_count, "lines": bad}
     return result
+
+
+def _new_run(job: _Job, opened: GenerationOpened, cfg: ReplayConfig, now: float, result: dict[str, Any]) -> JobDetector:
+    """A new generation of the job (the coordinator's ``_on_generation``): a fresh detector for its world size, its
+    episodes closed and a fresh budget; a simulated capture of the old run ends. Returns the new detector."""
+    job.detector = JobDetector(opened.job_id, opened.world_size, cfg.detection, capture=cfg.capture)
+    job.in_flight_until_step, job.restarts_seen = None, 0
+    events = job.episodes.new_run(now, "new_generation")
+    result["episode_events"].extend({"type": e.type, "job_id": opened.job_id, **e.data} for e in events)
+    result["generations"].append(opened.to_json())
+    return job.detector
 
 
 def _short_error(exc: BaseException) -> str:
@@ -148,39 +194,68 @@ def _short_error(exc: BaseException) -> str:
 
 def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayConfig, now: float,
             result: dict[str, Any]) -> None:
-    det = job.detector
+    """Fold the anomalies into episodes, end a simulated capture whose window passed, close quiet episodes, then
+    arm what the queue gives (the coordinator's order: ``CaptureShell.on_anomaly`` and ``tick``)."""
+    det, book = job.detector, job.episodes
     furthest = det.furthest_step
     restarts = det.counters["restarts"]
     if job.in_flight_until_step is not None and (furthest is None or furthest > job.in_flight_until_step
                                                   or restarts != job.restarts_seen):
         job.in_flight_until_step = None  # window plus parse steps passed (or the step counter restarted)
+        book.capture_ended(job.in_flight_id, now, "simulated")
     job.restarts_seen = restarts
+    events = []
+    fresh = []
     for a in found:
         result["anomalies"].append(a.to_json())
-        d = job.history.decide(policy, a, now, capture_in_flight=job.in_flight_until_step is not None,
+        ep, evs = book.observe(a, now)
+        events += evs
+        if ep is not None:
+            fresh.append((a, ep))
+        else:
+            result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step,
+                                         "reason": "transient_not_capturable"})
+    events += book.advance(now, furthest_step=furthest, step_time_s=det.baseline_step_time_s, ongoing=det.ongoing())
+    armed = set()
+    for _ in range(len(book.open) + 1):  # each pass arms one episode or stops: bounded even with no gap
+        picked = book.next_arm(policy, now, capture_in_flight=job.in_flight_until_step is not None,
                                stalled_ranks=det.stalled_ranks)
-        if d.action == "suppress":
-            result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step, "reason": d.reason})
-            continue
-        at = furthest if furthest is not None else a.step
+        if picked is None:
+            break
+        ep, d = picked
+        at = furthest if furthest is not None else ep.last_step
         step_time = det.baseline_step_time_s
         try:
-            req = capture_request(a, d, furthest_step=at, step_time_s=step_time, capture=cfg.capture)
-            plan = plan_capture(req, JobProgress(job_id=a.job_id, world_size=det.world_size, furthest_step=max(0, at),
-                                                 step_time_s=step_time, prof_root=REPLAY_PROF_ROOT, now_unix_s=now),
-                                cfg.capture)
+            req = capture_request(ep.anomaly(), d, furthest_step=at, step_time_s=step_time, capture=cfg.capture)
+            plan = plan_capture(req, JobProgress(job_id=ep.job_id, world_size=det.world_size,
+                                                 furthest_step=max(0, at), step_time_s=step_time,
+                                                 prof_root=REPLAY_PROF_ROOT, now_unix_s=now), cfg.capture)
         except (ValueError, KeyError, TypeError) as exc:  # CannotPlanCapture / InvalidProfilerConfig are ValueErrors
-            result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step,
-                                         "reason": f"plan_failed: {exc}"})
+            book.arm_failed(ep.episode_id, now, f"plan_failed: {exc}")
             continue
-        job.history.record(d, now)
+        job.arms += 1
+        cid = f"replay-{ep.job_id}-{job.arms}"
+        book.history.record(d, now, cid)
+        covered = tuple(plan.rank_list) if plan.rank_list is not None else None
+        for e in book.armed(ep.episode_id, cid, now, covered=covered, start_step=plan.start_step,
+                            status="would_arm" if d.action == "would_arm" else None):
+            armed.add(e.episode_id)
         if d.action == "arm":
             first, last = profiled_report_steps(plan.start_step, plan.warmup, plan.active)
             det.exclude_steps(first, last, "capture")
             job.in_flight_until_step = last + cfg.detection.parse_steps
-        result["arms"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step, "start_step": plan.start_step,
-                               "warmup": plan.warmup, "active": plan.active, "rank_list": plan.rank_list,
-                               "reason": plan.reason, "action": d.action})
+            job.in_flight_id = cid
+        result["arms"].append({"job_id": ep.job_id, "kind": ep.kind, "step": ep.last_step,
+                               "start_step": plan.start_step, "warmup": plan.warmup, "active": plan.active,
+                               "rank_list": plan.rank_list, "reason": plan.reason, "action": d.action,
+                               "episode_id": ep.episode_id, "ranks": list(ep.ranks),
+                               "waited_s": round(now - ep.opened_unix_s, 3)})
+    for a, ep in fresh:
+        if ep.episode_id not in armed:
+            reason = "covered_by_capture" if ep.in_flight is not None else ep.waiting
+            result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step, "reason": reason,
+                                         "episode_id": ep.episode_id})
+    result["episode_events"].extend({"type": e.type, "job_id": job.detector.job_id, **e.data} for e in events)
 
 
 def render_summary(result: dict[str, Any]) -> str:
@@ -196,9 +271,18 @@ def render_summary(result: dict[str, Any]) -> str:
     for r in result["arms"]:
         out.append(f"  {r['job_id']} step {r['step']}: {r['action']} start_step={r['start_step']} "
                    f"warmup={r['warmup']} active={r['active']} ({r['reason']})")
-    out.append(f"suppressed: {len(result['suppressed'])}")
+    out.append(f"not armed on arrival: {len(result['suppressed'])}")
     for s in result["suppressed"]:
-        out.append(f"  {s['job_id']} step {s['step']}: {s['kind']} suppressed ({s['reason']})")
+        out.append(f"  {s['job_id']} step {s['step']}: {s['kind']} waits ({s['reason']})")
+    eps = result.get("episodes") or []
+    out.append(f"episodes: {len(eps)}")
+    for e in eps:
+        ranks = f" ranks={e['ranks'][:8]}" if e["ranks"] else ""
+        caps = len(e["captures"])
+        end = f"closed ({e['close_reason']})" if e["closed_unix_s"] is not None else "open"
+        wait = f", waits: {e['waiting']}" if e["waiting"] and not caps else ""
+        out.append(f"  {e['job_id']} {e['kind']}{ranks} steps {e['opened_step']}-{e['last_step']} "
+                   f"{e['peak_magnitude']:+.1%}: {end}, {caps} capture(s){wait}")
     return "\n".join(out)
 
 
@@ -214,7 +298,8 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     One JSON object per line (what `profwatch telemetry --job J` writes):
       {"job_id": "j1", "rank": 0, "world_size": 8, "step": 120, "step_time_s": 0.412, "ts_unix_s": 1764500042.5}
     required: job_id, rank, step, step_time_s (seconds), ts_unix_s; world_size on at least one line per job;
-    optional: stages {"forward": 0.1, ...} (seconds), flags ["checkpoint"|"eval"], capturing (bool);
+    optional: stages {"forward": 0.1, ...} (seconds), flags ["checkpoint"|"eval"], capturing (bool),
+    work (per step: tokens, samples), mode ("training"|"serving"), role (e.g. "pp1"), pid, node;
     {"kind": "bye", "job_id", "rank", "step", "ts_unix_s"} marks a rank that left on purpose.
     Bad lines are counted and listed with their line numbers.
     Arming goes through the coordinator's path: the same policy, history and capture planner.

@@ -16,6 +16,8 @@ from typing import Literal, get_args
 import click
 
 ExportType = Literal["db", "text", "both"]  # generate_cluster's export types = the --export-type choices
+JOB_WIDE = {"compute": 1.2, "communication": 3.0, "host": 0.2}
+"""``simulate tree --job-wide`` components and their default ``--factor``."""
 
 
 @click.group()
@@ -48,9 +50,17 @@ def _parse_factors(spec: str | None, what: str) -> dict[int, float]:
 @click.option("--no-marker", is_flag=True, help="omit analyse.done (older torch_npu)")
 @click.option("--capture-id", default=None)
 @click.option("--seed", default=0, show_default=True)
+@click.option("--job-wide", type=click.Choice(JOB_WIDE), default=None,
+              help="slow every rank in one component: compute (x --factor), communication (every link x --factor), "
+                   "host (extra free time, --factor as a fraction of a compute chunk)")
+@click.option("--factor", type=click.FloatRange(min=0.0), default=None,
+              help="for --job-wide (default: compute 1.2, communication 3.0, host 0.2)")
+@click.option("--pair", is_flag=True, help="write OUT/reference (healthy) and OUT/regressed (with the slowdowns asked "
+                                          "for) from one seed: they differ only by that (for analyze --baseline)")
 def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, slow_link: str | None, steps: int,
-         export_type: ExportType, no_marker: bool, capture_id: str | None, seed: int) -> None:
-    """Write a simulated Ascend capture batch into OUT."""
+         export_type: ExportType, no_marker: bool, capture_id: str | None, seed: int, job_wide: str | None = None,
+         factor: float | None = None, pair: bool = False) -> None:
+    """Write a simulated Ascend capture batch into OUT (or a healthy/regressed pair with --pair)."""
     from profwatch.simulate.ascend_tree import generate_cluster
 
     if world_size < 1:
@@ -60,14 +70,29 @@ def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, s
     bad = sorted(r for r in (*slow_f, *host_f, *link_f) if not 0 <= r < world_size)
     if bad:
         raise click.UsageError(f"ranks {bad} are outside 0..{world_size - 1} (--world-size {world_size})")
-    if out.exists() and any(out.glob("*_ascend_pt")):
-        raise click.UsageError(f"{out} already holds rank dirs; pick an empty or new folder (nothing was written)")
+    if factor is not None and job_wide is None:
+        raise click.UsageError("--factor needs --job-wide")
+    if job_wide is not None:
+        f = JOB_WIDE[job_wide] if factor is None else factor
+        bag = {"compute": slow_f, "communication": link_f, "host": host_f}[job_wide]
+        bag.update({r: f for r in range(world_size)})
+    targets = [out / "reference", out / "regressed"] if pair else [out]
+    for t in targets:
+        if t.exists() and any(t.glob("*_ascend_pt")):
+            raise click.UsageError(f"{t} already holds rank dirs; pick an empty or new folder (nothing was written)")
+    cid = capture_id or f"sim-{int(time.time())}"
+    if pair:
+        generate_cluster(targets[0], world_size=world_size, steps=steps, export_type=export_type,
+                         with_marker=not no_marker, capture_id=f"{cid}-reference", seed=seed)
     out.mkdir(parents=True, exist_ok=True)
-    dirs = generate_cluster(out, world_size=world_size, slow_ranks=slow_f or None, host_bound_ranks=host_f or None,
-                            slow_link_ranks=link_f or None, steps=steps,
-                            export_type=export_type, with_marker=not no_marker,
-                            capture_id=capture_id or f"sim-{int(time.time())}", seed=seed)
-    click.echo(f"wrote {len(dirs)} simulated rank dirs under {out}")
+    dirs = generate_cluster(targets[-1], world_size=world_size, slow_ranks=slow_f or None,
+                            host_bound_ranks=host_f or None, slow_link_ranks=link_f or None, steps=steps,
+                            export_type=export_type, with_marker=not no_marker, capture_id=cid, seed=seed)
+    if pair:
+        click.echo(f"wrote {len(dirs)} healthy rank dirs under {targets[0]} and {len(dirs)} regressed ones under "
+                   f"{targets[1]} (seed {seed})")
+    else:
+        click.echo(f"wrote {len(dirs)} simulated rank dirs under {out}")
 
 
 @simulate.command()
@@ -79,14 +104,15 @@ def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, s
 @click.option("--config-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="profiler_config_path of the simulated job (inside the daemons' allowed roots)")
 @click.option("--prof-root", type=click.Path(file_okay=False, path_type=Path), required=True)
-@click.option("--slow-rank", default=-1, show_default=True)
+@click.option("--slow-rank", default="-1", show_default=True,
+              help="the rank made slower at --at-step, or 'all' (every rank: a job-wide regression); -1: none")
 @click.option("--slowdown", default=2.0, show_default=True)
 @click.option("--at-step", default=40, show_default=True)
 @click.option("--duration-s", default=300.0, show_default=True, help="the ranks stop by themselves after this")
 @click.option("--stop-grace-s", default=30.0, show_default=True,
               help="on Ctrl-C / SIGTERM: how long the ranks get to stop together before their process group is "
                    "sent SIGTERM, then SIGKILL")
-def job(job_id: str, ranks: int, endpoints: tuple[str, ...], config_dir: Path, prof_root: Path, slow_rank: int,
+def job(job_id: str, ranks: int, endpoints: tuple[str, ...], config_dir: Path, prof_root: Path, slow_rank: str,
         slowdown: float, at_step: int, duration_s: float, stop_grace_s: float) -> None:
     """Run simulated Ascend ranks against running node daemons until --duration-s, Ctrl-C or SIGTERM.
 
@@ -97,14 +123,24 @@ def job(job_id: str, ranks: int, endpoints: tuple[str, ...], config_dir: Path, p
     import signal
     import sys
 
-    from profwatch.simulate.launcher import JobSpec, launch_job
+    from profwatch.simulate.launcher import ALL_RANKS, JobSpec, launch_job
     from rankhook.publisher import default_endpoint
+
+    if slow_rank.strip().lower() == "all":
+        slow = ALL_RANKS
+    else:
+        try:
+            slow = int(slow_rank)
+        except ValueError:
+            raise click.UsageError(f"--slow-rank must be a rank, -1 or 'all', got {slow_rank!r}") from None
+        if not -1 <= slow < ranks:
+            raise click.UsageError(f"--slow-rank {slow} is outside 0..{ranks - 1} (-1: none, 'all': every rank)")
 
     eps = list(endpoints) or [default_endpoint()]
     stop = config_dir.resolve() / f".{job_id}.stop"
     stop.unlink(missing_ok=True)
     spec = JobSpec(job_id=job_id, world_size=ranks, node_endpoints=eps, profiler_config_path=config_dir.resolve(),
-                   prof_root=prof_root.resolve(), mode="ascend-sim", slow_rank=slow_rank, slowdown=slowdown,
+                   prof_root=prof_root.resolve(), mode="ascend-sim", slow_rank=slow, slowdown=slowdown,
                    slow_at_step=at_step, max_seconds=duration_s, stop_file=stop)
     asked: dict[str, str] = {}
 

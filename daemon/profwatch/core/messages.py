@@ -33,6 +33,8 @@ JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 NODE_ID_RE = JOB_ID_RE
 """node_id (and CURVE key names) follow the job_id spelling: they appear in logs, metrics and file names."""
 STAGE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+LABEL_RE = STAGE_NAME_RE
+"""A ``mode`` or ``role`` label (``rankhook/wire.py``): the spelling of stage names."""
 MAX_STAGES = 32
 MAX_STEP = 2**62
 MAX_WORLD_SIZE = 1 << 20
@@ -71,7 +73,7 @@ _RankUnion = Annotated[
     Field(discriminator="kind"),
 ]
 _NodeUnion = Annotated[
-    Union[wire.NodeHeartbeat, wire.NodeBatch, wire.NodeAck],  # noqa: UP007
+    Union[wire.NodeHeartbeat, wire.NodeBatch, wire.NodeAck, wire.NodeJobIdCollision],  # noqa: UP007
     Field(discriminator="kind"),
 ]
 _rank_adapter: TypeAdapter[Any] = TypeAdapter(_RankUnion)
@@ -93,7 +95,7 @@ _typed_batch_adapter: TypeAdapter[Any] = TypeAdapter(_TypedBatch)
 _command_adapter: TypeAdapter[wire.NodeCommand] = TypeAdapter(wire.NodeCommand)
 
 _KNOWN_RANK_KINDS = {"hello", "step", "capture", "bye"}
-_KNOWN_NODE_KINDS = {"node_heartbeat", "node_batch", "node_ack"}
+_KNOWN_NODE_KINDS = {"node_heartbeat", "node_batch", "node_ack", "node_job_id_collision"}
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _INF = math.inf
 
@@ -120,6 +122,19 @@ def _check_str_dict(d: dict[str, Any], name: str) -> None:
         _check_text(k, f"{name} key")
         if isinstance(v, str):
             _check_text(v, f"{name}[{k[:40]}]")
+
+
+@lru_cache(maxsize=4096)
+def _label_ok(label: str) -> bool:
+    return LABEL_RE.match(label) is not None
+
+
+def _check_labels(msg: Any) -> None:
+    """``mode`` and ``role`` of a hello or step report: ``None`` or a :data:`LABEL_RE` label (memoised)."""
+    for name in ("mode", "role"):
+        v = getattr(msg, name)
+        if v is not None and (len(v) > 64 or not _label_ok(v)):  # the length first: the cache holds short keys
+            raise MessageRejected("bad_value", f"{name}={v[:40]!r}: letters, digits, _ . : - (1..64)")
 
 
 @lru_cache(maxsize=4096)
@@ -201,6 +216,9 @@ def check_rank_message(msg: Any) -> Any:
                 raise MessageRejected("bad_value", f"{len(msg.flags)} flags > {MAX_ENTRIES}")
             for f in msg.flags:
                 _check_text(f, "flags", 64)
+        if msg.work is not None and not 0.0 <= msg.work <= wire.MAX_WORK:
+            raise MessageRejected("bad_value", f"work={msg.work!r} must be finite, >= 0 and <= {wire.MAX_WORK:g}")
+        _check_labels(msg)
     elif kind == "hello":
         if not 1 <= msg.world_size <= MAX_WORLD_SIZE or msg.rank >= msg.world_size:
             raise MessageRejected("bad_rank", f"rank={msg.rank} world_size={msg.world_size} (max {MAX_WORLD_SIZE})")
@@ -220,6 +238,7 @@ def check_rank_message(msg: Any) -> Any:
             raise MessageRejected("bad_value", f"peer_pid={msg.peer_pid}")
         if msg.restart_count is not None and not 0 <= msg.restart_count < MAX_INT:
             raise MessageRejected("bad_value", f"restart_count={msg.restart_count}")
+        _check_labels(msg)
     else:
         _check_time(msg.ts_unix_s, "ts_unix_s", MAX_TS_UNIX_S)
         for name in ("step", "generation", "start_step", "total_bytes"):
@@ -297,6 +316,18 @@ def _check_envelope(env: Any) -> None:
                 and all(0 <= v < MAX_INT for v in env.counters.values())):
             raise MessageRejected("bad_value", "heartbeat pid/times/counters out of range")
         _check_str_dict(env.counters, "counters")
+
+
+def _check_collision(env: wire.NodeJobIdCollision) -> None:
+    if not _job_id_ok(env.job_id):
+        raise MessageRejected("bad_job_id", repr(env.job_id[:80]))
+    if not (0 <= env.owner_uid < MAX_INT and 0 <= env.uid < MAX_INT and 0 <= env.rank < MAX_INT
+            and 0 < env.refused < MAX_INT and (env.pid is None or 0 < env.pid < MAX_INT)
+            and _time_ok(env.ts_unix_s, MAX_TS_UNIX_S)):
+        raise MessageRejected("bad_value", "collision uids/rank/pid/count/time out of range")
+    for name in ("profiler_config_path", "prof_root", "owner_profiler_config_path", "owner_prof_root"):
+        _check_text(getattr(env, name), name, MAX_PATH)
+    _check_text(env.detail, "detail", MAX_DETAIL)
 
 
 def _split_batch(data: bytes, max_messages: int) -> tuple[Any, list[Any], list[MessageRejected]]:
@@ -396,6 +427,8 @@ def parse_node_message(data: bytes, max_messages: int = 20_000) -> tuple[Any, li
     if env.kind == "node_ack":
         _check_text(env.command_id, "command_id")
         _check_text(env.detail, "detail", MAX_DETAIL)
+    if env.kind == "node_job_id_collision":
+        _check_collision(env)
     if env.kind != "node_batch":
         return env, [], []
     return _split_batch(data, max_messages)  # typed-batch failure but envelope fine: isolate the bad messages

@@ -1,7 +1,7 @@
 """What ``profwatch status`` prints: the coordinator's status snapshot as lines of text (pure).
 
 Input: the ``status`` control reply (``daemon/profwatch/core/fleet/registry.py: Registry.snapshot`` plus the coordinator's
-``counters``, ``captures`` and ``ingest_bind``). Output: lines without trailing newlines. Every figure says which
+``counters``, ``captures``, ``episodes`` and ``ingest_bind``). Output: lines without trailing newlines. Every figure says which
 window it comes from; every rank has a state; a coordinator with no node says so and names the likely cause.
 """
 
@@ -50,6 +50,8 @@ def render_job(job: Mapping[str, Any]) -> list[str]:
     lines.extend(render_generation(job))
     for rank, err in sorted((job.get("backend_errors") or {}).items(), key=lambda kv: int(kv[0])):
         lines.append(f"  rank {rank}: capture backend not in use: {err}")
+    for warning in job.get("warnings") or []:
+        lines.append(f"  warning: {warning}")
     lines.append(f"  {'rank':>5} {'host':<20} {'last_step':>9} {'last_step_s':>11} {f'median{n}_s':>11} {'age_s':>7}  "
                  "state")
     for r in job.get("ranks", []):
@@ -112,8 +114,57 @@ def render_capture(cap: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+WAITS = {
+    "capture_in_flight": "a capture of the job in flight (one at a time)",
+    "min_arm_gap": "the job's gap between arms (arming.min_arm_gap_s)",
+    "cooldown": "its own cooldown (arming.cooldown_s)",
+    "hourly_cap": "the job's hourly capture cap (arming.max_captures_per_hour)",
+    "byte_cap": "the job's hourly byte cap (arming.max_capture_bytes_per_hour)",
+    "larger_than_byte_cap": "nothing it can get: its capture is larger than the hourly byte cap",
+    "culprit_rotates": "nothing: the culprit rotates (load imbalance), not captured again",
+    "kind_not_armed": "nothing: its kind is not in arming.arm_on (reported only)",
+    "stalled_rank_not_capturable": "nothing: a stalled rank never reaches a capture window (reported only)",
+    "below_min_magnitude": "nothing: below arming.min_magnitude (reported only)",
+    "mode_off": "nothing: arming.mode is off",
+    "stalled_rank_in_capture": "a stalled rank of its capture to report again",
+}
+"""What an episode waiting for each reason of the arming policy waits for, in words."""
+
+
+def render_episode(ep: Mapping[str, Any]) -> list[str]:
+    """One episode: kind, ranks and stage, magnitude, since when; its captures; what it waits for and until when
+    (open), or how it ended (closed)."""
+    ranks = f"ranks {ep['ranks'][:8]}" if ep.get("ranks") else "job-wide"
+    scope = f" stage {ep['scope']}" if ep.get("scope") and not str(ep["scope"]).startswith("ranks:") else ""
+    head = (f"  {ep['episode_id']} {ep['kind']} {ranks}{scope} {float(ep['magnitude']):+.0%} "
+            f"(peak {float(ep['peak_magnitude']):+.0%}) since step {ep['opened_step']}, {ep.get('reports', 1)} "
+            f"report(s)")
+    caps = ep.get("captures") or []
+    done = ", ".join(f"{c['capture_id']} ({c['status'] or 'in flight'}"
+                     + (f", names rank {c['named'][0]}" if c.get("named") else "") + ")" for c in caps[-3:])
+    lines = [head]
+    if ep.get("closed_unix_s") is not None:
+        lines.append(f"    closed ({ep.get('close_reason')}); " + (f"captured: {done}" if caps else
+                     f"never captured (waited for: {ep.get('waiting') or '-'})"))
+        return lines
+    if caps:
+        lines.append(f"    captured: {done}")
+    if ep.get("rotation"):
+        lines.append(f"    culprit rotates: ranks {', '.join(map(str, ep['rotation']))}: load imbalance, not captured "
+                     "again")
+    wait = ep.get("waiting")
+    if wait and (ep.get("queue_position") or wait != "capture_in_flight"):
+        text = WAITS.get(str(wait), str(wait))
+        left = ep.get("waiting_in_s")
+        when = f" for {left:.0f} s more" if isinstance(left, (int, float)) else ""
+        behind = f", queued behind {ep['waiting_behind']}" if ep.get("waiting_behind") else ""
+        pos = f" (#{ep['queue_position']} in the job's capture queue)" if ep.get("queue_position") else ""
+        lines.append(f"    waits for {text}{when}{behind}{pos}")
+    return lines
+
+
 def render_status(snap: Mapping[str, Any]) -> list[str]:
-    """The whole ``status`` text: jobs, nodes, captures, coordinator counters."""
+    """The whole ``status`` text: jobs, nodes, captures, episodes, coordinator counters."""
     lines: list[str] = []
     for job in snap.get("jobs", []):
         lines += render_job(job)
@@ -124,6 +175,10 @@ def render_status(snap: Mapping[str, Any]) -> list[str]:
         lines.append("captures (newest last):")
         for cap in snap["captures"]:
             lines += render_capture(cap)
+    if snap.get("episodes"):
+        lines.append("episodes (open ones in capture order, then the last closed; README: episodes):")
+        for ep in snap["episodes"]:
+            lines += render_episode(ep)
     cnt = snap.get("counters") or {}
     lines.append(f"coordinator: received={cnt.get('received', 0)} rejected={cnt.get('rejected', 0)} "
                  f"lost_batches={cnt.get('lost_batches', 0)}")

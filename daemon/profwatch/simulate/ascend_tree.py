@@ -444,7 +444,7 @@ def remove_profiler_info(rank_dir: Path) -> list[Path]:
 
 
 def empty_device_data(rank_dir: Path, *, device_dir: bool = True) -> Path:
-    """A rank that finished but recorded no device work (issue 11 item 5a): empty TASK and COMPUTE_TASK_INFO in
+    """A rank that finished but recorded no device work (``docs/verdicts.md``: ranks that cannot be judged): empty TASK and COMPUTE_TASK_INFO in
     its profiler DB and, with ``device_dir``, an empty ``PROF_*/device_N`` beside it. Returns the DB path."""
     path = profiler_db_path(rank_dir)
     con = sqlite3.connect(path)

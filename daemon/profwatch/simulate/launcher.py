@@ -30,6 +30,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+ALL_RANKS = -2
+"""``JobSpec.slow_rank`` value that slows every rank."""
+
+
 @dataclass
 class JobSpec:
     """What to launch. ``node_endpoints[k]`` is node k's rank endpoint."""
@@ -41,8 +45,12 @@ class JobSpec:
     prof_root: Path
     mode: str = "torch"  # or "ascend-sim"
     slow_rank: int = -1
+    """The rank made slower from ``slow_at_step``: -1 none, :data:`ALL_RANKS` every rank (a job-wide regression)."""
     slowdown: float = 2.0
     slow_at_step: int = 40
+    burst_at_step: int = -1  # a job-wide load burst: every rank burst_factor times slower for burst_steps steps
+    burst_steps: int = 0
+    burst_factor: float = 1.5
     max_steps: int = 5000
     max_seconds: float = 600.0
     stop_file: Path | None = None
@@ -161,7 +169,9 @@ def launch_job(spec: JobSpec) -> RunningJob:
         env.update(spec.extra_env)
         args = [sys.executable, "-m", "profwatch.simulate.train_job", "--mode", spec.mode,
                 "--slow-rank", str(spec.slow_rank), "--slowdown", str(spec.slowdown),
-                "--slow-at-step", str(spec.slow_at_step), "--max-steps", str(spec.max_steps),
+                "--slow-at-step", str(spec.slow_at_step), "--burst-at-step", str(spec.burst_at_step),
+                "--burst-steps", str(spec.burst_steps), "--burst-factor", str(spec.burst_factor),
+                "--max-steps", str(spec.max_steps),
                 "--max-seconds", str(spec.max_seconds)]
         if spec.stop_file is not None:
             args += ["--stop-file", str(spec.stop_file)]

@@ -2,7 +2,7 @@
 
 One process per rank (identity from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``; rendezvous at ``MASTER_ADDR``/
 ``MASTER_PORT``), an MLP on generated data, DDP gradient all-reduce over gloo on the CPU, rankhook telemetry with
-per-stage timing. From ``--slow-at-step`` on, ``--slow-rank`` does ``--slowdown`` times its normal forward compute
+per-stage timing. From ``--slow-at-step`` on, ``--slow-rank`` (-2: every rank) does ``--slowdown`` times its normal forward compute
 (extra real matrix multiplications), so every rank's step time rises (the others wait in the all-reduce).
 
 Backends: ``--mode torch`` uses rankhook's ``torch`` backend (torch.profiler); ``--mode ascend-sim`` uses the
@@ -25,9 +25,12 @@ from pathlib import Path
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=["torch", "ascend-sim"], default="torch")
-    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slow-rank", type=int, default=-1, help="-1: none; -2: every rank (a job-wide regression)")
     p.add_argument("--slowdown", type=float, default=2.0, help="slow rank's compute factor from --slow-at-step")
     p.add_argument("--slow-at-step", type=int, default=40)
+    p.add_argument("--burst-at-step", type=int, default=-1, help="first step of a job-wide load burst (-1: none)")
+    p.add_argument("--burst-steps", type=int, default=0)
+    p.add_argument("--burst-factor", type=float, default=1.5, help="every rank's compute factor during the burst")
     p.add_argument("--max-steps", type=int, default=2000)
     p.add_argument("--max-seconds", type=float, default=600.0)
     p.add_argument("--stop-file", type=Path)
@@ -78,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             dist.all_reduce(stop_flag, op=dist.ReduceOp.MAX)
             if stop_flag.item() > 0:
                 break
-        slow = rank == a.slow_rank and step + 1 >= a.slow_at_step
+        slow = (rank == a.slow_rank or a.slow_rank == -2) and step + 1 >= a.slow_at_step
+        burst = 0 <= a.burst_at_step <= step + 1 < a.burst_at_step + a.burst_steps
         c0 = time.time_ns()
         cpu0 = time.thread_time_ns()
         with rankhook.stage("data"):
@@ -88,10 +92,11 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(a.inner):
                 out = ddp(xb) if a.mode == "torch" else model(xb)
                 loss = torch.nn.functional.cross_entropy(out, y) if loss is None else loss + torch.nn.functional.cross_entropy(out, y)
-            if slow:  # the injected slowdown: real extra compute on one rank
+            for factor in ([a.slowdown] if slow else []) + ([a.burst_factor] if burst else []):
+                # the injected slowdown (one rank) or load burst (every rank): real extra compute. Forward +
+                # backward cost about 3 matmuls per layer and pass: scale that by (factor - 1)
                 z = xb
-                # forward + backward cost about 3 matmuls per layer and pass: scale that by (slowdown - 1)
-                n_extra = max(1, int(round((a.slowdown - 1.0) * 3 * a.inner * (a.layers + 1))))
+                n_extra = max(1, int(round((factor - 1.0) * 3 * a.inner * (a.layers + 1))))
                 for _ in range(n_extra):
                     z = torch.tanh(z @ extra)
         with rankhook.stage("backward"):

@@ -7,7 +7,9 @@ hands it to each configured sink; each sink decides what it forwards.
   state store's events when the coordinator restarts.
 * :class:`CloudEventsWebhookSink` (``[webhook] url``): each event as one CloudEvent, HTTP protocol binding,
   structured content mode (https://github.com/cloudevents/spec/blob/v1.0.2/cloudevents/bindings/http-protocol-binding.md
-  section 3.2): body = the event JSON, ``Content-Type: application/cloudevents+json; charset=utf-8``.
+  section 3.2): body = the event JSON, ``Content-Type: application/cloudevents+json; charset=utf-8``. Deliveries
+  survive an outage and a restart: undelivered events wait in order (``OutboxPoster``), at most ``queue_size`` of
+  them (the oldest dropped and counted beyond), each kept in the state store's ``sink_outbox`` until delivered.
 
 Nothing here blocks the caller: bodies go to bounded queues served by one thread per sink
 (``daemon/profwatch/adapters/outputs/http_post.py``); a full queue drops and counts.
@@ -16,25 +18,22 @@ Nothing here blocks the caller: bodies go to bounded queues served by one thread
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 import structlog
 
-from profwatch.adapters.outputs.http_post import HttpPoster, read_authorization
+from profwatch.adapters.outputs.http_post import HttpPoster, OutboxPoster, read_authorization
 from profwatch.core.alerts.alertmanager import AlertBook
-from profwatch.core.alerts.events import TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_SUSPECT_RANKS
+from profwatch.core.alerts.event_types import RESTORE_TYPES
 from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings
 
 log = structlog.get_logger("profwatch.sinks")
 
 CLOUDEVENTS_CONTENT_TYPE = "application/cloudevents+json; charset=utf-8"
 MAX_ALERTS_PER_POST = 500
-RESTORE_TYPES = (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED, "io.profwatch.batch_incomplete.v1",
-                 "io.profwatch.analysis_failed.v1",
-                 "io.profwatch.path_refused.v1", TYPE_JOB_ENDED)
-"""Event types the Alertmanager book is rebuilt from after a restart."""
 
 
 class SinkMetrics(Protocol):
@@ -43,6 +42,16 @@ class SinkMetrics(Protocol):
     def sink_outcome(self, sink: str, outcome: str, n: int) -> None: ...
 
     def sink_state(self, sink: str, queued: int, standing: int | None) -> None: ...
+
+
+class OutboxStore(Protocol):
+    """Where a sink keeps its undelivered events (``StateStore`` provides it); methods raise ``sqlite3.Error``."""
+
+    def outbox_add(self, sink: str, event_id: str, body: bytes) -> None: ...
+
+    def outbox_remove(self, sink: str, event_ids: Iterable[str]) -> None: ...
+
+    def outbox_load(self, sink: str) -> list[tuple[str, bytes]]: ...
 
 
 class AlertmanagerSink:
@@ -93,10 +102,11 @@ class AlertmanagerSink:
 
 
 class CloudEventsWebhookSink:
-    """One CloudEvent per POST, structured mode.
+    """One CloudEvent per POST, structured mode, in order, at least once (module doc).
 
     Args:
-        settings: the ``[webhook]`` section (``url`` set); ``events`` picks alerts only or every event.
+        settings: the ``[webhook]`` section (``url`` set); ``events`` picks alerts only or every event;
+            ``queue_size`` bounds the undelivered events kept.
         authorization: ``Authorization`` header value or None.
         metrics: counters and gauges (optional).
     Raises:
@@ -109,23 +119,60 @@ class CloudEventsWebhookSink:
                  metrics: SinkMetrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.store: OutboxStore | None = None
+        self._store_failed = False
         on = (lambda outcome, n: metrics.sink_outcome(self.name, outcome, n)) if metrics else None
-        self.poster = HttpPoster(self.name, settings.url, settings, content_type=CLOUDEVENTS_CONTENT_TYPE,
-                                 authorization=authorization, on_outcome=on)
+        self.poster = OutboxPoster(self.name, settings.url, settings, content_type=CLOUDEVENTS_CONTENT_TYPE,
+                                   authorization=authorization, on_outcome=on)
+
+    def attach(self, store: OutboxStore) -> int:
+        """Keep undelivered events in ``store`` from now on, and queue the ones a previous run left there (in
+        their order). Returns how many were restored."""
+        self.store = store
+        rows = self._persist(lambda: store.outbox_load(self.name)) or []
+        for event_id, body in rows:
+            self._forget(self.poster.post_keyed(event_id, body))
+        if rows:
+            log.info("webhook_outbox_restored", events=len(rows), note="re-sent in order")
+        return len(rows)
 
     def restore(self, events: Iterable[Mapping[str, Any]]) -> int:
         return 0
 
     def submit(self, event: Mapping[str, Any], is_alert: bool, now_unix_s: float) -> None:
         if is_alert or self.settings.events == "all":
-            self.poster.post(json.dumps(event, separators=(",", ":"), default=str).encode())
+            body = json.dumps(event, separators=(",", ":"), default=str).encode()
+            event_id = str(event.get("id", ""))
+            store = self.store
+            if store is not None:
+                self._persist(lambda: store.outbox_add(self.name, event_id, body))
+            self._forget(self.poster.post_keyed(event_id, body))
 
     def tick(self, now_unix_s: float) -> None:
+        self._forget(self.poster.take_done())
         if self.metrics is not None:
             self.metrics.sink_state(self.name, self.poster.depth(), None)
 
+    def _forget(self, event_ids: list[str]) -> None:
+        store = self.store
+        if event_ids and store is not None:
+            self._persist(lambda: store.outbox_remove(self.name, event_ids))
+
+    def _persist(self, op: Any) -> Any:
+        try:
+            result = op()
+        except sqlite3.Error as exc:
+            if not self._store_failed:
+                self._store_failed = True
+                log.warning("webhook_outbox_not_stored", error=str(exc),
+                            note="undelivered events are kept in memory only until the state store takes writes")
+            return None
+        self._store_failed = False
+        return result
+
     def close(self) -> None:
         self.poster.close()
+        self._forget(self.poster.take_done())
 
 
 class AlertSinks:
@@ -175,6 +222,13 @@ class AlertSinks:
             if isinstance(s, AlertmanagerSink):  # the only sink with state
                 s.restore(events)
                 return
+
+    def attach_outbox(self, store: OutboxStore) -> None:
+        """Give the sinks that keep undelivered events (the webhook) the state store, and re-queue what a previous
+        run left undelivered there."""
+        for s in self.sinks:
+            if isinstance(s, CloudEventsWebhookSink):
+                s.attach(store)
 
     def submit(self, event: Mapping[str, Any], is_alert: bool, now_unix_s: float) -> None:
         """Hand one stored and published event to every sink (never blocks, never raises)."""

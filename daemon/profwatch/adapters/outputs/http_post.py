@@ -14,6 +14,7 @@ import stat
 import threading
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,3 +280,121 @@ class HttpPoster:
         with self._idle:
             self._idle.notify_all()
 
+
+
+class OutboxPoster(HttpPoster):
+    """Ordered, at-least-once HTTP POSTs of keyed bodies (the webhook's outbox).
+
+    Unlike :class:`HttpPoster`, a body is never given up on a transient failure (connection error, timeout, 5xx,
+    429): the head of the outbox is retried with exponential back-off (``backoff_s`` doubling up to
+    ``max_backoff_s``) until the receiver takes it, and the bodies behind it wait, so they arrive in order once the
+    receiver is back. A 4xx answer drops that body (``rejected``). At most ``queue_size`` bodies are kept (the one
+    in flight included); :meth:`post_keyed` at the bound drops the oldest waiting one (``dropped``) and returns its
+    key. Every body that left the outbox (sent or rejected) is reported by :meth:`take_done`, so the caller can
+    forget its persisted copy; :meth:`close` keeps what is undelivered (the caller has it persisted).
+
+    Raises:
+        SinkConfigError: TLS files cannot be loaded.
+    """
+
+    def __init__(self, name: str, url: str, settings: HttpClientSettings, *, content_type: str,
+                 authorization: str | None = None, on_outcome: Callable[[str, int], None] | None = None) -> None:
+        self._outbox: deque[tuple[str, bytes]] = deque()
+        self._current: tuple[str, bytes] | None = None
+        self._done: list[str] = []
+        self._cv = threading.Condition()
+        self._warned = False  # alert_sink_waiting logged for the current outage
+        super().__init__(name, url, settings, content_type=content_type, authorization=authorization,
+                         on_outcome=on_outcome)
+
+    def post(self, body: bytes) -> bool:
+        """Queue an unkeyed body (its key is empty); see :meth:`post_keyed`."""
+        self.post_keyed("", body)
+        return True
+
+    def post_keyed(self, key: str, body: bytes) -> list[str]:
+        """Append one body; returns the keys dropped at the bound (oldest first, counted as ``dropped``)."""
+        dropped: list[str] = []
+        with self._cv:
+            self._outbox.append((key, body))
+            while self._outbox and len(self._outbox) + (self._current is not None) > self.s.queue_size:
+                dropped.append(self._outbox.popleft()[0])
+            self._cv.notify_all()
+        self._count("queued")
+        if dropped:
+            self._count("dropped", len(dropped))
+            log.warning("alert_sink_dropped", sink=self.name, reason="outbox_full", dropped=len(dropped),
+                        bound=self.s.queue_size, note="the oldest undelivered events were dropped")
+        return dropped
+
+    def take_done(self) -> list[str]:
+        """Keys of the bodies that left the outbox (sent or rejected) since the last call."""
+        with self._cv:
+            done, self._done = self._done, []
+        return done
+
+    def depth(self) -> int:
+        with self._cv:
+            return len(self._outbox) + (self._current is not None)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._outbox and self._current is None, timeout=timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the worker (a back-off in progress ends at once); undelivered bodies stay with the caller."""
+        if self._closing.is_set():
+            return
+        with self._cv:
+            self._closing.set()
+            self._cv.notify_all()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._outbox or self._closing.is_set())
+                if self._closing.is_set():
+                    return
+                self._current = self._outbox.popleft()
+            key, body = self._current
+            wait_s = self.s.backoff_s
+            outcome = ""
+            while not self._closing.is_set():
+                try:
+                    self._post_once(body)
+                    outcome = "sent"
+                    break
+                except _Transient as exc:
+                    self._count("retried")
+                    if self._closing.wait(wait_s):
+                        break
+                    if wait_s >= self.s.max_backoff_s and self._once_per_outage(str(exc)):
+                        log.warning("alert_sink_waiting", sink=self.name, url=self.url, reason=str(exc),
+                                    waiting=self.depth(), note="kept and re-sent in order when the receiver is back")
+                    wait_s = min(wait_s * 2, self.s.max_backoff_s)
+                except urllib.error.HTTPError as exc:
+                    outcome = "rejected"
+                    log.warning("alert_sink_rejected", sink=self.name, url=self.url, status=exc.code)
+                    break
+                except Exception as exc:  # noqa: BLE001 - the worker must survive anything a body does
+                    outcome = "failed"
+                    log.error("alert_sink_error", sink=self.name, error=repr(exc))
+                    break
+            with self._cv:
+                if outcome:
+                    self._count(outcome)
+                    self._done.append(key)
+                    self._current = None
+                elif self._current is not None:  # closing: put it back at the head, undelivered
+                    self._outbox.appendleft(self._current)
+                    self._current = None
+                if outcome == "sent":
+                    self._warned = False
+                self._cv.notify_all()
+
+    def _once_per_outage(self, _reason: str) -> bool:
+        if self._warned:
+            return False
+        self._warned = True
+        return True

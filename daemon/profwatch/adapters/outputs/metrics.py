@@ -30,11 +30,11 @@ class DaemonMetrics:
     ``profwatch_queue_depth{queue}``, ``profwatch_auth_refused_total{socket,reason}`` (CURVE handshakes refused or
     failed: ``unknown_key``, ``role_not_allowed``, ``mechanism_mismatch``, ``protocol``, ``refused``,
     ``no_detail``).
-    Coordinator: ``profwatch_alerts_total{type}`` (events published), ``profwatch_captures_total{state}``
+    Coordinator: ``profwatch_events_total{type}`` (every event published, alerts and the others), ``profwatch_captures_total{state}``
     (transitions), ``profwatch_captures_in_state{state}``, ``profwatch_capture_oldest_active_age_seconds``,
     ``profwatch_analysis_duration_seconds`` (histogram), ``profwatch_jobs``, ``profwatch_job_ranks{job_id}``,
     ``profwatch_job_step_time_seconds{job_id}`` (median of the ranks' latest step times),
-    ``profwatch_job_furthest_step{job_id}``, ``profwatch_job_rank_drops{job_id}`` (messages the ranks could not
+    ``profwatch_job_furthest_step{job_id}``, ``profwatch_job_rank_drops_total{job_id}`` (messages the ranks could not
     queue), ``profwatch_nodes{state}``, ``profwatch_sink_requests_total{sink,outcome}``,
     ``profwatch_sink_queue_depth{sink}``, ``profwatch_alertmanager_alerts_standing``,
     ``profwatch_watch_fallbacks_total{reason}`` (prof_dir watches degraded to polling: ``watch_limit`` for a
@@ -54,7 +54,8 @@ class DaemonMetrics:
         self.queue_depth = Gauge("profwatch_queue_depth", "Messages waiting", ["queue"], registry=r)
         self.dropped.labels("relay")  # exported as 0 before the first drop (a missing series is not a zero)
         self.rejected.labels("bad_message")
-        self.alerts = Counter("profwatch_alerts", "Alerts and events published", ["type"], registry=r)
+        self.events = Counter("profwatch_events", "Events published (alerts and the others), by CloudEvents type",
+                              ["type"], registry=r)
         self.captures = Counter("profwatch_captures", "Capture state transitions", ["state"], registry=r)
         self.auth_refused = Counter("profwatch_auth_refused", "Connections refused or failed during authentication",
                                     ["socket", "reason"], registry=r)
@@ -64,7 +65,7 @@ class DaemonMetrics:
         if daemon != "coordinator":
             return
         for t in sorted(EVENT_TYPES):
-            self.alerts.labels(t)
+            self.events.labels(t)
         for s in CAPTURE_STATES:
             self.captures.labels(s)
         self.captures_in_state = Gauge("profwatch_captures_in_state", "Captures currently in each state",
@@ -81,9 +82,10 @@ class DaemonMetrics:
                                    "Median over the job's ranks of their latest step time", ["job_id"], registry=r)
         self.job_furthest_step = Gauge("profwatch_job_furthest_step", "Highest step reported by any rank",
                                        ["job_id"], registry=r)
-        self.job_rank_drops = Gauge("profwatch_job_rank_drops",
-                                    "Telemetry messages the job's ranks dropped (their queue was full)",
-                                    ["job_id"], registry=r)
+        self.job_rank_drops = Counter("profwatch_job_rank_drops",
+                                      "Telemetry messages the job's ranks dropped (their queue was full)",
+                                      ["job_id"], registry=r)
+        self._rank_drops_seen: dict[str, float] = {}  # job -> the ranks' summed drop count last exported
         self.nodes = Gauge("profwatch_nodes", "Node daemons known to the coordinator", ["state"], registry=r)
         for s in ("up", "down"):
             self.nodes.labels(s)
@@ -101,6 +103,9 @@ class DaemonMetrics:
         self.state_store_dropped = Counter(
             "profwatch_state_store_dropped", "Queued state store writes dropped (retry queue full, refused at retry)",
             ["kind"], registry=r)
+        self.state_store_resets = Counter(
+            "profwatch_state_store_resets", "Corrupt state dbs moved aside at start (the coordinator started empty)",
+            registry=r)
         for op in ("event", "capture", "batch"):
             self.state_store_failures.labels(op)
             self.state_store_dropped.labels(op)
@@ -112,7 +117,7 @@ class DaemonMetrics:
     def observe_event(self, event: Mapping[str, Any]) -> None:
         """Count one published event; a ``suspect_ranks`` event carrying ``analysis_duration_s`` feeds the
         analysis-duration histogram."""
-        self.alerts.labels(str(event.get("type"))).inc()
+        self.events.labels(str(event.get("type"))).inc()
         data = event.get("data")
         if self.daemon == "coordinator" and isinstance(data, Mapping):
             d = data.get("analysis_duration_s")
@@ -140,9 +145,15 @@ class DaemonMetrics:
             self.job_ranks.labels(job_id).set(sum(1 for r in ranks if not r.get("left")))
             self.job_step_time.labels(job_id).set(float(j.get("median_step_time_s") or 0.0))
             self.job_furthest_step.labels(job_id).set(float(j.get("furthest_step") or 0))
-            self.job_rank_drops.labels(job_id).set(float(j.get("rank_drops") or 0))
+            # the ranks report cumulative counts; the counter grows by their increase (a rank that restarted counts
+            # from zero again: its drop is not a negative increase)
+            total = float(j.get("rank_drops") or 0)
+            last = self._rank_drops_seen.get(job_id, 0.0)
+            self.job_rank_drops.labels(job_id).inc(max(0.0, total - last))
+            self._rank_drops_seen[job_id] = total
             self.job_generation.labels(job_id).set(float(j.get("generation") or 0))
         for gone in self._job_labels - seen:
+            self._rank_drops_seen.pop(gone, None)
             for g in (self.job_ranks, self.job_step_time, self.job_furthest_step, self.job_rank_drops,
                       self.job_generation):
                 try:
@@ -175,10 +186,16 @@ class DaemonMetrics:
             self.alerts_standing.set(standing)
 
     # -- exposition -----------------------------------------------------------------------------------------------
-    def serve(self, port: int | None, addr: str = "127.0.0.1") -> None:
-        """Start the ``/metrics`` HTTP server (no-op when ``port`` is None)."""
+    def serve(self, port: int | None, addr: str = "127.0.0.1", *, certfile: str | None = None,
+              keyfile: str | None = None, client_cafile: str | None = None) -> None:
+        """Start the ``/metrics`` HTTP server on ``addr:port`` (no-op when ``port`` is None); HTTPS with
+        ``certfile``/``keyfile`` (PEM), and then client certificates signed by ``client_cafile`` required when it
+        is given (prometheus-client's ``start_http_server`` TLS options). Raises ``OSError`` (address in use) or
+        ``ssl.SSLError`` (unusable certificate files)."""
         if port is not None:
-            self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+            self._server, _thread = start_http_server(
+                port, addr=addr, registry=self.registry, certfile=certfile, keyfile=keyfile,
+                client_cafile=client_cafile, client_auth_required=client_cafile is not None)
 
     def close(self) -> None:
         if self._server is not None:

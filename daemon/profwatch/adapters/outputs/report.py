@@ -59,7 +59,7 @@ def render_html(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *
     """The whole report page as one string (no external assets, opens offline).
 
     Args:
-        data: the ``io.profwatch.suspect_ranks.v1`` data (``profwatch.core.alerts.events.suspect_alert_data``), optionally
+        data: the ``suspect_ranks`` event data (``profwatch.core.alerts.events.suspect_alert_data``), optionally
             with ``detail``, ``advisor``, ``impact``, ``links``, ``armed_steps``, ``captured_steps`` and
             ``suspects[i].impact`` / ``suspects[i].evidence.strength`` (rendered when present).
         summaries: per-(rank, step) rows (µs) for the chart.

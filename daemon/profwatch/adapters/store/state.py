@@ -8,7 +8,9 @@ the connection belongs to the thread that created it (the coordinator's main loo
 Schema versions (``PRAGMA user_version``): 0/absent with a ``captures.plan`` column = version 1 (captures as JSON
 ``plan``/``detail`` blobs), migrated in place on open (the old table is kept as ``captures_v1``); 2 = typed capture
 rows; 3 = this one (``jobs.generation``, ``jobs.restart_count``: added to a version-2 file in place). A newer
-version is refused with :class:`StateSchemaError`.
+version is refused with :class:`StateSchemaError`. The ``sink_outbox`` table (a sink's undelivered events, in
+order) and the ``episodes`` table (anomaly episodes, ``daemon/profwatch/core/capture/episodes.py``) are created
+when missing without a version change: an older profwatch ignores them.
 
 A write the disk refuses (``SQLITE_FULL``, an I/O error) loses nothing the coordinator still holds: events, capture
 rows and batch results go to a bounded retry queue (``daemon/profwatch/adapters/store/state_retry.py``) and :meth:`StateStore.retry`
@@ -52,6 +54,13 @@ CREATE TABLE IF NOT EXISTS events(
   seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, type TEXT NOT NULL, job_id TEXT,
   time TEXT, is_alert INTEGER NOT NULL DEFAULT 0, body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_job ON events(job_id, seq);
+CREATE TABLE IF NOT EXISTS sink_outbox(
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, sink TEXT NOT NULL, event_id TEXT NOT NULL, body BLOB NOT NULL,
+  UNIQUE(sink, event_id));
+CREATE TABLE IF NOT EXISTS episodes(
+  episode_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, open INTEGER NOT NULL, updated_unix_s REAL NOT NULL,
+  body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS episodes_job ON episodes(job_id, open);
 """
 CAPTURE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS captures(
@@ -357,6 +366,51 @@ class StateStore:
             out.append(Capture(**d, ranks=ranks[d["capture_id"]], nodes=nodes[d["capture_id"]]))
         return out
 
+    # -- episodes -------------------------------------------------------------------------------------------------
+    def save_episode(self, episode_id: str, job_id: str, is_open: bool, updated_unix_s: float,
+                     body: dict[str, Any]) -> None:
+        """Upsert one episode (``Episode.to_json``); queued for a retry when the store fails."""
+        row = (episode_id, job_id, int(is_open), updated_unix_s, json.dumps(body, default=str))
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("INSERT OR REPLACE INTO episodes VALUES(?,?,?,?,?)", row)
+
+        try:
+            with self.db:
+                write(self.db)
+        except sqlite3.OperationalError as exc:
+            self._failed(PendingWrite("episode", episode_id, write, 256 + len(row[4]), time.time()), exc)
+            return
+        self.queue.discard("episode", episode_id)
+
+    def episodes(self, job_ids: Sequence[str] | None = None, closed_per_job: int = 16) -> list[dict[str, Any]]:
+        """Stored episodes, oldest first: every open one and the last ``closed_per_job`` closed ones of each job
+        (of ``job_ids`` only, when given). A body that is not JSON is skipped."""
+        where, args = "", list(job_ids or ())
+        if job_ids is not None:
+            if not args:
+                return []
+            where = f"WHERE job_id IN ({','.join('?' * len(args))})"
+        rows = self.db.execute(f"SELECT job_id, open, body FROM episodes {where} ORDER BY updated_unix_s",
+                               args).fetchall()
+        closed: dict[str, int] = {}
+        keep: list[tuple[str, int, str]] = []
+        for job_id, is_open, body in reversed(rows):
+            if not is_open:
+                closed[job_id] = closed.get(job_id, 0) + 1
+                if closed[job_id] > closed_per_job:
+                    continue
+            keep.append((job_id, is_open, body))
+        out = []
+        for _, _, body in reversed(keep):
+            try:
+                v = json.loads(body)
+            except ValueError:
+                continue
+            if isinstance(v, dict):
+                out.append(v)
+        return out
+
     # -- batches --------------------------------------------------------------------------------------------------
     def save_batch(self, batch_id: str, capture_id: str | None, job_id: str | None, status: str, now: float,
                    result: dict[str, Any]) -> None:
@@ -380,6 +434,23 @@ class StateStore:
             return None
         return {"batch_id": r[0], "capture_id": r[1], "job_id": r[2], "status": r[3], "updated_unix_s": r[4],
                 "result": json.loads(r[5] or "{}")}
+
+    # -- a sink's undelivered events ----------------------------------------------------------------------------
+    def outbox_add(self, sink: str, event_id: str, body: bytes) -> None:
+        """Keep one undelivered body of ``sink`` (a second add of the same event is ignored). Raises
+        ``sqlite3.Error`` when the store fails (the sink keeps it in memory only)."""
+        self.db.execute("INSERT OR IGNORE INTO sink_outbox(sink, event_id, body) VALUES(?,?,?)", (sink, event_id, body))
+
+    def outbox_remove(self, sink: str, event_ids: Iterable[str]) -> None:
+        """Forget delivered (or dropped) bodies of ``sink``. Raises ``sqlite3.Error`` when the store fails."""
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany("DELETE FROM sink_outbox WHERE sink=? AND event_id=?", [(sink, e) for e in event_ids])
+
+    def outbox_load(self, sink: str) -> list[tuple[str, bytes]]:
+        """``[(event_id, body)]`` of ``sink`` still undelivered, oldest first."""
+        rows = self.db.execute("SELECT event_id, body FROM sink_outbox WHERE sink=? ORDER BY seq", (sink,)).fetchall()
+        return [(str(e), bytes(b)) for e, b in rows]
 
     # -- events ---------------------------------------------------------------------------------------------------
     def add_event(self, event: dict[str, Any], is_alert: bool) -> Stored:

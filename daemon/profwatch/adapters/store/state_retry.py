@@ -2,8 +2,8 @@
 ``daemon/profwatch/adapters/store/state.py``; holds SQLite writes as closures, performs them only when the store asks).
 
 Bounded by items and bytes (``[limits] state_retry_queue_items`` / ``state_retry_queue_bytes``). When full, the
-oldest *event* that is not an alert goes first, then the oldest alert; capture and batch rows are never dropped
-(there is at most one pending row per capture or batch: a newer write of the same row replaces the older one).
+oldest *event* that is not an alert goes first, then the oldest alert; capture, batch and episode rows are never
+dropped (there is at most one pending row per capture, batch or episode: a newer write of the same row replaces the older one).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Kind = Literal["event", "capture", "batch"]
+Kind = Literal["event", "capture", "batch", "episode"]
 
 
 @dataclass(slots=True)

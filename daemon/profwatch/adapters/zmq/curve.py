@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import struct
 import time
 from typing import Any
 
@@ -31,6 +32,18 @@ from profwatch.core.access import SOCKET_ROLES
 log = structlog.get_logger("profwatch.curve")
 
 _mon_ids = itertools.count(1)
+KEY_PROPERTY = "X-Profwatch-Key"
+"""Metadata property (ZAP reply, RFC 27) that carries an admitted connection's Z85 public key."""
+
+
+def zmtp_metadata(props: dict[str, bytes]) -> bytes:
+    """Properties in the ZMTP/ZAP metadata format (RFC 23/ZMTP 3.0 "metadata": name length as one octet, name,
+    value length as four octets in network order, value)."""
+    out = b""
+    for name, value in props.items():
+        raw = name.encode("ascii")
+        out += bytes([len(raw)]) + raw + struct.pack("!I", len(value)) + value
+    return out
 
 
 # -- the ZAP handler ----------------------------------------------------------------------------------------------
@@ -48,6 +61,7 @@ class CurveAuthenticator(ThreadAuthenticator):
         self.on_refused = on_refused
         self.quiet_keys: set[bytes] = set()
         self._address = ""
+        self._admitted_key = b""
         self._logged: dict[tuple[str, str, bytes], float] = {}
 
     def start(self) -> None:
@@ -82,8 +96,20 @@ class CurveAuthenticator(ThreadAuthenticator):
         return False
 
     def curve_user_id(self, client_public_key: bytes) -> str:
-        key = self.keyring.lookup(z85.encode(client_public_key))
+        self._admitted_key = z85.encode(client_public_key)
+        key = self.keyring.lookup(self._admitted_key)
         return key.name if key is not None else "unknown"
+
+    def _send_zap_reply(self, request_id: bytes, status_code: bytes, status_text: bytes,
+                        user_id: str = "anonymous") -> None:
+        """pyzmq's ZAP reply (``zmq.auth.base.Authenticator._send_zap_reply``, pyzmq 25-27), plus the admitted
+        key as metadata :data:`KEY_PROPERTY`. ``curve_user_id`` runs just before it for the same request, on the
+        same thread, with no await in between, so ``_admitted_key`` is this request's key."""
+        ok = status_code == b"200"
+        metadata = zmtp_metadata({KEY_PROPERTY: self._admitted_key}) if ok and self._admitted_key else b""
+        self._admitted_key = b""
+        uid = user_id.encode(self.encoding, "replace") if ok else b""
+        self.zap_socket.send_multipart([b"1.0", request_id, status_code, status_text, uid, metadata])
 
 
 def user_id(frame: zmq.Frame) -> str | None:
@@ -91,6 +117,14 @@ def user_id(frame: zmq.Frame) -> str | None:
     try:
         return str(frame.get("User-Id"))
     except zmq.ZMQError:
+        return None
+
+
+def peer_key(frame: zmq.Frame) -> bytes | None:
+    """The Z85 public key the connection of a frame authenticated with (:data:`KEY_PROPERTY`), None without it."""
+    try:
+        return str(frame.get(KEY_PROPERTY)).encode("ascii")
+    except (zmq.ZMQError, UnicodeEncodeError):
         return None
 
 

@@ -138,37 +138,63 @@ def create_certificate(directory: Path, name: str, role: Role | None) -> tuple[P
     return pub, sec
 
 
+RECHECK_S = 0.5
+"""How often (at most) the key ring looks at its directory again (seconds): a removed or edited key stops
+working on open connections within about this long plus one main-loop turn (README "Security")."""
+
+
+def _signature(directory: Path) -> tuple[object, ...]:
+    """What identifies the directory's current key files: the directory's mtime and each ``*.key`` file's name,
+    inode, size and mtime (an edit in place changes the file, not the directory). Raises OSError."""
+    entries = []
+    with os.scandir(directory) as it:
+        for e in it:
+            if e.name.endswith(".key"):
+                try:
+                    st = e.stat()
+                except OSError:
+                    continue
+                entries.append((e.name, st.st_ino, st.st_size, st.st_mtime_ns))
+    return (directory.stat().st_mtime_ns, tuple(sorted(entries)))
+
+
 class KeyRing:
     """The allowed client certificates of one directory (``*.key`` files with ``name``/``role`` metadata).
 
-    Re-read when the directory changes (checked at most once a second), so ``profwatch keys add`` takes effect
-    without a restart; removing a file revokes the key for new connections. Thread-safe (the ZAP thread reads it).
+    Looked at again at most every :data:`RECHECK_S` seconds (the directory's mtime and every key file's inode,
+    size and mtime, so a key edited in place counts too) and re-read when anything changed: ``profwatch keys add``
+    takes effect without a restart, and a removed or changed key is no longer :meth:`admits`-ed, which the
+    coordinator checks for every message of an open connection (``adapters/zmq/server_sockets.py``).
+    ``generation`` counts the reloads that changed the admitted keys. Thread-safe (the ZAP thread reads it).
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, recheck_s: float = RECHECK_S) -> None:
         self.directory = directory
+        self.recheck_s = recheck_s
         self._lock = threading.Lock()
         self._by_key: dict[bytes, ClientKey] = {}
         self._by_name: dict[str, ClientKey] = {}
         self._probes: dict[bytes, ClientKey] = {}
-        self._mtime_ns = -1
+        self._signature: tuple[object, ...] = ()
         self._checked = 0.0
+        self.generation = 0
         self.problems: list[str] = []
         if not directory.is_dir():
             raise CurveSetupError(f"client key directory {directory} does not exist; run `profwatch keys init` "
                                   "and add clients with `profwatch keys add NAME --role node|read|act`")
         self._load()
 
-    def _load(self) -> None:
+    def _load(self) -> bool:
+        """Re-read every key file; True when the admitted keys (key, name, role) changed."""
         by_key: dict[bytes, ClientKey] = {}
         by_name: dict[str, ClientKey] = {}
         problems = []
         try:
-            mtime_ns = self.directory.stat().st_mtime_ns
+            signature = _signature(self.directory)
             files = sorted(self.directory.glob("*.key"))
         except OSError as exc:
             problems.append(f"{self.directory}: {exc}")
-            files, mtime_ns = [], -1
+            files, signature = [], ()
         for f in files:
             try:
                 public, _secret, meta = read_certificate(f)
@@ -183,24 +209,37 @@ class KeyRing:
             by_key[public] = key
             by_name[name] = key
         with self._lock:
-            self._by_key, self._by_name, self._mtime_ns = by_key, by_name, mtime_ns
+            changed = {k: (v.name, v.role) for k, v in by_key.items()} != \
+                {k: (v.name, v.role) for k, v in self._by_key.items()}
+            self._by_key, self._by_name, self._signature = by_key, by_name, signature
+            if changed:
+                self.generation += 1
             self.problems = problems
         for p in problems:
             log.warning("client_key_ignored", problem=p)
+        return changed
 
-    def refresh(self) -> None:
-        """Reload when the directory changed (rate-limited to once a second)."""
+    def refresh(self, force: bool = False) -> None:
+        """Reload when the directory or a key file changed (looked at once per ``recheck_s`` unless ``force``)."""
         now = time.monotonic()
-        if now - self._checked < 1.0:
+        if not force and now - self._checked < self.recheck_s:
             return
         self._checked = now
         try:
-            mtime_ns = self.directory.stat().st_mtime_ns
+            signature = _signature(self.directory)
         except OSError:
-            return
-        if mtime_ns != self._mtime_ns:
-            self._load()
-            log.info("client_keys_reloaded", directory=str(self.directory), keys=len(self._by_key))
+            signature = ()
+        if signature != self._signature:
+            changed = self._load()
+            log.info("client_keys_reloaded", directory=str(self.directory), keys=len(self._by_key), changed=changed)
+
+    def admits(self, public_z85: bytes, name: str | None, roles: frozenset[Role]) -> ClientKey | None:
+        """The key ring's entry for ``public_z85`` when it is still there, under ``name`` (when given), with one
+        of ``roles``; None when it was removed, renamed or given another role since."""
+        key = self.lookup(public_z85)
+        if key is None or key.role not in roles or (name is not None and key.name != name):
+            return None
+        return key
 
     def lookup(self, public_z85: bytes) -> ClientKey | None:
         self.refresh()

@@ -5,33 +5,66 @@ was sent before a subscriber joined (slow joiner): everything published is also 
 fetches what it missed over the control socket. ZeroMQ filters topics by prefix, so a subscription for job ``j1``
 also receives ``j10``'s and ``j1.x``'s messages: :class:`Subscription` subscribes by prefix and then keeps only
 the exact topics (job ids may contain ``.``, so no separator can make a prefix exact).
+
+Revocation: a PUB socket cannot drop one subscriber, so the socket is an XPUB (``XPUB_VERBOSE``: every
+subscription message is passed up) and under CURVE each subscription message tells which key subscribed (the
+connection's metadata, ``adapters/zmq/curve.py``). When a key that subscribed since the last bind is no longer
+admitted, :meth:`EventPublisher.rebind` closes the socket and binds the same endpoint again: every subscriber is
+disconnected, the admitted ones reconnect by themselves (ZeroMQ reconnects and re-sends their subscriptions within
+its reconnect interval, 100 ms by default), the revoked one is refused at its new handshake. Events published
+during that gap are not lost: they are stored, and ``profwatch alerts`` fetches what it missed.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-from profwatch.adapters.zmq.curve import make_client, make_server
+from profwatch.adapters.zmq.curve import make_client, make_server, peer_key
 from profwatch.adapters.zmq.keyfiles import KeyPair
+
+REBIND_WAIT_S = 5.0
+"""How long :meth:`EventPublisher.rebind` retries binding the endpoint again (the closed socket's listener is
+released asynchronously by ZeroMQ's I/O thread)."""
 
 
 class EventPublisher:
-    """Bind a PUB socket and publish CloudEvents. Never blocks (HWM drops for slow subscribers).
+    """Bind an XPUB socket and publish CloudEvents. Never blocks (HWM drops for slow subscribers).
 
     ``curve``: the server key pair when the socket uses CURVE (ZAP domain ``pub``: ``read``/``act`` keys).
-    ``sndhwm`` bounds the events queued per subscriber."""
+    ``sndhwm`` bounds the events queued per subscriber. ``subscribers`` holds the Z85 keys that subscribed since
+    the last bind (at most one entry per admitted key: the key ring's size bounds it).
+    Raises ``zmq.ZMQError`` when the endpoint cannot be bound."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, sndhwm: int = 1000, curve: KeyPair | None = None) -> None:
-        self.sock = ctx.socket(zmq.PUB)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.SNDHWM, sndhwm)
-        if curve is not None:
-            make_server(self.sock, "pub", curve)
-        self.sock.bind(endpoint)
+        self._ctx = ctx
+        self._sndhwm = sndhwm
+        self._curve = curve
+        self.sock = self._bind(endpoint)
+        self.endpoint = str(self.sock.getsockopt_string(zmq.LAST_ENDPOINT))
+        self.subscribers: set[bytes] = set()
         self.sent = 0
+        self.rebinds = 0
+
+    def _bind(self, endpoint: str) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.XPUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, self._sndhwm)
+        sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+        if endpoint.startswith("tcp://[") or "::" in endpoint:
+            sock.setsockopt(zmq.IPV6, 1)
+        if self._curve is not None:
+            make_server(sock, "pub", self._curve)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError:
+            sock.close(0)
+            raise
+        return sock
 
     def publish(self, event: dict[str, Any], is_alert: bool) -> None:
         name = topic("alert" if is_alert else "event", event.get("subject"))
@@ -40,6 +73,42 @@ class EventPublisher:
             self.sent += 1
         except zmq.ZMQError:
             pass
+
+    def drain_subscriptions(self) -> None:
+        """Read pending subscription messages (never blocks) and note which key sent each (under CURVE)."""
+        while True:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError:
+                return
+            if frame.bytes[:1] == b"\x01":
+                key = peer_key(frame)
+                if key is not None:
+                    self.subscribers.add(key)
+
+    def revoked_subscribers(self, admitted: Callable[[bytes], bool]) -> list[bytes]:
+        """Keys that subscribed since the last bind and that ``admitted(key)`` no longer allows."""
+        self.drain_subscriptions()
+        return [k for k in self.subscribers if not admitted(k)]
+
+    def rebind(self) -> None:
+        """Close the socket and bind the same endpoint again (drops every subscriber; see the module doc).
+
+        Raises:
+            zmq.ZMQError: the endpoint could not be bound again within :data:`REBIND_WAIT_S`.
+        """
+        self.sock.close(0)
+        self.subscribers = set()
+        deadline = time.monotonic() + REBIND_WAIT_S
+        while True:
+            try:
+                self.sock = self._bind(self.endpoint)
+                break
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        self.rebinds += 1
 
     def close(self) -> None:
         self.sock.close(0)

@@ -6,6 +6,11 @@ watched by socket monitors (every failure is counted and logged), and a self-tes
 gets in and an unknown one does not (``daemon/profwatch/adapters/zmq/curve.py``). Sockets beyond loopback without CURVE are only
 possible with ``security.insecure = true`` and are warned about at every start.
 
+Revocation: the key ring is looked at again at most every 0.5 s (``KeyRing.refresh``), and every message of an
+open connection is checked against it (:meth:`ServerSockets.admitted`: the connection's key still there, under
+the same name, with a role the socket admits); the event stream, which cannot refuse one subscriber, is re-bound
+when a key that subscribed is revoked (:meth:`ServerSockets.check_revocations`, ``adapters/zmq/publish.py``).
+
 Queued memory per peer is bounded: ``MAXMSGSIZE`` times the receive high-water mark derived from
 ``[limits]`` (``ingest_queue_bytes_per_peer``, ``control_queue_bytes_per_peer``).
 """
@@ -19,10 +24,24 @@ import structlog
 import zmq
 
 from profwatch.adapters.zmq import control
-from profwatch.adapters.zmq.curve import CurveAuthenticator, HandshakeMonitor, make_server, selftest, user_id
-from profwatch.adapters.zmq.keyfiles import CurveSetupError, KeyPair, KeyRing, load_keypair, require_curve
+from profwatch.adapters.zmq.curve import (
+    CurveAuthenticator,
+    HandshakeMonitor,
+    make_server,
+    peer_key,
+    selftest,
+    user_id,
+)
+from profwatch.adapters.zmq.keyfiles import ClientKey, CurveSetupError, KeyPair, KeyRing, load_keypair, require_curve
 from profwatch.adapters.zmq.publish import EventPublisher
-from profwatch.core.access import ROLE_GRANTS, ControlRole, SecuritySettings, insecure_endpoints
+from profwatch.core.access import (
+    ROLE_GRANTS,
+    SOCKET_ROLES,
+    ControlRole,
+    SecuritySettings,
+    SocketName,
+    insecure_endpoints,
+)
 from profwatch.core.fleet.limits import LimitSettings
 from rankhook import wire
 
@@ -94,19 +113,62 @@ class ServerSockets:
             raise
 
     def grants(self, frame: zmq.Frame) -> frozenset[ControlRole]:
-        """Control roles of the connection a request frame came from: its certificate's role under CURVE (none for
-        a key removed since), ``security.loopback_roles`` without CURVE."""
+        """Control roles of the connection a request frame came from: under CURVE, the current role of the key it
+        authenticated with (none once that key was removed, renamed or changed); ``security.loopback_roles``
+        without CURVE."""
         if not self.curve["control"] or self.keyring is None:
             return self.security.loopback_grants()
-        name = user_id(frame)
-        key = self.keyring.by_name(name) if name else None
+        key = self._current_key(frame, "control")
         return ROLE_GRANTS[key.role] if key is not None else frozenset()
+
+    def _current_key(self, frame: zmq.Frame, socket: SocketName) -> ClientKey | None:
+        if self.keyring is None:
+            return None
+        public = peer_key(frame)
+        if public is None:
+            return None
+        return self.keyring.admits(public, user_id(frame), SOCKET_ROLES[socket])
+
+    def admitted(self, frame: zmq.Frame, socket: SocketName) -> bool:
+        """Whether a message of an open connection may still be served: always without CURVE on ``socket``;
+        under CURVE only while the key its connection authenticated with is in the key ring, under the same
+        name, with a role the socket admits (checked per message; the ring is re-read at most every 0.5 s)."""
+        if not self.curve[socket]:
+            return True
+        return self._current_key(frame, socket) is not None
 
     def node_key(self, frame: zmq.Frame) -> str | None:
         """The certificate name an ingest message's connection authenticated with (None without CURVE)."""
         if not self.curve["ingest"]:
             return None
         return user_id(frame) or ""
+
+    def check_revocations(self) -> bool:
+        """Drain the event stream's subscription messages and, under CURVE, re-bind it when a key that
+        subscribed is no longer admitted (the revoked subscriber is cut off; see ``publish.py``). Returns True
+        when the sockets to poll changed (the pub monitor was replaced). Raises ``zmq.ZMQError`` when the
+        endpoint cannot be bound again."""
+        if not self.curve["pub"] or self.keyring is None:
+            self.pub.drain_subscriptions()
+            return False
+        self.keyring.refresh()
+        ring, roles = self.keyring, SOCKET_ROLES["pub"]
+        revoked = self.pub.revoked_subscribers(lambda k: ring.admits(k, None, roles) is not None)
+        if not revoked:
+            return False
+        mon = self.monitors.pop("pub", None)
+        if mon is not None:
+            mon.close()
+        self.pub.rebind()
+        self.monitors["pub"] = HandshakeMonitor(self.pub.sock, side="server")
+        if self.on_refused is not None:
+            for _ in revoked:
+                self.on_refused("pub", "revoked")
+        log.warning("event_stream_rebound", revoked_keys=[k.decode("ascii", "replace") for k in revoked],
+                    endpoint=self.pub.endpoint,
+                    note="a key that subscribed was revoked: every subscriber was disconnected; admitted ones "
+                         "reconnect by themselves, the revoked one is refused")
+        return True
 
     def poll_monitors(self, quiet: bool = False) -> None:
         """Count and log handshake failures the monitors saw (a refused key is also logged by the ZAP handler,

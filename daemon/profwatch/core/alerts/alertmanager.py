@@ -10,7 +10,7 @@ identity; an alert whose ``endsAt`` has passed is resolved. Alertmanager's clien
 ``endsAt = now + 4 x resend_interval_s``, so a lost re-send does not resolve an alert, and alerts of a profwatch
 that stopped for good expire by themselves.
 
-Rules (issue 16):
+Rules (``docs/alerts.md``):
 * ``suspect_ranks`` with suspects: one ``ProfwatchSuspectRank`` alert per suspect (at most ``max_suspects``;
   the top one ``critical``, the others ``warning``). One alert stands per (job, rank): if the same rank comes
   back with other labels (kind, severity, host), the old label set is resolved and the new one fires.
@@ -23,8 +23,10 @@ Rules (issue 16):
 * ``suspect_ranks`` with status ``partial`` or ``weak``: one job-level ``ProfwatchVerdictIncomplete`` alert
   (warning) saying what could not be judged (``unjudged_ranks``, ``detail``); it resolves with the next ``ok`` or
   ``no_suspect`` verdict of the job.
-* ``batch_incomplete``, ``analysis_failed``, ``path_refused``: one job-level alert each; the first two resolve
+* ``batch_incomplete``, ``analysis_failed``, ``path_refused``, ``job_id_collision``: one job-level alert each; the first two resolve
   when a later capture of the job reaches a verdict (any ``suspect_ranks`` event), all resolve at job end.
+* ``culprit_rotates``: one job-level ``ProfwatchCulpritRotates`` alert (warning; the summary names the ranks); it
+  resolves when a rotating episode of the job closes (``episode_closed`` with a ``rotation``) or at job end.
 * ``job_ended``: every alert of the job resolves.
 """
 
@@ -35,12 +37,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from profwatch.core.alerts.event_types import JOB_ALERTNAMES, TYPE_CULPRIT_ROTATES, TYPE_EPISODE_CLOSED
 from profwatch.core.alerts.events import (
     TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
     TYPE_BATCH_INCOMPLETE,
     TYPE_JOB_ENDED,
-    TYPE_PATH_REFUSED,
     TYPE_SUSPECT_RANKS,
     rfc3339,
 )
@@ -49,14 +51,24 @@ ALERTNAME_SUSPECT = "ProfwatchSuspectRank"
 ALERTNAME_LINK = "ProfwatchSlowLink"
 ALERTNAME_UNJUDGED = "ProfwatchVerdictIncomplete"
 UNJUDGED_STATUSES = ("partial", "weak")
-JOB_ALERTNAMES = {
-    TYPE_BATCH_INCOMPLETE: "ProfwatchBatchIncomplete",
-    TYPE_ANALYSIS_FAILED: "ProfwatchAnalysisFailed",
-    TYPE_PATH_REFUSED: "ProfwatchPathRefused",
-}
-RESOLVED_BY_VERDICT = ("ProfwatchBatchIncomplete", "ProfwatchAnalysisFailed")
+RESOLVED_BY_VERDICT = (JOB_ALERTNAMES[TYPE_BATCH_INCOMPLETE], JOB_ALERTNAMES[TYPE_ANALYSIS_FAILED])
 RESOLVING_STATUSES = ("ok", "no_suspect")
 """``suspect_ranks`` statuses whose ``judged_ranks`` may resolve a rank (``partial`` proves no absence)."""
+_NO_VERDICT = "no verdict on the slow rank for this capture; the captured data is kept"
+_JOB_ALERT_TEXT = {
+    "ProfwatchBatchIncomplete": ("a capture did not complete (missing or unusable rank dirs)", _NO_VERDICT),
+    "ProfwatchAnalysisFailed": ("the analysis of a complete capture failed", _NO_VERDICT),
+    "ProfwatchPathRefused": ("a rank named a config or profiling path outside the allowed roots",
+                             "captures cannot be armed or read for this job"),
+    "ProfwatchJobIdCollision": ("another job claims this job id (its messages are refused)",
+                                "the other job is not watched; this one is watched as before"),
+    "ProfwatchCaptureUnavailable": ("ranks of the job cannot be captured",
+                                    "slowdowns are detected but never captured or explained until it is fixed"),
+    "ProfwatchCulpritRotates": ("successive captures of one episode named a different slow rank each",
+                                "no single slow rank to fix: balance the load (e.g. MoE routing, expert placement); "
+                                "the episode is not captured again"),
+}
+"""Summary and impact annotations of each job-level alert: (what happened, what it costs)."""
 LIFETIME_FACTOR = 4
 _ANNOTATION_MAX = 2048
 
@@ -210,12 +222,18 @@ class AlertBook:
         job_id = str(event.get("subject") or "")
         raw = event.get("data")
         data: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-        if not job_id or type_ not in (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, *JOB_ALERTNAMES):
+        if not job_id or type_ not in (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_EPISODE_CLOSED,
+                                       *JOB_ALERTNAMES):
             return []
         starts = parse_time(event.get("time"), now_unix_s)
         out: list[dict[str, Any]] = []
         if type_ == TYPE_JOB_ENDED:
             for key in [k for k in self.alerts if k[0] == job_id]:
+                out.append(self._resolve(key, now_unix_s))
+            return out
+        if type_ == TYPE_EPISODE_CLOSED:  # a rotating episode ended: its rotation alert resolves
+            key = (job_id, JOB_ALERTNAMES[TYPE_CULPRIT_ROTATES], None)
+            if data.get("rotation") and key in self.alerts:
                 out.append(self._resolve(key, now_unix_s))
             return out
         if type_ in JOB_ALERTNAMES:
@@ -365,15 +383,13 @@ class AlertBook:
     def _job_alert(self, job_id: str, name: str, event: Mapping[str, Any], data: Mapping[str, Any],
                    starts: float) -> StandingAlert:
         labels = _labels(alertname=name, job_id=job_id, severity="warning", cluster=self.cluster)
-        what = {"ProfwatchBatchIncomplete": "a capture did not complete (missing or unusable rank dirs)",
-                "ProfwatchAnalysisFailed": "the analysis of a complete capture failed",
-                "ProfwatchPathRefused": "a rank named a config or profiling path outside the allowed roots"}[name]
+        what, impact = _JOB_ALERT_TEXT[name]
         detail = data.get("detail") or data.get("error") or data.get("problems") or data.get("missing_ranks") or ""
         ann = {
             "summary": f"job {job_id}: {what}",
             "description": detail if isinstance(detail, str) else repr(detail),
-            "impact": "no verdict on the slow rank for this capture; the captured data is kept"
-                      if name != "ProfwatchPathRefused" else "captures cannot be armed or read for this job",
+            "impact": impact,
+            "fix": data.get("fix") or "",
             "report": _report_url(data),
             "capture_id": data.get("capture_id") or "",
             "batch_id": data.get("batch_id") or "",

@@ -16,32 +16,32 @@ from datetime import datetime, timezone
 from statistics import median
 from typing import Any
 
+from profwatch.core.alerts.event_types import (  # the one table of event types; re-exported for the builders below
+    EVENT_TYPES,
+    TYPE_ANALYSIS_ENRICHED,
+    TYPE_ANALYSIS_FAILED,
+    TYPE_ANOMALY,
+    TYPE_ARM,
+    TYPE_ARM_DECISION,
+    TYPE_BATCH,
+    TYPE_BATCH_INCOMPLETE,
+    TYPE_CAPTURE,
+    TYPE_JOB_ENDED,
+    TYPE_JOB_GENERATION,
+    TYPE_PATH_REFUSED,
+    TYPE_STORAGE_FAILED,
+    TYPE_STORAGE_RECOVERED,
+    TYPE_SUSPECT_RANKS,
+)
 from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus, Suspect
 
+__all__ = [
+    "EVENT_TYPES", "TYPE_ANALYSIS_ENRICHED", "TYPE_ANALYSIS_FAILED", "TYPE_ANOMALY", "TYPE_ARM", "TYPE_ARM_DECISION",
+    "TYPE_BATCH", "TYPE_BATCH_INCOMPLETE", "TYPE_CAPTURE", "TYPE_JOB_ENDED", "TYPE_JOB_GENERATION",
+    "TYPE_PATH_REFUSED", "TYPE_STORAGE_FAILED", "TYPE_STORAGE_RECOVERED", "TYPE_SUSPECT_RANKS",
+]
+
 SPECVERSION = "1.0"
-TYPE_SUSPECT_RANKS = "io.profwatch.suspect_ranks.v1"
-TYPE_BATCH_INCOMPLETE = "io.profwatch.batch_incomplete.v1"
-TYPE_ANOMALY = "io.profwatch.anomaly.v1"
-TYPE_ARM = "io.profwatch.arm.v1"
-TYPE_CAPTURE = "io.profwatch.capture.v1"
-TYPE_ANALYSIS_FAILED = "io.profwatch.analysis_failed.v1"
-TYPE_ARM_DECISION = "io.profwatch.arm_decision.v1"
-TYPE_BATCH = "io.profwatch.batch.v1"
-TYPE_PATH_REFUSED = "io.profwatch.path_refused.v1"
-TYPE_ANALYSIS_ENRICHED = "io.profwatch.analysis_enriched.v1"
-"""Follow-up of a published verdict (the advisor's findings), same ``capture_id``/``batch_id``."""
-TYPE_JOB_ENDED = "io.profwatch.job_ended.v1"
-"""No rank of the job reported for ``coordinator.job_end_after_s``; data ``{"last_report_unix_s", "silent_s"}``."""
-TYPE_JOB_GENERATION = "io.profwatch.job_generation.v1"
-"""A job started a new generation (elastic restart or resize): old and new world size (``docs/generations.md``)."""
-TYPE_STORAGE_FAILED = "io.profwatch.storage_failed.v1"
-"""The coordinator's state store refused a write (disk full): events are published anyway and retried."""
-TYPE_STORAGE_RECOVERED = "io.profwatch.storage_recovered.v1"
-"""The state store took every queued write again."""
-EVENT_TYPES = frozenset({TYPE_SUSPECT_RANKS, TYPE_BATCH_INCOMPLETE, TYPE_ANOMALY, TYPE_ARM, TYPE_CAPTURE,
-                         TYPE_ANALYSIS_FAILED, TYPE_ARM_DECISION, TYPE_BATCH, TYPE_PATH_REFUSED,
-                         TYPE_ANALYSIS_ENRICHED, TYPE_JOB_ENDED, TYPE_JOB_GENERATION, TYPE_STORAGE_FAILED,
-                         TYPE_STORAGE_RECOVERED})
 
 
 class AlertFormatError(ValueError):
@@ -91,6 +91,31 @@ def make_cloudevent(type_: str, job_id: str, data: Mapping[str, Any], *, source:
     }
 
 
+def collision_data(*, reason: str, owner_uid: int | None, uid: int | None, node_id: str, hostname: str, rank: int,
+                   pid: int | None, paths: tuple[str | None, str | None],
+                   owner_paths: tuple[str | None, str | None] | None, refused: int, detail: str) -> dict[str, Any]:
+    """``data`` of a ``job_id_collision`` event (``core/alerts/event_types.py``).
+
+    Shape::
+
+        {"reason" ("paths_changed"|"uid_mismatch"), "owner_uid", "uid", "pid", "rank", "node_id", "hostname",
+         "profiler_config_path", "prof_root", "owner_profiler_config_path", "owner_prof_root", "refused",
+         "detail", "fix"}
+    """
+    owner = owner_paths or (None, None)
+    return {"reason": reason, "owner_uid": owner_uid, "uid": uid, "pid": pid, "rank": rank, "node_id": node_id,
+            "hostname": hostname, "profiler_config_path": paths[0], "prof_root": paths[1],
+            "owner_profiler_config_path": owner[0], "owner_prof_root": owner[1], "refused": refused,
+            "detail": detail, "fix": "give each job its own job id (PROFWATCH_JOB_ID, or the launcher's job id); "
+            "the second job is not watched until then"}
+
+
+def collision_event_id(job_id: str, reason: str, node_id: str, uid: int | None,
+                       paths: tuple[str | None, str | None]) -> str:
+    """One event per case: the job, the reason and who claims it (node, uid, claimed paths)."""
+    return f"job_id_collision-{job_id}-{reason}-{_digest(node_id, uid, list(paths), n=16)}"
+
+
 def per_rank_summary(summaries: Sequence[RankStepSummary]) -> list[dict[str, Any]]:
     """Per-rank medians over steps: ``[{"rank", "steps", "step_time_us", "computation_us", ...}]`` sorted by rank."""
     by_rank: dict[int, list[RankStepSummary]] = {}
@@ -118,7 +143,7 @@ def suspect_alert_data(*, batch_id: str, job_id: str | None, kind: str, status: 
                        recipes: Mapping[str, RecipeStatus], paths: Mapping[str, str | None],
                        capture_reason: str | None = None, world_size: int | None = None,
                        notes: Sequence[str] = ()) -> dict[str, Any]:
-    """``data`` of an ``io.profwatch.suspect_ranks.v1`` event.
+    """``data`` of a ``suspect_ranks`` event.
 
     Shape::
 

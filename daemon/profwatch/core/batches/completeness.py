@@ -36,7 +36,7 @@ from profwatch.core.messages import MAX_WORLD_SIZE
 
 NO_DEVICE_DATA = "no usable device data"
 """Prefix of the reason of a rank dir that finished but holds nothing to judge: the batch is not ``complete``,
-yet :meth:`BatchState.judgeable` lets the analysis judge the other ranks (``partial``, issue 11 item 5)."""
+yet :meth:`BatchState.judgeable` lets the analysis judge the other ranks (``partial``, ``docs/verdicts.md``)."""
 RankState = Literal["appearing", "raw_complete", "parsing", "parsed", "failed", "unknown"]
 BatchStatus = Literal["complete", "incomplete", "invalid", "parsing"]
 _PENDING: frozenset[str] = frozenset({"appearing", "raw_complete", "parsing", "unknown"})
@@ -353,7 +353,7 @@ def _health(obs: RankDirObservation, rank: int | None, notes: list[str]) -> tupl
 
 def _device_data_reasons(obs: RankDirObservation, db: DbObservation) -> list[str]:
     """A healthy DB that recorded no device work (empty TASK / COMPUTE_TASK_INFO), or every ``PROF_*/device_N``
-    dir empty: nothing on this rank can be judged (issue 11 item 5a)."""
+    dir empty: nothing on this rank can be judged (``docs/verdicts.md``)."""
     empty = [t for t in ("TASK", "COMPUTE_TASK_INFO") if db.rows.get(t, 1) == 0]
     out = []
     if empty:

@@ -1,15 +1,19 @@
 """Automatic capture arming: anomaly + job history -> arm / would_arm / suppress, and the capture request to plan
 (pure; time passed in).
 
-The one arming path of profwatch. The coordinator and ``profwatch replay`` both, per anomaly:
+The one arming path of profwatch. The coordinator and ``profwatch replay`` both turn anomalies into episodes
+(``daemon/profwatch/core/capture/episodes.py``: :class:`~profwatch.core.capture.episodes.JobEpisodes`, which owns the job's
+:class:`ArmHistory`) and, whenever a report arrives or time passes:
 
-1. ``decision = history.decide(policy, anomaly, now, capture_in_flight=..., stalled_ranks=...)``
-   (:class:`ArmHistory` builds the :class:`JobArmState`, :class:`ArmingPolicy` decides);
-2. if ``decision.action`` is ``arm`` or ``would_arm``: ``req = capture_request(anomaly, decision, ...)`` and
+1. ``picked = episodes.next_arm(policy, now, capture_in_flight=..., stalled_ranks=..., topology=...)``: every
+   open episode that wants a capture is decided by :meth:`ArmingPolicy.decide` in value order, the first that
+   passes is returned with its :class:`ArmDecision` (the others keep what they wait for);
+2. ``req = capture_request(episode.anomaly(), decision, ...)`` and
    ``profwatch.core.capture.planner.plan_capture(req, progress, capture_settings)`` (the coordinator writes the plan in
    act mode and only plans it in observe mode);
-3. ``history.record(decision, now)`` once the plan succeeded, so a would-arm in observe mode counts for the
-   cooldown and the hourly cap exactly as an arm does in act mode; ``history.record_bytes`` as captures land.
+3. ``episodes.armed(...)`` once the plan succeeded (it records the arm in the history), so a would-arm in observe
+   mode counts for the cooldown, the gap and the hourly cap exactly as an arm does in act mode;
+   ``history.settle`` / ``episodes.capture_ended`` as captures end.
 
 The job step time handed to the planner is ``JobDetector.baseline_step_time_s`` in both.
 """
@@ -27,6 +31,9 @@ from profwatch.core.detection.types import Anomaly
 
 ArmAction = Literal["arm", "would_arm", "suppress"]
 HOUR_S = 3600.0
+JOB_HOLDS = frozenset({"capture_in_flight", "min_arm_gap", "hourly_cap", "byte_cap"})
+"""Suppression reasons that hold every episode of the job alike (the queue waits in value order behind them); the
+other reasons are the episode's own (the next episode in the queue may go)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +41,14 @@ class JobArmState:
     """What the policy needs to know about one job at decision time.
 
     ``capture_in_flight`` is true while a capture is armed, running or captured but not yet analysed;
-    ``last_arm_unix_s`` the wall time of the last arm or would-arm (None = never); ``captures_last_hour`` /
-    ``bytes_last_hour`` count arms (and would-arms) and bytes in the rolling hour (captured, plus the estimate of
-    captures still in flight); ``stalled_ranks`` the ranks the detector currently reports as stalled;
-    ``bytes_per_rank_step``: what one rank wrote per recorded step in the job's last capture (None = no capture
-    yet: ``[arming.targeting] bytes_per_rank_step`` is the estimate).
+    ``last_arm_unix_s`` the wall time of the job's last arm or would-arm, of any episode (None = never; the
+    ``min_arm_gap_s`` runs from it); ``episode_captured_unix_s`` the wall time of the last capture of the episode
+    being decided (None = never captured, or its ranks changed since: the ``cooldown_s`` runs from it);
+    ``captures_last_hour`` / ``bytes_last_hour`` count arms (and would-arms) and bytes in the rolling hour
+    (captured, plus the estimate of captures still in flight; an arm whose verdict was ``no_suspect`` is released);
+    ``stalled_ranks`` the ranks the detector currently reports as stalled; ``bytes_per_rank_step``: what one rank
+    wrote per recorded step in the job's last capture (None = no capture yet: ``[arming.targeting]
+    bytes_per_rank_step`` is the estimate); ``rotating``: the episode's culprit rotates (not captured again).
     """
 
     capture_in_flight: bool = False
@@ -47,6 +57,8 @@ class JobArmState:
     bytes_last_hour: int = 0
     stalled_ranks: frozenset[int] = frozenset()
     bytes_per_rank_step: float | None = None
+    episode_captured_unix_s: float | None = None
+    rotating: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +67,9 @@ class ArmDecision:
 
     ``action`` is ``arm``, ``would_arm`` (observe mode: everything passed) or ``suppress``; ``reason`` a stable
     snake_case string (``armed``, ``observe_mode``, ``mode_off``, ``stalled_rank_not_capturable``,
-    ``transient_not_capturable``, ``kind_not_armed``, ``below_min_magnitude``, ``capture_in_flight``,
-    ``cooldown``, ``hourly_cap``, ``byte_cap``, ``stalled_rank_in_capture``). ``warmup``/``active``/``rank_list``
+    ``transient_not_capturable``, ``kind_not_armed``, ``below_min_magnitude``, ``culprit_rotates``, ``cooldown``,
+    ``stalled_rank_in_capture``, ``larger_than_byte_cap``, then the job-wide holds ``capture_in_flight``,
+    ``min_arm_gap``, ``hourly_cap``, ``byte_cap``: :data:`JOB_HOLDS`). ``warmup``/``active``/``rank_list``
     are the window to arm (``rank_list`` None = all ranks); ``capture_reason`` a short human text stamped into
     the capture metadata. ``target``: which ranks and why (``daemon/profwatch/core/capture/targeting.py``; None when the job's
     layout was not given); ``estimated_bytes``: what the capture is expected to write, counted against
@@ -87,22 +100,25 @@ def describe_anomaly(anomaly: Anomaly) -> str:
 
 
 class ArmingPolicy:
-    """Decides whether an anomaly arms a capture.
+    """Decides whether an anomaly (one episode's latest state) arms a capture.
 
     Notes:
-        Checks, in order (the first that fails names the suppression reason): ``mode == "off"`` -> ``mode_off``;
-        a stall -> ``stalled_rank_not_capturable`` (report only: a stalled rank never reaches a future
-        ``start_step``, so its batch could never complete); a transient spike -> ``transient_not_capturable``
-        (it was over before any capture could start); kind not in ``arm_on`` -> ``kind_not_armed``;
-        magnitude below ``min_magnitude``; one capture per job at a time (``capture_in_flight``, until analysed);
-        ``cooldown_s`` since the last arm; ``max_captures_per_hour``; ``max_capture_bytes_per_hour`` (bytes of the
-        hour plus this capture's estimate: ranks covered x active steps x the job's last bytes per rank and step,
-        else ``[arming.targeting] bytes_per_rank_step``); a capture that would include a currently stalled rank
-        -> ``stalled_rank_in_capture``. The ranks covered: ``rank_list`` when set, else, given the job's
-        ``topology``, :func:`profwatch.core.capture.targeting.plan_targets` (suspects + peers + reference ranks for a rank
-        outlier in a large job, a sample covering every node for a job-wide one; every rank in a small job). In ``observe`` mode all
-        checks run and a pass gives ``would_arm`` (reason ``observe_mode``); :class:`ArmHistory` counts it as an
-        arm, so observe mode shows exactly what act mode would do (except the byte cap: nothing is captured).
+        Checks, in order (the first that fails names the suppression reason). The episode's own:
+        ``mode == "off"`` -> ``mode_off``; a stall -> ``stalled_rank_not_capturable`` (report only: a stalled rank
+        never reaches a future ``start_step``, so its batch could never complete); a transient spike ->
+        ``transient_not_capturable`` (it was over before any capture could start); kind not in ``arm_on`` ->
+        ``kind_not_armed``; magnitude below ``min_magnitude``; ``culprit_rotates`` (its captures named another rank
+        each time: load imbalance, not a slow rank); ``cooldown_s`` since the last capture of *this* episode; a
+        capture that would include a currently stalled rank -> ``stalled_rank_in_capture``; an estimate larger than
+        the byte cap itself -> ``larger_than_byte_cap``. Then the job's (:data:`JOB_HOLDS`): one capture per job at
+        a time (``capture_in_flight``, until analysed); ``min_arm_gap_s`` since the job's last arm of any episode;
+        ``max_captures_per_hour``; ``max_capture_bytes_per_hour`` (bytes of the hour plus this capture's estimate:
+        ranks covered x active steps x the job's last bytes per rank and step, else ``[arming.targeting]
+        bytes_per_rank_step``). The ranks covered: ``rank_list`` when set, else, given the job's ``topology``,
+        :func:`profwatch.core.capture.targeting.plan_targets` (suspects + peers + reference ranks for a rank outlier in
+        a large job, a sample covering every node for a job-wide one; every rank in a small job). In ``observe``
+        mode all checks run and a pass gives ``would_arm`` (reason ``observe_mode``); :class:`ArmHistory` counts it
+        as an arm, so observe mode shows exactly what act mode would do (except the byte cap: nothing is captured).
         Source: rate limits as in ByteRobust (arXiv 2509.16293: act only after repeated alerts); observe before
         act as in the "observe" rollout mode of Ray Train's NCCL hang callback (ray-project/ray PRs 64928, 64993).
     """
@@ -119,14 +135,14 @@ class ArmingPolicy:
         """Return the decision for ``anomaly`` given ``job_state`` at wall time ``now_unix_s`` (seconds) and, when
         known, the job's ``topology`` (which ranks to cover)."""
         s = self.settings
+        st = job_state
         target = None
         if s.rank_list is None and topology is not None:
             target = plan_targets(anomaly.ranks, topology, s.targeting)
         rank_list = s.rank_list if s.rank_list is not None else (target.rank_list if target is not None else None)
         text = describe_anomaly(anomaly)
         covered = len(rank_list) if rank_list is not None else (topology.world_size if topology is not None else 0)
-        per_rank = (job_state.bytes_per_rank_step if job_state.bytes_per_rank_step is not None
-                    else s.targeting.bytes_per_rank_step)
+        per_rank = st.bytes_per_rank_step if st.bytes_per_rank_step is not None else s.targeting.bytes_per_rank_step
         estimate = estimate_capture_bytes(covered, s.active, per_rank)
 
         def out(action: ArmAction, reason: str) -> ArmDecision:
@@ -142,17 +158,23 @@ class ArmingPolicy:
             return out("suppress", "kind_not_armed")
         if anomaly.magnitude < s.min_magnitude:
             return out("suppress", "below_min_magnitude")
-        if job_state.capture_in_flight:
-            return out("suppress", "capture_in_flight")
-        if job_state.last_arm_unix_s is not None and now_unix_s - job_state.last_arm_unix_s < s.cooldown_s:
+        if st.rotating:
+            return out("suppress", "culprit_rotates")
+        if st.episode_captured_unix_s is not None and now_unix_s - st.episode_captured_unix_s < s.cooldown_s:
             return out("suppress", "cooldown")
-        if job_state.captures_last_hour >= s.max_captures_per_hour:
-            return out("suppress", "hourly_cap")
-        cap = s.max_capture_bytes_per_hour
-        if cap is not None and (job_state.bytes_last_hour >= cap or job_state.bytes_last_hour + estimate > cap):
-            return out("suppress", "byte_cap")
-        if job_state.stalled_ranks and (rank_list is None or job_state.stalled_ranks.intersection(rank_list)):
+        if st.stalled_ranks and (rank_list is None or st.stalled_ranks.intersection(rank_list)):
             return out("suppress", "stalled_rank_in_capture")
+        cap = s.max_capture_bytes_per_hour
+        if cap is not None and estimate > cap:
+            return out("suppress", "larger_than_byte_cap")
+        if st.capture_in_flight:
+            return out("suppress", "capture_in_flight")
+        if st.last_arm_unix_s is not None and now_unix_s - st.last_arm_unix_s < s.min_arm_gap_s:
+            return out("suppress", "min_arm_gap")
+        if st.captures_last_hour >= s.max_captures_per_hour:
+            return out("suppress", "hourly_cap")
+        if cap is not None and (st.bytes_last_hour >= cap or st.bytes_last_hour + estimate > cap):
+            return out("suppress", "byte_cap")
         if s.mode == "observe":
             return out("would_arm", "observe_mode")
         return out("arm", "armed")
@@ -161,28 +183,37 @@ class ArmingPolicy:
 class ArmHistory:
     """Arms, would-arms and captured bytes of one job over the rolling hour (pure; times passed in, seconds).
 
-    The coordinator keeps one per job (seeded from its state store after a restart) and ``profwatch replay``
-    keeps one per replayed job; both go through :meth:`decide` and :meth:`record`.
-    Memory: one entry per arm and per byte report within the last hour.
+    :class:`~profwatch.core.capture.episodes.JobEpisodes` keeps one per job (the coordinator seeds it from its state
+    store after a restart; ``profwatch replay`` keeps one per replayed job). Memory: one entry per arm and per byte
+    report within the last hour.
     """
 
     def __init__(self) -> None:
-        self._arms: deque[float] = deque()
+        self._arms: deque[tuple[float, str]] = deque()
         self._bytes: deque[tuple[float, int]] = deque()
         self._reserved: dict[str, tuple[float, int]] = {}
         self.last_arm_unix_s: float | None = None
         self.bytes_per_rank_step: float | None = None
 
-    def record_arm(self, now_unix_s: float) -> None:
-        """Count an arm (or, in observe mode, a would-arm) at ``now_unix_s``."""
-        self._arms.append(now_unix_s)
+    def record_arm(self, now_unix_s: float, capture_id: str = "") -> None:
+        """Count an arm (or, in observe mode, a would-arm) at ``now_unix_s``; ``capture_id`` lets
+        :meth:`release` take it back."""
+        self._arms.append((now_unix_s, capture_id))
         if self.last_arm_unix_s is None or now_unix_s > self.last_arm_unix_s:
             self.last_arm_unix_s = now_unix_s
 
-    def record(self, decision: ArmDecision, now_unix_s: float) -> None:
+    def record(self, decision: ArmDecision, now_unix_s: float, capture_id: str = "") -> None:
         """Count ``decision`` if it armed or would have armed (call once its capture was planned)."""
         if decision.action in ("arm", "would_arm"):
-            self.record_arm(now_unix_s)
+            self.record_arm(now_unix_s, capture_id)
+
+    def release(self, capture_id: str) -> bool:
+        """The capture found nothing (verdict ``no_suspect``): its arm no longer counts against
+        ``max_captures_per_hour`` (its bytes still count: they are on disk). Returns whether it was counted."""
+        kept = deque(a for a in self._arms if not capture_id or a[1] != capture_id)
+        released = len(kept) != len(self._arms)
+        self._arms = kept
+        return released
 
     def record_bytes(self, now_unix_s: float, total_bytes: int, *, ranks: int = 0, active_steps: int = 0) -> None:
         """Count ``total_bytes`` captured at ``now_unix_s`` (call per rank or per capture; they add up). With the
@@ -203,23 +234,51 @@ class ArmHistory:
         self._reserved.pop(capture_id, None)
         self.record_bytes(now_unix_s, total_bytes, ranks=ranks, active_steps=active_steps)
 
-    def state(self, now_unix_s: float, *, capture_in_flight: bool,
-              stalled_ranks: frozenset[int] = frozenset()) -> JobArmState:
-        """Return the :class:`JobArmState` at ``now_unix_s`` (drops entries older than one hour; estimates of
-        captures still in flight count whatever their age)."""
-        while self._arms and self._arms[0] <= now_unix_s - HOUR_S:
+    def _prune(self, now_unix_s: float) -> None:
+        while self._arms and self._arms[0][0] <= now_unix_s - HOUR_S:
             self._arms.popleft()
         while self._bytes and self._bytes[0][0] <= now_unix_s - HOUR_S:
             self._bytes.popleft()
+
+    def state(self, now_unix_s: float, *, capture_in_flight: bool,
+              stalled_ranks: frozenset[int] = frozenset(), episode_captured_unix_s: float | None = None,
+              rotating: bool = False) -> JobArmState:
+        """Return the :class:`JobArmState` at ``now_unix_s`` (drops entries older than one hour; estimates of
+        captures still in flight count whatever their age)."""
+        self._prune(now_unix_s)
         held = sum(b for _, b in self._bytes) + sum(b for _, b in self._reserved.values())
         return JobArmState(capture_in_flight, self.last_arm_unix_s, len(self._arms), held, stalled_ranks,
-                           self.bytes_per_rank_step)
+                           self.bytes_per_rank_step, episode_captured_unix_s, rotating)
+
+    def hold_until(self, reason: str, now_unix_s: float, settings: ArmingSettings, *,
+                   episode_captured_unix_s: float | None = None, estimated_bytes: int = 0) -> float | None:
+        """When the hold named ``reason`` ends at the earliest (wall time, seconds), or None when no time ends it
+        (a capture in flight ends with its analysis; a rotation or a kind not armed never ends by itself)."""
+        self._prune(now_unix_s)
+        if reason == "cooldown" and episode_captured_unix_s is not None:
+            return episode_captured_unix_s + settings.cooldown_s
+        if reason == "min_arm_gap" and self.last_arm_unix_s is not None:
+            return self.last_arm_unix_s + settings.min_arm_gap_s
+        if reason == "hourly_cap" and self._arms:
+            over = len(self._arms) - settings.max_captures_per_hour
+            return self._arms[max(0, over)][0] + HOUR_S
+        cap = settings.max_capture_bytes_per_hour
+        if reason == "byte_cap" and cap is not None:
+            held = sum(b for _, b in self._bytes) + sum(b for _, b in self._reserved.values()) + estimated_bytes
+            for t, b in self._bytes:
+                held -= b
+                if held <= cap:
+                    return t + HOUR_S
+        return None
 
     def decide(self, policy: ArmingPolicy, anomaly: Anomaly, now_unix_s: float, *, capture_in_flight: bool,
-               stalled_ranks: frozenset[int] = frozenset(), topology: JobTopology | None = None) -> ArmDecision:
+               stalled_ranks: frozenset[int] = frozenset(), topology: JobTopology | None = None,
+               episode_captured_unix_s: float | None = None, rotating: bool = False) -> ArmDecision:
         """``policy.decide`` on this history's state (nothing is recorded: call :meth:`record` after planning)."""
         return policy.decide(anomaly, self.state(now_unix_s, capture_in_flight=capture_in_flight,
-                                                 stalled_ranks=stalled_ranks), now_unix_s, topology)
+                                                 stalled_ranks=stalled_ranks,
+                                                 episode_captured_unix_s=episode_captured_unix_s,
+                                                 rotating=rotating), now_unix_s, topology)
 
 
 def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: int, step_time_s: float | None,

@@ -32,7 +32,7 @@ from profwatch.core.alerts.events import (
     TYPE_SUSPECT_RANKS,
 )
 from profwatch.core.batches.completeness import BatchState
-from profwatch.core.capture.planner import CapturePlan
+from profwatch.core.capture.planner import CapturePlan, poll_interval_s
 from profwatch.core.capture.report import explain_ranks, plan_notes, verdict_payload
 from rankhook import wire
 
@@ -211,14 +211,30 @@ class Transition:
     actions: frozenset[Action] = frozenset()
 
 
+def ack_window_s(cap: Capture, settings: LifecycleSettings) -> float:
+    """How long (s) a written arm waits for every rank's acknowledgement:
+    ``max(ack_timeout_s, 3 x step time + the monitor's poll interval)``.
+
+    torch_npu's monitor reads the config at most once per poll interval (``int(step time)`` clamped to [1, 50] s
+    after step 10, :func:`~profwatch.core.capture.planner.poll_interval_s`), and logs the acknowledgement from the
+    training thread at a step boundary; with steps over ~30 s that takes longer than the 60 s default. Step time:
+    the slowest covered rank's at plan time, else the job's; none known: ``ack_timeout_s``."""
+    times = [r.step_time_s for r in cap.ranks.values() if r.step_time_s]
+    step_time = max(times) if times else cap.step_time_s
+    if not step_time:
+        return settings.ack_timeout_s
+    furthest = max((r.step_at_plan for r in cap.ranks.values()), default=0)
+    return max(settings.ack_timeout_s, 3.0 * step_time + poll_interval_s(furthest, step_time))
+
+
 def deadline_for(cap: Capture, state: CaptureState, now: float, settings: LifecycleSettings) -> float | None:
-    """The deadline of ``state`` entered at ``now``: planned: write timeout; written: ack timeout (never after the
-    judgement time); acknowledged/collecting: the judgement time; analysing / enriching: their tool timeouts;
-    final states: None."""
+    """The deadline of ``state`` entered at ``now``: planned: write timeout; written: :func:`ack_window_s` (never
+    after the judgement time); acknowledged/collecting: the judgement time; analysing / enriching: their tool
+    timeouts; final states: None."""
     if state is S.PLANNED:
         return now + settings.write_timeout_s
     if state is S.WRITTEN:
-        return min(now + settings.ack_timeout_s, cap.judge_unix_s)
+        return min(now + ack_window_s(cap, settings), cap.judge_unix_s)
     if state in (S.ACKNOWLEDGED, S.COLLECTING):
         return cap.judge_unix_s
     if state is S.ANALYSING:
@@ -234,16 +250,19 @@ def _enter(cap: Capture, state: CaptureState, now: float, settings: LifecycleSet
 
 
 def _progress(cap: Capture, event: str, now: float, **data: Any) -> Event:
-    """The ``io.profwatch.capture.v1`` event of one step in the capture's life."""
+    """The ``capture`` event (``core/alerts/event_types.py``) of one step in the capture's life."""
     body = {"capture_id": cap.capture_id, "event": event, "state": cap.state.value,
             "deadline_unix_s": cap.deadline_unix_s, "ts_unix_s": now, **data}
     return Event(TYPE_CAPTURE, body, f"capture-{cap.capture_id}-{event}")
 
 
 # -- 1. birth: planned ----------------------------------------------------------------------------------------------
-def blocking_capture(captures: Iterable[Capture]) -> Capture | None:
-    """The capture of a job that blocks a new arm (torch_npu keeps one pending config slot), or None."""
-    return next((c for c in captures if c.state in IN_FLIGHT), None)
+def blocking_capture(captures: Iterable[Capture], generation: int | None = None) -> Capture | None:
+    """The capture of a job that blocks a new arm (torch_npu keeps one pending config slot), or None. With the job's
+    current ``generation``, an ``analysing`` capture of an older generation blocks nothing: its window is over (the
+    slot is free) and a new run's arms are never held back by the old run's captures."""
+    return next((c for c in captures if c.state in IN_FLIGHT
+                 and not (generation is not None and c.generation < generation and c.state is S.ANALYSING)), None)
 
 
 def open_capture(plan: CapturePlan, *, world_size: int, profiler_config_path: str, writer: str,
@@ -559,6 +578,21 @@ def cancel(cap: Capture, now: float, settings: LifecycleSettings, by: str = "ope
     return Transition(cap, (_progress(cap, "cancelled", now, by=by, was=was.value, note=note),), actions)
 
 
+def job_ended(cap: Capture, now: float, settings: LifecycleSettings) -> Transition | None:
+    """The capture's job ended (no rank reported for ``job_end_after_s``): a capture whose window has not started
+    (planned, written, acknowledged: no rank started or finished it) -> cancelled, reason ``job ended``, with the
+    idle config over its arm (a later run of the job in the same folder must not fire it). A capture collecting or
+    analysing runs to its deadline (torch_npu may still be parsing what it recorded): None, nothing changes."""
+    if cap.state not in (S.PLANNED, S.WRITTEN, S.ACKNOWLEDGED) or any(
+            p.started_unix_s is not None or p.completed_unix_s is not None for p in cap.ranks.values()):
+        return None
+    was = cap.state
+    cap = _enter(cap, S.CANCELLED, now, settings, outcome=f"job ended before its window started (was {was.value})")
+    return Transition(cap, (_progress(cap, "cancelled", now, by="job ended", reason="job ended", was=was.value,
+                                      note="the window at start_step was never reached; the idle config replaces "
+                                           "the arm"),), _leaving(was) | {Action.IDLE_CONFIG})
+
+
 IDLE_ENDINGS = frozenset({S.CANCELLED, S.FAILED, S.SUPERSEDED})
 """Final states whose arm may still wait on ranks: their transitions ask for the idle config."""
 
@@ -584,7 +618,7 @@ class IdleOutcome(str, Enum):
 
 
 def idle_config_result(cap: Capture, writer: str, outcome: IdleOutcome, detail: str, now: float) -> Event:
-    """The ``io.profwatch.capture.v1`` event of one writer's idle write: ``idle_config_written``,
+    """The ``capture`` event of one writer's idle write: ``idle_config_written``,
     ``idle_config_skipped`` or ``idle_config_failed`` (:class:`IdleOutcome`); ``writer``: "coordinator" or the
     node id (one event each). Raises ValueError for an outcome that is not an :class:`IdleOutcome`."""
     outcome = IdleOutcome(outcome)

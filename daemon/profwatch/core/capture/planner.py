@@ -34,7 +34,7 @@ from profwatch.core.capture.profiler_config import (
 __all__ = [
     "MAX_CONFIG_BYTES", "AicMetrics", "CannotPlanCapture", "CapturePlan", "CaptureRequest", "CaptureSettings",
     "ExperimentalConfig", "ExportType", "HostSys", "InvalidProfilerConfig", "JobProgress", "ProfilerConfig",
-    "ProfilerLevel", "lead_steps", "new_capture_id", "plan_capture", "poll_interval_s",
+    "ProfilerLevel", "lead_steps", "max_steps_ahead", "new_capture_id", "plan_capture", "poll_interval_s",
 ]
 
 FIRST_POLL_INTERVAL_S = 2.0
@@ -47,7 +47,7 @@ class CannotPlanCapture(ValueError):
 
 
 CAPTURE_WINDOW_NOTE = """Default capture window: ``warmup = 1``, ``active = 4`` (owner of the choice: the verdicts work,
-issue 11 item 4; docs/verdicts.md).
+docs/verdicts.md).
 
 Why 4 recorded steps. The ranking pools each rank's excess over the recorded steps *without its worst step*, so a
 one-off delay (the profiler's start-up on one rank, a GC pause) never makes a suspect, and a verdict resting on
@@ -163,6 +163,16 @@ class CapturePlan(BaseModel):
     targeting: dict[str, Any] | None = None
 
 
+MAX_AHEAD_STEPS = 1000
+MAX_AHEAD_S = 3600.0
+
+
+def max_steps_ahead(step_time_s: float) -> int:
+    """Furthest an arm's ``start_step`` may lie ahead of the covered ranks' furthest step:
+    ``max(MAX_AHEAD_STEPS, MAX_AHEAD_S / step_time_s)`` (1000 steps, or one hour at the measured step time)."""
+    return max(MAX_AHEAD_STEPS, int(MAX_AHEAD_S / step_time_s))
+
+
 def poll_interval_s(furthest_step: int, step_time_s: float | None) -> float:
     """torch_npu's monitor poll interval (s): 2 before step 11, then int(step_time) clamped to [1, 50] (section 2 item 4)."""
     if furthest_step < POLL_STEP or step_time_s is None:
@@ -195,7 +205,8 @@ def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSetting
     ``furthest_step``). start_step: ``base_step + lead`` (see :func:`lead_steps`; the monitor poll interval is
     taken at its longest over the job's least and furthest step counters, since any rank may own the node's
     monitor); ``in_steps`` asks for at least that many steps ahead of ``base_step``; an explicit ``start_step``
-    must not be earlier than the safe one. ``prof_dir`` = ``<prof_root>/<job_id>/<capture_id>/``.
+    must not be earlier than the safe one, and no start may lie more than :func:`max_steps_ahead` ahead of
+    ``base_step``. ``prof_dir`` = ``<prof_root>/<job_id>/<capture_id>/``.
     Deadline of covered rank r: ``now + poll + margin_s + (start_step - step_r + warmup + active) * step_time_r
     * deadline_factor + deadline_grace_s`` (``step_r``/``step_time_r``: its own step and step time when known).
     """
@@ -240,6 +251,12 @@ def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSetting
         start = base + max(req.in_steps, lead)
     else:
         start = earliest
+    furthest_ahead = max_steps_ahead(job.step_time_s)
+    if start - base > furthest_ahead:
+        raise CannotPlanCapture(
+            f"start_step {start} is {start - base} steps ahead of the covered ranks' furthest step {base}: more than "
+            f"max({MAX_AHEAD_STEPS} steps, {MAX_AHEAD_S:.0f} s at {job.step_time_s:.3g} s per step) = {furthest_ahead}; "
+            "such a window would likely outlive the job (arm closer to the steps to capture)")
     start = max(start, 1)
     prof_dir = posixpath.join(job.prof_root, job.job_id, capture_id) + "/"
     config = ProfilerConfig(

@@ -27,7 +27,10 @@ class ArmingSettings(BaseModel):
     mode: Literal["act", "observe", "off"] = Field(
         "act", description="act: arm captures; observe: decide and report would_arm only; off: suppress everything"
     )
-    cooldown_s: float = Field(900.0, ge=0, description="seconds after an arm of a job before the next arm")
+    cooldown_s: float = Field(
+        900.0, ge=0, description="seconds after a capture of an episode before the same episode is captured again "
+                                 "(other episodes are not held by it: see min_arm_gap_s)")
+    min_arm_gap_s: float = Field(60.0, ge=0, description="seconds between two arms of one job, whatever episodes")
     max_captures_per_hour: int = Field(4, ge=0, description="arms per job per rolling hour")
     max_capture_bytes_per_hour: int | None = Field(
         50 * 2**30, ge=0, description="bytes captured per job per rolling hour before arming stops (None = no cap)"
@@ -42,6 +45,11 @@ class ArmingSettings(BaseModel):
                     "spike (stalled_rank and step_spike never arm)",
     )
     min_magnitude: float = Field(0.0, ge=0, description="relative: anomalies below this magnitude do not arm")
+    episode_quiet_steps: int = Field(
+        50, ge=1, description="steps without a report or a sign from its detector after which an episode closes")
+    rotation_captures: int = Field(
+        3, ge=2, description="successive verdicts of one episode naming a different top rank each: the culprit "
+                             "rotates (load imbalance); the episode is not captured again")
     targeting: TargetingSettings = Field(
         default_factory=TargetingSettings,
         description="targeted captures of large jobs: suspects + node/group peers + reference ranks, or a sample "

@@ -1,7 +1,7 @@
 """Which ranks a capture covers: targeted captures for large jobs (pure; no I/O).
 
 A capture of every rank of a 10,000-rank job writes terabytes to shared storage and feeds msprof-analyze a batch it
-cannot hold in memory (issue 13). When detection already names the ranks (a rank outlier) and the job is larger
+cannot hold in memory (``docs/msprof-analyze.md``). When detection already names the ranks (a rank outlier) and the job is larger
 than ``min_world_size``, the capture covers only:
 
 * the **suspects** (the anomaly's ranks, at most ``max_suspects``);

@@ -99,6 +99,16 @@ class JobDetector:
         """Ranks currently reported as stalled (cleared when they report again or leave)."""
         return self.stall_detector.stalled_ranks
 
+    def ongoing(self) -> dict[str, frozenset[int]]:
+        """Per anomaly kind, the ranks its detector still names now (``rank_outlier``: reported and not cleared;
+        ``stalled_rank``: stalled): what tells the episode layer (``daemon/profwatch/core/capture/episodes.py``) that an
+        episode still holds between reports."""
+        out = {"stalled_rank": self.stall_detector.stalled_ranks}
+        for d in self.step_detectors:
+            if isinstance(d, RankOutlierDetector):
+                out["rank_outlier"] = out.get("rank_outlier", frozenset()) | d.reported_ranks
+        return out
+
     def update_settings(self, settings: DetectionSettings) -> None:
         """Swap thresholds without losing learned state (windows are resized; outlier counts may restart)."""
         self.settings = settings

@@ -102,6 +102,12 @@ class RankOutlierDetector:
         self._reported: set[int] = set()
         self._stage: dict[int, str] = {}
 
+    @property
+    def reported_ranks(self) -> frozenset[int]:
+        """Ranks reported and not cleared yet (their count has not fallen below half of ``outlier_min_steps``):
+        the episode layer's sign that a rank-outlier episode still holds."""
+        return frozenset(self._reported)
+
     def update_settings(self, settings: DetectionSettings) -> None:
         """Swap thresholds; the window restarts when its size or the firing count changes."""
         old, self.settings = self.settings, settings

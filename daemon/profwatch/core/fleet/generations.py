@@ -6,8 +6,8 @@ or the membership changes, the elastic agents stop every worker and start a new 
 Launch)": environment variables, and "Elastic Agent": restarts stop and restart all workers). Each process of the
 new group counts steps from 0 again. profwatch calls each such worker group a *generation* of the job.
 
-Who may open one (issue "verdicts you can trust", precision: "a new generation is opened only by hellos that agree
-on the new shape and arrive through nodes the job runs on; paths stay pinned across generations"):
+Who may open one (``docs/generations.md``): a new generation is opened only by hellos that agree on the new shape
+and arrive through nodes the job runs on; paths stay pinned across generations:
 
 - The *shape* of a hello is ``(world_size, restart_count)``. A hello whose shape differs from the job's current one
   (another world size, or a higher restart count) is a **claim**; by itself it changes nothing. A hello with a lower
@@ -18,7 +18,15 @@ on the new shape and arrive through nodes the job runs on; paths stay pinned acr
   Hellos of that shape through other nodes (the new nodes of a scale-up) are held too and admitted when it opens,
   but do not count. The paths of a claim must equal the job's pinned paths (checked by the registry first).
 - Without restart counts (launchers other than torchrun), step counters going back on :func:`quorum` distinct
-  ranks of the job within :data:`CLAIM_WINDOW_S` open a generation of the same world size.
+  *processes* of the job within :data:`CLAIM_WINDOW_S` open a generation of the same world size (a requeue under
+  the same job id: new pids, steps from the checkpoint). One process is one vote (:func:`process_key`): a process
+  whose hellos spoke for several ranks moves their counters back as one vote, never as several.
+- A **new run** under the same job id (a Slurm requeue, a job restarted by hand; maybe fewer ranks, on other
+  nodes) opens a generation when **every old rank is gone** (said bye, or silent for longer than the registry's
+  rule for a live rank, ``Registry.alive_ranks``) and a hello comes from a process that is none of the old ranks'
+  (:func:`is_new_process`), under the job's uid (where the old ranks' uid is known); it takes the hello's shape,
+  may re-pin the job's paths (only then, and only under that uid) and admits the held hellos of its shape. A hello
+  with another paths while old ranks are alive is a job id collision, not a new run.
 - Claims older than :data:`CLAIM_WINDOW_S` lapse. Memory: at most :data:`MAX_SHAPES` shapes per job, and at most
   ``64 + 2 x ranks known`` held hellos per job (pruned copies: no versions, counters or paths).
 
@@ -33,6 +41,7 @@ What a node may claim is bounded by its identity (CURVE key) and, on the node, b
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -45,7 +54,9 @@ MAX_SHAPES = 4
 """Pending shapes held per job; a fifth evicts the oldest claim."""
 
 Change = Literal["same", "stale", "conflict", "claim"]
-Reason = Literal["world_size", "restart_count", "steps_went_back"]
+Reason = Literal["world_size", "restart_count", "steps_went_back", "every_rank_gone"]
+ProcessKey = tuple[str, int]
+"""``(node_id, pid)`` of one rank process: its vote."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +77,21 @@ def quorum(old_world_size: int, new_world_size: int) -> int:
     """
     m = max(1, min(old_world_size, new_world_size))
     return min(m, max(2, -(-m // 2)))
+
+
+def process_key(node_id: str, peer_pid: int | None, pid: int) -> ProcessKey:
+    """The process a rank's hello came from: the node's attested ``peer_pid`` where it gave one, else the pid the
+    rank wrote (``(node_id, 0)`` for a rank known only from step reports: one vote per node)."""
+    return (node_id, peer_pid if peer_pid is not None else pid)
+
+
+def is_new_process(node_id: str, peer_pid: int | None, pid: int, old: Iterable[tuple[str, int | None, int]]) -> bool:
+    """True when a hello's process (``node_id``, attested ``peer_pid``, written ``pid``) is none of the ``old``
+    ranks' processes ``(node_id, peer_pid, pid)``. Lenient on purpose: a match on either pid counts as the same
+    process (after a coordinator restart the restored ranks know only the written pid), so an old process speaking
+    again never opens a run; claiming an old pid can only keep a run from opening."""
+    mine = {pid} | ({peer_pid} if peer_pid is not None else set())
+    return not any(n == node_id and ({op} | ({opp} if opp is not None else set())) & mine for n, opp, op in old)
 
 
 def classify(current: Shape, claimed: Shape) -> Change:
@@ -95,7 +121,7 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class GenerationOpened:
-    """A new generation of ``job_id`` (the ``io.profwatch.job_generation.v1`` event's data).
+    """A new generation of ``job_id`` (the ``job_generation`` event's data).
 
     ``ranks``: the ranks whose agreement opened it; ``nodes``: the nodes they spoke through; ``admitted``: ranks
     registered at once from held hellos; ``refused``: held hellos the registry refused then (reason per rank).
@@ -139,7 +165,7 @@ class GenerationClaims:
 
     def __init__(self) -> None:
         self.claims: dict[Shape, Claim] = {}
-        self.restarts: dict[int, float] = {}  # rank -> when its step counter went back in this generation
+        self.restarts: dict[int, tuple[ProcessKey, float]] = {}  # rank -> (its process, when its counter went back)
 
     def clear(self) -> None:
         self.claims.clear()
@@ -154,7 +180,7 @@ class GenerationClaims:
         for c in gone:
             del self.claims[c.shape]
         if self.restarts:
-            self.restarts = {r: t for r, t in self.restarts.items() if now - t <= window_s}
+            self.restarts = {r: pt for r, pt in self.restarts.items() if now - pt[1] <= window_s}
         return gone
 
     def add(self, shape: Shape, msg: wire.RankHello, node_id: str, *, counts: bool, now: float,
@@ -181,10 +207,16 @@ class GenerationClaims:
                 claim.counted.add(msg.rank)
         return claim
 
-    def note_restart(self, rank: int, now: float) -> int:
-        """Record that ``rank``'s step counter went back; return how many distinct ranks did so lately."""
-        self.restarts[rank] = now
-        return len(self.restarts)
+    def note_restart(self, rank: int, process: ProcessKey, now: float) -> int:
+        """Record that ``rank``'s step counter went back, in the process ``process`` (:func:`process_key`); return
+        how many distinct processes did so lately (one process is one vote, whatever ranks it spoke for).
+        O(ranks that went back lately); called only when a counter goes back."""
+        self.restarts[rank] = (process, now)
+        return len(self.voters())
+
+    def voters(self) -> set[ProcessKey]:
+        """The distinct processes whose step counters went back lately."""
+        return {p for p, _t in self.restarts.values()}
 
     def summary(self, current: Shape, now: float) -> list[dict[str, Any]]:
         """Pending claims for ``profwatch status``."""
@@ -194,6 +226,6 @@ class GenerationClaims:
                for c in self.claims.values()]
         if self.restarts:
             out.append({"world_size": current.world_size, "restart_count": current.restart_count,
-                        "ranks": len(self.restarts), "agreeing_through_job_nodes": len(self.restarts),
+                        "ranks": len(self.restarts), "agreeing_through_job_nodes": len(self.voters()),
                         "quorum": quorum(current.world_size, current.world_size), "steps_went_back": True})
         return out

@@ -13,6 +13,7 @@ import dataclasses
 from collections import OrderedDict
 from typing import Any
 
+from profwatch.core.fleet.job_pins import JobPins
 from profwatch.core.fleet.limits import LimitSettings
 from profwatch.core.messages import MessageRejected, parse_rank_message
 from rankhook import wire
@@ -21,9 +22,13 @@ from rankhook import wire
 class RankIntake:
     """Validation state of one node daemon.
 
-    A job is pinned to the uid of the first process that spoke for it on this node (the ipc peer credentials);
-    a message for that job from another uid is refused (``job_uid_mismatch``) until the pin lapses after
-    ``limits.job_expiry_s`` without messages. Where the transport gives no uid (tcp), nothing is pinned.
+    A job is pinned to the uid and paths of the first process that spoke for it on this node (the ipc peer
+    credentials; :class:`~profwatch.core.fleet.job_pins.JobPins`): a message for that job from another uid is
+    refused (``job_uid_mismatch``) until the pin lapses after ``limits.job_expiry_s`` without messages, and a
+    process whose hello names other paths while the job's processes are alive is another job with the same id:
+    it and every later message of it are refused (``job_id_collision``). Both raise
+    :class:`~profwatch.core.fleet.job_pins.JobIdCollision`. Where the transport gives no uid (tcp), nothing is
+    pinned.
 
     Args:
         limits: ``node_max_cached_hellos`` bounds the hello cache and the pin table; ``max_jobs_per_node`` the
@@ -35,7 +40,8 @@ class RankIntake:
         self.hellos: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._shapes: dict[tuple[str, int], tuple[int, int | None]] = {}  # (world_size, restart_count) per hello
         self._job_shape: dict[str, tuple[int, int | None]] = {}  # the shape of each job's latest hello
-        self.job_uids: OrderedDict[str, tuple[int, float]] = OrderedDict()
+        self.pins = JobPins(self.limits.job_expiry_s, self.limits.rank_rebind_after_s,
+                            self.limits.node_max_cached_hellos)
         self.dp_jobs: dict[str, str] = {}  # job_id -> profiler_config_path (torch_npu jobs)
 
     def accept(self, payload: bytes, uid: int | None, now: float, pid: int | None = None) -> tuple[Any, bytes]:
@@ -44,30 +50,24 @@ class RankIntake:
         ``peer_uid``/``peer_pid``, whatever the rank wrote there.
 
         Raises:
-            MessageRejected: ``oversize`` (over ``wire.MAX_MESSAGE_BYTES``), ``job_uid_mismatch``, or any reason
-                of :func:`profwatch.core.messages.parse_rank_message`.
+            JobIdCollision: the sending process claims a job id another job owns here (its ``collision`` says
+                how; ``new`` the first time for that process).
+            MessageRejected: ``oversize`` (over ``wire.MAX_MESSAGE_BYTES``), or any reason of
+                :func:`profwatch.core.messages.parse_rank_message`.
         """
         if len(payload) > wire.MAX_MESSAGE_BYTES:
             raise MessageRejected("oversize", f"{len(payload)} bytes > {wire.MAX_MESSAGE_BYTES} (uid {uid})")
         msg = parse_rank_message(payload)
-        self._check_uid(msg.job_id, uid, now)
+        if uid is not None:
+            paths = (msg.profiler_config_path, msg.prof_root) if msg.kind == "hello" else None
+            self.pins.check(msg.job_id, uid, pid, now, kind=msg.kind, rank=msg.rank, paths=paths,
+                            step_time_s=msg.step_time_s if msg.kind == "step" else 0.0)
         if msg.kind == "hello":
             msg = dataclasses.replace(msg, peer_uid=uid, peer_pid=pid)
         data = wire.encode(msg)
         if msg.kind == "hello":
             self._cache_hello(msg, data)
         return msg, data
-
-    def _check_uid(self, job_id: str, uid: int | None, now: float) -> None:
-        if uid is None:
-            return
-        pin = self.job_uids.get(job_id)
-        if pin is not None and pin[0] != uid and now - pin[1] < self.limits.job_expiry_s:
-            raise MessageRejected("job_uid_mismatch", f"job {job_id} runs as uid {pin[0]} here; message from uid {uid}")
-        self.job_uids[job_id] = (uid, now)
-        self.job_uids.move_to_end(job_id)
-        if len(self.job_uids) > self.limits.node_max_cached_hellos:
-            self.job_uids.popitem(last=False)
 
     def _cache_hello(self, msg: wire.RankHello, data: bytes) -> None:
         key = (msg.job_id, msg.rank)

@@ -3,10 +3,14 @@
 Holds what ``profwatch status`` shows: per job its world size and ranks, per rank its last step, step time,
 node and capture state, per node its heartbeat and counters.
 
-What a message may change is bounded here (issue "authenticated, identity-bound, bounded daemons"):
+What a message may change is bounded here (``docs/security.md``):
 
 - a job's paths (``profiler_config_path``, ``prof_root``) are pinned by its first hello, across generations; a
-  later hello that differs is refused (``paths_changed``) and changes nothing;
+  later hello that differs while a rank of the job is alive is another job with the same id (``job_id_collision``,
+  reason ``paths_changed``; ``daemon/profwatch/core/fleet/job_pins.py`` keeps the two apart on one node): refused,
+  and steps of ranks not known yet from that node are refused too; with every rank gone it is refused as
+  ``paths_changed`` (the rule for a new run under the same id, ``docs/generations.md``, decides there); neither
+  changes anything;
 - a job's shape (world size, torchrun restart count) changes only by a new *generation* (an elastic restart or
   resize, ``daemon/profwatch/core/fleet/generations.py``): a hello of another shape is held as a claim (``generation_pending``)
   until hellos of that shape from a quorum of ranks arrived through nodes the job runs on; a stale hello (older
@@ -22,7 +26,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from profwatch.core.fleet.generations import GenerationOpened, Reason, Shape, classify, quorum
+from profwatch.core.fleet.generations import (
+    GenerationOpened,
+    Reason,
+    Shape,
+    classify,
+    is_new_process,
+    process_key,
+    quorum,
+)
+from profwatch.core.fleet.job_pins import alive_after_s
 from profwatch.core.fleet.limits import LimitSettings
 from profwatch.core.fleet.registry_state import HelloOutcome, JobState, NodeState, RankState, snapshot
 from profwatch.core.fleet.step_window import StepWindow
@@ -99,11 +112,14 @@ class Registry:
 
     def admit_hello(self, msg: wire.RankHello, node_id: str, now: float) -> HelloOutcome:
         """Register a rank of a job (the job too when it is new) for the node ``node_id``; a hello of a new shape
-        may open the job's next generation (``daemon/profwatch/core/fleet/generations.py``).
+        may open the job's next generation, and a hello of a new process after every old rank is gone opens a new
+        run (``daemon/profwatch/core/fleet/generations.py``; :attr:`HelloOutcome.opened` says which).
 
         Raises:
             GenerationPending: the hello claims a new generation that has no quorum yet (held; nothing changed).
-            RegistryError: ``paths_changed`` (the job's first hello said otherwise), ``stale_generation``,
+            RegistryError: ``job_id_collision`` (other paths than the job's first hello while ranks of the job
+                are alive), ``paths_changed`` (the same with every rank gone, from an old process or under another
+                uid: no new run), ``stale_generation``,
                 ``world_size_conflict``, ``rank_on_other_node`` (the rank is live on another node),
                 ``too_many_jobs`` / ``too_many_jobs_on_node`` / ``too_many_jobs_of_uid_on_node`` / ``too_many_ranks`` (limits). Nothing is changed then.
         """
@@ -118,11 +134,19 @@ class Registry:
                 generation_since_unix_s=now)
             self._apply_hello(job, msg, node_id, now)
             return HelloOutcome(job)
+        opened = self._new_run(job, msg, node_id, now)
+        if opened is not None:
+            return HelloOutcome(job, opened)
         if job.pinned_paths is not None and paths != job.pinned_paths:
-            raise RegistryError(
-                "paths_changed", f"job {msg.job_id} pinned profiler_config_path={job.pinned_paths[0]!r} "
-                f"prof_root={job.pinned_paths[1]!r} at its first hello; rank {msg.rank} from node {node_id} says "
-                f"{paths[0]!r} {paths[1]!r}")
+            alive = self.alive_ranks(job, now)
+            detail = (f"job {msg.job_id} pinned profiler_config_path={job.pinned_paths[0]!r} "
+                      f"prof_root={job.pinned_paths[1]!r} at its first hello; rank {msg.rank} from node {node_id} "
+                      f"says {paths[0]!r} {paths[1]!r}")
+            if alive:
+                if node_id and (node_id in job.collided_nodes or len(job.collided_nodes) < 64):
+                    job.collided_nodes[node_id] = now
+                raise RegistryError("job_id_collision", f"{detail} while {len(alive)} of its ranks are alive")
+            raise RegistryError("paths_changed", detail)
         claimed = Shape(msg.world_size, msg.restart_count)
         change = classify(job.shape, claimed)
         if change == "stale":
@@ -144,6 +168,57 @@ class Registry:
         self._apply_hello(job, msg, node_id, now)
         return HelloOutcome(job)
 
+    def _new_run(self, job: JobState, msg: wire.RankHello, node_id: str, now: float) -> GenerationOpened | None:
+        """Open a new run of ``job`` when every old rank is gone and ``msg`` comes from a new process of the job's
+        uid (``daemon/profwatch/core/fleet/generations.py``); else None (the hello is judged as any other).
+
+        The new run takes the hello's shape and paths (re-pinned here, under the job's uid only), drops the old
+        ranks and their node bindings, and admits the held hellos of its shape with that uid, from any node.
+        """
+        if not job.ranks or self.alive_ranks(job, now):
+            return None
+        if not is_new_process(node_id, msg.peer_pid, msg.pid,
+                              ((r.node_id, r.peer_pid, r.pid) for r in job.ranks.values())):
+            return None  # an old process speaking again (its node was away, the coordinator restarted)
+        uids = {r.uid for r in job.ranks.values() if r.uid is not None}
+        if uids and msg.peer_uid not in uids:
+            return None  # only the job's own user starts a new run (and may re-pin its paths)
+        shape = Shape(msg.world_size, msg.restart_count)
+        if classify(job.shape, shape) == "stale":
+            return None  # a worker of an older torchrun group: never the job's next run
+        claim = job.claims.claims.get(shape)
+        held = [h for _r, h in sorted(claim.hellos.items()) if h[1].peer_uid == msg.peer_uid] if claim else []
+        old = (job.generation, job.world_size, job.restart_count)
+        self._release_ranks(job)
+        self._next_generation(job, shape, now)
+        paths = (msg.profiler_config_path, msg.prof_root)
+        job.pinned_paths = paths
+        job.profiler_config_path, job.prof_root = paths
+        job.collided_nodes.clear()
+        self._apply_hello(job, msg, node_id, now)  # room: the old ranks were released just now
+        admitted, refused = [msg.rank], []
+        for via, h in held:
+            if h.rank in job.ranks:
+                continue
+            try:
+                self._check_rank_room(via)
+                self._apply_hello(job, h, via, now)
+                admitted.append(h.rank)
+            except RegistryError as exc:
+                refused.append((h.rank, exc.reason))
+        return GenerationOpened(
+            job_id=job.job_id, generation=job.generation, old_generation=old[0], world_size=job.world_size,
+            old_world_size=old[1], restart_count=job.restart_count, old_restart_count=old[2], reason="every_rank_gone",
+            ranks=(msg.rank,), nodes=(node_id,), opened_unix_s=now, admitted=tuple(sorted(admitted)),
+            refused=tuple(refused))
+
+    def alive_ranks(self, job: JobState, now: float) -> list[int]:
+        """Ranks of ``job`` that are alive: no bye, heard within ``max(rank_rebind_after_s, 3 x their last step
+        time)`` (:func:`~profwatch.core.fleet.job_pins.alive_after_s`)."""
+        rebind = self.limits.rank_rebind_after_s
+        return [r.rank for r in job.ranks.values()
+                if not r.left and now - r.seen_unix_s < alive_after_s(rebind, r.last_step_time_s)]
+
     def _apply_hello(self, job: JobState, msg: wire.RankHello, node_id: str, now: float) -> RankState:
         r = job.ranks.get(msg.rank)
         if r is None:
@@ -156,6 +231,9 @@ class Registry:
         r.left = False
         r.dropped = int(msg.counters.get("dropped", 0))
         r.uid = msg.peer_uid
+        r.peer_pid = msg.peer_pid
+        r.torch_npu = msg.versions.get("torch_npu", "")[:64]
+        r.mode, r.role = msg.mode, msg.role
         job.backend = msg.backend
         job.started_unix_s = max(job.started_unix_s, msg.ts_unix_s)
         if len(job.versions) < 64:
@@ -196,15 +274,17 @@ class Registry:
             opened_unix_s=now, admitted=tuple(admitted), refused=tuple(refused))
 
     def note_restart(self, job: JobState, r: RankState, now: float) -> GenerationOpened | None:
-        """``r``'s step counter went back (:meth:`step` said ``restarted``). When the ranks of a quorum did so
-        within the claim window, open a generation of the same shape (launchers without restart counts) and
-        return it; a rank of an older generation just joins the current one."""
+        """``r``'s step counter went back (:meth:`step` said ``restarted``). When a quorum of distinct processes
+        (:func:`~profwatch.core.fleet.generations.process_key`: the process of each rank's hello) did so within the
+        claim window, open a generation of the same shape (launchers without restart counts: a requeue) and return
+        it; a rank of an older generation just joins the current one."""
         if r.gen < job.generation:
             r.gen = job.generation
             return None
         job.claims.expire(now)
-        if job.claims.note_restart(r.rank, now) < quorum(job.world_size, job.world_size):
-            return None
+        if job.claims.note_restart(r.rank, process_key(r.node_id, r.peer_pid, r.pid), now) < quorum(
+                job.world_size, job.world_size):
+            return None  # fewer distinct processes than the quorum: one process is one vote
         ranks = tuple(sorted(x for x in job.claims.restarts if x in job.ranks))
         old_gen = job.generation
         self._next_generation(job, job.shape, now)
@@ -332,7 +412,8 @@ class Registry:
 
         Returns ``(None, None)`` for an unknown job and ``(job, None)`` for a rank not reported yet.
         Raises:
-            RegistryError: ``bad_rank`` (outside the job's world size), ``rank_on_other_node``.
+            RegistryError: ``bad_rank`` (outside the job's world size), ``rank_on_other_node``,
+                ``job_id_collision`` (a rank not known yet, from a node where another job claimed this id).
         """
         job = self.jobs.get(msg.job_id)
         if job is None:
@@ -346,6 +427,9 @@ class Registry:
         if r is not None and node_id is not None and r.node_id and r.node_id != node_id:
             raise RegistryError("rank_on_other_node",
                                 f"rank {r.rank} of job {job.job_id} runs on node {r.node_id}, not {node_id}")
+        if r is None and node_id is not None and node_id in job.collided_nodes and job.job_id not in self._node_jobs.get(node_id, ()):
+            raise RegistryError("job_id_collision", f"rank {msg.rank} of job {job.job_id} via node {node_id}: "
+                                "another job with this id runs there (its hello was refused)")
         return job, r
 
     def step(self, msg: wire.StepReport, now: float, node_id: str | None = None) -> tuple[JobState | None, RankState | None, bool]:
@@ -371,7 +455,7 @@ class Registry:
         r.seen_unix_s = now
         r.capturing = msg.capturing
         r.left = False
-        r.window.append(step, msg.step_time_s)  # type: ignore[union-attr]
+        r.window.append(step, msg.step_time_s, msg.work)  # type: ignore[union-attr]
         return job, r, restarted
 
     def bye(self, msg: wire.RankBye, now: float, node_id: str | None = None) -> None:

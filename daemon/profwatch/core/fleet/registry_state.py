@@ -33,6 +33,10 @@ class RankState:
     window: StepWindow | None = None
     backend_error: str = ""  # why the requested capture backend is not in use ("" = none asked or it opened)
     gen: int = 0  # the job generation this rank's step counter belongs to (older: a worker not restarted yet)
+    peer_pid: int | None = None  # the hello's process as the node attested it (SO_PEERCRED); None: not attested
+    torch_npu: str = ""  # the torch_npu version the rank's hello reports ("" when none)
+    mode: str | None = None  # what the rank's hello says: "training" | "serving" | None (not said)
+    role: str | None = None  # the rank's role label from its hello (ranks doing the same work), None: not said
 
 
 @dataclass(slots=True)
@@ -53,6 +57,8 @@ class JobState:
     restart_count: int | None = None  # TORCHELASTIC_RESTART_COUNT of the current generation (None: not torchrun)
     generation_since_unix_s: float = 0.0
     claims: GenerationClaims = field(default_factory=GenerationClaims)
+    collided_nodes: dict[str, float] = field(default_factory=dict)  # node id -> when another job claimed this id there
+    warnings: dict[str, str] = field(default_factory=dict)  # what may go wrong, by topic (status shows it); in memory
 
     @property
     def shape(self) -> Shape:
@@ -118,6 +124,8 @@ def snapshot(jobs: Iterable[JobState], nodes: Iterable[NodeState], now: float,
                 "backend_error": r.backend_error,
                 "uid": r.uid,
                 "generation": r.gen,
+                "mode": r.mode,
+                "role": r.role,
             }
             for r in sorted(job.ranks.values(), key=lambda r: r.rank)
         ]
@@ -138,6 +146,7 @@ def snapshot(jobs: Iterable[JobState], nodes: Iterable[NodeState], now: float,
                 "profiler_config_path": job.profiler_config_path,
                 "prof_root": job.prof_root,
                 "rank_drops": sum(r.dropped for r in job.ranks.values()),
+                "warnings": [job.warnings[k] for k in sorted(job.warnings)],
                 "ranks": ranks,
             }
         )

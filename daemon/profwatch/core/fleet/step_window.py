@@ -6,6 +6,7 @@ steps, ``array('f')`` for float32 step times: 8 bytes per step, so 16k ranks x 1
 
 from __future__ import annotations
 
+import math
 from array import array
 
 
@@ -16,7 +17,7 @@ class StepWindow:
         capacity: number of steps kept (oldest dropped first).
     """
 
-    __slots__ = ("capacity", "_steps", "_times", "_n", "_head")
+    __slots__ = ("capacity", "_steps", "_times", "_work", "_n", "_head")
 
     def __init__(self, capacity: int = 1000) -> None:
         if capacity < 1:
@@ -24,21 +25,30 @@ class StepWindow:
         self.capacity = capacity
         self._steps = array("i")
         self._times = array("f")
+        self._work: array[float] | None = None  # allocated at the first step with work
         self._n = 0
         self._head = 0  # next write position once full
 
-    def append(self, step: int, step_time_s: float) -> None:
-        """Add one step (steps above 2**31-1 are clamped: windows are for recent timing, not identity)."""
+    def append(self, step: int, step_time_s: float, work: float | None = None) -> None:
+        """Add one step and its work (None: not reported); steps above 2**31-1 are clamped: windows are for recent
+        timing, not identity."""
         if step > 2147483647:
             step = 2147483647
+        wk = self._work
+        if work is not None and wk is None:
+            wk = self._work = array("f", [math.nan]) * self._n
         if self._n < self.capacity:
             self._steps.append(step)
             self._times.append(step_time_s)
+            if wk is not None:
+                wk.append(math.nan if work is None else work)
             self._n += 1
         else:
             h = self._head
             self._steps[h] = step
             self._times[h] = step_time_s
+            if wk is not None:
+                wk[h] = math.nan if work is None else work
             self._head = (h + 1) % self.capacity
 
     def __len__(self) -> int:
@@ -53,6 +63,16 @@ class StepWindow:
         times = self._times[h:] + self._times[:h]
         return list(zip(steps, times, strict=True))
 
+    def items_with_work(self) -> list[tuple[int, float, float | None]]:
+        """Return ``[(step, step_time_s, work or None), ...]`` oldest first."""
+        wk = self._work
+        if wk is None:
+            return [(st, t, None) for st, t in self.items()]
+        if self._n >= self.capacity:
+            h = self._head
+            wk = wk[h:] + wk[:h]
+        return [(st, t, None if math.isnan(w) else w) for (st, t), w in zip(self.items(), wk, strict=True)]
+
     def recent_times(self, n: int) -> list[float]:
         """Return up to the last ``n`` step times (seconds), oldest first."""
         items = self.items()
@@ -62,6 +82,7 @@ class StepWindow:
         """Forget everything (e.g. after a step counter restart)."""
         self._steps = array("i")
         self._times = array("f")
+        self._work = None
         self._n = 0
         self._head = 0
 

@@ -3,12 +3,16 @@
 One JSON object per line::
 
     {"job_id": "j1", "rank": 3, "world_size": 8, "step": 120, "step_time_s": 0.412, "ts_unix_s": 1764500042.5,
-     "stages": {"forward": 0.1}, "flags": ["checkpoint"], "capturing": false}
+     "stages": {"forward": 0.1}, "flags": ["checkpoint"], "capturing": false, "work": 2048.0, "mode": "serving",
+     "role": "pp1", "pid": 4242, "node": "node1"}
     {"kind": "bye", "job_id": "j1", "rank": 3, "step": 500, "ts_unix_s": 1764500900.0}
 
 Required: ``job_id``, ``rank``, ``step``, ``step_time_s`` (seconds), ``ts_unix_s``; ``world_size`` on at least
-one line per job; optional ``stages`` (seconds), ``flags``, ``capturing``. The bounds are the live wire's
-(``profwatch.core.messages``). Here live the validation model (:class:`TelemetryRecord`), the renderer
+one line per job; optional ``stages`` (seconds), ``flags``, ``capturing``, and the fields of the wire's step report
+and hello (``rankhook/wire.py``) that the detectors and the new-run rule read: ``work`` (the rank's work in that
+step: tokens, samples), ``mode`` (``training`` | ``serving``), ``role`` (label of the ranks doing the same work),
+``pid`` (the rank's process; a new pid is a new process, e.g. a requeue) and ``node`` (the node it reported
+through). The bounds are the live wire's (``profwatch.core.messages``). Here live the validation model (:class:`TelemetryRecord`), the renderer
 (:func:`dump_jsonl`) and the coordinator's rebuild of records from its step windows (:func:`window_records`).
 """
 
@@ -22,8 +26,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from profwatch.core.messages import MAX_STEP, MAX_WORLD_SIZE
+from rankhook.wire import MAX_WORK
 
-RECORD_KEYS = ("job_id", "rank", "world_size", "step", "step_time_s", "ts_unix_s", "stages", "flags", "capturing")
+RECORD_KEYS = ("job_id", "rank", "world_size", "step", "step_time_s", "ts_unix_s", "stages", "flags", "capturing",
+               "work", "mode", "role", "pid", "node")
+LABEL_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+"""``mode`` and ``role`` spelling (``profwatch.core.messages.LABEL_RE``)."""
 
 
 class TelemetryRecord(BaseModel):
@@ -40,6 +48,11 @@ class TelemetryRecord(BaseModel):
     stages: dict[str, float] | None = None
     flags: tuple[str, ...] = ()
     capturing: bool = False
+    work: float | None = Field(None, ge=0, le=MAX_WORK)
+    mode: str | None = Field(None, pattern=LABEL_PATTERN)
+    role: str | None = Field(None, pattern=LABEL_PATTERN)
+    pid: int | None = Field(None, gt=0, lt=2**32)
+    node: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
     @model_validator(mode="after")
     def _check(self) -> TelemetryRecord:
@@ -75,18 +88,25 @@ def dump_jsonl(records: Iterable[Mapping[str, Any] | Any], *, world_size: int | 
     return "".join(line + "\n" for line in out)
 
 
-def window_records(job_id: str, rank: int, items: Iterable[tuple[int, float]],
-                   last_ts_unix_s: float) -> list[dict[str, Any]]:
-    """Records of one rank's step window ``[(step, step_time_s), ...]`` (oldest first).
+def window_records(job_id: str, rank: int, items: Iterable[tuple[int, float] | tuple[int, float, float | None]],
+                   last_ts_unix_s: float, extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Records of one rank's step window ``[(step, step_time_s[, work]), ...]`` (oldest first).
 
     Windows keep no timestamps (8 bytes per step), so each step's ``ts_unix_s`` is rebuilt backwards from the
     rank's last report time: the newest step ends at ``last_ts_unix_s`` and each earlier one ends its
-    successor's ``step_time_s`` before. Returns records newest first (callers sort).
+    successor's ``step_time_s`` before. ``work`` (when not None) goes on its record; ``extra`` (the rank's ``mode``,
+    ``role``, ``pid``, ``node``; None values left out) on every record. Returns records newest first (callers sort).
     """
     rows: list[dict[str, Any]] = []
     ts = last_ts_unix_s
-    for step, t in reversed(list(items)):
-        rows.append({"job_id": job_id, "rank": rank, "step": step, "step_time_s": round(float(t), 6),
-                     "ts_unix_s": round(ts, 6)})
-        ts -= float(t)
+    more = {k: v for k, v in (extra or {}).items() if v is not None and v != ""}
+    for item in reversed(list(items)):
+        step, t = item[0], float(item[1])
+        row: dict[str, Any] = {"job_id": job_id, "rank": rank, "step": step, "step_time_s": round(t, 6),
+                               "ts_unix_s": round(ts, 6)}
+        if len(item) > 2 and item[2] is not None:
+            row["work"] = round(float(item[2]), 6)
+        row.update(more)
+        rows.append(row)
+        ts -= t
     return rows

@@ -197,7 +197,7 @@ def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50
         :class:`KinetoBreakdown` with one ``RankStepSummary`` per rank and aligned step (the reference rank's
         ``ProfilerStep#N`` label), and the :class:`~profwatch.core.verdict.kineto_align.Alignment` used.
 
-    Alignment (issue 11 item 2; :mod:`profwatch.core.verdict.kineto_align`): steps are paired across ranks by the time their
+    Alignment (``docs/verdicts.md``; :mod:`profwatch.core.verdict.kineto_align`): steps are paired across ranks by the time their
     spans overlap after correcting each rank's clock offset, estimated from the ends of the collectives it shares
     with the reference rank; without shared collectives by position in the armed window. Steps of a rank that
     cannot be aligned are left out and the rank is named in ``alignment.unaligned``.

@@ -1,7 +1,7 @@
 """Put the steps of several ranks' torch.profiler traces side by side by time, not by label (pure).
 
 Why: ``ProfilerStep#N`` numbers are per process. A rank whose counter started at 1, or resumed with another count,
-labels the same wall-clock step differently, and matching by label compares different steps (issue 11 item 2).
+labels the same wall-clock step differently, and matching by label compares different steps (``docs/verdicts.md``).
 Hosts' clocks also differ by milliseconds, so raw timestamps cannot be compared either.
 
 How: one reference rank (the one with most steps; lowest rank on ties). For every other rank its clock offset is

@@ -10,7 +10,7 @@ out msprof's per-op statistics rows (names containing ``top``, ``middle``, ``bot
 
 Why a link needs its own verdict: in a synchronous collective every member leaves together, so a slow link
 lengthens every member's collective alike and the per-rank time summary cannot name it; only the per-pair
-bandwidth can (issue 11 item 9).
+bandwidth can (``docs/verdicts.md``).
 """
 
 from __future__ import annotations

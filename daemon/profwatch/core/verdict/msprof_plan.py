@@ -220,7 +220,7 @@ def advisor_ranks(ranks: Sequence[int], suspects: Sequence[int], step_time_us: M
     mode needs two rank dirs).
 
     Why: the advisor's memory grows about as N^1.8 with the ranks it reads (3.5 GiB at 256 ranks, above 10 GiB
-    at 512; issue 13), while what it adds, the slow-vs-fast kernel comparison and per-rank deep dives, is about
+    at 512; ``docs/msprof-analyze.md``), while what it adds, the slow-vs-fast kernel comparison and per-rank deep dives, is about
     the suspects. ``step_time_us``: a rank's median step time (ranks without one rank last as references).
     """
     ranks = sorted(set(ranks))

@@ -177,7 +177,7 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
           non-overlapped collective time; ``(U - ref(U)) / T``.
         * ``link = (link_time - ref(link_time)) / T`` from the advisor's per-rank "slow link" sheet.
 
-        Pooling and test (issue 11 items 4 and 6): a rank's pooled value of a signal is its mean over the
+        Pooling and test (``docs/verdicts.md``): a rank's pooled value of a signal is its mean over the
         captured steps, its worst step left out when that step exceeds its other steps by more than ``trim_z``
         (3) robust within-rank sigmas (:func:`profwatch.core.verdict.signals.pool`): a one-off delay cannot make a suspect,
         a consistent excess keeps the full gain of pooling. A rank must also stand out (excess above half its
@@ -284,7 +284,7 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
         details = table.details(rank)
         standing = sum(1 for x in series if x > 0 and x >= 0.5 * pooled_lead)
         if series and rank not in folded and 2 * standing < len(series):
-            continue  # stands out in a minority of its steps: not consistent (issue 11 item 4)
+            continue  # stands out in a minority of its steps: not consistent (docs/verdicts.md)
         z_lead = max(z.get(lead, 0.0), z_needed if rank in folded else 0.0)
         explain_ok = bool(passed - {"late"})
         agree = 1.0 if ("late" in passed and explain_ok) else 0.5

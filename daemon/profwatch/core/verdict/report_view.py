@@ -1,6 +1,6 @@
 """What the batch report shows: headline, graded suspects, own work against the peer median per rank and step (pure).
 
-Input is the ``io.profwatch.suspect_ranks.v1`` data (``profwatch.core.alerts.events.suspect_alert_data``, plus the optional
+Input is the ``suspect_ranks`` event data (``profwatch.core.alerts.events.suspect_alert_data``, plus the optional
 ``impact``, ``links``, ``armed_steps``, ``captured_steps`` and ``suspects[i].evidence.strength`` /
 ``suspects[i].impact`` keys) and the per-(rank, step) rows behind it. Output is a :class:`ReportView` that the
 report adapter renders; nothing here formats HTML or draws.

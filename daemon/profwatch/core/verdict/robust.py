@@ -69,7 +69,7 @@ def trimmed_pool(values: Sequence[float]) -> float:
     """Mean of ``values`` after dropping the single largest one (n >= 3); the smaller of two; the value of one.
 
     The pooled statistic of a rank: a rank must stand out *without* its worst step, so a one-off delay (the
-    start-up step of a capture, a GC pause) cannot make a suspect on its own (issue 11 item 4).
+    start-up step of a capture, a GC pause) cannot make a suspect on its own (``docs/verdicts.md``).
     """
     n = len(values)
     if n == 0:
@@ -118,7 +118,7 @@ def upper_outliers(values: Mapping[int, float], *, candidate_z: float, sigma_flo
         Round 0 takes the median and MAD scale of all values. Each round marks as candidates the keys whose z
         exceeds ``candidate_z`` and re-estimates center and scale from the rest, until the candidate set is
         stable (at most ``max_rounds``). So two or three slow ranks do not inflate the noise that judges each
-        of them (issue 11 item 6b). The scale is ``max(MAD scale, sigma_floor)``: with few ranks the MAD can
+        of them (``docs/verdicts.md``). The scale is ``max(MAD scale, sigma_floor)``: with few ranks the MAD can
         collapse towards 0, and the caller's floor (step-to-step noise, an absolute minimum) keeps z finite and
         honest. With fewer than ``min_mad_n`` non-candidate values the MAD is not used, only the floor: the MAD
         of 2-4 values says little, and in a 4-rank job with two slow ranks it would sit between the two pairs.

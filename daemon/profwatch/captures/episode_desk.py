@@ -1,0 +1,207 @@
+"""The coordinator's episodes (I/O shell around ``daemon/profwatch/core/capture/episodes.py``): one
+:class:`~profwatch.core.capture.episodes.JobEpisodes` per job, fed with the detectors' reports, run on every report and
+about once a second; it arms through the capture shell's ``arm``, publishes the episode events and the arm
+decisions, and keeps every episode in the state store (open ones survive a restart).
+
+Runs on the coordinator's main thread, like the capture shell that owns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from profwatch.adapters.zmq.control import ControlError
+from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_SUSPECT_RANKS
+from profwatch.core.capture import lifecycle as lc
+from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, capture_request
+from profwatch.core.capture.episodes import Episode, JobEpisodes
+
+if TYPE_CHECKING:
+    from profwatch.adapters.store.state import StateStore
+    from profwatch.captures.ports import DetectorsPort, Emit
+    from profwatch.config import Settings
+    from profwatch.core.capture.targeting import JobTopology
+    from profwatch.core.detection.types import Anomaly
+    from profwatch.core.fleet.registry import JobState
+
+log = structlog.get_logger("profwatch.captures.episodes")
+RUN_EVERY_S = 1.0
+"""How often (seconds) each job's episodes are judged and its queue run between reports."""
+ArmFn = Callable[..., dict[str, Any]]
+"""``arm(job_id, request, now, dry_run=False) -> plan view``; raises ``ControlError`` (the capture shell's ``arm``)."""
+
+
+class EpisodeDesk:
+    """Episodes and the capture queue of every job (see the module doc).
+
+    Args:
+        settings: the configuration tree (``[arming]``, ``[capture]``).
+        store: the state store (``save_episode``, ``episodes``).
+        jobs: the registry's job map (read only).
+        detectors: the detectors' view (stalled ranks, step time, ranks still named).
+        emit: publish one CloudEvent.
+        arm: the capture shell's ``arm`` (act mode writes the capture; a dry run plans it in observe mode).
+        in_flight: whether the job has a capture holding its config slot.
+        topology: the job's layout for targeted captures.
+        policy: the arming policy in force (a callable: it is swapped at runtime).
+    """
+
+    def __init__(self, *, settings: Settings, store: StateStore, jobs: Mapping[str, JobState],
+                 detectors: DetectorsPort, emit: Emit, arm: ArmFn, in_flight: Callable[[str], bool],
+                 topology: Callable[[str], JobTopology | None], policy: Callable[[], ArmingPolicy]) -> None:
+        self.s, self.store, self.jobs, self.detectors, self.emit = settings, store, jobs, detectors, emit
+        self._arm, self._in_flight, self._topology, self._policy = arm, in_flight, topology, policy
+        self.books: dict[str, JobEpisodes] = {}
+        self._next_run: dict[str, float] = {}
+        self._would = 0
+
+    def book(self, job_id: str) -> JobEpisodes:
+        """The job's episodes and arm budget (created on first use)."""
+        b = self.books.get(job_id)
+        if b is None:
+            b = self.books[job_id] = JobEpisodes(job_id, self._policy().settings)
+        return b
+
+    def start(self) -> None:
+        """Load the stored episodes of the jobs the registry knows (open ones resume, the latest closed are
+        listed). A row that does not parse is logged and skipped."""
+        for row in self.store.episodes(job_ids=list(self.jobs)):
+            try:
+                ep = Episode.from_json(row)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("episode_row_unreadable", error=repr(exc))
+                continue
+            self.book(ep.job_id).restore([ep])
+            if ep.closed_unix_s is None:
+                log.info("episode_resumed", job_id=ep.job_id, episode_id=ep.episode_id, kind=ep.kind)
+
+    # -- reports and time ---------------------------------------------------------------------------------------------
+    def on_anomaly(self, an: Anomaly, now: float) -> None:
+        """Fold one detector report into its episode, run the job's queue, and publish what was decided for it."""
+        if self.jobs.get(an.job_id) is None:
+            return
+        b = self.book(an.job_id)
+        ep, events = b.observe(an, now)
+        self._publish(an.job_id, events)
+        armed = self._run(an.job_id, now)
+        if ep is None or ep.episode_id in armed:
+            if ep is None:
+                self.emit(TYPE_ARM_DECISION, an.job_id, {"anomaly": an.kind, "step": an.step, "action": "suppress",
+                                                         "reason": "transient_not_capturable"})
+            return
+        if ep.in_flight is not None:  # a capture in flight covers it (its window follows the onset)
+            self.emit(TYPE_ARM_DECISION, an.job_id, {"anomaly": an.kind, "step": an.step, "action": "suppress",
+                                                     "reason": "covered_by_capture", "episode_id": ep.episode_id,
+                                                     "capture_id": ep.in_flight})
+            return
+        self.emit(TYPE_ARM_DECISION, an.job_id, {
+            "anomaly": an.kind, "step": an.step, "action": "suppress", "reason": ep.waiting,
+            "episode_id": ep.episode_id, "until_unix_s": ep.waiting_until_unix_s, "behind": ep.waiting_behind or None,
+            "queued": ep.closed_unix_s is None and not ep.rotation})
+
+    def tick(self, now: float) -> None:
+        """About once a second per job with open episodes: close the quiet ones, arm what the budget allows."""
+        for job_id, b in list(self.books.items()):
+            if b.open and now >= self._next_run.get(job_id, 0.0) and self.jobs.get(job_id) is not None:
+                self._run(job_id, now)
+
+    def close_job(self, job_id: str, now: float, reason: str) -> None:
+        """The job ended (``reason``): close its open episodes."""
+        b = self.books.get(job_id)
+        if b is not None:
+            self._publish(job_id, b.close_all(now, reason))
+
+    def new_generation(self, job_id: str, now: float) -> ArmHistory:
+        """The job started a new generation: close its open episodes and return its fresh arm budget."""
+        b = self.book(job_id)
+        self._publish(job_id, b.new_run(now, "new_generation"))
+        return b.history
+
+    def forget(self, job_ids: Iterable[str]) -> None:
+        """Expired jobs: drop their books from memory (the store keeps their episodes)."""
+        for j in job_ids:
+            self.books.pop(j, None)
+            self._next_run.pop(j, None)
+
+    def _run(self, job_id: str, now: float) -> set[str]:
+        """Judge the job's episodes, then arm from the queue until it yields nothing; returns the episodes armed."""
+        self._next_run[job_id] = now + RUN_EVERY_S
+        b, job = self.book(job_id), self.jobs[job_id]
+        self._publish(job_id, b.advance(now, furthest_step=job.furthest_step(),
+                                        step_time_s=self.detectors.baseline_step_time_s(job_id),
+                                        ongoing=self.detectors.ongoing(job_id)))
+        armed: set[str] = set()
+        policy = self._policy()
+        for _ in range(len(b.open) + 1):  # each pass arms one episode or stops: bounded even with no gap
+            picked = b.next_arm(policy, now, capture_in_flight=self._in_flight(job_id),
+                                stalled_ranks=self.detectors.stalled_ranks(job_id), topology=self._topology(job_id))
+            if picked is None:
+                break
+            ep, d = picked
+            data: dict[str, Any] = {"anomaly": ep.kind, "step": ep.last_step, "action": d.action, "reason": d.reason,
+                                    "episode_id": ep.episode_id, "waited_s": round(now - ep.opened_unix_s, 3),
+                                    "estimated_bytes": d.estimated_bytes,
+                                    "targeting": d.target.to_json() if d.target is not None else None}
+            try:
+                req = capture_request(ep.anomaly(), d, furthest_step=max(0, job.furthest_step()),
+                                      step_time_s=self.detectors.baseline_step_time_s(job_id), capture=self.s.capture)
+                plan = self._arm(job_id, req, now, dry_run=d.action == "would_arm")
+                if plan.get("refused"):
+                    raise ControlError(str(plan["refused"]["code"]), str(plan["refused"]["message"]))
+                data["start_step"] = plan["start_step"]
+                covered = tuple(plan["rank_list"]) if plan.get("rank_list") is not None else None
+                if d.action == "arm":
+                    cid, status = str(plan["capture_id"]), None
+                else:  # observe mode: counted as an arm, so the gap, caps and cooldown apply as in act mode
+                    self._would += 1
+                    cid, status = f"would-{job_id}-{int(now)}-{self._would}", "would_arm"
+                    b.history.record(d, now, cid)
+                data["capture_id"] = cid if d.action == "arm" else None
+                data["covers"] = [e.episode_id for e in b.armed(ep.episode_id, cid, now, covered=covered,
+                                                                 status=status, start_step=plan["start_step"])]
+                armed.update(data["covers"])
+            except ControlError as exc:
+                b.arm_failed(ep.episode_id, now, f"{exc.code}: {exc.message}")
+                data.update(action="suppress", reason=f"{exc.code}: {exc.message}")
+            except (KeyError, TypeError, ValueError) as exc:  # planner errors are shown, never hidden
+                b.arm_failed(ep.episode_id, now, f"plan_failed: {exc}")
+                data.update(action="suppress", reason=f"plan_failed: {exc}")
+            self.emit(TYPE_ARM_DECISION, job_id, data)
+        self._save(b)
+        return armed
+
+    # -- captures ---------------------------------------------------------------------------------------------------
+    def capture_ended(self, cap: lc.Capture, events: Iterable[lc.Event], now: float) -> None:
+        """A capture left the states that hold the job's config slot: hand its verdict (status and the ranks it
+        names, most suspect first) or the state it ended in to the job's episodes; publish a rotation."""
+        b = self.books.get(cap.job_id)
+        if b is None:
+            return
+        status, named = cap.state.value, tuple[int, ...]()
+        for ev in events:
+            if ev.type == TYPE_SUSPECT_RANKS:
+                status = str(ev.data.get("status") or status)
+                named = tuple(int(s["rank"]) for s in ev.data.get("suspects") or ()
+                              if isinstance(s, Mapping) and isinstance(s.get("rank"), int))
+        self._publish(cap.job_id, b.capture_ended(cap.capture_id, now, status, named))
+        self._next_run[cap.job_id] = 0.0  # the slot is free: the next tick runs the queue
+
+    # -- output -----------------------------------------------------------------------------------------------------
+    def _publish(self, job_id: str, events: Iterable[lc.Event]) -> None:
+        for ev in events:
+            self.emit(ev.type, job_id, dict(ev.data), event_id=ev.event_id)
+        b = self.books.get(job_id)
+        if b is not None:
+            self._save(b)
+
+    def _save(self, b: JobEpisodes) -> None:
+        for ep in b.take_dirty():
+            self.store.save_episode(ep.episode_id, ep.job_id, ep.closed_unix_s is None, ep.updated_unix_s,
+                                    ep.to_json())
+
+    def view(self, job_id: str | None, now: float) -> list[dict[str, Any]]:
+        """For ``status``: per job, its open episodes in queue order, then the last closed ones (JSON)."""
+        return [v for j, b in sorted(self.books.items()) if job_id in (None, j) for v in b.view(now)]

@@ -1,0 +1,531 @@
+"""Anomaly episodes of one job and the order in which they are captured (pure; time passed in, seconds).
+
+An anomaly is an episode: opened by the first report of a finding, updated while it lasts (magnitude, ranks,
+stage), closed when it ends. Every open episode that wants a capture waits in one queue per job, ordered by value;
+the :class:`~profwatch.core.capture.arming.ArmingPolicy` decides each in that order and the first that passes is armed.
+An episode that could not be captured stays in the queue while it lasts: it is never dropped.
+
+Keys: one open episode per (job, kind, scope); the scope is the compared stage a ranked finding names (a rank
+outlier's stage), else its ``role``, else its ranks, else ``""`` (job-wide). New kinds (``structural_imbalance``,
+``drift``, ...) are handled by the same rules. ``step_spike`` is an event, never an episode (it was over before
+any capture could start).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from profwatch.core.alerts.event_types import (
+    TYPE_CULPRIT_ROTATES,
+    TYPE_EPISODE_CLOSED,
+    TYPE_EPISODE_OPENED,
+    TYPE_EPISODE_UPDATED,
+)
+from profwatch.core.capture.arming import JOB_HOLDS, ArmDecision, ArmHistory, ArmingPolicy
+from profwatch.core.capture.lifecycle import CaptureState, Event
+from profwatch.core.capture.settings import ArmingSettings
+from profwatch.core.capture.targeting import JobTopology
+from profwatch.core.detection.types import Anomaly, AnomalyKind
+
+__all__ = ["Episode", "EpisodeCapture", "JobEpisodes", "episode_key", "value_key"]
+
+NOT_EPISODES = frozenset({"step_spike"})
+"""Kinds that are events only: a transient was over before any capture could start."""
+STANDING_KINDS = frozenset({"periodic_spike", "structural_imbalance", "drift"})
+"""Kinds their detector reports once per level: the episode stays open until its job ends or starts a new
+generation (quiet steps do not close it)."""
+VERDICTS = frozenset({"ok", "no_suspect", "partial", "weak"})
+CAPTURED = VERDICTS | {CaptureState.CANCELLED.value, "would_arm", "simulated"}
+"""Capture outcomes that count as captured for the episode's cooldown; others (failed, expired, incomplete,
+superseded) leave the episode wanting a capture."""
+MAX_OPEN = 64
+"""Open episodes per job (memory bound); a new one beyond it closes the least recently updated (``evicted``)."""
+MAX_CLOSED = 16
+"""Closed episodes kept per job (``status`` shows them; the store keeps them all)."""
+MAX_CAPTURES = 16
+"""Captures remembered per episode."""
+
+
+def episode_scope(anomaly: Anomaly) -> str:
+    """The scope part of an episode key: the stage of the most outlying rank (``detail.stage``: a name, or a
+    ``{rank: stage}`` map), else ``role:<detail.role>``, else ``ranks:0,3`` for a ranked finding, else ``""``."""
+    d = anomaly.detail or {}
+    stage = d.get("stage")
+    if isinstance(stage, str) and stage:
+        return stage
+    if isinstance(stage, Mapping) and stage and anomaly.ranks:
+        raw = d.get("excess")
+        excess: Mapping[Any, Any] = raw if isinstance(raw, Mapping) else {}
+        top = max(anomaly.ranks, key=lambda r: float(excess.get(r, excess.get(str(r), 0.0)) or 0.0))
+        name = stage.get(top, stage.get(str(top)))
+        if isinstance(name, str) and name:
+            return name
+    role = d.get("role")
+    if isinstance(role, str) and role:
+        return f"role:{role}"
+    if anomaly.ranks:
+        return "ranks:" + ",".join(str(r) for r in sorted(set(anomaly.ranks))[:16])
+    return ""
+
+
+def episode_key(anomaly: Anomaly) -> str:
+    """``kind/scope``: the key of the one open episode of the job that ``anomaly`` belongs to."""
+    return f"{anomaly.kind}/{episode_scope(anomaly)}"
+
+
+@dataclass(slots=True)
+class EpisodeCapture:
+    """One capture that covers an episode. ``own``: armed for this episode (else another episode's capture covered
+    it); ``ranks``: the episode's ranks at the arm; ``status``: None while in flight, then the verdict status
+    (``ok``, ``no_suspect``, ``partial``, ``weak``) or how it ended (``failed``, ``cancelled``, ``would_arm``...);
+    ``named``: the ranks the verdict names, most suspect first."""
+
+    capture_id: str
+    armed_unix_s: float
+    ranks: tuple[int, ...]
+    own: bool = True
+    status: str | None = None
+    named: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"capture_id": self.capture_id, "armed_unix_s": self.armed_unix_s, "ranks": list(self.ranks),
+                "own": self.own, "status": self.status, "named": list(self.named)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EpisodeCapture:
+        return cls(str(d["capture_id"]), float(d["armed_unix_s"]), tuple(int(r) for r in d.get("ranks") or ()),
+                   bool(d.get("own", True)), d.get("status"), tuple(int(r) for r in d.get("named") or ()))
+
+
+@dataclass(slots=True)
+class Episode:
+    """One anomaly episode of one job (mutable; owned by :class:`JobEpisodes`).
+
+    Times in unix seconds, steps as the job counts them. ``magnitude`` is the latest report's (relative),
+    ``peak_magnitude`` the largest; ``ranks`` the ranks it names now (empty: job-wide); ``reference_s`` the job
+    step time before it (job-wide kinds whose report gives ``baseline_s``); ``last_ongoing_step`` the last step at
+    which a report or its detector said it still holds; ``new_ranks``: it names a rank no capture of it covered or
+    named (it is captured again without waiting for its cooldown); ``rotation``: the top ranks of the successive
+    verdicts that showed the culprit rotating (empty: it does not); ``waiting``/``waiting_until_unix_s``/
+    ``waiting_behind``: what it waits for (a reason of :class:`~profwatch.core.capture.arming.ArmingPolicy`), until
+    when, and behind which episode of the queue.
+    """
+
+    episode_id: str
+    job_id: str
+    kind: str
+    scope: str
+    opened_unix_s: float
+    opened_step: int
+    updated_unix_s: float
+    last_step: int
+    last_ongoing_step: int
+    magnitude: float
+    peak_magnitude: float
+    ranks: tuple[int, ...]
+    detail: dict[str, Any] = field(default_factory=dict)
+    reference_s: float | None = None
+    reports: int = 1
+    captures: list[EpisodeCapture] = field(default_factory=list)
+    new_ranks: bool = False
+    rotation: tuple[int, ...] = ()
+    closed_unix_s: float | None = None
+    close_reason: str = ""
+    waiting: str = ""
+    waiting_until_unix_s: float | None = None
+    waiting_behind: str = ""
+    not_before_unix_s: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.scope}"
+
+    @property
+    def in_flight(self) -> str | None:
+        """The id of a capture covering it that is still in flight (its own or another episode's), or None."""
+        return next((c.capture_id for c in self.captures if c.status is None), None)
+
+    @property
+    def captured_unix_s(self) -> float | None:
+        """When it was last captured (a capture in flight or one that counts as captured: :data:`CAPTURED`); None
+        when never, or when it names new ranks since (then it counts as new)."""
+        if self.new_ranks:
+            return None
+        times = [c.armed_unix_s for c in self.captures if c.status is None or c.status in CAPTURED]
+        return max(times) if times else None
+
+    @property
+    def is_repeat(self) -> bool:
+        return self.captured_unix_s is not None
+
+    @property
+    def seen_ranks(self) -> frozenset[int]:
+        """Ranks its captures covered (its ranks at each arm) or named."""
+        return frozenset(r for c in self.captures for r in (*c.ranks, *c.named))
+
+    def anomaly(self) -> Anomaly:
+        """Its latest state as an :class:`Anomaly` (what the arming policy and the capture request read)."""
+        return Anomaly(cast(AnomalyKind, self.kind), self.job_id, self.last_step, self.ranks, self.magnitude,
+                       self.detail)
+
+    def to_json(self, now_unix_s: float | None = None) -> dict[str, Any]:
+        """JSON-ready, every field (what the state store keeps and ``status --json`` shows); with ``now_unix_s``
+        also ``age_s``."""
+        out: dict[str, Any] = {
+            "episode_id": self.episode_id, "job_id": self.job_id, "kind": self.kind, "scope": self.scope,
+            "opened_unix_s": self.opened_unix_s, "opened_step": self.opened_step,
+            "updated_unix_s": self.updated_unix_s, "last_step": self.last_step,
+            "last_ongoing_step": self.last_ongoing_step, "magnitude": round(self.magnitude, 6),
+            "peak_magnitude": round(self.peak_magnitude, 6), "ranks": list(self.ranks), "detail": self.detail,
+            "reference_s": self.reference_s, "reports": self.reports,
+            "captures": [c.to_json() for c in self.captures], "new_ranks": self.new_ranks,
+            "rotation": list(self.rotation), "closed_unix_s": self.closed_unix_s, "close_reason": self.close_reason,
+            "waiting": self.waiting, "waiting_until_unix_s": self.waiting_until_unix_s,
+            "waiting_behind": self.waiting_behind, "not_before_unix_s": self.not_before_unix_s,
+            "value": "repeat" if self.is_repeat else "new"}
+        if now_unix_s is not None:
+            out["age_s"] = round(max(0.0, now_unix_s - self.opened_unix_s), 3)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Episode:
+        """Inverse of :meth:`to_json`; raises ``KeyError``/``TypeError``/``ValueError`` on a malformed row."""
+        ref = d.get("reference_s")
+        closed = d.get("closed_unix_s")
+        until = d.get("waiting_until_unix_s")
+        return cls(
+            episode_id=str(d["episode_id"]), job_id=str(d["job_id"]), kind=str(d["kind"]), scope=str(d["scope"]),
+            opened_unix_s=float(d["opened_unix_s"]), opened_step=int(d["opened_step"]),
+            updated_unix_s=float(d["updated_unix_s"]), last_step=int(d["last_step"]),
+            last_ongoing_step=int(d["last_ongoing_step"]), magnitude=float(d["magnitude"]),
+            peak_magnitude=float(d["peak_magnitude"]), ranks=tuple(int(r) for r in d.get("ranks") or ()),
+            detail=dict(d.get("detail") or {}), reference_s=float(ref) if ref is not None else None,
+            reports=int(d.get("reports", 1)),
+            captures=[EpisodeCapture.from_json(c) for c in d.get("captures") or ()],
+            new_ranks=bool(d.get("new_ranks", False)), rotation=tuple(int(r) for r in d.get("rotation") or ()),
+            closed_unix_s=float(closed) if closed is not None else None, close_reason=str(d.get("close_reason", "")),
+            waiting=str(d.get("waiting", "")), waiting_until_unix_s=float(until) if until is not None else None,
+            waiting_behind=str(d.get("waiting_behind", "")),
+            not_before_unix_s=float(d.get("not_before_unix_s", 0.0)))
+
+    def summary(self) -> dict[str, Any]:
+        """The short form carried by events: id, kind, scope, ranks, magnitudes, steps, captures."""
+        return {"episode_id": self.episode_id, "kind": self.kind, "scope": self.scope, "ranks": list(self.ranks),
+                "magnitude": round(self.magnitude, 6), "peak_magnitude": round(self.peak_magnitude, 6),
+                "opened_step": self.opened_step, "step": self.last_step, "reports": self.reports,
+                "captures": [c.capture_id for c in self.captures], "rotation": list(self.rotation)}
+
+
+def value_key(ep: Episode) -> tuple[bool, bool, float, float, str]:
+    """Sort key of the capture queue, most valuable first: a new episode before a repeat of one already captured,
+    then a named rank before a job-wide finding, then the larger magnitude, then the older.
+
+    New before repeat comes first so that a change is captured by the first arm after its onset whatever was
+    captured before it (the goal of issue 20); within new (or within repeat) episodes the order is the issue's:
+    named rank, magnitude, age."""
+    return (ep.is_repeat, not ep.ranks, -ep.magnitude, ep.opened_unix_s, ep.episode_id)
+
+
+def _rotates(tops: list[int], n: int) -> bool:
+    last = tops[-n:]
+    return len(last) >= n and all(a != b for a, b in zip(last, last[1:], strict=False))
+
+
+class JobEpisodes:
+    """The episodes of one job and its arm budget (:class:`~profwatch.core.capture.arming.ArmHistory`).
+
+    Args:
+        job_id: the job.
+        settings: ``[arming]`` (cooldown, gap, caps, ``episode_quiet_steps``, ``rotation_captures``).
+        history: the job's arm history (a fresh one when None).
+
+    Notes:
+        Open: the first report of a key opens an episode (``episode_opened``); later reports of the key update it
+        (``episode_updated``: magnitude, ranks, step). A report naming a rank that no capture of the episode
+        covered or named marks it ``new_ranks``: it is captured again as a new episode would be (no cooldown).
+
+        Close (:meth:`advance`): an episode holds while reports come, while its detector still names its ranks
+        (``ongoing``: e.g. the rank-outlier detector's ranks that have not cleared), or, for a job-wide finding
+        with a known step time before it, while the job step time stays above half the change
+        (``step_time_s >= reference_s * (1 + magnitude / 2)``). It closes (``episode_closed``) once the job went
+        ``episode_quiet_steps`` steps past the last step it held, never while its own capture is in flight; kinds of
+        :data:`STANDING_KINDS` close only with :meth:`close_all` (job end, new generation).
+
+        Budget (:meth:`next_arm`): the open episodes that want a capture (none of their own in flight, not
+        rotating) are decided in :func:`value_key` order; the first that passes is armed. An episode held by its
+        own reason (cooldown, not armable) lets the next one go; a hold of the job (:data:`JOB_HOLDS`: capture in
+        flight, min gap, hourly or byte cap) holds every episode after it too, which then wait "behind" it. Each
+        waiting episode keeps its reason and, where time ends it, until when (``status`` shows both). Nothing is
+        dropped: an episode waits while it is open. A capture covers every waiting episode whose ranks it covers
+        (all ranks: every episode), so one capture serves a job-wide finding and the slow rank behind it.
+
+        Verdicts (:meth:`capture_ended`): ``no_suspect`` releases the arm from the hourly cap (the next episode is
+        not held by a capture that found nothing); an outcome outside :data:`CAPTURED` (failed, expired,
+        incomplete) leaves the episode wanting a capture. When the last ``rotation_captures`` verdicts of the
+        episode's own captures named a different top rank each time, the culprit rotates: ``culprit_rotates`` is
+        published once and the episode is not captured again.
+
+        Memory: at most :data:`MAX_OPEN` open and :data:`MAX_CLOSED` closed episodes, :data:`MAX_CAPTURES` captures
+        each.
+    """
+
+    def __init__(self, job_id: str, settings: ArmingSettings, history: ArmHistory | None = None) -> None:
+        self.job_id = job_id
+        self.settings = settings
+        self.history = history or ArmHistory()
+        self.open: dict[str, Episode] = {}
+        self.closed: deque[Episode] = deque(maxlen=MAX_CLOSED)
+        self._dirty: dict[str, Episode] = {}
+        self._flight: dict[str, tuple[int | None, frozenset[int] | None]] = {}  # capture -> (start_step, covered)
+
+    # -- bookkeeping ------------------------------------------------------------------------------------------------
+    def _touch(self, ep: Episode) -> None:
+        self._dirty[ep.episode_id] = ep
+
+    def take_dirty(self) -> list[Episode]:
+        """Episodes changed since the last call (the shell saves them)."""
+        out = list(self._dirty.values())
+        self._dirty.clear()
+        return out
+
+    def restore(self, episodes: Iterable[Episode]) -> None:
+        """Seed from the state store after a restart (oldest first): open ones resume, closed ones are listed."""
+        for ep in episodes:
+            if ep.closed_unix_s is None:
+                self.open[ep.key] = ep
+            else:
+                self.closed.append(ep)
+
+    def find(self, episode_id: str) -> Episode | None:
+        return next((e for e in (*self.open.values(), *self.closed) if e.episode_id == episode_id), None)
+
+    def _event(self, type_: str, ep: Episode, suffix: str, **data: Any) -> Event:
+        return Event(type_, {**ep.summary(), **data}, event_id=f"{type_.split('.')[2]}-{ep.episode_id}{suffix}")
+
+    # -- reports ------------------------------------------------------------------------------------------------------
+    def observe(self, anomaly: Anomaly, now_unix_s: float) -> tuple[Episode | None, list[Event]]:
+        """Fold one detector report into its episode; return the episode (None for :data:`NOT_EPISODES`) and the
+        events (``episode_opened`` or ``episode_updated``)."""
+        if anomaly.kind in NOT_EPISODES:
+            return None, []
+        key = episode_key(anomaly)
+        ep = self.open.get(key)
+        ranks = tuple(sorted(set(anomaly.ranks)))
+        detail = dict(anomaly.detail or {})
+        if ep is None:
+            out: list[Event] = []
+            if len(self.open) >= MAX_OPEN:
+                oldest = min(self.open.values(), key=lambda e: e.updated_unix_s)
+                out.append(self._close(oldest, now_unix_s, "evicted"))
+            digest = hashlib.sha256(f"{self.job_id}\0{key}\0{now_unix_s!r}\0{anomaly.step}".encode()).hexdigest()
+            base = detail.get("baseline_s")
+            ep = Episode(f"ep-{digest[:12]}", self.job_id, anomaly.kind, key.split("/", 1)[1], now_unix_s,
+                         anomaly.step, now_unix_s, anomaly.step, anomaly.step, anomaly.magnitude, anomaly.magnitude,
+                         ranks, detail, float(base) if isinstance(base, (int, float)) and base > 0 else None)
+            self.open[key] = ep
+            self._touch(ep)
+            onset = detail.get("first_step")
+            onset = onset if isinstance(onset, int) else anomaly.step
+            for cid, (start, covered) in self._flight.items():  # a capture in flight whose window follows the onset
+                if start is not None and start > onset and (covered is None or (ranks and set(ranks) <= covered)):
+                    self._add_capture(ep, EpisodeCapture(cid, now_unix_s, ranks, False))
+                    break
+            out.append(self._event(TYPE_EPISODE_OPENED, ep, "", detail=detail))
+            return ep, out
+        fresh = sorted(set(ranks) - ep.seen_ranks)
+        ep.magnitude = anomaly.magnitude
+        ep.peak_magnitude = max(ep.peak_magnitude, anomaly.magnitude)
+        ep.last_step = max(ep.last_step, anomaly.step)
+        ep.last_ongoing_step = max(ep.last_ongoing_step, anomaly.step)
+        ep.updated_unix_s = now_unix_s
+        ep.reports += 1
+        ep.detail = detail
+        ep.ranks = tuple(sorted(set(ep.ranks) | set(ranks)))
+        if fresh and ep.captures:
+            ep.new_ranks = True
+        self._touch(ep)
+        return ep, [self._event(TYPE_EPISODE_UPDATED, ep, f"-{ep.reports}", reason="reported",
+                                new_ranks=fresh, detail=detail)]
+
+    def advance(self, now_unix_s: float, *, furthest_step: int | None, step_time_s: float | None = None,
+                ongoing: Mapping[str, frozenset[int]] | None = None) -> list[Event]:
+        """Judge which episodes still hold at the job's ``furthest_step``; close those quiet for
+        ``episode_quiet_steps`` (rules in the class Notes). ``ongoing``: per kind, the ranks its detector still
+        names (kinds absent: no such sign); ``step_time_s``: the job step time now (None: unknown)."""
+        if furthest_step is None:
+            return []
+        out: list[Event] = []
+        for ep in list(self.open.values()):
+            if ep.kind in STANDING_KINDS:
+                continue
+            held = False
+            named = (ongoing or {}).get(ep.kind)
+            if ep.ranks and named is not None:
+                still = tuple(r for r in ep.ranks if r in named)
+                if still:
+                    held = True
+                    if still != ep.ranks:
+                        ep.ranks = still
+                        self._touch(ep)
+                        out.append(self._event(TYPE_EPISODE_UPDATED, ep, f"-{ep.reports}-r{','.join(map(str, still))}",
+                                               reason="ranks_cleared"))
+            elif not ep.ranks and ep.reference_s is not None and step_time_s is not None:
+                held = step_time_s >= ep.reference_s * (1.0 + ep.magnitude / 2.0)
+            if held and furthest_step > ep.last_ongoing_step:
+                if furthest_step - ep.last_ongoing_step >= max(1, self.settings.episode_quiet_steps // 4):
+                    self._touch(ep)  # stored now and then, not every second: a restart may close it a bit early
+                ep.last_ongoing_step = furthest_step
+            quiet = furthest_step - max(ep.last_ongoing_step, ep.last_step)
+            if quiet >= self.settings.episode_quiet_steps and ep.in_flight is None:
+                out.append(self._close(ep, now_unix_s, "quiet"))
+        return out
+
+    def new_run(self, now_unix_s: float, reason: str) -> list[Event]:
+        """The job started a new generation (a restart, a resize, a new run under its id): close every open episode
+        and start a fresh budget (the old run's arms never hold the new run's; the bytes-per-step estimate stays)."""
+        fresh = ArmHistory()
+        fresh.bytes_per_rank_step = self.history.bytes_per_rank_step
+        self.history = fresh
+        self._flight.clear()
+        return self.close_all(now_unix_s, reason)
+
+    def close_all(self, now_unix_s: float, reason: str) -> list[Event]:
+        """Close every open episode (the job ended, or started a new generation: ``reason``)."""
+        return [self._close(ep, now_unix_s, reason) for ep in list(self.open.values())]
+
+    def _close(self, ep: Episode, now_unix_s: float, reason: str) -> Event:
+        self.open.pop(ep.key, None)
+        ep.closed_unix_s, ep.close_reason = now_unix_s, reason
+        self.closed.append(ep)
+        self._touch(ep)
+        captured = any(c.status is None or c.status in CAPTURED for c in ep.captures)
+        return self._event(TYPE_EPISODE_CLOSED, ep, "", reason=reason, captured=captured,
+                           waited_for=None if captured else (ep.waiting or None),
+                           duration_s=round(now_unix_s - ep.opened_unix_s, 3))
+
+    # -- the capture queue ------------------------------------------------------------------------------------------
+    def queue(self) -> list[Episode]:
+        """Open episodes that want a capture, most valuable first (:func:`value_key`)."""
+        return sorted((e for e in self.open.values() if e.in_flight is None), key=value_key)
+
+    def next_arm(self, policy: ArmingPolicy, now_unix_s: float, *, capture_in_flight: bool,
+                 stalled_ranks: frozenset[int] = frozenset(),
+                 topology: JobTopology | None = None) -> tuple[Episode, ArmDecision] | None:
+        """The episode to arm now with its decision (``arm`` or ``would_arm``), or None; every episode decided on
+        the way records what it waits for (``waiting``, ``waiting_until_unix_s``, ``waiting_behind``)."""
+        self.settings = policy.settings  # the policy's limits are the ones in force (runtime-tunable)
+        held_by: tuple[str, float | None, str] | None = None
+        for ep in self.queue():
+            if ep.not_before_unix_s > now_unix_s:
+                self._wait(ep, ep.waiting or "retry", ep.not_before_unix_s, "")
+                continue
+            d = self.history.decide(policy, ep.anomaly(), now_unix_s, capture_in_flight=capture_in_flight,
+                                    stalled_ranks=stalled_ranks, topology=topology,
+                                    episode_captured_unix_s=ep.captured_unix_s, rotating=bool(ep.rotation))
+            own = d.action == "suppress" and d.reason not in JOB_HOLDS
+            if held_by is not None:
+                if own:
+                    self._wait(ep, d.reason, self._until(d, ep, now_unix_s), "")
+                else:
+                    self._wait(ep, held_by[0], held_by[1], held_by[2])
+                continue
+            if d.action != "suppress":
+                return ep, d
+            until = self._until(d, ep, now_unix_s)
+            self._wait(ep, d.reason, until, "")
+            if not own:
+                held_by = (d.reason, until, ep.episode_id)
+        return None
+
+    def _until(self, d: ArmDecision, ep: Episode, now_unix_s: float) -> float | None:
+        return self.history.hold_until(d.reason, now_unix_s, self.settings,
+                                       episode_captured_unix_s=ep.captured_unix_s, estimated_bytes=d.estimated_bytes)
+
+    def _wait(self, ep: Episode, reason: str, until: float | None, behind: str) -> None:
+        if (ep.waiting, ep.waiting_until_unix_s, ep.waiting_behind) != (reason, until, behind):
+            ep.waiting, ep.waiting_until_unix_s, ep.waiting_behind = reason, until, behind
+            self._touch(ep)
+
+    def arm_failed(self, episode_id: str, now_unix_s: float, reason: str) -> None:
+        """The arm of ``episode_id`` could not be planned or written (``reason``): it waits ``min_arm_gap_s`` (at
+        least 10 s) before the next try, and stays in the queue."""
+        ep = self.find(episode_id)
+        if ep is not None and ep.closed_unix_s is None:
+            ep.not_before_unix_s = now_unix_s + max(self.settings.min_arm_gap_s, 10.0)
+            self._wait(ep, reason, ep.not_before_unix_s, "")
+
+    def armed(self, episode_id: str, capture_id: str, now_unix_s: float, *, covered: tuple[int, ...] | None,
+              status: str | None = None, start_step: int | None = None) -> list[Episode]:
+        """Record that ``capture_id`` was armed for ``episode_id`` (``status`` ``would_arm`` in observe mode: it
+        is counted as captured at once) and covers every other open episode that wants a capture and whose ranks
+        lie in ``covered`` (None: every rank; a job-wide episode only then); while it is in flight, an episode that
+        opens with its onset before ``start_step`` and its ranks covered is covered by it too. Returns the episodes
+        it covers. Recording the arm in :attr:`history` is the caller's (the arm path does it for every arm)."""
+        ep = self.find(episode_id)
+        if ep is None:
+            return []
+        if status is None:
+            self._flight[capture_id] = (start_step, frozenset(covered) if covered is not None else None)
+        out = [ep]
+        self._add_capture(ep, EpisodeCapture(capture_id, now_unix_s, ep.ranks, True, status))
+        for other in self.open.values():
+            if other is ep or other.in_flight is not None or other.is_repeat or other.rotation:
+                continue
+            if covered is None or (other.ranks and set(other.ranks) <= set(covered)):
+                self._add_capture(other, EpisodeCapture(capture_id, now_unix_s, other.ranks, False, status))
+                out.append(other)
+        return out
+
+    def _add_capture(self, ep: Episode, cap: EpisodeCapture) -> None:
+        ep.captures = [*ep.captures, cap][-MAX_CAPTURES:]
+        ep.new_ranks = False
+        ep.not_before_unix_s = 0.0
+        self._wait(ep, "capture_in_flight" if cap.status is None else "", None, "")
+        self._touch(ep)
+
+    def capture_ended(self, capture_id: str, now_unix_s: float, status: str,
+                      named: tuple[int, ...] = ()) -> list[Event]:
+        """A capture ended with ``status`` (a verdict status, or the state it ended in) naming ``named`` (most
+        suspect first). Releases the hourly slot of a ``no_suspect`` capture; returns ``culprit_rotates`` events."""
+        if status == "no_suspect":
+            self.history.release(capture_id)
+        self._flight.pop(capture_id, None)
+        out: list[Event] = []
+        for ep in (*self.open.values(), *self.closed):
+            hit = [c for c in ep.captures if c.capture_id == capture_id]
+            if not hit:
+                continue
+            for c in hit:
+                c.status, c.named = status, tuple(named)
+            if ep.waiting == "capture_in_flight":
+                ep.waiting = ""
+            self._touch(ep)
+            n = self.settings.rotation_captures
+            tops = [c.named[0] for c in ep.captures if c.own and c.named]
+            if not ep.rotation and ep.closed_unix_s is None and _rotates(tops, n):
+                ep.rotation = tuple(tops[-n:])
+                text = ", ".join(str(r) for r in ep.rotation)
+                out.append(self._event(
+                    TYPE_CULPRIT_ROTATES, ep, "", rotation=list(ep.rotation),
+                    detail=f"culprit rotates: ranks {text} in the last {n} captures: load imbalance, e.g. MoE "
+                           "routing; not captured again as a slow rank"))
+        return out
+
+    # -- views ----------------------------------------------------------------------------------------------------------
+    def view(self, now_unix_s: float, closed: int = 5) -> list[dict[str, Any]]:
+        """Open episodes (queue order first, then the rest), then the last ``closed`` closed ones, as JSON."""
+        queued = self.queue()
+        rest = [e for e in self.open.values() if e not in queued]
+        out = []
+        for pos, ep in enumerate([*queued, *rest]):
+            v = ep.to_json(now_unix_s)
+            v["queue_position"] = pos + 1 if ep in queued else None
+            until = ep.waiting_until_unix_s
+            v["waiting_in_s"] = round(max(0.0, until - now_unix_s), 1) if until is not None else None
+            out.append(v)
+        out.extend(e.to_json(now_unix_s) for e in list(self.closed)[-closed:] if closed > 0)
+        return out

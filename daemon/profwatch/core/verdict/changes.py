@@ -1,0 +1,259 @@
+"""What changed between a healthy reference capture and a capture of a regression (pure).
+
+Input: the per-(rank, step) time breakdowns of both captures (:class:`RankStepSummary`, microseconds; for Ascend
+msprof-analyze ``cluster_time_summary``'s ``ClusterTimeSummary``, which carries ``analysis.db``'s ``StepTraceTime``
+split of each step: computing, communication not overlapped, free; for torch.profiler the Kineto breakdown of
+``daemon/profwatch/core/verdict/kineto.py``), the software versions each capture's rank dirs record, and their world
+sizes. Output: :class:`Comparison`, whose ``changes`` are ordered by size (``docs/changes.md``).
+
+Rules (``docs/changes.md``):
+
+* Only ranks present in both captures are compared (``ranks_compared``); the others are listed, never paired with
+  a different rank without saying so. ``ranks`` may restrict the comparison further (a named-rank regression).
+* Component per step: for each captured step, the mean over the compared ranks of the component
+  (``compute`` = computation, ``communication`` = communication not overlapped with computation, ``host`` = free
+  time: the device idle, waiting for the host); the capture's value is the mean of those per-step means.
+* Noise: the pooled standard deviation of the per-step means across both captures (degrees of freedom
+  ``n_ref - 1 + n_now - 1``); a change counts only when ``|delta| > k_sigma x noise`` (3 by default) and above
+  ``floor_frac`` (0.5 %) of the reference step time, so identical synthetic steps (noise 0) do not make a
+  microsecond difference a change. With one step in a capture that capture adds no degree of freedom; with none in
+  either the noise is unknown and only the floor applies (said in ``notes``).
+* ``share`` = the component's delta / the step time's delta (None when the step time did not change above its own
+  noise); shares need not sum to 1 (the components overlap in a real step and another component may have shrunk).
+* A software version that differs (``torch_npu``, ``cann``, ...) is a change of component ``software`` with
+  ``delta_s_per_step`` None and a ``detail``; so is nothing else: a different world size is a note.
+* The step-time change is checked against the telemetry's baseline step time when given: a difference above 25 %
+  or 2 ms between the reference capture's step time and the telemetry baseline is a note (the reference may have
+  been taken during a slow period or under other load).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import fmean
+from typing import Any, Literal
+
+from profwatch.core.verdict.evidence import RankStepSummary
+
+Component = Literal["compute", "communication", "host", "software", "hardware"]
+COMPONENT_FIELDS: dict[Component, str] = {"compute": "computation_us", "communication": "communication_us",
+                                    "host": "free_us"}
+"""Timed components -> the :class:`RankStepSummary` field each is read from (microseconds)."""
+IGNORED_VERSION_KEYS = frozenset({"msprof_analyze"})
+"""Versions of the analysing tool, not of the job: the same run analyses both captures."""
+TELEMETRY_MISMATCH_FRAC = 0.25
+TELEMETRY_MISMATCH_S = 0.002
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One component that changed. Seconds per step; ``delta_s_per_step`` None for ``software``/``hardware``."""
+
+    component: Component
+    delta_s_per_step: float | None
+    baseline_s_per_step: float | None = None
+    now_s_per_step: float | None = None
+    share: float | None = None
+    noise_s_per_step: float | None = None
+    detail: list[dict[str, Any]] | str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"component", "delta_s_per_step", "baseline_s_per_step", "now_s_per_step", "share",
+        "noise_s_per_step", "detail"}`` (seconds, rounded to the microsecond; share to 1e-3)."""
+        return {"component": self.component, "delta_s_per_step": _r(self.delta_s_per_step),
+                "baseline_s_per_step": _r(self.baseline_s_per_step), "now_s_per_step": _r(self.now_s_per_step),
+                "share": None if self.share is None else round(self.share, 3),
+                "noise_s_per_step": _r(self.noise_s_per_step), "detail": self.detail}
+
+
+@dataclass(slots=True)
+class Comparison:
+    """The comparison of one capture with its reference.
+
+    ``changes``: above-noise changes, timed ones by ``|delta|`` descending, then software/hardware ones.
+    ``components``: every timed component side by side (changed or not), for the report.
+    ``step_time_*``: mean step time over the compared ranks and captured steps (seconds).
+    """
+
+    changes: list[Change] = field(default_factory=list)
+    components: list[Change] = field(default_factory=list)
+    step_time_baseline_s: float | None = None
+    step_time_now_s: float | None = None
+    step_time_noise_s: float | None = None
+    step_time_changed: bool = False
+    ranks_compared: list[int] = field(default_factory=list)
+    ranks_only_now: list[int] = field(default_factory=list)
+    ranks_only_baseline: list[int] = field(default_factory=list)
+    steps_baseline: int = 0
+    steps_now: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def step_delta_s(self) -> float | None:
+        if self.step_time_baseline_s is None or self.step_time_now_s is None:
+            return None
+        return self.step_time_now_s - self.step_time_baseline_s
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``comparison`` object of a verdict: ``changes`` (list of :meth:`Change.to_json`), ``components``,
+        ``step_time_baseline_s``, ``step_time_now_s``, ``step_delta_s``, ``step_time_changed``,
+        ``ranks_compared``, ``ranks_only_now``, ``ranks_only_baseline``, ``steps_baseline``, ``steps_now``,
+        ``headline``, ``notes``."""
+        return {"changes": [c.to_json() for c in self.changes],
+                "components": [c.to_json() for c in self.components],
+                "step_time_baseline_s": _r(self.step_time_baseline_s), "step_time_now_s": _r(self.step_time_now_s),
+                "step_delta_s": _r(self.step_delta_s), "step_time_changed": self.step_time_changed,
+                "ranks_compared": list(self.ranks_compared), "ranks_only_now": list(self.ranks_only_now),
+                "ranks_only_baseline": list(self.ranks_only_baseline), "steps_baseline": self.steps_baseline,
+                "steps_now": self.steps_now, "headline": headline(self), "notes": list(self.notes)}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+def _per_step_means(rows: Iterable[RankStepSummary], ranks: set[int], attr: str) -> list[float]:
+    by_step: dict[int, list[float]] = {}
+    for r in rows:
+        if r.rank in ranks:
+            by_step.setdefault(r.step, []).append(float(getattr(r, attr)))
+    return [fmean(v) for _, v in sorted(by_step.items()) if v]
+
+
+def pooled_sd(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Pooled sample standard deviation of two samples; None when neither has two values."""
+    dof = max(len(a) - 1, 0) + max(len(b) - 1, 0)
+    if dof == 0:
+        return None
+    ss = sum((x - fmean(a)) ** 2 for x in a) if len(a) > 1 else 0.0
+    ss += sum((x - fmean(b)) ** 2 for x in b) if len(b) > 1 else 0.0
+    return math.sqrt(ss / dof)
+
+
+def compare_captures(baseline: Sequence[RankStepSummary], now: Sequence[RankStepSummary], *,
+                     ranks: Iterable[int] | None = None,
+                     baseline_versions: Mapping[str, str] | None = None,
+                     now_versions: Mapping[str, str] | None = None,
+                     baseline_world_size: int | None = None, now_world_size: int | None = None,
+                     telemetry_baseline_step_s: float | None = None,
+                     k_sigma: float = 3.0, floor_frac: float = 0.005) -> Comparison:
+    """Compare a capture (``now``) with its healthy reference (``baseline``); see the module docstring.
+
+    Raises:
+        ValueError: ``k_sigma`` or ``floor_frac`` negative.
+    """
+    if k_sigma < 0 or floor_frac < 0:
+        raise ValueError("k_sigma and floor_frac must be >= 0")
+    out = Comparison()
+    ref_ranks, now_ranks = {r.rank for r in baseline}, {r.rank for r in now}
+    common = ref_ranks & now_ranks
+    if ranks is not None:
+        wanted = set(ranks)
+        missing = sorted(wanted - ref_ranks)
+        if missing:
+            out.notes.append(f"ranks {missing} are not in the reference capture: not compared")
+        common &= wanted
+    out.ranks_compared = sorted(common)
+    out.ranks_only_now = sorted(now_ranks - ref_ranks)
+    out.ranks_only_baseline = sorted(ref_ranks - now_ranks)
+    if out.ranks_only_now or out.ranks_only_baseline:
+        out.notes.append(f"the captures cover different ranks: compared {len(common)} rank(s) present in both"
+                         + (f"; only now: {_span(out.ranks_only_now)}" if out.ranks_only_now else "")
+                         + (f"; only in the reference: {_span(out.ranks_only_baseline)}"
+                            if out.ranks_only_baseline else ""))
+    if baseline_world_size and now_world_size and baseline_world_size != now_world_size:
+        out.notes.append(f"world size changed: {baseline_world_size} in the reference, {now_world_size} now")
+    out.changes.extend(_software_changes(baseline_versions or {}, now_versions or {}))
+    if not common:
+        out.notes.append("no rank is in both captures: no component can be compared")
+        return out
+    step_ref = _per_step_means(baseline, common, "step_time_us")
+    step_now = _per_step_means(now, common, "step_time_us")
+    out.steps_baseline, out.steps_now = len(step_ref), len(step_now)
+    if not step_ref or not step_now:
+        out.notes.append("a capture has no step with a time breakdown for the compared ranks")
+        return out
+    ref_step_s, now_step_s = fmean(step_ref) / 1e6, fmean(step_now) / 1e6
+    out.step_time_baseline_s, out.step_time_now_s = ref_step_s, now_step_s
+    floor_s = floor_frac * ref_step_s
+    sd = pooled_sd(step_ref, step_now)
+    out.step_time_noise_s = None if sd is None else sd / 1e6
+    if sd is None:
+        out.notes.append("one step per capture: the noise is unknown, only the floor "
+                         f"({100 * floor_frac:.1f} % of the reference step) decides what counts as a change")
+    step_delta = now_step_s - ref_step_s
+    out.step_time_changed = abs(step_delta) > max(floor_s, k_sigma * (out.step_time_noise_s or 0.0))
+    if telemetry_baseline_step_s is not None and telemetry_baseline_step_s > 0:
+        diff = abs(ref_step_s - telemetry_baseline_step_s)
+        if diff > max(TELEMETRY_MISMATCH_FRAC * telemetry_baseline_step_s, TELEMETRY_MISMATCH_S):
+            out.notes.append(f"the reference capture's step time ({1e3 * ref_step_s:.1f} ms) differs from the "
+                             f"telemetry baseline ({1e3 * telemetry_baseline_step_s:.1f} ms): the reference may not "
+                             "show the healthy job")
+    timed: list[Change] = []
+    for comp, attr in COMPONENT_FIELDS.items():
+        a, b = _per_step_means(baseline, common, attr), _per_step_means(now, common, attr)
+        ref_s, cur_s = fmean(a) / 1e6, fmean(b) / 1e6
+        noise = pooled_sd(a, b)
+        noise_s = None if noise is None else noise / 1e6
+        delta = cur_s - ref_s
+        share = delta / step_delta if out.step_time_changed and step_delta != 0 else None
+        ch = Change(comp, delta, ref_s, cur_s, share, noise_s)
+        out.components.append(ch)
+        if abs(delta) > max(floor_s, k_sigma * (noise_s or 0.0)):
+            timed.append(ch)
+    timed.sort(key=lambda c: -abs(c.delta_s_per_step or 0.0))
+    out.changes[:0] = timed
+    return out
+
+
+def _software_changes(ref: Mapping[str, str], now: Mapping[str, str]) -> list[Change]:
+    out = []
+    for key in sorted((set(ref) | set(now)) - IGNORED_VERSION_KEYS):
+        a, b = ref.get(key) or "", now.get(key) or ""
+        if a and b and a != b:
+            out.append(Change("software", None, detail=f"{key} {a} -> {b}"))
+    return out
+
+
+def _span(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
+    parts: list[str] = []
+    start = prev = None
+    for r in sorted(ranks):
+        if start is None:
+            start = prev = r
+        elif prev is not None and r == prev + 1:
+            prev = r
+        else:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = r
+    if start is not None:
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ",".join(parts)
+
+
+def headline(c: Comparison) -> str:
+    """One line leading an alert: ``+8.0 ms/step: communication +7.6 ms, compute +0.3 ms`` (or why nothing)."""
+    if c.step_delta_s is None:
+        return "no comparison: " + (c.notes[-1] if c.notes else "no data")
+    timed = [x for x in c.changes if x.delta_s_per_step is not None]
+    other = [x for x in c.changes if x.delta_s_per_step is None]
+    head = f"{1e3 * c.step_delta_s:+.1f} ms/step since the reference"
+    if not c.step_time_changed:
+        head += " (within noise)"
+    if timed:
+        head += ": " + ", ".join(f"{x.component} {1e3 * (x.delta_s_per_step or 0.0):+.1f} ms" for x in timed)
+    elif c.step_time_changed:
+        head += ": no single component changed above noise"
+    if other:
+        head += "; " + "; ".join(str(x.detail) for x in other)
+    return head
+
+
+def impact_hours_per_day(c: Comparison, world_size: int) -> float | None:
+    """Accelerator-hours a day the step-time change costs the job: ``world_size x 24 x delta / now step``."""
+    if c.step_delta_s is None or not c.step_time_now_s or world_size < 1:
+        return None
+    return world_size * 24.0 * c.step_delta_s / c.step_time_now_s

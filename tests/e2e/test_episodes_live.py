@@ -1,0 +1,73 @@
+"""A load burst, then a slow rank, live (issue 20 item 1): a coordinator and two node daemons in threads, a real
+4-rank gloo PyTorch job (torch.profiler backend) whose every rank gets 1.6x slower for a while (a job-wide burst
+that names no rank), then whose rank 1 gets 3x slower for good. The burst arms the first capture; the slow rank is
+its own episode, not held by that capture's cooldown: the first arm after its onset captures it and the alert
+names rank 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_EPISODE_OPENED, TYPE_SUSPECT_RANKS
+from profwatch.simulate.launcher import JobSpec, launch_job
+from tests.conftest import python_env, wait_for
+from tests.integration.live_stack import Stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+JOB = "episodes-live"
+BURST_AT, BURST_STEPS, SLOW_AT, SLOW_RANK = 50, 60, 190, 1
+
+
+def _events(st: Stack, type_: str) -> list[dict[str, Any]]:
+    rows = st.control("events", {"job_id": JOB, "alerts_only": False, "limit": 10_000})
+    return [r["event"]["data"] for r in rows if r["event"]["type"] == type_]
+
+
+def _slow_rank_alert(st: Stack) -> dict[str, Any] | None:
+    for d in _events(st, TYPE_SUSPECT_RANKS):
+        sus = d.get("suspects") or []
+        if sus and sus[0]["rank"] == SLOW_RANK and min(d.get("armed_steps") or [0]) > SLOW_AT:
+            return d
+    return None
+
+
+def test_a_load_burst_then_a_slow_rank_the_slow_rank_is_captured_and_alerted(short_tmp: Path) -> None:
+    root = short_tmp
+    (root / "cfg" / JOB).mkdir(parents=True)
+    (root / "prof").mkdir()
+    # the demo's settings for 4 CPU ranks on 2 shared cores: 3 captured steps, a rank named for an 8 % excess
+    st = Stack(root, ack_timeout_s=600.0, sections={"arming": {"active": 3, "min_arm_gap_s": 5.0},
+                                                    "analysis": {"ranking": {"min_effect_frac": 0.08}}})
+    job = None
+    try:
+        st.start()
+        for node in ("n0", "n1"):
+            st.node(node)
+        job = launch_job(JobSpec(
+            job_id=JOB, world_size=4, node_endpoints=[f"ipc://{root}/n0.sock", f"ipc://{root}/n1.sock"],
+            profiler_config_path=root / "cfg" / JOB, prof_root=root / "prof", mode="torch", slow_rank=SLOW_RANK,
+            slowdown=3.0, slow_at_step=SLOW_AT, burst_at_step=BURST_AT, burst_steps=BURST_STEPS, burst_factor=1.6,
+            max_steps=5000, max_seconds=1000, stop_file=root / "stop", log_dir=root / "logs",
+            extra_env={"PYTHONPATH": python_env()["PYTHONPATH"]}))
+        alert = wait_for(lambda: _slow_rank_alert(st), 900, 1.0, "a verdict naming the slow rank")
+        arms = [d for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"]
+        # the burst armed first: a job-wide regression found during the burst, its window before the slow rank
+        assert arms[0]["anomaly"] == "step_regression" and BURST_AT <= arms[0]["step"] < SLOW_AT, arms
+        assert arms[0]["start_step"] < SLOW_AT
+        # the first arm whose window follows the slow rank's onset is the capture that names it
+        after = [a for a in arms if a["start_step"] > SLOW_AT]
+        assert after and after[0]["capture_id"] == alert["capture_id"], (arms, alert["capture_id"])
+        opened = {d["episode_id"]: d for d in _events(st, TYPE_EPISODE_OPENED)}
+        covered = [opened[e] for e in after[0]["covers"]]  # an episode the slow rank opened (job-wide or named)
+        assert covered and all(ep["opened_step"] >= SLOW_AT for ep in covered), covered
+        # status shows that episode with that capture and its verdict
+        eps = {e["episode_id"]: e for e in st.control("status", {"job_id": JOB})["episodes"]}
+        caps = {c["capture_id"]: c for c in eps[covered[0]["episode_id"]]["captures"]}
+        assert caps[alert["capture_id"]]["named"][0] == SLOW_RANK, eps
+    finally:
+        if job is not None:
+            job.stop()
+        st.close()

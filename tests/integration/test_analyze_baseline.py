@@ -1,0 +1,55 @@
+"""`profwatch analyze DIR --baseline REF` on a generated healthy/regressed pair, with the real msprof-analyze."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PYTHON, python_env
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "profwatch.cli", *args], env=python_env(), cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_job_wide_communication_regression_leads_with_communication(tmp_path: Path) -> None:
+    made = _cli("simulate", "tree", str(tmp_path / "pair"), "--world-size", "4", "--steps", "4", "--pair",
+                "--job-wide", "communication", "--seed", "5", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    res = _cli("analyze", str(tmp_path / "pair" / "regressed"), "--baseline", str(tmp_path / "pair" / "reference"),
+               "--no-advisor", "--no-html", "--json", "--quiet", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (verdict,) = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    assert verdict["status"] == "no_suspect"  # nobody stands out: every rank got slower
+    changes = verdict["changes"]
+    assert changes and changes[0]["component"] == "communication", changes
+    assert abs(changes[0]["delta_s_per_step"] - 4 * 2 * 1e-3) <= 0.15 * 8e-3  # 4 collectives x (3x - 1x) 1 ms
+    cmp = verdict["comparison"]
+    assert cmp["ranks_compared"] == [0, 1, 2, 3] and cmp["headline"].startswith("+")
+    assert cmp["reference"]["path"].endswith("reference") and cmp["impact_accelerator_hours_per_day"] > 0
+
+
+def test_a_baseline_without_one_complete_batch_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    made = _cli("simulate", "tree", str(tmp_path / "now"), "--world-size", "2", "--steps", "2", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    res = _cli("analyze", str(tmp_path / "now"), "--baseline", str(tmp_path / "empty"), "--out",
+               str(tmp_path / "out"), cwd=tmp_path)
+    assert res.returncode == 2 and "must hold exactly one complete batch" in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_simulate_options_are_checked(tmp_path: Path) -> None:
+    res = _cli("simulate", "tree", str(tmp_path / "t"), "--factor", "2", cwd=tmp_path)
+    assert res.returncode == 2 and "--factor needs --job-wide" in res.stderr
+    res = _cli("simulate", "job", "--ranks", "2", "--slow-rank", "7", "--config-dir", str(tmp_path / "c"),
+               "--prof-root", str(tmp_path / "p"), cwd=tmp_path)
+    assert res.returncode == 2 and "outside 0..1" in res.stderr
+    res = _cli("simulate", "job", "--ranks", "2", "--slow-rank", "some", "--config-dir", str(tmp_path / "c"),
+               "--prof-root", str(tmp_path / "p"), cwd=tmp_path)
+    assert res.returncode == 2 and "'all'" in res.stderr

@@ -1,0 +1,112 @@
+"""What changed since the reference capture (``core/verdict/changes.py``) on generated healthy/regressed pairs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from profwatch.core.verdict.changes import compare_captures, headline, impact_hours_per_day
+from profwatch.core.verdict.evidence import RankStepSummary
+from profwatch.simulate.ascend_tree import build_timelines, cluster_time_summary
+
+WORLD = 8
+CHUNK_MS = 15.0  # the generator's compute per chunk
+COLLECTIVES = 4
+LINK_MS = 1.0  # the generator's transmit per collective
+
+
+def rows(seed: int, steps: int = 5, **slow: Any) -> list[RankStepSummary]:
+    return cluster_time_summary(build_timelines(world_size=WORLD, steps=steps, seed=seed,
+                                                collectives_per_step=COLLECTIVES, **slow))
+
+
+def everyone(f: float) -> dict[int, float]:
+    return {r: f for r in range(WORLD)}
+
+
+CASES = [
+    # (name, regression kwargs, {component: injected ms/step})
+    ("communication", {"slow_link_ranks": everyone(3.0)}, {"communication": COLLECTIVES * LINK_MS * 2.0}),
+    ("compute", {"slow_ranks": everyone(1.2)}, {"compute": COLLECTIVES * CHUNK_MS * 0.2}),
+    ("host", {"host_bound_ranks": everyone(0.2)}, {"host": COLLECTIVES * CHUNK_MS * 0.2}),
+    ("mixed", {"slow_ranks": everyone(1.1), "slow_link_ranks": everyone(4.0)},
+     {"compute": COLLECTIVES * CHUNK_MS * 0.1, "communication": COLLECTIVES * LINK_MS * 3.0}),
+]
+
+
+@pytest.mark.parametrize(("name", "slow", "injected"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("steps", [3, 5, 8])
+def test_the_leading_change_is_the_injected_component(name: str, slow: dict[str, Any], injected: dict[str, float],
+                                                     steps: int) -> None:
+    cmp = compare_captures(rows(1, steps), rows(2, steps, **slow))
+    lead = max(injected, key=lambda k: injected[k])
+    assert cmp.changes and cmp.changes[0].component == lead, (name, [c.to_json() for c in cmp.changes])
+    for comp, ms in injected.items():
+        got = next(c for c in cmp.changes if c.component == comp)
+        assert got.delta_s_per_step is not None
+        assert abs(1e3 * got.delta_s_per_step - ms) <= 0.15 * ms, (comp, got, ms)
+    assert cmp.step_time_changed and cmp.ranks_compared == list(range(WORLD))
+    assert {c.component for c in cmp.changes} <= set(injected) | {"host", "communication"}
+    assert headline(cmp).startswith("+") and lead in headline(cmp)
+
+
+@pytest.mark.parametrize("seeds", [(1, 2), (3, 4), (5, 6), (7, 8)])
+@pytest.mark.parametrize("steps", [3, 5])
+def test_no_change_gives_nothing_above_noise(seeds: tuple[int, int], steps: int) -> None:
+    cmp = compare_captures(rows(seeds[0], steps), rows(seeds[1], steps))
+    assert cmp.changes == [], [c.to_json() for c in cmp.changes]
+    assert not cmp.step_time_changed
+    assert "within noise" in headline(cmp)
+
+
+def test_only_ranks_in_both_are_compared_and_it_is_said() -> None:
+    ref = [r for r in rows(1) if r.rank < 4]
+    now = [r for r in rows(2, slow_ranks=everyone(1.2)) if r.rank >= 2]
+    cmp = compare_captures(ref, now)
+    assert cmp.ranks_compared == [2, 3] and cmp.ranks_only_now == [4, 5, 6, 7] and cmp.ranks_only_baseline == [0, 1]
+    assert any("only now: 4-7" in n and "only in the reference: 0-1" in n for n in cmp.notes), cmp.notes
+    assert cmp.changes[0].component == "compute"
+    none = compare_captures([r for r in rows(1) if r.rank == 0], [r for r in rows(2) if r.rank == 1])
+    assert none.changes == [] and none.step_delta_s is None and "no rank is in both" in none.notes[-1]
+    assert headline(none).startswith("no comparison")
+
+
+def test_named_ranks_missing_from_the_reference_are_named() -> None:
+    ref = [r for r in rows(1) if r.rank != 5]
+    cmp = compare_captures(ref, rows(2), ranks=[5, 6])
+    assert cmp.ranks_compared == [6] and any("[5]" in n for n in cmp.notes)
+
+
+def test_software_versions_and_world_size() -> None:
+    cmp = compare_captures(rows(1), rows(1), baseline_versions={"torch_npu": "2.6.0", "cann": "8.0", "msprof_analyze": "1"},
+                           now_versions={"torch_npu": "2.7.1", "cann": "8.0", "msprof_analyze": "2"},
+                           baseline_world_size=8, now_world_size=16)
+    assert [c.to_json()["detail"] for c in cmp.changes] == ["torch_npu 2.6.0 -> 2.7.1"]
+    assert cmp.changes[0].component == "software" and cmp.changes[0].delta_s_per_step is None
+    assert any("world size changed: 8" in n for n in cmp.notes)
+    assert "torch_npu 2.6.0 -> 2.7.1" in headline(cmp)
+
+
+def test_telemetry_mismatch_and_one_step_captures() -> None:
+    ref, now = rows(1, steps=1), rows(2, steps=1, slow_ranks=everyone(1.3))
+    step_s = sum(r.step_time_us for r in ref) / len(ref) / 1e6
+    cmp = compare_captures(ref, now, telemetry_baseline_step_s=step_s * 1.5)
+    assert any("differs from the telemetry baseline" in n for n in cmp.notes)
+    assert any("one step per capture" in n for n in cmp.notes)
+    assert cmp.changes and cmp.changes[0].component == "compute"  # the floor decides: a 30 % change still counts
+    ok = compare_captures(ref, now, telemetry_baseline_step_s=step_s * 1.1)
+    assert not any("telemetry" in n for n in ok.notes)
+
+
+def test_impact_in_accelerator_hours() -> None:
+    cmp = compare_captures(rows(1), rows(2, slow_ranks=everyone(1.2)))
+    hours = impact_hours_per_day(cmp, WORLD)
+    assert hours is not None and cmp.step_delta_s is not None and cmp.step_time_now_s is not None
+    assert hours == pytest.approx(WORLD * 24 * cmp.step_delta_s / cmp.step_time_now_s)
+    assert impact_hours_per_day(compare_captures([], []), WORLD) is None
+
+
+def test_bad_thresholds_are_refused() -> None:
+    with pytest.raises(ValueError):
+        compare_captures([], [], k_sigma=-1)

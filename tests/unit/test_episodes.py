@@ -1,0 +1,251 @@
+"""Tests of daemon/profwatch/core/capture/episodes.py (pure; fake clock: times are plain numbers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profwatch.core.capture.arming import ArmingPolicy, ArmingSettings
+from profwatch.core.capture.episodes import Episode, JobEpisodes, episode_key, value_key
+from profwatch.core.detection.types import Anomaly
+
+T0 = 100_000.0
+
+
+def reg(step: int, mag: float = 0.25, base: float = 1.0) -> Anomaly:
+    return Anomaly("step_regression", "j", step, (), mag, {"pattern": "cusum", "baseline_s": base})
+
+
+def out(step: int, ranks: tuple[int, ...], mag: float = 0.5, stage: str = "forward") -> Anomaly:
+    return Anomaly("rank_outlier", "j", step, ranks, mag, {"stage": {r: stage for r in ranks},
+                                                            "excess": {r: mag for r in ranks}})
+
+
+def book(**s: Any) -> tuple[JobEpisodes, ArmingPolicy]:
+    settings = ArmingSettings(**{"cooldown_s": 900, "min_arm_gap_s": 60, **s})
+    return JobEpisodes("j", settings), ArmingPolicy(settings)
+
+
+def arm_next(b: JobEpisodes, p: ArmingPolicy, now: float, cid: str, *, in_flight: bool = False,
+             covered: tuple[int, ...] | None = None) -> Episode | None:
+    """The arm path as the shell and replay run it: pick, record in the history, attach the capture."""
+    picked = b.next_arm(p, now, capture_in_flight=in_flight)
+    if picked is None:
+        return None
+    ep, d = picked
+    b.history.record(d, now, cid)
+    b.armed(ep.episode_id, cid, now, covered=covered)
+    return ep
+
+
+def test_one_key_one_episode_opened_updated_and_closed_after_quiet_steps() -> None:
+    b, _ = book(episode_quiet_steps=20)
+    ep, evs = b.observe(out(100, (3,)), T0)
+    assert ep is not None and [e.type for e in evs] == ["io.profwatch.episode_opened.v1"]
+    ep2, evs = b.observe(out(130, (3,), mag=0.7), T0 + 5)
+    assert ep2 is ep and ep.reports == 2 and ep.magnitude == 0.7 and ep.peak_magnitude == 0.7
+    assert [e.type for e in evs] == ["io.profwatch.episode_updated.v1"]
+    assert b.advance(T0 + 6, furthest_step=149) == []  # 19 quiet steps
+    (closed,) = b.advance(T0 + 7, furthest_step=150, ongoing={"rank_outlier": frozenset()})
+    assert closed.type == "io.profwatch.episode_closed.v1" and closed.data["reason"] == "quiet"
+    assert closed.data["captured"] is False and not b.open and list(b.closed) == [ep]
+
+
+def test_episode_holds_while_its_detector_still_names_the_rank_or_the_job_stays_slow() -> None:
+    b, _ = book(episode_quiet_steps=20)
+    b.observe(out(100, (3, 5)), T0)
+    b.observe(reg(100, mag=0.3, base=1.0), T0)
+    for step in range(110, 400, 10):  # rank 3 still outlying, the job still at +30 %
+        assert b.advance(T0, furthest_step=step, step_time_s=1.3, ongoing={"rank_outlier": frozenset({3})}) == [] \
+            or step == 110
+    assert {e.kind for e in b.open.values()} == {"rank_outlier", "step_regression"}
+    assert b.open["rank_outlier/forward"].ranks == (3,)  # rank 5 cleared
+    evs = b.advance(T0, furthest_step=420, step_time_s=1.0, ongoing={"rank_outlier": frozenset()})
+    evs += b.advance(T0, furthest_step=441, step_time_s=1.0, ongoing={"rank_outlier": frozenset()})
+    assert sorted(e.data["kind"] for e in evs if e.type.endswith("closed.v1")) == ["rank_outlier", "step_regression"]
+
+
+def test_queue_order_new_before_repeat_then_named_then_magnitude_then_older() -> None:
+    b, _ = book()
+    small, _ = b.observe(reg(10, mag=0.12), T0)
+    big, _ = b.observe(Anomaly("drift", "j", 11, (), 0.4, {}), T0 + 1)
+    named, _ = b.observe(out(12, (2,), mag=0.2), T0 + 2)
+    older, _ = b.observe(out(13, (7,), mag=0.2, stage="backward"), T0 + 3)
+    assert small and big and named and older
+    assert b.queue() == [named, older, big, small]
+    b.armed(named.episode_id, "c1", T0 + 4, covered=(2,), status="ok")  # captured: now a repeat
+    assert b.queue() == [older, big, small, named]
+    assert value_key(older) < value_key(named)
+
+
+def test_a_waiting_episode_is_never_dropped_and_goes_first_when_the_budget_allows() -> None:
+    b, p = book(max_captures_per_hour=1)
+    job, _ = b.observe(reg(10, mag=0.25), T0)
+    assert arm_next(b, p, T0, "c1", covered=(0, 1)) is job  # targeted: does not cover a later straggler
+    b.capture_ended("c1", T0 + 100, "ok", named=(0,))
+    straggler, _ = b.observe(out(40, (3,), mag=3.0), T0 + 120)
+    assert straggler is not None
+    assert b.next_arm(p, T0 + 120, capture_in_flight=False) is None
+    assert (straggler.waiting, straggler.waiting_until_unix_s) == ("hourly_cap", T0 + 3600)
+    for t in (T0 + 600, T0 + 1800, T0 + 3599):  # it waits; nothing else goes before it, nothing drops it
+        b.advance(t, furthest_step=45, ongoing={"rank_outlier": frozenset({3})})
+        assert b.next_arm(p, t, capture_in_flight=False) is None and straggler in b.queue()
+    assert arm_next(b, p, T0 + 3600, "c2") is straggler
+
+
+def test_no_suspect_releases_the_hourly_slot_it_held() -> None:
+    b, p = book(max_captures_per_hour=1)
+    load, _ = b.observe(reg(10, mag=0.25), T0)
+    assert arm_next(b, p, T0, "c1", covered=(0, 1)) is load
+    straggler, _ = b.observe(out(80, (3,), mag=3.0), T0 + 90)
+    assert b.next_arm(p, T0 + 90, capture_in_flight=False) is None and straggler is not None
+    assert straggler.waiting == "hourly_cap"
+    b.capture_ended("c1", T0 + 95, "no_suspect")
+    assert arm_next(b, p, T0 + 96, "c2") is straggler  # not held for an hour, nor for a cooldown
+
+
+def test_cooldown_holds_only_the_same_episode_and_the_min_gap_holds_the_job() -> None:
+    b, p = book()
+    a, _ = b.observe(out(10, (1,)), T0)
+    assert arm_next(b, p, T0, "c1", covered=(1,)) is a
+    b.capture_ended("c1", T0 + 30, "ok", named=(1,))
+    other, _ = b.observe(out(20, (6,), stage="backward"), T0 + 31)
+    assert other is not None
+    assert b.next_arm(p, T0 + 31, capture_in_flight=False) is None
+    assert (other.waiting, other.waiting_until_unix_s) == ("min_arm_gap", T0 + 60)
+    assert arm_next(b, p, T0 + 60, "c2", covered=(6,)) is other  # a different episode: no cooldown
+    b.capture_ended("c2", T0 + 90, "ok", named=(6,))
+    assert b.next_arm(p, T0 + 200, capture_in_flight=False) is None  # both are repeats within their cooldown
+    assert (a.waiting, a.waiting_until_unix_s) == ("cooldown", T0 + 900)
+    assert arm_next(b, p, T0 + 900, "c3", covered=(1,)) is a  # the same episode again after its cooldown
+
+
+def test_a_job_hold_queues_the_others_behind_the_most_valuable() -> None:
+    b, p = book()
+    job, _ = b.observe(reg(10, mag=0.5), T0)
+    named, _ = b.observe(out(11, (4,), mag=0.2), T0)
+    assert job and named
+    assert b.next_arm(p, T0, capture_in_flight=True) is None
+    assert (named.waiting, named.waiting_behind) == ("capture_in_flight", "")
+    assert (job.waiting, job.waiting_behind) == ("capture_in_flight", named.episode_id)
+
+
+def test_one_capture_of_every_rank_covers_the_job_wide_finding_behind_the_slow_rank() -> None:
+    b, p = book()
+    job, _ = b.observe(reg(50, mag=3.0), T0)
+    named, _ = b.observe(out(52, (3,), mag=3.1), T0 + 1)
+    assert arm_next(b, p, T0 + 1, "c1", covered=None) is named
+    assert job is not None and job.in_flight == "c1" and not job.captures[0].own
+    b.capture_ended("c1", T0 + 50, "ok", named=(3,))
+    assert b.next_arm(p, T0 + 120, capture_in_flight=False) is None  # both captured: cooldown
+
+
+def test_new_ranks_in_an_open_episode_are_captured_without_its_cooldown_until_the_culprit_rotates() -> None:
+    b, p = book(rotation_captures=3)
+    ep, _ = b.observe(out(10, (0,)), T0)
+    t = T0
+    events = []
+    for i, rank in enumerate((0, 3, 6)):
+        if i:
+            b.observe(out(10 + 150 * i, (rank,)), t)
+            assert ep is not None and ep.new_ranks
+        assert arm_next(b, p, t, f"c{i}", covered=(rank,)) is ep
+        events += b.capture_ended(f"c{i}", t + 30, "ok", named=(rank,))
+        t += 100
+    assert ep is not None and ep.rotation == (0, 3, 6)
+    (rot,) = events
+    assert rot.type == "io.profwatch.culprit_rotates.v1"
+    assert "culprit rotates: ranks 0, 3, 6 in the last 3 captures" in rot.data["detail"]
+    b.observe(out(700, (9,)), t)  # another new rank: still not captured as a slow rank
+    assert b.next_arm(p, t + 5000, capture_in_flight=False) is None and ep.waiting == "culprit_rotates"
+
+
+def test_the_same_rank_named_again_is_not_a_rotation() -> None:
+    b, p = book(rotation_captures=3, cooldown_s=0, min_arm_gap_s=0)
+    ep, _ = b.observe(out(10, (0,)), T0)
+    events = []
+    for i, named in enumerate((0, 3, 3)):
+        assert arm_next(b, p, T0 + i, f"c{i}") is ep
+        events += b.capture_ended(f"c{i}", T0 + i, "ok", named=(named,))
+    assert events == [] and ep is not None and ep.rotation == ()
+
+
+def test_a_failed_capture_leaves_the_episode_wanting_one_and_a_failed_plan_is_retried_later() -> None:
+    b, p = book()
+    ep, _ = b.observe(out(10, (2,)), T0)
+    assert ep is not None and arm_next(b, p, T0, "c1") is ep
+    b.capture_ended("c1", T0 + 40, "failed")
+    assert not ep.is_repeat
+    b.arm_failed(ep.episode_id, T0 + 60, "refused: only 3/4 ranks are live")
+    assert b.next_arm(p, T0 + 61, capture_in_flight=False) is None
+    assert ep.waiting.startswith("refused") and ep.waiting_until_unix_s == T0 + 120
+    assert arm_next(b, p, T0 + 120, "c2") is ep
+
+
+def test_step_spikes_are_not_episodes_and_keys_follow_kind_and_scope() -> None:
+    b, _ = book()
+    assert b.observe(Anomaly("step_spike", "j", 5, (), 2.0, {}), T0) == (None, [])
+    assert episode_key(out(1, (3,))) == "rank_outlier/forward"
+    assert episode_key(reg(1)) == "step_regression/"
+    assert episode_key(Anomaly("structural_imbalance", "j", 1, (7,), 0.15, {"role": "pp3"})) == \
+        "structural_imbalance/role:pp3"
+    assert episode_key(Anomaly("stalled_rank", "j", 1, (4, 2), 1.0, {})) == "stalled_rank/ranks:2,4"
+
+
+def test_standing_kinds_close_only_with_the_job() -> None:
+    b, _ = book(episode_quiet_steps=5)
+    b.observe(Anomaly("structural_imbalance", "j", 1, (7,), 0.15, {}), T0)
+    assert b.advance(T0, furthest_step=10_000) == []
+    (ev,) = b.close_all(T0 + 1, "new_generation")
+    assert ev.data["reason"] == "new_generation" and not b.open
+
+
+def test_episodes_round_trip_through_json_and_restore() -> None:
+    b, p = book()
+    ep, _ = b.observe(out(10, (2,)), T0)
+    assert ep is not None and arm_next(b, p, T0, "c1") is ep
+    row = ep.to_json()
+    back = Episode.from_json(row)
+    assert back.to_json() == row
+    b2, _ = book()
+    b2.restore([back])
+    assert b2.open[back.key].in_flight == "c1"
+    assert [e.episode_id for e in b.take_dirty()] == [ep.episode_id] and b.take_dirty() == []
+
+
+def test_observe_mode_would_arm_counts_as_captured_for_the_cooldown() -> None:
+    b, p = book(mode="observe")
+    ep, _ = b.observe(out(10, (2,)), T0)
+    picked = b.next_arm(p, T0, capture_in_flight=False)
+    assert picked is not None and picked[1].action == "would_arm"
+    b.history.record(picked[1], T0, "would-1")
+    b.armed(picked[0].episode_id, "would-1", T0, covered=None, status="would_arm")
+    assert ep is not None and ep.in_flight is None and ep.is_repeat
+    assert b.next_arm(p, T0 + 100, capture_in_flight=False) is None and ep.waiting == "cooldown"
+
+
+def test_an_episode_opening_while_a_capture_of_every_rank_waits_for_its_window_is_covered_by_it() -> None:
+    b, p = book()
+    named, _ = b.observe(out(297, (5,), mag=3.4), T0)
+    assert named is not None
+    picked = b.next_arm(p, T0, capture_in_flight=False)
+    assert picked is not None
+    b.history.record(picked[1], T0, "c1")
+    b.armed(named.episode_id, "c1", T0, covered=None, start_step=305)
+    job, _ = b.observe(Anomaly("step_regression", "j", 298, (), 3.0, {"first_step": 291}), T0 + 2)
+    late, _ = b.observe(Anomaly("drift", "j", 400, (), 0.2, {"first_step": 390}), T0 + 3)  # after the window
+    assert job is not None and job.in_flight == "c1" and not job.captures[0].own
+    assert late is not None and late.captures == []
+    b.capture_ended("c1", T0 + 60, "ok", named=(5,))
+    assert job.is_repeat and not late.is_repeat
+
+
+def test_a_new_run_closes_the_episodes_and_starts_a_fresh_budget() -> None:
+    b, p = book(max_captures_per_hour=1)
+    ep, _ = b.observe(out(10, (2,)), T0)
+    assert ep is not None and arm_next(b, p, T0, "c1") is ep
+    b.history.bytes_per_rank_step = 1000.0
+    events = b.new_run(T0 + 10, "new_generation")
+    assert [e.data["reason"] for e in events] == ["new_generation"] and not b.open
+    assert b.history.last_arm_unix_s is None and b.history.bytes_per_rank_step == 1000.0
+    again, _ = b.observe(out(5, (2,)), T0 + 20)  # the new run's slow rank: not held by the old run's arm
+    assert arm_next(b, p, T0 + 20, "c2") is again

@@ -1,0 +1,207 @@
+"""rankhook's thread owner, the optional wire fields ``mode``/``role``/``work`` and the serving keepalive, against a
+real ZeroMQ PULL socket standing in for the node daemon (issue 20, items 3 and 8)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from profwatch.core.messages import MessageRejected, parse_rank_message
+from rankhook import wire
+from rankhook.backends.base import NoneBackend
+from rankhook.hook import Hook
+from rankhook.identity import resolve_identity
+from rankhook.publisher import Publisher
+from tests.conftest import wait_for
+
+
+class _Node:
+    """A PULL socket bound where the hook connects; collects every message as (topic, dict)."""
+
+    def __init__(self, path: Path) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"ipc://{path}/node.sock"
+        self.sock.bind(self.endpoint)
+        self.got: list[dict[str, Any]] = []
+
+    def drain(self) -> list[dict[str, Any]]:
+        while self.sock.poll(0):
+            _topic, payload = self.sock.recv_multipart()
+            self.got.append(json.loads(payload))
+        return self.got
+
+    def kinds(self, kind: str) -> list[dict[str, Any]]:
+        return [m for m in self.drain() if m["kind"] == kind]
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def node(short_tmp: Path) -> Any:
+    n = _Node(short_tmp)
+    yield n
+    n.close()
+
+
+def _hook(node: _Node, **kw: Any) -> Hook:
+    return Hook(resolve_identity("thr-job", rank=1, world_size=2), Publisher(node.endpoint), NoneBackend(), **kw)
+
+
+class _CountingBackend(NoneBackend):
+    """Records the thread of every ``after_step`` (what a profiler backend would be driven from)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    def after_step(self, step: int) -> None:
+        self.calls.append((threading.get_ident(), step))
+
+
+def test_owner_thread_keeps_the_counter_and_the_backend(node: _Node, caplog: pytest.LogCaptureFixture) -> None:
+    backend = _CountingBackend()
+    hook = Hook(resolve_identity("thr-job", rank=0, world_size=1), Publisher(node.endpoint), backend)
+    try:
+        main = threading.get_ident()
+        hook.step()  # the main thread calls step() first: it owns the counter
+        start = threading.Barrier(3)
+
+        def side() -> None:
+            start.wait()
+            for _ in range(200):
+                hook.step()
+
+        threads = [threading.Thread(target=side) for _ in range(2)]
+        for t in threads:
+            t.start()
+        start.wait()
+        for _ in range(50):
+            hook.step()
+        for t in threads:
+            t.join(10)
+        assert hook.step_count == 51
+        assert hook.foreign_steps == 400
+        assert {tid for tid, _ in backend.calls} == {main}
+        assert [s for _, s in backend.calls] == list(range(1, 52))
+        steps = [m["step"] for m in wait_for(lambda: len(node.kinds("step")) >= 51 and node.kinds("step"))]
+        assert steps == list(range(1, 52))  # never back, never a jump
+        warnings = [r for r in caplog.records if "owns the step counter" in r.getMessage()]
+        assert len(warnings) == 1
+        hook.set_step(0)  # not from another thread either
+        t = threading.Thread(target=hook.set_step, args=(5,))
+        t.start()
+        t.join(10)
+        assert hook.step_count == 0
+    finally:
+        hook.close()
+
+
+def test_set_step_before_the_first_step_does_not_take_the_counter(node: _Node) -> None:
+    """``set_step`` after a resume may come from the main thread before the training thread's first step."""
+    hook = _hook(node)
+    try:
+        hook.set_step(100)
+        t = threading.Thread(target=lambda: [hook.step() for _ in range(3)])
+        t.start()
+        t.join(10)
+        assert hook.step_count == 103 and hook.foreign_steps == 0
+        hook.step()  # now the main thread is a foreign thread
+        assert hook.step_count == 103 and hook.foreign_steps == 1
+    finally:
+        hook.close()
+
+
+def test_mode_role_work_are_on_the_wire_and_validate(node: _Node, caplog: pytest.LogCaptureFixture) -> None:
+    hook = _hook(node, mode="serving", role="pp1")
+    try:
+        hook.step(work=2048)
+        hook.step()
+        hook.step(work=float("nan"))  # left out, one warning
+        hook.step(work=-1.0)
+        steps = wait_for(lambda: len(node.kinds("step")) >= 4 and node.kinds("step"))
+        hello = node.kinds("hello")[0]
+    finally:
+        hook.close()
+    assert (hello["mode"], hello["role"]) == ("serving", "pp1")
+    assert [s.get("work") for s in steps] == [2048.0, None, None, None]
+    assert all((s["mode"], s["role"]) == ("serving", "pp1") for s in steps)
+    for s in steps:
+        msg = parse_rank_message(json.dumps(s))
+        assert (msg.mode, msg.role) == ("serving", "pp1")
+    assert parse_rank_message(json.dumps(steps[0])).work == 2048.0
+    assert len([r for r in caplog.records if "step(work=" in r.getMessage()]) == 1
+
+
+def test_default_hook_sends_no_labels(node: _Node) -> None:
+    hook = _hook(node)
+    try:
+        hook.step()
+        step = wait_for(lambda: node.kinds("step"))[0]
+    finally:
+        hook.close()
+    assert "mode" not in step and "role" not in step and "work" not in step
+    assert parse_rank_message(json.dumps(step)).mode is None
+
+
+@pytest.mark.parametrize(("field", "value"), [("work", -0.5), ("work", 1e16), ("role", "a b"), ("role", "x" * 65),
+                                              ("mode", ""), ("mode", "serving\x00")])
+def test_bad_labels_and_work_are_refused(field: str, value: Any) -> None:
+    step = {"kind": "step", "v": 1, "job_id": "j", "rank": 0, "step": 1, "step_time_s": 0.1, "ts_unix_s": 1.0,
+            field: value}
+    with pytest.raises(MessageRejected) as exc:
+        parse_rank_message(json.dumps(step))
+    assert exc.value.reason == "bad_value"
+
+
+def test_receivers_ignore_fields_they_do_not_know() -> None:
+    """What an older node or coordinator does with ``mode``/``role``/``work``: the same as this one with a field of
+    a newer hook (pydantic ignores unknown keys of the wire dataclasses)."""
+    step = {"kind": "step", "v": 1, "job_id": "j", "rank": 0, "step": 1, "step_time_s": 0.1, "ts_unix_s": 1.0,
+            "work": 3.0, "a_newer_field": {"x": [1]}}
+    msg = parse_rank_message(json.dumps(step))
+    assert msg.step == 1 and msg.work == 3.0 and not hasattr(msg, "a_newer_field")
+    old = {k: v for k, v in step.items() if k not in ("work", "a_newer_field")}
+    assert parse_rank_message(json.dumps(old)).work is None  # an older hook's report
+
+
+def test_init_reads_mode_and_role_from_env(node: _Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rankhook
+
+    monkeypatch.setenv("PROFWATCH_MODE", "Training")
+    monkeypatch.setenv("PROFWATCH_ROLE", "stage 2")
+    hook = rankhook.init("env-job", backend="none", endpoint=node.endpoint, rank=0, world_size=1)
+    try:
+        assert hook is not None and (hook.mode, hook.role) == ("training", "stage_2")
+    finally:
+        rankhook.shutdown()
+    hook = rankhook.init("env-job", backend="none", endpoint=node.endpoint, rank=0, world_size=1, mode="batch")
+    try:
+        assert hook is not None and hook.mode is None  # unknown mode: ignored with a warning
+    finally:
+        rankhook.shutdown()
+
+
+def test_serving_keepalive_while_idle_and_none_in_training(node: _Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wire, "KEEPALIVE_S", 0.2)
+    serving = _hook(node, mode="serving")
+    try:
+        serving.step()
+        hellos = wait_for(lambda: len(node.kinds("hello")) >= 3 and node.kinds("hello"), timeout_s=20)
+        assert all(h["mode"] == "serving" for h in hellos)
+        assert serving._keepalive is not None and serving._keepalive.is_alive()
+    finally:
+        serving.close()
+    assert serving._keepalive is not None and not serving._keepalive.is_alive()
+    training = _hook(node)
+    try:
+        assert training._keepalive is None
+    finally:
+        training.close()
