@@ -550,13 +550,16 @@ class CaptureShell:
         return len(self._scanning)
 
     def summary(self, job_id: str | None, now: float) -> list[dict[str, Any]]:
-        """The last 20 captures (of ``job_id``) for ``status``; an analysing or enriching one names the recipes
+        """The last 20 captures (of ``job_id``) for ``status``, those the failing store has not taken yet marked
+        ``stored: false``; an analysing or enriching one names the recipes
         running for it with their elapsed time (``running``: ``"<recipe> (<elapsed> s)"``; ``running_recipes``:
         the same as objects, with phase and resident memory when the analyser tells them)."""
         live = {c.capture_id: c for j in self._jobs.values() for c in j.active.values()}
         out = []
-        for cap in self.store.captures(job_id, newest=20):
+        for cap, stored in self.store.captures_with_pending(job_id, newest=20):
             view = describe(live.get(cap.capture_id, cap), now)
+            if not stored:
+                view["stored"] = False  # the state store failed: kept in memory for a retry (status marks it)
             if live.get(cap.capture_id, cap).state in (lc.S.ANALYSING, lc.S.ENRICHING):
                 view["running"] = self.analyser.running(cap.capture_id)
                 detailed = getattr(self.analyser, "running_recipes", None)
