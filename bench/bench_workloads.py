@@ -70,6 +70,8 @@ class Family:
     changes: list[Change] = field(default_factory=list)
     step_s: float = 0.5
     """The usual step time (seconds), to give delays in steps."""
+    t0_unix_s: float | None = None
+    """What ``Change.at_s`` counts from (the generator's start; default: the first record)."""
 
 
 def families(hours: float, seed: int) -> list[Family]:
@@ -84,11 +86,11 @@ def families(hours: float, seed: int) -> list[Family]:
     tp = ServingScenario(job_id="serve_tp", replicas=1, tp=4, duration_s=dur + 1800, step_time_s=0.2,
                          slow_rank=1, slow_factor=1.3, slow_from_s=dur, seed=seed)
     out.append(Family("serving_tp", lambda: iter_serving_telemetry(tp), [
-        Change("TP rank 1 +30% forward", dur, (1,), ("rank_outlier",), None)], tp.step_time_s))
+        Change("TP rank 1 +30% forward", dur, (1,), ("rank_outlier",), None)], tp.step_time_s, tp.t0_unix_s))
     dp = ServingScenario(job_id="serve_dp", replicas=4, tp=1, duration_s=dur + 1800, step_time_s=0.25,
                          slow_replica=2, slow_factor=1.3, slow_from_s=dur, seed=seed)
     out.append(Family("serving_dp", lambda: iter_serving_telemetry(dp), [
-        Change("replica 2 +30%", dur, (2,), ("step_regression",), None)], dp.step_time_s))
+        Change("replica 2 +30%", dur, (2,), ("step_regression",), None)], dp.step_time_s, dp.t0_unix_s))
     pp = TelemetryScenario(job_id="pipeline", world_size=8, steps=3000, cv=0.02, step_time_s=0.5, seed=seed,
                            rank_compute_factors=(1, 1, 1, 1, 1, 1, 1.15, 1.15),
                            roles=("pp0", "pp0", "pp1", "pp1", "pp2", "pp2", "pp3", "pp3"),
@@ -167,7 +169,7 @@ def run_family(fam: Family, usual: dict[str, float]) -> dict[str, Any]:
         """The first step of the change: its onset step's first arrival, or (serving, where a replica may be idle
         when the change begins) the first step the changed ranks made after its onset time."""
         if c.at_step is None:
-            nominal = start + c.at_s
+            nominal = (fam.t0_unix_s if fam.t0_unix_s is not None else start) + c.at_s
             return min((t for (_, r, _), t in at.items() if t >= nominal and (not c.ranks or r in c.ranks)),
                        default=nominal)
         return min(t for (e, _, s), t in at.items() if e == c.epoch and s >= c.at_step)
