@@ -25,6 +25,7 @@ on 2 cores at the defaults.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -115,7 +116,7 @@ def families(hours: float, seed: int) -> list[Family]:
     for name, every in (("moe_slow", 150), ("moe_fast", 20)):
         moe = TelemetryScenario(job_id=name, world_size=8, steps=2400, cv=0.02, step_time_s=0.5, seed=seed,
                                 rotate_every=every, slow_rank_factor=1.5, slow_rank_from_step=800)
-        out.append(Family(name, (lambda m=moe: iter_telemetry(m)), [
+        out.append(Family(name, functools.partial(iter_telemetry, moe), [
             Change(f"hot expert +50%, moves every {every} steps", 0, tuple(range(8)),
                    ("rank_outlier", "step_regression"), None, 800)]))
     fast = TelemetryScenario(job_id="fast_5ms", world_size=4, steps=72_000, cv=0.05, step_time_s=0.005, seed=seed,
