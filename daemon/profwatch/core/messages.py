@@ -28,11 +28,12 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from rankhook import wire
 
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
-"""job_id becomes part of topics, file names and paths: letters, digits, ``_ . : -``; 1..128 chars."""
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
+"""job_id becomes part of topics, file names and paths: letters, digits, ``_ . : -``; 1..128 chars. It ends with
+an end-of-string anchor, not a dollar sign, which also matches before a final newline (a second job ``j1`` + LF)."""
 NODE_ID_RE = JOB_ID_RE
 """node_id (and CURVE key names) follow the job_id spelling: they appear in logs, metrics and file names."""
-STAGE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+STAGE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}\Z")
 LABEL_RE = STAGE_NAME_RE
 """A ``mode`` or ``role`` label (``rankhook/wire.py``): the spelling of stage names."""
 MAX_STAGES = 32
