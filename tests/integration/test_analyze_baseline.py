@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -42,6 +43,18 @@ def test_a_baseline_without_one_complete_batch_is_refused(tmp_path: Path) -> Non
                str(tmp_path / "out"), cwd=tmp_path)
     assert res.returncode == 2 and "must hold exactly one complete batch" in res.stderr, res.stderr
     assert not (tmp_path / "out").exists()  # refused before anything was written
+    partial = tmp_path / "partial"  # a reference with a rank dir missing: its status is said, --baseline-batch not
+    made = _cli("simulate", "tree", str(partial), "--world-size", "2", "--steps", "2", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    for rank_dir in sorted(partial.glob("*_ascend_pt"))[1:]:
+        shutil.rmtree(rank_dir)
+    res = _cli("analyze", str(tmp_path / "now"), "--baseline", str(partial), "--world-size", "2", "--json", "--out",
+               str(tmp_path / "out"), cwd=tmp_path)
+    (line,) = res.stdout.splitlines()
+    refusal = json.loads(line)
+    assert res.returncode == 2 and refusal["status"] == "no_batch", res.stdout
+    assert "(incomplete)" in refusal["detail"] and "--baseline-batch" not in refusal["detail"], refusal
+    assert not (tmp_path / "out").exists()
 
 
 def test_simulate_options_are_checked(tmp_path: Path) -> None:

@@ -271,10 +271,11 @@ def _baseline_batch(ctx: click.Context, as_json: bool, directory: Path, batch_id
     if batch_id:
         found = [b for b in found if b.batch_id == batch_id]
     complete = [b for b in found if b.status == "complete"]
-    if len(complete) != 1:
-        names = ", ".join(display_str(b.batch_id) for b in found) or "none"
+    if len(complete) != 1:  # each batch with its status: a lone incomplete one is not fixed by --baseline-batch
+        names = ", ".join(f"{display_str(b.batch_id)} ({b.status})" for b in found) or "none"
+        hint = "; choose one with --baseline-batch" if len(complete) > 1 else "; a reference needs every rank dir"
         _fail(ctx, as_json, "no_batch", f"the baseline {directory} must hold exactly one complete batch "
-                                        f"(found {len(complete)} of: {names}); choose one with --baseline-batch")
+                                        f"(found {len(complete)} complete of: {names}){hint}")
     return complete[0]
 
 
