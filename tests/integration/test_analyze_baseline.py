@@ -66,3 +66,12 @@ def test_simulate_options_are_checked(tmp_path: Path) -> None:
     res = _cli("simulate", "job", "--ranks", "2", "--slow-rank", "some", "--config-dir", str(tmp_path / "c"),
                "--prof-root", str(tmp_path / "p"), cwd=tmp_path)
     assert res.returncode == 2 and "'all'" in res.stderr
+    for bad in (["--job-wide", "compute", "--factor", "inf"], ["--job-wide", "host", "--factor", "nan"],
+                ["--slow", "1:-3"], ["--slow-link", "1:1e400"], ["--steps", "0"]):  # a usage error, no traceback
+        res = _cli("simulate", "tree", str(tmp_path / "bad"), *bad, cwd=tmp_path)
+        assert res.returncode == 2 and "Traceback" not in res.stderr and "Error:" in res.stderr, (bad, res.stderr)
+    assert not (tmp_path / "bad").exists()
+    for bad in (["--slowdown", "nan"], ["--duration-s", "inf"], ["--ranks", "0"]):
+        res = _cli("simulate", "job", *bad, "--config-dir", str(tmp_path / "c"), "--prof-root", str(tmp_path / "p"),
+                   cwd=tmp_path)
+        assert res.returncode == 2 and "Error:" in res.stderr, (bad, res.stderr)
