@@ -33,6 +33,12 @@ def test_a_job_wide_communication_regression_leads_with_communication(tmp_path: 
     cmp = verdict["comparison"]
     assert cmp["ranks_compared"] == [0, 1, 2, 3] and cmp["headline"].startswith("+")
     assert cmp["reference"]["path"].endswith("reference") and cmp["impact_accelerator_hours_per_day"] > 0
+    report = json.loads(Path(verdict["paths"]["report_json"]).read_text(encoding="utf-8"))
+    assert report["comparison"]["headline"] == cmp["headline"] and report["changes"] == changes  # on disk too
+    same = _cli("analyze", str(tmp_path / "pair" / "reference"), "--baseline", str(tmp_path / "pair" / "reference"),
+                "--no-advisor", "--no-html", "--json", "--quiet", "--out", str(tmp_path / "same"), cwd=tmp_path)
+    (itself,) = [json.loads(line) for line in same.stdout.splitlines() if line.strip()]
+    assert itself["changes"] == [] and any("this capture itself" in n for n in itself["comparison"]["notes"])
 
 
 def test_a_baseline_without_one_complete_batch_is_refused(tmp_path: Path) -> None:
@@ -53,7 +59,8 @@ def test_a_baseline_without_one_complete_batch_is_refused(tmp_path: Path) -> Non
     (line,) = res.stdout.splitlines()
     refusal = json.loads(line)
     assert res.returncode == 2 and refusal["status"] == "no_batch", res.stdout
-    assert "(incomplete)" in refusal["detail"] and "--baseline-batch" not in refusal["detail"], refusal
+    assert "(incomplete)" in refusal["detail"] and "missing ranks [1]" in refusal["detail"], refusal
+    assert "--baseline-batch" not in refusal["detail"]
     assert not (tmp_path / "out").exists()
 
 

@@ -243,3 +243,16 @@ def test_node_ids_end_at_the_end_of_the_string() -> None:
     from profwatch.core.messages import node_id_ok
 
     assert node_id_ok("n1") and not node_id_ok("n1\n")
+
+
+@pytest.mark.parametrize("kw", [{"hostname": "h\x1b]0;owned\x07"}, {"hostname": "h\u009b2J"}, {"hostname": "h\n"},
+                                {"versions": {"torch": "2.1\x1b[2J"}}])
+def test_shown_names_carry_no_control_characters(kw: dict) -> None:
+    with pytest.raises(MessageRejected) as ei:  # status and alerts print them as they are: no terminal escapes
+        parse_rank_message(json.dumps(_hello(**kw)).encode())
+    assert ei.value.reason == "bad_value"
+    assert parse_rank_message(json.dumps(_hello(hostname="hôte-1", versions={"torch": "2.1"})).encode()).hostname == \
+        "hôte-1"
+    hb = wire.to_dict(wire.NodeHeartbeat(node_id="n1", hostname="h\x1b[2J", pid=1, ts_unix_s=1.0, started_unix_s=1.0))
+    with pytest.raises(MessageRejected):
+        parse_node_message(json.dumps(hb).encode())
