@@ -32,6 +32,8 @@ from profwatch.core.capture.arming import ArmingPolicy, ArmingSettings, capture_
 from profwatch.core.capture.episodes import JobEpisodes
 from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
+from profwatch.core.fleet.generations import GenerationOpened
+from profwatch.core.fleet.replay_runs import RunFollower
 from profwatch.core.fleet.telemetry import TelemetryRecord, dump_jsonl
 from profwatch.core.step_numbering import profiled_report_steps
 from profwatch.exitcodes import EXIT_USAGE
@@ -104,7 +106,9 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
     "error"}]}}``; ``arms`` carry the ``episode_id`` they captured and ``waited_s`` since it opened; ``suppressed``
     lists anomalies not armed when they arrived, with what their episode waits for (it is armed later when the
     budget allows, unless it closes first); ``episodes`` every episode, open and closed, as
-    :meth:`~profwatch.core.capture.episodes.Episode.to_json`. Bad lines are counted with their 1-based line numbers
+    :meth:`~profwatch.core.capture.episodes.Episode.to_json`; ``generations`` the new runs the records show
+    (``job_generation`` data: records that name their ``pid`` follow the coordinator's rule,
+    ``daemon/profwatch/core/fleet/replay_runs.py``). Bad lines are counted with their 1-based line numbers
     (first 100 listed); nothing here raises on bad input.
     """
     cfg = config or ReplayConfig()
@@ -127,7 +131,9 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
     policy = ArmingPolicy(cfg.arming)
     jobs = {jid: _Job(JobDetector(jid, n, cfg.detection, capture=cfg.capture), JobEpisodes(jid, cfg.arming))
             for jid, n in sizes.items()}
-    result: dict[str, Any] = {"anomalies": [], "arms": [], "suppressed": [], "episode_events": []}
+    result: dict[str, Any] = {"anomalies": [], "arms": [], "suppressed": [], "episode_events": [],
+                              "generations": []}
+    runs = RunFollower()  # records that name their process (pid) follow the coordinator's new-run rule
     last_ts = -math.inf
     for _, rec in parsed:
         job = jobs[rec.job_id]
@@ -135,8 +141,17 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
         last_ts = max(last_ts, rec.ts_unix_s)
         if rec.kind == "bye":
             det.mark_left(rec.rank)
+            runs.bye(rec.job_id, rec.rank, rec.step, rec.ts_unix_s)
             continue
         assert rec.step_time_s is not None
+        if rec.pid is not None:
+            run = runs.observe(job_id=rec.job_id, rank=rec.rank, world_size=rec.world_size or det.world_size,
+                               step=rec.step, step_time_s=rec.step_time_s, ts_unix_s=rec.ts_unix_s, pid=rec.pid,
+                               node=rec.node)
+            if run.opened is not None:
+                det = _new_run(job, run.opened, cfg, rec.ts_unix_s, result)
+            if not run.accepted:
+                continue  # refused or not of the current run, as the coordinator would
         found = det.observe(_StepView(rec.rank, rec.step, rec.step_time_s, rec.ts_unix_s, rec.stages,
                                       rec.flags, rec.capturing, rec.work, rec.mode, rec.role), rec.ts_unix_s)
         tick = rec.ts_unix_s - job.last_tick_s >= TICK_EVERY_S
@@ -155,6 +170,17 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
                       for jid, j in jobs.items()}
     result["bad_lines"] = {"count": bad_count, "lines": bad}
     return result
+
+
+def _new_run(job: _Job, opened: GenerationOpened, cfg: ReplayConfig, now: float, result: dict[str, Any]) -> JobDetector:
+    """A new generation of the job (the coordinator's ``_on_generation``): a fresh detector for its world size, its
+    episodes closed and a fresh budget; a simulated capture of the old run ends. Returns the new detector."""
+    job.detector = JobDetector(opened.job_id, opened.world_size, cfg.detection, capture=cfg.capture)
+    job.in_flight_until_step, job.restarts_seen = None, 0
+    events = job.episodes.new_run(now, "new_generation")
+    result["episode_events"].extend({"type": e.type, "job_id": opened.job_id, **e.data} for e in events)
+    result["generations"].append(opened.to_json())
+    return job.detector
 
 
 def _short_error(exc: BaseException) -> str:

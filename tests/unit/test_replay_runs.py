@@ -1,0 +1,64 @@
+"""``profwatch replay`` follows the coordinator's new-run rule on records that name their process (``pid``, ``node``):
+a requeue under the same job id is a new run with its own detector and budget; a lone process opens nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from profwatch.commands.replay import replay_lines
+
+T0 = 1_764_500_000.0
+
+
+def _run(job: str, ranks: dict[int, tuple[str, int]], steps: int, t0: float, *, slow_from: int | None = None,
+         step_s: float = 0.1, first_step: int = 1) -> list[dict[str, Any]]:
+    """Records of one run: ``ranks[rank] = (node, pid)``; every rank ``step_s`` a step (a little jitter), 60 % slower
+    from step ``slow_from`` (job-wide)."""
+    world = len(ranks)
+    out = []
+    for i in range(steps):
+        s = first_step + i
+        t = step_s * (1.6 if slow_from is not None and s >= slow_from else 1.0)
+        for r, (node, pid) in sorted(ranks.items()):
+            jitter = 1 + 0.01 * ((s * 7 + r * 3) % 5)
+            out.append({"job_id": job, "rank": r, "world_size": world, "step": s, "step_time_s": t * jitter,
+                        "ts_unix_s": t0 + i * step_s + 0.001 * r, "pid": pid, "node": node})
+    return out
+
+
+def _replay(records: list[dict[str, Any]]) -> dict[str, Any]:
+    return replay_lines([json.dumps(r) for r in records])
+
+
+OLD = {0: ("n0", 100), 1: ("n0", 101), 2: ("n1", 102), 3: ("n1", 103)}
+
+
+def test_a_requeue_with_fewer_ranks_on_another_node_is_a_new_run() -> None:
+    old = _run("rq", OLD, 300, T0)
+    new = _run("rq", {0: ("n5", 200), 1: ("n5", 201)}, 300, T0 + 30 + 60, slow_from=200)
+    res = _replay(old + new)
+    (g,) = res["generations"]
+    assert (g["reason"], g["old_world_size"], g["world_size"], g["nodes"]) == ("every_rank_gone", 4, 2, ["n5"])
+    assert res["jobs"]["rq"]["world_size"] == 2  # the detector was rebuilt for the new run
+    assert not [a for a in res["anomalies"] if a["kind"] == "stalled_rank"]  # ranks 2 and 3 left with the old run
+    slow = [a for a in res["arms"] if a["step"] >= 200 and a["kind"] != "stalled_rank"]
+    assert slow and slow[0]["action"] == "arm"  # the new run's slowdown is judged and captured
+
+
+def test_without_pids_the_same_records_are_one_run() -> None:
+    """What replay did before (and does for records without ``pid``): the old ranks 2 and 3 look stalled."""
+    old = _run("rq", OLD, 300, T0)
+    new = _run("rq", {0: ("n5", 200), 1: ("n5", 201)}, 300, T0 + 90)
+    res = _replay([{k: v for k, v in r.items() if k not in ("pid", "node")} for r in old + new])
+    assert res["generations"] == [] and res["jobs"]["rq"]["world_size"] == 4
+
+
+def test_steps_going_back_on_a_quorum_of_processes_open_a_run_and_a_lone_process_does_not() -> None:
+    old = _run("rq", OLD, 300, T0)
+    same_size = _run("rq", {r: (node, 300 + r) for r, (node, _pid) in OLD.items()}, 50, T0 + 30.5, first_step=101)
+    res = _replay(old + same_size)  # new pids, steps back to 101 from 300, 0.5 s later: a requeue at the same size
+    assert [g["reason"] for g in res["generations"]] == ["steps_went_back"]
+    lone = _run("rq", dict.fromkeys(range(4), ("n0", 999)), 50, T0 + 30.5, first_step=101)
+    res = _replay(old + lone)  # one process speaks for all four ranks and moves every counter back: one vote
+    assert res["generations"] == []
