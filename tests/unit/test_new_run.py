@@ -144,3 +144,14 @@ def test_a_new_run_may_re_pin_the_paths_under_the_jobs_uid() -> None:
     out = reg.admit_hello(dataclasses.replace(hello(0, 4, 7000), prof_root="/prof/requeue"), "n0", GONE)
     job = reg.jobs["j"]
     assert out.opened is not None and job.pinned_paths == (CFG, "/prof/requeue") and job.prof_root == "/prof/requeue"
+
+
+def test_status_says_how_many_processes_moved_their_counters_back() -> None:
+    from profwatch.core.status_text import render_generation
+
+    reg = job_of(4, 2)
+    job = reg.jobs["j"]
+    _j, rank, _restarted = reg.step(step(0, 1), 5.0, "n0")
+    assert rank is not None and reg.note_restart(job, rank, 5.0) is None
+    view = reg.snapshot(6.0)["jobs"][0]
+    assert "  steps went back: 1 of 2 processes (1 ranks); no new run yet" in render_generation(view)

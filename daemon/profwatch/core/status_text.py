@@ -71,6 +71,10 @@ def render_generation(job: Mapping[str, Any]) -> list[str]:
         since = datetime.fromtimestamp(float(job.get("generation_since_unix_s") or 0.0)).strftime("%H:%M:%S")
         lines.append(f"  generation {gen} (restart count {'-' if rc is None else rc}, since {since})")
     for c in job.get("pending_generations") or []:
+        if c.get("steps_went_back"):  # one vote per process (docs/generations.md)
+            lines.append(f"  steps went back: {c['agreeing_through_job_nodes']} of {c['quorum']} processes "
+                         f"({c['ranks']} ranks); no new run yet")
+            continue
         lines.append(f"  claimed: world_size={c['world_size']} restart count {c['restart_count']}: "
                      f"{c['agreeing_through_job_nodes']} of {c['quorum']} ranks agree through the job's nodes "
                      f"({c['ranks']} held); no new generation yet")
