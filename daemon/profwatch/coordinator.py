@@ -92,7 +92,7 @@ def _start_watcher(on_wake: Callable[[str], None], settings: Settings, metrics: 
     return watcher
 
 
-class Coordinator(ControlCommands):
+class Coordinator:
     """The coordinator. ``run()`` blocks until ``stop()``; everything persistent is in ``settings.coordinator.state_db``.
 
     Raises:
@@ -157,6 +157,10 @@ class Coordinator(ControlCommands):
             analyser=BatchAnalyser(settings.analysis), detectors=_DetectorView(self.detectors), emit=self.emit,
             post=self.results.put, clock=time.time, make_watcher=lambda on_wake: _start_watcher(on_wake, settings, self.metrics),
             count_state=lambda state: self.metrics.captures.labels(state).inc())
+        self.control = ControlCommands(
+            sockets=self.sockets, settings=settings, registry=self.registry,
+            captures=self.captures, state=self.state, detectors=self.detectors, counters=self.counters,
+            bounds=self._bounds, reject=self._reject, refuse_peer=self._refuse_peer)
         bound = settings.limits.coordinator_peak_bytes(cs.window_steps, wire.MAX_BATCH_BYTES, control.MAX_REQUEST_BYTES)
         self._state_bound_mib = round(bound["total"] / 2**20)
         if self._store_reset is not None:
@@ -202,6 +206,11 @@ class Coordinator(ControlCommands):
             self._check_store(now)
         return ev
 
+    def _bounds(self) -> dict[str, int]:
+        """The sizes ``status`` shows against their limits, and the coordinator's computed memory bound (MiB)."""
+        return {"jobs": len(self.registry.jobs), "ranks": self.registry.rank_count, "nodes": len(self.registry.nodes),
+                "detector_ranks": self._detector_ranks, "state_bound_mib": self._state_bound_mib}
+
     def _check_store(self, now: float) -> None:
         """Retry the store's queued writes when due; raise ``storage_failed`` once per failure episode and say
         ``storage_recovered`` when everything is stored again."""
@@ -239,7 +248,7 @@ class Coordinator(ControlCommands):
                 if self.ingest in events:
                     self._drain_ingest()
                 if self.control_sock in events:
-                    self._drain_control()
+                    self.control.drain()
                 if len(events) > (self.ingest in events) + (self.control_sock in events):
                     self.sockets.poll_monitors()
                 if self._check_revocations():

@@ -1,9 +1,10 @@
-"""The coordinator's control commands (part of the composition root ``daemon/profwatch/coordinator.py``): the
+"""The coordinator's control commands (built by the composition root ``daemon/profwatch/coordinator.py``): the
 ``profwatch`` CLI's requests on the control socket, each checked against its role (``daemon/profwatch/core/access.py``)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -28,25 +29,29 @@ log = structlog.get_logger("profwatch.coordinator")
 
 
 class ControlCommands:
-    """Mixin of :class:`~profwatch.coordinator.Coordinator`: ``_drain_control`` and one ``_cmd_<name>`` per command."""
+    """Serves the control socket: :meth:`drain` answers the waiting requests, one ``_cmd_<name>`` per command.
 
-    if TYPE_CHECKING:  # what the handlers use of the coordinator
-        settings: Settings
-        registry: Registry
-        captures: CaptureShell
-        state: StateStore
-        sockets: ServerSockets
-        control_sock: zmq.Socket[bytes]
-        detectors: dict[str, JobDetector]
-        counters: dict[str, int]
-        _detector_ranks: int
-        _state_bound_mib: int
+    Args:
+        sockets: the coordinator's sockets (its control ROUTER, used only from the main loop, and the roles a
+            request's frame carries: ``ServerSockets.grants``, by CURVE key or loopback).
+        settings: the configuration tree (``set_thresholds`` replaces its detection and arming sections).
+        registry, captures, state, detectors: what the commands read or act on (the coordinator's own objects).
+        counters: the coordinator's message counters (shown by ``status``).
+        bounds: the coordinator's current sizes and memory bound for ``status`` (jobs, ranks, nodes,
+            detector_ranks, state_bound_mib).
+        reject, refuse_peer: count a malformed request / a refused peer (the coordinator's counters and logs).
+    """
 
-        def _reject(self, exc: MessageRejected | RegistryError, node_id: str = "", quiet: bool = False) -> None: ...
+    def __init__(self, *, sockets: ServerSockets, settings: Settings, registry: Registry, captures: CaptureShell,
+                 state: StateStore, detectors: dict[str, JobDetector], counters: dict[str, int], bounds: Callable[[], dict[str, int]],
+                 reject: Callable[[MessageRejected | RegistryError], None],
+                 refuse_peer: Callable[[str, str, str], None]) -> None:
+        self.sockets, self.control_sock, self.settings = sockets, sockets.control, settings
+        self.registry, self.captures, self.state, self.detectors = registry, captures, state, detectors
+        self.counters, self.bounds, self._reject, self._refuse_peer = counters, bounds, reject, refuse_peer
 
-        def _refuse_peer(self, reason: str, detail: str, peer: str) -> None: ...
-
-    def _drain_control(self) -> None:
+    def drain(self) -> None:
+        """Answer up to 100 waiting requests (never blocks; a malformed one is counted and answered)."""
         for _ in range(100):
             try:
                 envelope, req, frame = control.recv_request(self.control_sock)
@@ -109,9 +114,7 @@ class ControlCommands:
         snap["captures"] = self.captures.summary(job_id, time.time())
         snap["episodes"] = self.captures.episodes.view(job_id, time.time())
         snap["state_store"] = self.state.status()
-        snap["bounds"] = {"jobs": len(self.registry.jobs), "ranks": self.registry.rank_count,
-                          "nodes": len(self.registry.nodes), "detector_ranks": self._detector_ranks,
-                          "state_bound_mib": self._state_bound_mib}
+        snap["bounds"] = self.bounds()
         return snap
 
     @staticmethod

@@ -111,8 +111,10 @@ def test_paths_are_pinned_live_and_a_change_is_alerted(stack: Stack, short_tmp: 
     wait_for(lambda: _coord(stack).metrics.registry.get_sample_value("profwatch_rejected_total",
                                                                      {"reason": "job_id_collision"}) == 3, 20)
     assert len(alerts()) == 2
-    node.send(batch("n1", hello("jobP", 1, root=short_tmp), seq=2))
+    # rank 1 from its own node; a step time measured (an arm is refused before one is: no step time is assumed)
+    node.send(batch("n1", hello("jobP", 1, root=short_tmp), step("jobP", 0, 1), step("jobP", 1, 1), seq=2))
     wait_for(lambda: job_view(stack.control("status"), "jobP")["ranks_seen"] == 2, 20)
+    wait_for(lambda: rank_view(stack.control("status"), "jobP").get(1, {}).get("last_step") == 1, 20)
     plan = stack.control("arm", {"job_id": "jobP", "dry_run": True})  # arming uses the pinned paths
     assert plan["profiler_config_path"] == str(short_tmp / "cfg" / "jobP")
     assert plan["prof_dir"].startswith(str(short_tmp / "prof") + "/") and "/x/" not in plan["prof_dir"]

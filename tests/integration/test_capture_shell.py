@@ -406,7 +406,7 @@ def test_a_restart_writes_the_idle_config_again_while_the_window_is_ahead(world,
 
 def test_a_restart_finds_an_old_capture_whose_long_window_is_still_ahead(world, tmp_path: Path) -> None:
     w = world()
-    cid = w.arm(in_steps=20000)["capture_id"]  # hours ahead at 0.5 s a step
+    cid = w.arm(in_steps=7000)["capture_id"]  # ~1 h ahead at 0.5 s a step (the furthest an arm may go); judged later
     w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
     w.store.save_capture(lc.cancel(w.store.get_capture(cid), w.now, w.shell.ls, by="test").capture)
     assert w.store.get_capture(cid).judge_unix_s > T0 + 7200
@@ -414,6 +414,43 @@ def test_a_restart_finds_an_old_capture_whose_long_window_is_still_ahead(world, 
     w2.drain(lambda: bool(_capture_events(w2, "idle_config_written")))
     assert len(w2.idle_writes) == 1
 
+
+
+def test_a_capture_resumed_from_analysing_then_cancelled_owes_the_idle_config_now_and_after_a_restart(
+        world, tmp_path: Path) -> None:
+    w = world()
+    w.release.clear()  # the analysis runs until the coordinator stops
+    try:
+        cid = _arm_and_land(w, CaptureState.ANALYSING)
+        # restarted: the interrupted analysis is redone (analysing -> collecting, its batch id kept)
+        w2 = world(store=StateStore(tmp_path / "state.db"), file_writes=w.writes, now=w.now + 1)
+        assert w2.state(cid) is CaptureState.COLLECTING and w2.store.get_capture(cid).batch_id
+        (view,) = w2.shell.cancel("j1", cid, w2.now)
+        assert view["idle_config"] is True  # the window may still be pending on the ranks
+        w2.drain(lambda: bool(_capture_events(w2, "idle_config_written")))
+        stored = w2.store.get_capture(cid)
+        assert stored.state is CaptureState.CANCELLED and stored.idle_owed and stored.judge_unix_s > w2.now
+        # a restart after the cancel writes it again, as for any cancel that asked for it
+        w3 = world(store=StateStore(tmp_path / "state.db"), file_writes=w.writes, now=w2.now + 1)
+        w3.drain(lambda: bool(_capture_events(w3, "idle_config_written")))
+        assert w3.idle_writes[0][1]["metadata"]["profwatch_idle"].startswith(f"capture {cid} cancelled")
+    finally:
+        w.release.set()
+
+
+def test_an_arm_before_any_step_time_is_measured_is_refused_not_planned_on_a_guess(world) -> None:
+    w = world()
+    for r in range(2):  # a second job: every rank said hello, none has reported a step yet
+        w.registry.hello(wire.RankHello(job_id="j2", rank=r, local_rank=r, world_size=2, hostname="n1", pid=200 + r,
+                                        backend="torch_npu", ts_unix_s=w.now, profiler_config_path=str(w.tmp / "cfg2"),
+                                        prof_root=str(w.tmp / "prof")), "n1", w.now)
+    for dry_run in (True, False):
+        with pytest.raises(ControlError) as ei:
+            w.shell.arm("j2", CaptureRequest(job_id="j2", reason="test"), w.now, dry_run=dry_run)
+        assert ei.value.code == "bad_request" and "step time not measured" in ei.value.message
+    assert not w.store.captures("j2") and not w.writes
+    w.registry.step(wire.StepReport(job_id="j2", rank=0, step=1, step_time_s=0.5, ts_unix_s=w.now), w.now)
+    assert w.shell.arm("j2", CaptureRequest(job_id="j2", reason="test"), w.now)["step_time_s"] == 0.5
 
 
 def test_dry_run_agrees_with_the_refusal_and_names_the_blocker(world) -> None:
@@ -500,7 +537,7 @@ def test_cancelling_an_analysing_capture_stops_its_runs_and_drops_its_late_resul
     assert view["state"] == "cancelled" and w.stopped == [cid] and view["idle_config"] is False
     assert not w.idle_writes  # the window is long over: nothing to take back
     w.release.set()
-    w.shell.analysis_pool.shutdown(wait=True)  # the analysis returned ...
+    w.shell.steps.analysis_pool.shutdown(wait=True)  # the analysis returned ...
     w.drain()  # ... and its result, handed back, is dropped
     assert w.state(cid) is CaptureState.CANCELLED and not w.of("io.profwatch.suspect_ranks.v1")
 

@@ -92,6 +92,7 @@ def test_a_version_1_state_db_is_migrated_in_place(tmp_path: Path) -> None:
         c4 = caps["c-4"]
         assert c4.state is CaptureState.COLLECTING and c4.rank_list == (1,) and c4.expected_ranks == [1]
         assert caps["c-5"].state is CaptureState.COLLECTING and caps["c-5"].prof_dir == ""
+        assert [c for c in caps if caps[c].idle_owed] == ["c-2"]  # an arm that could not be written
         assert [e for _, e in store.events(job_id="j1")] == [{}]
         assert store.get_batch("b-1") is not None
         old = store.db.execute("SELECT count(*) FROM captures_v1").fetchone()[0]
@@ -150,6 +151,47 @@ def test_typed_rows_round_trip_and_partial_rank_writes(tmp_path: Path) -> None:
         assert [c.capture_id for c in store.captures(since_unix_s=T0 + 3600)] == ["c-later"]
     finally:
         store.close()
+
+
+def test_a_version_3_file_gains_idle_owed_derived_as_the_transitions_decided_it(tmp_path: Path) -> None:
+    job = JobProgress(job_id="j1", world_size=2, furthest_step=50, step_time_s=0.5, prof_root="/prof", now_unix_s=T0)
+    settings = lc.LifecycleSettings()
+    planned = lc.open_capture(plan_capture(CaptureRequest(job_id="j1", reason="r"), job), world_size=2,
+                              profiler_config_path="/cfg/j1", writer="coordinator", rank_steps={}, rank_step_time_s={},
+                              rank_backends={}, nodes=[], now=T0, settings=settings).capture
+    written = lc.config_written(planned, {"mtime_s": 1}, T0 + 1, settings).capture
+    analysing = replace(written, state=CaptureState.ANALYSING, batch_id="b-1")
+    endings = {
+        "cancelled-written": lc.cancel(written, T0 + 2, settings).capture,
+        "cancelled-analysing": lc.cancel(analysing, T0 + 2, settings).capture,
+        "cancelled-resumed": lc.cancel(lc.resume(analysing, T0 + 2, settings).capture, T0 + 3, settings).capture,
+        "superseded": lc.supersede(written, 1, T0 + 2, settings).capture,
+        "write-failed": lc.config_write_failed(planned, "ro", T0 + 2, settings).capture,
+        "analysis-failed": lc.analysis_raised(analysing, "boom", T0 + 2, settings).capture,
+        "analysed": lc.analysis_done(analysing, "ok", {}, T0 + 2, settings).capture,
+    }
+    path = tmp_path / "v3.db"
+    store = StateStore(path)
+    for name, cap in endings.items():
+        store.save_capture(replace(cap, capture_id=name))
+    store.close()
+    db = sqlite3.connect(path)  # as version 3 wrote it: no idle_owed column
+    db.executescript("ALTER TABLE captures DROP COLUMN idle_owed; PRAGMA user_version=3;")
+    db.close()
+    store = StateStore(path)
+    try:
+        owed = {c.capture_id: c.idle_owed for c in store.captures()}
+        assert owed == {name: cap.idle_owed for name, cap in endings.items()}  # what each transition decided
+        assert owed == {"cancelled-written": True, "cancelled-analysing": False, "cancelled-resumed": True,
+                        "superseded": True, "write-failed": True, "analysis-failed": False, "analysed": False}
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    finally:
+        store.close()
+    again = StateStore(path)  # a second open is a no-op
+    try:
+        assert sum(c.idle_owed for c in again.captures()) == 4
+    finally:
+        again.close()
 
 
 def test_a_version_3_state_db_gains_the_episodes_table_and_keeps_episodes(tmp_path: Path) -> None:

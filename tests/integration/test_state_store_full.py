@@ -160,5 +160,5 @@ def test_close_tries_once_more_and_a_version_2_file_gains_the_generation_columns
     assert jobs == [{"job_id": "old", "world_size": 4, "backend": "torch", "profiler_config_path": None,
                      "prof_root": None, "first_seen_unix_s": 1.0, "started_unix_s": 1.0, "versions": "{}",
                      "generation": 0, "restart_count": None}]
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     store.close()

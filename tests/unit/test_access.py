@@ -18,9 +18,9 @@ from profwatch.core.access import (
 
 
 def test_every_existing_control_command_is_classified() -> None:
-    import profwatch.coordinator as coord
+    from profwatch.coordinator_control import ControlCommands
 
-    handlers = {n[len("_cmd_"):] for n in dir(coord.Coordinator) if n.startswith("_cmd_")}
+    handlers = {n[len("_cmd_"):] for n in dir(ControlCommands) if n.startswith("_cmd_")}
     assert handlers <= set(COMMAND_ROLES), handlers - set(COMMAND_ROLES)
     assert {c for c, r in COMMAND_ROLES.items() if r == "act"} == {"arm", "set_thresholds", "cancel"}
 

@@ -418,6 +418,32 @@ def test_every_ending_that_can_leave_an_arm_behind_asks_for_the_idle_config() ->
     assert crashed.judge_unix_s > T0 + 21  # (so it is the ending, not the time, that says no)
 
 
+def test_a_capture_resumed_from_analysing_then_cancelled_owes_the_idle_config() -> None:
+    """The restart's rule is the live one: the cancel that asked for the idle config is what a restart reads."""
+    resumed = lc.resume(_analysing(), T0 + 40, SET).capture  # the batch it had is kept: the analysis is redone
+    assert resumed.state is CaptureState.COLLECTING and resumed.batch_id is not None
+    t = lc.cancel(resumed, T0 + 41, SET)
+    assert Action.IDLE_CONFIG in t.actions and t.capture.idle_owed
+    assert t.capture.judge_unix_s > T0 + 42 and lc.owes_idle(t.capture, T0 + 42)
+
+
+def test_idle_owed_is_set_by_exactly_the_transitions_that_ask_for_the_idle_config() -> None:
+    planned = _open()
+    endings = [lc.config_write_failed(planned, "ro fs", T0 + 1, SET),
+               lc.expire(planned, T0 + SET.write_timeout_s + 1, SET),
+               lc.node_write_result(_open(nodes=("n1",)), "n1", False, "refused", {}, T0 + 1, SET),
+               lc.analysis_raised(_analysing(), "boom", T0 + 21, SET),
+               lc.analysis_done(_analysing(), "failed", {"detail": "x"}, T0 + 21, SET),
+               lc.expire(_analysing(), T0 + 20 + SET.analysis_timeout_s, SET)]
+    for cap in _each_in_flight():
+        endings += [lc.cancel(cap, T0 + 30, SET), lc.supersede(cap, 1, T0 + 30, SET)]
+    assert {t.capture.state for t in endings} == set(lc.IDLE_ENDINGS) | {CaptureState.ANALYSING}
+    for t in endings:
+        assert t.capture.idle_owed == (Action.IDLE_CONFIG in t.actions), t.capture
+    assert sum(t.capture.idle_owed for t in endings) == 3 + 4 + 4  # writes failed; cancels; supersedes
+    assert not _open().idle_owed and not _analysed().idle_owed
+
+
 def test_a_new_generation_supersedes_older_captures_that_still_wait_for_ranks_only() -> None:
     for cap in _each_in_flight():
         t = lc.supersede(cap, 1, T0 + 50, SET)

@@ -1,10 +1,10 @@
-"""The analysis steps of the capture shell (``daemon/profwatch/captures/shell.py``): the alert phase on the analysis workers, the
-enrich phase on its own worker after the verdict is published, retention (I/O shell; decisions in
-``daemon/profwatch/core/capture/lifecycle.py``). A mixin: :class:`profwatch.captures.shell.CaptureShell` provides the attributes below."""
+"""The analysis steps of the capture shell (``daemon/profwatch/captures/shell.py``): the alert phase on the analysis
+workers, the enrich phase on its own worker after the verdict is published, retention (I/O shell; decisions in
+``core/capture/lifecycle.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,32 +15,54 @@ from profwatch.core.batches.completeness import BatchState
 from profwatch.core.capture import lifecycle as lc
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from profwatch.adapters.store.state import StateStore
     from profwatch.captures.ports import AnalyserPort, Clock, Post, ScannerPort
-    from profwatch.config import Settings
+    from profwatch.core.batches.settings import WatchSettings
     from profwatch.core.fleet.registry import JobState
 
 log = structlog.get_logger("profwatch.captures.shell")
 
 
 class AnalysisSteps:
-    """Analysis, enrichment and retention steps of the capture shell (see the module doc)."""
+    """Runs the analyses, enrichments and retention of the capture shell (see the module doc). Owns its workers:
+    ``analysis_workers`` analysis threads and one enrich thread (the enrich phase of one capture at a time, apart
+    from the alert phases of the others).
 
-    s: Settings
-    ls: lc.LifecycleSettings
-    store: StateStore
-    jobs: Mapping[str, JobState]
-    analyser: AnalyserPort
-    scanner: ScannerPort
-    post: Post
-    clock: Clock
-    fs_pool: ThreadPoolExecutor
-    _find: Callable[[str], lc.Capture | None]
-    _apply: Callable[..., lc.Capture]
+    Args:
+        store: the state store (batch results, the analysed captures retention may thin).
+        jobs: the registry's job map (read only: each rank's hostname for the report).
+        analyser, scanner: the analysis and the rank-dir scanner (retention) (``captures/ports.py``).
+        work_dir: the coordinator's work dir (``<work_dir>/<job_id>/<capture_id>/`` per analysis).
+        watch: the retention caps (``[watch] retention_max_bytes`` / ``retention_max_age_s``).
+        analysis_workers: analysis threads (``[coordinator] analysis_workers``).
+        settings: the lifecycle deadlines.
+        fs_pool: the shell's one file system worker (retention runs there).
+        find, apply: the shell's capture in flight by id (None when no longer in flight) and how a transition is
+            applied (persist, publish, act).
+        post, clock: hand work to the main loop; wall clock (unix s).
+    """
+
+    def __init__(self, *, store: StateStore, jobs: Mapping[str, JobState], analyser: AnalyserPort,
+                 scanner: ScannerPort, work_dir: str | Path, watch: WatchSettings, analysis_workers: int,
+                 settings: lc.LifecycleSettings, fs_pool: ThreadPoolExecutor,
+                 find: Callable[[str], lc.Capture | None], apply: Callable[[lc.Transition], lc.Capture],
+                 post: Post, clock: Clock) -> None:
+        self.store, self.jobs, self.analyser, self.scanner = store, jobs, analyser, scanner
+        self.work_dir, self.watch, self.ls = Path(work_dir), watch, settings
+        self.fs_pool, self.find, self.apply, self.post, self.clock = fs_pool, find, apply, post, clock
+        self.analysis_pool = ThreadPoolExecutor(analysis_workers, thread_name_prefix="profwatch-analysis")
+        self.enrich_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-enrich")
+
+    def shutdown(self) -> None:
+        """Join the analysis and enrich workers (queued work is dropped; running tools were cancelled first)."""
+        self.analysis_pool.shutdown(wait=True, cancel_futures=True)
+        self.enrich_pool.shutdown(wait=True, cancel_futures=True)
 
     # -- analysis ------------------------------------------------------------------------------------------------------
+    def analyse(self, cap: lc.Capture, batch: BatchState) -> None:
+        """Queue the analysis of ``cap``'s complete ``batch`` on an analysis worker."""
+        self.analysis_pool.submit(self._analyse, cap, batch)
+
     def _analyse(self, cap: lc.Capture, batch: BatchState) -> None:
         """Analysis worker: run the analyser, hand the verdict back to the main loop."""
         cid = cap.capture_id
@@ -48,7 +70,7 @@ class AnalysisSteps:
         hostnames = {r.rank: r.hostname for r in job.ranks.values() if r.hostname} if job is not None else {}
         try:
             status, payload = self.analyser.analyse(
-                batch, work_dir=Path(self.s.coordinator.work_dir) / cap.job_id / cid, hostnames=hostnames,
+                batch, work_dir=self.work_dir / cap.job_id / cid, hostnames=hostnames,
                 context=lc.analysis_context(cap), job_id=cap.job_id, capture_reason=cap.reason)
             self.post(lambda: self._on_analysed(cid, batch, status, payload))
         except Exception as exc:  # noqa: BLE001 - a failing analysis is a verdict, never a crash
@@ -57,17 +79,21 @@ class AnalysisSteps:
             self.post(lambda: self._on_analysis_error(cid, err))
 
     def _on_analysed(self, cid: str, batch: BatchState, status: str, payload: dict[str, Any]) -> None:
-        cap = self._find(cid)
+        cap = self.find(cid)
         if cap is None:
             return
         now = self.clock()
         self.store.save_batch(batch.batch_id, cid, cap.job_id, status, now, payload)
-        self._apply(lc.analysis_done(cap, status, payload, now, self.ls))
+        self.apply(lc.analysis_done(cap, status, payload, now, self.ls))
 
     def _on_analysis_error(self, cid: str, err: str) -> None:
-        cap = self._find(cid)
+        cap = self.find(cid)
         if cap is not None:
-            self._apply(lc.analysis_raised(cap, err, self.clock(), self.ls))
+            self.apply(lc.analysis_raised(cap, err, self.clock(), self.ls))
+
+    def enrich(self, cid: str) -> None:
+        """Queue the enrich phase of analysed capture ``cid`` on the enrich worker."""
+        self.enrich_pool.submit(self._enrich, cid)
 
     def _enrich(self, cid: str) -> None:
         """Enrich worker: the enrich phase of an analysed capture (after its verdict was published)."""
@@ -80,16 +106,17 @@ class AnalysisSteps:
             self.post(lambda: self._on_enriched(cid, "", {"enrich_error": err}))
 
     def _on_enriched(self, cid: str, status: str, payload: dict[str, Any]) -> None:
-        cap = self._find(cid)
+        cap = self.find(cid)
         if cap is None:
             return
         now = self.clock()
         if status and cap.batch_id:
             self.store.save_batch(cap.batch_id, cid, cap.job_id, status, now, payload)
-        self._apply(lc.enrich_done(cap, payload, now, self.ls))
+        self.apply(lc.enrich_done(cap, payload, now, self.ls))
 
-    def _retain(self) -> None:
-        w = self.s.watch
+    def retain(self) -> None:
+        """Apply the retention caps to the analysed batches on the file system worker (none set: nothing)."""
+        w = self.watch
         if w.retention_max_bytes is None and w.retention_max_age_s is None:
             return
         analysed = [(c.prof_dir, c.batch_id, c.world_size) for c in self.store.captures(states=[lc.S.ANALYSED,
@@ -100,4 +127,3 @@ class AnalysisSteps:
     def _retain_worker(self, analysed: list[tuple[str, str, int]], now: float) -> None:
         for r in self.scanner.retain(analysed, now):
             log.info("batch_retired", batch=repr(r))
-

@@ -1,5 +1,9 @@
 """Capture orchestration (the I/O shell around ``daemon/profwatch/core/capture/lifecycle.py``): arming, config writes, scans,
 analyses, events and persistence, through narrow collaborators (``daemon/profwatch/captures/ports.py``), never the coordinator.
+The shell owns three parts built with explicit arguments: :class:`~profwatch.captures.arm_checks.ArmChecks` (hello
+and arm checks), :class:`~profwatch.captures.config_writes.ConfigWrites` (the arm and the idle config) and
+:class:`~profwatch.captures.analysis_steps.AnalysisSteps` (analyses, enrichment, retention); the last two reach the
+captures only through the shell's ``find`` and ``apply``.
 
 Every decision is a lifecycle transition; this module applies it: persist the new record (typed rows), publish
 its events, perform its :class:`~profwatch.core.capture.lifecycle.Action` s. Runs on the coordinator's main thread; file
@@ -23,7 +27,7 @@ from profwatch.adapters.fs.paths import PathRefused, make_dirs
 from profwatch.adapters.zmq.control import ControlError
 from profwatch.captures.analysis_steps import AnalysisSteps
 from profwatch.captures.arm_checks import ArmChecks
-from profwatch.captures.config_writes import ConfigWrites, IdleSend
+from profwatch.captures.config_writes import ConfigWrites
 from profwatch.captures.episode_desk import EpisodeDesk
 from profwatch.captures.ports import (
     AnalyserPort,
@@ -86,7 +90,7 @@ class _Job:
     groups_from: str | None = None
 
 
-class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
+class CaptureShell:
     """Applies lifecycle transitions for every capture of one coordinator (see the module doc).
 
     Args:
@@ -96,6 +100,10 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
         writer, send_node_command, scanner, analyser, detectors: collaborators (``daemon/profwatch/captures/ports.py``).
         make_watcher: builds the prof_dir watcher given the wake callback (None when watching is unavailable).
         emit, post, clock, count_state: publish an event; hand work to the main loop; wall clock; metrics hook.
+
+    Parts: ``checks`` (:class:`ArmChecks`: hellos, arm refusals and warnings), ``writes`` (:class:`ConfigWrites`) and
+    ``steps`` (:class:`AnalysisSteps`); the shell owns the one file system worker (``fs_pool``: config writes, scans
+    and retention keep their order) and hands it to the last two.
     """
 
     def __init__(self, *, settings: Settings, store: StateStore, jobs: Mapping[str, JobState],
@@ -110,20 +118,23 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
         self.count_state = count_state or (lambda state: None)
         self.policy = ArmingPolicy(settings.arming)
         self.fs_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-fs")
-        self.analysis_pool = ThreadPoolExecutor(settings.coordinator.analysis_workers,
-                                                thread_name_prefix="profwatch-analysis")
-        # the enrich phase (advisor...) of one capture at a time, apart from the alert phases of the others
-        self.enrich_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-enrich")
+        cs = settings.coordinator
+        self.writes = ConfigWrites(
+            jobs=jobs, nodes=nodes, writer=writer, send_node_command=send_node_command,
+            allowed_config_roots=[str(r) for r in cs.allowed_config_roots], node_timeout_s=cs.node_timeout_s,
+            settings=self.ls, fs_pool=self.fs_pool, find=self._find, apply=self._apply, emit=emit, post=post,
+            clock=clock)
+        self.checks = ArmChecks(coordinator=cs, nodes=nodes, emit=emit)
+        self.steps = AnalysisSteps(
+            store=store, jobs=jobs, analyser=analyser, scanner=scanner, work_dir=cs.work_dir, watch=settings.watch,
+            analysis_workers=cs.analysis_workers, settings=self.ls, fs_pool=self.fs_pool, find=self._find,
+            apply=self._apply, post=post, clock=clock)
         self._make_watcher = make_watcher
         self._watcher: WatcherPort | None = None
         self._jobs: dict[str, _Job] = {}
-        self._commands: dict[str, tuple[str, str]] = {}  # write_config command_id -> (capture_id, node_id)
-        self._idle_sends: dict[str, IdleSend] = {}  # idle write_config command_id -> the node's idle write owed
         self._batches: dict[str, BatchState] = {}  # capture_id -> its complete batch, until analysed
         self._scanning: set[str] = set()
         self._next_scan: dict[str, float] = {}
-        self._refused_jobs: set[str] = set()
-        self._unavailable_seen: set[tuple[str, str]] = set()  # (job, backend_error) alerted as capture_unavailable
         self.episodes = EpisodeDesk(  # anomalies as episodes; the capture queue (captures/episode_desk.py)
             settings=settings, store=store, jobs=jobs, detectors=detectors, emit=emit, arm=self.arm,
             in_flight=lambda job_id: lc.blocking_capture(self._job(job_id).active.values(),
@@ -134,7 +145,8 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
     def start(self) -> None:
         """Start the watcher, then resume the store's captures: in-flight ones from their state; those of the last
         hour also fill the arm history (older final ones stay in the store only); an ended one whose window is still
-        ahead gets its idle config again (``lc.owes_idle``: the write before the stop may have been lost)."""
+        ahead and that owes the idle config gets it again (``lc.owes_idle``: the write before the stop may have been
+        lost)."""
         if self._make_watcher is not None:
             try:
                 self._watcher = self._make_watcher(lambda path: self.post(lambda: self.on_wake(path)))
@@ -150,12 +162,12 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
             if cap.state in lc.ACTIVE:
                 log.info("capture_resumed", capture_id=cap.capture_id, state=cap.state.value, prof_dir=cap.prof_dir)
                 job.active[cap.capture_id] = cap
-                self._index_commands(cap)
+                self.writes.index(cap)
                 self._apply(lc.resume(cap, now, self.ls), force_save=True)
             else:
                 job.recent.append(cap)
                 if lc.owes_idle(cap, now):
-                    self._write_idle(cap)
+                    self.writes.write_idle(cap)
             gen = self._generation(cap.job_id)
             if (cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE)
                     and (gen is None or cap.generation >= gen)):  # an older generation's arms: not this budget
@@ -174,8 +186,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
         self.analyser.cancel_all()
         try:
             self.fs_pool.shutdown(wait=True, cancel_futures=True)
-            self.analysis_pool.shutdown(wait=True, cancel_futures=True)
-            self.enrich_pool.shutdown(wait=True, cancel_futures=True)
+            self.steps.shutdown()
         finally:
             self.analyser.close()
 
@@ -204,6 +215,8 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
         return next((j.active[capture_id] for j in self._jobs.values() if capture_id in j.active), None)
 
     def _apply(self, t: lc.Transition, ranks: Sequence[int] | None = None, force_save: bool = False) -> lc.Capture:
+        """Apply one transition: store the new record (its ``ranks`` rows only, when given), move it between the
+        job's in-flight and recent captures, publish its events, perform its actions. Returns the new record."""
         cap = t.capture
         job = self._job(cap.job_id)
         old = job.active.get(cap.capture_id) or next((c for c in job.recent if c.capture_id == cap.capture_id), None)
@@ -233,12 +246,11 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
     def _forget(self, capture_id: str) -> None:
         self._batches.pop(capture_id, None)
         self._next_scan.pop(capture_id, None)
-        for cmd in [k for k, v in self._commands.items() if v[0] == capture_id]:
-            del self._commands[cmd]
+        self.writes.forget(capture_id)
 
     def _do(self, action: lc.Action, cap: lc.Capture) -> None:
         if action is lc.Action.WRITE_CONFIG:
-            self._write_config(cap)
+            self.writes.write_config(cap)
         elif action is lc.Action.WATCH and self._watcher is not None:
             try:  # mkdir -p without following a link below the allowed root (daemon/profwatch/adapters/fs/paths.py)
                 make_dirs(cap.prof_dir, self.s.coordinator.allowed_prof_roots)
@@ -257,15 +269,15 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
         elif action is lc.Action.ANALYSE:
             batch = self._batches.get(cap.capture_id)
             if batch is not None:
-                self.analysis_pool.submit(self._analyse, cap, batch)
+                self.steps.analyse(cap, batch)
         elif action is lc.Action.STOP_ANALYSIS:
             self.analyser.cancel(cap.capture_id)
         elif action is lc.Action.RETAIN:
-            self._retain()
+            self.steps.retain()
         elif action is lc.Action.ENRICH:
-            self.enrich_pool.submit(self._enrich, cap.capture_id)
+            self.steps.enrich(cap.capture_id)
         elif action is lc.Action.IDLE_CONFIG:
-            self._write_idle(cap)
+            self.writes.write_idle(cap)
 
     def causes(self, cap: lc.Capture, now: float) -> dict[int, str]:
         """Known causes per covered rank (node down or stale torch_npu state, backend failure, rank gone)."""
@@ -290,7 +302,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
 
     def tick(self, now: float) -> None:
         """Expire what is due; scan what waits for its batch every ``reconcile_interval_s``; (re)send idle writes."""
-        self._send_idle_due(now)
+        self.writes.tick(now)
         self.episodes.tick(now)
         for job in list(self._jobs.values()):
             for cap in list(job.active.values()):
@@ -376,19 +388,22 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
     def arm(self, job_id: str, req: CaptureRequest, now: float, dry_run: bool = False) -> dict[str, Any]:
         """Plan one capture and start its life. A dry run plans the same and says whether the arm would be refused
         (``refused``). Raises ``ControlError``: ``not_found``, ``refused`` (paths, ranks or nodes not ready),
-        ``conflict`` (a capture in flight: named, with its deadline), ``bad_request`` (cannot plan)."""
+        ``conflict`` (a capture in flight: named, with its deadline), ``bad_request`` (cannot plan, e.g. no step time
+        measured yet: ``core/capture/planner.py``; the refusal rules: ``core/capture/admission.py``)."""
         job = self.jobs.get(job_id)
         if job is None:
             raise ControlError("not_found", f"unknown job {job_id!r} (no rank has said hello)")
-        self._check_armable(job, req, now)
+        self.checks.check_armable(job, req, now)
         live = {r.rank: r for r in job.ranks.values() if not r.left}
         times: dict[int, float] = {}
         for r, st in live.items():
             m = median(st.window.recent_times(20)) if st.window is not None else None
             if m:
                 times[r] = m
-        # one step-time definition with replay: the detector's baseline, else the registry's recent median
-        step_time = self.detectors.baseline_step_time_s(job.job_id) or job.median_step_time_s() or 1.0
+        # one step-time definition with replay: the detector's baseline, else the registry's recent median; none
+        # measured yet is the planner's refusal (no step time is assumed: the lead of an absolute start_step
+        # placed on a guess may be passed before the ranks read the config)
+        step_time = self.detectors.baseline_step_time_s(job.job_id) or job.median_step_time_s()
         progress = JobProgress(job_id=job.job_id, world_size=job.world_size, furthest_step=max(0, job.furthest_step()),
                                step_time_s=step_time, prof_root=job.prof_root or "", now_unix_s=now,
                                rank_steps={r: max(0, s.last_step) for r, s in live.items()}, rank_step_time_s=times)
@@ -412,7 +427,7 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
                "window_deadline_unix_s": plan.deadline_unix_s, "config": plan.config.render(), "writer": writer,
                "nodes": nodes, "dry_run": dry_run, "base_step": plan.base_step, "step_spread": plan.step_spread,
                "furthest_step": progress.furthest_step, "step_time_s": step_time, "world_size": job.world_size}
-        warnings = self.arm_warnings(job, set(covered))
+        warnings = self.checks.arm_warnings(job, set(covered))
         if warnings:
             out["warnings"] = warnings
         blocker = lc.blocking_capture(self._job(job.job_id).active.values(), job.generation)
@@ -489,6 +504,14 @@ class CaptureShell(AnalysisSteps, ConfigWrites, ArmChecks):
                     view["running_recipes"] = detailed(cap.capture_id)
             out.append(view)
         return out
+
+    def on_node_ack(self, ack: wire.NodeAck, now: float) -> None:
+        """A node daemon answered a ``write_config`` command (``ConfigWrites.on_node_ack``)."""
+        self.writes.on_node_ack(ack, now)
+
+    def on_hello(self, job: JobState, msg: wire.RankHello, now: float) -> None:
+        """Check the paths and the capture backend a hello names (``ArmChecks.on_hello``)."""
+        self.checks.on_hello(job, msg, now)
 
     # -- hellos ----------------------------------------------------------------------------------------------------------
     def on_job_ended(self, job_id: str, now: float) -> None:

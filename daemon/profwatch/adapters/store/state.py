@@ -7,10 +7,12 @@ the connection belongs to the thread that created it (the coordinator's main loo
 
 Schema versions (``PRAGMA user_version``): 0/absent with a ``captures.plan`` column = version 1 (captures as JSON
 ``plan``/``detail`` blobs), migrated in place on open (the old table is kept as ``captures_v1``); 2 = typed capture
-rows; 3 = this one (``jobs.generation``, ``jobs.restart_count``: added to a version-2 file in place). A newer
-version is refused with :class:`StateSchemaError`. The ``sink_outbox`` table (a sink's undelivered events, in
-order) and the ``episodes`` table (anomaly episodes, ``daemon/profwatch/core/capture/episodes.py``) are created
-when missing without a version change: an older profwatch ignores them.
+rows; 3 = ``jobs.generation``, ``jobs.restart_count`` (added to a version-2 file in place); 4 = this one
+(``captures.idle_owed``: added in place, derived for the rows already there by
+``daemon/profwatch/adapters/store/state_migrate.py``). A newer version is refused with :class:`StateSchemaError`.
+The ``sink_outbox`` table (a sink's undelivered events, in order) and the ``episodes`` table (anomaly episodes,
+``daemon/profwatch/core/capture/episodes.py``) are created when missing without a version change: an older
+profwatch ignores them.
 
 A write the disk refuses (``SQLITE_FULL``, an I/O error) loses nothing the coordinator still holds: events, capture
 rows and batch results go to a bounded retry queue (``daemon/profwatch/adapters/store/state_retry.py``) and :meth:`StateStore.retry`
@@ -36,7 +38,7 @@ from profwatch.adapters.store.state_retry import PendingWrite, RetryQueue
 from profwatch.core.capture.lifecycle import Capture, CaptureState, NodeWrite, RankProgress
 
 log = structlog.get_logger("profwatch.state")
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs(
   job_id TEXT PRIMARY KEY, world_size INTEGER NOT NULL, backend TEXT, profiler_config_path TEXT, prof_root TEXT,
@@ -69,7 +71,8 @@ CREATE TABLE IF NOT EXISTS captures(
   judge_unix_s REAL NOT NULL, start_step INTEGER NOT NULL, warmup INTEGER NOT NULL, active INTEGER NOT NULL,
   rank_list TEXT, world_size INTEGER NOT NULL, prof_dir TEXT NOT NULL, profiler_config_path TEXT NOT NULL,
   writer TEXT NOT NULL, step_time_s REAL, config TEXT NOT NULL, written_unix_s REAL, config_mtime_s INTEGER,
-  batch_id TEXT, analysis_status TEXT, outcome TEXT NOT NULL DEFAULT '', notes TEXT NOT NULL DEFAULT '[]');
+  batch_id TEXT, analysis_status TEXT, outcome TEXT NOT NULL DEFAULT '', notes TEXT NOT NULL DEFAULT '[]',
+  idle_owed INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS captures_job ON captures(job_id, created_unix_s);
 CREATE INDEX IF NOT EXISTS captures_state ON captures(state);
 CREATE TABLE IF NOT EXISTS capture_ranks(
@@ -85,7 +88,7 @@ CREATE TABLE IF NOT EXISTS capture_nodes(
 _CAPTURE_COLS = ("capture_id", "job_id", "generation", "state", "reason", "created_unix_s", "state_since_unix_s",
                  "deadline_unix_s", "judge_unix_s", "start_step", "warmup", "active", "rank_list", "world_size",
                  "prof_dir", "profiler_config_path", "writer", "step_time_s", "config", "written_unix_s",
-                 "config_mtime_s", "batch_id", "analysis_status", "outcome", "notes")
+                 "config_mtime_s", "batch_id", "analysis_status", "outcome", "notes", "idle_owed")
 _RANK_COLS = ("capture_id", "rank", "step_at_plan", "step_time_s", "window_end_unix_s", "backend", "hook_seen_unix_s",
               "tool_seen_unix_s", "started_unix_s", "completed_unix_s", "rejected", "failure", "rank_dir", "steps",
               "total_bytes")
@@ -112,7 +115,8 @@ def write_capture(db: sqlite3.Connection, cap: Capture, ranks: Iterable[int] | N
            cap.state_since_unix_s, cap.deadline_unix_s, cap.judge_unix_s, cap.start_step, cap.warmup, cap.active,
            None if cap.rank_list is None else ",".join(map(str, cap.rank_list)), cap.world_size, cap.prof_dir,
            cap.profiler_config_path, cap.writer, cap.step_time_s, json.dumps(dict(cap.config)), cap.written_unix_s,
-           cap.config_mtime_s, cap.batch_id, cap.analysis_status, cap.outcome, json.dumps(list(cap.notes)))
+           cap.config_mtime_s, cap.batch_id, cap.analysis_status, cap.outcome, json.dumps(list(cap.notes)),
+           int(cap.idle_owed))
     which = cap.ranks.values() if ranks is None else [cap.ranks[r] for r in ranks if r in cap.ranks]
     db.execute(f"INSERT OR REPLACE INTO captures({','.join(_CAPTURE_COLS)}) VALUES({','.join('?' * len(_CAPTURE_COLS))})",
                row)
@@ -181,6 +185,10 @@ class StateStore:
         elif cols and "judge_unix_s" not in cols:
             raise StateSchemaError(f"state db {self.path}: unknown captures table (columns {sorted(cols)}); "
                                    "move the file away to start with an empty state")
+        if cols and "plan" not in cols and "idle_owed" not in cols:  # version 3: what is owed, on the row
+            from profwatch.adapters.store.state_migrate import add_idle_owed
+
+            add_idle_owed(self.db)
         self.db.executescript(CAPTURE_SCHEMA)
         job_cols = {r[1] for r in self.db.execute("PRAGMA table_info(jobs)")}
         if "generation" not in job_cols:  # version 2: job generations (docs/generations.md)
@@ -363,6 +371,7 @@ class StateStore:
             d["rank_list"] = None if d["rank_list"] is None else tuple(int(x) for x in d["rank_list"].split(",") if x)
             d["config"] = json.loads(d["config"])
             d["notes"] = tuple(json.loads(d["notes"]))
+            d["idle_owed"] = bool(d["idle_owed"])
             out.append(Capture(**d, ranks=ranks[d["capture_id"]], nodes=nodes[d["capture_id"]]))
         return out
 

@@ -1,4 +1,5 @@
-"""In-place migration of a version-1 state database's captures to typed rows (I/O: sqlite3; run once at open).
+"""In-place migrations of the state database's captures (I/O: sqlite3; run once at open): version 1 to typed
+rows, and version 3's rows to the ``idle_owed`` column.
 
 Version 1 kept each capture as ``captures(capture_id, job_id, state, reason, created_unix_s, updated_unix_s,
 plan JSON, detail JSON)``. The migration renames that table to ``captures_v1`` (kept, nothing is deleted), creates
@@ -8,6 +9,9 @@ the typed tables and converts every row in one transaction: plan keys become col
 state, ``capturing`` the collecting state, anything unknown the failed state with the old name in ``outcome``.
 Deadlines of migrated in-flight captures come from the default :class:`~profwatch.core.capture.lifecycle.LifecycleSettings`
 and the plan's deadline.
+
+Rows written before version 4 do not say whether their ending asked for the idle config; :func:`legacy_idle_owed`
+derives it from what they stored, as the transitions decided it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from dataclasses import replace
 from typing import Any
 
 from profwatch.core.capture.lifecycle import (
+    IDLE_ENDINGS,
+    WINDOW_PENDING,
     Capture,
     CaptureState,
     LifecycleSettings,
@@ -39,6 +45,39 @@ def _json(text: Any) -> dict[str, Any]:
 
 def _num(v: Any, default: float) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
+
+
+def legacy_idle_owed(state: CaptureState, analysis_status: str | None, batch_id: str | None, outcome: str) -> bool:
+    """Whether a capture stored before version 4 owes the idle config, from its stored fields: superseded; failed
+    before any analysis (no ``analysis_status``: the write failed or expired); cancelled while its window could
+    still be pending (the state its ``outcome`` names: "cancelled by B while S", as ``lifecycle.cancel`` writes
+    it; a capture resumed from analysing and cancelled while collecting keeps its ``batch_id`` and still owes
+    it), or, when the outcome names no state (a version-1 row), cancelled before it had a batch (no
+    ``batch_id``)."""
+    if state not in IDLE_ENDINGS:
+        return False
+    if state is CaptureState.CANCELLED:
+        was = outcome.rsplit(" while ", 1)[1].strip() if " while " in outcome else ""
+        try:
+            return CaptureState(was) in WINDOW_PENDING
+        except ValueError:
+            return batch_id is None
+    return state is CaptureState.SUPERSEDED or analysis_status is None
+
+
+def add_idle_owed(db: sqlite3.Connection) -> int:
+    """Version 3 -> 4 in one transaction: add ``captures.idle_owed`` and set it on the rows that owe the idle config
+    (:func:`legacy_idle_owed`). Returns how many rows were marked."""
+    with db:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("ALTER TABLE captures ADD COLUMN idle_owed INTEGER NOT NULL DEFAULT 0")
+        states = [s.value for s in IDLE_ENDINGS]
+        rows = db.execute(f"SELECT capture_id, state, analysis_status, batch_id, outcome FROM captures WHERE state IN "
+                          f"({','.join('?' * len(states))})", states).fetchall()
+        owed = [(cid,) for cid, state, status, batch, outcome in rows
+                if legacy_idle_owed(CaptureState(state), status, batch, outcome or "")]
+        db.executemany("UPDATE captures SET idle_owed=1 WHERE capture_id=?", owed)
+    return len(owed)
 
 
 def convert_v1_row(row: tuple[Any, ...], parse_allowance_s: float) -> Capture:
@@ -85,6 +124,7 @@ def convert_v1_row(row: tuple[Any, ...], parse_allowance_s: float) -> Capture:
         judge_unix_s=window_end + parse_allowance_s, config=config, ranks=ranks, nodes=nodes, written_unix_s=detail.get("written_unix_s"),
         config_mtime_s=int(written["mtime_s"]) if isinstance(written.get("mtime_s"), (int, float)) else None,
         batch_id=detail.get("batch_id"), analysis_status=detail.get("analysis_status"), outcome=outcome)
+    cap = replace(cap, idle_owed=legacy_idle_owed(state, cap.analysis_status, cap.batch_id, ""))
     return replace(cap, deadline_unix_s=deadline_for(cap, state, cap.state_since_unix_s, LifecycleSettings()))
 
 

@@ -149,7 +149,9 @@ class Capture:
     """One capture, immutable (transitions return a new one); times in unix seconds. ``deadline_unix_s``: of the
     current state (None when final); ``judge_unix_s``: when the batch is judged (latest covered rank's window end +
     parse allowance); ``config``: the rendered ``profiler_config.json``; ``outcome``: why the capture is where it is
-    (expiry, failure, cancel); ``notes``: remarks carried into every verdict."""
+    (expiry, failure, cancel); ``notes``: remarks carried into every verdict; ``idle_owed``: the transition that
+    ended it asked for the idle config over its arm (:data:`Action.IDLE_CONFIG`; set there and nowhere else, so
+    a restarted coordinator writes it again exactly when the live rules did: :func:`owes_idle`)."""
 
     capture_id: str
     job_id: str
@@ -178,6 +180,7 @@ class Capture:
     analysis_status: str | None = None
     outcome: str = ""
     notes: tuple[str, ...] = ()
+    idle_owed: bool = False
 
     @property
     def expected_ranks(self) -> list[int]:
@@ -315,7 +318,7 @@ def config_write_failed(cap: Capture, error: str, now: float, settings: Lifecycl
     holds this capture's arm), so no rank runs a window nobody watches."""
     if cap.state is not S.PLANNED:
         return Transition(cap)
-    cap = _enter(cap, S.FAILED, now, settings, outcome=f"config not written: {error}")
+    cap = _enter(cap, S.FAILED, now, settings, outcome=f"config not written: {error}", idle_owed=True)
     return Transition(cap, (Event(TYPE_ARM, {"capture_id": cap.capture_id, "status": cap.state.value,
                                              "error": error}, f"arm-{cap.capture_id}"),
                             _progress(cap, "write_failed", now, detail=cap.outcome)),
@@ -570,8 +573,8 @@ def cancel(cap: Capture, now: float, settings: LifecycleSettings, by: str = "ope
     if cap.state not in IN_FLIGHT:
         raise TransitionRefused(f"capture {cap.capture_id} is {cap.state.value}: nothing to cancel")
     was = cap.state
-    cap = _enter(cap, S.CANCELLED, now, settings, outcome=f"cancelled by {by} while {was.value}")
     idle = was in WINDOW_PENDING
+    cap = _enter(cap, S.CANCELLED, now, settings, outcome=f"cancelled by {by} while {was.value}", idle_owed=idle)
     note = "data kept; nothing deleted" + ("; the idle config (start_step 0) replaces the arm on ranks that have "
                                            "not started the window" if idle else "")
     actions = _leaving(was) | ({Action.IDLE_CONFIG} if idle else frozenset())
@@ -594,19 +597,16 @@ def job_ended(cap: Capture, now: float, settings: LifecycleSettings) -> Transiti
 
 
 IDLE_ENDINGS = frozenset({S.CANCELLED, S.FAILED, S.SUPERSEDED})
-"""Final states whose arm may still wait on ranks: their transitions ask for the idle config."""
+"""Final states whose arm may still wait on ranks: the transitions into them decide whether the idle config is
+owed (:attr:`Capture.idle_owed`)."""
 
 
 def owes_idle(cap: Capture, now: float) -> bool:
     """True when a restarted coordinator writes the idle config for ``cap`` again (the write before the stop may
-    have been lost): its window's judgement time is still ahead and it ended the ways that ask for it: superseded,
-    failed before any analysis (no ``analysis_status``: the write failed or expired), cancelled before it had a
-    batch (no ``batch_id``: before analysis). A repeat is harmless: the idle config goes only where the file
-    still holds this capture's arm."""
-    if cap.judge_unix_s <= now or cap.state not in IDLE_ENDINGS:
-        return False
-    return (cap.state is S.SUPERSEDED or (cap.state is S.FAILED and cap.analysis_status is None)
-            or (cap.state is S.CANCELLED and cap.batch_id is None))
+    have been lost): the transition that ended it asked for it (:attr:`Capture.idle_owed`: a cancel before the
+    analysis, a superseded generation, a failed write) and its window's judgement time is still ahead. A repeat
+    is harmless: the idle config goes only where the file still holds this capture's arm."""
+    return cap.idle_owed and cap.judge_unix_s > now
 
 
 class IdleOutcome(str, Enum):
@@ -641,7 +641,7 @@ def supersede(cap: Capture, generation: int, now: float, settings: LifecycleSett
         return Transition(cap)
     was = cap.state
     cap = _enter(cap, S.SUPERSEDED, now, settings,
-                 outcome=f"job generation {cap.generation} -> {generation} while {was.value}")
+                 outcome=f"job generation {cap.generation} -> {generation} while {was.value}", idle_owed=True)
     return Transition(cap, (_progress(cap, "superseded", now, old_generation=cap.generation, generation=generation,
                                       was=was.value, note="data kept; nothing deleted"),),
                       _leaving(was) | {Action.IDLE_CONFIG})
