@@ -33,6 +33,7 @@ from profwatch.core.batches.prof_layout import (
     PROFILER_OUTPUT_DIR,
     TRACE_DONE,
     UNREADABLE,
+    UNSUPPORTED_ADVICE,
     DbObservation,
     LayoutError,
     RankDirObservation,
@@ -146,7 +147,9 @@ class RankDirReader:
         journals = tuple(sorted(n for n in names if n.endswith(("-journal", "-wal"))))
         marker = ANALYSE_DONE in names
         db_names = sorted(n for n in names if PROFILER_DB_RE.match(n))
-        deep = marker or (bool(db_names) and ANALYSIS_DB in names and not out["leftover_sqlite"] and not journals)
+        # without the marker, DBs are read once no CANN export or journal is left (an old torch_npu whose
+        # analysis.db never comes is then named by the health checks after the quiet period, not "parsing" forever)
+        deep = marker or (bool(db_names) and not out["leftover_sqlite"] and not journals)
         dbs = tuple(self.check_db(os.path.join(outdir.path, n), deep=deep) for n in db_names)
         adb = self.check_db(os.path.join(outdir.path, ANALYSIS_DB), deep=deep) if ANALYSIS_DB in names else None
         out.update(output_dir=True, output_files=names, marker=marker, profiler_dbs=dbs, analysis_db=adb,
@@ -442,6 +445,7 @@ def describe_unsupported(found: Mapping[str, list[str]]) -> str:
     """One line per kind of :func:`find_unsupported`: what was found, an example, and that it is not supported."""
     return "\n".join(f"found {len(paths)} {what}, e.g. {paths[0]}: not supported (profwatch analyses PyTorch "
                      "captures: *_ascend_pt rank dirs from torch_npu, *_torch_pt from its torch backend)"
+                     + (f"; {UNSUPPORTED_ADVICE[what]}" if what in UNSUPPORTED_ADVICE else "")
                      for what, paths in found.items())
 
 

@@ -103,6 +103,7 @@ class RankDirState:
     dir_ts_unix_s: float | None = None
     has_metadata: bool = False
     groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    versions: tuple[str | None, str | None] = (None, None)  # (torch_npu, CANN) from profiler_info
 
     @property
     def healthy(self) -> bool:
@@ -219,8 +220,14 @@ def _db_reasons(db: DbObservation, required: Sequence[str], optional: frozenset[
 
 
 def _fallback_finished(obs: RankDirObservation, now_unix_s: float, settings: WatchSettings) -> str | None:
-    """None when an older torch_npu's parse looks finished (docs/rank-dirs.md#completion), else what is still missing."""
+    """None when an older torch_npu's parse looks finished (docs/rank-dirs.md#completion), else what is still missing.
+    A dir without both DBs whose outputs were quiet for ``quiet_period_s`` (no CANN export or journal left) is
+    finished too: the health checks then name what it lacks (a text-only export, ``analysis.db`` missing)."""
+    quiet = (obs.newest_output_mtime_s is not None
+             and now_unix_s - obs.newest_output_mtime_s >= settings.quiet_period_s)
     if not obs.profiler_dbs or obs.analysis_db is None:
+        if quiet and not obs.leftover_sqlite and not obs.journal_files:
+            return None  # quiet for the whole period: what is missing stays missing (the health checks name it)
         return "no analyse.done and not both DBs yet"
     if obs.leftover_sqlite:
         return "no analyse.done; PROF_*/*/sqlite still present (CANN export running)"
@@ -273,6 +280,8 @@ def evaluate_rank_dir(obs: RankDirObservation, *, now_unix_s: float, settings: W
     world = (meta.world_size if meta else None) or (obs.info.world_size if obs.info else None)
     common["world_size"] = world
     rank, id_reasons = _identify_rank(obs)
+    if obs.info is not None:
+        common["versions"] = (obs.info.torch_npu_version, obs.info.cann_version)
     if obs.unknown:
         return RankDirState(rank=rank, state="unknown", reasons=(f"unreadable now: {obs.unknown}",), **common)
     if obs.info is None:
@@ -533,6 +542,7 @@ def evaluate_batch(members: Sequence[RankDirState], *, now_unix_s: float, settin
         for n in s.notes:
             by_note.setdefault(n, []).append(s.rank if s.rank is not None else -1)
     notes += [f"rank{'s' if len(rs) > 1 else ''} {_span(rs)}: {n}" for n, rs in by_note.items()]
+    notes += mixed_versions(ranks.values())
     steps = _common_steps(healthy, notes)
     if steps is None:
         invalid = True
@@ -562,6 +572,24 @@ def evaluate_batch(members: Sequence[RankDirState], *, now_unix_s: float, settin
                       expected_ranks=expected, ranks=ranks, missing_ranks=missing, problems=problems,
                       steps=list(steps or []), capture_id=capture_id, notes=notes, prof_dir=prof_dir,
                       deadline_unix_s=deadline, unassigned=unassigned)
+
+
+def mixed_versions(states: Iterable[RankDirState]) -> list[str]:
+    """One note per component (torch_npu, CANN) whose version differs between the rank dirs of a batch:
+    ``"mixed torch_npu versions: 2.1.0.post17 on ranks 0-1, 2.6.0 on ranks 2-3 ..."``; [] when one version (or
+    none) is seen. The formats of the rank data differ between versions (no ``analyse.done`` before torch_npu
+    26.0.0, table sets): one job run with one version is what the recipes assume."""
+    notes = []
+    for i, what in enumerate(("torch_npu", "CANN")):
+        by_version: dict[str, list[int]] = {}
+        for st in states:
+            if st.versions[i] and st.rank is not None:
+                by_version.setdefault(st.versions[i] or "", []).append(st.rank)
+        if len(by_version) > 1:
+            parts = ", ".join(f"{v} on ranks {rank_ranges(rs)}" for v, rs in sorted(by_version.items()))
+            notes.append(f"mixed {what} versions: {parts}; their data formats differ, compare with care "
+                         "(capture again with one version)")
+    return notes
 
 
 def rank_ranges(ranks: Iterable[int], limit: int = 20) -> str:

@@ -31,7 +31,18 @@ UNSUPPORTED_OUTPUTS: tuple[tuple[re.Pattern[str], bool, str], ...] = (
     (re.compile(r"^PROF_\d+_\d+_[0-9A-Za-z]+$"), True, "msprof command-line captures (PROF_*)"),
     (re.compile(r"^.+\.pt\.trace\.json(?:\.gz)?$"), False,
      "torch.profiler traces outside a profwatch *_torch_pt rank dir (*.pt.trace.json)"),
+    (re.compile(r"^msmonitor_\d+_\d{17}_(?:-1|\d+)\.db$"), False,
+     "msMonitor lightweight DBs (msmonitor_{pid}_{ts}_{rank}.db)"),
 )
+UNSUPPORTED_ADVICE = {
+    "msMonitor lightweight DBs (msmonitor_{pid}_{ts}_{rank}.db)":
+        "msprof-analyze reads them itself: `msprof-analyze -m slow_rank -d <this folder>` names a slow rank from "
+        "their communication ops (cluster_time_summary and communication_matrix need the analysis.db msMonitor "
+        "does not write); for profwatch's verdict, capture with torch_npu's dynamic_profile (one *_ascend_pt rank "
+        "dir per rank)",
+}
+"""What to do with an output kind of :data:`UNSUPPORTED_OUTPUTS` when there is more to say than "not supported"
+(msMonitor's DBs: the name pattern and the recipes that read them, docs/msprof-analyze.md#msmonitor)."""
 
 PROFILER_OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
 NOT_REGULAR = "not a regular file"
