@@ -8,6 +8,7 @@ docs/rank-dirs.md#completion, docs/msprof-analyze.md#before-running and docs/fie
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import posixpath
 from collections import Counter
@@ -104,6 +105,7 @@ class RankDirState:
     has_metadata: bool = False
     groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     versions: tuple[str | None, str | None] = (None, None)  # (torch_npu, CANN) from profiler_info
+    rank_list: tuple[int, ...] | None = None
 
     @property
     def healthy(self) -> bool:
@@ -272,6 +274,7 @@ def evaluate_rank_dir(obs: RankDirObservation, *, now_unix_s: float, settings: W
         "capture_id": meta.capture_id if meta else None,
         "group_names": meta.group_names if meta else frozenset(),
         "groups": meta.groups if meta else {},
+        "rank_list": meta.rank_list if meta else None,
         "t_order_s": (obs.name.ts_naive - _EPOCH).total_seconds(),
         "dir_ts": obs.name.ts,
         "dir_ts_unix_s": obs.dir_ts_unix_s,
@@ -662,18 +665,32 @@ def _common_steps(healthy: Sequence[RankDirState], notes: list[str]) -> list[int
     return sorted(common)
 
 
+def _metadata_hint(members: Sequence[RankDirState], hint: CaptureHint | None) -> CaptureHint | None:
+    """``hint`` with the ``rank_list`` the members' metadata carry (a targeted capture re-read offline), when
+    every member that says one says the same; else ``hint`` unchanged."""
+    lists = {m.rank_list for m in members if m.rank_list is not None}
+    if len(lists) != 1:
+        return hint
+    ranks = next(iter(lists))
+    return dataclasses.replace(hint, rank_list=ranks) if hint is not None else CaptureHint(rank_list=ranks)
+
+
 def assess_batches(observations: Iterable[RankDirObservation], *, now_unix_s: float, settings: WatchSettings,
                    world_size: int | None = None, hints: Mapping[str, CaptureHint] | None = None
                    ) -> list[BatchState]:
     """Evaluate rank dirs, group them into batches and decide each batch's status (sorted by batch_id).
 
-    ``world_size`` applies to every batch (the ``--world-size`` flag); ``hints`` are keyed by capture id.
+    ``world_size`` applies to every batch (the ``--world-size`` flag); ``hints`` are keyed by capture id. A
+    targeted capture's ``rank_list`` comes from the hint, else from its rank dirs' metadata (``RANK_LIST_KEY``),
+    so an offline scan expects only the ranks it captured.
     """
     states = [evaluate_rank_dir(o, now_unix_s=now_unix_s, settings=settings) for o in observations]
     out = []
     for members in group_rank_dirs(states, settings):
         cid = next((m.capture_id for m in members if m.capture_id), None)
         hint = (hints or {}).get(cid) if cid else None
+        if hint is None or hint.rank_list is None:
+            hint = _metadata_hint(members, hint)
         out.append(evaluate_batch(members, now_unix_s=now_unix_s, settings=settings, world_size=world_size,
                                   hint=hint))
     return sorted(out, key=lambda b: b.batch_id)

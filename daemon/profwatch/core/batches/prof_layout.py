@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -43,6 +43,15 @@ UNSUPPORTED_ADVICE = {
 }
 """What to do with an output kind of :data:`UNSUPPORTED_OUTPUTS` when there is more to say than "not supported"
 (msMonitor's DBs: the name pattern and the recipes that read them, docs/msprof-analyze.md#msmonitor)."""
+
+RANK_LIST_KEY = "profwatch_rank_list"
+"""Metadata key of a targeted capture's ``rank_list``, as ranges (:func:`encode_rank_list`): torch_npu copies the
+config's ``metadata`` into every rank dir's ``profiler_metadata.json`` (the torch.profiler backend does the same),
+so an offline scan knows the capture was targeted and which ranks it expects."""
+WORLD_SIZE_KEY = "profwatch_world_size"
+"""Metadata key of the job's world size at arm time (a targeted capture holds fewer ranks than the job)."""
+MAX_DECODED_RANKS = 1 << 20
+"""A decoded rank list longer than this is refused (the metadata is read from disk: it is not trusted)."""
 
 PROFILER_OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
 NOT_REGULAR = "not a regular file"
@@ -213,6 +222,44 @@ def parse_profiler_info(data: Mapping[str, Any]) -> ProfilerInfo:
     )
 
 
+def encode_rank_list(ranks: Iterable[int], max_chars: int) -> str | None:
+    """``"0-3,8,10-12"``: sorted distinct ranks as contiguous ranges; ``None`` when the text (as a JSON string, with
+    its two quotes) would exceed ``max_chars`` (torch_npu's ``add_metadata_json`` skips longer values)."""
+    spans: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return text if len(text) + 2 <= max_chars else None
+
+
+_RANGE_RE = re.compile(r"^\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?$")
+
+
+def decode_rank_list(value: Any) -> tuple[int, ...] | None:
+    """Inverse of :func:`encode_rank_list` (a JSON list of ints is accepted too); ``None`` for anything malformed,
+    empty, with a reversed range, or expanding to more than :data:`MAX_DECODED_RANKS` ranks."""
+    if isinstance(value, list):
+        if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+            return None
+        return tuple(sorted(set(value))) if len(value) <= MAX_DECODED_RANKS else None
+    if not isinstance(value, str) or not value.strip():
+        return None
+    out: set[int] = set()
+    for part in value.split(","):
+        m = _RANGE_RE.match(part)
+        if m is None:
+            return None
+        a = int(m.group(1))
+        b = int(m.group(2)) if m.group(2) is not None else a
+        if b < a or len(out) + (b - a + 1) > MAX_DECODED_RANKS:
+            return None
+        out.update(range(a, b + 1))
+    return tuple(sorted(out))
+
+
 def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -223,7 +270,7 @@ class ProfilerMetadata:
 
     ``capture_id``/``job_id``/``reason``: the ``profwatch_*`` keys profwatch stamps into the config's metadata.
     ``world_size``: ``len(global_ranks)`` of the ``default_group`` entry of ``parallel_group_info``, else
-    ``distributed_args.world_size`` (docs/rank-dirs.md#completion). ``group_names``: the HCCL communicator names
+    ``distributed_args.world_size``, else the ``profwatch_world_size`` profwatch stamps (docs/rank-dirs.md#completion). ``group_names``: the HCCL communicator names
     (keys of ``parallel_group_info``), identical across ranks of one job, a grouping hint only. ``groups``: the
     communicators smaller than the world (name -> sorted global ranks), which targeted captures use to pick a
     suspect's group peers (``daemon/profwatch/core/capture/targeting.py``); the world group is left out (it says nothing about
@@ -236,6 +283,8 @@ class ProfilerMetadata:
     world_size: int | None = None
     group_names: frozenset[str] = field(default_factory=frozenset)
     groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    rank_list: tuple[int, ...] | None = None
+    """A targeted capture's ranks (:data:`RANK_LIST_KEY`), else None."""
 
 
 def _group_members(pgi: Mapping[str, Any], world: int | None,
@@ -280,6 +329,8 @@ def parse_profiler_metadata(data: Mapping[str, Any],
     dargs = data.get("distributed_args")
     if world_size is None and isinstance(dargs, Mapping):
         world_size = _as_int(dargs.get("world_size"))
+    if world_size is None:
+        world_size = _as_int(data.get(WORLD_SIZE_KEY))
     world = world_size if world_size and world_size > 0 else None
     return ProfilerMetadata(
         capture_id=_str_or_none(data.get("profwatch_capture_id")),
@@ -288,6 +339,7 @@ def parse_profiler_metadata(data: Mapping[str, Any],
         world_size=world,
         group_names=frozenset(groups),
         groups=_group_members(pgi, world, intern) if isinstance(pgi, Mapping) else {},
+        rank_list=decode_rank_list(data.get(RANK_LIST_KEY)),
     )
 
 
