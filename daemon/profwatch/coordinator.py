@@ -84,10 +84,11 @@ class _DetectorView:
         return det.ongoing() if det is not None else {}
 
 
-def _start_watcher(on_wake: Callable[[str], None], settings: Settings, metrics: Any = None) -> Any:
+def _start_watcher(on_wake: Callable[[str], None], on_rank_dirs: Callable[[str, frozenset[str]], None],
+                   settings: Settings, metrics: Any = None) -> Any:
     from profwatch.adapters.fs.prof_watch import ProfWatcher
 
-    watcher = ProfWatcher(on_wake, settings=settings.watch, metrics=metrics)
+    watcher = ProfWatcher(on_wake, settings=settings.watch, metrics=metrics, on_rank_dirs=on_rank_dirs)
     watcher.start()
     return watcher
 
@@ -155,7 +156,8 @@ class Coordinator:
             settings=settings, store=self.state, jobs=self.registry.jobs, nodes=self.registry.nodes,
             writer=ConfigWriter(), send_node_command=self.send_node_command, scanner=RankDirScanner(settings.watch, settings.coordinator.allowed_prof_roots),
             analyser=BatchAnalyser(settings.analysis), detectors=_DetectorView(self.detectors), emit=self.emit,
-            post=self.results.put, clock=time.time, make_watcher=lambda on_wake: _start_watcher(on_wake, settings, self.metrics),
+            post=self.results.put, clock=time.time, make_watcher=lambda on_wake, on_rank_dirs: _start_watcher(
+                on_wake, on_rank_dirs, settings, self.metrics),
             count_state=lambda state: self.metrics.captures.labels(state).inc())
         self.control = ControlCommands(
             sockets=self.sockets, settings=settings, registry=self.registry,
