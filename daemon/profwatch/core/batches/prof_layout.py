@@ -123,6 +123,25 @@ def parse_rank_dir_name(name: str) -> RankDirName | None:
     return parsed
 
 
+def rank_dir_of(root: str, path: str, max_depth: int) -> str | None:
+    """The rank dir that holds ``path`` (or is ``path``) below the scan root ``root``: the first of ``path``'s first
+    ``max_depth`` components below ``root`` named like a rank dir, as ``find_rank_dirs`` would find it (it walks
+    ``max_depth`` levels and never descends into a rank dir); ``root`` itself when it is a rank dir. None when no
+    such component exists or ``path`` is not below ``root``. Both are normalised absolute paths (string work only:
+    whether the dir is real is the reader's question)."""
+    root = root.rstrip("/") or "/"
+    if parse_rank_dir_name(root.rsplit("/", 1)[-1]) is not None:
+        return root if path == root or path.startswith(root + "/") else None
+    prefix = root if root.endswith("/") else root + "/"
+    if not path.startswith(prefix):
+        return None
+    parts = path[len(prefix):].split("/")
+    for i, part in enumerate(parts[:max_depth]):
+        if parse_rank_dir_name(part) is not None:
+            return prefix + "/".join(parts[: i + 1])
+    return None
+
+
 def unsupported_output(name: str, *, is_dir: bool) -> str | None:
     """What an entry of a scanned folder is when profwatch recognises it but does not analyse it, else None."""
     for pattern, want_dir, what in UNSUPPORTED_OUTPUTS:
