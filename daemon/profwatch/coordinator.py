@@ -34,6 +34,7 @@ from profwatch.config import Settings
 from profwatch.coordinator_control import ControlCommands
 from profwatch.core.alerts.event_types import (
     ALERT_TYPES,
+    ANOMALY_KIND_TYPES,
     TYPE_ANOMALY,
     TYPE_JOB_ENDED,
     TYPE_JOB_GENERATION,
@@ -84,10 +85,11 @@ class _DetectorView:
         return det.ongoing() if det is not None else {}
 
 
-def _start_watcher(on_wake: Callable[[str], None], settings: Settings, metrics: Any = None) -> Any:
+def _start_watcher(on_wake: Callable[[str], None], on_rank_dirs: Callable[[str, frozenset[str]], None],
+                   settings: Settings, metrics: Any = None) -> Any:
     from profwatch.adapters.fs.prof_watch import ProfWatcher
 
-    watcher = ProfWatcher(on_wake, settings=settings.watch, metrics=metrics)
+    watcher = ProfWatcher(on_wake, settings=settings.watch, metrics=metrics, on_rank_dirs=on_rank_dirs)
     watcher.start()
     return watcher
 
@@ -155,7 +157,8 @@ class Coordinator:
             settings=settings, store=self.state, jobs=self.registry.jobs, nodes=self.registry.nodes,
             writer=ConfigWriter(), send_node_command=self.send_node_command, scanner=RankDirScanner(settings.watch, settings.coordinator.allowed_prof_roots),
             analyser=BatchAnalyser(settings.analysis), detectors=_DetectorView(self.detectors), emit=self.emit,
-            post=self.results.put, clock=time.time, make_watcher=lambda on_wake: _start_watcher(on_wake, settings, self.metrics),
+            post=self.results.put, clock=time.time, make_watcher=lambda on_wake, on_rank_dirs: _start_watcher(
+                on_wake, on_rank_dirs, settings, self.metrics),
             count_state=lambda state: self.metrics.captures.labels(state).inc())
         self.control = ControlCommands(
             sockets=self.sockets, settings=settings, registry=self.registry,
@@ -565,7 +568,7 @@ class Coordinator:
 
     def _on_anomaly(self, an: Anomaly, now: float) -> None:
         data = {"kind": an.kind, "step": an.step, "ranks": list(an.ranks), "magnitude": an.magnitude, "detail": an.detail}
-        self.emit(TYPE_ANOMALY, an.job_id, data)
+        self.emit(ANOMALY_KIND_TYPES.get(an.kind, TYPE_ANOMALY), an.job_id, data)
         self.captures.on_anomaly(an, now)
 
     def _send_node(self, route: bytes, cmd: wire.NodeCommand) -> None:

@@ -164,7 +164,13 @@ class ControlCommands:
 
     def _cmd_captures(self, job_id: str | None = None) -> list[dict[str, Any]]:
         now = time.time()
-        return [describe(c, now) for c in self.state.captures(self._job_arg(job_id), newest=1000)]
+        out = []
+        for cap, stored in self.state.captures_with_pending(self._job_arg(job_id), newest=1000):
+            view = describe(cap, now)
+            if not stored:
+                view["stored"] = False  # waiting in the state store's retry queue
+            out.append(view)
+        return out
 
     def _cmd_set_thresholds(self, detection: dict[str, Any] | None = None, arming: dict[str, Any] | None = None) -> dict[str, Any]:
         """Runtime tuning without restart: merge into the current settings, validate, apply to every detector."""

@@ -104,6 +104,7 @@ class NodeDaemon:
         # the coordinator answers every heartbeat (heartbeat_ack): silence for this long is warned about
         self.unanswered_after_s = max(UNANSWERED_MIN_S, 3 * self.s.heartbeat_interval_s)
         self._answered_mono = time.monotonic()  # last message from the coordinator (start counts as one)
+        self._answered_unix_s: float | None = None  # wall time of the last real answer (shown in the warning)
         self._unanswered_warned_mono: float | None = None
         self._link = "connecting"  # the coordinator connection as the socket monitor last saw it
         self._ipc = self.s.rank_endpoint().startswith("ipc://")
@@ -347,12 +348,18 @@ class NodeDaemon:
             cause = (f"nothing listens at {ep} (connection refused): is the coordinator running, and is "
                      "[node] coordinator its [coordinator] ingest_bind (host and port)?")
         elif self._link == "connected":
-            cause = (f"connected to {ep}, but nothing answers: is that the coordinator's ingest_bind (not its "
-                     "control or pub port)? Does the coordinator log peer_refused for this node?")
+            cause = (f"no answer: wrong endpoint, or the coordinator is overloaded. Connected to {ep}, but nothing "
+                     "came back: is it the coordinator's ingest_bind (not its control or pub port)? Is the "
+                     "coordinator busy (its log, `profwatch status` timing out, CPU)? Does it log peer_refused for "
+                     "this node?")
         else:
             cause = f"no connection to {ep} yet: is the host reachable (firewall, DNS) and the coordinator running?"
+        last = self._answered_unix_s
         log.warning("coordinator_unanswered", coordinator=ep, silent_s=round(silent_s, 1), link=self._link,
-                    likely_cause=cause, note="heartbeats and telemetry are queued, then dropped (relay_hwm)")
+                    likely_cause=cause, last_answer_unix_s=last,
+                    last_answer=(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last)) if last is not None
+                                 else "none since this node daemon started"),
+                    note="heartbeats and telemetry are queued, then dropped (relay_hwm)")
 
     def _answered(self) -> None:
         now = time.monotonic()
@@ -361,6 +368,7 @@ class NodeDaemon:
                      after_s=round(now - self._answered_mono, 1))
             self._unanswered_warned_mono = None
         self._answered_mono = now
+        self._answered_unix_s = time.time()
 
     def _on_handshakes(self) -> None:
         """Log and count the coordinator connection's handshake failures (a wrong key is not a network outage);

@@ -91,6 +91,9 @@ class World:
             def scan(self, prof_dir: str, **kw: Any) -> list[BatchState]:
                 return list(outer.batches)
 
+            def reconciling(self, prof_dir: str) -> bool:
+                return False
+
             def retain(self, analysed: Any, now_unix_s: float) -> list[Any]:
                 return []
 
@@ -609,6 +612,40 @@ def test_an_armed_window_is_hidden_from_the_detector_in_step_report_numbering(wo
     cap = w.store.get_capture(cid)
     assert cap is not None and cap.armed_steps == [s + 1, s + 2, s + 3]  # trace labels, as the traces say
     assert w.excluded == [("j1", s + 1, s + 1 + 3 + 1, f"capture {cid}")]
+
+
+def test_rank_dirs_named_while_a_scan_runs_are_read_after_it_and_none_is_dropped(world) -> None:
+    w = world()
+    calls: list[frozenset[str] | None] = []
+    gate = threading.Event()
+
+    class Recording:  # the scanner port: records what each scan was asked to read; the first one blocks
+        def scan(self, prof_dir: str, **kw: Any) -> list[BatchState] | None:
+            calls.append(kw.get("rank_dirs"))
+            if len(calls) == 1:
+                gate.wait(10)
+            return None
+
+        def reconciling(self, prof_dir: str) -> bool:
+            return False
+
+        def retain(self, analysed: Any, now_unix_s: float) -> list[Any]:
+            return []
+
+    w.shell.scanner = Recording()
+    cid = w.arm()["capture_id"]
+    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
+    prof = w.store.get_capture(cid).prof_dir
+    w.shell.on_wake(prof)
+    wait_for(lambda: calls, 10, what="a scan running")
+    a, b = f"{prof}/n1_1_20260101120000000_ascend_pt", f"{prof}/n1_2_20260101120000000_ascend_pt"
+    w.shell.on_rank_dirs(prof, frozenset({a}))
+    w.shell.on_rank_dirs(prof, frozenset({b, "/elsewhere/n1_3_20260101120000000_ascend_pt"}))
+    assert len(calls) == 1  # one scan per capture at a time: the names wait
+    gate.set()
+    w.drain(lambda: frozenset({a, b}) in calls[1:])
+    assert calls[1] == frozenset({a, b})  # the waiting names first, together, only those under its prof_dir
+    assert sum(1 for c in calls if c) == 1
 
 
 def test_successive_captures_naming_other_ranks_say_the_culprit_rotates_and_stop_capturing_it(world) -> None:

@@ -212,6 +212,39 @@ def test_offline_alerts_honour_the_state_db_permissions(tmp_path: Path, ports: d
 
 
 # -- 1 and 3: real daemons ------------------------------------------------------------------------------------------
+def test_node_hearing_nothing_from_a_busy_coordinator_says_so_with_the_last_answer(tmp_path: Path,
+                                                                                   ports: dict[str, int]) -> None:
+    """Issue 24 item 17: a coordinator that stops answering while connected (here: a real one, stopped with
+    SIGSTOP, its socket still open) is not only "a wrong port": the node says wrong endpoint or overloaded, and
+    when it last heard an answer."""
+    cfg = _config(tmp_path, ports)
+    node_log = tmp_path / "node.log"
+    coord = _daemon("coordinator", cfg, tmp_path / "coordinator.log")
+    node = None
+    try:
+        wait_for(lambda: _answers(f"tcp://127.0.0.1:{ports['control']}"), 60, 0.2, "coordinator control socket")
+        node = _daemon("node", cfg, node_log)
+        wait_for(lambda: "nodes:" in CliRunner().invoke(cli, ["status", "--config", str(cfg)]).output, 60, 0.5,
+                 "the node registered")
+        wait_for(lambda: any(e.get("event") == "coordinator_connected" for e in _log_events(node_log)), 60, 0.2,
+                 "the node heard the coordinator")
+        seen = len(_log_events(node_log))  # a loaded machine may have warned before the first answer already
+        before = time.time()
+        coord.send_signal(signal.SIGSTOP)  # busy: connected, never answering
+        warned = wait_for(lambda: [e for e in _log_events(node_log)[seen:]
+                                   if e.get("event") == "coordinator_unanswered"],
+                          90, 0.2, "coordinator_unanswered in the node's log")
+        w = warned[0]
+        assert w["link"] == "connected", w
+        assert w["likely_cause"].startswith("no answer: wrong endpoint, or the coordinator is overloaded"), w
+        assert before - 30 < w["last_answer_unix_s"] <= before + 1 and w["last_answer"].endswith("Z"), w
+    finally:
+        coord.send_signal(signal.SIGCONT)
+        if node is not None:
+            finish_process(node, 20, terminate=True)
+        finish_process(coord, 20, terminate=True)
+
+
 def test_node_warns_when_unanswered_and_status_names_the_cause(tmp_path: Path, ports: dict[str, int]) -> None:
     """The node dials an ingest port nothing listens on: it warns with the likely cause; a coordinator on that
     port answers and the node says so; a coordinator that no node reaches says "no node connected"."""

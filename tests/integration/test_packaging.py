@@ -75,6 +75,8 @@ def _dists_of(module: str) -> set[str]:
     ("daemon", "daemon", ("daemon/profwatch/simulate/", "daemon/profwatch/commands/demo.py", "daemon/profwatch/commands/simulate.py")),
     # the rank hook: base install (pyzmq); torch / torch_npu are imported lazily from the job's own environment
     ("hook", "rankhook", ()),
+    # the benchmarks run from a test install (psutil: bench_ingest)
+    ("test", "bench", ()),
 ])
 def test_every_imported_package_is_declared(extra: str, where: str, exclude: tuple[str, ...]) -> None:
     files = [f for f in sorted((REPO_ROOT / where).rglob("*.py"))
@@ -82,12 +84,41 @@ def test_every_imported_package_is_declared(extra: str, where: str, exclude: tup
     declared = _extra(extra)
     missing = {}
     for module, users in _third_party_imports(files).items():
-        if module == "torch" and where == "rankhook":
-            continue  # the training job's own torch, imported lazily inside the torch backends
+        if module == "torch" and where in ("rankhook", "bench"):
+            continue
+        if (REPO_ROOT / where / f"{module}.py").exists():
+            continue  # a sibling script (bench_alert_latency imports scan_tree_bench)  # the training job's own torch, imported lazily inside the torch backends
         dists = _dists_of(module)
         if not dists & declared:
             missing[module] = (sorted(dists), users[:3])
     assert not missing, f"imported but not declared in the {extra!r} extra: {missing}"
+
+
+def test_license_file_matches_the_declared_license() -> None:
+    assert PYPROJECT["project"]["license"] == {"text": "Apache-2.0"}
+    text = (REPO_ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+
+
+def test_the_constraints_file_pins_the_coordinator_ranges_within_them() -> None:
+    """constraints/coordinator.txt (README's install) pins a version of each ranged coordinator library inside
+    the range pyproject.toml declares."""
+    from packaging.requirements import Requirement
+
+    pins = {}
+    for line in (REPO_ROOT / "constraints" / "coordinator.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    for req in PYPROJECT["project"]["optional-dependencies"]["coordinator"]:
+        r = Requirement(req)
+        if r.name == "profwatch":
+            continue
+        name = re.sub(r"[-_.]+", "-", r.name).lower()
+        assert name in pins and r.specifier.contains(pins[name]), (req, pins.get(name))
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert "-c constraints/coordinator.txt" in readme
 
 
 def test_declared_package_data_exists() -> None:
@@ -128,11 +159,11 @@ def _bare(venv: Path, args: list[str], extra_env: dict[str, str] | None = None) 
     return subprocess.run([str(venv / "bin" / "python"), *args], env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_console_script_without_the_daemon_extra_says_what_to_install(bare_venv: Path) -> None:
+def test_console_script_without_the_node_extra_says_what_to_install(bare_venv: Path) -> None:
     res = _bare(bare_venv, ["-c", "import sys; sys.argv = ['profwatch', 'status']; from profwatch.console import main; "
                                   "main()"])
     assert res.returncode == 2, res.stderr
-    assert "pip install 'profwatch[daemon]'" in res.stderr and "Traceback" not in res.stderr
+    assert "pip install 'profwatch[node]'" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_autoinstall_installs_into_a_fresh_venv_and_uninstalls(bare_venv: Path) -> None:

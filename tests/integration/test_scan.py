@@ -211,3 +211,38 @@ def test_special_files_do_not_hang_or_exhaust_the_scan(cluster: list[Path]) -> N
     assert b.status != "complete"
     reasons = " ".join(p.reason for p in b.problems)
     assert "not a regular file" in reasons, reasons
+
+
+@pytest.mark.parametrize(("export_type", "drop_analysis", "reason"), [
+    ("text", False, "text export: re-export as db"),  # old torch_npu, text-only: no DB at all
+    ("db", True, "analysis.db missing"),  # old torch_npu whose analysis.db was never written
+])
+def test_old_torch_npu_without_marker_names_the_real_reason_after_the_quiet_period(
+        tmp_path: Path, export_type: str, drop_analysis: bool, reason: str) -> None:
+    dirs = gen.generate_cluster(tmp_path / "prof", world_size=2, export_type=export_type, with_marker=False)  # type: ignore[arg-type]
+    if drop_analysis:
+        for d in dirs:
+            (d / "ASCEND_PROFILER_OUTPUT" / "analysis.db").unlink()
+    settings = WatchSettings(quiet_period_s=30)
+    early = _one(tmp_path / "prof", now=time.time(), settings=settings, world_size=2)
+    assert {s.state for s in early.ranks.values()} == {"parsing"}  # outputs changed within the quiet period
+    assert all("not both DBs yet" in p.reason for p in early.problems if p.rank is not None)
+    months = _one(tmp_path / "prof", now=time.time() + 90 * 86400, settings=settings, world_size=2)
+    assert months.status == "incomplete" and {s.state for s in months.ranks.values()} == {"failed"}
+    assert all(reason in p.reason for p in months.problems), months.to_json()
+
+
+def test_a_batch_mixing_torch_npu_and_cann_versions_says_so(tmp_path: Path) -> None:
+    dirs = gen.generate_cluster(tmp_path / "prof", world_size=4, capture_id="cap-m")
+    for d in dirs[2:]:
+        (info,) = d.glob("profiler_info_*.json")
+        data = json.loads(info.read_text())
+        data["torch_npu_version"], data["cann_version"] = "2.1.0.post17", "8.0.RC3"
+        info.write_text(json.dumps(data))
+    b = _one(tmp_path / "prof")
+    assert b.status == "complete"  # a remark, not a refusal: the recipes may still read both
+    torch_note = next(n for n in b.notes if n.startswith("mixed torch_npu versions"))
+    assert "2.1.0.post17 on ranks 2-3" in torch_note and f"{gen.TORCH_NPU_VERSION} on ranks 0-1" in torch_note
+    assert any(n.startswith("mixed CANN versions") and "8.0.RC3 on ranks 2-3" in n for n in b.notes)
+    same = gen.generate_cluster(tmp_path / "one", world_size=2, capture_id="cap-o")
+    assert not [n for n in _one(same[0].parent).notes if n.startswith("mixed")]

@@ -15,6 +15,7 @@ from profwatch.adapters.fs.rank_dir_fs import find_unsupported, scan_tree
 from profwatch.commands.analyze import analyze
 from profwatch.commands.scan import scan
 from profwatch.simulate.ascend_tree import generate_cluster
+from profwatch.simulate.msmonitor_db import generate_msmonitor_batch
 
 BAD = ("rank ?", "rank None", "missing ranks []")
 
@@ -93,3 +94,35 @@ def test_loose_traces_next_to_a_batch_get_a_note(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output  # the batch itself is complete
     assert "found 1 torch.profiler traces outside a profwatch *_torch_pt rank dir" in res.output
     assert str(dirs[0].parent) in res.output
+
+
+@pytest.mark.slow
+def test_msmonitor_lightweight_dbs_are_named_with_what_to_do_and_that_works(tmp_path: Path) -> None:
+    """msMonitor's flat ``msmonitor_{pid}_{ts}_{rank}.db`` files (generated from what msprof-analyze's reader
+    expects: ``profwatch.simulate.msmonitor_db``): ``scan`` and ``analyze`` name them and say what to run, and what
+    they say to run (the real msprof-analyze slow_rank on the same files) names the slow rank."""
+    import shutil
+    import subprocess
+
+    root = tmp_path / "run"
+    files = generate_msmonitor_batch(root / "monitor", world_size=4, slow_ranks={2: 1.6})
+    assert [f.name.split("_")[-1] for f in files] == ["0.db", "1.db", "2.db", "3.db"]
+    res = CliRunner().invoke(scan, [str(root)])
+    assert res.exit_code == 2, res.output
+    assert "found 4 msMonitor lightweight DBs" in res.output and "msprof-analyze -m slow_rank -d" in res.output
+    res = CliRunner().invoke(analyze, [str(root), "--json"])
+    assert res.exit_code == 2 and "msMonitor lightweight DBs" in json.loads(res.output.strip().splitlines()[-1])["detail"]
+    tool = shutil.which("msprof-analyze")
+    if tool is None:
+        pytest.skip("msprof-analyze is not installed")
+    out = tmp_path / "out"
+    run = subprocess.run([tool, "-m", "slow_rank", "-d", str(root / "monitor"), "-o", str(out), "--force"],
+                         capture_output=True, text=True, timeout=300)
+    said = run.stdout + run.stderr
+    assert run.returncode == 0 and "profiling type: msmonitor" in said, said[-2000:]  # read as msMonitor data
+    import sqlite3
+
+    db = out / "cluster_analysis_output" / "cluster_analysis.db"
+    with sqlite3.connect(db) as con:
+        votes = dict(con.execute("SELECT rankId, slowAffectCount FROM SlowRank").fetchall())
+    assert max(votes, key=votes.__getitem__) == 2, votes

@@ -71,6 +71,9 @@ def test_the_shell_arms_a_targeted_capture_for_a_rank_outlier_and_says_why(tmp_p
             hints.append(kw["hint"])
             return inner.scan(prof_dir, **kw)
 
+        def reconciling(self, prof_dir: str) -> bool:
+            return inner.reconciling(prof_dir)
+
         def retain(self, analysed: Any, now_unix_s: float) -> list[Any]:
             return []
 

@@ -41,3 +41,24 @@ def test_a_lazy_command_still_loads_when_used() -> None:
     got = _loaded("import sys; sys.argv = ['profwatch', 'analyze', '--help']\nimport profwatch.cli\ntry:\n"
                   "    profwatch.cli.main()\nexcept SystemExit:\n    pass")
     assert "profwatch.analysis.facade" in got["ours"]
+
+
+NODE_EXTRA_MODULES = {"zmq", "pydantic", "pydantic_core", "pydantic_settings", "annotated_types", "typing_extensions",
+                      "typing_inspection", "dotenv", "structlog", "prometheus_client", "click", "tomli"}
+"""What the ``node`` extra installs (pyproject.toml), by import name, with their own dependencies."""
+
+
+def test_profwatch_node_imports_only_the_node_extra() -> None:
+    """`profwatch node` (the CLI, the daemon and the modules it loads while running) imports nothing outside the
+    node extra: no numpy, pandas, plotly, jinja2, watchdog, tenacity, ijson or msprof-analyze (issue 24 item 3)."""
+    code = ("import sys\nsys.argv = ['profwatch', 'node', '--help']\nimport profwatch.cli\ntry:\n"
+            "    profwatch.cli.main()\nexcept SystemExit:\n    pass\n"
+            "import profwatch.node, profwatch.adapters.fs.config_writer, profwatch.adapters.fs.dp_log_tail\n"
+            "import profwatch.core.fleet.node_checks, profwatch.commands.status, profwatch.commands.alerts\n"
+            "import profwatch.commands.keys, json\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names))))")
+    out = subprocess.run([PYTHON, "-c", code], env=python_env(), capture_output=True, text=True, timeout=120,
+                         check=True)
+    third = set(json.loads(out.stdout.strip().splitlines()[-1])) - {"profwatch", "rankhook", "cython_runtime"}
+    third = {m for m in third if not m.startswith("_")}
+    assert third <= NODE_EXTRA_MODULES, third - NODE_EXTRA_MODULES

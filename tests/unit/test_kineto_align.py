@@ -129,3 +129,22 @@ def test_reader_names_unparseable_ranks_and_header_mismatch(tmp_path: Path):
     assert any("trace header says rank 0" in n for n in ev.notes)
     assert ev.alignment["method"] == "collective_ends"
     assert [s.rank for s in judge_batch(ev).suspects] == [2]
+
+
+@pytest.mark.parametrize("skew_s", [2.0, -5.0, 30.0])
+def test_clocks_seconds_apart_are_matched_by_the_order_of_collectives(skew_s: float):
+    """Issue 22 item 4: hosts whose clocks differ by 2-30 s captured the same steps: every rank is judged."""
+    brk, v = verdict(job_events(4, work={1: 1.25}, skew_us={1: skew_s * 1e6, 3: -skew_s * 0.5e6}))
+    al = brk.alignment
+    assert al.unaligned == {} and al.methods[1] == "collective_sequence" == al.methods[3]
+    assert al.offsets_us[1] == pytest.approx(skew_s * 1e6, abs=200) and al.offsets_us[2] == pytest.approx(0, abs=200)
+    assert any("s off rank" in n and "order of their collectives" in n for n in brk.notes)
+    assert [s.rank for s in v.suspects] == [1]
+
+
+def test_below_one_second_a_disjoint_rank_is_not_taken_for_a_skewed_clock():
+    """0.3 s off and the next steps, adjacent in time, look alike to the order of collectives: neither is aligned
+    by it (the 50 ms window and the steps' overlap decide there), and the reason names both possibilities."""
+    for events in (job_events(2, skew_us={1: 300_000.0}), job_events(2, start_step={1: 5})):
+        brk, _ = verdict(events)
+        assert brk.alignment.methods.get(1) is None and "clock is further off" in brk.alignment.unaligned[1]

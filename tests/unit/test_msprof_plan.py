@@ -11,6 +11,7 @@ from profwatch.core.verdict.msprof_plan import (
     RunOutcome,
     advisor_ranks,
     concurrent_runs,
+    disk_error,
     input_notes,
     interpret_run,
     memory_cap_bytes,
@@ -205,3 +206,26 @@ def test_with_input_points_a_command_at_another_staging() -> None:
     assert moved.args[moved.args.index("-d") + 1] == "/stage/b1-advisor-subset" and moved.phase == "enrich"
     with pytest.raises(ValueError):
         with_input(adv, "relative")
+
+
+@pytest.mark.parametrize(("log_text", "log_tail", "cause"), [
+    ("[2026-12-02][ERROR][cluster_time_summary.py:355] Execute ClusterTimeSummary with exception: database or disk "
+     "is full", "", "no space left"),
+    ("", "--- Logging error ---\nOSError: [Errno 28] No space left on device\n", "no space left"),
+    ("[ERROR] Execute SlowRank with exception: disk I/O error", "", "disk I/O error"),
+    ("", "OSError: [Errno 122] Disk quota exceeded: '/o/x/cluster_analysis_output'", "disk quota exceeded"),
+    ("sqlite3.OperationalError: attempt to write a readonly database\nOSError: [Errno 30] Read-only file system",
+     "", "read-only file system"),
+])
+def test_a_full_disk_is_named_from_the_log_even_when_the_tool_exits_0(log_text: str, log_tail: str,
+                                                                      cause: str) -> None:
+    for name in ("cluster_time_summary", "slow_rank", "communication_matrix", "advisor"):
+        st = interpret_run(RunOutcome(name, output_dir="/o/x", returncode=0, log_text=log_text, log_tail=log_tail,
+                                      agent=AgentMessage(found=True, status="success")), GOOD, 4, ClusterEvidence(kind="ascend_pt"))
+        assert st.status == "tool_error" and st.detail.startswith(f"{cause}: "), (name, st)
+        assert "free space under /o/x" in st.detail
+
+
+def test_other_log_lines_are_not_a_full_disk() -> None:
+    assert disk_error("[INFO] Exporting data to database: /o/x/cluster_analysis_output/cluster_analysis.db") is None
+    assert disk_error("[WARNING] No valid transmit and wait time") is None

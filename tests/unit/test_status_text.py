@@ -83,6 +83,20 @@ def test_alert_lines_name_the_suspects_of_the_verdict_and_of_its_follow_up() -> 
     assert none.endswith("no_suspect: no suspect (balanced)")
 
 
+def test_the_readable_alert_line_carries_the_saving_and_the_rank_dir() -> None:
+    """Issue 22 item 7: what the JSON says of each suspect (impact, rank_dir) is on the readable line too."""
+    from profwatch.commands.alerts import render_event
+
+    sus = [{"rank": 2, "kind": "compute", "score": 0.91, "hostname": "h2", "rank_dir": "/prof/h2_42_x_ascend_pt",
+            "impact": {"saving_s_per_step": 0.0123, "saving_pct_of_step": 8.1, "accelerator_hours_per_day": 15.6}},
+           {"rank": 5, "kind": "host", "score": 0.6, "hostname": None, "rank_dir": None, "impact": None}]
+    line = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",
+                         "data": {"status": "ok", "suspects": sus}})
+    assert ("rank 2 (compute, score 0.91, h2, saves 12.3 ms/step (8.1% of step), dir /prof/h2_42_x_ascend_pt)"
+            in line)
+    assert line.endswith("rank 5 (host, score 0.60, host unknown)")
+
+
 def test_episodes_say_what_they_wait_for_and_how_they_ended() -> None:
     from profwatch.core.capture.arming import ArmingPolicy, ArmingSettings
     from profwatch.core.capture.episodes import JobEpisodes

@@ -38,6 +38,7 @@ from profwatch.adapters.tools.msprof_analysis import (
     prepare_msprof,
     run_phase,
 )
+from profwatch.adapters.tools.msprof_db import own_comm_waits
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
 from profwatch.analysis.result import (
     AnalysisResult,
@@ -48,11 +49,13 @@ from profwatch.analysis.result import (
 )
 from profwatch.core.alerts.events import per_rank_summary
 from profwatch.core.batches.completeness import BatchState
+from profwatch.core.batches.prof_layout import PROFILER_OUTPUT_DIR
 from profwatch.core.display import printable
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
 from profwatch.core.verdict.msprof_plan import advisor_ranks
 from profwatch.core.verdict.ranking import judge_batch
 from profwatch.core.verdict.settings import AnalysisSettings
+from profwatch.core.verdict.subset import wait_outside
 
 log = structlog.get_logger()
 
@@ -118,8 +121,14 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
         armed_steps = list(context["armed_steps"])
     t0 = time.monotonic()
     world = len(batch.expected_ranks) or len(batch.ranks)
-    job_world = int(context.pop("job_world_size", 0) or 0) or world
-    subset = sorted(batch.expected_ranks) if batch.expected_ranks != list(range(world)) else None
+    # the job's size: the capture's context, else what the rank dirs' metadata say (profwatch_world_size or the
+    # world group's members), so a targeted capture re-read offline is still a subset
+    said = max((s.world_size or 0 for s in batch.ranks.values()), default=0)
+    job_world = int(context.pop("job_world_size", 0) or 0) or max(said, world)
+    expected = sorted(batch.expected_ranks)
+    # a subset (targeted capture) whenever the job has more ranks than the batch, also a prefix such as 0-3 of 8
+    subset = expected if expected and (job_world > len(expected) or expected != list(range(len(expected)))) \
+        else None
     result = AnalysisResult(status="failed", batch_id=batch.batch_id, kind=batch.kind, world_size=job_world,
                             capture_reason=capture_reason, job_id=job_id, context=context,
                             armed_steps=list(armed_steps) if armed_steps else None, captured_steps=list(batch.steps),
@@ -181,6 +190,9 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
         ev, f.session = prepare_msprof(staged, f.out_dir / "msprof", runner=runner, world_size=len(batch.ranks),
                                        owner=batch.batch_id, expected_ranks=sorted(batch.ranks), progress=progress)
         run_phase(f.session, ev, "alert", runner=runner, progress=progress)
+        if result.captured_ranks is not None:  # a subset: its ranks' own waits show waits for uncaptured ranks
+            ev.own_waits = {r: w for r, p in batch.rank_dirs.items() if (w := own_comm_waits(
+                staged / os.path.basename(os.path.normpath(p)) / PROFILER_OUTPUT_DIR / "analysis.db"))}
         pending = [c.name for c in f.session.plan.phase("enrich")]
     else:
         staged_dirs = {r: str(staged / os.path.basename(os.path.normpath(p))) for r, p in batch.rank_dirs.items()}
@@ -309,6 +321,7 @@ def _judge(result: AnalysisResult, ev: ClusterEvidence, f: Followup) -> None:
                           armed_steps=result.armed_steps, world_size=f.job_world)
     result.recipes = dict(ev.recipes)
     result.suspects, result.links, result.impact = verdict.suspects, verdict.links, verdict.impact
+    result.one_offs = list(verdict.one_offs)
     result.captured_steps = list(verdict.captured_steps) or result.captured_steps
     result.strength = verdict.strength
     result.notes = list(ev.notes) + verdict.notes
@@ -316,8 +329,12 @@ def _judge(result: AnalysisResult, ev: ClusterEvidence, f: Followup) -> None:
         result.notes.append(f"step alignment: {ev.alignment.get('method')}"
                             + "".join(f"; {n}" for n in ev.alignment.get("notes", [])))
     unjudged = dict(f.base_unjudged)
+    result.waited_for = wait_outside(ev.summaries, ev.own_waits, result.captured_ranks, f.job_world,
+                                     min_effect_frac=f.settings.ranking.min_effect_frac) \
+        if result.captured_ranks is not None else None
     result.status, result.detail = overall_status(ev, verdict, sorted(batch.expected_ranks) or len(batch.ranks),
-                                                  unjudged)
+                                                  unjudged, waited_for=result.waited_for,
+                                                  subset=result.captured_ranks is not None)
     result.unjudged_ranks = unjudged
     for name in ("advisor_html", "advisor"):  # only this run's output dirs (re-runs leave older ones)
         run_dir = ev.recipes[name].output_dir if name in ev.recipes else None

@@ -4,7 +4,7 @@ data out, no I/O. The composition that produces it (staging, tools, ranking, rep
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,7 +25,7 @@ could not be judged (no usable device data, unparseable trace, missing from the 
 cannot be aligned) or the window was short and nobody stands out: the suspects named (if any) are among the
 judged ranks, absence is not proven. ``incomplete``: the batch was not complete (nothing run).
 ``not_applicable``: the capture cannot answer (text-only export, Level0 / no communication, groups too small
-and no time data). ``no_data``: recipes ran but produced nothing usable. ``failed``: staging or a tool failed
+and no time data, a single rank with a time breakdown: no peer to compare it with). ``no_data``: recipes ran but produced nothing usable. ``failed``: staging or a tool failed
 (see ``recipes``). Only ``ok`` and ``no_suspect`` make ``profwatch analyze`` exit 0 (docs/verdicts.md)."""
 
 TIME_RECIPES = ("cluster_time_summary", KINETO_RECIPE)
@@ -67,6 +67,10 @@ class AnalysisResult:
     enriched: bool = False
     captured_ranks: list[int] | None = None
     """The ranks the batch holds when they are a subset of the job (a targeted capture), else None."""
+    one_offs: list[dict[str, Any]] = field(default_factory=list)
+    """Ranks slow in one step only, with the cost (``profwatch.core.verdict.ranking.find_one_offs``)."""
+    waited_for: dict[str, Any] | None = None
+    """A targeted capture whose ranks wait for uncaptured ranks (``profwatch.core.verdict.subset.wait_outside``)."""
     op_compare: list[dict[str, Any]] = field(default_factory=list)
     """torch.profiler follow-up: ``[{"rank", "reference_rank", "ops": [...]}]`` (``kineto_reader.compare_suspects``)."""
     comparison: dict[str, Any] | None = None
@@ -78,8 +82,10 @@ class AnalysisResult:
     def verdict_json(self) -> dict[str, Any]:
         """The verdict keys shared by ``to_json()`` and ``alert_data()``: ``links``, ``impact`` (headline: every
         suspect and link fixed), ``armed_steps``, ``captured_steps``, ``strength``, ``unjudged_ranks``
-        ``[{"rank", "reason"}]`` (what could not be judged), ``changes`` (what changed since the reference capture,
-        ``docs/changes.md``; [] without one) and ``comparison`` (the whole comparison, or None)."""
+        ``[{"rank", "reason"}]`` (what could not be judged), ``one_offs`` (ranks slow in one step only, with
+        their cost: ``find_one_offs``), ``waited_for`` (a targeted capture's ranks wait for uncaptured ranks:
+        ``wait_outside``; else None), ``changes`` (what changed since the reference capture, ``docs/changes.md``;
+        [] without one) and ``comparison`` (the whole comparison, or None)."""
         return {
             "links": [lk.to_json() for lk in self.links],
             "impact": self.impact,
@@ -87,6 +93,8 @@ class AnalysisResult:
             "captured_steps": list(self.captured_steps),
             "strength": self.strength,
             "unjudged_ranks": [{"rank": r, "reason": why} for r, why in sorted(self.unjudged_ranks.items())],
+            "one_offs": [dict(o) for o in self.one_offs],
+            "waited_for": dict(self.waited_for) if self.waited_for is not None else None,
             "changes": list((self.comparison or {}).get("changes", [])),
             "comparison": self.comparison,
         }
@@ -168,11 +176,15 @@ def hostnames_from_dirs(rank_dirs: dict[int, str]) -> dict[int, str]:
 
 
 def overall_status(ev: ClusterEvidence, verdict: Verdict, expected: int | Sequence[int],
-                   unjudged: dict[int, str]) -> tuple[AnalysisStatus, str]:
+                   unjudged: dict[int, str], *, waited_for: Mapping[str, Any] | None = None,
+                   subset: bool = False) -> tuple[AnalysisStatus, str]:
     """Status of a batch whose tools ran (see :data:`AnalysisStatus`); ``unjudged`` is filled with every rank
     that could not be judged and why. ``expected``: the ranks the batch holds (a count means ``0..n-1``; a
     targeted capture gives its rank list, so ranks it never captured are not "unjudged"). Recipes of the enrich
-    phase (:data:`ENRICH_ONLY`) never decide whether there is a verdict."""
+    phase (:data:`ENRICH_ONLY`) never decide whether there is a verdict. ``subset``: the batch is a targeted
+    capture (its verdict speaks of the captured ranks only); ``waited_for``: its ranks wait for uncaptured ranks
+    (``profwatch.core.verdict.subset.wait_outside``): then nobody standing out is ``partial``, not ``no_suspect``,
+    and a suspect's verdict carries the text too."""
     states = {name: r.status for name, r in ev.recipes.items()}
     suspects, links = verdict.suspects, verdict.links
     have_time = bool(ev.summaries)
@@ -216,13 +228,21 @@ def overall_status(ev: ClusterEvidence, verdict: Verdict, expected: int | Sequen
     if not time_ok:
         return "partial", (f"time recipe status {[states.get(n) for n in TIME_RECIPES if n in states]}: "
                            + (what or "nobody stands out") + "; absence not proven")
+    once = "".join(f"; {o['text']}" for o in verdict.one_offs[:3])
+    if waited_for is not None:
+        once = f"; {waited_for['text']}{once}"
+        if not named:
+            return "partial", f"nobody stands out among the {len(covered)} captured ranks{once}"
     if named:
         if verdict.strength == "weak":
-            return "weak", f"{what}; evidence is weak: {window}"
-        return "ok", f"{what}; {window}"
+            return "weak", f"{what}; evidence is weak: {window}{once}"
+        return "ok", f"{what}; {window}{once}"
+    if verdict.compared_ranks < 2:
+        return "not_applicable", f"one rank with a time breakdown ({window}): no peer to compare it with"
     if verdict.short_window or not verdict.enough_steps:
-        return "partial", f"nobody stands out, but only {window}: absence not proven"
-    return "no_suspect", f"{len(covered)} ranks analysed over {window}: no rank stands out"
+        return "partial", f"nobody stands out, but only {window}: absence not proven{once}"
+    among = " (a targeted capture: the uncaptured ranks are not judged)" if subset else ""
+    return "no_suspect", f"{len(covered)} ranks analysed over {window}: no rank stands out{among}{once}"
 
 
 def not_complete(batch: BatchState, result: AnalysisResult) -> None:

@@ -8,7 +8,8 @@ them over. Tests pass fakes with the same methods.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -16,6 +17,7 @@ from profwatch.core.batches.completeness import BatchState, CaptureHint
 from rankhook import wire
 
 if TYPE_CHECKING:
+    from profwatch.adapters.fs.incremental_scan import IncrementalScan
     from profwatch.analysis.facade import AnalysisSettings
     from profwatch.core.batches.settings import WatchSettings
 
@@ -41,9 +43,16 @@ class WatcherPort(Protocol):
 
 
 class ScannerPort(Protocol):
-    """Reads a prof_dir into batches, and applies retention to analysed batches (file system worker only)."""
+    """Reads a prof_dir into batches, and applies retention to analysed batches (file system worker only).
 
-    def scan(self, prof_dir: str, *, world_size: int, capture_id: str, hint: CaptureHint) -> list[BatchState]: ...
+    ``scan(..., rank_dirs=None)`` is a full look; ``rank_dirs`` (paths) reads only those rank dirs, ``()`` resumes
+    a reconcile pass in progress. It returns the batches to judge, or None while nothing can be decided yet;
+    ``reconciling(prof_dir)`` says whether a pass has rank dirs left (then call ``scan(..., rank_dirs=())``)."""
+
+    def scan(self, prof_dir: str, *, world_size: int, capture_id: str, hint: CaptureHint,
+             rank_dirs: Collection[str] | None = None) -> list[BatchState] | None: ...
+
+    def reconciling(self, prof_dir: str) -> bool: ...
 
     def retain(self, analysed: Sequence[tuple[str, str, int]], now_unix_s: float) -> list[Any]: ...
 
@@ -99,10 +108,13 @@ Clock = Callable[[], float]
 
 
 class RankDirScanner:
-    """:class:`ScannerPort` over ``profwatch.adapters.fs.rank_dir_fs.scan_tree`` and ``profwatch.adapters.fs.retention``.
-    One long-lived reader (its DB checks are cached); use from one thread. With ``allowed_roots`` every prof_dir is
-    re-checked before each scan and deletion (``profwatch.adapters.fs.paths``: no symlink below its root), so a folder
-    swapped for a link after the hello is refused (:class:`~profwatch.adapters.fs.paths.PathRefused`), not followed."""
+    """:class:`ScannerPort` over ``profwatch.adapters.fs.incremental_scan.IncrementalScan`` (one per prof_dir, the
+    :attr:`MAX_TREES` most recently scanned kept) and ``profwatch.adapters.fs.retention``. One long-lived reader
+    (its DB checks are cached); use from one thread. With ``allowed_roots`` every prof_dir is re-checked before
+    each scan and deletion (``profwatch.adapters.fs.paths``: no symlink below its root), so a folder swapped for a
+    link after the hello is refused (:class:`~profwatch.adapters.fs.paths.PathRefused`), not followed."""
+
+    MAX_TREES = 64
 
     def __init__(self, settings: WatchSettings, allowed_roots: Sequence[str | os.PathLike[str]] | None = None) -> None:
         from profwatch.adapters.fs.rank_dir_fs import RankDirReader
@@ -110,17 +122,36 @@ class RankDirScanner:
         self.settings = settings
         self.allowed_roots = None if allowed_roots is None else list(allowed_roots)
         self._reader = RankDirReader()
+        self._trees: OrderedDict[str, IncrementalScan] = OrderedDict()  # prof_dir -> its IncrementalScan
 
     def _checked(self, prof_dir: str) -> Path:
         from profwatch.adapters.fs.paths import check_inside
 
         return Path(prof_dir) if self.allowed_roots is None else check_inside(prof_dir, self.allowed_roots)
 
-    def scan(self, prof_dir: str, *, world_size: int, capture_id: str, hint: CaptureHint) -> list[BatchState]:
-        from profwatch.adapters.fs.rank_dir_fs import scan_tree
+    def scan(self, prof_dir: str, *, world_size: int, capture_id: str, hint: CaptureHint,
+             rank_dirs: Collection[str] | None = None) -> list[BatchState] | None:
+        """See :class:`ScannerPort`; the reads and the decision are ``IncrementalScan.update``'s.
 
-        return scan_tree(self._checked(prof_dir), world_size=world_size, settings=self.settings,
-                         hints={capture_id: hint}, reader=self._reader)
+        Raises:
+            PathRefused: ``prof_dir`` fails its re-check against ``allowed_roots``.
+            TreeUnavailable: a full look cannot list ``prof_dir``.
+        """
+        from profwatch.adapters.fs.incremental_scan import IncrementalScan  # noqa: F811 (lazy: import weight)
+
+        root = os.path.abspath(self._checked(prof_dir))
+        key = os.path.abspath(prof_dir)
+        tree = self._trees.pop(key, None)
+        if tree is None or tree.root != root:
+            tree = IncrementalScan(root, settings=self.settings, reader=self._reader)
+        self._trees[key] = tree
+        while len(self._trees) > self.MAX_TREES:
+            self._trees.popitem(last=False)
+        return tree.update(rank_dirs, capture_id=capture_id, world_size=world_size, hint=hint)
+
+    def reconciling(self, prof_dir: str) -> bool:
+        tree = self._trees.get(os.path.abspath(prof_dir))
+        return tree is not None and tree.reconciling
 
     def retain(self, analysed: Sequence[tuple[str, str, int]], now_unix_s: float) -> list[Any]:
         """Apply the byte/age caps to ``(prof_dir, batch_id, world_size)`` of analysed captures only; an unreadable

@@ -98,7 +98,8 @@ class CaptureShell:
         store: the state store (typed capture rows, batches).
         jobs, nodes: the registry's job and node maps (read only).
         writer, send_node_command, scanner, analyser, detectors: collaborators (``daemon/profwatch/captures/ports.py``).
-        make_watcher: builds the prof_dir watcher given the wake callback (None when watching is unavailable).
+        make_watcher: builds the prof_dir watcher given its two callbacks, ``on_wake(prof_dir)`` (a full look) and
+            ``on_rank_dirs(prof_dir, rank_dirs)`` (read those rank dirs); None when watching is unavailable.
         emit, post, clock, count_state: publish an event; hand work to the main loop; wall clock; metrics hook.
 
     Parts: ``checks`` (:class:`ArmChecks`: hellos, arm refusals and warnings), ``writes`` (:class:`ConfigWrites`) and
@@ -134,6 +135,8 @@ class CaptureShell:
         self._jobs: dict[str, _Job] = {}
         self._batches: dict[str, BatchState] = {}  # capture_id -> its complete batch, until analysed
         self._scanning: set[str] = set()
+        self._want_full: set[str] = set()  # captures whose prof_dir waits for a full look
+        self._want_dirs: dict[str, set[str]] = {}  # capture_id -> rank dirs events named, waiting to be read
         self._next_scan: dict[str, float] = {}
         self.episodes = EpisodeDesk(  # anomalies as episodes; the capture queue (captures/episode_desk.py)
             settings=settings, store=store, jobs=jobs, detectors=detectors, emit=emit, arm=self.arm,
@@ -149,7 +152,9 @@ class CaptureShell:
         lost)."""
         if self._make_watcher is not None:
             try:
-                self._watcher = self._make_watcher(lambda path: self.post(lambda: self.on_wake(path)))
+                self._watcher = self._make_watcher(
+                    lambda path: self.post(lambda: self.on_wake(path)),
+                    lambda path, dirs: self.post(lambda: self.on_rank_dirs(path, dirs)))
             except Exception as exc:  # noqa: BLE001 - the periodic scan still finds every batch
                 log.warning("watcher_unavailable", error=repr(exc))
         now = self.clock()
@@ -246,6 +251,8 @@ class CaptureShell:
     def _forget(self, capture_id: str) -> None:
         self._batches.pop(capture_id, None)
         self._next_scan.pop(capture_id, None)
+        self._want_full.discard(capture_id)
+        self._want_dirs.pop(capture_id, None)
         self.writes.forget(capture_id)
 
     def _do(self, action: lc.Action, cap: lc.Capture) -> None:
@@ -292,13 +299,27 @@ class CaptureShell:
             self._apply(lc.rank_event(cap, ev, now, self.ls), ranks=[ev.rank])
 
     def on_wake(self, path: str) -> None:
-        """The watcher saw a change under ``path``: scan the captures whose prof_dir holds it or lies under it."""
+        """The watcher asks for a full look under ``path``: scan the captures whose prof_dir holds it or lies under
+        it."""
         p = os.path.abspath(path)
         for job in self._jobs.values():
             for cap in list(job.active.values()):
                 d = os.path.abspath(cap.prof_dir)
                 if lc.wants_scan(cap) and os.path.commonpath([p, d]) in (p, d):
                     self._schedule_scan(cap, self.clock())
+
+    def on_rank_dirs(self, path: str, rank_dirs: frozenset[str]) -> None:
+        """Events named ``rank_dirs`` under the watched ``path``: each capture waiting for its batch reads those of
+        them inside its prof_dir (and only those)."""
+        p = os.path.abspath(path)
+        for job in self._jobs.values():
+            for cap in list(job.active.values()):
+                d = os.path.abspath(cap.prof_dir)
+                if not lc.wants_scan(cap) or os.path.commonpath([p, d]) not in (p, d):
+                    continue
+                mine = frozenset(r for r in rank_dirs if r == d or r.startswith(d.rstrip("/") + "/"))
+                if mine:
+                    self._schedule_scan(cap, self.clock(), rank_dirs=mine)
 
     def tick(self, now: float) -> None:
         """Expire what is due; scan what waits for its batch every ``reconcile_interval_s``; (re)send idle writes."""
@@ -312,21 +333,50 @@ class CaptureShell:
                     self._schedule_scan(cap, now)
 
     # -- scans -------------------------------------------------------------------------------------------------------
-    def _schedule_scan(self, cap: lc.Capture, now: float) -> None:
+    def _schedule_scan(self, cap: lc.Capture, now: float, rank_dirs: frozenset[str] | None = None) -> None:
+        """Ask for a full look (``rank_dirs`` None) or for reads of ``rank_dirs``; what is asked while a scan of the
+        capture runs waits and follows it (one scan per capture at a time, nothing asked is dropped)."""
         cid = cap.capture_id
-        if cid in self._scanning:
+        if rank_dirs is None:
+            self._want_full.add(cid)
+            self._next_scan[cid] = now + float(self.s.watch.reconcile_interval_s)
+        else:
+            waiting = self._want_dirs.setdefault(cid, set())
+            waiting |= rank_dirs
+            if len(waiting) > self.s.watch.max_changed_rank_dirs:  # bounded: one full look reads them all
+                del self._want_dirs[cid]
+                self._want_full.add(cid)
+        if cid not in self._scanning:
+            self._submit_scan(cap)
+
+    def _submit_scan(self, cap: lc.Capture, resume: bool = False) -> None:
+        """Start the next scan of ``cap``: the rank dirs waiting first (their change may complete the batch), then a
+        full look; ``resume``: neither waits, continue the reconcile pass in progress."""
+        cid = cap.capture_id
+        dirs = self._want_dirs.pop(cid, None)
+        rank_dirs: frozenset[str] | None
+        if dirs:
+            rank_dirs = frozenset(dirs)
+        elif cid in self._want_full:
+            self._want_full.discard(cid)
+            rank_dirs = None
+        elif resume:
+            rank_dirs = frozenset()
+        else:
             return
         self._scanning.add(cid)
-        self._next_scan[cid] = now + float(self.s.watch.reconcile_interval_s)
         hint = CaptureHint(world_size=cap.world_size, rank_list=cap.rank_list, steps=cap.warmup + cap.active,
                            step_time_s=cap.step_time_s, armed_unix_s=cap.created_unix_s,
                            deadline_unix_s=cap.judge_unix_s - self.ls.parse_allowance_s)
-        self.fs_pool.submit(self._scan, cid, cap.prof_dir, cap.world_size, hint)
+        self.fs_pool.submit(self._scan, cid, cap.prof_dir, cap.world_size, hint, rank_dirs)
 
-    def _scan(self, cid: str, prof_dir: str, world_size: int, hint: CaptureHint) -> None:
+    def _scan(self, cid: str, prof_dir: str, world_size: int, hint: CaptureHint,
+              rank_dirs: frozenset[str] | None = None) -> None:
         try:
-            batches = self.scanner.scan(prof_dir, world_size=world_size, capture_id=cid, hint=hint)
-            self.post(lambda: self._on_scan(cid, batches))
+            batches = self.scanner.scan(prof_dir, world_size=world_size, capture_id=cid, hint=hint,
+                                        rank_dirs=rank_dirs)
+            more = self.scanner.reconciling(prof_dir)
+            self.post(lambda: self._on_scan(cid, batches, more))
         except PathRefused as exc:
             why = str(exc)
             self.post(lambda: self._on_scan_error(cid, why, refused=True))
@@ -346,16 +396,26 @@ class CaptureShell:
 
     def _on_scan_error(self, cid: str, err: str, refused: bool = False) -> None:
         self._scanning.discard(cid)
+        self._want_dirs.pop(cid, None)  # the next full look (tick) reads them again
         if refused:
             self.on_path_refused(cid, "scan", err)
         else:
             log.warning("scan_failed", capture_id=cid, error=err)
 
-    def _on_scan(self, cid: str, batches: list[BatchState]) -> None:
+    def _on_scan(self, cid: str, batches: list[BatchState] | None, more: bool = False) -> None:
+        """A scan's answer: judge it (None: nothing to decide yet), then start what waits, or resume the pass."""
         self._scanning.discard(cid)
         cap = self._find(cid)
         if cap is None:
             return
+        if batches is not None:
+            self._judge_scan(cap, batches)
+        cap = self._find(cid)
+        if cap is not None and lc.wants_scan(cap):
+            self._submit_scan(cap, resume=more)
+
+    def _judge_scan(self, cap: lc.Capture, batches: list[BatchState]) -> None:
+        cid = cap.capture_id
         now = self.clock()
         batch = lc.pick_batch(cap, batches)
         t = lc.scan_result(cap, batch, now, self.ls, self.causes(cap, now))
@@ -490,13 +550,16 @@ class CaptureShell:
         return len(self._scanning)
 
     def summary(self, job_id: str | None, now: float) -> list[dict[str, Any]]:
-        """The last 20 captures (of ``job_id``) for ``status``; an analysing or enriching one names the recipes
+        """The last 20 captures (of ``job_id``) for ``status``, those the failing store has not taken yet marked
+        ``stored: false``; an analysing or enriching one names the recipes
         running for it with their elapsed time (``running``: ``"<recipe> (<elapsed> s)"``; ``running_recipes``:
         the same as objects, with phase and resident memory when the analyser tells them)."""
         live = {c.capture_id: c for j in self._jobs.values() for c in j.active.values()}
         out = []
-        for cap in self.store.captures(job_id, newest=20):
+        for cap, stored in self.store.captures_with_pending(job_id, newest=20):
             view = describe(live.get(cap.capture_id, cap), now)
+            if not stored:
+                view["stored"] = False  # the state store failed: kept in memory for a retry (status marks it)
             if live.get(cap.capture_id, cap).state in (lc.S.ANALYSING, lc.S.ENRICHING):
                 view["running"] = self.analyser.running(cap.capture_id)
                 detailed = getattr(self.analyser, "running_recipes", None)

@@ -28,8 +28,8 @@ from profwatch.commands.common import (
     unavailable_hint,
 )
 from profwatch.core.alerts.event_types import (
+    ANOMALY_TYPES,
     TYPE_ANALYSIS_ENRICHED,
-    TYPE_ANOMALY,
     TYPE_ARM,
     TYPE_ARM_DECISION,
     TYPE_BATCH,
@@ -46,12 +46,24 @@ from profwatch.core.messages import CONTROL_RE
 from profwatch.exitcodes import EXIT_UNAVAILABLE
 
 
+def _saving(impact: Any) -> str:
+    """``", saves 12.3 ms/step (8.1% of step)"`` from a suspect's ``impact`` (empty when it has none)."""
+    if not isinstance(impact, dict) or not isinstance(impact.get("saving_s_per_step"), (int, float)):
+        return ""
+    pct = impact.get("saving_pct_of_step")
+    return f", saves {1e3 * impact['saving_s_per_step']:.1f} ms/step" + (
+        f" ({pct:.1f}% of step)" if isinstance(pct, (int, float)) else "")
+
+
 def _suspects(d: dict[str, Any]) -> str:
+    """The verdict part of a line: status, then each suspect with its kind, score, host, saving and rank dir (the
+    same facts as the JSON's ``suspects[i]``), or the detail when nobody is named."""
     sus = d.get("suspects")
     if not sus:
         return f" {d.get('status', '')}: no suspect" + (f" ({d['detail']})" if d.get("detail") else "")
     return f" {d.get('status', '')}: suspects " + ", ".join(
-        f"rank {x['rank']} ({x['kind']}, score {x['score']:.2f}, {x.get('hostname') or 'host unknown'})" for x in sus)
+        f"rank {x['rank']} ({x['kind']}, score {x['score']:.2f}, {x.get('hostname') or 'host unknown'}"
+        f"{_saving(x.get('impact'))}" + (f", dir {x['rank_dir']}" if x.get("rank_dir") else "") + ")" for x in sus)
 
 
 def render_event(ev: dict[str, Any]) -> str:
@@ -71,7 +83,7 @@ def render_event(ev: dict[str, Any]) -> str:
     elif t == TYPE_BATCH_INCOMPLETE:
         line += f" capture {d.get('capture_id')}: missing_ranks={d.get('missing_ranks')} " \
                 f"problems={len(d.get('problems') or [])}"
-    elif t == TYPE_ANOMALY:
+    elif t in ANOMALY_TYPES:
         line += (f" {d.get('kind')} at step {d.get('step')} ranks={d.get('ranks')} "
                  f"+{100 * float(d.get('magnitude') or 0):.0f}%")
     elif t == TYPE_ARM_DECISION:

@@ -109,7 +109,8 @@ def render_capture(cap: Mapping[str, Any]) -> list[str]:
     deadline = "" if left is None else (f", deadline in {left:.0f}s" if left >= 0 else f", deadline passed {-left:.0f}s ago")
     lines = [f"  {cap['capture_id']:<32} {cap['state']} for {cap.get('in_state_s', 0):.0f}s{deadline}; "
              f"start_step={cap['start_step']} warmup={cap.get('warmup', '-')} active={cap.get('active', '-')} "
-             f"acked={cap.get('acknowledged_ranks')}/{cap.get('expected_ranks')} reason={cap['reason']}"]
+             f"acked={cap.get('acknowledged_ranks')}/{cap.get('expected_ranks')} reason={cap['reason']}"
+             + (" [not yet stored: the state store is failing]" if cap.get("stored") is False else "")]
     if cap.get("running") is not None:
         running = ", ".join(cap["running"]) or "staging, ranking or the Kineto analysis (no msprof-analyze command)"
         lines.append(f"    running now: {running}")

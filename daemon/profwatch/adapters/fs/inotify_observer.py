@@ -25,8 +25,9 @@ def make_inotify_observer(on_overflow: Callable[[], None],
     """watchdog's InotifyObserver whose inotify reader also reports ``IN_Q_OVERFLOW`` to ``on_overflow`` and every
     watch it could not add because of a limit (ENOSPC, EMFILE) to ``on_watch_limit(directory, error)``.
 
-    watchdog 7 only logs an overflow and rebuilds its own watches; events lost in between must be found by a
-    rescan (docs/field-cases.md#fc-17). It silently skips directories below a recursive watch whose watch
+    watchdog 7 only logs an overflow and rebuilds its own watches (removes and re-adds every one: changes made
+    meanwhile raise no event); ``on_overflow`` runs once that rebuild is done, so the rescan it asks for sees what
+    was lost before and during it (docs/field-cases.md#fc-17). It silently skips directories below a recursive watch whose watch
     cannot be added. ``on_watch_limit`` runs on whichever thread adds the watch, holding watchdog's locks: it
     must only record (never block or call back into the observer). Imported lazily: inotify exists only on Linux.
     """
@@ -35,9 +36,9 @@ def make_inotify_observer(on_overflow: Callable[[], None],
 
     class _FD(InotifyFD):
         def handle_event(self, event: InotifyEvent) -> None:
-            if event.is_queue_overflow:
-                on_overflow()
             super().handle_event(event)
+            if event.is_queue_overflow:  # after watchdog re-armed its watches: a rescan then misses nothing
+                on_overflow()
 
         def add_callback(self, path: bytes, mask: int, callback: WatchCallback, id_: object) -> WatchDescriptor:
             try:

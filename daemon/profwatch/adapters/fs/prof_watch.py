@@ -1,11 +1,15 @@
 """Watches the prof_dirs of pending captures with watchdog and wakes the completeness logic (I/O adapter).
 
-Events only *wake* the logic: ``on_wake(prof_dir)`` means "look again at this prof_dir"; whether a batch is
-complete is decided by reading the files (``rank_dir_fs.scan_tree``), never by an event (docs/field-cases.md#fc-18).
+Events only *wake* the logic: ``on_wake(prof_dir)`` means "look again at everything under this prof_dir" (a
+full look); with ``on_rank_dirs``, an event inside a rank dir becomes ``on_rank_dirs(prof_dir, rank_dirs)``:
+"read these rank dirs again" (``adapters/fs/incremental_scan.py`` reads only them). Whether a batch is complete is
+decided by reading the files, never by an event (docs/field-cases.md#fc-18).
 inotify is used on local file systems, watchdog's PollingObserver on network ones, where inotify misses other
 nodes' writes (#fc-15). Only prof_dirs of pending captures are watched (#fc-16). A supervisor thread restarts
-dead observers, re-arms watches on prof_dirs that appear, vanish or are recreated, rescans after an inotify
-queue overflow (#fc-17), and wakes every watched prof_dir each ``reconcile_interval_s``.
+dead observers, re-arms watches on prof_dirs that appear, vanish or are recreated, asks for a full look after an
+inotify queue overflow (#fc-17), and wakes every watched prof_dir each ``reconcile_interval_s``. An event below a
+prof_dir but in no rank dir asks for a full look when a folder moved or was deleted (rank dirs may have gone with
+it); files there, and folders created there (their contents report themselves), ask for nothing.
 
 inotify needs one watch per directory, and the per-user limit (``fs.inotify.max_user_watches``) can run out
 (ENOSPC; EMFILE for the instance limit). watchdog 7 ignores that failure for every directory below the watched
@@ -43,10 +47,18 @@ from watchdog.observers.polling import PollingObserverVFS
 
 from profwatch.adapters.fs.inotify_observer import WatchLimitCallback, make_inotify_observer
 from profwatch.core.batches.mounts import fs_type_of, is_network_fs, parse_mountinfo
+from profwatch.core.batches.prof_layout import (
+    PROFILER_METADATA,
+    PROFILER_OUTPUT_DIR,
+    TRACE_DONE,
+    is_profiler_info_name,
+    parse_rank_dir_name,
+    rank_dir_of,
+)
 from profwatch.core.batches.settings import WatchSettings
 
-__all__ = ["INOTIFY_EVENTS", "ObserverFactory", "ObserverMode", "ProfWatcher", "WatchStats", "fs_type_of",
-           "is_network_fs", "make_inotify_observer", "parse_mountinfo", "pruned_scandir"]
+__all__ = ["INOTIFY_EVENTS", "ObserverFactory", "ObserverMode", "ProfWatcher", "WatchStats", "completion_scandir",
+           "fs_type_of", "is_network_fs", "make_inotify_observer", "parse_mountinfo", "pruned_scandir"]
 
 if TYPE_CHECKING:
     from profwatch.adapters.outputs.metrics import DaemonMetrics
@@ -74,30 +86,66 @@ def pruned_scandir(skip: tuple[str, ...]) -> Callable[[str | None], Iterator[os.
     return listdir
 
 
+def completion_scandir(skip: tuple[str, ...]) -> Callable[[str | None], Iterator[os.DirEntry[str]]]:
+    """The polling observer's listing: what completion needs to notice, not the whole tree
+    (docs/rank-dirs.md#completion). Above rank dirs: sub-folders only (minus ``skip``: new rank dirs appear
+    there). In a rank dir: ``ASCEND_PROFILER_OUTPUT/``, ``profiler_info*.json``, ``profiler_metadata.json``,
+    ``trace.done`` (their sizes and the folder's mtime change when a rank finishes its stop, a parse starts over,
+    or the torch backend's marker lands). ``ASCEND_PROFILER_OUTPUT/`` itself is not listed: its mtime changes when
+    ``analyse.done`` is created. A poll of 16,384 rank dirs then stats about 4 entries per rank dir instead of
+    every output file."""
+    skip_dirs = pruned_scandir(skip)
+
+    def listdir(path: str | None) -> Iterator[os.DirEntry[str]]:
+        here = os.fspath(path or ".")
+        base = os.path.basename(here)
+        if base == PROFILER_OUTPUT_DIR and parse_rank_dir_name(os.path.basename(os.path.dirname(here))) is not None:
+            return iter(())
+        if parse_rank_dir_name(base) is None:
+            return iter([e for e in skip_dirs(path) if e.is_dir(follow_symlinks=False)])
+        with os.scandir(path) as it:
+            return iter([e for e in it if e.name in _RANK_DIR_WATCHED or is_profiler_info_name(e.name)])
+
+    return listdir
+
+
+_RANK_DIR_WATCHED = frozenset({PROFILER_OUTPUT_DIR, PROFILER_METADATA, TRACE_DONE})
+
+
 def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], settings: WatchSettings,
                       on_watch_limit: WatchLimitCallback | None = None) -> BaseObserver:
     if mode == "polling":
-        return PollingObserverVFS(stat=os.stat, listdir=pruned_scandir(settings.poll_skip_dirs),
+        return PollingObserverVFS(stat=os.stat, listdir=completion_scandir(settings.poll_skip_dirs),
                                   polling_interval=settings.poll_interval_s)
     return make_inotify_observer(on_overflow, on_watch_limit)
 
 
 class _Handler(FileSystemEventHandler):
-    def __init__(self, prof_dir: str, notify: Callable[[str], None]) -> None:
+    def __init__(self, prof_dir: str, notify: Callable[[str, FileSystemEvent], None]) -> None:
         self._prof_dir = prof_dir
         self._notify = notify
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        self._notify(self._prof_dir)
+        self._notify(self._prof_dir, event)
+
+
+def _event_paths(event: FileSystemEvent) -> list[str]:
+    paths = [os.fsdecode(event.src_path)]
+    if event.dest_path:
+        paths.append(os.fsdecode(event.dest_path))
+    return paths
 
 
 @dataclass(slots=True)
 class WatchStats:
-    """Counters: wakes delivered, reconciliation rounds, observer restarts, inotify overflows, prof_dirs polled
-    because inotify could not watch their root (``polling_fallbacks``), subtrees polled because an inotify limit
-    was reached below a watched root (``watch_limit_fallbacks``)."""
+    """Counters: wakes delivered (full looks), rank dir wakes delivered (``on_rank_dirs`` calls) and the rank dirs
+    they named, reconciliation rounds, observer restarts, inotify overflows, prof_dirs polled because inotify could
+    not watch their root (``polling_fallbacks``), subtrees polled because an inotify limit was reached below a
+    watched root (``watch_limit_fallbacks``)."""
 
     wakes: int = 0
+    rank_dir_wakes: int = 0
+    rank_dirs_named: int = 0
     reconciles: int = 0
     observer_restarts: int = 0
     overflows: int = 0
@@ -118,7 +166,11 @@ class ProfWatcher:
     """Wakes ``on_wake(prof_dir)`` when something may have changed under a watched prof_dir.
 
     ``on_wake`` runs on the watcher's own thread (never on a watchdog thread), coalesced per prof_dir; it
-    should be quick or hand work off. ``observer_factory(mode, on_overflow)`` replaces the watchdog observers
+    should be quick or hand work off. ``on_rank_dirs(prof_dir, rank_dirs)`` (optional, same thread) receives the
+    rank dirs that events inside them named since the last call (a frozenset of absolute paths, found with
+    ``prof_layout.rank_dir_of`` within ``scan_max_depth`` levels; at most ``max_changed_rank_dirs``, beyond which
+    they become one full look); without it such events wake ``on_wake``. In one round the rank dirs come before
+    a full look of the same prof_dir. ``observer_factory(mode, on_overflow)`` replaces the watchdog observers
     (tests; an inotify one reports limits to :meth:`watch_limit_hit`); ``mountinfo_path`` is read to pick
     inotify or polling when ``settings.observer == "auto"``. ``metrics`` (optional) counts fallbacks to polling
     in ``profwatch_watch_fallbacks_total{reason}``. Use as a context manager or call :meth:`start` and
@@ -127,8 +179,10 @@ class ProfWatcher:
 
     def __init__(self, on_wake: Callable[[str], None], *, settings: WatchSettings | None = None,
                  mountinfo_path: str = "/proc/self/mountinfo", observer_factory: ObserverFactory | None = None,
-                 clock: Callable[[], float] = time.monotonic, metrics: DaemonMetrics | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, metrics: DaemonMetrics | None = None,
+                 on_rank_dirs: Callable[[str, frozenset[str]], None] | None = None) -> None:
         self._on_wake = on_wake
+        self._on_rank_dirs = on_rank_dirs
         self._settings = settings or WatchSettings()
         self._mountinfo_path = mountinfo_path
         self._factory = observer_factory or (
@@ -139,6 +193,7 @@ class ProfWatcher:
         self._limit_logged = False
         self._cv = threading.Condition()
         self._pending: set[str] = set()
+        self._changed: dict[str, set[str]] = {}  # prof_dir -> rank dirs events named, not delivered yet
         self._dirs: dict[str, _Watched] = {}
         self._observers: dict[ObserverMode, BaseObserver] = {}
         self._stop = threading.Event()
@@ -177,6 +232,7 @@ class ProfWatcher:
         with self._cv:
             entry = self._dirs.pop(path, None)
             self._pending.discard(path)
+            self._changed.pop(path, None)
             if entry is not None:
                 self._unschedule(entry)
 
@@ -319,7 +375,28 @@ class ProfWatcher:
             else:
                 log.debug("inotify_watch_limit_subtree_polled", prof_dir=prof_dir, subtree=directory)
 
-    def _notify(self, prof_dir: str) -> None:
+    def _notify(self, prof_dir: str, event: FileSystemEvent) -> None:
+        """An event below ``prof_dir`` (watchdog's thread): note the rank dirs it names, or a full look."""
+        if self._on_rank_dirs is None:
+            self._wake_all(prof_dir)
+            return
+        depth = self._settings.scan_max_depth
+        named = [rank_dir_of(prof_dir, p, depth) for p in _event_paths(event)]
+        dirs = {d for d in named if d is not None}
+        outside = None in named
+        if outside and event.is_directory and event.event_type in ("moved", "deleted"):
+            self._wake_all(prof_dir)  # a folder above rank dirs moved or went: they may have gone with it
+        if not dirs:
+            return  # a file outside every rank dir, or a new folder (what it holds reports itself)
+        with self._cv:
+            got = self._changed.setdefault(prof_dir, set())
+            got |= dirs
+            if len(got) > self._settings.max_changed_rank_dirs:
+                del self._changed[prof_dir]
+                self._pending.add(prof_dir)
+            self._cv.notify_all()
+
+    def _wake_all(self, prof_dir: str) -> None:
         with self._cv:
             self._pending.add(prof_dir)
             self._cv.notify_all()
@@ -336,8 +413,13 @@ class ProfWatcher:
         while not self._stop.is_set():
             with self._cv:
                 timeout = max(0.0, min(next_supervise, next_reconcile) - self._clock())
-                self._cv.wait_for(lambda: self._pending or self._stop.is_set(), timeout=timeout)
+                self._cv.wait_for(lambda: self._pending or self._changed or self._stop.is_set(), timeout=timeout)
                 batch, self._pending = sorted(self._pending), set()
+                changed, self._changed = self._changed, {}
+            for prof_dir, rank_dirs in sorted(changed.items()):
+                if self._stop.is_set():
+                    return
+                self._deliver_rank_dirs(prof_dir, frozenset(rank_dirs))
             for prof_dir in batch:
                 if self._stop.is_set():
                     return
@@ -360,6 +442,17 @@ class ProfWatcher:
             self._on_wake(prof_dir)
         except Exception:  # the callback's bug must not kill watching
             log.exception("on_wake_failed", prof_dir=prof_dir)
+
+    def _deliver_rank_dirs(self, prof_dir: str, rank_dirs: frozenset[str]) -> None:
+        with self._cv:
+            if prof_dir not in self._dirs or self._on_rank_dirs is None:
+                return
+        self.stats.rank_dir_wakes += 1
+        self.stats.rank_dirs_named += len(rank_dirs)
+        try:
+            self._on_rank_dirs(prof_dir, rank_dirs)
+        except Exception:  # the callback's bug must not kill watching
+            log.exception("on_rank_dirs_failed", prof_dir=prof_dir)
 
     def _supervise(self) -> None:
         """Restart dead observers; re-arm watches whose prof_dir appeared, vanished or was recreated; poll

@@ -33,6 +33,7 @@ from profwatch.core.batches.prof_layout import (
     PROFILER_OUTPUT_DIR,
     TRACE_DONE,
     UNREADABLE,
+    UNSUPPORTED_ADVICE,
     DbObservation,
     LayoutError,
     RankDirObservation,
@@ -40,6 +41,7 @@ from profwatch.core.batches.prof_layout import (
     parse_profiler_info,
     parse_profiler_metadata,
     parse_rank_dir_name,
+    rank_dir_of,
     rank_from_profiler_info_name,
     unsupported_output,
 )
@@ -80,6 +82,8 @@ class RankDirReader:
         self._json_cache: dict[tuple[str, int, int], tuple[Any, str | None]] = {}
         self._groups: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per communicator's members
         self._lock = threading.Lock()
+        self.reads = 0
+        """Rank dirs read so far (each call of :meth:`read`; for the bench and tests)."""
 
     def read(self, path: str) -> RankDirObservation | None:
         """Observe one rank dir. None when ``path`` vanished or is not a rank dir name.
@@ -90,6 +94,8 @@ class RankDirReader:
         name = parse_rank_dir_name(os.path.basename(path))
         if name is None:
             return None
+        with self._lock:
+            self.reads += 1
         base: dict[str, Any] = {"path": path, "name": name, "dir_ts_unix_s": _local_ts(name.ts_naive)}
         try:
             entries = {e.name: e for e in os.scandir(path)}
@@ -146,7 +152,9 @@ class RankDirReader:
         journals = tuple(sorted(n for n in names if n.endswith(("-journal", "-wal"))))
         marker = ANALYSE_DONE in names
         db_names = sorted(n for n in names if PROFILER_DB_RE.match(n))
-        deep = marker or (bool(db_names) and ANALYSIS_DB in names and not out["leftover_sqlite"] and not journals)
+        # without the marker, DBs are read once no CANN export or journal is left (an old torch_npu whose
+        # analysis.db never comes is then named by the health checks after the quiet period, not "parsing" forever)
+        deep = marker or (bool(db_names) and not out["leftover_sqlite"] and not journals)
         dbs = tuple(self.check_db(os.path.join(outdir.path, n), deep=deep) for n in db_names)
         adb = self.check_db(os.path.join(outdir.path, ANALYSIS_DB), deep=deep) if ANALYSIS_DB in names else None
         out.update(output_dir=True, output_files=names, marker=marker, profiler_dbs=dbs, analysis_db=adb,
@@ -442,6 +450,7 @@ def describe_unsupported(found: Mapping[str, list[str]]) -> str:
     """One line per kind of :func:`find_unsupported`: what was found, an example, and that it is not supported."""
     return "\n".join(f"found {len(paths)} {what}, e.g. {paths[0]}: not supported (profwatch analyses PyTorch "
                      "captures: *_ascend_pt rank dirs from torch_npu, *_torch_pt from its torch backend)"
+                     + (f"; {UNSUPPORTED_ADVICE[what]}" if what in UNSUPPORTED_ADVICE else "")
                      for what, paths in found.items())
 
 
@@ -466,7 +475,38 @@ def scan_tree(root: str | os.PathLike[str], *, world_size: int | None = None, no
     observations = [o for o in (reader.read(p) for p in paths) if o is not None]
     batches = assess_batches(observations, now_unix_s=time.time() if now is None else now, settings=settings,
                              world_size=world_size, hints=hints)
+    add_walk_notes(batches, errors, skipped)
+    return batches
+
+
+def add_walk_notes(batches: list[BatchState], errors: list[str], skipped: list[str]) -> None:
+    """Append what the walk of :func:`find_rank_dirs` could not see (folders that failed to list, rank dir names
+    skipped) to the notes of every batch."""
     for b in batches:
         b.notes += [f"could not list {e}; ranks below it may be missing" for e in errors]
         b.notes += skipped
-    return batches
+
+
+def confirm_rank_dir(root: str, path: str, max_depth: int) -> bool:
+    """Whether ``path`` (named by a watch event) is a rank dir :func:`find_rank_dirs` would find below ``root``:
+    its first rank-dir-named component within ``max_depth`` levels (``prof_layout.rank_dir_of``), a real folder
+    (not a symlink), below no symlinked folder and no folder holding profwatch's ``OUTPUT_MARKER``. False when it
+    or a folder above it is gone or not a folder; True when the storage cannot answer (ESTALE, EIO: the read then
+    says ``unknown``, docs/field-cases.md#fc-15)."""
+    root = os.path.abspath(root)
+    if rank_dir_of(root, path, max_depth) != path:
+        return False
+    cur = root
+    rel = os.path.relpath(path, root)
+    parts = [] if rel == "." else rel.split(os.sep)
+    try:
+        for i, part in enumerate(parts):
+            cur = os.path.join(cur, part)
+            st = os.lstat(cur)
+            if not stat.S_ISDIR(st.st_mode):  # a symlink or a file
+                return False
+            if i < len(parts) - 1 and os.path.lexists(os.path.join(cur, OUTPUT_MARKER)):
+                return False  # profwatch's own output (staged links of a batch)
+    except OSError as exc:
+        return not _gone(exc)
+    return True

@@ -305,9 +305,23 @@ class StateStore:
                 write_capture(self.db, cap, ranks)
         except sqlite3.OperationalError as exc:
             self._failed(PendingWrite("capture", cap.capture_id, lambda db: write_capture(db, cap, None),
-                                      2048 + 256 * len(cap.ranks), time.time()), exc)
+                                      2048 + 256 * len(cap.ranks), time.time(), record=cap), exc)
             return
         self.queue.discard("capture", cap.capture_id)
+
+    def captures_with_pending(self, job_id: str | None = None, newest: int = 20) -> list[tuple[Capture, bool]]:
+        """``[(capture, stored)]``, oldest first: the ``newest`` stored captures (of ``job_id``) with each one that
+        waits in the retry queue (the store failed) in its newer version and ``stored=False``, plus the waiting
+        ones the store has never held. While the file cannot even be read, only the waiting ones."""
+        waiting = {c.capture_id: c for c in self.queue.records("capture") if job_id is None or c.job_id == job_id}
+        try:
+            stored = self.captures(job_id, newest=newest)
+        except sqlite3.Error:
+            stored = []
+        out = [(waiting.pop(c.capture_id), False) if c.capture_id in waiting else (c, True) for c in stored]
+        out += [(c, False) for c in waiting.values()]
+        out.sort(key=lambda pair: (pair[0].created_unix_s, pair[0].capture_id))
+        return out[-newest:]
 
     def get_capture(self, capture_id: str) -> Capture | None:
         found = self._load("WHERE capture_id=?", [capture_id])

@@ -28,6 +28,8 @@ class PendingWrite:
     queued_unix_s: float
     is_alert: bool = False
     event: dict[str, Any] | None = field(default=None, repr=False)
+    record: Any = field(default=None, repr=False)
+    """What the write stores, for reads while it waits (a capture: its ``Capture``)."""
 
 
 class RetryQueue:
@@ -86,6 +88,10 @@ class RetryQueue:
     def events(self) -> list[tuple[dict[str, Any], bool]]:
         """The pending events with whether each is an alert, oldest first."""
         return [(w.event, w.is_alert) for w in self._items.values() if w.kind == "event" and w.event is not None]
+
+    def records(self, kind: Kind) -> list[Any]:
+        """The ``record`` of every pending write of ``kind``, oldest first."""
+        return [w.record for w in self._items.values() if w.kind == kind and w.record is not None]
 
     def flush(self, db: sqlite3.Connection) -> tuple[int, list[tuple[PendingWrite, str]]]:
         """Perform every pending write in one transaction. Returns ``(written, rejected)``: a write the database

@@ -69,6 +69,29 @@ def collectives_per_step(db_path: Path) -> float | None:
         con.close()
 
 
+def own_comm_waits(analysis_db: Path) -> dict[int, tuple[float, int]]:
+    """One rank's own HCCL wait per step from its ``analysis.db`` ``CommAnalyzerTime`` (torch_npu's parse):
+    ``step -> (sum of wait_time in µs, collectives)``; ``{}`` when the file or table is missing or unreadable.
+
+    ``wait_time`` (ms) is HCCL's Notify-Wait time of each op on this rank: how long it waited for its peers,
+    wherever they are, seen from its own data, unlike msprof-analyze's cluster-level wait (own duration minus
+    the shortest of the ranks analysed). Rows whose ``step`` is not ``stepN`` are skipped."""
+    rows = read_table(analysis_db, "CommAnalyzerTime") or []
+    out: dict[int, list[float]] = {}
+    for row in rows:
+        step = str(row.get("step") or "")
+        if not step.startswith("step") or not step[4:].isdigit():
+            continue
+        try:
+            wait_ms = float(row.get("wait_time") or 0.0)
+        except (TypeError, ValueError):
+            continue
+        acc = out.setdefault(int(step[4:]), [0.0, 0])
+        acc[0] += max(0.0, wait_ms) * 1e3 if wait_ms == wait_ms and wait_ms != float("inf") else 0.0
+        acc[1] += 1
+    return {s: (w, int(n)) for s, (w, n) in out.items()}
+
+
 def has_row(db_path: Path, sql: str) -> bool:
     """True when ``sql`` returns a row from ``db_path`` opened read-only; False on no row or any sqlite error."""
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -31,7 +31,27 @@ UNSUPPORTED_OUTPUTS: tuple[tuple[re.Pattern[str], bool, str], ...] = (
     (re.compile(r"^PROF_\d+_\d+_[0-9A-Za-z]+$"), True, "msprof command-line captures (PROF_*)"),
     (re.compile(r"^.+\.pt\.trace\.json(?:\.gz)?$"), False,
      "torch.profiler traces outside a profwatch *_torch_pt rank dir (*.pt.trace.json)"),
+    (re.compile(r"^msmonitor_\d+_\d{17}_(?:-1|\d+)\.db$"), False,
+     "msMonitor lightweight DBs (msmonitor_{pid}_{ts}_{rank}.db)"),
 )
+UNSUPPORTED_ADVICE = {
+    "msMonitor lightweight DBs (msmonitor_{pid}_{ts}_{rank}.db)":
+        "msprof-analyze reads them itself: `msprof-analyze -m slow_rank -d <this folder>` names a slow rank from "
+        "their communication ops (cluster_time_summary and communication_matrix need the analysis.db msMonitor "
+        "does not write); for profwatch's verdict, capture with torch_npu's dynamic_profile (one *_ascend_pt rank "
+        "dir per rank)",
+}
+"""What to do with an output kind of :data:`UNSUPPORTED_OUTPUTS` when there is more to say than "not supported"
+(msMonitor's DBs: the name pattern and the recipes that read them, docs/msprof-analyze.md#msmonitor)."""
+
+RANK_LIST_KEY = "profwatch_rank_list"
+"""Metadata key of a targeted capture's ``rank_list``, as ranges (:func:`encode_rank_list`): torch_npu copies the
+config's ``metadata`` into every rank dir's ``profiler_metadata.json`` (the torch.profiler backend does the same),
+so an offline scan knows the capture was targeted and which ranks it expects."""
+WORLD_SIZE_KEY = "profwatch_world_size"
+"""Metadata key of the job's world size at arm time (a targeted capture holds fewer ranks than the job)."""
+MAX_DECODED_RANKS = 1 << 20
+"""A decoded rank list longer than this is refused (the metadata is read from disk: it is not trusted)."""
 
 PROFILER_OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
 NOT_REGULAR = "not a regular file"
@@ -101,6 +121,25 @@ def parse_rank_dir_name(name: str) -> RankDirName | None:
     except ValueError:
         return None
     return parsed
+
+
+def rank_dir_of(root: str, path: str, max_depth: int) -> str | None:
+    """The rank dir that holds ``path`` (or is ``path``) below the scan root ``root``: the first of ``path``'s first
+    ``max_depth`` components below ``root`` named like a rank dir, as ``find_rank_dirs`` would find it (it walks
+    ``max_depth`` levels and never descends into a rank dir); ``root`` itself when it is a rank dir. None when no
+    such component exists or ``path`` is not below ``root``. Both are normalised absolute paths (string work only:
+    whether the dir is real is the reader's question)."""
+    root = root.rstrip("/") or "/"
+    if parse_rank_dir_name(root.rsplit("/", 1)[-1]) is not None:
+        return root if path == root or path.startswith(root + "/") else None
+    prefix = root if root.endswith("/") else root + "/"
+    if not path.startswith(prefix):
+        return None
+    parts = path[len(prefix):].split("/")
+    for i, part in enumerate(parts[:max_depth]):
+        if parse_rank_dir_name(part) is not None:
+            return prefix + "/".join(parts[: i + 1])
+    return None
 
 
 def unsupported_output(name: str, *, is_dir: bool) -> str | None:
@@ -202,6 +241,44 @@ def parse_profiler_info(data: Mapping[str, Any]) -> ProfilerInfo:
     )
 
 
+def encode_rank_list(ranks: Iterable[int], max_chars: int) -> str | None:
+    """``"0-3,8,10-12"``: sorted distinct ranks as contiguous ranges; ``None`` when the text (as a JSON string, with
+    its two quotes) would exceed ``max_chars`` (torch_npu's ``add_metadata_json`` skips longer values)."""
+    spans: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return text if len(text) + 2 <= max_chars else None
+
+
+_RANGE_RE = re.compile(r"^\s*(\d{1,9})\s*(?:-\s*(\d{1,9})\s*)?$")
+
+
+def decode_rank_list(value: Any) -> tuple[int, ...] | None:
+    """Inverse of :func:`encode_rank_list` (a JSON list of ints is accepted too); ``None`` for anything malformed,
+    empty, with a reversed range, or expanding to more than :data:`MAX_DECODED_RANKS` ranks."""
+    if isinstance(value, list):
+        if not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+            return None
+        return tuple(sorted(set(value))) if len(value) <= MAX_DECODED_RANKS else None
+    if not isinstance(value, str) or not value.strip():
+        return None
+    out: set[int] = set()
+    for part in value.split(","):
+        m = _RANGE_RE.match(part)
+        if m is None:
+            return None
+        a = int(m.group(1))
+        b = int(m.group(2)) if m.group(2) is not None else a
+        if b < a or len(out) + (b - a + 1) > MAX_DECODED_RANKS:
+            return None
+        out.update(range(a, b + 1))
+    return tuple(sorted(out))
+
+
 def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -212,7 +289,7 @@ class ProfilerMetadata:
 
     ``capture_id``/``job_id``/``reason``: the ``profwatch_*`` keys profwatch stamps into the config's metadata.
     ``world_size``: ``len(global_ranks)`` of the ``default_group`` entry of ``parallel_group_info``, else
-    ``distributed_args.world_size`` (docs/rank-dirs.md#completion). ``group_names``: the HCCL communicator names
+    ``distributed_args.world_size``, else the ``profwatch_world_size`` profwatch stamps (docs/rank-dirs.md#completion). ``group_names``: the HCCL communicator names
     (keys of ``parallel_group_info``), identical across ranks of one job, a grouping hint only. ``groups``: the
     communicators smaller than the world (name -> sorted global ranks), which targeted captures use to pick a
     suspect's group peers (``daemon/profwatch/core/capture/targeting.py``); the world group is left out (it says nothing about
@@ -225,6 +302,8 @@ class ProfilerMetadata:
     world_size: int | None = None
     group_names: frozenset[str] = field(default_factory=frozenset)
     groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    rank_list: tuple[int, ...] | None = None
+    """A targeted capture's ranks (:data:`RANK_LIST_KEY`), else None."""
 
 
 def _group_members(pgi: Mapping[str, Any], world: int | None,
@@ -269,6 +348,8 @@ def parse_profiler_metadata(data: Mapping[str, Any],
     dargs = data.get("distributed_args")
     if world_size is None and isinstance(dargs, Mapping):
         world_size = _as_int(dargs.get("world_size"))
+    if world_size is None:
+        world_size = _as_int(data.get(WORLD_SIZE_KEY))
     world = world_size if world_size and world_size > 0 else None
     return ProfilerMetadata(
         capture_id=_str_or_none(data.get("profwatch_capture_id")),
@@ -277,6 +358,7 @@ def parse_profiler_metadata(data: Mapping[str, Any],
         world_size=world,
         group_names=frozenset(groups),
         groups=_group_members(pgi, world, intern) if isinstance(pgi, Mapping) else {},
+        rank_list=decode_rank_list(data.get(RANK_LIST_KEY)),
     )
 
 

@@ -42,6 +42,13 @@ class WatchSettings(BaseModel):
     reconciliation scan re-checks anyway) (docs/field-cases.md#fc-16)."""
     reconcile_interval_s: float = Field(30.0, gt=0)
     """Periodic full re-check of every watched prof_dir, whatever the events said (docs/field-cases.md#fc-16, #fc-17)."""
+    reconcile_slice_s: float = Field(0.05, gt=0)
+    """Longest one slice of a reconcile pass reads rank dirs before it yields to the dirs that events name (an
+    event waits at most this long for its read); the pass resumes in the next slice (``core/batches/tracker.py``).
+    A slice also ends as soon as the batch can be decided."""
+    max_changed_rank_dirs: int = Field(65_536, ge=1)
+    """Rank dirs named by events that one prof_dir may have waiting to be read; beyond that the waiting names are
+    dropped for one full look (memory stays bounded whatever a tree holds)."""
     supervise_interval_s: float = Field(0.5, gt=0)
     """How often the supervisor checks that observer threads are alive and pending prof_dirs exist."""
     quiet_period_s: float = Field(60.0, ge=0)

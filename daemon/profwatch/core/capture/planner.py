@@ -20,8 +20,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from profwatch.core.batches.prof_layout import RANK_LIST_KEY, WORLD_SIZE_KEY, encode_rank_list
 from profwatch.core.capture.profiler_config import (
     MAX_CONFIG_BYTES,
+    MAX_METADATA_VALUE_CHARS,
     AicMetrics,
     ExperimentalConfig,
     ExportType,
@@ -197,6 +199,22 @@ def new_capture_id(job_id: str, now_unix_s: float) -> str:
     return f"c-{dt.strftime('%Y%m%dT%H%M%S')}{dt.microsecond // 1000:03d}-{h}"
 
 
+def capture_metadata(capture_id: str, reason: str, job_id: str, rank_list: list[int] | None,
+                     world_size: int) -> dict[str, Any]:
+    """The config's ``metadata``, which torch_npu (``add_metadata_json``) and the torch.profiler backend copy into
+    every rank dir's ``profiler_metadata.json``: ``profwatch_capture_id``/``_reason``/``_job_id``, and for a
+    targeted capture its ``rank_list`` as ranges (``prof_layout.RANK_LIST_KEY``, e.g. ``"0-3,8"``; left out when
+    even as ranges it would pass torch_npu's 4,096-character limit per value) and the job's world size
+    (``prof_layout.WORLD_SIZE_KEY``), so ``scan``/``analyze`` read a targeted capture as one, offline too."""
+    meta: dict[str, Any] = {"profwatch_capture_id": capture_id, "profwatch_reason": reason, "profwatch_job_id": job_id}
+    if rank_list is not None:
+        encoded = encode_rank_list(rank_list, MAX_METADATA_VALUE_CHARS)
+        if encoded is not None:
+            meta[RANK_LIST_KEY] = encoded
+        meta[WORLD_SIZE_KEY] = world_size
+    return meta
+
+
 def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSettings | None = None) -> CapturePlan:
     """Plan one capture. Raises :class:`CannotPlanCapture` or :class:`InvalidProfilerConfig`.
 
@@ -270,7 +288,7 @@ def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSetting
         async_mode=s.async_mode or (ranks is not None and s.analyse),
         is_rank=ranks is not None,
         rank_list=ranks or [],
-        metadata={"profwatch_capture_id": capture_id, "profwatch_reason": req.reason, "profwatch_job_id": job.job_id},
+        metadata=capture_metadata(capture_id, req.reason, job.job_id, ranks, job.world_size),
         experimental_config=ExperimentalConfig(profiler_level=s.profiler_level, export_type=list(s.export_type)),
     )
     rank_deadlines: dict[int, float] = {}

@@ -78,6 +78,9 @@ class ClusterEvidence:
     batch is at best ``partial``. ``alignment``: how the ranks' steps were put side by side (torch traces:
     ``{"method": ..., "offsets_us": {rank: us}, "unaligned": {rank: reason}, "notes": [...]}``).
     ``collectives_per_step``: collectives one rank runs per step (None when unknown), for the impact estimate.
+    ``own_waits``: rank -> step -> (its own HCCL wait in µs, collectives), read from each rank's own data
+    (``CommAnalyzerTime``) for targeted captures, so waits for ranks outside the capture show
+    (``daemon/profwatch/core/verdict/subset.py``); empty when not read.
     """
 
     kind: EvidenceKind
@@ -93,6 +96,7 @@ class ClusterEvidence:
     unusable_ranks: dict[int, str] = field(default_factory=dict)
     alignment: dict[str, Any] = field(default_factory=dict)
     collectives_per_step: float | None = None
+    own_waits: dict[int, dict[int, tuple[float, int]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,10 @@ then paired with the reference step it overlaps most (at least half of the short
 collectives with the reference but none of whose collective ends match within that window recorded other steps
 (or its clock is off by more than the window): it is not aligned, with the reason. Only a rank without any
 collective in common with the reference falls back to the armed window: every rank records the same armed steps,
-so its k-th recorded step is the reference's k-th.
+so its k-th recorded step is the reference's k-th. Hosts whose clocks differ by seconds (issue 22 item 4: 2-30 s
+without NTP) are matched by the order of their collectives instead (:func:`sequence_offset`): the same names in
+the same order, every end off by one constant of at least 1 s and twice the capture window (method
+``collective_sequence``, with a note).
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+FAR_SKEW_US = 1_000_000.0
+"""An offset found from the order of collectives is taken as clock skew only from 1 s (and twice the reference's
+capture window) on: nearer, a rank that recorded the next steps looks the same and is not aligned."""
+
 Span = tuple[int, float, float]
 """``(label, start_us, end_us)`` of one ``ProfilerStep#label``."""
 
@@ -36,9 +43,10 @@ class Alignment:
     """How each rank's steps map onto the reference's.
 
     ``labels[rank][own label] = canonical step`` (the reference's label); ``methods[rank]``:
-    ``"reference"``, ``"collective_ends"``, ``"clock"`` (collective ends did not line up, the steps overlap on
-    the clocks as they are) or ``"armed_window"``; ``offsets_us[rank]``: its clock minus the
-    reference's (collective_ends only); ``unaligned[rank]``: why a rank could not be aligned; ``method``: the one
+    ``"reference"``, ``"collective_ends"``, ``"collective_sequence"`` (clock seconds off: matched by the order of
+    the collectives), ``"clock"`` (collective ends did not line up, the steps overlap on the clocks as they are)
+    or ``"armed_window"``; ``offsets_us[rank]``: its clock minus the reference's (collective_ends and
+    collective_sequence); ``unaligned[rank]``: why a rank could not be aligned; ``method``: the one
     method used by every aligned non-reference rank, else ``"mixed"``.
     """
 
@@ -119,6 +127,21 @@ def estimate_offset(mine: Sequence[tuple[str, float]], ref: Sequence[tuple[str, 
     return (diffs[mid] if len(diffs) % 2 else (diffs[mid - 1] + diffs[mid]) / 2), n_match
 
 
+def sequence_offset(mine: Sequence[tuple[str, float]], ref: Sequence[tuple[str, float]], *,
+                    tol_us: float) -> float | None:
+    """Clock offset (µs, mine - reference) at any size, from the order of the collectives: when both ranks ran
+    the same collectives in the same order (same count, same names), the k-th ends of the two sequences are the
+    same instance, so ``end_k(mine) - end_k(ref)`` is the offset; it must be the same for every k within
+    ``tol_us`` (else ``None``). Source of the fact: a synchronous collective ends at the same moment on every
+    member (the module docstring)."""
+    a, b = sorted(mine, key=lambda t: t[1]), sorted(ref, key=lambda t: t[1])
+    if len(a) < 2 or len(a) != len(b) or any(x[0] != y[0] for x, y in zip(a, b, strict=True)):
+        return None
+    diffs = sorted(x[1] - y[1] for x, y in zip(a, b, strict=True))
+    mid = diffs[len(diffs) // 2] if len(diffs) % 2 else (diffs[len(diffs) // 2 - 1] + diffs[len(diffs) // 2]) / 2
+    return mid if diffs[-1] - diffs[0] <= 2 * tol_us else None
+
+
 def _pair_spans(mine: Sequence[Span], ref: Sequence[Span], offset_us: float) -> dict[int, int]:
     """own label -> reference label by largest overlap (at least half of the shorter span) after the shift."""
     out: dict[int, int] = {}
@@ -188,6 +211,18 @@ def align_steps(spans: Mapping[int, Sequence[Span]], collectives: Mapping[int, S
                 # clocks as they are: trust the clocks
                 al.methods[r], al.labels[r], al.offsets_us[r] = "clock", as_is, 0.0
                 continue
+            far = sequence_offset(mine, theirs, tol_us=tol)
+            span_ref = have[ref][-1][2] - have[ref][0][1]
+            if far is not None and abs(far) >= max(2.0 * span_ref, FAR_SKEW_US):
+                mapping = _pair_spans(have[r], have[ref], far)
+                if mapping:
+                    # hosts whose clocks differ by seconds (no NTP): the same collectives in the same order, all
+                    # ends off by one constant far beyond the window
+                    al.offsets_us[r], al.methods[r], al.labels[r] = far, "collective_sequence", mapping
+                    al.notes.append(f"rank {r}: its clock is {far / 1e6:+.3f} s off rank {ref}'s: steps paired by "
+                                    "the order of their collectives (the same collectives, each end off by that "
+                                    "much); a rank that recorded other steps far away would look the same")
+                    continue
             al.unaligned[r] = (f"none of its collective ends matches rank {ref}'s within a clock offset of "
                                f"{window / 1e3:.1f} ms and its steps do not overlap rank {ref}'s: it recorded other "
                                "steps, or its clock is further off")

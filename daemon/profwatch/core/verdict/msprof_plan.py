@@ -318,8 +318,32 @@ def _status(run: RunOutcome, status: RecipeState, detail: str, *, tables: list[s
                         peak_rss_bytes=run.peak_rss_bytes)
 
 
+_DISK_SIGNS = (
+    ("No space left on device", "no space left"), ("[Errno 28]", "no space left"),
+    ("database or disk is full", "no space left"), ("Disk quota exceeded", "disk quota exceeded"),
+    ("[Errno 122]", "disk quota exceeded"), ("disk I/O error", "disk I/O error"),
+    ("Read-only file system", "read-only file system"), ("[Errno 30]", "read-only file system"),
+)
+"""Log fragments of a write that failed for lack of room (or a read-only disk) -> the cause named. msprof-analyze
+26.2.0 catches these inside a recipe, logs "Execute <Recipe> with exception: database or disk is full" (SQLite's
+SQLITE_FULL) or "disk I/O error" (SQLITE_IOERR, what a full disk gives during a journal write) and exits 0; when
+its log file sits on the full disk too, Python's logging says "OSError: [Errno 28] No space left on device" on
+stderr instead (observed on a full tmpfs)."""
+
+
+def disk_error(log_text: str) -> str | None:
+    """``"no space left: <the log line>"`` (or quota, I/O, read-only) when the tool's log says a write failed
+    for lack of room; None otherwise. The first matching line is quoted (at most 200 characters)."""
+    for line in log_text.splitlines():
+        for sign, cause in _DISK_SIGNS:
+            if sign in line:
+                return f"{cause}: {line.strip()[:200]}"
+    return None
+
+
 def _failed(run: RunOutcome) -> RecipeStatus | None:
-    """Statuses common to every command (cannot start, memory cap, cancelled, timeout, tool error), or None."""
+    """Statuses common to every command (cannot start, memory cap, cancelled, timeout, a full disk named from the
+    tool's log, tool error), or None."""
     if run.spawn_error is not None:
         return RecipeStatus(name=run.name, status="tool_error", detail=f"cannot start: {run.spawn_error}",
                             phase=run.phase)
@@ -331,6 +355,10 @@ def _failed(run: RunOutcome) -> RecipeStatus | None:
                        with_log=True)
     if run.timed_out:
         return _status(run, "timeout", f"killed after {run.duration_s:.0f} s ({run.attempts} attempt(s))",
+                       with_log=True)
+    disk = disk_error(run.log_text + "\n" + run.log_tail)  # on a full disk the log file stays empty: stderr
+    if disk is not None:  # the tool exits 0 and every recipe looks empty: name the cause, as for a kill
+        return _status(run, "tool_error", f"{disk} (free space under {run.output_dir or 'the output folder'})",
                        with_log=True)
     if run.returncode != 0 or (run.agent.found and run.agent.status == "error"):
         return _status(run, "tool_error", run.agent.error or f"exit code {run.returncode}", with_log=True)

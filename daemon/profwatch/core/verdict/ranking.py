@@ -19,12 +19,19 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from profwatch.core.verdict.evidence import ClusterEvidence, SlowLink, Strength, Suspect, SuspectKind
-from profwatch.core.verdict.impact import impact_of, single_rank_impacts, sync_overhead, to_impact
+from profwatch.core.verdict.explain import vote_notes
+from profwatch.core.verdict.impact import (
+    impact_of,
+    single_rank_impacts,
+    step_savings_us,
+    sync_overhead,
+    to_impact,
+)
 from profwatch.core.verdict.links import LinkSettings, find_slow_links
 from profwatch.core.verdict.robust import OutlierTest, median, upper_outliers
 from profwatch.core.verdict.signals import SignalTable, measure_signals, parse_link_rows
 
-__all__ = ["RankingSettings", "Verdict", "judge_batch", "parse_link_rows", "rank_suspects", "ranking_notes",
+__all__ = ["RankingSettings", "Verdict", "find_one_offs", "judge_batch", "parse_link_rows", "rank_suspects", "ranking_notes",
            "score_is_valid"]
 
 
@@ -88,6 +95,11 @@ class Verdict:
     short_window: bool = False
     enough_steps: bool = True
     """False when fewer steps were captured than ``min_strong_steps``: an empty verdict then proves little."""
+    one_offs: list[dict[str, Any]] = field(default_factory=list)
+    """Ranks slow in one step only (that step left out of their evidence), with what it cost: see
+    :func:`find_one_offs`."""
+    compared_ranks: int = 0
+    """Ranks with a time breakdown in a step shared with at least one other rank (0 or 1: nothing to compare)."""
 
 
 def _noise_tests(table: SignalTable, settings: RankingSettings) -> dict[str, OutlierTest]:
@@ -99,7 +111,7 @@ def _noise_tests(table: SignalTable, settings: RankingSettings) -> dict[str, Out
             continue
         within, steps = table.within.get(name, (0.0, 1.0))
         floor = max(settings.min_sigma_frac, within / math.sqrt(max(1.0, steps)))
-        tests[name] = upper_outliers(pooled, candidate_z=settings.candidate_z, sigma_floor=floor)
+        tests[name] = upper_outliers(pooled, candidate_z=settings.candidate_z, sigma_floor=floor, final_sd=True)
     return tests
 
 
@@ -120,10 +132,10 @@ def _summary_text(pooled: Mapping[str, float], details: Mapping[str, Any], kind:
     parts: list[str] = []
     if kind == "compute" and "computation_us" in peer:
         parts.append(f"computation {med['computation_us'] / 1e3:.1f} ms vs peers {peer['computation_us'] / 1e3:.1f} ms"
-                     f" (+{100 * pooled.get('comp', 0.0):.1f}% of step)")
+                     f" (medians; mean excess +{100 * pooled.get('comp', 0.0):.1f}% of step)")
     elif kind == "host" and "free_us" in peer:
         parts.append(f"idle/host time {med['free_us'] / 1e3:.1f} ms vs peers {peer['free_us'] / 1e3:.1f} ms"
-                     f" (+{100 * pooled.get('free', 0.0):.1f}% of step)")
+                     f" (medians; mean excess +{100 * pooled.get('free', 0.0):.1f}% of step)")
     elif kind == "communication" and pooled.get("link", 0.0) > pooled.get("comm", 0.0):
         ratio = details.get("bandwidth_ratio")
         bw = f" (bandwidth {100 * ratio:.0f}% of peers)" if ratio is not None else ""
@@ -133,7 +145,8 @@ def _summary_text(pooled: Mapping[str, float], details: Mapping[str, Any], kind:
                      "not explained by waiting")
     if pooled.get("late", 0.0) > 0 and "wait_us" in peer and "wait_us" in med:
         parts.append(f"peers wait {peer['wait_us'] / 1e3:.1f} ms/step in collectives, it waits "
-                     f"{med['wait_us'] / 1e3:.1f} ms")
+                     f"{med['wait_us'] / 1e3:.1f} ms (each peer waits "
+                     f"{max(0.0, peer['wait_us'] - med['wait_us']) / 1e3:.1f} ms/step for it)")
     if total_votes:
         parts.append(f"slow_rank votes {votes}/{total_votes}")
     parts.append(f"stands out in {standing}/{steps} steps")
@@ -147,6 +160,63 @@ def _link_rows(evidence: ClusterEvidence) -> list[Mapping[str, Any]]:
 
 def _strength(steps: int, settings: RankingSettings, short: bool) -> Strength:
     return "weak" if steps < settings.min_strong_steps or short else "strong"
+
+
+def find_one_offs(table: SignalTable, tests: Mapping[str, OutlierTest], named: set[int],
+                  settings: RankingSettings, collectives_per_step: float | None = None) -> list[dict[str, Any]]:
+    """Ranks (not named) whose worst step was left out of their pooled own work and that step alone is a
+    significant excess: a one-off delay, reported with its cost instead of hidden (issue 22 item 2).
+
+    Returns ``[{"rank", "step", "excess_us", "excess_frac", "z", "cost_us", "cost_pct_of_window", "text"}]``,
+    largest cost first. ``excess``: the rank's own work in that step above its peers' median (µs, and fraction of
+    the step); ``cost_us``: the step time the job would have saved in that step with the rank as fast as its peers
+    (:func:`~profwatch.core.verdict.impact.step_savings_us`); ``cost_pct_of_window``: that over the summed step
+    times of the analysed steps.
+
+    Notes:
+        Size: its cost must be at least ``min_effect_frac`` of the window. Significance: the one step's excess must
+        be at least ``min_effect_frac`` of the step and ``z >=
+        max(min_robust_z, Phi^-1(1 - family_alpha / (N S)))`` (Bonferroni over the N ranks x S steps tested)
+        against the sd of one step's excess, ``sqrt(tau^2 + sigma_within^2)``: ``tau^2`` the between-rank spread
+        of pooled values less their step-to-step part (``sigma_pooled^2 - sigma_within^2 / S``).
+    """
+    test = tests.get("own")
+    within, steps = table.within.get("own", (0.0, 1.0))
+    if test is None or not table.left_out:
+        return []
+    n_tests = max(1, sum(table.n_steps.values()))
+    z_need = max(settings.min_robust_z, NormalDist().inv_cdf(1.0 - settings.family_alpha / n_tests))
+    tau2 = max(0.0, test.sigma ** 2 - within ** 2 / max(1.0, steps))
+    sd = max(math.sqrt(tau2 + within ** 2), settings.min_sigma_frac)
+    window_us = sum(c.t_step_us for c in table.columns)
+    found: list[tuple[int, int, float, float]] = []
+    for rank, index in sorted(table.left_out.items()):
+        step = table.step_of(rank, "own", index)
+        if rank in named or step is None:
+            continue
+        x = table.series(rank, "own")[index]
+        z = (x - test.center) / sd
+        if x >= settings.min_effect_frac and z >= z_need:
+            found.append((rank, step, x, z))
+    if not found:
+        return []
+    over = sync_overhead(table.by_step, {f[0] for f in found}, collectives_per_step=collectives_per_step).overhead_us
+    out: list[dict[str, Any]] = []
+    for rank, step, x, z in found:
+        col = next(c for c in table.columns if c.step == step)
+        rows = table.by_step[step]
+        cost = step_savings_us(rows, {rank}, suspects={rank}, overhead_us=over)
+        pct = 100.0 * cost / window_us if window_us > 0 else 0.0
+        if pct < 100.0 * settings.min_effect_frac:
+            continue  # a one-off that cost the window less than the effect size is not worth a line
+        excess_us = x * col.t_step_us
+        text = (f"rank {rank} was slow in step {step} only (+{excess_us / 1e3:.1f} ms of own work, "
+                f"{100 * x:.1f}% of the step): a one-off, not a slow rank; it cost the job {cost / 1e3:.1f} ms, "
+                f"{pct:.1f}% of the {len(table.columns)} analysed steps")
+        out.append({"rank": rank, "step": step, "excess_us": round(excess_us, 3), "excess_frac": round(x, 5),
+                    "z": round(z, 3), "cost_us": round(cost, 3), "cost_pct_of_window": round(pct, 3), "text": text})
+    out.sort(key=lambda d: (-d["cost_us"], d["rank"]))
+    return out
 
 
 def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | None = None,
@@ -220,9 +290,13 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
     dirs.update(rank_dirs or {})
     table = measure_signals(evidence.summaries, _link_rows(evidence), trim_z=settings.trim_z)
     by_step = table.by_step
-    verdict = Verdict(captured_steps=sorted(c.step for c in table.columns),
-                      armed_steps=list(armed_steps) if armed_steps else None, notes=list(table.notes))
-    world = world_size or len({r for rows in by_step.values() for r in rows})
+    verdict = Verdict(captured_steps=table.steps_seen or sorted(c.step for c in table.columns),
+                      armed_steps=list(armed_steps) if armed_steps else None, notes=list(table.notes),
+                      compared_ranks=len(table.n_steps))
+    world = world_size or len({r for rows in by_step.values() for r in rows}) or \
+        len({r.rank for r in evidence.summaries})
+    if len(table.n_steps) < 2 and evidence.summaries:
+        verdict.notes.append("one rank with a time breakdown: no peer to compare it with")
     captured = len(verdict.captured_steps)
     verdict.enough_steps = captured >= settings.min_strong_steps
     if verdict.armed_steps is not None and captured < len(verdict.armed_steps):
@@ -327,6 +401,14 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
         named.append((imp.saving_s_per_step if imp else 0.0, score, sus))
     named.sort(key=lambda t: (-t[0], -t[1], t[2].rank))
     verdict.suspects = [s for _, _, s in named[: settings.max_suspects]]
+    verdict.one_offs = find_one_offs(table, tests, {s.rank for s in verdict.suspects}, settings,
+                                     evidence.collectives_per_step)
+    verdict.notes += [o["text"] for o in verdict.one_offs]
+    slow_rank = evidence.recipes.get("slow_rank")
+    own = tests.get("own")
+    verdict.notes += vote_notes(votes, verdict.suspects, slow_rank.status if slow_rank is not None else None,
+                                own.z if own is not None else {}, table.pooled.get("own", {}), z_needed=z_base,
+                                min_effect_frac=settings.min_effect_frac)
     verdict.links = found.links if found else []
     if found:
         verdict.notes += found.notes

@@ -12,11 +12,13 @@ analyzer):
   peers wait for (the same ``W`` as :func:`profwatch.core.verdict.ranking.rank_suspects`).
 * peer median: in each step, the median of ``W`` over the *other* ranks (leave-one-out, so a slow rank does not
   pull its own reference; this matters for 2-4 ranks).
-* own-work difference: ``W - peer median`` per (rank, step); per rank, its median over steps. The slow rank is
-  the one with the large positive difference; every other rank sits near zero.
-* wait caused: ``peer median of wait - own wait`` per step (msprof-analyze ``communicationWaitStageTime`` is own
-  collective time minus the shortest one, so the rank the others wait for waits ~0 while they wait), median over
-  steps, floored at 0: how long each peer waits for this rank per step.
+* own-work difference: ``W - peer median`` per (rank, step) (the rank x step cells); per rank, the median of its
+  ``W`` minus the median of its peer medians (the two figures shown beside it). The slow rank is the one with the
+  large positive difference; every other rank sits near zero.
+* wait caused: the median over steps of the peers' (leave-one-out) median wait minus the median of the rank's own
+  wait, floored at 0 (msprof-analyze ``communicationWaitStageTime`` is own collective time minus the shortest one,
+  so the rank the others wait for waits ~0 while they wait): how long each peer waits for this rank per step; the
+  same two medians as the ranking's "peers wait A ms/step, it waits B ms".
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from statistics import median
 from typing import Any, Literal
 
 from profwatch.core.verdict.evidence import RankStepSummary
+from profwatch.core.verdict.figures import figure_violations
 
 Grade = Literal["strong", "weak"]
 HeadlineState = Literal["found", "possible", "none", "unknown"]
@@ -208,10 +211,14 @@ def measure_ranks(summaries: Sequence[RankStepSummary]) -> tuple[list[RankRow], 
                 a[name].append(us / 1e3)
             wref = wait_ref.get(k)
             if wref is not None:
-                a["caused"].append((wref - waits[k]) / 1e3)
+                a["peer_wait"].append(wref / 1e3)
+                a["own_wait"].append(waits[k] / 1e3)
+    # per rank: differences of medians, so each figure equals the two it is shown beside ("+D ms: X vs Y") and
+    # the ranking's evidence line ("peers wait A ms/step, it waits B ms") gives the same A - B (docs/report.md)
     out = [RankRow(rank=k, steps=len(a["own"]), own_ms=median(a["own"]), peer_own_ms=median(a["peer"]),
-                   own_delta_ms=median(a["delta"]), computation_ms=median(a["comp"]), free_ms=median(a["free"]),
-                   wait_ms=median(a["wait"]), wait_caused_ms=max(0.0, median(a["caused"])) if a["caused"] else 0.0,
+                   own_delta_ms=median(a["own"]) - median(a["peer"]), computation_ms=median(a["comp"]),
+                   free_ms=median(a["free"]), wait_ms=median(a["wait"]),
+                   wait_caused_ms=max(0.0, median(a["peer_wait"]) - median(a["own_wait"])) if a["peer_wait"] else 0.0,
                    step_ms=median(a["step"]))
            for k, a in sorted(acc.items()) if a["own"]]
     keep = steps_all[-MAX_MATRIX_STEPS:]
@@ -397,6 +404,7 @@ def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
     if matrix.dropped_steps:
         notes.append(f"rank x step view shows the last {len(matrix.steps)} of "
                      f"{len(matrix.steps) + matrix.dropped_steps} steps (per-rank medians use all)")
+    notes += [f"figure check: {v}" for v in figure_violations(summaries, ranks, valid)]  # docs/report.md
     cells = [abs(v) for line in matrix.delta_ms for v in line if v is not None]
     limit = max(max(cells, default=0.0), MIN_COLOUR_FRAC * step_ms, 1e-3)
     return ReportView(headline=headline_of(status, detail, suspects), suspects=suspects, ranks=ranks, matrix=matrix,

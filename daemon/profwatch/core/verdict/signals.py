@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profwatch.core.verdict.evidence import RankStepSummary
-from profwatch.core.verdict.robust import MAD_TO_SIGMA, loo_medians, median
+from profwatch.core.verdict.robust import loo_medians, median, within_sigma
 
 _WITHIN_SAMPLE = 2048
 SIGNALS = ("comp", "free", "own", "comm", "late", "link")
@@ -56,20 +56,26 @@ def parse_link_rows(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[int, tu
 
 
 def valid_rows(summaries: Sequence[RankStepSummary]) -> tuple[dict[int, dict[int, RankStepSummary]], list[str]]:
-    """Group rows by step, dropping rows that cannot carry a signal. Returns ``(step -> rank -> row, notes)``."""
+    """Group rows by step, dropping rows that cannot carry a signal (steps with one rank are kept: the caller
+    compares only steps with two or more). Returns ``(step -> rank -> row, notes)``."""
     by_step: dict[int, dict[int, RankStepSummary]] = defaultdict(dict)
     notes: list[str] = []
     dropped = 0
     for row in summaries:
-        busy = row.computation_us + row.communication_us + row.free_us
-        if row.step < 0 or (row.step_time_us <= 0 and busy <= 0) or (row.computation_us <= 0 and
-                                                                        row.communication_us <= 0):
+        if not usable_row(row):
             dropped += 1  # msprof-analyze zero-fills a rank whose sources are missing (step -1 rows, zeros)
             continue
         by_step[row.step][row.rank] = row
     if dropped:
         notes.append(f"ignored {dropped} zero-filled or negative-step summary rows")
-    return {s: r for s, r in by_step.items() if len(r) >= 2}, notes
+    return dict(by_step), notes
+
+
+def usable_row(row: RankStepSummary) -> bool:
+    """False for a row msprof-analyze zero-filled (step -1, or no step time and no work) or one without work."""
+    busy = row.computation_us + row.communication_us + row.free_us
+    return not (row.step < 0 or (row.step_time_us <= 0 and busy <= 0) or
+                (row.computation_us <= 0 and row.communication_us <= 0))
 
 
 @dataclass(slots=True)
@@ -164,6 +170,19 @@ class SignalTable:
     left_out: dict[int, int] = field(default_factory=dict)
     unreliable: set[int] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    steps_seen: list[int] = field(default_factory=list)
+    """Every step with a usable row, sorted, also those with one rank (a one-rank job's steps)."""
+
+    def step_of(self, rank: int, name: str, index: int) -> int | None:
+        """The step number of entry ``index`` of :meth:`series` ``(rank, name)`` (``None`` when out of range)."""
+        k = 0
+        for c in self.columns:
+            i = c.pos.get(rank)
+            if i is not None and c.ex[name][i] is not None:
+                if k == index:
+                    return c.step
+                k += 1
+        return None
 
     def series(self, rank: int, name: str) -> list[float]:
         """The rank's per-step values of one signal (steps where it has one)."""
@@ -217,28 +236,16 @@ def _per_rank(columns: list[StepColumns], name: str, same: bool) -> dict[int, li
 
 
 def _within(series: Iterable[list[float]]) -> tuple[float, float]:
-    """Robust within-rank step-to-step sigma and the median series length.
-
-    ``1.4826 x MAD`` of every value's deviation from its own rank's median, times ``sqrt(n / (n - 1))`` (the
-    deviations are from a median of ``n`` values, which shrinks them): a few one-off spikes (a start-up delay, a GC
-    pause) do not inflate it, unlike a pooled variance.
-    """
-    devs: list[float] = []
-    lengths: list[int] = []
+    """Within-rank step-to-step sigma (:func:`~profwatch.core.verdict.robust.within_sigma`: unbiased at 2-4 steps,
+    robust to a few ranks with a one-off spike) and the median series length. Above 2,048 ranks every k-th rank
+    is used (the estimate is then precise to ~2 %)."""
     all_series = list(series)
-    stride = max(1, len(all_series) // _WITHIN_SAMPLE)  # a MAD from 2048 ranks x steps is precise to ~2 %
-    for xs in all_series[::stride]:
-        n = len(xs)
-        lengths.append(n)
-        if n < 2:
-            continue
-        m = sorted(xs)
-        mid = (m[n // 2] if n % 2 else (m[n // 2 - 1] + m[n // 2]) / 2.0)
-        devs.extend(abs(x - mid) for x in xs)
-    if not devs:
-        return 0.0, (median(lengths) if lengths else 0.0)
-    n_typ = median(lengths)
-    return MAD_TO_SIGMA * median(devs) * math.sqrt(n_typ / max(1.0, n_typ - 1)), n_typ
+    if not all_series:
+        return 0.0, 0.0
+    stride = max(1, len(all_series) // _WITHIN_SAMPLE)
+    sample = all_series[::stride]
+    sigma, _ = within_sigma(sample)
+    return sigma, float(median(len(xs) for xs in sample))
 
 
 def pool(xs: Sequence[float], sigma_within: float, trim_z: float) -> tuple[float, int | None]:
@@ -270,11 +277,12 @@ def measure_signals(summaries: Sequence[RankStepSummary], link_rows: Iterable[Ma
     so a slow rank does not pull its own reference (this matters for 2- and 3-rank groups). ``comp`` and ``free``
     are pooled over the same steps as ``own`` (so the kind always explains the excess that was tested).
     """
-    by_step, notes = valid_rows(summaries)
+    all_steps, notes = valid_rows(summaries)
+    by_step = {s: r for s, r in all_steps.items() if len(r) >= 2}
     links = parse_link_rows(link_rows)
     unreliable: set[int] = set()
     columns = [c for s in sorted(by_step) if (c := step_columns(s, by_step[s], links.get(s, {}), unreliable))]
-    table = SignalTable(columns, by_step, unreliable=unreliable, notes=notes)
+    table = SignalTable(columns, by_step, unreliable=unreliable, notes=notes, steps_seen=sorted(all_steps))
     if unreliable:
         notes.append(f"wait time unusable (zero-filled) for ranks {sorted(unreliable)}")
     if not columns:

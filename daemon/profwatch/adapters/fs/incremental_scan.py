@@ -1,0 +1,124 @@
+"""Keeps the rank dirs under one prof_dir read one rank dir at a time, and reconciles in bounded, resumable passes
+(I/O adapter over ``daemon/profwatch/core/batches/tracker.py``).
+
+A watch event names a rank dir (``ProfWatcher``'s ``on_rank_dirs``): :meth:`IncrementalScan.update` reads only
+that dir (``RankDirReader.read``, DB checks cached by size and mtime) and answers the capture's batch as soon as
+the counts say it can be decided, without walking the tree. A full look (start, inotify overflow, observer
+restart, the reconcile timer) walks the tree once (``find_rank_dirs``, names only) and reads the planned dirs in
+slices of at most ``WatchSettings.reconcile_slice_s``; ``reconciling`` stays true until the pass has read them
+all, and each later call resumes it. Completion is always decided from files read, never from an event
+(docs/field-cases.md#fc-18).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Collection
+
+import structlog
+
+from profwatch.adapters.fs.rank_dir_fs import (
+    RankDirReader,
+    add_walk_notes,
+    confirm_rank_dir,
+    find_rank_dirs,
+)
+from profwatch.core.batches.completeness import BatchState, CaptureHint, evaluate_rank_dir
+from profwatch.core.batches.settings import WatchSettings
+from profwatch.core.batches.tracker import RankDirTracker, expected_count
+
+log = structlog.get_logger(__name__)
+
+
+class IncrementalScan:
+    """The rank dirs below ``root`` (a prof_dir), read incrementally. Use from one thread.
+
+    ``reader``: a long-lived :class:`RankDirReader` (shared DB-check cache); ``clock``: monotonic seconds (slice
+    budget); ``wall``: unix seconds (deadlines, the quiet period of older torch_npu).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, settings: WatchSettings | None = None,
+                 reader: RankDirReader | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self.settings = settings or WatchSettings()
+        self.reader = reader or RankDirReader()
+        self.tracker = RankDirTracker()
+        self._clock = clock
+        self._wall = wall
+        self._walk_errors: list[str] = []
+        self._skipped: list[str] = []
+
+    @property
+    def reconciling(self) -> bool:
+        """True while a reconcile pass has rank dirs left: call :meth:`update` with ``rank_dirs=()`` to resume it."""
+        return self.tracker.reconciling
+
+    def update(self, rank_dirs: Collection[str] | None, *, capture_id: str | None = None,
+               world_size: int | None = None, hint: CaptureHint | None = None) -> list[BatchState] | None:
+        """Read what changed and answer the batches when a decision about ``capture_id``'s batch is possible.
+
+        ``rank_dirs``: the rank dirs events named (each read, in path order, once), ``()`` to resume a pass in
+        progress, or None for a full look (walk the tree; a new pass replaces the one in progress). Returns the
+        batches ``lifecycle.pick_batch`` picks from (exact: as ``scan_tree`` would decide them from the same
+        reads) when the batch got its first dir, when every expected rank has a dir and none is pending
+        (``RankDirTracker.ready``: after event reads whenever it holds, within a pass when the pass made it
+        hold; the slice stops there), or when a pass has just read its last dir (then every batch); else None
+        ("nothing to decide yet"). Event reads that make a decision possible return before any slice.
+
+        Raises:
+            TreeUnavailable: a full look cannot list ``root`` (its ranks are unknown, not deleted).
+        """
+        s = self.settings
+        expected = expected_count(world_size, hint)
+        before = self.tracker.count(capture_id)
+        ready_before = self.tracker.ready(capture_id, expected)
+        now = self._wall()
+        if rank_dirs is None:
+            skipped: list[str] = []
+            paths, errors = find_rank_dirs(self.root, max_depth=s.scan_max_depth, notes=skipped)
+            for e in errors:
+                log.warning("scan_walk_error", error=e)
+            self._walk_errors, self._skipped = errors, skipped
+            self.tracker.begin_pass(paths)
+        else:
+            for changed in sorted(rank_dirs):
+                self._read(changed, now)
+            if rank_dirs and self._decidable(capture_id, expected, before):
+                return self._batch_of(capture_id, now, world_size, hint)  # the events alone: no slice first
+        if not self.tracker.reconciling:
+            return None
+        end = self._clock() + s.reconcile_slice_s
+        while True:
+            path = self.tracker.next_to_read()
+            if path is None:  # the pass is over: every batch, decided on what it read
+                self.tracker.end_pass()
+                batches = self.tracker.batches(now_unix_s=now, settings=s, world_size=world_size,
+                                               hints={capture_id: hint} if capture_id and hint else None)
+                add_walk_notes(batches, self._walk_errors, self._skipped)
+                return batches
+            self._read(path, now)
+            if not ready_before and self.tracker.ready(capture_id, expected):  # O(1): decidable now, stop here
+                return self._batch_of(capture_id, now, world_size, hint)
+            if self._clock() >= end:
+                break
+        return self._batch_of(capture_id, now, world_size, hint) if before == 0 < self.tracker.count(capture_id) \
+            else None
+
+    def _decidable(self, capture_id: str | None, expected: int | None, before: int) -> bool:
+        return self.tracker.ready(capture_id, expected) or (before == 0 and self.tracker.count(capture_id) > 0)
+
+    def _batch_of(self, capture_id: str | None, now: float, world_size: int | None,
+                  hint: CaptureHint | None) -> list[BatchState]:
+        batches = self.tracker.batch_of(capture_id, now_unix_s=now, settings=self.settings, world_size=world_size,
+                                        hint=hint)
+        add_walk_notes(batches, self._walk_errors, self._skipped)
+        return batches
+
+    def _read(self, path: str, now: float) -> None:
+        """Read one rank dir into the tracker (gone, or not a rank dir ``find_rank_dirs`` would find: dropped)."""
+        path = os.path.abspath(path)
+        obs = self.reader.read(path) if confirm_rank_dir(self.root, path, self.settings.scan_max_depth) else None
+        self.tracker.update(path, None if obs is None else evaluate_rank_dir(obs, now_unix_s=now,
+                                                                             settings=self.settings))
