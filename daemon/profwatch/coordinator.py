@@ -34,6 +34,7 @@ from profwatch.config import Settings
 from profwatch.coordinator_control import ControlCommands
 from profwatch.core.alerts.event_types import (
     ALERT_TYPES,
+    ANOMALY_KIND_TYPES,
     TYPE_ANOMALY,
     TYPE_JOB_ENDED,
     TYPE_JOB_GENERATION,
@@ -567,7 +568,7 @@ class Coordinator:
 
     def _on_anomaly(self, an: Anomaly, now: float) -> None:
         data = {"kind": an.kind, "step": an.step, "ranks": list(an.ranks), "magnitude": an.magnitude, "detail": an.detail}
-        self.emit(TYPE_ANOMALY, an.job_id, data)
+        self.emit(ANOMALY_KIND_TYPES.get(an.kind, TYPE_ANOMALY), an.job_id, data)
         self.captures.on_anomaly(an, now)
 
     def _send_node(self, route: bytes, cmd: wire.NodeCommand) -> None:

@@ -94,11 +94,13 @@ def test_spike_outlasting_the_hold_is_a_level_change() -> None:
     assert found[0][0] == 151 + 8 and found[0][3]["first_step"] == 151
 
 
-def test_gradual_drift_is_reported_and_debounced() -> None:
+def test_gradual_drift_is_reported_once_per_threshold_grown() -> None:
     found, _ = run(generate_telemetry(replace(BASE, steps=400, drift_per_step=0.001, drift_from_step=50)), 8)
-    regs = of_kind(found, "step_regression")
-    assert 1 <= len(regs) <= 3, "a 35% drift over 350 steps must be reported, a few times at most"
-    assert all(a.magnitude >= 0.05 for a in regs)
+    assert of_kind(found, "step_regression") == [], "a drift is not a change point"
+    drifts = of_kind(found, "drift")
+    assert 2 <= len(drifts) <= 3, "a 35% drift over 350 steps: one report per 10 % grown, after the baseline learned"
+    assert [round(a.detail["threshold"], 2) for a in drifts] == [round(0.1 * (i + 1), 2) for i in range(len(drifts))]
+    assert all(a.detail["slope_per_step"] == pytest.approx(0.001, rel=0.35) for a in drifts)
 
 
 def test_speedup_relearns_and_a_later_return_to_the_old_level_is_a_regression() -> None:

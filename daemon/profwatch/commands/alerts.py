@@ -28,8 +28,8 @@ from profwatch.commands.common import (
     unavailable_hint,
 )
 from profwatch.core.alerts.event_types import (
+    ANOMALY_TYPES,
     TYPE_ANALYSIS_ENRICHED,
-    TYPE_ANOMALY,
     TYPE_ARM,
     TYPE_ARM_DECISION,
     TYPE_BATCH,
@@ -82,7 +82,7 @@ def render_event(ev: dict[str, Any]) -> str:
     elif t == TYPE_BATCH_INCOMPLETE:
         line += f" capture {d.get('capture_id')}: missing_ranks={d.get('missing_ranks')} " \
                 f"problems={len(d.get('problems') or [])}"
-    elif t == TYPE_ANOMALY:
+    elif t in ANOMALY_TYPES:
         line += (f" {d.get('kind')} at step {d.get('step')} ranks={d.get('ranks')} "
                  f"+{100 * float(d.get('magnitude') or 0):.0f}%")
     elif t == TYPE_ARM_DECISION:

@@ -33,9 +33,9 @@ from profwatch.commands.demo_stack import Stack
 from profwatch.commands.demo_timeline import Timeline, event_time
 from profwatch.core.alerts.alertmanager import saving_text
 from profwatch.core.alerts.event_types import (
+    ANOMALY_TYPES,
     TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
-    TYPE_ANOMALY,
     TYPE_ARM,
     TYPE_ARM_DECISION,
     TYPE_BATCH,
@@ -94,7 +94,7 @@ def on_event(tl: Timeline, ev: dict[str, Any], now: float, note: Callable[[str, 
         if tl.add(stage, t, step, detail):
             note(stage, t, detail)
 
-    if typ == TYPE_ANOMALY:
+    if typ in ANOMALY_TYPES:
         mark("detection", t_ev, f"{d.get('kind')} +{100 * float(d.get('magnitude') or 0):.0f}%", d.get("step"))
     elif typ == TYPE_ARM_DECISION and d.get("action") != "arm":
         key = f"{d.get('action')} ({d.get('reason')})"

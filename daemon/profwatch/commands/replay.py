@@ -103,7 +103,8 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
 
     Shape: ``{"records", "jobs": {job_id: {"world_size", "counters"}}, "anomalies": [...], "arms": [...],
     "suppressed": [...], "episodes": [...], "episode_events": [...], "bad_lines": {"count", "lines": [{"line",
-    "error"}]}}``; ``arms`` carry the ``episode_id`` they captured and ``waited_s`` since it opened; ``suppressed``
+    "error"}]}}``; ``anomalies`` and ``arms`` carry ``at_unix_s``, the record time they happened at; ``arms`` carry
+    the ``episode_id`` they captured and ``waited_s`` since it opened; ``suppressed``
     lists anomalies not armed when they arrived, with what their episode waits for (it is armed later when the
     budget allows, unless it closes first); ``episodes`` every episode, open and closed, as
     :meth:`~profwatch.core.capture.episodes.Episode.to_json`; ``generations`` the new runs the records show
@@ -207,7 +208,7 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
     events = []
     fresh = []
     for a in found:
-        result["anomalies"].append(a.to_json())
+        result["anomalies"].append({**a.to_json(), "at_unix_s": now})
         ep, evs = book.observe(a, now)
         events += evs
         if ep is not None:
@@ -245,7 +246,7 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
             det.exclude_steps(first, last, "capture")
             job.in_flight_until_step = last + cfg.detection.parse_steps
             job.in_flight_id = cid
-        result["arms"].append({"job_id": ep.job_id, "kind": ep.kind, "step": ep.last_step,
+        result["arms"].append({"job_id": ep.job_id, "kind": ep.kind, "step": ep.last_step, "at_unix_s": now,
                                "start_step": plan.start_step, "warmup": plan.warmup, "active": plan.active,
                                "rank_list": plan.rank_list, "reason": plan.reason, "action": d.action,
                                "episode_id": ep.episode_id, "ranks": list(ep.ranks),

@@ -108,6 +108,14 @@ TABLE: tuple[EventType, ...] = (
                                          "every alert of the job"),
     EventType("anomaly", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False, severity=None,
               resolved_by=_NONE, summary="a detector's report: step regression, rank outlier, stall, spike"),
+    EventType("structural_imbalance", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False,
+              severity=None, resolved_by=_NONE,
+              summary="ranks slower than their peers from the start of a generation, learned as their baseline: "
+                      "ranks, excess, cost per step (once per generation; the detector's anomaly kind of that name)"),
+    EventType("drift", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False, severity=None,
+              resolved_by=_NONE,
+              summary="the job's step time rose slowly and steadily: slope, total since the reference (once per "
+                      "detection.drift_threshold grown; the detector's anomaly kind of that name)"),
     EventType("episode_opened", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False,
               severity=None, resolved_by=_NONE,
               summary="an anomaly opened an episode (kind, scope, ranks, magnitude); see README: episodes"),
@@ -169,6 +177,12 @@ TYPE_STORAGE_RECOVERED = BY_NAME["storage_recovered"].type
 TYPE_STATE_STORE_RESET = BY_NAME["state_store_reset"].type
 TYPE_JOB_ENDED = BY_NAME["job_ended"].type
 TYPE_ANOMALY = BY_NAME["anomaly"].type
+TYPE_STRUCTURAL_IMBALANCE = BY_NAME["structural_imbalance"].type
+TYPE_DRIFT = BY_NAME["drift"].type
+ANOMALY_KIND_TYPES: dict[str, str] = {"structural_imbalance": TYPE_STRUCTURAL_IMBALANCE, "drift": TYPE_DRIFT}
+"""Detector kinds published under their own type (the other kinds are ``anomaly`` events with ``data.kind``)."""
+ANOMALY_TYPES: frozenset[str] = frozenset({TYPE_ANOMALY, *ANOMALY_KIND_TYPES.values()})
+"""Every type that carries a detector report (same ``data`` shape: kind, step, ranks, magnitude, detail)."""
 TYPE_ARM_DECISION = BY_NAME["arm_decision"].type
 TYPE_ARM = BY_NAME["arm"].type
 TYPE_CAPTURE = BY_NAME["capture"].type

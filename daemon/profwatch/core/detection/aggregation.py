@@ -49,9 +49,10 @@ class StepReportLike(Protocol):
 class _OpenStep:
     """One step not yet finalised: report count, slowest rank, exclusion, per-rank stage values."""
 
-    __slots__ = ("excluded", "max_rank", "max_t", "n", "vals")
+    __slots__ = ("excluded", "max_rank", "max_t", "n", "vals", "work")
 
     def __init__(self) -> None:
+        self.work: float | None = None
         self.n = 0
         self.max_t = -1.0
         self.max_rank = -1
@@ -160,14 +161,18 @@ class StepAggregator:
         self._exclusions.append((first, last + pad, reason))
 
     # -- ingest ----------------------------------------------------------------------------------------------------
-    def observe(self, report: StepReportLike, arrival_unix_s: float) -> tuple[list[FinalizedStep], bool]:
+    def observe(self, report: StepReportLike, arrival_unix_s: float, *, rank: int | None = None,
+                idle: bool = False, work: float | None = None) -> tuple[list[FinalizedStep], bool]:
         """Ingest one report that arrived at ``arrival_unix_s``; return ``(finalised steps, restarted)``.
 
-        ``restarted`` is true when this report started a new epoch (the caller resets its detectors).
-        O(1) amortised. Invalid ranks, duplicates, late and old-epoch reports are counted in ``counters``.
+        ``rank`` replaces ``report.rank`` (the rank's index within a unit of a serving job); ``idle`` marks the
+        step as mostly an idle gap (excluded ``"idle"``); ``work`` is the work the rank reported for the step
+        (the step's ``work`` is the largest reported). ``restarted`` is true when this report started a new
+        epoch (the caller resets its detectors). O(1) amortised. Invalid ranks, duplicates, late and old-epoch
+        reports are counted in ``counters``.
         """
         self.counters["reports"] += 1
-        r = report.rank
+        r = report.rank if rank is None else rank
         if not 0 <= r < self.world_size:
             self.counters["bad_rank"] += 1
             return [], False
@@ -201,6 +206,10 @@ class StepAggregator:
             e.max_t = t
             e.max_rank = r
         s = self.settings
+        if work is not None and (e.work is None or work > e.work):
+            e.work = work
+        if idle and e.excluded is None:
+            e.excluded = "idle"
         if report.flags and e.excluded is None:
             for f in report.flags:
                 if f in s.excluded_flags:
@@ -307,4 +316,4 @@ class StepAggregator:
             self.counters["excluded"] += 1
         else:
             self.last_job_step_s = e.max_t
-        return FinalizedStep(step, e.max_t, e.max_rank, e.n, e.vals, reason)
+        return FinalizedStep(step, e.max_t, e.max_rank, e.n, e.vals, reason, e.work)

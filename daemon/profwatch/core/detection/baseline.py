@@ -4,11 +4,14 @@
 ``lag`` values after it was pushed, so a change that started within the last ``lag`` steps cannot leak into the
 reference it is tested against. Location and scale are Tukey's biweight estimates, one step from the median and
 MAD, which keep most of the efficiency of the mean and standard deviation on normal data while giving zero
-weight to far outliers (source below).
+weight to far outliers (source below). A steady trend (a slow drift) is estimated with Theil-Sen's slope over
+block medians and taken out before the biweight, so the reference follows the drift and its spread does not
+count as noise.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 
@@ -19,7 +22,12 @@ from profwatch.core.detection.types import MAD_TO_SIGMA
 BIWEIGHT_C_LOCATION = 6.0
 BIWEIGHT_C_SCALE = 9.0
 STATS_EVERY = 8
-"""Full windows are re-estimated every this many pushes; below ``window`` values at every push."""
+"""Windows are re-estimated every this many pushes; below :data:`STATS_EVERY_BELOW` values at every push."""
+STATS_EVERY_BELOW = 64
+MAX_TREND_BLOCKS = 12
+MIN_TREND_VALUES = 48
+TREND_Z = 3.0
+"""A slope is used only when it is this many standard errors from 0 (else the level is taken as flat)."""
 
 
 def _median(a: np.ndarray) -> float:
@@ -58,21 +66,64 @@ def biweight(values: np.ndarray) -> tuple[float, float]:
     return loc, scale
 
 
+@functools.lru_cache(maxsize=MAX_TREND_BLOCKS + 1)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs (i < j) of n points (cached: the same few block counts recur)."""
+    i, j = np.triu_indices(n, 1)
+    return i, j
+
+
+def _theil_sen(med: np.ndarray, pos: np.ndarray) -> float:
+    i, j = _pairs(med.size)
+    return float(np.median((med[j] - med[i]) / (pos[j] - pos[i])))
+
+
+def trend_slope(values: np.ndarray) -> float:
+    """Theil-Sen slope (per value) of ``values`` (1-D, in push order) over block medians, or 0.0 when the
+    window does not look like a line.
+
+    The window is cut into up to :data:`MAX_TREND_BLOCKS` blocks of equal size (oldest remainder dropped; at
+    least 6); the slope is the median of the pairwise slopes between block medians (Theil 1950, Sen 1968, JASA
+    63:1379; medians of blocks keep spikes out and make it O(window)). Linearity check: the slopes of the older
+    and the newer half of the blocks must both have the sign of the whole and at least a third of its size; a
+    step inside the window (a change the detector is about to find, or one it re-learns over) has one flat
+    half and gives 0.0. Returns 0.0 below :data:`MIN_TREND_VALUES` values.
+    """
+    n = values.size
+    if n < MIN_TREND_VALUES:
+        return 0.0
+    b = max(6, min(MAX_TREND_BLOCKS, n // 8))
+    size = n // b
+    med = np.median(values[n - b * size:].reshape(b, size), axis=1)
+    pos = np.arange(b) * size + (size - 1) / 2.0
+    slope = _theil_sen(med, pos)
+    h = b // 2
+    for part in (slice(0, h), slice(b - h, b)):
+        half = _theil_sen(med[part], pos[part])
+        if slope == 0.0 or half / slope < 1.0 / 3.0:
+            return 0.0
+    return slope
+
+
 class RobustBaseline:
     """The reference level and noise of a job's step times.
 
     Args:
         window: values kept (oldest dropped first).
         lag: values held back before they enter the window.
+        trend: estimate a linear trend (see :meth:`stats`).
 
-    Memory: ``window + lag`` floats. Cost: one ``biweight`` (O(window)) every :data:`STATS_EVERY` pushes, about 40 us at 300 values.
+    Memory: ``window + lag`` floats. Cost: one ``biweight`` (O(window)) every :data:`STATS_EVERY` pushes, about 40 us at 300 values
+    (about 100 us with the trend).
     """
 
-    def __init__(self, window: int, lag: int) -> None:
+    def __init__(self, window: int, lag: int, *, trend: bool = False) -> None:
         self._window: deque[float] = deque(maxlen=window)
         self._held: deque[float] = deque()
         self._lag = lag
+        self._trend = trend
         self._stats: tuple[float, float] | None = None
+        self._slope = 0.0
         self._stale = 0
 
     def __len__(self) -> int:
@@ -93,6 +144,7 @@ class RobustBaseline:
         self._window.clear()
         self._held.clear()
         self._stats = None
+        self._slope = 0.0
         self._stale = 0
 
     def push(self, x: float) -> None:
@@ -104,14 +156,40 @@ class RobustBaseline:
             x = self._held.popleft()
         self._window.append(x)
         self._stale += 1
-        if self._stale >= STATS_EVERY or len(self._window) < (self._window.maxlen or 0):
+        if self._stale >= STATS_EVERY or len(self._window) < min(STATS_EVERY_BELOW, self._window.maxlen or 0):
             self._stats = None
             self._stale = 0
 
+    @property
+    def lag(self) -> int:
+        """Values held back before they enter the window."""
+        return self._lag
+
     def stats(self) -> tuple[float, float]:
-        """``(location_s, scale_s)`` of the window. Raises ``ValueError`` when the window is empty."""
+        """``(location_s, scale_s)`` of the window. Raises ``ValueError`` when the window is empty.
+
+        Without a trend: the biweight location and scale. With ``trend`` and a slope significant at
+        :data:`TREND_Z` standard errors (the least-squares error ``scale / sqrt(n (n^2 - 1) / 12)``): the
+        biweight of the detrended values, the location being the level at the newest value of the window;
+        :attr:`slope` holds the slope (seconds per value), else 0."""
         if not self._window:
             raise ValueError("empty baseline")
         if self._stats is None:
-            self._stats = biweight(np.fromiter(self._window, dtype=np.float64, count=len(self._window)))
+            a = np.fromiter(self._window, dtype=np.float64, count=len(self._window))
+            self._stats = biweight(a)
+            self._slope = 0.0
+            if self._trend:
+                slope = trend_slope(a)
+                if slope != 0.0:
+                    n = a.size
+                    pos = np.arange(n, dtype=np.float64) - (n - 1)
+                    loc, scale = biweight(a - slope * pos)
+                    se = max(scale, 1e-12) / math.sqrt(n * (n * n - 1) / 12.0)
+                    if abs(slope) >= TREND_Z * se:
+                        self._stats, self._slope = (loc, scale), slope
         return self._stats
+
+    @property
+    def slope(self) -> float:
+        """Trend of the window (seconds per value) as of the last :meth:`stats`; 0 when flat or not estimated."""
+        return self._slope

@@ -1,12 +1,16 @@
 """Step-time anomaly detection for one job (pure: data in, anomalies out; time is passed in).
 
-:class:`JobDetector` is the facade the coordinator and ``profwatch replay`` use. It composes a
-:class:`~profwatch.core.detection.aggregation.StepAggregator` (per-step cross-rank aggregation and exclusions) with
-swappable detectors behind two small Protocols (``daemon/profwatch/core/detection/types.py``):
+:class:`JobDetector` is the facade the coordinator and ``profwatch replay`` use. A training job is one unit; a
+serving job (``mode="serving"`` from the rank, or detected from idle gaps) is split into the units that step
+together (its replicas, ``daemon/profwatch/core/detection/serving.py``). Each unit is a
+:class:`~profwatch.core.detection.pipeline.UnitPipeline`: a
+:class:`~profwatch.core.detection.aggregation.StepAggregator` (per-step cross-rank aggregation and exclusions),
+:class:`~profwatch.core.detection.blocks.StepBlocks` (blocks of fast steps) and swappable detectors behind two
+small Protocols (``daemon/profwatch/core/detection/types.py``):
 
-* ``StepDetector`` (fed each finalised step): :class:`~profwatch.core.detection.regression.StepTimeRegressionDetector`
-  (``step_regression``, ``step_spike``, ``periodic_spike``) and :class:`~profwatch.core.detection.rank_outliers.RankOutlierDetector`
-  (``rank_outlier``);
+* ``StepDetector`` (fed each finalised step or block): :class:`~profwatch.core.detection.regression.StepTimeRegressionDetector`
+  (``step_regression``, ``step_spike``, ``periodic_spike``, ``drift``) and
+  :class:`~profwatch.core.detection.rank_outliers.RankOutlierDetector` (``rank_outlier``, ``structural_imbalance``);
 * ``StallDetector`` (fed arrival times, checked by :meth:`JobDetector.tick`):
   :class:`~profwatch.core.detection.stalls.ArrivalStallDetector` (``stalled_rank``).
 
@@ -16,17 +20,24 @@ Each detector documents its algorithm, thresholds and sources in its ``Notes:``.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from typing import Literal
 
 from profwatch.core.capture.planner import CaptureSettings, lead_steps
 from profwatch.core.detection.aggregation import StepAggregator, StepReportLike
-from profwatch.core.detection.rank_outliers import RankOutlierDetector
-from profwatch.core.detection.regression import StepTimeRegressionDetector
+from profwatch.core.detection.pipeline import UnitPipeline
+from profwatch.core.detection.serving import UnitSplitter, is_idle_gap
 from profwatch.core.detection.settings import DetectionSettings
-from profwatch.core.detection.stalls import ArrivalStallDetector
 from profwatch.core.detection.types import Anomaly, AnomalyKind, FinalizedStep, StallDetector, StepDetector
 
-__all__ = ["Anomaly", "AnomalyKind", "DetectionSettings", "FinalizedStep", "JobDetector", "StepReportLike"]
+__all__ = ["Anomaly", "AnomalyKind", "DetectionSettings", "FinalizedStep", "JobDetector", "JobMode",
+           "StepReportLike"]
+
+JobMode = Literal["training", "serving"]
+DETECT_WINDOW_S = 900.0
+"""Idle gaps switch a job to serving mode only when ``serving_detect_gaps`` of them fall within this many
+seconds on one rank (a checkpoint every half hour is not a server)."""
 
 
 class JobDetector:
@@ -38,115 +49,215 @@ class JobDetector:
         settings: thresholds; see :class:`DetectionSettings`.
         capture: the capture planner's settings; a spike counts as transient while it is shorter than the
             planner's lead (``profwatch.core.capture.planner.lead_steps``) unless ``spike_hold_steps`` is set.
-        step_detectors: replaces the default ``[StepTimeRegressionDetector, RankOutlierDetector]``.
-        stall_detector: replaces the default :class:`ArrivalStallDetector`.
+        step_detectors: replaces the default ``[StepTimeRegressionDetector, RankOutlierDetector]`` (the job then
+            stays one training unit).
+        stall_detector: replaces the default :class:`ArrivalStallDetector` (idem).
+        mode: ``"training"`` or ``"serving"`` when known (the hello's ``mode``); None = training until a rank
+            says ``mode="serving"`` in a report or idle gaps show it.
+        roles: role label per rank when known (the hello's ``role``; a report's ``role`` updates it).
 
     Raises:
         ValueError: ``world_size < 1``.
 
     Notes:
-        Reports go to the aggregator; every step it finalises (in step order, excluded ones flagged) goes to
-        each step detector in turn; a step-counter restart resets them all. Arrival times go to the stall
-        detector, which :meth:`tick` checks. Nothing here reads a rank host's clock: stalls use the arrival time
-        the caller passes to :meth:`observe`. Cost: O(1) amortised per report; the step detectors' work runs
-        once per finalised step (amortised over ``world_size`` reports); ``tick`` is O(world_size).
+        Reports go to their unit's aggregator; every step it finalises (in step order, excluded ones flagged)
+        goes, in blocks at high step rates, to each step detector in turn; a step-counter restart resets them
+        all. Arrival times go to the stall detector, which :meth:`tick` checks. Nothing here reads a rank host's
+        clock: stalls use the arrival time the caller passes to :meth:`observe`.
+
+        Optional report fields (read with ``getattr``, absent on older hooks): ``mode``, ``role``, ``work``.
+        Serving mode: a step of at least ``serving_idle_gap_s`` and ``idle_gap_factor`` times the unit's usual
+        step is an idle gap (:func:`~profwatch.core.detection.serving.is_idle_gap`): excluded from detection
+        (``"idle"``), neither step time nor a stall. Without a ``mode``, ``serving_detect_gaps`` idle gaps on
+        one rank within :data:`DETECT_WINDOW_S` switch the job to serving mode (0 = never). In serving mode the
+        detectors start afresh, the regression detector judges step times normalised by load
+        (:class:`~profwatch.core.detection.serving.LoadNormaliser`), and at each :meth:`tick` the ranks are
+        split into units whose step counters stay together
+        (:class:`~profwatch.core.detection.serving.UnitSplitter`); each unit is judged on its own (its own
+        steps, baseline and outliers), so replicas are never late to each other. No ``stalled_rank`` is judged in
+        serving mode: an idle replica is not stalled, a tensor-parallel peer that hangs blocks its unit (nobody
+        goes on without it), and a replica that stops with queued work cannot be told from an idle one from
+        step reports and keepalives alone (the hook sends no queue depth).
+
+        Cost: O(1) amortised per report; the step detectors' work runs once per finalised step or block
+        (amortised over the unit's ranks); ``tick`` is O(world_size log world_size) in serving mode, else
+        O(world_size).
     """
 
     def __init__(self, job_id: str, world_size: int, settings: DetectionSettings | None = None, *,
                  capture: CaptureSettings | None = None, step_detectors: Sequence[StepDetector] | None = None,
-                 stall_detector: StallDetector | None = None) -> None:
+                 stall_detector: StallDetector | None = None, mode: JobMode | None = None,
+                 roles: Sequence[str | None] | None = None) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
         s = settings or DetectionSettings()
         self.job_id = job_id
         self.world_size = world_size
         self.settings = s
-        self.aggregator = StepAggregator(world_size, s)
         cap = capture or CaptureSettings()
-        self._regression: StepTimeRegressionDetector | None = None
-        if step_detectors is None:
-            self._regression = StepTimeRegressionDetector(
-                job_id, s, hold_steps=lambda step, step_time_s: lead_steps(step, step_time_s, cap))
-            step_detectors = [self._regression, RankOutlierDetector(job_id, world_size, s)]
-        self.step_detectors: list[StepDetector] = list(step_detectors)
-        self.stall_detector: StallDetector = stall_detector or ArrivalStallDetector(job_id, world_size, s)
+        self._hold = lambda step, step_time_s: lead_steps(step, step_time_s, cap)
+        self._custom = step_detectors is not None or stall_detector is not None
+        self._roles: list[str | None] = list(roles) if roles is not None else [None] * world_size
+        if len(self._roles) != world_size:
+            raise ValueError("roles needs one entry per rank")
+        self.mode: JobMode = mode or "training"
+        self._mode_given = mode is not None
+        self._gaps: dict[int, deque[float]] = {}
+        self._splitter: UnitSplitter | None = None
+        self._retired: dict[str, int] = {}
+        self.job_counters = {"bad_rank_reports": 0, "idle_steps": 0, "mode_switches": 0, "unit_splits": 0}
+        self.units: list[UnitPipeline] = []
+        self._unit_of: list[int] = [0] * world_size
+        self._build([list(range(world_size))], step_detectors, stall_detector)
+
+    # -- units -----------------------------------------------------------------------------------------------------
+    def _build(self, units: list[list[int]], step_detectors: Sequence[StepDetector] | None = None,
+               stall_detector: StallDetector | None = None) -> None:
+        for u in self.units:
+            for k, v in u.counters().items():
+                self._retired[k] = self._retired.get(k, 0) + v
+        serving = self.mode == "serving"
+        self.units = [UnitPipeline(self.job_id, ranks, self.settings, self._hold, serving=serving, roles=self._roles,
+                                   whole_job=len(units) == 1, step_detectors=step_detectors,
+                                   stall_detector=stall_detector) for ranks in units]
+        for i, ranks in enumerate(units):
+            for r in ranks:
+                self._unit_of[r] = i
+
+    def _switch_to_serving(self) -> None:
+        self.mode = "serving"
+        self.job_counters["mode_switches"] += 1
+        self._splitter = UnitSplitter(self.world_size, self.settings)
+        self._build([list(range(self.world_size))])
 
     @property
     def counters(self) -> dict[str, int]:
-        """The aggregator's report/step counters (``reports``, ``late``, ``duplicate``, ``bad_rank``,
-        ``old_epoch``, ``restarts``, ``finalized``, ``excluded``), plus the regression detector's."""
-        out = dict(self.aggregator.counters)
-        if self._regression is not None:
-            out.update(self._regression.counters)
-            out.update(self._regression.spikes.counters)
+        """Report/step counters of every unit, summed (``reports``, ``late``, ``duplicate``, ``bad_rank``,
+        ``old_epoch``, ``restarts``, ``finalized``, ``excluded``, the regression detector's), plus the job's
+        (``bad_rank_reports``, ``idle_steps``, ``mode_switches``, ``unit_splits``)."""
+        out = dict(self._retired)
+        for u in self.units:
+            for k, v in u.counters().items():
+                out[k] = out.get(k, 0) + v
+        out["bad_rank"] = out.get("bad_rank", 0) + self.job_counters["bad_rank_reports"]
+        out.update(self.job_counters)
         return out
+
+    @property
+    def aggregator(self) -> StepAggregator:
+        """The first unit's step aggregator (the whole job's in training mode)."""
+        return self.units[0].aggregator
 
     @property
     def furthest_step(self) -> int | None:
         """The highest step any rank of the current epoch reported (None before the first report)."""
-        return self.aggregator.furthest_step
+        vals = [f for u in self.units if (f := u.aggregator.furthest_step) is not None]
+        return max(vals) if vals else None
 
     @property
     def baseline_step_time_s(self) -> float | None:
         """The job step time (s) for planning: the regression baseline once learned, else the last
-        non-excluded job step time, else None. The one step-time definition the coordinator and replay use."""
-        if self._regression is not None:
-            v = self._regression.baseline_step_time_s
-            if v is not None:
-                return v
-        return self.aggregator.last_job_step_s
+        non-excluded job step time, else None (serving: the slowest unit's usual step). The one step-time
+        definition the coordinator and replay use."""
+        vals = [v for u in self.units if (v := u.usual_step_s) is not None]
+        return max(vals) if vals else None
 
     @property
     def stalled_ranks(self) -> frozenset[int]:
         """Ranks currently reported as stalled (cleared when they report again or leave)."""
-        return self.stall_detector.stalled_ranks
+        out: frozenset[int] = frozenset()
+        for u in self.units:
+            out |= u.stalled_ranks
+        return out
+
+    def set_role(self, rank: int, role: str | None) -> None:
+        """Record ``rank``'s role label (from its hello); ranks of one role are each other's peers."""
+        if 0 <= rank < self.world_size and self._roles[rank] != role:
+            self._roles[rank] = role
+            self.units[self._unit_of[rank]].set_role(rank, role)
+
+    def set_mode(self, mode: JobMode) -> None:
+        """The job's mode as a rank declared it (its hello): serving switches once, training stops detection."""
+        self._mode_given = True
+        if mode == "serving" and self.mode != "serving" and not self._custom:
+            self._switch_to_serving()
 
     def ongoing(self) -> dict[str, frozenset[int]]:
         """Per anomaly kind, the ranks its detector still names now (``rank_outlier``: reported and not cleared;
         ``stalled_rank``: stalled): what tells the episode layer (``daemon/profwatch/core/capture/episodes.py``) that an
         episode still holds between reports."""
-        out = {"stalled_rank": self.stall_detector.stalled_ranks}
-        for d in self.step_detectors:
-            if isinstance(d, RankOutlierDetector):
-                out["rank_outlier"] = out.get("rank_outlier", frozenset()) | d.reported_ranks
+        out: dict[str, frozenset[int]] = {"stalled_rank": self.stalled_ranks}
+        for u in self.units:
+            for kind, ranks in u.ongoing().items():
+                out[kind] = out.get(kind, frozenset()) | ranks
         return out
 
     def update_settings(self, settings: DetectionSettings) -> None:
         """Swap thresholds without losing learned state (windows are resized; outlier counts may restart)."""
         self.settings = settings
-        self.aggregator.update_settings(settings)
-        for d in self.step_detectors:
-            d.update_settings(settings)
-        self.stall_detector.update_settings(settings)
+        for u in self.units:
+            u.update_settings(settings)
+        if self._splitter is not None:
+            self._splitter.settings = settings
 
     def mark_left(self, rank: int) -> None:
         """Record that ``rank`` left on purpose (``bye``): it is never reported as stalled until it reports again."""
-        self.stall_detector.mark_left(rank)
+        if 0 <= rank < self.world_size:
+            self.units[self._unit_of[rank]].mark_left(rank)
 
     def exclude_steps(self, first: int, last: int, reason: str, *, pad_parse_steps: bool = True) -> None:
         """Exclude steps ``first..last`` (inclusive; plus ``parse_steps`` after ``last`` unless ``pad_parse_steps``
         is false) from all detectors, e.g. a capture window planned by the coordinator. Raises ``ValueError``
         when ``last < first``."""
-        self.aggregator.exclude_steps(first, last, reason, pad_parse_steps=pad_parse_steps)
+        for u in self.units:
+            u.aggregator.exclude_steps(first, last, reason, pad_parse_steps=pad_parse_steps)
 
+    # -- ingest ----------------------------------------------------------------------------------------------------
     def observe(self, report: StepReportLike, now_unix_s: float) -> list[Anomaly]:
         """Ingest one step report that arrived at ``now_unix_s`` (seconds, the caller's clock: the coordinator's
         receive time, or a record's time in replay); return the anomalies it produced (usually none)."""
-        if 0 <= report.rank < self.world_size:
-            self.stall_detector.on_arrival(report.rank, now_unix_s)
-        steps, restarted = self.aggregator.observe(report, now_unix_s)
-        if restarted:
-            for d in self.step_detectors:
-                d.reset()
-        if not steps:
+        r = report.rank
+        if not 0 <= r < self.world_size:
+            self.job_counters["bad_rank_reports"] += 1
             return []
-        out: list[Anomaly] = []
-        for fs in steps:
-            for d in self.step_detectors:
-                found = d.on_step(fs)
-                if found:
-                    out.extend(found)
-        return out
+        role = getattr(report, "role", None)
+        if role is not None and role != self._roles[r]:
+            self.set_role(r, role)
+        if not self._mode_given and getattr(report, "mode", None) == "serving":
+            self.set_mode("serving")
+        unit = self.units[self._unit_of[r]]
+        idle = is_idle_gap(report.step_time_s, unit.usual_step_s, self.settings) \
+            if unit.usual_step_s is not None else False
+        if idle and self.mode != "serving" and self._count_gap(r, now_unix_s):
+            self._switch_to_serving()
+            unit = self.units[self._unit_of[r]]
+        idle = idle and self.mode == "serving"
+        if idle:
+            self.job_counters["idle_steps"] += 1
+        work = getattr(report, "work", None)
+        return unit.observe(report, now_unix_s, idle=idle, work=work if isinstance(work, (int, float)) else None)
+
+    def _count_gap(self, rank: int, now_unix_s: float) -> bool:
+        """Count an idle gap of ``rank``; True when the job should switch to serving mode."""
+        n = self.settings.serving_detect_gaps
+        if n == 0 or self._mode_given or self._custom:
+            return False
+        q = self._gaps.setdefault(rank, deque(maxlen=n))
+        q.append(now_unix_s)
+        return len(q) >= n and now_unix_s - q[0] <= DETECT_WINDOW_S
 
     def tick(self, now_unix_s: float) -> list[Anomaly]:
-        """Check for stalled ranks at ``now_unix_s`` (same clock as the arrival times given to :meth:`observe`).
-        O(world_size); call it about once a second, not per report."""
-        return self.stall_detector.check(self.aggregator, now_unix_s)
+        """Check for stalled ranks at ``now_unix_s`` (same clock as the arrival times given to :meth:`observe`);
+        in serving mode, split the units first. Call it about once a second, not per report."""
+        if self._splitter is not None:
+            last: list[int | None] = [None] * self.world_size
+            for u in self.units:
+                for r, s in u.last_steps().items():
+                    last[r] = s
+            if self._splitter.check(last):
+                self.job_counters["unit_splits"] += 1
+                self._build(self._splitter.units)
+        out: list[Anomaly] = []
+        for u in self.units:
+            out.extend(u.check_stalls(now_unix_s))
+        return out

@@ -1,4 +1,5 @@
-"""Rank-outlier detection: ranks consistently slower than their peers in a compared stage (pure).
+"""Rank-outlier detection: ranks consistently slower than their peers in a compared stage, each rank judged
+against its own learned baseline ratio to its peers (structural imbalance) and within its role group (pure).
 
 Implements the ``StepDetector`` Protocol of ``daemon/profwatch/core/detection/types.py``.
 """
@@ -6,7 +7,10 @@ Implements the ``StepDetector`` Protocol of ``daemon/profwatch/core/detection/ty
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -56,17 +60,44 @@ def outlying_ranks(arr: list[float], s: DetectionSettings) -> list[tuple[int, fl
     return [(int(r), (float(a[r]) - m) / m) for r in idx.tolist()]
 
 
+MAX_LEARNED_STAGES = 4
+"""Stages whose per-rank ratios are learned (the first ones seen); others are compared without a baseline."""
+STABLE_FRACTION = 0.5
+"""A learned ratio is stable when its first- and second-half medians differ by less than this fraction of
+``outlier_min_effect`` (a rank that became slow within the learning window is a change, not a structure)."""
+
+
 class RankOutlierDetector:
-    """Names ranks that are slower than their peers in most of the recent steps.
+    """Names ranks that are slower than their peers in most of the recent steps, each measured against its own
+    baseline; reports a difference present from the start once, as ``structural_imbalance``.
 
     Args:
         job_id: copied into every :class:`Anomaly`.
         world_size: ranks of the job.
-        settings: the ``outlier_*`` thresholds and ``noise_floor``.
+        settings: the ``outlier_*`` and ``structural_*`` thresholds, ``role_groups`` and ``noise_floor``.
+        roles: optional role label per rank (index = rank; None = not sent); see :meth:`set_role`.
 
     Notes:
-        Algorithm: per non-excluded finalised step and per compared stage (``outlier_stages``; plus
-        ``step_time_s`` when ``outlier_on_step_time``), peer median m and MAD over the ranks that reported it
+        Peers: with ``role_groups`` and role labels, a rank is compared with the ranks of its role (a pipeline
+        stage, an expert group) when at least ``outlier_min_ranks`` of them reported the stage in that step;
+        otherwise with every rank.
+
+        Own baseline (structural imbalance): over the first ``structural_learn_steps`` non-excluded steps of a
+        generation (after warm-up), each rank's ratio ``v / m`` to its peers' median is recorded per stage
+        (at most :data:`MAX_LEARNED_STAGES`). A rank whose median ratio ``c`` exceeds 1 by at least half of
+        ``outlier_min_effect``, with the medians of the two halves of the window within
+        :data:`STABLE_FRACTION` of ``outlier_min_effect`` of each other (it was like that from the start, not a
+        change inside the window), gets ``c`` as its baseline: from then on its values are divided by ``c``
+        before any comparison, so it is compared with its peers relative to its own normal, and it no longer
+        widens the peers' median absolute deviation (the scale of every other rank's test). Ranks with
+        ``c >= 1 + outlier_min_effect`` are reported once as ``structural_imbalance`` with, per rank, the
+        excess and stage, and the job's cost per step: the largest median excess in seconds (in synchronous
+        training every rank waits for it) and that cost as a fraction of the median job step time. No
+        ``rank_outlier`` fires while learning; at its end a rank that was not learned as structural and is
+        outlying in ``outlier_min_steps`` of the last ``outlier_window_steps`` fires at once.
+
+        Outliers, per non-excluded finalised step and per compared stage (``outlier_stages``; plus
+        ``step_time_s`` when ``outlier_on_step_time``): peer median m and MAD over the normalised values
         (at least ``outlier_min_ranks``). A rank is outlying in that step when
         ``(v - m) / max(1.4826 * MAD, noise_floor * m) >= outlier_z`` and ``v >= m * (1 + outlier_min_effect)``
         and ``v - m >= outlier_min_abs_s``. A rank outlying in ``outlier_min_steps`` of the last
@@ -77,30 +108,60 @@ class RankOutlierDetector:
         not named (their compute stage is normal; a pure wait stage is shorter on the slow rank); leave pure
         wait stages out of ``outlier_stages``. Job-wide events (GC pauses, checkpoints on every rank) raise the
         peer median with every rank and are not outliers; a one-step stall of one rank (a data loader hiccup)
-        counts one step of ``outlier_min_steps``.
+        counts one step of ``outlier_min_steps``. Ranks faster than their peers from the start keep the peers'
+        median as their reference (normalising them would turn the wait they take up when a peer slows down
+        into an outlier). A rank that became slow within the learning window and stays
+        stable over both halves of it cannot be told from a structural one: it is reported as structural.
 
         Source: peer-relative per-rank scores as in NVIDIA Resiliency Extension's straggler detection
-        (``nvidia-resiliency-ext``, relative section scores) and MegaScale's per-rank timers (Jiang et al.,
-        NSDI'24); HolisticTraceAnalysis ranks slow ranks by the wait they cause, not by duration.
-        Median/MAD scale: Rousseeuw & Croux 1993.
+        (``nvidia-resiliency-ext``, relative section scores, each rank also against its own history) and
+        MegaScale's per-rank timers (Jiang et al., NSDI'24); HolisticTraceAnalysis ranks slow ranks by the wait
+        they cause, not by duration. Median/MAD scale: Rousseeuw & Croux 1993.
 
-        Cost: O(world_size) per compared stage per step (numpy from 256 ranks), O(1) window upkeep per rank hit.
+        Cost: O(world_size) per compared stage per step (numpy from 256 ranks), O(1) window upkeep per rank hit;
+        learning keeps ``structural_learn_steps x world_size`` float32 per learned stage.
     """
 
-    def __init__(self, job_id: str, world_size: int, settings: DetectionSettings) -> None:
+    def __init__(self, job_id: str, world_size: int, settings: DetectionSettings,
+                 roles: Sequence[str | None] | None = None) -> None:
         self.job_id = job_id
         self.world_size = world_size
         self.settings = settings
+        self._roles: list[str | None] = list(roles) if roles is not None else [None] * world_size
+        self._groups: list[list[int]] | None = None
+        self._groups_stale = True
         self.reset()
 
+    # -- configuration ---------------------------------------------------------------------------------------------
+    def set_role(self, rank: int, role: str | None) -> None:
+        """Record the role label ``rank`` sent (None = none); ranks of one role are each other's peers."""
+        if 0 <= rank < self.world_size and self._roles[rank] != role:
+            self._roles[rank] = role
+            self._groups_stale = True
+
+    @property
+    def baselines(self) -> dict[str, dict[int, float]]:
+        """Learned per-rank ratios to the peers, per stage (only ranks that differ from their peers)."""
+        return {k: dict(v) for k, v in self._base.items()}
+
+    @property
+    def learning(self) -> bool:
+        """True while the per-rank baselines are being learned."""
+        return self._learn_n < self.settings.structural_learn_steps and self.settings.structural_detection
+
     def reset(self) -> None:
-        """Forget the window (restart, or a new window size)."""
+        """Forget the window and the learned baselines (restart: a new generation learns again)."""
         n = self.world_size
         self._hits: list[int] = [0] * n
         self._excess_sum: list[float] = [0.0] * n
         self._ring: deque[list[tuple[int, float]]] = deque()
         self._reported: set[int] = set()
         self._stage: dict[int, str] = {}
+        self._base: dict[str, dict[int, float]] = {}
+        self._learn_n = 0
+        self._learn: dict[str, np.ndarray] = {}
+        self._learn_cost: dict[str, np.ndarray] = {}
+        self._learn_step_s: list[float] = []
 
     @property
     def reported_ranks(self) -> frozenset[int]:
@@ -109,25 +170,171 @@ class RankOutlierDetector:
         return frozenset(self._reported)
 
     def update_settings(self, settings: DetectionSettings) -> None:
-        """Swap thresholds; the window restarts when its size or the firing count changes."""
+        """Swap thresholds; the window restarts when its size or the firing count changes (baselines are kept)."""
         old, self.settings = self.settings, settings
         if (settings.outlier_window_steps, settings.outlier_min_steps) != (old.outlier_window_steps,
                                                                             old.outlier_min_steps):
-            self.reset()
+            n = self.world_size
+            self._hits, self._excess_sum, self._ring = [0] * n, [0.0] * n, deque()
+            self._reported.clear()
+            self._stage.clear()
+        if settings.structural_learn_steps != old.structural_learn_steps and self.learning:
+            self._learn.clear()
+            self._learn_cost.clear()
+            self._learn_n = 0
+            self._learn_step_s.clear()
 
+    # -- StepDetector ----------------------------------------------------------------------------------------------
     def on_step(self, step: FinalizedStep) -> list[Anomaly]:
-        """Compare the ranks of one finalised step; return a ``rank_outlier`` when a rank's window fills."""
+        """Compare the ranks of one finalised step; return a ``rank_outlier`` when a rank's window fills, a
+        ``structural_imbalance`` when the learning window ends with ranks slower from the start."""
         if step.excluded is not None or not step.stages:
             return []
+        groups = self._peer_groups()
+        learning = self.learning
         best: dict[int, tuple[float, str]] = {}
         for name, arr in step.stages.items():
-            for r, rel in outlying_ranks(arr, self.settings):
+            if learning:
+                self._record(name, arr, groups)
+            base = self._base.get(name)
+            if base:
+                arr = list(arr)
+                for r, c in base.items():
+                    arr[r] /= c
+            for r, rel in self._outlying(arr, groups):
                 if r not in best or rel > best[r][0]:
                     best[r] = (rel, name)
-        a = self._window(step.step, best)
-        return [a] if a is not None else []
+        out: list[Anomaly] = []
+        if learning:
+            self._learn_n += 1
+            self._learn_step_s.append(step.time_s)
+            if self.learning:
+                self._window(step.step, best, fire=False)
+                return out
+            structural = self._finish_learning(step.step)
+            if structural is not None:
+                out.append(structural)
+            for r in {r for ranks in self._base.values() for r in ranks}:
+                best.pop(r, None)  # judged from now on against its own baseline
+        a = self._window(step.step, best, fire=True)
+        if a is not None:
+            out.append(a)
+        return out
 
-    def _window(self, step: int, flagged: dict[int, tuple[float, str]]) -> Anomaly | None:
+    # -- peers -----------------------------------------------------------------------------------------------------
+    def _peer_groups(self) -> list[list[int]] | None:
+        """Role groups (every rank in exactly one), or None when every rank is compared with every other."""
+        if self._groups_stale:
+            self._groups_stale = False
+            self._groups = None
+            if self.settings.role_groups and any(r is not None for r in self._roles):
+                by_role: dict[str | None, list[int]] = {}
+                for r, role in enumerate(self._roles):
+                    by_role.setdefault(role, []).append(r)
+                if len(by_role) > 1:
+                    self._groups = list(by_role.values())
+        return self._groups
+
+    def _outlying(self, arr: list[float], groups: list[list[int]] | None) -> list[tuple[int, float]]:
+        if groups is None:
+            return outlying_ranks(arr, self.settings)
+        out: list[tuple[int, float]] = []
+        rest: list[int] = []
+        for g in groups:
+            sub = [arr[r] for r in g]
+            if sum(1 for v in sub if not math.isnan(v)) < self.settings.outlier_min_ranks:
+                rest.extend(g)
+                continue
+            out.extend((g[i], rel) for i, rel in outlying_ranks(sub, self.settings))
+        if rest:
+            pool = [math.nan] * len(arr)
+            for r in rest:
+                pool[r] = arr[r]
+            if sum(1 for v in pool if not math.isnan(v)) >= self.settings.outlier_min_ranks:
+                out.extend(outlying_ranks(pool, self.settings))
+            elif len(rest) < len(arr):  # too few to compare among themselves: against everyone
+                out.extend((r, rel) for r, rel in outlying_ranks(arr, self.settings) if r in set(rest))
+        return out
+
+    def _peer_median(self, a: np.ndarray, groups: list[list[int]] | None) -> np.ndarray:
+        """Per rank, the median of its peers' values (NaN where too few peers reported)."""
+        med = np.full(a.shape, np.nan)
+        if groups is not None:
+            for g in groups:
+                sub = a[g]
+                if int(np.count_nonzero(~np.isnan(sub))) >= self.settings.outlier_min_ranks:
+                    med[g] = float(np.nanmedian(sub))
+        todo = np.isnan(med)
+        if todo.any() and int(np.count_nonzero(~np.isnan(a))) >= self.settings.outlier_min_ranks:
+            med[todo] = float(np.nanmedian(a))
+        return med
+
+    # -- learning the per-rank baselines ---------------------------------------------------------------------------
+    def _record(self, name: str, arr: list[float], groups: list[list[int]] | None) -> None:
+        ratios = self._learn.get(name)
+        if ratios is None:
+            if len(self._learn) >= MAX_LEARNED_STAGES:
+                return
+            shape = (self.settings.structural_learn_steps, self.world_size)
+            ratios = self._learn[name] = np.full(shape, np.nan, dtype=np.float32)
+            self._learn_cost[name] = np.full(shape, np.nan, dtype=np.float32)
+        a = np.asarray(arr, dtype=np.float64)
+        med = self._peer_median(a, groups)
+        i = self._learn_n
+        if i < ratios.shape[0]:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                ratios[i] = np.where(med > 0, a / med, np.nan)
+            self._learn_cost[name][i] = a - med
+
+    def _finish_learning(self, step: int) -> Anomaly | None:
+        s = self.settings
+        half_tol = STABLE_FRACTION * s.outlier_min_effect
+        slow: dict[int, tuple[float, str, float]] = {}
+        for name, ratios in self._learn.items():
+            n = ratios.shape[0]
+            if not np.any(~np.isnan(ratios)):
+                continue
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: ranks that never reported
+                c = np.nanmedian(ratios, axis=0)
+                first = np.nanmedian(ratios[: n // 2], axis=0)
+                second = np.nanmedian(ratios[n // 2:], axis=0)
+                cost = np.nanmedian(self._learn_cost[name], axis=0)
+            learned = (c - 1.0 >= s.outlier_min_effect / 2.0) & (np.abs(first - second) < half_tol)
+            base: dict[int, float] = {}
+            for r in np.flatnonzero(learned).tolist():
+                base[int(r)] = float(c[r])
+                if c[r] >= 1.0 + s.outlier_min_effect and (r not in slow or c[r] - 1.0 > slow[r][0]):
+                    slow[int(r)] = (float(c[r]) - 1.0, name, max(0.0, float(cost[r])))
+            if base:
+                self._base[name] = base
+        for r in {r for ranks in self._base.values() for r in ranks}:
+            self._drop_from_window(r)
+        self._learn.clear()
+        self._learn_cost.clear()
+        step_s = sorted(self._learn_step_s)
+        self._learn_step_s = []
+        if not slow:
+            return None
+        job_step_s = step_s[len(step_s) // 2] if step_s else 0.0
+        cost_s = max(v[2] for v in slow.values())
+        ranks = tuple(sorted(slow))
+        detail: dict[str, Any] = {
+            "excess": {r: round(slow[r][0], 6) for r in ranks}, "stage": {r: slow[r][1] for r in ranks},
+            "cost_s_per_step": round(cost_s, 6),
+            "cost_fraction": round(cost_s / job_step_s, 6) if job_step_s > 0 else None,
+            "learn_steps": s.structural_learn_steps, "role_groups": self._peer_groups() is not None}
+        return Anomaly("structural_imbalance", self.job_id, step, ranks, max(v[0] for v in slow.values()), detail)
+
+    def _drop_from_window(self, r: int) -> None:
+        for entry in self._ring:
+            entry[:] = [(q, rel) for q, rel in entry if q != r]
+        self._hits[r] = 0
+        self._excess_sum[r] = 0.0
+        self._stage.pop(r, None)
+
+    # -- the outlier window ----------------------------------------------------------------------------------------
+    def _window(self, step: int, flagged: dict[int, tuple[float, str]], *, fire: bool) -> Anomaly | None:
         s = self.settings
         hits, excess_sum = self._hits, self._excess_sum
         for r, (rel, name) in flagged.items():
@@ -141,6 +348,8 @@ class RankOutlierDetector:
                 excess_sum[r] -= rel
                 if hits[r] == 0:
                     self._stage.pop(r, None)
+        if not fire:
+            return None
         if self._reported:
             for r in [r for r in self._reported if hits[r] * 2 < s.outlier_min_steps]:
                 self._reported.discard(r)
@@ -149,6 +358,10 @@ class RankOutlierDetector:
             return None
         self._reported.update(new)
         per_rank = {r: excess_sum[r] / hits[r] for r in new}
-        detail = {"window_steps": len(self._ring), "outlying_steps": {r: hits[r] for r in new},
-                  "excess": per_rank, "stage": {r: self._stage.get(r, "") for r in new}}
+        detail: dict[str, Any] = {"window_steps": len(self._ring), "outlying_steps": {r: hits[r] for r in new},
+                                  "excess": per_rank, "stage": {r: self._stage.get(r, "") for r in new}}
+        own = {r: round(self._base[self._stage[r]][r], 6) for r in new
+               if self._stage.get(r) in self._base and r in self._base[self._stage[r]]}
+        if own:
+            detail["baseline_ratio"] = own
         return Anomaly("rank_outlier", self.job_id, step, tuple(new), max(per_rank.values()), detail)

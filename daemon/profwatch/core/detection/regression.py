@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from profwatch.core.detection.baseline import RobustBaseline
+from profwatch.core.detection.drift import DriftTracker
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.spikes import SpikeEpisode, SpikeFilter
 from profwatch.core.detection.types import Anomaly, FinalizedStep
@@ -24,6 +25,8 @@ DEFAULT_HOLD_STEPS = 8
 MAX_SLOWEST_RANKS = 16
 
 
+TREND_EXPLAINS = 0.75
+"""A rise of the baseline is a drift when its trend explains at least this fraction of it."""
 SIEGMUND_RHO = 0.583
 """Expected overshoot of a Gaussian random walk over a boundary, in sigmas: Siegmund's correction is 2 * 0.583."""
 
@@ -107,9 +110,12 @@ class StepTimeRegressionDetector:
         ``bench/bench_detection.py`` prints the bound beside the measured delays and the false alarms measured with
         estimated mu and s.
 
-        Drift: when the baseline ``mu`` exceeds the ``mu`` it had when first learned by ``min_effect``, fire once
-        with ``pattern "drift"`` and take the current ``mu`` as the new reference (a drift slower than the baseline
-        follows it never moves S+).
+        Drift: with ``drift_detection`` the baseline estimates a steady trend (Theil-Sen over block medians,
+        used when significant; ``daemon/profwatch/core/detection/baseline.py``) and ``mu`` is the level extrapolated
+        to the current step, so a drift never moves S+ and a sudden change during a drift is found as on a flat
+        job. :class:`~profwatch.core.detection.drift.DriftTracker` reports ``drift`` (slope, total since the
+        reference) once per ``drift_threshold`` grown; a ``step_regression`` re-learns the baseline without
+        counting its jump as drift.
 
         Source: Page, "Continuous inspection schemes", Biometrika 41 (1954); minimum effect 10 % as in Greyhound /
         Falcon (Wu et al., ATC'25; arXiv 2410.12588), which pairs a change-point test on iteration time with a
@@ -122,10 +128,13 @@ class StepTimeRegressionDetector:
         self.job_id = job_id
         self.settings = settings
         self._hold_steps = hold_steps
-        self._base = RobustBaseline(settings.baseline_steps, settings.baseline_lag_steps)
+        self._base = RobustBaseline(settings.baseline_steps, settings.baseline_lag_steps,
+                                    trend=settings.drift_detection)
+        self.drift = DriftTracker(settings.drift_threshold or settings.min_effect)
+        self._steps_per_value = 1
         self.spikes = SpikeFilter(settings)
         self.counters = {"regressions": 0, "spike_events": 0, "spikes_not_reported": 0, "speedups": 0, "held": 0,
-                         "relearn_while_learning": 0}
+                         "relearn_while_learning": 0, "drift_reports": 0}
         self._learn_rejected = 0
         self._last_job_step_s: float | None = None
         self._design_key: tuple[float, float, float] | None = None
@@ -138,6 +147,7 @@ class StepTimeRegressionDetector:
     def reset(self) -> None:
         """Forget everything (the step counter restarted)."""
         self._relearn()
+        self.drift.reset()
         self.spikes.reset()
         self._last_spike_event = None
         self._spikes_since_event = 0
@@ -147,6 +157,7 @@ class StepTimeRegressionDetector:
         """Swap thresholds keeping the learned baseline (resized) and the learned periodic patterns."""
         self.settings = settings
         self.spikes.settings = settings
+        self.drift.threshold = settings.drift_threshold or settings.min_effect
         self._base.resize(settings.baseline_steps, settings.baseline_lag_steps)
 
     @property
@@ -160,7 +171,6 @@ class StepTimeRegressionDetector:
         self._base.clear()
         self._s_hi = self._s_lo = 0.0
         self._run_reset()
-        self._reference: float | None = None
         self.spikes.reset_episode()
 
     def _run_reset(self) -> None:
@@ -174,6 +184,7 @@ class StepTimeRegressionDetector:
         if step.excluded is not None:
             self.spikes.skip(step.step)
             return []
+        self._steps_per_value = max(1, step.steps)
         x = step.time_s
         self._last_job_step_s = x
         s = self.settings
@@ -215,6 +226,7 @@ class StepTimeRegressionDetector:
 
     def _noise(self) -> tuple[float, float]:
         mu, sigma = self._base.stats()
+        mu += self._base.slope * (self._base.lag + 1)  # the level extrapolated over the held-back values
         n = len(self._base)
         sigma *= 1.0 + SMALL_SAMPLE_C * math.sqrt(1.1 / (2.0 * n))
         if mu <= 0:
@@ -234,8 +246,8 @@ class StepTimeRegressionDetector:
                 self._base.clear()
         self._learn_rejected = 0
         self._base.push(x)
-        if len(self._base) >= self.settings.min_baseline_steps and self._reference is None:
-            self._reference = self._base.stats()[0]
+        if len(self._base) >= self.settings.min_baseline_steps and self.drift.reference_s is None:
+            self.drift.learned(self._noise()[0], step)
 
     def _spike_event(self, step: int, ep: SpikeEpisode, mu: float, hold: int, out: list[Anomaly]) -> None:
         gap = self.settings.spike_event_gap_steps
@@ -283,28 +295,47 @@ class StepTimeRegressionDetector:
             self._s_hi = h
         if self._s_lo > h * (1.0 + 1e-9):
             self.counters["speedups"] += 1
+            self._suspend_drift()
             self._relearn()
             return None
         return self._drift(fs.step)
 
     def _drift(self, step: int) -> Anomaly | None:
+        """A rise of the baseline level by another ``drift_threshold``: ``drift`` when it is gradual (the trend
+        explains at least :data:`TREND_EXPLAINS` of the rise since the last report or the reference, or the
+        rise took at least half a baseline window), else a level change of at least ``min_effect`` that
+        entered the baseline before the change-point test saw it (e.g. while re-learning):
+        ``step_regression`` with ``pattern "baseline"``."""
         s = self.settings
-        if not s.drift_detection or len(self._base) < s.min_baseline_steps:
+        tracker = self.drift
+        ref = tracker.reference_s
+        if not s.drift_detection or len(self._base) < s.min_baseline_steps or ref is None:
             return None
-        mu = self._base.stats()[0]  # cached between re-estimates
-        ref = self._reference
-        if ref is None or mu < ref * (1.0 - s.min_effect):
-            self._reference = mu
+        mu = self._noise()[0]  # cached between re-estimates
+        if mu / ref - 1.0 < (tracker.reports + 1) * tracker.threshold:
             return None
-        if mu / ref - 1.0 < s.min_effect:
+        since = tracker.last_step if tracker.last_step is not None else step
+        before = ref * (1.0 + tracker.reports * tracker.threshold)
+        per_step = self._base.slope / self._steps_per_value
+        gradual = per_step * (step - since) >= TREND_EXPLAINS * (mu - before) or step - since >= s.baseline_steps // 2
+        if not gradual and mu / before - 1.0 >= s.min_effect:
+            tracker.rebase(mu, step)
+            level: dict[str, Any] = {"pattern": "baseline", "first_step": since, "baseline_s": before,
+                                     "step_time_s": mu, "steps": len(self._base)}
+            self.counters["regressions"] += 1
+            return Anomaly("step_regression", self.job_id, step, (), mu / before - 1.0, level)
+        drift = tracker.observe(mu, per_step, mu, step)
+        if drift is None:
             return None
-        self._reference = mu
-        detail = {"pattern": "drift", "first_step": None, "baseline_s": ref, "step_time_s": mu,
-                  "steps": len(self._base)}
-        self.counters["regressions"] += 1
-        return Anomaly("step_regression", self.job_id, step, (), mu / ref - 1.0, detail)
+        self.counters["drift_reports"] += 1
+        return Anomaly("drift", self.job_id, step, (), float(drift["total"]), drift)
+
+    def _suspend_drift(self) -> None:
+        if len(self._base) >= self.settings.min_baseline_steps:
+            self.drift.suspend(self._noise()[0])
 
     def _fire(self, step: int, magnitude: float, detail: dict[str, Any]) -> Anomaly:
         self.counters["regressions"] += 1
+        self._suspend_drift()
         self._relearn()
         return Anomaly("step_regression", self.job_id, step, (), magnitude, detail)

@@ -3,8 +3,10 @@
 One flat model, the ``[detection]`` table of the config file and of ``profwatch replay --config``. The algorithm
 each group of fields tunes is documented in the detector that reads it: step aggregation and exclusions in
 ``daemon/profwatch/core/detection/aggregation.py``, job step-time regressions in ``daemon/profwatch/core/detection/regression.py``, spikes and
-periodic spikes in ``daemon/profwatch/core/detection/spikes.py``, rank outliers in ``daemon/profwatch/core/detection/rank_outliers.py``, stalls in
-``daemon/profwatch/core/detection/stalls.py``.
+periodic spikes in ``daemon/profwatch/core/detection/spikes.py``, drift in ``daemon/profwatch/core/detection/drift.py``,
+rank outliers and structural imbalance in ``daemon/profwatch/core/detection/rank_outliers.py``, stalls in
+``daemon/profwatch/core/detection/stalls.py``, serving mode in ``daemon/profwatch/core/detection/serving.py``, blocks of
+fast steps in ``daemon/profwatch/core/detection/blocks.py``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ class DetectionSettings(BaseModel):
         1e5, ge=10, description="steps: target mean run between false alarms; the CUSUM threshold is its log"
     )
     noise_floor: float = Field(0.01, ge=0, description="relative: floor of the step-time noise, as a fraction of the median")
-    drift_detection: bool = Field(True, description="also fire when the rolling baseline drifts min_effect above its reference")
+    drift_detection: bool = Field(True, description="report a slow drift of the baseline as `drift` (slope, total)")
+    drift_threshold: float | None = Field(
+        None, gt=0, description="relative: `drift` is reported when the level rose this much since the reference, "
+        "and again each time it grew by this much more (None = min_effect)"
+    )
 
     # -- spikes and periodic spikes --------------------------------------------------------------------------------
     spike_min_effect: float = Field(0.30, gt=0, description="relative: a spike step is at least this much over the baseline")
@@ -68,6 +74,38 @@ class DetectionSettings(BaseModel):
     outlier_min_abs_s: float = Field(0.001, ge=0, description="seconds: minimum absolute excess over the peer median")
     outlier_min_ranks: int = Field(4, ge=2, description="ranks that must report a stage in a step to compare them")
 
+    # -- structural imbalance (each rank's own baseline) ------------------------------------------------------------
+    structural_learn_steps: int = Field(
+        40, ge=4, description="steps after warm-up over which each rank's own ratio to its peers is learned"
+    )
+    structural_detection: bool = Field(
+        True, description="learn a difference present from the start as the rank's baseline (`structural_imbalance`)"
+    )
+    role_groups: bool = Field(
+        True, description="compare a rank only with the ranks that sent the same `role` label (when they sent one)"
+    )
+
+    # -- serving mode ----------------------------------------------------------------------------------------------
+    serving_idle_gap_s: float = Field(
+        2.0, gt=0, description="seconds: a step this long and idle_gap_factor times the usual step is an idle gap"
+    )
+    idle_gap_factor: float = Field(20.0, gt=1, description="times the usual step time for a step to be an idle gap")
+    serving_detect_gaps: int = Field(
+        3, ge=0, description="idle gaps that switch a job without a `mode` to serving mode (0 = never detect)"
+    )
+    serving_unit_split_steps: int = Field(
+        200, ge=8, description="steps two ranks' counters must differ by to be judged as independent replicas"
+    )
+    serving_load_bands: int = Field(
+        4, ge=1, le=16, description="load bands (by busy fraction) that step times are compared within without `work`"
+    )
+
+    # -- blocks of steps at high step rates ------------------------------------------------------------------------
+    block_target_s: float = Field(
+        0.05, ge=0, description="seconds: fast steps are judged in blocks of about this length (0 = step by step)"
+    )
+    max_block_steps: int = Field(256, ge=1, description="the most steps in one block")
+
     # -- stalled ranks ---------------------------------------------------------------------------------------------
     stall_steps_behind: int = Field(5, ge=1, description="steps a rank must be behind the furthest rank to be stalled")
     stall_after_s: float = Field(
@@ -80,6 +118,8 @@ class DetectionSettings(BaseModel):
             raise ValueError("min_baseline_steps must be <= baseline_steps")
         if self.outlier_min_steps > self.outlier_window_steps:
             raise ValueError("outlier_min_steps must be <= outlier_window_steps")
+        if self.structural_learn_steps < self.outlier_window_steps:
+            raise ValueError("structural_learn_steps must be >= outlier_window_steps")
         if self.spike_min_effect < self.min_effect:
             raise ValueError("spike_min_effect must be >= min_effect (a spike is larger than the smallest regression)")
         return self

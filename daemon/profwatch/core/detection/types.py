@@ -13,11 +13,15 @@ from typing import Any, Literal, Protocol
 
 from profwatch.core.detection.settings import DetectionSettings
 
-AnomalyKind = Literal["step_regression", "step_spike", "periodic_spike", "rank_outlier", "stalled_rank"]
+AnomalyKind = Literal["step_regression", "step_spike", "periodic_spike", "rank_outlier", "stalled_rank",
+                      "structural_imbalance", "drift"]
 """``step_regression``: the job got slower and stayed slower; ``step_spike``: a job-wide excursion that was over
 before any capture could start (an event, never armed); ``periodic_spike``: recurring spikes with a learned
 period (armed only when the arming policy asks for it, to cover the next occurrence); ``rank_outlier``: ranks
-consistently slower than their peers; ``stalled_rank``: a rank stopped reporting while its peers go on."""
+consistently slower than their peers (or than their own learned baseline); ``stalled_rank``: a rank stopped
+reporting while its peers go on; ``structural_imbalance``: ranks slower than their peers from the start of the
+generation, learned as their baseline (reported once per generation, never armed by default); ``drift``: the job's
+step time rises slowly and steadily (reported once per ``drift_threshold`` it grows)."""
 
 MAD_TO_SIGMA = 1.4826
 """MAD * 1.4826 estimates the standard deviation of normal data (Rousseeuw & Croux 1993, JASA 88:1273)."""
@@ -52,7 +56,9 @@ class FinalizedStep:
     ``time_s`` is the job step time (seconds): the slowest reporting rank's ``step_time_s`` (in synchronous
     training every rank waits for it); ``slowest_rank`` that rank; ``ranks_reported`` how many ranks reported;
     ``stages`` per compared stage one value per rank (seconds, NaN = not reported), or None; ``excluded`` the
-    reason the step is excluded from detection (warm-up, capture, a flag, ...) or None.
+    reason the step is excluded from detection (warm-up, capture, a flag, idle, ...) or None; ``work`` the work
+    the step did (the largest ``work`` any rank reported: tokens, requests; None = not reported); ``steps`` how
+    many steps this record stands for (> 1 for a block of fast steps, ``step`` is then its last step).
     """
 
     step: int
@@ -61,6 +67,8 @@ class FinalizedStep:
     ranks_reported: int
     stages: dict[str, list[float]] | None
     excluded: str | None
+    work: float | None = None
+    steps: int = 1
 
 
 class StepDetector(Protocol):

@@ -1,0 +1,126 @@
+"""Blocks of fast steps: at high step rates the step detectors judge one record per block of steps (pure).
+
+At 5 ms per step a job makes 200 steps a second; judging each one costs the coordinator CPU for nothing and lets
+host jitter (a few slow steps now and then) reach the detectors one step at a time. :class:`StepBlocks` sits
+between the step aggregator and the step detectors and hands them one
+:class:`~profwatch.core.detection.types.FinalizedStep` per block of about ``block_target_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import Counter
+
+import numpy as np
+
+from profwatch.core.detection.settings import DetectionSettings
+from profwatch.core.detection.types import FinalizedStep
+
+NUMPY_MIN_RANKS = 64
+"""Per-rank block medians in pure Python below this many ranks (numpy's overhead dominates there)."""
+LEARN_STEPS = 32
+"""Non-excluded steps whose median step time sets the block size."""
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+class StepBlocks:
+    """Groups finalised steps into blocks for the step detectors.
+
+    Args:
+        settings: ``block_target_s`` (0 = off) and ``max_block_steps``.
+
+    Notes:
+        Block size: after warm-up, the first :data:`LEARN_STEPS` non-excluded steps of a generation are held and
+        their median job step time ``t`` sets ``B = clamp(round(block_target_s / t), 1, max_block_steps)`` for the
+        rest of the generation (1 = every step is passed on as it comes; the usual case at 0.1 s per step and
+        more). A block of B consecutive finalised steps becomes one record: ``step`` its last step, ``time_s``
+        the median job step time, ``slowest_rank`` the rank slowest most often, ``ranks_reported`` the least,
+        ``stages`` per stage and rank the median (NaN where a rank never reported), ``work`` the median work,
+        ``steps`` B (at least ``min_steps_without_work`` when none of those steps reported ``work``: a serving
+        unit without work judges block medians). A block with any excluded step is excluded with that step's reason (a capture window, a
+        flagged step). Medians make a block insensitive to a few jittery steps, so host jitter does not reach
+        the detectors, while a sustained change moves every block; the detectors' thresholds (``min_effect``,
+        ``outlier_*``) keep their meaning and their step counts (``outlier_window_steps``, ``baseline_steps``,
+        ``spike_event_gap_steps``) count blocks. Cost: O(world_size) per stage per block, nothing per report.
+    """
+
+    def __init__(self, settings: DetectionSettings, *, min_steps_without_work: int = 1) -> None:
+        self.settings = settings
+        self.min_steps_without_work = min_steps_without_work
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the block size and the open block (a new generation)."""
+        self.size: int | None = None if self.settings.block_target_s > 0 or self.min_steps_without_work > 1 else 1
+        self._held: list[FinalizedStep] = []
+        self._open: list[FinalizedStep] = []
+
+    def update_settings(self, settings: DetectionSettings) -> None:
+        """Swap settings; the block size is learned again when ``block_target_s`` or ``max_block_steps`` change."""
+        old, self.settings = self.settings, settings
+        if (old.block_target_s, old.max_block_steps) != (settings.block_target_s, settings.max_block_steps):
+            pending = self._held + self._open
+            self.reset()
+            self._held = pending if self.size is None else []
+
+    def push(self, fs: FinalizedStep) -> list[FinalizedStep]:
+        """Take one finalised step (in step order); return the records ready for the detectors (often none)."""
+        if self.size is None:
+            self._held.append(fs)
+            ok = [h.time_s for h in self._held if h.excluded is None]
+            if len(ok) < LEARN_STEPS:
+                return []
+            t = _median(ok)
+            self.size = max(1, min(self.settings.max_block_steps,
+                                   round(self.settings.block_target_s / t) if t > 0 else 1))
+            if all(h.work is None for h in self._held):
+                self.size = max(self.size, self.min_steps_without_work)
+            held, self._held = self._held, []
+            out: list[FinalizedStep] = []
+            for h in held:
+                out += self._add(h)
+            return out
+        return self._add(fs)
+
+    def _add(self, fs: FinalizedStep) -> list[FinalizedStep]:
+        if self.size == 1:
+            return [fs]
+        self._open.append(fs)
+        if len(self._open) < (self.size or 1):
+            return []
+        block, self._open = self._open, []
+        return [merge_block(block)]
+
+
+def merge_block(block: list[FinalizedStep]) -> FinalizedStep:
+    """One record for consecutive finalised steps (rules in :class:`StepBlocks` Notes)."""
+    last = block[-1]
+    excluded = next((b.excluded for b in block if b.excluded is not None), None)
+    slowest = Counter(b.slowest_rank for b in block).most_common(1)[0][0]
+    works = [b.work for b in block if b.work is not None]
+    stages: dict[str, list[float]] | None = None
+    names = {k for b in block if b.stages for k in b.stages}
+    if names and excluded is None:
+        stages = {}
+        width = max(len(v) for b in block if b.stages for v in b.stages.values())
+        for name in names:
+            rows = [v for b in block if b.stages and (v := b.stages.get(name)) is not None and len(v) == width]
+            if width < NUMPY_MIN_RANKS:
+                cols = [[x for x in col if not math.isnan(x)] for col in zip(*rows, strict=True)]
+                stages[name] = [_median(c) if c else math.nan for c in cols]
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a rank that reported no step of the block
+                stages[name] = [float(x) for x in np.nanmedian(np.asarray(rows, dtype=np.float64), axis=0)]
+    return FinalizedStep(step=last.step, time_s=_median([b.time_s for b in block]), slowest_rank=slowest,
+                         ranks_reported=min(b.ranks_reported for b in block), stages=stages, excluded=excluded,
+                         work=_median(works) if works else None, steps=sum(b.steps for b in block))
+
+
+__all__ = ["LEARN_STEPS", "StepBlocks", "merge_block"]

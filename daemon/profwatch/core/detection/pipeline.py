@@ -1,0 +1,206 @@
+"""The detectors of one unit of a job: every rank of a training job, or one replica of a serving job (pure).
+
+:class:`UnitPipeline` wires, for a set of ranks: the step aggregator, blocks of fast steps, the serving load
+normaliser (serving units only), the step detectors and the stall detector; it maps the unit's rank indices
+back to the job's ranks in every :class:`~profwatch.core.detection.types.Anomaly` it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from profwatch.core.detection.aggregation import NEVER, StepAggregator, StepReportLike
+from profwatch.core.detection.blocks import StepBlocks
+from profwatch.core.detection.rank_outliers import RankOutlierDetector
+from profwatch.core.detection.regression import StepTimeRegressionDetector
+from profwatch.core.detection.serving import BLOCK_STEPS_WITHOUT_WORK, LoadNormaliser
+from profwatch.core.detection.settings import DetectionSettings
+from profwatch.core.detection.stalls import ArrivalStallDetector
+from profwatch.core.detection.types import Anomaly, StallDetector, StepDetector
+
+HoldSteps = Callable[[int, float], int]
+SERVING_FALSE_ALARM_FACTOR = 100.0
+
+
+class UnitPipeline:
+    """Detectors of one unit (``ranks``: the job's ranks of the unit, in order; index i is rank ``ranks[i]``).
+
+    Args:
+        job_id: copied into every anomaly.
+        ranks: the unit's ranks.
+        settings: thresholds.
+        hold_steps: ``(step, step_time_s) -> steps`` the capture planner's lead (the spike hold).
+        serving: judge step times through a :class:`LoadNormaliser` (idle gaps excluded, loads compared apart).
+        roles: role label per job rank (None = not sent).
+        whole_job: the unit is the whole job (a job-wide regression then names no ranks).
+        step_detectors / stall_detector: replace the defaults (then no normaliser is applied).
+
+    Notes:
+        Finalised steps go through :class:`~profwatch.core.detection.blocks.StepBlocks`; the regression detector
+        gets them normalised in a serving unit (ratios to the usual time at that load) and raw otherwise; the
+        other step detectors get them raw. The spike hold is converted from steps to blocks. In a unit that is
+        not the whole job, a ``step_regression`` or ``drift`` names the unit's ranks (``detail["unit"]``). A
+        serving unit checks no stalls and detects no drift (its ratios follow the load by construction).
+    """
+
+    def __init__(self, job_id: str, ranks: Sequence[int], settings: DetectionSettings, hold_steps: HoldSteps, *,
+                 serving: bool = False, roles: Sequence[str | None] | None = None, whole_job: bool = True,
+                 step_detectors: Sequence[StepDetector] | None = None,
+                 stall_detector: StallDetector | None = None) -> None:
+        self.ranks = list(ranks)
+        self.index = {r: i for i, r in enumerate(self.ranks)}
+        self.whole_job = whole_job
+        self._identity = self.ranks == list(range(len(self.ranks)))
+        n = len(self.ranks)
+        self.aggregator = StepAggregator(n, settings)
+        self.blocks = StepBlocks(settings, min_steps_without_work=BLOCK_STEPS_WITHOUT_WORK if serving else 1)
+        self._hold_steps = hold_steps
+        self.normaliser = LoadNormaliser(settings) if serving and step_detectors is None else None
+        self.regression: StepTimeRegressionDetector | None = None
+        self.outliers: RankOutlierDetector | None = None
+        if step_detectors is None:
+            self.regression = StepTimeRegressionDetector(job_id, self._regression_settings(settings),
+                                                         hold_steps=self._hold)
+            local_roles = [roles[r] for r in self.ranks] if roles is not None else None
+            self.outliers = RankOutlierDetector(job_id, n, settings, roles=local_roles)
+            step_detectors = [self.regression, self.outliers]
+        self.step_detectors: list[StepDetector] = list(step_detectors)
+        self.stall: StallDetector = stall_detector or ArrivalStallDetector(job_id, n, settings)
+        self.serving = serving
+
+    def _regression_settings(self, settings: DetectionSettings) -> DetectionSettings:
+        """A serving unit's regression detector judges ratios to load-band references that follow the load:
+        their level carries no drift, so drift detection is off there; and a server makes many short steps per
+        hour whose ratios are less regular than a training loop's, so its mean run between false alarms is
+        :data:`SERVING_FALSE_ALARM_FACTOR` times ``false_alarm_steps`` (the delay grows with its log only)."""
+        if self.normaliser is None:
+            return settings
+        return settings.model_copy(update={"drift_detection": False,
+                                           "false_alarm_steps": settings.false_alarm_steps * SERVING_FALSE_ALARM_FACTOR})
+
+    def _hold(self, step: int, step_time_s: float) -> int:
+        if self.normaliser is not None:
+            step_time_s = self.normaliser.usual_step_s or step_time_s
+        lead = self._hold_steps(step, step_time_s)
+        size = self.blocks.size or 1
+        return max(1, -(-lead // size))
+
+    @property
+    def usual_step_s(self) -> float | None:
+        """The unit's usual step time (seconds): the regression baseline (raw units) or the recent median (serving),
+        else the last job step time, else None."""
+        if self.normaliser is not None:
+            v = self.normaliser.usual_step_s
+            if v is not None:
+                return v
+        elif self.regression is not None:
+            v = self.regression.baseline_step_time_s
+            if v is not None:
+                return v
+        return self.aggregator.last_job_step_s
+
+    def update_settings(self, settings: DetectionSettings) -> None:
+        """Swap thresholds in every part."""
+        self.aggregator.update_settings(settings)
+        self.blocks.update_settings(settings)
+        if self.normaliser is not None:
+            self.normaliser.settings = settings
+        for d in self.step_detectors:
+            d.update_settings(self._regression_settings(settings) if d is self.regression else settings)
+        self.stall.update_settings(settings)
+
+    def set_role(self, rank: int, role: str | None) -> None:
+        """Record the role label of job rank ``rank``."""
+        i = self.index.get(rank)
+        if i is not None and self.outliers is not None:
+            self.outliers.set_role(i, role)
+
+    def observe(self, report: StepReportLike, now_unix_s: float, *, idle: bool = False,
+                work: float | None = None) -> list[Anomaly]:
+        """Ingest one report of a rank of this unit (see ``JobDetector.observe``)."""
+        i = self.index[report.rank]
+        self.stall.on_arrival(i, now_unix_s)
+        steps, restarted = self.aggregator.observe(report, now_unix_s, rank=i, idle=idle, work=work)
+        if restarted:
+            self.blocks.reset()
+            if self.normaliser is not None:
+                self.normaliser.reset()
+            for d in self.step_detectors:
+                d.reset()
+        out: list[Anomaly] = []
+        for fs0 in steps:
+            if self.normaliser is not None:
+                self.normaliser.note_step(fs0)
+            for fs in self.blocks.push(fs0):
+                rf = self.normaliser.normalise(fs) if self.normaliser is not None else fs
+                for d in self.step_detectors:
+                    found = d.on_step(rf if d is self.regression else fs)
+                    if found:
+                        if self.normaliser is not None and d is self.regression:
+                            self._rebase_loads(found)
+                        out.extend(self._to_job(a) for a in found)
+        return out
+
+    def _rebase_loads(self, found: list[Anomaly]) -> None:
+        assert self.normaliser is not None
+        for a in found:
+            if a.kind == "step_regression" and a.detail.get("pattern") in ("cusum", "level"):
+                self.normaliser.rescale(1.0 + a.magnitude)
+
+    def check_stalls(self, now_unix_s: float) -> list[Anomaly]:
+        """The stall detector's check, mapped to job ranks; none in a serving unit (see ``JobDetector`` Notes)."""
+        if self.serving:
+            return []
+        return [self._to_job(a) for a in self.stall.check(self.aggregator, now_unix_s)]
+
+    def _to_job(self, a: Anomaly) -> Anomaly:
+        if self._identity and self.whole_job:
+            return a
+        ranks = tuple(self.ranks[i] for i in a.ranks)
+        detail = {k: ([self.ranks[i] for i in v] if k == "slowest_ranks" else self._map(v))
+                  for k, v in a.detail.items()}
+        if not a.ranks and not self.whole_job:
+            ranks = tuple(self.ranks)
+            detail["unit"] = list(ranks)
+        return replace(a, ranks=ranks, detail=detail)
+
+    def _map(self, v: Any) -> Any:
+        """Rank-keyed dicts and rank lists of a detail, mapped from unit indices to job ranks."""
+        if isinstance(v, dict) and v and all(isinstance(k, int) and 0 <= k < len(self.ranks) for k in v):
+            return {self.ranks[k]: x for k, x in v.items()}
+        return v
+
+    @property
+    def stalled_ranks(self) -> frozenset[int]:
+        """The unit's stalled ranks, as job ranks."""
+        return frozenset(self.ranks[i] for i in self.stall.stalled_ranks)
+
+    def ongoing(self) -> dict[str, frozenset[int]]:
+        """Per anomaly kind, the job ranks the unit's step detectors still name (``rank_outlier``: reported and
+        not cleared)."""
+        out: dict[str, frozenset[int]] = {}
+        for d in self.step_detectors:
+            if isinstance(d, RankOutlierDetector):
+                out["rank_outlier"] = out.get("rank_outlier", frozenset()) | frozenset(
+                    self.ranks[i] for i in d.reported_ranks)
+        return out
+
+    def mark_left(self, rank: int) -> None:
+        """Job rank ``rank`` said bye."""
+        i = self.index.get(rank)
+        if i is not None:
+            self.stall.mark_left(i)
+
+    def last_steps(self) -> dict[int, int | None]:
+        """Job rank -> the last step it reported in this unit (None = never)."""
+        return {r: (s if s != NEVER else None) for r, s in zip(self.ranks, self.aggregator.last_step, strict=True)}
+
+    def counters(self) -> dict[str, int]:
+        """The aggregator's counters plus the regression detector's and its spike filter's."""
+        out = dict(self.aggregator.counters)
+        if self.regression is not None:
+            out.update(self.regression.counters)
+            out.update(self.regression.spikes.counters)
+        return out

@@ -1,0 +1,202 @@
+"""Serving mode: idle gaps, step times made comparable across loads, and independent replicas (pure).
+
+An inference server steps only while requests are queued: between bursts it idles for seconds to minutes, the
+time of one iteration depends on its batch and prefill tokens, and several data-parallel replicas under one job
+id step independently (their step counters do not line up). Three small parts handle that for
+:class:`~profwatch.core.detection.job_detector.JobDetector`: :func:`is_idle_gap` tells an idle gap from a step,
+:class:`LoadNormaliser` turns each step time into its ratio to the usual time of steps of the same load, and
+:class:`UnitSplitter` finds the groups of ranks that step together (a replica), judged as independent units.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import replace
+
+from profwatch.core.detection.settings import DetectionSettings
+from profwatch.core.detection.types import FinalizedStep
+
+WORK_BAND_RATIO = 1.1
+"""Work bands are powers of this ratio (work within 10 % is one band)."""
+BAND_WINDOW = 128
+"""Values per band in its reference (rolling median)."""
+BAND_LAG = 32
+"""The newest values of a band enter its reference only this late (a change cannot hide in it at once)."""
+BAND_MIN = 8
+"""Values a band needs before its steps are judged."""
+MAX_BANDS = 128
+BLOCK_STEPS_WITHOUT_WORK = 16
+LOAD_WINDOW_STEPS = 64
+"""Steps over which the busy fraction (the load band without ``work``) is measured."""
+
+
+def is_idle_gap(step_time_s: float, usual_step_s: float | None, settings: DetectionSettings) -> bool:
+    """True when a step of ``step_time_s`` seconds is mostly an idle gap: at least ``serving_idle_gap_s`` and
+    ``idle_gap_factor`` times the usual step (``usual_step_s``; without one, the absolute bound alone)."""
+    if step_time_s < settings.serving_idle_gap_s:
+        return False
+    return usual_step_s is None or step_time_s >= settings.idle_gap_factor * usual_step_s
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+class _Band:
+    __slots__ = ("held", "ref", "values")
+
+    def __init__(self) -> None:
+        self.values: deque[float] = deque(maxlen=BAND_WINDOW)
+        self.held: deque[float] = deque()
+        self.ref: float | None = None
+
+
+class LoadNormaliser:
+    """Maps a serving unit's finalised steps to their ratio to the usual time of a step of the same load.
+
+    Args:
+        settings: ``serving_load_bands``.
+
+    Notes:
+        Band: with ``work`` (tokens, requests: what the rank reported for the step), the band is
+        ``floor(log(work) / log(1.1))``: steps of similar work; without it, the load band is the busy fraction
+        over the last :data:`LOAD_WINDOW_STEPS` steps (busy time / (busy + idle time)) cut into
+        ``serving_load_bands`` equal bands, and the unit is judged in blocks of at least
+        :data:`BLOCK_STEPS_WITHOUT_WORK` steps (their median: a prefill among decode iterations does not move
+        it). Each band keeps a rolling median of the last :data:`BAND_WINDOW`
+        step times, the newest :data:`BAND_LAG` held back. A step becomes ``time_s / reference`` (dimensionless,
+        about 1.0); a step of a band with fewer than :data:`BAND_MIN` values is excluded (``"load_band"``).
+        The regression detector then judges one series of ratios, all loads pooled, so its change-point test
+        keeps its power; a change that lasts is found before it enters the band references (lag), and once the
+        regression detector reported it, :meth:`rescale` makes it the new normal of every band at once. Idle steps (excluded ``"idle"``) only count
+        for the busy fraction. Memory: at most :data:`MAX_BANDS` bands (the least recently used is dropped).
+        Assumption: at one load, iteration time does not depend on what came before (no queue effects).
+    """
+
+    def __init__(self, settings: DetectionSettings) -> None:
+        self.settings = settings
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every band."""
+        self._bands: dict[int, _Band] = {}
+        self._busy: deque[tuple[float, bool]] = deque(maxlen=LOAD_WINDOW_STEPS)
+        self._raw: deque[float] = deque(maxlen=BAND_WINDOW)
+        self._usual: float | None = None
+        self._pushed = 0
+
+    @property
+    def usual_step_s(self) -> float | None:
+        """Median raw step time of the recent non-idle steps (seconds; re-estimated every 16 steps), for
+        planning and for telling idle gaps; None before any."""
+        return self._usual
+
+    def rescale(self, factor: float) -> None:
+        """Every band's reference times ``factor``: a lasting change the regression detector just reported
+        becomes the new normal of every load at once (not band by band as each band's window turns over)."""
+        if not factor > 0:
+            return
+        for band in self._bands.values():
+            band.values = deque((v * factor for v in band.values), maxlen=BAND_WINDOW)
+            band.held.clear()  # the newest values may already be at the new level: not scaled twice
+            if band.ref is not None:
+                band.ref *= factor
+
+    def band_of(self, fs: FinalizedStep) -> int:
+        """The band key of ``fs`` (rules in Notes)."""
+        if fs.work is not None and fs.work > 0:
+            return int(math.floor(math.log(fs.work) / math.log(WORK_BAND_RATIO)))
+        busy = sum(t for t, idle in self._busy if not idle)
+        total = sum(t for t, _ in self._busy)
+        frac = busy / total if total > 0 else 1.0
+        n = self.settings.serving_load_bands
+        return -1 - min(n - 1, int(frac * n))
+
+    def note_step(self, fs: FinalizedStep) -> None:
+        """Count one finalised step (before any block) for the busy fraction and the usual step time."""
+        idle = fs.excluded == "idle"
+        self._busy.append((fs.time_s, idle))
+        if fs.excluded is not None:
+            return
+        self._raw.append(fs.time_s)
+        self._pushed += 1
+        if self._usual is None or self._pushed % 16 == 0:
+            self._usual = _median(list(self._raw))
+
+    def normalise(self, fs: FinalizedStep) -> FinalizedStep:
+        """Return ``fs`` (a step or a block) with ``time_s`` as a ratio to its band's reference, or excluded
+        (``"load_band"``)."""
+        if fs.excluded is not None:
+            return fs
+        key = self.band_of(fs)
+        band = self._bands.pop(key, None) or _Band()
+        self._bands[key] = band  # most recently used last
+        if len(self._bands) > MAX_BANDS:
+            del self._bands[next(iter(self._bands))]
+        ref = band.ref
+        band.held.append(fs.time_s)
+        if len(band.held) > BAND_LAG:
+            band.values.append(band.held.popleft())
+            band.ref = _median(list(band.values)) if len(band.values) >= BAND_MIN else None
+        if ref is None or ref <= 0:
+            return replace(fs, excluded="load_band")
+        return replace(fs, time_s=fs.time_s / ref)
+
+
+class UnitSplitter:
+    """Splits a serving job's ranks into units that step together (a replica), by their step counters.
+
+    Args:
+        world_size: ranks of the job.
+        settings: ``serving_unit_split_steps``.
+
+    Notes:
+        Every rank starts in one unit. At each :meth:`check` the ranks of a unit are sorted by their last step;
+        where two neighbours differ by more than ``serving_unit_split_steps`` steps the unit is cut there, if
+        the same cut was seen at the previous check too (two checks in a row: a rank whose reports are merely
+        delayed is not cut off). Units are only ever split, never merged, within a generation: the ranks of
+        one replica (tensor parallel) step in lock-step and never drift that far apart, independent replicas
+        do within minutes (bursts and idle gaps differ). Ranks that never reported stay where they are.
+        Cost: O(world_size log world_size) per check.
+    """
+
+    def __init__(self, world_size: int, settings: DetectionSettings) -> None:
+        self.world_size = world_size
+        self.settings = settings
+        self.units: list[list[int]] = [list(range(world_size))]
+        self._pending: set[tuple[int, ...]] = set()
+
+    def check(self, last_step: list[int | None]) -> bool:
+        """Refine the units from each rank's last step (None = never reported); True when they changed."""
+        gap = self.settings.serving_unit_split_steps
+        new_units: list[list[int]] = []
+        cuts_now: set[tuple[int, ...]] = set()
+        changed = False
+        for unit in self.units:
+            seen = sorted((s, r) for r in unit if (s := last_step[r]) is not None)
+            groups: list[list[int]] = [[]]
+            prev: int | None = None
+            for s, r in seen:
+                if prev is not None and s - prev > gap:
+                    groups.append([])
+                groups[-1].append(r)
+                prev = s
+            if len(groups) == 1:
+                new_units.append(unit)
+                continue
+            key = tuple(sorted(g[0] for g in groups))
+            cuts_now.add(key)
+            if key not in self._pending:
+                new_units.append(unit)
+                continue
+            silent = [r for r in unit if last_step[r] is None]
+            groups[0].extend(silent)
+            new_units.extend(sorted(g) for g in groups)
+            changed = True
+        self._pending = cuts_now
+        if changed:
+            self.units = sorted(new_units)
+        return changed

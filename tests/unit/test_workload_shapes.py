@@ -1,0 +1,191 @@
+"""Detectors on the job shapes of issue 20 (generated telemetry, fake clock from the records): pipeline stages
+with a structural imbalance, serving traffic with idle gaps and independent replicas, drift with a sudden change,
+5 ms steps. Detection quality (delays, false pages per hour) is measured in bench/bench_workloads.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from profwatch.core.detection.blocks import StepBlocks, merge_block
+from profwatch.core.detection.drift import DriftTracker
+from profwatch.core.detection.job_detector import DetectionSettings, JobDetector
+from profwatch.core.detection.serving import LoadNormaliser, UnitSplitter, is_idle_gap
+from profwatch.core.detection.types import FinalizedStep
+from profwatch.simulate.telemetry import (
+    ServingScenario,
+    TelemetryScenario,
+    generate_telemetry,
+    iter_serving_telemetry,
+)
+from tests.unit.detection_helpers import of_kind, run
+
+PIPELINE = TelemetryScenario(world_size=8, steps=700, cv=0.02, rank_compute_factors=(1, 1, 1, 1, 1, 1, 1.15, 1.15))
+
+
+def _first(found: list, kind: str, ranks: tuple[int, ...] | None = None) -> int | None:
+    hits = [a.step for a in found if a.kind == kind and (ranks is None or a.ranks == ranks)]
+    return hits[0] if hits else None
+
+
+# -- pipeline stages: structural imbalance ---------------------------------------------------------------------------
+def test_stage_slower_from_step_0_is_one_structural_imbalance_and_a_later_slow_rank_is_found_as_fast() -> None:
+    change = replace(PIPELINE, slow_rank=3, slow_rank_factor=1.25, slow_rank_from_step=400)
+    found, _ = run(generate_telemetry(change), 8)
+    [si] = of_kind(found, "structural_imbalance")
+    assert si.ranks == (6, 7)
+    assert si.magnitude == pytest.approx(0.15, abs=0.02)
+    assert si.detail["stage"] == {6: "compute", 7: "compute"}
+    assert si.detail["cost_s_per_step"] == pytest.approx(0.15 * 0.4, rel=0.2)  # 15 % of the 0.4 s compute stage
+    assert not [a for a in of_kind(found, "rank_outlier") if set(a.ranks) & {6, 7}], "never pages again"
+    delay = _first(found, "rank_outlier", (3,))
+    plain, _ = run(generate_telemetry(replace(change, rank_compute_factors=None)), 8)
+    usual = _first(plain, "rank_outlier", (3,))
+    assert delay is not None and usual is not None
+    assert delay - 400 <= usual - 400 + 2, "the structural ranks do not slow down the others' test"
+
+
+def test_structural_rank_that_grows_pages_again_against_its_own_baseline() -> None:
+    grows = replace(PIPELINE, slow_rank=6, slow_rank_factor=1.25, slow_rank_from_step=400)
+    found, _ = run(generate_telemetry(grows), 8)
+    assert len(of_kind(found, "structural_imbalance")) == 1
+    [out] = [a for a in of_kind(found, "rank_outlier") if 6 in a.ranks]
+    assert out.step >= 400 and out.detail["baseline_ratio"][6] == pytest.approx(1.15, abs=0.02)
+    assert out.magnitude == pytest.approx(0.25, abs=0.05)
+
+
+def test_rank_slow_from_the_middle_of_the_learning_window_is_not_structural() -> None:
+    sc = replace(PIPELINE, rank_compute_factors=None, slow_rank=2, slow_rank_factor=1.4, slow_rank_from_step=30)
+    found, _ = run(generate_telemetry(sc), 8)
+    assert of_kind(found, "structural_imbalance") == []
+    assert [a.ranks for a in of_kind(found, "rank_outlier")] == [(2,)]
+
+
+def test_role_groups_compare_ranks_within_their_role() -> None:
+    # two roles of 4 ranks: the embedding stage ranks 0-3 are 30 % faster than the others by construction
+    sc = replace(PIPELINE, world_size=8, rank_compute_factors=(0.7, 0.7, 0.7, 0.7, 1, 1, 1, 1),
+                 roles=("first",) * 4 + ("last",) * 4, slow_rank=1, slow_rank_factor=1.3, slow_rank_from_step=300)
+    found, det = run(generate_telemetry(sc), 8)
+    assert of_kind(found, "structural_imbalance") == []  # each rank is like its role's peers
+    outliers = of_kind(found, "rank_outlier")
+    assert [a.ranks for a in outliers] == [(1,)]
+    assert det.units[0].outliers is not None and det.units[0].outliers.learning is False
+
+
+# -- serving ---------------------------------------------------------------------------------------------------------
+def test_healthy_serving_tp_with_idle_gaps_gives_no_regression() -> None:
+    sc = ServingScenario(replicas=1, tp=4, duration_s=1500, seed=3)
+    found, det = run(iter_serving_telemetry(sc), 4)
+    assert det.mode == "serving"
+    assert det.counters["idle_steps"] > 10
+    assert Counter(a.kind for a in found) == Counter(), found[:5]
+
+
+def test_healthy_dp_replicas_are_independent_units_never_late_or_stalled() -> None:
+    sc = ServingScenario(replicas=4, tp=1, duration_s=1200, seed=4)
+    found, det = run(iter_serving_telemetry(sc), 4)
+    assert sorted(u.ranks for u in det.units) == [[0], [1], [2], [3]]
+    assert of_kind(found, "stalled_rank") == []
+    assert of_kind(found, "step_regression") == []
+    assert det.counters["late"] < 0.05 * det.counters["reports"]  # only before the replicas were told apart
+
+
+def test_slow_tp_rank_and_slow_replica_are_found_in_serving() -> None:
+    tp = ServingScenario(replicas=1, tp=4, duration_s=1200, slow_rank=2, slow_from_s=800, seed=5)
+    found, _ = run(iter_serving_telemetry(tp), 4)
+    assert [a.ranks for a in of_kind(found, "rank_outlier")] == [(2,)]
+    dp = ServingScenario(replicas=4, tp=1, duration_s=1200, slow_replica=1, slow_from_s=800, seed=6)
+    found, _ = run(iter_serving_telemetry(dp), 4)
+    regs = of_kind(found, "step_regression")
+    assert regs and {a.ranks for a in regs} == {(1,)}
+    assert regs[0].detail["unit"] == [1] and regs[0].magnitude >= 0.15
+
+
+def test_idle_gaps_switch_a_job_without_mode_to_serving() -> None:
+    sc = ServingScenario(replicas=1, tp=2, duration_s=600, with_mode=False, seed=7)
+    found, det = run(iter_serving_telemetry(sc), 2)
+    assert det.mode == "serving" and det.counters["mode_switches"] == 1
+    never = JobDetector("serve", 2, DetectionSettings(serving_detect_gaps=0))
+    run(iter_serving_telemetry(sc), 2, det=never)
+    assert never.mode == "training"
+
+
+def test_idle_gap_rule_and_load_normaliser() -> None:
+    s = DetectionSettings()
+    assert is_idle_gap(30.0, 0.05, s) and not is_idle_gap(0.9, 0.04, s) and not is_idle_gap(3.0, 0.5, s)
+    norm = LoadNormaliser(s)
+    out = []
+    for k in range(200):
+        work = 8.0 if k % 2 else 2048.0  # two loads, 0.05 s and 0.5 s
+        fs = FinalizedStep(k, 0.05 if k % 2 else 0.5, 0, 1, None, None, work)
+        norm.note_step(fs)
+        out.append(norm.normalise(fs))
+    judged = [f.time_s for f in out if f.excluded is None]
+    assert judged and all(t == pytest.approx(1.0) for t in judged)  # each compared within its own band
+    assert out[0].excluded == "load_band"
+    norm.rescale(1.2)
+    assert norm.normalise(FinalizedStep(999, 0.06, 0, 1, None, None, 8.0)).time_s == pytest.approx(1.0)
+
+
+def test_unit_splitter_needs_the_same_cut_twice() -> None:
+    sp = UnitSplitter(4, DetectionSettings(serving_unit_split_steps=50))
+    assert not sp.check([100, 100, 400, 401])
+    assert sp.check([110, 111, 500, 502])
+    assert sp.units == [[0, 1], [2, 3]]
+    assert not sp.check([120, 121, 130, 131])  # never merged again
+
+
+# -- drift -----------------------------------------------------------------------------------------------------------
+def test_drift_is_one_report_per_threshold_and_a_sudden_change_during_it_is_found() -> None:
+    sc = TelemetryScenario(world_size=4, steps=1400, cv=0.03, drift_per_step=0.0005, slowdown=0.11,
+                           slowdown_from_step=1000, seed=3)
+    found, _ = run(generate_telemetry(sc), 4)
+    drifts = of_kind(found, "drift")
+    before = [a for a in drifts if a.step < 1000]
+    assert [round(a.detail["threshold"], 2) for a in before] == [0.1, 0.2, 0.3, 0.4][: len(before)]
+    assert len(before) >= 3  # +0.05 %/step: about 0.45 by step 1000, reported at 10, 20, 30, (40) %
+    assert all(a.detail["slope_per_step"] == pytest.approx(0.0005, rel=0.3) for a in before)
+    regs = of_kind(found, "step_regression")
+    assert [a.step for a in regs if a.step < 1000] == []
+    assert regs and 1000 <= regs[0].step <= 1015 and regs[0].magnitude == pytest.approx(0.11, abs=0.04)
+    thresholds = [round(a.detail["threshold"], 2) for a in drifts]
+    assert len(thresholds) == len(set(thresholds)), "at most one report per threshold"
+
+
+def test_drift_tracker_counts_each_threshold_once() -> None:
+    t = DriftTracker(0.1)
+    t.learned(1.0, 10)
+    assert t.observe(1.05, 0.001, 1.0) is None
+    first = t.observe(1.10, 0.001, 1.0, 110)
+    assert first is not None and first["threshold"] == pytest.approx(0.1)
+    assert t.observe(1.11, 0.001, 1.0) is None and t.observe(1.09, 0.001, 1.0) is None
+    assert t.observe(1.10, 0.001, 1.0) is None  # back at the same threshold: not again
+    jump = t.observe(1.35, 0.001, 1.0)
+    assert jump is not None and jump["threshold"] == pytest.approx(0.3)
+    t.suspend(1.35)
+    t.learned(1.35 * 1.2, 500)  # a 20 % change re-learned: not drift
+    assert t.observe(1.35 * 1.2, 0.0, 1.0) is None
+
+
+# -- 5 ms steps: blocks ----------------------------------------------------------------------------------------------
+def test_five_ms_steps_with_jitter_stay_quiet_and_a_slowdown_is_still_found() -> None:
+    sc = TelemetryScenario(world_size=4, steps=12000, step_time_s=0.005, cv=0.05, gc_prob=0.02,
+                           loader_stall_prob=0.01, seed=5)
+    found, det = run(generate_telemetry(sc), 4)
+    assert det.units[0].blocks.size == 10  # 0.05 s / 5 ms
+    assert len(found) <= 1, Counter(a.kind for a in found)  # 60 s of jitter: at most one event
+    slow, _ = run(generate_telemetry(replace(sc, slowdown=0.15, slowdown_from_step=9000)), 4)
+    regs = of_kind(slow, "step_regression")
+    assert regs and 9000 <= regs[0].step <= 9000 + 10 * 10
+
+
+def test_merge_block_medians_and_exclusion() -> None:
+    steps = [FinalizedStep(k, t, k % 2, 2, {"compute": [t, 2 * t]}, None) for k, t in enumerate([1.0, 9.0, 1.2])]
+    b = merge_block(steps)
+    assert (b.step, b.time_s, b.steps, b.excluded) == (2, 1.2, 3, None)
+    assert b.stages == {"compute": [1.2, 2.4]}
+    assert merge_block([*steps, FinalizedStep(3, 1.0, 0, 2, None, "capture")]).excluded == "capture"
+    blocks = StepBlocks(DetectionSettings(block_target_s=0))
+    assert blocks.size == 1 and blocks.push(steps[0]) == [steps[0]]
