@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -32,6 +33,12 @@ def test_a_job_wide_communication_regression_leads_with_communication(tmp_path: 
     cmp = verdict["comparison"]
     assert cmp["ranks_compared"] == [0, 1, 2, 3] and cmp["headline"].startswith("+")
     assert cmp["reference"]["path"].endswith("reference") and cmp["impact_accelerator_hours_per_day"] > 0
+    report = json.loads(Path(verdict["paths"]["report_json"]).read_text(encoding="utf-8"))
+    assert report["comparison"]["headline"] == cmp["headline"] and report["changes"] == changes  # on disk too
+    same = _cli("analyze", str(tmp_path / "pair" / "reference"), "--baseline", str(tmp_path / "pair" / "reference"),
+                "--no-advisor", "--no-html", "--json", "--quiet", "--out", str(tmp_path / "same"), cwd=tmp_path)
+    (itself,) = [json.loads(line) for line in same.stdout.splitlines() if line.strip()]
+    assert itself["changes"] == [] and any("this capture itself" in n for n in itself["comparison"]["notes"])
 
 
 def test_a_baseline_without_one_complete_batch_is_refused(tmp_path: Path) -> None:
@@ -42,6 +49,19 @@ def test_a_baseline_without_one_complete_batch_is_refused(tmp_path: Path) -> Non
                str(tmp_path / "out"), cwd=tmp_path)
     assert res.returncode == 2 and "must hold exactly one complete batch" in res.stderr, res.stderr
     assert not (tmp_path / "out").exists()  # refused before anything was written
+    partial = tmp_path / "partial"  # a reference with a rank dir missing: its status is said, --baseline-batch not
+    made = _cli("simulate", "tree", str(partial), "--world-size", "2", "--steps", "2", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    for rank_dir in sorted(partial.glob("*_ascend_pt"))[1:]:
+        shutil.rmtree(rank_dir)
+    res = _cli("analyze", str(tmp_path / "now"), "--baseline", str(partial), "--world-size", "2", "--json", "--out",
+               str(tmp_path / "out"), cwd=tmp_path)
+    (line,) = res.stdout.splitlines()
+    refusal = json.loads(line)
+    assert res.returncode == 2 and refusal["status"] == "no_batch", res.stdout
+    assert "(incomplete)" in refusal["detail"] and "missing ranks [1]" in refusal["detail"], refusal
+    assert "--baseline-batch" not in refusal["detail"]
+    assert not (tmp_path / "out").exists()
 
 
 def test_simulate_options_are_checked(tmp_path: Path) -> None:
@@ -53,3 +73,12 @@ def test_simulate_options_are_checked(tmp_path: Path) -> None:
     res = _cli("simulate", "job", "--ranks", "2", "--slow-rank", "some", "--config-dir", str(tmp_path / "c"),
                "--prof-root", str(tmp_path / "p"), cwd=tmp_path)
     assert res.returncode == 2 and "'all'" in res.stderr
+    for bad in (["--job-wide", "compute", "--factor", "inf"], ["--job-wide", "host", "--factor", "nan"],
+                ["--slow", "1:-3"], ["--slow-link", "1:1e400"], ["--steps", "0"]):  # a usage error, no traceback
+        res = _cli("simulate", "tree", str(tmp_path / "bad"), *bad, cwd=tmp_path)
+        assert res.returncode == 2 and "Traceback" not in res.stderr and "Error:" in res.stderr, (bad, res.stderr)
+    assert not (tmp_path / "bad").exists()
+    for bad in (["--slowdown", "nan"], ["--duration-s", "inf"], ["--ranks", "0"]):
+        res = _cli("simulate", "job", *bad, "--config-dir", str(tmp_path / "c"), "--prof-root", str(tmp_path / "p"),
+                   cwd=tmp_path)
+        assert res.returncode == 2 and "Error:" in res.stderr, (bad, res.stderr)

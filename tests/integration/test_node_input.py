@@ -99,6 +99,33 @@ def test_lax_types_and_absurd_values_are_refused_live(stack: Stack) -> None:
     assert node.counters["rejected"] == 5
 
 
+def test_hostile_mode_role_and_work_are_refused_live(stack: Stack) -> None:
+    node = stack.node("n1")
+    push = stack.push("n1")
+    push.send_multipart(wire.frames(hello("jobM", 0, world=1, mode="serving", role="pp1")))
+    push.send_multipart(wire.frames(step("jobM", 0, 1)))
+    h, s = wire.to_dict(hello("jobM", 0, world=1)), wire.to_dict(step("jobM", 0, 2))
+    bad_hellos = [{"mode": "x" * 100_000}, {"role": "pp1\n"}, {"role": "\u00e9\u202e"}, {"mode": 7}, {"role": ["a"]},
+                  {"job_id": "jobM\n"}]
+    bad_steps = [{"work": -1.0}, {"work": 1e16}, {"work": "5"}, {"work": True}, {"mode": "serving\n"}, {"role": ""}]
+    for bad in bad_hellos:
+        push.send_multipart([b"t", json.dumps(h | bad).encode()])
+    for bad in bad_steps:
+        push.send_multipart([b"t", json.dumps(s | bad).encode()])
+    for token in (b"NaN", b"Infinity"):  # not JSON (RFC 8259), but Python's json writes them
+        push.send_multipart([b"t", json.dumps(s).encode()[:-1] + b', "work": ' + token + b"}"])
+    push.send_multipart(wire.frames(step("jobM", 0, 3)))
+    wait_for(lambda: rank_view(stack.control("status"), "jobM").get(0, {}).get("last_step") == 3, 20)
+    assert node.counters["rejected"] == len(bad_hellos) + len(bad_steps) + 2
+    assert {j["job_id"] for j in stack.control("status")["jobs"]} == {"jobM"}  # no "jobM\n" twin
+    jsonl = stack.control("dump_telemetry", {"job_id": "jobM"})
+    rows = [json.loads(line) for line in jsonl.splitlines() if '"step"' in line]
+    assert sorted(r["step"] for r in rows) == [1, 3] and {(r.get("mode"), r.get("role")) for r in rows} == {
+        ("serving", "pp1")}
+    coord = stack.coord
+    assert coord is not None and coord.counters["rejected"] == 0  # nothing bad was relayed
+
+
 def test_oversize_messages_are_counted_on_both_sides(stack: Stack, short_tmp: Path) -> None:
     node = stack.node("n1")
     pub = Publisher(f"ipc://{short_tmp}/n1.sock")

@@ -52,6 +52,7 @@ def test_damaged_pages_are_moved_aside_and_the_loss_is_alerted(short_tmp: Path) 
         wait_for(lambda: bool(_reset_event(h)), 30, what="state_store_reset published")
         data = _reset_event(h)["data"]
         assert data["lost"]["pinned_jobs"] == 1 and data["lost"]["queued_deliveries"] == 1
+        assert data["lost"]["open_episodes"] == 0 and data["lost"]["captures_in_flight"] == 0
         assert "integrity_check" in data["problem"]
         kept = Path(data["moved_to"])
         assert kept.parent == short_tmp and kept.name.startswith("state.db.corrupt-")

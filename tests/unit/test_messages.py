@@ -216,3 +216,43 @@ def test_node_ids_are_safe_names(node_id: str) -> None:
     with pytest.raises(MessageRejected) as ei:
         parse_node_message(json.dumps(hb).encode())
     assert ei.value.reason == "bad_node_id"
+
+
+@pytest.mark.parametrize("kw", [{"mode": "training\n"}, {"role": "pp1\n"}, {"role": "a" * 65}, {"role": "\u00e9"},
+                                {"mode": ""}, {"role": "a b"}, {"role": "a\u0000"}, {"job_id": "j1\n"},
+                                {"stages": {"fwd\n": 0.1}}, {"work": -1.0}, {"work": 1e16}])
+def test_labels_work_and_job_ids_are_refused_when_hostile(kw: dict) -> None:
+    kinds = [_step] if "work" in kw or "stages" in kw else [_step, _hello]
+    for make in kinds:  # a dollar anchor would let "pp1\n" in: the spelling rules end at the end of the string
+        with pytest.raises(MessageRejected) as ei:
+            parse_rank_message(json.dumps(make(**kw)).encode())
+        assert ei.value.reason in ("bad_value", "bad_job_id")
+    ok = parse_rank_message(json.dumps(_step(mode="serving", role="a" * 64, work=0.0)).encode())
+    assert (ok.mode, ok.role, ok.work) == ("serving", "a" * 64, 0.0)
+
+
+@pytest.mark.parametrize("token", [b"NaN", b"Infinity", b"-Infinity", b"1e309", b"true", b'"5"', b"[1]"])
+def test_work_must_be_a_finite_number(token: bytes) -> None:
+    raw = json.dumps(_step()).encode()[:-1] + b', "work": ' + token + b"}"
+    with pytest.raises(MessageRejected) as ei:
+        parse_rank_message(raw)
+    assert ei.value.reason in ("bad_value", "bad_schema")
+
+
+def test_node_ids_end_at_the_end_of_the_string() -> None:
+    from profwatch.core.messages import node_id_ok
+
+    assert node_id_ok("n1") and not node_id_ok("n1\n")
+
+
+@pytest.mark.parametrize("kw", [{"hostname": "h\x1b]0;owned\x07"}, {"hostname": "h\u009b2J"}, {"hostname": "h\n"},
+                                {"versions": {"torch": "2.1\x1b[2J"}}])
+def test_shown_names_carry_no_control_characters(kw: dict) -> None:
+    with pytest.raises(MessageRejected) as ei:  # status and alerts print them as they are: no terminal escapes
+        parse_rank_message(json.dumps(_hello(**kw)).encode())
+    assert ei.value.reason == "bad_value"
+    assert parse_rank_message(json.dumps(_hello(hostname="hôte-1", versions={"torch": "2.1"})).encode()).hostname == \
+        "hôte-1"
+    hb = wire.to_dict(wire.NodeHeartbeat(node_id="n1", hostname="h\x1b[2J", pid=1, ts_unix_s=1.0, started_unix_s=1.0))
+    with pytest.raises(MessageRejected):
+        parse_node_message(json.dumps(hb).encode())

@@ -134,3 +134,18 @@ def test_episode_and_rotation_events_have_one_line_each() -> None:
     rot = {"type": "io.profwatch.culprit_rotates.v1", "subject": "j", "time": "t",
            "data": {"episode_id": "ep-1", "detail": "culprit rotates: ranks 0, 3, 6 in the last 3 captures"}}
     assert render_event(rot).endswith("ep-1: culprit rotates: ranks 0, 3, 6 in the last 3 captures")
+
+
+def test_other_alerts_show_their_detail_whole_and_no_control_characters() -> None:
+    from profwatch.commands.alerts import render_event
+
+    fix = "create the folder " + "/x" * 120 + " or set PROFWATCH_CONFIG_PATH"  # past the 200-character cut
+    un = {"type": "io.profwatch.capture_unavailable.v1", "subject": "j", "time": "t",
+          "data": {"rank": 0, "hostname": "h", "error": "e" * 300, "detail": f"rank 0 on h: no folder. Fix: {fix}"}}
+    assert render_event(un).endswith(fix)
+    col = {"type": "io.profwatch.job_id_collision.v1", "subject": "j", "time": "t",
+           "data": {"reason": "uid_mismatch", "detail": "uid 1001 on n1\x1b]0;owned\x07"}}
+    assert render_event(col) == "t job_id_collision.v1 job=j uid_mismatch: uid 1001 on n1\\x1b]0;owned\\x07"
+    refused = {"type": "io.profwatch.path_refused.v1", "subject": "j", "time": "t",
+               "data": {"rank": 1, "problems": ["outside the allowed roots: /etc", "changed"]}}
+    assert render_event(refused).endswith(" outside the allowed roots: /etc; changed")

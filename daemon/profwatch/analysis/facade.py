@@ -344,6 +344,22 @@ def _judge(result: AnalysisResult, ev: ClusterEvidence, f: Followup) -> None:
             break
 
 
+def rewrite_report(result: AnalysisResult, now_unix_s: float) -> None:
+    """Rewrite the ``report.json`` (and ``report.html``) already written for ``result`` from the result as it stands
+    (``analyze --baseline`` attaches its comparison after the analysis); nothing when no report was written. An
+    unwritable folder is a note, never a failure."""
+    json_path = result.paths.get("report_json")
+    if not json_path:
+        return
+    ev = result.evidence
+    try:
+        write_report(Path(json_path).parent, printable({**result.alert_data(), "advisor": ev.advisor if ev else {}}),
+                     ev.summaries if ev else [], html_enabled="report_html" in result.paths,
+                     generated=datetime.fromtimestamp(now_unix_s, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
+    except OSError as exc:
+        result.notes.append(f"report not rewritten with the comparison: {exc}")
+
+
 def _write_report(result: AnalysisResult, f: Followup, *, html: bool) -> None:
     """``report.json`` (and ``report.html`` when ``html``) from the result as it stands (rewritten by the enrich
     phase). An unwritable folder is a note, never a failure."""

@@ -42,6 +42,7 @@ from profwatch.core.alerts.event_types import (
     TYPE_SUSPECT_RANKS,
     display_name,
 )
+from profwatch.core.messages import CONTROL_RE
 from profwatch.exitcodes import EXIT_UNAVAILABLE
 
 
@@ -103,9 +104,12 @@ def render_event(ev: dict[str, Any]) -> str:
                  f"warmup={d.get('warmup')} active={d.get('active')} config={d.get('path') or d.get('error', '')}")
     elif t in (TYPE_CAPTURE, TYPE_BATCH):
         line += f" capture {d.get('capture_id')} {d.get('event')}" + (f" ranks={d['ranks']}" if "ranks" in d else "")
-    else:
-        line += " " + json.dumps(d)[:200]
-    return line
+    else:  # the other alerts (collision, capture unavailable, path refused, ...) say it in detail or problems
+        text = d.get("detail") or "; ".join(str(p) for p in d.get("problems") or [])
+        line += (f" {d['reason']}:" if d.get("reason") else "") + (f" {str(text)[:1000]}" if text else
+                                                                   " " + json.dumps(d)[:200])
+    # a peer's words (hostnames, details) are shown with their control characters escaped: no terminal escapes
+    return CONTROL_RE.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
 
 
 def _echo(ev: dict[str, Any], as_json: bool) -> None:

@@ -22,7 +22,7 @@ from profwatch.adapters.fs.rank_dir_fs import TreeUnavailable, describe_unsuppor
 from profwatch.adapters.fs.staging import mark_output_dir
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
 from profwatch.analysis.compare import attach_comparison
-from profwatch.analysis.facade import AnalysisResult, AnalysisSettings, analyze_batch
+from profwatch.analysis.facade import AnalysisResult, AnalysisSettings, analyze_batch, rewrite_report
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.display import display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE
@@ -241,6 +241,10 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
                     res = analyze_batch(batch, work_dir=work, settings=settings, runner=runner, progress=progress)
             if reference is not None and baseline_dir is not None and res.status != "incomplete":
                 attach_comparison(res, reference, reference_path=str(baseline_dir))
+                if ref_batch is not None and _same_dirs(ref_batch, batch) and res.comparison is not None:
+                    res.comparison["notes"].append("the reference is this capture itself (same rank dirs): "
+                                                   "nothing can have changed; pass a capture of the healthy job")
+                rewrite_report(res, time.time())  # report.json carries the comparison the output shows
             if res.status == "incomplete":
                 res.notes.append(json.dumps({"completeness": batch.to_json()}, default=str)[:4000])
             if as_json:
@@ -271,11 +275,19 @@ def _baseline_batch(ctx: click.Context, as_json: bool, directory: Path, batch_id
     if batch_id:
         found = [b for b in found if b.batch_id == batch_id]
     complete = [b for b in found if b.status == "complete"]
-    if len(complete) != 1:
-        names = ", ".join(display_str(b.batch_id) for b in found) or "none"
+    if len(complete) != 1:  # each batch with its status: a lone incomplete one is not fixed by --baseline-batch
+        names = ", ".join(f"{display_str(b.batch_id)} ({b.status})" for b in found) or "none"
+        hint = ("; choose one with --baseline-batch" if len(complete) > 1
+                else "; " + "; ".join(f"{display_str(b.batch_id)}: {b.describe(limit=1)}" for b in found[:2]) if found
+                else "")
         _fail(ctx, as_json, "no_batch", f"the baseline {directory} must hold exactly one complete batch "
-                                        f"(found {len(complete)} of: {names}); choose one with --baseline-batch")
+                                        f"(found {len(complete)} complete of: {names}){hint}")
     return complete[0]
+
+
+def _same_dirs(a: BatchState, b: BatchState) -> bool:
+    """True when two batches share a rank dir (``--baseline`` pointing at the capture itself)."""
+    return bool({os.path.realpath(r.path) for r in a.ranks.values()} & {os.path.realpath(r.path) for r in b.ranks.values()})
 
 
 def _check_out(ctx: click.Context, as_json: bool, work: Path, directory: Path) -> None:

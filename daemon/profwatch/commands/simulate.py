@@ -9,6 +9,7 @@ Nothing here is torch_npu; everything it writes says so in its metadata.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Literal, get_args
@@ -18,6 +19,12 @@ import click
 ExportType = Literal["db", "text", "both"]  # generate_cluster's export types = the --export-type choices
 JOB_WIDE = {"compute": 1.2, "communication": 3.0, "host": 0.2}
 """``simulate tree --job-wide`` components and their default ``--factor``."""
+MAX_FACTOR = 1000.0
+"""Largest slowdown factor or host fraction the generator takes (larger ones overflow its integer durations)."""
+
+
+def _factor_ok(f: float) -> bool:
+    return math.isfinite(f) and 0.0 <= f <= MAX_FACTOR  # also false for NaN
 
 
 @click.group()
@@ -36,6 +43,8 @@ def _parse_factors(spec: str | None, what: str) -> dict[int, float]:
             out[int(rank)] = float(factor)
         except ValueError:
             raise click.UsageError(f"{what} must look like '2:1.5,5:2.0', got {spec!r}") from None
+        if not _factor_ok(out[int(rank)]):
+            raise click.UsageError(f"{what}: factor {factor!r} must be a number from 0 to {MAX_FACTOR:g}")
     return out
 
 
@@ -45,7 +54,7 @@ def _parse_factors(spec: str | None, what: str) -> dict[int, float]:
 @click.option("--slow", "slow", help="slow ranks as rank:factor[,rank:factor] (compute slower), e.g. 2:1.5")
 @click.option("--host-bound", help="rank:extra_free_fraction, e.g. 1:0.3")
 @click.option("--slow-link", help="rank:factor for a slower link")
-@click.option("--steps", default=3, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--export-type", type=click.Choice(get_args(ExportType)), default="db", show_default=True)
 @click.option("--no-marker", is_flag=True, help="omit analyse.done (older torch_npu)")
 @click.option("--capture-id", default=None)
@@ -72,6 +81,8 @@ def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, s
         raise click.UsageError(f"ranks {bad} are outside 0..{world_size - 1} (--world-size {world_size})")
     if factor is not None and job_wide is None:
         raise click.UsageError("--factor needs --job-wide")
+    if factor is not None and not _factor_ok(factor):
+        raise click.UsageError(f"--factor {factor!r} must be a number from 0 to {MAX_FACTOR:g}")
     if job_wide is not None:
         f = JOB_WIDE[job_wide] if factor is None else factor
         bag = {"compute": slow_f, "communication": link_f, "host": host_f}[job_wide]
@@ -97,7 +108,7 @@ def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, s
 
 @simulate.command()
 @click.option("--job-id", default="sim-job", show_default=True)
-@click.option("--ranks", default=4, show_default=True)
+@click.option("--ranks", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--node-endpoint", "endpoints", multiple=True,
               help="node daemon endpoint(s); ranks are spread over them (default: PROFWATCH_NODE_ENDPOINT or the "
                    "standard runtime socket)")
@@ -126,6 +137,10 @@ def job(job_id: str, ranks: int, endpoints: tuple[str, ...], config_dir: Path, p
     from profwatch.simulate.launcher import ALL_RANKS, JobSpec, launch_job
     from rankhook.publisher import default_endpoint
 
+    if not _factor_ok(slowdown):
+        raise click.UsageError(f"--slowdown {slowdown!r} must be a number from 0 to {MAX_FACTOR:g}")
+    if not (math.isfinite(duration_s) and duration_s > 0):
+        raise click.UsageError(f"--duration-s {duration_s!r} must be a finite number of seconds > 0")
     if slow_rank.strip().lower() == "all":
         slow = ALL_RANKS
     else:

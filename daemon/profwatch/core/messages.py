@@ -28,11 +28,12 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from rankhook import wire
 
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
-"""job_id becomes part of topics, file names and paths: letters, digits, ``_ . : -``; 1..128 chars."""
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
+"""job_id becomes part of topics, file names and paths: letters, digits, ``_ . : -``; 1..128 chars. It ends with
+an end-of-string anchor, not a dollar sign, which also matches before a final newline (a second job ``j1`` + LF)."""
 NODE_ID_RE = JOB_ID_RE
 """node_id (and CURVE key names) follow the job_id spelling: they appear in logs, metrics and file names."""
-STAGE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+STAGE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}\Z")
 LABEL_RE = STAGE_NAME_RE
 """A ``mode`` or ``role`` label (``rankhook/wire.py``): the spelling of stage names."""
 MAX_STAGES = 32
@@ -53,6 +54,8 @@ MAX_DETAIL = 2048
 """Characters in a free-text detail."""
 MAX_ENTRIES = 64
 """Entries in a small dict or list field (versions, counters, flags)."""
+CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters and DEL (ESC and CSI start terminal escape sequences)."""
 MAX_CAPTURED_STEPS = 10_000
 UTF8_BOM = b"\xef\xbb\xbf"
 MAX_RESYNC = 100
@@ -113,6 +116,14 @@ def _check_time(x: float, name: str, limit: float) -> None:
 def _check_text(s: str | None, name: str, limit: int = MAX_TEXT) -> None:
     if s is not None and (len(s) > limit or "\x00" in s):
         raise MessageRejected("bad_value", f"{name}: longer than {limit} characters or contains NUL")
+
+
+def _check_name(s: str | None, name: str) -> None:
+    """A short text shown as it is by ``profwatch status``/``alerts`` (hostname, version strings): no C0/C1 control
+    characters, so a peer cannot write terminal escape sequences onto an operator's screen."""
+    _check_text(s, name)
+    if s is not None and CONTROL_RE.search(s) is not None:
+        raise MessageRejected("bad_value", f"{name}: contains a control character")
 
 
 def _check_str_dict(d: dict[str, Any], name: str) -> None:
@@ -227,8 +238,10 @@ def check_rank_message(msg: Any) -> Any:
         if len(msg.counters) > MAX_ENTRIES or any(not 0 <= v < MAX_INT for v in msg.counters.values()):
             raise MessageRejected("bad_value", "counters out of range")
         _check_time(msg.ts_unix_s, "ts_unix_s", MAX_TS_UNIX_S)
-        _check_text(msg.hostname, "hostname")
+        _check_name(msg.hostname, "hostname")
         _check_str_dict(msg.versions, "versions")
+        for v in msg.versions.values():
+            _check_name(v, "versions")
         _check_str_dict(msg.counters, "counters")
         _check_text(msg.profiler_config_path, "profiler_config_path", MAX_PATH)
         _check_text(msg.prof_root, "prof_root", MAX_PATH)
@@ -306,7 +319,7 @@ def parse_rank_message(raw: bytes | str | dict[str, Any]) -> Any:
 def _check_envelope(env: Any) -> None:
     if not node_id_ok(env.node_id):
         raise MessageRejected("bad_node_id", repr(env.node_id[:80]))
-    _check_text(getattr(env, "hostname", None), "hostname")
+    _check_name(getattr(env, "hostname", None), "hostname")
     if env.kind == "node_batch":
         if not 0 <= env.seq < MAX_INT or not _time_ok(env.ts_unix_s, MAX_TS_UNIX_S):
             raise MessageRejected("bad_value", f"seq={env.seq} ts_unix_s={env.ts_unix_s}")

@@ -38,6 +38,7 @@ _LOST_QUERIES: dict[str, str] = {
     "queued_deliveries": "SELECT COUNT(*) FROM sink_outbox",
     "events": "SELECT COUNT(*) FROM events",
     "batches": "SELECT COUNT(*) FROM batches",
+    "open_episodes": "SELECT COUNT(*) FROM episodes WHERE open=1",
 }
 
 
@@ -56,8 +57,8 @@ class StoreReset:
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "moved_to": self.moved_to, "problem": self.problem, "lost": dict(self.lost),
                 "rebuilt_from_nodes": list(self.rebuilt),
-                "not_rebuilt": "captures in flight and their analyses, queued webhook deliveries, stored events "
-                               "and verdicts (the moved file keeps them for inspection)"}
+                "not_rebuilt": "captures in flight and their analyses, queued webhook deliveries, stored events, "
+                               "verdicts and open episodes (the moved file keeps them for inspection)"}
 
 
 def check_file(path: Path) -> str | None:

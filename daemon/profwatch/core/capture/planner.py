@@ -41,7 +41,7 @@ __all__ = [
 
 FIRST_POLL_INTERVAL_S = 2.0
 POLL_STEP = 11
-_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}\Z")  # \Z: no final newline
 
 
 class CannotPlanCapture(ValueError):

@@ -1,0 +1,203 @@
+"""One anomaly episode as data: :class:`Episode`, the captures that cover it (:class:`EpisodeCapture`), its key
+and its place in the capture queue (pure; the rules that open, close and capture episodes are
+``daemon/profwatch/core/capture/episodes.py``).
+
+Keys: one open episode per (job, kind, scope); the scope is the compared stage a ranked finding names (a rank
+outlier's stage), else its ``role``, else its ranks, else ``""`` (job-wide).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from profwatch.core.capture.lifecycle import CaptureState
+from profwatch.core.detection.types import Anomaly, AnomalyKind
+
+__all__ = ["CAPTURED", "VERDICTS", "Episode", "EpisodeCapture", "episode_key", "episode_scope", "value_key"]
+
+VERDICTS = frozenset({"ok", "no_suspect", "partial", "weak"})
+CAPTURED = VERDICTS | {CaptureState.CANCELLED.value, "would_arm", "simulated"}
+"""Capture outcomes that count as captured for the episode's cooldown; others (failed, expired, incomplete,
+superseded) leave the episode wanting a capture."""
+
+
+def episode_scope(anomaly: Anomaly) -> str:
+    """The scope part of an episode key: the stage of the most outlying rank (``detail.stage``: a name, or a
+    ``{rank: stage}`` map), else ``role:<detail.role>``, else ``ranks:0,3`` for a ranked finding, else ``""``."""
+    d = anomaly.detail or {}
+    stage = d.get("stage")
+    if isinstance(stage, str) and stage:
+        return stage
+    if isinstance(stage, Mapping) and stage and anomaly.ranks:
+        raw = d.get("excess")
+        excess: Mapping[Any, Any] = raw if isinstance(raw, Mapping) else {}
+        top = max(anomaly.ranks, key=lambda r: float(excess.get(r, excess.get(str(r), 0.0)) or 0.0))
+        name = stage.get(top, stage.get(str(top)))
+        if isinstance(name, str) and name:
+            return name
+    role = d.get("role")
+    if isinstance(role, str) and role:
+        return f"role:{role}"
+    if anomaly.ranks:
+        return "ranks:" + ",".join(str(r) for r in sorted(set(anomaly.ranks))[:16])
+    return ""
+
+
+def episode_key(anomaly: Anomaly) -> str:
+    """``kind/scope``: the key of the one open episode of the job that ``anomaly`` belongs to."""
+    return f"{anomaly.kind}/{episode_scope(anomaly)}"
+
+
+@dataclass(slots=True)
+class EpisodeCapture:
+    """One capture that covers an episode. ``own``: armed for this episode (else another episode's capture covered
+    it); ``ranks``: the episode's ranks at the arm; ``status``: None while in flight, then the verdict status
+    (``ok``, ``no_suspect``, ``partial``, ``weak``) or how it ended (``failed``, ``cancelled``, ``would_arm``...);
+    ``named``: the ranks the verdict names, most suspect first."""
+
+    capture_id: str
+    armed_unix_s: float
+    ranks: tuple[int, ...]
+    own: bool = True
+    status: str | None = None
+    named: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"capture_id": self.capture_id, "armed_unix_s": self.armed_unix_s, "ranks": list(self.ranks),
+                "own": self.own, "status": self.status, "named": list(self.named)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EpisodeCapture:
+        return cls(str(d["capture_id"]), float(d["armed_unix_s"]), tuple(int(r) for r in d.get("ranks") or ()),
+                   bool(d.get("own", True)), d.get("status"), tuple(int(r) for r in d.get("named") or ()))
+
+
+@dataclass(slots=True)
+class Episode:
+    """One anomaly episode of one job (mutable; owned by :class:`JobEpisodes`).
+
+    Times in unix seconds, steps as the job counts them. ``magnitude`` is the latest report's (relative),
+    ``peak_magnitude`` the largest; ``ranks`` the ranks it names now (empty: job-wide); ``reference_s`` the job
+    step time before it (job-wide kinds whose report gives ``baseline_s``); ``last_ongoing_step`` the last step at
+    which a report or its detector said it still holds; ``new_ranks``: it names a rank no capture of it covered or
+    named (it is captured again without waiting for its cooldown); ``rotation``: the top ranks of the successive
+    verdicts that showed the culprit rotating (empty: it does not); ``waiting``/``waiting_until_unix_s``/
+    ``waiting_behind``: what it waits for (a reason of :class:`~profwatch.core.capture.arming.ArmingPolicy`), until
+    when, and behind which episode of the queue.
+    """
+
+    episode_id: str
+    job_id: str
+    kind: str
+    scope: str
+    opened_unix_s: float
+    opened_step: int
+    updated_unix_s: float
+    last_step: int
+    last_ongoing_step: int
+    magnitude: float
+    peak_magnitude: float
+    ranks: tuple[int, ...]
+    detail: dict[str, Any] = field(default_factory=dict)
+    reference_s: float | None = None
+    reports: int = 1
+    captures: list[EpisodeCapture] = field(default_factory=list)
+    new_ranks: bool = False
+    rotation: tuple[int, ...] = ()
+    closed_unix_s: float | None = None
+    close_reason: str = ""
+    waiting: str = ""
+    waiting_until_unix_s: float | None = None
+    waiting_behind: str = ""
+    not_before_unix_s: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.scope}"
+
+    @property
+    def in_flight(self) -> str | None:
+        """The id of a capture covering it that is still in flight (its own or another episode's), or None."""
+        return next((c.capture_id for c in self.captures if c.status is None), None)
+
+    @property
+    def captured_unix_s(self) -> float | None:
+        """When it was last captured (a capture in flight or one that counts as captured: :data:`CAPTURED`); None
+        when never, or when it names new ranks since (then it counts as new)."""
+        if self.new_ranks:
+            return None
+        times = [c.armed_unix_s for c in self.captures if c.status is None or c.status in CAPTURED]
+        return max(times) if times else None
+
+    @property
+    def is_repeat(self) -> bool:
+        return self.captured_unix_s is not None
+
+    @property
+    def seen_ranks(self) -> frozenset[int]:
+        """Ranks its captures covered (its ranks at each arm) or named."""
+        return frozenset(r for c in self.captures for r in (*c.ranks, *c.named))
+
+    def anomaly(self) -> Anomaly:
+        """Its latest state as an :class:`Anomaly` (what the arming policy and the capture request read)."""
+        return Anomaly(cast(AnomalyKind, self.kind), self.job_id, self.last_step, self.ranks, self.magnitude,
+                       self.detail)
+
+    def to_json(self, now_unix_s: float | None = None) -> dict[str, Any]:
+        """JSON-ready, every field (what the state store keeps and ``status --json`` shows); with ``now_unix_s``
+        also ``age_s``."""
+        out: dict[str, Any] = {
+            "episode_id": self.episode_id, "job_id": self.job_id, "kind": self.kind, "scope": self.scope,
+            "opened_unix_s": self.opened_unix_s, "opened_step": self.opened_step,
+            "updated_unix_s": self.updated_unix_s, "last_step": self.last_step,
+            "last_ongoing_step": self.last_ongoing_step, "magnitude": round(self.magnitude, 6),
+            "peak_magnitude": round(self.peak_magnitude, 6), "ranks": list(self.ranks), "detail": self.detail,
+            "reference_s": self.reference_s, "reports": self.reports,
+            "captures": [c.to_json() for c in self.captures], "new_ranks": self.new_ranks,
+            "rotation": list(self.rotation), "closed_unix_s": self.closed_unix_s, "close_reason": self.close_reason,
+            "waiting": self.waiting, "waiting_until_unix_s": self.waiting_until_unix_s,
+            "waiting_behind": self.waiting_behind, "not_before_unix_s": self.not_before_unix_s,
+            "value": "repeat" if self.is_repeat else "new"}
+        if now_unix_s is not None:
+            out["age_s"] = round(max(0.0, now_unix_s - self.opened_unix_s), 3)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Episode:
+        """Inverse of :meth:`to_json`; raises ``KeyError``/``TypeError``/``ValueError`` on a malformed row."""
+        ref = d.get("reference_s")
+        closed = d.get("closed_unix_s")
+        until = d.get("waiting_until_unix_s")
+        return cls(
+            episode_id=str(d["episode_id"]), job_id=str(d["job_id"]), kind=str(d["kind"]), scope=str(d["scope"]),
+            opened_unix_s=float(d["opened_unix_s"]), opened_step=int(d["opened_step"]),
+            updated_unix_s=float(d["updated_unix_s"]), last_step=int(d["last_step"]),
+            last_ongoing_step=int(d["last_ongoing_step"]), magnitude=float(d["magnitude"]),
+            peak_magnitude=float(d["peak_magnitude"]), ranks=tuple(int(r) for r in d.get("ranks") or ()),
+            detail=dict(d.get("detail") or {}), reference_s=float(ref) if ref is not None else None,
+            reports=int(d.get("reports", 1)),
+            captures=[EpisodeCapture.from_json(c) for c in d.get("captures") or ()],
+            new_ranks=bool(d.get("new_ranks", False)), rotation=tuple(int(r) for r in d.get("rotation") or ()),
+            closed_unix_s=float(closed) if closed is not None else None, close_reason=str(d.get("close_reason", "")),
+            waiting=str(d.get("waiting", "")), waiting_until_unix_s=float(until) if until is not None else None,
+            waiting_behind=str(d.get("waiting_behind", "")),
+            not_before_unix_s=float(d.get("not_before_unix_s", 0.0)))
+
+    def summary(self) -> dict[str, Any]:
+        """The short form carried by events: id, kind, scope, ranks, magnitudes, steps, captures."""
+        return {"episode_id": self.episode_id, "kind": self.kind, "scope": self.scope, "ranks": list(self.ranks),
+                "magnitude": round(self.magnitude, 6), "peak_magnitude": round(self.peak_magnitude, 6),
+                "opened_step": self.opened_step, "step": self.last_step, "reports": self.reports,
+                "captures": [c.capture_id for c in self.captures], "rotation": list(self.rotation)}
+
+
+def value_key(ep: Episode) -> tuple[bool, bool, float, float, str]:
+    """Sort key of the capture queue, most valuable first: a new episode before a repeat of one already captured,
+    then a named rank before a job-wide finding, then the larger magnitude, then the older.
+
+    New before repeat comes first so that a change is captured by the first arm after its onset whatever was
+    captured before it (the goal of issue 20); within new (or within repeat) episodes the order is the issue's:
+    named rank, magnitude, age."""
+    return (ep.is_repeat, not ep.ranks, -ep.magnitude, ep.opened_unix_s, ep.episode_id)
