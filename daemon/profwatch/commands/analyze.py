@@ -232,7 +232,15 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
             ref_settings = settings.model_copy(deep=True)
             ref_settings.msprof.advisor = False  # only the time breakdown is compared
             ref_settings.report_html = False
-            reference = analyze_batch(ref_batch, work_dir=work / "reference", settings=ref_settings, runner=runner)
+            if quiet:
+                reference = analyze_batch(ref_batch, work_dir=work / "reference", settings=ref_settings,
+                                          runner=runner)
+            else:
+                click.echo(f"profwatch: analysing the reference batch {display_str(ref_batch.batch_id)} first "
+                           f"({display_str(str(baseline_dir))}; its time breakdown only)", err=True)
+                with RecipeProgress(display_str(ref_batch.batch_id)) as progress:
+                    reference = analyze_batch(ref_batch, work_dir=work / "reference", settings=ref_settings,
+                                              runner=runner, progress=progress)
         for batch in batches:
             if quiet:
                 res = analyze_batch(batch, work_dir=work, settings=settings, runner=runner)
