@@ -219,7 +219,8 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
     if not batches:
         other = describe_unsupported(find_unsupported(directory))
         _fail(ctx, as_json, "no_batch", f"no capture batch found under {directory}" + (f"; {other}" if other else ""))
-    ref_batch = _baseline_batch(ctx, as_json, baseline_dir, baseline_batch, world_size) if baseline_dir else None
+    # the reference is scanned at its own world size (--world-size is the capture's): a different one is a note
+    ref_batch = _baseline_batch(ctx, as_json, baseline_dir, baseline_batch, None) if baseline_dir else None
     _check_out(ctx, as_json, work, directory)  # after the input checks: a bad DIR leaves no output folder behind
     worst = 0
     # SIGTERM (a scheduler, `timeout`) ends the command like Ctrl-C: the exception unwinds the block below, whose
