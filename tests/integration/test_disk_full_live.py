@@ -36,7 +36,9 @@ from tests.conftest import PYTHON, finish_process, python_env, scrape_metrics, w
 from tests.integration.sink_support import Recorder, free_port
 
 N = 300
-PATH_REFUSED = "io.profwatch.path_refused.v1"
+ALERT = "io.profwatch.job_id_collision.v1"
+"""What each hello that names other paths while the job's rank is alive raises: one alert per claimant and
+claimed paths (docs/generations.md), so N hellos with N paths are N distinct alerts."""
 SCRIPT = r"""
 set -e
 mount -t tmpfs -o size=4m tmpfs "$STATE_DIR"
@@ -189,9 +191,6 @@ class Feed:
                                                       ts_unix_s=time.time(), messages=hellos[k:k + 100])))
 
 
-@pytest.mark.skip(reason="its alerts are hellos that change a pinned job's paths while the job's rank is alive; since "
-                         "the job id collision rule (docs/generations.md) that is one deduplicated job_id_collision per "
-                         "claimant, not one path_refused per path: the test needs another alert source (open work)")
 @pytest.mark.parametrize("mode", ["tmpfs", "pragma"])
 def test_alerts_raised_while_the_store_fails_reach_every_path_once(short_tmp: Path, mode: str) -> None:
     if mode == "tmpfs" and not _tmpfs_possible(short_tmp / "probe"):
@@ -211,7 +210,7 @@ def test_alerts_raised_while_the_store_fails_reach_every_path_once(short_tmp: Pa
             published.append(ev)
         return published
 
-    def alerts_of(evs: list[dict[str, Any]], type_: str = PATH_REFUSED) -> Counter[str]:
+    def alerts_of(evs: list[dict[str, Any]], type_: str = ALERT) -> Counter[str]:
         return Counter(e["id"] for e in evs if e.get("type") == type_)
 
     try:
@@ -255,7 +254,7 @@ def test_alerts_raised_while_the_store_fails_reach_every_path_once(short_tmp: Pa
 
         on_pub = alerts_of(drain())
         stored = [r["event"]["id"] for r in h.control("events", {"limit": 10_000})
-                  if r["event"]["type"] == PATH_REFUSED and r.get("stored") is not False]
+                  if r["event"]["type"] == ALERT and r.get("stored") is not False]
         hooked = [json.loads(b)["id"] for _h, b, _p in rec.requests]
         followed = _follow_ids(short_tmp)
         assert len(on_pub) == N + 3 and set(on_pub.values()) == {1}  # every alert once on PUB
