@@ -128,6 +128,9 @@ def test_failures_common_to_every_recipe() -> None:
     ev = ClusterEvidence(kind="ascend_pt")
     for name in ("cluster_time_summary", "slow_rank", "advisor", "advisor_html"):
         assert interpret_run(RunOutcome(name, spawn_error="no such file"), GOOD, 4, ev).detail.startswith("cannot start")
+        missing = interpret_run(RunOutcome(name, spawn_error="[Errno 2] No such file or directory: 'msprof-analyze'"),
+                                GOOD, 4, ev)
+        assert missing.status == "tool_error" and "profwatch[coordinator]" in missing.detail  # names the install
         timed = interpret_run(RunOutcome(name, timed_out=True, attempts=2, duration_s=9.0), GOOD, 4, ev)
         assert (timed.status, timed.detail) == ("timeout", "killed after 9 s (2 attempt(s))")
         cancelled = RunOutcome(name, timed_out=True, cancelled=True, cancel_reason="shutdown")

@@ -345,7 +345,10 @@ def _failed(run: RunOutcome) -> RecipeStatus | None:
     """Statuses common to every command (cannot start, memory cap, cancelled, timeout, a full disk named from the
     tool's log, tool error), or None."""
     if run.spawn_error is not None:
-        return RecipeStatus(name=run.name, status="tool_error", detail=f"cannot start: {run.spawn_error}",
+        missing = "No such file or directory" in run.spawn_error
+        hint = ("; msprof-analyze is not installed where the daemon runs: install it with "
+                "`pip install 'profwatch[coordinator]'` (or set analysis.msprof.command)") if missing else ""
+        return RecipeStatus(name=run.name, status="tool_error", detail=f"cannot start: {run.spawn_error}{hint}",
                             phase=run.phase)
     if run.oom:
         return _status(run, "oom", f"killed after {run.duration_s:.0f} s: {run.oom_detail or 'memory cap'}",
