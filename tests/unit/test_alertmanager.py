@@ -255,3 +255,19 @@ def test_a_rotating_culprit_fires_one_job_alert_resolved_when_its_episode_closes
                              source="//t", now_unix_s=30.0)
     (resolved,) = book.apply(closed, 30.0)
     assert resolved["labels"]["alertname"] == "ProfwatchCulpritRotates" and resolved["endsAt"] == rfc3339(30.0)
+
+
+def test_two_rotating_episodes_of_one_job_are_two_alerts_each_resolved_by_its_own_episode() -> None:
+    from profwatch.core.alerts.event_types import TYPE_CULPRIT_ROTATES, TYPE_EPISODE_CLOSED
+
+    book = _book()
+    for ep, ranks, t in (("ep-a", [0, 3, 6], 10.0), ("ep-b", [1, 2, 5], 11.0)):
+        (fired,) = book.apply(make_cloudevent(TYPE_CULPRIT_ROTATES, "j1", {"episode_id": ep, "rotation": ranks},
+                                              source="//t", now_unix_s=t), t)
+        assert fired["labels"]["episode_id"] == ep and fired["endsAt"] > rfc3339(t)
+    assert len(book.alerts) == 2  # the second episode did not replace the first one's alert
+    closed = make_cloudevent(TYPE_EPISODE_CLOSED, "j1", {"episode_id": "ep-a", "rotation": [0, 3, 6]},
+                             source="//t", now_unix_s=30.0)
+    (resolved,) = book.apply(closed, 30.0)
+    assert resolved["labels"]["episode_id"] == "ep-a" and resolved["endsAt"] == rfc3339(30.0)
+    assert [k[2] for k in book.alerts] == ["ep-b"]  # ep-b still fires

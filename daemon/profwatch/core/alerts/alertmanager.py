@@ -25,8 +25,9 @@ Rules (``docs/alerts.md``):
   ``no_suspect`` verdict of the job.
 * ``batch_incomplete``, ``analysis_failed``, ``path_refused``, ``job_id_collision``: one job-level alert each; the first two resolve
   when a later capture of the job reaches a verdict (any ``suspect_ranks`` event), all resolve at job end.
-* ``culprit_rotates``: one job-level ``ProfwatchCulpritRotates`` alert (warning; the summary names the ranks); it
-  resolves when a rotating episode of the job closes (``episode_closed`` with a ``rotation``) or at job end.
+* ``culprit_rotates``: one ``ProfwatchCulpritRotates`` alert per rotating episode (warning; label ``episode_id``;
+  the summary names the ranks); it resolves when that episode closes (``episode_closed`` with a ``rotation``) or
+  at job end.
 * ``job_ended``: every alert of the job resolves.
 """
 
@@ -73,7 +74,8 @@ LIFETIME_FACTOR = 4
 _ANNOTATION_MAX = 2048
 
 AlertKey = tuple[str, str, int | str | None]
-"""(job_id, alertname, rank, ``"a-b"`` for a link, or None): at most one standing alert per key."""
+"""(job_id, alertname, rank, ``"a-b"`` for a link, the episode id of a rotation, or None): at most one standing
+alert per key."""
 
 
 @dataclass(slots=True)
@@ -177,6 +179,12 @@ def _phase_note(data: Mapping[str, Any]) -> str:
     return ""
 
 
+def _episode_of(data: Mapping[str, Any]) -> str | None:
+    """The ``episode_id`` an episode event names, or None (an older event without one)."""
+    ep = data.get("episode_id")
+    return ep if isinstance(ep, str) and ep else None
+
+
 def judged_of(data: Mapping[str, Any]) -> set[int]:
     """Ranks a ``suspect_ranks`` event captured and judged: ``judged_ranks``, else the ranks of its per-rank
     summary (``ranks[].rank``), else none (an old or partial event resolves nothing)."""
@@ -232,13 +240,19 @@ class AlertBook:
                 out.append(self._resolve(key, now_unix_s))
             return out
         if type_ == TYPE_EPISODE_CLOSED:  # a rotating episode ended: its rotation alert resolves
-            key = (job_id, JOB_ALERTNAMES[TYPE_CULPRIT_ROTATES], None)
+            key = (job_id, JOB_ALERTNAMES[TYPE_CULPRIT_ROTATES], _episode_of(data))
             if data.get("rotation") and key in self.alerts:
                 out.append(self._resolve(key, now_unix_s))
             return out
         if type_ in JOB_ALERTNAMES:
             name = JOB_ALERTNAMES[type_]
-            out.extend(self._fire(self._job_alert(job_id, name, event, data, starts), now_unix_s))
+            alert = self._job_alert(job_id, name, event, data, starts)
+            if type_ == TYPE_CULPRIT_ROTATES:  # one alert per rotating episode: two episodes never share one
+                episode = _episode_of(data)
+                alert.key = (job_id, name, episode)
+                if episode is not None:
+                    alert.labels["episode_id"] = episode
+            out.extend(self._fire(alert, now_unix_s))
             return out
         # suspect_ranks, or its analysis_enriched follow-up (the same verdict judged again on the advisor's and the
         # communication matrix's evidence: same keys, so standing alerts keep startsAt and get the new annotations)
