@@ -37,6 +37,7 @@ def test_rank_dir_names(name: str, worker: str, pid: int, ts: str, kind: str) ->
         "node0_4000_20260101120000123_ascend_ms",
         "PROF_000001_20260101120000123_ABC",
         "ASCEND_PROFILER_OUTPUT",
+        "node0_4000_20260101120000123_ascend_pt\n",  # a trailing newline: `$` alone would accept it
     ],
 )
 def test_not_rank_dirs(name: str) -> None:
@@ -55,6 +56,8 @@ def test_file_name_ranks() -> None:
     assert rank_from_db_name("ascend_pytorch_profiler_3.db") == 3
     assert rank_from_db_name("ascend_pytorch_profiler.db") == -1
     assert rank_from_db_name("analysis.db") is None
+    assert rank_from_profiler_info_name("profiler_info_12.json\n") is None  # whole names only
+    assert rank_from_db_name("ascend_pytorch_profiler_3.db\n") is None
 
 
 def test_profiler_info_fields() -> None:

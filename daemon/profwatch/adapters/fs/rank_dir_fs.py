@@ -127,7 +127,7 @@ class RankDirReader:
             out["metadata"], out["metadata_error"] = self._parsed_json(entries[PROFILER_METADATA], self._parse_meta)
         if kind == "torch_pt":
             out["marker"] = TRACE_DONE in entries
-            out["trace_files"] = tuple(sorted(n for n in entries if KINETO_TRACE_RE.match(n)))
+            out["trace_files"] = tuple(sorted(n for n in entries if KINETO_TRACE_RE.fullmatch(n)))
             out["output_files"] = frozenset(entries)
             return RankDirObservation(**out)
         prof = [e for n, e in entries.items() if n.startswith("PROF_")]
@@ -151,7 +151,7 @@ class RankDirReader:
             newest = m if newest is None else max(newest, m)
         journals = tuple(sorted(n for n in names if n.endswith(("-journal", "-wal"))))
         marker = ANALYSE_DONE in names
-        db_names = sorted(n for n in names if PROFILER_DB_RE.match(n))
+        db_names = sorted(n for n in names if PROFILER_DB_RE.fullmatch(n))
         # without the marker, DBs are read once no CANN export or journal is left (an old torch_npu whose
         # analysis.db never comes is then named by the health checks after the quiet period, not "parsing" forever)
         deep = marker or (bool(db_names) and not out["leftover_sqlite"] and not journals)

@@ -112,7 +112,7 @@ class RankDirName:
 def parse_rank_dir_name(name: str) -> RankDirName | None:
     """Return the fields of a rank dir name, or None when ``name`` is not a rank dir (docs/rank-dirs.md).
     Memoised (the result is immutable): a warm scan parses each of thousands of names again."""
-    m = RANK_DIR_RE.match(name)
+    m = RANK_DIR_RE.fullmatch(name)
     if m is None:
         return None
     parsed = RankDirName(m["worker"], int(m["pid"]), m["ts"], m["kind"])  # type: ignore[arg-type]
@@ -145,14 +145,14 @@ def rank_dir_of(root: str, path: str, max_depth: int) -> str | None:
 def unsupported_output(name: str, *, is_dir: bool) -> str | None:
     """What an entry of a scanned folder is when profwatch recognises it but does not analyse it, else None."""
     for pattern, want_dir, what in UNSUPPORTED_OUTPUTS:
-        if want_dir == is_dir and pattern.match(name):
+        if want_dir == is_dir and pattern.fullmatch(name):
             return what
     return None
 
 
 def rank_from_profiler_info_name(name: str) -> int | None:
     """Rank encoded in ``profiler_info_{rank}.json``; None for ``profiler_info.json`` (no rank) or other names."""
-    m = PROFILER_INFO_RE.match(name)
+    m = PROFILER_INFO_RE.fullmatch(name)
     if m is None or m["rank"] is None:
         return None
     return int(m["rank"])
@@ -160,7 +160,7 @@ def rank_from_profiler_info_name(name: str) -> int | None:
 
 def is_profiler_info_name(name: str) -> bool:
     """True for ``profiler_info.json`` and ``profiler_info_{rank}.json``."""
-    return PROFILER_INFO_RE.match(name) is not None
+    return PROFILER_INFO_RE.fullmatch(name) is not None
 
 
 def rank_from_db_name(name: str) -> int | None:
@@ -168,7 +168,7 @@ def rank_from_db_name(name: str) -> int | None:
 
     Source: docs/msprof-analyze.md#discovery (discovery takes the rank from the file name, not from the DB).
     """
-    m = PROFILER_DB_RE.match(name)
+    m = PROFILER_DB_RE.fullmatch(name)
     if m is None:
         return None
     return int(m["rank"]) if m["rank"] is not None else -1
