@@ -38,8 +38,8 @@ def test_a_load_burst_then_a_slow_rank_the_slow_rank_is_captured_and_alerted(sho
     root = short_tmp
     (root / "cfg" / JOB).mkdir(parents=True)
     (root / "prof").mkdir()
-    # the demo's settings for 4 CPU ranks on 2 shared cores: 3 captured steps, a rank named for an 8 % excess
-    st = Stack(root, ack_timeout_s=600.0, sections={"arming": {"active": 3, "min_arm_gap_s": 5.0},
+    # the demo's settings for 4 CPU ranks on 2 shared cores: 6 captured steps, a rank named for an 8 % excess
+    st = Stack(root, ack_timeout_s=600.0, sections={"arming": {"active": 6, "min_arm_gap_s": 5.0},
                                                     "analysis": {"ranking": {"min_effect_frac": 0.08}}})
     job = None
     try:
