@@ -16,24 +16,10 @@ from profwatch.adapters.zmq.control import ControlError, call
 from profwatch.cli import cli
 from rankhook import wire
 from tests.conftest import PYTHON, REPO_ROOT, finish_process, python_env, wait_for
+from tests.integration.capture_harness import Harness
 from tests.integration.live_stack import Stack, rank_view
-from tests.integration.test_coordinator_captures import Harness
 
 WORKER = str(REPO_ROOT / "tests" / "fakes" / "rank_worker.py")
-
-
-@pytest.fixture
-def harness(short_tmp: Path):
-    hs: list[Harness] = []
-
-    def make(**kw: object) -> Harness:
-        h = Harness(short_tmp, **kw)
-        hs.append(h)
-        return h
-
-    yield make
-    for h in hs:
-        h.close()
 
 
 def _config(cfg: Path) -> dict:

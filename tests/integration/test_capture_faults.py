@@ -23,21 +23,7 @@ from profwatch.node import NodeDaemon
 from profwatch.simulate.ascend_tree import generate_cluster
 from rankhook import wire
 from tests.conftest import PYTHON, python_env, wait_for
-from tests.integration.test_coordinator_captures import Harness, _of_type
-
-
-@pytest.fixture
-def harness(short_tmp: Path):
-    hs: list[Harness] = []
-
-    def make(**kw: object) -> Harness:
-        h = Harness(short_tmp, **kw)
-        hs.append(h)
-        return h
-
-    yield make
-    for h in hs:
-        h.close()
+from tests.integration.capture_harness import Harness, of_type
 
 
 def _cli(h: Harness, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -48,7 +34,7 @@ def _cli(h: Harness, *args: str, timeout: float = 120) -> subprocess.CompletedPr
 
 
 def _capture_event(h: Harness, job: str, cid: str) -> list[dict]:
-    return [e for e in _of_type(h.events(job), "io.profwatch.capture.v1") if e["data"].get("capture_id") == cid]
+    return [e for e in of_type(h.events(job), "io.profwatch.capture.v1") if e["data"].get("capture_id") == cid]
 
 
 def _ready_job(h: Harness, short_tmp: Path, job: str, world: int = 2, backend: str = "torch") -> Path:
@@ -71,7 +57,7 @@ def test_a_node_that_drops_its_write_command_fails_the_capture_at_the_write_dead
     with pytest.raises(ControlError) as ei:
         call(h.control, "arm", {"job_id": "jobL"})
     assert ei.value.code == "conflict" and res["capture_id"] in ei.value.message
-    arm = wait_for(lambda: _of_type(h.events("jobL"), "io.profwatch.arm.v1"), 30, what="the write deadline")[0]
+    arm = wait_for(lambda: of_type(h.events("jobL"), "io.profwatch.arm.v1"), 30, what="the write deadline")[0]
     assert arm["data"]["status"] == "failed" and "node(s) ['fake-node'] did not confirm" in arm["data"]["error"]
     assert h.last_capture("jobL")["state"] == "failed"
     h.steps("jobL", 2, 2)  # the node is alive (it relays): the job can be armed again
@@ -137,7 +123,7 @@ def test_stale_torch_npu_state_on_a_node_is_named_as_the_cause(harness, short_tm
         assert "orphaned DynMonitorProc pid 4242" in wait_for(stale, 30, what="the node's stale-state report")
         wait_for(lambda: h.furthest("jobT") == 12, 30)
         res = call(h.control, "arm", {"job_id": "jobT"})
-        wait_for(lambda: _of_type(h.events("jobT"), "io.profwatch.arm.v1"), 30, what="config written")
+        wait_for(lambda: of_type(h.events("jobT"), "io.profwatch.arm.v1"), 30, what="config written")
         for r in range(2):  # the hooks read the file; torch_npu (its dp log) never confirms: the stale monitor has it
             push.send_multipart(wire.frames(wire.CaptureEvent(job_id="jobT", rank=r, event="arm_seen",
                                                               ts_unix_s=time.time(), capture_id=res["capture_id"])))
@@ -146,7 +132,7 @@ def test_stale_torch_npu_state_on_a_node_is_named_as_the_cause(harness, short_tm
         assert ack["ranks"] == [0, 1]
         assert all("torch_npu never acknowledged" in c and "orphaned DynMonitorProc pid 4242" in c
                    for c in ack["causes"])
-        inc = wait_for(lambda: _of_type(h.events("jobT", alerts_only=True), "io.profwatch.batch_incomplete.v1"), 90,
+        inc = wait_for(lambda: of_type(h.events("jobT", alerts_only=True), "io.profwatch.batch_incomplete.v1"), 90,
                        0.2, "the incomplete verdict")[0]["data"]
         assert inc["missing_ranks"] == [0, 1] and "stale torch_npu state" in inc["causes"][0]
         assert "orphaned DynMonitorProc" in inc["detail"]
@@ -165,7 +151,7 @@ def test_arm_wait_reports_the_write_and_every_acknowledgement(harness, short_tmp
                            env=python_env({"PROFWATCH_COORDINATOR__CONTROL_BIND": h.settings.coordinator.control_bind}),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        arm = wait_for(lambda: _of_type(h.events("jobW"), "io.profwatch.arm.v1"), 60, what="config written")[0]
+        arm = wait_for(lambda: of_type(h.events("jobW"), "io.profwatch.arm.v1"), 60, what="config written")[0]
         for r in range(2):  # torch backend: the hook drives torch.profiler, its word is the acknowledgement
             h.send(wire.CaptureEvent(job_id="jobW", rank=r, event="arm_seen", ts_unix_s=time.time(),
                                      capture_id=arm["data"]["capture_id"]))
@@ -188,7 +174,7 @@ def test_arm_wait_names_the_silent_rank_then_dry_run_refusal_cancel_and_status(h
     cfg = _ready_job(h, short_tmp, "jobM")
     res = call(h.control, "arm", {"job_id": "jobM"})
     cid = res["capture_id"]
-    wait_for(lambda: _of_type(h.events("jobM"), "io.profwatch.arm.v1"), 60, what="config written")
+    wait_for(lambda: of_type(h.events("jobM"), "io.profwatch.arm.v1"), 60, what="config written")
     h.send(wire.CaptureEvent(job_id="jobM", rank=0, event="arm_seen", ts_unix_s=time.time(), capture_id=cid))
     waited = _cli(h, "arm", "--job", "jobM", "--wait", "--wait-s", "30")
     # the job already has a capture in flight: the second arm is refused and names it
@@ -222,7 +208,7 @@ def test_arm_wait_names_the_silent_rank_then_dry_run_refusal_cancel_and_status(h
                               env=python_env({"PROFWATCH_COORDINATOR__CONTROL_BIND": h.settings.coordinator.control_bind}),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        new_cid = wait_for(lambda: next((e["data"]["capture_id"] for e in _of_type(h.events("jobM"), "io.profwatch.arm.v1")
+        new_cid = wait_for(lambda: next((e["data"]["capture_id"] for e in of_type(h.events("jobM"), "io.profwatch.arm.v1")
                                          if e["data"]["capture_id"] != cid), None), 60, what="second arm written")
         h.send(wire.CaptureEvent(job_id="jobM", rank=0, event="arm_seen", ts_unix_s=time.time(), capture_id=new_cid))
         out, err = second.communicate(timeout=120)
@@ -286,7 +272,7 @@ def test_a_rank_that_restarted_its_step_counter_is_awaited_on_its_own_deadline(h
     wait_for(lambda: time.time() > peers_judged + 1, 60, 0.2, "the peers' judgement time")
     assert h.last_capture("jobR")["state"] not in ("incomplete", "failed")  # late data is still awaited
     shutil.move(str(dirs[3]), dest / dirs[3].name)
-    alert = wait_for(lambda: _of_type(h.events("jobR", alerts_only=True), "io.profwatch.suspect_ranks.v1"), 180,
+    alert = wait_for(lambda: of_type(h.events("jobR", alerts_only=True), "io.profwatch.suspect_ranks.v1"), 180,
                      0.2, "the verdict with the late rank")[0]["data"]
     assert alert["capture_id"] == res["capture_id"] and alert["missing_ranks"] == []
     assert any("far apart" in n and "[3]" in n for n in alert["notes"])

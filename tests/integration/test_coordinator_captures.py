@@ -14,116 +14,15 @@ from pathlib import Path
 import pytest
 import zmq
 
-from profwatch.adapters.zmq.control import ControlError, ControlUnavailable, call
+from profwatch.adapters.zmq.control import ControlError, call
 from profwatch.config import load_settings
-from profwatch.coordinator import Coordinator
 from profwatch.core.capture.lifecycle import CaptureState
 from profwatch.core.capture.report import VERDICT_KEYS
 from profwatch.node import NodeDaemon
 from profwatch.simulate.ascend_tree import generate_cluster
 from rankhook import wire
 from tests.conftest import finish_process, wait_for
-
-
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Harness:
-    def __init__(self, root: Path, capture: dict | None = None, arming: dict | None = None, **coord: object) -> None:
-        self.root = root
-        self.ports = {k: _port() for k in ("ingest", "control", "pub")}
-        over = {"ingest_bind": f"tcp://127.0.0.1:{self.ports['ingest']}",
-                "control_bind": f"tcp://127.0.0.1:{self.ports['control']}",
-                "pub_bind": f"tcp://127.0.0.1:{self.ports['pub']}", "state_db": str(root / "state.db"),
-                "work_dir": str(root / "work"), "allowed_prof_roots": [str(root / "prof")],
-                "allowed_config_roots": [str(root / "cfg")], "tick_interval_s": 0.1}
-        over.update(coord)
-        self.settings = load_settings(None, coordinator=over,
-                                      watch={"reconcile_interval_s": 0.5, "parse_allowance_s": 5.0},
-                                      analysis={"msprof": {"advisor": False, "advisor_html": False}},
-                                      capture=capture or {}, arming=arming or {})
-        self.coord = Coordinator(self.settings)
-        self.thread = threading.Thread(target=self.coord.run, name="test-coordinator")
-        self.thread.start()
-        self.ctx = zmq.Context()
-        self.dealer = self.ctx.socket(zmq.DEALER)
-        self.dealer.setsockopt(zmq.IDENTITY, b"fake-node")
-        self.dealer.setsockopt(zmq.LINGER, 0)
-        self.dealer.connect(self.settings.coordinator.ingest_bind)
-        self.seq = 0
-
-    @property
-    def control(self) -> str:
-        return self.settings.coordinator.control_bind
-
-    def send(self, *msgs: object) -> None:
-        self.seq += 1
-        b = wire.NodeBatch(node_id="fake-node", hostname="fake", seq=self.seq, ts_unix_s=time.time(),
-                           messages=[wire.to_dict(m) for m in msgs])
-        self.dealer.send(wire.encode(b))
-
-    def hellos(self, job: str, world: int, cfg: Path, prof: Path) -> None:
-        self.send(*[wire.RankHello(job_id=job, rank=r, local_rank=r, world_size=world, hostname="fake", pid=100 + r,
-                                   backend="torch_npu", ts_unix_s=time.time() - 5, profiler_config_path=str(cfg),
-                                   prof_root=str(prof)) for r in range(world)])
-
-    def steps(self, job: str, world: int, upto: int) -> None:
-        for s in range(1, upto + 1):
-            self.send(*[wire.StepReport(job_id=job, rank=r, step=s, step_time_s=0.5, ts_unix_s=time.time())
-                        for r in range(world)])
-
-    def events(self, job: str, alerts_only: bool = False) -> list[dict]:
-        """Stored events of ``job`` ([] while the coordinator does not answer: wait predicates stay total)."""
-        try:
-            return [r["event"] for r in call(self.control, "events", {"job_id": job, "alerts_only": alerts_only,
-                                                                       "limit": 500}, timeout_s=10)]
-        except (ControlUnavailable, ControlError):
-            return []
-
-    def furthest(self, job: str) -> int:
-        """The job's furthest step in ``status`` (-1 while the job is unknown or the coordinator is busy)."""
-        try:
-            jobs = call(self.control, "status", {"job_id": job}, timeout_s=10)["jobs"]
-        except (ControlUnavailable, ControlError):
-            return -1
-        return jobs[0]["furthest_step"] if jobs else -1
-
-    def last_capture(self, job: str) -> dict:
-        """The job's newest capture as ``captures`` lists it ({} while there is none)."""
-        try:
-            caps = call(self.control, "captures", {"job_id": job}, timeout_s=10)
-        except (ControlUnavailable, ControlError):
-            return {}
-        return caps[-1] if caps else {}
-
-    def close(self) -> None:
-        self.dealer.close(0)
-        self.ctx.term()
-        self.coord.stop()
-        self.thread.join(30)
-
-
-@pytest.fixture
-def harness(short_tmp: Path):
-    hs: list[Harness] = []
-
-    def make(**kw: object) -> Harness:
-        h = Harness(short_tmp, **kw)
-        hs.append(h)
-        return h
-
-    yield make
-    for h in hs:
-        h.close()
-
-
-def _of_type(evs: list[dict], type_: str) -> list[dict]:
-    return [e for e in evs if e["type"] == type_]
+from tests.integration.capture_harness import Harness, of_type
 
 
 @pytest.mark.slow
@@ -142,7 +41,7 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
     with pytest.raises(ControlError) as ei:  # one capture at a time
         call(h.control, "arm", {"job_id": "jobX"})
     assert ei.value.code == "conflict"
-    arm = wait_for(lambda: _of_type(h.events("jobX"), "io.profwatch.arm.v1"), 20, what="config written")[0]
+    arm = wait_for(lambda: of_type(h.events("jobX"), "io.profwatch.arm.v1"), 20, what="config written")[0]
     written = json.loads((cfg / "profiler_config.json").read_text())
     assert written["start_step"] == res["start_step"]
     assert written["metadata"]["profwatch_capture_id"] == res["capture_id"]
@@ -150,7 +49,7 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
     # the ranks "capture": an Ascend batch with rank 2 slow lands in the capture's own prof_dir
     generate_cluster(Path(res["prof_dir"]), world_size=4, slow_ranks={2: 1.6}, capture_id=res["capture_id"],
                      metadata=written["metadata"])
-    alert = wait_for(lambda: _of_type(h.events("jobX", alerts_only=True), "io.profwatch.suspect_ranks.v1"), 180,
+    alert = wait_for(lambda: of_type(h.events("jobX", alerts_only=True), "io.profwatch.suspect_ranks.v1"), 180,
                      0.2, "suspect alert")[0]
     d = alert["data"]
     assert d["capture_id"] == res["capture_id"] and d["capture_reason"] == "test"
@@ -159,7 +58,7 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
     assert set(d) == set(VERDICT_KEYS) and d["pending_recipes"] == ["communication_matrix"]
     assert set(d["recipes"]) == {"cluster_time_summary", "slow_rank", "advisor"}  # advisor: skipped in settings
     assert wait_for(lambda: h.last_capture("jobX").get("state") == "enriched", 120)
-    (enriched,) = _of_type(h.events("jobX", alerts_only=True), "io.profwatch.analysis_enriched.v1")
+    (enriched,) = of_type(h.events("jobX", alerts_only=True), "io.profwatch.analysis_enriched.v1")
     e = enriched["data"]
     assert set(e) == set(VERDICT_KEYS) and (e["capture_id"], e["batch_id"]) == (d["capture_id"], d["batch_id"])
     assert e["follow_up"] is True and e["recipes"]["communication_matrix"]["phase"] == "enrich"
@@ -172,7 +71,7 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
     assert d["suspects"][0]["rank"] == 2
     assert d["recipes"]["slow_rank"]["status"] == "ok" if isinstance(d["recipes"]["slow_rank"], dict) else \
         d["recipes"]["slow_rank"] == "ok"
-    batch_events = _of_type(h.events("jobX"), "io.profwatch.batch.v1")
+    batch_events = of_type(h.events("jobX"), "io.profwatch.batch.v1")
     assert len(batch_events) == 1
 
 
@@ -181,7 +80,7 @@ def test_paths_outside_allowed_roots_are_refused(harness, short_tmp: Path) -> No
     outside = short_tmp / "elsewhere"
     outside.mkdir()
     h.hellos("jobY", 2, outside / "cfg", Path("/etc"))
-    ev = wait_for(lambda: _of_type(h.events("jobY", alerts_only=True), "io.profwatch.path_refused.v1"), 20)[0]
+    ev = wait_for(lambda: of_type(h.events("jobY", alerts_only=True), "io.profwatch.path_refused.v1"), 20)[0]
     assert len(ev["data"]["problems"]) == 2
     h.steps("jobY", 2, 12)
     wait_for(lambda: h.furthest("jobY") == 12, 20)
@@ -200,15 +99,15 @@ def test_unacknowledged_arm_and_missing_ranks_are_reported(harness, short_tmp: P
     wait_for(lambda: h.furthest("jobZ") == 12, 20)
     res = call(h.control, "arm", {"job_id": "jobZ"})
     # rank 1 acknowledges through its dp log (as relayed by a node daemon); 0 and 2 never do
-    wait_for(lambda: _of_type(h.events("jobZ"), "io.profwatch.arm.v1"), 20)
+    wait_for(lambda: of_type(h.events("jobZ"), "io.profwatch.arm.v1"), 20)
     h.send(wire.CaptureEvent(job_id="jobZ", rank=1, event="arm_seen", ts_unix_s=time.time(),
                              start_step=res["start_step"], source="dp_log"))
-    ev = wait_for(lambda: [e for e in _of_type(h.events("jobZ"), "io.profwatch.capture.v1")
+    ev = wait_for(lambda: [e for e in of_type(h.events("jobZ"), "io.profwatch.capture.v1")
                            if e["data"].get("event") == "ack_missing"], 20)[0]
     assert ev["data"]["ranks"] == [0, 2]
     # no rank dir ever appears: after the deadline (+ parse allowance) the batch is reported incomplete, naming
     # every expected rank; nothing is deleted
-    inc = wait_for(lambda: _of_type(h.events("jobZ", alerts_only=True), "io.profwatch.batch_incomplete.v1"), 90, 0.2,
+    inc = wait_for(lambda: of_type(h.events("jobZ", alerts_only=True), "io.profwatch.batch_incomplete.v1"), 90, 0.2,
                    "batch_incomplete alert")[0]
     assert inc["data"]["capture_id"] == res["capture_id"]
     assert inc["data"]["missing_ranks"] == [0, 1, 2]
@@ -242,7 +141,7 @@ def test_node_writes_config_on_command(harness, short_tmp: Path) -> None:
         wait_for(lambda: h.furthest("jobN") == 12, 20)
         res = call(h.control, "arm", {"job_id": "jobN"})
         assert res["writer"] == "node" and res["nodes"] == ["fake-node"]
-        ev = wait_for(lambda: _of_type(h.events("jobN"), "io.profwatch.arm.v1"), 20, what="node ack")[0]
+        ev = wait_for(lambda: of_type(h.events("jobN"), "io.profwatch.arm.v1"), 20, what="node ack")[0]
         assert ev["data"]["status"] == "written"
         assert json.loads((cfg / "profiler_config.json").read_text())["start_step"] == res["start_step"]
         push.close()
@@ -266,12 +165,12 @@ def test_observe_mode_publishes_would_arm_and_thresholds_tune_at_runtime(harness
         t = 0.5 if s <= 60 else 0.7 if s < 150 else 1.0
         h.send(*[wire.StepReport(job_id="jobO", rank=r, step=s, step_time_s=t * (1 + 0.01 * ((s * 7 + r) % 5)),
                                  ts_unix_s=1000.0 + s) for r in range(2)])  # a host clock far in the past
-    decisions = wait_for(lambda: _of_type(h.events("jobO"), "io.profwatch.arm_decision.v1")[1:], 20,
+    decisions = wait_for(lambda: of_type(h.events("jobO"), "io.profwatch.arm_decision.v1")[1:], 20,
                          what="two arm decisions")
-    anomalies = _of_type(h.events("jobO"), "io.profwatch.anomaly.v1")
+    anomalies = of_type(h.events("jobO"), "io.profwatch.anomaly.v1")
     assert [a["data"]["kind"] for a in anomalies] == ["step_regression", "step_regression"]
     assert 60 < anomalies[0]["data"]["step"] < 80 and anomalies[1]["data"]["step"] >= 150
-    first = _of_type(h.events("jobO"), "io.profwatch.arm_decision.v1")[0]
+    first = of_type(h.events("jobO"), "io.profwatch.arm_decision.v1")[0]
     assert first["data"]["action"] == "would_arm" and first["data"]["start_step"] > anomalies[0]["data"]["step"]
     # one arming path: the would-arm was recorded, so the second anomaly meets the cooldown as in act mode
     assert (decisions[0]["data"]["action"], decisions[0]["data"]["reason"]) == ("suppress", "cooldown")
@@ -288,7 +187,7 @@ def test_alerts_cli_prints_history_then_follows(harness, short_tmp: Path) -> Non
     env = python_env({"PROFWATCH_COORDINATOR__CONTROL_BIND": h.settings.coordinator.control_bind,
                       "PROFWATCH_COORDINATOR__PUB_BIND": h.settings.coordinator.pub_bind})
     h.hellos("jobA1", 1, short_tmp / "nope" / "cfg", Path("/etc"))  # refused paths -> an alert
-    wait_for(lambda: _of_type(h.events("jobA1", alerts_only=True), "io.profwatch.path_refused.v1"), 20)
+    wait_for(lambda: of_type(h.events("jobA1", alerts_only=True), "io.profwatch.path_refused.v1"), 20)
     once = subprocess.run([PYTHON, "-m", "profwatch.cli", "alerts", "--json"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert once.returncode == 0, once.stderr
@@ -329,7 +228,7 @@ def test_stop_during_analysis_is_prompt_and_the_capture_survives(short_tmp: Path
         h.steps("jobS", 4, 12)
         wait_for(lambda: h.furthest("jobS") == 12, 20)
         res = call(h.control, "arm", {"job_id": "jobS"})
-        wait_for(lambda: _of_type(h.events("jobS"), "io.profwatch.arm.v1"), 20)
+        wait_for(lambda: of_type(h.events("jobS"), "io.profwatch.arm.v1"), 20)
         generate_cluster(Path(res["prof_dir"]), world_size=4, capture_id=res["capture_id"])
         wait_for(lambda: h.last_capture("jobS").get("state") == "analysing", 60, 0.2, "analysis started")
         wait_for(lambda: h.coord.captures.analyser.runner.running(), 30,
