@@ -3,38 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
 from rankhook.wire import StepReport
 
 
-@dataclass(frozen=True, slots=True)
-class ShapedReport:
-    """A step report with the optional ``mode``, ``role`` and ``work`` fields the detectors read."""
-
-    job_id: str
-    rank: int
-    step: int
-    step_time_s: float
-    ts_unix_s: float
-    stages: dict[str, float] | None = None
-    flags: tuple[str, ...] = ()
-    capturing: bool = False
-    mode: str | None = None
-    role: str | None = None
-    work: float | None = None
-
-
-def to_report(rec: dict[str, Any]) -> StepReport | ShapedReport:
-    if any(k in rec for k in ("mode", "role", "work")):
-        return ShapedReport(rec["job_id"], rec["rank"], rec["step"], rec["step_time_s"], rec["ts_unix_s"],
-                            rec.get("stages"), tuple(rec.get("flags", ())), bool(rec.get("capturing", False)),
-                            rec.get("mode"), rec.get("role"), rec.get("work"))
+def to_report(rec: dict[str, Any]) -> StepReport:
+    """One generated record as the wire's step report (``mode``, ``role`` and ``work`` where the record has them)."""
     return StepReport(job_id=rec["job_id"], rank=rec["rank"], step=rec["step"], step_time_s=rec["step_time_s"],
                       ts_unix_s=rec["ts_unix_s"], stages=rec.get("stages"), flags=tuple(rec.get("flags", ())),
-                      capturing=bool(rec.get("capturing", False)))
+                      capturing=bool(rec.get("capturing", False)), work=rec.get("work"), mode=rec.get("mode"),
+                      role=rec.get("role"))
 
 
 def run(records: Iterable[dict[str, Any]], world_size: int, settings: DetectionSettings | None = None,
