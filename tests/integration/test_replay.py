@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -201,3 +203,24 @@ def test_a_load_burst_does_not_keep_the_slow_rank_after_it_from_being_captured()
     assert straggler["opened_step"] >= onset and straggler["captures"][0]["ranks"] == [5]
     burst = eps[arms[0]["episode_id"]]
     assert burst["closed_unix_s"] is not None and burst["close_reason"] == "quiet"  # the burst ended
+
+
+def test_replay_of_a_file_and_of_a_pipe_give_the_same_result(tmp_path: Path) -> None:
+    """The file is read twice (bounded memory), a pipe once (held whole): both replay every record."""
+    recs = generate_telemetry(replace(BASE, job_id="jp", slow_rank=2, slow_rank_from_step=150, slow_rank_factor=1.5))
+    path = tmp_path / "t.jsonl"
+    path.write_text(dump_jsonl(recs) + "not json\n")
+    runner = CliRunner()
+    from_file = runner.invoke(replay, [str(path), "--json"])
+    assert from_file.exit_code == 0, from_file.output
+    fifo = tmp_path / "t.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(path.read_text()))
+    writer.start()
+    from_pipe = runner.invoke(replay, [str(fifo), "--json"])
+    writer.join(30)
+    assert from_pipe.exit_code == 0, from_pipe.output
+    a, b = json.loads(from_file.output), json.loads(from_pipe.output)
+    assert a["records"] == b["records"] == len(recs) and a["bad_lines"]["count"] == b["bad_lines"]["count"] == 1
+    assert a["anomalies"] == b["anomalies"] and a["arms"] == b["arms"] and any(
+        2 in x["ranks"] for x in a["anomalies"])  # the slow rank was found from the file too

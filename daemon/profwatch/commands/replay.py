@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["ReplayConfig", "dump_jsonl", "load_config", "render_summary", "replay", "replay_lines"]
+__all__ = ["ReplayConfig", "dump_jsonl", "load_config", "render_summary", "replay", "replay_lines", "replay_source"]
 
 MAX_BAD_LINES_LISTED = 100
 TICK_EVERY_S = 1.0
@@ -112,22 +112,33 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
     ``daemon/profwatch/core/fleet/replay_runs.py``). Bad lines are counted with their 1-based line numbers
     (first 100 listed); nothing here raises on bad input.
     """
+    seq = lines if isinstance(lines, Sequence) else list(lines)
+    return replay_source(lambda: seq, config)
+
+
+def replay_source(open_lines: Callable[[], Iterable[str]], config: ReplayConfig | None = None) -> dict[str, Any]:
+    """:func:`replay_lines` over a source read twice, in bounded memory: ``open_lines()`` must give the same lines
+    each call (a file opened again). The first pass validates every line and learns each job's world size (the
+    detectors are built for it before the first step), the second replays; no record is kept between them, so
+    memory does not grow with the number of records (only with ranks, episodes and what the result lists).
+    Same result shape and errors as :func:`replay_lines`."""
     cfg = config or ReplayConfig()
-    parsed: list[tuple[int, TelemetryRecord]] = []
     bad: list[dict[str, Any]] = []
     bad_count = 0
-    for no, line in enumerate(lines, start=1):
+    records = 0
+    sizes: dict[str, int] = {}
+    for no, line in enumerate(open_lines(), start=1):
         text = line.strip()
         if not text:
             continue
         try:
-            parsed.append((no, TelemetryRecord.model_validate(json.loads(text))))
+            rec = TelemetryRecord.model_validate(json.loads(text))
         except (ValueError, ValidationError, TypeError, RecursionError) as exc:
             bad_count += 1
             if len(bad) < MAX_BAD_LINES_LISTED:
                 bad.append({"line": no, "error": _short_error(exc)})
-    sizes: dict[str, int] = {}
-    for _, rec in parsed:
+            continue
+        records += 1
         sizes[rec.job_id] = max(sizes.get(rec.job_id, 1), rec.world_size or 1, rec.rank + 1)
     policy = ArmingPolicy(cfg.arming)
     jobs = {jid: _Job(JobDetector(jid, n, cfg.detection, capture=cfg.capture), JobEpisodes(jid, cfg.arming))
@@ -136,7 +147,7 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
                               "generations": []}
     runs = RunFollower()  # records that name their process (pid) follow the coordinator's new-run rule
     last_ts = -math.inf
-    for _, rec in parsed:
+    for rec in _valid_records(open_lines()):
         job = jobs[rec.job_id]
         det = job.detector
         last_ts = max(last_ts, rec.ts_unix_s)
@@ -166,11 +177,23 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
     result["episodes"] = [e.to_json() for j in jobs.values()
                           for e in sorted([*j.episodes.open.values(), *j.episodes.closed],
                                           key=lambda e: e.opened_unix_s)]
-    result["records"] = len(parsed)
+    result["records"] = records
     result["jobs"] = {jid: {"world_size": j.detector.world_size, "counters": dict(j.detector.counters)}
                       for jid, j in jobs.items()}
     result["bad_lines"] = {"count": bad_count, "lines": bad}
     return result
+
+
+def _valid_records(lines: Iterable[str]) -> Iterator[TelemetryRecord]:
+    """The records of the lines that validate (the first pass of :func:`replay_source` counted the others)."""
+    for line in lines:
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            yield TelemetryRecord.model_validate(json.loads(text))
+        except (ValueError, ValidationError, TypeError, RecursionError):
+            continue
 
 
 def _new_run(job: _Job, opened: GenerationOpened, cfg: ReplayConfig, now: float, result: dict[str, Any]) -> JobDetector:
@@ -311,8 +334,12 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
         cfg = load_config(config_path)
     except (ValueError, ValidationError, OSError) as exc:
         raise click.BadParameter(_short_error(exc), param_hint="--config") from exc
-    with file.open("r", encoding="utf-8", errors="replace") as f:
-        result = replay_lines(f, cfg)
+    def lines() -> Iterator[str]:
+        with file.open("r", encoding="utf-8", errors="replace") as f:
+            yield from f
+
+    # a regular file is read twice in bounded memory; a pipe (/dev/stdin, a FIFO) can be read once: held whole
+    result = replay_source(lines, cfg) if file.is_file() else replay_lines(list(lines()), cfg)
     click.echo(json.dumps(result, indent=2, sort_keys=False, default=str) if as_json else render_summary(result))
     if not result.get("records"):
         bad = result.get("bad_lines", {}).get("count", 0)
