@@ -329,9 +329,9 @@ class Coordinator:
                 self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json(), event_id=end.event_id())
                 self.captures.on_job_ended(end.job_id, now)
                 self.captures.episodes.close_job(end.job_id, now, "job_ended")
-            snap = self.registry.snapshot(now, cs.node_timeout_s)
+            rows = self.registry.gauge_rows(now, cs.node_timeout_s)  # not the status snapshot: O(ranks), no medians
             active = {j for j, t in last.items() if now - t < cs.job_end_after_s}
-            self.metrics.observe_state(snap["jobs"], snap["nodes"], active, self.state.capture_state_summary(), now)
+            self.metrics.observe_state(rows["jobs"], rows["nodes"], active, self.state.capture_state_summary(), now)
 
     def _reject(self, exc: MessageRejected | RegistryError, node_id: str = "", quiet: bool = False) -> None:
         self.counters["rejected"] += 1

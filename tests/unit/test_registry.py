@@ -66,6 +66,26 @@ def test_steps_restart_and_snapshot() -> None:
     assert {r["rank"]: r["node_id"] for r in j["ranks"]} == {0: "n0", 1: "n0", 2: "n1", 3: "n1"}
 
 
+def test_gauge_rows_agree_with_the_status_snapshot_without_its_per_rank_rows() -> None:
+    reg = Registry(window_steps=100)
+    for node in ("n0", "n1"):
+        reg.touch_node(node, node, 1.0)
+    for r in range(4):
+        reg.hello(hello(r), f"n{r // 2}", 1.0)
+    for s in range(1, 11):
+        for r in range(3):  # rank 3 never steps
+            reg.step(step(r, s, 0.3 if r == 2 else 0.1 * (1 + s / 100)), 2.0)
+    reg.bye(wire.RankBye(job_id="j", rank=1, step=10, ts_unix_s=3.0), 3.0, "n0")
+    rows, snap = reg.gauge_rows(4.0, 10.0), reg.snapshot(4.0, 10.0)
+    (g,), (j,) = rows["jobs"], snap["jobs"]
+    assert g["ranks_live"] == sum(1 for r in j["ranks"] if not r["left"]) == 3  # rank 1 left
+    assert (g["furthest_step"], g["rank_drops"], g["generation"]) == (j["furthest_step"], j["rank_drops"],
+                                                                      j["generation"]) == (10, 6, 0)
+    assert g["median_step_time_s"] == pytest.approx(0.11)  # median of the latest step times: 0.11, 0.11, 0.3
+    assert [n["down"] for n in rows["nodes"]] == [n["down"] for n in snap["nodes"]] == [False, False]
+    assert reg.gauge_rows(30.0, 10.0)["nodes"] == [{"node_id": "n0", "down": True}, {"node_id": "n1", "down": True}]
+
+
 def test_batch_sequence_gaps_are_counted() -> None:
     reg = Registry()
     node, new = reg.touch_node("n0", "h", 1.0)

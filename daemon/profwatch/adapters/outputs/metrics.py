@@ -130,9 +130,10 @@ class DaemonMetrics:
         """Refresh the coordinator gauges.
 
         Args:
-            jobs: ``profwatch status`` job rows (``job_id``, ``ranks``, ``median_step_time_s``, ``furthest_step``,
-                ``rank_drops``); only ``active_jobs`` are exported, labels of other jobs are removed.
-            nodes: status node rows (``down``).
+            jobs: gauge rows (:func:`profwatch.core.fleet.registry_state.gauge_rows`: ``job_id``, ``ranks_live``,
+                ``median_step_time_s``, ``furthest_step``, ``rank_drops``, ``generation``); only ``active_jobs`` are
+                exported, labels of other jobs are removed.
+            nodes: gauge node rows (``down``).
             capture_states: state -> (count, oldest ``created_unix_s`` or None).
         """
         seen = set()
@@ -141,8 +142,7 @@ class DaemonMetrics:
             if job_id not in active_jobs:
                 continue
             seen.add(job_id)
-            ranks = j.get("ranks") or []
-            self.job_ranks.labels(job_id).set(sum(1 for r in ranks if not r.get("left")))
+            self.job_ranks.labels(job_id).set(int(j.get("ranks_live") or 0))
             self.job_step_time.labels(job_id).set(float(j.get("median_step_time_s") or 0.0))
             self.job_furthest_step.labels(job_id).set(float(j.get("furthest_step") or 0))
             # the ranks report cumulative counts; the counter grows by their increase (a rank that restarted counts

@@ -37,7 +37,7 @@ from profwatch.core.fleet.generations import (
 )
 from profwatch.core.fleet.job_pins import alive_after_s
 from profwatch.core.fleet.limits import LimitSettings
-from profwatch.core.fleet.registry_state import HelloOutcome, JobState, NodeState, RankState, snapshot
+from profwatch.core.fleet.registry_state import HelloOutcome, JobState, NodeState, RankState, gauge_rows, snapshot
 from profwatch.core.fleet.step_window import StepWindow
 from rankhook import wire
 
@@ -464,6 +464,10 @@ class Registry:
         if r is not None:
             r.left = True
             r.seen_unix_s = now
+    def gauge_rows(self, now: float, node_timeout_s: float = 10.0) -> dict[str, Any]:
+        """The gauges' view (:func:`profwatch.core.fleet.registry_state.gauge_rows`): cheap, built every second."""
+        return gauge_rows(self.jobs.values(), self.nodes.values(), now, node_timeout_s)
+
     def snapshot(self, now: float, node_timeout_s: float = 10.0) -> dict[str, Any]:
         """A JSON-ready view for ``profwatch status`` (:func:`profwatch.core.fleet.registry_state.snapshot`)."""
         return snapshot(self.jobs.values(), self.nodes.values(), now, node_timeout_s)

@@ -1,0 +1,161 @@
+"""Coordinator CPU at a paced step rate: the share of one core a live ``profwatch coordinator`` spends on N ranks
+stepping R times a second (prints a table; no assertions).
+
+Unlike ``bench_ingest.py`` (as fast as the receiver takes), this is the steady contract: a load process plays the
+node daemons (``--ranks-per-node`` ranks each, one DEALER per node, one batch per node per step, as a node daemon
+batches), sends every rank's hello, then one step of every rank each ``1/R`` s for ``--seconds``, paced on the wall
+clock. The coordinator's user+system CPU seconds over the paced window (after a warm-up of ``--warmup-s``) divided
+by the window is the row's CPU share. Detection runs (arming off: nothing is captured).
+
+``--trees A B ...`` runs the coordinator of each source tree (a checkout's root: its ``daemon/`` and root go on
+``PYTHONPATH``) in interleaved order (A B B A ...) so a before/after pair shares the box's load; the default is
+this checkout.
+
+Usage: ``python bench/bench_coordinator_cpu.py [--ranks 1024] [--rate 10] [--seconds 20] [--rounds 2]
+[--trees /path/old /path/new]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import zmq
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _batch(k: int, seq: int, msgs: list[str]) -> bytes:
+    return (f'{{"kind":"node_batch","v":1,"node_id":"cpunode{k}","hostname":"cpu{k}","seq":{seq},'
+            f'"ts_unix_s":{time.time():.3f},"messages":[{",".join(msgs)}]}}').encode()
+
+
+def load(endpoint: str, ranks: int, per_node: int, rate: float, seconds: float, q: mp.Queue) -> None:
+    """The node daemons of one job: hellos, then one step per rank every ``1/rate`` s for ``seconds``."""
+    ctx = zmq.Context()
+    nodes = [range(lo, min(ranks, lo + per_node)) for lo in range(0, ranks, per_node)]
+    socks = []
+    for k in range(len(nodes)):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.IDENTITY, f"cpunode{k}".encode())
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(endpoint)
+        socks.append(s)
+    for k, rs in enumerate(nodes):
+        socks[k].send(_batch(k, 0, [json.dumps({"kind": "hello", "v": 1, "job_id": "cpu", "rank": r,
+                                                "local_rank": r - rs.start, "world_size": ranks,
+                                                "hostname": f"cpu{k}", "pid": 1000 + r, "backend": "none",
+                                                "ts_unix_s": time.time()}) for r in rs]))
+    rng = random.Random(1)
+    period = 1.0 / rate
+    t_next = time.monotonic()
+    t_end = t_next + seconds
+    step, late = 0, 0
+    while t_next < t_end:
+        step += 1
+        for k, rs in enumerate(nodes):
+            socks[k].send(_batch(k, step, [
+                f'{{"job_id":"cpu","rank":{r},"step":{step},"step_time_s":{period * (1 + 0.03 * rng.gauss(0, 1)):.6f},'
+                f'"ts_unix_s":{time.time():.3f},"kind":"step","v":1}}' for r in rs]))
+        t_next += period
+        wait = t_next - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)  # pacing the load on the wall clock (a load generator, not a test)
+        else:
+            late += 1
+    q.put((step, late))
+    for s in socks:
+        s.close(0)
+    ctx.term()
+
+
+def run_one(tree: Path, ranks: int, per_node: int, rate: float, seconds: float, warmup_s: float) -> dict:
+    """One coordinator of ``tree`` under the paced load; its CPU share over the window after the warm-up."""
+    tmp = Path(tempfile.mkdtemp(prefix="pwcpu", dir="/tmp"))
+    ports = [_port() for _ in range(3)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree / "daemon"), str(tree)]),
+               PROFWATCH_COORDINATOR__INGEST_BIND=f"tcp://127.0.0.1:{ports[0]}",
+               PROFWATCH_COORDINATOR__CONTROL_BIND=f"tcp://127.0.0.1:{ports[1]}",
+               PROFWATCH_COORDINATOR__PUB_BIND=f"tcp://127.0.0.1:{ports[2]}",
+               PROFWATCH_COORDINATOR__STATE_DB=str(tmp / "state.db"), PROFWATCH_COORDINATOR__WORK_DIR=str(tmp / "w"),
+               PROFWATCH_ARMING__MODE="off", PROFWATCH_LOGGING__LEVEL="WARNING")
+    proc = subprocess.Popen([sys.executable, "-m", "profwatch.cli", "coordinator"], env=env, cwd=tmp,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lp: mp.Process | None = None
+    try:
+        ctrl = zmq.Context.instance().socket(zmq.REQ)
+        ctrl.setsockopt(zmq.LINGER, 0)
+        ctrl.connect(f"tcp://127.0.0.1:{ports[1]}")
+        ctrl.send_json({"cmd": "ping"})
+        if not ctrl.poll(30_000):
+            raise RuntimeError(f"the coordinator of {tree} did not answer in 30 s")
+        ctrl.recv()
+        ctrl.close(0)
+        ps = psutil.Process(proc.pid)
+        q: mp.Queue = mp.Queue()
+        lp = mp.Process(target=load, args=(f"tcp://127.0.0.1:{ports[0]}", ranks, per_node, rate,
+                                           seconds + warmup_s, q))
+        lp.start()
+        time.sleep(warmup_s)  # the warm-up of the paced window (benchmark script, not a test)
+        cpu0, t0 = sum(ps.cpu_times()[:2]), time.monotonic()
+        steps, late = q.get(timeout=seconds + warmup_s + 120)
+        cpu1, t1 = sum(ps.cpu_times()[:2]), time.monotonic()
+        lp.join(30)
+        return {"tree": str(tree), "cpu_frac": (cpu1 - cpu0) / (t1 - t0), "steps": steps, "late_steps": late,
+                "load": os.getloadavg()[0]}
+    finally:  # end only what this benchmark started, by pid
+        if lp is not None and lp.is_alive():
+            lp.terminate()
+            lp.join(10)
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=1024)
+    ap.add_argument("--ranks-per-node", type=int, default=16)
+    ap.add_argument("--rate", type=float, default=10.0, help="steps per second of every rank")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--warmup-s", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (each runs every tree twice: A B B A)")
+    ap.add_argument("--trees", type=Path, nargs="+", default=[REPO])
+    args = ap.parse_args()
+    trees = [t.resolve() for t in args.trees]
+    rows: dict[Path, list[dict]] = {t: [] for t in trees}
+    for _ in range(args.rounds):
+        for t in [*trees, *reversed(trees)]:
+            rows[t].append(run_one(t, args.ranks, args.ranks_per_node, args.rate, args.seconds, args.warmup_s))
+    print(f"{args.ranks} ranks x {args.rate:g} steps/s ({args.ranks * args.rate:,.0f} reports/s), "
+          f"{args.seconds:g} s windows, {args.rounds} interleaved rounds")
+    print(f"{'tree':<40} {'CPU % of a core (median, runs)':<45} {'late load steps':>15} {'load avg':>9}")
+    for t, rs in rows.items():
+        cpu = [100 * r["cpu_frac"] for r in rs]
+        print(f"{str(t)[-40:]:<40} {statistics.median(cpu):6.1f}  ({', '.join(f'{c:.1f}' for c in cpu)})"
+              f"{'':<10} {sum(r['late_steps'] for r in rs):>15} {statistics.median(r['load'] for r in rs):9.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
