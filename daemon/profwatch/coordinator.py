@@ -89,7 +89,8 @@ def _start_watcher(on_wake: Callable[[str], None], on_rank_dirs: Callable[[str, 
                    settings: Settings, metrics: Any = None) -> Any:
     from profwatch.adapters.fs.prof_watch import ProfWatcher
 
-    watcher = ProfWatcher(on_wake, settings=settings.watch, metrics=metrics, on_rank_dirs=on_rank_dirs)
+    watcher = ProfWatcher(on_wake, settings=settings.watch, metrics=metrics, on_rank_dirs=on_rank_dirs,
+                          reconcile=False)  # the capture shell's tick is the one reconcile timer
     watcher.start()
     return watcher
 

@@ -159,6 +159,24 @@ def test_reconcile_wakes_without_events(tmp_path: Path) -> None:
         wait_for(lambda: w.stats.reconciles >= 2 and rec.count() >= 3, 5, what="reconcile wakes")
 
 
+def test_without_its_own_reconcile_the_watcher_wakes_only_for_events(tmp_path: Path) -> None:
+    """The coordinator's watcher (``reconcile=False``): the capture shell's tick is the one reconcile timer, so the
+    watcher's rounds pass without a wake, and an event still wakes."""
+    rec = Recorder()
+    settings = WatchSettings(observer="inotify", poll_interval_s=30, supervise_interval_s=0.05,
+                             reconcile_interval_s=0.05)
+    with ProfWatcher(rec, settings=settings, reconcile=False) as w:
+        w.watch(tmp_path)
+        wait_for(lambda: rec.count() >= 1, 10, what="the first look when the watch starts")
+        first = rec.count()
+        left = w.stats.reconciles_left
+        wait_for(lambda: w.stats.reconciles_left >= left + 4, 10, what="reconcile rounds left to the caller")
+        assert w.stats.reconciles == 0 and rec.count() == first  # no timer wakes
+        (tmp_path / "moved").mkdir()
+        (tmp_path / "moved").rename(tmp_path / "gone")  # a folder moved below the prof_dir: a full look
+        wait_for(lambda: rec.count() > first, 10, what="the event's wake")
+
+
 def test_callback_errors_do_not_stop_watching(tmp_path: Path) -> None:
     calls: list[str] = []
 

@@ -139,7 +139,8 @@ def _event_paths(event: FileSystemEvent) -> list[str]:
 @dataclass(slots=True)
 class WatchStats:
     """Counters: wakes delivered (full looks), rank dir wakes delivered (``on_rank_dirs`` calls) and the rank dirs
-    they named, reconciliation rounds, observer restarts, inotify overflows, prof_dirs polled because inotify could
+    they named, reconciliation rounds (``reconciles_left``: rounds left to the caller, ``reconcile=False``),
+    observer restarts, inotify overflows, prof_dirs polled because inotify could
     not watch their root (``polling_fallbacks``), subtrees polled because an inotify limit was reached below a
     watched root (``watch_limit_fallbacks``)."""
 
@@ -147,6 +148,7 @@ class WatchStats:
     rank_dir_wakes: int = 0
     rank_dirs_named: int = 0
     reconciles: int = 0
+    reconciles_left: int = 0
     observer_restarts: int = 0
     overflows: int = 0
     polling_fallbacks: int = 0
@@ -171,7 +173,10 @@ class ProfWatcher:
     ``prof_layout.rank_dir_of`` within ``scan_max_depth`` levels; at most ``max_changed_rank_dirs``, beyond which
     they become one full look); without it such events wake ``on_wake``. In one round the rank dirs come before
     a full look of the same prof_dir. ``observer_factory(mode, on_overflow)`` replaces the watchdog observers
-    (tests; an inotify one reports limits to :meth:`watch_limit_hit`); ``mountinfo_path`` is read to pick
+    (tests; an inotify one reports limits to :meth:`watch_limit_hit`); ``reconcile=False``: the caller runs its own
+    reconcile timer (the capture shell's ``tick`` looks at each capture every ``reconcile_interval_s``), so the
+    watcher does not wake every prof_dir on that timer too (one full look per interval, not two); events,
+    overflows and observer restarts still wake. ``mountinfo_path`` is read to pick
     inotify or polling when ``settings.observer == "auto"``. ``metrics`` (optional) counts fallbacks to polling
     in ``profwatch_watch_fallbacks_total{reason}``. Use as a context manager or call :meth:`start` and
     :meth:`close`.
@@ -180,8 +185,9 @@ class ProfWatcher:
     def __init__(self, on_wake: Callable[[str], None], *, settings: WatchSettings | None = None,
                  mountinfo_path: str = "/proc/self/mountinfo", observer_factory: ObserverFactory | None = None,
                  clock: Callable[[], float] = time.monotonic, metrics: DaemonMetrics | None = None,
-                 on_rank_dirs: Callable[[str, frozenset[str]], None] | None = None) -> None:
+                 on_rank_dirs: Callable[[str, frozenset[str]], None] | None = None, reconcile: bool = True) -> None:
         self._on_wake = on_wake
+        self._reconcile = reconcile
         self._on_rank_dirs = on_rank_dirs
         self._settings = settings or WatchSettings()
         self._mountinfo_path = mountinfo_path
@@ -429,9 +435,12 @@ class ProfWatcher:
                 self._supervise()
                 next_supervise = now + s.supervise_interval_s
             if now >= next_reconcile:
-                self.stats.reconciles += 1
-                self.request_rescan()
                 next_reconcile = now + s.reconcile_interval_s
+                if self._reconcile:
+                    self.stats.reconciles += 1
+                    self.request_rescan()
+                else:
+                    self.stats.reconciles_left += 1
 
     def _deliver(self, prof_dir: str) -> None:
         with self._cv:
