@@ -21,6 +21,7 @@ from profwatch.core.access import SecuritySettings, exposure_problems, is_loopba
 from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings
 from profwatch.core.batches.settings import WatchSettings
 from profwatch.core.capture.planner import CaptureSettings
+from profwatch.core.capture.reference import ReferenceSettings
 from profwatch.core.capture.settings import ArmingSettings
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.fleet.limits import LimitSettings
@@ -152,6 +153,7 @@ class Settings(BaseSettings):
     coordinator: CoordinatorSettings = Field(default_factory=CoordinatorSettings)
     detection: DetectionSettings = Field(default_factory=DetectionSettings)
     arming: ArmingSettings = Field(default_factory=ArmingSettings)
+    reference: ReferenceSettings = Field(default_factory=ReferenceSettings)
     capture: CaptureSettings = Field(default_factory=CaptureSettings)
     watch: WatchSettings = Field(default_factory=WatchSettings)
     analysis: AnalysisSettings = Field(default_factory=AnalysisSettings)

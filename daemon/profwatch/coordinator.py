@@ -557,6 +557,7 @@ class Coordinator:
                 self._detector_ranks -= det.world_size
             log.info("job_expired", job_id=job_id, silent_for_s=self.settings.limits.job_expiry_s)
         self.captures.episodes.forget(gone)
+        self.captures.references.forget(gone)
         if gone:
             try:
                 self.state.forget_jobs(gone)

@@ -113,6 +113,7 @@ class ControlCommands:
         snap["ingest_bind"] = self.settings.coordinator.ingest_bind  # where nodes must dial (status names it)
         snap["captures"] = self.captures.summary(job_id, time.time())
         snap["episodes"] = self.captures.episodes.view(job_id, time.time())
+        snap["references"] = self.captures.references.view(job_id, time.time())
         snap["state_store"] = self.state.status()
         snap["bounds"] = self.bounds()
         return snap

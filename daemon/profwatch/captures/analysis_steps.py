@@ -40,18 +40,24 @@ class AnalysisSteps:
         find, apply: the shell's capture in flight by id (None when no longer in flight) and how a transition is
             applied (persist, publish, act).
         post, clock: hand work to the main loop; wall clock (unix s).
+        reference_for: the reference a capture's analysis compares with (``ReferenceDesk.for_analysis``; None:
+            none), read on the main thread when the analysis is queued.
+        protected: batch ids retention keeps whatever the caps (each job's newest reference).
     """
 
     def __init__(self, *, store: StateStore, jobs: Mapping[str, JobState], analyser: AnalyserPort,
                  scanner: ScannerPort, work_dir: str | Path, watch: WatchSettings, analysis_workers: int,
                  settings: lc.LifecycleSettings, fs_pool: ThreadPoolExecutor,
                  find: Callable[[str], lc.Capture | None], apply: Callable[[lc.Transition], lc.Capture],
-                 post: Post, clock: Clock) -> None:
+                 post: Post, clock: Clock, reference_for: Callable[[lc.Capture], dict[str, Any] | None] | None = None,
+                 protected: Callable[[], set[str]] | None = None) -> None:
         self.store, self.jobs, self.analyser, self.scanner = store, jobs, analyser, scanner
         self.work_dir, self.watch, self.ls = Path(work_dir), watch, settings
         self.fs_pool, self.find, self.apply, self.post, self.clock = fs_pool, find, apply, post, clock
         self.analysis_pool = ThreadPoolExecutor(analysis_workers, thread_name_prefix="profwatch-analysis")
         self.enrich_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-enrich")
+        self.reference_for = reference_for or (lambda cap: None)
+        self.protected = protected or set
 
     def shutdown(self) -> None:
         """Join the analysis and enrich workers (queued work is dropped; running tools were cancelled first)."""
@@ -60,18 +66,22 @@ class AnalysisSteps:
 
     # -- analysis ------------------------------------------------------------------------------------------------------
     def analyse(self, cap: lc.Capture, batch: BatchState) -> None:
-        """Queue the analysis of ``cap``'s complete ``batch`` on an analysis worker."""
-        self.analysis_pool.submit(self._analyse, cap, batch)
+        """Queue the analysis of ``cap``'s complete ``batch`` on an analysis worker (with the reference it is
+        compared with, if any)."""
+        self.analysis_pool.submit(self._analyse, cap, batch, self.reference_for(cap))
 
-    def _analyse(self, cap: lc.Capture, batch: BatchState) -> None:
+    def _analyse(self, cap: lc.Capture, batch: BatchState, reference: dict[str, Any] | None = None) -> None:
         """Analysis worker: run the analyser, hand the verdict back to the main loop."""
         cid = cap.capture_id
         job = self.jobs.get(cap.job_id)
         hostnames = {r.rank: r.hostname for r in job.ranks.values() if r.hostname} if job is not None else {}
+        context = lc.analysis_context(cap)
+        if reference is not None:
+            context["reference"] = reference
         try:
             status, payload = self.analyser.analyse(
                 batch, work_dir=self.work_dir / cap.job_id / cid, hostnames=hostnames,
-                context=lc.analysis_context(cap), job_id=cap.job_id, capture_reason=cap.reason)
+                context=context, job_id=cap.job_id, capture_reason=cap.reason)
             self.post(lambda: self._on_analysed(cid, batch, status, payload))
         except Exception as exc:  # noqa: BLE001 - a failing analysis is a verdict, never a crash
             err = repr(exc)
@@ -119,9 +129,10 @@ class AnalysisSteps:
         w = self.watch
         if w.retention_max_bytes is None and w.retention_max_age_s is None:
             return
+        keep = self.protected()  # each job's newest reference: deletable only once a newer one exists
         analysed = [(c.prof_dir, c.batch_id, c.world_size) for c in self.store.captures(states=[lc.S.ANALYSED,
                                                                                                 lc.S.ENRICHED])
-                    if c.batch_id and c.prof_dir]
+                    if c.batch_id and c.prof_dir and c.batch_id not in keep]
         self.fs_pool.submit(self._retain_worker, analysed, self.clock())
 
     def _retain_worker(self, analysed: list[tuple[str, str, int]], now: float) -> None:

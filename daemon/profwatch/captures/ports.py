@@ -186,6 +186,8 @@ class BatchAnalyser:
     with the reason, the verdict stands)."""
 
     MAX_PENDING = 16
+    MAX_REFERENCES = 8
+    """Analysed reference captures kept in memory (the newest jobs' baselines; an older one is analysed again)."""
 
     def __init__(self, settings: AnalysisSettings) -> None:
         import threading
@@ -197,28 +199,102 @@ class BatchAnalyser:
         self._lock = threading.Lock()
         self._batch_of: dict[str, str] = {}  # capture_id -> batch_id while it is analysed or enriched
         self._pending: dict[str, Any] = {}  # capture_id -> AnalysisResult waiting for its enrich phase
+        self._references: dict[str, Any] = {}  # reference capture_id -> its AnalysisResult
 
     def analyse(self, batch: BatchState, *, work_dir: Path, hostnames: Mapping[int, str], context: dict[str, Any],
                 job_id: str, capture_reason: str) -> tuple[str, dict[str, Any]]:
+        """See :class:`AnalyserPort`. A reference capture (``capture_reason == "reference"``) is analysed for its
+        time breakdown only (no advisor, no html) and kept in memory (:attr:`MAX_REFERENCES`) for the captures
+        compared with it. ``context["reference"]`` (``ReferenceInfo.to_json`` plus ``telemetry_baseline_step_s``;
+        taken out of the payload's context) asks for the comparison with that reference (``docs/reference.md``):
+        attached in the alert phase, so the verdict event carries ``changes``; a reference no longer in memory
+        (a restart) is analysed again from its prof_dir first."""
         from profwatch.analysis.facade import analyze_batch
+        from profwatch.core.capture.reference import REFERENCE_REASON
 
+        context = dict(context)
+        ref = context.pop("reference", None)
         capture_id = str(context.get("capture_id") or "")
+        is_reference = capture_reason == REFERENCE_REASON
         with self._lock:
             if capture_id:
                 self._batch_of[capture_id] = batch.batch_id
         try:
-            result = analyze_batch(batch, work_dir=work_dir, settings=self.settings, hostnames=dict(hostnames) or None,
+            result = analyze_batch(batch, work_dir=work_dir, settings=self._reference_settings() if is_reference
+                                   else self.settings, hostnames=dict(hostnames) or None,
                                    capture_reason=capture_reason, job_id=job_id, runner=self.runner, context=context,
                                    enrich=False)
+            if is_reference and capture_id:
+                with self._lock:
+                    self._references[capture_id] = result
+                    while len(self._references) > self.MAX_REFERENCES:
+                        self._references.pop(next(iter(self._references)))
+            elif isinstance(ref, Mapping) and result.status != "incomplete":
+                self._compare(result, ref, work_dir)
         finally:
             with self._lock:
                 self._batch_of.pop(capture_id, None)
-        if result.pending and capture_id:
+        if result.pending and capture_id and not is_reference:
             with self._lock:
                 self._pending[capture_id] = result
                 while len(self._pending) > self.MAX_PENDING:
                     self._pending.pop(next(iter(self._pending)))
         return result.status, result.alert_data()
+
+    def _reference_settings(self) -> AnalysisSettings:
+        """The settings of a reference's analysis: its time breakdown only (no advisor, no html report)."""
+        s = self.settings.model_copy(deep=True)
+        s.msprof.advisor = False
+        s.report_html = False
+        return s
+
+    def _compare(self, result: Any, ref: Mapping[str, Any], work_dir: Path) -> None:
+        """Attach the comparison with the reference ``ref`` to ``result`` and rewrite its report; a reference that
+        cannot be read or analysed is a note."""
+        import time
+
+        from profwatch.analysis.compare import attach_comparison
+        from profwatch.analysis.facade import rewrite_report
+
+        cid = str(ref.get("capture_id") or "")
+        with self._lock:
+            reference = self._references.get(cid)
+        if reference is None:
+            reference = self._reanalyse_reference(ref, work_dir)
+        if reference is None:
+            result.notes.append(f"no comparison with the reference capture {cid}: its batch {ref.get('batch_id')} "
+                                f"could not be read again from {ref.get('prof_dir')}")
+            return
+        tele = ref.get("telemetry_baseline_step_s")
+        attach_comparison(result, reference, reference_path=str(ref.get("prof_dir") or ""),
+                          telemetry_baseline_step_s=float(tele) if isinstance(tele, (int, float)) else None)
+        if result.comparison is not None:
+            result.comparison["reference"].update(
+                {k: ref.get(k) for k in ("capture_id", "generation", "created_unix_s", "age_s")})
+            result.comparison["notes"].append(
+                f"reference capture {cid} (generation {ref.get('generation')}) taken {float(ref.get('age_s') or 0):.0f}"
+                f" s before this analysis, its step time {float(result.comparison['step_time_baseline_s'] or 0):.4g} s")
+        rewrite_report(result, time.time())
+
+    def _reanalyse_reference(self, ref: Mapping[str, Any], work_dir: Path) -> Any:
+        """Analyse a reference again from its prof_dir (after a restart); None when its batch is not found."""
+        from profwatch.adapters.fs.rank_dir_fs import TreeUnavailable, scan_tree
+        from profwatch.analysis.facade import analyze_batch
+
+        cid = str(ref.get("capture_id") or "")
+        try:
+            world = int(ref.get("world_size") or 0) or None
+            found = [b for b in scan_tree(Path(str(ref.get("prof_dir") or "")), world_size=world)
+                     if b.batch_id == ref.get("batch_id")]
+        except (TreeUnavailable, OSError, ValueError):
+            return None
+        if not found:
+            return None
+        reference = analyze_batch(found[0], work_dir=work_dir.parent / f"reference-{cid}",
+                                  settings=self._reference_settings(), runner=self.runner, enrich=False)
+        with self._lock:
+            self._references[cid] = reference
+        return reference
 
     def enrich(self, capture_id: str) -> tuple[str, dict[str, Any]]:
         """Run the enrich phase of the capture's analysed batch (advisor at low priority, slow links, html report);

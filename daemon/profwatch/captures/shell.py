@@ -40,11 +40,13 @@ from profwatch.captures.ports import (
     SendNodeCommand,
     WatcherPort,
 )
+from profwatch.captures.reference_desk import ReferenceDesk
 from profwatch.core.alerts.event_types import TYPE_PATH_REFUSED
 from profwatch.core.batches.completeness import BatchState, CaptureHint
 from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings
 from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
+from profwatch.core.capture.reference import REFERENCE_REASON, yield_start_after
 from profwatch.core.capture.report import describe, explain_ranks, rank_causes, refusal
 from profwatch.core.capture.targeting import JobTopology, estimate_capture_bytes
 from profwatch.core.fleet.step_window import median
@@ -129,7 +131,9 @@ class CaptureShell:
         self.steps = AnalysisSteps(
             store=store, jobs=jobs, analyser=analyser, scanner=scanner, work_dir=cs.work_dir, watch=settings.watch,
             analysis_workers=cs.analysis_workers, settings=self.ls, fs_pool=self.fs_pool, find=self._find,
-            apply=self._apply, post=post, clock=clock)
+            apply=self._apply, post=post, clock=clock,
+            reference_for=lambda cap: self.references.for_analysis(cap, self.clock()),
+            protected=lambda: self.references.protected())
         self._make_watcher = make_watcher
         self._watcher: WatcherPort | None = None
         self._jobs: dict[str, _Job] = {}
@@ -140,9 +144,19 @@ class CaptureShell:
         self._next_scan: dict[str, float] = {}
         self.episodes = EpisodeDesk(  # anomalies as episodes; the capture queue (captures/episode_desk.py)
             settings=settings, store=store, jobs=jobs, detectors=detectors, emit=emit, arm=self.arm,
-            in_flight=lambda job_id: lc.blocking_capture(self._job(job_id).active.values(),
+            in_flight=self._slot_held_for_episodes, topology=self.topology, policy=lambda: self.policy)
+        self.references = ReferenceDesk(  # the job's healthy reference capture (captures/reference_desk.py)
+            settings=settings, store=store, jobs=jobs, detectors=detectors, arm=self.arm,
+            slot_busy=lambda job_id: lc.blocking_capture(self._job(job_id).active.values(),
                                                          self._generation(job_id)) is not None,
-            topology=self.topology, policy=lambda: self.policy)
+            open_episodes=lambda job_id: len(self.episodes.book(job_id).open),
+            history=lambda job_id: self._job(job_id).history, topology=self.topology, policy=lambda: self.policy)
+
+    def _slot_held_for_episodes(self, job_id: str) -> bool:
+        """Whether a capture holds the job's config slot against an episode: a reference never does (an episode's
+        arm cancels it: ``core/capture/reference.py``)."""
+        blocker = lc.blocking_capture(self._job(job_id).active.values(), self._generation(job_id))
+        return blocker is not None and blocker.reason != REFERENCE_REASON
 
     # -- start, stop ----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -159,6 +173,7 @@ class CaptureShell:
                 log.warning("watcher_unavailable", error=repr(exc))
         now = self.clock()
         self.episodes.start()
+        self.references.start()
         hour = {c.capture_id: c for c in self.store.captures(since_unix_s=now - 3600)}
         ahead = {c.capture_id: c for c in self.store.captures(states=lc.IDLE_ENDINGS, judged_after_unix_s=now)}
         active = {c.capture_id: c for c in self.store.captures(states=lc.ACTIVE)}
@@ -176,7 +191,8 @@ class CaptureShell:
             gen = self._generation(cap.job_id)
             if (cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE)
                     and (gen is None or cap.generation >= gen)):  # an older generation's arms: not this budget
-                job.history.record_arm(cap.created_unix_s, cap.capture_id)
+                if cap.reason != REFERENCE_REASON:  # a reference counts toward bytes only
+                    job.history.record_arm(cap.created_unix_s, cap.capture_id)
                 if cap.analysis_status == "no_suspect":
                     job.history.release(cap.capture_id)  # found nothing: its hourly slot was given back
                 if cap.state not in lc.ACTIVE and cap.total_bytes:
@@ -244,6 +260,7 @@ class CaptureShell:
             self.emit(ev.type, cap.job_id, dict(ev.data), event_id=ev.event_id)
         if old is not None and old.state in lc.IN_FLIGHT and cap.state not in lc.IN_FLIGHT:
             self.episodes.capture_ended(cap, t.events, self.clock())
+            self.references.capture_ended(cap)
         for action in sorted(t.actions, key=lambda a: a.value):
             self._do(action, cap)
         return cap
@@ -325,6 +342,7 @@ class CaptureShell:
         """Expire what is due; scan what waits for its batch every ``reconcile_interval_s``; (re)send idle writes."""
         self.writes.tick(now)
         self.episodes.tick(now)
+        self.references.tick(now)
         for job in list(self._jobs.values()):
             for cap in list(job.active.values()):
                 if lc.is_due(cap, now):
@@ -454,6 +472,7 @@ class CaptureShell:
         if job is None:
             raise ControlError("not_found", f"unknown job {job_id!r} (no rank has said hello)")
         self.checks.check_armable(job, req, now)
+        req = self._yield_reference(job, req, now, dry_run)
         live = {r.rank: r for r in job.ranks.values() if not r.left}
         times: dict[int, float] = {}
         for r, st in live.items():
@@ -491,6 +510,8 @@ class CaptureShell:
         if warnings:
             out["warnings"] = warnings
         blocker = lc.blocking_capture(self._job(job.job_id).active.values(), job.generation)
+        if blocker is not None and dry_run and req.reason != REFERENCE_REASON and blocker.reason == REFERENCE_REASON:
+            blocker = None  # the arm would cancel it (_yield_reference)
         if blocker is not None:
             message = refusal(blocker, now)
             if dry_run:
@@ -505,7 +526,8 @@ class CaptureShell:
                             rank_backends={r: s.backend for r, s in live.items()}, nodes=nodes, now=now,
                             settings=self.ls, step_time_s=step_time, generation=job.generation)
         history = self._job(job.job_id).history
-        history.record_arm(now, plan.capture_id)
+        if req.reason != REFERENCE_REASON:  # a reference is not counted toward max_captures_per_hour
+            history.record_arm(now, plan.capture_id)
         per_rank = history.bytes_per_rank_step
         history.reserve(plan.capture_id, now, estimate_capture_bytes(
             len(covered), plan.active, per_rank if per_rank is not None else self.s.arming.targeting.bytes_per_rank_step))
@@ -513,6 +535,20 @@ class CaptureShell:
         self.detectors.exclude_steps(job.job_id, *profiled_report_steps(plan.start_step, plan.warmup, plan.active),
                                      f"capture {plan.capture_id}")
         return {**out, **describe(cap, now)}
+
+    def _yield_reference(self, job: JobState, req: CaptureRequest, now: float, dry_run: bool) -> CaptureRequest:
+        """An arm that is not a reference cancels the job's reference whose window has not ended (an episode never
+        waits for a reference) and starts after that window (``yield_start_after``); a dry run cancels nothing."""
+        if req.reason == REFERENCE_REASON or req.start_step is not None:
+            return req
+        ref = lc.reference_in_window(self._job(job.job_id).active.values())
+        if ref is None:
+            return req
+        after = yield_start_after(ref.start_step, ref.warmup, ref.active, max(0, job.furthest_step()))
+        if not dry_run:
+            log.info("reference_yields", job_id=job.job_id, capture_id=ref.capture_id, reason=req.reason)
+            self._apply(lc.cancel(ref, now, self.ls, by=f"an episode's arm ({req.reason})"))
+        return req.model_copy(update={"in_steps": max(req.in_steps or 0, after)}) if after else req
 
     # -- control commands ----------------------------------------------------------------------------------------------
     def cancel(self, job_id: str, capture_id: str | None, now: float) -> list[dict[str, Any]]:
@@ -596,3 +632,4 @@ class CaptureShell:
             self._apply(lc.supersede(cap, generation, now, self.ls))
         # its episodes close and its budget starts afresh: the old run's arms never hold the new run's
         self._job(job_id).history = self.episodes.new_generation(job_id, now)
+        self.references.new_generation(job_id)

@@ -126,6 +126,10 @@ TABLE: tuple[EventType, ...] = (
               severity=None, resolved_by=_NONE,
               summary="an episode ended (quiet, job ended, new generation): captured or not, what it waited for; "
                       "resolves culprit_rotates"),
+    EventType("reference_captured", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False,
+              severity=None, resolved_by=_NONE,
+              summary="the job's healthy reference capture was analysed (or could not be): its capture, generation, "
+                      "step time and time breakdown; later verdicts compare with it (docs/reference.md)"),
     EventType("arm_decision", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False,
               severity=None, resolved_by=_NONE, summary="what the arming policy decided for an anomaly and why"),
     EventType("arm", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False, severity=None,
@@ -192,3 +196,4 @@ TYPE_EPISODE_OPENED = BY_NAME["episode_opened"].type
 TYPE_EPISODE_UPDATED = BY_NAME["episode_updated"].type
 TYPE_EPISODE_CLOSED = BY_NAME["episode_closed"].type
 TYPE_CULPRIT_ROTATES = BY_NAME["culprit_rotates"].type
+TYPE_REFERENCE_CAPTURED = BY_NAME["reference_captured"].type

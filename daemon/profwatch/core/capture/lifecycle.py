@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from profwatch.core.alerts.event_types import TYPE_REFERENCE_CAPTURED
 from profwatch.core.alerts.events import (
     TYPE_ANALYSIS_ENRICHED,
     TYPE_ANALYSIS_FAILED,
@@ -33,6 +34,7 @@ from profwatch.core.alerts.events import (
 )
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.capture.planner import CapturePlan, poll_interval_s
+from profwatch.core.capture.reference import REFERENCE_REASON
 from profwatch.core.capture.report import explain_ranks, plan_notes, verdict_payload
 from rankhook import wire
 
@@ -263,9 +265,26 @@ def _progress(cap: Capture, event: str, now: float, **data: Any) -> Event:
 def blocking_capture(captures: Iterable[Capture], generation: int | None = None) -> Capture | None:
     """The capture of a job that blocks a new arm (torch_npu keeps one pending config slot), or None. With the job's
     current ``generation``, an ``analysing`` capture of an older generation blocks nothing: its window is over (the
-    slot is free) and a new run's arms are never held back by the old run's captures."""
-    return next((c for c in captures if c.state in IN_FLIGHT
-                 and not (generation is not None and c.generation < generation and c.state is S.ANALYSING)), None)
+    slot is free) and a new run's arms are never held back by the old run's captures. An ``analysing`` reference
+    capture blocks nothing either (``core/capture/reference.py``: a reference yields the slot)."""
+    return next((c for c in captures if c.state in IN_FLIGHT and not (c.state is S.ANALYSING and (
+        c.reason == REFERENCE_REASON or (generation is not None and c.generation < generation)))), None)
+
+
+def reference_in_window(captures: Iterable[Capture]) -> Capture | None:
+    """The job's reference capture whose window has not ended (planned, written, acknowledged, collecting), or
+    None: the one an episode's arm cancels (``core/capture/reference.py``: an episode never waits for a
+    reference)."""
+    return next((c for c in captures if c.reason == REFERENCE_REASON and c.state in WINDOW_PENDING), None)
+
+
+def _verdict_event(cap: Capture, etype: str, data: Mapping[str, Any], event_id: str) -> Event:
+    """The verdict event of ``cap``; for a reference capture ``reference_captured`` instead (never an alert), its
+    data the same plus ``outcome`` (the verdict type it replaces, short name)."""
+    if cap.reason == REFERENCE_REASON:
+        return Event(TYPE_REFERENCE_CAPTURED, {**data, "outcome": etype.split(".")[2]},
+                     f"reference-{cap.capture_id}-{etype.split('.')[2]}")
+    return Event(etype, dict(data), event_id)
 
 
 def open_capture(plan: CapturePlan, *, world_size: int, profiler_config_path: str, writer: str,
@@ -454,7 +473,7 @@ def _judge_incomplete(cap: Capture, batch: BatchState | None, now: float, settin
     cap = _enter(cap, S.INCOMPLETE, now, settings, outcome=detail, batch_id=batch.batch_id if batch else None)
     data = verdict_payload(cap, status="incomplete", detail=detail, batch=batch, missing_ranks=missing,
                            problems=problems, causes=explained)
-    return Transition(cap, (Event(TYPE_BATCH_INCOMPLETE, data, f"batch_incomplete-{cap.capture_id}"),
+    return Transition(cap, (_verdict_event(cap, TYPE_BATCH_INCOMPLETE, data, f"batch_incomplete-{cap.capture_id}"),
                             _progress(cap, "incomplete", now, detail=detail)),
                       frozenset({Action.UNWATCH}))
 
@@ -501,10 +520,10 @@ def analysis_done(cap: Capture, status: str, payload: Mapping[str, Any], now: fl
     detail = str(payload.get("detail") or status)
     cap = _enter(cap, state, now, settings, analysis_status=status,
                  outcome="" if state is S.ANALYSED else detail)
-    t = Transition(cap, (Event(etype, dict(payload), f"{_EVENT_IDS[etype]}-{cap.capture_id}"),
+    t = Transition(cap, (_verdict_event(cap, etype, payload, f"{_EVENT_IDS[etype]}-{cap.capture_id}"),
                          _progress(cap, state.value, now, analysis_status=status)),
                    frozenset({Action.UNWATCH, Action.RETAIN} if state is S.ANALYSED else {Action.UNWATCH}))
-    if state is S.ANALYSED and payload.get("pending_recipes"):
+    if state is S.ANALYSED and payload.get("pending_recipes") and cap.reason != REFERENCE_REASON:
         follow = begin_enrich(cap, now, settings)
         return Transition(follow.capture, t.events + tuple(
             replace(e, data={**e.data, "pending_recipes": list(payload["pending_recipes"])}) for e in follow.events),
@@ -522,7 +541,7 @@ def analysis_raised(cap: Capture, error: str, now: float, settings: LifecycleSet
 def _fail_analysis(cap: Capture, detail: str, now: float, settings: LifecycleSettings) -> Transition:
     cap = _enter(cap, S.FAILED, now, settings, analysis_status="failed", outcome=detail)
     data = verdict_payload(cap, status="failed", detail=detail)
-    return Transition(cap, (Event(TYPE_ANALYSIS_FAILED, data, f"analysis_failed-{cap.capture_id}"),
+    return Transition(cap, (_verdict_event(cap, TYPE_ANALYSIS_FAILED, data, f"analysis_failed-{cap.capture_id}"),
                             _progress(cap, "analysis_failed", now, detail=detail)), frozenset({Action.UNWATCH}))
 
 

@@ -1,0 +1,185 @@
+"""The coordinator's reference captures (I/O shell around ``daemon/profwatch/core/capture/reference.py``): one
+:class:`~profwatch.core.capture.reference.JobReference` per job, judged about once a second; it arms a reference
+through the capture shell's ``arm``, learns its outcome when it leaves flight, hands the newest analysed reference to
+the analyses of later captures and to ``status``, and keeps that reference out of retention.
+
+Nothing is stored beyond the captures themselves (reason ``reference`` in the state store): :meth:`ReferenceDesk.start`
+rebuilds each job's newest analysed reference from them. Runs on the coordinator's main thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from profwatch.adapters.zmq.control import ControlError
+from profwatch.core.capture import lifecycle as lc
+from profwatch.core.capture.planner import CaptureRequest
+from profwatch.core.capture.reference import (
+    REFERENCE_REASON,
+    JobReference,
+    ReferenceInfo,
+    decide_reference,
+)
+from profwatch.core.capture.targeting import estimate_capture_bytes, plan_targets
+
+if TYPE_CHECKING:
+    from profwatch.adapters.store.state import StateStore
+    from profwatch.captures.ports import DetectorsPort
+    from profwatch.config import Settings
+    from profwatch.core.capture.arming import ArmHistory, ArmingPolicy
+    from profwatch.core.capture.targeting import JobTopology
+    from profwatch.core.fleet.registry import JobState
+
+log = structlog.get_logger("profwatch.captures.reference")
+RUN_EVERY_S = 1.0
+"""How often (seconds) each job's reference is judged."""
+SILENT_S = 30.0
+"""A job none of whose ranks was heard for this long is not steady (it may have ended)."""
+ANALYSED = frozenset({lc.S.ANALYSED, lc.S.ENRICHED})
+
+
+def reference_info(cap: lc.Capture) -> ReferenceInfo:
+    """The :class:`ReferenceInfo` of an analysed reference capture."""
+    return ReferenceInfo(cap.capture_id, cap.generation, cap.created_unix_s, cap.prof_dir, cap.batch_id,
+                         cap.step_time_s, cap.world_size)
+
+
+class ReferenceDesk:
+    """Reference captures of every job (see the module doc).
+
+    Args:
+        settings: the configuration tree (``[reference]``, ``[arming]``).
+        store: the state store (read at start).
+        jobs: the registry's job map (read only).
+        detectors: the detectors' view (baseline step time).
+        arm: the capture shell's ``arm``.
+        slot_busy: whether a capture holds the job's config slot.
+        open_episodes: how many episodes of the job are open.
+        history: the job's arm history (its bytes of the hour count the reference's estimate).
+        topology: the job's layout (the reference covers the ranks a job-wide capture takes).
+        policy: the arming policy in force (its mode; a callable: it is swapped at runtime).
+    """
+
+    def __init__(self, *, settings: Settings, store: StateStore, jobs: Mapping[str, JobState],
+                 detectors: DetectorsPort, arm: Callable[..., dict[str, Any]], slot_busy: Callable[[str], bool],
+                 open_episodes: Callable[[str], int], history: Callable[[str], ArmHistory],
+                 topology: Callable[[str], JobTopology | None], policy: Callable[[], ArmingPolicy]) -> None:
+        self.s, self.store, self.jobs, self.detectors = settings, store, jobs, detectors
+        self._arm, self._slot_busy, self._open, self._history = arm, slot_busy, open_episodes, history
+        self._topology, self._policy = topology, policy
+        self.refs: dict[str, JobReference] = {}
+        self.last: dict[str, tuple[str, float | None]] = {}  # job -> the last decision (reason, until)
+        self._next_run: dict[str, float] = {}
+
+    def ref(self, job_id: str) -> JobReference:
+        r = self.refs.get(job_id)
+        if r is None:
+            r = self.refs[job_id] = JobReference()
+        return r
+
+    def start(self) -> None:
+        """Rebuild each job's newest analysed reference and its reference in flight from the stored captures."""
+        for cap in self.store.captures(states=[*ANALYSED, *lc.ACTIVE]):
+            if cap.reason != REFERENCE_REASON:
+                continue
+            r = self.ref(cap.job_id)
+            if cap.state in ANALYSED:
+                r.ended(cap.capture_id, cap.state.value, reference_info(cap))
+            elif cap.state in lc.IN_FLIGHT:
+                r.armed(cap.capture_id, cap.created_unix_s)
+
+    # -- time ---------------------------------------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """About once a second per job: judge its steadiness and arm its reference when the rules allow."""
+        rs = self.s.reference
+        if not rs.enabled:
+            return
+        for job_id, job in list(self.jobs.items()):
+            if now < self._next_run.get(job_id, 0.0):
+                continue
+            self._next_run[job_id] = now + RUN_EVERY_S
+            r = self.ref(job_id)
+            baseline = self.detectors.baseline_step_time_s(job_id)
+            recent = job.median_step_time_s() if now - job.last_heard_unix_s() <= SILENT_S else None
+            r.observe(now, open_episodes=self._open(job_id), baseline_step_s=baseline, recent_step_s=recent,
+                      tolerance=rs.step_time_tolerance)
+            arming = self._policy().settings
+            topo = self._topology(job_id)
+            target = plan_targets((), topo, arming.targeting) if topo is not None and arming.rank_list is None else None
+            rank_list = arming.rank_list if arming.rank_list is not None else (
+                target.rank_list if target is not None else None)
+            covered = len(rank_list) if rank_list is not None else job.world_size
+            hist = self._history(job_id)
+            per_rank = hist.bytes_per_rank_step
+            estimate = estimate_capture_bytes(covered, rs.active_steps, per_rank if per_rank is not None
+                                              else arming.targeting.bytes_per_rank_step)
+            state = hist.state(now, capture_in_flight=False)
+            d = decide_reference(rs, r, now, generation=job.generation, act_mode=arming.mode == "act",
+                                 slot_busy=self._slot_busy(job_id), bytes_last_hour=state.bytes_last_hour,
+                                 estimated_bytes=estimate, byte_cap=arming.max_capture_bytes_per_hour)
+            self.last[job_id] = (d.reason, d.until_unix_s)
+            if not d.take:
+                continue
+            req = CaptureRequest(job_id=job_id, reason=REFERENCE_REASON, warmup=arming.warmup,
+                                 active=rs.active_steps, rank_list=list(rank_list) if rank_list is not None else None,
+                                 targeting=({**target.to_json(), "estimated_bytes": estimate}
+                                            if target is not None and target.rank_list is not None else None))
+            try:
+                plan = self._arm(job_id, req, now)
+            except ControlError as exc:
+                r.armed("", now)  # counts as a try: the retry wait applies
+                r.ended("", "failed", None)
+                self.last[job_id] = (f"{exc.code}: {exc.message}", now + rs.retry_after_s)
+                log.info("reference_not_armed", job_id=job_id, code=exc.code, message=exc.message)
+                continue
+            r.armed(str(plan["capture_id"]), now)
+            log.info("reference_armed", job_id=job_id, capture_id=plan["capture_id"], start_step=plan["start_step"])
+
+    def new_generation(self, job_id: str) -> None:
+        self.ref(job_id).new_generation()
+
+    def forget(self, job_ids: Iterable[str]) -> None:
+        for j in job_ids:
+            self.refs.pop(j, None)
+            self.last.pop(j, None)
+            self._next_run.pop(j, None)
+
+    # -- captures -----------------------------------------------------------------------------------------------------
+    def capture_ended(self, cap: lc.Capture) -> None:
+        """A reference capture left flight: analysed with a batch, it becomes the job's reference."""
+        if cap.reason != REFERENCE_REASON:
+            return
+        ok = cap.state in ANALYSED and cap.batch_id is not None
+        self.ref(cap.job_id).ended(cap.capture_id, cap.state.value, reference_info(cap) if ok else None)
+
+    def for_analysis(self, cap: lc.Capture, now: float) -> dict[str, Any] | None:
+        """What the analysis of ``cap`` compares with (``BatchAnalyser.analyse``'s ``context["reference"]``): the
+        job's newest analysed reference and the telemetry's step time at the arm; None for a reference itself,
+        or when the job has none."""
+        if cap.reason == REFERENCE_REASON:
+            return None
+        r = self.refs.get(cap.job_id)
+        if r is None or r.latest is None:
+            return None
+        return {**r.latest.to_json(now), "telemetry_baseline_step_s": cap.step_time_s}
+
+    def protected(self) -> set[str]:
+        """Batch ids retention must keep: the newest analysed reference of each job."""
+        return {r.latest.batch_id for r in self.refs.values() if r.latest is not None and r.latest.batch_id}
+
+    def view(self, job_id: str | None, now: float) -> list[dict[str, Any]]:
+        """For ``status``: per job, its reference (``latest``, null when none), the one in flight, whether it is
+        steady and since when, and the last decision (``waiting``: its reason; ``until_unix_s``)."""
+        out = []
+        for j, r in sorted(self.refs.items()):
+            if job_id not in (None, j):
+                continue
+            reason, until = self.last.get(j, ("", None))
+            out.append({"job_id": j, "enabled": self.s.reference.enabled,
+                        "latest": r.latest.to_json(now) if r.latest is not None else None,
+                        "in_flight": r.in_flight, "steady_since_unix_s": r.steady_since_unix_s,
+                        "waiting": reason, "until_unix_s": until, "last_outcome": r.last_outcome})
+        return out

@@ -1,0 +1,121 @@
+"""The reference capture's policy (core/capture/reference.py) on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from profwatch.core.capture.reference import (
+    JobReference,
+    ReferenceInfo,
+    ReferenceSettings,
+    decide_reference,
+    yield_start_after,
+)
+
+T0 = 1_800_000_000.0
+S = ReferenceSettings(steady_s=300, max_age_s=3600, retry_after_s=600)
+
+
+def _decide(ref: JobReference, now: float, *, s: ReferenceSettings = S, generation: int = 0, act: bool = True,
+            busy: bool = False, held: int = 0, estimate: int = 100, cap: int | None = 10_000) -> tuple[bool, str]:
+    d = decide_reference(s, ref, now, generation=generation, act_mode=act, slot_busy=busy, bytes_last_hour=held,
+                         estimated_bytes=estimate, byte_cap=cap)
+    return d.take, d.reason
+
+
+def _steady(ref: JobReference, now: float, **kw: float | int | None) -> str | None:
+    args: dict = {"open_episodes": 0, "baseline_step_s": 0.5, "recent_step_s": 0.51, "tolerance": 0.1, **kw}
+    return ref.observe(now, **args)
+
+
+def test_a_job_steady_for_steady_s_takes_its_reference_and_not_before() -> None:
+    ref = JobReference()
+    assert _decide(ref, T0) == (False, "no_baseline")  # warm-up: the detector has no baseline yet
+    assert _steady(ref, T0) is None
+    assert _decide(ref, T0 + 299) == (False, "settling")
+    d = decide_reference(S, ref, T0 + 10, generation=0, act_mode=True, slot_busy=False, bytes_last_hour=0,
+                         estimated_bytes=1, byte_cap=None)
+    assert d.until_unix_s == T0 + 300
+    assert _decide(ref, T0 + 300) == (True, "take")
+
+
+@pytest.mark.parametrize(("kw", "why"), [({"open_episodes": 1}, "episode_open"),
+                                         ({"baseline_step_s": None}, "no_baseline"),
+                                         ({"recent_step_s": None}, "no_baseline"),
+                                         ({"recent_step_s": 0.6}, "off_baseline"),
+                                         ({"recent_step_s": 0.4}, "off_baseline")])
+def test_any_unsteady_moment_restarts_the_clock(kw: dict, why: str) -> None:
+    ref = JobReference()
+    _steady(ref, T0)
+    assert _steady(ref, T0 + 200, **kw) == why
+    assert _decide(ref, T0 + 301) == (False, why)
+    _steady(ref, T0 + 302)  # steady again: steady_s counts from here
+    assert _decide(ref, T0 + 601) == (False, "settling")
+    assert _decide(ref, T0 + 602) == (True, "take")
+
+
+def test_a_step_time_within_the_tolerance_is_steady() -> None:
+    ref = JobReference()
+    assert _steady(ref, T0, recent_step_s=0.549) is None
+    assert _steady(ref, T0 + 1, recent_step_s=0.451) is None
+    assert ref.steady_since_unix_s == T0
+
+
+def test_off_disabled_observe_mode_a_busy_slot_and_the_byte_cap_hold_it() -> None:
+    ref = JobReference()
+    _steady(ref, T0)
+    now = T0 + 400
+    assert _decide(ref, now, s=S.model_copy(update={"enabled": False})) == (False, "disabled")
+    assert _decide(ref, now, act=False) == (False, "not_act_mode")
+    assert _decide(ref, now, busy=True) == (False, "capture_in_flight")
+    assert _decide(ref, now, held=9_950, estimate=100) == (False, "byte_cap")  # it counts toward bytes
+    assert _decide(ref, now, held=9_900, estimate=100) == (True, "take")
+    assert _decide(ref, now, cap=None, held=10**15) == (True, "take")
+
+
+def test_one_reference_per_generation_until_max_age_and_a_retry_wait_after_a_failure() -> None:
+    ref = JobReference()
+    _steady(ref, T0)
+    now = T0 + 400
+    ref.armed("c1", now)
+    assert _decide(ref, now + 1) == (False, "in_flight")
+    ref.ended("c1", "failed", None)  # not analysed: tried again after retry_after_s
+    assert _decide(ref, now + 599) == (False, "retry_wait")
+    assert _decide(ref, now + 600) == (True, "take")
+    ref.armed("c2", now + 600)
+    ref.ended("c2", "analysed", ReferenceInfo("c2", 0, now + 600, "/p/c2/", "b2", 0.5, 2))
+    assert ref.latest is not None and ref.latest.capture_id == "c2"
+    assert _decide(ref, now + 700) == (False, "fresh")
+    assert _decide(ref, now + 600 + 3599) == (False, "fresh")
+    assert _decide(ref, now + 600 + 3600) == (True, "take")  # max_age_s: refreshed
+    # a new generation asks for its own, after it has been steady again
+    ref.new_generation()
+    assert _decide(ref, now + 800, generation=1) == (False, "no_baseline")
+    _steady(ref, now + 800)
+    assert _decide(ref, now + 1100, generation=1) == (True, "take")
+    assert ref.latest.capture_id == "c2"  # the old one stays the baseline until a new one lands
+
+
+def test_an_older_result_never_replaces_a_newer_reference() -> None:
+    ref = JobReference()
+    ref.ended("b", "analysed", ReferenceInfo("b", 0, T0 + 10, "/p/b/", "bb"))
+    ref.ended("a", "analysed", ReferenceInfo("a", 0, T0, "/p/a/", "ba"))
+    assert ref.latest is not None and ref.latest.capture_id == "b"
+    assert ref.latest.to_json(T0 + 70)["age_s"] == 60.0
+
+
+def test_an_episode_over_a_cancelled_reference_starts_after_its_window() -> None:
+    assert yield_start_after(120, 1, 4, 118) == 7  # the reference records steps 121..124: the episode starts at 125
+    assert yield_start_after(120, 1, 4, 125) == 0
+    assert yield_start_after(120, 1, 4, 300) == 0
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValidationError):
+        ReferenceSettings(active_steps=0)
+    with pytest.raises(ValidationError):
+        ReferenceSettings(max_age_s=0)
+    with pytest.raises(ValidationError):
+        ReferenceSettings(unknown=1)  # type: ignore[call-arg]
+    assert ReferenceSettings().enabled is True  # on by default
