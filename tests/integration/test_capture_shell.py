@@ -35,14 +35,15 @@ class World:
 
     def __init__(self, tmp: Path, *, writer: str = "coordinator", arming: dict | None = None,
                  store: StateStore | None = None, nodes: tuple[str, ...] = ("n1",), world: int = 2,
-                 file_writes: list[tuple[str, dict]] | None = None, now: float = T0) -> None:
+                 file_writes: list[tuple[str, dict]] | None = None, now: float = T0,
+                 reference: dict | None = None) -> None:
         self.now = now
         self.tmp = tmp
         self.settings = load_settings(
             None, coordinator={"config_writer": writer, "allowed_config_roots": [str(tmp)], "ack_timeout_s": 60,
                                "node_timeout_s": 10, "work_dir": str(tmp / "work")},
             capture={"write_timeout_s": 30}, watch={"parse_allowance_s": 100, "reconcile_interval_s": 5},
-            arming=arming or {})
+            arming=arming or {}, reference=reference or {})
         self.store = store or StateStore(tmp / "state.db")
         self.registry = Registry()
         self.events: list[tuple[str, str, dict, str | None]] = []

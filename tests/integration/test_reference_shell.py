@@ -1,0 +1,113 @@
+"""The reference capture in the capture shell (fake collaborators and clock, real registry, store and workers): it is
+armed once the job is steady, never counted toward max_captures_per_hour, never alerted on, handed to the analysis of
+later captures, and it yields the config slot to an episode's arm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from profwatch.core.capture.lifecycle import CaptureState
+from profwatch.core.capture.planner import CaptureRequest
+from tests.integration.test_capture_shell import T0, World, _complete_batch
+
+REF = "io.profwatch.reference_captured.v1"
+
+
+@pytest.fixture
+def steady(tmp_path: Path):
+    made: list[World] = []
+
+    def make(**kw: Any) -> World:
+        w = World(tmp_path, reference={"steady_s": 10}, **kw)
+        w.shell.detectors.baseline_step_time_s = lambda job_id: 0.5  # type: ignore[method-assign]
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.close()
+
+
+def _reference_armed(w: World) -> str:
+    w.shell.tick(T0)
+    assert not w.writes  # steady since T0: settling
+    assert w.shell.references.view("j1", T0)[0]["waiting"] == "settling"
+    w.now = T0 + 10
+    w.shell.tick(w.now)
+    (ref,) = [c for c in w.store.captures("j1") if c.reason == "reference"]
+    w.drain(lambda: w.state(ref.capture_id) is CaptureState.WRITTEN)
+    return ref.capture_id
+
+
+def test_a_steady_job_takes_one_reference_outside_the_hourly_cap_never_alerted_and_compared_later(steady) -> None:
+    w = steady(arming={"max_captures_per_hour": 1})
+    cid = _reference_armed(w)
+    assert w.writes[-1][1]["metadata"]["profwatch_reason"] == "reference"
+    assert w.writes[-1][1]["active"] == 4  # [reference] active_steps
+    hist = w.shell._job("j1").history
+    st = hist.state(w.now, capture_in_flight=False)
+    assert st.captures_last_hour == 0 and st.bytes_last_hour > 0  # bytes count, the hourly cap does not
+    w.batches = [_complete_batch(cid)]
+    w.now += 6
+    w.shell.tick(w.now)
+    w.drain(lambda: w.state(cid) is CaptureState.ANALYSED)
+    assert not w.of("io.profwatch.suspect_ranks.v1")  # never alerted on
+    (done,) = w.of(REF)
+    assert done["capture_id"] == cid and done["outcome"] == "suspect_ranks"
+    w.now += 1
+    w.shell.tick(w.now)
+    (view,) = w.shell.references.view("j1", w.now)
+    assert view["latest"]["capture_id"] == cid and view["latest"]["batch_id"] == f"b-{cid}"
+    assert view["waiting"] == "fresh" and w.shell.references.protected() == {f"b-{cid}"}
+    for _ in range(3):  # one per generation: no second reference while it is fresh
+        w.now += 60
+        w.shell.tick(w.now)
+    assert [c.reason for c in w.store.captures("j1")] == ["reference"]
+    # a later capture (the one the hourly cap allows) is analysed with the reference handed over
+    w.now += 1
+    later = w.arm()["capture_id"]
+    assert hist.state(w.now, capture_in_flight=False).captures_last_hour == 1
+    w.drain(lambda: w.state(later) is CaptureState.WRITTEN)
+    w.batches = [_complete_batch(later)]
+    w.now += 6
+    w.shell.tick(w.now)
+    w.drain(lambda: w.state(later) is CaptureState.ANALYSED)
+    (verdict,) = w.of("io.profwatch.suspect_ranks.v1")
+    assert verdict["capture_id"] == later
+    assert verdict["reference"]["capture_id"] == cid and verdict["reference"]["telemetry_baseline_step_s"] == 0.5
+
+
+def test_an_episode_arm_cancels_the_reference_and_starts_after_its_window(steady) -> None:
+    w = steady()
+    cid = _reference_armed(w)
+    assert w.shell._slot_held_for_episodes("j1") is False  # an episode never waits for a reference
+    ref = w.store.get_capture(cid)
+    dry = w.shell.arm("j1", CaptureRequest(job_id="j1", reason="step_regression"), w.now, dry_run=True)
+    assert "refused" not in dry and w.state(cid) is CaptureState.WRITTEN  # a dry run cancels nothing
+    w.now += 1
+    plan = w.arm()
+    assert w.state(cid) is CaptureState.CANCELLED
+    assert "an episode's arm" in w.store.get_capture(cid).outcome
+    assert plan["start_step"] >= ref.start_step + ref.warmup + ref.active
+    w.drain(lambda: w.state(plan["capture_id"]) is CaptureState.WRITTEN)
+    assert w.writes[-1][1]["metadata"]["profwatch_capture_id"] == plan["capture_id"]
+    assert cid in w.idle_writes[-1][1]["metadata"]["profwatch_idle"]  # the idle config went over it first
+    assert not w.of("io.profwatch.suspect_ranks.v1") and not w.of("io.profwatch.batch_incomplete.v1")
+    # the cancelled reference is tried again once the job is steady and the retry wait is over
+    (view,) = w.shell.references.view("j1", w.now)
+    assert view["last_outcome"] == "cancelled" and view["latest"] is None
+
+
+def test_no_reference_in_observe_mode_or_when_turned_off(tmp_path: Path) -> None:
+    for arming, reference in (({"mode": "observe"}, {"steady_s": 0}), ({}, {"steady_s": 0, "enabled": False})):
+        w = World(tmp_path / str(len(arming)), arming=arming, reference=reference)
+        try:
+            w.shell.detectors.baseline_step_time_s = lambda job_id: 0.5  # type: ignore[method-assign]
+            for k in range(3):
+                w.shell.tick(T0 + k * 2)
+            assert not w.store.captures("j1") and not w.writes
+        finally:
+            w.close()
