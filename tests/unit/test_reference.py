@@ -119,3 +119,16 @@ def test_settings_are_checked() -> None:
     with pytest.raises(ValidationError):
         ReferenceSettings(unknown=1)  # type: ignore[call-arg]
     assert ReferenceSettings().enabled is True  # on by default
+
+
+def test_status_text_shows_each_jobs_reference_or_what_it_waits_for() -> None:
+    from profwatch.core.status_text import render_status
+
+    ref = JobReference()
+    ref.ended("c2", "analysed", ReferenceInfo("c2", 1, T0, "/p/c2/", "b2", 0.5, 2))
+    views = [{"job_id": "j1", "latest": ref.latest.to_json(T0 + 90) if ref.latest else None, "in_flight": None,
+              "waiting": "fresh"},
+             {"job_id": "j2", "latest": None, "in_flight": None, "waiting": "settling"}]
+    text = "\n".join(render_status({"jobs": [], "nodes": [], "references": views}))
+    assert "j1: c2 (generation 1, 90 s old, step time 0.5 s)" in text
+    assert "j2: none yet; waits: settling" in text

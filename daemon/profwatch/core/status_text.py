@@ -136,6 +136,23 @@ WAITS = {
 """What an episode waiting for each reason of the arming policy waits for, in words."""
 
 
+def render_reference(ref: Mapping[str, Any]) -> list[str]:
+    """One job's reference capture (``ReferenceDesk.view``): the newest (capture, generation, age, step time), the
+    one in flight, else what it waits for (docs/reference.md)."""
+    latest = ref.get("latest")
+    if latest:
+        st = latest.get("step_time_s")
+        head = (f"  {ref['job_id']}: {latest['capture_id']} (generation {latest['generation']}, "
+                f"{float(latest['age_s']):.0f} s old" + (f", step time {float(st):.4g} s" if st else "") + ")")
+    else:
+        head = f"  {ref['job_id']}: none yet"
+    if ref.get("in_flight"):
+        head += f"; taking {ref['in_flight']}"
+    elif ref.get("waiting") and ref["waiting"] != "fresh":
+        head += f"; waits: {ref['waiting']}"
+    return [head]
+
+
 def render_episode(ep: Mapping[str, Any]) -> list[str]:
     """One episode: kind, ranks and stage, magnitude, since when; its captures; what it waits for and until when
     (open), or how it ended (closed)."""
@@ -184,6 +201,10 @@ def render_status(snap: Mapping[str, Any]) -> list[str]:
         lines.append("episodes (open ones in capture order, then the last closed; README: episodes):")
         for ep in snap["episodes"]:
             lines += render_episode(ep)
+    if snap.get("references"):
+        lines.append("reference captures (docs/reference.md):")
+        for ref in snap["references"]:
+            lines += render_reference(ref)
     cnt = snap.get("counters") or {}
     lines.append(f"coordinator: received={cnt.get('received', 0)} rejected={cnt.get('rejected', 0)} "
                  f"lost_batches={cnt.get('lost_batches', 0)}")

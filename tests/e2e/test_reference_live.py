@@ -1,0 +1,72 @@
+"""The reference capture live (issue 21 item 1 and its live check): a coordinator and a node daemon in threads, a
+real 2-rank gloo PyTorch job over the torch_npu simulator (ascend-sim: rank dirs analysed by the real
+msprof-analyze) whose every rank gets 3x more forward compute from step SLOW_AT. Once the job is steady the
+coordinator takes its reference capture (reason ``reference``, never alerted on); the job-wide slowdown then opens an
+episode whose verdict carries ``changes`` against that reference, led by ``compute``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from profwatch.core.alerts.event_types import TYPE_REFERENCE_CAPTURED, TYPE_SUSPECT_RANKS
+from profwatch.simulate.launcher import ALL_RANKS, JobSpec, launch_job
+from tests.conftest import python_env, wait_for
+from tests.integration.live_stack import Stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+JOB = "reference-live"
+SLOW_AT = 400
+
+
+def _events(st: Stack, type_: str) -> list[dict[str, Any]]:
+    rows = st.control("events", {"job_id": JOB, "alerts_only": False, "limit": 10_000})
+    return [r["event"]["data"] for r in rows if r["event"]["type"] == type_]
+
+
+def _regression_verdict(st: Stack) -> dict[str, Any] | None:
+    for d in _events(st, TYPE_SUSPECT_RANKS):
+        if min(d.get("armed_steps") or [0]) > SLOW_AT and d.get("comparison"):
+            return d
+    return None
+
+
+def test_the_coordinator_takes_a_reference_and_a_job_wide_slowdown_is_compared_with_it(short_tmp: Path) -> None:
+    root = short_tmp
+    (root / "cfg" / JOB).mkdir(parents=True)
+    (root / "prof").mkdir()
+    st = Stack(root, ack_timeout_s=600.0, sections={
+        "arming": {"active": 3, "min_arm_gap_s": 5.0},
+        "reference": {"steady_s": 5.0, "active_steps": 3},
+        "analysis": {"msprof": {"advisor": False}, "report_html": False}})
+    job = None
+    try:
+        st.start()
+        st.node("n0")
+        job = launch_job(JobSpec(
+            job_id=JOB, world_size=2, node_endpoints=[f"ipc://{root}/n0.sock"],
+            profiler_config_path=root / "cfg" / JOB, prof_root=root / "prof", mode="ascend-sim",
+            slow_rank=ALL_RANKS, slowdown=3.0, slow_at_step=SLOW_AT, max_steps=5000, max_seconds=1000,
+            stop_file=root / "stop", log_dir=root / "logs", extra_env={"PYTHONPATH": python_env()["PYTHONPATH"]}))
+        ref = wait_for(lambda: next(iter(_events(st, TYPE_REFERENCE_CAPTURED)), None), 600, 1.0,
+                       "the reference capture analysed")
+        assert ref["status"] in ("ok", "no_suspect"), ref
+        assert max(ref["armed_steps"]) < SLOW_AT, ref  # taken while the job was healthy
+        status = st.control("status", {"job_id": JOB})
+        (view,) = status["references"]
+        assert view["latest"]["capture_id"] == ref["capture_id"]
+        caps = {c["capture_id"]: c for c in status["captures"]}
+        assert caps[ref["capture_id"]]["reason"] == "reference"
+        verdict = wait_for(lambda: _regression_verdict(st), 900, 1.0, "the regression's verdict with changes")
+        assert not [d for d in _events(st, TYPE_SUSPECT_RANKS) if d["capture_id"] == ref["capture_id"]]  # no alert
+        cmp = verdict["comparison"]
+        assert cmp["reference"]["capture_id"] == ref["capture_id"] and cmp["ranks_compared"] == [0, 1], cmp
+        changes = verdict["changes"]
+        assert changes and changes[0]["component"] == "compute", changes
+        assert changes[0]["delta_s_per_step"] > 0 and cmp["headline"].startswith("+"), cmp
+    finally:
+        if job is not None:
+            job.stop()
+        st.close()
