@@ -37,10 +37,11 @@ def test_the_coordinator_takes_a_reference_and_a_job_wide_slowdown_is_compared_w
     root = short_tmp
     (root / "cfg" / JOB).mkdir(parents=True)
     (root / "prof").mkdir()
-    # a shared 2-core box moves these ~50 ms steps by +50-100 % for a while: only the injected 5x compute (well
-    # over +100 %) is a regression here, and the reference accepts a step time within 50 % of the baseline
+    # a shared 2-core box moves these ~50 ms steps by +50-150 % for a while (the coordinator's own msprof-analyze
+    # runs compete with the ranks): the reference accepts a step time within 50 % of the baseline, and a short
+    # cooldown lets the episode such a load burst opens be captured again after the injected slowdown
     st = Stack(root, ack_timeout_s=600.0, sections={
-        "arming": {"active": 3, "min_arm_gap_s": 5.0}, "detection": {"min_effect": 1.0, "spike_min_effect": 1.5},
+        "arming": {"active": 3, "min_arm_gap_s": 5.0, "cooldown_s": 15.0}, "detection": {"min_effect": 1.0, "spike_min_effect": 1.5},
         "reference": {"steady_s": 3.0, "active_steps": 3, "step_time_tolerance": 0.5},
         "analysis": {"msprof": {"advisor": False}, "report_html": False}})
     job = None

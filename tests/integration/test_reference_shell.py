@@ -111,3 +111,24 @@ def test_no_reference_in_observe_mode_or_when_turned_off(tmp_path: Path) -> None
             assert not w.store.captures("j1") and not w.writes
         finally:
             w.close()
+
+
+def test_a_capture_analysed_while_the_reference_is_still_analysed_is_compared_with_it(steady) -> None:
+    w = steady()
+    cid = _reference_armed(w)
+    w.release.clear()  # the reference's analysis runs until released
+    w.batches = [_complete_batch(cid)]
+    w.now += 6
+    w.shell.tick(w.now)
+    w.drain(lambda: w.state(cid) is CaptureState.ANALYSING)
+    assert w.shell._slot_held_for_episodes("j1") is False
+    later = w.arm()["capture_id"]  # its window follows: the reference's analysis holds no slot
+    w.drain(lambda: w.state(later) is CaptureState.WRITTEN)
+    w.batches = [_complete_batch(later)]
+    w.now += 6
+    w.shell.tick(w.now)
+    w.drain(lambda: w.state(later) is CaptureState.ANALYSING)
+    w.release.set()
+    w.drain(lambda: w.state(later) is CaptureState.ANALYSED and w.state(cid) is CaptureState.ANALYSED)
+    (verdict,) = w.of("io.profwatch.suspect_ranks.v1")
+    assert verdict["capture_id"] == later and verdict["reference"]["capture_id"] == cid

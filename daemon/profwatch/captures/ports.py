@@ -187,6 +187,8 @@ class BatchAnalyser:
 
     MAX_PENDING = 16
     MAX_REFERENCES = 8
+    REFERENCE_WAIT_S = 900.0
+    """How long a capture's comparison waits for its reference's analysis running on another worker."""
     """Analysed reference captures kept in memory (the newest jobs' baselines; an older one is analysed again)."""
 
     def __init__(self, settings: AnalysisSettings) -> None:
@@ -200,6 +202,7 @@ class BatchAnalyser:
         self._batch_of: dict[str, str] = {}  # capture_id -> batch_id while it is analysed or enriched
         self._pending: dict[str, Any] = {}  # capture_id -> AnalysisResult waiting for its enrich phase
         self._references: dict[str, Any] = {}  # reference capture_id -> its AnalysisResult
+        self._ref_running: dict[str, Any] = {}  # reference capture_id -> threading.Event set when its analysis ends
 
     def analyse(self, batch: BatchState, *, work_dir: Path, hostnames: Mapping[int, str], context: dict[str, Any],
                 job_id: str, capture_reason: str) -> tuple[str, dict[str, Any]]:
@@ -207,8 +210,11 @@ class BatchAnalyser:
         time breakdown only (no advisor, no html) and kept in memory (:attr:`MAX_REFERENCES`) for the captures
         compared with it. ``context["reference"]`` (``ReferenceInfo.to_json`` plus ``telemetry_baseline_step_s``;
         taken out of the payload's context) asks for the comparison with that reference (``docs/reference.md``):
-        attached in the alert phase, so the verdict event carries ``changes``; a reference no longer in memory
-        (a restart) is analysed again from its prof_dir first."""
+        attached in the alert phase, so the verdict event carries ``changes``; a reference still being analysed on
+        another worker is waited for (at most :attr:`REFERENCE_WAIT_S`); one no longer in memory (a restart) is
+        analysed again from its prof_dir first."""
+        import threading
+
         from profwatch.analysis.facade import analyze_batch
         from profwatch.core.capture.reference import REFERENCE_REASON
 
@@ -219,6 +225,8 @@ class BatchAnalyser:
         with self._lock:
             if capture_id:
                 self._batch_of[capture_id] = batch.batch_id
+            if is_reference and capture_id:
+                self._ref_running.setdefault(capture_id, threading.Event())
         try:
             result = analyze_batch(batch, work_dir=work_dir, settings=self._reference_settings() if is_reference
                                    else self.settings, hostnames=dict(hostnames) or None,
@@ -234,6 +242,9 @@ class BatchAnalyser:
         finally:
             with self._lock:
                 self._batch_of.pop(capture_id, None)
+                done = self._ref_running.pop(capture_id, None) if is_reference else None
+            if done is not None:
+                done.set()
         if result.pending and capture_id and not is_reference:
             with self._lock:
                 self._pending[capture_id] = result
@@ -257,6 +268,10 @@ class BatchAnalyser:
         from profwatch.analysis.facade import rewrite_report
 
         cid = str(ref.get("capture_id") or "")
+        with self._lock:
+            running = self._ref_running.get(cid)
+        if running is not None:  # the reference is being analysed on another worker: its result is due
+            running.wait(self.REFERENCE_WAIT_S)
         with self._lock:
             reference = self._references.get(cid)
         if reference is None:

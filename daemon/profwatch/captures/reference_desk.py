@@ -61,15 +61,17 @@ class ReferenceDesk:
         history: the job's arm history (its bytes of the hour count the reference's estimate).
         topology: the job's layout (the reference covers the ranks a job-wide capture takes).
         policy: the arming policy in force (its mode; a callable: it is swapped at runtime).
+        find: a capture in flight by id (None when no longer in flight).
     """
 
     def __init__(self, *, settings: Settings, store: StateStore, jobs: Mapping[str, JobState],
                  detectors: DetectorsPort, arm: Callable[..., dict[str, Any]], slot_busy: Callable[[str], bool],
                  open_episodes: Callable[[str], int], history: Callable[[str], ArmHistory],
-                 topology: Callable[[str], JobTopology | None], policy: Callable[[], ArmingPolicy]) -> None:
+                 topology: Callable[[str], JobTopology | None], policy: Callable[[], ArmingPolicy],
+                 find: Callable[[str], lc.Capture | None] = lambda cid: None) -> None:
         self.s, self.store, self.jobs, self.detectors = settings, store, jobs, detectors
         self._arm, self._slot_busy, self._open, self._history = arm, slot_busy, open_episodes, history
-        self._topology, self._policy = topology, policy
+        self._topology, self._policy, self._find = topology, policy, find
         self.refs: dict[str, JobReference] = {}
         self.last: dict[str, tuple[str, float | None]] = {}  # job -> the last decision (reason, until)
         self._next_run: dict[str, float] = {}
@@ -157,14 +159,20 @@ class ReferenceDesk:
 
     def for_analysis(self, cap: lc.Capture, now: float) -> dict[str, Any] | None:
         """What the analysis of ``cap`` compares with (``BatchAnalyser.analyse``'s ``context["reference"]``): the
-        job's newest analysed reference and the telemetry's step time at the arm; None for a reference itself,
-        or when the job has none."""
+        job's newest reference (the one being analysed, else the newest analysed) and the telemetry's step time
+        at the arm; None for a reference itself, or when the job has none."""
         if cap.reason == REFERENCE_REASON:
             return None
         r = self.refs.get(cap.job_id)
-        if r is None or r.latest is None:
+        if r is None:
             return None
-        return {**r.latest.to_json(now), "telemetry_baseline_step_s": cap.step_time_s}
+        info = r.latest
+        pending = self._find(r.in_flight) if r.in_flight else None
+        if pending is not None and pending.state is lc.S.ANALYSING and pending.batch_id:
+            info = reference_info(pending)  # its window is over, its analysis runs: the analyser waits for it
+        if info is None:
+            return None
+        return {**info.to_json(now), "telemetry_baseline_step_s": cap.step_time_s}
 
     def protected(self) -> set[str]:
         """Batch ids retention must keep: the newest analysed reference of each job."""

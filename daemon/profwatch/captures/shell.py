@@ -150,7 +150,8 @@ class CaptureShell:
             slot_busy=lambda job_id: lc.blocking_capture(self._job(job_id).active.values(),
                                                          self._generation(job_id)) is not None,
             open_episodes=lambda job_id: len(self.episodes.book(job_id).open),
-            history=lambda job_id: self._job(job_id).history, topology=self.topology, policy=lambda: self.policy)
+            history=lambda job_id: self._job(job_id).history, topology=self.topology, policy=lambda: self.policy,
+            find=self._find)
 
     def _slot_held_for_episodes(self, job_id: str) -> bool:
         """Whether a capture holds the job's config slot against an episode: a reference never does (an episode's
