@@ -1,6 +1,6 @@
 """The reference capture live (issue 21 item 1 and its live check): a coordinator and a node daemon in threads, a
 real 2-rank gloo PyTorch job over the torch_npu simulator (ascend-sim: rank dirs analysed by the real
-msprof-analyze) whose every rank gets 5x its forward compute from step SLOW_AT. Once the job is steady the
+msprof-analyze) whose every rank gets 10x its forward compute from step SLOW_AT. Once the job is steady the
 coordinator takes its reference capture (reason ``reference``, never alerted on); the job-wide slowdown then opens an
 episode whose verdict carries ``changes`` against that reference, led by ``compute``."""
 
@@ -18,7 +18,7 @@ from tests.integration.live_stack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 JOB = "reference-live"
-SLOW_AT = 500
+SLOW_AT = 700
 
 
 def _events(st: Stack, type_: str) -> list[dict[str, Any]]:
@@ -37,11 +37,12 @@ def test_the_coordinator_takes_a_reference_and_a_job_wide_slowdown_is_compared_w
     root = short_tmp
     (root / "cfg" / JOB).mkdir(parents=True)
     (root / "prof").mkdir()
-    # a shared 2-core box moves these ~50 ms steps by +50-150 % for a while (the coordinator's own msprof-analyze
-    # runs compete with the ranks): the reference accepts a step time within 50 % of the baseline, and a short
-    # cooldown lets the episode such a load burst opens be captured again after the injected slowdown
+    # a shared 2-core box (load average 8-10 measured) moves these ~50 ms steps by +50-160 % for a while (the
+    # coordinator's own msprof-analyze runs compete with the ranks too): only the injected 10x compute (several
+    # times the step) is a regression here (min_effect 2.0), the reference accepts a step time within 50 % of the
+    # baseline, and a short cooldown lets an episode such a burst opened be captured again after the slowdown
     st = Stack(root, ack_timeout_s=600.0, sections={
-        "arming": {"active": 3, "min_arm_gap_s": 5.0, "cooldown_s": 15.0}, "detection": {"min_effect": 1.0, "spike_min_effect": 1.5},
+        "arming": {"active": 3, "min_arm_gap_s": 5.0, "cooldown_s": 15.0}, "detection": {"min_effect": 2.0, "spike_min_effect": 3.0},
         "reference": {"steady_s": 3.0, "active_steps": 3, "step_time_tolerance": 0.5},
         "analysis": {"msprof": {"advisor": False}, "report_html": False}})
     job = None
@@ -51,7 +52,7 @@ def test_the_coordinator_takes_a_reference_and_a_job_wide_slowdown_is_compared_w
         job = launch_job(JobSpec(
             job_id=JOB, world_size=2, node_endpoints=[f"ipc://{root}/n0.sock"],
             profiler_config_path=root / "cfg" / JOB, prof_root=root / "prof", mode="ascend-sim",
-            slow_rank=ALL_RANKS, slowdown=5.0, slow_at_step=SLOW_AT, max_steps=5000, max_seconds=1000,
+            slow_rank=ALL_RANKS, slowdown=10.0, slow_at_step=SLOW_AT, max_steps=5000, max_seconds=1000,
             stop_file=root / "stop", log_dir=root / "logs", extra_env={"PYTHONPATH": python_env()["PYTHONPATH"]}))
         ref = wait_for(lambda: next(iter(_events(st, TYPE_REFERENCE_CAPTURED)), None), 600, 1.0,
                        "the reference capture analysed")
