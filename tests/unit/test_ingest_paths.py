@@ -1,0 +1,197 @@
+"""The coordinator's two ingest paths (issue 26) keep and refuse the same messages, with the same reasons.
+
+``parse_node_message`` tries the fast path (one typed pydantic pass over the whole batch, then the value checks) and
+falls back to the general path (envelope, then the batch split message by message). Each hostile message below is
+put between honest ones and the batch goes through both paths: the same envelope, the same messages kept, the same
+``(reason, detail)`` refusals, and the honest messages always kept.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from profwatch.core.messages import (
+    MAX_CAPTURED_STEPS,
+    MessageRejected,
+    _parse_general,
+    _parse_typed_batch,
+    parse_node_message,
+)
+from rankhook import wire
+
+
+def _step(**kw: Any) -> dict[str, Any]:
+    d = wire.to_dict(wire.StepReport(job_id="j1", rank=1, step=7, step_time_s=0.25, ts_unix_s=1.0))
+    d.update(kw)
+    return d
+
+
+def _hello(**kw: Any) -> dict[str, Any]:
+    d = wire.to_dict(wire.RankHello(job_id="j1", rank=1, local_rank=1, world_size=4, hostname="h", pid=10,
+                                    backend="torch", ts_unix_s=1.0))
+    d.update(kw)
+    return d
+
+
+def _capture(**kw: Any) -> dict[str, Any]:
+    d = wire.to_dict(wire.CaptureEvent(job_id="j1", rank=1, event="completed", ts_unix_s=1.0, capture_id="c1"))
+    d.update(kw)
+    return d
+
+
+def _bye(**kw: Any) -> dict[str, Any]:
+    d = wire.to_dict(wire.RankBye(job_id="j1", rank=1, step=9, ts_unix_s=1.0))
+    d.update(kw)
+    return d
+
+
+HONEST = [json.dumps(_step(rank=r, step=s, stages={"fwd": 0.1} if r % 2 else None, mode="serving" if s % 2 else None,
+                           role="pp1", work=float(s), flags=["eval"] if r == 0 else []),
+                     separators=(",", ":")).encode() for r, s in [(0, 1), (1, 2), (2, 3), (3, 4), (0, 5), (1, 6)]]
+
+
+def _batch(element: bytes | None, node_id: str = "n1", **envelope: Any) -> bytes:
+    head = {"kind": "node_batch", "v": 1, "node_id": node_id, "hostname": "h", "seq": 3, "ts_unix_s": 1.0} | envelope
+    elements = HONEST[:3] + ([element] if element is not None else []) + HONEST[3:]
+    return json.dumps(head)[:-1].encode() + b',"messages":[' + b",".join(elements) + b"]}"
+
+
+def _outcome(result: tuple[Any, list[Any], list[MessageRejected]]) -> tuple[Any, list[Any], list[tuple[str, str]]]:
+    env, good, bad = result
+    return env, good, [(b.reason, b.detail) for b in bad]
+
+
+def _both(data: bytes) -> tuple[Any, Any]:
+    """The outcome of parse_node_message and of the general path alone: a result, or the refusal raised."""
+    out = []
+    for fn in (parse_node_message, lambda d: _parse_general(d, 20_000)):
+        try:
+            out.append(_outcome(fn(data)))
+        except MessageRejected as exc:
+            out.append(("raised", exc.reason, exc.detail))
+    return out[0], out[1]
+
+
+# Messages the types accept and the value rules refuse: the fast path types the whole batch and refuses them itself.
+VALUE_REFUSED = [
+    (_step(rank=-1), "bad_rank"), (_step(rank=1 << 20), "bad_rank"), (_step(rank=2**70), "bad_rank"),
+    (_step(step=-1), "bad_value"), (_step(step=2**62), "bad_value"), (_step(step_time_s=-0.1), "bad_value"),
+    (_step(step_time_s=1e308), "bad_value"), (_step(step_time_s=8 * 86400.0), "bad_value"),
+    (_step(ts_unix_s=1e12), "bad_value"), (_step(ts_unix_s=-1.0), "bad_value"),
+    (_step(stages={"x" * 65: 0.1}), "bad_value"), (_step(stages={"a b": 0.1}), "bad_value"),
+    (_step(stages={"fwd\n": 0.1}), "bad_value"), (_step(stages={"": 0.1}), "bad_value"),
+    (_step(stages={"fwd": -1.0}), "bad_value"), (_step(stages={"fwd": 1e300}), "bad_value"),
+    (_step(stages={f"s{i}": 0.1 for i in range(33)}), "bad_value"), (_step(flags=["x" * 65]), "bad_value"),
+    (_step(flags=["a"] * 65), "bad_value"), (_step(flags=["a\x00"]), "bad_value"), (_step(work=-1.0), "bad_value"),
+    (_step(work=1e16), "bad_value"), (_step(mode=""), "bad_value"), (_step(mode="a b"), "bad_value"),
+    (_step(mode="training\n"), "bad_value"), (_step(role="a" * 65), "bad_value"), (_step(role="\u00e9"), "bad_value"),
+    (_step(job_id="../etc"), "bad_job_id"), (_step(job_id="j1\n"), "bad_job_id"), (_step(job_id=""), "bad_job_id"),
+    (_step(job_id="x" * 129), "bad_job_id"), (_step(v=2), "bad_version"),
+    (_hello(rank=4), "bad_rank"), (_hello(world_size=0, rank=0), "bad_rank"), (_hello(world_size=2**21), "bad_rank"),
+    (_hello(pid=0), "bad_value"), (_hello(pid=2**70), "bad_value"), (_hello(hostname="h\x1b[2J"), "bad_value"),
+    (_hello(hostname="h" * 300), "bad_value"), (_hello(versions={f"k{i}": "v" for i in range(100)}), "bad_value"),
+    (_hello(counters={"sent": -1}), "bad_value"), (_hello(peer_uid=-1), "bad_value"), (_hello(role="a b"), "bad_value"),
+    (_hello(profiler_config_path="/" * 5000), "bad_value"),
+    (_capture(capture_id="c" * 300), "bad_value"), (_capture(detail="d" * 3000), "bad_value"),
+    (_capture(generation=-2), "bad_value"), (_capture(steps=list(range(MAX_CAPTURED_STEPS + 1))), "bad_value"),
+    (_bye(step=-2), "bad_value"), (_bye(ts_unix_s=-5.0), "bad_value"),
+]
+
+
+@pytest.mark.parametrize(("msg", "reason"), VALUE_REFUSED, ids=[f"{m['kind']}-{r}-{i}" for i, (m, r) in
+                                                                 enumerate(VALUE_REFUSED)])
+def test_value_refusals_are_the_same_on_both_paths(msg: dict[str, Any], reason: str) -> None:
+    data = _batch(json.dumps(msg).encode())
+    assert _parse_typed_batch(data) is not None  # the fast path took this batch and refused the message itself
+    fast, general = _both(data)
+    assert fast == general
+    _env, good, bad = fast
+    assert len(good) == len(HONEST) and [r for r, _ in bad] == [reason]
+
+
+# Messages (or raw elements) the types refuse: the fast path declines the batch, the general path refuses them.
+TYPE_REFUSED = [json.dumps(m).encode() for m in (
+    _step(rank="1"), _step(rank=True), _step(rank=1.0), _step(step="7"), _step(step_time_s="0.1"),
+    _step(capturing=1), _step(flags="checkpoint"), _step(stages={"fwd": "0.1"}), _step(work=True), _step(work="5"),
+    _step(mode=5), {k: v for k, v in _step().items() if k != "job_id"}, {k: v for k, v in _step().items() if k != "kind"},
+    _step(kind="teleport"), _hello(backend="cuda-magic"), _capture(event="exploded"), _bye(step=None),
+)] + [
+    b"5", b"[]", b'"x"', b"null",
+    json.dumps(_step()).encode("utf-16"),  # what an old node relayed raw
+    b'{"kind":"step","v":1,"job_id":"j\xff","rank":1,"step":7,"step_time_s":0.1,"ts_unix_s":1}',  # not UTF-8
+    json.dumps(_step(job_id="j\ud800")).encode(),  # a lone surrogate escape
+    json.dumps(_hello(hostname="x\udfff")).encode(),
+    b'{"kind":"step","v":1,"job_id":"j1","rank":1,"step":',  # cut short
+    b'{"kind":"step","v":1,"job_id":"j1","rank":1,"step":7,"step_time_s":0.1,"ts_unix_s":1,"stages":' + b"[" * 5000,
+]
+
+
+@pytest.mark.parametrize("element", TYPE_REFUSED, ids=range(len(TYPE_REFUSED)))
+def test_type_refusals_fall_back_to_the_general_path(element: bytes) -> None:
+    data = _batch(element)
+    assert _parse_typed_batch(data) is None
+    fast, general = _both(data)
+    assert fast == general
+    _env, good, bad = fast
+    assert good == parse_node_message(_batch(None))[1] and bad  # every honest message kept, the hostile one refused
+    assert {r for r, _ in bad} <= {"bad_json", "bad_schema", "bad_encoding", "unknown_kind"}
+
+
+# Elements both paths keep: JSON tokens and spellings the types and value rules accept.
+KEPT_BOTH = [
+    b'{"job_id":"j1","rank":1,"rank":2,"step":7,"step_time_s":0.1,"ts_unix_s":1,"kind":"step","v":1}',  # last wins
+    b'{"job_id":"j1","rank":1,"step":7,"step_time_s":1,"ts_unix_s":1,"kind":"step","v":1,"unknown":[1,{"a":2}]}',
+    b'{ "kind" : "step" , "job_id" : "j1" , "rank" : 1 , "step" : 7 , "step_time_s" : 1e-400 , "ts_unix_s" : 0 }',
+    json.dumps(_hello(hostname="h\u00f4te")).encode(), json.dumps(_hello(hostname="h\u00f4te"), ensure_ascii=False).encode(),
+    json.dumps(_capture(steps=[1, 2, 3])).encode(), json.dumps(_bye()).encode(),
+]
+NON_FINITE = [b"NaN", b"Infinity", b"-Infinity", b"1e309"]
+
+
+@pytest.mark.parametrize("element", KEPT_BOTH + [
+    json.dumps(_step()).encode().replace(b'"work": null', b'"work": ' + t) for t in NON_FINITE] + [
+    json.dumps(_step()).encode().replace(b'"step_time_s": 0.25', b'"step_time_s": ' + t) for t in NON_FINITE], ids=range(len(KEPT_BOTH) + 2 * len(NON_FINITE)))
+def test_unusual_spellings_get_the_same_answer(element: bytes) -> None:
+    fast, general = _both(_batch(element))
+    assert fast == general
+    _env, good, bad = fast
+    if element in KEPT_BOTH:
+        assert len(good) == len(HONEST) + 1 and not bad
+    else:  # NaN, infinities and overflowing numbers are never kept
+        assert len(good) == len(HONEST) and [r for r, _ in bad] in (["bad_value"], ["bad_json"], ["bad_schema"])
+
+
+@pytest.mark.parametrize("envelope", [
+    {"node_id": "../x"}, {"node_id": ""}, {"node_id": "n1\n"}, {"hostname": "h\x1b]0;x\x07"}, {"hostname": "h" * 300},
+    {"seq": -1}, {"seq": "1"}, {"seq": 2**70}, {"ts_unix_s": 1e12}, {"ts_unix_s": "1"}, {"v": 2}, {"kind": "node_heartbeat"},
+    {"extra": {"a": [1, 2]}}, {"hostname": None},
+], ids=range(14))
+def test_hostile_envelopes_get_the_same_answer(envelope: dict[str, Any]) -> None:
+    data = _batch(None, **envelope)
+    fast, general = _both(data)
+    assert fast == general
+    if "extra" not in envelope and "v" not in envelope:  # the envelope's v is not checked (its messages' are)
+        assert fast[0] == "raised"
+
+
+@pytest.mark.parametrize("raw", [b"", b"{}", b"[]", b"garbage", b"[" * 200_000, b'{"kind":"node_batch"}',
+                                 b'{"kind":"node_batch","v":1,"node_id":"n1","hostname":"h","seq":1,"ts_unix_s":1,'
+                                 b'"messages":{"a":1}}', json.dumps({"kind": "node_batch", "v": 1}).encode("utf-16"),
+                                 b"\xef\xbb\xbf" + _batch(None)], ids=range(9))
+def test_unusable_batches_are_refused_alike(raw: bytes) -> None:
+    fast, general = _both(raw)
+    assert fast == general and fast[0] == "raised"
+
+
+def test_the_common_batch_takes_the_fast_path_and_matches_the_general_one() -> None:
+    msgs = [json.dumps(m).encode() for m in (_hello(rank=0), _step(rank=0), _capture(rank=0, steps=[5]), _bye(rank=0))]
+    for data in (_batch(None), _batch(b",".join(msgs))):
+        fast = _parse_typed_batch(data)
+        assert fast is not None
+        assert _outcome(fast) == _outcome(_parse_general(data, 20_000))
+        env, good, bad = fast
+        assert isinstance(env, wire.NodeBatch) and env.messages == [] and not bad
+        assert all(type(m) in (wire.StepReport, wire.RankHello, wire.CaptureEvent, wire.RankBye) for m in good)
