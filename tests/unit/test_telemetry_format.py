@@ -67,3 +67,29 @@ def test_record_refuses_bad_new_fields(field: str, value: object) -> None:
     rec = {"job_id": "j", "rank": 0, "step": 1, "step_time_s": 0.1, "ts_unix_s": 1.0, field: value}
     with pytest.raises(ValidationError):
         TelemetryRecord.model_validate(rec)
+
+
+@pytest.mark.parametrize("value", ["pp1", "a" * 64, "a" * 65, "", "pp1\n", "\u00e9", "a b", "x:y.z-1_2", "a\x00"])
+def test_record_labels_and_node_ids_are_spelled_as_on_the_live_wire(value: str) -> None:
+    from profwatch.core.messages import MessageRejected, parse_node_message, parse_rank_message
+    from rankhook import wire
+
+    def wire_ok(make) -> bool:
+        try:
+            make()
+            return True
+        except MessageRejected:
+            return False
+
+    step = {"job_id": "j", "rank": 0, "step": 1, "step_time_s": 0.1, "ts_unix_s": 1.0}
+    hb = wire.to_dict(wire.NodeHeartbeat(node_id=value, hostname="h", pid=1, ts_unix_s=1.0, started_unix_s=1.0))
+    cases = [("role", wire_ok(lambda: parse_rank_message(json.dumps(step | {"kind": "step", "role": value})))),
+             ("mode", wire_ok(lambda: parse_rank_message(json.dumps(step | {"kind": "step", "mode": value})))),
+             ("node", wire_ok(lambda: parse_node_message(json.dumps(hb).encode())))]
+    for field, accepted_live in cases:
+        try:
+            TelemetryRecord.model_validate(step | {field: value})
+            accepted = True
+        except ValidationError:
+            accepted = False
+        assert accepted == accepted_live, field

@@ -25,13 +25,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from profwatch.core.messages import MAX_STEP, MAX_WORLD_SIZE
+from profwatch.core.messages import LABEL_RE, MAX_STEP, MAX_WORLD_SIZE, NODE_ID_RE
 from rankhook.wire import MAX_WORK
 
 RECORD_KEYS = ("job_id", "rank", "world_size", "step", "step_time_s", "ts_unix_s", "stages", "flags", "capturing",
                "work", "mode", "role", "pid", "node")
-LABEL_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
-"""``mode`` and ``role`` spelling (``profwatch.core.messages.LABEL_RE``)."""
 
 
 class TelemetryRecord(BaseModel):
@@ -49,10 +47,12 @@ class TelemetryRecord(BaseModel):
     flags: tuple[str, ...] = ()
     capturing: bool = False
     work: float | None = Field(None, ge=0, le=MAX_WORK)
-    mode: str | None = Field(None, pattern=LABEL_PATTERN)
-    role: str | None = Field(None, pattern=LABEL_PATTERN)
+    # the live wire's spellings, the compiled patterns themselves (pydantic then matches with Python's re, which
+    # reads their end-of-string anchor)
+    mode: str | None = Field(None, pattern=LABEL_RE)
+    role: str | None = Field(None, pattern=LABEL_RE)
     pid: int | None = Field(None, gt=0, lt=2**32)
-    node: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+    node: str | None = Field(None, pattern=NODE_ID_RE)
 
     @model_validator(mode="after")
     def _check(self) -> TelemetryRecord:
