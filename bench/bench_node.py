@@ -20,7 +20,10 @@ The node keeps up when relayed ~= offered, no drops, and the latency p99 stays n
 that falls behind shows a growing latency). Nothing is asserted. Load processes share the CPUs with the node: the
 load average is printed with each row.
 
-Usage: python bench/bench_node.py [--ranks 8 64] [--rate 200] [--seconds 10]
+``--tree DIR`` runs the node daemon of another checkout (e.g. the main branch, for a before/after pair); the load
+and the stand-in are this one's.
+
+Usage: python bench/bench_node.py [--ranks 8 64] [--rate 200] [--seconds 10] [--tree DIR]
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def bench(n_ranks: int, rate: float, seconds: float, warmup_s: float = 2.0) -> dict[str, float]:
+def bench(n_ranks: int, rate: float, seconds: float, tree: Path = REPO, warmup_s: float = 2.0) -> dict[str, float]:
     tmp = Path(tempfile.mkdtemp(prefix="pwbn", dir="/tmp"))
     port = _port()
     ctx = zmq.Context()
@@ -112,7 +115,7 @@ def bench(n_ranks: int, rate: float, seconds: float, warmup_s: float = 2.0) -> d
     env = dict(os.environ, PROFWATCH_NODE__BIND=ep, PROFWATCH_NODE__COORDINATOR=f"tcp://127.0.0.1:{port}",
                PROFWATCH_NODE__RUNTIME_DIR=str(tmp), PROFWATCH_NODE__NODE_ID="benchnode1",
                PROFWATCH_LOGGING__LEVEL="WARNING",
-               PYTHONPATH=os.pathsep.join([str(REPO / "daemon"), str(REPO)]))
+               PYTHONPATH=os.pathsep.join([str(tree / "daemon"), str(tree)]))
     node = subprocess.Popen([sys.executable, "-m", "profwatch.cli", "node"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     loaders: list[mp.Process] = []
@@ -189,13 +192,14 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--rate", type=float, default=200.0, help="steps per second per rank")
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--tree", type=Path, default=REPO, help="checkout whose node daemon runs (default: this one)")
     a = ap.parse_args()
     print(f"node daemon, {a.rate:g} steps/s per rank, {a.seconds:g} s measured after a warm-up; latency: rank send -> "
-          "batch at the coordinator (includes the 50 ms batching delay)")
+          f"batch at the coordinator (includes the 50 ms batching delay); node daemon of {a.tree.resolve()}")
     print(f"{'ranks':>5} {'offered/s':>9} {'relayed/s':>9} {'node CPU':>8} {'us/rep':>7} {'lat med':>7} {'p99':>7} "
           f"{'max':>7} {'batch/s':>7} {'rep/bat':>7} {'dropped':>7} {'rejected':>8} {'load1':>5}")
     for n in a.ranks:
-        r = bench(n, a.rate, a.seconds)
+        r = bench(n, a.rate, a.seconds, a.tree.resolve())
         print(f"{n:>5} {r['offered_per_s']:>9,.0f} {r['relayed_per_s']:>9,.0f} {r['cpu_frac']:>8.2f} "
               f"{r['cpu_us_per_report']:>7.1f} {r['lat_med_ms']:>7.1f} {r['lat_p99_ms']:>7.1f} {r['lat_max_ms']:>7.1f} "
               f"{r['batches_per_s']:>7.1f} {r['per_batch']:>7.1f} {r['dropped']:>7} {r['rejected']:>8} "

@@ -13,7 +13,7 @@ Units are in the field names: ``_s`` seconds, ``_bytes`` bytes; ``ts_unix_s`` is
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 SCHEMA_VERSION = 1
@@ -325,9 +325,23 @@ def to_dict(msg: Any) -> dict[str, Any]:
     return asdict(msg)
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+"""Field names of each message class, in definition order (filled on first use)."""
+
+
 def encode(msg: Any) -> bytes:
-    """Serialise one message to compact UTF-8 JSON bytes."""
-    return json.dumps(asdict(msg), separators=(",", ":"), allow_nan=False).encode()
+    """Serialise one message to compact UTF-8 JSON bytes, keys in field order (the bytes of
+    ``json.dumps(asdict(msg))``). Raises ``ValueError`` for NaN or infinities.
+
+    The node daemon re-encodes every rank message it relays: a shallow dict of the fields, not ``asdict`` (which
+    deep-copies every value and was half of the node's CPU per report, ``bench/bench_node.py``). The messages hold
+    only JSON values (str, numbers, bools, None, and dicts, lists or tuples of them), so the bytes are the same.
+    """
+    cls = type(msg)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(msg))
+    return json.dumps({n: getattr(msg, n) for n in names}, separators=(",", ":"), allow_nan=False).encode()
 
 
 def frames(msg: Any) -> list[bytes]:

@@ -256,3 +256,27 @@ def test_shown_names_carry_no_control_characters(kw: dict) -> None:
     hb = wire.to_dict(wire.NodeHeartbeat(node_id="n1", hostname="h\x1b[2J", pid=1, ts_unix_s=1.0, started_unix_s=1.0))
     with pytest.raises(MessageRejected):
         parse_node_message(json.dumps(hb).encode())
+
+
+def test_encode_writes_the_bytes_of_asdict_for_every_message_kind() -> None:
+    from dataclasses import asdict
+
+    msgs = [
+        wire.RankHello(job_id="j1", rank=0, local_rank=0, world_size=2, hostname="h\u00f4te", pid=1, backend="none",
+                       ts_unix_s=2.0, versions={"torch": "2.13"}, counters={"sent": 3}, mode="serving", role="pp1"),
+        wire.StepReport(job_id="j1", rank=0, step=3, step_time_s=0.1, ts_unix_s=2.0, stages={"forward": 0.05},
+                        flags=("checkpoint", "eval"), capturing=True, work=512.0),
+        wire.StepReport(job_id="j1", rank=0, step=3, step_time_s=0.1, ts_unix_s=2.0),
+        wire.CaptureEvent(job_id="j1", rank=0, event="completed", ts_unix_s=3.0, capture_id="c1", steps=(5, 6)),
+        wire.RankBye(job_id="j1", rank=0, step=9, ts_unix_s=4.0),
+        wire.NodeHeartbeat(node_id="n1", hostname="h", pid=1, ts_unix_s=1.0, started_unix_s=1.0, counters={"a": 1}),
+        wire.NodeBatch(node_id="n1", hostname="h", seq=1, ts_unix_s=1.0, messages=[_step(), _hello()]),
+        wire.NodeCommand(cmd="write_config", command_id="w1", args={"config": {"a": [1, 2]}}),
+        wire.NodeAck(node_id="n1", command_id="w1", ok=True, result={"mtime_s": 1}),
+        wire.NodeJobIdCollision(node_id="n1", hostname="h", job_id="j1", reason="uid_mismatch", owner_uid=1, uid=2,
+                                rank=0, ts_unix_s=1.0),
+    ]
+    for m in msgs:
+        assert wire.encode(m) == json.dumps(asdict(m), separators=(",", ":"), allow_nan=False).encode()
+    with pytest.raises(ValueError):
+        wire.encode(wire.StepReport(job_id="j1", rank=0, step=1, step_time_s=float("nan"), ts_unix_s=1.0))
