@@ -5,14 +5,17 @@ A load process plays the node daemons of the job: ``--ranks-per-node`` ranks eac
 are 1,024 nodes: within ``limits.max_ranks_per_node`` and ``limits.max_nodes``, so every report takes the accepted
 path, none the refusal path), one DEALER per node (identity ``benchnode<k>``): hellos for every rank, then, step by
 step, one batch per node with its ranks' step reports (~5% noise) as fast as the receiver takes them (blocking
-send, HWM 50 per node). The bare baseline receives the same bytes from the same load on a ROUTER and does only
+send, HWM 50 per node). Each report is the bytes a node daemon relays (``wire.encode`` of a ``StepReport``: every
+field, ``null`` where unset; checked at start), not a shorter spelling that would parse faster. The bare baseline receives the same bytes from the same load on a ROUTER and does only
 ``recv_multipart`` + ``json.loads`` of each batch and counts its messages: no validation, no registry, no
 detection; it is the floor of a Python receiver, not a competitor.
 The coordinator runs as a real ``profwatch coordinator`` subprocess (validation, registry, step windows, detectors).
 Targets (issue 2): >= 100k reports/s on one core, >= 0.5x the bare loop, RSS <= 300 MB at 16k ranks with
 1000-step windows (``--fill`` sends 1000 steps per rank first).
 
-Usage: python bench/bench_ingest.py [--ranks 1024 16384] [--ranks-per-node 16] [--seconds 10] [--fill]
+``--tree DIR`` runs the coordinator of another checkout (e.g. the main branch, for a before/after pair).
+
+Usage: python bench/bench_ingest.py [--ranks 1024 16384] [--ranks-per-node 16] [--seconds 10] [--fill] [--tree DIR]
 """
 
 from __future__ import annotations
@@ -46,6 +49,19 @@ def _nodes(ranks: int, per_node: int) -> list[range]:
     return [range(lo, min(ranks, lo + per_node)) for lo in range(0, ranks, per_node)]
 
 
+def _step_bytes(job: str, rank: int, step: int, step_time_s: float, ts_unix_s: float) -> str:
+    """A step report as a node daemon relays it (the bytes of ``wire.encode``), formatted without building one."""
+    return (f'{{"job_id":"{job}","rank":{rank},"step":{step},"step_time_s":{step_time_s!r},"ts_unix_s":{ts_unix_s!r},'
+            '"stages":null,"flags":[],"capturing":false,"work":null,"mode":null,"role":null,"kind":"step","v":1}')
+
+
+def _check_step_bytes() -> None:
+    from rankhook import wire
+
+    rep = wire.StepReport(job_id="bench", rank=3, step=7, step_time_s=0.1234, ts_unix_s=1764500000.25)
+    assert _step_bytes("bench", 3, 7, 0.1234, 1764500000.25).encode() == wire.encode(rep), "not the node's bytes"
+
+
 def _batches(ranks: int, per_node: int, job: str, start_step: int) -> Iterator[tuple[int, bytes, int]]:
     """Yield ``(node index, node_batch bytes, reports)`` forever: every node's ranks report step s, then s+1, ..."""
     rng = random.Random(1)
@@ -55,9 +71,7 @@ def _batches(ranks: int, per_node: int, job: str, start_step: int) -> Iterator[t
     while True:
         seq += 1
         for k, rs in enumerate(nodes):
-            msgs = ",".join(
-                f'{{"job_id":"{job}","rank":{r},"step":{step},"step_time_s":{0.1 * (1 + 0.05 * rng.gauss(0, 1)):.6f},'
-                f'"ts_unix_s":{time.time():.3f},"kind":"step","v":1}}' for r in rs)
+            msgs = ",".join(_step_bytes(job, r, step, 0.1 * (1 + 0.05 * rng.gauss(0, 1)), time.time()) for r in rs)
             yield k, (f'{{"kind":"node_batch","v":1,"node_id":"benchnode{k}","hostname":"bench{k}","seq":{seq},'
                       f'"ts_unix_s":{time.time():.3f},"messages":[{msgs}]}}').encode(), len(rs)
         step += 1
@@ -141,12 +155,12 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def bench_coordinator(ranks: int, per_node: int, seconds: float, fill: bool) -> dict:
+def bench_coordinator(ranks: int, per_node: int, seconds: float, fill: bool, tree: Path = REPO) -> dict:
     from profwatch.adapters.zmq.control import call
 
     tmp = Path(tempfile.mkdtemp(prefix="pwbi", dir="/tmp"))
     ports = [_port() for _ in range(3)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "daemon"), str(REPO)]), PROFWATCH_COORDINATOR__INGEST_BIND=f"tcp://127.0.0.1:{ports[0]}",
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree / "daemon"), str(tree)]), PROFWATCH_COORDINATOR__INGEST_BIND=f"tcp://127.0.0.1:{ports[0]}",
                PROFWATCH_COORDINATOR__CONTROL_BIND=f"tcp://127.0.0.1:{ports[1]}",
                PROFWATCH_COORDINATOR__PUB_BIND=f"tcp://127.0.0.1:{ports[2]}",
                PROFWATCH_COORDINATOR__STATE_DB=str(tmp / "state.db"), PROFWATCH_COORDINATOR__WORK_DIR=str(tmp / "w"),
@@ -224,11 +238,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--fill", action="store_true", help="fill every rank's 1000-step window before measuring")
     ap.add_argument("--ranks-per-node", type=int, default=RANKS_PER_NODE)
+    ap.add_argument("--tree", type=Path, default=REPO, help="checkout whose coordinator runs (default: this one)")
     a = ap.parse_args()
+    _check_step_bytes()
     print(f"{'ranks':>6} {'nodes':>6} {'coord rep/s':>12} {'bare rep/s':>11} {'ratio':>6} {'coord CPU':>9} "
           f"{'rep/CPU-s':>10} {'RSS MB':>7} {'load1':>5} filled")
     for n in a.ranks:
-        r = bench_coordinator(n, a.ranks_per_node, a.seconds, a.fill)
+        r = bench_coordinator(n, a.ranks_per_node, a.seconds, a.fill, a.tree.resolve())
         b = bench_bare(n, a.ranks_per_node, a.seconds)
         per_cpu = r["reports_per_s"] / r["cpu_frac"] if r["cpu_frac"] else 0.0
         print(f"{n:>6} {len(_nodes(n, a.ranks_per_node)):>6} {r['reports_per_s']:>12,.0f} {b:>11,.0f} "
