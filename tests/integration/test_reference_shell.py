@@ -132,3 +132,31 @@ def test_a_capture_analysed_while_the_reference_is_still_analysed_is_compared_wi
     w.drain(lambda: w.state(later) is CaptureState.ANALYSED and w.state(cid) is CaptureState.ANALYSED)
     (verdict,) = w.of("io.profwatch.suspect_ranks.v1")
     assert verdict["capture_id"] == later and verdict["reference"]["capture_id"] == cid
+
+
+def test_retention_never_offers_the_newest_reference_and_offers_an_older_one(steady) -> None:
+    w = steady()
+    offered: list[list[tuple[str, str, int]]] = []
+    w.shell.steps.scanner.retain = lambda analysed, now: offered.append(list(analysed)) or []  # type: ignore[method-assign]
+    w.shell.steps.watch = w.shell.steps.watch.model_copy(update={"retention_max_bytes": 1})
+    first = _reference_armed(w)
+    w.batches = [_complete_batch(first)]
+    w.now += 6
+    w.shell.tick(w.now)
+    w.drain(lambda: w.state(first) is CaptureState.ANALYSED and bool(offered))
+    assert all(b != f"b-{first}" for _p, b, _w in offered[-1])  # the job's only reference: kept
+    # a newer reference (past max_age_s) makes the first an ordinary analysed capture for retention
+    w.shell.references.s = w.settings.model_copy(update={"reference": w.settings.reference.model_copy(
+        update={"max_age_s": 1.0})})
+    w.now += 2
+    w.shell.tick(w.now)
+    (second,) = [c.capture_id for c in w.store.captures("j1") if c.reason == "reference" and c.capture_id != first]
+    w.drain(lambda: w.state(second) is CaptureState.WRITTEN)
+    w.batches = [_complete_batch(second)]
+    w.now += 6
+    w.shell.tick(w.now)
+    n = len(offered)
+    w.drain(lambda: w.state(second) is CaptureState.ANALYSED and len(offered) > n)
+    ids = {b for _p, b, _w in offered[-1]}
+    assert f"b-{first}" in ids and f"b-{second}" not in ids
+    assert w.shell.references.protected() == {f"b-{second}"}

@@ -89,6 +89,8 @@ def test_one_reference_per_generation_until_max_age_and_a_retry_wait_after_a_fai
     assert _decide(ref, now + 700) == (False, "fresh")
     assert _decide(ref, now + 600 + 3599) == (False, "fresh")
     assert _decide(ref, now + 600 + 3600) == (True, "take")  # max_age_s: refreshed
+    short = S.model_copy(update={"max_age_s": 60.0})  # shorter than retry_after_s: no retry wait after a success
+    assert _decide(ref, now + 600 + 60, s=short) == (True, "take")
     # a new generation asks for its own, after it has been steady again
     ref.new_generation()
     assert _decide(ref, now + 800, generation=1) == (False, "no_baseline")

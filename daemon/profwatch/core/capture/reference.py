@@ -140,8 +140,10 @@ class JobReference:
         if self.in_flight == capture_id:
             self.in_flight = None
         self.last_outcome = outcome
-        if info is not None and (self.latest is None or info.created_unix_s >= self.latest.created_unix_s):
-            self.latest = info
+        if info is not None:
+            self.last_try_unix_s = None  # the retry wait follows a failure only
+            if self.latest is None or info.created_unix_s >= self.latest.created_unix_s:
+                self.latest = info
 
 
 def decide_reference(settings: ReferenceSettings, ref: JobReference, now_unix_s: float, *, generation: int,
