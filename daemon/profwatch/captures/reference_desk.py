@@ -9,6 +9,7 @@ rebuilds each job's newest analysed reference from them. Runs on the coordinator
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -105,23 +106,30 @@ class ReferenceDesk:
             self._next_run[job_id] = now + RUN_EVERY_S
             r = self.ref(job_id)
             baseline = self.detectors.baseline_step_time_s(job_id)
-            recent = job.median_step_time_s() if now - job.last_heard_unix_s() <= SILENT_S else None
-            r.observe(now, open_episodes=self._open(job_id), baseline_step_s=baseline, recent_step_s=recent,
+            n_open = self._open(job_id)
+            recent = (job.median_step_time_s() if not n_open and baseline is not None
+                      and now - job.last_heard_unix_s() <= SILENT_S else None)  # the median only when it decides
+            r.observe(now, open_episodes=n_open, baseline_step_s=baseline, recent_step_s=recent,
                       tolerance=rs.step_time_tolerance)
             arming = self._policy().settings
-            topo = self._topology(job_id)
-            target = plan_targets((), topo, arming.targeting) if topo is not None and arming.rank_list is None else None
-            rank_list = arming.rank_list if arming.rank_list is not None else (
-                target.rank_list if target is not None else None)
-            covered = len(rank_list) if rank_list is not None else job.world_size
             hist = self._history(job_id)
-            per_rank = hist.bytes_per_rank_step
-            estimate = estimate_capture_bytes(covered, rs.active_steps, per_rank if per_rank is not None
-                                              else arming.targeting.bytes_per_rank_step)
-            state = hist.state(now, capture_in_flight=False)
-            d = decide_reference(rs, r, now, generation=job.generation, act_mode=arming.mode == "act",
-                                 slot_busy=self._slot_busy(job_id), bytes_last_hour=state.bytes_last_hour,
-                                 estimated_bytes=estimate, byte_cap=arming.max_capture_bytes_per_hour)
+            held = hist.state(now, capture_in_flight=False).bytes_last_hour
+
+            decide = functools.partial(decide_reference, rs, r, now, generation=job.generation,
+                                       act_mode=arming.mode == "act", slot_busy=self._slot_busy(job_id),
+                                       bytes_last_hour=held, byte_cap=arming.max_capture_bytes_per_hour)
+            d = decide(estimated_bytes=0)  # the cheap checks first: the ranks to cover are planned only when everything else passes
+            if d.take:
+                topo = self._topology(job_id)
+                target = (plan_targets((), topo, arming.targeting) if topo is not None and arming.rank_list is None
+                          else None)
+                rank_list = arming.rank_list if arming.rank_list is not None else (
+                    target.rank_list if target is not None else None)
+                covered = len(rank_list) if rank_list is not None else job.world_size
+                per_rank = hist.bytes_per_rank_step
+                estimate = estimate_capture_bytes(covered, rs.active_steps, per_rank if per_rank is not None
+                                                  else arming.targeting.bytes_per_rank_step)
+                d = decide(estimated_bytes=estimate)
             self.last[job_id] = (d.reason, d.until_unix_s)
             if not d.take:
                 continue
