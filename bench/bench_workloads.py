@@ -12,7 +12,8 @@ after its onset covers steps after the onset and the changed ranks.
 
 Families: ``plain_burst`` (4 ranks: +25 % job-wide load burst for 60 steps, then one rank 50 % slower),
 ``serving_tp`` (tensor parallel 4, ``--hours`` of healthy traffic, then one rank 30 % slower),
-``serving_dp`` (4 independent replicas, idem, then one replica 30 % slower), ``pipeline`` (8 ranks, the last
+``serving_dp`` (4 independent replicas, idem, then one replica 30 % slower), ``serving_tp_nowork`` /
+``serving_dp_nowork`` (the same traffic without the optional ``work`` field: compared within load bands), ``pipeline`` (8 ranks, the last
 stage's 2 ranks 15 % slower from step 0, later +25 % on a middle-stage rank), ``drift_slow`` (+0.05 %/step, a
 sudden +11 % during it), ``drift_fast`` (+0.3 %/step, a sudden +11 % during it), ``requeue`` (4 ranks, then the
 same job id requeued on other nodes with 2 ranks, one of them 50 % slower), ``moe_slow`` / ``moe_fast`` (the slow
@@ -92,6 +93,12 @@ def families(hours: float, seed: int) -> list[Family]:
                          slow_replica=2, slow_factor=1.3, slow_from_s=dur, seed=seed)
     out.append(Family("serving_dp", lambda: iter_serving_telemetry(dp), [
         Change("replica 2 +30%", dur, (2,), ("step_regression",), None)], dp.step_time_s, dp.t0_unix_s))
+    for tag, base in (("tp", tp), ("dp", dp)):  # the same traffic without the optional `work` field
+        bare = replace(base, job_id=f"serve_{tag}_nowork", with_work=False)
+        ranks, kinds = ((1,), ("rank_outlier",)) if tag == "tp" else ((2,), ("step_regression",))
+        out.append(Family(f"serving_{tag}_nowork", functools.partial(iter_serving_telemetry, bare), [
+            Change(f"{'TP rank 1 +30% forward' if tag == 'tp' else 'replica 2 +30%'} (no work field)", dur, ranks,
+                   kinds, None)], bare.step_time_s, bare.t0_unix_s))
     pp = TelemetryScenario(job_id="pipeline", world_size=8, steps=3000, cv=0.02, step_time_s=0.5, seed=seed,
                            rank_compute_factors=(1, 1, 1, 1, 1, 1, 1.15, 1.15),
                            roles=("pp0", "pp0", "pp1", "pp1", "pp2", "pp2", "pp3", "pp3"),

@@ -473,10 +473,14 @@ def test_observe_mode_counts_would_arms_so_the_cooldown_applies_as_in_act_mode(w
     w.shell.on_anomaly(an, w.now)
     w.now += 10
     w.shell.on_anomaly(an, w.now)
+    w.now += 10
+    grown = Anomaly(kind="step_regression", job_id="j1", step=40, ranks=(), magnitude=0.6)
+    w.shell.on_anomaly(grown, w.now)
     w.now += 900
-    w.shell.on_anomaly(an, w.now)
+    w.shell.on_anomaly(grown, w.now)
     decisions = [(d["action"], d["reason"]) for d in w.of("io.profwatch.arm_decision.v1")]
-    assert decisions == [("would_arm", "observe_mode"), ("suppress", "cooldown"), ("would_arm", "observe_mode")]
+    assert decisions == [("would_arm", "observe_mode"), ("suppress", "captured_unchanged"), ("suppress", "cooldown"),
+                         ("would_arm", "observe_mode")]
     assert w.store.captures("j1") == []
 
 

@@ -55,6 +55,7 @@ def test_rank_outlier_arms_configured_rank_list() -> None:
         (REG, JobArmState(episode_captured_unix_s=NOW - 10), {"cooldown_s": 60}, "cooldown"),
         (REG, JobArmState(last_arm_unix_s=NOW - 10), {"min_arm_gap_s": 60}, "min_arm_gap"),
         (REG, JobArmState(rotating=True), {}, "culprit_rotates"),
+        (REG, JobArmState(episode_unchanged=True, episode_captured_unix_s=NOW - 5000), {}, "captured_unchanged"),
         (REG, JobArmState(), {"max_capture_bytes_per_hour": 10, "rank_list": (0, 1)}, "larger_than_byte_cap"),
         (REG, JobArmState(captures_last_hour=4), {"max_captures_per_hour": 4}, "hourly_cap"),
         (REG, JobArmState(bytes_last_hour=2**30), {"max_capture_bytes_per_hour": 2**30}, "byte_cap"),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from profwatch.core.capture.arming import ArmingPolicy, ArmingSettings
 from profwatch.core.capture.episodes import Episode, JobEpisodes, episode_key, value_key
 from profwatch.core.detection.types import Anomaly
@@ -114,8 +116,10 @@ def test_cooldown_holds_only_the_same_episode_and_the_min_gap_holds_the_job() ->
     assert (other.waiting, other.waiting_until_unix_s) == ("min_arm_gap", T0 + 60)
     assert arm_next(b, p, T0 + 60, "c2", covered=(6,)) is other  # a different episode: no cooldown
     b.capture_ended("c2", T0 + 90, "ok", named=(6,))
+    b.observe(out(150, (1,), mag=0.7), T0 + 150)  # rank 1 got slower: the episode changed
     assert b.next_arm(p, T0 + 200, capture_in_flight=False) is None  # both are repeats within their cooldown
     assert (a.waiting, a.waiting_until_unix_s) == ("cooldown", T0 + 900)
+    assert other.waiting == "captured_unchanged"
     assert arm_next(b, p, T0 + 900, "c3", covered=(1,)) is a  # the same episode again after its cooldown
 
 
@@ -164,6 +168,7 @@ def test_the_same_rank_named_again_is_not_a_rotation() -> None:
     ep, _ = b.observe(out(10, (0,)), T0)
     events = []
     for i, named in enumerate((0, 3, 3)):
+        b.observe(out(10 + i, (0,), mag=0.5 + 0.2 * i), T0 + i)  # grown each time: captured again
         assert arm_next(b, p, T0 + i, f"c{i}") is ep
         events += b.capture_ended(f"c{i}", T0 + i, "ok", named=(named,))
     assert events == [] and ep is not None and ep.rotation == ()
@@ -220,6 +225,7 @@ def test_observe_mode_would_arm_counts_as_captured_for_the_cooldown() -> None:
     b.history.record(picked[1], T0, "would-1")
     b.armed(picked[0].episode_id, "would-1", T0, covered=None, status="would_arm")
     assert ep is not None and ep.in_flight is None and ep.is_repeat
+    b.observe(out(20, (2,), mag=0.8), T0 + 50)
     assert b.next_arm(p, T0 + 100, capture_in_flight=False) is None and ep.waiting == "cooldown"
 
 
@@ -249,3 +255,26 @@ def test_a_new_run_closes_the_episodes_and_starts_a_fresh_budget() -> None:
     assert b.history.last_arm_unix_s is None and b.history.bytes_per_rank_step == 1000.0
     again, _ = b.observe(out(5, (2,)), T0 + 20)  # the new run's slow rank: not held by the old run's arm
     assert arm_next(b, p, T0 + 20, "c2") is again
+
+
+def test_a_captured_episode_that_persists_unchanged_is_not_captured_again_until_it_grows() -> None:
+    """A job-wide regression held open (the job stays slow, e.g. under a drift) was re-captured once per cooldown
+    for as long as it lasted; captured once, it waits until its level grows by recapture_growth."""
+    b, p = book(episode_quiet_steps=20, recapture_growth=0.1)
+    ep, _ = b.observe(Anomaly("step_regression", "j", 100, (), 0.12,
+                              {"pattern": "cusum", "baseline_s": 1.0, "step_time_s": 1.12}), T0)
+    assert ep is not None and arm_next(b, p, T0, "c1") is ep
+    b.capture_ended("c1", T0 + 60, "ok")
+    assert ep.captures[0].level == pytest.approx(0.12)
+    for i, t in enumerate(range(int(T0) + 100, int(T0) + 4 * 3600, 300)):  # four hours, still slow
+        assert b.advance(t, furthest_step=110 + 10 * i, step_time_s=1.2) == []
+        assert b.next_arm(p, t, capture_in_flight=False) is None
+    assert ep.waiting == "captured_unchanged" and ep.waiting_until_unix_s is None
+    t = T0 + 4 * 3600
+    b.observe(Anomaly("step_regression", "j", 700, (), 0.05,  # +5 % more: not grown by 10 % of the reference
+                      {"pattern": "cusum", "baseline_s": 1.12, "step_time_s": 1.18}), t)
+    assert b.next_arm(p, t, capture_in_flight=False) is None and ep.waiting == "captured_unchanged"
+    b.observe(Anomaly("step_regression", "j", 800, (), 0.11,  # another +11 % on top: +32 % in all
+                      {"pattern": "cusum", "baseline_s": 1.18, "step_time_s": 1.32}), t + 10)
+    assert ep.level == pytest.approx(0.32) and arm_next(b, p, t + 10, "c2") is ep
+    assert Episode.from_json(ep.to_json()).captures[-1].level == pytest.approx(0.32)

@@ -123,6 +123,8 @@ WAITS = {
     "capture_in_flight": "a capture of the job in flight (one at a time)",
     "min_arm_gap": "the job's gap between arms (arming.min_arm_gap_s)",
     "cooldown": "its own cooldown (arming.cooldown_s)",
+    "captured_unchanged": "a change: captured already, captured again once it grows by arming.recapture_growth "
+                          "or names new ranks",
     "hourly_cap": "the job's hourly capture cap (arming.max_captures_per_hour)",
     "byte_cap": "the job's hourly byte cap (arming.max_capture_bytes_per_hour)",
     "larger_than_byte_cap": "nothing it can get: its capture is larger than the hourly byte cap",

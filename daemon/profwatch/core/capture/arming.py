@@ -48,7 +48,9 @@ class JobArmState:
     (captured, plus the estimate of captures still in flight; an arm whose verdict was ``no_suspect`` is released);
     ``stalled_ranks`` the ranks the detector currently reports as stalled; ``bytes_per_rank_step``: what one rank
     wrote per recorded step in the job's last capture (None = no capture yet: ``[arming.targeting]
-    bytes_per_rank_step`` is the estimate); ``rotating``: the episode's culprit rotates (not captured again).
+    bytes_per_rank_step`` is the estimate); ``rotating``: the episode's culprit rotates (not captured again);
+    ``episode_unchanged``: the episode was captured and has not changed since (no new ranks, its level not grown
+    by ``recapture_growth``: :meth:`~profwatch.core.capture.episode_record.Episode.unchanged_since_capture`).
     """
 
     capture_in_flight: bool = False
@@ -59,6 +61,7 @@ class JobArmState:
     bytes_per_rank_step: float | None = None
     episode_captured_unix_s: float | None = None
     rotating: bool = False
+    episode_unchanged: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +70,8 @@ class ArmDecision:
 
     ``action`` is ``arm``, ``would_arm`` (observe mode: everything passed) or ``suppress``; ``reason`` a stable
     snake_case string (``armed``, ``observe_mode``, ``mode_off``, ``stalled_rank_not_capturable``,
-    ``transient_not_capturable``, ``kind_not_armed``, ``below_min_magnitude``, ``culprit_rotates``, ``cooldown``,
+    ``transient_not_capturable``, ``kind_not_armed``, ``below_min_magnitude``, ``culprit_rotates``,
+    ``captured_unchanged``, ``cooldown``,
     ``stalled_rank_in_capture``, ``larger_than_byte_cap``, then the job-wide holds ``capture_in_flight``,
     ``min_arm_gap``, ``hourly_cap``, ``byte_cap``: :data:`JOB_HOLDS`). ``warmup``/``active``/``rank_list``
     are the window to arm (``rank_list`` None = all ranks); ``capture_reason`` a short human text stamped into
@@ -108,7 +112,9 @@ class ArmingPolicy:
         never reaches a future ``start_step``, so its batch could never complete); a transient spike ->
         ``transient_not_capturable`` (it was over before any capture could start); kind not in ``arm_on`` ->
         ``kind_not_armed``; magnitude below ``min_magnitude``; ``culprit_rotates`` (its captures named another rank
-        each time: load imbalance, not a slow rank); ``cooldown_s`` since the last capture of *this* episode; a
+        each time: load imbalance, not a slow rank); ``captured_unchanged`` (captured already and unchanged since:
+        a capture of the same state again would show nothing new, however long it lasts); ``cooldown_s`` since the
+        last capture of *this* episode (once it changed: grown by ``recapture_growth``; new ranks count as new); a
         capture that would include a currently stalled rank -> ``stalled_rank_in_capture``; an estimate larger than
         the byte cap itself -> ``larger_than_byte_cap``. Then the job's (:data:`JOB_HOLDS`): one capture per job at
         a time (``capture_in_flight``, until analysed); ``min_arm_gap_s`` since the job's last arm of any episode;
@@ -160,6 +166,8 @@ class ArmingPolicy:
             return out("suppress", "below_min_magnitude")
         if st.rotating:
             return out("suppress", "culprit_rotates")
+        if st.episode_unchanged:
+            return out("suppress", "captured_unchanged")
         if st.episode_captured_unix_s is not None and now_unix_s - st.episode_captured_unix_s < s.cooldown_s:
             return out("suppress", "cooldown")
         if st.stalled_ranks and (rank_list is None or st.stalled_ranks.intersection(rank_list)):
@@ -242,13 +250,13 @@ class ArmHistory:
 
     def state(self, now_unix_s: float, *, capture_in_flight: bool,
               stalled_ranks: frozenset[int] = frozenset(), episode_captured_unix_s: float | None = None,
-              rotating: bool = False) -> JobArmState:
+              rotating: bool = False, episode_unchanged: bool = False) -> JobArmState:
         """Return the :class:`JobArmState` at ``now_unix_s`` (drops entries older than one hour; estimates of
         captures still in flight count whatever their age)."""
         self._prune(now_unix_s)
         held = sum(b for _, b in self._bytes) + sum(b for _, b in self._reserved.values())
         return JobArmState(capture_in_flight, self.last_arm_unix_s, len(self._arms), held, stalled_ranks,
-                           self.bytes_per_rank_step, episode_captured_unix_s, rotating)
+                           self.bytes_per_rank_step, episode_captured_unix_s, rotating, episode_unchanged)
 
     def hold_until(self, reason: str, now_unix_s: float, settings: ArmingSettings, *,
                    episode_captured_unix_s: float | None = None, estimated_bytes: int = 0) -> float | None:
@@ -273,12 +281,14 @@ class ArmHistory:
 
     def decide(self, policy: ArmingPolicy, anomaly: Anomaly, now_unix_s: float, *, capture_in_flight: bool,
                stalled_ranks: frozenset[int] = frozenset(), topology: JobTopology | None = None,
-               episode_captured_unix_s: float | None = None, rotating: bool = False) -> ArmDecision:
+               episode_captured_unix_s: float | None = None, rotating: bool = False,
+               episode_unchanged: bool = False) -> ArmDecision:
         """``policy.decide`` on this history's state (nothing is recorded: call :meth:`record` after planning)."""
         return policy.decide(anomaly, self.state(now_unix_s, capture_in_flight=capture_in_flight,
                                                  stalled_ranks=stalled_ranks,
                                                  episode_captured_unix_s=episode_captured_unix_s,
-                                                 rotating=rotating), now_unix_s, topology)
+                                                 rotating=rotating, episode_unchanged=episode_unchanged),
+                             now_unix_s, topology)
 
 
 def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: int, step_time_s: float | None,

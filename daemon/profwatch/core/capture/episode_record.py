@@ -55,7 +55,8 @@ class EpisodeCapture:
     """One capture that covers an episode. ``own``: armed for this episode (else another episode's capture covered
     it); ``ranks``: the episode's ranks at the arm; ``status``: None while in flight, then the verdict status
     (``ok``, ``no_suspect``, ``partial``, ``weak``) or how it ended (``failed``, ``cancelled``, ``would_arm``...);
-    ``named``: the ranks the verdict names, most suspect first."""
+    ``named``: the ranks the verdict names, most suspect first; ``level``: the episode's :attr:`Episode.level` at
+    the arm (relative; None in rows stored before it was recorded)."""
 
     capture_id: str
     armed_unix_s: float
@@ -63,15 +64,19 @@ class EpisodeCapture:
     own: bool = True
     status: str | None = None
     named: tuple[int, ...] = ()
+    level: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"capture_id": self.capture_id, "armed_unix_s": self.armed_unix_s, "ranks": list(self.ranks),
-                "own": self.own, "status": self.status, "named": list(self.named)}
+                "own": self.own, "status": self.status, "named": list(self.named),
+                "level": round(self.level, 6) if self.level is not None else None}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EpisodeCapture:
+        level = d.get("level")
         return cls(str(d["capture_id"]), float(d["armed_unix_s"]), tuple(int(r) for r in d.get("ranks") or ()),
-                   bool(d.get("own", True)), d.get("status"), tuple(int(r) for r in d.get("named") or ()))
+                   bool(d.get("own", True)), d.get("status"), tuple(int(r) for r in d.get("named") or ()),
+                   float(level) if level is not None else None)
 
 
 @dataclass(slots=True)
@@ -130,6 +135,27 @@ class Episode:
             return None
         times = [c.armed_unix_s for c in self.captures if c.status is None or c.status in CAPTURED]
         return max(times) if times else None
+
+    @property
+    def level(self) -> float:
+        """How far it is from normal now (relative): for a job-wide finding with a reference step time
+        (``reference_s``) whose latest report gives the step time it reached (``detail.step_time_s``),
+        ``step_time_s / reference_s - 1`` (so a second change on top of the first adds to it); else its latest
+        magnitude (a rank's excess over its peers, a drift's total since its reference)."""
+        reached = self.detail.get("step_time_s")
+        if not self.ranks and self.reference_s and isinstance(reached, (int, float)) and reached > 0:
+            return float(reached) / self.reference_s - 1.0
+        return self.magnitude
+
+    def unchanged_since_capture(self, growth: float) -> bool:
+        """True when it was captured (:attr:`captured_unix_s`) and has not changed since: no new ranks and its
+        :attr:`level` below the level at its last capture plus ``growth`` (relative, ``[arming]
+        recapture_growth``). A capture stored without a level counts as level 0."""
+        if self.captured_unix_s is None:
+            return False
+        done = [c for c in self.captures if c.status is None or c.status in CAPTURED]
+        last = max(done, key=lambda c: c.armed_unix_s)
+        return self.level < (last.level or 0.0) + growth
 
     @property
     def is_repeat(self) -> bool:

@@ -78,7 +78,10 @@ class JobEpisodes:
         :data:`STANDING_KINDS` close only with :meth:`close_all` (job end, new generation).
 
         Budget (:meth:`next_arm`): the open episodes that want a capture (none of their own in flight, not
-        rotating) are decided in :func:`value_key` order; the first that passes is armed. An episode held by its
+        rotating) are decided in :func:`value_key` order; the first that passes is armed. An episode captured
+        already is not captured again while it lasts unchanged (``captured_unchanged``); once its level grew by
+        ``recapture_growth`` since its last capture it is captured again after its cooldown, and at once when it
+        names new ranks. An episode held by its
         own reason (cooldown, not armable) lets the next one go; a hold of the job (:data:`JOB_HOLDS`: capture in
         flight, min gap, hourly or byte cap) holds every episode after it too, which then wait "behind" it. Each
         waiting episode keeps its reason and, where time ends it, until when (``status`` shows both). Nothing is
@@ -154,7 +157,7 @@ class JobEpisodes:
             onset = onset if isinstance(onset, int) else anomaly.step
             for cid, (start, covered) in self._flight.items():  # a capture in flight whose window follows the onset
                 if start is not None and start > onset and (covered is None or (ranks and set(ranks) <= covered)):
-                    self._add_capture(ep, EpisodeCapture(cid, now_unix_s, ranks, False))
+                    self._add_capture(ep, EpisodeCapture(cid, now_unix_s, ranks, False, level=ep.level))
                     break
             out.append(self._event(TYPE_EPISODE_OPENED, ep, "", detail=detail))
             return ep, out
@@ -247,7 +250,8 @@ class JobEpisodes:
                 continue
             d = self.history.decide(policy, ep.anomaly(), now_unix_s, capture_in_flight=capture_in_flight,
                                     stalled_ranks=stalled_ranks, topology=topology,
-                                    episode_captured_unix_s=ep.captured_unix_s, rotating=bool(ep.rotation))
+                                    episode_captured_unix_s=ep.captured_unix_s, rotating=bool(ep.rotation),
+                                    episode_unchanged=ep.unchanged_since_capture(self.settings.recapture_growth))
             own = d.action == "suppress" and d.reason not in JOB_HOLDS
             if held_by is not None:
                 if own:
@@ -293,12 +297,13 @@ class JobEpisodes:
         if status is None:
             self._flight[capture_id] = (start_step, frozenset(covered) if covered is not None else None)
         out = [ep]
-        self._add_capture(ep, EpisodeCapture(capture_id, now_unix_s, ep.ranks, True, status))
+        self._add_capture(ep, EpisodeCapture(capture_id, now_unix_s, ep.ranks, True, status, level=ep.level))
         for other in self.open.values():
             if other is ep or other.in_flight is not None or other.is_repeat or other.rotation:
                 continue
             if covered is None or (other.ranks and set(other.ranks) <= set(covered)):
-                self._add_capture(other, EpisodeCapture(capture_id, now_unix_s, other.ranks, False, status))
+                self._add_capture(other, EpisodeCapture(capture_id, now_unix_s, other.ranks, False, status,
+                                                        level=other.level))
                 out.append(other)
         return out
 

@@ -28,8 +28,13 @@ class ArmingSettings(BaseModel):
         "act", description="act: arm captures; observe: decide and report would_arm only; off: suppress everything"
     )
     cooldown_s: float = Field(
-        900.0, ge=0, description="seconds after a capture of an episode before the same episode is captured again "
-                                 "(other episodes are not held by it: see min_arm_gap_s)")
+        900.0, ge=0, description="seconds after a capture of an episode before the same episode, once it changed "
+                                 "(recapture_growth), is captured again (other episodes are not held by it: see "
+                                 "min_arm_gap_s)")
+    recapture_growth: float = Field(
+        0.10, gt=0, description="relative: an episode already captured is captured again only once its level grew "
+                                "this much since its last capture (after cooldown_s), or when it names new ranks "
+                                "(at once); unchanged, it is not captured again while it lasts")
     min_arm_gap_s: float = Field(60.0, ge=0, description="seconds between two arms of one job, whatever episodes")
     max_captures_per_hour: int = Field(4, ge=0, description="arms per job per rolling hour")
     max_capture_bytes_per_hour: int | None = Field(
