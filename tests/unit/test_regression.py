@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from profwatch.core.detection.drift import ramp_evidence
 from profwatch.core.detection.job_detector import DetectionSettings
 from profwatch.core.detection.regression import StepTimeRegressionDetector, cusum_design, cusum_threshold
 from profwatch.core.detection.types import FinalizedStep
@@ -157,3 +158,37 @@ def test_level_change_while_learning_restarts_learning_and_detection_goes_on() -
     assert det.baseline_step_time_s == pytest.approx(1.8, rel=0.05)
     assert [(k, d["pattern"]) for s, k, _, d in found if s >= 300] == [("step_regression", "cusum")]
     assert [k for s, k, _, _ in found if s < 300] == []
+
+
+def test_a_drift_that_starts_mid_job_is_a_drift_not_a_change_point_and_a_sudden_change_during_it_is_found() -> None:
+    """A flat job that starts drifting (+0.3 %/step from step 301) was paged as a run of step_regressions (about 4
+    per run: each fire re-learned a baseline that could not follow the ramp); the change-point test now sees the
+    ramp (``ramp_evidence``) and reports the rise as `drift`; a sudden +11 % later during the drift is still a
+    step_regression within a few steps."""
+    regs, drifts, delays = 0, 0, []
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        x = 0.5 * np.maximum(0.2, 1.0 + 0.02 * rng.standard_normal(1000))
+        x *= 1.0 + 0.003 * np.maximum(0, np.arange(1000) - 300)
+        x[800:] *= 1.11
+        found = feed(x)
+        regs += sum(1 for s, k, _, _ in found if k == "step_regression" and s < 801)
+        drifts += sum(1 for s, k, _, _ in found if k == "drift" and s < 801)
+        after = [s for s, k, _, _ in found if k == "step_regression" and s >= 801]
+        assert after, f"seed {seed}: the sudden change was missed"
+        delays.append(after[0] - 801 + 1)
+    assert regs <= 1, regs
+    assert 10 * 10 <= drifts <= 10 * 16  # +150 % by step 800: at most one report per 10 % grown
+    assert float(np.median(delays)) <= 5, delays
+
+
+def test_ramp_evidence_tells_a_ramp_from_a_step_and_finds_the_knee() -> None:
+    rng = np.random.default_rng(0)
+    noise = 0.02 * rng.standard_normal(100)
+    step = np.where(np.arange(100) >= 96, 0.11, 0.0) + noise  # a sudden change seen for 4 steps
+    gain, _, _ = ramp_evidence(step)
+    assert gain < 0
+    ramp = 0.003 * np.maximum(0, np.arange(100) - 60) + noise  # a drift since value 60
+    gain, knee, slope = ramp_evidence(ramp)
+    assert gain > 12 * 0.02**2 and abs(knee - 60) <= 8 and slope == pytest.approx(0.003, rel=0.3)
+    assert ramp_evidence(np.zeros(5)) == (-math.inf, -1, 0.0)

@@ -26,6 +26,10 @@ STATS_EVERY = 8
 STATS_EVERY_BELOW = 64
 MAX_TREND_BLOCKS = 12
 MIN_TREND_VALUES = 48
+PRIOR_TREND_VALUES = 2 * MIN_TREND_VALUES
+"""A prior trend (:attr:`RobustBaseline.prior_slope`) is assumed only while the window holds fewer values than this
+(then the window's own estimate, or none, is trusted: a slope of 0.05 % per step at 3 % noise is significant from
+about 80 values)."""
 TREND_Z = 3.0
 """A slope is used only when it is this many standard errors from 0 (else the level is taken as flat)."""
 
@@ -125,6 +129,10 @@ class RobustBaseline:
         self._stats: tuple[float, float] | None = None
         self._slope = 0.0
         self._stale = 0
+        self.prior_slope = 0.0
+        """A rising trend (seconds per value) assumed while the window shows none of its own and holds fewer than
+        :data:`PRIOR_TREND_VALUES` values (set after :meth:`clear`, e.g. a drift that goes on after a sudden change
+        was re-learned over); :meth:`clear` forgets it."""
 
     def __len__(self) -> int:
         """Values in the window (the held-back ones not counted)."""
@@ -146,6 +154,7 @@ class RobustBaseline:
         self._stats = None
         self._slope = 0.0
         self._stale = 0
+        self.prior_slope = 0.0
 
     def push(self, x: float) -> None:
         """Add one accepted step time (seconds)."""
@@ -171,7 +180,8 @@ class RobustBaseline:
         Without a trend: the biweight location and scale. With ``trend`` and a slope significant at
         :data:`TREND_Z` standard errors (the least-squares error ``scale / sqrt(n (n^2 - 1) / 12)``): the
         biweight of the detrended values, the location being the level at the newest value of the window;
-        :attr:`slope` holds the slope (seconds per value), else 0."""
+        :attr:`slope` holds the slope (seconds per value), else :attr:`prior_slope` is used the same way while the
+        window is short (0: flat)."""
         if not self._window:
             raise ValueError("empty baseline")
         if self._stats is None:
@@ -187,6 +197,9 @@ class RobustBaseline:
                     se = max(scale, 1e-12) / math.sqrt(n * (n * n - 1) / 12.0)
                     if abs(slope) >= TREND_Z * se:
                         self._stats, self._slope = (loc, scale), slope
+                if self._slope == 0.0 and self.prior_slope > 0.0 and a.size < PRIOR_TREND_VALUES:
+                    pos = np.arange(a.size, dtype=np.float64) - (a.size - 1)
+                    self._stats, self._slope = biweight(a - self.prior_slope * pos), self.prior_slope
         return self._stats
 
     @property

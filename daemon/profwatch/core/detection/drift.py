@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 
 class DriftTracker:
     """The drift of one job's step time since its reference level.
@@ -84,3 +86,44 @@ class DriftTracker:
                     "since_step": self.since_step, "threshold": round(self.reports * self.threshold, 6),
                     "reports": self.reports}
         return None
+
+
+RAMP_MIN_AFTER = 8
+"""Values a ramp needs after its knee: a sudden change seen for a few steps fits a steep ramp from just before
+it as well as a step; a drift has risen for many steps before the change-point test fires."""
+
+
+def ramp_evidence(rel: np.ndarray) -> tuple[float, int, float]:
+    """How much better a ramp than a step explains ``rel`` (1-D, oldest first: relative excess over the baseline's
+    line, e.g. ``x / level - 1``), where the ramp starts and how fast it rises: ``(sse_step - sse_ramp, knee,
+    slope)`` (slope in ``rel`` units per value).
+
+    Step: one level before and another from some index on (the best split). Ramp: a level, then a straight rise
+    from the knee on (``a + b * max(0, i - knee)``, the best knee with at least :data:`RAMP_MIN_AFTER` values
+    after it; only rising ramps, ``b > 0``). Both models have three parameters, so their residual sums of squares
+    compare directly (divide by the noise variance for a log-likelihood ratio times two, Gaussian noise). Returns
+    ``(-inf, -1, 0.0)`` below 8 values or when no rising ramp fits. Cost O(n^2) (n <= a few hundred; run at a fire
+    only)."""
+    y = np.asarray(rel, dtype=np.float64)
+    n = y.size
+    if n < 8:
+        return -math.inf, -1, 0.0
+    c1, c2 = np.cumsum(y), np.cumsum(y * y)
+    left = np.arange(1, n)
+    ss_left = c2[:-1] - c1[:-1] ** 2 / left
+    right = n - left
+    s_r, s2_r = c1[-1] - c1[:-1], c2[-1] - c2[:-1]
+    sse_step = float(np.min(ss_left + s2_r - s_r**2 / right))
+    knees = np.arange(0, n - RAMP_MIN_AFTER)
+    h = np.maximum(0.0, np.arange(n)[None, :] - knees[:, None])  # (knees, n)
+    hc = h - h.mean(axis=1, keepdims=True)
+    yc = y - y.mean()
+    shy = hc @ yc
+    shh = np.einsum("ij,ij->i", hc, hc)
+    ok = (shh > 0) & (shy > 0)
+    if not ok.any():
+        return -math.inf, -1, 0.0
+    safe = np.where(shh > 0, shh, 1.0)
+    sse_ramp = float(yc @ yc) - np.where(ok, shy**2 / safe, -np.inf)
+    best = int(np.argmin(sse_ramp))
+    return sse_step - float(sse_ramp[best]), int(knees[best]), float(shy[best] / safe[best])

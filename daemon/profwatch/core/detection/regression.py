@@ -5,11 +5,14 @@ with spikes held out (pure; implements the ``StepDetector`` Protocol of ``daemon
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from profwatch.core.detection.baseline import RobustBaseline
-from profwatch.core.detection.drift import DriftTracker
+from profwatch.core.detection.drift import DriftTracker, ramp_evidence
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.spikes import SpikeEpisode, SpikeFilter
 from profwatch.core.detection.types import Anomaly, FinalizedStep
@@ -27,6 +30,16 @@ MAX_SLOWEST_RANKS = 16
 
 TREND_EXPLAINS = 0.75
 """A rise of the baseline is a drift when its trend explains at least this fraction of it."""
+RAMP_WINDOW = 128
+"""Newest accepted values (since the last re-learn) a fire is checked against for a ramp."""
+RAMP_EVIDENCE = 12.0
+"""A fire is the onset of a drift when a ramp explains the newest values better than a step by this much
+(residual sums of squares in noise variances: a log-likelihood ratio of 6, Gaussian noise)."""
+RAMP_DEFER = 0.0
+"""A fire waits for more steps while a ramp explains the newest values better than a step by more than this (and
+less than :data:`RAMP_EVIDENCE`): neither is clear yet."""
+RAMP_MAX_DEFER = 32
+"""Steps a fire waits at most for a ramp or a step to become clear (then it fires)."""
 SIEGMUND_RHO = 0.583
 """Expected overshoot of a Gaussian random walk over a boundary, in sigmas: Siegmund's correction is 2 * 0.583."""
 
@@ -134,7 +147,9 @@ class StepTimeRegressionDetector:
         self._steps_per_value = 1
         self.spikes = SpikeFilter(settings)
         self.counters = {"regressions": 0, "spike_events": 0, "spikes_not_reported": 0, "speedups": 0, "held": 0,
-                         "relearn_while_learning": 0, "drift_reports": 0}
+                         "relearn_while_learning": 0, "drift_reports": 0, "drift_onsets": 0}
+        self._recent: deque[float] = deque(maxlen=RAMP_WINDOW)
+        self._ramp_step: int | None = None
         self._learn_rejected = 0
         self._last_job_step_s: float | None = None
         self._design_key: tuple[float, float, float] | None = None
@@ -169,6 +184,9 @@ class StepTimeRegressionDetector:
 
     def _relearn(self) -> None:
         self._base.clear()
+        self._recent.clear()
+        self._ramp_step = None
+        self._trending = False
         self._s_hi = self._s_lo = 0.0
         self._run_reset()
         self.spikes.reset_episode()
@@ -178,6 +196,7 @@ class StepTimeRegressionDetector:
         self._run_n = 0
         self._run_sum = 0.0
         self._run_slowest: set[int] = set()
+        self._deferred = 0
 
     def on_step(self, step: FinalizedStep) -> list[Anomaly]:
         """Consume one finalised step (excluded steps only advance the periodic bookkeeping)."""
@@ -193,6 +212,10 @@ class StepTimeRegressionDetector:
             self._learn(step.step, x)
             return []
         mu, noise = self._noise()
+        if (self._base.slope != 0.0) != self._trending:  # the baseline's line now follows a trend (or no more):
+            self._trending = self._base.slope != 0.0       # what S+ and S- summed was measured against another line
+            self._s_hi = self._s_lo = 0.0
+            self._run_reset()
         rel = x / mu - 1.0
         z = rel / noise
         out: list[Anomaly] = []
@@ -246,6 +269,7 @@ class StepTimeRegressionDetector:
                 self._base.clear()
         self._learn_rejected = 0
         self._base.push(x)
+        self._recent.append(x)
         if len(self._base) >= self.settings.min_baseline_steps and self.drift.reference_s is None:
             self.drift.learned(self._noise()[0], step)
 
@@ -285,13 +309,21 @@ class StepTimeRegressionDetector:
         else:
             self._run_reset()
         self._base.push(x)
+        self._recent.append(x)
         if self._s_hi > h * (1.0 + 1e-9):
             mean = self._run_sum / self._run_n
             if mean + EFFECT_Z * noise / math.sqrt(self._run_n) >= s.min_effect:
-                detail = {"pattern": "cusum", "first_step": self._run_start, "baseline_s": mu, "noise": noise,
-                          "step_time_s": mu * (1.0 + mean), "cusum": self._s_hi, "threshold": h,
-                          "steps": self._run_n, "slowest_ranks": sorted(self._run_slowest)}
-                return self._fire(fs.step, mean, detail)
+                shape = self._shape(fs.step, mu, noise) if s.drift_detection else "step"
+                if shape == "ramp":
+                    return None
+                if shape == "step":
+                    detail = {"pattern": "cusum", "first_step": self._run_start, "baseline_s": mu, "noise": noise,
+                              "step_time_s": mu * (1.0 + mean), "cusum": self._s_hi, "threshold": h,
+                              "steps": self._run_n, "slowest_ranks": sorted(self._run_slowest)}
+                    if self._deferred:
+                        detail["deferred_steps"] = self._deferred
+                    return self._fire(fs.step, mean, detail)
+                self._deferred += 1
             self._s_hi = h
         if self._s_lo > h * (1.0 + 1e-9):
             self.counters["speedups"] += 1
@@ -299,6 +331,37 @@ class StepTimeRegressionDetector:
             self._relearn()
             return None
         return self._drift(fs.step)
+
+    def _shape(self, step: int, mu: float, noise: float) -> str:
+        """At a fire, what the newest values (relative to the baseline's line) look like: ``"ramp"`` when a ramp
+        explains them better than a step by :data:`RAMP_EVIDENCE` noise variances
+        (:func:`~profwatch.core.detection.drift.ramp_evidence`): the level is drifting, not changing at once; the
+        baseline is re-learned from the ramp's knee on (its trend follows it once it holds enough values), the
+        drift reached so far stays counted, and nothing is reported. ``"wait"`` while a ramp fits better by less
+        than that (at most :data:`RAMP_MAX_DEFER` steps), else ``"step"`` (fire)."""
+        y = np.fromiter(self._recent, dtype=np.float64, count=len(self._recent))
+        if y.size < 8:
+            return "step"
+        line = mu - self._base.slope * np.arange(y.size - 1, -1, -1, dtype=np.float64)
+        if not np.all(line > 0):
+            return "step"
+        gain, knee, rise = ramp_evidence(y / line - 1.0)
+        if gain < RAMP_EVIDENCE * noise * noise:
+            return "wait" if gain > RAMP_DEFER * noise * noise and self._deferred < RAMP_MAX_DEFER else "step"
+        tail = y[knee:].tolist()
+        slope = self._base.slope + rise * mu
+        self._base.clear()
+        self._base.prior_slope = slope
+        self._recent.clear()
+        for v in tail:
+            self._base.push(v)
+            self._recent.append(v)
+        self._s_hi = self._s_lo = 0.0
+        self._run_reset()
+        self.spikes.reset_episode()
+        self._ramp_step = step - (y.size - 1 - knee)
+        self.counters["drift_onsets"] += 1
+        return "ramp"
 
     def _drift(self, step: int) -> Anomaly | None:
         """A rise of the baseline level by another ``drift_threshold``: ``drift`` when it is gradual (the trend
@@ -317,7 +380,8 @@ class StepTimeRegressionDetector:
         since = tracker.last_step if tracker.last_step is not None else step
         before = ref * (1.0 + tracker.reports * tracker.threshold)
         per_step = self._base.slope / self._steps_per_value
-        gradual = per_step * (step - since) >= TREND_EXPLAINS * (mu - before) or step - since >= s.baseline_steps // 2
+        gradual = (per_step * (step - since) >= TREND_EXPLAINS * (mu - before) or step - since >= s.baseline_steps // 2
+                   or self._ramp_step is not None)
         if not gradual and mu / before - 1.0 >= s.min_effect:
             tracker.rebase(mu, step)
             level: dict[str, Any] = {"pattern": "baseline", "first_step": since, "baseline_s": before,
@@ -337,5 +401,7 @@ class StepTimeRegressionDetector:
     def _fire(self, step: int, magnitude: float, detail: dict[str, Any]) -> Anomaly:
         self.counters["regressions"] += 1
         self._suspend_drift()
+        trend = self._base.slope if self.settings.drift_detection else 0.0
         self._relearn()
+        self._base.prior_slope = trend  # a drift goes on after a sudden change: the new level follows it
         return Anomaly("step_regression", self.job_id, step, (), magnitude, detail)
