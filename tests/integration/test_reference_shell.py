@@ -160,3 +160,32 @@ def test_retention_never_offers_the_newest_reference_and_offers_an_older_one(ste
     ids = {b for _p, b, _w in offered[-1]}
     assert f"b-{first}" in ids and f"b-{second}" not in ids
     assert w.shell.references.protected() == {f"b-{second}"}
+
+
+def test_a_restarted_shell_keeps_the_reference_out_of_the_hourly_cap_and_hands_it_over(tmp_path: Path) -> None:
+    from profwatch.adapters.store.state import StateStore
+
+    w = World(tmp_path, reference={"steady_s": 10}, arming={"max_captures_per_hour": 1})
+    w.shell.detectors.baseline_step_time_s = lambda job_id: 0.5  # type: ignore[method-assign]
+    cid = _reference_armed(w)
+    w.batches = [_complete_batch(cid)]
+    w.now += 6
+    w.shell.tick(w.now)
+    w.drain(lambda: w.state(cid) is CaptureState.ANALYSED)
+    w.close()
+    w2 = World(tmp_path, store=StateStore(tmp_path / "state.db"), reference={"steady_s": 10},
+               arming={"max_captures_per_hour": 1}, now=w.now + 5)
+    try:
+        (view,) = w2.shell.references.view("j1", w2.now)  # rebuilt from the stored captures (reason reference)
+        assert view["latest"]["capture_id"] == cid and w2.shell.references.protected() == {f"b-{cid}"}
+        assert w2.shell._job("j1").history.state(w2.now, capture_in_flight=False).captures_last_hour == 0
+        later = w2.arm()["capture_id"]  # a later capture is compared with the restored reference
+        w2.drain(lambda: w2.state(later) is CaptureState.WRITTEN)
+        w2.batches = [_complete_batch(later)]
+        w2.now += 6
+        w2.shell.tick(w2.now)
+        w2.drain(lambda: w2.state(later) is CaptureState.ANALYSED)
+        (verdict,) = w2.of("io.profwatch.suspect_ranks.v1")
+        assert verdict["reference"]["capture_id"] == cid
+    finally:
+        w2.close()
