@@ -189,3 +189,21 @@ def test_a_restarted_shell_keeps_the_reference_out_of_the_hourly_cap_and_hands_i
         assert verdict["reference"]["capture_id"] == cid
     finally:
         w2.close()
+
+
+def test_an_anomaly_during_the_reference_window_is_armed_at_once_through_the_episode_queue(steady) -> None:
+    from profwatch.core.detection.job_detector import Anomaly
+
+    w = steady()
+    cid = _reference_armed(w)
+    w.now += 1
+    w.shell.on_anomaly(Anomaly(kind="step_regression", job_id="j1", step=22, ranks=(), magnitude=0.4), w.now)
+    (armed,) = [d for d in w.of("io.profwatch.arm_decision.v1") if d["action"] == "arm"]  # no capture_in_flight
+    assert w.state(cid) is CaptureState.CANCELLED and armed["capture_id"] != cid
+    ref = w.store.get_capture(cid)
+    assert armed["start_step"] >= ref.start_step + ref.warmup + ref.active
+    # the job is no longer steady: no new reference while the episode is open
+    w.now += 700
+    w.shell.tick(w.now)
+    assert [c.capture_id for c in w.store.captures("j1") if c.reason == "reference"] == [cid]
+    assert w.shell.references.view("j1", w.now)[0]["waiting"] == "episode_open"
