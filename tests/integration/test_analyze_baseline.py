@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from profwatch.adapters.outputs.report import render_html
 from tests.conftest import PYTHON, python_env
 
 
@@ -35,6 +36,12 @@ def test_a_job_wide_communication_regression_leads_with_communication(tmp_path: 
     assert cmp["reference"]["path"].endswith("reference") and cmp["impact_accelerator_hours_per_day"] > 0
     report = json.loads(Path(verdict["paths"]["report_json"]).read_text(encoding="utf-8"))
     assert report["comparison"]["headline"] == cmp["headline"] and report["changes"] == changes  # on disk too
+    html = render_html(report, [])  # the report shows reference vs now side by side per component
+    section = html[html.index('id="pw-changes"'):]
+    section = section[:section.index("</section>")]
+    assert cmp["headline"] in section and section.count('class="pw-change') == 1 + len(cmp["components"])
+    changed = [row for row in section.split("<tr")[1:] if 'pw-change changed"' in row]
+    assert any(">communication<" in row for row in changed) and not any(">compute<" in row for row in changed)
     same = _cli("analyze", str(tmp_path / "pair" / "reference"), "--baseline", str(tmp_path / "pair" / "reference"),
                 "--no-advisor", "--no-html", "--json", "--quiet", "--out", str(tmp_path / "same"), cwd=tmp_path)
     (itself,) = [json.loads(line) for line in same.stdout.splitlines() if line.strip()]

@@ -16,6 +16,7 @@ from profwatch.core.verdict.report_view import (
     headline_of,
     loo_medians,
     measure_ranks,
+    parse_comparison,
     parse_impact,
     parse_links,
     shorten_paths,
@@ -123,6 +124,23 @@ def test_optional_contract_keys_parse_or_are_ignored() -> None:
     view = build_view({"status": "ok", "suspects": [{"rank": "x"}, "junk", {"rank": 3, "score": "high"},
                                                     {"rank": 4, "score": 0.8}]}, [])
     assert [(s.position, s.rank) for s in view.suspects] == [(1, 4)]
+    for bad in (None, [], "x", 3):
+        assert parse_comparison(bad) is None
+    cmp = parse_comparison({"headline": "+8.0 ms/step", "step_time_baseline_s": 0.1, "step_time_now_s": 0.108,
+                            "step_delta_s": 0.008, "step_time_changed": True, "ranks_compared": [0, 1, 2],
+                            "ranks_only_now": [3], "reference": {"batch_id": "c-1", "steps": [5, 6, 7]},
+                            "components": [{"component": "communication", "baseline_s_per_step": 0.01,
+                                            "now_s_per_step": 0.018, "delta_s_per_step": 0.008, "share": 1.0,
+                                            "noise_s_per_step": 0.0002}, "junk",
+                                           {"component": "compute", "baseline_s_per_step": "x"}],
+                            "changes": [{"component": "communication", "delta_s_per_step": 0.008},
+                                        {"component": "software", "delta_s_per_step": None,
+                                         "detail": [{"key": "cann", "baseline": "8.0", "now": "8.1"}]}]})
+    assert cmp is not None and cmp.step.delta_ms == pytest.approx(8.0) and cmp.step.changed
+    assert [(r.component, r.changed) for r in cmp.rows] == [("communication", True)]  # junk and unmeasured left out
+    assert cmp.other == [("software", "key cann, baseline 8.0, now 8.1")]
+    assert cmp.reference == "c-1 steps 5-7" and cmp.ranks_text == "3 ranks in both captures; 1 only in this capture: 3"
+    assert build_view({"status": "no_suspect", "comparison": {"headline": "h"}}, []).changes is not None
 
 
 def test_steps_meta_and_mismatch_note() -> None:

@@ -122,6 +122,86 @@ class SlowLink:
     peer_median_gbps: float
 
 
+@dataclass(frozen=True, slots=True)
+class ComponentRow:
+    """One component of the step, reference beside now (milliseconds per step; ``None`` where not measured)."""
+
+    component: str
+    baseline_ms: float | None
+    now_ms: float | None
+    delta_ms: float | None
+    noise_ms: float | None
+    share: float | None
+    changed: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChangesView:
+    """What changed since the reference capture (the verdict's ``comparison``, ``docs/changes.md``), for the report:
+    the step time and each timed component side by side, then software/hardware changes as text."""
+
+    headline: str
+    reference: str
+    step: ComponentRow
+    rows: list[ComponentRow]
+    other: list[tuple[str, str]]
+    ranks_text: str
+    impact_hours_per_day: float | None
+    notes: list[str]
+
+
+def _ms(v: Any) -> float | None:
+    x = _fnum(v)
+    return None if x is None else 1e3 * x
+
+
+def _detail_text(detail: Any) -> str:
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list):
+        parts = []
+        for d in detail[:6]:
+            if isinstance(d, Mapping):
+                parts.append(", ".join(f"{k} {v}" for k, v in d.items() if v not in (None, "")))
+            else:
+                parts.append(str(d))
+        return "; ".join(p for p in parts if p)
+    return ""
+
+
+def parse_comparison(raw: Any) -> ChangesView | None:
+    """The report's view of a verdict's ``comparison`` (``None`` when there is none or it is not a mapping)."""
+    if not isinstance(raw, Mapping):
+        return None
+    changed = {str(c.get("component")) for c in raw.get("changes") or [] if isinstance(c, Mapping)}
+    rows = []
+    for c in raw.get("components") or []:
+        if not isinstance(c, Mapping) or c.get("delta_s_per_step") is None and c.get("now_s_per_step") is None:
+            continue
+        comp = str(c.get("component") or "?")
+        rows.append(ComponentRow(comp, _ms(c.get("baseline_s_per_step")), _ms(c.get("now_s_per_step")),
+                                 _ms(c.get("delta_s_per_step")), _ms(c.get("noise_s_per_step")),
+                                 _fnum(c.get("share")), comp in changed, _detail_text(c.get("detail"))))
+    other = [(str(c.get("component") or "?"), _detail_text(c.get("detail")))
+             for c in raw.get("changes") or [] if isinstance(c, Mapping) and c.get("delta_s_per_step") is None]
+    step = ComponentRow("step time", _ms(raw.get("step_time_baseline_s")), _ms(raw.get("step_time_now_s")),
+                        _ms(raw.get("step_delta_s")), None, None, bool(raw.get("step_time_changed")))
+    ref = _mapping(raw.get("reference"))
+    ref_steps = _int_list(ref.get("steps"))
+    reference = " ".join(x for x in (str(ref.get("batch_id") or ""), f"({str(ref.get('path'))})" if ref.get("path")
+                                     else "", f"steps {step_list_text(ref_steps)}" if ref_steps else "") if x)
+    compared = _int_list(raw.get("ranks_compared"))
+    ranks_text = f"{len(compared)} ranks in both captures" if compared else "no rank in both captures"
+    for key, what in (("ranks_only_now", "only in this capture"), ("ranks_only_baseline", "only in the reference")):
+        only = _int_list(raw.get(key))
+        if only:
+            ranks_text += f"; {len(only)} {what}: {step_list_text(only)}"
+    hours = _fnum(raw.get("impact_accelerator_hours_per_day"))
+    return ChangesView(str(raw.get("headline") or ""), reference or "-", step, rows, other, ranks_text, hours,
+                       [str(n) for n in raw.get("notes") or []])
+
+
 @dataclass(slots=True)
 class ReportView:
     """Everything the report renders for one batch."""
@@ -139,6 +219,7 @@ class ReportView:
     files: list[tuple[str, str]]
     advisor_problems: list[tuple[str, str]]
     notes: list[str] = field(default_factory=list)
+    changes: ChangesView | None = None
 
 
 def loo_medians(values: Sequence[float]) -> list[float | None]:
@@ -410,4 +491,4 @@ def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
     return ReportView(headline=headline_of(status, detail, suspects), suspects=suspects, ranks=ranks, matrix=matrix,
                       colour_limit_ms=limit, median_step_ms=step_ms, impact_total=parse_impact(data.get("impact")),
                       links=parse_links(data.get("links")), meta=meta, recipes=recipes, files=files,
-                      advisor_problems=problems, notes=notes)
+                      advisor_problems=problems, notes=notes, changes=parse_comparison(data.get("comparison")))
