@@ -105,3 +105,21 @@ def test_no_script_or_test_kills_processes_by_name() -> None:
             if KILL_BY_NAME.search(code) and "``" not in line:
                 offenders.append(f"{rel}:{n}: {line.strip()}")
     assert not offenders, "end processes by PID or process group instead:\n" + "\n".join(offenders)
+
+
+TRACKER = re.compile(r"\b[Ii]ssue \d+\b")
+
+
+def test_product_code_and_docs_cite_docs_pages_not_tracker_numbers() -> None:
+    """daemon/, rankhook/, docs/ and README.md say where a rule is written down (a docs/ page), not which tracker
+    item asked for it: the tracker is not shipped (tests/ and bench/ may name the item they measure)."""
+    shipped = [p for p in _tracked_files() if p.startswith(("daemon/", "rankhook/", "docs/")) or p == "README.md"]
+    hits = []
+    for rel in shipped:
+        try:
+            text = (REPO_ROOT / rel).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue
+        hits += [f"{rel}:{n}: {line.strip()[:120]}" for n, line in enumerate(text.splitlines(), start=1)
+                 if TRACKER.search(line)]
+    assert not hits, "cite a docs/ page instead:\n" + "\n".join(hits)

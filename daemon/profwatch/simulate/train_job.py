@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 # Simulated device time: the whole wall time of the compute section. On a loaded host the CPU
                 # time is less than the wall time, and a rank doing 3x the work loses about 3x the wall time to
                 # the scheduler: booked as free time, that loss made an injected compute slowdown read as `host`
-                # (issue 22 item 6). As kernel time it stays with the work that caused it, so the kind is
+                # (docs/verdicts.md, the kinds). As kernel time it stays with the work that caused it, so the kind is
                 # `compute` on an idle and on a loaded box.
                 busy = max(1, c1 - c0)
                 dp_fake.record_segment("compute", c1 - busy, c1, name="aclnnMatMul_MatMulKernel")

@@ -224,6 +224,6 @@ def value_key(ep: Episode) -> tuple[bool, bool, float, float, str]:
     then a named rank before a job-wide finding, then the larger magnitude, then the older.
 
     New before repeat comes first so that a change is captured by the first arm after its onset whatever was
-    captured before it (the goal of issue 20); within new (or within repeat) episodes the order is the issue's:
+    captured before it (docs/detection.md, episodes); within new (or within repeat) episodes the order is:
     named rank, magnitude, age."""
     return (ep.is_repeat, not ep.ranks, -ep.magnitude, ep.opened_unix_s, ep.episode_id)

@@ -1,6 +1,6 @@
 """The coordinator's own healthy reference capture, one per job generation (pure; time passed in, seconds).
 
-Issue 21 item 1: when a job has been steady for a while, the coordinator arms one short capture with reason
+When a job has been steady for a while, the coordinator arms one short capture with reason
 :data:`REFERENCE_REASON`; once analysed it is the job's baseline, and the verdict of every later capture of the job
 carries what changed since it (``daemon/profwatch/core/verdict/changes.py``, ``docs/changes.md``).
 

@@ -7,7 +7,7 @@ work over the captured steps and tests it against the other ranks' spread (``dae
 The two disagree when a slowdown is small against the noise of single collectives (no instance passes the Q-test,
 pooling still sees it), when it is spread over many collectives (each shortened a little), or when one collective's
 outlier is not a consistent excess. A reader who sees a red badge beside "no slow rank found (0 votes)" gets this
-explanation instead of a contradiction (issue 22 item 6).
+explanation instead of a contradiction (docs/verdicts.md).
 """
 
 from __future__ import annotations

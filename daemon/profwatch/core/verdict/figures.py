@@ -1,6 +1,6 @@
 """The invariants every figure of a report keeps (docs/report.md "Figures"), checked on the data (pure).
 
-A report that breaks one claims more than its data show (issue 22 item 5: a real gloo job showed a rank waiting
+A report that breaks one claims more than its data show (docs/report.md: a real gloo job showed a rank waiting
 1,674 ms per step in a 940 ms step with 874 ms of communication), so the report lists every broken invariant in
 its notes instead of drawing it, and the tests check that none is broken on generated and real-torch batches.
 """

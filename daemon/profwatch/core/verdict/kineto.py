@@ -219,7 +219,7 @@ def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50
       collective waits for its last peer, then transfers). The rank the others wait for has the shortest
       collective, so wait ~0. Where msprof-analyze sums over instances, the union keeps ``wait <= communication``
       with concurrent collectives (DDP buckets on several gloo threads: a real gloo job's sum showed 1,674 ms of
-      wait in a 940 ms step, issue 22 item 5); ``transmit`` is at most ``communication - wait``. Durations do not
+      wait in a 940 ms step, docs/report.md); ``transmit`` is at most ``communication - wait``. Durations do not
       depend on clocks.
     """
     notes: list[str] = []

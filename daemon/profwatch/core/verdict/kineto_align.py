@@ -16,7 +16,7 @@ then paired with the reference step it overlaps most (at least half of the short
 collectives with the reference but none of whose collective ends match within that window recorded other steps
 (or its clock is off by more than the window): it is not aligned, with the reason. Only a rank without any
 collective in common with the reference falls back to the armed window: every rank records the same armed steps,
-so its k-th recorded step is the reference's k-th. Hosts whose clocks differ by seconds (issue 22 item 4: 2-30 s
+so its k-th recorded step is the reference's k-th. Hosts whose clocks differ by seconds (2-30 s
 without NTP) are matched by the order of their collectives instead (:func:`sequence_offset`): the same names in
 the same order, every end off by one constant of at least 1 s and twice the capture window (method
 ``collective_sequence``, with a note).

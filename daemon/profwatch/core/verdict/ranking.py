@@ -165,7 +165,7 @@ def _strength(steps: int, settings: RankingSettings, short: bool) -> Strength:
 def find_one_offs(table: SignalTable, tests: Mapping[str, OutlierTest], named: set[int],
                   settings: RankingSettings, collectives_per_step: float | None = None) -> list[dict[str, Any]]:
     """Ranks (not named) whose worst step was left out of their pooled own work and that step alone is a
-    significant excess: a one-off delay, reported with its cost instead of hidden (issue 22 item 2).
+    significant excess: a one-off delay, reported with its cost instead of hidden (docs/verdicts.md).
 
     Returns ``[{"rank", "step", "excess_us", "excess_frac", "z", "cost_us", "cost_pct_of_window", "text"}]``,
     largest cost first. ``excess``: the rank's own work in that step above its peers' median (µs, and fraction of

@@ -119,7 +119,7 @@ def within_sigma(series: Iterable[Sequence[float]]) -> tuple[float, int]:
         these estimates over the series: a series with a one-off spike (a GC pause) shifts only its own estimate.
         This replaces a MAD of deviations from each series' own median, which at 3-4 values per series is 0.4-0.6
         of the true sigma (one deviation of three is exactly 0) even after a ``sqrt(n / (n - 1))`` correction
-        (issue 22 item 1). Source: the chi-square law of the sample variance (Cochran's theorem); the median
+        (docs/verdicts.md). Source: the chi-square law of the sample variance (Cochran's theorem); the median
         across groups is the robust pooling of Rousseeuw & Croux (1993) style scale estimators.
     """
     ests: list[float] = []
@@ -163,7 +163,7 @@ def upper_outliers(values: Mapping[int, float], *, candidate_z: float, sigma_flo
         ``final_sd``: once the candidates are stable, the scale is the sample standard deviation of the
         non-candidates instead of their MAD scale (the candidates, beyond ``candidate_z``, are out already): about
         2.7x as efficient, so at 8 ranks the scale is not inflated now and then by a MAD of 7 values (the max with
-        the floor took every upward miss; issue 22 item 1).
+        the floor took every upward miss; docs/verdicts.md).
     """
     keys = list(values)
     if not keys:

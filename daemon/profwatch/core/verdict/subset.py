@@ -2,7 +2,7 @@
 
 A verdict over a subset compares the captured ranks with one another. When the rank they all wait for was not
 captured, every captured rank waits about the same and nobody stands out: "no suspect" would claim more than the
-data show (issue 22 item 3). Each rank's own data say how long it waited for its peers, wherever they are (HCCL's
+data show (docs/verdicts.md). Each rank's own data say how long it waited for its peers, wherever they are (HCCL's
 Notify-Wait time, ``CommAnalyzerTime.wait_time`` in its ``analysis.db``); msprof-analyze's cluster-level wait is
 relative to the ranks analysed only. The rank that waits least among the captured ones arrives last among them:
 what it still waits is the wait for ranks outside the capture.
