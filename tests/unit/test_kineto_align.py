@@ -148,3 +148,36 @@ def test_below_one_second_a_disjoint_rank_is_not_taken_for_a_skewed_clock():
     for events in (job_events(2, skew_us={1: 300_000.0}), job_events(2, start_step={1: 5})):
         brk, _ = verdict(events)
         assert brk.alignment.methods.get(1) is None and "clock is further off" in brk.alignment.unaligned[1]
+
+
+@pytest.mark.parametrize("skew_ms", [140.0, 300.0, -600.0])
+def test_between_the_window_and_one_second_the_armed_steps_pair_ranks_by_their_collectives(skew_ms: float):
+    """Clocks 140-600 ms apart: beyond the 50 ms window, under 1 s. When both ranks recorded exactly the armed steps
+    (profwatch's arms label them with dp step numbers), the order of their collectives pairs them; without the
+    armed steps they stay unaligned (the next steps would look the same)."""
+    events = job_events(4, work={2: 1.3}, skew_us={2: skew_ms * 1e3})
+    armed = frozenset(range(1, 6))
+    brk = summarize_traces(traces_of(events), armed_labels=armed)
+    al = brk.alignment
+    assert al.unaligned == {} and al.methods[2] == "collective_sequence"
+    assert al.offsets_us[2] == pytest.approx(skew_ms * 1e3, abs=300)
+    assert any("armed steps 1-5" in n for n in brk.notes)
+    assert [s.rank for s in judge_batch(ClusterEvidence(kind="torch_pt", summaries=brk.summaries)).suspects] == [2]
+    assert 2 in summarize_traces(traces_of(events)).alignment.unaligned  # not known to be the armed steps
+
+
+def test_a_rank_that_recorded_the_next_steps_is_not_paired_by_the_armed_steps():
+    """Rank 1 recorded steps 6-10 (its dp step numbers say so) while the capture was armed for 1-5: its collectives
+    look the same in order, but its labels are not the armed ones, so it is not aligned."""
+    brk, _ = verdict(job_events(2, start_step={1: 5}, label0={1: 6}))
+    assert brk.alignment.methods.get(1) is None
+    brk = summarize_traces(traces_of(job_events(2, start_step={1: 5}, label0={1: 6})), armed_labels=frozenset(range(1, 6)))
+    assert brk.alignment.methods.get(1) is None and 1 in brk.alignment.unaligned
+
+
+def test_armed_steps_that_contradict_the_collective_ends_are_said():
+    """80 ms off with ~30 ms steps: the collective ends match at a shift of whole steps; with the armed steps known
+    (the same on both ranks) the contradiction is a note, never silent."""
+    brk = summarize_traces(traces_of(job_events(4, skew_us={2: 80_000.0})), armed_labels=frozenset(range(1, 6)))
+    assert brk.alignment.methods[2] == "collective_ends"
+    assert any(n.startswith("rank 2: both it and rank") and "step counter or its clock" in n for n in brk.notes)

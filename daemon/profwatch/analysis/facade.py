@@ -198,7 +198,7 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
         staged_dirs = {r: str(staged / os.path.basename(os.path.normpath(p))) for r, p in batch.rank_dirs.items()}
         if progress is not None:
             progress("started", KINETO_RECIPE, None)
-        ev = analyze_torch_batch({r: Path(p) for r, p in staged_dirs.items()})
+        ev = analyze_torch_batch({r: Path(p) for r, p in staged_dirs.items()}, armed_steps=result.armed_steps)
         if progress is not None and KINETO_RECIPE in ev.recipes:
             progress("finished", KINETO_RECIPE, ev.recipes[KINETO_RECIPE])
     result.timings_s["tool"] = time.monotonic() - t

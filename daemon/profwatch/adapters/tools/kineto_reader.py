@@ -106,11 +106,13 @@ def read_rank_trace(path: Path, *, rank: int | None = None) -> RankTrace:
     return tr
 
 
-def analyze_torch_batch(rank_dirs: Mapping[int, Path]) -> ClusterEvidence:
+def analyze_torch_batch(rank_dirs: Mapping[int, Path], *, armed_steps: Sequence[int] | None = None) -> ClusterEvidence:
     """Kineto breakdown of one staged torch_pt batch.
 
     Args:
         rank_dirs: rank -> rank dir (one trace per dir; the newest when several).
+        armed_steps: the ``ProfilerStep#`` labels the capture was armed to record, when profwatch armed it (step
+            alignment pairs ranks that recorded exactly those at any clock offset: ``summarize_traces``).
 
     Returns:
         ``ClusterEvidence(kind="torch_pt")`` with summaries, ``unusable_ranks`` (rank -> why: no trace, trace
@@ -152,7 +154,7 @@ def analyze_torch_batch(rank_dirs: Mapping[int, Path]) -> ClusterEvidence:
         ev.recipes[RECIPE] = RecipeStatus(RECIPE, status, "; ".join(f"rank {r}: {w}" for r, w in unusable.items())
                                           or "fewer than 2 readable traces", duration_s=time.monotonic() - t0)
         return ev
-    brk = summarize_traces(traces)
+    brk = summarize_traces(traces, armed_labels=frozenset(armed_steps) if armed_steps else None)
     ev.summaries = brk.summaries
     ev.notes.extend(brk.notes)
     ev.alignment = brk.alignment.to_json()

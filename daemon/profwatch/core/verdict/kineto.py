@@ -186,12 +186,15 @@ def _side(tr: RankTrace) -> tuple[bool, list[tuple[int, float, float]], list[Col
     return device, spans, colls
 
 
-def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50_000.0) -> KinetoBreakdown:
+def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50_000.0,
+                     armed_labels: frozenset[int] | None = None) -> KinetoBreakdown:
     """Per-(rank, step) breakdown of a set of rank traces of one batch.
 
     Args:
         traces: rank -> :class:`RankTrace` (one per rank).
         max_skew_us: largest clock offset between hosts considered when aligning steps.
+        armed_labels: the ``ProfilerStep#`` labels the capture was armed to record, when known
+            (:func:`~profwatch.core.verdict.kineto_align.align_steps`).
 
     Returns:
         :class:`KinetoBreakdown` with one ``RankStepSummary`` per rank and aligned step (the reference rank's
@@ -233,7 +236,7 @@ def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50
     alignment = align_steps(
         {r: spans for r, (_, spans, _) in sides.items()},
         {r: [(c.name, c.ts_us + c.dur_us) for c in colls if c.klass == klass] for r, (_, _, colls) in sides.items()}
-        if klass is not None else {}, max_skew_us=max_skew_us)
+        if klass is not None else {}, max_skew_us=max_skew_us, armed_labels=armed_labels)
     notes += alignment.notes + [f"rank {r}: {why}" for r, why in sorted(alignment.unaligned.items())]
     # instances[step][(name, k)] -> rank -> (start, duration)
     instances: dict[int, dict[tuple[str, int], dict[int, tuple[float, float]]]] = defaultdict(lambda: defaultdict(dict))

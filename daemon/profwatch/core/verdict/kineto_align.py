@@ -19,7 +19,8 @@ collective in common with the reference falls back to the armed window: every ra
 so its k-th recorded step is the reference's k-th. Hosts whose clocks differ by seconds (2-30 s
 without NTP) are matched by the order of their collectives instead (:func:`sequence_offset`): the same names in
 the same order, every end off by one constant of at least 1 s and twice the capture window (method
-``collective_sequence``, with a note).
+``collective_sequence``, with a note); nearer, only when both recorded the armed steps (``armed_labels``: the same
+dp step numbers, which profwatch's arms give every rank), since then "the next steps" is ruled out.
 """
 
 from __future__ import annotations
@@ -162,7 +163,8 @@ def _pair_spans(mine: Sequence[Span], ref: Sequence[Span], offset_us: float) -> 
 
 
 def align_steps(spans: Mapping[int, Sequence[Span]], collectives: Mapping[int, Sequence[tuple[str, float]]], *,
-                max_skew_us: float = 50_000.0, tol_us: float = 200.0) -> Alignment:
+                max_skew_us: float = 50_000.0, tol_us: float = 200.0,
+                armed_labels: frozenset[int] | None = None) -> Alignment:
     """Align every rank's step spans onto a reference rank's (see the module docstring).
 
     Args:
@@ -171,6 +173,10 @@ def align_steps(spans: Mapping[int, Sequence[Span]], collectives: Mapping[int, S
             ``k``-th instance of a name within a trace is named ``name#k`` by the caller or not: only names and
             end times are used).
         max_skew_us: largest clock offset considered (50 ms; at most half the median step is used).
+        armed_labels: the ``ProfilerStep#`` labels the capture was armed to record (profwatch's own arms: dp step
+            numbers, the same on every rank). A rank whose labels and the reference's are the same armed labels
+            recorded the same steps, so the order of their collectives pairs them at any clock offset, also
+            between the skew window and 1 s where "the next steps" would otherwise look the same.
         tol_us: how close two ends must be to count as the same instance: at least 200 µs, up to a quarter of
             the median gap between the reference's collective ends (host collectives on a busy host end
             milliseconds apart), at most a quarter of the skew window.
@@ -213,6 +219,17 @@ def align_steps(spans: Mapping[int, Sequence[Span]], collectives: Mapping[int, S
                 continue
             far = sequence_offset(mine, theirs, tol_us=tol)
             span_ref = have[ref][-1][2] - have[ref][0][1]
+            own = [lab for lab, _, _ in have[r]]
+            same_armed = (armed_labels is not None and own == [lab for lab, _, _ in have[ref]]
+                          and set(own) <= armed_labels)
+            if far is not None and same_armed:
+                mapping = _pair_spans(have[r], have[ref], far)
+                if mapping:
+                    al.offsets_us[r], al.methods[r], al.labels[r] = far, "collective_sequence", mapping
+                    al.notes.append(f"rank {r}: its clock is {far / 1e3:+.1f} ms off rank {ref}'s: both recorded the "
+                                    f"armed steps {own[0]}-{own[-1]} (the same step numbers), paired by the order of "
+                                    "their collectives")
+                    continue
             if far is not None and abs(far) >= max(2.0 * span_ref, FAR_SKEW_US):
                 mapping = _pair_spans(have[r], have[ref], far)
                 if mapping:
@@ -235,6 +252,14 @@ def align_steps(spans: Mapping[int, Sequence[Span]], collectives: Mapping[int, S
                                    f"{offset / 1e3:.1f} ms: it recorded other steps")
                 continue
             al.offsets_us[r], al.methods[r], al.labels[r] = offset, "collective_ends", mapping
+            own = [lab for lab, _, _ in have[r]]
+            if (armed_labels is not None and own == [lab for lab, _, _ in have[ref]] and set(own) <= armed_labels
+                    and any(a != b for a, b in mapping.items())):
+                # periodic collectives: a clock offset near a whole number of steps matches as well as the truth
+                al.notes.append(f"rank {r}: both it and rank {ref} recorded the armed steps {own[0]}-{own[-1]}, but "
+                                f"its collective ends pair its steps with other steps of rank {ref} (a clock offset of "
+                                f"{offset / 1e3:.1f} ms): either its step counter or its clock (by about whole steps) "
+                                "is off; paired by the collective ends")
             if len(mapping) < len(have[r]):
                 al.notes.append(f"rank {r}: {len(have[r]) - len(mapping)} of its {len(have[r])} steps fall outside "
                                 f"rank {ref}'s window")
