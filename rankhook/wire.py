@@ -327,6 +327,8 @@ def to_dict(msg: Any) -> dict[str, Any]:
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 """Field names of each message class, in definition order (filled on first use)."""
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+"""``json.dumps(obj, separators=(",", ":"), allow_nan=False)`` without building an encoder per call."""
 
 
 def encode(msg: Any) -> bytes:
@@ -334,14 +336,15 @@ def encode(msg: Any) -> bytes:
     ``json.dumps(asdict(msg))``). Raises ``ValueError`` for NaN or infinities.
 
     The node daemon re-encodes every rank message it relays: a shallow dict of the fields, not ``asdict`` (which
-    deep-copies every value and was half of the node's CPU per report, ``bench/bench_node.py``). The messages hold
-    only JSON values (str, numbers, bools, None, and dicts, lists or tuples of them), so the bytes are the same.
+    deep-copies every value and was half of the node's CPU per report, ``bench/bench_node.py``), and one encoder for
+    all calls. The messages hold only JSON values (str, numbers, bools, None, and dicts, lists or tuples of them), so
+    the bytes are the same.
     """
     cls = type(msg)
     names = _FIELD_NAMES.get(cls)
     if names is None:
         names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(msg))
-    return json.dumps({n: getattr(msg, n) for n in names}, separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODER.encode({n: getattr(msg, n) for n in names}).encode()
 
 
 def frames(msg: Any) -> list[bytes]:
