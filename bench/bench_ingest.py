@@ -13,7 +13,8 @@ The coordinator runs as a real ``profwatch coordinator`` subprocess (validation,
 Targets (issue 2): >= 100k reports/s on one core, >= 0.5x the bare loop, RSS <= 300 MB at 16k ranks with
 1000-step windows (``--fill`` sends 1000 steps per rank first).
 
-``--tree DIR`` runs the coordinator of another checkout (e.g. the main branch, for a before/after pair).
+``--tree DIR`` runs the coordinator of another checkout (e.g. the main branch, for a before/after pair); it starts
+in a temporary folder, so no checkout's ``rankhook/`` in the working folder shadows the tree's.
 
 Usage: python bench/bench_ingest.py [--ranks 1024 16384] [--ranks-per-node 16] [--seconds 10] [--fill] [--tree DIR]
 """
@@ -165,7 +166,7 @@ def bench_coordinator(ranks: int, per_node: int, seconds: float, fill: bool, tre
                PROFWATCH_COORDINATOR__PUB_BIND=f"tcp://127.0.0.1:{ports[2]}",
                PROFWATCH_COORDINATOR__STATE_DB=str(tmp / "state.db"), PROFWATCH_COORDINATOR__WORK_DIR=str(tmp / "w"),
                PROFWATCH_ARMING__MODE="off", PROFWATCH_LOGGING__LEVEL="WARNING")
-    proc = subprocess.Popen([sys.executable, "-m", "profwatch.cli", "coordinator"], env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "profwatch.cli", "coordinator"], env=env, cwd=tmp, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     ctrl = f"tcp://127.0.0.1:{ports[1]}"
     lp: mp.Process | None = None

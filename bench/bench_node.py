@@ -10,7 +10,8 @@ is sent at once, never skipped, so the achieved rate is printed). Each report's 
 Measured over the steady window (after a warm-up second), per size:
 
 - offered and relayed reports per second (relayed: counted in the batches the stand-in receives);
-- node CPU (user + system of the node process, as a fraction of one core) and CPU microseconds per report;
+- node CPU (user + system of the node process, as a fraction of one core), the share of it in the Python loop
+  (the main thread; the rest is ZeroMQ's I/O threads and the file system worker) and CPU microseconds per report;
 - relay latency, rank send -> batch received by the stand-in coordinator (median, p99, max in ms): it includes the
   node's batching delay (``node.batch_max_delay_s``, 50 ms by default), so ~25 ms median is the design, not a cost;
 - batches per second and reports per batch; the node's own counters from its last heartbeat (``dropped`` and
@@ -21,7 +22,8 @@ that falls behind shows a growing latency). Nothing is asserted. Load processes 
 load average is printed with each row.
 
 ``--tree DIR`` runs the node daemon of another checkout (e.g. the main branch, for a before/after pair); the load
-and the stand-in are this one's.
+and the stand-in are this one's. The daemon starts in a temporary folder: ``python -m`` puts its working folder
+first on ``sys.path``, and a checkout's ``rankhook/`` there would shadow the tree's.
 
 Usage: python bench/bench_node.py [--ranks 8 64] [--rate 200] [--seconds 10] [--tree DIR]
 """
@@ -104,6 +106,13 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+def _cpu(ps: psutil.Process) -> tuple[float, float]:
+    """CPU seconds (user + system) of the whole node process and of its main thread (the Python loop; the rest is
+    ZeroMQ's I/O threads and the node's file system worker)."""
+    main = sum(t.user_time + t.system_time for t in ps.threads() if t.id == ps.pid)
+    return sum(ps.cpu_times()[:2]), main
+
+
 def bench(n_ranks: int, rate: float, seconds: float, tree: Path = REPO, warmup_s: float = 2.0) -> dict[str, float]:
     tmp = Path(tempfile.mkdtemp(prefix="pwbn", dir="/tmp"))
     port = _port()
@@ -116,7 +125,7 @@ def bench(n_ranks: int, rate: float, seconds: float, tree: Path = REPO, warmup_s
                PROFWATCH_NODE__RUNTIME_DIR=str(tmp), PROFWATCH_NODE__NODE_ID="benchnode1",
                PROFWATCH_LOGGING__LEVEL="WARNING",
                PYTHONPATH=os.pathsep.join([str(tree / "daemon"), str(tree)]))
-    node = subprocess.Popen([sys.executable, "-m", "profwatch.cli", "node"], env=env, stdout=subprocess.DEVNULL,
+    node = subprocess.Popen([sys.executable, "-m", "profwatch.cli", "node"], env=env, cwd=tmp, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     loaders: list[mp.Process] = []
     try:
@@ -135,7 +144,8 @@ def bench(n_ranks: int, rate: float, seconds: float, tree: Path = REPO, warmup_s
         lat: list[float] = []
         relayed = batches = 0
         counters: dict[str, int] = {}
-        cpu0 = t0 = None
+        cpu0 = cpu1 = None
+        t0 = t1 = 0.0
         t_measure = t_start + warmup_s
         while time.time() < t_end + 0.5:
             if not coord.poll(100):
@@ -150,22 +160,28 @@ def bench(n_ranks: int, rate: float, seconds: float, tree: Path = REPO, warmup_s
             if doc.get("kind") != "node_batch":
                 continue
             if cpu0 is None and now >= t_measure:
-                cpu0, t0 = sum(ps.cpu_times()[:2]), now
-            if cpu0 is None or now > t_end:
+                cpu0, t0 = _cpu(ps), now
+            if cpu0 is not None and cpu1 is None and now > t_end:
+                cpu1, t1 = _cpu(ps), now  # the first batch after the load stopped: the window ends here
+            if cpu0 is None or cpu1 is not None:
                 continue
             steps = [m for m in doc["messages"] if m.get("kind") == "step"]
             batches += 1
             relayed += len(steps)
             lat.extend(now - m["ts_unix_s"] for m in steps)
-        cpu1, t1 = sum(ps.cpu_times()[:2]), time.time() - 0.5
+        if cpu0 is None:
+            cpu0, t0 = _cpu(ps), time.time()
+        if cpu1 is None:
+            cpu1, t1 = _cpu(ps), time.time()
         sent = sum(q.get(timeout=30) for _ in loaders)
         for p in loaders:
             p.join(10)
-        window = max(1e-9, t1 - (t0 or t1))
+        window = max(1e-9, t1 - t0)
         lat.sort()
-        cpu_frac = (cpu1 - (cpu0 or cpu1)) / window
+        cpu_frac = (cpu1[0] - cpu0[0]) / window
         return {"ranks": n_ranks, "offered_per_s": sent / (warmup_s + seconds), "relayed_per_s": relayed / window,
                 "cpu_frac": cpu_frac, "cpu_us_per_report": cpu_frac * 1e6 / max(1.0, relayed / window),
+                "py_frac": (cpu1[1] - cpu0[1]) / window,
                 "lat_med_ms": 1e3 * statistics.median(lat) if lat else float("nan"),
                 "lat_p99_ms": 1e3 * lat[int(0.99 * (len(lat) - 1))] if lat else float("nan"),
                 "lat_max_ms": 1e3 * lat[-1] if lat else float("nan"),
@@ -196,11 +212,11 @@ def main() -> None:
     a = ap.parse_args()
     print(f"node daemon, {a.rate:g} steps/s per rank, {a.seconds:g} s measured after a warm-up; latency: rank send -> "
           f"batch at the coordinator (includes the 50 ms batching delay); node daemon of {a.tree.resolve()}")
-    print(f"{'ranks':>5} {'offered/s':>9} {'relayed/s':>9} {'node CPU':>8} {'us/rep':>7} {'lat med':>7} {'p99':>7} "
+    print(f"{'ranks':>5} {'offered/s':>9} {'relayed/s':>9} {'node CPU':>8} {'py loop':>7} {'us/rep':>7} {'lat med':>7} {'p99':>7} "
           f"{'max':>7} {'batch/s':>7} {'rep/bat':>7} {'dropped':>7} {'rejected':>8} {'load1':>5}")
     for n in a.ranks:
         r = bench(n, a.rate, a.seconds, a.tree.resolve())
-        print(f"{n:>5} {r['offered_per_s']:>9,.0f} {r['relayed_per_s']:>9,.0f} {r['cpu_frac']:>8.2f} "
+        print(f"{n:>5} {r['offered_per_s']:>9,.0f} {r['relayed_per_s']:>9,.0f} {r['cpu_frac']:>8.2f} {r['py_frac']:>7.2f} "
               f"{r['cpu_us_per_report']:>7.1f} {r['lat_med_ms']:>7.1f} {r['lat_p99_ms']:>7.1f} {r['lat_max_ms']:>7.1f} "
               f"{r['batches_per_s']:>7.1f} {r['per_batch']:>7.1f} {r['dropped']:>7} {r['rejected']:>8} "
               f"{r['load1']:>5.2f}")
