@@ -24,11 +24,23 @@ BAND_WINDOW = 128
 BAND_LAG = 32
 """The newest values of a band enter its reference only this late (a change cannot hide in it at once)."""
 BAND_MIN = 8
+LOAD_BAND_WINDOW = 32
+LOAD_BAND_LAG = 8
+"""Without ``work``, a load band's reference is the rolling median of its last :data:`LOAD_BAND_WINDOW` blocks, the
+newest :data:`LOAD_BAND_LAG` held back: the iteration time follows the batch size, which follows the load within a
+band too, so the reference must be recent (blocks of 16 steps: 128 to 640 steps back); a lasting change of a few
+blocks is still judged before it enters it."""
+LOAD_BAND_STALE = 64
+"""Without ``work``, a load band not used for this many of the unit's blocks is learned afresh when it is entered
+again (its reference was the load of another hour)."""
 """Values a band needs before its steps are judged."""
 MAX_BANDS = 128
 BLOCK_STEPS_WITHOUT_WORK = 16
-LOAD_WINDOW_STEPS = 64
-"""Steps over which the busy fraction (the load band without ``work``) is measured."""
+LOAD_WINDOW_S = 600.0
+"""Seconds (of the unit's own step and idle time) over which the busy fraction, the load band without ``work``,
+is measured: several bursts and idle gaps, so one idle gap does not move a step to another band (over the last 64
+steps it did: the steps right after each gap fell in a band whose reference was hours old, about 0.5 false
+pages an hour of healthy traffic)."""
 
 
 def is_idle_gap(step_time_s: float, usual_step_s: float | None, settings: DetectionSettings) -> bool:
@@ -46,12 +58,14 @@ def _median(xs: list[float]) -> float:
 
 
 class _Band:
-    __slots__ = ("held", "ref", "values")
+    __slots__ = ("held", "lag", "last", "ref", "values")
 
-    def __init__(self) -> None:
-        self.values: deque[float] = deque(maxlen=BAND_WINDOW)
+    def __init__(self, window: int = BAND_WINDOW, lag: int = BAND_LAG) -> None:
+        self.values: deque[float] = deque(maxlen=window)
         self.held: deque[float] = deque()
         self.ref: float | None = None
+        self.lag = lag
+        self.last = 0
 
 
 class LoadNormaliser:
@@ -63,10 +77,11 @@ class LoadNormaliser:
     Notes:
         Band: with ``work`` (tokens, requests: what the rank reported for the step), the band is
         ``floor(log(work) / log(1.1))``: steps of similar work; without it, the load band is the busy fraction
-        over the last :data:`LOAD_WINDOW_STEPS` steps (busy time / (busy + idle time)) cut into
+        over the last :data:`LOAD_WINDOW_S` seconds (busy time / (busy + idle time)) cut into
         ``serving_load_bands`` equal bands, and the unit is judged in blocks of at least
         :data:`BLOCK_STEPS_WITHOUT_WORK` steps (their median: a prefill among decode iterations does not move
-        it). Each band keeps a rolling median of the last :data:`BAND_WINDOW`
+        it); such a band's reference is short and recent (:data:`LOAD_BAND_WINDOW`, :data:`LOAD_BAND_LAG`) and
+        learned afresh when the band comes back after :data:`LOAD_BAND_STALE` blocks. Each band keeps a rolling median of the last :data:`BAND_WINDOW`
         step times, the newest :data:`BAND_LAG` held back. A step becomes ``time_s / reference`` (dimensionless,
         about 1.0); a step of a band with fewer than :data:`BAND_MIN` values is excluded (``"load_band"``).
         The regression detector then judges one series of ratios, all loads pooled, so its change-point test
@@ -83,10 +98,12 @@ class LoadNormaliser:
     def reset(self) -> None:
         """Forget every band."""
         self._bands: dict[int, _Band] = {}
-        self._busy: deque[tuple[float, bool]] = deque(maxlen=LOAD_WINDOW_STEPS)
+        self._busy: deque[tuple[float, bool]] = deque()
+        self._busy_s = self._total_s = 0.0
         self._raw: deque[float] = deque(maxlen=BAND_WINDOW)
         self._usual: float | None = None
         self._pushed = 0
+        self._count = 0
 
     @property
     def usual_step_s(self) -> float | None:
@@ -100,7 +117,7 @@ class LoadNormaliser:
         if not factor > 0:
             return
         for band in self._bands.values():
-            band.values = deque((v * factor for v in band.values), maxlen=BAND_WINDOW)
+            band.values = deque((v * factor for v in band.values), maxlen=band.values.maxlen)
             band.held.clear()  # the newest values may already be at the new level: not scaled twice
             if band.ref is not None:
                 band.ref *= factor
@@ -109,16 +126,24 @@ class LoadNormaliser:
         """The band key of ``fs`` (rules in Notes)."""
         if fs.work is not None and fs.work > 0:
             return int(math.floor(math.log(fs.work) / math.log(WORK_BAND_RATIO)))
-        busy = sum(t for t, idle in self._busy if not idle)
-        total = sum(t for t, _ in self._busy)
-        frac = busy / total if total > 0 else 1.0
+        frac = self._busy_s / self._total_s if self._total_s > 0 else 1.0
         n = self.settings.serving_load_bands
         return -1 - min(n - 1, int(frac * n))
 
     def note_step(self, fs: FinalizedStep) -> None:
         """Count one finalised step (before any block) for the busy fraction and the usual step time."""
         idle = fs.excluded == "idle"
-        self._busy.append((fs.time_s, idle))
+        t = max(0.0, fs.time_s)
+        if not idle and self._busy and not self._busy[-1][1] and self._busy[-1][0] < 1.0:
+            self._busy[-1] = (self._busy[-1][0] + t, False)  # busy steps kept per second at most (memory)
+        else:
+            self._busy.append((t, idle))
+        self._total_s += t
+        self._busy_s += 0.0 if idle else t
+        while len(self._busy) > 1 and self._total_s - self._busy[0][0] >= LOAD_WINDOW_S:
+            old, was_idle = self._busy.popleft()
+            self._total_s -= old
+            self._busy_s -= 0.0 if was_idle else old
         if fs.excluded is not None:
             return
         self._raw.append(fs.time_s)
@@ -132,13 +157,18 @@ class LoadNormaliser:
         if fs.excluded is not None:
             return fs
         key = self.band_of(fs)
-        band = self._bands.pop(key, None) or _Band()
+        self._count += 1
+        band = self._bands.pop(key, None)
+        if band is not None and key < 0 and self._count - band.last > LOAD_BAND_STALE:
+            band = None
+        band = band or (_Band(LOAD_BAND_WINDOW, LOAD_BAND_LAG) if key < 0 else _Band())
+        band.last = self._count
         self._bands[key] = band  # most recently used last
         if len(self._bands) > MAX_BANDS:
             del self._bands[next(iter(self._bands))]
         ref = band.ref
         band.held.append(fs.time_s)
-        if len(band.held) > BAND_LAG:
+        if len(band.held) > band.lag:
             band.values.append(band.held.popleft())
             band.ref = _median(list(band.values)) if len(band.values) >= BAND_MIN else None
         if ref is None or ref <= 0:
