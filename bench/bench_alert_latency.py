@@ -126,8 +126,9 @@ def latency_row(work: Path, n: int, settings: AnalysisSettings) -> dict[str, Any
         result = analyze_batch(batch, work_dir=work / "w", settings=settings, runner=runner, enrich=False)
         row["alert_s"] = time.monotonic() - t0
         first = result.alert_data()
-        session = result.followup.session if result.followup is not None else None
+        follow = result.followup
         enrich_analysis(result, runner=runner)
+        session = follow.session if follow is not None else None  # made by the enrich phase after a first verdict
         row["enriched_s"] = time.monotonic() - t0
         after = result.alert_data()
         row["peak_rss"] = rss.peak
@@ -165,6 +166,71 @@ def section_latency(work: Path, sizes: list[int], concurrency: int) -> list[dict
         rows.append(row)
     print("goal: alert/max alone <= 1.2\n")
     return rows
+
+
+def _loadavg() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def first_verdict_row(work: Path, n: int, spread_s: float) -> dict[str, Any]:
+    """Section 0 at ``n`` ranks: first verdict (own tables) after the last rank's completion vs cluster_time_summary
+    alone, interleaved first, alone, alone, first."""
+    root = work / f"first{n}"
+    shutil.rmtree(work, ignore_errors=True)
+    generate_cluster(root, world_size=n, slow_ranks={n // 3: 1.5}, steps=3, minimal=True, with_marker=False)
+    # the ranks complete over a parse-time window (their markers land spread out); timing starts at the last one
+    dirs = sorted(root.glob("*_ascend_pt"))
+    for i, d in enumerate(dirs):
+        (d / "ASCEND_PROFILER_OUTPUT" / "analyse.done").touch(mode=0o640)  # torch_npu's parse-done marker
+        if spread_s and i < len(dirs) - 1:
+            time.sleep(spread_s / len(dirs))
+    last_done = time.monotonic()
+    batch = _batch(root, n)
+    scan_s = time.monotonic() - last_done
+    settings = _settings()
+    firsts: list[float] = []
+    alone: list[float] = []
+    suspects: list[int] = []
+    with MsprofRunner(settings.msprof) as runner:
+        staged: Path | None = None
+        cts_args: tuple[str, ...] = ()
+        for turn, what in enumerate(("first", "alone", "alone", "first")):
+            if what == "first":
+                t0 = time.monotonic()
+                res = analyze_batch(batch, work_dir=work / f"w{turn}", settings=settings, runner=runner, enrich=False)
+                firsts.append(time.monotonic() - t0)
+                suspects = [s.rank for s in res.suspects][:3]
+                staged = Path(res.paths["staging"])
+                assert res.verdict_source == "own_tables", (res.verdict_source, res.notes)
+            else:
+                if not cts_args:
+                    from profwatch.adapters.tools.msprof_db import inspect_inputs
+                    from profwatch.core.verdict.msprof_plan import plan_recipes
+
+                    assert staged is not None
+                    plan = plan_recipes(inspect_inputs(staged), runner.settings, str(staged))
+                    cts_args = next(c.args for c in plan.phase("alert") if c.name == "cluster_time_summary")
+                run = runner.run("cluster_time_summary", cts_args, work / f"alone{turn}", phase="alert")
+                alone.append(run.duration_s if run.returncode == 0 else float("nan"))
+    shutil.rmtree(work, ignore_errors=True)
+    return {"ranks": n, "first": firsts, "alone": alone, "scan_s": scan_s, "suspects": suspects,
+            "load": _loadavg()}
+
+
+def section_first_verdict(work: Path, sizes: list[int], spread_s: float) -> None:
+    print("== 0. last rank complete -> first verdict (own tables) vs cluster_time_summary alone "
+          "(interleaved: first, alone, alone, first) ==")
+    print(f"cores: {os.cpu_count()}; ranks' markers land over {spread_s:g} s; first verdict = analyze_batch(enrich="
+          "False): stage, read every rank's tables (4 threads), combine, judge, report")
+    print(f"{'ranks':>6} {'scan s':>7} {'first s (2 runs)':>18} {'cts alone s (2 runs)':>21} {'ratio':>6}  "
+          f"{'load before':>14}  suspects")
+    for n in sizes:
+        r = first_verdict_row(work, n, spread_s)
+        f, a = sorted(r["first"]), sorted(r["alone"])
+        ratio = (sum(f) / len(f)) / (sum(a) / len(a))
+        print(f"{n:>6} {r['scan_s']:>7.2f} {f[0]:>8.2f} {f[-1]:>8.2f}  {a[0]:>9.1f} {a[-1]:>9.1f}  {ratio:>6.3f}  "
+              f"{r['load']:>14}  {r['suspects']} (slow {n // 3})", flush=True)
+    print("goal: first verdict <= 1 s after completion at 1024 ranks; ratio <= 0.5 at every size\n")
 
 
 def section_cap(work: Path, n: int, cap_mib: int) -> None:
@@ -256,7 +322,17 @@ def main() -> None:
     ap.add_argument("--budget-alert-s", type=float, default=None)
     ap.add_argument("--scan", action="store_true", help="also run bench/scan_tree_bench.py at 1024,4096,16384")
     ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "profwatch-bench-alert")
+    ap.add_argument("--first-sizes", default="16,64,256,1024",
+                    help="section 0: first verdict (own tables) vs cluster_time_summary alone; '' skips it")
+    ap.add_argument("--spread-s", type=float, default=2.0, help="section 0: window over which the ranks complete")
+    ap.add_argument("--only-first", action="store_true", help="run section 0 only")
     a = ap.parse_args()
+    first_sizes = [int(x) for x in a.first_sizes.split(",") if x]
+    if first_sizes:
+        section_first_verdict(a.work, first_sizes, a.spread_s)
+    if a.only_first:
+        shutil.rmtree(a.work, ignore_errors=True)
+        return
     sizes = [int(x) for x in a.sizes.split(",") if x]
     rows = section_latency(a.work, sizes, a.concurrency) if sizes else []
     if not a.no_cap:

@@ -62,9 +62,14 @@ def test_demo_both_scenarios_name_the_slow_rank(tmp_path: Path) -> None:
             enriched = sc["enriched_update"]["data"]  # the same capture and batch, nothing left pending
             assert (enriched["capture_id"], enriched["batch_id"]) == (data["capture_id"], data["batch_id"])
             assert not enriched.get("pending_recipes"), enriched
-    recipes = result["scenarios"][1]["alert"]["data"]["recipes"]
+    # Ascend: the first alert is judged on the ranks' own tables, msprof-analyze confirms it in the enriched update
+    ascend = result["scenarios"][1]
+    assert ascend["alert"]["data"]["verdict_source"] == "own_tables", ascend["alert"]["data"]["recipes"]
+    enriched = ascend["enriched_update"]["data"]
+    recipes = enriched["recipes"]
     status = {k: (v["status"] if isinstance(v, dict) else v) for k, v in recipes.items()}
     assert status["cluster_time_summary"] == "ok" and status["slow_rank"] == "ok", recipes  # real msprof-analyze ran
+    assert enriched["agreement"] and enriched["agreement"]["sentence"] in enriched["notes"], enriched["agreement"]
     assert res.stdout.count("(expected 1) -> OK") == 2, res.stdout
     for stage in ("detection", "batch_complete", "first_alert"):  # progress reached stderr while it happened
         assert re.search(rf"\[(torch|ascend)\] \+[\d.]+s {stage}: ", res.stderr), res.stderr[-4000:]

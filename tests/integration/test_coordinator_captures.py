@@ -55,22 +55,27 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
     assert d["capture_id"] == res["capture_id"] and d["capture_reason"] == "test"
     # one payload shape: report.json holds the verdict's data (plus the raw per-step rows and the advisor message);
     # the verdict names its follow-up (slow links), whose analysis_enriched rewrites the report with the same ids
-    assert set(d) == set(VERDICT_KEYS) and d["pending_recipes"] == ["communication_matrix"]
-    assert set(d["recipes"]) == {"cluster_time_summary", "slow_rank", "advisor"}  # advisor: skipped in settings
+    # the first verdict is judged on the ranks' own tables; msprof-analyze's recipes confirm it in the follow-up
+    assert set(d) == set(VERDICT_KEYS)
+    assert d["pending_recipes"] == ["cluster_time_summary", "slow_rank", "communication_matrix"]
+    assert set(d["recipes"]) == {"own_tables"} and d["verdict_source"] == "own_tables" and d["agreement"] is None
+    assert d["suspects"][0]["rank"] == 2
     assert wait_for(lambda: h.last_capture("jobX").get("state") == "enriched", 120)
     (enriched,) = of_type(h.events("jobX", alerts_only=True), "io.profwatch.analysis_enriched.v1")
     e = enriched["data"]
     assert set(e) == set(VERDICT_KEYS) and (e["capture_id"], e["batch_id"]) == (d["capture_id"], d["batch_id"])
     assert e["follow_up"] is True and e["recipes"]["communication_matrix"]["phase"] == "enrich"
     assert e["suspects"][0]["rank"] == 2 and e["pending_recipes"] == []
+    assert set(e["recipes"]) == {"own_tables", "cluster_time_summary", "slow_rank", "advisor", "communication_matrix"}
+    assert e["verdict_source"] == "msprof-analyze" and e["agreement"]["agree"] is True, e["agreement"]
+    assert any("msprof-analyze confirms the first verdict" in n for n in e["notes"])
     report = json.loads(Path(d["paths"]["report_json"]).read_text())
     assert {k: v for k, v in report.items() if k not in ("summaries", "advisor")} == e
     # the generated batch holds steps 1..3, not the armed window: the alert says so instead of trusting it silently
     assert d["captured_steps"] == [1, 2, 3] and d["armed_steps"][0] == res["start_step"] + res["warmup"]
     assert any("not the armed window" in n for n in d["notes"])
-    assert d["suspects"][0]["rank"] == 2
-    assert d["recipes"]["slow_rank"]["status"] == "ok" if isinstance(d["recipes"]["slow_rank"], dict) else \
-        d["recipes"]["slow_rank"] == "ok"
+    assert e["recipes"]["slow_rank"]["status"] == "ok" if isinstance(e["recipes"]["slow_rank"], dict) else \
+        e["recipes"]["slow_rank"] == "ok"
     batch_events = of_type(h.events("jobX"), "io.profwatch.batch.v1")
     assert len(batch_events) == 1
 
@@ -222,6 +227,7 @@ def test_stop_during_analysis_is_prompt_and_the_capture_survives(short_tmp: Path
     h = Harness(short_tmp)
     try:
         h.coord.settings.analysis.msprof.__dict__["command"] = str(tool)  # frozen-free model: swap the tool
+        h.coord.settings.analysis.__dict__["own_tables"] = False  # the verdict waits for the (hanging) tool
         cfg, prof = short_tmp / "cfg" / "jobS", short_tmp / "prof"
         cfg.mkdir(parents=True)
         h.hellos("jobS", 4, cfg, prof)

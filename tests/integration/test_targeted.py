@@ -52,8 +52,8 @@ def test_the_ranking_judges_a_subset_and_the_impact_counts_the_job(tmp_path: Pat
     assert res.status == "ok", res.detail
     assert res.suspects[0].rank == 13 and res.unjudged_ranks == {}
     assert data["judged_ranks"] == SUBSET and data["captured_ranks"] == SUBSET and data["world_size"] == WORLD
-    assert {r: s["status"] for r, s in data["recipes"].items() if r != "advisor"} == {"cluster_time_summary": "ok",
-                                                                                     "slow_rank": "ok"}
+    assert {r: s["status"] for r, s in data["recipes"].items()} == {"own_tables": "ok"}  # the first verdict
+    assert data["verdict_source"] == "own_tables"
     # accelerator-hours per day: saving / step x the job's 64 accelerators x 24, not the 11 captured
     imp = res.suspects[0].impact or {}
     assert abs(imp["accelerator_hours_per_day"] - imp["saving_pct_of_step"] / 100 * WORLD * 24) < 0.05 * max(

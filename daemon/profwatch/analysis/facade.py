@@ -1,9 +1,13 @@
 """Analyse one complete batch in two phases (composition, I/O).
 
-1. **Alert** (:func:`analyze_batch`): stage -> the recipes the verdict needs (msprof-analyze cluster_time_summary
-   and slow_rank, concurrently where the runner allows; or the Kineto breakdown of torch.profiler captures) ->
-   rank suspects -> ``report.json`` + ``report.html``. Its result is what ``suspect_ranks`` publishes at once.
-2. **Enrich** (:func:`enrich_analysis`): the rest (msprof-analyze communication_matrix_sum for slow links, the
+1. **Alert** (:func:`analyze_batch`): stage -> the per-rank breakdown the verdict needs (Ascend: profwatch's own
+   reading of each rank's tables, ``own_tables``, docs/msprof-analyze.md#own-tables; when those cannot carry it,
+   msprof-analyze cluster_time_summary and slow_rank, concurrently where the runner allows; or the Kineto
+   breakdown of torch.profiler captures) -> rank suspects -> ``report.json`` + ``report.html``. Its result is
+   what ``suspect_ranks`` publishes at once.
+2. **Enrich** (:func:`enrich_analysis`): after a first verdict on the own tables, msprof-analyze cluster_time_summary
+   and slow_rank as its confirmation (the agreement stated in ``result.agreement``); then the rest
+   (msprof-analyze communication_matrix_sum for slow links, the
    advisor under its size rule; for torch.profiler captures each suspect's ops against a reference rank's) -> the
    verdict judged again on the fuller evidence -> ``report.json`` and ``report.html`` rewritten. Its result is
    what ``analysis_enriched`` publishes.
@@ -40,6 +44,7 @@ from profwatch.adapters.tools.msprof_analysis import (
 )
 from profwatch.adapters.tools.msprof_db import own_comm_waits
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
+from profwatch.adapters.tools.own_tables_reader import read_batch_tables
 from profwatch.analysis.result import (
     AnalysisResult,
     AnalysisStatus,
@@ -51,13 +56,19 @@ from profwatch.core.alerts.events import per_rank_summary
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.batches.prof_layout import PROFILER_OUTPUT_DIR
 from profwatch.core.display import printable
+from profwatch.core.verdict.agreement import compare_verdicts
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
-from profwatch.core.verdict.msprof_plan import advisor_ranks
+from profwatch.core.verdict.msprof_plan import ALERT_RECIPES, advisor_ranks
+from profwatch.core.verdict.own_tables import combine_rank_tables, unusable_reason
 from profwatch.core.verdict.ranking import judge_batch
 from profwatch.core.verdict.settings import AnalysisSettings
 from profwatch.core.verdict.subset import wait_outside
 
 log = structlog.get_logger()
+
+OWN_TABLES = "own_tables"
+"""Recipe name and ``verdict_source`` of the first Ascend verdict, judged on profwatch's own reading of each rank's
+tables (docs/msprof-analyze.md#own-tables)."""
 
 __all__ = ["AnalysisResult", "AnalysisSettings", "AnalysisStatus", "Followup", "Progress", "analyze_batch",
            "enrich_analysis", "hostnames_from_dirs"]
@@ -172,29 +183,48 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
 def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
                  progress: Progress | None) -> AnalysisResult:
     batch, settings = f.batch, f.settings
+    own: ClusterEvidence | None = None
     t = time.monotonic()
-    try:
-        staged = staging.stage_batch(batch, f.work_dir / "staging")
-    except (staging.StagingError, OSError) as exc:
-        result.recipes["staging"] = RecipeStatus("staging", "tool_error", str(exc))
-        result.detail = f"staging failed: {exc}"
-        return result
-    result.paths["staging"] = str(staged)
-    f.staged = staged
-    result.timings_s["staging"] = time.monotonic() - t
+    if batch.kind == "ascend_pt" and settings.own_tables:
+        # the first verdict on the ranks' own tables, read in place (no staging: msprof-analyze, which needs it,
+        # runs after the alert and stages then)
+        own = _own_tables_evidence(batch, settings, progress)
+    t_own = time.monotonic() - t
+    staged: Path | None = None
+    if own is None:
+        t = time.monotonic()
+        try:
+            staged = staging.stage_batch(batch, f.work_dir / "staging")
+        except (staging.StagingError, OSError) as exc:
+            result.recipes["staging"] = RecipeStatus("staging", "tool_error", str(exc))
+            result.detail = f"staging failed: {exc}"
+            return result
+        result.paths["staging"] = str(staged)
+        f.staged = staged
+        result.timings_s["staging"] = time.monotonic() - t
     f.out_dir.mkdir(parents=True, exist_ok=True)
-    t = time.monotonic()
+    t = time.monotonic() - t_own
     pending: list[str] = []
     if batch.kind == "ascend_pt":
         result.paths["outputs"] = str(f.out_dir / "msprof")
-        ev, f.session = prepare_msprof(staged, f.out_dir / "msprof", runner=runner, world_size=len(batch.ranks),
-                                       owner=batch.batch_id, expected_ranks=sorted(batch.ranks), progress=progress)
-        run_phase(f.session, ev, "alert", runner=runner, progress=progress)
+        if own is not None:  # msprof-analyze confirms the first verdict after the alert
+            ev = own
+            result.verdict_source = OWN_TABLES
+            pending = [*ALERT_RECIPES, *_enrich_names(settings)]
+        else:
+            assert staged is not None
+            ev, f.session = prepare_msprof(staged, f.out_dir / "msprof", runner=runner, world_size=len(batch.ranks),
+                                           owner=batch.batch_id, expected_ranks=sorted(batch.ranks),
+                                           progress=progress)
+            run_phase(f.session, ev, "alert", runner=runner, progress=progress)
+            result.verdict_source = "msprof-analyze"
+            pending = [c.name for c in f.session.plan.phase("enrich")]
         if result.captured_ranks is not None:  # a subset: its ranks' own waits show waits for uncaptured ranks
             ev.own_waits = {r: w for r, p in batch.rank_dirs.items() if (w := own_comm_waits(
-                staged / os.path.basename(os.path.normpath(p)) / PROFILER_OUTPUT_DIR / "analysis.db"))}
-        pending = [c.name for c in f.session.plan.phase("enrich")]
+                Path(p) / PROFILER_OUTPUT_DIR / "analysis.db"))}
     else:
+        assert staged is not None
+        result.verdict_source = "kineto"
         staged_dirs = {r: str(staged / os.path.basename(os.path.normpath(p))) for r, p in batch.rank_dirs.items()}
         if progress is not None:
             progress("started", KINETO_RECIPE, None)
@@ -233,6 +263,8 @@ def enrich_analysis(result: AnalysisResult, *, runner: MsprofRunner,
     t0 = time.monotonic()
     ev = result.evidence or ClusterEvidence(kind="ascend_pt")
     try:
+        if result.verdict_source == OWN_TABLES and f.session is None:
+            ev = _confirm_first_verdict(result, ev, f, runner, progress)
         if f.session is not None:
             _enrich_msprof(result, ev, f, runner, progress)
         elif OP_COMPARE in result.pending:
@@ -255,6 +287,89 @@ def enrich_analysis(result: AnalysisResult, *, runner: MsprofRunner,
     if progress is not None:
         progress("follow_up", result.status, None)
     return result
+
+
+def _enrich_names(settings: AnalysisSettings) -> list[str]:
+    """The enrich-phase recipes ``plan_recipes`` would pick (the plan itself is made when msprof-analyze runs)."""
+    names = ["communication_matrix"] if settings.msprof.communication_matrix else []
+    if settings.msprof.advisor:
+        names.append("advisor")
+        if settings.msprof.advisor_html:
+            names.append("advisor_html")
+    return names
+
+
+def _own_tables_evidence(batch: BatchState, settings: AnalysisSettings,
+                         progress: Progress | None) -> ClusterEvidence | None:
+    """The first verdict's evidence from each rank's own tables (docs/msprof-analyze.md#own-tables), read by a pool of
+    ``settings.own_tables_workers`` threads; None when they cannot carry it (``own_tables.unusable_reason``: the
+    caller runs msprof-analyze's alert recipes instead, whose statuses name the problem)."""
+    if progress is not None:
+        progress("started", OWN_TABLES, None)
+    t = time.monotonic()
+    tables, read_s = read_batch_tables(batch.rank_dirs, workers=settings.own_tables_workers)
+    own = combine_rank_tables(tables)
+    why = unusable_reason(tables, own)
+    took = time.monotonic() - t
+    if why is not None:
+        log.info("own_tables_unusable", batch_id=batch.batch_id, reason=why, read_s=round(read_s, 3))
+        if progress is not None:
+            progress("finished", OWN_TABLES, RecipeStatus(OWN_TABLES, "no_data", why, duration_s=took))
+        return None
+    status = RecipeStatus(OWN_TABLES, "ok", f"{len(own.summaries)} rank-step rows from {len(tables)} rank dirs' own "
+                          f"tables ({own.instances} collective instances); msprof-analyze confirms after the alert",
+                          tables=["STEP_TIME", "COMMUNICATION_OP", "StepTraceTime"], rows=len(own.summaries),
+                          duration_s=took)
+    ev = ClusterEvidence(kind="ascend_pt", summaries=own.summaries, collectives_per_step=own.collectives_per_step,
+                         recipes={OWN_TABLES: status})
+    ev.notes += own.notes
+    log.info("own_tables_read", batch_id=batch.batch_id, ranks=len(tables), rows=len(own.summaries),
+             read_s=round(read_s, 3), total_s=round(took, 3))
+    if progress is not None:
+        progress("finished", OWN_TABLES, status)
+    return ev
+
+
+def _confirm_first_verdict(result: AnalysisResult, first_ev: ClusterEvidence, f: Followup, runner: MsprofRunner,
+                           progress: Progress | None) -> ClusterEvidence:
+    """msprof-analyze's alert recipes (cluster_time_summary, slow_rank) after a first verdict on the own tables; the
+    verdict judged on their evidence is compared with the first (``compare_verdicts``) and the outcome stated in
+    ``result.agreement``, the notes and, for a disagreement, the detail. Returns the evidence the enriched verdict is
+    judged on: msprof-analyze's, or the own rows again when cluster_time_summary gave none (said in the notes)."""
+    batch = f.batch
+    try:
+        f.staged = staging.stage_batch(batch, f.work_dir / "staging")
+    except (staging.StagingError, OSError) as exc:
+        first_ev.recipes["staging"] = RecipeStatus("staging", "tool_error", str(exc), phase="enrich")
+        result.agreement = {"agree": None, "sentence": f"msprof-analyze could not confirm the first verdict: staging "
+                            f"failed: {exc}"}
+        return first_ev
+    result.paths["staging"] = str(f.staged)
+    ev, f.session = prepare_msprof(f.staged, f.out_dir / "msprof", runner=runner, world_size=len(batch.ranks),
+                                   owner=batch.batch_id, expected_ranks=sorted(batch.ranks), progress=progress)
+    run_phase(f.session, ev, "alert", runner=runner, progress=progress)
+    ev.recipes[OWN_TABLES] = first_ev.recipes[OWN_TABLES]
+    ev.own_waits = first_ev.own_waits
+    first_suspects = list(result.suspects)
+    if not ev.summaries:
+        ev.summaries = list(first_ev.summaries)
+        ev.collectives_per_step = ev.collectives_per_step or first_ev.collectives_per_step
+        state = ev.recipes.get("cluster_time_summary")
+        result.agreement = {"agree": None, "sentence": "msprof-analyze could not confirm the first verdict: "
+                            f"cluster_time_summary {state.status if state else 'did not run'}; the verdict stands "
+                            "on profwatch's own reading of the rank tables"}
+        return ev
+    hosts = hostnames_from_dirs(batch.rank_dirs)
+    hosts.update(f.hostnames)
+    confirmed = judge_batch(ev, hostnames=hosts, rank_dirs=batch.rank_dirs, settings=f.settings.ranking,
+                            armed_steps=result.armed_steps, world_size=f.job_world)
+    agreement = compare_verdicts(first_ev.summaries, first_suspects, ev.summaries, confirmed.suspects)
+    result.agreement = agreement.to_json()
+    result.verdict_source = "msprof-analyze"
+    log.info("first_verdict_checked", batch_id=batch.batch_id, agree=agreement.agree,
+             first=agreement.first_suspects, confirmed=agreement.confirmed_suspects,
+             max_diff_frac=round(agreement.max_diff_frac, 5))
+    return ev
 
 
 def _enrich_kineto(result: AnalysisResult, ev: ClusterEvidence, f: Followup, progress: Progress | None) -> None:
@@ -336,6 +451,13 @@ def _judge(result: AnalysisResult, ev: ClusterEvidence, f: Followup) -> None:
                                                   unjudged, waited_for=result.waited_for,
                                                   subset=result.captured_ranks is not None)
     result.unjudged_ranks = unjudged
+    if result.verdict_source == OWN_TABLES:
+        result.notes.append("first verdict: judged on profwatch's own reading of each rank's tables "
+                            "(docs/msprof-analyze.md#own-tables); msprof-analyze confirms it in the follow-up")
+    if result.agreement:
+        result.notes.append(str(result.agreement.get("sentence", "")))
+        if result.agreement.get("agree") is False:
+            result.detail = f"{result.detail}; {result.agreement.get('sentence')}"
     for name in ("advisor_html", "advisor"):  # only this run's output dirs (re-runs leave older ones)
         run_dir = ev.recipes[name].output_dir if name in ev.recipes else None
         html_files = sorted(Path(run_dir).rglob("mstt_advisor_*.html")) if run_dir else []

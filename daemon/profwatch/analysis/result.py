@@ -28,7 +28,7 @@ judged ranks, absence is not proven. ``incomplete``: the batch was not complete 
 and no time data, a single rank with a time breakdown: no peer to compare it with). ``no_data``: recipes ran but produced nothing usable. ``failed``: staging or a tool failed
 (see ``recipes``). Only ``ok`` and ``no_suspect`` make ``profwatch analyze`` exit 0 (docs/verdicts.md)."""
 
-TIME_RECIPES = ("cluster_time_summary", KINETO_RECIPE)
+TIME_RECIPES = ("cluster_time_summary", KINETO_RECIPE, "own_tables")
 
 
 __all__ = ["AnalysisResult", "AnalysisStatus", "ENRICH_ONLY", "hostnames_from_dirs", "overall_status"]
@@ -76,6 +76,10 @@ class AnalysisResult:
     comparison: dict[str, Any] | None = None
     """What changed since a healthy reference capture (``profwatch.core.verdict.changes.Comparison.to_json`` plus
     ``reference`` {path, batch_id, steps, step_time_s} and ``impact_accelerator_hours_per_day``); None without one."""
+    verdict_source: str | None = None
+    """What the verdict was judged on: ``own_tables`` (the first Ascend verdict), ``msprof-analyze``, ``kineto``."""
+    agreement: dict[str, Any] | None = None
+    """Whether msprof-analyze confirmed the first verdict (``Agreement.to_json``); None until it ran."""
     followup: Any = field(default=None, repr=False)
     """What the enrich phase needs (``profwatch.analysis.facade.Followup``); None when nothing follows. Not serialised."""
 
@@ -97,6 +101,8 @@ class AnalysisResult:
             "waited_for": dict(self.waited_for) if self.waited_for is not None else None,
             "changes": list((self.comparison or {}).get("changes", [])),
             "comparison": self.comparison,
+            "verdict_source": self.verdict_source,
+            "agreement": self.agreement,
         }
 
     @property
