@@ -6,8 +6,10 @@ config) and prints per family: hours of healthy traffic (before the first inject
 of it (an arm, or an event the event table marks as an alert, before any change), arms in all, the reports of the
 new kinds (``structural_imbalance``, ``drift``), and for each injected change: the detection delay (steps and
 seconds from its onset to the first report that names it: a ``step_regression`` for a job-wide change, a
-``rank_outlier`` or a unit's ``step_regression`` naming the rank, any of them for a rotating culprit), the usual
-delay (the same change on a steady plain training job, measured here) and whether it was *captured*: the first arm
+``rank_outlier`` or a unit's ``step_regression`` naming the rank, any of them for a rotating culprit; steps are
+counted from the onset step to the report's step for a training family, where a drift may have made each step
+several times longer than the usual job's 0.5 s), the usual delay (the same change on a steady plain training job,
+measured here: 3 steps there for a job-wide one) and whether it was *captured*: the first arm
 after its onset covers steps after the onset and the changed ranks.
 
 Families: ``plain_burst`` (4 ranks: +25 % job-wide load burst for 60 steps, then one rank 50 % slower),
@@ -220,6 +222,7 @@ def run_family(fam: Family, usual: dict[str, float]) -> dict[str, Any]:
                 and (not c.ranks or not a["ranks"] or set(c.ranks) & set(a["ranks"]))]
         hits = [(t, a) for t, a in hits if t >= onset]
         delay_s = min((t for t, _ in hits), default=math.nan) - onset
+        first_hit = min(hits, key=lambda h: h[0], default=None)
         after = sorted(((t, a) for t, a in arm_times if t >= onset), key=lambda x: x[0])
         captured = False
         first_arm = "none"
@@ -231,7 +234,11 @@ def run_family(fam: Family, usual: dict[str, float]) -> dict[str, Any]:
             related = (not c.ranks) or (not arm["ranks"]) or bool(set(c.ranks) & set(arm["ranks"]))
             captured = covers_ranks and related
         step_s = fam.step_s
-        rows.append({"change": c.what, "delay_s": delay_s, "delay_steps": delay_s / step_s if step_s else math.nan,
+        if c.at_step is not None and first_hit is not None and isinstance(first_hit[1].get("step"), int):
+            delay_steps = float(first_hit[1]["step"] - c.at_step + 1)  # counted in steps: steps may be longer there
+        else:
+            delay_steps = delay_s / step_s if step_s else math.nan
+        rows.append({"change": c.what, "delay_s": delay_s, "delay_steps": delay_steps,
                      "usual_s": usual.get(c.usual, math.nan) if c.usual else math.nan, "captured": captured,
                      "first_arm": first_arm})
     return {"family": fam.name, "records": len(records), "healthy_h": healthy_h, "false_pages": false_pages,
