@@ -244,6 +244,33 @@ def test_a_file_owned_by_the_rank_user_still_gets_a_fresh_mtime(tmp_path: Path, 
     assert json.loads((d / "profiler_config.json").read_text())["start_step"] == 50
 
 
+def test_a_coarse_file_system_clock_still_gives_a_newer_mtime(tmp_path: Path, monkeypatch) -> None:
+    """The file system stamps "now" from a coarse clock that can lag time.time() by a tick: right after the second
+    turned, the first "now" may land in the written second. The writer stamps again until the mtime moved."""
+    d = tmp_path / "cfg"
+    d.mkdir()
+    real_utime = os.utime
+    lagging: list[int] = []
+
+    def utime(path: Any, times: Any = None, **kw: Any) -> None:
+        if times is not None:  # not the file's owner: an explicit time is refused
+            raise PermissionError(1, "Operation not permitted")
+        if not lagging:  # the first "now" lags into the second just written
+            written = int(os.stat(path, **{k: v for k, v in kw.items() if k == "dir_fd"}).st_mtime)
+            lagging.append(written)
+            real_utime(path, (written + 0.999, written + 0.999), **kw)
+            return
+        real_utime(path, None, **kw)
+
+    w = ConfigWriter()
+    first = w.write(str(d), ProfilerConfig(start_step=40).render(), not_before_unix_s=0, allowed_roots=[str(tmp_path)])
+    monkeypatch.setattr(os, "utime", utime)
+    res = w.write(str(d), ProfilerConfig(start_step=50).render(), not_before_unix_s=0, allowed_roots=[str(tmp_path)])
+    monkeypatch.undo()
+    assert lagging and res.mtime_s > lagging[0] and res.mtime_s > first.mtime_s
+    assert int(os.stat(d / "profiler_config.json").st_mtime) == res.mtime_s
+
+
 def test_a_bom_or_utf16_file_is_not_json_to_the_mirror_either(tmp_path: Path) -> None:
     clock = _Clock(1_000_000.0)
     w = ConfigWatcher(str(tmp_path), rank=0, init_unix_s=clock.t, clock=clock)

@@ -316,9 +316,19 @@ class ConfigWriter:
             os.utime(CONFIG_FILE, (now, float(target)), dir_fd=dfd, follow_symlinks=False)
         except PermissionError:
             # an explicit time needs ownership (torch_npu created the file as the rank's user); "now" needs only
-            # write access, and now is past the written second, so the monitor still sees a newer mtime
-            os.utime(CONFIG_FILE, None, dir_fd=dfd, follow_symlinks=False)
-            return int(os.stat(CONFIG_FILE, dir_fd=dfd, follow_symlinks=False).st_mtime)
+            # write access. The file system's clock is coarse (it can lag time.time() by a tick, ~4 ms): right after
+            # the second turned, "now" may still land in the written second, so stamp again until it does not
+            end = self._clock() + 2.0
+            while True:
+                os.utime(CONFIG_FILE, None, dir_fd=dfd, follow_symlinks=False)
+                got = int(os.stat(CONFIG_FILE, dir_fd=dfd, follow_symlinks=False).st_mtime)
+                if got > written_m:
+                    return got
+                if self._clock() > end:
+                    log.warning("config_mtime_not_advanced", path=path, mtime_s=got, written_s=written_m,
+                                note="the file system kept the written second: ranks may ignore this edit")
+                    return got
+                self._sleep(0.005)
         return target
 
 
