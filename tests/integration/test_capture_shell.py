@@ -110,6 +110,9 @@ class World:
                 return outer.verdict[0], {**outer.verdict[1], "pending_recipes": [], "follow_up": True,
                                           "recipes": outer.enrich_recipes}
 
+            def prefetch(self, capture_id: str, batch: BatchState) -> None:
+                pass
+
             def running(self, capture_id: str | None = None) -> list[str]:
                 return ["slow_rank"]
 

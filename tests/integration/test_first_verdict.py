@@ -11,7 +11,9 @@ import pytest
 
 from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
+from profwatch.adapters.tools.own_tables_reader import TablePrefetcher, read_batch_tables
 from profwatch.analysis.facade import AnalysisSettings, analyze_batch, enrich_analysis
+from profwatch.core.verdict.own_tables import combine_rank_tables
 from profwatch.simulate.ascend_tree import drop_table, generate_cluster
 
 
@@ -85,3 +87,27 @@ def test_damaged_tables_leave_the_first_verdict_to_msprof_analyze(tmp_path: Path
     res = analyze_batch(batch, work_dir=tmp_path / "w", settings=_settings(), enrich=False)
     assert res.verdict_source == "msprof-analyze"
     assert "cluster_time_summary" in res.recipes and "own_tables" not in res.recipes
+
+
+def test_prefetched_tables_are_used_unless_their_db_changed(tmp_path: Path) -> None:
+    batch, dirs = _batch(tmp_path, slow_ranks={5: 1.3})
+    fetcher = TablePrefetcher(workers=2)
+    try:
+        assert fetcher.submit("cap", batch.rank_dirs) == 8
+        assert fetcher.submit("cap", batch.rank_dirs) == 0  # a rank dir is read once
+        got = fetcher.take("cap")
+    finally:
+        fetcher.close()
+    assert sorted(got) == sorted(batch.rank_dirs.values())
+    fresh, _ = read_batch_tables(batch.rank_dirs)
+    # rank 2's analysis.db is rewritten after the prefetch: its tables are read again, the others are reused
+    db = Path(batch.rank_dirs[2]) / "ASCEND_PROFILER_OUTPUT" / "analysis.db"
+    db.chmod(0o640)
+    con = sqlite3.connect(db)
+    con.execute("UPDATE StepTraceTime SET computing = computing + 1000")
+    con.commit()
+    con.close()
+    used, _ = read_batch_tables(batch.rank_dirs, prefetched=got)
+    assert used[2].trace[1].computing_us == pytest.approx(fresh[2].trace[1].computing_us + 1000)
+    assert all(used[r] is got[batch.rank_dirs[r]][1] for r in batch.rank_dirs if r != 2)
+    assert combine_rank_tables(used).summaries != combine_rank_tables(fresh).summaries

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,7 +44,7 @@ from profwatch.adapters.tools.msprof_analysis import (
 )
 from profwatch.adapters.tools.msprof_db import own_comm_waits
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
-from profwatch.adapters.tools.own_tables_reader import read_batch_tables
+from profwatch.adapters.tools.own_tables_reader import Signature, read_batch_tables
 from profwatch.analysis.result import (
     AnalysisResult,
     AnalysisStatus,
@@ -59,7 +59,7 @@ from profwatch.core.display import printable
 from profwatch.core.verdict.agreement import compare_verdicts
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
 from profwatch.core.verdict.msprof_plan import ALERT_RECIPES, advisor_ranks
-from profwatch.core.verdict.own_tables import combine_rank_tables, unusable_reason
+from profwatch.core.verdict.own_tables import RankTables, combine_rank_tables, unusable_reason
 from profwatch.core.verdict.ranking import judge_batch
 from profwatch.core.verdict.settings import AnalysisSettings
 from profwatch.core.verdict.subset import wait_outside
@@ -88,6 +88,7 @@ class Followup:
     now_unix_s: float | None = None
     session: MsprofSession | None = None
     staged: Path | None = None
+    prefetched: Mapping[str, tuple[Signature, RankTables]] | None = None
 
 
 def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettings | None = None,
@@ -95,7 +96,8 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
                   job_id: str | None = None, runner: MsprofRunner | None = None,
                   now_unix_s: float | None = None, armed_steps: Sequence[int] | None = None,
                   context: dict[str, Any] | None = None, enrich: bool = True,
-                  progress: Progress | None = None) -> AnalysisResult:
+                  progress: Progress | None = None,
+                  prefetched: Mapping[str, tuple[Signature, RankTables]] | None = None) -> AnalysisResult:
     """Analyse one batch found by ``scan_tree``: the alert phase, then (``enrich``) the enrich phase.
 
     Args:
@@ -120,6 +122,8 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
             ``result.pending`` naming what :func:`enrich_analysis` would run (the coordinator publishes first).
         progress: called per recipe (``Progress``), and with ``("verdict", status, None)`` once the alert
             phase's verdict stands.
+        prefetched: rank dir path -> (DB signature, tables) read as each rank dir completed
+            (``own_tables_reader.TablePrefetcher``); the own-tables read uses those still valid.
 
     Returns:
         :class:`AnalysisResult`. Never raises for data or tool problems (unexpected exceptions become
@@ -157,7 +161,7 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
     own_runner = runner is None
     active_runner = runner if runner is not None else MsprofRunner(settings.msprof)
     follow = Followup(batch, work_dir, out_dir, settings, dict(hostnames or {}), job_world, dict(unusable),
-                      now_unix_s)
+                      now_unix_s, prefetched=prefetched)
     try:
         try:
             result = _alert_phase(result, follow, active_runner, progress)
@@ -188,7 +192,8 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
     if batch.kind == "ascend_pt" and settings.own_tables:
         # the first verdict on the ranks' own tables, read in place (no staging: msprof-analyze, which needs it,
         # runs after the alert and stages then)
-        own = _own_tables_evidence(batch, settings, progress)
+        own = _own_tables_evidence(batch, settings, progress, f.prefetched)
+        f.prefetched = None
     t_own = time.monotonic() - t
     staged: Path | None = None
     if own is None:
@@ -299,15 +304,16 @@ def _enrich_names(settings: AnalysisSettings) -> list[str]:
     return names
 
 
-def _own_tables_evidence(batch: BatchState, settings: AnalysisSettings,
-                         progress: Progress | None) -> ClusterEvidence | None:
+def _own_tables_evidence(batch: BatchState, settings: AnalysisSettings, progress: Progress | None,
+                         prefetched: Mapping[str, tuple[Signature, RankTables]] | None = None,
+                         ) -> ClusterEvidence | None:
     """The first verdict's evidence from each rank's own tables (docs/msprof-analyze.md#own-tables), read by a pool of
     ``settings.own_tables_workers`` threads; None when they cannot carry it (``own_tables.unusable_reason``: the
     caller runs msprof-analyze's alert recipes instead, whose statuses name the problem)."""
     if progress is not None:
         progress("started", OWN_TABLES, None)
     t = time.monotonic()
-    tables, read_s = read_batch_tables(batch.rank_dirs, workers=settings.own_tables_workers)
+    tables, read_s = read_batch_tables(batch.rank_dirs, workers=settings.own_tables_workers, prefetched=prefetched)
     own = combine_rank_tables(tables)
     why = unusable_reason(tables, own)
     took = time.monotonic() - t
@@ -324,7 +330,7 @@ def _own_tables_evidence(batch: BatchState, settings: AnalysisSettings,
                          recipes={OWN_TABLES: status})
     ev.notes += own.notes
     log.info("own_tables_read", batch_id=batch.batch_id, ranks=len(tables), rows=len(own.summaries),
-             read_s=round(read_s, 3), total_s=round(took, 3))
+             prefetched=len(prefetched or {}), read_s=round(read_s, 3), total_s=round(took, 3))
     if progress is not None:
         progress("finished", OWN_TABLES, status)
     return ev

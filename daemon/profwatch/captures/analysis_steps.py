@@ -70,6 +70,13 @@ class AnalysisSteps:
         compared with, if any)."""
         self.analysis_pool.submit(self._analyse, cap, batch, self.reference_for(cap))
 
+    def prefetch(self, cid: str, batch: BatchState) -> None:
+        """A scan of capture ``cid`` saw ``batch``: let the analyser read its parsed rank dirs now (own tables)."""
+        try:
+            self.analyser.prefetch(cid, batch)
+        except Exception as exc:  # noqa: BLE001 - a hint: the analysis reads what was not read
+            log.warning("prefetch_failed", capture_id=cid, error=repr(exc))
+
     def _analyse(self, cap: lc.Capture, batch: BatchState, reference: dict[str, Any] | None = None) -> None:
         """Analysis worker: run the analyser, hand the verdict back to the main loop."""
         cid = cap.capture_id

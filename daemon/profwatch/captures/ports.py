@@ -72,6 +72,10 @@ class AnalyserPort(Protocol):
 
     def enrich(self, capture_id: str) -> tuple[str, dict[str, Any]]: ...
 
+    def prefetch(self, capture_id: str, batch: BatchState) -> None:
+        """A scan saw ``batch`` (complete or not): read what the analysis will need of its parsed rank dirs now,
+        off the caller's thread (a hint: an analyser may do nothing)."""
+
     def running(self, capture_id: str | None = None) -> list[str]: ...
 
     def cancel(self, capture_id: str) -> None: ...
@@ -195,9 +199,11 @@ class BatchAnalyser:
         import threading
 
         from profwatch.adapters.tools.msprof_runner import MsprofRunner
+        from profwatch.adapters.tools.own_tables_reader import TablePrefetcher
 
         self.settings = settings
         self.runner = MsprofRunner(settings.msprof)
+        self.tables = TablePrefetcher(settings.own_tables_workers)  # Ascend ranks' own tables, read as each completes
         self._lock = threading.Lock()
         self._batch_of: dict[str, str] = {}  # capture_id -> batch_id while it is analysed or enriched
         self._pending: dict[str, Any] = {}  # capture_id -> AnalysisResult waiting for its enrich phase
@@ -231,7 +237,7 @@ class BatchAnalyser:
             result = analyze_batch(batch, work_dir=work_dir, settings=self._reference_settings() if is_reference
                                    else self.settings, hostnames=dict(hostnames) or None,
                                    capture_reason=capture_reason, job_id=job_id, runner=self.runner, context=context,
-                                   enrich=False)
+                                   enrich=False, prefetched=self.tables.take(capture_id) if capture_id else None)
             if is_reference and capture_id:
                 with self._lock:
                     self._references[capture_id] = result
@@ -357,5 +363,15 @@ class BatchAnalyser:
     def cancel_all(self) -> None:
         self.runner.cancel_all()
 
+    def prefetch(self, capture_id: str, batch: BatchState) -> None:
+        """Queue the own-table reads of the batch's parsed Ascend rank dirs, each read once
+        (docs/msprof-analyze.md#own-tables)."""
+        if batch.kind != "ascend_pt" or not self.settings.own_tables:
+            return
+        done = {r: s.path for r, s in batch.ranks.items() if s.state == "parsed"}
+        if done:
+            self.tables.submit(capture_id, done)
+
     def close(self) -> None:
+        self.tables.close()
         self.runner.close()

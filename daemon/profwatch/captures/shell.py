@@ -437,6 +437,8 @@ class CaptureShell:
         cid = cap.capture_id
         now = self.clock()
         batch = lc.pick_batch(cap, batches)
+        if batch is not None:  # read each parsed rank dir's own tables now, while the others still parse
+            self.steps.prefetch(cid, batch)
         t = lc.scan_result(cap, batch, now, self.ls, self.causes(cap, now))
         if lc.Action.ANALYSE in t.actions and batch is not None:
             self._batches[cid] = batch

@@ -11,10 +11,13 @@ plus a note, never an exception. :func:`read_batch_tables` reads many rank dirs 
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -141,14 +144,89 @@ def _f(value: Any) -> float:
         return 0.0
 
 
-def read_batch_tables(rank_dirs: Mapping[int, str | Path], *, workers: int = 4) -> tuple[dict[int, RankTables],
-                                                                                          float]:
+Signature = tuple[tuple[int, int], ...]
+"""``(mtime_ns, size)`` of a rank dir's profiler DB and analysis.db when they were read."""
+
+
+def signature(rank_dir: Path) -> Signature:
+    """What must not change between a read and its use: ``(mtime_ns, size)`` of the two DBs (``(0, 0)`` absent)."""
+    out = []
+    for db in rank_dbs(Path(rank_dir)):
+        try:
+            st = os.stat(db) if db is not None else None
+        except OSError:
+            st = None
+        out.append((st.st_mtime_ns, st.st_size) if st is not None else (0, 0))
+    return tuple(out)
+
+
+def _read_signed(rank: int, rank_dir: Path) -> tuple[Signature, RankTables]:
+    sig = signature(rank_dir)
+    return sig, read_rank_tables(rank, rank_dir)
+
+
+def read_batch_tables(rank_dirs: Mapping[int, str | Path], *, workers: int = 4,
+                      prefetched: Mapping[str, tuple[Signature, RankTables]] | None = None,
+                      ) -> tuple[dict[int, RankTables], float]:
     """Every rank's :class:`RankTables` with a pool of at most ``workers`` threads; returns them and the wall
-    seconds taken."""
+    seconds taken. ``prefetched``: rank dir path -> (signature, tables) read earlier (:class:`TablePrefetcher`);
+    used when the rank's DBs still have that signature and the rank matches, else read again."""
     t0 = time.monotonic()
-    if not rank_dirs:
-        return {}, 0.0
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(rank_dirs)))) as pool:
-        done = dict(zip(rank_dirs, pool.map(lambda kv: read_rank_tables(kv[0], Path(kv[1])), rank_dirs.items()),
-                        strict=True))
+    done: dict[int, RankTables] = {}
+    todo: dict[int, Path] = {}
+    for rank, path in rank_dirs.items():
+        got = (prefetched or {}).get(str(path))
+        if got is not None and got[1].rank == rank and got[0] == signature(Path(path)):
+            done[rank] = got[1]
+        else:
+            todo[rank] = Path(path)
+    if todo:
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo)))) as pool:
+            done.update(zip(todo, pool.map(lambda kv: read_rank_tables(kv[0], kv[1]), todo.items()), strict=True))
     return done, time.monotonic() - t0
+
+
+class TablePrefetcher:
+    """Reads each rank dir's tables once, as soon as the capture's scan sees it parsed, on a pool of ``workers``
+    threads, while the other ranks are still parsing; :meth:`take` hands a capture's reads to its analysis
+    (``read_batch_tables(prefetched=...)``, which re-reads any whose DBs changed since). At most ``max_captures``
+    captures are kept (the oldest dropped first); the tables of one rank are small (its steps and collectives).
+    Thread-safe."""
+
+    def __init__(self, workers: int = 4, max_captures: int = 8) -> None:
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="profwatch-tables")
+        self._lock = threading.Lock()
+        self._reads: OrderedDict[str, dict[str, Future[tuple[Signature, RankTables]]]] = OrderedDict()
+        self._max = max_captures
+
+    def submit(self, key: str, rank_dirs: Mapping[int, str]) -> int:
+        """Queue the reads of ``rank_dirs`` (rank -> path) not yet asked for under ``key``; returns how many."""
+        with self._lock:
+            reads = self._reads.setdefault(key, {})
+            self._reads.move_to_end(key)
+            while len(self._reads) > self._max:
+                _, old = self._reads.popitem(last=False)
+                for fut in old.values():
+                    fut.cancel()
+            new = {r: p for r, p in rank_dirs.items() if p not in reads}
+            for rank, path in new.items():
+                reads[path] = self._pool.submit(_read_signed, rank, Path(path))
+        return len(new)
+
+    def take(self, key: str) -> dict[str, tuple[Signature, RankTables]]:
+        """The finished reads of ``key`` (path -> (signature, tables)), forgotten here; unfinished ones are
+        cancelled (the analysis reads those itself)."""
+        with self._lock:
+            reads = self._reads.pop(key, {})
+        out = {}
+        for path, fut in reads.items():
+            if fut.cancel():  # still queued: the analysis reads it itself
+                continue
+            try:
+                out[path] = fut.result()  # done, or running (finishing it is quicker than starting over)
+            except Exception:  # noqa: BLE001 - a failed read is read again by the analysis
+                continue
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
