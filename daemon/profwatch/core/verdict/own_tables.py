@@ -189,10 +189,12 @@ def combine_rank_tables(tables: Mapping[int, RankTables]) -> OwnBreakdown:
         notes.append("one rank recorded collectives: wait and transmit are 0")
     else:
         notes.append("no rank recorded collectives: wait and transmit are 0")
+    comm_steps: dict[int, set[int]] = defaultdict(set)
+    for r, st in transmit:
+        comm_steps[r].add(st)
     rows: list[RankStepSummary] = []
     for rank, t in tables.items():
-        steps = set(t.step_time_us) | set(t.trace) | set(t.memory_not_overlapped_us)
-        steps |= {s for (r, s) in transmit if r == rank}
+        steps = set(t.step_time_us) | set(t.trace) | set(t.memory_not_overlapped_us) | comm_steps.get(rank, set())
         for step in steps:
             tr = t.trace.get(step, TraceRow(0.0, 0.0, 0.0, 0.0))
             st = t.step_time_us.get(step)
