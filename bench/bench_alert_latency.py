@@ -2,6 +2,13 @@
 
 Sections (each prints numbers; nothing is asserted):
 
+0. **First verdict** at each ``--first-sizes`` (default 16, 64, 256, 1024; minimal trees, one rank 1.5x slow): the
+   ranks' parse-done markers land over ``--spread-s`` seconds; from the last one, the first verdict judged on the
+   ranks' own tables (``pre``: each rank's tables read as its marker landed, the coordinator's path; ``read``: all
+   read at completion by 4 threads), beside msprof-analyze cluster_time_summary alone on the same batch,
+   interleaved pre, read, alone, alone, read, pre. Goal: <= 1 s at 1024 ranks and <= 0.5x cluster_time_summary
+   alone at every size (docs/msprof-analyze.md#own-tables).
+
 1. **Latency** at each ``--sizes`` (default 16, 64, 256, 512, 1024 generated ranks, minimal trees: one kernel per
    chunk, 3 steps, one rank 1.5x slow):
    the batch is found complete by ``scan_tree``; then ``analyze_batch(enrich=False)`` (stage, cluster_time_summary
@@ -20,7 +27,8 @@ Sections (each prints numbers; nothing is asserted):
    the measured first alert of the largest size run).
 5. ``--scan``: the scan benchmark (``bench/scan_tree_bench.py``).
 
-Run from the repo root: ``python bench/bench_alert_latency.py [--sizes 16,64,256] [--no-cap] [--scan]``.
+Run from the repo root: ``python bench/bench_alert_latency.py [--first-sizes 16,1024] [--only-first] [--sizes 16,64,256]
+[--no-cap] [--scan]``.
 """
 
 from __future__ import annotations
