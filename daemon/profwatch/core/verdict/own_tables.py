@@ -190,8 +190,8 @@ def combine_rank_tables(tables: Mapping[int, RankTables]) -> OwnBreakdown:
     else:
         notes.append("no rank recorded collectives: wait and transmit are 0")
     comm_steps: dict[int, set[int]] = defaultdict(set)
-    for r, st in transmit:
-        comm_steps[r].add(st)
+    for r, step_id in transmit:
+        comm_steps[r].add(step_id)
     rows: list[RankStepSummary] = []
     for rank, t in tables.items():
         steps = set(t.step_time_us) | set(t.trace) | set(t.memory_not_overlapped_us) | comm_steps.get(rank, set())
