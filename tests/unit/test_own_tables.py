@@ -87,3 +87,16 @@ def test_one_communicating_rank_has_no_wait() -> None:
     out = combine_rank_tables({0: _tables(0, {"a": 9.0}), 1: _tables(1, {})})
     assert all(r.wait_us == 0.0 and r.transmit_us == 0.0 for r in out.summaries)
     assert any("one rank" in n for n in out.notes)
+
+
+def test_the_enrich_deadline_counts_the_confirming_recipes() -> None:
+    from profwatch.captures.shell import lifecycle_settings
+    from profwatch.config import Settings
+
+    s = Settings()
+    s.analysis.msprof.max_concurrent_runs = 1
+    with_first = lifecycle_settings(s).enrich_timeout_s
+    s.analysis.own_tables = False
+    without = lifecycle_settings(s).enrich_timeout_s
+    per_run = s.analysis.msprof.timeout_s * (1 + min(s.analysis.msprof.retries, 1))
+    assert with_first - without == pytest.approx(2 * per_run)  # cluster_time_summary, then slow_rank

@@ -69,10 +69,13 @@ def lifecycle_settings(s: Settings) -> lc.LifecycleSettings:
     ``[coordinator] ack_timeout_s``, ``[watch] parse_allowance_s``. The analysis deadline is the alert phase's
     tool timeouts: its two recipes in ``ceil(2 / max_concurrent_runs)`` rounds (auto concurrency counts as 1) of
     ``[analysis.msprof] timeout_s``, each retried once at most after a timeout, plus 300 s for staging, ranking and
-    the report; enrichment: its runs one after another (communication matrix, advisor, its html) plus 300 s."""
+    the report; enrichment: its runs one after another (communication matrix, advisor, its html) plus 300 s, and
+    with ``[analysis] own_tables`` (the first verdict on the ranks' own tables) the alert recipes' rounds too, since
+    msprof-analyze's cluster_time_summary and slow_rank then run in the enrich phase as the confirmation."""
     m = s.analysis.msprof
-    enrich_runs = int(m.communication_matrix) + ((1 + int(m.advisor_html)) if m.advisor else 0)
     rounds = -(-2 // max(m.max_concurrent_runs, 1))
+    enrich_runs = int(m.communication_matrix) + ((1 + int(m.advisor_html)) if m.advisor else 0) + (
+        rounds if s.analysis.own_tables else 0)
     per_run = m.timeout_s * (1 + min(m.retries, 1))
     return lc.LifecycleSettings(
         write_timeout_s=s.capture.write_timeout_s, ack_timeout_s=s.coordinator.ack_timeout_s,
