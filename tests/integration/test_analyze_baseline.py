@@ -42,6 +42,8 @@ def test_a_job_wide_communication_regression_leads_with_communication(tmp_path: 
     assert cmp["headline"] in section and section.count('class="pw-change') == 1 + len(cmp["components"])
     changed = [row for row in section.split("<tr")[1:] if 'pw-change changed"' in row]
     assert any(">communication<" in row for row in changed) and not any(">compute<" in row for row in changed)
+    ref_runs = {p.name.rsplit("-", 1)[0] for p in (tmp_path / "out" / "reference" / "results").glob("*/msprof/*-*")}
+    assert ref_runs == {"cluster_time_summary", "slow_rank"}, ref_runs  # the reference: its time breakdown only
     same = _cli("analyze", str(tmp_path / "pair" / "reference"), "--baseline", str(tmp_path / "pair" / "reference"),
                 "--no-advisor", "--no-html", "--json", "--quiet", "--out", str(tmp_path / "same"), cwd=tmp_path)
     (itself,) = [json.loads(line) for line in same.stdout.splitlines() if line.strip()]

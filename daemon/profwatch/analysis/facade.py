@@ -220,7 +220,7 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
             assert staged is not None
             ev, f.session = prepare_msprof(staged, f.out_dir / "msprof", runner=runner, world_size=len(batch.ranks),
                                            owner=batch.batch_id, expected_ranks=sorted(batch.ranks),
-                                           progress=progress)
+                                           progress=progress, settings=settings.msprof)
             run_phase(f.session, ev, "alert", runner=runner, progress=progress)
             result.verdict_source = "msprof-analyze"
             pending = [c.name for c in f.session.plan.phase("enrich")]
@@ -352,7 +352,8 @@ def _confirm_first_verdict(result: AnalysisResult, first_ev: ClusterEvidence, f:
         return first_ev
     result.paths["staging"] = str(f.staged)
     ev, f.session = prepare_msprof(f.staged, f.out_dir / "msprof", runner=runner, world_size=len(batch.ranks),
-                                   owner=batch.batch_id, expected_ranks=sorted(batch.ranks), progress=progress)
+                                   owner=batch.batch_id, expected_ranks=sorted(batch.ranks), progress=progress,
+                                   settings=f.settings.msprof)
     run_phase(f.session, ev, "alert", runner=runner, progress=progress)
     ev.recipes[OWN_TABLES] = first_ev.recipes[OWN_TABLES]
     ev.own_waits = first_ev.own_waits

@@ -81,7 +81,9 @@ def client_keys_or_exit(s: Any, endpoint: str) -> Any:
 def unavailable_hint() -> str:
     """Where the CLI looks for the coordinator and how to point it elsewhere (the second line of an exit 3)."""
     return ("  is the coordinator running there? The CLI finds it through [coordinator] control_bind (and pub_bind "
-            "for --follow) of --config / PROFWATCH_CONFIG / /etc/profwatch/profwatch.toml; default tcp://127.0.0.1:7712.")
+            "for --follow) of --config / PROFWATCH_CONFIG / /etc/profwatch/profwatch.toml; default tcp://127.0.0.1:7712.\n"
+            "  start one with `profwatch coordinator --config FILE` (systemd: profwatch-coordinator.service); a demo's "
+            "daemons answer with --config <its workdir>/run-*/profwatch.toml while it runs.")
 
 
 class CoordinatorClient:

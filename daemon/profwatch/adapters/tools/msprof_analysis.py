@@ -24,6 +24,7 @@ from profwatch.core.verdict.msprof_plan import (
     RESULT_DB,
     RESULT_TABLES,
     InputFacts,
+    MsprofSettings,
     RecipeCommand,
     RecipePlan,
     RunOutcome,
@@ -83,16 +84,18 @@ def _versions(facts: InputFacts) -> dict[str, str]:
 
 
 def prepare_msprof(staged_dir: Path, out_dir: Path, *, runner: MsprofRunner, world_size: int, owner: str = "",
-                   expected_ranks: list[int] | None = None,
-                   progress: Progress | None = None) -> tuple[ClusterEvidence, MsprofSession]:
+                   expected_ranks: list[int] | None = None, progress: Progress | None = None,
+                   settings: MsprofSettings | None = None) -> tuple[ClusterEvidence, MsprofSession]:
     """Inspect one staged batch and plan its recipes; the evidence holds the recipes decided without running
-    (``skipped``, ``not_applicable``...). Paths are made absolute. Raises OSError if ``out_dir`` cannot be made."""
+    (``skipped``, ``not_applicable``...). ``settings``: the recipes to plan (advisor, communication matrix...) for
+    this batch (default the runner's: one runner serves batches planned differently, e.g. ``analyze --baseline``'s
+    reference without the advisor). Paths are made absolute. Raises OSError if ``out_dir`` cannot be made."""
     staged_dir, out_dir = Path(staged_dir).absolute(), Path(out_dir).absolute()
     out_dir.mkdir(parents=True, exist_ok=True)
     facts = inspect_inputs(staged_dir)
     ev = ClusterEvidence(kind="ascend_pt", versions=_versions(facts), collectives_per_step=facts.collectives_per_step)
     ev.notes += input_notes(facts, len(expected_ranks) if expected_ranks is not None else world_size)
-    plan = plan_recipes(facts, runner.settings, str(staged_dir))
+    plan = plan_recipes(facts, settings or runner.settings, str(staged_dir))
     for name, status in plan.skipped.items():
         log.info("msprof_recipe_skipped", recipe=name, status=status.status, detail=status.detail)
         ev.recipes[name] = status
