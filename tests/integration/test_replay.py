@@ -224,3 +224,27 @@ def test_replay_of_a_file_and_of_a_pipe_give_the_same_result(tmp_path: Path) -> 
     assert a["records"] == b["records"] == len(recs) and a["bad_lines"]["count"] == b["bad_lines"]["count"] == 1
     assert a["anomalies"] == b["anomalies"] and a["arms"] == b["arms"] and any(
         2 in x["ranks"] for x in a["anomalies"])  # the slow rank was found from the file too
+
+
+def test_a_file_that_changes_between_the_two_passes_replays_what_the_first_pass_read() -> None:
+    """A job still appending to the file (another job's records included) while it is replayed: the second pass
+    replays only the lines the first pass judged, so a job it did not size is never looked up (no KeyError)."""
+    from profwatch.commands.replay import replay_source
+
+    lines = dump_jsonl(generate_telemetry(replace(BASE, steps=60))).splitlines()
+    late = dump_jsonl(generate_telemetry(replace(BASE, job_id="late", world_size=2, steps=5))).splitlines()
+    reads: list[int] = []
+
+    def open_lines() -> list[str]:
+        reads.append(1)
+        return lines if len(reads) == 1 else lines + late  # appended between the passes
+
+    res = replay_source(open_lines)
+    assert len(reads) == 2 and res["records"] == len(lines) and set(res["jobs"]) == {"sim"}
+
+    def rewritten() -> list[str]:
+        reads.append(1)
+        return lines if len(reads) == 3 else late + lines  # rewritten: another job's lines first
+
+    res = replay_source(rewritten)
+    assert set(res["jobs"]) == {"sim"}

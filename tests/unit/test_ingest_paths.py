@@ -195,3 +195,17 @@ def test_the_common_batch_takes_the_fast_path_and_matches_the_general_one() -> N
         env, good, bad = fast
         assert isinstance(env, wire.NodeBatch) and env.messages == [] and not bad
         assert all(type(m) in (wire.StepReport, wire.RankHello, wire.CaptureEvent, wire.RankBye) for m in good)
+
+
+def test_a_batch_past_max_messages_is_cut_the_same_way_on_both_paths() -> None:
+    """More messages than ``max_messages``: both paths keep the first ones and count one refusal for the rest
+    (the general path used to drop them silently, and the typed path kept them all)."""
+    honest = HONEST * 4  # 24 messages
+    head = b'{"kind":"node_batch","v":1,"node_id":"n1","hostname":"h","seq":3,"ts_unix_s":1.0,"messages":['
+    clean = head + b",".join(honest) + b"]}"
+    spoiled = head + b",".join(honest[:-1] + [b'{"kind":"step"}']) + b"]}"
+    for data in (clean, spoiled):
+        env, good, bad = parse_node_message(data, max_messages=10)
+        assert len(good) == 10 and [b.reason for b in bad] == ["bad_value"] and "more than 10" in bad[0].detail
+    env, good, bad = parse_node_message(head + b",".join(honest[:10]) + b"]}", max_messages=10)
+    assert len(good) == 10 and bad == []

@@ -118,6 +118,9 @@ def test_settings_are_checked() -> None:
         ReferenceSettings(active_steps=0)
     with pytest.raises(ValidationError):
         ReferenceSettings(max_age_s=0)
+    with pytest.raises(ValidationError):  # under an hour: references would outrun the hourly capture cap
+        ReferenceSettings(max_age_s=60)
+    assert ReferenceSettings(max_age_s=3600).max_age_s == 3600
     with pytest.raises(ValidationError):
         ReferenceSettings(unknown=1)  # type: ignore[call-arg]
     assert ReferenceSettings().enabled is True  # on by default

@@ -169,3 +169,15 @@ def test_paths_are_listed_once() -> None:
     assert view.notes == ["kept: c.db used"]
     assert files_of({}, ["see /one"]) == []  # a single segment is not taken for a path
     assert shorten_paths("at /x/y/z.txt.", {}) == "at z.txt."
+
+
+@pytest.mark.parametrize("odd", [{"changes": 5}, {"components": 5}, {"notes": 5}, {"notes": {"a": 1}},
+                                 {"step_time_now_s": 10**400},
+                                 {"components": [{"component": "compute", "delta_s_per_step": 10**400}]}])
+def test_comparison_of_odd_types_renders_without_them(odd: dict) -> None:
+    """A hand-edited report.json: a list that is a number, an integer past the float range: left out, never raised."""
+    from profwatch.adapters.outputs.report import render_html
+
+    cmp = parse_comparison({"headline": "h", "step_time_baseline_s": 0.1, **odd})
+    assert cmp is not None and cmp.step.baseline_ms == pytest.approx(100.0)
+    assert "What changed" in render_html({"comparison": {"headline": "h", **odd}}, [])

@@ -17,6 +17,7 @@ detection, as the coordinator does.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -127,7 +128,9 @@ def replay_source(open_lines: Callable[[], Iterable[str]], config: ReplayConfig 
     bad_count = 0
     records = 0
     sizes: dict[str, int] = {}
+    seen_lines = 0
     for no, line in enumerate(open_lines(), start=1):
+        seen_lines = no
         text = line.strip()
         if not text:
             continue
@@ -147,8 +150,12 @@ def replay_source(open_lines: Callable[[], Iterable[str]], config: ReplayConfig 
                               "generations": []}
     runs = RunFollower()  # records that name their process (pid) follow the coordinator's new-run rule
     last_ts = -math.inf
-    for rec in _valid_records(open_lines()):
-        job = jobs[rec.job_id]
+    # only the lines the first pass judged: a file appended meanwhile (a job still writing it) adds nothing, and a
+    # record whose job the first pass did not see (the file was rewritten between the passes) is skipped
+    for rec in _valid_records(itertools.islice(open_lines(), seen_lines)):
+        job = jobs.get(rec.job_id)
+        if job is None:
+            continue
         det = job.detector
         last_ts = max(last_ts, rec.ts_unix_s)
         if rec.kind == "bye":

@@ -412,10 +412,13 @@ def _split_batch(data: bytes, max_messages: int) -> tuple[Any, list[Any], list[M
             good.append(parse_rank_message(obj))
         except MessageRejected as exc:
             bad.append(exc)
+    if len(good) + len(bad) >= max_messages and text[pos:end].strip(" \t\r\n,"):
+        bad.append(_too_many(max_messages))
     return env, good, bad
 
 
-def _parse_typed_batch(data: bytes) -> tuple[wire.NodeBatch, list[Any], list[MessageRejected]] | None:
+def _parse_typed_batch(data: bytes, max_messages: int = 20_000
+                       ) -> tuple[wire.NodeBatch, list[Any], list[MessageRejected]] | None:
     """Fast path of :func:`parse_node_message`: a ``node_batch`` whose every message the types accept, typed in one
     pydantic pass (envelope and messages), then the value checks of :func:`check_rank_message` on each message.
 
@@ -433,12 +436,19 @@ def _parse_typed_batch(data: bytes) -> tuple[wire.NodeBatch, list[Any], list[Mes
     good: list[Any] = []
     bad: list[MessageRejected] = []
     keep = good.append
-    for m in tb.messages:
+    for m in tb.messages[:max_messages]:
         try:
             keep(check_rank_message(m))
         except MessageRejected as exc:
             bad.append(exc)
+    if len(tb.messages) > max_messages:
+        bad.append(_too_many(max_messages))
     return env, good, bad
+
+
+def _too_many(max_messages: int) -> MessageRejected:
+    """The refusal of the messages of a batch past its first ``max_messages`` (both paths: counted, not lost)."""
+    return MessageRejected("bad_value", f"batch holds more than {max_messages} messages: the rest is not read")
 
 
 def parse_node_message(data: bytes, max_messages: int = 20_000) -> tuple[Any, list[Any], list[MessageRejected]]:
@@ -452,7 +462,7 @@ def parse_node_message(data: bytes, max_messages: int = 20_000) -> tuple[Any, li
         MessageRejected: the envelope itself is unusable (reasons as :func:`parse_rank_message`, plus
             ``bad_node_id``).
     """
-    fast = _parse_typed_batch(data)
+    fast = _parse_typed_batch(data, max_messages)
     return fast if fast is not None else _parse_general(data, max_messages)
 
 

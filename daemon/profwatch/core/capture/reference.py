@@ -52,7 +52,8 @@ class ReferenceSettings(BaseModel):
     enabled: bool = Field(True, description="take a reference capture per job generation (false: never)")
     steady_s: float = Field(300.0, ge=0, description="seconds the job must have been steady (no open episode, "
                                                      "baseline known, step time at it) before its reference")
-    max_age_s: float = Field(86400.0, gt=0, description="a reference older than this is taken again")
+    max_age_s: float = Field(86400.0, ge=3600.0, description="a reference older than this is taken again (at least "
+                                                           "an hour: references are outside the hourly capture cap)")
     active_steps: int = Field(4, ge=1, le=20, description="recorded steps of the reference window")
     step_time_tolerance: float = Field(0.1, gt=0, le=1.0, description="relative: the recent step time must lie "
                                                                       "within this of the detector's baseline")

@@ -174,9 +174,10 @@ def parse_comparison(raw: Any) -> ChangesView | None:
     """The report's view of a verdict's ``comparison`` (``None`` when there is none or it is not a mapping)."""
     if not isinstance(raw, Mapping):
         return None
-    changed = {str(c.get("component")) for c in raw.get("changes") or [] if isinstance(c, Mapping)}
+    changes, components = _list(raw.get("changes")), _list(raw.get("components"))
+    changed = {str(c.get("component")) for c in changes if isinstance(c, Mapping)}
     rows = []
-    for c in raw.get("components") or []:
+    for c in components:
         if not isinstance(c, Mapping) or c.get("delta_s_per_step") is None and c.get("now_s_per_step") is None:
             continue
         comp = str(c.get("component") or "?")
@@ -184,7 +185,7 @@ def parse_comparison(raw: Any) -> ChangesView | None:
                                  _ms(c.get("delta_s_per_step")), _ms(c.get("noise_s_per_step")),
                                  _fnum(c.get("share")), comp in changed, _detail_text(c.get("detail"))))
     other = [(str(c.get("component") or "?"), _detail_text(c.get("detail")))
-             for c in raw.get("changes") or [] if isinstance(c, Mapping) and c.get("delta_s_per_step") is None]
+             for c in changes if isinstance(c, Mapping) and c.get("delta_s_per_step") is None]
     step = ComponentRow("step time", _ms(raw.get("step_time_baseline_s")), _ms(raw.get("step_time_now_s")),
                         _ms(raw.get("step_delta_s")), None, None, bool(raw.get("step_time_changed")))
     ref = _mapping(raw.get("reference"))
@@ -199,7 +200,7 @@ def parse_comparison(raw: Any) -> ChangesView | None:
             ranks_text += f"; {len(only)} {what}: {step_list_text(only)}"
     hours = _fnum(raw.get("impact_accelerator_hours_per_day"))
     return ChangesView(str(raw.get("headline") or ""), reference or "-", step, rows, other, ranks_text, hours,
-                       [str(n) for n in raw.get("notes") or []])
+                       [str(n) for n in _list(raw.get("notes"))])
 
 
 @dataclass(slots=True)
@@ -361,9 +362,13 @@ def headline_of(status: str, detail: str, suspects: Sequence[SuspectRow]) -> Hea
 
 
 def _fnum(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, int | float):
         return None
-    return float(v)
+    try:
+        x = float(v)  # an int past the float range (a hand-edited 1e400 written as digits) raises OverflowError
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
 
 
 def parse_links(raw: Any) -> list[SlowLink]:
@@ -428,6 +433,10 @@ def files_of(paths: Mapping[str, Any], texts: Sequence[str]) -> list[tuple[str, 
                 out.append((f"advisor report ({ext})" if "advisor" in name else f"{ext} output", p))
                 seen.add(p)
     return out
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
 
 
 def _mapping(v: Any) -> Mapping[str, Any]:
