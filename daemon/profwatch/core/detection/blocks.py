@@ -15,18 +15,50 @@ from collections import Counter
 import numpy as np
 
 from profwatch.core.detection.settings import DetectionSettings
-from profwatch.core.detection.types import FinalizedStep
+from profwatch.core.detection.types import MAD_TO_SIGMA, FinalizedStep
 
 NUMPY_MIN_RANKS = 64
 """Per-rank block medians in pure Python below this many ranks (numpy's overhead dominates there)."""
 LEARN_STEPS = 32
 """Non-excluded steps whose median step time sets the block size."""
+MAX_PERIOD = 4
+"""Longest step-time period (steps) judged as whole periods (e.g. a hook called once per micro-batch)."""
+PERIOD_SEPARATION = 6.0
+"""A period is used when its phase medians span at least this many of the widest phase's noise sigmas."""
+MIN_PHASE_VALUES = 4
 
 
 def _median(xs: list[float]) -> float:
     s = sorted(xs)
     n = len(s)
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def step_period(steps: list[FinalizedStep], min_amplitude: float) -> int:
+    """The shortest period p in 2..:data:`MAX_PERIOD` (steps) of a series of step times, or 1 when there is none.
+
+    ``steps``: non-excluded finalised steps; phase of a step = ``step % p``. A period is found when every phase
+    holds at least :data:`MIN_PHASE_VALUES` values, the phase medians span at least ``min_amplitude`` of their
+    mean (relative), and that span is at least :data:`PERIOD_SEPARATION` times the largest within-phase noise
+    (1.4826 MAD): two or more clearly separate modes that take turns, as when the step hook runs once per
+    micro-batch of a gradient accumulation (0.1 s, 1.0 s, 0.1 s, ...). Our own rule (a comb test on phase
+    medians), stated here so it can be checked.
+    """
+    for p in range(2, MAX_PERIOD + 1):
+        phases: list[list[float]] = [[] for _ in range(p)]
+        for fs in steps:
+            phases[fs.step % p].append(fs.time_s)
+        if min(len(v) for v in phases) < MIN_PHASE_VALUES:
+            break
+        meds = [_median(v) for v in phases]
+        span = max(meds) - min(meds)
+        mean = sum(meds) / p
+        if mean <= 0 or span < min_amplitude * mean:
+            continue
+        noise = max(MAD_TO_SIGMA * _median([abs(x - m) for x in v]) for v, m in zip(phases, meds, strict=True))
+        if span >= PERIOD_SEPARATION * noise:
+            return p
+    return 1
 
 
 class StepBlocks:
@@ -39,7 +71,10 @@ class StepBlocks:
         Block size: after warm-up, the first :data:`LEARN_STEPS` non-excluded steps of a generation are held and
         their median job step time ``t`` sets ``B = clamp(round(block_target_s / t), 1, max_block_steps)`` for the
         rest of the generation (1 = every step is passed on as it comes; the usual case at 0.1 s per step and
-        more). A block of B consecutive finalised steps becomes one record: ``step`` its last step, ``time_s``
+        more). When those steps take turns between separate levels with a short period p (:func:`step_period`;
+        training units only), B is rounded to a multiple of p (at least p) and a block's ``time_s`` is the median
+        of its periods' mean step times: a job whose hook runs once per micro-batch is judged per period, where
+        it is steady, not per step, where its times form two modes. A block of B consecutive finalised steps becomes one record: ``step`` its last step, ``time_s``
         the median job step time, ``slowest_rank`` the rank slowest most often, ``ranks_reported`` the least,
         ``stages`` per stage and rank the median (NaN where a rank never reported), ``work`` the median work,
         ``steps`` B (at least ``min_steps_without_work`` when none of those steps reported ``work``: a serving
@@ -58,6 +93,8 @@ class StepBlocks:
     def reset(self) -> None:
         """Forget the block size and the open block (a new generation)."""
         self.size: int | None = None if self.settings.block_target_s > 0 or self.min_steps_without_work > 1 else 1
+        self.period = 1
+        """Steps of the step-time period that blocks are made of (1: none; see :func:`step_period`)."""
         self._held: list[FinalizedStep] = []
         self._open: list[FinalizedStep] = []
 
@@ -81,6 +118,11 @@ class StepBlocks:
                                    round(self.settings.block_target_s / t) if t > 0 else 1))
             if all(h.work is None for h in self._held):
                 self.size = max(self.size, self.min_steps_without_work)
+            if self.min_steps_without_work == 1:
+                p = step_period([h for h in self._held if h.excluded is None], self.settings.min_effect)
+                if p > 1 and p <= self.settings.max_block_steps:
+                    self.period = p
+                    self.size = p * max(1, min(self.settings.max_block_steps // p, round(self.size / p)))
             held, self._held = self._held, []
             out: list[FinalizedStep] = []
             for h in held:
@@ -95,11 +137,12 @@ class StepBlocks:
         if len(self._open) < (self.size or 1):
             return []
         block, self._open = self._open, []
-        return [merge_block(block)]
+        return [merge_block(block, self.period)]
 
 
-def merge_block(block: list[FinalizedStep]) -> FinalizedStep:
-    """One record for consecutive finalised steps (rules in :class:`StepBlocks` Notes)."""
+def merge_block(block: list[FinalizedStep], period: int = 1) -> FinalizedStep:
+    """One record for consecutive finalised steps (rules in :class:`StepBlocks` Notes); with ``period`` > 1 (the
+    block holds whole periods) ``time_s`` is the median over the block's periods of their mean step time."""
     last = block[-1]
     excluded = next((b.excluded for b in block if b.excluded is not None), None)
     slowest = Counter(b.slowest_rank for b in block).most_common(1)[0][0]
@@ -118,9 +161,13 @@ def merge_block(block: list[FinalizedStep]) -> FinalizedStep:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # a rank that reported no step of the block
                 stages[name] = [float(x) for x in np.nanmedian(np.asarray(rows, dtype=np.float64), axis=0)]
-    return FinalizedStep(step=last.step, time_s=_median([b.time_s for b in block]), slowest_rank=slowest,
+    if period > 1 and len(block) % period == 0:
+        times = [sum(b.time_s for b in block[i:i + period]) / period for i in range(0, len(block), period)]
+    else:
+        times = [b.time_s for b in block]
+    return FinalizedStep(step=last.step, time_s=_median(times), slowest_rank=slowest,
                          ranks_reported=min(b.ranks_reported for b in block), stages=stages, excluded=excluded,
                          work=_median(works) if works else None, steps=sum(b.steps for b in block))
 
 
-__all__ = ["LEARN_STEPS", "StepBlocks", "merge_block"]
+__all__ = ["LEARN_STEPS", "StepBlocks", "merge_block", "step_period"]
