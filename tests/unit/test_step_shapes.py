@@ -52,3 +52,46 @@ def test_step_period_finds_the_shortest_period_of_separate_modes_only() -> None:
     rnd = random.Random(1)
     assert step_period(steps(lambda k: 1.0 + 0.05 * rnd.random()), 0.1) == 1
     assert step_period(steps(lambda k: 1.0 if k % 2 else 0.97), 0.1) == 1  # below min_amplitude
+
+
+def _jump(low: float) -> Callable[[int], float]:
+    return lambda s: low if s < 300 else (0.5 if s < 600 else 0.8)
+
+
+def test_fifty_fold_level_jump_is_one_change_and_the_next_slowdown_is_found() -> None:
+    found, _ = run(_job(900, 4, _jump(0.01)), 4)
+    assert of_kind(found, "periodic_spike") == []
+    jump, slow = of_kind(found, "step_regression")
+    assert 300 <= jump.step <= 330 and jump.magnitude > 40
+    assert 600 <= slow.step <= 630 and slow.magnitude == pytest.approx(0.6, abs=0.05)
+    assert [a.kind for a in found] == ["step_regression", "step_regression"]
+
+
+@pytest.mark.parametrize("low", [0.001, 0.0])
+def test_jump_from_a_tiny_step_time_is_re_learned_and_the_next_slowdown_is_found(low: float) -> None:
+    found, _ = run(_job(900, 4, _jump(low)), 4)
+    regs = of_kind(found, "step_regression")
+    assert [a.kind for a in found] == ["step_regression"] * len(regs) and 1 <= len(regs) <= 2
+    assert all(a.step <= 330 for a in regs[:-1]), "the jump is one change"
+    assert 600 <= regs[-1].step <= 630 and regs[-1].magnitude == pytest.approx(0.6, abs=0.05)
+
+
+def test_block_size_follows_a_large_level_jump() -> None:
+    from profwatch.core.detection.blocks import StepBlocks
+    from profwatch.core.detection.settings import DetectionSettings
+    blocks = StepBlocks(DetectionSettings())
+    out = [r for k in range(300) for r in blocks.push(FinalizedStep(k, 0.001, 0, 4, None, None))]
+    assert blocks.size == 50 and out[-1].steps == 50
+    out = [r for k in range(300, 420) for r in blocks.push(FinalizedStep(k, 0.5, 0, 4, None, None))]
+    assert blocks.size == 1 and out[-1].steps == 1 and out[-1].step == 419
+    assert sum(r.steps for r in out) >= 100, "no step is lost when the size changes"
+
+
+def test_consecutive_blocks_continue_one_spike_episode() -> None:
+    from profwatch.core.detection.settings import DetectionSettings
+    from profwatch.core.detection.spikes import SpikeFilter
+    spikes = SpikeFilter(DetectionSettings())
+    outcomes = [spikes.observe(step, 49.0, 1e3, hold_steps=4, stride=5) for step in range(304, 340, 5)]
+    assert all(o.ended is None for o in outcomes), "a block 5 steps later is the next value, not a gap"
+    [sustained] = [o.sustained for o in outcomes if o.sustained is not None]
+    assert (sustained.onset, sustained.last) == (304, 324)  # the 5th value outlasted a hold of 4 values

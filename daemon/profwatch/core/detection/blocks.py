@@ -26,6 +26,10 @@ MAX_PERIOD = 4
 PERIOD_SEPARATION = 6.0
 """A period is used when its phase medians span at least this many of the widest phase's noise sigmas."""
 MIN_PHASE_VALUES = 4
+RESIZE_FACTOR = 4.0
+RESIZE_STEPS = 8
+"""The block size is learned again when the records' step time stayed this factor off the learned one over at
+least this many steps (a level jump: 10 ms blocks of 5 steps would become 2.5 s records after a 50x jump)."""
 
 
 def _median(xs: list[float]) -> float:
@@ -78,7 +82,9 @@ class StepBlocks:
         the median job step time, ``slowest_rank`` the rank slowest most often, ``ranks_reported`` the least,
         ``stages`` per stage and rank the median (NaN where a rank never reported), ``work`` the median work,
         ``steps`` B (at least ``min_steps_without_work`` when none of those steps reported ``work``: a serving
-        unit without work judges block medians). A block with any excluded step is excluded with that step's reason (a capture window, a
+        unit without work judges block medians). When the step time of the records (training units) stays
+        :data:`RESIZE_FACTOR` or more off the learned one over :data:`RESIZE_STEPS` steps, the block size is set
+        again for the new step time (a level jump must not leave one record per many seconds). A block with any excluded step is excluded with that step's reason (a capture window, a
         flagged step). Medians make a block insensitive to a few jittery steps, so host jitter does not reach
         the detectors, while a sustained change moves every block; the detectors' thresholds (``min_effect``,
         ``outlier_*``) keep their meaning and their step counts (``outlier_window_steps``, ``baseline_steps``,
@@ -94,6 +100,8 @@ class StepBlocks:
         """Forget the block size and the open block (a new generation)."""
         self.size: int | None = None if self.settings.block_target_s > 0 or self.min_steps_without_work > 1 else 1
         self.period = 1
+        self._t = 0.0
+        self._moved_steps = 0
         """Steps of the step-time period that blocks are made of (1: none; see :func:`step_period`)."""
         self._held: list[FinalizedStep] = []
         self._open: list[FinalizedStep] = []
@@ -114,15 +122,14 @@ class StepBlocks:
             if len(ok) < LEARN_STEPS:
                 return []
             t = _median(ok)
-            self.size = max(1, min(self.settings.max_block_steps,
-                                   round(self.settings.block_target_s / t) if t > 0 else 1))
-            if all(h.work is None for h in self._held):
-                self.size = max(self.size, self.min_steps_without_work)
             if self.min_steps_without_work == 1:
                 p = step_period([h for h in self._held if h.excluded is None], self.settings.min_effect)
-                if p > 1 and p <= self.settings.max_block_steps:
-                    self.period = p
-                    self.size = p * max(1, min(self.settings.max_block_steps // p, round(self.size / p)))
+                if 1 < p <= self.settings.max_block_steps:
+                    self.period, t = p, sum(ok) / len(ok)
+            self._t = t
+            self.size = self._ideal(t)
+            if all(h.work is None for h in self._held):
+                self.size = max(self.size, self.min_steps_without_work)
             held, self._held = self._held, []
             out: list[FinalizedStep] = []
             for h in held:
@@ -130,14 +137,39 @@ class StepBlocks:
             return out
         return self._add(fs)
 
+    def _ideal(self, t: float) -> int:
+        """Block size for a step time of ``t`` seconds (a multiple of :attr:`period`)."""
+        cap = self.settings.max_block_steps
+        size = max(1, min(cap, round(self.settings.block_target_s / t) if t > 0 else 1))
+        if self.period > 1:
+            size = self.period * max(1, min(cap // self.period, round(size / self.period)))
+        return size
+
     def _add(self, fs: FinalizedStep) -> list[FinalizedStep]:
         if self.size == 1:
-            return [fs]
-        self._open.append(fs)
-        if len(self._open) < (self.size or 1):
-            return []
-        block, self._open = self._open, []
-        return [merge_block(block, self.period)]
+            rec = fs
+        else:
+            self._open.append(fs)
+            if len(self._open) < (self.size or 1):
+                return []
+            block, self._open = self._open, []
+            rec = merge_block(block, self.period)
+        self._follow(rec)
+        return [rec]
+
+    def _follow(self, rec: FinalizedStep) -> None:
+        """Re-size after the step time moved by :data:`RESIZE_FACTOR` or more for :data:`RESIZE_STEPS` steps."""
+        if self.min_steps_without_work > 1 or self.settings.block_target_s <= 0 or rec.excluded is not None:
+            return
+        t = rec.time_s
+        moved = t >= RESIZE_FACTOR * self._t or t * RESIZE_FACTOR <= self._t
+        ideal = self._ideal(t)
+        if not moved or ideal == self.size:
+            self._moved_steps = 0
+            return
+        self._moved_steps += rec.steps
+        if self._moved_steps >= RESIZE_STEPS:
+            self.size, self._t, self._moved_steps = ideal, t, 0
 
 
 def merge_block(block: list[FinalizedStep], period: int = 1) -> FinalizedStep:

@@ -25,6 +25,9 @@ biweight scale over n steps), so a short baseline does not make the detector tri
 PROVISIONAL_MIN = 5
 """While learning, steps are screened for spikes once the baseline holds this many values."""
 DEFAULT_HOLD_STEPS = 8
+LARGE_JUMP = 10.0
+"""A step this many times the baseline or more is held for the capture lead at its own step time (see
+:meth:`StepTimeRegressionDetector._hold_time`)."""
 MAX_SLOWEST_RANKS = 16
 
 
@@ -99,7 +102,7 @@ class StepTimeRegressionDetector:
         Spikes first (``daemon/profwatch/core/detection/spikes.py``): a step ``>= spike_min_effect`` and ``>= spike_z`` sigmas
         over ``mu`` is a spike step, held out of the CUSUM and the baseline. An episode of spike steps that
         ends within the hold (``spike_hold_steps``, default the capture planner's lead at the current step
-        time) is reported as ``step_spike`` (at most one event per ``spike_event_gap_steps``; the others are
+        time; at the step's own time for a step :data:`LARGE_JUMP` times the baseline or more) is reported as ``step_spike`` (at most one event per ``spike_event_gap_steps``; the others are
         counted in the next event) and never arms; one that lasts longer is a sustained level change:
         ``step_regression`` with ``pattern "level"``. Recurring episodes are learned as periodic: reported once
         as ``periodic_spike`` (with the next onset), their predicted windows held out.
@@ -219,8 +222,8 @@ class StepTimeRegressionDetector:
         rel = x / mu - 1.0
         z = rel / noise
         out: list[Anomaly] = []
-        hold = self._hold(step.step, mu)
-        sp = self.spikes.observe(step.step, rel, z, hold)
+        hold = self._hold(step.step, self._hold_time(mu, x))
+        sp = self.spikes.observe(step.step, rel, z, hold, self._steps_per_value)
         if sp.ended is not None and not sp.ended_periodic:
             self._spike_event(step.step, sp.ended, mu, hold, out)
         if sp.new_pattern is not None:
@@ -242,6 +245,13 @@ class StepTimeRegressionDetector:
         return out
 
     # -- internals -------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _hold_time(mu: float, x: float) -> float:
+        """The step time (s) the hold is computed at: the baseline's, or the step's own when it is
+        :data:`LARGE_JUMP` times the baseline or more (a lead of hundreds of fast steps would otherwise hold a
+        50x level jump for minutes, longer than the next change)."""
+        return x if x >= LARGE_JUMP * mu else mu
+
     def _hold(self, step: int, step_time_s: float) -> int:
         s = self.settings
         hold = s.spike_hold_steps or (self._hold_steps(step, step_time_s) if self._hold_steps else DEFAULT_HOLD_STEPS)
@@ -263,7 +273,7 @@ class StepTimeRegressionDetector:
             mu, noise = self._noise()
             if self.spikes.is_spike(x / mu - 1.0, (x / mu - 1.0) / noise):
                 self._learn_rejected += 1
-                if self._learn_rejected <= self._hold(step, mu):
+                if self._learn_rejected <= self._hold(step, self._hold_time(mu, x)):
                     return
                 self.counters["relearn_while_learning"] += 1
                 self._base.clear()

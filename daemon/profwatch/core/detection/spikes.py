@@ -201,8 +201,11 @@ class SpikeFilter:
             if p.covers(step):
                 p.unseen = True
 
-    def observe(self, step: int, rel: float, z: float, hold_steps: int) -> SpikeOutcome:
-        """Classify one non-excluded step (``rel`` relative excess, ``z`` in noise sigmas; ``hold_steps`` >= 1)."""
+    def observe(self, step: int, rel: float, z: float, hold_steps: int, stride: int = 1) -> SpikeOutcome:
+        """Classify one non-excluded step (``rel`` relative excess, ``z`` in noise sigmas; ``hold_steps`` >= 1).
+
+        ``stride``: steps per value (a block of fast steps is one value, numbered by its last step): gaps and
+        the hold are counted in values, so consecutive blocks continue an episode."""
         if self._observed_from is None:
             self._observed_from = step
         s = self.settings
@@ -210,7 +213,8 @@ class SpikeFilter:
         elevated = spike or (rel >= EXIT_FRACTION * s.spike_min_effect and z >= EXIT_FRACTION * s.spike_z)
         ended: SpikeEpisode | None = None
         ep = self._open
-        if ep is not None and step - ep.last > MERGE_GAP_STEPS + (1 if elevated else 0):
+        stride = max(1, stride)
+        if ep is not None and step - ep.last > stride * (MERGE_GAP_STEPS + (1 if elevated else 0)):
             ended, self._open, ep = ep, None, None
         occurrence = spike and self._occurrence_begins(step)
         if spike:
@@ -229,7 +233,7 @@ class SpikeFilter:
         explained = any(p.covers(step) for p in self.patterns)
         held = spike or explained
         sustained = None
-        if ep is not None and elevated and not explained and step - ep.onset + 1 > hold_steps:
+        if ep is not None and elevated and not explained and (step - ep.onset) // stride + 1 > hold_steps:
             sustained, self._open = ep, None
         if ended is None and sustained is None and out_pattern is None:
             return SpikeOutcome(held) if held else _QUIET
