@@ -14,7 +14,7 @@ from typing import Any
 from profwatch.core.detection.aggregation import NEVER, StepAggregator, StepReportLike
 from profwatch.core.detection.blocks import StepBlocks
 from profwatch.core.detection.rank_outliers import RankOutlierDetector
-from profwatch.core.detection.regression import StepTimeRegressionDetector
+from profwatch.core.detection.regression import EFFECT_Z, StepTimeRegressionDetector
 from profwatch.core.detection.serving import BLOCK_STEPS_WITHOUT_WORK, LoadNormaliser
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.stalls import ArrivalStallDetector
@@ -43,6 +43,11 @@ class UnitPipeline:
         other step detectors get them raw. The spike hold is converted from steps to blocks. In a unit that is
         not the whole job, a ``step_regression`` or ``drift`` names the unit's ranks (``detail["unit"]``). A
         serving unit checks no stalls and detects no drift (its ratios follow the load by construction).
+        Without ``work``, a ``step_regression`` of a serving unit needs the run's mean excess itself to reach
+        ``min_effect`` (the regression detector's ``effect_z`` is 0 there, 2 otherwise): the ratios then still
+        follow the batch size, which the busy fraction does not see and which wanders for tens of steps (a batch
+        30 % over its usual size for 45 steps made 3 blocks of +8 %, and mean + 2 standard errors passed 10 %:
+        a false page on healthy traffic); a change of at least ``min_effect`` still fires on the same block.
     """
 
     def __init__(self, job_id: str, ranks: Sequence[int], settings: DetectionSettings, hold_steps: HoldSteps, *,
@@ -135,6 +140,8 @@ class UnitPipeline:
                 self.normaliser.note_step(fs0)
             for fs in self.blocks.push(fs0):
                 rf = self.normaliser.normalise(fs) if self.normaliser is not None else fs
+                if self.normaliser is not None and self.regression is not None:
+                    self.regression.effect_z = EFFECT_Z if fs.work is not None else 0.0
                 for d in self.step_detectors:
                     found = d.on_step(rf if d is self.regression else fs)
                     if found:

@@ -114,7 +114,7 @@ class StepTimeRegressionDetector:
         ``S = 0`` it takes three steps to fire).
         ``S+ > h`` fires ``step_regression`` (``pattern "cusum"``) when the mean relative excess of the run since
         ``S+`` last was 0 (the change-point estimate, ``first_step``) is not significantly below ``min_effect``:
-        ``mean + 2 * s / sqrt(run) >= min_effect`` (otherwise ``S+`` is capped at h: a shift smaller than
+        ``mean + 2 * s / sqrt(run) >= min_effect`` (``effect_z``, 2 by default; otherwise ``S+`` is capped at h: a shift smaller than
         ``min_effect`` is never reported, it is absorbed by the baseline). ``S- > h`` (the job got faster)
         re-learns the baseline silently. After a fire the baseline is re-learned (debounce: the new level
         becomes normal). Magnitude = mean relative excess of the run.
@@ -144,6 +144,9 @@ class StepTimeRegressionDetector:
         self.job_id = job_id
         self.settings = settings
         self._hold_steps = hold_steps
+        self.effect_z = EFFECT_Z
+        """Standard errors the run's mean excess may fall short of ``min_effect`` at a fire (:data:`EFFECT_Z`; a
+        serving unit without ``work`` sets 0: see ``UnitPipeline``)."""
         self._base = RobustBaseline(settings.baseline_steps, settings.baseline_lag_steps,
                                     trend=settings.drift_detection)
         self.drift = DriftTracker(settings.drift_threshold or settings.min_effect)
@@ -322,7 +325,7 @@ class StepTimeRegressionDetector:
         self._recent.append(x)
         if self._s_hi > h * (1.0 + 1e-9):
             mean = self._run_sum / self._run_n
-            if mean + EFFECT_Z * noise / math.sqrt(self._run_n) >= s.min_effect:
+            if mean + self.effect_z * noise / math.sqrt(self._run_n) >= s.min_effect:
                 shape = self._shape(fs.step, mu, noise) if s.drift_detection else "step"
                 if shape == "ramp":
                     return None
