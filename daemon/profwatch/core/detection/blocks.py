@@ -100,9 +100,9 @@ class StepBlocks:
         """Forget the block size and the open block (a new generation)."""
         self.size: int | None = None if self.settings.block_target_s > 0 or self.min_steps_without_work > 1 else 1
         self.period = 1
+        """Steps of the step-time period that blocks are made of (1: none; see :func:`step_period`)."""
         self._t = 0.0
         self._moved_steps = 0
-        """Steps of the step-time period that blocks are made of (1: none; see :func:`step_period`)."""
         self._held: list[FinalizedStep] = []
         self._open: list[FinalizedStep] = []
 
