@@ -58,9 +58,9 @@ from profwatch.core.batches.prof_layout import PROFILER_OUTPUT_DIR
 from profwatch.core.display import printable
 from profwatch.core.verdict.agreement import compare_verdicts
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
-from profwatch.core.verdict.msprof_plan import ALERT_RECIPES, advisor_ranks
+from profwatch.core.verdict.msprof_plan import ALERT_RECIPES, advisor_ranks, enrich_recipe_names
 from profwatch.core.verdict.own_tables import RankTables, combine_rank_tables, unusable_reason
-from profwatch.core.verdict.ranking import judge_batch
+from profwatch.core.verdict.ranking import Verdict, judge_batch
 from profwatch.core.verdict.settings import AnalysisSettings
 from profwatch.core.verdict.subset import wait_outside
 
@@ -89,6 +89,17 @@ class Followup:
     session: MsprofSession | None = None
     staged: Path | None = None
     prefetched: Mapping[str, tuple[Signature, RankTables]] | None = None
+
+    def hosts(self) -> dict[int, str]:
+        """rank -> host: parsed from the rank dir names, overridden by the hostnames the ranks reported."""
+        hosts = hostnames_from_dirs(self.batch.rank_dirs)
+        hosts.update(self.hostnames)
+        return hosts
+
+    def judge(self, ev: ClusterEvidence, armed_steps: Sequence[int] | None) -> Verdict:
+        """:func:`judge_batch` on ``ev`` with this batch's hosts, rank dirs, ranking settings and job world size."""
+        return judge_batch(ev, hostnames=self.hosts(), rank_dirs=self.batch.rank_dirs, settings=self.settings.ranking,
+                           armed_steps=armed_steps, world_size=self.job_world)
 
 
 def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettings | None = None,
@@ -215,7 +226,7 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
         if own is not None:  # msprof-analyze confirms the first verdict after the alert
             ev = own
             result.verdict_source = OWN_TABLES
-            pending = [*ALERT_RECIPES, *_enrich_names(settings)]
+            pending = [*ALERT_RECIPES, *enrich_recipe_names(settings.msprof)]
         else:
             assert staged is not None
             ev, f.session = prepare_msprof(staged, f.out_dir / "msprof", runner=runner, world_size=len(batch.ranks),
@@ -294,16 +305,6 @@ def enrich_analysis(result: AnalysisResult, *, runner: MsprofRunner,
     return result
 
 
-def _enrich_names(settings: AnalysisSettings) -> list[str]:
-    """The enrich-phase recipes ``plan_recipes`` would pick (the plan itself is made when msprof-analyze runs)."""
-    names = ["communication_matrix"] if settings.msprof.communication_matrix else []
-    if settings.msprof.advisor:
-        names.append("advisor")
-        if settings.msprof.advisor_html:
-            names.append("advisor_html")
-    return names
-
-
 def _own_tables_evidence(batch: BatchState, settings: AnalysisSettings, progress: Progress | None,
                          prefetched: Mapping[str, tuple[Signature, RankTables]] | None = None,
                          ) -> ClusterEvidence | None:
@@ -366,10 +367,7 @@ def _confirm_first_verdict(result: AnalysisResult, first_ev: ClusterEvidence, f:
                             f"cluster_time_summary {state.status if state else 'did not run'}; the verdict stands "
                             "on profwatch's own reading of the rank tables"}
         return ev
-    hosts = hostnames_from_dirs(batch.rank_dirs)
-    hosts.update(f.hostnames)
-    confirmed = judge_batch(ev, hostnames=hosts, rank_dirs=batch.rank_dirs, settings=f.settings.ranking,
-                            armed_steps=result.armed_steps, world_size=f.job_world)
+    confirmed = f.judge(ev, result.armed_steps)
     agreement = compare_verdicts(first_ev.summaries, first_suspects, ev.summaries, confirmed.suspects)
     result.agreement = agreement.to_json()
     result.verdict_source = "msprof-analyze"
@@ -407,9 +405,7 @@ def _enrich_msprof(result: AnalysisResult, ev: ClusterEvidence, f: Followup, run
     why = ""
     if advisor:
         times = {row["rank"]: row["step_time_us"] for row in per_rank_summary(ev.summaries)}
-        hosts = hostnames_from_dirs(f.batch.rank_dirs)
-        hosts.update(f.hostnames)
-        subset, why = advisor_ranks(sorted(f.batch.ranks), [s.rank for s in result.suspects], times, hosts,
+        subset, why = advisor_ranks(sorted(f.batch.ranks), [s.rank for s in result.suspects], times, f.hosts(),
                                     f.settings.msprof)
         if subset == []:
             for c in advisor:
@@ -437,10 +433,7 @@ def _enrich_msprof(result: AnalysisResult, ev: ClusterEvidence, f: Followup, run
 def _judge(result: AnalysisResult, ev: ClusterEvidence, f: Followup) -> None:
     """Judge the batch on ``ev`` (again, after the enrich phase) and set the verdict fields of ``result``."""
     batch = f.batch
-    hosts = hostnames_from_dirs(batch.rank_dirs)
-    hosts.update(f.hostnames)
-    verdict = judge_batch(ev, hostnames=hosts, rank_dirs=batch.rank_dirs, settings=f.settings.ranking,
-                          armed_steps=result.armed_steps, world_size=f.job_world)
+    verdict = f.judge(ev, result.armed_steps)
     result.recipes = dict(ev.recipes)
     result.suspects, result.links, result.impact = verdict.suspects, verdict.links, verdict.impact
     result.one_offs = list(verdict.one_offs)

@@ -176,6 +176,7 @@ def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -
     if not posixpath.isabs(staged_dir):
         raise ValueError(f"staged_dir must be absolute (the tool runs from its own folder): {staged_dir!r}")
     plan = RecipePlan()
+    enrich = enrich_recipe_names(settings)
     base = ("-d", staged_dir, "--agent", "--force")
     if not facts.db_ranks:
         for name in ("cluster_time_summary", "slow_rank"):
@@ -191,7 +192,7 @@ def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -
         else:
             plan.skipped["cluster_time_summary"] = RecipeStatus(
                 "cluster_time_summary", "not_applicable", "no MEMCPY_ASYNC task on any rank: the recipe cannot run")
-        if settings.communication_matrix:
+        if "communication_matrix" in enrich:
             plan.commands.append(RecipeCommand("communication_matrix", ("-m", "communication_matrix_sum", *base),
                                                "enrich"))
         if facts.max_group_size >= SLOW_RANK_MIN_GROUP:
@@ -200,14 +201,26 @@ def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -
             plan.skipped["slow_rank"] = RecipeStatus(
                 "slow_rank", "not_applicable", f"largest collective group has {facts.max_group_size} ranks; "
                 f"slow_rank votes only in groups of {SLOW_RANK_MIN_GROUP} or more")
-    if settings.advisor:
+    if "advisor" in enrich:
         plan.commands.append(RecipeCommand("advisor", ("advisor", "all", *base, "-l", settings.language), "enrich"))
-        if settings.advisor_html:
+        if "advisor_html" in enrich:
             plan.commands.append(RecipeCommand(
                 "advisor_html", ("advisor", "all", "-d", staged_dir, "--force", "-l", settings.language), "enrich"))
     else:
         plan.skipped["advisor"] = RecipeStatus("advisor", "skipped", "advisor disabled in settings")
     return plan
+
+
+def enrich_recipe_names(settings: MsprofSettings) -> list[str]:
+    """The enrich-phase recipes the settings ask for, in plan order (``communication_matrix``, ``advisor``,
+    ``advisor_html``): what :func:`plan_recipes` plans for a batch with DB and communication data, and what a
+    first alert announces before the batch has been inspected."""
+    names = ["communication_matrix"] if settings.communication_matrix else []
+    if settings.advisor:
+        names.append("advisor")
+        if settings.advisor_html:
+            names.append("advisor_html")
+    return names
 
 
 def advisor_ranks(ranks: Sequence[int], suspects: Sequence[int], step_time_us: Mapping[int, float],
