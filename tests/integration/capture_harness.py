@@ -14,7 +14,7 @@ from profwatch.adapters.zmq.control import ControlError, ControlUnavailable, cal
 from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
 from rankhook import wire
-from tests.integration.live_stack import free_port
+from tests.integration.live_stack import free_port, loopback_coordinator
 
 
 class Harness:
@@ -23,11 +23,7 @@ class Harness:
     def __init__(self, root: Path, capture: dict | None = None, arming: dict | None = None, **coord: object) -> None:
         self.root = root
         self.ports = {k: free_port() for k in ("ingest", "control", "pub")}
-        over = {"ingest_bind": f"tcp://127.0.0.1:{self.ports['ingest']}",
-                "control_bind": f"tcp://127.0.0.1:{self.ports['control']}",
-                "pub_bind": f"tcp://127.0.0.1:{self.ports['pub']}", "state_db": str(root / "state.db"),
-                "work_dir": str(root / "work"), "allowed_prof_roots": [str(root / "prof")],
-                "allowed_config_roots": [str(root / "cfg")], "tick_interval_s": 0.1}
+        over: dict[str, object] = loopback_coordinator(root, self.ports)
         over.update(coord)
         self.settings = load_settings(None, coordinator=over,
                                       watch={"reconcile_interval_s": 0.5, "parse_allowance_s": 5.0},

@@ -28,6 +28,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def loopback_coordinator(root: Path, ports: dict[str, int]) -> dict[str, Any]:
+    """The ``[coordinator]`` section of a test coordinator under ``root``: its ``ingest``/``control``/``pub`` sockets
+    on those loopback ports, state db and work dir in ``root``, ``root/prof`` and ``root/cfg`` allowed, a 0.1 s
+    tick (the harnesses add or override keys)."""
+    return {"ingest_bind": f"tcp://127.0.0.1:{ports['ingest']}", "control_bind": f"tcp://127.0.0.1:{ports['control']}",
+            "pub_bind": f"tcp://127.0.0.1:{ports['pub']}", "state_db": str(root / "state.db"),
+            "work_dir": str(root / "work"), "allowed_prof_roots": [str(root / "prof")],
+            "allowed_config_roots": [str(root / "cfg")], "tick_interval_s": 0.1}
+
+
 class Keys:
     """A key directory laid out as ``profwatch keys init`` does, plus issued client certificates."""
 
@@ -68,11 +78,7 @@ class Stack:
                  sections: dict[str, Any] | None = None, **coordinator: Any) -> None:
         self.root = root
         self.ports = {k: free_port() for k in ("ingest", "control", "pub")}
-        over = {"ingest_bind": f"tcp://127.0.0.1:{self.ports['ingest']}",
-                "control_bind": f"tcp://127.0.0.1:{self.ports['control']}",
-                "pub_bind": f"tcp://127.0.0.1:{self.ports['pub']}", "state_db": str(root / "state.db"),
-                "work_dir": str(root / "work"), "allowed_prof_roots": [str(root / "prof")],
-                "allowed_config_roots": [str(root / "cfg")], "tick_interval_s": 0.1, "registry_flush_s": 0.2}
+        over = {**loopback_coordinator(root, self.ports), "registry_flush_s": 0.2}
         over.update(coordinator)
         self.security = security or {}
         self.limits = limits or {}

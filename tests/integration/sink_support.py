@@ -4,7 +4,6 @@ fed by a fake node over real ZeroMQ."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -22,12 +21,7 @@ from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
 from rankhook import wire
 from tests.conftest import require_tool, wait_for
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.integration.live_stack import free_port, loopback_coordinator
 
 
 class Recorder:
@@ -167,11 +161,7 @@ class CoordinatorHarness:
     def __init__(self, root: Path, *, start: bool = True, **sections: Any) -> None:
         self.root = root
         self.ports = {k: free_port() for k in ("ingest", "control", "pub")}
-        coord = {"ingest_bind": f"tcp://127.0.0.1:{self.ports['ingest']}",
-                 "control_bind": f"tcp://127.0.0.1:{self.ports['control']}",
-                 "pub_bind": f"tcp://127.0.0.1:{self.ports['pub']}", "state_db": str(root / "state.db"),
-                 "work_dir": str(root / "work"), "allowed_prof_roots": [str(root / "prof")],
-                 "allowed_config_roots": [str(root / "cfg")], "tick_interval_s": 0.1}
+        coord = loopback_coordinator(root, self.ports)
         coord.update(sections.pop("coordinator", {}))
         sections.setdefault("watch", {"reconcile_interval_s": 0.5, "parse_allowance_s": 5.0})
         sections.setdefault("analysis", {"msprof": {"advisor": False, "advisor_html": False}})
