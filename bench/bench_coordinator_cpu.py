@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psutil
 import zmq
+from procs import stop_popen, stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -121,15 +122,8 @@ def run_one(tree: Path, ranks: int, per_node: int, rate: float, seconds: float, 
         return {"tree": str(tree), "cpu_frac": (cpu1 - cpu0) / (t1 - t0), "steps": steps, "late_steps": late,
                 "load": os.getloadavg()[0]}
     finally:  # end only what this benchmark started, by pid
-        if lp is not None and lp.is_alive():
-            lp.terminate()
-            lp.join(10)
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
+        stop_process(lp)
+        stop_popen(proc)
 
 
 def main() -> int:

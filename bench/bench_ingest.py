@@ -36,6 +36,7 @@ from pathlib import Path
 
 import psutil
 import zmq
+from procs import stop_popen, stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -196,22 +197,8 @@ def bench_coordinator(ranks: int, per_node: int, seconds: float, fill: bool, tre
         return {"ranks": ranks, "reports_per_s": (c1 - c0) / (t1 - t0), "cpu_frac": (cpu1 - cpu0) / (t1 - t0),
                 "rss_mb": rss / 2**20, "filled_1000_steps": fill}
     finally:  # end only what this benchmark started, by pid
-        _end(lp)
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
-
-
-def _end(p: mp.Process | None) -> None:
-    if p is not None and p.is_alive():
-        p.terminate()
-        p.join(10)
-        if p.is_alive():
-            p.kill()
-            p.join(10)
+        stop_process(lp)
+        stop_popen(proc)
 
 
 def bench_bare(ranks: int, per_node: int, seconds: float) -> float:
@@ -227,9 +214,9 @@ def bench_bare(ranks: int, per_node: int, seconds: float) -> float:
         lp.start()
         _, n, dt = q.get(timeout=seconds + 120)
     finally:
-        _end(lp)
+        stop_process(lp)
         bp.join(10)
-        _end(bp)
+        stop_process(bp)
     return n / dt if dt else 0.0
 
 

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import psutil
 import zmq
+from procs import stop_popen, stop_process
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -190,15 +191,8 @@ def bench(n_ranks: int, rate: float, seconds: float, tree: Path = REPO, warmup_s
                 "load1": os.getloadavg()[0]}
     finally:  # end only what this benchmark started, by pid
         for p in loaders:
-            if p.is_alive():
-                p.terminate()
-                p.join(10)
-        node.terminate()
-        try:
-            node.wait(10)
-        except subprocess.TimeoutExpired:
-            node.kill()
-            node.wait(10)
+            stop_process(p)
+        stop_popen(node, 10)
         coord.close(0)
         ctx.term()
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import zmq
+from procs import stop_popen
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
@@ -155,12 +156,7 @@ def main() -> None:
             h, r, counters = interleaved(endpoint, n, a.blocks, prefill, pace)
             rows.append((name, pcts(h), pcts(r), counters, os.getloadavg()[0]))
     finally:  # end only the node daemon this script started, by pid
-        node.terminate()
-        try:
-            node.wait(10)
-        except subprocess.TimeoutExpired:
-            node.kill()
-            node.wait(10)
+        stop_popen(node, 10)
     print(f"rankhook.step() vs raw pyzmq NOBLOCK send, {a.calls} calls each side (20k at 1 kHz), "
           f"{a.blocks} interleaved blocks (microseconds)")
     print(f"{'scenario':<12} {'step med':>8} {'p99':>7} {'p99.9':>7} {'raw med':>8} {'p99':>7} {'p99.9':>7} "
