@@ -191,9 +191,9 @@ class BatchAnalyser:
 
     MAX_PENDING = 16
     MAX_REFERENCES = 8
+    """Analysed reference captures kept in memory (the newest jobs' baselines; an older one is analysed again)."""
     REFERENCE_WAIT_S = 900.0
     """How long a capture's comparison waits for its reference's analysis running on another worker."""
-    """Analysed reference captures kept in memory (the newest jobs' baselines; an older one is analysed again)."""
 
     def __init__(self, settings: AnalysisSettings) -> None:
         import threading
@@ -213,7 +213,7 @@ class BatchAnalyser:
     def analyse(self, batch: BatchState, *, work_dir: Path, hostnames: Mapping[int, str], context: dict[str, Any],
                 job_id: str, capture_reason: str) -> tuple[str, dict[str, Any]]:
         """See :class:`AnalyserPort`. A reference capture (``capture_reason == "reference"``) is analysed for its
-        time breakdown only (no advisor, no html) and kept in memory (:attr:`MAX_REFERENCES`) for the captures
+        time breakdown only (``AnalysisSettings.for_reference``) and kept in memory (:attr:`MAX_REFERENCES`) for the captures
         compared with it. ``context["reference"]`` (``ReferenceInfo.to_json`` plus ``telemetry_baseline_step_s``;
         taken out of the payload's context) asks for the comparison with that reference (``docs/reference.md``):
         attached in the alert phase, so the verdict event carries ``changes``; a reference still being analysed on
@@ -234,7 +234,7 @@ class BatchAnalyser:
             if is_reference and capture_id:
                 self._ref_running.setdefault(capture_id, threading.Event())
         try:
-            result = analyze_batch(batch, work_dir=work_dir, settings=self._reference_settings() if is_reference
+            result = analyze_batch(batch, work_dir=work_dir, settings=self.settings.for_reference() if is_reference
                                    else self.settings, hostnames=dict(hostnames) or None,
                                    capture_reason=capture_reason, job_id=job_id, runner=self.runner, context=context,
                                    enrich=False, prefetched=self.tables.take(capture_id) if capture_id else None)
@@ -257,13 +257,6 @@ class BatchAnalyser:
                 while len(self._pending) > self.MAX_PENDING:
                     self._pending.pop(next(iter(self._pending)))
         return result.status, result.alert_data()
-
-    def _reference_settings(self) -> AnalysisSettings:
-        """The settings of a reference's analysis: its time breakdown only (no advisor, no html report)."""
-        s = self.settings.model_copy(deep=True)
-        s.msprof.advisor = False
-        s.report_html = False
-        return s
 
     def _compare(self, result: Any, ref: Mapping[str, Any], work_dir: Path) -> None:
         """Attach the comparison with the reference ``ref`` to ``result`` and rewrite its report; a reference that
@@ -312,7 +305,7 @@ class BatchAnalyser:
         if not found:
             return None
         reference = analyze_batch(found[0], work_dir=work_dir.parent / f"reference-{cid}",
-                                  settings=self._reference_settings(), runner=self.runner, enrich=False)
+                                  settings=self.settings.for_reference(), runner=self.runner, enrich=False)
         with self._lock:
             self._references[cid] = reference
         return reference

@@ -230,10 +230,7 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
     with MsprofRunner(settings.msprof) as runner:
         reference = None
         if ref_batch is not None and baseline_dir is not None:
-            ref_settings = settings.model_copy(deep=True)
-            ref_settings.msprof.advisor = False  # only the time breakdown is compared: no advisor, no link matrix
-            ref_settings.msprof.communication_matrix = False
-            ref_settings.report_html = False
+            ref_settings = settings.for_reference()  # only the time breakdown is compared
             if quiet:
                 reference = analyze_batch(ref_batch, work_dir=work / "reference", settings=ref_settings,
                                           runner=runner)

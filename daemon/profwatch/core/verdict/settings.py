@@ -30,3 +30,12 @@ class AnalysisSettings(BaseModel):
     kineto_op_compare: bool = True
     own_tables: bool = True
     own_tables_workers: int = Field(default=4, ge=1, le=64)
+
+    def for_reference(self) -> AnalysisSettings:
+        """A copy for analysing a reference capture, whose time breakdown alone is compared with later captures
+        (docs/changes.md, docs/reference.md): no advisor, no communication matrix, no html report."""
+        s = self.model_copy(deep=True)
+        s.msprof.advisor = False
+        s.msprof.communication_matrix = False
+        s.report_html = False
+        return s
