@@ -129,17 +129,12 @@ def replay_source(open_lines: Callable[[], Iterable[str]], config: ReplayConfig 
     records = 0
     sizes: dict[str, int] = {}
     seen_lines = 0
-    for no, line in enumerate(open_lines(), start=1):
+    for no, rec in _parsed(open_lines()):
         seen_lines = no
-        text = line.strip()
-        if not text:
-            continue
-        try:
-            rec = TelemetryRecord.model_validate(json.loads(text))
-        except (ValueError, ValidationError, TypeError, RecursionError) as exc:
+        if isinstance(rec, BaseException):
             bad_count += 1
             if len(bad) < MAX_BAD_LINES_LISTED:
-                bad.append({"line": no, "error": _short_error(exc)})
+                bad.append({"line": no, "error": _short_error(rec)})
             continue
         records += 1
         sizes[rec.job_id] = max(sizes.get(rec.job_id, 1), rec.world_size or 1, rec.rank + 1)
@@ -152,7 +147,9 @@ def replay_source(open_lines: Callable[[], Iterable[str]], config: ReplayConfig 
     last_ts = -math.inf
     # only the lines the first pass judged: a file appended meanwhile (a job still writing it) adds nothing, and a
     # record whose job the first pass did not see (the file was rewritten between the passes) is skipped
-    for rec in _valid_records(itertools.islice(open_lines(), seen_lines)):
+    for _, rec in _parsed(itertools.islice(open_lines(), seen_lines)):
+        if isinstance(rec, BaseException):
+            continue  # counted by the first pass
         job = jobs.get(rec.job_id)
         if job is None:
             continue
@@ -191,16 +188,17 @@ def replay_source(open_lines: Callable[[], Iterable[str]], config: ReplayConfig 
     return result
 
 
-def _valid_records(lines: Iterable[str]) -> Iterator[TelemetryRecord]:
-    """The records of the lines that validate (the first pass of :func:`replay_source` counted the others)."""
-    for line in lines:
+def _parsed(lines: Iterable[str]) -> Iterator[tuple[int, TelemetryRecord | BaseException]]:
+    """``(1-based line number, record or the error that refused it)`` for every non-blank line (both passes of
+    :func:`replay_source` read the lines through this one parse)."""
+    for no, line in enumerate(lines, start=1):
         text = line.strip()
         if not text:
             continue
         try:
-            yield TelemetryRecord.model_validate(json.loads(text))
-        except (ValueError, ValidationError, TypeError, RecursionError):
-            continue
+            yield no, TelemetryRecord.model_validate(json.loads(text))
+        except (ValueError, ValidationError, TypeError, RecursionError) as exc:
+            yield no, exc
 
 
 def _new_run(job: _Job, opened: GenerationOpened, cfg: ReplayConfig, now: float, result: dict[str, Any]) -> JobDetector:
