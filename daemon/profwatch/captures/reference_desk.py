@@ -17,6 +17,7 @@ import structlog
 
 from profwatch.adapters.zmq.control import ControlError
 from profwatch.core.capture import lifecycle as lc
+from profwatch.core.capture.arming import capture_coverage
 from profwatch.core.capture.planner import CaptureRequest
 from profwatch.core.capture.reference import (
     REFERENCE_REASON,
@@ -24,7 +25,6 @@ from profwatch.core.capture.reference import (
     ReferenceInfo,
     decide_reference,
 )
-from profwatch.core.capture.targeting import estimate_capture_bytes, plan_targets
 
 if TYPE_CHECKING:
     from profwatch.adapters.store.state import StateStore
@@ -120,15 +120,9 @@ class ReferenceDesk:
                                        bytes_last_hour=held, byte_cap=arming.max_capture_bytes_per_hour)
             d = decide(estimated_bytes=0)  # the cheap checks first: the ranks to cover are planned only when everything else passes
             if d.take:
-                topo = self._topology(job_id)
-                target = (plan_targets((), topo, arming.targeting) if topo is not None and arming.rank_list is None
-                          else None)
-                rank_list = arming.rank_list if arming.rank_list is not None else (
-                    target.rank_list if target is not None else None)
-                covered = len(rank_list) if rank_list is not None else job.world_size
-                per_rank = hist.bytes_per_rank_step
-                estimate = estimate_capture_bytes(covered, rs.active_steps, per_rank if per_rank is not None
-                                                  else arming.targeting.bytes_per_rank_step)
+                target, rank_list, estimate = capture_coverage(
+                    (), self._topology(job_id), arming, active=rs.active_steps,
+                    bytes_per_rank_step=hist.bytes_per_rank_step, world_size=job.world_size)
                 d = decide(estimated_bytes=estimate)
             self.last[job_id] = (d.reason, d.until_unix_s)
             if not d.take:

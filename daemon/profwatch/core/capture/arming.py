@@ -97,6 +97,24 @@ class ArmDecision:
                 "targeting": self.target.to_json() if self.target is not None else None}
 
 
+def capture_coverage(ranks: tuple[int, ...], topology: JobTopology | None, settings: ArmingSettings, *,
+                     active: int, bytes_per_rank_step: float | None, world_size: int | None = None,
+                     ) -> tuple[Target | None, tuple[int, ...] | None, int]:
+    """The ranks a capture about ``ranks`` covers and its byte estimate: ``(target, rank_list, estimated_bytes)``.
+
+    ``settings.rank_list`` when set; else, given the job's ``topology``, :func:`plan_targets` (``ranks`` empty: a
+    job-wide capture's node-covering sample); else every rank (``rank_list`` None). Bytes:
+    :func:`estimate_capture_bytes` over the covered ranks (every rank counts ``world_size``, else the topology's,
+    else 0) and ``active`` steps, at ``bytes_per_rank_step`` (the job's measured rate) or the targeting default.
+    Pure."""
+    target = plan_targets(ranks, topology, settings.targeting) if settings.rank_list is None and topology else None
+    rank_list = settings.rank_list if settings.rank_list is not None else (target.rank_list if target else None)
+    every = world_size if world_size is not None else (topology.world_size if topology is not None else 0)
+    covered = len(rank_list) if rank_list is not None else every
+    per_rank = bytes_per_rank_step if bytes_per_rank_step is not None else settings.targeting.bytes_per_rank_step
+    return target, rank_list, estimate_capture_bytes(covered, active, per_rank)
+
+
 def describe_anomaly(anomaly: Anomaly) -> str:
     """Short human text for an anomaly, e.g. ``step_regression +25% at step 120``."""
     ranks = f" ranks {list(anomaly.ranks)[:8]}" if anomaly.ranks else ""
@@ -142,14 +160,9 @@ class ArmingPolicy:
         known, the job's ``topology`` (which ranks to cover)."""
         s = self.settings
         st = job_state
-        target = None
-        if s.rank_list is None and topology is not None:
-            target = plan_targets(anomaly.ranks, topology, s.targeting)
-        rank_list = s.rank_list if s.rank_list is not None else (target.rank_list if target is not None else None)
+        target, rank_list, estimate = capture_coverage(anomaly.ranks, topology, s, active=s.active,
+                                                       bytes_per_rank_step=st.bytes_per_rank_step)
         text = describe_anomaly(anomaly)
-        covered = len(rank_list) if rank_list is not None else (topology.world_size if topology is not None else 0)
-        per_rank = st.bytes_per_rank_step if st.bytes_per_rank_step is not None else s.targeting.bytes_per_rank_step
-        estimate = estimate_capture_bytes(covered, s.active, per_rank)
 
         def out(action: ArmAction, reason: str) -> ArmDecision:
             return ArmDecision(action, reason, s.warmup, s.active, rank_list, text, target, estimate)
