@@ -22,7 +22,9 @@ from profwatch.core.verdict.msprof_plan import InputFacts
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def _connect_ro(db_path: Path) -> sqlite3.Connection:
+def connect_ro(db_path: Path) -> sqlite3.Connection:
+    """A read-only connection to ``db_path`` (``file:`` URI, ``mode=ro``: never creates or writes the file).
+    Raises ``sqlite3.Error`` when it cannot be opened."""
     return sqlite3.connect(f"{db_path.absolute().as_uri()}?mode=ro", uri=True)
 
 
@@ -33,7 +35,7 @@ def read_table(db_path: Path, table: str) -> list[dict[str, Any]] | None:
     if not db_path.is_file():
         return None
     try:
-        con = _connect_ro(db_path)
+        con = connect_ro(db_path)
     except sqlite3.Error:
         return None
     try:
@@ -56,7 +58,7 @@ def read_tables(db_path: Path, tables: Iterable[str]) -> dict[str, list[dict[str
 def collectives_per_step(db_path: Path) -> float | None:
     """COMMUNICATION_OP rows per STEP_TIME row of one rank DB (for the impact estimate), None when unknown."""
     try:
-        con = _connect_ro(db_path)
+        con = connect_ro(db_path)
     except sqlite3.Error:
         return None
     try:
@@ -95,7 +97,7 @@ def own_comm_waits(analysis_db: Path) -> dict[int, tuple[float, int]]:
 def has_row(db_path: Path, sql: str) -> bool:
     """True when ``sql`` returns a row from ``db_path`` opened read-only; False on no row or any sqlite error."""
     try:
-        con = _connect_ro(db_path)
+        con = connect_ro(db_path)
     except sqlite3.Error:
         return False
     try:

@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from profwatch.adapters.tools.msprof_db import connect_ro
 from profwatch.core.batches.prof_layout import ANALYSIS_DB, PROFILER_DB_RE, PROFILER_OUTPUT_DIR
 from profwatch.core.verdict.own_tables import (
     KIND_COMM,
@@ -51,10 +52,6 @@ SELECT startNs, endNs, {KIND_MEMORY}, startNs FROM TASK WHERE taskType = ?
 """
 
 
-def _connect_ro(path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
-
-
 def _tables(con: sqlite3.Connection) -> set[str]:
     return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
@@ -80,7 +77,7 @@ def read_rank_tables(rank: int, rank_dir: Path) -> RankTables:
         t.notes.append(f"no {ANALYSIS_DB}")
     else:
         try:
-            con = _connect_ro(analysis)
+            con = connect_ro(analysis)
             try:
                 if "StepTraceTime" in _tables(con):
                     for step, comp, cnov, comm, free in con.execute(
@@ -97,7 +94,7 @@ def read_rank_tables(rank: int, rank_dir: Path) -> RankTables:
         t.notes.append("no profiler db")
         return t
     try:
-        con = _connect_ro(prof)
+        con = connect_ro(prof)
         try:
             _read_profiler_db(con, t)
         finally:
