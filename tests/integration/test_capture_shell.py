@@ -682,3 +682,40 @@ def test_successive_captures_naming_other_ranks_say_the_culprit_rotates_and_stop
     w.shell.on_anomaly(Anomaly("rank_outlier", "j1", 40, (1,), 0.5, {"stage": {1: "forward"}}), w.now + 1)
     last = w.of("io.profwatch.arm_decision.v1")[-1]
     assert (last["action"], last["reason"], last["queued"]) == ("suppress", "culprit_rotates", False)
+
+
+def test_a_targeted_capture_whose_ranks_wait_outside_it_gets_a_follow_up_of_those_ranks(world) -> None:
+    """Issue 22 item 3: a sample capture of a job-wide regression whose verdict is ``partial`` (its ranks wait for
+    ranks it did not hold) queues one follow-up of the uncaptured ranks, armed through the job's budget at the next
+    tick (no cooldown), as a targeted capture of those ranks plus references; the rank the verdict names (when one alone is outside) is the one followed, with
+    references (a name outside the job or inside the capture is not believed)."""
+    w = world(world=8, arming={"min_arm_gap_s": 0, "targeting": {"min_world_size": 4, "sample_ranks": 4,
+                                                                 "reference_ranks": 4, "node_peers": 0,
+                                                                 "group_peers": 0}})
+    w.shell.on_anomaly(Anomaly("step_regression", "j1", 21, (), 0.4, {"baseline_s": 0.5}), w.now)
+    (first,) = [d for d in w.of("io.profwatch.arm_decision.v1") if d["action"] == "arm"]
+    held = first["targeting"]["rank_list"]
+    assert first["targeting"]["mode"] == "sample" and len(held) == 4
+    cid = first["capture_id"]
+    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
+    outside = [r for r in range(8) if r not in held]
+    late = outside[-1]  # the verdict named it (e.g. the only rank outside), plus a rank it never held: ignored
+    w.verdict = ("partial", {"status": "partial", "detail": "the captured ranks wait outside",
+                             "waited_for": {"named": [late, held[0], 99], "uncaptured_count": len(outside)}})
+    ranks = {r: RankDirState(path=f"/prof/{r}", kind="ascend_pt", rank=r, state="parsed") for r in held}
+    w.batches = [BatchState(batch_id=f"b-{cid}", status="complete", kind="ascend_pt", expected_ranks=list(held),
+                            ranks=ranks, missing_ranks=[], problems=[], steps=[1, 2], capture_id=cid)]
+    w.now += 6
+    w.shell.tick(w.now)
+    w.drain(lambda: w.state(cid) is CaptureState.ANALYSED)
+    (follow,) = [d for d in w.of("io.profwatch.episode_updated.v1") if d.get("reason") == "follow_up"]
+    assert follow["follow_ranks"] == [late] and follow["capture_id"] == cid
+    w.now += 1
+    w.shell.tick(w.now)
+    arms = [d for d in w.of("io.profwatch.arm_decision.v1") if d["action"] == "arm"]
+    assert len(arms) == 2, w.of("io.profwatch.arm_decision.v1")[-3:]
+    second = arms[1]
+    assert second["targeting"]["mode"] == "follow_up" and second["episode_id"] == first["episode_id"]
+    cap = w.store.get_capture(second["capture_id"])
+    assert cap is not None and cap.rank_list is not None and late in cap.rank_list and len(cap.rank_list) == 5
+    assert f"follow-up of ranks {late} its last capture waited for" in cap.reason

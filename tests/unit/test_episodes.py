@@ -278,3 +278,77 @@ def test_a_captured_episode_that_persists_unchanged_is_not_captured_again_until_
                       {"pattern": "cusum", "baseline_s": 1.18, "step_time_s": 1.32}), t + 10)
     assert ep.level == pytest.approx(0.32) and arm_next(b, p, t + 10, "c2") is ep
     assert Episode.from_json(ep.to_json()).captures[-1].level == pytest.approx(0.32)
+
+
+def test_a_partial_targeted_capture_that_waited_outside_asks_one_follow_up_through_the_budget() -> None:
+    b, p = book(cooldown_s=900, min_arm_gap_s=60)
+    ep, _ = b.observe(reg(50, mag=0.4), T0)
+    assert ep is not None and arm_next(b, p, T0, "c1", covered=(0, 1, 2, 3)) is ep
+    evs = b.capture_ended("c1", T0 + 30, "partial", waited=(6, 4, 5, 7))
+    (ev,) = evs
+    assert ev.type == "io.profwatch.episode_updated.v1" and ev.data["reason"] == "follow_up"
+    assert ev.data["follow_ranks"] == [4, 5, 6, 7] and ev.data["follow_count"] == 4 and "ranks 4, 5, 6, 7" in ev.data[
+        "text"]
+    assert ep.follow_ranks == (4, 5, 6, 7) and not ep.is_repeat  # wanted again: the cooldown does not hold it
+    assert b.next_arm(p, T0 + 31, capture_in_flight=False) is None and ep.waiting == "min_arm_gap"  # the job's gap
+    picked = b.next_arm(p, T0 + 61, capture_in_flight=False)
+    assert picked is not None and picked[0] is ep and picked[1].action == "arm"
+    assert "follow-up of ranks 4-7" in picked[1].capture_reason
+    b.history.record(picked[1], T0 + 61, "c2")
+    b.armed(ep.episode_id, "c2", T0 + 61, covered=(4, 5, 6, 7))
+    assert ep.follow_ranks == () and ep.captures[-1].follow_up and ep.captures[-1].capture_id == "c2"
+    assert b.capture_ended("c2", T0 + 90, "partial", waited=(0,)) == []  # a follow-up's partial asks no other
+    assert ep.follow_ranks == () and ep.is_repeat
+    assert b.next_arm(p, T0 + 200, capture_in_flight=False) is None and ep.waiting == "captured_unchanged"
+
+
+def test_no_follow_up_without_an_outside_wait_for_a_covered_episode_a_closed_one_or_a_fixed_rank_list() -> None:
+    b, p = book()
+    ep, _ = b.observe(reg(50), T0)
+    assert ep is not None and arm_next(b, p, T0, "c1", covered=(0, 1)) is ep
+    assert b.capture_ended("c1", T0 + 30, "partial") == [] and ep.follow_ranks == ()  # no wait outside shown
+    assert b.capture_ended("c1", T0 + 30, "ok", waited=(5,)) == [] and ep.follow_ranks == ()  # not partial
+    b2, p2 = book()
+    named, _ = b2.observe(out(52, (3,), mag=0.9), T0)
+    other, _ = b2.observe(out(52, (2,), mag=0.5, stage="backward"), T0)
+    assert named is not None and other is not None
+    assert arm_next(b2, p2, T0, "c1", covered=(2, 3)) is named and other.in_flight == "c1"  # covered by it
+    evs = b2.capture_ended("c1", T0 + 30, "partial", waited=(9,))
+    assert [e.data["episode_id"] for e in evs] == [named.episode_id]  # the owner asks, not the covered one
+    assert named.follow_ranks == (9,) and other.follow_ranks == ()
+    b3, p3 = book(episode_quiet_steps=5)
+    ep3, _ = b3.observe(out(10, (1,)), T0)
+    assert ep3 is not None and arm_next(b3, p3, T0, "c1", covered=(0, 1)) is ep3
+    b3.capture_ended("c1", T0 + 5, "ok")  # the capture is done: the quiet episode may close
+    b3.advance(T0 + 6, furthest_step=100, ongoing={"rank_outlier": frozenset()})
+    assert ep3.closed_unix_s is not None
+    assert b3.capture_ended("c1", T0 + 7, "partial", waited=(5,)) == [] and ep3.follow_ranks == ()
+    b4, p4 = book(rank_list=(0, 1))
+    ep4, _ = b4.observe(reg(50), T0)
+    assert ep4 is not None and arm_next(b4, p4, T0, "c1", covered=(0, 1)) is ep4
+    assert b4.capture_ended("c1", T0 + 30, "partial", waited=(5,)) == [] and ep4.follow_ranks == ()
+
+
+def test_follow_ranks_survive_a_restart() -> None:
+    b, p = book()
+    ep, _ = b.observe(reg(50), T0)
+    assert ep is not None and arm_next(b, p, T0, "c1", covered=(0, 1)) is ep
+    b.capture_ended("c1", T0 + 30, "partial", waited=(2, 3))
+    back = Episode.from_json(ep.to_json())
+    assert back.follow_ranks == (2, 3) and back.new_ranks and not back.captures[0].follow_up
+    b2, _ = book()
+    b2.restore([back])
+    picked = b2.next_arm(p, T0 + 100, capture_in_flight=False)
+    assert picked is not None and "follow-up of ranks 2-3" in picked[1].capture_reason
+
+
+def test_the_waited_for_ranks_are_checked_against_the_capture() -> None:
+    from types import SimpleNamespace
+
+    from profwatch.captures.episode_desk import waited_ranks
+    cap: Any = SimpleNamespace(rank_list=(0, 1, 2, 3), world_size=8)
+    assert waited_ranks(cap, {"named": [], "uncaptured_count": 4}) == (4, 5, 6, 7)  # not named: every rank outside
+    assert waited_ranks(cap, {"named": [6]}) == (6,)
+    assert waited_ranks(cap, {"named": [2, 8, -1, True, "5"]}) == (4, 5, 6, 7)  # nothing believable named
+    assert waited_ranks(cap, None) == () and waited_ranks(cap, "text") == ()
+    assert waited_ranks(SimpleNamespace(rank_list=None, world_size=8), {"named": [6]}) == ()  # held every rank

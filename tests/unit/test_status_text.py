@@ -149,3 +149,23 @@ def test_other_alerts_show_their_detail_whole_and_no_control_characters() -> Non
     refused = {"type": "io.profwatch.path_refused.v1", "subject": "j", "time": "t",
                "data": {"rank": 1, "problems": ["outside the allowed roots: /etc", "changed"]}}
     assert render_event(refused).endswith(" outside the allowed roots: /etc; changed")
+
+
+def test_a_queued_follow_up_is_shown_in_status_and_as_one_alert_line() -> None:
+    from profwatch.commands.alerts import render_event
+    from profwatch.core.capture.arming import ArmingPolicy, ArmingSettings
+    from profwatch.core.capture.episodes import JobEpisodes
+    from profwatch.core.detection.types import Anomaly
+
+    s = ArmingSettings(min_arm_gap_s=60, cooldown_s=900)
+    b, p = JobEpisodes("j", s), ArmingPolicy(s)
+    ep, _ = b.observe(Anomaly("step_regression", "j", 150, (), 0.25, {"baseline_s": 0.5}), 1000.0)
+    picked = b.next_arm(p, 1000.0, capture_in_flight=False)
+    assert picked is not None and ep is not None
+    b.history.record(picked[1], 1000.0, "c1")
+    b.armed(ep.episode_id, "c1", 1000.0, covered=(0, 1))
+    (ev,) = b.capture_ended("c1", 1030.0, "partial", waited=tuple(range(2, 40)))
+    text = "\n".join(render_status({"jobs": [], "nodes": [], "episodes": b.view(1040.0)}))
+    assert "follow-up queued: its last capture's ranks waited for ranks 2, 3, 4" in text and "(38 ranks)" in text
+    line = render_event({"type": ev.type, "subject": "j", "time": "t", "data": ev.data})
+    assert "a follow-up capture of ranks 2, 3," in line and "..." in line and "\n" not in line

@@ -5,7 +5,13 @@ from __future__ import annotations
 from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
 from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture
 from profwatch.core.capture.report import plan_notes
-from profwatch.core.capture.targeting import JobTopology, TargetingSettings, estimate_capture_bytes, plan_targets
+from profwatch.core.capture.targeting import (
+    JobTopology,
+    TargetingSettings,
+    estimate_capture_bytes,
+    plan_follow_up,
+    plan_targets,
+)
 from profwatch.core.detection.job_detector import Anomaly
 
 NOW = 10_000.0
@@ -112,3 +118,31 @@ def test_the_plan_lists_the_ranks_forces_async_parsing_and_says_why() -> None:
     (note,) = plan_notes(plan, plan.rank_list or [], {}, {})
     assert note.startswith("targeted capture of 19 of 4096 ranks: suspects [1234]") and "estimated 1.19 GiB" in note
     assert set(plan.rank_deadlines_unix_s) == set(d.rank_list or ())
+
+
+def test_a_follow_up_covers_the_ranks_the_last_capture_waited_for() -> None:
+    topo = JobTopology(4096, HOSTS_4096)
+    one = plan_follow_up([3000], topo, TargetingSettings())  # one named rank: planned as a suspect with its peers
+    assert one.mode == "follow_up" and one.rank_list is not None and 3000 in one.rank_list
+    assert one.roles[3000] == "suspect" and "follow-up" in one.detail and len(one.rank_list) == 19
+    many = list(range(2048, 4096))  # not named: every uncaptured rank, plus references from the rest
+    t = plan_follow_up(many, topo, TargetingSettings())
+    assert t.mode == "follow_up" and t.rank_list is not None and set(many) <= set(t.rank_list)
+    refs = [r for r, role in t.roles.items() if role == "reference"]
+    assert len(refs) == 16 and all(r < 2048 for r in refs) and len(t.rank_list) == 2048 + 16
+    assert "2048 ranks the last capture waited for" in t.detail
+    nine = plan_follow_up([5, 4096, -1, *range(100, 109)], topo, TargetingSettings(max_suspects=8))  # 10 in range
+    assert nine.rank_list is not None and {5, *range(100, 109)} <= set(nine.rank_list) and 4096 not in nine.rank_list
+    small = plan_follow_up([3], JobTopology(64, {}), TargetingSettings())  # a small job: captured whole
+    assert small.rank_list is None and small.mode == "full"
+
+
+def test_the_policy_plans_a_follow_up_over_the_waited_for_ranks_and_says_so() -> None:
+    p = ArmingPolicy(ArmingSettings(max_capture_bytes_per_hour=None))
+    topo = JobTopology(4096, HOSTS_4096)
+    d = p.decide(REG, JobArmState(follow_ranks=(3000,)), NOW, topo)
+    assert d.action == "arm" and d.target is not None and d.target.mode == "follow_up"
+    assert d.rank_list is not None and 3000 in d.rank_list
+    assert "follow-up of ranks 3000 its last capture waited for" in d.capture_reason
+    fixed = ArmingPolicy(ArmingSettings(rank_list=(0, 1), max_capture_bytes_per_hour=None))
+    assert fixed.decide(REG, JobArmState(follow_ranks=(3000,)), NOW, topo).rank_list == (0, 1)  # configured wins

@@ -34,6 +34,25 @@ ArmFn = Callable[..., dict[str, Any]]
 """``arm(job_id, request, now, dry_run=False) -> plan view``; raises ``ControlError`` (the capture shell's ``arm``)."""
 
 
+def waited_ranks(cap: lc.Capture, waited_for: Any) -> tuple[int, ...]:
+    """The ranks a targeted capture's verdict says its ranks waited for (``waited_for`` of the verdict,
+    ``profwatch.core.verdict.subset.wait_outside``): its ``named`` rank when the data named one, else every rank of
+    the job the capture did not hold. ``()`` when the verdict has no such block or the capture held every rank.
+    What the verdict says is checked against the capture: only ranks of ``0..world_size-1`` outside its
+    ``rank_list`` count."""
+    if not isinstance(waited_for, Mapping) or cap.rank_list is None:
+        return ()
+    held = set(cap.rank_list)
+    outside = [r for r in range(cap.world_size) if r not in held]
+    named = waited_for.get("named")
+    if isinstance(named, list):
+        picked = [r for r in named if isinstance(r, int) and not isinstance(r, bool) and 0 <= r < cap.world_size
+                  and r not in held]
+        if picked:
+            return tuple(sorted(set(picked)))
+    return tuple(outside)
+
+
 class EpisodeDesk:
     """Episodes and the capture queue of every job (see the module doc).
 
@@ -175,18 +194,20 @@ class EpisodeDesk:
 
     # -- captures ---------------------------------------------------------------------------------------------------
     def capture_ended(self, cap: lc.Capture, events: Iterable[lc.Event], now: float) -> None:
-        """A capture left the states that hold the job's config slot: hand its verdict (status and the ranks it
-        names, most suspect first) or the state it ended in to the job's episodes; publish a rotation."""
+        """A capture left the states that hold the job's config slot: hand its verdict (status, the ranks it
+        names, most suspect first, and the ranks a targeted capture waited for: :func:`waited_ranks`) or the state
+        it ended in to the job's episodes; publish a rotation or a follow-up asked."""
         b = self.books.get(cap.job_id)
         if b is None:
             return
-        status, named = cap.state.value, tuple[int, ...]()
+        status, named, waited = cap.state.value, tuple[int, ...](), tuple[int, ...]()
         for ev in events:
             if ev.type == TYPE_SUSPECT_RANKS:
                 status = str(ev.data.get("status") or status)
                 named = tuple(int(s["rank"]) for s in ev.data.get("suspects") or ()
                               if isinstance(s, Mapping) and isinstance(s.get("rank"), int))
-        self._publish(cap.job_id, b.capture_ended(cap.capture_id, now, status, named))
+                waited = waited_ranks(cap, ev.data.get("waited_for"))
+        self._publish(cap.job_id, b.capture_ended(cap.capture_id, now, status, named, waited))
         self._next_run[cap.job_id] = 0.0  # the slot is free: the next tick runs the queue
 
     # -- output -----------------------------------------------------------------------------------------------------

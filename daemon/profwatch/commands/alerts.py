@@ -94,6 +94,8 @@ def render_event(ev: dict[str, Any]) -> str:
         ranks = f"ranks={d.get('ranks')}" if d.get("ranks") else "job-wide"
         line += (f" {d.get('episode_id')} {d.get('kind')} {ranks} +{100 * float(d.get('magnitude') or 0):.0f}% "
                  f"step {d.get('step')}")
+        if t == TYPE_EPISODE_UPDATED and d.get("reason") == "follow_up":
+            line += f": {d.get('text')}"
         if t == TYPE_EPISODE_CLOSED:
             line += f" closed ({d.get('reason')}): " + ("captured" if d.get("captured") else
                                                         f"never captured (waited for {d.get('waited_for')})")

@@ -176,6 +176,10 @@ def render_episode(ep: Mapping[str, Any]) -> list[str]:
     if ep.get("rotation"):
         lines.append(f"    culprit rotates: ranks {', '.join(map(str, ep['rotation']))}: load imbalance, not captured "
                      "again")
+    follow = ep.get("follow_ranks") or []
+    if follow:
+        shown = ", ".join(map(str, follow[:16])) + (f", ... ({len(follow)} ranks)" if len(follow) > 16 else "")
+        lines.append(f"    follow-up queued: its last capture's ranks waited for ranks {shown}, not captured")
     wait = ep.get("waiting")
     if wait and (ep.get("queue_position") or wait != "capture_in_flight"):
         text = WAITS.get(str(wait), str(wait))

@@ -121,7 +121,8 @@ TABLE: tuple[EventType, ...] = (
               summary="an anomaly opened an episode (kind, scope, ranks, magnitude); see README: episodes"),
     EventType("episode_updated", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False,
               severity=None, resolved_by=_NONE,
-              summary="an open episode was reported again or its ranks changed (magnitude, ranks, step)"),
+              summary="an open episode was reported again or its ranks changed (magnitude, ranks, step), or a follow-up "
+                      "capture of the ranks its targeted capture waited for was queued (reason follow_up)"),
     EventType("episode_closed", alert=False, restored_by_sinks=True, alertmanager=(), job_alert=False,
               severity=None, resolved_by=_NONE,
               summary="an episode ended (quiet, job ended, new generation): captured or not, what it waited for; "

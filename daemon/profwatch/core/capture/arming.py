@@ -24,9 +24,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from profwatch.core.batches.completeness import rank_ranges
 from profwatch.core.capture.planner import CaptureRequest, CaptureSettings, lead_steps
 from profwatch.core.capture.settings import ArmingSettings
-from profwatch.core.capture.targeting import JobTopology, Target, estimate_capture_bytes, plan_targets
+from profwatch.core.capture.targeting import (
+    JobTopology,
+    Target,
+    estimate_capture_bytes,
+    plan_follow_up,
+    plan_targets,
+)
 from profwatch.core.detection.types import Anomaly
 
 ArmAction = Literal["arm", "would_arm", "suppress"]
@@ -50,7 +57,9 @@ class JobArmState:
     wrote per recorded step in the job's last capture (None = no capture yet: ``[arming.targeting]
     bytes_per_rank_step`` is the estimate); ``rotating``: the episode's culprit rotates (not captured again);
     ``episode_unchanged``: the episode was captured and has not changed since (no new ranks, its level not grown
-    by ``recapture_growth``: :meth:`~profwatch.core.capture.episode_record.Episode.unchanged_since_capture`).
+    by ``recapture_growth``: :meth:`~profwatch.core.capture.episode_record.Episode.unchanged_since_capture`);
+    ``follow_ranks``: the ranks the episode's last targeted capture waited for and did not hold (its next capture
+    is a follow-up that covers them: :func:`~profwatch.core.capture.targeting.plan_follow_up`; empty: none).
     """
 
     capture_in_flight: bool = False
@@ -62,6 +71,7 @@ class JobArmState:
     episode_captured_unix_s: float | None = None
     rotating: bool = False
     episode_unchanged: bool = False
+    follow_ranks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,15 +109,19 @@ class ArmDecision:
 
 def capture_coverage(ranks: tuple[int, ...], topology: JobTopology | None, settings: ArmingSettings, *,
                      active: int, bytes_per_rank_step: float | None, world_size: int | None = None,
-                     ) -> tuple[Target | None, tuple[int, ...] | None, int]:
+                     follow: tuple[int, ...] = ()) -> tuple[Target | None, tuple[int, ...] | None, int]:
     """The ranks a capture about ``ranks`` covers and its byte estimate: ``(target, rank_list, estimated_bytes)``.
 
-    ``settings.rank_list`` when set; else, given the job's ``topology``, :func:`plan_targets` (``ranks`` empty: a
+    ``settings.rank_list`` when set; else, given the job's ``topology``, :func:`plan_follow_up` of ``follow`` (the
+    ranks a previous targeted capture waited for) when given, else :func:`plan_targets` (``ranks`` empty: a
     job-wide capture's node-covering sample); else every rank (``rank_list`` None). Bytes:
     :func:`estimate_capture_bytes` over the covered ranks (every rank counts ``world_size``, else the topology's,
     else 0) and ``active`` steps, at ``bytes_per_rank_step`` (the job's measured rate) or the targeting default.
     Pure."""
-    target = plan_targets(ranks, topology, settings.targeting) if settings.rank_list is None and topology else None
+    target = None
+    if settings.rank_list is None and topology:
+        target = (plan_follow_up(follow, topology, settings.targeting) if follow
+                  else plan_targets(ranks, topology, settings.targeting))
     rank_list = settings.rank_list if settings.rank_list is not None else (target.rank_list if target else None)
     every = world_size if world_size is not None else (topology.world_size if topology is not None else 0)
     covered = len(rank_list) if rank_list is not None else every
@@ -161,8 +175,11 @@ class ArmingPolicy:
         s = self.settings
         st = job_state
         target, rank_list, estimate = capture_coverage(anomaly.ranks, topology, s, active=s.active,
-                                                       bytes_per_rank_step=st.bytes_per_rank_step)
+                                                       bytes_per_rank_step=st.bytes_per_rank_step,
+                                                       follow=st.follow_ranks)
         text = describe_anomaly(anomaly)
+        if st.follow_ranks:
+            text += f"; follow-up of ranks {rank_ranges(st.follow_ranks, 8)} its last capture waited for"
 
         def out(action: ArmAction, reason: str) -> ArmDecision:
             return ArmDecision(action, reason, s.warmup, s.active, rank_list, text, target, estimate)
@@ -263,13 +280,15 @@ class ArmHistory:
 
     def state(self, now_unix_s: float, *, capture_in_flight: bool,
               stalled_ranks: frozenset[int] = frozenset(), episode_captured_unix_s: float | None = None,
-              rotating: bool = False, episode_unchanged: bool = False) -> JobArmState:
+              rotating: bool = False, episode_unchanged: bool = False,
+              follow_ranks: tuple[int, ...] = ()) -> JobArmState:
         """Return the :class:`JobArmState` at ``now_unix_s`` (drops entries older than one hour; estimates of
         captures still in flight count whatever their age)."""
         self._prune(now_unix_s)
         held = sum(b for _, b in self._bytes) + sum(b for _, b in self._reserved.values())
         return JobArmState(capture_in_flight, self.last_arm_unix_s, len(self._arms), held, stalled_ranks,
-                           self.bytes_per_rank_step, episode_captured_unix_s, rotating, episode_unchanged)
+                           self.bytes_per_rank_step, episode_captured_unix_s, rotating, episode_unchanged,
+                           follow_ranks)
 
     def hold_until(self, reason: str, now_unix_s: float, settings: ArmingSettings, *,
                    episode_captured_unix_s: float | None = None, estimated_bytes: int = 0) -> float | None:
@@ -295,12 +314,13 @@ class ArmHistory:
     def decide(self, policy: ArmingPolicy, anomaly: Anomaly, now_unix_s: float, *, capture_in_flight: bool,
                stalled_ranks: frozenset[int] = frozenset(), topology: JobTopology | None = None,
                episode_captured_unix_s: float | None = None, rotating: bool = False,
-               episode_unchanged: bool = False) -> ArmDecision:
+               episode_unchanged: bool = False, follow_ranks: tuple[int, ...] = ()) -> ArmDecision:
         """``policy.decide`` on this history's state (nothing is recorded: call :meth:`record` after planning)."""
         return policy.decide(anomaly, self.state(now_unix_s, capture_in_flight=capture_in_flight,
                                                  stalled_ranks=stalled_ranks,
                                                  episode_captured_unix_s=episode_captured_unix_s,
-                                                 rotating=rotating, episode_unchanged=episode_unchanged),
+                                                 rotating=rotating, episode_unchanged=episode_unchanged,
+                                                 follow_ranks=follow_ranks),
                              now_unix_s, topology)
 
 

@@ -56,7 +56,8 @@ class EpisodeCapture:
     it); ``ranks``: the episode's ranks at the arm; ``status``: None while in flight, then the verdict status
     (``ok``, ``no_suspect``, ``partial``, ``weak``) or how it ended (``failed``, ``cancelled``, ``would_arm``...);
     ``named``: the ranks the verdict names, most suspect first; ``level``: the episode's :attr:`Episode.level` at
-    the arm (relative; None in rows stored before it was recorded)."""
+    the arm (relative; None in rows stored before it was recorded); ``follow_up``: armed as the follow-up of a
+    targeted capture whose ranks waited for ranks it did not hold (:attr:`Episode.follow_ranks`)."""
 
     capture_id: str
     armed_unix_s: float
@@ -65,18 +66,19 @@ class EpisodeCapture:
     status: str | None = None
     named: tuple[int, ...] = ()
     level: float | None = None
+    follow_up: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"capture_id": self.capture_id, "armed_unix_s": self.armed_unix_s, "ranks": list(self.ranks),
                 "own": self.own, "status": self.status, "named": list(self.named),
-                "level": round(self.level, 6) if self.level is not None else None}
+                "level": round(self.level, 6) if self.level is not None else None, "follow_up": self.follow_up}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EpisodeCapture:
         level = d.get("level")
         return cls(str(d["capture_id"]), float(d["armed_unix_s"]), tuple(int(r) for r in d.get("ranks") or ()),
                    bool(d.get("own", True)), d.get("status"), tuple(int(r) for r in d.get("named") or ()),
-                   float(level) if level is not None else None)
+                   float(level) if level is not None else None, bool(d.get("follow_up", False)))
 
 
 @dataclass(slots=True)
@@ -90,7 +92,9 @@ class Episode:
     named (it is captured again without waiting for its cooldown); ``rotation``: the top ranks of the successive
     verdicts that showed the culprit rotating (empty: it does not); ``waiting``/``waiting_until_unix_s``/
     ``waiting_behind``: what it waits for (a reason of :class:`~profwatch.core.capture.arming.ArmingPolicy`), until
-    when, and behind which episode of the queue.
+    when, and behind which episode of the queue; ``follow_ranks``: the ranks its last own targeted capture waited
+    for and did not hold (``partial`` with ``waited_for``): its next capture is a follow-up covering them (cleared
+    when it is armed; empty: none).
     """
 
     episode_id: str
@@ -117,6 +121,7 @@ class Episode:
     waiting_until_unix_s: float | None = None
     waiting_behind: str = ""
     not_before_unix_s: float = 0.0
+    follow_ranks: tuple[int, ...] = ()
 
     @property
     def key(self) -> str:
@@ -185,7 +190,7 @@ class Episode:
             "rotation": list(self.rotation), "closed_unix_s": self.closed_unix_s, "close_reason": self.close_reason,
             "waiting": self.waiting, "waiting_until_unix_s": self.waiting_until_unix_s,
             "waiting_behind": self.waiting_behind, "not_before_unix_s": self.not_before_unix_s,
-            "value": "repeat" if self.is_repeat else "new"}
+            "follow_ranks": list(self.follow_ranks), "value": "repeat" if self.is_repeat else "new"}
         if now_unix_s is not None:
             out["age_s"] = round(max(0.0, now_unix_s - self.opened_unix_s), 3)
         return out
@@ -209,7 +214,8 @@ class Episode:
             closed_unix_s=float(closed) if closed is not None else None, close_reason=str(d.get("close_reason", "")),
             waiting=str(d.get("waiting", "")), waiting_until_unix_s=float(until) if until is not None else None,
             waiting_behind=str(d.get("waiting_behind", "")),
-            not_before_unix_s=float(d.get("not_before_unix_s", 0.0)))
+            not_before_unix_s=float(d.get("not_before_unix_s", 0.0)),
+            follow_ranks=tuple(int(r) for r in d.get("follow_ranks") or ()))
 
     def summary(self) -> dict[str, Any]:
         """The short form carried by events: id, kind, scope, ranks, magnitudes, steps, captures."""

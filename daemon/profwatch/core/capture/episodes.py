@@ -92,7 +92,13 @@ class JobEpisodes:
         not held by a capture that found nothing); an outcome outside :data:`CAPTURED` (failed, expired,
         incomplete) leaves the episode wanting a capture. When the last ``rotation_captures`` verdicts of the
         episode's own captures named a different top rank each time, the culprit rotates: ``culprit_rotates`` is
-        published once and the episode is not captured again.
+        published once and the episode is not captured again. A ``partial`` verdict of the episode's own targeted
+        capture whose ranks waited for ranks it did not hold (``waited``) asks for one follow-up: the episode wants a
+        capture again at once (no cooldown: the waited-for ranks are new to it), through the job's budget (gap,
+        hourly and byte caps), covering those ranks (:attr:`Episode.follow_ranks`,
+        :func:`~profwatch.core.capture.targeting.plan_follow_up`); a follow-up's own ``partial`` asks for none (one
+        per capture that was not itself a follow-up), nor does a fixed ``[arming] rank_list`` (it would capture the
+        same ranks again).
 
         Memory: at most :data:`MAX_OPEN` open and :data:`MAX_CLOSED` closed episodes, :data:`MAX_CAPTURES` captures
         each.
@@ -251,7 +257,8 @@ class JobEpisodes:
             d = self.history.decide(policy, ep.anomaly(), now_unix_s, capture_in_flight=capture_in_flight,
                                     stalled_ranks=stalled_ranks, topology=topology,
                                     episode_captured_unix_s=ep.captured_unix_s, rotating=bool(ep.rotation),
-                                    episode_unchanged=ep.unchanged_since_capture(self.settings.recapture_growth))
+                                    episode_unchanged=ep.unchanged_since_capture(self.settings.recapture_growth),
+                                    follow_ranks=ep.follow_ranks)
             own = d.action == "suppress" and d.reason not in JOB_HOLDS
             if held_by is not None:
                 if own:
@@ -297,7 +304,10 @@ class JobEpisodes:
         if status is None:
             self._flight[capture_id] = (start_step, frozenset(covered) if covered is not None else None)
         out = [ep]
-        self._add_capture(ep, EpisodeCapture(capture_id, now_unix_s, ep.ranks, True, status, level=ep.level))
+        follow = bool(ep.follow_ranks)
+        self._add_capture(ep, EpisodeCapture(capture_id, now_unix_s, ep.ranks, True, status, level=ep.level,
+                                             follow_up=follow))
+        ep.follow_ranks = ()
         for other in self.open.values():
             if other is ep or other.in_flight is not None or other.is_repeat or other.rotation:
                 continue
@@ -315,9 +325,12 @@ class JobEpisodes:
         self._touch(ep)
 
     def capture_ended(self, capture_id: str, now_unix_s: float, status: str,
-                      named: tuple[int, ...] = ()) -> list[Event]:
+                      named: tuple[int, ...] = (), waited: tuple[int, ...] = ()) -> list[Event]:
         """A capture ended with ``status`` (a verdict status, or the state it ended in) naming ``named`` (most
-        suspect first). Releases the hourly slot of a ``no_suspect`` capture; returns ``culprit_rotates`` events."""
+        suspect first); ``waited``: the ranks a ``partial`` targeted capture's ranks waited for and it did not hold
+        (one named rank, or every uncaptured one). Releases the hourly slot of a ``no_suspect`` capture; returns
+        ``culprit_rotates`` events and, for a follow-up asked (class Notes), ``episode_updated`` with reason
+        ``follow_up``."""
         if status == "no_suspect":
             self.history.release(capture_id)
         self._flight.pop(capture_id, None)
@@ -331,6 +344,16 @@ class JobEpisodes:
             if ep.waiting == "capture_in_flight":
                 ep.waiting = ""
             self._touch(ep)
+            if (status == "partial" and waited and ep.closed_unix_s is None and self.settings.rank_list is None
+                    and any(c.own and not c.follow_up for c in hit)):
+                ep.follow_ranks = tuple(sorted(set(waited)))
+                ep.new_ranks = True
+                shown = ", ".join(str(r) for r in ep.follow_ranks[:16]) + (", ..." if len(waited) > 16 else "")
+                out.append(self._event(
+                    TYPE_EPISODE_UPDATED, ep, f"-follow-{capture_id}", reason="follow_up", capture_id=capture_id,
+                    follow_ranks=list(ep.follow_ranks[:64]), follow_count=len(ep.follow_ranks),
+                    text=f"capture {capture_id}'s ranks waited for ranks it did not hold: a follow-up capture of "
+                           f"ranks {shown} is queued (through the job's capture budget)"))
             n = self.settings.rotation_captures
             tops = [c.named[0] for c in ep.captures if c.own and c.named]
             if not ep.rotation and ep.closed_unix_s is None and _rotates(tops, n):

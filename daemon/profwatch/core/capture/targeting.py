@@ -22,6 +22,11 @@ than ``min_world_size``, the capture covers only:
 A job-wide regression (no rank named) captures a **sample** that covers every node: one rank per node, then more
 ranks spread evenly until ``sample_ranks``. The captured ranks become ``rank_list`` with ``is_rank: true`` in
 ``profiler_config.json``; completeness then expects exactly those ranks.
+
+A **follow-up** (:func:`plan_follow_up`) covers the ranks a targeted capture's ranks waited for and did not hold
+(``profwatch.core.verdict.subset.wait_outside``): when they are few (at most ``max_suspects``) they are planned as
+suspects (with their peers and the reference ranks); when the verdict could not name them, every uncaptured rank is
+covered, with the reference ranks, so the next verdict can tell which of them is late.
 """
 
 from __future__ import annotations
@@ -32,10 +37,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["JobTopology", "Target", "TargetingSettings", "estimate_capture_bytes", "plan_targets"]
+__all__ = ["JobTopology", "Target", "TargetingSettings", "estimate_capture_bytes", "plan_follow_up", "plan_targets"]
 
-TargetMode = Literal["full", "targeted", "sample", "configured"]
-Role = Literal["suspect", "node_peer", "group_peer", "reference", "sample"]
+TargetMode = Literal["full", "targeted", "sample", "configured", "follow_up"]
+Role = Literal["suspect", "node_peer", "group_peer", "reference", "sample", "waited_for"]
 
 
 class TargetingSettings(BaseModel):
@@ -177,6 +182,30 @@ def plan_targets(ranks: Sequence[int], topo: JobTopology, settings: TargetingSet
                  " (groups unknown before a capture of the job: node locality stands in)")
               + f", {n['reference']} reference ranks over {len(ref_nodes)} nodes for the ranking's noise estimate")
     return Target(tuple(sorted(roles)), "targeted", detail, roles, len(covered))
+
+
+def plan_follow_up(waited: Sequence[int], topo: JobTopology, settings: TargetingSettings) -> Target:
+    """The ranks of a follow-up capture: ``waited`` are the ranks a targeted capture's ranks waited for and did not
+    hold (one named rank, or every uncaptured one when the verdict could not name them). At most
+    ``max_suspects`` of them: :func:`plan_targets` with them as suspects (mode ``follow_up``); more: every one of
+    them (role ``waited_for``) plus ``reference_ranks`` ranks spread over the other nodes' ranks. Deterministic;
+    ranks outside ``0..world_size-1`` are ignored; an empty ``waited`` gives the job-wide sample."""
+    world = topo.world_size
+    wanted = sorted({r for r in waited if 0 <= r < world})
+    if len(wanted) <= settings.max_suspects:
+        t = plan_targets(wanted, topo, settings)
+        if t.mode != "targeted":
+            return t
+        return Target(t.rank_list, "follow_up", f"follow-up of the ranks the last capture waited for: {t.detail}",
+                      t.roles, t.nodes_covered)
+    roles: dict[int, Role] = {r: "waited_for" for r in wanted}
+    rest = [r for r in range(world) if r not in roles]
+    for r in _spread(rest, settings.reference_ranks):
+        roles[r] = "reference"
+    covered = {topo.hosts.get(r) or f"?{r}" for r in roles}
+    detail = (f"follow-up capture of {len(roles)} of {world} ranks: the {len(wanted)} ranks the last capture waited "
+              f"for and did not hold (not named by its data), and {len(roles) - len(wanted)} reference ranks")
+    return Target(tuple(sorted(roles)), "follow_up", detail, roles, len(covered))
 
 
 def estimate_capture_bytes(ranks: int, active_steps: int, bytes_per_rank_step: float) -> int:
