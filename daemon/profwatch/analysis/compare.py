@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from profwatch.analysis.result import AnalysisResult
 from profwatch.core.verdict.changes import compare_captures, impact_hours_per_day
+from profwatch.core.verdict.hardware import frequency_changes
 
 
 def attach_comparison(res: AnalysisResult, reference: AnalysisResult, *, reference_path: str,
@@ -22,6 +23,7 @@ def attach_comparison(res: AnalysisResult, reference: AnalysisResult, *, referen
     cmp = compare_captures(ref_ev.summaries, now_ev.summaries, ranks=ranks, baseline_versions=ref_ev.versions,
                            now_versions=now_ev.versions, baseline_world_size=reference.world_size,
                            now_world_size=res.world_size, telemetry_baseline_step_s=telemetry_baseline_step_s)
+    cmp.changes += frequency_changes(ref_ev.aicore, now_ev.aicore, ranks=ranks)  # hardware: after the timed ones
     out = cmp.to_json()
     out["reference"] = {"path": reference_path, "batch_id": reference.batch_id,
                         "steps": sorted({s.step for s in ref_ev.summaries}),

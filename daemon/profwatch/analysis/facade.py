@@ -44,7 +44,7 @@ from profwatch.adapters.tools.msprof_analysis import (
 )
 from profwatch.adapters.tools.msprof_db import own_comm_waits
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
-from profwatch.adapters.tools.own_tables_reader import Signature, read_batch_tables
+from profwatch.adapters.tools.own_tables_reader import Signature, read_batch_aicore, read_batch_tables
 from profwatch.analysis.result import (
     AnalysisResult,
     AnalysisStatus,
@@ -58,6 +58,7 @@ from profwatch.core.batches.prof_layout import PROFILER_OUTPUT_DIR
 from profwatch.core.display import printable
 from profwatch.core.verdict.agreement import compare_verdicts
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
+from profwatch.core.verdict.hardware import below_peers
 from profwatch.core.verdict.msprof_plan import ALERT_RECIPES, advisor_ranks, enrich_recipe_names
 from profwatch.core.verdict.own_tables import RankTables, combine_rank_tables, unusable_reason
 from profwatch.core.verdict.ranking import Verdict, judge_batch
@@ -233,6 +234,7 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
                                            owner=batch.batch_id, expected_ranks=sorted(batch.ranks),
                                            progress=progress, settings=settings.msprof)
             run_phase(f.session, ev, "alert", runner=runner, progress=progress)
+            ev.aicore = read_batch_aicore(batch.rank_dirs, workers=settings.own_tables_workers)
             result.verdict_source = "msprof-analyze"
             pending = [c.name for c in f.session.plan.phase("enrich")]
         if result.captured_ranks is not None:  # a subset: its ranks' own waits show waits for uncaptured ranks
@@ -328,7 +330,8 @@ def _own_tables_evidence(batch: BatchState, settings: AnalysisSettings, progress
                           tables=["STEP_TIME", "COMMUNICATION_OP", "StepTraceTime"], rows=len(own.summaries),
                           duration_s=took)
     ev = ClusterEvidence(kind="ascend_pt", summaries=own.summaries, collectives_per_step=own.collectives_per_step,
-                         recipes={OWN_TABLES: status})
+                         recipes={OWN_TABLES: status},
+                         aicore={r: t.aicore for r, t in tables.items() if t.aicore is not None})
     ev.notes += own.notes
     log.info("own_tables_read", batch_id=batch.batch_id, ranks=len(tables), rows=len(own.summaries),
              prefetched=len(prefetched or {}), read_s=round(read_s, 3), total_s=round(took, 3))
@@ -358,6 +361,7 @@ def _confirm_first_verdict(result: AnalysisResult, first_ev: ClusterEvidence, f:
     run_phase(f.session, ev, "alert", runner=runner, progress=progress)
     ev.recipes[OWN_TABLES] = first_ev.recipes[OWN_TABLES]
     ev.own_waits = first_ev.own_waits
+    ev.aicore = first_ev.aicore
     first_suspects = list(result.suspects)
     if not ev.summaries:
         ev.summaries = list(first_ev.summaries)
@@ -451,6 +455,15 @@ def _judge(result: AnalysisResult, ev: ClusterEvidence, f: Followup) -> None:
                                                   unjudged, waited_for=result.waited_for,
                                                   subset=result.captured_ranks is not None)
     result.unjudged_ranks = unjudged
+    result.hardware = below_peers(ev.aicore)
+    if result.hardware:
+        result.notes += [h["text"] for h in result.hardware[:8]]
+        named = {s.rank for s in result.suspects}
+        slow_clock = [h for h in result.hardware if h["rank"] in named]
+        if slow_clock:
+            result.detail = (f"{result.detail}; " + "; ".join(
+                f"rank {h['rank']}'s AI Core ran at {h['mean_mhz']:.0f} MHz against its peers' {h['peers_mhz']:.0f}"
+                " MHz (hardware)" for h in slow_clock[:4]))
     if result.verdict_source == OWN_TABLES:
         result.notes.append("first verdict: judged on profwatch's own reading of each rank's tables "
                             "(docs/msprof-analyze.md#own-tables); msprof-analyze confirms it in the follow-up")

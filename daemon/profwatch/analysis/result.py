@@ -71,6 +71,8 @@ class AnalysisResult:
     """Ranks slow in one step only, with the cost (``profwatch.core.verdict.ranking.find_one_offs``)."""
     waited_for: dict[str, Any] | None = None
     """A targeted capture whose ranks wait for uncaptured ranks (``profwatch.core.verdict.subset.wait_outside``)."""
+    hardware: list[dict[str, Any]] = field(default_factory=list)
+    """Ranks whose AI Core clock ran below their peers' (``profwatch.core.verdict.hardware.below_peers``)."""
     op_compare: list[dict[str, Any]] = field(default_factory=list)
     """torch.profiler follow-up: ``[{"rank", "reference_rank", "ops": [...]}]`` (``kineto_reader.compare_suspects``)."""
     comparison: dict[str, Any] | None = None
@@ -88,7 +90,8 @@ class AnalysisResult:
         suspect and link fixed), ``armed_steps``, ``captured_steps``, ``strength``, ``unjudged_ranks``
         ``[{"rank", "reason"}]`` (what could not be judged), ``one_offs`` (ranks slow in one step only, with
         their cost: ``find_one_offs``), ``waited_for`` (a targeted capture's ranks wait for uncaptured ranks:
-        ``wait_outside``; else None), ``changes`` (what changed since the reference capture, ``docs/changes.md``;
+        ``wait_outside``; else None), ``hardware`` (ranks whose AI Core clock ran below their peers':
+        ``hardware.below_peers``; [] when none or not recorded), ``changes`` (what changed since the reference capture, ``docs/changes.md``;
         [] without one) and ``comparison`` (the whole comparison, or None)."""
         return {
             "links": [lk.to_json() for lk in self.links],
@@ -99,6 +102,7 @@ class AnalysisResult:
             "unjudged_ranks": [{"rank": r, "reason": why} for r, why in sorted(self.unjudged_ranks.items())],
             "one_offs": [dict(o) for o in self.one_offs],
             "waited_for": dict(self.waited_for) if self.waited_for is not None else None,
+            "hardware": [dict(h) for h in self.hardware],
             "changes": list((self.comparison or {}).get("changes", [])),
             "comparison": self.comparison,
             "verdict_source": self.verdict_source,

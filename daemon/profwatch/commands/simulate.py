@@ -48,6 +48,23 @@ def _parse_factors(spec: str | None, what: str) -> dict[int, float]:
     return out
 
 
+def _parse_clock(spec: str | None) -> dict[int, float]:
+    """``--throttle 5:1200,7:1500`` -> {5: 1200.0, 7: 1500.0}; a usage error for anything else."""
+    out: dict[int, float] = {}
+    for part in (spec or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            rank, mhz = part.split(":")
+            out[int(rank)] = float(mhz)
+        except ValueError:
+            raise click.UsageError(f"--throttle must look like '5:1200,7:1500' (rank:MHz), got {spec!r}") from None
+        if not 100.0 <= out[int(rank)] <= 18000.0:
+            raise click.UsageError(f"--throttle: {mhz!r} MHz must be a number from 100 to 18000")
+    return out
+
+
 @simulate.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--world-size", default=4, show_default=True)
@@ -66,9 +83,11 @@ def _parse_factors(spec: str | None, what: str) -> dict[int, float]:
               help="for --job-wide (default: compute 1.2, communication 3.0, host 0.2)")
 @click.option("--pair", is_flag=True, help="write OUT/reference (healthy) and OUT/regressed (with the slowdowns asked "
                                           "for) from one seed: they differ only by that (for analyze --baseline)")
+@click.option("--throttle", help="ranks whose AI Core clock ran slower, as rank:MHz[,rank:MHz] (nominal 1800), e.g. "
+                                 "5:1200: their compute is 1800/MHz slower and AICORE_FREQ records the clock")
 def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, slow_link: str | None, steps: int,
          export_type: ExportType, no_marker: bool, capture_id: str | None, seed: int, job_wide: str | None = None,
-         factor: float | None = None, pair: bool = False) -> None:
+         factor: float | None = None, pair: bool = False, throttle: str | None = None) -> None:
     """Write a simulated Ascend capture batch into OUT (or a healthy/regressed pair with --pair)."""
     from profwatch.simulate.ascend_tree import generate_cluster
 
@@ -76,7 +95,8 @@ def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, s
         raise click.UsageError("--world-size must be >= 1")
     slow_f, host_f, link_f = (_parse_factors(slow, "--slow"), _parse_factors(host_bound, "--host-bound"),
                               _parse_factors(slow_link, "--slow-link"))
-    bad = sorted(r for r in (*slow_f, *host_f, *link_f) if not 0 <= r < world_size)
+    clock = _parse_clock(throttle)
+    bad = sorted(r for r in (*slow_f, *host_f, *link_f, *clock) if not 0 <= r < world_size)
     if bad:
         raise click.UsageError(f"ranks {bad} are outside 0..{world_size - 1} (--world-size {world_size})")
     if factor is not None and job_wide is None:
@@ -98,7 +118,8 @@ def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, s
     out.mkdir(parents=True, exist_ok=True)
     dirs = generate_cluster(targets[-1], world_size=world_size, slow_ranks=slow_f or None,
                             host_bound_ranks=host_f or None, slow_link_ranks=link_f or None, steps=steps,
-                            export_type=export_type, with_marker=not no_marker, capture_id=cid, seed=seed)
+                            export_type=export_type, with_marker=not no_marker, capture_id=cid, seed=seed,
+                            throttled_ranks=clock or None)
     if pair:
         click.echo(f"wrote {len(dirs)} healthy rank dirs under {targets[0]} and {len(dirs)} regressed ones under "
                    f"{targets[1]} (seed {seed})")

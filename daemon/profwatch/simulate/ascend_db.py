@@ -36,6 +36,7 @@ CREATE TABLE NPU_INFO (id INTEGER, name TEXT);
 CREATE TABLE HOST_INFO (hostUid TEXT, hostName TEXT);
 CREATE TABLE RANK_DEVICE_MAP (rankId INTEGER, deviceId INTEGER);
 CREATE TABLE STEP_TIME (id INTEGER, startNs INTEGER, endNs INTEGER);
+CREATE TABLE AICORE_FREQ (deviceId INTEGER, timestampNs INTEGER, freq INTEGER);
 CREATE TABLE CANN_API (startNs INTEGER, endNs INTEGER, type INTEGER, globalTid INTEGER,
     connectionId INTEGER PRIMARY KEY, name INTEGER);
 CREATE TABLE TASK (startNs INTEGER, endNs INTEGER, deviceId INTEGER, connectionId INTEGER, globalTaskId INTEGER,
@@ -151,7 +152,8 @@ def write_profiler_db(path: Path, tl: RankTimeline, *, metadata: dict[str, Any],
     Per compute segment: one CANN_API launch (40 µs before the kernel), one TASK and one COMPUTE_TASK_INFO row.
     Per step: one MEMCPY_ASYNC TASK overlapping the first kernel (cluster_time_summary needs one somewhere,
     section 5). Per collective (Level1+ only): a CANN_API ``HcclAllreduce`` launch and a COMMUNICATION_OP row,
-    plus Notify_Wait/Memcpy tasks when not ``minimal``. ``minimal`` also omits PYTORCH_API and the enum tables.
+    plus Notify_Wait/Memcpy tasks when not ``minimal``. ``AICORE_FREQ``: the rank's clock (``tl.aicore_mhz``) sampled at
+    the profiler's start and at each step's start. ``minimal`` also omits PYTORCH_API and the enum tables.
     """
     s = _Strings()
     with_comm = tl.level != "Level0"
@@ -221,6 +223,9 @@ def write_profiler_db(path: Path, tl: RankTimeline, *, metadata: dict[str, Any],
         con.execute("INSERT INTO HOST_INFO VALUES (?,?)", (str(double_hash(tl.hostname) % 10**18), tl.hostname))
         con.execute("INSERT INTO RANK_DEVICE_MAP VALUES (?,?)", (tl.rank, device))
         con.executemany("INSERT INTO STEP_TIME VALUES (?,?,?)", steps)
+        # the AI Core clock: one sample at the profiler's start and one at each step's start (holds until the next)
+        con.executemany("INSERT INTO AICORE_FREQ VALUES (?,?,?)",
+                        [(device, t, round(tl.aicore_mhz)) for t in (tl.start_ns, *(st.start_ns for st in tl.steps))])
         con.executemany("INSERT INTO CANN_API VALUES (?,?,?,?,?,?)", api)
         con.executemany("INSERT INTO TASK VALUES (?,?,?,?,?,?,?,?,?,?,?)", task)
         con.executemany("INSERT INTO COMPUTE_TASK_INFO VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", cti)

@@ -33,6 +33,7 @@ DIR_MODE = 0o750
 DEFAULT_TS_BASE_NS = 1_767_268_800_000_000_000  # 2026-01-01T12:00:00Z: fixed so generated trees are reproducible
 TORCH_NPU_VERSION = "2.7.1"
 CANN_VERSION = "8.3.RC1"
+NOMINAL_AICORE_MHZ = 1800.0  # the AI Core clock msprof-analyze's freq_analysis treats as common (800 MHz: idle)
 _CHUNK_COMPUTE_NS = 15_000_000  # compute per chunk before each collective (15 ms)
 _TRANSMIT_NS = 1_000_000  # data movement of one collective (1 ms)
 _LAUNCH_GAP_NS = 2_000
@@ -119,6 +120,8 @@ class RankTimeline:
     """global peer rank -> how many times slower the link to that peer is (``slow_links``); matrix rows only."""
     own_link_factor: float = 1.0
     """this rank's own link slowdown (``slow_link_ranks``): every link of the rank, in the matrix too."""
+    aicore_mhz: float = NOMINAL_AICORE_MHZ
+    """its AI Core clock (MHz) through the capture (``AICORE_FREQ``; ``throttled_ranks``)."""
 
 
 def rank_dir_name(hostname: str, pid: int, start_ns: int) -> str:
@@ -207,7 +210,8 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
                     slow_link_ranks: Mapping[int, float] | None = None, ts_base: int | None = None,
                     kernels_per_chunk: int = 6, slow_links: Mapping[tuple[int, int], float] | None = None,
                     first_step_delay_ranks: Mapping[int, float] | None = None,
-                    step_delays: Mapping[tuple[int, int], float] | None = None) -> list[RankTimeline]:
+                    step_delays: Mapping[tuple[int, int], float] | None = None,
+                    throttled_ranks: Mapping[int, float] | None = None) -> list[RankTimeline]:
     """Physically consistent timelines of one synchronous data-parallel job (one world allreduce group).
 
     Notes:
@@ -222,7 +226,9 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
         their link time x factor and the communication matrix shows the pair (and only it) slower.
         ``first_step_delay_ranks`` {rank: fraction of a chunk}: a one-off delay before the rank's first kernel
         of the first step (the profiler's start-up on one rank); ``step_delays`` {(rank, step index): fraction}
-        the same for any step. Steps start in lockstep; timestamps are unix-epoch ns from ``ts_base`` (default
+        the same for any step. ``throttled_ranks`` {rank: MHz}: the rank's AI Core clock (nominal
+        :data:`NOMINAL_AICORE_MHZ`), recorded in ``AICORE_FREQ``; its compute takes nominal / MHz times longer (on
+        top of ``slow_ranks``). Steps start in lockstep; timestamps are unix-epoch ns from ``ts_base`` (default
         :data:`DEFAULT_TS_BASE_NS`). Deterministic for a given ``seed``; the random draws do not depend on the
         slowdowns, so a batch with and one without a slowdown (same seed) differ only by it.
     """
@@ -231,6 +237,11 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
     rng = random.Random(seed)
     base = DEFAULT_TS_BASE_NS if ts_base is None else ts_base
     slow, host_bound, slow_link = dict(slow_ranks or {}), dict(host_bound_ranks or {}), dict(slow_link_ranks or {})
+    clock = {r: float(m) for r, m in (throttled_ranks or {}).items()}
+    for r, mhz in clock.items():
+        if not (0 <= r < world_size and 0 < mhz <= 10 * NOMINAL_AICORE_MHZ):
+            raise ValueError(f"throttled rank {r} at {mhz} MHz: rank outside 0..{world_size - 1} or clock out of range")
+        slow[r] = slow.get(r, 1.0) * NOMINAL_AICORE_MHZ / mhz
     pairs = {(min(a, b), max(a, b)): float(f) for (a, b), f in (slow_links or {}).items() if a != b}
     for a, b in pairs:
         if not (0 <= a < world_size and 0 <= b < world_size):
@@ -281,7 +292,8 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
                      start_ns=base + r * 1_000_000, groups=[group], device_id=r % 8, level=level,
                      steps=[StepTimeline(first_step + s, windows[s][0], windows[s][1], tuple(segs[r][s]))
                             for s in range(steps)],
-                     peer_link_factors=dict(peer_factors[r]), own_link_factor=slow_link.get(r, 1.0))
+                     peer_link_factors=dict(peer_factors[r]), own_link_factor=slow_link.get(r, 1.0),
+                     aicore_mhz=clock.get(r, NOMINAL_AICORE_MHZ))
         for r in range(world_size)
     ]
 
@@ -342,13 +354,15 @@ def generate_cluster(out_dir: Path, *, world_size: int = 4, slow_ranks: Mapping[
                      host_bound_ranks: Mapping[int, float] | None = None,
                      slow_link_ranks: Mapping[int, float] | None = None, ts_base: int | None = None,
                      minimal: bool = False, slow_links: Mapping[tuple[int, int], float] | None = None,
-                     first_step_delay_ranks: Mapping[int, float] | None = None) -> list[Path]:
+                     first_step_delay_ranks: Mapping[int, float] | None = None,
+                     throttled_ranks: Mapping[int, float] | None = None) -> list[Path]:
     """Write one capture batch of ``world_size`` rank dirs under ``out_dir``; return them ordered by rank.
 
     ``slow_ranks`` {rank: factor}: compute x factor. ``host_bound_ranks`` {rank: fraction}: extra dispatch gaps
     (free time) of that fraction of the chunk. ``slow_link_ranks`` {rank: factor}: that rank's link time x factor.
     ``slow_links`` {(a, b): factor}: only the link between a and b is slower. ``first_step_delay_ranks``
-    {rank: fraction of a chunk}: a one-off delay at the start of that rank's first step.
+    {rank: fraction of a chunk}: a one-off delay at the start of that rank's first step. ``throttled_ranks``
+    {rank: MHz}: that rank's AI Core clock (its compute slower by nominal / MHz, ``AICORE_FREQ`` shows it).
     ``capture_id`` is stamped as ``profwatch_capture_id`` into ``profiler_metadata.json`` / META_DATA, next to
     ``metadata``. ``minimal`` (1 kernel per chunk, small DBs, no text) makes 1024 ranks take seconds.
     Timing model: :func:`build_timelines`. Raises ValueError on bad sizes, FileExistsError on name clashes.
@@ -361,7 +375,7 @@ def generate_cluster(out_dir: Path, *, world_size: int = 4, slow_ranks: Mapping[
                                 noise=noise, level=level, host_bound_ranks=host_bound_ranks,
                                 slow_link_ranks=slow_link_ranks, ts_base=ts_base,
                                 kernels_per_chunk=1 if minimal else 6, slow_links=slow_links,
-                                first_step_delay_ranks=first_step_delay_ranks)
+                                first_step_delay_ranks=first_step_delay_ranks, throttled_ranks=throttled_ranks)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return [write_rank_dir(out, tl, export_type=export_type, with_marker=with_marker, metadata=meta, minimal=minimal)

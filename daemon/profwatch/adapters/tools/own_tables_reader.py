@@ -4,7 +4,7 @@
 Per rank dir (``{rank dir}/ASCEND_PROFILER_OUTPUT/``): ``ascend_pytorch_profiler_{rank}.db`` (``STEP_TIME``,
 ``COMMUNICATION_OP`` + ``STRING_IDS`` + ``CANN_API``, ``TASK`` + ``COMPUTE_TASK_INFO`` for memcpy overlap) and
 ``analysis.db`` (``StepTraceTime``), the tables msprof-analyze 26.2.0's ``cluster_time_summary`` reads
-(docs/msprof-analyze.md#own-tables). Databases are opened read-only; a missing file or table reads as no rows
+(docs/msprof-analyze.md#own-tables), and ``AICORE_FREQ`` (the AI Core clock, docs/msprof-analyze.md#ai-core-frequency). Databases are opened read-only; a missing file or table reads as no rows
 plus a note, never an exception. :func:`read_batch_tables` reads many rank dirs with a bounded thread pool
 (sqlite releases the GIL while it steps).
 """
@@ -23,6 +23,7 @@ from typing import Any
 
 from profwatch.adapters.tools.msprof_db import connect_ro
 from profwatch.core.batches.prof_layout import ANALYSIS_DB, PROFILER_DB_RE, PROFILER_OUTPUT_DIR
+from profwatch.core.verdict.hardware import FreqSummary, summarise_freq
 from profwatch.core.verdict.own_tables import (
     KIND_COMM,
     KIND_COMPUTE,
@@ -113,6 +114,8 @@ def _read_profiler_db(con: sqlite3.Connection, t: RankTables) -> None:
         t.step_time_us = {s: (b - a) / 1000.0 for s, a, b in spans}
     else:
         t.notes.append("no STEP_TIME table: one step -1")
+    if "AICORE_FREQ" in names and spans:
+        t.aicore = read_aicore_freq(con, min(a for _, a, _ in spans), max(b for _, _, b in spans))
     if not {"COMMUNICATION_OP", "STRING_IDS", "CANN_API"} <= names:
         return
     raw = con.execute(_COMM_SQL).fetchall()
@@ -125,6 +128,19 @@ def _read_profiler_db(con: sqlite3.Connection, t: RankTables) -> None:
         return  # no memcpy: nothing to subtract from free, skip reading every compute task
     t.has_memcpy = True
     t.memory_not_overlapped_us = memory_by_step(con.execute(_OVERLAP_SQL, (row[0],)), spans)
+
+
+def read_aicore_freq(con: sqlite3.Connection, start_ns: int, end_ns: int) -> FreqSummary | None:
+    """The rank's AI Core clock over ``[start_ns, end_ns)`` from ``AICORE_FREQ`` (``hardware.summarise_freq``);
+    when the table holds several devices, the one with the most rows (a rank drives one device). None without
+    rows."""
+    by_dev: dict[Any, list[tuple[Any, Any]]] = {}
+    for dev, ts, freq in con.execute("SELECT deviceId, timestampNs, freq FROM AICORE_FREQ"):
+        by_dev.setdefault(dev, []).append((ts, freq))
+    if not by_dev:
+        return None
+    rows = max(by_dev.values(), key=len)
+    return summarise_freq(rows, start_ns, end_ns)
 
 
 def _step(value: Any) -> int:
@@ -181,6 +197,38 @@ def read_batch_tables(rank_dirs: Mapping[int, str | Path], *, workers: int = 4,
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo)))) as pool:
             done.update(zip(todo, pool.map(lambda kv: read_rank_tables(kv[0], kv[1]), todo.items()), strict=True))
     return done, time.monotonic() - t0
+
+
+def read_rank_aicore(rank_dir: Path) -> FreqSummary | None:
+    """One rank dir's AI Core clock over its ``STEP_TIME`` span (:func:`read_aicore_freq`); None when its profiler
+    DB, ``STEP_TIME`` or ``AICORE_FREQ`` is missing or unreadable (never raises for bad data)."""
+    prof, _ = rank_dbs(Path(rank_dir))
+    if prof is None:
+        return None
+    try:
+        con = connect_ro(prof)
+        try:
+            names = _tables(con)
+            if not {"STEP_TIME", "AICORE_FREQ"} <= names:
+                return None
+            span = con.execute("SELECT MIN(startNs), MAX(endNs) FROM STEP_TIME").fetchone()
+            if span is None or span[0] is None or span[1] is None:
+                return None
+            return read_aicore_freq(con, int(span[0]), int(span[1]))
+        finally:
+            con.close()
+    except (sqlite3.Error, TypeError, ValueError):
+        return None
+
+
+def read_batch_aicore(rank_dirs: Mapping[int, str | Path], *, workers: int = 4) -> dict[int, FreqSummary]:
+    """rank -> AI Core clock of every rank dir that recorded one (:func:`read_rank_aicore`), on a pool of at most
+    ``workers`` threads (the msprof-analyze path, where the own tables were not read)."""
+    if not rank_dirs:
+        return {}
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(rank_dirs)))) as pool:
+        got = dict(zip(rank_dirs, pool.map(lambda p: read_rank_aicore(Path(p)), rank_dirs.values()), strict=True))
+    return {r: s for r, s in got.items() if s is not None}
 
 
 class TablePrefetcher:

@@ -18,7 +18,7 @@ VERDICT_KEYS = ("batch_id", "job_id", "kind", "status", "detail", "capture_id", 
                 "suspects", "ranks", "recipes", "paths", "report", "notes", "armed_steps", "captured_steps",
                 "missing_ranks", "problems", "causes", "analysis_duration_s", "links", "impact", "strength",
                 "unjudged_ranks", "judged_ranks", "pending_recipes", "follow_up", "enrich_duration_s", "captured_ranks",
-                "op_compare", "changes", "comparison", "one_offs", "waited_for", "verdict_source", "agreement")
+                "op_compare", "changes", "comparison", "one_offs", "waited_for", "verdict_source", "agreement", "hardware")
 """The one payload shape of every verdict (``suspect_ranks``, ``batch_incomplete``, ``analysis_failed``) and of
 ``report.json`` (which adds the raw per-step ``summaries`` and the advisor's full ``advisor`` message). The enriched
 follow-up (``analysis_enriched``) has the same keys: ``pending_recipes`` (what the follow-up will run; [] in it),
@@ -26,7 +26,9 @@ follow-up (``analysis_enriched``) has the same keys: ``pending_recipes`` (what t
 ``op_compare`` (torch.profiler: each suspect's ops against a reference rank); ``changes`` and ``comparison`` say what
 changed since a healthy reference capture (``docs/changes.md``; [] and null without one); ``one_offs`` (ranks slow
 in one step only, with their cost) and ``waited_for`` (a targeted capture whose ranks wait for ranks it did not
-capture: what they wait and for whom, else null); ``verdict_source`` says what the verdict was judged on
+capture: what they wait and for whom, else null); ``hardware`` (ranks whose AI Core clock ran below their peers',
+from ``AICORE_FREQ``: ``profwatch.core.verdict.hardware.below_peers``; [] when none or not recorded);
+``verdict_source`` says what the verdict was judged on
 (``own_tables``: profwatch's reading of each rank's tables, the first Ascend verdict; ``msprof-analyze``; ``kineto``;
 null without an analysis) and ``agreement`` whether msprof-analyze confirmed the first verdict
 (``profwatch.core.verdict.agreement.Agreement.to_json``; null until it ran)."""
@@ -77,7 +79,7 @@ def verdict_payload(cap: Capture, *, status: str, detail: str, batch: BatchState
             "causes": list(causes), "analysis_duration_s": None, "links": [], "impact": None, "strength": None,
             "unjudged_ranks": [], "pending_recipes": [], "follow_up": False, "enrich_duration_s": None,
             "captured_ranks": list(cap.rank_list) if cap.rank_list is not None else None, "op_compare": [],
-            "changes": [], "comparison": None, "one_offs": [], "waited_for": None, "verdict_source": None,
+            "changes": [], "comparison": None, "one_offs": [], "waited_for": None, "hardware": [], "verdict_source": None,
             "agreement": None}
 
 

@@ -8,7 +8,10 @@ are in microseconds too.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from profwatch.core.verdict.hardware import FreqSummary
 
 RecipeState = Literal["ok", "not_applicable", "no_data", "tool_error", "timeout", "oom", "skipped"]
 RecipePhase = Literal["alert", "enrich"]
@@ -80,7 +83,8 @@ class ClusterEvidence:
     ``collectives_per_step``: collectives one rank runs per step (None when unknown), for the impact estimate.
     ``own_waits``: rank -> step -> (its own HCCL wait in µs, collectives), read from each rank's own data
     (``CommAnalyzerTime``) for targeted captures, so waits for ranks outside the capture show
-    (``daemon/profwatch/core/verdict/subset.py``); empty when not read.
+    (``daemon/profwatch/core/verdict/subset.py``); empty when not read. ``aicore``: rank -> its AI Core clock over
+    the captured steps (``hardware.FreqSummary`` from ``AICORE_FREQ``; Ascend only, empty when not recorded).
     """
 
     kind: EvidenceKind
@@ -97,6 +101,7 @@ class ClusterEvidence:
     alignment: dict[str, Any] = field(default_factory=dict)
     collectives_per_step: float | None = None
     own_waits: dict[int, dict[int, tuple[float, int]]] = field(default_factory=dict)
+    aicore: dict[int, FreqSummary] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from profwatch.core.verdict.evidence import RankStepSummary
+from profwatch.core.verdict.hardware import FreqSummary
 
 NO_STEP = -1
 """Step label msprof-analyze gives when a rank DB has no ``STEP_TIME`` table (and profwatch too)."""
@@ -69,6 +70,9 @@ class RankTables:
     """``COMMUNICATION_OP`` rows of the rank DB (for collectives per step)."""
     has_memcpy: bool = False
     """The rank DB holds at least one ``MEMCPY_ASYNC`` task."""
+    aicore: FreqSummary | None = None
+    """Its AI Core clock over the captured steps (``AICORE_FREQ``: ``profwatch.core.verdict.hardware``); None
+    without that table."""
 
 
 @dataclass(slots=True)
