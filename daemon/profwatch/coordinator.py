@@ -428,63 +428,104 @@ class Coordinator:
             self._ingest_messages(msgs, node_id, now)
 
     def _ingest_messages(self, msgs: list[Any], node_id: str, now: float) -> None:
-        reg = self.registry
+        """A node batch's rank messages, in order: each run of consecutive step reports of one job goes through
+        :meth:`_ingest_steps` (its job, detector and handlers looked up once), any other message through
+        :meth:`_ingest_message`."""
         self.counters["received"] += len(msgs)
         self.metrics.messages_in.labels("rank_message").inc(len(msgs))
-        detectors = self.detectors
-        for m in msgs:
-            kind = m.kind
+        i, n = 0, len(msgs)
+        while i < n:
+            m = msgs[i]
+            if m.kind != "step":
+                self._ingest_message(m, node_id, now)
+                i += 1
+                continue
+            job_id = m.job_id
+            j = i + 1
+            while j < n and (x := msgs[j]).kind == "step" and x.job_id == job_id:
+                j += 1
+            self._ingest_steps(msgs[i:j] if i or j < n else msgs, node_id, now)
+            i = j
+
+    def _ingest_steps(self, run: list[Any], node_id: str, now: float) -> None:
+        """Step reports of one job (consecutive in a batch), each through the registry then the job's detector, in
+        order, as :meth:`_ingest_message` would take them one by one (the same refusals, counters and results)."""
+        reg = self.registry
+        job = reg.jobs.get(run[0].job_id)
+        if job is None:
+            for m in run:
+                self._reject(MessageRejected("unknown_job", f"step for job {m.job_id} before any hello"), node_id)
+            return
+        step_of = reg.step_of
+        det: JobDetector | None = self.detectors.get(job.job_id)
+        for m in run:
             try:
-                if kind == "step":
-                    job, rank, restarted = reg.step(m, now, node_id)
-                    if job is None or rank is None:
-                        self._reject(MessageRejected("unknown_job", f"step for job {m.job_id} before any hello"), node_id)
-                        continue
-                    if restarted:
-                        opened = reg.note_restart(job, rank, now)
-                        if opened is not None:
-                            self._on_generation(opened, now)
-                    if rank.gen != job.generation:
-                        continue  # a worker of an older generation that has not restarted yet: not this shape
-                    det = detectors.get(m.job_id) or self._detector_for(job.job_id, job.world_size)
+                rank, restarted = step_of(job, m, now, node_id)
+                if restarted:
+                    opened = reg.note_restart(job, rank, now)
+                    if opened is not None:
+                        self._on_generation(opened, now)
+                        det = None  # dropped: rebuilt for the new shape below
+                if rank.gen != job.generation:
+                    continue  # a worker of an older generation that has not restarted yet: not this shape
+                if det is None:
+                    det = self.detectors.get(job.job_id) or self._detector_for(job.job_id, job.world_size)
                     if det is None:
                         continue
-                    anomalies = det.observe(m, now)  # stalls are judged from this arrival time
-                    if anomalies:
-                        for an in anomalies:
-                            self._on_anomaly(an, now)
-                elif kind == "hello":
-                    known = m.job_id in reg.jobs
-                    outcome = reg.admit_hello(m, node_id, now)
-                    if not known:
-                        log.info("job_registered", job_id=m.job_id, world_size=m.world_size, backend=m.backend,
-                                 node_id=node_id, uid=m.peer_uid, restart_count=m.restart_count)
-                    if outcome.opened is not None:
-                        self._on_generation(outcome.opened, now)
-                    self.captures.on_hello(outcome.job, m, now)
-                elif kind == "capture":
-                    reg.rank_for(m, node_id)  # a node speaks only for the ranks that run on it
-                    self.captures.on_capture_event(m, node_id, now)
-                elif kind == "bye":
-                    reg.bye(m, now, node_id)
-                    left = self.detectors.get(m.job_id)
-                    if left is not None:
-                        left.mark_left(m.rank)
-            except GenerationPending as exc:
-                self.counters["generation_pending"] = self.counters.get("generation_pending", 0) + 1
-                self._reject(exc, node_id, quiet=True)
-                if self._once.first(f"claim:{m.job_id}:{getattr(m, 'world_size', '')}:{getattr(m, 'restart_count', '')}"):
-                    log.info("generation_claimed", job_id=m.job_id, detail=str(exc), node_id=node_id)
-            except RegistryError as exc:
-                if exc.reason == "paths_changed":
-                    self._paths_changed(m, node_id, str(exc), now)
-                elif exc.reason == "job_id_collision" and kind == "hello":
-                    self._hello_collision(m, node_id, str(exc))
-                self._reject(exc, node_id, quiet=kind != "hello" and exc.reason == "job_id_collision")
+                anomalies = det.observe(m, now)  # stalls are judged from this arrival time
+                if anomalies:
+                    for an in anomalies:
+                        self._on_anomaly(an, now)
+                    det = None  # what the anomaly started may have replaced it: looked up again
             except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
-                self.counters["internal_errors"] = self.counters.get("internal_errors", 0) + 1
-                if self._once.first(f"internal:{kind}:{type(exc).__name__}"):
-                    log.exception("message_handler_failed", kind=kind, job_id=getattr(m, "job_id", None))
+                self._message_failed(exc, m, node_id, now)
+
+    def _ingest_message(self, m: Any, node_id: str, now: float) -> None:
+        """One rank message of a batch (a step report goes through :meth:`_ingest_steps`)."""
+        reg = self.registry
+        kind = m.kind
+        try:
+            if kind == "step":
+                self._ingest_steps([m], node_id, now)
+            elif kind == "hello":
+                known = m.job_id in reg.jobs
+                outcome = reg.admit_hello(m, node_id, now)
+                if not known:
+                    log.info("job_registered", job_id=m.job_id, world_size=m.world_size, backend=m.backend,
+                             node_id=node_id, uid=m.peer_uid, restart_count=m.restart_count)
+                if outcome.opened is not None:
+                    self._on_generation(outcome.opened, now)
+                self.captures.on_hello(outcome.job, m, now)
+            elif kind == "capture":
+                reg.rank_for(m, node_id)  # a node speaks only for the ranks that run on it
+                self.captures.on_capture_event(m, node_id, now)
+            elif kind == "bye":
+                reg.bye(m, now, node_id)
+                left = self.detectors.get(m.job_id)
+                if left is not None:
+                    left.mark_left(m.rank)
+        except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
+            self._message_failed(exc, m, node_id, now)
+
+    def _message_failed(self, exc: Exception, m: Any, node_id: str, now: float) -> None:
+        """What a rank message's handler raised: a registry refusal (counted, some alerted), a held claim, or an
+        internal error (counted, logged once per kind). Called from the ``except`` block (it logs the traceback)."""
+        kind = m.kind
+        if isinstance(exc, GenerationPending):
+            self.counters["generation_pending"] = self.counters.get("generation_pending", 0) + 1
+            self._reject(exc, node_id, quiet=True)
+            if self._once.first(f"claim:{m.job_id}:{getattr(m, 'world_size', '')}:{getattr(m, 'restart_count', '')}"):
+                log.info("generation_claimed", job_id=m.job_id, detail=str(exc), node_id=node_id)
+        elif isinstance(exc, RegistryError):
+            if exc.reason == "paths_changed":
+                self._paths_changed(m, node_id, str(exc), now)
+            elif exc.reason == "job_id_collision" and kind == "hello":
+                self._hello_collision(m, node_id, str(exc))
+            self._reject(exc, node_id, quiet=kind != "hello" and exc.reason == "job_id_collision")
+        else:
+            self.counters["internal_errors"] = self.counters.get("internal_errors", 0) + 1
+            if self._once.first(f"internal:{kind}:{type(exc).__name__}"):
+                log.exception("message_handler_failed", kind=kind, job_id=getattr(m, "job_id", None))
 
     def _detector_for(self, job_id: str, world_size: int) -> JobDetector | None:
         """Create a job's detector at its first step (its per-rank tables are ``world_size`` long), while the sum

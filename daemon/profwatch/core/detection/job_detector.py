@@ -226,14 +226,17 @@ class JobDetector:
         if not self._mode_given and getattr(report, "mode", None) == "serving":
             self.set_mode("serving")
         unit = self.units[self._unit_of[r]]
-        idle = is_idle_gap(report.step_time_s, unit.usual_step_s, self.settings) \
-            if unit.usual_step_s is not None else False
-        if idle and self.mode != "serving" and self._count_gap(r, now_unix_s):
-            self._switch_to_serving()
-            unit = self.units[self._unit_of[r]]
-        idle = idle and self.mode == "serving"
-        if idle:
-            self.job_counters["idle_steps"] += 1
+        idle = False
+        t = report.step_time_s
+        if t >= self.settings.serving_idle_gap_s:  # shorter is never an idle gap: no usual step needed (hot path)
+            usual = unit.usual_step_s
+            idle = is_idle_gap(t, usual, self.settings) if usual is not None else False
+            if idle and self.mode != "serving" and self._count_gap(r, now_unix_s):
+                self._switch_to_serving()
+                unit = self.units[self._unit_of[r]]
+            idle = idle and self.mode == "serving"
+            if idle:
+                self.job_counters["idle_steps"] += 1
         work = getattr(report, "work", None)
         return unit.observe(report, now_unix_s, idle=idle, work=work if isinstance(work, (int, float)) else None)
 

@@ -440,23 +440,41 @@ class Registry:
         Raises:
             RegistryError: ``bad_rank``, ``rank_on_other_node``, ``too_many_ranks``, ``too_many_jobs_on_node``.
         """
-        job, r = self.rank_for(msg, node_id)
+        job = self.jobs.get(msg.job_id)
         if job is None:
             return None, None, False
-        if r is None:
-            r = self._new_rank(job, msg.rank, node_id or "")
+        r, restarted = self.step_of(job, msg, now, node_id)
+        return job, r, restarted
+
+    def step_of(self, job: JobState, msg: wire.StepReport, now: float, node_id: str | None = None
+                ) -> tuple[RankState, bool]:
+        """:meth:`step` for a report of ``job`` (``msg.job_id``, looked up by the caller: the coordinator looks it
+        up once for a node batch's reports of one job). Returns ``(rank, restarted)``; raises as :meth:`step`.
+
+        A rank known on this node (the common report) is updated at once; any other goes through
+        :meth:`rank_for`'s checks first, as in :meth:`step`.
+        """
+        rank = msg.rank
+        r = job.ranks.get(rank) if rank < job.world_size else None
+        if r is None or (node_id is not None and r.node_id != node_id and r.node_id):
+            _job, r = self.rank_for(msg, node_id)  # raises for a refused one
+            if r is None:
+                r = self._new_rank(job, rank, node_id or "")
         step = msg.step
         restarted = step < r.last_step
+        window = r.window
+        assert window is not None
         if restarted:
-            r.window.clear()  # type: ignore[union-attr]
+            window.clear()
+        t = msg.step_time_s
         r.last_step = step
-        r.last_step_time_s = msg.step_time_s
+        r.last_step_time_s = t
         r.last_ts_unix_s = msg.ts_unix_s
         r.seen_unix_s = now
         r.capturing = msg.capturing
         r.left = False
-        r.window.append(step, msg.step_time_s, msg.work)  # type: ignore[union-attr]
-        return job, r, restarted
+        window.append(step, t, msg.work)
+        return r, restarted
 
     def bye(self, msg: wire.RankBye, now: float, node_id: str | None = None) -> None:
         """Mark a rank as left on purpose. Raises :class:`RegistryError` for a rank bound to another node."""
