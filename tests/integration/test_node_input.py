@@ -224,3 +224,19 @@ def test_other_users_cannot_connect_and_cannot_speak_for_a_job(stack: Stack, sho
     push.send_multipart(wire.frames(hello("jobP", 1, world=2)))
     ranks = wait_for(lambda: (r := rank_view(stack.control("status"), "jobP")) and 1 in r and r, 20)
     assert ranks[1]["hostname"] == "h" and ranks[1]["uid"] == os.getuid()
+
+
+def test_a_batch_of_another_protocol_version_is_refused_and_counted_live(stack: Stack) -> None:
+    """A node batch whose envelope says another protocol version (or none) is refused whole, counted as
+    ``bad_version`` like a message of another version; the next good batch of the same node is taken."""
+    coord = stack.coord
+    assert coord is not None
+    peer = stack.dealer()
+    other = json.loads(batch("vnode", hello("jobV2", 0, world=1), seq=1))
+    peer.send(json.dumps(other | {"v": 2}).encode())
+    peer.send(json.dumps({k: v for k, v in (other | {"seq": 2}).items() if k != "v"}).encode())
+    peer.send(batch("vnode", hello("jobV1", 0, world=1), seq=3))
+    wait_for(lambda: job_view(stack.control("status"), "jobV1") is not None, 20, what="the good batch")
+    assert job_view(stack.control("status"), "jobV2") is None
+    assert coord.metrics.registry.get_sample_value("profwatch_rejected_total", {"reason": "bad_version"}) == 2
+    assert coord.counters["rejected"] == 2 and coord.counters["batches"] == 1

@@ -173,8 +173,24 @@ def test_hostile_envelopes_get_the_same_answer(envelope: dict[str, Any]) -> None
     data = _batch(None, **envelope)
     fast, general = _both(data)
     assert fast == general
-    if "extra" not in envelope and "v" not in envelope:  # the envelope's v is not checked (its messages' are)
+    if "extra" not in envelope:
         assert fast[0] == "raised"
+
+
+@pytest.mark.parametrize("v", [2, 0, -1, 2**70, None, "1", 1.0, "missing"], ids=range(8))
+def test_a_batch_of_another_protocol_version_is_refused_as_a_message_is(v: Any) -> None:
+    """The envelope's ``v`` is checked as each message's: another version, or none, refuses the whole batch (its
+    messages would be read with the wrong schema); a value of the wrong type is a schema error."""
+    data = _batch(None) if v == "missing" else _batch(None, v=v)
+    if v == "missing":
+        data = data.replace(b'"v": 1, ', b"")
+        assert b'"v"' not in data.split(b'"messages"')[0]
+    fast, general = _both(data)
+    assert fast == general and fast[0] == "raised"
+    assert fast[1] == ("bad_version" if isinstance(v, int) and not isinstance(v, bool) or v == "missing"
+                       else "bad_schema")
+    ok_fast, ok_general = _both(_batch(None, v=1))
+    assert ok_fast == ok_general and ok_fast[0] != "raised"
 
 
 @pytest.mark.parametrize("raw", [b"", b"{}", b"[]", b"garbage", b"[" * 200_000, b'{"kind":"node_batch"}',

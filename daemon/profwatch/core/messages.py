@@ -11,6 +11,8 @@ into a :class:`MessageRejected` with a short ``reason`` code used for counters a
 - **Physical bounds**: finite, non-negative times; a step shorter than :data:`MAX_STEP_TIME_S`; timestamps before
   :data:`MAX_TS_UNIX_S`; ``0 <= rank < world_size <= MAX_WORLD_SIZE``; bounded string lengths and dict sizes
   (:data:`MAX_TEXT`, :data:`MAX_PATH`, :data:`MAX_ENTRIES`), no NUL characters; safe ``job_id`` and ``node_id``.
+- **Protocol version**: a rank message's ``v``, and a node message's envelope's, is ``wire.SCHEMA_VERSION`` (a node
+  batch must name it: its messages are read with that schema), else reason ``bad_version``: a batch whole.
 - **Batches** are split, never dropped whole: a batch that fails as a whole is decoded element by element
   (:func:`parse_node_message`), each bad message is counted, every good one is kept.
 
@@ -99,7 +101,7 @@ _TypedBatch = make_dataclass(
         ("ts_unix_s", float),
         ("messages", list[_RankUnion]),
         ("kind", Literal["node_batch"]),
-        ("v", Literal[wire.SCHEMA_VERSION]),
+        ("v", int),  # its value is checked by _check_envelope (a Literal would take 1.0, which strict int refuses)
     ],
 )
 _typed_batch_adapter: TypeAdapter[Any] = TypeAdapter(_TypedBatch)
@@ -331,6 +333,10 @@ def parse_rank_message(raw: bytes | str | dict[str, Any]) -> Any:
 
 # -- node messages ------------------------------------------------------------------------------------------------
 def _check_envelope(env: Any) -> None:
+    """The value rules of a node message's envelope (a batch's messages are checked one by one apart). Its protocol
+    version first, as a rank message's (:func:`check_rank_message`). Raises :class:`MessageRejected`."""
+    if env.v != wire.SCHEMA_VERSION:
+        raise MessageRejected("bad_version", f"v={env.v}, expected {wire.SCHEMA_VERSION}")
     if not node_id_ok(env.node_id):
         raise MessageRejected("bad_node_id", repr(env.node_id[:80]))
     _check_name(getattr(env, "hostname", None), "hostname")
@@ -357,6 +363,16 @@ def _check_collision(env: wire.NodeJobIdCollision) -> None:
     _check_text(env.detail, "detail", MAX_DETAIL)
 
 
+def _names_version(envelope: str) -> bool:
+    """True when a batch's envelope (its JSON text without the messages) has a ``v`` key: the typed batch
+    (:func:`_parse_typed_batch`) requires one, and the general path must not take a batch without it either."""
+    try:
+        head = json.loads(envelope)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(head, dict) and "v" in head
+
+
 def _split_batch(data: bytes, max_messages: int) -> tuple[Any, list[Any], list[MessageRejected]]:
     """Slow path: decode a batch that failed as a whole, element by element, keeping every good message.
 
@@ -379,6 +395,8 @@ def _split_batch(data: bytes, max_messages: int) -> tuple[Any, list[Any], list[M
         raise MessageRejected("bad_schema", f"batch envelope unreadable: {str(exc)[:120]}") from None
     if env.kind != "node_batch":
         raise MessageRejected("bad_schema", "a messages array outside a node_batch")
+    if not _names_version(head):
+        raise MessageRejected("bad_version", f"a node_batch without v (expected {wire.SCHEMA_VERSION})")
     _check_envelope(env)
     decoder = json.JSONDecoder()
     good: list[Any] = []
@@ -431,7 +449,7 @@ def _parse_typed_batch(data: bytes, max_messages: int = 20_000
         tb = _typed_batch_adapter.validate_json(data, strict=True)
     except (ValidationError, ValueError, RecursionError):
         return None  # not a batch, or one bad message inside: the general path isolates it
-    env = wire.NodeBatch(node_id=tb.node_id, hostname=tb.hostname, seq=tb.seq, ts_unix_s=tb.ts_unix_s)
+    env = wire.NodeBatch(node_id=tb.node_id, hostname=tb.hostname, seq=tb.seq, ts_unix_s=tb.ts_unix_s, v=tb.v)
     _check_envelope(env)
     good: list[Any] = []
     bad: list[MessageRejected] = []
