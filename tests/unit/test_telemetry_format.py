@@ -93,3 +93,45 @@ def test_record_labels_and_node_ids_are_spelled_as_on_the_live_wire(value: str) 
         except ValidationError:
             accepted = False
         assert accepted == accepted_live, field
+
+
+_STEP = {"job_id": "j", "rank": 0, "step": 1, "step_time_s": 0.1, "ts_unix_s": 1.0}
+_BYE = {"kind": "bye", "job_id": "j", "rank": 0, "step": 1, "ts_unix_s": 1.0}
+
+
+@pytest.mark.parametrize("rec", [
+    _STEP | {"step_time_s": 1e300}, _STEP | {"step_time_s": 8 * 86400.0}, _STEP | {"step_time_s": -0.1},
+    _STEP | {"ts_unix_s": 1e12}, _STEP | {"ts_unix_s": -1.0}, _STEP | {"step": 2**62}, _STEP | {"step": -1},
+    _STEP | {"rank": 1 << 20}, _STEP | {"rank": -1}, _STEP | {"job_id": "../etc"}, _STEP | {"job_id": "x" * 129},
+    _STEP | {"stages": {"fwd": 1e300}}, _STEP | {"stages": {"a b": 0.1}}, _STEP | {"stages": {f"s{i}": 0.1 for i in range(33)}},
+    _STEP | {"flags": ["x" * 65]}, _STEP | {"flags": ["a"] * 65}, _STEP | {"work": 1e16}, _STEP | {"mode": "a b"},
+    _BYE | {"ts_unix_s": 1e12}, _BYE | {"step": -2}, _BYE | {"job_id": "j\n"},
+    _STEP, _STEP | {"step_time_s": 7 * 86400.0, "stages": {"fwd": 0.5}, "flags": ["eval"], "work": 64.0}, _BYE,
+    _BYE | {"step": -1},
+], ids=range(25))
+def test_replay_takes_what_the_live_wire_takes_and_refuses_what_it_refuses(rec: dict[str, object]) -> None:
+    """A telemetry record is judged by the live wire's value rules (issue 26): replay never takes a record the
+    coordinator would have refused (a 1e300 s step time was replayed), nor refuses one it takes."""
+    from profwatch.core.messages import MessageRejected, parse_rank_message
+
+    try:
+        parse_rank_message(json.dumps({"kind": "step"} | rec))
+        live = True
+    except MessageRejected:
+        live = False
+    try:
+        TelemetryRecord.model_validate(rec)
+        replayed = True
+    except ValidationError:
+        replayed = False
+    assert replayed == live
+
+
+def test_replay_counts_a_record_out_of_the_wire_bounds_as_a_bad_line() -> None:
+    from profwatch.commands.replay import replay_lines
+
+    lines = [json.dumps(_STEP | {"world_size": 1, "step": s, "ts_unix_s": 1.0 + s}) for s in range(1, 6)]
+    lines.insert(2, json.dumps(_STEP | {"step": 9, "step_time_s": 1e300}))
+    res = replay_lines(lines)
+    assert res["records"] == 5 and res["bad_lines"]["count"] == 1 and res["bad_lines"]["lines"][0]["line"] == 3
+    assert "step_time_s" in res["bad_lines"]["lines"][0]["error"]

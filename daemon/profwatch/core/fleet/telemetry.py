@@ -12,7 +12,9 @@ one line per job; optional ``stages`` (seconds), ``flags``, ``capturing``, and t
 and hello (``rankhook/wire.py``) that the detectors and the new-run rule read: ``work`` (the rank's work in that
 step: tokens, samples), ``mode`` (``training`` | ``serving``), ``role`` (label of the ranks doing the same work),
 ``pid`` (the rank's process; a new pid is a new process, e.g. a requeue) and ``node`` (the node it reported
-through). The bounds are the live wire's (``profwatch.core.messages``). Here live the validation model (:class:`TelemetryRecord`), the renderer
+through). The value rules are the live wire's: each record is checked as the step report (or bye) it stands for
+by ``profwatch.core.messages.check_rank_message`` (a 1e300 s step, a step before 0 or a year-3000 timestamp are
+refused as the coordinator refuses them). Here live the validation model (:class:`TelemetryRecord`), the renderer
 (:func:`dump_jsonl`) and the coordinator's rebuild of records from its step windows (:func:`window_records`).
 """
 
@@ -25,8 +27,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from profwatch.core.messages import LABEL_RE, MAX_STEP, MAX_WORLD_SIZE, NODE_ID_RE
-from rankhook.wire import MAX_WORK
+from profwatch.core.messages import MAX_WORLD_SIZE, NODE_ID_RE, check_rank_message
+from rankhook import wire
 
 RECORD_KEYS = ("job_id", "rank", "world_size", "step", "step_time_s", "ts_unix_s", "stages", "flags", "capturing",
                "work", "mode", "role", "pid", "node")
@@ -37,21 +39,23 @@ class TelemetryRecord(BaseModel):
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     kind: Literal["step", "bye"] = "step"
-    job_id: str = Field(min_length=1, max_length=128)
-    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE)
+    # job_id, rank, step, step_time_s, ts_unix_s, stages, flags, work, mode and role: the live wire's value rules,
+    # applied by _check (check_rank_message), not repeated here
+    job_id: str
+    rank: int
     world_size: int | None = Field(None, ge=1, le=MAX_WORLD_SIZE)
-    step: int = Field(ge=0, lt=MAX_STEP)
-    step_time_s: float | None = Field(None, ge=0)
+    step: int
+    step_time_s: float | None = None
     ts_unix_s: float
     stages: dict[str, float] | None = None
     flags: tuple[str, ...] = ()
     capturing: bool = False
-    work: float | None = Field(None, ge=0, le=MAX_WORK)
-    # the live wire's spellings, the compiled patterns themselves (pydantic then matches with Python's re, which
-    # reads their end-of-string anchor)
-    mode: str | None = Field(None, pattern=LABEL_RE)
-    role: str | None = Field(None, pattern=LABEL_RE)
+    work: float | None = None
+    mode: str | None = None
+    role: str | None = None
     pid: int | None = Field(None, gt=0, lt=2**32)
+    # the live wire's spelling, the compiled pattern itself (pydantic then matches with Python's re, which reads
+    # its end-of-string anchor)
     node: str | None = Field(None, pattern=NODE_ID_RE)
 
     @model_validator(mode="after")
@@ -60,7 +64,17 @@ class TelemetryRecord(BaseModel):
             raise ValueError("step record without step_time_s")
         if self.world_size is not None and self.rank >= self.world_size:
             raise ValueError(f"rank {self.rank} >= world_size {self.world_size}")
+        check_rank_message(self.as_wire())  # MessageRejected is a ValueError: pydantic reports it
         return self
+
+    def as_wire(self) -> wire.StepReport | wire.RankBye:
+        """The message this record stands for on the live wire (a step report, or a bye)."""
+        if self.kind == "bye":
+            return wire.RankBye(job_id=self.job_id, rank=self.rank, step=self.step, ts_unix_s=self.ts_unix_s)
+        assert self.step_time_s is not None  # _check refused a step record without one
+        return wire.StepReport(job_id=self.job_id, rank=self.rank, step=self.step, step_time_s=self.step_time_s,
+                               ts_unix_s=self.ts_unix_s, stages=self.stages, flags=self.flags,
+                               capturing=self.capturing, work=self.work, mode=self.mode, role=self.role)
 
 
 def dump_jsonl(records: Iterable[Mapping[str, Any] | Any], *, world_size: int | None = None) -> str:
