@@ -50,7 +50,7 @@ from profwatch.core.fleet.generations import GenerationOpened
 from profwatch.core.fleet.job_end import JobEndTracker
 from profwatch.core.fleet.peers import NodeRoutes
 from profwatch.core.fleet.registry import GenerationPending, Registry, RegistryError
-from profwatch.core.fleet.registry_state import jobs_from_rows, registry_rows
+from profwatch.core.fleet.registry_state import JobState, jobs_from_rows, registry_rows
 from profwatch.core.messages import MessageRejected, parse_node_message
 from profwatch.logsetup import OncePerKind
 from rankhook import wire
@@ -95,6 +95,11 @@ def _start_watcher(on_wake: Callable[[str], None], on_rank_dirs: Callable[[str, 
     return watcher
 
 
+def _peer(route: bytes, key: str | None) -> str:
+    """A refused message's sender as logged: its certificate name under CURVE, else its connection's routing id."""
+    return f"key:{key}" if key is not None else f"conn:{route.hex()}"
+
+
 class Coordinator:
     """The coordinator. ``run()`` blocks until ``stop()``; everything persistent is in ``settings.coordinator.state_db``.
 
@@ -110,6 +115,7 @@ class Coordinator:
         self.settings = settings
         cs = settings.coordinator
         self.metrics = metrics or DaemonMetrics("coordinator")
+        self._rank_messages_in = self.metrics.messages_in.labels("rank_message")  # per batch: looked up once
         self.notifier = notifier or SdNotifier({})
         self._stop = threading.Event()
         # alert sinks: every emitted event goes to them; standing Alertmanager alerts are rebuilt from the store
@@ -365,30 +371,29 @@ class Coordinator:
                 return
             route = frames[0].bytes
             key = self.sockets.node_key(frames[-1])
-            peer = f"key:{key}" if key is not None else f"conn:{route.hex()}"
             if not self.sockets.admitted(frames[-1], "ingest"):
                 # the key was removed or changed since this connection's handshake: nothing it sends counts, and
                 # commands no longer go to it
                 self.metrics.auth_refused.labels("ingest", "revoked").inc()
-                self._refuse_peer("key_revoked", "message on a connection whose key was removed or changed", peer)
+                self._refuse_peer("key_revoked", "message on a connection whose key was removed or changed", _peer(route, key))
                 revoked_node = self.routes.node(route)
                 if revoked_node is not None:
                     self.routes.forget(revoked_node)
                 continue
             if len(frames) != 2:
-                self._reject(MessageRejected("bad_framing", f"{len(frames)} frames"), peer)
+                self._reject(MessageRejected("bad_framing", f"{len(frames)} frames"), _peer(route, key))
                 continue
             try:
                 env, msgs, bad = parse_node_message(frames[1].bytes)
             except MessageRejected as exc:
-                self._reject(exc, peer)
+                self._reject(exc, _peer(route, key))
                 continue
             except Exception as exc:  # noqa: BLE001 - whatever a peer sends, the loop keeps serving
-                self._reject(MessageRejected("bad_message", repr(exc)[:200]), peer)
+                self._reject(MessageRejected("bad_message", repr(exc)[:200]), _peer(route, key))
                 continue
             verdict = self.routes.admit(route, env.node_id, key)
             if verdict.action == "refuse":
-                self._refuse_peer(verdict.reason, verdict.detail, peer)
+                self._refuse_peer(verdict.reason, verdict.detail, _peer(route, key))
                 continue
             node_id = env.node_id
             for b in bad:
@@ -402,7 +407,7 @@ class Coordinator:
             try:
                 self._on_node_message(route, env, msgs, now)
             except RegistryError as exc:
-                self._refuse_peer(exc.reason, str(exc), peer)
+                self._refuse_peer(exc.reason, str(exc), _peer(route, key))
 
     def _on_node_message(self, route: bytes, env: Any, msgs: list[Any], now: float) -> None:
         node_id = env.node_id
@@ -432,7 +437,7 @@ class Coordinator:
         :meth:`_ingest_steps` (its job, detector and handlers looked up once), any other message through
         :meth:`_ingest_message`."""
         self.counters["received"] += len(msgs)
-        self.metrics.messages_in.labels("rank_message").inc(len(msgs))
+        self._rank_messages_in.inc(len(msgs))
         i, n = 0, len(msgs)
         while i < n:
             m = msgs[i]
@@ -448,8 +453,11 @@ class Coordinator:
             i = j
 
     def _ingest_steps(self, run: list[Any], node_id: str, now: float) -> None:
-        """Step reports of one job (consecutive in a batch), each through the registry then the job's detector, in
-        order, as :meth:`_ingest_message` would take them one by one (the same refusals, counters and results)."""
+        """Step reports of one job (consecutive in a batch, all arrived at ``now``): the registry takes them, then
+        the job's detector takes those of its current generation (:meth:`JobDetector.observe_many`), in order. The
+        same refusals and counters as one by one; a step counter that went back (a possible new generation, which
+        replaces the detector) first hands the detector the reports before it. What an anomaly starts sees the
+        registry after the batch (its reports arrived together)."""
         reg = self.registry
         job = reg.jobs.get(run[0].job_id)
         if job is None:
@@ -457,37 +465,49 @@ class Coordinator:
                 self._reject(MessageRejected("unknown_job", f"step for job {m.job_id} before any hello"), node_id)
             return
         step_of = reg.step_of
-        det: JobDetector | None = self.detectors.get(job.job_id)
+        judged: list[Any] = []
+        keep = judged.append
         for m in run:
             try:
                 rank, restarted = step_of(job, m, now, node_id)
                 if restarted:
+                    if judged:
+                        self._detect(job, judged, node_id, now)
+                        judged = []
+                        keep = judged.append
                     opened = reg.note_restart(job, rank, now)
                     if opened is not None:
                         self._on_generation(opened, now)
-                        det = None  # dropped: rebuilt for the new shape below
-                if rank.gen != job.generation:
-                    continue  # a worker of an older generation that has not restarted yet: not this shape
-                if det is None:
-                    det = self.detectors.get(job.job_id) or self._detector_for(job.job_id, job.world_size)
-                    if det is None:
-                        continue
-                anomalies = det.observe(m, now)  # stalls are judged from this arrival time
-                if anomalies:
-                    for an in anomalies:
-                        self._on_anomaly(an, now)
-                    det = None  # what the anomaly started may have replaced it: looked up again
+                if rank.gen == job.generation:  # else a worker of an older generation not restarted yet
+                    keep(m)
             except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
                 self._message_failed(exc, m, node_id, now)
+        if judged:
+            self._detect(job, judged, node_id, now)
+
+    def _detect(self, job: JobState, reports: list[Any], node_id: str, now: float) -> None:
+        """Hand the job's detector (created at its first step) step reports that arrived at ``now``, acting on each
+        anomaly as it comes (stalls are judged from this arrival time). A handler that fails is counted once
+        (``internal_errors``) and the rest of these reports is not judged."""
+        i, n = 0, len(reports)
+        while i < n:
+            try:
+                det = self.detectors.get(job.job_id) or self._detector_for(job.job_id, job.world_size)
+                if det is None:
+                    return
+                i, anomalies = det.observe_many(reports, now, i)
+                for an in anomalies:
+                    self._on_anomaly(an, now)
+            except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
+                self._message_failed(exc, reports[min(i, n - 1)], node_id, now)
+                return
 
     def _ingest_message(self, m: Any, node_id: str, now: float) -> None:
-        """One rank message of a batch (a step report goes through :meth:`_ingest_steps`)."""
+        """One rank message of a batch other than a step report (those go through :meth:`_ingest_steps`)."""
         reg = self.registry
         kind = m.kind
         try:
-            if kind == "step":
-                self._ingest_steps([m], node_id, now)
-            elif kind == "hello":
+            if kind == "hello":
                 known = m.job_id in reg.jobs
                 outcome = reg.admit_hello(m, node_id, now)
                 if not known:

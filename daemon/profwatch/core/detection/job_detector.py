@@ -240,6 +240,41 @@ class JobDetector:
         work = getattr(report, "work", None)
         return unit.observe(report, now_unix_s, idle=idle, work=work if isinstance(work, (int, float)) else None)
 
+    def observe_many(self, reports: Sequence[StepReportLike], now_unix_s: float, start: int = 0
+                     ) -> tuple[int, list[Anomaly]]:
+        """:meth:`observe` for ``reports[start:]`` (reports that arrived together at ``now_unix_s``, e.g. a node
+        batch's), in order, up to and including the first that produced anomalies: returns ``(next, anomalies)``,
+        ``next`` the index of the first report not taken (``len(reports)`` when all were). The caller acts on the
+        anomalies (an exclusion it adds applies to the steps finalised after them, as with :meth:`observe`) and
+        calls again from ``next``.
+
+        Same results as :meth:`observe` report by report; the common report (a valid rank, no new role or mode,
+        too short to be an idle gap) skips the per-report checks of :meth:`observe` and goes to its unit at once.
+        """
+        ws = self.world_size
+        roles = self._roles
+        unit_of = self._unit_of
+        gap_s = self.settings.serving_idle_gap_s
+        check_mode = not self._mode_given
+        n = len(reports)
+        i = start
+        while i < n:
+            m = reports[i]
+            i += 1
+            r = m.rank
+            role = getattr(m, "role", None)
+            if (not 0 <= r < ws or m.step_time_s >= gap_s or (role is not None and role != roles[r])
+                    or (check_mode and getattr(m, "mode", None) == "serving")):
+                found = self.observe(m, now_unix_s)  # may change the mode, the units or the roles
+                check_mode = not self._mode_given
+            else:
+                work = getattr(m, "work", None)
+                found = self.units[unit_of[r]].observe(m, now_unix_s,
+                                                       work=work if isinstance(work, (int, float)) else None)
+            if found:
+                return i, found
+        return n, []
+
     def _count_gap(self, rank: int, now_unix_s: float) -> bool:
         """Count an idle gap of ``rank``; True when the job should switch to serving mode."""
         n = self.settings.serving_detect_gaps

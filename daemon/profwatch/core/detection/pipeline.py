@@ -128,6 +128,8 @@ class UnitPipeline:
         i = self.index[report.rank]
         self.stall.on_arrival(i, now_unix_s)
         steps, restarted = self.aggregator.observe(report, now_unix_s, rank=i, idle=idle, work=work)
+        if not steps and not restarted:
+            return []  # the common report: no step finalised
         if restarted:
             self.blocks.reset()
             if self.normaliser is not None:

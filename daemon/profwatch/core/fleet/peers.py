@@ -29,6 +29,10 @@ class Admission:
     old_route: bytes | None = None
 
 
+ACCEPT = Admission("accept")
+"""The verdict of the common message (its connection already speaks for its node): one object, not one per message."""
+
+
 class NodeRoutes:
     """Bidirectional map node id <-> routing id, with the admission rules above.
 
@@ -54,13 +58,13 @@ class NodeRoutes:
             return Admission("refuse", "node_id_changed", f"a connection of node {bound!r} claimed node id {claimed!r}")
         cur = self._route_of.get(claimed)
         if cur == route:
-            return Admission("accept")
+            return ACCEPT
         if cur is None:
             if len(self._route_of) >= self.max_nodes:
                 return Admission("refuse", "too_many_nodes", f"{len(self._route_of)} nodes routed (limits.max_nodes)")
             self._route_of[claimed] = route
             self._node_of[route] = claimed
-            return Admission("accept")
+            return ACCEPT
         self._route_of[claimed] = route
         self._node_of[route] = claimed
         del self._node_of[cur]
