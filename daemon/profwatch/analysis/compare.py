@@ -1,18 +1,60 @@
-"""Attach "what changed since the reference capture" to an analysed batch (composition; the rules are pure, in
-``daemon/profwatch/core/verdict/changes.py``; ``docs/changes.md``)."""
+"""Attach "what changed since the reference capture" to an analysed batch, and in its enrich phase what is behind
+each change (composition; the rules are pure, in ``daemon/profwatch/core/verdict/changes.py`` and
+``change_detail.py``; ``docs/changes.md``)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from profwatch.adapters.tools.msprof_compare import compare_rank
+from profwatch.adapters.tools.msprof_runner import MsprofRunner
 from profwatch.analysis.result import AnalysisResult
+from profwatch.core.verdict.change_detail import (
+    DETAILED_COMPONENTS,
+    DetailEntry,
+    attach_detail,
+    entries_from_compare,
+    entries_from_op_totals,
+    merge_ranks,
+    pick_ranks,
+)
 from profwatch.core.verdict.changes import compare_captures, impact_hours_per_day
+from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus
 from profwatch.core.verdict.hardware import frequency_changes
+
+log = structlog.get_logger()
+
+REFERENCE_COMPARE = "reference_compare"
+"""Recipe name of the enrich phase's per-operator comparison with the reference (its status in ``recipes``)."""
+DETAIL_RANKS = 2
+"""Ranks compared operator by operator: those whose step time changed most (each costs one compare run)."""
+
+
+@dataclass(slots=True)
+class ReferenceSide:
+    """What the enrich phase needs of the reference: its rank dirs, per-(rank, step) rows and capture kind."""
+
+    rank_dirs: dict[int, str]
+    summaries: list[RankStepSummary]
+    kind: str
+    path: str = ""
+    ranks: list[int] = field(default_factory=list)
+    """The ranks the comparison covered (``ranks_compared``)."""
 
 
 def attach_comparison(res: AnalysisResult, reference: AnalysisResult, *, reference_path: str,
                       telemetry_baseline_step_s: float | None = None, ranks: list[int] | None = None) -> None:
     """Compare ``res`` with ``reference`` (both analysed: their ``evidence.summaries`` are the per-(rank, step)
     breakdowns) and store the comparison in ``res.comparison``; a note says when either has no time breakdown.
-    ``ranks`` restricts the comparison (a named-rank regression). Mutates ``res``; raises nothing."""
+    ``ranks`` restricts the comparison (a named-rank regression). When a ``compute`` or ``communication`` change
+    stands, the reference's rank dirs are known and ``res`` still has its enrich phase ahead (``res.followup``),
+    :data:`REFERENCE_COMPARE` joins ``res.pending``: the enrich phase fills those changes' ``detail``
+    (:func:`detail_changes`). Mutates ``res``; raises nothing."""
     ref_ev, now_ev = reference.evidence, res.evidence
     if ref_ev is None or not ref_ev.summaries or now_ev is None or not now_ev.summaries:
         which = "the reference" if ref_ev is None or not ref_ev.summaries else "this capture"
@@ -31,3 +73,99 @@ def attach_comparison(res: AnalysisResult, reference: AnalysisResult, *, referen
     hours = impact_hours_per_day(cmp, res.world_size or len(cmp.ranks_compared))
     out["impact_accelerator_hours_per_day"] = None if hours is None else round(hours, 2)
     res.comparison = out
+    detailed = any(c.component in DETAILED_COMPONENTS and c.delta_s_per_step for c in cmp.changes)
+    follow = res.followup
+    if detailed and follow is not None and reference.rank_dirs and hasattr(follow, "reference"):
+        follow.reference = ReferenceSide(dict(reference.rank_dirs), list(ref_ev.summaries), reference.kind,
+                                         reference_path, list(cmp.ranks_compared))
+        if REFERENCE_COMPARE not in res.pending:
+            res.pending.append(REFERENCE_COMPARE)
+
+
+def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping[int, str],
+                   now_summaries: Sequence[RankStepSummary], runner: MsprofRunner, out_dir: Path,
+                   count: int = DETAIL_RANKS) -> tuple[RecipeStatus, list[str]]:
+    """Compare the ``count`` ranks whose step time changed most (among ``ref.ranks``, present in both captures'
+    rank dirs) with the same ranks of the reference, operator by operator, and put what is behind each
+    ``compute`` / ``communication`` change into its ``detail`` (``change_detail.attach_detail``): Ascend rank
+    dirs with ``msprof-analyze compare`` through ``runner`` (a ``MsprofRunner``; its timeout and memory cap,
+    enrich priority; one rank after the other), torch.profiler traces with their per-operator totals. A rank whose comparison fails is
+    left out; the changes keep ``detail`` None when every one fails. Returns the recipe's status and the notes
+    to add to the verdict (failures). Never raises for tool or data problems."""
+    t0 = time.monotonic()
+    notes: list[str] = []
+    if res.comparison is None:
+        return RecipeStatus(REFERENCE_COMPARE, "not_applicable", "no comparison with a reference",
+                            phase="enrich"), notes
+    candidates = [r for r in ref.ranks if r in now_dirs and r in ref.rank_dirs]
+    ranks = pick_ranks(ref.summaries, now_summaries, ranks=candidates, count=count)
+    if not ranks:
+        return RecipeStatus(REFERENCE_COMPARE, "not_applicable", "no rank has rank dirs in both captures",
+                            phase="enrich", duration_s=round(time.monotonic() - t0, 3)), notes
+    per_rank: dict[int, list[DetailEntry]] = {}
+    failed: list[str] = []
+    last_state: str = "tool_error"
+    peak = 0
+    steps_ref = _steps(ref.summaries)
+    steps_now = _steps(now_summaries)
+    for r in ranks:
+        try:
+            if res.kind == "ascend_pt" and ref.kind == "ascend_pt":
+                sheets, status = compare_rank(runner, Path(now_dirs[r]), Path(ref.rank_dirs[r]), out_dir,
+                                              name=f"{REFERENCE_COMPARE}_rank{r}",
+                                              ticket=runner.ticket(res.batch_id))
+                peak = max(peak, status.peak_rss_bytes or 0)
+                last_state = status.status
+                if sheets is None:
+                    failed.append(f"rank {r}: msprof-analyze compare {status.status}: {status.detail}")
+                    continue
+                per_rank[r] = entries_from_compare(sheets, steps_baseline=steps_ref.get(r, 1),
+                                                   steps_now=steps_now.get(r, 1))
+            elif res.kind != "ascend_pt" and ref.kind != "ascend_pt":
+                per_rank[r] = _kineto_entries(Path(now_dirs[r]), Path(ref.rank_dirs[r]))
+            else:
+                failed.append(f"rank {r}: the captures are of different kinds ({ref.kind}, {res.kind})")
+        except Exception as exc:  # noqa: BLE001 - a failed detail never loses the verdict
+            log.warning("reference_compare_failed", batch_id=res.batch_id, rank=r, error=repr(exc))
+            failed.append(f"rank {r}: {exc!r}")
+    took = round(time.monotonic() - t0, 3)
+    if failed:
+        notes.append("what is behind the changes since the reference is incomplete: " + "; ".join(failed))
+    if not per_rank:
+        state = last_state if last_state in ("timeout", "oom") else "tool_error"
+        return RecipeStatus(REFERENCE_COMPARE, state, "; ".join(failed), phase="enrich",  # type: ignore[arg-type]
+                            duration_s=took, peak_rss_bytes=peak or None), notes
+    source = "msprof-analyze compare" if res.kind == "ascend_pt" else "kineto op totals"
+    put = attach_detail(res.comparison, merge_ranks(per_rank), source=source)
+    res.comparison.setdefault("detail_ranks", sorted(per_rank))
+    return RecipeStatus(REFERENCE_COMPARE, "ok",
+                        f"ranks {sorted(per_rank)} against the reference's same ranks ({source}): {put} entries"
+                        + (f"; failed: {'; '.join(failed)}" if failed else ""),
+                        rows=put, phase="enrich", duration_s=took, peak_rss_bytes=peak or None), notes
+
+
+def _steps(rows: Sequence[RankStepSummary]) -> dict[int, int]:
+    by: dict[int, set[int]] = {}
+    for r in rows:
+        by.setdefault(r.rank, set()).add(r.step)
+    return {k: len(v) for k, v in by.items()}
+
+
+def _kineto_entries(now_dir: Path, ref_dir: Path) -> list[DetailEntry]:
+    """Per-operator totals of the newest trace of each rank dir, per step (``kineto_reader.op_totals``)."""
+    from profwatch.adapters.tools.kineto_reader import TraceFormatError, find_trace_files, op_totals
+    from profwatch.core.verdict.kineto import collective_class
+
+    def totals(d: Path) -> tuple[dict[str, float], int]:
+        files = find_trace_files(d)
+        if not files:
+            raise TraceFormatError(f"no *.pt.trace.json in {d}")
+        out, windows = op_totals(max(files, key=lambda p: p.stat().st_mtime))
+        if not windows:
+            raise TraceFormatError(f"{d}: no ProfilerStep window in its trace")
+        return out, windows
+
+    now, n_now = totals(now_dir)
+    ref, n_ref = totals(ref_dir)
+    return entries_from_op_totals(now, ref, steps_now=n_now, steps_baseline=n_ref,
+                                  is_collective=lambda name: collective_class(name, "") is not None)

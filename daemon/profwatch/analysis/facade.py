@@ -45,6 +45,7 @@ from profwatch.adapters.tools.msprof_analysis import (
 from profwatch.adapters.tools.msprof_db import own_comm_waits
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
 from profwatch.adapters.tools.own_tables_reader import Signature, read_batch_aicore, read_batch_tables
+from profwatch.analysis.compare import REFERENCE_COMPARE, ReferenceSide, detail_changes
 from profwatch.analysis.result import (
     AnalysisResult,
     AnalysisStatus,
@@ -90,6 +91,8 @@ class Followup:
     session: MsprofSession | None = None
     staged: Path | None = None
     prefetched: Mapping[str, tuple[Signature, RankTables]] | None = None
+    reference: ReferenceSide | None = None
+    """The reference to compare operator by operator (set by ``compare.attach_comparison``; ``reference_compare``)."""
 
     def hosts(self) -> dict[int, str]:
         """rank -> host: parsed from the rank dir names, overridden by the hostnames the ranks reported."""
@@ -159,7 +162,7 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
     result = AnalysisResult(status="failed", batch_id=batch.batch_id, kind=batch.kind, world_size=job_world,
                             capture_reason=capture_reason, job_id=job_id, context=context,
                             armed_steps=list(armed_steps) if armed_steps else None, captured_steps=list(batch.steps),
-                            captured_ranks=subset)
+                            captured_ranks=subset, rank_dirs=dict(batch.rank_dirs))
     unusable = batch.unusable_ranks()
     if batch.status != "complete" and not batch.judgeable():
         not_complete(batch, result)
@@ -257,7 +260,7 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
     if batch.kind != "ascend_pt" and settings.kineto_op_compare and result.suspects and len(batch.ranks) > 1:
         pending.append(OP_COMPARE)
     result.pending = pending
-    result.followup = f if pending else None
+    result.followup = f  # kept without pending too: a comparison with a reference may add reference_compare
     _write_report(result, f, html=settings.report_html)
     return result
 
@@ -287,6 +290,8 @@ def enrich_analysis(result: AnalysisResult, *, runner: MsprofRunner,
             _enrich_msprof(result, ev, f, runner, progress)
         elif OP_COMPARE in result.pending:
             _enrich_kineto(result, ev, f, progress)
+        if REFERENCE_COMPARE in result.pending and f.reference is not None:
+            _enrich_reference(result, ev, f, runner, progress)
         result.evidence = ev
         _judge(result, ev, f)
         result.timings_s["enrich"] = time.monotonic() - t0
@@ -397,6 +402,21 @@ def _enrich_kineto(result: AnalysisResult, ev: ClusterEvidence, f: Followup, pro
         result.op_compare, ev.recipes[OP_COMPARE] = compare_suspects(dirs, named, reference)
     if progress is not None:
         progress("finished", OP_COMPARE, ev.recipes[OP_COMPARE])
+
+
+def _enrich_reference(result: AnalysisResult, ev: ClusterEvidence, f: Followup, runner: MsprofRunner,
+                      progress: Progress | None) -> None:
+    """What is behind each change since the reference: the ranks that changed most against the reference's same
+    ranks, operator by operator (``compare.detail_changes``); a failure is a status and a note."""
+    assert f.reference is not None
+    if progress is not None:
+        progress("started", REFERENCE_COMPARE, None)
+    status, notes = detail_changes(result, f.reference, now_dirs=f.batch.rank_dirs, now_summaries=ev.summaries,
+                                   runner=runner, out_dir=f.out_dir / REFERENCE_COMPARE)
+    ev.recipes[REFERENCE_COMPARE] = status
+    ev.notes += notes
+    if progress is not None:
+        progress("finished", REFERENCE_COMPARE, status)
 
 
 def _enrich_msprof(result: AnalysisResult, ev: ClusterEvidence, f: Followup, runner: MsprofRunner,

@@ -83,7 +83,10 @@ class AnalysisResult:
     agreement: dict[str, Any] | None = None
     """Whether msprof-analyze confirmed the first verdict (``Agreement.to_json``); None until it ran."""
     followup: Any = field(default=None, repr=False)
-    """What the enrich phase needs (``profwatch.analysis.facade.Followup``); None when nothing follows. Not serialised."""
+    """What the enrich phase needs (``profwatch.analysis.facade.Followup``); None once it ran. Not serialised."""
+    rank_dirs: dict[int, str] = field(default_factory=dict, repr=False)
+    """rank -> rank dir of the ranks analysed (a later capture's enrich phase compares its ranks with these when
+    this is its reference, ``profwatch.analysis.compare``). Not serialised."""
 
     def verdict_json(self) -> dict[str, Any]:
         """The verdict keys shared by ``to_json()`` and ``alert_data()``: ``links``, ``impact`` (headline: every

@@ -22,7 +22,13 @@ from profwatch.adapters.fs.rank_dir_fs import TreeUnavailable, describe_unsuppor
 from profwatch.adapters.fs.staging import mark_output_dir
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
 from profwatch.analysis.compare import attach_comparison
-from profwatch.analysis.facade import AnalysisResult, AnalysisSettings, analyze_batch, rewrite_report
+from profwatch.analysis.facade import (
+    AnalysisResult,
+    AnalysisSettings,
+    analyze_batch,
+    enrich_analysis,
+    rewrite_report,
+)
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.display import display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE
@@ -163,6 +169,13 @@ def _human(res: AnalysisResult) -> str:
         for comp in c["components"]:
             lines.append(f"    {comp['component']:<14} reference {1e3 * comp['baseline_s_per_step']:8.2f} ms/step  "
                          f"now {1e3 * comp['now_s_per_step']:8.2f}  change {1e3 * comp['delta_s_per_step']:+8.2f}")
+        for ch in c["changes"]:
+            if isinstance(ch.get("detail"), list):
+                lines.append(f"    behind the {ch['component']} change (ranks {ch['detail'][0].get('ranks')}, "
+                             f"{ch['detail'][0].get('source')}):")
+                lines += [f"      {d['kind']:<10} {d['name'][:60]}"
+                          + (f" [group {d['group'][:40]}]" if d.get("group") and d["group"] != d["name"] else "")
+                          + f"  {1e3 * d['delta_s_per_step']:+.2f} ms/step" for d in ch["detail"]]
         if c.get("impact_accelerator_hours_per_day") is not None:
             lines.append(f"    the step-time change costs {c['impact_accelerator_hours_per_day']:.1f} "
                          "accelerator-hours per day")
@@ -242,16 +255,10 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
                                               runner=runner, progress=progress)
         for batch in batches:
             if quiet:
-                res = analyze_batch(batch, work_dir=work, settings=settings, runner=runner)
+                res = _analyse_one(batch, work, settings, runner, reference, baseline_dir, ref_batch, None)
             else:
                 with RecipeProgress(display_str(batch.batch_id)) as progress:
-                    res = analyze_batch(batch, work_dir=work, settings=settings, runner=runner, progress=progress)
-            if reference is not None and baseline_dir is not None and res.status != "incomplete":
-                attach_comparison(res, reference, reference_path=str(baseline_dir))
-                if ref_batch is not None and _same_dirs(ref_batch, batch) and res.comparison is not None:
-                    res.comparison["notes"].append("the reference is this capture itself (same rank dirs): "
-                                                   "nothing can have changed; pass a capture of the healthy job")
-                rewrite_report(res, time.time())  # report.json carries the comparison the output shows
+                    res = _analyse_one(batch, work, settings, runner, reference, baseline_dir, ref_batch, progress)
             if res.status == "incomplete":
                 res.notes.append(json.dumps({"completeness": batch.to_json()}, default=str)[:4000])
             if as_json:
@@ -261,6 +268,23 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
             if res.status not in GOOD:
                 worst = 1
     ctx.exit(worst)
+
+
+def _analyse_one(batch: BatchState, work: Path, settings: AnalysisSettings, runner: MsprofRunner,
+                 reference: AnalysisResult | None, baseline_dir: Path | None, ref_batch: BatchState | None,
+                 progress: Any) -> AnalysisResult:
+    """Analyse one batch: the alert phase, the comparison with the reference when there is one (its changes'
+    detail is found in the enrich phase, ``reference_compare``), then the enrich phase."""
+    res = analyze_batch(batch, work_dir=work, settings=settings, runner=runner, progress=progress, enrich=False)
+    if reference is not None and baseline_dir is not None and res.status != "incomplete":
+        attach_comparison(res, reference, reference_path=str(baseline_dir))
+        if ref_batch is not None and _same_dirs(ref_batch, batch) and res.comparison is not None:
+            res.comparison["notes"].append("the reference is this capture itself (same rank dirs): "
+                                           "nothing can have changed; pass a capture of the healthy job")
+        rewrite_report(res, time.time())  # report.json carries the comparison the output shows
+    if res.pending:
+        enrich_analysis(res, runner=runner, progress=progress)
+    return res
 
 
 EXIT_SIGTERM = 128 + signal.SIGTERM

@@ -81,13 +81,16 @@ def _parse_clock(spec: str | None) -> dict[int, float]:
                    "host (extra free time, --factor as a fraction of a compute chunk)")
 @click.option("--factor", type=click.FloatRange(min=0.0), default=None,
               help="for --job-wide (default: compute 1.2, communication 3.0, host 0.2)")
+@click.option("--slow-op", "slow_op", default=None,
+              help="one operator slower on every rank, OPTYPE:factor (MatMul or Add), e.g. MatMul:1.5")
 @click.option("--pair", is_flag=True, help="write OUT/reference (healthy) and OUT/regressed (with the slowdowns asked "
                                           "for) from one seed: they differ only by that (for analyze --baseline)")
 @click.option("--throttle", help="ranks whose AI Core clock ran slower, as rank:MHz[,rank:MHz] (nominal 1800), e.g. "
                                  "5:1200: their compute is 1800/MHz slower and AICORE_FREQ records the clock")
 def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, slow_link: str | None, steps: int,
          export_type: ExportType, no_marker: bool, capture_id: str | None, seed: int, job_wide: str | None = None,
-         factor: float | None = None, pair: bool = False, throttle: str | None = None) -> None:
+         factor: float | None = None, pair: bool = False, throttle: str | None = None,
+         slow_op: str | None = None) -> None:
     """Write a simulated Ascend capture batch into OUT (or a healthy/regressed pair with --pair)."""
     from profwatch.simulate.ascend_tree import generate_cluster
 
@@ -107,6 +110,16 @@ def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, s
         f = JOB_WIDE[job_wide] if factor is None else factor
         bag = {"compute": slow_f, "communication": link_f, "host": host_f}[job_wide]
         bag.update({r: f for r in range(world_size)})
+    ops: dict[str, float] = {}
+    if slow_op:
+        name, _, f_text = slow_op.partition(":")
+        try:
+            ops[name] = float(f_text or "1.5")
+        except ValueError:
+            raise click.UsageError(f"--slow-op {slow_op!r}: expected OPTYPE:factor, e.g. MatMul:1.5") from None
+        if name not in ("MatMul", "Add") or not _factor_ok(ops[name]):
+            raise click.UsageError(f"--slow-op {slow_op!r}: the operator is MatMul or Add, the factor 0 to "
+                                   f"{MAX_FACTOR:g}")
     targets = [out / "reference", out / "regressed"] if pair else [out]
     for t in targets:
         if t.exists() and any(t.glob("*_ascend_pt")):
@@ -119,7 +132,7 @@ def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, s
     dirs = generate_cluster(targets[-1], world_size=world_size, slow_ranks=slow_f or None,
                             host_bound_ranks=host_f or None, slow_link_ranks=link_f or None, steps=steps,
                             export_type=export_type, with_marker=not no_marker, capture_id=cid, seed=seed,
-                            throttled_ranks=clock or None)
+                            throttled_ranks=clock or None, slow_ops=ops or None)
     if pair:
         click.echo(f"wrote {len(dirs)} healthy rank dirs under {targets[0]} and {len(dirs)} regressed ones under "
                    f"{targets[1]} (seed {seed})")
