@@ -123,8 +123,22 @@ class SlowLink:
 
 
 @dataclass(frozen=True, slots=True)
+class DetailItem:
+    """One operator / kernel / collective / group behind a change (a ``detail`` entry, milliseconds per step)."""
+
+    name: str
+    kind: str
+    group: str
+    delta_ms: float | None
+    baseline_ms: float | None
+    now_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class ComponentRow:
-    """One component of the step, reference beside now (milliseconds per step; ``None`` where not measured)."""
+    """One component of the step, reference beside now (milliseconds per step; ``None`` where not measured).
+    ``detail``: a text detail; ``items``: what is behind the change (``detail`` entries, ``docs/changes.md#detail``),
+    ``items_source`` where they come from (tool and ranks)."""
 
     component: str
     baseline_ms: float | None
@@ -134,6 +148,8 @@ class ComponentRow:
     share: float | None
     changed: bool
     detail: str = ""
+    items: tuple[DetailItem, ...] = ()
+    items_source: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +186,26 @@ def _detail_text(detail: Any) -> str:
     return ""
 
 
+def _detail_items(detail: Any) -> tuple[tuple[DetailItem, ...], str]:
+    """The entries of a list ``detail`` (``change_detail.DetailEntry.to_json``) and their source text
+    ("ranks 0, 1; msprof-analyze compare"); ``((), "")`` for anything else."""
+    if not isinstance(detail, list):
+        return (), ""
+    items, source = [], ""
+    for d in detail:
+        if not isinstance(d, Mapping) or not d.get("name"):
+            continue
+        group = str(d.get("group") or "")
+        items.append(DetailItem(str(d.get("name")), str(d.get("kind") or ""), "" if group == d.get("name") else group,
+                                _ms(d.get("delta_s_per_step")), _ms(d.get("baseline_s_per_step")),
+                                _ms(d.get("now_s_per_step"))))
+        if not source:
+            ranks = _int_list(d.get("ranks"))
+            source = "; ".join(x for x in (f"ranks {step_list_text(ranks)}" if ranks else "",
+                                           str(d.get("source") or "")) if x)
+    return tuple(items), source
+
+
 def parse_comparison(raw: Any) -> ChangesView | None:
     """The report's view of a verdict's ``comparison`` (``None`` when there is none or it is not a mapping)."""
     if not isinstance(raw, Mapping):
@@ -181,9 +217,11 @@ def parse_comparison(raw: Any) -> ChangesView | None:
         if not isinstance(c, Mapping) or c.get("delta_s_per_step") is None and c.get("now_s_per_step") is None:
             continue
         comp = str(c.get("component") or "?")
+        items, source = _detail_items(c.get("detail"))
         rows.append(ComponentRow(comp, _ms(c.get("baseline_s_per_step")), _ms(c.get("now_s_per_step")),
                                  _ms(c.get("delta_s_per_step")), _ms(c.get("noise_s_per_step")),
-                                 _fnum(c.get("share")), comp in changed, _detail_text(c.get("detail"))))
+                                 _fnum(c.get("share")), comp in changed,
+                                 "" if items else _detail_text(c.get("detail")), items, source))
     other = [(str(c.get("component") or "?"), _detail_text(c.get("detail")))
              for c in changes if isinstance(c, Mapping) and c.get("delta_s_per_step") is None]
     step = ComponentRow("step time", _ms(raw.get("step_time_baseline_s")), _ms(raw.get("step_time_now_s")),
