@@ -83,7 +83,8 @@ def test_simulate_options_are_checked(tmp_path: Path) -> None:
                "--prof-root", str(tmp_path / "p"), cwd=tmp_path)
     assert res.returncode == 2 and "'all'" in res.stderr
     for bad in (["--job-wide", "compute", "--factor", "inf"], ["--job-wide", "host", "--factor", "nan"],
-                ["--slow", "1:-3"], ["--slow-link", "1:1e400"], ["--steps", "0"]):  # a usage error, no traceback
+                ["--slow", "1:-3"], ["--slow-link", "1:1e400"], ["--steps", "0"], ["--slow-op", "Conv2D:2"],
+                ["--slow-op", "MatMul:x"], ["--slow-op", "MatMul:inf"]):  # a usage error, no traceback
         res = _cli("simulate", "tree", str(tmp_path / "bad"), *bad, cwd=tmp_path)
         assert res.returncode == 2 and "Traceback" not in res.stderr and "Error:" in res.stderr, (bad, res.stderr)
     assert not (tmp_path / "bad").exists()

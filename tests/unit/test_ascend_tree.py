@@ -213,3 +213,23 @@ def test_many_ranks_minimal_layout(tmp_path: Path) -> None:
     assert _rows(db, "SELECT rankId, deviceId FROM RANK_DEVICE_MAP") == [(63, 7)]
     assert _rows(db, "SELECT count(*) FROM COMMUNICATION_OP") == [(12,)]
     assert dirs[63].name.startswith("node7_4063_")  # node = rank // 8, pid = 4000 + rank
+
+
+def test_slow_ops_slow_one_operator_on_every_rank_and_nothing_else() -> None:
+    def kernel_ns(tls: list[at.RankTimeline]) -> dict[tuple[int, str], int]:
+        out: dict[tuple[int, str], int] = {}
+        for tl in tls:
+            for st in tl.steps:
+                for seg in st.segments:
+                    if isinstance(seg, at.ComputeSegment):
+                        key = (tl.rank, seg.op_type)
+                        out[key] = out.get(key, 0) + seg.end_ns - seg.start_ns
+        return out
+
+    base = kernel_ns(at.build_timelines(world_size=2, seed=3))
+    slow = kernel_ns(at.build_timelines(world_size=2, seed=3, slow_ops={"MatMul": 1.5}))
+    for rank in (0, 1):
+        assert slow[(rank, "MatMul")] == pytest.approx(1.5 * base[(rank, "MatMul")], rel=1e-3)
+        assert slow[(rank, "Add")] == base[(rank, "Add")]  # same draws: only the named operator moved
+    with pytest.raises(ValueError, match="simulated operators"):
+        at.build_timelines(world_size=2, slow_ops={"Conv2D": 2.0})
