@@ -128,3 +128,34 @@ def test_torch_captures_get_the_per_operator_difference(tmp_path: Path) -> None:
     assert top["name"] == "aten::mm" and top["source"] == "kineto op totals"
     assert top["delta_s_per_step"] == pytest.approx(0.015, rel=0.05)
     assert os.path.isdir(tmp_path / "w2")
+
+
+@pytest.mark.slow
+def test_the_coordinators_analyser_fills_the_detail_in_the_follow_up(pair: Path, tmp_path: Path) -> None:
+    """The live path: the verdict carries the changes and announces reference_compare; the follow-up (enrich)
+    carries the detail."""
+    from profwatch.captures.ports import BatchAnalyser
+
+    settings = AnalysisSettings(msprof=MsprofSettings(advisor=False, communication_matrix=False))
+    analyser = BatchAnalyser(settings)
+    try:
+        (ref_batch,) = scan_tree(pair / "reference", world_size=4)
+        (now_batch,) = scan_tree(pair / "regressed", world_size=4)
+        status, ref_payload = analyser.analyse(ref_batch, work_dir=tmp_path / "ref", hostnames={},
+                                               context={"capture_id": "ref-1"}, job_id="j",
+                                               capture_reason="reference")
+        assert status == "no_suspect", ref_payload["detail"]
+        ref = {"capture_id": "ref-1", "batch_id": ref_batch.batch_id, "prof_dir": str(pair / "reference"),
+               "generation": 0, "age_s": 30.0, "world_size": 4}
+        status, verdict = analyser.analyse(now_batch, work_dir=tmp_path / "now", hostnames={},
+                                           context={"capture_id": "cap-2", "reference": ref}, job_id="j",
+                                           capture_reason="anomaly")
+        assert REFERENCE_COMPARE in verdict["pending_recipes"], verdict["pending_recipes"]
+        assert {c["component"] for c in verdict["changes"]} >= {"compute", "communication"}
+        assert all(c["detail"] is None for c in verdict["changes"])  # the alert does not wait for compare
+        status, follow = analyser.enrich("cap-2")
+    finally:
+        analyser.runner.close()
+    assert follow["recipes"][REFERENCE_COMPARE]["status"] == "ok", follow["recipes"][REFERENCE_COMPARE]
+    compute = next(c for c in follow["changes"] if c["component"] == "compute")
+    assert compute["detail"][0]["name"] == "aten::matmul"
