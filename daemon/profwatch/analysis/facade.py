@@ -239,7 +239,7 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
             run_phase(f.session, ev, "alert", runner=runner, progress=progress)
             ev.aicore = read_batch_aicore(batch.rank_dirs, workers=settings.own_tables_workers)
             result.verdict_source = "msprof-analyze"
-            pending = [c.name for c in f.session.plan.phase("enrich")]
+            pending = f.session.plan.recipe_names("enrich")
         if result.captured_ranks is not None:  # a subset: its ranks' own waits show waits for uncaptured ranks
             ev.own_waits = {r: w for r, p in batch.rank_dirs.items() if (w := own_comm_waits(
                 Path(p) / PROFILER_OUTPUT_DIR / "analysis.db"))}

@@ -9,7 +9,9 @@ bounds allow) and hands each run's outputs to ``msprof_plan.interpret_run`` as i
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ import structlog
 from profwatch.adapters.tools.msprof_db import inspect_inputs, read_tables
 from profwatch.adapters.tools.msprof_runner import MsprofRunner, RunTicket, SpawnFailed, ToolRun
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipePhase, RecipeStatus
+from profwatch.core.verdict.matrix_chunks import MatrixPart, merge_matrix_parts
 from profwatch.core.verdict.msprof_plan import (
     RESULT_DB,
     RESULT_TABLES,
@@ -111,18 +114,32 @@ def run_phase(session: MsprofSession, ev: ClusterEvidence, phase: RecipePhase, *
     """Run the commands of ``phase`` (default: the plan's; ``commands`` overrides, e.g. the advisor on a subset
     staging) concurrently within the runner's bounds, each ``--agent --force`` into its own fresh ``-o`` under
     ``session.out_dir``; fill ``ev`` (µs) and ``ev.recipes[name]`` as each run finishes. A recipe that fails,
-    times out or is killed at the memory cap is a status and never holds up the others. Raises nothing for tool
-    failures; a KeyboardInterrupt cancels the runs of this session and is re-raised."""
+    times out or is killed at the memory cap is a status and never holds up the others. Commands of a chunked
+    recipe (``RecipeCommand.ranks`` set: communication_matrix above its size limits) each read into their own
+    evidence; once all have finished, ``matrix_chunks.merge_matrix_parts`` makes them one status, one table
+    (``ev.link_rows``) and notes saying which ranks the link search covered; progress reports such a recipe
+    started once and finished once. Raises nothing for tool failures; a KeyboardInterrupt cancels the runs of
+    this session and is re-raised."""
     cmds = list(session.plan.phase(phase) if commands is None else commands)
     if not cmds:
         return ev
     workers = len(cmds)
+    parts: list[MatrixPart] = []
+    started: set[str] = set()
+    lock = threading.Lock()
+
+    def on_start(name: str) -> None:
+        with lock:
+            first = name not in started
+            started.add(name)
+        if first and progress is not None:
+            progress("started", name, None)
+
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"msprof-{phase}") as pool:
         futures: dict[Future[ToolRun], RecipeCommand] = {}
         for c in cmds:
-            start = (lambda n=c.name: progress("started", n, None)) if progress is not None else None
             futures[pool.submit(runner.run, c.name, c.args, session.out_dir, ticket=session.ticket, phase=phase,
-                                on_start=start)] = c
+                                on_start=functools.partial(on_start, c.name))] = c
         try:
             pending = set(futures)
             while pending:
@@ -133,6 +150,12 @@ def run_phase(session: MsprofSession, ev: ClusterEvidence, phase: RecipePhase, *
                         run: ToolRun | SpawnFailed = fut.result()
                     except SpawnFailed as exc:
                         run = exc
+                    if c.ranks is not None:  # one chunk: merged with the others once all have finished
+                        own = ClusterEvidence(kind=ev.kind)
+                        part = interpret_run(_outcome(run, c.name, phase), session.facts, len(c.ranks), own,
+                                             list(c.ranks))
+                        parts.append(MatrixPart(c.ranks, part, own.link_rows))
+                        continue
                     status = interpret_run(_outcome(run, c.name, phase), session.facts, session.world_size, ev,
                                            session.expected_ranks)
                     ev.recipes[c.name] = status
@@ -141,6 +164,16 @@ def run_phase(session: MsprofSession, ev: ClusterEvidence, phase: RecipePhase, *
         except BaseException:  # interrupted (Ctrl-C) or a bug: leave no tool running, do not wait for it
             runner.cancel_ticket(session.ticket)
             raise
+    chunk_plan = session.plan.matrix_chunks
+    if parts and chunk_plan is not None:
+        status, ev.link_rows, notes = merge_matrix_parts(chunk_plan, parts)
+        ev.recipes[status.name] = status
+        ev.notes += notes
+        log.info("msprof_chunks_merged", recipe=status.name, status=status.status, chunks=len(chunk_plan.chunks),
+                 ok=sum(p.status.status == "ok" for p in parts), rows=status.rows,
+                 peak_rss_mib=round((status.peak_rss_bytes or 0) / 2**20, 1))
+        if progress is not None:
+            progress("finished", status.name, status)
     log.info("msprof_phase_finished", phase=phase, world_size=session.world_size, owner=session.owner,
              statuses={c.name: ev.recipes[c.name].status for c in cmds if c.name in ev.recipes},
              votes=ev.slow_rank_votes)

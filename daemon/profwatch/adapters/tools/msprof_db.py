@@ -139,7 +139,8 @@ def _read_json(path: Path) -> Any:
 def inspect_inputs(staged_dir: Path, *, max_depth: int = 5) -> InputFacts:
     """Walk ``staged_dir`` as msprof-analyze does (folders holding ``ASCEND_PROFILER_OUTPUT``, up to ``max_depth``
     levels) and record ranks, DB health (header truncation, a readable ``RANK_DEVICE_MAP``), communication and
-    MEMCPY_ASYNC presence, group sizes (``profiler_metadata.json`` ``parallel_group_info``), profiler levels and
+    MEMCPY_ASYNC presence, group sizes and members (``profiler_metadata.json`` ``parallel_group_info``), each rank's
+    ``analysis.db`` size, profiler levels and
     versions (``profiler_info*.json``). File names are handled as the OS gives them (``os.walk`` on a str path
     keeps undecodable bytes as surrogate escapes). Never raises for unreadable files: they become notes."""
     facts = InputFacts()
@@ -152,6 +153,7 @@ def inspect_inputs(staged_dir: Path, *, max_depth: int = 5) -> InputFacts:
             dirs[:] = []
     facts.rank_count = len(rank_dirs)
     groups: list[int] = []
+    group_set: set[tuple[int, ...]] = set()
     dbs: dict[int, Path] = {}
     for rd in sorted(rank_dirs):
         for info_path in rd.glob("profiler_info*.json"):
@@ -167,8 +169,12 @@ def inspect_inputs(staged_dir: Path, *, max_depth: int = 5) -> InputFacts:
                     bag.add(str(info[key]))
         try:
             meta = _read_json(rd / "profiler_metadata.json")
-            groups += [len(g.get("global_ranks", [])) for g in meta.get("parallel_group_info", {}).values()]
-        except (OSError, ValueError, AttributeError, RecursionError, MemoryError):
+            for g in meta.get("parallel_group_info", {}).values():
+                members = g.get("global_ranks", [])
+                groups.append(len(members))
+                if isinstance(members, list) and all(isinstance(r, int) for r in members):
+                    group_set.add(tuple(sorted(set(members))))
+        except (OSError, ValueError, AttributeError, TypeError, RecursionError, MemoryError):
             pass
         for db in (rd / "ASCEND_PROFILER_OUTPUT").glob("ascend_pytorch_profiler*.db"):
             digits = db.stem.rsplit("_", 1)[-1]
@@ -176,8 +182,13 @@ def inspect_inputs(staged_dir: Path, *, max_depth: int = 5) -> InputFacts:
             dbs[rank] = db
             if sqlite_truncated(db) or not has_row(db, "SELECT rankId FROM RANK_DEVICE_MAP"):
                 facts.broken_db_ranks.append(rank)
+            try:
+                facts.analysis_bytes[rank] = (rd / "ASCEND_PROFILER_OUTPUT" / "analysis.db").stat().st_size
+            except OSError:
+                pass
     facts.db_ranks = sorted(dbs)
     facts.max_group_size = max(groups, default=len(dbs))
+    facts.groups = sorted(group_set, key=lambda g: (len(g), g))
     healthy = [dbs[r] for r in facts.healthy_db_ranks]
     facts.has_communication = any(has_row(db, "SELECT 1 FROM COMMUNICATION_OP LIMIT 1") for db in healthy)
     facts.has_memcpy = any(has_row(db, "SELECT 1 FROM TASK WHERE taskType IN (SELECT id FROM STRING_IDS "

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipePhase, RecipeState, RecipeStatus
+from profwatch.core.verdict.matrix_chunks import MatrixChunkPlan, plan_matrix_chunks, rank_list_arg
 from profwatch.core.verdict.msprof_results import (
     AgentMessage,
     common_steps,
@@ -65,6 +66,9 @@ class MsprofSettings(BaseModel):
     (asked for; falls back to the watchdog with a warning), ``off``. Size rule: a batch of more than
     ``advisor_max_ranks`` ranks runs the advisor on the suspects and ``advisor_reference_ranks`` reference ranks
     only (``advisor_above_max = "subset"``) or not at all (``"skip"``), the reason in its recipe status.
+    ``communication_matrix`` on a batch of more than ``matrix_max_ranks`` ranks or ``matrix_max_input_bytes``
+    bytes of ``analysis.db`` runs in chunks, one ``--rank_list`` run per chunk (by communication group when the
+    groups are known), merged into one table (``core/verdict/matrix_chunks.py``, docs/msprof-analyze.md#matrix-chunks).
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -85,6 +89,11 @@ class MsprofSettings(BaseModel):
     advisor_max_ranks: int = Field(default=256, ge=2)
     advisor_above_max: Literal["subset", "skip"] = "subset"
     advisor_reference_ranks: int = Field(default=4, ge=1, le=64)
+    matrix_max_ranks: int = Field(default=256, ge=1)
+    """Most ranks one ``communication_matrix_sum`` run reads; a larger batch runs in chunks."""
+    matrix_max_input_bytes: int = Field(default=2**30, ge=1)
+    """Most bytes of ``analysis.db`` one ``communication_matrix_sum`` run reads (the size estimate of its
+    matrix rows; on generated trees the tool's resident memory grew about 7x the bytes it read)."""
 
 
 #: Recipes the verdict waits for; every other command runs in the enrich phase.
@@ -120,6 +129,8 @@ class InputFacts:
     ``db_ranks``: ranks with an ``ascend_pytorch_profiler*.db``; ``broken_db_ranks``: those whose DB is truncated
     or has no readable ``RANK_DEVICE_MAP``; ``max_group_size``: ranks in the largest communication group
     (``profiler_metadata.json`` ``parallel_group_info``, else the number of DBs); ``levels``: profiler levels.
+    ``groups``: the distinct communication groups as sorted global rank tuples (``parallel_group_info``
+    ``global_ranks``; empty when no rank dir has it); ``analysis_bytes``: rank -> bytes of its ``analysis.db``.
     """
 
     rank_count: int = 0
@@ -133,6 +144,8 @@ class InputFacts:
     torch_npu_versions: set[str] = field(default_factory=set)
     cann_versions: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    groups: list[tuple[int, ...]] = field(default_factory=list)
+    analysis_bytes: dict[int, int] = field(default_factory=dict)
 
     @property
     def healthy_db_ranks(self) -> list[int]:
@@ -142,23 +155,32 @@ class InputFacts:
 @dataclass(frozen=True, slots=True)
 class RecipeCommand:
     """One msprof-analyze command to run: ``msprof-analyze *args -o <fresh dir>`` (the runner adds ``-o``), in
-    the ``alert`` phase (the verdict waits for it) or the ``enrich`` phase (after the verdict is published)."""
+    the ``alert`` phase (the verdict waits for it) or the ``enrich`` phase (after the verdict is published).
+    ``ranks``: the chunk it reads (``--rank_list``) when the recipe runs in chunks (their results merged), else
+    None (the whole batch)."""
 
     name: str
     args: tuple[str, ...]
     phase: RecipePhase = "alert"
+    ranks: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True)
 class RecipePlan:
-    """:func:`plan_recipes` output: commands to run, in order, and recipes decided without running."""
+    """:func:`plan_recipes` output: commands to run, in order, and recipes decided without running;
+    ``matrix_chunks``: the chunk plan when communication_matrix runs in chunks (one command per chunk)."""
 
     commands: list[RecipeCommand] = field(default_factory=list)
     skipped: dict[str, RecipeStatus] = field(default_factory=dict)
+    matrix_chunks: MatrixChunkPlan | None = None
 
     def phase(self, phase: RecipePhase) -> list[RecipeCommand]:
         """The commands of one phase, in order."""
         return [c for c in self.commands if c.phase == phase]
+
+    def recipe_names(self, phase: RecipePhase) -> list[str]:
+        """The recipes of one phase, in order, each once (a chunked recipe has several commands)."""
+        return list(dict.fromkeys(c.name for c in self.phase(phase)))
 
 
 def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -> RecipePlan:
@@ -167,7 +189,9 @@ def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -
     Rules (docs/msprof-analyze.md, "Recipes"): without any DB export, cluster_time_summary and slow_rank are
     ``no_data`` (text-only exports); without communication data (Level0, no collectives) both are
     ``not_applicable``; cluster_time_summary needs a MEMCPY_ASYNC task on some rank (the tool raises otherwise);
-    slow_rank needs a group of at least 4 ranks. Every command gets ``--agent --force`` (JSON line on stdout; no
+    slow_rank needs a group of at least 4 ranks. communication_matrix above ``matrix_max_ranks`` ranks or
+    ``matrix_max_input_bytes`` of ``analysis.db`` is one ``--rank_list`` command per chunk of
+    ``matrix_chunks.plan_matrix_chunks`` (``plan.matrix_chunks``). Every command gets ``--agent --force`` (JSON line on stdout; no
     interactive ownership prompt). ``advisor all`` runs when ``settings.advisor``, plus a plain run for the html
     when ``settings.advisor_html``. Phases: cluster_time_summary and slow_rank (:data:`ALERT_RECIPES`) are
     ``alert``, the others ``enrich``; the advisor's size rule is :func:`advisor_ranks`, applied once the verdict
@@ -193,8 +217,15 @@ def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -
             plan.skipped["cluster_time_summary"] = RecipeStatus(
                 "cluster_time_summary", "not_applicable", "no MEMCPY_ASYNC task on any rank: the recipe cannot run")
         if "communication_matrix" in enrich:
-            plan.commands.append(RecipeCommand("communication_matrix", ("-m", "communication_matrix_sum", *base),
-                                               "enrich"))
+            plan.matrix_chunks = plan_matrix_chunks(facts.db_ranks, facts.groups, facts.analysis_bytes,
+                                                    max_ranks=settings.matrix_max_ranks,
+                                                    max_bytes=settings.matrix_max_input_bytes)
+            matrix = ("-m", "communication_matrix_sum", *base)
+            if plan.matrix_chunks is None:
+                plan.commands.append(RecipeCommand("communication_matrix", matrix, "enrich"))
+            else:
+                plan.commands += [RecipeCommand("communication_matrix", (*matrix, "--rank_list", rank_list_arg(c)),
+                                                "enrich", c) for c in plan.matrix_chunks.chunks]
         if facts.max_group_size >= SLOW_RANK_MIN_GROUP:
             plan.commands.append(RecipeCommand("slow_rank", ("-m", "slow_rank", *base)))
         else:
@@ -279,7 +310,7 @@ def with_input(cmd: RecipeCommand, staged_dir: str) -> RecipeCommand:
     args = list(cmd.args)
     if "-d" in args:
         args[args.index("-d") + 1] = staged_dir
-    return RecipeCommand(cmd.name, tuple(args), cmd.phase)
+    return RecipeCommand(cmd.name, tuple(args), cmd.phase, cmd.ranks)
 
 
 def input_notes(facts: InputFacts, world_size: int) -> list[str]:

@@ -1,0 +1,88 @@
+"""The slow-link search in chunks with the real msprof-analyze (issue 26): a 16-rank generated batch with one slow
+link between ranks of different chunks, communication_matrix_sum run whole and in ``--rank_list`` chunks of 4
+ranks; the chunks' merged table gives the same per-pair sums and the same slow link, and the notes say which
+ranks the search covered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from profwatch.adapters.tools.msprof_analysis import run_msprof_analysis
+from profwatch.adapters.tools.msprof_runner import MsprofRunner
+from profwatch.core.verdict.evidence import ClusterEvidence
+from profwatch.core.verdict.links import find_slow_links, parse_matrix_rows
+from profwatch.core.verdict.msprof_plan import MsprofSettings
+from profwatch.simulate.ascend_tree import generate_cluster
+
+WORLD = 16
+SLOW = (2, 9)  # ranks 0-3 and 8-11: different chunks of 4
+
+
+def _settings(**kw: object) -> MsprofSettings:
+    return MsprofSettings(**{"advisor": False, "timeout_s": 180, "memory_limit": "watchdog", **kw})  # type: ignore[arg-type]
+
+
+def _run(batch: Path, out: Path, settings: MsprofSettings, world: int = WORLD) -> ClusterEvidence:
+    with MsprofRunner(settings) as runner:
+        return run_msprof_analysis(batch, out, runner=runner, world_size=world)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[ClusterEvidence, ClusterEvidence]:
+    root = tmp_path_factory.mktemp("matrix_chunks")
+    generate_cluster(root / "prof", world_size=WORLD, slow_links={SLOW: 3.0}, seed=7, capture_id="cap-chunks")
+    whole = _run(root / "prof", root / "whole", _settings())
+    chunked = _run(root / "prof", root / "chunked", _settings(matrix_max_ranks=4))
+    return whole, chunked
+
+
+def test_chunked_matrix_finds_the_same_slow_link(runs: tuple[ClusterEvidence, ClusterEvidence]) -> None:
+    whole, chunked = runs
+    w, c = whole.recipes["communication_matrix"], chunked.recipes["communication_matrix"]
+    assert w.status == "ok" and "chunks" not in w.detail, w.detail
+    assert c.status == "ok", (c.detail, c.log_tail)
+    assert "4 of 4 chunks ok" in c.detail and c.peak_rss_bytes, c.detail
+    found_w = find_slow_links(whole.link_rows, world_size=WORLD)
+    found_c = find_slow_links(chunked.link_rows, world_size=WORLD)
+    assert [lk.ranks for lk in found_w.links] == [SLOW]
+    assert [lk.ranks for lk in found_c.links] == [SLOW]
+    assert found_c.pairs_judged == found_w.pairs_judged
+    assert found_c.links[0].bandwidth_gbps == pytest.approx(found_w.links[0].bandwidth_gbps, rel=1e-9)
+
+
+def test_chunked_sums_equal_the_whole_run(runs: tuple[ClusterEvidence, ClusterEvidence]) -> None:
+    whole, chunked = runs
+    w, c = parse_matrix_rows(whole.link_rows), parse_matrix_rows(chunked.link_rows)
+    assert w.keys() == c.keys() and len(w) > WORLD
+    for key, sample in w.items():
+        assert c[key].size_mb == pytest.approx(sample.size_mb, rel=1e-9)
+        assert c[key].time_ms == pytest.approx(sample.time_ms, rel=1e-9)
+
+
+def test_notes_say_which_ranks_the_search_covered(runs: tuple[ClusterEvidence, ClusterEvidence]) -> None:
+    whole, chunked = runs
+    assert not any("slow-link search" in n for n in whole.notes)
+    cover = [n for n in chunked.notes if n.startswith("slow-link search")]
+    assert len(cover) == 1 and "covered ranks 0-15 (16 of 16)" in cover[0], chunked.notes
+    assert "4 chunks of <= 4 ranks" in cover[0] and "0 of 1 groups whole" in cover[0]
+
+
+def test_chunks_that_fail_or_find_nothing_are_named_and_not_claimed(tmp_path: Path) -> None:
+    """Ranks 4-7 lost their analysis.db: their chunk runs and finds no rows, so the search covered ranks 0-3 only
+    (status ok, said in the notes); with every chunk killed at its timeout nothing is claimed at all."""
+    dirs = generate_cluster(tmp_path / "prof", world_size=8, slow_links={(1, 6): 3.0}, seed=3, capture_id="cap-part")
+    for d in dirs[4:]:
+        (d / "ASCEND_PROFILER_OUTPUT" / "analysis.db").unlink()
+    ev = _run(tmp_path / "prof", tmp_path / "out", _settings(matrix_max_ranks=4), 8)
+    status = ev.recipes["communication_matrix"]
+    assert status.status == "ok" and "1 of 2 chunks ok" in status.detail, status.detail
+    assert any("covered ranks 0-3 (4 of 8)" in n for n in ev.notes), ev.notes
+    assert any("did not cover ranks 4-7" in n and "no_data" in n for n in ev.notes), ev.notes
+    assert {int(r["src_rank"]) for r in ev.link_rows} == {0, 1, 2, 3}
+
+    ev = _run(tmp_path / "prof", tmp_path / "out2", _settings(matrix_max_ranks=4, timeout_s=0.01, retries=0), 8)
+    status = ev.recipes["communication_matrix"]
+    assert status.status == "timeout" and "0 of 2 chunks ok" in status.detail, status.detail
+    assert ev.link_rows == [] and any("covered ranks none (0 of 8)" in n for n in ev.notes), ev.notes
