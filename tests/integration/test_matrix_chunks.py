@@ -5,12 +5,15 @@ ranks the search covered."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.adapters.tools.msprof_analysis import run_msprof_analysis
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
+from profwatch.analysis.facade import AnalysisSettings, analyze_batch
 from profwatch.core.verdict.evidence import ClusterEvidence
 from profwatch.core.verdict.links import find_slow_links, parse_matrix_rows
 from profwatch.core.verdict.msprof_plan import MsprofSettings
@@ -30,11 +33,16 @@ def _run(batch: Path, out: Path, settings: MsprofSettings, world: int = WORLD) -
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[ClusterEvidence, ClusterEvidence]:
+def batch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("matrix_chunks")
     generate_cluster(root / "prof", world_size=WORLD, slow_links={SLOW: 3.0}, seed=7, capture_id="cap-chunks")
-    whole = _run(root / "prof", root / "whole", _settings())
-    chunked = _run(root / "prof", root / "chunked", _settings(matrix_max_ranks=4))
+    return root
+
+
+@pytest.fixture(scope="module")
+def runs(batch: Path) -> tuple[ClusterEvidence, ClusterEvidence]:
+    whole = _run(batch / "prof", batch / "whole", _settings())
+    chunked = _run(batch / "prof", batch / "chunked", _settings(matrix_max_ranks=4))
     return whole, chunked
 
 
@@ -67,6 +75,20 @@ def test_notes_say_which_ranks_the_search_covered(runs: tuple[ClusterEvidence, C
     cover = [n for n in chunked.notes if n.startswith("slow-link search")]
     assert len(cover) == 1 and "covered ranks 0-15 (16 of 16)" in cover[0], chunked.notes
     assert "4 chunks of <= 4 ranks" in cover[0] and "0 of 1 groups whole" in cover[0]
+
+
+def test_the_verdict_names_the_link_and_the_coverage(batch: Path) -> None:
+    """Through the analysis facade (first verdict, then the enrich phase with the matrix in chunks)."""
+    settings = AnalysisSettings(report_html=False)
+    settings.msprof = _settings(matrix_max_ranks=4)
+    found = scan_tree(batch / "prof", world_size=WORLD)
+    assert len(found) == 1
+    res = analyze_batch(found[0], work_dir=batch / "work", settings=settings, capture_reason="test")
+    assert res.enriched and res.recipes["communication_matrix"].status == "ok"
+    assert [lk.ranks for lk in res.links] == [SLOW] and res.suspects == []
+    assert any("covered ranks 0-15 (16 of 16)" in n for n in res.notes), res.notes
+    saved = json.loads(Path(res.paths["report_json"]).read_text())
+    assert any("covered ranks 0-15" in n for n in saved["notes"])
 
 
 def test_chunks_that_fail_or_find_nothing_are_named_and_not_claimed(tmp_path: Path) -> None:
