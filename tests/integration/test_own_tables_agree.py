@@ -1,5 +1,5 @@
 """profwatch's first verdict (each rank's own tables) against the msprof-analyze-based one, on generated batches of
-every family ``profwatch simulate tree`` makes, 8 to 256 ranks, with the real msprof-analyze 26.2.0.
+every family ``profwatch simulate tree`` makes, 8 to 1,024 ranks, with the real msprof-analyze 26.2.0.
 
 Two checks per batch: the own rows equal msprof-analyze's ``ClusterTimeSummary`` rows (same (rank, step) keys,
 every figure within 1e-3 µs + 1e-6 relative), and the verdict judged on them names the same suspects (same top
@@ -42,11 +42,13 @@ def _families(n: int) -> dict[str, dict[str, Any]]:
         "job_wide_host": {"host_bound_ranks": dict.fromkeys(range(n), 0.2)},
         "balanced": {},
         "startup_delay": {"steps": 5, "first_step_delay_ranks": {a: 0.6}},
+        "throttled": {"throttled_ranks": {a: 1300.0}},
     }
 
 
 CASES = [(8, fam) for fam in _families(8)] + [(32, "slow_rank"), (32, "host_bound"), (32, "two_slow"),
-                                              (128, "slow_rank"), (256, "slow_rank"), (256, "job_wide_compute")]
+                                              (128, "slow_rank"), (256, "slow_rank"), (256, "job_wide_compute"),
+                                              (1024, "slow_rank")]
 
 
 def _assert_rows_equal(own: list[RankStepSummary], tool: list[RankStepSummary]) -> None:
@@ -88,7 +90,7 @@ def test_first_verdict_agrees_with_msprof_analyze(tmp_path: Path, world: int, fa
     agreement = compare_verdicts(own.summaries, first.suspects, ev.summaries, confirmed.suspects)
     assert agreement.agree, agreement.to_json()
     assert [s.kind for s in first.suspects] == [s.kind for s in confirmed.suspects]
-    if family in ("slow_rank", "two_slow", "host_bound"):
+    if family in ("slow_rank", "two_slow", "host_bound", "throttled"):
         assert first.suspects, f"{family}: the first verdict names nobody"
     if family == "balanced":
         assert not first.suspects
