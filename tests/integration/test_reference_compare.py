@@ -159,3 +159,48 @@ def test_the_coordinators_analyser_fills_the_detail_in_the_follow_up(pair: Path,
     assert follow["recipes"][REFERENCE_COMPARE]["status"] == "ok", follow["recipes"][REFERENCE_COMPARE]
     compute = next(c for c in follow["changes"] if c["component"] == "compute")
     assert compute["detail"][0]["name"] == "aten::matmul"
+
+
+def _megatron_dirs(root: Path, *, slow: dict[int, float], drop: set[int]) -> None:
+    """8 ranks, tensor 2 x data 2 x pipeline 2 (rank = stage * 4 + shard * 2 + slice) recorded in
+    parallel_group_info; the ranks in ``drop`` left out, as a targeted capture leaves them (its rank_list)."""
+    from profwatch.core.batches.prof_layout import RANK_LIST_KEY
+    from profwatch.simulate import ascend_tree as at
+
+    tls = at.build_timelines(world_size=8, seed=2, slow_ranks=slow)
+    groups = [at.ParallelGroup(f"10.0.0.1%eth0_60000_{i}_1", f"tp{i}", (2 * i, 2 * i + 1)) for i in range(4)]
+    groups += [at.ParallelGroup(f"10.0.0.1%eth0_60001_{i}_1", f"dp{i}", (b, b + 2))
+               for i, b in enumerate((0, 1, 4, 5))]
+    groups += [at.ParallelGroup(f"10.0.0.1%eth0_60002_{i}_1", f"pp{i}", (i, i + 4)) for i in range(4)]
+    kept = [r for r in range(8) if r not in drop]
+    for tl in tls:
+        if tl.rank in kept:
+            tl.groups = [*tl.groups, *groups]
+            meta: dict[str, object] = {"profwatch_capture_id": f"cap-{root.name}"}
+            if drop:
+                meta[RANK_LIST_KEY] = kept
+            at.write_rank_dir(root, tl, metadata=meta)
+
+
+def test_a_named_rank_the_reference_lacks_is_compared_with_a_rank_of_its_role(tmp_path: Path) -> None:
+    _megatron_dirs(tmp_path / "ref", slow={}, drop={5})
+    _megatron_dirs(tmp_path / "now", slow={5: 1.5}, drop=set())
+    settings = AnalysisSettings(msprof=MsprofSettings(advisor=False, communication_matrix=False))
+    (ref_batch,) = scan_tree(tmp_path / "ref")
+    (now_batch,) = scan_tree(tmp_path / "now")
+    assert ref_batch.status == "complete" and 5 not in ref_batch.ranks, ref_batch.describe()
+    with MsprofRunner(settings.msprof) as runner:
+        reference = analyze_batch(ref_batch, work_dir=tmp_path / "w1", settings=settings.for_reference(),
+                                  runner=runner, enrich=False)
+        res = analyze_batch(now_batch, work_dir=tmp_path / "w2", settings=settings, runner=runner, enrich=False)
+        attach_comparison(res, reference, reference_path=str(tmp_path / "ref"), ranks=[5])
+        assert res.comparison is not None and res.comparison["paired"] == {"5": 4}, res.comparison["notes"]
+        compute = next(c for c in res.comparison["changes"] if c["component"] == "compute")
+        # its tensor peer 4 (same stage): 4 chunks of 15 ms, 1.5x on rank 5
+        assert compute["delta_s_per_step"] == pytest.approx(0.030, rel=0.1)
+        assert compute["basis"].startswith("rank 5 compared with reference rank 4 (same role")
+        enrich_analysis(res, runner=runner)
+    assert res.comparison is not None and res.recipes[REFERENCE_COMPARE].status == "ok"
+    compute = next(c for c in res.comparison["changes"] if c["component"] == "compute")
+    assert {d["name"] for d in compute["detail"]} == {"aten::matmul", "aten::add"}, compute["detail"]
+    assert "rank 5 against reference rank 4" in compute["detail"][0]["source"]

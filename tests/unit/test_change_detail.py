@@ -170,3 +170,43 @@ def test_a_shrinking_change_is_explained_by_what_shrank() -> None:
     assert [d["name"] for d in cmp["changes"][0]["detail"]] == ["aten::mm"]
     none = {"changes": [{"component": "compute", "delta_s_per_step": 0.01, "detail": None}]}
     assert attach_detail(none, [], source="s") == 0 and none["changes"][0]["detail"] is None
+
+
+# 16 ranks, tensor 2 x data 2 x pipeline 4 in Megatron's default order: rank = stage * 4 + shard * 2 + slice
+TP = {f"tp{i}": (2 * i, 2 * i + 1) for i in range(8)}
+DP = {f"dp{s}{t}": (4 * s + t, 4 * s + 2 + t) for s in range(4) for t in range(2)}
+PP = {f"pp{j}": tuple(range(j, 16, 4)) for j in range(4)}
+GROUPS = {**TP, **DP, **PP}
+
+
+def test_same_role_rank_shares_a_group_and_the_position_in_the_others() -> None:
+    from profwatch.core.verdict.changes import same_role_rank
+
+    # rank 5: stage 1, shard 0, slice 1. 4 (its tensor peer), 7 (its data peer) and 13 (stage 3) qualify; 4 is nearest
+    q, why = same_role_rank(5, GROUPS, GROUPS, [0, 4, 7, 8, 12, 13]) or (None, "")
+    assert q == 4 and "group of 2 ranks with it" in why and "same position" in why
+    assert (same_role_rank(5, GROUPS, GROUPS, [7, 13]) or (None,))[0] == 7  # same stage beats another stage
+    assert same_role_rank(5, GROUPS, GROUPS, [0, 2, 10]) is None  # 10 shares no group; 0, 2 sit elsewhere
+    assert same_role_rank(5, {}, {}, [4]) is None  # no group known: no role
+    only = {"g": (0, 1, 2, 3)}
+    assert (same_role_rank(2, only, only, [0, 3]) or (None,))[0] == 3  # one group: its nearest member
+
+
+def test_a_named_rank_missing_from_the_reference_is_compared_with_its_stand_in() -> None:
+    from profwatch.core.verdict.changes import compare_captures
+
+    def rows(times: dict[int, float]) -> list[RankStepSummary]:
+        return [RankStepSummary(r, s, t + s, t + s, 0.0, 0.0, 0.0, 0.0) for r, t in times.items() for s in (1, 2, 3)]
+
+    ref = rows({4: 100_000.0, 6: 100_000.0})
+    now = rows({4: 100_000.0, 5: 150_000.0, 6: 100_000.0})
+    got = compare_captures(ref, now, ranks=[5], substitutes={5: (4, "same role: ...")})
+    assert got.ranks_compared == [5] and got.paired == {5: 4}
+    assert got.changes[0].component == "compute" and got.changes[0].delta_s_per_step == pytest.approx(0.05)
+    assert got.changes[0].basis == "rank 5 compared with reference rank 4 (same role: ...)"
+    assert any("compared with reference rank 4" in n for n in got.notes)
+    assert got.to_json()["paired"] == {"5": 4} and got.to_json()["changes"][0]["basis"].startswith("rank 5")
+    plain = compare_captures(ref, now, ranks=[5])  # no stand-in: not compared, and said so
+    assert plain.ranks_compared == [] and any("no reference rank has the same role" in n for n in plain.notes)
+    same = compare_captures(ref, now, ranks=[4], substitutes={5: (4, "x")})  # the rank is in the reference
+    assert same.paired == {} and all(c.basis is None for c in same.changes)

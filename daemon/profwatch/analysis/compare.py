@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -23,7 +23,7 @@ from profwatch.core.verdict.change_detail import (
     merge_ranks,
     pick_ranks,
 )
-from profwatch.core.verdict.changes import compare_captures, impact_hours_per_day
+from profwatch.core.verdict.changes import compare_captures, impact_hours_per_day, same_role_rank
 from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus
 from profwatch.core.verdict.hardware import frequency_changes
 
@@ -45,6 +45,12 @@ class ReferenceSide:
     path: str = ""
     ranks: list[int] = field(default_factory=list)
     """The ranks the comparison covered (``ranks_compared``)."""
+    paired: dict[int, int] = field(default_factory=dict)
+    """A named rank not in the reference -> the reference rank of the same role it is compared with."""
+
+    def ref_rank(self, rank: int) -> int:
+        """The reference rank ``rank`` is compared with (itself unless paired)."""
+        return self.paired.get(rank, rank)
 
 
 def attach_comparison(res: AnalysisResult, reference: AnalysisResult, *, reference_path: str,
@@ -62,9 +68,13 @@ def attach_comparison(res: AnalysisResult, reference: AnalysisResult, *, referen
         res.notes.append(f"no comparison with the reference {reference_path}: {which} has no time breakdown "
                          f"(reference status {reference.status})")
         return
+    ref_have = {s.rank for s in ref_ev.summaries}
+    subs = {r: found for r in (ranks or []) if r not in ref_have
+            and (found := same_role_rank(r, res.groups, reference.groups, ref_have)) is not None}
     cmp = compare_captures(ref_ev.summaries, now_ev.summaries, ranks=ranks, baseline_versions=ref_ev.versions,
                            now_versions=now_ev.versions, baseline_world_size=reference.world_size,
-                           now_world_size=res.world_size, telemetry_baseline_step_s=telemetry_baseline_step_s)
+                           now_world_size=res.world_size, telemetry_baseline_step_s=telemetry_baseline_step_s,
+                           substitutes=subs)
     cmp.changes += frequency_changes(ref_ev.aicore, now_ev.aicore, ranks=ranks)  # hardware: after the timed ones
     out = cmp.to_json()
     out["reference"] = {"path": reference_path, "batch_id": reference.batch_id,
@@ -77,7 +87,7 @@ def attach_comparison(res: AnalysisResult, reference: AnalysisResult, *, referen
     follow = res.followup
     if detailed and follow is not None and reference.rank_dirs and hasattr(follow, "reference"):
         follow.reference = ReferenceSide(dict(reference.rank_dirs), list(ref_ev.summaries), reference.kind,
-                                         reference_path, list(cmp.ranks_compared))
+                                         reference_path, list(cmp.ranks_compared), dict(cmp.paired))
         if REFERENCE_COMPARE not in res.pending:
             res.pending.append(REFERENCE_COMPARE)
 
@@ -97,8 +107,10 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
     if res.comparison is None:
         return RecipeStatus(REFERENCE_COMPARE, "not_applicable", "no comparison with a reference",
                             phase="enrich"), notes
-    candidates = [r for r in ref.ranks if r in now_dirs and r in ref.rank_dirs]
-    ranks = pick_ranks(ref.summaries, now_summaries, ranks=candidates, count=count)
+    candidates = [r for r in ref.ranks if r in now_dirs and ref.ref_rank(r) in ref.rank_dirs]
+    ref_rows = [*ref.summaries, *(replace(row, rank=r) for r, q in ref.paired.items()
+                                  for row in ref.summaries if row.rank == q)]
+    ranks = pick_ranks(ref_rows, now_summaries, ranks=candidates, count=count)
     if not ranks:
         return RecipeStatus(REFERENCE_COMPARE, "not_applicable", "no rank has rank dirs in both captures",
                             phase="enrich", duration_s=round(time.monotonic() - t0, 3)), notes
@@ -106,12 +118,12 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
     failed: list[str] = []
     last_state: str = "tool_error"
     peak = 0
-    steps_ref = _steps(ref.summaries)
+    steps_ref = _steps(ref_rows)
     steps_now = _steps(now_summaries)
     for r in ranks:
         try:
             if res.kind == "ascend_pt" and ref.kind == "ascend_pt":
-                sheets, status = compare_rank(runner, Path(now_dirs[r]), Path(ref.rank_dirs[r]), out_dir,
+                sheets, status = compare_rank(runner, Path(now_dirs[r]), Path(ref.rank_dirs[ref.ref_rank(r)]), out_dir,
                                               name=f"{REFERENCE_COMPARE}_rank{r}",
                                               ticket=runner.ticket(res.batch_id))
                 peak = max(peak, status.peak_rss_bytes or 0)
@@ -122,7 +134,7 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
                 per_rank[r] = entries_from_compare(sheets, steps_baseline=steps_ref.get(r, 1),
                                                    steps_now=steps_now.get(r, 1))
             elif res.kind != "ascend_pt" and ref.kind != "ascend_pt":
-                per_rank[r] = _kineto_entries(Path(now_dirs[r]), Path(ref.rank_dirs[r]))
+                per_rank[r] = _kineto_entries(Path(now_dirs[r]), Path(ref.rank_dirs[ref.ref_rank(r)]))
             else:
                 failed.append(f"rank {r}: the captures are of different kinds ({ref.kind}, {res.kind})")
         except Exception as exc:  # noqa: BLE001 - a failed detail never loses the verdict
@@ -136,6 +148,9 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
         return RecipeStatus(REFERENCE_COMPARE, state, "; ".join(failed), phase="enrich",  # type: ignore[arg-type]
                             duration_s=took, peak_rss_bytes=peak or None), notes
     source = "msprof-analyze compare" if res.kind == "ascend_pt" else "kineto op totals"
+    stand_ins = [f"rank {r} against reference rank {ref.paired[r]}" for r in sorted(per_rank) if r in ref.paired]
+    if stand_ins:
+        source += f" ({', '.join(stand_ins)}: same role)"
     put = attach_detail(res.comparison, merge_ranks(per_rank), source=source)
     res.comparison.setdefault("detail_ranks", sorted(per_rank))
     return RecipeStatus(REFERENCE_COMPARE, "ok",

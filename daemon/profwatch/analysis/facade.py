@@ -162,7 +162,8 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
     result = AnalysisResult(status="failed", batch_id=batch.batch_id, kind=batch.kind, world_size=job_world,
                             capture_reason=capture_reason, job_id=job_id, context=context,
                             armed_steps=list(armed_steps) if armed_steps else None, captured_steps=list(batch.steps),
-                            captured_ranks=subset, rank_dirs=dict(batch.rank_dirs))
+                            captured_ranks=subset, rank_dirs=dict(batch.rank_dirs),
+                            groups=batch.parallel_groups())
     unusable = batch.unusable_ranks()
     if batch.status != "complete" and not batch.judgeable():
         not_complete(batch, result)

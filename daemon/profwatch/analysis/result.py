@@ -87,6 +87,9 @@ class AnalysisResult:
     rank_dirs: dict[int, str] = field(default_factory=dict, repr=False)
     """rank -> rank dir of the ranks analysed (a later capture's enrich phase compares its ranks with these when
     this is its reference, ``profwatch.analysis.compare``). Not serialised."""
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    """The communication groups smaller than the world its ranks recorded (``BatchState.parallel_groups``): which
+    reference rank plays a named rank's role (``changes.same_role_rank``). Not serialised."""
 
     def verdict_json(self) -> dict[str, Any]:
         """The verdict keys shared by ``to_json()`` and ``alert_data()``: ``links``, ``impact`` (headline: every

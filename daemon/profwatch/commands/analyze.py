@@ -169,6 +169,9 @@ def _human(res: AnalysisResult) -> str:
         for comp in c["components"]:
             lines.append(f"    {comp['component']:<14} reference {1e3 * comp['baseline_s_per_step']:8.2f} ms/step  "
                          f"now {1e3 * comp['now_s_per_step']:8.2f}  change {1e3 * comp['delta_s_per_step']:+8.2f}")
+        basis = next((ch["basis"] for ch in c["changes"] if ch.get("basis")), None)
+        if basis:
+            lines.append(f"    {basis}")
         for ch in c["changes"]:
             if isinstance(ch.get("detail"), list):
                 lines.append(f"    behind the {ch['component']} change (ranks {ch['detail'][0].get('ranks')}, "

@@ -10,6 +10,8 @@ Rules (``docs/changes.md``):
 
 * Only ranks present in both captures are compared (``ranks_compared``); the others are listed, never paired with
   a different rank without saying so. ``ranks`` may restrict the comparison further (a named-rank regression).
+  A named rank missing from the reference is compared with the reference rank of the same role given in
+  ``substitutes`` (:func:`same_role_rank`), said in the notes and in each change's ``basis``.
 * Component per step: for each captured step, the mean over the compared ranks of the component
   (``compute`` = computation, ``communication`` = communication not overlapped with computation, ``host`` = free
   time: the device idle, waiting for the host); the capture's value is the mean of those per-step means.
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import fmean
 from typing import Any, Literal
 
@@ -58,14 +60,17 @@ class Change:
     share: float | None = None
     noise_s_per_step: float | None = None
     detail: list[dict[str, Any]] | str | None = None
+    basis: str | None = None
+    """What the reference side stands for when it is not the same ranks ("rank 13 compared with reference rank
+    5, ..."); None when every compared rank is in both captures."""
 
     def to_json(self) -> dict[str, Any]:
         """``{"component", "delta_s_per_step", "baseline_s_per_step", "now_s_per_step", "share",
-        "noise_s_per_step", "detail"}`` (seconds, rounded to the microsecond; share to 1e-3)."""
+        "noise_s_per_step", "detail", "basis"}`` (seconds, rounded to the microsecond; share to 1e-3)."""
         return {"component": self.component, "delta_s_per_step": _r(self.delta_s_per_step),
                 "baseline_s_per_step": _r(self.baseline_s_per_step), "now_s_per_step": _r(self.now_s_per_step),
                 "share": None if self.share is None else round(self.share, 3),
-                "noise_s_per_step": _r(self.noise_s_per_step), "detail": self.detail}
+                "noise_s_per_step": _r(self.noise_s_per_step), "detail": self.detail, "basis": self.basis}
 
 
 @dataclass(slots=True)
@@ -89,6 +94,8 @@ class Comparison:
     steps_baseline: int = 0
     steps_now: int = 0
     notes: list[str] = field(default_factory=list)
+    paired: dict[int, int] = field(default_factory=dict)
+    """Named rank -> the reference rank of the same role it was compared with (not in the reference itself)."""
 
     @property
     def step_delta_s(self) -> float | None:
@@ -107,7 +114,8 @@ class Comparison:
                 "step_delta_s": _r(self.step_delta_s), "step_time_changed": self.step_time_changed,
                 "ranks_compared": list(self.ranks_compared), "ranks_only_now": list(self.ranks_only_now),
                 "ranks_only_baseline": list(self.ranks_only_baseline), "steps_baseline": self.steps_baseline,
-                "steps_now": self.steps_now, "headline": headline(self), "notes": list(self.notes)}
+                "steps_now": self.steps_now, "headline": headline(self), "notes": list(self.notes),
+                "paired": {str(k): v for k, v in sorted(self.paired.items())}}
 
 
 def _r(x: float | None) -> float | None:
@@ -138,8 +146,10 @@ def compare_captures(baseline: Sequence[RankStepSummary], now: Sequence[RankStep
                      now_versions: Mapping[str, str] | None = None,
                      baseline_world_size: int | None = None, now_world_size: int | None = None,
                      telemetry_baseline_step_s: float | None = None,
-                     k_sigma: float = 3.0, floor_frac: float = 0.005) -> Comparison:
+                     k_sigma: float = 3.0, floor_frac: float = 0.005,
+                     substitutes: Mapping[int, tuple[int, str]] | None = None) -> Comparison:
     """Compare a capture (``now``) with its healthy reference (``baseline``); see the module docstring.
+    ``substitutes``: named rank -> (reference rank, why), used for a rank of ``ranks`` the reference lacks.
 
     Raises:
         ValueError: ``k_sigma`` or ``floor_frac`` negative.
@@ -149,15 +159,30 @@ def compare_captures(baseline: Sequence[RankStepSummary], now: Sequence[RankStep
     out = Comparison()
     ref_ranks, now_ranks = {r.rank for r in baseline}, {r.rank for r in now}
     common = ref_ranks & now_ranks
+    basis: list[str] = []
     if ranks is not None:
         wanted = set(ranks)
+        by_rank: dict[int, list[RankStepSummary]] = {}
+        for row in baseline:
+            by_rank.setdefault(row.rank, []).append(row)
+        subs = {r: q for r, (q, _) in (substitutes or {}).items()
+                if r in wanted and r not in ref_ranks and r in now_ranks and q in by_rank}
+        for r, q in sorted(subs.items()):  # the reference's rank of the same role stands in for the named rank
+            baseline = [*baseline, *(replace(row, rank=r) for row in by_rank[q])]
+            why = (substitutes or {})[r][1]
+            basis.append(f"rank {r} compared with reference rank {q} ({why})")
+            out.paired[r] = q
+        if basis:
+            out.notes.append("; ".join(basis) + ": the named rank is not in the reference capture")
+        ref_ranks = ref_ranks | set(subs)
         missing = sorted(wanted - ref_ranks)
         if missing:
-            out.notes.append(f"ranks {missing} are not in the reference capture: not compared")
-        common &= wanted
+            out.notes.append(f"ranks {missing} are not in the reference capture and no reference rank has the same "
+                             "role: not compared")
+        common = (ref_ranks & now_ranks) & wanted
     out.ranks_compared = sorted(common)
     out.ranks_only_now = sorted(now_ranks - ref_ranks)
-    out.ranks_only_baseline = sorted(ref_ranks - now_ranks)
+    out.ranks_only_baseline = sorted(ref_ranks - now_ranks - set(out.paired.values()))
     if out.ranks_only_now or out.ranks_only_baseline:
         out.notes.append(f"the captures cover different ranks: compared {len(common)} rank(s) present in both"
                          + (f"; only now: {_span(out.ranks_only_now)}" if out.ranks_only_now else "")
@@ -199,7 +224,7 @@ def compare_captures(baseline: Sequence[RankStepSummary], now: Sequence[RankStep
         noise_s = None if noise is None else noise / 1e6
         delta = cur_s - ref_s
         share = delta / step_delta if out.step_time_changed and step_delta != 0 else None
-        ch = Change(comp, delta, ref_s, cur_s, share, noise_s)
+        ch = Change(comp, delta, ref_s, cur_s, share, noise_s, basis="; ".join(basis) or None)
         out.components.append(ch)
         if abs(delta) > max(floor_s, k_sigma * (noise_s or 0.0)):
             timed.append(ch)
@@ -257,3 +282,41 @@ def impact_hours_per_day(c: Comparison, world_size: int) -> float | None:
     if c.step_delta_s is None or not c.step_time_now_s or world_size < 1:
         return None
     return world_size * 24.0 * c.step_delta_s / c.step_time_now_s
+
+
+def same_role_rank(rank: int, now_groups: Mapping[str, Sequence[int]], ref_groups: Mapping[str, Sequence[int]],
+                   ref_ranks: Iterable[int]) -> tuple[int, str] | None:
+    """The reference rank that plays the role of ``rank`` (a rank the reference capture does not hold), by its
+    place in the communication groups (``parallel_group_info``; groups smaller than the world: name -> global
+    ranks, ``now_groups`` from the capture, ``ref_groups`` from the reference; a group is known by its members).
+
+    A reference rank ``q`` has the same role when it shares a group with ``rank`` and holds the same position
+    (index among the sorted members) in groups of the same sizes in all its other groups: in a
+    tensor x data x pipeline layout the rank's data-parallel peer (same stage, same tensor slice) and its
+    pipeline peer (same slice and data shard, another stage) both qualify, as the group structure alone cannot
+    tell which group is which. Of those, the nearest rank id is taken: in Megatron's default rank order
+    (tensor fastest, pipeline slowest) that is a peer of the same pipeline stage. Returns ``(q, why)`` or None
+    (no group known for ``rank``, or no such reference rank)."""
+    def member_sets(groups: Mapping[str, Sequence[int]]) -> set[tuple[int, ...]]:
+        return {tuple(sorted(set(g))) for g in groups.values() if g}
+
+    known = member_sets(now_groups) | member_sets(ref_groups)
+    mine = [g for g in known if rank in g]
+    if not mine:
+        return None
+
+    def places(r: int, skip: set[tuple[int, ...]]) -> list[tuple[int, int]]:
+        return sorted((len(g), g.index(r)) for g in known if r in g and g not in skip)
+
+    found: list[tuple[int, int, tuple[int, ...]]] = []
+    for q in sorted(set(ref_ranks) - {rank}):
+        shared = {g for g in mine if q in g}
+        if shared and places(q, shared) == places(rank, shared):
+            g = max(shared, key=len)
+            found.append((abs(q - rank), q, g))
+    if not found:
+        return None
+    _, q, g = min(found)
+    sizes = ", ".join(str(n) for n, _ in places(rank, {x for x in mine if q in x}))
+    return q, (f"same role: in a group of {len(g)} ranks with it and at the same position in its other groups "
+               f"(of {sizes} ranks)" if sizes else f"same role: in a group of {len(g)} ranks with it, no other group")
