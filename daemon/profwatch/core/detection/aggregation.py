@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from typing import Protocol
 
 from profwatch.core.detection.settings import DetectionSettings
@@ -44,6 +45,14 @@ class StepReportLike(Protocol):
 
     @property
     def capturing(self) -> bool: ...
+
+
+class _OwnWork:
+    """The type of :data:`OWN_WORK`."""
+
+
+OWN_WORK = _OwnWork()
+"""``work`` of :meth:`StepAggregator.observe_run`: each report's own ``work`` field (a number, else None)."""
 
 
 class _OpenStep:
@@ -171,65 +180,99 @@ class StepAggregator:
         epoch (the caller resets its detectors). O(1) amortised. Invalid ranks, duplicates, late and old-epoch
         reports are counted in ``counters``.
         """
-        self.counters["reports"] += 1
-        r = report.rank if rank is None else rank
-        if not 0 <= r < self.world_size:
-            self.counters["bad_rank"] += 1
-            return [], False
-        step = report.step
-        last = self._last_step[r]
-        restarted = False
-        if step <= last:
-            if step == last:
-                self.counters["duplicate"] += 1
-                return [], False
-            restarted = self._restart_rank(r)
-        self._last_step[r] = step
-        if self._rank_epoch[r] != self._epoch and not self._join_epoch(r, step, last):
-            self.counters["old_epoch"] += 1
-            return [], restarted
-        cursor = self._cursor
-        if cursor is None:
-            self._cursor = cursor = step
-            self._first_step = step
-            self._epoch_start_arrival_s = arrival_unix_s
-            self._furthest = step
-        elif step < cursor:
-            self.counters["late"] += 1
-            return [], restarted
-        e = self._pending.get(step)
-        if e is None:
-            e = self._pending[step] = _OpenStep()
-        e.n += 1
-        t = report.step_time_s
-        if t > e.max_t:
-            e.max_t = t
-            e.max_rank = r
+        _next, steps, restarted = self.observe_run((report,), arrival_unix_s, rank=rank, idle=idle, work=work)
+        return steps, restarted
+
+    def observe_run(self, reports: Sequence[StepReportLike], arrival_unix_s: float, start: int = 0,
+                    end: int | None = None, *, rank: int | None = None, idle: bool = False,
+                    work: float | None | _OwnWork = OWN_WORK) -> tuple[int, list[FinalizedStep], bool]:
+        """:meth:`observe` for ``reports[start:end]`` (all arrived at ``arrival_unix_s``), in order, up to and
+        including the first report that finalised steps or started a new epoch: returns ``(next, finalised
+        steps, restarted)``, ``next`` the index of the first report not taken (``end`` when all were taken). The
+        caller hands the steps to its detectors (or resets them) before it calls again from ``next``.
+
+        ``rank``, ``idle`` and ``work`` as in :meth:`observe`, for every report; ``work`` left at
+        :data:`OWN_WORK` takes each report's own ``work`` (a number, else None). The one implementation of the
+        aggregation rules (:meth:`observe` is a run of one).
+        """
+        counters = self.counters
+        ws = self.world_size
+        last_step = self._last_step
+        rank_epoch = self._rank_epoch
         s = self.settings
-        if work is not None and (e.work is None or work > e.work):
-            e.work = work
-        if idle and e.excluded is None:
-            e.excluded = "idle"
-        if report.flags and e.excluded is None:
-            for f in report.flags:
-                if f in s.excluded_flags:
-                    e.excluded = f
-                    break
-        if report.capturing:
-            self._exclude_capturing(step)
-        if report.stages:
-            wanted = s.outlier_stages
-            for name, v in report.stages.items():
-                if wanted is None or name in wanted:
-                    self._add_value(e, r, name, v)
-        if s.outlier_on_step_time:
-            self._add_value(e, r, "step_time_s", t)
-        if step > self._furthest:  # type: ignore[operator]
-            self._furthest = step
-            return self._advance(), restarted
-        if e.n >= self.world_size and step == cursor:
-            return self._advance(), restarted
-        return [], restarted
+        end = len(reports) if end is None else end
+        i = start
+        while i < end:
+            report = reports[i]
+            i += 1
+            counters["reports"] += 1
+            r = report.rank if rank is None else rank
+            if not 0 <= r < ws:
+                counters["bad_rank"] += 1
+                continue
+            step = report.step
+            last = last_step[r]
+            restarted = False
+            if step <= last:
+                if step == last:
+                    counters["duplicate"] += 1
+                    continue
+                restarted = self._restart_rank(r)
+            last_step[r] = step
+            if rank_epoch[r] != self._epoch and not self._join_epoch(r, step, last):
+                counters["old_epoch"] += 1
+                if restarted:
+                    return i, [], True
+                continue
+            cursor = self._cursor
+            if cursor is None:
+                self._cursor = cursor = step
+                self._first_step = step
+                self._epoch_start_arrival_s = arrival_unix_s
+                self._furthest = step
+            elif step < cursor:
+                counters["late"] += 1
+                if restarted:
+                    return i, [], True
+                continue
+            pending = self._pending
+            e = pending.get(step)
+            if e is None:
+                e = pending[step] = _OpenStep()
+            e.n += 1
+            t = report.step_time_s
+            if t > e.max_t:
+                e.max_t = t
+                e.max_rank = r
+            wk = getattr(report, "work", None) if isinstance(work, _OwnWork) else work
+            if not isinstance(wk, (int, float)):
+                wk = None
+            if wk is not None and (e.work is None or wk > e.work):
+                e.work = wk
+            if idle and e.excluded is None:
+                e.excluded = "idle"
+            if report.flags and e.excluded is None:
+                for f in report.flags:
+                    if f in s.excluded_flags:
+                        e.excluded = f
+                        break
+            if report.capturing:
+                self._exclude_capturing(step)
+            if report.stages:
+                wanted = s.outlier_stages
+                for name, v in report.stages.items():
+                    if wanted is None or name in wanted:
+                        self._add_value(e, r, name, v)
+            if s.outlier_on_step_time:
+                self._add_value(e, r, "step_time_s", t)
+            if step > self._furthest:  # type: ignore[operator]
+                self._furthest = step
+                return i, self._advance(), restarted
+            if e.n >= ws and step == cursor:
+                return i, self._advance(), restarted
+            if restarted:
+                return i, [], True
+        return end, [], False
 
     def _add_value(self, e: _OpenStep, r: int, name: str, v: float) -> None:
         vals = e.vals

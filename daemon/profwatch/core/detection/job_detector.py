@@ -253,24 +253,41 @@ class JobDetector:
         """
         ws = self.world_size
         roles = self._roles
-        unit_of = self._unit_of
         gap_s = self.settings.serving_idle_gap_s
-        check_mode = not self._mode_given
         n = len(reports)
         i = start
         while i < n:
-            m = reports[i]
+            # the plain reports from i: a rank of the job, no new role or mode, too short to be an idle gap
+            check_mode = not self._mode_given
+            j = i
+            while j < n:
+                m = reports[j]
+                r = m.rank
+                if not 0 <= r < ws or m.step_time_s >= gap_s:
+                    break
+                role = getattr(m, "role", None)
+                if (role is not None and role != roles[r]) or (check_mode and getattr(m, "mode", None) == "serving"):
+                    break
+                j += 1
+            if j > i:
+                units = self.units
+                if len(units) == 1 and units[0].identity:
+                    i, found = units[0].observe_run(reports, now_unix_s, i, j)
+                    if found:
+                        return i, found
+                    continue
+                unit_of = self._unit_of
+                while i < j:
+                    m = reports[i]
+                    i += 1
+                    work = getattr(m, "work", None)
+                    found = units[unit_of[m.rank]].observe(m, now_unix_s,
+                                                           work=work if isinstance(work, (int, float)) else None)
+                    if found:
+                        return i, found
+                continue
+            found = self.observe(reports[i], now_unix_s)  # may change the mode, the units or the roles
             i += 1
-            r = m.rank
-            role = getattr(m, "role", None)
-            if (not 0 <= r < ws or m.step_time_s >= gap_s or (role is not None and role != roles[r])
-                    or (check_mode and getattr(m, "mode", None) == "serving")):
-                found = self.observe(m, now_unix_s)  # may change the mode, the units or the roles
-                check_mode = not self._mode_given
-            else:
-                work = getattr(m, "work", None)
-                found = self.units[unit_of[r]].observe(m, now_unix_s,
-                                                       work=work if isinstance(work, (int, float)) else None)
             if found:
                 return i, found
         return n, []

@@ -18,7 +18,7 @@ from profwatch.core.detection.regression import EFFECT_Z, StepTimeRegressionDete
 from profwatch.core.detection.serving import BLOCK_STEPS_WITHOUT_WORK, LoadNormaliser
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.stalls import ArrivalStallDetector
-from profwatch.core.detection.types import Anomaly, StallDetector, StepDetector
+from profwatch.core.detection.types import Anomaly, FinalizedStep, StallDetector, StepDetector
 
 HoldSteps = Callable[[int, float], int]
 SERVING_FALSE_ALARM_FACTOR = 100.0
@@ -130,6 +130,35 @@ class UnitPipeline:
         steps, restarted = self.aggregator.observe(report, now_unix_s, rank=i, idle=idle, work=work)
         if not steps and not restarted:
             return []  # the common report: no step finalised
+        return self._judge(steps, restarted)
+
+    def observe_run(self, reports: Sequence[StepReportLike], now_unix_s: float, start: int, end: int
+                    ) -> tuple[int, list[Anomaly]]:
+        """:meth:`observe` for ``reports[start:end]``, reports of this unit that are no idle gap (``idle``
+        false, each report's own ``work``), in order, up to and including the first that produced anomalies:
+        returns ``(next, anomalies)`` (``next == end`` when all were taken). The unit's ranks must be the job's
+        ranks themselves (:attr:`identity`)."""
+        stall = self.stall
+        agg = self.aggregator
+        k = start
+        while k < end:
+            j, steps, restarted = agg.observe_run(reports, now_unix_s, k, end)
+            for x in range(k, j):
+                stall.on_arrival(reports[x].rank, now_unix_s)
+            k = j
+            if steps or restarted:
+                out = self._judge(steps, restarted)
+                if out:
+                    return k, out
+        return end, []
+
+    @property
+    def identity(self) -> bool:
+        """True when the unit's rank indices are the job's ranks (a training job's one unit)."""
+        return self._identity
+
+    def _judge(self, steps: list[FinalizedStep], restarted: bool) -> list[Anomaly]:
+        """Reset the detectors after a restart, then hand them the finalised steps; return their anomalies."""
         if restarted:
             self.blocks.reset()
             if self.normaliser is not None:
