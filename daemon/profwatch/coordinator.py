@@ -434,56 +434,58 @@ class Coordinator:
 
     def _ingest_messages(self, msgs: list[Any], node_id: str, now: float) -> None:
         """A node batch's rank messages, in order: each run of consecutive step reports of one job goes through
-        :meth:`_ingest_steps` (its job, detector and handlers looked up once), any other message through
-        :meth:`_ingest_message`."""
+        :meth:`_ingest_steps`, any other message through :meth:`_ingest_message`."""
         self.counters["received"] += len(msgs)
         self._rank_messages_in.inc(len(msgs))
         i, n = 0, len(msgs)
         while i < n:
-            m = msgs[i]
-            if m.kind != "step":
-                self._ingest_message(m, node_id, now)
+            if msgs[i].kind == "step":
+                i = self._ingest_steps(msgs, i, node_id, now)
+            else:
+                self._ingest_message(msgs[i], node_id, now)
                 i += 1
-                continue
-            job_id = m.job_id
-            j = i + 1
-            while j < n and (x := msgs[j]).kind == "step" and x.job_id == job_id:
-                j += 1
-            self._ingest_steps(msgs[i:j] if i or j < n else msgs, node_id, now)
-            i = j
 
-    def _ingest_steps(self, run: list[Any], node_id: str, now: float) -> None:
-        """Step reports of one job (consecutive in a batch, all arrived at ``now``): the registry takes them, then
-        the job's detector takes those of its current generation (:meth:`JobDetector.observe_many`), in order. The
-        same refusals and counters as one by one; a step counter that went back (a possible new generation, which
-        replaces the detector) first hands the detector the reports before it. What an anomaly starts sees the
-        registry after the batch (its reports arrived together)."""
+    def _ingest_steps(self, msgs: list[Any], start: int, node_id: str, now: float) -> int:
+        """The step reports of one job from ``msgs[start]`` on (consecutive in a batch, all arrived at ``now``): the
+        registry takes them (:meth:`Registry.step_run`, and :meth:`Registry.step_of` for a report that needs its
+        checks), then the job's detector takes those of its current generation (:meth:`_detect`), in order; returns
+        the index of the first message after them. The same refusals and counters as one by one; a step counter
+        that went back (a possible new generation, which replaces the detector) first hands the detector the
+        reports before it. What an anomaly starts sees the registry after the batch (its reports arrived
+        together)."""
         reg = self.registry
-        job = reg.jobs.get(run[0].job_id)
+        job_id = msgs[start].job_id
+        n = len(msgs)
+        job = reg.jobs.get(job_id)
         if job is None:
-            for m in run:
-                self._reject(MessageRejected("unknown_job", f"step for job {m.job_id} before any hello"), node_id)
-            return
-        step_of = reg.step_of
+            i = start
+            while i < n and msgs[i].kind == "step" and msgs[i].job_id == job_id:
+                self._reject(MessageRejected("unknown_job", f"step for job {job_id} before any hello"), node_id)
+                i += 1
+            return i
         judged: list[Any] = []
-        keep = judged.append
-        for m in run:
-            try:
-                rank, restarted = step_of(job, m, now, node_id)
+        i = start
+        while True:
+            i = reg.step_run(job, msgs, i, now, node_id, judged)
+            if i >= n or (m := msgs[i]).kind != "step" or m.job_id != job_id:
+                break
+            i += 1
+            try:  # a report that needs the registry's checks
+                rank, restarted = reg.step_of(job, m, now, node_id)
                 if restarted:
                     if judged:
                         self._detect(job, judged, node_id, now)
                         judged = []
-                        keep = judged.append
                     opened = reg.note_restart(job, rank, now)
                     if opened is not None:
                         self._on_generation(opened, now)
                 if rank.gen == job.generation:  # else a worker of an older generation not restarted yet
-                    keep(m)
+                    judged.append(m)
             except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
                 self._message_failed(exc, m, node_id, now)
         if judged:
             self._detect(job, judged, node_id, now)
+        return i
 
     def _detect(self, job: JobState, reports: list[Any], node_id: str, now: float) -> None:
         """Hand the job's detector (created at its first step) step reports that arrived at ``now``, acting on each

@@ -117,3 +117,40 @@ def test_one_user_cannot_take_every_job_slot_of_a_node() -> None:
     with pytest.raises(RegistryError) as ei:
         reg.hello(replace(hello(0, world=1, job="late"), peer_uid=3000), "n0", 1.0)
     assert ei.value.reason == "too_many_jobs_on_node"
+
+
+def test_step_run_records_the_common_reports_as_step_of_and_stops_before_the_others() -> None:
+    """``Registry.step_run`` (the coordinator's hot path, issue 26) takes the reports ``step_of`` would take without
+    a check, records them alike, and stops before a message that is not a step of the job, a rank not known yet or
+    bound to another node, a rank beyond the world size and a step counter that went back."""
+    def fresh() -> Registry:
+        reg = Registry(window_steps=10)
+        for r in (0, 1, 2):
+            reg.hello(hello(r), "n0" if r < 2 else "n1", 1.0)
+        reg.hello(hello(0, job="k"), "n0", 1.0)
+        return reg
+
+    msgs = [step(0, 5), step(1, 5), step(0, 6), step(3, 5),  # rank 3: not known yet
+            step(1, 6), step(2, 6),  # rank 2: bound to node n1
+            step(0, 7), step(9, 7),  # rank 9: beyond the world size
+            step(1, 7), step(0, 2),  # rank 0: its counter went back
+            step(1, 8), step(0, 1, job="k"),  # another job
+            step(0, 8), hello(1)]  # not a step report
+    reg, twin = fresh(), fresh()
+    job = reg.jobs["j"]
+    current: list[object] = []
+    stops, i = [], 0
+    while i < len(msgs):
+        i = reg.step_run(job, msgs, i, 50.0, "n0", current)
+        stops.append(i)
+        i += 1
+    assert stops == [3, 5, 7, 9, 11, 13]
+    assert current == [m for k, m in enumerate(msgs) if k not in stops]
+    for k, m in enumerate(msgs):
+        if k not in stops:
+            twin.step_of(twin.jobs["j"], m, 50.0, "n0")
+    for r, rs in job.ranks.items():
+        t = twin.jobs["j"].ranks[r]
+        assert (rs.last_step, rs.last_step_time_s, rs.last_ts_unix_s, rs.seen_unix_s, rs.left, rs.window.items()) == \
+            (t.last_step, t.last_step_time_s, t.last_ts_unix_s, t.seen_unix_s, t.left, t.window.items())
+    assert job.ranks[0].last_step == 8 and job.ranks[1].last_step == 8 and 3 not in job.ranks

@@ -200,12 +200,15 @@ class StepAggregator:
         last_step = self._last_step
         rank_epoch = self._rank_epoch
         s = self.settings
+        on_step_time = s.outlier_on_step_time
+        own_work = isinstance(work, _OwnWork)
         end = len(reports) if end is None else end
+        # the job state a report may change is held here and written back (a restart resets it: read again)
+        epoch, cursor, furthest, pending = self._epoch, self._cursor, self._furthest, self._pending
         i = start
         while i < end:
             report = reports[i]
             i += 1
-            counters["reports"] += 1
             r = report.rank if rank is None else rank
             if not 0 <= r < ws:
                 counters["bad_rank"] += 1
@@ -218,24 +221,23 @@ class StepAggregator:
                     counters["duplicate"] += 1
                     continue
                 restarted = self._restart_rank(r)
+                epoch, cursor, furthest, pending = self._epoch, self._cursor, self._furthest, self._pending
             last_step[r] = step
-            if rank_epoch[r] != self._epoch and not self._join_epoch(r, step, last):
+            if rank_epoch[r] != epoch and not self._join_epoch(r, step, last):
                 counters["old_epoch"] += 1
                 if restarted:
-                    return i, [], True
+                    break
                 continue
-            cursor = self._cursor
             if cursor is None:
                 self._cursor = cursor = step
                 self._first_step = step
                 self._epoch_start_arrival_s = arrival_unix_s
-                self._furthest = step
+                self._furthest = furthest = step
             elif step < cursor:
                 counters["late"] += 1
                 if restarted:
-                    return i, [], True
+                    break
                 continue
-            pending = self._pending
             e = pending.get(step)
             if e is None:
                 e = pending[step] = _OpenStep()
@@ -244,10 +246,8 @@ class StepAggregator:
             if t > e.max_t:
                 e.max_t = t
                 e.max_rank = r
-            wk = getattr(report, "work", None) if isinstance(work, _OwnWork) else work
-            if not isinstance(wk, (int, float)):
-                wk = None
-            if wk is not None and (e.work is None or wk > e.work):
+            wk = getattr(report, "work", None) if own_work else work
+            if wk is not None and isinstance(wk, (int, float)) and (e.work is None or wk > e.work):
                 e.work = wk
             if idle and e.excluded is None:
                 e.excluded = "idle"
@@ -263,16 +263,22 @@ class StepAggregator:
                 for name, v in report.stages.items():
                     if wanted is None or name in wanted:
                         self._add_value(e, r, name, v)
-            if s.outlier_on_step_time:
+            if on_step_time:
                 self._add_value(e, r, "step_time_s", t)
-            if step > self._furthest:  # type: ignore[operator]
+            if step > furthest:  # type: ignore[operator]
                 self._furthest = step
+                counters["reports"] += i - start
                 return i, self._advance(), restarted
             if e.n >= ws and step == cursor:
+                counters["reports"] += i - start
                 return i, self._advance(), restarted
             if restarted:
-                return i, [], True
-        return end, [], False
+                break
+        else:
+            counters["reports"] += end - start
+            return end, [], False
+        counters["reports"] += i - start  # stopped at a restart
+        return i, [], True
 
     def _add_value(self, e: _OpenStep, r: int, name: str, v: float) -> None:
         vals = e.vals

@@ -24,6 +24,7 @@ What a message may change is bounded here (``docs/security.md``):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from profwatch.core.fleet.generations import (
@@ -42,6 +43,19 @@ from profwatch.core.fleet.step_window import StepWindow
 from rankhook import wire
 
 __all__ = ["GenerationPending", "HelloOutcome", "JobState", "NodeState", "RankState", "Registry", "RegistryError"]
+
+
+def _record(r: RankState, msg: wire.StepReport, now: float) -> None:
+    """What a step report of rank ``r`` that arrived at ``now`` changes on it (its checks passed)."""
+    step = msg.step
+    t = msg.step_time_s
+    r.last_step = step
+    r.last_step_time_s = t
+    r.last_ts_unix_s = msg.ts_unix_s
+    r.seen_unix_s = now
+    r.capturing = msg.capturing
+    r.left = False
+    r.window.append(step, t, msg.work)  # type: ignore[union-attr]
 
 
 class RegistryError(ValueError):
@@ -448,33 +462,48 @@ class Registry:
 
     def step_of(self, job: JobState, msg: wire.StepReport, now: float, node_id: str | None = None
                 ) -> tuple[RankState, bool]:
-        """:meth:`step` for a report of ``job`` (``msg.job_id``, looked up by the caller: the coordinator looks it
-        up once for a node batch's reports of one job). Returns ``(rank, restarted)``; raises as :meth:`step`.
-
-        A rank known on this node (the common report) is updated at once; any other goes through
-        :meth:`rank_for`'s checks first, as in :meth:`step`.
-        """
+        """:meth:`step` for a report of ``job`` (``msg.job_id``, looked up by the caller). Returns ``(rank,
+        restarted)``; raises as :meth:`step`."""
         rank = msg.rank
         r = job.ranks.get(rank) if rank < job.world_size else None
         if r is None or (node_id is not None and r.node_id != node_id and r.node_id):
             _job, r = self.rank_for(msg, node_id)  # raises for a refused one
             if r is None:
                 r = self._new_rank(job, rank, node_id or "")
-        step = msg.step
-        restarted = step < r.last_step
-        window = r.window
-        assert window is not None
+        restarted = msg.step < r.last_step
         if restarted:
-            window.clear()
-        t = msg.step_time_s
-        r.last_step = step
-        r.last_step_time_s = t
-        r.last_ts_unix_s = msg.ts_unix_s
-        r.seen_unix_s = now
-        r.capturing = msg.capturing
-        r.left = False
-        window.append(step, t, msg.work)
+            r.window.clear()  # type: ignore[union-attr]
+        _record(r, msg, now)
         return r, restarted
+
+    def step_run(self, job: JobState, msgs: Sequence[Any], start: int, now: float, node_id: str | None,
+                 current: list[Any]) -> int:
+        """Record the common step reports of ``job`` in ``msgs[start:]`` (the coordinator's hot path: a node
+        batch's reports of one job): from ``start`` up to the first message that is not a step report of ``job``
+        or needs :meth:`step_of` (a rank not known yet or bound to another node, a rank beyond the world size, a
+        step counter that went back). Appends to ``current`` the reports of ranks of the job's current generation
+        (what its detector judges). Returns the index of the first message not taken (``start`` when none was).
+        The same result as :meth:`step_of` on each, which raises nothing for these."""
+        ranks = job.ranks
+        job_id = job.job_id
+        ws = job.world_size
+        gen = job.generation
+        keep = current.append
+        n = len(msgs)
+        i = start
+        while i < n:
+            m = msgs[i]
+            if m.kind != "step" or m.job_id != job_id:
+                break
+            rank = m.rank
+            r = ranks.get(rank) if rank < ws else None
+            if r is None or (node_id is not None and r.node_id != node_id and r.node_id) or m.step < r.last_step:
+                break
+            _record(r, m, now)
+            if r.gen == gen:
+                keep(m)
+            i += 1
+        return i
 
     def bye(self, msg: wire.RankBye, now: float, node_id: str | None = None) -> None:
         """Mark a rank as left on purpose. Raises :class:`RegistryError` for a rank bound to another node."""
