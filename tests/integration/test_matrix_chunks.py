@@ -6,13 +6,14 @@ ranks the search covered."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.adapters.tools.msprof_analysis import run_msprof_analysis
-from profwatch.adapters.tools.msprof_runner import MsprofRunner
+from profwatch.adapters.tools.msprof_runner import MsprofRunner, resolve_command
 from profwatch.analysis.facade import AnalysisSettings, analyze_batch
 from profwatch.core.verdict.evidence import ClusterEvidence
 from profwatch.core.verdict.links import find_slow_links, parse_matrix_rows
@@ -20,6 +21,22 @@ from profwatch.core.verdict.msprof_plan import MsprofSettings
 from profwatch.simulate.ascend_tree import generate_cluster
 
 WORLD = 16
+MiB = 2**20
+HEAVY = """
+import os, sys, time
+args = sys.argv[1:]
+if "communication_matrix_sum" in args:  # hold PER_RANK MiB for each rank it reads, as long as the tool runs
+    ranks = len(args[args.index("--rank_list") + 1].split(",")) if "--rank_list" in args else ALL
+    if os.fork() == 0:
+        block = bytearray(ranks * PER_RANK * 2**20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        parent = os.getppid()
+        while os.getppid() == parent:
+            time.sleep(0.05)
+        os._exit(0)
+os.execv(TOOL, [TOOL, *args])
+"""
 SLOW = (2, 9)  # ranks 0-3 and 8-11: different chunks of 4
 
 
@@ -108,3 +125,21 @@ def test_chunks_that_fail_or_find_nothing_are_named_and_not_claimed(tmp_path: Pa
     status = ev.recipes["communication_matrix"]
     assert status.status == "timeout" and "0 of 2 chunks ok" in status.detail, status.detail
     assert ev.link_rows == [] and any("covered ranks none (0 of 8)" in n for n in ev.notes), ev.notes
+
+
+def test_a_run_killed_at_the_memory_cap_is_run_again_in_halves(batch: Path, tmp_path: Path) -> None:
+    """The real tool behind a wrapper that holds 25 MiB per rank read: the whole 16-rank run passes the 650 MiB cap
+    (tool ~350 MiB + 400 MiB), each 8-rank half stays under it (~350 + 200); the halves find the same link."""
+    tool = tmp_path / "heavy-tool"
+    tool.write_text(f"#!{sys.executable}\n" + HEAVY.replace("ALL", str(WORLD)).replace("PER_RANK", "25")
+                    .replace("TOOL", repr(resolve_command("msprof-analyze"))))
+    tool.chmod(0o755)
+    ev = _run(batch / "prof", tmp_path / "out", _settings(command=str(tool), memory_limit_bytes=650 * MiB,
+                                                        memory_poll_interval_s=0.1))
+    status = ev.recipes["communication_matrix"]
+    assert status.status == "ok" and "2 of 2 chunks ok" in status.detail, (status.detail, ev.notes)
+    assert status.peak_rss_bytes is not None and status.peak_rss_bytes < 650 * MiB
+    assert any(n.startswith("communication_matrix over the whole batch: killed") for n in ev.notes), ev.notes
+    assert any("covered ranks 0-15 (16 of 16)" in n and "cut in two: ranks 0-15" in n for n in ev.notes), ev.notes
+    assert [lk.ranks for lk in find_slow_links(ev.link_rows, world_size=WORLD).links] == [SLOW]
+

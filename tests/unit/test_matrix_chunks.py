@@ -7,7 +7,13 @@ import dataclasses
 import pytest
 
 from profwatch.core.verdict.evidence import RecipeState, RecipeStatus
-from profwatch.core.verdict.matrix_chunks import MatrixPart, merge_matrix_parts, plan_matrix_chunks, rank_list_arg
+from profwatch.core.verdict.matrix_chunks import (
+    MatrixPart,
+    merge_matrix_parts,
+    plan_matrix_chunks,
+    rank_list_arg,
+    split_after_oom,
+)
 from profwatch.core.verdict.msprof_plan import InputFacts, MsprofSettings, plan_recipes
 
 
@@ -126,3 +132,22 @@ def test_plan_recipes_runs_the_matrix_in_chunks_above_the_limits() -> None:
     by_bytes = plan_recipes(dataclasses.replace(facts, analysis_bytes=dict.fromkeys(range(8), 2**28)),
                             MsprofSettings(advisor=False), "/s")
     assert by_bytes.matrix_chunks is not None and len(by_bytes.matrix_chunks.chunks) == 2
+
+
+def test_runs_killed_at_the_memory_cap_are_cut_in_two() -> None:
+    # the whole batch (no plan) killed: halves, groups kept whole where they fit
+    tp = [[0, 4], [1, 5], [2, 6], [3, 7]]
+    plan = split_after_oom(None, range(8), tp, {}, [tuple(range(8))])
+    assert plan is not None and plan.chunks == ((0, 1, 4, 5), (2, 3, 6, 7)) and plan.groups_whole == 4
+    assert "killed at the memory cap, cut in two: ranks 0-7" in plan.reason
+    # one chunk of a plan killed: only it is cut, in place
+    first = plan_matrix_chunks(range(12), [], {}, max_ranks=4, max_bytes=10)
+    assert first is not None
+    again = split_after_oom(first, range(12), [], {}, [(4, 5, 6, 7)])
+    assert again is not None and again.chunks == ((0, 1, 2, 3), (4, 5), (6, 7), (8, 9, 10, 11))
+    assert again.reason.startswith("12 ranks > matrix_max_ranks 4; killed") and again.by == "fixed"
+    # an odd chunk, then nothing left to cut
+    odd = split_after_oom(None, [3, 9, 12], [], {}, [(3, 9, 12)])
+    assert odd is not None and odd.chunks == ((3, 9), (12,))
+    assert split_after_oom(odd, [3, 9, 12], [], {}, [(12,)]) is None
+    assert split_after_oom(first, range(12), [], {}, []) is None

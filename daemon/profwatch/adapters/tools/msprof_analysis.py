@@ -22,7 +22,7 @@ import structlog
 from profwatch.adapters.tools.msprof_db import inspect_inputs, read_tables
 from profwatch.adapters.tools.msprof_runner import MsprofRunner, RunTicket, SpawnFailed, ToolRun
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipePhase, RecipeStatus
-from profwatch.core.verdict.matrix_chunks import MatrixPart, merge_matrix_parts
+from profwatch.core.verdict.matrix_chunks import MatrixChunkPlan, MatrixPart, merge_matrix_parts, split_after_oom
 from profwatch.core.verdict.msprof_plan import (
     RESULT_DB,
     RESULT_TABLES,
@@ -33,6 +33,7 @@ from profwatch.core.verdict.msprof_plan import (
     RunOutcome,
     input_notes,
     interpret_run,
+    matrix_chunk_commands,
     plan_recipes,
     with_input,
 )
@@ -49,7 +50,8 @@ name, status)`` when its status is known (also for recipes decided without runni
 @dataclass(slots=True)
 class MsprofSession:
     """One staged batch between its phases: where it is, what it holds, the plan, the runs' ticket (``owner``
-    for cancel) and the ranks staged (``expected_ranks``; None = ``0..world_size-1``)."""
+    for cancel), the ranks staged (``expected_ranks``; None = ``0..world_size-1``) and the settings the plan was
+    made with (None = the runner's)."""
 
     staged_dir: Path
     out_dir: Path
@@ -59,6 +61,7 @@ class MsprofSession:
     ticket: RunTicket
     owner: str = ""
     expected_ranks: list[int] | None = None
+    settings: MsprofSettings | None = None
 
 
 def _outcome(run: ToolRun | SpawnFailed, name: str, phase: RecipePhase) -> RunOutcome:
@@ -98,14 +101,15 @@ def prepare_msprof(staged_dir: Path, out_dir: Path, *, runner: MsprofRunner, wor
     facts = inspect_inputs(staged_dir)
     ev = ClusterEvidence(kind="ascend_pt", versions=_versions(facts), collectives_per_step=facts.collectives_per_step)
     ev.notes += input_notes(facts, len(expected_ranks) if expected_ranks is not None else world_size)
-    plan = plan_recipes(facts, settings or runner.settings, str(staged_dir))
+    settings = settings or runner.settings
+    plan = plan_recipes(facts, settings, str(staged_dir))
     for name, status in plan.skipped.items():
         log.info("msprof_recipe_skipped", recipe=name, status=status.status, detail=status.detail)
         ev.recipes[name] = status
         if progress is not None:
             progress("finished", name, status)
     session = MsprofSession(staged_dir, out_dir, facts, plan, world_size, runner.ticket(owner), owner,
-                            expected_ranks)
+                            expected_ranks, settings)
     return ev, session
 
 
@@ -118,13 +122,17 @@ def run_phase(session: MsprofSession, ev: ClusterEvidence, phase: RecipePhase, *
     recipe (``RecipeCommand.ranks`` set: communication_matrix above its size limits) each read into their own
     evidence; once all have finished, ``matrix_chunks.merge_matrix_parts`` makes them one status, one table
     (``ev.link_rows``) and notes saying which ranks the link search covered; progress reports such a recipe
-    started once and finished once. Raises nothing for tool failures; a KeyboardInterrupt cancels the runs of
+    started once and finished once. A communication_matrix run killed at the memory cap (the whole batch, or a
+    chunk) is cut in two and run again, up to ``matrix_oom_splits`` rounds (``matrix_chunks.split_after_oom``),
+    so the estimate before running need not be right. Raises nothing for tool failures; a KeyboardInterrupt cancels the runs of
     this session and is re-raised."""
     cmds = list(session.plan.phase(phase) if commands is None else commands)
     if not cmds:
         return ev
     workers = len(cmds)
     parts: list[MatrixPart] = []
+    whole_oom: RecipeStatus | None = None
+    splits = (session.settings or runner.settings).matrix_oom_splits
     started: set[str] = set()
     lock = threading.Lock()
 
@@ -158,6 +166,9 @@ def run_phase(session: MsprofSession, ev: ClusterEvidence, phase: RecipePhase, *
                         continue
                     status = interpret_run(_outcome(run, c.name, phase), session.facts, session.world_size, ev,
                                            session.expected_ranks)
+                    if c.name == "communication_matrix" and status.status == "oom" and splits:
+                        whole_oom = status  # run again in chunks below
+                        continue
                     ev.recipes[c.name] = status
                     if progress is not None:
                         progress("finished", c.name, status)
@@ -165,9 +176,18 @@ def run_phase(session: MsprofSession, ev: ClusterEvidence, phase: RecipePhase, *
             runner.cancel_ticket(session.ticket)
             raise
     chunk_plan = session.plan.matrix_chunks
+    if whole_oom is not None or (parts and chunk_plan is not None):
+        chunk_plan, parts = _split_killed(session, chunk_plan, parts, whole_oom is not None, splits, runner, phase)
+        session.plan.matrix_chunks = chunk_plan
+    if whole_oom is not None and chunk_plan is None:  # could not be cut (one rank)
+        ev.recipes[whole_oom.name] = whole_oom
+        if progress is not None:
+            progress("finished", whole_oom.name, whole_oom)
     if parts and chunk_plan is not None:
         status, ev.link_rows, notes = merge_matrix_parts(chunk_plan, parts)
         ev.recipes[status.name] = status
+        if whole_oom is not None:
+            notes.insert(0, f"communication_matrix over the whole batch: {whole_oom.detail}; run again in chunks")
         ev.notes += notes
         log.info("msprof_chunks_merged", recipe=status.name, status=status.status, chunks=len(chunk_plan.chunks),
                  ok=sum(p.status.status == "ok" for p in parts), rows=status.rows,
@@ -178,6 +198,41 @@ def run_phase(session: MsprofSession, ev: ClusterEvidence, phase: RecipePhase, *
              statuses={c.name: ev.recipes[c.name].status for c in cmds if c.name in ev.recipes},
              votes=ev.slow_rank_votes)
     return ev
+
+
+def _split_killed(session: MsprofSession, plan: MatrixChunkPlan | None, parts: list[MatrixPart], whole_killed: bool,
+                  rounds: int, runner: MsprofRunner, phase: RecipePhase
+                  ) -> tuple[MatrixChunkPlan | None, list[MatrixPart]]:
+    """Up to ``rounds`` times: cut the communication_matrix runs killed at the memory cap in two
+    (``split_after_oom``; ``whole_killed``: the single whole-batch run) and run the new chunks one after the other.
+    Returns the final plan (None when nothing was cut) and the parts of its chunks."""
+    facts = session.facts
+    for _ in range(rounds):
+        killed = [p.ranks for p in parts if p.status.status == "oom"]
+        if plan is None and whole_killed:
+            killed = [tuple(facts.db_ranks)]
+        new = split_after_oom(plan, facts.db_ranks, facts.groups, facts.analysis_bytes, killed)
+        if new is None:
+            break
+        kept = set(plan.chunks) if plan is not None else set()
+        fresh = [c for c in new.chunks if c not in kept]
+        log.info("msprof_matrix_split_after_oom", killed=len(killed), chunks=len(new.chunks), fresh=len(fresh))
+        parts = [p for p in parts if p.ranks in set(new.chunks)]
+        for c in matrix_chunk_commands(str(session.staged_dir), fresh):
+            try:
+                run: ToolRun | SpawnFailed = runner.run(c.name, c.args, session.out_dir, ticket=session.ticket,
+                                                        phase=phase)
+            except SpawnFailed as exc:
+                run = exc
+            except BaseException:
+                runner.cancel_ticket(session.ticket)
+                raise
+            own = ClusterEvidence(kind="ascend_pt")
+            assert c.ranks is not None
+            status = interpret_run(_outcome(run, c.name, phase), facts, len(c.ranks), own, list(c.ranks))
+            parts.append(MatrixPart(c.ranks, status, own.link_rows))
+        plan = new
+    return plan, parts
 
 
 def advisor_commands(session: MsprofSession, staged_dir: Path | None) -> list[RecipeCommand]:

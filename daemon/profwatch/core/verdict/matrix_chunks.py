@@ -30,7 +30,8 @@ from typing import Any, Literal
 from profwatch.core.batches.completeness import rank_ranges
 from profwatch.core.verdict.evidence import RecipeState, RecipeStatus
 
-__all__ = ["MatrixChunkPlan", "MatrixPart", "merge_matrix_parts", "plan_matrix_chunks", "rank_list_arg"]
+__all__ = ["MatrixChunkPlan", "MatrixPart", "merge_matrix_parts", "plan_matrix_chunks", "rank_list_arg",
+           "split_after_oom"]
 
 #: Worst first: the state of a chunked run that did not fully succeed is its worst chunk's.
 _SEVERITY: tuple[RecipeState, ...] = ("oom", "timeout", "tool_error", "skipped", "no_data", "not_applicable", "ok")
@@ -127,10 +128,47 @@ def plan_matrix_chunks(ranks: Sequence[int], groups: Sequence[Sequence[int]], in
         else:
             chunks.append(list(comp))
             used_ranks, used_bytes = len(comp), b
-    where = {r: i for i, c in enumerate(chunks) for r in c}
-    whole = sum(1 for g in members if len({where[r] for r in g}) == 1)
+    whole, total = _whole_groups(chunks, members)
     return MatrixChunkPlan(tuple(tuple(sorted(c)) for c in chunks), "groups" if members else "fixed",
-                           whole, len(members), reason)
+                           whole, total, reason)
+
+
+def _whole_groups(chunks: Sequence[Sequence[int]], groups: Sequence[Sequence[int]]) -> tuple[int, int]:
+    """(groups of 2+ ranks of the plan inside one chunk, such groups)."""
+    where = {r: i for i, c in enumerate(chunks) for r in c}
+    members = {tuple(sorted(set(g) & where.keys())) for g in groups}
+    members = {g for g in members if len(g) >= 2}
+    return sum(1 for g in members if len({where[r] for r in g}) == 1), len(members)
+
+
+def split_after_oom(plan: MatrixChunkPlan | None, ranks: Sequence[int], groups: Sequence[Sequence[int]],
+                    input_bytes: Mapping[int, int], oom: Sequence[Sequence[int]]) -> MatrixChunkPlan | None:
+    """The plan once more after runs were killed at the memory cap: each chunk of ``oom`` (with ``plan`` None:
+    the whole batch, ``ranks``) that has two ranks or more is cut in two by :func:`plan_matrix_chunks` (at most
+    half its ranks per chunk, groups kept whole where they fit), in place, the other chunks unchanged. Returns
+    None when nothing can be cut (no such chunk, or only single ranks were killed). The memory a run needs is
+    only estimated before it runs (ranks, ``analysis.db`` bytes); the cap says when the estimate was wrong."""
+    chunks = [tuple(sorted(set(ranks)))] if plan is None else list(plan.chunks)
+    killed = {tuple(sorted(c)) for c in oom if len(c) >= 2}
+    out: list[tuple[int, ...]] = []
+    cut: list[tuple[int, ...]] = []
+    for c in chunks:
+        if c not in killed:
+            out.append(c)
+            continue
+        halves = plan_matrix_chunks(c, groups, input_bytes, max_ranks=(len(c) + 1) // 2, max_bytes=2**62)
+        if halves is None:  # unreachable for 2+ ranks; kept for the type
+            out.append(c)
+            continue
+        out += halves.chunks
+        cut.append(c)
+    if not cut:
+        return None
+    whole, total = _whole_groups(out, groups)
+    spans = ", ".join(rank_ranges(c) for c in cut)
+    reason = (plan.reason + "; " if plan is not None else "") + \
+        f"killed at the memory cap, cut in two: ranks {spans}"
+    return MatrixChunkPlan(tuple(out), "groups" if total else "fixed", whole, total, reason)
 
 
 def rank_list_arg(chunk: Sequence[int]) -> str:

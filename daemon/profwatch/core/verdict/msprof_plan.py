@@ -94,6 +94,9 @@ class MsprofSettings(BaseModel):
     matrix_max_input_bytes: int = Field(default=2**30, ge=1)
     """Most bytes of ``analysis.db`` one ``communication_matrix_sum`` run reads (the size estimate of its
     matrix rows; on generated trees the tool's resident memory grew about 7x the bytes it read)."""
+    matrix_oom_splits: int = Field(default=2, ge=0, le=8)
+    """Rounds of cutting in two the communication_matrix runs (the whole batch, or chunks) killed at the memory
+    cap, and running the halves (``matrix_chunks.split_after_oom``); 0 = an ``oom`` status as for any recipe."""
 
 
 #: Recipes the verdict waits for; every other command runs in the enrich phase.
@@ -220,12 +223,11 @@ def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -
             plan.matrix_chunks = plan_matrix_chunks(facts.db_ranks, facts.groups, facts.analysis_bytes,
                                                     max_ranks=settings.matrix_max_ranks,
                                                     max_bytes=settings.matrix_max_input_bytes)
-            matrix = ("-m", "communication_matrix_sum", *base)
             if plan.matrix_chunks is None:
-                plan.commands.append(RecipeCommand("communication_matrix", matrix, "enrich"))
+                plan.commands.append(RecipeCommand("communication_matrix", ("-m", "communication_matrix_sum", *base),
+                                                   "enrich"))
             else:
-                plan.commands += [RecipeCommand("communication_matrix", (*matrix, "--rank_list", rank_list_arg(c)),
-                                                "enrich", c) for c in plan.matrix_chunks.chunks]
+                plan.commands += matrix_chunk_commands(staged_dir, plan.matrix_chunks.chunks)
         if facts.max_group_size >= SLOW_RANK_MIN_GROUP:
             plan.commands.append(RecipeCommand("slow_rank", ("-m", "slow_rank", *base)))
         else:
@@ -240,6 +242,13 @@ def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -
     else:
         plan.skipped["advisor"] = RecipeStatus("advisor", "skipped", "advisor disabled in settings")
     return plan
+
+
+def matrix_chunk_commands(staged_dir: str, chunks: Sequence[Sequence[int]]) -> list[RecipeCommand]:
+    """One enrich-phase ``communication_matrix_sum`` command per chunk, each with ``--rank_list`` (its ranks)."""
+    return [RecipeCommand("communication_matrix", ("-m", "communication_matrix_sum", "-d", staged_dir, "--agent",
+                                                   "--force", "--rank_list", rank_list_arg(c)), "enrich", tuple(c))
+            for c in chunks]
 
 
 def enrich_recipe_names(settings: MsprofSettings) -> list[str]:
