@@ -51,3 +51,25 @@ def test_a_healthy_batch_claims_no_hardware_cause_and_a_throttled_job_shows_agai
     assert "1800 -> 1500 MHz" in now.comparison["headline"]
     attach_comparison(ref, ref, reference_path=str(tmp_path / "ref"))
     assert ref.comparison is not None and ref.comparison["changes"] == []
+
+
+def test_a_note_added_after_the_alert_phase_survives_the_enrich_phase(tmp_path: Path) -> None:
+    """The enrich phase judges again and rebuilds the notes: a comparison that could not be made (noted after the
+    first verdict) must still be said in the enriched verdict."""
+    from profwatch.adapters.tools.msprof_runner import MsprofRunner
+    from profwatch.analysis.facade import enrich_analysis
+
+    generate_cluster(tmp_path / "prof", world_size=4, steps=3, seed=1, slow_ranks={2: 1.5})
+    (batch,) = scan_tree(tmp_path / "prof")
+    settings = AnalysisSettings(msprof=MsprofSettings(advisor=False, communication_matrix=False, timeout_s=300))
+    runner = MsprofRunner(settings.msprof)
+    try:
+        res = analyze_batch(batch, work_dir=tmp_path / "work", settings=settings, runner=runner, enrich=False)
+        assert res.pending, res.recipes
+        attach_comparison(res, AnalysisResult(status="failed", batch_id="ref", kind="ascend_pt"), reference_path="/refs/x")
+        note = next(n for n in res.notes if n.startswith("no comparison with the reference /refs/x"))
+        enrich_analysis(res, runner=runner)
+    finally:
+        runner.close()
+    assert res.enriched and res.suspects and res.suspects[0].rank == 2
+    assert note in res.notes and res.notes.count(note) == 1

@@ -65,7 +65,7 @@ def attach_comparison(res: AnalysisResult, reference: AnalysisResult, *, referen
     if ref_ev is None or not ref_ev.summaries or now_ev is None or not now_ev.summaries:
         which = "the reference" if ref_ev is None or not ref_ev.summaries else "this capture"
         res.comparison = None
-        res.notes.append(f"no comparison with the reference {reference_path}: {which} has no time breakdown "
+        res.keep_note(f"no comparison with the reference {reference_path}: {which} has no time breakdown "
                          f"(reference status {reference.status})")
         return
     ref_have = {s.rank for s in ref_ev.summaries}

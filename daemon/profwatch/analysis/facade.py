@@ -464,7 +464,7 @@ def _judge(result: AnalysisResult, ev: ClusterEvidence, f: Followup) -> None:
     result.one_offs = list(verdict.one_offs)
     result.captured_steps = list(verdict.captured_steps) or result.captured_steps
     result.strength = verdict.strength
-    result.notes = list(ev.notes) + verdict.notes
+    result.notes = list(ev.notes) + verdict.notes + result.kept_notes
     if ev.alignment:
         result.notes.append(f"step alignment: {ev.alignment.get('method')}"
                             + "".join(f"; {n}" for n in ev.alignment.get("notes", [])))
@@ -513,7 +513,7 @@ def rewrite_report(result: AnalysisResult, now_unix_s: float) -> None:
                      ev.summaries if ev else [], html_enabled="report_html" in result.paths,
                      generated=datetime.fromtimestamp(now_unix_s, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
     except OSError as exc:
-        result.notes.append(f"report not rewritten with the comparison: {exc}")
+        result.keep_note(f"report not rewritten with the comparison: {exc}")
 
 
 def _write_report(result: AnalysisResult, f: Followup, *, html: bool) -> None:

@@ -82,6 +82,9 @@ class AnalysisResult:
     """What the verdict was judged on: ``own_tables`` (the first Ascend verdict), ``msprof-analyze``, ``kineto``."""
     agreement: dict[str, Any] | None = None
     """Whether msprof-analyze confirmed the first verdict (``Agreement.to_json``); None until it ran."""
+    kept_notes: list[str] = field(default_factory=list, repr=False)
+    """Notes added after a judge (a comparison that could not be made, a report not written): :meth:`keep_note`
+    puts them in ``notes`` and here, so the enrich phase's judge, which rebuilds ``notes``, keeps them."""
     followup: Any = field(default=None, repr=False)
     """What the enrich phase needs (``profwatch.analysis.facade.Followup``); None once it ran. Not serialised."""
     rank_dirs: dict[int, str] = field(default_factory=dict, repr=False)
@@ -90,6 +93,11 @@ class AnalysisResult:
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
     """The communication groups smaller than the world its ranks recorded (``BatchState.parallel_groups``): which
     reference rank plays a named rank's role (``changes.same_role_rank``). Not serialised."""
+
+    def keep_note(self, text: str) -> None:
+        """Append ``text`` to ``notes`` so that it survives a later judge (:attr:`kept_notes`)."""
+        self.notes.append(text)
+        self.kept_notes.append(text)
 
     def verdict_json(self) -> dict[str, Any]:
         """The verdict keys shared by ``to_json()`` and ``alert_data()``: ``links``, ``impact`` (headline: every

@@ -276,7 +276,7 @@ class BatchAnalyser:
         if reference is None:
             reference = self._reanalyse_reference(ref, work_dir)
         if reference is None:
-            result.notes.append(f"no comparison with the reference capture {cid}: its batch {ref.get('batch_id')} "
+            result.keep_note(f"no comparison with the reference capture {cid}: its batch {ref.get('batch_id')} "
                                 f"could not be read again from {ref.get('prof_dir')}")
             return
         tele = ref.get("telemetry_baseline_step_s")
