@@ -6,7 +6,7 @@ Targets (issue 25): <= 0.2 s after the last marker with inotify, also right afte
 interval + 1 s.
 
     /work/venv/bin/python bench/bench_completion.py [--ranks 1024,4096,16384] [--modes inotify,overflow,polling]
-        [--poll-interval-s 2] [--files-per-rank 0] [--cost] [--dir DIR]
+        [--poll-interval-s 2] [--files-per-rank 0] [--cost] [--dir DIR] [--no-gc-freeze]
 
 Setup: the tree of ``bench/scan_tree_bench.py`` (each rank dir holds the files completion reads: profiler_info,
 profiler_metadata with the capture id, both DBs, an empty ``PROF_*/device_0/data``), optionally padded with empty
@@ -18,7 +18,8 @@ full look reads every dir (cold DB checks the first time; the reader is shared a
 then all markers but the last are written and the bench waits until everything is read (at 16,384 dirs this
 overflows inotify's queue for real); then the clock starts and the last marker is written ("overflow": an inotify
 overflow is injected right before it, so its reconcile pass runs while the marker lands) and stops when the driver
-gets the batch complete. ``reads`` counts the rank dirs read in between, ``full looks`` the full looks the watcher
+gets the batch complete. ``gc s`` / ``full gc``: seconds in garbage collections (any thread) and full collections
+meanwhile (``--no-gc-freeze``: without ``profwatch/adapters/gc_freeze.py``, for comparison). ``reads`` counts the rank dirs read in between, ``full looks`` the full looks the watcher
 asked for meanwhile (the overflow's; a supervisor re-arm). ``--cost``: one polling observer over the
 tree, counting stat/scandir calls, and this process's CPU seconds per wall second.
 """
@@ -26,6 +27,7 @@ tree, counting stat/scandir calls, and this process's CPU seconds per wall secon
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import sys
@@ -52,6 +54,7 @@ from profwatch.adapters.fs.prof_watch import (  # noqa: E402
     pruned_scandir,
 )
 from profwatch.adapters.fs.rank_dir_fs import RankDirReader  # noqa: E402
+from profwatch.adapters.gc_freeze import GC_FREEZER  # noqa: E402
 from profwatch.core.batches.settings import WatchSettings  # noqa: E402
 from profwatch.simulate import ascend_tree as gen  # noqa: E402
 
@@ -144,8 +147,31 @@ class Driver:
         self._thread.join(30)
 
 
+class GcClock:
+    """Seconds spent in garbage collections (``gc.callbacks``), and the full ones, since :meth:`reset`."""
+
+    def __init__(self) -> None:
+        self.seconds, self.full, self._start = 0.0, 0, 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._start
+        self.full += info["generation"] == 2
+
+    def reset(self) -> tuple[float, int]:
+        out = (self.seconds, self.full)
+        self.seconds, self.full = 0.0, 0
+        return out
+
+
+GC_CLOCK = GcClock()
+
+
 def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirReader,
-                    poll_interval_s: float) -> dict[str, float]:
+                    poll_interval_s: float, gc_freeze: bool = True) -> dict[str, float]:
     """One row: seconds from the last marker to complete, rank dirs read meanwhile, the first full look's seconds,
     overflows seen while all markers but the last landed."""
     from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent
@@ -155,7 +181,8 @@ def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirRead
     polling = mode == "polling"
     settings = WatchSettings(observer="polling" if polling else "inotify", poll_interval_s=poll_interval_s,
                              reconcile_interval_s=3600)
-    scan = IncrementalScan(prof, settings=settings, reader=reader, wall=lambda: EARLY)
+    scan = IncrementalScan(prof, settings=settings, reader=reader, wall=lambda: EARLY,
+                           gc_freezer=GC_FREEZER if gc_freeze else None)
     drv = Driver(scan, len(dirs))
     observers: list[BaseObserver] = []
 
@@ -182,15 +209,17 @@ def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirRead
                 observers[0].inotify_fd.handle_event(overflow)  # type: ignore[attr-defined]
             reads0 = reader.reads
             t0 = time.monotonic()
+            GC_CLOCK.reset()
             _marker(dirs[-1]).touch()
             ok = drv.complete.wait(poll_interval_s + 120)
+            gc_s, gc_full = GC_CLOCK.reset()  # a little after complete_at: an upper bound
             latency = drv.complete_at - t0 if ok else float("nan")
             reads = drv.reads_at_complete - reads0 if ok else reader.reads - reads0
             full_looks = w.stats.wakes - wakes0
     finally:
         drv.close()
     return {"latency_s": latency, "reads": reads, "first_look_s": first_look_s, "overflows": overflows,
-            "full_looks": full_looks}
+            "full_looks": full_looks, "gc_s": gc_s, "gc_full": gc_full}
 
 
 def measure_polling_cost(prof: Path, poll_interval_s: float, window_s: float,
@@ -232,10 +261,11 @@ def main() -> None:
     ap.add_argument("--cost", action="store_true", help="also measure the polling observer's cost")
     ap.add_argument("--cost-window-s", type=float, default=10.0)
     ap.add_argument("--dir", default=None, help="where to build the trees (default: a temp dir)")
+    ap.add_argument("--no-gc-freeze", action="store_true", help="scan without the GcFreezer (for comparison)")
     args = ap.parse_args()
     modes = args.modes.split(",")
     print(f"{'ranks':>6} {'mode':>9} {'latency s':>10} {'target s':>9} {'reads':>6} {'full looks':>10} "
-          f"{'first look s':>13} {'overflows':>10} {'load 1m':>8}", flush=True)
+          f"{'first look s':>13} {'overflows':>10} {'gc s':>6} {'full gc':>7} {'load 1m':>8}", flush=True)
     for n in (int(x) for x in args.ranks.split(",")):
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
             prof = Path(tmp) / "prof"
@@ -246,11 +276,12 @@ def main() -> None:
                     pad_rank_dir(d, args.files_per_rank)
             reader = RankDirReader()
             for mode in modes:
-                m = measure_latency(mode, prof, dirs, reader, args.poll_interval_s)
+                m = measure_latency(mode, prof, dirs, reader, args.poll_interval_s, not args.no_gc_freeze)
                 target = args.poll_interval_s + 1.0 if mode == "polling" else 0.2
                 print(f"{n:>6} {mode:>9} {m['latency_s']:>10.3f} {target:>9.1f} {m['reads']:>6.0f} "
                       f"{m['full_looks']:>10.0f} "
-                      f"{m['first_look_s']:>13.1f} {m['overflows']:>10.0f} {os.getloadavg()[0]:>8.2f}", flush=True)
+                      f"{m['first_look_s']:>13.1f} {m['overflows']:>10.0f} {m['gc_s']:>6.3f} {m['gc_full']:>7.0f} "
+                      f"{os.getloadavg()[0]:>8.2f}", flush=True)
             if args.cost:
                 listings = (("whole tree", pruned_scandir(())),
                             ("as ProfWatcher polls", completion_scandir(WatchSettings().poll_skip_dirs)))

@@ -116,3 +116,44 @@ def test_rank_dir_of() -> None:
     assert rank_dir_of("/p", f"/other/{rd}", 5) is None
     assert rank_dir_of("/p", f"/px/{rd}", 5) is None
     assert rank_dir_of(f"/p/{rd}", f"/p/{rd}/PROF_1/x", 5) == f"/p/{rd}"  # the root itself is a rank dir
+
+
+def test_random_reads_keep_decisions_equal_to_a_full_assessment() -> None:
+    """Dirs added, re-read in another state, re-stamped, claimed twice, without a rank and removed, in random order:
+    after every read the tracker's kept orders and its decisions equal a full assessment of the same states."""
+    import random
+
+    from profwatch.core.batches.completeness import BY_PATH, BY_TIME_PATH
+
+    rng = random.Random(25)
+    stages = ("appearing", "raw_complete", "parsing", "parsed", "parsed", "parsed")
+    current: dict[str, RankDirObservation] = {}
+    t = RankDirTracker()
+    for step in range(400):
+        rank, pid = rng.randrange(6), rng.choice((None, None, None, 7))
+        kw: dict[str, object] = {"capture_id": rng.choice(("cap", "cap", "cap", "other", None))}
+        if rng.random() < 0.1:
+            kw["info"] = None  # no profiler_info: no rank
+        o = obs(rank, pid=pid, stage=rng.choice(stages), world=rng.choice((6, 6, 6, 5)),
+                steps=rng.choice(((1, 2, 3), (1, 2), None)),
+                offset_s=rng.choice((0.0, 0.0, 1.0)), **kw)  # type: ignore[arg-type]
+        if rng.random() < 0.2 and current:
+            gone = rng.choice(sorted(current))
+            del current[gone]
+            t.update(gone, None)
+        else:
+            current.pop(o.path, None)  # the tracker's order: a re-read dir moves last
+            current[o.path] = o
+            t.update(o.path, _state(o))
+        for tally in t._tallies.values():
+            assert tally.by_time == sorted(tally.members.values(), key=BY_TIME_PATH)
+            assert tally.by_path == sorted(tally.members.values(), key=BY_PATH)
+        observations = list(current.values())
+        if not observations:
+            continue
+        _same(t.batches(now_unix_s=NOW, settings=SETTINGS, world_size=6), observations, world_size=6)
+        if step % 5 == 0:
+            picked = t.batch_of("cap", now_unix_s=NOW, settings=SETTINGS, world_size=6)
+            full = assess_batches(observations, now_unix_s=NOW, settings=SETTINGS, world_size=6)
+            assert [b.to_json() for b in picked if b.capture_id == "cap"] == \
+                [b.to_json() for b in full if b.capture_id == "cap"]

@@ -7,7 +7,8 @@ the counts say it can be decided, without walking the tree. A full look (start, 
 restart, the reconcile timer) walks the tree once (``find_rank_dirs``, names only) and reads the planned dirs in
 slices of at most ``WatchSettings.reconcile_slice_s``; ``reconciling`` stays true until the pass has read them
 all, and each later call resumes it. Completion is always decided from files read, never from an event
-(docs/field-cases.md#fc-18).
+(docs/field-cases.md#fc-18). Each update tells the process's ``GcFreezer`` how many dirs it read, so a big tree's
+long-lived state stays out of full garbage collections (``profwatch/adapters/gc_freeze.py``, issue 25).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from profwatch.adapters.fs.rank_dir_fs import (
     confirm_rank_dir,
     find_rank_dirs,
 )
+from profwatch.adapters.gc_freeze import GC_FREEZER, GcFreezer
 from profwatch.core.batches.completeness import BatchState, CaptureHint, evaluate_rank_dir
 from profwatch.core.batches.settings import WatchSettings
 from profwatch.core.batches.tracker import RankDirTracker, expected_count
@@ -35,20 +37,24 @@ class IncrementalScan:
     """The rank dirs below ``root`` (a prof_dir), read incrementally. Use from one thread.
 
     ``reader``: a long-lived :class:`RankDirReader` (shared DB-check cache); ``clock``: monotonic seconds (slice
-    budget); ``wall``: unix seconds (deadlines, the quiet period of older torch_npu).
+    budget); ``wall``: unix seconds (deadlines, the quiet period of older torch_npu); ``gc_freezer``: told of every
+    update's reads, so a big tree's long-lived state is frozen out of full collections
+    (``profwatch/adapters/gc_freeze.py``; None: never).
     """
 
     def __init__(self, root: str | os.PathLike[str], *, settings: WatchSettings | None = None,
                  reader: RankDirReader | None = None, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, gc_freezer: GcFreezer | None = GC_FREEZER) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.settings = settings or WatchSettings()
         self.reader = reader or RankDirReader()
         self.tracker = RankDirTracker()
         self._clock = clock
         self._wall = wall
+        self._gc = gc_freezer
         self._walk_errors: list[str] = []
         self._skipped: list[str] = []
+        self._pass_ended = False
 
     @property
     def reconciling(self) -> bool:
@@ -70,6 +76,17 @@ class IncrementalScan:
         Raises:
             TreeUnavailable: a full look cannot list ``root`` (its ranks are unknown, not deleted).
         """
+        reads = self.tracker.reads
+        try:
+            return self._update(rank_dirs, capture_id, world_size, hint)
+        finally:
+            if self._gc is not None:
+                self._gc.after_reads(self.tracker.reads - reads, tree_dirs=len(self.tracker),
+                                     pass_ended=self._pass_ended)
+
+    def _update(self, rank_dirs: Collection[str] | None, capture_id: str | None, world_size: int | None,
+                hint: CaptureHint | None) -> list[BatchState] | None:
+        self._pass_ended = False
         s = self.settings
         expected = expected_count(world_size, hint)
         before = self.tracker.count(capture_id)
@@ -94,6 +111,7 @@ class IncrementalScan:
             path = self.tracker.next_to_read()
             if path is None:  # the pass is over: every batch, decided on what it read
                 self.tracker.end_pass()
+                self._pass_ended = True
                 batches = self.tracker.batches(now_unix_s=now, settings=s, world_size=world_size,
                                                hints={capture_id: hint} if capture_id and hint else None)
                 add_walk_notes(batches, self._walk_errors, self._skipped)

@@ -21,11 +21,14 @@ read first, and a pass restarted by the next overflow or timer continues with th
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from profwatch.core.batches.completeness import (
+    BY_PATH,
     BY_TIME_PATH,
     BatchState,
     CaptureHint,
@@ -56,23 +59,50 @@ def expected_count(world_size: int | None, hint: CaptureHint | None) -> int | No
 
 @dataclass(slots=True)
 class _Tally:
+    """One batch's counts and its members kept in the two orders :func:`evaluate_batch` reads them in (name time
+    then path, as ``group_rank_dirs`` gives a batch; path), so deciding a batch sorts nothing: adding or removing a
+    dir costs O(log N) compares and one O(N) list move, re-reading a dir (same path) O(log N)."""
+
     members: dict[str, RankDirState] = field(default_factory=dict)
     pending: int = 0
     claims: Counter[int] = field(default_factory=Counter)
+    by_time: list[RankDirState] = field(default_factory=list)
+    by_path: list[RankDirState] = field(default_factory=list)
 
     def add(self, s: RankDirState) -> None:
         self.members[s.path] = s
-        self.pending += s.state in PENDING_STATES
-        if s.rank is not None:
-            self.claims[s.rank] += 1
+        insort(self.by_time, s, key=BY_TIME_PATH)
+        insort(self.by_path, s, key=BY_PATH)
+        self._count(s, 1)
 
     def remove(self, s: RankDirState) -> None:
         del self.members[s.path]
-        self.pending -= s.state in PENDING_STATES
+        del self.by_time[_index(self.by_time, s, BY_TIME_PATH)]
+        del self.by_path[_index(self.by_path, s, BY_PATH)]
+        self._count(s, -1)
+
+    def replace(self, old: RankDirState, new: RankDirState) -> None:
+        """``new`` read from the same dir as ``old`` (same path and name time: same places in both orders)."""
+        self.members[new.path] = new
+        self.by_time[_index(self.by_time, old, BY_TIME_PATH)] = new
+        self.by_path[_index(self.by_path, old, BY_PATH)] = new
+        self._count(old, -1)
+        self._count(new, 1)
+
+    def _count(self, s: RankDirState, sign: int) -> None:
+        self.pending += sign * (s.state in PENDING_STATES)
         if s.rank is not None:
-            self.claims[s.rank] -= 1
+            self.claims[s.rank] += sign
             if self.claims[s.rank] <= 0:
                 del self.claims[s.rank]
+
+
+def _index(order: list[RankDirState], s: RankDirState, key: Callable[[RankDirState], Any]) -> int:
+    """Where ``s`` (a member: its path is unique) sits in ``order`` (sorted by ``key``), by bisection."""
+    i = bisect_left(order, key(s), key=key)
+    if i == len(order) or order[i].path != s.path:
+        raise KeyError(s.path)  # not a member: a bug of the caller
+    return i
 
 
 def _key(s: RankDirState) -> _Key:
@@ -100,6 +130,11 @@ class RankDirTracker:
         self._reads += 1
         self._read_no[path] = self._reads
         old = self._states.pop(path, None)
+        if old is not None and state is not None and _key(old) == _key(state) \
+                and BY_TIME_PATH(old) == BY_TIME_PATH(state):
+            self._states[path] = state
+            self._tallies[_key(old)].replace(old, state)
+            return
         if old is not None:
             tally = self._tallies[_key(old)]
             tally.remove(old)
@@ -160,9 +195,9 @@ class RankDirTracker:
             return self.batches(now_unix_s=now_unix_s, settings=settings, world_size=world_size, hints=hints)
         out = []
         for k in keys:
-            members = sorted(self._tallies[k].members.values(), key=BY_TIME_PATH)
-            out.append(evaluate_batch(members, now_unix_s=now_unix_s, settings=settings, world_size=world_size,
-                                      hint=hint))
+            tally = self._tallies[k]
+            out.append(evaluate_batch(tally.by_time, now_unix_s=now_unix_s, settings=settings, world_size=world_size,
+                                      hint=hint, by_path=tally.by_path))
         return sorted(out, key=lambda b: b.batch_id)
 
     # -- the reconcile pass ---------------------------------------------------------------------------------------
