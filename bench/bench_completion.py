@@ -19,7 +19,7 @@ then all markers but the last are written and the bench waits until everything i
 overflows inotify's queue for real); then the clock starts and the last marker is written ("overflow": an inotify
 overflow is injected right before it, so its reconcile pass runs while the marker lands) and stops when the driver
 gets the batch complete. ``gc s`` / ``full gc``: seconds in garbage collections (any thread) and full collections
-meanwhile (``--no-gc-freeze``: without ``profwatch/adapters/gc_freeze.py``, for comparison). ``reads`` counts the rank dirs read in between, ``full looks`` the full looks the watcher
+meanwhile, ``last update s`` the scan call that answered "complete" (``--no-gc-freeze``: without ``profwatch/adapters/gc_freeze.py``, for comparison). ``reads`` counts the rank dirs read in between, ``full looks`` the full looks the watcher
 asked for meanwhile (the overflow's; a supervisor re-arm). ``--cost``: one polling observer over the
 tree, counting stat/scandir calls, and this process's CPU seconds per wall second.
 """
@@ -89,6 +89,7 @@ class Driver:
         self.complete = threading.Event()
         self.complete_at = 0.0
         self.reads_at_complete = 0
+        self.last_update_s = 0.0  # how long the update that answered "complete" took
         self._stop = False
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -117,10 +118,12 @@ class Driver:
                 else:
                     arg = frozenset()
                 self.busy = True
+            t = time.monotonic()
             out = self.scan.update(arg, capture_id=CAPTURE, world_size=self.world)
             if out is not None and any(b.capture_id == CAPTURE and b.status == "complete" for b in out) \
                     and not self.complete.is_set():
                 self.complete_at = time.monotonic()
+                self.last_update_s = self.complete_at - t
                 self.reads_at_complete = self.scan.reader.reads
                 self.complete.set()
             with self.cv:
@@ -219,7 +222,7 @@ def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirRead
     finally:
         drv.close()
     return {"latency_s": latency, "reads": reads, "first_look_s": first_look_s, "overflows": overflows,
-            "full_looks": full_looks, "gc_s": gc_s, "gc_full": gc_full}
+            "full_looks": full_looks, "gc_s": gc_s, "gc_full": gc_full, "update_s": drv.last_update_s}
 
 
 def measure_polling_cost(prof: Path, poll_interval_s: float, window_s: float,
@@ -261,15 +264,18 @@ def main() -> None:
     ap.add_argument("--cost", action="store_true", help="also measure the polling observer's cost")
     ap.add_argument("--cost-window-s", type=float, default=10.0)
     ap.add_argument("--dir", default=None, help="where to build the trees (default: a temp dir)")
+    ap.add_argument("--tree", default=None, help="reuse this tree of build_scan_tree (one size: --ranks N) instead "
+                                                 "of building one (its markers are removed and rewritten)")
     ap.add_argument("--no-gc-freeze", action="store_true", help="scan without the GcFreezer (for comparison)")
     args = ap.parse_args()
     modes = args.modes.split(",")
     print(f"{'ranks':>6} {'mode':>9} {'latency s':>10} {'target s':>9} {'reads':>6} {'full looks':>10} "
-          f"{'first look s':>13} {'overflows':>10} {'gc s':>6} {'full gc':>7} {'load 1m':>8}", flush=True)
+          f"{'first look s':>13} {'overflows':>10} {'gc s':>6} {'full gc':>7} {'last update s':>13} {'load 1m':>8}",
+          flush=True)
     for n in (int(x) for x in args.ranks.split(",")):
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-            prof = Path(tmp) / "prof"
-            build_s = build_scan_tree(prof, n)
+            prof = Path(args.tree) if args.tree else Path(tmp) / "prof"
+            build_s = 0.0 if args.tree else build_scan_tree(prof, n)
             dirs = sorted((p for p in prof.iterdir() if p.is_dir()), key=lambda p: p.name)
             if args.files_per_rank:
                 for d in dirs:
@@ -281,6 +287,7 @@ def main() -> None:
                 print(f"{n:>6} {mode:>9} {m['latency_s']:>10.3f} {target:>9.1f} {m['reads']:>6.0f} "
                       f"{m['full_looks']:>10.0f} "
                       f"{m['first_look_s']:>13.1f} {m['overflows']:>10.0f} {m['gc_s']:>6.3f} {m['gc_full']:>7.0f} "
+                      f"{m['update_s']:>13.3f} "
                       f"{os.getloadavg()[0]:>8.2f}", flush=True)
             if args.cost:
                 listings = (("whole tree", pruned_scandir(())),
@@ -291,7 +298,8 @@ def main() -> None:
                     print(f"  polling cost at {n} rank dirs, {label} (interval {args.poll_interval_s:g} s): "
                           f"{cpu:.3f} CPU s per wall s, {calls_s:.0f} stat/scandir calls per s ({per_poll} per "
                           f"poll); tree built in {build_s:.0f} s", flush=True)
-            shutil.rmtree(prof, ignore_errors=True)
+            if not args.tree:
+                shutil.rmtree(prof, ignore_errors=True)
 
 
 if __name__ == "__main__":
