@@ -61,6 +61,14 @@ def test_small_trees_never_freeze_big_ones_do() -> None:
     assert gc.get_freeze_count() > 400  # the states (and their dicts) are frozen
 
 
+def test_a_full_look_at_a_big_tree_freezes_first() -> None:
+    freezer = GcFreezer(min_tree_dirs=100)
+    freezer.before_full_look(tree_dirs=99)
+    assert freezer.freezes == 0 and gc.get_freeze_count() == 0
+    freezer.before_full_look(tree_dirs=100)
+    assert freezer.freezes == 1 and gc.get_freeze_count() > 0
+
+
 def test_frozen_states_of_dropped_trees_are_freed_over_several_batches() -> None:
     freezer = GcFreezer(min_tree_dirs=100, freeze_after_reads=100)
     tracemalloc.start()

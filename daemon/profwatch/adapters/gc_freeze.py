@@ -9,9 +9,11 @@ into the permanent generation, which collections skip, in O(1). Frozen objects a
 counting when dropped (the state a re-read replaces, a tree the scanner forgets: none of them is part of a
 cycle), so freezing leaks nothing of theirs; only cyclic garbage frozen with them waits for the next refresh.
 
-Policy (:meth:`GcFreezer.after_reads`): only trees of at least ``min_tree_dirs`` rank dirs count (small trees
-never pay a noticeable collection). After ``freeze_after_reads`` of their reads, collect the young generations
-(``gc.collect(1)``: milliseconds; so young cyclic garbage is freed rather than frozen) and freeze. At the end of
+Policy (:meth:`GcFreezer.after_reads`, :meth:`GcFreezer.before_full_look`): only trees of at least
+``min_tree_dirs`` rank dirs count (small trees never pay a noticeable collection). After ``freeze_after_reads`` of
+their reads, and before each full look at one (after an inotify overflow watchdog has just re-armed a watch per
+directory: ~100k new long-lived objects at 16,384 ranks), collect the young generations (``gc.collect(1)``:
+milliseconds; so young cyclic garbage is freed rather than frozen) and freeze. At the end of
 a reconcile pass (every batch was just decided: no decision waits), at most every ``refresh_s``: unfreeze,
 collect fully and freeze again, so cyclic garbage frozen meanwhile is collected within ``refresh_s`` plus a pass.
 Source: the ``gc.freeze`` documentation (https://docs.python.org/3/library/gc.html#gc.freeze) and CPython 3.11's
@@ -62,9 +64,20 @@ class GcFreezer:
                 gc.collect(1)
             else:
                 return
-            gc.freeze()
-            self._reads = 0
-            self.freezes += 1
+            self._freeze()
+
+    def before_full_look(self, *, tree_dirs: int) -> None:
+        """A full look at a tree of ``tree_dirs`` rank dirs is about to walk it: freeze what lives now (big trees)."""
+        if tree_dirs < self.min_tree_dirs:
+            return
+        with self._lock:
+            gc.collect(1)
+            self._freeze()
+
+    def _freeze(self) -> None:
+        gc.freeze()
+        self._reads = 0
+        self.freezes += 1
 
 
 GC_FREEZER = GcFreezer()

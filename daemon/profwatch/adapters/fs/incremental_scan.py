@@ -77,6 +77,8 @@ class IncrementalScan:
             TreeUnavailable: a full look cannot list ``root`` (its ranks are unknown, not deleted).
         """
         reads = self.tracker.reads
+        if rank_dirs is None and self._gc is not None:
+            self._gc.before_full_look(tree_dirs=len(self.tracker))
         try:
             return self._update(rank_dirs, capture_id, world_size, hint)
         finally:
