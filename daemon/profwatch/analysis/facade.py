@@ -33,7 +33,7 @@ import structlog
 
 from profwatch.adapters.fs import staging
 from profwatch.adapters.outputs.report import write_report
-from profwatch.adapters.tools.kineto_reader import OP_COMPARE, analyze_torch_batch, compare_suspects
+from profwatch.adapters.tools.kineto_reader import OP_COMPARE, TraceRead, analyze_torch_batch, compare_suspects
 from profwatch.adapters.tools.kineto_reader import RECIPE as KINETO_RECIPE
 from profwatch.adapters.tools.msprof_analysis import (
     MsprofSession,
@@ -93,6 +93,7 @@ class Followup:
     prefetched: Mapping[str, tuple[Signature, RankTables]] | None = None
     reference: ReferenceSide | None = None
     """The reference to compare operator by operator (set by ``compare.attach_comparison``; ``reference_compare``)."""
+    prefetched_traces: Mapping[str, TraceRead] | None = None
 
     def hosts(self) -> dict[int, str]:
         """rank -> host: parsed from the rank dir names, overridden by the hostnames the ranks reported."""
@@ -112,7 +113,8 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
                   now_unix_s: float | None = None, armed_steps: Sequence[int] | None = None,
                   context: dict[str, Any] | None = None, enrich: bool = True,
                   progress: Progress | None = None,
-                  prefetched: Mapping[str, tuple[Signature, RankTables]] | None = None) -> AnalysisResult:
+                  prefetched: Mapping[str, tuple[Signature, RankTables]] | None = None,
+                  prefetched_traces: Mapping[str, TraceRead] | None = None) -> AnalysisResult:
     """Analyse one batch found by ``scan_tree``: the alert phase, then (``enrich``) the enrich phase.
 
     Args:
@@ -139,6 +141,8 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
             phase's verdict stands.
         prefetched: rank dir path -> (DB signature, tables) read as each rank dir completed
             (``own_tables_reader.TablePrefetcher``); the own-tables read uses those still valid.
+        prefetched_traces: rank dir path -> torch.profiler trace parsed as each rank dir finished
+            (``kineto_reader.TracePrefetcher``); the Kineto breakdown uses those whose file is unchanged.
 
     Returns:
         :class:`AnalysisResult`. Never raises for data or tool problems (unexpected exceptions become
@@ -177,7 +181,7 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
     own_runner = runner is None
     active_runner = runner if runner is not None else MsprofRunner(settings.msprof)
     follow = Followup(batch, work_dir, out_dir, settings, dict(hostnames or {}), job_world, dict(unusable),
-                      now_unix_s, prefetched=prefetched)
+                      now_unix_s, prefetched=prefetched, prefetched_traces=prefetched_traces)
     try:
         try:
             result = _alert_phase(result, follow, active_runner, progress)
@@ -250,7 +254,10 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
         staged_dirs = {r: str(staged / os.path.basename(os.path.normpath(p))) for r, p in batch.rank_dirs.items()}
         if progress is not None:
             progress("started", KINETO_RECIPE, None)
-        ev = analyze_torch_batch({r: Path(p) for r, p in staged_dirs.items()}, armed_steps=result.armed_steps)
+        ahead = {r: got for r, p in batch.rank_dirs.items() if (got := (f.prefetched_traces or {}).get(p)) is not None}
+        f.prefetched_traces = None
+        ev = analyze_torch_batch({r: Path(p) for r, p in staged_dirs.items()}, armed_steps=result.armed_steps,
+                                 prefetched=ahead)
         if progress is not None and KINETO_RECIPE in ev.recipes:
             progress("finished", KINETO_RECIPE, ev.recipes[KINETO_RECIPE])
     result.timings_s["tool"] = time.monotonic() - t

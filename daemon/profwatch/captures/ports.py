@@ -198,12 +198,14 @@ class BatchAnalyser:
     def __init__(self, settings: AnalysisSettings) -> None:
         import threading
 
+        from profwatch.adapters.tools.kineto_reader import TracePrefetcher
         from profwatch.adapters.tools.msprof_runner import MsprofRunner
         from profwatch.adapters.tools.own_tables_reader import TablePrefetcher
 
         self.settings = settings
         self.runner = MsprofRunner(settings.msprof)
         self.tables = TablePrefetcher(settings.own_tables_workers)  # Ascend ranks' own tables, read as each completes
+        self.traces = TracePrefetcher(settings.own_tables_workers)  # torch.profiler ranks' traces, parsed likewise
         self._lock = threading.Lock()
         self._batch_of: dict[str, str] = {}  # capture_id -> batch_id while it is analysed or enriched
         self._pending: dict[str, Any] = {}  # capture_id -> AnalysisResult waiting for its enrich phase
@@ -237,7 +239,8 @@ class BatchAnalyser:
             result = analyze_batch(batch, work_dir=work_dir, settings=self.settings.for_reference() if is_reference
                                    else self.settings, hostnames=dict(hostnames) or None,
                                    capture_reason=capture_reason, job_id=job_id, runner=self.runner, context=context,
-                                   enrich=False, prefetched=self.tables.take(capture_id) if capture_id else None)
+                                   enrich=False, prefetched=self.tables.take(capture_id) if capture_id else None,
+                                   prefetched_traces=self.traces.take(capture_id) if capture_id else None)
             if is_reference and capture_id:
                 with self._lock:
                     self._references[capture_id] = result
@@ -357,14 +360,17 @@ class BatchAnalyser:
         self.runner.cancel_all()
 
     def prefetch(self, capture_id: str, batch: BatchState) -> None:
-        """Queue the own-table reads of the batch's parsed Ascend rank dirs, each read once
-        (docs/msprof-analyze.md#own-tables)."""
-        if batch.kind != "ascend_pt" or not self.settings.own_tables:
-            return
+        """Queue the reads of the batch's parsed rank dirs, each read once: an Ascend rank's own tables
+        (docs/msprof-analyze.md#own-tables), a torch.profiler rank's Kineto trace (``TracePrefetcher``)."""
         done = {r: s.path for r, s in batch.ranks.items() if s.state == "parsed"}
-        if done:
+        if not done:
+            return
+        if batch.kind != "ascend_pt":
+            self.traces.submit(capture_id, done)
+        elif self.settings.own_tables:
             self.tables.submit(capture_id, done)
 
     def close(self) -> None:
         self.tables.close()
+        self.traces.close()
         self.runner.close()

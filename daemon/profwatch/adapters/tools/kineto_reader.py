@@ -15,11 +15,13 @@ import json
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import ijson
 
+from profwatch.adapters.tools.rank_prefetch import RankPrefetcher
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
 from profwatch.core.verdict.kineto import (
     CPU_COMPUTE_CATS,
@@ -106,13 +108,71 @@ def read_rank_trace(path: Path, *, rank: int | None = None) -> RankTrace:
     return tr
 
 
-def analyze_torch_batch(rank_dirs: Mapping[int, Path], *, armed_steps: Sequence[int] | None = None) -> ClusterEvidence:
+TraceFile = tuple[str, int, int]
+"""``(path relative to the rank dir, mtime_ns, size)`` of the trace a rank was judged on."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRead:
+    """One rank's trace parsed ahead of its batch's analysis (:class:`TracePrefetcher`): the file it was read from,
+    its header rank (``distributedInfo.rank``) and the parsed :class:`RankTrace`."""
+
+    file: TraceFile
+    header: int | None
+    trace: RankTrace
+
+
+def _newest_trace(rank_dir: Path) -> Path | None:
+    files = find_trace_files(rank_dir)
+    return max(files, key=lambda p: p.stat().st_mtime) if files else None
+
+
+def _trace_file(rank_dir: Path, path: Path) -> TraceFile:
+    st = path.stat()
+    return path.relative_to(rank_dir).as_posix(), st.st_mtime_ns, st.st_size
+
+
+def read_trace_ahead(rank: int, rank_dir: Path) -> TraceRead:
+    """Parse the trace :func:`analyze_torch_batch` would judge ``rank`` on (the newest in ``rank_dir``), as it
+    would, noting which file that was.
+
+    Raises:
+        TraceFormatError: no trace, a malformed one, or one that changed while it was read.
+        OSError: the dir or file cannot be read.
+        (The analysis then reads the rank itself and words the failure.)
+    """
+    path = _newest_trace(rank_dir)
+    if path is None:
+        raise TraceFormatError(f"no *.pt.trace.json in {rank_dir}")
+    file = _trace_file(rank_dir, path)
+    header = _header_rank(path)
+    trace = read_rank_trace(path, rank=rank)
+    if _trace_file(rank_dir, path) != file:
+        raise TraceFormatError(f"{path}: changed while it was read")
+    return TraceRead(file, header, trace)
+
+
+class TracePrefetcher(RankPrefetcher[TraceRead]):
+    """Parses each torch.profiler rank's trace once, as soon as the capture's scan sees its rank dir finished
+    (``trace.done``), on a pool of ``workers`` threads while the other ranks still write theirs
+    (``rank_prefetch.RankPrefetcher``); :meth:`take` hands a capture's reads (rank dir path -> :class:`TraceRead`)
+    to its analysis (``analyze_torch_batch(prefetched=...)``, which re-reads a rank whose trace file changed)."""
+
+    def __init__(self, workers: int = 4, max_captures: int = 8) -> None:
+        super().__init__(read_trace_ahead, workers, max_captures, thread_name="profwatch-traces")
+
+
+def analyze_torch_batch(rank_dirs: Mapping[int, Path], *, armed_steps: Sequence[int] | None = None,
+                        prefetched: Mapping[int, TraceRead] | None = None) -> ClusterEvidence:
     """Kineto breakdown of one staged torch_pt batch.
 
     Args:
         rank_dirs: rank -> rank dir (one trace per dir; the newest when several).
         armed_steps: the ``ProfilerStep#`` labels the capture was armed to record, when profwatch armed it (step
             alignment pairs ranks that recorded exactly those at any clock offset: ``summarize_traces``).
+        prefetched: rank -> its trace parsed ahead (:class:`TracePrefetcher`; the staged dir links the same
+            files): used when the file this call would read is the one it was parsed from (same relative path,
+            mtime and size) and the rank matches, else parsed here. The result is the same either way.
 
     Returns:
         ``ClusterEvidence(kind="torch_pt")`` with summaries, ``unusable_ranks`` (rank -> why: no trace, trace
@@ -129,14 +189,17 @@ def analyze_torch_batch(rank_dirs: Mapping[int, Path], *, armed_steps: Sequence[
     notes: list[str] = []
     paths: dict[int, str] = {}
     for rank, rdir in sorted(rank_dirs.items()):
-        files = find_trace_files(Path(rdir))
-        if not files:
+        path = _newest_trace(Path(rdir))
+        if path is None:
             unusable[rank] = f"no *.pt.trace.json in {rdir}"
             continue
-        path = max(files, key=lambda p: p.stat().st_mtime)
+        ahead = (prefetched or {}).get(rank)
         try:
-            header = _header_rank(path)
-            traces[rank] = read_rank_trace(path, rank=rank)
+            if ahead is not None and ahead.trace.rank == rank and ahead.file == _trace_file(Path(rdir), path):
+                header, traces[rank] = ahead.header, ahead.trace
+            else:
+                header = _header_rank(path)
+                traces[rank] = read_rank_trace(path, rank=rank)
         except (TraceFormatError, ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError,
                 UnicodeDecodeError) as exc:
             unusable[rank] = f"trace cannot be parsed: {exc}"

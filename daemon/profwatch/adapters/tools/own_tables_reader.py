@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from profwatch.adapters.tools.msprof_db import connect_ro
+from profwatch.adapters.tools.rank_prefetch import RankPrefetcher
 from profwatch.core.batches.prof_layout import ANALYSIS_DB, PROFILER_DB_RE, PROFILER_OUTPUT_DIR
 from profwatch.core.verdict.hardware import FreqSummary, summarise_freq
 from profwatch.core.verdict.own_tables import (
@@ -231,47 +230,11 @@ def read_batch_aicore(rank_dirs: Mapping[int, str | Path], *, workers: int = 4) 
     return {r: s for r, s in got.items() if s is not None}
 
 
-class TablePrefetcher:
+class TablePrefetcher(RankPrefetcher[tuple[Signature, RankTables]]):
     """Reads each rank dir's tables once, as soon as the capture's scan sees it parsed, on a pool of ``workers``
-    threads, while the other ranks are still parsing; :meth:`take` hands a capture's reads to its analysis
-    (``read_batch_tables(prefetched=...)``, which re-reads any whose DBs changed since). At most ``max_captures``
-    captures are kept (the oldest dropped first); the tables of one rank are small (its steps and collectives).
-    Thread-safe."""
+    threads, while the other ranks are still parsing (``rank_prefetch.RankPrefetcher``); :meth:`take` hands a
+    capture's reads (path -> (signature, tables)) to its analysis (``read_batch_tables(prefetched=...)``, which
+    re-reads any whose DBs changed since). The tables of one rank are small (its steps and collectives)."""
 
     def __init__(self, workers: int = 4, max_captures: int = 8) -> None:
-        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="profwatch-tables")
-        self._lock = threading.Lock()
-        self._reads: OrderedDict[str, dict[str, Future[tuple[Signature, RankTables]]]] = OrderedDict()
-        self._max = max_captures
-
-    def submit(self, key: str, rank_dirs: Mapping[int, str]) -> int:
-        """Queue the reads of ``rank_dirs`` (rank -> path) not yet asked for under ``key``; returns how many."""
-        with self._lock:
-            reads = self._reads.setdefault(key, {})
-            self._reads.move_to_end(key)
-            while len(self._reads) > self._max:
-                _, old = self._reads.popitem(last=False)
-                for fut in old.values():
-                    fut.cancel()
-            new = {r: p for r, p in rank_dirs.items() if p not in reads}
-            for rank, path in new.items():
-                reads[path] = self._pool.submit(_read_signed, rank, Path(path))
-        return len(new)
-
-    def take(self, key: str) -> dict[str, tuple[Signature, RankTables]]:
-        """The finished reads of ``key`` (path -> (signature, tables)), forgotten here; unfinished ones are
-        cancelled (the analysis reads those itself)."""
-        with self._lock:
-            reads = self._reads.pop(key, {})
-        out = {}
-        for path, fut in reads.items():
-            if fut.cancel():  # still queued: the analysis reads it itself
-                continue
-            try:
-                out[path] = fut.result()  # done, or running (finishing it is quicker than starting over)
-            except Exception:  # noqa: BLE001 - a failed read is read again by the analysis
-                continue
-        return out
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        super().__init__(_read_signed, workers, max_captures, thread_name="profwatch-tables")
