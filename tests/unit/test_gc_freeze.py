@@ -69,6 +69,16 @@ def test_a_full_look_at_a_big_tree_freezes_first() -> None:
     assert freezer.freezes == 1 and gc.get_freeze_count() > 0
 
 
+def test_an_overflow_freezes_only_once_a_big_tree_was_seen() -> None:
+    freezer = GcFreezer(min_tree_dirs=100)
+    freezer.after_reads(5, tree_dirs=99, pass_ended=False)
+    freezer.after_overflow()
+    assert freezer.freezes == 0
+    freezer.after_reads(1, tree_dirs=100, pass_ended=False)
+    freezer.after_overflow()
+    assert freezer.freezes == 1 and gc.get_freeze_count() > 0
+
+
 def test_frozen_states_of_dropped_trees_are_freed_over_several_batches() -> None:
     freezer = GcFreezer(min_tree_dirs=100, freeze_after_reads=100)
     tracemalloc.start()

@@ -9,10 +9,11 @@ into the permanent generation, which collections skip, in O(1). Frozen objects a
 counting when dropped (the state a re-read replaces, a tree the scanner forgets: none of them is part of a
 cycle), so freezing leaks nothing of theirs; only cyclic garbage frozen with them waits for the next refresh.
 
-Policy (:meth:`GcFreezer.after_reads`, :meth:`GcFreezer.before_full_look`): only trees of at least
-``min_tree_dirs`` rank dirs count (small trees never pay a noticeable collection). After ``freeze_after_reads`` of
-their reads, and before each full look at one (after an inotify overflow watchdog has just re-armed a watch per
-directory: ~100k new long-lived objects at 16,384 ranks), collect the young generations (``gc.collect(1)``:
+Policy (:meth:`GcFreezer.after_reads`, :meth:`GcFreezer.before_full_look`, :meth:`GcFreezer.after_overflow`):
+only trees of at least ``min_tree_dirs`` rank dirs count (small trees never pay a noticeable collection). After
+``freeze_after_reads`` of their reads, before each full look at one, and once watchdog has re-armed its watches
+after an inotify queue overflow while one is watched (a watch per directory: ~100k new long-lived objects at
+16,384 ranks, which the next full collection would otherwise traverse, on the read that completes a batch), collect the young generations (``gc.collect(1)``:
 milliseconds; so young cyclic garbage is freed rather than frozen) and freeze. At the end of
 a reconcile pass (every batch was just decided: no decision waits), at most every ``refresh_s``: unfreeze,
 collect fully and freeze again, so cyclic garbage frozen meanwhile is collected within ``refresh_s`` plus a pass.
@@ -42,6 +43,7 @@ class GcFreezer:
         self._clock = clock
         self._lock = threading.Lock()
         self._reads = 0
+        self._big = False  # a tree of min_tree_dirs was seen
         self._refreshed_at = clock()
         self.freezes = 0
         self.refreshes = 0
@@ -53,6 +55,7 @@ class GcFreezer:
         if tree_dirs < self.min_tree_dirs:
             return
         with self._lock:
+            self._big = True
             self._reads += reads
             now = self._clock()
             if pass_ended and now - self._refreshed_at >= self.refresh_s:
@@ -71,8 +74,16 @@ class GcFreezer:
         if tree_dirs < self.min_tree_dirs:
             return
         with self._lock:
+            self._big = True
             gc.collect(1)
             self._freeze()
+
+    def after_overflow(self) -> None:
+        """watchdog has re-armed its inotify watches after a queue overflow: freeze them when a big tree was seen."""
+        with self._lock:
+            if self._big:
+                gc.collect(1)
+                self._freeze()
 
     def _freeze(self) -> None:
         gc.freeze()

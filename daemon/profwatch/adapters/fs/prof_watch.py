@@ -46,6 +46,7 @@ from watchdog.observers.api import BaseObserver, ObservedWatch
 from watchdog.observers.polling import PollingObserverVFS
 
 from profwatch.adapters.fs.inotify_observer import WatchLimitCallback, make_inotify_observer
+from profwatch.adapters.gc_freeze import GC_FREEZER
 from profwatch.core.batches.mounts import fs_type_of, is_network_fs, parse_mountinfo
 from profwatch.core.batches.prof_layout import (
     PROFILER_METADATA,
@@ -410,6 +411,7 @@ class ProfWatcher:
     def _overflowed(self) -> None:
         log.warning("inotify_overflow_rescan")
         self.stats.overflows += 1
+        GC_FREEZER.after_overflow()  # watchdog's re-armed watches: out of full collections (adapters/gc_freeze.py)
         self.request_rescan()
 
     def _run(self) -> None:
