@@ -15,6 +15,7 @@ from profwatch.adapters.tools.own_tables_reader import TablePrefetcher, read_bat
 from profwatch.analysis.facade import AnalysisSettings, analyze_batch, enrich_analysis
 from profwatch.core.verdict.own_tables import combine_rank_tables
 from profwatch.simulate.ascend_tree import drop_table, generate_cluster
+from tests.conftest import wait_for
 
 
 def _settings() -> AnalysisSettings:
@@ -95,6 +96,7 @@ def test_prefetched_tables_are_used_unless_their_db_changed(tmp_path: Path) -> N
     try:
         assert fetcher.submit("cap", batch.rank_dirs) == 8
         assert fetcher.submit("cap", batch.rank_dirs) == 0  # a rank dir is read once
+        wait_for(lambda: fetcher.unfinished("cap") == 0, timeout_s=60)  # take() cancels reads still queued
         got = fetcher.take("cap")
     finally:
         fetcher.close()
