@@ -154,3 +154,16 @@ def test_step_run_records_the_common_reports_as_step_of_and_stops_before_the_oth
         assert (rs.last_step, rs.last_step_time_s, rs.last_ts_unix_s, rs.seen_unix_s, rs.left, rs.window.items()) == \
             (t.last_step, t.last_step_time_s, t.last_ts_unix_s, t.seen_unix_s, t.left, t.window.items())
     assert job.ranks[0].last_step == 8 and job.ranks[1].last_step == 8 and 3 not in job.ranks
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 5, 7])
+def test_recent_times_reads_the_ring_as_items_would(capacity: int) -> None:
+    """``StepWindow.recent_times`` reads the last step times from the ring (not through ``items``): the same values,
+    before the window is full, when it is just full, and at every position of the ring after."""
+    w = StepWindow(capacity)
+    for s in range(3 * capacity + 2):
+        for n in range(1, capacity + 3):
+            assert w.recent_times(n) == [t for _, t in w.items()[-n:]], (s, n)
+        w.append(s, s / 8)  # exact in float32
+    with pytest.raises(ValueError):
+        w.recent_times(0)

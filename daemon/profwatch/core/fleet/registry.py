@@ -189,7 +189,7 @@ class Registry:
         The new run takes the hello's shape and paths (re-pinned here, under the job's uid only), drops the old
         ranks and their node bindings, and admits the held hellos of its shape with that uid, from any node.
         """
-        if not job.ranks or self.alive_ranks(job, now):
+        if not job.ranks or self.any_alive(job, now):  # not alive_ranks: O(1) per hello while the job runs
             return None
         if not is_new_process(node_id, msg.peer_pid, msg.pid,
                               ((r.node_id, r.peer_pid, r.pid) for r in job.ranks.values())):
@@ -226,12 +226,17 @@ class Registry:
             ranks=(msg.rank,), nodes=(node_id,), opened_unix_s=now, admitted=tuple(sorted(admitted)),
             refused=tuple(refused))
 
+    def any_alive(self, job: JobState, now: float) -> bool:
+        """Whether a rank of ``job`` is alive (:meth:`alive_ranks` is not empty), stopping at the first."""
+        return any(self._alive(r, now) for r in job.ranks.values())
+
     def alive_ranks(self, job: JobState, now: float) -> list[int]:
         """Ranks of ``job`` that are alive: no bye, heard within ``max(rank_rebind_after_s, 3 x their last step
         time)`` (:func:`~profwatch.core.fleet.job_pins.alive_after_s`)."""
-        rebind = self.limits.rank_rebind_after_s
-        return [r.rank for r in job.ranks.values()
-                if not r.left and now - r.seen_unix_s < alive_after_s(rebind, r.last_step_time_s)]
+        return [r.rank for r in job.ranks.values() if self._alive(r, now)]
+
+    def _alive(self, r: RankState, now: float) -> bool:
+        return not r.left and now - r.seen_unix_s < alive_after_s(self.limits.rank_rebind_after_s, r.last_step_time_s)
 
     def _apply_hello(self, job: JobState, msg: wire.RankHello, node_id: str, now: float) -> RankState:
         r = job.ranks.get(msg.rank)

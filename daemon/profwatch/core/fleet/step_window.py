@@ -74,9 +74,18 @@ class StepWindow:
         return [(st, t, None if math.isnan(w) else w) for (st, t), w in zip(self.items(), wk, strict=True)]
 
     def recent_times(self, n: int) -> list[float]:
-        """Return up to the last ``n`` step times (seconds), oldest first."""
-        items = self.items()
-        return [t for _, t in items[-n:]]
+        """Return up to the last ``n`` step times (seconds), oldest first (``n >= 1``; read from the ring, not from
+        :meth:`items`: the registry asks every rank's last 20 each second)."""
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        k = min(n, self._n)
+        times = self._times
+        if self._n < self.capacity:
+            return times[self._n - k:].tolist()
+        h = self._head
+        if k <= h:
+            return times[h - k:h].tolist()
+        return times[self.capacity - (k - h):].tolist() + times[:h].tolist()
 
     def clear(self) -> None:
         """Forget everything (e.g. after a step counter restart)."""
