@@ -490,7 +490,7 @@ def _judge(result: AnalysisResult, ev: ClusterEvidence, f: Followup) -> None:
         slow_clock = [h for h in result.hardware if h["rank"] in named]
         if slow_clock:
             result.detail = (f"{result.detail}; " + "; ".join(
-                f"rank {h['rank']}'s AI Core ran at {h['mean_mhz']:.0f} MHz against its peers' {h['peers_mhz']:.0f}"
+                f"rank {h['rank']}'s AI Core ran at {h['busy_mhz']:.0f} MHz against its peers' {h['peers_mhz']:.0f}"
                 " MHz (hardware)" for h in slow_clock[:4]))
     if result.verdict_source == OWN_TABLES:
         result.notes.append("first verdict: judged on profwatch's own reading of each rank's tables "

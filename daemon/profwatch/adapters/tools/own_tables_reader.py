@@ -22,7 +22,7 @@ from typing import Any
 from profwatch.adapters.tools.msprof_db import connect_ro
 from profwatch.adapters.tools.rank_prefetch import RankPrefetcher
 from profwatch.core.batches.prof_layout import ANALYSIS_DB, PROFILER_DB_RE, PROFILER_OUTPUT_DIR
-from profwatch.core.verdict.hardware import FreqSummary, summarise_freq
+from profwatch.core.verdict.hardware import FreqSummary, summarise_sorted
 from profwatch.core.verdict.own_tables import (
     KIND_COMM,
     KIND_COMPUTE,
@@ -129,17 +129,26 @@ def _read_profiler_db(con: sqlite3.Connection, t: RankTables) -> None:
     t.memory_not_overlapped_us = memory_by_step(con.execute(_OVERLAP_SQL, (row[0],)), spans)
 
 
+_FREQ_DEV_SQL = ("SELECT deviceId FROM AICORE_FREQ GROUP BY deviceId ORDER BY COUNT(*) DESC, deviceId LIMIT 1")
+_FREQ_ROWS_SQL = (
+    "SELECT timestampNs, freq FROM AICORE_FREQ WHERE deviceId IS ? AND typeof(timestampNs) = 'integer' "
+    "AND typeof(freq) IN ('integer', 'real') AND freq > 0 AND freq < 1e6 AND timestampNs < ? AND timestampNs >= "
+    "COALESCE((SELECT MAX(timestampNs) FROM AICORE_FREQ WHERE deviceId IS ? AND typeof(timestampNs) = 'integer' "
+    "AND typeof(freq) IN ('integer', 'real') AND freq > 0 AND freq < 1e6 AND timestampNs <= ?), ?) "
+    "ORDER BY timestampNs, freq")
+
+
 def read_aicore_freq(con: sqlite3.Connection, start_ns: int, end_ns: int) -> FreqSummary | None:
-    """The rank's AI Core clock over ``[start_ns, end_ns)`` from ``AICORE_FREQ`` (``hardware.summarise_freq``);
-    when the table holds several devices, the one with the most rows (a rank drives one device). None without
-    rows."""
-    by_dev: dict[Any, list[tuple[Any, Any]]] = {}
-    for dev, ts, freq in con.execute("SELECT deviceId, timestampNs, freq FROM AICORE_FREQ"):
-        by_dev.setdefault(dev, []).append((ts, freq))
-    if not by_dev:
+    """The rank's AI Core clock over ``[start_ns, end_ns)`` from ``AICORE_FREQ`` (``hardware.summarise_sorted``);
+    when the table holds several devices, the one with the most rows (a rank drives one device). SQLite filters,
+    orders and streams the rows (the sample in force at ``start_ns`` and those inside the window; integer
+    timestamps and numeric, positive clocks only), so a table of millions of samples is read in bounded memory.
+    None without rows."""
+    dev = con.execute(_FREQ_DEV_SQL).fetchone()
+    if dev is None:
         return None
-    rows = max(by_dev.values(), key=len)
-    return summarise_freq(rows, start_ns, end_ns)
+    rows = con.execute(_FREQ_ROWS_SQL, (dev[0], end_ns, dev[0], start_ns, start_ns))
+    return summarise_sorted(((int(t), float(f)) for t, f in rows), start_ns, end_ns)
 
 
 def _step(value: Any) -> int:

@@ -9,16 +9,20 @@ ran slow nor compare it with its peers. Here:
 
 * :func:`summarise_freq`: one rank's time at each frequency over the captured steps' span, and the time-weighted
   mean (MHz);
-* :func:`below_peers`: a rank whose time-weighted mean is below the median of the ranks' means by more than
+* :func:`below_peers`: a rank whose time-weighted busy mean (idle clock left out, below) is below the median of the ranks' means by more than
   ``drop_frac`` (5 %: a clock step on these chips is 100 MHz or more, 5-6 % of 1800 MHz) ran slower hardware:
   kind ``hardware`` with its frequency, the peers', and how long it spent below them;
-* :func:`frequency_changes`: a rank both captures hold whose mean fell below its own reference mean by more than
+* :func:`frequency_changes`: a rank both captures hold whose busy mean fell below its own reference mean by more than
   ``drop_frac``: a :class:`~profwatch.core.verdict.changes.Change` of component ``hardware`` (``delta_s_per_step``
   None, ``detail`` the text).
 
 A slower clock explains a slow rank (or a slow group) without a software cause: compute scales with the clock, so a
-rank at 1200 MHz among peers at 1800 MHz does its kernels about 1.5x slower. Idle clocks (the device clocked down
-while it waited) lower a rank's mean too; the text gives the time at each frequency so a reader can tell.
+rank at 1200 MHz among peers at 1800 MHz does its kernels about 1.5x slower. Idle clocks are not a hardware cause:
+a device clocks down to its idle :data:`IDLE_MHZ` while it has nothing to run (a rank waiting for a slower peer at a
+collective, a data-loader stall), and msprof-analyze's ``freq_analysis`` lists {800, 1800} MHz apart as "free"
+ranks for that reason. So ranks are compared on :attr:`FreqSummary.busy_mhz`, the time-weighted mean over the time
+the clock was above idle (the idle clock itself when it never left it): a rank that idled more than its peers is not
+named; the time-weighted mean over all the time stays in ``mean_mhz``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from profwatch.core.verdict.robust import median
 
 DROP_FRAC = 0.05
 """Relative: a mean frequency this far below the peers' median (or the reference's) counts."""
+IDLE_MHZ = 800.0
+"""The AI Core's idle clock (MHz): msprof-analyze 26.2.0 ``freq_analysis`` reads a rank whose clocks are exactly
+{800, 1800} MHz as one that clocked down while idle ("FreeFrequencyRanks"), not as abnormal."""
 MAX_FINDINGS = 64
 """Ranks listed at most (the lowest first)."""
 
@@ -50,8 +57,22 @@ class FreqSummary:
         """Seconds the clock spent below ``mhz``."""
         return sum(s for f, s in self.at if f < mhz)
 
+    @property
+    def idle_s(self) -> float:
+        """Seconds the clock spent at or below :data:`IDLE_MHZ`."""
+        return sum(s for f, s in self.at if f <= IDLE_MHZ)
+
+    @property
+    def busy_mhz(self) -> float:
+        """Time-weighted mean frequency (MHz) over the time the clock was above :data:`IDLE_MHZ`; ``mean_mhz`` when
+        it never was (a clock held at idle or below the whole window)."""
+        busy = [(f, s) for f, s in self.at if f > IDLE_MHZ]
+        total = sum(s for _, s in busy)
+        return sum(f * s for f, s in busy) / total if total > 0 else self.mean_mhz
+
     def to_json(self) -> dict[str, Any]:
-        return {"mean_mhz": round(self.mean_mhz, 1), "min_mhz": round(self.min_mhz, 1),
+        return {"mean_mhz": round(self.mean_mhz, 1), "busy_mhz": round(self.busy_mhz, 1),
+                "min_mhz": round(self.min_mhz, 1),
                 "window_s": round(self.window_s, 6), "at": [[round(f, 1), round(s, 6)] for f, s in self.at]}
 
 
@@ -59,26 +80,40 @@ def summarise_freq(rows: Iterable[tuple[Any, Any]], start_ns: int, end_ns: int) 
     """Summarise ``AICORE_FREQ`` rows ``(timestampNs, freq MHz)`` over ``[start_ns, end_ns)``: each sample holds
     until the next one (the last until ``end_ns``); the sample in force at ``start_ns`` is the last one at or before
     it (else the window starts at the first sample). Rows with a non-numeric or non-positive value are skipped.
-    Returns None without a sample inside or before the window, or for an empty window."""
+    Rows with a non-numeric, infinite or non-positive value are skipped. Returns None without a sample inside or
+    before the window, or for an empty window."""
     clean: list[tuple[int, float]] = []
     for ts, freq in rows:
         try:
             t, f = int(ts), float(freq)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             continue
         if f > 0 and f == f and f < 1e6:
             clean.append((t, f))
-    if end_ns <= start_ns or not clean:
-        return None
     clean.sort()
-    before = [x for x in clean if x[0] <= start_ns]
-    inside = [x for x in clean if start_ns < x[0] < end_ns]
-    points = ([(start_ns, before[-1][1])] if before else []) + inside
-    if not points:
+    return summarise_sorted(clean, start_ns, end_ns)
+
+
+def summarise_sorted(rows: Iterable[tuple[int, float]], start_ns: int, end_ns: int) -> FreqSummary | None:
+    """:func:`summarise_freq` over clean rows ``(timestampNs int, freq MHz > 0)`` already in ascending
+    ``(timestampNs, freq)`` order, in one pass and constant memory (a table of millions of samples is read from
+    its cursor without a list); rows at or after ``end_ns`` end it."""
+    if end_ns <= start_ns:
         return None
     at: dict[float, float] = {}
-    for (t, f), nxt in zip(points, [*points[1:], (end_ns, 0.0)], strict=True):
-        at[f] = at.get(f, 0.0) + max(0, nxt[0] - t) / 1e9
+    cur: tuple[int, float] | None = None  # the sample in force, from its time (or start_ns)
+    for t, f in rows:
+        if t >= end_ns:
+            break
+        if t <= start_ns:
+            cur = (start_ns, f)
+            continue
+        if cur is not None and t > cur[0]:  # a later sample at the same time replaces it, holding for no time
+            at[cur[1]] = at.get(cur[1], 0.0) + (t - cur[0]) / 1e9
+        cur = (t, f)
+    if cur is None:
+        return None
+    at[cur[1]] = at.get(cur[1], 0.0) + (end_ns - cur[0]) / 1e9
     total = sum(at.values())
     if total <= 0:
         return None
@@ -92,37 +127,43 @@ def _text_at(s: FreqSummary) -> str:
 
 
 def below_peers(per_rank: Mapping[int, FreqSummary], *, drop_frac: float = DROP_FRAC) -> list[dict[str, Any]]:
-    """Ranks whose mean AI Core frequency is below the median of all ranks' means by more than ``drop_frac``, the
-    lowest first (at most :data:`MAX_FINDINGS`): ``{"rank", "kind": "hardware", "mean_mhz", "min_mhz",
-    "peers_mhz", "seconds_below", "window_s", "text"}``. Needs at least 3 ranks (the median of 2 is one of them);
-    [] otherwise."""
+    """Ranks whose busy AI Core frequency (:attr:`FreqSummary.busy_mhz`: idle time left out, so a rank that waited
+    more than its peers is not named) is below the median of all ranks' by more than ``drop_frac``, the lowest
+    first (at most :data:`MAX_FINDINGS`): ``{"rank", "kind": "hardware", "mean_mhz", "busy_mhz", "min_mhz",
+    "peers_mhz" (the peers' median busy MHz), "seconds_below", "idle_s", "window_s", "text"}``. Needs at least 3
+    ranks (the median of 2 is one of them); [] otherwise."""
     if len(per_rank) < 3:
         return []
-    peers = median([s.mean_mhz for s in per_rank.values()])
+    busy = {r: s.busy_mhz for r, s in per_rank.items()}
+    peers = median(list(busy.values()))
     limit = peers * (1.0 - drop_frac)
-    low = sorted((r for r, s in per_rank.items() if s.mean_mhz < limit), key=lambda r: (per_rank[r].mean_mhz, r))
+    low = sorted((r for r, b in busy.items() if b < limit), key=lambda r: (busy[r], r))
     out = []
     for r in low[:MAX_FINDINGS]:
         s = per_rank[r]
         below = s.seconds_below(limit)
-        out.append({"rank": r, "kind": "hardware", "mean_mhz": round(s.mean_mhz, 1), "min_mhz": round(s.min_mhz, 1),
-                    "peers_mhz": round(peers, 1), "seconds_below": round(below, 6), "window_s": round(s.window_s, 6),
-                    "text": f"rank {r}'s AI Core ran at {s.mean_mhz:.0f} MHz on average against its peers' "
+        idle = s.idle_s
+        idle_text = f", {idle:.3g} s of it at the idle {IDLE_MHZ:.0f} MHz" if idle > 0 else ""
+        out.append({"rank": r, "kind": "hardware", "mean_mhz": round(s.mean_mhz, 1), "busy_mhz": round(busy[r], 1),
+                    "min_mhz": round(s.min_mhz, 1), "peers_mhz": round(peers, 1), "seconds_below": round(below, 6),
+                    "idle_s": round(idle, 6), "window_s": round(s.window_s, 6),
+                    "text": f"rank {r}'s AI Core ran at {busy[r]:.0f} MHz on average while busy against its peers' "
                             f"{peers:.0f} MHz ({_text_at(s)}; {below:.3g} s of {s.window_s:.3g} s captured below "
-                            f"its peers): a hardware cause (clock throttled: power, thermal or a fault), which "
-                            "slows its compute without a software cause"})
+                            f"its peers{idle_text}): a hardware cause (clock throttled: power, thermal or a fault), "
+                            "which slows its compute without a software cause"})
     return out
 
 
 def frequency_changes(reference: Mapping[int, FreqSummary], now: Mapping[int, FreqSummary], *,
                       ranks: Sequence[int] | None = None, drop_frac: float = DROP_FRAC) -> list[Change]:
-    """Ranks held by both captures (within ``ranks`` when given) whose mean AI Core frequency fell below their own
-    reference mean by more than ``drop_frac``: one ``hardware`` :class:`Change` per (reference MHz, now MHz) pair,
+    """Ranks held by both captures (within ``ranks`` when given) whose busy AI Core frequency
+    (:attr:`FreqSummary.busy_mhz`: more idle time is not a hardware change) fell below their own reference's by
+    more than ``drop_frac``: one ``hardware`` :class:`Change` per (reference MHz, now MHz) pair,
     rounded to the MHz, listing its ranks (the largest drop first); [] when none fell."""
     both = sorted(set(reference) & set(now) & (set(ranks) if ranks is not None else set(reference)))
     groups: dict[tuple[int, int], list[int]] = {}
     for r in both:
-        a, b = reference[r].mean_mhz, now[r].mean_mhz
+        a, b = reference[r].busy_mhz, now[r].busy_mhz
         if b < a * (1.0 - drop_frac):
             groups.setdefault((round(a), round(b)), []).append(r)
     out = []
