@@ -21,8 +21,9 @@ from __future__ import annotations
 import re
 import time
 import zipfile
+import zlib
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from xml.etree import ElementTree as ET
 
 from profwatch.adapters.tools.msprof_runner import MsprofRunner, RunTicket, SpawnFailed
@@ -35,6 +36,16 @@ COMPARE_FLAGS = ("--enable_operator_compare", "--enable_communication_compare", 
 RESULT_GLOB = "performance_comparison_result_*.xlsx"
 MAX_XLSX_BYTES = 64 * 2**20
 """A workbook above this is not read (the summary sheets of one rank pair are a few hundred KB)."""
+MAX_XLSX_UNPACKED_BYTES = 256 * 2**20
+"""The parts read from a workbook may unpack to this much in all (sizes from the zip directory, which also bound
+what is decompressed): a small zip that unpacks to gigabytes (a zip bomb) is refused before it is read."""
+MAX_XLSX_CELLS = 2_000_000
+"""Cells a workbook's sheets may hold in all, counting the empty cells and rows its cell references skip to: a
+reference such as ``XFD1048576`` in a tiny sheet would otherwise allocate millions of them."""
+MAX_ROW = 1_048_576
+MAX_COL = 16_384
+"""A worksheet's rows and columns (ECMA-376 Part 1 section 18.3.1.73 and 18.3.1.4 reference ranges: rows 1 to
+1,048,576, columns A to XFD)."""
 _NS = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}"
 _REL_NS = "{http://schemas.openxmlformats.org/officeDocument/2006/relationships}"
 _CELL_RE = re.compile(r"^([A-Z]+)(\d+)$")
@@ -48,49 +59,99 @@ def _col_index(ref: str) -> int:
     m = _CELL_RE.match(ref or "")
     if not m:
         raise WorkbookError(f"bad cell reference {ref!r}")
+    if len(m.group(1)) > 3:
+        raise WorkbookError(f"cell reference {ref!r} beyond column XFD")
     n = 0
     for ch in m.group(1):
         n = n * 26 + (ord(ch) - 64)
+    if n > MAX_COL:
+        raise WorkbookError(f"cell reference {ref!r} beyond column XFD")
     return n - 1
+
+
+class _Budget:
+    """Cells left to allocate over a workbook's sheets (:data:`MAX_XLSX_CELLS`)."""
+
+    def __init__(self) -> None:
+        self.left = MAX_XLSX_CELLS
+
+    def take(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise WorkbookError(f"more than {MAX_XLSX_CELLS} cells (empty ones included)")
 
 
 def read_xlsx(path: Path) -> dict[str, list[list[Any]]]:
     """Every sheet of an .xlsx workbook: sheet name -> rows (from row 1, empty rows as []), each row its cells from
-    column A (None where empty; numbers as float, shared and inline strings as str, booleans as bool).
+    column A (None where empty; numbers as float, shared and inline strings as str, booleans as bool). Sheets are
+    parsed as they unpack (``iterparse``, each row cleared once read): memory follows the cells, not the XML.
 
     Raises:
-        WorkbookError: not a zip, a missing part, malformed XML, or above :data:`MAX_XLSX_BYTES`.
+        WorkbookError: not a zip, a missing part, malformed XML or cell data, above :data:`MAX_XLSX_BYTES`, parts
+            unpacking to more than :data:`MAX_XLSX_UNPACKED_BYTES`, or more than :data:`MAX_XLSX_CELLS` cells.
         OSError: the file cannot be read.
     """
     if Path(path).stat().st_size > MAX_XLSX_BYTES:
         raise WorkbookError(f"{path}: larger than {MAX_XLSX_BYTES} bytes")
     try:
         with zipfile.ZipFile(path) as z:
+            unpacked = [0]
+
+            def part(name: str) -> IO[bytes]:
+                unpacked[0] += z.getinfo(name).file_size  # zipfile stops a member's output at this size
+                if unpacked[0] > MAX_XLSX_UNPACKED_BYTES:
+                    raise WorkbookError(f"{path}: its parts unpack to more than {MAX_XLSX_UNPACKED_BYTES} bytes")
+                return z.open(name)
+
             names = set(z.namelist())
+            budget = _Budget()
             shared: list[str] = []
             if "xl/sharedStrings.xml" in names:
-                for si in ET.fromstring(z.read("xl/sharedStrings.xml")).iter(f"{_NS}si"):
-                    shared.append("".join(t.text or "" for t in si.iter(f"{_NS}t")))
-            rels = {r.get("Id"): r.get("Target", "") for r in ET.fromstring(z.read("xl/_rels/workbook.xml.rels"))}
+                with part("xl/sharedStrings.xml") as f:
+                    for _, si in ET.iterparse(f):
+                        if si.tag == f"{_NS}si":
+                            budget.take(1)
+                            shared.append("".join(t.text or "" for t in si.iter(f"{_NS}t")))
+                            si.clear()
+            with part("xl/_rels/workbook.xml.rels") as f:
+                rels = {r.get("Id"): r.get("Target", "") for r in ET.parse(f).getroot()}
+            with part("xl/workbook.xml") as f:
+                sheets = [(str(sh.get("name")), rels.get(sh.get(f"{_REL_NS}id"), ""))
+                          for sh in ET.parse(f).getroot().iter(f"{_NS}sheet")]
             out: dict[str, list[list[Any]]] = {}
-            for sheet in ET.fromstring(z.read("xl/workbook.xml")).iter(f"{_NS}sheet"):
-                target = rels.get(sheet.get(f"{_REL_NS}id"), "")
-                part = target.lstrip("/") if target.startswith("/") else f"xl/{target}"
-                out[str(sheet.get("name"))] = _sheet_rows(z.read(part), shared)
+            for name, target in sheets:
+                member = target.lstrip("/") if target.startswith("/") else f"xl/{target}"
+                with part(member) as f:
+                    out[name] = _sheet_rows(f, shared, budget)
             return out
-    except (zipfile.BadZipFile, KeyError, ET.ParseError) as exc:
+    except (zipfile.BadZipFile, KeyError, ET.ParseError, ValueError, EOFError,
+            NotImplementedError, RuntimeError, zlib.error) as exc:
+        if isinstance(exc, WorkbookError):
+            raise
         raise WorkbookError(f"{path}: {exc}") from exc
 
 
-def _sheet_rows(xml: bytes, shared: list[str]) -> list[list[Any]]:
+def _sheet_rows(f: IO[bytes], shared: list[str], budget: _Budget) -> list[list[Any]]:
     rows: list[list[Any]] = []
-    for row in ET.fromstring(xml).iter(f"{_NS}row"):
+    parent: ET.Element | None = None
+    for event, row in ET.iterparse(f, events=("start", "end")):
+        if event == "start":
+            if row.tag == f"{_NS}sheetData":
+                parent = row
+            continue
+        if row.tag != f"{_NS}row":
+            continue
         r = int(row.get("r") or len(rows) + 1)
+        if not 1 <= r <= MAX_ROW:
+            raise WorkbookError(f"row {r} outside 1..{MAX_ROW}")
+        budget.take(max(0, r - 1 - len(rows)) + 1)
         while len(rows) < r - 1:
             rows.append([])
         cells: list[Any] = []
         for c in row.iter(f"{_NS}c"):
-            i = _col_index(c.get("r") or "")
+            ref = c.get("r")
+            i = _col_index(ref) if ref else len(cells)  # r is optional: the next column
+            budget.take(max(0, i + 1 - len(cells)))
             cells.extend([None] * (i + 1 - len(cells)))
             t, v = c.get("t"), c.find(f"{_NS}v")
             if t == "inlineStr":
@@ -110,6 +171,9 @@ def _sheet_rows(xml: bytes, shared: list[str]) -> list[list[Any]]:
                 except ValueError:
                     cells[i] = v.text
         rows.append(cells)
+        row.clear()
+        if parent is not None and len(parent) and parent[0] is row:
+            parent.remove(row)  # read: the tree keeps no rows
     return rows
 
 
