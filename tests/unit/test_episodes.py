@@ -8,6 +8,7 @@ import pytest
 
 from profwatch.core.capture.arming import ArmingPolicy, ArmingSettings
 from profwatch.core.capture.episodes import Episode, JobEpisodes, episode_key, value_key
+from profwatch.core.capture.targeting import JobTopology
 from profwatch.core.detection.types import Anomaly
 
 T0 = 100_000.0
@@ -352,3 +353,36 @@ def test_the_waited_for_ranks_are_checked_against_the_capture() -> None:
     assert waited_ranks(cap, {"named": [2, 8, -1, True, "5"]}) == (4, 5, 6, 7)  # nothing believable named
     assert waited_ranks(cap, None) == () and waited_ranks(cap, "text") == ()
     assert waited_ranks(SimpleNamespace(rank_list=None, world_size=8), {"named": [6]}) == ()  # held every rank
+
+
+def test_a_follow_up_of_every_uncaptured_rank_of_a_large_job_fits_the_byte_cap() -> None:
+    # 1,024 ranks on 128 nodes; a targeted capture of rank 3's neighbourhood ends partial, its ranks waiting outside
+    # and the data naming no rank: the follow-up was all ~1,005 uncaptured ranks (63 GiB at the default 16 MiB per
+    # rank and step, 4 steps), larger than the 50 GiB hourly cap: never armed, and the episode never captured again
+    b, p = book()
+    topo = JobTopology(1024, {r: f"h{r // 8}" for r in range(1024)})
+    ep, _ = b.observe(out(100, (3,)), T0)
+    picked = b.next_arm(p, T0, capture_in_flight=False, topology=topo)
+    assert ep is not None and picked is not None and picked[1].rank_list is not None
+    b.history.record(picked[1], T0, "c1")
+    b.armed(ep.episode_id, "c1", T0, covered=picked[1].rank_list)
+    held = set(picked[1].rank_list)
+    b.capture_ended("c1", T0 + 30, "partial", waited=tuple(r for r in range(1024) if r not in held))
+    follow = b.next_arm(p, T0 + 100, capture_in_flight=False, topology=topo)
+    assert follow is not None and follow[1].action == "arm" and follow[1].target is not None, ep.waiting
+    assert follow[1].target.mode == "follow_up" and len(follow[1].rank_list or ()) <= 64 + 16
+
+
+def test_a_follow_up_larger_than_the_byte_cap_is_dropped_not_waited_for_forever() -> None:
+    b, p = book(max_capture_bytes_per_hour=40 * 4 * 16 * 2**20)  # 40 ranks' worth: a targeted capture (19) fits
+    topo = JobTopology(1024, {r: f"h{r // 8}" for r in range(1024)})
+    ep, _ = b.observe(out(100, (3,)), T0)
+    assert ep is not None and arm_next(b, p, T0, "c1", covered=(3,)) is ep
+    b.capture_ended("c1", T0 + 30, "partial", waited=tuple(range(100, 1024)))  # a sample of 64 + 16: 80 ranks
+    assert ep.follow_ranks
+    assert b.next_arm(p, T0 + 100, capture_in_flight=False, topology=topo) is None
+    assert ep.follow_ranks == () and ep.waiting != "larger_than_byte_cap"  # back to its own rules
+    b.observe(out(400, (3, 700), mag=0.9), T0 + 200)  # it grows to a new rank: captured again, a plain target
+    again = b.next_arm(p, T0 + 200, capture_in_flight=False, topology=topo)
+    assert again is not None and again[0] is ep and again[1].target is not None
+    assert again[1].target.mode == "targeted"

@@ -125,12 +125,17 @@ def test_a_follow_up_covers_the_ranks_the_last_capture_waited_for() -> None:
     one = plan_follow_up([3000], topo, TargetingSettings())  # one named rank: planned as a suspect with its peers
     assert one.mode == "follow_up" and one.rank_list is not None and 3000 in one.rank_list
     assert one.roles[3000] == "suspect" and "follow-up" in one.detail and len(one.rank_list) == 19
-    many = list(range(2048, 4096))  # not named: every uncaptured rank, plus references from the rest
+    many = list(range(2048, 4096))  # not named: every uncaptured rank; a sample of them, plus references
     t = plan_follow_up(many, topo, TargetingSettings())
-    assert t.mode == "follow_up" and t.rank_list is not None and set(many) <= set(t.rank_list)
+    assert t.mode == "follow_up" and t.rank_list is not None
+    sampled = [r for r, role in t.roles.items() if role == "waited_for"]
     refs = [r for r, role in t.roles.items() if role == "reference"]
-    assert len(refs) == 16 and all(r < 2048 for r in refs) and len(t.rank_list) == 2048 + 16
-    assert "2048 ranks the last capture waited for" in t.detail
+    assert len(sampled) == 64 and set(sampled) <= set(many) and len({HOSTS_4096[r] for r in sampled}) == 64
+    assert len(refs) == 16 and all(r < 2048 for r in refs) and len(t.rank_list) == 64 + 16
+    assert "a sample of 64 over 64 of their 256 nodes of the 2048 ranks the last capture waited for" in t.detail
+    few = plan_follow_up(list(range(2048, 2068)), topo, TargetingSettings())  # 20: each of them
+    assert {r for r, role in few.roles.items() if role == "waited_for"} == set(range(2048, 2068))
+    assert "every one of the 20 ranks" in few.detail
     nine = plan_follow_up([5, 4096, -1, *range(100, 109)], topo, TargetingSettings(max_suspects=8))  # 10 in range
     assert nine.rank_list is not None and {5, *range(100, 109)} <= set(nine.rank_list) and 4096 not in nine.rank_list
     small = plan_follow_up([3], JobTopology(64, {}), TargetingSettings())  # a small job: captured whole

@@ -259,6 +259,15 @@ class JobEpisodes:
                                     episode_captured_unix_s=ep.captured_unix_s, rotating=bool(ep.rotation),
                                     episode_unchanged=ep.unchanged_since_capture(self.settings.recapture_growth),
                                     follow_ranks=ep.follow_ranks)
+            if ep.follow_ranks and d.action == "suppress" and d.reason == "larger_than_byte_cap":
+                # a follow-up that can never fit the hourly byte cap would hold the episode for good: dropped, the
+                # episode is decided as before it was asked (its cooldown and unchanged rules again)
+                ep.follow_ranks, ep.new_ranks = (), False
+                self._touch(ep)
+                d = self.history.decide(policy, ep.anomaly(), now_unix_s, capture_in_flight=capture_in_flight,
+                                        stalled_ranks=stalled_ranks, topology=topology,
+                                        episode_captured_unix_s=ep.captured_unix_s, rotating=bool(ep.rotation),
+                                        episode_unchanged=ep.unchanged_since_capture(self.settings.recapture_growth))
             own = d.action == "suppress" and d.reason not in JOB_HOLDS
             if held_by is not None:
                 if own:

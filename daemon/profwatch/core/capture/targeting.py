@@ -187,8 +187,10 @@ def plan_targets(ranks: Sequence[int], topo: JobTopology, settings: TargetingSet
 def plan_follow_up(waited: Sequence[int], topo: JobTopology, settings: TargetingSettings) -> Target:
     """The ranks of a follow-up capture: ``waited`` are the ranks a targeted capture's ranks waited for and did not
     hold (one named rank, or every uncaptured one when the verdict could not name them). At most
-    ``max_suspects`` of them: :func:`plan_targets` with them as suspects (mode ``follow_up``); more: every one of
-    them (role ``waited_for``) plus ``reference_ranks`` ranks spread over the other nodes' ranks. Deterministic;
+    ``max_suspects`` of them: :func:`plan_targets` with them as suspects (mode ``follow_up``); more: a sample of
+    them (role ``waited_for``) of at most ``sample_ranks`` (one rank on each of their nodes first, then more spread
+    evenly over them, as a job-wide capture's sample) plus ``reference_ranks`` ranks spread over the others: every
+    uncaptured rank of a 1,024-rank job was a follow-up larger than the hourly byte cap, never armed. Deterministic;
     ranks outside ``0..world_size-1`` are ignored; an empty ``waited`` gives the job-wide sample."""
     world = topo.world_size
     wanted = sorted({r for r in waited if 0 <= r < world})
@@ -198,13 +200,25 @@ def plan_follow_up(waited: Sequence[int], topo: JobTopology, settings: Targeting
             return t
         return Target(t.rank_list, "follow_up", f"follow-up of the ranks the last capture waited for: {t.detail}",
                       t.roles, t.nodes_covered)
-    roles: dict[int, Role] = {r: "waited_for" for r in wanted}
-    rest = [r for r in range(world) if r not in roles]
-    for r in _spread(rest, settings.reference_ranks):
-        roles[r] = "reference"
+    nodes: dict[str, list[int]] = {}
+    for r in wanted:
+        nodes.setdefault(topo.hosts.get(r) or f"?{r}", []).append(r)
+    firsts = [rs[len(rs) // 2] for rs in sorted(nodes.values(), key=lambda rs: rs[0])]
+    roles: dict[int, Role] = {r: "waited_for" for r in _spread(firsts, settings.sample_ranks)}
+    if len(roles) < settings.sample_ranks:
+        for r in _spread([r for r in wanted if r not in roles], settings.sample_ranks - len(roles)):
+            roles[r] = "waited_for"
+    sampled = len(roles)
+    waited_set = set(wanted)
+    rest = [r for r in range(world) if r not in waited_set]
+    for r in _spread(rest or [r for r in wanted if r not in roles], settings.reference_ranks):
+        roles.setdefault(r, "reference")
     covered = {topo.hosts.get(r) or f"?{r}" for r in roles}
-    detail = (f"follow-up capture of {len(roles)} of {world} ranks: the {len(wanted)} ranks the last capture waited "
-              f"for and did not hold (not named by its data), and {len(roles) - len(wanted)} reference ranks")
+    which = ("every one" if sampled == len(wanted) else
+             f"a sample of {sampled} over {min(len(nodes), sampled)} of their {len(nodes)} nodes")
+    detail = (f"follow-up capture of {len(roles)} of {world} ranks: {which} of the {len(wanted)} ranks the last "
+              f"capture waited for and did not hold (not named by its data), and {len(roles) - sampled} reference "
+              "ranks")
     return Target(tuple(sorted(roles)), "follow_up", detail, roles, len(covered))
 
 
