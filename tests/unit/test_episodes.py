@@ -386,3 +386,19 @@ def test_a_follow_up_larger_than_the_byte_cap_is_dropped_not_waited_for_forever(
     again = b.next_arm(p, T0 + 200, capture_in_flight=False, topology=topo)
     assert again is not None and again[0] is ep and again[1].target is not None
     assert again[1].target.mode == "targeted"
+
+
+def test_a_partial_capture_that_shows_the_culprit_rotating_asks_no_follow_up() -> None:
+    # the third own capture names a third different top rank and its ranks waited outside: the culprit rotates, so
+    # the episode is not captured again; a follow-up asked then was shown by status as queued for good
+    b, p = book(rotation_captures=3, min_arm_gap_s=0)
+    ep, _ = b.observe(out(10, (0,)), T0)
+    assert ep is not None
+    for i, top in enumerate((0, 3)):
+        assert arm_next(b, p, T0 + 1000 * i, f"c{i}", covered=(top,)) is ep
+        b.capture_ended(f"c{i}", T0 + 1000 * i + 30, "ok", named=(top,))
+        b.observe(out(20 + i, (top + 3,)), T0 + 1000 * i + 40)  # a new rank: captured again without the cooldown
+    assert arm_next(b, p, T0 + 3000, "c2", covered=(6,)) is ep
+    evs = b.capture_ended("c2", T0 + 3030, "partial", named=(6,), waited=(100, 101))
+    assert [e.type for e in evs] == ["io.profwatch.culprit_rotates.v1"] and ep.rotation == (0, 3, 6)
+    assert ep.follow_ranks == ()

@@ -90,7 +90,7 @@ class EpisodeDesk:
         for row in self.store.episodes(job_ids=list(self.jobs)):
             try:
                 ep = Episode.from_json(row)
-            except (KeyError, TypeError, ValueError) as exc:
+            except (KeyError, TypeError, ValueError, ArithmeticError) as exc:  # Infinity in a rank: OverflowError
                 log.warning("episode_row_unreadable", error=repr(exc))
                 continue
             self.book(ep.job_id).restore([ep])

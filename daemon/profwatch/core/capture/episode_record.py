@@ -81,6 +81,14 @@ class EpisodeCapture:
                    float(level) if level is not None else None, bool(d.get("follow_up", False)))
 
 
+def _follow_ranks(value: Any) -> tuple[int, ...]:
+    """A stored ``follow_ranks``: its non-negative integer ranks, sorted, once each; a request for a follow-up only,
+    so what is not a list of ranks drops the follow-up, not the episode (``()``)."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(sorted({r for r in value if isinstance(r, int) and not isinstance(r, bool) and 0 <= r < 1 << 31}))
+
+
 @dataclass(slots=True)
 class Episode:
     """One anomaly episode of one job (mutable; owned by :class:`JobEpisodes`).
@@ -215,7 +223,7 @@ class Episode:
             waiting=str(d.get("waiting", "")), waiting_until_unix_s=float(until) if until is not None else None,
             waiting_behind=str(d.get("waiting_behind", "")),
             not_before_unix_s=float(d.get("not_before_unix_s", 0.0)),
-            follow_ranks=tuple(int(r) for r in d.get("follow_ranks") or ()))
+            follow_ranks=_follow_ranks(d.get("follow_ranks")))
 
     def summary(self) -> dict[str, Any]:
         """The short form carried by events: id, kind, scope, ranks, magnitudes, steps, captures."""

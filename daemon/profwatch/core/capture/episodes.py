@@ -98,7 +98,8 @@ class JobEpisodes:
         hourly and byte caps), covering those ranks (:attr:`Episode.follow_ranks`,
         :func:`~profwatch.core.capture.targeting.plan_follow_up`); a follow-up's own ``partial`` asks for none (one
         per capture that was not itself a follow-up), nor does a fixed ``[arming] rank_list`` (it would capture the
-        same ranks again).
+        same ranks again) nor an episode whose culprit rotates (it is not captured again). A follow-up larger than the
+        byte cap itself is dropped in :meth:`next_arm`.
 
         Memory: at most :data:`MAX_OPEN` open and :data:`MAX_CLOSED` closed episodes, :data:`MAX_CAPTURES` captures
         each.
@@ -353,16 +354,6 @@ class JobEpisodes:
             if ep.waiting == "capture_in_flight":
                 ep.waiting = ""
             self._touch(ep)
-            if (status == "partial" and waited and ep.closed_unix_s is None and self.settings.rank_list is None
-                    and any(c.own and not c.follow_up for c in hit)):
-                ep.follow_ranks = tuple(sorted(set(waited)))
-                ep.new_ranks = True
-                shown = ", ".join(str(r) for r in ep.follow_ranks[:16]) + (", ..." if len(waited) > 16 else "")
-                out.append(self._event(
-                    TYPE_EPISODE_UPDATED, ep, f"-follow-{capture_id}", reason="follow_up", capture_id=capture_id,
-                    follow_ranks=list(ep.follow_ranks[:64]), follow_count=len(ep.follow_ranks),
-                    text=f"capture {capture_id}'s ranks waited for ranks it did not hold: a follow-up capture of "
-                           f"ranks {shown} is queued (through the job's capture budget)"))
             n = self.settings.rotation_captures
             tops = [c.named[0] for c in ep.captures if c.own and c.named]
             if not ep.rotation and ep.closed_unix_s is None and _rotates(tops, n):
@@ -372,6 +363,17 @@ class JobEpisodes:
                     TYPE_CULPRIT_ROTATES, ep, "", rotation=list(ep.rotation),
                     detail=f"culprit rotates: ranks {text} in the last {n} captures: load imbalance, e.g. MoE "
                            "routing; not captured again as a slow rank"))
+            if (status == "partial" and waited and ep.closed_unix_s is None and not ep.rotation
+                    and self.settings.rank_list is None
+                    and any(c.own and not c.follow_up for c in hit)):
+                ep.follow_ranks = tuple(sorted(set(waited)))
+                ep.new_ranks = True
+                shown = ", ".join(str(r) for r in ep.follow_ranks[:16]) + (", ..." if len(ep.follow_ranks) > 16 else "")
+                out.append(self._event(
+                    TYPE_EPISODE_UPDATED, ep, f"-follow-{capture_id}", reason="follow_up", capture_id=capture_id,
+                    follow_ranks=list(ep.follow_ranks[:64]), follow_count=len(ep.follow_ranks),
+                    text=f"capture {capture_id}'s ranks waited for ranks it did not hold: a follow-up capture of "
+                           f"ranks {shown} is queued (through the job's capture budget)"))
         return out
 
     # -- views ----------------------------------------------------------------------------------------------------------
