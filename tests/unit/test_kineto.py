@@ -173,3 +173,18 @@ def test_reader_truncated_and_missing(tmp_path: Path):
     (tmp_path / "x.pt.trace.json").write_text('{"traceEvents": []}')
     with pytest.raises(TraceFormatError):
         read_rank_trace(tmp_path / "x.pt.trace.json")
+
+
+def test_a_trace_gone_between_listing_and_reading_is_not_a_crash(tmp_path: Path):
+    # a dangling link in a rank dir (a staged link whose file was deleted, or a trace removed while the batch is
+    # read): analyze_torch_batch raised FileNotFoundError from picking the newest trace, losing the whole verdict
+    d0 = _rank_dir(tmp_path, 0, cpu_rank(40))
+    d1 = _rank_dir(tmp_path, 1, cpu_rank(60))
+    (d1 / "zz.pt.trace.json").symlink_to(tmp_path / "deleted.pt.trace.json")
+    ev = analyze_torch_batch({0: d0, 1: d1})
+    assert ev.recipes["kineto_breakdown"].status == "ok" and ev.unusable_ranks == {}
+    only = tmp_path / "only_dangling_torch_pt"
+    only.mkdir()
+    (only / "a.pt.trace.json").symlink_to(tmp_path / "deleted.pt.trace.json")
+    ev = analyze_torch_batch({0: d0, 1: d1, 2: only})
+    assert ev.unusable_ranks == {2: f"no *.pt.trace.json in {only}"}

@@ -123,8 +123,17 @@ class TraceRead:
 
 
 def _newest_trace(rank_dir: Path) -> Path | None:
-    files = find_trace_files(rank_dir)
-    return max(files, key=lambda p: p.stat().st_mtime) if files else None
+    """The newest trace of ``rank_dir`` (the first of equal mtimes in :func:`find_trace_files` order); a file that
+    cannot be stat'ed (deleted since it was listed, a dangling link) is not one. None without any."""
+    best: tuple[float, Path] | None = None
+    for p in find_trace_files(rank_dir):
+        try:
+            mtime = p.stat().st_mtime
+        except OSError:
+            continue
+        if best is None or mtime > best[0]:
+            best = (mtime, p)
+    return best[1] if best is not None else None
 
 
 def _trace_file(rank_dir: Path, path: Path) -> TraceFile:
@@ -286,10 +295,10 @@ def compare_suspects(rank_dirs: Mapping[int, Path], suspects: Sequence[int],
     t0 = time.monotonic()
 
     def per_step(rank: int) -> tuple[dict[str, float], int]:
-        files = find_trace_files(Path(rank_dirs[rank]))
-        if not files:
+        newest = _newest_trace(Path(rank_dirs[rank]))
+        if newest is None:
             raise TraceFormatError(f"no *.pt.trace.json in {rank_dirs[rank]}")
-        totals, windows = op_totals(max(files, key=lambda p: p.stat().st_mtime))
+        totals, windows = op_totals(newest)
         if not windows:
             raise TraceFormatError(f"rank {rank}: no ProfilerStep window in its trace")
         return {k: v / windows for k, v in totals.items()}, windows
