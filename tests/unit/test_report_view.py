@@ -181,3 +181,15 @@ def test_comparison_of_odd_types_renders_without_them(odd: dict) -> None:
     cmp = parse_comparison({"headline": "h", "step_time_baseline_s": 0.1, **odd})
     assert cmp is not None and cmp.step.baseline_ms == pytest.approx(100.0)
     assert "What changed" in render_html({"comparison": {"headline": "h", **odd}}, [])
+
+
+def test_a_suspect_whose_ai_core_clock_ran_low_says_so_in_the_headline_and_its_row() -> None:
+    ev = make_evidence(8, slow={5: 1.5})
+    data = {"status": "ok", "suspects": [{"rank": 5, "score": 0.9, "kind": "compute", "evidence": {"summary": "why"}},
+                                         {"rank": 2, "score": 0.3, "kind": "host", "evidence": {}}],
+            "hardware": [{"rank": 5, "mean_mhz": 1200.0, "peers_mhz": 1800.0}, {"rank": "x"}, "junk",
+                         {"rank": 2, "mean_mhz": None, "peers_mhz": 1800.0}]}
+    view = build_view(data, ev.summaries)
+    assert view.headline.subject == "rank 5 (compute; AI Core 1200 MHz, peers 1800 MHz (hardware))"
+    assert view.suspects[1].kind == "host"  # a malformed entry adds nothing
+    assert build_view({**data, "hardware": "bad"}, ev.summaries).suspects[0].kind == "compute"

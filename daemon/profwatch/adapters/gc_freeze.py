@@ -4,7 +4,7 @@ interpreter's ``gc`` module is the I/O here).
 The tracker of a 16,384-rank tree holds ~260k container objects (rank dir states, observations, DB-check cache
 entries) that live as long as the tree is watched. A full collection traverses every one of them (~0.16 s at
 16,384 ranks, more under load) and CPython starts one whenever enough objects survived younger collections, so
-one can land on the very read that completes a batch (issue 25). ``gc.freeze()`` moves every object tracked now
+one can land on the very read that completes a batch. ``gc.freeze()`` moves every object tracked now
 into the permanent generation, which collections skip, in O(1). Frozen objects are still freed by reference
 counting when dropped (the state a re-read replaces, a tree the scanner forgets: none of them is part of a
 cycle), so freezing leaks nothing of theirs; only cyclic garbage frozen with them waits for the next refresh.

@@ -154,7 +154,7 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
     put = attach_detail(res.comparison, merge_ranks(per_rank), source=source)
     res.comparison.setdefault("detail_ranks", sorted(per_rank))
     return RecipeStatus(REFERENCE_COMPARE, "ok",
-                        f"ranks {sorted(per_rank)} against the reference's same ranks ({source}): {put} entries"
+                        f"ranks {sorted(per_rank)} against the reference's same ranks ({source}): {put} {'entry' if put == 1 else 'entries'}"
                         + (f"; failed: {'; '.join(failed)}" if failed else ""),
                         rows=put, phase="enrich", duration_s=took, peak_rss_bytes=peak or None), notes
 

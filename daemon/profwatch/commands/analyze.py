@@ -206,7 +206,7 @@ def _human(res: AnalysisResult) -> str:
 @click.option("--timeout-s", type=click.FloatRange(min=1), default=None, help="Per msprof-analyze command.")
 @click.option("--baseline", "baseline_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="A healthy reference capture of the same job: each verdict gains `changes` (what changed since it: "
-                   "compute, communication, host, software; docs/changes.md).")
+                   "compute, communication, host, software, hardware; docs/changes.md).")
 @click.option("--baseline-batch", default=None, help="The reference batch id when BASELINE holds several.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="TOML config; its [analysis] section gives the settings (flags override).")

@@ -65,6 +65,7 @@ format = "json"
     def _start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         e = dict(os.environ)
         e.update(env or {})
+        e["PYTHONSAFEPATH"] = "1"  # `-m` must not import a `profwatch` folder in the cwd (e.g. a clone's) instead
         with open(self.root / "logs" / f"{name}.log", "ab") as log:  # the child keeps its own copy
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "profwatch.cli", *args, "--config", str(self.cfg)], env=e, stdout=log,

@@ -165,6 +165,7 @@ def launch_job(spec: JobSpec) -> RunningJob:
             "PROFWATCH_PROFILER_CONFIG_PATH": str(spec.profiler_config_path),
             "PROFWATCH_PROF_ROOT": str(spec.prof_root), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
             "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "PYTHONSAFEPATH": "1",  # `-m` must not import a `profwatch` folder in the cwd instead (Python >= 3.11)
         })
         env.update(spec.extra_env)
         args = [sys.executable, "-m", "profwatch.simulate.train_job", "--mode", spec.mode,

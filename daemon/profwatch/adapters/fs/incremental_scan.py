@@ -8,7 +8,7 @@ restart, the reconcile timer) walks the tree once (``find_rank_dirs``, names onl
 slices of at most ``WatchSettings.reconcile_slice_s``; ``reconciling`` stays true until the pass has read them
 all, and each later call resumes it. Completion is always decided from files read, never from an event
 (docs/field-cases.md#fc-18). Each update tells the process's ``GcFreezer`` how many dirs it read, so a big tree's
-long-lived state stays out of full garbage collections (``profwatch/adapters/gc_freeze.py``, issue 25).
+long-lived state stays out of full garbage collections (``profwatch/adapters/gc_freeze.py``).
 """
 
 from __future__ import annotations

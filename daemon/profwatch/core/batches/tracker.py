@@ -5,7 +5,7 @@ A watch event names a rank dir; the adapter (``daemon/profwatch/adapters/fs/incr
 dir, evaluates it (:func:`~profwatch.core.batches.completeness.evaluate_rank_dir`) and hands the state to
 :meth:`RankDirTracker.update`, which replaces the dir's state and adjusts its batch's counts in O(1) and its
 members, kept sorted in both orders ``evaluate_batch`` reads, in O(log N) (a new or vanished dir: one O(N) list
-move), so deciding a batch sorts nothing (16,384 dirs: ~20 ms instead of ~100 ms, issue 25). The counts
+move), so deciding a batch sorts nothing (16,384 dirs: ~20 ms instead of ~100 ms). The counts
 only say *when* a decision is possible (:meth:`RankDirTracker.ready`: every expected rank has a dir and none is
 still appearing, parsing or unknown); the decision itself stays with
 :func:`~profwatch.core.batches.completeness.evaluate_batch` and ``group_rank_dirs``, exactly as a full scan makes it

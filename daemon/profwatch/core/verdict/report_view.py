@@ -481,6 +481,20 @@ def _mapping(v: Any) -> Mapping[str, Any]:
     return v if isinstance(v, Mapping) else {}
 
 
+def hardware_kinds(raw: Any) -> dict[int, str]:
+    """rank -> ``"; AI Core 1200 MHz, peers 1800 MHz"`` for the ranks of a verdict's ``hardware`` list (their clock
+    ran below their peers': ``profwatch.core.verdict.hardware.below_peers``), appended to a suspect's kind so the
+    headline and the suspects table say the cause; malformed entries are skipped."""
+    out: dict[int, str] = {}
+    for h in raw if isinstance(raw, list) else []:
+        if not isinstance(h, Mapping) or not isinstance(h.get("rank"), int):
+            continue
+        mhz, peers = _fnum(h.get("mean_mhz")), _fnum(h.get("peers_mhz"))
+        if mhz is not None and peers is not None:
+            out[int(h["rank"])] = f"; AI Core {mhz:.0f} MHz, peers {peers:.0f} MHz (hardware)"
+    return out
+
+
 def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
                generated: str = "") -> ReportView:
     """The whole report's content for one batch; never raises on missing optional keys."""
@@ -489,10 +503,12 @@ def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
     suspects: list[SuspectRow] = []
     valid = [s for s in data.get("suspects") or [] if isinstance(s, Mapping) and isinstance(s.get("rank"), int)
              and _fnum(s.get("score") or 0.0) is not None]  # ours always are; a hand-edited report.json may not be
+    clocks = hardware_kinds(data.get("hardware"))
     for pos, s in enumerate(valid, start=1):
         ev = _mapping(s.get("evidence"))
         rank, score = int(s["rank"]), float(s.get("score") or 0.0)
-        suspects.append(SuspectRow(pos, rank, score, grade_of(score, ev), str(s.get("kind") or "unknown"),
+        kind = str(s.get("kind") or "unknown") + clocks.get(rank, "")
+        suspects.append(SuspectRow(pos, rank, score, grade_of(score, ev), kind,
                                    s.get("hostname") or None, str(ev.get("summary") or ""), s.get("rank_dir"),
                                    by_rank.get(rank), parse_impact(s.get("impact"))))
     status, detail = str(data.get("status") or ""), str(data.get("detail") or "")
