@@ -135,3 +135,21 @@ def test_replay_counts_a_record_out_of_the_wire_bounds_as_a_bad_line() -> None:
     res = replay_lines(lines)
     assert res["records"] == 5 and res["bad_lines"]["count"] == 1 and res["bad_lines"]["lines"][0]["line"] == 3
     assert "step_time_s" in res["bad_lines"]["lines"][0]["error"]
+
+
+@pytest.mark.parametrize("change", [
+    {"rank": "0"}, {"rank": True}, {"step": 1.0}, {"step": "1"}, {"step_time_s": "0.1"}, {"ts_unix_s": "1.0"},
+    {"capturing": "yes"}, {"capturing": 1}, {"work": "5"}, {"stages": {"fwd": "0.5"}}, {"flags": "eval"},
+], ids=range(11))
+def test_replay_refuses_the_types_the_live_wire_refuses(change: dict[str, object]) -> None:
+    """The live wire parses rank messages strictly ("rank": "0", true or 1.0 are refused); replay took them,
+    converted (a "rank": true replayed as rank 1)."""
+    from profwatch.commands.replay import replay_lines
+    from profwatch.core.messages import MessageRejected, parse_rank_message
+
+    with pytest.raises(MessageRejected):
+        parse_rank_message(json.dumps({"kind": "step"} | _STEP | change))
+    lines = [json.dumps(_STEP | {"world_size": 2, "step": s, "ts_unix_s": 1.0 + s}) for s in range(1, 4)]
+    lines.append(json.dumps(_STEP | {"world_size": 2, "step": 4, "ts_unix_s": 5.0} | change))
+    res = replay_lines(lines)
+    assert res["records"] == 3 and res["bad_lines"]["count"] == 1 and res["bad_lines"]["lines"][0]["line"] == 4

@@ -196,7 +196,9 @@ def _parsed(lines: Iterable[str]) -> Iterator[tuple[int, TelemetryRecord | BaseE
         if not text:
             continue
         try:
-            yield no, TelemetryRecord.model_validate(json.loads(text))
+            # strict, as the live wire parses a rank message (profwatch.core.messages): "rank": "3", true or 1.0,
+            # "capturing": "yes" are refused there, so they are bad lines here
+            yield no, TelemetryRecord.model_validate_json(text, strict=True)
         except (ValueError, ValidationError, TypeError, RecursionError) as exc:
             yield no, exc
 
