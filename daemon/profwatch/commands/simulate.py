@@ -10,6 +10,7 @@ Nothing here is torch_npu; everything it writes says so in its metadata.
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from pathlib import Path
 from typing import Literal, get_args
@@ -124,7 +125,7 @@ def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, s
     for t in targets:
         if t.exists() and any(t.glob("*_ascend_pt")):
             raise click.UsageError(f"{t} already holds rank dirs; pick an empty or new folder (nothing was written)")
-    cid = capture_id or f"sim-{int(time.time())}"
+    cid = capture_id or f"sim-{int(time.time())}-{secrets.token_hex(3)}"  # two trees in one second differ
     if pair:
         generate_cluster(targets[0], world_size=world_size, steps=steps, export_type=export_type,
                          with_marker=not no_marker, capture_id=f"{cid}-reference", seed=seed)
@@ -136,6 +137,9 @@ def tree(out: Path, world_size: int, slow: str | None, host_bound: str | None, s
     if pair:
         click.echo(f"wrote {len(dirs)} healthy rank dirs under {targets[0]} and {len(dirs)} regressed ones under "
                    f"{targets[1]} (seed {seed})")
+        if not (slow_f or host_f or link_f or clock or ops):
+            click.echo("note: no slowdown was asked for (--slow, --host-bound, --slow-link, --job-wide, --throttle, "
+                       "--slow-op): the two captures are the same job, a no-change pair", err=True)
     else:
         click.echo(f"wrote {len(dirs)} simulated rank dirs under {out}")
 
