@@ -225,3 +225,13 @@ def test_a_batch_past_max_messages_is_cut_the_same_way_on_both_paths() -> None:
         assert len(good) == 10 and [b.reason for b in bad] == ["bad_value"] and "more than 10" in bad[0].detail
     env, good, bad = parse_node_message(head + b",".join(honest[:10]) + b"]}", max_messages=10)
     assert len(good) == 10 and bad == []
+
+
+@pytest.mark.parametrize("envelope", [{"hostname": "messages"}, {"hostname": "a \"messages\" b"}],
+                         ids=["hostname", "quoted"])
+def test_a_batch_split_for_one_bad_message_keeps_the_rest_whatever_its_envelope_says(envelope: dict[str, Any]) -> None:
+    """The split path found the messages array by the first '"messages"' in the text: a node whose hostname is
+    "messages" had every message of a batch with one bad message refused (bad_schema), the fast path none."""
+    clean = parse_node_message(_batch(None, **envelope))
+    env, good, bad = parse_node_message(_batch(json.dumps(_step(rank="x")).encode(), **envelope))
+    assert env.hostname == envelope["hostname"] and len(good) == len(clean[1]) > 0 and len(bad) == 1

@@ -373,6 +373,36 @@ def _names_version(envelope: str) -> bool:
     return isinstance(head, dict) and "v" in head
 
 
+def _messages_key(text: str) -> int:
+    """Where the top-level ``"messages"`` key of a batch's JSON text starts, or -1: the envelope's members before it
+    are read as JSON one by one (a value such as ``"hostname": "messages"`` is not the key); the first occurrence
+    of the text when that read fails."""
+    decoder = json.JSONDecoder()
+    ws = " \t\r\n"
+    pos = len(text) - len(text.lstrip(ws))
+    if not text.startswith("{", pos):
+        return text.find('"messages"')
+    pos += 1
+    try:
+        while True:
+            while pos < len(text) and text[pos] in ws + ",":
+                pos += 1
+            at = pos
+            name, pos = decoder.raw_decode(text, pos)
+            while pos < len(text) and text[pos] in ws:
+                pos += 1
+            if not isinstance(name, str) or not text.startswith(":", pos):
+                break
+            if name == "messages":
+                return at
+            while pos + 1 < len(text) and text[pos + 1] in ws:
+                pos += 1
+            _, pos = decoder.raw_decode(text, pos + 1)
+    except (ValueError, RecursionError):
+        pass
+    return text.find('"messages"')
+
+
 def _split_batch(data: bytes, max_messages: int) -> tuple[Any, list[Any], list[MessageRejected]]:
     """Slow path: decode a batch that failed as a whole, element by element, keeping every good message.
 
@@ -382,7 +412,7 @@ def _split_batch(data: bytes, max_messages: int) -> tuple[Any, list[Any], list[M
     :data:`MAX_RESYNC` unreadable ones (the work stays linear in the batch size).
     """
     text = data.decode("utf-8", errors="surrogateescape")
-    key = text.find('"messages"')
+    key = _messages_key(text)
     start = text.find("[", key) if key >= 0 else -1
     if start < 0:
         raise MessageRejected("bad_schema", "no messages array")
