@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sqlite3
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.tools.own_tables_reader import read_aicore_freq
+from profwatch.adapters.tools.own_tables_reader import read_aicore_freq, read_rank_aicore, read_rank_tables
 from profwatch.core.verdict.hardware import FreqSummary, below_peers, frequency_changes, summarise_freq
 
 S = 1_000_000_000  # ns per second
@@ -130,3 +131,22 @@ def test_the_reader_streams_a_table_of_many_samples() -> None:
     assert s is not None and s.window_s == pytest.approx(0.1) and s.busy_mhz == pytest.approx(1800.0)
     assert s.mean_mhz == pytest.approx(1550.0, rel=1e-3)
     assert peak < 2_000_000  # a list of the rows would hold ~100,000 tuples (several MB)
+
+
+@pytest.mark.parametrize("end", [1e30, float("inf"), "soon"], ids=["huge", "infinite", "text"])
+def test_a_hostile_step_span_does_not_raise_out_of_the_rank_reads(tmp_path: Path, end: object) -> None:
+    # a STEP_TIME endNs stored as REAL 1e30 (or Infinity, or text): the clock read raised OverflowError (the int
+    # did not bind to SQLite, or int(inf)), failing the whole batch's analysis
+    out = tmp_path / "rank0" / "ASCEND_PROFILER_OUTPUT"
+    out.mkdir(parents=True)
+    con = sqlite3.connect(out / "ascend_pytorch_profiler_0.db")
+    con.execute("CREATE TABLE STEP_TIME (id INTEGER, startNs INTEGER, endNs)")
+    con.execute("INSERT INTO STEP_TIME VALUES (1, 0, ?)", (end,))
+    con.execute("CREATE TABLE AICORE_FREQ (deviceId INTEGER, timestampNs INTEGER, freq INTEGER)")
+    con.executemany("INSERT INTO AICORE_FREQ VALUES (?, ?, ?)", [(0, 0, 1800), (0, S, 1200)])
+    con.commit()
+    con.close()
+    got = read_rank_aicore(tmp_path / "rank0")
+    assert got is None or got.min_mhz == 1200.0
+    tables = read_rank_tables(0, tmp_path / "rank0")  # never raises for bad data: a note instead
+    assert tables.aicore is None or tables.aicore.min_mhz == 1200.0

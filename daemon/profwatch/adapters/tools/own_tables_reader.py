@@ -101,6 +101,8 @@ def read_rank_tables(rank: int, rank_dir: Path) -> RankTables:
             con.close()
     except sqlite3.Error as exc:
         t.notes.append(f"{prof.name} unreadable: {exc}")
+    except (TypeError, ValueError, ArithmeticError) as exc:  # a STEP_TIME bound of text or infinity
+        t.notes.append(f"{prof.name} holds a value that is not a number where one is needed: {exc}")
     return t
 
 
@@ -138,6 +140,11 @@ _FREQ_ROWS_SQL = (
     "ORDER BY timestampNs, freq")
 
 
+def _i64(ns: int) -> int:
+    """``ns`` clamped to SQLite's INTEGER (signed 64-bit)."""
+    return max(-(2**63), min(2**63 - 1, ns))
+
+
 def read_aicore_freq(con: sqlite3.Connection, start_ns: int, end_ns: int) -> FreqSummary | None:
     """The rank's AI Core clock over ``[start_ns, end_ns)`` from ``AICORE_FREQ`` (``hardware.summarise_sorted``);
     when the table holds several devices, the one with the most rows (a rank drives one device). SQLite filters,
@@ -147,7 +154,8 @@ def read_aicore_freq(con: sqlite3.Connection, start_ns: int, end_ns: int) -> Fre
     dev = con.execute(_FREQ_DEV_SQL).fetchone()
     if dev is None:
         return None
-    rows = con.execute(_FREQ_ROWS_SQL, (dev[0], end_ns, dev[0], start_ns, start_ns))
+    lo, hi = _i64(start_ns), _i64(end_ns)  # a step span from a REAL 1e30 would not bind (OverflowError)
+    rows = con.execute(_FREQ_ROWS_SQL, (dev[0], hi, dev[0], lo, lo))
     return summarise_sorted(((int(t), float(f)) for t, f in rows), start_ns, end_ns)
 
 
@@ -225,7 +233,7 @@ def read_rank_aicore(rank_dir: Path) -> FreqSummary | None:
             return read_aicore_freq(con, int(span[0]), int(span[1]))
         finally:
             con.close()
-    except (sqlite3.Error, TypeError, ValueError):
+    except (sqlite3.Error, TypeError, ValueError, ArithmeticError):  # an infinite span: OverflowError
         return None
 
 
