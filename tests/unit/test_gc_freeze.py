@@ -130,3 +130,25 @@ def test_incremental_scan_reports_its_reads(tmp_path: Path) -> None:
         out = scan.update((), capture_id="cap", world_size=4)
     assert [b.status for b in out if b.capture_id == "cap"] == ["complete"]
     assert freezer.freezes == 1 and gc.get_freeze_count() > 0
+
+
+def test_full_looks_that_come_before_any_pass_ends_still_refresh() -> None:
+    # a busy big tree: each scan is a full look (more changed dirs than the watcher lists), each starts a new pass
+    # that never reaches its end; every full look froze the process's cyclic garbage and none refreshed
+    clock = _Clock()
+    freezer = GcFreezer(min_tree_dirs=1, freeze_after_reads=10**9, refresh_s=60.0, clock=clock)
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # type: ignore[attr-defined]
+    alive = weakref.ref(a)
+    freezer.before_full_look(tree_dirs=1)
+    del a, b
+    for t in range(0, 600, 30):  # ten minutes of full looks every 30 s
+        clock.now = float(t)
+        freezer.before_full_look(tree_dirs=1)
+        freezer.after_reads(5, tree_dirs=1, pass_ended=False)
+    assert freezer.refreshes >= 9 and alive() is None
+    assert gc.get_freeze_count() > 0

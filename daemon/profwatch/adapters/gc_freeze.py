@@ -15,8 +15,8 @@ only trees of at least ``min_tree_dirs`` rank dirs count (small trees never pay 
 after an inotify queue overflow while one is watched (a watch per directory: ~100k new long-lived objects at
 16,384 ranks, which the next full collection would otherwise traverse, on the read that completes a batch), collect the young generations (``gc.collect(1)``:
 milliseconds; so young cyclic garbage is freed rather than frozen) and freeze. At the end of
-a reconcile pass (every batch was just decided: no decision waits), at most every ``refresh_s``: unfreeze,
-collect fully and freeze again, so cyclic garbage frozen meanwhile is collected within ``refresh_s`` plus a pass.
+a reconcile pass (every batch was just decided: no decision waits), before a full look and after an overflow, at
+most every ``refresh_s``: unfreeze, collect fully and freeze again, so cyclic garbage frozen meanwhile is collected within ``refresh_s`` plus a pass.
 Source: the ``gc.freeze`` documentation (https://docs.python.org/3/library/gc.html#gc.freeze) and CPython 3.11's
 ``Modules/gcmodule.c`` (the full collection rule ``long_lived_pending > long_lived_total / 4``).
 """
@@ -70,20 +70,34 @@ class GcFreezer:
             self._freeze()
 
     def before_full_look(self, *, tree_dirs: int) -> None:
-        """A full look at a tree of ``tree_dirs`` rank dirs is about to walk it: freeze what lives now (big trees)."""
+        """A full look at a tree of ``tree_dirs`` rank dirs is about to walk it: freeze what lives now (big trees),
+        refreshing first when ``refresh_s`` passed: a full look starts a new reconcile pass, so full looks that
+        come faster than a pass ends (a busy tree: more changed dirs than the watcher lists) would otherwise freeze
+        the process's cyclic garbage for good."""
         if tree_dirs < self.min_tree_dirs:
             return
         with self._lock:
             self._big = True
+            self._collect_and_freeze()
+
+    def _collect_and_freeze(self) -> None:
+        """Refresh (unfreeze, full collection) when ``refresh_s`` passed since the last one, else collect the young
+        generations; then freeze. Lock held."""
+        now = self._clock()
+        if now - self._refreshed_at >= self.refresh_s:
+            gc.unfreeze()
+            gc.collect()
+            self._refreshed_at = now
+            self.refreshes += 1
+        else:
             gc.collect(1)
-            self._freeze()
+        self._freeze()
 
     def after_overflow(self) -> None:
         """watchdog has re-armed its inotify watches after a queue overflow: freeze them when a big tree was seen."""
         with self._lock:
             if self._big:
-                gc.collect(1)
-                self._freeze()
+                self._collect_and_freeze()
 
     def _freeze(self) -> None:
         gc.freeze()
