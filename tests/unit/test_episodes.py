@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -402,3 +403,19 @@ def test_a_partial_capture_that_shows_the_culprit_rotating_asks_no_follow_up() -
     evs = b.capture_ended("c2", T0 + 3030, "partial", named=(6,), waited=(100, 101))
     assert [e.type for e in evs] == ["io.profwatch.culprit_rotates.v1"] and ep.rotation == (0, 3, 6)
     assert ep.follow_ranks == ()
+
+
+def test_the_follow_ranks_of_a_huge_job_are_stored_as_runs_and_read_back_bounded() -> None:
+    # every uncaptured rank of a 100,000-rank job: a list of them was ~690 KB in every save of the episode
+    b, p = book()
+    ep, _ = b.observe(reg(50), T0)
+    assert ep is not None and arm_next(b, p, T0, "c1", covered=(0, 1)) is ep
+    held = {0, 1, 500, 70_000}
+    b.capture_ended("c1", T0 + 30, "partial", waited=tuple(r for r in range(100_000) if r not in held))
+    row = ep.to_json()
+    assert len(json.dumps(row)) < 4_000 and row["follow_count"] == 100_000 - 4 and len(row["follow_ranks"]) == 64
+    assert Episode.from_json(json.loads(json.dumps(row))).follow_ranks == ep.follow_ranks
+    hostile = row | {"follow_spans": [[0, 10**12], [9, 3], ["a", 4], [True, 2], 7]}
+    back = Episode.from_json(hostile).follow_ranks
+    assert len(back) == 1 << 21 and back[0] == 0  # clipped, the malformed runs left out
+    assert Episode.from_json(row | {"follow_spans": "0-5"}).follow_ranks == ()

@@ -178,7 +178,9 @@ def render_episode(ep: Mapping[str, Any]) -> list[str]:
                      "again")
     follow = ep.get("follow_ranks") or []
     if follow:
-        shown = ", ".join(map(str, follow[:16])) + (f", ... ({len(follow)} ranks)" if len(follow) > 16 else "")
+        given = ep.get("follow_count")
+        count = given if isinstance(given, int) else len(follow)
+        shown = ", ".join(map(str, follow[:16])) + (f", ... ({count} ranks)" if count > 16 else "")
         lines.append(f"    follow-up queued: its last capture's ranks waited for ranks {shown}, not captured")
     wait = ep.get("waiting")
     if wait and (ep.get("queue_position") or wait != "capture_in_flight"):

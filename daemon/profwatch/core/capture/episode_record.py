@@ -81,6 +81,39 @@ class EpisodeCapture:
                    float(level) if level is not None else None, bool(d.get("follow_up", False)))
 
 
+SHOWN_FOLLOW = 64
+"""``follow_ranks`` of :meth:`Episode.to_json` lists at most this many (the view and the status); every one is in
+``follow_spans``."""
+MAX_FOLLOW_RANK = 1 << 21
+"""Ranks at or above this are not read back from ``follow_spans`` (above any world size the wire takes)."""
+
+
+def _spans(ranks: tuple[int, ...]) -> list[list[int]]:
+    """Sorted distinct ``ranks`` as ``[[first, last], ...]`` runs of consecutive ranks: the uncaptured ranks of a
+    100,000-rank job are a few runs (a list of them was ~690 KB in every save of the episode)."""
+    out: list[list[int]] = []
+    for r in ranks:
+        if out and r == out[-1][1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return out
+
+
+def _from_spans(value: Any) -> tuple[int, ...]:
+    """Inverse of :func:`_spans` for a stored row: runs that are not two integers ``0 <= first <= last`` are left
+    out, ranks clipped below :data:`MAX_FOLLOW_RANK` (a hostile ``[0, 1e12]`` would not allocate its range);
+    ``()`` when it is not a list."""
+    if not isinstance(value, list):
+        return ()
+    out: set[int] = set()
+    for span in value:
+        if (isinstance(span, list) and len(span) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                              for x in span) and 0 <= span[0] <= span[1]):
+            out.update(range(span[0], min(span[1], MAX_FOLLOW_RANK - 1) + 1))
+    return tuple(sorted(out))
+
+
 def _follow_ranks(value: Any) -> tuple[int, ...]:
     """A stored ``follow_ranks``: its non-negative integer ranks, sorted, once each; a request for a follow-up only,
     so what is not a list of ranks drops the follow-up, not the episode (``()``)."""
@@ -198,7 +231,8 @@ class Episode:
             "rotation": list(self.rotation), "closed_unix_s": self.closed_unix_s, "close_reason": self.close_reason,
             "waiting": self.waiting, "waiting_until_unix_s": self.waiting_until_unix_s,
             "waiting_behind": self.waiting_behind, "not_before_unix_s": self.not_before_unix_s,
-            "follow_ranks": list(self.follow_ranks), "value": "repeat" if self.is_repeat else "new"}
+            "follow_ranks": list(self.follow_ranks[:SHOWN_FOLLOW]), "follow_count": len(self.follow_ranks),
+            "follow_spans": _spans(self.follow_ranks), "value": "repeat" if self.is_repeat else "new"}
         if now_unix_s is not None:
             out["age_s"] = round(max(0.0, now_unix_s - self.opened_unix_s), 3)
         return out
@@ -223,7 +257,8 @@ class Episode:
             waiting=str(d.get("waiting", "")), waiting_until_unix_s=float(until) if until is not None else None,
             waiting_behind=str(d.get("waiting_behind", "")),
             not_before_unix_s=float(d.get("not_before_unix_s", 0.0)),
-            follow_ranks=_follow_ranks(d.get("follow_ranks")))
+            follow_ranks=(_from_spans(d["follow_spans"]) if "follow_spans" in d
+                          else _follow_ranks(d.get("follow_ranks"))))
 
     def summary(self) -> dict[str, Any]:
         """The short form carried by events: id, kind, scope, ranks, magnitudes, steps, captures."""
