@@ -106,6 +106,9 @@ def test_a_compare_that_times_out_keeps_the_changes_and_says_so(pair: Path, tmp_
     assert changes["compute"]["detail"] is None and changes["communication"]["detail"] is None
     assert any("behind the changes since the reference is incomplete" in n and "timeout" in n
                for n in res.alert_data()["notes"]), res.notes
+    # one stuck compare is enough: the second rank is not run to its timeout too (it held the enrich slot as long)
+    assert any("not compared (the compare before it ended timeout)" in n for n in res.notes), res.notes
+    assert res.recipes[REFERENCE_COMPARE].duration_s < 2 * 1.5
     assert not any(p.pid for p in runner.running())
 
 

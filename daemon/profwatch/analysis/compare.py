@@ -100,7 +100,8 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
     ``compute`` / ``communication`` change into its ``detail`` (``change_detail.attach_detail``): Ascend rank
     dirs with ``msprof-analyze compare`` through ``runner`` (a ``MsprofRunner``; its timeout and memory cap,
     enrich priority; one rank after the other), torch.profiler traces with their per-operator totals. A rank whose comparison fails is
-    left out; the changes keep ``detail`` None when every one fails. Returns the recipe's status and the notes
+    left out; after a compare that timed out or was killed at the memory cap (and none succeeded) the remaining
+    ranks are not run (each would hold the enrich slot as long), and the notes say so; the changes keep ``detail`` None when every one fails. Returns the recipe's status and the notes
     to add to the verdict (failures). Never raises for tool or data problems."""
     t0 = time.monotonic()
     notes: list[str] = []
@@ -121,6 +122,11 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
     steps_ref = _steps(ref_rows)
     steps_now = _steps(now_summaries)
     for r in ranks:
+        if last_state in ("timeout", "oom") and not per_rank and failed:
+            # the same tool on a rank pair of the same capture: a run stuck until the timeout (or killed at the
+            # memory cap) would be again, holding the enrich slot another timeout_s each
+            failed.append(f"rank {r}: not compared (the compare before it ended {last_state})")
+            continue
         try:
             if res.kind == "ascend_pt" and ref.kind == "ascend_pt":
                 sheets, status = compare_rank(runner, Path(now_dirs[r]), Path(ref.rank_dirs[ref.ref_rank(r)]), out_dir,
