@@ -85,6 +85,8 @@ def test_a_rank_that_idled_more_than_its_peers_is_not_named_as_hardware() -> Non
     assert "idle 800 MHz" in f["text"]
     ranks[7] = steady(800.0)  # held at the idle clock through the steps: the clock itself is low
     assert [f["rank"] for f in below_peers(ranks)] == [7, 6]
+    ranks[0] = FreqSummary(1250.0, 700.0, 1.0, ((700.0, 0.5), (1800.0, 0.5)))  # below idle is throttled, not idle
+    assert ranks[0].idle_s == 0.0 and [f["rank"] for f in below_peers(ranks)] == [7, 0, 6]
 
 
 def test_more_idle_time_than_the_reference_is_not_a_hardware_change() -> None:

@@ -21,7 +21,7 @@ rank at 1200 MHz among peers at 1800 MHz does its kernels about 1.5x slower. Idl
 a device clocks down to its idle :data:`IDLE_MHZ` while it has nothing to run (a rank waiting for a slower peer at a
 collective, a data-loader stall), and msprof-analyze's ``freq_analysis`` lists {800, 1800} MHz apart as "free"
 ranks for that reason. So ranks are compared on :attr:`FreqSummary.busy_mhz`, the time-weighted mean over the time
-the clock was above idle (the idle clock itself when it never left it): a rank that idled more than its peers is not
+the clock was not at idle (the idle clock itself when it never left it; a clock below idle is throttled, not idle): a rank that idled more than its peers is not
 named; the time-weighted mean over all the time stays in ``mean_mhz``.
 """
 
@@ -59,14 +59,14 @@ class FreqSummary:
 
     @property
     def idle_s(self) -> float:
-        """Seconds the clock spent at or below :data:`IDLE_MHZ`."""
-        return sum(s for f, s in self.at if f <= IDLE_MHZ)
+        """Seconds the clock spent at the idle :data:`IDLE_MHZ` (a clock below it is no idle clock: throttled)."""
+        return sum(s for f, s in self.at if f == IDLE_MHZ)
 
     @property
     def busy_mhz(self) -> float:
-        """Time-weighted mean frequency (MHz) over the time the clock was above :data:`IDLE_MHZ`; ``mean_mhz`` when
-        it never was (a clock held at idle or below the whole window)."""
-        busy = [(f, s) for f, s in self.at if f > IDLE_MHZ]
+        """Time-weighted mean frequency (MHz) over the time the clock was not at the idle :data:`IDLE_MHZ`;
+        ``mean_mhz`` when it always was (a clock held at idle the whole window)."""
+        busy = [(f, s) for f, s in self.at if f != IDLE_MHZ]
         total = sum(s for _, s in busy)
         return sum(f * s for f, s in busy) / total if total > 0 else self.mean_mhz
 
