@@ -73,3 +73,20 @@ def test_demo_both_scenarios_name_the_slow_rank(tmp_path: Path) -> None:
     assert res.stdout.count("(expected 1) -> OK") == 2, res.stdout
     for stage in ("detection", "batch_complete", "first_alert"):  # progress reached stderr while it happened
         assert re.search(rf"\[(torch|ascend)\] \+[\d.]+s {stage}: ", res.stderr), res.stderr[-4000:]
+
+
+def test_demo_reference_scenario_says_what_changed_since_the_healthy_reference(tmp_path: Path) -> None:
+    """`profwatch demo --scenario reference`: the coordinator takes its reference capture while the job is healthy;
+    every rank then gets 3x slower (nobody stands out) and the verdict's changes are led by compute."""
+    res = _run_demo(["--workdir", str(tmp_path), "--scenario", "reference", "--timeout-s", "300"])
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    (result_file,) = list(tmp_path.glob("run-*/demo_result.json"))
+    (sc,) = json.loads(result_file.read_text())["scenarios"]
+    names = [m[0] for m in sc["marks"]]
+    assert names[: len(ORDER) + 1] == ["reference", *ORDER], sc["marks"]  # the reference came before the slowdown
+    data = sc["alert"]["data"]
+    assert data["status"] == "no_suspect" and data["changes"][0]["component"] == "compute", data["changes"]
+    cmp = data["comparison"]
+    assert cmp["reference"]["capture_id"] != data["capture_id"] and cmp["step_time_changed"], cmp
+    assert cmp["step_time_now_s"] > 2 * cmp["step_time_baseline_s"]  # 3x compute: well over twice the step
+    assert "since the reference: +" in res.stdout and "-> OK" in res.stdout, res.stdout[-3000:]

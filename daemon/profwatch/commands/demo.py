@@ -6,6 +6,10 @@ arms a capture through ``profiler_config.json``, the ranks capture it with torch
 the Kineto analysis runs and the alert's top suspect must be R.
 Scenario ``ascend``: the same with ranks using the fake ``torch_npu`` package (clearly labelled simulator) that
 writes Ascend-format rank dirs from the measured timings; the coordinator runs the real msprof-analyze.
+Scenario ``reference`` (not in ``both``): Ascend ranks again, the coordinator set to take its healthy reference
+capture after 3 steady seconds (docs/reference.md); then every rank gets slower from step
+:data:`REFERENCE_AT_STEP` on (a job-wide regression, nobody stands out) and the verdict's ``changes`` must be led by
+``compute``: what changed since the reference.
 
 Both scenarios run real PyTorch processes (gloo on the CPU): without torch the demo says how to install the CPU
 build and exits 2. Progress goes to stderr as it happens; the timelines (``demo_timeline.py``) and results go to
@@ -41,15 +45,19 @@ from profwatch.core.alerts.event_types import (
     TYPE_BATCH,
     TYPE_BATCH_INCOMPLETE,
     TYPE_CAPTURE,
+    TYPE_REFERENCE_CAPTURED,
     TYPE_SUSPECT_RANKS,
     display_name,
 )
 from profwatch.core.capture.lifecycle import CaptureState
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
-from profwatch.simulate.launcher import JobSpec, launch_job
+from profwatch.simulate.launcher import ALL_RANKS, JobSpec, launch_job
 
 TORCH_CPU_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 NOTE_EVERY_S = 15.0
+REFERENCE_AT_STEP = 160
+"""The ``reference`` scenario's slowdown step (at least): the coordinator must first learn the baseline, see 3 steady
+seconds, and take and analyse its reference window, which starts its planner's lead ahead of the furthest rank."""
 """While a capture is analysed or enriched, a progress line on stderr this often (what runs, for how long)."""
 
 
@@ -94,8 +102,16 @@ def on_event(tl: Timeline, ev: dict[str, Any], now: float, note: Callable[[str, 
         if tl.add(stage, t, step, detail):
             note(stage, t, detail)
 
-    if typ in ANOMALY_TYPES:
+    if typ == TYPE_REFERENCE_CAPTURED:
+        mark("reference", t_ev, f"reference capture {d.get('capture_id')} ({d.get('outcome')}): steps "
+                                f"{_steps(d.get('captured_steps'))}")
+    elif typ in ANOMALY_TYPES and int(d.get("step") or 0) >= tl.at_step:
         mark("detection", t_ev, f"{d.get('kind')} +{100 * float(d.get('magnitude') or 0):.0f}%", d.get("step"))
+    elif typ == TYPE_ARM_DECISION and d.get("action") == "arm" and d.get("capture_id"):
+        tl.episode_captures.add(str(d["capture_id"]))
+    elif d.get("capture_id") and str(d["capture_id"]) not in tl.episode_captures and typ in (TYPE_ARM, TYPE_CAPTURE,
+                                                                                           TYPE_BATCH):
+        return  # the reference capture's (or another not armed for an episode): not the slowdown's pipeline
     elif typ == TYPE_ARM_DECISION and d.get("action") != "arm":
         key = f"{d.get('action')} ({d.get('reason')})"
         tl.suppressed[key] = tl.suppressed.get(key, 0) + 1
@@ -141,7 +157,8 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
     from profwatch.adapters.zmq.publish import Subscription
 
     job_id = f"demo-{scenario}"
-    tl = Timeline(scenario, job_id)
+    tl = Timeline(scenario, job_id, at_step=at_step)
+    whom = "every rank" if slow_rank == ALL_RANKS else f"rank {slow_rank}"
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sub = Subscription(ctx, stack.pub, ["alert", "event"], job_id)
     spec = JobSpec(job_id=job_id, world_size=ranks, node_endpoints=[stack.endpoint(k) for k in range(stack.nodes)],
@@ -150,8 +167,9 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
                    slow_at_step=at_step, max_seconds=timeout_s + 60, stop_file=stack.root / f"{job_id}.stop",
                    log_dir=stack.root / "logs")
     job = launch_job(spec)
-    progress(f"[{scenario}] {ranks} ranks on {stack.nodes} nodes; rank {slow_rank} gets {slowdown:g}x slower at "
-             f"step {at_step}; waiting for the slowdown")
+    progress(f"[{scenario}] {ranks} ranks on {stack.nodes} nodes; {whom} gets {slowdown:g}x slower at step "
+             f"{at_step}" + ("; the coordinator takes its reference capture first" if scenario == "reference" else "")
+             + "; waiting for the slowdown")
 
     def note(stage: str, t: float, detail: str) -> None:
         t0 = tl.t("slowdown")
@@ -184,9 +202,8 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
             if step is not None:
                 tl.samples.append((time.time(), step))
                 t_slow = tl.time_of_step(at_step)
-                if t_slow is not None and tl.add("slowdown", t_slow, at_step, f"rank {slow_rank} x{slowdown:g} "
-                                                                                f"from step {at_step}"):
-                    note("slowdown", t_slow, f"rank {slow_rank} x{slowdown:g} from step {at_step}")
+                if t_slow is not None and tl.add("slowdown", t_slow, at_step, f"{whom} x{slowdown:g} from step {at_step}"):
+                    note("slowdown", t_slow, f"{whom} x{slowdown:g} from step {at_step}")
             if time.monotonic() - last_note >= NOTE_EVERY_S:
                 last_note = time.monotonic()
                 for cap in st.get("captures") or []:
@@ -215,16 +232,28 @@ def _steps(steps: list[int] | None) -> str:
 
 
 def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
-    """Print one scenario's timeline and result; True when its first alert names ``slow_rank`` first and an
-    announced enriched update arrived."""
+    """Print one scenario's timeline and result; True when its first alert names ``slow_rank`` first (scenario
+    ``reference``: when its ``changes`` against the reference are led by ``compute``) and an announced enriched
+    update arrived."""
     echo(f"\n== scenario {tl.scenario} (job {tl.job_id}) ==")
     echo(tl.render())
     d = (tl.alert or {}).get("data", {})
     sus = d.get("suspects") or []
     top = sus[0]["rank"] if sus else None
-    hit = tl.alert is not None and tl.alert.get("type") == TYPE_SUSPECT_RANKS and top == slow_rank
-    echo(f"  result: top suspect {top} (expected {slow_rank}) -> {'OK' if hit else 'MISSED'}; steps captured "
-         f"{_steps(d.get('captured_steps'))} of armed {_steps(d.get('armed_steps'))}")
+    verdict = tl.alert is not None and tl.alert.get("type") == TYPE_SUSPECT_RANKS
+    headline = str((d.get("comparison") or {}).get("headline") or "")
+    if tl.scenario == "reference":
+        changes = d.get("changes") or []
+        lead = changes[0].get("component") if changes and isinstance(changes[0], dict) else None
+        hit = verdict and lead == "compute"
+        echo(f"  result: what changed since the reference led by {lead} (expected compute) -> "
+             f"{'OK' if hit else 'MISSED'}; {d.get('status')}: {d.get('detail')}")
+    else:
+        hit = verdict and top == slow_rank
+        echo(f"  result: top suspect {top} (expected {slow_rank}) -> {'OK' if hit else 'MISSED'}; steps captured "
+             f"{_steps(d.get('captured_steps'))} of armed {_steps(d.get('armed_steps'))}")
+    if headline:
+        echo(f"  since the reference: {headline}")
     saving = saving_text(sus[0].get("impact")) if sus else ""
     if saving:
         echo(f"  impact: fixing rank {top} alone would save {saving}")
@@ -253,7 +282,9 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
 @click.option("--slow-rank", default=2, show_default=True)
 @click.option("--slowdown", default=3.0, show_default=True, help="slow rank's compute factor")
 @click.option("--at-step", default=40, show_default=True, help="step from which the rank is slower")
-@click.option("--scenario", type=click.Choice(["both", "torch", "ascend"]), default="both", show_default=True)
+@click.option("--scenario", type=click.Choice(["both", "torch", "ascend", "reference"]), default="both",
+              show_default=True, help="both = torch then ascend; reference (about a minute more): the coordinator's "
+                                      "healthy reference capture, then a job-wide slowdown compared with it")
 @click.option("--timeout-s", default=240.0, show_default=True,
               help="per scenario: bound to the first alert, and again to the enriched update")
 def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float, at_step: int, scenario: str,
@@ -277,7 +308,7 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
     root = (workdir / time.strftime("run-%Y%m%d-%H%M%S")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     runtime = Path(tempfile.mkdtemp(prefix="pwdemo", dir="/tmp"))  # short ipc:// paths
-    stack = Stack(root, runtime, nodes)
+    stack = Stack(root, runtime, nodes, reference=scenario == "reference")
     scenarios = ["torch", "ascend"] if scenario == "both" else [scenario]
     results: list[Timeline] = []
     t0 = time.time()
@@ -292,8 +323,10 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
         stack.start()
         progress(f"daemons up (coordinator + {nodes} node daemons; JSON logs in {root / 'logs'}), work dir {root}")
         for sc in scenarios:
-            results.append(run_scenario(stack, sc, ranks=ranks, slow_rank=slow_rank, slowdown=slowdown,
-                                        at_step=at_step, timeout_s=timeout_s, progress=progress))
+            job_wide = sc == "reference"
+            results.append(run_scenario(stack, sc, ranks=ranks, slow_rank=ALL_RANKS if job_wide else slow_rank,
+                                        slowdown=slowdown, at_step=max(at_step, REFERENCE_AT_STEP) if job_wide
+                                        else at_step, timeout_s=timeout_s, progress=progress))
     except (KeyboardInterrupt, Stopped) as exc:
         stopped = "SIGTERM" if isinstance(exc, Stopped) else "Ctrl-C"
         progress(f"{stopped}: stopping the ranks and daemons this demo started")
@@ -306,7 +339,8 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
     (root / "demo_result.json").write_text(json.dumps(
         {"ok": ok, "elapsed_s": round(time.time() - t0, 1), "stopped": stopped or None,
          "scenarios": [tl.to_json() for tl in results]}, indent=2, default=str))
-    verdict = "all alerts named the slow rank" if ok else (f"stopped by {stopped}" if stopped else "FAILED")
+    verdict = ("the verdict said what changed since the reference" if scenario == "reference" else
+               "all alerts named the slow rank") if ok else (f"stopped by {stopped}" if stopped else "FAILED")
     click.echo(f"\ndemo finished in {time.time() - t0:.0f}s: {verdict}; results in {root / 'demo_result.json'}, "
                f"logs in {root / 'logs'}")
     sys.exit(EXIT_OK if ok else EXIT_NOT_OK)

@@ -17,11 +17,22 @@ import click
 
 from profwatch.simulate.launcher import die_with_parent, free_port
 
+REFERENCE_SECTION = """[reference]
+# the healthy reference capture (docs/reference.md), once the job has been steady for 3 s (default 300 s) so the
+# scenario shows one; 30 % step-time tolerance: the ranks share 2 CPU cores with the daemons here
+steady_s = 3.0
+active_steps = 3
+step_time_tolerance = 0.3
+"""
+"""The ``[reference]`` section of the demo's config for the ``reference`` scenario (the others keep the defaults:
+no reference within their minute)."""
+
 
 class Stack:
-    """The daemons of the demo, as subprocesses sharing one config file."""
+    """The daemons of the demo, as subprocesses sharing one config file (``reference``: with
+    :data:`REFERENCE_SECTION`)."""
 
-    def __init__(self, root: Path, runtime: Path, nodes: int) -> None:
+    def __init__(self, root: Path, runtime: Path, nodes: int, *, reference: bool = False) -> None:
         self.root, self.runtime, self.nodes = root, runtime, nodes
         self.ports = {k: free_port() for k in ("ingest", "control", "pub")}
         self.cfg = root / "profwatch.toml"
@@ -43,7 +54,7 @@ heartbeat_interval_s = 1.0
 mode = "act"
 active = 6          # 6 captured steps: with 4 ranks and the daemons sharing 2 CPU cores, per-step wall times of a
                     # rank swing by +-50 % with the scheduler; 3 steps were too few to tell a 3x rank from that noise
-[analysis.ranking]
+{REFERENCE_SECTION if reference else ""}[analysis.ranking]
 # 4 ranks and the daemons share 2 CPU cores here: per-step times carry ~10% scheduling noise that real NPU
 # device times do not. Name a rank only for an excess of 8% of the step (the default, 1.5%, suits device data).
 min_effect_frac = 0.08

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-STAGES = ("slowdown", "detection", "arm", "capture", "batch_complete", "analysis", "first_alert",
+STAGES = ("reference", "slowdown", "detection", "arm", "capture", "batch_complete", "analysis", "first_alert",
           "enriched_update")
 """Pipeline order of the timeline's stages (``analysis`` marks the analysis start)."""
 
@@ -30,7 +30,8 @@ def event_time(ev: dict[str, Any], fallback: float) -> float:
 
 @dataclass
 class Timeline:
-    """Marks of one scenario: ``stage -> (unix s, step or None, detail)``, and ``status`` samples."""
+    """Marks of one scenario: ``stage -> (unix s, step or None, detail)``, and ``status`` samples; ``to_json`` leaves
+    out the two bookkeeping fields."""
 
     scenario: str
     job_id: str
@@ -39,6 +40,11 @@ class Timeline:
     enriched: dict[str, Any] | None = None
     suppressed: dict[str, int] = field(default_factory=dict)
     samples: list[tuple[float, int]] = field(default_factory=list)  # (unix s, furthest step) from status polls
+    at_step: int = 0
+    """The slowdown's step: a finding reported before it is not its detection."""
+    episode_captures: set[str] = field(default_factory=set)
+    """Captures an episode armed (``arm_decision`` with action ``arm``): only theirs mark arm, capture and batch
+    (the reference capture of the ``reference`` scenario does not)."""
 
     def add(self, stage: str, t: float, step: int | None = None, detail: str = "") -> bool:
         """Record ``stage`` once (the first time wins); True when it is new."""
