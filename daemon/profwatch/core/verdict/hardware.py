@@ -9,8 +9,8 @@ ran slow nor compare it with its peers. Here:
 
 * :func:`summarise_freq`: one rank's time at each frequency over the captured steps' span, and the time-weighted
   mean (MHz);
-* :func:`below_peers`: a rank whose time-weighted busy mean (idle clock left out, below) is below the median of the ranks' means by more than
-  ``drop_frac`` (5 %: a clock step on these chips is 100 MHz or more, 5-6 % of 1800 MHz) ran slower hardware:
+* :func:`below_peers`: a rank whose time-weighted busy mean (idle clock left out, below) is below the median of the
+  ranks' means by more than ``drop_frac`` (5 %: a clock step on these chips is 100 MHz or more, 5-6 % of 1800 MHz) ran slower hardware:
   kind ``hardware`` with its frequency, the peers', and how long it spent below them;
 * :func:`frequency_changes`: a rank both captures hold whose busy mean fell below its own reference mean by more than
   ``drop_frac``: a :class:`~profwatch.core.verdict.changes.Change` of component ``hardware`` (``delta_s_per_step``
@@ -21,8 +21,8 @@ rank at 1200 MHz among peers at 1800 MHz does its kernels about 1.5x slower. Idl
 a device clocks down to its idle :data:`IDLE_MHZ` while it has nothing to run (a rank waiting for a slower peer at a
 collective, a data-loader stall), and msprof-analyze's ``freq_analysis`` lists {800, 1800} MHz apart as "free"
 ranks for that reason. So ranks are compared on :attr:`FreqSummary.busy_mhz`, the time-weighted mean over the time
-the clock was not at idle (the idle clock itself when it never left it; a clock below idle is throttled, not idle): a rank that idled more than its peers is not
-named; the time-weighted mean over all the time stays in ``mean_mhz``.
+the clock was not at idle (the idle clock itself when it never left it; a clock below idle is throttled, not idle):
+a rank that idled more than its peers is not named; the time-weighted mean over all the time stays in ``mean_mhz``.
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ class FreqSummary:
 def summarise_freq(rows: Iterable[tuple[Any, Any]], start_ns: int, end_ns: int) -> FreqSummary | None:
     """Summarise ``AICORE_FREQ`` rows ``(timestampNs, freq MHz)`` over ``[start_ns, end_ns)``: each sample holds
     until the next one (the last until ``end_ns``); the sample in force at ``start_ns`` is the last one at or before
-    it (else the window starts at the first sample). Rows with a non-numeric or non-positive value are skipped.
-    Rows with a non-numeric, infinite or non-positive value are skipped. Returns None without a sample inside or
+    it (else the window starts at the first sample). Rows with a non-numeric, infinite or non-positive value are
+    skipped. Returns None without a sample inside or
     before the window, or for an empty window."""
     clean: list[tuple[int, float]] = []
     for ts, freq in rows:
