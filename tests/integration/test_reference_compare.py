@@ -156,7 +156,13 @@ def test_the_coordinators_analyser_fills_the_detail_in_the_follow_up(pair: Path,
         assert REFERENCE_COMPARE in verdict["pending_recipes"], verdict["pending_recipes"]
         assert {c["component"] for c in verdict["changes"]} >= {"compute", "communication"}
         assert all(c["detail"] is None for c in verdict["changes"])  # the alert does not wait for compare
+        assert verdict["comparison"]["ranks_compared"] == [0, 1, 2, 3]  # no rank named: every rank both hold
         status, follow = analyser.enrich("cap-2")
+        _, named = analyser.analyse(now_batch, work_dir=tmp_path / "named", hostnames={},
+                                    context={"capture_id": "cap-3", "reference": {**ref, "named_ranks": [2, "x", -1]}},
+                                    job_id="j", capture_reason="rank_outlier")
+        assert named["comparison"]["ranks_compared"] == [2], named["comparison"]  # the capture's named rank
+        assert named["changes"][0]["component"] in ("compute", "communication")
     finally:
         analyser.runner.close()
     assert follow["recipes"][REFERENCE_COMPARE]["status"] == "ok", follow["recipes"][REFERENCE_COMPARE]

@@ -207,3 +207,38 @@ def test_an_anomaly_during_the_reference_window_is_armed_at_once_through_the_epi
     w.shell.tick(w.now)
     assert [c.capture_id for c in w.store.captures("j1") if c.reason == "reference"] == [cid]
     assert w.shell.references.view("j1", w.now)[0]["waiting"] == "episode_open"
+
+
+def test_a_named_rank_regression_is_compared_with_the_reference_on_the_ranks_it_named(steady) -> None:
+    """The episode's ranks travel in the capture's metadata (``profwatch_named_ranks``) to the analysis, which
+    compares the capture with the reference on them; a manual arm names none (every rank both hold)."""
+    from profwatch.core.detection.job_detector import Anomaly
+
+    w = steady(arming={"min_arm_gap_s": 0}, world=4)
+    cid = _reference_armed(w)
+    w.batches = [_complete_batch(cid, 4)]
+    w.now += 6
+    w.shell.tick(w.now)
+    w.drain(lambda: w.state(cid) is CaptureState.ANALYSED)
+    w.now += 1
+    w.shell.on_anomaly(Anomaly("rank_outlier", "j1", 30, (2,), 0.5, {"stage": {2: "forward"}, "excess": {2: 0.5}}),
+                       w.now)
+    (arm,) = [d for d in w.of("io.profwatch.arm_decision.v1") if d["action"] == "arm"]
+    later = arm["capture_id"]
+    w.drain(lambda: w.state(later) is CaptureState.WRITTEN)
+    assert w.writes[-1][1]["metadata"]["profwatch_named_ranks"] == "2"
+    w.batches = [_complete_batch(later, 4)]
+    w.now += 6
+    w.shell.tick(w.now)
+    w.drain(lambda: w.state(later) is CaptureState.ANALYSED)
+    (verdict,) = w.of("io.profwatch.suspect_ranks.v1")
+    assert verdict["capture_id"] == later and verdict["reference"]["named_ranks"] == [2]
+    w.now += 1000  # the episode's cooldown and the gap are over: a manual arm names no rank
+    manual = w.arm()["capture_id"]
+    w.drain(lambda: w.state(manual) is CaptureState.WRITTEN)
+    assert "profwatch_named_ranks" not in w.writes[-1][1]["metadata"]
+    w.batches = [_complete_batch(manual, 4)]
+    w.now += 6
+    w.shell.tick(w.now)
+    w.drain(lambda: w.state(manual) is CaptureState.ANALYSED)
+    assert w.of("io.profwatch.suspect_ranks.v1")[-1]["reference"]["named_ranks"] is None

@@ -151,3 +151,19 @@ def test_the_policy_plans_a_follow_up_over_the_waited_for_ranks_and_says_so() ->
     assert "follow-up of ranks 3000 its last capture waited for" in d.capture_reason
     fixed = ArmingPolicy(ArmingSettings(rank_list=(0, 1), max_capture_bytes_per_hour=None))
     assert fixed.decide(REG, JobArmState(follow_ranks=(3000,)), NOW, topo).rank_list == (0, 1)  # configured wins
+
+
+def test_the_request_and_the_metadata_carry_the_ranks_the_anomaly_named() -> None:
+    from profwatch.core.capture.planner import capture_metadata
+
+    p = ArmingPolicy(ArmingSettings(max_capture_bytes_per_hour=None))
+    d = p.decide(OUT, JobArmState(), NOW, JobTopology(4096, HOSTS_4096))
+    req = capture_request(OUT, d, furthest_step=120, step_time_s=1.0, capture=CaptureSettings())
+    assert req.named_ranks == [1234]
+    job_wide = capture_request(REG, p.decide(REG, JobArmState(), NOW), furthest_step=120, step_time_s=1.0,
+                               capture=CaptureSettings())
+    assert job_wide.named_ranks is None
+    meta = capture_metadata("c", "r", "j", None, 8, [0, 1, 2, 5])
+    assert meta["profwatch_named_ranks"] == "0-2,5"
+    assert "profwatch_named_ranks" not in capture_metadata("c", "r", "j", None, 8, None)
+    assert "profwatch_named_ranks" not in capture_metadata("c", "r", "j", None, 9999, list(range(0, 9000, 2)))  # too long

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from profwatch.core.batches.completeness import BatchState
+from profwatch.core.batches.prof_layout import NAMED_RANKS_KEY, decode_rank_list
 from profwatch.core.capture import lifecycle as lc
 
 if TYPE_CHECKING:
@@ -83,8 +84,10 @@ class AnalysisSteps:
         job = self.jobs.get(cap.job_id)
         hostnames = {r.rank: r.hostname for r in job.ranks.values() if r.hostname} if job is not None else {}
         context = lc.analysis_context(cap)
-        if reference is not None:
-            context["reference"] = reference
+        if reference is not None:  # compared on the ranks the capture's anomaly named (None: every rank both hold)
+            meta = cap.config.get("metadata") if isinstance(cap.config, Mapping) else None
+            named = decode_rank_list(meta.get(NAMED_RANKS_KEY)) if isinstance(meta, Mapping) else None
+            context["reference"] = {**reference, "named_ranks": list(named) if named else None}
         try:
             status, payload = self.analyser.analyse(
                 batch, work_dir=self.work_dir / cap.job_id / cid, hostnames=hostnames,

@@ -283,8 +283,12 @@ class BatchAnalyser:
                                 f"could not be read again from {ref.get('prof_dir')}")
             return
         tele = ref.get("telemetry_baseline_step_s")
+        named = ref.get("named_ranks")
+        ranks = sorted({r for r in named if isinstance(r, int) and not isinstance(r, bool) and r >= 0}) \
+            if isinstance(named, list) else []
         attach_comparison(result, reference, reference_path=str(ref.get("prof_dir") or ""),
-                          telemetry_baseline_step_s=float(tele) if isinstance(tele, (int, float)) else None)
+                          telemetry_baseline_step_s=float(tele) if isinstance(tele, (int, float)) else None,
+                          ranks=ranks or None)
         if result.comparison is not None:
             result.comparison["reference"].update(
                 {k: ref.get(k) for k in ("capture_id", "generation", "created_unix_s", "age_s")})

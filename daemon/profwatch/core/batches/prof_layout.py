@@ -44,6 +44,9 @@ UNSUPPORTED_ADVICE = {
 """What to do with an output kind of :data:`UNSUPPORTED_OUTPUTS` when there is more to say than "not supported"
 (msMonitor's DBs: the name pattern and the recipes that read them, docs/msprof-analyze.md#msmonitor)."""
 
+NAMED_RANKS_KEY = "profwatch_named_ranks"
+"""Metadata key of the ranks the capture's anomaly named (a named-rank regression), as ranges (:func:`encode_rank_list`):
+the comparison with the job's reference capture is made on those ranks (docs/changes.md)."""
 RANK_LIST_KEY = "profwatch_rank_list"
 """Metadata key of a targeted capture's ``rank_list``, as ranges (:func:`encode_rank_list`): torch_npu copies the
 config's ``metadata`` into every rank dir's ``profiler_metadata.json`` (the torch.profiler backend does the same),

@@ -338,7 +338,8 @@ def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: i
     """
     rank_list = list(decision.rank_list) if decision.rank_list is not None else None
     base: dict[str, Any] = {"job_id": anomaly.job_id, "reason": decision.capture_reason or anomaly.kind,
-                            "warmup": decision.warmup, "active": decision.active, "rank_list": rank_list}
+                            "warmup": decision.warmup, "active": decision.active, "rank_list": rank_list,
+                            "named_ranks": sorted(set(anomaly.ranks)) or None}
     if decision.target is not None and decision.target.rank_list is not None:
         base["targeting"] = {**decision.target.to_json(), "estimated_bytes": decision.estimated_bytes}
     if anomaly.kind != "periodic_spike" or step_time_s is None or not step_time_s > 0:

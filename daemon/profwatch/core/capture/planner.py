@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profwatch.core.batches.prof_layout import RANK_LIST_KEY, WORLD_SIZE_KEY, encode_rank_list
+from profwatch.core.batches.prof_layout import NAMED_RANKS_KEY, RANK_LIST_KEY, WORLD_SIZE_KEY, encode_rank_list
 from profwatch.core.capture.profiler_config import (
     MAX_CONFIG_BYTES,
     MAX_METADATA_VALUE_CHARS,
@@ -99,7 +99,8 @@ class CaptureRequest(BaseModel):
     """Ask for one capture. ``start_step`` (absolute) or ``in_steps`` (at least this many steps ahead of the
     furthest rank) override the planner's lead; ``rank_list`` None = all ranks; ``capture_id`` None = new one;
     ``targeting``: why these ranks (``profwatch.core.capture.targeting.Target.to_json`` + ``estimated_bytes``), carried into
-    the capture's event and notes."""
+    the capture's event and notes; ``named_ranks``: the ranks the anomaly behind it named (None: job-wide or a manual
+    arm), stamped into the metadata (``prof_layout.NAMED_RANKS_KEY``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -112,6 +113,7 @@ class CaptureRequest(BaseModel):
     in_steps: int | None = None
     capture_id: str | None = None
     targeting: dict[str, Any] | None = None
+    named_ranks: list[int] | None = None
 
 
 class JobProgress(BaseModel):
@@ -200,18 +202,23 @@ def new_capture_id(job_id: str, now_unix_s: float) -> str:
 
 
 def capture_metadata(capture_id: str, reason: str, job_id: str, rank_list: list[int] | None,
-                     world_size: int) -> dict[str, Any]:
+                     world_size: int, named_ranks: list[int] | None = None) -> dict[str, Any]:
     """The config's ``metadata``, which torch_npu (``add_metadata_json``) and the torch.profiler backend copy into
     every rank dir's ``profiler_metadata.json``: ``profwatch_capture_id``/``_reason``/``_job_id``, and for a
     targeted capture its ``rank_list`` as ranges (``prof_layout.RANK_LIST_KEY``, e.g. ``"0-3,8"``; left out when
     even as ranges it would pass torch_npu's 4,096-character limit per value) and the job's world size
-    (``prof_layout.WORLD_SIZE_KEY``), so ``scan``/``analyze`` read a targeted capture as one, offline too."""
+    (``prof_layout.WORLD_SIZE_KEY``), so ``scan``/``analyze`` read a targeted capture as one, offline too; the ranks
+    the anomaly named as ranges (``prof_layout.NAMED_RANKS_KEY``; left out when too long or none)."""
     meta: dict[str, Any] = {"profwatch_capture_id": capture_id, "profwatch_reason": reason, "profwatch_job_id": job_id}
     if rank_list is not None:
         encoded = encode_rank_list(rank_list, MAX_METADATA_VALUE_CHARS)
         if encoded is not None:
             meta[RANK_LIST_KEY] = encoded
         meta[WORLD_SIZE_KEY] = world_size
+    if named_ranks:
+        named = encode_rank_list(named_ranks, MAX_METADATA_VALUE_CHARS)
+        if named is not None:
+            meta[NAMED_RANKS_KEY] = named
     return meta
 
 
@@ -288,7 +295,7 @@ def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSetting
         async_mode=s.async_mode or (ranks is not None and s.analyse),
         is_rank=ranks is not None,
         rank_list=ranks or [],
-        metadata=capture_metadata(capture_id, req.reason, job.job_id, ranks, job.world_size),
+        metadata=capture_metadata(capture_id, req.reason, job.job_id, ranks, job.world_size, req.named_ranks),
         experimental_config=ExperimentalConfig(profiler_level=s.profiler_level, export_type=list(s.export_type)),
     )
     rank_deadlines: dict[int, float] = {}
