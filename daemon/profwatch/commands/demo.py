@@ -7,9 +7,9 @@ the Kineto analysis runs and the alert's top suspect must be R.
 Scenario ``ascend``: the same with ranks using the fake ``torch_npu`` package (clearly labelled simulator) that
 writes Ascend-format rank dirs from the measured timings; the coordinator runs the real msprof-analyze.
 Scenario ``reference`` (not in ``both``): Ascend ranks again, the coordinator set to take its healthy reference
-capture after 3 steady seconds (docs/reference.md); then every rank gets slower from step
-:data:`REFERENCE_AT_STEP` on (a job-wide regression, nobody stands out) and the verdict's ``changes`` must be led by
-``compute``: what changed since the reference.
+capture after 5 steady seconds (docs/reference.md); once that reference is analysed (``reference_captured``; at the
+latest at step :data:`REFERENCE_GIVE_UP_STEP`) every rank gets slower (a job-wide regression, nobody stands out)
+and the verdict's ``changes`` must be led by ``compute``: what changed since the reference.
 
 Both scenarios run real PyTorch processes (gloo on the CPU): without torch the demo says how to install the CPU
 build and exits 2. Progress goes to stderr as it happens; the timelines (``demo_timeline.py``) and results go to
@@ -55,9 +55,9 @@ from profwatch.simulate.launcher import ALL_RANKS, JobSpec, launch_job
 
 TORCH_CPU_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 NOTE_EVERY_S = 15.0
-REFERENCE_AT_STEP = 160
-"""The ``reference`` scenario's slowdown step (at least): the coordinator must first learn the baseline, see 3 steady
-seconds, and take and analyse its reference window, which starts its planner's lead ahead of the furthest rank."""
+REFERENCE_GIVE_UP_STEP = 600
+"""The ``reference`` scenario slows its ranks once the reference is analysed, or at this step without one (the
+scenario then fails: no comparison)."""
 """While a capture is analysed or enriched, a progress line on stderr this often (what runs, for how long)."""
 
 
@@ -157,19 +157,21 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
     from profwatch.adapters.zmq.publish import Subscription
 
     job_id = f"demo-{scenario}"
-    tl = Timeline(scenario, job_id, at_step=at_step)
+    tl = Timeline(scenario, job_id)
     whom = "every rank" if slow_rank == ALL_RANKS else f"rank {slow_rank}"
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sub = Subscription(ctx, stack.pub, ["alert", "event"], job_id)
+    slow_file = stack.root / f"{job_id}.slow" if scenario == "reference" else None  # touched once the reference is in
+    tl.at_step = at_step if slow_file is None else 1 << 62  # known once the slow file is touched
     spec = JobSpec(job_id=job_id, world_size=ranks, node_endpoints=[stack.endpoint(k) for k in range(stack.nodes)],
                    profiler_config_path=stack.root / "cfg" / job_id, prof_root=stack.root / "prof",
                    mode="torch" if scenario == "torch" else "ascend-sim", slow_rank=slow_rank, slowdown=slowdown,
                    slow_at_step=at_step, max_seconds=timeout_s + 60, stop_file=stack.root / f"{job_id}.stop",
-                   log_dir=stack.root / "logs")
+                   log_dir=stack.root / "logs", slow_file=slow_file)
     job = launch_job(spec)
-    progress(f"[{scenario}] {ranks} ranks on {stack.nodes} nodes; {whom} gets {slowdown:g}x slower at step "
-             f"{at_step}" + ("; the coordinator takes its reference capture first" if scenario == "reference" else "")
-             + "; waiting for the slowdown")
+    progress(f"[{scenario}] {ranks} ranks on {stack.nodes} nodes; {whom} gets {slowdown:g}x slower "
+             + ("once the coordinator's reference capture is analysed; waiting for the reference" if slow_file
+                else f"at step {at_step}; waiting for the slowdown"))
 
     def note(stage: str, t: float, detail: str) -> None:
         t0 = tl.t("slowdown")
@@ -199,8 +201,16 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
             except ControlError:
                 continue
             step = _furthest(st, job_id)
+            if slow_file is not None and step is not None and not slow_file.exists() and (
+                    tl.t("reference") is not None or step >= REFERENCE_GIVE_UP_STEP):
+                slow_file.touch()  # every rank slows from its next step: the slowdown's step is about this one
+                tl.at_step = step
+                tl.add("slowdown", time.time(), step, f"{whom} x{slowdown:g} from about step {step}")
+                note("slowdown", time.time(), f"{whom} x{slowdown:g} from about step {step}"
+                     + ("" if tl.t("reference") is not None else f": no reference by step {step}"))
             if step is not None:
                 tl.samples.append((time.time(), step))
+            if step is not None and slow_file is None:
                 t_slow = tl.time_of_step(at_step)
                 if t_slow is not None and tl.add("slowdown", t_slow, at_step, f"{whom} x{slowdown:g} from step {at_step}"):
                     note("slowdown", t_slow, f"{whom} x{slowdown:g} from step {at_step}")
@@ -283,8 +293,8 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
 @click.option("--slowdown", default=3.0, show_default=True, help="slow rank's compute factor")
 @click.option("--at-step", default=40, show_default=True, help="step from which the rank is slower")
 @click.option("--scenario", type=click.Choice(["both", "torch", "ascend", "reference"]), default="both",
-              show_default=True, help="both = torch then ascend; reference (about a minute more): the coordinator's "
-                                      "healthy reference capture, then a job-wide slowdown compared with it")
+              show_default=True, help="both = torch then ascend; reference (about a minute): the coordinator's healthy "
+                                      "reference capture, then a job-wide slowdown compared with it")
 @click.option("--timeout-s", default=240.0, show_default=True,
               help="per scenario: bound to the first alert, and again to the enriched update")
 def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float, at_step: int, scenario: str,
@@ -325,8 +335,8 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
         for sc in scenarios:
             job_wide = sc == "reference"
             results.append(run_scenario(stack, sc, ranks=ranks, slow_rank=ALL_RANKS if job_wide else slow_rank,
-                                        slowdown=slowdown, at_step=max(at_step, REFERENCE_AT_STEP) if job_wide
-                                        else at_step, timeout_s=timeout_s, progress=progress))
+                                        slowdown=slowdown, at_step=1 if job_wide else at_step, timeout_s=timeout_s,
+                                        progress=progress))
     except (KeyboardInterrupt, Stopped) as exc:
         stopped = "SIGTERM" if isinstance(exc, Stopped) else "Ctrl-C"
         progress(f"{stopped}: stopping the ranks and daemons this demo started")

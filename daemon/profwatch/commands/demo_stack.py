@@ -18,10 +18,10 @@ import click
 from profwatch.simulate.launcher import die_with_parent, free_port
 
 REFERENCE_SECTION = """[reference]
-# the healthy reference capture (docs/reference.md), once the job has been steady for 3 s (default 300 s) so the
-# scenario shows one; 30 % step-time tolerance: the ranks share 2 CPU cores with the daemons here
-steady_s = 3.0
-active_steps = 3
+# the healthy reference capture (docs/reference.md), once the job has been steady for 5 s (default 300 s) so the
+# scenario shows one; 6 steps and a 30 % step-time tolerance: the ranks share 2 CPU cores with the daemons here
+steady_s = 5.0
+active_steps = 6
 step_time_tolerance = 0.3
 """
 """The ``[reference]`` section of the demo's config for the ``reference`` scenario (the others keep the defaults:

@@ -54,6 +54,8 @@ class JobSpec:
     max_steps: int = 5000
     max_seconds: float = 600.0
     stop_file: Path | None = None
+    slow_file: Path | None = None
+    """When set, the slowdown starts only once this file exists (and ``slow_at_step`` is reached)."""
     log_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -176,6 +178,8 @@ def launch_job(spec: JobSpec) -> RunningJob:
                 "--max-seconds", str(spec.max_seconds)]
         if spec.stop_file is not None:
             args += ["--stop-file", str(spec.stop_file)]
+        if spec.slow_file is not None:
+            args += ["--slow-file", str(spec.slow_file)]
         out: int | IO[bytes] = subprocess.DEVNULL
         if spec.log_dir is not None:
             spec.log_dir.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,8 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=2000)
     p.add_argument("--max-seconds", type=float, default=600.0)
     p.add_argument("--stop-file", type=Path)
+    p.add_argument("--slow-file", type=Path, help="the slowdown starts at the first step from --slow-at-step at which "
+                                                  "this file exists (then stays)")
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--batch", type=int, default=64)
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     step = 0
     flat = None
     stop_flag = torch.zeros(1)
+    slow_file_seen = a.slow_file is None
     while step < a.max_steps:
         if step % 5 == 0:
             # Agree on stopping: a rank that left alone would break its peers' next collective.
@@ -82,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             if stop_flag.item() > 0:
                 break
         slow = (rank == a.slow_rank or a.slow_rank == -2) and step + 1 >= a.slow_at_step
+        if slow and not slow_file_seen:
+            slow = slow_file_seen = a.slow_file is not None and a.slow_file.exists()
         burst = 0 <= a.burst_at_step <= step + 1 < a.burst_at_step + a.burst_steps
         c0 = time.time_ns()
         with rankhook.stage("data"):
