@@ -108,7 +108,12 @@ def on_event(tl: Timeline, ev: dict[str, Any], now: float, note: Callable[[str, 
     elif typ in ANOMALY_TYPES and int(d.get("step") or 0) >= tl.at_step:
         mark("detection", t_ev, f"{d.get('kind')} +{100 * float(d.get('magnitude') or 0):.0f}%", d.get("step"))
     elif typ == TYPE_ARM_DECISION and d.get("action") == "arm" and d.get("capture_id"):
-        tl.episode_captures.add(str(d["capture_id"]))
+        if not tl.after_slowdown_only or tl.t("slowdown") is not None:
+            tl.episode_captures.add(str(d["capture_id"]))
+    elif tl.after_slowdown_only and typ in (TYPE_SUSPECT_RANKS, TYPE_BATCH_INCOMPLETE, TYPE_ANALYSIS_FAILED,
+                                            TYPE_ANALYSIS_ENRICHED) and \
+            str(d.get("capture_id")) not in tl.episode_captures:
+        return  # the verdict of a capture armed before the slowdown: not the slowdown's
     elif d.get("capture_id") and str(d["capture_id"]) not in tl.episode_captures and typ in (TYPE_ARM, TYPE_CAPTURE,
                                                                                            TYPE_BATCH):
         return  # the reference capture's (or another not armed for an episode): not the slowdown's pipeline
@@ -163,6 +168,7 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
     sub = Subscription(ctx, stack.pub, ["alert", "event"], job_id)
     slow_file = stack.root / f"{job_id}.slow" if scenario == "reference" else None  # touched once the reference is in
     tl.at_step = at_step if slow_file is None else 1 << 62  # known once the slow file is touched
+    tl.after_slowdown_only = slow_file is not None
     spec = JobSpec(job_id=job_id, world_size=ranks, node_endpoints=[stack.endpoint(k) for k in range(stack.nodes)],
                    profiler_config_path=stack.root / "cfg" / job_id, prof_root=stack.root / "prof",
                    mode="torch" if scenario == "torch" else "ascend-sim", slow_rank=slow_rank, slowdown=slowdown,

@@ -17,6 +17,9 @@ import click
 
 from profwatch.simulate.launcher import die_with_parent, free_port
 
+REFERENCE_ARMING = """cooldown_s = 20.0    # a short job: a job-wide episode opened by the reference capture's own overhead
+                    # must not hold the slowdown's capture for the default 900 s
+"""
 REFERENCE_SECTION = """[reference]
 # the healthy reference capture (docs/reference.md), once the job has been steady for 5 s (default 300 s) so the
 # scenario shows one; 6 steps and a 30 % step-time tolerance: the ranks share 2 CPU cores with the daemons here
@@ -24,8 +27,8 @@ steady_s = 5.0
 active_steps = 6
 step_time_tolerance = 0.3
 """
-"""The ``[reference]`` section of the demo's config for the ``reference`` scenario (the others keep the defaults:
-no reference within their minute)."""
+"""The ``[reference]`` section of the demo's config for the ``reference`` scenario, with :data:`REFERENCE_ARMING` in
+its ``[arming]`` (the others keep the defaults: no reference within their minute)."""
 
 
 class Stack:
@@ -54,7 +57,7 @@ heartbeat_interval_s = 1.0
 mode = "act"
 active = 6          # 6 captured steps: with 4 ranks and the daemons sharing 2 CPU cores, per-step wall times of a
                     # rank swing by +-50 % with the scheduler; 3 steps were too few to tell a 3x rank from that noise
-{REFERENCE_SECTION if reference else ""}[analysis.ranking]
+{REFERENCE_ARMING if reference else ""}{REFERENCE_SECTION if reference else ""}[analysis.ranking]
 # 4 ranks and the daemons share 2 CPU cores here: per-step times carry ~10% scheduling noise that real NPU
 # device times do not. Name a rank only for an excess of 8% of the step (the default, 1.5%, suits device data).
 min_effect_frac = 0.08

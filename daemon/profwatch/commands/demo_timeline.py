@@ -45,6 +45,9 @@ class Timeline:
     episode_captures: set[str] = field(default_factory=set)
     """Captures an episode armed (``arm_decision`` with action ``arm``): only theirs mark arm, capture and batch
     (the reference capture of the ``reference`` scenario does not)."""
+    after_slowdown_only: bool = False
+    """Only captures armed after the slowdown mark count, their verdict included (the ``reference`` scenario: an
+    episode the reference capture's own overhead opened is not the slowdown's)."""
 
     def add(self, stage: str, t: float, step: int | None = None, detail: str = "") -> bool:
         """Record ``stage`` once (the first time wins); True when it is new."""
