@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -33,37 +34,40 @@ def simulate() -> None:
     """Simulated Ascend captures and ranks (clearly labelled simulator; no NPU needed)."""
 
 
-def _parse_factors(spec: str | None, what: str) -> dict[int, float]:
+def _rank_values(spec: str | None, malformed: str, check: Callable[[float, str], None],
+                 default: str | None = None) -> dict[int, float]:
+    """``"2:1.5,5:2.0"`` -> {2: 1.5, 5: 2.0}: comma-separated ``rank:value`` parts (``default`` for a part without
+    ``:`` when given), each value passed to ``check(value, its text)`` as it is read (it raises the usage error of
+    a bad value); ``malformed`` is the usage error of a part that does not parse."""
     out: dict[int, float] = {}
     for part in (spec or "").split(","):
         part = part.strip()
         if not part:
             continue
         try:
-            rank, factor = part.split(":") if ":" in part else (part, "1.5")
-            out[int(rank)] = float(factor)
+            rank, text = part.split(":") if ":" in part or default is None else (part, default)
+            out[int(rank)] = float(text)
         except ValueError:
-            raise click.UsageError(f"{what} must look like '2:1.5,5:2.0', got {spec!r}") from None
-        if not _factor_ok(out[int(rank)]):
-            raise click.UsageError(f"{what}: factor {factor!r} must be a number from 0 to {MAX_FACTOR:g}")
+            raise click.UsageError(malformed) from None
+        check(out[int(rank)], text)
     return out
+
+
+def _parse_factors(spec: str | None, what: str) -> dict[int, float]:
+    def check(f: float, text: str) -> None:
+        if not _factor_ok(f):
+            raise click.UsageError(f"{what}: factor {text!r} must be a number from 0 to {MAX_FACTOR:g}")
+
+    return _rank_values(spec, f"{what} must look like '2:1.5,5:2.0', got {spec!r}", check, default="1.5")
 
 
 def _parse_clock(spec: str | None) -> dict[int, float]:
     """``--throttle 5:1200,7:1500`` -> {5: 1200.0, 7: 1500.0}; a usage error for anything else."""
-    out: dict[int, float] = {}
-    for part in (spec or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            rank, mhz = part.split(":")
-            out[int(rank)] = float(mhz)
-        except ValueError:
-            raise click.UsageError(f"--throttle must look like '5:1200,7:1500' (rank:MHz), got {spec!r}") from None
-        if not 100.0 <= out[int(rank)] <= 18000.0:
-            raise click.UsageError(f"--throttle: {mhz!r} MHz must be a number from 100 to 18000")
-    return out
+    def check(mhz: float, text: str) -> None:
+        if not 100.0 <= mhz <= 18000.0:
+            raise click.UsageError(f"--throttle: {text!r} MHz must be a number from 100 to 18000")
+
+    return _rank_values(spec, f"--throttle must look like '5:1200,7:1500' (rank:MHz), got {spec!r}", check)
 
 
 @simulate.command()
