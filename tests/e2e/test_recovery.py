@@ -43,8 +43,10 @@ def test_coordinator_killed_mid_capture_still_analyses_once(tmp_path: Path, monk
     try:
         spec = JobSpec(job_id="rec", world_size=2, node_endpoints=[stack.endpoint(0)],
                        profiler_config_path=tmp_path / "cfg" / "rec", prof_root=tmp_path / "prof", mode="torch",
-                       slow_rank=1, slowdown=3.0, slow_at_step=35, stop_file=tmp_path / "stop", max_seconds=400,
+                       slow_rank=1, slowdown=3.0, slow_at_step=60, stop_file=tmp_path / "stop", max_seconds=400,
                        log_dir=tmp_path / "logs")
+        # the slowdown starts after the detector's default warm-up (10 steps) and baseline (30 steps): this test is
+        # about the restart, and a fresh-clone run once saw no finding at all with the slowdown at step 35
         job = launch_job(spec)
         arm = wait_for(lambda: next((e for e in _events(stack, "rec", False) if e["type"] == "io.profwatch.arm.v1"
                                      and e["data"].get("status") == "written"), None), 180, 0.5, "capture armed")
