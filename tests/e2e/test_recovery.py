@@ -3,6 +3,7 @@ and publishes its alert exactly once (real daemons, a real gloo job)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import tempfile
 from pathlib import Path
@@ -32,6 +33,18 @@ def _captures(stack: Stack, job: str) -> list[dict]:
         return []
 
 
+def _diagnosis(stack: Stack, tmp_path: Path) -> str:
+    """What the coordinator saw, for a wait that timed out: its job status, the events so far and its log's tail."""
+    try:
+        status = json.dumps(call(stack.control, "status", {"job_id": "rec"}, timeout_s=5), default=str)[:3000]
+    except (ControlUnavailable, TypeError, ValueError) as exc:
+        status = f"status unavailable: {exc!r}"
+    events = [e.get("type") for e in _events(stack, "rec", False)]
+    log = tmp_path / "logs" / "coordinator.log"
+    tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+    return f"\nstatus: {status}\nevents: {events}\ncoordinator.log tail:\n" + "\n".join(tail)
+
+
 def test_coordinator_killed_mid_capture_still_analyses_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.conftest import SOURCE_PATHS
 
@@ -48,8 +61,11 @@ def test_coordinator_killed_mid_capture_still_analyses_once(tmp_path: Path, monk
         # the slowdown starts after the detector's default warm-up (10 steps) and baseline (30 steps): this test is
         # about the restart, and a fresh-clone run once saw no finding at all with the slowdown at step 35
         job = launch_job(spec)
-        arm = wait_for(lambda: next((e for e in _events(stack, "rec", False) if e["type"] == "io.profwatch.arm.v1"
-                                     and e["data"].get("status") == "written"), None), 180, 0.5, "capture armed")
+        try:
+            arm = wait_for(lambda: next((e for e in _events(stack, "rec", False) if e["type"] == "io.profwatch.arm.v1"
+                                         and e["data"].get("status") == "written"), None), 180, 0.5, "capture armed")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}{_diagnosis(stack, tmp_path)}") from None
         capture_id = arm["data"]["capture_id"]
         # kill -9 the coordinator while the capture is pending, then start a fresh one on the same state
         coord = stack.procs.pop("coordinator")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from profwatch.commands.demo_timeline import STAGES, Timeline, event_time
@@ -103,3 +105,25 @@ def test_published_events_fold_into_the_stages() -> None:
     assert rows["enriched_update"][2] == pytest.approx(40.0) and rows["detection"][3] == 46
     assert _expects_enrichment(tl) and tl.enriched is not None and "rank 2 compute" in rows["first_alert"][4]
     assert "recipes: slow_rank=ok (3.2s), kineto_breakdown=ok" in rows["analysis"][4]  # durations where reported
+
+
+def test_a_missed_scenario_prints_what_the_analysis_saw(tmp_path):
+    from profwatch.commands.demo import miss_evidence
+
+    rows = [{"rank": r, "step": s, "computation_us": 70_000.0 * (2 if r == 1 else 1), "wait_us": 0.0 if r == 1 else
+             69_000.0, "free_us": 1_500.0} for s in (78, 79) for r in range(4)]
+    (tmp_path / "report.json").write_text(json.dumps({
+        "notes": ["step alignment: labels"], "summaries": rows + [{"rank": "x"}, "junk"],
+        "recipes": {"kineto_breakdown": {"status": "ok", "detail": "4 of 4 ranks, 2 steps"}}}))
+    lines = miss_evidence({"status": "no_suspect", "detail": "no rank stands out", "report": str(tmp_path / "report.html")})
+    assert lines[0] == "status no_suspect: no rank stands out"
+    assert "note: step alignment: labels" in lines and "recipe kineto_breakdown: ok: 4 of 4 ranks, 2 steps" in lines
+    head = next(line for line in lines if line.startswith("per step"))
+    assert head.split()[-2:] == ["rank", "3"]
+    step78 = next(line for line in lines if line.startswith("step 78"))
+    assert step78.split()[2:] == ["70.0/69.0/1.5", "140.0/0.0/1.5", "70.0/69.0/1.5", "70.0/69.0/1.5"]
+    # no report, or one that cannot be read: the status line, and why
+    assert miss_evidence({"status": "failed", "detail": "x"}) == ["status failed: x"]
+    (tmp_path / "bad.json").write_text("{")
+    assert miss_evidence({"status": "failed", "detail": "x", "report": str(tmp_path / "bad.html")})[1].startswith(
+        "report JSON not readable")

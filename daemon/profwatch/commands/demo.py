@@ -247,6 +247,38 @@ def _steps(steps: list[int] | None) -> str:
     return f"{steps[0]}-{steps[-1]}" if steps == list(range(steps[0], steps[-1] + 1)) else ",".join(map(str, steps))
 
 
+def miss_evidence(data: dict[str, Any], max_ranks: int = 8, max_steps: int = 8) -> list[str]:
+    """What the analysis saw, for a scenario that missed: the verdict's detail, notes and recipes, then each rank's
+    computation / wait / free time per step (ms) from the capture's report JSON (``data["report"]`` with ``.json``;
+    at most ``max_ranks`` x ``max_steps``). Lines without leading spaces; [] when there is no report."""
+    out = [f"status {data.get('status')}: {data.get('detail')}"]
+    path = data.get("report")
+    try:
+        doc = json.loads(Path(str(path)).with_suffix(".json").read_text()) if path else None
+    except (OSError, ValueError) as exc:
+        return out + [f"report JSON not readable: {exc}"]
+    if not isinstance(doc, dict):
+        return out
+    out += [f"note: {n}" for n in (doc.get("notes") or [])[:6]]
+    recipes: dict[str, Any] = doc["recipes"] if isinstance(doc.get("recipes"), dict) else {}
+    out += [f"recipe {name}: {r.get('status')}: {r.get('detail')}" for name, r in recipes.items() if isinstance(r, dict)]
+    rows = [r for r in doc.get("summaries") or [] if isinstance(r, dict)]
+    ranks = sorted({int(r["rank"]) for r in rows if isinstance(r.get("rank"), int)})[:max_ranks]
+    steps = sorted({int(r["step"]) for r in rows if isinstance(r.get("step"), int)})[:max_steps]
+    cell = {(r.get("rank"), r.get("step")): r for r in rows}
+    if ranks and steps:
+        out.append("per step, ms (computation/wait/free) " + " ".join(f"{'rank ' + str(k):>17}" for k in ranks))
+        for st in steps:
+            vals = []
+            for k in ranks:
+                r = cell.get((k, st))
+                text = "-" if r is None else "/".join(f"{float(r.get(m) or 0.0) / 1e3:.1f}"
+                                                     for m in ("computation_us", "wait_us", "free_us"))
+                vals.append(text.rjust(17))
+            out.append(f"step {st:<31}" + " ".join(vals))
+    return out
+
+
 def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
     """Print one scenario's timeline and result; True when its first alert names ``slow_rank`` first (scenario
     ``reference``: when its ``changes`` against the reference are led by ``compute``) and an announced enriched
@@ -268,6 +300,9 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
         hit = verdict and top == slow_rank
         echo(f"  result: top suspect {top} (expected {slow_rank}) -> {'OK' if hit else 'MISSED'}; steps captured "
              f"{_steps(d.get('captured_steps'))} of armed {_steps(d.get('armed_steps'))}")
+    if not hit:
+        for line in miss_evidence(d):
+            echo("  " + line)
     if headline:
         echo(f"  since the reference: {headline}")
     saving = saving_text(sus[0].get("impact")) if sus else ""
