@@ -489,8 +489,9 @@ class Coordinator:
 
     def _detect(self, job: JobState, reports: list[Any], node_id: str, now: float) -> None:
         """Hand the job's detector (created at its first step) step reports that arrived at ``now``, acting on each
-        anomaly as it comes (stalls are judged from this arrival time). A handler that fails is counted once
-        (``internal_errors``) and the rest of these reports is not judged."""
+        anomaly as it comes (stalls are judged from this arrival time). An anomaly whose handling fails is counted
+        (``internal_errors``) and the reports after it are still judged; a detector that fails is counted and the
+        rest of these reports is not judged (where it stopped inside them is not known: none is judged twice)."""
         i, n = 0, len(reports)
         while i < n:
             try:
@@ -498,11 +499,14 @@ class Coordinator:
                 if det is None:
                     return
                 i, anomalies = det.observe_many(reports, now, i)
-                for an in anomalies:
-                    self._on_anomaly(an, now)
             except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
                 self._message_failed(exc, reports[min(i, n - 1)], node_id, now)
                 return
+            for an in anomalies:
+                try:
+                    self._on_anomaly(an, now)
+                except Exception as exc:  # noqa: BLE001 - one failed anomaly must not hide the next ones
+                    self._message_failed(exc, reports[max(0, min(i, n) - 1)], node_id, now)
 
     def _ingest_message(self, m: Any, node_id: str, now: float) -> None:
         """One rank message of a batch other than a step report (those go through :meth:`_ingest_steps`)."""
