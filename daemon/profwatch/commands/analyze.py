@@ -30,7 +30,7 @@ from profwatch.analysis.facade import (
     rewrite_report,
 )
 from profwatch.core.batches.completeness import BatchState
-from profwatch.core.display import display_str, printable
+from profwatch.core.display import clip, display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE
 from profwatch.core.verdict.evidence import RecipeStatus
 
@@ -101,7 +101,7 @@ class RecipeProgress:
             self.done.append(name)
             took = f" in {status.duration_s:.1f} s" if status.duration_s else ""
             mem = f", peak {status.peak_rss_bytes / 2**20:.0f} MiB" if status.peak_rss_bytes else ""
-            self._line(f"{name} {status.status}{took}{mem}" + (f": {status.detail[:100]}" if status.status != "ok"
+            self._line(f"{name} {status.status}{took}{mem}" + (f": {clip(status.detail, 100)}" if status.status != "ok"
                                                                 else ""))
         elif event == "verdict":
             self._line(f"verdict {name} (the alert would go out now)")
@@ -151,7 +151,7 @@ def _human(res: AnalysisResult) -> str:
         armed = f" of armed {res.armed_steps}" if res.armed_steps else ""
         lines.append(f"  steps analysed {res.captured_steps}{armed}; evidence {res.strength or '-'}")
     for name, r in res.recipes.items():
-        lines.append(f"  recipe {name:<22} {r.status:<15} {r.detail[:110]}")
+        lines.append(f"  recipe {name:<22} {r.status:<15} {clip(r.detail, 110)}")
     for i, s in enumerate(res.suspects, start=1):
         lines.append(f"  #{i} rank {s.rank:<5} score {s.score:.2f}  {s.kind:<13} host {s.hostname or '-'}  "
                      f"{_saving(s.impact)}")

@@ -39,3 +39,19 @@ def printable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [printable(v) for v in value]
     return value
+
+
+def clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters for one terminal line: unchanged when it fits, else cut at the last
+    space that keeps at least half of the width (a path or a word with no space in reach is cut where it must be)
+    and ended with ``…``. ``width`` below 2 is taken as 2. Never raises.
+
+    Examples: ``clip("slow_rank failed: returncode 1", 20)`` -> ``"slow_rank failed:…"``;
+    ``clip("/a/very/long/path/without/spaces", 12)`` -> ``"/a/very/lon…"``.
+    """
+    width = max(2, width)
+    if len(text) <= width:
+        return text
+    cut = text.rfind(" ", 0, width)  # the text before the space and "…" fit in width
+    head = text[:cut] if cut >= width // 2 else text[: width - 1]
+    return head.rstrip() + "…"
