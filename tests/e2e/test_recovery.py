@@ -54,12 +54,14 @@ def test_coordinator_killed_mid_capture_still_analyses_once(tmp_path: Path, monk
     stack.start()
     job = None
     try:
-        spec = JobSpec(job_id="rec", world_size=2, node_endpoints=[stack.endpoint(0)],
+        spec = JobSpec(job_id="rec", world_size=4, node_endpoints=[stack.endpoint(0)],
                        profiler_config_path=tmp_path / "cfg" / "rec", prof_root=tmp_path / "prof", mode="torch",
                        slow_rank=1, slowdown=3.0, slow_at_step=60, stop_file=tmp_path / "stop", max_seconds=400,
                        log_dir=tmp_path / "logs")
-        # the slowdown starts after the detector's default warm-up (10 steps) and baseline (30 steps): this test is
-        # about the restart, and a fresh-clone run once saw no finding at all with the slowdown at step 35
+        # 4 ranks: the slow rank is found by the rank-outlier detector (it needs 4 ranks to compare, and no job
+        # baseline). With 2 ranks only the job's step-time regression could find it, and when the job's first steps
+        # ran at another level the baseline was still being learned at the slowdown, which it then learned as
+        # normal: no finding at all (2 fresh-clone runs). This test is about the restart.
         job = launch_job(spec)
         try:
             arm = wait_for(lambda: next((e for e in _events(stack, "rec", False) if e["type"] == "io.profwatch.arm.v1"
