@@ -72,6 +72,16 @@ class _DetectorView:
         if det is not None:
             det.exclude_steps(first, last, reason)
 
+    def exclude_until_closed(self, job_id: str, first: int, reason: str) -> None:
+        det = self._d.get(job_id)
+        if det is not None:
+            det.exclude_until_closed(first, reason)
+
+    def close_exclusion(self, job_id: str, reason: str) -> None:
+        det = self._d.get(job_id)
+        if det is not None:
+            det.close_exclusion(reason)
+
     def stalled_ranks(self, job_id: str) -> frozenset[int]:
         det = self._d.get(job_id)
         return frozenset(det.stalled_ranks) if det is not None else frozenset()

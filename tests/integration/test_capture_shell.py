@@ -56,6 +56,7 @@ class World:
         self.batches: list[BatchState] = []
         self.stopped: list[str] = []
         self.excluded: list[tuple[str, int, int, str]] = []
+        self.parse_marks: list[tuple[str, ...]] = []  # ("open", job, first, reason) / ("close", job, reason)
         self.release = threading.Event()  # the fake analysis returns once this is set
         self.release.set()
         self.enrich_release = threading.Event()  # the fake enrichment returns once this is set
@@ -128,6 +129,12 @@ class World:
         class Detectors:
             def exclude_steps(self, job_id: str, first: int, last: int, reason: str) -> None:
                 outer.excluded.append((job_id, first, last, reason))
+
+            def exclude_until_closed(self, job_id: str, first: int, reason: str) -> None:
+                outer.parse_marks.append(("open", job_id, str(first), reason))
+
+            def close_exclusion(self, job_id: str, reason: str) -> None:
+                outer.parse_marks.append(("close", job_id, reason))
 
             def stalled_ranks(self, job_id: str) -> frozenset[int]:
                 return frozenset()
@@ -620,6 +627,26 @@ def test_an_armed_window_is_hidden_from_the_detector_in_step_report_numbering(wo
     cap = w.store.get_capture(cid)
     assert cap is not None and cap.armed_steps == [s + 1, s + 2, s + 3]  # trace labels, as the traces say
     assert w.excluded == [("j1", s + 1, s + 1 + 3 + 1, f"capture {cid}")]
+
+
+def test_the_steps_after_the_window_stay_hidden_until_the_batch_is_complete(world) -> None:
+    """The ranks write and parse their dirs after the window (torch_npu's parse competes with the job for the
+    host): those steps stay out of detection from the window's end until the batch is complete, then only the
+    steps reported so far (and parse_steps after them) stay excluded."""
+    w = world()
+    w.verdict = ("ok", {"status": "ok", "detail": "1 suspect", "suspects": [{"rank": 1}]})
+    cid = _arm_and_land(w, CaptureState.ANALYSED)
+    ((_, _, last, _),) = w.excluded
+    assert w.parse_marks == [("open", "j1", str(last + 1), f"parse {cid}"), ("close", "j1", f"parse {cid}")]
+
+
+def test_a_capture_that_ends_before_its_batch_is_complete_ends_its_hidden_steps_too(world) -> None:
+    w = world()
+    cid = w.arm()["capture_id"]
+    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
+    assert [m[0] for m in w.parse_marks] == ["open"]
+    w.shell.cancel("j1", cid, w.now)
+    assert w.parse_marks[-1] == ("close", "j1", f"parse {cid}") and len(w.parse_marks) == 2
 
 
 def test_rank_dirs_named_while_a_scan_runs_are_read_after_it_and_none_is_dropped(world) -> None:

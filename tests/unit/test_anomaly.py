@@ -55,6 +55,60 @@ def test_planned_capture_window_excluded_without_capturing_flag() -> None:
         det.exclude_steps(10, 9, "backwards")
 
 
+def _long_parse(parse_steps: int) -> list[dict]:
+    """Telemetry with a 3-step window at 150 and a parse that slows the job 1.6x for ``parse_steps`` steps after it
+    (torch_npu parsing on a busy host), without the ``capturing`` flag: only the coordinator's plan hides them."""
+    recs = generate_telemetry(replace(BASE, cv=0.02, capture_start_step=150, capture_steps=3, capture_factor=1.8,
+                                      parse_steps=parse_steps, parse_factor=1.6))
+    for r in recs:
+        r.pop("capturing", None)
+    return recs
+
+
+def test_a_long_parse_after_the_window_stays_hidden_until_the_batch_is_complete() -> None:
+    recs = _long_parse(30)  # steps 153..182 slowed
+    # without the open exclusion, parse_steps (2) hides only 153-154: the rest is a regression
+    det = JobDetector("sim", 8)
+    det.exclude_steps(150, 152, "capture c-1")
+    found, _ = run(recs, 8, det=det)
+    assert kinds(found) == ["step_regression"]
+    # with it, closed when the batch is complete (the coordinator sees every rank dir finished at step 184)
+    det = JobDetector("sim", 8)
+    det.exclude_steps(150, 152, "capture c-1")
+    det.exclude_until_closed(153, "parse c-1")
+    found, _ = run([r for r in recs if r["step"] <= 184], 8, det=det)
+    det.close_exclusion("parse c-1")
+    more, _ = run([r for r in recs if r["step"] > 184], 8, det=det)
+    assert found + more == []
+    furthest = 184
+    assert det.counters["excluded"] == WARM + (furthest + DetectionSettings().parse_steps - 150 + 1)
+
+
+def test_a_closed_exclusion_leaves_a_later_slowdown_to_detection_and_an_open_one_is_bounded() -> None:
+    # closed at once (the batch was complete right after the window): a slowdown from step 200 is found as usual
+    recs = generate_telemetry(replace(BASE, steps=400, cv=0.02, slowdown=0.3, slowdown_from_step=200))
+    det = JobDetector("sim", 8)
+    det.exclude_until_closed(153, "parse c-1")
+    found, _ = run([r for r in recs if r["step"] <= 160], 8, det=det)
+    det.close_exclusion("parse c-1")
+    more, _ = run([r for r in recs if r["step"] > 160], 8, det=det)
+    assert kinds(found + more) == ["step_regression"] and (found + more)[0].step >= 200
+    # never closed (the batch never completes): it ends by itself after parse_max_steps
+    det = JobDetector("sim", 8, DetectionSettings(parse_max_steps=20))
+    det.exclude_until_closed(153, "parse c-1")
+    found, det = run(recs, 8, det=det)
+    assert kinds(found) == ["step_regression"] and found[0].step >= 200
+    assert det.counters["excluded"] == WARM + 20
+    # a close before the range began drops it; closing an unknown reason changes nothing
+    det = JobDetector("sim", 8)
+    det.exclude_until_closed(300, "parse c-2")
+    run([r for r in recs if r["step"] <= 100], 8, det=det)
+    det.close_exclusion("parse c-2")
+    det.close_exclusion("parse c-3")
+    run([r for r in recs if 100 < r["step"] <= 199], 8, det=det)
+    assert det.counters["excluded"] == WARM
+
+
 def test_counter_restart_resets_state() -> None:
     sc = replace(BASE, steps=200, restart_after_step=150, restart_steps=150, cv=0.02)
     found, det = run(generate_telemetry(sc), 8, DetectionSettings(stall_after_s=10.0))

@@ -62,6 +62,14 @@ if TYPE_CHECKING:
 log = structlog.get_logger("profwatch.captures.shell")
 RECENT_PER_JOB = 8
 """Final captures kept in memory per job (late rank events still count their bytes); older ones are in the store."""
+PARSING = lc.ARM_PENDING | lc.SCANNED
+"""Capture states in which the ranks may still be writing or parsing their dirs: the steps after the window stay
+out of detection (``DetectorsPort.exclude_until_closed``) until the capture leaves them (batch complete or ended)."""
+
+
+def parse_reason(capture_id: str) -> str:
+    """The detector's exclusion reason for the steps after ``capture_id``'s window."""
+    return f"parse {capture_id}"
 
 
 def lifecycle_settings(s: Settings) -> lc.LifecycleSettings:
@@ -262,6 +270,8 @@ class CaptureShell:
             self.count_state(cap.state.value)
         for ev in t.events:
             self.emit(ev.type, cap.job_id, dict(ev.data), event_id=ev.event_id)
+        if old is not None and old.state in PARSING and cap.state not in PARSING:
+            self.detectors.close_exclusion(cap.job_id, parse_reason(cap.capture_id))
         if old is not None and old.state in lc.IN_FLIGHT and cap.state not in lc.IN_FLIGHT:
             self.episodes.capture_ended(cap, t.events, self.clock())
             self.references.capture_ended(cap)
@@ -538,8 +548,11 @@ class CaptureShell:
         history.reserve(plan.capture_id, now, estimate_capture_bytes(
             len(covered), plan.active, per_rank if per_rank is not None else self.s.arming.targeting.bytes_per_rank_step))
         cap = self._apply(t)
-        self.detectors.exclude_steps(job.job_id, *profiled_report_steps(plan.start_step, plan.warmup, plan.active),
-                                     f"capture {plan.capture_id}")
+        first, last = profiled_report_steps(plan.start_step, plan.warmup, plan.active)
+        self.detectors.exclude_steps(job.job_id, first, last, f"capture {plan.capture_id}")
+        # and the steps after it while the ranks write and parse their dirs (torch_npu's parse competes with the
+        # job for the host): until the batch is complete or the capture ends (_apply)
+        self.detectors.exclude_until_closed(job.job_id, last + 1, parse_reason(plan.capture_id))
         return {**out, **describe(cap, now)}
 
     def _yield_reference(self, job: JobState, req: CaptureRequest, now: float, dry_run: bool) -> CaptureRequest:

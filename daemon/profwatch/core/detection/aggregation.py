@@ -88,7 +88,8 @@ class StepAggregator:
         bookkeeping): the first ``warmup_steps`` steps of the job and after each restart; steps any rank
         reported with ``capturing`` true and the ``parse_steps`` steps after them (profiler start, flush and
         parse slow them); steps any rank flagged with one of ``excluded_flags``; ranges given to
-        :meth:`exclude_steps` (the coordinator's planned capture windows).
+        :meth:`exclude_steps` (the coordinator's planned capture windows) and by :meth:`exclude_until_closed`
+        (the steps after such a window while its rank dirs are written and parsed).
 
         Restarts: a rank whose step goes backwards starts a new epoch. The first rank to do so resets the job
         state (open steps, exclusions, warm-up) and :meth:`observe` returns ``restarted=True`` so the caller
@@ -168,6 +169,27 @@ class StepAggregator:
             raise ValueError(f"exclude_steps: last ({last}) < first ({first})")
         pad = self.settings.parse_steps if pad_parse_steps else 0
         self._exclusions.append((first, last + pad, reason))
+
+    def exclude_until_closed(self, first: int, reason: str) -> None:
+        """Exclude steps from ``first`` on until :meth:`close_exclusion` of ``reason``, at most
+        ``parse_max_steps`` of them (so a close that never comes cannot blind detection): a capture's rank-side
+        write and parse after its window, whose end the coordinator learns only when the batch is complete."""
+        if self.settings.parse_max_steps > 0:
+            self._exclusions.append((first, first + self.settings.parse_max_steps - 1, reason))
+
+    def close_exclusion(self, reason: str) -> None:
+        """End the ranges excluded as ``reason`` at the furthest step reported so far plus ``parse_steps`` (the
+        steps reported while the reason held, and those just after); a range that has not begun by then is
+        dropped. O(ranges kept)."""
+        end = (self._furthest if self._furthest is not None else -1) + self.settings.parse_steps
+        kept = []
+        for first, last, why in self._exclusions:
+            if why == reason:
+                last = min(last, end)
+                if last < first:
+                    continue
+            kept.append((first, last, why))
+        self._exclusions = deque(kept, maxlen=self._exclusions.maxlen)
 
     # -- ingest ----------------------------------------------------------------------------------------------------
     def observe(self, report: StepReportLike, arrival_unix_s: float, *, rank: int | None = None,

@@ -212,6 +212,17 @@ class JobDetector:
         for u in self.units:
             u.aggregator.exclude_steps(first, last, reason, pad_parse_steps=pad_parse_steps)
 
+    def exclude_until_closed(self, first: int, reason: str) -> None:
+        """Exclude steps from ``first`` on from all detectors until :meth:`close_exclusion` of ``reason`` (at most
+        ``parse_max_steps``; ``StepAggregator.exclude_until_closed``)."""
+        for u in self.units:
+            u.aggregator.exclude_until_closed(first, reason)
+
+    def close_exclusion(self, reason: str) -> None:
+        """End what :meth:`exclude_until_closed` began for ``reason`` (``StepAggregator.close_exclusion``)."""
+        for u in self.units:
+            u.aggregator.close_exclusion(reason)
+
     # -- ingest ----------------------------------------------------------------------------------------------------
     def observe(self, report: StepReportLike, now_unix_s: float) -> list[Anomaly]:
         """Ingest one step report that arrived at ``now_unix_s`` (seconds, the caller's clock: the coordinator's

@@ -28,6 +28,9 @@ class DetectionSettings(BaseModel):
         3, ge=0, description="steps: a step is finalised when all ranks reported it or the furthest rank is this far ahead"
     )
     parse_steps: int = Field(2, ge=0, description="steps excluded after each capturing step (profiler flush/parse)")
+    parse_max_steps: int = Field(
+        600, ge=0, description="steps after a coordinator-armed window that stay excluded while its rank dirs are "
+        "still being written or parsed (until the batch is complete or the capture ends), at most (0 = none)")
     excluded_flags: tuple[str, ...] = Field(("checkpoint", "eval"), description="StepReport.flags that exclude a step")
     max_exclusions: int = Field(256, ge=1, description="excluded step ranges kept (oldest dropped first)")
 
