@@ -229,3 +229,25 @@ def test_detectors_are_swappable_and_fed_every_step_in_order() -> None:
     assert kinds(det.tick(5.0)) == ["stalled_rank"]
     det.update_settings(DetectionSettings(min_effect=0.2))
     assert rec.settings is not None and rec.settings.min_effect == 0.2
+
+
+def test_an_open_exclusion_is_never_evicted_by_the_closed_ranges_and_open_ones_are_bounded() -> None:
+    from types import SimpleNamespace
+
+    from profwatch.core.detection.aggregation import MAX_OPEN_EXCLUSIONS, StepAggregator
+
+    agg = StepAggregator(1, DetectionSettings(max_exclusions=8, parse_steps=0, warmup_steps=0))
+    agg.exclude_until_closed(100, "parse c1")
+    reasons: dict[int, str | None] = {}
+    for st in range(1, 130):
+        # the rank's own profiler flags every other step from 101 to 119: one closed range each, 10 > 8 kept
+        rep = SimpleNamespace(rank=0, step=st, step_time_s=1.0, stages=None, flags=(),
+                              capturing=100 < st < 120 and st % 2 == 1)
+        for f in agg.observe(rep, 0.0)[0]:
+            reasons[f.step] = f.excluded
+    assert all(reasons[st] is not None for st in range(100, 129)), {k: v for k, v in reasons.items() if k >= 100}
+    assert reasons[99] is None
+    # open ranges are bounded: the oldest goes first
+    for k in range(MAX_OPEN_EXCLUSIONS + 3):
+        agg.exclude_until_closed(1000 + k, f"parse x{k}")
+    assert len(agg._open) == MAX_OPEN_EXCLUSIONS and "parse x0" not in agg._open and "parse c1" not in agg._open

@@ -547,12 +547,13 @@ class CaptureShell:
         per_rank = history.bytes_per_rank_step
         history.reserve(plan.capture_id, now, estimate_capture_bytes(
             len(covered), plan.active, per_rank if per_rank is not None else self.s.arming.targeting.bytes_per_rank_step))
-        cap = self._apply(t)
         first, last = profiled_report_steps(plan.start_step, plan.warmup, plan.active)
         self.detectors.exclude_steps(job.job_id, first, last, f"capture {plan.capture_id}")
         # and the steps after it while the ranks write and parse their dirs (torch_npu's parse competes with the
-        # job for the host): until the batch is complete or the capture ends (_apply)
+        # job for the host): until the batch is complete or the capture ends (_apply closes it, so it is opened
+        # first)
         self.detectors.exclude_until_closed(job.job_id, last + 1, parse_reason(plan.capture_id))
+        cap = self._apply(t)
         return {**out, **describe(cap, now)}
 
     def _yield_reference(self, job: JobState, req: CaptureRequest, now: float, dry_run: bool) -> CaptureRequest:

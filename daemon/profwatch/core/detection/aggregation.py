@@ -22,6 +22,9 @@ from profwatch.core.detection.types import FinalizedStep
 NEVER = -(2**62)
 """``last_step`` of a rank that never reported."""
 MAX_STAGES_PER_STEP = 32
+MAX_OPEN_EXCLUSIONS = 16
+"""Open post-capture exclusions (:meth:`StepAggregator.exclude_until_closed`) kept per aggregator; a job has one
+capture in flight at a time, so more means their closes were lost."""
 
 
 class StepReportLike(Protocol):
@@ -117,6 +120,7 @@ class StepAggregator:
         self._first_step: int | None = None
         self._epoch_start_arrival_s = -math.inf
         self._exclusions: deque[tuple[int, int, str]] = deque(maxlen=self.settings.max_exclusions)
+        self._open: dict[str, tuple[int, int]] = {}  # reason -> (first, bound): ranges whose end is not known yet
         self.last_job_step_s: float | None = None
 
     # -- read-only views (RankProgress) ----------------------------------------------------------------------------
@@ -173,23 +177,25 @@ class StepAggregator:
     def exclude_until_closed(self, first: int, reason: str) -> None:
         """Exclude steps from ``first`` on until :meth:`close_exclusion` of ``reason``, at most
         ``parse_max_steps`` of them (so a close that never comes cannot blind detection): a capture's rank-side
-        write and parse after its window, whose end the coordinator learns only when the batch is complete."""
+        write and parse after its window, whose end the coordinator learns only when the batch is complete. Open
+        ranges are kept apart from the closed ones (``max_exclusions`` never evicts one), at most
+        :data:`MAX_OPEN_EXCLUSIONS` (the oldest dropped first)."""
         if self.settings.parse_max_steps > 0:
-            self._exclusions.append((first, first + self.settings.parse_max_steps - 1, reason))
+            self._open[reason] = (first, first + self.settings.parse_max_steps - 1)
+            while len(self._open) > MAX_OPEN_EXCLUSIONS:
+                del self._open[next(iter(self._open))]  # the oldest: its close is long overdue
 
     def close_exclusion(self, reason: str) -> None:
-        """End the ranges excluded as ``reason`` at the furthest step reported so far plus ``parse_steps`` (the
-        steps reported while the reason held, and those just after); a range that has not begun by then is
-        dropped. O(ranges kept)."""
-        end = (self._furthest if self._furthest is not None else -1) + self.settings.parse_steps
-        kept = []
-        for first, last, why in self._exclusions:
-            if why == reason:
-                last = min(last, end)
-                if last < first:
-                    continue
-            kept.append((first, last, why))
-        self._exclusions = deque(kept, maxlen=self._exclusions.maxlen)
+        """End the range :meth:`exclude_until_closed` began for ``reason`` at the furthest step reported so far
+        plus ``parse_steps`` (the steps reported while it was open, and those just after; never past its bound);
+        a range that has not begun by then is dropped. Unknown reasons are ignored. O(1)."""
+        got = self._open.pop(reason, None)
+        if got is None:
+            return
+        first, bound = got
+        last = min(bound, (self._furthest if self._furthest is not None else -1) + self.settings.parse_steps)
+        if last >= first:
+            self._exclusions.append((first, last, reason))
 
     # -- ingest ----------------------------------------------------------------------------------------------------
     def observe(self, report: StepReportLike, arrival_unix_s: float, *, rank: int | None = None,
@@ -378,6 +384,12 @@ class StepAggregator:
         for first, last, reason in ex:
             if first <= step <= last:
                 return reason
+        if self._open:
+            for reason, (first, last) in list(self._open.items()):
+                if last < step:
+                    del self._open[reason]  # ended by its bound (parse_max_steps): the close never came
+                elif first <= step:
+                    return reason
         return None
 
     def _finalize(self, step: int, e: _OpenStep) -> FinalizedStep:
