@@ -198,3 +198,50 @@ def test_ctrl_c_or_sigterm_on_profwatch_analyze_leaves_no_tool_running(tmp_path:
     finally:
         finish_process(cli, 10, terminate=True)
         kill_group_in(pidfile)
+
+
+def test_a_ctrl_c_between_two_submits_still_cancels_the_tool_already_running(tmp_path: Path) -> None:
+    """Ctrl-C can land while the phase still submits its commands (the first tool already runs): the runs of the
+    session must be cancelled then too, or the pool's exit waits for that tool forever (a CI run once hung there:
+    `profwatch analyze` did not end within 30 s of SIGINT)."""
+    from profwatch.adapters.tools.msprof_analysis import prepare_msprof, run_phase
+    from profwatch.core.verdict.msprof_plan import RecipeCommand
+
+    dirs = generate_cluster(tmp_path / "batch", world_size=4)
+    settings = MsprofSettings(command=_tool(tmp_path, "exec sleep 120"), timeout_s=600, max_concurrent_runs=4,
+                              **NO_ADVISOR)
+    runner = MsprofRunner(settings)
+
+    class Interrupting:
+        """A command whose arguments are read (in the submitting thread) once the first tool runs: Ctrl-C then."""
+
+        name, ranks, phase = "slow_rank", None, "alert"
+
+        @property
+        def args(self) -> tuple[str, ...]:
+            wait_for(lambda: bool(runner.running()), 20, what="the first tool running")
+            raise KeyboardInterrupt
+
+    def go() -> ClusterEvidence:
+        ev, session = prepare_msprof(dirs[0].parent, tmp_path / "out", runner=runner, world_size=4)
+        first = RecipeCommand("cluster_time_summary", ("-m", "cluster_time_summary", "-d", str(dirs[0].parent)))
+        return run_phase(session, ev, "alert", runner=runner, commands=[first, Interrupting()])  # type: ignore[list-item]
+
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            go()
+        except BaseException as exc:  # noqa: BLE001 - the interrupt is what the test expects back
+            out["exc"] = exc
+
+    t = threading.Thread(target=target, name="test-interrupted-phase")
+    try:
+        t.start()
+        t.join(30)
+        assert not t.is_alive(), "the phase still waits for the tool it started"
+        assert isinstance(out.get("exc"), KeyboardInterrupt)
+        assert runner.running() == []
+    finally:
+        runner.close()
+        t.join(150)

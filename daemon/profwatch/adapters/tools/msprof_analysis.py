@@ -145,10 +145,10 @@ def run_phase(session: MsprofSession, ev: ClusterEvidence, phase: RecipePhase, *
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"msprof-{phase}") as pool:
         futures: dict[Future[ToolRun], RecipeCommand] = {}
-        for c in cmds:
-            futures[pool.submit(runner.run, c.name, c.args, session.out_dir, ticket=session.ticket, phase=phase,
-                                on_start=functools.partial(on_start, c.name))] = c
-        try:
+        try:  # from the first submit on: a Ctrl-C between two submits must also cancel the tool already running
+            for c in cmds:
+                futures[pool.submit(runner.run, c.name, c.args, session.out_dir, ticket=session.ticket, phase=phase,
+                                    on_start=functools.partial(on_start, c.name))] = c
             pending = set(futures)
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
