@@ -41,6 +41,8 @@ from profwatch.core.verdict.msprof_plan import (
 __all__ = ["MsprofSession", "Progress", "prepare_msprof", "run_msprof_analysis", "run_phase"]
 
 log = structlog.get_logger()
+_WAKE_S = 0.25
+"""Longest the thread running a phase waits on its runs without looking for a pending signal (seconds)."""
 
 Progress = Callable[[str, str, "RecipeStatus | None"], None]
 """``progress(event, recipe, status)``: ``("started", name, None)`` when a tool process starts, ``("finished",
@@ -151,7 +153,10 @@ def run_phase(session: MsprofSession, ev: ClusterEvidence, phase: RecipePhase, *
                                     on_start=functools.partial(on_start, c.name))] = c
             pending = set(futures)
             while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                # with a timeout: a signal the kernel hands to one of the pool's threads only sets Python's flag, and
+                # a main thread blocked in an untimed wait would not run its handler (Ctrl-C or SIGTERM ignored until
+                # a tool ends by itself); waking every _WAKE_S lets KeyboardInterrupt / SystemExit through
+                done, pending = wait(pending, timeout=_WAKE_S, return_when=FIRST_COMPLETED)
                 for fut in done:
                     c = futures[fut]
                     try:
