@@ -166,6 +166,13 @@ def test_every_path_handed_to_the_tool_is_absolute(tmp_path: Path, monkeypatch: 
     assert len(set(outs)) == len(calls)  # a fresh -o per command
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """In the child before exec: SIGINT at its default, as in a shell at a terminal. An ignored SIGINT is inherited
+    across exec (and Python then installs no KeyboardInterrupt handler); something earlier in a full test run leaves
+    the test process's SIGINT ignored at the OS level, which made the Ctrl-C case hang in 3 of 3 full runs."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_on_profwatch_analyze_leaves_no_tool_running(tmp_path: Path, sig: signal.Signals) -> None:
     """The tool runs in its own session (a kill must reach its descendants), so a Ctrl-C at the terminal, or the
@@ -181,15 +188,23 @@ def test_ctrl_c_or_sigterm_on_profwatch_analyze_leaves_no_tool_running(tmp_path:
     tool = _tool(tmp_path, f"echo $$ > {pidfile}; exec sleep 300")
     cfg = tmp_path / "profwatch.toml"
     cfg.write_text(f'[analysis.msprof]\ncommand = "{tool}"\nadvisor = false\nretries = 0\n')
-    cli = subprocess.Popen([PYTHON, "-m", "profwatch.cli", "analyze", str(tmp_path / "batch"), "--config", str(cfg),
+    # -X faulthandler: a CLI that does not end is made to dump its threads (SIGABRT), so the failure says where
+    cli = subprocess.Popen([PYTHON, "-X", "faulthandler", "-m", "profwatch.cli", "analyze", str(tmp_path / "batch"),
+                            "--config", str(cfg),
                             "--out", str(tmp_path / "out")], env=python_env(), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT)
+                           stderr=subprocess.STDOUT, preexec_fn=_sigint_as_at_a_terminal)
     try:
         wait_for(lambda: pidfile.exists() and pidfile.read_text().strip().isdigit(), 60, what="the tool started")
         pid = int(pidfile.read_text())
         t0 = time.monotonic()
         cli.send_signal(sig)
-        rc = cli.wait(30)
+        try:
+            rc = cli.wait(30)
+        except subprocess.TimeoutExpired:
+            cli.send_signal(signal.SIGABRT)
+            dump = cli.communicate(timeout=20)[0]
+            raise AssertionError(f"the CLI did not end within 30 s of {sig.name}; its threads:\n"
+                                 f"{dump.decode(errors='replace')[-6000:]}") from None
         if sig == signal.SIGTERM:
             assert rc == 128 + signal.SIGTERM
         assert time.monotonic() - t0 < 30
