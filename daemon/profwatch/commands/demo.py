@@ -250,7 +250,8 @@ def _steps(steps: list[int] | None) -> str:
 def miss_evidence(data: dict[str, Any], max_ranks: int = 8, max_steps: int = 8) -> list[str]:
     """What the analysis saw, for a scenario that missed: the verdict's detail, notes and recipes, then each rank's
     computation / wait / free time per step (ms) from the capture's report JSON (``data["report"]`` with ``.json``;
-    at most ``max_ranks`` x ``max_steps``). Lines without leading spaces; [] when there is no report."""
+    at most ``max_ranks`` x ``max_steps``). Lines without leading spaces; only the status line when there is no
+    report, and a line saying why when its JSON cannot be read."""
     out = [f"status {data.get('status')}: {data.get('detail')}"]
     path = data.get("report")
     try:
