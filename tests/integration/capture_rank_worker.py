@@ -74,3 +74,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    from profwatch.simulate.launcher import exit_rank
+
+    exit_rank(0)  # not a plain return: a gloo thread can abort the interpreter's finalization (see exit_rank)

@@ -11,6 +11,7 @@ Layout per ``docs/architecture.md``: ``{host}_{pid}_{YYYYmmddHHMMSSfff}_torch_pt
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import socket
@@ -33,6 +34,7 @@ def _burn(ms: float) -> None:
 
 
 def worker(rank: int, args: argparse.Namespace) -> None:
+    faulthandler.enable()  # an abort in a C++ thread (gloo, kineto) then shows where the Python threads were
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, schedule
@@ -70,6 +72,9 @@ def worker(rank: int, args: argparse.Namespace) -> None:
                    "profwatch_job_id": "gloo-test"}, fh)
     open(os.path.join(rank_dir, "trace.done"), "wb").close()
     dist.destroy_process_group()
+    from profwatch.simulate.launcher import exit_rank
+
+    exit_rank(0)  # not a return: a gloo thread can abort the interpreter's finalization (see exit_rank)
 
 
 def main() -> None:

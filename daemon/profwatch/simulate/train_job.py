@@ -145,4 +145,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from profwatch.simulate.launcher import exit_rank
+
+    exit_rank(main())  # not sys.exit: a gloo thread can abort the interpreter's finalization (exit_rank)
