@@ -1,6 +1,6 @@
 """What ``profwatch scan`` / ``analyze`` say about folders that are not a complete PyTorch batch (issue 14 items 2
-and 13): never ``rank ?``, ``rank None`` or ``missing ranks []``; a single rank dir gets "pass its parent";
-MindSpore rank dirs and other outputs profwatch does not analyse are named as found and not supported."""
+and 13): never ``rank ?``, ``rank None`` or ``missing ranks []``; a single rank dir gets "pass its parent" from
+both; MindSpore rank dirs and other outputs profwatch does not analyse are named as found and not supported."""
 
 from __future__ import annotations
 
@@ -62,6 +62,20 @@ def test_scan_of_one_rank_dir_says_to_pass_its_parent(tmp_path: Path) -> None:
     assert res.exit_code == 1  # one rank of four: not complete
     _no_bad_words(res.output)
     assert "pass its parent" not in CliRunner().invoke(scan, [str(dirs[2].parent)]).output
+
+
+def test_analyze_of_one_rank_dir_says_to_pass_its_parent(tmp_path: Path) -> None:
+    """`profwatch demo` prints one rank dir to drill into; `analyze` on it must not leave the user believing the
+    batch is missing ranks."""
+    dirs = generate_cluster(tmp_path / "prof", world_size=4, capture_id="cap-1")
+    args = ["--no-advisor", "--no-html", "--out", str(tmp_path / "work")]
+    res = CliRunner().invoke(analyze, [str(dirs[2]), *args])
+    assert res.exit_code == 1, res.output  # one rank of four: incomplete
+    assert "incomplete" in res.output
+    assert res.output.rstrip().splitlines()[-1].endswith(f"pass its parent ({dirs[2].parent}) to check the whole batch")
+    whole = CliRunner().invoke(analyze, [str(dirs[2].parent), *args])
+    assert whole.exit_code == 0, whole.output
+    assert "pass its parent" not in whole.output
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from profwatch.analysis.facade import (
     enrich_analysis,
     rewrite_report,
 )
+from profwatch.commands.scan import one_rank_dir_note
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.display import clip, display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE
@@ -270,6 +271,9 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
                 click.echo(_human(res))
             if res.status not in GOOD:
                 worst = 1
+    note = one_rank_dir_note(directory)
+    if note and any(b.status != "complete" for b in batches):  # last: the other ranks were not looked for
+        click.echo(note, err=True)
     ctx.exit(worst)
 
 

@@ -36,6 +36,16 @@ def render_table(batches: list[BatchState]) -> str:
     return display_str("\n".join(lines))
 
 
+def one_rank_dir_note(directory: str | os.PathLike[str]) -> str | None:
+    """The note for a DIR that is itself one rank dir (its peers then count as missing), naming the parent to pass
+    instead; None for any other folder. Shared by ``scan`` and ``analyze``."""
+    root = os.path.abspath(directory)
+    if parse_rank_dir_name(os.path.basename(root)) is None:
+        return None
+    return display_str(f"note: {root} is one rank dir, so its peers count as missing above; pass its parent "
+                       f"({os.path.dirname(root)}) to check the whole batch")
+
+
 @click.command("scan")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
 @click.option("--world-size", type=click.IntRange(min=1, max=MAX_WORLD_SIZE), default=None,
@@ -50,8 +60,6 @@ def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: 
     read.
     """
     settings = WatchSettings() if quiet_period_s is None else WatchSettings(quiet_period_s=quiet_period_s)
-    root = os.path.abspath(directory)
-    one_rank_dir = parse_rank_dir_name(os.path.basename(root)) is not None
     try:
         batches = scan_tree(directory, world_size=world_size, now=time.time(), settings=settings)
     except TreeUnavailable as exc:
@@ -66,9 +74,9 @@ def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: 
         click.echo(display_str(f"no rank dirs found under {directory}" + (f"; {other}" if other else "")), err=True)
     if other and (batches or as_json):
         click.echo(display_str(f"note: {other}"), err=True)
-    if one_rank_dir:  # last, so it is what the user reads: the other ranks were not looked for
-        click.echo(display_str(f"note: {root} is one rank dir, so its peers count as missing above; pass its parent "
-                               f"({os.path.dirname(root)}) to check the whole batch"), err=True)
+    note = one_rank_dir_note(directory)
+    if note:  # last, so it is what the user reads: the other ranks were not looked for
+        click.echo(note, err=True)
     if not batches:
         raise SystemExit(EXIT_USAGE)
     raise SystemExit(EXIT_OK if all(b.status == "complete" for b in batches) else EXIT_NOT_OK)
