@@ -13,11 +13,13 @@ prctl(2)), so a launcher killed outright leaves no rank running.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +27,12 @@ from typing import IO, NoReturn
 
 
 def exit_rank(code: int = 0) -> NoReturn:
-    """End a rank process that used a gloo process group: run the atexit hooks, flush stdout/stderr, then
-    ``os._exit(code)``, skipping the interpreter's finalization.
+    """End a rank process that used a gloo process group as a normal exit would, up to the interpreter's
+    finalization, which it skips: wait for the non-daemon threads and run threading's exit hooks (what
+    ``Py_FinalizeEx`` does first: ``threading._shutdown``, e.g. a ThreadPoolExecutor's queued work), run the atexit
+    hooks (``logging.shutdown`` among them; a hook that raises is printed and the rest still run, as at a normal
+    exit), flush Python's stdout/stderr and libc's stdio buffers (``fflush(NULL)``, as ``exit(3)`` does: output a
+    C/C++ library wrote to a stdout that is a file or pipe), then ``os._exit(code)``. Call it from the main thread.
 
     Why: a gloo worker thread can still hold the last collective's work (tensors with Python objects) when the
     main thread returns, and release it while the interpreter finalizes. Taking the GIL then ends that thread
@@ -37,12 +43,18 @@ def exit_rank(code: int = 0) -> NoReturn:
     written and ``destroy_process_group`` had returned; 0 of 80 with this exit. The rank's own work is done at
     this point, so its exit code should not be the torch runtime's race. Never returns.
     """
+    threading._shutdown()  # type: ignore[attr-defined]  # joins non-daemon threads (gloo's are C++, not these)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except (OSError, ValueError):
             pass  # closed or broken: nothing more to save
+    try:
+        ctypes.CDLL(None).fflush(None)  # every C stdio stream (fflush(3) with NULL)
+    except (OSError, AttributeError):
+        pass  # no libc to load by that name (not POSIX): nothing buffered there to lose
     os._exit(code)
 
 
