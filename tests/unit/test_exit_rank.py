@@ -66,4 +66,5 @@ def test_exit_rank_joins_non_daemon_threads_and_executors_first(tmp_path: Path) 
     proc = subprocess.run([PYTHON, "-c", script], env=python_env(), capture_output=True, text=True, timeout=60,
                           check=False)
     assert proc.returncode == 0, proc.stderr
-    assert order.read_text().splitlines() == ["pool", "thread", "atexit"]
+    lines = order.read_text().splitlines()
+    assert sorted(lines[:2]) == ["pool", "thread"] and lines[2:] == ["atexit"], lines  # their own order may vary
