@@ -47,10 +47,10 @@ from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
 from profwatch.adapters.tools.own_tables_reader import TablePrefetcher
 from profwatch.analysis.facade import AnalysisSettings, analyze_batch, enrich_analysis
+from profwatch.core.arming.settings import ArmingSettings
+from profwatch.core.arming.targeting import JobTopology, TargetingSettings, estimate_capture_bytes, plan_targets
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.capture.planner import CaptureSettings, lead_steps, poll_interval_s
-from profwatch.core.capture.settings import ArmingSettings
-from profwatch.core.capture.targeting import JobTopology, TargetingSettings, estimate_capture_bytes, plan_targets
 from profwatch.core.verdict.msprof_plan import MsprofSettings
 from profwatch.simulate.ascend_tree import generate_cluster
 

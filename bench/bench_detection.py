@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 
 from profwatch.commands.replay import ReplayConfig, replay_lines
-from profwatch.core.capture.arming import ArmingSettings
+from profwatch.core.arming.policy import ArmingSettings
 from profwatch.core.detection.job_detector import DetectionSettings, JobDetector
 from profwatch.core.detection.regression import StepTimeRegressionDetector
 from profwatch.core.detection.types import FinalizedStep

@@ -19,10 +19,10 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from profwatch.core.access import SecuritySettings, exposure_problems, is_loopback_endpoint
 from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings
+from profwatch.core.arming.settings import ArmingSettings
 from profwatch.core.batches.settings import WatchSettings
 from profwatch.core.capture.planner import CaptureSettings
-from profwatch.core.capture.reference import ReferenceSettings
-from profwatch.core.capture.settings import ArmingSettings
+from profwatch.core.changes.reference import ReferenceSettings
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.fleet.limits import LimitSettings
 from profwatch.core.verdict.settings import AnalysisSettings

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from profwatch.adapters.fs.rank_dir_fs import scan_tree
-from profwatch.analysis.compare import attach_comparison
 from profwatch.analysis.facade import AnalysisSettings, analyze_batch
 from profwatch.analysis.result import AnalysisResult
+from profwatch.changes.compare import attach_comparison
 from profwatch.core.verdict.msprof_plan import MsprofSettings
 from profwatch.simulate.ascend_tree import generate_cluster
 

@@ -14,10 +14,10 @@ import pytest
 
 from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.adapters.outputs.report import render_html
-from profwatch.adapters.tools.msprof_compare import read_xlsx
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
-from profwatch.analysis.compare import REFERENCE_COMPARE, attach_comparison
 from profwatch.analysis.facade import AnalysisSettings, analyze_batch, enrich_analysis
+from profwatch.changes.compare import REFERENCE_COMPARE, attach_comparison
+from profwatch.changes.msprof_compare import read_xlsx
 from profwatch.core.verdict.msprof_plan import MsprofSettings
 from tests.conftest import PYTHON, python_env
 from tests.integration.test_analyze import _torch_batch

@@ -1,10 +1,10 @@
-"""The arm refusal rules (pure, ``core/capture/admission.py``) on a real registry with a fake clock."""
+"""The arm refusal rules (pure, ``core/arming/admission.py``) on a real registry with a fake clock."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from profwatch.core.capture.admission import arm_refusal, arm_warnings, covered_unavailable
+from profwatch.core.arming.admission import arm_refusal, arm_warnings, covered_unavailable
 from profwatch.core.fleet.registry import Registry
 from rankhook import wire
 

@@ -1,4 +1,4 @@
-"""Tests of daemon/profwatch/core/capture/arming.py (pure; fake clock)."""
+"""Tests of daemon/profwatch/core/arming/policy.py (pure; fake clock)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from profwatch.core.capture.arming import (
+from profwatch.core.arming.policy import (
     ArmDecision,
     ArmHistory,
     ArmingPolicy,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from profwatch.core.capture.availability import explain, unavailable
+from profwatch.core.arming.availability import explain, unavailable
 
 
 @pytest.mark.parametrize(("error", "cause", "fix", "fatal"), [

@@ -1,11 +1,11 @@
-"""What is behind each change since the reference (core/verdict/change_detail.py): the msprof-analyze compare
+"""What is behind each change since the reference (core/changes/detail.py): the msprof-analyze compare
 workbook's sheets, torch per-op totals, the merge over ranks and the detail put into the changes."""
 
 from __future__ import annotations
 
 import pytest
 
-from profwatch.core.verdict.change_detail import (
+from profwatch.core.changes.detail import (
     DetailEntry,
     attach_detail,
     entries_from_compare,
@@ -180,7 +180,7 @@ GROUPS = {**TP, **DP, **PP}
 
 
 def test_same_role_rank_shares_a_group_and_the_position_in_the_others() -> None:
-    from profwatch.core.verdict.changes import same_role_rank
+    from profwatch.core.changes.comparison import same_role_rank
 
     # rank 5: stage 1, shard 0, slice 1. 4 (its tensor peer), 7 (its data peer) and 13 (stage 3) qualify; 4 is nearest
     q, why = same_role_rank(5, GROUPS, GROUPS, [0, 4, 7, 8, 12, 13]) or (None, "")
@@ -193,7 +193,7 @@ def test_same_role_rank_shares_a_group_and_the_position_in_the_others() -> None:
 
 
 def test_a_named_rank_missing_from_the_reference_is_compared_with_its_stand_in() -> None:
-    from profwatch.core.verdict.changes import compare_captures
+    from profwatch.core.changes.comparison import compare_captures
 
     def rows(times: dict[int, float]) -> list[RankStepSummary]:
         return [RankStepSummary(r, s, t + s, t + s, 0.0, 0.0, 0.0, 0.0) for r, t in times.items() for s in (1, 2, 3)]

@@ -1,4 +1,4 @@
-"""What changed since the reference capture (``core/verdict/changes.py``) on generated healthy/regressed pairs."""
+"""What changed since the reference capture (``core/changes/comparison.py``) on generated healthy/regressed pairs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from profwatch.core.verdict.changes import compare_captures, headline, impact_hours_per_day
+from profwatch.core.changes.comparison import compare_captures, headline, impact_hours_per_day
 from profwatch.core.verdict.evidence import RankStepSummary
 from profwatch.simulate.ascend_tree import build_timelines, cluster_time_summary
 

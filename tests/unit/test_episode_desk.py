@@ -1,4 +1,4 @@
-"""EpisodeDesk.start (captures/episode_desk.py) over a real state store: stored episodes with odd rows."""
+"""EpisodeDesk.start (arming/episode_desk.py) over a real state store: stored episodes with odd rows."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from profwatch.adapters.store.state import StateStore
-from profwatch.captures.episode_desk import EpisodeDesk
+from profwatch.arming.episode_desk import EpisodeDesk
 from profwatch.config import Settings
-from profwatch.core.capture.arming import ArmingPolicy
-from profwatch.core.capture.episodes import Episode, JobEpisodes
+from profwatch.core.arming.episodes import Episode, JobEpisodes
+from profwatch.core.arming.policy import ArmingPolicy
 from profwatch.core.detection.types import Anomaly
 
 T0 = 100_000.0

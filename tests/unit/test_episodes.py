@@ -1,4 +1,4 @@
-"""Tests of daemon/profwatch/core/capture/episodes.py (pure; fake clock: times are plain numbers)."""
+"""Tests of daemon/profwatch/core/arming/episodes.py (pure; fake clock: times are plain numbers)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from profwatch.core.capture.arming import ArmingPolicy, ArmingSettings
-from profwatch.core.capture.episodes import Episode, JobEpisodes, episode_key, value_key
-from profwatch.core.capture.targeting import JobTopology
+from profwatch.core.arming.episodes import Episode, JobEpisodes, episode_key, value_key
+from profwatch.core.arming.policy import ArmingPolicy, ArmingSettings
+from profwatch.core.arming.targeting import JobTopology
 from profwatch.core.detection.types import Anomaly
 
 T0 = 100_000.0
@@ -347,7 +347,7 @@ def test_follow_ranks_survive_a_restart() -> None:
 def test_the_waited_for_ranks_are_checked_against_the_capture() -> None:
     from types import SimpleNamespace
 
-    from profwatch.captures.episode_desk import waited_ranks
+    from profwatch.arming.episode_desk import waited_ranks
     cap: Any = SimpleNamespace(rank_list=(0, 1, 2, 3), world_size=8)
     assert waited_ranks(cap, {"named": [], "uncaptured_count": 4}) == (4, 5, 6, 7)  # not named: every rank outside
     assert waited_ranks(cap, {"named": [6]}) == (6,)

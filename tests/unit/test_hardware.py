@@ -1,4 +1,4 @@
-"""Tests of daemon/profwatch/core/verdict/hardware.py (pure: AI Core clock summaries and findings)."""
+"""Tests of daemon/profwatch/core/changes/hardware.py (pure: AI Core clock summaries and findings)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from profwatch.adapters.tools.own_tables_reader import read_aicore_freq, read_rank_aicore, read_rank_tables
-from profwatch.core.verdict.hardware import FreqSummary, below_peers, frequency_changes, summarise_freq
+from profwatch.core.changes.hardware import FreqSummary, below_peers, frequency_changes, summarise_freq
 
 S = 1_000_000_000  # ns per second
 

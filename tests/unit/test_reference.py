@@ -1,11 +1,11 @@
-"""The reference capture's policy (core/capture/reference.py) on a fake clock."""
+"""The reference capture's policy (core/changes/reference.py) on a fake clock."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from profwatch.core.capture.reference import (
+from profwatch.core.changes.reference import (
     JobReference,
     ReferenceInfo,
     ReferenceSettings,

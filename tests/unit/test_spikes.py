@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from profwatch.core.capture.arming import ArmingPolicy, ArmingSettings, JobArmState, capture_request
+from profwatch.core.arming.policy import ArmingPolicy, ArmingSettings, JobArmState, capture_request
 from profwatch.core.capture.planner import CaptureSettings, JobProgress, lead_steps, plan_capture
 from profwatch.core.detection.job_detector import DetectionSettings, JobDetector
 from profwatch.core.detection.spikes import SpikeFilter

@@ -98,8 +98,8 @@ def test_the_readable_alert_line_carries_the_saving_and_the_rank_dir() -> None:
 
 
 def test_episodes_say_what_they_wait_for_and_how_they_ended() -> None:
-    from profwatch.core.capture.arming import ArmingPolicy, ArmingSettings
-    from profwatch.core.capture.episodes import JobEpisodes
+    from profwatch.core.arming.episodes import JobEpisodes
+    from profwatch.core.arming.policy import ArmingPolicy, ArmingSettings
     from profwatch.core.detection.types import Anomaly
 
     s = ArmingSettings(min_arm_gap_s=60, cooldown_s=900)
@@ -153,8 +153,8 @@ def test_other_alerts_show_their_detail_whole_and_no_control_characters() -> Non
 
 def test_a_queued_follow_up_is_shown_in_status_and_as_one_alert_line() -> None:
     from profwatch.commands.alerts import render_event
-    from profwatch.core.capture.arming import ArmingPolicy, ArmingSettings
-    from profwatch.core.capture.episodes import JobEpisodes
+    from profwatch.core.arming.episodes import JobEpisodes
+    from profwatch.core.arming.policy import ArmingPolicy, ArmingSettings
     from profwatch.core.detection.types import Anomaly
 
     s = ArmingSettings(min_arm_gap_s=60, cooldown_s=900)

@@ -1,17 +1,17 @@
-"""Targeted captures (daemon/profwatch/core/capture/targeting.py) and how arming and planning use them (pure: issue 13)."""
+"""Targeted captures (daemon/profwatch/core/arming/targeting.py) and how arming and planning use them (pure: issue 13)."""
 
 from __future__ import annotations
 
-from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
-from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture
-from profwatch.core.capture.report import plan_notes
-from profwatch.core.capture.targeting import (
+from profwatch.core.arming.policy import ArmHistory, ArmingPolicy, ArmingSettings, JobArmState, capture_request
+from profwatch.core.arming.targeting import (
     JobTopology,
     TargetingSettings,
     estimate_capture_bytes,
     plan_follow_up,
     plan_targets,
 )
+from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture
+from profwatch.core.capture.report import plan_notes
 from profwatch.core.detection.job_detector import Anomaly
 
 NOW = 10_000.0

@@ -1,4 +1,4 @@
-"""The standard-library .xlsx reader of msprof-analyze compare's workbook (adapters/tools/msprof_compare.read_xlsx):
+"""The standard-library .xlsx reader of msprof-analyze compare's workbook (``profwatch.changes.msprof_compare.read_xlsx``):
 a well-formed workbook, and hostile ones (a zip bomb, cell references that allocate millions of empty cells, bad
 row numbers) refused with WorkbookError in bounded memory."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.tools.msprof_compare import MAX_XLSX_UNPACKED_BYTES, WorkbookError, read_xlsx
+from profwatch.changes.msprof_compare import MAX_XLSX_UNPACKED_BYTES, WorkbookError, read_xlsx
 
 NS = "http://schemas.openxmlformats.org/spreadsheetml/2006/main"
 RELS = ('<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'

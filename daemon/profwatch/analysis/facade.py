@@ -45,7 +45,6 @@ from profwatch.adapters.tools.msprof_analysis import (
 from profwatch.adapters.tools.msprof_db import own_comm_waits
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
 from profwatch.adapters.tools.own_tables_reader import Signature, read_batch_aicore, read_batch_tables
-from profwatch.analysis.compare import REFERENCE_COMPARE, ReferenceSide, detail_changes
 from profwatch.analysis.result import (
     AnalysisResult,
     AnalysisStatus,
@@ -53,13 +52,14 @@ from profwatch.analysis.result import (
     not_complete,
     overall_status,
 )
+from profwatch.changes.compare import REFERENCE_COMPARE, ReferenceSide, detail_changes
 from profwatch.core.alerts.events import per_rank_summary
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.batches.prof_layout import PROFILER_OUTPUT_DIR
+from profwatch.core.changes.hardware import below_peers
 from profwatch.core.display import printable
 from profwatch.core.verdict.agreement import compare_verdicts
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
-from profwatch.core.verdict.hardware import below_peers
 from profwatch.core.verdict.msprof_plan import ALERT_RECIPES, advisor_ranks, enrich_recipe_names
 from profwatch.core.verdict.own_tables import RankTables, combine_rank_tables, unusable_reason
 from profwatch.core.verdict.ranking import Verdict, judge_batch

@@ -72,11 +72,11 @@ class AnalysisResult:
     waited_for: dict[str, Any] | None = None
     """A targeted capture whose ranks wait for uncaptured ranks (``profwatch.core.verdict.subset.wait_outside``)."""
     hardware: list[dict[str, Any]] = field(default_factory=list)
-    """Ranks whose AI Core clock ran below their peers' (``profwatch.core.verdict.hardware.below_peers``)."""
+    """Ranks whose AI Core clock ran below their peers' (``profwatch.core.changes.hardware.below_peers``)."""
     op_compare: list[dict[str, Any]] = field(default_factory=list)
     """torch.profiler follow-up: ``[{"rank", "reference_rank", "ops": [...]}]`` (``kineto_reader.compare_suspects``)."""
     comparison: dict[str, Any] | None = None
-    """What changed since a healthy reference capture (``profwatch.core.verdict.changes.Comparison.to_json`` plus
+    """What changed since a healthy reference capture (``profwatch.core.changes.comparison.Comparison.to_json`` plus
     ``reference`` {path, batch_id, steps, step_time_s} and ``impact_accelerator_hours_per_day``); None without one."""
     verdict_source: str | None = None
     """What the verdict was judged on: ``own_tables`` (the first Ascend verdict), ``msprof-analyze``, ``kineto``."""
@@ -89,7 +89,7 @@ class AnalysisResult:
     """What the enrich phase needs (``profwatch.analysis.facade.Followup``); None once it ran. Not serialised."""
     rank_dirs: dict[int, str] = field(default_factory=dict, repr=False)
     """rank -> rank dir of the ranks analysed (a later capture's enrich phase compares its ranks with these when
-    this is its reference, ``profwatch.analysis.compare``). Not serialised."""
+    this is its reference, ``profwatch.changes.compare``). Not serialised."""
     groups: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
     """The communication groups smaller than the world its ranks recorded (``BatchState.parallel_groups``): which
     reference rank plays a named rank's role (``changes.same_role_rank``). Not serialised."""

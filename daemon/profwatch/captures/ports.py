@@ -230,7 +230,7 @@ class BatchAnalyser:
         import threading
 
         from profwatch.analysis.facade import analyze_batch
-        from profwatch.core.capture.reference import REFERENCE_REASON
+        from profwatch.core.changes.reference import REFERENCE_REASON
 
         context = dict(context)
         ref = context.pop("reference", None)
@@ -272,8 +272,8 @@ class BatchAnalyser:
         cannot be read or analysed is a note."""
         import time
 
-        from profwatch.analysis.compare import attach_comparison
         from profwatch.analysis.facade import rewrite_report
+        from profwatch.changes.compare import attach_comparison
 
         cid = str(ref.get("capture_id") or "")
         with self._lock:

@@ -1,6 +1,6 @@
 """Capture orchestration (the I/O shell around ``daemon/profwatch/core/capture/lifecycle.py``): arming, config writes, scans,
 analyses, events and persistence, through narrow collaborators (``daemon/profwatch/captures/ports.py``), never the coordinator.
-The shell owns three parts built with explicit arguments: :class:`~profwatch.captures.arm_checks.ArmChecks` (hello
+The shell owns three parts built with explicit arguments: :class:`~profwatch.arming.arm_checks.ArmChecks` (hello
 and arm checks), :class:`~profwatch.captures.config_writes.ConfigWrites` (the arm and the idle config) and
 :class:`~profwatch.captures.analysis_steps.AnalysisSteps` (analyses, enrichment, retention); the last two reach the
 captures only through the shell's ``find`` and ``apply``.
@@ -25,10 +25,10 @@ import structlog
 
 from profwatch.adapters.fs.paths import PathRefused, make_dirs
 from profwatch.adapters.zmq.control import ControlError
+from profwatch.arming.arm_checks import ArmChecks
+from profwatch.arming.episode_desk import EpisodeDesk
 from profwatch.captures.analysis_steps import AnalysisSteps
-from profwatch.captures.arm_checks import ArmChecks
 from profwatch.captures.config_writes import ConfigWrites
-from profwatch.captures.episode_desk import EpisodeDesk
 from profwatch.captures.ports import (
     AnalyserPort,
     Clock,
@@ -40,15 +40,15 @@ from profwatch.captures.ports import (
     SendNodeCommand,
     WatcherPort,
 )
-from profwatch.captures.reference_desk import ReferenceDesk
+from profwatch.changes.reference_desk import ReferenceDesk
 from profwatch.core.alerts.event_types import TYPE_PATH_REFUSED
+from profwatch.core.arming.policy import ArmHistory, ArmingPolicy, ArmingSettings
+from profwatch.core.arming.targeting import JobTopology, estimate_capture_bytes
 from profwatch.core.batches.completeness import BatchState, CaptureHint
 from profwatch.core.capture import lifecycle as lc
-from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, ArmingSettings
 from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
-from profwatch.core.capture.reference import REFERENCE_REASON, yield_start_after
 from profwatch.core.capture.report import describe, explain_ranks, rank_causes, refusal
-from profwatch.core.capture.targeting import JobTopology, estimate_capture_bytes
+from profwatch.core.changes.reference import REFERENCE_REASON, yield_start_after
 from profwatch.core.fleet.step_window import median
 from profwatch.core.step_numbering import profiled_report_steps
 from rankhook import wire
@@ -153,10 +153,10 @@ class CaptureShell:
         self._want_full: set[str] = set()  # captures whose prof_dir waits for a full look
         self._want_dirs: dict[str, set[str]] = {}  # capture_id -> rank dirs events named, waiting to be read
         self._next_scan: dict[str, float] = {}
-        self.episodes = EpisodeDesk(  # anomalies as episodes; the capture queue (captures/episode_desk.py)
+        self.episodes = EpisodeDesk(  # anomalies as episodes; the capture queue (arming/episode_desk.py)
             settings=settings, store=store, jobs=jobs, detectors=detectors, emit=emit, arm=self.arm,
             in_flight=self._slot_held_for_episodes, topology=self.topology, policy=lambda: self.policy)
-        self.references = ReferenceDesk(  # the job's healthy reference capture (captures/reference_desk.py)
+        self.references = ReferenceDesk(  # the job's healthy reference capture (changes/reference_desk.py)
             settings=settings, store=store, jobs=jobs, detectors=detectors, arm=self.arm,
             slot_busy=lambda job_id: lc.blocking_capture(self._job(job_id).active.values(),
                                                          self._generation(job_id)) is not None,
@@ -166,7 +166,7 @@ class CaptureShell:
 
     def _slot_held_for_episodes(self, job_id: str) -> bool:
         """Whether a capture holds the job's config slot against an episode: a reference never does (an episode's
-        arm cancels it: ``core/capture/reference.py``)."""
+        arm cancels it: ``core/changes/reference.py``)."""
         blocker = lc.blocking_capture(self._job(job_id).active.values(), self._generation(job_id))
         return blocker is not None and blocker.reason != REFERENCE_REASON
 
@@ -476,14 +476,14 @@ class CaptureShell:
 
     def on_anomaly(self, an: Anomaly, now: float) -> None:
         """A detector's report: its episode is opened or updated and the job's capture queue runs
-        (``daemon/profwatch/captures/episode_desk.py``; the arming path shared with ``profwatch replay``)."""
+        (``daemon/profwatch/arming/episode_desk.py``; the arming path shared with ``profwatch replay``)."""
         self.episodes.on_anomaly(an, now)
 
     def arm(self, job_id: str, req: CaptureRequest, now: float, dry_run: bool = False) -> dict[str, Any]:
         """Plan one capture and start its life. A dry run plans the same and says whether the arm would be refused
         (``refused``). Raises ``ControlError``: ``not_found``, ``refused`` (paths, ranks or nodes not ready),
         ``conflict`` (a capture in flight: named, with its deadline), ``bad_request`` (cannot plan, e.g. no step time
-        measured yet: ``core/capture/planner.py``; the refusal rules: ``core/capture/admission.py``)."""
+        measured yet: ``core/capture/planner.py``; the refusal rules: ``core/arming/admission.py``)."""
         job = self.jobs.get(job_id)
         if job is None:
             raise ControlError("not_found", f"unknown job {job_id!r} (no rank has said hello)")

@@ -21,7 +21,6 @@ import click
 from profwatch.adapters.fs.rank_dir_fs import TreeUnavailable, describe_unsupported, find_unsupported, scan_tree
 from profwatch.adapters.fs.staging import mark_output_dir
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
-from profwatch.analysis.compare import attach_comparison
 from profwatch.analysis.facade import (
     AnalysisResult,
     AnalysisSettings,
@@ -29,6 +28,7 @@ from profwatch.analysis.facade import (
     enrich_analysis,
     rewrite_report,
 )
+from profwatch.changes.compare import attach_comparison
 from profwatch.commands.scan import one_rank_dir_note
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.display import clip, display_str, printable

@@ -3,9 +3,9 @@ edge: reads one JSONL file and an optional TOML config; the work is :func:`repla
 
 Record format: ``daemon/profwatch/core/fleet/telemetry.py`` (what ``profwatch telemetry --job J`` writes).
 
-Replay goes through the coordinator's arming path (``daemon/profwatch/core/capture/arming.py``): the same detector
-(``JobDetector``), the same episodes and capture queue (:class:`~profwatch.core.capture.episodes.JobEpisodes` with its
-:class:`~profwatch.core.capture.arming.ArmHistory`, so a would-arm in observe mode counts for the cooldown, the gap and
+Replay goes through the coordinator's arming path (``daemon/profwatch/core/arming/policy.py``): the same detector
+(``JobDetector``), the same episodes and capture queue (:class:`~profwatch.core.arming.episodes.JobEpisodes` with its
+:class:`~profwatch.core.arming.policy.ArmHistory`, so a would-arm in observe mode counts for the cooldown, the gap and
 the caps as an arm does), the same policy, the same step time (``JobDetector.baseline_step_time_s``) and the same
 planner (``profwatch.core.capture.planner.plan_capture`` with the ``[capture]`` settings). Time is taken from the
 records' ``ts_unix_s``: it stands for the arrival time of each report (stall checks, episode closing and the
@@ -29,8 +29,8 @@ from typing import Any
 import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from profwatch.core.capture.arming import ArmingPolicy, ArmingSettings, capture_request
-from profwatch.core.capture.episodes import JobEpisodes
+from profwatch.core.arming.episodes import JobEpisodes
+from profwatch.core.arming.policy import ArmingPolicy, ArmingSettings, capture_request
 from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
 from profwatch.core.fleet.generations import GenerationOpened
@@ -108,7 +108,7 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
     the ``episode_id`` they captured and ``waited_s`` since it opened; ``suppressed``
     lists anomalies not armed when they arrived, with what their episode waits for (it is armed later when the
     budget allows, unless it closes first); ``episodes`` every episode, open and closed, as
-    :meth:`~profwatch.core.capture.episodes.Episode.to_json`; ``generations`` the new runs the records show
+    :meth:`~profwatch.core.arming.episodes.Episode.to_json`; ``generations`` the new runs the records show
     (``job_generation`` data: records that name their ``pid`` follow the coordinator's rule,
     ``daemon/profwatch/core/fleet/replay_runs.py``). Bad lines are counted with their 1-based line numbers
     (first 100 listed); nothing here raises on bad input.

@@ -11,7 +11,7 @@ rows; 3 = ``jobs.generation``, ``jobs.restart_count`` (added to a version-2 file
 (``captures.idle_owed``: added in place, derived for the rows already there by
 ``daemon/profwatch/adapters/store/state_migrate.py``). A newer version is refused with :class:`StateSchemaError`.
 The ``sink_outbox`` table (a sink's undelivered events, in order) and the ``episodes`` table (anomaly episodes,
-``daemon/profwatch/core/capture/episodes.py``) are created when missing without a version change: an older
+``daemon/profwatch/core/arming/episodes.py``) are created when missing without a version change: an older
 profwatch ignores them.
 
 A write the disk refuses (``SQLITE_FULL``, an I/O error) loses nothing the coordinator still holds: events, capture

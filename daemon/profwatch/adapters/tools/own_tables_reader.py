@@ -22,7 +22,7 @@ from typing import Any
 from profwatch.adapters.tools.msprof_db import connect_ro
 from profwatch.adapters.tools.rank_prefetch import RankPrefetcher
 from profwatch.core.batches.prof_layout import ANALYSIS_DB, PROFILER_DB_RE, PROFILER_OUTPUT_DIR
-from profwatch.core.verdict.hardware import FreqSummary, summarise_sorted
+from profwatch.core.changes.hardware import FreqSummary, summarise_sorted
 from profwatch.core.verdict.own_tables import (
     KIND_COMM,
     KIND_COMPUTE,

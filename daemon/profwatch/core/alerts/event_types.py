@@ -95,7 +95,7 @@ TABLE: tuple[EventType, ...] = (
               alertmanager=("ProfwatchCaptureUnavailable",), job_alert=True, severity="warning",
               resolved_by="job_ended",
               summary="ranks of the job cannot be captured (config folder missing, backend not importable): "
-                      "the cause and the fix (core/capture/availability.py)"),
+                      "the cause and the fix (core/arming/availability.py)"),
     EventType("storage_failed", alert=True, restored_by_sinks=False, alertmanager=(), job_alert=False,
               severity=None, resolved_by="storage_recovered (an event, not an Alertmanager alert)",
               summary="the coordinator's state store refused a write (disk full); events are published anyway"),

@@ -295,7 +295,7 @@ class ProfilerMetadata:
     ``distributed_args.world_size``, else the ``profwatch_world_size`` profwatch stamps (docs/rank-dirs.md#completion). ``group_names``: the HCCL communicator names
     (keys of ``parallel_group_info``), identical across ranks of one job, a grouping hint only. ``groups``: the
     communicators smaller than the world (name -> sorted global ranks), which targeted captures use to pick a
-    suspect's group peers (``daemon/profwatch/core/capture/targeting.py``); the world group is left out (it says nothing about
+    suspect's group peers (``daemon/profwatch/core/arming/targeting.py``); the world group is left out (it says nothing about
     locality, and a copy of it per rank would cost N^2 memory).
     """
 

@@ -34,8 +34,8 @@ from profwatch.core.alerts.events import (
 )
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.capture.planner import CapturePlan, poll_interval_s
-from profwatch.core.capture.reference import REFERENCE_REASON
 from profwatch.core.capture.report import explain_ranks, plan_notes, verdict_payload
+from profwatch.core.changes.reference import REFERENCE_REASON
 from rankhook import wire
 
 
@@ -266,14 +266,14 @@ def blocking_capture(captures: Iterable[Capture], generation: int | None = None)
     """The capture of a job that blocks a new arm (torch_npu keeps one pending config slot), or None. With the job's
     current ``generation``, an ``analysing`` capture of an older generation blocks nothing: its window is over (the
     slot is free) and a new run's arms are never held back by the old run's captures. An ``analysing`` reference
-    capture blocks nothing either (``core/capture/reference.py``: a reference yields the slot)."""
+    capture blocks nothing either (``core/changes/reference.py``: a reference yields the slot)."""
     return next((c for c in captures if c.state in IN_FLIGHT and not (c.state is S.ANALYSING and (
         c.reason == REFERENCE_REASON or (generation is not None and c.generation < generation)))), None)
 
 
 def reference_in_window(captures: Iterable[Capture]) -> Capture | None:
     """The job's reference capture whose window has not ended (planned, written, acknowledged, collecting), or
-    None: the one an episode's arm cancels (``core/capture/reference.py``: an episode never waits for a
+    None: the one an episode's arm cancels (``core/changes/reference.py``: an episode never waits for a
     reference)."""
     return next((c for c in captures if c.reason == REFERENCE_REASON and c.state in WINDOW_PENDING), None)
 

@@ -98,7 +98,7 @@ class CaptureSettings(BaseModel):
 class CaptureRequest(BaseModel):
     """Ask for one capture. ``start_step`` (absolute) or ``in_steps`` (at least this many steps ahead of the
     furthest rank) override the planner's lead; ``rank_list`` None = all ranks; ``capture_id`` None = new one;
-    ``targeting``: why these ranks (``profwatch.core.capture.targeting.Target.to_json`` + ``estimated_bytes``), carried into
+    ``targeting``: why these ranks (``profwatch.core.arming.targeting.Target.to_json`` + ``estimated_bytes``), carried into
     the capture's event and notes; ``named_ranks``: the ranks the anomaly behind it named (None: job-wide or a manual
     arm), stamped into the metadata (``prof_layout.NAMED_RANKS_KEY``)."""
 

@@ -27,7 +27,7 @@ follow-up (``analysis_enriched``) has the same keys: ``pending_recipes`` (what t
 changed since a healthy reference capture (``docs/changes.md``; [] and null without one); ``one_offs`` (ranks slow
 in one step only, with their cost) and ``waited_for`` (a targeted capture whose ranks wait for ranks it did not
 capture: what they wait and for whom, else null); ``hardware`` (ranks whose AI Core clock ran below their peers',
-from ``AICORE_FREQ``: ``profwatch.core.verdict.hardware.below_peers``; [] when none or not recorded);
+from ``AICORE_FREQ``: ``profwatch.core.changes.hardware.below_peers``; [] when none or not recorded);
 ``verdict_source`` says what the verdict was judged on
 (``own_tables``: profwatch's reading of each rank's tables, the first Ascend verdict; ``msprof-analyze``; ``kineto``;
 null without an analysis) and ``agreement`` whether msprof-analyze confirmed the first verdict

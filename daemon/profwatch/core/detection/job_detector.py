@@ -184,7 +184,7 @@ class JobDetector:
 
     def ongoing(self) -> dict[str, frozenset[int]]:
         """Per anomaly kind, the ranks its detector still names now (``rank_outlier``: reported and not cleared;
-        ``stalled_rank``: stalled): what tells the episode layer (``daemon/profwatch/core/capture/episodes.py``) that an
+        ``stalled_rank``: stalled): what tells the episode layer (``daemon/profwatch/core/arming/episodes.py``) that an
         episode still holds between reports."""
         out: dict[str, frozenset[int]] = {"stalled_rank": self.stalled_ranks}
         for u in self.units:

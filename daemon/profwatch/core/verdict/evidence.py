@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from profwatch.core.verdict.hardware import FreqSummary
+    from profwatch.core.changes.hardware import FreqSummary
 
 RecipeState = Literal["ok", "not_applicable", "no_data", "tool_error", "timeout", "oom", "skipped"]
 RecipePhase = Literal["alert", "enrich"]

@@ -19,8 +19,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from profwatch.core.changes.hardware import FreqSummary
 from profwatch.core.verdict.evidence import RankStepSummary
-from profwatch.core.verdict.hardware import FreqSummary
 
 NO_STEP = -1
 """Step label msprof-analyze gives when a rank DB has no ``STEP_TIME`` table (and profwatch too)."""
@@ -71,7 +71,7 @@ class RankTables:
     has_memcpy: bool = False
     """The rank DB holds at least one ``MEMCPY_ASYNC`` task."""
     aicore: FreqSummary | None = None
-    """Its AI Core clock over the captured steps (``AICORE_FREQ``: ``profwatch.core.verdict.hardware``); None
+    """Its AI Core clock over the captured steps (``AICORE_FREQ``: ``profwatch.core.changes.hardware``); None
     without that table."""
 
 

@@ -187,7 +187,7 @@ def _detail_text(detail: Any) -> str:
 
 
 def _detail_items(detail: Any) -> tuple[tuple[DetailItem, ...], str]:
-    """The entries of a list ``detail`` (``change_detail.DetailEntry.to_json``) and their source text
+    """The entries of a list ``detail`` (``profwatch.core.changes.detail.DetailEntry.to_json``) and their source text
     ("ranks 0, 1; msprof-analyze compare"); ``((), "")`` for anything else."""
     if not isinstance(detail, list):
         return (), ""
@@ -483,7 +483,7 @@ def _mapping(v: Any) -> Mapping[str, Any]:
 
 def hardware_kinds(raw: Any) -> dict[int, str]:
     """rank -> ``"; AI Core 1200 MHz, peers 1800 MHz"`` for the ranks of a verdict's ``hardware`` list (their clock
-    ran below their peers': ``profwatch.core.verdict.hardware.below_peers``), appended to a suspect's kind so the
+    ran below their peers': ``profwatch.core.changes.hardware.below_peers``), appended to a suspect's kind so the
     headline and the suspects table say the cause; malformed entries are skipped."""
     out: dict[int, str] = {}
     for h in raw if isinstance(raw, list) else []:

@@ -2,11 +2,11 @@
 
 An anomaly is an episode: opened by the first report of a finding, updated while it lasts (magnitude, ranks,
 stage), closed when it ends. Every open episode that wants a capture waits in one queue per job, ordered by value;
-the :class:`~profwatch.core.capture.arming.ArmingPolicy` decides each in that order and the first that passes is armed.
+the :class:`~profwatch.core.arming.policy.ArmingPolicy` decides each in that order and the first that passes is armed.
 An episode that could not be captured stays in the queue while it lasts: it is never dropped.
 
 One open episode per (job, kind, scope): the record, its key and the queue order are
-``daemon/profwatch/core/capture/episode_record.py``. New kinds (``structural_imbalance``, ``drift``, ...) are
+``daemon/profwatch/core/arming/episode_record.py``. New kinds (``structural_imbalance``, ``drift``, ...) are
 handled by the same rules. ``step_spike`` is an event, never an episode (it was over before
 any capture could start).
 """
@@ -24,17 +24,17 @@ from profwatch.core.alerts.event_types import (
     TYPE_EPISODE_OPENED,
     TYPE_EPISODE_UPDATED,
 )
-from profwatch.core.capture.arming import JOB_HOLDS, ArmDecision, ArmHistory, ArmingPolicy
-from profwatch.core.capture.episode_record import (
+from profwatch.core.arming.episode_record import (
     CAPTURED,
     Episode,
     EpisodeCapture,
     episode_key,
     value_key,
 )
+from profwatch.core.arming.policy import JOB_HOLDS, ArmDecision, ArmHistory, ArmingPolicy
+from profwatch.core.arming.settings import ArmingSettings
+from profwatch.core.arming.targeting import JobTopology
 from profwatch.core.capture.lifecycle import Event
-from profwatch.core.capture.settings import ArmingSettings
-from profwatch.core.capture.targeting import JobTopology
 from profwatch.core.detection.types import Anomaly
 
 __all__ = ["Episode", "EpisodeCapture", "JobEpisodes", "episode_key", "value_key"]  # the record's names too
@@ -58,7 +58,7 @@ def _rotates(tops: list[int], n: int) -> bool:
 
 
 class JobEpisodes:
-    """The episodes of one job and its arm budget (:class:`~profwatch.core.capture.arming.ArmHistory`).
+    """The episodes of one job and its arm budget (:class:`~profwatch.core.arming.policy.ArmHistory`).
 
     Args:
         job_id: the job.
@@ -96,7 +96,7 @@ class JobEpisodes:
         capture whose ranks waited for ranks it did not hold (``waited``) asks for one follow-up: the episode wants a
         capture again at once (no cooldown: the waited-for ranks are new to it), through the job's budget (gap,
         hourly and byte caps), covering those ranks (:attr:`Episode.follow_ranks`,
-        :func:`~profwatch.core.capture.targeting.plan_follow_up`); a follow-up's own ``partial`` asks for none (one
+        :func:`~profwatch.core.arming.targeting.plan_follow_up`); a follow-up's own ``partial`` asks for none (one
         per capture that was not itself a follow-up), nor does a fixed ``[arming] rank_list`` (it would capture the
         same ranks again) nor an episode whose culprit rotates (it is not captured again). A follow-up larger than the
         byte cap itself is dropped in :meth:`next_arm`.

@@ -13,7 +13,7 @@ ran slow nor compare it with its peers. Here:
   ranks' means by more than ``drop_frac`` (5 %: a clock step on these chips is 100 MHz or more, 5-6 % of 1800 MHz) ran slower hardware:
   kind ``hardware`` with its frequency, the peers', and how long it spent below them;
 * :func:`frequency_changes`: a rank both captures hold whose busy mean fell below its own reference mean by more than
-  ``drop_frac``: a :class:`~profwatch.core.verdict.changes.Change` of component ``hardware`` (``delta_s_per_step``
+  ``drop_frac``: a :class:`~profwatch.core.changes.comparison.Change` of component ``hardware`` (``delta_s_per_step``
   None, ``detail`` the text).
 
 A slower clock explains a slow rank (or a slow group) without a software cause: compute scales with the clock, so a
@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from profwatch.core.verdict.changes import Change
+from profwatch.core.changes.comparison import Change
 from profwatch.core.verdict.robust import median
 
 DROP_FRAC = 0.05

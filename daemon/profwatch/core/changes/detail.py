@@ -2,7 +2,7 @@
 
 The enrich phase compares one or two ranks of a regression's capture with the same ranks of the reference
 (``docs/changes.md#detail``): on Ascend with ``msprof-analyze compare`` (its result workbook, read into
-:data:`Sheets` by ``daemon/profwatch/adapters/tools/msprof_compare.py``), on torch.profiler captures with the
+:data:`Sheets` by ``daemon/profwatch/changes/msprof_compare.py``), on torch.profiler captures with the
 per-operator totals of both traces (``kineto_reader.op_totals``). This module turns either into
 :class:`DetailEntry` rows (seconds per step, now minus reference), averages them over the compared ranks and puts
 the largest of them into the ``detail`` of the ``compute`` and ``communication`` changes of a verdict's

@@ -1,5 +1,5 @@
-"""The coordinator's reference captures (I/O shell around ``daemon/profwatch/core/capture/reference.py``): one
-:class:`~profwatch.core.capture.reference.JobReference` per job, judged about once a second; it arms a reference
+"""The coordinator's reference captures (I/O shell around ``daemon/profwatch/core/changes/reference.py``): one
+:class:`~profwatch.core.changes.reference.JobReference` per job, judged about once a second; it arms a reference
 through the capture shell's ``arm``, learns its outcome when it leaves flight, hands the newest analysed reference to
 the analyses of later captures and to ``status``, and keeps that reference out of retention.
 
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from profwatch.adapters.zmq.control import ControlError
+from profwatch.core.arming.policy import capture_coverage
 from profwatch.core.capture import lifecycle as lc
-from profwatch.core.capture.arming import capture_coverage
 from profwatch.core.capture.planner import CaptureRequest
-from profwatch.core.capture.reference import (
+from profwatch.core.changes.reference import (
     REFERENCE_REASON,
     JobReference,
     ReferenceInfo,
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from profwatch.adapters.store.state import StateStore
     from profwatch.captures.ports import DetectorsPort
     from profwatch.config import Settings
-    from profwatch.core.capture.arming import ArmHistory, ArmingPolicy
-    from profwatch.core.capture.targeting import JobTopology
+    from profwatch.core.arming.policy import ArmHistory, ArmingPolicy
+    from profwatch.core.arming.targeting import JobTopology
     from profwatch.core.fleet.registry import JobState
 
 log = structlog.get_logger("profwatch.captures.reference")

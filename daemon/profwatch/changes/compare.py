@@ -1,6 +1,6 @@
 """Attach "what changed since the reference capture" to an analysed batch, and in its enrich phase what is behind
-each change (composition; the rules are pure, in ``daemon/profwatch/core/verdict/changes.py`` and
-``change_detail.py``; ``docs/changes.md``)."""
+each change (composition; the rules are pure, in ``daemon/profwatch/core/changes/comparison.py`` and
+``detail.py``; ``docs/changes.md``)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from pathlib import Path
 
 import structlog
 
-from profwatch.adapters.tools.msprof_compare import compare_rank
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
 from profwatch.analysis.result import AnalysisResult
-from profwatch.core.verdict.change_detail import (
+from profwatch.changes.msprof_compare import compare_rank
+from profwatch.core.changes.comparison import compare_captures, impact_hours_per_day, same_role_rank
+from profwatch.core.changes.detail import (
     DETAILED_COMPONENTS,
     DetailEntry,
     attach_detail,
@@ -23,9 +24,8 @@ from profwatch.core.verdict.change_detail import (
     merge_ranks,
     pick_ranks,
 )
-from profwatch.core.verdict.changes import compare_captures, impact_hours_per_day, same_role_rank
+from profwatch.core.changes.hardware import frequency_changes
 from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus
-from profwatch.core.verdict.hardware import frequency_changes
 
 log = structlog.get_logger()
 
@@ -97,7 +97,7 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
                    count: int = DETAIL_RANKS) -> tuple[RecipeStatus, list[str]]:
     """Compare the ``count`` ranks whose step time changed most (among ``ref.ranks``, present in both captures'
     rank dirs) with the same ranks of the reference, operator by operator, and put what is behind each
-    ``compute`` / ``communication`` change into its ``detail`` (``change_detail.attach_detail``): Ascend rank
+    ``compute`` / ``communication`` change into its ``detail`` (``core/changes/detail.py: attach_detail``): Ascend rank
     dirs with ``msprof-analyze compare`` through ``runner`` (a ``MsprofRunner``; its timeout and memory cap,
     enrich priority; one rank after the other), torch.profiler traces with their per-operator totals. A rank whose comparison fails is
     left out; after a compare that timed out or was killed at the memory cap (and none succeeded) the remaining

@@ -1,4 +1,4 @@
-"""Limits of automatic capture arming (pure, pydantic; the policy itself is ``daemon/profwatch/core/capture/arming.py``).
+"""Limits of automatic capture arming (pure, pydantic; the policy itself is ``daemon/profwatch/core/arming/policy.py``).
 
 A module of its own so that ``daemon/profwatch/config.py`` composes it without importing the detector (and numpy).
 """
@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profwatch.core.capture.targeting import TargetingSettings
+from profwatch.core.arming.targeting import TargetingSettings
 
 __all__ = ["ArmableKind", "ArmingSettings"]
 
@@ -58,4 +58,4 @@ class ArmingSettings(BaseModel):
     targeting: TargetingSettings = Field(
         default_factory=TargetingSettings,
         description="targeted captures of large jobs: suspects + node/group peers + reference ranks, or a sample "
-                    "covering every node for a job-wide anomaly (daemon/profwatch/core/capture/targeting.py); rank_list overrides it")
+                    "covering every node for a job-wide anomaly (daemon/profwatch/core/arming/targeting.py); rank_list overrides it")

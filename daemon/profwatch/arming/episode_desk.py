@@ -1,5 +1,5 @@
-"""The coordinator's episodes (I/O shell around ``daemon/profwatch/core/capture/episodes.py``): one
-:class:`~profwatch.core.capture.episodes.JobEpisodes` per job, fed with the detectors' reports, run on every report and
+"""The coordinator's episodes (I/O shell around ``daemon/profwatch/core/arming/episodes.py``): one
+:class:`~profwatch.core.arming.episodes.JobEpisodes` per job, fed with the detectors' reports, run on every report and
 about once a second; it arms through the capture shell's ``arm``, publishes the episode events and the arm
 decisions, and keeps every episode in the state store (open ones survive a restart).
 
@@ -15,15 +15,15 @@ import structlog
 
 from profwatch.adapters.zmq.control import ControlError
 from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_SUSPECT_RANKS
+from profwatch.core.arming.episodes import Episode, JobEpisodes
+from profwatch.core.arming.policy import ArmHistory, ArmingPolicy, capture_request
 from profwatch.core.capture import lifecycle as lc
-from profwatch.core.capture.arming import ArmHistory, ArmingPolicy, capture_request
-from profwatch.core.capture.episodes import Episode, JobEpisodes
 
 if TYPE_CHECKING:
     from profwatch.adapters.store.state import StateStore
     from profwatch.captures.ports import DetectorsPort, Emit
     from profwatch.config import Settings
-    from profwatch.core.capture.targeting import JobTopology
+    from profwatch.core.arming.targeting import JobTopology
     from profwatch.core.detection.types import Anomaly
     from profwatch.core.fleet.registry import JobState
 

@@ -2,7 +2,7 @@
 
 When a job has been steady for a while, the coordinator arms one short capture with reason
 :data:`REFERENCE_REASON`; once analysed it is the job's baseline, and the verdict of every later capture of the job
-carries what changed since it (``daemon/profwatch/core/verdict/changes.py``, ``docs/changes.md``).
+carries what changed since it (``daemon/profwatch/core/changes/comparison.py``, ``docs/changes.md``).
 
 Rules (``docs/reference.md`` says them in words):
 

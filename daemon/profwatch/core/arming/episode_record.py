@@ -1,6 +1,6 @@
 """One anomaly episode as data: :class:`Episode`, the captures that cover it (:class:`EpisodeCapture`), its key
 and its place in the capture queue (pure; the rules that open, close and capture episodes are
-``daemon/profwatch/core/capture/episodes.py``).
+``daemon/profwatch/core/arming/episodes.py``).
 
 Keys: one open episode per (job, kind, scope); the scope is the compared stage a ranked finding names (a rank
 outlier's stage), else its ``role``, else its ranks, else ``""`` (job-wide).
@@ -132,7 +132,7 @@ class Episode:
     which a report or its detector said it still holds; ``new_ranks``: it names a rank no capture of it covered or
     named (it is captured again without waiting for its cooldown); ``rotation``: the top ranks of the successive
     verdicts that showed the culprit rotating (empty: it does not); ``waiting``/``waiting_until_unix_s``/
-    ``waiting_behind``: what it waits for (a reason of :class:`~profwatch.core.capture.arming.ArmingPolicy`), until
+    ``waiting_behind``: what it waits for (a reason of :class:`~profwatch.core.arming.policy.ArmingPolicy`), until
     when, and behind which episode of the queue; ``follow_ranks``: the ranks its last own targeted capture waited
     for and did not hold (``partial`` with ``waited_for``): its next capture is a follow-up covering them (cleared
     when it is armed; empty: none).

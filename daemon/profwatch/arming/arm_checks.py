@@ -1,8 +1,8 @@
 """What the capture shell checks before it arms a job and at each hello (``daemon/profwatch/captures/shell.py``): the
 paths a hello names (allowed roots, the rules of the rank's torch_npu version), whether the covered ranks have a
 capture backend, whether the nodes that write the config are up. Refusals raise ``ControlError`` (the same for a dry
-run and a real arm); what only may go wrong is a warning. Decisions in ``core/capture/admission.py`` (the arm
-rules), ``core/capture/availability.py`` and ``core/capture/torch_npu_paths.py``; I/O (``os.path.islink``, events)
+run and a real arm); what only may go wrong is a warning. Decisions in ``core/arming/admission.py`` (the arm
+rules), ``core/arming/availability.py`` and ``core/capture/torch_npu_paths.py``; I/O (``os.path.islink``, events)
 here. The shell owns one :class:`ArmChecks`, built with explicit arguments."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from profwatch.adapters.fs.paths import PathRefused, check_inside
 from profwatch.adapters.zmq.control import ControlError
 from profwatch.core.alerts.event_types import TYPE_CAPTURE_UNAVAILABLE, TYPE_PATH_REFUSED
-from profwatch.core.capture import admission
-from profwatch.core.capture.availability import explain
+from profwatch.core.arming import admission
+from profwatch.core.arming.availability import explain
 from profwatch.core.capture.planner import CaptureRequest
 from profwatch.core.capture.torch_npu_paths import check_config_path
 from rankhook import wire
@@ -48,7 +48,7 @@ class ArmChecks:
 
     def check_armable(self, job: JobState, req: CaptureRequest, now: float) -> None:
         """Raise ``ControlError("refused", why)`` when ``job`` cannot take the arm ``req`` now
-        (``core/capture/admission.py: arm_refusal``)."""
+        (``core/arming/admission.py: arm_refusal``)."""
         why = admission.arm_refusal(job, req.rank_list, self.nodes, now, config_writer=self.cs.config_writer,
                                     node_timeout_s=self.cs.node_timeout_s,
                                     config_path_is_link=self._is_link(job.profiler_config_path))
@@ -114,7 +114,7 @@ class ArmChecks:
 
     def _capture_unavailable(self, msg: wire.RankHello) -> None:
         """A rank could not open the capture backend it asked for: one ``capture_unavailable`` alert per job and
-        error where no capture can reach it (``core/capture/availability.py``)."""
+        error where no capture can reach it (``core/arming/availability.py``)."""
         cause, fix, fatal = explain(msg.backend_error, msg.profiler_config_path, msg.hostname)
         key = (msg.job_id, msg.backend_error)
         if not fatal or key in self._unavailable_seen:

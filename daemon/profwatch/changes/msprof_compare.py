@@ -13,7 +13,7 @@ would give per-module sheets instead). The tool exits 0 even when it fails (it l
 whether ``OUT/performance_comparison_result_*.xlsx`` exists. The workbook (written by xlsxwriter) is read with the
 standard library (zipfile + ElementTree: Office Open XML SpreadsheetML, ECMA-376 Part 1 section 18): no
 spreadsheet package is needed. The interpretation of its sheets is pure:
-``daemon/profwatch/core/verdict/change_detail.py``.
+``daemon/profwatch/core/changes/detail.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import IO, Any
 from xml.etree import ElementTree as ET
 
 from profwatch.adapters.tools.msprof_runner import MsprofRunner, RunTicket, SpawnFailed
-from profwatch.core.verdict.change_detail import Sheets
+from profwatch.core.changes.detail import Sheets
 from profwatch.core.verdict.evidence import RecipeState, RecipeStatus
 
 COMPARE_FLAGS = ("--enable_operator_compare", "--enable_communication_compare", "--enable_kernel_compare",

@@ -5,7 +5,7 @@ An arm is refused, with a message that says what to fix, when the job announced 
 ``profiler_config_path`` or ``prof_root`` (missing, or refused by the path checks at its hello), when not every
 rank of the job is live (a config written before a rank started is never loaded by it:
 ``docs/torch_npu-dynamic-profile.md``, the mtime rules), when a covered rank has no capture backend for a cause
-no capture can get past (``core/capture/availability.py``: ``fatal``), when the torch_npu version of a covered
+no capture can get past (``core/arming/availability.py``: ``fatal``), when the torch_npu version of a covered
 rank raises on the job's config path in ``dp.init`` (``core/capture/torch_npu_paths.py``), or, with
 ``config_writer = "node"``, when a node daemon that must write the config for a covered rank has not been heard
 from within ``node_timeout_s``. What only may go wrong (ranks running telemetry-only, a path torch_npu warns
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from profwatch.core.capture.availability import Unavailable, unavailable
+from profwatch.core.arming.availability import Unavailable, unavailable
 from profwatch.core.capture.torch_npu_paths import PathVerdict, check_config_path
 from profwatch.core.fleet.registry import JobState, NodeState
 

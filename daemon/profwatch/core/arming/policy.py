@@ -2,7 +2,7 @@
 (pure; time passed in).
 
 The one arming path of profwatch. The coordinator and ``profwatch replay`` both turn anomalies into episodes
-(``daemon/profwatch/core/capture/episodes.py``: :class:`~profwatch.core.capture.episodes.JobEpisodes`, which owns the job's
+(``daemon/profwatch/core/arming/episodes.py``: :class:`~profwatch.core.arming.episodes.JobEpisodes`, which owns the job's
 :class:`ArmHistory`) and, whenever a report arrives or time passes:
 
 1. ``picked = episodes.next_arm(policy, now, capture_in_flight=..., stalled_ranks=..., topology=...)``: every
@@ -24,16 +24,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from profwatch.core.batches.completeness import rank_ranges
-from profwatch.core.capture.planner import CaptureRequest, CaptureSettings, lead_steps
-from profwatch.core.capture.settings import ArmingSettings
-from profwatch.core.capture.targeting import (
+from profwatch.core.arming.settings import ArmingSettings
+from profwatch.core.arming.targeting import (
     JobTopology,
     Target,
     estimate_capture_bytes,
     plan_follow_up,
     plan_targets,
 )
+from profwatch.core.batches.completeness import rank_ranges
+from profwatch.core.capture.planner import CaptureRequest, CaptureSettings, lead_steps
 from profwatch.core.detection.types import Anomaly
 
 ArmAction = Literal["arm", "would_arm", "suppress"]
@@ -57,9 +57,9 @@ class JobArmState:
     wrote per recorded step in the job's last capture (None = no capture yet: ``[arming.targeting]
     bytes_per_rank_step`` is the estimate); ``rotating``: the episode's culprit rotates (not captured again);
     ``episode_unchanged``: the episode was captured and has not changed since (no new ranks, its level not grown
-    by ``recapture_growth``: :meth:`~profwatch.core.capture.episode_record.Episode.unchanged_since_capture`);
+    by ``recapture_growth``: :meth:`~profwatch.core.arming.episode_record.Episode.unchanged_since_capture`);
     ``follow_ranks``: the ranks the episode's last targeted capture waited for and did not hold (its next capture
-    is a follow-up that covers them: :func:`~profwatch.core.capture.targeting.plan_follow_up`; empty: none).
+    is a follow-up that covers them: :func:`~profwatch.core.arming.targeting.plan_follow_up`; empty: none).
     """
 
     capture_in_flight: bool = False
@@ -85,7 +85,7 @@ class ArmDecision:
     ``stalled_rank_in_capture``, ``larger_than_byte_cap``, then the job-wide holds ``capture_in_flight``,
     ``min_arm_gap``, ``hourly_cap``, ``byte_cap``: :data:`JOB_HOLDS`). ``warmup``/``active``/``rank_list``
     are the window to arm (``rank_list`` None = all ranks); ``capture_reason`` a short human text stamped into
-    the capture metadata. ``target``: which ranks and why (``daemon/profwatch/core/capture/targeting.py``; None when the job's
+    the capture metadata. ``target``: which ranks and why (``daemon/profwatch/core/arming/targeting.py``; None when the job's
     layout was not given); ``estimated_bytes``: what the capture is expected to write, counted against
     ``max_capture_bytes_per_hour`` before arming.
     """
@@ -153,7 +153,7 @@ class ArmingPolicy:
         ``max_captures_per_hour``; ``max_capture_bytes_per_hour`` (bytes of the hour plus this capture's estimate:
         ranks covered x active steps x the job's last bytes per rank and step, else ``[arming.targeting]
         bytes_per_rank_step``). The ranks covered: ``rank_list`` when set, else, given the job's ``topology``,
-        :func:`profwatch.core.capture.targeting.plan_targets` (suspects + peers + reference ranks for a rank outlier in
+        :func:`profwatch.core.arming.targeting.plan_targets` (suspects + peers + reference ranks for a rank outlier in
         a large job, a sample covering every node for a job-wide one; every rank in a small job). In ``observe``
         mode all checks run and a pass gives ``would_arm`` (reason ``observe_mode``); :class:`ArmHistory` counts it
         as an arm, so observe mode shows exactly what act mode would do (except the byte cap: nothing is captured).
@@ -221,7 +221,7 @@ class ArmingPolicy:
 class ArmHistory:
     """Arms, would-arms and captured bytes of one job over the rolling hour (pure; times passed in, seconds).
 
-    :class:`~profwatch.core.capture.episodes.JobEpisodes` keeps one per job (the coordinator seeds it from its state
+    :class:`~profwatch.core.arming.episodes.JobEpisodes` keeps one per job (the coordinator seeds it from its state
     store after a restart; ``profwatch replay`` keeps one per replayed job). Memory: one entry per arm and per byte
     report within the last hour.
     """
