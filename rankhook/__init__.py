@@ -32,9 +32,10 @@ from rankhook.backends.base import NoneBackend
 from rankhook.hook import Hook, _Stage
 from rankhook.identity import Identity, resolve_identity
 from rankhook.publisher import EndpointError, Publisher, default_endpoint
+from rankhook.version import distribution_version
 
 __all__ = ["init", "step", "stage", "flag_step", "start", "set_step", "shutdown", "current", "Identity"]
-__version__ = "0.1.0"
+__version__ = distribution_version(__file__, 1)
 
 log = logging.getLogger("rankhook")
 _hook: Hook | None = None

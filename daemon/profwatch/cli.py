@@ -14,7 +14,6 @@ from typing import Any
 
 import click
 
-from profwatch import __version__
 from profwatch.commands.common import CoordinatorClient, config_option, load_or_exit
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_USAGE
 
@@ -55,8 +54,19 @@ class _LazyGroup(click.Group):
         return cmd
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: the distribution's version, looked up only when asked (``rankhook/version.py``)."""
+    if not value or ctx.resilient_parsing:
+        return
+    import profwatch
+
+    click.echo(f"profwatch, version {profwatch.__version__}")
+    ctx.exit()
+
+
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="profwatch")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version and exit.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="TOML config file for every subcommand (a subcommand's own --config wins).")
 def cli(config_path: Path | None) -> None:

@@ -31,6 +31,12 @@ log = structlog.get_logger("profwatch.coordinator")
 class ControlCommands:
     """Serves the control socket: :meth:`drain` answers the waiting requests, one ``_cmd_<name>`` per command.
 
+    A request is ``{"cmd": <name>, "args": {...}}`` (``daemon/profwatch/adapters/zmq/control.py``); the reply is
+    ``{"ok": true, "result": <the command's reply>}`` or ``{"ok": false, "error": {"code", "message"}}``. Every
+    command's docstring gives its ``Args`` (the keys of ``args``, all optional unless said) and its ``Reply`` (the
+    ``result``); codes common to all: ``bad_request`` (wrong type or range), ``denied`` (the connection's key was
+    revoked or lacks the command's role, ``core/access.py``), ``unknown_command``, ``internal``.
+
     Args:
         sockets: the coordinator's sockets (its control ROUTER, used only from the main loop, and the roles a
             request's frame carries: ``ServerSockets.grants``, by CURVE key or loopback).
@@ -96,6 +102,11 @@ class ControlCommands:
                 control.send_reply(self.control_sock, envelope, error=control.ControlError("internal", repr(exc)))
 
     def _cmd_ping(self) -> dict[str, Any]:
+        """Is the coordinator answering (a liveness probe; role ``read``).
+
+        Args: none.
+        Reply: ``{"pong": true, "ts_unix_s": <coordinator wall clock, s>}``.
+        """
         return {"pong": True, "ts_unix_s": time.time()}
 
     @staticmethod
@@ -105,6 +116,17 @@ class ControlCommands:
         return job_id
 
     def _cmd_status(self, job_id: str | None = None) -> dict[str, Any]:
+        """The fleet as the coordinator sees it (``profwatch status``).
+
+        Args:
+            job_id: only this job's rows (a string); null: every job.
+        Reply: the registry's snapshot (``core/fleet/registry_state.py::snapshot``): ``jobs`` (per job: ``job_id``,
+            ``world_size``, ``generation``, ``restart_count``, ``furthest_step``, ``median_step_time_s``, paths,
+            ``warnings`` and ``ranks``, one object per rank) and ``nodes``; plus ``counters`` (message counters),
+            ``ingest_bind``, ``captures`` (the last 20, ``core/capture/report.py::describe`` each), ``episodes``,
+            ``references`` (the episode and reference desks' views), ``state_store`` (pending writes, failures,
+            drops, last error) and ``bounds`` (jobs, ranks, nodes, detector_ranks, state_bound_mib).
+        """
         job_id = self._job_arg(job_id)
         snap = self.registry.snapshot(time.time(), self.settings.coordinator.node_timeout_s)
         if job_id is not None:
@@ -127,6 +149,16 @@ class ControlCommands:
 
     def _cmd_events(self, job_id: str | None = None, since_seq: int = 0, limit: int = 100,
                     alerts_only: bool = True) -> list[dict[str, Any]]:
+        """Stored events, oldest first (``profwatch alerts``).
+
+        Args:
+            job_id: only this job's events (a string); null: every job.
+            since_seq: events with a store sequence number above it, in [0, 2**62) (default 0).
+            limit: at most this many, in [1, 10000] (default 100).
+            alerts_only: only alerts (true, default) or every event type (false); a JSON boolean.
+        Reply: ``[{"seq": <int>, "event": <the event as published, docs/alerts.md>}, ...]``; with ``since_seq`` 0
+            also the events published while the state store failed, ``{"seq": 0, "event": ..., "stored": false}``.
+        """
         job_id = self._job_arg(job_id)
         alerts_only = self._flag_arg("alerts_only", alerts_only)
         since, lim = int(since_seq), int(limit)
@@ -143,6 +175,25 @@ class ControlCommands:
     def _cmd_arm(self, job_id: Any = None, reason: Any = None, warmup: Any = None, active: Any = None,
                  rank_list: Any = None, start_step: Any = None, in_steps: Any = None,
                  dry_run: Any = False) -> dict[str, Any]:
+        """Arm a capture now (``profwatch arm``; ``core/capture/planner.py`` plans it, ``captures/shell.py`` starts it).
+
+        Args:
+            job_id: the job (a string, required).
+            reason: a label kept with the capture (default ``"manual"``).
+            warmup, active: the capture window's step counts (default ``[capture] warmup`` / ``active``).
+            rank_list: the ranks to profile (list of ints); null or empty: every rank.
+            start_step: the absolute first step; in_steps: or this many steps after the furthest one (default: the
+                planner's lead, enough for every rank to read the config in time).
+            dry_run: plan and check only, start nothing (a JSON boolean, default false).
+        Reply: the plan: ``capture_id``, ``job_id``, ``reason``, ``start_step``, ``warmup``, ``active``, ``rank_list``,
+            ``prof_dir``, ``profiler_config_path``, ``window_deadline_unix_s``, ``config`` (the profiler_config.json
+            written), ``writer``, ``nodes``, ``dry_run``, ``base_step``, ``step_spread``, ``furthest_step``,
+            ``step_time_s``, ``world_size``, ``warnings`` (when any); after a real arm merged with the capture's
+            ``describe`` view (state, deadline, acknowledgements); a dry run that would be refused adds ``refused``
+            (``code``, ``message``, ``blocking_capture``, ``blocking_state``, ``blocking_deadline_unix_s``).
+            Errors: ``not_found`` (unknown job), ``refused`` (paths, ranks or nodes not ready), ``conflict`` (a
+            capture in flight, named), ``bad_request`` (cannot plan, e.g. no step time measured yet).
+        """
         if not isinstance(job_id, str):
             raise control.ControlError("bad_request", "job_id (a string) is required")
         try:
@@ -154,16 +205,40 @@ class ControlCommands:
         return self.captures.arm(job_id, req, time.time(), dry_run=self._flag_arg("dry_run", dry_run))
 
     def _cmd_cancel(self, job_id: Any = None, capture_id: Any = None) -> list[dict[str, Any]]:
+        """Cancel a capture (``profwatch cancel``): its profiler_config.json is written back idle.
+
+        Args:
+            job_id: the job (a string, required).
+            capture_id: this capture (a string); null: every capture of the job in flight.
+        Reply: one ``describe`` view per cancelled capture (``core/capture/report.py``), each with ``idle_config``
+            (true when the idle config is being written). Errors: ``not_found`` (no such capture, none in flight),
+            ``conflict`` (its state cannot be cancelled).
+        """
         if not isinstance(job_id, str) or not (capture_id is None or isinstance(capture_id, str)):
             raise control.ControlError("bad_request", "job_id (a string) is required; capture_id is a string")
         return self.captures.cancel(job_id, capture_id, time.time())
 
     def _cmd_capture(self, capture_id: Any = None) -> dict[str, Any]:
+        """One capture, live or stored (``profwatch arm --wait`` polls it).
+
+        Args:
+            capture_id: the capture (a string, required).
+        Reply: its ``describe`` view (``core/capture/report.py``: state, deadline, acknowledged / completed ranks,
+            node writes, batch, analysis status, outcome, notes) plus ``unacknowledged``: up to 64 ranks that have
+            not picked the config up, each with its likely cause. Errors: ``not_found``.
+        """
         if not isinstance(capture_id, str):
             raise control.ControlError("bad_request", "capture_id (a string) is required")
         return self.captures.capture_view(capture_id, time.time())
 
     def _cmd_captures(self, job_id: str | None = None) -> list[dict[str, Any]]:
+        """The stored captures, newest first, at most 1000.
+
+        Args:
+            job_id: only this job's captures (a string); null: every job.
+        Reply: ``describe`` views (``core/capture/report.py``); one still waiting in the state store's retry queue
+            carries ``"stored": false``.
+        """
         now = time.time()
         out = []
         for cap, stored in self.state.captures_with_pending(self._job_arg(job_id), newest=1000):
@@ -174,7 +249,14 @@ class ControlCommands:
         return out
 
     def _cmd_set_thresholds(self, detection: dict[str, Any] | None = None, arming: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Runtime tuning without restart: merge into the current settings, validate, apply to every detector."""
+        """Runtime tuning without restart: merge into the current settings, validate, apply to every detector.
+
+        Args:
+            detection: keys of ``[detection]`` to change (docs/configuration.md), merged into the current ones.
+            arming: keys of ``[arming]`` to change, merged likewise. A nested section is replaced whole.
+        Reply: ``{"detection": {...}, "arming": {...}}``, both sections as now in force (every key). Errors:
+            ``bad_request`` with pydantic's message when the merged section is invalid (nothing is changed then).
+        """
         from pydantic import ValidationError
 
         try:
@@ -192,7 +274,14 @@ class ControlCommands:
         return {"detection": self.settings.detection.model_dump(), "arming": self.settings.arming.model_dump()}
 
     def _cmd_dump_telemetry(self, job_id: str) -> str:
-        """The job's step windows as ``profwatch replay`` JSONL (``daemon/profwatch/core/fleet/telemetry.py``)."""
+        """The job's step windows as ``profwatch replay`` JSONL (``profwatch telemetry``).
+
+        Args:
+            job_id: the job (a string, required).
+        Reply: one string of JSON lines, one step record per rank and step in the window (with ``world_size``),
+            ordered by step then rank (``daemon/profwatch/core/fleet/telemetry.py::dump_jsonl``). Errors:
+            ``not_found``.
+        """
         job = self.registry.jobs.get(self._job_arg(job_id) or "")
         if job is None:
             raise control.ControlError("not_found", f"unknown job {job_id!r}")

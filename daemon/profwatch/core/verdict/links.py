@@ -159,63 +159,97 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
     groups: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
     for group, transport, pair in pairs:
         groups[(group, transport)].append(pair)
-    slow: list[tuple[float, SlowLink]] = []
     links_of: dict[int, int] = defaultdict(int)
-    for (group, transport), members in sorted(groups.items()):
+    for members in groups.values():
         for a, b in members:
             links_of[a] += 1
             links_of[b] += 1
+    slow: list[tuple[float, SlowLink]] = []
+    for (group, transport), members in sorted(groups.items()):
         if len(members) < settings.min_peers + 1:
             found.notes.append(f"group {group} {transport}: {len(members)} link(s), too few to compare")
             continue
         found.pairs_judged += len(members)
-        steps = sorted({s for p in members for s in pairs[(group, transport, p)]})
-        deficit: dict[int, list[float]] = defaultdict(list)
-        bw: dict[int, list[float]] = defaultdict(list)
-        transit: dict[int, list[float]] = defaultdict(list)
-        peer_transit: dict[int, list[float]] = defaultdict(list)
-        for step in steps:
-            here = {i: pairs[(group, transport, p)].get(step) for i, p in enumerate(members)}
-            vals = {i: s.size_mb / s.time_ms for i, s in here.items() if s is not None and s.time_ms > 0}
-            vals = {i: v for i, v in vals.items() if v > 0}
-            if len(vals) < settings.min_peers + 1:
-                continue
-            med = median(vals.values())
-            # the slower direction's transit time: a ring collective waits for its slowest hop
-            one_way = {i: here[i].max_one_way_ms for i in vals}  # type: ignore[union-attr]
-            med_t = median(one_way.values())
-            for i, v in vals.items():
-                deficit[i].append(-math.log(v / med))
-                bw[i].append(v)
-                transit[i].append(one_way[i] * 1e3)
-                peer_transit[i].append(med_t * 1e3)
-        if not deficit:
+        series = _group_series([pairs[(group, transport, p)] for p in members], settings)
+        if series is not None:
+            slow += _slow_links_of_group(series, group, transport, members, settings, world_size, step_time_us)
+    folded = _fold_ranks(slow, links_of, settings, found)
+    found.links = [lk for _, lk in sorted(slow, key=lambda t: -t[0]) if not set(lk.ranks) & folded]
+    return found
+
+
+@dataclass(slots=True)
+class _GroupSeries:
+    """Per pair (index into the group's members), over the steps with enough peers: the bandwidth deficit
+    ``-ln(bw / median bw)``, the bandwidth (GB/s), its slower direction's transit time and the peers' median (µs)."""
+
+    deficit: dict[int, list[float]]
+    bw: dict[int, list[float]]
+    transit: dict[int, list[float]]
+    peer_transit: dict[int, list[float]]
+
+
+def _group_series(by_pair: list[Mapping[str, LinkSample]], settings: LinkSettings) -> _GroupSeries | None:
+    """The series of one group and transport's pairs (``by_pair[i]``: step -> sample); None without any step that
+    has ``min_peers + 1`` pairs with a positive bandwidth."""
+    steps = sorted({s for samples in by_pair for s in samples})
+    out = _GroupSeries(defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list))
+    for step in steps:
+        here = {i: samples.get(step) for i, samples in enumerate(by_pair)}
+        vals = {i: s.size_mb / s.time_ms for i, s in here.items() if s is not None and s.time_ms > 0}
+        vals = {i: v for i, v in vals.items() if v > 0}
+        if len(vals) < settings.min_peers + 1:
             continue
-        pooled = {i: trimmed_pool(xs) for i, xs in deficit.items()}
-        within, _ = pooled_within_sigma(deficit.values())
-        n_steps = max(len(xs) for xs in deficit.values())
-        floor = max(settings.min_sigma, within / math.sqrt(max(1, n_steps - 1)))
-        test = upper_outliers(pooled, candidate_z=settings.candidate_z, sigma_floor=floor)
-        peer_bw = median(v for i, xs in bw.items() if i not in test.candidates for v in xs) if any(
-            i not in test.candidates for i in bw) else median(v for xs in bw.values() for v in xs)
-        for i, z in test.z.items():
-            own_bw = sum(bw[i]) / len(bw[i])
-            ratio = own_bw / peer_bw if peer_bw > 0 else 1.0
-            if z < settings.min_robust_z or ratio > 1.0 - settings.min_drop:
-                continue
-            saving = link_saving_us(transit[i], peer_transit[i])
-            frac = saving / step_time_us if step_time_us else 0.0
-            impact = Impact(saving / 1e6, 100.0 * frac, frac * world_size * HOURS_PER_DAY)
-            a, b = members[i]
-            n = len(deficit[i])
-            link = SlowLink(ranks=(a, b), group=group, bandwidth_gbps=own_bw, peer_median_gbps=peer_bw,
-                            transport=transport, impact=impact.to_json(), evidence={
-                                "z": round(z, 3), "steps": n, "noise_sigma_log": round(test.sigma, 5),
-                                "strength": "strong" if n >= 3 else "weak",
-                                "summary": f"link {a}<->{b} ({transport or 'link'}, group {group}): "
-                                           f"{own_bw:.2f} GB/s vs peers {peer_bw:.2f} GB/s "
-                                           f"({100 * ratio:.0f}%), {n} steps"})
-            slow.append((saving, link))
+        med = median(vals.values())
+        # the slower direction's transit time: a ring collective waits for its slowest hop
+        one_way = {i: here[i].max_one_way_ms for i in vals}  # type: ignore[union-attr]
+        med_t = median(one_way.values())
+        for i, v in vals.items():
+            out.deficit[i].append(-math.log(v / med))
+            out.bw[i].append(v)
+            out.transit[i].append(one_way[i] * 1e3)
+            out.peer_transit[i].append(med_t * 1e3)
+    return out if out.deficit else None
+
+
+def _slow_links_of_group(series: _GroupSeries, group: str, transport: str, members: list[tuple[int, int]],
+                         settings: LinkSettings, world_size: int,
+                         step_time_us: float | None) -> list[tuple[float, SlowLink]]:
+    """The group's pairs that pass the test (``find_slow_links``' Notes), each with its saving (µs per step)."""
+    deficit, bw = series.deficit, series.bw
+    pooled = {i: trimmed_pool(xs) for i, xs in deficit.items()}
+    within, _ = pooled_within_sigma(deficit.values())
+    n_steps = max(len(xs) for xs in deficit.values())
+    floor = max(settings.min_sigma, within / math.sqrt(max(1, n_steps - 1)))
+    test = upper_outliers(pooled, candidate_z=settings.candidate_z, sigma_floor=floor)
+    peer_bw = median(v for i, xs in bw.items() if i not in test.candidates for v in xs) if any(
+        i not in test.candidates for i in bw) else median(v for xs in bw.values() for v in xs)
+    slow: list[tuple[float, SlowLink]] = []
+    for i, z in test.z.items():
+        own_bw = sum(bw[i]) / len(bw[i])
+        ratio = own_bw / peer_bw if peer_bw > 0 else 1.0
+        if z < settings.min_robust_z or ratio > 1.0 - settings.min_drop:
+            continue
+        saving = link_saving_us(series.transit[i], series.peer_transit[i])
+        frac = saving / step_time_us if step_time_us else 0.0
+        impact = Impact(saving / 1e6, 100.0 * frac, frac * world_size * HOURS_PER_DAY)
+        a, b = members[i]
+        n = len(deficit[i])
+        link = SlowLink(ranks=(a, b), group=group, bandwidth_gbps=own_bw, peer_median_gbps=peer_bw,
+                        transport=transport, impact=impact.to_json(), evidence={
+                            "z": round(z, 3), "steps": n, "noise_sigma_log": round(test.sigma, 5),
+                            "strength": "strong" if n >= 3 else "weak",
+                            "summary": f"link {a}<->{b} ({transport or 'link'}, group {group}): "
+                                       f"{own_bw:.2f} GB/s vs peers {peer_bw:.2f} GB/s "
+                                       f"({100 * ratio:.0f}%), {n} steps"})
+        slow.append((saving, link))
+    return slow
+
+
+def _fold_ranks(slow: list[tuple[float, SlowLink]], links_of: Mapping[int, int], settings: LinkSettings,
+                found: LinkFindings) -> set[int]:
+    """Ranks at the end of ``rank_fold_links`` or more slow links, or of more than half of their links: recorded
+    in ``found.folded_ranks`` (the rank is the problem, not its links) and returned."""
     per_rank: dict[int, list[SlowLink]] = defaultdict(list)
     for _, link in slow:
         for r in link.ranks:
@@ -229,5 +263,4 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
                                                            for lk in ls) * 1e6,
                                  "median_ratio": round(median(lk.bandwidth_gbps / lk.peer_median_gbps
                                                               for lk in ls if lk.peer_median_gbps > 0), 4)}
-    found.links = [lk for _, lk in sorted(slow, key=lambda t: -t[0]) if not set(lk.ranks) & folded]
-    return found
+    return folded

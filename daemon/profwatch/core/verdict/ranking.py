@@ -21,13 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from profwatch.core.verdict.evidence import ClusterEvidence, SlowLink, Strength, Suspect, SuspectKind
 from profwatch.core.verdict.explain import vote_notes
 from profwatch.core.verdict.impact import (
+    SyncOverhead,
     impact_of,
     single_rank_impacts,
     step_savings_us,
     sync_overhead,
     to_impact,
 )
-from profwatch.core.verdict.links import LinkSettings, find_slow_links
+from profwatch.core.verdict.links import LinkFindings, LinkSettings, find_slow_links
 from profwatch.core.verdict.robust import OutlierTest, median, upper_outliers
 from profwatch.core.verdict.signals import SignalTable, measure_signals, parse_link_rows
 
@@ -285,16 +286,67 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
         stages with different work per rank will look like compute excess.
     """
     settings = settings or RankingSettings()
-    hostnames = hostnames or {}
     dirs: dict[int, str] = dict(evidence.rank_paths)
     dirs.update(rank_dirs or {})
     table = measure_signals(evidence.summaries, _link_rows(evidence), trim_z=settings.trim_z)
-    by_step = table.by_step
+    verdict = _open_verdict(evidence, table, settings, armed_steps)
+    tests = _noise_tests(table, settings)
+    verdict.noise = {name: {"center": round(t.center, 6), "sigma": round(t.sigma, 6),
+                            "sigma_between": round(t.sigma_between, 6), "ranks": t.n_noise}
+                     for name, t in tests.items()}
+    batch = _batch_context(evidence, table, tests, settings, world_size, hostnames or {}, dirs, verdict.short_window)
+    pending = [judged for rank in _candidate_ranks(batch) if (judged := _judge_rank(batch, rank)) is not None]
+    timed = {s.rank for _, s in pending if s.evidence.get("signal")}
+    sync = sync_overhead(table.by_step, timed, collectives_per_step=evidence.collectives_per_step) if timed else None
+    verdict.suspects = _order_by_impact(batch, pending, timed, sync)
+    verdict.one_offs = find_one_offs(table, tests, {s.rank for s in verdict.suspects}, settings,
+                                     evidence.collectives_per_step)
+    verdict.notes += [o["text"] for o in verdict.one_offs]
+    slow_rank = evidence.recipes.get("slow_rank")
+    own = tests.get("own")
+    verdict.notes += vote_notes(batch.votes, verdict.suspects, slow_rank.status if slow_rank is not None else None,
+                                own.z if own is not None else {}, table.pooled.get("own", {}), z_needed=batch.z_base,
+                                min_effect_frac=settings.min_effect_frac)
+    verdict.links = batch.found.links if batch.found else []
+    if batch.found:
+        verdict.notes += batch.found.notes
+    if verdict.suspects or verdict.links:
+        _add_headline(verdict, batch, evidence, timed, sync)
+    if verdict.suspects and verdict.notes:
+        verdict.suspects[0].evidence.setdefault("notes", list(verdict.notes))
+    return verdict
+
+
+@dataclass(slots=True)
+class _BatchContext:
+    """What every step of :func:`judge_batch` reads about one batch: signals, noise tests, votes, slow links."""
+
+    settings: RankingSettings
+    table: SignalTable
+    tests: dict[str, OutlierTest]
+    hostnames: Mapping[int, str]
+    dirs: Mapping[int, str]
+    world: int
+    votes: dict[int, int]
+    total_votes: int
+    w_e: float
+    w_a: float
+    w_v: float
+    mean_step_us: float | None
+    found: LinkFindings | None
+    link_ranks: set[int]
+    folded: dict[int, dict[str, Any]]
+    z_base: float
+    """The lowest z a rank must reach: ``max(min_robust_z, Phi^-1(1 - family_alpha / N))`` (Bonferroni)."""
+    short_window: bool
+
+
+def _open_verdict(evidence: ClusterEvidence, table: SignalTable, settings: RankingSettings,
+                  armed_steps: Sequence[int] | None) -> Verdict:
+    """The verdict's frame before any rank is judged: steps captured and armed, window and data-quality notes."""
     verdict = Verdict(captured_steps=table.steps_seen or sorted(c.step for c in table.columns),
                       armed_steps=list(armed_steps) if armed_steps else None, notes=list(table.notes),
                       compared_ranks=len(table.n_steps))
-    world = world_size or len({r for rows in by_step.values() for r in rows}) or \
-        len({r.rank for r in evidence.summaries})
     if len(table.n_steps) < 2 and evidence.summaries:
         verdict.notes.append("one rank with a time breakdown: no peer to compare it with")
     captured = len(verdict.captured_steps)
@@ -302,130 +354,162 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
     if verdict.armed_steps is not None and captured < len(verdict.armed_steps):
         verdict.short_window = True
         verdict.notes.append(f"{captured} of {len(verdict.armed_steps)} armed steps captured: evidence is weak")
-    tests = _noise_tests(table, settings)
-    verdict.noise = {name: {"center": round(t.center, 6), "sigma": round(t.sigma, 6),
-                            "sigma_between": round(t.sigma_between, 6), "ranks": t.n_noise}
-                     for name, t in tests.items()}
+    return verdict
+
+
+def _batch_context(evidence: ClusterEvidence, table: SignalTable, tests: dict[str, OutlierTest],
+                   settings: RankingSettings, world_size: int | None, hostnames: Mapping[int, str],
+                   dirs: Mapping[int, str], short_window: bool) -> _BatchContext:
+    """Votes and score weights, the mean step time, the slow links and the Bonferroni threshold of one batch."""
+    by_step = table.by_step
+    world = world_size or len({r for rows in by_step.values() for r in rows}) or \
+        len({r.rank for r in evidence.summaries})
     votes = {int(k): int(v) for k, v in evidence.slow_rank_votes.items() if v > 0}
     total_votes = sum(votes.values())
     w_v = settings.vote_weight if total_votes else 0.0
     w_a = settings.agreement_weight
-    w_e = max(0.0, 1.0 - w_v - w_a)
     step_us = [median(r.step_time_us for r in rows.values()) for rows in by_step.values()]
     mean_step_us = sum(step_us) / len(step_us) if step_us else None
     found = find_slow_links(evidence.link_rows, settings=settings.links, world_size=world,
                             step_time_us=mean_step_us) if evidence.link_rows else None
-    link_ranks = {r for lk in (found.links if found else []) for r in lk.ranks}
-    folded = found.folded_ranks if found else {}
-
-    named: list[tuple[float, float, Suspect]] = []
-    pending: list[tuple[float, Suspect]] = []
-    with_time = set(table.n_steps)
-    # only ranks that can pass are looked at in detail: those above the lowest threshold in some signal, voted
-    # ranks and ranks at the end of several slow links (O(N) scan, O(S) work per candidate)
     n_tested = max(len(table.n_steps), 1)
-    z_base = max(settings.min_robust_z, NormalDist().inv_cdf(1.0 - settings.family_alpha / n_tested))
-    z_floor = z_base * min(settings.vote_z_relief, 1.0)
-    maybe = {r for t in tests.values() for r, z in t.z.items() if z >= z_floor}
-    for rank in sorted(maybe | set(votes) | set(folded)):
-        n_votes = votes.get(rank, 0)
-        share = n_votes / total_votes if total_votes else 0.0
-        if rank not in with_time:
-            if n_votes >= settings.vote_only_min_count and share >= 0.5:
-                ev: dict[str, Any] = {"slow_rank_votes": n_votes, "vote_share": round(share, 4), "strength": "weak",
-                                      "summary": f"slow_rank votes {n_votes}/{total_votes}; no time breakdown"}
-                score = min(1.0, settings.vote_weight * share + 0.25)
-                pending.append((score, Suspect(rank, round(score, 4), "unknown", hostnames.get(rank), ev,
-                                               dirs.get(rank))))
-            continue
-        z_needed = z_base * (settings.vote_z_relief if share >= 0.5 and n_votes > 0 else 1.0)
-        z = {name: t.z[rank] for name, t in tests.items() if rank in t.z}
-        pooled = {name: vals[rank] for name, vals in table.pooled.items() if rank in vals}
-        passed = {name for name in z if z[name] >= z_needed and pooled.get(name, 0.0) >= settings.min_effect_frac}
-        if rank in folded:
-            passed.add("link")
-        if not passed:
-            continue
-        kind = _kind(pooled, passed)
-        if kind == "communication" and rank in link_ranks and rank not in folded:
-            continue  # the slow link explains it: reported as the link, not as a rank
-        lead = "own" if "own" in passed else ("link" if "link" in passed and (
-            pooled.get("link", 0.0) >= pooled.get("comm", 0.0) or "comm" not in passed) else
-            "comm" if "comm" in passed else "late")
-        series = table.series(rank, lead)
-        pooled_lead = pooled.get(lead, 0.0)
-        n_steps = table.n_steps[rank]
-        details = table.details(rank)
-        standing = sum(1 for x in series if x > 0 and x >= 0.5 * pooled_lead)
-        if series and rank not in folded and 2 * standing < len(series):
-            continue  # stands out in a minority of its steps: not consistent (docs/verdicts.md)
-        z_lead = max(z.get(lead, 0.0), z_needed if rank in folded else 0.0)
-        explain_ok = bool(passed - {"late"})
-        agree = 1.0 if ("late" in passed and explain_ok) else 0.5
-        e = z_lead / (z_lead + settings.min_robust_z) if z_lead > 0 else 0.0
-        score = min(1.0, max(0.0, w_e * e + w_a * agree + w_v * share))
-        strength = _strength(n_steps, settings, verdict.short_window)
-        ev = {
-            "summary": _summary_text(pooled, details, kind, n_votes, total_votes, standing, n_steps),
-            "strength": strength,
-            "steps": n_steps,
-            "steps_standing_out": standing,
-            "signal": lead,
-            "z": {name: round(v, 3) for name, v in z.items()},
-            "threshold_z": round(z_needed, 3),
-            "effect_frac": round(pooled_lead, 5),
-            "pooled_frac": {name: round(v, 5) for name, v in pooled.items()},
-            "noise_sigma_frac": round(tests[lead].sigma, 6) if lead in tests else None,
-            "median_us": {m: round(v, 3) for m, v in details["median_us"].items()},
-            "peer_median_us": {m: round(v, 3) for m, v in details["peer_median_us"].items()},
-            "slow_rank_votes": n_votes,
-            "vote_share": round(share, 4),
-            "signals_agree": agree == 1.0,
-        }
-        if details["bandwidth_ratio"] is not None:
-            ev["bandwidth_ratio"] = round(details["bandwidth_ratio"], 4)
-        if rank in folded:
-            ev["slow_links"] = folded[rank]
-        if rank in table.unreliable:
-            ev["wait_reliable"] = False
-        pending.append((score, Suspect(rank, round(score, 4), kind, hostnames.get(rank), ev, dirs.get(rank))))
-    timed = {s.rank for _, s in pending if s.evidence.get("signal")}
-    sync = sync_overhead(by_step, timed, collectives_per_step=evidence.collectives_per_step) if timed else None
-    impacts = single_rank_impacts(by_step, timed, world_size=world, overhead=sync)
+    return _BatchContext(
+        settings=settings, table=table, tests=tests, hostnames=hostnames, dirs=dirs, world=world, votes=votes,
+        total_votes=total_votes, w_e=max(0.0, 1.0 - w_v - w_a), w_a=w_a, w_v=w_v, mean_step_us=mean_step_us,
+        found=found, link_ranks={r for lk in (found.links if found else []) for r in lk.ranks},
+        folded=found.folded_ranks if found else {},
+        z_base=max(settings.min_robust_z, NormalDist().inv_cdf(1.0 - settings.family_alpha / n_tested)),
+        short_window=short_window)
+
+
+def _candidate_ranks(batch: _BatchContext) -> list[int]:
+    """Only ranks that can pass are looked at in detail: those above the lowest threshold in some signal, voted
+    ranks and ranks at the end of several slow links (O(N) scan, O(S) work per candidate); in rank order."""
+    z_floor = batch.z_base * min(batch.settings.vote_z_relief, 1.0)
+    maybe = {r for t in batch.tests.values() for r, z in t.z.items() if z >= z_floor}
+    return sorted(maybe | set(batch.votes) | set(batch.folded))
+
+
+def _judge_rank(batch: _BatchContext, rank: int) -> tuple[float, Suspect] | None:
+    """One candidate: a suspect with its score, or None when it does not pass (``judge_batch``'s Notes)."""
+    n_votes = batch.votes.get(rank, 0)
+    share = n_votes / batch.total_votes if batch.total_votes else 0.0
+    if rank not in batch.table.n_steps:
+        return _vote_only_suspect(batch, rank, n_votes, share)
+    s = batch.settings
+    z_needed = batch.z_base * (s.vote_z_relief if share >= 0.5 and n_votes > 0 else 1.0)
+    z = {name: t.z[rank] for name, t in batch.tests.items() if rank in t.z}
+    pooled = {name: vals[rank] for name, vals in batch.table.pooled.items() if rank in vals}
+    passed = {name for name in z if z[name] >= z_needed and pooled.get(name, 0.0) >= s.min_effect_frac}
+    folded = rank in batch.folded
+    if folded:
+        passed.add("link")
+    if not passed:
+        return None
+    kind = _kind(pooled, passed)
+    if kind == "communication" and rank in batch.link_ranks and not folded:
+        return None  # the slow link explains it: reported as the link, not as a rank
+    lead = _lead_signal(passed, pooled)
+    series = batch.table.series(rank, lead)
+    pooled_lead = pooled.get(lead, 0.0)
+    standing = sum(1 for x in series if x > 0 and x >= 0.5 * pooled_lead)
+    if series and not folded and 2 * standing < len(series):
+        return None  # stands out in a minority of its steps: not consistent (docs/verdicts.md)
+    z_lead = max(z.get(lead, 0.0), z_needed if folded else 0.0)
+    agree = 1.0 if ("late" in passed and bool(passed - {"late"})) else 0.5
+    e = z_lead / (z_lead + s.min_robust_z) if z_lead > 0 else 0.0
+    score = min(1.0, max(0.0, batch.w_e * e + batch.w_a * agree + batch.w_v * share))
+    ev = _rank_evidence(batch, rank, kind, lead, z, z_needed, pooled, standing, n_votes, share, agree)
+    return score, Suspect(rank, round(score, 4), kind, batch.hostnames.get(rank), ev, batch.dirs.get(rank))
+
+
+def _vote_only_suspect(batch: _BatchContext, rank: int, n_votes: int, share: float) -> tuple[float, Suspect] | None:
+    """A rank without a time breakdown, named from slow_rank votes alone (at least ``vote_only_min_count`` votes
+    and half of them): kind ``unknown``, evidence ``weak``."""
+    if not (n_votes >= batch.settings.vote_only_min_count and share >= 0.5):
+        return None
+    ev: dict[str, Any] = {"slow_rank_votes": n_votes, "vote_share": round(share, 4), "strength": "weak",
+                          "summary": f"slow_rank votes {n_votes}/{batch.total_votes}; no time breakdown"}
+    score = min(1.0, batch.settings.vote_weight * share + 0.25)
+    return score, Suspect(rank, round(score, 4), "unknown", batch.hostnames.get(rank), ev, batch.dirs.get(rank))
+
+
+def _lead_signal(passed: set[str], pooled: Mapping[str, float]) -> str:
+    """The signal a suspect is shown by: own work first, then its link (when at least its collective excess),
+    then collectives, then peers' wait."""
+    if "own" in passed:
+        return "own"
+    if "link" in passed and (pooled.get("link", 0.0) >= pooled.get("comm", 0.0) or "comm" not in passed):
+        return "link"
+    return "comm" if "comm" in passed else "late"
+
+
+def _rank_evidence(batch: _BatchContext, rank: int, kind: SuspectKind, lead: str, z: Mapping[str, float],
+                   z_needed: float, pooled: Mapping[str, float], standing: int, n_votes: int, share: float,
+                   agree: float) -> dict[str, Any]:
+    """A timed suspect's evidence dict (docs/verdicts.md): summary, strength, z per signal and threshold, pooled
+    fractions, medians beside the peers', votes, whether late and the explaining signal agree."""
+    table = batch.table
+    n_steps = table.n_steps[rank]
+    details = table.details(rank)
+    pooled_lead = pooled.get(lead, 0.0)
+    ev: dict[str, Any] = {
+        "summary": _summary_text(pooled, details, kind, n_votes, batch.total_votes, standing, n_steps),
+        "strength": _strength(n_steps, batch.settings, batch.short_window),
+        "steps": n_steps,
+        "steps_standing_out": standing,
+        "signal": lead,
+        "z": {name: round(v, 3) for name, v in z.items()},
+        "threshold_z": round(z_needed, 3),
+        "effect_frac": round(pooled_lead, 5),
+        "pooled_frac": {name: round(v, 5) for name, v in pooled.items()},
+        "noise_sigma_frac": round(batch.tests[lead].sigma, 6) if lead in batch.tests else None,
+        "median_us": {m: round(v, 3) for m, v in details["median_us"].items()},
+        "peer_median_us": {m: round(v, 3) for m, v in details["peer_median_us"].items()},
+        "slow_rank_votes": n_votes,
+        "vote_share": round(share, 4),
+        "signals_agree": agree == 1.0,
+    }
+    if details["bandwidth_ratio"] is not None:
+        ev["bandwidth_ratio"] = round(details["bandwidth_ratio"], 4)
+    if rank in batch.folded:
+        ev["slow_links"] = batch.folded[rank]
+    if rank in table.unreliable:
+        ev["wait_reliable"] = False
+    return ev
+
+
+def _order_by_impact(batch: _BatchContext, pending: list[tuple[float, Suspect]], timed: set[int],
+                     sync: SyncOverhead | None) -> list[Suspect]:
+    """Each suspect's impact (a folded link's saving on top of its own), then the first ``max_suspects`` by
+    saving, score and rank."""
+    impacts = single_rank_impacts(batch.table.by_step, timed, world_size=batch.world, overhead=sync)
+    named: list[tuple[float, float, Suspect]] = []
     for score, sus in pending:
         imp = impacts.get(sus.rank)
-        if sus.rank in folded and mean_step_us:  # its links' cost comes on top of any own-work excess
-            extra_us = folded[sus.rank]["saving_us_per_step"] + (imp.saving_s_per_step * 1e6 if imp else 0.0)
-            imp = to_impact(extra_us, mean_step_us, world)
+        if sus.rank in batch.folded and batch.mean_step_us:  # its links' cost comes on top of any own-work excess
+            extra_us = batch.folded[sus.rank]["saving_us_per_step"] + (imp.saving_s_per_step * 1e6 if imp else 0.0)
+            imp = to_impact(extra_us, batch.mean_step_us, batch.world)
         sus.impact = imp.to_json() if imp else None
         named.append((imp.saving_s_per_step if imp else 0.0, score, sus))
     named.sort(key=lambda t: (-t[0], -t[1], t[2].rank))
-    verdict.suspects = [s for _, _, s in named[: settings.max_suspects]]
-    verdict.one_offs = find_one_offs(table, tests, {s.rank for s in verdict.suspects}, settings,
-                                     evidence.collectives_per_step)
-    verdict.notes += [o["text"] for o in verdict.one_offs]
-    slow_rank = evidence.recipes.get("slow_rank")
-    own = tests.get("own")
-    verdict.notes += vote_notes(votes, verdict.suspects, slow_rank.status if slow_rank is not None else None,
-                                own.z if own is not None else {}, table.pooled.get("own", {}), z_needed=z_base,
-                                min_effect_frac=settings.min_effect_frac)
-    verdict.links = found.links if found else []
-    if found:
-        verdict.notes += found.notes
+    return [s for _, _, s in named[: batch.settings.max_suspects]]
+
+
+def _add_headline(verdict: Verdict, batch: _BatchContext, evidence: ClusterEvidence, timed: set[int],
+                  sync: SyncOverhead | None) -> None:
+    """The headline impact (every suspect and link fixed) and the verdict's strength (strong when any part is)."""
     extra = [(lk.impact or {}).get("saving_s_per_step", 0.0) * 1e6 for lk in verdict.links]
-    extra += [folded[s.rank]["saving_us_per_step"] for s in verdict.suspects if s.rank in folded]
-    if verdict.suspects or verdict.links:
-        fixed = {s.rank for s in verdict.suspects if s.impact is not None}
-        head = impact_of(by_step, fixed, world_size=world, extra_us_per_step=extra,
-                         collectives_per_step=evidence.collectives_per_step,
-                         overhead=sync if fixed == timed else None) if by_step else None
-        verdict.impact = head.to_json() if head else None
-        strengths = [s.evidence.get("strength") for s in verdict.suspects] + \
-            [lk.evidence.get("strength") for lk in verdict.links]
-        verdict.strength = "strong" if "strong" in strengths else "weak"
-    if verdict.suspects and verdict.notes:
-        verdict.suspects[0].evidence.setdefault("notes", list(verdict.notes))
-    return verdict
+    extra += [batch.folded[s.rank]["saving_us_per_step"] for s in verdict.suspects if s.rank in batch.folded]
+    by_step = batch.table.by_step
+    fixed = {s.rank for s in verdict.suspects if s.impact is not None}
+    head = impact_of(by_step, fixed, world_size=batch.world, extra_us_per_step=extra,
+                     collectives_per_step=evidence.collectives_per_step,
+                     overhead=sync if fixed == timed else None) if by_step else None
+    verdict.impact = head.to_json() if head else None
+    strengths = [s.evidence.get("strength") for s in verdict.suspects] + \
+        [lk.evidence.get("strength") for lk in verdict.links]
+    verdict.strength = "strong" if "strong" in strengths else "weak"
 
 
 def rank_suspects(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | None = None,

@@ -499,52 +499,13 @@ def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
                generated: str = "") -> ReportView:
     """The whole report's content for one batch; never raises on missing optional keys."""
     ranks, matrix, step_ms = measure_ranks(summaries)
-    by_rank = {r.rank: r for r in ranks}
-    suspects: list[SuspectRow] = []
-    valid = [s for s in data.get("suspects") or [] if isinstance(s, Mapping) and isinstance(s.get("rank"), int)
-             and _fnum(s.get("score") or 0.0) is not None]  # ours always are; a hand-edited report.json may not be
-    clocks = hardware_kinds(data.get("hardware"))
-    for pos, s in enumerate(valid, start=1):
-        ev = _mapping(s.get("evidence"))
-        rank, score = int(s["rank"]), float(s.get("score") or 0.0)
-        kind = str(s.get("kind") or "unknown") + clocks.get(rank, "")
-        suspects.append(SuspectRow(pos, rank, score, grade_of(score, ev), kind,
-                                   s.get("hostname") or None, str(ev.get("summary") or ""), s.get("rank_dir"),
-                                   by_rank.get(rank), parse_impact(s.get("impact"))))
+    valid, suspects = _suspect_rows(data, {r.rank: r for r in ranks})
     status, detail = str(data.get("status") or ""), str(data.get("detail") or "")
-    recipes_raw = _mapping(data.get("recipes"))
-    notes_raw = list(dict.fromkeys(str(n) for n in data.get("notes") or []))
-    texts = [str(r.get("detail") or "") for r in recipes_raw.values() if isinstance(r, Mapping)] + notes_raw
-    paths = _mapping(data.get("paths"))
-    files = files_of(paths, texts)
-    names = {p: p.rsplit("/", 1)[-1] for _, p in files}
-    recipes = [{"name": name, "status": str(r.get("status") or ""),
-                "detail": shorten_paths(str(r.get("detail") or ""), names),
-                "duration_s": _fnum(r.get("duration_s")) or 0.0, "log_tail": str(r.get("log_tail") or "")}
-               for name, r in recipes_raw.items() if isinstance(r, Mapping)]
-    # a note that only lists output files (e.g. "advisor report: a.xlsx, b.html") repeats the Files section
-    notes = [shorten_paths(t, names) for t in notes_raw
-             if not (_PATH.search(t) and re.fullmatch(r"[\w ()-]*:?[\s,.]*", _PATH.sub("", t)))]
+    recipes, files, notes = _recipes_files_notes(data)
     advisor = _mapping(data.get("advisor"))
     problems = list(dict.fromkeys((str(p.get("category") or ""), str(p.get("description") or ""))
                                   for p in advisor.get("problems") or [] if isinstance(p, Mapping)))[:12]
-    world = data.get("world_size")
-    meta = [("job", str(data.get("job_id") or "-")), ("batch", str(data.get("batch_id") or "-")),
-            ("kind", str(data.get("kind") or "-")),
-            ("ranks", f"{len(ranks)} of {world}" if isinstance(world, int) and world != len(ranks) else
-             str(len(ranks) or world or "-")),
-            ("median step time", f"{step_ms:.1f} ms" if step_ms else "-")]
-    armed, captured = _int_list(data.get("armed_steps")), _int_list(data.get("captured_steps"))
-    if captured or matrix.steps:
-        meta.append(("steps", step_list_text(captured or matrix.steps)))
-    if armed:
-        meta.append(("armed steps", step_list_text(armed)))
-        if captured and not set(armed) & set(captured):
-            notes.insert(0, f"captured steps {step_list_text(captured)} are not the armed steps "
-                            f"{step_list_text(armed)}")
-    meta.append(("capture reason", str(data.get("capture_reason") or "-")))
-    if generated:
-        meta.append(("generated", generated))
+    meta = _meta_rows(data, len(ranks), step_ms, matrix.steps, notes, generated)
     if matrix.dropped_steps:
         notes.append(f"rank x step view shows the last {len(matrix.steps)} of "
                      f"{len(matrix.steps) + matrix.dropped_steps} steps (per-rank medians use all)")
@@ -555,3 +516,62 @@ def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
                       colour_limit_ms=limit, median_step_ms=step_ms, impact_total=parse_impact(data.get("impact")),
                       links=parse_links(data.get("links")), meta=meta, recipes=recipes, files=files,
                       advisor_problems=problems, notes=notes, changes=parse_comparison(data.get("comparison")))
+
+
+def _suspect_rows(data: Mapping[str, Any], by_rank: Mapping[int, Any]) -> tuple[list[Mapping[str, Any]],
+                                                                                   list[SuspectRow]]:
+    """The well-formed suspects of ``report.json`` (ours always are; a hand-edited one may not be) and their rows,
+    each kind followed by its clock finding when the hardware check named the rank."""
+    valid = [s for s in data.get("suspects") or [] if isinstance(s, Mapping) and isinstance(s.get("rank"), int)
+             and _fnum(s.get("score") or 0.0) is not None]
+    clocks = hardware_kinds(data.get("hardware"))
+    suspects: list[SuspectRow] = []
+    for pos, s in enumerate(valid, start=1):
+        ev = _mapping(s.get("evidence"))
+        rank, score = int(s["rank"]), float(s.get("score") or 0.0)
+        kind = str(s.get("kind") or "unknown") + clocks.get(rank, "")
+        suspects.append(SuspectRow(pos, rank, score, grade_of(score, ev), kind,
+                                   s.get("hostname") or None, str(ev.get("summary") or ""), s.get("rank_dir"),
+                                   by_rank.get(rank), parse_impact(s.get("impact"))))
+    return valid, suspects
+
+
+def _recipes_files_notes(data: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[tuple[str, str]], list[str]]:
+    """The recipes table, the Files section and the notes, output paths in texts shortened to file names."""
+    recipes_raw = _mapping(data.get("recipes"))
+    notes_raw = list(dict.fromkeys(str(n) for n in data.get("notes") or []))
+    texts = [str(r.get("detail") or "") for r in recipes_raw.values() if isinstance(r, Mapping)] + notes_raw
+    files = files_of(_mapping(data.get("paths")), texts)
+    names = {p: p.rsplit("/", 1)[-1] for _, p in files}
+    recipes = [{"name": name, "status": str(r.get("status") or ""),
+                "detail": shorten_paths(str(r.get("detail") or ""), names),
+                "duration_s": _fnum(r.get("duration_s")) or 0.0, "log_tail": str(r.get("log_tail") or "")}
+               for name, r in recipes_raw.items() if isinstance(r, Mapping)]
+    # a note that only lists output files (e.g. "advisor report: a.xlsx, b.html") repeats the Files section
+    notes = [shorten_paths(t, names) for t in notes_raw
+             if not (_PATH.search(t) and re.fullmatch(r"[\w ()-]*:?[\s,.]*", _PATH.sub("", t)))]
+    return recipes, files, notes
+
+
+def _meta_rows(data: Mapping[str, Any], n_ranks: int, step_ms: float, matrix_steps: Sequence[int],
+               notes: list[str], generated: str) -> list[tuple[str, str]]:
+    """The report's header rows (job, batch, ranks, steps, ...); a capture whose steps are not the armed ones
+    puts that first in ``notes``."""
+    world = data.get("world_size")
+    meta = [("job", str(data.get("job_id") or "-")), ("batch", str(data.get("batch_id") or "-")),
+            ("kind", str(data.get("kind") or "-")),
+            ("ranks", f"{n_ranks} of {world}" if isinstance(world, int) and world != n_ranks else
+             str(n_ranks or world or "-")),
+            ("median step time", f"{step_ms:.1f} ms" if step_ms else "-")]
+    armed, captured = _int_list(data.get("armed_steps")), _int_list(data.get("captured_steps"))
+    if captured or matrix_steps:
+        meta.append(("steps", step_list_text(captured or matrix_steps)))
+    if armed:
+        meta.append(("armed steps", step_list_text(armed)))
+        if captured and not set(armed) & set(captured):
+            notes.insert(0, f"captured steps {step_list_text(captured)} are not the armed steps "
+                            f"{step_list_text(armed)}")
+    meta.append(("capture reason", str(data.get("capture_reason") or "-")))
+    if generated:
+        meta.append(("generated", generated))
+    return meta
