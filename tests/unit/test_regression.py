@@ -192,3 +192,42 @@ def test_ramp_evidence_tells_a_ramp_from_a_step_and_finds_the_knee() -> None:
     gain, knee, slope = ramp_evidence(ramp)
     assert gain > 12 * 0.02**2 and abs(knee - 60) <= 8 and slope == pytest.approx(0.003, rel=0.3)
     assert ramp_evidence(np.zeros(5)) == (-math.inf, -1, 0.0)
+
+
+def test_a_warm_up_that_only_gets_faster_never_pages_and_its_level_never_reaches_zero() -> None:
+    """Issue 31, finding 1: step time falling linearly 1.0 s -> 0.05 s, then flat. The baseline's falling trend was
+    extrapolated past zero: a `step_regression` with ``baseline_s`` 1e-12 and magnitude 5e10. The level is now
+    never extrapolated below the smallest recent step, so a series that only gets faster reports nothing."""
+    for n_fall, cv, seed in ((35, 0.03, 1), (100, 0.02, 1), (60, 0.02, 2), (100, 0.02, 3)):
+        rng = np.random.default_rng(seed)
+        level = np.concatenate([np.full(10, 1.0), np.linspace(1.0, 0.05, n_fall), np.full(400, 0.05)])
+        xs = level * np.maximum(0.2, 1.0 + cv * rng.standard_normal(level.size))
+        det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 8)
+        found = feed(xs, det=det)
+        assert [(s, k) for s, k, _, _ in found if k in ("step_regression", "drift")] == [], (n_fall, seed)
+        assert det.baseline_step_time_s is not None and det.baseline_step_time_s >= 0.04
+
+
+@pytest.mark.parametrize("gap", [5, 15, 30, 45])
+def test_a_slowdown_soon_after_a_speedup_is_found_in_the_usual_delay(gap: int) -> None:
+    """Issue 31, finding 5: steady, a 25 % speedup, then every step 3x slower ``gap`` steps later. The speedup
+    re-learned the baseline and the slowdown was learned as the new normal (no report in 12 of 12 replays). While
+    the baseline re-learns, steps are now judged against the level before the speedup."""
+    xs = series(700, 0.05, seed=gap)
+    xs[300:] *= 0.75
+    xs[300 + gap:] *= 3.0
+    found = feed(xs)
+    regs = [(s, m, d) for s, k, m, d in found if k == "step_regression"]
+    assert len(regs) == 1, regs
+    step, magnitude, detail = regs[0]
+    assert 300 + gap + 1 <= step <= 300 + gap + 6  # the steady job's delay for a 2.25x level is 3 steps
+    assert detail["reference"] == "before_speedup"
+    assert magnitude == pytest.approx(1.25, abs=0.15)  # 0.75 * 3 of the level before the speedup
+
+
+def test_magnitudes_are_ratios_on_log_step_time() -> None:
+    """A 50x stall that lasts reads +4900 % (the geometric mean of the run's ratios), not clipped."""
+    xs = series(300, 0.02, seed=3)
+    xs[200:] *= 50.0
+    found = [(m, d) for _s, k, m, d in feed(xs) if k == "step_regression"]
+    assert found and found[0][0] == pytest.approx(49.0, rel=0.05)

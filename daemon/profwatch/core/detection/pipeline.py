@@ -175,6 +175,10 @@ class UnitPipeline:
                     self.regression.effect_z = EFFECT_Z if fs.work is not None else 0.0
                 for d in self.step_detectors:
                     found = d.on_step(rf if d is self.regression else fs)
+                    if d is self.regression and self.regression.last_speedup is not None:
+                        if self.normaliser is not None:  # symmetric: a speedup is the new normal of every load too
+                            self.normaliser.rescale(1.0 + self.regression.last_speedup)
+                        self.regression.last_speedup = None
                     if found:
                         if self.normaliser is not None and d is self.regression:
                             self._rebase_loads(found)

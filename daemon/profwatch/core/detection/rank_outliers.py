@@ -18,6 +18,10 @@ from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import MAD_TO_SIGMA, Anomaly, FinalizedStep
 
 NUMPY_MIN_RANKS = 256
+STAGE_SCALE_FLOOR = 0.01
+"""A stage's peer median is floored at this fraction of the job step time when a rank's excess over it is made
+relative (and when each rank's ratio to its peers is learned): the excess of a stage that takes microseconds reads
+as a share of the step (at most 100x), not as millions of percent."""
 """Below this many ranks the per-step cross-rank comparison runs in pure Python (cheaper than numpy)."""
 
 
@@ -31,10 +35,13 @@ def median_mad(xs: list[float]) -> tuple[float, float]:
     return med, mad
 
 
-def outlying_ranks(arr: list[float], s: DetectionSettings) -> list[tuple[int, float]]:
+def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0) -> list[tuple[int, float]]:
     """Ranks whose value is outlying above the peer median: ``[(rank, relative excess)]``.
 
-    ``arr`` has one entry per rank (seconds; NaN = not reported). Rule in :class:`RankOutlierDetector` Notes.
+    ``arr`` has one entry per rank (seconds; NaN = not reported). Rule in :class:`RankOutlierDetector` Notes. The
+    relative excess is ``(v - m) / max(m, floor_s)``: a stage that takes its peers almost nothing (a data stage
+    of microseconds) is measured against ``floor_s`` (the caller passes :data:`STAGE_SCALE_FLOOR` of the job step
+    time), so one stalled rank reads as a bounded share of the step, never as +5,000,000 %.
     """
     if len(arr) < NUMPY_MIN_RANKS:
         present = [v for v in arr if not math.isnan(v)]
@@ -45,7 +52,7 @@ def outlying_ranks(arr: list[float], s: DetectionSettings) -> list[tuple[int, fl
             return []
         thr = max(s.outlier_z * max(MAD_TO_SIGMA * mad, s.noise_floor * m), s.outlier_min_effect * m,
                   s.outlier_min_abs_s)
-        return [(r, (v - m) / m) for r, v in enumerate(arr) if v - m >= thr]
+        return [(r, (v - m) / max(m, floor_s)) for r, v in enumerate(arr) if v - m >= thr]
     a = np.asarray(arr, dtype=np.float64)
     v = a[~np.isnan(a)]
     if v.size < s.outlier_min_ranks:
@@ -57,7 +64,7 @@ def outlying_ranks(arr: list[float], s: DetectionSettings) -> list[tuple[int, fl
     thr = max(s.outlier_z * max(MAD_TO_SIGMA * mad, s.noise_floor * m), s.outlier_min_effect * m, s.outlier_min_abs_s)
     with np.errstate(invalid="ignore"):
         idx = np.flatnonzero(a - m >= thr)
-    return [(int(r), (float(a[r]) - m) / m) for r in idx.tolist()]
+    return [(int(r), (float(a[r]) - m) / max(m, floor_s)) for r in idx.tolist()]
 
 
 MAX_LEARNED_STAGES = 4
@@ -126,6 +133,7 @@ class RankOutlierDetector:
                  roles: Sequence[str | None] | None = None) -> None:
         self.job_id = job_id
         self.world_size = world_size
+        self._floor_s = 0.0
         self.settings = settings
         self._roles: list[str | None] = list(roles) if roles is not None else [None] * world_size
         self._groups: list[list[int]] | None = None
@@ -192,6 +200,7 @@ class RankOutlierDetector:
             return []
         groups = self._peer_groups()
         learning = self.learning
+        self._floor_s = STAGE_SCALE_FLOOR * max(0.0, step.time_s)
         best: dict[int, tuple[float, str]] = {}
         for name, arr in step.stages.items():
             if learning:
@@ -237,7 +246,7 @@ class RankOutlierDetector:
 
     def _outlying(self, arr: list[float], groups: list[list[int]] | None) -> list[tuple[int, float]]:
         if groups is None:
-            return outlying_ranks(arr, self.settings)
+            return outlying_ranks(arr, self.settings, self._floor_s)
         out: list[tuple[int, float]] = []
         rest: list[int] = []
         for g in groups:
@@ -245,15 +254,16 @@ class RankOutlierDetector:
             if sum(1 for v in sub if not math.isnan(v)) < self.settings.outlier_min_ranks:
                 rest.extend(g)
                 continue
-            out.extend((g[i], rel) for i, rel in outlying_ranks(sub, self.settings))
+            out.extend((g[i], rel) for i, rel in outlying_ranks(sub, self.settings, self._floor_s))
         if rest:
             pool = [math.nan] * len(arr)
             for r in rest:
                 pool[r] = arr[r]
             if sum(1 for v in pool if not math.isnan(v)) >= self.settings.outlier_min_ranks:
-                out.extend(outlying_ranks(pool, self.settings))
+                out.extend(outlying_ranks(pool, self.settings, self._floor_s))
             elif len(rest) < len(arr):  # too few to compare among themselves: against everyone
-                out.extend((r, rel) for r, rel in outlying_ranks(arr, self.settings) if r in set(rest))
+                out.extend((r, rel) for r, rel in outlying_ranks(arr, self.settings, self._floor_s)
+                           if r in set(rest))
         return out
 
     def _peer_median(self, a: np.ndarray, groups: list[list[int]] | None) -> np.ndarray:
@@ -283,7 +293,7 @@ class RankOutlierDetector:
         i = self._learn_n
         if i < ratios.shape[0]:
             with np.errstate(invalid="ignore", divide="ignore"):
-                ratios[i] = np.where(med > 0, a / med, np.nan)
+                ratios[i] = np.where(med > 0, a / np.maximum(med, self._floor_s), np.nan)
             self._learn_cost[name][i] = a - med
 
     def _finish_learning(self, step: int) -> Anomaly | None:

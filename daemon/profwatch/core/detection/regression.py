@@ -43,6 +43,11 @@ RAMP_DEFER = 0.0
 less than :data:`RAMP_EVIDENCE`): neither is clear yet."""
 RAMP_MAX_DEFER = 32
 """Steps a fire waits at most for a ramp or a step to become clear (then it fires)."""
+MIN_NOISE = 0.002
+"""The relative noise never goes below this (0.2 % of the level), whatever ``noise_floor`` says: a perfectly
+steady series must not make every 0.1 % jitter a many-sigma event (``noise_floor`` is bounded below by it too)."""
+RECENT_FLOOR_VALUES = 16
+"""A falling trend never extrapolates the level below the smallest of this many newest accepted values: a trend fitted to a warm-up that only got faster cannot carry the level to zero."""
 SIEGMUND_RHO = 0.583
 """Expected overshoot of a Gaussian random walk over a boundary, in sigmas: Siegmund's correction is 2 * 0.583."""
 
@@ -63,6 +68,14 @@ def cusum_threshold(k: float, arl0_steps: float) -> float:
             break
         x = nx
     return max(0.05, x / (2.0 * k) - 2.0 * SIEGMUND_RHO)
+
+
+def log_ratio_magnitude(mean_log_ratio: float) -> float:
+    """Relative change ``exp(mean log(x / mu)) - 1`` from the mean log ratio of a run (a geometric mean): a fall is
+    bounded at -1 (-100 %) by construction, a 50x rise reads +49 (+4900 %); never clipped. Finite for finite input
+    (``math.exp`` overflows to ``OverflowError`` only past +709, i.e. a ratio of 1e308, which a floored level
+    cannot produce)."""
+    return math.expm1(mean_log_ratio)
 
 
 def cusum_design(min_effect: float, noise_rel: float, false_alarm_steps: float) -> tuple[float, float, float]:
@@ -157,6 +170,10 @@ class StepTimeRegressionDetector:
         self._recent: deque[float] = deque(maxlen=RAMP_WINDOW)
         self._ramp_step: int | None = None
         self._learn_rejected = 0
+        self._interim: tuple[float, float] | None = None
+        self.last_speedup: float | None = None
+        """Relative change (< 0) of the last silent speedup (the lower side of the CUSUM), set at that step for
+        the caller to read (a serving unit rescales its load references by it) and reset by the caller."""
         self._last_job_step_s: float | None = None
         self._design_key: tuple[float, float, float] | None = None
         self._design_val = (0.0, 0.0, 0.0)
@@ -194,13 +211,15 @@ class StepTimeRegressionDetector:
         self._ramp_step = None
         self._trending = False
         self._s_hi = self._s_lo = 0.0
+        self._lo_n, self._lo_log = 0, 0.0
+        self._interim = None
         self._run_reset()
         self.spikes.reset_episode()
 
     def _run_reset(self) -> None:
         self._run_start: int | None = None
         self._run_n = 0
-        self._run_sum = 0.0
+        self._run_log = 0.0
         self._run_slowest: set[int] = set()
         self._deferred = 0
 
@@ -215,6 +234,10 @@ class StepTimeRegressionDetector:
         s = self.settings
         n = len(self._base)
         if n < s.min_baseline_steps:
+            if self._interim is not None:
+                a = self._interim_cusum(step, x)
+                if a is not None:
+                    return [a]
             self._learn(step.step, x)
             return []
         mu, noise = self._noise()
@@ -261,13 +284,25 @@ class StepTimeRegressionDetector:
         return max(1, hold)
 
     def _noise(self) -> tuple[float, float]:
-        mu, sigma = self._base.stats()
-        mu += self._base.slope * (self._base.lag + 1)  # the level extrapolated over the held-back values
+        """``(mu_s, noise_rel)``: the level (s) extrapolated along the baseline's trend over the held-back values,
+        a falling one never below the smallest of the :data:`RECENT_FLOOR_VALUES` newest accepted values (a warm-up
+        that only got faster cannot carry the level to zero: finding 1 of issue 31 read ``baseline_s`` 1e-12 and
+        a magnitude of 5e10); and the relative noise, inflated by one standard error of the scale and floored at
+        ``max(noise_floor, MIN_NOISE)`` of the level. Both are > 0 and finite for positive step times."""
+        mu0, sigma = self._base.stats()
+        mu = mu0 + self._base.slope * (self._base.lag + 1)
+        if self._base.slope < 0.0:  # a falling trend: the level at most down to the smallest recent value
+            mu = max(mu, self._recent_min())
+        if not mu > 0.0:
+            mu = max(mu0, 1e-9)  # only with non-positive step times in the window (bad input)
         n = len(self._base)
         sigma *= 1.0 + SMALL_SAMPLE_C * math.sqrt(1.1 / (2.0 * n))
-        if mu <= 0:
-            return 1e-12, 1.0
-        return mu, max(sigma / mu, self.settings.noise_floor, 1e-9)
+        return mu, max(sigma / mu, self.settings.noise_floor, MIN_NOISE)
+
+    def _recent_min(self) -> float:
+        """Smallest of the newest :data:`RECENT_FLOOR_VALUES` accepted values (0 when none)."""
+        k = min(RECENT_FLOOR_VALUES, len(self._recent))
+        return min((self._recent[-1 - i] for i in range(k)), default=0.0)
 
     def _learn(self, step: int, x: float) -> None:
         """Fill the baseline; once it has a few values, spikes are kept out of it, unless they go on for longer
@@ -283,6 +318,8 @@ class StepTimeRegressionDetector:
         self._learn_rejected = 0
         self._base.push(x)
         self._recent.append(x)
+        if len(self._base) >= self.settings.min_baseline_steps:
+            self._interim = None
         if len(self._base) >= self.settings.min_baseline_steps and self.drift.reference_s is None:
             self.drift.learned(self._noise()[0], step)
 
@@ -316,7 +353,7 @@ class StepTimeRegressionDetector:
             if self._run_start is None:
                 self._run_start = fs.step
             self._run_n += 1
-            self._run_sum += rel
+            self._run_log += math.log(x / mu) if x > 0.0 else math.log(MIN_NOISE)
             if len(self._run_slowest) < MAX_SLOWEST_RANKS:
                 self._run_slowest.add(fs.slowest_rank)
         else:
@@ -324,7 +361,7 @@ class StepTimeRegressionDetector:
         self._base.push(x)
         self._recent.append(x)
         if self._s_hi > h * (1.0 + 1e-9):
-            mean = self._run_sum / self._run_n
+            mean = log_ratio_magnitude(self._run_log / self._run_n)
             if mean + self.effect_z * noise / math.sqrt(self._run_n) >= s.min_effect:
                 shape = self._shape(fs.step, mu, noise) if s.drift_detection else "step"
                 if shape == "ramp":
@@ -338,12 +375,52 @@ class StepTimeRegressionDetector:
                     return self._fire(fs.step, mean, detail)
                 self._deferred += 1
             self._s_hi = h
+        if self._s_lo > 0.0:
+            self._lo_n += 1
+            self._lo_log += math.log(x / mu) if x > 0.0 else math.log(MIN_NOISE)
+        else:
+            self._lo_n, self._lo_log = 0, 0.0
         if self._s_lo > h * (1.0 + 1e-9):
             self.counters["speedups"] += 1
+            self.last_speedup = log_ratio_magnitude(self._lo_log / max(1, self._lo_n))
             self._suspend_drift()
             self._relearn()
+            self._interim = (mu, noise)
             return None
         return self._drift(fs.step)
+
+    def _interim_cusum(self, fs: FinalizedStep, x: float) -> Anomaly | None:
+        """While the baseline re-learns after a speedup, judge each step against the level before it (the
+        *interim* reference, ``(mu_s, noise_rel)``): the new level is below it, so a step over it by
+        ``min_effect`` is a slowdown whatever the young baseline has learned. The same CUSUM design, clip and
+        effect test as :meth:`_cusum` (``pattern "cusum"``, ``detail.reference "before_speedup"``); a slowdown
+        soon after a speedup is found in the usual delay instead of being learned as the new normal."""
+        assert self._interim is not None
+        mu, noise = self._interim
+        s = self.settings
+        k, h, clip = self._design(noise)
+        rel = x / mu - 1.0
+        zc = min(max(rel / noise, -clip), clip)
+        self._s_hi = max(0.0, self._s_hi + zc - k)
+        if self._s_hi <= 0.0:
+            self._run_reset()
+            return None
+        if self._run_start is None:
+            self._run_start = fs.step
+        self._run_n += 1
+        self._run_log += math.log(x / mu) if x > 0.0 else math.log(MIN_NOISE)
+        if len(self._run_slowest) < MAX_SLOWEST_RANKS:
+            self._run_slowest.add(fs.slowest_rank)
+        if self._s_hi <= h * (1.0 + 1e-9):
+            return None
+        mean = log_ratio_magnitude(self._run_log / self._run_n)
+        if mean + self.effect_z * noise / math.sqrt(self._run_n) < s.min_effect:
+            self._s_hi = h
+            return None
+        detail = {"pattern": "cusum", "reference": "before_speedup", "first_step": self._run_start,
+                  "baseline_s": mu, "noise": noise, "step_time_s": mu * (1.0 + mean), "cusum": self._s_hi,
+                  "threshold": h, "steps": self._run_n, "slowest_ranks": sorted(self._run_slowest)}
+        return self._fire(fs.step, mean, detail)
 
     def _shape(self, step: int, mu: float, noise: float) -> str:
         """At a fire, what the newest values (relative to the baseline's line) look like: ``"ramp"`` when a ramp

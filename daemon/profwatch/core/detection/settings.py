@@ -44,7 +44,9 @@ class DetectionSettings(BaseModel):
     false_alarm_steps: float = Field(
         1e5, ge=10, description="steps: target mean run between false alarms; the CUSUM threshold is its log"
     )
-    noise_floor: float = Field(0.01, ge=0, description="relative: floor of the step-time noise, as a fraction of the median")
+    noise_floor: float = Field(
+        0.01, ge=0.002, le=1.0, description="relative: floor of the step-time noise, as a fraction of the level (at least "
+        "0.002: a floor of 0 would let a perfectly steady series turn any jitter into a many-sigma change)")
     drift_detection: bool = Field(True, description="report a slow drift of the baseline as `drift` (slope, total)")
     drift_threshold: float | None = Field(
         None, gt=0, description="relative: `drift` is reported when the level rose this much since the reference, "
