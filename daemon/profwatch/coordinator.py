@@ -94,6 +94,10 @@ class _DetectorView:
         det = self._d.get(job_id)
         return det.ongoing() if det is not None else {}
 
+    def unit_steps(self, job_id: str) -> dict[int, int] | None:
+        det = self._d.get(job_id)
+        return det.unit_steps() if det is not None else None
+
 
 def _start_watcher(on_wake: Callable[[str], None], on_rank_dirs: Callable[[str, frozenset[str]], None],
                    settings: Settings, metrics: Any = None) -> Any:

@@ -511,3 +511,20 @@ def test_a_culprit_rotating_across_episodes_takes_two_captures_and_never_holds_a
             assert now - slow.opened_unix_s >= 300 and at - slow.opened_step >= 60
             break
     assert done is slow and not slow.rotation
+
+
+def test_a_replicas_episode_is_quiet_only_on_its_own_step_counter() -> None:
+    """Serving replicas have unrelated step counters: replica 2 at its step 1,200 while replica 0 is at 90,000.
+    Its episode (ranks of the unit) holds while reports come on its own counter; it closes after
+    episode_quiet_steps of *its* steps, never at once because another replica is far ahead."""
+    b, p = book(episode_quiet_steps=50)
+    rep = Anomaly("step_regression", "j", 1_200, (2,), 0.3, {"unit": [2], "baseline_s": 0.05})
+    ep, _ = b.observe(rep, T0)
+    assert ep is not None
+    units = {0: 90_000, 1: 40_000, 2: 1_210, 3: 7}
+    assert b.advance(T0 + 1, furthest_step=90_000, unit_steps=units) == []
+    assert ep.closed_unix_s is None and arm_next(b, p, T0 + 1, "c1", covered=(2,)) is ep
+    b.capture_ended("c1", T0 + 30, "ok", named=(2,))
+    assert b.advance(T0 + 40, furthest_step=90_400, unit_steps={**units, 0: 90_400, 2: 1_249}) == []
+    (closed,) = b.advance(T0 + 41, furthest_step=90_401, unit_steps={**units, 0: 90_401, 2: 1_250})
+    assert closed.data["reason"] == "quiet"

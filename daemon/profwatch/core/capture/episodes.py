@@ -222,16 +222,26 @@ class JobEpisodes:
                                       new_ranks=fresh, detail=detail)]
 
     def advance(self, now_unix_s: float, *, furthest_step: int | None, step_time_s: float | None = None,
-                ongoing: Mapping[str, frozenset[int]] | None = None) -> list[Event]:
+                ongoing: Mapping[str, frozenset[int]] | None = None,
+                unit_steps: Mapping[int, int] | None = None) -> list[Event]:
         """Judge which episodes still hold at the job's ``furthest_step``; close those quiet for
         ``episode_quiet_steps`` (rules in the class Notes). ``ongoing``: per kind, the ranks its detector still
-        names (kinds absent: no such sign); ``step_time_s``: the job step time now (None: unknown)."""
+        names (kinds absent: no such sign); ``step_time_s``: the job step time now (None: unknown);
+        ``unit_steps``: per rank, the furthest step of its unit when the job is split into units with unrelated
+        step counters (serving replicas; None: one unit): an episode naming ranks is then judged on its ranks'
+        own counter (the furthest of them), never on another replica's."""
         if furthest_step is None:
             return []
+        job_furthest = furthest_step
         out: list[Event] = []
         for ep in list(self.open.values()):
             if ep.kind in STANDING_KINDS:
                 continue
+            furthest_step = job_furthest
+            if unit_steps is not None and ep.ranks:
+                own = [s for r in ep.ranks if (s := unit_steps.get(r)) is not None]
+                if own:
+                    furthest_step = max(own)
             held = False
             named = (ongoing or {}).get(ep.kind)
             if ep.ranks and named is not None:
