@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import threading
 from typing import Any
 
 from rankhook.backends.base import NoneBackend
@@ -77,6 +78,7 @@ def init(
     world_size: int | None = None,
     mode: str | None = None,
     role: str | None = None,
+    step_thread: threading.Thread | None = None,
 ) -> Hook | None:
     """Start rankhook in this process; return the hook, or None when it could not start (logged once).
 
@@ -91,6 +93,9 @@ def init(
             with idle gaps; the hook sends a keepalive while idle. Another value is ignored with a warning.
         role: label of the ranks that do the same work, e.g. the pipeline stage ``pp1`` (default
             ``PROFWATCH_ROLE``); letters, digits, ``_ . : -``, at most 64 characters (others become ``_``).
+        step_thread: the thread whose ``step()`` calls count (default: the thread calling ``init``; the zero-code
+            hook calls ``init`` at the first optimizer step, i.e. from the training thread). ``step()`` from any
+            other thread is ignored with one warning (``rankhook/hook.py``, Threads).
     A second call returns the existing hook; in a forked child of an initialised rank that is the parent's hook,
     silenced (``hook.forked_child`` is true): the child never reports as its parent's rank.
     """
@@ -124,7 +129,12 @@ def init(
             log.warning("rankhook: capture backend %r unavailable (%r); telemetry only", backend_name, exc)
             capture = NoneBackend()
             backend_error = f"{backend_name} unavailable: {exc!r}"
-    hook = Hook(ident, publisher, capture, profiler_config_path, prof_root, _versions(), mode=mode, role=role)
+    if step_thread is not None and not isinstance(step_thread, threading.Thread):
+        log.warning("rankhook: step_thread=%r is not a threading.Thread: the thread calling init() owns step()",
+                    step_thread)
+        step_thread = None
+    hook = Hook(ident, publisher, capture, profiler_config_path, prof_root, _versions(), mode=mode, role=role,
+                step_thread=step_thread or threading.current_thread())
     try:
         capture.open(ident, hook.emit)
     except Exception as exc:  # noqa: BLE001
@@ -159,7 +169,8 @@ def current() -> Hook | None:
 
 def step(work: float | None = None) -> None:
     """End of one training step. Call exactly once per iteration (also when the optimizer skipped), from one thread:
-    the first thread that calls it owns the step counter, calls from other threads are dropped with one warning.
+    the thread that called :func:`init` (or its ``step_thread``) owns the step counter, calls from other threads are
+    dropped with one warning.
 
     ``work``: optional work done in this step (tokens, samples): lets serving ranks be judged per unit of work.
     """

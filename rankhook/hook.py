@@ -12,8 +12,12 @@ rank's history. So every live hook is silenced in the child right after the fork
 profiler state belong to the parent) and nothing is sent, not even a ``bye``. A process that is a rank of its
 own is started with exec/spawn (torchrun, ``mp.spawn``) and initialises rankhook afresh.
 
-Threads: the *owner* of the step counter is the thread that first called :meth:`Hook.step`. A ``step()`` from any
-other thread is dropped (one warning per hook, counted in ``foreign_steps``): it neither advances the counter nor
+Threads: the *owner* of the step counter is the thread named at construction (``step_thread``: ``rankhook.init``
+names the thread that called it, or the one its ``step_thread`` argument names; the zero-code hook calls ``init`` at
+the first optimizer step, so that is the training thread, also in a worker thread), else the thread that first
+called :meth:`Hook.step`. A side thread that calls ``step()`` before the training loop does never takes the counter
+(its cadence would become the step time and the profiler would be started from it: Kineto refuses a thread other
+than the one that registered it). A ``step()`` from any other thread is dropped (one warning per hook, counted in ``foreign_steps``): it neither advances the counter nor
 reaches the capture backend, so the profiler is started and stepped only from the owner thread and the counter
 never goes back or jumps because two threads share it. ``set_step`` and ``rankhook.start()`` from another thread
 are refused the same way once the owner is known. ``stage()`` and ``flag_step()`` may be called from any thread.
@@ -99,6 +103,8 @@ class Hook:
         prof_root: where captures land, announced in the hello.
         mode: ``training`` | ``serving`` | None (not said); sent in the hello and every step report.
         role: label of the ranks doing the same work (e.g. ``pp1``), made safe like a stage name; None: not said.
+        step_thread: the thread that owns the step counter (module doc; it may start later); None: the first
+            thread that calls :meth:`step`.
     """
 
     def __init__(
@@ -111,6 +117,7 @@ class Hook:
         versions: dict[str, str] | None = None,
         mode: str | None = None,
         role: str | None = None,
+        step_thread: threading.Thread | None = None,
     ) -> None:
         self.ident = ident
         self.publisher = publisher
@@ -146,8 +153,10 @@ class Hook:
         self._closed = False
         self.forked_child = False
         """True in a forked child of the rank: the hook is silent there (module docstring)."""
-        self._owner: int | None = None
-        """``threading.get_ident()`` of the thread that owns the step counter (the first to call ``step()``)."""
+        self._owner_thread = step_thread
+        self._owner: int | None = step_thread.ident if step_thread is not None else None
+        """``threading.get_ident()`` of the thread that owns the step counter (``step_thread``, else the first to
+        call ``step()``); None until known (a named thread not started yet)."""
         self._owner_lock = threading.Lock()
         self.foreign_steps = 0
         """``step()`` calls dropped because they came from a thread other than the owner."""
@@ -193,16 +202,23 @@ class Hook:
         """True when the calling thread owns the step counter, or nobody does yet (then, with ``claim``, it
         becomes the owner); otherwise warn once per ``what`` and return False."""
         me = threading.get_ident()
+        named = self._owner_thread
         with self._owner_lock:
             if self._owner is None:
-                if not claim:
+                if named is not None:
+                    if threading.current_thread() is named:
+                        self._owner = me
+                elif not claim:
                     return True
-                self._owner = me
+                else:
+                    self._owner = me
             if self._owner == me:
                 return True
-        self._warn_once(what, "rankhook: %s called from thread %s, but thread %s owns the step counter (it called "
-                        "step() first): ignored (this warning is shown once)", what,
-                        threading.current_thread().name, self._owner)
+        why = ("the thread that called rankhook.init(), or its step_thread" if named is not None
+               else "it called step() first")
+        owner = named.name if named is not None else self._owner
+        self._warn_once(what, "rankhook: %s called from thread %s, but thread %s owns the step counter (%s): "
+                        "ignored (this warning is shown once)", what, threading.current_thread().name, owner, why)
         return False
 
     def send_hello(self) -> None:

@@ -50,7 +50,7 @@ from profwatch.core.fleet.generations import GenerationOpened
 from profwatch.core.fleet.job_end import JobEndTracker
 from profwatch.core.fleet.peers import NodeRoutes
 from profwatch.core.fleet.registry import GenerationPending, Registry, RegistryError
-from profwatch.core.fleet.registry_state import JobState, jobs_from_rows, registry_rows
+from profwatch.core.fleet.registry_state import HelloOutcome, JobState, jobs_from_rows, registry_rows
 from profwatch.core.messages import MessageRejected, parse_node_message
 from profwatch.logsetup import OncePerKind
 from rankhook import wire
@@ -93,6 +93,10 @@ class _DetectorView:
     def ongoing(self, job_id: str) -> dict[str, frozenset[int]]:
         det = self._d.get(job_id)
         return det.ongoing() if det is not None else {}
+
+    def unit_steps(self, job_id: str) -> dict[int, int] | None:
+        det = self._d.get(job_id)
+        return det.unit_steps() if det is not None else None
 
 
 def _start_watcher(on_wake: Callable[[str], None], on_rank_dirs: Callable[[str, frozenset[str]], None],
@@ -344,6 +348,7 @@ class Coordinator:
                     for j in self.registry.jobs.values()}
             for end in self._job_end.check(last, now):
                 self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json(), event_id=end.event_id())
+                self.registry.note_ended(end.job_id, now)
                 self.captures.on_job_ended(end.job_id, now)
                 self.captures.episodes.close_job(end.job_id, now, "job_ended")
             rows = self.registry.gauge_rows(now, cs.node_timeout_s)  # not the status snapshot: O(ranks), no medians
@@ -473,6 +478,10 @@ class Coordinator:
                 self._reject(MessageRejected("unknown_job", f"step for job {job_id} before any hello"), node_id)
                 i += 1
             return i
+        if job.ended_unix_s is not None:  # the first step after the job's end: a new generation
+            resumed = reg.resume_after_end(job, now, msgs[start].rank, node_id)
+            if resumed is not None:
+                self._on_generation(resumed, now)
         judged: list[Any] = []
         i = start
         while True:
@@ -526,6 +535,8 @@ class Coordinator:
             if kind == "hello":
                 known = m.job_id in reg.jobs
                 outcome = reg.admit_hello(m, node_id, now)
+                if outcome.opened is None:  # the first hello after the job's end opens a new generation
+                    outcome = HelloOutcome(outcome.job, reg.resume_after_end(outcome.job, now, m.rank, node_id))
                 if not known:
                     log.info("job_registered", job_id=m.job_id, world_size=m.world_size, backend=m.backend,
                              node_id=node_id, uid=m.peer_uid, restart_count=m.restart_count)

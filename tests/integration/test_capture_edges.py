@@ -54,6 +54,34 @@ def test_a_capture_whose_window_is_ahead_ends_with_its_job_and_a_far_arm_is_refu
             and e["data"].get("event") == "cancelled"] == ["job ended"]
 
 
+def test_a_job_that_reports_again_after_its_end_opens_a_new_generation(harness, short_tmp: Path) -> None:
+    """A serving job idle longer than job_end_after_s that resumes under the same id (same processes): its first
+    step after the end, and later its first hello after another end, open a new generation (reason
+    resumed_after_end), as a requeue does: it is judged as a new run, never silenced by the old run's end."""
+    h = harness(job_end_after_s=2.0)
+    cfg, prof = short_tmp / "cfg" / "jobR", short_tmp / "prof"
+    cfg.mkdir(parents=True)
+    h.hellos("jobR", 2, cfg, prof)
+    h.steps("jobR", 2, 12)
+    wait_for(lambda: h.furthest("jobR") == 12, 20)
+
+    def of(type_: str) -> list[dict]:
+        return [e for e in h.events("jobR") if e["type"] == type_]
+
+    wait_for(lambda: of("io.profwatch.job_ended.v1"), 30, what="the job ended")
+    assert of("io.profwatch.job_generation.v1") == []
+    h.send(*[wire.StepReport(job_id="jobR", rank=r, step=13, step_time_s=0.5, ts_unix_s=time.time())
+             for r in range(2)])  # the counter goes on: not a restart
+    (gen,) = wait_for(lambda: of("io.profwatch.job_generation.v1"), 20, what="a generation at the first step")
+    assert gen["data"]["reason"] == "resumed_after_end" and gen["data"]["generation"] == 1
+    wait_for(lambda: len(of("io.profwatch.job_ended.v1")) == 2, 30, what="the job ended again")
+    h.hellos("jobR", 2, cfg, prof)  # the same processes say hello again
+    gens = wait_for(lambda: len(of("io.profwatch.job_generation.v1")) == 2 and of("io.profwatch.job_generation.v1"),
+                    20, what="a generation at the first hello")
+    assert sorted(g["data"]["generation"] for g in gens) == [1, 2]
+    assert {g["data"]["reason"] for g in gens} == {"resumed_after_end"}
+
+
 def _rank(root: Path, job: str, rank: int, cfg: Path, backend: str) -> subprocess.Popen:
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "PROFWATCH_JOB_ID": job,
            "PROFWATCH_NODE_ENDPOINT": f"ipc://{root}/n1.sock", "PROFWATCH_PROFILER_CONFIG_PATH": str(cfg),

@@ -145,6 +145,9 @@ class World:
             def ongoing(self, job_id: str) -> dict[str, frozenset[int]]:
                 return {}
 
+            def unit_steps(self, job_id: str) -> dict[int, int] | None:
+                return None
+
         self.shell = CaptureShell(
             settings=self.settings, store=self.store, jobs=self.registry.jobs, nodes=self.registry.nodes,
             writer=Writer(), send_node_command=lambda n, c: self.sent.append((n, c)), scanner=Scanner(),
@@ -687,7 +690,7 @@ def test_successive_captures_naming_other_ranks_say_the_culprit_rotates_and_stop
     """Issue 20 item 6: a rank-outlier episode whose slow rank moves (0, then 3, then 6, as a hot MoE expert does)
     is captured again for each new rank without waiting for its cooldown; once three verdicts named three ranks,
     culprit_rotates is published (an alert) and the episode is not captured again."""
-    w = world(world=8, arming={"min_arm_gap_s": 0})
+    w = world(world=8, arming={"min_arm_gap_s": 0, "rotation_captures": 3})  # the default is 2: three shown here
     cids: list[str] = []
     for i, rank in enumerate((0, 3, 6)):
         w.shell.on_anomaly(Anomaly("rank_outlier", "j1", 21 + i, (rank,), 0.5,

@@ -419,3 +419,112 @@ def test_the_follow_ranks_of_a_huge_job_are_stored_as_runs_and_read_back_bounded
     back = Episode.from_json(hostile).follow_ranks
     assert len(back) == 1 << 21 and back[0] == 0  # clipped, the malformed runs left out
     assert Episode.from_json(row | {"follow_spans": "0-5"}).follow_ranks == ()
+
+
+def test_a_job_wide_level_its_capture_found_nobody_behind_becomes_the_new_normal_and_frees_the_job() -> None:
+    """Issue 31, finding 4: host load made the job +16 % slower for good; its capture found no suspect; the job
+    stays there. Once it held its level for episode_quiet_steps after the verdict, one level_learned (old and new
+    level, the capture) closes it, and a 3x straggler later is a new episode captured at once (no cooldown)."""
+    b, p = book(episode_quiet_steps=20)
+    load, _ = b.observe(reg(100, mag=0.16, base=1.0), T0)
+    assert load is not None and arm_next(b, p, T0, "c1") is load
+    b.capture_ended("c1", T0 + 60, "no_suspect")
+    events = []
+    for i, step in enumerate(range(120, 200, 5)):
+        events += b.advance(T0 + 70 + i, furthest_step=step, step_time_s=1.16)
+    types = [e.type for e in events]
+    assert types == ["io.profwatch.level_learned.v1", "io.profwatch.episode_closed.v1"], types
+    learned, closed = events
+    assert learned.data["old_level_s"] == 1.0 and learned.data["new_level_s"] == 1.16
+    assert learned.data["capture_id"] == "c1" and learned.data["change"] == pytest.approx(0.16)
+    assert "new normal" in learned.data["text"] and "+16%" in learned.data["text"]
+    assert closed.data["reason"] == "level_learned" and not b.open
+    straggler, evs = b.observe(reg(300, mag=2.0, base=1.16), T0 + 200)  # judged against the new level
+    assert straggler is not None and straggler is not load and straggler.reference_s == 1.16
+    assert [e.type for e in evs] == ["io.profwatch.episode_opened.v1"]
+    assert arm_next(b, p, T0 + 200, "c2") is straggler  # not held by the load episode's 900 s cooldown
+
+
+def test_a_new_change_on_a_level_found_normal_is_its_own_episode_even_before_the_level_settled() -> None:
+    b, p = book(episode_quiet_steps=50)
+    load, _ = b.observe(reg(100, mag=0.16, base=1.0), T0)
+    assert load is not None and arm_next(b, p, T0, "c1") is load
+    b.capture_ended("c1", T0 + 60, "no_suspect")
+    b.advance(T0 + 61, furthest_step=120, step_time_s=1.16)
+    straggler, evs = b.observe(reg(130, mag=2.0, base=1.16), T0 + 70)
+    assert [e.type for e in evs] == ["io.profwatch.level_learned.v1", "io.profwatch.episode_closed.v1",
+                                     "io.profwatch.episode_opened.v1"]
+    assert evs[0].data["new_level_s"] == 1.16 and straggler is not None and straggler is not load
+    assert arm_next(b, p, T0 + 70, "c2") is straggler
+
+
+def test_a_level_whose_capture_named_a_rank_or_that_fell_back_is_not_learned() -> None:
+    b, p = book(episode_quiet_steps=20)
+    named, _ = b.observe(reg(100, mag=0.3, base=1.0), T0)
+    assert named is not None and arm_next(b, p, T0, "c1") is named
+    b.capture_ended("c1", T0 + 60, "ok", named=(2,))  # a suspect was found: the episode stays a finding
+    for step in range(120, 300, 10):
+        assert all(e.type != "io.profwatch.level_learned.v1"
+                   for e in b.advance(T0 + step, furthest_step=step, step_time_s=1.3))
+    b2, p2 = book(episode_quiet_steps=20)
+    gone, _ = b2.observe(reg(100, mag=0.3, base=1.0), T0)
+    assert gone is not None and arm_next(b2, p2, T0, "c1") is gone
+    b2.capture_ended("c1", T0 + 60, "no_suspect")
+    events = []
+    for step in range(120, 300, 10):  # back at the old level: it ends as quiet, nothing is learned
+        events += b2.advance(T0 + step, furthest_step=step, step_time_s=1.0)
+    assert [e.data["reason"] for e in events] == ["quiet"]
+
+
+def test_a_culprit_rotating_across_episodes_takes_two_captures_and_never_holds_a_slow_rank() -> None:
+    """Issue 31, finding 6: an MoE hot expert moves every 150 steps (each hot period an episode of its own); a real
+    rank is slow from the middle of the job. The rotation is recognised at its second capture, its captures leave
+    the hourly cap, later hot periods are not captured, the persistent rank is."""
+    b, p = book(max_captures_per_hour=4, episode_quiet_steps=20, min_arm_gap_s=60)
+    t, step = T0, 100
+    arms, events = [], []
+    for rank in (1, 5, 2, 6, 3):  # hot periods of 75 s (150 steps at 0.5 s)
+        ep, _ = b.observe(out(step, (rank,), stage="moe"), t)
+        assert ep is not None
+        got = arm_next(b, p, t + 1, f"c{rank}", covered=(rank,))
+        if got is not None:
+            arms.append(rank)
+            events += b.capture_ended(f"c{rank}", t + 30, "ok", named=(rank,))
+        else:
+            assert ep.waiting == "culprit_rotates" and ep.rotating_member
+        t, step = t + 75, step + 150
+        events += b.advance(t, furthest_step=step, ongoing={"rank_outlier": frozenset()})
+    assert arms == [1, 5]
+    rot = [e for e in events if e.type == "io.profwatch.culprit_rotates.v1"]
+    assert len(rot) == 1 and rot[0].data["rotation"] == [1, 5] and rot[0].data["across_episodes"]
+    assert b.history.state(t, capture_in_flight=False).captures_last_hour == 0  # the rotation's slots given back
+    slow, _ = b.observe(out(step, (7,), stage="moe", mag=0.25), t)
+    assert slow is not None and slow.rotating_member
+    assert b.next_arm(p, t + 1, capture_in_flight=False) is None
+    done = None
+    for k in range(1, 40):  # it persists: reported and still named while the hot expert goes on moving
+        now, at = t + 10 * k, step + 20 * k
+        b.observe(out(at, (7,), stage="moe", mag=0.25), now)
+        b.advance(now, furthest_step=at, ongoing={"rank_outlier": frozenset({7})})
+        done = arm_next(b, p, now, "c-slow", covered=(7,))
+        if done is not None:
+            assert now - slow.opened_unix_s >= 300 and at - slow.opened_step >= 60
+            break
+    assert done is slow and not slow.rotation
+
+
+def test_a_replicas_episode_is_quiet_only_on_its_own_step_counter() -> None:
+    """Serving replicas have unrelated step counters: replica 2 at its step 1,200 while replica 0 is at 90,000.
+    Its episode (ranks of the unit) holds while reports come on its own counter; it closes after
+    episode_quiet_steps of *its* steps, never at once because another replica is far ahead."""
+    b, p = book(episode_quiet_steps=50)
+    rep = Anomaly("step_regression", "j", 1_200, (2,), 0.3, {"unit": [2], "baseline_s": 0.05})
+    ep, _ = b.observe(rep, T0)
+    assert ep is not None
+    units = {0: 90_000, 1: 40_000, 2: 1_210, 3: 7}
+    assert b.advance(T0 + 1, furthest_step=90_000, unit_steps=units) == []
+    assert ep.closed_unix_s is None and arm_next(b, p, T0 + 1, "c1", covered=(2,)) is ep
+    b.capture_ended("c1", T0 + 30, "ok", named=(2,))
+    assert b.advance(T0 + 40, furthest_step=90_400, unit_steps={**units, 0: 90_400, 2: 1_249}) == []
+    (closed,) = b.advance(T0 + 41, furthest_step=90_401, unit_steps={**units, 0: 90_401, 2: 1_250})
+    assert closed.data["reason"] == "quiet"

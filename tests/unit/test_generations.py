@@ -235,3 +235,15 @@ def test_generation_event_data_and_ids() -> None:
     assert d["nodes"] == ["n0"] and d["reason"] == "world_size" and d["generation"] == 1
     assert g.event_id() == "job_generation-j-1-5"
     assert dataclasses.replace(g, opened_unix_s=99.0).event_id() != g.event_id()
+
+
+def test_a_job_found_ended_opens_a_generation_of_the_same_shape_at_its_next_report_once() -> None:
+    reg = job_of(4, 2)
+    job = reg.jobs["j"]
+    assert reg.resume_after_end(job, 700.0, 0, "n0") is None  # not ended: nothing
+    reg.note_ended("j", 700.0)
+    g = reg.resume_after_end(job, 900.0, 2, "n1")
+    assert g is not None and (g.reason, g.generation, g.old_generation, g.world_size) == ("resumed_after_end", 1, 0, 4)
+    assert (g.ranks, g.nodes) == ((2,), ("n1",)) and job.ended_unix_s is None
+    assert {r.gen for r in job.ranks.values()} == {1}  # every rank's reports are judged in the new generation
+    assert reg.resume_after_end(job, 901.0, 3, "n1") is None  # once per end

@@ -205,3 +205,89 @@ def test_serving_keepalive_while_idle_and_none_in_training(node: _Node, monkeypa
         assert training._keepalive is None
     finally:
         training.close()
+
+
+def test_a_side_thread_that_steps_first_never_takes_the_counter_from_the_named_owner(
+        node: _Node, caplog: pytest.LogCaptureFixture) -> None:
+    """A side thread calling step() at its own 13 ms cadence before the training loop starts: the training thread
+    (named at construction, as rankhook.init names the thread that called it) keeps the counter and the backend."""
+    backend = _CountingBackend()
+    hook = Hook(resolve_identity("thr-job", rank=0, world_size=1), Publisher(node.endpoint), backend,
+                step_thread=threading.current_thread())
+    try:
+        side = threading.Thread(target=lambda: [hook.step() for _ in range(30)], name="side")
+        side.start()
+        side.join(10)
+        assert hook.step_count == 0 and hook.foreign_steps == 30 and backend.calls == []
+        for _ in range(5):
+            hook.step()
+        assert hook.step_count == 5 and {tid for tid, _ in backend.calls} == {threading.get_ident()}
+        warnings = [r.getMessage() for r in caplog.records if "owns the step counter" in r.getMessage()]
+        assert len(warnings) == 1 and "side" in warnings[0] and "rankhook.init()" in warnings[0]
+    finally:
+        hook.close()
+
+
+def test_a_named_step_thread_not_started_yet_owns_the_counter_once_it_runs(node: _Node) -> None:
+    backend = _CountingBackend()
+    worker = threading.Thread(target=lambda: [hook.step() for _ in range(4)], name="train")
+    hook = Hook(resolve_identity("thr-job", rank=0, world_size=1), Publisher(node.endpoint), backend,
+                step_thread=worker)
+    try:
+        hook.step()  # the main thread is not the named one: ignored
+        assert hook.step_count == 0 and hook.foreign_steps == 1
+        worker.start()
+        worker.join(10)
+        assert hook.step_count == 4 and {tid for tid, _ in backend.calls} == {worker.ident}
+    finally:
+        hook.close()
+
+
+def test_init_names_the_thread_that_called_it_or_step_thread(node: _Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rankhook.init() from a worker thread (the zero-code hook's first optimizer step in a training thread): that
+    thread owns step(); the main thread's calls are ignored."""
+    import rankhook
+
+    monkeypatch.setenv("PROFWATCH_JOB_ID", "thr-init")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    rankhook.shutdown()
+    got: list[Any] = []
+    go, done = threading.Event(), threading.Event()
+
+    def train() -> None:  # the training thread: init, then its steps once told (it stays alive meanwhile)
+        got.append(rankhook.init(endpoint=node.endpoint, backend="none"))
+        go.wait(10)
+        for _ in range(2):
+            rankhook.step()
+        done.set()
+
+    worker = threading.Thread(target=train)
+    worker.start()
+    try:
+        wait_for(lambda: got)
+        hook = got[0]
+        assert hook is not None
+        rankhook.step()  # main thread: not the owner
+        t = threading.Thread(target=lambda: [rankhook.step() for _ in range(3)])
+        t.start()
+        t.join(10)
+        assert hook.step_count == 0 and hook.foreign_steps == 4  # nor another side thread
+        go.set()
+        assert done.wait(10) and hook.step_count == 2
+    finally:
+        go.set()
+        worker.join(10)
+        rankhook.shutdown()
+    main = threading.current_thread()
+    other = threading.Thread(target=lambda: got.append(
+        rankhook.init(endpoint=node.endpoint, backend="none", step_thread=main)))
+    other.start()
+    other.join(10)
+    try:
+        hook = got[1]
+        rankhook.step()
+        rankhook.step()
+        assert hook.step_count == 2 and hook.foreign_steps == 0
+    finally:
+        rankhook.shutdown()

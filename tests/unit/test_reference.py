@@ -137,3 +137,17 @@ def test_status_text_shows_each_jobs_reference_or_what_it_waits_for() -> None:
     text = "\n".join(render_status({"jobs": [], "nodes": [], "references": views}))
     assert "j1: c2 (generation 1, 90 s old, step time 0.5 s)" in text
     assert "j2: none yet; waits: settling" in text
+
+
+def test_an_episode_holds_the_reference_for_a_bounded_time_only() -> None:
+    """Issue 31, finding 10: load episodes that never close kept a busy job without a reference for 25 minutes."""
+    from profwatch.core.changes.reference import episodes_holding
+
+    s = ReferenceSettings()
+    assert s.episode_yield_s == 900
+    opened = [T0, T0 + 600]
+    assert episodes_holding(opened, T0 + 899, s.episode_yield_s) == 2
+    assert episodes_holding(opened, T0 + 900, s.episode_yield_s) == 1
+    assert episodes_holding(opened, T0 + 1500, s.episode_yield_s) == 0
+    ref = JobReference()
+    assert _steady(ref, T0 + 1500, open_episodes=episodes_holding(opened, T0 + 1500, s.episode_yield_s)) is None

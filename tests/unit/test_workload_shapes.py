@@ -90,6 +90,8 @@ def test_healthy_dp_replicas_are_independent_units_never_late_or_stalled() -> No
     assert of_kind(found, "stalled_rank") == []
     assert of_kind(found, "step_regression") == []
     assert det.counters["late"] < 0.05 * det.counters["reports"]  # only before the replicas were told apart
+    steps = det.unit_steps()  # each replica's own counter: what its episodes' quiet steps are counted on
+    assert steps is not None and steps == {r: u.aggregator.furthest_step for u in det.units for r in u.ranks}
 
 
 def test_slow_tp_rank_and_slow_replica_are_found_in_serving() -> None:

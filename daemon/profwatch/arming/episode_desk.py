@@ -151,7 +151,8 @@ class EpisodeDesk:
         b, job = self.book(job_id), self.jobs[job_id]
         self._publish(job_id, b.advance(now, furthest_step=job.furthest_step(),
                                         step_time_s=self.detectors.baseline_step_time_s(job_id),
-                                        ongoing=self.detectors.ongoing(job_id)))
+                                        ongoing=self.detectors.ongoing(job_id),
+                                        unit_steps=self.detectors.unit_steps(job_id)))
         armed: set[str] = set()
         policy = self._policy()
         for _ in range(len(b.open) + 1):  # each pass arms one episode or stops: bounded even with no gap

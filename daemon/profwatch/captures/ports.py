@@ -107,6 +107,10 @@ class DetectorsPort(Protocol):
         """Per anomaly kind, the ranks the job's detector still names (``JobDetector.ongoing``; {} when none)."""
         ...
 
+    def unit_steps(self, job_id: str) -> dict[int, int] | None:
+        """Per rank, its unit's furthest step (``JobDetector.unit_steps``; None: the job is one unit)."""
+        ...
+
 
 SendNodeCommand = Callable[[str, wire.NodeCommand], None]
 """Send a command to one node daemon by its identity (the coordinator's ingest socket; never blocks)."""

@@ -160,7 +160,7 @@ class CaptureShell:
             settings=settings, store=store, jobs=jobs, detectors=detectors, arm=self.arm,
             slot_busy=lambda job_id: lc.blocking_capture(self._job(job_id).active.values(),
                                                          self._generation(job_id)) is not None,
-            open_episodes=lambda job_id: len(self.episodes.book(job_id).open),
+            open_episodes=lambda job_id: [e.opened_unix_s for e in self.episodes.book(job_id).open.values()],
             history=lambda job_id: self._job(job_id).history, topology=self.topology, policy=lambda: self.policy,
             find=self._find)
 

@@ -24,6 +24,7 @@ from profwatch.core.changes.reference import (
     JobReference,
     ReferenceInfo,
     decide_reference,
+    episodes_holding,
 )
 
 if TYPE_CHECKING:
@@ -58,7 +59,8 @@ class ReferenceDesk:
         detectors: the detectors' view (baseline step time).
         arm: the capture shell's ``arm``.
         slot_busy: whether a capture holds the job's config slot.
-        open_episodes: how many episodes of the job are open.
+        open_episodes: when each open episode of the job opened (unix s; those younger than ``[reference]
+            episode_yield_s`` hold the reference: ``core/changes/reference.py: episodes_holding``).
         history: the job's arm history (its bytes of the hour count the reference's estimate).
         topology: the job's layout (the reference covers the ranks a job-wide capture takes).
         policy: the arming policy in force (its mode; a callable: it is swapped at runtime).
@@ -67,7 +69,7 @@ class ReferenceDesk:
 
     def __init__(self, *, settings: Settings, store: StateStore, jobs: Mapping[str, JobState],
                  detectors: DetectorsPort, arm: Callable[..., dict[str, Any]], slot_busy: Callable[[str], bool],
-                 open_episodes: Callable[[str], int], history: Callable[[str], ArmHistory],
+                 open_episodes: Callable[[str], Iterable[float]], history: Callable[[str], ArmHistory],
                  topology: Callable[[str], JobTopology | None], policy: Callable[[], ArmingPolicy],
                  find: Callable[[str], lc.Capture | None] = lambda cid: None) -> None:
         self.s, self.store, self.jobs, self.detectors = settings, store, jobs, detectors
@@ -106,7 +108,7 @@ class ReferenceDesk:
             self._next_run[job_id] = now + RUN_EVERY_S
             r = self.ref(job_id)
             baseline = self.detectors.baseline_step_time_s(job_id)
-            n_open = self._open(job_id)
+            n_open = episodes_holding(self._open(job_id), now, rs.episode_yield_s)
             recent = (job.median_step_time_s() if not n_open and baseline is not None
                       and now - job.last_heard_unix_s() <= SILENT_S else None)  # the median only when it decides
             r.observe(now, open_episodes=n_open, baseline_step_s=baseline, recent_step_s=recent,

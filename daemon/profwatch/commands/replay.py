@@ -246,7 +246,8 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
         else:
             result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step,
                                          "reason": "transient_not_capturable"})
-    events += book.advance(now, furthest_step=furthest, step_time_s=det.baseline_step_time_s, ongoing=det.ongoing())
+    events += book.advance(now, furthest_step=furthest, step_time_s=det.baseline_step_time_s, ongoing=det.ongoing(),
+                           unit_steps=det.unit_steps())
     armed = set()
     for _ in range(len(book.open) + 1):  # each pass arms one episode or stops: bounded even with no gap
         picked = book.next_arm(policy, now, capture_in_flight=job.in_flight_until_step is not None,

@@ -127,6 +127,10 @@ TABLE: tuple[EventType, ...] = (
               severity=None, resolved_by=_NONE,
               summary="an episode ended (quiet, job ended, new generation): captured or not, what it waited for; "
                       "resolves culprit_rotates"),
+    EventType("level_learned", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False,
+              severity=None, resolved_by=_NONE,
+              summary="a job-wide episode whose capture found no suspect (no_suspect) stayed at its new level: it is "
+                      "the job's new normal (old and new level, the capture); later changes are judged against it"),
     EventType("reference_captured", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False,
               severity=None, resolved_by=_NONE,
               summary="the job's healthy reference capture was analysed (or could not be): its capture, generation, "
@@ -197,4 +201,5 @@ TYPE_EPISODE_OPENED = BY_NAME["episode_opened"].type
 TYPE_EPISODE_UPDATED = BY_NAME["episode_updated"].type
 TYPE_EPISODE_CLOSED = BY_NAME["episode_closed"].type
 TYPE_CULPRIT_ROTATES = BY_NAME["culprit_rotates"].type
+TYPE_LEVEL_LEARNED = BY_NAME["level_learned"].type
 TYPE_REFERENCE_CAPTURED = BY_NAME["reference_captured"].type

@@ -135,7 +135,10 @@ class Episode:
     ``waiting_behind``: what it waits for (a reason of :class:`~profwatch.core.arming.policy.ArmingPolicy`), until
     when, and behind which episode of the queue; ``follow_ranks``: the ranks its last own targeted capture waited
     for and did not hold (``partial`` with ``waited_for``): its next capture is a follow-up covering them (cleared
-    when it is armed; empty: none).
+    when it is armed; empty: none); ``settle_step``: for a job-wide episode whose capture found no suspect, the
+    first step it was judged at after that verdict (it becomes the job's new normal once it held its level for
+    ``episode_quiet_steps`` from there; None: no such verdict); ``rotating_member``: opened on a key whose culprit
+    rotates across episodes (it waits as ``culprit_rotates`` until it persists: then it is a slow rank of its own).
     """
 
     episode_id: str
@@ -163,6 +166,8 @@ class Episode:
     waiting_behind: str = ""
     not_before_unix_s: float = 0.0
     follow_ranks: tuple[int, ...] = ()
+    settle_step: int | None = None
+    rotating_member: bool = False
 
     @property
     def key(self) -> str:
@@ -232,7 +237,8 @@ class Episode:
             "waiting": self.waiting, "waiting_until_unix_s": self.waiting_until_unix_s,
             "waiting_behind": self.waiting_behind, "not_before_unix_s": self.not_before_unix_s,
             "follow_ranks": list(self.follow_ranks[:SHOWN_FOLLOW]), "follow_count": len(self.follow_ranks),
-            "follow_spans": _spans(self.follow_ranks), "value": "repeat" if self.is_repeat else "new"}
+            "follow_spans": _spans(self.follow_ranks), "value": "repeat" if self.is_repeat else "new",
+            "settle_step": self.settle_step, "rotating_member": self.rotating_member}
         if now_unix_s is not None:
             out["age_s"] = round(max(0.0, now_unix_s - self.opened_unix_s), 3)
         return out
@@ -258,7 +264,9 @@ class Episode:
             waiting_behind=str(d.get("waiting_behind", "")),
             not_before_unix_s=float(d.get("not_before_unix_s", 0.0)),
             follow_ranks=(_from_spans(d["follow_spans"]) if "follow_spans" in d
-                          else _follow_ranks(d.get("follow_ranks"))))
+                          else _follow_ranks(d.get("follow_ranks"))),
+            settle_step=int(d["settle_step"]) if d.get("settle_step") is not None else None,
+            rotating_member=bool(d.get("rotating_member", False)))
 
     def summary(self) -> dict[str, Any]:
         """The short form carried by events: id, kind, scope, ranks, magnitudes, steps, captures."""
@@ -268,11 +276,14 @@ class Episode:
                 "captures": [c.capture_id for c in self.captures], "rotation": list(self.rotation)}
 
 
-def value_key(ep: Episode) -> tuple[bool, bool, float, float, str]:
-    """Sort key of the capture queue, most valuable first: a new episode before a repeat of one already captured,
-    then a named rank before a job-wide finding, then the larger magnitude, then the older.
+def value_key(ep: Episode) -> tuple[bool, bool, bool, float, float, str]:
+    """Sort key of the capture queue, most valuable first: a new episode before a repeat of one already captured
+    or one whose culprit rotates (:attr:`Episode.rotation`), then a named rank before a job-wide finding, then a
+    finding that changed before a standing one (``structural_imbalance``: present from the start), then the larger
+    magnitude, then the older.
 
     New before repeat comes first so that a change is captured by the first arm after its onset whatever was
     captured before it (docs/detection.md, episodes); within new (or within repeat) episodes the order is:
     named rank, magnitude, age."""
-    return (ep.is_repeat, not ep.ranks, -ep.magnitude, ep.opened_unix_s, ep.episode_id)
+    return (ep.is_repeat or bool(ep.rotation), not ep.ranks, ep.kind == "structural_imbalance", -ep.magnitude,
+            ep.opened_unix_s, ep.episode_id)

@@ -23,6 +23,7 @@ from profwatch.core.alerts.event_types import (
     TYPE_EPISODE_CLOSED,
     TYPE_EPISODE_OPENED,
     TYPE_EPISODE_UPDATED,
+    TYPE_LEVEL_LEARNED,
 )
 from profwatch.core.arming.episode_record import (
     CAPTURED,
@@ -31,7 +32,7 @@ from profwatch.core.arming.episode_record import (
     episode_key,
     value_key,
 )
-from profwatch.core.arming.policy import JOB_HOLDS, ArmDecision, ArmHistory, ArmingPolicy
+from profwatch.core.arming.policy import HOUR_S, JOB_HOLDS, ArmDecision, ArmHistory, ArmingPolicy
 from profwatch.core.arming.settings import ArmingSettings
 from profwatch.core.arming.targeting import JobTopology
 from profwatch.core.capture.lifecycle import Event
@@ -50,11 +51,29 @@ MAX_CLOSED = 16
 """Closed episodes kept per job (``status`` shows them; the store keeps them all)."""
 MAX_CAPTURES = 16
 """Captures remembered per episode."""
+MAX_TOPS = 8
+"""Top ranks remembered per episode key across episodes (rotation across episodes)."""
+PERSIST_S = 300.0
+PERSIST_STEPS = 60
+"""An episode opened on a key whose culprit rotates is a slow rank of its own once it lasted this long (seconds and
+steps, both) and twice the longest episode of the rotation (a persistent change: >= 5 minutes and >= 60 steps)."""
 
 
 def _rotates(tops: list[int], n: int) -> bool:
     last = tops[-n:]
     return len(last) >= n and all(a != b for a, b in zip(last, last[1:], strict=False))
+
+
+def _found_nobody(ep: Episode) -> str | None:
+    """The capture whose verdict found no suspect when it is the latest verdict of ``ep`` and no capture of it is in
+    flight, else None."""
+    if ep.in_flight is not None:
+        return None
+    done = [c for c in ep.captures if c.status is not None and c.status in CAPTURED and c.status != "would_arm"]
+    if not done:
+        return None
+    last = max(done, key=lambda c: c.armed_unix_s)
+    return last.capture_id if last.status == "no_suspect" else None
 
 
 class JobEpisodes:
@@ -77,6 +96,11 @@ class JobEpisodes:
         ``episode_quiet_steps`` steps past the last step it held, never while its own capture is in flight; kinds of
         :data:`STANDING_KINDS` close only with :meth:`close_all` (job end, new generation).
 
+        New normal: a job-wide ``step_regression`` episode whose latest capture found no suspect (``no_suspect``)
+        and that held its level for ``episode_quiet_steps`` after the verdict, or that a new change point reaches,
+        is closed with one ``level_learned`` event (old and new level, the capture) and reason ``level_learned``: a
+        later change is a new episode, never an update held by the old one's cooldown.
+
         Budget (:meth:`next_arm`): the open episodes that want a capture (none of their own in flight, not
         rotating) are decided in :func:`value_key` order; the first that passes is armed. An episode captured
         already is not captured again while it lasts unchanged (``captured_unchanged``); once its level grew by
@@ -92,7 +116,9 @@ class JobEpisodes:
         not held by a capture that found nothing); an outcome outside :data:`CAPTURED` (failed, expired,
         incomplete) leaves the episode wanting a capture. When the last ``rotation_captures`` verdicts of the
         episode's own captures named a different top rank each time, the culprit rotates: ``culprit_rotates`` is
-        published once and the episode is not captured again. A ``partial`` verdict of the episode's own targeted
+        published once and the episode is not captured again. The same holds across the episodes of one key
+        (:meth:`_rotation_across`): the rotation's captures then leave the hourly cap, and later episodes of the key
+        wait until they persist (:meth:`_persists`). A ``partial`` verdict of the episode's own targeted
         capture whose ranks waited for ranks it did not hold (``waited``) asks for one follow-up: the episode wants a
         capture again at once (no cooldown: the waited-for ranks are new to it), through the job's budget (gap,
         hourly and byte caps), covering those ranks (:attr:`Episode.follow_ranks`,
@@ -113,6 +139,8 @@ class JobEpisodes:
         self.closed: deque[Episode] = deque(maxlen=MAX_CLOSED)
         self._dirty: dict[str, Episode] = {}
         self._flight: dict[str, tuple[int | None, frozenset[int] | None]] = {}  # capture -> (start_step, covered)
+        self._tops: dict[str, deque[tuple[int, str, str, float]]] = {}  # key -> (top rank, episode, capture, armed)
+        self.rotating: dict[str, tuple[tuple[int, ...], float]] = {}  # key -> (the rotation's ranks, longest s)
 
     # -- bookkeeping ------------------------------------------------------------------------------------------------
     def _touch(self, ep: Episode) -> None:
@@ -148,8 +176,15 @@ class JobEpisodes:
         ep = self.open.get(key)
         ranks = tuple(sorted(set(anomaly.ranks)))
         detail = dict(anomaly.detail or {})
+        out: list[Event] = []
+        if ep is not None and not ep.ranks and not ranks and anomaly.kind == "step_regression":
+            found = _found_nobody(ep)
+            if found is not None:  # a new change on a level its capture found nobody behind: that level is normal
+                base = detail.get("baseline_s")
+                now_level = float(base) if isinstance(base, (int, float)) and base > 0 else None
+                out += self._learn(ep, now_unix_s, anomaly.step, now_level, found)
+                ep = None
         if ep is None:
-            out: list[Event] = []
             if len(self.open) >= MAX_OPEN:
                 oldest = min(self.open.values(), key=lambda e: e.updated_unix_s)
                 out.append(self._close(oldest, now_unix_s, "evicted"))
@@ -158,6 +193,9 @@ class JobEpisodes:
             ep = Episode(f"ep-{digest[:12]}", self.job_id, anomaly.kind, key.split("/", 1)[1], now_unix_s,
                          anomaly.step, now_unix_s, anomaly.step, anomaly.step, anomaly.magnitude, anomaly.magnitude,
                          ranks, detail, float(base) if isinstance(base, (int, float)) and base > 0 else None)
+            rot = self.rotating.get(key)
+            if rot is not None and ranks:  # the culprit of this key rotates across episodes: one more of them
+                ep.rotation, ep.rotating_member = rot[0], True
             self.open[key] = ep
             self._touch(ep)
             onset = detail.get("first_step")
@@ -180,20 +218,30 @@ class JobEpisodes:
         if fresh and ep.captures:
             ep.new_ranks = True
         self._touch(ep)
-        return ep, [self._event(TYPE_EPISODE_UPDATED, ep, f"-{ep.reports}", reason="reported",
-                                new_ranks=fresh, detail=detail)]
+        return ep, [*out, self._event(TYPE_EPISODE_UPDATED, ep, f"-{ep.reports}", reason="reported",
+                                      new_ranks=fresh, detail=detail)]
 
     def advance(self, now_unix_s: float, *, furthest_step: int | None, step_time_s: float | None = None,
-                ongoing: Mapping[str, frozenset[int]] | None = None) -> list[Event]:
+                ongoing: Mapping[str, frozenset[int]] | None = None,
+                unit_steps: Mapping[int, int] | None = None) -> list[Event]:
         """Judge which episodes still hold at the job's ``furthest_step``; close those quiet for
         ``episode_quiet_steps`` (rules in the class Notes). ``ongoing``: per kind, the ranks its detector still
-        names (kinds absent: no such sign); ``step_time_s``: the job step time now (None: unknown)."""
+        names (kinds absent: no such sign); ``step_time_s``: the job step time now (None: unknown);
+        ``unit_steps``: per rank, the furthest step of its unit when the job is split into units with unrelated
+        step counters (serving replicas; None: one unit): an episode naming ranks is then judged on its ranks'
+        own counter (the furthest of them), never on another replica's."""
         if furthest_step is None:
             return []
+        job_furthest = furthest_step
         out: list[Event] = []
         for ep in list(self.open.values()):
             if ep.kind in STANDING_KINDS:
                 continue
+            furthest_step = job_furthest
+            if unit_steps is not None and ep.ranks:
+                own = [s for r in ep.ranks if (s := unit_steps.get(r)) is not None]
+                if own:
+                    furthest_step = max(own)
             held = False
             named = (ongoing or {}).get(ep.kind)
             if ep.ranks and named is not None:
@@ -207,6 +255,25 @@ class JobEpisodes:
                                                reason="ranks_cleared"))
             elif not ep.ranks and ep.reference_s is not None and step_time_s is not None:
                 held = step_time_s >= ep.reference_s * (1.0 + ep.magnitude / 2.0)
+                found = _found_nobody(ep) if held else None
+                if found is not None and ep.kind == "step_regression":
+                    if ep.settle_step is None:
+                        ep.settle_step = furthest_step
+                        self._touch(ep)
+                    elif furthest_step - ep.settle_step >= self.settings.episode_quiet_steps:
+                        out += self._learn(ep, now_unix_s, furthest_step, step_time_s, found)
+                        continue
+                elif ep.settle_step is not None:
+                    ep.settle_step = None  # not at its level (or captured again): the clock starts over
+                    self._touch(ep)
+            if ep.rotating_member and ep.rotation and self._persists(ep, now_unix_s, furthest_step):
+                ep.rotation, ep.rotating_member = (), False
+                self._touch(ep)
+                out.append(self._event(
+                    TYPE_EPISODE_UPDATED, ep, "-persistent", reason="persistent",
+                    text=f"ranks {', '.join(map(str, ep.ranks[:16]))} stayed slow for "
+                         f"{now_unix_s - ep.opened_unix_s:.0f} s ({furthest_step - ep.opened_step} steps), longer "
+                         "than the rotating culprit stays anywhere: a slow rank of its own, captured as new"))
             if held and furthest_step > ep.last_ongoing_step:
                 if furthest_step - ep.last_ongoing_step >= max(1, self.settings.episode_quiet_steps // 4):
                     self._touch(ep)  # stored now and then, not every second: a restart may close it a bit early
@@ -216,6 +283,32 @@ class JobEpisodes:
                 out.append(self._close(ep, now_unix_s, "quiet"))
         return out
 
+    def _persists(self, ep: Episode, now_unix_s: float, furthest_step: int) -> bool:
+        """Whether an episode opened on a rotating key lasted long enough to be a slow rank of its own
+        (:data:`PERSIST_S`, :data:`PERSIST_STEPS`, twice the longest episode of the rotation)."""
+        longest = self.rotating.get(ep.key, ((), 0.0))[1]
+        age = now_unix_s - ep.opened_unix_s
+        return (age >= max(PERSIST_S, 2.0 * longest) and furthest_step - ep.opened_step >= PERSIST_STEPS
+                and ep.last_ongoing_step >= furthest_step - max(1, self.settings.episode_quiet_steps // 4))
+
+    def _learn(self, ep: Episode, now_unix_s: float, step: int, level_s: float | None,
+               capture_id: str) -> list[Event]:
+        """Close a job-wide episode whose capture ``capture_id`` found no suspect and that stayed at its level
+        (``level_s``, seconds per step; None unknown): the job's new normal, one ``level_learned`` event (old and new
+        level, the capture), then ``episode_closed`` with reason ``level_learned``."""
+        old = ep.reference_s
+        change = level_s / old - 1.0 if old and level_s else ep.level
+        new = f"{level_s:.4g} s" if level_s else "its new level"
+        ev = self._event(
+            TYPE_LEVEL_LEARNED, ep, "-learned", old_level_s=old, new_level_s=level_s, change=round(change, 6),
+            capture_id=capture_id, step=step,
+            text=f"the job has run at {new} per step ({change:+.0%} since {old:.4g} s) since step {ep.opened_step}; "
+                 f"capture {capture_id} found no suspect rank: this is the job's new normal, later changes are judged "
+                 "against it" if old else
+                 f"the job stayed at its new level since step {ep.opened_step}; capture {capture_id} found no suspect "
+                 "rank: this is the job's new normal, later changes are judged against it")
+        return [ev, self._close(ep, now_unix_s, "level_learned")]
+
     def new_run(self, now_unix_s: float, reason: str) -> list[Event]:
         """The job started a new generation (a restart, a resize, a new run under its id): close every open episode
         and start a fresh budget (the old run's arms never hold the new run's; the bytes-per-step estimate stays)."""
@@ -223,6 +316,8 @@ class JobEpisodes:
         fresh.bytes_per_rank_step = self.history.bytes_per_rank_step
         self.history = fresh
         self._flight.clear()
+        self._tops.clear()
+        self.rotating.clear()
         return self.close_all(now_unix_s, reason)
 
     def close_all(self, now_unix_s: float, reason: str) -> list[Event]:
@@ -355,6 +450,7 @@ class JobEpisodes:
                 ep.waiting = ""
             self._touch(ep)
             n = self.settings.rotation_captures
+            out += self._rotation_across(ep, [c for c in hit if c.own], now_unix_s)
             tops = [c.named[0] for c in ep.captures if c.own and c.named]
             if not ep.rotation and ep.closed_unix_s is None and _rotates(tops, n):
                 ep.rotation = tuple(tops[-n:])
@@ -375,6 +471,45 @@ class JobEpisodes:
                     text=f"capture {capture_id}'s ranks waited for ranks it did not hold: a follow-up capture of "
                            f"ranks {shown} is queued (through the job's capture budget)"))
         return out
+
+    def _rotation_across(self, ep: Episode, own: list[EpisodeCapture], now_unix_s: float) -> list[Event]:
+        """Remember the top rank of each own capture of a ranked episode under its key (the verdict's first named
+        rank, else the episode's ranks at the arm when it named one); when the last ``rotation_captures`` of the
+        key, from more than one episode and within an hour of each other, named a different rank each time, the
+        key's culprit rotates across episodes: ``culprit_rotates`` once, the captures of the rotation no longer
+        count toward ``max_captures_per_hour`` (they never hold a slow rank's capture), the open episode of the key
+        is not captured again and later episodes of the key wait until they persist (:meth:`_persists`)."""
+        if not ep.ranks:
+            return []  # a job-wide finding's key is not a culprit
+        tops = self._tops.setdefault(ep.key, deque(maxlen=MAX_TOPS))
+        for c in own:
+            top = c.named[0] if c.named else (c.ranks[0] if len(c.ranks) == 1 else None)
+            if top is not None:
+                tops.append((top, ep.episode_id, c.capture_id, c.armed_unix_s))
+        n = self.settings.rotation_captures
+        last = list(tops)[-n:]
+        if (ep.key in self.rotating or len(last) < n or len({e for _, e, _, _ in last}) < 2
+                or last[-1][3] - last[0][3] > HOUR_S or not _rotates([t for t, *_ in last], n)):
+            return []
+        longest = 0.0
+        for _, eid, _, _ in last:
+            member = self.find(eid)
+            if member is not None:
+                longest = max(longest, (member.closed_unix_s or now_unix_s) - member.opened_unix_s)
+        ranks = tuple(t for t, *_ in last)
+        self.rotating[ep.key] = (ranks, longest)
+        for _, _, cid, _ in last:
+            self.history.release(cid)
+        if ep.closed_unix_s is None and not ep.rotation:
+            ep.rotation = ranks
+            self._touch(ep)
+        text = ", ".join(str(r) for r in ranks)
+        return [self._event(
+            TYPE_CULPRIT_ROTATES, ep, "-across", rotation=list(ranks), across_episodes=True,
+            detail=f"culprit rotates: ranks {text} in the last {n} captures of {ep.key}, each in an episode of its "
+                   "own: load imbalance, e.g. MoE routing; later episodes of it are captured only once they "
+                   f"persist ({PERSIST_S:.0f} s and {PERSIST_STEPS} steps at least), and its captures no longer count "
+                   "toward the hourly cap")]
 
     # -- views ----------------------------------------------------------------------------------------------------------
     def view(self, now_unix_s: float, closed: int = 5) -> list[dict[str, Any]]:

@@ -53,8 +53,9 @@ class ArmingSettings(BaseModel):
     episode_quiet_steps: int = Field(
         50, ge=1, description="steps without a report or a sign from its detector after which an episode closes")
     rotation_captures: int = Field(
-        3, ge=2, description="successive verdicts of one episode naming a different top rank each: the culprit "
-                             "rotates (load imbalance); the episode is not captured again")
+        2, ge=2, description="successive captures naming a different top rank each, of one episode or of "
+                             "successive episodes of one key: the culprit rotates (load imbalance); it is not "
+                             "captured again (a later episode of the key once it persists)")
     targeting: TargetingSettings = Field(
         default_factory=TargetingSettings,
         description="targeted captures of large jobs: suspects + node/group peers + reference ranks, or a sample "

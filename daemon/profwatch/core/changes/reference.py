@@ -6,7 +6,9 @@ carries what changed since it (``daemon/profwatch/core/changes/comparison.py``, 
 
 Rules (``docs/reference.md`` says them in words):
 
-* **Steady.** The job is steady while it has no open episode, its detector knows its baseline step time (warm-up
+* **Steady.** The job is steady while it has no open episode younger than ``episode_yield_s`` (an episode holds
+  the reference for that long at most: a job-wide load episode that never closes, or one that opens again and
+  again on a busy host, cannot keep a job without a reference for good; :func:`episodes_holding`), its detector knows its baseline step time (warm-up
   over) and the recent step time lies within ``step_time_tolerance`` of that baseline (a reference taken in an
   undetected slow period would be a wrong baseline). :class:`JobReference` remembers since when it is steady; a
   reference is armed once it has been steady for ``[reference] steady_s``.
@@ -27,12 +29,13 @@ Rules (``docs/reference.md`` says them in words):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["REFERENCE_REASON", "ReferenceDecision", "ReferenceInfo", "ReferenceSettings", "JobReference",
-           "decide_reference", "yield_start_after"]
+           "decide_reference", "episodes_holding", "yield_start_after"]
 
 REFERENCE_REASON = "reference"
 """The capture reason (``Capture.reason``, the config's ``profwatch_reason`` metadata) of a reference capture."""
@@ -59,6 +62,9 @@ class ReferenceSettings(BaseModel):
                                                                       "within this of the detector's baseline")
     retry_after_s: float = Field(600.0, ge=0, description="seconds after a reference that did not end analysed "
                                                           "(failed, cancelled, expired) before the next try")
+    episode_yield_s: float = Field(900.0, gt=0, description="seconds an open episode holds the reference at most "
+                                                            "(counted from its opening); the step time must still "
+                                                            "lie at the detector's baseline")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +151,12 @@ class JobReference:
             self.last_try_unix_s = None  # the retry wait follows a failure only
             if self.latest is None or info.created_unix_s >= self.latest.created_unix_s:
                 self.latest = info
+
+
+def episodes_holding(opened_unix_s: Iterable[float], now_unix_s: float, yield_s: float) -> int:
+    """How many of the job's open episodes (their opening times, unix s) still hold its reference at
+    ``now_unix_s``: those opened less than ``yield_s`` seconds ago (``[reference] episode_yield_s``)."""
+    return sum(1 for t in opened_unix_s if now_unix_s - t < yield_s)
 
 
 def decide_reference(settings: ReferenceSettings, ref: JobReference, now_unix_s: float, *, generation: int,

@@ -154,6 +154,19 @@ class JobDetector:
         vals = [f for u in self.units if (f := u.aggregator.furthest_step) is not None]
         return max(vals) if vals else None
 
+    def unit_steps(self) -> dict[int, int] | None:
+        """Per job rank, the furthest step of its unit (its replica's own step counter), or None when the job is
+        one unit (then every rank's is :attr:`furthest_step`). Replicas of a serving job have unrelated counters:
+        how long an episode of a replica has been quiet is counted on that replica's (``episodes.py: advance``)."""
+        if len(self.units) == 1:
+            return None
+        out: dict[int, int] = {}
+        for u in self.units:
+            f = u.aggregator.furthest_step
+            if f is not None:
+                out.update((r, f) for r in u.ranks)
+        return out
+
     @property
     def baseline_step_time_s(self) -> float | None:
         """The job step time (s) for planning: the regression baseline once learned, else the last

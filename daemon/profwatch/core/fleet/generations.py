@@ -54,7 +54,7 @@ MAX_SHAPES = 4
 """Pending shapes held per job; a fifth evicts the oldest claim."""
 
 Change = Literal["same", "stale", "conflict", "claim"]
-Reason = Literal["world_size", "restart_count", "steps_went_back", "every_rank_gone"]
+Reason = Literal["world_size", "restart_count", "steps_went_back", "every_rank_gone", "resumed_after_end"]
 ProcessKey = tuple[str, int]
 """``(node_id, pid)`` of one rank process: its vote."""
 

@@ -315,11 +315,36 @@ class Registry:
             reason="steps_went_back", ranks=ranks, nodes=tuple(sorted({job.ranks[x].node_id for x in ranks})),
             opened_unix_s=now)
 
+    def note_ended(self, job_id: str, now: float) -> None:
+        """The job was found ended (no rank reported for ``job_end_after_s``: ``job_ended`` was published)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.ended_unix_s = now
+
+    def resume_after_end(self, job: JobState, now: float, rank: int, node_id: str) -> GenerationOpened | None:
+        """A hello or step of ``job`` after it was found ended (:meth:`note_ended`; a serving job idle longer than
+        ``job_end_after_s``, a job paused that long) opens a new generation of the same shape, as a requeue does
+        (reason ``resumed_after_end``): the end resolved its alerts and closed its episodes and captures, and what
+        comes now is judged as a new run with a fresh detector and budget, never silenced by the end of the old one.
+        Returns None when the job was not ended."""
+        if job.ended_unix_s is None:
+            return None
+        job.ended_unix_s = None
+        old_gen = job.generation
+        self._next_generation(job, job.shape, now)
+        for r in job.ranks.values():
+            r.gen = job.generation
+        return GenerationOpened(
+            job_id=job.job_id, generation=job.generation, old_generation=old_gen, world_size=job.world_size,
+            old_world_size=job.world_size, restart_count=job.restart_count, old_restart_count=job.restart_count,
+            reason="resumed_after_end", ranks=(rank,), nodes=(node_id,), opened_unix_s=now)
+
     @staticmethod
     def _next_generation(job: JobState, shape: Shape, now: float) -> None:
         job.world_size, job.restart_count = shape.world_size, shape.restart_count
         job.generation += 1
         job.generation_since_unix_s = now
+        job.ended_unix_s = None  # a new generation is live
         job.claims.clear()
 
     def _release_ranks(self, job: JobState) -> None:

@@ -56,6 +56,7 @@ class JobState:
     generation: int = 0  # 0 at the first hello; +1 per elastic restart or resize (daemon/profwatch/core/fleet/generations.py)
     restart_count: int | None = None  # TORCHELASTIC_RESTART_COUNT of the current generation (None: not torchrun)
     generation_since_unix_s: float = 0.0
+    ended_unix_s: float | None = None  # when job_ended was published (silent for job_end_after_s); None: live
     claims: GenerationClaims = field(default_factory=GenerationClaims)
     collided_nodes: dict[str, float] = field(default_factory=dict)  # node id -> when another job claimed this id there
     warnings: dict[str, str] = field(default_factory=dict)  # what may go wrong, by topic (status shows it); in memory
