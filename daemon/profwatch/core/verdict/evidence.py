@@ -39,6 +39,16 @@ class RankStepSummary:
     free_us: float
 
 
+def usable_row(row: RankStepSummary) -> bool:
+    """Whether a row carries a signal (the one rule the ranking, the report's rank table and ``ranks[]`` share):
+    False for a row msprof-analyze zero-filled (step -1, or no step time and no work) and for a step without
+    computation and communication: a truncated last step (the profiler stopped while its kernels were not yet
+    recorded: HTA's AMD MI250 trace has a 49 us ``ProfilerStep#2`` with no device work beside a 1,031 us step)."""
+    busy = row.computation_us + row.communication_us + row.free_us
+    return not (row.step < 0 or (row.step_time_us <= 0 and busy <= 0) or
+                (row.computation_us <= 0 and row.communication_us <= 0))
+
+
 @dataclass(slots=True)
 class RecipeStatus:
     """Outcome of one analysis recipe (an msprof-analyze command or the Kineto analyzer).

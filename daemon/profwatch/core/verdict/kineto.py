@@ -21,12 +21,44 @@ from profwatch.core.verdict.evidence import RankStepSummary
 from profwatch.core.verdict.kineto_align import Alignment, align_steps
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-COLLECTIVE_TOKENS = ("nccl", "gloo", "hccl", "c10d::", "all_reduce", "allreduce", "broadcast", "all_gather",
+COLLECTIVE_TOKENS = ("nccl", "gloo", "hccl", "xccl", "c10d::", "all_reduce", "allreduce", "broadcast", "all_gather",
                      "allgather", "reduce_scatter", "reducescatter", "barrier", "all_to_all", "alltoall",
                      "record_param_comms")
 """Lower-case substrings that make an event a collective (CPU or device lane)."""
-DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "mtia_kernel"})
-"""Kineto categories of device-lane activity."""
+DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "mtia_ccp_events"})
+"""Kineto categories of device work (the ``cat`` Kineto writes is ``toString(ActivityType)``, the name table in
+pytorch/kineto ``libkineto/include/ActivityType.h``, read at commit 114171d, 2026-08-20):
+
+* ``kernel`` (``CONCURRENT_KERNEL``): CUDA kernels (CUPTI), ROCm kernels (``libkineto/src/RocprofActivity.h``),
+  Intel XPU kernels (``libkineto/src/plugin/xpupti/XpuptiActivityHandlers.cpp``);
+* ``gpu_memcpy`` / ``gpu_memset`` (``GPU_MEMCPY`` / ``GPU_MEMSET``): device copies and fills, the same three
+  backends;
+* ``mtia_ccp_events`` (``MTIA_CCP_EVENTS``, "MTIA ondevice CCP events"): Meta MTIA kernels and DMA requests (the
+  real MTIA trace of HTA's test data: 25,814 of them, ``fc-dtype_Float``, ``dma_request``, ...). An earlier list
+  had ``mtia_kernel``, which no public Kineto writes: MTIA device time was read as host idle.
+
+Ascend NPUs write msprof data, not Kineto device categories (``torch_npu``'s Kineto-shaped export is read by
+msprof-analyze). What Kineto writes that is *not* device work: :data:`NOT_DEVICE_CATS`."""
+NOT_DEVICE_CATS = frozenset({
+    "cpu_op", "user_annotation", "python_function", "cpu_instant_event", "external_correlation", "overhead",
+    "gpu_user_annotation", "cuda_runtime", "cuda_driver", "cuda_sync", "cuda_event", "mtia_runtime",
+    "mtia_insight", "mtia_counters", "glow_runtime", "cuda_profiler_range", "hpu_op", "xpu_runtime", "xpu_driver",
+    "collective_comm", "privateuse1_runtime", "privateuse1_driver", "xpu_scope_profiler", "xpu_sync",
+    "hardware_counters", "ac2g", "fwdbwd", "async_cpu_to_gpu", "Trace"})
+"""Categories Kineto writes that are not device work (same source as :data:`DEVICE_CATS`):
+
+* host activity: ``cpu_op`` (busy host time, :data:`CPU_COMPUTE_CATS`), ``user_annotation`` (record_function
+  spans, ``ProfilerStep#N`` on the host), ``python_function``, ``cpu_instant_event``, ``hpu_op`` ("HPU host side
+  runtime event"), the runtime/driver API calls ``cuda_runtime``, ``cuda_driver``, ``mtia_runtime``,
+  ``xpu_runtime``, ``xpu_driver``, ``privateuse1_runtime``, ``privateuse1_driver``, ``glow_runtime``;
+* on a device lane but not work: ``gpu_user_annotation`` (a user span projected onto the device: the device-side
+  ``ProfilerStep#N`` window, used to bound steps), ``cuda_sync`` / ``xpu_sync`` (the host or a stream waiting),
+  ``cuda_event`` (event records), ``overhead`` (profiler overhead), counters (``mtia_counters``,
+  ``hardware_counters``, ``mtia_insight``), ``cuda_profiler_range``, ``xpu_scope_profiler``, ``external_correlation``;
+* ``collective_comm``: Intel XPU's oneCCL records (``xccl::<op>``): a collective by name, kept on the host side;
+* flow arrows (``ph`` ``s``/``f``, never ``X``): ``ac2g`` and ``fwdbwd`` (``libkineto/src/output_json.cpp``),
+  ``async_cpu_to_gpu`` (older Kineto's launch-to-kernel flow, in the trace_diff traces of HTA's test data);
+* ``Trace``: the profiler's own span around the whole capture."""
 CPU_COMPUTE_CATS = frozenset({"cpu_op"})
 """Host categories counted as busy. ``user_annotation`` spans (record_function) are left out: a user span
 around a whole step would otherwise hide every idle gap."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Literal
 
-from profwatch.core.verdict.evidence import RankStepSummary
+from profwatch.core.verdict.evidence import RankStepSummary, usable_row
 from profwatch.core.verdict.figures import figure_violations
 
 Grade = Literal["strong", "weak"]
@@ -286,12 +286,6 @@ def loo_medians(values: Sequence[float]) -> list[float | None]:
     return out
 
 
-def _usable(row: RankStepSummary) -> bool:
-    """Rows msprof-analyze zero-fills for a rank without sources (step -1, no computation and no communication)
-    carry no signal (the same rule as the ranking)."""
-    return row.step >= 0 and (row.computation_us > 0 or row.communication_us > 0)
-
-
 def measure_ranks(summaries: Sequence[RankStepSummary]) -> tuple[list[RankRow], StepMatrix, float]:
     """Per-rank rows, the rank x step own-work difference matrix and the median step time (ms).
 
@@ -301,7 +295,7 @@ def measure_ranks(summaries: Sequence[RankStepSummary]) -> tuple[list[RankRow], 
     """
     by_step: dict[int, dict[int, RankStepSummary]] = defaultdict(dict)
     for r in summaries:
-        if _usable(r):
+        if usable_row(r):
             by_step[r.step][r.rank] = r
     steps_all = sorted(s for s, rows in by_step.items() if len(rows) >= 2)
     acc: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
