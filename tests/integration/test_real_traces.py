@@ -85,3 +85,59 @@ def test_amd_truncated_step_is_left_out_of_the_report_as_out_of_the_verdict(tmp_
     layout(tmp_path / "one", [TRACES["amd_mi250"]])
     one = _analyze(tmp_path / "one", 1, tmp_path / "w1")
     assert one.status == "not_applicable" and one.alert_data()["ranks"][0]["step_time_us"] == pytest.approx(1031.368)
+
+
+def _compare(now_root: Path, ref_root: Path, work: Path, world: int):
+    from profwatch.adapters.tools.msprof_runner import MsprofRunner
+    from profwatch.analysis.compare import attach_comparison
+    from profwatch.analysis.facade import enrich_analysis
+    from profwatch.core.verdict.msprof_plan import MsprofSettings
+
+    settings = AnalysisSettings(msprof=MsprofSettings(advisor=False, communication_matrix=False))
+    with MsprofRunner(settings.msprof) as runner:
+        ref = analyze_batch(scan_tree(ref_root, world_size=world)[0], work_dir=work / "ref",
+                            settings=settings.for_reference(), runner=runner, enrich=False)
+        res = analyze_batch(scan_tree(now_root, world_size=world)[0], work_dir=work / "now", settings=settings,
+                            runner=runner, enrich=False)
+        attach_comparison(res, ref, reference_path=str(ref_root))
+        enrich_analysis(res, runner=runner)
+    return res
+
+
+def test_hta_trace_diff_pair_names_compute_first_with_its_kernels(tmp_path: Path):
+    """HTA's TraceDiff on this pair: 77.5 -> 124.1 ms per step (+46.6), compute kernels +38.9 ms, memory +17.8,
+    communication +10.9 per iteration. Before: "+46.6 ms/step since the reference (within noise): host -8.2 ms",
+    nothing named (3 x the pooled per-step spread, dominated by the slower capture's 82-166 ms steps)."""
+    layout(tmp_path / "control", [TRACES["trace_diff_control"]], ts="20260101120000")
+    layout(tmp_path / "test", [TRACES["trace_diff_test"]], ts="20260101130000")
+    res = _compare(tmp_path / "test", tmp_path / "control", tmp_path / "w", 1)
+    c = res.comparison
+    assert c is not None and c["step_time_changed"], c
+    assert c["step_delta_s"] == pytest.approx(0.0466, rel=0.15)
+    first = c["changes"][0]
+    assert first["component"] == "compute" and first["delta_s_per_step"] == pytest.approx(0.0389, rel=0.15), c
+    assert first["test"] == "mann_whitney" and first["p_value"] <= 0.01 / 8 and first["interval_s_per_step"][0] > 0
+    kernels = first["detail"]
+    assert kernels and all(d["kind"] == "kernel" for d in kernels), kernels
+    assert [d["delta_s_per_step"] for d in kernels] == sorted((d["delta_s_per_step"] for d in kernels), reverse=True)
+    assert "split_embedding_backward" in kernels[0]["name"]
+    memory = next(x for x in c["changes"] if x["component"] == "memory")
+    assert memory["detail"][0]["name"] == "Memcpy DtoD (Device -> Device)"
+    assert c["headline"].startswith("+46.6 ms/step since the reference: compute +44.3 ms")
+
+
+@pytest.mark.slow
+def test_two_captures_of_one_real_gloo_job_say_nothing_changed(tmp_path: Path):
+    import subprocess
+
+    from tests.conftest import PYTHON, REPO_ROOT, python_env
+
+    proc = subprocess.run([PYTHON, str(REPO_ROOT / "tests" / "integration" / "gloo_job.py"), str(tmp_path / "a"),
+                           "--second-out", str(tmp_path / "b"), "--world-size", "2", "--steps", "6"],
+                          env=python_env(), capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = _compare(tmp_path / "b", tmp_path / "a", tmp_path / "w", 2)
+    c = res.comparison
+    assert c is not None and c["steps_baseline"] == 6 and c["steps_now"] == 6, c
+    assert c["changes"] == [] and not c["step_time_changed"], c["headline"]
+    assert all(x["test"] == "mann_whitney" for x in c["components"])

@@ -27,6 +27,7 @@ from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
 from profwatch.core.verdict.kineto import (
     CPU_COMPUTE_CATS,
     DEVICE_CATS,
+    MEMORY_CATS,
     RankTrace,
     compare_ops,
     parse_step,
@@ -296,9 +297,24 @@ def analyze_torch_batch(rank_dirs: Mapping[int, Path], *, armed_steps: Sequence[
 
 
 def op_totals(path: Path, steps: Collection[int] | None = None) -> tuple[dict[str, float], int]:
-    """``(op / kernel name -> total duration in µs, windows)`` inside the trace's ``ProfilerStep#N`` windows (those
-    of ``steps`` only when given; device-lane windows for device kernels when the trace has them), streamed in two
-    passes (windows, then ops). ``windows``: how many step windows the totals cover.
+    """``(op / kernel name -> total duration in µs, windows)``: :func:`op_totals_by_kind` summed over the kinds.
+
+    Raises:
+        TraceFormatError: truncated or malformed JSON.
+    """
+    by_kind, windows = op_totals_by_kind(path, steps)
+    out: dict[str, float] = {}
+    for (_kind, name), us in by_kind.items():
+        out[name] = out.get(name, 0.0) + us
+    return out, windows
+
+
+def op_totals_by_kind(path: Path, steps: Collection[int] | None = None) -> tuple[dict[tuple[str, str], float], int]:
+    """``({(kind, name): total duration in µs}, windows)`` inside the trace's ``ProfilerStep#N`` windows (those
+    of ``steps`` only when given; device-lane windows for device work when the trace has them), streamed in two
+    passes (windows, then ops). ``kind``: ``kernel`` (device work, :data:`DEVICE_CATS`, not memory), ``memory``
+    (:data:`MEMORY_CATS`: copies and fills) or ``operator`` (host ``cpu_op``). ``windows``: how many step
+    windows the totals cover.
 
     Raises:
         TraceFormatError: truncated or malformed JSON.
@@ -314,7 +330,8 @@ def op_totals(path: Path, steps: Collection[int] | None = None) -> tuple[dict[st
         raise TraceFormatError(f"{path}: {exc}") from exc
 
 
-def _op_totals(path: Path, steps: Collection[int] | None, *, python: bool) -> tuple[dict[str, float], int]:
+def _op_totals(path: Path, steps: Collection[int] | None, *,
+               python: bool) -> tuple[dict[tuple[str, str], float], int]:
     wanted = set(steps) if steps is not None else None
     host: dict[int, tuple[float, float]] = {}
     dev: dict[int, tuple[float, float]] = {}
@@ -327,7 +344,7 @@ def _op_totals(path: Path, steps: Collection[int] | None, *, python: bool) -> tu
                     and isinstance(dur, (int, float))):
                 lane = dev if str(ev.get("cat", "")).startswith("gpu_") else host
                 lane[step] = (float(ts), float(ts) + float(dur))
-    out: dict[str, float] = {}
+    out: dict[tuple[str, str], float] = {}
     for ev in events(path):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
@@ -338,8 +355,9 @@ def _op_totals(path: Path, steps: Collection[int] | None, *, python: bool) -> tu
             continue
         lanes = (dev or host) if cat in DEVICE_CATS else host
         if any(a <= ts < b for a, b in lanes.values()):
-            name = str(ev.get("name", ""))
-            out[name] = out.get(name, 0.0) + float(dur)
+            key = ("memory" if cat in MEMORY_CATS else "kernel" if cat in DEVICE_CATS else "operator",
+                   str(ev.get("name", "")))
+            out[key] = out.get(key, 0.0) + float(dur)
     return out, len(host)
 
 

@@ -37,6 +37,10 @@ class RankStepSummary:
     wait_us: float
     transmit_us: float
     free_us: float
+    memory_us: float = 0.0
+    """Part of ``computation_us`` spent in device memory copies and fills (Kineto ``gpu_memcpy``/``gpu_memset``)
+    not overlapped by compute kernels; 0 where the source does not split it (msprof-analyze). The comparison
+    with a reference reports it apart (``memory``), as HTA's TraceDiff does; the ranking keeps it in computation."""
 
 
 def usable_row(row: RankStepSummary) -> bool:
