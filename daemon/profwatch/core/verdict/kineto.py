@@ -307,8 +307,8 @@ def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50
             continue
         device, all_spans, colls = sides[rank]
         spans = [(labels[s], a, b) for s, a, b in all_spans if s in labels]
-        for step, (row, span) in _step_rows(tr, device, spans, colls).items():
-            rows[(rank, step)] = row
+        for step, (vals, span) in _step_rows(tr, device, spans, colls).items():
+            rows[(rank, step)] = vals
             span_of[(rank, step)] = span
         if klass is None:
             continue
