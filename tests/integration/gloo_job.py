@@ -2,7 +2,9 @@
 
 Usage: ``python gloo_job.py OUT_DIR --world-size 4 --slow-rank 2 --extra-ms 40 --steps 5``. Each rank trains a
 small MLP, all-reduces its gradients (gloo) every step and, if it is the slow rank, burns ``extra_ms`` of real
-matmul compute before the allreduce. The capture covers steps ``[2, 2 + active)`` (``ProfilerStep#N`` = step N).
+matmul compute before the allreduce. The capture covers steps ``[2, 2 + active)`` (``ProfilerStep#N`` = step N);
+with ``--second-out DIR`` a second window of the same job follows it (the next ``2 + active`` steps), written
+under ``DIR`` (two captures of one job: a reference and a later capture).
 Layout per ``docs/architecture.md``: ``{host}_{pid}_{YYYYmmddHHMMSSfff}_torch_pt/`` with
 ``profiler_info_{rank}.json``, ``profiler_metadata.json``, ``{host}_{pid}.{ts_ms}.pt.trace.json`` and
 ``trace.done`` written last.
@@ -46,14 +48,20 @@ def worker(rank: int, args: argparse.Namespace) -> None:
     x = torch.randn(64, 256)
     host, pid = socket.gethostname(), os.getpid()
     t_start = time.time()
-    rank_dir = os.path.join(args.out, f"{host}_{pid}_{_ts17(t_start)}_torch_pt")
-    os.makedirs(rank_dir, exist_ok=True)
-    trace_path = os.path.join(rank_dir, f"{host}_{pid}.{int(t_start * 1000)}.pt.trace.json")
+    outs = [args.out] + ([args.second_out] if args.second_out else [])
+    written: list[tuple[str, float]] = []  # (rank dir, its window's start) per capture
+
+    def ready(p: profile) -> None:  # one call per capture window (repeat=len(outs))
+        t = time.time()
+        rank_dir = os.path.join(outs[len(written)], f"{host}_{pid}_{_ts17(t)}_torch_pt")
+        os.makedirs(rank_dir, exist_ok=True)
+        p.export_chrome_trace(os.path.join(rank_dir, f"{host}_{pid}.{int(t * 1000)}.pt.trace.json"))
+        written.append((rank_dir, t))
+
     warm = 2
-    sched = schedule(skip_first=0, wait=warm - 1, warmup=1, active=args.steps, repeat=1)
-    with profile(activities=[ProfilerActivity.CPU], schedule=sched,
-                 on_trace_ready=lambda p: p.export_chrome_trace(trace_path)) as prof:
-        for _step in range(warm + args.steps + 1):
+    sched = schedule(skip_first=0, wait=warm - 1, warmup=1, active=args.steps, repeat=len(outs))
+    with profile(activities=[ProfilerActivity.CPU], schedule=sched, on_trace_ready=ready) as prof:
+        for _step in range((warm + args.steps) * len(outs) + 1):
             loss = model(x).square().mean()
             loss.backward()
             if rank == args.slow_rank:
@@ -63,14 +71,16 @@ def worker(rank: int, args: argparse.Namespace) -> None:
                 p.grad = None
             prof.step()
     dist.barrier()
-    info = {"rank_id": rank, "world_size": args.world_size, "config": {"activities": ["CPU"]},
-            "start_info": {"unix_s": t_start}, "end_info": {"unix_s": time.time()}, "torch_version": torch.__version__}
-    with open(os.path.join(rank_dir, f"profiler_info_{rank}.json"), "w") as fh:
-        json.dump(info, fh)
-    with open(os.path.join(rank_dir, "profiler_metadata.json"), "w") as fh:
-        json.dump({"profwatch_capture_id": args.capture_id, "profwatch_reason": "test",
-                   "profwatch_job_id": "gloo-test"}, fh)
-    open(os.path.join(rank_dir, "trace.done"), "wb").close()
+    for i, (rank_dir, _t) in enumerate(written):
+        info = {"rank_id": rank, "world_size": args.world_size, "config": {"activities": ["CPU"]},
+                "start_info": {"unix_s": t_start}, "end_info": {"unix_s": time.time()},
+                "torch_version": torch.__version__}
+        with open(os.path.join(rank_dir, f"profiler_info_{rank}.json"), "w") as fh:
+            json.dump(info, fh)
+        with open(os.path.join(rank_dir, "profiler_metadata.json"), "w") as fh:
+            json.dump({"profwatch_capture_id": f"{args.capture_id}-{i}" if i else args.capture_id,
+                       "profwatch_reason": "test", "profwatch_job_id": "gloo-test"}, fh)
+        open(os.path.join(rank_dir, "trace.done"), "wb").close()
     dist.destroy_process_group()
     from profwatch.simulate.launcher import exit_rank
 
@@ -85,8 +95,12 @@ def main() -> None:
     ap.add_argument("--extra-ms", type=float, default=40.0)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--capture-id", default="cap-gloo-1")
+    ap.add_argument("--second-out", default=None,
+                    help="a second capture window of the same job, written under this dir (two captures of one job)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.second_out:
+        os.makedirs(args.second_out, exist_ok=True)
     args.pg_file = os.path.join(args.out, ".pg_init")
     import torch.multiprocessing as mp
 

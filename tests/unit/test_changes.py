@@ -109,4 +109,4 @@ def test_impact_in_accelerator_hours() -> None:
 
 def test_bad_thresholds_are_refused() -> None:
     with pytest.raises(ValueError):
-        compare_captures([], [], k_sigma=-1)
+        compare_captures([], [], alpha=-1)

@@ -120,6 +120,22 @@ def test_device_mode_uses_kernels_and_gpu_step_spans():
     assert rows[0].free_us == pytest.approx(30) and rows[0].wait_us == pytest.approx(40) and rows[1].wait_us == 0
 
 
+def test_memory_is_the_copy_time_no_compute_kernel_overlaps_and_mtia_is_device_work():
+    events = [
+        X("ProfilerStep#1", 0, 100, "gpu_user_annotation"),
+        X("sm80_xmma_gemm", 10, 30, "kernel", tid=7),
+        X("Memcpy HtoD (Pinned -> Device)", 30, 20, "gpu_memcpy", tid=9),   # 10 us under the gemm, 10 alone
+        X("Memset (Device)", 60, 5, "gpu_memset", tid=9),
+    ]
+    (row,) = summarize_traces({0: _trace(0, events)}).summaries
+    assert row.computation_us == pytest.approx(45) and row.memory_us == pytest.approx(15)
+    assert row.free_us == pytest.approx(55)
+    mtia = [X("ProfilerStep#1", 0, 100, "user_annotation"), X("fc-dtype_Float", 10, 40, "mtia_ccp_events", tid=4),
+            X("runFunction", 5, 50, "mtia_runtime")]
+    (row,) = summarize_traces({0: _trace(0, mtia)}).summaries
+    assert row.computation_us == pytest.approx(40) and row.free_us == pytest.approx(60) and row.memory_us == 0
+
+
 def test_missing_steps_and_no_common_class_are_noted():
     a = _trace(0, [X("aten::mm", 0, 5)])
     b = _trace(1, cpu_rank(10))

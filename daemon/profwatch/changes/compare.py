@@ -173,20 +173,28 @@ def _steps(rows: Sequence[RankStepSummary]) -> dict[int, int]:
 
 
 def _kineto_entries(now_dir: Path, ref_dir: Path) -> list[DetailEntry]:
-    """Per-operator totals of the newest trace of each rank dir, per step (``kineto_reader.op_totals``)."""
-    from profwatch.adapters.tools.kineto_reader import TraceFormatError, find_trace_files, op_totals
+    """Per-operator / kernel totals of the newest trace of each rank dir, per step
+    (``kineto_reader.op_totals_by_kind``)."""
+    from profwatch.adapters.tools.kineto_reader import TraceFormatError, find_trace_files, op_totals_by_kind
     from profwatch.core.verdict.kineto import collective_class
+
+    kinds: dict[str, str] = {}
 
     def totals(d: Path) -> tuple[dict[str, float], int]:
         files = find_trace_files(d)
         if not files:
             raise TraceFormatError(f"no *.pt.trace.json in {d}")
-        out, windows = op_totals(max(files, key=lambda p: p.stat().st_mtime))
+        by_kind, windows = op_totals_by_kind(max(files, key=lambda p: p.stat().st_mtime))
         if not windows:
             raise TraceFormatError(f"{d}: no ProfilerStep window in its trace")
+        out: dict[str, float] = {}
+        for (kind, name), us in by_kind.items():
+            out[name] = out.get(name, 0.0) + us
+            if kinds.get(name) in (None, "operator"):
+                kinds[name] = kind
         return out, windows
 
     now, n_now = totals(now_dir)
     ref, n_ref = totals(ref_dir)
     return entries_from_op_totals(now, ref, steps_now=n_now, steps_baseline=n_ref,
-                                  is_collective=lambda name: collective_class(name, "") is not None)
+                                  is_collective=lambda name: collective_class(name, "") is not None, kinds=kinds)

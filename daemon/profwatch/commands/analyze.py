@@ -167,9 +167,14 @@ def _human(res: AnalysisResult) -> str:
     if res.comparison is not None:
         c = res.comparison
         lines.append(f"  since the reference ({c['reference']['path']}): {c['headline']}")
+        changed = {ch["component"] for ch in c["changes"]}
         for comp in c["components"]:
+            iv, p = comp.get("interval_s_per_step"), comp.get("p_value")
             lines.append(f"    {comp['component']:<14} reference {1e3 * comp['baseline_s_per_step']:8.2f} ms/step  "
-                         f"now {1e3 * comp['now_s_per_step']:8.2f}  change {1e3 * comp['delta_s_per_step']:+8.2f}")
+                         f"now {1e3 * comp['now_s_per_step']:8.2f}  change {1e3 * comp['delta_s_per_step']:+8.2f}"
+                         + (f"  98% [{1e3 * iv[0]:+.2f}, {1e3 * iv[1]:+.2f}]" if iv else "")
+                         + (f"  p {p:.2g}" if p is not None else "")
+                         + ("  changed" if comp["component"] in changed else ""))
         basis = next((ch["basis"] for ch in c["changes"] if ch.get("basis")), None)
         if basis:
             lines.append(f"    {basis}")

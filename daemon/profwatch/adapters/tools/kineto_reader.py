@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import IO, Any
 
 import ijson
+import ijson.backends.python as ijson_python
 
 from profwatch.adapters.tools.rank_prefetch import RankPrefetcher
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
 from profwatch.core.verdict.kineto import (
     CPU_COMPUTE_CATS,
     DEVICE_CATS,
+    MEMORY_CATS,
     RankTrace,
     compare_ops,
     parse_step,
@@ -39,6 +41,35 @@ OP_COMPARE = "kineto_op_compare"
 
 class TraceFormatError(ValueError):
     """A trace file is not a readable Kineto Chrome trace (truncated JSON, no ``traceEvents``)."""
+
+
+def _overflow(exc: BaseException) -> bool:
+    """True for the C parser's (yajl) refusal of an integer beyond 64 bits, which the pure-Python backend reads."""
+    return "integer overflow" in str(exc)
+
+
+def _events(path: Path) -> Iterator[Any]:
+    """The ``traceEvents`` items of a trace, streamed with ijson's fastest backend (yajl2_c). A trace holding an integer
+    beyond int64 anywhere (real NCCL traces carry ``"Comms Id": 10159970886766084423`` in ``args``; HTA's parser
+    falls back the same way) is read again from the start with ijson's pure-Python backend, which reads integers
+    of any size (slower, still streaming) by the callers (:func:`read_rank_trace`, :func:`op_totals`,
+    :func:`_header_rank`), which drop what the first pass had built.
+
+    Raises:
+        ijson.JSONError / IncompleteJSONError, OSError, EOFError, UnicodeDecodeError: as ijson and gzip do.
+    """
+    with _open(path) as fh:
+        yield from ijson.items(fh, "traceEvents.item", use_float=True)
+
+
+def _events_python(path: Path) -> Iterator[Any]:
+    with _open(path) as fh:
+        yield from ijson_python.items(fh, "traceEvents.item", use_float=True)
+
+
+def _tokens(path: Path, *, python: bool = False) -> Iterator[tuple[str, str, Any]]:
+    with _open(path) as fh:
+        yield from (ijson_python if python else ijson).parse(fh)
 
 
 @contextmanager
@@ -64,16 +95,23 @@ def _header_rank(path: Path) -> int | None:
     Kineto writes ``distributedInfo`` before ``traceEvents``; if it does not, the rank is looked up by a full
     token scan (slower, still streaming).
     """
-    with _open(path) as fh:
-        for prefix, event, value in ijson.parse(fh):
-            if prefix == "distributedInfo.rank" and event == "number":
-                return int(value)
-            if prefix == "traceEvents" and event == "start_array":
-                break
-    with _open(path) as fh:
-        for prefix, event, value in ijson.parse(fh):
-            if prefix == "distributedInfo.rank" and event == "number":
-                return int(value)
+    try:
+        return _scan_rank(path, python=False)
+    except ijson.JSONError as exc:
+        if not _overflow(exc):
+            raise
+    return _scan_rank(path, python=True)
+
+
+def _scan_rank(path: Path, *, python: bool) -> int | None:
+    for prefix, event, value in _tokens(path, python=python):
+        if prefix == "distributedInfo.rank" and event == "number":
+            return int(value)
+        if prefix == "traceEvents" and event == "start_array":
+            break
+    for prefix, event, value in _tokens(path, python=python):
+        if prefix == "distributedInfo.rank" and event == "number":
+            return int(value)
     return None
 
 
@@ -90,22 +128,31 @@ def read_rank_trace(path: Path, *, rank: int | None = None) -> RankTrace:
     try:
         if rank is None:
             rank = _header_rank(path)
-        tr = RankTrace(rank if rank is not None else 0)
-        n_items = 0
-        with _open(path) as fh:
-            for ev in ijson.items(fh, "traceEvents.item", use_float=True):
-                n_items += 1
-                if not isinstance(ev, dict) or ev.get("ph") != "X":
-                    continue
-                ts, dur = ev.get("ts"), ev.get("dur", 0.0)
-                if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
-                    continue
-                tr.add_event(str(ev.get("name", "")), str(ev.get("cat", "")), float(ts), float(dur))
+        try:
+            tr, n_items = _fill(path, rank, _events(path))
+        except ijson.JSONError as exc:
+            if not _overflow(exc):
+                raise
+            tr, n_items = _fill(path, rank, _events_python(path))  # the first pass's partial trace is dropped
     except (ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError, UnicodeDecodeError) as exc:
         raise TraceFormatError(f"{path}: {exc}") from exc
     if n_items == 0:
         raise TraceFormatError(f"{path}: no traceEvents")
     return tr
+
+
+def _fill(path: Path, rank: int | None, events: Iterator[Any]) -> tuple[RankTrace, int]:
+    tr = RankTrace(rank if rank is not None else 0)
+    n_items = 0
+    for ev in events:
+        n_items += 1
+        if not isinstance(ev, dict) or ev.get("ph") != "X":
+            continue
+        ts, dur = ev.get("ts"), ev.get("dur", 0.0)
+        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
+            continue
+        tr.add_event(str(ev.get("name", "")), str(ev.get("cat", "")), float(ts), float(dur))
+    return tr, n_items
 
 
 TraceFile = tuple[str, int, int]
@@ -187,7 +234,9 @@ def analyze_torch_batch(rank_dirs: Mapping[int, Path], *, armed_steps: Sequence[
         ``ClusterEvidence(kind="torch_pt")`` with summaries, ``unusable_ranks`` (rank -> why: no trace, trace
         cannot be parsed, steps not alignable), ``alignment`` (how steps were aligned across ranks) and a
         ``kineto_breakdown`` recipe status: ``ok`` when at least two ranks could be compared (the others are
-        ``unusable_ranks``, which makes the analysis ``partial``), ``no_data`` (no steps/traces) or
+        ``unusable_ranks``, which makes the analysis ``partial``) or when the batch is one rank with steps (a
+        single-device job: its breakdown, judged ``not_applicable`` by ``overall_status``: no peer), ``no_data``
+        (no steps/traces) or
         ``tool_error`` (fewer than two readable traces, some unreadable). A trace whose header
         (``distributedInfo.rank``) names another rank than its rank dir is used as the dir's rank, with a note.
         Never raises for bad data.
@@ -220,7 +269,8 @@ def analyze_torch_batch(rank_dirs: Mapping[int, Path], *, armed_steps: Sequence[
     ev = ClusterEvidence(kind="torch_pt", rank_paths=paths, notes=notes + [f"rank {r}: {why}" for r, why in
                                                                           sorted(unusable.items())])
     bad = any("cannot be parsed" in why for why in unusable.values())
-    if len(traces) < 2:
+    one_rank = len(rank_dirs) == 1 and len(traces) == 1  # a single-device job: its breakdown, no peer
+    if len(traces) < 2 and not one_rank:
         ev.unusable_ranks = dict(unusable)
         status: Any = "tool_error" if bad else "no_data"
         ev.recipes[RECIPE] = RecipeStatus(RECIPE, status, "; ".join(f"rank {r}: {w}" for r, w in unusable.items())
@@ -240,49 +290,74 @@ def analyze_torch_batch(rank_dirs: Mapping[int, Path], *, armed_steps: Sequence[
               f"{brk.instances_matched} instances matched")
     if unusable:
         detail += "; not judged: " + "; ".join(f"rank {r}: {w}" for r, w in sorted(unusable.items()))
-    status = "ok" if len(judged) >= 2 else ("tool_error" if bad else "no_data")
+    status = "ok" if len(judged) >= 2 or (one_rank and judged) else ("tool_error" if bad else "no_data")
     ev.recipes[RECIPE] = RecipeStatus(RECIPE, status, detail, rows=len(brk.summaries),
                                       duration_s=time.monotonic() - t0)
     return ev
 
 
 def op_totals(path: Path, steps: Collection[int] | None = None) -> tuple[dict[str, float], int]:
-    """``(op / kernel name -> total duration in µs, windows)`` inside the trace's ``ProfilerStep#N`` windows (those
-    of ``steps`` only when given; device-lane windows for device kernels when the trace has them), streamed in two
-    passes (windows, then ops). ``windows``: how many step windows the totals cover.
+    """``(op / kernel name -> total duration in µs, windows)``: :func:`op_totals_by_kind` summed over the kinds.
 
     Raises:
         TraceFormatError: truncated or malformed JSON.
     """
+    by_kind, windows = op_totals_by_kind(path, steps)
+    out: dict[str, float] = {}
+    for (_kind, name), us in by_kind.items():
+        out[name] = out.get(name, 0.0) + us
+    return out, windows
+
+
+def op_totals_by_kind(path: Path, steps: Collection[int] | None = None) -> tuple[dict[tuple[str, str], float], int]:
+    """``({(kind, name): total duration in µs}, windows)`` inside the trace's ``ProfilerStep#N`` windows (those
+    of ``steps`` only when given; device-lane windows for device work when the trace has them), streamed in two
+    passes (windows, then ops). ``kind``: ``kernel`` (device work, :data:`DEVICE_CATS`, not memory), ``memory``
+    (:data:`MEMORY_CATS`: copies and fills) or ``operator`` (host ``cpu_op``). ``windows``: how many step
+    windows the totals cover.
+
+    Raises:
+        TraceFormatError: truncated or malformed JSON.
+    """
+    try:
+        try:
+            return _op_totals(path, steps, python=False)
+        except ijson.JSONError as exc:
+            if not _overflow(exc):
+                raise
+        return _op_totals(path, steps, python=True)
+    except (ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(f"{path}: {exc}") from exc
+
+
+def _op_totals(path: Path, steps: Collection[int] | None, *,
+               python: bool) -> tuple[dict[tuple[str, str], float], int]:
     wanted = set(steps) if steps is not None else None
     host: dict[int, tuple[float, float]] = {}
     dev: dict[int, tuple[float, float]] = {}
-    try:
-        with _open(path) as fh:
-            for ev in ijson.items(fh, "traceEvents.item", use_float=True):
-                if isinstance(ev, dict) and ev.get("ph") == "X":
-                    step = parse_step(str(ev.get("name", "")))
-                    ts, dur = ev.get("ts"), ev.get("dur")
-                    if (step is not None and (wanted is None or step in wanted) and isinstance(ts, (int, float))
-                            and isinstance(dur, (int, float))):
-                        lane = dev if str(ev.get("cat", "")).startswith("gpu_") else host
-                        lane[step] = (float(ts), float(ts) + float(dur))
-        out: dict[str, float] = {}
-        with _open(path) as fh:
-            for ev in ijson.items(fh, "traceEvents.item", use_float=True):
-                if not isinstance(ev, dict) or ev.get("ph") != "X":
-                    continue
-                cat, ts, dur = str(ev.get("cat", "")), ev.get("ts"), ev.get("dur")
-                if cat not in DEVICE_CATS and cat not in CPU_COMPUTE_CATS:
-                    continue
-                if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur <= 0:
-                    continue
-                lanes = (dev or host) if cat in DEVICE_CATS else host
-                if any(a <= ts < b for a, b in lanes.values()):
-                    name = str(ev.get("name", ""))
-                    out[name] = out.get(name, 0.0) + float(dur)
-    except (ijson.JSONError, ijson.IncompleteJSONError, OSError, EOFError, UnicodeDecodeError) as exc:
-        raise TraceFormatError(f"{path}: {exc}") from exc
+    events = _events_python if python else _events
+    for ev in events(path):
+        if isinstance(ev, dict) and ev.get("ph") == "X":
+            step = parse_step(str(ev.get("name", "")))
+            ts, dur = ev.get("ts"), ev.get("dur")
+            if (step is not None and (wanted is None or step in wanted) and isinstance(ts, (int, float))
+                    and isinstance(dur, (int, float))):
+                lane = dev if str(ev.get("cat", "")).startswith("gpu_") else host
+                lane[step] = (float(ts), float(ts) + float(dur))
+    out: dict[tuple[str, str], float] = {}
+    for ev in events(path):
+        if not isinstance(ev, dict) or ev.get("ph") != "X":
+            continue
+        cat, ts, dur = str(ev.get("cat", "")), ev.get("ts"), ev.get("dur")
+        if cat not in DEVICE_CATS and cat not in CPU_COMPUTE_CATS:
+            continue
+        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur <= 0:
+            continue
+        lanes = (dev or host) if cat in DEVICE_CATS else host
+        if any(a <= ts < b for a, b in lanes.values()):
+            key = ("memory" if cat in MEMORY_CATS else "kernel" if cat in DEVICE_CATS else "operator",
+                   str(ev.get("name", "")))
+            out[key] = out.get(key, 0.0) + float(dur)
     return out, len(host)
 
 

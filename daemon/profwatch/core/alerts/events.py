@@ -33,7 +33,7 @@ from profwatch.core.alerts.event_types import (  # the one table of event types;
     TYPE_STORAGE_RECOVERED,
     TYPE_SUSPECT_RANKS,
 )
-from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus, Suspect
+from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus, Suspect, usable_row
 
 __all__ = [
     "EVENT_TYPES", "TYPE_ANALYSIS_ENRICHED", "TYPE_ANALYSIS_FAILED", "TYPE_ANOMALY", "TYPE_ARM", "TYPE_ARM_DECISION",
@@ -117,10 +117,12 @@ def collision_event_id(job_id: str, reason: str, node_id: str, uid: int | None,
 
 
 def per_rank_summary(summaries: Sequence[RankStepSummary]) -> list[dict[str, Any]]:
-    """Per-rank medians over steps: ``[{"rank", "steps", "step_time_us", "computation_us", ...}]`` sorted by rank."""
+    """Per-rank medians over the steps the verdict used (:func:`~profwatch.core.verdict.evidence.usable_row`: a
+    truncated step is left out here as in the ranking): ``[{"rank", "steps", "step_time_us", "computation_us",
+    ...}]`` sorted by rank."""
     by_rank: dict[int, list[RankStepSummary]] = {}
     for s in summaries:
-        if s.step >= 0:
+        if usable_row(s):
             by_rank.setdefault(s.rank, []).append(s)
     out = []
     for rank in sorted(by_rank):
@@ -135,7 +137,7 @@ def per_rank_summary(summaries: Sequence[RankStepSummary]) -> list[dict[str, Any
 def judged_ranks(summaries: Sequence[RankStepSummary]) -> list[int]:
     """Ranks whose time breakdown was captured and analysed (at least one step row), sorted: the ranks a verdict
     covers. A rank absent here (not captured, or no usable rows) was not judged, whatever the status says."""
-    return sorted({s.rank for s in summaries if s.step >= 0})
+    return sorted({s.rank for s in summaries if usable_row(s)})
 
 
 def suspect_alert_data(*, batch_id: str, job_id: str | None, kind: str, status: str,

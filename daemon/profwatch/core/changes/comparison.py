@@ -13,13 +13,16 @@ Rules (``docs/changes.md``):
   A named rank missing from the reference is compared with the reference rank of the same role given in
   ``substitutes`` (:func:`same_role_rank`), said in the notes and in each change's ``basis``.
 * Component per step: for each captured step, the mean over the compared ranks of the component
-  (``compute`` = computation, ``communication`` = communication not overlapped with computation, ``host`` = free
-  time: the device idle, waiting for the host); the capture's value is the mean of those per-step means.
-* Noise: the pooled standard deviation of the per-step means across both captures (degrees of freedom
-  ``n_ref - 1 + n_now - 1``); a change counts only when ``|delta| > k_sigma x noise`` (3 by default) and above
-  ``floor_frac`` (0.5 %) of the reference step time, so identical synthetic steps (noise 0) do not make a
-  microsecond difference a change. With one step in a capture that capture adds no degree of freedom; with none in
-  either the noise is unknown and only the floor applies (said in ``notes``).
+  (``compute`` = computation without memory copies, ``memory`` = copies and fills (torch device traces only),
+  ``communication`` = communication not overlapped with computation, ``host`` = free time: the device idle,
+  waiting for the host); the capture's value is the mean of those per-step means.
+* Decision (:func:`_decide`, :mod:`profwatch.core.verdict.shift_test`): the step is the sample unit; each
+  component is tested one-sided in both directions, Holm's correction over all of them at ``alpha`` (1 %), the
+  exact Mann-Whitney test when the step counts can reach Holm's first threshold, else Welch's t-test; a change
+  counts when rejected and above ``floor_frac`` (0.5 %) of the reference step time, so identical synthetic steps
+  (no spread: an exact difference) do not make a microsecond a change. With one step in each capture there is no
+  test and only the floor applies (said in ``notes``). ``noise_s_per_step`` is the pooled standard deviation of
+  the per-step values, for reading.
 * ``share`` = the component's delta / the step time's delta (None when the step time did not change above its own
   noise); shares need not sum to 1 (the components overlap in a real step and another component may have shrunk).
 * A software version that differs (``torch_npu``, ``cann``, ...) is a change of component ``software`` with
@@ -37,12 +40,15 @@ from dataclasses import dataclass, field, replace
 from statistics import fmean
 from typing import Any, Literal
 
-from profwatch.core.verdict.evidence import RankStepSummary
+from profwatch.core.verdict.evidence import RankStepSummary, usable_row
+from profwatch.core.verdict.shift_test import ALPHA, ShiftTest, holm, rank_test_reaches, shift_test
 
-Component = Literal["compute", "communication", "host", "software", "hardware"]
+Component = Literal["compute", "memory", "communication", "host", "software", "hardware"]
 COMPONENT_FIELDS: dict[Component, str] = {"compute": "computation_us", "communication": "communication_us",
                                     "host": "free_us"}
-"""Timed components -> the :class:`RankStepSummary` field each is read from (microseconds)."""
+"""Timed components -> the :class:`RankStepSummary` field each is read from (microseconds). ``compute`` is
+``computation_us - memory_us`` and ``memory`` is ``memory_us`` (:func:`_component_value`), the latter compared only
+when a capture splits it (Kineto device traces: copies and fills, as HTA's TraceDiff reports them apart)."""
 IGNORED_VERSION_KEYS = frozenset({"msprof_analyze"})
 """Versions of the analysing tool, not of the job: the same run analyses both captures."""
 TELEMETRY_MISMATCH_FRAC = 0.25
@@ -63,14 +69,25 @@ class Change:
     basis: str | None = None
     """What the reference side stands for when it is not the same ranks ("rank 13 compared with reference rank
     5, ..."); None when every compared rank is in both captures."""
+    p_value: float | None = None
+    """One-sided p-value of the change in its direction (:mod:`profwatch.core.verdict.shift_test`)."""
+    interval_s_per_step: tuple[float, float] | None = None
+    """The 98 % confidence interval of ``delta_s_per_step`` (each bound a one-sided 1 % bound)."""
+    test: str | None = None
+    """Which test decided: ``mann_whitney``, ``welch``, ``pooled_t``, ``exact`` (no spread), ``none``."""
 
     def to_json(self) -> dict[str, Any]:
         """``{"component", "delta_s_per_step", "baseline_s_per_step", "now_s_per_step", "share",
-        "noise_s_per_step", "detail", "basis"}`` (seconds, rounded to the microsecond; share to 1e-3)."""
+        "noise_s_per_step", "p_value", "interval_s_per_step", "test", "detail", "basis"}`` (seconds, rounded to the
+        microsecond; share to 1e-3; p to 4 significant digits)."""
         return {"component": self.component, "delta_s_per_step": _r(self.delta_s_per_step),
                 "baseline_s_per_step": _r(self.baseline_s_per_step), "now_s_per_step": _r(self.now_s_per_step),
                 "share": None if self.share is None else round(self.share, 3),
-                "noise_s_per_step": _r(self.noise_s_per_step), "detail": self.detail, "basis": self.basis}
+                "noise_s_per_step": _r(self.noise_s_per_step),
+                "p_value": None if self.p_value is None else float(f"{self.p_value:.4g}"),
+                "interval_s_per_step": None if self.interval_s_per_step is None else
+                [_r(self.interval_s_per_step[0]), _r(self.interval_s_per_step[1])],
+                "test": self.test, "detail": self.detail, "basis": self.basis}
 
 
 @dataclass(slots=True)
@@ -88,6 +105,8 @@ class Comparison:
     step_time_now_s: float | None = None
     step_time_noise_s: float | None = None
     step_time_changed: bool = False
+    step_time_p_value: float | None = None
+    step_time_interval_s: tuple[float, float] | None = None
     ranks_compared: list[int] = field(default_factory=list)
     ranks_only_now: list[int] = field(default_factory=list)
     ranks_only_baseline: list[int] = field(default_factory=list)
@@ -112,6 +131,9 @@ class Comparison:
                 "components": [c.to_json() for c in self.components],
                 "step_time_baseline_s": _r(self.step_time_baseline_s), "step_time_now_s": _r(self.step_time_now_s),
                 "step_delta_s": _r(self.step_delta_s), "step_time_changed": self.step_time_changed,
+                "step_time_p_value": None if self.step_time_p_value is None else float(f"{self.step_time_p_value:.4g}"),
+                "step_time_interval_s": None if self.step_time_interval_s is None else
+                [_r(self.step_time_interval_s[0]), _r(self.step_time_interval_s[1])],
                 "ranks_compared": list(self.ranks_compared), "ranks_only_now": list(self.ranks_only_now),
                 "ranks_only_baseline": list(self.ranks_only_baseline), "steps_baseline": self.steps_baseline,
                 "steps_now": self.steps_now, "headline": headline(self), "notes": list(self.notes),
@@ -122,11 +144,18 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 6)
 
 
+def _component_value(row: RankStepSummary, attr: str) -> float:
+    if attr == "computation_us":  # compute kernels; copies and fills are ``memory``
+        return float(row.computation_us) - float(row.memory_us)
+    return float(getattr(row, attr))
+
+
 def _per_step_means(rows: Iterable[RankStepSummary], ranks: set[int], attr: str) -> list[float]:
+    """One value per step: the mean over ``ranks`` (the sample unit of the tests is the step)."""
     by_step: dict[int, list[float]] = {}
     for r in rows:
-        if r.rank in ranks:
-            by_step.setdefault(r.step, []).append(float(getattr(r, attr)))
+        if r.rank in ranks and usable_row(r):
+            by_step.setdefault(r.step, []).append(_component_value(r, attr))
     return [fmean(v) for _, v in sorted(by_step.items()) if v]
 
 
@@ -146,16 +175,16 @@ def compare_captures(baseline: Sequence[RankStepSummary], now: Sequence[RankStep
                      now_versions: Mapping[str, str] | None = None,
                      baseline_world_size: int | None = None, now_world_size: int | None = None,
                      telemetry_baseline_step_s: float | None = None,
-                     k_sigma: float = 3.0, floor_frac: float = 0.005,
+                     alpha: float = ALPHA, floor_frac: float = 0.005,
                      substitutes: Mapping[int, tuple[int, str]] | None = None) -> Comparison:
     """Compare a capture (``now``) with its healthy reference (``baseline``); see the module docstring.
     ``substitutes``: named rank -> (reference rank, why), used for a rank of ``ranks`` the reference lacks.
 
     Raises:
-        ValueError: ``k_sigma`` or ``floor_frac`` negative.
+        ValueError: ``alpha`` outside (0, 0.5) or ``floor_frac`` negative.
     """
-    if k_sigma < 0 or floor_frac < 0:
-        raise ValueError("k_sigma and floor_frac must be >= 0")
+    if not 0 < alpha < 0.5 or floor_frac < 0:
+        raise ValueError("alpha must be in (0, 0.5) and floor_frac >= 0")
     out = Comparison()
     ref_ranks, now_ranks = {r.rank for r in baseline}, {r.rank for r in now}
     common = ref_ranks & now_ranks
@@ -208,29 +237,63 @@ def compare_captures(baseline: Sequence[RankStepSummary], now: Sequence[RankStep
     if sd is None:
         out.notes.append("one step per capture: the noise is unknown, only the floor "
                          f"({100 * floor_frac:.1f} % of the reference step) decides what counts as a change")
-    step_delta = now_step_s - ref_step_s
-    out.step_time_changed = abs(step_delta) > max(floor_s, k_sigma * (out.step_time_noise_s or 0.0))
     if telemetry_baseline_step_s is not None and telemetry_baseline_step_s > 0:
         diff = abs(ref_step_s - telemetry_baseline_step_s)
         if diff > max(TELEMETRY_MISMATCH_FRAC * telemetry_baseline_step_s, TELEMETRY_MISMATCH_S):
             out.notes.append(f"the reference capture's step time ({1e3 * ref_step_s:.1f} ms) differs from the "
                              f"telemetry baseline ({1e3 * telemetry_baseline_step_s:.1f} ms): the reference may not "
                              "show the healthy job")
-    timed: list[Change] = []
-    for comp, attr in COMPONENT_FIELDS.items():
+    _decide(out, baseline, now, common, step_ref, step_now, floor_s, alpha, "; ".join(basis) or None)
+    return out
+
+
+def _decide(out: Comparison, baseline: Sequence[RankStepSummary], now: Sequence[RankStepSummary], common: set[int],
+            step_ref: list[float], step_now: list[float], floor_s: float, alpha: float, basis: str | None) -> None:
+    """Fill ``out``'s step-time test and components: each timed component tested both ways, Holm across all
+    (:mod:`profwatch.core.verdict.shift_test`); a change counts when its hypothesis is rejected and it exceeds
+    ``floor_s``."""
+    fields = dict(COMPONENT_FIELDS)
+    if any(r.memory_us > 0 for r in (*baseline, *now) if r.rank in common):
+        fields = {"compute": "computation_us", "memory": "memory_us", "communication": "communication_us",
+                  "host": "free_us"}
+    family = 2 * len(fields)
+    rank_ok = rank_test_reaches(len(step_ref), len(step_now), alpha / family)
+    step_test, more, less = shift_test(step_ref, step_now, rank_test=rank_ok, alpha=alpha)
+    out.step_time_p_value = step_test.p_value
+    out.step_time_interval_s = _scaled(step_test.interval)
+    step_delta = out.step_delta_s or 0.0
+    # the step time is one more question, both ways: Bonferroni over its two directions
+    step_sig = step_test.p_value is None or step_test.p_value <= alpha / 2
+    out.step_time_changed = step_sig and abs(step_delta) > floor_s
+    tests: dict[Component, ShiftTest] = {}
+    pvals: dict[str, float] = {}
+    for comp, attr in fields.items():
         a, b = _per_step_means(baseline, common, attr), _per_step_means(now, common, attr)
-        ref_s, cur_s = fmean(a) / 1e6, fmean(b) / 1e6
+        tests[comp], more, less = shift_test(a, b, rank_test=rank_ok, alpha=alpha)
+        if more is not None and less is not None:
+            pvals[f"{comp}+"], pvals[f"{comp}-"] = more, less
         noise = pooled_sd(a, b)
-        noise_s = None if noise is None else noise / 1e6
-        delta = cur_s - ref_s
-        share = delta / step_delta if out.step_time_changed and step_delta != 0 else None
-        ch = Change(comp, delta, ref_s, cur_s, share, noise_s, basis="; ".join(basis) or None)
-        out.components.append(ch)
-        if abs(delta) > max(floor_s, k_sigma * (noise_s or 0.0)):
-            timed.append(ch)
+        delta_s = tests[comp].delta / 1e6
+        out.components.append(Change(
+            comp, delta_s, fmean(a) / 1e6, fmean(b) / 1e6,
+            delta_s / step_delta if out.step_time_changed and step_delta != 0 else None,
+            None if noise is None else noise / 1e6, basis=basis, p_value=tests[comp].p_value,
+            interval_s_per_step=_scaled(tests[comp].interval), test=tests[comp].method))
+    rejected = holm(pvals, alpha)
+    timed = [c for c in out.components
+             if abs(c.delta_s_per_step or 0.0) > floor_s
+             and (tests[c.component].p_value is None
+                  or f"{c.component}{'+' if (c.delta_s_per_step or 0.0) >= 0 else '-'}" in rejected)]
     timed.sort(key=lambda c: -abs(c.delta_s_per_step or 0.0))
     out.changes[:0] = timed
-    return out
+    methods = sorted({t.method for t in tests.values()} | {step_test.method})
+    out.notes.append(f"a change counts when a one-sided test per component and direction rejects at "
+                     f"{100 * alpha:g} % (Holm over {family} hypotheses; {', '.join(methods)}; "
+                     f"{len(step_ref)} vs {len(step_now)} steps) and it exceeds {1e3 * floor_s:.2f} ms/step")
+
+
+def _scaled(iv: tuple[float, float] | None) -> tuple[float, float] | None:
+    return None if iv is None else (iv[0] / 1e6, iv[1] / 1e6)
 
 
 def _software_changes(ref: Mapping[str, str], now: Mapping[str, str]) -> list[Change]:

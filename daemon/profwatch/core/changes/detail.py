@@ -41,7 +41,7 @@ Sheets = Mapping[str, Sequence[Sequence[Any]]]
 
 DETAIL_LIMIT = 8
 """Entries kept in one change's ``detail``."""
-DETAILED_COMPONENTS = ("compute", "communication")
+DETAILED_COMPONENTS = ("compute", "memory", "communication")
 """The components a detail can be found for (``host`` time is idle device time: no operator owns it)."""
 MIN_DETAIL_FRAC = 0.05
 """An entry whose |delta| is below this share of its change's |delta| is left out (noise of the per-op sums)."""
@@ -168,21 +168,33 @@ def entries_from_compare(sheets: Sheets, *, steps_baseline: int, steps_now: int)
 
 
 def entries_from_op_totals(now_us: Mapping[str, float], baseline_us: Mapping[str, float], *, steps_now: int,
-                           steps_baseline: int, is_collective: Callable[[str], bool]) -> list[DetailEntry]:
+                           steps_baseline: int, is_collective: Callable[[str], bool],
+                           kinds: Mapping[str, str] | None = None) -> list[DetailEntry]:
     """The entries of a torch.profiler rank against its reference rank: op / kernel name -> total duration (µs)
     over each trace's step windows (``kineto_reader.op_totals``), per step; a name ``is_collective`` says is a
     collective is ``communication`` (``kind`` ``collective``), any other ``compute`` (``kind`` ``operator``).
     Nested CPU ops count in their parent too, alike in both captures.
+
+    ``kinds`` (name -> ``kernel`` / ``memory`` / ``operator``, ``kineto_reader.op_totals_by_kind``): when a
+    capture has device work, the device explains the device-side changes: kernels are ``compute`` (``kind``
+    ``kernel``), copies and fills ``memory`` (``kind`` ``memory``), collective kernels ``communication``, and
+    host operators are left out (their time is the host's, often waiting for the device: ``aten::item``).
 
     Raises:
         ValueError: a step count below 1.
     """
     if steps_baseline < 1 or steps_now < 1:
         raise ValueError("step counts must be >= 1")
+    device = bool(kinds) and any(k in ("kernel", "memory") for k in (kinds or {}).values())
     out = []
     for name in sorted(set(now_us) | set(baseline_us)):
+        kind = (kinds or {}).get(name, "operator")
+        if device and kind == "operator":
+            continue
         coll = is_collective(name)
-        out.append(DetailEntry("communication" if coll else "compute", "collective" if coll else "operator", name,
+        comp, k = (("communication", "collective") if coll else ("memory", "memory") if kind == "memory"
+                   else ("compute", "kernel") if kind == "kernel" else ("compute", "operator"))
+        out.append(DetailEntry(comp, k, name,
                                baseline_us.get(name, 0.0) / 1e6 / steps_baseline,
                                now_us.get(name, 0.0) / 1e6 / steps_now))
     return out
@@ -221,7 +233,7 @@ def pick_ranks(baseline: Sequence[RankStepSummary], now: Sequence[RankStepSummar
 
 def attach_detail(comparison: dict[str, Any], entries: Sequence[DetailEntry], *, source: str,
                   limit: int = DETAIL_LIMIT, min_frac: float = MIN_DETAIL_FRAC) -> int:
-    """Put the entries behind each timed ``compute`` / ``communication`` change of ``comparison`` (the
+    """Put the entries behind each timed ``compute`` / ``memory`` / ``communication`` change of ``comparison`` (the
     ``Comparison.to_json`` dict, mutated: its ``changes`` and the same component in ``components``) into its
     ``detail``: those moving the same way as the change, by |delta| descending, at most ``limit``, none below
     ``min_frac`` of the change's |delta|, each :meth:`DetailEntry.to_json` plus ``source``. A change whose

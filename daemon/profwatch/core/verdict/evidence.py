@@ -37,6 +37,20 @@ class RankStepSummary:
     wait_us: float
     transmit_us: float
     free_us: float
+    memory_us: float = 0.0
+    """Part of ``computation_us`` spent in device memory copies and fills (Kineto ``gpu_memcpy``/``gpu_memset``)
+    not overlapped by compute kernels; 0 where the source does not split it (msprof-analyze). The comparison
+    with a reference reports it apart (``memory``), as HTA's TraceDiff does; the ranking keeps it in computation."""
+
+
+def usable_row(row: RankStepSummary) -> bool:
+    """Whether a row carries a signal (the one rule the ranking, the report's rank table and ``ranks[]`` share):
+    False for a row msprof-analyze zero-filled (step -1, or no step time and no work) and for a step without
+    computation and communication: a truncated last step (the profiler stopped while its kernels were not yet
+    recorded: HTA's AMD MI250 trace has a 49 us ``ProfilerStep#2`` with no device work beside a 1,031 us step)."""
+    busy = row.computation_us + row.communication_us + row.free_us
+    return not (row.step < 0 or (row.step_time_us <= 0 and busy <= 0) or
+                (row.computation_us <= 0 and row.communication_us <= 0))
 
 
 @dataclass(slots=True)

@@ -21,12 +21,46 @@ from profwatch.core.verdict.evidence import RankStepSummary
 from profwatch.core.verdict.kineto_align import Alignment, align_steps
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
-COLLECTIVE_TOKENS = ("nccl", "gloo", "hccl", "c10d::", "all_reduce", "allreduce", "broadcast", "all_gather",
+COLLECTIVE_TOKENS = ("nccl", "gloo", "hccl", "xccl", "c10d::", "all_reduce", "allreduce", "broadcast", "all_gather",
                      "allgather", "reduce_scatter", "reducescatter", "barrier", "all_to_all", "alltoall",
                      "record_param_comms")
 """Lower-case substrings that make an event a collective (CPU or device lane)."""
-DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "mtia_kernel"})
-"""Kineto categories of device-lane activity."""
+DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "mtia_ccp_events"})
+"""Kineto categories of device work (the ``cat`` Kineto writes is ``toString(ActivityType)``, the name table in
+pytorch/kineto ``libkineto/include/ActivityType.h``, read at commit 114171d, 2026-08-20):
+
+* ``kernel`` (``CONCURRENT_KERNEL``): CUDA kernels (CUPTI), ROCm kernels (``libkineto/src/RocprofActivity.h``),
+  Intel XPU kernels (``libkineto/src/plugin/xpupti/XpuptiActivityHandlers.cpp``);
+* ``gpu_memcpy`` / ``gpu_memset`` (``GPU_MEMCPY`` / ``GPU_MEMSET``): device copies and fills, the same three
+  backends;
+* ``mtia_ccp_events`` (``MTIA_CCP_EVENTS``, "MTIA ondevice CCP events"): Meta MTIA kernels and DMA requests (the
+  real MTIA trace of HTA's test data: 25,814 of them, ``fc-dtype_Float``, ``dma_request``, ...). An earlier list
+  had ``mtia_kernel``, which no public Kineto writes: MTIA device time was read as host idle.
+
+Ascend NPUs write msprof data, not Kineto device categories (``torch_npu``'s Kineto-shaped export is read by
+msprof-analyze). What Kineto writes that is *not* device work: :data:`NOT_DEVICE_CATS`."""
+NOT_DEVICE_CATS = frozenset({
+    "cpu_op", "user_annotation", "python_function", "cpu_instant_event", "external_correlation", "overhead",
+    "gpu_user_annotation", "cuda_runtime", "cuda_driver", "cuda_sync", "cuda_event", "mtia_runtime",
+    "mtia_insight", "mtia_counters", "glow_runtime", "cuda_profiler_range", "hpu_op", "xpu_runtime", "xpu_driver",
+    "collective_comm", "privateuse1_runtime", "privateuse1_driver", "xpu_scope_profiler", "xpu_sync",
+    "hardware_counters", "ac2g", "fwdbwd", "async_cpu_to_gpu", "Trace"})
+"""Categories Kineto writes that are not device work (same source as :data:`DEVICE_CATS`):
+
+* host activity: ``cpu_op`` (busy host time, :data:`CPU_COMPUTE_CATS`), ``user_annotation`` (record_function
+  spans, ``ProfilerStep#N`` on the host), ``python_function``, ``cpu_instant_event``, ``hpu_op`` ("HPU host side
+  runtime event"), the runtime/driver API calls ``cuda_runtime``, ``cuda_driver``, ``mtia_runtime``,
+  ``xpu_runtime``, ``xpu_driver``, ``privateuse1_runtime``, ``privateuse1_driver``, ``glow_runtime``;
+* on a device lane but not work: ``gpu_user_annotation`` (a user span projected onto the device: the device-side
+  ``ProfilerStep#N`` window, used to bound steps), ``cuda_sync`` / ``xpu_sync`` (the host or a stream waiting),
+  ``cuda_event`` (event records), ``overhead`` (profiler overhead), counters (``mtia_counters``,
+  ``hardware_counters``, ``mtia_insight``), ``cuda_profiler_range``, ``xpu_scope_profiler``, ``external_correlation``;
+* ``collective_comm``: Intel XPU's oneCCL records (``xccl::<op>``): a collective by name, kept on the host side;
+* flow arrows (``ph`` ``s``/``f``, never ``X``): ``ac2g`` and ``fwdbwd`` (``libkineto/src/output_json.cpp``),
+  ``async_cpu_to_gpu`` (older Kineto's launch-to-kernel flow, in the trace_diff traces of HTA's test data);
+* ``Trace``: the profiler's own span around the whole capture."""
+MEMORY_CATS = frozenset({"gpu_memcpy", "gpu_memset"})
+"""Device work that moves or fills memory rather than computing (``RankStepSummary.memory_us``)."""
 CPU_COMPUTE_CATS = frozenset({"cpu_op"})
 """Host categories counted as busy. ``user_annotation`` spans (record_function) are left out: a user span
 around a whole step would otherwise hide every idle gap."""
@@ -92,6 +126,8 @@ class RankTrace:
     cpu_end: array = field(default_factory=lambda: array("d"))
     dev_start: array = field(default_factory=lambda: array("d"))
     dev_end: array = field(default_factory=lambda: array("d"))
+    dev_mem: bytearray = field(default_factory=bytearray)
+    """1 where the device interval of the same index is a memory copy or fill (:data:`MEMORY_CATS`)."""
     collectives: list[Collective] = field(default_factory=list)
     events_seen: int = 0
 
@@ -114,6 +150,7 @@ class RankTrace:
         elif device:
             self.dev_start.append(ts_us)
             self.dev_end.append(ts_us + dur_us)
+            self.dev_mem.append(cat in MEMORY_CATS)
         elif cat in CPU_COMPUTE_CATS:
             self.cpu_start.append(ts_us)
             self.cpu_end.append(ts_us + dur_us)
@@ -186,6 +223,26 @@ def _side(tr: RankTrace) -> tuple[bool, list[tuple[int, float, float]], list[Col
     return device, spans, colls
 
 
+def _step_rows(tr: RankTrace, device: bool, spans: list[tuple[int, float, float]],
+               colls: list[Collective]) -> dict[int, tuple[list[float], tuple[float, float]]]:
+    """step -> ``([step_time, computation, communication, wait 0, transmit 0, free, memory], span)`` of one
+    rank (see :func:`summarize_traces`; wait and transmit are filled later)."""
+    comp_s = list(tr.dev_start if device else tr.cpu_start)
+    comp_e = list(tr.dev_end if device else tr.cpu_end)
+    comm_union = _merge([c.ts_us for c in colls], [c.ts_us + c.dur_us for c in colls])
+    comp_union = _merge(comp_s, comp_e)
+    kern_union = _merge([x for x, m in zip(comp_s, tr.dev_mem, strict=True) if not m],
+                        [x for x, m in zip(comp_e, tr.dev_mem, strict=True) if not m]) if device else None
+    busy_union = _merge(comp_s + [c.ts_us for c in colls], comp_e + [c.ts_us + c.dur_us for c in colls])
+    out: dict[int, tuple[list[float], tuple[float, float]]] = {}
+    for step, a, b in spans:
+        comp = _measure(comp_union, a, b)
+        memory = comp - _measure(kern_union, a, b) if kern_union is not None else 0.0
+        out[step] = ([b - a, comp, _measure(comm_union, a, b), 0.0, 0.0, (b - a) - _measure(busy_union, a, b),
+                      memory], (a, b))
+    return out
+
+
 def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50_000.0,
                      armed_labels: frozenset[int] | None = None) -> KinetoBreakdown:
     """Per-(rank, step) breakdown of a set of rank traces of one batch.
@@ -214,6 +271,8 @@ def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50
     * ``computation`` = length of the union of compute intervals (``cpu_op`` outside collectives, or device
       kernels/memcpy), including compute overlapped by communication (DDP), as msprof's ``computation``.
     * ``free`` = ``step_time`` minus the union of all busy intervals (compute and collectives).
+    * ``memory`` = the part of ``computation`` in device memory copies and fills (:data:`MEMORY_CATS`) that no
+      compute kernel overlaps (HTA's TraceDiff reports memory kernels apart from compute kernels).
     * ``wait``/``transmit`` as msprof-analyze: collective instances are the events of the best collective
       class present on every rank (device kernels > ``gloo:``/``nccl:`` spans > ``record_param_comms`` >
       ``c10d::``), assigned to the aligned step containing their start and matched across ranks by (name,
@@ -248,16 +307,9 @@ def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50
             continue
         device, all_spans, colls = sides[rank]
         spans = [(labels[s], a, b) for s, a, b in all_spans if s in labels]
-        comp_s = list(tr.dev_start if device else tr.cpu_start)
-        comp_e = list(tr.dev_end if device else tr.cpu_end)
-        comm_union = _merge([c.ts_us for c in colls], [c.ts_us + c.dur_us for c in colls])
-        comp_union = _merge(comp_s, comp_e)
-        busy_union = _merge(comp_s + [c.ts_us for c in colls], comp_e + [c.ts_us + c.dur_us for c in colls])
-        for step, a, b in spans:
-            busy = _measure(busy_union, a, b)
-            rows[(rank, step)] = [b - a, _measure(comp_union, a, b), _measure(comm_union, a, b), 0.0, 0.0,
-                                  (b - a) - busy]
-            span_of[(rank, step)] = (a, b)
+        for step, (vals, span) in _step_rows(tr, device, spans, colls).items():
+            rows[(rank, step)] = vals
+            span_of[(rank, step)] = span
         if klass is None:
             continue
         seen: dict[tuple[int, str], int] = defaultdict(int)
@@ -290,8 +342,9 @@ def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50
         # buckets on several gloo threads) never make wait exceed communication (docs/report.md invariants)
         row[3] = min(_measure(_merge(starts, ends), *span_of[key]), row[2])
         row[4] = min(row[4], row[2] - row[3])
-    for (rank, step), (st, comp, comm, wait, tx, free) in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        summaries.append(RankStepSummary(rank, step, st, comp, comm, wait, tx, max(0.0, free)))
+    for (rank, step), (st, comp, comm, wait, tx, free, mem) in sorted(rows.items(),
+                                                                     key=lambda kv: (kv[0][1], kv[0][0])):
+        summaries.append(RankStepSummary(rank, step, st, comp, comm, wait, tx, max(0.0, free), max(0.0, mem)))
     if klass is not None and matched == 0:
         notes.append("no collective instance matched across ranks")
     return KinetoBreakdown(summaries, CLASS_NAMES.get(klass) if klass is not None else None, matched, notes,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Literal
 
-from profwatch.core.verdict.evidence import RankStepSummary
+from profwatch.core.verdict.evidence import RankStepSummary, usable_row
 from profwatch.core.verdict.figures import figure_violations
 
 Grade = Literal["strong", "weak"]
@@ -150,6 +150,8 @@ class ComponentRow:
     detail: str = ""
     items: tuple[DetailItem, ...] = ()
     items_source: str = ""
+    interval_ms: tuple[float, float] | None = None
+    p_value: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +208,14 @@ def _detail_items(detail: Any) -> tuple[tuple[DetailItem, ...], str]:
     return tuple(items), source
 
 
+def _interval_ms(raw: Any) -> tuple[float, float] | None:
+    if isinstance(raw, (list, tuple)) and len(raw) == 2:
+        lo, hi = _ms(raw[0]), _ms(raw[1])
+        if lo is not None and hi is not None:
+            return lo, hi
+    return None
+
+
 def parse_comparison(raw: Any) -> ChangesView | None:
     """The report's view of a verdict's ``comparison`` (``None`` when there is none or it is not a mapping)."""
     if not isinstance(raw, Mapping):
@@ -221,11 +231,14 @@ def parse_comparison(raw: Any) -> ChangesView | None:
         rows.append(ComponentRow(comp, _ms(c.get("baseline_s_per_step")), _ms(c.get("now_s_per_step")),
                                  _ms(c.get("delta_s_per_step")), _ms(c.get("noise_s_per_step")),
                                  _fnum(c.get("share")), comp in changed,
-                                 "" if items else _detail_text(c.get("detail")), items, source))
+                                 "" if items else _detail_text(c.get("detail")), items, source,
+                                 _interval_ms(c.get("interval_s_per_step")), _fnum(c.get("p_value"))))
     other = [(str(c.get("component") or "?"), _detail_text(c.get("detail")))
              for c in changes if isinstance(c, Mapping) and c.get("delta_s_per_step") is None]
     step = ComponentRow("step time", _ms(raw.get("step_time_baseline_s")), _ms(raw.get("step_time_now_s")),
-                        _ms(raw.get("step_delta_s")), None, None, bool(raw.get("step_time_changed")))
+                        _ms(raw.get("step_delta_s")), None, None, bool(raw.get("step_time_changed")),
+                        interval_ms=_interval_ms(raw.get("step_time_interval_s")),
+                        p_value=_fnum(raw.get("step_time_p_value")))
     ref = _mapping(raw.get("reference"))
     ref_steps = _int_list(ref.get("steps"))
     reference = " ".join(x for x in (str(ref.get("batch_id") or ""), f"({str(ref.get('path'))})" if ref.get("path")
@@ -286,12 +299,6 @@ def loo_medians(values: Sequence[float]) -> list[float | None]:
     return out
 
 
-def _usable(row: RankStepSummary) -> bool:
-    """Rows msprof-analyze zero-fills for a rank without sources (step -1, no computation and no communication)
-    carry no signal (the same rule as the ranking)."""
-    return row.step >= 0 and (row.computation_us > 0 or row.communication_us > 0)
-
-
 def measure_ranks(summaries: Sequence[RankStepSummary]) -> tuple[list[RankRow], StepMatrix, float]:
     """Per-rank rows, the rank x step own-work difference matrix and the median step time (ms).
 
@@ -301,7 +308,7 @@ def measure_ranks(summaries: Sequence[RankStepSummary]) -> tuple[list[RankRow], 
     """
     by_step: dict[int, dict[int, RankStepSummary]] = defaultdict(dict)
     for r in summaries:
-        if _usable(r):
+        if usable_row(r):
             by_step[r.step][r.rank] = r
     steps_all = sorted(s for s, rows in by_step.items() if len(rows) >= 2)
     acc: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))

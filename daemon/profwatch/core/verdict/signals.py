@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profwatch.core.verdict.evidence import RankStepSummary
+from profwatch.core.verdict.evidence import RankStepSummary, usable_row
 from profwatch.core.verdict.robust import loo_medians, median, within_sigma
 
 _WITHIN_SAMPLE = 2048
@@ -61,21 +61,19 @@ def valid_rows(summaries: Sequence[RankStepSummary]) -> tuple[dict[int, dict[int
     by_step: dict[int, dict[int, RankStepSummary]] = defaultdict(dict)
     notes: list[str] = []
     dropped = 0
+    empty_steps: set[int] = set()
     for row in summaries:
         if not usable_row(row):
             dropped += 1  # msprof-analyze zero-fills a rank whose sources are missing (step -1 rows, zeros)
+            if row.step >= 0:
+                empty_steps.add(row.step)
             continue
         by_step[row.step][row.rank] = row
     if dropped:
-        notes.append(f"ignored {dropped} zero-filled or negative-step summary rows")
+        said = (f" (steps {sorted(empty_steps)[:8]} without computation or communication: zero-filled, or "
+                "truncated by the profiler's stop)" if empty_steps else "")
+        notes.append(f"left out {dropped} summary row(s) that carry no work{said}")
     return dict(by_step), notes
-
-
-def usable_row(row: RankStepSummary) -> bool:
-    """False for a row msprof-analyze zero-filled (step -1, or no step time and no work) or one without work."""
-    busy = row.computation_us + row.communication_us + row.free_us
-    return not (row.step < 0 or (row.step_time_us <= 0 and busy <= 0) or
-                (row.computation_us <= 0 and row.communication_us <= 0))
 
 
 @dataclass(slots=True)
