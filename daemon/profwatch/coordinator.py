@@ -32,6 +32,7 @@ from profwatch.captures.ports import BatchAnalyser, RankDirScanner
 from profwatch.captures.shell import CaptureShell
 from profwatch.config import Settings
 from profwatch.coordinator_control import ControlCommands
+from profwatch.core.alerts.alertmanager import VERDICT_TYPES
 from profwatch.core.alerts.event_types import (
     ALERT_TYPES,
     ANOMALY_KIND_TYPES,
@@ -47,7 +48,7 @@ from profwatch.core.alerts.event_types import (
 from profwatch.core.alerts.events import collision_data, collision_event_id, make_cloudevent
 from profwatch.core.detection.job_detector import Anomaly, JobDetector
 from profwatch.core.fleet.generations import GenerationOpened
-from profwatch.core.fleet.job_end import JobEndTracker
+from profwatch.core.fleet.job_end import EndedJobs, JobEndTracker
 from profwatch.core.fleet.peers import NodeRoutes
 from profwatch.core.fleet.registry import GenerationPending, Registry, RegistryError
 from profwatch.core.fleet.registry_state import HelloOutcome, JobState, jobs_from_rows, registry_rows
@@ -132,6 +133,7 @@ class Coordinator:
         self._rank_messages_in = self.metrics.messages_in.labels("rank_message")  # per batch: looked up once
         self.notifier = notifier or SdNotifier({})
         self._stop = threading.Event()
+        self._ended = EndedJobs()  # (job, generation) pairs silent since their job_ended: verdicts are information
         # alert sinks: every emitted event goes to them; standing Alertmanager alerts are rebuilt from the store
         self.sinks = AlertSinks.from_settings(settings.alertmanager, settings.webhook, os.environ, self.metrics)
         try:
@@ -162,6 +164,7 @@ class Coordinator:
         self.counters = {"received": 0, "rejected": 0, "batches": 0, "lost_batches": 0, "events": 0}
         self.results: queue.Queue[Callable[[], None]] = queue.Queue()
         self._restore_registry()
+        self._restore_ended()
         try:
             self.sockets = ServerSockets(self._ctx, cs.binds(), settings.security, settings.limits,
                                          on_refused=lambda sock, why: self.metrics.auth_refused.labels(sock, why).inc())
@@ -202,6 +205,20 @@ class Coordinator:
             self.registry.restore(job)
             self._flushed_generation[job.job_id] = job.generation
 
+    def _restore_ended(self) -> None:
+        """Rebuild the ended (job, generation) pairs from the stored ``job_ended`` events (an event stored before
+        they carried ``generation`` counts for the job's restored generation); a pair that reported after its end
+        is revived by the next observe pass (:meth:`_tick_jobs_and_sinks`)."""
+        for ev in self.state.iter_events((TYPE_JOB_ENDED,)):
+            data = ev.get("data") or {}
+            job_id = str(ev.get("subject") or "")
+            gen = data.get("generation")
+            if not isinstance(gen, int) or isinstance(gen, bool):
+                job = self.registry.jobs.get(job_id)
+                gen = job.generation if job is not None else 0
+            last = data.get("last_report_unix_s")
+            self._ended.mark(job_id, gen, float(last) if isinstance(last, (int, float)) else 0.0)
+
     def _flush_registry(self) -> None:
         jobs, ranks, nodes = registry_rows(self.registry.jobs.values(), self.registry.nodes.values())
         reset = [j.job_id for j in self.registry.jobs.values()
@@ -215,6 +232,8 @@ class Coordinator:
         sinks). When the store fails the event is published anyway and kept for a retry (``storage_failed``).
         Returns the event, or None when it was a duplicate."""
         now = time.time()
+        if type_ in VERDICT_TYPES and job_id:
+            data = self._stamp_verdict(job_id, data)
         ev = make_cloudevent(type_, job_id or "_", data, source=self.settings.coordinator.event_source,
                              now_unix_s=now, event_id=event_id)
         is_alert = type_ in ALERT_TYPES
@@ -229,6 +248,20 @@ class Coordinator:
         if stored is Stored.QUEUED:
             self._check_store(now)
         return ev
+
+    def _stamp_verdict(self, job_id: str, data: dict[str, Any]) -> dict[str, Any]:
+        """A capture verdict's ``generation`` (the capture's, else the job's current one) and ``job_ended``: True
+        when that generation ended and has not reported since (information only: no firing alert,
+        ``docs/alerts.md``)."""
+        gen = data.get("generation")
+        if not isinstance(gen, int) or isinstance(gen, bool):
+            job = self.registry.jobs.get(job_id) if hasattr(self, "registry") else None
+            gen = job.generation if job is not None else None
+        out = dict(data)
+        if gen is not None:
+            out["generation"] = gen
+        out["job_ended"] = self._ended.ended(job_id, gen)
+        return out
 
     def _bounds(self) -> dict[str, int]:
         """The sizes ``status`` shows against their limits, and the coordinator's computed memory bound (MiB)."""
@@ -346,8 +379,14 @@ class Coordinator:
             self._next_observe = now + 1.0
             last = {j.job_id: max((r.seen_unix_s for r in j.ranks.values()), default=0.0)
                     for j in self.registry.jobs.values()}
+            if len(self._ended):
+                self._ended.revive_reporting({(j.job_id, j.generation): last[j.job_id]
+                                              for j in self.registry.jobs.values()})
             for end in self._job_end.check(last, now):
-                self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json(), event_id=end.event_id())
+                job = self.registry.jobs.get(end.job_id)
+                gen = job.generation if job is not None else 0
+                self._ended.mark(end.job_id, gen, end.last_report_unix_s)
+                self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json() | {"generation": gen}, event_id=end.event_id())
                 self.registry.note_ended(end.job_id, now)
                 self.captures.on_job_ended(end.job_id, now)
                 self.captures.episodes.close_job(end.job_id, now, "job_ended")

@@ -16,7 +16,7 @@ import pytest
 
 from profwatch.adapters.zmq.control import call
 from profwatch.core.alerts.alertmanager import parse_time
-from profwatch.core.alerts.events import TYPE_BATCH_INCOMPLETE, TYPE_SUSPECT_RANKS
+from profwatch.core.alerts.events import TYPE_ANALYSIS_ENRICHED, TYPE_BATCH_INCOMPLETE, TYPE_SUSPECT_RANKS
 from profwatch.simulate.ascend_tree import generate_cluster
 from tests.conftest import wait_for
 from tests.integration.sink_support import Alertmanager, CoordinatorHarness, Recorder
@@ -268,3 +268,53 @@ def test_the_documented_route_is_valid_and_routes_profwatch_alerts(tmp_path: Pat
         res = subprocess.run([amtool, "config", "routes", "test", f"--config.file={cfg}", *labels],
                              capture_output=True, text=True, timeout=60)
         assert res.stdout.strip() == receiver, (labels, res.stdout, res.stderr)
+
+
+def _never_in_alertmanager(am: Alertmanager, job: str, for_s: float) -> None:
+    """Poll Alertmanager for ``for_s`` seconds (past re-sends and lifetimes) and fail as soon as ``job`` alerts."""
+    until = time.monotonic() + for_s
+    polls = 0
+    while time.monotonic() < until or polls < 3:
+        assert am.alerts_strict(job_id=job) == [], "an alert fired for an ended job"
+        polls += 1
+        time.sleep(0.25)
+
+
+def test_a_verdict_after_the_job_ended_is_information_and_never_pages_again_even_after_a_restart(
+        short_tmp: Path, alertmanager: Alertmanager, notifications: Recorder, harnesses) -> None:
+    """Issue 33 #1 live: the enrich follow-up and an incomplete capture judged after ``job_ended`` re-fired the
+    ended job's alert (re-sent every resend interval, surviving a restart)."""
+    sections = {"alertmanager": _am_section(alertmanager.url), "coordinator": {"job_end_after_s": 3.0}}
+    h = CoordinatorHarness(short_tmp, **sections)
+    harnesses.append(h)
+    h.hellos("jobE", 2)
+    h.steps("jobE", 2, 1, 3)
+    wait_for(lambda: h.coord is not None and "jobE" in h.coord.registry.jobs, 30, 0.1, "job registered")
+    h.emit(TYPE_SUSPECT_RANKS, "jobE", _verdict("ok", [1], [0, 1], "e1") | {"pending_recipes": ["advisor"]},
+           event_id="suspects-e1")
+    wait_for(lambda: len(alertmanager.alerts(job_id="jobE")) == 1, 30, 0.2, "the suspect alert fires")
+    wait_for(lambda: [e for e in h.events("jobE") if e["type"] == "io.profwatch.job_ended.v1"], 60, 0.2, "job_ended")
+    wait_for(lambda: not alertmanager.alerts(job_id="jobE"), 20, 0.2, "resolved at job end")
+    # the follow-up of e1, and a capture judged incomplete, both after the end
+    h.emit(TYPE_ANALYSIS_ENRICHED, "jobE", _verdict("ok", [1], [0, 1], "e1") | {"follow_up": True},
+           event_id="enriched-e1")
+    h.emit(TYPE_BATCH_INCOMPLETE, "jobE", {"capture_id": "e2", "missing_ranks": [0]}, event_id="inc-e2")
+    wait_for(lambda: len([e for e in h.events("jobE") if e["id"] in ("enriched-e1", "inc-e2")]) == 2, 20, 0.2,
+             "both late verdicts stored")
+    late = [e for e in h.events("jobE") if e["id"] in ("enriched-e1", "inc-e2")]
+    assert all(e["data"]["job_ended"] is True and e["data"]["generation"] == 0 for e in late)  # information
+    _never_in_alertmanager(alertmanager, "jobE", LIFETIME_S + 2 * RESEND_S)
+    h.stop()
+    h2 = CoordinatorHarness(short_tmp, start=False, **sections)
+    harnesses.append(h2)
+    h2.start()
+    h2.emit(TYPE_ANALYSIS_ENRICHED, "jobE", _verdict("ok", [1], [0, 1], "e3"), event_id="enriched-e3")
+    wait_for(lambda: [e for e in h2.events("jobE") if e["id"] == "enriched-e3"], 20, 0.2, "stored after restart")
+    assert [e for e in h2.events("jobE") if e["id"] == "enriched-e3"][0]["data"]["job_ended"] is True
+    _never_in_alertmanager(alertmanager, "jobE", LIFETIME_S + 2 * RESEND_S)
+    # the job reports again (live again in its generation): its next verdict pages as usual
+    h2.steps("jobE", 2, 4, 6)
+    wait_for(lambda: h2.coord is not None and not h2.coord._ended.ended("jobE", 0), 20, 0.2, "job live again")
+    h2.emit(TYPE_SUSPECT_RANKS, "jobE", _verdict("ok", [0], [0, 1], "e4"), event_id="suspects-e4")
+    wait_for(lambda: [a["labels"]["rank"] for a in alertmanager.alerts(job_id="jobE")] == ["0"], 30, 0.2,
+             "a live job's verdict fires")

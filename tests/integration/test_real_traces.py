@@ -89,8 +89,8 @@ def test_amd_truncated_step_is_left_out_of_the_report_as_out_of_the_verdict(tmp_
 
 def _compare(now_root: Path, ref_root: Path, work: Path, world: int):
     from profwatch.adapters.tools.msprof_runner import MsprofRunner
-    from profwatch.analysis.compare import attach_comparison
     from profwatch.analysis.facade import enrich_analysis
+    from profwatch.changes.compare import attach_comparison
     from profwatch.core.verdict.msprof_plan import MsprofSettings
 
     settings = AnalysisSettings(msprof=MsprofSettings(advisor=False, communication_matrix=False))

@@ -271,3 +271,73 @@ def test_two_rotating_episodes_of_one_job_are_two_alerts_each_resolved_by_its_ow
     (resolved,) = book.apply(closed, 30.0)
     assert resolved["labels"]["episode_id"] == "ep-a" and resolved["endsAt"] == rfc3339(30.0)
     assert [k[2] for k in book.alerts] == ["ep-b"]  # ep-b still fires
+
+
+def _enriched(job: str, t: float, suspects: list[dict], judged: list[int], cid: str = "c1", **extra) -> dict:
+    data = {"batch_id": f"b-{cid}", "capture_id": cid, "status": "ok", "suspects": suspects, "judged_ranks": judged,
+            "world_size": 4, "follow_up": True, "recipes": {"advisor": {"status": "ok"}}} | extra
+    return make_cloudevent(TYPE_ANALYSIS_ENRICHED, job, data, source="//t", now_unix_s=t, event_id=f"enriched-{cid}")
+
+
+def _job_ended(job: str, t: float, generation: int | None = 0) -> dict:
+    data = {"last_report_unix_s": t - 600, "silent_s": 600.0} | ({"generation": generation} if generation is not None
+                                                                else {})
+    return make_cloudevent(TYPE_JOB_ENDED, job, data, source="//t", now_unix_s=t, event_id=f"job_ended-{job}-{t}")
+
+
+@pytest.mark.parametrize("flagged", [True, False])
+def test_a_verdict_after_the_job_ended_never_fires_again_in_that_generation(flagged: bool) -> None:
+    """Issue 33 #1: the enrich follow-up (or an incomplete capture) judged after ``job_ended`` paged on-call again.
+    Flagged: the coordinator's ``job_ended: true``; unflagged: an event stored before the field existed."""
+    book = _book()
+    first = _verdict("j1", T0, "ok", [_suspect(2)], [0, 1, 2, 3])
+    first["data"]["generation"] = 0
+    assert len(book.apply(first, T0)) == 1
+    out = book.apply(_job_ended("j1", T0 + 700), T0 + 700)
+    assert [a["endsAt"] for a in out] == [rfc3339(T0 + 700)] and not book.alerts
+    extra = {"generation": 0} | ({"job_ended": True} if flagged else {})
+    late = [_enriched("j1", T0 + 924, [_suspect(2)], [0, 1, 2, 3], **extra),
+            make_cloudevent(TYPE_BATCH_INCOMPLETE, "j1", {"capture_id": "c9", "missing_ranks": [1]} | extra,
+                            source="s", now_unix_s=T0 + 1420),
+            make_cloudevent(TYPE_SUSPECT_RANKS, "j1", {"capture_id": "c8", "status": "partial", "suspects": [_suspect(3)],
+                                                       "judged_ranks": [3]} | extra, source="s", now_unix_s=T0 + 1500)]
+    for ev in late:
+        assert book.apply(ev, T0 + 1500) == []
+    assert not book.alerts and book.due(T0 + 2000) == []
+    # restore after a restart gives the same answer
+    again = _book()
+    assert again.restore([first, _job_ended("j1", T0 + 700), *late]) == 0 and again.due(T0 + 2000) == []
+    # a new generation (requeue) alerts as usual
+    new = _verdict("j1", T0 + 3000, "ok", [_suspect(1)], [0, 1], cid="c10")
+    new["data"] |= {"generation": 1, "job_ended": False}
+    assert [a["labels"]["rank"] for a in book.apply(new, T0 + 3000)] == ["1"]
+
+
+def test_a_job_live_again_in_its_generation_alerts_again_and_the_memory_is_bounded() -> None:
+    from profwatch.core.fleet.job_end import EndedJobs
+
+    book = _book()
+    book.apply(_job_ended("j1", T0), T0)
+    ev = _verdict("j1", T0 + 10, "ok", [_suspect(2)], [0, 1, 2, 3])
+    ev["data"] |= {"generation": 0, "job_ended": False}  # the coordinator saw it report after its end
+    assert len(book.apply(ev, T0 + 10)) == 1 and not book.ended.ended("j1", 0)
+    ended = EndedJobs(max_items=3)
+    for i in range(5):
+        ended.mark(f"j{i}", 0, T0 + i)
+    assert [ended.ended(f"j{i}", 0) for i in range(5)] == [False, False, True, True, True]
+    assert ended.revive_reporting({("j3", 0): T0 + 3, ("j4", 0): T0 + 5}) == [("j4", 0)]
+    assert ended.ended("j3", 0) and not ended.ended("j4", 0) and not ended.ended("j3", None)
+    with pytest.raises(ValueError):
+        EndedJobs(0)
+
+
+def test_the_enrich_follow_up_updates_only_standing_rank_alerts() -> None:
+    book = _book()
+    book.apply(_verdict("j1", T0, "ok", [_suspect(2)], [0, 1, 2, 3]), T0)
+    book.apply(_verdict("j1", T0 + 30, "ok", [], [0, 1, 2, 3], cid="c2"), T0 + 30)  # rank 2 resolved by a later verdict
+    assert not book.alerts
+    out = book.apply(_enriched("j1", T0 + 60, [_suspect(2)], [0, 1, 2, 3]), T0 + 60)
+    assert out == [] and not book.alerts  # the follow-up of c1 does not bring rank 2 back
+    book.apply(_verdict("j1", T0 + 90, "ok", [_suspect(1)], [0, 1, 2, 3], cid="c3"), T0 + 90)
+    out = book.apply(_enriched("j1", T0 + 120, [_suspect(1), _suspect(3)], [0, 1, 2, 3], cid="c3"), T0 + 120)
+    assert [a["labels"]["rank"] for a in out] == ["1"] and out[0]["startsAt"] == rfc3339(T0 + 90)

@@ -8,7 +8,7 @@ import math
 import pytest
 from scipy import stats
 
-from profwatch.core.verdict.changes import compare_captures
+from profwatch.core.changes.comparison import compare_captures
 from profwatch.core.verdict.evidence import RankStepSummary
 from profwatch.core.verdict.shift_test import _u_null_cdf, holm, rank_test_reaches, shift_interval, shift_test
 

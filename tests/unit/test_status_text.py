@@ -81,6 +81,9 @@ def test_alert_lines_name_the_suspects_of_the_verdict_and_of_its_follow_up() -> 
     none = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",
                          "data": {"status": "no_suspect", "suspects": [], "detail": "balanced"}})
     assert none.endswith("no_suspect: no suspect (balanced)")
+    late = render_event({"type": "io.profwatch.analysis_enriched.v1", "time": "T", "subject": "j1",
+                         "data": {"capture_id": "c-1", "status": "ok", "suspects": sus, "job_ended": True}})
+    assert late.endswith("(after the job ended: information, no alert)")  # issue 33 #1
 
 
 def test_the_readable_alert_line_carries_the_saving_and_the_rank_dir() -> None:

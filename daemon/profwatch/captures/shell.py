@@ -41,6 +41,7 @@ from profwatch.captures.ports import (
     WatcherPort,
 )
 from profwatch.changes.reference_desk import ReferenceDesk
+from profwatch.core.alerts.alertmanager import VERDICT_TYPES
 from profwatch.core.alerts.event_types import TYPE_PATH_REFUSED
 from profwatch.core.arming.policy import ArmHistory, ArmingPolicy, ArmingSettings
 from profwatch.core.arming.targeting import JobTopology, estimate_capture_bytes
@@ -269,7 +270,10 @@ class CaptureShell:
         if old is None or old.state is not cap.state:
             self.count_state(cap.state.value)
         for ev in t.events:
-            self.emit(ev.type, cap.job_id, dict(ev.data), event_id=ev.event_id)
+            data = dict(ev.data)
+            if ev.type in VERDICT_TYPES:  # whose generation it judged: after that generation's end, information only
+                data.setdefault("generation", cap.generation)
+            self.emit(ev.type, cap.job_id, data, event_id=ev.event_id)
         if old is not None and old.state in PARSING and cap.state not in PARSING:
             self.detectors.close_exclusion(cap.job_id, parse_reason(cap.capture_id))
         if old is not None and old.state in lc.IN_FLIGHT and cap.state not in lc.IN_FLIGHT:

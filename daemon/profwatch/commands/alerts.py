@@ -27,6 +27,7 @@ from profwatch.commands.common import (
     load_or_exit,
     unavailable_hint,
 )
+from profwatch.core.alerts.alertmanager import VERDICT_TYPES
 from profwatch.core.alerts.event_types import (
     ANOMALY_TYPES,
     TYPE_ANALYSIS_ENRICHED,
@@ -110,6 +111,8 @@ def render_event(ev: dict[str, Any]) -> str:
         text = d.get("detail") or "; ".join(str(p) for p in d.get("problems") or [])
         line += (f" {d['reason']}:" if d.get("reason") else "") + (f" {str(text)[:1000]}" if text else
                                                                    " " + json.dumps(d)[:200])
+    if t in VERDICT_TYPES and d.get("job_ended") is True:
+        line += " (after the job ended: information, no alert)"
     # a peer's words (hostnames, details) are shown with their control characters escaped: no terminal escapes
     return CONTROL_RE.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
 

@@ -28,7 +28,15 @@ Rules (``docs/alerts.md``):
 * ``culprit_rotates``: one ``ProfwatchCulpritRotates`` alert per rotating episode (warning; label ``episode_id``;
   the summary names the ranks); it resolves when that episode closes (``episode_closed`` with a ``rotation``) or
   at job end.
-* ``job_ended``: every alert of the job resolves.
+* ``job_ended``: every alert of the job resolves, and the book remembers the (job id, generation) as ended
+  (:class:`~profwatch.core.fleet.job_end.EndedJobs`, bounded). A capture verdict (``suspect_ranks``,
+  ``analysis_enriched``, ``batch_incomplete``, ``analysis_failed``) that arrives after its job ended carries
+  ``job_ended: true`` (set by the coordinator) and is information only: it creates, re-fires and resolves nothing.
+  An older stored event without the field counts as after the end when its ``generation`` is remembered as ended.
+  ``job_ended: false`` for an ended pair means the job reported again (live again): it is forgotten as ended.
+* ``analysis_enriched`` (the follow-up of a verdict) updates or resolves only rank and incomplete-verdict alerts
+  that still stand; it never creates one (an alert resolved in between, by a later verdict, stays resolved). Slow
+  links are the exception: only the follow-up's communication matrix can name them, so its link alerts fire.
 """
 
 from __future__ import annotations
@@ -47,12 +55,15 @@ from profwatch.core.alerts.events import (
     TYPE_SUSPECT_RANKS,
     rfc3339,
 )
+from profwatch.core.fleet.job_end import EndedJobs
 
 ALERTNAME_SUSPECT = "ProfwatchSuspectRank"
 ALERTNAME_LINK = "ProfwatchSlowLink"
 ALERTNAME_UNJUDGED = "ProfwatchVerdictIncomplete"
 UNJUDGED_STATUSES = ("partial", "weak")
 RESOLVED_BY_VERDICT = (JOB_ALERTNAMES[TYPE_BATCH_INCOMPLETE], JOB_ALERTNAMES[TYPE_ANALYSIS_FAILED])
+VERDICT_TYPES = (TYPE_SUSPECT_RANKS, TYPE_ANALYSIS_ENRICHED, TYPE_BATCH_INCOMPLETE, TYPE_ANALYSIS_FAILED)
+"""A capture's verdict events: after the end of their job (``job_ended: true``) they are information only."""
 RESOLVING_STATUSES = ("ok", "no_suspect")
 """``suspect_ranks`` statuses whose ``judged_ranks`` may resolve a rank (``partial`` proves no absence)."""
 _NO_VERDICT = "no verdict on the slow rank for this capture; the captured data is kept"
@@ -215,6 +226,7 @@ class AlertBook:
         self.max_suspects = max_suspects
         self.external_url = external_url
         self.alerts: dict[AlertKey, StandingAlert] = {}
+        self.ended = EndedJobs()
         self._next_resend = 0.0
 
     @property
@@ -238,7 +250,14 @@ class AlertBook:
         if type_ == TYPE_JOB_ENDED:
             for key in [k for k in self.alerts if k[0] == job_id]:
                 out.append(self._resolve(key, now_unix_s))
+            gen = data.get("generation")
+            if isinstance(gen, int) and not isinstance(gen, bool):
+                last = data.get("last_report_unix_s")
+                self.ended.mark(job_id, gen, float(last) if isinstance(last, (int, float)) else starts)
             return out
+        if type_ in VERDICT_TYPES and self._after_end(job_id, data):
+            return out  # information only: the job ended before this verdict (the event still goes out elsewhere)
+        standing_only = type_ == TYPE_ANALYSIS_ENRICHED
         if type_ == TYPE_EPISODE_CLOSED:  # a rotating episode ended: its rotation alert resolves
             key = (job_id, JOB_ALERTNAMES[TYPE_CULPRIT_ROTATES], _episode_of(data))
             if data.get("rotation") and key in self.alerts:
@@ -279,12 +298,26 @@ class AlertBook:
             if (job_id, ALERTNAME_UNJUDGED, None) in self.alerts:
                 out.append(self._resolve((job_id, ALERTNAME_UNJUDGED, None), now_unix_s))
         elif status in UNJUDGED_STATUSES:
-            out.extend(self._fire(self._unjudged_alert(job_id, event, data, starts), now_unix_s))
+            out.extend(self._fire(self._unjudged_alert(job_id, event, data, starts), now_unix_s, standing_only))
         for pos, s in enumerate(suspects, start=1):
-            out.extend(self._fire(self._suspect_alert(job_id, pos, s, event, data, starts), now_unix_s))
-        for lk in links:
+            out.extend(self._fire(self._suspect_alert(job_id, pos, s, event, data, starts), now_unix_s, standing_only))
+        for lk in links:  # slow links: only the follow-up's communication matrix names them, so it may create them
             out.extend(self._fire(self._link_alert(job_id, lk, event, data, starts), now_unix_s))
         return out
+
+    def _after_end(self, job_id: str, data: Mapping[str, Any]) -> bool:
+        """Whether a verdict event is about an ended (job, generation): its ``job_ended`` field, else (an event
+        stored before the field existed) the book's memory of ended generations. ``job_ended: false`` revives."""
+        flag = data.get("job_ended")
+        gen = data.get("generation")
+        gen = gen if isinstance(gen, int) and not isinstance(gen, bool) else None
+        if flag is True:
+            return True
+        if flag is False:
+            if gen is not None:
+                self.ended.revive(job_id, gen)
+            return False
+        return self.ended.ended(job_id, gen)
 
     def restore(self, events: Iterable[Mapping[str, Any]]) -> int:
         """Rebuild the book from stored events (oldest first) after a restart, sending nothing; the next
@@ -303,9 +336,11 @@ class AlertBook:
         return [postable(a, ends) for a in self.alerts.values()]
 
     # -- building -----------------------------------------------------------------------------------------------
-    def _fire(self, alert: StandingAlert, now: float) -> list[dict[str, Any]]:
-        out = []
+    def _fire(self, alert: StandingAlert, now: float, standing_only: bool = False) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
         old = self.alerts.get(alert.key)
+        if old is None and standing_only:
+            return out
         if old is not None:
             if old.labels == alert.labels:
                 alert.starts_at_unix_s = old.starts_at_unix_s  # the same alert, still firing

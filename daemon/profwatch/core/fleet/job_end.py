@@ -62,3 +62,54 @@ class JobEndTracker:
         for gone in set(self._reported) - set(last_report_unix_s):
             del self._reported[gone]
         return out
+
+
+MAX_ENDED_JOBS = 10_000
+"""Ended (job id, generation) pairs remembered; the oldest end is forgotten first (a job id that ended more than
+10,000 job ends ago and gets a late verdict alerts again: bounded memory over a perfect record)."""
+
+
+class EndedJobs:
+    """Which (job id, generation) pairs have ended and not reported since: a verdict about one of them is information
+    (``job_ended: true``), never a firing alert (``docs/alerts.md``, "Ended jobs").
+
+    A job that reports again in the same generation (a serving job idle for longer than ``job_end_after_s``) is live
+    again (:meth:`revive`); a new generation of the job (a requeue, an elastic restart) is another pair and alerts as
+    usual. Memory: at most ``max_items`` pairs, the oldest end evicted first.
+
+    Args:
+        max_items: bound on remembered pairs (> 0).
+    """
+
+    def __init__(self, max_items: int = MAX_ENDED_JOBS) -> None:
+        if max_items <= 0:
+            raise ValueError(f"max_items must be > 0, got {max_items}")
+        self.max_items = max_items
+        self._ended: dict[tuple[str, int], float] = {}  # insertion order = end order
+
+    def __len__(self) -> int:
+        return len(self._ended)
+
+    def mark(self, job_id: str, generation: int, last_report_unix_s: float) -> None:
+        """``job_id``'s ``generation`` ended; its newest report was at ``last_report_unix_s`` (wall time)."""
+        key = (job_id, int(generation))
+        self._ended.pop(key, None)
+        self._ended[key] = float(last_report_unix_s)
+        while len(self._ended) > self.max_items:
+            del self._ended[next(iter(self._ended))]
+
+    def ended(self, job_id: str, generation: int | None) -> bool:
+        """True when ``(job_id, generation)`` ended and has not reported since (None: never)."""
+        return generation is not None and (job_id, int(generation)) in self._ended
+
+    def revive(self, job_id: str, generation: int) -> bool:
+        """The pair reported again: it is live. Returns True when it was marked ended."""
+        return self._ended.pop((job_id, int(generation)), None) is not None
+
+    def revive_reporting(self, last_report_unix_s: Mapping[tuple[str, int], float]) -> list[tuple[str, int]]:
+        """Revive every ended pair whose newest report (``(job, generation) -> wall time``) is newer than its end's
+        last report. Returns the revived pairs."""
+        back = [k for k, t in last_report_unix_s.items() if k in self._ended and t > self._ended[k]]
+        for k in back:
+            del self._ended[k]
+        return back
