@@ -95,7 +95,7 @@ def load(endpoint: str, ranks: int, per_node: int, job: str, seconds: float, ste
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))  # ~2 fds per node socket
     ctx = zmq.Context(io_threads=2)
-    ctx.setsockopt(zmq.MAX_SOCKETS, 65536)
+    ctx.set(zmq.MAX_SOCKETS, 65536)
     socks = []
     for k in range(len(_nodes(ranks, per_node))):
         s = ctx.socket(zmq.DEALER)
