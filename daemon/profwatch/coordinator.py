@@ -510,7 +510,7 @@ class Coordinator:
                     if judged:
                         self._detect(job, judged, node_id, now)
                         judged = []
-                    opened = reg.note_restart(job, rank, now)
+                    opened = reg.note_restart(job, rank, now, m.peer_pid)
                     if opened is not None:
                         self._on_generation(opened, now)
                 if rank.gen == job.generation:  # else a worker of an older generation not restarted yet

@@ -235,3 +235,26 @@ def test_generation_event_data_and_ids() -> None:
     assert d["nodes"] == ["n0"] and d["reason"] == "world_size" and d["generation"] == 1
     assert g.event_id() == "job_generation-j-1-5"
     assert dataclasses.replace(g, opened_unix_s=99.0).event_id() != g.event_id()
+
+
+def test_steps_going_back_are_credited_to_the_sending_process_not_to_the_ranks_hellos() -> None:
+    """Adversarial finding: one process, sending no hello, moved the step counters of ranks 0 and 1 back and opened
+    a generation, because each report was credited to its rank's last hello (two processes). A report carries the
+    process the node attested for its connection (``peer_pid``): one process is one vote, with or without a
+    hello; a second process makes the quorum."""
+    reg = job_of(4, 1)
+    job = reg.jobs["j"]
+    for r in (0, 1, 3):
+        _rank, restarted = reg.step_of(job, dataclasses.replace(step(r, 1), peer_pid=4242), 60.0, "n0")
+        assert restarted and reg.note_restart(job, job.ranks[r], 60.0, 4242) is None
+    assert job.generation == 0
+    _rank, restarted = reg.step_of(job, dataclasses.replace(step(2, 1), peer_pid=5000), 61.0, "n0")
+    g = reg.note_restart(job, job.ranks[2], 61.0, 5000)
+    assert g is not None and g.reason == "steps_went_back" and job.generation == 1
+    # without an attested sender (tcp, a version-1 node) the rank's hello process stands in, as before
+    reg2 = job_of(4, 1)
+    job2 = reg2.jobs["j"]
+    for r in (0, 1):
+        reg2.step_of(job2, step(r, 1), 60.0, "n0")
+        opened = reg2.note_restart(job2, job2.ranks[r], 60.0, None)
+    assert opened is not None and job2.generation == 1

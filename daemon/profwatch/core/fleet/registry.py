@@ -304,16 +304,23 @@ class Registry:
             ranks=tuple(sorted(claim.counted)), nodes=tuple(sorted({claim.hellos[r][0] for r in claim.counted})),
             opened_unix_s=now, admitted=tuple(admitted), refused=tuple(refused))
 
-    def note_restart(self, job: JobState, r: RankState, now: float) -> GenerationOpened | None:
+    def note_restart(self, job: JobState, r: RankState, now: float, sender_pid: int | None = None
+                     ) -> GenerationOpened | None:
         """``r``'s step counter went back (:meth:`step` said ``restarted``). When a quorum of distinct processes
-        (:func:`~profwatch.core.fleet.generations.process_key`: the process of each rank's hello) did so within the
-        claim window, open a generation of the same shape (launchers without restart counts: a requeue) and return
-        it; a rank of an older generation just joins the current one."""
+        did so within the claim window, open a generation of the same shape (launchers without restart counts: a
+        requeue) and return it; a rank of an older generation just joins the current one.
+
+        The process a report is credited to (:func:`~profwatch.core.fleet.generations.process_key`): the sender of
+        the step report that went back, ``sender_pid`` (the report's ``peer_pid``, which the node attests from the
+        connection; the sender cannot choose it), so one process sending for several ranks is one vote, with or
+        without a hello; where no node attested it (tcp, a version-1 node), the process of the rank's hello."""
         if r.gen < job.generation:
             r.gen = job.generation
             return None
         job.claims.expire(now)
-        if job.claims.note_restart(r.rank, process_key(r.node_id, r.peer_pid, r.pid), now) < quorum(
+        who = (process_key(r.node_id, sender_pid, 0) if sender_pid is not None
+               else process_key(r.node_id, r.peer_pid, r.pid))
+        if job.claims.note_restart(r.rank, who, now) < quorum(
                 job.world_size, job.world_size):
             return None  # fewer distinct processes than the quorum: one process is one vote
         ranks = tuple(sorted(x for x in job.claims.restarts if x in job.ranks))
