@@ -149,7 +149,8 @@ class Hook:
             '{"job_id":' + json.dumps(ident.job_id) + ',"rank":' + str(ident.rank) + ',"step":'
         )
         labels = (',"mode":' + json.dumps(mode) if mode else "") + (',"role":' + json.dumps(role) if role else "")
-        self._suffix = labels + ',"kind":"step","v":1}'
+        self._suffix = labels + ',"kind":"step","v":' + str(wire.SCHEMA_VERSION) + "}"  # wire.StepReportUs
+        self._step_format = (self._prefix + '%d,"step_time_us":%d,"ts_unix_us":%d%s' + self._suffix).encode()
         self._closed = False
         self.forked_child = False
         """True in a forked child of the rank: the hook is silent there (module docstring)."""
@@ -275,7 +276,8 @@ class Hook:
         self.step_count += 1
         step = self.step_count
         try:
-            tail = ',"step_time_s":' + repr(dt) + ',"ts_unix_s":' + repr(time.time())
+            # integer microseconds (wire.StepReportUs), one bytes %-format: no float repr, no concatenation chain
+            tail = ""
             if self._stages:
                 tail += ',"stages":' + json.dumps(self._stages)
                 self._stages = {}
@@ -286,7 +288,7 @@ class Hook:
                 tail += ',"capturing":true'
             if work is not None:
                 tail += self._work_field(work)
-            payload = (self._prefix + str(step) + tail + self._suffix).encode()
+            payload = self._step_format % (step, int(dt * 1e6 + 0.5), time.time_ns() // 1000, tail.encode())
             self.publisher.send(self._topic_step, payload)
             if now >= self._next_hello:
                 self._next_hello = now + HELLO_RESEND_S

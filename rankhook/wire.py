@@ -16,8 +16,15 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-SCHEMA_VERSION = 1
-"""Bumped on any incompatible change. Receivers reject other versions with a counted error."""
+SCHEMA_VERSION = 2
+"""Bumped on any incompatible change; what this version sends. Receivers take :data:`ACCEPTED_VERSIONS` and reject
+other versions with a counted error. Version 2 (``docs/wire.md``): the hook's step report carries integer
+microseconds (``step_time_us``, ``ts_unix_us``: no float formatting on ``rankhook.step()``'s path), and the node
+daemon stamps each relayed step report with the sending process's attested ``peer_pid`` (one process, one vote for
+a new generation)."""
+ACCEPTED_VERSIONS = frozenset({1, 2})
+"""Versions the node daemon and the coordinator take (a rolling upgrade: coordinator first, then the node daemons,
+then the hooks; a version-1 hook or node keeps working against newer daemons)."""
 
 TOPIC_PREFIX = "profwatch"
 MAX_MESSAGE_BYTES = 256 * 1024
@@ -47,7 +54,7 @@ class RankHello:
 
     Example::
 
-        {"kind": "hello", "v": 1, "job_id": "j1", "rank": 3, "local_rank": 1, "world_size": 8,
+        {"kind": "hello", "v": 2, "job_id": "j1", "rank": 3, "local_rank": 1, "world_size": 8,
          "hostname": "node1", "pid": 4242, "backend": "torch_npu", "ts_unix_s": 1764500000.25,
          "versions": {"torch": "2.13.0", "torch_npu": "2.13.0", "rankhook": "0.1.0"},
          "profiler_config_path": "/shared/pw/j1/cfg", "prof_root": "/shared/prof"}
@@ -102,7 +109,7 @@ class StepReport:
 
     Example::
 
-        {"kind": "step", "v": 1, "job_id": "j1", "rank": 3, "step": 120, "step_time_s": 0.412,
+        {"kind": "step", "v": 2, "job_id": "j1", "rank": 3, "step": 120, "step_time_s": 0.412,
          "ts_unix_s": 1764500042.5, "stages": {"forward": 0.1, "backward": 0.25}, "flags": ["checkpoint"],
          "capturing": false}
 
@@ -114,6 +121,12 @@ class StepReport:
     normalised by its load. ``mode`` and ``role`` repeat the hello's (``None`` when not said), so every report says
     which peers it is to be compared with. The three were added without a schema bump: older receivers ignore
     them, older senders omit them.
+
+    Version 2: the hook sends :class:`StepReportUs` (integer microseconds); the node daemon reads it into this
+    form (exact to the microsecond) and relays this form with ``peer_pid``: the pid of the process that sent the
+    report, from the ipc connection's ``SO_PEERCRED`` (``None`` where the transport gives no credentials, and from
+    version-1 nodes); whatever a rank writes there is overwritten. The coordinator credits a step counter going
+    back to that process (``docs/generations.md``: one process is one vote).
     """
 
     job_id: str
@@ -127,8 +140,45 @@ class StepReport:
     work: float | None = None
     mode: str | None = None
     role: str | None = None
+    peer_pid: int | None = None
     kind: Literal["step"] = "step"
     v: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class StepReportUs:
+    """A step report as the version-2 hook sends it: :class:`StepReport` with the step time and the timestamp in
+    integer microseconds (``step_time_us``: the monotonic clock's interval since the previous ``step()``;
+    ``ts_unix_us``: wall-clock Unix time), formatted with ``str(int)`` instead of a float ``repr``.
+
+    Example::
+
+        {"job_id": "j1", "rank": 3, "step": 120, "step_time_us": 412000, "ts_unix_us": 1764500042500000,
+         "kind": "step", "v": 2}
+
+    The node daemon turns it into a :class:`StepReport` (:meth:`report`); nothing else receives this form.
+    """
+
+    job_id: str
+    rank: int
+    step: int
+    step_time_us: int
+    ts_unix_us: int
+    stages: dict[str, float] | None = None
+    flags: tuple[str, ...] = ()
+    capturing: bool = False
+    work: float | None = None
+    mode: str | None = None
+    role: str | None = None
+    kind: Literal["step"] = "step"
+    v: int = SCHEMA_VERSION
+
+    def report(self, peer_pid: int | None = None) -> StepReport:
+        """The :class:`StepReport` of this report (seconds = microseconds / 1e6), stamped with ``peer_pid``."""
+        return StepReport(job_id=self.job_id, rank=self.rank, step=self.step, step_time_s=self.step_time_us / 1e6,
+                          ts_unix_s=self.ts_unix_us / 1e6, stages=self.stages, flags=self.flags,
+                          capturing=self.capturing, work=self.work, mode=self.mode, role=self.role,
+                          peer_pid=peer_pid, v=self.v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +193,7 @@ class CaptureEvent:
 
     Example::
 
-        {"kind": "capture", "v": 1, "job_id": "j1", "rank": 0, "event": "completed", "ts_unix_s": 1764500100.0,
+        {"kind": "capture", "v": 2, "job_id": "j1", "rank": 0, "event": "completed", "ts_unix_s": 1764500100.0,
          "capture_id": "c-20261130-0001", "generation": 1764500090, "start_step": 130, "step": 133,
          "rank_dir": "/shared/prof/j1/c-20261130-0001/node0_4242_20261130103000123_torch_pt",
          "steps": [130, 131, 132], "total_bytes": 123456, "source": "hook", "detail": ""}
@@ -170,7 +220,7 @@ class CaptureEvent:
 class RankBye:
     """Sent by ``rankhook.shutdown()``: the rank left on purpose (not stalled).
 
-    Example: ``{"kind": "bye", "v": 1, "job_id": "j1", "rank": 3, "step": 500, "ts_unix_s": 1764500900.0}``
+    Example: ``{"kind": "bye", "v": 2, "job_id": "j1", "rank": 3, "step": 500, "ts_unix_s": 1764500900.0}``
     """
 
     job_id: str
@@ -190,7 +240,7 @@ class NodeHeartbeat:
 
     Example::
 
-        {"kind": "node_heartbeat", "v": 1, "node_id": "node1", "hostname": "node1", "pid": 900,
+        {"kind": "node_heartbeat", "v": 2, "node_id": "node1", "hostname": "node1", "pid": 900,
          "ts_unix_s": 1764500000.0, "started_unix_s": 1764400000.0,
          "counters": {"received": 1000, "rejected": 2, "relayed": 998, "dropped": 0}}
 
@@ -219,8 +269,8 @@ class NodeBatch:
 
     Example::
 
-        {"kind": "node_batch", "v": 1, "node_id": "node1", "hostname": "node1", "seq": 17,
-         "ts_unix_s": 1764500000.1, "messages": [{"kind": "step", "v": 1, "job_id": "j1", ...}]}
+        {"kind": "node_batch", "v": 2, "node_id": "node1", "hostname": "node1", "seq": 17,
+         "ts_unix_s": 1764500000.1, "messages": [{"kind": "step", "v": 2, "job_id": "j1", ...}]}
     """
 
     node_id: str
@@ -255,14 +305,14 @@ class NodeCommand:
     command_id: str
     args: dict[str, Any] = field(default_factory=dict)
     kind: Literal["node_command"] = "node_command"
-    v: int = SCHEMA_VERSION
+    v: int = 1  # unchanged in version 2 and still sent as 1, so a version-1 node obeys a newer coordinator
 
 
 @dataclass(frozen=True, slots=True)
 class NodeAck:
     """Node -> coordinator result of a :class:`NodeCommand`.
 
-    Example: ``{"kind": "node_ack", "v": 1, "node_id": "node1", "command_id": "w-3", "ok": true,
+    Example: ``{"kind": "node_ack", "v": 2, "node_id": "node1", "command_id": "w-3", "ok": true,
     "detail": "", "result": {"mtime_s": 1764500001}}``
     """
 
@@ -284,7 +334,7 @@ class NodeJobIdCollision:
     ``uid_mismatch`` (another uid: a squatted job id). ``owner_uid`` and ``owner_*`` paths are the first job's;
     ``uid``, ``pid``, ``rank`` and the paths the claimant's (from the ipc peer credentials and its hello).
 
-    Example: ``{"kind": "node_job_id_collision", "v": 1, "node_id": "node1", "hostname": "node1", "job_id": "j1",
+    Example: ``{"kind": "node_job_id_collision", "v": 2, "node_id": "node1", "hostname": "node1", "job_id": "j1",
     "reason": "paths_changed", "owner_uid": 1000, "uid": 1000, "pid": 4242, "rank": 0, "refused": 1, ...}``
     """
 

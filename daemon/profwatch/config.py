@@ -117,7 +117,11 @@ class CoordinatorSettings(MetricsEndpoint):
     window_steps: int = Field(1000, ge=10, le=100_000)
     node_timeout_s: float = Field(10.0, gt=0, le=86400)
     tick_interval_s: float = Field(0.2, gt=0, le=10)
-    registry_flush_s: float = Field(2.0, gt=0, le=3600)
+    registry_flush_s: float = Field(2.0, gt=0, le=3600, description="the registry rows whose identity changed (hello, "
+                                    "bye, node) are stored this often")
+    registry_full_flush_s: float = Field(
+        60.0, gt=0, le=3600, description="every rank's per-step fields (last step, step time, last heard) are "
+                                         "stored this often and on shutdown; a crash loses at most this much of them")
     allowed_prof_roots: list[Path] = Field(default_factory=list, description="where rank dirs may be read")
     allowed_config_roots: list[Path] = Field(default_factory=list, description="where the coordinator may write configs")
     config_writer: Literal["coordinator", "node"] = Field(

@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 import zmq
 
+from profwatch.adapters.clock import monotonic_s
 from profwatch.adapters.outputs.alert_sinks import AlertSinks
 from profwatch.adapters.outputs.metrics import DaemonMetrics
 from profwatch.adapters.outputs.sd_notify import SdNotifier
@@ -51,7 +52,7 @@ from profwatch.core.fleet.generations import GenerationOpened
 from profwatch.core.fleet.job_end import EndedJobs, JobEndTracker
 from profwatch.core.fleet.peers import NodeRoutes
 from profwatch.core.fleet.registry import GenerationPending, Registry, RegistryError
-from profwatch.core.fleet.registry_state import HelloOutcome, JobState, jobs_from_rows, registry_rows
+from profwatch.core.fleet.registry_state import HelloOutcome, JobState, changed_rows, jobs_from_rows, registry_rows
 from profwatch.core.messages import MessageRejected, parse_node_message
 from profwatch.logsetup import OncePerKind
 from rankhook import wire
@@ -161,6 +162,7 @@ class Coordinator:
         self._storage_failed: float | None = None  # when the current storage_failed alert was raised
         self._flushed_generation: dict[str, int] = {}  # job -> generation whose rank rows the store holds
         self._peer_logged: dict[tuple[str, str], float] = {}
+        self._arrival_s = monotonic_s()  # the current batch's arrival on the monotonic clock (detectors' stall checks)
         self.counters = {"received": 0, "rejected": 0, "batches": 0, "lost_batches": 0, "events": 0}
         self.results: queue.Queue[Callable[[], None]] = queue.Queue()
         self._restore_registry()
@@ -219,12 +221,29 @@ class Coordinator:
             last = data.get("last_report_unix_s")
             self._ended.mark(job_id, gen, float(last) if isinstance(last, (int, float)) else 0.0)
 
-    def _flush_registry(self) -> None:
-        jobs, ranks, nodes = registry_rows(self.registry.jobs.values(), self.registry.nodes.values())
-        reset = [j.job_id for j in self.registry.jobs.values()
-                 if self._flushed_generation.get(j.job_id, j.generation) != j.generation]
-        self.state.save_registry(jobs, ranks, nodes, reset_ranks_of=reset)
-        self._flushed_generation = {j.job_id: j.generation for j in self.registry.jobs.values()}
+    def _flush_registry(self, full: bool = True) -> None:
+        """Write the registry's rows. ``full``: every job, rank and node with its per-step fields (last step, step
+        time, last heard), at ``registry_full_flush_s`` and on shutdown; else only the records whose identity
+        changed since the last flush (hello, bye, new rank or node, a new generation: its rank rows are replaced),
+        every ``registry_flush_s``: work proportional to what changed, not to the ranks. Raises what the store
+        raises; the changes are then kept for the next flush."""
+        reg = self.registry
+        changed = reg.take_changes()
+        try:
+            reset = [j.job_id for j in reg.jobs.values()
+                     if self._flushed_generation.get(j.job_id, j.generation) != j.generation]
+            if full:
+                jobs, ranks, nodes = registry_rows(reg.jobs.values(), reg.nodes.values())
+            else:
+                jobs, ranks, nodes = changed_rows(reg.jobs, reg.nodes, changed, reset)
+            if jobs or ranks or nodes or reset:
+                self.state.save_registry(jobs, ranks, nodes, reset_ranks_of=reset)
+        except BaseException:
+            reg.changed_jobs |= changed[0]
+            reg.changed_ranks |= changed[1]
+            reg.changed_nodes |= changed[2]
+            raise
+        self._flushed_generation = {j.job_id: j.generation for j in reg.jobs.values()}
 
     # -- events -------------------------------------------------------------------------------------------------
     def emit(self, type_: str, job_id: str | None, data: dict[str, Any], event_id: str | None = None) -> dict[str, Any] | None:
@@ -296,6 +315,7 @@ class Coordinator:
         cs = self.settings.coordinator
         poller = self._poller()
         next_tick = next_flush = next_expiry = 0.0
+        next_full = time.time() + cs.registry_full_flush_s
         self.captures.start()
         self.notifier.ready("serving")
         try:
@@ -322,8 +342,11 @@ class Coordinator:
                     self._expire(now)
                 if now >= next_flush:
                     next_flush = now + cs.registry_flush_s
+                    full = now >= next_full
+                    if full:
+                        next_full = now + cs.registry_full_flush_s
                     try:
-                        self._flush_registry()
+                        self._flush_registry(full)
                     except Exception as exc:  # noqa: BLE001 - a failed flush is retried at the next period
                         if self._once.first(f"flush:{type(exc).__name__}"):
                             log.exception("registry_flush_failed", error=repr(exc))
@@ -362,8 +385,9 @@ class Coordinator:
     def _tick(self, now: float) -> None:
         self.metrics.queue_depth.labels("results").set(self.results.qsize())
         try:
+            heard = monotonic_s()  # the clock of the arrival times the detectors were given (_arrival_s)
             for det in list(self.detectors.values()):
-                for an in det.tick(now):
+                for an in det.tick(heard):
                     self._on_anomaly(an, now)
             self.captures.tick(now)
             self._tick_jobs_and_sinks(now)
@@ -377,8 +401,7 @@ class Coordinator:
         self.sinks.tick(now)
         if now >= self._next_observe:  # once a second: O(ranks)
             self._next_observe = now + 1.0
-            last = {j.job_id: max((r.seen_unix_s for r in j.ranks.values()), default=0.0)
-                    for j in self.registry.jobs.values()}
+            last = {j.job_id: j.heard_unix_s for j in self.registry.jobs.values()}  # kept on ingest: O(jobs)
             if len(self._ended):
                 self._ended.revive_reporting({(j.job_id, j.generation): last[j.job_id]
                                               for j in self.registry.jobs.values()})
@@ -390,7 +413,7 @@ class Coordinator:
                 self.registry.note_ended(end.job_id, now)
                 self.captures.on_job_ended(end.job_id, now)
                 self.captures.episodes.close_job(end.job_id, now, "job_ended")
-            rows = self.registry.gauge_rows(now, cs.node_timeout_s)  # not the status snapshot: O(ranks), no medians
+            rows = self.registry.gauge_rows(now, cs.node_timeout_s)  # not the status snapshot: bounded per job
             active = {j for j, t in last.items() if now - t < cs.job_end_after_s}
             self.metrics.observe_state(rows["jobs"], rows["nodes"], active, self.state.capture_state_summary(), now)
 
@@ -453,6 +476,7 @@ class Coordinator:
             for b in bad:
                 self._reject(b, node_id)
             now = time.time()
+            self._arrival_s = monotonic_s()  # when the batch arrived, for the stall checks (a wall step moves nothing)
             if verdict.old_route is not None:
                 log.warning("node_connection_replaced", node_id=node_id, key=key, detail=verdict.detail,
                             note="the previous connection was told to reconnect")
@@ -534,7 +558,7 @@ class Coordinator:
                     if judged:
                         self._detect(job, judged, node_id, now)
                         judged = []
-                    opened = reg.note_restart(job, rank, now)
+                    opened = reg.note_restart(job, rank, now, m.peer_pid)
                     if opened is not None:
                         self._on_generation(opened, now)
                 if rank.gen == job.generation:  # else a worker of an older generation not restarted yet
@@ -547,7 +571,7 @@ class Coordinator:
 
     def _detect(self, job: JobState, reports: list[Any], node_id: str, now: float) -> None:
         """Hand the job's detector (created at its first step) step reports that arrived at ``now``, acting on each
-        anomaly as it comes (stalls are judged from this arrival time). An anomaly whose handling fails is counted
+        anomaly as it comes (stalls are judged from the batch's arrival on the monotonic clock, ``_arrival_s``). An anomaly whose handling fails is counted
         (``internal_errors``) and the reports after it are still judged; a detector that fails is counted and the
         rest of these reports is not judged (where it stopped inside them is not known: none is judged twice)."""
         i, n = 0, len(reports)
@@ -556,7 +580,7 @@ class Coordinator:
                 det = self.detectors.get(job.job_id) or self._detector_for(job.job_id, job.world_size)
                 if det is None:
                     return
-                i, anomalies = det.observe_many(reports, now, i)
+                i, anomalies = det.observe_many(reports, self._arrival_s, i)
             except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
                 self._message_failed(exc, reports[min(i, n - 1)], node_id, now)
                 return

@@ -42,6 +42,7 @@ pub_bind = "tcp://127.0.0.1:{self.ports['pub']}"
 state_db = "{root / 'state.db'}"
 work_dir = "{root / 'work'}"
 registry_flush_s = 0.5
+registry_full_flush_s = 0.5
 metrics_port = {self.ports['metrics']}
 [node]
 coordinator = "tcp://127.0.0.1:{self.ports['ingest']}"

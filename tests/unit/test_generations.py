@@ -247,3 +247,26 @@ def test_a_job_found_ended_opens_a_generation_of_the_same_shape_at_its_next_repo
     assert (g.ranks, g.nodes) == ((2,), ("n1",)) and job.ended_unix_s is None
     assert {r.gen for r in job.ranks.values()} == {1}  # every rank's reports are judged in the new generation
     assert reg.resume_after_end(job, 901.0, 3, "n1") is None  # once per end
+
+
+def test_steps_going_back_are_credited_to_the_sending_process_not_to_the_ranks_hellos() -> None:
+    """Adversarial finding: one process, sending no hello, moved the step counters of ranks 0 and 1 back and opened
+    a generation, because each report was credited to its rank's last hello (two processes). A report carries the
+    process the node attested for its connection (``peer_pid``): one process is one vote, with or without a
+    hello; a second process makes the quorum."""
+    reg = job_of(4, 1)
+    job = reg.jobs["j"]
+    for r in (0, 1, 3):
+        _rank, restarted = reg.step_of(job, dataclasses.replace(step(r, 1), peer_pid=4242), 60.0, "n0")
+        assert restarted and reg.note_restart(job, job.ranks[r], 60.0, 4242) is None
+    assert job.generation == 0
+    _rank, restarted = reg.step_of(job, dataclasses.replace(step(2, 1), peer_pid=5000), 61.0, "n0")
+    g = reg.note_restart(job, job.ranks[2], 61.0, 5000)
+    assert g is not None and g.reason == "steps_went_back" and job.generation == 1
+    # without an attested sender (tcp, a version-1 node) the rank's hello process stands in, as before
+    reg2 = job_of(4, 1)
+    job2 = reg2.jobs["j"]
+    for r in (0, 1):
+        reg2.step_of(job2, step(r, 1), 60.0, "n0")
+        opened = reg2.note_restart(job2, job2.ranks[r], 60.0, None)
+    assert opened is not None and job2.generation == 1

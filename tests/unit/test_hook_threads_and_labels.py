@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,24 @@ def test_mode_role_work_are_on_the_wire_and_validate(node: _Node, caplog: pytest
         assert (msg.mode, msg.role) == ("serving", "pp1")
     assert parse_rank_message(json.dumps(steps[0])).work == 2048.0
     assert len([r for r in caplog.records if "step(work=" in r.getMessage()]) == 1
+
+
+def test_step_times_travel_as_integer_microseconds(node: _Node) -> None:
+    """Wire version 2: ``rankhook.step()`` formats no float (``step_time_us``, ``ts_unix_us`` are integers); the
+    node's reading gives the seconds back to the microsecond."""
+    hook = _hook(node)
+    try:
+        t0 = time.time()
+        time.sleep(0.02)
+        hook.step()
+        raw = wait_for(lambda: node.kinds("step"))[0]
+    finally:
+        hook.close()
+    assert raw["v"] == wire.SCHEMA_VERSION == 2 and "step_time_s" not in raw and "ts_unix_s" not in raw
+    assert type(raw["step_time_us"]) is int and type(raw["ts_unix_us"]) is int
+    msg = parse_rank_message(json.dumps(raw))
+    assert isinstance(msg, wire.StepReport) and msg.step_time_s == raw["step_time_us"] / 1e6 >= 0.015
+    assert t0 <= msg.ts_unix_s <= time.time()
 
 
 def test_default_hook_sends_no_labels(node: _Node) -> None:

@@ -89,7 +89,7 @@ VALUE_REFUSED = [
     (_step(work=1e16), "bad_value"), (_step(mode=""), "bad_value"), (_step(mode="a b"), "bad_value"),
     (_step(mode="training\n"), "bad_value"), (_step(role="a" * 65), "bad_value"), (_step(role="\u00e9"), "bad_value"),
     (_step(job_id="../etc"), "bad_job_id"), (_step(job_id="j1\n"), "bad_job_id"), (_step(job_id=""), "bad_job_id"),
-    (_step(job_id="x" * 129), "bad_job_id"), (_step(v=2), "bad_version"),
+    (_step(job_id="x" * 129), "bad_job_id"), (_step(v=3), "bad_version"),
     (_hello(rank=4), "bad_rank"), (_hello(world_size=0, rank=0), "bad_rank"), (_hello(world_size=2**21), "bad_rank"),
     (_hello(pid=0), "bad_value"), (_hello(pid=2**70), "bad_value"), (_hello(hostname="h\x1b[2J"), "bad_value"),
     (_hello(hostname="h" * 300), "bad_value"), (_hello(versions={f"k{i}": "v" for i in range(100)}), "bad_value"),
@@ -166,7 +166,7 @@ def test_unusual_spellings_get_the_same_answer(element: bytes) -> None:
 
 @pytest.mark.parametrize("envelope", [
     {"node_id": "../x"}, {"node_id": ""}, {"node_id": "n1\n"}, {"hostname": "h\x1b]0;x\x07"}, {"hostname": "h" * 300},
-    {"seq": -1}, {"seq": "1"}, {"seq": 2**70}, {"ts_unix_s": 1e12}, {"ts_unix_s": "1"}, {"v": 2}, {"kind": "node_heartbeat"},
+    {"seq": -1}, {"seq": "1"}, {"seq": 2**70}, {"ts_unix_s": 1e12}, {"ts_unix_s": "1"}, {"v": 3}, {"kind": "node_heartbeat"},
     {"extra": {"a": [1, 2]}}, {"hostname": None},
 ], ids=range(14))
 def test_hostile_envelopes_get_the_same_answer(envelope: dict[str, Any]) -> None:
@@ -177,7 +177,7 @@ def test_hostile_envelopes_get_the_same_answer(envelope: dict[str, Any]) -> None
         assert fast[0] == "raised"
 
 
-@pytest.mark.parametrize("v", [2, 0, -1, 2**70, None, "1", 1.0, "missing"], ids=range(8))
+@pytest.mark.parametrize("v", [3, 0, -1, 2**70, None, "1", 1.0, "missing"], ids=range(8))
 def test_a_batch_of_another_protocol_version_is_refused_as_a_message_is(v: Any) -> None:
     """The envelope's ``v`` is checked as each message's: another version, or none, refuses the whole batch (its
     messages would be read with the wrong schema); a value of the wrong type is a schema error."""
@@ -189,8 +189,9 @@ def test_a_batch_of_another_protocol_version_is_refused_as_a_message_is(v: Any) 
     assert fast == general and fast[0] == "raised"
     assert fast[1] == ("bad_version" if isinstance(v, int) and not isinstance(v, bool) or v == "missing"
                        else "bad_schema")
-    ok_fast, ok_general = _both(_batch(None, v=1))
-    assert ok_fast == ok_general and ok_fast[0] != "raised"
+    for accepted in (1, 2):  # version 1 (a node not upgraded yet) and 2 (wire.ACCEPTED_VERSIONS)
+        ok_fast, ok_general = _both(_batch(None, v=accepted))
+        assert ok_fast == ok_general and ok_fast[0] != "raised"
 
 
 @pytest.mark.parametrize("raw", [b"", b"{}", b"[]", b"garbage", b"[" * 200_000, b'{"kind":"node_batch"}',

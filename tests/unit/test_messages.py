@@ -40,7 +40,7 @@ def test_round_trip_every_rank_kind() -> None:
         (b"not json", "bad_json"),
         (json.dumps([1]).encode(), "bad_schema"),
         (json.dumps({"kind": "teleport", "v": 1}).encode(), "unknown_kind"),
-        (json.dumps(_step(v=2)).encode(), "bad_version"),
+        (json.dumps(_step(v=3)).encode(), "bad_version"),
         (json.dumps(_step(job_id="../etc")).encode(), "bad_job_id"),
         (json.dumps(_step(rank=-1)).encode(), "bad_rank"),
         (json.dumps(_step(step_time_s=-0.1)).encode(), "bad_value"),

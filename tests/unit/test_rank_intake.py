@@ -86,3 +86,27 @@ def test_a_new_shape_of_a_job_drops_its_older_cached_hellos_so_a_reregistration_
     assert ("j", 1) in intake.hellos and ("j", 0) in intake.hellos  # the newer shape is never dropped by an older
     intake.accept(hello(rank=1, world_size=2, restart_count=2), 1000, 4.0)
     assert {k: json.loads(v)["world_size"] for k, v in intake.hellos.items() if k[0] == "j"} == {("j", 1): 2}
+
+
+def test_a_version_2_step_in_integer_microseconds_is_relayed_as_seconds_with_its_sender() -> None:
+    """The hook's version-2 step report (``step_time_us``, ``ts_unix_us``) is read exactly to the microsecond and
+    relayed in the coordinator's form, stamped with the attested sender; a version-1 report (floats) is still
+    taken, and stamped too; what a rank writes as ``peer_pid`` is overwritten."""
+    v2 = (b'{"job_id":"j","rank":1,"step":7,"step_time_us":412345,"ts_unix_us":1764500042500001,'
+          b'"kind":"step","v":2}')
+    msg, data = RankIntake().accept(v2, 1000, 0.0, 4321)
+    relayed = json.loads(data)
+    assert (msg.step_time_s, msg.ts_unix_s, msg.peer_pid) == (0.412345, 1764500042.500001, 4321)
+    assert (relayed["step_time_s"], relayed["peer_pid"], relayed["v"]) == (0.412345, 4321, 2)
+    assert "step_time_us" not in relayed
+    v1 = (b'{"job_id":"j","rank":1,"step":8,"step_time_s":0.4,"ts_unix_s":1764500043.0,"peer_pid":7,'
+          b'"kind":"step","v":1}')
+    msg, data = RankIntake().accept(v1, 1000, 0.0, 4321)
+    assert msg.peer_pid == 4321 and json.loads(data)["peer_pid"] == 4321 and json.loads(data)["v"] == 1
+    msg, data = RankIntake().accept(v1, None, 0.0, None)  # tcp: nothing attested, nothing kept
+    assert msg.peer_pid is None and json.loads(data)["peer_pid"] is None
+    for bad, reason in ((b'"step_time_us":-1', "bad_value"), (b'"step_time_us":1.5', "bad_schema"),
+                        (b'"step_time_us":true', "bad_schema"), (b'"step_time_us":604800000001', "bad_value")):
+        with pytest.raises(MessageRejected) as ei:
+            RankIntake().accept(v2.replace(b'"step_time_us":412345', bad), 1000, 0.0, 4321)
+        assert ei.value.reason == reason, bad

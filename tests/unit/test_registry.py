@@ -167,3 +167,51 @@ def test_recent_times_reads_the_ring_as_items_would(capacity: int) -> None:
         w.append(s, s / 8)  # exact in float32
     with pytest.raises(ValueError):
         w.recent_times(0)
+
+
+def test_only_identity_changes_are_recorded_for_the_frequent_flush() -> None:
+    """Hellos, byes, new ranks and nodes are changes the 2 s flush writes; step reports are not (the slow full flush
+    writes their fields), so a steady job costs that flush nothing however many ranks it has."""
+    from profwatch.core.fleet.registry_state import changed_rows
+
+    reg = Registry(window_steps=100)
+    reg.touch_node("n0", "h0", 1.0)
+    for r in range(4):
+        reg.hello(hello(r), "n0", 1.0)
+    jobs, ranks, nodes = reg.take_changes()
+    assert (jobs, ranks, nodes) == ({"j"}, {("j", r) for r in range(4)}, {"n0"})
+    job = reg.jobs["j"]
+    for s in range(1, 6):
+        assert reg.step_run(job, [step(r, s) for r in range(4)], 0, 2.0 + s, "n0", []) == 4
+    reg.touch_node("n0", "h0", 9.0)
+    assert reg.take_changes() == (set(), set(), set())
+    reg.bye(wire.RankBye(job_id="j", rank=2, step=5, ts_unix_s=9.0), 9.0, "n0")
+    changed = reg.take_changes()
+    assert changed == (set(), {("j", 2)}, set())
+    job_rows, rank_rows, node_rows = changed_rows(reg.jobs, reg.nodes, changed, reset=())
+    assert job_rows == [] and node_rows == [] and [(r[1], r[7], r[10]) for r in rank_rows] == [(2, 5, 1)]
+    # a new generation replaces the job's rank rows: every rank of it is written
+    _j, all_ranks, _n = changed_rows(reg.jobs, reg.nodes, (set(), set(), set()), reset=["j"])
+    assert sorted(r[1] for r in all_ranks) == [0, 1, 2, 3]
+    # records gone since (expired) are skipped
+    assert changed_rows({}, {}, ({"j"}, {("j", 1)}, {"n0"}), reset=["j"]) == ([], [], [])
+
+
+def test_gauge_fields_kept_on_ingest_follow_restarts_byes_and_returns() -> None:
+    reg = Registry(window_steps=100)
+    for r in range(4):
+        reg.hello(hello(r), f"n{r // 2}", 1.0)
+    job = reg.jobs["j"]
+    for s in range(1, 11):
+        reg.step_run(job, [step(r, s) for r in range(2)], 0, 2.0, "n0", [])
+        reg.step_run(job, [step(r, s) for r in range(2, 4)], 0, 2.0, "n1", [])
+    assert reg.gauge_rows(3.0)["jobs"][0]["furthest_step"] == 10 == job.furthest_step()
+    assert job.last_heard_unix_s() == 2.0
+    for r in range(4):  # every rank's counter goes back: the furthest step goes down with them
+        reg.step(step(r, 1), 4.0, f"n{r // 2}")
+    assert reg.gauge_rows(4.0)["jobs"][0]["furthest_step"] == 1 == job.furthest_step()
+    reg.bye(wire.RankBye(job_id="j", rank=3, step=1, ts_unix_s=5.0), 5.0, "n1")
+    assert reg.gauge_rows(5.0)["jobs"][0]["ranks_live"] == 3
+    reg.step_run(job, [step(3, 2)], 0, 6.0, "n1", [])  # back after its bye
+    g = reg.gauge_rows(6.0)["jobs"][0]
+    assert (g["ranks_live"], g["furthest_step"]) == (4, 2) and job.last_heard_unix_s() == 6.0

@@ -73,3 +73,46 @@ def test_restart_gap_is_not_a_stall() -> None:
     sc = replace(BASE, steps=200, restart_after_step=150, restart_steps=150, restart_gap_s=60.0, cv=0.02)
     found, _ = run(generate_telemetry(sc), 8, QUICK)
     assert found == []
+
+
+class _CountingProgress:
+    """A :class:`RankProgress` that counts the per-rank reads a stall check makes."""
+
+    def __init__(self, world: int) -> None:
+        self.reads = 0
+        self.steps = [0] * world
+        self.furthest_step: int | None = 0
+        self.epoch = 0
+        self.epoch_start_arrival_s = 0.0
+        outer = self
+
+        class _Seq(list):  # type: ignore[type-arg]
+            def __getitem__(self, i):  # type: ignore[no-untyped-def]
+                outer.reads += 1
+                return list.__getitem__(self, i)
+
+        self.last_step = _Seq(self.steps)
+        self.rank_epoch = _Seq([0] * world)
+
+
+def test_a_stall_check_reads_only_the_ranks_that_fell_silent() -> None:
+    """The deadline queue: ranks that keep reporting cost a check nothing, whatever the world size; a silent rank
+    is judged when it falls silent and again only when the furthest step moves."""
+    from profwatch.core.detection.stalls import ArrivalStallDetector
+
+    world = 4096
+    det = ArrivalStallDetector("j", world, DetectionSettings(stall_after_s=10.0, stall_steps_behind=5))
+    prog = _CountingProgress(world)
+    for t in range(1, 40):
+        for r in range(world):
+            if r != 7 or t < 5:  # rank 7 stops after t=4
+                det.on_arrival(r, float(t))
+                prog.last_step[r] = t  # type: ignore[index]
+        prog.furthest_step = t
+        before = prog.reads
+        found = det.check(prog, float(t) + 0.5)
+        assert prog.reads - before <= 8, (t, prog.reads - before)  # a few reads of rank 7, never O(world)
+        if t == 14:
+            assert [a.ranks for a in found] == [(7,)] and found[0].detail["steps_behind"] == {7: 10}
+        else:
+            assert found == [], t

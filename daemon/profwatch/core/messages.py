@@ -11,8 +11,10 @@ into a :class:`MessageRejected` with a short ``reason`` code used for counters a
 - **Physical bounds**: finite, non-negative times; a step shorter than :data:`MAX_STEP_TIME_S`; timestamps before
   :data:`MAX_TS_UNIX_S`; ``0 <= rank < world_size <= MAX_WORLD_SIZE``; bounded string lengths and dict sizes
   (:data:`MAX_TEXT`, :data:`MAX_PATH`, :data:`MAX_ENTRIES`), no NUL characters; safe ``job_id`` and ``node_id``.
-- **Protocol version**: a rank message's ``v``, and a node message's envelope's, is ``wire.SCHEMA_VERSION`` (a node
-  batch must name it: its messages are read with that schema), else reason ``bad_version``: a batch whole.
+- **Protocol version**: a rank message's ``v``, and a node message's envelope's, is one of
+  ``wire.ACCEPTED_VERSIONS`` (a node batch must name it: its messages are read with that schema), else reason
+  ``bad_version``: a batch whole. A version-2 step report in the hook's form (integer microseconds,
+  :class:`rankhook.wire.StepReportUs`) is read into a :class:`rankhook.wire.StepReport` (:func:`parse_rank_message`).
 - **Batches** are split, never dropped whole: a batch that fails as a whole is decoded element by element
   (:func:`parse_node_message`), each bad message is counted, every good one is kept.
 
@@ -68,6 +70,8 @@ CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
 """C0 and C1 control characters and DEL (ESC and CSI start terminal escape sequences)."""
 MAX_CAPTURED_STEPS = 10_000
 UTF8_BOM = b"\xef\xbb\xbf"
+_MAX_STEP_TIME_US = int(MAX_STEP_TIME_S * 1_000_000)
+_MAX_TS_UNIX_US = int(MAX_TS_UNIX_S * 1_000_000)
 MAX_RESYNC = 100
 """Unreadable messages skipped inside one batch before the rest of it is given up (and counted)."""
 
@@ -106,6 +110,8 @@ _TypedBatch = make_dataclass(
 )
 _typed_batch_adapter: TypeAdapter[Any] = TypeAdapter(_TypedBatch)
 _command_adapter: TypeAdapter[wire.NodeCommand] = TypeAdapter(wire.NodeCommand)
+_step_us_adapter: TypeAdapter[wire.StepReportUs] = TypeAdapter(wire.StepReportUs)
+_ACCEPTED = wire.ACCEPTED_VERSIONS
 
 _KNOWN_RANK_KINDS = {"hello", "step", "capture", "bye"}
 _KNOWN_NODE_KINDS = {"node_heartbeat", "node_batch", "node_ack", "node_job_id_collision"}
@@ -214,8 +220,8 @@ def check_rank_message(msg: Any) -> Any:
 
     Hot path of the coordinator (called once per step report): plain comparisons, job ids memoised.
     """
-    if msg.v != wire.SCHEMA_VERSION:
-        raise MessageRejected("bad_version", f"v={msg.v}, expected {wire.SCHEMA_VERSION}")
+    if msg.v not in _ACCEPTED:
+        raise MessageRejected("bad_version", f"v={msg.v}, expected one of {sorted(_ACCEPTED)}")
     if not _job_id_ok(msg.job_id):
         raise MessageRejected("bad_job_id", repr(msg.job_id[:80]))
     if not 0 <= msg.rank < MAX_WORLD_SIZE:
@@ -246,6 +252,8 @@ def check_rank_message(msg: Any) -> Any:
             raise MessageRejected("bad_value", f"work={msg.work!r} must be finite, >= 0 and <= {wire.MAX_WORK:g}")
         if msg.mode is not None or msg.role is not None:
             _check_labels(msg)
+        if msg.peer_pid is not None and not 0 < msg.peer_pid < 2**32:
+            raise MessageRejected("bad_value", f"peer_pid={msg.peer_pid}")
     elif kind == "hello":
         if not 1 <= msg.world_size <= MAX_WORLD_SIZE or msg.rank >= msg.world_size:
             raise MessageRejected("bad_rank", f"rank={msg.rank} world_size={msg.world_size} (max {MAX_WORLD_SIZE})")
@@ -301,17 +309,21 @@ def _rejected_from(exc: ValidationError, known: set[str], data: bytes | str) -> 
     kind = raw.get("kind")
     if kind not in known:
         return MessageRejected("unknown_kind", repr(kind)[:60])
-    if raw.get("v", wire.SCHEMA_VERSION) != wire.SCHEMA_VERSION:
+    if raw.get("v", wire.SCHEMA_VERSION) not in _ACCEPTED:
         return MessageRejected("bad_version", f"v={raw.get('v')!r}")
     loc = ".".join(str(p) for p in first.get("loc", ()))
     return MessageRejected("bad_schema", f"{loc}: {first.get('msg', '')}"[:200])
 
 
-def parse_rank_message(raw: bytes | str | dict[str, Any]) -> Any:
+def parse_rank_message(raw: bytes | str | dict[str, Any], peer_pid: int | None = None) -> Any:
     """Validate one rank message given as UTF-8 JSON bytes (or str, or an already decoded dict); return the wire
     dataclass instance.
 
     A dict is re-serialised first, so the same strict JSON rules apply to it (its lone surrogates are refused).
+    A version-2 step report in the hook's form (``step_time_us``, ``ts_unix_us``: integers) is returned as the
+    :class:`rankhook.wire.StepReport` it stands for, stamped with ``peer_pid`` (the node's attested pid of the
+    sender; None where the transport gives none); a step report in the relayed form keeps the ``peer_pid`` it
+    carries (the caller, a node daemon, overwrites it).
 
     Raises:
         MessageRejected: reason ``bad_encoding``, ``bad_json``, ``bad_schema``, ``unknown_kind``, ``bad_version``,
@@ -322,6 +334,16 @@ def parse_rank_message(raw: bytes | str | dict[str, Any]) -> Any:
             raw = json.dumps(raw)
         except (ValueError, TypeError, RecursionError) as exc:
             raise MessageRejected("bad_schema", str(exc)[:120]) from None
+    if (b'"step_time_us"' if isinstance(raw, bytes) else '"step_time_us"') in raw:  # type: ignore[operator]
+        try:
+            us = _step_us_adapter.validate_json(raw, strict=True)
+        except (ValidationError, ValueError, RecursionError):
+            pass  # not the hook's form after all (the text was inside a string): the general rules decide
+        else:
+            if not (0 <= us.step_time_us <= _MAX_STEP_TIME_US and 0 <= us.ts_unix_us <= _MAX_TS_UNIX_US):
+                raise MessageRejected("bad_value", f"step_time_us={us.step_time_us} ts_unix_us={us.ts_unix_us} must "
+                                      f"be >= 0 and <= {_MAX_STEP_TIME_US} / {_MAX_TS_UNIX_US}")
+            return check_rank_message(us.report(peer_pid))
     try:
         msg = _rank_adapter.validate_json(raw, strict=True)
     except ValidationError as exc:
@@ -335,8 +357,8 @@ def parse_rank_message(raw: bytes | str | dict[str, Any]) -> Any:
 def _check_envelope(env: Any) -> None:
     """The value rules of a node message's envelope (a batch's messages are checked one by one apart). Its protocol
     version first, as a rank message's (:func:`check_rank_message`). Raises :class:`MessageRejected`."""
-    if env.v != wire.SCHEMA_VERSION:
-        raise MessageRejected("bad_version", f"v={env.v}, expected {wire.SCHEMA_VERSION}")
+    if env.v not in _ACCEPTED:
+        raise MessageRejected("bad_version", f"v={env.v}, expected one of {sorted(_ACCEPTED)}")
     if not node_id_ok(env.node_id):
         raise MessageRejected("bad_node_id", repr(env.node_id[:80]))
     _check_name(getattr(env, "hostname", None), "hostname")
@@ -546,6 +568,6 @@ def parse_node_command(data: bytes) -> wire.NodeCommand:
         raise MessageRejected("bad_schema", str(exc.errors()[0].get("msg", ""))[:200]) from None
     except (ValueError, RecursionError) as exc:
         raise MessageRejected("bad_json", str(exc)[:120]) from None
-    if cmd.v != wire.SCHEMA_VERSION:
+    if cmd.v not in _ACCEPTED:
         raise MessageRejected("bad_version", f"v={cmd.v}")
     return cmd

@@ -8,8 +8,8 @@ the coordinator received its last report and compares it with the coordinator's 
 from __future__ import annotations
 
 import math
-
-import numpy as np
+from collections import OrderedDict
+from collections.abc import Iterable
 
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly, RankProgress
@@ -40,14 +40,25 @@ class ArrivalStallDetector:
         detection (separate timeouts for "no progress") and MegaScale's heartbeat-based hang detection
         (Jiang et al., NSDI'24).
 
-        Cost: O(world_size) numpy per check; nothing per report beyond one list store.
+        Cost: nothing per check for ranks that keep reporting. A deadline queue (ranks in order of their last
+        arrival, an ``OrderedDict``: O(1) to move a rank to the back on a report, O(1) to take the oldest) yields
+        only the ranks silent for ``stall_after_s``; those are judged when they fall silent and again only when
+        what decides changes (the furthest step or the epoch), or, for a rank not yet silent long enough by the
+        current settings or in its epoch's grace, at each check until it is. A check costs O(ranks that fell
+        silent), a report O(1). Arrivals are expected in order (the coordinator's monotonic clock); one that is
+        earlier than the latest so far is queued as if it came with the latest (a stall is then reported at most
+        that disorder late, never early).
     """
 
     def __init__(self, job_id: str, world_size: int, settings: DetectionSettings) -> None:
         self.job_id = job_id
         self.world_size = world_size
         self.settings = settings
-        self._arrival: list[float] = [-math.inf] * world_size
+        self._queue: OrderedDict[int, float] = OrderedDict()  # rank -> last arrival; oldest first (deadline order)
+        self._latest = -math.inf  # the latest arrival queued (the queue's order)
+        self._silent: dict[int, float] = {}  # rank -> arrival: silent ranks not reported, waiting on what decides
+        self._recheck: set[int] = set()  # silent ranks whose time (or epoch grace) has not come: judged each check
+        self._key: tuple[int, int, float] | None = None  # (furthest, epoch, epoch start) the silent were judged at
         self._left: set[int] = set()
         self._stalled: set[int] = set()
 
@@ -57,13 +68,22 @@ class ArrivalStallDetector:
         return frozenset(self._stalled)
 
     def update_settings(self, settings: DetectionSettings) -> None:
-        """Swap thresholds (no learned state depends on them)."""
+        """Swap thresholds (no learned state depends on them; the silent ranks are judged again)."""
         self.settings = settings
+        self._key = None
 
     def on_arrival(self, rank: int, arrival_unix_s: float) -> None:
         """Record that a report of ``rank`` arrived at ``arrival_unix_s``; clears its stalled/left marks."""
         if 0 <= rank < self.world_size:
-            self._arrival[rank] = arrival_unix_s
+            q = self._queue
+            if rank in q:
+                q.move_to_end(rank)
+            q[rank] = arrival_unix_s
+            if arrival_unix_s > self._latest:
+                self._latest = arrival_unix_s
+            if self._silent:
+                self._silent.pop(rank, None)
+                self._recheck.discard(rank)
             if self._stalled:
                 self._stalled.discard(rank)
             if self._left:
@@ -74,6 +94,8 @@ class ArrivalStallDetector:
         if 0 <= rank < self.world_size:
             self._left.add(rank)
             self._stalled.discard(rank)
+            self._silent.pop(rank, None)
+            self._recheck.discard(rank)
 
     def check(self, progress: RankProgress, now_unix_s: float) -> list[Anomaly]:
         """Return one ``stalled_rank`` anomaly naming the newly stalled ranks at ``now_unix_s``, or ``[]``."""
@@ -81,21 +103,49 @@ class ArrivalStallDetector:
         if furthest is None:
             return []
         s = self.settings
-        last_step = np.asarray(progress.last_step, dtype=np.int64)
-        arrival = np.asarray(self._arrival, dtype=np.float64)
-        epoch = np.asarray(progress.rank_epoch, dtype=np.int64)
-        seen = np.isfinite(arrival)
-        behind = furthest - last_step
-        current = epoch == progress.epoch
-        since = np.where(current, arrival, np.maximum(arrival, progress.epoch_start_arrival_s))
-        silent = (now_unix_s - since) >= s.stall_after_s
-        cand = seen & silent & ((current & (behind >= s.stall_steps_behind)) | ~current)
-        idx = [int(r) for r in np.flatnonzero(cand).tolist() if r not in self._left and r not in self._stalled]
+        q = self._queue
+        cutoff = now_unix_s - s.stall_after_s
+        fresh: list[int] = []
+        while q:
+            rank, t = next(iter(q.items()))
+            if t > cutoff:
+                break
+            q.popitem(last=False)
+            if rank not in self._left:
+                self._silent[rank] = t
+                fresh.append(rank)
+        key = (furthest, progress.epoch, progress.epoch_start_arrival_s)
+        if key != self._key:
+            self._key = key
+            judge: Iterable[int] = list(self._silent)
+        else:
+            judge = fresh + sorted(self._recheck)
+        last_step, rank_epoch, epoch = progress.last_step, progress.rank_epoch, progress.epoch
+        idx: list[int] = []
+        arrival: dict[int, float] = {}
+        for r in judge:
+            at = self._silent.get(r)
+            if at is None:
+                continue
+            current = rank_epoch[r] == epoch
+            since = at if current else max(at, progress.epoch_start_arrival_s)
+            if now_unix_s - since < s.stall_after_s:
+                self._recheck.add(r)  # its time comes without anything else changing
+                continue
+            self._recheck.discard(r)
+            if current and furthest - last_step[r] < s.stall_steps_behind:
+                continue  # waits for the furthest step (or the epoch) to move
+            del self._silent[r]
+            if r not in self._stalled:
+                idx.append(r)
+                arrival[r] = at
         if not idx:
             return []
+        idx.sort()
         self._stalled.update(idx)
+        current_of = {r: rank_epoch[r] == epoch for r in idx}
         detail = {"last_step": {r: int(last_step[r]) for r in idx},
-                  "steps_behind": {r: int(behind[r]) if current[r] else None for r in idx},
+                  "steps_behind": {r: int(furthest - last_step[r]) if current_of[r] else None for r in idx},
                   "silent_s": {r: round(float(now_unix_s - arrival[r]), 3) for r in idx},
                   "furthest_step": furthest, "clock": "coordinator_arrival"}
         return [Anomaly("stalled_rank", self.job_id, furthest, tuple(idx), 1.0, detail)]

@@ -47,7 +47,8 @@ class RankIntake:
     def accept(self, payload: bytes, uid: int | None, now: float, pid: int | None = None) -> tuple[Any, bytes]:
         """Validate one rank message; return ``(typed message, bytes to relay)``. ``uid``/``pid``: the sending
         process's credentials from the transport (None where it gives none); a hello carries them as
-        ``peer_uid``/``peer_pid``, whatever the rank wrote there.
+        ``peer_uid``/``peer_pid``, a step report as ``peer_pid`` (the process its step counter is credited to),
+        whatever the rank wrote there.
 
         Raises:
             JobIdCollision: the sending process claims a job id another job owns here (its ``collision`` says
@@ -57,7 +58,9 @@ class RankIntake:
         """
         if len(payload) > wire.MAX_MESSAGE_BYTES:
             raise MessageRejected("oversize", f"{len(payload)} bytes > {wire.MAX_MESSAGE_BYTES} (uid {uid})")
-        msg = parse_rank_message(payload)
+        msg = parse_rank_message(payload, peer_pid=pid)
+        if msg.kind == "step" and msg.peer_pid != pid:  # a version-1 report, or a rank that wrote one itself
+            msg = dataclasses.replace(msg, peer_pid=pid)
         if uid is not None:
             paths = (msg.profiler_config_path, msg.prof_root) if msg.kind == "hello" else None
             self.pins.check(msg.job_id, uid, pid, now, kind=msg.kind, rank=msg.rank, paths=paths,

@@ -82,6 +82,11 @@ class Registry:
         self.rank_count = 0
         self._node_jobs: dict[str, set[str]] = {}  # node_id -> jobs with a rank bound to it
         self._node_ranks: dict[str, int] = {}  # node_id -> rank records bound to it
+        # what the state store's rows miss since the last flush (:meth:`take_changes`): identities only; the
+        # per-step fields (last step, step time, last heard) are written by the slow full flush
+        self.changed_jobs: set[str] = set()
+        self.changed_ranks: set[tuple[str, int]] = set()
+        self.changed_nodes: set[str] = set()
 
     # -- nodes ------------------------------------------------------------------------------------------------
     def touch_node(self, node_id: str, hostname: str, now: float) -> tuple[NodeState, bool]:
@@ -96,6 +101,7 @@ class Registry:
             if len(self.nodes) >= self.limits.max_nodes:
                 raise RegistryError("too_many_nodes", f"{len(self.nodes)} nodes tracked (limits.max_nodes)")
             node = self.nodes[node_id] = NodeState(node_id=node_id, hostname=hostname)
+            self.changed_nodes.add(node_id)
         node.last_seen_unix_s = now
         return node, new
 
@@ -113,6 +119,8 @@ class Registry:
         node, new = self.touch_node(hb.node_id, hb.hostname, now)
         if node.started_unix_s and hb.started_unix_s != node.started_unix_s:
             node.last_seq = -1  # the node daemon restarted: its seq starts again
+        if node.pid != hb.pid or node.started_unix_s != hb.started_unix_s or node.hostname != hb.hostname:
+            self.changed_nodes.add(node.node_id)
         node.pid = hb.pid
         node.started_unix_s = hb.started_unix_s
         node.counters = dict(hb.counters)
@@ -253,6 +261,10 @@ class Registry:
         r.peer_pid = msg.peer_pid
         r.torch_npu = msg.versions.get("torch_npu", "")[:64]
         r.mode, r.role = msg.mode, msg.role
+        job.heard_unix_s = max(job.heard_unix_s, now)
+        job.gauge_stale = True
+        self.changed_ranks.add((job.job_id, r.rank))
+        self.changed_jobs.add(job.job_id)
         job.backend = msg.backend
         job.started_unix_s = max(job.started_unix_s, msg.ts_unix_s)
         if len(job.versions) < 64:
@@ -292,16 +304,23 @@ class Registry:
             ranks=tuple(sorted(claim.counted)), nodes=tuple(sorted({claim.hellos[r][0] for r in claim.counted})),
             opened_unix_s=now, admitted=tuple(admitted), refused=tuple(refused))
 
-    def note_restart(self, job: JobState, r: RankState, now: float) -> GenerationOpened | None:
+    def note_restart(self, job: JobState, r: RankState, now: float, sender_pid: int | None = None
+                     ) -> GenerationOpened | None:
         """``r``'s step counter went back (:meth:`step` said ``restarted``). When a quorum of distinct processes
-        (:func:`~profwatch.core.fleet.generations.process_key`: the process of each rank's hello) did so within the
-        claim window, open a generation of the same shape (launchers without restart counts: a requeue) and return
-        it; a rank of an older generation just joins the current one."""
+        did so within the claim window, open a generation of the same shape (launchers without restart counts: a
+        requeue) and return it; a rank of an older generation just joins the current one.
+
+        The process a report is credited to (:func:`~profwatch.core.fleet.generations.process_key`): the sender of
+        the step report that went back, ``sender_pid`` (the report's ``peer_pid``, which the node attests from the
+        connection; the sender cannot choose it), so one process sending for several ranks is one vote, with or
+        without a hello; where no node attested it (tcp, a version-1 node), the process of the rank's hello."""
         if r.gen < job.generation:
             r.gen = job.generation
             return None
         job.claims.expire(now)
-        if job.claims.note_restart(r.rank, process_key(r.node_id, r.peer_pid, r.pid), now) < quorum(
+        who = (process_key(r.node_id, sender_pid, 0) if sender_pid is not None
+               else process_key(r.node_id, r.peer_pid, r.pid))
+        if job.claims.note_restart(r.rank, who, now) < quorum(
                 job.world_size, job.world_size):
             return None  # fewer distinct processes than the quorum: one process is one vote
         ranks = tuple(sorted(x for x in job.claims.restarts if x in job.ranks))
@@ -346,6 +365,7 @@ class Registry:
         job.generation_since_unix_s = now
         job.ended_unix_s = None  # a new generation is live
         job.claims.clear()
+        job.gauge_stale = True  # the caller records the job as changed (its rank rows are rewritten: a reset)
 
     def _release_ranks(self, job: JobState) -> None:
         """Forget the job's rank records and their node bindings (expiry, or a new generation)."""
@@ -358,6 +378,7 @@ class Registry:
                 if not jobs:
                     del self._node_jobs[r.node_id]
         job.ranks.clear()
+        job.gauge_stale = True
 
     def _check_new_job(self, node_id: str, uid: int | None = None) -> None:
         if len(self.jobs) >= self.limits.max_jobs_total:
@@ -384,6 +405,8 @@ class Registry:
                                         gen=job.generation)
         self.rank_count += 1
         self._count_rank(node_id, job.job_id, +1)
+        job.gauge_stale = True
+        self.changed_ranks.add((job.job_id, rank))
         return r
 
     def _count_rank(self, node_id: str, job_id: str, delta: int) -> None:
@@ -416,6 +439,7 @@ class Registry:
     def _bind(self, r: RankState, job_id: str, node_id: str) -> None:
         old = r.node_id
         r.node_id = node_id
+        self.changed_ranks.add((job_id, r.rank))
         self._count_rank(node_id, job_id, +1)
         self._count_rank(old, job_id, -1)
         if old and old != node_id:
@@ -430,6 +454,8 @@ class Registry:
             job.pinned_paths = (job.profiler_config_path, job.prof_root)
         self.jobs[job.job_id] = job
         self.rank_count += len(job.ranks)
+        job.heard_unix_s = max((r.seen_unix_s for r in job.ranks.values()), default=job.heard_unix_s)
+        job.gauge_stale = True
         for r in job.ranks.values():
             r.gen = job.generation
             self._count_rank(r.node_id, job.job_id, +1)
@@ -503,7 +529,13 @@ class Registry:
         restarted = msg.step < r.last_step
         if restarted:
             r.window.clear()  # type: ignore[union-attr]
+            job.gauge_stale = True  # the furthest step may go down
+        elif r.left:
+            job.gauge_stale = True  # back after a bye: live again
         _record(r, msg, now)
+        job.heard_unix_s = now
+        if msg.step > job.furthest:
+            job.furthest = msg.step
         return r, restarted
 
     def step_run(self, job: JobState, msgs: Sequence[Any], start: int, now: float, node_id: str | None,
@@ -521,18 +553,27 @@ class Registry:
         keep = current.append
         n = len(msgs)
         i = start
+        furthest = job.furthest
         while i < n:
             m = msgs[i]
             if m.kind != "step" or m.job_id != job_id:
                 break
             rank = m.rank
             r = ranks.get(rank) if rank < ws else None
-            if r is None or (node_id is not None and r.node_id != node_id and r.node_id) or m.step < r.last_step:
+            step = m.step
+            if r is None or (node_id is not None and r.node_id != node_id and r.node_id) or step < r.last_step:
                 break
+            if r.left:
+                job.gauge_stale = True  # back after a bye: live again
             _record(r, m, now)
+            if step > furthest:
+                furthest = step
             if r.gen == gen:
                 keep(m)
             i += 1
+        if i > start:
+            job.heard_unix_s = now
+            job.furthest = furthest
         return i
 
     def bye(self, msg: wire.RankBye, now: float, node_id: str | None = None) -> None:
@@ -541,6 +582,19 @@ class Registry:
         if r is not None:
             r.left = True
             r.seen_unix_s = now
+            job = self.jobs[msg.job_id]
+            job.heard_unix_s = max(job.heard_unix_s, now)
+            job.gauge_stale = True
+            self.changed_ranks.add((msg.job_id, r.rank))
+
+    def take_changes(self) -> tuple[set[str], set[tuple[str, int]], set[str]]:
+        """The jobs, ranks ``(job_id, rank)`` and nodes whose identity changed since the last call (a hello, a bye,
+        a new rank or node, a rank moved to another node, a node daemon restarted), and forget them: what the
+        frequent registry flush writes. Ids of records gone since (expired) may be among them."""
+        out = (self.changed_jobs, self.changed_ranks, self.changed_nodes)
+        self.changed_jobs, self.changed_ranks, self.changed_nodes = set(), set(), set()
+        return out
+
     def gauge_rows(self, now: float, node_timeout_s: float = 10.0) -> dict[str, Any]:
         """The gauges' view (:func:`profwatch.core.fleet.registry_state.gauge_rows`): cheap, built every second."""
         return gauge_rows(self.jobs.values(), self.nodes.values(), now, node_timeout_s)

@@ -60,14 +60,20 @@ class JobState:
     claims: GenerationClaims = field(default_factory=GenerationClaims)
     collided_nodes: dict[str, float] = field(default_factory=dict)  # node id -> when another job claimed this id there
     warnings: dict[str, str] = field(default_factory=dict)  # what may go wrong, by topic (status shows it); in memory
+    heard_unix_s: float = 0.0  # latest time any rank was heard, kept on ingest (the max of the ranks' seen_unix_s)
+    furthest: int = -1  # highest step any rank reported, kept on ingest (recomputed after a counter went back)
+    gauge_stale: bool = True  # ranks joined, left or restarted since the gauge fields below were computed
+    ranks_live: int = 0  # ranks that did not leave (valid while not gauge_stale)
+    rank_drops: int = 0  # sum of the ranks' cumulative drop counts (idem)
+    gauge_sample: list[RankState] = field(default_factory=list)  # <= GAUGE_SAMPLE ranks the median gauge reads
 
     @property
     def shape(self) -> Shape:
         return Shape(self.world_size, self.restart_count)
 
     def last_heard_unix_s(self) -> float:
-        """Latest time any rank of the job was heard (0.0 when none)."""
-        return max((r.seen_unix_s for r in self.ranks.values()), default=self.first_seen_unix_s)
+        """Latest time any rank of the job was heard (``first_seen_unix_s`` when none): O(1), kept on ingest."""
+        return max(self.heard_unix_s, self.first_seen_unix_s)
 
     def furthest_step(self) -> int:
         """Highest step any rank reported (-1 before any)."""
@@ -167,28 +173,40 @@ def snapshot(jobs: Iterable[JobState], nodes: Iterable[NodeState], now: float,
     return {"jobs": out, "nodes": nodes_out}
 
 
+GAUGE_SAMPLE = 512
+"""The job step-time gauge is the median of the latest step time of at most this many ranks, evenly spaced by
+rank (all of them up to this size): a gauge read once a second need not touch 16k ranks to be right to a few %."""
+
+
+def _refresh_gauge_fields(job: JobState) -> None:
+    """Recompute what changes only when ranks join, leave, restart or say hello (O(ranks), rare)."""
+    ranks = sorted(job.ranks.values(), key=lambda r: r.rank)
+    job.ranks_live = sum(1 for r in ranks if not r.left)
+    job.rank_drops = sum(r.dropped for r in ranks)
+    job.furthest = max((r.last_step for r in ranks), default=-1)
+    stride = max(1, -(-len(ranks) // GAUGE_SAMPLE))
+    job.gauge_sample = ranks[::stride]
+    job.gauge_stale = False
+
+
 def gauge_rows(jobs: Iterable[JobState], nodes: Iterable[NodeState], now: float,
                node_timeout_s: float = 10.0) -> dict[str, Any]:
-    """What the coordinator's gauges need, once a second, in O(ranks) plain attribute reads (no per-rank medians,
-    no per-rank rows: :func:`snapshot` is built only when ``status`` asks).
+    """What the coordinator's gauges need, once a second, in work bounded per job (no per-rank rows:
+    :func:`snapshot` is built only when ``status`` asks): the counts kept on ingest, recomputed in O(ranks) only
+    after ranks joined, left, restarted or said hello (``JobState.gauge_stale``), and a median over at most
+    :data:`GAUGE_SAMPLE` ranks.
 
     Shape: ``{"jobs": [{"job_id", "ranks_live" (ranks that did not leave), "median_step_time_s" (median over the
-    ranks of their latest step time, s; None before any step), "furthest_step" (-1 before any), "rank_drops" (sum
-    of the ranks' cumulative drop counts), "generation"}], "nodes": [{"node_id", "down"}]}``."""
+    ranks of their latest step time, s, sampled as :data:`GAUGE_SAMPLE` says; None before any step),
+    "furthest_step" (-1 before any), "rank_drops" (sum of the ranks' cumulative drop counts), "generation"}],
+    "nodes": [{"node_id", "down"}]}``."""
     out = []
     for job in jobs:
-        live = 0
-        furthest = -1
-        drops = 0
-        latest: list[float] = []
-        for r in job.ranks.values():
-            live += not r.left
-            furthest = max(furthest, r.last_step)
-            drops += r.dropped
-            if r.window is not None and len(r.window):
-                latest.append(r.last_step_time_s)
-        out.append({"job_id": job.job_id, "ranks_live": live, "median_step_time_s": median(latest),
-                    "furthest_step": furthest, "rank_drops": drops, "generation": job.generation})
+        if job.gauge_stale:
+            _refresh_gauge_fields(job)
+        latest = [r.last_step_time_s for r in job.gauge_sample if r.window is not None and len(r.window)]
+        out.append({"job_id": job.job_id, "ranks_live": job.ranks_live, "median_step_time_s": median(latest),
+                    "furthest_step": job.furthest, "rank_drops": job.rank_drops, "generation": job.generation})
     return {"jobs": out, "nodes": [{"node_id": n.node_id, "down": now - n.last_seen_unix_s > node_timeout_s}
                                    for n in nodes]}
 
@@ -228,10 +246,37 @@ def registry_rows(jobs: Iterable[JobState], nodes: Iterable[NodeState]
             "first_seen_unix_s": job.first_seen_unix_s, "started_unix_s": job.started_unix_s,
             "versions": json.dumps(job.versions), "generation": job.generation, "restart_count": job.restart_count,
         })
-        rank_rows += [(job.job_id, r.rank, r.hostname, r.node_id, r.pid, r.local_rank, r.backend, r.last_step,
-                       r.last_step_time_s, r.seen_unix_s, int(r.left)) for r in job.ranks.values()]
+        rank_rows += _rank_rows(job, job.ranks.values())
     node_rows = [(n.node_id, n.hostname, n.pid, n.last_seen_unix_s, json.dumps(n.counters)) for n in nodes]
     return job_rows, rank_rows, node_rows
+
+
+def changed_rows(jobs: Mapping[str, JobState], nodes: Mapping[str, NodeState],
+                 changed: tuple[Iterable[str], Iterable[tuple[str, int]], Iterable[str]], reset: Iterable[str]
+                 ) -> tuple[list[dict[str, Any]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """:func:`registry_rows` of the records that changed (``(job ids, (job id, rank) pairs, node ids)``, as
+    :meth:`profwatch.core.fleet.registry.Registry.take_changes` gives them; ids no longer held are skipped) and of
+    every rank of the jobs in ``reset`` (a new generation: the store's rank rows of those jobs are replaced)."""
+    job_ids, rank_keys, node_ids = changed
+    reset = set(reset)
+    pick_jobs = [jobs[j] for j in sorted(set(job_ids) | reset) if j in jobs]
+    job_rows, _none, _ = registry_rows(pick_jobs, ())
+    rank_rows: list[tuple[Any, ...]] = []
+    for j in sorted(reset):
+        if j in jobs:
+            rank_rows += _rank_rows(jobs[j], jobs[j].ranks.values())
+    for job_id, rank in sorted(rank_keys):
+        job = jobs.get(job_id)
+        r = job.ranks.get(rank) if job is not None and job_id not in reset else None
+        if r is not None:
+            rank_rows += _rank_rows(job, (r,))  # type: ignore[arg-type]
+    _j, _r, node_rows = registry_rows((), [nodes[n] for n in sorted(node_ids) if n in nodes])
+    return job_rows, rank_rows, node_rows
+
+
+def _rank_rows(job: JobState, ranks: Iterable[RankState]) -> list[tuple[Any, ...]]:
+    return [(job.job_id, r.rank, r.hostname, r.node_id, r.pid, r.local_rank, r.backend, r.last_step,
+             r.last_step_time_s, r.seen_unix_s, int(r.left)) for r in ranks]
 
 
 def jobs_from_rows(jobs: Iterable[Mapping[str, Any]], ranks: Iterable[Mapping[str, Any]],

@@ -1,0 +1,59 @@
+"""The registry's rows in the state store (a real coordinator object, its real SQLite store): the frequent flush
+writes only the records whose identity changed; the per-step fields reach the store at the slow full flush and on
+shutdown, and a restart restores them (the 2 s flush once upserted every rank row, linear in ranks)."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+from profwatch.config import load_settings
+from profwatch.coordinator import Coordinator
+from rankhook import wire
+from tests.integration.live_stack import free_port, loopback_coordinator
+
+
+def _coordinator(root: Path) -> Coordinator:
+    ports = {k: free_port() for k in ("ingest", "control", "pub")}
+    return Coordinator(load_settings(None, coordinator=loopback_coordinator(root, ports)))
+
+
+def _rows(root: Path) -> dict[int, tuple[int, int]]:
+    """rank -> (last_step, left) as stored."""
+    with closing(sqlite3.connect(root / "state.db")) as db:
+        return {r: (s, left) for r, s, left in db.execute("SELECT rank, last_step, left FROM ranks")}
+
+
+def test_frequent_flush_writes_identity_changes_and_the_full_flush_the_step_fields(tmp_path: Path) -> None:
+    coord = _coordinator(tmp_path)
+    try:
+        reg = coord.registry
+        reg.touch_node("n0", "h0", 1.0)
+        for r in range(3):
+            reg.hello(wire.RankHello(job_id="j", rank=r, local_rank=r, world_size=3, hostname="h0", pid=100 + r,
+                                     backend="torch", ts_unix_s=1.0), "n0", 1.0)
+        coord._flush_registry(full=False)
+        assert _rows(tmp_path) == {0: (-1, 0), 1: (-1, 0), 2: (-1, 0)}
+        job = reg.jobs["j"]
+        for s in range(1, 21):
+            reg.step_run(job, [wire.StepReport("j", r, s, 0.1, 2.0) for r in range(3)], 0, 2.0, "n0", [])
+        coord._flush_registry(full=False)
+        assert _rows(tmp_path) == {0: (-1, 0), 1: (-1, 0), 2: (-1, 0)}  # steps alone: nothing written
+        reg.bye(wire.RankBye(job_id="j", rank=1, step=20, ts_unix_s=3.0), 3.0, "n0")
+        coord._flush_registry(full=False)
+        assert _rows(tmp_path) == {0: (-1, 0), 1: (20, 1), 2: (-1, 0)}  # the bye, with that rank's fields
+        coord._flush_registry(full=True)
+        assert _rows(tmp_path) == {0: (20, 0), 1: (20, 1), 2: (20, 0)}
+        for s in range(21, 31):
+            reg.step_run(job, [wire.StepReport("j", r, s, 0.1, 4.0) for r in (0, 2)], 0, 4.0, "n0", [])
+    finally:
+        coord.close()  # shutdown writes everything
+    assert _rows(tmp_path) == {0: (30, 0), 1: (20, 1), 2: (30, 0)}
+    again = _coordinator(tmp_path)
+    try:
+        job = again.registry.jobs["j"]
+        assert {r.rank: r.last_step for r in job.ranks.values()} == {0: 30, 1: 20, 2: 30}
+        assert job.last_heard_unix_s() == 4.0 and job.furthest_step() == 30
+    finally:
+        again.close()
