@@ -3,7 +3,7 @@ returns, typed, and the narrow callable the episode and reference desks arm thro
 
 :class:`ArmResult` is the plan the arm made (or would make, for a dry run), what it covers and who writes it, and
 either the capture it opened or why it was refused (:class:`ArmRefusal`: a capture holds the job's config slot).
-The ``arm`` control command's JSON reply is built from it by :func:`arm_reply` (``docs/cli.md``: ``profwatch arm``).
+The ``arm`` control command's JSON reply is built from it by :func:`arm_reply` (``profwatch arm``; README.md).
 Refusals that are not about the slot (unknown job, paths, ranks or nodes not ready, nothing to plan on) are
 raised by the arm as ``ControlError`` before a plan exists.
 """
