@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 
 from profwatch.commands.replay import ReplayConfig, replay_lines
 from profwatch.core.arming.policy import ArmingSettings
+from profwatch.core.capture.planner import CaptureSettings, spike_hold
 from profwatch.core.detection.job_detector import DetectionSettings, JobDetector
 from profwatch.core.detection.regression import StepTimeRegressionDetector
 from profwatch.core.detection.types import FinalizedStep
@@ -44,7 +45,7 @@ from rankhook.wire import StepReport
 
 
 def _feed(sc: TelemetryScenario, settings: DetectionSettings) -> list[tuple[str, int, dict[str, Any]]]:
-    det = JobDetector(sc.job_id, sc.world_size, settings)
+    det = JobDetector(sc.job_id, sc.world_size, settings, hold=spike_hold(CaptureSettings()))
     out: list[tuple[str, int, dict[str, Any]]] = []
     for rec in iter_telemetry(sc):
         rep = StepReport(sc.job_id, rec["rank"], rec["step"], rec["step_time_s"], rec["ts_unix_s"],
@@ -170,7 +171,7 @@ def bench_cost(args: argparse.Namespace, settings: DetectionSettings) -> None:
             for r in range(world):
                 st = {"compute": comp[r], "comm": 0.1} if with_stages else None
                 reports.append(StepReport("big", r, k, 0.5 * g, 1e9 + 0.5 * k, st))
-        det = JobDetector("big", world, settings)
+        det = JobDetector("big", world, settings, hold=spike_hold(CaptureSettings()))
         t0 = time.perf_counter()
         for rep in reports:
             det.observe(rep, rep.ts_unix_s)

@@ -1,4 +1,5 @@
-"""profwatch daemons: node relay, coordinator, CLI (import name ``profwatch``; the source folder is ``daemon/``).
+"""profwatch daemons: node relay, coordinator, CLI (import name ``profwatch``, in the source root ``daemon/`` so that it
+never collides with python-daemon's ``daemon``; ``docs/architecture.md#layout-where-each-concern-lives``).
 
 ``__version__`` is looked up on first use (``rankhook/version.py``: the distribution's metadata, or the source
 tree's ``pyproject.toml``), so ``import profwatch`` stays standard library only.

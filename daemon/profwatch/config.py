@@ -3,7 +3,10 @@
 Loaded once in ``daemon/profwatch/cli.py`` and passed down. Env overrides use ``__`` between levels, e.g.
 ``PROFWATCH_COORDINATOR__CONTROL_BIND=tcp://127.0.0.1:9712``. Unknown keys are errors (``extra="forbid"``).
 Each feature's own settings model lives next to its logic, in a module importable without that logic's heavy
-dependencies (``daemon/profwatch/core/*_settings.py``, ``msprof_plan.MsprofSettings``), and is composed here: importing
+dependencies (``daemon/profwatch/core/<concern>/settings.py`` for detection, batches, alerts, arming and verdict;
+``profwatch.core.capture.planner.CaptureSettings``, ``profwatch.core.changes.reference.ReferenceSettings``,
+``profwatch.core.fleet.limits.LimitSettings``, ``profwatch.core.access.SecuritySettings``,
+``profwatch.core.verdict.msprof_plan.MsprofSettings``), and is composed here: importing
 this module (every ``profwatch`` command does) must not import numpy, pandas or the analysis stack
 (``tests/unit/test_import_weight.py``). ``systemd/profwatch.toml`` is the annotated example.
 """

@@ -47,6 +47,7 @@ from profwatch.core.alerts.event_types import (
     TYPE_STORAGE_RECOVERED,
 )
 from profwatch.core.alerts.events import collision_data, collision_event_id, make_cloudevent
+from profwatch.core.capture.planner import spike_hold
 from profwatch.core.detection.job_detector import Anomaly, JobDetector
 from profwatch.core.fleet.generations import GenerationOpened
 from profwatch.core.fleet.job_end import EndedJobs, JobEndTracker
@@ -646,7 +647,7 @@ class Coordinator:
                             ranks_with_detectors=self._detector_ranks, limit=self.settings.limits.max_ranks_total,
                             note="limits.max_ranks_total reached: the job is tracked, not analysed for anomalies")
             return None
-        det = JobDetector(job_id, world_size, self.settings.detection, capture=self.settings.capture)
+        det = JobDetector(job_id, world_size, self.settings.detection, hold=spike_hold(self.settings.capture))
         self.detectors[job_id] = det
         self._detector_ranks += world_size
         return det

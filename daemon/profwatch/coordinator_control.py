@@ -11,6 +11,7 @@ import structlog
 import zmq
 
 from profwatch.adapters.zmq import control
+from profwatch.arming.port import arm_reply
 from profwatch.core.access import AccessDenied, authorize
 from profwatch.core.capture.planner import CaptureRequest
 from profwatch.core.capture.report import describe
@@ -202,7 +203,7 @@ class ControlCommands:
                                  in_steps=in_steps)
         except ValueError as exc:  # pydantic: wrong types
             raise control.ControlError("bad_request", str(exc)) from None
-        return self.captures.arm(job_id, req, time.time(), dry_run=self._flag_arg("dry_run", dry_run))
+        return arm_reply(self.captures.arm(job_id, req, time.time(), dry_run=self._flag_arg("dry_run", dry_run)))
 
     def _cmd_cancel(self, job_id: Any = None, capture_id: Any = None) -> list[dict[str, Any]]:
         """Cancel a capture (``profwatch cancel``): its profiler_config.json is written back idle.

@@ -6,6 +6,11 @@ back to ``none``), ``after_step(step)`` at the end of every ``rankhook.step()`` 
 resume (``dp.set_state({"cur_step": N})``) and ``close()`` at shutdown (bounded flush).
 Backends emit :class:`~rankhook.wire.CaptureEvent` through ``emit`` from their own background thread, never from
 the step path; ``emit`` must be thread-safe and non-blocking (the hook's publisher is).
+
+A deliberate circle with ``rankhook/backends/torch_backend.py`` and ``torch_npu_backend.py``: they take the
+interface (``Emit``, ``EventQueue``) from here, and :func:`select_backend` here imports the one asked for lazily,
+inside the call, so that a rank never imports torch or torch_npu for a backend it does not use (``none`` imports
+neither). Moving the selector elsewhere would only add a module the hook must know besides this one.
 """
 
 from __future__ import annotations

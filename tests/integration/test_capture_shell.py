@@ -15,6 +15,7 @@ import pytest
 from profwatch.adapters.fs.config_writer import ConfigIdleNotNeeded
 from profwatch.adapters.store.state import StateStore
 from profwatch.adapters.zmq.control import ControlError
+from profwatch.arming.port import ArmResult, arm_reply
 from profwatch.captures.shell import CaptureShell
 from profwatch.config import load_settings
 from profwatch.core.batches.completeness import BatchState, RankDirState
@@ -177,7 +178,8 @@ class World:
         return cap.state if cap is not None else None
 
     def arm(self, **kw: Any) -> dict:
-        return self.shell.arm("j1", CaptureRequest(job_id="j1", reason="test", **kw), self.now)
+        """The ``arm`` control command's reply (``arm_reply`` of the shell's typed result)."""
+        return arm_reply(self.shell.arm("j1", CaptureRequest(job_id="j1", reason="test", **kw), self.now))
 
     def close(self) -> None:
         self.shell.close()
@@ -463,21 +465,27 @@ def test_an_arm_before_any_step_time_is_measured_is_refused_not_planned_on_a_gue
                                         prof_root=str(w.tmp / "prof")), "n1", w.now)
     for dry_run in (True, False):
         with pytest.raises(ControlError) as ei:
-            w.shell.arm("j2", CaptureRequest(job_id="j2", reason="test"), w.now, dry_run=dry_run)
+            w.shell.arm("j2", CaptureRequest(job_id="j2", reason="test"), w.now, dry_run=dry_run)  # raised, not typed
         assert ei.value.code == "bad_request" and "step time not measured" in ei.value.message
     assert not w.store.captures("j2") and not w.writes
     w.registry.step(wire.StepReport(job_id="j2", rank=0, step=1, step_time_s=0.5, ts_unix_s=w.now), w.now)
-    assert w.shell.arm("j2", CaptureRequest(job_id="j2", reason="test"), w.now)["step_time_s"] == 0.5
+    assert w.shell.arm("j2", CaptureRequest(job_id="j2", reason="test"), w.now).step_time_s == 0.5
 
 
 def test_dry_run_agrees_with_the_refusal_and_names_the_blocker(world) -> None:
     w = world()
     first = w.arm()
-    dry = w.shell.arm("j1", CaptureRequest(job_id="j1", reason="x"), w.now, dry_run=True)
+    dry = arm_reply(w.shell.arm("j1", CaptureRequest(job_id="j1", reason="x"), w.now, dry_run=True))
     assert dry["refused"]["blocking_capture"] == first["capture_id"] and dry["refused"]["code"] == "conflict"
     with pytest.raises(ControlError) as ei:
         w.arm()
     assert ei.value.message == dry["refused"]["message"]
+    # the typed result the desks read: a refused real arm opens nothing and says why, without raising
+    before = len(w.store.captures("j1"))
+    res = w.shell.arm("j1", CaptureRequest(job_id="j1", reason="x"), w.now)
+    assert isinstance(res, ArmResult) and res.capture is None and not res.dry_run
+    assert res.refused is not None and res.refused.code == "conflict" and res.refused.message == dry["refused"]["message"]
+    assert res.refused.blocking_capture == first["capture_id"] and len(w.store.captures("j1")) == before
 
 
 def test_observe_mode_counts_would_arms_so_the_cooldown_applies_as_in_act_mode(world) -> None:

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.skipif(shutil.which(resolve_command(MsprofSettings().co
 CHILD = r"""
 import json, sys
 from pathlib import Path
-from profwatch.adapters.tools.msprof_runner import MsprofRunner, MsprofSettings, run_msprof_analysis
+from profwatch.adapters.tools.msprof_analysis import run_msprof_analysis
+from profwatch.adapters.tools.msprof_runner import MsprofRunner, MsprofSettings
 with MsprofRunner(MsprofSettings(advisor=False, timeout_s=180)) as runner:
     ev = run_msprof_analysis(Path(sys.argv[1]), Path(sys.argv[2]), runner=runner, world_size=4)
 print(json.dumps({k: [v.status, v.detail] for k, v in ev.recipes.items()}))

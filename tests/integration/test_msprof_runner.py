@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from profwatch.adapters.tools.msprof_runner import MsprofRunner, MsprofSettings, resolve_command, run_msprof_analysis
+from profwatch.adapters.tools.msprof_analysis import run_msprof_analysis
+from profwatch.adapters.tools.msprof_runner import MsprofRunner, MsprofSettings, resolve_command
 from profwatch.core.verdict.evidence import ClusterEvidence
 from profwatch.simulate import ascend_tree as at
 

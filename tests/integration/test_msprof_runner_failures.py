@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from profwatch.adapters.tools.msprof_runner import MsprofRunner, MsprofSettings, run_msprof_analysis
+from profwatch.adapters.tools.msprof_analysis import run_msprof_analysis
+from profwatch.adapters.tools.msprof_runner import MsprofRunner, MsprofSettings
 from profwatch.core.verdict.evidence import ClusterEvidence
 from profwatch.simulate.ascend_tree import generate_cluster
 from tests.conftest import kill_group_in, wait_for

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from profwatch.arming.port import arm_reply
 from profwatch.core.capture.lifecycle import CaptureState
 from profwatch.core.capture.planner import CaptureRequest
 from tests.integration.test_capture_shell import T0, World, _complete_batch
@@ -85,7 +86,7 @@ def test_an_episode_arm_cancels_the_reference_and_starts_after_its_window(steady
     cid = _reference_armed(w)
     assert w.shell._slot_held_for_episodes("j1") is False  # an episode never waits for a reference
     ref = w.store.get_capture(cid)
-    dry = w.shell.arm("j1", CaptureRequest(job_id="j1", reason="step_regression"), w.now, dry_run=True)
+    dry = arm_reply(w.shell.arm("j1", CaptureRequest(job_id="j1", reason="step_regression"), w.now, dry_run=True))
     assert "refused" not in dry and w.state(cid) is CaptureState.WRITTEN  # a dry run cancels nothing
     w.now += 1
     plan = w.arm()

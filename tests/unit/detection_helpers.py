@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from profwatch.core.capture.planner import CaptureSettings, spike_hold
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
 from rankhook.wire import StepReport
 
@@ -21,7 +22,7 @@ def run(records: Iterable[dict[str, Any]], world_size: int, settings: DetectionS
         det: JobDetector | None = None) -> tuple[list[Anomaly], JobDetector]:
     """Feed records in order, each arriving at its ``ts_unix_s`` (or ``arrival_s`` when present); tick once per
     second of arrival time (as the coordinator does)."""
-    det = det or JobDetector("sim", world_size, settings)
+    det = det or JobDetector("sim", world_size, settings, hold=spike_hold(CaptureSettings()))
     out: list[Anomaly] = []
     last_tick = float("-inf")
     for rec in records:

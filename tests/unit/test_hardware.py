@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from profwatch.adapters.tools.own_tables_reader import read_aicore_freq, read_rank_aicore, read_rank_tables
-from profwatch.core.changes.hardware import FreqSummary, below_peers, frequency_changes, summarise_freq
+from profwatch.core.changes.comparison import frequency_changes
+from profwatch.core.changes.hardware import FreqSummary, below_peers, summarise_freq
 
 S = 1_000_000_000  # ns per second
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from profwatch.adapters.zmq.control import ControlError
+from profwatch.arming.port import ArmPort, refusal_text
 from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_SUSPECT_RANKS
 from profwatch.core.arming.episodes import Episode, JobEpisodes
 from profwatch.core.arming.policy import ArmHistory, ArmingPolicy, capture_request
@@ -30,8 +31,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("profwatch.captures.episodes")
 RUN_EVERY_S = 1.0
 """How often (seconds) each job's episodes are judged and its queue run between reports."""
-ArmFn = Callable[..., dict[str, Any]]
-"""``arm(job_id, request, now, dry_run=False) -> plan view``; raises ``ControlError`` (the capture shell's ``arm``)."""
 
 
 def waited_ranks(cap: lc.Capture, waited_for: Any) -> tuple[int, ...]:
@@ -62,14 +61,15 @@ class EpisodeDesk:
         jobs: the registry's job map (read only).
         detectors: the detectors' view (stalled ranks, step time, ranks still named).
         emit: publish one CloudEvent.
-        arm: the capture shell's ``arm`` (act mode writes the capture; a dry run plans it in observe mode).
+        arm: the capture shell's ``arm`` (:class:`~profwatch.arming.port.ArmPort`; act mode opens the capture, a
+            dry run plans it in observe mode).
         in_flight: whether the job has a capture holding its config slot.
         topology: the job's layout for targeted captures.
         policy: the arming policy in force (a callable: it is swapped at runtime).
     """
 
     def __init__(self, *, settings: Settings, store: StateStore, jobs: Mapping[str, JobState],
-                 detectors: DetectorsPort, emit: Emit, arm: ArmFn, in_flight: Callable[[str], bool],
+                 detectors: DetectorsPort, emit: Emit, arm: ArmPort, in_flight: Callable[[str], bool],
                  topology: Callable[[str], JobTopology | None], policy: Callable[[], ArmingPolicy]) -> None:
         self.s, self.store, self.jobs, self.detectors, self.emit = settings, store, jobs, detectors, emit
         self._arm, self._in_flight, self._topology, self._policy = arm, in_flight, topology, policy
@@ -165,30 +165,32 @@ class EpisodeDesk:
                                     "episode_id": ep.episode_id, "waited_s": round(now - ep.opened_unix_s, 3),
                                     "estimated_bytes": d.estimated_bytes,
                                     "targeting": d.target.to_json() if d.target is not None else None}
+            failed: str | None = None
             try:
                 req = capture_request(ep.anomaly(), d, furthest_step=max(0, job.furthest_step()),
                                       step_time_s=self.detectors.baseline_step_time_s(job_id), capture=self.s.capture)
-                plan = self._arm(job_id, req, now, dry_run=d.action == "would_arm")
-                if plan.get("refused"):
-                    raise ControlError(str(plan["refused"]["code"]), str(plan["refused"]["message"]))
-                data["start_step"] = plan["start_step"]
-                covered = tuple(plan["rank_list"]) if plan.get("rank_list") is not None else None
-                if d.action == "arm":
-                    cid, status = str(plan["capture_id"]), None
-                else:  # observe mode: counted as an arm, so the gap, caps and cooldown apply as in act mode
-                    self._would += 1
-                    cid, status = f"would-{job_id}-{int(now)}-{self._would}", "would_arm"
-                    b.history.record(d, now, cid)
-                data["capture_id"] = cid if d.action == "arm" else None
-                data["covers"] = [e.episode_id for e in b.armed(ep.episode_id, cid, now, covered=covered,
-                                                                 status=status, start_step=plan["start_step"])]
-                armed.update(data["covers"])
+                res = self._arm(job_id, req, now, dry_run=d.action == "would_arm")
+                if res.refused is not None:
+                    failed = refusal_text(res.refused)
+                else:
+                    data["start_step"] = res.start_step
+                    if d.action == "arm":
+                        cid, status = res.capture_id, None
+                    else:  # observe mode: counted as an arm, so the gap, caps and cooldown apply as in act mode
+                        self._would += 1
+                        cid, status = f"would-{job_id}-{int(now)}-{self._would}", "would_arm"
+                        b.history.record(d, now, cid)
+                    data["capture_id"] = cid if d.action == "arm" else None
+                    data["covers"] = [e.episode_id for e in b.armed(ep.episode_id, cid, now, covered=res.rank_list,
+                                                                     status=status, start_step=res.start_step)]
+                    armed.update(data["covers"])
             except ControlError as exc:
-                b.arm_failed(ep.episode_id, now, f"{exc.code}: {exc.message}")
-                data.update(action="suppress", reason=f"{exc.code}: {exc.message}")
+                failed = f"{exc.code}: {exc.message}"
             except (KeyError, TypeError, ValueError) as exc:  # planner errors are shown, never hidden
-                b.arm_failed(ep.episode_id, now, f"plan_failed: {exc}")
-                data.update(action="suppress", reason=f"plan_failed: {exc}")
+                failed = f"plan_failed: {exc}"
+            if failed is not None:
+                b.arm_failed(ep.episode_id, now, failed)
+                data.update(action="suppress", reason=failed)
             self.emit(TYPE_ARM_DECISION, job_id, data)
         self._save(b)
         return armed

@@ -18,7 +18,7 @@ import os
 from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -27,6 +27,7 @@ from profwatch.adapters.fs.paths import PathRefused, make_dirs
 from profwatch.adapters.zmq.control import ControlError
 from profwatch.arming.arm_checks import ArmChecks
 from profwatch.arming.episode_desk import EpisodeDesk
+from profwatch.arming.port import ArmRefusal, ArmResult
 from profwatch.captures.analysis_steps import AnalysisSteps
 from profwatch.captures.config_writes import ConfigWrites
 from profwatch.captures.ports import (
@@ -483,11 +484,13 @@ class CaptureShell:
         (``daemon/profwatch/arming/episode_desk.py``; the arming path shared with ``profwatch replay``)."""
         self.episodes.on_anomaly(an, now)
 
-    def arm(self, job_id: str, req: CaptureRequest, now: float, dry_run: bool = False) -> dict[str, Any]:
-        """Plan one capture and start its life. A dry run plans the same and says whether the arm would be refused
-        (``refused``). Raises ``ControlError``: ``not_found``, ``refused`` (paths, ranks or nodes not ready),
-        ``conflict`` (a capture in flight: named, with its deadline), ``bad_request`` (cannot plan, e.g. no step time
-        measured yet: ``core/capture/planner.py``; the refusal rules: ``core/arming/admission.py``)."""
+    def arm(self, job_id: str, req: CaptureRequest, now: float, dry_run: bool = False) -> ArmResult:
+        """Plan one capture and start its life (the arm port of the desks, ``daemon/profwatch/arming/port.py``; the
+        ``arm`` control command replies with ``arm_reply`` of it). A dry run plans the same and says whether the arm
+        would be refused. A capture in flight (named, with its deadline) refuses it: :attr:`ArmResult.refused`
+        (``conflict``), nothing opened. Raises ``ControlError``: ``not_found``, ``refused`` (paths, ranks or nodes not
+        ready), ``bad_request`` (cannot plan, e.g. no step time measured yet: ``core/capture/planner.py``; the
+        refusal rules: ``core/arming/admission.py``)."""
         job = self.jobs.get(job_id)
         if job is None:
             raise ControlError("not_found", f"unknown job {job_id!r} (no rank has said hello)")
@@ -520,25 +523,16 @@ class CaptureShell:
         covered = plan.rank_list if plan.rank_list is not None else list(range(job.world_size))
         writer = self.s.coordinator.config_writer
         nodes = sorted({live[r].node_id for r in covered if r in live and live[r].node_id}) if writer == "node" else []
-        out = {"capture_id": plan.capture_id, "job_id": job.job_id, "reason": plan.reason,
-               "start_step": plan.start_step, "warmup": plan.warmup, "active": plan.active,
-               "rank_list": plan.rank_list, "prof_dir": plan.prof_dir, "profiler_config_path": job.profiler_config_path,
-               "window_deadline_unix_s": plan.deadline_unix_s, "config": plan.config.render(), "writer": writer,
-               "nodes": nodes, "dry_run": dry_run, "base_step": plan.base_step, "step_spread": plan.step_spread,
-               "furthest_step": progress.furthest_step, "step_time_s": step_time, "world_size": job.world_size}
-        warnings = self.checks.arm_warnings(job, set(covered))
-        if warnings:
-            out["warnings"] = warnings
+        out = ArmResult(plan=plan, job_id=job.job_id, world_size=job.world_size,
+                        profiler_config_path=job.profiler_config_path, writer=writer, nodes=tuple(nodes),
+                        furthest_step=progress.furthest_step, step_time_s=step_time, dry_run=dry_run, at_unix_s=now,
+                        warnings=tuple(self.checks.arm_warnings(job, set(covered))))
         blocker = lc.blocking_capture(self._job(job.job_id).active.values(), job.generation)
         if blocker is not None and dry_run and req.reason != REFERENCE_REASON and blocker.reason == REFERENCE_REASON:
             blocker = None  # the arm would cancel it (_yield_reference)
         if blocker is not None:
-            message = refusal(blocker, now)
-            if dry_run:
-                return {**out, "refused": {"code": "conflict", "message": message, "blocking_capture":
-                                           blocker.capture_id, "blocking_state": blocker.state.value,
-                                           "blocking_deadline_unix_s": blocker.deadline_unix_s}}
-            raise ControlError("conflict", message)
+            return replace(out, refused=ArmRefusal("conflict", refusal(blocker, now), blocker.capture_id,
+                                                   blocker.state.value, blocker.deadline_unix_s))
         if dry_run:
             return out
         t = lc.open_capture(plan, world_size=job.world_size, profiler_config_path=job.profiler_config_path or "",
@@ -557,8 +551,7 @@ class CaptureShell:
         # job for the host): until the batch is complete or the capture ends (_apply closes it, so it is opened
         # first)
         self.detectors.exclude_until_closed(job.job_id, last + 1, parse_reason(plan.capture_id))
-        cap = self._apply(t)
-        return {**out, **describe(cap, now)}
+        return replace(out, capture=self._apply(t))
 
     def _yield_reference(self, job: JobState, req: CaptureRequest, now: float, dry_run: bool) -> CaptureRequest:
         """An arm that is not a reference cancels the job's reference whose window has not ended (an episode never

@@ -14,7 +14,7 @@ import structlog
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
 from profwatch.analysis.result import AnalysisResult
 from profwatch.changes.msprof_compare import compare_rank
-from profwatch.core.changes.comparison import compare_captures, impact_hours_per_day, same_role_rank
+from profwatch.core.changes.comparison import compare_captures, frequency_changes, impact_hours_per_day, same_role_rank
 from profwatch.core.changes.detail import (
     DETAILED_COMPONENTS,
     DetailEntry,
@@ -24,7 +24,6 @@ from profwatch.core.changes.detail import (
     merge_ranks,
     pick_ranks,
 )
-from profwatch.core.changes.hardware import frequency_changes
 from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus
 
 log = structlog.get_logger()

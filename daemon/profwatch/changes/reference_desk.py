@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from profwatch.adapters.zmq.control import ControlError
+from profwatch.arming.port import ArmPort
 from profwatch.core.arming.policy import capture_coverage
 from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.planner import CaptureRequest
@@ -57,7 +58,7 @@ class ReferenceDesk:
         store: the state store (read at start).
         jobs: the registry's job map (read only).
         detectors: the detectors' view (baseline step time).
-        arm: the capture shell's ``arm``.
+        arm: the capture shell's ``arm`` (:class:`~profwatch.arming.port.ArmPort`).
         slot_busy: whether a capture holds the job's config slot.
         open_episodes: when each open episode of the job opened (unix s; those younger than ``[reference]
             episode_yield_s`` hold the reference: ``core/changes/reference.py: episodes_holding``).
@@ -68,7 +69,7 @@ class ReferenceDesk:
     """
 
     def __init__(self, *, settings: Settings, store: StateStore, jobs: Mapping[str, JobState],
-                 detectors: DetectorsPort, arm: Callable[..., dict[str, Any]], slot_busy: Callable[[str], bool],
+                 detectors: DetectorsPort, arm: ArmPort, slot_busy: Callable[[str], bool],
                  open_episodes: Callable[[str], Iterable[float]], history: Callable[[str], ArmHistory],
                  topology: Callable[[str], JobTopology | None], policy: Callable[[], ArmingPolicy],
                  find: Callable[[str], lc.Capture | None] = lambda cid: None) -> None:
@@ -134,15 +135,19 @@ class ReferenceDesk:
                                  targeting=({**target.to_json(), "estimated_bytes": estimate}
                                             if target is not None and target.rank_list is not None else None))
             try:
-                plan = self._arm(job_id, req, now)
+                res = self._arm(job_id, req, now)
+                refused = (res.refused.code, res.refused.message) if res.refused is not None else None
             except ControlError as exc:
+                refused = (exc.code, exc.message)
+            if refused is not None:
+                code, message = refused
                 r.armed("", now)  # counts as a try: the retry wait applies
                 r.ended("", "failed", None)
-                self.last[job_id] = (f"{exc.code}: {exc.message}", now + rs.retry_after_s)
-                log.info("reference_not_armed", job_id=job_id, code=exc.code, message=exc.message)
+                self.last[job_id] = (f"{code}: {message}", now + rs.retry_after_s)
+                log.info("reference_not_armed", job_id=job_id, code=code, message=message)
                 continue
-            r.armed(str(plan["capture_id"]), now)
-            log.info("reference_armed", job_id=job_id, capture_id=plan["capture_id"], start_step=plan["start_step"])
+            r.armed(res.capture_id, now)
+            log.info("reference_armed", job_id=job_id, capture_id=res.capture_id, start_step=res.start_step)
 
     def new_generation(self, job_id: str) -> None:
         self.ref(job_id).new_generation()

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from profwatch.core.arming.episodes import JobEpisodes
 from profwatch.core.arming.policy import ArmingPolicy, ArmingSettings, capture_request
-from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture
+from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture, spike_hold
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
 from profwatch.core.fleet.generations import GenerationOpened
 from profwatch.core.fleet.replay_runs import RunFollower
@@ -139,7 +139,7 @@ def replay_source(open_lines: Callable[[], Iterable[str]], config: ReplayConfig 
         records += 1
         sizes[rec.job_id] = max(sizes.get(rec.job_id, 1), rec.world_size or 1, rec.rank + 1)
     policy = ArmingPolicy(cfg.arming)
-    jobs = {jid: _Job(JobDetector(jid, n, cfg.detection, capture=cfg.capture), JobEpisodes(jid, cfg.arming))
+    jobs = {jid: _Job(JobDetector(jid, n, cfg.detection, hold=spike_hold(cfg.capture)), JobEpisodes(jid, cfg.arming))
             for jid, n in sizes.items()}
     result: dict[str, Any] = {"anomalies": [], "arms": [], "suppressed": [], "episode_events": [],
                               "generations": []}
@@ -206,7 +206,7 @@ def _parsed(lines: Iterable[str]) -> Iterator[tuple[int, TelemetryRecord | BaseE
 def _new_run(job: _Job, opened: GenerationOpened, cfg: ReplayConfig, now: float, result: dict[str, Any]) -> JobDetector:
     """A new generation of the job (the coordinator's ``_on_generation``): a fresh detector for its world size, its
     episodes closed and a fresh budget; a simulated capture of the old run ends. Returns the new detector."""
-    job.detector = JobDetector(opened.job_id, opened.world_size, cfg.detection, capture=cfg.capture)
+    job.detector = JobDetector(opened.job_id, opened.world_size, cfg.detection, hold=spike_hold(cfg.capture))
     job.in_flight_until_step, job.restarts_seen = None, 0
     events = job.episodes.new_run(now, "new_generation")
     result["episode_events"].extend({"type": e.type, "job_id": opened.job_id, **e.data} for e in events)

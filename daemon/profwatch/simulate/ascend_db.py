@@ -6,6 +6,11 @@ Nothing here is captured data. The tables, columns and units mirror what torch_n
 ``analysis.db`` (StepTraceTime in µs; CommAnalyzer* durations in ms, ``start_timestamp`` in µs), plus the text
 export files msprof-analyze reads in text mode. Used only through
 :func:`profwatch.simulate.ascend_tree.write_rank_dir`.
+
+A deliberate pair with ``daemon/profwatch/simulate/ascend_tree.py`` (each imports the other): that module owns the
+timeline types (:class:`~profwatch.simulate.ascend_tree.RankTimeline` and its segments) and the rank dir's layout,
+this one the table contents written from them; the tree calls these writers for the files inside a rank dir. Split
+only to keep the SQL apart from the layout: both are the simulator, nothing outside it imports this module.
 """
 
 from __future__ import annotations

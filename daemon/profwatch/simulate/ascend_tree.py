@@ -10,6 +10,9 @@ This is **not** captured data. It mirrors the layout, file order, modes and tabl
 
 Damage helpers (:func:`truncate_db`, :func:`drop_table`, :func:`empty_device_data`, ...) break a written rank dir
 the way real captures break (interrupted copies, missing tables, no device data) for tests.
+
+The table contents are written by ``daemon/profwatch/simulate/ascend_db.py``, which takes its timeline types from
+here: a deliberate pair (each imports the other), kept as two files only to hold the SQL apart from the layout.
 """
 
 from __future__ import annotations

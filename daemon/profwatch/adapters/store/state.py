@@ -33,6 +33,8 @@ from typing import Any
 
 import structlog
 
+from profwatch.adapters.store.capture_rows import CAPTURE_COLS, CAPTURE_SCHEMA, RANK_COLS, write_capture
+from profwatch.adapters.store.state_migrate import add_idle_owed, migrate_v1_captures
 from profwatch.adapters.store.state_reader import events_query
 from profwatch.adapters.store.state_retry import PendingWrite, RetryQueue
 from profwatch.core.capture.lifecycle import Capture, CaptureState, NodeWrite, RankProgress
@@ -64,34 +66,6 @@ CREATE TABLE IF NOT EXISTS episodes(
   body TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS episodes_job ON episodes(job_id, open);
 """
-CAPTURE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS captures(
-  capture_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, generation INTEGER NOT NULL DEFAULT 0, state TEXT NOT NULL,
-  reason TEXT NOT NULL, created_unix_s REAL NOT NULL, state_since_unix_s REAL NOT NULL, deadline_unix_s REAL,
-  judge_unix_s REAL NOT NULL, start_step INTEGER NOT NULL, warmup INTEGER NOT NULL, active INTEGER NOT NULL,
-  rank_list TEXT, world_size INTEGER NOT NULL, prof_dir TEXT NOT NULL, profiler_config_path TEXT NOT NULL,
-  writer TEXT NOT NULL, step_time_s REAL, config TEXT NOT NULL, written_unix_s REAL, config_mtime_s INTEGER,
-  batch_id TEXT, analysis_status TEXT, outcome TEXT NOT NULL DEFAULT '', notes TEXT NOT NULL DEFAULT '[]',
-  idle_owed INTEGER NOT NULL DEFAULT 0);
-CREATE INDEX IF NOT EXISTS captures_job ON captures(job_id, created_unix_s);
-CREATE INDEX IF NOT EXISTS captures_state ON captures(state);
-CREATE TABLE IF NOT EXISTS capture_ranks(
-  capture_id TEXT NOT NULL, rank INTEGER NOT NULL, step_at_plan INTEGER NOT NULL, step_time_s REAL,
-  window_end_unix_s REAL NOT NULL, backend TEXT NOT NULL DEFAULT '', hook_seen_unix_s REAL, tool_seen_unix_s REAL,
-  started_unix_s REAL, completed_unix_s REAL, rejected TEXT NOT NULL DEFAULT '', failure TEXT NOT NULL DEFAULT '',
-  rank_dir TEXT NOT NULL DEFAULT '', steps TEXT NOT NULL DEFAULT '', total_bytes INTEGER NOT NULL DEFAULT 0,
-  PRIMARY KEY(capture_id, rank));
-CREATE TABLE IF NOT EXISTS capture_nodes(
-  capture_id TEXT NOT NULL, node_id TEXT NOT NULL, command_id TEXT NOT NULL, sent_unix_s REAL NOT NULL,
-  ok INTEGER, detail TEXT NOT NULL DEFAULT '', PRIMARY KEY(capture_id, node_id));
-"""
-_CAPTURE_COLS = ("capture_id", "job_id", "generation", "state", "reason", "created_unix_s", "state_since_unix_s",
-                 "deadline_unix_s", "judge_unix_s", "start_step", "warmup", "active", "rank_list", "world_size",
-                 "prof_dir", "profiler_config_path", "writer", "step_time_s", "config", "written_unix_s",
-                 "config_mtime_s", "batch_id", "analysis_status", "outcome", "notes", "idle_owed")
-_RANK_COLS = ("capture_id", "rank", "step_at_plan", "step_time_s", "window_end_unix_s", "backend", "hook_seen_unix_s",
-              "tool_seen_unix_s", "started_unix_s", "completed_unix_s", "rejected", "failure", "rank_dir", "steps",
-              "total_bytes")
 V1_PARSE_ALLOWANCE_S = 600.0
 """Judgement time of a migrated version-1 capture: its plan deadline plus the default parse allowance."""
 RECENT_EVENT_IDS = 10_000
@@ -107,27 +81,6 @@ class Stored(str, Enum):
     NEW = "new"  # stored
     DUPLICATE = "duplicate"  # its id was stored (or queued) before: drop it on every path
     QUEUED = "queued"  # the store failed: kept for a retry; publish it anyway
-
-
-def write_capture(db: sqlite3.Connection, cap: Capture, ranks: Iterable[int] | None = None) -> None:
-    """Insert or replace one capture's rows inside the caller's transaction (see :meth:`StateStore.save_capture`)."""
-    row = (cap.capture_id, cap.job_id, cap.generation, cap.state.value, cap.reason, cap.created_unix_s,
-           cap.state_since_unix_s, cap.deadline_unix_s, cap.judge_unix_s, cap.start_step, cap.warmup, cap.active,
-           None if cap.rank_list is None else ",".join(map(str, cap.rank_list)), cap.world_size, cap.prof_dir,
-           cap.profiler_config_path, cap.writer, cap.step_time_s, json.dumps(dict(cap.config)), cap.written_unix_s,
-           cap.config_mtime_s, cap.batch_id, cap.analysis_status, cap.outcome, json.dumps(list(cap.notes)),
-           int(cap.idle_owed))
-    which = cap.ranks.values() if ranks is None else [cap.ranks[r] for r in ranks if r in cap.ranks]
-    db.execute(f"INSERT OR REPLACE INTO captures({','.join(_CAPTURE_COLS)}) VALUES({','.join('?' * len(_CAPTURE_COLS))})",
-               row)
-    db.executemany(
-        f"INSERT OR REPLACE INTO capture_ranks({','.join(_RANK_COLS)}) VALUES({','.join('?' * len(_RANK_COLS))})",
-        [(cap.capture_id, p.rank, p.step_at_plan, p.step_time_s, p.window_end_unix_s, p.backend, p.hook_seen_unix_s,
-          p.tool_seen_unix_s, p.started_unix_s, p.completed_unix_s, p.rejected, p.failure, p.rank_dir,
-          ",".join(map(str, p.steps)), p.total_bytes) for p in which])
-    db.executemany("INSERT OR REPLACE INTO capture_nodes VALUES(?,?,?,?,?,?)",
-                   [(cap.capture_id, n.node_id, n.command_id, n.sent_unix_s, None if n.ok is None else int(n.ok),
-                     n.detail) for n in cap.nodes.values()])
 
 
 class StateSchemaError(sqlite3.DatabaseError):
@@ -179,15 +132,11 @@ class StateStore:
         cols = {r[1] for r in self.db.execute("PRAGMA table_info(captures)")}
         self.db.executescript(SCHEMA)
         if "plan" in cols:
-            from profwatch.adapters.store.state_migrate import migrate_v1_captures
-
             migrate_v1_captures(self.db, V1_PARSE_ALLOWANCE_S)
         elif cols and "judge_unix_s" not in cols:
             raise StateSchemaError(f"state db {self.path}: unknown captures table (columns {sorted(cols)}); "
                                    "move the file away to start with an empty state")
         if cols and "plan" not in cols and "idle_owed" not in cols:  # version 3: what is owed, on the row
-            from profwatch.adapters.store.state_migrate import add_idle_owed
-
             add_idle_owed(self.db)
         self.db.executescript(CAPTURE_SCHEMA)
         job_cols = {r[1] for r in self.db.execute("PRAGMA table_info(jobs)")}
@@ -356,10 +305,10 @@ class StateStore:
 
     def _load(self, where: str, args: list[Any], newest: int | None = None) -> list[Capture]:
         if newest is None:
-            rows = self.db.execute(f"SELECT {','.join(_CAPTURE_COLS)} FROM captures {where} "
+            rows = self.db.execute(f"SELECT {','.join(CAPTURE_COLS)} FROM captures {where} "
                                    "ORDER BY created_unix_s, capture_id", args).fetchall()
         else:
-            rows = self.db.execute(f"SELECT {','.join(_CAPTURE_COLS)} FROM captures {where} "
+            rows = self.db.execute(f"SELECT {','.join(CAPTURE_COLS)} FROM captures {where} "
                                    "ORDER BY created_unix_s DESC, capture_id DESC LIMIT ?", [*args, newest]).fetchall()
             rows.reverse()
         if not rows:
@@ -367,7 +316,7 @@ class StateStore:
         ids = [r[0] for r in rows]
         marks = ",".join("?" * len(ids))
         ranks: dict[str, dict[int, RankProgress]] = {i: {} for i in ids}
-        for r in self.db.execute(f"SELECT {','.join(_RANK_COLS)} FROM capture_ranks WHERE capture_id IN ({marks}) "
+        for r in self.db.execute(f"SELECT {','.join(RANK_COLS)} FROM capture_ranks WHERE capture_id IN ({marks}) "
                                  "ORDER BY capture_id, rank", ids):
             ranks[r[0]][r[1]] = RankProgress(
                 rank=r[1], step_at_plan=r[2], step_time_s=r[3], window_end_unix_s=r[4], backend=r[5],
@@ -380,7 +329,7 @@ class StateStore:
             nodes[n[0]][n[1]] = NodeWrite(n[1], n[2], n[3], None if n[4] is None else bool(n[4]), n[5])
         out = []
         for r in rows:
-            d = dict(zip(_CAPTURE_COLS, r, strict=True))
+            d = dict(zip(CAPTURE_COLS, r, strict=True))
             d["state"] = CaptureState(d["state"])
             d["rank_list"] = None if d["rank_list"] is None else tuple(int(x) for x in d["rank_list"].split(",") if x)
             d["config"] = json.loads(d["config"])

@@ -21,6 +21,7 @@ import sqlite3
 from dataclasses import replace
 from typing import Any
 
+from profwatch.adapters.store.capture_rows import CAPTURE_SCHEMA, write_capture
 from profwatch.core.capture.lifecycle import (
     IDLE_ENDINGS,
     WINDOW_PENDING,
@@ -130,8 +131,6 @@ def convert_v1_row(row: tuple[Any, ...], parse_allowance_s: float) -> Capture:
 
 def migrate_v1_captures(db: sqlite3.Connection, parse_allowance_s: float) -> int:
     """Convert the version-1 ``captures`` table in one transaction; return how many captures were migrated."""
-    from profwatch.adapters.store.state import CAPTURE_SCHEMA, write_capture
-
     with db:
         db.execute("BEGIN IMMEDIATE")
         db.execute("ALTER TABLE captures RENAME TO captures_v1")

@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -39,14 +38,6 @@ from profwatch.core.verdict.msprof_results import AgentMessage, parse_agent_stdo
 __all__ = ["MsprofRunner", "MsprofSettings", "RunningRecipe", "RunTicket", "SpawnFailed", "ToolRun",
            "resolve_command"]
 
-
-def __getattr__(name: str) -> Any:
-    """``run_msprof_analysis`` moved to ``daemon/profwatch/adapters/tools/msprof_analysis.py``; kept importable from here."""
-    if name == "run_msprof_analysis":
-        from profwatch.adapters.tools.msprof_analysis import run_msprof_analysis
-
-        return run_msprof_analysis
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 log = structlog.get_logger()
 _LOG_TAIL_BYTES = 4000

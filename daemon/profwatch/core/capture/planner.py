@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import posixpath
 import re
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -192,6 +194,14 @@ def lead_steps(furthest_step: int, step_time_s: float, settings: CaptureSettings
     """
     poll = poll_interval_s(furthest_step, step_time_s)
     return math.ceil((poll + settings.margin_s) / step_time_s) + settings.margin_steps
+
+
+def spike_hold(settings: CaptureSettings) -> Callable[[int, float], int]:
+    """The planner's lead as the detectors' spike hold: ``(furthest_step, step_time_s) -> steps``
+    (:func:`lead_steps` with ``settings``). A spike shorter than this is over before a capture armed at its onset
+    could start; the composition root hands it to ``JobDetector(hold=...)`` so that detection never imports the
+    planner."""
+    return functools.partial(lead_steps, settings=settings)
 
 
 def new_capture_id(job_id: str, now_unix_s: float) -> str:

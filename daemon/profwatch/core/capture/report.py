@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from profwatch.core.alerts.events import suspect_alert_data
 from profwatch.core.batches.completeness import BatchState
+from profwatch.core.capture.record import ARM_PENDING
 
 if TYPE_CHECKING:
-    from profwatch.core.capture.lifecycle import Capture
     from profwatch.core.capture.planner import CapturePlan
+    from profwatch.core.capture.record import Capture
     from profwatch.core.fleet.registry import JobState, NodeState
 
 VERDICT_KEYS = ("batch_id", "job_id", "kind", "status", "detail", "capture_id", "capture_reason", "world_size",
@@ -113,8 +114,6 @@ def explain_ranks(cap: Capture, ranks: Iterable[int], causes: Mapping[int, str])
 
 def describe(cap: Capture, now: float) -> dict[str, Any]:
     """The ``status`` view of one capture: state, its deadline and time left, acknowledgements, outcome."""
-    from profwatch.core.capture.lifecycle import ARM_PENDING
-
     acked = sum(1 for p in cap.ranks.values() if p.acknowledged)
     done = sum(1 for p in cap.ranks.values() if p.completed_unix_s is not None)
     return {"capture_id": cap.capture_id, "job_id": cap.job_id, "state": cap.state.value, "reason": cap.reason,

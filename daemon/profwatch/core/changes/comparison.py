@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from statistics import fmean
 from typing import Any, Literal
 
+from profwatch.core.changes.hardware import DROP_FRAC, FreqSummary
 from profwatch.core.verdict.evidence import RankStepSummary, usable_row
 from profwatch.core.verdict.shift_test import ALPHA, ShiftTest, holm, rank_test_reaches, shift_test
 
@@ -383,3 +384,26 @@ def same_role_rank(rank: int, now_groups: Mapping[str, Sequence[int]], ref_group
     sizes = ", ".join(str(n) for n, _ in places(rank, {x for x in mine if q in x}))
     return q, (f"same role: in a group of {len(g)} ranks with it and at the same position in its other groups "
                f"(of {sizes} ranks)" if sizes else f"same role: in a group of {len(g)} ranks with it, no other group")
+
+
+def frequency_changes(reference: Mapping[int, FreqSummary], now: Mapping[int, FreqSummary], *,
+                      ranks: Sequence[int] | None = None, drop_frac: float = DROP_FRAC) -> list[Change]:
+    """Ranks held by both captures (within ``ranks`` when given) whose busy AI Core frequency
+    (:attr:`~profwatch.core.changes.hardware.FreqSummary.busy_mhz`: more idle time is not a hardware change) fell below their own reference's by
+    more than ``drop_frac``: one ``hardware`` :class:`Change` per (reference MHz, now MHz) pair,
+    rounded to the MHz, listing its ranks (the largest drop first); [] when none fell."""
+    both = sorted(set(reference) & set(now) & (set(ranks) if ranks is not None else set(reference)))
+    groups: dict[tuple[int, int], list[int]] = {}
+    for r in both:
+        a, b = reference[r].busy_mhz, now[r].busy_mhz
+        if b < a * (1.0 - drop_frac):
+            groups.setdefault((round(a), round(b)), []).append(r)
+    out = []
+    for (a, b), rs in sorted(groups.items(), key=lambda kv: (kv[0][1] - kv[0][0], kv[1][0])):
+        below = sum(now[r].seconds_below(a * (1.0 - drop_frac)) for r in rs) / len(rs)
+        window = sum(now[r].window_s for r in rs) / len(rs)
+        shown = ", ".join(str(r) for r in rs[:16]) + (f" (+{len(rs) - 16} more)" if len(rs) > 16 else "")
+        out.append(Change("hardware", None, detail=f"AI Core frequency of rank{'s' if len(rs) > 1 else ''} {shown}: "
+                                                   f"{a} -> {b} MHz since the reference ({below:.3g} s of "
+                                                   f"{window:.3g} s captured below it)"))
+    return out

@@ -12,9 +12,10 @@ ran slow nor compare it with its peers. Here:
 * :func:`below_peers`: a rank whose time-weighted busy mean (idle clock left out, below) is below the median of the
   ranks' means by more than ``drop_frac`` (5 %: a clock step on these chips is 100 MHz or more, 5-6 % of 1800 MHz) ran slower hardware:
   kind ``hardware`` with its frequency, the peers', and how long it spent below them;
-* :func:`frequency_changes`: a rank both captures hold whose busy mean fell below its own reference mean by more than
-  ``drop_frac``: a :class:`~profwatch.core.changes.comparison.Change` of component ``hardware`` (``delta_s_per_step``
-  None, ``detail`` the text).
+* a rank both captures hold whose busy mean fell below its own reference mean by more than ``drop_frac`` is a
+  ``hardware`` change since the reference: :func:`profwatch.core.changes.comparison.frequency_changes` (that module
+  owns :class:`~profwatch.core.changes.comparison.Change`; this one imports nothing of it, so the record of
+  ``daemon/profwatch/core/verdict/evidence.py`` can hold a :class:`FreqSummary`).
 
 A slower clock explains a slow rank (or a slow group) without a software cause: compute scales with the clock, so a
 rank at 1200 MHz among peers at 1800 MHz does its kernels about 1.5x slower. Idle clocks are not a hardware cause:
@@ -27,11 +28,10 @@ a rank that idled more than its peers is not named; the time-weighted mean over 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from profwatch.core.changes.comparison import Change
 from profwatch.core.verdict.robust import median
 
 DROP_FRAC = 0.05
@@ -151,27 +151,4 @@ def below_peers(per_rank: Mapping[int, FreqSummary], *, drop_frac: float = DROP_
                             f"{peers:.0f} MHz ({_text_at(s)}; {below:.3g} s of {s.window_s:.3g} s captured below "
                             f"its peers{idle_text}): a hardware cause (clock throttled: power, thermal or a fault), "
                             "which slows its compute without a software cause"})
-    return out
-
-
-def frequency_changes(reference: Mapping[int, FreqSummary], now: Mapping[int, FreqSummary], *,
-                      ranks: Sequence[int] | None = None, drop_frac: float = DROP_FRAC) -> list[Change]:
-    """Ranks held by both captures (within ``ranks`` when given) whose busy AI Core frequency
-    (:attr:`FreqSummary.busy_mhz`: more idle time is not a hardware change) fell below their own reference's by
-    more than ``drop_frac``: one ``hardware`` :class:`Change` per (reference MHz, now MHz) pair,
-    rounded to the MHz, listing its ranks (the largest drop first); [] when none fell."""
-    both = sorted(set(reference) & set(now) & (set(ranks) if ranks is not None else set(reference)))
-    groups: dict[tuple[int, int], list[int]] = {}
-    for r in both:
-        a, b = reference[r].busy_mhz, now[r].busy_mhz
-        if b < a * (1.0 - drop_frac):
-            groups.setdefault((round(a), round(b)), []).append(r)
-    out = []
-    for (a, b), rs in sorted(groups.items(), key=lambda kv: (kv[0][1] - kv[0][0], kv[1][0])):
-        below = sum(now[r].seconds_below(a * (1.0 - drop_frac)) for r in rs) / len(rs)
-        window = sum(now[r].window_s for r in rs) / len(rs)
-        shown = ", ".join(str(r) for r in rs[:16]) + (f" (+{len(rs) - 16} more)" if len(rs) > 16 else "")
-        out.append(Change("hardware", None, detail=f"AI Core frequency of rank{'s' if len(rs) > 1 else ''} {shown}: "
-                                                   f"{a} -> {b} MHz since the reference ({below:.3g} s of "
-                                                   f"{window:.3g} s captured below it)"))
     return out

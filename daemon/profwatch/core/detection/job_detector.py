@@ -24,9 +24,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Literal
 
-from profwatch.core.capture.planner import CaptureSettings, lead_steps
 from profwatch.core.detection.aggregation import StepAggregator, StepReportLike
-from profwatch.core.detection.pipeline import UnitPipeline
+from profwatch.core.detection.pipeline import HoldSteps, UnitPipeline
+from profwatch.core.detection.regression import DEFAULT_HOLD_STEPS
 from profwatch.core.detection.serving import UnitSplitter, is_idle_gap
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly, AnomalyKind, FinalizedStep, StallDetector, StepDetector
@@ -40,6 +40,11 @@ DETECT_WINDOW_S = 900.0
 seconds on one rank (a checkpoint every half hour is not a server)."""
 
 
+def _default_hold(step: int, step_time_s: float) -> int:
+    """The spike hold without a planner: :data:`DEFAULT_HOLD_STEPS` steps at any step and step time."""
+    return DEFAULT_HOLD_STEPS
+
+
 class JobDetector:
     """All detectors of one job.
 
@@ -47,8 +52,10 @@ class JobDetector:
         job_id: the job (copied into every :class:`Anomaly`).
         world_size: number of ranks; reports with ``rank`` outside ``[0, world_size)`` are counted and ignored.
         settings: thresholds; see :class:`DetectionSettings`.
-        capture: the capture planner's settings; a spike counts as transient while it is shorter than the
-            planner's lead (``profwatch.core.capture.planner.lead_steps``) unless ``spike_hold_steps`` is set.
+        hold: ``(step, step_time_s) -> steps`` a spike may last and stay transient: the capture planner's lead,
+            handed in by the composition root (``profwatch.core.capture.planner.spike_hold``; detection does not
+            import the planner). None: :data:`~profwatch.core.detection.regression.DEFAULT_HOLD_STEPS` steps.
+            ``spike_hold_steps``, when set, overrides either.
         step_detectors: replaces the default ``[StepTimeRegressionDetector, RankOutlierDetector]`` (the job then
             stays one training unit).
         stall_detector: replaces the default :class:`ArrivalStallDetector` (idem).
@@ -85,7 +92,7 @@ class JobDetector:
     """
 
     def __init__(self, job_id: str, world_size: int, settings: DetectionSettings | None = None, *,
-                 capture: CaptureSettings | None = None, step_detectors: Sequence[StepDetector] | None = None,
+                 hold: HoldSteps | None = None, step_detectors: Sequence[StepDetector] | None = None,
                  stall_detector: StallDetector | None = None, mode: JobMode | None = None,
                  roles: Sequence[str | None] | None = None) -> None:
         if world_size < 1:
@@ -94,8 +101,7 @@ class JobDetector:
         self.job_id = job_id
         self.world_size = world_size
         self.settings = s
-        cap = capture or CaptureSettings()
-        self._hold = lambda step, step_time_s: lead_steps(step, step_time_s, cap)
+        self._hold: HoldSteps = hold or _default_hold
         self._custom = step_detectors is not None or stall_detector is not None
         self._roles: list[str | None] = list(roles) if roles is not None else [None] * world_size
         if len(self._roles) != world_size:
