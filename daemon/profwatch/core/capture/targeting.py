@@ -53,14 +53,19 @@ class TargetingSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    enabled: bool = True
-    min_world_size: int = Field(64, ge=1, le=1 << 20)
-    reference_ranks: int = Field(16, ge=4, le=4096)
-    node_peers: int = Field(2, ge=0, le=64)
-    group_peers: int = Field(2, ge=0, le=64)
-    max_suspects: int = Field(8, ge=1, le=256)
-    sample_ranks: int = Field(64, ge=4, le=1 << 20)
-    bytes_per_rank_step: int = Field(16 * 2**20, ge=0, le=2**40)
+    enabled: bool = Field(True, description=(
+        "capture a targeted subset of a large job's ranks (false: every rank, always)"))
+    min_world_size: int = Field(64, ge=1, le=1 << 20, description="jobs of at most this many ranks are captured whole")
+    reference_ranks: int = Field(16, ge=4, le=4096, description=(
+        "healthy ranks spread over nodes added to a targeted capture, for the ranking's noise estimate"))
+    node_peers: int = Field(2, ge=0, le=64, description="ranks on each suspect's node added beside it")
+    group_peers: int = Field(2, ge=0, le=64, description=(
+        "ranks of each suspect's communication groups added beside it (groups known from an earlier capture)"))
+    max_suspects: int = Field(8, ge=1, le=256, description="most named ranks one targeted capture centres on")
+    sample_ranks: int = Field(64, ge=4, le=1 << 20, description=(
+        "size of a job-wide anomaly's sample (at least one rank per node)"))
+    bytes_per_rank_step: int = Field(16 * 2**20, ge=0, le=2**40, description=(
+        "estimate of one rank's capture bytes per recorded step before the job's first capture measures it (16 MiB)"))
 
 
 @dataclass(frozen=True, slots=True)
