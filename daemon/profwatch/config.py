@@ -8,7 +8,8 @@ dependencies (``daemon/profwatch/core/<concern>/settings.py`` for detection, bat
 ``profwatch.core.fleet.limits.LimitSettings``, ``profwatch.core.access.SecuritySettings``,
 ``profwatch.core.verdict.msprof_plan.MsprofSettings``), and is composed here: importing
 this module (every ``profwatch`` command does) must not import numpy, pandas or the analysis stack
-(``tests/unit/test_import_weight.py``). ``systemd/profwatch.toml`` is the annotated example.
+(``tests/unit/test_import_weight.py``). ``systemd/profwatch.toml`` is the annotated example; docs/configuration.md, generated from these models by
+``python -m profwatch.config_doc --write``, is the reference of every key (each key's ``Field(description=...)``).
 """
 
 from __future__ import annotations
@@ -51,10 +52,12 @@ class MetricsEndpoint(_Strict):
     ``metrics_insecure = true``, warned at every start (docs/security.md, "Metrics" says what they expose).
     """
 
-    metrics_port: int | None = Field(None, ge=1, le=65535)
+    metrics_port: int | None = Field(None, ge=1, le=65535, description=(
+        "port of the daemon's Prometheus /metrics endpoint; unset: no endpoint"))
     metrics_addr: str = Field("127.0.0.1", min_length=1, description="address the /metrics endpoint binds")
-    metrics_tls_cert: Path | None = None
-    metrics_tls_key: Path | None = None
+    metrics_tls_cert: Path | None = Field(None, description=(
+        "PEM certificate of the /metrics endpoint (with metrics_tls_key: served over TLS)"))
+    metrics_tls_key: Path | None = Field(None, description="PEM private key of metrics_tls_cert")
     metrics_client_ca: Path | None = Field(None, description="PEM CA a scraper's client certificate must chain to")
     metrics_insecure: bool = Field(False, description="serve /metrics beyond loopback without TLS (warned)")
 
@@ -83,23 +86,30 @@ class MetricsEndpoint(_Strict):
 class NodeSettings(MetricsEndpoint):
     """Node daemon (one per host)."""
 
-    node_id: str = Field(default_factory=socket.gethostname, description="stable id of this node (default hostname)")
-    runtime_dir: Path = Path(DEFAULT_RUNTIME_DIR)
+    node_id: str = Field(default_factory=socket.gethostname, description="stable id of this node (default hostname)",
+                         json_schema_extra={"default_doc": "the hostname"})
+    runtime_dir: Path = Field(Path(DEFAULT_RUNTIME_DIR), description=(
+        "systemd RuntimeDirectory; ranks connect to ipc://<runtime_dir>/node.sock unless bind is set"))
     bind: str | None = Field(None, description="rank endpoint; default ipc://<runtime_dir>/node.sock")
     socket_mode: int = Field(0o660, ge=0, le=0o777,
                              description="mode of the ipc socket file: owner and socket_group may connect")
     socket_group: str | None = Field(
         None, description="group of the ipc socket file (e.g. 'profwatch', which training users join); "
                           "None keeps the daemon's group")
-    coordinator: str = "tcp://127.0.0.1:7711"
-    heartbeat_interval_s: float = Field(2.0, gt=0, le=3600)
-    batch_max_messages: int = Field(1000, ge=1, le=10_000)
-    batch_max_delay_s: float = Field(0.05, gt=0, le=10)
+    coordinator: str = Field("tcp://127.0.0.1:7711", description=(
+        "the coordinator's ingest endpoint this node relays to (its [coordinator] ingest_bind: move both together)"))
+    heartbeat_interval_s: float = Field(2.0, gt=0, le=3600, description=(
+        "how often the node tells the coordinator it is alive (unanswered after 3 of these: coordinator_unanswered)"))
+    batch_max_messages: int = Field(1000, ge=1, le=10_000, description=(
+        "relay a batch to the coordinator when this many rank messages are waiting"))
+    batch_max_delay_s: float = Field(0.05, gt=0, le=10, description=(
+        "relay a batch when its oldest rank message has waited this long"))
     batch_max_bytes: int = Field(1024 * 1024, ge=64 * 1024, le=2 * 1024 * 1024,
                                  description="relay a batch before its bytes reach this")
     relay_hwm: int = Field(1000, ge=1, le=1_000_000, description="batches queued while the coordinator is unreachable")
     allowed_config_roots: list[Path] = Field(default_factory=list, description="folders this node may write configs in")
-    dp_log_poll_s: float = Field(1.0, gt=0, le=3600)
+    dp_log_poll_s: float = Field(1.0, gt=0, le=3600, description=(
+        "how often torch_npu's <config>/log/dp_*.log files are read (arm acknowledgements)"))
     stale_check_interval_s: float = Field(30.0, gt=0, le=86400, description="how often the node looks for stale "
                                           "torch_npu state (leftover shm segment, orphaned monitor)")
     shm_dir: Path = Field(Path("/dev/shm"), description="where torch_npu's DynamicProfileNpuShm* segments live")
@@ -113,13 +123,20 @@ class CoordinatorSettings(MetricsEndpoint):
     """Coordinator daemon (one per cluster or per job group)."""
 
     ingest_bind: str = Field("tcp://127.0.0.1:7711", description="node daemons connect here")
-    control_bind: str = "tcp://127.0.0.1:7712"
-    pub_bind: str = "tcp://127.0.0.1:7713"
-    state_db: Path = Path(DEFAULT_STATE_DIR) / "state.db"
-    work_dir: Path = Path(DEFAULT_STATE_DIR) / "work"
-    window_steps: int = Field(1000, ge=10, le=100_000)
-    node_timeout_s: float = Field(10.0, gt=0, le=86400)
-    tick_interval_s: float = Field(0.2, gt=0, le=10)
+    control_bind: str = Field("tcp://127.0.0.1:7712", description=(
+        "control socket: profwatch status, arm, cancel, alerts talk here"))
+    pub_bind: str = Field("tcp://127.0.0.1:7713", description=(
+        "event and alert stream (ZeroMQ PUB, topics profwatch.<kind>.<job_id>)"))
+    state_db: Path = Field(Path(DEFAULT_STATE_DIR) / "state.db", description=(
+        "SQLite state (jobs, ranks, captures, batches, events): survives restarts"))
+    work_dir: Path = Field(Path(DEFAULT_STATE_DIR) / "work", description=(
+        "staging folders, msprof-analyze outputs and reports"))
+    window_steps: int = Field(1000, ge=10, le=100_000, description=(
+        "per-rank step-time window kept in memory (8 bytes per step and rank; what profwatch telemetry dumps)"))
+    node_timeout_s: float = Field(10.0, gt=0, le=86400, description=(
+        "a node not heard from this long is shown down by status and the metrics"))
+    tick_interval_s: float = Field(0.2, gt=0, le=10, description=(
+        "period of the coordinator's tick: detectors' time-based checks, capture deadlines, job ends, alert re-sends"))
     registry_flush_s: float = Field(2.0, gt=0, le=3600, description="the registry rows whose identity changed (hello, "
                                     "bye, node) are stored this often")
     registry_full_flush_s: float = Field(
@@ -130,8 +147,11 @@ class CoordinatorSettings(MetricsEndpoint):
     config_writer: Literal["coordinator", "node"] = Field(
         "coordinator", description="who writes profiler_config.json: the coordinator (shared storage) or each node"
     )
-    event_source: str = Field(default_factory=lambda: f"//profwatch/{socket.gethostname()}")
-    analysis_workers: int = Field(1, ge=1, le=8)
+    event_source: str = Field(default_factory=lambda: f"//profwatch/{socket.gethostname()}", description=(
+        "CloudEvents source of every event (default //profwatch/<hostname>)"),
+        json_schema_extra={"default_doc": "\"//profwatch/<hostname>\""})
+    analysis_workers: int = Field(1, ge=1, le=8, description=(
+        "batches analysed at once (threads; the enrich phase runs one capture at a time apart from them)"))
     ack_timeout_s: float = Field(60.0, gt=0, le=86400,
                                  description="arms not acknowledged by every rank by then are reported (at least "
                                              "3 x step time + torch_npu's poll interval)")
@@ -146,8 +166,9 @@ class CoordinatorSettings(MetricsEndpoint):
 
 
 class LoggingSettings(_Strict):
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    format: Literal["json", "console"] = "json"
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="lowest log level written")
+    format: Literal["json", "console"] = Field("json", description=(
+        "json (journald-friendly lines) or console (for a terminal)"))
 
 
 class Settings(BaseSettings):

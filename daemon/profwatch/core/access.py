@@ -114,7 +114,8 @@ class SecuritySettings(BaseModel):
     curve: Literal["auto", "on", "off"] = Field(
         "auto", description="auto: CURVE on every TCP socket that binds or connects beyond loopback")
     insecure: bool = Field(False, description="allow sockets beyond loopback without CURVE (warned on every start)")
-    keys_dir: Path = DEFAULT_KEYS_DIR
+    keys_dir: Path = Field(DEFAULT_KEYS_DIR, description=(
+        "where profwatch keys init/add/list write and read CURVE keys"))
     server_secret_key: Path | None = Field(None, description="coordinator: default <keys_dir>/server.key_secret")
     server_public_key: Path | None = Field(None, description="clients: default <keys_dir>/server.key")
     client_keys_dir: Path | None = Field(None, description="coordinator: default <keys_dir>/clients")
@@ -122,7 +123,8 @@ class SecuritySettings(BaseModel):
     loopback_roles: list[ControlRole] = Field(
         default_factory=lambda: list[ControlRole](["read", "act"]),
         description="control roles granted without CURVE (loopback: any process on the coordinator host)")
-    selftest_timeout_s: float = Field(5.0, gt=0, le=120)
+    selftest_timeout_s: float = Field(5.0, gt=0, le=120, description=(
+        "longest the start-up CURVE self-test of each bound socket may take"))
 
     def curve_for(self, endpoint: str) -> bool:
         """Whether a socket on ``endpoint`` uses CURVE (``ipc://``/``inproc://`` never do)."""

@@ -242,6 +242,46 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
         raise ValueError("world_size, steps and collectives_per_step must be >= 1")
     rng = random.Random(seed)
     base = DEFAULT_TS_BASE_NS if ts_base is None else ts_base
+    f = _job_factors(world_size, slow_ranks, host_bound_ranks, slow_link_ranks, throttled_ranks, slow_ops,
+                     slow_links, first_step_delay_ranks, step_delays)
+    group = ParallelGroup(default_group_name(base), "default_group", tuple(range(world_size)))
+    segs, windows = _run_steps(rng, f, group, world_size=world_size, steps=steps, base=base, noise=noise,
+                               collectives_per_step=collectives_per_step, kernels_per_chunk=kernels_per_chunk)
+    hosts = dict(hostnames or {})
+    return [
+        RankTimeline(rank=r, world_size=world_size, hostname=hosts.get(r, f"node{r // 8}"), pid=4000 + r,
+                     start_ns=base + r * 1_000_000, groups=[group], device_id=r % 8, level=level,
+                     steps=[StepTimeline(first_step + s, windows[s][0], windows[s][1], tuple(segs[r][s]))
+                            for s in range(steps)],
+                     peer_link_factors=dict(f.peer_factors[r]), own_link_factor=f.slow_link.get(r, 1.0),
+                     aicore_mhz=f.clock.get(r, NOMINAL_AICORE_MHZ))
+        for r in range(world_size)
+    ]
+
+
+@dataclass(slots=True)
+class _JobFactors:
+    """:func:`build_timelines`' slowdowns, checked and combined: compute factor per rank (a throttled clock
+    included), host-bound gaps, link factors (own, per peer, the group's worst), operator factors, one-off delays."""
+
+    slow: dict[int, float]
+    host_bound: dict[int, float]
+    slow_link: dict[int, float]
+    clock: dict[int, float]
+    op_factor: dict[str, float]
+    delays: dict[tuple[int, int], float]
+    peer_factors: dict[int, dict[int, float]]
+    rank_link: dict[int, float]
+    link_factor: float
+
+
+def _job_factors(world_size: int, slow_ranks: Mapping[int, float] | None, host_bound_ranks: Mapping[int, float] | None,
+                 slow_link_ranks: Mapping[int, float] | None, throttled_ranks: Mapping[int, float] | None,
+                 slow_ops: Mapping[str, float] | None, slow_links: Mapping[tuple[int, int], float] | None,
+                 first_step_delay_ranks: Mapping[int, float] | None,
+                 step_delays: Mapping[tuple[int, int], float] | None) -> _JobFactors:
+    """Check and combine :func:`build_timelines`' slowdown arguments. Raises ValueError for a throttled rank or a
+    slow link outside the job, a clock out of range or an operator the simulator does not have."""
     slow, host_bound, slow_link = dict(slow_ranks or {}), dict(host_bound_ranks or {}), dict(slow_link_ranks or {})
     clock = {r: float(m) for r, m in (throttled_ranks or {}).items()}
     for r, mhz in clock.items():
@@ -262,8 +302,16 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
     for (a, b), f in pairs.items():
         peer_factors[a][b] = peer_factors[b][a] = f
     rank_link = {r: max([slow_link.get(r, 1.0), *peer_factors[r].values()]) for r in range(world_size)}
-    group = ParallelGroup(default_group_name(base), "default_group", tuple(range(world_size)))
-    link_factor = max([1.0, *slow_link.values(), *pairs.values()])
+    return _JobFactors(slow=slow, host_bound=host_bound, slow_link=slow_link, clock=clock, op_factor=op_factor,
+                       delays=delays, peer_factors=peer_factors, rank_link=rank_link,
+                       link_factor=max([1.0, *slow_link.values(), *pairs.values()]))
+
+
+def _run_steps(rng: random.Random, f: _JobFactors, group: ParallelGroup, *, world_size: int, steps: int, base: int,
+               noise: float, collectives_per_step: int,
+               kernels_per_chunk: int) -> tuple[list[list[list[Segment]]], list[tuple[int, int]]]:
+    """Every rank's segments per step (``segs[rank][step index]``) and each step's window ``(start_ns, end_ns)``
+    (``build_timelines``' Notes: compute chunks, then a world allreduce every rank leaves together)."""
     op_ns = _CHUNK_COMPUTE_NS // kernels_per_chunk
     segs: list[list[list[Segment]]] = [[[] for _ in range(steps)] for _ in range(world_size)]
     windows: list[tuple[int, int]] = []
@@ -273,39 +321,30 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
         step_start = t
         cursor = [step_start + int(100_000 * (1 + rng.random() * 0.5)) for _ in range(world_size)]
         for r in range(world_size):
-            cursor[r] += int(delays.get((r, s), 0.0) * _CHUNK_COMPUTE_NS)
+            cursor[r] += int(f.delays.get((r, s), 0.0) * _CHUNK_COMPUTE_NS)
         for _c in range(collectives_per_step):
             for r in range(world_size):
-                factor = slow.get(r, 1.0)
-                gap = _LAUNCH_GAP_NS + int(host_bound.get(r, 0.0) * _CHUNK_COMPUTE_NS * factor / kernels_per_chunk)
+                factor = f.slow.get(r, 1.0)
+                gap = _LAUNCH_GAP_NS + int(f.host_bound.get(r, 0.0) * _CHUNK_COMPUTE_NS * factor / kernels_per_chunk)
                 for k in range(kernels_per_chunk):
                     kname, ktype, aten = _KERNELS[k % 2]
-                    dur = max(int(op_ns * factor * op_factor.get(ktype, 1.0) * (1.0 + rng.gauss(0.0, noise))), 1_000)
+                    dur = max(int(op_ns * factor * f.op_factor.get(ktype, 1.0) * (1.0 + rng.gauss(0.0, noise))), 1_000)
                     segs[r][s].append(ComputeSegment(cursor[r], cursor[r] + dur, kname, ktype, aten))
                     cursor[r] += dur + gap
             last = max(cursor)
-            transmit = int(_TRANSMIT_NS * link_factor * (1.0 + abs(rng.gauss(0.0, noise / 4))))
+            transmit = int(_TRANSMIT_NS * f.link_factor * (1.0 + abs(rng.gauss(0.0, noise / 4))))
             end = last + transmit
             name = f"hcom_allReduce__{instance}_0_1"
             instance += 1
             for r in range(world_size):
-                link = int(_TRANSMIT_NS * rank_link[r])
+                link = int(_TRANSMIT_NS * f.rank_link[r])
                 segs[r][s].append(CollectiveSegment(cursor[r], end, name, group.raw_name, wait_ns=last - cursor[r],
                                                     link_transit_ns=link))
                 cursor[r] = end + 30_000
         t = max(cursor) + 50_000
         windows.append((step_start, t))
         t += 2_000_000
-    hosts = dict(hostnames or {})
-    return [
-        RankTimeline(rank=r, world_size=world_size, hostname=hosts.get(r, f"node{r // 8}"), pid=4000 + r,
-                     start_ns=base + r * 1_000_000, groups=[group], device_id=r % 8, level=level,
-                     steps=[StepTimeline(first_step + s, windows[s][0], windows[s][1], tuple(segs[r][s]))
-                            for s in range(steps)],
-                     peer_link_factors=dict(peer_factors[r]), own_link_factor=slow_link.get(r, 1.0),
-                     aicore_mhz=clock.get(r, NOMINAL_AICORE_MHZ))
-        for r in range(world_size)
-    ]
+    return segs, windows
 
 
 def cluster_time_summary(timelines: Sequence[RankTimeline]) -> list[RankStepSummary]:

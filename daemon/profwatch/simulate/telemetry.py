@@ -151,19 +151,14 @@ def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, Any]]:
         raise ValueError("world_size must be >= 1")
     rng = np.random.default_rng(sc.seed)
     events = np.random.default_rng([sc.seed, 1])  # interruptions: a separate stream keeps the noise unchanged
-    stall_rank, stall_left = -1, 0
+    stall = _LoaderStall()
     n = sc.world_size
     factors = np.asarray(sc.rank_compute_factors, dtype=np.float64) if sc.rank_compute_factors else np.ones(n)
     if factors.shape != (n,):
         raise ValueError("rank_compute_factors needs one factor per rank")
-    rotation = sc.rotate_ranks or tuple(range(n))
     ts = np.full(n, sc.t0_unix_s)
-    plan: list[tuple[int, bool]] = [(sc.first_step + i, False) for i in range(sc.steps)]
-    if sc.restart_after_step is not None:
-        plan = [p for p in plan if p[0] <= sc.restart_after_step]
-        plan += [(sc.first_step + i, True) for i in range(sc.restart_steps)]
     prev_restarted = False
-    for step, restarted in plan:
+    for step, restarted in _step_plan(sc):
         if restarted and not prev_restarted:
             ts = ts + sc.restart_gap_s
         prev_restarted = restarted
@@ -172,18 +167,7 @@ def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, Any]]:
         if sc.gc_prob and events.random() < sc.gc_prob:
             lvl *= sc.gc_factor
         base = sc.step_time_s * lvl * g
-        compute = base * sc.compute_frac * factors * np.maximum(0.2, 1.0 + sc.rank_jitter_cv * rng.standard_normal(n))
-        if sc.loader_stall_prob and stall_left == 0 and events.random() < sc.loader_stall_prob:
-            stall_rank, stall_left = int(events.integers(n)), max(1, sc.loader_stall_steps)
-        if stall_left > 0:
-            compute[stall_rank] += sc.step_time_s * g * (sc.loader_stall_factor - 1.0)
-            stall_left -= 1
-        if sc.slow_rank is not None and step >= sc.slow_rank_from_step and not restarted:
-            compute[sc.slow_rank] *= sc.slow_rank_factor
-        if sc.rotate_every and step >= sc.slow_rank_from_step and not restarted:
-            compute[rotation[((step - sc.slow_rank_from_step) // sc.rotate_every) % len(rotation)]] *= sc.slow_rank_factor
-        if restarted and sc.restart_slow_rank is not None and step >= sc.restart_slow_rank_from_step:
-            compute[sc.restart_slow_rank] *= sc.slow_rank_factor
+        compute = _rank_compute(sc, rng, events, stall, step, restarted, base, g, factors)
         live = n if not restarted or sc.restart_world_size is None else min(n, sc.restart_world_size)
         if live < n:
             compute[live:] = 0.0
@@ -197,23 +181,68 @@ def iter_telemetry(sc: TelemetryScenario) -> Iterator[dict[str, Any]]:
             if sc.stall_rank == r and sc.stall_from_step is not None and step >= sc.stall_from_step \
                     and not restarted:
                 continue
-            rec: dict[str, Any] = {"job_id": sc.job_id, "rank": r, "world_size": live, "step": step,
-                                   "step_time_s": round(float(step_t[r]), 6), "ts_unix_s": round(float(ts[r]), 6)}
-            if sc.roles:
-                rec["role"] = sc.roles[r]
-            if sc.mode:
-                rec["mode"] = sc.mode
-            if sc.with_identity:
-                rec["pid"] = 10_000 + r + (50_000 if restarted else 0)
-                rec["node"] = f"node-{'b' if restarted else 'a'}{r // max(1, sc.ranks_per_node)}"
-            if sc.with_stages:
-                c = float(compute[r])
-                rec["stages"] = {"compute": round(c, 6), "comm": round(float(step_t[r]) - c, 6)}
-            if flagged:
-                rec["flags"] = [flagged]
-            if capturing:
-                rec["capturing"] = True
-            yield rec
+            yield _record(sc, r, live, step, float(step_t[r]), float(ts[r]), float(compute[r]), restarted, flagged,
+                          capturing)
+
+
+@dataclass(slots=True)
+class _LoaderStall:
+    """The data-loader stall in progress: which rank, for how many more steps."""
+
+    rank: int = -1
+    left: int = 0
+
+
+def _step_plan(sc: TelemetryScenario) -> list[tuple[int, bool]]:
+    """``(step, restarted)`` in order: the steps before a restart, then the restarted run's from ``first_step``."""
+    plan: list[tuple[int, bool]] = [(sc.first_step + i, False) for i in range(sc.steps)]
+    if sc.restart_after_step is not None:
+        plan = [p for p in plan if p[0] <= sc.restart_after_step]
+        plan += [(sc.first_step + i, True) for i in range(sc.restart_steps)]
+    return plan
+
+
+def _rank_compute(sc: TelemetryScenario, rng: np.random.Generator, events: np.random.Generator,
+                  stall: _LoaderStall, step: int, restarted: bool, base: float, g: float,
+                  factors: np.ndarray) -> np.ndarray:
+    """Each rank's compute time of one step (s): jitter, a loader stall, the slow rank (fixed, rotating, or after
+    the restart). Draws from ``rng`` and ``events`` in a fixed order, so a scenario's records never change."""
+    n = sc.world_size
+    compute = base * sc.compute_frac * factors * np.maximum(0.2, 1.0 + sc.rank_jitter_cv * rng.standard_normal(n))
+    if sc.loader_stall_prob and stall.left == 0 and events.random() < sc.loader_stall_prob:
+        stall.rank, stall.left = int(events.integers(n)), max(1, sc.loader_stall_steps)
+    if stall.left > 0:
+        compute[stall.rank] += sc.step_time_s * g * (sc.loader_stall_factor - 1.0)
+        stall.left -= 1
+    if sc.slow_rank is not None and step >= sc.slow_rank_from_step and not restarted:
+        compute[sc.slow_rank] *= sc.slow_rank_factor
+    if sc.rotate_every and step >= sc.slow_rank_from_step and not restarted:
+        rotation = sc.rotate_ranks or tuple(range(n))
+        compute[rotation[((step - sc.slow_rank_from_step) // sc.rotate_every) % len(rotation)]] *= sc.slow_rank_factor
+    if restarted and sc.restart_slow_rank is not None and step >= sc.restart_slow_rank_from_step:
+        compute[sc.restart_slow_rank] *= sc.slow_rank_factor
+    return compute
+
+
+def _record(sc: TelemetryScenario, r: int, live: int, step: int, step_t: float, ts: float, compute: float,
+            restarted: bool, flagged: str | None, capturing: bool) -> dict[str, Any]:
+    """One rank's step record in the ``profwatch replay`` format."""
+    rec: dict[str, Any] = {"job_id": sc.job_id, "rank": r, "world_size": live, "step": step,
+                           "step_time_s": round(step_t, 6), "ts_unix_s": round(ts, 6)}
+    if sc.roles:
+        rec["role"] = sc.roles[r]
+    if sc.mode:
+        rec["mode"] = sc.mode
+    if sc.with_identity:
+        rec["pid"] = 10_000 + r + (50_000 if restarted else 0)
+        rec["node"] = f"node-{'b' if restarted else 'a'}{r // max(1, sc.ranks_per_node)}"
+    if sc.with_stages:
+        rec["stages"] = {"compute": round(compute, 6), "comm": round(step_t - compute, 6)}
+    if flagged:
+        rec["flags"] = [flagged]
+    if capturing:
+        rec["capturing"] = True
+    return rec
 
 
 def generate_telemetry(sc: TelemetryScenario) -> list[dict[str, Any]]:

@@ -46,14 +46,18 @@ class HttpClientSettings(_Strict):
     timeout_s: float = Field(5.0, gt=0, le=300, description="per-request timeout")
     retries: int = Field(3, ge=0, le=20, description="extra attempts for connection errors, timeouts, 5xx and 429")
     backoff_s: float = Field(0.5, gt=0, le=60, description="first retry delay; doubles up to max_backoff_s")
-    max_backoff_s: float = Field(10.0, gt=0, le=600)
+    max_backoff_s: float = Field(10.0, gt=0, le=600, description="longest retry delay")
     queue_size: int = Field(1000, ge=1, le=100_000, description="pending requests kept; more are dropped and counted")
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    verify: bool = True
-    authorization_file: Path | None = None
-    authorization_env: str | None = None
+    ca_file: Path | None = Field(None, description=(
+        "CA bundle the server's certificate must chain to (unset: the system store)"))
+    cert_file: Path | None = Field(None, description="client certificate for mutual TLS (with key_file)")
+    key_file: Path | None = Field(None, description="private key of cert_file")
+    verify: bool = Field(True, description="verify the server's TLS certificate (false: warned at start)")
+    authorization_file: Path | None = Field(None, description=(
+        "file (mode 0600/0640) holding the whole Authorization header value, e.g. Bearer <token>"))
+    authorization_env: str | None = Field(None, description=(
+        "environment variable holding the whole Authorization header value (set by systemd Environment= or "
+        "EnvironmentFile=)"))
 
     @field_validator("authorization_env")
     @classmethod
@@ -81,10 +85,11 @@ class AlertmanagerSettings(HttpClientSettings):
     profwatch runs and lets them expire by themselves if profwatch stops for good.
     """
 
-    url: str = ""
+    url: str = Field("", description="Alertmanager base URL (profwatch posts to <url>/api/v2/alerts); empty: sink off")
     cluster: str = Field("default", min_length=1, max_length=_LABEL_VALUE_MAX,
                          description="value of the 'cluster' label on every alert")
-    resend_interval_s: float = Field(60.0, ge=0.2, le=3600)
+    resend_interval_s: float = Field(60.0, ge=0.2, le=3600, description=(
+        "standing alerts are re-sent this often, each with endsAt = now + 4 x this"))
     max_suspects: int = Field(5, ge=1, le=100, description="alerts per suspect_ranks event (best first)")
     external_url: str = Field("", description="generatorURL of every alert (e.g. where reports are served); "
                                               "default: a file:// link to the batch report")
@@ -112,8 +117,10 @@ class WebhookSettings(HttpClientSettings):
     mode (``Content-Type: application/cloudevents+json``). ``events = "alerts"`` sends the alert types only,
     ``"all"`` also progress events (anomaly, arm, capture, batch, job_ended)."""
 
-    url: str = ""
-    events: Literal["alerts", "all"] = "alerts"
+    url: str = Field("", description=(
+        "webhook URL each event is POSTed to as a CloudEvent (structured mode); empty: sink off"))
+    events: Literal["alerts", "all"] = Field("alerts", description=(
+        "alerts (the alert types only) or all (also anomaly, arm, capture, batch, job_ended)"))
 
     @field_validator("url")
     @classmethod

@@ -53,14 +53,19 @@ class TargetingSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    enabled: bool = True
-    min_world_size: int = Field(64, ge=1, le=1 << 20)
-    reference_ranks: int = Field(16, ge=4, le=4096)
-    node_peers: int = Field(2, ge=0, le=64)
-    group_peers: int = Field(2, ge=0, le=64)
-    max_suspects: int = Field(8, ge=1, le=256)
-    sample_ranks: int = Field(64, ge=4, le=1 << 20)
-    bytes_per_rank_step: int = Field(16 * 2**20, ge=0, le=2**40)
+    enabled: bool = Field(True, description=(
+        "capture a targeted subset of a large job's ranks (false: every rank, always)"))
+    min_world_size: int = Field(64, ge=1, le=1 << 20, description="jobs of at most this many ranks are captured whole")
+    reference_ranks: int = Field(16, ge=4, le=4096, description=(
+        "healthy ranks spread over nodes added to a targeted capture, for the ranking's noise estimate"))
+    node_peers: int = Field(2, ge=0, le=64, description="ranks on each suspect's node added beside it")
+    group_peers: int = Field(2, ge=0, le=64, description=(
+        "ranks of each suspect's communication groups added beside it (groups known from an earlier capture)"))
+    max_suspects: int = Field(8, ge=1, le=256, description="most named ranks one targeted capture centres on")
+    sample_ranks: int = Field(64, ge=4, le=1 << 20, description=(
+        "size of a job-wide anomaly's sample (at least one rank per node)"))
+    bytes_per_rank_step: int = Field(16 * 2**20, ge=0, le=2**40, description=(
+        "estimate of one rank's capture bytes per recorded step before the job's first capture measures it (16 MiB)"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,36 +135,64 @@ def plan_targets(ranks: Sequence[int], topo: JobTopology, settings: TargetingSet
         return Target(None, "full", f"every rank captured ({why})")
     nodes = _by_host(world, topo.hosts)
     order = sorted(nodes, key=lambda h: nodes[h][0])
-    roles: dict[int, Role] = {}
     suspects = sorted({r for r in ranks if 0 <= r < world})[: settings.max_suspects]
-    if not suspects:  # job-wide: one rank per node, then more spread evenly
-        for h in order:
-            roles[nodes[h][len(nodes[h]) // 2]] = "sample"
-        rest = [r for r in range(world) if r not in roles]
-        for r in _spread(rest, max(0, settings.sample_ranks - len(roles))):
-            roles[r] = "sample"
-        detail = (f"sample of {len(roles)} of {world} ranks covering all {len(nodes)} nodes (job-wide anomaly: no "
-                  "rank named)")
-        return Target(tuple(sorted(roles)), "sample", detail, roles, len(nodes))
-    for s in suspects:
-        roles[s] = "suspect"
+    if not suspects:
+        return _sample_target(world, nodes, order, settings)
+    roles: dict[int, Role] = {s: "suspect" for s in suspects}
     for s in suspects:
         host = topo.hosts.get(s) or f"?{s}"
         for r in _nearest(nodes.get(host, []), s, settings.node_peers, set(roles)):
             roles[r] = "node_peer"
+    groups_used = _add_group_peers(roles, suspects, topo, settings)
+    _add_references(roles, suspects, topo, nodes, order, settings.reference_ranks)
+    covered = {topo.hosts.get(r) or f"?{r}" for r in roles}
+    ref_nodes = {topo.hosts.get(r) or f"?{r}" for r, role in roles.items() if role == "reference"}
+    n = {role: sum(1 for v in roles.values() if v == role) for role in ("suspect", "node_peer", "group_peer",
+                                                                         "reference")}
+    detail = (f"targeted capture of {len(roles)} of {world} ranks: suspects {suspects}, {n['node_peer']} peer(s) on "
+              f"their nodes, {n['group_peer']} peer(s) from {groups_used} of their communication groups"
+              + (f" (groups from capture {topo.groups_from})" if topo.groups_from and topo.groups else
+                 " (groups unknown before a capture of the job: node locality stands in)")
+              + f", {n['reference']} reference ranks over {len(ref_nodes)} nodes for the ranking's noise estimate")
+    return Target(tuple(sorted(roles)), "targeted", detail, roles, len(covered))
+
+
+def _sample_target(world: int, nodes: Mapping[str, list[int]], order: Sequence[str],
+                   settings: TargetingSettings) -> Target:
+    """A job-wide anomaly (no rank named): one rank per node, then more spread evenly up to ``sample_ranks``."""
+    roles: dict[int, Role] = {}
+    for h in order:
+        roles[nodes[h][len(nodes[h]) // 2]] = "sample"
+    rest = [r for r in range(world) if r not in roles]
+    for r in _spread(rest, max(0, settings.sample_ranks - len(roles))):
+        roles[r] = "sample"
+    detail = (f"sample of {len(roles)} of {world} ranks covering all {len(nodes)} nodes (job-wide anomaly: no "
+              "rank named)")
+    return Target(tuple(sorted(roles)), "sample", detail, roles, len(nodes))
+
+
+def _add_group_peers(roles: dict[int, Role], suspects: Sequence[int], topo: JobTopology,
+                     settings: TargetingSettings) -> int:
+    """Up to ``group_peers`` nearest members of each suspect's communication groups (not the world group) join as
+    ``group_peer``; returns how many (group, suspect) pairs were used."""
     groups_used = 0
     for _name, members in sorted(topo.groups.items()):
-        if len(members) >= world:  # the world group says nothing about locality
+        if len(members) >= topo.world_size:  # the world group says nothing about locality
             continue
         for s in suspects:
             if s in members:
                 groups_used += 1
                 for r in _nearest(members, s, settings.group_peers, set(roles)):
                     roles.setdefault(r, "group_peer")
-    # references: one rank on each of up to ``want`` nodes evenly spaced over the job (suspects' nodes last), more
-    # rounds over the same nodes when the job has fewer nodes than references
+    return groups_used
+
+
+def _add_references(roles: dict[int, Role], suspects: Sequence[int], topo: JobTopology,
+                    nodes: Mapping[str, list[int]], order: Sequence[str], want: int) -> None:
+    """References: one rank on each of up to ``want`` nodes evenly spaced over the job (suspects' nodes last),
+    more rounds over the same nodes when the job has fewer nodes than references."""
     suspect_hosts = {topo.hosts.get(s) or f"?{s}" for s in suspects}
-    want, picked = settings.reference_ranks, 0
+    picked = 0
     hosts = _spread([h for h in order if h not in suspect_hosts] or order, want)
     while picked < want:
         added = 0
@@ -171,17 +204,7 @@ def plan_targets(ranks: Sequence[int], topo: JobTopology, settings: TargetingSet
         if not added:
             if len(hosts) == len(order):
                 break  # every rank is taken
-            hosts = order
-    covered = {topo.hosts.get(r) or f"?{r}" for r in roles}
-    ref_nodes = {topo.hosts.get(r) or f"?{r}" for r, role in roles.items() if role == "reference"}
-    n = {role: sum(1 for v in roles.values() if v == role) for role in ("suspect", "node_peer", "group_peer",
-                                                                         "reference")}
-    detail = (f"targeted capture of {len(roles)} of {world} ranks: suspects {suspects}, {n['node_peer']} peer(s) on "
-              f"their nodes, {n['group_peer']} peer(s) from {groups_used} of their communication groups"
-              + (f" (groups from capture {topo.groups_from})" if topo.groups_from and topo.groups else
-                 " (groups unknown before a capture of the job: node locality stands in)")
-              + f", {n['reference']} reference ranks over {len(ref_nodes)} nodes for the ranking's noise estimate")
-    return Target(tuple(sorted(roles)), "targeted", detail, roles, len(covered))
+            hosts = list(order)
 
 
 def plan_follow_up(waited: Sequence[int], topo: JobTopology, settings: TargetingSettings) -> Target:

@@ -78,23 +78,37 @@ class CaptureSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    warmup: int = Field(default=1, ge=0)
-    active: int = Field(default=4, gt=0)
-    margin_steps: int = Field(default=2, ge=0)
-    margin_s: float = Field(default=2.0, ge=0)
-    export_type: list[ExportType] = Field(default_factory=lambda: list[ExportType](["db"]), min_length=1)
-    profiler_level: ProfilerLevel = "Level1"
-    analyse: bool = True
-    async_mode: bool = True
-    max_active: int = Field(default=10, gt=0)
-    deadline_factor: float = Field(default=3.0, ge=1.0)
-    deadline_grace_s: float = Field(default=120.0, ge=0)
-    write_timeout_s: float = Field(default=30.0, gt=0, le=86400)
-    """How long a capture may stay ``planned``: the config writer (the coordinator's file system worker, or every
-    node daemon of the job) must confirm the write by then, else the capture fails with the reason."""
-    final_scan_grace_s: float = Field(default=120.0, gt=0, le=86400)
-    """After a capture's judgement time, how long the final scan of its prof_dir may take before the capture is
-    closed ``incomplete`` without one (an unreachable file system never keeps a capture open)."""
+    warmup: int = Field(default=1, ge=0, description=(
+        "profiler warm-up steps before the recorded ones (profiler_config.json warmup) of a capture with no window of"
+        " its own"))
+    active: int = Field(default=4, gt=0, description=(
+        "steps recorded by a capture with no window of its own (profiler_config.json active; fewer than "
+        "[analysis.ranking] min_strong_steps gives a weak verdict)"))
+    margin_steps: int = Field(default=2, ge=0, description=(
+        "steps added to the lead: start_step = furthest rank + lead(step time, torch_npu poll interval) + "
+        "margin_steps"))
+    margin_s: float = Field(default=2.0, ge=0, description=(
+        "seconds added to the lead: the writer's wait for a fresh mtime second and NFS attribute caching"))
+    export_type: list[ExportType] = Field(default_factory=lambda: list[ExportType](["db"]), min_length=1, description=(
+        "torch_npu export types written (profiler_config.json export_type); msprof-analyze's cluster recipes read "
+        "only db"))
+    profiler_level: ProfilerLevel = Field("Level1", description=(
+        "torch_npu profiler level; Level1 records the communication data cluster analysis needs"))
+    analyse: bool = Field(True, description=(
+        "torch_npu parses its raw data after the window (profiler_config.json analyse); needed for analyse.done"))
+    async_mode: bool = Field(True, description=(
+        "torch_npu parses in a background process (profiler_config.json async_mode), so the job is not held"))
+    max_active: int = Field(default=10, gt=0, description=(
+        "most steps one capture may record (an arm or a grown episode asking more is refused or capped)"))
+    deadline_factor: float = Field(default=3.0, ge=1.0, description=(
+        "a rank's capture deadline allows its window's steps at this many times its step time"))
+    deadline_grace_s: float = Field(default=120.0, ge=0, description="seconds added to every rank's capture deadline")
+    write_timeout_s: float = Field(default=30.0, gt=0, le=86400, description=(
+        "How long a capture may stay ``planned``: the config writer (the coordinator's file system worker, or every "
+        "node daemon of the job) must confirm the write by then, else the capture fails with the reason."))
+    final_scan_grace_s: float = Field(default=120.0, gt=0, le=86400, description=(
+        "After a capture's judgement time, how long the final scan of its prof_dir may take before the capture is "
+        "closed ``incomplete`` without one (an unreachable file system never keeps a capture open)."))
 
 
 class CaptureRequest(BaseModel):

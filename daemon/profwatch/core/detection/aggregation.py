@@ -22,6 +22,7 @@ from profwatch.core.detection.types import FinalizedStep
 NEVER = -(2**62)
 """``last_step`` of a rank that never reported."""
 MAX_STAGES_PER_STEP = 32
+"""Distinct stage names kept per step (more are not recorded for that step): bounds memory per open step whatever a rank sends."""
 MAX_OPEN_EXCLUSIONS = 16
 """Open post-capture exclusions (:meth:`StepAggregator.exclude_until_closed`) kept per aggregator; a job has one
 capture in flight at a time, so more means their closes were lost."""

@@ -20,12 +20,17 @@ import numpy as np
 from profwatch.core.detection.types import MAD_TO_SIGMA
 
 BIWEIGHT_C_LOCATION = 6.0
+"""Tuning constant of the biweight location, in MADs (Mosteller & Tukey 1977; 6 is the usual choice)."""
 BIWEIGHT_C_SCALE = 9.0
+"""Tuning constant of the biweight midvariance (scale), in MADs (Mosteller & Tukey 1977; 9 is the usual choice)."""
 STATS_EVERY = 8
 """Windows are re-estimated every this many pushes; below :data:`STATS_EVERY_BELOW` values at every push."""
 STATS_EVERY_BELOW = 64
+"""Windows holding fewer values than this are re-estimated at every push (a young baseline moves fast)."""
 MAX_TREND_BLOCKS = 12
+"""Most blocks a window is cut into for its trend estimate (:func:`trend_slope`)."""
 MIN_TREND_VALUES = 48
+"""Values a window needs before a trend is estimated from it (fewer: flat)."""
 PRIOR_TREND_VALUES = 2 * MIN_TREND_VALUES
 """A prior trend (:attr:`RobustBaseline.prior_slope`) is assumed only while the window holds fewer values than this
 (then the window's own estimate, or none, is trusted: a slope of 0.05 % per step at 3 % noise is significant from

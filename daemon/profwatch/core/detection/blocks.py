@@ -26,7 +26,9 @@ MAX_PERIOD = 4
 PERIOD_SEPARATION = 6.0
 """A period is used when its phase medians span at least this many of the widest phase's noise sigmas."""
 MIN_PHASE_VALUES = 4
+"""Values every phase of a candidate step-time period needs before the period is judged (:func:`step_period`)."""
 RESIZE_FACTOR = 4.0
+"""See :data:`RESIZE_STEPS`: how far (a factor) the records' step time must move for the block size to be learned again."""
 RESIZE_STEPS = 8
 """The block size is learned again when the records' step time stayed this factor off the learned one over at
 least this many steps (a level jump: 10 ms blocks of 5 steps would become 2.5 s records after a 50x jump)."""

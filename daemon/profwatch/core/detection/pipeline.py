@@ -22,6 +22,7 @@ from profwatch.core.detection.types import Anomaly, FinalizedStep, StallDetector
 
 HoldSteps = Callable[[int, float], int]
 SERVING_FALSE_ALARM_FACTOR = 100.0
+"""A serving unit's mean run between false alarms is this many times ``false_alarm_steps`` (its ratios are less regular than a training loop's; the delay grows with the log only)."""
 
 
 class UnitPipeline:

@@ -25,11 +25,12 @@ biweight scale over n steps), so a short baseline does not make the detector tri
 PROVISIONAL_MIN = 5
 """While learning, steps are screened for spikes once the baseline holds this many values."""
 DEFAULT_HOLD_STEPS = 8
-"""The spike hold (steps) when neither ``spike_hold_steps`` nor a capture planner's lead is given."""
+"""Steps a spike may last and stay transient when neither ``spike_hold_steps`` nor the capture planner's lead is given."""
 LARGE_JUMP = 10.0
 """A step this many times the baseline or more is held for the capture lead at its own step time (see
 :meth:`StepTimeRegressionDetector._hold_time`)."""
 MAX_SLOWEST_RANKS = 16
+"""Slowest ranks remembered per run (named in a step_regression's detail)."""
 
 
 TREND_EXPLAINS = 0.75

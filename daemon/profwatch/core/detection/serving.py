@@ -24,7 +24,9 @@ BAND_WINDOW = 128
 BAND_LAG = 32
 """The newest values of a band enter its reference only this late (a change cannot hide in it at once)."""
 BAND_MIN = 8
+"""Values a band needs before its steps are judged."""
 LOAD_BAND_WINDOW = 32
+"""Blocks in a load band's rolling reference without ``work`` (see :data:`LOAD_BAND_LAG`)."""
 LOAD_BAND_LAG = 8
 """Without ``work``, a load band's reference is the rolling median of its last :data:`LOAD_BAND_WINDOW` blocks, the
 newest :data:`LOAD_BAND_LAG` held back: the iteration time follows the batch size, which follows the load within a
@@ -33,9 +35,10 @@ blocks is still judged before it enters it."""
 LOAD_BAND_STALE = 64
 """Without ``work``, a load band not used for this many of the unit's blocks is learned afresh when it is entered
 again (its reference was the load of another hour)."""
-"""Values a band needs before its steps are judged."""
 MAX_BANDS = 128
+"""Work or load bands kept per unit (the least recently used is dropped): bounds memory."""
 BLOCK_STEPS_WITHOUT_WORK = 16
+"""Smallest block of a serving unit that reports no ``work`` (its median: a prefill among decode iterations does not move it)."""
 LOAD_WINDOW_S = 600.0
 """Seconds (of the unit's own step and idle time) over which the busy fraction, the load band without ``work``,
 is measured: several bursts and idle gaps, so one idle gap does not move a step to another band (over the last 64

@@ -35,12 +35,22 @@ class DetectionSettings(BaseModel):
     max_exclusions: int = Field(256, ge=1, description="excluded step ranges kept (oldest dropped first)")
 
     # -- job step-time regression (change point) -------------------------------------------------------------------
-    baseline_steps: int = Field(300, ge=5, description="steps in the rolling robust baseline (median, biweight scale)")
+    baseline_steps: int = Field(
+        300, ge=5, description="steps in the rolling robust baseline (median, biweight scale)",
+        json_schema_extra={"reach": "at fast step rates (block_target_s > 0) counts blocks of steps, not steps"},
+    )
     min_baseline_steps: int = Field(30, ge=3, description="steps the baseline needs before detection (also re-learn)")
     baseline_lag_steps: int = Field(
         16, ge=0, description="steps: the newest steps enter the baseline only this late (a change cannot hide in it)"
     )
-    min_effect: float = Field(0.10, gt=0, description="relative: the smallest regression reported (0.10 = 10% slower)")
+    min_effect: float = Field(
+        0.10, gt=0, description="relative: the smallest regression reported (0.10 = 10% slower)",
+        json_schema_extra={"reach": (
+            "the smallest amplitude of a step-time period that makes fast-step blocks follow that period "
+            "(core/detection/blocks.py step_period: phase medians spanning at least min_effect of their mean, as "
+            "with one hook call per micro-batch); drift_threshold when that is unset; the floor of spike_min_effect; "
+            "in a serving unit without work, the mean excess a step_regression must itself reach")},
+    )
     false_alarm_steps: float = Field(
         1e5, ge=10, description="steps: target mean run between false alarms; the CUSUM threshold is its log"
     )
@@ -59,7 +69,10 @@ class DetectionSettings(BaseModel):
     spike_hold_steps: int | None = Field(
         None, ge=1, description="steps a spike may last and stay transient (None = the capture planner's lead)"
     )
-    spike_event_gap_steps: int = Field(100, ge=0, description="steps between two reported step_spike events (rate limit)")
+    spike_event_gap_steps: int = Field(
+        100, ge=0, description="steps between two reported step_spike events (rate limit)",
+        json_schema_extra={"reach": "at fast step rates (block_target_s > 0) counts blocks of steps, not steps"},
+    )
     periodic_detection: bool = Field(True, description="learn recurring spikes (period from the step series) and exclude them")
     periodic_jitter: float = Field(0.01, ge=0, le=0.2, description="relative: onset tolerance of a periodic spike")
     periodic_alpha: float = Field(1e-3, gt=0, lt=1, description="chance probability below which a lattice of spikes is periodic")
@@ -72,7 +85,10 @@ class DetectionSettings(BaseModel):
     outlier_on_step_time: bool = Field(
         False, description="also compare step_time_s across ranks (only without a per-step barrier, e.g. inference)"
     )
-    outlier_window_steps: int = Field(12, ge=1, description="steps in the per-rank outlier window")
+    outlier_window_steps: int = Field(
+        12, ge=1, description="steps in the per-rank outlier window",
+        json_schema_extra={"reach": "at fast step rates (block_target_s > 0) counts blocks of steps, not steps"},
+    )
     outlier_min_steps: int = Field(8, ge=1, description="outlying steps within the window needed to fire")
     outlier_z: float = Field(4.0, gt=0, description="robust z vs the peer median for a rank to be outlying in a step")
     outlier_min_effect: float = Field(0.10, gt=0, description="relative: minimum excess over the peer median")

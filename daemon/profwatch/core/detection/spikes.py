@@ -20,6 +20,7 @@ from profwatch.core.detection.settings import DetectionSettings
 MERGE_GAP_STEPS = 1
 """Normal steps an episode may contain and go on (a 6x checkpoint may have one ordinary step inside)."""
 MAX_PATTERNS = 4
+"""Periodic spike patterns kept per job (the oldest is dropped)."""
 HISTORY = 64
 """Ended episodes remembered for period learning."""
 SIMILAR_PEAK_RATIO = 2.0
@@ -29,9 +30,11 @@ MAX_MISSES = 2
 DIVISORS = (1, 2, 3)
 """Candidate periods are the gaps to earlier alike onsets divided by these (an occurrence may be hidden)."""
 MAX_LATTICE_POINTS = 64
+"""Most predicted onsets a candidate period is tested on (:func:`_binomial_tail`'s n)."""
 EXIT_FRACTION = 0.5
 """Hysteresis: an open episode goes on through steps over this fraction of both spike thresholds."""
 MAX_EPISODE_VALUES = 256
+"""Relative excesses kept per spike episode (its peak and length are counted beyond)."""
 
 
 @dataclass(slots=True)

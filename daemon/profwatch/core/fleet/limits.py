@@ -48,7 +48,8 @@ class LimitSettings(BaseModel):
         description="a rank bound to one node may say hello from another only after this much silence (or a bye)")
     ingest_queue_bytes_per_peer: int = Field(
         16 * MIB, ge=MIB, le=1 << 34, description="bytes a node connection may have queued at the coordinator")
-    control_queue_bytes_per_peer: int = Field(8 * MIB, ge=MIB, le=1 << 32)
+    control_queue_bytes_per_peer: int = Field(8 * MIB, ge=MIB, le=1 << 32, description=(
+        "bytes a control connection may have queued at the coordinator"))
     rank_queue_bytes_per_peer: int = Field(
         16 * MIB, ge=MIB, le=1 << 32, description="bytes one rank connection may have queued at its node daemon")
     node_max_cached_hellos: int = Field(4096, ge=1, le=1_000_000,

@@ -193,15 +193,7 @@ def align_steps(spans: Mapping[int, Sequence[Span]], collectives: Mapping[int, S
         return al
     ref = min(have, key=lambda r: (-len(have[r]), r))
     al.reference = ref
-    lengths = sorted(e - s for v in have.values() for _, s, e in v)
-    window = min(max_skew_us, 0.5 * lengths[len(lengths) // 2]) if lengths else max_skew_us
-    # ranks leave a collective within microseconds on a device, within milliseconds for host collectives on a busy
-    # host: the tolerance grows with the spacing of the collectives (a quarter of the median gap), never past a
-    # quarter of the skew window
-    ref_ends = sorted(e for _, e in collectives.get(ref, ()))
-    gaps = sorted(b - a for a, b in zip(ref_ends, ref_ends[1:], strict=False) if b > a)
-    spacing = gaps[len(gaps) // 2] if gaps else 0.0
-    tol = min(window / 4, max(tol_us, spacing / 4))
+    window, tol = _window_and_tolerance(have, collectives.get(ref, ()), max_skew_us, tol_us)
     al.methods[ref] = "reference"
     al.labels[ref] = {lab: lab for lab, _, _ in have[ref]}
     for r in sorted(have):
@@ -211,67 +203,102 @@ def align_steps(spans: Mapping[int, Sequence[Span]], collectives: Mapping[int, S
         shared = bool({n for n, _ in mine} & {n for n, _ in theirs})
         est = estimate_offset(mine, theirs, max_skew_us=window, tol_us=tol) if shared else None
         if shared and est is None:
-            as_is = _pair_spans(have[r], have[ref], 0.0)
-            if len(as_is) * 2 >= min(len(have[r]), len(have[ref])):
-                # the collective ends do not line up (e.g. asynchronous collectives) but the steps overlap on the
-                # clocks as they are: trust the clocks
-                al.methods[r], al.labels[r], al.offsets_us[r] = "clock", as_is, 0.0
-                continue
-            far = sequence_offset(mine, theirs, tol_us=tol)
-            span_ref = have[ref][-1][2] - have[ref][0][1]
-            own = [lab for lab, _, _ in have[r]]
-            same_armed = (armed_labels is not None and own == [lab for lab, _, _ in have[ref]]
-                          and set(own) <= armed_labels)
-            if far is not None and same_armed:
-                mapping = _pair_spans(have[r], have[ref], far)
-                if mapping:
-                    al.offsets_us[r], al.methods[r], al.labels[r] = far, "collective_sequence", mapping
-                    al.notes.append(f"rank {r}: its clock is {far / 1e3:+.1f} ms off rank {ref}'s: both recorded the "
-                                    f"armed steps {own[0]}-{own[-1]} (the same step numbers), paired by the order of "
-                                    "their collectives")
-                    continue
-            if far is not None and abs(far) >= max(2.0 * span_ref, FAR_SKEW_US):
-                mapping = _pair_spans(have[r], have[ref], far)
-                if mapping:
-                    # hosts whose clocks differ by seconds (no NTP): the same collectives in the same order, all
-                    # ends off by one constant far beyond the window
-                    al.offsets_us[r], al.methods[r], al.labels[r] = far, "collective_sequence", mapping
-                    al.notes.append(f"rank {r}: its clock is {far / 1e6:+.3f} s off rank {ref}'s: steps paired by "
-                                    "the order of their collectives (the same collectives, each end off by that "
-                                    "much); a rank that recorded other steps far away would look the same")
-                    continue
-            al.unaligned[r] = (f"none of its collective ends matches rank {ref}'s within a clock offset of "
-                               f"{window / 1e3:.1f} ms and its steps do not overlap rank {ref}'s: it recorded other "
-                               "steps, or its clock is further off")
-            continue
-        if est is not None:
-            offset, n = est
-            mapping = _pair_spans(have[r], have[ref], offset)
-            if not mapping:
-                al.unaligned[r] = (f"its steps overlap none of rank {ref}'s after correcting a clock offset of "
-                                   f"{offset / 1e3:.1f} ms: it recorded other steps")
-                continue
-            al.offsets_us[r], al.methods[r], al.labels[r] = offset, "collective_ends", mapping
-            own = [lab for lab, _, _ in have[r]]
-            if (armed_labels is not None and own == [lab for lab, _, _ in have[ref]] and set(own) <= armed_labels
-                    and any(a != b for a, b in mapping.items())):
-                # periodic collectives: a clock offset near a whole number of steps matches as well as the truth
-                al.notes.append(f"rank {r}: both it and rank {ref} recorded the armed steps {own[0]}-{own[-1]}, but "
-                                f"its collective ends pair its steps with other steps of rank {ref} (a clock offset of "
-                                f"{offset / 1e3:.1f} ms): either its step counter or its clock (by about whole steps) "
-                                "is off; paired by the collective ends")
-            if len(mapping) < len(have[r]):
-                al.notes.append(f"rank {r}: {len(have[r]) - len(mapping)} of its {len(have[r])} steps fall outside "
-                                f"rank {ref}'s window")
-            continue
-        k = min(len(have[r]), len(have[ref]))
-        al.methods[r] = "armed_window"
-        al.labels[r] = {have[r][i][0]: have[ref][i][0] for i in range(k)}
-        if len(have[r]) != len(have[ref]):
-            al.notes.append(f"rank {r}: {len(have[r])} steps vs rank {ref}'s {len(have[ref])}; aligned the first {k} "
-                            "by position in the armed window")
+            _align_unmatched(al, r, ref, have, mine, theirs, window, tol, armed_labels)
+        elif est is not None:
+            _align_by_ends(al, r, ref, have, est[0], armed_labels)
+        else:
+            _align_by_position(al, r, ref, have)
     relabeled = [r for r, m in al.labels.items() if r != ref and any(a != b for a, b in m.items())]
     if relabeled:
         al.notes.append(f"ranks {relabeled}: ProfilerStep numbers differ from rank {ref}'s for the same steps "
                         "(aligned by time)")
     return al
+
+
+def _window_and_tolerance(have: Mapping[int, Sequence[Span]], ref_collectives: Sequence[tuple[str, float]],
+                          max_skew_us: float, tol_us: float) -> tuple[float, float]:
+    """The skew window (``max_skew_us``, at most half the median step) and the match tolerance (µs).
+
+    Ranks leave a collective within microseconds on a device, within milliseconds for host collectives on a busy
+    host: the tolerance grows with the spacing of the reference's collectives (a quarter of the median gap), never
+    past a quarter of the skew window."""
+    lengths = sorted(e - s for v in have.values() for _, s, e in v)
+    window = min(max_skew_us, 0.5 * lengths[len(lengths) // 2]) if lengths else max_skew_us
+    ref_ends = sorted(e for _, e in ref_collectives)
+    gaps = sorted(b - a for a, b in zip(ref_ends, ref_ends[1:], strict=False) if b > a)
+    spacing = gaps[len(gaps) // 2] if gaps else 0.0
+    return window, min(window / 4, max(tol_us, spacing / 4))
+
+
+def _align_unmatched(al: Alignment, r: int, ref: int, have: Mapping[int, Sequence[Span]],
+                     mine: Sequence[tuple[str, float]], theirs: Sequence[tuple[str, float]], window: float,
+                     tol: float, armed_labels: frozenset[int] | None) -> None:
+    """Rank ``r`` shares collectives with the reference but no end matches within the window: trust the clocks
+    when the steps overlap as they are, else pair by the order of the collectives (the same armed steps, or a
+    clock seconds off), else leave it unaligned with why."""
+    as_is = _pair_spans(have[r], have[ref], 0.0)
+    if len(as_is) * 2 >= min(len(have[r]), len(have[ref])):
+        # the collective ends do not line up (e.g. asynchronous collectives) but the steps overlap on the
+        # clocks as they are: trust the clocks
+        al.methods[r], al.labels[r], al.offsets_us[r] = "clock", as_is, 0.0
+        return
+    far = sequence_offset(mine, theirs, tol_us=tol)
+    span_ref = have[ref][-1][2] - have[ref][0][1]
+    own = [lab for lab, _, _ in have[r]]
+    same_armed = (armed_labels is not None and own == [lab for lab, _, _ in have[ref]]
+                  and set(own) <= armed_labels)
+    if far is not None and same_armed:
+        mapping = _pair_spans(have[r], have[ref], far)
+        if mapping:
+            al.offsets_us[r], al.methods[r], al.labels[r] = far, "collective_sequence", mapping
+            al.notes.append(f"rank {r}: its clock is {far / 1e3:+.1f} ms off rank {ref}'s: both recorded the "
+                            f"armed steps {own[0]}-{own[-1]} (the same step numbers), paired by the order of "
+                            "their collectives")
+            return
+    if far is not None and abs(far) >= max(2.0 * span_ref, FAR_SKEW_US):
+        mapping = _pair_spans(have[r], have[ref], far)
+        if mapping:
+            # hosts whose clocks differ by seconds (no NTP): the same collectives in the same order, all
+            # ends off by one constant far beyond the window
+            al.offsets_us[r], al.methods[r], al.labels[r] = far, "collective_sequence", mapping
+            al.notes.append(f"rank {r}: its clock is {far / 1e6:+.3f} s off rank {ref}'s: steps paired by "
+                            "the order of their collectives (the same collectives, each end off by that "
+                            "much); a rank that recorded other steps far away would look the same")
+            return
+    al.unaligned[r] = (f"none of its collective ends matches rank {ref}'s within a clock offset of "
+                       f"{window / 1e3:.1f} ms and its steps do not overlap rank {ref}'s: it recorded other "
+                       "steps, or its clock is further off")
+
+
+def _align_by_ends(al: Alignment, r: int, ref: int, have: Mapping[int, Sequence[Span]], offset: float,
+                   armed_labels: frozenset[int] | None) -> None:
+    """Rank ``r``'s steps paired with the reference's after correcting the clock offset its collective ends
+    gave; a pairing of the same armed labels with other steps is noted (periodic collectives)."""
+    mapping = _pair_spans(have[r], have[ref], offset)
+    if not mapping:
+        al.unaligned[r] = (f"its steps overlap none of rank {ref}'s after correcting a clock offset of "
+                           f"{offset / 1e3:.1f} ms: it recorded other steps")
+        return
+    al.offsets_us[r], al.methods[r], al.labels[r] = offset, "collective_ends", mapping
+    own = [lab for lab, _, _ in have[r]]
+    if (armed_labels is not None and own == [lab for lab, _, _ in have[ref]] and set(own) <= armed_labels
+            and any(a != b for a, b in mapping.items())):
+        # periodic collectives: a clock offset near a whole number of steps matches as well as the truth
+        al.notes.append(f"rank {r}: both it and rank {ref} recorded the armed steps {own[0]}-{own[-1]}, but "
+                        f"its collective ends pair its steps with other steps of rank {ref} (a clock offset of "
+                        f"{offset / 1e3:.1f} ms): either its step counter or its clock (by about whole steps) "
+                        "is off; paired by the collective ends")
+    if len(mapping) < len(have[r]):
+        al.notes.append(f"rank {r}: {len(have[r]) - len(mapping)} of its {len(have[r])} steps fall outside "
+                        f"rank {ref}'s window")
+
+
+def _align_by_position(al: Alignment, r: int, ref: int, have: Mapping[int, Sequence[Span]]) -> None:
+    """No collective shared with the reference: rank ``r``'s steps paired with the reference's by position in the
+    armed window."""
+    k = min(len(have[r]), len(have[ref]))
+    al.methods[r] = "armed_window"
+    al.labels[r] = {have[r][i][0]: have[ref][i][0] for i in range(k)}
+    if len(have[r]) != len(have[ref]):
+        al.notes.append(f"rank {r}: {len(have[r])} steps vs rank {ref}'s {len(have[ref])}; aligned the first {k} "
+                        "by position in the armed window")

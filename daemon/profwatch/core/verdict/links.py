@@ -37,19 +37,20 @@ class LinkSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    min_drop: float = Field(default=0.2, gt=0, lt=1)
-    """A link is named only when its pooled bandwidth is at least this fraction below its peers' median."""
-    min_robust_z: float = Field(default=4.0, ge=0)
-    """...and its pooled log-bandwidth deficit is this many robust sigmas below its peers (noise of the group's
-    other pairs, candidates excluded; see :func:`profwatch.core.verdict.robust.upper_outliers`)."""
-    candidate_z: float = Field(default=3.0, ge=0)
-    min_peers: int = Field(default=3, ge=1)
-    """Pairs in the same group and transport needed to judge a link against its peers."""
-    min_sigma: float = Field(default=0.01, gt=0)
-    """Floor of the log-bandwidth noise (1 %): identical synthetic bandwidths must not make 0.1 % significant."""
-    rank_fold_links: int = Field(default=3, ge=2)
-    """A rank at the end of this many slow links (or of more than half of its links) is reported as a
-    ``communication`` suspect rank (its port or NIC), not as that many links."""
+    min_drop: float = Field(default=0.2, gt=0, lt=1, description=(
+        "A link is named only when its pooled bandwidth is at least this fraction below its peers' median."))
+    min_robust_z: float = Field(default=4.0, ge=0, description=(
+        "...and its pooled log-bandwidth deficit is this many robust sigmas below its peers (noise of the group's "
+        "other pairs, candidates excluded; see :func:`profwatch.core.verdict.robust.upper_outliers`)."))
+    candidate_z: float = Field(default=3.0, ge=0, description=(
+        "pairs above this z are left out of the link noise estimate (two slow links must not hide each other)"))
+    min_peers: int = Field(default=3, ge=1, description=(
+        "Pairs in the same group and transport needed to judge a link against its peers."))
+    min_sigma: float = Field(default=0.01, gt=0, description=(
+        "Floor of the log-bandwidth noise (1 %): identical synthetic bandwidths must not make 0.1 % significant."))
+    rank_fold_links: int = Field(default=3, ge=2, description=(
+        "A rank at the end of this many slow links (or of more than half of its links) is reported as a "
+        "``communication`` suspect rank (its port or NIC), not as that many links."))
 
 
 @dataclass(slots=True)

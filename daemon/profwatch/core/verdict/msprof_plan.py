@@ -73,30 +73,41 @@ class MsprofSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    command: str = Field(default="msprof-analyze", min_length=1)
-    timeout_s: float = Field(default=900.0, gt=0)
-    max_concurrent_runs: int = Field(default=0, ge=0, le=64)
-    advisor: bool = True
-    advisor_html: bool = False
-    communication_matrix: bool = True
-    """Run ``-m communication_matrix_sum`` (per-pair link bandwidth, for slow-link verdicts; a few seconds)."""
-    retries: int = Field(default=1, ge=0, le=5)
-    language: str = Field(default="en", pattern="^(en|cn)$")
-    memory_limit_bytes: int | None = Field(default=None, ge=64 * 2**20, le=2**50)
-    memory_limit: Literal["auto", "watchdog", "scope", "off"] = "auto"
-    memory_poll_interval_s: float = Field(default=0.5, gt=0, le=10)
-    enrich_nice: int = Field(default=10, ge=0, le=19)
-    advisor_max_ranks: int = Field(default=256, ge=2)
-    advisor_above_max: Literal["subset", "skip"] = "subset"
-    advisor_reference_ranks: int = Field(default=4, ge=1, le=64)
-    matrix_max_ranks: int = Field(default=256, ge=1)
-    """Most ranks one ``communication_matrix_sum`` run reads; a larger batch runs in chunks."""
-    matrix_max_input_bytes: int = Field(default=2**30, ge=1)
-    """Most bytes of ``analysis.db`` one ``communication_matrix_sum`` run reads (the size estimate of its
-    matrix rows; on generated trees the tool's resident memory grew about 7x the bytes it read)."""
-    matrix_oom_splits: int = Field(default=2, ge=0, le=8)
-    """Rounds of cutting in two the communication_matrix runs (the whole batch, or chunks) killed at the memory
-    cap, and running the halves (``matrix_chunks.split_after_oom``); 0 = an ``oom`` status as for any recipe."""
+    command: str = Field(default="msprof-analyze", min_length=1, description=(
+        "the msprof-analyze executable; a bare name is looked up next to the Python interpreter first, then on PATH"))
+    timeout_s: float = Field(default=900.0, gt=0, description="longest one msprof-analyze command may run")
+    max_concurrent_runs: int = Field(default=0, ge=0, le=64, description=(
+        "alert-phase commands running at once per runner (each forks one worker per CPU); 0 = from the CPU count"))
+    advisor: bool = Field(True, description="run the advisor in the enrich phase")
+    advisor_html: bool = Field(False, description="add a plain advisor run that keeps its HTML/XLSX for people")
+    communication_matrix: bool = Field(True, description=(
+        "Run ``-m communication_matrix_sum`` (per-pair link bandwidth, for slow-link verdicts; a few seconds)."))
+    retries: int = Field(default=1, ge=0, le=5, description=(
+        "extra attempts for transient failures (spawn errors; a timeout is retried once at most)"))
+    language: str = Field(default="en", pattern="^(en|cn)$", description="advisor language (-l): en or cn")
+    memory_limit_bytes: int | None = Field(default=None, ge=64 * 2**20, le=2**50, description=(
+        "resident memory cap of one command's process group; over it the command is killed (status oom); unset: 40 % "
+        "of the host's memory"))
+    memory_limit: Literal["auto", "watchdog", "scope", "off"] = Field("auto", description=(
+        "how the cap is enforced: auto (watchdog plus a systemd scope where possible), watchdog, scope, off"))
+    memory_poll_interval_s: float = Field(default=0.5, gt=0, le=10, description=(
+        "how often the memory watchdog reads the process group's resident memory"))
+    enrich_nice: int = Field(default=10, ge=0, le=19, description=(
+        "CPU niceness added to enrich-phase commands (advisor, communication matrix)"))
+    advisor_max_ranks: int = Field(default=256, ge=2, description=(
+        "batches of more ranks run the advisor on a subset or not at all (advisor_above_max)"))
+    advisor_above_max: Literal["subset", "skip"] = Field("subset", description=(
+        "above advisor_max_ranks: subset (the suspects and advisor_reference_ranks references) or skip"))
+    advisor_reference_ranks: int = Field(default=4, ge=1, le=64, description=(
+        "reference ranks in the advisor's subset beside the suspects"))
+    matrix_max_ranks: int = Field(default=256, ge=1, description=(
+        "Most ranks one ``communication_matrix_sum`` run reads; a larger batch runs in chunks."))
+    matrix_max_input_bytes: int = Field(default=2**30, ge=1, description=(
+        "Most bytes of ``analysis.db`` one ``communication_matrix_sum`` run reads (the size estimate of its matrix "
+        "rows; on generated trees the tool's resident memory grew about 7x the bytes it read)."))
+    matrix_oom_splits: int = Field(default=2, ge=0, le=8, description=(
+        "Rounds of cutting in two the communication_matrix runs (the whole batch, or chunks) killed at the memory "
+        "cap, and running the halves (``matrix_chunks.split_after_oom``); 0 = an ``oom`` status as for any recipe."))
 
 
 #: Recipes the verdict waits for; every other command runs in the enrich phase.

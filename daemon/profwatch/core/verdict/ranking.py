@@ -41,32 +41,33 @@ class RankingSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    min_effect_frac: float = Field(default=0.015, gt=0, lt=1)
-    """Smallest pooled excess, as a fraction of step time, that can make a rank a suspect (practical size)."""
-    min_robust_z: float = Field(default=4.0, ge=0)
-    """Significance: the pooled excess must be this many robust sigmas above the noise of the other ranks..."""
-    family_alpha: float = Field(default=0.01, gt=0, lt=1)
-    """...and above ``Phi^-1(1 - family_alpha / N)`` for N ranks tested (Bonferroni), so a batch of N innocent
-    ranks names one with probability at most ``family_alpha`` per signal: 4.0 up to ~500 ranks, 4.85 at 16,384."""
-    candidate_z: float = Field(default=3.0, ge=0)
-    """Ranks above this z are left out of the noise estimate (two slow ranks must not hide each other)."""
-    min_sigma_frac: float = Field(default=0.0005, gt=0)
-    """Floor of the pooled noise sigma (0.05 % of a step), so identical synthetic timings stay finite."""
-    min_strong_steps: int = Field(default=3, ge=1)
-    """Evidence resting on fewer captured steps is ``weak``."""
-    trim_z: float = Field(default=3.0, gt=0)
-    """A rank's worst step is left out of its pooled excess when it exceeds the rank's other steps by this many
-    within-rank sigmas (a one-off delay is not a slow rank)."""
-    vote_weight: float = Field(default=0.25, ge=0, le=1)
-    """Weight of the msprof-analyze slow_rank vote share in the score (only when any vote was cast)."""
-    agreement_weight: float = Field(default=0.15, ge=0, le=1)
-    """Weight of "two independent signals agree" (peers wait for the rank AND it has an explaining excess)."""
-    vote_only_min_count: int = Field(default=2, ge=1)
-    """A rank without usable time data is still named when slow_rank gave it at least this many votes
-    and at least half of all votes."""
-    vote_z_relief: float = Field(default=0.75, gt=0, le=1)
-    """A rank holding at least half of all slow_rank votes needs only this fraction of ``min_robust_z``."""
-    max_suspects: int = Field(default=8, ge=1)
+    min_effect_frac: float = Field(default=0.015, gt=0, lt=1, description=(
+        "Smallest pooled excess, as a fraction of step time, that can make a rank a suspect (practical size)."))
+    min_robust_z: float = Field(default=4.0, ge=0, description=(
+        "Significance: the pooled excess must be this many robust sigmas above the noise of the other ranks..."))
+    family_alpha: float = Field(default=0.01, gt=0, lt=1, description=(
+        "...and above ``Phi^-1(1 - family_alpha / N)`` for N ranks tested (Bonferroni), so a batch of N innocent "
+        "ranks names one with probability at most ``family_alpha`` per signal: 4.0 up to ~500 ranks, 4.85 at 16,384."))
+    candidate_z: float = Field(default=3.0, ge=0, description=(
+        "Ranks above this z are left out of the noise estimate (two slow ranks must not hide each other)."))
+    min_sigma_frac: float = Field(default=0.0005, gt=0, description=(
+        "Floor of the pooled noise sigma (0.05 % of a step), so identical synthetic timings stay finite."))
+    min_strong_steps: int = Field(default=3, ge=1, description=(
+        "Evidence resting on fewer captured steps is ``weak``."))
+    trim_z: float = Field(default=3.0, gt=0, description=(
+        "A rank's worst step is left out of its pooled excess when it exceeds the rank's other steps by this many "
+        "within-rank sigmas (a one-off delay is not a slow rank)."))
+    vote_weight: float = Field(default=0.25, ge=0, le=1, description=(
+        "Weight of the msprof-analyze slow_rank vote share in the score (only when any vote was cast)."))
+    agreement_weight: float = Field(default=0.15, ge=0, le=1, description=(
+        "Weight of \"two independent signals agree\" (peers wait for the rank AND it has an explaining excess)."))
+    vote_only_min_count: int = Field(default=2, ge=1, description=(
+        "A rank without usable time data is still named when slow_rank gave it at least this many votes and at least "
+        "half of all votes."))
+    vote_z_relief: float = Field(default=0.75, gt=0, le=1, description=(
+        "A rank holding at least half of all slow_rank votes needs only this fraction of ``min_robust_z``."))
+    max_suspects: int = Field(default=8, ge=1, description=(
+        "most suspect ranks a verdict names (by saving, then score)"))
     links: LinkSettings = Field(default_factory=lambda: LinkSettings())
 
 

@@ -25,11 +25,14 @@ class AnalysisSettings(BaseModel):
 
     msprof: MsprofSettings = Field(default_factory=MsprofSettings)
     ranking: RankingSettings = Field(default_factory=RankingSettings)
-    report: bool = True
-    report_html: bool = True
-    kineto_op_compare: bool = True
-    own_tables: bool = True
-    own_tables_workers: int = Field(default=4, ge=1, le=64)
+    report: bool = Field(True, description="write report.json for each analysed batch")
+    report_html: bool = Field(True, description="write report.html (offline page) for each analysed batch")
+    kineto_op_compare: bool = Field(True, description=(
+        "torch.profiler batches: compare each suspect's operators with a reference rank's (enrich phase)"))
+    own_tables: bool = Field(True, description=(
+        "judge an Ascend batch first on profwatch's own reading of each rank's tables; msprof-analyze confirms it in "
+        "the enrich phase"))
+    own_tables_workers: int = Field(default=4, ge=1, le=64, description="threads reading rank dirs for own_tables")
 
     def for_reference(self) -> AnalysisSettings:
         """A copy for analysing a reference capture, whose time breakdown alone is compared with later captures
