@@ -145,3 +145,14 @@ def scrape_metrics(port: int) -> str:
             return str(r.read().decode())
     except OSError:
         return ""
+
+
+# Property-based tests (hypothesis): reproducible in CI (the same examples every run), random elsewhere.
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # the test extra is not installed: those tests fail on their own import
+    pass
+else:
+    _hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+    if os.environ.get("CI") == "true":
+        _hypothesis_settings.load_profile("ci")

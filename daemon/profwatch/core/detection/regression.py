@@ -173,9 +173,6 @@ class StepTimeRegressionDetector:
         self._ramp_step: int | None = None
         self._learn_rejected = 0
         self._interim: tuple[float, float] | None = None
-        self.last_speedup: float | None = None
-        """Relative change (< 0) of the last silent speedup (the lower side of the CUSUM), set at that step for
-        the caller to read (a serving unit rescales its load references by it) and reset by the caller."""
         self._last_job_step_s: float | None = None
         self._design_key: tuple[float, float, float] | None = None
         self._design_val = (0.0, 0.0, 0.0)
@@ -204,7 +201,10 @@ class StepTimeRegressionDetector:
     def baseline_step_time_s(self) -> float | None:
         """The baseline job step time (s) once learned, else the last accepted job step time, else None."""
         if len(self._base) >= self.settings.min_baseline_steps:
-            return self._base.stats()[0]
+            mu0 = self._base.stats()[0]
+            if self._base.slope < 0.0:  # a falling line's level: never below the smallest recent step
+                mu0 = max(mu0, self._recent_min())
+            return mu0 if mu0 > 0.0 else self._last_job_step_s
         return self._last_job_step_s
 
     def _relearn(self) -> None:
@@ -213,7 +213,6 @@ class StepTimeRegressionDetector:
         self._ramp_step = None
         self._trending = False
         self._s_hi = self._s_lo = 0.0
-        self._lo_n, self._lo_log = 0, 0.0
         self._interim = None
         self._run_reset()
         self.spikes.reset_episode()
@@ -288,8 +287,8 @@ class StepTimeRegressionDetector:
     def _noise(self) -> tuple[float, float]:
         """``(mu_s, noise_rel)``: the level (s) extrapolated along the baseline's trend over the held-back values,
         a falling one never below the smallest of the :data:`RECENT_FLOOR_VALUES` newest accepted values (a warm-up
-        that only got faster cannot carry the level to zero: finding 1 of issue 31 read ``baseline_s`` 1e-12 and
-        a magnitude of 5e10); and the relative noise, inflated by one standard error of the scale and floored at
+        that only got faster cannot carry the level to zero: such a warm-up once read ``baseline_s`` 1e-12 and a
+        magnitude of 5e10, docs/detection.md); and the relative noise, inflated by one standard error of the scale and floored at
         ``max(noise_floor, MIN_NOISE)`` of the level. Both are > 0 and finite for positive step times."""
         mu0, sigma = self._base.stats()
         mu = mu0 + self._base.slope * (self._base.lag + 1)
@@ -377,14 +376,8 @@ class StepTimeRegressionDetector:
                     return self._fire(fs.step, mean, detail)
                 self._deferred += 1
             self._s_hi = h
-        if self._s_lo > 0.0:
-            self._lo_n += 1
-            self._lo_log += math.log(x / mu) if x > 0.0 else math.log(MIN_NOISE)
-        else:
-            self._lo_n, self._lo_log = 0, 0.0
         if self._s_lo > h * (1.0 + 1e-9):
             self.counters["speedups"] += 1
-            self.last_speedup = log_ratio_magnitude(self._lo_log / max(1, self._lo_n))
             self._suspend_drift()
             self._relearn()
             self._interim = (mu, noise)

@@ -88,8 +88,11 @@ class LoadNormaliser:
         step times, the newest :data:`BAND_LAG` held back. A step becomes ``time_s / reference`` (dimensionless,
         about 1.0); a step of a band with fewer than :data:`BAND_MIN` values is excluded (``"load_band"``).
         The regression detector then judges one series of ratios, all loads pooled, so its change-point test
-        keeps its power; a change that lasts is found before it enters the band references (lag), and once the
-        regression detector reported it, :meth:`rescale` makes it the new normal of every band at once. Idle steps (excluded ``"idle"``) only count
+        keeps its power; a change that lasts is found before it enters the band references (lag); then each band's
+        reference follows it as its window turns over (references are never rescaled by a reported magnitude:
+        rescaling at every fire compounded on a host whose load came and went, and the ratios' baseline
+        ratcheted 0.67 -> 1e-42, docs/detection.md; a reference is always a median of the band's own step
+        times, so a ratio stays within what the data show). Idle steps (excluded ``"idle"``) only count
         for the busy fraction. Memory: at most :data:`MAX_BANDS` bands (the least recently used is dropped).
         Assumption: at one load, iteration time does not depend on what came before (no queue effects).
     """
@@ -113,17 +116,6 @@ class LoadNormaliser:
         """Median raw step time of the recent non-idle steps (seconds; re-estimated every 16 steps), for
         planning and for telling idle gaps; None before any."""
         return self._usual
-
-    def rescale(self, factor: float) -> None:
-        """Every band's reference times ``factor``: a lasting change the regression detector just reported
-        becomes the new normal of every load at once (not band by band as each band's window turns over)."""
-        if not factor > 0:
-            return
-        for band in self._bands.values():
-            band.values = deque((v * factor for v in band.values), maxlen=band.values.maxlen)
-            band.held.clear()  # the newest values may already be at the new level: not scaled twice
-            if band.ref is not None:
-                band.ref *= factor
 
     def band_of(self, fs: FinalizedStep) -> int:
         """The band key of ``fs`` (rules in Notes)."""

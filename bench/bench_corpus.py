@@ -1,0 +1,566 @@
+"""A randomized corpus of job shapes x injected changes, replayed through the coordinator's detection and arming
+path (prints tables; no assertions). Issue 31: "an evaluation that cannot be tuned to".
+
+Each run draws a job shape at random within its *shape class* and, in half of the runs, one injected change at
+random; the telemetry is generated here (seeded numpy streams) and replayed through ``profwatch replay``'s path
+(``replay_lines``: the same ``JobDetector``, episodes, arming policy and capture planner as the coordinator,
+default config), as ``bench/bench_workloads.py`` does. The seed list is fixed (run ``i`` of class ``c`` uses the
+seed ``[SEED, class index, i]``), so a run is reproducible and a change to the detector cannot be tuned to one
+series: the shapes it is judged on are drawn, not picked.
+
+Shape classes (``--classes`` to pick some):
+
+- ``steady``: 2-16 ranks, 0.05-2 s steps, 1-5 % noise; the reference for delays ("the steady job's").
+- ``noisy``: 2-64 ranks, 5 ms-10 s steps (log-uniform), 1-20 % noise.
+- ``warmup_down`` / ``warmup_up``: the first 5-60 steps after start-up 1.5-20x slower (caches, autotuning) and
+  falling, linearly or exponentially / 0.3-0.9x and rising to the level.
+- ``interrupts``: unflagged checkpoints (every 100-500 steps, 1-5 steps at 3-8x), evaluations (every 200-1000
+  steps, 5-20x), GC pauses (1-3 % of steps, 2-4x), data loader stalls on one rank, pauses of 30-600 s between
+  steps.
+- ``faster``: a series that only gets faster (a warm-up that falls, speedups of 10-50 %); any
+  ``step_regression``, ``drift`` or arm here is an invariant violation.
+- ``levels``: level shifts both ways (speedups of 10-40 %, then a slowdown soon after in the injected runs) and
+  host-load episodes that persist (+10-30 % job-wide from a random step on): those are real slowdowns, so the
+  time they cover is not healthy time and arms there are not false.
+- ``drift``: +0.01-0.3 %/step from a random step.
+- ``pipeline``: 4-16 ranks in 2-4 declared stages (``role``), the last stage 10-25 % slower from the start.
+- ``moe``: 8-32 ranks, a hot expert (+30-60 %) that moves every 20-300 steps from a random step.
+- ``requeue``: 2-8 ranks, the same job id requeued after 300-800 steps with 1-8 ranks on other nodes.
+- ``large``: 256-1024 ranks, 150-250 steps (per-step aggregates at scale).
+- ``serving_work`` / ``serving_nowork`` / ``serving_dp``: serving engines (``mode="serving"``; tensor parallel 2-4
+  / 2-4 independent replicas), bursts and idle gaps of 3-60 s, batch size following the load, prefills, and the
+  host load changing every 20-90 s (x1.0-1.5), 30-60 minutes each; with and without the ``work`` field.
+
+Injected changes (half of the runs): job-wide, one rank, one node (``node`` field, 2-8 ranks per node), one
+replica (serving DP); onset anywhere from step 12 on (a quarter of them while the baseline learns, before step
+60); size 1.3x (40 %), 3x (40 %) or uniform 1.1-4x (20 %); lasting to the end of the run. Reported per class:
+
+- false arms per healthy hour: arms before any change (injected, or a host-load rise in ``levels``) or more than
+  ``GRACE_S`` after its end; healthy hours are the record time outside those windows;
+- changes lost: a *lasting* change (>= 60 steps and >= 5 minutes, or to the end of a run shorter than that) at
+  least 2x the unit's noise and at least ``min_effect`` that no arm covered while it lasted (covers: the arm's
+  rank list holds the changed ranks and it names them or none);
+- detection delay percentiles (steps from onset to the first report that names the change) at 1.3x and at 3x;
+- invariant violations: a magnitude not finite, over 100 (+10,000 %) or under -1; a ``baseline_s`` under 1 % of
+  the observed level (the median job step time of the 50 steps before the report; a serving unit's baseline is a
+  ratio to its load's usual time: level 1); a regression in ``faster``;
+- the noise floor used (``noise_floor`` and ``MIN_NOISE`` of ``regression.py``).
+
+Usage: ``python bench/bench_corpus.py [--runs 48] [--classes steady,noisy] [--seed 31]``; ``--runs`` is runs per
+class (the default aims at about 10 minutes on this 2-core machine, niced); ``--json PATH`` writes every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
+
+from profwatch.commands.replay import ReplayConfig, replay_lines
+from profwatch.core.detection.settings import DetectionSettings
+
+try:
+    from profwatch.core.detection.regression import MIN_NOISE
+except ImportError:  # a tree from before issue 31 (the bench is run on it for the "before" table)
+    MIN_NOISE = 0.0
+
+SEED = 31
+T0 = 1_764_500_000.0
+GRACE_S = 600.0
+"""An arm this long after a change ended still belongs to it (an episode waits for the budget)."""
+LASTING_STEPS = 60
+LASTING_S = 300.0
+MAX_MAGNITUDE = 100.0
+MIN_BASELINE_FRACTION = 0.01
+
+
+@dataclass
+class Change:
+    """An injected change (or a background one: ``scored`` False): onset step (of ``epoch``), ``factor`` on the
+    changed ranks' compute (job-wide: every rank's whole step), ``ranks`` (() = job-wide), ``until`` step or None."""
+
+    kind: str
+    onset: int
+    factor: float
+    ranks: tuple[int, ...] = ()
+    scored: bool = True
+    epoch: int = 0
+    noise: float = 0.03
+    onset_t: float = math.nan
+    end_t: float = math.nan
+    steps_lasting: int = 0
+    learning: bool = False
+    """Its onset falls while the baseline learns (before step 60; serving: in the first minute)."""
+
+
+@dataclass
+class Run:
+    cls: str
+    seed: int
+    lines: list[str] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+    serving: bool = False
+    start_t: float = T0
+    end_t: float = T0
+    levels: list[tuple[float, float]] = field(default_factory=list)
+    """(arrival time, job step time) of each step (rank 0), for the observed level."""
+    step_at: dict[tuple[int, int], float] = field(default_factory=dict)
+    """(epoch, step) -> first arrival time."""
+    shape: dict[str, Any] = field(default_factory=dict)
+
+
+def _loguniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+def _size(rng: np.random.Generator) -> float:
+    u = rng.random()
+    return 1.3 if u < 0.4 else 3.0 if u < 0.8 else float(rng.uniform(1.1, 4.0))
+
+
+def _onset(rng: np.random.Generator, steps: int) -> int:
+    if rng.random() < 0.25:
+        return int(rng.integers(12, 60))
+    return int(rng.integers(60, max(61, int(0.7 * steps))))
+
+
+# -- training jobs -------------------------------------------------------------------------------------------------
+@dataclass
+class TrainShape:
+    world: int
+    steps: int
+    step_s: float
+    cv: float
+    level: np.ndarray
+    """Job-wide factor per step (index 0 = step 1)."""
+    rank_factor: np.ndarray | None = None
+    """Per step and rank compute factor (steps x world), or None."""
+    pauses: dict[int, float] = field(default_factory=dict)
+    roles: list[str] | None = None
+    ranks_per_node: int = 8
+    restart_after: int | None = None
+    restart_world: int = 0
+    restart_steps: int = 0
+
+
+def _train_shape(cls: str, rng: np.random.Generator) -> tuple[TrainShape, list[Change]]:
+    background: list[Change] = []
+    if cls == "steady":
+        world, step_s, cv = int(rng.integers(2, 17)), _loguniform(rng, 0.05, 2.0), float(rng.uniform(0.01, 0.05))
+    elif cls == "large":
+        world, step_s, cv = int(rng.integers(256, 1025)), _loguniform(rng, 0.2, 10.0), float(rng.uniform(0.01, 0.1))
+    elif cls == "moe":
+        world, step_s, cv = int(rng.choice([8, 16, 32])), _loguniform(rng, 0.1, 5.0), float(rng.uniform(0.01, 0.1))
+    elif cls == "pipeline":
+        world, step_s, cv = int(rng.choice([4, 8, 16])), _loguniform(rng, 0.1, 5.0), float(rng.uniform(0.01, 0.1))
+    else:
+        world = int(min(64, max(2, round(_loguniform(rng, 2, 64)))))
+        step_s, cv = _loguniform(rng, 0.005, 10.0), float(rng.uniform(0.01, 0.20))
+    if cls == "large":
+        steps = int(rng.integers(150, 251))
+    else:  # 10-30 minutes of steps, 300..1500 of them (fast jobs: fewer ranks)
+        steps = int(min(1500, max(300, rng.uniform(600, 1800) / step_s)))
+        if step_s < 0.05:
+            world = min(world, 4)
+    level = np.ones(steps)
+    rank_factor: np.ndarray | None = None
+    sh = TrainShape(world, steps, step_s, cv, level)
+    if cls in ("warmup_down", "faster"):
+        n = int(rng.integers(5, 61))
+        top = _loguniform(rng, 1.5, 20.0)
+        ramp = np.linspace(top, 1.0, n) if rng.random() < 0.5 else 1.0 + (top - 1.0) * np.exp(-np.arange(n) / (n / 4))
+        level[:n] = ramp
+    if cls == "warmup_up":
+        n = int(rng.integers(5, 61))
+        low = float(rng.uniform(0.3, 0.9))
+        level[:n] = np.linspace(low, 1.0, n)
+    if cls == "faster":
+        for _ in range(int(rng.integers(1, 4))):
+            at = int(rng.integers(60, steps))
+            level[at:] *= float(rng.uniform(0.5, 0.9))
+    if cls == "interrupts":
+        ck, ev = int(rng.integers(100, 501)), int(rng.integers(200, 1001))
+        ckf, ckn, evf = float(rng.uniform(3, 8)), int(rng.integers(1, 6)), float(rng.uniform(5, 20))
+        idx = np.arange(steps)
+        level[(idx % ck < ckn) & (idx > 0)] *= ckf
+        level[(idx % ev == 0) & (idx > 0)] *= evf
+        gc = rng.random(steps) < float(rng.uniform(0.01, 0.03))
+        level[gc] *= rng.uniform(2, 4, int(gc.sum()))
+        rank_factor = np.ones((steps, world))
+        stalls = np.flatnonzero(rng.random(steps) < 0.01)
+        rank_factor[stalls, rng.integers(0, world, stalls.size)] = rng.uniform(2, 4, stalls.size)
+        for _ in range(int(rng.integers(0, 3))):
+            sh.pauses[int(rng.integers(20, steps))] = float(rng.uniform(30, 600))
+    if cls == "levels":
+        for _ in range(int(rng.integers(1, 3))):
+            at = int(rng.integers(30, steps))
+            if rng.random() < 0.5:
+                level[at:] *= float(rng.uniform(0.6, 0.9))  # a speedup (a noisy neighbour left)
+            else:
+                f = float(rng.uniform(1.1, 1.3))  # host load that persists: a real slowdown (not scored)
+                level[at:] *= f
+                background.append(Change("host_load", at + 1, f, (), scored=False, noise=cv))
+    if cls == "drift":
+        at = int(rng.integers(1, max(2, steps // 2)))
+        rate = _loguniform(rng, 1e-4, 3e-3)
+        level *= 1.0 + rate * np.maximum(0, np.arange(steps) - at)
+        sh.level = level = np.minimum(level, 3.0)
+        background.append(Change("drift", at + 1, 1.0, (), scored=False, noise=cv))  # a real slowdown too
+    if cls == "pipeline":
+        stages = int(rng.choice([2, 4]))
+        per = world // stages
+        sh.roles = [f"pp{r // per}" for r in range(world)]
+        rank_factor = np.ones((steps, world))
+        rank_factor[:, world - per:] = float(rng.uniform(1.10, 1.25))
+    if cls == "moe":
+        every, f, at = int(rng.integers(20, 301)), float(rng.uniform(1.3, 1.6)), int(rng.integers(50, steps // 2))
+        rank_factor = np.ones((steps, world))
+        for i in range(at, steps):
+            rank_factor[i, ((i - at) // every) % world] = f
+    if cls == "requeue":
+        sh.restart_after = int(rng.integers(300, min(801, steps)))
+        sh.restart_world = int(rng.integers(1, world + 1))
+        sh.restart_steps = int(rng.integers(300, 900))
+    sh.rank_factor = rank_factor
+    sh.ranks_per_node = int(rng.choice([2, 4, 8]))
+    return sh, background
+
+
+def _train_change(cls: str, sh: TrainShape, rng: np.random.Generator) -> Change | None:
+    if cls == "faster" or rng.random() >= 0.5:
+        return None
+    epoch = 1 if sh.restart_after is not None and rng.random() < 0.5 else 0
+    world = sh.restart_world if epoch else sh.world
+    steps = sh.restart_steps if epoch else (sh.restart_after or sh.steps)
+    onset = _onset(rng, steps)
+    if cls == "levels":  # a slowdown soon after a speedup
+        at = max(30, onset - int(rng.integers(5, 46)))
+        sh.level[at:] *= 0.75
+    size = _size(rng)
+    u = rng.random()
+    if u < 0.4 or world < 2:
+        c = Change("job", onset, size, (), epoch=epoch, noise=sh.cv)
+    elif u < 0.7 or world <= sh.ranks_per_node:
+        c = Change("rank", onset, size, (int(rng.integers(0, world)),), epoch=epoch, noise=sh.cv)
+    else:
+        node = int(rng.integers(0, world // sh.ranks_per_node))
+        c = Change("node", onset, size, tuple(range(node * sh.ranks_per_node, (node + 1) * sh.ranks_per_node)),
+                   epoch=epoch, noise=sh.cv)
+    c.learning = onset < 60
+    return c
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.6g}"
+
+
+def _train_run(cls: str, seed: list[int]) -> Run:
+    rng = np.random.default_rng(seed)
+    sh, background = _train_shape(cls, rng)
+    change = _train_change(cls, sh, rng)
+    run = Run(cls, seed[-1], changes=background + ([change] if change else []))
+    run.shape = {"world": sh.world, "steps": sh.steps, "step_s": round(sh.step_s, 4), "cv": round(sh.cv, 3)}
+    noise = np.random.default_rng([*seed, 1])
+    job = f"{cls}-{seed[-1]}"
+    t = T0
+    plan = [(0, i) for i in range(sh.steps if sh.restart_after is None else sh.restart_after)]
+    if sh.restart_after is not None:
+        plan += [(1, i) for i in range(sh.restart_steps)]
+    prev_epoch = 0
+    lines = run.lines
+    for epoch, i in plan:
+        if epoch != prev_epoch:
+            t += float(rng.uniform(30, 300))
+            prev_epoch = epoch
+        world = sh.restart_world if epoch else sh.world
+        step = i + 1
+        if epoch == 0 and i in sh.pauses:
+            t += sh.pauses[i]
+        lvl = float(sh.level[min(i, sh.steps - 1)]) if epoch == 0 else 1.0
+        g = max(0.2, 1.0 + sh.cv * float(noise.standard_normal()))
+        base = sh.step_s * lvl * g
+        compute = base * 0.8 * np.maximum(0.2, 1.0 + 0.005 * noise.standard_normal(world))
+        if sh.rank_factor is not None and epoch == 0:
+            compute *= sh.rank_factor[min(i, sh.steps - 1), :world]
+        for c in run.changes:
+            if c.epoch == epoch and step >= c.onset:
+                if c.ranks:
+                    for r in c.ranks:
+                        if r < world:
+                            compute[r] *= c.factor
+                elif c.scored:
+                    compute *= c.factor
+                    base *= c.factor
+        comm = base * 0.2
+        st = float(compute.max()) + comm
+        t += st
+        run.levels.append((t, st))
+        run.step_at.setdefault((epoch, step), t)
+        tail = f', "step_time_s": {_fmt(st)}, "ts_unix_s": {t:.6f}, "stages": {{"compute": '
+        for r in range(world):
+            extra = ""
+            if sh.roles is not None:
+                extra += f', "role": "{sh.roles[r]}"'
+            if cls == "requeue":
+                extra += f', "pid": {10000 + r + 50000 * epoch}, "node": "n{epoch}-{r // sh.ranks_per_node}"'
+            elif world > sh.ranks_per_node:
+                extra += f', "node": "n-{r // sh.ranks_per_node}"'
+            lines.append(f'{{"job_id": "{job}", "rank": {r}, "world_size": {world}, "step": {step}{tail}'
+                         f'{_fmt(float(compute[r]))}, "comm": {_fmt(st - float(compute[r]))}}}{extra}}}')
+    run.end_t = t
+    return run
+
+
+# -- serving jobs --------------------------------------------------------------------------------------------------
+def _serving_run(cls: str, seed: list[int]) -> Run:
+    rng = np.random.default_rng(seed)
+    dp = cls == "serving_dp"
+    replicas = int(rng.integers(2, 5)) if dp else 1
+    tp = 1 if dp else int(rng.integers(2, 5))
+    with_work = cls != "serving_nowork"
+    step_s = _loguniform(rng, 0.05, 0.5)
+    cv = float(rng.uniform(0.01, 0.08))
+    duration = float(rng.uniform(1800, 3600))
+    idle_mean = float(rng.uniform(10, 60))
+    burst_mean = float(rng.uniform(30, 200))
+    world = replicas * tp
+    change: Change | None = None
+    if rng.random() < 0.5:
+        size = _size(rng)
+        onset_s = float(rng.uniform(60, 0.7 * duration)) if rng.random() >= 0.25 else float(rng.uniform(20, 60))
+        if dp:
+            q = int(rng.integers(0, replicas))
+            change = Change("replica", 0, size, (q,), noise=cv)
+        elif rng.random() < 0.5:
+            change = Change("rank", 0, size, (int(rng.integers(0, tp)),), noise=cv)
+        else:
+            change = Change("job", 0, size, (), noise=cv)
+        change.onset_t = T0 + onset_s
+        change.learning = onset_s < 60
+    # host load: piecewise constant, changing every 20-90 s, shared by the replicas
+    cuts, loads, t = [], [], 0.0
+    while t < duration:
+        cuts.append(T0 + t)
+        loads.append(float(rng.uniform(1.0, 1.5)))
+        t += float(rng.uniform(20, 90))
+    cuts_a = np.asarray(cuts)
+    run = Run(cls, seed[-1], changes=[change] if change else [], serving=True)
+    run.shape = {"replicas": replicas, "tp": tp, "step_s": round(step_s, 4), "cv": round(cv, 3),
+                 "minutes": round(duration / 60, 1), "work": with_work}
+    job = f"{cls}-{seed[-1]}"
+    recs: list[tuple[float, str]] = []
+    for q in range(replicas):
+        rs = np.random.default_rng([*seed, 7, q])
+        t = T0 + float(rs.uniform(0, idle_mean))
+        step, batch, pending = 0, 8, t - T0
+        end = T0 + duration
+        while t < end:
+            for _ in range(max(1, int(rs.exponential(burst_mean)))):
+                batch = int(min(32, max(1, batch + rs.integers(-2, 3))))
+                step += 1
+                tokens = batch
+                frac = 0.5 + 0.5 * batch / 32
+                if step % 16 == 0:
+                    tokens += 1024
+                    frac += 0.4
+                host = loads[int(np.searchsorted(cuts_a, t, side="right")) - 1]
+                it = step_s * frac * host * max(0.3, 1.0 + cv * float(rs.standard_normal()))
+                late = change is not None and t >= change.onset_t
+                if late and change is not None and (change.kind == "job" or (change.kind == "replica"
+                                                                              and change.ranks == (q,))):
+                    it *= change.factor
+                compute = 0.8 * it * np.maximum(0.3, 1.0 + 0.01 * rs.standard_normal(tp))
+                if late and change is not None and change.kind == "rank":
+                    compute[change.ranks[0]] *= change.factor
+                dur = float(compute.max()) + 0.2 * it
+                t += dur
+                for i in range(tp):
+                    r = q * tp + i
+                    if q == 0 and i == 0:
+                        run.levels.append((t, dur))
+                    w = f', "work": {tokens}' if with_work else ""
+                    recs.append((t, f'{{"job_id": "{job}", "rank": {r}, "world_size": {world}, "step": {step}, '
+                                    f'"step_time_s": {_fmt(dur + pending)}, "ts_unix_s": {t:.6f}, "stages": '
+                                    f'{{"compute": {_fmt(float(compute[i]))}, "comm": {_fmt(dur - float(compute[i]))}}}'
+                                    f'{w}, "mode": "serving"}}'))
+                pending = 0.0
+                if t >= end:
+                    break
+            gap = max(3.0, float(rs.exponential(idle_mean)))
+            t += gap
+            pending = gap
+    recs.sort(key=lambda x: x[0])
+    run.lines = [line for _, line in recs]
+    run.end_t = recs[-1][0] if recs else T0
+    if change is not None and dp:
+        change.ranks = (change.ranks[0] * tp,)  # replica q's rank(s)
+    return run
+
+
+# -- scoring -------------------------------------------------------------------------------------------------------
+def _change_windows(run: Run) -> None:
+    """Fill each change's onset / end time and how many steps it lasted."""
+    for c in run.changes:
+        if math.isnan(c.onset_t):
+            c.onset_t = min((t for (e, s), t in run.step_at.items() if e == c.epoch and s >= c.onset),
+                            default=run.end_t)
+        c.end_t = run.end_t
+        c.steps_lasting = sum(1 for t, _ in run.levels if c.onset_t <= t <= c.end_t)
+
+
+def _observed_level(run: Run, t: float) -> float:
+    times = [st for at, st in run.levels if at <= t][-50:]
+    if not times:
+        times = [st for _, st in run.levels[:50]]
+    return float(np.median(times)) if times else math.nan
+
+
+def score(run: Run, res: dict[str, Any]) -> dict[str, Any]:
+    _change_windows(run)
+    arms = res["arms"]
+    windows = [(c.onset_t, c.end_t + GRACE_S) for c in run.changes]
+    false_arms = [a for a in arms if not any(lo <= a["at_unix_s"] <= hi for lo, hi in windows)]
+    healthy_s = run.end_t - run.start_t
+    for lo, hi in sorted(windows):
+        healthy_s -= max(0.0, min(hi, run.end_t) - max(lo, run.start_t))
+    healthy_s = max(0.0, healthy_s)
+    violations: list[str] = []
+    for a in res["anomalies"]:
+        m = a["magnitude"]
+        if not math.isfinite(m) or m > MAX_MAGNITUDE or m < -1.0:
+            violations.append(f"{a['kind']} magnitude {m}")
+        b = a["detail"].get("baseline_s") if isinstance(a.get("detail"), dict) else None
+        if isinstance(b, (int, float)):
+            level = 1.0 if run.serving else _observed_level(run, a["at_unix_s"])
+            if not math.isfinite(b) or (math.isfinite(level) and b < MIN_BASELINE_FRACTION * level):
+                violations.append(f"{a['kind']} baseline_s {b} vs level {level:.4g}")
+        if run.cls == "faster" and a["kind"] in ("step_regression", "drift"):
+            violations.append(f"{a['kind']} on a series that only gets faster")
+    if run.cls == "faster":
+        violations += [f"arm {a['kind']} on a series that only gets faster" for a in arms]
+    out_changes = []
+    for c in run.changes:
+        if not c.scored:
+            continue
+        dur_s = c.end_t - c.onset_t
+        lasting = c.steps_lasting >= LASTING_STEPS and (dur_s >= LASTING_S or c.end_t >= run.end_t)
+        detectable = abs(c.factor - 1.0) >= max(2.0 * c.noise, DetectionSettings().min_effect)
+
+        def names(a: dict[str, Any], c: Change = c) -> bool:
+            return not c.ranks or not a["ranks"] or bool(set(c.ranks) & set(a["ranks"]))
+
+        hits = [a for a in res["anomalies"] if a["kind"] in ("step_regression", "rank_outlier")
+                and a["at_unix_s"] >= c.onset_t and names(a)]
+        delay = math.nan
+        if hits:
+            first = min(hits, key=lambda a: a["at_unix_s"])
+            delay = float(sum(1 for t, _ in run.levels if c.onset_t <= t <= first["at_unix_s"]))
+        captured = any(c.onset_t <= a["at_unix_s"] <= c.end_t + GRACE_S and names(a)
+                       and (a["rank_list"] is None or not c.ranks or set(c.ranks) <= set(a["rank_list"]))
+                       for a in arms)
+        out_changes.append({"kind": c.kind, "factor": round(c.factor, 3), "onset": c.onset, "lasting": lasting,
+                            "detectable": detectable, "delay_steps": delay, "captured": captured,
+                            "learning": c.learning})
+    return {"class": run.cls, "seed": run.seed, "shape": run.shape, "healthy_h": healthy_s / 3600.0,
+            "false_arms": len(false_arms), "false_arm_kinds": [a["kind"] for a in false_arms],
+            "violations": violations, "changes": out_changes, "records": len(run.lines),
+            "max_magnitude": max((a["magnitude"] for a in res["anomalies"]), default=0.0)}
+
+
+CLASSES: dict[str, Callable[[str, list[int]], Run]] = {
+    **{c: _train_run for c in ("steady", "noisy", "warmup_down", "warmup_up", "interrupts", "faster", "levels",
+                               "drift", "pipeline", "moe", "requeue", "large")},
+    **{c: _serving_run for c in ("serving_work", "serving_nowork", "serving_dp")},
+}
+RUN_WEIGHT = {"large": 0.25, "serving_work": 0.5, "serving_nowork": 0.5, "serving_dp": 0.5}
+"""Runs of these classes per ``--runs`` (they are larger per run)."""
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else math.nan
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=48, help="runs per shape class (fewer for the large ones)")
+    ap.add_argument("--classes", default=None, help="comma-separated shape classes")
+    ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--json", type=Path, default=None, help="write every run's result here")
+    args = ap.parse_args()
+    wanted = args.classes.split(",") if args.classes else list(CLASSES)
+    t0, c0 = time.perf_counter(), time.process_time()
+    settings = DetectionSettings()
+    print(f"noise floor used: max(noise_floor {settings.noise_floor}, MIN_NOISE {MIN_NOISE}) of the level; "
+          f"min_effect {settings.min_effect}; detectable = change >= max(2x the unit's noise, min_effect)")
+    rows: list[dict[str, Any]] = []
+    for ci, cls in enumerate(wanted):
+        n = max(1, round(args.runs * RUN_WEIGHT.get(cls, 1.0)))
+        for i in range(n):
+            seed = [args.seed, list(CLASSES).index(cls), i]
+            run = CLASSES[cls](cls, seed)
+            res = replay_lines(run.lines, ReplayConfig())
+            rows.append(score(run, res))
+        print(f"  {cls}: {n} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        del ci
+    print(f"{'class':15s} {'runs':>4s} {'healthy h':>9s} {'false arms':>10s} {'/h':>5s} {'lost':>9s} "
+          f"{'d1.3 p50':>8s} {'p90':>5s} {'d3 p50':>6s} {'p90':>5s} {'learn lost':>10s} {'viol':>4s}")
+    tot: dict[str, float] = defaultdict(float)
+    steady_delays: dict[str, list[float]] = {"1.3": [], "3": []}
+    for cls in wanted:
+        rs = [r for r in rows if r["class"] == cls]
+        hh = sum(r["healthy_h"] for r in rs)
+        fa = sum(r["false_arms"] for r in rs)
+        ch = [c for r in rs for c in r["changes"]]
+        scored = [c for c in ch if c["lasting"] and c["detectable"]]
+        lost = [c for c in scored if not c["captured"]]
+        learn_lost = [c for c in lost if c["learning"]]
+        d13 = [c["delay_steps"] for c in ch if c["factor"] == 1.3 and c["detectable"] and not math.isnan(c["delay_steps"])]
+        d3 = [c["delay_steps"] for c in ch if c["factor"] == 3.0 and not math.isnan(c["delay_steps"])]
+        if cls == "steady":
+            steady_delays = {"1.3": d13, "3": d3}
+        viol = sum(len(r["violations"]) for r in rs)
+        tot["hh"] += hh
+        tot["fa"] += fa
+        tot["lost"] += len(lost)
+        tot["scored"] += len(scored)
+        tot["viol"] += viol
+        print(f"{cls:15s} {len(rs):4d} {hh:9.1f} {fa:10d} {fa / hh if hh else math.nan:5.2f} "
+              f"{len(lost):4d}/{len(scored):<4d} {_pct(d13, 50):8.0f} {_pct(d13, 90):5.0f} {_pct(d3, 50):6.0f} "
+              f"{_pct(d3, 90):5.0f} {len(learn_lost):10d} {viol:4d}")
+    print(f"{'all':15s} {len(rows):4d} {tot['hh']:9.1f} {int(tot['fa']):10d} "
+          f"{tot['fa'] / tot['hh'] if tot['hh'] else math.nan:5.2f} {int(tot['lost']):4d}/{int(tot['scored']):<4d}"
+          f" {'':8s} {'':5s} {'':6s} {'':5s} {'':10s} {int(tot['viol']):4d}")
+    if steady_delays["1.3"] or steady_delays["3"]:
+        print(f"steady job's median delay (steps): 1.3x {_pct(steady_delays['1.3'], 50):.0f}, "
+              f"3x {_pct(steady_delays['3'], 50):.0f}")
+    examples = [(r["class"], r["seed"], v) for r in rows for v in r["violations"]][:8]
+    for cls, seed, v in examples:
+        print(f"  violation: {cls} run {seed}: {v}")
+    lost_ex = [(r["class"], r["seed"], c) for r in rows for c in r["changes"]
+               if c["lasting"] and c["detectable"] and not c["captured"]][:12]
+    for cls, seed, c in lost_ex:
+        print(f"  lost: {cls} run {seed}: {c['kind']} x{c['factor']} onset {c['onset']} "
+              f"delay {c['delay_steps']}")
+    fa_ex = [(r["class"], r["seed"], r["false_arm_kinds"], r["shape"]) for r in rows if r["false_arms"]][:12]
+    for cls, seed, kinds, shape in fa_ex:
+        print(f"  false arms: {cls} run {seed}: {kinds} {shape}")
+    print(f"total {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU, "
+          f"{sum(r['records'] for r in rows)} records")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

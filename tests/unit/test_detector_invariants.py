@@ -1,0 +1,174 @@
+"""Property-based tests (hypothesis) of the invariants every detector keeps over random series (issue 31):
+
+- every magnitude is finite, a ratio ``now / baseline - 1`` in [-1, 100];
+- every ``baseline_s`` an event carries is at least 1 % of the observed level (the median job step time of the 50
+  steps before the report; a serving unit's baseline is a ratio to its load's usual time: level 1);
+- a series that only gets faster never raises a ``step_regression`` or a ``drift``.
+
+The series are drawn by hypothesis (step time 1 ms-10 s, noise 0-30 %, warm-ups up and down, level shifts, spikes,
+drifts, a slow rank, serving with ``work``, fast steps judged in blocks) and fed through the real ``JobDetector``
+(or the regression detector alone, for the cheap exhaustive cases). Under ``CI=true`` the ``ci`` profile of
+``tests/conftest.py`` derandomizes the examples, so a CI run is reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
+from profwatch.core.detection.regression import StepTimeRegressionDetector
+from profwatch.core.detection.types import FinalizedStep
+from tests.unit.detection_helpers import run
+
+MAX_MAGNITUDE = 100.0
+MIN_BASELINE_FRACTION = 0.01
+SLOW = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def levels(draw: st.DrawFn, *, faster_only: bool = False) -> np.ndarray:
+    """A job-wide level per step (1 = the usual level): a warm-up, level shifts, a drift, spikes."""
+    n = draw(st.integers(80, 360))
+    lv = np.ones(n)
+    if draw(st.booleans()):  # a warm-up that falls (caches, autotuning) ...
+        k = draw(st.integers(3, 80))
+        lv[:k] = np.linspace(draw(st.floats(1.2, 20.0)), 1.0, k)
+    elif not faster_only and draw(st.booleans()):  # ... or rises to the level
+        k = draw(st.integers(3, 80))
+        lv[:k] = np.linspace(draw(st.floats(0.1, 0.95)), 1.0, k)
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(1, n - 1))
+        lv[at:] *= draw(st.floats(0.2, 0.95)) if faster_only else draw(st.floats(0.2, 5.0))
+    if faster_only:
+        if draw(st.booleans()):  # a steady fall
+            lv *= np.maximum(0.05, 1.0 - draw(st.floats(1e-4, 2e-2)) * np.arange(n))
+        return np.minimum.accumulate(lv)  # never slower than any earlier step's level
+    if draw(st.booleans()):
+        lv *= 1.0 + draw(st.floats(-3e-3, 1e-2)) * np.maximum(0, np.arange(n) - draw(st.integers(0, n)))
+        lv = np.maximum(lv, 0.01)
+    for _ in range(draw(st.integers(0, 4))):
+        lv[draw(st.integers(0, n - 1))] *= draw(st.floats(1.5, 100.0))
+    return np.clip(lv, 0.2, 20.0)  # no true ratio between two steps over 100: a magnitude over 100 is then a bug
+
+
+def records(lv: np.ndarray, *, world: int, step_s: float, cv: float, seed: int, slow_rank: int | None = None,
+            slow_factor: float = 1.0, slow_from: int = 0, serving: bool = False,
+            noise_monotone: bool = False) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    out: list[dict[str, Any]] = []
+    t = 1.7e9
+    for i, level in enumerate(lv.tolist()):
+        g = 1.0 if noise_monotone else max(0.2, 1.0 + cv * float(rng.standard_normal()))
+        base = step_s * level * g
+        compute = base * 0.8 * np.maximum(0.2, 1.0 + 0.005 * rng.standard_normal(world))
+        if slow_rank is not None and i >= slow_from:
+            compute[slow_rank] *= slow_factor
+        st_ = float(compute.max()) + 0.2 * base
+        t += st_
+        for r in range(world):
+            rec: dict[str, Any] = {"job_id": "prop", "rank": r, "step": i + 1, "step_time_s": st_, "ts_unix_s": t,
+                                   "stages": {"compute": float(compute[r]), "comm": st_ - float(compute[r])}}
+            if serving:
+                rec["mode"] = "serving"
+                rec["work"] = float(8 + 8 * (i % 3))
+            out.append(rec)
+    return out
+
+
+def observed_level(recs: list[dict[str, Any]], step: int) -> float:
+    times = [r["step_time_s"] for r in recs if r["rank"] == 0 and step - 50 <= r["step"] <= step]
+    return float(np.median(times)) if times else math.nan
+
+
+def check_invariants(found: list[Anomaly], recs: list[dict[str, Any]], *, serving: bool = False) -> None:
+    for a in found:
+        assert math.isfinite(a.magnitude) and -1.0 <= a.magnitude <= MAX_MAGNITUDE, (a.kind, a.magnitude, a.detail)
+        b = a.detail.get("baseline_s")
+        if isinstance(b, (int, float)):
+            level = 1.0 if serving else observed_level(recs, a.step)
+            assert math.isfinite(b) and b >= MIN_BASELINE_FRACTION * level, (a.kind, b, level, a.detail)
+        for key in ("excess",):
+            v = a.detail.get(key)
+            if isinstance(v, dict):
+                assert all(math.isfinite(x) and x <= MAX_MAGNITUDE for x in v.values()), (a.kind, v)
+
+
+@SLOW
+@given(lv=levels(), world=st.integers(1, 8), step_s=st.floats(0.05, 10.0), cv=st.floats(0.0, 0.3),
+       seed=st.integers(0, 2**16))
+def test_job_detector_invariants_on_random_training_series(lv: np.ndarray, world: int, step_s: float, cv: float,
+                                                          seed: int) -> None:
+    recs = records(lv, world=world, step_s=step_s, cv=cv, seed=seed)
+    found, _ = run(recs, world)
+    check_invariants(found, recs)
+
+
+@SLOW
+@given(lv=levels(faster_only=True), world=st.integers(1, 4), step_s=st.floats(0.001, 10.0),
+       cv=st.floats(0.0, 0.05), seed=st.integers(0, 2**16))
+def test_a_series_that_only_gets_faster_never_raises_a_regression(lv: np.ndarray, world: int, step_s: float,
+                                                                 cv: float, seed: int) -> None:
+    """Monotone level (warm-ups that fall, speedups, steady falls), little noise: no regression, no drift,
+    whether the steps are judged one by one or in blocks (1 ms steps)."""
+    recs = records(lv, world=world, step_s=step_s, cv=cv, seed=seed)
+    found, _ = run(recs, world)
+    check_invariants(found, recs)
+    assert [a for a in found if a.kind in ("step_regression", "drift")] == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(lv=levels(faster_only=True), step_s=st.floats(1e-4, 100.0))
+def test_the_regression_detector_never_pages_a_noiseless_series_that_only_gets_faster(lv: np.ndarray,
+                                                                                    step_s: float) -> None:
+    """The change-point detector alone, exact monotone series (no noise at all: the noise floor is the scale)."""
+    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 8)
+    for i, x in enumerate((lv * step_s).tolist()):
+        found = det.on_step(FinalizedStep(i + 1, x, 0, 1, None, None))
+        assert [a for a in found if a.kind in ("step_regression", "drift")] == [], (i, x)
+        for a in found:
+            assert math.isfinite(a.magnitude) and -1.0 <= a.magnitude <= MAX_MAGNITUDE
+        b = det.baseline_step_time_s
+        assert b is None or b > 0
+
+
+@SLOW
+@given(lv=levels(), world=st.integers(4, 12), cv=st.floats(0.0, 0.2), slow_factor=st.floats(1.0, 50.0),
+       slow_from=st.integers(0, 200), seed=st.integers(0, 2**16), data=st.data())
+def test_rank_outlier_and_structural_invariants(lv: np.ndarray, world: int, cv: float, slow_factor: float,
+                                                slow_from: int, seed: int, data: st.DataObject) -> None:
+    """One rank slower (from the start or later, up to 50x): rank_outlier and structural_imbalance magnitudes
+    and excesses are bounded."""
+    rank = data.draw(st.integers(0, world - 1))
+    recs = records(lv, world=world, step_s=0.2, cv=cv, seed=seed, slow_rank=rank, slow_factor=slow_factor,
+                   slow_from=slow_from)
+    found, _ = run(recs, world)
+    check_invariants(found, recs)
+
+
+@SLOW
+@given(lv=levels(), world=st.integers(1, 4), step_s=st.floats(0.02, 1.0), cv=st.floats(0.0, 0.2),
+       seed=st.integers(0, 2**16))
+def test_serving_unit_invariants(lv: np.ndarray, world: int, step_s: float, cv: float, seed: int) -> None:
+    """A serving unit (``mode="serving"``, ``work`` given) judges ratios to its loads' usual times: its baseline
+    is a ratio and never ratchets toward zero whatever the level does."""
+    recs = records(lv, world=world, step_s=step_s, cv=cv, seed=seed, serving=True)
+    det = JobDetector("prop", world, DetectionSettings(), mode="serving")
+    found, _ = run(recs, world, det=det)
+    check_invariants(found, recs, serving=True)
+
+
+@SLOW
+@given(lv=levels(), world=st.integers(1, 4), step_s=st.floats(0.001, 0.02), cv=st.floats(0.0, 0.2),
+       seed=st.integers(0, 2**16))
+def test_blocks_of_fast_steps_keep_the_invariants(lv: np.ndarray, world: int, step_s: float, cv: float,
+                                                  seed: int) -> None:
+    """1-20 ms steps are judged in blocks (``block_target_s``): the invariants hold on the blocks' values too."""
+    lv = np.repeat(lv, 8)  # enough steps for blocks to form and a baseline of blocks to learn
+    recs = records(lv, world=world, step_s=step_s, cv=cv, seed=seed)
+    found, _ = run(recs, world)
+    check_invariants(found, recs)
