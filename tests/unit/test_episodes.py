@@ -528,3 +528,17 @@ def test_a_replicas_episode_is_quiet_only_on_its_own_step_counter() -> None:
     assert b.advance(T0 + 40, furthest_step=90_400, unit_steps={**units, 0: 90_400, 2: 1_249}) == []
     (closed,) = b.advance(T0 + 41, furthest_step=90_401, unit_steps={**units, 0: 90_401, 2: 1_250})
     assert closed.data["reason"] == "quiet"
+
+
+def test_slow_from_start_arms_one_capture_by_default_and_stays_open_until_the_job_ends() -> None:
+    settings = ArmingSettings()
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    slow = Anomaly("slow_from_start", "j", 60, (2,), 0.3, {"stage": {2: "compute"}, "excess": {2: 0.3},
+                                                            "text": "rank 2 has been 30 % slower ..."})
+    ep, _ = b.observe(slow, T0)
+    assert ep is not None and arm_next(b, p, T0, "c1", covered=None) is ep
+    b.capture_ended("c1", T0 + 60, "ok", named=(2,))
+    for k in range(1, 20):  # never quiet-closed, never captured again
+        assert b.advance(T0 + 100 * k, furthest_step=60 + 100 * k) == []
+        assert b.next_arm(p, T0 + 100 * k, capture_in_flight=False) is None
+    assert ep.waiting == "captured_unchanged" and [c.capture_id for c in ep.captures] == ["c1"]

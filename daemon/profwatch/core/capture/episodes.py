@@ -42,7 +42,7 @@ __all__ = ["Episode", "EpisodeCapture", "JobEpisodes", "episode_key", "value_key
 
 NOT_EPISODES = frozenset({"step_spike"})
 """Kinds that are events only: a transient was over before any capture could start."""
-STANDING_KINDS = frozenset({"periodic_spike", "structural_imbalance", "drift"})
+STANDING_KINDS = frozenset({"periodic_spike", "structural_imbalance", "drift", "slow_from_start"})
 """Kinds their detector reports once per level: the episode stays open until its job ends or starts a new
 generation (quiet steps do not close it)."""
 MAX_OPEN = 64
