@@ -490,12 +490,13 @@ def test_dry_run_agrees_with_the_refusal_and_names_the_blocker(world) -> None:
 
 def test_observe_mode_counts_would_arms_so_the_cooldown_applies_as_in_act_mode(world) -> None:
     w = world(arming={"mode": "observe", "cooldown_s": 900})
-    an = Anomaly(kind="step_regression", job_id="j1", step=20, ranks=(), magnitude=0.4)
+    # a slow rank (a job-wide change point on top of a captured level is a new episode: docs/detection.md)
+    an = Anomaly(kind="rank_outlier", job_id="j1", step=20, ranks=(1,), magnitude=0.4, detail={"stage": "forward"})
     w.shell.on_anomaly(an, w.now)
     w.now += 10
     w.shell.on_anomaly(an, w.now)
     w.now += 10
-    grown = Anomaly(kind="step_regression", job_id="j1", step=40, ranks=(), magnitude=0.6)
+    grown = Anomaly(kind="rank_outlier", job_id="j1", step=40, ranks=(1,), magnitude=0.6, detail={"stage": "forward"})
     w.shell.on_anomaly(grown, w.now)
     w.now += 900
     w.shell.on_anomaly(grown, w.now)

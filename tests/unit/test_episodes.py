@@ -276,10 +276,27 @@ def test_a_captured_episode_that_persists_unchanged_is_not_captured_again_until_
     b.observe(Anomaly("step_regression", "j", 700, (), 0.05,  # +5 % more: not grown by 10 % of the reference
                       {"pattern": "cusum", "baseline_s": 1.12, "step_time_s": 1.18}), t)
     assert b.next_arm(p, t, capture_in_flight=False) is None and ep.waiting == "captured_unchanged"
-    b.observe(Anomaly("step_regression", "j", 800, (), 0.11,  # another +11 % on top: +32 % in all
-                      {"pattern": "cusum", "baseline_s": 1.18, "step_time_s": 1.32}), t + 10)
-    assert ep.level == pytest.approx(0.32) and arm_next(b, p, t + 10, "c2") is ep
-    assert Episode.from_json(ep.to_json()).captures[-1].level == pytest.approx(0.32)
+    assert ep.level == pytest.approx(0.18)  # updated: +18 % in all, not grown by 10 % since its capture
+    new, evs = b.observe(Anomaly("step_regression", "j", 800, (), 0.11,  # another +11 % on top: a change of its own
+                                 {"pattern": "cusum", "baseline_s": 1.18, "step_time_s": 1.32}), t + 10)
+    assert [(e.type, e.data.get("reason")) for e in evs] == [("io.profwatch.episode_closed.v1", "new_change"),
+                                                             ("io.profwatch.episode_opened.v1", None)]
+    assert new is not None and new is not ep and new.reference_s == 1.18
+    assert new.level == pytest.approx(1.32 / 1.18 - 1) and arm_next(b, p, t + 10, "c2") is new
+    assert Episode.from_json(new.to_json()).captures[-1].level == pytest.approx(1.32 / 1.18 - 1)
+
+
+def test_a_change_on_top_of_a_captured_job_wide_level_is_captured_at_once_not_after_its_cooldown() -> None:
+    """A +16 % host-load level captured (a suspect named, or no verdict yet in replay), the job stays there; a 3x
+    straggler 5 minutes later (zero-code: seen as job-wide) was an update held by the 900 s cooldown."""
+    b, p = book(episode_quiet_steps=20)
+    load, _ = b.observe(reg(100, mag=0.16, base=1.0), T0)
+    assert load is not None and arm_next(b, p, T0, "c1") is load
+    b.capture_ended("c1", T0 + 60, "ok", named=(0,))
+    b.advance(T0 + 300, furthest_step=700, step_time_s=1.16)
+    straggler, _ = b.observe(reg(700, mag=2.0, base=1.16), T0 + 300)
+    assert straggler is not None and straggler is not load and load.close_reason == "new_change"
+    assert arm_next(b, p, T0 + 300, "c2") is straggler
 
 
 def test_a_partial_targeted_capture_that_waited_outside_asks_one_follow_up_through_the_budget() -> None:
@@ -528,3 +545,17 @@ def test_a_replicas_episode_is_quiet_only_on_its_own_step_counter() -> None:
     assert b.advance(T0 + 40, furthest_step=90_400, unit_steps={**units, 0: 90_400, 2: 1_249}) == []
     (closed,) = b.advance(T0 + 41, furthest_step=90_401, unit_steps={**units, 0: 90_401, 2: 1_250})
     assert closed.data["reason"] == "quiet"
+
+
+def test_slow_from_start_arms_one_capture_by_default_and_stays_open_until_the_job_ends() -> None:
+    settings = ArmingSettings()
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    slow = Anomaly("slow_from_start", "j", 60, (2,), 0.3, {"stage": {2: "compute"}, "excess": {2: 0.3},
+                                                            "text": "rank 2 has been 30 % slower ..."})
+    ep, _ = b.observe(slow, T0)
+    assert ep is not None and arm_next(b, p, T0, "c1", covered=None) is ep
+    b.capture_ended("c1", T0 + 60, "ok", named=(2,))
+    for k in range(1, 20):  # never quiet-closed, never captured again
+        assert b.advance(T0 + 100 * k, furthest_step=60 + 100 * k) == []
+        assert b.next_arm(p, T0 + 100 * k, capture_in_flight=False) is None
+    assert ep.waiting == "captured_unchanged" and [c.capture_id for c in ep.captures] == ["c1"]

@@ -189,3 +189,36 @@ def test_merge_block_medians_and_exclusion() -> None:
     assert merge_block([*steps, FinalizedStep(3, 1.0, 0, 2, None, "capture")]).excluded == "capture"
     blocks = StepBlocks(DetectionSettings(block_target_s=0))
     assert blocks.size == 1 and blocks.push(steps[0]) == [steps[0]]
+
+
+# -- a rank slower from the start in a job without roles -------------------------------------------------------------
+DP = TelemetryScenario(world_size=4, steps=200, cv=0.02, rank_compute_factors=(1, 1, 1.3, 1))
+
+
+def test_a_rank_slower_from_the_start_without_roles_is_one_slow_from_start_saying_why() -> None:
+    found, _ = run(generate_telemetry(DP), 4)
+    [slow] = of_kind(found, "slow_from_start")
+    [si] = of_kind(found, "structural_imbalance")  # the learned baseline, as before
+    assert slow.ranks == si.ranks == (2,) and slow.step == si.step
+    assert slow.magnitude == pytest.approx(0.3, abs=0.03) and slow.detail["min_effect"] == 0.1
+    assert slow.detail["text"] == ("rank 2 has been 30 % slower than its peers since the job started: a bad node, "
+                                   "or a role difference: declare roles to silence")
+    assert not [a for a in of_kind(found, "rank_outlier") if 2 in a.ranks]  # one report per generation
+
+
+def test_declared_different_roles_or_visible_pipeline_stages_keep_a_rank_slow_from_the_start_quiet() -> None:
+    roles = replace(DP, roles=("a", "a", "b", "b"))
+    found, _ = run(generate_telemetry(roles), 4)
+    assert of_kind(found, "slow_from_start") == [] and len(of_kind(found, "structural_imbalance")) == 1
+    same = replace(DP, roles=("dp",) * 4)  # one role for all: as without roles
+    assert len(of_kind(run(generate_telemetry(same), 4)[0], "slow_from_start")) == 1
+
+    def last_stage_times_its_loss(rec: dict) -> dict:  # rank 2 is the pipeline's last stage: it times one more stage
+        if rec["rank"] == 2 and rec.get("stages"):
+            rec = {**rec, "stages": {**rec["stages"], "loss": 0.01}}
+        return rec
+
+    found, _ = run((last_stage_times_its_loss(r) for r in generate_telemetry(DP)), 4)
+    assert of_kind(found, "slow_from_start") == [] and len(of_kind(found, "structural_imbalance")) == 1
+    below = replace(DP, rank_compute_factors=(1, 1, 1.07, 1))  # under outlier_min_effect: nothing to say
+    assert of_kind(run(generate_telemetry(below), 4)[0], "slow_from_start") == []

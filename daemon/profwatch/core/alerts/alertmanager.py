@@ -79,6 +79,9 @@ _JOB_ALERT_TEXT = {
     "ProfwatchCulpritRotates": ("successive captures of one episode named a different slow rank each",
                                 "no single slow rank to fix: balance the load (e.g. MoE routing, expert placement); "
                                 "the episode is not captured again"),
+    "ProfwatchSlowFromStart": ("ranks have been slower than their peers since the job started (no roles declared)",
+                               "every rank waits for them in synchronous training; a bad node, or a role difference: "
+                               "declare roles to silence"),
 }
 """Summary and impact annotations of each job-level alert: (what happened, what it costs)."""
 LIFETIME_FACTOR = 4
@@ -434,6 +437,8 @@ class AlertBook:
         labels = _labels(alertname=name, job_id=job_id, severity="warning", cluster=self.cluster)
         what, impact = _JOB_ALERT_TEXT[name]
         detail = data.get("detail") or data.get("error") or data.get("problems") or data.get("missing_ranks") or ""
+        if isinstance(detail, Mapping) and isinstance(detail.get("text"), str):
+            detail = detail["text"]  # a detector's report (slow_from_start): its sentence, not its evidence
         ann = {
             "summary": f"job {job_id}: {what}",
             "description": detail if isinstance(detail, str) else repr(detail),

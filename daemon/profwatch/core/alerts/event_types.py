@@ -87,6 +87,11 @@ TABLE: tuple[EventType, ...] = (
               resolved_by="episode_closed of the rotating episode; job_ended",
               summary="successive captures of one episode named a different rank each (load imbalance, e.g. MoE "
                       "routing): the episode is not captured again as a slow rank"),
+    EventType("slow_from_start", alert=True, restored_by_sinks=True, alertmanager=("ProfwatchSlowFromStart",),
+              job_alert=True, severity="warning", resolved_by="job_ended",
+              summary="ranks slower than their peers since the job (generation) started, in a job that declares no "
+                      "roles and shows no pipeline stages: a bad node or an undeclared role (once per generation, "
+                      "captured once; declare roles to silence)"),
     EventType("job_id_collision", alert=True, restored_by_sinks=True, alertmanager=("ProfwatchJobIdCollision",),
               job_alert=True, severity="warning", resolved_by="job_ended",
               summary="two jobs claim one job id (reason paths_changed or uid_mismatch, the owning uid): the "
@@ -188,7 +193,9 @@ TYPE_JOB_ENDED = BY_NAME["job_ended"].type
 TYPE_ANOMALY = BY_NAME["anomaly"].type
 TYPE_STRUCTURAL_IMBALANCE = BY_NAME["structural_imbalance"].type
 TYPE_DRIFT = BY_NAME["drift"].type
-ANOMALY_KIND_TYPES: dict[str, str] = {"structural_imbalance": TYPE_STRUCTURAL_IMBALANCE, "drift": TYPE_DRIFT}
+TYPE_SLOW_FROM_START = BY_NAME["slow_from_start"].type
+ANOMALY_KIND_TYPES: dict[str, str] = {"structural_imbalance": TYPE_STRUCTURAL_IMBALANCE, "drift": TYPE_DRIFT,
+                                      "slow_from_start": TYPE_SLOW_FROM_START}
 """Detector kinds published under their own type (the other kinds are ``anomaly`` events with ``data.kind``)."""
 ANOMALY_TYPES: frozenset[str] = frozenset({TYPE_ANOMALY, *ANOMALY_KIND_TYPES.values()})
 """Every type that carries a detector report (same ``data`` shape: kind, step, ranks, magnitude, detail)."""

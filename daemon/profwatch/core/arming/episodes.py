@@ -42,7 +42,7 @@ __all__ = ["Episode", "EpisodeCapture", "JobEpisodes", "episode_key", "value_key
 
 NOT_EPISODES = frozenset({"step_spike"})
 """Kinds that are events only: a transient was over before any capture could start."""
-STANDING_KINDS = frozenset({"periodic_spike", "structural_imbalance", "drift"})
+STANDING_KINDS = frozenset({"periodic_spike", "structural_imbalance", "drift", "slow_from_start"})
 """Kinds their detector reports once per level: the episode stays open until its job ends or starts a new
 generation (quiet steps do not close it)."""
 MAX_OPEN = 64
@@ -96,10 +96,14 @@ class JobEpisodes:
         ``episode_quiet_steps`` steps past the last step it held, never while its own capture is in flight; kinds of
         :data:`STANDING_KINDS` close only with :meth:`close_all` (job end, new generation).
 
-        New normal: a job-wide ``step_regression`` episode whose latest capture found no suspect (``no_suspect``)
-        and that held its level for ``episode_quiet_steps`` after the verdict, or that a new change point reaches,
-        is closed with one ``level_learned`` event (old and new level, the capture) and reason ``level_learned``: a
-        later change is a new episode, never an update held by the old one's cooldown.
+        New change: a ``step_regression`` report of at least ``recapture_growth``, with its onset after the last
+        report, on a job-wide episode already captured (no capture in flight) is a new change point (the detector re-learns at each fire): the old episode
+        closes and the report opens a new one, captured as new (never held by the old one's cooldown); a smaller
+        one updates it. New normal: a job-wide ``step_regression``
+        episode whose latest capture found no suspect (``no_suspect``) and that held its level for
+        ``episode_quiet_steps`` after the verdict, or that a new change point reaches, is closed with one
+        ``level_learned`` event (old and new level, the capture) and reason ``level_learned``; else a new change
+        closes it with reason ``new_change``.
 
         Budget (:meth:`next_arm`): the open episodes that want a capture (none of their own in flight, not
         rotating) are decided in :func:`value_key` order; the first that passes is armed. An episode captured
@@ -177,13 +181,21 @@ class JobEpisodes:
         ranks = tuple(sorted(set(anomaly.ranks)))
         detail = dict(anomaly.detail or {})
         out: list[Event] = []
-        if ep is not None and not ep.ranks and not ranks and anomaly.kind == "step_regression":
+        onset = detail.get("first_step")
+        onset = onset if isinstance(onset, int) and not isinstance(onset, bool) else anomaly.step
+        if (ep is not None and not ep.ranks and not ranks and anomaly.kind == "step_regression" and ep.captures
+                and ep.in_flight is None and anomaly.magnitude >= self.settings.recapture_growth
+                and onset > ep.last_step):
+            # a new change point of at least recapture_growth on a job-wide level already captured: a change of its
+            # own (e.g. a straggler on top of a host-load level), never an update held by that episode's cooldown
             found = _found_nobody(ep)
-            if found is not None:  # a new change on a level its capture found nobody behind: that level is normal
+            if found is not None:  # its capture found nobody behind the level it leaves: that level is normal
                 base = detail.get("baseline_s")
                 now_level = float(base) if isinstance(base, (int, float)) and base > 0 else None
                 out += self._learn(ep, now_unix_s, anomaly.step, now_level, found)
-                ep = None
+            else:
+                out.append(self._close(ep, now_unix_s, "new_change"))
+            ep = None
         if ep is None:
             if len(self.open) >= MAX_OPEN:
                 oldest = min(self.open.values(), key=lambda e: e.updated_unix_s)
@@ -198,8 +210,6 @@ class JobEpisodes:
                 ep.rotation, ep.rotating_member = rot[0], True
             self.open[key] = ep
             self._touch(ep)
-            onset = detail.get("first_step")
-            onset = onset if isinstance(onset, int) else anomaly.step
             for cid, (start, covered) in self._flight.items():  # a capture in flight whose window follows the onset
                 if start is not None and start > onset and (covered is None or (ranks and set(ranks) <= covered)):
                     self._add_capture(ep, EpisodeCapture(cid, now_unix_s, ranks, False, level=ep.level))

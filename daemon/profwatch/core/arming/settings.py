@@ -13,7 +13,8 @@ from profwatch.core.arming.targeting import TargetingSettings
 
 __all__ = ["ArmableKind", "ArmingSettings"]
 
-ArmableKind = Literal["step_regression", "rank_outlier", "periodic_spike", "stalled_rank", "step_spike"]
+ArmableKind = Literal["step_regression", "rank_outlier", "periodic_spike", "stalled_rank", "step_spike",
+                      "slow_from_start"]
 
 
 class ArmingSettings(BaseModel):
@@ -45,8 +46,9 @@ class ArmingSettings(BaseModel):
                         "default 4: see CAPTURE_WINDOW_NOTE in daemon/profwatch/core/capture/planner.py")
     rank_list: tuple[int, ...] | None = Field(None, description="ranks to capture (None = all ranks)")
     arm_on: tuple[ArmableKind, ...] = Field(
-        ("step_regression", "rank_outlier"),
-        description="anomaly kinds that may arm; add periodic_spike to capture the next occurrence of a recurring "
+        ("step_regression", "rank_outlier", "slow_from_start"),
+        description="anomaly kinds that may arm (slow_from_start: once per generation, it is a standing episode); "
+                    "add periodic_spike to capture the next occurrence of a recurring "
                     "spike (stalled_rank and step_spike never arm)",
     )
     min_magnitude: float = Field(0.0, ge=0, description="relative: anomalies below this magnitude do not arm")

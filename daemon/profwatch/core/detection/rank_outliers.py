@@ -99,7 +99,11 @@ class RankOutlierDetector:
         widens the peers' median absolute deviation (the scale of every other rank's test). Ranks with
         ``c >= 1 + outlier_min_effect`` are reported once as ``structural_imbalance`` with, per rank, the
         excess and stage, and the job's cost per step: the largest median excess in seconds (in synchronous
-        training every rank waits for it) and that cost as a fraction of the median job step time. No
+        training every rank waits for it) and that cost as a fraction of the median job step time. In a job whose
+        ranks declared no role (or all the same one) and all timed the same stages (no pipeline stage the hook can see), nothing makes
+        one rank slower by design: the same ranks are also reported once as ``slow_from_start`` (an alert, with a
+        ``text`` such as "rank 2 has been 30 % slower than its peers since the job started: a bad node, or a role
+        difference: declare roles to silence"); with roles or visible stages it stays ``structural_imbalance``. No
         ``rank_outlier`` fires while learning; at its end a rank that was not learned as structural and is
         outlying in ``outlier_min_steps`` of the last ``outlier_window_steps`` fires at once.
 
@@ -169,6 +173,7 @@ class RankOutlierDetector:
         self._learn_n = 0
         self._learn: dict[str, np.ndarray] = {}
         self._learn_cost: dict[str, np.ndarray] = {}
+        self._learn_seen: dict[str, np.ndarray] = {}  # per learned stage, the ranks that timed it
         self._learn_step_s: list[float] = []
 
     @property
@@ -189,6 +194,7 @@ class RankOutlierDetector:
         if settings.structural_learn_steps != old.structural_learn_steps and self.learning:
             self._learn.clear()
             self._learn_cost.clear()
+            self._learn_seen.clear()
             self._learn_n = 0
             self._learn_step_s.clear()
 
@@ -220,9 +226,7 @@ class RankOutlierDetector:
             if self.learning:
                 self._window(step.step, best, fire=False)
                 return out
-            structural = self._finish_learning(step.step)
-            if structural is not None:
-                out.append(structural)
+            out.extend(self._finish_learning(step.step))
             for r in {r for ranks in self._base.values() for r in ranks}:
                 best.pop(r, None)  # judged from now on against its own baseline
         a = self._window(step.step, best, fire=True)
@@ -289,6 +293,10 @@ class RankOutlierDetector:
             ratios = self._learn[name] = np.full(shape, np.nan, dtype=np.float32)
             self._learn_cost[name] = np.full(shape, np.nan, dtype=np.float32)
         a = np.asarray(arr, dtype=np.float64)
+        seen = self._learn_seen.get(name)
+        if seen is None:
+            seen = self._learn_seen[name] = np.zeros(self.world_size, dtype=bool)
+        seen |= ~np.isnan(a)
         med = self._peer_median(a, groups)
         i = self._learn_n
         if i < ratios.shape[0]:
@@ -296,10 +304,11 @@ class RankOutlierDetector:
                 ratios[i] = np.where(med > 0, a / np.maximum(med, self._floor_s), np.nan)
             self._learn_cost[name][i] = a - med
 
-    def _finish_learning(self, step: int) -> Anomaly | None:
+    def _finish_learning(self, step: int) -> list[Anomaly]:
         s = self.settings
         half_tol = STABLE_FRACTION * s.outlier_min_effect
         slow: dict[int, tuple[float, str, float]] = {}
+        reporting = {frozenset(np.flatnonzero(seen).tolist()) for seen in self._learn_seen.values()}
         for name, ratios in self._learn.items():
             n = ratios.shape[0]
             if not np.any(~np.isnan(ratios)):
@@ -322,10 +331,11 @@ class RankOutlierDetector:
             self._drop_from_window(r)
         self._learn.clear()
         self._learn_cost.clear()
+        self._learn_seen.clear()
         step_s = sorted(self._learn_step_s)
         self._learn_step_s = []
         if not slow:
-            return None
+            return []
         job_step_s = step_s[len(step_s) // 2] if step_s else 0.0
         cost_s = max(v[2] for v in slow.values())
         ranks = tuple(sorted(slow))
@@ -334,7 +344,20 @@ class RankOutlierDetector:
             "cost_s_per_step": round(cost_s, 6),
             "cost_fraction": round(cost_s / job_step_s, 6) if job_step_s > 0 else None,
             "learn_steps": s.structural_learn_steps, "role_groups": self._peer_groups() is not None}
-        return Anomaly("structural_imbalance", self.job_id, step, ranks, max(v[0] for v in slow.values()), detail)
+        out = [Anomaly("structural_imbalance", self.job_id, step, ranks, max(v[0] for v in slow.values()), detail)]
+        staged = len(reporting) > 1  # ranks time different stages: pipeline stages the hook can see
+        if staged or len(set(self._roles)) > 1:
+            return out  # declared different roles (or visible stages) explain a difference present from the start
+        bad = sorted(slow, key=lambda r: (-slow[r][0], r))
+        shown = bad[:8]
+        who = (f"rank {shown[0]} has" if len(bad) == 1 else
+               "ranks " + ", ".join(map(str, shown)) + (", ..." if len(bad) > len(shown) else "") + " have")
+        pct = ", ".join(f"{slow[r][0]:.0%}".replace("%", " %") for r in shown)
+        text = (f"{who} been {pct} slower than {'its' if len(bad) == 1 else 'their'} peers since the job started: a "
+                "bad node, or a role difference: declare roles to silence")
+        out.append(Anomaly("slow_from_start", self.job_id, step, tuple(sorted(bad)), slow[bad[0]][0],
+                           {**detail, "text": text, "min_effect": s.outlier_min_effect}))
+        return out
 
     def _drop_from_window(self, r: int) -> None:
         for entry in self._ring:

@@ -14,14 +14,16 @@ from typing import Any, Literal, Protocol
 from profwatch.core.detection.settings import DetectionSettings
 
 AnomalyKind = Literal["step_regression", "step_spike", "periodic_spike", "rank_outlier", "stalled_rank",
-                      "structural_imbalance", "drift"]
+                      "structural_imbalance", "drift", "slow_from_start"]
 """``step_regression``: the job got slower and stayed slower; ``step_spike``: a job-wide excursion that was over
 before any capture could start (an event, never armed); ``periodic_spike``: recurring spikes with a learned
 period (armed only when the arming policy asks for it, to cover the next occurrence); ``rank_outlier``: ranks
 consistently slower than their peers (or than their own learned baseline); ``stalled_rank``: a rank stopped
 reporting while its peers go on; ``structural_imbalance``: ranks slower than their peers from the start of the
 generation, learned as their baseline (reported once per generation, never armed by default); ``drift``: the job's
-step time rises slowly and steadily (reported once per ``drift_threshold`` it grows)."""
+step time rises slowly and steadily (reported once per ``drift_threshold`` it grows); ``slow_from_start``: of those,
+the ranks at least ``outlier_min_effect`` slower in a job that declares no roles and shows no pipeline stages (a bad
+node, or an undeclared role: an alert once per generation, captured once)."""
 
 MAD_TO_SIGMA = 1.4826
 """MAD * 1.4826 estimates the standard deviation of normal data (Rousseeuw & Croux 1993, JASA 88:1273)."""
