@@ -16,7 +16,8 @@ class AnalysisSettings(BaseModel):
     """Settings of ``analyze_batch``: msprof-analyze runs (``msprof``), ranking thresholds (``ranking``), and
     whether ``report.json`` (``report``) and ``report.html`` (``report_html``) are written (by the alert phase, and
     again by the enrich phase). ``kineto_op_compare``: the torch.profiler follow-up, each suspect's ops against a
-    reference rank's (``analysis_enriched``). ``own_tables``: judge an Ascend batch first on profwatch's own reading of
+    reference rank's (``analysis_enriched``); ``suspect_compare``: the same drill-down on Ascend batches, each suspect
+against its median peer with ``msprof-analyze compare`` (docs/verdicts.md#drill-down). ``own_tables``: judge an Ascend batch first on profwatch's own reading of
     each rank's tables (``daemon/profwatch/core/verdict/own_tables.py``), msprof-analyze's cluster_time_summary and
     slow_rank then confirming it in the enrich phase (docs/msprof-analyze.md#own-tables); ``own_tables_workers``
     threads read the rank dirs."""
@@ -28,6 +29,7 @@ class AnalysisSettings(BaseModel):
     report: bool = True
     report_html: bool = True
     kineto_op_compare: bool = True
+    suspect_compare: bool = True
     own_tables: bool = True
     own_tables_workers: int = Field(default=4, ge=1, le=64)
 
