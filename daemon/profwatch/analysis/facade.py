@@ -45,6 +45,7 @@ from profwatch.adapters.tools.msprof_analysis import (
 from profwatch.adapters.tools.msprof_db import own_comm_waits
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
 from profwatch.adapters.tools.own_tables_reader import Signature, read_batch_aicore, read_batch_tables
+from profwatch.analysis.drilldown import DRILL_SUSPECTS, SUSPECT_COMPARE, compare_ascend_suspects
 from profwatch.analysis.result import (
     AnalysisResult,
     AnalysisStatus,
@@ -59,6 +60,7 @@ from profwatch.core.batches.prof_layout import PROFILER_OUTPUT_DIR
 from profwatch.core.changes.hardware import below_peers
 from profwatch.core.display import printable
 from profwatch.core.verdict.agreement import compare_verdicts
+from profwatch.core.verdict.drilldown import median_peer
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
 from profwatch.core.verdict.msprof_plan import ALERT_RECIPES, advisor_ranks, enrich_recipe_names
 from profwatch.core.verdict.own_tables import RankTables, combine_rank_tables, unusable_reason
@@ -267,6 +269,8 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
     result.timings_s["ranking"] = time.monotonic() - t
     if batch.kind != "ascend_pt" and settings.kineto_op_compare and result.suspects and len(batch.ranks) > 1:
         pending.append(OP_COMPARE)
+    if batch.kind == "ascend_pt" and settings.suspect_compare and result.suspects and len(batch.ranks) > 1:
+        pending.append(SUSPECT_COMPARE)
     result.pending = pending
     result.followup = f  # kept without pending too: a comparison with a reference may add reference_compare
     _write_report(result, f, html=settings.report_html)
@@ -298,6 +302,8 @@ def enrich_analysis(result: AnalysisResult, *, runner: MsprofRunner,
             _enrich_msprof(result, ev, f, runner, progress)
         elif OP_COMPARE in result.pending:
             _enrich_kineto(result, ev, f, progress)
+        if SUSPECT_COMPARE in result.pending:
+            _enrich_ascend_suspects(result, ev, f, runner, progress)
         if REFERENCE_COMPARE in result.pending and f.reference is not None:
             _enrich_reference(result, ev, f, runner, progress)
         result.evidence = ev
@@ -400,16 +406,33 @@ def _enrich_kineto(result: AnalysisResult, ev: ClusterEvidence, f: Followup, pro
         progress("started", OP_COMPARE, None)
     staged = f.staged or Path(".")
     dirs = {r: staged / os.path.basename(os.path.normpath(p)) for r, p in f.batch.rank_dirs.items()}
-    named = [s.rank for s in result.suspects[:3]]
-    times = {row["rank"]: row["step_time_us"] for row in per_rank_summary(ev.summaries) if row["rank"] not in named}
-    if not times:
+    named = [s.rank for s in result.suspects[:DRILL_SUSPECTS]]
+    reference = median_peer({row["rank"]: row["step_time_us"] for row in per_rank_summary(ev.summaries)}, named)
+    if reference is None:
         ev.recipes[OP_COMPARE] = RecipeStatus(OP_COMPARE, "not_applicable", "no rank to compare with", phase="enrich")
     else:
-        mid = sorted(times.values())[len(times) // 2]
-        reference = min(times, key=lambda r: (abs(times[r] - mid), r))
         result.op_compare, ev.recipes[OP_COMPARE] = compare_suspects(dirs, named, reference)
     if progress is not None:
         progress("finished", OP_COMPARE, ev.recipes[OP_COMPARE])
+
+
+def _enrich_ascend_suspects(result: AnalysisResult, ev: ClusterEvidence, f: Followup, runner: MsprofRunner,
+                            progress: Progress | None) -> None:
+    """Ascend drill-down: each of the top suspects against its median peer with ``msprof-analyze compare``
+    (``analysis.drilldown``); a failure is the recipe's status, the verdict stands."""
+    if progress is not None:
+        progress("started", SUSPECT_COMPARE, None)
+    named = [s.rank for s in result.suspects[:DRILL_SUSPECTS]]
+    peer = median_peer({row["rank"]: row["step_time_us"] for row in per_rank_summary(ev.summaries)}, named)
+    if peer is None:
+        ev.recipes[SUSPECT_COMPARE] = RecipeStatus(SUSPECT_COMPARE, "not_applicable", "no rank to compare with",
+                                                   phase="enrich")
+    else:
+        result.op_compare, ev.recipes[SUSPECT_COMPARE] = compare_ascend_suspects(
+            runner, f.batch.rank_dirs, named, peer, ev.summaries, f.out_dir / SUSPECT_COMPARE,
+            batch_id=result.batch_id)
+    if progress is not None:
+        progress("finished", SUSPECT_COMPARE, ev.recipes[SUSPECT_COMPARE])
 
 
 def _enrich_reference(result: AnalysisResult, ev: ClusterEvidence, f: Followup, runner: MsprofRunner,

@@ -33,7 +33,7 @@ TIME_RECIPES = ("cluster_time_summary", KINETO_RECIPE, "own_tables")
 
 __all__ = ["AnalysisResult", "AnalysisStatus", "ENRICH_ONLY", "hostnames_from_dirs", "overall_status"]
 
-ENRICH_ONLY = ("advisor", "advisor_html", "communication_matrix", "kineto_op_compare")
+ENRICH_ONLY = ("advisor", "advisor_html", "communication_matrix", "kineto_op_compare", "suspect_compare")
 """Recipes of the enrich phase: what they find refines a verdict, never decides whether there is one."""
 
 
@@ -74,7 +74,9 @@ class AnalysisResult:
     hardware: list[dict[str, Any]] = field(default_factory=list)
     """Ranks whose AI Core clock ran below their peers' (``profwatch.core.changes.hardware.below_peers``)."""
     op_compare: list[dict[str, Any]] = field(default_factory=list)
-    """torch.profiler follow-up: ``[{"rank", "reference_rank", "ops": [...]}]`` (``kineto_reader.compare_suspects``)."""
+    """The drill-down (enrich phase): ``[{"rank", "reference_rank", "steps", "source", "ops": [...]}]``, each suspect
+    against its median peer (``core/verdict/drilldown.py``; torch ``kineto_reader.compare_suspects``, Ascend
+    ``analysis.drilldown.compare_ascend_suspects``)."""
     comparison: dict[str, Any] | None = None
     """What changed since a healthy reference capture (``profwatch.core.changes.comparison.Comparison.to_json`` plus
     ``reference`` {path, batch_id, steps, step_time_s} and ``impact_accelerator_hours_per_day``); None without one."""

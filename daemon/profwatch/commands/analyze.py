@@ -159,6 +159,14 @@ def _human(res: AnalysisResult) -> str:
         lines.append(f"      {s.evidence.get('summary', '')} [{s.evidence.get('strength', '-')}]")
         if s.rank_dir:
             lines.append(f"      {s.rank_dir}")
+        drill = next((c for c in res.op_compare if c.get("rank") == s.rank), None)
+        if drill is not None:
+            lines.append(f"      why (over its median peer, rank {drill.get('reference_rank')}, "
+                         f"{drill.get('source') or '-'}):")
+            lines += [f"        {o.get('kind') or 'operator':<10} {str(o.get('name'))[:60]}  "
+                      f"{float(o.get('excess_us_per_step') or 0.0) / 1e3:+.2f} ms/step" for o in drill["ops"][:5]]
+            if not drill["ops"]:
+                lines.append("        no operator stands out")
     for lk in res.links:
         lines.append(f"  link {lk.ranks[0]}<->{lk.ranks[1]} (group {lk.group}, {lk.transport or '?'}): "
                      f"{lk.bandwidth_gbps:.2f} GB/s vs peers {lk.peer_median_gbps:.2f} GB/s  {_saving(lk.impact)}")

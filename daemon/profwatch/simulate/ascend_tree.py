@@ -215,7 +215,8 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
                     first_step_delay_ranks: Mapping[int, float] | None = None,
                     step_delays: Mapping[tuple[int, int], float] | None = None,
                     throttled_ranks: Mapping[int, float] | None = None,
-                    slow_ops: Mapping[str, float] | None = None) -> list[RankTimeline]:
+                    slow_ops: Mapping[str, float] | None = None,
+                    rank_slow_ops: Mapping[int, Mapping[str, float]] | None = None) -> list[RankTimeline]:
     """Physically consistent timelines of one synchronous data-parallel job (one world allreduce group).
 
     Notes:
@@ -234,7 +235,8 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
         :data:`NOMINAL_AICORE_MHZ`), recorded in ``AICORE_FREQ``; its compute takes nominal / MHz times longer (on
         top of ``slow_ranks``). ``slow_ops`` {operator type (``MatMul``, ``Add``): factor}: that operator's
         kernels take factor x longer on every rank (a regression in one operator: a worse kernel after an upgrade,
-        a changed shape). Steps start in lockstep; timestamps are unix-epoch ns from ``ts_base`` (default
+        a changed shape). ``rank_slow_ops`` {rank: {operator type: factor}}: the same on one rank only (a rank
+        slow in one operator: what the drill-down names). Steps start in lockstep; timestamps are unix-epoch ns from ``ts_base`` (default
         :data:`DEFAULT_TS_BASE_NS`). Deterministic for a given ``seed``; the random draws do not depend on the
         slowdowns, so a batch with and one without a slowdown (same seed) differ only by it.
     """
@@ -243,7 +245,7 @@ def build_timelines(*, world_size: int = 4, slow_ranks: Mapping[int, float] | No
     rng = random.Random(seed)
     base = DEFAULT_TS_BASE_NS if ts_base is None else ts_base
     f = _job_factors(world_size, slow_ranks, host_bound_ranks, slow_link_ranks, throttled_ranks, slow_ops,
-                     slow_links, first_step_delay_ranks, step_delays)
+                     slow_links, first_step_delay_ranks, step_delays, rank_slow_ops)
     group = ParallelGroup(default_group_name(base), "default_group", tuple(range(world_size)))
     segs, windows = _run_steps(rng, f, group, world_size=world_size, steps=steps, base=base, noise=noise,
                                collectives_per_step=collectives_per_step, kernels_per_chunk=kernels_per_chunk)
@@ -269,6 +271,7 @@ class _JobFactors:
     slow_link: dict[int, float]
     clock: dict[int, float]
     op_factor: dict[str, float]
+    rank_ops: dict[int, dict[str, float]]
     delays: dict[tuple[int, int], float]
     peer_factors: dict[int, dict[int, float]]
     rank_link: dict[int, float]
@@ -279,7 +282,8 @@ def _job_factors(world_size: int, slow_ranks: Mapping[int, float] | None, host_b
                  slow_link_ranks: Mapping[int, float] | None, throttled_ranks: Mapping[int, float] | None,
                  slow_ops: Mapping[str, float] | None, slow_links: Mapping[tuple[int, int], float] | None,
                  first_step_delay_ranks: Mapping[int, float] | None,
-                 step_delays: Mapping[tuple[int, int], float] | None) -> _JobFactors:
+                 step_delays: Mapping[tuple[int, int], float] | None,
+                 rank_slow_ops: Mapping[int, Mapping[str, float]] | None = None) -> _JobFactors:
     """Check and combine :func:`build_timelines`' slowdown arguments. Raises ValueError for a throttled rank or a
     slow link outside the job, a clock out of range or an operator the simulator does not have."""
     slow, host_bound, slow_link = dict(slow_ranks or {}), dict(host_bound_ranks or {}), dict(slow_link_ranks or {})
@@ -289,7 +293,8 @@ def _job_factors(world_size: int, slow_ranks: Mapping[int, float] | None, host_b
             raise ValueError(f"throttled rank {r} at {mhz} MHz: rank outside 0..{world_size - 1} or clock out of range")
         slow[r] = slow.get(r, 1.0) * NOMINAL_AICORE_MHZ / mhz
     op_factor = dict(slow_ops or {})
-    unknown = sorted(set(op_factor) - {k[1] for k in _KERNELS})
+    rank_ops = {r: dict(f) for r, f in (rank_slow_ops or {}).items()}
+    unknown = sorted((set(op_factor) | {k for f in rank_ops.values() for k in f}) - {k[1] for k in _KERNELS})
     if unknown:
         raise ValueError(f"slow_ops {unknown}: the simulated operators are {sorted(k[1] for k in _KERNELS)}")
     pairs = {(min(a, b), max(a, b)): float(f) for (a, b), f in (slow_links or {}).items() if a != b}
@@ -303,7 +308,7 @@ def _job_factors(world_size: int, slow_ranks: Mapping[int, float] | None, host_b
         peer_factors[a][b] = peer_factors[b][a] = f
     rank_link = {r: max([slow_link.get(r, 1.0), *peer_factors[r].values()]) for r in range(world_size)}
     return _JobFactors(slow=slow, host_bound=host_bound, slow_link=slow_link, clock=clock, op_factor=op_factor,
-                       delays=delays, peer_factors=peer_factors, rank_link=rank_link,
+                       rank_ops=rank_ops, delays=delays, peer_factors=peer_factors, rank_link=rank_link,
                        link_factor=max([1.0, *slow_link.values(), *pairs.values()]))
 
 
@@ -328,7 +333,8 @@ def _run_steps(rng: random.Random, f: _JobFactors, group: ParallelGroup, *, worl
                 gap = _LAUNCH_GAP_NS + int(f.host_bound.get(r, 0.0) * _CHUNK_COMPUTE_NS * factor / kernels_per_chunk)
                 for k in range(kernels_per_chunk):
                     kname, ktype, aten = _KERNELS[k % 2]
-                    dur = max(int(op_ns * factor * f.op_factor.get(ktype, 1.0) * (1.0 + rng.gauss(0.0, noise))), 1_000)
+                    dur = max(int(op_ns * factor * f.op_factor.get(ktype, 1.0) * f.rank_ops.get(r, {}).get(ktype, 1.0)
+                                  * (1.0 + rng.gauss(0.0, noise))), 1_000)
                     segs[r][s].append(ComputeSegment(cursor[r], cursor[r] + dur, kname, ktype, aten))
                     cursor[r] += dur + gap
             last = max(cursor)
@@ -405,7 +411,8 @@ def generate_cluster(out_dir: Path, *, world_size: int = 4, slow_ranks: Mapping[
                      minimal: bool = False, slow_links: Mapping[tuple[int, int], float] | None = None,
                      first_step_delay_ranks: Mapping[int, float] | None = None,
                      throttled_ranks: Mapping[int, float] | None = None,
-                     slow_ops: Mapping[str, float] | None = None) -> list[Path]:
+                     slow_ops: Mapping[str, float] | None = None,
+                     rank_slow_ops: Mapping[int, Mapping[str, float]] | None = None) -> list[Path]:
     """Write one capture batch of ``world_size`` rank dirs under ``out_dir``; return them ordered by rank.
 
     ``slow_ranks`` {rank: factor}: compute x factor. ``host_bound_ranks`` {rank: fraction}: extra dispatch gaps
@@ -413,7 +420,8 @@ def generate_cluster(out_dir: Path, *, world_size: int = 4, slow_ranks: Mapping[
     ``slow_links`` {(a, b): factor}: only the link between a and b is slower. ``first_step_delay_ranks``
     {rank: fraction of a chunk}: a one-off delay at the start of that rank's first step. ``throttled_ranks``
     {rank: MHz}: that rank's AI Core clock (its compute slower by nominal / MHz, ``AICORE_FREQ`` shows it).
-    ``slow_ops`` {operator type: factor}: that operator slower on every rank.
+    ``slow_ops`` {operator type: factor}: that operator slower on every rank; ``rank_slow_ops`` {rank: {operator
+    type: factor}}: on that rank only.
     ``capture_id`` is stamped as ``profwatch_capture_id`` into ``profiler_metadata.json`` / META_DATA, next to
     ``metadata``. ``minimal`` (1 kernel per chunk, small DBs, no text) makes 1024 ranks take seconds.
     Timing model: :func:`build_timelines`. Raises ValueError on bad sizes, FileExistsError on name clashes.
@@ -427,7 +435,7 @@ def generate_cluster(out_dir: Path, *, world_size: int = 4, slow_ranks: Mapping[
                                 slow_link_ranks=slow_link_ranks, ts_base=ts_base,
                                 kernels_per_chunk=1 if minimal else 6, slow_links=slow_links,
                                 first_step_delay_ranks=first_step_delay_ranks, throttled_ranks=throttled_ranks,
-                                slow_ops=slow_ops)
+                                slow_ops=slow_ops, rank_slow_ops=rank_slow_ops)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return [write_rank_dir(out, tl, export_type=export_type, with_marker=with_marker, metadata=meta, minimal=minimal)

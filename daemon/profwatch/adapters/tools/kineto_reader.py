@@ -29,7 +29,7 @@ from profwatch.core.verdict.kineto import (
     DEVICE_CATS,
     MEMORY_CATS,
     RankTrace,
-    compare_ops,
+    collective_class,
     parse_step,
     summarize_traces,
 )
@@ -363,35 +363,50 @@ def _op_totals(path: Path, steps: Collection[int] | None, *,
 
 def compare_suspects(rank_dirs: Mapping[int, Path], suspects: Sequence[int],
                      reference: int) -> tuple[list[dict[str, Any]], RecipeStatus]:
-    """The torch.profiler follow-up: for each suspect, the ops where it spends more time per step than the
-    ``reference`` rank, each over the step windows of its own trace (a rank's step labels may be offset from its
-    peers': ``daemon/profwatch/core/verdict/kineto_align.py``), per step (``profwatch.core.verdict.kineto.compare_ops``). Returns
-    ``([{"rank", "reference_rank", "steps", "ops": [...]}], RecipeStatus)``; never raises for bad data."""
-    t0 = time.monotonic()
+    """The torch.profiler drill-down (enrich phase): for each suspect, the operators / kernels / collectives where
+    it spends more time per step than the ``reference`` rank (its median peer), largest first
+    (``profwatch.core.verdict.drilldown``). Each rank's totals are over the step windows of its own trace (a rank's
+    step labels may be offset from its peers': ``daemon/profwatch/core/verdict/kineto_align.py``), divided by its
+    own window count (``op_totals_by_kind``). A trace with device work is compared on its device work (kernels,
+    copies, collective kernels: host operators measure the host, often waiting for the device); a host-only trace
+    on its operators (nested ones count in their parent too, alike on both ranks). Returns
+    ``([{"rank", "reference_rank", "steps", "source", "ops": [...]}], RecipeStatus)``; never raises for bad data."""
+    from profwatch.core.verdict.change_detail import entries_from_op_totals
+    from profwatch.core.verdict.drilldown import drilldown_text, excess_over_peer
 
-    def per_step(rank: int) -> tuple[dict[str, float], int]:
+    t0 = time.monotonic()
+    kinds: dict[str, str] = {}
+
+    def per_rank(rank: int) -> tuple[dict[str, float], int]:
         newest = _newest_trace(Path(rank_dirs[rank]))
         if newest is None:
             raise TraceFormatError(f"no *.pt.trace.json in {rank_dirs[rank]}")
-        totals, windows = op_totals(newest)
+        by_kind, windows = op_totals_by_kind(newest)
         if not windows:
             raise TraceFormatError(f"rank {rank}: no ProfilerStep window in its trace")
-        return {k: v / windows for k, v in totals.items()}, windows
+        totals: dict[str, float] = {}
+        for (kind, name), us in by_kind.items():
+            totals[name] = totals.get(name, 0.0) + us
+            if kinds.get(name) in (None, "operator"):
+                kinds[name] = kind
+        return totals, windows
 
     try:
-        ref, _ = per_step(reference)
+        ref, ref_windows = per_rank(reference)
         out: list[dict[str, Any]] = []
         for r in suspects:
             if r in rank_dirs:
-                mine, windows = per_step(r)
-                out.append({"rank": r, "reference_rank": reference, "steps": windows,
-                            "ops": compare_ops(mine, ref, 1)})
-    except (TraceFormatError, OSError, KeyError) as exc:
+                mine, windows = per_rank(r)
+                entries = entries_from_op_totals(mine, ref, steps_now=windows, steps_baseline=ref_windows,
+                                                 is_collective=lambda name: collective_class(name, "") is not None,
+                                                 kinds=kinds)
+                out.append({"rank": r, "reference_rank": reference, "steps": windows, "source": "kineto op totals",
+                            "ops": excess_over_peer(entries)})
+    except (TraceFormatError, OSError, KeyError, ValueError) as exc:
         return [], RecipeStatus(OP_COMPARE, "no_data", f"cannot compare ops: {exc}", phase="enrich",
                                 duration_s=round(time.monotonic() - t0, 3))
-    named = "; ".join(f"rank {c['rank']}: " + (", ".join(str(o["name"])[:40] for o in c["ops"][:3])
-                                                 or "nothing stands out") for c in out)
-    return out, RecipeStatus(OP_COMPARE, "ok", f"per step, against rank {reference}: {named}",
+    named = "; ".join(drilldown_text(c) for c in out)
+    return out, RecipeStatus(OP_COMPARE, "ok", f"per step: {named}",
                              rows=sum(len(c["ops"]) for c in out), phase="enrich",
                              duration_s=round(time.monotonic() - t0, 3))
 

@@ -56,6 +56,7 @@ from profwatch.core.alerts.events import (
     rfc3339,
 )
 from profwatch.core.fleet.job_end import EndedJobs
+from profwatch.core.verdict.drilldown import drilldown_text
 
 ALERTNAME_SUSPECT = "ProfwatchSuspectRank"
 ALERTNAME_LINK = "ProfwatchSlowLink"
@@ -374,6 +375,8 @@ class AlertBook:
             "summary": f"job {job_id}: rank {rank} ({s.get('hostname') or 'host unknown'}) is suspect #{pos} "
                        f"({s.get('kind') or 'unknown'}, score {score:.2f}) in batch {data.get('batch_id')}",
             "description": (s.get("evidence") or {}).get("summary") or "",
+            "why": next((drilldown_text(c) for c in data.get("op_compare") or []
+                         if isinstance(c, Mapping) and c.get("rank") == rank), ""),
             "impact": _impact(s, data.get("world_size")),
             "report": _report_url(data),
             "rank_dir": s.get("rank_dir") or "",

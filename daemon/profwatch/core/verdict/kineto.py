@@ -349,32 +349,3 @@ def summarize_traces(traces: Mapping[int, RankTrace], *, max_skew_us: float = 50
         notes.append("no collective instance matched across ranks")
     return KinetoBreakdown(summaries, CLASS_NAMES.get(klass) if klass is not None else None, matched, notes,
                            alignment)
-
-
-def compare_ops(suspect_us: Mapping[str, float], reference_us: Mapping[str, float], steps: int, *,
-                top: int = 8, min_share: float = 0.01) -> list[dict[str, float | str]]:
-    """The ops where a suspect rank spends more time than a reference rank, per step, largest excess first.
-
-    Args:
-        suspect_us, reference_us: op or kernel name -> total duration (µs) over the same ``steps`` captured steps
-            (``kineto_reader.op_totals``; nested CPU ops count in their parent too, alike on both ranks).
-        steps: how many steps the totals cover (>= 1).
-        top: rows kept; ``min_share``: rows whose excess is below this share of the suspect's total are dropped.
-
-    Returns:
-        ``[{"name", "suspect_us_per_step", "reference_us_per_step", "excess_us_per_step", "ratio"}]`` (``ratio``
-        suspect / reference, ``inf`` spelled as 0 reference). The same comparison msprof-analyze's advisor makes
-        for Ascend ranks ("Kernel Compare" / "Api Compare" sheets: slow rank against a fast one).
-    """
-    n = max(1, steps)
-    total = sum(suspect_us.values()) or 1.0
-    rows: list[dict[str, float | str]] = []
-    for name, s in suspect_us.items():
-        r = reference_us.get(name, 0.0)
-        excess = s - r
-        if excess <= 0 or excess < min_share * total:
-            continue
-        rows.append({"name": name, "suspect_us_per_step": round(s / n, 3), "reference_us_per_step": round(r / n, 3),
-                     "excess_us_per_step": round(excess / n, 3), "ratio": round(s / r, 3) if r > 0 else 0.0})
-    rows.sort(key=lambda x: -x["excess_us_per_step"] if isinstance(x["excess_us_per_step"], float) else 0.0)
-    return rows[:top]

@@ -98,6 +98,10 @@ class SuspectRow:
     rank_dir: str | None
     row: RankRow | None
     impact: Impact | None
+    why: tuple[DetailItem, ...] = ()
+    """The drill-down (``op_compare``): what the rank spends more on than its median peer, ms per step (``delta_ms``
+    the excess, ``baseline_ms`` the peer's, ``now_ms`` the rank's), largest first."""
+    why_source: str = ""
 
 
 @dataclass(slots=True)
@@ -206,6 +210,25 @@ def _detail_items(detail: Any) -> tuple[tuple[DetailItem, ...], str]:
             source = "; ".join(x for x in (f"ranks {step_list_text(ranks)}" if ranks else "",
                                            str(d.get("source") or "")) if x)
     return tuple(items), source
+
+
+def parse_drilldown(raw: Any, rank: int) -> tuple[tuple[DetailItem, ...], str]:
+    """The drill-down of ``rank`` from a verdict's ``op_compare`` (``core/verdict/drilldown.py``): its entries as
+    :class:`DetailItem` (ms per step) and where they come from ("msprof-analyze compare against rank 3")."""
+    for c in _list(raw):
+        if not isinstance(c, Mapping) or c.get("rank") != rank:
+            continue
+        items = []
+        for o in _list(c.get("ops")):
+            if isinstance(o, Mapping):
+                def ms(key: str, o: Mapping[str, Any] = o) -> float | None:
+                    x = _fnum(o.get(key))
+                    return None if x is None else x / 1e3
+                items.append(DetailItem(str(o.get("name") or "?"), str(o.get("kind") or "operator"), "",
+                                        ms("excess_us_per_step"), ms("reference_us_per_step"),
+                                        ms("suspect_us_per_step")))
+        return tuple(items), f"{c.get('source') or 'op totals'} against its median peer, rank {c.get('reference_rank')}"
+    return (), ""
 
 
 def _interval_ms(raw: Any) -> tuple[float, float] | None:
@@ -537,9 +560,10 @@ def _suspect_rows(data: Mapping[str, Any], by_rank: Mapping[int, Any]) -> tuple[
         ev = _mapping(s.get("evidence"))
         rank, score = int(s["rank"]), float(s.get("score") or 0.0)
         kind = str(s.get("kind") or "unknown") + clocks.get(rank, "")
+        why, why_source = parse_drilldown(data.get("op_compare"), rank)
         suspects.append(SuspectRow(pos, rank, score, grade_of(score, ev), kind,
                                    s.get("hostname") or None, str(ev.get("summary") or ""), s.get("rank_dir"),
-                                   by_rank.get(rank), parse_impact(s.get("impact"))))
+                                   by_rank.get(rank), parse_impact(s.get("impact")), why, why_source))
     return valid, suspects
 
 

@@ -16,7 +16,8 @@ class AnalysisSettings(BaseModel):
     """Settings of ``analyze_batch``: msprof-analyze runs (``msprof``), ranking thresholds (``ranking``), and
     whether ``report.json`` (``report``) and ``report.html`` (``report_html``) are written (by the alert phase, and
     again by the enrich phase). ``kineto_op_compare``: the torch.profiler follow-up, each suspect's ops against a
-    reference rank's (``analysis_enriched``). ``own_tables``: judge an Ascend batch first on profwatch's own reading of
+    reference rank's (``analysis_enriched``); ``suspect_compare``: the same drill-down on Ascend batches, each suspect
+against its median peer with ``msprof-analyze compare`` (docs/verdicts.md#drill-down). ``own_tables``: judge an Ascend batch first on profwatch's own reading of
     each rank's tables (``daemon/profwatch/core/verdict/own_tables.py``), msprof-analyze's cluster_time_summary and
     slow_rank then confirming it in the enrich phase (docs/msprof-analyze.md#own-tables); ``own_tables_workers``
     threads read the rank dirs."""
@@ -29,6 +30,9 @@ class AnalysisSettings(BaseModel):
     report_html: bool = Field(True, description="write report.html (offline page) for each analysed batch")
     kineto_op_compare: bool = Field(True, description=(
         "torch.profiler batches: compare each suspect's operators with a reference rank's (enrich phase)"))
+    suspect_compare: bool = Field(True, description=(
+        "Ascend batches: compare each suspect rank's operators with its median peer's (msprof-analyze compare, enrich "
+        "phase): the drill-down of why the suspect is slow"))
     own_tables: bool = Field(True, description=(
         "judge an Ascend batch first on profwatch's own reading of each rank's tables; msprof-analyze confirms it in "
         "the enrich phase"))
