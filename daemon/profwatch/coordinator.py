@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 import zmq
 
+from profwatch.adapters.clock import SteadyClock
 from profwatch.adapters.outputs.alert_sinks import AlertSinks
 from profwatch.adapters.outputs.metrics import DaemonMetrics
 from profwatch.adapters.outputs.sd_notify import SdNotifier
@@ -129,6 +130,7 @@ class Coordinator:
         self._rank_messages_in = self.metrics.messages_in.labels("rank_message")  # per batch: looked up once
         self.notifier = notifier or SdNotifier({})
         self._stop = threading.Event()
+        self.clock = SteadyClock()  # deadlines, last heard, job end and expiry never step with the wall clock
         self._ended = EndedJobs()  # (job, generation) pairs silent since their job_ended: verdicts are information
         # alert sinks: every emitted event goes to them; standing Alertmanager alerts are rebuilt from the store
         self.sinks = AlertSinks.from_settings(settings.alertmanager, settings.webhook, os.environ, self.metrics)
@@ -177,13 +179,13 @@ class Coordinator:
             settings=settings, store=self.state, jobs=self.registry.jobs, nodes=self.registry.nodes,
             writer=ConfigWriter(), send_node_command=self.send_node_command, scanner=RankDirScanner(settings.watch, settings.coordinator.allowed_prof_roots),
             analyser=BatchAnalyser(settings.analysis), detectors=_DetectorView(self.detectors), emit=self.emit,
-            post=self.results.put, clock=time.time, make_watcher=lambda on_wake, on_rank_dirs: _start_watcher(
+            post=self.results.put, clock=self.clock, make_watcher=lambda on_wake, on_rank_dirs: _start_watcher(
                 on_wake, on_rank_dirs, settings, self.metrics),
             count_state=lambda state: self.metrics.captures.labels(state).inc())
         self.control = ControlCommands(
             sockets=self.sockets, settings=settings, registry=self.registry,
             captures=self.captures, state=self.state, detectors=self.detectors, counters=self.counters,
-            bounds=self._bounds, reject=self._reject, refuse_peer=self._refuse_peer)
+            bounds=self._bounds, reject=self._reject, refuse_peer=self._refuse_peer, clock=self.clock)
         bound = settings.limits.coordinator_peak_bytes(cs.window_steps, wire.MAX_BATCH_BYTES, control.MAX_REQUEST_BYTES)
         self._state_bound_mib = round(bound["total"] / 2**20)
         if self._store_reset is not None:
@@ -242,7 +244,7 @@ class Coordinator:
         self.sinks.submit(ev, is_alert, now)
         log.info("event_published", type=type_, job_id=job_id, event_id=ev["id"], stored=stored.value)
         if stored is Stored.QUEUED:
-            self._check_store(now)
+            self._check_store(self.clock())
         return ev
 
     def _stamp_verdict(self, job_id: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -307,7 +309,7 @@ class Coordinator:
                 if self._check_revocations():
                     poller = self._poller()
                 self._drain_results()
-                now = time.time()
+                now = self.clock()
                 if self._storage_failed is not None or len(self.state.queue):
                     self._check_store(now)
                 if now >= next_tick:
@@ -370,7 +372,7 @@ class Coordinator:
     def _tick_jobs_and_sinks(self, now: float) -> None:
         """Job ends (no rank reported for ``job_end_after_s``: ``job_ended`` event), alert re-sends, gauges."""
         cs = self.settings.coordinator
-        self.sinks.tick(now)
+        self.sinks.tick(self.clock.wall())  # Alertmanager's endsAt is a time of day
         if now >= self._next_observe:  # once a second: O(ranks)
             self._next_observe = now + 1.0
             last = {j.job_id: max((r.seen_unix_s for r in j.ranks.values()), default=0.0)
@@ -447,7 +449,7 @@ class Coordinator:
             node_id = env.node_id
             for b in bad:
                 self._reject(b, node_id)
-            now = time.time()
+            now = self.clock()
             if verdict.old_route is not None:
                 log.warning("node_connection_replaced", node_id=node_id, key=key, detail=verdict.detail,
                             note="the previous connection was told to reconnect")
