@@ -119,6 +119,9 @@ class NodeSettings(MetricsEndpoint):
         return self.bind or f"ipc://{self.runtime_dir}/node.sock"
 
 
+_WILDCARDS = frozenset({"*", "0.0.0.0", "[::]", "::"})
+
+
 class CoordinatorSettings(MetricsEndpoint):
     """Coordinator daemon (one per cluster or per job group)."""
 
@@ -163,6 +166,22 @@ class CoordinatorSettings(MetricsEndpoint):
     def binds(self) -> dict[str, str]:
         """The three listening endpoints by socket name (``ingest``, ``control``, ``pub``)."""
         return {"ingest": self.ingest_bind, "control": self.control_bind, "pub": self.pub_bind}
+
+    @model_validator(mode="after")
+    def _distinct_binds(self) -> CoordinatorSettings:
+        """Refuse two listening sockets on one endpoint (the same ipc path, or one TCP port where the hosts are
+        equal or either is a wildcard): the second bind would fail or, for ipc, silently take the first's path."""
+        seen: dict[tuple[str, str], tuple[str, str]] = {}
+        for name, ep in self.binds().items():
+            scheme, _, rest = ep.strip().partition("://")
+            host, _, port = rest.rpartition(":") if scheme == "tcp" else ("", "", rest)
+            key = (scheme, port)
+            other = seen.get(key)
+            if other is not None and (scheme != "tcp" or host == other[1] or {host, other[1]} & _WILDCARDS):
+                raise ValueError(f"coordinator.{name}_bind {ep} is the endpoint of coordinator.{other[0]}_bind: each "
+                                 "socket needs its own")
+            seen.setdefault(key, (name, host))
+        return self
 
 
 class LoggingSettings(_Strict):

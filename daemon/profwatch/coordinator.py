@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 import zmq
 
-from profwatch.adapters.clock import monotonic_s
+from profwatch.adapters.clock import SteadyClock, monotonic_s
 from profwatch.adapters.outputs.alert_sinks import AlertSinks
 from profwatch.adapters.outputs.metrics import DaemonMetrics
 from profwatch.adapters.outputs.sd_notify import SdNotifier
@@ -135,6 +135,7 @@ class Coordinator:
         self._rank_messages_in = self.metrics.messages_in.labels("rank_message")  # per batch: looked up once
         self.notifier = notifier or SdNotifier({})
         self._stop = threading.Event()
+        self.clock = SteadyClock()  # deadlines, last heard, job end and expiry never step with the wall clock
         self._ended = EndedJobs()  # (job, generation) pairs silent since their job_ended: verdicts are information
         # alert sinks: every emitted event goes to them; standing Alertmanager alerts are rebuilt from the store
         self.sinks = AlertSinks.from_settings(settings.alertmanager, settings.webhook, os.environ, self.metrics)
@@ -184,13 +185,13 @@ class Coordinator:
             settings=settings, store=self.state, jobs=self.registry.jobs, nodes=self.registry.nodes,
             writer=ConfigWriter(), send_node_command=self.send_node_command, scanner=RankDirScanner(settings.watch, settings.coordinator.allowed_prof_roots),
             analyser=BatchAnalyser(settings.analysis), detectors=_DetectorView(self.detectors), emit=self.emit,
-            post=self.results.put, clock=time.time, make_watcher=lambda on_wake, on_rank_dirs: _start_watcher(
+            post=self.results.put, clock=self.clock, make_watcher=lambda on_wake, on_rank_dirs: _start_watcher(
                 on_wake, on_rank_dirs, settings, self.metrics),
             count_state=lambda state: self.metrics.captures.labels(state).inc())
         self.control = ControlCommands(
             sockets=self.sockets, settings=settings, registry=self.registry,
             captures=self.captures, state=self.state, detectors=self.detectors, counters=self.counters,
-            bounds=self._bounds, reject=self._reject, refuse_peer=self._refuse_peer)
+            bounds=self._bounds, reject=self._reject, refuse_peer=self._refuse_peer, clock=self.clock)
         bound = settings.limits.coordinator_peak_bytes(cs.window_steps, wire.MAX_BATCH_BYTES, control.MAX_REQUEST_BYTES)
         self._state_bound_mib = round(bound["total"] / 2**20)
         if self._store_reset is not None:
@@ -266,7 +267,7 @@ class Coordinator:
         self.sinks.submit(ev, is_alert, now)
         log.info("event_published", type=type_, job_id=job_id, event_id=ev["id"], stored=stored.value)
         if stored is Stored.QUEUED:
-            self._check_store(now)
+            self._check_store(self.clock())
         return ev
 
     def _stamp_verdict(self, job_id: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -316,7 +317,7 @@ class Coordinator:
         cs = self.settings.coordinator
         poller = self._poller()
         next_tick = next_flush = next_expiry = 0.0
-        next_full = time.time() + cs.registry_full_flush_s
+        next_full = self.clock() + cs.registry_full_flush_s
         self.captures.start()
         self.notifier.ready("serving")
         try:
@@ -332,7 +333,7 @@ class Coordinator:
                 if self._check_revocations():
                     poller = self._poller()
                 self._drain_results()
-                now = time.time()
+                now = self.clock()
                 if self._storage_failed is not None or len(self.state.queue):
                     self._check_store(now)
                 if now >= next_tick:
@@ -399,7 +400,7 @@ class Coordinator:
     def _tick_jobs_and_sinks(self, now: float) -> None:
         """Job ends (no rank reported for ``job_end_after_s``: ``job_ended`` event), alert re-sends, gauges."""
         cs = self.settings.coordinator
-        self.sinks.tick(now)
+        self.sinks.tick(self.clock.wall())  # Alertmanager's endsAt is a time of day
         if now >= self._next_observe:  # once a second: O(ranks)
             self._next_observe = now + 1.0
             last = {j.job_id: j.heard_unix_s for j in self.registry.jobs.values()}  # kept on ingest: O(jobs)
@@ -476,7 +477,7 @@ class Coordinator:
             node_id = env.node_id
             for b in bad:
                 self._reject(b, node_id)
-            now = time.time()
+            now = self.clock()
             self._arrival_s = monotonic_s()  # when the batch arrived, for the stall checks (a wall step moves nothing)
             if verdict.old_route is not None:
                 log.warning("node_connection_replaced", node_id=node_id, key=key, detail=verdict.detail,

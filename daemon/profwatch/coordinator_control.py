@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
 import zmq
 
+from profwatch.adapters.clock import SteadyClock
 from profwatch.adapters.zmq import control
 from profwatch.arming.port import arm_reply
 from profwatch.core.access import AccessDenied, authorize
@@ -52,7 +52,8 @@ class ControlCommands:
     def __init__(self, *, sockets: ServerSockets, settings: Settings, registry: Registry, captures: CaptureShell,
                  state: StateStore, detectors: dict[str, JobDetector], counters: dict[str, int], bounds: Callable[[], dict[str, int]],
                  reject: Callable[[MessageRejected | RegistryError], None],
-                 refuse_peer: Callable[[str, str, str], None]) -> None:
+                 refuse_peer: Callable[[str, str, str], None], clock: SteadyClock | None = None) -> None:
+        self.clock = clock or SteadyClock()  # the coordinator's: every time compared with its deadlines
         self.sockets, self.control_sock, self.settings = sockets, sockets.control, settings
         self.registry, self.captures, self.state, self.detectors = registry, captures, state, detectors
         self.counters, self.bounds, self._reject, self._refuse_peer = counters, bounds, reject, refuse_peer
@@ -108,7 +109,7 @@ class ControlCommands:
         Args: none.
         Reply: ``{"pong": true, "ts_unix_s": <coordinator wall clock, s>}``.
         """
-        return {"pong": True, "ts_unix_s": time.time()}
+        return {"pong": True, "ts_unix_s": self.clock.wall()}
 
     @staticmethod
     def _job_arg(job_id: Any) -> str | None:
@@ -129,14 +130,14 @@ class ControlCommands:
             drops, last error) and ``bounds`` (jobs, ranks, nodes, detector_ranks, state_bound_mib).
         """
         job_id = self._job_arg(job_id)
-        snap = self.registry.snapshot(time.time(), self.settings.coordinator.node_timeout_s)
+        snap = self.registry.snapshot(self.clock(), self.settings.coordinator.node_timeout_s)
         if job_id is not None:
             snap["jobs"] = [j for j in snap["jobs"] if j["job_id"] == job_id]
         snap["counters"] = dict(self.counters)
         snap["ingest_bind"] = self.settings.coordinator.ingest_bind  # where nodes must dial (status names it)
-        snap["captures"] = self.captures.summary(job_id, time.time())
-        snap["episodes"] = self.captures.episodes.view(job_id, time.time())
-        snap["references"] = self.captures.references.view(job_id, time.time())
+        snap["captures"] = self.captures.summary(job_id, self.clock())
+        snap["episodes"] = self.captures.episodes.view(job_id, self.clock())
+        snap["references"] = self.captures.references.view(job_id, self.clock())
         snap["state_store"] = self.state.status()
         snap["bounds"] = self.bounds()
         return snap
@@ -203,7 +204,7 @@ class ControlCommands:
                                  in_steps=in_steps)
         except ValueError as exc:  # pydantic: wrong types
             raise control.ControlError("bad_request", str(exc)) from None
-        return arm_reply(self.captures.arm(job_id, req, time.time(), dry_run=self._flag_arg("dry_run", dry_run)))
+        return arm_reply(self.captures.arm(job_id, req, self.clock(), dry_run=self._flag_arg("dry_run", dry_run)))
 
     def _cmd_cancel(self, job_id: Any = None, capture_id: Any = None) -> list[dict[str, Any]]:
         """Cancel a capture (``profwatch cancel``): its profiler_config.json is written back idle.
@@ -217,7 +218,7 @@ class ControlCommands:
         """
         if not isinstance(job_id, str) or not (capture_id is None or isinstance(capture_id, str)):
             raise control.ControlError("bad_request", "job_id (a string) is required; capture_id is a string")
-        return self.captures.cancel(job_id, capture_id, time.time())
+        return self.captures.cancel(job_id, capture_id, self.clock())
 
     def _cmd_capture(self, capture_id: Any = None) -> dict[str, Any]:
         """One capture, live or stored (``profwatch arm --wait`` polls it).
@@ -230,7 +231,7 @@ class ControlCommands:
         """
         if not isinstance(capture_id, str):
             raise control.ControlError("bad_request", "capture_id (a string) is required")
-        return self.captures.capture_view(capture_id, time.time())
+        return self.captures.capture_view(capture_id, self.clock())
 
     def _cmd_captures(self, job_id: str | None = None) -> list[dict[str, Any]]:
         """The stored captures, newest first, at most 1000.
@@ -240,7 +241,7 @@ class ControlCommands:
         Reply: ``describe`` views (``core/capture/report.py``); one still waiting in the state store's retry queue
             carries ``"stored": false``.
         """
-        now = time.time()
+        now = self.clock()
         out = []
         for cap, stored in self.state.captures_with_pending(self._job_arg(job_id), newest=1000):
             view = describe(cap, now)

@@ -17,7 +17,7 @@ import zmq
 from profwatch.adapters.zmq.control import ControlError, call
 from profwatch.config import load_settings
 from profwatch.core.capture.lifecycle import CaptureState
-from profwatch.core.capture.report import VERDICT_KEYS
+from profwatch.core.capture.report import VERDICT_EVENT_KEYS, VERDICT_KEYS
 from profwatch.node import NodeDaemon
 from profwatch.simulate.ascend_tree import generate_cluster
 from rankhook import wire
@@ -56,21 +56,22 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
     # one payload shape: report.json holds the verdict's data (plus the raw per-step rows and the advisor message);
     # the verdict names its follow-up (slow links), whose analysis_enriched rewrites the report with the same ids
     # the first verdict is judged on the ranks' own tables; msprof-analyze's recipes confirm it in the follow-up
-    assert set(d) == set(VERDICT_KEYS)
+    assert set(d) == set(VERDICT_KEYS) | set(VERDICT_EVENT_KEYS) and d["job_ended"] is False and d["generation"] == 0
     assert d["pending_recipes"] == ["cluster_time_summary", "slow_rank", "communication_matrix"]
     assert set(d["recipes"]) == {"own_tables"} and d["verdict_source"] == "own_tables" and d["agreement"] is None
     assert d["suspects"][0]["rank"] == 2
     assert wait_for(lambda: h.last_capture("jobX").get("state") == "enriched", 120)
     (enriched,) = of_type(h.events("jobX", alerts_only=True), "io.profwatch.analysis_enriched.v1")
     e = enriched["data"]
-    assert set(e) == set(VERDICT_KEYS) and (e["capture_id"], e["batch_id"]) == (d["capture_id"], d["batch_id"])
+    assert set(e) == set(VERDICT_KEYS) | set(VERDICT_EVENT_KEYS) and (e["capture_id"], e["batch_id"]) == (d["capture_id"], d["batch_id"])
     assert e["follow_up"] is True and e["recipes"]["communication_matrix"]["phase"] == "enrich"
     assert e["suspects"][0]["rank"] == 2 and e["pending_recipes"] == []
     assert set(e["recipes"]) == {"own_tables", "cluster_time_summary", "slow_rank", "advisor", "communication_matrix"}
     assert e["verdict_source"] == "msprof-analyze" and e["agreement"]["agree"] is True, e["agreement"]
     assert any("msprof-analyze confirms the first verdict" in n for n in e["notes"])
     report = json.loads(Path(d["paths"]["report_json"]).read_text())
-    assert {k: v for k, v in report.items() if k not in ("summaries", "advisor")} == e
+    assert {k: v for k, v in report.items() if k not in ("summaries", "advisor")} == {
+        k: v for k, v in e.items() if k not in VERDICT_EVENT_KEYS}
     # the generated batch holds steps 1..3, not the armed window: the alert says so instead of trusting it silently
     assert d["captured_steps"] == [1, 2, 3] and d["armed_steps"][0] == res["start_step"] + res["warmup"]
     assert any("not the armed window" in n for n in d["notes"])

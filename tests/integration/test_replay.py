@@ -248,3 +248,64 @@ def test_a_file_that_changes_between_the_two_passes_replays_what_the_first_pass_
 
     res = replay_source(rewritten)
     assert set(res["jobs"]) == {"sim"}
+
+
+def _step_line(job: str, step: int = 1) -> str:
+    return json.dumps({"job_id": job, "rank": 0, "world_size": 1, "step": step, "step_time_s": 0.5,
+                       "ts_unix_s": 1.7e9 + step})
+
+
+def test_a_line_over_the_wire_cap_is_a_counted_bad_line_and_the_rest_replays(tmp_path: Path) -> None:
+    """Issue 33 #4: a line without end grew to 23 GB; now every line is read in bounded memory."""
+    f = tmp_path / "t.jsonl"
+    good = [_step_line("j1", s) for s in range(1, 51)]
+    with f.open("w") as out:
+        out.write("\n".join(good[:25]) + "\n")
+        out.write('{"job_id": "' + "x" * (5 * 1024 * 1024) + '"}\n')  # 5 MiB: over the 4 MiB batch cap
+        out.write("\n".join(good[25:]) + "\n")
+    code, out_text = invoke(f, "--json")
+    assert code == 0, out_text[-500:]
+    res = json.loads(out_text)
+    assert res["records"] == 50 and res["bad_lines"]["count"] == 1
+    (bad,) = res["bad_lines"]["lines"]
+    assert bad["line"] == 26 and "longer than the wire's 4194304 byte cap" in bad["error"]
+
+
+def test_a_line_without_end_and_a_file_of_nothing_usable_exit_2(tmp_path: Path) -> None:
+    zero = tmp_path / "zero.jsonl"
+    zero.symlink_to("/dev/zero")  # a device: read once, through the spool; no newline ever
+    code, out = invoke(zero)
+    assert code == 2 and "no valid step record" in out, out[-500:]
+    only = tmp_path / "only.jsonl"
+    only.write_bytes(b"y" * (4 * 1024 * 1024 + 1) + b"\n")
+    code, out = invoke(only, "--json")
+    assert code == 2 and "longer than the wire" in out, out[-500:]
+
+
+def test_a_file_naming_more_jobs_than_the_coordinator_tracks_counts_the_rest_as_bad(tmp_path: Path) -> None:
+    from profwatch.commands.replay import MAX_JOBS
+
+    f = tmp_path / "jobs.jsonl"
+    f.write_text("\n".join(_step_line(f"job{i}") for i in range(MAX_JOBS + 76)) + "\n")
+    code, out = invoke(f, "--json")
+    assert code == 0
+    res = json.loads(out)
+    assert len(res["jobs"]) == MAX_JOBS and res["records"] == MAX_JOBS and res["bad_lines"]["count"] == 76
+    assert "job cap" in res["bad_lines"]["lines"][0]["error"]
+
+
+def test_the_bounded_reader_keeps_lines_and_skips_overlong_ones() -> None:
+    import io
+
+    from profwatch.adapters.fs.bounded_read import EndlessInput, OverlongLine, iter_lines
+
+    data = b"a\n" + b"b" * 100 + b"\nccc\n\nlast"
+    assert list(iter_lines(io.BytesIO(data), 10)) == ["a", OverlongLine(100), "ccc", "", "last"]
+    big = b"x" * 300_000 + b"\nok\n"  # over several chunks
+    assert list(iter_lines(io.BytesIO(big), 200_000)) == [OverlongLine(300_000), "ok"]
+    try:
+        list(iter_lines(io.BytesIO(b"z" * 1000), 10, max_skip_bytes=100))
+    except EndlessInput:
+        pass
+    else:
+        raise AssertionError("a line without end must stop the reader")

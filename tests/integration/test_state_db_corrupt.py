@@ -1,6 +1,8 @@
-"""Issue 24 item 18: a state db that is corrupt at start (damaged pages, or not SQLite at all) is moved aside and
-kept, the coordinator starts empty and publishes ``state_store_reset`` with what was lost; a db of a newer schema
-still stops the start with exit 2 (real SQLite files, a live coordinator, the real CLI)."""
+"""Issue 24 item 18: a state db of profwatch's that is corrupt at start (damaged pages) is moved aside and kept, the
+coordinator starts empty and publishes ``state_store_reset`` with what was lost; a db of a newer schema still stops
+the start with exit 2. Issue 33 #2: anything that is not profwatch's own db (a text file, a FIFO, a directory, a
+device, another program's SQLite db) and a profwatch db whose header is destroyed are never moved: exit 2 naming
+the path (real SQLite files, a live coordinator, the real CLI)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ import os
 import sqlite3
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
-from profwatch.adapters.store.state import SCHEMA_VERSION, StateStore
+from profwatch.adapters.store.state import APPLICATION_ID, SCHEMA_VERSION, StateStore
 from profwatch.cli import cli
 from profwatch.core.alerts.event_types import TYPE_STATE_STORE_RESET
 from profwatch.exitcodes import EXIT_USAGE
@@ -71,23 +74,89 @@ def test_damaged_pages_are_moved_aside_and_the_loss_is_alerted(short_tmp: Path) 
     assert len(list(short_tmp.glob("state.db.corrupt-*[0-9Z]"))) == 1
 
 
-def test_a_file_that_is_not_sqlite_is_moved_aside(short_tmp: Path) -> None:
-    (short_tmp / "state.db").write_bytes(b"garbage, not a database\n" * 100)
-    h = CoordinatorHarness(short_tmp)
+def _start(tmp: Path, db: Path) -> tuple[int, str]:
+    """Start the real ``profwatch coordinator`` CLI on ``db``: (exit code, output)."""
+    cfg = tmp / "c.toml"
+    cfg.write_text(f'[coordinator]\nstate_db = "{db}"\nwork_dir = "{tmp}/w"\n'
+                   'ingest_bind = "tcp://127.0.0.1:0"\ncontrol_bind = "tcp://127.0.0.1:0"\npub_bind = "tcp://127.0.0.1:0"\n')
+    res = CliRunner().invoke(cli, ["coordinator", "--config", str(cfg)])
+    return res.exit_code, res.output
+
+
+def _foreign_db(path: Path, app_id: int) -> None:
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE notes (t TEXT)")
+    con.execute("INSERT INTO notes VALUES ('mine')")
+    con.execute(f"PRAGMA application_id={app_id}")
+    con.commit()
+    con.close()
+
+
+def _make(kind: str, tmp: Path) -> Path:
+    p = tmp / "state.db"
+    if kind == "toml":  # a config named by mistake
+        p.write_text('[coordinator]\nstate_db = "/var/lib/profwatch/state.db"\n')
+    elif kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "directory":
+        p.mkdir()
+    elif kind == "device":  # a symlink to a character device (mknod needs root): what it names is checked
+        p.symlink_to("/dev/null")
+    elif kind == "foreign_app_id":
+        _foreign_db(p, 0x12345678)
+    elif kind == "foreign_tables":
+        _foreign_db(p, 0)
+    return p
+
+
+@pytest.mark.parametrize("kind", ["toml", "fifo", "directory", "device", "foreign_app_id", "foreign_tables"])
+def test_a_state_db_that_is_not_profwatchs_is_never_moved_and_exits_2_naming_it(short_tmp: Path, kind: str) -> None:
+    """Issue 33 #2: the quarantine renamed whatever ``state_db`` named (a TOML file, a device, /dev/full as root)."""
+    p = _make(kind, short_tmp)
+    before = sorted(x.name for x in short_tmp.iterdir())
+    code, out = _start(short_tmp, p)
+    assert code == EXIT_USAGE and f"state_db {p}" in out, out
+    assert len(out.strip().splitlines()) == 1, out  # one line, no traceback
+    assert sorted(x.name for x in short_tmp.iterdir() if x.name not in ("c.toml", "w")) == before  # nothing moved
+    if kind == "toml":
+        assert p.read_text().startswith("[coordinator]")
+    if kind.startswith("foreign"):
+        assert sqlite3.connect(p).execute("SELECT t FROM notes").fetchall() == [("mine",)]
+
+
+def test_a_profwatch_db_whose_header_is_destroyed_stays_in_place_with_how_to_move_it(short_tmp: Path) -> None:
+    db = short_tmp / "state.db"
+    _filled_db(db)
+    with open(db, "r+b") as f:
+        f.write(b"\0" * 16)  # the "SQLite format 3" string gone; the application_id at offset 68 still there
+    damaged = db.read_bytes()
+    code, out = _start(short_tmp, db)
+    assert code == EXIT_USAGE and "header is destroyed" in out and f"mv {db} {db}.corrupt" in out, out
+    assert db.read_bytes() == damaged and not list(short_tmp.glob("state.db.corrupt*"))
+
+
+def test_a_db_of_an_older_profwatch_without_application_id_is_still_its_own(short_tmp: Path) -> None:
+    db = short_tmp / "state.db"
+    _filled_db(db)
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA application_id=0")  # written before profwatch set one
+    con.commit()
+    con.close()
+    from profwatch.adapters.store.state_open import check_own, open_state_store
+
+    check_own(db)
+    st, reset = open_state_store(db, 0.0)
     try:
-        wait_for(lambda: bool(_reset_event(h)), 30, what="state_store_reset published")
-        data = _reset_event(h)["data"]
-        assert "not an SQLite database" in data["problem"]
-        assert set(data["lost"].values()) == {None}  # nothing could be counted
-        assert Path(data["moved_to"]).read_bytes().startswith(b"garbage")
+        assert reset is None and st.db.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
     finally:
-        h.close()
+        st.close()
 
 
 def test_a_newer_schema_still_exits_2(short_tmp: Path) -> None:
     db = short_tmp / "state.db"
     con = sqlite3.connect(db)
     con.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    con.execute(f"PRAGMA application_id={APPLICATION_ID}")  # a newer profwatch's own file
     con.close()
     cfg = short_tmp / "c.toml"
     cfg.write_text(f'[coordinator]\nstate_db = "{db}"\nwork_dir = "{short_tmp}/w"\n'

@@ -121,14 +121,26 @@ def test_cyclic_garbage_frozen_meanwhile_is_collected_at_the_next_refresh() -> N
     assert gc.get_freeze_count() > 0  # frozen again after the refresh
 
 
-def test_incremental_scan_reports_its_reads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slice_reads", ["all", "one"])
+def test_incremental_scan_reports_its_reads(tmp_path: Path, slice_reads: str) -> None:
+    """Issue 33 #9: flaky under load. The slice budget ran on the real clock, so a loaded box read one dir per
+    slice, and the scan reported the tree's size as the dirs read so far (1, 2, 3 of 4: under ``min_tree_dirs``), so
+    those reads never counted and nothing froze. A fake slice clock gives both extremes deterministically: the
+    whole pass in one slice, and one dir per slice (the clock jumps past the slice at each read)."""
     gen.generate_cluster(tmp_path / "prof", world_size=4, capture_id="cap", minimal=True)
     freezer = GcFreezer(min_tree_dirs=4, freeze_after_reads=4)
-    scan = IncrementalScan(tmp_path / "prof", gc_freezer=freezer, wall=lambda: gen.DEFAULT_TS_BASE_NS / 1e9 + 30)
+    ticks = iter(range(10**6))
+    clock = (lambda: 0.0) if slice_reads == "all" else (lambda: float(next(ticks)))
+    scan = IncrementalScan(tmp_path / "prof", gc_freezer=freezer, clock=clock,
+                           wall=lambda: gen.DEFAULT_TS_BASE_NS / 1e9 + 30)
     out = scan.update(None, capture_id="cap", world_size=4)
+    assert scan.tree_dirs == 4  # listed by the walk, before the pass has read them
+    updates = 1
     while out is None or scan.reconciling:
         out = scan.update((), capture_id="cap", world_size=4)
+        updates += 1
     assert [b.status for b in out if b.capture_id == "cap"] == ["complete"]
+    assert updates <= 2 if slice_reads == "all" else updates >= 4  # one slice (and the pass end), or one read each
     assert freezer.freezes == 1 and gc.get_freeze_count() > 0
 
 

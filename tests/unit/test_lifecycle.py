@@ -467,13 +467,31 @@ def test_resume_after_a_restart() -> None:
     late = cap_late = lc.rank_event(_acked(written), _ev(0, "started", step=0), T0 + 5, SET).capture
     after = late.judge_unix_s + 1000  # the coordinator was down past the judgement time
     t = lc.resume(cap_late, after, SET)
-    assert t.capture.deadline_unix_s == after and t.actions == {Action.WATCH, Action.SCAN}
-    assert lc.expire(t.capture, after + 49, SET).actions == {Action.SCAN}  # a fresh grace for the final scan
+    stage = cap_late.deadline_unix_s - cap_late.state_since_unix_s
+    grace = min(stage, SET.parse_allowance_s)  # a fresh grace for the final scan (issue 33 #3: never expired at once)
+    assert t.capture.deadline_unix_s == after + grace and t.actions == {Action.WATCH, Action.SCAN}
+    assert t.capture.judge_unix_s - t.capture.deadline_unix_s == cap_late.judge_unix_s - cap_late.deadline_unix_s
+    assert lc.expire(t.capture, after + grace + 49, SET).actions == {Action.SCAN}
     redo = lc.resume(_analysing(), T0 + 40, SET)
     assert redo.capture.state is CaptureState.COLLECTING and "redone" in redo.capture.outcome
     assert redo.actions == {Action.WATCH, Action.SCAN}
     enriching = lc.begin_enrich(_analysed(), T0 + 31, SET).capture
     assert lc.resume(enriching, T0 + 40, SET).capture.state is CaptureState.ANALYSED
+
+
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0])
+def test_a_restart_after_a_wall_clock_step_rebases_deadlines_within_their_stage(step_s: float) -> None:
+    """Issue 33 #3: persisted deadlines are wall times; a restart after the clock moved +1 h expired the capture at
+    once, and -1 h would hold it an hour longer than its stage."""
+    cap = lc.rank_event(_acked(_written(_open())), _ev(0, "started", step=0), T0 + 5, SET).capture
+    stage = cap.deadline_unix_s - cap.state_since_unix_s
+    now = T0 + 6 + step_s  # restarted a second later, by a clock that moved by step_s
+    t = lc.resume(cap, now, SET)
+    left = t.capture.deadline_unix_s - now
+    assert min(stage, SET.parse_allowance_s) <= left <= stage
+    assert lc.expire(t.capture, now + 0.5, SET).actions == frozenset() or left < 0.5
+    unchanged = lc.resume(cap, T0 + 6, SET).capture  # no step: the deadline stands as stored
+    assert unchanged.deadline_unix_s == cap.deadline_unix_s
 
 
 def test_every_waiting_state_has_a_finite_deadline_and_final_states_none() -> None:

@@ -206,7 +206,8 @@ class CaptureShell:
             if (cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE)
                     and (gen is None or cap.generation >= gen)):  # an older generation's arms: not this budget
                 if cap.reason != REFERENCE_REASON:  # a reference counts toward bytes only
-                    job.history.record_arm(cap.created_unix_s, cap.capture_id)
+                    # stored as wall time; a clock that moved back meanwhile never holds an hourly slot > 1 h
+                    job.history.record_arm(min(cap.created_unix_s, now), cap.capture_id)
                 if cap.analysis_status == "no_suspect":
                     job.history.release(cap.capture_id)  # found nothing: its hourly slot was given back
                 if cap.state not in lc.ACTIVE and cap.total_bytes:

@@ -13,6 +13,10 @@ queue run once per second of record time, and at each anomaly). Arms are simulat
 flight until the job's furthest step passes the window plus ``parse_steps`` (then it ends with status
 ``simulated``: no verdict, so nothing is released and no rotation is seen), and its steps are excluded from
 detection, as the coordinator does.
+
+Bounds: every line is read in bounded memory (``adapters/fs/bounded_read.py``): a line over the wire's 4 MiB batch
+cap is a counted bad line, a line without end (``/dev/zero``) stops the reading; a pipe or device is spooled to a
+temporary file line by line; a file names at most :data:`MAX_JOBS` jobs. No valid record at all: exit 2.
 """
 
 from __future__ import annotations
@@ -29,15 +33,18 @@ from typing import Any
 import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from profwatch.adapters.fs.bounded_read import EndlessInput, OverlongLine, iter_lines
 from profwatch.core.arming.episodes import JobEpisodes
 from profwatch.core.arming.policy import ArmingPolicy, ArmingSettings, capture_request
 from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture, spike_hold
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
 from profwatch.core.fleet.generations import GenerationOpened
+from profwatch.core.fleet.limits import LimitSettings
 from profwatch.core.fleet.replay_runs import RunFollower
 from profwatch.core.fleet.telemetry import TelemetryRecord, dump_jsonl
 from profwatch.core.step_numbering import profiled_report_steps
 from profwatch.exitcodes import EXIT_USAGE
+from rankhook.wire import MAX_BATCH_BYTES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -47,6 +54,13 @@ else:  # pragma: no cover - Python 3.10
 __all__ = ["ReplayConfig", "dump_jsonl", "load_config", "render_summary", "replay", "replay_lines", "replay_source"]
 
 MAX_BAD_LINES_LISTED = 100
+MAX_LINE_BYTES = MAX_BATCH_BYTES
+"""Longest line read (the wire's 4 MiB batch cap: no record the coordinator could have received is longer); a
+longer line is a counted bad line, and a line without end stops the reading (``adapters/fs/bounded_read.py``)."""
+MAX_JOBS = LimitSettings.model_fields["max_jobs_total"].default
+"""Jobs one file may name (the coordinator's ``[limits] max_jobs_total``); the records of further jobs are counted
+bad lines."""
+Line = str | OverlongLine | EndlessInput
 TICK_EVERY_S = 1.0
 REPLAY_PROF_ROOT = "/replay"
 """Stands in for the job's prof_root when planning (nothing is written)."""
@@ -99,7 +113,7 @@ class _StepView:
     role: str | None = None
 
 
-def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> dict[str, Any]:
+def replay_lines(lines: Iterable[Line], config: ReplayConfig | None = None) -> dict[str, Any]:
     """Replay JSONL telemetry lines through detection and arming; return the ``--json`` result dict.
 
     Shape: ``{"records", "jobs": {job_id: {"world_size", "counters"}}, "anomalies": [...], "arms": [...],
@@ -117,12 +131,13 @@ def replay_lines(lines: Iterable[str], config: ReplayConfig | None = None) -> di
     return replay_source(lambda: seq, config)
 
 
-def replay_source(open_lines: Callable[[], Iterable[str]], config: ReplayConfig | None = None) -> dict[str, Any]:
+def replay_source(open_lines: Callable[[], Iterable[Line]], config: ReplayConfig | None = None) -> dict[str, Any]:
     """:func:`replay_lines` over a source read twice, in bounded memory: ``open_lines()`` must give the same lines
     each call (a file opened again). The first pass validates every line and learns each job's world size (the
     detectors are built for it before the first step), the second replays; no record is kept between them, so
     memory does not grow with the number of records (only with ranks, episodes and what the result lists).
-    Same result shape and errors as :func:`replay_lines`."""
+    Same result shape and errors as :func:`replay_lines`. At most :data:`MAX_JOBS` jobs: the records of further
+    jobs are counted bad lines."""
     cfg = config or ReplayConfig()
     bad: list[dict[str, Any]] = []
     bad_count = 0
@@ -135,6 +150,12 @@ def replay_source(open_lines: Callable[[], Iterable[str]], config: ReplayConfig 
             bad_count += 1
             if len(bad) < MAX_BAD_LINES_LISTED:
                 bad.append({"line": no, "error": _short_error(rec)})
+            continue
+        if rec.job_id not in sizes and len(sizes) >= MAX_JOBS:
+            bad_count += 1
+            if len(bad) < MAX_BAD_LINES_LISTED:
+                bad.append({"line": no, "error": f"job cap: the file names more than {MAX_JOBS} jobs "
+                                                 "(the coordinator's limits.max_jobs_total)"})
             continue
         records += 1
         sizes[rec.job_id] = max(sizes.get(rec.job_id, 1), rec.world_size or 1, rec.rank + 1)
@@ -188,10 +209,17 @@ def replay_source(open_lines: Callable[[], Iterable[str]], config: ReplayConfig 
     return result
 
 
-def _parsed(lines: Iterable[str]) -> Iterator[tuple[int, TelemetryRecord | BaseException]]:
+def _parsed(lines: Iterable[Line]) -> Iterator[tuple[int, TelemetryRecord | BaseException]]:
     """``(1-based line number, record or the error that refused it)`` for every non-blank line (both passes of
-    :func:`replay_source` read the lines through this one parse)."""
+    :func:`replay_source` read the lines through this one parse); an overlong line, or the endless one that stopped
+    the reading, is an error."""
     for no, line in enumerate(lines, start=1):
+        if isinstance(line, OverlongLine):
+            yield no, ValueError(f"line of {line.length} bytes, longer than the wire's {MAX_LINE_BYTES} byte cap")
+            continue
+        if isinstance(line, EndlessInput):
+            yield no, ValueError(f"reading stopped: {line}")
+            return
         text = line.strip()
         if not text:
             continue
@@ -318,6 +346,36 @@ def render_summary(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def bounded(f: Any) -> Iterator[Line]:
+    """The lines of ``f`` (binary) through the bounded reader; the :class:`EndlessInput` that stops it comes last."""
+    try:
+        yield from iter_lines(f, MAX_LINE_BYTES)
+    except EndlessInput as exc:
+        yield exc
+
+
+_OVERLONG, _ENDLESS = b"\x00overlong ", b"\x00endless "
+
+
+def _spooled(item: Line) -> bytes:
+    if isinstance(item, OverlongLine):
+        return _OVERLONG + str(item.length).encode() + b"\n"
+    if isinstance(item, EndlessInput):
+        return _ENDLESS + str(item).encode() + b"\n"
+    return item.replace("\n", " ").encode() + b"\n"
+
+
+def _unspool(spool: Any) -> Iterator[Line]:
+    spool.seek(0)
+    for raw in iter_lines(spool, MAX_LINE_BYTES):
+        if isinstance(raw, str) and raw.startswith("\x00overlong "):
+            yield OverlongLine(int(raw.split(" ", 1)[1]))
+        elif isinstance(raw, str) and raw.startswith("\x00endless "):
+            yield EndlessInput(raw.split(" ", 1)[1])
+        else:
+            yield raw
+
+
 @click.command("replay")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -335,6 +393,8 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     {"kind": "bye", "job_id", "rank", "step", "ts_unix_s"} marks a rank that left on purpose.
     Bad lines are counted and listed with their line numbers.
     Arming goes through the coordinator's path: the same policy, history and capture planner.
+    Lines are read in bounded memory: a line over 4 MiB (the wire's batch cap) is a bad line, a line without end
+    stops the reading; at most 1024 jobs per file (the coordinator's max_jobs_total), further jobs' lines are bad.
     Exit codes (daemon/profwatch/exitcodes.py): 0 replayed; 2 bad --config, or no valid record (every line bad, or an
     empty file).
     """
@@ -342,12 +402,19 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
         cfg = load_config(config_path)
     except (ValueError, ValidationError, OSError) as exc:
         raise click.BadParameter(_short_error(exc), param_hint="--config") from exc
-    def lines() -> Iterator[str]:
-        with file.open("r", encoding="utf-8", errors="replace") as f:
-            yield from f
+    def lines() -> Iterator[Line]:
+        with file.open("rb") as f:
+            yield from bounded(f)
 
-    # a regular file is read twice in bounded memory; a pipe (/dev/stdin, a FIFO) can be read once: held whole
-    result = replay_source(lines, cfg) if file.is_file() else replay_lines(list(lines()), cfg)
+    if file.is_file():  # read twice, in bounded memory
+        result = replay_source(lines, cfg)
+    else:  # a pipe (/dev/stdin, a FIFO, a device) can be read once: spooled to a temporary file, line by bounded line
+        import tempfile
+
+        with tempfile.TemporaryFile() as spool:
+            for item in lines():
+                spool.write(_spooled(item))
+            result = replay_source(lambda: _unspool(spool), cfg)
     click.echo(json.dumps(result, indent=2, sort_keys=False, default=str) if as_json else render_summary(result))
     if not result.get("records"):
         bad = result.get("bad_lines", {}).get("count", 0)

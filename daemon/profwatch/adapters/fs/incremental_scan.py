@@ -55,6 +55,13 @@ class IncrementalScan:
         self._walk_errors: list[str] = []
         self._skipped: list[str] = []
         self._pass_ended = False
+        self._listed = 0  # rank dirs the last full look listed (the tree's size before the pass has read them)
+
+    @property
+    def tree_dirs(self) -> int:
+        """The tree's size in rank dirs: those the last full look listed, or those read, whichever is more (a pass
+        reads its listed dirs over several slices; counting only those read so far undercounts a big tree)."""
+        return max(self._listed, len(self.tracker))
 
     @property
     def reconciling(self) -> bool:
@@ -78,12 +85,12 @@ class IncrementalScan:
         """
         reads = self.tracker.reads
         if rank_dirs is None and self._gc is not None:
-            self._gc.before_full_look(tree_dirs=len(self.tracker))
+            self._gc.before_full_look(tree_dirs=self.tree_dirs)
         try:
             return self._update(rank_dirs, capture_id, world_size, hint)
         finally:
             if self._gc is not None:
-                self._gc.after_reads(self.tracker.reads - reads, tree_dirs=len(self.tracker),
+                self._gc.after_reads(self.tracker.reads - reads, tree_dirs=self.tree_dirs,
                                      pass_ended=self._pass_ended)
 
     def _update(self, rank_dirs: Collection[str] | None, capture_id: str | None, world_size: int | None,
@@ -100,6 +107,7 @@ class IncrementalScan:
             for e in errors:
                 log.warning("scan_walk_error", error=e)
             self._walk_errors, self._skipped = errors, skipped
+            self._listed = len(paths)
             self.tracker.begin_pass(paths)
         else:
             for changed in sorted(rank_dirs):

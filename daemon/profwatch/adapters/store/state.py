@@ -41,6 +41,10 @@ from profwatch.core.capture.lifecycle import Capture, CaptureState, NodeWrite, R
 
 log = structlog.get_logger("profwatch.state")
 SCHEMA_VERSION = 4
+APPLICATION_ID = 0x50465743
+"""SQLite ``PRAGMA application_id`` of a profwatch state db ("PFWC"; header offset 68,
+https://www.sqlite.org/fileformat.html section 1.3.13): what makes a file profwatch's own, so a damaged one may be
+moved aside (``state_open.py``) and a foreign one never is."""
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs(
   job_id TEXT PRIMARY KEY, world_size INTEGER NOT NULL, backend TEXT, profiler_config_path TEXT, prof_root TEXT,
@@ -144,6 +148,7 @@ class StateStore:
             self.db.execute("ALTER TABLE jobs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
             self.db.execute("ALTER TABLE jobs ADD COLUMN restart_count INTEGER")
         self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
 
     def close(self) -> None:
         """Try the queued writes once more, then close (what still fails is logged as lost)."""

@@ -1,6 +1,14 @@
 """Opening the coordinator's state store at start, and what happens to a corrupt one (I/O: file checks, rename).
 
-A state db that SQLite cannot use (the file header is not ``SQLite format 3``, ``PRAGMA integrity_check`` does not
+Only profwatch's own file is ever moved (:func:`check_own`): a regular file with the SQLite header whose
+``application_id`` is profwatch's (:data:`~profwatch.adapters.store.state.APPLICATION_ID`), or, without one, a db of
+an older profwatch that the migrations recognise (its ``captures`` and ``events`` tables). Anything else at the
+``state_db`` path (a text file named by mistake, a device, a FIFO, a directory, another program's SQLite db) is
+left untouched and the start stops with exit 2 naming the path (:class:`StateFileRefused`); so does a profwatch db
+whose first bytes are destroyed (its ``application_id`` at header offset 68 still says whose it is), with how to
+move it aside by hand.
+
+A state db of profwatch's that SQLite cannot use (the file header is not ``SQLite format 3``, ``PRAGMA integrity_check`` does not
 answer ``ok``, or opening it raises ``sqlite3.DatabaseError``) is moved aside, never deleted: renamed to
 ``<name>.corrupt-<UTC time>`` with its ``-wal``/``-shm`` files, and the coordinator starts with an empty store and
 publishes ``state_store_reset`` (what was lost, as far as the damaged file still tells, and what comes back by
@@ -14,7 +22,9 @@ one second per few hundred MB on a local disk, once per start.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +32,7 @@ from typing import Any
 
 import structlog
 
-from profwatch.adapters.store.state import StateSchemaError, StateStore
+from profwatch.adapters.store.state import APPLICATION_ID, StateSchemaError, StateStore
 from profwatch.core.capture.lifecycle import IN_FLIGHT
 
 log = structlog.get_logger("profwatch.state")
@@ -59,6 +69,74 @@ class StoreReset:
                 "rebuilt_from_nodes": list(self.rebuilt),
                 "not_rebuilt": "captures in flight and their analyses, queued webhook deliveries, stored events, "
                                "verdicts and open episodes (the moved file keeps them for inspection)"}
+
+
+class StateFileRefused(Exception):
+    """The ``state_db`` path names something that is not profwatch's own state db: left untouched (exit 2)."""
+
+
+_KINDS = ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
+          (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
+_HEADER_BYTES = 100
+"""SQLite's database header (https://www.sqlite.org/fileformat.html section 1.3): all :func:`check_own` reads."""
+_V1_TABLES = frozenset({"captures", "events"})
+"""Tables every profwatch state db has had since schema version 1 (``state.py`` module doc)."""
+
+
+def check_own(path: Path) -> None:
+    """Refuse a ``state_db`` that is not profwatch's own (module doc); return for an absent or empty file (SQLite
+    creates it) and for profwatch's own db, healthy or not. Follows a symlink (the file it names is checked).
+    Reads at most the 100-byte header (and, for a db without an ``application_id``, its table names).
+
+    Raises:
+        StateFileRefused: not a regular file, not SQLite, another application's db, unreadable, or a profwatch db
+            whose header is destroyed (the message names the path and says what to do).
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StateFileRefused(f"state_db {path}: cannot stat: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "special file")
+        raise StateFileRefused(f"state_db {path} is a {kind}, not a regular file: left untouched; set [coordinator] "
+                               "state_db to the path of profwatch's own database file")
+    if st.st_size == 0:
+        return
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEADER_BYTES)
+    except OSError as exc:
+        raise StateFileRefused(f"state_db {path}: cannot read: {exc.strerror}") from None
+    app = int.from_bytes(head[68:72], "big") if len(head) >= 72 else 0
+    if head[: len(SQLITE_HEADER)] != SQLITE_HEADER:
+        if app == APPLICATION_ID:
+            raise StateFileRefused(
+                f"state_db {path} is a profwatch state db whose SQLite header is destroyed: left in place. To start "
+                f"with an empty state, move it aside (mv {path} {path}.corrupt, and its -wal/-shm files if any) or "
+                "restore it from a backup")
+        raise StateFileRefused(f"state_db {path} is not an SQLite database (it starts with {head[:16]!r}): not "
+                               "profwatch's, left untouched; set [coordinator] state_db to profwatch's own file")
+    if app == APPLICATION_ID:
+        return
+    if app != 0:
+        raise StateFileRefused(f"state_db {path} is another application's SQLite database (application_id "
+                               f"{app:#010x}, profwatch's is {APPLICATION_ID:#010x}): left untouched")
+    try:  # no application_id: a db of a profwatch from before it set one, recognised by its tables
+        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+        try:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise StateFileRefused(
+            f"state_db {path} is an SQLite database without profwatch's application_id whose tables cannot be read "
+            f"({exc}): left in place; if it is profwatch's, move it aside (mv {path} {path}.corrupt) to start with "
+            "an empty state") from None
+    if not _V1_TABLES <= tables:
+        raise StateFileRefused(f"state_db {path} is an SQLite database that is not profwatch's (no application_id; "
+                               f"tables {sorted(tables)[:8]}): left untouched")
 
 
 def check_file(path: Path) -> str | None:
@@ -138,12 +216,14 @@ def open_state_store(path: str | Path, now_unix_s: float, **kw: Any) -> tuple[St
 
     Returns ``(store, reset or None)``. ``kw`` goes to :class:`StateStore`.
     Raises:
+        StateFileRefused: the path is not profwatch's own db (:func:`check_own`): not moved, not used.
         StateSchemaError: the file is of a newer schema (or an unknown captures table): not moved, not used.
         OSError: a corrupt file cannot be moved aside.
     """
     if str(path) == ":memory:":
         return StateStore(path, **kw), None
     p = Path(path)
+    check_own(p)
     problem = check_file(p)
     if problem is None:
         try:

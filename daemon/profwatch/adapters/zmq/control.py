@@ -63,9 +63,13 @@ def bind_control(ctx: zmq.Context, endpoint: str, curve: KeyPair | None = None, 
     sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
     sock.setsockopt(zmq.RCVHWM, rcvhwm)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-    if curve is not None:
-        make_server(sock, "control", curve)
-    sock.bind(endpoint)
+    try:  # a socket left open on a failed bind would hang the context's term() (a silent hang at start)
+        if curve is not None:
+            make_server(sock, "control", curve)
+        sock.bind(endpoint)
+    except BaseException:
+        sock.close(0)
+        raise
     return sock
 
 

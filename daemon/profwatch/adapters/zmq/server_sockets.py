@@ -17,7 +17,9 @@ Queued memory per peer is bounded: ``MAXMSGSIZE`` times the receive high-water m
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import structlog
@@ -46,6 +48,19 @@ from profwatch.core.fleet.limits import LimitSettings
 from rankhook import wire
 
 log = structlog.get_logger("profwatch.sockets")
+
+
+class BindError(Exception):
+    """A listening endpoint cannot be bound; the message names the setting and the endpoint."""
+
+
+@contextlib.contextmanager
+def _naming(name: str, endpoint: str) -> Iterator[None]:
+    """Re-raise a failed bind as :class:`BindError` naming ``coordinator.<name>_bind`` and its endpoint."""
+    try:
+        yield
+    except zmq.ZMQError as exc:
+        raise BindError(f"coordinator.{name}_bind {endpoint}: cannot bind: {exc.strerror}") from exc
 
 
 class ServerSockets:
@@ -90,11 +105,14 @@ class ServerSockets:
             self.ingest.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10_000)
             if self.curve["ingest"] and keys is not None:
                 make_server(self.ingest, "ingest", keys)
-            self.ingest.bind(binds["ingest"])
-            self.control = control.bind_control(
-                ctx, binds["control"], curve=keys if self.curve["control"] else None,
-                rcvhwm=limits.hwm_for(limits.control_queue_bytes_per_peer, control.MAX_REQUEST_BYTES))
-            self.pub = EventPublisher(ctx, binds["pub"], curve=keys if self.curve["pub"] else None)
+            with _naming("ingest", binds["ingest"]):
+                self.ingest.bind(binds["ingest"])
+            with _naming("control", binds["control"]):
+                self.control = control.bind_control(
+                    ctx, binds["control"], curve=keys if self.curve["control"] else None,
+                    rcvhwm=limits.hwm_for(limits.control_queue_bytes_per_peer, control.MAX_REQUEST_BYTES))
+            with _naming("pub", binds["pub"]):
+                self.pub = EventPublisher(ctx, binds["pub"], curve=keys if self.curve["pub"] else None)
             for name, sock in (("ingest", self.ingest), ("control", self.control), ("pub", self.pub.sock)):
                 if self.curve[name]:
                     self.monitors[name] = HandshakeMonitor(sock, side="server")

@@ -605,11 +605,29 @@ def expire(cap: Capture, now: float, settings: LifecycleSettings, causes: Mappin
 
 
 # -- 9. a coordinator restart -----------------------------------------------------------------------------------------
+def rebase(cap: Capture, now: float, settings: LifecycleSettings) -> Capture:
+    """A persisted capture's deadline in a restarted coordinator's time (``adapters/clock.py``): the time left is
+    bounded to ``[min(stage, parse_allowance_s), stage]`` where ``stage`` is the length of its current stage
+    (deadline - state_since), and the judgement time moves with it. So a wall clock that moved forward while the
+    coordinator was down expires nothing at once, and one that moved back holds nothing longer than its stage.
+    Returns ``cap`` unchanged when it has no deadline or its deadline already lies in that range."""
+    if cap.deadline_unix_s is None:
+        return cap
+    stage = max(0.0, cap.deadline_unix_s - cap.state_since_unix_s)
+    left = cap.deadline_unix_s - now
+    bounded = min(max(left, min(stage, settings.parse_allowance_s)), stage)
+    delta = bounded - left
+    if delta == 0:
+        return cap
+    return replace(cap, deadline_unix_s=cap.deadline_unix_s + delta, judge_unix_s=cap.judge_unix_s + delta)
+
+
 def resume(cap: Capture, now: float, settings: LifecycleSettings) -> Transition:
     """Pick a persisted capture up after a restart: planned -> the write is sent again (an absolute start_step
     makes a repeat harmless); waiting states are watched and scanned again (a judgement time that passed while
     the coordinator was down leaves a fresh grace for the final scan); an interrupted analysis is redone
     (analysing -> collecting); an interrupted enrichment leaves the verdict as it is (enriching -> analysed)."""
+    cap = rebase(cap, now, settings)
     if cap.state is S.PLANNED:
         return Transition(cap, (), frozenset({Action.WRITE_CONFIG, Action.WATCH}))
     if cap.state is S.ANALYSING:

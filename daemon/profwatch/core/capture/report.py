@@ -33,6 +33,10 @@ from ``AICORE_FREQ``: ``profwatch.core.changes.hardware.below_peers``; [] when n
 (``own_tables``: profwatch's reading of each rank's tables, the first Ascend verdict; ``msprof-analyze``; ``kineto``;
 null without an analysis) and ``agreement`` whether msprof-analyze confirmed the first verdict
 (``profwatch.core.verdict.agreement.Agreement.to_json``; null until it ran)."""
+VERDICT_EVENT_KEYS = ("generation", "job_ended")
+"""What the published verdict events add to ``VERDICT_KEYS`` (not in ``report.json``): the job ``generation`` the
+capture judged (set by the capture shell) and ``job_ended`` (set by the coordinator: that generation ended and has not
+reported since, so the verdict is information only; ``docs/alerts.md``)."""
 
 
 def plan_notes(plan: CapturePlan, covered: Sequence[int], rank_steps: Mapping[int, int],

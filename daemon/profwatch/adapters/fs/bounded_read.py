@@ -1,0 +1,77 @@
+"""Reading lines from a file or pipe in bounded memory (I/O).
+
+``for line in open(path)`` holds a whole line in memory, whatever its length: a line without end (a symlink to
+``/dev/zero``, a runaway log, a pipe that never writes a newline) grows until the machine runs out of memory.
+:func:`iter_lines` reads fixed-size chunks and never holds more than ``max_line_bytes`` of one line: a longer line
+is yielded as an :class:`OverlongLine` (its length; the bytes are skipped), and a line still without end after
+``max_skip_bytes`` ends the reading with :class:`EndlessInput` (the input is unusable: nothing after it could be
+read anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+CHUNK_BYTES = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class OverlongLine:
+    """A line longer than the cap, skipped: ``length`` bytes (without the newline)."""
+
+    length: int
+
+
+class EndlessInput(Exception):
+    """A line ran past ``max_skip_bytes`` without a newline: reading stopped (the input has no usable end)."""
+
+
+def iter_lines(f: BinaryIO, max_line_bytes: int, max_skip_bytes: int | None = None,
+               encoding: str = "utf-8") -> Iterator[str | OverlongLine]:
+    """Lines of a binary stream, decoded (``errors="replace"``), without their newline; a line over
+    ``max_line_bytes`` is an :class:`OverlongLine`.
+
+    Args:
+        f: an open binary file or pipe.
+        max_line_bytes: longest line held (bytes, > 0).
+        max_skip_bytes: an overlong line longer than this stops the reading (default 64 x ``max_line_bytes``).
+    Raises:
+        EndlessInput: a line longer than ``max_skip_bytes``.
+        OSError: the read fails.
+    """
+    cap_skip = max_skip_bytes if max_skip_bytes is not None else 64 * max_line_bytes
+    buf = bytearray()
+    skipping = 0  # > 0: inside an overlong line, this many bytes of it seen
+    while True:
+        chunk = f.read(CHUNK_BYTES)
+        if not chunk:
+            break
+        start = 0
+        while start < len(chunk):
+            nl = chunk.find(b"\n", start)
+            end = len(chunk) if nl < 0 else nl
+            piece = chunk[start:end]
+            if skipping:
+                skipping += len(piece)
+            elif len(buf) + len(piece) > max_line_bytes:
+                skipping = len(buf) + len(piece)
+                buf.clear()
+            else:
+                buf += piece
+            if skipping > cap_skip:
+                raise EndlessInput(f"a line ran past {cap_skip} bytes without a newline")
+            if nl < 0:
+                break
+            if skipping:
+                yield OverlongLine(skipping)
+                skipping = 0
+            else:
+                yield buf.decode(encoding, errors="replace")
+                buf.clear()
+            start = nl + 1
+    if skipping:
+        yield OverlongLine(skipping)
+    elif buf:
+        yield buf.decode(encoding, errors="replace")
