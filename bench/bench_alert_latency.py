@@ -182,13 +182,37 @@ def _loadavg() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def first_verdict_row(work: Path, n: int, spread_s: float) -> dict[str, Any]:
+def evict(root: Path) -> int:
+    """Drop the page cache of every file under ``root`` (``fdatasync`` then ``posix_fadvise(POSIX_FADV_DONTNEED)``
+    per file: a cold cache without root); returns the files evicted."""
+    n = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                n += 1
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    return n
+
+
+def first_verdict_row(work: Path, n: int, spread_s: float, cold: bool = False, minimal: bool = True
+                      ) -> dict[str, Any]:
     """Section 0 at ``n`` ranks, interleaved pre, read, alone, alone, read, pre: the first verdict after the last
     rank's completion with each rank's tables read as its marker landed (``pre``: the coordinator's path,
-    ``TablePrefetcher``) and with every rank read at completion (``read``), beside cluster_time_summary alone."""
+    ``TablePrefetcher``) and with every rank read at completion (``read``), beside cluster_time_summary alone.
+    ``cold``: the batch's files are evicted from the page cache (:func:`evict`) before the scan and before each
+    ``read`` and ``alone`` run (``pre`` reads as the markers land, warm by nature)."""
     root = work / f"first{n}"
     shutil.rmtree(work, ignore_errors=True)
-    dirs = generate_cluster(root, world_size=n, slow_ranks={n // 3: 1.5}, steps=3, minimal=True, with_marker=False)
+    dirs = generate_cluster(root, world_size=n, slow_ranks={n // 3: 1.5}, steps=3, minimal=minimal, with_marker=False)
     settings = _settings()
     fetcher = TablePrefetcher(settings.own_tables_workers)
     # the ranks complete over a parse-time window (their markers land spread out); timing starts at the last one
@@ -197,6 +221,8 @@ def first_verdict_row(work: Path, n: int, spread_s: float) -> dict[str, Any]:
         fetcher.submit("p0", {rank: str(d)})
         if spread_s and rank < len(dirs) - 1:
             time.sleep(spread_s / len(dirs))
+    if cold:
+        evict(root)
     last_done = time.monotonic()
     batch = _batch(root, n)
     scan_s = time.monotonic() - last_done
@@ -214,6 +240,8 @@ def first_verdict_row(work: Path, n: int, spread_s: float) -> dict[str, Any]:
                     t0 = time.monotonic()
                     pre = fetcher.take(f"p{turn}")
                 else:
+                    if cold:
+                        evict(root)
                     t0 = time.monotonic()
                 res = analyze_batch(batch, work_dir=work / f"w{turn}", settings=settings, runner=runner, enrich=False,
                                     prefetched=pre)
@@ -228,6 +256,8 @@ def first_verdict_row(work: Path, n: int, spread_s: float) -> dict[str, Any]:
                     staged = staging.stage_batch(batch, work / "staging-alone")  # the tool reads a staging
                     plan = plan_recipes(inspect_inputs(staged), runner.settings, str(staged))
                     cts_args = next(c.args for c in plan.phase("alert") if c.name == "cluster_time_summary")
+                if cold:
+                    evict(root)
                 run = runner.run("cluster_time_summary", cts_args, work / f"alone{turn}", phase="alert")
                 out["alone"].append(run.duration_s if run.returncode == 0 else float("nan"))
     fetcher.close()
@@ -235,7 +265,8 @@ def first_verdict_row(work: Path, n: int, spread_s: float) -> dict[str, Any]:
     return {"ranks": n, **out, "scan_s": scan_s, "suspects": suspects, "load": _loadavg()}
 
 
-def section_first_verdict(work: Path, sizes: list[int], spread_s: float) -> None:
+def section_first_verdict(work: Path, sizes: list[int], spread_s: float, cold: bool = False,
+                          minimal: bool = True) -> None:
     print("== 0. last rank complete -> first verdict (own tables) vs cluster_time_summary alone "
           "(interleaved: pre, read, alone, alone, read, pre) ==")
     print(f"cores: {os.cpu_count()}; ranks' markers land over {spread_s:g} s; first verdict = analyze_batch(enrich="
@@ -244,12 +275,14 @@ def section_first_verdict(work: Path, sizes: list[int], spread_s: float) -> None
     print(f"{'ranks':>6} {'scan s':>7} {'pre s (2 runs)':>15} {'read s (2 runs)':>16} {'cts alone s (2)':>16} "
           f"{'pre/cts':>8} {'read/cts':>8}  {'load after':>14}  suspects")
     for n in sizes:
-        r = first_verdict_row(work, n, spread_s)
+        r = first_verdict_row(work, n, spread_s, cold, minimal)
         p, f, a = sorted(r["pre"]), sorted(r["read"]), sorted(r["alone"])
         cts = sum(a) / len(a)
         print(f"{n:>6} {r['scan_s']:>7.2f} {p[0]:>7.2f} {p[-1]:>7.2f} {f[0]:>8.2f} {f[-1]:>7.2f} {a[0]:>8.1f} "
               f"{a[-1]:>7.1f} {sum(p) / len(p) / cts:>8.3f} {sum(f) / len(f) / cts:>8.3f}  {r['load']:>14}  "
               f"{r['suspects']} (slow {n // 3})", flush=True)
+    print(f"page cache: {'cold (posix_fadvise DONTNEED per file before the scan, read and alone runs)' if cold else 'warm'}; "
+          f"trees: {'minimal' if minimal else 'full'}")
     print("goal: first verdict <= 1 s after completion at 1024 ranks; ratio <= 0.5 at every size\n")
 
 
@@ -346,10 +379,12 @@ def main() -> None:
                     help="section 0: first verdict (own tables) vs cluster_time_summary alone; '' skips it")
     ap.add_argument("--spread-s", type=float, default=2.0, help="section 0: window over which the ranks complete")
     ap.add_argument("--only-first", action="store_true", help="run section 0 only")
+    ap.add_argument("--cold", action="store_true", help="section 0 with the batch evicted from the page cache")
+    ap.add_argument("--full-trees", action="store_true", help="section 0 on full generated trees, not minimal ones")
     a = ap.parse_args()
     first_sizes = [int(x) for x in a.first_sizes.split(",") if x]
     if first_sizes:
-        section_first_verdict(a.work, first_sizes, a.spread_s)
+        section_first_verdict(a.work, first_sizes, a.spread_s, a.cold, not a.full_trees)
     if a.only_first:
         shutil.rmtree(a.work, ignore_errors=True)
         return

@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import zmq
@@ -101,7 +102,7 @@ def _hellos(ranks: int, per_node: int, job: str) -> list[tuple[int, bytes]]:
 
 
 def load(endpoint: str, ranks: int, per_node: int, job: str, seconds: float, steps_first: int, q: mp.Queue,
-         rate: float = 0.0) -> None:
+         rate: float = 0.0, go: Any = None) -> None:
     """One DEALER per simulated node daemon, all in this process; ``rate`` > 0: every rank steps ``rate`` times a
     second (paced, below saturation), else as fast as the receiver takes them."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -127,6 +128,8 @@ def load(endpoint: str, ranks: int, per_node: int, job: str, seconds: float, ste
             socks[k].send(data)
             sent += n
     q.put(("filled", sent, time.time()))
+    if go is not None:
+        go.wait(600)  # the receiver took the hellos and the fill: the window starts on a drained queue
     t0 = time.time()
     t_end = t0 + seconds
     rounds = 0
@@ -154,7 +157,7 @@ def bare(endpoint: str, seconds: float, q: mp.Queue) -> None:
     n = 0
     t0 = None
     while True:
-        if not r.poll(2000):
+        if not r.poll(2000 if t0 is not None else 120_000):  # the load connects its sockets first (1k at 16k ranks)
             break
         _ident, data = r.recv_multipart()
         msgs = json.loads(data)["messages"]
@@ -201,14 +204,20 @@ def bench_coordinator(ranks: int, per_node: int, seconds: float, fill: bool, tre
                 time.sleep(0.1)
         ps = psutil.Process(proc.pid)
         q: mp.Queue = mp.Queue()
+        go = mp.Event()
         lp = mp.Process(target=load, args=(f"tcp://127.0.0.1:{ports[0]}", ranks, per_node, "bench", seconds,
-                                            1000 if fill else 5, q, rate))
+                                            1000 if fill else 5, q, rate, go))
         lp.start()
-        kind, _n, _t = q.get(timeout=1800)
-        # measure the steady window only
+        kind, n_fill, _t = q.get(timeout=1800)
+        # measure the steady window only: after the hellos and the fill were taken (else their backlog is in it)
+        deadline = time.time() + 600
+        while (call(ctrl, "status", {"job_id": "none"}, timeout_s=60)["counters"]["received"] < n_fill + ranks
+               and time.time() < deadline):
+            time.sleep(0.2)
         c0 = call(ctrl, "status", {"job_id": "none"}, timeout_s=60)["counters"]["received"]
         cpu0 = sum(ps.cpu_times()[:2])
         t0 = time.time()
+        go.set()
         kind, _n, _t = q.get(timeout=seconds + 600)
         c1 = call(ctrl, "status", {"job_id": "none"}, timeout_s=60)["counters"]["received"]
         cpu1 = sum(ps.cpu_times()[:2])
@@ -287,8 +296,8 @@ def main() -> None:
         for tree in a.tree:
             k = str(tree)
             rs = rows[k]
-            ratios = [x / b for x, b in zip(per_cpu[k], per_cpu["bare"], strict=True)]
-            print(f"  {k:<28} {_spread(per_cpu[k])} rep/CPU-s, ratio {statistics.median(per_cpu[k]) / bare_med:.2f} "
+            ratios = [x / b for x, b in zip(per_cpu[k], per_cpu["bare"], strict=True) if b] or [0.0]
+            print(f"  {k:<28} {_spread(per_cpu[k])} rep/CPU-s, ratio {statistics.median(per_cpu[k]) / (bare_med or 1):.2f} "
                   f"(per round {min(ratios):.2f}-{max(ratios):.2f}), {statistics.median([x['reports_per_s'] for x in rs]):,.0f} rep/s, "
                   f"CPU {statistics.median([x['cpu_frac'] for x in rs]):.2f}, RSS {max(x['rss_mb'] for x in rs):.0f} MB")
 

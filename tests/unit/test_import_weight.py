@@ -43,7 +43,7 @@ def test_a_lazy_command_still_loads_when_used() -> None:
     assert "profwatch.analysis.facade" in got["ours"]
 
 
-NODE_EXTRA_MODULES = {"zmq", "pydantic", "pydantic_core", "pydantic_settings", "annotated_types", "typing_extensions",
+NODE_EXTRA_MODULES = {"zmq", "msgspec", "pydantic", "pydantic_core", "pydantic_settings", "annotated_types", "typing_extensions",
                       "typing_inspection", "dotenv", "structlog", "prometheus_client", "click", "tomli"}
 """What the ``node`` extra installs (pyproject.toml), by import name, with their own dependencies."""
 

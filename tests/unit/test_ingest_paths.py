@@ -12,11 +12,14 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from profwatch.core.messages import (
     MAX_CAPTURED_STEPS,
     MessageRejected,
     _parse_general,
+    _parse_step_batch,
     _parse_typed_batch,
     parse_node_message,
 )
@@ -60,19 +63,35 @@ def _batch(element: bytes | None, node_id: str = "n1", **envelope: Any) -> bytes
 
 
 def _outcome(result: tuple[Any, list[Any], list[MessageRejected]]) -> tuple[Any, list[Any], list[tuple[str, str]]]:
+    """The envelope, each kept message as (its wire class, its fields) and each refusal as (reason, detail). The
+    msgspec path's step reports are ``_StepIn``, a :class:`wire.StepReport` with ``kind`` required: the same wire
+    class here."""
     env, good, bad = result
-    return env, good, [(b.reason, b.detail) for b in bad]
+    kept = [(wire.StepReport if isinstance(m, wire.StepReport) else type(m), wire.to_dict(m)) for m in good]
+    return env, kept, [(b.reason, b.detail) for b in bad]
 
 
-def _both(data: bytes) -> tuple[Any, Any]:
-    """The outcome of parse_node_message and of the general path alone: a result, or the refusal raised."""
+def _paths(data: bytes) -> list[Any]:
+    """The outcome (a result, or the refusal raised) of: parse_node_message, the msgspec path then the general one,
+    the pydantic typed path then the general one, and the general path alone."""
     out = []
-    for fn in (parse_node_message, lambda d: _parse_general(d, 20_000)):
+    for fn in (parse_node_message,
+               lambda d: _parse_step_batch(d, 20_000) or _parse_general(d, 20_000),
+               lambda d: _parse_typed_batch(d, 20_000) or _parse_general(d, 20_000),
+               lambda d: _parse_general(d, 20_000)):
         try:
             out.append(_outcome(fn(data)))
         except MessageRejected as exc:
             out.append(("raised", exc.reason, exc.detail))
-    return out[0], out[1]
+    return out
+
+
+def _both(data: bytes) -> tuple[Any, Any]:
+    """The outcome of parse_node_message and of the general path alone, after checking that each fast path on its
+    own gives the general path's outcome too."""
+    fast, step_path, typed_path, general = _paths(data)
+    assert step_path == general and typed_path == general
+    return fast, general
 
 
 # Messages the types accept and the value rules refuse: the fast path types the whole batch and refuses them itself.
@@ -136,7 +155,7 @@ def test_type_refusals_fall_back_to_the_general_path(element: bytes) -> None:
     fast, general = _both(data)
     assert fast == general
     _env, good, bad = fast
-    assert good == parse_node_message(_batch(None))[1] and bad  # every honest message kept, the hostile one refused
+    assert good == _outcome(parse_node_message(_batch(None)))[1] and bad  # every honest one kept, the hostile refused
     assert {r for r, _ in bad} <= {"bad_json", "bad_schema", "bad_encoding", "unknown_kind"}
 
 
@@ -203,6 +222,17 @@ def test_unusable_batches_are_refused_alike(raw: bytes) -> None:
     assert fast == general and fast[0] == "raised"
 
 
+def test_a_batch_of_step_reports_takes_the_msgspec_path_and_matches_the_general_one() -> None:
+    """What a node relays between hellos (step reports only) is decoded by msgspec into wire.StepReport objects; a
+    batch with any other kind of message is not (the pydantic typed path takes it)."""
+    data = _batch(None)
+    step_path = _parse_step_batch(data)
+    assert step_path is not None and _outcome(step_path) == _outcome(_parse_general(data, 20_000))
+    assert all(isinstance(m, wire.StepReport) for m in step_path[1]) and len(step_path[1]) == len(HONEST)
+    assert _parse_step_batch(_batch(json.dumps(_hello(rank=0)).encode())) is None
+    assert _parse_step_batch(_batch(json.dumps({k: v for k, v in _step().items() if k != "kind"}).encode())) is None
+
+
 def test_the_common_batch_takes_the_fast_path_and_matches_the_general_one() -> None:
     msgs = [json.dumps(m).encode() for m in (_hello(rank=0), _step(rank=0), _capture(rank=0, steps=[5]), _bye(rank=0))]
     for data in (_batch(None), _batch(b",".join(msgs))):
@@ -236,3 +266,86 @@ def test_a_batch_split_for_one_bad_message_keeps_the_rest_whatever_its_envelope_
     clean = parse_node_message(_batch(None, **envelope))
     env, good, bad = parse_node_message(_batch(json.dumps(_step(rank="x")).encode(), **envelope))
     assert env.hostname == envelope["hostname"] and len(good) == len(clean[1]) > 0 and len(bad) == 1
+
+
+# -- every ingest path against the general one: the adversarial bench's hostile kinds and random batches ----------
+def _adversarial_kinds() -> list[bytes]:
+    """The rank messages bench/bench_adversarial.py sends each round (other encodings, lone surrogates, invalid
+    UTF-8, lax types, absurd values, a hello's hostile hostname and paths), as elements of a node batch."""
+    base = _step(job_id="honest", rank=0, step=5)
+    text = json.dumps(base)
+    return [text.encode("utf-16"), text.encode("utf-16-le"), text.encode("utf-32"), b"\xef\xbb\xbf" + text.encode(),
+            text.replace('"honest"', '"hon\\ud800est"').encode(),
+            text.replace('"honest"', '"hon\xffest"').encode("latin-1"),
+            json.dumps(base | {"rank": "0"}).encode(), json.dumps(base | {"rank": True}).encode(),
+            json.dumps(base | {"step_time_s": 1e308}).encode(),
+            json.dumps(base | {"step": 10**9, "stages": {"x": 1e300}}).encode(),
+            json.dumps(_hello(job_id="honest", hostname="\ud800")).encode(),
+            json.dumps(_hello(job_id="honest", profiler_config_path="/etc", prof_root="/")).encode(),
+            json.dumps(_step(job_id="bjob1", rank=12345, step=1)).encode(),
+            json.dumps(base)[:-1].encode() + b',"rank":7}',  # a duplicate key
+            json.dumps(base).replace('"step_time_s": 0.25', '"step_time_s": NaN').encode(),
+            json.dumps(base).replace('"step_time_s": 0.25', '"step_time_s": -Infinity').encode(),
+            json.dumps(base).replace('"job_id": "honest"', '"job_id": "hon\x01est"').encode()]  # raw control char
+
+
+@pytest.mark.parametrize("element", _adversarial_kinds(), ids=range(17))
+def test_the_adversarial_kinds_get_the_same_answer_on_every_path(element: bytes) -> None:
+    for v in (1, 2):
+        for data in (_batch(element, v=v), _batch(element, v=v).replace(b"".join(HONEST[3:4]), b"")):
+            fast, step_path, typed_path, general = _paths(data)
+            assert fast == step_path == typed_path == general
+
+
+_MISSING = object()
+_ANY = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=3),
+                 st.floats(allow_nan=False, allow_infinity=False))
+_FIELDS: dict[str, Any] = {
+    "job_id": st.one_of(st.just("j1"), st.text(max_size=12), st.just("a" * 129), _ANY),
+    "rank": st.one_of(st.integers(-2, 5), st.integers(2**20 - 1, 2**20 + 1), st.integers(2**62, 2**80), _ANY),
+    "step": st.one_of(st.integers(-2, 10**6), st.integers(2**62 - 1, 2**70), _ANY),
+    "step_time_s": st.one_of(st.floats(0, 1e6), st.floats(), st.integers(-1, 10**25), _ANY),
+    "ts_unix_s": st.one_of(st.floats(0, 2e10), st.integers(0, 10**11), _ANY),
+    "stages": st.one_of(st.none(), st.dictionaries(st.one_of(st.sampled_from(["fwd", "bwd", "x" * 65]),
+                                                             st.text(max_size=4)),
+                                                   st.one_of(st.floats(-1, 1e7), st.integers(-1, 10**7), _ANY),
+                                                   max_size=3), _ANY),
+    "flags": st.one_of(st.lists(st.one_of(st.sampled_from(["eval", "x" * 70]), st.text(max_size=3)), max_size=3),
+                       _ANY),
+    "capturing": _ANY,
+    "work": st.one_of(st.none(), st.floats(), st.integers(-1, 10**16), _ANY),
+    "mode": st.one_of(st.none(), st.sampled_from(["training", "serving", "pp 1", "x" * 65, ""]), _ANY),
+    "role": st.one_of(st.none(), st.sampled_from(["pp1", "tp0\n", "r" * 64]), _ANY),
+    "peer_pid": st.one_of(st.none(), st.integers(-1, 2**33), _ANY),
+    "kind": st.one_of(st.just("step"), st.sampled_from(["hello", "bye", "capture", "teleport"]), _ANY),
+    "v": st.one_of(st.sampled_from([1, 2]), st.integers(-1, 4), _ANY),
+}
+
+
+@st.composite
+def _random_message(draw: Any) -> bytes:
+    """A step report with up to three fields dropped or replaced by a value of any type, an extra key or a duplicate
+    key at times, rendered by json.dumps (NaN and Infinity included) or with a lone surrogate escape."""
+    d = _step(rank=draw(st.integers(0, 3)), step=draw(st.integers(1, 100)))
+    for name in draw(st.lists(st.sampled_from(sorted(_FIELDS)), max_size=3, unique=True)):  # most stay honest
+        if draw(st.integers(0, 3)) == 0:
+            del d[name]
+        else:
+            d[name] = draw(_FIELDS[name])
+    if draw(st.booleans()):
+        d[draw(st.sampled_from(["zz", "extra", "Rank"]))] = draw(_ANY)
+    text = json.dumps(d, ensure_ascii=draw(st.booleans()))
+    if draw(st.integers(0, 9)) == 0 and len(d) > 1:
+        text = text[:-1] + ', "rank": ' + json.dumps(draw(_ANY)) + "}"  # a duplicate key: the last one counts
+    if draw(st.integers(0, 19)) == 0:
+        text = text.replace('"j1"', '"j\\udc80"')
+    return text.encode("utf-8", "surrogatepass")
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.lists(_random_message(), min_size=1, max_size=4), st.sampled_from([1, 2]))
+def test_random_batches_get_the_same_answer_on_every_path(elements: list[bytes], v: int) -> None:
+    """Property-based (deterministic examples): whatever the messages, every fast path gives the general path's
+    outcome: the same messages kept, as the same values, and the same refusals with the same reasons."""
+    fast, step_path, typed_path, general = _paths(_batch(b",".join(elements), v=v))
+    assert fast == step_path == typed_path == general

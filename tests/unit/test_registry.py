@@ -190,6 +190,8 @@ def test_only_identity_changes_are_recorded_for_the_frequent_flush() -> None:
     assert changed == (set(), {("j", 2)}, set())
     job_rows, rank_rows, node_rows = changed_rows(reg.jobs, reg.nodes, changed, reset=())
     assert job_rows == [] and node_rows == [] and [(r[1], r[7], r[10]) for r in rank_rows] == [(2, 5, 1)]
+    reg.step_run(job, [step(2, 6)], 0, 10.0, "n0", [])  # back after its bye: its row changes (left = 0)
+    assert reg.take_changes() == (set(), {("j", 2)}, set())
     # a new generation replaces the job's rank rows: every rank of it is written
     _j, all_ranks, _n = changed_rows(reg.jobs, reg.nodes, (set(), set(), set()), reset=["j"])
     assert sorted(r[1] for r in all_ranks) == [0, 1, 2, 3]

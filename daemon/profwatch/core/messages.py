@@ -19,12 +19,17 @@ into a :class:`MessageRejected` with a short ``reason`` code used for counters a
   (:func:`parse_node_message`), each bad message is counted, every good one is kept.
 
 The common message, a node batch whose messages all type-check, takes a fast path (:func:`parse_node_message`):
-one pydantic pass types the envelope and every message, then the same value checks (:func:`check_rank_message`).
-Whatever the types refuse takes the general path, so every refusal and its reason are the general path's.
-pydantic-core stays the decoder on purpose: on the bytes a node relays (``bench/bench_parse.py``, load average 8 on 2
-cores) its typed pass costs 1.1-1.4 us per report, ``json.loads`` alone 1.1-1.5 us (no types, no objects), and a
-hand-checked path (``json.loads``, an allow-list of keys and types, ``StepReport(**d)``, the same value checks)
-3.7-5.4 us: slower, not faster.
+a batch of step reports only (what a node relays between hellos) is decoded by msgspec straight into
+:class:`rankhook.wire.StepReport` objects (:func:`_parse_step_batch`); any other batch by one pydantic pass that types
+the envelope and every message (:func:`_parse_typed_batch`); then the same value checks (:func:`check_rank_message`).
+Whatever the types refuse on a fast path takes the next one and at last the general path, so every refusal and its
+reason are the general path's: a fast path only ever takes what the general path takes, as the same objects
+(``tests/unit/test_ingest_paths.py`` feeds all three the hostile cases and property-based random batches).
+Costs per report on the bytes a node relays (``bench/bench_parse.py``, one bench run at load average ~11 on 2
+cores): msgspec decode + checks 1.2 us, the pydantic typed pass + checks 3.0 us (1.1-1.4 us for the pass alone at
+load 8), ``json.loads`` alone 2.6 us (no types, no objects); a hand-checked path (``json.loads``, an allow-list of
+keys and types, ``StepReport(**d)``, the same checks) was measured at 3.7-5.4 us (load 8): slower than pydantic, so
+the library decoder, not our own code.
 """
 
 from __future__ import annotations
@@ -32,10 +37,11 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import make_dataclass
+from dataclasses import dataclass, field, make_dataclass
 from functools import lru_cache
 from typing import Annotated, Any, Literal, Union
 
+import msgspec
 from pydantic import Field, TypeAdapter, ValidationError
 
 from rankhook import wire
@@ -110,6 +116,29 @@ _TypedBatch = make_dataclass(
 )
 _typed_batch_adapter: TypeAdapter[Any] = TypeAdapter(_TypedBatch)
 _command_adapter: TypeAdapter[wire.NodeCommand] = TypeAdapter(wire.NodeCommand)
+
+
+@dataclass(frozen=True, slots=True)
+class _StepIn(wire.StepReport):
+    """A :class:`rankhook.wire.StepReport` as the msgspec path decodes it: the same fields and values, with ``kind``
+    required (the discriminated union of the other paths requires it; the wire dataclass gives it a default)."""
+
+    kind: Literal["step"] = field(kw_only=True)
+
+
+class _StepBatch(msgspec.Struct):
+    """A ``node_batch`` of step reports only, the envelope typed as :data:`_TypedBatch` types it."""
+
+    node_id: str
+    hostname: str
+    seq: int
+    ts_unix_s: float
+    messages: list[_StepIn]
+    kind: Literal["node_batch"]
+    v: int
+
+
+_step_batch_decoder = msgspec.json.Decoder(_StepBatch)  # strict: no str -> int, no bool -> int, no float -> int
 _step_us_adapter: TypeAdapter[wire.StepReportUs] = TypeAdapter(wire.StepReportUs)
 _ACCEPTED = wire.ACCEPTED_VERSIONS
 
@@ -487,6 +516,38 @@ def _split_batch(data: bytes, max_messages: int) -> tuple[Any, list[Any], list[M
     return env, good, bad
 
 
+def _parse_step_batch(data: bytes, max_messages: int = 20_000
+                      ) -> tuple[wire.NodeBatch, list[Any], list[MessageRejected]] | None:
+    """Fastest path of :func:`parse_node_message`: a ``node_batch`` of step reports only, decoded by msgspec
+    (strict JSON, strict types) into :class:`_StepIn` (a :class:`rankhook.wire.StepReport`), then the value checks
+    of :func:`check_rank_message`. Returns as :func:`_parse_typed_batch`, or None when msgspec refuses anything (a
+    hello in the batch, another encoding, a lone surrogate, ``NaN``, a wrong type...): the next path decides.
+    Raises :class:`MessageRejected` for an unusable envelope, as the general path."""
+    try:
+        tb = _step_batch_decoder.decode(data)
+    except (msgspec.MsgspecError, ValueError, RecursionError):
+        return None
+    return _checked(wire.NodeBatch(node_id=tb.node_id, hostname=tb.hostname, seq=tb.seq, ts_unix_s=tb.ts_unix_s,
+                                   v=tb.v), tb.messages, max_messages)
+
+
+def _checked(env: wire.NodeBatch, messages: list[Any], max_messages: int
+             ) -> tuple[wire.NodeBatch, list[Any], list[MessageRejected]]:
+    """The envelope's and each message's value checks of a typed batch (both fast paths)."""
+    _check_envelope(env)
+    good: list[Any] = []
+    bad: list[MessageRejected] = []
+    keep = good.append
+    for m in messages[:max_messages]:
+        try:
+            keep(check_rank_message(m))
+        except MessageRejected as exc:
+            bad.append(exc)
+    if len(messages) > max_messages:
+        bad.append(_too_many(max_messages))
+    return env, good, bad
+
+
 def _parse_typed_batch(data: bytes, max_messages: int = 20_000
                        ) -> tuple[wire.NodeBatch, list[Any], list[MessageRejected]] | None:
     """Fast path of :func:`parse_node_message`: a ``node_batch`` whose every message the types accept, typed in one
@@ -502,18 +563,7 @@ def _parse_typed_batch(data: bytes, max_messages: int = 20_000
     except (ValidationError, ValueError, RecursionError):
         return None  # not a batch, or one bad message inside: the general path isolates it
     env = wire.NodeBatch(node_id=tb.node_id, hostname=tb.hostname, seq=tb.seq, ts_unix_s=tb.ts_unix_s, v=tb.v)
-    _check_envelope(env)
-    good: list[Any] = []
-    bad: list[MessageRejected] = []
-    keep = good.append
-    for m in tb.messages[:max_messages]:
-        try:
-            keep(check_rank_message(m))
-        except MessageRejected as exc:
-            bad.append(exc)
-    if len(tb.messages) > max_messages:
-        bad.append(_too_many(max_messages))
-    return env, good, bad
+    return _checked(env, tb.messages, max_messages)
 
 
 def _too_many(max_messages: int) -> MessageRejected:
@@ -532,7 +582,9 @@ def parse_node_message(data: bytes, max_messages: int = 20_000) -> tuple[Any, li
         MessageRejected: the envelope itself is unusable (reasons as :func:`parse_rank_message`, plus
             ``bad_node_id``).
     """
-    fast = _parse_typed_batch(data, max_messages)
+    fast = _parse_step_batch(data, max_messages)
+    if fast is None:
+        fast = _parse_typed_batch(data, max_messages)
     return fast if fast is not None else _parse_general(data, max_messages)
 
 

@@ -370,8 +370,9 @@ class DbObservation:
     """What the adapter saw in one SQLite file (read-only open; docs/msprof-analyze.md#before-running).
 
     ``checked`` is False when the adapter skipped the content checks (the rank is still parsing). ``error`` is
-    the ``PRAGMA quick_check`` result when not ``ok``, or the open/read error ("database disk image is
-    malformed", "file is not a database"). ``locked``: a writer holds the DB (still being written).
+    the header's problem, the ``PRAGMA quick_check`` result of a checked table when not ``ok``
+    (``adapters/fs/rank_dir_fs.CHECKED_TABLES``), or the open/read error ("database disk image is malformed",
+    "file is not a database"). ``locked``: a writer holds the DB (still being written).
     ``rank_device_map``: ``RANK_DEVICE_MAP.rankId`` values (None when the table is missing);
     ``step_ids``: ``STEP_TIME.id`` values (None when the table is missing); ``rows``: row counts of the
     tables the checks count (``COMMUNICATION_OP``, ``StepTraceTime``, ``CommAnalyzerTime``, ``TASK``,

@@ -531,7 +531,8 @@ class Registry:
             r.window.clear()  # type: ignore[union-attr]
             job.gauge_stale = True  # the furthest step may go down
         elif r.left:
-            job.gauge_stale = True  # back after a bye: live again
+            job.gauge_stale = True  # back after a bye: live again (a change of its stored row)
+            self.changed_ranks.add((job.job_id, rank))
         _record(r, msg, now)
         job.heard_unix_s = now
         if msg.step > job.furthest:
@@ -564,7 +565,8 @@ class Registry:
             if r is None or (node_id is not None and r.node_id != node_id and r.node_id) or step < r.last_step:
                 break
             if r.left:
-                job.gauge_stale = True  # back after a bye: live again
+                job.gauge_stale = True  # back after a bye: live again (a change of its stored row)
+                self.changed_ranks.add((job_id, rank))
             _record(r, m, now)
             if step > furthest:
                 furthest = step
