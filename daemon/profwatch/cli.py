@@ -17,15 +17,7 @@ import click
 from profwatch import __version__
 from profwatch.commands.common import CoordinatorClient, config_option, load_or_exit
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_USAGE
-
-
-def _install_sigterm(stop: Any) -> None:
-    def handler(signum: int, frame: Any) -> None:
-        stop()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-
+from profwatch.signals import handling
 
 _LAZY_COMMANDS = {"scan": "scan", "analyze": "analyze", "replay": "replay", "simulate": "simulate", "demo": "demo",
                   "keys": "keys", "status": "status", "alerts": "alerts"}
@@ -50,7 +42,9 @@ class _LazyGroup(click.Group):
             module = importlib.import_module(f"profwatch.commands.{_LAZY_COMMANDS[cmd_name]}")
             cmd: click.Command = getattr(module, cmd_name)
         except ImportError as exc:
-            cmd = _missing(cmd_name, str(exc))
+            from profwatch.console import missing_extra_message
+
+            cmd = _missing(cmd_name, missing_extra_message(cmd_name, exc) or f"{cmd_name}: {exc}\n")
         self.add_command(cmd, cmd_name)
         return cmd
 
@@ -94,7 +88,6 @@ def _serve(label: str, endpoint: Any, build: Any) -> None:
         click.echo(f"profwatch {label}: cannot start: {exc}", err=True)
         metrics.close()
         sys.exit(EXIT_USAGE)
-    _install_sigterm(d.stop)
 
     def on_hup(signum: int, frame: Any) -> None:
         import structlog
@@ -102,9 +95,10 @@ def _serve(label: str, endpoint: Any, build: Any) -> None:
         structlog.get_logger("profwatch").warning("reload_not_supported", daemon=label,
                                                   hint="systemctl restart reloads the config; state is kept")
 
-    signal.signal(signal.SIGHUP, on_hup)
     try:
-        d.run()
+        # SIGTERM/SIGINT stop the daemon, SIGHUP is logged; the process's own handlers come back after run()
+        with handling(lambda signum, frame: d.stop()), handling(on_hup, signal.SIGHUP):
+            d.run()
     finally:
         metrics.close()
         notifier.close()
@@ -224,10 +218,15 @@ def telemetry(config_path: Path | None, job_id: str) -> None:
 
 
 def _missing(name: str, why: str) -> click.Command:
-    @click.command(name=name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-                   help=f"(not available in this installation: {why})")
+    """A stand-in for a command whose module cannot be imported here: says ``why`` (which extra it needs, from
+    ``profwatch.console.missing_extra_message``) for any arguments, ``--help`` included, and exits 2."""
+    first = why.splitlines()[0] if why else name
+
+    @click.command(name=name, add_help_option=False,
+                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+                   help=f"(not available in this installation: {first})")
     def _cmd() -> None:
-        click.echo(f"profwatch {name}: not available in this installation ({why})", err=True)
+        click.echo(why.rstrip("\n"), err=True)
         sys.exit(EXIT_USAGE)
 
     return _cmd

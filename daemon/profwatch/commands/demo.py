@@ -51,6 +51,7 @@ from profwatch.core.alerts.event_types import (
 )
 from profwatch.core.capture.lifecycle import CaptureState
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
+from profwatch.signals import handling
 from profwatch.simulate.launcher import ALL_RANKS, JobSpec, launch_job
 
 TORCH_CPU_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
@@ -368,23 +369,23 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
     def on_term(signum: int, frame: Any) -> None:
         raise Stopped()
 
-    signal.signal(signal.SIGTERM, on_term)
     progress = _progress_printer(t0)
     stopped = ""
-    try:
-        stack.start()
-        progress(f"daemons up (coordinator + {nodes} node daemons; JSON logs in {root / 'logs'}), work dir {root}")
-        for sc in scenarios:
-            job_wide = sc == "reference"
-            results.append(run_scenario(stack, sc, ranks=ranks, slow_rank=ALL_RANKS if job_wide else slow_rank,
-                                        slowdown=slowdown, at_step=1 if job_wide else at_step, timeout_s=timeout_s,
-                                        progress=progress))
-    except (KeyboardInterrupt, Stopped) as exc:
-        stopped = "SIGTERM" if isinstance(exc, Stopped) else "Ctrl-C"
-        progress(f"{stopped}: stopping the ranks and daemons this demo started")
-    finally:
-        stack.stop()
-        shutil.rmtree(runtime, ignore_errors=True)
+    with handling(on_term, signal.SIGTERM):  # the demo's own, only while it runs (profwatch.signals)
+        try:
+            stack.start()
+            progress(f"daemons up (coordinator + {nodes} node daemons; JSON logs in {root / 'logs'}), work dir {root}")
+            for sc in scenarios:
+                job_wide = sc == "reference"
+                results.append(run_scenario(stack, sc, ranks=ranks, slow_rank=ALL_RANKS if job_wide else slow_rank,
+                                            slowdown=slowdown, at_step=1 if job_wide else at_step, timeout_s=timeout_s,
+                                            progress=progress))
+        except (KeyboardInterrupt, Stopped) as exc:
+            stopped = "SIGTERM" if isinstance(exc, Stopped) else "Ctrl-C"
+            progress(f"{stopped}: stopping the ranks and daemons this demo started")
+        finally:
+            stack.stop()
+            shutil.rmtree(runtime, ignore_errors=True)
     ok = not stopped and len(results) == len(scenarios)
     for tl in results:
         ok &= report(tl, slow_rank, click.echo)
