@@ -152,7 +152,7 @@ def test_every_wait_says_what_it_waits_for_and_what_was_seen() -> None:
     tl.add("slowdown", 1164.0, 40)
     tl.add("detection", 1170.0, 45, "step_regression +200%")
     line = tl.progress_line(1200.0, None, 1404.0, "first alert within 240 s of the slowdown")
-    assert line.startswith("[torch] waiting for the first alert; seen: slowdown +0s, detection +6s; no status")
+    assert line.startswith("[torch] waiting for the first alert; seen: slowdown +0s, detection +6s; no step")
     assert tl.waiting_for() == "arm"
 
 
