@@ -167,17 +167,22 @@ def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step:
             f"warmup={res['warmup']} active={res['active']} ranks={res['rank_list'] or 'all'} -> {res['prof_dir']}")
     for warning in res.get("warnings") or []:
         click.echo(f"warning: {warning}", err=True)
+    from profwatch.commands.arm_wait import window_line
+
+    window = window_line(res, chosen=in_steps is None and start_step is None)
     if dry_run:
         if res.get("refused"):
             click.echo(f"dry run: would be refused: {res['refused']['message']}", err=as_json)
             sys.exit(EXIT_NOT_OK)
         if not as_json:
             click.echo(f"dry run (nothing written): {what}")
+            click.echo(window)
         return
     who = (f"node daemon(s) {', '.join(res['nodes'])}" if res["writer"] == "node" else "the coordinator")
     if not as_json:
         click.echo(f"planned {what}; config write asked of {who}, not confirmed yet"
                    + ("" if wait else f" (see: profwatch status --job {job_id})"))
+        click.echo(window)
     if wait:
         from profwatch.commands.arm_wait import wait_for_arm
 
