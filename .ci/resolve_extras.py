@@ -14,7 +14,7 @@ Busy hosts: one resolution per Python of the union of the extras (a solution of 
 extra; only where the union fails is each extra resolved alone, to name it), at most ``os.cpu_count()`` pips at
 once, and a resolution that passed is cached in ``$PROFWATCH_RESOLVE_CACHE`` (default ``~/.cache/profwatch/resolve-extras``) under a key of
 pyproject.toml, constraints/coordinator.txt, the interpreter's full version and the extra: a rerun with the same
-inputs costs nothing (issue 35: 461 s on a loaded 2-core host). ``--no-cache`` resolves everything again.
+inputs costs nothing (the check once took 461 s on a loaded 2-core host). ``--no-cache`` resolves everything again.
 
 Run: ``python .ci/resolve_extras.py [--no-cache]`` (the project's venv; .ci/run does).
 """

@@ -2,7 +2,7 @@
 
 A command's SIGTERM/SIGINT handler must not outlive the command: run in-process (click's ``CliRunner`` in the
 tests, or an embedding program), a handler left behind replaced the process's own for good. That is why the
-test suite ignored SIGTERM and SIGINT (issue 35): ``profwatch analyze`` run in-process left SIGTERM raising
+test suite ignored SIGTERM and SIGINT: ``profwatch analyze`` run in-process left SIGTERM raising
 ``SystemExit`` inside whichever test ran next (reported as that test's failure, and the run went on), the demo
 left it raising its ``Stopped``, ``alerts --follow`` and ``simulate job`` left both signals only setting a flag
 nobody read any more.

@@ -48,7 +48,7 @@ def window_line(res: dict[str, Any], chosen: bool) -> str:
     """The capture window an arm planned, in steps and in time: ``res`` is the coordinator's ``arm`` answer
     (``start_step``, ``warmup``, ``active``, ``furthest_step``, ``step_time_s`` in seconds or None); ``chosen``:
     the planner chose the start (no ``--in-steps`` / ``--start-step``), said so, since nothing else would tell
-    the operator when a real capture will run (issue 35)."""
+    the operator when a real capture will run."""
     start, warmup, active = int(res["start_step"]), int(res.get("warmup") or 0), int(res.get("active") or 0)
     first, last = start + warmup, start + warmup + active - 1
     furthest = res.get("furthest_step")

@@ -4,7 +4,7 @@ Each rank keeps the last ``capacity`` (step, step_time_s) pairs in two typed rin
 steps, ``array('f')`` for float32 step times: 8 bytes per step, so 16k ranks x 1000 steps is about 128 MB). A rank
 that reports work or stages gets a float32 ring for each (allocated at the first such step; 4 bytes per step and
 series; at most :data:`MAX_STAGE_SERIES` stage names per rank, later new names counted in ``stages_dropped``), so
-``profwatch telemetry`` can dump what a replay needs to find rank outliers (issue 35).
+``profwatch telemetry`` can dump what a replay needs to find rank outliers.
 """
 
 from __future__ import annotations

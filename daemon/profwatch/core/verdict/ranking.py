@@ -166,7 +166,7 @@ def _strong_only_with_a_saving(sus: Suspect, imp: Impact | None, settings: Ranki
     """A suspect stays ``strong`` only when fixing it alone saves more than the verdict's noise for it: its
     ``saving_pct_of_step`` (as a fraction of the step) above its lead signal's noise scale
     (``evidence["noise_sigma_frac"]``, floored at ``settings.min_sigma_frac``). Otherwise it is ``weak`` and
-    ``evidence["strength_note"]`` says why (issue 35: a second suspect was STRONG while its fix saved 0.0 ms)."""
+    ``evidence["strength_note"]`` says why (a rank behind a slower one was STRONG while its fix alone saved 0.0 ms)."""
     if sus.evidence.get("strength") != "strong":
         return
     noise = sus.evidence.get("noise_sigma_frac")

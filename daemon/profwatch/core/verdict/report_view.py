@@ -368,7 +368,7 @@ def parse_impact(raw: Any) -> Impact | None:
 
 def on_shown_step(imp: Impact | None, step_ms: float) -> Impact | None:
     """``imp`` with its "% of step" (and accelerator-hours, which scale with it) taken against ``step_ms``, the
-    median step time the report shows, so the page's numbers agree with each other (issue 35: 72 % shown where the
+    median step time the report shows, so the page's numbers agree with each other (72 % was shown where the
     page's own saving and median step gave 73.7 %; the ranking's impact is against the mean step). Unchanged when
     no step time is shown."""
     if imp is None or not step_ms > 0:
