@@ -20,7 +20,7 @@ from profwatch.exitcodes import EXIT_NOT_OK, EXIT_USAGE
 from profwatch.signals import handling
 
 _LAZY_COMMANDS = {"scan": "scan", "analyze": "analyze", "replay": "replay", "simulate": "simulate", "demo": "demo",
-                  "keys": "keys", "status": "status", "alerts": "alerts"}
+                  "keys": "keys", "status": "status", "alerts": "alerts", "config": "configcmd"}
 """Commands implemented in ``daemon/profwatch/commands/<module>.py`` (command name -> module), imported only when used, so
 ``profwatch status`` and the daemons never pay for the analysis stack (numpy, msprof parsing, Kineto reader)."""
 
