@@ -63,6 +63,35 @@ def _structlog_defaults():
     structlog.reset_defaults()
 
 
+def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt("SIGTERM")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite ends on SIGTERM and SIGINT, tearing its fixtures down (the daemons and jobs the tests started):
+    SIGTERM is handled as Ctrl-C, and a SIGINT the shell set to ignored is given back its default (bash ignores
+    SIGINT in the commands it starts in the background without job control, which is how .ci/run runs pytest so
+    that it can forward CI's signals; Python then never raises KeyboardInterrupt). Issue 35."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """Fail a test that leaves the process's SIGTERM/SIGINT handlers changed (and put them back): a command run
+    in-process that left its handler behind made the whole suite ignore SIGTERM and SIGINT (issue 35;
+    daemon/profwatch/signals.py)."""
+    import signal
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    changed = {signal.Signals(s).name: signal.getsignal(s) for s, h in before.items() if signal.getsignal(s) != h}
+    for s, h in before.items():
+        signal.signal(s, h if h is not None else signal.SIG_DFL)
+    assert not changed, f"the test left signal handlers installed: {changed}"
+
+
 @pytest.fixture(autouse=True)
 def _no_leaked_threads():
     """Fail a test that leaves non-daemon-library threads running (watchdog/zmq loops must be closed)."""

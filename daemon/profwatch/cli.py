@@ -16,18 +16,10 @@ import click
 
 from profwatch.commands.common import CoordinatorClient, config_option, load_or_exit
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_USAGE
-
-
-def _install_sigterm(stop: Any) -> None:
-    def handler(signum: int, frame: Any) -> None:
-        stop()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-
+from profwatch.signals import handling
 
 _LAZY_COMMANDS = {"scan": "scan", "analyze": "analyze", "replay": "replay", "simulate": "simulate", "demo": "demo",
-                  "keys": "keys", "status": "status", "alerts": "alerts"}
+                  "keys": "keys", "status": "status", "alerts": "alerts", "config": "configcmd"}
 """Commands implemented in ``daemon/profwatch/commands/<module>.py`` (command name -> module), imported only when used, so
 ``profwatch status`` and the daemons never pay for the analysis stack (numpy, msprof parsing, Kineto reader)."""
 
@@ -49,7 +41,9 @@ class _LazyGroup(click.Group):
             module = importlib.import_module(f"profwatch.commands.{_LAZY_COMMANDS[cmd_name]}")
             cmd: click.Command = getattr(module, cmd_name)
         except ImportError as exc:
-            cmd = _missing(cmd_name, str(exc))
+            from profwatch.console import missing_extra_message
+
+            cmd = _missing(cmd_name, missing_extra_message(cmd_name, exc) or f"{cmd_name}: {exc}\n")
         self.add_command(cmd, cmd_name)
         return cmd
 
@@ -104,7 +98,6 @@ def _serve(label: str, endpoint: Any, build: Any) -> None:
         click.echo(f"profwatch {label}: cannot start: {exc}", err=True)
         metrics.close()
         sys.exit(EXIT_USAGE)
-    _install_sigterm(d.stop)
 
     def on_hup(signum: int, frame: Any) -> None:
         import structlog
@@ -112,9 +105,10 @@ def _serve(label: str, endpoint: Any, build: Any) -> None:
         structlog.get_logger("profwatch").warning("reload_not_supported", daemon=label,
                                                   hint="systemctl restart reloads the config; state is kept")
 
-    signal.signal(signal.SIGHUP, on_hup)
     try:
-        d.run()
+        # SIGTERM/SIGINT stop the daemon, SIGHUP is logged; the process's own handlers come back after run()
+        with handling(lambda signum, frame: d.stop()), handling(on_hup, signal.SIGHUP):
+            d.run()
     finally:
         metrics.close()
         notifier.close()
@@ -183,17 +177,22 @@ def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step:
             f"warmup={res['warmup']} active={res['active']} ranks={res['rank_list'] or 'all'} -> {res['prof_dir']}")
     for warning in res.get("warnings") or []:
         click.echo(f"warning: {warning}", err=True)
+    from profwatch.commands.arm_wait import window_line
+
+    window = window_line(res, chosen=in_steps is None and start_step is None)
     if dry_run:
         if res.get("refused"):
             click.echo(f"dry run: would be refused: {res['refused']['message']}", err=as_json)
             sys.exit(EXIT_NOT_OK)
         if not as_json:
             click.echo(f"dry run (nothing written): {what}")
+            click.echo(window)
         return
     who = (f"node daemon(s) {', '.join(res['nodes'])}" if res["writer"] == "node" else "the coordinator")
     if not as_json:
         click.echo(f"planned {what}; config write asked of {who}, not confirmed yet"
                    + ("" if wait else f" (see: profwatch status --job {job_id})"))
+        click.echo(window)
     if wait:
         from profwatch.commands.arm_wait import wait_for_arm
 
@@ -234,10 +233,15 @@ def telemetry(config_path: Path | None, job_id: str) -> None:
 
 
 def _missing(name: str, why: str) -> click.Command:
-    @click.command(name=name, context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-                   help=f"(not available in this installation: {why})")
+    """A stand-in for a command whose module cannot be imported here: says ``why`` (which extra it needs, from
+    ``profwatch.console.missing_extra_message``) for any arguments, ``--help`` included, and exits 2."""
+    first = why.splitlines()[0] if why else name
+
+    @click.command(name=name, add_help_option=False,
+                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+                   help=f"(not available in this installation: {first})")
     def _cmd() -> None:
-        click.echo(f"profwatch {name}: not available in this installation ({why})", err=True)
+        click.echo(why.rstrip("\n"), err=True)
         sys.exit(EXIT_USAGE)
 
     return _cmd

@@ -291,6 +291,7 @@ class ControlCommands:
         for r in job.ranks.values():
             if r.window is not None:
                 rows += window_records(job.job_id, r.rank, r.window.items_with_work(), r.last_ts_unix_s,
-                                       {"mode": r.mode, "role": r.role, "pid": r.pid or None, "node": r.node_id})
+                                       {"mode": r.mode, "role": r.role, "pid": r.pid or None, "node": r.node_id},
+                                       r.window.stage_rows())
         rows.sort(key=lambda d: (d["step"], d["rank"]))
         return dump_jsonl(rows, world_size=job.world_size)

@@ -164,8 +164,11 @@ def test_arm_wait_reports_the_write_and_every_acknowledgement(harness, short_tmp
     lines = out.splitlines()
     assert lines[0].startswith(f"planned capture {arm['data']['capture_id']} of job jobW")
     assert "config write asked of the coordinator, not confirmed yet" in lines[0]
-    assert lines[1].startswith("config written by the coordinator: ") and f"(mtime {arm['data']['mtime_s']})" in lines[1]
-    assert lines[2].startswith("acknowledged by all 2 ranks")
+    # no --in-steps: the window the planner chose, in steps and seconds (issue 35)
+    assert lines[1].startswith(f"window (the planner chose): warm-up from step {arm['data']['start_step']}, "), lines
+    assert "steps ahead of the furthest rank" in lines[1]
+    assert lines[2].startswith("config written by the coordinator: ") and f"(mtime {arm['data']['mtime_s']})" in lines[2]
+    assert lines[3].startswith("acknowledged by all 2 ranks")
 
 
 @pytest.mark.slow

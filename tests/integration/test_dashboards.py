@@ -58,7 +58,7 @@ def test_dashboard_is_an_importable_grafana_dashboard() -> None:
         assert {"h", "w", "x", "y"} <= set(g) and 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
         if p["type"] == "row":
             continue
-        assert p["datasource"] == {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}, p["title"]
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
         refs = [t["refId"] for t in p["targets"]]
         assert p["targets"] and len(refs) == len(set(refs)), p["title"]
     titles = " ".join(p["title"].lower() for p in d["panels"])
@@ -160,3 +160,73 @@ format = "console"
                 p.wait(10)
         for log in logs:
             log.close()
+
+
+#: The first Grafana release of each dashboard schemaVersion (Grafana's DashboardMigrator,
+#: public/app/features/dashboard/state/DashboardMigrator.ts: 36 in 9.0, 37 in 9.1, 38 in 10.0, 39 in 10.4).
+SCHEMA_SINCE = {36: (9, 0), 37: (9, 1), 38: (10, 0), 39: (10, 4)}
+SUBSTITUTED = {"$job": "profwatch", "$instance": "node1:9101"}
+"""What the job and instance variables stand for in the promtool check (one scrape job, one instance)."""
+
+
+def test_the_schema_version_is_one_the_declared_grafana_reads() -> None:
+    d = _dashboard()
+    declared = next(r["version"] for r in d["__requires"] if r["id"] == "grafana")
+    major_minor = tuple(int(x) for x in declared.split(".")[:2])
+    assert d["schemaVersion"] in SCHEMA_SINCE and major_minor >= SCHEMA_SINCE[d["schemaVersion"]], (
+        declared, d["schemaVersion"])
+
+
+def test_datasource_job_and_instance_variables_filter_every_panel_query() -> None:
+    d = _dashboard()
+    var = {v["name"]: v for v in d["templating"]["list"]}
+    assert var["datasource"]["type"] == "datasource" and var["datasource"]["query"] == "prometheus"
+    for name in ("job", "instance"):
+        assert var[name]["type"] == "query" and var[name]["multi"] and var[name]["includeAll"], name
+        assert var[name]["datasource"]["uid"] == "${datasource}" and "profwatch_daemon_info" in var[name]["definition"]
+    assert '{job=~"$job"}' in var["instance"]["definition"]  # instances of the chosen jobs
+    for q in _queries():
+        selectors = re.findall(r"\b(profwatch_[a-z0-9_]+)(\{[^}]*\})?", q)
+        assert selectors, q
+        for name, braces in selectors:
+            assert 'job=~"$job"' in braces and 'instance=~"$instance"' in braces, (name, q)
+
+
+def test_every_panel_query_returns_series_with_the_variables_substituted(tmp_path: Path) -> None:
+    """promtool evaluates each query (variables substituted) over input series carrying the scrape labels, and a
+    query that returns nothing raises an alert the test does not expect: a filter that matches nothing, or a
+    metric or label a query names and the series lack, fails here."""
+    promtool = require_tool("promtool", WHY)
+    queries = []
+    for q in _queries():
+        for k, v in SUBSTITUTED.items():
+            q = q.replace(k, v)
+        queries.append(q)
+    series: dict[str, str] = {}
+    for q in queries:
+        for name, braces in re.findall(r"\b(profwatch_[a-z0-9_]+)(\{[^}]*\})?", q):
+            labels = dict(re.findall(r'(\w+)=~?"([^"]*)"', braces))
+            for le in (["0.5", "+Inf"] if name.endswith("_bucket") else [None]):
+                lab = {**labels, **({"le": le} if le else {})}
+                key = name + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(lab.items())) + "}"
+                series[key] = "0+1x120"
+    rules = {"groups": [{"name": "dashboard", "interval": "1m", "rules":
+                         [{"record": f"dashboard:query_{i}", "expr": q} for i, q in enumerate(queries)]
+                         + [{"alert": f"QueryEmpty{i}", "expr": f"absent(dashboard:query_{i})"}
+                            for i in range(len(queries))]}]}
+    (tmp_path / "dash.rules.yml").write_text(json.dumps(rules))
+    test = {"rule_files": ["dash.rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": [{"series": k, "values": v} for k, v in series.items()],
+        "alert_rule_test": [{"eval_time": "90m", "alertname": f"QueryEmpty{i}", "exp_alerts": []}
+                            for i in range(len(queries))]}]}
+    (tmp_path / "dash.test.yml").write_text(json.dumps(test))
+    res = subprocess.run([promtool, "test", "rules", "dash.test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert all('job="profwatch"' in k and 'instance="node1:9101"' in k for k in series)
+    # the check bites: a query whose filter matches nothing is reported
+    rules["groups"][0]["rules"][0]["expr"] = queries[0].replace('job=~"profwatch"', 'job=~"elsewhere"')
+    (tmp_path / "dash.rules.yml").write_text(json.dumps(rules))
+    res = subprocess.run([promtool, "test", "rules", "dash.test.yml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode != 0 and "QueryEmpty0" in res.stdout + res.stderr

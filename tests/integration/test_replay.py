@@ -309,3 +309,25 @@ def test_the_bounded_reader_keeps_lines_and_skips_overlong_ones() -> None:
         pass
     else:
         raise AssertionError("a line without end must stop the reader")
+
+
+def test_the_daemons_own_toml_is_taken_and_its_other_tables_ignored_with_one_line(tmp_path: Path) -> None:
+    """Issue 35: README writes ``profwatch replay FILE --config /etc/profwatch/profwatch.toml``, and replay refused
+    that file (``Extra inputs are not permitted``). Its [detection], [arming] and [capture] tables are used; the
+    others are neither used nor validated, and one line says so."""
+    from tests.conftest import REPO_ROOT
+
+    f = tmp_path / "t.jsonl"
+    f.write_text(dump_jsonl(generate_telemetry(replace(BASE, slowdown=0.5, slowdown_from_step=100))))
+    res = CliRunner().invoke(replay, [str(f), "--config", str(REPO_ROOT / "systemd" / "profwatch.toml")])
+    assert res.exit_code == 0, res.output
+    notes = [ln for ln in res.output.splitlines() if ln.startswith("profwatch replay: using")]
+    assert len(notes) == 1 and "ignoring [node], [coordinator]" in notes[0], res.output
+    cfg = tmp_path / "daemons.toml"  # a node-table value replay does not use is not validated; arming's are
+    cfg.write_text('[node]\nheartbeat_interval_s = -1\n[security]\ncurve = "on"\n[arming]\nmode = "observe"\n')
+    res = CliRunner().invoke(replay, [str(f), "--config", str(cfg), "--json"])
+    assert res.exit_code == 0, res.output
+    assert "ignoring [node], [security]" in res.output
+    cfg.write_text('[coordinator]\nwindow_steps = 5\n[arming]\nmode = "sometimes"\n')
+    res = CliRunner().invoke(replay, [str(f), "--config", str(cfg)])
+    assert res.exit_code == 2 and "mode" in res.output and "window_steps" not in res.output, res.output

@@ -127,3 +127,54 @@ def test_a_missed_scenario_prints_what_the_analysis_saw(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     assert miss_evidence({"status": "failed", "detail": "x", "report": str(tmp_path / "bad.html")})[1].startswith(
         "report JSON not readable")
+
+
+def test_the_timeout_counts_from_the_slowdown_then_from_the_first_alert() -> None:
+    """Issue 35: 164 s of the 240 went before the slowdown; the bound is now counted from it."""
+    tl = Timeline("torch", "demo-torch")
+    end, what = tl.deadline(1000.0, 600.0, 240.0, False)
+    assert (end, what) == (1600.0, "slowdown within 600 s of the job's start (--start-timeout-s)")
+    tl.add("slowdown", 1164.0, 40)
+    end, what = tl.deadline(1000.0, 600.0, 240.0, False)
+    assert (end, what) == (1404.0, "first alert within 240 s of the slowdown")
+    tl.add("first_alert", 1300.0, None, "ok")
+    tl.alert = {"type": "x", "data": {"pending_recipes": ["advisor"]}}
+    assert tl.deadline(1000.0, 600.0, 240.0, True) == (1540.0, "enriched update within 240 s of the first alert")
+    ref = Timeline("reference", "demo-reference", after_slowdown_only=True)
+    assert ref.waiting_for() == "reference" and ref.deadline(0.0, 600.0, 240.0, False)[1].startswith("reference")
+
+
+def test_every_wait_says_what_it_waits_for_and_what_was_seen() -> None:
+    tl = Timeline("torch", "demo-torch")
+    assert tl.progress_line(1010.0, 12, 1600.0, "slowdown within 600 s of the job's start") == (
+        "[torch] waiting for the slowdown; seen: nothing yet; the job at step 12; 590 s left of slowdown within "
+        "600 s of the job's start")
+    tl.add("slowdown", 1164.0, 40)
+    tl.add("detection", 1170.0, 45, "step_regression +200%")
+    line = tl.progress_line(1200.0, None, 1404.0, "first alert within 240 s of the slowdown")
+    assert line.startswith("[torch] waiting for the first alert; seen: slowdown +0s, detection +6s; no step")
+    assert tl.waiting_for() == "arm"
+
+
+def test_a_timed_out_scenario_says_so_with_what_it_saw_never_none() -> None:
+    from profwatch.commands.demo import report
+
+    tl = Timeline("torch", "demo-torch")
+    tl.add("slowdown", 1164.0, 40)
+    tl.add("detection", 1170.0, 45, "step_regression +200%")
+    tl.timed_out = "no first alert within 240 s of the slowdown"
+    out: list[str] = []
+    assert report(tl, 2, out.append) is False
+    text = "\n".join(out)
+    assert "result: TIMED OUT: no first alert within 240 s of the slowdown; seen so far: slowdown, detection" in text
+    assert "None" not in text and "--timeout-s" in text
+    assert json.loads(json.dumps(tl.to_json()))["timed_out"] == tl.timed_out
+
+
+def test_the_help_says_where_the_timeout_counts_from() -> None:
+    from click.testing import CliRunner
+
+    from profwatch.commands.demo import demo
+
+    out = CliRunner().invoke(demo, ["--help"]).output
+    assert "counted from the slowdown" in " ".join(out.split()) and "--start-timeout-s" in out

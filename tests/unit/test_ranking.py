@@ -284,3 +284,16 @@ def test_every_rank_equally_short_is_said():
     # every rank recorded 1 of the 3 armed steps: nothing else would say so
     v = judge_batch(generated(8, seed=11, noise=0.02, steps=1), armed_steps=[10, 11, 12])
     assert v.suspects == [] and v.short_window and v.captured_steps == [1]
+
+
+def test_a_suspect_whose_fix_alone_saves_nothing_is_not_strong():
+    """Issue 35: a second suspect was STRONG while fixing it alone saved 0.0 ms. Rank 6 (1.3x) sits behind rank 1
+    (1.6x): fixing 6 alone gives nothing back, so its evidence is weak and says why; rank 1 stays strong."""
+    v = judge_batch(make_evidence(8, slow={1: 1.6, 6: 1.3}))
+    one, six = v.suspects
+    assert (one.rank, six.rank) == (1, 6)
+    assert one.evidence["strength"] == "strong" and "strength_note" not in one.evidence
+    assert six.evidence["strength"] == "weak"
+    assert six.evidence["strength_note"].startswith("weak: fixing it alone saves 0.")
+    assert "not more than the verdict's noise for it" in six.evidence["strength_note"]
+    assert v.strength == "strong"

@@ -86,8 +86,9 @@ def test_grades_and_headlines() -> None:
     view = build_view(data, ev.summaries)
     h = view.headline
     assert (h.state, h.badge, h.rank, h.subject) == ("found", "slow rank found", 5, "rank 5 on n0 (compute)")
-    assert h.sentence == "why. Fixing this rank alone saves 20.0 ms/step (25% of step time), about 48 " \
-                         "accelerator-hours per day"
+    pct = 100 * 20.0 / view.median_step_ms  # of the median step the page shows, not the 25 % handed in
+    assert h.sentence == f"why. Fixing this rank alone saves 20.0 ms/step ({pct:.0f}% of step time), about " \
+                         f"{48.0 * pct / 25.0:.0f} accelerator-hours per day"
     assert [s.grade for s in view.suspects] == ["strong", "weak"] and view.suspects[1].hostname is None
     assert view.suspects[0].row is not None and view.suspects[0].row.own_delta_ms > 10
     weak_only = headline_of("ok", "", view.suspects[1:])
@@ -193,3 +194,27 @@ def test_a_suspect_whose_ai_core_clock_ran_low_says_so_in_the_headline_and_its_r
     assert view.headline.subject == "rank 5 (compute; AI Core 1200 MHz, peers 1800 MHz (hardware))"
     assert view.suspects[1].kind == "host"  # a malformed entry adds nothing
     assert build_view({**data, "hardware": "bad"}, ev.summaries).suspects[0].kind == "compute"
+
+
+def test_the_percent_of_step_is_of_the_median_step_the_report_shows() -> None:
+    """Issue 35: 72 % shown where the page's own saving and median step gave 73.7 % (the ranking's impact is
+    against the mean step). The page's percentages are taken against its median step time."""
+    from profwatch.core.verdict.ranking import judge_batch
+
+    ev = make_evidence(4, slow={2: 3.0}, steps=5, noise=0.2, seed=7)
+    v = judge_batch(ev)
+    data = {"status": "ok", "suspects": [s.to_json() if hasattr(s, "to_json") else {
+        "rank": s.rank, "score": s.score, "kind": s.kind, "evidence": s.evidence, "impact": s.impact}
+        for s in v.suspects], "impact": v.impact}
+    view = build_view(data, ev.summaries)
+    shown_step = view.median_step_ms
+    top = view.suspects[0].impact
+    assert top is not None and view.impact_total is not None and shown_step > 0
+    raw = v.suspects[0].impact
+    assert top.saving_s_per_step == raw["saving_s_per_step"]
+    assert top.saving_pct_of_step == pytest.approx(100 * 1e3 * top.saving_s_per_step / shown_step, rel=1e-9)
+    assert abs(raw["saving_pct_of_step"] - top.saving_pct_of_step) > 0.05  # the mean-step figure differed here
+    assert top.accelerator_hours_per_day == pytest.approx(
+        raw["accelerator_hours_per_day"] * top.saving_pct_of_step / raw["saving_pct_of_step"])
+    assert view.impact_total.saving_pct_of_step == pytest.approx(
+        100 * 1e3 * view.impact_total.saving_s_per_step / shown_step)

@@ -153,3 +153,36 @@ def test_replay_refuses_the_types_the_live_wire_refuses(change: dict[str, object
     lines.append(json.dumps(_STEP | {"world_size": 2, "step": 4, "ts_unix_s": 5.0} | change))
     res = replay_lines(lines)
     assert res["records"] == 3 and res["bad_lines"]["count"] == 1 and res["bad_lines"]["lines"][0]["line"] == 4
+
+
+def test_stages_are_kept_by_the_registry_and_dumped_for_replay() -> None:
+    """Issue 35: ``profwatch telemetry`` dropped stages, so a replay of exported telemetry never showed rank
+    outliers. The registry's windows keep each step's stages (bounded: the window's steps x the stage names, at
+    most MAX_STAGE_SERIES names, later ones counted) and the dump carries them with work, mode and role."""
+    from profwatch.core.fleet.registry import Registry
+    from profwatch.core.fleet.step_window import MAX_STAGE_SERIES, StepWindow
+    from rankhook import wire
+
+    reg = Registry(window_steps=3)
+    reg.hello(wire.RankHello(job_id="j", rank=0, local_rank=0, world_size=2, hostname="h0", pid=100,
+                             backend="torch", ts_unix_s=1.0, mode="training", role="pp0"), "n0", 1.0)
+    for s in range(1, 6):
+        stages = {"forward": 0.1 * s, "backward": 0.2} if s != 4 else None
+        if s == 5:
+            stages = {"forward": 0.5, "optimizer": 0.05}  # a new name after the ring wrapped
+        reg.step(wire.StepReport(job_id="j", rank=0, step=s, step_time_s=0.5, ts_unix_s=100.0 + s, stages=stages,
+                                 work=64.0, mode="training", role="pp0"), 2.0)
+    r = reg.jobs["j"].ranks[0]
+    assert r.window is not None
+    assert r.window.stage_rows() == [{"forward": pytest.approx(0.3), "backward": pytest.approx(0.2)}, None,
+                                     {"forward": 0.5, "optimizer": pytest.approx(0.05)}]
+    rows = window_records("j", 0, r.window.items_with_work(), r.last_ts_unix_s,
+                          {"mode": r.mode, "role": r.role}, r.window.stage_rows())
+    text = dump_jsonl(sorted(rows, key=lambda d: d["step"]), world_size=2)
+    recs = [TelemetryRecord.model_validate(json.loads(line)) for line in text.splitlines()]
+    assert [(x.step, x.stages, x.work, x.mode, x.role) for x in recs] == [
+        (3, {"forward": 0.3, "backward": 0.2}, 64.0, "training", "pp0"), (4, None, 64.0, "training", "pp0"),
+        (5, {"forward": 0.5, "optimizer": 0.05}, 64.0, "training", "pp0")]
+    w = StepWindow(2)
+    w.append(1, 0.1, None, {f"s{i}": 0.001 for i in range(MAX_STAGE_SERIES + 2)})
+    assert len(w.stage_rows()[0] or {}) == MAX_STAGE_SERIES and w.stages_dropped == 2

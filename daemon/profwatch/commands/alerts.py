@@ -45,6 +45,7 @@ from profwatch.core.alerts.event_types import (
 )
 from profwatch.core.messages import CONTROL_RE
 from profwatch.exitcodes import EXIT_UNAVAILABLE
+from profwatch.signals import handling
 
 
 def _saving(impact: Any) -> str:
@@ -191,11 +192,18 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
             _say_why_empty(coord, job_id, all_events)
         if sub is None:
             return
-        stop = _stop_on_signals()  # before saying "listening": a Ctrl-C right after that line stops cleanly
-        what = "events" if all_events else "alerts"
-        click.echo(f"profwatch: listening on {s.coordinator.pub_bind} for {what} of "
-                   f"{f'job {job_id}' if job_id else 'every job'} (Ctrl-C stops)", err=True)
-        _follow(sub, seen, as_json, stop, coord, args, check_s)
+        stop = {"flag": False}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            stop["flag"] = True
+
+        # SIGTERM and SIGINT set the flag instead of raising, so --follow ends with exit 0; installed before saying
+        # "listening" (a Ctrl-C right after that line stops cleanly), and only for the follow (profwatch.signals)
+        with handling(on_signal):
+            what = "events" if all_events else "alerts"
+            click.echo(f"profwatch: listening on {s.coordinator.pub_bind} for {what} of "
+                       f"{f'job {job_id}' if job_id else 'every job'} (Ctrl-C stops)", err=True)
+            _follow(sub, seen, as_json, stop, coord, args, check_s)
     finally:
         if sub is not None:
             sub.close()
@@ -211,20 +219,6 @@ def _say_why_empty(coord: CoordinatorClient, job_id: str | None, all_events: boo
     known = any(j.get("job_id") == job_id for j in coord.call("status", {"job_id": job_id}).get("jobs", []))
     click.echo(f"profwatch: no {what} stored for job {job_id!r}" + (
         "" if known else " (the coordinator knows no such job now: check the id with `profwatch status`)"), err=True)
-
-
-def _stop_on_signals() -> dict[str, bool]:
-    """SIGTERM and SIGINT set ``["flag"]`` instead of raising, so ``--follow`` ends with exit 0."""
-    import signal
-
-    stop = {"flag": False}
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop["flag"] = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    return stop
 
 
 def _follow(sub: Any, seen: set[str], as_json: bool, stop: dict[str, bool], coord: CoordinatorClient,

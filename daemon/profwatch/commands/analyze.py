@@ -34,6 +34,7 @@ from profwatch.core.batches.completeness import BatchState
 from profwatch.core.display import clip, display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE
 from profwatch.core.verdict.evidence import RecipeStatus
+from profwatch.signals import handling
 
 GOOD = ("ok", "no_suspect")
 
@@ -255,39 +256,39 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
     worst = 0
     # SIGTERM (a scheduler, `timeout`) ends the command like Ctrl-C: the exception unwinds the block below, whose
     # exit kills every msprof-analyze still running (each runs in its own session, out of reach of our signals)
-    signal.signal(signal.SIGTERM, _terminated)
-    # one runner for every batch; leaving the block (also by Ctrl-C or SIGTERM) kills any msprof-analyze running
-    with MsprofRunner(settings.msprof) as runner:
-        reference = None
-        if ref_batch is not None and baseline_dir is not None:
-            ref_settings = settings.for_reference()  # only the time breakdown is compared
-            if quiet:
-                reference = analyze_batch(ref_batch, work_dir=work / "reference", settings=ref_settings,
-                                          runner=runner)
-            else:
-                click.echo(f"profwatch: analysing the reference batch {display_str(ref_batch.batch_id)} first "
-                           f"({display_str(str(baseline_dir))}; its time breakdown only)", err=True)
-                with RecipeProgress(display_str(ref_batch.batch_id)) as progress:
+    with handling(_terminated, signal.SIGTERM):
+        # one runner for every batch; leaving the block (also by Ctrl-C or SIGTERM) kills any msprof-analyze running
+        with MsprofRunner(settings.msprof) as runner:
+            reference = None
+            if ref_batch is not None and baseline_dir is not None:
+                ref_settings = settings.for_reference()  # only the time breakdown is compared
+                if quiet:
                     reference = analyze_batch(ref_batch, work_dir=work / "reference", settings=ref_settings,
-                                              runner=runner, progress=progress)
-        for batch in batches:
-            if quiet:
-                res = _analyse_one(batch, work, settings, runner, reference, baseline_dir, ref_batch, None)
-            else:
-                with RecipeProgress(display_str(batch.batch_id)) as progress:
-                    res = _analyse_one(batch, work, settings, runner, reference, baseline_dir, ref_batch, progress)
-            if res.status == "incomplete":
-                res.notes.append(json.dumps({"completeness": batch.to_json()}, default=str)[:4000])
-            if as_json:
-                click.echo(json.dumps(printable(res.to_json()), default=str))
-            else:
-                click.echo(_human(res))
-            if res.status not in GOOD:
-                worst = 1
-    note = one_rank_dir_note(directory)
-    if note and any(b.status != "complete" for b in batches):  # last: the other ranks were not looked for
-        click.echo(note, err=True)
-    ctx.exit(worst)
+                                              runner=runner)
+                else:
+                    click.echo(f"profwatch: analysing the reference batch {display_str(ref_batch.batch_id)} first "
+                               f"({display_str(str(baseline_dir))}; its time breakdown only)", err=True)
+                    with RecipeProgress(display_str(ref_batch.batch_id)) as progress:
+                        reference = analyze_batch(ref_batch, work_dir=work / "reference", settings=ref_settings,
+                                                  runner=runner, progress=progress)
+            for batch in batches:
+                if quiet:
+                    res = _analyse_one(batch, work, settings, runner, reference, baseline_dir, ref_batch, None)
+                else:
+                    with RecipeProgress(display_str(batch.batch_id)) as progress:
+                        res = _analyse_one(batch, work, settings, runner, reference, baseline_dir, ref_batch, progress)
+                if res.status == "incomplete":
+                    res.notes.append(json.dumps({"completeness": batch.to_json()}, default=str)[:4000])
+                if as_json:
+                    click.echo(json.dumps(printable(res.to_json()), default=str))
+                else:
+                    click.echo(_human(res))
+                if res.status not in GOOD:
+                    worst = 1
+        note = one_rank_dir_note(directory)
+        if note and any(b.status != "complete" for b in batches):  # last: the other ranks were not looked for
+            click.echo(note, err=True)
+        ctx.exit(worst)
 
 
 def _analyse_one(batch: BatchState, work: Path, settings: AnalysisSettings, runner: MsprofRunner,

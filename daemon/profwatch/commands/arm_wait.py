@@ -42,3 +42,24 @@ def wait_for_arm(fetch: Callable[[], dict[str, Any]], bound_s: float, echo: Call
     for line in (view.get("unacknowledged") or [])[:16]:
         echo(f"  {line}")
     return False
+
+
+def window_line(res: dict[str, Any], chosen: bool) -> str:
+    """The capture window an arm planned, in steps and in time: ``res`` is the coordinator's ``arm`` answer
+    (``start_step``, ``warmup``, ``active``, ``furthest_step``, ``step_time_s`` in seconds or None); ``chosen``:
+    the planner chose the start (no ``--in-steps`` / ``--start-step``), said so, since nothing else would tell
+    the operator when a real capture will run."""
+    start, warmup, active = int(res["start_step"]), int(res.get("warmup") or 0), int(res.get("active") or 0)
+    first, last = start + warmup, start + warmup + active - 1
+    furthest = res.get("furthest_step")
+    ahead = start - int(furthest) if isinstance(furthest, int) else None
+    step_s = res.get("step_time_s")
+    when = ""
+    if ahead is not None:
+        when = f", {ahead} steps ahead of the furthest rank (step {furthest})"
+        if isinstance(step_s, (int, float)) and step_s > 0:
+            when += (f": recording starts in about {max(0, ahead + warmup) * step_s:.0f} s and lasts about "
+                     f"{active * step_s:.0f} s at {step_s:.3g} s/step")
+    who = "the planner chose" if chosen else "asked for"
+    return (f"window ({who}): warm-up from step {start}, recording steps {first}-{last} "
+            f"(warmup {warmup}, active {active}){when}")

@@ -51,6 +51,7 @@ from profwatch.core.alerts.event_types import (
 )
 from profwatch.core.capture.lifecycle import CaptureState
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
+from profwatch.signals import handling
 from profwatch.simulate.launcher import ALL_RANKS, JobSpec, launch_job
 
 TORCH_CPU_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
@@ -153,9 +154,12 @@ def _expects_enrichment(tl: Timeline) -> bool:
 
 
 def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slowdown: float, at_step: int,
-                 timeout_s: float, progress: Callable[[str], None]) -> Timeline:
-    """Run one scenario to its first alert and, when that alert announces a follow-up, to its enriched update
-    (each within ``timeout_s``); return its timeline. The job's ranks are stopped at the first alert."""
+                 timeout_s: float, progress: Callable[[str], None], start_timeout_s: float = 600.0) -> Timeline:
+    """Run one scenario to its first alert and, when that alert announces a follow-up, to its enriched update;
+    return its timeline. The clocks (:meth:`Timeline.deadline`): up to ``start_timeout_s`` from the job's launch to
+    the slowdown, then ``timeout_s`` from the slowdown to the first alert, then ``timeout_s`` again from the first
+    alert to the enriched update. Past a bound, ``tl.timed_out`` says which. A progress line every
+    :data:`NOTE_EVERY_S` of every wait. The job's ranks are stopped at the first alert."""
     import zmq
 
     from profwatch.adapters.zmq.control import ControlError, call
@@ -172,56 +176,66 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
     spec = JobSpec(job_id=job_id, world_size=ranks, node_endpoints=[stack.endpoint(k) for k in range(stack.nodes)],
                    profiler_config_path=stack.root / "cfg" / job_id, prof_root=stack.root / "prof",
                    mode="torch" if scenario == "torch" else "ascend-sim", slow_rank=slow_rank, slowdown=slowdown,
-                   slow_at_step=at_step, max_seconds=timeout_s + 60, stop_file=stack.root / f"{job_id}.stop",
-                   log_dir=stack.root / "logs", slow_file=slow_file)
+                   slow_at_step=at_step, max_seconds=start_timeout_s + timeout_s + 60,
+                   stop_file=stack.root / f"{job_id}.stop", log_dir=stack.root / "logs", slow_file=slow_file)
     job = launch_job(spec)
+    started = time.time()
     progress(f"[{scenario}] {ranks} ranks on {stack.nodes} nodes; {whom} gets {slowdown:g}x slower "
              + ("once the coordinator's reference capture is analysed; waiting for the reference" if slow_file
-                else f"at step {at_step}; waiting for the slowdown"))
+                else f"at step {at_step}; waiting for the slowdown")
+             + f" (up to {start_timeout_s:g} s), then up to {timeout_s:g} s from the slowdown to the first alert")
 
     def note(stage: str, t: float, detail: str) -> None:
         t0 = tl.t("slowdown")
         progress(f"[{scenario}] {'' if t0 is None else f'+{t - t0:.1f}s '}{stage}: {detail}")
 
     seen: set[str] = set()
-    end = time.monotonic() + timeout_s
     last_note = time.monotonic()
     job_stopped = False
+    step: int | None = None
+    end, what = tl.deadline(started, start_timeout_s, timeout_s, False)
     try:
-        while time.monotonic() < end:
+        while True:
             if tl.alert is not None:
                 if not job_stopped:  # the verdict is in: free the CPU for the follow-up
                     job.request_stop()
                     job_stopped = True
                     if _expects_enrichment(tl):
-                        end = time.monotonic() + timeout_s
                         progress(f"[{scenario}] waiting for the enriched update (up to {timeout_s:.0f} s)")
                 if tl.enriched is not None or not _expects_enrichment(tl):
                     break
+            end, what = tl.deadline(started, start_timeout_s, timeout_s, _expects_enrichment(tl))
+            if time.time() >= end:
+                tl.timed_out = f"no {what}"
+                progress(f"[{scenario}] timed out: no {what}")
+                break
             ev = sub.recv(250)
             if ev is not None and str(ev.get("id")) not in seen:
                 seen.add(str(ev.get("id")))
                 on_event(tl, ev, time.time(), note)
+            st: dict[str, Any] = {}
             try:
                 st = call(stack.control, "status", {"job_id": job_id}, timeout_s=5)
             except ControlError:
-                continue
-            step = _furthest(st, job_id)
-            if slow_file is not None and step is not None and not slow_file.exists() and (
+                pass  # still say where we are every NOTE_EVERY_S below
+            step = _furthest(st, job_id) if st else step
+            if st and slow_file is not None and step is not None and not slow_file.exists() and (
                     tl.t("reference") is not None or step >= REFERENCE_GIVE_UP_STEP):
                 slow_file.touch()  # every rank slows from its next step: the slowdown's step is about this one
                 tl.at_step = step
                 tl.add("slowdown", time.time(), step, f"{whom} x{slowdown:g} from about step {step}")
                 note("slowdown", time.time(), f"{whom} x{slowdown:g} from about step {step}"
                      + ("" if tl.t("reference") is not None else f": no reference by step {step}"))
-            if step is not None:
+            if st and step is not None:
                 tl.samples.append((time.time(), step))
-            if step is not None and slow_file is None:
+            if st and step is not None and slow_file is None:
                 t_slow = tl.time_of_step(at_step)
                 if t_slow is not None and tl.add("slowdown", t_slow, at_step, f"{whom} x{slowdown:g} from step {at_step}"):
                     note("slowdown", t_slow, f"{whom} x{slowdown:g} from step {at_step}")
             if time.monotonic() - last_note >= NOTE_EVERY_S:
                 last_note = time.monotonic()
+                end, what = tl.deadline(started, start_timeout_s, timeout_s, _expects_enrichment(tl))
+                progress(tl.progress_line(time.time(), step, end, what))
                 for cap in st.get("captures") or []:
                     if cap["state"] in (CaptureState.ANALYSING, CaptureState.ENRICHING):
                         running = ", ".join(cap.get("running") or []) or "staging, ranking or the Kineto analysis"
@@ -232,9 +246,18 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
                 break
         if tl.alert is None or (_expects_enrichment(tl) and tl.enriched is None):
             # fetch from the store in case a PUB message was missed
-            for row in call(stack.control, "events", {"job_id": job_id, "alerts_only": True, "limit": 50},
-                            timeout_s=5):
+            try:
+                rows = call(stack.control, "events", {"job_id": job_id, "alerts_only": True, "limit": 50},
+                            timeout_s=5)
+            except ControlError as exc:
+                rows = []
+                progress(f"[{scenario}] cannot read the stored alerts: {exc}")
+            for row in rows:
                 on_event(tl, row["event"], time.time(), note)
+            late = tl.t("enriched_update" if tl.enriched is not None else "first_alert")
+            if tl.timed_out and late is not None and late <= end and (tl.enriched is not None
+                                                                      or not _expects_enrichment(tl)):
+                tl.timed_out = None  # it was published in time; only its PUB message was missed
     finally:
         sub.close()
         job.stop(grace_s=60)
@@ -286,6 +309,13 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
     update arrived."""
     echo(f"\n== scenario {tl.scenario} (job {tl.job_id}) ==")
     echo(tl.render())
+    if tl.alert is None:  # nothing to judge: say why, and what was seen so far (never "top suspect None")
+        seen = ", ".join(s for s, *_ in tl.ordered()) or "nothing"
+        why = f"TIMED OUT: {tl.timed_out}" if tl.timed_out else "no alert (the job ended or a rank process died)"
+        echo(f"  result: {why}; seen so far: {seen}")
+        if tl.timed_out:
+            echo("  a loaded host may need more: --timeout-s (from the slowdown) or --start-timeout-s (to it)")
+        return False
     d = (tl.alert or {}).get("data", {})
     sus = d.get("suspects") or []
     top = sus[0]["rank"] if sus else None
@@ -312,7 +342,8 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
     ok = hit
     if _expects_enrichment(tl):
         if tl.enriched is None:
-            echo("  enriched update: MISSING (the first alert announced one: " + ", ".join(_pending(d)) + ")")
+            echo("  enriched update: " + (f"TIMED OUT ({tl.timed_out})" if tl.timed_out else "MISSING")
+                 + " (the first alert announced one: " + ", ".join(_pending(d)) + ")")
             ok = False
         else:
             first, enr = tl.t("first_alert"), tl.t("enriched_update")
@@ -338,9 +369,13 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
               show_default=True, help="both = torch then ascend; reference (about a minute): the coordinator's healthy "
                                       "reference capture, then a job-wide slowdown compared with it")
 @click.option("--timeout-s", default=240.0, show_default=True,
-              help="per scenario: bound to the first alert, and again to the enriched update")
+              help="per scenario, counted from the slowdown: bound to the first alert, and again (from the first "
+                   "alert) to the enriched update")
+@click.option("--start-timeout-s", default=600.0, show_default=True,
+              help="per scenario: bound from the job's launch to the slowdown (the reference scenario: to the "
+                   "reference's analysis, then the slowdown)")
 def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float, at_step: int, scenario: str,
-         timeout_s: float) -> None:
+         timeout_s: float, start_timeout_s: float) -> None:
     """Run the end-to-end demo: real job, real daemons, real detection, capture, analysis and alert.
 
     Progress goes to stderr as it happens; each scenario's timeline (stages in pipeline order, with how long each
@@ -368,23 +403,23 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
     def on_term(signum: int, frame: Any) -> None:
         raise Stopped()
 
-    signal.signal(signal.SIGTERM, on_term)
     progress = _progress_printer(t0)
     stopped = ""
-    try:
-        stack.start()
-        progress(f"daemons up (coordinator + {nodes} node daemons; JSON logs in {root / 'logs'}), work dir {root}")
-        for sc in scenarios:
-            job_wide = sc == "reference"
-            results.append(run_scenario(stack, sc, ranks=ranks, slow_rank=ALL_RANKS if job_wide else slow_rank,
-                                        slowdown=slowdown, at_step=1 if job_wide else at_step, timeout_s=timeout_s,
-                                        progress=progress))
-    except (KeyboardInterrupt, Stopped) as exc:
-        stopped = "SIGTERM" if isinstance(exc, Stopped) else "Ctrl-C"
-        progress(f"{stopped}: stopping the ranks and daemons this demo started")
-    finally:
-        stack.stop()
-        shutil.rmtree(runtime, ignore_errors=True)
+    with handling(on_term, signal.SIGTERM):  # the demo's own, only while it runs (profwatch.signals)
+        try:
+            stack.start(progress)
+            progress(f"daemons up (coordinator + {nodes} node daemons; JSON logs in {root / 'logs'}), work dir {root}")
+            for sc in scenarios:
+                job_wide = sc == "reference"
+                results.append(run_scenario(stack, sc, ranks=ranks, slow_rank=ALL_RANKS if job_wide else slow_rank,
+                                            slowdown=slowdown, at_step=1 if job_wide else at_step, timeout_s=timeout_s,
+                                            progress=progress, start_timeout_s=start_timeout_s))
+        except (KeyboardInterrupt, Stopped) as exc:
+            stopped = "SIGTERM" if isinstance(exc, Stopped) else "Ctrl-C"
+            progress(f"{stopped}: stopping the ranks and daemons this demo started")
+        finally:
+            stack.stop()
+            shutil.rmtree(runtime, ignore_errors=True)
     ok = not stopped and len(results) == len(scenarios)
     for tl in results:
         ok &= report(tl, slow_rank, click.echo)
@@ -392,7 +427,8 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
         {"ok": ok, "elapsed_s": round(time.time() - t0, 1), "stopped": stopped or None,
          "scenarios": [tl.to_json() for tl in results]}, indent=2, default=str))
     verdict = ("the verdict said what changed since the reference" if scenario == "reference" else
-               "all alerts named the slow rank") if ok else (f"stopped by {stopped}" if stopped else "FAILED")
+               "all alerts named the slow rank") if ok else (f"stopped by {stopped}" if stopped else "TIMED OUT"
+                                                              if any(tl.timed_out for tl in results) else "FAILED")
     click.echo(f"\ndemo finished in {time.time() - t0:.0f}s: {verdict}; results in {root / 'demo_result.json'}, "
                f"logs in {root / 'logs'}")
     sys.exit(EXIT_OK if ok else EXIT_NOT_OK)

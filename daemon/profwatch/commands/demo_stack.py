@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -92,21 +93,28 @@ format = "json"
                 [sys.executable, "-m", "profwatch.cli", *args, "--config", str(self.cfg)], env=e, stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent())
 
-    def start(self) -> None:
-        """Start the coordinator (wait until it answers), then the node daemons."""
-        self.start_coordinator_only()
+    def start(self, progress: Callable[[str], None] | None = None) -> None:
+        """Start the coordinator (wait until it answers; ``progress`` hears a line every 15 s of that wait), then
+        the node daemons."""
+        self.start_coordinator_only(progress)
         for k in range(self.nodes):
             self._start(f"node{k}", ["node"], {"PROFWATCH_NODE__NODE_ID": f"node{k}",
                                                "PROFWATCH_NODE__BIND": self.endpoint(k)})
 
-    def start_coordinator_only(self) -> None:
-        """Start the coordinator and wait (up to 60 s) until it answers on its control socket."""
+    def start_coordinator_only(self, progress: Callable[[str], None] | None = None) -> None:
+        """Start the coordinator and wait (up to 60 s) until it answers on its control socket; ``progress`` hears
+        a line every 15 s of the wait."""
         from profwatch.adapters.zmq.control import ControlUnavailable, call
 
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         self._start("coordinator", ["coordinator"])
-        deadline = time.monotonic() + 60
+        started = time.monotonic()
+        deadline, last_note = started + 60, started
         while True:
+            if progress is not None and time.monotonic() - last_note >= 15:
+                last_note = time.monotonic()
+                progress(f"waiting for the coordinator to answer ({last_note - started:.0f} s of up to 60 s; "
+                         f"its log: {self.root / 'logs' / 'coordinator.log'})")
             try:
                 call(self.control, "ping", timeout_s=1.0)
                 return

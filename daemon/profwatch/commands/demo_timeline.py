@@ -48,6 +48,40 @@ class Timeline:
     after_slowdown_only: bool = False
     """Only captures armed after the slowdown mark count, their verdict included (the ``reference`` scenario: an
     episode the reference capture's own overhead opened is not the slowdown's)."""
+    timed_out: str | None = None
+    """Why the scenario stopped waiting (``"no first alert within 240 s of the slowdown"``); None when it did not
+    time out."""
+
+    def waiting_for(self) -> str:
+        """The next stage the scenario waits for: the first of :data:`STAGES` after the last one seen (the
+        slowdown before anything else; ``reference`` only where the scenario takes one)."""
+        seen = [s for s in STAGES if s in self.marks]
+        if "slowdown" not in self.marks:
+            return "reference" if self.after_slowdown_only and "reference" not in self.marks else "slowdown"
+        last = STAGES.index(seen[-1])
+        return STAGES[last + 1] if last + 1 < len(STAGES) else "nothing"
+
+    def deadline(self, started: float, start_timeout_s: float, timeout_s: float,
+                 expects_enrichment: bool) -> tuple[float, str]:
+        """When the current wait ends (Unix s) and what it bounds, by phase: until the slowdown,
+        ``start_timeout_s`` from ``started`` (the job's launch); from the slowdown, ``timeout_s`` to the first
+        alert; from the first alert (when it announced a follow-up), ``timeout_s`` again to the enriched update."""
+        t_alert, t_slow = self.t("first_alert"), self.t("slowdown")
+        if self.alert is not None and expects_enrichment and t_alert is not None:
+            return t_alert + timeout_s, f"enriched update within {timeout_s:g} s of the first alert"
+        if t_slow is not None:
+            return t_slow + timeout_s, f"first alert within {timeout_s:g} s of the slowdown"
+        return started + start_timeout_s, (f"{self.waiting_for()} within {start_timeout_s:g} s of the job's start "
+                                           "(--start-timeout-s)")
+
+    def progress_line(self, now: float, step: int | None, deadline: float, what: str) -> str:
+        """The line printed every 15 s of a wait: what it waits for, the stages seen so far (seconds from the
+        slowdown), the job's furthest step, and how long the wait may still last."""
+        t0 = self.t("slowdown")
+        seen = ", ".join(f"{s}" + ("" if t0 is None else f" +{t - t0:.0f}s") for s, t, *_ in self.ordered()) or "nothing yet"
+        at = f"the job at step {step}" if step is not None and step >= 0 else "no step of the job reported yet"
+        return (f"[{self.scenario}] waiting for the {what.split(' within ')[0]}; seen: {seen}; {at}; "
+                f"{max(0.0, deadline - now):.0f} s left of {what}")
 
     def add(self, stage: str, t: float, step: int | None = None, detail: str = "") -> bool:
         """Record ``stage`` once (the first time wins); True when it is new."""
@@ -112,6 +146,6 @@ class Timeline:
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
-        return {"scenario": self.scenario, "job_id": self.job_id,
+        return {"scenario": self.scenario, "job_id": self.job_id, "timed_out": self.timed_out,
                 "marks": [[s, t, took, step, detail] for s, t, took, step, detail in self.ordered()],
                 "alert": self.alert, "enriched_update": self.enriched}

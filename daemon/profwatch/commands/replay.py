@@ -66,9 +66,14 @@ REPLAY_PROF_ROOT = "/replay"
 """Stands in for the job's prof_root when planning (nothing is written)."""
 
 
+REPLAY_TABLES = ("detection", "arming", "capture")
+"""The tables of the daemons' TOML that replay uses; the others (node, coordinator, security, ...) are ignored."""
+
+
 class ReplayConfig(BaseModel):
-    """The ``--config`` TOML file: ``[detection]``, ``[arming]`` and ``[capture]`` tables (all optional; the same
-    tables as the coordinator's config file). Unknown tables and keys are refused."""
+    """The ``--config`` TOML file's ``[detection]``, ``[arming]`` and ``[capture]`` tables (all optional; the same
+    tables as the daemons' config file, validated as the daemons do). Unknown keys inside them are refused; other
+    tables are left out by :func:`load_config`."""
 
     model_config = ConfigDict(extra="forbid")
     detection: DetectionSettings = Field(default_factory=DetectionSettings)
@@ -76,13 +81,18 @@ class ReplayConfig(BaseModel):
     capture: CaptureSettings = Field(default_factory=CaptureSettings)
 
 
-def load_config(path: Path | None) -> ReplayConfig:
-    """Read and validate a TOML config; raises ``ValueError`` (TOML syntax) or ``ValidationError``."""
+def load_config(path: Path | None, ignored: list[str] | None = None) -> ReplayConfig:
+    """Read the daemons' TOML config (``systemd/profwatch.toml``'s format) and validate only the tables replay
+    uses (:data:`REPLAY_TABLES`): the other tables are not validated (replay uses nothing of them) and their names
+    are appended to ``ignored``. Raises ``ValueError`` (TOML syntax, a used table that is not a table) or
+    ``ValidationError`` (a bad key or value in a used table)."""
     if path is None:
         return ReplayConfig()
     with path.open("rb") as f:
         data = tomllib.load(f)
-    return ReplayConfig.model_validate(data)
+    if ignored is not None:
+        ignored.extend(k for k in data if k not in REPLAY_TABLES)
+    return ReplayConfig.model_validate({k: v for k, v in data.items() if k in REPLAY_TABLES})
 
 
 @dataclass
@@ -379,7 +389,8 @@ def _unspool(spool: Any) -> Iterator[Line]:
 @click.command("replay")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="TOML file with [detection], [arming] and [capture] tables.")
+              default=None, help="the daemons' TOML config (e.g. /etc/profwatch/profwatch.toml): its [detection], "
+                                 "[arming] and [capture] tables are used, the others ignored (one line says which).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     """Replay recorded step telemetry FILE.jsonl through anomaly detection and the arming policy.
@@ -398,10 +409,15 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     Exit codes (daemon/profwatch/exitcodes.py): 0 replayed; 2 bad --config, or no valid record (every line bad, or an
     empty file).
     """
+    ignored: list[str] = []
     try:
-        cfg = load_config(config_path)
+        cfg = load_config(config_path, ignored)
     except (ValueError, ValidationError, OSError) as exc:
         raise click.BadParameter(_short_error(exc), param_hint="--config") from exc
+    if ignored:
+        click.echo(f"profwatch replay: using [{'], ['.join(REPLAY_TABLES)}] of {config_path}; ignoring "
+                   f"[{'], ['.join(ignored)}] (not used by replay, not validated)", err=True)
+
     def lines() -> Iterator[Line]:
         with file.open("rb") as f:
             yield from bounded(f)

@@ -176,6 +176,7 @@ def job(job_id: str, ranks: int, endpoints: tuple[str, ...], config_dir: Path, p
     import signal
     import sys
 
+    from profwatch.signals import handling
     from profwatch.simulate.launcher import ALL_RANKS, JobSpec, launch_job
     from rankhook.publisher import default_endpoint
 
@@ -204,14 +205,13 @@ def job(job_id: str, ranks: int, endpoints: tuple[str, ...], config_dir: Path, p
     def on_signal(signum: int, frame: object) -> None:
         asked.setdefault("by", signal.Signals(signum).name)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    running = launch_job(spec)
-    click.echo(f"simulated job {job_id}: {ranks} ranks (process group {running.pgid}) -> {', '.join(eps)}; "
-               f"config {config_dir}; runs {duration_s:g} s, Ctrl-C stops it", err=True)
-    end = time.monotonic() + duration_s + 120
-    while running.running() and "by" not in asked and time.monotonic() < end:
-        time.sleep(0.2)
+    with handling(on_signal):
+        running = launch_job(spec)
+        click.echo(f"simulated job {job_id}: {ranks} ranks (process group {running.pgid}) -> {', '.join(eps)}; "
+                   f"config {config_dir}; runs {duration_s:g} s, Ctrl-C stops it", err=True)
+        end = time.monotonic() + duration_s + 120
+        while running.running() and "by" not in asked and time.monotonic() < end:
+            time.sleep(0.2)
     if running.running():
         why = f"{asked['by']} received" if "by" in asked else "past --duration-s"
         click.echo(f"{why}: stopping the {running.running()} running ranks (up to {stop_grace_s:g} s to stop "

@@ -55,7 +55,7 @@ def _record(r: RankState, msg: wire.StepReport, now: float) -> None:
     r.seen_unix_s = now
     r.capturing = msg.capturing
     r.left = False
-    r.window.append(step, t, msg.work)  # type: ignore[union-attr]
+    r.window.append(step, t, msg.work, msg.stages)  # type: ignore[union-attr]
 
 
 class RegistryError(ValueError):

@@ -1,13 +1,20 @@
 """Per-rank step-time windows with bounded memory (pure).
 
 Each rank keeps the last ``capacity`` (step, step_time_s) pairs in two typed ring buffers (``array('i')`` for
-steps, ``array('f')`` for float32 step times: 8 bytes per step, so 16k ranks x 1000 steps is about 128 MB).
+steps, ``array('f')`` for float32 step times: 8 bytes per step, so 16k ranks x 1000 steps is about 128 MB). A rank
+that reports work or stages gets a float32 ring for each (allocated at the first such step; 4 bytes per step and
+series; at most :data:`MAX_STAGE_SERIES` stage names per rank, later new names counted in ``stages_dropped``), so
+``profwatch telemetry`` can dump what a replay needs to find rank outliers.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Mapping
+
+MAX_STAGE_SERIES = 32
+"""Stage names kept per rank (the wire's per-message limit, ``profwatch.core.messages.MAX_STAGES``)."""
 
 
 class StepWindow:
@@ -17,7 +24,7 @@ class StepWindow:
         capacity: number of steps kept (oldest dropped first).
     """
 
-    __slots__ = ("capacity", "_steps", "_times", "_work", "_n", "_head")
+    __slots__ = ("capacity", "_steps", "_times", "_work", "_stages", "_n", "_head", "stages_dropped")
 
     def __init__(self, capacity: int = 1000) -> None:
         if capacity < 1:
@@ -26,14 +33,20 @@ class StepWindow:
         self._steps = array("i")
         self._times = array("f")
         self._work: array[float] | None = None  # allocated at the first step with work
+        self._stages: dict[str, array[float]] | None = None  # name -> ring, allocated at the first step with stages
         self._n = 0
         self._head = 0  # next write position once full
+        self.stages_dropped = 0
+        """Stage values not kept: their name came after :data:`MAX_STAGE_SERIES` others."""
 
-    def append(self, step: int, step_time_s: float, work: float | None = None) -> None:
-        """Add one step and its work (None: not reported); steps above 2**31-1 are clamped: windows are for recent
-        timing, not identity."""
+    def append(self, step: int, step_time_s: float, work: float | None = None,
+               stages: Mapping[str, float] | None = None) -> None:
+        """Add one step, its work and its stages (seconds; None: not reported); steps above 2**31-1 are clamped:
+        windows are for recent timing, not identity."""
         if step > 2147483647:
             step = 2147483647
+        if stages or self._stages is not None:
+            self._append_stages(stages or {})
         wk = self._work
         if work is not None and wk is None:
             wk = self._work = array("f", [math.nan]) * self._n
@@ -50,6 +63,40 @@ class StepWindow:
             if wk is not None:
                 wk[h] = math.nan if work is None else work
             self._head = (h + 1) % self.capacity
+
+    def _append_stages(self, stages: Mapping[str, float]) -> None:
+        """The stage rings' part of :meth:`append` (before ``_n``/``_head`` move): NaN where a stage is absent."""
+        rings = self._stages
+        if rings is None:
+            rings = self._stages = {}
+        for name in stages:
+            if name not in rings:
+                if len(rings) >= MAX_STAGE_SERIES:
+                    self.stages_dropped += 1
+                    continue
+                rings[name] = array("f", [math.nan]) * self._n
+        full = self._n >= self.capacity
+        for name, ring in rings.items():
+            v = stages.get(name)
+            x = math.nan if v is None else float(v)
+            if full:
+                ring[self._head] = x
+            else:
+                ring.append(x)
+
+    def stage_rows(self) -> list[dict[str, float] | None]:
+        """Each kept step's stages (seconds; None when it reported none), oldest first, aligned with
+        :meth:`items`."""
+        rings = self._stages
+        if not rings:
+            return [None] * self._n
+        h = self._head if self._n >= self.capacity else 0
+        ordered = {k: (r[h:] + r[:h]) for k, r in rings.items()}
+        out: list[dict[str, float] | None] = []
+        for i in range(self._n):
+            row = {k: float(r[i]) for k, r in ordered.items() if not math.isnan(r[i])}
+            out.append(row or None)
+        return out
 
     def __len__(self) -> int:
         return self._n
@@ -92,6 +139,7 @@ class StepWindow:
         self._steps = array("i")
         self._times = array("f")
         self._work = None
+        self._stages = None
         self._n = 0
         self._head = 0
 

@@ -102,9 +102,11 @@ def dump_jsonl(records: Iterable[Mapping[str, Any] | Any], *, world_size: int | 
     return "".join(line + "\n" for line in out)
 
 
-def window_records(job_id: str, rank: int, items: Iterable[tuple[int, float] | tuple[int, float, float | None]],
-                   last_ts_unix_s: float, extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Records of one rank's step window ``[(step, step_time_s[, work]), ...]`` (oldest first).
+def window_records(job_id: str, rank: int, items: Iterable[tuple[Any, ...]],
+                   last_ts_unix_s: float, extra: Mapping[str, Any] | None = None,
+                   stages: list[dict[str, float] | None] | None = None) -> list[dict[str, Any]]:
+    """Records of one rank's step window ``[(step, step_time_s[, work]), ...]`` (oldest first), with each step's
+    ``stages`` (seconds; ``StepWindow.stage_rows``, aligned with ``items``) where given.
 
     Windows keep no timestamps (8 bytes per step), so each step's ``ts_unix_s`` is rebuilt backwards from the
     rank's last report time: the newest step ends at ``last_ts_unix_s`` and each earlier one ends its
@@ -114,12 +116,16 @@ def window_records(job_id: str, rank: int, items: Iterable[tuple[int, float] | t
     rows: list[dict[str, Any]] = []
     ts = last_ts_unix_s
     more = {k: v for k, v in (extra or {}).items() if v is not None and v != ""}
-    for item in reversed(list(items)):
+    listed = list(items)
+    per_step = stages if stages is not None and len(stages) == len(listed) else [None] * len(listed)
+    for item, st in zip(reversed(listed), reversed(per_step), strict=True):
         step, t = item[0], float(item[1])
         row: dict[str, Any] = {"job_id": job_id, "rank": rank, "step": step, "step_time_s": round(t, 6),
                                "ts_unix_s": round(ts, 6)}
         if len(item) > 2 and item[2] is not None:
             row["work"] = round(float(item[2]), 6)
+        if st:
+            row["stages"] = {k: round(v, 6) for k, v in st.items()}
         row.update(more)
         rows.append(row)
         ts -= t

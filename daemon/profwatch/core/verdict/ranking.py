@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profwatch.core.verdict.evidence import ClusterEvidence, SlowLink, Strength, Suspect, SuspectKind
+from profwatch.core.verdict.evidence import ClusterEvidence, Impact, SlowLink, Strength, Suspect, SuspectKind
 from profwatch.core.verdict.explain import vote_notes
 from profwatch.core.verdict.impact import (
     SyncOverhead,
@@ -162,6 +162,25 @@ def _link_rows(evidence: ClusterEvidence) -> list[Mapping[str, Any]]:
 
 def _strength(steps: int, settings: RankingSettings, short: bool) -> Strength:
     return "weak" if steps < settings.min_strong_steps or short else "strong"
+
+
+def _strong_only_with_a_saving(sus: Suspect, imp: Impact | None, settings: RankingSettings) -> None:
+    """A suspect stays ``strong`` only when fixing it alone saves more than the verdict's noise for it: its
+    ``saving_pct_of_step`` (as a fraction of the step) above its lead signal's noise scale
+    (``evidence["noise_sigma_frac"]``, floored at ``settings.min_sigma_frac``). Otherwise it is ``weak`` and
+    ``evidence["strength_note"]`` says why (a rank behind a slower one was STRONG while its fix alone saved 0.0 ms)."""
+    if sus.evidence.get("strength") != "strong":
+        return
+    noise = sus.evidence.get("noise_sigma_frac")
+    floor = max(float(noise) if isinstance(noise, (int, float)) else 0.0, settings.min_sigma_frac)
+    saving = imp.saving_pct_of_step / 100.0 if imp is not None else 0.0
+    if saving > floor:
+        return
+    sus.evidence["strength"] = "weak"
+    sus.evidence["strength_note"] = (
+        f"weak: fixing it alone saves {100 * saving:.2f}% of the step ("
+        f"{1e3 * (imp.saving_s_per_step if imp else 0.0):.1f} ms), not more than the verdict's noise for it "
+        f"({100 * floor:.2f}% of the step)")
 
 
 def find_one_offs(table: SignalTable, tests: Mapping[str, OutlierTest], named: set[int],
@@ -492,6 +511,7 @@ def _order_by_impact(batch: _BatchContext, pending: list[tuple[float, Suspect]],
             extra_us = batch.folded[sus.rank]["saving_us_per_step"] + (imp.saving_s_per_step * 1e6 if imp else 0.0)
             imp = to_impact(extra_us, batch.mean_step_us, batch.world)
         sus.impact = imp.to_json() if imp else None
+        _strong_only_with_a_saving(sus, imp, batch.settings)
         named.append((imp.saving_s_per_step if imp else 0.0, score, sus))
     named.sort(key=lambda t: (-t[0], -t[1], t[2].rank))
     return [s for _, _, s in named[: batch.settings.max_suspects]]

@@ -396,6 +396,18 @@ def parse_impact(raw: Any) -> Impact | None:
     return Impact(*vals)
 
 
+def on_shown_step(imp: Impact | None, step_ms: float) -> Impact | None:
+    """``imp`` with its "% of step" (and accelerator-hours, which scale with it) taken against ``step_ms``, the
+    median step time the report shows, so the page's numbers agree with each other (72 % was shown where the
+    page's own saving and median step gave 73.7 %; the ranking's impact is against the mean step). Unchanged when
+    no step time is shown."""
+    if imp is None or not step_ms > 0:
+        return imp
+    pct = 100.0 * 1e3 * imp.saving_s_per_step / step_ms
+    hours = imp.accelerator_hours_per_day * pct / imp.saving_pct_of_step if imp.saving_pct_of_step > 0 else 0.0
+    return Impact(imp.saving_s_per_step, pct, hours)
+
+
 def grade_of(score: float, evidence: Mapping[str, Any]) -> Grade:
     """``evidence["strength"]`` when it says ``strong`` or ``weak``, else ``strong`` from :data:`STRONG_SCORE`."""
     strength = evidence.get("strength")
@@ -529,7 +541,7 @@ def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
                generated: str = "") -> ReportView:
     """The whole report's content for one batch; never raises on missing optional keys."""
     ranks, matrix, step_ms = measure_ranks(summaries)
-    valid, suspects = _suspect_rows(data, {r.rank: r for r in ranks})
+    valid, suspects = _suspect_rows(data, {r.rank: r for r in ranks}, step_ms)
     status, detail = str(data.get("status") or ""), str(data.get("detail") or "")
     recipes, files, notes = _recipes_files_notes(data)
     advisor = _mapping(data.get("advisor"))
@@ -543,15 +555,17 @@ def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
     cells = [abs(v) for line in matrix.delta_ms for v in line if v is not None]
     limit = max(max(cells, default=0.0), MIN_COLOUR_FRAC * step_ms, 1e-3)
     return ReportView(headline=headline_of(status, detail, suspects), suspects=suspects, ranks=ranks, matrix=matrix,
-                      colour_limit_ms=limit, median_step_ms=step_ms, impact_total=parse_impact(data.get("impact")),
+                      colour_limit_ms=limit, median_step_ms=step_ms,
+                      impact_total=on_shown_step(parse_impact(data.get("impact")), step_ms),
                       links=parse_links(data.get("links")), meta=meta, recipes=recipes, files=files,
                       advisor_problems=problems, notes=notes, changes=parse_comparison(data.get("comparison")))
 
 
-def _suspect_rows(data: Mapping[str, Any], by_rank: Mapping[int, Any]) -> tuple[list[Mapping[str, Any]],
-                                                                                   list[SuspectRow]]:
+def _suspect_rows(data: Mapping[str, Any], by_rank: Mapping[int, Any],
+                  step_ms: float) -> tuple[list[Mapping[str, Any]], list[SuspectRow]]:
     """The well-formed suspects of ``report.json`` (ours always are; a hand-edited one may not be) and their rows,
-    each kind followed by its clock finding when the hardware check named the rank."""
+    each kind followed by its clock finding when the hardware check named the rank, each saving's share of the step
+    taken of the median step the report shows (``step_ms``)."""
     valid = [s for s in data.get("suspects") or [] if isinstance(s, Mapping) and isinstance(s.get("rank"), int)
              and _fnum(s.get("score") or 0.0) is not None]
     clocks = hardware_kinds(data.get("hardware"))
@@ -563,7 +577,8 @@ def _suspect_rows(data: Mapping[str, Any], by_rank: Mapping[int, Any]) -> tuple[
         why, why_source = parse_drilldown(data.get("op_compare"), rank)
         suspects.append(SuspectRow(pos, rank, score, grade_of(score, ev), kind,
                                    s.get("hostname") or None, str(ev.get("summary") or ""), s.get("rank_dir"),
-                                   by_rank.get(rank), parse_impact(s.get("impact")), why, why_source))
+                                   by_rank.get(rank), on_shown_step(parse_impact(s.get("impact")), step_ms), why,
+                                   why_source))
     return valid, suspects
 
 

@@ -1,0 +1,214 @@
+"""``profwatch config check`` and ``profwatch config show``: validate a config file before a restart, and print
+the effective configuration with where each value comes from (CLI body).
+
+``check`` validates what the daemons validate at start (TOML syntax, unknown keys, types, ranges and the
+cross-key rules of ``daemon/profwatch/config.py``), then the path types: a path that names a file (the state db,
+TLS and key files) must not be a directory, a folder setting must not be a file, and the files a daemon reads at
+start (TLS certificates and keys, CA bundles, an authorization file) must exist. It does not try to bind the
+sockets or the metrics port: the running daemon holds them. Exit 0 valid, 2 with each error and its key
+(``daemon/profwatch/exitcodes.py``).
+
+``show`` prints every key of the effective configuration as ``section.key = value  # source`` with source
+``file`` (the TOML file), ``env PROFWATCH_...`` (an environment override) or ``default``; values that are
+secrets (keys naming a secret, password or token, credentials in a URL and its token/key/signature query
+parameters) are printed as ``<redacted>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import BaseModel
+
+from profwatch.commands.common import config_option, resolve_config_path
+from profwatch.exitcodes import EXIT_USAGE
+
+#: Path settings that name a folder (the others name a file).
+_DIR_KEYS = re.compile(r"(_dir|_dirs|_root|_roots)$")
+#: File settings a daemon opens at start: when set, the file must exist.
+_MUST_EXIST = re.compile(r"^(metrics_tls_cert|metrics_tls_key|metrics_client_ca|ca_file|cert_file|key_file|"
+                         r"authorization_file)$")
+_SECRET_KEY = re.compile(r"(secret|password|passwd|token)(?!_key$|_file$|_env$)", re.IGNORECASE)
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.IGNORECASE)
+_URL_SECRET_PARAM = re.compile(r"(?P<name>[?&;](?:[\w.-]*(?:token|secret|password|passwd|key|sig|signature)"
+                               r"[\w.-]*)=)[^&;#\s]*", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+def leaves(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` of every setting of ``model``, nested models walked (``arming.targeting.enabled``)."""
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        key = f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            yield from leaves(value, key + ".")
+        else:
+            yield key, value
+
+
+def _file_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        out.add(key)
+        if isinstance(v, Mapping):
+            out |= _file_keys(v, key + ".")
+    return out
+
+
+def source_of(key: str, file_keys: set[str], environ: Mapping[str, str]) -> str:
+    """Where ``key``'s effective value comes from: ``env NAME`` (pydantic-settings: env wins over the file),
+    ``file`` or ``default``. An env override of a whole table (``PROFWATCH_ARMING``, JSON) counts for its keys."""
+    parts = key.split(".")
+    upper = {k.upper(): k for k in environ}
+    for n in range(len(parts), 0, -1):
+        name = "PROFWATCH_" + "__".join(parts[:n]).upper()
+        if name in upper:
+            return f"env {upper[name]}"
+    return "file" if key in file_keys else "default"
+
+
+def redact(key: str, value: Any) -> Any:
+    """``value`` for printing: :data:`REDACTED` for a secret-named key, a URL's credentials removed."""
+    if value is None or value == "":
+        return value
+    if _SECRET_KEY.search(key.rsplit(".", 1)[-1]):
+        return REDACTED
+    if isinstance(value, str):
+        value = _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", value)
+        return _URL_SECRET_PARAM.sub(lambda m: f"{m.group('name')}{REDACTED}", value)
+    return value
+
+
+def path_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """The dotted keys of ``model`` whose type is a path (or a list of paths)."""
+    out: set[str] = set()
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out |= path_keys(ann, f"{prefix}{name}.")
+        elif "Path" in str(ann):
+            out.add(f"{prefix}{name}")
+    return out
+
+
+def path_problems(items: Iterator[tuple[str, Any]] | list[tuple[str, Any]]) -> list[str]:
+    """``"key: why"`` for each path setting of ``items`` (``(dotted key, value)``: a loaded tree's
+    :func:`leaves`, or a file's raw path values) of the wrong type on this host (see the module docstring); no
+    I/O beyond ``stat``."""
+    out: list[str] = []
+    for key, value in items:
+        name = key.rsplit(".", 1)[-1]
+        paths = value if isinstance(value, list | tuple) else [value]
+        for p in paths:
+            if isinstance(p, str) and p:
+                p = Path(p)
+            if not isinstance(p, Path):
+                continue
+            if _DIR_KEYS.search(name):
+                if p.exists() and not p.is_dir():
+                    out.append(f"{key}: {p} is not a folder")
+            elif p.is_dir():
+                out.append(f"{key}: {p} is a folder, a file is expected")
+            elif _MUST_EXIST.match(name) and not p.is_file():
+                out.append(f"{key}: {p} does not exist (the daemon reads it at start)")
+    return out
+
+
+def _toml(path: Path) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib.loads(path.read_text(encoding="utf-8"))
+
+
+def check_errors(path: Path | None) -> tuple[list[str], Any]:
+    """Every error of the configuration ``path`` (None: defaults and env) as ``"key: why"`` lines, and the
+    settings when it loads (None otherwise)."""
+    from profwatch.config import ConfigError, Settings, load_settings
+
+    raw: dict[str, Any] = {}
+    if path is not None:
+        if not path.is_file():
+            return [f"{path}: does not exist or is not a file"], None
+        try:
+            raw = _toml(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            return [f"{path}: cannot be read: {exc}"], None
+        except ValueError as exc:  # tomllib.TOMLDecodeError: says the line and column
+            return [f"{path}: TOML syntax: {exc}"], None
+    try:
+        settings = load_settings(path)
+    except ConfigError as exc:
+        text = str(exc)
+        lines = [ln.strip() for ln in text.splitlines()[1:]] if text.startswith("invalid configuration:") else [text]
+        # the file's own path values are checked too, so one run lists every error
+        wanted = path_keys(Settings)
+        flat = [(k, v) for k, v in _flat(raw) if k in wanted]
+        return [ln for ln in lines if ln] + path_problems(flat), None
+    return path_problems(leaves(settings)), settings
+
+
+def _flat(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for k, v in data.items():
+        if isinstance(v, Mapping):
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+@click.group("config")
+def config() -> None:
+    """Validate a config file (check) or print the effective configuration with its sources (show)."""
+
+
+@config.command("check")
+@config_option
+def check(config_path: Path | None) -> None:
+    """Validate the configuration a daemon would load: TOML syntax, unknown keys, types, ranges, cross-key rules
+    and path types (not whether the ports can be bound). Exit 0 when valid, 2 with each error and its key."""
+    path = resolve_config_path(config_path)
+    where = str(path) if path is not None else "built-in defaults (no config file)"
+    errors, _settings = check_errors(path)
+    overrides = sorted(k for k in os.environ if k.upper().startswith("PROFWATCH_") and "__" in k)
+    env = f" with env overrides {', '.join(overrides)}" if overrides else ""
+    if errors:
+        click.echo(f"profwatch config check: {where}{env}: {len(errors)} error(s)", err=True)
+        for e in errors:
+            click.echo(f"  {e}", err=True)
+        sys.exit(EXIT_USAGE)
+    click.echo(f"profwatch config check: {where}{env}: valid")
+
+
+@config.command("show")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="a JSON object: key -> {value, source}")
+def show(config_path: Path | None, as_json: bool) -> None:
+    """Print the effective configuration, one ``section.key = value  # source`` line per setting (source: file,
+    env PROFWATCH_..., default); secrets are redacted. Exit 2 when the configuration is invalid (as check)."""
+    path = resolve_config_path(config_path)
+    errors, settings = check_errors(path)
+    if settings is None:
+        click.echo(f"profwatch config show: {path}: invalid; run `profwatch config check`:", err=True)
+        for e in errors:
+            click.echo(f"  {e}", err=True)
+        sys.exit(EXIT_USAGE)
+    file_keys = _file_keys(_toml(path)) if path is not None else set()
+    rows = {key: {"value": redact(key, value), "source": source_of(key, file_keys, os.environ)}
+            for key, value in leaves(settings)}
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    click.echo(f"# effective configuration: {path if path is not None else 'no config file'}")
+    for key, row in rows.items():
+        click.echo(f"{key} = {json.dumps(row['value'], default=str)}  # {row['source']}")
+    for e in errors:  # path problems do not stop show; check reports them as errors
+        click.echo(f"# warning: {e}", err=True)

@@ -1,0 +1,77 @@
+"""``profwatch config check`` (exit 0 valid, 2 with each error and its key) and ``profwatch config show`` (the
+effective configuration with the source of each key, secrets redacted), run as an operator runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from profwatch.commands.configcmd import redact, source_of
+from tests.conftest import PYTHON, REPO_ROOT, python_env
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    e = python_env(env)
+    e = {k: v for k, v in e.items() if not (k.startswith("PROFWATCH_") and "__" in k)} | (env or {})
+    e["PROFWATCH_CONFIG"] = ""
+    return subprocess.run([PYTHON, "-m", "profwatch.cli", "config", *args], env=e, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_shipped_example_is_valid_and_so_are_the_defaults() -> None:
+    res = _cli("check", "--config", str(REPO_ROOT / "systemd" / "profwatch.toml"))
+    assert res.returncode == 0 and res.stdout.strip().endswith(": valid"), res.stderr
+    res = _cli("check")
+    assert res.returncode == 0 and "built-in defaults (no config file)" in res.stdout, res.stderr
+
+
+def test_every_error_is_listed_with_its_key_and_exit_2(tmp_path: Path) -> None:
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(f'[coordinator]\nwindow_steps = 5\nanalysis_workers = "two"\nstate_db = "{folder}"\n'
+                   f'metrics_tls_cert = "{tmp_path / "missing.pem"}"\n'
+                   f'[node]\nruntime_dir = "{cfg}"\n[detection]\nbogus = 1\n')
+    res = _cli("check", "--config", str(cfg))
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.splitlines()
+    assert lines[0].endswith("error(s)") and "Traceback" not in res.stderr
+    for key in ("coordinator.window_steps", "coordinator.analysis_workers", "detection.bogus",  # ranges, types, keys
+                "coordinator.state_db", "coordinator.metrics_tls_cert", "node.runtime_dir"):  # path types
+        assert any(line.strip().startswith(f"{key}: ") for line in lines), (key, res.stderr)
+
+
+def test_syntax_and_cross_key_rules_are_errors(tmp_path: Path) -> None:
+    cfg = tmp_path / "syntax.toml"
+    cfg.write_text("[coordinator\n")
+    res = _cli("check", "--config", str(cfg))
+    assert res.returncode == 2 and "TOML syntax" in res.stderr and "line 1" in res.stderr
+    cfg.write_text('[coordinator]\nmetrics_port = 9100\nmetrics_addr = "0.0.0.0"\n')  # beyond loopback, no TLS
+    res = _cli("check", "--config", str(cfg))
+    assert res.returncode == 2 and "coordinator: " in res.stderr and "metrics_addr" in res.stderr, res.stderr
+    assert _cli("check", "--config", str(tmp_path / "nope.toml")).returncode == 2
+
+
+def test_show_gives_each_key_its_source_and_redacts_secrets(tmp_path: Path) -> None:
+    cfg = tmp_path / "pw.toml"
+    cfg.write_text('[coordinator]\nwindow_steps = 500\n[alertmanager]\n'
+                   'url = "https://am.example:9093/?token=s3cr3t&x=1"\n')
+    res = _cli("show", "--config", str(cfg), env={"PROFWATCH_ARMING__MODE": "observe"})
+    assert res.returncode == 0, res.stderr
+    lines = dict(line.split(" = ", 1) for line in res.stdout.splitlines() if " = " in line)
+    assert lines["coordinator.window_steps"] == "500  # file"
+    assert lines["arming.mode"] == '"observe"  # env PROFWATCH_ARMING__MODE'
+    assert lines["coordinator.tick_interval_s"] == "0.2  # default"
+    assert "arming.targeting.enabled" in lines and "s3cr3t" not in res.stdout
+    assert lines["alertmanager.url"].startswith('"https://am.example:9093/?token=<redacted>&x=1"')
+    doc = json.loads(_cli("show", "--config", str(cfg), "--json").stdout)
+    assert doc["coordinator.window_steps"] == {"value": 500, "source": "file"}
+
+
+def test_redaction_and_sources_rules() -> None:
+    assert redact("alertmanager.url", "https://bob:pw@host/") == "https://<redacted>@host/"
+    assert redact("x.api_token", "abc") == "<redacted>" and redact("x.password", "p") == "<redacted>"
+    assert redact("security.server_secret_key", Path("/k")) == Path("/k")  # a path to a key is not the key
+    assert source_of("arming.targeting.enabled", set(), {"PROFWATCH_ARMING": "{}"}) == "env PROFWATCH_ARMING"
+    assert source_of("a.b", {"a.b"}, {}) == "file" and source_of("a.c", {"a.b"}, {}) == "default"
