@@ -2,7 +2,7 @@
 ``daemon/profwatch/core/verdict/drilldown.py``; ``docs/verdicts.md#drill-down``): each suspect against its median
 peer, operator by operator. torch.profiler: ``kineto_reader.compare_suspects`` (per-operator / kernel totals);
 Ascend: ``msprof-analyze compare`` with the suspect's rank dir as the comparison and the peer's as the base, read
-by ``change_detail.entries_from_compare``."""
+by ``profwatch.core.changes.detail.entries_from_compare``."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 
 import structlog
 
-from profwatch.adapters.tools.msprof_compare import compare_rank
 from profwatch.adapters.tools.msprof_runner import MsprofRunner
-from profwatch.core.verdict.change_detail import entries_from_compare
+from profwatch.changes.msprof_compare import compare_rank
+from profwatch.core.changes.detail import entries_from_compare
 from profwatch.core.verdict.drilldown import drilldown_text, excess_over_peer
 from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus
 

@@ -371,7 +371,7 @@ def compare_suspects(rank_dirs: Mapping[int, Path], suspects: Sequence[int],
     copies, collective kernels: host operators measure the host, often waiting for the device); a host-only trace
     on its operators (nested ones count in their parent too, alike on both ranks). Returns
     ``([{"rank", "reference_rank", "steps", "source", "ops": [...]}], RecipeStatus)``; never raises for bad data."""
-    from profwatch.core.verdict.change_detail import entries_from_op_totals
+    from profwatch.core.changes.detail import entries_from_op_totals
     from profwatch.core.verdict.drilldown import drilldown_text, excess_over_peer
 
     t0 = time.monotonic()

@@ -3,8 +3,8 @@
 The enrich phase compares each suspect rank with one peer, the rank whose step time is nearest the median of the
 ranks not named (``median_peer``), as an engineer does in MindStudio Insight's timeline or HTA's TraceDiff: on
 Ascend ``msprof-analyze compare`` (suspect as the comparison, the peer as the base; read by
-``change_detail.entries_from_compare``), on torch.profiler traces the per-operator / kernel totals inside the step
-windows (``change_detail.entries_from_op_totals``). Each yields :class:`~profwatch.core.verdict.change_detail.DetailEntry`
+``profwatch.core.changes.detail.entries_from_compare``), on torch.profiler traces the per-operator / kernel totals inside the step
+windows (``profwatch.core.changes.detail.entries_from_op_totals``). Each yields :class:`~profwatch.core.changes.detail.DetailEntry`
 rows, seconds per step, ``now`` = the suspect and ``baseline`` = the peer; :func:`excess_over_peer` keeps those where
 the suspect spends more, largest first.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from profwatch.core.verdict.change_detail import DetailEntry
+from profwatch.core.changes.detail import DetailEntry
 
 DRILL_LIMIT = 8
 """Entries kept per suspect."""
