@@ -217,3 +217,20 @@ def test_gauge_fields_kept_on_ingest_follow_restarts_byes_and_returns() -> None:
     reg.step_run(job, [step(3, 2)], 0, 6.0, "n1", [])  # back after its bye
     g = reg.gauge_rows(6.0)["jobs"][0]
     assert (g["ranks_live"], g["furthest_step"]) == (4, 2) and job.last_heard_unix_s() == 6.0
+
+
+def test_the_sampled_median_step_time_reads_a_bounded_sample_and_agrees() -> None:
+    """The reference desk's once-a-second median reads at most GAUGE_SAMPLE ranks (evenly spaced), not every rank's
+    window: on a job whose ranks all step alike it is the full median."""
+    from profwatch.core.fleet.registry_state import GAUGE_SAMPLE
+
+    world = 3 * GAUGE_SAMPLE
+    reg = Registry(window_steps=50)
+    reg.limits = reg.limits.model_copy(update={"max_ranks_per_node": world})
+    for r in range(world):
+        reg.hello(hello(r, world), "n0", 1.0)
+    job = reg.jobs["j"]
+    for s in range(1, 21):
+        reg.step_run(job, [step(r, s, 0.1 + 0.001 * (r % 3)) for r in range(world)], 0, 2.0, "n0", [])
+    full, sampled = job.median_step_time_s(), job.median_step_time_s(sampled=True)
+    assert len(job.gauge_sample) <= GAUGE_SAMPLE and sampled == pytest.approx(full, abs=0.0011)

@@ -110,7 +110,7 @@ class ReferenceDesk:
             r = self.ref(job_id)
             baseline = self.detectors.baseline_step_time_s(job_id)
             n_open = episodes_holding(self._open(job_id), now, rs.episode_yield_s)
-            recent = (job.median_step_time_s() if not n_open and baseline is not None
+            recent = (job.median_step_time_s(sampled=True) if not n_open and baseline is not None
                       and now - job.last_heard_unix_s() <= SILENT_S else None)  # the median only when it decides
             r.observe(now, open_episodes=n_open, baseline_step_s=baseline, recent_step_s=recent,
                       tolerance=rs.step_time_tolerance)

@@ -79,9 +79,14 @@ class JobState:
         """Highest step any rank reported (-1 before any)."""
         return max((r.last_step for r in self.ranks.values()), default=-1)
 
-    def median_step_time_s(self, n: int = 20) -> float | None:
-        """Median over ranks of each rank's median of its last ``n`` step times (robust typical step time)."""
-        medians = [median(r.window.recent_times(n)) for r in self.ranks.values() if r.window is not None and len(r.window)]
+    def median_step_time_s(self, n: int = 20, sampled: bool = False) -> float | None:
+        """Median over ranks of each rank's median of its last ``n`` step times (robust typical step time).
+        ``sampled``: over the ranks the step-time gauge reads (at most :data:`GAUGE_SAMPLE`, evenly spaced by rank),
+        so a caller that asks about once a second does work bounded per job, not O(ranks x n)."""
+        if sampled and self.gauge_stale:
+            _refresh_gauge_fields(self)
+        ranks = self.gauge_sample if sampled else self.ranks.values()
+        medians = [median(r.window.recent_times(n)) for r in ranks if r.window is not None and len(r.window)]
         return median([x for x in medians if x is not None])
 
 
