@@ -34,7 +34,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from profwatch.config import Settings
 
@@ -157,7 +156,7 @@ def _default_text(name: str, field: FieldInfo) -> str:
         return doc
     if field.default_factory is not None:
         return _value_text(field.default_factory(), name)  # type: ignore[call-arg]
-    return "required" if field.default is PydanticUndefined else _value_text(field.default, name)
+    return "required" if field.is_required() else _value_text(field.default, name)
 
 
 def _unit(name: str, field: FieldInfo) -> str:
