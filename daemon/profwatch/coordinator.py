@@ -165,7 +165,8 @@ class Coordinator:
         self._restore_ended()
         try:
             self.sockets = ServerSockets(self._ctx, cs.binds(), settings.security, settings.limits,
-                                         on_refused=lambda sock, why: self.metrics.auth_refused.labels(sock, why).inc())
+                                         on_refused=lambda sock, why: self.metrics.auth_refused.labels(sock, why).inc(),
+                                         on_closed=lambda sock: self.metrics.connections_closed.labels(sock).inc())
         except BaseException:
             self.state.close()
             self._ctx.term()
