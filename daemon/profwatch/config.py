@@ -135,6 +135,10 @@ class CoordinatorSettings(MetricsEndpoint):
                                    description="a job none of whose ranks reported this long has ended (job_ended "
                                                "event; its alerts resolve; its captures whose window has not started "
                                                "are cancelled)")
+    job_startup_allowance_s: float = Field(1800.0, ge=0, le=30 * 86400,
+                                           description="a job that has not reported its first step yet (model "
+                                                       "loading, compilation) ends only after job_end_after_s plus "
+                                                       "this much silence since its hello")
 
     def binds(self) -> dict[str, str]:
         """The three listening endpoints by socket name (``ingest``, ``control``, ``pub``)."""
