@@ -76,6 +76,16 @@ class PublisherCounters:
     """Messages over ``max_message_bytes`` (also counted in ``dropped``)."""
 
 
+def _user() -> str:
+    """This process's user name (its uid when the name is unknown)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
 class Publisher:
     """Non-blocking sender of ``[topic, payload]`` frames to the node daemon.
 
@@ -147,22 +157,24 @@ class Publisher:
             self._stderr_once("missing", f"rankhook: the profwatch node socket {path} does not exist (is the node "
                                          "daemon running on this host?); telemetry is queued, then dropped")
             return
+        except PermissionError:
+            self._stderr_once("permission", f"rankhook: cannot connect to the profwatch node socket {path}: permission "
+                                            f"denied on a folder of its path for user {_user()!r} (the node's "
+                                            "runtime folder must be open to the training users); this process "
+                                            "sends no telemetry")
+            return
         except OSError as exc:
             self._stderr_once("stat", f"rankhook: cannot reach the profwatch node socket {path}: {exc.strerror}")
             return
         if os.access(path, os.W_OK):
             return
         import grp
-        import pwd
 
         try:
             group = grp.getgrgid(st.st_gid).gr_name
         except KeyError:
             group = str(st.st_gid)
-        try:
-            user = pwd.getpwuid(os.getuid()).pw_name
-        except KeyError:
-            user = str(os.getuid())
+        user = _user()
         self._stderr_once("permission", f"rankhook: cannot connect to the profwatch node socket {path}: permission "
                                         f"denied (it belongs to group {group!r}; add user {user!r} to it: usermod "
                                         f"-aG {group} {user}, then log in again); this process sends no telemetry")
