@@ -147,11 +147,14 @@ class CoordinatorSettings(MetricsEndpoint):
     @model_validator(mode="after")
     def _distinct_binds(self) -> CoordinatorSettings:
         """Refuse two listening sockets on one endpoint (the same ipc path, or one TCP port where the hosts are
-        equal or either is a wildcard): the second bind would fail or, for ipc, silently take the first's path."""
+        equal or either is a wildcard): the second bind would fail or, for ipc, silently take the first's path.
+        Port ``0`` or ``*`` (ZeroMQ picks a free one) and ``ipc://*`` never clash."""
         seen: dict[tuple[str, str], tuple[str, str]] = {}
         for name, ep in self.binds().items():
             scheme, _, rest = ep.strip().partition("://")
             host, _, port = rest.rpartition(":") if scheme == "tcp" else ("", "", rest)
+            if port in ("0", "*"):  # an ephemeral port (tcp) or a generated name (ipc): never another's
+                continue
             key = (scheme, port)
             other = seen.get(key)
             if other is not None and (scheme != "tcp" or host == other[1] or {host, other[1]} & _WILDCARDS):
