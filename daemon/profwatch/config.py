@@ -180,6 +180,10 @@ class CoordinatorSettings(MetricsEndpoint):
                                    description="a job none of whose ranks reported this long has ended (job_ended "
                                                "event; its alerts resolve; its captures whose window has not started "
                                                "are cancelled)")
+    job_startup_allowance_s: float = Field(1800.0, ge=0, le=30 * 86400,
+                                           description="a job that has not reported its first step yet (model "
+                                                       "loading, compilation) ends only after job_end_after_s plus "
+                                                       "this much silence since its hello")
 
     def binds(self) -> dict[str, str]:
         """The three listening endpoints by socket name (``ingest``, ``control``, ``pub``)."""
@@ -188,11 +192,14 @@ class CoordinatorSettings(MetricsEndpoint):
     @model_validator(mode="after")
     def _distinct_binds(self) -> CoordinatorSettings:
         """Refuse two listening sockets on one endpoint (the same ipc path, or one TCP port where the hosts are
-        equal or either is a wildcard): the second bind would fail or, for ipc, silently take the first's path."""
+        equal or either is a wildcard): the second bind would fail or, for ipc, silently take the first's path.
+        Port ``0`` or ``*`` (ZeroMQ picks a free one) and ``ipc://*`` never clash."""
         seen: dict[tuple[str, str], tuple[str, str]] = {}
         for name, ep in self.binds().items():
             scheme, _, rest = ep.strip().partition("://")
             host, _, port = rest.rpartition(":") if scheme == "tcp" else ("", "", rest)
+            if port in ("0", "*"):  # an ephemeral port (tcp) or a generated name (ipc): never another's
+                continue
             key = (scheme, port)
             other = seen.get(key)
             if other is not None and (scheme != "tcp" or host == other[1] or {host, other[1]} & _WILDCARDS):

@@ -152,7 +152,7 @@ class Coordinator:
         except Exception:
             self.sinks.close()
             raise
-        self._job_end = JobEndTracker(cs.job_end_after_s)
+        self._job_end = JobEndTracker(cs.job_end_after_s, cs.job_startup_allowance_s)
         self._next_observe = 0.0
         self._ctx = zmq.Context()
         self.registry = Registry(window_steps=cs.window_steps, limits=settings.limits)
@@ -171,7 +171,8 @@ class Coordinator:
         self._restore_ended()
         try:
             self.sockets = ServerSockets(self._ctx, cs.binds(), settings.security, settings.limits,
-                                         on_refused=lambda sock, why: self.metrics.auth_refused.labels(sock, why).inc())
+                                         on_refused=lambda sock, why: self.metrics.auth_refused.labels(sock, why).inc(),
+                                         on_closed=lambda sock: self.metrics.connections_closed.labels(sock).inc())
         except BaseException:
             self.state.close()
             self._ctx.term()
@@ -426,7 +427,8 @@ class Coordinator:
             if len(self._ended):
                 self._ended.revive_reporting({(j.job_id, j.generation): last[j.job_id]
                                               for j in self.registry.jobs.values()})
-            for end in self._job_end.check(last, now):
+            waiting = {j.job_id for j in self.registry.jobs.values() if j.furthest_step() < 0}  # hellos only
+            for end in self._job_end.check(last, now, waiting):
                 job = self.registry.jobs.get(end.job_id)
                 gen = job.generation if job is not None else 0
                 self._ended.mark(end.job_id, gen, end.last_report_unix_s)

@@ -32,7 +32,9 @@ class DaemonMetrics:
     ``profwatch_queue_depth{queue}``, ``profwatch_auth_refused_total{socket,reason}`` (CURVE handshakes refused or
     failed: ``unknown_key``, ``role_not_allowed``, ``mechanism_mismatch``, ``protocol``, ``refused``,
     ``no_detail``).
-    Coordinator: ``profwatch_events_total{type}`` (every event published, alerts and the others), ``profwatch_captures_total{state}``
+    Coordinator: ``profwatch_connections_closed_total{socket}`` (``ingest``: node connections closed,
+    from the socket monitor's disconnect events; an oversize message, over ZeroMQ's ``MAXMSGSIZE``, is dropped
+    unread with its connection, so its drops show here; ``adapters/zmq/server_sockets.py``), ``profwatch_events_total{type}`` (every event published, alerts and the others), ``profwatch_captures_total{state}``
     (transitions), ``profwatch_captures_in_state{state}``, ``profwatch_capture_oldest_active_age_seconds``,
     ``profwatch_analysis_duration_seconds`` (histogram), ``profwatch_jobs``, ``profwatch_job_ranks{job_id}``,
     ``profwatch_job_step_time_seconds{job_id}`` (median of the ranks' latest step times),
@@ -61,6 +63,12 @@ class DaemonMetrics:
         self.captures = Counter("profwatch_captures", "Capture state transitions", ["state"], registry=r)
         self.auth_refused = Counter("profwatch_auth_refused", "Connections refused or failed during authentication",
                                     ["socket", "reason"], registry=r)
+        self.connections_closed = Counter(
+            "profwatch_connections_closed", "Peer connections of a listening socket that closed: ZeroMQ drops a "
+            "message over the socket's MAXMSGSIZE with its connection (a peer that stopped closes one too)",
+            ["socket"], registry=r)
+        if daemon == "coordinator":
+            self.connections_closed.labels("ingest")  # exported as 0 before the first close
         self.watch_fallbacks = Counter("profwatch_watch_fallbacks", "prof_dir watches degraded to polling",
                                        ["reason"], registry=r)
         self._server: Any = None
