@@ -169,7 +169,7 @@ class StepTimeRegressionDetector:
                          "relearn_while_learning": 0, "drift_reports": 0, "drift_onsets": 0}
         self._recent: deque[float] = deque(maxlen=RAMP_WINDOW)
         self._ramp_step: int | None = None
-        self._learn_rejected = 0
+        self._learn_since = 0
         self._interim: tuple[float, float] | None = None
         self._last_job_step_s: float | None = None
         self._design_key: tuple[float, float, float] | None = None
@@ -212,6 +212,8 @@ class StepTimeRegressionDetector:
         self._trending = False
         self._s_hi = self._s_lo = 0.0
         self._interim = None
+        self._learn_rise: list[float] = []
+        self._learn_fall: list[float] = []
         self._run_reset()
         self.spikes.reset_episode()
 
@@ -237,8 +239,8 @@ class StepTimeRegressionDetector:
                 a = self._interim_cusum(step, x)
                 if a is not None:
                     return [a]
-            self._learn(step.step, x)
-            return []
+            a = self._learn(step, x)
+            return [a] if a is not None else []
         mu, noise = self._noise()
         if (self._base.slope != 0.0) != self._trending:  # the baseline's line now follows a trend (or no more):
             self._trending = self._base.slope != 0.0       # what S+ and S- summed was measured against another line
@@ -303,24 +305,62 @@ class StepTimeRegressionDetector:
         k = min(RECENT_FLOOR_VALUES, len(self._recent))
         return min((self._recent[-1 - i] for i in range(k)), default=0.0)
 
-    def _learn(self, step: int, x: float) -> None:
-        """Fill the baseline; once it has a few values, spikes are kept out of it, unless they go on for longer
-        than the hold: then the job changed its level while we were learning, and learning starts again there."""
+    def _learn(self, fs: FinalizedStep, x: float) -> Anomaly | None:
+        """Fill the baseline. Once it holds :data:`PROVISIONAL_MIN` values, a step is judged against it as a spike
+        step would be: a rise (``spike_min_effect`` and ``spike_z`` over it) or a fall (as far under it: a ratio
+        of ``1 / (1 + spike_min_effect)``) is kept out of it. A rise that outlasts the hold is a level change
+        while learning: ``step_regression`` with ``pattern "level"`` and ``detail.learning`` true (its magnitude
+        the median ratio of the risen steps, on log step time), and learning starts again from the risen steps.
+        A fall that outlasts the hold (a start-up level that ended: caches warm, a busy host freed) restarts
+        learning from the fallen steps, silently: a change soon after is then judged against the level the job
+        runs at, not the start-up one."""
+        step = fs.step
         if len(self._base) >= PROVISIONAL_MIN:
             mu, noise = self._noise()
-            if self.spikes.is_spike(x / mu - 1.0, (x / mu - 1.0) / noise):
-                self._learn_rejected += 1
-                if self._learn_rejected <= self._hold(step, self._hold_time(mu, x)):
-                    return
+            rel = x / mu - 1.0
+            z = rel / noise
+            hold = self._hold(step, self._hold_time(mu, x))
+            if self.spikes.is_spike(rel, z):
+                self._learn_fall.clear()
+                if not self._learn_rise:
+                    self._learn_since = step
+                self._learn_rise.append(x)
+                if len(self._learn_rise) <= hold:
+                    return None
                 self.counters["relearn_while_learning"] += 1
-                self._base.clear()
-        self._learn_rejected = 0
+                risen = list(self._learn_rise)
+                logs = sorted(math.log(v / mu) for v in risen)
+                k = len(logs)
+                mag = log_ratio_magnitude(logs[k // 2] if k % 2 else 0.5 * (logs[k // 2 - 1] + logs[k // 2]))
+                detail = {"pattern": "level", "learning": True, "first_step": self._learn_since, "baseline_s": mu,
+                          "noise": noise, "step_time_s": mu * (1.0 + mag), "steps": k, "hold_steps": hold,
+                          "baseline_values": len(self._base), "slowest_ranks": [fs.slowest_rank]}
+                a = self._fire(step, mag, detail)
+                for v in risen:
+                    self._base.push(v)
+                    self._recent.append(v)
+                return a
+            if rel <= 1.0 / (1.0 + self.settings.spike_min_effect) - 1.0 and z <= -self.settings.spike_z:
+                self._learn_rise.clear()
+                self._learn_fall.append(x)
+                if len(self._learn_fall) <= hold:
+                    return None
+                self.counters["relearn_while_learning"] += 1
+                fallen = list(self._learn_fall)
+                self._relearn()
+                for v in fallen:
+                    self._base.push(v)
+                    self._recent.append(v)
+                return None
+        self._learn_rise.clear()
+        self._learn_fall.clear()
         self._base.push(x)
         self._recent.append(x)
         if len(self._base) >= self.settings.min_baseline_steps:
             self._interim = None
         if len(self._base) >= self.settings.min_baseline_steps and self.drift.reference_s is None:
             self.drift.learned(self._noise()[0], step)
+        return None
 
     def _spike_event(self, step: int, ep: SpikeEpisode, mu: float, hold: int, out: list[Anomaly]) -> None:
         gap = self.settings.spike_event_gap_steps
