@@ -48,6 +48,9 @@ MIN_NOISE = 0.002
 steady series must not make every 0.1 % jitter a many-sigma event (``noise_floor`` is bounded below by it too)."""
 RECENT_FLOOR_VALUES = 16
 """A falling trend never extrapolates the level below the smallest of this many newest accepted values: a trend fitted to a warm-up that only got faster cannot carry the level to zero."""
+INTERIM_SE = 1.0
+"""After a speedup, the level its own run showed is raised by this many standard errors to make the interim
+reference a slowdown is judged against while the baseline re-learns (see ``_interim_cusum``)."""
 SIEGMUND_RHO = 0.583
 """Expected overshoot of a Gaussian random walk over a boundary, in sigmas: Siegmund's correction is 2 * 0.583."""
 
@@ -212,6 +215,7 @@ class StepTimeRegressionDetector:
         self._trending = False
         self._s_hi = self._s_lo = 0.0
         self._interim = None
+        self._lo_n, self._lo_log = 0, 0.0
         self._learn_rise: list[float] = []
         self._learn_fall: list[float] = []
         self._run_reset()
@@ -414,18 +418,27 @@ class StepTimeRegressionDetector:
                     return self._fire(fs.step, mean, detail)
                 self._deferred += 1
             self._s_hi = h
+        if self._s_lo > 0.0:
+            self._lo_n += 1
+            self._lo_log += math.log(max(x, 1e-9))  # the run's own step times (the line may move under it)
+        else:
+            self._lo_n, self._lo_log = 0, 0.0
         if self._s_lo > h * (1.0 + 1e-9):
             self.counters["speedups"] += 1
             self._suspend_drift()
+            n_lo = max(1, self._lo_n)
+            level = math.exp(self._lo_log / n_lo) * (1.0 + INTERIM_SE * noise / math.sqrt(n_lo))
             self._relearn()
-            self._interim = (mu, noise)
+            self._interim = (min(mu, level), noise)
             return None
         return self._drift(fs.step)
 
     def _interim_cusum(self, fs: FinalizedStep, x: float) -> Anomaly | None:
-        """While the baseline re-learns after a speedup, judge each step against the level before it (the
-        *interim* reference, ``(mu_s, noise_rel)``): the new level is below it, so a step over it by
-        ``min_effect`` is a slowdown whatever the young baseline has learned. The same CUSUM design, clip and
+        """While the baseline re-learns after a speedup, judge each step against the *interim* reference
+        ``(mu_s, noise_rel)``: the level the speedup's own run showed (the geometric mean of the steps since the
+        lower CUSUM last was 0), raised by :data:`INTERIM_SE` standard errors (``noise / sqrt(run)`` each) and never above the level
+        before the speedup; a step over it by ``min_effect`` is a slowdown whatever the young baseline has
+        learned. The same CUSUM design, clip and
         effect test as :meth:`_cusum` (``pattern "cusum"``, ``detail.reference "before_speedup"``); a slowdown
         soon after a speedup is found in the usual delay instead of being learned as the new normal."""
         assert self._interim is not None
@@ -491,7 +504,10 @@ class StepTimeRegressionDetector:
         explains at least :data:`TREND_EXPLAINS` of the rise since the last report or the reference, or the
         rise took at least half a baseline window), else a level change of at least ``min_effect`` that
         entered the baseline before the change-point test saw it (e.g. while re-learning):
-        ``step_regression`` with ``pattern "baseline"``."""
+        ``step_regression`` with ``pattern "baseline"``, judged on the window's own level (a trend fitted to a
+        young window, extrapolated over the held-back steps, read as a level change) and only when the rise clears
+        ``min_effect`` by :data:`EFFECT_Z` standard errors of the two levels compared (``noise * sqrt(2 / n)``):
+        a young window's error alone made most false alarms of a young baseline (docs/detection.md)."""
         s = self.settings
         tracker = self.drift
         ref = tracker.reference_s
@@ -506,11 +522,16 @@ class StepTimeRegressionDetector:
         gradual = (per_step * (step - since) >= TREND_EXPLAINS * (mu - before) or step - since >= s.baseline_steps // 2
                    or self._ramp_step is not None)
         if not gradual and mu / before - 1.0 >= s.min_effect:
-            tracker.rebase(mu, step)
+            level0 = self._base.stats()[0]  # the window's own level, not extrapolated along its trend
+            noise = self._noise()[1]
+            margin = EFFECT_Z * noise * math.sqrt(2.0 / len(self._base))  # two levels, each estimated
+            if level0 / before - 1.0 < s.min_effect + margin:
+                return None  # not clear of the estimates' errors (a young window's): wait for more values
+            tracker.rebase(level0, step)
             level: dict[str, Any] = {"pattern": "baseline", "first_step": since, "baseline_s": before,
-                                     "step_time_s": mu, "steps": len(self._base)}
+                                     "step_time_s": level0, "steps": len(self._base)}
             self.counters["regressions"] += 1
-            return Anomaly("step_regression", self.job_id, step, (), mu / before - 1.0, level)
+            return Anomaly("step_regression", self.job_id, step, (), level0 / before - 1.0, level)
         drift = tracker.observe(mu, per_step, mu, step)
         if drift is None:
             return None
