@@ -18,7 +18,8 @@ Rules (``docs/changes.md``):
   waiting for the host); the capture's value is the mean of those per-step means.
 * Decision (:func:`_decide`, :mod:`profwatch.core.verdict.shift_test`): the step is the sample unit; each
   component is tested one-sided in both directions, Holm's correction over all of them at ``alpha`` (1 %), the
-  exact Mann-Whitney test when the step counts can reach Holm's first threshold, else Welch's t-test; a change
+  exact Mann-Whitney test when the step counts can reach Holm's first threshold, else Welch's t-test on
+  ``log(value + floor)`` (durations vary multiplicatively); a change
   counts when rejected and above ``floor_frac`` (0.5 %) of the reference step time, so identical synthetic steps
   (no spread: an exact difference) do not make a microsecond a change. With one step in each capture there is no
   test and only the floor applies (said in ``notes``). ``noise_s_per_step`` is the pooled standard deviation of
@@ -275,7 +276,8 @@ def _decide(out: Comparison, baseline: Sequence[RankStepSummary], now: Sequence[
                   "host": "free_us"}
     family = 2 * len(fields)
     rank_ok = rank_test_reaches(len(step_ref), len(step_now), alpha / family)
-    step_test, more, less = shift_test(step_ref, step_now, rank_test=rank_ok, alpha=alpha)
+    offset = max(floor_s * 1e6, 1.0)  # µs: the log scale's offset (shift_test), at least 1 µs
+    step_test, more, less = shift_test(step_ref, step_now, rank_test=rank_ok, alpha=alpha, offset=offset)
     out.step_time_p_value = step_test.p_value
     out.step_time_interval_s = _scaled(step_test.interval)
     step_delta = out.step_delta_s or 0.0
@@ -286,7 +288,7 @@ def _decide(out: Comparison, baseline: Sequence[RankStepSummary], now: Sequence[
     pvals: dict[str, float] = {}
     for comp, attr in fields.items():
         a, b = _per_step_means(baseline, common, attr), _per_step_means(now, common, attr)
-        tests[comp], more, less = shift_test(a, b, rank_test=rank_ok, alpha=alpha)
+        tests[comp], more, less = shift_test(a, b, rank_test=rank_ok, alpha=alpha, offset=offset)
         if more is not None and less is not None:
             pvals[f"{comp}+"], pvals[f"{comp}-"] = more, less
         noise = pooled_sd(a, b)
