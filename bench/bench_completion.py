@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -179,6 +181,43 @@ class GcClock:
 GC_CLOCK = GcClock()
 
 
+_BURST_WRITER = """
+import json, sys, time
+a = json.loads(sys.stdin.read())
+paths, start, burst = a["paths"], a["start"], a["burst"]
+step = burst / max(len(paths) - 1, 1)
+for i, p in enumerate(paths[:-1]):
+    lag = start + i * step - time.monotonic()
+    if lag > 0.002:
+        time.sleep(lag)
+    open(p, "a").close()
+lag = start + burst - time.monotonic()
+if lag > 0:
+    time.sleep(lag)
+open(paths[-1], "a").close()
+print(time.monotonic())
+"""
+
+
+def _burst(dirs: list[Path], burst_s: float) -> tuple[float, float]:
+    """Write every marker from a child process (as ranks do: not this process's GIL), evenly over ``burst_s``, the
+    last at the end; returns (monotonic time of the last marker, this process's CPU seconds then). CLOCK_MONOTONIC
+    is one clock for every process of the host."""
+    start = time.monotonic() + 0.5
+    child = subprocess.Popen([sys.executable, "-c", _BURST_WRITER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    assert child.stdin is not None
+    child.stdin.write(json.dumps({"paths": [str(_marker(d)) for d in dirs], "start": start, "burst": burst_s}))
+    child.stdin.close()
+    lag = start + burst_s - time.monotonic()
+    if lag > 0:
+        time.sleep(lag)
+    cpu0 = time.process_time()  # at the last marker's planned time (this thread wakes within a few ms of it)
+    GC_CLOCK.reset()
+    out, _ = child.communicate(timeout=600)
+    return float(out.strip().splitlines()[-1]), cpu0
+
+
 def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirReader,
                     poll_interval_s: float, gc_freeze: bool = True, burst_s: float = 2.0) -> dict[str, float]:
     """One row: seconds from the last marker to complete, rank dirs read meanwhile, the first full look's seconds,
@@ -216,21 +255,13 @@ def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirRead
             if mode == "overflow":
                 observers[0].simulate_overflow()  # type: ignore[attr-defined]
             reads0 = reader.reads
-            if mode.endswith("burst"):  # every marker lands within burst_s, paced evenly; the clock starts at the last
-                start = time.monotonic()
-                step = burst_s / max(len(dirs) - 1, 1)
-                for i, d in enumerate(dirs[:-1]):
-                    lag = start + i * step - time.monotonic()
-                    if lag > 0.002:
-                        time.sleep(lag)
-                    _marker(d).touch()
-                lag = start + burst_s - time.monotonic()
-                if lag > 0:
-                    time.sleep(lag)
-            t0 = time.monotonic()
-            cpu0 = time.process_time()
-            GC_CLOCK.reset()
-            _marker(dirs[-1]).touch()
+            if mode.endswith("burst"):  # every marker from another process within burst_s, paced evenly
+                t0, cpu0 = _burst(dirs, burst_s)
+            else:
+                t0 = time.monotonic()
+                cpu0 = time.process_time()
+                GC_CLOCK.reset()
+                _marker(dirs[-1]).touch()
             ok = drv.complete.wait(poll_interval_s + 120)
             gc_s, gc_full = GC_CLOCK.reset()  # a little after complete_at: an upper bound
             latency = drv.complete_at - t0 if ok else float("nan")
@@ -274,6 +305,31 @@ def measure_polling_cost(prof: Path, poll_interval_s: float, window_s: float,
     return (cpu1 - cpu0) / wall, (c1 - c0) / wall, int((c1 - c0) / polls)
 
 
+def measure_arming(root: Path, n: int, limit_s: float = 600.0) -> tuple[float, int]:
+    """(seconds, watches) to arm the inotify observer over a tree of ``n`` rank dirs that hold only folders (the
+    layout of a finished rank: ``ASCEND_PROFILER_OUTPUT/``, ``PROF_*/device_0/data``, ``PROF_*/host/data``,
+    ``FRAMEWORK/``, ``logs/``): from ``schedule`` to every watch added (nan when not within ``limit_s``)."""
+    for r in range(n):
+        d = root / gen.rank_dir_name(f"node{r // 8}", 4000 + r, gen.DEFAULT_TS_BASE_NS + r * 1_000_000)
+        for sub in ("ASCEND_PROFILER_OUTPUT", "PROF_000001_20260101120000000_BENCH/device_0/data",
+                    "PROF_000001_20260101120000000_BENCH/host/data", "FRAMEWORK", "logs"):
+            (d / sub).mkdir(parents=True)
+    obs = make_inotify_observer(lambda: None)
+    obs.start()
+    try:
+        t0 = time.monotonic()
+        obs.schedule(FileSystemEventHandler(), str(root), recursive=True)
+        want = 1 + 2 * n
+        while obs.watch_count() < want and time.monotonic() - t0 < limit_s:  # type: ignore[attr-defined]
+            time.sleep(0.01)
+        took = time.monotonic() - t0
+        held = obs.watch_count()  # type: ignore[attr-defined]
+    finally:
+        obs.stop()
+        obs.join(10)
+    return (took if held >= want else float("nan")), held
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--ranks", default="1024,4096,16384", help="comma-separated tree sizes")
@@ -289,7 +345,17 @@ def main() -> None:
     ap.add_argument("--tree", default=None, help="reuse this tree of build_scan_tree (one size: --ranks N) instead "
                                                  "of building one (its markers are removed and rewritten)")
     ap.add_argument("--no-gc-freeze", action="store_true", help="scan without the GcFreezer (for comparison)")
+    ap.add_argument("--arm", type=int, default=0, help="only measure arming the inotify watches over a tree of "
+                                                       "this many rank dirs (folders only), then exit")
     args = ap.parse_args()
+    if args.arm:
+        with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+            cpu0 = time.process_time()
+            took, held = measure_arming(Path(tmp) / "prof", args.arm)
+            print(f"arming {args.arm} rank dirs (7 folders each): {took:.2f} s wall, {held} inotify watches, "
+                  f"{time.process_time() - cpu0:.2f} CPU s with the tree's creation; load 1m "
+                  f"{os.getloadavg()[0]:.2f}", flush=True)
+        return
     modes = args.modes.split(",")
     print(f"{'ranks':>6} {'mode':>9} {'latency s':>10} {'target s':>9} {'reads':>6} {'full looks':>10} "
           f"{'first look s':>13} {'overflows':>10} {'gc s':>6} {'full gc':>7} {'last update s':>13} {'CPU after s':>11} {'load 1m':>8}",
