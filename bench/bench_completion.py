@@ -214,7 +214,9 @@ def _burst(dirs: list[Path], burst_s: float) -> tuple[float, float]:
         time.sleep(lag)
     cpu0 = time.process_time()  # at the last marker's planned time (this thread wakes within a few ms of it)
     GC_CLOCK.reset()
-    out, _ = child.communicate(timeout=600)
+    assert child.stdout is not None
+    out = child.stdout.read()
+    child.wait(600)
     return float(out.strip().splitlines()[-1]), cpu0
 
 
