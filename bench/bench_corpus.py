@@ -492,28 +492,23 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else math.nan
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=48, help="runs per shape class (fewer for the large ones)")
-    ap.add_argument("--classes", default=None, help="comma-separated shape classes")
-    ap.add_argument("--seed", type=int, default=SEED)
-    ap.add_argument("--json", type=Path, default=None, help="write every run's result here")
-    args = ap.parse_args()
-    wanted = args.classes.split(",") if args.classes else list(CLASSES)
-    t0, c0 = time.perf_counter(), time.process_time()
-    settings = DetectionSettings()
-    print(f"noise floor used: max(noise_floor {settings.noise_floor}, MIN_NOISE {MIN_NOISE}) of the level; "
-          f"min_effect {settings.min_effect}; detectable = change >= max(2x the unit's noise, min_effect)")
+def _run_corpus(wanted: list[str], runs: int, seed0: int, t0: float) -> list[dict[str, Any]]:
+    """Replay ``runs`` runs of each wanted class (weighted by :data:`RUN_WEIGHT`); one scored row per run."""
     rows: list[dict[str, Any]] = []
-    for ci, cls in enumerate(wanted):
-        n = max(1, round(args.runs * RUN_WEIGHT.get(cls, 1.0)))
+    for cls in wanted:
+        n = max(1, round(runs * RUN_WEIGHT.get(cls, 1.0)))
         for i in range(n):
-            seed = [args.seed, list(CLASSES).index(cls), i]
+            seed = [seed0, list(CLASSES).index(cls), i]
             run = CLASSES[cls](cls, seed)
             res = replay_lines(run.lines, ReplayConfig())
             rows.append(score(run, res))
         print(f"  {cls}: {n} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-        del ci
+    return rows
+
+
+def _print_table(wanted: list[str], rows: list[dict[str, Any]]) -> None:
+    """One line per class (healthy hours, false arms, lost changes, detection delays, violations), then the total
+    and the steady job's median delays."""
     print(f"{'class':15s} {'runs':>4s} {'healthy h':>9s} {'false arms':>10s} {'/h':>5s} {'lost':>9s} "
           f"{'d1.3 p50':>8s} {'p90':>5s} {'d3 p50':>6s} {'p90':>5s} {'learn lost':>10s} {'viol':>4s}")
     tot: dict[str, float] = defaultdict(float)
@@ -545,6 +540,10 @@ def main() -> None:
     if steady_delays["1.3"] or steady_delays["3"]:
         print(f"steady job's median delay (steps): 1.3x {_pct(steady_delays['1.3'], 50):.0f}, "
               f"3x {_pct(steady_delays['3'], 50):.0f}")
+
+
+def _print_examples(rows: list[dict[str, Any]]) -> None:
+    """Up to 8 violations, 12 lost changes and 12 runs with false arms, each with its class and seed."""
     examples = [(r["class"], r["seed"], v) for r in rows for v in r["violations"]][:8]
     for cls, seed, v in examples:
         print(f"  violation: {cls} run {seed}: {v}")
@@ -556,6 +555,23 @@ def main() -> None:
     fa_ex = [(r["class"], r["seed"], r["false_arm_kinds"], r["shape"]) for r in rows if r["false_arms"]][:12]
     for cls, seed, kinds, shape in fa_ex:
         print(f"  false arms: {cls} run {seed}: {kinds} {shape}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=48, help="runs per shape class (fewer for the large ones)")
+    ap.add_argument("--classes", default=None, help="comma-separated shape classes")
+    ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--json", type=Path, default=None, help="write every run's result here")
+    args = ap.parse_args()
+    wanted = args.classes.split(",") if args.classes else list(CLASSES)
+    t0, c0 = time.perf_counter(), time.process_time()
+    settings = DetectionSettings()
+    print(f"noise floor used: max(noise_floor {settings.noise_floor}, MIN_NOISE {MIN_NOISE}) of the level; "
+          f"min_effect {settings.min_effect}; detectable = change >= max(2x the unit's noise, min_effect)")
+    rows = _run_corpus(wanted, args.runs, args.seed, t0)
+    _print_table(wanted, rows)
+    _print_examples(rows)
     print(f"total {time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU, "
           f"{sum(r['records'] for r in rows)} records")
     if args.json:

@@ -219,49 +219,73 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
             except ControlError:
                 pass  # still say where we are every NOTE_EVERY_S below
             step = _furthest(st, job_id) if st else step
-            if st and slow_file is not None and step is not None and not slow_file.exists() and (
-                    tl.t("reference") is not None or step >= REFERENCE_GIVE_UP_STEP):
-                slow_file.touch()  # every rank slows from its next step: the slowdown's step is about this one
-                tl.at_step = step
-                tl.add("slowdown", time.time(), step, f"{whom} x{slowdown:g} from about step {step}")
-                note("slowdown", time.time(), f"{whom} x{slowdown:g} from about step {step}"
-                     + ("" if tl.t("reference") is not None else f": no reference by step {step}"))
             if st and step is not None:
-                tl.samples.append((time.time(), step))
-            if st and step is not None and slow_file is None:
-                t_slow = tl.time_of_step(at_step)
-                if t_slow is not None and tl.add("slowdown", t_slow, at_step, f"{whom} x{slowdown:g} from step {at_step}"):
-                    note("slowdown", t_slow, f"{whom} x{slowdown:g} from step {at_step}")
+                _on_step(tl, step, slow_file, at_step, f"{whom} x{slowdown:g}", note)
             if time.monotonic() - last_note >= NOTE_EVERY_S:
                 last_note = time.monotonic()
                 end, what = tl.deadline(started, start_timeout_s, timeout_s, _expects_enrichment(tl))
                 progress(tl.progress_line(time.time(), step, end, what))
-                for cap in st.get("captures") or []:
-                    if cap["state"] in (CaptureState.ANALYSING, CaptureState.ENRICHING):
-                        running = ", ".join(cap.get("running") or []) or "staging, ranking or the Kineto analysis"
-                        progress(f"[{scenario}] capture {cap['state']} for {cap.get('in_state_s', 0):.0f}s; "
-                                 f"running now: {running}")
+                for line in _running_captures(st):
+                    progress(f"[{scenario}] {line}")
             if not job_stopped and any(p.poll() not in (None, 0) for p in job.procs):
                 progress(f"[{scenario}] a rank process died; see {stack.root / 'logs'}")
                 break
         if tl.alert is None or (_expects_enrichment(tl) and tl.enriched is None):
-            # fetch from the store in case a PUB message was missed
-            try:
-                rows = call(stack.control, "events", {"job_id": job_id, "alerts_only": True, "limit": 50},
-                            timeout_s=5)
-            except ControlError as exc:
-                rows = []
-                progress(f"[{scenario}] cannot read the stored alerts: {exc}")
-            for row in rows:
-                on_event(tl, row["event"], time.time(), note)
-            late = tl.t("enriched_update" if tl.enriched is not None else "first_alert")
-            if tl.timed_out and late is not None and late <= end and (tl.enriched is not None
-                                                                      or not _expects_enrichment(tl)):
-                tl.timed_out = None  # it was published in time; only its PUB message was missed
+            _catch_up_from_store(stack, tl, end, note, progress)
     finally:
         sub.close()
         job.stop(grace_s=60)
     return tl
+
+
+def _on_step(tl: Timeline, step: int, slow_file: Path | None, at_step: int, slowing: str,
+             note: Callable[[str, float, str], None]) -> None:
+    """Fold the job's furthest ``step`` (from a status reply) into ``tl``: a step sample, and the slowdown's time.
+    With a ``slow_file`` (scenario ``reference``) it is touched once the reference is in (or at
+    :data:`REFERENCE_GIVE_UP_STEP`) and the slowdown is this step; else the slowdown is when ``at_step`` was
+    reached. ``slowing`` says who slows by how much (``"rank 2 x3"``)."""
+    if slow_file is not None and not slow_file.exists() and (
+            tl.t("reference") is not None or step >= REFERENCE_GIVE_UP_STEP):
+        slow_file.touch()  # every rank slows from its next step: the slowdown's step is about this one
+        tl.at_step = step
+        tl.add("slowdown", time.time(), step, f"{slowing} from about step {step}")
+        note("slowdown", time.time(), f"{slowing} from about step {step}"
+             + ("" if tl.t("reference") is not None else f": no reference by step {step}"))
+    tl.samples.append((time.time(), step))
+    if slow_file is None:
+        t_slow = tl.time_of_step(at_step)
+        if t_slow is not None and tl.add("slowdown", t_slow, at_step, f"{slowing} from step {at_step}"):
+            note("slowdown", t_slow, f"{slowing} from step {at_step}")
+
+
+def _running_captures(st: dict[str, Any]) -> list[str]:
+    """A progress line per capture of a status reply that is being analysed or enriched: its state, for how long,
+    and what runs now."""
+    out = []
+    for cap in st.get("captures") or []:
+        if cap["state"] in (CaptureState.ANALYSING, CaptureState.ENRICHING):
+            running = ", ".join(cap.get("running") or []) or "staging, ranking or the Kineto analysis"
+            out.append(f"capture {cap['state']} for {cap.get('in_state_s', 0):.0f}s; running now: {running}")
+    return out
+
+
+def _catch_up_from_store(stack: Stack, tl: Timeline, end: float, note: Callable[[str, float, str], None],
+                         progress: Callable[[str], None]) -> None:
+    """Fold the job's stored alerts (up to 50) into ``tl``, in case a PUB message was missed; a timeout is lifted
+    when what it waited for was published by ``end`` (epoch s)."""
+    from profwatch.adapters.zmq.control import ControlError, call
+
+    try:
+        rows = call(stack.control, "events", {"job_id": tl.job_id, "alerts_only": True, "limit": 50}, timeout_s=5)
+    except ControlError as exc:
+        rows = []
+        progress(f"[{tl.scenario}] cannot read the stored alerts: {exc}")
+    for row in rows:
+        on_event(tl, row["event"], time.time(), note)
+    late = tl.t("enriched_update" if tl.enriched is not None else "first_alert")
+    if tl.timed_out and late is not None and late <= end and (tl.enriched is not None
+                                                              or not _expects_enrichment(tl)):
+        tl.timed_out = None  # it was published in time; only its PUB message was missed
 
 
 def _steps(steps: list[int] | None) -> str:

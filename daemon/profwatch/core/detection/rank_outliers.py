@@ -18,11 +18,11 @@ from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import MAD_TO_SIGMA, Anomaly, FinalizedStep
 
 NUMPY_MIN_RANKS = 256
+"""Below this many ranks the per-step cross-rank comparison runs in pure Python (cheaper than numpy)."""
 STAGE_SCALE_FLOOR = 0.01
 """A stage's peer median is floored at this fraction of the job step time when a rank's excess over it is made
 relative (and when each rank's ratio to its peers is learned): the excess of a stage that takes microseconds reads
 as a share of the step (at most 100x), not as millions of percent."""
-"""Below this many ranks the per-step cross-rank comparison runs in pure Python (cheaper than numpy)."""
 
 
 def median_mad(xs: list[float]) -> tuple[float, float]:
