@@ -6,7 +6,9 @@ Targets (issue 25): <= 0.2 s after the last marker with inotify, also right afte
 interval + 1 s. Issue 34, mode ``burst``: every marker lands within ``--burst-s`` (2 s), paced evenly, the clock
 starts at the last one: <= 1 s of wall time after it on an idle box at 16,384 rank dirs, and <= 0.2 s of this
 process's CPU after it (``CPU after s``: ``time.process_time``, every thread: the watcher, the emitter, the
-scanner) at 4,096; ``polling-burst`` is the same through the polling observer.
+scanner) at 4,096; ``polling-burst`` is the same through the polling observer. ``CPU/marker ms``: this
+process's CPU from the burst's start to complete, per marker (load-independent: an idle box keeps up with a burst
+when it times the markers is below ``--burst-s``).
 
     /work/venv/bin/python bench/bench_completion.py [--ranks 1024,4096,16384] [--modes inotify,overflow,polling,burst]
         [--burst-s 2]
@@ -199,11 +201,15 @@ print(time.monotonic())
 """
 
 
+BURST_CPU = [0.0]  # this process's CPU seconds when the last burst began (the writer starts 0.5 s later)
+
+
 def _burst(dirs: list[Path], burst_s: float) -> tuple[float, float]:
     """Write every marker from a child process (as ranks do: not this process's GIL), evenly over ``burst_s``, the
     last at the end; returns (monotonic time of the last marker, this process's CPU seconds then). CLOCK_MONOTONIC
     is one clock for every process of the host."""
     start = time.monotonic() + 0.5
+    BURST_CPU[0] = time.process_time()
     child = subprocess.Popen([sys.executable, "-c", _BURST_WRITER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
     assert child.stdin is not None
@@ -268,13 +274,15 @@ def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirRead
             gc_s, gc_full = GC_CLOCK.reset()  # a little after complete_at: an upper bound
             latency = drv.complete_at - t0 if ok else float("nan")
             cpu_after = drv.complete_cpu - cpu0 if ok else float("nan")
+            per_marker_ms = (drv.complete_cpu - BURST_CPU[0]) / len(dirs) * 1e3 \
+                if ok and mode.endswith("burst") else float("nan")
             reads = drv.reads_at_complete - reads0 if ok else reader.reads - reads0
             full_looks = w.stats.wakes - wakes0
     finally:
         drv.close()
     return {"latency_s": latency, "reads": reads, "first_look_s": first_look_s, "overflows": overflows,
             "full_looks": full_looks, "gc_s": gc_s, "gc_full": gc_full, "update_s": drv.last_update_s,
-            "cpu_after_s": cpu_after}
+            "cpu_after_s": cpu_after, "cpu_per_marker_ms": per_marker_ms}
 
 
 def measure_polling_cost(prof: Path, poll_interval_s: float, window_s: float,
@@ -360,7 +368,7 @@ def main() -> None:
         return
     modes = args.modes.split(",")
     print(f"{'ranks':>6} {'mode':>9} {'latency s':>10} {'target s':>9} {'reads':>6} {'full looks':>10} "
-          f"{'first look s':>13} {'overflows':>10} {'gc s':>6} {'full gc':>7} {'last update s':>13} {'CPU after s':>11} {'load 1m':>8}",
+          f"{'first look s':>13} {'overflows':>10} {'gc s':>6} {'full gc':>7} {'last update s':>13} {'CPU after s':>11} {'CPU/marker ms':>13} {'load 1m':>8}",
           flush=True)
     for n in (int(x) for x in args.ranks.split(",")):
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -379,7 +387,7 @@ def main() -> None:
                 print(f"{n:>6} {mode:>9} {m['latency_s']:>10.3f} {target:>9.1f} {m['reads']:>6.0f} "
                       f"{m['full_looks']:>10.0f} "
                       f"{m['first_look_s']:>13.1f} {m['overflows']:>10.0f} {m['gc_s']:>6.3f} {m['gc_full']:>7.0f} "
-                      f"{m['update_s']:>13.3f} {m['cpu_after_s']:>11.3f} "
+                      f"{m['update_s']:>13.3f} {m['cpu_after_s']:>11.3f} {m['cpu_per_marker_ms']:>13.3f} "
                       f"{os.getloadavg()[0]:>8.2f}", flush=True)
             if args.cost:
                 listings = (("whole tree", pruned_scandir(())),

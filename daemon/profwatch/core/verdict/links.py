@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from profwatch.core.verdict.evidence import Impact, SlowLink
@@ -113,22 +115,6 @@ def parse_matrix_rows(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str,
     return out
 
 
-def _pairs(samples: Mapping[tuple[str, str, int, int], LinkSample]
-           ) -> dict[tuple[str, str, tuple[int, int]], dict[str, LinkSample]]:
-    """Undirected pairs: ``(group, transport, (a, b)) -> step -> both directions summed``."""
-    out: dict[tuple[str, str, tuple[int, int]], dict[str, LinkSample]] = defaultdict(dict)
-    for (group, step, src, dst), s in samples.items():
-        key = (group, s.transport, (min(src, dst), max(src, dst)))
-        cur = out[key].get(step)
-        if cur is None:
-            out[key][step] = LinkSample(s.size_mb, s.time_ms, s.transport, s.time_ms)
-        else:
-            cur.size_mb += s.size_mb
-            cur.time_ms += s.time_ms
-            cur.max_one_way_ms = max(cur.max_one_way_ms, s.time_ms)
-    return out
-
-
 def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings | None = None,
                     world_size: int, step_time_us: float | None = None) -> LinkFindings:
     """Name the links whose bandwidth stands out below their peers' over the captured steps.
@@ -156,23 +142,28 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
     """
     settings = settings or LinkSettings()
     found = LinkFindings()
-    pairs = _pairs(parse_matrix_rows(rows))
-    groups: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
-    for group, transport, pair in pairs:
-        groups[(group, transport)].append(pair)
+    table = _pair_table(rows)
+    groups: dict[tuple[str, str], np.ndarray] = {}  # entries of the group and transport, in (a, b, step) order
+    for gi, ti in sorted({(int(g), int(t)) for g, t in zip(table.g, table.tr, strict=True)},
+                         key=lambda k: (table.groups[k[0]], table.transports[k[1]])):
+        groups[(table.groups[gi], table.transports[ti])] = np.flatnonzero((table.g == gi) & (table.tr == ti))
     links_of: dict[int, int] = defaultdict(int)
-    for members in groups.values():
-        for a, b in members:
-            links_of[a] += 1
-            links_of[b] += 1
+    members_of: dict[tuple[str, str], np.ndarray] = {}
+    for key, idx in groups.items():
+        pairs = np.unique(np.stack([table.a[idx], table.b[idx]], axis=1), axis=0)
+        members_of[key] = pairs
+        for r, n in zip(*np.unique(pairs.ravel(), return_counts=True), strict=True):
+            links_of[int(r)] += int(n)
     slow: list[tuple[float, SlowLink]] = []
-    for (group, transport), members in sorted(groups.items()):
-        if len(members) < settings.min_peers + 1:
-            found.notes.append(f"group {group} {transport}: {len(members)} link(s), too few to compare")
+    for (group, transport), idx in groups.items():
+        pairs = members_of[(group, transport)]
+        if len(pairs) < settings.min_peers + 1:
+            found.notes.append(f"group {group} {transport}: {len(pairs)} link(s), too few to compare")
             continue
-        found.pairs_judged += len(members)
-        series = _group_series([pairs[(group, transport, p)] for p in members], settings)
+        found.pairs_judged += len(pairs)
+        series = _group_series(table, idx, pairs, settings)
         if series is not None:
+            members = [(int(a), int(b)) for a, b in pairs]
             slow += _slow_links_of_group(series, group, transport, members, settings, world_size, step_time_us)
     folded = _fold_ranks(slow, links_of, settings, found)
     found.links = [lk for _, lk in sorted(slow, key=lambda t: -t[0]) if not set(lk.ranks) & folded]
@@ -180,62 +171,154 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
 
 
 @dataclass(slots=True)
-class _GroupSeries:
-    """Per pair (index into the group's members), over the steps with enough peers: the bandwidth deficit
-    ``-ln(bw / median bw)``, the bandwidth (GB/s), its slower direction's transit time and the peers' median (µs)."""
+class _PairTable:
+    """Undirected pairs per step as arrays, one element per (group, transport, pair, step): codes into ``groups``,
+    ``transports``, ``steps`` (names); ranks ``a < b``; MB and ms of both directions summed; ``one_way``: the slower
+    direction's ms. About 60 bytes per element (a list of dicts and per-pair objects took ~700 per directed pair)."""
 
-    deficit: dict[int, list[float]]
-    bw: dict[int, list[float]]
-    transit: dict[int, list[float]]
-    peer_transit: dict[int, list[float]]
+    groups: list[str]
+    transports: list[str]
+    steps: list[str]
+    g: np.ndarray
+    tr: np.ndarray
+    s: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    size: np.ndarray
+    time: np.ndarray
+    one_way: np.ndarray
 
 
-def _group_series(by_pair: list[Mapping[str, LinkSample]], settings: LinkSettings) -> _GroupSeries | None:
-    """The series of one group and transport's pairs (``by_pair[i]``: step -> sample); None without any step that
-    has ``min_peers + 1`` pairs with a positive bandwidth."""
-    steps = sorted({s for samples in by_pair for s in samples})
-    out = _GroupSeries(defaultdict(list), defaultdict(list), defaultdict(list), defaultdict(list))
-    for step in steps:
-        here = {i: samples.get(step) for i, samples in enumerate(by_pair)}
-        vals = {i: s.size_mb / s.time_ms for i, s in here.items() if s is not None and s.time_ms > 0}
-        vals = {i: v for i, v in vals.items() if v > 0}
-        if len(vals) < settings.min_peers + 1:
+def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
+    """:func:`parse_matrix_rows`, then both directions of each pair summed, read in one pass into arrays (rows are
+    never held here: memory linear in the rows' pairs, not in dicts)."""
+    codes: tuple[dict[str, int], dict[str, int], dict[str, int]] = ({}, {}, {})
+    cols = {k: array("q") for k in ("g", "s", "kind", "tr", "src", "dst")}
+    vals = {k: array("d") for k in ("time", "size")}
+    kind_code = {"total": 0, "op": 1, "stat": 2}
+    for row in rows:
+        step_m = _DIGITS.search(str(row.get("step", "")))
+        src, dst = _num(row.get("src_rank")), _num(row.get("dst_rank"))
+        if step_m is None or math.isnan(src) or math.isnan(dst) or src == dst:
             continue
-        med = median(vals.values())
-        # the slower direction's transit time: a ring collective waits for its slowest hop
-        one_way = {i: here[i].max_one_way_ms for i in vals}  # type: ignore[union-attr]
-        med_t = median(one_way.values())
-        for i, v in vals.items():
-            out.deficit[i].append(-math.log(v / med))
-            out.bw[i].append(v)
-            out.transit[i].append(one_way[i] * 1e3)
-            out.peer_transit[i].append(med_t * 1e3)
-    return out if out.deficit else None
+        low = str(row.get("hccl_op_name", "") or "").lower()
+        kind = "total" if low == "total op info" else "stat" if any(t in low for t in _STAT_ROWS) else "op"
+        for col, table, name in (("g", codes[0], str(row.get("group_name", ""))), ("s", codes[1], step_m.group()),
+                                 ("tr", codes[2], str(row.get("transport_type", "") or ""))):
+            cols[col].append(table.setdefault(name, len(table)))
+        cols["kind"].append(kind_code[kind])
+        cols["src"].append(int(src))
+        cols["dst"].append(int(dst))
+        vals["time"].append(_num(row.get("transit_time")))
+        vals["size"].append(_num(row.get("transit_size")))
+    c = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64) for k, v in cols.items()}
+    t = np.frombuffer(vals["time"], dtype=np.float64) if len(vals["time"]) else np.zeros(0)
+    size = np.frombuffer(vals["size"], dtype=np.float64) if len(vals["size"]) else np.zeros(0)
+    # per (group, step): Total Op Info rows, else op rows, else statistics rows (parse_matrix_rows' choice)
+    gs = c["g"] * max(len(codes[1]), 1) + c["s"]
+    best = np.full(max(len(codes[0]) * len(codes[1]), 1), 3, dtype=np.int64)
+    np.minimum.at(best, gs, c["kind"])
+    keep = np.flatnonzero((c["kind"] == best[gs]) & ~np.isnan(t) & (t > 0) & ~np.isnan(size))
+    names = [sorted(d, key=d.__getitem__) for d in codes]
+    empty = np.zeros(0, np.int64)
+    if not len(keep):
+        return _PairTable(names[0], names[2], names[1], empty, empty, empty, empty, empty, np.zeros(0), np.zeros(0),
+                          np.zeros(0))
+    # directed samples: (group, step, src, dst) summed in row order; transport of the key's first row
+    directed = np.stack([c["g"][keep], c["s"][keep], c["src"][keep], c["dst"][keep]], axis=1)
+    dkeys, first, inv = np.unique(directed, axis=0, return_index=True, return_inverse=True)
+    inv = inv.ravel()
+    del directed
+    d_time = np.bincount(inv, weights=t[keep], minlength=len(dkeys))
+    d_size = np.bincount(inv, weights=size[keep], minlength=len(dkeys))
+    d_tr = c["tr"][keep][first]
+    lo, hi = np.minimum(dkeys[:, 2], dkeys[:, 3]), np.maximum(dkeys[:, 2], dkeys[:, 3])
+    und = np.stack([dkeys[:, 0], d_tr, lo, hi, dkeys[:, 1]], axis=1)
+    ukeys, uinv = np.unique(und, axis=0, return_inverse=True)
+    uinv = uinv.ravel()
+    del und
+    one_way = np.zeros(len(ukeys))
+    np.maximum.at(one_way, uinv, d_time)
+    return _PairTable(names[0], names[2], names[1], ukeys[:, 0], ukeys[:, 1], ukeys[:, 4], ukeys[:, 2], ukeys[:, 3],
+                      np.bincount(uinv, weights=d_size, minlength=len(ukeys)),
+                      np.bincount(uinv, weights=d_time, minlength=len(ukeys)), one_way)
+
+
+@dataclass(slots=True)
+class _GroupSeries:
+    """Per pair (index into the group's members), over the steps with enough peers, in step order: the bandwidth
+    deficit ``-ln(bw / median bw)``, the bandwidth (GB/s), its slower direction's transit time and the peers'
+    median (µs); ``start[i]:start[i + 1]`` are pair ``i``'s elements of each array (empty: the pair has none)."""
+
+    start: np.ndarray
+    deficit: np.ndarray
+    bw: np.ndarray
+    transit: np.ndarray
+    peer_transit: np.ndarray
+
+    def of(self, arr: np.ndarray, i: int) -> list[float]:
+        """Pair ``i``'s values of ``arr`` (one of the series) as a list, in step order."""
+        return arr[self.start[i]:self.start[i + 1]].tolist()
+
+    def pairs(self) -> list[int]:
+        """The pairs with at least one step."""
+        return np.flatnonzero(np.diff(self.start) > 0).tolist()
+
+
+def _group_series(table: _PairTable, idx: np.ndarray, pairs: np.ndarray, settings: LinkSettings
+                  ) -> _GroupSeries | None:
+    """The series of one group and transport's pairs (``pairs[i]``: (a, b)) from ``table``'s elements ``idx``;
+    None without any step that has ``min_peers + 1`` pairs with a positive bandwidth."""
+    pair_key = table.a[idx] * (int(pairs[:, 1].max()) + 1) + table.b[idx]
+    member = np.searchsorted(pairs[:, 0] * (int(pairs[:, 1].max()) + 1) + pairs[:, 1], pair_key)
+    parts: list[tuple[np.ndarray, ...]] = []
+    for code in sorted(set(table.s[idx].tolist()), key=lambda k: table.steps[k]):
+        here = idx[table.s[idx] == code]
+        who = member[table.s[idx] == code]
+        tm, sz = table.time[here], table.size[here]
+        ok = tm > 0
+        v = sz[ok] / tm[ok]
+        pos = v > 0
+        v, who, ow = v[pos], who[ok][pos], table.one_way[here][ok][pos]
+        if len(v) < settings.min_peers + 1:
+            continue
+        med = median(v.tolist())
+        med_t = median(ow.tolist())
+        deficit = np.array([-math.log(x / med) for x in v.tolist()])
+        parts.append((who, deficit, v, ow * 1e3, np.full(len(v), med_t * 1e3)))
+    if not parts:
+        return None
+    who = np.concatenate([p[0] for p in parts])
+    by_pair = np.argsort(who, kind="stable")  # each pair's values in step order
+    start = np.searchsorted(who[by_pair], np.arange(len(pairs) + 1))
+    cols = [np.concatenate([p[k] for p in parts])[by_pair] for k in range(1, 5)]
+    return _GroupSeries(start, *cols)
 
 
 def _slow_links_of_group(series: _GroupSeries, group: str, transport: str, members: list[tuple[int, int]],
                          settings: LinkSettings, world_size: int,
                          step_time_us: float | None) -> list[tuple[float, SlowLink]]:
     """The group's pairs that pass the test (``find_slow_links``' Notes), each with its saving (µs per step)."""
-    deficit, bw = series.deficit, series.bw
-    pooled = {i: trimmed_pool(xs) for i, xs in deficit.items()}
-    within, _ = pooled_within_sigma(deficit.values())
-    n_steps = max(len(xs) for xs in deficit.values())
+    have = series.pairs()
+    pooled = {i: trimmed_pool(series.of(series.deficit, i)) for i in have}
+    within, _ = pooled_within_sigma(series.of(series.deficit, i) for i in have)
+    n_steps = int(np.diff(series.start).max())
     floor = max(settings.min_sigma, within / math.sqrt(max(1, n_steps - 1)))
     test = upper_outliers(pooled, candidate_z=settings.candidate_z, sigma_floor=floor)
-    peer_bw = median(v for i, xs in bw.items() if i not in test.candidates for v in xs) if any(
-        i not in test.candidates for i in bw) else median(v for xs in bw.values() for v in xs)
+    peers = [i for i in have if i not in test.candidates]
+    peer_bw = median(v for i in (peers or have) for v in series.of(series.bw, i))
     slow: list[tuple[float, SlowLink]] = []
     for i, z in test.z.items():
-        own_bw = sum(bw[i]) / len(bw[i])
+        bw_i = series.of(series.bw, i)
+        own_bw = sum(bw_i) / len(bw_i)
         ratio = own_bw / peer_bw if peer_bw > 0 else 1.0
         if z < settings.min_robust_z or ratio > 1.0 - settings.min_drop:
             continue
-        saving = link_saving_us(series.transit[i], series.peer_transit[i])
+        saving = link_saving_us(series.of(series.transit, i), series.of(series.peer_transit, i))
         frac = saving / step_time_us if step_time_us else 0.0
         impact = Impact(saving / 1e6, 100.0 * frac, frac * world_size * HOURS_PER_DAY)
         a, b = members[i]
-        n = len(deficit[i])
+        n = len(bw_i)
         link = SlowLink(ranks=(a, b), group=group, bandwidth_gbps=own_bw, peer_median_gbps=peer_bw,
                         transport=transport, impact=impact.to_json(), evidence={
                             "z": round(z, 3), "steps": n, "noise_sigma_log": round(test.sigma, 5),
