@@ -54,6 +54,9 @@ CLOSE_JUDGED_AFTER_S = 1.0
 """A closed rank connection is judged this long after its disconnect event: a rank process that exits closes its
 connection before the kernel marks it a zombie, so a process still running a moment later had its connection
 closed by the node (a message over ``RANK_MAXMSGSIZE``, or a protocol error), not by its own end."""
+BYE_GRACE_S = 30.0
+"""A close within this long of the process's bye (with nothing sent after it) is its own end: the hook says bye,
+then closes its backend (bounded) and its socket."""
 MAX_TRACKED_RANK_PEERS = 10_000
 
 
@@ -322,10 +325,12 @@ class NodeDaemon:
                 self._reject(MessageRejected("bad_message", repr(exc)[:200]))
                 continue
             self.metrics.messages_in.labels(msg.kind).inc()
-            if msg.kind == "bye" and pid is not None:
+            if pid is not None and msg.kind == "bye":
                 if len(self._byes) >= MAX_TRACKED_RANK_PEERS:
                     self._byes.pop(next(iter(self._byes)))
                 self._byes[pid] = time.monotonic()
+            elif pid is not None and self._byes:
+                self._byes.pop(pid, None)  # it spoke again after its bye: not ending
             if msg.kind == "hello" and msg.backend == "torch_npu" and (msg.job_id, msg.rank) not in self._npu_starts:
                 if len(self._npu_starts) >= 4096:  # bounded: forget the oldest half (ranks of ended jobs)
                     for key in sorted(self._npu_starts, key=self._npu_starts.__getitem__)[:2048]:
@@ -429,9 +434,12 @@ class NodeDaemon:
     def _on_rank_connections(self, now: float) -> None:
         """Count closed rank connections (``profwatch_connections_closed_total{socket="rank"}``) from the rank
         socket's monitor, and judge each ``CLOSE_JUDGED_AFTER_S`` later: over ipc, a connection whose process
-        (its ``SO_PEERCRED`` pid) is still running and never said bye was closed by the node, i.e. ZeroMQ dropped
-        a message over ``RANK_MAXMSGSIZE`` (512 KiB) unread with it. Those are counted
-        (``profwatch_rank_connections_dropped_total``) and logged once a minute per peer
+        (its ``SO_PEERCRED`` pid) is still running and did not say bye just before (``BYE_GRACE_S``, nothing sent
+        after it) was closed by the node, i.e. ZeroMQ dropped
+        a message over ``RANK_MAXMSGSIZE`` (512 KiB) unread with it: ``peer="running"``. A connection closed
+        before its accept was looked at (its fd already gone, within one loop turn: an oversize first message after
+        a reconnect) is ``peer="unknown"``. Both are counted
+        (``profwatch_rank_connections_dropped_total{peer}``) and logged once a minute per peer
         (``rank_connection_dropped``). Over tcp the peer's process cannot be told: closes are only counted."""
         for ev, fd, _failure in self.rank_monitor.poll():
             if ev == "EVENT_ACCEPTED":
@@ -443,17 +451,29 @@ class NodeDaemon:
                 peer = self._rank_peers.pop(fd, f"fd:{fd}")
                 if peer.startswith("pid:") and len(self._closed) < MAX_TRACKED_RANK_PEERS:
                     self._closed.append((now + CLOSE_JUDGED_AFTER_S, peer))
+                elif peer.startswith("fd:") and self._ipc:
+                    # closed before the node could read its peer (within one loop turn of its accept): an
+                    # oversize first message after a (re)connect; a rank process never ends that fast
+                    self._dropped("unknown", peer, None)
         while self._closed and self._closed[0][0] <= now:
             _, peer = self._closed.pop(0)
             pid = int(peer[len("pid:") :])
-            if pid in self._byes or not process_running(self.s.proc_dir, pid):
-                continue  # the process ended (or said it would): a normal close
-            self.counters["connections_dropped"] = self.counters.get("connections_dropped", 0) + 1
-            self.metrics.rank_connections_dropped.inc()
-            self._log_peer("rank_connection_dropped", peer, peer=peer, pid=pid, limit_bytes=RANK_MAXMSGSIZE,
-                           detail=f"the connection of running process {pid} was closed by the node: ZeroMQ drops "
-                                  f"a message over {RANK_MAXMSGSIZE} bytes unread with its connection (the process "
-                                  "reconnects by itself); see profwatch_rank_connections_dropped_total")
+            bye_at = self._byes.get(pid)
+            if (bye_at is not None and now - bye_at <= BYE_GRACE_S + CLOSE_JUDGED_AFTER_S) or \
+                    not process_running(self.s.proc_dir, pid):
+                continue  # the process ended (or had just said it would): a normal close
+            self._dropped("running", peer, pid)
+
+    def _dropped(self, peer_kind: str, peer: str, pid: int | None) -> None:
+        self.counters["connections_dropped"] = self.counters.get("connections_dropped", 0) + 1
+        self.metrics.rank_connections_dropped.labels(peer_kind).inc()
+        self._log_peer("rank_connection_dropped", peer if pid is not None else "unknown", peer=peer, pid=pid,
+                       limit_bytes=RANK_MAXMSGSIZE,
+                       detail=(f"the connection of running process {pid}" if pid is not None else
+                               "a rank connection closed before its peer could be read")
+                       + f" was closed by the node: ZeroMQ drops a message over {RANK_MAXMSGSIZE} bytes unread with "
+                       "its connection (the process reconnects by itself); see "
+                       "profwatch_rank_connections_dropped_total")
 
     def _batch_bytes(self, payloads: list[bytes]) -> bytes:
         self._seq += 1
