@@ -23,7 +23,9 @@ was accepted) or silent (nothing counted, logged or answered; a hang): a batch o
 the disconnect), a control request over the cap and one naming a key twice, a state_db that is not profwatch's (a
 text file, a FIFO, a directory, a device, another program's SQLite db, a profwatch db with its header destroyed),
 two sockets on one endpoint and an endpoint held by another process, replay of a line without end and of more jobs
-than the cap, a rank that may not write the node socket (as root). Goal: 0 harmful, 0 silent.
+than the cap, a rank that may not write the node socket (as root), rank messages over the node's 512 KiB cap
+(counted from the node socket's disconnects), a replay --config that is a device or a FIFO (refused unread). Goal:
+0 harmful, 0 silent.
 
 Usage: python bench/bench_adversarial.py [--rounds 5] [--hellos 2000] [--kinds-only]
 """
@@ -374,6 +376,35 @@ def issue33_kinds(run: Run | None, root: Path) -> dict[str, dict[str, int]]:
         except zmq.Again:
             note("control_duplicate_keys", False, True)
         req.close(0)
+        # rank messages over the node's 512 KiB MAXMSGSIZE: libzmq drops each with its connection; the node counts
+        # them from its socket monitor (profwatch_rank_connections_dropped_total) and the PUSH reconnects
+        from profwatch.node import RANK_MAXMSGSIZE
+
+        push = run._push()
+        for _ in range(3):
+            run._honest_step()  # a live rank keeps stepping (a bye the rounds sent from this process is void)
+            last = run.honest_sent[-1]
+            run._wait(lambda: (run._job("honest") or {}).get("furthest_step", 0) >= last, "honest step")  # noqa: B023
+            before = _metric_sum(_scrape(run.ports["nm"]), "profwatch_rank_connections_dropped_total")
+            push.send_multipart([b"t", b" " * (RANK_MAXMSGSIZE + 1)])
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and \
+                    _metric_sum(_scrape(run.ports["nm"]), "profwatch_rank_connections_dropped_total") <= before:
+                time.sleep(0.1)
+            after = _metric_sum(_scrape(run.ports["nm"]), "profwatch_rank_connections_dropped_total")
+            note("rank_oversize", False, after <= before)
+        push.close(0)
+    for kind in ("device", "fifo"):  # bounded readers: a --config that is not a regular file is refused unread
+        cfg = root / f"config-{kind}.toml"
+        if kind == "device":
+            cfg.symlink_to("/dev/zero")
+        else:
+            os.mkfifo(cfg)
+        tele = root / f"tele-{kind}.jsonl"
+        tele.write_text(json.dumps({"job_id": "j", "rank": 0, "world_size": 1, "step": 1, "step_time_s": 0.5,
+                                    "ts_unix_s": 1.7e9}) + "\n")
+        code, text = _cli(["replay", "--config", str(cfg), str(tele)], timeout_s=60)
+        note(f"replay_config_{kind}", code is None, code != 2 or "not a regular file" not in text)
     for kind in ("toml", "fifo", "directory", "device", "foreign_db", "profwatch_header_destroyed"):
         d = root / f"db-{kind}"
         d.mkdir()

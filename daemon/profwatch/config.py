@@ -265,6 +265,10 @@ class Settings(BaseSettings):
 _TOML_PATH: dict[str, Path | None] = {"path": None}
 
 
+MAX_CONFIG_BYTES = 1024 * 1024
+"""Largest config file read (a full profwatch.toml is a few KiB): larger is a clear ``ConfigError``, never read."""
+
+
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     """Load the config file (optional) with env overrides; ``overrides`` win over both.
 
@@ -277,12 +281,20 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist or is not a file")
+        from profwatch.adapters.fs.bounded_read import InputTooLarge, read_capped
+
+        try:
+            text = read_capped(p, MAX_CONFIG_BYTES, "config file").decode("utf-8")
+        except (InputTooLarge, OSError) as exc:
+            raise ConfigError(str(exc)) from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {p} is not UTF-8 text") from None
         try:
             try:
                 import tomllib as _t
             except ModuleNotFoundError:  # Python 3.10
                 import tomli as _t
-            _t.loads(p.read_text())
+            _t.loads(text)
         except Exception as exc:  # noqa: BLE001
             raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
     _TOML_PATH["path"] = Path(path) if path is not None else None

@@ -31,6 +31,7 @@ from profwatch.adapters.outputs.metrics import DaemonMetrics
 from profwatch.adapters.outputs.sd_notify import SdNotifier
 from profwatch.adapters.zmq.curve import HandshakeMonitor, make_client, peer_address
 from profwatch.adapters.zmq.keyfiles import CurveSetupError, KeyPair, client_keys
+from profwatch.adapters.zmq.server_sockets import peer_of_fd
 from profwatch.config import NodeSettings
 from profwatch.core.access import SecuritySettings, insecure_endpoints, parse_peer_address
 from profwatch.core.fleet.job_pins import Collision, JobIdCollision
@@ -48,6 +49,27 @@ heartbeat intervals when that is longer, and again every minute of silence; ``co
 
 RANK_MAXMSGSIZE = 2 * wire.MAX_MESSAGE_BYTES
 """ZeroMQ drops (and disconnects) a rank message above this; between the wire limit and this it is counted."""
+
+CLOSE_JUDGED_AFTER_S = 1.0
+"""A closed rank connection is judged this long after its disconnect event: a rank process that exits closes its
+connection before the kernel marks it a zombie, so a process still running a moment later had its connection
+closed by the node (a message over ``RANK_MAXMSGSIZE``, or a protocol error), not by its own end."""
+BYE_GRACE_S = 30.0
+"""A close within this long of the process's bye (with nothing sent after it) is its own end: the hook says bye,
+then closes its backend (bounded) and its socket."""
+MAX_TRACKED_RANK_PEERS = 10_000
+
+
+def process_running(proc_dir: Path, pid: int) -> bool:
+    """Whether ``pid`` is a running process (``<proc_dir>/<pid>/stat`` exists and its state is not zombie or
+    dead, ``proc(5)``). Reads at most 4 KiB."""
+    try:
+        with open(proc_dir / str(pid) / "stat", "rb") as f:
+            stat = f.read(4096)
+    except OSError:
+        return False
+    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
+    return bool(state) and state not in (b"Z", b"X", b"x")
 
 
 @lru_cache(maxsize=4096)
@@ -111,6 +133,9 @@ class NodeDaemon:
         self._npu_starts: dict[tuple[str, int], float] = {}  # local torch_npu ranks -> their start time
         self._stale_state = ""  # what the last stale torch_npu check found (sent with every heartbeat)
         self._check_stale_now = threading.Event()
+        self._rank_peers: dict[int, str] = {}  # fd -> peer ("pid:N" over ipc) of an open rank connection
+        self._byes: dict[int, float] = {}  # pids that said bye (a normal end), bounded
+        self._closed: list[tuple[float, str]] = []  # (judge at, peer) of closed rank connections not judged yet
         self._bind_sockets()
         self._fs_thread = threading.Thread(target=self._fs_worker, name="profwatch-node-fs", daemon=True)
 
@@ -147,6 +172,7 @@ class NodeDaemon:
             self.pull.bind(ep)
         finally:
             os.umask(old_umask)
+        self.rank_monitor = HandshakeMonitor(self.pull, side="server")
         if self._ipc:
             sock_path = ep[len("ipc://") :]
             if gid is not None:
@@ -236,6 +262,7 @@ class NodeDaemon:
         poller.register(self.pull, zmq.POLLIN)
         poller.register(self.dealer, zmq.POLLIN)
         poller.register(self.monitor.sock, zmq.POLLIN)
+        poller.register(self.rank_monitor.sock, zmq.POLLIN)
         next_hb = 0.0
         self.notifier.ready("serving")
         try:
@@ -250,8 +277,10 @@ class NodeDaemon:
                     self._drain_commands()
                 if self.monitor.sock in events:
                     self._on_handshakes()
-                self._drain_outbox()
                 now = time.monotonic()
+                if self.rank_monitor.sock in events or self._closed:
+                    self._on_rank_connections(now)
+                self._drain_outbox()
                 if self._reconnect_at is not None and now >= self._reconnect_at:
                     self._reconnect_at = None
                     self._reconnect()
@@ -296,6 +325,12 @@ class NodeDaemon:
                 self._reject(MessageRejected("bad_message", repr(exc)[:200]))
                 continue
             self.metrics.messages_in.labels(msg.kind).inc()
+            if pid is not None and msg.kind == "bye":
+                if len(self._byes) >= MAX_TRACKED_RANK_PEERS:
+                    self._byes.pop(next(iter(self._byes)))
+                self._byes[pid] = time.monotonic()
+            elif pid is not None and self._byes:
+                self._byes.pop(pid, None)  # it spoke again after its bye: not ending
             if msg.kind == "hello" and msg.backend == "torch_npu" and (msg.job_id, msg.rank) not in self._npu_starts:
                 if len(self._npu_starts) >= 4096:  # bounded: forget the oldest half (ranks of ended jobs)
                     for key in sorted(self._npu_starts, key=self._npu_starts.__getitem__)[:2048]:
@@ -395,6 +430,50 @@ class NodeDaemon:
             self.metrics.auth_refused.labels("coordinator", reason).inc()
             self._log_peer("coordinator_auth_failed", reason, coordinator=self.s.coordinator, reason=reason,
                            detail=explanation)
+
+    def _on_rank_connections(self, now: float) -> None:
+        """Count closed rank connections (``profwatch_connections_closed_total{socket="rank"}``) from the rank
+        socket's monitor, and judge each ``CLOSE_JUDGED_AFTER_S`` later: over ipc, a connection whose process
+        (its ``SO_PEERCRED`` pid) is still running and did not say bye just before (``BYE_GRACE_S``, nothing sent
+        after it) was closed by the node, i.e. ZeroMQ dropped
+        a message over ``RANK_MAXMSGSIZE`` (512 KiB) unread with it: ``peer="running"``. A connection closed
+        before its accept was looked at (its fd already gone, within one loop turn: an oversize first message after
+        a reconnect) is ``peer="unknown"``. Both are counted
+        (``profwatch_rank_connections_dropped_total{peer}``) and logged once a minute per peer
+        (``rank_connection_dropped``). Over tcp the peer's process cannot be told: closes are only counted."""
+        for ev, fd, _failure in self.rank_monitor.poll():
+            if ev == "EVENT_ACCEPTED":
+                if len(self._rank_peers) >= MAX_TRACKED_RANK_PEERS:
+                    self._rank_peers.pop(next(iter(self._rank_peers)))
+                self._rank_peers[fd] = peer_of_fd(fd)
+            elif ev == "EVENT_DISCONNECTED":
+                self.metrics.connections_closed.labels("rank").inc()
+                peer = self._rank_peers.pop(fd, f"fd:{fd}")
+                if peer.startswith("pid:") and len(self._closed) < MAX_TRACKED_RANK_PEERS:
+                    self._closed.append((now + CLOSE_JUDGED_AFTER_S, peer))
+                elif peer.startswith("fd:") and self._ipc:
+                    # closed before the node could read its peer (within one loop turn of its accept): an
+                    # oversize first message after a (re)connect; a rank process never ends that fast
+                    self._dropped("unknown", peer, None)
+        while self._closed and self._closed[0][0] <= now:
+            _, peer = self._closed.pop(0)
+            pid = int(peer[len("pid:") :])
+            bye_at = self._byes.get(pid)
+            if (bye_at is not None and now - bye_at <= BYE_GRACE_S + CLOSE_JUDGED_AFTER_S) or \
+                    not process_running(self.s.proc_dir, pid):
+                continue  # the process ended (or had just said it would): a normal close
+            self._dropped("running", peer, pid)
+
+    def _dropped(self, peer_kind: str, peer: str, pid: int | None) -> None:
+        self.counters["connections_dropped"] = self.counters.get("connections_dropped", 0) + 1
+        self.metrics.rank_connections_dropped.labels(peer_kind).inc()
+        self._log_peer("rank_connection_dropped", peer if pid is not None else "unknown", peer=peer, pid=pid,
+                       limit_bytes=RANK_MAXMSGSIZE,
+                       detail=(f"the connection of running process {pid}" if pid is not None else
+                               "a rank connection closed before its peer could be read")
+                       + f" was closed by the node: ZeroMQ drops a message over {RANK_MAXMSGSIZE} bytes unread with "
+                       "its connection (the process reconnects by itself); see "
+                       "profwatch_rank_connections_dropped_total")
 
     def _batch_bytes(self, payloads: list[bytes]) -> bytes:
         self._seq += 1
@@ -586,6 +665,7 @@ class NodeDaemon:
         if not self._ctx.closed:
             if self._pending:  # relay what arrived before SIGTERM (non-blocking; dropped and counted if full)
                 self._flush()
+            self.rank_monitor.close()
             self.pull.close(0)
             self.monitor.close()
             self.dealer.close(200)

@@ -85,3 +85,21 @@ def test_find_stale_dp_state(tmp_path: Path) -> None:
     assert sorted((m.pid, m.orphan) for m in st.monitors) == [(100, True), (101, False)]
     assert [m.pid for m in st.orphans] == [100] and st.stale and "orphan" in st.describe()
     assert not find_stale_dp_state(str(tmp_path / "x"), str(tmp_path / "y")).stale
+
+
+def test_a_line_longer_than_a_read_is_skipped_and_the_tail_goes_on(tmp_path: Path) -> None:
+    """Issue 33 #4: a dp log line over MAX_READ_BYTES (a runaway log) stalled the tail for good (the offset never
+    moved past it, every poll re-read the same 4 MiB); it is now skipped, counted, and later lines are read."""
+    from profwatch.adapters.fs.dp_log_tail import MAX_READ_BYTES
+
+    log = tmp_path / "log"
+    log.mkdir()
+    r0 = log / "dp_node_a_42_rank_0.log"
+    r0.write_bytes(_line("Start step will be set to 7.").encode() + b"x" * (2 * MAX_READ_BYTES + 10) + b"\n"
+                   + _line("Start Dynamic Profiler at 7 step.").encode())
+    tail = DpLogTail(str(tmp_path), job_id="j1")
+    evs = []
+    for _ in range(5):  # each poll reads at most MAX_READ_BYTES
+        evs += tail.poll()
+    assert [(e.event, e.step) for e in evs] == [("arm_seen", None), ("started", 7)]
+    assert tail.overlong_lines == 1

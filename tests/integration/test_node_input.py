@@ -8,11 +8,15 @@ import grp
 import json
 import os
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import structlog
 
+from profwatch.node import RANK_MAXMSGSIZE, NodeDaemon
 from rankhook import wire
 from rankhook.publisher import Publisher
 from tests.conftest import wait_for
@@ -240,3 +244,63 @@ def test_a_batch_of_another_protocol_version_is_refused_and_counted_live(stack: 
     assert job_view(stack.control("status"), "jobV2") is None
     assert coord.metrics.registry.get_sample_value("profwatch_rejected_total", {"reason": "bad_version"}) == 2
     assert coord.counters["rejected"] == 2 and coord.counters["batches"] == 1
+
+
+def _node_sample(node: NodeDaemon, name: str, labels: dict[str, str] | None = None) -> float:
+    if name == "profwatch_rank_connections_dropped_total" and labels is None:  # both peer kinds
+        return sum(_node_sample(node, name, {"peer": p}) for p in ("running", "unknown"))
+    return node.metrics.registry.get_sample_value(name, labels or {}) or 0.0
+
+
+def test_a_rank_message_over_the_node_cap_is_counted_from_the_disconnect(stack: Stack, short_tmp: Path) -> None:
+    """Issue 33 #7 (node side): a message over the rank socket's MAXMSGSIZE (512 KiB) is dropped by libzmq with
+    its connection; the node counts it from the socket monitor when the peer process is still running and never
+    said bye, and logs it once a minute per peer. A rank process that exits, or says bye and closes, is a close but
+    no drop."""
+    node = stack.node("n1")
+    push = stack.push("n1")
+    push.send_multipart(wire.frames(hello("jobZ", 0, world=1)))
+    push.send_multipart(wire.frames(step("jobZ", 0, 1)))
+    wait_for(lambda: rank_view(stack.control("status"), "jobZ").get(0, {}).get("last_step") == 1, 30, what="step 1")
+    dropped = "profwatch_rank_connections_dropped_total"
+    assert _node_sample(node, dropped) == 0
+    with structlog.testing.capture_logs() as logs:
+        push.send_multipart([b"t", b" " * (RANK_MAXMSGSIZE + 1)])  # over MAXMSGSIZE: libzmq drops it unread
+        wait_for(lambda: _node_sample(node, dropped) >= 1, 30, 0.05, "the dropped connection counted")
+        push.send_multipart([b"t", b" " * (RANK_MAXMSGSIZE + 1)])  # the same peer again, within the minute
+        wait_for(lambda: _node_sample(node, dropped) >= 2, 30, 0.05, "the second drop counted")
+    assert _node_sample(node, "profwatch_connections_closed_total", {"socket": "rank"}) >= 2
+    said = [e for e in logs if e["event"] == "rank_connection_dropped"]
+    # the first drop's connection was long open: its process is named, once a minute (the second, right after the
+    # PUSH reconnected, may close before the node reads its peer: peer="unknown")
+    assert len([e for e in said if e["pid"] == os.getpid()]) == 1 and len(said) <= 2
+    assert _node_sample(node, dropped, {"peer": "running"}) >= 1
+    push.send_multipart(wire.frames(step("jobZ", 0, 2)))  # the PUSH reconnected by itself; nothing else was lost
+    wait_for(lambda: rank_view(stack.control("status"), "jobZ")[0]["last_step"] == 2, 30, what="step 2")
+    # a rank process that exits closes its connection: counted as closed, never as dropped
+    closed_before = _node_sample(node, "profwatch_connections_closed_total", {"socket": "rank"})
+    code = ("import sys, zmq; from rankhook import wire; from tests.integration.live_stack import hello\n"
+            "c = zmq.Context(); s = c.socket(zmq.PUSH); s.setsockopt(zmq.LINGER, 5000); s.connect(sys.argv[1])\n"
+            "s.send_multipart(wire.frames(hello('jobE', 0, world=1))); s.close(); c.term()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run([sys.executable, "-c", code, f"ipc://{short_tmp}/n1.sock"], check=True, timeout=60, env=env)
+    wait_for(lambda: _node_sample(node, "profwatch_connections_closed_total", {"socket": "rank"}) > closed_before
+             and not node._closed, 30, 0.05, "the exited process's close judged")
+    assert _node_sample(node, dropped) == 2
+    # a bye followed by more messages from the same process does not excuse a later drop
+    push.send_multipart(wire.frames(wire.RankBye(job_id="jobZ", rank=0, step=2, ts_unix_s=time.time())))
+    push.send_multipart(wire.frames(step("jobZ", 0, 3)))
+    wait_for(lambda: rank_view(stack.control("status"), "jobZ")[0]["last_step"] == 3, 30, what="step 3")
+    assert os.getpid() not in node._byes
+    push.send_multipart([b"t", b" " * (RANK_MAXMSGSIZE + 1)])
+    wait_for(lambda: _node_sample(node, dropped) >= 3, 30, 0.05, "the drop after a bye and a step counted")
+    # a process that says bye and closes its socket while it keeps running: a close, never a drop
+    bye_push = stack.push("n1")
+    bye_push.send_multipart(wire.frames(hello("jobB", 0, world=1)))
+    bye_push.send_multipart(wire.frames(wire.RankBye(job_id="jobB", rank=0, step=0, ts_unix_s=time.time())))
+    wait_for(lambda: os.getpid() in node._byes, 30, 0.05, "the bye arrived")
+    closed_before = _node_sample(node, "profwatch_connections_closed_total", {"socket": "rank"})
+    bye_push.close(0)
+    wait_for(lambda: _node_sample(node, "profwatch_connections_closed_total", {"socket": "rank"}) > closed_before
+             and not node._closed, 30, 0.05, "the closed connection judged")
+    assert _node_sample(node, dropped) == 3

@@ -123,6 +123,15 @@ def test_readable_summary_and_config_errors(tmp_path: Path) -> None:
     bad.write_text("[detection\n")
     code, out = invoke(f, "--config", str(bad))
     assert code == 2
+    # issue 33 #4: a --config that is a device or a FIFO is refused unread (it was read whole: /dev/zero grew
+    # without bound, a FIFO blocked for ever)
+    dev = tmp_path / "dev.toml"
+    dev.symlink_to("/dev/zero")
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    for p in (dev, fifo):
+        code, out = invoke(f, "--config", str(p))
+        assert code == 2 and "not a regular file" in out, out
 
 
 def test_dump_jsonl_accepts_wire_step_reports() -> None:

@@ -102,3 +102,18 @@ def test_a_job_before_its_first_step_gets_the_startup_allowance() -> None:
     assert end.job_id == "loading" and end.silent_s == 1000.0
     with pytest.raises(ValueError):
         JobEndTracker(10, startup_allowance_s=-1)
+
+
+def test_an_authorization_file_that_is_a_device_fifo_or_too_large_is_refused_unread(tmp_path: Path):
+    """Issue 33 #4: a bounded reader everywhere a file is read. /dev/zero (st_size 0) was read whole (unbounded
+    memory), a FIFO blocked the start for ever."""
+    dev = tmp_path / "auth-dev"
+    dev.symlink_to("/dev/zero")
+    fifo = tmp_path / "auth-fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "auth-big"
+    big.write_text("Bearer " + "x" * 9000 + "\n")
+    for f, says in ((dev, "not a regular file"), (fifo, "not a regular file"), (big, "over the 8192-byte cap")):
+        with pytest.raises(SinkConfigError, match=says) as ei:
+            read_authorization(WebhookSettings(url="http://h/x", authorization_file=f), {}, "webhook")
+        assert "[webhook] authorization_file" in str(ei.value) and str(f) in str(ei.value)

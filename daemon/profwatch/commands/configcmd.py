@@ -127,7 +127,10 @@ def _toml(path: Path) -> dict[str, Any]:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
-    return tomllib.loads(path.read_text(encoding="utf-8"))
+    from profwatch.adapters.fs.bounded_read import read_capped
+    from profwatch.config import MAX_CONFIG_BYTES
+
+    return tomllib.loads(read_capped(path, MAX_CONFIG_BYTES, "config file").decode("utf-8"))
 
 
 def check_errors(path: Path | None) -> tuple[list[str], Any]:
@@ -139,8 +142,12 @@ def check_errors(path: Path | None) -> tuple[list[str], Any]:
     if path is not None:
         if not path.is_file():
             return [f"{path}: does not exist or is not a file"], None
+        from profwatch.adapters.fs.bounded_read import InputTooLarge
+
         try:
             raw = _toml(path)
+        except InputTooLarge as exc:
+            return [f"{path}: cannot be read: {exc}"], None
         except (OSError, UnicodeDecodeError) as exc:
             return [f"{path}: cannot be read: {exc}"], None
         except ValueError as exc:  # tomllib.TOMLDecodeError: says the line and column

@@ -300,9 +300,13 @@ def miss_evidence(data: dict[str, Any], max_ranks: int = 8, max_steps: int = 8) 
     at most ``max_ranks`` x ``max_steps``). Lines without leading spaces; only the status line when there is no
     report, and a line saying why when its JSON cannot be read."""
     out = [f"status {data.get('status')}: {data.get('detail')}"]
+    from profwatch.adapters.fs.bounded_read import read_capped
+    from profwatch.adapters.fs.rank_dir_fs import MAX_JSON_BYTES
+
     path = data.get("report")
     try:
-        doc = json.loads(Path(str(path)).with_suffix(".json").read_text()) if path else None
+        doc = json.loads(read_capped(Path(str(path)).with_suffix(".json"), MAX_JSON_BYTES, "report JSON")) \
+            if path else None
     except (OSError, ValueError) as exc:
         return out + [f"report JSON not readable: {exc}"]
     if not isinstance(doc, dict):

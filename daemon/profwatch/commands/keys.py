@@ -156,7 +156,8 @@ def install(config_path: Path | None, keys_dir: Path | None, systemd_dir: Path, 
     """On a node or CLI host: install SECRET (the .key_secret `keys add` issued for it) as
     <keys_dir>/client.key_secret (mode 600) and the coordinator's public key as <keys_dir>/server.key, then write
     the node unit's credential drop-in."""
-    from profwatch.adapters.zmq.keyfiles import CurveSetupError, read_certificate
+    from profwatch.adapters.fs.bounded_read import read_capped
+    from profwatch.adapters.zmq.keyfiles import MAX_KEY_FILE_BYTES, CurveSetupError, read_certificate
 
     kd, _clients = _keys_dir(config_path, keys_dir)
     try:
@@ -169,12 +170,12 @@ def install(config_path: Path | None, keys_dir: Path | None, systemd_dir: Path, 
             tmp = kd / f".{name}.tmp"
             old = os.umask(0o077)
             try:
-                tmp.write_bytes(src.read_bytes())
+                tmp.write_bytes(read_capped(src, MAX_KEY_FILE_BYTES, "key file"))
             finally:
                 os.umask(old)
             os.chmod(tmp, mode)
             os.replace(tmp, kd / name)
-    except (CurveSetupError, OSError) as exc:
+    except (CurveSetupError, OSError, ValueError) as exc:  # ValueError: InputTooLarge
         _fail(str(exc))
         return
     name = meta.get("name", "?")

@@ -33,7 +33,7 @@ from typing import Any
 import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from profwatch.adapters.fs.bounded_read import EndlessInput, OverlongLine, iter_lines
+from profwatch.adapters.fs.bounded_read import EndlessInput, OverlongLine, iter_lines, read_capped
 from profwatch.core.arming.episodes import JobEpisodes
 from profwatch.core.arming.policy import ArmingPolicy, ArmingSettings, capture_request
 from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture, spike_hold
@@ -88,8 +88,10 @@ def load_config(path: Path | None, ignored: list[str] | None = None) -> ReplayCo
     ``ValidationError`` (a bad key or value in a used table)."""
     if path is None:
         return ReplayConfig()
-    with path.open("rb") as f:
-        data = tomllib.load(f)
+    from profwatch.config import MAX_CONFIG_BYTES
+
+    # bounded: a device, FIFO or file over the config cap is an InputTooLarge (a ValueError), never read whole
+    data = tomllib.loads(read_capped(path, MAX_CONFIG_BYTES, "config file").decode("utf-8"))
     if ignored is not None:
         ignored.extend(k for k in data if k not in REPLAY_TABLES)
     return ReplayConfig.model_validate({k: v for k, v in data.items() if k in REPLAY_TABLES})

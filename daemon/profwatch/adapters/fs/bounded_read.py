@@ -5,11 +5,14 @@
 :func:`iter_lines` reads fixed-size chunks and never holds more than ``max_line_bytes`` of one line: a longer line
 is yielded as an :class:`OverlongLine` (its length; the bytes are skipped), and a line still without end after
 ``max_skip_bytes`` ends the reading with :class:`EndlessInput` (the input is unusable: nothing after it could be
-read anyway).
+read anyway). :func:`read_capped` reads a whole small file (a key, a token, a JSON document, a config) in bounded
+memory, refusing anything that is not a regular file.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -75,3 +78,46 @@ def iter_lines(f: BinaryIO, max_line_bytes: int, max_skip_bytes: int | None = No
         yield OverlongLine(skipping)
     elif buf:
         yield buf.decode(encoding, errors="replace")
+
+
+class InputTooLarge(ValueError):
+    """A file holds more bytes than its reader's cap (or is not a regular file): nothing of it was used."""
+
+
+def read_capped(path: str | os.PathLike[str], max_bytes: int, what: str = "file") -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``, read with at most ``max_bytes + 1`` bytes in memory.
+
+    The file is opened with ``O_NONBLOCK`` (a FIFO never blocks the open) and must be a regular file after the
+    open (``fstat``: a device such as ``/dev/zero``, a FIFO or a directory is refused, whatever its name or a
+    symlink to it says). ``st_size`` is checked first and the read is capped too (a file that grows meanwhile).
+
+    Args:
+        path: the file.
+        max_bytes: largest accepted size, bytes (> 0).
+        what: how the error names the file (``"key file"``, ``"config file"``).
+    Raises:
+        InputTooLarge: not a regular file, or over ``max_bytes``; the message names ``what``, the path and the cap.
+        OSError: it cannot be opened or read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputTooLarge(f"{what} {os.fspath(path)} is not a regular file (a device, FIFO or directory): "
+                                "not read")
+        if st.st_size > max_bytes:
+            raise InputTooLarge(f"{what} {os.fspath(path)} is {st.st_size} bytes, over the {max_bytes}-byte cap: "
+                                "not read")
+        chunks: list[bytes] = []
+        got = 0
+        while got <= max_bytes:
+            chunk = os.read(fd, min(CHUNK_BYTES, max_bytes + 1 - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        if got > max_bytes:
+            raise InputTooLarge(f"{what} {os.fspath(path)} grew over the {max_bytes}-byte cap while read: not read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

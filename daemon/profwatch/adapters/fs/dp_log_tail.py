@@ -105,6 +105,9 @@ class DpLogTail:
         self.job_id = job_id
         self._clock = clock
         self._offsets: dict[tuple[int, int], int] = {}
+        self._skipping: set[tuple[int, int]] = set()  # files inside a line over MAX_READ_BYTES, skipped to its end
+        self.overlong_lines = 0
+        """Lines over ``MAX_READ_BYTES`` skipped (before, one stalled the file's tail for good)."""
         self._skip_existing = not from_start
         self.files: dict[int, DpLogFile] = {}
 
@@ -130,6 +133,7 @@ class DpLogTail:
             self.files[ident.rank] = ident
             out.extend(self._read(os.path.join(self.log_dir, name), ident, seen))
         self._offsets = {k: v for k, v in self._offsets.items() if k in seen}
+        self._skipping &= seen
         self._skip_existing = False
         return out
 
@@ -144,18 +148,32 @@ class DpLogTail:
                     off = st.st_size if self._skip_existing else 0
                 if st.st_size < off:
                     off = 0  # truncated
+                    self._skipping.discard(key)
                 f.seek(off)
                 data = f.read(MAX_READ_BYTES)
         except OSError:
             return []
+        start = 0
+        if key in self._skipping:  # the rest of an overlong line: dropped up to its newline
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._offsets[key] = off + len(data)
+                return []
+            self._skipping.discard(key)
+            start = nl + 1
         end = data.rfind(b"\n")
-        if end < 0:
-            self._offsets[key] = off
+        if end < start:  # no whole line yet
+            if len(data) >= MAX_READ_BYTES:  # one line fills the read: skip it, never re-read it for ever
+                self._skipping.add(key)
+                self.overlong_lines += 1
+                self._offsets[key] = off + len(data)
+            else:
+                self._offsets[key] = off + start
             return []
         self._offsets[key] = off + end + 1
         now = self._clock()
         events = []
-        for raw in data[: end + 1].splitlines():
+        for raw in data[start : end + 1].splitlines():
             ev = parse_line(raw.decode("utf-8", "replace"), self.job_id, ident.rank, now)
             if ev is not None:
                 events.append(ev)

@@ -32,7 +32,7 @@ def _stat_fields(proc_root: str, pid: str) -> list[bytes] | None:
     """Fields 3.. of ``/proc/<pid>/stat`` (after the parenthesised command name, which may hold spaces)."""
     try:
         with open(f"{proc_root}/{pid}/stat", "rb") as fh:
-            data = fh.read()
+            data = fh.read(4096)  # one line of a few hundred bytes (proc(5)); bounded whatever proc_root holds
     except OSError:  # the process ended between listing and reading
         return None
     end = data.rfind(b")")
@@ -73,7 +73,7 @@ def host_memory_bytes(*, meminfo: str = "/proc/meminfo") -> int | None:
     """The host's physical memory (``MemTotal``), bytes; None when it cannot be read."""
     try:
         with open(meminfo, encoding="ascii", errors="replace") as fh:
-            for line in fh:
+            for line in fh.read(1 << 16).splitlines():  # bounded: /proc/meminfo is ~1.5 KB
                 if line.startswith("MemTotal:"):
                     parts = line.split()
                     return int(parts[1]) * 1024

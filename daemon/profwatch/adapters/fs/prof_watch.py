@@ -111,6 +111,9 @@ def completion_scandir(skip: tuple[str, ...]) -> Callable[[str | None], Iterator
     return listdir
 
 
+MAX_MOUNTINFO_BYTES = 64 * 1024 * 1024
+"""Most of the mount table read (``/proc/self/mountinfo`` is ~150 bytes a mount); a longer one is cut at its last
+whole line (the mounts past it are not seen: the observer falls back to what it can tell)."""
 _RANK_DIR_WATCHED = frozenset({PROFILER_OUTPUT_DIR, PROFILER_METADATA, TRACE_DONE})
 
 
@@ -289,7 +292,8 @@ class ProfWatcher:
             probe = os.path.dirname(probe)
         try:
             with open(self._mountinfo_path, encoding="utf-8") as fh:
-                mounts = parse_mountinfo(fh.read())
+                text = fh.read(MAX_MOUNTINFO_BYTES)  # bounded (a host with 10^5 mounts: ~15 MB)
+            mounts = parse_mountinfo(text if len(text) < MAX_MOUNTINFO_BYTES else text[: text.rfind("\n") + 1])
         except OSError:
             return "polling"  # cannot tell: polling is correct everywhere, only slower
         fstype = fs_type_of(os.path.realpath(probe), mounts)

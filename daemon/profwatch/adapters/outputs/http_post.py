@@ -30,6 +30,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from profwatch.adapters.fs.bounded_read import InputTooLarge, read_capped
 from profwatch.core.alerts.settings import HttpClientSettings
 
 log = structlog.get_logger("profwatch.sinks")
@@ -59,9 +60,9 @@ def read_authorization(settings: HttpClientSettings, environ: Mapping[str, str],
         path = Path(settings.authorization_file)
         try:
             st = path.stat()
-            if st.st_size > MAX_AUTHORIZATION_BYTES:
-                raise SinkConfigError(f"[{section}] authorization_file {path} is larger than 8 KiB")
-            value = path.read_text(encoding="utf-8").strip()
+            value = read_capped(path, MAX_AUTHORIZATION_BYTES, f"[{section}] authorization_file").decode("utf-8").strip()
+        except InputTooLarge as exc:  # a device (/dev/zero), a FIFO or a file over 8 KiB: never read whole
+            raise SinkConfigError(str(exc)) from None
         except OSError as exc:
             raise SinkConfigError(f"[{section}] authorization_file {path} cannot be read: {exc.strerror}") from None
         except UnicodeDecodeError:

@@ -32,6 +32,10 @@ class DaemonMetrics:
     ``profwatch_queue_depth{queue}``, ``profwatch_auth_refused_total{socket,reason}`` (CURVE handshakes refused or
     failed: ``unknown_key``, ``role_not_allowed``, ``mechanism_mismatch``, ``protocol``, ``refused``,
     ``no_detail``).
+    Node: ``profwatch_connections_closed_total{socket="rank"}`` (rank connections closed, a rank process ending
+    closes one), ``profwatch_rank_connections_dropped_total{peer}`` (of those, the ones closed under a running
+    process that had not just said bye, ``running``, or before the node could read their peer, ``unknown``: a
+    rank message over the node's 512 KiB ``MAXMSGSIZE`` dropped unread; ``node.py``).
     Coordinator: ``profwatch_connections_closed_total{socket}`` (``ingest``: node connections closed,
     from the socket monitor's disconnect events; an oversize message, over ZeroMQ's ``MAXMSGSIZE``, is dropped
     unread with its connection, so its drops show here; ``adapters/zmq/server_sockets.py``), ``profwatch_events_total{type}`` (every event published, alerts and the others), ``profwatch_captures_total{state}``
@@ -67,8 +71,14 @@ class DaemonMetrics:
             "profwatch_connections_closed", "Peer connections of a listening socket that closed: ZeroMQ drops a "
             "message over the socket's MAXMSGSIZE with its connection (a peer that stopped closes one too)",
             ["socket"], registry=r)
-        if daemon == "coordinator":
-            self.connections_closed.labels("ingest")  # exported as 0 before the first close
+        self.connections_closed.labels("ingest" if daemon == "coordinator" else "rank")  # 0 before the first close
+        self.rank_connections_dropped = Counter(
+            "profwatch_rank_connections_dropped", "Node: rank connections the node closed under a running process "
+            "that never said bye (peer=running) or before its peer could be read (peer=unknown): ZeroMQ drops a rank message "
+            "over 512 KiB (MAXMSGSIZE) unread with its connection", ["peer"],
+            registry=r if daemon != "coordinator" else None)
+        for peer in ("running", "unknown"):
+            self.rank_connections_dropped.labels(peer)  # 0 before the first drop
         self.watch_fallbacks = Counter("profwatch_watch_fallbacks", "prof_dir watches degraded to polling",
                                        ["reason"], registry=r)
         self._server: Any = None

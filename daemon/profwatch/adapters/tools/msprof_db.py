@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from profwatch.adapters.fs.bounded_read import InputTooLarge, read_capped
+from profwatch.adapters.fs.rank_dir_fs import MAX_JSON_BYTES
 from profwatch.core.verdict.msprof_plan import InputFacts
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -132,8 +134,14 @@ def sqlite_truncated(db_path: Path) -> bool:
     return size < pages * page_size
 
 
+MAX_INFO_JSON_BYTES = MAX_JSON_BYTES
+"""Largest ``profiler_info*.json`` / ``profiler_metadata.json`` read (the rank dir reader's JSON cap)."""
+
+
 def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
+    """A capture's JSON document, read bounded (raises ``InputTooLarge``, a ``ValueError``, for a device, a FIFO
+    or a file over :data:`MAX_INFO_JSON_BYTES`; ``OSError`` when unreadable)."""
+    return json.loads(read_capped(path, MAX_INFO_JSON_BYTES, "capture file").decode("utf-8"))
 
 
 def inspect_inputs(staged_dir: Path, *, max_depth: int = 5) -> InputFacts:
@@ -161,6 +169,9 @@ def inspect_inputs(staged_dir: Path, *, max_depth: int = 5) -> InputFacts:
                 info = _read_json(info_path)
                 config = info.get("config", {})
                 facts.levels.add(str(config.get("experimental_config", {}).get("_profiler_level", "")))
+            except InputTooLarge as exc:
+                facts.notes.append(f"unreadable {info_path}: {exc}")
+                continue
             except (OSError, ValueError, AttributeError, RecursionError, MemoryError):
                 facts.notes.append(f"unreadable {info_path}")
                 continue
@@ -174,6 +185,8 @@ def inspect_inputs(staged_dir: Path, *, max_depth: int = 5) -> InputFacts:
                 groups.append(len(members))
                 if isinstance(members, list) and all(isinstance(r, int) for r in members):
                     group_set.add(tuple(sorted(set(members))))
+        except InputTooLarge as exc:
+            facts.notes.append(f"unreadable {rd / 'profiler_metadata.json'}: {exc}")
         except (OSError, ValueError, AttributeError, TypeError, RecursionError, MemoryError):
             pass
         for db in (rd / "ASCEND_PROFILER_OUTPUT").glob("ascend_pytorch_profiler*.db"):

@@ -119,7 +119,7 @@ class ToolRun:
         try:
             with self.log_path.open("rb") as fh:
                 fh.seek(max(self.log_path.stat().st_size - _LOG_TAIL_BYTES, 0))
-                text = fh.read().decode("utf-8", "replace")
+                text = fh.read(_LOG_TAIL_BYTES).decode("utf-8", "replace")  # bounded: the log may grow meanwhile
         except OSError:
             text = ""
         return text or self.stderr_tail
@@ -129,7 +129,7 @@ class ToolRun:
         try:
             with self.log_path.open("rb") as fh:
                 fh.seek(max(self.log_path.stat().st_size - _LOG_TEXT_MAX_BYTES, 0))
-                return fh.read().decode("utf-8", "replace")
+                return fh.read(_LOG_TEXT_MAX_BYTES).decode("utf-8", "replace")
         except OSError:
             return ""
 

@@ -19,6 +19,7 @@ import structlog
 import zmq
 import zmq.auth
 
+from profwatch.adapters.fs.bounded_read import read_capped
 from profwatch.core.access import Role
 from profwatch.core.messages import node_id_ok
 
@@ -52,6 +53,28 @@ class KeyPair:
 
 
 # -- certificate files --------------------------------------------------------------------------------------------
+MAX_KEY_FILE_BYTES = 64 * 1024
+"""Largest certificate file read (a ZeroMQ certificate is ~300 bytes): a key directory entry that is a device, a
+FIFO or a large file is refused unread (``adapters/fs/bounded_read.py``)."""
+
+
+def _certificate_keys(raw: bytes) -> tuple[bytes | None, bytes | None]:
+    """``(public, secret)`` Z85 keys of a certificate's bytes, parsed as pyzmq's ``zmq.auth.load_certificate``
+    does (lines ``public-key = "..."`` / ``secret-key = "..."``, ``#`` comments), from bytes already read."""
+    public = secret = None
+    for line in raw.splitlines():
+        line = line.strip()
+        if line.startswith(b"#"):
+            continue
+        if line.startswith(b"public-key") and b"=" in line:
+            public = line.split(b"=", 1)[1].strip(b" \t'\"")
+        if line.startswith(b"secret-key") and b"=" in line:
+            secret = line.split(b"=", 1)[1].strip(b" \t'\"")
+        if public and secret:
+            break
+    return public, secret
+
+
 def read_certificate(path: Path) -> tuple[bytes, bytes | None, dict[str, str]]:
     """``(public_z85, secret_z85 or None, metadata)`` of a certificate file.
 
@@ -59,10 +82,13 @@ def read_certificate(path: Path) -> tuple[bytes, bytes | None, dict[str, str]]:
         CurveSetupError: missing or unreadable file, no valid public key.
     """
     try:
-        public, secret = zmq.auth.load_certificate(path)
-        text = path.read_text(encoding="utf-8")
+        raw = read_capped(path, MAX_KEY_FILE_BYTES, "certificate")
+        text = raw.decode("utf-8")
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise CurveSetupError(f"cannot read certificate {path}: {exc}") from None
+    public, secret = _certificate_keys(raw)
+    if public is None:
+        raise CurveSetupError(f"cannot read certificate {path}: no public key found")
     if len(public) != 40 or (secret is not None and len(secret) != 40):
         raise CurveSetupError(f"certificate {path} holds no 40-character Z85 key")
     meta: dict[str, str] = {}
