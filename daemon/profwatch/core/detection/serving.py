@@ -60,7 +60,7 @@ def _median(xs: list[float]) -> float:
 
 
 class _Band:
-    __slots__ = ("held", "lag", "last", "ref", "scale", "since", "values")
+    __slots__ = ("held", "lag", "last", "ref", "scale", "values")
 
     def __init__(self, window: int = BAND_WINDOW, lag: int = BAND_LAG) -> None:
         self.values: deque[float] = deque(maxlen=window)
@@ -70,8 +70,6 @@ class _Band:
         self.last = 0
         self.scale = 1.0
         """Product of the reported changes not yet in the window (see :meth:`LoadNormaliser.rescale`)."""
-        self.since = 0
-        """Values that entered the window since the last rescale."""
 
 
 class LoadNormaliser:
@@ -124,15 +122,14 @@ class LoadNormaliser:
         becomes the new normal of every load at once (not band by band as each band's window turns over).
 
         The band's values stay its own step times; the factor goes into the band's ``scale``, kept within
-        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] and dropped once half the band's window entered after the last
-        rescale (its median is then at the new level). Multiplying
+        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] and fading as new values enter its window (by ``1 / window``
+        of its log per value: the window's median takes the new level in as the scale lets it go). Multiplying
         the stored values instead compounded on a host whose load came and went (every rise rescaled, the falls
         learned silently): the ratios' baseline ratcheted from 0.67 to 1e-42 (docs/detection.md)."""
         if not factor > 0:
             return
         for band in self._bands.values():
             band.scale = min(max(band.scale * factor, 1.0 / MAX_SCALE), MAX_SCALE)
-            band.since = 0
 
     def band_of(self, fs: FinalizedStep) -> int:
         """The band key of ``fs`` (rules in Notes)."""
@@ -183,9 +180,8 @@ class LoadNormaliser:
         if len(band.held) > band.lag:
             band.values.append(band.held.popleft())
             band.ref = _median(list(band.values)) if len(band.values) >= BAND_MIN else None
-            band.since += 1
-            if band.scale != 1.0 and 2 * band.since >= len(band.values):
-                band.scale = 1.0  # half the window is new: its median is at the new level
+            if band.scale != 1.0:
+                band.scale **= 1.0 - 1.0 / (band.values.maxlen or 1)
         if ref is None or ref <= 0:
             return replace(fs, excluded="load_band")
         return replace(fs, time_s=fs.time_s / ref)
