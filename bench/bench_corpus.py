@@ -47,7 +47,11 @@ replica (serving DP); onset anywhere from step 12 on (a quarter of them while th
 - the noise floor used (``noise_floor`` and ``MIN_NOISE`` of ``regression.py``).
 
 Usage: ``python bench/bench_corpus.py [--runs 48] [--classes steady,noisy] [--seed 31]``; ``--runs`` is runs per
-class (the default aims at about 10 minutes on this 2-core machine, niced); ``--json PATH`` writes every run.
+class (serving classes half, ``large`` a quarter). Cost: about 10 s of CPU and 200k records per run of 8 per
+class (``--runs 8``: 102 runs, 1.6M records, 81 s CPU); the default of 48 is about 8 minutes of one idle core
+(much longer on a loaded host: niced at a load of 13 on 2 cores, ``--runs 8`` took 12-15 minutes of wall) and
+covers about 6 healthy hours per class; the 20 healthy hours per class the false-arm rate should be judged on
+need about ``--runs 160``. ``--json PATH`` writes every run.
 """
 
 from __future__ import annotations

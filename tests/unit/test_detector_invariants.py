@@ -172,3 +172,30 @@ def test_blocks_of_fast_steps_keep_the_invariants(lv: np.ndarray, world: int, st
     recs = records(lv, world=world, step_s=step_s, cv=cv, seed=seed)
     found, _ = run(recs, world)
     check_invariants(found, recs)
+
+
+def test_a_serving_baseline_follows_host_load_without_collapsing() -> None:
+    """A serving unit (``work`` given: a batch size that wanders 1-32, a prefill every 16 iterations) on a host
+    whose load comes and goes (x1.0-1.5, a new draw every 20-90 s) for an hour of traffic. Each reported rise used
+    to multiply every load reference for good while the falls were learned silently: the ratios' baseline
+    ratcheted toward zero (0.67 -> 1e-42 live). The references now carry a bounded, fading scale."""
+    rng = np.random.default_rng(3)
+    recs: list[dict[str, Any]] = []
+    t, step, batch, host, next_change = 1.7e9, 0, 8, 1.0, 0.0
+    while t < 1.7e9 + 3600:
+        if t >= next_change:
+            host, next_change = float(rng.uniform(1.0, 1.5)), t + float(rng.uniform(20, 90))
+        step += 1
+        batch = int(min(32, max(1, batch + rng.integers(-2, 3))))
+        tokens = batch + (1024 if step % 16 == 0 else 0)
+        frac = 0.5 + 0.5 * batch / 32 + (0.4 if step % 16 == 0 else 0.0)
+        it = 0.07 * frac * host * max(0.3, 1.0 + 0.04 * float(rng.standard_normal()))
+        t += it
+        for r in range(2):
+            recs.append({"job_id": "prop", "rank": r, "step": step, "step_time_s": it, "ts_unix_s": t,
+                         "stages": {"compute": 0.8 * it, "comm": 0.2 * it}, "mode": "serving", "work": tokens})
+    det = JobDetector("prop", 2, DetectionSettings(), mode="serving")
+    found, _ = run(recs, 2, det=det)
+    check_invariants(found, recs, serving=True)
+    baselines = [a.detail["baseline_s"] for a in found if a.kind == "step_regression"]
+    assert min(baselines, default=1.0) >= 0.3, baselines

@@ -127,6 +127,8 @@ def test_idle_gap_rule_and_load_normaliser() -> None:
     judged = [f.time_s for f in out if f.excluded is None]
     assert judged and all(t == pytest.approx(1.0) for t in judged)  # each compared within its own band
     assert out[0].excluded == "load_band"
+    norm.rescale(1.2)
+    assert norm.normalise(FinalizedStep(999, 0.06, 0, 1, None, None, 8.0)).time_s == pytest.approx(1.0)
 
 
 def test_unit_splitter_needs_the_same_cut_twice() -> None:

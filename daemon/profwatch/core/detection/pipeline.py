@@ -177,8 +177,16 @@ class UnitPipeline:
                 for d in self.step_detectors:
                     found = d.on_step(rf if d is self.regression else fs)
                     if found:
+                        if self.normaliser is not None and d is self.regression:
+                            self._rebase_loads(found)
                         out.extend(self._to_job(a) for a in found)
         return out
+
+    def _rebase_loads(self, found: list[Anomaly]) -> None:
+        assert self.normaliser is not None
+        for a in found:
+            if a.kind == "step_regression" and a.detail.get("pattern") in ("cusum", "level"):
+                self.normaliser.rescale(1.0 + a.magnitude)
 
     def check_stalls(self, now_unix_s: float) -> list[Anomaly]:
         """The stall detector's check, mapped to job ranks; none in a serving unit (see ``JobDetector`` Notes)."""

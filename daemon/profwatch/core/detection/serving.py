@@ -37,6 +37,8 @@ LOAD_BAND_STALE = 64
 again (its reference was the load of another hour)."""
 MAX_BANDS = 128
 """Work or load bands kept per unit (the least recently used is dropped): bounds memory."""
+MAX_SCALE = 2.0
+"""A band's reference is never rescaled by more than this factor either way from the median of its own values."""
 BLOCK_STEPS_WITHOUT_WORK = 16
 """Smallest block of a serving unit that reports no ``work`` (its median: a prefill among decode iterations does not move it)."""
 LOAD_WINDOW_S = 600.0
@@ -61,7 +63,7 @@ def _median(xs: list[float]) -> float:
 
 
 class _Band:
-    __slots__ = ("held", "lag", "last", "ref", "values")
+    __slots__ = ("held", "lag", "last", "ref", "scale", "values")
 
     def __init__(self, window: int = BAND_WINDOW, lag: int = BAND_LAG) -> None:
         self.values: deque[float] = deque(maxlen=window)
@@ -69,6 +71,8 @@ class _Band:
         self.ref: float | None = None
         self.lag = lag
         self.last = 0
+        self.scale = 1.0
+        """Product of the reported changes not yet in the window (see :meth:`LoadNormaliser.rescale`)."""
 
 
 class LoadNormaliser:
@@ -88,11 +92,10 @@ class LoadNormaliser:
         step times, the newest :data:`BAND_LAG` held back. A step becomes ``time_s / reference`` (dimensionless,
         about 1.0); a step of a band with fewer than :data:`BAND_MIN` values is excluded (``"load_band"``).
         The regression detector then judges one series of ratios, all loads pooled, so its change-point test
-        keeps its power; a change that lasts is found before it enters the band references (lag); then each band's
-        reference follows it as its window turns over (references are never rescaled by a reported magnitude:
-        rescaling at every fire compounded on a host whose load came and went, and the ratios' baseline
-        ratcheted 0.67 -> 1e-42, docs/detection.md; a reference is always a median of the band's own step
-        times, so a ratio stays within what the data show). Idle steps (excluded ``"idle"``) only count
+        keeps its power; a change that lasts is found before it enters the band references (lag), and once the
+        regression detector reported it, :meth:`rescale` makes it the new normal of every band at once (a
+        bounded scale on top of the band's own median, fading as its window takes the new level in). Idle steps
+        (excluded ``"idle"``) only count
         for the busy fraction. Memory: at most :data:`MAX_BANDS` bands (the least recently used is dropped).
         Assumption: at one load, iteration time does not depend on what came before (no queue effects).
     """
@@ -116,6 +119,20 @@ class LoadNormaliser:
         """Median raw step time of the recent non-idle steps (seconds; re-estimated every 16 steps), for
         planning and for telling idle gaps; None before any."""
         return self._usual
+
+    def rescale(self, factor: float) -> None:
+        """Every band's reference times ``factor``: a lasting change the regression detector just reported
+        becomes the new normal of every load at once (not band by band as each band's window turns over).
+
+        The band's values stay its own step times; the factor goes into the band's ``scale``, kept within
+        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] and fading as new values enter its window (by ``1 / window``
+        of its log per value: the window's median takes the new level in as the scale lets it go). Multiplying
+        the stored values instead compounded on a host whose load came and went (every rise rescaled, the falls
+        learned silently): the ratios' baseline ratcheted from 0.67 to 1e-42 (docs/detection.md)."""
+        if not factor > 0:
+            return
+        for band in self._bands.values():
+            band.scale = min(max(band.scale * factor, 1.0 / MAX_SCALE), MAX_SCALE)
 
     def band_of(self, fs: FinalizedStep) -> int:
         """The band key of ``fs`` (rules in Notes)."""
@@ -161,11 +178,13 @@ class LoadNormaliser:
         self._bands[key] = band  # most recently used last
         if len(self._bands) > MAX_BANDS:
             del self._bands[next(iter(self._bands))]
-        ref = band.ref
+        ref = band.ref * band.scale if band.ref is not None else None
         band.held.append(fs.time_s)
         if len(band.held) > band.lag:
             band.values.append(band.held.popleft())
             band.ref = _median(list(band.values)) if len(band.values) >= BAND_MIN else None
+            if band.scale != 1.0:
+                band.scale **= 1.0 - 1.0 / (band.values.maxlen or 1)
         if ref is None or ref <= 0:
             return replace(fs, excluded="load_band")
         return replace(fs, time_s=fs.time_s / ref)
