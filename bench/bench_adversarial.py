@@ -18,7 +18,14 @@ daemon, by their own counters), harmful (goal 0), the records the coordinator ho
 nodes: the caps stop their growth in round 1), its RSS after each round and its peak (goal: no growth trend; CPython
 rarely returns freed memory to the OS, so RSS wanders).
 
-Usage: python bench/bench_adversarial.py [--rounds 5] [--hellos 2000]
+Then the kinds of issue 33, each tried against real processes and counted by kind as harmful (it did damage or
+was accepted) or silent (nothing counted, logged or answered; a hang): a batch over the ingest cap (counted from
+the disconnect), a control request over the cap and one naming a key twice, a state_db that is not profwatch's (a
+text file, a FIFO, a directory, a device, another program's SQLite db, a profwatch db with its header destroyed),
+two sockets on one endpoint and an endpoint held by another process, replay of a line without end and of more jobs
+than the cap, a rank that may not write the node socket (as root). Goal: 0 harmful, 0 silent.
+
+Usage: python bench/bench_adversarial.py [--rounds 5] [--hellos 2000] [--kinds-only]
 """
 
 from __future__ import annotations
@@ -312,12 +319,138 @@ format = "console"
             f.close()
 
 
+def _cli(args: list[str], timeout_s: float = 60.0, **kw: Any) -> tuple[int | None, str]:
+    """Run ``profwatch ARGS``: (exit code, or None when it ran past ``timeout_s``; its output)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "daemon"), str(REPO)]))
+    try:
+        res = subprocess.run([sys.executable, "-m", "profwatch.cli", *args], env=env, capture_output=True, text=True,
+                             timeout=timeout_s, **kw)
+    except subprocess.TimeoutExpired:
+        return None, ""
+    return res.returncode, res.stdout + res.stderr
+
+
+def _coord_cfg(root: Path, **over: str) -> Path:
+    ports = [_port() for _ in range(4)]
+    keys = {"ingest_bind": f"tcp://127.0.0.1:{ports[0]}", "control_bind": f"tcp://127.0.0.1:{ports[1]}",
+            "pub_bind": f"tcp://127.0.0.1:{ports[2]}", "state_db": str(root / "state.db"), "work_dir": str(root / "w")}
+    cfg = root / "c.toml"
+    cfg.write_text("[coordinator]\n" + "".join(f'{k} = "{v}"\n' for k, v in (keys | over).items())
+                   + f"metrics_port = {ports[3]}\n")
+    return cfg
+
+
+def issue33_kinds(run: Run | None, root: Path) -> dict[str, dict[str, int]]:
+    """Try each kind of issue 33 (module doc); returns {kind: {"tried", "harmful", "silent"}}."""
+    import sqlite3
+
+    out: dict[str, dict[str, int]] = {}
+
+    def note(kind: str, harmful: bool, silent: bool) -> None:
+        k = out.setdefault(kind, {"tried": 0, "harmful": 0, "silent": 0})
+        k["tried"] += 1
+        k["harmful"] += int(harmful)
+        k["silent"] += int(silent)
+
+    if run is not None:  # the rounds' oversize batches: each one closed its connection, which is counted
+        closed = _metric_sum(_scrape(run.ports["cm"]), "profwatch_connections_closed_total")
+        for i in range(run.dropped_by_transport):
+            note("oversize_batch", False, i >= closed)
+        try:  # over the control cap: the client refuses it at once
+            call(run.control_ep, "status", {"job_id": "x" * (2 << 20)}, timeout_s=10,
+                 curve=(load_keypair(run.secrets["ops"], "", ""), run.server_pub))
+            note("control_oversize", True, False)
+        except ControlError as exc:
+            note("control_oversize", False, exc.code != "request_too_large")
+        req = zmq.Context.instance().socket(zmq.REQ)  # a key named twice: refused, not last-wins
+        req.setsockopt(zmq.LINGER, 0)
+        req.setsockopt(zmq.RCVTIMEO, 10_000)
+        make_client(req, load_keypair(run.secrets["admin"], "", ""), run.server_pub)
+        req.connect(run.control_ep)
+        req.send(b'{"cmd": "set_thresholds", "args": {"arming": {"mode": "act"}, "arming": {"mode": "off"}}}')
+        try:
+            reply = json.loads(req.recv())
+            note("control_duplicate_keys", reply.get("ok") is True, "duplicate key" not in str(reply))
+        except zmq.Again:
+            note("control_duplicate_keys", False, True)
+        req.close(0)
+    for kind in ("toml", "fifo", "directory", "device", "foreign_db", "profwatch_header_destroyed"):
+        d = root / f"db-{kind}"
+        d.mkdir()
+        p = d / "state.db"
+        if kind == "toml":
+            p.write_text('[coordinator]\nstate_db = "x"\n')
+        elif kind == "fifo":
+            os.mkfifo(p)
+        elif kind == "directory":
+            p.mkdir()
+        elif kind == "device":
+            p.symlink_to("/dev/null")
+        else:
+            con = sqlite3.connect(p)
+            con.execute("CREATE TABLE captures (x)" if kind.startswith("profwatch") else "CREATE TABLE notes (x)")
+            con.execute("CREATE TABLE events (x)" if kind.startswith("profwatch") else "CREATE TABLE other (x)")
+            con.execute(f"PRAGMA application_id={0x50465743 if kind.startswith('profwatch') else 7}")
+            con.commit()
+            con.close()
+            if kind.startswith("profwatch"):
+                with open(p, "r+b") as f:
+                    f.write(b"\0" * 16)
+        before = sorted(x.name for x in d.iterdir())
+        code, text = _cli(["coordinator", "--config", str(_coord_cfg(d))])
+        moved = sorted(x.name for x in d.iterdir() if x.name not in ("c.toml", "w")) != before
+        note(f"state_db_{kind}", moved or code == 0, code is None or str(p) not in text)
+    for kind in ("same_endpoint", "endpoint_held"):
+        d = root / kind
+        d.mkdir()
+        held = socket.socket()
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        ep = f"tcp://127.0.0.1:{held.getsockname()[1]}"
+        cfg = _coord_cfg(d, control_bind=ep, **({"ingest_bind": ep} if kind == "same_endpoint" else {}))
+        if kind == "same_endpoint":
+            held.close()
+        code, text = _cli(["coordinator", "--config", str(cfg)])
+        held.close()
+        note(f"start_{kind}", code == 0, code != 2 or "coordinator.control_bind" not in text)
+    zero = root / "zero.jsonl"
+    zero.symlink_to("/dev/zero")
+    code, text = _cli(["replay", str(zero)], timeout_s=120)
+    note("replay_line_without_end", code is None, code != 2)
+    many = root / "jobs.jsonl"
+    many.write_text("\n".join(json.dumps({"job_id": f"j{i}", "rank": 0, "world_size": 1, "step": 1, "step_time_s": 0.5,
+                                          "ts_unix_s": 1.7e9}) for i in range(3000)) + "\n")
+    code, text = _cli(["replay", "--json", str(many)], timeout_s=300)
+    res = json.loads(text[text.index("{"):]) if code == 0 else {}
+    note("replay_job_cap", len(res.get("jobs", {})) > 1024, res.get("bad_lines", {}).get("count") != 3000 - 1024)
+    if os.getuid() == 0:  # a rank process that may not write the node socket (run as nobody) says so on stderr
+        ctx = zmq.Context()
+        pull = ctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.LINGER, 0)
+        root.chmod(0o755)
+        pull.bind(f"ipc://{root}/n.sock")
+        os.chmod(root / "n.sock", 0o660)
+        script = ("import os,sys,zmq,grp,pwd\nfrom rankhook.publisher import Publisher\nos.setgid(65534)\n"
+                  "os.setgroups([])\nos.setuid(65534)\np=Publisher(sys.argv[1])\np.send(b't', b'{}')\np.close()\n")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "daemon"), str(REPO)]))
+        r = subprocess.run([sys.executable, "-c", script, f"ipc://{root}/n.sock"], env=env, capture_output=True,
+                           text=True, timeout=60)
+        note("hook_permission", False, "permission denied" not in r.stderr)
+        pull.close(0)
+        ctx.term()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--hellos", type=int, default=2000, help="new-job hellos per round")
+    ap.add_argument("--kinds-only", action="store_true", help="only the issue 33 kinds (no rounds)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="pwadv", dir="/tmp") as tmp:
+        if args.kinds_only:
+            _report_kinds(issue33_kinds(None, Path(tmp)))
+            return
         run = Run(Path(tmp))
         try:
             rss0, _ = _rss_mib(run.coord.pid)
@@ -342,8 +475,18 @@ def main() -> None:
             print(f"handled (refused or dropped, by the daemons' counters): {handled.pop('total')}  {handled}")
             print(f"harmful: {sum(total_harm.values())}  {total_harm}")
             print(f"coordinator peak RSS: {hwm:.1f} MiB")
+            kinds_dir = Path(tmp) / "kinds"
+            kinds_dir.mkdir()
+            _report_kinds(issue33_kinds(run, kinds_dir))
         finally:
             run.close()
+
+
+def _report_kinds(kinds: dict[str, dict[str, int]]) -> None:
+    print("issue 33 kinds (tried / harmful / silent):")
+    for kind, c in kinds.items():
+        print(f"  {kind:32s} {c['tried']:4d} {c['harmful']:4d} {c['silent']:4d}")
+    print(f"kinds: harmful {sum(c['harmful'] for c in kinds.values())}, silent {sum(c['silent'] for c in kinds.values())}")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,13 @@ polling) at 1,024 / 4,096 / 16,384 rank dirs, and the cost of polling.
 
 Prints numbers only (no assertions), each row with the 1-minute load average beside it (the box is shared).
 Targets (issue 25): <= 0.2 s after the last marker with inotify, also right after an overflow; polling <= its
-interval + 1 s.
+interval + 1 s. Issue 34, mode ``burst``: every marker lands within ``--burst-s`` (2 s), paced evenly, the clock
+starts at the last one: <= 1 s of wall time after it on an idle box at 16,384 rank dirs, and <= 0.2 s of this
+process's CPU after it (``CPU after s``: ``time.process_time``, every thread: the watcher, the emitter, the
+scanner) at 4,096; ``polling-burst`` is the same through the polling observer.
 
-    /work/venv/bin/python bench/bench_completion.py [--ranks 1024,4096,16384] [--modes inotify,overflow,polling]
+    /work/venv/bin/python bench/bench_completion.py [--ranks 1024,4096,16384] [--modes inotify,overflow,polling,burst]
+        [--burst-s 2]
         [--poll-interval-s 2] [--files-per-rank 0] [--cost] [--dir DIR] [--no-gc-freeze]
 
 Setup: the tree of ``bench/scan_tree_bench.py`` (each rank dir holds the files completion reads: profiler_info,
@@ -28,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -90,6 +96,7 @@ class Driver:
         self.complete_at = 0.0
         self.reads_at_complete = 0
         self.last_update_s = 0.0  # how long the update that answered "complete" took
+        self.complete_cpu = 0.0  # this process's CPU seconds (time.process_time) when complete was answered
         self._stop = False
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -123,6 +130,7 @@ class Driver:
             if out is not None and any(b.capture_id == CAPTURE and b.status == "complete" for b in out) \
                     and not self.complete.is_set():
                 self.complete_at = time.monotonic()
+                self.complete_cpu = time.process_time()
                 self.last_update_s = self.complete_at - t
                 self.reads_at_complete = self.scan.reader.reads
                 self.complete.set()
@@ -173,15 +181,53 @@ class GcClock:
 GC_CLOCK = GcClock()
 
 
+_BURST_WRITER = """
+import json, sys, time
+a = json.loads(sys.stdin.read())
+paths, start, burst = a["paths"], a["start"], a["burst"]
+step = burst / max(len(paths) - 1, 1)
+for i, p in enumerate(paths[:-1]):
+    lag = start + i * step - time.monotonic()
+    if lag > 0.002:
+        time.sleep(lag)
+    open(p, "a").close()
+lag = start + burst - time.monotonic()
+if lag > 0:
+    time.sleep(lag)
+open(paths[-1], "a").close()
+print(time.monotonic())
+"""
+
+
+def _burst(dirs: list[Path], burst_s: float) -> tuple[float, float]:
+    """Write every marker from a child process (as ranks do: not this process's GIL), evenly over ``burst_s``, the
+    last at the end; returns (monotonic time of the last marker, this process's CPU seconds then). CLOCK_MONOTONIC
+    is one clock for every process of the host."""
+    start = time.monotonic() + 0.5
+    child = subprocess.Popen([sys.executable, "-c", _BURST_WRITER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    assert child.stdin is not None
+    child.stdin.write(json.dumps({"paths": [str(_marker(d)) for d in dirs], "start": start, "burst": burst_s}))
+    child.stdin.close()
+    lag = start + burst_s - time.monotonic()
+    if lag > 0:
+        time.sleep(lag)
+    cpu0 = time.process_time()  # at the last marker's planned time (this thread wakes within a few ms of it)
+    GC_CLOCK.reset()
+    assert child.stdout is not None
+    out = child.stdout.read()
+    child.wait(600)
+    return float(out.strip().splitlines()[-1]), cpu0
+
+
 def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirReader,
-                    poll_interval_s: float, gc_freeze: bool = True) -> dict[str, float]:
+                    poll_interval_s: float, gc_freeze: bool = True, burst_s: float = 2.0) -> dict[str, float]:
     """One row: seconds from the last marker to complete, rank dirs read meanwhile, the first full look's seconds,
     overflows seen while all markers but the last landed."""
-    from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent
 
     for d in dirs:
         _marker(d).unlink(missing_ok=True)
-    polling = mode == "polling"
+    polling = mode in ("polling", "polling-burst")
     settings = WatchSettings(observer="polling" if polling else "inotify", poll_interval_s=poll_interval_s,
                              reconcile_interval_s=3600)
     scan = IncrementalScan(prof, settings=settings, reader=reader, wall=lambda: EARLY,
@@ -203,26 +249,32 @@ def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirRead
             drv.wait_idle(quiet_s, 900, reads=reader.reads + len(dirs))
             first_look_s = drv.last_active - t
             before = reader.reads
-            for d in dirs[:-1]:
-                _marker(d).touch()
-            drv.wait_idle(quiet_s, 900, reads=before + len(dirs) - 1)  # each of them read since
+            if not mode.endswith("burst"):
+                for d in dirs[:-1]:
+                    _marker(d).touch()
+                drv.wait_idle(quiet_s, 900, reads=before + len(dirs) - 1)  # each of them read since
             overflows, wakes0 = w.stats.overflows, w.stats.wakes
             if mode == "overflow":
-                overflow = InotifyEvent(-1, InotifyConstants.IN_Q_OVERFLOW, 0, b"")  # type: ignore[arg-type]
-                observers[0].inotify_fd.handle_event(overflow)  # type: ignore[attr-defined]
+                observers[0].simulate_overflow()  # type: ignore[attr-defined]
             reads0 = reader.reads
-            t0 = time.monotonic()
-            GC_CLOCK.reset()
-            _marker(dirs[-1]).touch()
+            if mode.endswith("burst"):  # every marker from another process within burst_s, paced evenly
+                t0, cpu0 = _burst(dirs, burst_s)
+            else:
+                t0 = time.monotonic()
+                cpu0 = time.process_time()
+                GC_CLOCK.reset()
+                _marker(dirs[-1]).touch()
             ok = drv.complete.wait(poll_interval_s + 120)
             gc_s, gc_full = GC_CLOCK.reset()  # a little after complete_at: an upper bound
             latency = drv.complete_at - t0 if ok else float("nan")
+            cpu_after = drv.complete_cpu - cpu0 if ok else float("nan")
             reads = drv.reads_at_complete - reads0 if ok else reader.reads - reads0
             full_looks = w.stats.wakes - wakes0
     finally:
         drv.close()
     return {"latency_s": latency, "reads": reads, "first_look_s": first_look_s, "overflows": overflows,
-            "full_looks": full_looks, "gc_s": gc_s, "gc_full": gc_full, "update_s": drv.last_update_s}
+            "full_looks": full_looks, "gc_s": gc_s, "gc_full": gc_full, "update_s": drv.last_update_s,
+            "cpu_after_s": cpu_after}
 
 
 def measure_polling_cost(prof: Path, poll_interval_s: float, window_s: float,
@@ -255,10 +307,38 @@ def measure_polling_cost(prof: Path, poll_interval_s: float, window_s: float,
     return (cpu1 - cpu0) / wall, (c1 - c0) / wall, int((c1 - c0) / polls)
 
 
+def measure_arming(root: Path, n: int, limit_s: float = 600.0) -> tuple[float, int]:
+    """(seconds, watches) to arm the inotify observer over a tree of ``n`` rank dirs that hold only folders (the
+    layout of a finished rank: ``ASCEND_PROFILER_OUTPUT/``, ``PROF_*/device_0/data``, ``PROF_*/host/data``,
+    ``FRAMEWORK/``, ``logs/``): from ``schedule`` to every watch added (nan when not within ``limit_s``)."""
+    for r in range(n):
+        d = root / gen.rank_dir_name(f"node{r // 8}", 4000 + r, gen.DEFAULT_TS_BASE_NS + r * 1_000_000)
+        for sub in ("ASCEND_PROFILER_OUTPUT", "PROF_000001_20260101120000000_BENCH/device_0/data",
+                    "PROF_000001_20260101120000000_BENCH/host/data", "FRAMEWORK", "logs"):
+            (d / sub).mkdir(parents=True)
+    obs = make_inotify_observer(lambda: None)
+    obs.start()
+    try:
+        t0 = time.monotonic()
+        obs.schedule(FileSystemEventHandler(), str(root), recursive=True)
+        want = 1 + 2 * n
+        while obs.watch_count() < want and time.monotonic() - t0 < limit_s:  # type: ignore[attr-defined]
+            time.sleep(0.01)
+        took = time.monotonic() - t0
+        held = obs.watch_count()  # type: ignore[attr-defined]
+    finally:
+        obs.stop()
+        obs.join(10)
+    return (took if held >= want else float("nan")), held
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--ranks", default="1024,4096,16384", help="comma-separated tree sizes")
-    ap.add_argument("--modes", default="inotify,overflow,polling")
+    ap.add_argument("--modes", default="inotify,overflow,polling,burst",
+                    help="inotify, overflow, polling: one last marker; burst (inotify), polling-burst: every "
+                         "marker within --burst-s")
+    ap.add_argument("--burst-s", type=float, default=2.0, help="burst modes: seconds over which every marker lands")
     ap.add_argument("--files-per-rank", type=int, default=0, help="empty raw-data files added per rank dir")
     ap.add_argument("--poll-interval-s", type=float, default=2.0)
     ap.add_argument("--cost", action="store_true", help="also measure the polling observer's cost")
@@ -267,10 +347,20 @@ def main() -> None:
     ap.add_argument("--tree", default=None, help="reuse this tree of build_scan_tree (one size: --ranks N) instead "
                                                  "of building one (its markers are removed and rewritten)")
     ap.add_argument("--no-gc-freeze", action="store_true", help="scan without the GcFreezer (for comparison)")
+    ap.add_argument("--arm", type=int, default=0, help="only measure arming the inotify watches over a tree of "
+                                                       "this many rank dirs (folders only), then exit")
     args = ap.parse_args()
+    if args.arm:
+        with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+            cpu0 = time.process_time()
+            took, held = measure_arming(Path(tmp) / "prof", args.arm)
+            print(f"arming {args.arm} rank dirs (7 folders each): {took:.2f} s wall, {held} inotify watches, "
+                  f"{time.process_time() - cpu0:.2f} CPU s with the tree's creation; load 1m "
+                  f"{os.getloadavg()[0]:.2f}", flush=True)
+        return
     modes = args.modes.split(",")
     print(f"{'ranks':>6} {'mode':>9} {'latency s':>10} {'target s':>9} {'reads':>6} {'full looks':>10} "
-          f"{'first look s':>13} {'overflows':>10} {'gc s':>6} {'full gc':>7} {'last update s':>13} {'load 1m':>8}",
+          f"{'first look s':>13} {'overflows':>10} {'gc s':>6} {'full gc':>7} {'last update s':>13} {'CPU after s':>11} {'load 1m':>8}",
           flush=True)
     for n in (int(x) for x in args.ranks.split(",")):
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
@@ -282,12 +372,14 @@ def main() -> None:
                     pad_rank_dir(d, args.files_per_rank)
             reader = RankDirReader()
             for mode in modes:
-                m = measure_latency(mode, prof, dirs, reader, args.poll_interval_s, not args.no_gc_freeze)
-                target = args.poll_interval_s + 1.0 if mode == "polling" else 0.2
+                m = measure_latency(mode, prof, dirs, reader, args.poll_interval_s, not args.no_gc_freeze,
+                                    args.burst_s)
+                target = (args.poll_interval_s + 1.0 if mode.startswith("polling") else
+                          1.0 if mode == "burst" else 0.2)
                 print(f"{n:>6} {mode:>9} {m['latency_s']:>10.3f} {target:>9.1f} {m['reads']:>6.0f} "
                       f"{m['full_looks']:>10.0f} "
                       f"{m['first_look_s']:>13.1f} {m['overflows']:>10.0f} {m['gc_s']:>6.3f} {m['gc_full']:>7.0f} "
-                      f"{m['update_s']:>13.3f} "
+                      f"{m['update_s']:>13.3f} {m['cpu_after_s']:>11.3f} "
                       f"{os.getloadavg()[0]:>8.2f}", flush=True)
             if args.cost:
                 listings = (("whole tree", pruned_scandir(())),

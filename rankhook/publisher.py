@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -75,6 +76,16 @@ class PublisherCounters:
     """Messages over ``max_message_bytes`` (also counted in ``dropped``)."""
 
 
+def _user() -> str:
+    """This process's user name (its uid when the name is unknown)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
 class Publisher:
     """Non-blocking sender of ``[topic, payload]`` frames to the node daemon.
 
@@ -126,11 +137,52 @@ class Publisher:
         sock.setsockopt(zmq.SNDHWM, self.sndhwm)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        sock.connect(self.endpoint)
+        sock.connect(self.endpoint)  # asynchronous: a socket it cannot reach fails silently, retried for ever
+        self._check_reachable()
         self._sock = sock
         self._send = sock.send_multipart
         self._flags = zmq.NOBLOCK
         return True
+
+    def _check_reachable(self) -> None:
+        """Say once on stderr (per process) why an ``ipc://`` node socket cannot be reached: missing (no node daemon),
+        or not writable by this user (then name the socket's group, which the user must join): ZeroMQ's connect
+        retries silently, so without this a training user outside the group gets no telemetry and no message."""
+        if not self.endpoint.startswith("ipc://"):
+            return
+        path = self.endpoint[len("ipc://") :]
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            self._stderr_once("missing", f"rankhook: the profwatch node socket {path} does not exist (is the node "
+                                         "daemon running on this host?); telemetry is queued, then dropped")
+            return
+        except PermissionError:
+            self._stderr_once("permission", f"rankhook: cannot connect to the profwatch node socket {path}: permission "
+                                            f"denied on a folder of its path for user {_user()!r} (the node's "
+                                            "runtime folder must be open to the training users); this process "
+                                            "sends no telemetry")
+            return
+        except OSError as exc:
+            self._stderr_once("stat", f"rankhook: cannot reach the profwatch node socket {path}: {exc.strerror}")
+            return
+        if os.access(path, os.W_OK):
+            return
+        import grp
+
+        try:
+            group = grp.getgrgid(st.st_gid).gr_name
+        except KeyError:
+            group = str(st.st_gid)
+        user = _user()
+        self._stderr_once("permission", f"rankhook: cannot connect to the profwatch node socket {path}: permission "
+                                        f"denied (it belongs to group {group!r}; add user {user!r} to it: usermod "
+                                        f"-aG {group} {user}, then log in again); this process sends no telemetry")
+
+    def _stderr_once(self, kind: str, text: str) -> None:
+        if kind not in self._logged:
+            self._logged.add(kind)
+            print(text, file=sys.stderr, flush=True)
 
     def send(self, topic: bytes, payload: bytes) -> bool:
         """Queue one message; return False if it was dropped. Never raises, never blocks."""

@@ -86,14 +86,18 @@ def _serve(label: str, endpoint: Any, build: Any) -> None:
         import structlog
 
         structlog.get_logger("profwatch").warning(
-            "metrics_insecure", daemon=label, addr=endpoint.metrics_addr, port=endpoint.metrics_port,
-            note="metrics_insecure = true: /metrics is served in plain HTTP beyond loopback (docs/security.md)")
+            "metrics_insecure", daemon=label, addr=endpoint.http_addr(), port=endpoint.http_port(),
+            note="metrics_insecure = true: the HTTP endpoint is served in plain HTTP beyond loopback "
+                 "(docs/security.md)")
     try:
-        metrics.serve(endpoint.metrics_port, endpoint.metrics_addr,
+        # /metrics, /healthz and /readyz on metrics_port; with metrics off, /healthz and /readyz on health_port
+        metrics.serve(endpoint.http_port(), endpoint.http_addr(),
                       certfile=str(endpoint.metrics_tls_cert) if endpoint.metrics_tls_cert else None,
                       keyfile=str(endpoint.metrics_tls_key) if endpoint.metrics_tls_key else None,
-                      client_cafile=str(endpoint.metrics_client_ca) if endpoint.metrics_client_ca else None)
+                      client_cafile=str(endpoint.metrics_client_ca) if endpoint.metrics_client_ca else None,
+                      health_only=endpoint.metrics_port is None)
         d = build(metrics, notifier)
+        metrics.health.checks = d.ready_checks
     except Exception as exc:  # noqa: BLE001
         click.echo(f"profwatch {label}: cannot start: {exc}", err=True)
         metrics.close()

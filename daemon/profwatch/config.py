@@ -60,27 +60,45 @@ class MetricsEndpoint(_Strict):
     metrics_tls_key: Path | None = Field(None, description="PEM private key of metrics_tls_cert")
     metrics_client_ca: Path | None = Field(None, description="PEM CA a scraper's client certificate must chain to")
     metrics_insecure: bool = Field(False, description="serve /metrics beyond loopback without TLS (warned)")
+    health_port: int | None = Field(None, ge=1, le=65535, description="with metrics off (no metrics_port): serve "
+                                    "/healthz and /readyz alone on this port (with metrics on they are beside "
+                                    "/metrics)")
+    health_addr: str = Field("127.0.0.1", min_length=1, description="address the health_port endpoint binds; "
+                             "beyond loopback the metrics_tls_* / metrics_insecure rules apply")
+
+    def http_port(self) -> int | None:
+        """The port of the daemon's HTTP endpoint: ``metrics_port`` (/metrics, /healthz, /readyz), else
+        ``health_port`` (/healthz, /readyz), else None (no endpoint)."""
+        return self.metrics_port if self.metrics_port is not None else self.health_port
+
+    def http_addr(self) -> str:
+        return self.metrics_addr if self.metrics_port is not None else self.health_addr
 
     @model_validator(mode="after")
     def _metrics_exposure(self) -> MetricsEndpoint:
+        if self.health_port is not None and self.metrics_port is not None:
+            raise ValueError("health_port is for a daemon without metrics: with metrics_port set, /healthz and "
+                             "/readyz are served there; unset health_port")
         if (self.metrics_tls_cert is None) != (self.metrics_tls_key is None):
             raise ValueError("metrics_tls_cert and metrics_tls_key go together")
         if self.metrics_client_ca is not None and self.metrics_tls_cert is None:
             raise ValueError("metrics_client_ca needs metrics_tls_cert and metrics_tls_key (client certificates "
                              "are checked over TLS only)")
-        if (self.metrics_port is not None and not self.metrics_loopback() and self.metrics_tls_cert is None
+        if (self.http_port() is not None and not self.metrics_loopback() and self.metrics_tls_cert is None
                 and not self.metrics_insecure):
-            raise ValueError(f"metrics_addr {self.metrics_addr!r} is beyond loopback: set metrics_tls_cert and "
+            which = "metrics_addr" if self.metrics_port is not None else "health_addr"
+            raise ValueError(f"{which} {self.http_addr()!r} is beyond loopback: set metrics_tls_cert and "
                              "metrics_tls_key (and metrics_client_ca to require client certificates), or "
                              "metrics_insecure = true on a trusted network")
         return self
 
     def metrics_loopback(self) -> bool:
-        return is_loopback_endpoint(f"tcp://{self.metrics_addr}:1")
+        """True when the HTTP endpoint in use (metrics, else health) binds a loopback address."""
+        return is_loopback_endpoint(f"tcp://{self.http_addr()}:1")
 
     def metrics_plain_beyond_loopback(self) -> bool:
-        """True when ``/metrics`` is served in plain HTTP beyond loopback (``metrics_insecure``; warned)."""
-        return self.metrics_port is not None and not self.metrics_loopback() and self.metrics_tls_cert is None
+        """True when the HTTP endpoint is served in plain HTTP beyond loopback (``metrics_insecure``; warned)."""
+        return self.http_port() is not None and not self.metrics_loopback() and self.metrics_tls_cert is None
 
 
 class NodeSettings(MetricsEndpoint):
@@ -162,6 +180,10 @@ class CoordinatorSettings(MetricsEndpoint):
                                    description="a job none of whose ranks reported this long has ended (job_ended "
                                                "event; its alerts resolve; its captures whose window has not started "
                                                "are cancelled)")
+    job_startup_allowance_s: float = Field(1800.0, ge=0, le=30 * 86400,
+                                           description="a job that has not reported its first step yet (model "
+                                                       "loading, compilation) ends only after job_end_after_s plus "
+                                                       "this much silence since its hello")
 
     def binds(self) -> dict[str, str]:
         """The three listening endpoints by socket name (``ingest``, ``control``, ``pub``)."""
@@ -170,11 +192,14 @@ class CoordinatorSettings(MetricsEndpoint):
     @model_validator(mode="after")
     def _distinct_binds(self) -> CoordinatorSettings:
         """Refuse two listening sockets on one endpoint (the same ipc path, or one TCP port where the hosts are
-        equal or either is a wildcard): the second bind would fail or, for ipc, silently take the first's path."""
+        equal or either is a wildcard): the second bind would fail or, for ipc, silently take the first's path.
+        Port ``0`` or ``*`` (ZeroMQ picks a free one) and ``ipc://*`` never clash."""
         seen: dict[tuple[str, str], tuple[str, str]] = {}
         for name, ep in self.binds().items():
             scheme, _, rest = ep.strip().partition("://")
             host, _, port = rest.rpartition(":") if scheme == "tcp" else ("", "", rest)
+            if port in ("0", "*"):  # an ephemeral port (tcp) or a generated name (ipc): never another's
+                continue
             key = (scheme, port)
             other = seen.get(key)
             if other is not None and (scheme != "tcp" or host == other[1] or {host, other[1]} & _WILDCARDS):

@@ -152,7 +152,7 @@ class Coordinator:
         except Exception:
             self.sinks.close()
             raise
-        self._job_end = JobEndTracker(cs.job_end_after_s)
+        self._job_end = JobEndTracker(cs.job_end_after_s, cs.job_startup_allowance_s)
         self._next_observe = 0.0
         self._ctx = zmq.Context()
         self.registry = Registry(window_steps=cs.window_steps, limits=settings.limits)
@@ -171,7 +171,8 @@ class Coordinator:
         self._restore_ended()
         try:
             self.sockets = ServerSockets(self._ctx, cs.binds(), settings.security, settings.limits,
-                                         on_refused=lambda sock, why: self.metrics.auth_refused.labels(sock, why).inc())
+                                         on_refused=lambda sock, why: self.metrics.auth_refused.labels(sock, why).inc(),
+                                         on_closed=lambda sock: self.metrics.connections_closed.labels(sock).inc())
         except BaseException:
             self.state.close()
             self._ctx.term()
@@ -312,6 +313,24 @@ class Coordinator:
     def stop(self) -> None:
         self._stop.set()
 
+    def ready_checks(self) -> dict[str, tuple[bool, str]]:
+        """``/readyz`` (``profwatch.core.health``): the state db open, the sockets bound, the analysis workers up.
+        Read from the HTTP thread: attribute reads only, no SQL."""
+        store_open = not getattr(self.state, "closed", False)
+        failing = getattr(self.state, "failing_since_unix_s", None)
+        binds = self.settings.coordinator.binds()
+        socks = {"ingest": self.ingest, "control": self.control_sock, "pub": getattr(self.pub, "sock", None)}
+        unbound = [n for n, s in socks.items() if s is None or s.closed]  # pub: None while it is being rebound
+        workers_ok, workers = self.captures.steps.workers_up()
+        return {
+            "state_db": (store_open, f"{self.settings.coordinator.state_db} "
+                         + ("open" if store_open else "closed")
+                         + (f" (writes failing since {failing:.0f}, queued for retry)" if failing else "")),
+            "sockets": (not unbound, "bound: " + ", ".join(f"{n} {binds[n]}" for n in socks if n not in unbound)
+                        + (f"; not bound: {', '.join(unbound)}" if unbound else "")),
+            "analysis_workers": (workers_ok, workers),
+        }
+
     def run(self) -> None:
         """Serve until stopped; always closes sockets, workers and the state store."""
         cs = self.settings.coordinator
@@ -323,6 +342,7 @@ class Coordinator:
         try:
             while not self._stop.is_set():
                 self.notifier.watchdog(time.monotonic())  # only while this loop turns (systemd WatchdogSec)
+                self.metrics.health.tick(time.monotonic())  # /healthz: the same loop turning
                 events = dict(poller.poll(int(cs.tick_interval_s * 1000 / 2)))
                 if self.ingest in events:
                     self._drain_ingest()
@@ -407,7 +427,8 @@ class Coordinator:
             if len(self._ended):
                 self._ended.revive_reporting({(j.job_id, j.generation): last[j.job_id]
                                               for j in self.registry.jobs.values()})
-            for end in self._job_end.check(last, now):
+            waiting = {j.job_id for j in self.registry.jobs.values() if j.furthest_step() < 0}  # hellos only
+            for end in self._job_end.check(last, now, waiting):
                 job = self.registry.jobs.get(end.job_id)
                 gen = job.generation if job is not None else 0
                 self._ended.mark(end.job_id, gen, end.last_report_unix_s)

@@ -218,6 +218,16 @@ class NodeDaemon:
         """Ask ``run()`` to return (thread- and signal-safe)."""
         self._stop.set()
 
+    def ready_checks(self) -> dict[str, tuple[bool, str]]:
+        """``/readyz`` (``profwatch.core.health``): the coordinator reachable, i.e. it answered within
+        ``unanswered_after_s`` (the bound of the ``coordinator_unanswered`` warning). Attribute reads only."""
+        silent = time.monotonic() - self._answered_mono
+        last = self._answered_unix_s
+        ok = last is not None and silent < self.unanswered_after_s
+        return {"coordinator": (ok, f"{self.s.coordinator}: " + (
+            f"answered {silent:.1f} s ago" if last is not None else "no answer since this node daemon started")
+            + ("" if ok else f" (not reachable: link {self._link}; limit {self.unanswered_after_s:g} s)"))}
+
     # -- main loop ----------------------------------------------------------------------------------------------
     def run(self) -> None:
         """Serve until stopped; always closes sockets and the worker thread."""
@@ -231,6 +241,7 @@ class NodeDaemon:
         try:
             while not self._stop.is_set():
                 self.notifier.watchdog(time.monotonic())  # only while this loop turns (systemd WatchdogSec)
+                self.metrics.health.tick(time.monotonic())  # /healthz: the same loop turning
                 timeout_ms = max(1, int(self.s.batch_max_delay_s * 1000))
                 events = dict(poller.poll(timeout_ms))
                 if self.pull in events:

@@ -68,7 +68,7 @@ def test_the_coordinator_takes_a_reference_and_a_job_wide_slowdown_is_compared_w
         cmp = verdict["comparison"]
         assert cmp["reference"]["capture_id"] == ref["capture_id"] and cmp["ranks_compared"] == [0, 1], cmp
         changes = verdict["changes"]
-        assert changes and changes[0]["component"] == "compute", changes
+        assert changes and changes[0]["component"] == "compute", cmp
         assert changes[0]["delta_s_per_step"] > 0 and cmp["headline"].startswith("+"), cmp
         print(f"reference {ref['capture_id']} steps {ref['armed_steps']}; regression steps {verdict['armed_steps']}: "
               f"{cmp['headline']}")  # the numbers, with pytest -s

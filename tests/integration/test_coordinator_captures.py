@@ -178,8 +178,9 @@ def test_observe_mode_publishes_would_arm_and_thresholds_tune_at_runtime(harness
     assert 60 < anomalies[0]["data"]["step"] < 80 and anomalies[1]["data"]["step"] >= 150
     first = of_type(h.events("jobO"), "io.profwatch.arm_decision.v1")[0]
     assert first["data"]["action"] == "would_arm" and first["data"]["start_step"] > anomalies[0]["data"]["step"]
-    # one arming path: the would-arm was recorded, so the second anomaly meets the cooldown as in act mode
-    assert (decisions[0]["data"]["action"], decisions[0]["data"]["reason"]) == ("suppress", "cooldown")
+    # one arming path: the would-arm was recorded, so the second anomaly (a new change point on the captured level:
+    # an episode of its own, docs/detection.md) meets the job's min_arm_gap as in act mode
+    assert (decisions[0]["data"]["action"], decisions[0]["data"]["reason"]) == ("suppress", "min_arm_gap")
     assert not (cfg / "profiler_config.json").exists()  # observe mode writes nothing
     assert call(h.control, "captures", {"job_id": "jobO"}) == []
 

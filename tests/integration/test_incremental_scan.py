@@ -91,7 +91,6 @@ def test_an_event_reads_only_the_rank_dir_it_names(tmp_path: Path, observer: str
 def test_an_overflow_triggers_one_reconcile_that_completes_the_batch(tmp_path: Path) -> None:
     """The last rank finishes without any event reaching us (an older torch_npu writes no marker; its outputs fall
     quiet, which no inotify event reports): only the reconcile pass the overflow asks for can see it."""
-    from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent
 
     prof = tmp_path / "prof"
     dirs = gen.generate_cluster(prof, world_size=4, capture_id="cap")
@@ -114,8 +113,7 @@ def test_an_overflow_triggers_one_reconcile_that_completes_the_batch(tmp_path: P
         for f in out.iterdir():  # an attribute change: no event the watcher listens to
             os.utime(f, (old, old))
         os.utime(out, (old, old))
-        overflow = InotifyEvent(-1, InotifyConstants.IN_Q_OVERFLOW, 0, b"")  # type: ignore[arg-type]
-        observers[0].inotify_fd.handle_event(overflow)  # type: ignore[attr-defined]
+        observers[0].simulate_overflow()  # type: ignore[attr-defined]
         wait_for(lambda: drv.status == "complete", 20, what="complete after the overflow's reconcile")
         assert w.stats.overflows == 1
         assert drv.scan.tracker.passes == 2  # the first look, and the one reconcile the overflow asked for

@@ -103,9 +103,12 @@ def test_every_imported_package_is_declared(extra: str, where: str, exclude: tup
 
 
 def test_license_file_matches_the_declared_license() -> None:
-    """PEP 639: an SPDX expression and the file it names; no License classifier (deprecated beside it)."""
-    assert PYPROJECT["project"]["license"] == "Apache-2.0"
-    assert PYPROJECT["project"]["license-files"] == ["LICENSE"]
+    """PEP 639: an SPDX expression and the files it names; no License classifier (deprecated beside it). The sdist
+    carries the HTA test traces (MIT) in tests/data/real_traces/: the expression and the licence files say so."""
+    assert PYPROJECT["project"]["license"] == "Apache-2.0 AND MIT"
+    assert PYPROJECT["project"]["license-files"] == ["LICENSE", "tests/data/real_traces/LICENSE.HolisticTraceAnalysis"]
+    hta = (REPO_ROOT / "tests/data/real_traces/LICENSE.HolisticTraceAnalysis").read_text(encoding="utf-8")
+    assert hta.startswith("MIT License")
     assert not [c for c in PYPROJECT["project"]["classifiers"] if c.startswith("License ::")]
     assert any(re.fullmatch(r"setuptools>=(\d+)", r) and int(r.split(">=")[1]) >= 77
                for r in PYPROJECT["build-system"]["requires"])
@@ -254,8 +257,9 @@ def test_the_sdist_carries_units_dashboards_docs_constraints_and_tests(sdist: tu
     pkg_info = tar.extractfile(f"{top}/PKG-INFO")
     assert pkg_info is not None
     meta = pkg_info.read().decode()
-    assert "License-Expression: Apache-2.0" in meta
+    assert "License-Expression: Apache-2.0 AND MIT" in meta
     assert "License-File: LICENSE" in meta
+    assert "License-File: tests/data/real_traces/LICENSE.HolisticTraceAnalysis" in meta
     assert "Classifier: License ::" not in meta
     assert f"Version: {tree_version(REPO_ROOT / 'pyproject.toml')}" in meta
 

@@ -5,7 +5,6 @@ Completion is always decided by scan_tree from the wake callback, never by an ev
 
 from __future__ import annotations
 
-import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -126,7 +125,6 @@ def test_dead_observer_is_restarted(tmp_path: Path) -> None:
 
 
 def test_overflow_triggers_rescan(tmp_path: Path) -> None:
-    from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent
 
     observers: list[BaseObserver] = []
 
@@ -144,10 +142,9 @@ def test_overflow_triggers_rescan(tmp_path: Path) -> None:
         w.watch(b)
         wait_for(lambda: rec.count(str(a)) and rec.count(str(b)), 5)
         na, nb = rec.count(str(a)), rec.count(str(b))
-        overflow = InotifyEvent(-1, InotifyConstants.IN_Q_OVERFLOW, 0, b"")  # type: ignore[arg-type]
-        observers[0].inotify_fd.handle_event(overflow)  # type: ignore[attr-defined]
+        observers[0].simulate_overflow()  # type: ignore[attr-defined]
         wait_for(lambda: rec.count(str(a)) > na and rec.count(str(b)) > nb, 5, what="rescan of every dir")
-        assert w.stats.overflows == 1
+        assert w.stats.overflows == 2  # one inotify instance per prof_dir: each overflowed
 
 
 def test_reconcile_wakes_without_events(tmp_path: Path) -> None:
@@ -218,23 +215,23 @@ def test_mountinfo_and_network_detection(tmp_path: Path) -> None:
 
 
 def test_watch_limit_polls_what_inotify_could_not_watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The inotify watch limit (ENOSPC) reached below a watched prof_dir: watchdog skips that subtree silently.
+    """The inotify watch limit (ENOSPC) reached below a watched prof_dir: that subtree is polled.
     Simulated by making the kernel call fail for the directories named ``deep*``; the rest is real inotify."""
     import errno
 
     from structlog.testing import capture_logs
-    from watchdog.observers.inotify_c import InotifyFD
 
+    from profwatch.adapters.fs import inotify_observer
     from profwatch.adapters.outputs.metrics import DaemonMetrics
 
-    real = InotifyFD._get_or_create_watch
+    real = inotify_observer._add_watch
 
-    def limited(self: InotifyFD, path: bytes, mask: int) -> object:
-        if Path(os.fsdecode(path)).name.startswith("deep"):
+    def limited(fd: int, path: str, mask: int) -> int:
+        if Path(path).name.startswith("deep"):
             raise OSError(errno.ENOSPC, "inotify watch limit reached")
-        return real(self, path, mask)  # type: ignore[arg-type]
+        return real(fd, path, mask)
 
-    monkeypatch.setattr(InotifyFD, "_get_or_create_watch", limited)
+    monkeypatch.setattr(inotify_observer, "_add_watch", limited)
     rec = Recorder()
     prof = tmp_path / "prof"
     (prof / "deep" / "deeper").mkdir(parents=True)
@@ -259,3 +256,38 @@ def test_watch_limit_polls_what_inotify_could_not_watch(tmp_path: Path, monkeypa
     assert len(limit_logs) == 1 and "max_user_watches" in limit_logs[0]["action"]  # logged once
     assert metrics.registry.get_sample_value("profwatch_watch_fallbacks_total", {"reason": "watch_limit"}) == 2
     assert w.stats.polling_fallbacks == 0  # the root itself was watched by inotify
+
+
+def test_inotify_watches_follow_the_layout_not_the_whole_tree(tmp_path: Path) -> None:
+    """Two watches per rank dir (itself and ASCEND_PROFILER_OUTPUT/) plus the folders above rank dirs; raw data
+    (PROF_*/device_*/data ...) is never watched. Rank dirs inside a folder that appears later (or moved in whole)
+    are armed and reported, and their markers still complete the batch."""
+    observers: list[BaseObserver] = []
+
+    def factory(mode: str, on_overflow: Callable[[], None]) -> BaseObserver:
+        obs = make_inotify_observer(on_overflow)
+        observers.append(obs)
+        return obs
+
+    rec = Recorder()
+    prof = tmp_path / "prof"
+    dirs = gen.generate_cluster(prof / "job" / "a", world_size=4, capture_id="cap", with_marker=False)
+    for d in dirs:  # raw data as torch_npu leaves it: folders a recursive watch would have to watch
+        for sub in ("PROF_000001_20260101120000000_TEST/device_0/data", "PROF_000001_20260101120000000_TEST/host/data",
+                    "FRAMEWORK", "logs"):
+            (d / sub).mkdir(parents=True)
+    assert sum(1 for d in dirs for p in d.rglob("*") if p.is_dir()) == 8 * len(dirs)
+    with ProfWatcher(rec, settings=WatchSettings(observer="inotify", **FAST), observer_factory=factory) as w:
+        w.watch(prof)
+        wait_for(lambda: rec.status.get("cap") == "parsing", 10, what="parsing seen")
+        wait_for(lambda: observers[0].watch_count() == 3 + 2 * 4, 10,  # type: ignore[attr-defined]
+                 what="prof, job, job/a, and two per rank dir")
+        for d in dirs:
+            (d / "ASCEND_PROFILER_OUTPUT" / "analyse.done").touch()
+        wait_for(lambda: rec.status.get("cap") == "complete", 10, what="complete from the markers' events")
+        staged = tmp_path / "staged"  # a folder of finished rank dirs moved in whole: no event of their own
+        gen.generate_cluster(staged / "b", world_size=4, capture_id="moved", with_marker=True)
+        staged.rename(prof / "job" / "moved")
+        wait_for(lambda: rec.status.get("moved") == "complete", 10, what="rank dirs moved in are read")
+        wait_for(lambda: observers[0].watch_count() == 5 + 2 * 8, 10,  # type: ignore[attr-defined]
+                 what="the moved-in folders and their rank dirs armed")

@@ -152,8 +152,17 @@ def test_impact_links_and_steps_rendered_when_present(tmp_path: Path) -> None:
                      {"ranks": "bad"}]
     data["armed_steps"], data["captured_steps"] = [62, 63, 64], [62, 63, 64]
     page = render_html(data, rows)
-    assert "Fixing this rank alone saves 24.1 ms/step (27% of step time), about 52 accelerator-hours per day" in page
-    assert "All suspects fixed: saves <b>24.1 ms/step (27% of step time), about 60 accelerator-hours" in page
+    # the % of step is of the median step time the page shows (not the 27.3 % handed in), hours scale with it
+    step_ms = float(re.search(r"median step time <b>([\d.]+) ms</b>", page).group(1))
+    pct = 100 * 24.1 / step_ms  # from the shown (rounded) numbers: equal to the rounding
+    one = re.search(r"Fixing this rank alone saves 24\.1 ms/step \((\d+)% of step time\), about (\d+) "
+                    r"accelerator-hours per day", page)
+    every = re.search(r"All suspects fixed: saves <b>24\.1 ms/step \((\d+)% of step time\), about (\d+) "
+                      r"accelerator-hours", page)
+    assert one and every, page[:2000]
+    for m, hours in ((one, 52.4), (every, 60.0)):
+        assert abs(int(m.group(1)) - pct) <= 1 and abs(int(m.group(2)) - hours * pct / 27.3) <= 1.5, m.group(0)
+    assert int(one.group(1)) != 27  # not the mean-step figure handed in
     assert 'data-ranks="2-6"' in page and "tp&lt;0&gt;" in page and ">25%<" in page and page.count("pw-link") == 1
     assert "armed steps <b>62-64</b>" in page and "steps <b>62-64</b>" in page
     data["captured_steps"] = [3, 4]

@@ -114,3 +114,24 @@ def test_notifier_rules(short_tmp: Path, notify_socket) -> None:
     assert gone.ready() is False and gone.ready() is False
     gone.close()
     assert os.path.exists(path)
+
+
+def test_a_stalled_notify_socket_never_blocks_the_daemon(short_tmp: Path) -> None:
+    """Issue 33 #8: a notify socket nobody reads stopped the coordinator's main loop ~4 minutes (a blocking
+    sendto on a full datagram queue). The send is non-blocking: a full queue is a failed send, logged once."""
+    import threading
+
+    path = str(short_tmp / "stalled.sock")
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stalled.bind(path)  # never read
+    n = SdNotifier({"NOTIFY_SOCKET": path})
+    results: list[bool] = []
+    t = threading.Thread(target=lambda: results.extend(n.send("WATCHDOG=1") for _ in range(5000)), daemon=True)
+    t.start()
+    t.join(30)
+    try:
+        assert not t.is_alive(), "sd_notify blocked on a stalled socket"
+        assert results[0] is True and results[-1] is False  # the queue filled: later sends fail, never wait
+    finally:
+        n.close()
+        stalled.close()

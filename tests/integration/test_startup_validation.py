@@ -54,3 +54,13 @@ def test_a_state_db_that_is_a_fifo_exits_2_at_once(short_tmp: Path) -> None:
     os.mkfifo(fifo)
     res = _start(short_tmp)
     assert res.returncode == 2 and f"state_db {fifo} is a FIFO" in res.stderr, res.stderr[-800:]
+
+
+def test_ephemeral_ports_never_clash() -> None:
+    from profwatch.config import CoordinatorSettings
+
+    s = CoordinatorSettings(ingest_bind="tcp://127.0.0.1:0", control_bind="tcp://127.0.0.1:0",
+                            pub_bind="tcp://127.0.0.1:*")
+    assert s.binds()["control"] == "tcp://127.0.0.1:0"
+    with pytest.raises(ValueError, match="is the endpoint of coordinator.ingest_bind"):
+        CoordinatorSettings(ingest_bind="tcp://*:7711", control_bind="tcp://127.0.0.1:7711")

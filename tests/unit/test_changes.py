@@ -85,6 +85,10 @@ def test_software_versions_and_world_size() -> None:
     assert [c.to_json()["detail"] for c in cmp.changes] == ["torch_npu 2.6.0 -> 2.7.1"]
     assert cmp.changes[0].component == "software" and cmp.changes[0].delta_s_per_step is None
     assert any("world size changed: 8" in n for n in cmp.notes)
+    assert headline(cmp).endswith("[world size 8 -> 16]"), headline(cmp)
+    other = compare_captures(rows(1), rows(1), baseline_job="train-a", now_job="train-b")
+    assert headline(other).endswith("[reference of another job (train-a)]") and "another job" in other.notes[0]
+    assert compare_captures(rows(1), rows(1), baseline_job="a", now_job="a").caveats == []
     assert "torch_npu 2.6.0 -> 2.7.1" in headline(cmp)
 
 

@@ -559,3 +559,33 @@ def test_slow_from_start_arms_one_capture_by_default_and_stays_open_until_the_jo
         assert b.advance(T0 + 100 * k, furthest_step=60 + 100 * k) == []
         assert b.next_arm(p, T0 + 100 * k, capture_in_flight=False) is None
     assert ep.waiting == "captured_unchanged" and [c.capture_id for c in ep.captures] == ["c1"]
+
+
+def test_a_rank_that_stays_slow_inside_a_rotating_episode_is_captured_as_an_episode_of_its_own() -> None:
+    """A hot expert moving within one open episode (each new rank captured again, no verdict names: replay) is a
+    rotation at its second capture; those two captures leave the hourly cap; rank 7, slow for good from the middle
+    of the job, is named by the detector without a break: once it persists it opens its own episode, captured."""
+    b, p = book(max_captures_per_hour=2, episode_quiet_steps=50, min_arm_gap_s=0)
+    ep, _ = b.observe(out(800, (0,), stage="moe"), T0)
+    assert ep is not None and arm_next(b, p, T0, "c0", covered=(0,)) is ep
+    b.capture_ended("c0", T0 + 20, "simulated")
+    b.observe(out(950, (1,), stage="moe"), T0 + 75)
+    assert arm_next(b, p, T0 + 75, "c1", covered=(0, 1)) is ep
+    evs = b.capture_ended("c1", T0 + 95, "simulated")
+    assert [e.type for e in evs] == ["io.profwatch.culprit_rotates.v1"] and ep.rotation == (0, 1)
+    assert b.history.state(T0 + 95, capture_in_flight=False).captures_last_hour == 0
+    t, step, opened = T0 + 150, 1100, []
+    for k in range(100):  # the expert moves on every 150 steps (75 s); rank 7 is slow from step 1,100 on
+        hot = 2 + (k // 15) % 4
+        now, at = t + 5 * k, step + 10 * k
+        if k % 15 == 0:
+            b.observe(out(at, (hot, 7), stage="moe"), now)
+        opened += [e for e in b.advance(now, furthest_step=at, ongoing={"rank_outlier": frozenset({hot, 7})})
+                   if e.type.endswith("episode_opened.v1")]
+        got = arm_next(b, p, now, f"c-{k}", covered=(7,))
+        if got is not None:
+            assert got.ranks == (7,) and got.scope == "moe+ranks:7" and now - t >= 300
+            break
+        assert k < 99, "rank 7 never captured"
+    (ev,) = opened
+    assert ev.data["reason"] == "persistent" and ev.data["ranks"] == [7] and "rank 7 has stayed slow" in ev.data["text"]

@@ -231,6 +231,18 @@ def test_incomplete_batch_waits_until_the_judgement_time_then_names_the_missing_
     assert "cause: node n2 DOWN" in inc.data["causes"][0]
 
 
+def test_an_incomplete_batch_with_every_rank_present_says_what_is_wrong_not_missing_ranks_empty() -> None:
+    """Issue 33 #8: one incomplete batch's message read "missing ranks []" (every rank had a dir, one unusable)."""
+    cap = _acked(_written(_open()))
+    part = _batch(cap, "incomplete")
+    part.problems.append(Problem(rank=2, path=cap.prof_dir, reason="analysis.db unreadable"))
+    t = lc.scan_result(cap, part, cap.judge_unix_s, SET)
+    (inc,) = [e for e in t.events if e.type == TYPE_BATCH_INCOMPLETE]
+    assert "missing ranks []" not in inc.data["detail"] and "rank 2: analysis.db unreadable" in inc.data["detail"]
+    t = lc.scan_result(cap, _batch(cap, "incomplete", ranks=(0, 1), missing=(2, 3)), cap.judge_unix_s, SET)
+    assert "missing ranks [2, 3]" in t.capture.outcome, t.capture.outcome
+
+
 def test_collecting_expiry_asks_for_the_final_scan_then_closes_without_one() -> None:
     cap = lc.rank_event(_acked(_written(_open())), _ev(0, "started", step=0), T0 + 5, SET).capture
     assert cap.state is CaptureState.COLLECTING

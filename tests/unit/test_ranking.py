@@ -297,3 +297,17 @@ def test_a_suspect_whose_fix_alone_saves_nothing_is_not_strong():
     assert six.evidence["strength_note"].startswith("weak: fixing it alone saves 0.")
     assert "not more than the verdict's noise for it" in six.evidence["strength_note"]
     assert v.strength == "strong"
+
+
+def test_two_equally_slow_ranks_both_stay_strong_though_neither_fix_alone_saves():
+    """Fixing either of two equally slow ranks alone gives nothing back (the other still sets the step), but each
+    carries half of fixing both: neither is demoted to weak, and the verdict stays strong (a ``weak`` status would
+    read as thin evidence). A rank behind a slower one stays weak (the test above)."""
+    v = judge_batch(make_evidence(8, slow={2: 1.5, 5: 1.5}, seed=4))
+    assert sorted(_ranks(v.suspects)) == [2, 5]
+    for s in v.suspects:
+        assert s.impact is not None and s.impact["saving_s_per_step"] < 0.004  # alone: little or nothing
+        assert s.evidence["strength"] == "strong", s.evidence.get("strength_note")
+        assert "as slow as it still sets the step" in s.evidence["strength_note"]
+    assert v.strength == "strong"
+    assert v.impact is not None and v.impact["saving_s_per_step"] > 0.015  # both fixed: the 0.5 x 40 ms

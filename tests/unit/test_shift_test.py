@@ -77,3 +77,17 @@ def test_a_regression_that_makes_steps_vary_is_a_change():
     compute = c.changes[0].to_json()
     assert compute["test"] == "mann_whitney" and compute["interval_s_per_step"][0] > 0
     assert "Holm over 6 hypotheses" in c.notes[-1]
+
+
+def test_three_steps_of_a_regression_that_varies_are_a_change_on_the_log_scale():
+    """A 10x job-wide compute regression on a loaded box (tests/e2e/test_reference_live.py): three reference steps of
+    ~20 ms, three regressed ones spread over 0.7-1.3 s. Welch on the raw values has ~2 degrees of freedom and stops at
+    p 0.015 (not a change at 1 %, Holm over 6); on log durations the change is plain."""
+    ref, now = [20.0, 22.0, 19.0], [700.0, 1300.0, 1000.0]
+    raw, _, _ = shift_test(ref, now, rank_test=False)
+    assert raw.p_value is not None and raw.p_value > 0.01
+    t, _, _ = shift_test(ref, now, rank_test=False, offset=0.5)
+    assert t.method == "welch" and t.p_value is not None and t.p_value < 0.01 / 6
+    assert t.interval is not None and 0 < t.interval[0] < t.delta < t.interval[1]
+    with pytest.raises(ValueError):
+        shift_test([-1.0, 2.0], [3.0, 4.0], rank_test=False, offset=0.5)

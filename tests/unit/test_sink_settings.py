@@ -89,3 +89,16 @@ def test_job_end_tracker_reports_each_silence_once():
     assert [e.job_id for e in again] == ["a"] and again[0].event_id() != ended[0].event_id()
     with pytest.raises(ValueError):
         JobEndTracker(0)
+
+
+def test_a_job_before_its_first_step_gets_the_startup_allowance() -> None:
+    """Issue 33 #8: a job whose start-up (model loading) took longer than job_end_after_s was declared ended before
+    its first step."""
+    t = JobEndTracker(after_s=100, startup_allowance_s=900)
+    hello = {"loading": 1000.0, "running": 1000.0}
+    assert [e.job_id for e in t.check(hello, 1200.0, before_first_step={"loading"})] == ["running"]
+    assert t.check(hello, 1999.0, before_first_step={"loading"}) == []  # 999 s of start-up: still within 100 + 900
+    (end,) = t.check(hello, 2000.0, before_first_step={"loading"})
+    assert end.job_id == "loading" and end.silent_s == 1000.0
+    with pytest.raises(ValueError):
+        JobEndTracker(10, startup_allowance_s=-1)

@@ -57,11 +57,21 @@ class AnalysisSteps:
         self.fs_pool, self.find, self.apply, self.post, self.clock = fs_pool, find, apply, post, clock
         self.analysis_pool = ThreadPoolExecutor(analysis_workers, thread_name_prefix="profwatch-analysis")
         self.enrich_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-enrich")
+        self._workers = analysis_workers
+        self._shut = False
         self.reference_for = reference_for or (lambda cap: None)
         self.protected = protected or set
 
+    def workers_up(self) -> tuple[bool, str]:
+        """``(up, detail)`` for the coordinator's ``/readyz``: the analysis and enrich pools accept work (not shut
+        down). A busy worker is up: the pools queue."""
+        if self._shut:
+            return False, "analysis workers shut down"
+        return True, f"{self._workers} analysis worker(s) and 1 enrich worker accepting work"
+
     def shutdown(self) -> None:
         """Join the analysis and enrich workers (queued work is dropped; running tools were cancelled first)."""
+        self._shut = True
         self.analysis_pool.shutdown(wait=True, cancel_futures=True)
         self.enrich_pool.shutdown(wait=True, cancel_futures=True)
 

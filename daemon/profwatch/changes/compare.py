@@ -73,7 +73,7 @@ def attach_comparison(res: AnalysisResult, reference: AnalysisResult, *, referen
     cmp = compare_captures(ref_ev.summaries, now_ev.summaries, ranks=ranks, baseline_versions=ref_ev.versions,
                            now_versions=now_ev.versions, baseline_world_size=reference.world_size,
                            now_world_size=res.world_size, telemetry_baseline_step_s=telemetry_baseline_step_s,
-                           substitutes=subs)
+                           substitutes=subs, baseline_job=reference.job_id, now_job=res.job_id)
     cmp.changes += frequency_changes(ref_ev.aicore, now_ev.aicore, ranks=ranks)  # hardware: after the timed ones
     out = cmp.to_json()
     out["reference"] = {"path": reference_path, "batch_id": reference.batch_id,

@@ -298,6 +298,9 @@ def _analyse_one(batch: BatchState, work: Path, settings: AnalysisSettings, runn
     detail is found in the enrich phase, ``reference_compare``), then the enrich phase."""
     res = analyze_batch(batch, work_dir=work, settings=settings, runner=runner, progress=progress, enrich=False)
     if reference is not None and baseline_dir is not None and res.status != "incomplete":
+        res.job_id = res.job_id or _job_of(batch)
+        if ref_batch is not None:
+            reference.job_id = reference.job_id or _job_of(ref_batch)
         attach_comparison(res, reference, reference_path=str(baseline_dir))
         if ref_batch is not None and _same_dirs(ref_batch, batch) and res.comparison is not None:
             res.comparison["notes"].append("the reference is this capture itself (same rank dirs): "
@@ -306,6 +309,21 @@ def _analyse_one(batch: BatchState, work: Path, settings: AnalysisSettings, runn
     if res.pending:
         enrich_analysis(res, runner=runner, progress=progress)
     return res
+
+
+def _job_of(batch: BatchState) -> str | None:
+    """``profwatch_job_id`` from a rank dir's ``profiler_metadata.json`` (the job profwatch armed the capture for),
+    the first rank dir that has one; None offline without it. Reads at most 64 KiB of each file."""
+    for rank in sorted(batch.rank_dirs):
+        try:
+            with open(os.path.join(batch.rank_dirs[rank], "profiler_metadata.json"), "rb") as fh:
+                meta = json.loads(fh.read(65536))
+        except (OSError, ValueError):
+            continue
+        job = meta.get("profwatch_job_id") if isinstance(meta, dict) else None
+        if isinstance(job, str) and job:
+            return job[:200]
+    return None
 
 
 EXIT_SIGTERM = 128 + signal.SIGTERM

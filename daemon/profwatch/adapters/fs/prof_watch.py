@@ -11,10 +11,11 @@ inotify queue overflow (#fc-17), and wakes every watched prof_dir each ``reconci
 prof_dir but in no rank dir asks for a full look when a folder moved or was deleted (rank dirs may have gone with
 it); files there, and folders created there (their contents report themselves), ask for nothing.
 
-inotify needs one watch per directory, and the per-user limit (``fs.inotify.max_user_watches``) can run out
-(ENOSPC; EMFILE for the instance limit). watchdog 7 ignores that failure for every directory below the watched
-root, so that subtree would go silent until the next reconciliation. Here the inotify file descriptor reports
-it, and the supervisor polls what could not be watched: the whole prof_dir when its root fails, else the
+inotify needs one watch per directory. The inotify observer (``adapters/fs/inotify_observer.py``) watches only the
+layout completion reads: the prof_dir, the folders above rank dirs, each rank dir and its ``ASCEND_PROFILER_OUTPUT/``
+(two watches per rank dir, never raw data; a recursive watch of a 16,384-rank-dir tree took ~82k). The per-user
+limit (``fs.inotify.max_user_watches``) can still run out (ENOSPC; EMFILE for the instance limit): the observer
+reports it, and the supervisor polls what could not be watched: the whole prof_dir when its root fails, else the
 subtree, logged once (``inotify_watch_limit_reached``), counted in ``WatchStats.watch_limit_fallbacks`` and the
 ``profwatch_watch_fallbacks_total{reason}`` metric.
 """
@@ -118,7 +119,7 @@ def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], setti
     if mode == "polling":
         return PollingObserverVFS(stat=os.stat, listdir=completion_scandir(settings.poll_skip_dirs),
                                   polling_interval=settings.poll_interval_s)
-    return make_inotify_observer(on_overflow, on_watch_limit)
+    return make_inotify_observer(on_overflow, on_watch_limit, max_depth=settings.scan_max_depth)
 
 
 class _Handler(FileSystemEventHandler):
@@ -222,7 +223,8 @@ class ProfWatcher:
         self.close()
 
     def watch(self, prof_dir: str | os.PathLike[str]) -> ObserverMode:
-        """Watch ``prof_dir`` recursively (it may not exist yet); wakes it once at once. Returns the mode used."""
+        """Watch ``prof_dir`` (it may not exist yet; inotify: the rank-dir layout below it, polling: the listing of
+        :func:`completion_scandir`); wakes it once at once. Returns the mode used."""
         path = os.path.abspath(os.fspath(prof_dir))
         with self._cv:
             entry = self._dirs.get(path)

@@ -143,20 +143,22 @@ class RankDirReader:
             raise
         names = frozenset(f.name for f in files)
         newest = None
+        stats: dict[str, os.stat_result] = {}  # one stat per output file, reused by the DB checks below
         for f in files:
             try:
-                m = f.stat(follow_symlinks=True).st_mtime
+                st = stats[f.name] = f.stat(follow_symlinks=True)
             except FileNotFoundError:
                 continue
-            newest = m if newest is None else max(newest, m)
+            newest = st.st_mtime if newest is None else max(newest, st.st_mtime)
         journals = tuple(sorted(n for n in names if n.endswith(("-journal", "-wal"))))
         marker = ANALYSE_DONE in names
         db_names = sorted(n for n in names if PROFILER_DB_RE.fullmatch(n))
         # without the marker, DBs are read once no CANN export or journal is left (an old torch_npu whose
         # analysis.db never comes is then named by the health checks after the quiet period, not "parsing" forever)
         deep = marker or (bool(db_names) and not out["leftover_sqlite"] and not journals)
-        dbs = tuple(self.check_db(os.path.join(outdir.path, n), deep=deep) for n in db_names)
-        adb = self.check_db(os.path.join(outdir.path, ANALYSIS_DB), deep=deep) if ANALYSIS_DB in names else None
+        dbs = tuple(self.check_db(os.path.join(outdir.path, n), deep=deep, st=stats.get(n)) for n in db_names)
+        adb = self.check_db(os.path.join(outdir.path, ANALYSIS_DB), deep=deep, st=stats.get(ANALYSIS_DB)) \
+            if ANALYSIS_DB in names else None
         out.update(output_dir=True, output_files=names, marker=marker, profiler_dbs=dbs, analysis_db=adb,
                    journal_files=journals, newest_output_mtime_s=newest)
         return RankDirObservation(**out)
@@ -189,15 +191,16 @@ class RankDirReader:
                 self._json_cache[key] = result
         return result
 
-    def check_db(self, path: str, *, deep: bool = True) -> DbObservation:
+    def check_db(self, path: str, *, deep: bool = True, st: os.stat_result | None = None) -> DbObservation:
         """Observe one SQLite file; with ``deep`` check it (:func:`_check_sqlite`: the header, the schema and
         ``PRAGMA quick_check`` of each table of :data:`CHECKED_TABLES` it holds, not every byte of the file) and
         read what the recipes need: the table list, ``RANK_DEVICE_MAP.rankId``, ``STEP_TIME.id``, and whether
         ``COMMUNICATION_OP``/``StepTraceTime``/``CommAnalyzerTime``/``TASK``/``COMPUTE_TASK_INFO`` have rows
-        (docs/msprof-analyze.md#before-running).
+        (docs/msprof-analyze.md#before-running). ``st``: ``path``'s ``os.stat`` (symlinks followed) taken in the
+        same read (a rank dir read stats each output file once); None: stat it here.
         """
         name = os.path.basename(path)
-        st = os.stat(path)
+        st = os.stat(path) if st is None else st
         if not stat.S_ISREG(st.st_mode):  # a FIFO/socket/device/dir in place of a DB: never opened (it may block)
             return DbObservation(name=name, size_bytes=0, mtime_s=st.st_mtime, checked=True, error=NOT_REGULAR)
         if not deep:
@@ -373,18 +376,22 @@ def _raw_data_state(prof_entries: list[os.DirEntry[str]]) -> tuple[tuple[str, ..
         try:
             if not entry.is_dir(follow_symlinks=False):
                 continue
-            for sub in os.scandir(entry.path):
-                is_device = sub.name.startswith("device_")
-                if not (is_device or sub.name == "host") or not sub.is_dir(follow_symlinks=False):
-                    continue
-                if not leftover and os.path.isdir(os.path.join(sub.path, "sqlite")):
-                    leftover = True
-                if is_device:
+            with os.scandir(entry.path) as subs:
+                for sub in subs:
+                    is_device = sub.name.startswith("device_")
+                    if not (is_device or sub.name == "host") or not sub.is_dir(follow_symlinks=False):
+                        continue
+                    if not is_device:
+                        leftover = leftover or os.path.isdir(os.path.join(sub.path, "sqlite"))
+                        continue
                     rel = f"{entry.name}/{sub.name}"
                     found.append(rel)
-                    with os.scandir(sub.path) as it:
-                        if next(it, None) is None:
-                            empty.append(rel)
+                    with os.scandir(sub.path) as it:  # one listing: empty, and whether sqlite/ is left
+                        inside = list(it)
+                    if not inside:
+                        empty.append(rel)
+                    elif not leftover:
+                        leftover = any(e.name == "sqlite" and e.is_dir(follow_symlinks=True) for e in inside)
         except FileNotFoundError:
             continue
     return tuple(sorted(found)), tuple(sorted(empty)), leftover

@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from profwatch import __version__
+from profwatch.adapters.outputs.http_probe import probe_app, serve
 from profwatch.core.alerts.events import EVENT_TYPES
 from profwatch.core.capture.lifecycle import ACTIVE, CaptureState
+from profwatch.core.health import Health
 
 CAPTURE_STATES = tuple(s.value for s in CaptureState)
 """Capture states exported with a zero value before the first capture (a missing series is not a zero)."""
@@ -30,7 +32,9 @@ class DaemonMetrics:
     ``profwatch_queue_depth{queue}``, ``profwatch_auth_refused_total{socket,reason}`` (CURVE handshakes refused or
     failed: ``unknown_key``, ``role_not_allowed``, ``mechanism_mismatch``, ``protocol``, ``refused``,
     ``no_detail``).
-    Coordinator: ``profwatch_events_total{type}`` (every event published, alerts and the others), ``profwatch_captures_total{state}``
+    Coordinator: ``profwatch_connections_closed_total{socket}`` (``ingest``: node connections closed,
+    from the socket monitor's disconnect events; an oversize message, over ZeroMQ's ``MAXMSGSIZE``, is dropped
+    unread with its connection, so its drops show here; ``adapters/zmq/server_sockets.py``), ``profwatch_events_total{type}`` (every event published, alerts and the others), ``profwatch_captures_total{state}``
     (transitions), ``profwatch_captures_in_state{state}``, ``profwatch_capture_oldest_active_age_seconds``,
     ``profwatch_analysis_duration_seconds`` (histogram), ``profwatch_jobs``, ``profwatch_job_ranks{job_id}``,
     ``profwatch_job_step_time_seconds{job_id}`` (median of the ranks' latest step times),
@@ -59,9 +63,17 @@ class DaemonMetrics:
         self.captures = Counter("profwatch_captures", "Capture state transitions", ["state"], registry=r)
         self.auth_refused = Counter("profwatch_auth_refused", "Connections refused or failed during authentication",
                                     ["socket", "reason"], registry=r)
+        self.connections_closed = Counter(
+            "profwatch_connections_closed", "Peer connections of a listening socket that closed: ZeroMQ drops a "
+            "message over the socket's MAXMSGSIZE with its connection (a peer that stopped closes one too)",
+            ["socket"], registry=r)
+        if daemon == "coordinator":
+            self.connections_closed.labels("ingest")  # exported as 0 before the first close
         self.watch_fallbacks = Counter("profwatch_watch_fallbacks", "prof_dir watches degraded to polling",
                                        ["reason"], registry=r)
         self._server: Any = None
+        self.health = Health()
+        """Liveness and readiness served at /healthz and /readyz (the daemon's loop ticks it, sets its checks)."""
         if daemon != "coordinator":
             return
         for t in sorted(EVENT_TYPES):
@@ -187,17 +199,17 @@ class DaemonMetrics:
 
     # -- exposition -----------------------------------------------------------------------------------------------
     def serve(self, port: int | None, addr: str = "127.0.0.1", *, certfile: str | None = None,
-              keyfile: str | None = None, client_cafile: str | None = None) -> None:
-        """Start the ``/metrics`` HTTP server on ``addr:port`` (no-op when ``port`` is None); HTTPS with
+              keyfile: str | None = None, client_cafile: str | None = None, health_only: bool = False) -> None:
+        """Start the HTTP server on ``addr:port`` (no-op when ``port`` is None): ``/metrics`` (unless
+        ``health_only``), ``/healthz`` and ``/readyz`` (``adapters/outputs/http_probe.py``); HTTPS with
         ``certfile``/``keyfile`` (PEM), and then client certificates signed by ``client_cafile`` required when it
-        is given (prometheus-client's ``start_http_server`` TLS options). Raises ``OSError`` (address in use) or
-        ``ssl.SSLError`` (unusable certificate files)."""
+        is given. Raises ``OSError`` (address in use) or ``ssl.SSLError`` (unusable certificate files)."""
         if port is not None:
-            self._server, _thread = start_http_server(
-                port, addr=addr, registry=self.registry, certfile=certfile, keyfile=keyfile,
-                client_cafile=client_cafile, client_auth_required=client_cafile is not None)
+            app = probe_app(self.health, None if health_only else make_wsgi_app(self.registry))
+            self._server = serve(app, port, addr, certfile=certfile, keyfile=keyfile, client_cafile=client_cafile)
 
     def close(self) -> None:
         if self._server is not None:
             self._server.shutdown()
+            self._server.server_close()
             self._server = None

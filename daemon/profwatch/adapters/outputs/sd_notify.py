@@ -8,7 +8,8 @@ adapter on the stdlib: the maintained library (``systemd-python``) needs libsyst
 pure-Python ``sdnotify`` package has had no release since 2017.
 
 Without ``$NOTIFY_SOCKET`` (not under systemd, or ``Type=simple``) every call is a no-op. A failed send is
-logged once and never raised: notifications must not stop a daemon.
+logged once and never raised: notifications must not stop a daemon. Sends never block (``SOCK_NONBLOCK``): a
+notify socket whose queue is full fails the send (the next watchdog ping tries again).
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ class SdNotifier:
             return False
         try:
             if self._sock is None:
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                # non-blocking: a notify socket nobody reads (a full datagram queue) fails the send, never stalls
+                # the daemon's main loop
+                self._sock = socket.socket(socket.AF_UNIX,
+                                           socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
             self._sock.sendto("\n".join(fields).encode(), self.address)
             return True
         except OSError as exc:

@@ -114,6 +114,8 @@ class StateStore:
         self.failures: dict[str, int] = {}  # op -> writes the store refused
         self.dropped: dict[str, int] = {}  # kind -> pending writes dropped by the queue's bounds or refused at retry
         self.last_error = ""
+        self.closed = False
+        """True once close() ran (the coordinator's /readyz: state db open)."""
         self.failing_since_unix_s: float | None = None
         self._next_retry = 0.0
         self._backoff_s = RETRY_BACKOFF_S[0]
@@ -157,6 +159,7 @@ class StateStore:
             if len(self.queue):
                 log.error("state_writes_lost", pending=len(self.queue), error=self.last_error,
                           note="the state store failed until shutdown; these events were published, not stored")
+        self.closed = True
         self.db.close()
 
     # -- failed writes --------------------------------------------------------------------------------------------

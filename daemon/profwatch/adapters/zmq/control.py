@@ -73,6 +73,19 @@ def bind_control(ctx: zmq.Context, endpoint: str, curve: KeyPair | None = None, 
     return sock
 
 
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice (the rank wire refuses them too: which value counts is not defined)."""
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKey(k)
+        out[k] = v
+    return out
+
+
 def recv_request(sock: zmq.Socket) -> tuple[list[bytes], dict[str, Any] | ControlError, zmq.Frame]:
     """Receive one request: ``(envelope, request_dict or ControlError when malformed, body frame)``.
 
@@ -88,7 +101,9 @@ def recv_request(sock: zmq.Socket) -> tuple[list[bytes], dict[str, Any] | Contro
     if len(body) != 1:
         return envelope, ControlError("bad_request", "expected exactly one body frame"), frames[-1]
     try:
-        req = json.loads(body[0].decode("utf-8"))
+        req = json.loads(body[0].decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except DuplicateKey as exc:
+        return envelope, ControlError("bad_request", f"duplicate key {str(exc)[:100]!r} in the request"), frames[-1]
     except UnicodeDecodeError:
         return envelope, ControlError("bad_request", "request is not UTF-8"), frames[-1]
     except (ValueError, RecursionError) as exc:
@@ -123,8 +138,13 @@ def call(endpoint: str, cmd: str, args: dict[str, Any] | None = None, timeout_s:
             only); seen through the socket monitor, so it is reported as such instead of as a timeout.
         ControlUnavailable: no reply within ``timeout_s``; at once (``refused``) when every connection attempt
             was refused and none succeeded since, i.e. nothing listens at ``endpoint``.
-        ControlError: the coordinator refused the request.
+        ControlError: the coordinator refused the request; ``request_too_large`` (before sending) when the
+            request is over :data:`MAX_REQUEST_BYTES`.
     """
+    body = json.dumps({"cmd": cmd, "args": args or {}}).encode()
+    if len(body) > MAX_REQUEST_BYTES:  # the coordinator's ZeroMQ would drop it unread, and close the connection
+        raise ControlError("request_too_large", f"the {cmd} request is {len(body)} bytes; the coordinator takes at "
+                                                f"most {MAX_REQUEST_BYTES} (control.MAX_REQUEST_BYTES)")
     ctx: zmq.Context = zmq.Context.instance()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
@@ -135,7 +155,7 @@ def call(endpoint: str, cmd: str, args: dict[str, Any] | None = None, timeout_s:
     try:
         sock.connect(endpoint)
         try:
-            sock.send(json.dumps({"cmd": cmd, "args": args or {}}).encode())
+            sock.send(body)
         except zmq.Again:  # no pipe within SNDTIMEO: a refused handshake tore it down before the send
             _classify_silence(mon, endpoint, timeout_s, curve is not None)
         reply = _await_reply(sock, mon, endpoint, timeout_s, curve is not None)

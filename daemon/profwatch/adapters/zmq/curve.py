@@ -200,7 +200,7 @@ class HandshakeMonitor:
         addr = f"inproc://profwatch-monitor-{os.getpid()}-{next(_mon_ids)}"
         events = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | \
             zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_CONNECTED | \
-            zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+            zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_ACCEPTED
         target.monitor(addr, events)
         self.sock = target.context.socket(zmq.PAIR)
         self.sock.linger = 0

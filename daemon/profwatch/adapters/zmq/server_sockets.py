@@ -18,6 +18,7 @@ Queued memory per peer is bounded: ``MAXMSGSIZE`` times the receive high-water m
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -50,6 +51,35 @@ from rankhook import wire
 log = structlog.get_logger("profwatch.sockets")
 
 
+CLOSE_COUNTED = ("ingest",)
+"""Sockets whose closed peer connections are counted (``ServerSockets`` doc: oversize messages). Node daemons hold
+their ingest connection for good, so a close is a dropped oversize batch or a node that stopped; control clients
+close their connection after every request, so there a close says nothing (the client checks its request's size
+itself: ``control.call``)."""
+MAX_TRACKED_PEERS = 10_000
+
+
+def peer_of_fd(fd: int) -> str:
+    """The remote address of an accepted connection's file descriptor (``ip`` for TCP, ``pid:N`` for ipc from the
+    kernel's SO_PEERCRED), or ``fd:N`` when it cannot be told (already closed)."""
+    import socket as pysocket
+    import struct
+
+    try:
+        s = pysocket.socket(fileno=os.dup(fd))
+    except OSError:
+        return f"fd:{fd}"
+    try:
+        if s.family == pysocket.AF_UNIX:
+            pid = struct.unpack("3i", s.getsockopt(pysocket.SOL_SOCKET, pysocket.SO_PEERCRED, 12))[0]
+            return f"pid:{pid}"
+        return str(s.getpeername()[0])
+    except OSError:
+        return f"fd:{fd}"
+    finally:
+        s.close()
+
+
 class BindError(Exception):
     """A listening endpoint cannot be bound; the message names the setting and the endpoint."""
 
@@ -70,12 +100,20 @@ class ServerSockets:
     Args:
         binds: ``{"ingest": ..., "control": ..., "pub": ...}`` endpoints.
         on_refused: ``(socket, reason) -> None`` called for every refused or failed handshake (a metric).
+        on_closed: ``(socket) -> None`` called for every peer connection of ``ingest`` that closed (a metric:
+            ``profwatch_connections_closed_total``). ZeroMQ drops a message over the socket's ``MAXMSGSIZE`` (the
+            wire's 4 MiB batch cap) before the application sees it and closes its connection: this count, from the
+            socket monitor's disconnect events, is where such drops show (a node that restarts or goes away closes
+            its connection too). Logged once a minute per peer (``peer_connection_closed``).
     """
 
     def __init__(self, ctx: zmq.Context, binds: dict[str, str], security: SecuritySettings, limits: LimitSettings,
-                 on_refused: Any = None) -> None:
+                 on_refused: Any = None, on_closed: Any = None) -> None:
         self.security = security
         self.on_refused = on_refused
+        self.on_closed = on_closed
+        self._peers: dict[tuple[str, int], str] = {}  # (socket, fd) -> peer address, from ACCEPTED
+        self._closed_logged: dict[tuple[str, str], float] = {}
         self.curve = {name: security.curve_for(ep) for name, ep in binds.items()}
         self.auth: CurveAuthenticator | None = None
         self.keyring: KeyRing | None = None
@@ -114,7 +152,7 @@ class ServerSockets:
             with _naming("pub", binds["pub"]):
                 self.pub = EventPublisher(ctx, binds["pub"], curve=keys if self.curve["pub"] else None)
             for name, sock in (("ingest", self.ingest), ("control", self.control), ("pub", self.pub.sock)):
-                if self.curve[name]:
+                if self.curve[name] or name in CLOSE_COUNTED:  # ingest: closed connections are counted
                     self.monitors[name] = HandshakeMonitor(sock, side="server")
             if self.auth is not None and keys is not None:
                 targets = {name: str(sock.getsockopt_string(zmq.LAST_ENDPOINT)) for name, sock in
@@ -193,7 +231,10 @@ class ServerSockets:
         with the peer's address; failures before ZAP, such as a client without CURVE, only show here)."""
         now = time.monotonic()
         for name, mon in self.monitors.items():
-            for _ev, _value, failure in mon.poll():
+            for ev, value, failure in mon.poll():
+                if name in CLOSE_COUNTED and ev in ("EVENT_ACCEPTED", "EVENT_DISCONNECTED"):
+                    self._connection_event(name, ev, value, now)
+                    continue
                 if failure is None or quiet:
                     continue
                 reason, explanation = failure
@@ -205,6 +246,25 @@ class ServerSockets:
                     self._logged[(name, reason)] = now
                     log.warning("handshake_failed", socket=name, reason=reason, detail=explanation,
                                 note="logged once a minute per socket and reason; see profwatch_auth_refused_total")
+
+    def _connection_event(self, name: str, ev: str, fd: int, now: float) -> None:
+        """Remember an accepted connection's peer by its fd; count a closed one and log it once a minute per peer."""
+        if ev == "EVENT_ACCEPTED":
+            if len(self._peers) >= MAX_TRACKED_PEERS:
+                self._peers.pop(next(iter(self._peers)))
+            self._peers[(name, fd)] = peer_of_fd(fd)
+            return
+        peer = self._peers.pop((name, fd), f"fd:{fd}")
+        if self.on_closed is not None:
+            self.on_closed(name)
+        if now - self._closed_logged.get((name, peer), -1e9) >= 60.0:
+            if len(self._closed_logged) >= MAX_TRACKED_PEERS:
+                self._closed_logged.clear()
+            self._closed_logged[(name, peer)] = now
+            log.warning("peer_connection_closed", socket=name, peer=peer,
+                        note=f"a message over {wire.MAX_BATCH_BYTES} bytes (ZeroMQ MAXMSGSIZE) is dropped with its connection, "
+                             "as is a peer that stopped; logged once a minute per peer, see "
+                             "profwatch_connections_closed_total")
 
     def monitor_sockets(self) -> list[zmq.Socket]:
         return [m.sock for m in self.monitors.values()]

@@ -64,6 +64,24 @@ def _rotates(tops: list[int], n: int) -> bool:
     return len(last) >= n and all(a != b for a, b in zip(last, last[1:], strict=False))
 
 
+def _capture_tops(ep: Episode) -> list[tuple[int, str]]:
+    """The top rank of each own capture of ``ep`` with its capture id, oldest first: the verdict's first named rank,
+    else the one rank the capture took that no earlier capture of it took or named (a report naming a new rank is
+    why it was captured again; ``profwatch replay`` has no verdicts), else none for that capture."""
+    seen: set[int] = set()
+    out: list[tuple[int, str]] = []
+    for c in ep.captures:
+        if not c.own:
+            continue
+        fresh = [r for r in c.ranks if r not in seen]
+        top = c.named[0] if c.named else (fresh[0] if len(fresh) == 1 else None)
+        seen.update(c.ranks)
+        seen.update(c.named)
+        if top is not None:
+            out.append((top, c.capture_id))
+    return out
+
+
 def _found_nobody(ep: Episode) -> str | None:
     """The capture whose verdict found no suspect when it is the latest verdict of ``ep`` and no capture of it is in
     flight, else None."""
@@ -145,6 +163,8 @@ class JobEpisodes:
         self._flight: dict[str, tuple[int | None, frozenset[int] | None]] = {}  # capture -> (start_step, covered)
         self._tops: dict[str, deque[tuple[int, str, str, float]]] = {}  # key -> (top rank, episode, capture, armed)
         self.rotating: dict[str, tuple[tuple[int, ...], float]] = {}  # key -> (the rotation's ranks, longest s)
+        self._named_since: dict[str, dict[int, tuple[float, int]]] = {}  # rotating episode -> rank -> (since, step)
+        self._named_span: dict[str, float] = {}  # rotating episode -> longest a rank of it stayed named (s)
 
     # -- bookkeeping ------------------------------------------------------------------------------------------------
     def _touch(self, ep: Episode) -> None:
@@ -254,6 +274,8 @@ class JobEpisodes:
                     furthest_step = max(own)
             held = False
             named = (ongoing or {}).get(ep.kind)
+            if ep.rotation and not ep.rotating_member and named is not None:
+                out += self._persistent_ranks(ep, named, now_unix_s, furthest_step)
             if ep.ranks and named is not None:
                 still = tuple(r for r in ep.ranks if r in named)
                 if still:
@@ -293,6 +315,39 @@ class JobEpisodes:
                 out.append(self._close(ep, now_unix_s, "quiet"))
         return out
 
+    def _persistent_ranks(self, ep: Episode, named: frozenset[int], now_unix_s: float,
+                          furthest_step: int) -> list[Event]:
+        """In an episode whose culprit rotates, a rank its detector has named without a break for
+        :data:`PERSIST_S` seconds and :data:`PERSIST_STEPS` steps, and twice as long as any rank of the rotation
+        stayed named, is a slow rank of its own: it opens its own episode (scope ``<scope>+ranks:<r>``, reason
+        ``persistent``), captured as new; it holds while the detector names the rank."""
+        since = self._named_since.setdefault(ep.episode_id, {})
+        longest = self._named_span.get(ep.episode_id, 0.0)
+        for r in [r for r in since if r not in named]:
+            longest = max(longest, now_unix_s - since.pop(r)[0])
+        self._named_span[ep.episode_id] = longest
+        out: list[Event] = []
+        for r in sorted(named.intersection(ep.ranks)):
+            t0, s0 = since.setdefault(r, (now_unix_s, furthest_step))
+            scope = f"{ep.scope}+ranks:{r}"
+            key = f"{ep.kind}/{scope}"
+            if (key in self.open or now_unix_s - t0 < max(PERSIST_S, 2.0 * longest)
+                    or furthest_step - s0 < PERSIST_STEPS or len(self.open) >= MAX_OPEN):
+                continue
+            raw = ep.detail.get("excess")
+            excess = raw.get(r, raw.get(str(r))) if isinstance(raw, Mapping) else None
+            mag = float(excess) if isinstance(excess, (int, float)) and excess > 0 else ep.magnitude
+            digest = hashlib.sha256(f"{self.job_id}\0{key}\0{now_unix_s!r}\0{furthest_step}".encode()).hexdigest()
+            new = Episode(f"ep-{digest[:12]}", self.job_id, ep.kind, scope, now_unix_s, s0, now_unix_s,
+                          furthest_step, furthest_step, mag, mag, (r,), dict(ep.detail))
+            self.open[key] = new
+            self._touch(new)
+            out.append(self._event(
+                TYPE_EPISODE_OPENED, new, "", reason="persistent", rotating_episode=ep.episode_id,
+                text=f"rank {r} has stayed slow for {now_unix_s - t0:.0f} s ({furthest_step - s0} steps) while the "
+                     f"culprit of {ep.key} rotates: a slow rank of its own, captured as new"))
+        return out
+
     def _persists(self, ep: Episode, now_unix_s: float, furthest_step: int) -> bool:
         """Whether an episode opened on a rotating key lasted long enough to be a slow rank of its own
         (:data:`PERSIST_S`, :data:`PERSIST_STEPS`, twice the longest episode of the rotation)."""
@@ -328,6 +383,8 @@ class JobEpisodes:
         self._flight.clear()
         self._tops.clear()
         self.rotating.clear()
+        self._named_since.clear()
+        self._named_span.clear()
         return self.close_all(now_unix_s, reason)
 
     def close_all(self, now_unix_s: float, reason: str) -> list[Event]:
@@ -336,6 +393,8 @@ class JobEpisodes:
 
     def _close(self, ep: Episode, now_unix_s: float, reason: str) -> Event:
         self.open.pop(ep.key, None)
+        self._named_since.pop(ep.episode_id, None)
+        self._named_span.pop(ep.episode_id, None)
         ep.closed_unix_s, ep.close_reason = now_unix_s, reason
         self.closed.append(ep)
         self._touch(ep)
@@ -461,14 +520,18 @@ class JobEpisodes:
             self._touch(ep)
             n = self.settings.rotation_captures
             out += self._rotation_across(ep, [c for c in hit if c.own], now_unix_s)
-            tops = [c.named[0] for c in ep.captures if c.own and c.named]
+            ranked = _capture_tops(ep)
+            tops = [t for t, _ in ranked]
             if not ep.rotation and ep.closed_unix_s is None and _rotates(tops, n):
                 ep.rotation = tuple(tops[-n:])
+                for _, cid in ranked[-n:]:
+                    self.history.release(cid)  # a rotation's captures never hold a slow rank's
                 text = ", ".join(str(r) for r in ep.rotation)
                 out.append(self._event(
                     TYPE_CULPRIT_ROTATES, ep, "", rotation=list(ep.rotation),
                     detail=f"culprit rotates: ranks {text} in the last {n} captures: load imbalance, e.g. MoE "
-                           "routing; not captured again as a slow rank"))
+                           "routing; not captured again as a slow rank (a rank that stays slow is captured as an "
+                           "episode of its own once it persists)"))
             if (status == "partial" and waited and ep.closed_unix_s is None and not ep.rotation
                     and self.settings.rank_list is None
                     and any(c.own and not c.follow_up for c in hit)):

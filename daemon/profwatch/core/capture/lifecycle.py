@@ -33,7 +33,7 @@ from profwatch.core.alerts.events import (
     TYPE_CAPTURE,
     TYPE_SUSPECT_RANKS,
 )
-from profwatch.core.batches.completeness import BatchState
+from profwatch.core.batches.completeness import BatchState, rank_summary
 from profwatch.core.capture.planner import CapturePlan, poll_interval_s
 from profwatch.core.capture.record import (  # the record's names are the lifecycle's vocabulary: re-exported
     ACTIVE,  # noqa: F401
@@ -354,7 +354,10 @@ def _judge_incomplete(cap: Capture, batch: BatchState | None, now: float, settin
     problems = ([p.to_json() for p in batch.problems] if batch is not None else
                 [{"rank": None, "path": cap.prof_dir, "reason": "no rank dir appeared"}])
     explained = explain_ranks(cap, missing, causes)
-    detail = (f"batch incomplete ({why}): missing ranks {missing}"
+    # what is wrong: the missing ranks, or (every rank has a dir) the batch's problems; never "missing ranks []"
+    what = (f"missing ranks {rank_summary(missing)}" if missing else
+            batch.describe(limit=3) if batch is not None else "no rank dir appeared")
+    detail = (f"batch incomplete ({why}): {what}"
               + (f"; {explained[0]}" if explained else "") + (f" (+{len(explained) - 1} more)" if len(explained) > 1 else ""))
     cap = _enter(cap, S.INCOMPLETE, now, settings, outcome=detail, batch_id=batch.batch_id if batch else None)
     data = verdict_payload(cap, status="incomplete", detail=detail, batch=batch, missing_ranks=missing,

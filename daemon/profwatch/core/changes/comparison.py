@@ -18,7 +18,8 @@ Rules (``docs/changes.md``):
   waiting for the host); the capture's value is the mean of those per-step means.
 * Decision (:func:`_decide`, :mod:`profwatch.core.verdict.shift_test`): the step is the sample unit; each
   component is tested one-sided in both directions, Holm's correction over all of them at ``alpha`` (1 %), the
-  exact Mann-Whitney test when the step counts can reach Holm's first threshold, else Welch's t-test; a change
+  exact Mann-Whitney test when the step counts can reach Holm's first threshold, else Welch's t-test on
+  ``log(value + floor)`` (durations vary multiplicatively); a change
   counts when rejected and above ``floor_frac`` (0.5 %) of the reference step time, so identical synthetic steps
   (no spread: an exact difference) do not make a microsecond a change. With one step in each capture there is no
   test and only the floor applies (said in ``notes``). ``noise_s_per_step`` is the pooled standard deviation of
@@ -85,7 +86,7 @@ class Change:
                 "baseline_s_per_step": _r(self.baseline_s_per_step), "now_s_per_step": _r(self.now_s_per_step),
                 "share": None if self.share is None else round(self.share, 3),
                 "noise_s_per_step": _r(self.noise_s_per_step),
-                "p_value": None if self.p_value is None else float(f"{self.p_value:.4g}"),
+                "p_value": _p(self.p_value),
                 "interval_s_per_step": None if self.interval_s_per_step is None else
                 [_r(self.interval_s_per_step[0]), _r(self.interval_s_per_step[1])],
                 "test": self.test, "detail": self.detail, "basis": self.basis}
@@ -116,6 +117,8 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     paired: dict[int, int] = field(default_factory=dict)
     """Named rank -> the reference rank of the same role it was compared with (not in the reference itself)."""
+    caveats: list[str] = field(default_factory=list)
+    """What makes the reference a questionable baseline, said in the headline: another job, another world size."""
 
     @property
     def step_delta_s(self) -> float | None:
@@ -132,13 +135,22 @@ class Comparison:
                 "components": [c.to_json() for c in self.components],
                 "step_time_baseline_s": _r(self.step_time_baseline_s), "step_time_now_s": _r(self.step_time_now_s),
                 "step_delta_s": _r(self.step_delta_s), "step_time_changed": self.step_time_changed,
-                "step_time_p_value": None if self.step_time_p_value is None else float(f"{self.step_time_p_value:.4g}"),
+                "step_time_p_value": _p(self.step_time_p_value),
                 "step_time_interval_s": None if self.step_time_interval_s is None else
                 [_r(self.step_time_interval_s[0]), _r(self.step_time_interval_s[1])],
                 "ranks_compared": list(self.ranks_compared), "ranks_only_now": list(self.ranks_only_now),
                 "ranks_only_baseline": list(self.ranks_only_baseline), "steps_baseline": self.steps_baseline,
                 "steps_now": self.steps_now, "headline": headline(self), "notes": list(self.notes),
                 "paired": {str(k): v for k, v in sorted(self.paired.items())}}
+
+
+P_FLOOR = 1e-6
+"""p-values below this are reported as it: a few steps cannot show more, and a smaller figure (Welch's t on steps
+without spread gives 1e-15) would only measure the tail of the normal model."""
+
+
+def _p(p: float | None) -> float | None:
+    return None if p is None else float(f"{max(p, P_FLOOR):.4g}")
 
 
 def _r(x: float | None) -> float | None:
@@ -177,7 +189,8 @@ def compare_captures(baseline: Sequence[RankStepSummary], now: Sequence[RankStep
                      baseline_world_size: int | None = None, now_world_size: int | None = None,
                      telemetry_baseline_step_s: float | None = None,
                      alpha: float = ALPHA, floor_frac: float = 0.005,
-                     substitutes: Mapping[int, tuple[int, str]] | None = None) -> Comparison:
+                     substitutes: Mapping[int, tuple[int, str]] | None = None,
+                     baseline_job: str | None = None, now_job: str | None = None) -> Comparison:
     """Compare a capture (``now``) with its healthy reference (``baseline``); see the module docstring.
     ``substitutes``: named rank -> (reference rank, why), used for a rank of ``ranks`` the reference lacks.
 
@@ -220,6 +233,11 @@ def compare_captures(baseline: Sequence[RankStepSummary], now: Sequence[RankStep
                             if out.ranks_only_baseline else ""))
     if baseline_world_size and now_world_size and baseline_world_size != now_world_size:
         out.notes.append(f"world size changed: {baseline_world_size} in the reference, {now_world_size} now")
+        out.caveats.append(f"world size {baseline_world_size} -> {now_world_size}")
+    if baseline_job and now_job and baseline_job != now_job:
+        out.notes.append(f"the reference is of another job ({baseline_job!r}, this capture {now_job!r}): compared "
+                         "as asked, but its differences may be the jobs' rather than a regression")
+        out.caveats.append(f"reference of another job ({baseline_job})")
     out.changes.extend(_software_changes(baseline_versions or {}, now_versions or {}))
     if not common:
         out.notes.append("no rank is in both captures: no component can be compared")
@@ -259,7 +277,8 @@ def _decide(out: Comparison, baseline: Sequence[RankStepSummary], now: Sequence[
                   "host": "free_us"}
     family = 2 * len(fields)
     rank_ok = rank_test_reaches(len(step_ref), len(step_now), alpha / family)
-    step_test, more, less = shift_test(step_ref, step_now, rank_test=rank_ok, alpha=alpha)
+    offset = max(floor_s * 1e6, 1.0)  # µs: the log scale's offset (shift_test), at least 1 µs
+    step_test, more, less = shift_test(step_ref, step_now, rank_test=rank_ok, alpha=alpha, offset=offset)
     out.step_time_p_value = step_test.p_value
     out.step_time_interval_s = _scaled(step_test.interval)
     step_delta = out.step_delta_s or 0.0
@@ -270,7 +289,7 @@ def _decide(out: Comparison, baseline: Sequence[RankStepSummary], now: Sequence[
     pvals: dict[str, float] = {}
     for comp, attr in fields.items():
         a, b = _per_step_means(baseline, common, attr), _per_step_means(now, common, attr)
-        tests[comp], more, less = shift_test(a, b, rank_test=rank_ok, alpha=alpha)
+        tests[comp], more, less = shift_test(a, b, rank_test=rank_ok, alpha=alpha, offset=offset)
         if more is not None and less is not None:
             pvals[f"{comp}+"], pvals[f"{comp}-"] = more, less
         noise = pooled_sd(a, b)
@@ -324,9 +343,11 @@ def _span(ranks: Sequence[int]) -> str:
 
 
 def headline(c: Comparison) -> str:
-    """One line leading an alert: ``+8.0 ms/step: communication +7.6 ms, compute +0.3 ms`` (or why nothing)."""
+    """One line leading an alert: ``+8.0 ms/step: communication +7.6 ms, compute +0.3 ms`` (or why nothing), the
+    reference's caveats in brackets (``[world size 8 -> 2; reference of another job (train-a)]``)."""
     if c.step_delta_s is None:
-        return "no comparison: " + (c.notes[-1] if c.notes else "no data")
+        return "no comparison: " + (c.notes[-1] if c.notes else "no data") + (
+            " [" + "; ".join(c.caveats) + "]" if c.caveats else "")
     timed = [x for x in c.changes if x.delta_s_per_step is not None]
     other = [x for x in c.changes if x.delta_s_per_step is None]
     head = f"{1e3 * c.step_delta_s:+.1f} ms/step since the reference"
@@ -338,6 +359,8 @@ def headline(c: Comparison) -> str:
         head += ": no single component changed above noise"
     if other:
         head += "; " + "; ".join(str(x.detail) for x in other)
+    if c.caveats:
+        head += " [" + "; ".join(c.caveats) + "]"
     return head
 
 

@@ -50,6 +50,9 @@ MIN_NOISE = 0.002
 steady series must not make every 0.1 % jitter a many-sigma event (``noise_floor`` is bounded below by it too)."""
 RECENT_FLOOR_VALUES = 16
 """A falling trend never extrapolates the level below the smallest of this many newest accepted values: a trend fitted to a warm-up that only got faster cannot carry the level to zero."""
+INTERIM_SE = 1.0
+"""After a speedup, the level its own run showed is raised by this many standard errors to make the interim
+reference a slowdown is judged against while the baseline re-learns (see ``_interim_cusum``)."""
 SIEGMUND_RHO = 0.583
 """Expected overshoot of a Gaussian random walk over a boundary, in sigmas: Siegmund's correction is 2 * 0.583."""
 
@@ -171,7 +174,7 @@ class StepTimeRegressionDetector:
                          "relearn_while_learning": 0, "drift_reports": 0, "drift_onsets": 0}
         self._recent: deque[float] = deque(maxlen=RAMP_WINDOW)
         self._ramp_step: int | None = None
-        self._learn_rejected = 0
+        self._learn_since = 0
         self._interim: tuple[float, float] | None = None
         self._last_job_step_s: float | None = None
         self._design_key: tuple[float, float, float] | None = None
@@ -214,6 +217,9 @@ class StepTimeRegressionDetector:
         self._trending = False
         self._s_hi = self._s_lo = 0.0
         self._interim = None
+        self._lo_n, self._lo_log = 0, 0.0
+        self._learn_rise: list[float] = []
+        self._learn_fall: list[float] = []
         self._run_reset()
         self.spikes.reset_episode()
 
@@ -239,8 +245,8 @@ class StepTimeRegressionDetector:
                 a = self._interim_cusum(step, x)
                 if a is not None:
                     return [a]
-            self._learn(step.step, x)
-            return []
+            a = self._learn(step, x)
+            return [a] if a is not None else []
         mu, noise = self._noise()
         if (self._base.slope != 0.0) != self._trending:  # the baseline's line now follows a trend (or no more):
             self._trending = self._base.slope != 0.0       # what S+ and S- summed was measured against another line
@@ -305,24 +311,62 @@ class StepTimeRegressionDetector:
         k = min(RECENT_FLOOR_VALUES, len(self._recent))
         return min((self._recent[-1 - i] for i in range(k)), default=0.0)
 
-    def _learn(self, step: int, x: float) -> None:
-        """Fill the baseline; once it has a few values, spikes are kept out of it, unless they go on for longer
-        than the hold: then the job changed its level while we were learning, and learning starts again there."""
+    def _learn(self, fs: FinalizedStep, x: float) -> Anomaly | None:
+        """Fill the baseline. Once it holds :data:`PROVISIONAL_MIN` values, a step is judged against it as a spike
+        step would be: a rise (``spike_min_effect`` and ``spike_z`` over it) or a fall (as far under it: a ratio
+        of ``1 / (1 + spike_min_effect)``) is kept out of it. A rise that outlasts the hold is a level change
+        while learning: ``step_regression`` with ``pattern "level"`` and ``detail.learning`` true (its magnitude
+        the median ratio of the risen steps, on log step time), and learning starts again from the risen steps.
+        A fall that outlasts the hold (a start-up level that ended: caches warm, a busy host freed) restarts
+        learning from the fallen steps, silently: a change soon after is then judged against the level the job
+        runs at, not the start-up one."""
+        step = fs.step
         if len(self._base) >= PROVISIONAL_MIN:
             mu, noise = self._noise()
-            if self.spikes.is_spike(x / mu - 1.0, (x / mu - 1.0) / noise):
-                self._learn_rejected += 1
-                if self._learn_rejected <= self._hold(step, self._hold_time(mu, x)):
-                    return
+            rel = x / mu - 1.0
+            z = rel / noise
+            hold = self._hold(step, self._hold_time(mu, x))
+            if self.spikes.is_spike(rel, z):
+                self._learn_fall.clear()
+                if not self._learn_rise:
+                    self._learn_since = step
+                self._learn_rise.append(x)
+                if len(self._learn_rise) <= hold:
+                    return None
                 self.counters["relearn_while_learning"] += 1
-                self._base.clear()
-        self._learn_rejected = 0
+                risen = list(self._learn_rise)
+                logs = sorted(math.log(v / mu) for v in risen)
+                k = len(logs)
+                mag = log_ratio_magnitude(logs[k // 2] if k % 2 else 0.5 * (logs[k // 2 - 1] + logs[k // 2]))
+                detail = {"pattern": "level", "learning": True, "first_step": self._learn_since, "baseline_s": mu,
+                          "noise": noise, "step_time_s": mu * (1.0 + mag), "steps": k, "hold_steps": hold,
+                          "baseline_values": len(self._base), "slowest_ranks": [fs.slowest_rank]}
+                a = self._fire(step, mag, detail)
+                for v in risen:
+                    self._base.push(v)
+                    self._recent.append(v)
+                return a
+            if rel <= 1.0 / (1.0 + self.settings.spike_min_effect) - 1.0 and z <= -self.settings.spike_z:
+                self._learn_rise.clear()
+                self._learn_fall.append(x)
+                if len(self._learn_fall) <= hold:
+                    return None
+                self.counters["relearn_while_learning"] += 1
+                fallen = list(self._learn_fall)
+                self._relearn()
+                for v in fallen:
+                    self._base.push(v)
+                    self._recent.append(v)
+                return None
+        self._learn_rise.clear()
+        self._learn_fall.clear()
         self._base.push(x)
         self._recent.append(x)
         if len(self._base) >= self.settings.min_baseline_steps:
             self._interim = None
         if len(self._base) >= self.settings.min_baseline_steps and self.drift.reference_s is None:
             self.drift.learned(self._noise()[0], step)
+        return None
 
     def _spike_event(self, step: int, ep: SpikeEpisode, mu: float, hold: int, out: list[Anomaly]) -> None:
         gap = self.settings.spike_event_gap_steps
@@ -376,18 +420,27 @@ class StepTimeRegressionDetector:
                     return self._fire(fs.step, mean, detail)
                 self._deferred += 1
             self._s_hi = h
+        if self._s_lo > 0.0:
+            self._lo_n += 1
+            self._lo_log += math.log(max(x, 1e-9))  # the run's own step times (the line may move under it)
+        else:
+            self._lo_n, self._lo_log = 0, 0.0
         if self._s_lo > h * (1.0 + 1e-9):
             self.counters["speedups"] += 1
             self._suspend_drift()
+            n_lo = max(1, self._lo_n)
+            level = math.exp(self._lo_log / n_lo) * (1.0 + INTERIM_SE * noise / math.sqrt(n_lo))
             self._relearn()
-            self._interim = (mu, noise)
+            self._interim = (min(mu, level), noise)
             return None
         return self._drift(fs.step)
 
     def _interim_cusum(self, fs: FinalizedStep, x: float) -> Anomaly | None:
-        """While the baseline re-learns after a speedup, judge each step against the level before it (the
-        *interim* reference, ``(mu_s, noise_rel)``): the new level is below it, so a step over it by
-        ``min_effect`` is a slowdown whatever the young baseline has learned. The same CUSUM design, clip and
+        """While the baseline re-learns after a speedup, judge each step against the *interim* reference
+        ``(mu_s, noise_rel)``: the level the speedup's own run showed (the geometric mean of the steps since the
+        lower CUSUM last was 0), raised by :data:`INTERIM_SE` standard errors (``noise / sqrt(run)`` each) and never above the level
+        before the speedup; a step over it by ``min_effect`` is a slowdown whatever the young baseline has
+        learned. The same CUSUM design, clip and
         effect test as :meth:`_cusum` (``pattern "cusum"``, ``detail.reference "before_speedup"``); a slowdown
         soon after a speedup is found in the usual delay instead of being learned as the new normal."""
         assert self._interim is not None
@@ -453,7 +506,10 @@ class StepTimeRegressionDetector:
         explains at least :data:`TREND_EXPLAINS` of the rise since the last report or the reference, or the
         rise took at least half a baseline window), else a level change of at least ``min_effect`` that
         entered the baseline before the change-point test saw it (e.g. while re-learning):
-        ``step_regression`` with ``pattern "baseline"``."""
+        ``step_regression`` with ``pattern "baseline"``, judged on the window's own level (a trend fitted to a
+        young window, extrapolated over the held-back steps, read as a level change) and only when the rise clears
+        ``min_effect`` by :data:`EFFECT_Z` standard errors of the two levels compared (``noise * sqrt(2 / n)``):
+        a young window's error alone made most false alarms of a young baseline (docs/detection.md)."""
         s = self.settings
         tracker = self.drift
         ref = tracker.reference_s
@@ -468,11 +524,16 @@ class StepTimeRegressionDetector:
         gradual = (per_step * (step - since) >= TREND_EXPLAINS * (mu - before) or step - since >= s.baseline_steps // 2
                    or self._ramp_step is not None)
         if not gradual and mu / before - 1.0 >= s.min_effect:
-            tracker.rebase(mu, step)
+            level0 = self._base.stats()[0]  # the window's own level, not extrapolated along its trend
+            noise = self._noise()[1]
+            margin = EFFECT_Z * noise * math.sqrt(2.0 / len(self._base))  # two levels, each estimated
+            if level0 / before - 1.0 < s.min_effect + margin:
+                return None  # not clear of the estimates' errors (a young window's): wait for more values
+            tracker.rebase(level0, step)
             level: dict[str, Any] = {"pattern": "baseline", "first_step": since, "baseline_s": before,
-                                     "step_time_s": mu, "steps": len(self._base)}
+                                     "step_time_s": level0, "steps": len(self._base)}
             self.counters["regressions"] += 1
-            return Anomaly("step_regression", self.job_id, step, (), mu / before - 1.0, level)
+            return Anomaly("step_regression", self.job_id, step, (), level0 / before - 1.0, level)
         drift = tracker.observe(mu, per_step, mu, step)
         if drift is None:
             return None

@@ -1,12 +1,14 @@
 """When a job has ended (pure): no rank of it has reported for ``after_s`` seconds.
 
 Ranks do not always say goodbye (a killed job sends no ``bye``), so the end of a job is inferred from silence.
-A job that reports again after it was declared ended is live again, and can end again later.
+A job that reports again after it was declared ended is live again, and can end again later. A job that has not
+reported its first step yet (model loading, compilation, a slow file system after ``rankhook.init``) is given
+``startup_allowance_s`` more: it ends only after ``after_s + startup_allowance_s`` of silence since its hello.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 
@@ -31,29 +33,37 @@ class JobEndTracker:
 
     Args:
         after_s: seconds without any report from any rank after which a job has ended (> 0).
+        startup_allowance_s: added to ``after_s`` for a job none of whose ranks reported a step yet (>= 0).
     Raises:
-        ValueError: ``after_s`` is not positive.
+        ValueError: ``after_s`` is not positive or ``startup_allowance_s`` negative.
     """
 
-    def __init__(self, after_s: float) -> None:
+    def __init__(self, after_s: float, startup_allowance_s: float = 0.0) -> None:
         if not after_s > 0:
             raise ValueError(f"after_s must be > 0, got {after_s}")
+        if not startup_allowance_s >= 0:
+            raise ValueError(f"startup_allowance_s must be >= 0, got {startup_allowance_s}")
         self.after_s = after_s
+        self.startup_allowance_s = startup_allowance_s
         self._reported: dict[str, float] = {}
 
-    def check(self, last_report_unix_s: Mapping[str, float], now_unix_s: float) -> list[JobEnded]:
-        """Jobs whose newest report is older than ``after_s`` and not reported yet for that report time.
+    def check(self, last_report_unix_s: Mapping[str, float], now_unix_s: float,
+              before_first_step: Collection[str] = ()) -> list[JobEnded]:
+        """Jobs whose newest report is older than ``after_s`` (``after_s + startup_allowance_s`` for those in
+        ``before_first_step``) and not reported yet for that report time.
 
         Args:
             last_report_unix_s: job_id -> newest report time of any of its ranks (0 = never reported).
             now_unix_s: current time.
+            before_first_step: jobs none of whose ranks reported a step yet (only hellos).
         Returns:
             new ``JobEnded`` findings, sorted by job id; jobs gone from the mapping are forgotten.
         """
         out = []
         for job_id in sorted(last_report_unix_s):
             last = float(last_report_unix_s[job_id])
-            if last <= 0 or now_unix_s - last < self.after_s:
+            after = self.after_s + (self.startup_allowance_s if job_id in before_first_step else 0.0)
+            if last <= 0 or now_unix_s - last < after:
                 continue
             if self._reported.get(job_id) == last:
                 continue

@@ -10,8 +10,9 @@ the rules in words: ``docs/verdicts.md``.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
@@ -23,6 +24,7 @@ from profwatch.core.verdict.explain import vote_notes
 from profwatch.core.verdict.impact import (
     SyncOverhead,
     impact_of,
+    own_work_us,
     single_rank_impacts,
     step_savings_us,
     sync_overhead,
@@ -164,17 +166,27 @@ def _strength(steps: int, settings: RankingSettings, short: bool) -> Strength:
     return "weak" if steps < settings.min_strong_steps or short else "strong"
 
 
-def _strong_only_with_a_saving(sus: Suspect, imp: Impact | None, settings: RankingSettings) -> None:
-    """A suspect stays ``strong`` only when fixing it alone saves more than the verdict's noise for it: its
-    ``saving_pct_of_step`` (as a fraction of the step) above its lead signal's noise scale
-    (``evidence["noise_sigma_frac"]``, floored at ``settings.min_sigma_frac``). Otherwise it is ``weak`` and
-    ``evidence["strength_note"]`` says why (a rank behind a slower one was STRONG while its fix alone saved 0.0 ms)."""
+def _strong_only_with_a_saving(sus: Suspect, imp: Impact | None, settings: RankingSettings,
+                               tie_share: Callable[[float], float]) -> None:
+    """A suspect stays ``strong`` only when fixing it saves more than the verdict's noise for it: its
+    ``saving_pct_of_step`` alone, or, when other suspects do as much own work as it within that noise (ties: two
+    equally slow ranks, where fixing either alone gives nothing back because the other still sets the step), its
+    equal share of fixing the tied ranks together (``tie_share(noise)``, a fraction of the step), above its lead
+    signal's noise scale (``evidence["noise_sigma_frac"]``, floored at ``settings.min_sigma_frac``). A rank behind a
+    slower suspect is no tie: its fix saves nothing, so it is ``weak`` and ``evidence["strength_note"]`` says why."""
     if sus.evidence.get("strength") != "strong":
         return
     noise = sus.evidence.get("noise_sigma_frac")
     floor = max(float(noise) if isinstance(noise, (int, float)) else 0.0, settings.min_sigma_frac)
     saving = imp.saving_pct_of_step / 100.0 if imp is not None else 0.0
     if saving > floor:
+        return
+    share = tie_share(floor)
+    if share > floor:
+        sus.evidence["strength_note"] = (
+            f"fixing it alone saves {100 * saving:.2f}% of the step: a suspect as slow as it still sets the step; "
+            f"its share of fixing them together is {100 * share:.2f}%, above the verdict's noise for it "
+            f"({100 * floor:.2f}%)")
         return
     sus.evidence["strength"] = "weak"
     sus.evidence["strength_note"] = (
@@ -504,6 +516,26 @@ def _order_by_impact(batch: _BatchContext, pending: list[tuple[float, Suspect]],
     """Each suspect's impact (a folded link's saving on top of its own), then the first ``max_suspects`` by
     saving, score and rank."""
     impacts = single_rank_impacts(batch.table.by_step, timed, world_size=batch.world, overhead=sync)
+    def tie_share(rank: int, noise_frac: float) -> float:
+        """Per-rank share (fraction of the step) of fixing ``rank`` with the suspects whose mean own work is within
+        ``noise_frac`` of a step of its own; 0 without such a tie."""
+        by_step = batch.table.by_step
+        if rank not in timed or not by_step or not batch.mean_step_us:
+            return 0.0
+        work: dict[int, list[float]] = {}
+        for rows in by_step.values():
+            for r, row in rows.items():
+                if r in timed:
+                    work.setdefault(r, []).append(own_work_us(row))
+        mean = {r: sum(v) / len(v) for r, v in work.items() if v}
+        if rank not in mean:
+            return 0.0
+        ties = {r for r, w in mean.items() if abs(w - mean[rank]) <= noise_frac * batch.mean_step_us}
+        if len(ties) < 2:
+            return 0.0
+        together = impact_of(by_step, ties, world_size=batch.world, suspects=timed, overhead=sync)
+        return (together.saving_pct_of_step / 100.0 / len(ties)) if together else 0.0
+
     named: list[tuple[float, float, Suspect]] = []
     for score, sus in pending:
         imp = impacts.get(sus.rank)
@@ -511,7 +543,7 @@ def _order_by_impact(batch: _BatchContext, pending: list[tuple[float, Suspect]],
             extra_us = batch.folded[sus.rank]["saving_us_per_step"] + (imp.saving_s_per_step * 1e6 if imp else 0.0)
             imp = to_impact(extra_us, batch.mean_step_us, batch.world)
         sus.impact = imp.to_json() if imp else None
-        _strong_only_with_a_saving(sus, imp, batch.settings)
+        _strong_only_with_a_saving(sus, imp, batch.settings, functools.partial(tie_share, sus.rank))
         named.append((imp.saving_s_per_step if imp else 0.0, score, sus))
     named.sort(key=lambda t: (-t[0], -t[1], t[2].rank))
     return [s for _, _, s in named[: batch.settings.max_suspects]]

@@ -9,17 +9,22 @@ so ranks laid out from one trace count once). Steps of a real job are few (3-8 p
   insensitive to the skew and to one very slow step. It is used when the samples can reach the level: its
   smallest p-value is ``1 / C(n + m, n)`` (1/924 at 6 and 6 steps), which must be at most Holm's first threshold
   ``alpha / hypotheses``.
-* **Welch's t-test** (one-sided, ``scipy.stats.ttest_ind(equal_var=False)``) otherwise: at 3-4 steps per capture
-  no rank test can reach 1 % (1/C(8, 4) = 1/70), so the normal approximation of the step means decides; with one
-  step in one capture, Student's pooled t-test (the other capture's spread stands for both). With one step in both,
-  no test (only the caller's floor decides).
+* **Welch's t-test on log durations** (one-sided, ``scipy.stats.ttest_ind(equal_var=False)`` on
+  ``log(value + offset)``) otherwise: at 3-4 steps per capture no rank test can reach 1 % (1/C(8, 4) = 1/70), so a
+  normal model decides, on the log scale because step durations vary multiplicatively and a slower capture
+  varies more in absolute terms (a 10x compute regression whose three steps spread by hundreds of ms is plain on
+  the log scale, while raw Welch with ~2 degrees of freedom cannot reach 1 %). ``offset`` (the caller's floor,
+  0.5 % of the reference step) keeps a component at zero finite and makes changes far below it negligible. With
+  one step in one capture, Student's pooled t-test on the same scale (the other capture's spread stands for both).
+  With one step in both, no test (only the caller's floor decides).
 * Each component is tested in both directions (more time, less time): ``2 x components`` hypotheses, Holm's
   step-down correction (Holm 1979) keeps the chance of naming any change falsely below ``alpha`` (1 %).
 * The interval goes with the test, each bound a one-sided ``alpha`` bound (98 % two-sided at 1 %): with
   Mann-Whitney the distribution-free interval of the shift of the step values (Hodges & Lehmann 1963; Hollander &
   Wolfe, *Nonparametric Statistical Methods*, 3rd ed., 4.3: the k-th smallest and largest of the ``n x m``
-  pairwise differences, k from the exact null distribution of U), with Welch's test Welch's interval of the
-  difference of the means.
+  pairwise differences, k from the exact null distribution of U), with Welch's test its log-scale interval
+  ``(lo, hi)`` as a change at the reference's level: ``g x (exp(lo) - 1) .. g x (exp(hi) - 1)``, ``g`` the
+  geometric mean of ``ref + offset`` (on the values as they are when ``offset`` is 0).
 
 Identical steps (synthetic captures: no spread at all) have no test statistic: the difference is then exact, a
 change when it is not zero (the caller's floor keeps a microsecond from counting).
@@ -60,8 +65,8 @@ def _spread(xs: Sequence[float]) -> float:
     return max(xs) - min(xs) if xs else 0.0
 
 
-def shift_test(ref: Sequence[float], now: Sequence[float], *, rank_test: bool,
-               alpha: float = ALPHA) -> tuple[ShiftTest, float | None, float | None]:
+def shift_test(ref: Sequence[float], now: Sequence[float], *, rank_test: bool, alpha: float = ALPHA,
+               offset: float = 0.0) -> tuple[ShiftTest, float | None, float | None]:
     """Test ``now`` against ``ref``: ``(ShiftTest, p_more, p_less)``, the one-sided p-values of "now takes more"
     and "now takes less" (None without a test).
 
@@ -69,9 +74,11 @@ def shift_test(ref: Sequence[float], now: Sequence[float], *, rank_test: bool,
         ref, now: one value per step (any unit; at least one each).
         rank_test: use Mann-Whitney (the caller checked :func:`rank_test_reaches` for its family), else Welch.
         alpha: sets the interval's level, ``1 - 2 alpha``.
+        offset: added before the log of the t-tests and their interval (> 0: log scale; 0: the values as
+            they are).
 
     Raises:
-        ValueError: an empty sample.
+        ValueError: an empty sample, or a value at or below ``-offset`` with ``offset > 0``.
     """
     if not ref or not now:
         raise ValueError("each capture needs at least one step")
@@ -86,10 +93,22 @@ def shift_test(ref: Sequence[float], now: Sequence[float], *, rank_test: bool,
     from scipy import stats  # the coordinator's analysis stack only
 
     equal_var = min(len(ref), len(now)) < 2  # one step on one side: the other side's spread stands for both
-    t_more = stats.ttest_ind(now, ref, equal_var=equal_var, alternative="greater")
-    t_less = stats.ttest_ind(now, ref, equal_var=equal_var, alternative="less")
-    ci = stats.ttest_ind(now, ref, equal_var=equal_var).confidence_interval(1.0 - 2.0 * alpha)
-    interval = (float(ci.low), float(ci.high)) if math.isfinite(ci.low) and math.isfinite(ci.high) else None
+    if offset > 0:
+        if min(*ref, *now) <= -offset:
+            raise ValueError("values must exceed -offset for the log scale")
+        log_now, log_ref = [math.log(x + offset) for x in now], [math.log(x + offset) for x in ref]
+    else:
+        log_now, log_ref = list(now), list(ref)
+    t_more = stats.ttest_ind(log_now, log_ref, equal_var=equal_var, alternative="greater")
+    t_less = stats.ttest_ind(log_now, log_ref, equal_var=equal_var, alternative="less")
+    ci = stats.ttest_ind(log_now, log_ref, equal_var=equal_var).confidence_interval(1.0 - 2.0 * alpha)
+    interval: tuple[float, float] | None = None
+    if math.isfinite(ci.low) and math.isfinite(ci.high):
+        if offset > 0:  # the log-scale interval as a change at the reference's level (its geometric mean)
+            level = math.exp(fmean(log_ref))
+            interval = (level * math.expm1(float(ci.low)), level * math.expm1(float(ci.high)))
+        else:
+            interval = (float(ci.low), float(ci.high))
     if rank_test:
         more = float(stats.mannwhitneyu(now, ref, alternative="greater", method="exact").pvalue)
         less = float(stats.mannwhitneyu(now, ref, alternative="less", method="exact").pvalue)
