@@ -312,9 +312,16 @@ def test_a_verdict_after_the_job_ended_is_information_and_never_pages_again_even
     wait_for(lambda: [e for e in h2.events("jobE") if e["id"] == "enriched-e3"], 20, 0.2, "stored after restart")
     assert [e for e in h2.events("jobE") if e["id"] == "enriched-e3"][0]["data"]["job_ended"] is True
     _never_in_alertmanager(alertmanager, "jobE", LIFETIME_S + 2 * RESEND_S)
-    # the job reports again (live again in its generation): its next verdict pages as usual
+    # the job reports again after its end: a new generation (resumed_after_end), live; the ended generation 0 stays
+    # ended (its late verdicts stay information), and the next verdict, of the live generation, pages as usual
     h2.steps("jobE", 2, 4, 6)
-    wait_for(lambda: h2.coord is not None and not h2.coord._ended.ended("jobE", 0), 20, 0.2, "job live again")
+
+    def live_again() -> bool:
+        job = h2.coord.registry.jobs.get("jobE") if h2.coord is not None else None
+        return job is not None and job.generation == 1 and not h2.coord._ended.ended("jobE", 1)
+
+    wait_for(live_again, 20, 0.05, "job live again in a new generation")
+    assert h2.coord._ended.ended("jobE", 0)
     h2.emit(TYPE_SUSPECT_RANKS, "jobE", _verdict("ok", [0], [0, 1], "e4"), event_id="suspects-e4")
     wait_for(lambda: [a["labels"]["rank"] for a in alertmanager.alerts(job_id="jobE")] == ["0"], 30, 0.2,
              "a live job's verdict fires")

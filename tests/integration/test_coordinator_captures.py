@@ -57,7 +57,7 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
     # the verdict names its follow-up (slow links), whose analysis_enriched rewrites the report with the same ids
     # the first verdict is judged on the ranks' own tables; msprof-analyze's recipes confirm it in the follow-up
     assert set(d) == set(VERDICT_KEYS) | set(VERDICT_EVENT_KEYS) and d["job_ended"] is False and d["generation"] == 0
-    assert d["pending_recipes"] == ["cluster_time_summary", "slow_rank", "communication_matrix"]
+    assert d["pending_recipes"] == ["cluster_time_summary", "slow_rank", "communication_matrix", "suspect_compare"]
     assert set(d["recipes"]) == {"own_tables"} and d["verdict_source"] == "own_tables" and d["agreement"] is None
     assert d["suspects"][0]["rank"] == 2
     assert wait_for(lambda: h.last_capture("jobX").get("state") == "enriched", 120)
@@ -66,7 +66,9 @@ def test_arm_write_collect_analyse_alert(harness, short_tmp: Path) -> None:
     assert set(e) == set(VERDICT_KEYS) | set(VERDICT_EVENT_KEYS) and (e["capture_id"], e["batch_id"]) == (d["capture_id"], d["batch_id"])
     assert e["follow_up"] is True and e["recipes"]["communication_matrix"]["phase"] == "enrich"
     assert e["suspects"][0]["rank"] == 2 and e["pending_recipes"] == []
-    assert set(e["recipes"]) == {"own_tables", "cluster_time_summary", "slow_rank", "advisor", "communication_matrix"}
+    assert set(e["recipes"]) == {"own_tables", "cluster_time_summary", "slow_rank", "advisor", "communication_matrix",
+                                 "suspect_compare"}
+    assert e["recipes"]["suspect_compare"]["phase"] == "enrich"  # the drill-down: rank 2 against its median peer
     assert e["verdict_source"] == "msprof-analyze" and e["agreement"]["agree"] is True, e["agreement"]
     assert any("msprof-analyze confirms the first verdict" in n for n in e["notes"])
     report = json.loads(Path(d["paths"]["report_json"]).read_text())

@@ -14,7 +14,7 @@ from profwatch.adapters.tools.msprof_runner import MsprofRunner
 from profwatch.analysis.facade import AnalysisSettings, analyze_batch, enrich_analysis
 from profwatch.commands.analyze import _human
 from profwatch.core.alerts.alertmanager import AlertBook
-from profwatch.core.alerts.events import TYPE_ANALYSIS_ENRICHED, make_cloudevent
+from profwatch.core.alerts.events import TYPE_ANALYSIS_ENRICHED, TYPE_SUSPECT_RANKS, make_cloudevent
 from profwatch.core.verdict.msprof_plan import MsprofSettings
 from profwatch.simulate.ascend_tree import generate_cluster
 from tests.integration.test_analyze import _torch_batch
@@ -31,8 +31,15 @@ def _run(root: Path, world: int, work: Path):
 
 
 def _alert_why(res) -> str:
-    ev = make_cloudevent(TYPE_ANALYSIS_ENRICHED, "job-1", res.alert_data(), source="//t", now_unix_s=1.7e9)
-    posts = AlertBook(cluster="c", resend_interval_s=60).apply(ev, 1.7e9)
+    """The ``why`` annotation of the top suspect's alert as the enriched update sets it: the alert phase's
+    ``suspect_ranks`` (no drill-down yet) fires the alert, then ``analysis_enriched`` updates it (an enriched
+    update only updates standing alerts, docs/alerts.md)."""
+    book = AlertBook(cluster="c", resend_interval_s=60)
+    first = make_cloudevent(TYPE_SUSPECT_RANKS, "job-1", {**res.alert_data(), "op_compare": []}, source="//t",
+                            now_unix_s=1.7e9)
+    assert not any(p["annotations"].get("why") for p in book.apply(first, 1.7e9))
+    ev = make_cloudevent(TYPE_ANALYSIS_ENRICHED, "job-1", res.alert_data(), source="//t", now_unix_s=1.7e9 + 1)
+    posts = book.apply(ev, 1.7e9 + 1)
     suspect = [p for p in posts if p["labels"].get("rank") == str(res.suspects[0].rank)]
     return suspect[0]["annotations"].get("why", "") if suspect else ""
 
