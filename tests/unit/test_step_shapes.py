@@ -72,7 +72,11 @@ def test_jump_from_a_tiny_step_time_is_re_learned_and_the_next_slowdown_is_found
     found, _ = run(_job(900, 4, _jump(low)), 4)
     regs = of_kind(found, "step_regression")
     assert [a.kind for a in found] == ["step_regression"] * len(regs) and 1 <= len(regs) <= 2
-    assert all(a.step <= 330 for a in regs[:-1]), "the jump is one change"
+    # the 1 ms level is still being learned at the jump (1 ms steps fill blocks slowly): the jump is reported by
+    # the learning path, once its risen blocks outlast the hold (issue 31: a change while the baseline learns is
+    # reported, no longer learned as normal), with its true size (0.5 s / 1 ms), not as a second episode later
+    assert all(a.step <= 370 and a.detail.get("learning") for a in regs[:-1]), "the jump is one change"
+    assert all(a.magnitude < 1000 for a in regs), "a ratio of the steps, not of a degenerate level"
     assert 600 <= regs[-1].step <= 630 and regs[-1].magnitude == pytest.approx(0.6, abs=0.05)
 
 

@@ -49,7 +49,7 @@ MIN_NOISE = 0.002
 """The relative noise never goes below this (0.2 % of the level), whatever ``noise_floor`` says: a perfectly
 steady series must not make every 0.1 % jitter a many-sigma event (``noise_floor`` is bounded below by it too)."""
 RECENT_FLOOR_VALUES = 16
-"""A falling trend never extrapolates the level below the smallest of this many newest accepted values: a trend fitted to a warm-up that only got faster cannot carry the level to zero."""
+"""A falling trend never extrapolates the level below the lower quartile of this many newest accepted values: a trend fitted to a warm-up that only got faster cannot carry the level to zero, and one noisy low step cannot set it (the smallest value did: a 0.1 s step at a 0.5 s level made a 15x step read as 105x)."""
 INTERIM_SE = 1.0
 """After a speedup, the level its own run showed is raised by this many standard errors to make the interim
 reference a slowdown is judged against while the baseline re-learns (see ``_interim_cusum``)."""
@@ -205,8 +205,8 @@ class StepTimeRegressionDetector:
         """The baseline job step time (s) once learned, else the last accepted job step time, else None."""
         if len(self._base) >= self.settings.min_baseline_steps:
             mu0 = self._base.stats()[0]
-            if self._base.slope < 0.0:  # a falling line's level: never below the smallest recent step
-                mu0 = max(mu0, self._recent_min())
+            if self._base.slope < 0.0:  # a falling line's level: never below the recent steps' lower quartile
+                mu0 = max(mu0, self._recent_low())
             return mu0 if mu0 > 0.0 else self._last_job_step_s
         return self._last_job_step_s
 
@@ -292,24 +292,26 @@ class StepTimeRegressionDetector:
 
     def _noise(self) -> tuple[float, float]:
         """``(mu_s, noise_rel)``: the level (s) extrapolated along the baseline's trend over the held-back values,
-        a falling one never below the smallest of the :data:`RECENT_FLOOR_VALUES` newest accepted values (a warm-up
+        a falling one never below the lower quartile of the :data:`RECENT_FLOOR_VALUES` newest accepted values (a warm-up
         that only got faster cannot carry the level to zero: such a warm-up once read ``baseline_s`` 1e-12 and a
         magnitude of 5e10, docs/detection.md); and the relative noise, inflated by one standard error of the scale and floored at
         ``max(noise_floor, MIN_NOISE)`` of the level. Both are > 0 and finite for positive step times."""
         mu0, sigma = self._base.stats()
         mu = mu0 + self._base.slope * (self._base.lag + 1)
-        if self._base.slope < 0.0:  # a falling trend: the level at most down to the smallest recent value
-            mu = max(mu, self._recent_min())
+        if self._base.slope < 0.0:  # a falling trend: the level at most down to the recent values' lower quartile
+            mu = max(mu, self._recent_low())
         if not mu > 0.0:
             mu = max(mu0, 1e-9)  # only with non-positive step times in the window (bad input)
         n = len(self._base)
         sigma *= 1.0 + SMALL_SAMPLE_C * math.sqrt(1.1 / (2.0 * n))
         return mu, max(sigma / mu, self.settings.noise_floor, MIN_NOISE)
 
-    def _recent_min(self) -> float:
-        """Smallest of the newest :data:`RECENT_FLOOR_VALUES` accepted values (0 when none)."""
+    def _recent_low(self) -> float:
+        """Lower quartile of the newest :data:`RECENT_FLOOR_VALUES` accepted values (0 when none): robust to one
+        noisy low step, and above zero for positive step times."""
         k = min(RECENT_FLOOR_VALUES, len(self._recent))
-        return min((self._recent[-1 - i] for i in range(k)), default=0.0)
+        newest = sorted(self._recent[-1 - i] for i in range(k))
+        return newest[len(newest) // 4] if newest else 0.0
 
     def _learn(self, fs: FinalizedStep, x: float) -> Anomaly | None:
         """Fill the baseline. Once it holds :data:`PROVISIONAL_MIN` values, a step is judged against it as a spike
