@@ -284,11 +284,39 @@ def test_a_line_without_end_and_a_file_of_nothing_usable_exit_2(tmp_path: Path) 
     zero = tmp_path / "zero.jsonl"
     zero.symlink_to("/dev/zero")  # a device: read once, through the spool; no newline ever
     code, out = invoke(zero)
-    assert code == 2 and "no valid step record" in out, out[-500:]
+    assert code == 2 and "more than 268435456 bytes" in out and "nothing replayed" in out, out[-500:]
     only = tmp_path / "only.jsonl"
     only.write_bytes(b"y" * (4 * 1024 * 1024 + 1) + b"\n")
     code, out = invoke(only, "--json")
     assert code == 2 and "longer than the wire" in out, out[-500:]
+
+
+def test_a_pipe_that_never_ends_is_spooled_up_to_the_cap_then_exits_2(tmp_path: Path) -> None:
+    """Adversarial finding: ``profwatch replay /dev/urandom`` or ``yes ... | profwatch replay /dev/stdin`` spooled to
+    a temporary file without limit (139 MB in 6 s, never replaying). A pipe or device is read at most
+    ``MAX_SPOOL_BYTES`` (256 MiB), then exit 2 with a message, and the temporary file is gone."""
+    from profwatch.commands.replay import MAX_SPOOL_BYTES
+
+    fifo = tmp_path / "endless.fifo"
+    os.mkfifo(fifo)
+    line = (_step_line("j1") + " " * (1 << 20) + "\n").encode()  # ~1 MiB lines, valid JSON, forever
+    sent = [0]
+
+    def write_forever() -> None:
+        try:
+            with fifo.open("wb") as w:
+                while sent[0] < 2 * MAX_SPOOL_BYTES:  # bounded: the reader stops at the cap long before
+                    w.write(line)
+                    sent[0] += len(line)
+        except BrokenPipeError:
+            pass
+
+    writer = threading.Thread(target=write_forever, daemon=True)
+    writer.start()
+    code, out = invoke(fifo)
+    writer.join(60)
+    assert code == 2 and f"more than {MAX_SPOOL_BYTES} bytes (256 MiB)" in out and "nothing replayed" in out, out[-500:]
+    assert MAX_SPOOL_BYTES < sent[0] < 2 * MAX_SPOOL_BYTES  # the reader stopped: the writer's pipe broke
 
 
 def test_a_file_naming_more_jobs_than_the_coordinator_tracks_counts_the_rest_as_bad(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from profwatch.core.fleet.generations import CLAIM_WINDOW_S, MAX_SHAPES, Shape, classify, quorum
+from profwatch.core.fleet.job_end import EndedJobs, JobEndTracker
 from profwatch.core.fleet.limits import LimitSettings
 from profwatch.core.fleet.registry import GenerationPending, Registry, RegistryError
 from profwatch.core.fleet.registry_state import RankState
@@ -270,3 +271,41 @@ def test_steps_going_back_are_credited_to_the_sending_process_not_to_the_ranks_h
         reg2.step_of(job2, step(r, 1), 60.0, "n0")
         opened = reg2.note_restart(job2, job2.ranks[r], 60.0, None)
     assert opened is not None and job2.generation == 1
+
+
+def test_a_bye_after_the_jobs_end_never_makes_it_live_again() -> None:
+    """Adversarial finding: a rank's bye after ``job_ended`` advanced the job's newest report, so the coordinator's
+    observe pass revived the ended generation (a late verdict paged again) and the job ended a second time. The
+    coordinator's own pieces, in its order (``_tick_jobs_and_sinks``): a bye is no report."""
+    reg = job_of(4, 2)
+    job = reg.jobs["j"]
+    tracker, ended = JobEndTracker(after_s=60.0), EndedJobs()
+    (end,) = tracker.check({"j": job.heard_unix_s}, 100.0)
+    ended.mark("j", job.generation, end.last_report_unix_s)
+    reg.note_ended("j", 100.0)
+    for r in range(4):
+        reg.bye(wire.RankBye(job_id="j", rank=r, step=50, ts_unix_s=120.0), 120.0, f"n{r // 2}")
+    assert ended.revive_reporting({("j", job.generation): job.heard_unix_s}) == []
+    assert ended.ended("j", job.generation)  # a late verdict stays information, never a page
+    assert tracker.check({"j": job.heard_unix_s}, 500.0) == []  # ended once
+    # a step does make it live: a new generation (resumed_after_end), which the ended mark does not cover
+    g = reg.resume_after_end(job, 600.0, 0, "n0")
+    assert g is not None and not ended.ended("j", job.generation)
+
+
+def test_one_requeue_after_the_end_opens_one_generation_without_attested_senders() -> None:
+    """Adversarial finding: a requeue after ``job_ended`` (no ``peer_pid``: a tcp rank socket or a version-1 node)
+    opened two generations: ``resumed_after_end`` at its first step, then ``steps_went_back`` because the new run's
+    steps from its checkpoint were below the old run's counters. The resumed run counts its steps afresh."""
+    reg = job_of(4, 2, rc=None)
+    job = reg.jobs["j"]
+    reg.note_ended("j", 700.0)
+    g = reg.resume_after_end(job, 900.0, 0, "n0")
+    assert g is not None and g.reason == "resumed_after_end" and job.generation == 1
+    for r in range(4):
+        for s in (20, 21):  # from the checkpoint at step 20 (the old run reached 50)
+            rank, restarted = reg.step_of(job, step(r, s), 900.0 + s, f"n{r // 2}")
+            if restarted:  # what the coordinator does with a counter that went back (_ingest_steps)
+                reg.note_restart(job, rank, 900.0 + s, None)
+            assert rank.gen == job.generation
+    assert job.generation == 1 and job.furthest_step() == 21

@@ -274,3 +274,27 @@ def test_magnitudes_are_ratios_on_log_step_time() -> None:
     xs[200:] *= 50.0
     found = [(m, d) for _s, k, m, d in feed(xs) if k == "step_regression"]
     assert found and found[0][0] == pytest.approx(49.0, rel=0.05)
+
+
+def test_warm_up_steps_reported_as_zero_seconds_never_form_a_baseline() -> None:
+    """Adversarial finding: steps 1-199 reported as exactly 0 s on 4 ranks (a warm-up the hook did not time), then
+    ~0.3 s steps, gave ``step_regression +30403437605.1%`` with ``baseline_s: 1e-09`` and armed a capture. A step
+    time under ``MIN_STEP_S`` (1 us) is no measurement: it never enters the baseline, which keeps learning until it
+    holds real steps; the job is steady at 0.3 s from there on, so nothing is reported."""
+    import numpy as np
+
+    from tests.unit.detection_helpers import run
+
+    rng = np.random.default_rng(7)
+    recs = []
+    for step in range(1, 600):
+        for rank in range(4):
+            t = 0.0 if step < 200 else 0.3 * (1.0 + 0.02 * float(rng.standard_normal()))
+            recs.append({"job_id": "sim", "rank": rank, "step": step, "step_time_s": t,
+                         "ts_unix_s": 1.7e9 + step * 0.3 + rank * 1e-3})
+    for tiny in (0.0, 5e-7):
+        found, det = run([r | {"step_time_s": tiny} if r["step"] < 200 else r for r in recs], 4)
+        assert [(a.kind, a.step, a.magnitude) for a in found if a.kind in ("step_regression", "drift")] == [], tiny
+        for a in found:
+            assert abs(a.magnitude) < 100 and (a.detail.get("baseline_s") or 1.0) >= 1e-3, (a.kind, a.detail)
+        assert (b := det.baseline_step_time_s) is not None and b > 0.25

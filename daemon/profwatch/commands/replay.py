@@ -16,7 +16,8 @@ detection, as the coordinator does.
 
 Bounds: every line is read in bounded memory (``adapters/fs/bounded_read.py``): a line over the wire's 4 MiB batch
 cap is a counted bad line, a line without end (``/dev/zero``) stops the reading; a pipe or device is spooled to a
-temporary file line by line; a file names at most :data:`MAX_JOBS` jobs. No valid record at all: exit 2.
+temporary file line by line, at most :data:`MAX_SPOOL_BYTES` of it (more: exit 2, nothing replayed); a file names
+at most :data:`MAX_JOBS` jobs. No valid record at all: exit 2.
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ from typing import Any
 import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from profwatch.adapters.fs.bounded_read import EndlessInput, OverlongLine, iter_lines, read_capped
+from profwatch.adapters.fs.bounded_read import (
+    CappedReader,
+    EndlessInput,
+    OverlongLine,
+    StreamTooLarge,
+    iter_lines,
+    read_capped,
+)
 from profwatch.core.arming.episodes import JobEpisodes
 from profwatch.core.arming.policy import ArmingPolicy, ArmingSettings, capture_request
 from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture, spike_hold
@@ -57,6 +65,10 @@ MAX_BAD_LINES_LISTED = 100
 MAX_LINE_BYTES = MAX_BATCH_BYTES
 """Longest line read (the wire's 4 MiB batch cap: no record the coordinator could have received is longer); a
 longer line is a counted bad line, and a line without end stops the reading (``adapters/fs/bounded_read.py``)."""
+MAX_SPOOL_BYTES = 64 * MAX_LINE_BYTES
+"""Most bytes read from a pipe or device (256 MiB: the bounded reader's skip bound for one line), which has to be
+spooled to a temporary file to be read twice; more stops the replay with exit 2 (``/dev/urandom`` or ``yes |``
+never end). A regular file is read in place, with no such cap."""
 MAX_JOBS = LimitSettings.model_fields["max_jobs_total"].default
 """Jobs one file may name (the coordinator's ``[limits] max_jobs_total``); the records of further jobs are counted
 bad lines."""
@@ -407,9 +419,10 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     Bad lines are counted and listed with their line numbers.
     Arming goes through the coordinator's path: the same policy, history and capture planner.
     Lines are read in bounded memory: a line over 4 MiB (the wire's batch cap) is a bad line, a line without end
-    stops the reading; at most 1024 jobs per file (the coordinator's max_jobs_total), further jobs' lines are bad.
-    Exit codes (daemon/profwatch/exitcodes.py): 0 replayed; 2 bad --config, or no valid record (every line bad, or an
-    empty file).
+    stops the reading; at most 1024 jobs per file (the coordinator's max_jobs_total), further jobs' lines are bad;
+    a pipe or device (/dev/stdin) is spooled to a temporary file, at most 256 MiB of it.
+    Exit codes (daemon/profwatch/exitcodes.py): 0 replayed; 2 bad --config, no valid record (every line bad, or an
+    empty file), or a pipe or device that gave more than 256 MiB.
     """
     ignored: list[str] = []
     try:
@@ -430,8 +443,15 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
         import tempfile
 
         with tempfile.TemporaryFile() as spool:
-            for item in lines():
-                spool.write(_spooled(item))
+            try:
+                with file.open("rb") as f:
+                    for item in bounded(CappedReader(f, MAX_SPOOL_BYTES)):
+                        spool.write(_spooled(item))
+            except StreamTooLarge as exc:
+                click.echo(f"profwatch replay: {file} is not a regular file and gave {exc}: it may never end "
+                           f"(nothing replayed); save the records to a file first (profwatch telemetry --job J > "
+                           f"FILE.jsonl), a regular file has no such cap", err=True)
+                sys.exit(EXIT_USAGE)
             result = replay_source(lambda: _unspool(spool), cfg)
     click.echo(json.dumps(result, indent=2, sort_keys=False, default=str) if as_json else render_summary(result))
     if not result.get("records"):

@@ -6,7 +6,8 @@
 is yielded as an :class:`OverlongLine` (its length; the bytes are skipped), and a line still without end after
 ``max_skip_bytes`` ends the reading with :class:`EndlessInput` (the input is unusable: nothing after it could be
 read anyway). :func:`read_capped` reads a whole small file (a key, a token, a JSON document, a config) in bounded
-memory, refusing anything that is not a regular file.
+memory, refusing anything that is not a regular file. A pipe or device read once has no size to check up front: :class:`CappedReader` stops it after
+``max_bytes`` with :class:`StreamTooLarge` (``/dev/urandom``, ``yes | ...``: an input that never ends).
 """
 
 from __future__ import annotations
@@ -31,7 +32,32 @@ class EndlessInput(Exception):
     """A line ran past ``max_skip_bytes`` without a newline: reading stopped (the input has no usable end)."""
 
 
-def iter_lines(f: BinaryIO, max_line_bytes: int, max_skip_bytes: int | None = None,
+class StreamTooLarge(Exception):
+    """More than ``max_bytes`` were read from a :class:`CappedReader` (the input may never end)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(f"more than {max_bytes} bytes ({max_bytes / (1 << 20):.0f} MiB) read")
+        self.max_bytes = max_bytes
+
+
+class CappedReader:
+    """A binary stream that raises :class:`StreamTooLarge` once more than ``max_bytes`` (> 0) were read from it."""
+
+    def __init__(self, f: BinaryIO, max_bytes: int) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+        self.f, self.max_bytes, self.read_bytes = f, max_bytes, 0
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes (``f.read``). Raises :class:`StreamTooLarge` past the cap, ``OSError`` as ``f``."""
+        chunk = self.f.read(n if n >= 0 else self.max_bytes + 1 - self.read_bytes)
+        self.read_bytes += len(chunk)
+        if self.read_bytes > self.max_bytes:
+            raise StreamTooLarge(self.max_bytes)
+        return chunk
+
+
+def iter_lines(f: BinaryIO | CappedReader, max_line_bytes: int, max_skip_bytes: int | None = None,
                encoding: str = "utf-8") -> Iterator[str | OverlongLine]:
     """Lines of a binary stream, decoded (``errors="replace"``), without their newline; a line over
     ``max_line_bytes`` is an :class:`OverlongLine`.

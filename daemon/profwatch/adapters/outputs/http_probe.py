@@ -4,6 +4,11 @@ for any other path. One server, on ``metrics_port``; with metrics off, on ``heal
 (``daemon/profwatch/config.py``). HTTPS with a certificate and key (PEM), and client certificates signed by a CA
 required when one is given: the same TLS options as prometheus-client's ``start_http_server``, whose server this
 mirrors (wsgiref's ``make_server`` with a threading mixin, one daemon thread).
+
+The listening socket stays plain: the accept thread only accepts, and each connection's TLS handshake runs on
+that connection's own thread under the connection timeout, so one silent client cannot stall the endpoint.
+Every connection reads under ``CONN_TIMEOUT_S`` and at most ``MAX_CONNS`` are served at once; a connection
+beyond that is closed at once and counted (``ProbeServer.refused``).
 """
 
 from __future__ import annotations
@@ -22,11 +27,57 @@ from profwatch.core.health import Health, body_bytes
 Wsgi = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
-class _Server(ThreadingMixIn, WSGIServer):
+CONN_TIMEOUT_S = 10.0  # a scrape sends its request in milliseconds; an idle or half-sent one is dropped after this
+MAX_CONNS = 32  # connections served at once (Prometheus scrapes one at a time; probes are rare)
+
+
+class ProbeServer(ThreadingMixIn, WSGIServer):
+    """wsgiref's server, one thread per connection: plain accept, per-connection TLS handshake and read timeout,
+    at most ``slots`` connections at once; ``refused`` and ``dropped`` count the connections it did not serve."""
+
     daemon_threads = True
+    request_queue_size = 64  # listen backlog: a burst of connects is accepted (and refused) rather than SYN-dropped
+    tls: ssl.SSLContext | None = None
+    conn_timeout_s: float = CONN_TIMEOUT_S
+    slots: threading.BoundedSemaphore
+    refused: int = 0  # connections closed unserved because MAX_CONNS were open
+    dropped: int = 0  # connections that timed out, broke, or failed their TLS handshake
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """On the accept thread: take a slot or close the connection at once (counted in ``refused``)."""
+        if not self.slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """On the connection's thread: read timeout, TLS handshake (when serving HTTPS), then the request."""
+        conn = request
+        try:
+            conn.settimeout(self.conn_timeout_s)
+            if self.tls is not None:
+                try:
+                    conn = self.tls.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+                    conn.do_handshake()
+                except (OSError, ValueError):
+                    self.dropped += 1
+                    return
+            self.finish_request(conn, client_address)
+        except OSError:  # the read timed out or the peer went away: nothing to answer
+            self.dropped += 1
+        except Exception:  # noqa: BLE001 - socketserver's contract: an app error is logged, the server lives
+            self.handle_error(conn, client_address)
+        finally:
+            self.shutdown_request(conn)
+            self.slots.release()
 
 
-class _V6Server(_Server):
+class _V6Server(ProbeServer):
     address_family = socket.AF_INET6
 
 
@@ -58,17 +109,22 @@ def probe_app(health: Health, metrics_app: Wsgi | None, clock: Callable[[], floa
 
 
 def serve(app: Wsgi, port: int, addr: str, *, certfile: str | None = None, keyfile: str | None = None,
-          client_cafile: str | None = None) -> WSGIServer:
+          client_cafile: str | None = None, conn_timeout_s: float = CONN_TIMEOUT_S,
+          max_conns: int = MAX_CONNS) -> ProbeServer:
     """Serve ``app`` on ``addr:port`` from a daemon thread; returns the server (``shutdown()`` stops it).
+    Each connection reads under ``conn_timeout_s`` seconds; at most ``max_conns`` are served at once.
     Raises ``OSError`` (address in use) or ``ssl.SSLError`` (unusable certificate files)."""
-    cls = _V6Server if ":" in addr else _Server
+    cls = _V6Server if ":" in addr else ProbeServer
     httpd = make_server(addr, port, app, cls, handler_class=_Quiet)
+    assert isinstance(httpd, ProbeServer)
+    httpd.conn_timeout_s = conn_timeout_s
+    httpd.slots = threading.BoundedSemaphore(max_conns)
     if certfile and keyfile:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         if client_cafile:
             ctx.load_verify_locations(cafile=client_cafile)
             ctx.verify_mode = ssl.CERT_REQUIRED
         ctx.load_cert_chain(certfile=certfile, keyfile=keyfile)
-        httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+        httpd.tls = ctx  # the handshake runs per connection, off the accept thread (process_request_thread)
     threading.Thread(target=httpd.serve_forever, name="profwatch-http", daemon=True).start()
     return httpd

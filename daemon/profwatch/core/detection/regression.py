@@ -45,6 +45,11 @@ RAMP_DEFER = 0.0
 less than :data:`RAMP_EVIDENCE`): neither is clear yet."""
 RAMP_MAX_DEFER = 32
 """Steps a fire waits at most for a ramp or a step to become clear (then it fires)."""
+MIN_STEP_S = 1e-6
+"""A job step time under this (0 s, sub-microsecond, or not a number) is no measurement (a warm-up the hook did not
+time, a clock that did not move): it never enters the baseline nor is judged; the baseline keeps learning until
+it holds real steps. Zeros once formed a baseline of 1e-9 s and a ``step_regression`` of +3e10 % at the first
+real step (counted in ``counters["unmeasured"]``)."""
 MIN_NOISE = 0.002
 """The relative noise never goes below this (0.2 % of the level), whatever ``noise_floor`` says: a perfectly
 steady series must not make every 0.1 % jitter a many-sigma event (``noise_floor`` is bounded below by it too)."""
@@ -171,7 +176,7 @@ class StepTimeRegressionDetector:
         self._steps_per_value = 1
         self.spikes = SpikeFilter(settings)
         self.counters = {"regressions": 0, "spike_events": 0, "spikes_not_reported": 0, "speedups": 0, "held": 0,
-                         "relearn_while_learning": 0, "drift_reports": 0, "drift_onsets": 0}
+                         "relearn_while_learning": 0, "drift_reports": 0, "drift_onsets": 0, "unmeasured": 0}
         self._recent: deque[float] = deque(maxlen=RAMP_WINDOW)
         self._ramp_step: int | None = None
         self._learn_since = 0
@@ -235,8 +240,12 @@ class StepTimeRegressionDetector:
         if step.excluded is not None:
             self.spikes.skip(step.step)
             return []
-        self._steps_per_value = max(1, step.steps)
         x = step.time_s
+        if not x >= MIN_STEP_S:  # no measurement: never a baseline value, never judged (MIN_STEP_S)
+            self.counters["unmeasured"] += 1
+            self.spikes.skip(step.step)
+            return []
+        self._steps_per_value = max(1, step.steps)
         self._last_job_step_s = x
         s = self.settings
         n = len(self._base)

@@ -353,6 +353,12 @@ class Registry:
         self._next_generation(job, job.shape, now)
         for r in job.ranks.values():
             r.gen = job.generation
+            # the new run counts its steps afresh: its first steps (a requeue from a checkpoint) are not a step
+            # counter going back, which would open a second generation (steps_went_back) for one requeue
+            r.last_step = -1
+            if r.window is not None:
+                r.window.clear()
+        job.furthest = -1
         return GenerationOpened(
             job_id=job.job_id, generation=job.generation, old_generation=old_gen, world_size=job.world_size,
             old_world_size=job.world_size, restart_count=job.restart_count, old_restart_count=job.restart_count,
@@ -585,7 +591,9 @@ class Registry:
             r.left = True
             r.seen_unix_s = now
             job = self.jobs[msg.job_id]
-            job.heard_unix_s = max(job.heard_unix_s, now)
+            # not job.heard_unix_s: a bye is no report. The job's end and its revival (EndedJobs.revive_reporting)
+            # read heard_unix_s, and a late bye must never make an ended job live again (only a step, or a hello
+            # that opens a new generation, does: docs/generations.md)
             job.gauge_stale = True
             self.changed_ranks.add((msg.job_id, r.rank))
 
