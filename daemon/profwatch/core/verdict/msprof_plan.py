@@ -347,7 +347,7 @@ def input_notes(facts: InputFacts, world_size: int) -> list[str]:
 class RunOutcome:
     """What one finished msprof-analyze command left behind, as data.
 
-    ``returncode`` None when killed; ``timed_out`` also set when ``cancelled``; ``spawn_error`` set when the
+    ``returncode`` None when killed; ``timed_out`` only for the timeout (a cancelled run is ``cancelled``); ``spawn_error`` set when the
     command could not be started at all (the other fields are then empty). ``tables``: each table of
     :data:`RESULT_TABLES` for this recipe -> rows (dicts by column name) or None when absent/unreadable.
     ``files``: advisor html/xlsx files found under ``output_dir``. ``log_text``: the per-run log (bounded).
@@ -418,7 +418,7 @@ def _failed(run: RunOutcome) -> RecipeStatus | None:
         return _status(run, "oom", f"killed after {run.duration_s:.0f} s: {run.oom_detail or 'memory cap'}",
                        with_log=True)
     if run.cancelled:
-        return _status(run, "timeout", f"cancelled after {run.duration_s:.0f} s: {run.cancel_reason or 'on request'}",
+        return _status(run, "cancelled", f"cancelled after {run.duration_s:.0f} s: {run.cancel_reason or 'on request'}",
                        with_log=True)
     if run.timed_out:
         return _status(run, "timeout", f"killed after {run.duration_s:.0f} s ({run.attempts} attempt(s))",
