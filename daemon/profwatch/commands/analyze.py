@@ -31,6 +31,7 @@ from profwatch.analysis.facade import (
 from profwatch.changes.compare import attach_comparison
 from profwatch.commands.scan import one_rank_dir_note
 from profwatch.core.batches.completeness import BatchState
+from profwatch.core.changes.comparison import headline_line
 from profwatch.core.display import clip, display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE
 from profwatch.core.verdict.evidence import RecipeStatus
@@ -175,7 +176,7 @@ def _human(res: AnalysisResult) -> str:
         lines.append(f"  not judged: rank {rank}: {why}")
     if res.comparison is not None:
         c = res.comparison
-        lines.append(f"  since the reference ({c['reference']['path']}): {c['headline']}")
+        lines.append(f"  {headline_line(c)}")
         changed = {ch["component"] for ch in c["changes"]}
         for comp in c["components"]:
             iv, p = comp.get("interval_s_per_step"), comp.get("p_value")

@@ -50,6 +50,7 @@ from profwatch.core.alerts.event_types import (
     display_name,
 )
 from profwatch.core.capture.lifecycle import CaptureState
+from profwatch.core.changes.comparison import headline_line
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
 from profwatch.signals import handling
 from profwatch.simulate.launcher import ALL_RANKS, JobSpec, launch_job
@@ -359,7 +360,7 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
         for line in miss_evidence(d):
             echo("  " + line)
     if headline:
-        echo(f"  since the reference: {headline}")
+        echo(f"  {headline_line({'headline': headline})}")
     saving = saving_text(sus[0].get("impact")) if sus else ""
     if saving:
         echo(f"  impact: fixing rank {top} alone would save {saving}")
