@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipePhase, RecipeState, RecipeStatus
 from profwatch.core.verdict.matrix_chunks import MatrixChunkPlan, plan_matrix_chunks, rank_list_arg
@@ -73,12 +73,23 @@ class MsprofSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    def without_advisor(self, why: str) -> None:
+        """Turn the advisor off; ``why`` (e.g. "turned off by --no-advisor") is its ``skipped`` status's reason."""
+        self.advisor = False
+        self._advisor_off = why
+
+    @property
+    def advisor_off_reason(self) -> str:
+        """Why the advisor is off: what :meth:`without_advisor` was told, else the setting."""
+        return self._advisor_off
+
     command: str = Field(default="msprof-analyze", min_length=1, description=(
         "the msprof-analyze executable; a bare name is looked up next to the Python interpreter first, then on PATH"))
     timeout_s: float = Field(default=900.0, gt=0, description="longest one msprof-analyze command may run")
     max_concurrent_runs: int = Field(default=0, ge=0, le=64, description=(
         "alert-phase commands running at once per runner (each forks one worker per CPU); 0 = from the CPU count"))
     advisor: bool = Field(True, description="run the advisor in the enrich phase")
+    _advisor_off: str = PrivateAttr(default="disabled in settings ([analysis.msprof] advisor = false)")
     advisor_html: bool = Field(False, description="add a plain advisor run that keeps its HTML/XLSX for people")
     communication_matrix: bool = Field(True, description=(
         "Run ``-m communication_matrix_sum`` (per-pair link bandwidth, for slow-link verdicts; a few seconds)."))
@@ -251,7 +262,7 @@ def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -
             plan.commands.append(RecipeCommand(
                 "advisor_html", ("advisor", "all", "-d", staged_dir, "--force", "-l", settings.language), "enrich"))
     else:
-        plan.skipped["advisor"] = RecipeStatus("advisor", "skipped", "advisor disabled in settings")
+        plan.skipped["advisor"] = RecipeStatus("advisor", "skipped", settings.advisor_off_reason)
     return plan
 
 
