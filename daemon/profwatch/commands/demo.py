@@ -27,7 +27,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -378,8 +378,15 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
     if enriched.get("report") or d.get("report"):
         echo(f"  report: {enriched.get('report') or d['report']}")
     if sus and sus[0].get("rank_dir"):
-        echo(f"  drill down: {sus[0]['rank_dir']}")
+        echo(f"  {drill_down_line(sus[0])}")
     return ok
+
+
+def drill_down_line(suspect: Mapping[str, Any]) -> str:
+    """Where to look first: ``drill down (rank R): RANK_DIR`` for a verdict's suspect (``rank``, ``rank_dir``);
+    the rank is named because a rank dir's name carries the host and pid, not the rank."""
+    rank = suspect.get("rank")
+    return f"drill down{f' (rank {rank})' if rank is not None else ''}: {suspect.get('rank_dir')}"
 
 
 @click.command()
