@@ -22,6 +22,19 @@ _LAZY_COMMANDS = {"scan": "scan", "analyze": "analyze", "replay": "replay", "sim
                   "keys": "keys", "status": "status", "alerts": "alerts", "config": "configcmd"}
 """Commands implemented in ``daemon/profwatch/commands/<module>.py`` (command name -> module), imported only when used, so
 ``profwatch status`` and the daemons never pay for the analysis stack (numpy, msprof parsing, Kineto reader)."""
+_LAZY_HELP = {
+    "scan": "Check the capture batches under DIRECTORY.",
+    "analyze": "Check which capture batches under DIR are complete, analyse them and rank suspect slow ranks.",
+    "replay": "Replay recorded step telemetry FILE.jsonl through anomaly detection and the arming policy.",
+    "simulate": "Simulated Ascend captures and ranks (clearly labelled simulator; no NPU needed).",
+    "demo": "Run the end-to-end demo: real job, real daemons, real detection, capture, analysis and alert.",
+    "keys": "Create and list CURVE certificates (coordinator key, allowed node and CLI keys).",
+    "status": "Show jobs (ranks: last step, step times, state), nodes, captures (state, deadline, running recipe).",
+    "alerts": "Print recent alerts, then (with --follow) new ones as they are published.",
+    "config": "Validate a config file (check) or print the effective configuration with its sources (show).",
+}
+"""The short help of each lazy command (its docstring's first sentence; ``tests/unit/test_import_weight.py`` checks
+they match), so ``profwatch --help`` and shell completion of the command names import no command module."""
 
 
 class _LazyGroup(click.Group):
@@ -46,6 +59,44 @@ class _LazyGroup(click.Group):
             cmd = _missing(cmd_name, missing_extra_message(cmd_name, exc) or f"{cmd_name}: {exc}\n")
         self.add_command(cmd, cmd_name)
         return cmd
+
+    def _rows(self, ctx: click.Context, incomplete: str = "") -> list[tuple[str, str | None, click.Command | None]]:
+        """``(name, short help of a lazy command not loaded, else None, the loaded command)`` of the visible
+        commands starting with ``incomplete``; loads nothing."""
+        rows: list[tuple[str, str | None, click.Command | None]] = []
+        for name in self.list_commands(ctx):
+            if not name.startswith(incomplete):
+                continue
+            if name in _LAZY_COMMANDS and name not in self.commands:
+                rows.append((name, _LAZY_HELP[name], None))
+            else:
+                cmd = super().get_command(ctx, name)
+                if cmd is not None and not cmd.hidden:
+                    rows.append((name, None, cmd))
+        return rows
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``--help``, lazy commands by :data:`_LAZY_HELP` (click's layout and limit)."""
+        rows = self._rows(ctx)
+        if not rows:
+            return
+        limit = formatter.width - 6 - max(len(name) for name, _, _ in rows)
+        lines: list[tuple[str, str]] = []
+        for name, text, cmd in rows:
+            if text is not None:
+                lines.append((name, click.Command(name, help=text).get_short_help_str(limit)))
+            elif cmd is not None:
+                lines.append((name, cmd.get_short_help_str(limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(lines)
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[Any]:
+        """Completion of the command names (and the group's options) without importing a lazy command."""
+        from click.shell_completion import CompletionItem
+
+        items = [CompletionItem(name, help=text if cmd is None else cmd.get_short_help_str())
+                 for name, text, cmd in self._rows(ctx, incomplete)]
+        return [*items, *click.Command.shell_complete(self, ctx, incomplete)]
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:

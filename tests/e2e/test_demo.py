@@ -89,4 +89,4 @@ def test_demo_reference_scenario_says_what_changed_since_the_healthy_reference(t
     cmp = data["comparison"]
     assert cmp["reference"]["capture_id"] != data["capture_id"] and cmp["step_time_changed"], cmp
     assert cmp["step_time_now_s"] > 1.5 * cmp["step_time_baseline_s"]  # 3x compute (2.8x the step here, idle)
-    assert "since the reference: +" in res.stdout and "-> OK" in res.stdout, res.stdout[-3000:]
+    assert "what changed: +" in res.stdout and "-> OK" in res.stdout, res.stdout[-3000:]

@@ -89,10 +89,11 @@ def test_close_stops_an_analysis_promptly_and_refuses_new_runs(tmp_path: Path) -
         t.join(30)
         assert not t.is_alive()
         ev: ClusterEvidence = result["ev"]
-        assert all(r.status == "timeout" for n, r in ev.recipes.items() if n != "advisor"), ev.recipes
+        assert all(r.status == "cancelled" for n, r in ev.recipes.items() if n != "advisor"), ev.recipes
         assert all("cancelled" in r.detail for n, r in ev.recipes.items() if n != "advisor"), ev.recipes
         later = runner.run("slow_rank", ["-m", "slow_rank"], tmp_path / "later")
         assert later.cancelled and later.returncode is None and "closed" in later.cancel_reason
+        assert not later.timed_out  # cancelled, not timed out
     finally:
         runner.close()
         t.join(30)
@@ -112,7 +113,7 @@ def test_cancel_one_analysis_leaves_the_other_running(tmp_path: Path) -> None:
         threads[0][0].join(30)
         assert not threads[0][0].is_alive()
         ev_a: ClusterEvidence = threads[0][1]["ev"]
-        assert {r.status for r in ev_a.recipes.values()} == {"timeout", "skipped"}
+        assert {r.status for r in ev_a.recipes.values()} == {"cancelled", "skipped"}
         assert "analysis of A was cancelled" in ev_a.recipes["cluster_time_summary"].detail
         assert threads[1][0].is_alive() and {r.owner for r in runner.running()} == {"B"}
         assert runner.cancel_all() >= 1  # everything started so far
@@ -122,6 +123,28 @@ def test_cancel_one_analysis_leaves_the_other_running(tmp_path: Path) -> None:
         runner.close()
         for t, _ in threads:
             t.join(30)
+
+
+def test_no_drill_down_compare_starts_once_the_analysis_is_cancelled(tmp_path: Path) -> None:
+    """Shutdown during the enrich phase: the drill-down's ``msprof-analyze compare`` runs on the analysis's
+    ticket, so after ``cancel_all`` none starts (the tool would leave a file) and the recipe says ``cancelled``."""
+    from profwatch.analysis.drilldown import compare_ascend_suspects
+    from profwatch.core.verdict.evidence import RankStepSummary
+
+    started = tmp_path / "started"
+    runner = MsprofRunner(MsprofSettings(command=_tool(tmp_path, f"touch {started}; exec sleep 300"),
+                                         timeout_s=600, **NO_ADVISOR))
+    dirs = {r: str(tmp_path / f"rank{r}") for r in range(3)}
+    rows = [RankStepSummary(r, 1, 1000.0 * (1 + r), 1000.0 * (1 + r), 0.0, 0.0, 0.0, 0.0) for r in range(3)]
+    try:
+        ticket = runner.ticket("b1")  # issued with the analysis, before the shutdown
+        runner.cancel_all()
+        ops, status = compare_ascend_suspects(runner, dirs, [2, 1], 0, rows, tmp_path / "out", batch_id="b1",
+                                              ticket=ticket)
+        assert ops == [] and status.status == "cancelled", status
+        assert "cancelled" in status.detail and not started.exists()
+    finally:
+        runner.close()
 
 
 def test_runs_after_cancel_all_proceed(tmp_path: Path) -> None:

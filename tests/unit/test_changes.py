@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from profwatch.core.changes.comparison import compare_captures, headline, impact_hours_per_day
+from profwatch.core.changes.comparison import compare_captures, headline, headline_line, impact_hours_per_day
 from profwatch.core.verdict.evidence import RankStepSummary
 from profwatch.simulate.ascend_tree import build_timelines, cluster_time_summary
 
@@ -114,3 +114,14 @@ def test_impact_in_accelerator_hours() -> None:
 def test_bad_thresholds_are_refused() -> None:
     with pytest.raises(ValueError):
         compare_captures([], [], alpha=-1)
+
+
+def test_the_terminal_line_says_since_the_reference_once() -> None:
+    """`analyze --baseline` and the demo print ``headline_line``: the headline's "since the reference" once, even
+    with a hardware change (its detail says "reference -> now", not the phrase again)."""
+    cmp = compare_captures(rows(1, 5), rows(2, 5, slow_ranks=everyone(1.2)))
+    data = cmp.to_json()
+    data["reference"] = {"path": "/ref/capture"}
+    line = headline_line(data)
+    assert line.startswith("what changed (reference /ref/capture): +") and line.count("since the reference") == 1
+    assert headline_line({"headline": data["headline"]}).startswith("what changed: +")

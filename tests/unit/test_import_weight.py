@@ -32,9 +32,29 @@ def _loaded(code: str) -> dict[str, list[str]]:
     "import profwatch.config; profwatch.config.load_settings()",
     "import sys; sys.argv = ['profwatch', 'status', '--help']\nimport profwatch.cli\ntry:\n    profwatch.cli.main()\n"
     "except SystemExit:\n    pass",
+    # `profwatch --help`: the command list comes from cli._LAZY_HELP, no command module is imported
+    "import sys; sys.argv = ['profwatch', '--help']\nimport profwatch.console\ntry:\n    profwatch.console.main()\n"
+    "except SystemExit:\n    pass",
+    # a TAB after `profwatch ` (click's completion entry point: the _PROFWATCH_COMPLETE environment variable)
+    "import os, sys; sys.argv = ['profwatch']\nos.environ.update(_PROFWATCH_COMPLETE='zsh_complete', "
+    "COMP_WORDS='profwatch ', COMP_CWORD='1')\nimport profwatch.console\ntry:\n    profwatch.console.main()\n"
+    "except SystemExit:\n    pass",
 ])
 def test_cli_and_config_do_not_import_the_analysis_stack(code: str) -> None:
     assert _loaded(code) == {"heavy": [], "ours": []}
+
+
+def test_top_level_help_lists_each_lazy_command_with_its_own_short_help() -> None:
+    """cli._LAZY_HELP (what `profwatch --help` and completion show without importing) is each command's own."""
+    import click
+
+    from profwatch.cli import _LAZY_COMMANDS, _LAZY_HELP, cli
+
+    assert set(_LAZY_HELP) == set(_LAZY_COMMANDS)
+    ctx = click.Context(cli)
+    for name in _LAZY_COMMANDS:
+        cmd = cli.get_command(ctx, name)
+        assert cmd is not None and cmd.get_short_help_str(1000) == _LAZY_HELP[name], name
 
 
 def test_a_lazy_command_still_loads_when_used() -> None:

@@ -133,8 +133,8 @@ def test_failures_common_to_every_recipe() -> None:
         assert missing.status == "tool_error" and "profwatch[coordinator]" in missing.detail  # names the install
         timed = interpret_run(RunOutcome(name, timed_out=True, attempts=2, duration_s=9.0), GOOD, 4, ev)
         assert (timed.status, timed.detail) == ("timeout", "killed after 9 s (2 attempt(s))")
-        cancelled = RunOutcome(name, timed_out=True, cancelled=True, cancel_reason="shutdown")
-        assert interpret_run(cancelled, GOOD, 4, ev).detail.endswith("cancelled after 0 s: shutdown")
+        cancelled = interpret_run(RunOutcome(name, cancelled=True, cancel_reason="shutdown"), GOOD, 4, ev)
+        assert (cancelled.status, cancelled.detail) == ("cancelled", "cancelled after 0 s: shutdown")
         rc = interpret_run(RunOutcome(name, returncode=3, log_tail="boom"), GOOD, 4, ev)
         assert (rc.status, rc.detail, rc.log_tail) == ("tool_error", "exit code 3", "boom")
         err = RunOutcome(name, returncode=0, agent=AgentMessage(found=True, status="error", message={"err": "bad -d"}))

@@ -43,7 +43,7 @@ from profwatch.adapters.tools.msprof_analysis import (
     run_phase,
 )
 from profwatch.adapters.tools.msprof_db import own_comm_waits
-from profwatch.adapters.tools.msprof_runner import MsprofRunner
+from profwatch.adapters.tools.msprof_runner import MsprofRunner, RunTicket
 from profwatch.adapters.tools.own_tables_reader import Signature, read_batch_aicore, read_batch_tables
 from profwatch.analysis.drilldown import DRILL_SUSPECTS, SUSPECT_COMPARE, compare_ascend_suspects
 from profwatch.analysis.result import (
@@ -96,6 +96,9 @@ class Followup:
     reference: ReferenceSide | None = None
     """The reference to compare operator by operator (set by ``compare.attach_comparison``; ``reference_compare``)."""
     prefetched_traces: Mapping[str, TraceRead] | None = None
+    ticket: RunTicket | None = None
+    """Issued with the analysis (owner: the batch id), used by every enrich run: once the analysis (or every
+    analysis, at shutdown) is cancelled, no further tool run starts and each step reports ``cancelled``."""
 
     def hosts(self) -> dict[int, str]:
         """rank -> host: parsed from the rank dir names, overridden by the hostnames the ranks reported."""
@@ -183,7 +186,8 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
     own_runner = runner is None
     active_runner = runner if runner is not None else MsprofRunner(settings.msprof)
     follow = Followup(batch, work_dir, out_dir, settings, dict(hostnames or {}), job_world, dict(unusable),
-                      now_unix_s, prefetched=prefetched, prefetched_traces=prefetched_traces)
+                      now_unix_s, prefetched=prefetched, prefetched_traces=prefetched_traces,
+                      ticket=active_runner.ticket(batch.batch_id))
     try:
         try:
             result = _alert_phase(result, follow, active_runner, progress)
@@ -203,6 +207,7 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
     finally:
         if own_runner:
             active_runner.close()
+            follow.ticket = None  # a later enrich_analysis runs on another runner: its tickets, its serials
     return result
 
 
@@ -242,7 +247,7 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
             assert staged is not None
             ev, f.session = prepare_msprof(staged, f.out_dir / "msprof", runner=runner, world_size=len(batch.ranks),
                                            owner=batch.batch_id, expected_ranks=sorted(batch.ranks),
-                                           progress=progress, settings=settings.msprof)
+                                           progress=progress, settings=settings.msprof, ticket=f.ticket)
             run_phase(f.session, ev, "alert", runner=runner, progress=progress)
             ev.aicore = read_batch_aicore(batch.rank_dirs, workers=settings.own_tables_workers)
             result.verdict_source = "msprof-analyze"
@@ -295,6 +300,7 @@ def enrich_analysis(result: AnalysisResult, *, runner: MsprofRunner,
         return result
     t0 = time.monotonic()
     ev = result.evidence or ClusterEvidence(kind="ascend_pt")
+    f.ticket = f.ticket or runner.ticket(result.batch_id)
     try:
         if result.verdict_source == OWN_TABLES and f.session is None:
             ev = _confirm_first_verdict(result, ev, f, runner, progress)
@@ -376,7 +382,7 @@ def _confirm_first_verdict(result: AnalysisResult, first_ev: ClusterEvidence, f:
     result.paths["staging"] = str(f.staged)
     ev, f.session = prepare_msprof(f.staged, f.out_dir / "msprof", runner=runner, world_size=len(batch.ranks),
                                    owner=batch.batch_id, expected_ranks=sorted(batch.ranks), progress=progress,
-                                   settings=f.settings.msprof)
+                                   settings=f.settings.msprof, ticket=f.ticket)
     run_phase(f.session, ev, "alert", runner=runner, progress=progress)
     ev.recipes[OWN_TABLES] = first_ev.recipes[OWN_TABLES]
     ev.own_waits = first_ev.own_waits
@@ -430,7 +436,7 @@ def _enrich_ascend_suspects(result: AnalysisResult, ev: ClusterEvidence, f: Foll
     else:
         result.op_compare, ev.recipes[SUSPECT_COMPARE] = compare_ascend_suspects(
             runner, f.batch.rank_dirs, named, peer, ev.summaries, f.out_dir / SUSPECT_COMPARE,
-            batch_id=result.batch_id)
+            batch_id=result.batch_id, ticket=f.ticket)
     if progress is not None:
         progress("finished", SUSPECT_COMPARE, ev.recipes[SUSPECT_COMPARE])
 
@@ -443,7 +449,7 @@ def _enrich_reference(result: AnalysisResult, ev: ClusterEvidence, f: Followup, 
     if progress is not None:
         progress("started", REFERENCE_COMPARE, None)
     status, notes = detail_changes(result, f.reference, now_dirs=f.batch.rank_dirs, now_summaries=ev.summaries,
-                                   runner=runner, out_dir=f.out_dir / REFERENCE_COMPARE)
+                                   runner=runner, out_dir=f.out_dir / REFERENCE_COMPARE, ticket=f.ticket)
     ev.recipes[REFERENCE_COMPARE] = status
     ev.notes += notes
     if progress is not None:

@@ -216,7 +216,8 @@ def overall_status(ev: ClusterEvidence, verdict: Verdict, expected: int | Sequen
     have_time = bool(ev.summaries)
     have_votes = bool(ev.slow_rank_votes)
     if not have_time and not have_votes:
-        bad = sorted(n for n, s in states.items() if s in ("tool_error", "timeout", "oom") and n not in ENRICH_ONLY)
+        bad = sorted(n for n, s in states.items() if s in ("tool_error", "timeout", "oom", "cancelled")
+                     and n not in ENRICH_ONLY)
         if bad:
             return "failed", f"no usable result; failed recipes: {', '.join(bad)}"
         if states and all(s in ("not_applicable", "skipped", "no_data") for n, s in states.items()

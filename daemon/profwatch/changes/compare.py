@@ -11,7 +11,7 @@ from pathlib import Path
 
 import structlog
 
-from profwatch.adapters.tools.msprof_runner import MsprofRunner
+from profwatch.adapters.tools.msprof_runner import MsprofRunner, RunTicket
 from profwatch.analysis.result import AnalysisResult
 from profwatch.changes.msprof_compare import compare_rank
 from profwatch.core.changes.comparison import compare_captures, frequency_changes, impact_hours_per_day, same_role_rank
@@ -93,7 +93,7 @@ def attach_comparison(res: AnalysisResult, reference: AnalysisResult, *, referen
 
 def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping[int, str],
                    now_summaries: Sequence[RankStepSummary], runner: MsprofRunner, out_dir: Path,
-                   count: int = DETAIL_RANKS) -> tuple[RecipeStatus, list[str]]:
+                   count: int = DETAIL_RANKS, ticket: RunTicket | None = None) -> tuple[RecipeStatus, list[str]]:
     """Compare the ``count`` ranks whose step time changed most (among ``ref.ranks``, present in both captures'
     rank dirs) with the same ranks of the reference, operator by operator, and put what is behind each
     ``compute`` / ``communication`` change into its ``detail`` (``core/changes/detail.py: attach_detail``): Ascend rank
@@ -101,7 +101,8 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
     enrich priority; one rank after the other), torch.profiler traces with their per-operator totals. A rank whose comparison fails is
     left out; after a compare that timed out or was killed at the memory cap (and none succeeded) the remaining
     ranks are not run (each would hold the enrich slot as long), and the notes say so; the changes keep ``detail`` None when every one fails. Returns the recipe's status and the notes
-    to add to the verdict (failures). Never raises for tool or data problems."""
+    to add to the verdict (failures). ``ticket``: the analysis's (``Followup.ticket``): once it is cancelled no further
+    compare starts and the status is ``cancelled``. Never raises for tool or data problems."""
     t0 = time.monotonic()
     notes: list[str] = []
     if res.comparison is None:
@@ -120,7 +121,12 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
     peak = 0
     steps_ref = _steps(ref_rows)
     steps_now = _steps(now_summaries)
+    ticket = ticket or runner.ticket(res.batch_id)
     for r in ranks:
+        if runner.cancelled(ticket):
+            last_state = "cancelled"
+            failed.append(f"rank {r}: not compared (the analysis was cancelled: {runner.cancelled(ticket)})")
+            continue
         if last_state in ("timeout", "oom") and not per_rank and failed:
             # the same tool on a rank pair of the same capture: a run stuck until the timeout (or killed at the
             # memory cap) would be again, holding the enrich slot another timeout_s each
@@ -130,7 +136,7 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
             if res.kind == "ascend_pt" and ref.kind == "ascend_pt":
                 sheets, status = compare_rank(runner, Path(now_dirs[r]), Path(ref.rank_dirs[ref.ref_rank(r)]), out_dir,
                                               name=f"{REFERENCE_COMPARE}_rank{r}",
-                                              ticket=runner.ticket(res.batch_id))
+                                              ticket=ticket)
                 peak = max(peak, status.peak_rss_bytes or 0)
                 last_state = status.status
                 if sheets is None:
@@ -149,7 +155,7 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
     if failed:
         notes.append("what is behind the changes since the reference is incomplete: " + "; ".join(failed))
     if not per_rank:
-        state = last_state if last_state in ("timeout", "oom") else "tool_error"
+        state = last_state if last_state in ("timeout", "oom", "cancelled") else "tool_error"
         return RecipeStatus(REFERENCE_COMPARE, state, "; ".join(failed), phase="enrich",  # type: ignore[arg-type]
                             duration_s=took, peak_rss_bytes=peak or None), notes
     source = "msprof-analyze compare" if res.kind == "ascend_pt" else "kineto op totals"

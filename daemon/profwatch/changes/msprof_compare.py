@@ -181,7 +181,7 @@ def compare_rank(runner: MsprofRunner, now_dir: Path, reference_dir: Path, out_r
                  ticket: RunTicket | None = None) -> tuple[Sheets | None, RecipeStatus]:
     """One ``msprof-analyze compare`` of ``now_dir`` against ``reference_dir`` (two rank dirs) in the enrich
     phase of ``runner`` (its timeout, memory cap and lower priority), output under ``out_root``. Returns the
-    workbook's sheets (None when the run left none) and the run's status (``ok``, ``timeout``, ``oom``,
+    workbook's sheets (None when the run left none) and the run's status (``ok``, ``timeout``, ``cancelled``, ``oom``,
     ``tool_error`` with the log tail). Never raises for tool failures."""
     t0 = time.monotonic()
     args = ["compare", "-d", str(Path(now_dir).absolute()), "-bp", str(Path(reference_dir).absolute()),
@@ -198,8 +198,10 @@ def compare_rank(runner: MsprofRunner, now_dir: Path, reference_dir: Path, out_r
 
     if run.oom:
         return None, status("oom", run.oom_detail)
+    if run.cancelled:
+        return None, status("cancelled", run.cancel_reason or "cancelled")
     if run.timed_out:
-        return None, status("timeout", run.cancel_reason or f"timed out after {runner.settings.timeout_s:g} s")
+        return None, status("timeout", f"timed out after {runner.settings.timeout_s:g} s")
     found = sorted(run.output_dir.glob(RESULT_GLOB))
     if not found:
         return None, status("tool_error", "msprof-analyze compare wrote no result workbook")

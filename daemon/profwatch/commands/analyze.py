@@ -31,6 +31,7 @@ from profwatch.analysis.facade import (
 from profwatch.changes.compare import attach_comparison
 from profwatch.commands.scan import one_rank_dir_note
 from profwatch.core.batches.completeness import BatchState
+from profwatch.core.changes.comparison import headline_line
 from profwatch.core.display import clip, display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE
 from profwatch.core.verdict.evidence import RecipeStatus
@@ -51,6 +52,7 @@ class RecipeProgress:
         self.t0 = time.monotonic()
         self.running: dict[str, float] = {}
         self.done: list[str] = []
+        self.ran: dict[str, str] = {}  # enrich-phase recipes that ran (not skipped) -> their status
         self._bar: Any = None
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -101,6 +103,8 @@ class RecipeProgress:
         elif event == "finished" and status is not None:
             self.running.pop(name, None)
             self.done.append(name)
+            if status.phase == "enrich" and status.status not in ("skipped", "not_applicable"):
+                self.ran[name] = status.status
             took = f" in {status.duration_s:.1f} s" if status.duration_s else ""
             mem = f", peak {status.peak_rss_bytes / 2**20:.0f} MiB" if status.peak_rss_bytes else ""
             self._line(f"{name} {status.status}{took}{mem}" + (f": {clip(status.detail, 100)}" if status.status != "ok"
@@ -108,7 +112,8 @@ class RecipeProgress:
         elif event == "verdict":
             self._line(f"verdict {name} (the alert would go out now)")
         elif event == "follow_up":
-            self._line(f"follow-up done (advisor, slow links, html report): {name}")
+            ran = ", ".join(f"{n} {s}" for n, s in self.ran.items()) or "no follow-up tool ran"
+            self._line(f"follow-up done ({ran}; verdict judged again, report rewritten): {name}")
 
 
 def _settings(ctx: click.Context, config_path: Path | None, no_advisor: bool, timeout_s: float | None,
@@ -128,7 +133,7 @@ def _settings(ctx: click.Context, config_path: Path | None, no_advisor: bool, ti
             ctx.exit(2)
     settings = base.model_copy(deep=True) if isinstance(base, AnalysisSettings) else AnalysisSettings()
     if no_advisor:
-        settings.msprof.advisor = False
+        settings.msprof.without_advisor("turned off by --no-advisor")
     if advisor_html:
         settings.msprof.advisor_html = True
     if timeout_s is not None:
@@ -175,7 +180,7 @@ def _human(res: AnalysisResult) -> str:
         lines.append(f"  not judged: rank {rank}: {why}")
     if res.comparison is not None:
         c = res.comparison
-        lines.append(f"  since the reference ({c['reference']['path']}): {c['headline']}")
+        lines.append(f"  {headline_line(c)}")
         changed = {ch["component"] for ch in c["changes"]}
         for comp in c["components"]:
             iv, p = comp.get("interval_s_per_step"), comp.get("p_value")

@@ -27,7 +27,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from profwatch.core.alerts.event_types import (
     display_name,
 )
 from profwatch.core.capture.lifecycle import CaptureState
+from profwatch.core.changes.comparison import headline_line
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
 from profwatch.signals import handling
 from profwatch.simulate.launcher import ALL_RANKS, JobSpec, launch_job
@@ -363,7 +364,7 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
         for line in miss_evidence(d):
             echo("  " + line)
     if headline:
-        echo(f"  since the reference: {headline}")
+        echo(f"  {headline_line({'headline': headline})}")
     saving = saving_text(sus[0].get("impact")) if sus else ""
     if saving:
         echo(f"  impact: fixing rank {top} alone would save {saving}")
@@ -381,8 +382,15 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
     if enriched.get("report") or d.get("report"):
         echo(f"  report: {enriched.get('report') or d['report']}")
     if sus and sus[0].get("rank_dir"):
-        echo(f"  drill down: {sus[0]['rank_dir']}")
+        echo(f"  {drill_down_line(sus[0])}")
     return ok
+
+
+def drill_down_line(suspect: Mapping[str, Any]) -> str:
+    """Where to look first: ``drill down (rank R): RANK_DIR`` for a verdict's suspect (``rank``, ``rank_dir``);
+    the rank is named because a rank dir's name carries the host and pid, not the rank."""
+    rank = suspect.get("rank")
+    return f"drill down{f' (rank {rank})' if rank is not None else ''}: {suspect.get('rank_dir')}"
 
 
 @click.command()

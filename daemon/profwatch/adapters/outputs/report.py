@@ -26,7 +26,7 @@ from profwatch.core.verdict.evidence import RankStepSummary
 from profwatch.core.verdict.report_view import build_view, impact_text
 
 KNOWN_STATUS = frozenset({"ok", "no_suspect", "not_applicable", "skipped", "no_data", "incomplete", "partial",
-                          "tool_error", "timeout", "failed"})
+                          "tool_error", "timeout", "cancelled", "failed"})
 
 
 @lru_cache(maxsize=1)

@@ -30,6 +30,7 @@ from profwatch.core.verdict.kineto import (
     MEMORY_CATS,
     RankTrace,
     collective_class,
+    is_step_marker,
     parse_step,
     summarize_traces,
 )
@@ -313,8 +314,10 @@ def op_totals_by_kind(path: Path, steps: Collection[int] | None = None) -> tuple
     """``({(kind, name): total duration in µs}, windows)`` inside the trace's ``ProfilerStep#N`` windows (those
     of ``steps`` only when given; device-lane windows for device work when the trace has them), streamed in two
     passes (windows, then ops). ``kind``: ``kernel`` (device work, :data:`DEVICE_CATS`, not memory), ``memory``
-    (:data:`MEMORY_CATS`: copies and fills) or ``operator`` (host ``cpu_op``). ``windows``: how many step
-    windows the totals cover.
+    (:data:`MEMORY_CATS`: copies and fills) or ``operator`` (host ``cpu_op``, its SELF time: its duration less its
+    child CPU ops', per thread, as torch.profiler's ``self_cpu_time_total``, so ``aten::matmul`` and the
+    ``aten::mm`` inside it never count one interval twice). Step markers (``ProfilerStep#N``,
+    ``kineto.is_step_marker``) are left out. ``windows``: how many step windows the totals cover.
 
     Raises:
         TraceFormatError: truncated or malformed JSON.
@@ -345,6 +348,7 @@ def _op_totals(path: Path, steps: Collection[int] | None, *,
                 lane = dev if str(ev.get("cat", "")).startswith("gpu_") else host
                 lane[step] = (float(ts), float(ts) + float(dur))
     out: dict[tuple[str, str], float] = {}
+    cpu_ops: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
     for ev in events(path):
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
@@ -353,12 +357,42 @@ def _op_totals(path: Path, steps: Collection[int] | None, *,
             continue
         if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or dur <= 0:
             continue
+        name = str(ev.get("name", ""))
+        if is_step_marker(name):
+            continue
         lanes = (dev or host) if cat in DEVICE_CATS else host
         if any(a <= ts < b for a, b in lanes.values()):
-            key = ("memory" if cat in MEMORY_CATS else "kernel" if cat in DEVICE_CATS else "operator",
-                   str(ev.get("name", "")))
-            out[key] = out.get(key, 0.0) + float(dur)
+            if cat in DEVICE_CATS:
+                key = ("memory" if cat in MEMORY_CATS else "kernel", name)
+                out[key] = out.get(key, 0.0) + float(dur)
+            else:
+                thread = (str(ev.get("pid", "")), str(ev.get("tid", "")))
+                cpu_ops.setdefault(thread, []).append((float(ts), float(dur), name))
+    for ops in cpu_ops.values():
+        for name, us in _self_times(ops):
+            out[("operator", name)] = out.get(("operator", name), 0.0) + us
     return out, len(host)
+
+
+def _self_times(ops: list[tuple[float, float, str]]) -> Iterator[tuple[str, float]]:
+    """``(name, self µs)`` of one thread's CPU ops ``(ts, dur, name)``: each op's duration less its direct
+    children's (an op starting inside another and ending by its end is its child; Kineto writes a thread's ops
+    as a call tree), as torch.profiler's ``self_cpu_time_total``. Floor 0 (rounding of ``dur`` in the trace)."""
+    ops.sort(key=lambda o: (o[0], -o[1]))
+    stack: list[list[Any]] = []  # [end, self µs, name]
+
+    def pop() -> tuple[str, float]:
+        end, own, name = stack.pop()
+        return name, max(0.0, own)
+
+    for ts, dur, name in ops:
+        while stack and ts >= stack[-1][0]:
+            yield pop()
+        if stack:
+            stack[-1][1] -= min(dur, stack[-1][0] - ts)
+        stack.append([ts + dur, dur, name])
+    while stack:
+        yield pop()
 
 
 def compare_suspects(rank_dirs: Mapping[int, Path], suspects: Sequence[int],
@@ -369,7 +403,7 @@ def compare_suspects(rank_dirs: Mapping[int, Path], suspects: Sequence[int],
     step labels may be offset from its peers': ``daemon/profwatch/core/verdict/kineto_align.py``), divided by its
     own window count (``op_totals_by_kind``). A trace with device work is compared on its device work (kernels,
     copies, collective kernels: host operators measure the host, often waiting for the device); a host-only trace
-    on its operators (nested ones count in their parent too, alike on both ranks). Returns
+    on its operators' self times (exclusive of child CPU ops, so the listed excesses add up). Returns
     ``([{"rank", "reference_rank", "steps", "source", "ops": [...]}], RecipeStatus)``; never raises for bad data."""
     from profwatch.core.changes.detail import entries_from_op_totals
     from profwatch.core.verdict.drilldown import drilldown_text, excess_over_peer

@@ -72,7 +72,7 @@ def _outcome(run: ToolRun | SpawnFailed, name: str, phase: RecipePhase) -> RunOu
         return RunOutcome(name=name, spawn_error=str(run), phase=phase)
     tables = read_tables(run.output_dir / RESULT_DB, RESULT_TABLES.get(name, ())) if not run.oom else {}
     files = []
-    if name == "advisor_html" and not run.timed_out and not run.oom:
+    if name == "advisor_html" and not run.timed_out and not run.cancelled and not run.oom:
         files = sorted(str(p) for p in run.output_dir.rglob("mstt_advisor_*") if p.suffix in (".html", ".xlsx"))
     return RunOutcome(name=name, output_dir=str(run.output_dir), returncode=run.returncode, timed_out=run.timed_out,
                       cancelled=run.cancelled, cancel_reason=run.cancel_reason, attempts=run.attempts,
@@ -93,7 +93,8 @@ def _versions(facts: InputFacts) -> dict[str, str]:
 
 def prepare_msprof(staged_dir: Path, out_dir: Path, *, runner: MsprofRunner, world_size: int, owner: str = "",
                    expected_ranks: list[int] | None = None, progress: Progress | None = None,
-                   settings: MsprofSettings | None = None) -> tuple[ClusterEvidence, MsprofSession]:
+                   settings: MsprofSettings | None = None,
+                   ticket: RunTicket | None = None) -> tuple[ClusterEvidence, MsprofSession]:
     """Inspect one staged batch and plan its recipes; the evidence holds the recipes decided without running
     (``skipped``, ``not_applicable``...). ``settings``: the recipes to plan (advisor, communication matrix...) for
     this batch (default the runner's: one runner serves batches planned differently, e.g. ``analyze --baseline``'s
@@ -110,7 +111,7 @@ def prepare_msprof(staged_dir: Path, out_dir: Path, *, runner: MsprofRunner, wor
         ev.recipes[name] = status
         if progress is not None:
             progress("finished", name, status)
-    session = MsprofSession(staged_dir, out_dir, facts, plan, world_size, runner.ticket(owner), owner,
+    session = MsprofSession(staged_dir, out_dir, facts, plan, world_size, ticket or runner.ticket(owner), owner,
                             expected_ranks, settings)
     return ev, session
 

@@ -222,7 +222,7 @@ class MsprofRunner:
 
     def close(self) -> None:
         """Kill every running command and refuse new ones for good (daemon shutdown). Idempotent. The analyses
-        cancelled this way end with their recipes ``timeout`` ("cancelled"); the coordinator redoes them after
+        cancelled this way end with their recipes ``cancelled``; the coordinator redoes them after
         its restart (the capture is still ``analysing`` in its state store)."""
         with self._lock:
             self._closed = True
@@ -233,6 +233,11 @@ class MsprofRunner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def cancelled(self, ticket: RunTicket) -> str:
+        """Why the runs of ``ticket`` are cancelled (its owner's analysis, every analysis, or the runner closed),
+        or "" while they may run: a caller about to start a further step stops when it is not ""."""
+        return self._cancel_reason(ticket)
 
     def _cancel_reason(self, ticket: RunTicket) -> str:
         """Why ``ticket`` is cancelled, or "" (caller holds no lock; reads are atomic enough under the GIL)."""
@@ -316,7 +321,7 @@ class MsprofRunner:
         slots = self._enrich_slots if phase == "enrich" else self._slots
         reason = self._acquire_slot(ticket, slots)
         if reason:
-            run.timed_out = run.cancelled = True
+            run.cancelled = True
             run.cancel_reason = run.stderr_tail = f"cancelled: {reason}"
             return run
         try:
@@ -377,7 +382,7 @@ class MsprofRunner:
             run.oom = True  # nobody here sent it: the scope's MemoryMax (the kernel's OOM killer) did
             run.oom_detail = (f"killed by SIGKILL in its systemd scope (MemoryMax={int(limit * 1.1)} bytes): "
                               "the kernel's OOM killer")
-        run.timed_out = over and why != "oom"
+        run.timed_out = why == "timeout"  # a cancelled run is cancelled, not timed out
         run.duration_s = self._clock() - t0
         run.returncode = None if over else proc.returncode
         if run.oom:

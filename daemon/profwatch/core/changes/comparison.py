@@ -364,6 +364,16 @@ def headline(c: Comparison) -> str:
     return head
 
 
+def headline_line(comparison: Mapping[str, Any]) -> str:
+    """The terminal line of a verdict's ``comparison`` (its JSON, :meth:`Comparison.to_json`, with ``reference``
+    set by ``attach_comparison``): ``what changed (reference PATH): HEADLINE``. The :func:`headline` is the one
+    text that says "since the reference" (once); callers print this line and add no such label of their own."""
+    ref = comparison.get("reference")
+    path = ref.get("path") if isinstance(ref, Mapping) else None
+    where = f" (reference {path})" if path else ""
+    return f"what changed{where}: {comparison.get('headline') or 'no comparison'}"
+
+
 def impact_hours_per_day(c: Comparison, world_size: int) -> float | None:
     """Accelerator-hours a day the step-time change costs the job: ``world_size x 24 x delta / now step``."""
     if c.step_delta_s is None or not c.step_time_now_s or world_size < 1:
@@ -427,6 +437,6 @@ def frequency_changes(reference: Mapping[int, FreqSummary], now: Mapping[int, Fr
         window = sum(now[r].window_s for r in rs) / len(rs)
         shown = ", ".join(str(r) for r in rs[:16]) + (f" (+{len(rs) - 16} more)" if len(rs) > 16 else "")
         out.append(Change("hardware", None, detail=f"AI Core frequency of rank{'s' if len(rs) > 1 else ''} {shown}: "
-                                                   f"{a} -> {b} MHz since the reference ({below:.3g} s of "
+                                                   f"{a} -> {b} MHz (reference -> now; {below:.3g} s of "
                                                    f"{window:.3g} s captured below it)"))
     return out

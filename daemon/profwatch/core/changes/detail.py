@@ -14,7 +14,8 @@ sheet: a title row naming the two profilings, an empty row, a header row, data r
 
 * ``OperatorCompareStatistic``: per top-level operator ``Base Device Duration(ms)`` / ``Comparison Device
   Duration(ms)`` (device time of its kernels, summed over the capture) -> ``kind`` ``operator``, component
-  ``compute``;
+  ``compute``; step markers (``ProfilerStep#N``, ``kineto.is_step_marker``), which the tool lists as operators
+  when they are not at the top of the op tree, are left out: their time is the whole step's;
 * ``KernelCompare``: per kernel type and input shapes ``Total Duration(us)`` (twice) -> ``kind`` ``kernel``,
   summed over the shapes, component ``compute`` (used only when the operator sheet has no row: a capture
   without host operators);
@@ -35,6 +36,7 @@ from statistics import median
 from typing import Any
 
 from profwatch.core.verdict.evidence import RankStepSummary
+from profwatch.core.verdict.kineto import is_step_marker
 
 Sheets = Mapping[str, Sequence[Sequence[Any]]]
 """Sheet name -> rows, each row the cells from column A on (None for an empty cell; numbers as float)."""
@@ -118,8 +120,8 @@ def entries_from_compare(sheets: Sheets, *, steps_baseline: int, steps_now: int)
         c_i = next(iter(_cols(head, "Comparison Device Duration(ms)")), None)
         for row in rows:
             name = _cell(row, name_i)
-            if not isinstance(name, str) or not name.strip():
-                continue
+            if not isinstance(name, str) or not name.strip() or is_step_marker(name):
+                continue  # a step marker (ProfilerStep#N) is the whole step, not an operator
             b, c = _num(_cell(row, b_i)) or 0.0, _num(_cell(row, c_i)) or 0.0
             out.append(DetailEntry("compute", "operator", name.strip(), b / 1e3 / nb, c / 1e3 / nn))
     if not out:
@@ -130,7 +132,7 @@ def entries_from_compare(sheets: Sheets, *, steps_baseline: int, steps_now: int)
             name_i = head.index("Kernel")
             for row in rows:
                 name = _cell(row, name_i)
-                if isinstance(name, str) and name.strip():
+                if isinstance(name, str) and name.strip() and not is_step_marker(name):
                     acc = sums.setdefault(name.strip(), [0.0, 0.0])
                     acc[0] += _num(_cell(row, totals[0])) or 0.0
                     acc[1] += _num(_cell(row, totals[1])) or 0.0
@@ -173,7 +175,9 @@ def entries_from_op_totals(now_us: Mapping[str, float], baseline_us: Mapping[str
     """The entries of a torch.profiler rank against its reference rank: op / kernel name -> total duration (µs)
     over each trace's step windows (``kineto_reader.op_totals``), per step; a name ``is_collective`` says is a
     collective is ``communication`` (``kind`` ``collective``), any other ``compute`` (``kind`` ``operator``).
-    Nested CPU ops count in their parent too, alike in both captures.
+    The totals are exclusive (``kineto_reader.op_totals_by_kind``: a CPU op's self time, without its child CPU
+    ops), so the entries' excesses add up and never count one interval twice; step markers
+    (``kineto.is_step_marker``: ``ProfilerStep#N``) are left out.
 
     ``kinds`` (name -> ``kernel`` / ``memory`` / ``operator``, ``kineto_reader.op_totals_by_kind``): when a
     capture has device work, the device explains the device-side changes: kernels are ``compute`` (``kind``
@@ -188,6 +192,8 @@ def entries_from_op_totals(now_us: Mapping[str, float], baseline_us: Mapping[str
     device = bool(kinds) and any(k in ("kernel", "memory") for k in (kinds or {}).values())
     out = []
     for name in sorted(set(now_us) | set(baseline_us)):
+        if is_step_marker(name):
+            continue
         kind = (kinds or {}).get(name, "operator")
         if device and kind == "operator":
             continue

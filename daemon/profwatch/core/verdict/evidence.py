@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from profwatch.core.changes.hardware import FreqSummary
 
-RecipeState = Literal["ok", "not_applicable", "no_data", "tool_error", "timeout", "oom", "skipped"]
+RecipeState = Literal["ok", "not_applicable", "no_data", "tool_error", "timeout", "oom", "skipped", "cancelled"]
 RecipePhase = Literal["alert", "enrich"]
 SuspectKind = Literal["compute", "communication", "host", "unknown"]
 EvidenceKind = Literal["ascend_pt", "torch_pt"]

@@ -21,6 +21,11 @@ from profwatch.core.verdict.evidence import RankStepSummary
 from profwatch.core.verdict.kineto_align import Alignment, align_steps
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+STEP_MARKER_RE = re.compile(r"^\s*(ProfilerStep\s*[#*]?\s*\d*|(train_?|training_?)?(step|iteration|iter)\s*[#_ ]?\s*\d*)\s*$",
+                            re.IGNORECASE)
+"""Whole-step annotations, not operators: ``ProfilerStep#N`` (torch.profiler's ``schedule`` step spans, also written
+by torch_npu), ``ProfilerStep*`` (the span name before Kineto numbers it), and bare ``step N`` / ``iteration N`` /
+``train_step_N`` record_function spans around a whole step."""
 COLLECTIVE_TOKENS = ("nccl", "gloo", "hccl", "xccl", "c10d::", "all_reduce", "allreduce", "broadcast", "all_gather",
                      "allgather", "reduce_scatter", "reducescatter", "barrier", "all_to_all", "alltoall",
                      "record_param_comms")
@@ -92,6 +97,12 @@ def collective_class(name: str, cat: str) -> int | None:
     if low.startswith("c10d::"):
         return COLL_C10D
     return COLL_OTHER
+
+
+def is_step_marker(name: str) -> bool:
+    """Whether ``name`` is a whole-step annotation (:data:`STEP_MARKER_RE`) rather than an operator: its time is the
+    step's, every operator inside it counts in it too, so a drill-down leaves it out."""
+    return bool(STEP_MARKER_RE.match(name))
 
 
 def parse_step(name: str) -> int | None:

@@ -34,9 +34,9 @@ __all__ = ["MatrixChunkPlan", "MatrixPart", "merge_matrix_parts", "plan_matrix_c
            "split_after_oom"]
 
 #: Worst first: the state of a chunked run that did not fully succeed is its worst chunk's.
-_SEVERITY: tuple[RecipeState, ...] = ("oom", "timeout", "tool_error", "skipped", "no_data", "not_applicable", "ok")
+_SEVERITY: tuple[RecipeState, ...] = ("oom", "timeout", "tool_error", "cancelled", "skipped", "no_data", "not_applicable", "ok")
 #: States of a chunk that did not run to its end (a chunk that ran and found no link rows is not one of them).
-_HARD: tuple[RecipeState, ...] = ("oom", "timeout", "tool_error", "skipped")
+_HARD: tuple[RecipeState, ...] = ("oom", "timeout", "tool_error", "cancelled", "skipped")
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipePhase, RecipeState, RecipeStatus
 from profwatch.core.verdict.matrix_chunks import MatrixChunkPlan, plan_matrix_chunks, rank_list_arg
@@ -73,12 +73,23 @@ class MsprofSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
+    def without_advisor(self, why: str) -> None:
+        """Turn the advisor off; ``why`` (e.g. "turned off by --no-advisor") is its ``skipped`` status's reason."""
+        self.advisor = False
+        self._advisor_off = why
+
+    @property
+    def advisor_off_reason(self) -> str:
+        """Why the advisor is off: what :meth:`without_advisor` was told, else the setting."""
+        return self._advisor_off
+
     command: str = Field(default="msprof-analyze", min_length=1, description=(
         "the msprof-analyze executable; a bare name is looked up next to the Python interpreter first, then on PATH"))
     timeout_s: float = Field(default=900.0, gt=0, description="longest one msprof-analyze command may run")
     max_concurrent_runs: int = Field(default=0, ge=0, le=64, description=(
         "alert-phase commands running at once per runner (each forks one worker per CPU); 0 = from the CPU count"))
     advisor: bool = Field(True, description="run the advisor in the enrich phase")
+    _advisor_off: str = PrivateAttr(default="disabled in settings ([analysis.msprof] advisor = false)")
     advisor_html: bool = Field(False, description="add a plain advisor run that keeps its HTML/XLSX for people")
     communication_matrix: bool = Field(True, description=(
         "Run ``-m communication_matrix_sum`` (per-pair link bandwidth, for slow-link verdicts; a few seconds)."))
@@ -251,7 +262,7 @@ def plan_recipes(facts: InputFacts, settings: MsprofSettings, staged_dir: str) -
             plan.commands.append(RecipeCommand(
                 "advisor_html", ("advisor", "all", "-d", staged_dir, "--force", "-l", settings.language), "enrich"))
     else:
-        plan.skipped["advisor"] = RecipeStatus("advisor", "skipped", "advisor disabled in settings")
+        plan.skipped["advisor"] = RecipeStatus("advisor", "skipped", settings.advisor_off_reason)
     return plan
 
 
@@ -347,7 +358,7 @@ def input_notes(facts: InputFacts, world_size: int) -> list[str]:
 class RunOutcome:
     """What one finished msprof-analyze command left behind, as data.
 
-    ``returncode`` None when killed; ``timed_out`` also set when ``cancelled``; ``spawn_error`` set when the
+    ``returncode`` None when killed; ``timed_out`` only for the timeout (a cancelled run is ``cancelled``); ``spawn_error`` set when the
     command could not be started at all (the other fields are then empty). ``tables``: each table of
     :data:`RESULT_TABLES` for this recipe -> rows (dicts by column name) or None when absent/unreadable.
     ``files``: advisor html/xlsx files found under ``output_dir``. ``log_text``: the per-run log (bounded).
@@ -418,7 +429,7 @@ def _failed(run: RunOutcome) -> RecipeStatus | None:
         return _status(run, "oom", f"killed after {run.duration_s:.0f} s: {run.oom_detail or 'memory cap'}",
                        with_log=True)
     if run.cancelled:
-        return _status(run, "timeout", f"cancelled after {run.duration_s:.0f} s: {run.cancel_reason or 'on request'}",
+        return _status(run, "cancelled", f"cancelled after {run.duration_s:.0f} s: {run.cancel_reason or 'on request'}",
                        with_log=True)
     if run.timed_out:
         return _status(run, "timeout", f"killed after {run.duration_s:.0f} s ({run.attempts} attempt(s))",

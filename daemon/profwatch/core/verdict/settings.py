@@ -42,7 +42,7 @@ against its median peer with ``msprof-analyze compare`` (docs/verdicts.md#drill-
         """A copy for analysing a reference capture, whose time breakdown alone is compared with later captures
         (docs/changes.md, docs/reference.md): no advisor, no communication matrix, no html report."""
         s = self.model_copy(deep=True)
-        s.msprof.advisor = False
+        s.msprof.without_advisor("not run on a reference capture (its time breakdown alone is compared)")
         s.msprof.communication_matrix = False
         s.report_html = False
         return s

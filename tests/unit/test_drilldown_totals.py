@@ -1,0 +1,79 @@
+"""The drill-down's per-operator totals (adapters/tools/kineto_reader.py ``op_totals_by_kind``,
+core/changes/detail.py): step markers are not operators, and nested CPU ops are counted by self time so the
+listed excesses add up to no more than the gap between the ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from profwatch.adapters.tools.kineto_reader import compare_suspects, op_totals_by_kind, write_torch_trace
+from profwatch.core.changes.detail import entries_from_compare
+from profwatch.core.verdict.kineto import is_step_marker
+
+
+def _op(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1) -> dict[str, Any]:
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 10, "tid": tid}
+
+
+def _rank(root: Path, rank: int, mm_us: float, tanh_us: float, steps: int = 3) -> Path:
+    """Each step: ProfilerStep#N > aten::matmul > aten::mm (mm_us), then aten::tanh (tanh_us), host only."""
+    evs, t = [], 0.0
+    for s in range(steps):
+        step = 100 + mm_us + tanh_us + 300
+        evs.append(_op(f"ProfilerStep#{s + 1}", t, step, cat="user_annotation"))
+        evs.append(_op(f"ProfilerStep#{s + 1}", t + 1, step - 2))  # torch_npu also writes it as a cpu_op
+        evs.append(_op("aten::matmul", t + 10, mm_us + 50))
+        evs.append(_op("aten::mm", t + 20, mm_us))
+        evs.append(_op("aten::tanh", t + 100 + mm_us, tanh_us))
+        t += step + 10
+    d = root / f"rank{rank}"
+    d.mkdir(parents=True)
+    write_torch_trace(d / f"r{rank}.pt.trace.json", rank, 2, evs)
+    return d
+
+
+def test_cpu_ops_count_by_self_time_and_step_markers_are_left_out(tmp_path: Path) -> None:
+    d = _rank(tmp_path, 0, mm_us=1000, tanh_us=200)
+    totals, windows = op_totals_by_kind(next(d.iterdir()))
+    assert windows == 3
+    assert totals[("operator", "aten::mm")] == pytest.approx(3000)
+    assert totals[("operator", "aten::matmul")] == pytest.approx(150)  # 50 µs a step outside aten::mm
+    assert totals[("operator", "aten::tanh")] == pytest.approx(600)
+    assert not any(is_step_marker(name) for _, name in totals)
+
+
+def test_listed_excesses_never_exceed_the_gap(tmp_path: Path) -> None:
+    dirs = {0: _rank(tmp_path, 0, mm_us=1000, tanh_us=200), 1: _rank(tmp_path, 1, mm_us=3000, tanh_us=600)}
+    out, status = compare_suspects(dirs, [1], 0)
+    assert status.status == "ok", status
+    ops = {o["name"]: o["excess_us_per_step"] for o in out[0]["ops"]}
+    assert ops["aten::mm"] == pytest.approx(2000) and ops["aten::tanh"] == pytest.approx(400)
+    assert "aten::matmul" not in ops  # its own 50 µs did not change; the child's 2 ms is not counted twice
+    assert not any(is_step_marker(n) for n in ops)
+    assert sum(ops.values()) <= 2400 + 1e-6  # the step-time gap
+
+
+def test_msprof_compare_step_marker_rows_are_not_operators() -> None:
+    sheets = {"OperatorCompareStatistic": [
+        [None, None, "Base", None, "Comparison"], [],
+        ["Top", "Operator Name", "Base Device Duration(ms)", "Base Operator Number",
+         "Comparison Device Duration(ms)", "Comparison Operator Number", "Diff Duration(ms)", "Diff Ratio"],
+        [1.0, "ProfilerStep#63", 124.03, 1.0, 289.55, 1.0, 165.52, 2.33],
+        [2.0, "aten::matmul", 90.0, 36.0, 135.0, 36.0, 45.0, 1.5],
+    ]}
+    names = {e.name for e in entries_from_compare(sheets, steps_baseline=1, steps_now=1)}
+    assert names == {"aten::matmul"}
+
+
+@pytest.mark.parametrize("name", ["ProfilerStep#63", "ProfilerStep*", "ProfilerStep#0", "Iteration#2", "step 7",
+                                  "train_step_4"])
+def test_step_markers(name: str) -> None:
+    assert is_step_marker(name)
+
+
+@pytest.mark.parametrize("name", ["aten::mm", "Optimizer.step#SGD.step", "MatMul", "stepper", "aten::step"])
+def test_operators_are_not_step_markers(name: str) -> None:
+    assert not is_step_marker(name)
