@@ -102,6 +102,10 @@ def _make(kind: str, tmp: Path) -> Path:
         p.mkdir()
     elif kind == "device":  # a symlink to a character device (mknod needs root): what it names is checked
         p.symlink_to("/dev/null")
+    elif kind == "dangling_symlink":  # issue 33 H3: the link itself was renamed and a regular file created
+        p.symlink_to(tmp / "nowhere" / "x.db")
+    elif kind == "symlink_loop":
+        p.symlink_to(p)
     elif kind == "foreign_app_id":
         _foreign_db(p, 0x12345678)
     elif kind == "foreign_tables":
@@ -109,7 +113,10 @@ def _make(kind: str, tmp: Path) -> Path:
     return p
 
 
-@pytest.mark.parametrize("kind", ["toml", "fifo", "directory", "device", "foreign_app_id", "foreign_tables"])
+KINDS = ["toml", "fifo", "directory", "device", "dangling_symlink", "symlink_loop", "foreign_app_id", "foreign_tables"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_state_db_that_is_not_profwatchs_is_never_moved_and_exits_2_naming_it(short_tmp: Path, kind: str) -> None:
     """Issue 33 #2: the quarantine renamed whatever ``state_db`` named (a TOML file, a device, /dev/full as root)."""
     p = _make(kind, short_tmp)
@@ -120,6 +127,8 @@ def test_a_state_db_that_is_not_profwatchs_is_never_moved_and_exits_2_naming_it(
     assert sorted(x.name for x in short_tmp.iterdir() if x.name not in ("c.toml", "w")) == before  # nothing moved
     if kind == "toml":
         assert p.read_text().startswith("[coordinator]")
+    if kind.endswith("symlink") or kind == "symlink_loop":
+        assert p.is_symlink() and not (short_tmp / "nowhere").exists()
     if kind.startswith("foreign"):
         assert sqlite3.connect(p).execute("SELECT t FROM notes").fetchall() == [("mine",)]
 

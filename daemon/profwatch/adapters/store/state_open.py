@@ -85,19 +85,29 @@ _V1_TABLES = frozenset({"captures", "events"})
 
 def check_own(path: Path) -> None:
     """Refuse a ``state_db`` that is not profwatch's own (module doc); return for an absent or empty file (SQLite
-    creates it) and for profwatch's own db, healthy or not. Follows a symlink (the file it names is checked).
+    creates it) and for profwatch's own db, healthy or not. Follows a symlink (the file it names is checked); a
+    dangling symlink or a symlink loop is refused.
     Reads at most the 100-byte header (and, for a db without an ``application_id``, its table names).
 
     Raises:
-        StateFileRefused: not a regular file, not SQLite, another application's db, unreadable, or a profwatch db
+        StateFileRefused: a dangling symlink or a loop, not a regular file, not SQLite, another application's db, unreadable, or a profwatch db
             whose header is destroyed (the message names the path and says what to do).
     """
     try:
-        st = os.stat(path)
+        lst = os.lstat(path)
     except FileNotFoundError:
         return
     except OSError as exc:
         raise StateFileRefused(f"state_db {path}: cannot stat: {exc.strerror}") from None
+    try:
+        st = os.stat(path) if stat.S_ISLNK(lst.st_mode) else lst
+    except FileNotFoundError:  # a dangling symlink: SQLite would create the file it names, or fail to
+        raise StateFileRefused(f"state_db {path} is a symlink to {os.readlink(path)}, which does not exist: left "
+                               "untouched; create the folder it names or set [coordinator] state_db to the real "
+                               "path") from None
+    except OSError as exc:  # a symlink loop (ELOOP), a folder without search permission
+        raise StateFileRefused(f"state_db {path} is a symlink that cannot be followed: {exc.strerror}: left "
+                               "untouched") from None
     if not stat.S_ISREG(st.st_mode):
         kind = next((name for test, name in _KINDS if test(st.st_mode)), "special file")
         raise StateFileRefused(f"state_db {path} is a {kind}, not a regular file: left untouched; set [coordinator] "
@@ -232,5 +242,5 @@ def open_state_store(path: str | Path, now_unix_s: float, **kw: Any) -> tuple[St
             raise
         except sqlite3.DatabaseError as exc:
             problem = f"cannot open: {exc}"
-    reset = move_aside(p, problem, now_unix_s)
+    reset = move_aside(Path(os.path.realpath(p)), problem, now_unix_s)  # a symlink stays, the file it names moves
     return StateStore(p, **kw), reset
