@@ -110,10 +110,18 @@ def _make(kind: str, tmp: Path) -> Path:
         _foreign_db(p, 0x12345678)
     elif kind == "foreign_tables":
         _foreign_db(p, 0)
+    elif kind == "foreign_same_names":  # issue 33 H4: tables named captures and events, not profwatch's columns
+        _foreign_db(p, 0)
+        con = sqlite3.connect(p)
+        con.execute("CREATE TABLE captures (id INTEGER PRIMARY KEY, photo BLOB)")
+        con.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, title TEXT, body TEXT)")
+        con.commit()
+        con.close()
     return p
 
 
-KINDS = ["toml", "fifo", "directory", "device", "dangling_symlink", "symlink_loop", "foreign_app_id", "foreign_tables"]
+KINDS = ["toml", "fifo", "directory", "device", "dangling_symlink", "symlink_loop", "foreign_app_id", "foreign_tables",
+         "foreign_same_names"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -121,6 +129,7 @@ def test_a_state_db_that_is_not_profwatchs_is_never_moved_and_exits_2_naming_it(
     """Issue 33 #2: the quarantine renamed whatever ``state_db`` named (a TOML file, a device, /dev/full as root)."""
     p = _make(kind, short_tmp)
     before = sorted(x.name for x in short_tmp.iterdir())
+    image = p.read_bytes() if kind.startswith("foreign") else b""
     code, out = _start(short_tmp, p)
     assert code == EXIT_USAGE and f"state_db {p}" in out, out
     assert len(out.strip().splitlines()) == 1, out  # one line, no traceback
@@ -130,6 +139,7 @@ def test_a_state_db_that_is_not_profwatchs_is_never_moved_and_exits_2_naming_it(
     if kind.endswith("symlink") or kind == "symlink_loop":
         assert p.is_symlink() and not (short_tmp / "nowhere").exists()
     if kind.startswith("foreign"):
+        assert p.read_bytes() == image  # nothing written into it (no tables created, not switched to WAL)
         assert sqlite3.connect(p).execute("SELECT t FROM notes").fetchall() == [("mine",)]
 
 

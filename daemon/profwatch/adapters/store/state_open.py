@@ -2,7 +2,8 @@
 
 Only profwatch's own file is ever moved (:func:`check_own`): a regular file with the SQLite header whose
 ``application_id`` is profwatch's (:data:`~profwatch.adapters.store.state.APPLICATION_ID`), or, without one, a db of
-an older profwatch that the migrations recognise (its ``captures`` and ``events`` tables). Anything else at the
+an older profwatch that the migrations recognise (its ``captures`` and ``events`` tables with profwatch's columns,
+read on a read-only connection before anything is written). Anything else at the
 ``state_db`` path (a text file named by mistake, a device, a FIFO, a directory, another program's SQLite db) is
 left untouched and the start stops with exit 2 naming the path (:class:`StateFileRefused`); so does a profwatch db
 whose first bytes are destroyed (its ``application_id`` at header offset 68 still says whose it is), with how to
@@ -32,7 +33,7 @@ from typing import Any
 
 import structlog
 
-from profwatch.adapters.store.state import APPLICATION_ID, StateSchemaError, StateStore
+from profwatch.adapters.store.state import APPLICATION_ID, SCHEMA_VERSION, StateSchemaError, StateStore
 from profwatch.core.capture.lifecycle import IN_FLIGHT
 
 log = structlog.get_logger("profwatch.state")
@@ -81,6 +82,11 @@ _HEADER_BYTES = 100
 """SQLite's database header (https://www.sqlite.org/fileformat.html section 1.3): all :func:`check_own` reads."""
 _V1_TABLES = frozenset({"captures", "events"})
 """Tables every profwatch state db has had since schema version 1 (``state.py`` module doc)."""
+_V1_EVENTS = frozenset({"id", "type", "job_id", "is_alert", "body"})
+"""Columns of ``events`` in every schema version; with ``captures.capture_id`` and one of :data:`_CAPTURES_MARK`
+they make a db without an ``application_id`` an older profwatch's (checked read-only, before any write)."""
+_CAPTURES_MARK = frozenset({"plan", "judge_unix_s"})
+"""``captures.plan`` (schema version 1) or ``captures.judge_unix_s`` (versions 2 to 4)."""
 
 
 def check_own(path: Path) -> None:
@@ -137,6 +143,8 @@ def check_own(path: Path) -> None:
         db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True, timeout=5)
         try:
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            cols = {t: {r[1] for r in db.execute(f"PRAGMA table_info({t})")} for t in _V1_TABLES & tables}
         finally:
             db.close()
     except sqlite3.Error as exc:
@@ -147,6 +155,13 @@ def check_own(path: Path) -> None:
     if not _V1_TABLES <= tables:
         raise StateFileRefused(f"state_db {path} is an SQLite database that is not profwatch's (no application_id; "
                                f"tables {sorted(tables)[:8]}): left untouched")
+    captures, events = cols["captures"], cols["events"]
+    if (version > SCHEMA_VERSION or not _V1_EVENTS <= events or "capture_id" not in captures
+            or not captures & _CAPTURES_MARK):
+        raise StateFileRefused(
+            f"state_db {path} is an SQLite database that is not profwatch's (no application_id; its captures/events "
+            f"tables lack profwatch's columns: captures {sorted(captures)[:6]}, events {sorted(events)[:6]}, "
+            f"user_version {version}): left untouched")
 
 
 def check_file(path: Path) -> str | None:
