@@ -183,3 +183,31 @@ def test_a_newer_schema_still_exits_2(short_tmp: Path) -> None:
     res = CliRunner().invoke(cli, ["coordinator", "--config", str(cfg)])
     assert res.exit_code == EXIT_USAGE and "newer" in res.output, res.output
     assert db.exists() and not list(short_tmp.glob("state.db.corrupt-*"))
+
+
+def test_a_healthy_db_locked_by_another_process_is_not_corrupt_exit_2_naming_the_holder(short_tmp: Path) -> None:
+    """Issue 33 H2: a healthy db held by ``BEGIN EXCLUSIVE`` in another process was moved aside as "cannot open:
+    database is locked" and the coordinator started on a fresh db."""
+    import subprocess
+    import sys
+
+    db = short_tmp / "state.db"
+    _filled_db(db)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3, sys\nc = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+         "c.execute('BEGIN EXCLUSIVE')\nc.execute('INSERT INTO nodes(node_id) VALUES(\"held\")')\n"
+         "print('held', flush=True)\nsys.stdin.read()\n", str(db)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        code, out = _start(short_tmp, db)
+    finally:
+        holder.communicate("", timeout=30)
+    assert code == EXIT_USAGE and f"state_db {db} is locked" in out and f"pid {holder.pid}" in out, out
+    assert not list(short_tmp.glob("state.db.corrupt*"))
+    con = sqlite3.connect(db)  # the file is the same healthy db, with its rows
+    try:
+        assert con.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 300
+        assert con.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+    finally:
+        con.close()

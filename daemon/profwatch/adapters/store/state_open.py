@@ -10,11 +10,13 @@ whose first bytes are destroyed (its ``application_id`` at header offset 68 stil
 move it aside by hand.
 
 A state db of profwatch's that SQLite cannot use (the file header is not ``SQLite format 3``, ``PRAGMA integrity_check`` does not
-answer ``ok``, or opening it raises ``sqlite3.DatabaseError``) is moved aside, never deleted: renamed to
+answer ``ok``, or opening it fails with ``SQLITE_CORRUPT``/``SQLITE_NOTADB``) is moved aside, never deleted: renamed to
 ``<name>.corrupt-<UTC time>`` with its ``-wal``/``-shm`` files, and the coordinator starts with an empty store and
 publishes ``state_store_reset`` (what was lost, as far as the damaged file still tells, and what comes back by
 itself). A db of a newer schema is not corrupt: :class:`~profwatch.adapters.store.state.StateSchemaError` still
-stops the start (exit 2), as the file is fine for the profwatch that wrote it.
+stops the start (exit 2), as the file is fine for the profwatch that wrote it; so does a db that is locked by another
+process (``SQLITE_BUSY``/``SQLITE_LOCKED`` after :data:`BUSY_WAIT_S` of retries; :class:`StateFileBusy` names the
+holders' pids from ``/proc/locks``) or that fails to open for any other reason (read-only, I/O error): never moved.
 
 Sources: the header string and the integrity check are SQLite's (https://www.sqlite.org/fileformat.html section
 1.3, https://www.sqlite.org/pragma.html#pragma_integrity_check). ``integrity_check`` reads the whole file: about
@@ -164,10 +166,74 @@ def check_own(path: Path) -> None:
             f"user_version {version}): left untouched")
 
 
-def check_file(path: Path) -> str | None:
+BUSY_WAIT_S = 10.0
+"""How long the start waits for a state db another process holds locked (SQLite's busy timeout retries within it),
+then exits 2 naming the holder."""
+_CORRUPT_CODES = frozenset({11, 26})
+"""SQLITE_CORRUPT and SQLITE_NOTADB (https://www.sqlite.org/rescode.html): the only open errors that are damage."""
+_BUSY_CODES = frozenset({5, 6})
+"""SQLITE_BUSY and SQLITE_LOCKED: another connection holds the file; never damage."""
+
+
+class StateFileBusy(StateFileRefused):
+    """The state db is healthy but locked by another process past :data:`BUSY_WAIT_S`: left in place (exit 2)."""
+
+
+def _code(exc: sqlite3.Error) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else int(code) & 0xFF
+
+
+def lock_holders(path: Path) -> list[int]:
+    """Pids holding a POSIX/flock lock on ``path`` or its ``-wal``/``-shm`` (Linux ``/proc/locks``; ``[]``
+    elsewhere or when unreadable). A hint for the operator, not a proof: an OFD lock shows no pid."""
+    inodes: set[tuple[int, int, int]] = set()
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        inodes.add((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
+    pids: list[int] = []
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return pids
+    for line in lines:
+        f = line.split()
+        if "->" in f:  # a waiter ("1: -> POSIX ..."): not a holder
+            continue
+        try:
+            pid = int(f[4])
+            major, minor, ino = f[5].split(":")
+            key = (int(major, 16), int(minor, 16), int(ino))
+        except (IndexError, ValueError):
+            continue
+        if key in inodes and pid > 0 and pid not in pids:
+            pids.append(pid)
+    return pids
+
+
+def _not_damage(path: Path, exc: sqlite3.Error, busy_wait_s: float) -> StateFileRefused:
+    """The refusal for an open error that is not damage: locked (with the holders' pids) or otherwise unusable."""
+    if _code(exc) in _BUSY_CODES:
+        pids = lock_holders(path)
+        held = f" (held by pid {', '.join(map(str, pids))})" if pids else ""
+        return StateFileBusy(
+            f"state_db {path} is locked by another process{held} after {busy_wait_s:g} s of retries: left in place, "
+            "not corrupt; stop the other coordinator or the sqlite3 session holding it, then start again")
+    return StateFileRefused(f"state_db {path} cannot be opened ({exc}): left in place, not treated as corrupt")
+
+
+def check_file(path: Path, busy_wait_s: float = BUSY_WAIT_S) -> str | None:
     """What is wrong with an existing state db file (None: usable, or absent/empty, which SQLite creates).
     Never raises for a damaged file. Opened read-write as the store itself would be (a read-only open fails on a
-    healthy WAL file whose ``-shm`` is missing), so a crash's WAL is recovered first."""
+    healthy WAL file whose ``-shm`` is missing), so a crash's WAL is recovered first.
+
+    Raises:
+        StateFileBusy: another process holds the file locked for more than ``busy_wait_s`` (seconds).
+        StateFileRefused: an open error that is not damage (cannot open, I/O error, read-only): left in place.
+    """
     try:
         with open(path, "rb") as f:
             head = f.read(len(SQLITE_HEADER))
@@ -180,13 +246,17 @@ def check_file(path: Path) -> str | None:
     if head != SQLITE_HEADER:
         return f"not an SQLite database (header {head[:16]!r})"
     try:
-        db = sqlite3.connect(path, timeout=10)
+        db = sqlite3.connect(path, timeout=busy_wait_s)
     except sqlite3.Error as exc:
-        return f"cannot open: {exc}"
+        if _code(exc) in _CORRUPT_CODES:
+            return f"cannot open: {exc}"
+        raise _not_damage(path, exc, busy_wait_s) from None
     try:
         rows = db.execute("PRAGMA integrity_check(20)").fetchall()
     except sqlite3.DatabaseError as exc:
-        return f"integrity_check failed: {exc}"
+        if _code(exc) in _CORRUPT_CODES:
+            return f"integrity_check failed: {exc}"
+        raise _not_damage(path, exc, busy_wait_s) from None
     finally:
         db.close()
     if [tuple(r) for r in rows] != [("ok",)]:
@@ -243,6 +313,7 @@ def open_state_store(path: str | Path, now_unix_s: float, **kw: Any) -> tuple[St
     Raises:
         StateFileRefused: the path is not profwatch's own db (:func:`check_own`): not moved, not used.
         StateSchemaError: the file is of a newer schema (or an unknown captures table): not moved, not used.
+        StateFileBusy: the file is locked by another process past :data:`BUSY_WAIT_S`: not moved (exit 2).
         OSError: a corrupt file cannot be moved aside.
     """
     if str(path) == ":memory:":
@@ -256,6 +327,8 @@ def open_state_store(path: str | Path, now_unix_s: float, **kw: Any) -> tuple[St
         except StateSchemaError:
             raise
         except sqlite3.DatabaseError as exc:
+            if _code(exc) not in _CORRUPT_CODES:  # locked, cannot open, I/O, read-only: not damage, never moved
+                raise _not_damage(p, exc, BUSY_WAIT_S) from None
             problem = f"cannot open: {exc}"
     reset = move_aside(Path(os.path.realpath(p)), problem, now_unix_s)  # a symlink stays, the file it names moves
     return StateStore(p, **kw), reset
