@@ -211,3 +211,28 @@ def test_a_healthy_db_locked_by_another_process_is_not_corrupt_exit_2_naming_the
         assert con.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
     finally:
         con.close()
+
+
+def test_a_second_coordinator_on_the_same_state_db_exits_2_naming_the_holder(short_tmp: Path) -> None:
+    """Issue 33 S6: two coordinators with different binds ran together on one state db (two writers, each
+    thinking it alone owns captures and pins). The second now stops at start; the first is untouched."""
+    h = CoordinatorHarness(short_tmp)
+    try:
+        db = Path(h.coord.settings.coordinator.state_db)  # type: ignore[union-attr]
+        assert db.exists()
+        code, out = _start(short_tmp, db)  # binds differ (ephemeral ports): only the lock stops it
+        assert code == EXIT_USAGE and f"state_db {db} is in use by another coordinator (pid {os.getpid()}" in out, out
+        assert not list(short_tmp.glob("state.db.corrupt*"))
+        assert not h.coord.state.closed  # type: ignore[union-attr]
+    finally:
+        h.close()
+    code, out = _start_and_stop(short_tmp, db)  # released at close: the next start proceeds
+    assert code == 0, out
+
+
+def _start_and_stop(tmp: Path, db: Path) -> tuple[int, str]:
+    from profwatch.adapters.store.state_open import open_state_store
+
+    st, reset = open_state_store(db, 0.0)
+    st.close()
+    return (0 if reset is None else 1), str(reset)

@@ -25,6 +25,7 @@ one second per few hundred MB on a local disk, once per start.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import stat
@@ -306,6 +307,45 @@ def move_aside(path: Path, problem: str, now_unix_s: float) -> StoreReset:
     return reset
 
 
+class StateLock:
+    """The single-writer lock of a state db: an exclusive ``flock`` on ``<state_db>.lock`` (profwatch's own file,
+    next to the file the path resolves to; it holds the holder's pid), held while the store is open. ``flock``
+    locks an open file description, so a second open in the same process conflicts too; the kernel releases it
+    when the process dies, so a stale lock file is harmless."""
+
+    def __init__(self, db: Path) -> None:
+        """Take the lock for ``db``.
+
+        Raises:
+            StateFileBusy: another process (or store) holds it: the message names the db and the holder's pid.
+            OSError: the lock file cannot be created (the folder is read-only or missing).
+        """
+        real = Path(os.path.realpath(db))
+        real.parent.mkdir(parents=True, exist_ok=True)
+        self.path = real.with_name(real.name + ".lock")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise StateFileBusy(
+                f"state_db {db} is in use by another coordinator (pid {holder}, lock {self.path}): one coordinator "
+                "per state db; stop that one, or give this one its own state_db") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    def close(self) -> None:
+        """Release the lock (idempotent); the lock file stays."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def open_state_store(path: str | Path, now_unix_s: float, **kw: Any) -> tuple[StateStore, StoreReset | None]:
     """Open the state store; a corrupt file is moved aside and an empty store opened (module doc).
 
@@ -313,13 +353,25 @@ def open_state_store(path: str | Path, now_unix_s: float, **kw: Any) -> tuple[St
     Raises:
         StateFileRefused: the path is not profwatch's own db (:func:`check_own`): not moved, not used.
         StateSchemaError: the file is of a newer schema (or an unknown captures table): not moved, not used.
-        StateFileBusy: the file is locked by another process past :data:`BUSY_WAIT_S`: not moved (exit 2).
+        StateFileBusy: another coordinator holds the db's :class:`StateLock`, or the file is locked by another
+            process past :data:`BUSY_WAIT_S`: not moved (exit 2).
         OSError: a corrupt file cannot be moved aside.
     """
     if str(path) == ":memory:":
         return StateStore(path, **kw), None
     p = Path(path)
     check_own(p)
+    lock = StateLock(p)  # before anything reads for damage or moves: a second coordinator never touches the file
+    try:
+        store, reset = _open_locked(p, now_unix_s, **kw)
+    except BaseException:
+        lock.close()
+        raise
+    store.owner_lock = lock
+    return store, reset
+
+
+def _open_locked(p: Path, now_unix_s: float, **kw: Any) -> tuple[StateStore, StoreReset | None]:
     problem = check_file(p)
     if problem is None:
         try:
