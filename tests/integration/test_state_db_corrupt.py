@@ -226,13 +226,45 @@ def test_a_second_coordinator_on_the_same_state_db_exits_2_naming_the_holder(sho
         assert not h.coord.state.closed  # type: ignore[union-attr]
     finally:
         h.close()
-    code, out = _start_and_stop(short_tmp, db)  # released at close: the next start proceeds
+    code, out = _open_once(short_tmp, db)  # released at close: the next start proceeds
     assert code == 0, out
 
 
-def _start_and_stop(tmp: Path, db: Path) -> tuple[int, str]:
+def _open_once(tmp: Path, db: Path) -> tuple[int, str]:
     from profwatch.adapters.store.state_open import open_state_store
 
     st, reset = open_state_store(db, 0.0)
     st.close()
     return (0 if reset is None else 1), str(reset)
+
+
+@pytest.mark.parametrize("kind", ["toml", "fifo", "device", "dangling_symlink", "symlink_loop", "foreign_app_id",
+                                  "foreign_same_names"])
+def test_config_check_reports_a_state_db_the_coordinator_refuses(short_tmp: Path, kind: str) -> None:
+    """Issue 33 S2: ``config check`` called these configs valid; the coordinator then refused them (exit 2)."""
+    p = _make(kind, short_tmp)
+    cfg = short_tmp / "c.toml"
+    cfg.write_text(f'[coordinator]\nstate_db = "{p}"\nwork_dir = "{short_tmp}/w"\n')
+    res = CliRunner().invoke(cli, ["config", "check", "--config", str(cfg)])
+    assert res.exit_code == EXIT_USAGE and f"coordinator.state_db: state_db {p}" in res.output, res.output
+    assert not list(short_tmp.glob("state.db.corrupt*")) and not (short_tmp / "state.db.lock").exists()
+
+
+def test_config_check_reports_an_authorization_the_coordinator_refuses(short_tmp: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33 S2: an unset ``authorization_env`` and an empty ``authorization_file`` passed ``config check``."""
+    empty = short_tmp / "auth"
+    empty.write_text("")
+    monkeypatch.delenv("PW_TEST_UNSET_TOKEN", raising=False)
+    cfg = short_tmp / "c.toml"
+    base = f'[coordinator]\nstate_db = "{short_tmp}/state.db"\nwork_dir = "{short_tmp}/w"\n'
+    cfg.write_text(base + '[webhook]\nurl = "https://hooks.example/x"\nauthorization_env = "PW_TEST_UNSET_TOKEN"\n'
+                   f'[alertmanager]\nurl = "https://am.example"\nauthorization_file = "{empty}"\n')
+    res = CliRunner().invoke(cli, ["config", "check", "--config", str(cfg)])
+    assert res.exit_code == EXIT_USAGE, res.output
+    assert "webhook.authorization_env: [webhook] env var PW_TEST_UNSET_TOKEN is empty or unset" in res.output
+    assert f"alertmanager.authorization_file: [alertmanager] authorization_file {empty} is empty" in res.output
+    monkeypatch.setenv("PW_TEST_UNSET_TOKEN", "Bearer t0k")
+    empty.write_text("Bearer other")
+    res = CliRunner().invoke(cli, ["config", "check", "--config", str(cfg)])
+    assert res.exit_code == 0 and "valid" in res.output, res.output
