@@ -151,6 +151,8 @@ class Coordinator:
             self.sinks.attach_outbox(self.state)
         except Exception:
             self.sinks.close()
+            if getattr(self, "state", None) is not None:
+                self.state.close()  # releases the single-writer lock
             raise
         self._job_end = JobEndTracker(cs.job_end_after_s, cs.job_startup_allowance_s)
         self._next_observe = 0.0

@@ -102,25 +102,44 @@ def _make(kind: str, tmp: Path) -> Path:
         p.mkdir()
     elif kind == "device":  # a symlink to a character device (mknod needs root): what it names is checked
         p.symlink_to("/dev/null")
+    elif kind == "dangling_symlink":  # issue 33 H3: the link itself was renamed and a regular file created
+        p.symlink_to(tmp / "nowhere" / "x.db")
+    elif kind == "symlink_loop":
+        p.symlink_to(p)
     elif kind == "foreign_app_id":
         _foreign_db(p, 0x12345678)
     elif kind == "foreign_tables":
         _foreign_db(p, 0)
+    elif kind == "foreign_same_names":  # issue 33 H4: tables named captures and events, not profwatch's columns
+        _foreign_db(p, 0)
+        con = sqlite3.connect(p)
+        con.execute("CREATE TABLE captures (id INTEGER PRIMARY KEY, photo BLOB)")
+        con.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, title TEXT, body TEXT)")
+        con.commit()
+        con.close()
     return p
 
 
-@pytest.mark.parametrize("kind", ["toml", "fifo", "directory", "device", "foreign_app_id", "foreign_tables"])
+KINDS = ["toml", "fifo", "directory", "device", "dangling_symlink", "symlink_loop", "foreign_app_id", "foreign_tables",
+         "foreign_same_names"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_state_db_that_is_not_profwatchs_is_never_moved_and_exits_2_naming_it(short_tmp: Path, kind: str) -> None:
     """Issue 33 #2: the quarantine renamed whatever ``state_db`` named (a TOML file, a device, /dev/full as root)."""
     p = _make(kind, short_tmp)
     before = sorted(x.name for x in short_tmp.iterdir())
+    image = p.read_bytes() if kind.startswith("foreign") else b""
     code, out = _start(short_tmp, p)
     assert code == EXIT_USAGE and f"state_db {p}" in out, out
     assert len(out.strip().splitlines()) == 1, out  # one line, no traceback
     assert sorted(x.name for x in short_tmp.iterdir() if x.name not in ("c.toml", "w")) == before  # nothing moved
     if kind == "toml":
         assert p.read_text().startswith("[coordinator]")
+    if kind.endswith("symlink") or kind == "symlink_loop":
+        assert p.is_symlink() and not (short_tmp / "nowhere").exists()
     if kind.startswith("foreign"):
+        assert p.read_bytes() == image  # nothing written into it (no tables created, not switched to WAL)
         assert sqlite3.connect(p).execute("SELECT t FROM notes").fetchall() == [("mine",)]
 
 
@@ -164,3 +183,88 @@ def test_a_newer_schema_still_exits_2(short_tmp: Path) -> None:
     res = CliRunner().invoke(cli, ["coordinator", "--config", str(cfg)])
     assert res.exit_code == EXIT_USAGE and "newer" in res.output, res.output
     assert db.exists() and not list(short_tmp.glob("state.db.corrupt-*"))
+
+
+def test_a_healthy_db_locked_by_another_process_is_not_corrupt_exit_2_naming_the_holder(short_tmp: Path) -> None:
+    """Issue 33 H2: a healthy db held by ``BEGIN EXCLUSIVE`` in another process was moved aside as "cannot open:
+    database is locked" and the coordinator started on a fresh db."""
+    import subprocess
+    import sys
+
+    db = short_tmp / "state.db"
+    _filled_db(db)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3, sys\nc = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+         "c.execute('BEGIN EXCLUSIVE')\nc.execute('INSERT INTO nodes(node_id) VALUES(\"held\")')\n"
+         "print('held', flush=True)\nsys.stdin.read()\n", str(db)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        code, out = _start(short_tmp, db)
+    finally:
+        holder.communicate("", timeout=30)
+    assert code == EXIT_USAGE and f"state_db {db} is locked" in out and f"pid {holder.pid}" in out, out
+    assert not list(short_tmp.glob("state.db.corrupt*"))
+    con = sqlite3.connect(db)  # the file is the same healthy db, with its rows
+    try:
+        assert con.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 300
+        assert con.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+    finally:
+        con.close()
+
+
+def test_a_second_coordinator_on_the_same_state_db_exits_2_naming_the_holder(short_tmp: Path) -> None:
+    """Issue 33 S6: two coordinators with different binds ran together on one state db (two writers, each
+    thinking it alone owns captures and pins). The second now stops at start; the first is untouched."""
+    h = CoordinatorHarness(short_tmp)
+    try:
+        db = Path(h.coord.settings.coordinator.state_db)  # type: ignore[union-attr]
+        assert db.exists()
+        code, out = _start(short_tmp, db)  # binds differ (ephemeral ports): only the lock stops it
+        assert code == EXIT_USAGE and f"state_db {db} is in use by another coordinator (pid {os.getpid()}" in out, out
+        assert not list(short_tmp.glob("state.db.corrupt*"))
+        assert not h.coord.state.closed  # type: ignore[union-attr]
+    finally:
+        h.close()
+    code, out = _open_once(short_tmp, db)  # released at close: the next start proceeds
+    assert code == 0, out
+
+
+def _open_once(tmp: Path, db: Path) -> tuple[int, str]:
+    from profwatch.adapters.store.state_open import open_state_store
+
+    st, reset = open_state_store(db, 0.0)
+    st.close()
+    return (0 if reset is None else 1), str(reset)
+
+
+@pytest.mark.parametrize("kind", ["toml", "fifo", "device", "dangling_symlink", "symlink_loop", "foreign_app_id",
+                                  "foreign_same_names"])
+def test_config_check_reports_a_state_db_the_coordinator_refuses(short_tmp: Path, kind: str) -> None:
+    """Issue 33 S2: ``config check`` called these configs valid; the coordinator then refused them (exit 2)."""
+    p = _make(kind, short_tmp)
+    cfg = short_tmp / "c.toml"
+    cfg.write_text(f'[coordinator]\nstate_db = "{p}"\nwork_dir = "{short_tmp}/w"\n')
+    res = CliRunner().invoke(cli, ["config", "check", "--config", str(cfg)])
+    assert res.exit_code == EXIT_USAGE and f"coordinator.state_db: state_db {p}" in res.output, res.output
+    assert not list(short_tmp.glob("state.db.corrupt*")) and not (short_tmp / "state.db.lock").exists()
+
+
+def test_config_check_reports_an_authorization_the_coordinator_refuses(short_tmp: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33 S2: an unset ``authorization_env`` and an empty ``authorization_file`` passed ``config check``."""
+    empty = short_tmp / "auth"
+    empty.write_text("")
+    monkeypatch.delenv("PW_TEST_UNSET_TOKEN", raising=False)
+    cfg = short_tmp / "c.toml"
+    base = f'[coordinator]\nstate_db = "{short_tmp}/state.db"\nwork_dir = "{short_tmp}/w"\n'
+    cfg.write_text(base + '[webhook]\nurl = "https://hooks.example/x"\nauthorization_env = "PW_TEST_UNSET_TOKEN"\n'
+                   f'[alertmanager]\nurl = "https://am.example"\nauthorization_file = "{empty}"\n')
+    res = CliRunner().invoke(cli, ["config", "check", "--config", str(cfg)])
+    assert res.exit_code == EXIT_USAGE, res.output
+    assert "webhook.authorization_env: [webhook] env var PW_TEST_UNSET_TOKEN is empty or unset" in res.output
+    assert f"alertmanager.authorization_file: [alertmanager] authorization_file {empty} is empty" in res.output
+    monkeypatch.setenv("PW_TEST_UNSET_TOKEN", "Bearer t0k")
+    empty.write_text("Bearer other")
+    res = CliRunner().invoke(cli, ["config", "check", "--config", str(cfg)])
+    assert res.exit_code == 0 and "valid" in res.output, res.output

@@ -4,7 +4,10 @@ the effective configuration with where each value comes from (CLI body).
 ``check`` validates what the daemons validate at start (TOML syntax, unknown keys, types, ranges and the
 cross-key rules of ``daemon/profwatch/config.py``), then the path types: a path that names a file (the state db,
 TLS and key files) must not be a directory, a folder setting must not be a file, and the files a daemon reads at
-start (TLS certificates and keys, CA bundles, an authorization file) must exist. It does not try to bind the
+start (TLS certificates and keys, CA bundles, an authorization file) must exist; then what the coordinator refuses at
+start (:func:`start_problems`): a ``state_db`` that is not profwatch's own db (a device, a FIFO, a file that is not
+SQLite, a dangling symlink or a loop, another program's db) and an alert sink whose Authorization env var is unset
+or empty or whose authorization file is empty. It does not try to bind the
 sockets or the metrics port: the running daemon holds them. Exit 0 valid, 2 with each error and its key
 (``daemon/profwatch/exitcodes.py``).
 
@@ -161,7 +164,37 @@ def check_errors(path: Path | None) -> tuple[list[str], Any]:
         wanted = path_keys(Settings)
         flat = [(k, v) for k, v in _flat(raw) if k in wanted]
         return [ln for ln in lines if ln] + path_problems(flat), None
-    return path_problems(leaves(settings)), settings
+    errors = path_problems(leaves(settings))
+    return errors + start_problems(settings, errors), settings
+
+
+def start_problems(settings: Any, known: list[str]) -> list[str]:
+    """``"key: why"`` for what the coordinator refuses at start beyond path types: a ``state_db`` that is not
+    profwatch's own (``state_open.check_own``: a device, a FIFO, a non-SQLite file, a dangling symlink or loop,
+    another program's db) and an alert sink's Authorization that cannot be read (``http_post.read_authorization``:
+    env var unset or empty, file empty or unreadable). Keys already in ``known`` are not checked twice. Reads the
+    db's 100-byte header (read-only) and the Authorization file or env var; writes nothing."""
+    from profwatch.adapters.outputs.http_post import SinkConfigError, read_authorization
+    from profwatch.adapters.store.state_open import StateFileRefused, check_own
+
+    out: list[str] = []
+    if not any(k.startswith("coordinator.state_db:") for k in known) and str(settings.coordinator.state_db) != ":memory:":
+        try:
+            check_own(Path(settings.coordinator.state_db))
+        except StateFileRefused as exc:
+            out.append(f"coordinator.state_db: {exc}")
+    for section in ("alertmanager", "webhook"):
+        sink = getattr(settings, section)
+        if not sink.url:
+            continue
+        key = "authorization_file" if sink.authorization_file is not None else "authorization_env"
+        if any(k.startswith(f"{section}.{key}:") for k in known):
+            continue
+        try:
+            read_authorization(sink, os.environ, section)
+        except SinkConfigError as exc:
+            out.append(f"{section}.{key}: {exc}")
+    return out
 
 
 def _flat(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

@@ -116,6 +116,8 @@ class StateStore:
         self.last_error = ""
         self.closed = False
         """True once close() ran (the coordinator's /readyz: state db open)."""
+        self.owner_lock: Any = None
+        """The single-writer lock (``state_open.StateLock``) this store holds, released by close()."""
         self.failing_since_unix_s: float | None = None
         self._next_retry = 0.0
         self._backoff_s = RETRY_BACKOFF_S[0]
@@ -160,7 +162,11 @@ class StateStore:
                 log.error("state_writes_lost", pending=len(self.queue), error=self.last_error,
                           note="the state store failed until shutdown; these events were published, not stored")
         self.closed = True
-        self.db.close()
+        try:
+            self.db.close()
+        finally:
+            if self.owner_lock is not None:
+                self.owner_lock.close()
 
     # -- failed writes --------------------------------------------------------------------------------------------
     def _failed(self, w: PendingWrite, exc: sqlite3.Error) -> None:
