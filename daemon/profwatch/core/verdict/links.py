@@ -21,13 +21,15 @@ from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from profwatch.core.verdict.evidence import Impact, SlowLink
 from profwatch.core.verdict.impact import HOURS_PER_DAY, link_saving_us
+
+if TYPE_CHECKING:
+    import numpy as np
 from profwatch.core.verdict.robust import median, pooled_within_sigma, trimmed_pool, upper_outliers
 
 _DIGITS = re.compile(r"-?\d+")
@@ -140,6 +142,7 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
         end of ``rank_fold_links`` or more slow links, or of more than half of its links, is its own problem
         (a slow port or NIC): it is returned in ``folded_ranks`` instead of as links.
     """
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
     settings = settings or LinkSettings()
     found = LinkFindings()
     table = _pair_table(rows)
@@ -192,6 +195,7 @@ class _PairTable:
 def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
     """:func:`parse_matrix_rows`, then both directions of each pair summed, read in one pass into arrays (rows are
     never held here: memory linear in the rows' pairs, not in dicts)."""
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
     codes: tuple[dict[str, int], dict[str, int], dict[str, int]] = ({}, {}, {})
     cols = {k: array("q") for k in ("g", "s", "kind", "tr", "src", "dst")}
     vals = {k: array("d") for k in ("time", "size")}
@@ -262,6 +266,7 @@ class _GroupSeries:
 
     def pairs(self) -> list[int]:
         """The pairs with at least one step."""
+        import numpy as np  # lazily: importing the settings (every command) must not load numpy
         return np.flatnonzero(np.diff(self.start) > 0).tolist()
 
 
@@ -269,6 +274,7 @@ def _group_series(table: _PairTable, idx: np.ndarray, pairs: np.ndarray, setting
                   ) -> _GroupSeries | None:
     """The series of one group and transport's pairs (``pairs[i]``: (a, b)) from ``table``'s elements ``idx``;
     None without any step that has ``min_peers + 1`` pairs with a positive bandwidth."""
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
     pair_key = table.a[idx] * (int(pairs[:, 1].max()) + 1) + table.b[idx]
     member = np.searchsorted(pairs[:, 0] * (int(pairs[:, 1].max()) + 1) + pairs[:, 1], pair_key)
     parts: list[tuple[np.ndarray, ...]] = []
@@ -299,6 +305,7 @@ def _slow_links_of_group(series: _GroupSeries, group: str, transport: str, membe
                          settings: LinkSettings, world_size: int,
                          step_time_us: float | None) -> list[tuple[float, SlowLink]]:
     """The group's pairs that pass the test (``find_slow_links``' Notes), each with its saving (µs per step)."""
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
     have = series.pairs()
     pooled = {i: trimmed_pool(series.of(series.deficit, i)) for i in have}
     within, _ = pooled_within_sigma(series.of(series.deficit, i) for i in have)
