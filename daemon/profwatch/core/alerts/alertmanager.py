@@ -250,35 +250,45 @@ class AlertBook:
                                        *JOB_ALERTNAMES):
             return []
         starts = parse_time(event.get("time"), now_unix_s)
-        out: list[dict[str, Any]] = []
         if type_ == TYPE_JOB_ENDED:
-            for key in [k for k in self.alerts if k[0] == job_id]:
-                out.append(self._resolve(key, now_unix_s))
-            gen = data.get("generation")
-            if isinstance(gen, int) and not isinstance(gen, bool):
-                last = data.get("last_report_unix_s")
-                self.ended.mark(job_id, gen, float(last) if isinstance(last, (int, float)) else starts)
-            return out
+            return self._on_job_ended(job_id, data, starts, now_unix_s)
         if type_ in VERDICT_TYPES and self._after_end(job_id, data):
-            return out  # information only: the job ended before this verdict (the event still goes out elsewhere)
-        standing_only = type_ == TYPE_ANALYSIS_ENRICHED
+            return []  # information only: the job ended before this verdict (the event still goes out elsewhere)
         if type_ == TYPE_EPISODE_CLOSED:  # a rotating episode ended: its rotation alert resolves
             key = (job_id, JOB_ALERTNAMES[TYPE_CULPRIT_ROTATES], _episode_of(data))
-            if data.get("rotation") and key in self.alerts:
-                out.append(self._resolve(key, now_unix_s))
-            return out
+            return [self._resolve(key, now_unix_s)] if data.get("rotation") and key in self.alerts else []
         if type_ in JOB_ALERTNAMES:
-            name = JOB_ALERTNAMES[type_]
-            alert = self._job_alert(job_id, name, event, data, starts)
-            if type_ == TYPE_CULPRIT_ROTATES:  # one alert per rotating episode: two episodes never share one
-                episode = _episode_of(data)
-                alert.key = (job_id, name, episode)
-                if episode is not None:
-                    alert.labels["episode_id"] = episode
-            out.extend(self._fire(alert, now_unix_s))
-            return out
-        # suspect_ranks, or its analysis_enriched follow-up (the same verdict judged again on the advisor's and the
-        # communication matrix's evidence: same keys, so standing alerts keep startsAt and get the new annotations)
+            return self._on_job_alert(str(type_), job_id, event, data, starts, now_unix_s)
+        return self._on_verdict(job_id, event, data, starts, now_unix_s, standing_only=type_ == TYPE_ANALYSIS_ENRICHED)
+
+    def _on_job_ended(self, job_id: str, data: Mapping[str, Any], starts: float,
+                      now_unix_s: float) -> list[dict[str, Any]]:
+        """``job_ended``: every alert of the job resolves, and its generation is remembered as ended."""
+        out = [self._resolve(key, now_unix_s) for key in [k for k in self.alerts if k[0] == job_id]]
+        gen = data.get("generation")
+        if isinstance(gen, int) and not isinstance(gen, bool):
+            last = data.get("last_report_unix_s")
+            self.ended.mark(job_id, gen, float(last) if isinstance(last, (int, float)) else starts)
+        return out
+
+    def _on_job_alert(self, type_: str, job_id: str, event: Mapping[str, Any], data: Mapping[str, Any],
+                      starts: float, now_unix_s: float) -> list[dict[str, Any]]:
+        """A job-level alert event (``JOB_ALERTNAMES``); a rotating culprit gets one alert per episode."""
+        name = JOB_ALERTNAMES[type_]
+        alert = self._job_alert(job_id, name, event, data, starts)
+        if type_ == TYPE_CULPRIT_ROTATES:  # one alert per rotating episode: two episodes never share one
+            episode = _episode_of(data)
+            alert.key = (job_id, name, episode)
+            if episode is not None:
+                alert.labels["episode_id"] = episode
+        return self._fire(alert, now_unix_s)
+
+    def _on_verdict(self, job_id: str, event: Mapping[str, Any], data: Mapping[str, Any], starts: float,
+                    now_unix_s: float, *, standing_only: bool) -> list[dict[str, Any]]:
+        """``suspect_ranks``, or its ``analysis_enriched`` follow-up (``standing_only``: the same verdict judged again
+        on the advisor's and the communication matrix's evidence: same keys, so standing alerts keep startsAt and
+        get the new annotations, and no rank alert is created)."""
+        out: list[dict[str, Any]] = []
         for name in RESOLVED_BY_VERDICT:
             if (job_id, name, None) in self.alerts:
                 out.append(self._resolve((job_id, name, None), now_unix_s))
@@ -288,25 +298,31 @@ class AlertBook:
         links = links[: self.max_suspects]
         status = data.get("status")
         if status in RESOLVING_STATUSES:
-            judged = judged_of(data)
-            slow = {int(s["rank"]) for s in suspects}
-            for rank in sorted(judged - slow):
-                key = (job_id, ALERTNAME_SUSPECT, rank)
-                if key in self.alerts:
-                    out.append(self._resolve(key, now_unix_s))
-            named = {_link_id(lk) for lk in links}
-            for key in [k for k in self.alerts if k[0] == job_id and k[1] == ALERTNAME_LINK and k[2] not in named]:
-                a, b = (int(x) for x in str(key[2]).split("-"))
-                if a in judged and b in judged:
-                    out.append(self._resolve(key, now_unix_s))
-            if (job_id, ALERTNAME_UNJUDGED, None) in self.alerts:
-                out.append(self._resolve((job_id, ALERTNAME_UNJUDGED, None), now_unix_s))
+            out.extend(self._resolve_cleared(job_id, data, suspects, links, now_unix_s))
         elif status in UNJUDGED_STATUSES:
             out.extend(self._fire(self._unjudged_alert(job_id, event, data, starts), now_unix_s, standing_only))
         for pos, s in enumerate(suspects, start=1):
             out.extend(self._fire(self._suspect_alert(job_id, pos, s, event, data, starts), now_unix_s, standing_only))
         for lk in links:  # slow links: only the follow-up's communication matrix names them, so it may create them
             out.extend(self._fire(self._link_alert(job_id, lk, event, data, starts), now_unix_s))
+        return out
+
+    def _resolve_cleared(self, job_id: str, data: Mapping[str, Any], suspects: list[Mapping[str, Any]],
+                         links: list[Mapping[str, Any]], now_unix_s: float) -> list[dict[str, Any]]:
+        """A verdict on judged ranks resolves the rank and link alerts it no longer names, and the unjudged one."""
+        out: list[dict[str, Any]] = []
+        judged = judged_of(data)
+        slow = {int(s["rank"]) for s in suspects}
+        for rank in sorted(judged - slow):
+            if (job_id, ALERTNAME_SUSPECT, rank) in self.alerts:
+                out.append(self._resolve((job_id, ALERTNAME_SUSPECT, rank), now_unix_s))
+        named = {_link_id(lk) for lk in links}
+        for key in [k for k in self.alerts if k[0] == job_id and k[1] == ALERTNAME_LINK and k[2] not in named]:
+            a, b = (int(x) for x in str(key[2]).split("-"))
+            if a in judged and b in judged:
+                out.append(self._resolve(key, now_unix_s))
+        if (job_id, ALERTNAME_UNJUDGED, None) in self.alerts:
+            out.append(self._resolve((job_id, ALERTNAME_UNJUDGED, None), now_unix_s))
         return out
 
     def _after_end(self, job_id: str, data: Mapping[str, Any]) -> bool:

@@ -137,6 +137,14 @@ def entries_from_compare(sheets: Sheets, *, steps_baseline: int, steps_now: int)
                     acc[0] += _num(_cell(row, totals[0])) or 0.0
                     acc[1] += _num(_cell(row, totals[1])) or 0.0
             out += [DetailEntry("compute", "kernel", k, b / 1e6 / nb, c / 1e6 / nn) for k, (b, c) in sums.items()]
+    out += _communication_entries(sheets, nb, nn)
+    return out
+
+
+def _communication_entries(sheets: Sheets, nb: float, nn: float) -> list[DetailEntry]:
+    """The workbook's collectives (``CommunicationCompare``, summed by name) and its per-group uncovered
+    communication (``OverallMetrics``), per step (``nb``/``nn``: each capture's step count)."""
+    out: list[DetailEntry] = []
     head, rows = _table(sheets.get("CommunicationCompare", ()), "Communication OP Name")
     names, totals = _cols(head, "Communication OP Name"), _cols(head, "Total Duration(us)")
     if len(names) >= 2 and len(totals) >= 2:
