@@ -5,8 +5,8 @@ The lifecycle owns the states: other modules use ``CaptureState`` members and th
 the syntax tree of every module of ``daemon`` and ``rankhook`` (docstrings excluded) and fails on
 * a string literal that spells a lifecycle-only state name (``"analysing"``, ``"superseded"``, ...), and
 * a comparison or membership test of a capture's state (``cap.state``, ``capture["state"]``) or a
-  ``{"state": ...}`` entry against any state name (``"failed"`` and ``"incomplete"`` are also rank dir, batch and
-  recipe words elsewhere, so they count only there).
+  ``{"state": ...}`` entry against any state name (``"failed"``, ``"incomplete"`` and ``"cancelled"`` are also rank
+  dir, batch and recipe words elsewhere, so they count only there).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from profwatch.core.capture.lifecycle import CaptureState
 from tests.conftest import REPO_ROOT
 
 ALL_NAMES = {s.value for s in CaptureState}
-SHARED_WORDS = {"failed", "incomplete"}  # also batch statuses, recipe statuses and capture event kinds
+SHARED_WORDS = {"failed", "incomplete", "cancelled"}  # also batch statuses, recipe statuses (a tool run cancelled at
+# shutdown is "cancelled") and capture event kinds
 UNIQUE_NAMES = ALL_NAMES - SHARED_WORDS
 OWNERS = {REPO_ROOT / "daemon" / "profwatch" / "core" / "capture" / n for n in ("lifecycle.py", "record.py")}
 """The lifecycle (the decisions) and the capture record it re-exports (the states)."""
