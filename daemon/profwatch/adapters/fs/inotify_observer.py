@@ -125,6 +125,7 @@ class LayoutEmitter(EventEmitter):
         self._armed = False
         self._moves: dict[int, str] = {}  # cookie -> source path of a move seen from its IN_MOVED_FROM
         self._lock = threading.Lock()  # the emitter's thread, and simulate_overflow from another
+        self._fd_lock = threading.Lock()  # the fd's reads (emitter thread) against its close (on_thread_stop)
 
     @property
     def watch_count(self) -> int:
@@ -145,9 +146,14 @@ class LayoutEmitter(EventEmitter):
             raise
 
     def on_thread_stop(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        """Close the inotify fd, never while the emitter's thread is in ``select``/``read`` on it (``_fd_lock``): a
+        descriptor closed under it could be reused at once by another socket of the process (a ZeroMQ connection),
+        and the emitter would read that socket's bytes as inotify events (a libzmq stream broken under it aborted
+        the coordinator: ``Assertion failed: !_io_error``, after a false ``IN_Q_OVERFLOW``)."""
+        with self._fd_lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
     def simulate_overflow(self) -> None:
         """Handle an ``IN_Q_OVERFLOW`` as if the kernel had sent one (tests, bench); call from any thread."""
@@ -159,19 +165,20 @@ class LayoutEmitter(EventEmitter):
             self._armed = True
             with self._lock:
                 self._arm_below(self._root, 0)
-        fd = self._fd
-        if fd < 0:
-            return
-        try:
-            ready, _, _ = select.select([fd], [], [], timeout)
-        except (OSError, ValueError):  # closed by on_thread_stop meanwhile
-            return
-        if not ready:
-            return
-        try:
-            buf = os.read(fd, _READ_BYTES)
-        except (BlockingIOError, OSError):
-            return
+        with self._fd_lock:  # on_thread_stop closes the fd only between two reads (its docstring)
+            fd = self._fd
+            if fd < 0:
+                return
+            try:
+                ready, _, _ = select.select([fd], [], [], timeout)
+            except (OSError, ValueError):
+                return
+            if not ready:
+                return
+            try:
+                buf = os.read(fd, _READ_BYTES)
+            except (BlockingIOError, OSError):
+                return
         off = 0
         with self._lock:
             while off + _EVENT.size <= len(buf):
