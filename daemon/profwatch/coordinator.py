@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 import zmq
 
-from profwatch.adapters.clock import SteadyClock, monotonic_s
+from profwatch.adapters.clock import SteadyClock
 from profwatch.adapters.outputs.alert_sinks import AlertSinks
 from profwatch.adapters.outputs.metrics import DaemonMetrics
 from profwatch.adapters.outputs.sd_notify import SdNotifier
@@ -166,7 +166,7 @@ class Coordinator:
         self._storage_failed: float | None = None  # when the current storage_failed alert was raised
         self._flushed_generation: dict[str, int] = {}  # job -> generation whose rank rows the store holds
         self._peer_logged: dict[tuple[str, str], float] = {}
-        self._arrival_s = monotonic_s()  # the current batch's arrival on the monotonic clock (detectors' stall checks)
+        self._arrival_s = self.clock()  # the current batch's arrival (detectors' stall checks), on the steady clock
         self.counters = {"received": 0, "rejected": 0, "batches": 0, "lost_batches": 0, "events": 0}
         self.results: queue.Queue[Callable[[], None]] = queue.Queue()
         self._restore_registry()
@@ -409,9 +409,8 @@ class Coordinator:
     def _tick(self, now: float) -> None:
         self.metrics.queue_depth.labels("results").set(self.results.qsize())
         try:
-            heard = monotonic_s()  # the clock of the arrival times the detectors were given (_arrival_s)
             for det in list(self.detectors.values()):
-                for an in det.tick(heard):
+                for an in det.tick(now):  # the clock of the arrival times the detectors were given (_arrival_s)
                     self._on_anomaly(an, now)
             self.captures.tick(now)
             self._tick_jobs_and_sinks(now)
@@ -501,7 +500,7 @@ class Coordinator:
             for b in bad:
                 self._reject(b, node_id)
             now = self.clock()
-            self._arrival_s = monotonic_s()  # when the batch arrived, for the stall checks (a wall step moves nothing)
+            self._arrival_s = now  # when the batch arrived, for the stall checks (a wall step moves nothing)
             if verdict.old_route is not None:
                 log.warning("node_connection_replaced", node_id=node_id, key=key, detail=verdict.detail,
                             note="the previous connection was told to reconnect")
@@ -596,7 +595,7 @@ class Coordinator:
 
     def _detect(self, job: JobState, reports: list[Any], node_id: str, now: float) -> None:
         """Hand the job's detector (created at its first step) step reports that arrived at ``now``, acting on each
-        anomaly as it comes (stalls are judged from the batch's arrival on the monotonic clock, ``_arrival_s``). An anomaly whose handling fails is counted
+        anomaly as it comes (stalls are judged from the batch's arrival on the steady clock, ``_arrival_s``). An anomaly whose handling fails is counted
         (``internal_errors``) and the reports after it are still judged; a detector that fails is counted and the
         rest of these reports is not judged (where it stopped inside them is not known: none is judged twice)."""
         i, n = 0, len(reports)

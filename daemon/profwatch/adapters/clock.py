@@ -13,9 +13,6 @@ After a restart the new process anchors on the wall clock again; stored deadline
 (``core/capture/lifecycle.py`` ``rebase``: the time left bounded by its stage) so a restart never expires a capture
 because the wall clock moved meanwhile; the hourly cap's arms are counted from their stored wall times, none later
 than now.
-
-``monotonic_s`` is the same never-stepping clock with an arbitrary origin, for durations inside one process (the
-detectors' stall checks): compare two readings, never store one.
 """
 
 from __future__ import annotations
@@ -29,10 +26,6 @@ _CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)  # Linux has it; 
 def boottime_s() -> float:
     """``CLOCK_BOOTTIME`` in seconds (``CLOCK_MONOTONIC`` where the platform has no BOOTTIME; arbitrary origin)."""
     return time.clock_gettime(_CLOCK)
-
-
-monotonic_s = boottime_s
-"""Durations inside one process (the detectors' stall checks): the same clock as :class:`SteadyClock` counts on."""
 
 
 class SteadyClock:
