@@ -2,7 +2,8 @@
 
 Usage: ``python gloo_job.py OUT_DIR --world-size 4 --slow-rank 2 --extra-ms 40 --steps 5``. Each rank trains a
 small MLP, all-reduces its gradients (gloo) every step and, if it is the slow rank, burns ``extra_ms`` of real
-matmul compute before the allreduce. The capture covers steps ``[2, 2 + active)`` (``ProfilerStep#N`` = step N);
+matmul compute before the allreduce. The capture covers steps ``[w + 2, w + 2 + active)`` (``ProfilerStep#N`` = step
+N), ``w`` = ``--warmup-steps`` (0: the first window starts at step 2, still warming up: allocator, gloo buffers);
 with ``--second-out DIR`` a second window of the same job follows it (the next ``2 + active`` steps), written
 under ``DIR`` (two captures of one job: a reference and a later capture).
 Layout per ``docs/architecture.md``: ``{host}_{pid}_{YYYYmmddHHMMSSfff}_torch_pt/`` with
@@ -44,8 +45,9 @@ def worker(rank: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{args.pg_file}", rank=rank, world_size=args.world_size)
     torch.manual_seed(rank)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
-    x = torch.randn(64, 256)
+    h = args.hidden
+    model = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, h))
+    x = torch.randn(64, h)
     host, pid = socket.gethostname(), os.getpid()
     t_start = time.time()
     outs = [args.out] + ([args.second_out] if args.second_out else [])
@@ -59,9 +61,9 @@ def worker(rank: int, args: argparse.Namespace) -> None:
         written.append((rank_dir, t))
 
     warm = 2
-    sched = schedule(skip_first=0, wait=warm - 1, warmup=1, active=args.steps, repeat=len(outs))
+    sched = schedule(skip_first=args.warmup_steps, wait=warm - 1, warmup=1, active=args.steps, repeat=len(outs))
     with profile(activities=[ProfilerActivity.CPU], schedule=sched, on_trace_ready=ready) as prof:
-        for _step in range((warm + args.steps) * len(outs) + 1):
+        for _step in range(args.warmup_steps + (warm + args.steps) * len(outs) + 1):
             loss = model(x).square().mean()
             loss.backward()
             if rank == args.slow_rank:
@@ -95,6 +97,10 @@ def main() -> None:
     ap.add_argument("--extra-ms", type=float, default=40.0)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--capture-id", default="cap-gloo-1")
+    ap.add_argument("--hidden", type=int, default=256,
+                    help="the MLP's width: 256 steps in ~1 ms of compute; 1024 makes compute dominate the step")
+    ap.add_argument("--warmup-steps", type=int, default=0,
+                    help="steps run before the first window (its steps then match the later window's warm state)")
     ap.add_argument("--second-out", default=None,
                     help="a second capture window of the same job, written under this dir (two captures of one job)")
     args = ap.parse_args()

@@ -133,7 +133,8 @@ def test_two_captures_of_one_real_gloo_job_say_nothing_changed(tmp_path: Path):
     from tests.conftest import PYTHON, REPO_ROOT, python_env
 
     proc = subprocess.run([PYTHON, str(REPO_ROOT / "tests" / "integration" / "gloo_job.py"), str(tmp_path / "a"),
-                           "--second-out", str(tmp_path / "b"), "--world-size", "2", "--steps", "6"],
+                           "--second-out", str(tmp_path / "b"), "--world-size", "2", "--steps", "6",
+                           "--warmup-steps", "20"],
                           env=python_env(), capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = _compare(tmp_path / "b", tmp_path / "a", tmp_path / "w", 2)

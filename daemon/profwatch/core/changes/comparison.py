@@ -20,8 +20,11 @@ Rules (``docs/changes.md``):
   component is tested one-sided in both directions, Holm's correction over all of them at ``alpha`` (1 %), the
   exact Mann-Whitney test when the step counts can reach Holm's first threshold, else Welch's t-test on
   ``log(value + floor)`` (durations vary multiplicatively); a change
-  counts when rejected and above ``floor_frac`` (0.5 %) of the reference step time, so identical synthetic steps
-  (no spread: an exact difference) do not make a microsecond a change. With one step in each capture there is no
+  counts when rejected and larger than the healthy job's own step-to-step variation: the reference capture's
+  robust step-time spread (1.4826 x MAD, :func:`robust_spread`), at least ``floor_frac`` (0.5 %) of the reference
+  step time, so identical synthetic steps (no spread: an exact difference) do not make a microsecond a change, and
+  a component that moved by less than one healthy step varies (the host's scheduling noise between two windows of
+  a real job) is not called a change however consistent it is over a few steps. With one step in each capture there is no
   test and only the floor applies (said in ``notes``). ``noise_s_per_step`` is the pooled standard deviation of
   the per-step values, for reading.
 * ``share`` = the component's delta / the step time's delta (None when the step time did not change above its own
@@ -262,15 +265,33 @@ def compare_captures(baseline: Sequence[RankStepSummary], now: Sequence[RankStep
             out.notes.append(f"the reference capture's step time ({1e3 * ref_step_s:.1f} ms) differs from the "
                              f"telemetry baseline ({1e3 * telemetry_baseline_step_s:.1f} ms): the reference may not "
                              "show the healthy job")
-    _decide(out, baseline, now, common, step_ref, step_now, floor_s, alpha, "; ".join(basis) or None)
+    effect_s = max(floor_s, robust_spread(step_ref) / 1e6)
+    _decide(out, baseline, now, common, step_ref, step_now, floor_s, effect_s, alpha, "; ".join(basis) or None)
     return out
 
 
+def robust_spread(values: Sequence[float]) -> float:
+    """The step-to-step spread of a healthy capture, robust to its rare slow steps: 1.4826 x the median absolute
+    deviation (the normal-consistent MAD, Rousseeuw & Croux 1993), in the unit of ``values``; 0 below 2 values."""
+    if len(values) < 2:
+        return 0.0
+    xs = sorted(values)
+    med = _median(xs)
+    return 1.4826 * _median(sorted(abs(x - med) for x in xs))
+
+
+def _median(xs: Sequence[float]) -> float:
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
 def _decide(out: Comparison, baseline: Sequence[RankStepSummary], now: Sequence[RankStepSummary], common: set[int],
-            step_ref: list[float], step_now: list[float], floor_s: float, alpha: float, basis: str | None) -> None:
+            step_ref: list[float], step_now: list[float], floor_s: float, effect_s: float, alpha: float,
+            basis: str | None) -> None:
     """Fill ``out``'s step-time test and components: each timed component tested both ways, Holm across all
     (:mod:`profwatch.core.verdict.shift_test`); a change counts when its hypothesis is rejected and it exceeds
-    ``floor_s``."""
+    ``effect_s`` (seconds per step: the larger of ``floor_s`` and the reference's step-to-step spread); ``floor_s``
+    is also the log scale's offset."""
     fields = dict(COMPONENT_FIELDS)
     if any(r.memory_us > 0 for r in (*baseline, *now) if r.rank in common):
         fields = {"compute": "computation_us", "memory": "memory_us", "communication": "communication_us",
@@ -284,7 +305,7 @@ def _decide(out: Comparison, baseline: Sequence[RankStepSummary], now: Sequence[
     step_delta = out.step_delta_s or 0.0
     # the step time is one more question, both ways: Bonferroni over its two directions
     step_sig = step_test.p_value is None or step_test.p_value <= alpha / 2
-    out.step_time_changed = step_sig and abs(step_delta) > floor_s
+    out.step_time_changed = step_sig and abs(step_delta) > effect_s
     tests: dict[Component, ShiftTest] = {}
     pvals: dict[str, float] = {}
     for comp, attr in fields.items():
@@ -301,7 +322,7 @@ def _decide(out: Comparison, baseline: Sequence[RankStepSummary], now: Sequence[
             interval_s_per_step=_scaled(tests[comp].interval), test=tests[comp].method))
     rejected = holm(pvals, alpha)
     timed = [c for c in out.components
-             if abs(c.delta_s_per_step or 0.0) > floor_s
+             if abs(c.delta_s_per_step or 0.0) > effect_s
              and (tests[c.component].p_value is None
                   or f"{c.component}{'+' if (c.delta_s_per_step or 0.0) >= 0 else '-'}" in rejected)]
     timed.sort(key=lambda c: -abs(c.delta_s_per_step or 0.0))
@@ -309,7 +330,9 @@ def _decide(out: Comparison, baseline: Sequence[RankStepSummary], now: Sequence[
     methods = sorted({t.method for t in tests.values()} | {step_test.method})
     out.notes.append(f"a change counts when a one-sided test per component and direction rejects at "
                      f"{100 * alpha:g} % (Holm over {family} hypotheses; {', '.join(methods)}; "
-                     f"{len(step_ref)} vs {len(step_now)} steps) and it exceeds {1e3 * floor_s:.2f} ms/step")
+                     f"{len(step_ref)} vs {len(step_now)} steps) and it exceeds {1e3 * effect_s:.2f} ms/step"
+                     + (f" (the reference's own step-to-step spread, 1.4826 x MAD; the floor is {1e3 * floor_s:.2f})"
+                        if effect_s > floor_s else " (the floor, a share of the reference step)"))
 
 
 def _scaled(iv: tuple[float, float] | None) -> tuple[float, float] | None:
