@@ -125,3 +125,30 @@ def test_the_terminal_line_says_since_the_reference_once() -> None:
     line = headline_line(data)
     assert line.startswith("what changed (reference /ref/capture): +") and line.count("since the reference") == 1
     assert headline_line({"headline": data["headline"]}).startswith("what changed: +")
+
+
+def _pair_rows(host_ms: float, comm_ms: list[float]) -> list[RankStepSummary]:
+    """Two ranks, one row per step: compute 2 ms, communication as given (the spread), host ``host_ms`` plus a
+    microsecond-sized wobble (so each step differs)."""
+    out = []
+    for step, comm in enumerate(comm_ms):
+        for rank in (0, 1):
+            free = 1e3 * host_ms + 7.0 * step + rank
+            comp, com = 2000.0, 1e3 * comm
+            out.append(RankStepSummary(rank, step, comp + com + free, comp, com, 0.0, com, free, 0.0))
+    return out
+
+
+@pytest.mark.parametrize(("host_now_ms", "named"), [(2.8, False), (4.9, False), (0.5, True), (7.0, True)])
+def test_a_change_smaller_than_the_healthy_steps_spread_is_not_named(host_now_ms: float, named: bool) -> None:
+    """Two windows of a real 2-rank gloo job (CI, 6 and 6 steps): host time 2.0 -> 0.8 ms in every step, complete
+    separation (p 0.001), while the healthy steps themselves varied by ~3 ms: not a change. A shift beyond the
+    reference's spread, either way, is one."""
+    comm = [3.0, 6.0, 9.0, 4.0, 7.0, 5.0]  # ms: the reference's robust spread 1.4826 x MAD = 2.2 ms (2.23 with the wobble)
+    ref = _pair_rows(4.0, comm)
+    cmp = compare_captures(ref, _pair_rows(host_now_ms, comm))
+    host = next(c for c in cmp.components if c.component == "host")
+    assert host.p_value is not None and host.p_value <= 0.0011  # the test alone would call it a change
+    assert any(c.component == "host" for c in cmp.changes) is named, [c.to_json() for c in cmp.changes]
+    rule = next(n for n in cmp.notes if n.startswith("a change counts when"))
+    assert "exceeds 2.23 ms/step (the reference's own step-to-step spread" in rule, rule
