@@ -68,10 +68,8 @@ def worker(rank: int, args: argparse.Namespace) -> None:
             loss.backward()
             if rank == args.slow_rank:
                 _burn(args.extra_ms)
-            params = [p for p in model.parameters() if p.grad is not None]
-            flat = torch.cat([p.grad.reshape(-1) for p in params])  # one bucket per step, as DDP sends it
-            dist.all_reduce(flat)
-            for p in params:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
                 p.grad = None
             prof.step()
     dist.barrier()

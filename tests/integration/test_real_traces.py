@@ -131,7 +131,7 @@ def test_two_captures_of_one_real_gloo_job_are_compared_step_for_step(tmp_path: 
     """Two windows of one live gloo job, compared as a reference and a capture. Whether *nothing* changed between
     them is not this test's question: on a shared 2-core box the job's step time moves between regimes that last
     10-20 steps (gloo's waits at 0.7, 2.2 and 5-8 ms; a neighbour's load), so two 6-step windows may differ for
-    real. That a healthy pair says nothing changed is tested on deterministic pairs (test_comparison.py) and its
+    real. That a healthy pair says nothing changed is tested on deterministic pairs (tests/unit/test_changes.py) and its
     rate on live pairs is measured by bench/bench_healthy_pairs.py. Here: both real captures are read, paired
     step for step, tested with the rank test, and every change named is one the data show (one-sided p within
     the test's level, its interval on its side of zero, above the effect floor the notes state)."""
