@@ -75,3 +75,30 @@ def test_redaction_and_sources_rules() -> None:
     assert redact("security.server_secret_key", Path("/k")) == Path("/k")  # a path to a key is not the key
     assert source_of("arming.targeting.enabled", set(), {"PROFWATCH_ARMING": "{}"}) == "env PROFWATCH_ARMING"
     assert source_of("a.b", {"a.b"}, {}) == "file" and source_of("a.c", {"a.b"}, {}) == "default"
+
+
+def test_redaction_by_key_and_by_value_covers_every_kind_of_secret() -> None:
+    """Each kind of secret an operator may put in a URL or a setting is hidden; the rest of the value is kept."""
+    cases = {
+        "https://am/x#token=abc": "https://am/x#token=<redacted>",  # fragment (OAuth implicit flow)
+        "https://am/x#access_token=abc&state=1": "https://am/x#access_token=<redacted>&state=1",
+        "https://am/x?auth=abc&y=1": "https://am/x?auth=<redacted>&y=1",
+        "https://b.s3/o?X-Amz-Credential=AKIA%2F1&X-Amz-Signature=ff&X-Amz-Date=1":
+            "https://b.s3/o?X-Amz-Credential=<redacted>&X-Amz-Signature=<redacted>&X-Amz-Date=1",
+        "https://hooks.slack.com/services/T0/B0/XXXXXXXX": "https://hooks.slack.com/services/<redacted>",
+        "https://discord.com/api/webhooks/123/abc?wait=1": "https://discord.com/api/webhooks/<redacted>?wait=1",
+        "https://chat.example/hooks/xyz": "https://chat.example/hooks/<redacted>",
+        "https://bob:p@ss@host:9/p": "https://<redacted>@host:9/p",  # an @ inside the password
+        "//bob:pw@host/p": "//<redacted>@host/p",  # scheme-relative
+        "Bearer abcdefghijkl": "Bearer <redacted>",
+        "https://am.example:9093/api/v2": "https://am.example:9093/api/v2",  # nothing secret: unchanged
+    }
+    for value, shown in cases.items():
+        assert redact("webhook.url", value) == shown, value
+    for key in ("x.auth", "x.credentials", "x.api_key", "x.access_key", "x.session_cookie", "x.passphrase"):
+        assert redact(key, "s3cr3t") == "<redacted>", key
+    for key in ("webhook.authorization_env", "security.client_secret_key", "webhook.authorization_file"):
+        assert redact(key, "AM_AUTH") == "AM_AUTH", key  # where a secret is, not the secret
+    assert redact("x.urls", ["https://u:p@h/"]) == ["https://<redacted>@h/"]
+    assert redact("x.headers", {"Authorization": "Basic dXNlcjpwYXNz", "X": "1"}) == {
+        "Authorization": "<redacted>", "X": "1"}
