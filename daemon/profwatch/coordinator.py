@@ -201,7 +201,8 @@ class Coordinator:
             self.metrics.state_store_resets.inc()
             self.emit(TYPE_STATE_STORE_RESET, None, self._store_reset.to_json(),
                       event_id=f"state_store_reset-{int(time.time() * 1000)}")
-        log.info("coordinator_started", ingest=cs.ingest_bind, control=cs.control_bind, pub=cs.pub_bind,
+        log.info("coordinator_started", ingest=self.sockets.bound["ingest"], control=self.sockets.bound["control"],
+                 pub=self.sockets.bound["pub"],
                  curve=sorted(k for k, v in self.sockets.curve.items() if v), state_db=str(cs.state_db),
                  jobs=len(self.registry.jobs), state_bound_mib=self._state_bound_mib)
 
@@ -316,11 +317,12 @@ class Coordinator:
         self._stop.set()
 
     def ready_checks(self) -> dict[str, tuple[bool, str]]:
-        """``/readyz`` (``profwatch.core.health``): the state db open, the sockets bound, the analysis workers up.
-        Read from the HTTP thread: attribute reads only, no SQL."""
+        """``/readyz`` (``profwatch.core.health``): the state db open, the sockets bound (each with the endpoint it
+        is bound to: the real port where the config says 0), the analysis workers up. Read from the HTTP thread:
+        attribute reads only, no SQL, no socket call."""
         store_open = not getattr(self.state, "closed", False)
         failing = getattr(self.state, "failing_since_unix_s", None)
-        binds = self.settings.coordinator.binds()
+        binds = self.sockets.bound  # as bound (a configured port 0 is the port ZeroMQ picked), set before serving
         socks = {"ingest": self.ingest, "control": self.control_sock, "pub": getattr(self.pub, "sock", None)}
         unbound = [n for n, s in socks.items() if s is None or s.closed]  # pub: None while it is being rebound
         workers_ok, workers = self.captures.steps.workers_up()
