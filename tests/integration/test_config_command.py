@@ -155,3 +155,13 @@ def test_an_env_override_with_a_misspelled_section_is_refused_naming_it() -> Non
     lines = _errors(_cli("check", env={"PROFWATCH_COORDNATOR__WINDOW_STEPS": "50", "PROFWATCH_JOB_ID": "j1"}))
     assert len(lines) == 1 and lines[0].startswith("PROFWATCH_COORDNATOR__WINDOW_STEPS: no section 'coordnator'"), lines
     assert "coordinator" in lines[0]  # the sections it could have meant
+
+
+def test_check_of_a_huge_file_reads_only_the_cap(tmp_path: Path) -> None:
+    """A 300 MB file (sparse: no disk used) is refused at the config cap with a clear error, never read whole
+    (it was read whole: 657 MB RSS; the bounded read, adapters/fs/bounded_read.py, since dd7c274)."""
+    big = tmp_path / "huge.toml"
+    with big.open("wb") as f:
+        f.truncate(300 * 2**20)
+    lines = _errors(_cli("check", "--config", str(big)))
+    assert len(lines) == 1 and "over the 1048576-byte cap" in lines[0] and "not read" in lines[0], lines
