@@ -164,13 +164,13 @@ class StepReportUs:
     step: int
     step_time_us: int
     ts_unix_us: int
+    kind: Literal["step"]  # required: a report without its kind is refused, never taken for a step
     stages: dict[str, float] | None = None
     flags: tuple[str, ...] = ()
     capturing: bool = False
     work: float | None = None
     mode: str | None = None
     role: str | None = None
-    kind: Literal["step"] = "step"
     v: int = SCHEMA_VERSION
 
     def report(self, peer_pid: int | None = None) -> StepReport:

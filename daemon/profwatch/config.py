@@ -14,7 +14,9 @@ this module (every ``profwatch`` command does) must not import numpy, pandas or 
 
 from __future__ import annotations
 
+import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +31,7 @@ from profwatch.core.capture.planner import CaptureSettings
 from profwatch.core.changes.reference import ReferenceSettings
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.fleet.limits import LimitSettings
+from profwatch.core.keyed_error import KeysError
 from profwatch.core.verdict.settings import AnalysisSettings
 
 DEFAULT_RUNTIME_DIR = "/run/profwatch"
@@ -64,7 +67,9 @@ class MetricsEndpoint(_Strict):
                                     "/healthz and /readyz alone on this port (with metrics on they are beside "
                                     "/metrics)")
     health_addr: str = Field("127.0.0.1", min_length=1, description="address the health_port endpoint binds; "
-                             "beyond loopback the metrics_tls_* / metrics_insecure rules apply")
+                             "beyond loopback the metrics_tls_* / metrics_insecure rules apply. Only with "
+                             "health_port: set with metrics_port (the probes are then on metrics_addr) or without "
+                             "health_port it is refused, never silently unused")
 
     def http_port(self) -> int | None:
         """The port of the daemon's HTTP endpoint: ``metrics_port`` (/metrics, /healthz, /readyz), else
@@ -77,17 +82,22 @@ class MetricsEndpoint(_Strict):
     @model_validator(mode="after")
     def _metrics_exposure(self) -> MetricsEndpoint:
         if self.health_port is not None and self.metrics_port is not None:
-            raise ValueError("health_port is for a daemon without metrics: with metrics_port set, /healthz and "
-                             "/readyz are served there; unset health_port")
+            raise KeysError(("health_port", "metrics_port"), "health_port is for a daemon without metrics: with "
+                            "metrics_port set, /healthz and /readyz are served there; unset health_port")
+        if "health_addr" in self.model_fields_set and self.health_port is None:
+            why = ("with metrics_port set, /healthz and /readyz are served on metrics_addr" if self.metrics_port
+                   is not None else "no health_port is set, so nothing binds it")
+            raise KeysError(("health_addr", "metrics_port" if self.metrics_port is not None else "health_port"),
+                            f"health_addr is used only with health_port (metrics off): {why}; unset health_addr")
         if (self.metrics_tls_cert is None) != (self.metrics_tls_key is None):
-            raise ValueError("metrics_tls_cert and metrics_tls_key go together")
+            raise KeysError(("metrics_tls_cert", "metrics_tls_key"), "metrics_tls_cert and metrics_tls_key go together")
         if self.metrics_client_ca is not None and self.metrics_tls_cert is None:
-            raise ValueError("metrics_client_ca needs metrics_tls_cert and metrics_tls_key (client certificates "
-                             "are checked over TLS only)")
+            raise KeysError(("metrics_client_ca", "metrics_tls_cert"), "metrics_client_ca needs metrics_tls_cert and "
+                            "metrics_tls_key (client certificates are checked over TLS only)")
         if (self.http_port() is not None and not self.metrics_loopback() and self.metrics_tls_cert is None
                 and not self.metrics_insecure):
             which = "metrics_addr" if self.metrics_port is not None else "health_addr"
-            raise ValueError(f"{which} {self.http_addr()!r} is beyond loopback: set metrics_tls_cert and "
+            raise KeysError((which, "metrics_tls_cert", "metrics_insecure"), f"{which} {self.http_addr()!r} is beyond loopback: set metrics_tls_cert and "
                              "metrics_tls_key (and metrics_client_ca to require client certificates), or "
                              "metrics_insecure = true on a trusted network")
         return self
@@ -203,8 +213,8 @@ class CoordinatorSettings(MetricsEndpoint):
             key = (scheme, port)
             other = seen.get(key)
             if other is not None and (scheme != "tcp" or host == other[1] or {host, other[1]} & _WILDCARDS):
-                raise ValueError(f"coordinator.{name}_bind {ep} is the endpoint of coordinator.{other[0]}_bind: each "
-                                 "socket needs its own")
+                raise KeysError((f"{name}_bind", f"{other[0]}_bind"), f"coordinator.{name}_bind {ep} is the endpoint "
+                                f"of coordinator.{other[0]}_bind: each socket needs its own")
             seen.setdefault(key, (name, host))
         return self
 
@@ -235,6 +245,17 @@ class Settings(BaseSettings):
     security: SecuritySettings = Field(default_factory=SecuritySettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_empty_paths(cls, data: Any) -> Any:
+        """Refuse a path setting given as an empty string (``state_db = ""``): pydantic reads it as ``.``, the
+        current folder, which the daemon would then use (or report as "a folder") instead of saying the key is
+        empty."""
+        empty = _empty_paths(cls, data) if isinstance(data, dict) else []
+        if empty:
+            raise KeysError(empty, "is empty: give a path (or leave the key out for its default)")
+        return data
+
     @model_validator(mode="after")
     def _no_open_sockets(self) -> Settings:
         """Refuse a socket reachable beyond loopback without CURVE (unless ``security.insecure``)."""
@@ -243,7 +264,8 @@ class Settings(BaseSettings):
         eps["node.bind"] = self.node.rank_endpoint()
         problems = exposure_problems(eps, self.security)
         if problems:
-            raise ValueError("; ".join(problems))
+            keys = [k for k in eps if any(p.startswith(f"{k}=") for p in problems)]
+            raise KeysError(keys + ["security.curve", "security.insecure"], "; ".join(problems))
         return self
 
     @classmethod
@@ -265,15 +287,52 @@ class Settings(BaseSettings):
 _TOML_PATH: dict[str, Path | None] = {"path": None}
 
 
+def _empty_paths(model: type[BaseModel], data: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys of ``data`` (raw input of ``model``) whose field is a path (or a list of paths) and whose value
+    is an empty or blank string."""
+    out: list[str] = []
+    for name, field in model.model_fields.items():
+        if name not in data:
+            continue
+        value, ann = data[name], field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            if isinstance(value, dict):
+                out += _empty_paths(ann, value, f"{prefix}{name}.")
+        elif "Path" in str(ann):
+            values = value if isinstance(value, list | tuple) else [value]
+            if any(isinstance(v, str) and not v.strip() for v in values):
+                out.append(f"{prefix}{name}")
+    return out
+
+
 MAX_CONFIG_BYTES = 1024 * 1024
 """Largest config file read (a full profwatch.toml is a few KiB): larger is a clear ``ConfigError``, never read."""
+
+
+def unknown_env_sections(environ: Mapping[str, str]) -> list[str]:
+    """``"NAME: why"`` for each env override (``PROFWATCH_<SECTION>__<KEY>``, any case, as pydantic-settings reads
+    them) whose section is not one of :class:`Settings`' tables: pydantic-settings ignores such a variable, so a
+    misspelled section (``PROFWATCH_COORDNATOR__WINDOW_STEPS``) would change nothing, silently. A variable without
+    ``__`` is not an override of a key (``PROFWATCH_CONFIG``, the rank hook's ``PROFWATCH_JOB_ID``) and is left
+    alone. An unknown key in a known section is refused by the model itself (``extra="forbid"``)."""
+    sections = set(Settings.model_fields)
+    out = []
+    for name in sorted(environ):
+        if not name.upper().startswith("PROFWATCH_") or "__" not in name:
+            continue
+        section = name[len("PROFWATCH_"):].split("__", 1)[0].lower()
+        if section not in sections:
+            out.append(f"{name}: no section {section!r} (an env override is PROFWATCH_<SECTION>__<KEY>, sections: "
+                       f"{', '.join(sorted(sections))}); it would change nothing")
+    return out
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     """Load the config file (optional) with env overrides; ``overrides`` win over both.
 
     Raises:
-        ConfigError: unreadable file, bad TOML, unknown keys or invalid values, with the offending key.
+        ConfigError: unreadable file, bad TOML, unknown keys or invalid values, with the offending key; an env
+            override naming no section (:func:`unknown_env_sections`).
     """
     from pydantic import ValidationError
 
@@ -297,6 +356,9 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
             _t.loads(text)
         except Exception as exc:  # noqa: BLE001
             raise ConfigError(f"config file {p} is not valid TOML: {exc}") from None
+    misspelled = unknown_env_sections(os.environ)
+    if misspelled:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(misspelled))
     _TOML_PATH["path"] = Path(path) if path is not None else None
     from pydantic_settings import SettingsError
 
@@ -305,10 +367,22 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     except SettingsError as exc:
         raise ConfigError(f"invalid configuration from the environment: {exc}") from None
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = ".".join(str(x) for x in err.get("loc", ()))
-            lines.append(f"{loc}: {err.get('msg')}")
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(error_lines(exc))) from None
     finally:
         _TOML_PATH["path"] = None
+
+
+def error_lines(exc: Any) -> list[str]:
+    """One ``key: why`` line per error of a pydantic ``ValidationError`` of :class:`Settings`. A cross-key rule
+    (:class:`~profwatch.core.keyed_error.KeysError`) names every key it involves, each with its section
+    (``coordinator.metrics_tls_cert, coordinator.metrics_tls_key: ...``), never the section alone."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, KeysError):
+            keys = ", ".join(f"{loc}.{k}" if loc else k for k in cause.keys)
+            lines.append(f"{keys}: {cause.message}")
+        else:
+            lines.append(f"{loc}: {err.get('msg')}")
+    return lines

@@ -201,7 +201,8 @@ class Coordinator:
             self.metrics.state_store_resets.inc()
             self.emit(TYPE_STATE_STORE_RESET, None, self._store_reset.to_json(),
                       event_id=f"state_store_reset-{int(time.time() * 1000)}")
-        log.info("coordinator_started", ingest=cs.ingest_bind, control=cs.control_bind, pub=cs.pub_bind,
+        log.info("coordinator_started", ingest=self.sockets.bound["ingest"], control=self.sockets.bound["control"],
+                 pub=self.sockets.bound["pub"],
                  curve=sorted(k for k, v in self.sockets.curve.items() if v), state_db=str(cs.state_db),
                  jobs=len(self.registry.jobs), state_bound_mib=self._state_bound_mib)
 
@@ -214,8 +215,9 @@ class Coordinator:
 
     def _restore_ended(self) -> None:
         """Rebuild the ended (job, generation) pairs from the stored ``job_ended`` events (an event stored before
-        they carried ``generation`` counts for the job's restored generation); a pair that reported after its end
-        is revived by the next observe pass (:meth:`_tick_jobs_and_sinks`)."""
+        they carried ``generation`` counts for the job's restored generation), and the end of each restored job
+        whose current generation ended: its next report opens a new generation (``resumed_after_end``), as it
+        does without a restart, so an ended generation is never live again."""
         for ev in self.state.iter_events((TYPE_JOB_ENDED,)):
             data = ev.get("data") or {}
             job_id = str(ev.get("subject") or "")
@@ -225,6 +227,9 @@ class Coordinator:
                 gen = job.generation if job is not None else 0
             last = data.get("last_report_unix_s")
             self._ended.mark(job_id, gen, float(last) if isinstance(last, (int, float)) else 0.0)
+            job = self.registry.jobs.get(job_id)
+            if job is not None and job.generation == gen:
+                self.registry.note_ended(job_id, self.clock())
 
     def _flush_registry(self, full: bool = True) -> None:
         """Write the registry's rows. ``full``: every job, rank and node with its per-step fields (last step, step
@@ -316,11 +321,12 @@ class Coordinator:
         self._stop.set()
 
     def ready_checks(self) -> dict[str, tuple[bool, str]]:
-        """``/readyz`` (``profwatch.core.health``): the state db open, the sockets bound, the analysis workers up.
-        Read from the HTTP thread: attribute reads only, no SQL."""
+        """``/readyz`` (``profwatch.core.health``): the state db open, the sockets bound (each with the endpoint it
+        is bound to: the real port where the config says 0), the analysis workers up. Read from the HTTP thread:
+        attribute reads only, no SQL, no socket call."""
         store_open = not getattr(self.state, "closed", False)
         failing = getattr(self.state, "failing_since_unix_s", None)
-        binds = self.settings.coordinator.binds()
+        binds = self.sockets.bound  # as bound (a configured port 0 is the port ZeroMQ picked), set before serving
         socks = {"ingest": self.ingest, "control": self.control_sock, "pub": getattr(self.pub, "sock", None)}
         unbound = [n for n, s in socks.items() if s is None or s.closed]  # pub: None while it is being rebound
         workers_ok, workers = self.captures.steps.workers_up()
@@ -425,9 +431,6 @@ class Coordinator:
         if now >= self._next_observe:  # once a second: O(ranks)
             self._next_observe = now + 1.0
             last = {j.job_id: j.heard_unix_s for j in self.registry.jobs.values()}  # kept on ingest: O(jobs)
-            if len(self._ended):
-                self._ended.revive_reporting({(j.job_id, j.generation): last[j.job_id]
-                                              for j in self.registry.jobs.values()})
             waiting = {j.job_id for j in self.registry.jobs.values() if j.furthest_step() < 0}  # hellos only
             for end in self._job_end.check(last, now, waiting):
                 job = self.registry.jobs.get(end.job_id)

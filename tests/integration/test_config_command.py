@@ -49,7 +49,7 @@ def test_syntax_and_cross_key_rules_are_errors(tmp_path: Path) -> None:
     assert res.returncode == 2 and "TOML syntax" in res.stderr and "line 1" in res.stderr
     cfg.write_text('[coordinator]\nmetrics_port = 9100\nmetrics_addr = "0.0.0.0"\n')  # beyond loopback, no TLS
     res = _cli("check", "--config", str(cfg))
-    assert res.returncode == 2 and "coordinator: " in res.stderr and "metrics_addr" in res.stderr, res.stderr
+    assert res.returncode == 2 and "coordinator.metrics_addr, coordinator.metrics_tls_cert" in res.stderr, res.stderr
     assert _cli("check", "--config", str(tmp_path / "nope.toml")).returncode == 2
 
 
@@ -75,3 +75,93 @@ def test_redaction_and_sources_rules() -> None:
     assert redact("security.server_secret_key", Path("/k")) == Path("/k")  # a path to a key is not the key
     assert source_of("arming.targeting.enabled", set(), {"PROFWATCH_ARMING": "{}"}) == "env PROFWATCH_ARMING"
     assert source_of("a.b", {"a.b"}, {}) == "file" and source_of("a.c", {"a.b"}, {}) == "default"
+
+
+def test_redaction_by_key_and_by_value_covers_every_kind_of_secret() -> None:
+    """Each kind of secret an operator may put in a URL or a setting is hidden; the rest of the value is kept."""
+    cases = {
+        "https://am/x#token=abc": "https://am/x#token=<redacted>",  # fragment (OAuth implicit flow)
+        "https://am/x#access_token=abc&state=1": "https://am/x#access_token=<redacted>&state=1",
+        "https://am/x?auth=abc&y=1": "https://am/x?auth=<redacted>&y=1",
+        "https://b.s3/o?X-Amz-Credential=AKIA%2F1&X-Amz-Signature=ff&X-Amz-Date=1":
+            "https://b.s3/o?X-Amz-Credential=<redacted>&X-Amz-Signature=<redacted>&X-Amz-Date=1",
+        "https://hooks.slack.com/services/T0/B0/XXXXXXXX": "https://hooks.slack.com/services/<redacted>",
+        "https://discord.com/api/webhooks/123/abc?wait=1": "https://discord.com/api/webhooks/<redacted>?wait=1",
+        "https://chat.example/hooks/xyz": "https://chat.example/hooks/<redacted>",
+        "https://bob:p@ss@host:9/p": "https://<redacted>@host:9/p",  # an @ inside the password
+        "//bob:pw@host/p": "//<redacted>@host/p",  # scheme-relative
+        "Bearer abcdefghijkl": "Bearer <redacted>",
+        "https://am.example:9093/api/v2": "https://am.example:9093/api/v2",  # nothing secret: unchanged
+    }
+    for value, shown in cases.items():
+        assert redact("webhook.url", value) == shown, value
+    for key in ("x.auth", "x.credentials", "x.api_key", "x.access_key", "x.session_cookie", "x.passphrase"):
+        assert redact(key, "s3cr3t") == "<redacted>", key
+    for key in ("webhook.authorization_env", "security.client_secret_key", "webhook.authorization_file"):
+        assert redact(key, "AM_AUTH") == "AM_AUTH", key  # where a secret is, not the secret
+    assert redact("x.urls", ["https://u:p@h/"]) == ["https://<redacted>@h/"]
+    assert redact("x.headers", {"Authorization": "Basic dXNlcjpwYXNz", "X": "1"}) == {
+        "Authorization": "<redacted>", "X": "1"}
+
+
+def _errors(res: subprocess.CompletedProcess[str]) -> list[str]:
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    return [line.strip() for line in res.stderr.splitlines()[1:]]
+
+
+def test_cross_key_errors_name_the_offending_keys(tmp_path: Path) -> None:
+    """A rule over several keys names each of them with its section, never the section alone."""
+    cfg = tmp_path / "cross.toml"
+    cfg.write_text('[node]\nmetrics_port = 9100\nmetrics_tls_cert = "/c.pem"\n'
+                   '[coordinator]\ningest_bind = "tcp://127.0.0.1:7000"\ncontrol_bind = "tcp://127.0.0.1:7000"\n'
+                   '[detection]\nmin_baseline_steps = 500\nbaseline_steps = 100\n'
+                   '[webhook]\nauthorization_env = "A"\nauthorization_file = "/a"\n')
+    lines = _errors(_cli("check", "--config", str(cfg)))
+    for keys in ("node.metrics_tls_cert, node.metrics_tls_key: ",
+                 "coordinator.control_bind, coordinator.ingest_bind: ",
+                 "detection.min_baseline_steps, detection.baseline_steps: ",
+                 "webhook.authorization_file, webhook.authorization_env: "):
+        assert any(line.startswith(keys) for line in lines), (keys, lines)
+    assert not any(line.split(":")[0] in ("node", "coordinator", "detection", "webhook", "") for line in lines), lines
+    cfg.write_text('[security]\ncurve = "off"\n[coordinator]\ningest_bind = "tcp://0.0.0.0:7711"\n')
+    lines = _errors(_cli("check", "--config", str(cfg)))
+    assert lines[0].startswith("coordinator.ingest_bind, security.curve, security.insecure: "), lines
+
+
+def test_health_addr_is_refused_where_nothing_would_bind_it(tmp_path: Path) -> None:
+    """health_addr is only for health_port (metrics off): with metrics on, or with no health_port, it would be
+    silently unused, so it is refused naming both keys; with health_port it is valid."""
+    cfg = tmp_path / "h.toml"
+    cfg.write_text('[coordinator]\nmetrics_port = 9100\nhealth_addr = "10.0.0.1"\n[node]\nhealth_addr = "::1"\n')
+    lines = _errors(_cli("check", "--config", str(cfg)))
+    assert any(line.startswith("coordinator.health_addr, coordinator.metrics_port: ") and "metrics_addr" in line
+               for line in lines), lines
+    assert any(line.startswith("node.health_addr, node.health_port: ") for line in lines), lines
+    cfg.write_text('[node]\nhealth_port = 9813\nhealth_addr = "::1"\n')
+    assert _cli("check", "--config", str(cfg)).returncode == 0
+
+
+def test_an_empty_path_is_named_empty(tmp_path: Path) -> None:
+    """``state_db = ""`` (file or env) is an empty key, not "``.`` is a folder"."""
+    cfg = tmp_path / "e.toml"
+    cfg.write_text('[coordinator]\nstate_db = ""\nallowed_prof_roots = ["/data", " "]\n')
+    lines = _errors(_cli("check", "--config", str(cfg), env={"PROFWATCH_NODE__RUNTIME_DIR": ""}))
+    assert len(lines) == 1 and lines[0].startswith(
+        "node.runtime_dir, coordinator.state_db, coordinator.allowed_prof_roots: is empty"), lines
+    assert "folder" not in "\n".join(lines)
+
+
+def test_an_env_override_with_a_misspelled_section_is_refused_naming_it() -> None:
+    lines = _errors(_cli("check", env={"PROFWATCH_COORDNATOR__WINDOW_STEPS": "50", "PROFWATCH_JOB_ID": "j1"}))
+    assert len(lines) == 1 and lines[0].startswith("PROFWATCH_COORDNATOR__WINDOW_STEPS: no section 'coordnator'"), lines
+    assert "coordinator" in lines[0]  # the sections it could have meant
+
+
+def test_check_of_a_huge_file_reads_only_the_cap(tmp_path: Path) -> None:
+    """A 300 MB file (sparse: no disk used) is refused at the config cap with a clear error, never read whole
+    (it was read whole: 657 MB RSS; the bounded read, adapters/fs/bounded_read.py, since dd7c274)."""
+    big = tmp_path / "huge.toml"
+    with big.open("wb") as f:
+        f.truncate(300 * 2**20)
+    lines = _errors(_cli("check", "--config", str(big)))
+    assert len(lines) == 1 and "over the 1048576-byte cap" in lines[0] and "not read" in lines[0], lines

@@ -124,3 +124,71 @@ def test_liveness_follows_the_main_loop_and_readiness_every_check() -> None:
     h.checks = broken
     ok, body = h.ready(131.0)
     assert not ok and "could not be evaluated" in str(body["checks"])
+
+
+def _raw(port: int, request: bytes) -> tuple[bytes, bytes]:
+    """``(status line and headers, everything after them)`` of one HTTP/1.0 exchange (the server closes)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    return head, body
+
+
+def test_head_has_no_body_and_other_methods_are_405() -> None:
+    from prometheus_client import CollectorRegistry, Counter, make_wsgi_app
+
+    from profwatch.adapters.outputs.http_probe import probe_app, serve
+
+    registry = CollectorRegistry()
+    Counter("probe_test", "a metric", registry=registry).inc()
+    health = Health()
+    health.tick(0.0)
+    health.checks = lambda: {"sockets": (True, "bound")}
+    port = free_port()
+    server = serve(probe_app(health, make_wsgi_app(registry), clock=lambda: 1.0), port, "127.0.0.1")
+    try:
+        for path in ("/healthz", "/readyz", "/metrics"):
+            get_head, get_body = _raw(port, f"GET {path} HTTP/1.0\r\n\r\n".encode())
+            head, body = _raw(port, f"HEAD {path} HTTP/1.0\r\n\r\n".encode())
+            assert head.split(b"\r\n")[0] == get_head.split(b"\r\n")[0] == b"HTTP/1.0 200 OK", (path, head)
+            assert get_body and body == b"", (path, body)
+            for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
+                head, body = _raw(port, f"{method} {path} HTTP/1.0\r\nContent-Length: 2\r\n\r\n{{}}".encode())
+                assert head.startswith(b"HTTP/1.0 405 ") and b"Allow: GET, HEAD" in head, (method, path, head)
+        head, body = _raw(port, b"HEAD /nope HTTP/1.0\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 404 ") and body == b""
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_readyz_shows_the_bound_ports_where_the_config_says_0(short_tmp: Path) -> None:
+    http = free_port()
+    cfg = short_tmp / "pw0.toml"
+    cfg.write_text(f"""
+[coordinator]
+ingest_bind = "tcp://127.0.0.1:0"
+control_bind = "tcp://127.0.0.1:0"
+pub_bind = "tcp://127.0.0.1:0"
+state_db = "{short_tmp / 'state.db'}"
+work_dir = "{short_tmp / 'work'}"
+metrics_port = {http}
+[logging]
+format = "console"
+""")
+    coord = _start(["coordinator", "--config", str(cfg)], short_tmp / "coord0.log")
+    try:
+        wait_for(lambda: _get(http, "/readyz")[0] == 200, 90, 0.2, "coordinator /readyz")
+        detail = json.loads(_get(http, "/readyz")[1])["checks"]["sockets"]["detail"]
+        import re
+
+        ports = dict(re.findall(r"(ingest|control|pub) tcp://127\.0\.0\.1:(\d+)", detail))
+        assert set(ports) == {"ingest", "control", "pub"} and all(int(p) > 0 for p in ports.values()), detail
+        assert len(set(ports.values())) == 3, detail
+    finally:
+        _stop(coord)

@@ -57,3 +57,37 @@ def test_frequent_flush_writes_identity_changes_and_the_full_flush_the_step_fiel
         assert job.last_heard_unix_s() == 4.0 and job.furthest_step() == 30
     finally:
         again.close()
+
+
+def test_a_job_ended_before_a_restart_opens_a_new_generation_when_it_reports_again(tmp_path: Path) -> None:
+    """A report after a job's end opens a new generation (``resumed_after_end``), with or without a coordinator
+    restart in between: the restart restores the job's end from the stored ``job_ended`` event, so the ended
+    generation is never made live again (no same-generation revival: ``docs/alerts.md``, "Ended jobs")."""
+    coord = _coordinator(tmp_path)
+    try:
+        reg = coord.registry
+        reg.touch_node("n0", "h0", 1.0)
+        for r in range(2):
+            reg.hello(wire.RankHello(job_id="j", rank=r, local_rank=r, world_size=2, hostname="h0", pid=100 + r,
+                                     backend="torch", ts_unix_s=1.0), "n0", 1.0)
+        job = reg.jobs["j"]
+        for s in range(1, 11):
+            reg.step_run(job, [wire.StepReport("j", r, s, 0.1, 2.0) for r in range(2)], 0, 2.0, "n0", [])
+        coord._next_observe = 0.0
+        coord._tick_jobs_and_sinks(2.0 + coord.settings.coordinator.job_end_after_s + 1)  # silent: ended
+        assert coord._ended.ended("j", 0) and job.ended_unix_s is not None
+    finally:
+        coord.close()
+    again = _coordinator(tmp_path)
+    try:
+        job = again.registry.jobs["j"]
+        assert again._ended.ended("j", 0) and job.generation == 0
+        assert job.ended_unix_s is not None  # the end is restored, not only the alert book's memory of it
+        now = 5000.0
+        again._ingest_steps([wire.StepReport("j", 0, 11, 0.1, now)], 0, "n0", now)
+        assert job.generation == 1 and again._ended.ended("j", 0) and not again._ended.ended("j", 1)
+        again._next_observe = 0.0
+        again._tick_jobs_and_sinks(now)
+        assert again._ended.ended("j", 0)  # the ended generation stays ended: its late verdicts never page
+    finally:
+        again.close()

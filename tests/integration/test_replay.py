@@ -368,3 +368,20 @@ def test_the_daemons_own_toml_is_taken_and_its_other_tables_ignored_with_one_lin
     cfg.write_text('[coordinator]\nwindow_steps = 5\n[arming]\nmode = "sometimes"\n')
     res = CliRunner().invoke(replay, [str(f), "--config", str(cfg)])
     assert res.exit_code == 2 and "mode" in res.output and "window_steps" not in res.output, res.output
+
+
+def test_the_job_cap_is_the_configs_limits_max_jobs_total(tmp_path: Path) -> None:
+    """``--config``'s ``[limits] max_jobs_total`` is the file's job cap, as it is the coordinator's (it was the
+    built-in 1024 whatever the config said)."""
+    f = tmp_path / "jobs.jsonl"
+    f.write_text("\n".join(_step_line(f"job{i}") for i in range(5)) + "\n")
+    cfg = tmp_path / "pw.toml"
+    cfg.write_text("[limits]\nmax_jobs_total = 3\n")
+    code, out = invoke(f, "--json", "--config", str(cfg))
+    assert code == 0, out
+    res = json.loads(out[out.index("{"):])
+    assert sorted(res["jobs"]) == ["job0", "job1", "job2"] and res["bad_lines"]["count"] == 2, res["bad_lines"]
+    assert "more than 3 jobs" in res["bad_lines"]["lines"][0]["error"]
+    cfg.write_text("[limits]\nmax_jobs_total = 0\n")  # validated as the daemons validate it
+    code, out = invoke(f, "--config", str(cfg))
+    assert code == 2 and "max_jobs_total" in out, out

@@ -325,7 +325,7 @@ def test_a_job_live_again_in_its_generation_alerts_again_and_the_memory_is_bound
     for i in range(5):
         ended.mark(f"j{i}", 0, T0 + i)
     assert [ended.ended(f"j{i}", 0) for i in range(5)] == [False, False, True, True, True]
-    assert ended.revive_reporting({("j3", 0): T0 + 3, ("j4", 0): T0 + 5}) == [("j4", 0)]
+    assert ended.revive("j4", 0) and not ended.revive("j0", 0)  # j0 was evicted: nothing to revive
     assert ended.ended("j3", 0) and not ended.ended("j4", 0) and not ended.ended("j3", None)
     with pytest.raises(ValueError):
         EndedJobs(0)

@@ -280,3 +280,27 @@ def test_encode_writes_the_bytes_of_asdict_for_every_message_kind() -> None:
         assert wire.encode(m) == json.dumps(asdict(m), separators=(",", ":"), allow_nan=False).encode()
     with pytest.raises(ValueError):
         wire.encode(wire.StepReport(job_id="j1", rank=0, step=1, step_time_s=float("nan"), ts_unix_s=1.0))
+
+
+def _hook_step(**kw: object) -> bytes:
+    d: dict[str, object] = {"job_id": "j1", "rank": 1, "step": 7, "step_time_us": 250_000,
+                            "ts_unix_us": 1_764_500_042_500_000, "kind": "step", "v": 2}
+    d.update(kw)
+    return json.dumps({k: v for k, v in d.items() if v is not None}).encode()
+
+
+def test_the_hook_form_names_its_own_bad_field_and_needs_its_kind() -> None:
+    """A float (or text) in the hook form's microsecond fields is refused naming that field, not the relayed form's
+    step_time_s; a step report without kind (either form) is refused with a clear reason, never taken for a step."""
+    assert parse_rank_message(_hook_step()).step_time_s == 0.25
+    for field, bad in (("step_time_us", 1.5), ("step_time_us", "250000"), ("ts_unix_us", 1.7645e15)):
+        with pytest.raises(MessageRejected) as ei:
+            parse_rank_message(_hook_step(**{field: bad}))
+        assert ei.value.reason == "bad_schema" and str(ei.value.detail).startswith(f"{field}: "), ei.value
+        assert "step_time_s" not in str(ei.value.detail).replace("step_time_us", "")
+    for raw in (_hook_step(kind=None), json.dumps({k: v for k, v in _step().items() if k != "kind"}).encode()):
+        with pytest.raises(MessageRejected) as ei:
+            parse_rank_message(raw)
+        assert ei.value.reason == "bad_schema" and str(ei.value.detail).startswith("kind: missing"), ei.value
+    # the text "step_time_us" inside a string is no hook form: the general rules accept the relayed report
+    assert parse_rank_message(json.dumps(_step(job_id="step_time_us")).encode()).job_id == "step_time_us"

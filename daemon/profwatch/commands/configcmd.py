@@ -12,9 +12,10 @@ sockets or the metrics port: the running daemon holds them. Exit 0 valid, 2 with
 (``daemon/profwatch/exitcodes.py``).
 
 ``show`` prints every key of the effective configuration as ``section.key = value  # source`` with source
-``file`` (the TOML file), ``env PROFWATCH_...`` (an environment override) or ``default``; values that are
-secrets (keys naming a secret, password or token, credentials in a URL and its token/key/signature query
-parameters) are printed as ``<redacted>``.
+``file`` (the TOML file), ``env PROFWATCH_...`` (an environment override) or ``default``; secrets are
+printed as ``<redacted>``, by key (a key naming a secret, password, token, auth or credential) and by value (a
+URL's userinfo, its secret-named query or fragment parameters, a webhook URL's secret path, a ``Bearer`` token):
+:func:`redact`.
 """
 
 from __future__ import annotations
@@ -38,10 +39,23 @@ _DIR_KEYS = re.compile(r"(_dir|_dirs|_root|_roots)$")
 #: File settings a daemon opens at start: when set, the file must exist.
 _MUST_EXIST = re.compile(r"^(metrics_tls_cert|metrics_tls_key|metrics_client_ca|ca_file|cert_file|key_file|"
                          r"authorization_file)$")
-_SECRET_KEY = re.compile(r"(secret|password|passwd|token)(?!_key$|_file$|_env$)", re.IGNORECASE)
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.IGNORECASE)
-_URL_SECRET_PARAM = re.compile(r"(?P<name>[?&;](?:[\w.-]*(?:token|secret|password|passwd|key|sig|signature)"
-                               r"[\w.-]*)=)[^&;#\s]*", re.IGNORECASE)
+_SECRET_WORDS = r"secret|password|passwd|passphrase|token|auth|credential|api_?key|access_?key|private_?key|session|cookie"
+#: A key naming a secret (by its last part); a ``*_key``/``*_file``/``*_env`` setting names where the secret is
+#: (a path, an env var name), not the secret, and is shown.
+_SECRET_KEY = re.compile(rf"({_SECRET_WORDS})(?!.*(_key|_file|_env|_dir)$)", re.IGNORECASE)
+#: A URL's userinfo (``scheme://user:pass@host``, ``//user@host``): everything up to the last ``@`` before the path
+#: (a password may hold an ``@``).
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>(?:[a-z][a-z0-9+.-]*:)?//)[^/?#\s]*@", re.IGNORECASE)
+#: A query, matrix or fragment parameter whose name says secret (``?token=``, ``#access_token=``, ``&auth=``,
+#: ``X-Amz-Credential``, ``X-Amz-Signature``, ``sig``, ``key``, ``code``).
+_URL_SECRET_PARAM = re.compile(rf"(?P<name>[?&;#](?:[\w.-]*(?:{_SECRET_WORDS}|key|sig|signature|code)[\w.-]*)=)"
+                               r"[^&;#\s]*", re.IGNORECASE)
+#: Webhook URLs whose path is the secret: Slack (``hooks.slack.com/services/T../B../X..``, ``/workflows/``),
+#: Discord (``/api/webhooks/<id>/<token>``), Mattermost and the like (``/hooks/<key>``).
+_URL_SECRET_PATH = re.compile(r"(?P<keep>(?:hooks\.slack\.com/(?:services|workflows|triggers)|/api/webhooks|"
+                              r"/hooks)/)[^?#\s\"']+", re.IGNORECASE)
+#: An HTTP credential written out (``Bearer abc``, ``Basic dXNlcjpwYXNz``, ``token abc``).
+_AUTH_SCHEME = re.compile(r"(?P<scheme>\b(?:bearer|basic|token|digest)\s+)[A-Za-z0-9._~+/=:-]{8,}", re.IGNORECASE)
 REDACTED = "<redacted>"
 
 
@@ -79,15 +93,31 @@ def source_of(key: str, file_keys: set[str], environ: Mapping[str, str]) -> str:
 
 
 def redact(key: str, value: Any) -> Any:
-    """``value`` for printing: :data:`REDACTED` for a secret-named key, a URL's credentials removed."""
+    """``value`` for printing, redacted by key and by value: :data:`REDACTED` for a key naming a secret
+    (``password``, ``token``, ``auth``, ``credential``, ``api_key``...; not ``*_key``/``*_file``/``*_env``, which name
+    where a secret is); in any string (list items and mapping values too): a URL's userinfo, its secret-named query,
+    matrix or fragment parameters (``?token=``, ``#access_token=``, ``auth=``, ``X-Amz-Credential=``,
+    ``X-Amz-Signature=``), a webhook URL's secret path (Slack ``/services/...``, Discord ``/api/webhooks/...``,
+    ``/hooks/...``) and a written-out HTTP credential (``Bearer ...``)."""
     if value is None or value == "":
         return value
     if _SECRET_KEY.search(key.rsplit(".", 1)[-1]):
         return REDACTED
     if isinstance(value, str):
-        value = _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", value)
-        return _URL_SECRET_PARAM.sub(lambda m: f"{m.group('name')}{REDACTED}", value)
+        return redact_text(value)
+    if isinstance(value, list | tuple):
+        return type(value)(redact(key, v) for v in value)
+    if isinstance(value, Mapping):
+        return {k: redact(f"{key}.{k}", v) for k, v in value.items()}
     return value
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every secret-looking part (see :func:`redact`) replaced by :data:`REDACTED`."""
+    text = _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{REDACTED}@", text)
+    text = _URL_SECRET_PARAM.sub(lambda m: f"{m.group('name')}{REDACTED}", text)
+    text = _URL_SECRET_PATH.sub(lambda m: f"{m.group('keep')}{REDACTED}", text)
+    return _AUTH_SCHEME.sub(lambda m: f"{m.group('scheme')}{REDACTED}", text)
 
 
 def path_keys(model: type[BaseModel], prefix: str = "") -> set[str]:

@@ -17,7 +17,7 @@ detection, as the coordinator does.
 Bounds: every line is read in bounded memory (``adapters/fs/bounded_read.py``): a line over the wire's 4 MiB batch
 cap is a counted bad line, a line without end (``/dev/zero``) stops the reading; a pipe or device is spooled to a
 temporary file line by line, at most :data:`MAX_SPOOL_BYTES` of it (more: exit 2, nothing replayed); a file names
-at most :data:`MAX_JOBS` jobs. No valid record at all: exit 2.
+at most ``[limits] max_jobs_total`` jobs (``--config``'s, else :data:`MAX_JOBS`). No valid record at all: exit 2.
 """
 
 from __future__ import annotations
@@ -70,27 +70,29 @@ MAX_SPOOL_BYTES = 64 * MAX_LINE_BYTES
 spooled to a temporary file to be read twice; more stops the replay with exit 2 (``/dev/urandom`` or ``yes |``
 never end). A regular file is read in place, with no such cap."""
 MAX_JOBS = LimitSettings.model_fields["max_jobs_total"].default
-"""Jobs one file may name (the coordinator's ``[limits] max_jobs_total``); the records of further jobs are counted
-bad lines."""
+"""Jobs one file may name by default (the coordinator's ``[limits] max_jobs_total``; ``--config``'s ``[limits]``
+sets it, :attr:`ReplayConfig.limits`); the records of further jobs are counted bad lines."""
 Line = str | OverlongLine | EndlessInput
 TICK_EVERY_S = 1.0
 REPLAY_PROF_ROOT = "/replay"
 """Stands in for the job's prof_root when planning (nothing is written)."""
 
 
-REPLAY_TABLES = ("detection", "arming", "capture")
+REPLAY_TABLES = ("detection", "arming", "capture", "limits")
 """The tables of the daemons' TOML that replay uses; the others (node, coordinator, security, ...) are ignored."""
 
 
 class ReplayConfig(BaseModel):
-    """The ``--config`` TOML file's ``[detection]``, ``[arming]`` and ``[capture]`` tables (all optional; the same
-    tables as the daemons' config file, validated as the daemons do). Unknown keys inside them are refused; other
+    """The ``--config`` TOML file's ``[detection]``, ``[arming]``, ``[capture]`` and ``[limits]`` tables (all
+    optional; the same tables as the daemons' config file, validated as the daemons do; of ``[limits]`` replay uses
+    ``max_jobs_total``, the job cap of one file, as the coordinator does). Unknown keys inside them are refused; other
     tables are left out by :func:`load_config`."""
 
     model_config = ConfigDict(extra="forbid")
     detection: DetectionSettings = Field(default_factory=DetectionSettings)
     arming: ArmingSettings = Field(default_factory=ArmingSettings)
     capture: CaptureSettings = Field(default_factory=CaptureSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
 
 
 def load_config(path: Path | None, ignored: list[str] | None = None) -> ReplayConfig:
@@ -160,9 +162,10 @@ def replay_source(open_lines: Callable[[], Iterable[Line]], config: ReplayConfig
     each call (a file opened again). The first pass validates every line and learns each job's world size (the
     detectors are built for it before the first step), the second replays; no record is kept between them, so
     memory does not grow with the number of records (only with ranks, episodes and what the result lists).
-    Same result shape and errors as :func:`replay_lines`. At most :data:`MAX_JOBS` jobs: the records of further
-    jobs are counted bad lines."""
+    Same result shape and errors as :func:`replay_lines`. At most ``config.limits.max_jobs_total`` jobs (default
+    :data:`MAX_JOBS`, the coordinator's): the records of further jobs are counted bad lines."""
     cfg = config or ReplayConfig()
+    max_jobs = cfg.limits.max_jobs_total
     bad: list[dict[str, Any]] = []
     bad_count = 0
     records = 0
@@ -175,10 +178,10 @@ def replay_source(open_lines: Callable[[], Iterable[Line]], config: ReplayConfig
             if len(bad) < MAX_BAD_LINES_LISTED:
                 bad.append({"line": no, "error": _short_error(rec)})
             continue
-        if rec.job_id not in sizes and len(sizes) >= MAX_JOBS:
+        if rec.job_id not in sizes and len(sizes) >= max_jobs:
             bad_count += 1
             if len(bad) < MAX_BAD_LINES_LISTED:
-                bad.append({"line": no, "error": f"job cap: the file names more than {MAX_JOBS} jobs "
+                bad.append({"line": no, "error": f"job cap: the file names more than {max_jobs} jobs "
                                                  "(the coordinator's limits.max_jobs_total)"})
             continue
         records += 1
@@ -404,7 +407,8 @@ def _unspool(spool: Any) -> Iterator[Line]:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="the daemons' TOML config (e.g. /etc/profwatch/profwatch.toml): its [detection], "
-                                 "[arming] and [capture] tables are used, the others ignored (one line says which).")
+                                 "[arming], [capture] and [limits] tables are used (of [limits], max_jobs_total: "
+                                 "the job cap), the others ignored (one line says which).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     """Replay recorded step telemetry FILE.jsonl through anomaly detection and the arming policy.
@@ -419,7 +423,8 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     Bad lines are counted and listed with their line numbers.
     Arming goes through the coordinator's path: the same policy, history and capture planner.
     Lines are read in bounded memory: a line over 4 MiB (the wire's batch cap) is a bad line, a line without end
-    stops the reading; at most 1024 jobs per file (the coordinator's max_jobs_total), further jobs' lines are bad;
+    stops the reading; at most 1024 jobs per file (the coordinator's max_jobs_total, or --config's [limits] max_jobs_total),
+    further jobs' lines are bad;
     a pipe or device (/dev/stdin) is spooled to a temporary file, at most 256 MiB of it.
     Exit codes (daemon/profwatch/exitcodes.py): 0 replayed; 2 bad --config, no valid record (every line bad, or an
     empty file), or a pipe or device that gave more than 256 MiB.

@@ -336,12 +336,29 @@ def _rejected_from(exc: ValidationError, known: set[str], data: bytes | str) -> 
     if not isinstance(raw, dict):
         return MessageRejected("bad_schema", "not a JSON object")
     kind = raw.get("kind")
+    if "kind" not in raw:
+        return MessageRejected("bad_schema", f"kind: missing (one of {', '.join(sorted(known))})")
     if kind not in known:
         return MessageRejected("unknown_kind", repr(kind)[:60])
     if raw.get("v", wire.SCHEMA_VERSION) not in _ACCEPTED:
         return MessageRejected("bad_version", f"v={raw.get('v')!r}")
     loc = ".".join(str(p) for p in first.get("loc", ()))
     return MessageRejected("bad_schema", f"{loc}: {first.get('msg', '')}"[:200])
+
+
+_US_FIELDS = ("step_time_us", "ts_unix_us")
+
+
+def _us_field_error(exc: ValidationError) -> MessageRejected | None:
+    """A ``bad_schema`` naming the hook form's own field (``step_time_us``, ``ts_unix_us``: integer microseconds)
+    when that field is present with a wrong value (a float, a string); None when the failure is elsewhere (the
+    general rules then decide) or the field is absent (the text was inside a string)."""
+    for err in exc.errors():
+        loc = err.get("loc") or ()
+        if loc and loc[0] in _US_FIELDS and err.get("type") != "missing":
+            return MessageRejected("bad_schema", f"{loc[0]}: {err.get('msg', '')} (integer microseconds, got "
+                                                 f"{err.get('input')!r:.40})")
+    return None
 
 
 def parse_rank_message(raw: bytes | str | dict[str, Any], peer_pid: int | None = None) -> Any:
@@ -366,8 +383,13 @@ def parse_rank_message(raw: bytes | str | dict[str, Any], peer_pid: int | None =
     if (b'"step_time_us"' if isinstance(raw, bytes) else '"step_time_us"') in raw:  # type: ignore[operator]
         try:
             us = _step_us_adapter.validate_json(raw, strict=True)
-        except (ValidationError, ValueError, RecursionError):
-            pass  # not the hook's form after all (the text was inside a string): the general rules decide
+        except ValidationError as exc:
+            own = _us_field_error(exc)
+            if own is not None:  # the hook's form with a bad microsecond field: name that field
+                raise own from None
+            # else not the hook's form after all (the text was inside a string): the general rules decide
+        except (ValueError, RecursionError):
+            pass  # the general rules decide (and say why)
         else:
             if not (0 <= us.step_time_us <= _MAX_STEP_TIME_US and 0 <= us.ts_unix_us <= _MAX_TS_UNIX_US):
                 raise MessageRejected("bad_value", f"step_time_us={us.step_time_us} ts_unix_us={us.ts_unix_us} must "

@@ -1,6 +1,7 @@
 """The daemons' HTTP endpoint: ``/metrics`` (Prometheus text, prometheus-client's WSGI app), ``/healthz`` and
 ``/readyz`` (``profwatch.core.health``; 200 when the probe holds, 503 otherwise, a JSON body saying why), 404
-for any other path. One server, on ``metrics_port``; with metrics off, on ``health_port`` without ``/metrics``
+for any other path, 405 for a method other than GET and HEAD (HEAD answers without a body). One server, on
+``metrics_port``; with metrics off, on ``health_port`` without ``/metrics``
 (``daemon/profwatch/config.py``). HTTPS with a certificate and key (PEM), and client certificates signed by a CA
 required when one is given: the same TLS options as prometheus-client's ``start_http_server``, whose server this
 mirrors (wsgiref's ``make_server`` with a threading mixin, one daemon thread).
@@ -87,9 +88,26 @@ class _Quiet(WSGIRequestHandler):
 
 
 def probe_app(health: Health, metrics_app: Wsgi | None, clock: Callable[[], float] = time.monotonic) -> Wsgi:
-    """The WSGI app: ``/metrics`` to ``metrics_app`` (when given), ``/healthz``, ``/readyz``, else 404."""
+    """The WSGI app: ``/metrics`` to ``metrics_app`` (when given), ``/healthz``, ``/readyz``, else 404. GET and
+    HEAD only (HEAD: the same status and headers, no body); any other method is 405 with ``Allow: GET, HEAD``."""
 
     def app(environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
+        method = str(environ.get("REQUEST_METHOD") or "GET").upper()
+        if method not in ("GET", "HEAD"):  # RFC 9110 15.5.6: 405 with the methods the resource allows
+            data = b"method not allowed: GET, HEAD\n"
+            start("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Type", "text/plain"),
+                                             ("Content-Length", str(len(data)))])
+            return [data]
+        # HEAD is answered as GET (prometheus-client's app would refuse it) and its body dropped
+        body = routed(environ | {"REQUEST_METHOD": "GET"} if method == "HEAD" else environ, start)
+        if method == "HEAD":  # RFC 9110 9.3.2: the GET's status and headers (Content-Length too), no content
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+            return []
+        return body
+
+    def routed(environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
         if path == "/metrics" and metrics_app is not None:
             return metrics_app(environ, start)

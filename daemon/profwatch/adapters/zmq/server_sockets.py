@@ -151,6 +151,9 @@ class ServerSockets:
                     rcvhwm=limits.hwm_for(limits.control_queue_bytes_per_peer, control.MAX_REQUEST_BYTES))
             with _naming("pub", binds["pub"]):
                 self.pub = EventPublisher(ctx, binds["pub"], curve=keys if self.curve["pub"] else None)
+            # the endpoints as bound: a port 0 or * (ZeroMQ picks one) is the real port here, not the configured 0
+            self.bound = {"ingest": str(self.ingest.getsockopt_string(zmq.LAST_ENDPOINT)),
+                          "control": str(self.control.getsockopt_string(zmq.LAST_ENDPOINT)), "pub": self.pub.endpoint}
             for name, sock in (("ingest", self.ingest), ("control", self.control), ("pub", self.pub.sock)):
                 if self.curve[name] or name in CLOSE_COUNTED:  # ingest: closed connections are counted
                     self.monitors[name] = HandshakeMonitor(sock, side="server")

@@ -14,6 +14,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from profwatch.core.keyed_error import KeysError
+
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ALERTMANAGER_API = re.compile(r"/api/v[12]/alerts/?$")
 _LABEL_VALUE_MAX = 256
@@ -70,9 +72,11 @@ class HttpClientSettings(_Strict):
     @model_validator(mode="after")
     def _pairs(self) -> HttpClientSettings:
         if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file go together (client certificate for mutual TLS)")
+            raise KeysError(("cert_file", "key_file"), "cert_file and key_file go together (client certificate for "
+                            "mutual TLS)")
         if self.authorization_file is not None and self.authorization_env is not None:
-            raise ValueError("set authorization_file or authorization_env, not both")
+            raise KeysError(("authorization_file", "authorization_env"), "set authorization_file or "
+                            "authorization_env, not both")
         return self
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from profwatch.core.keyed_error import KeysError
+
 
 class DetectionSettings(BaseModel):
     """Thresholds of :class:`profwatch.core.detection.job_detector.JobDetector` (units in the descriptions).
@@ -136,11 +138,14 @@ class DetectionSettings(BaseModel):
     @model_validator(mode="after")
     def _check_windows(self) -> DetectionSettings:
         if self.min_baseline_steps > self.baseline_steps:
-            raise ValueError("min_baseline_steps must be <= baseline_steps")
+            raise KeysError(("min_baseline_steps", "baseline_steps"), "min_baseline_steps must be <= baseline_steps")
         if self.outlier_min_steps > self.outlier_window_steps:
-            raise ValueError("outlier_min_steps must be <= outlier_window_steps")
+            raise KeysError(("outlier_min_steps", "outlier_window_steps"),
+                            "outlier_min_steps must be <= outlier_window_steps")
         if self.structural_learn_steps < self.outlier_window_steps:
-            raise ValueError("structural_learn_steps must be >= outlier_window_steps")
+            raise KeysError(("structural_learn_steps", "outlier_window_steps"),
+                            "structural_learn_steps must be >= outlier_window_steps")
         if self.spike_min_effect < self.min_effect:
-            raise ValueError("spike_min_effect must be >= min_effect (a spike is larger than the smallest regression)")
+            raise KeysError(("spike_min_effect", "min_effect"), "spike_min_effect must be >= min_effect (a spike is "
+                            "larger than the smallest regression)")
         return self

@@ -83,9 +83,11 @@ class EndedJobs:
     """Which (job id, generation) pairs have ended and not reported since: a verdict about one of them is information
     (``job_ended: true``), never a firing alert (``docs/alerts.md``, "Ended jobs").
 
-    A job that reports again in the same generation (a serving job idle for longer than ``job_end_after_s``) is live
-    again (:meth:`revive`); a new generation of the job (a requeue, an elastic restart) is another pair and alerts as
-    usual. Memory: at most ``max_items`` pairs, the oldest end evicted first.
+    An ended generation is never live again: a job that reports after its end (a serving job idle for longer than
+    ``job_end_after_s``, a requeue) opens a new generation (``resumed_after_end``, also after a coordinator restart,
+    which restores the end), another pair that alerts as usual. :meth:`revive` is the alert book's: a verdict whose
+    ``job_ended`` is false (the coordinator's word) lifts a pair the book still holds ended. Memory: at most
+    ``max_items`` pairs, the oldest end evicted first.
 
     Args:
         max_items: bound on remembered pairs (> 0).
@@ -113,13 +115,6 @@ class EndedJobs:
         return generation is not None and (job_id, int(generation)) in self._ended
 
     def revive(self, job_id: str, generation: int) -> bool:
-        """The pair reported again: it is live. Returns True when it was marked ended."""
+        """The coordinator says the pair is live (a verdict's ``job_ended`` is false): forget its end. Returns True
+        when it was marked ended."""
         return self._ended.pop((job_id, int(generation)), None) is not None
-
-    def revive_reporting(self, last_report_unix_s: Mapping[tuple[str, int], float]) -> list[tuple[str, int]]:
-        """Revive every ended pair whose newest report (``(job, generation) -> wall time``) is newer than its end's
-        last report. Returns the revived pairs."""
-        back = [k for k, t in last_report_unix_s.items() if k in self._ended and t > self._ended[k]]
-        for k in back:
-            del self._ended[k]
-        return back

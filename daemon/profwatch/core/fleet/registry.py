@@ -591,9 +591,9 @@ class Registry:
             r.left = True
             r.seen_unix_s = now
             job = self.jobs[msg.job_id]
-            # not job.heard_unix_s: a bye is no report. The job's end and its revival (EndedJobs.revive_reporting)
-            # read heard_unix_s, and a late bye must never make an ended job live again (only a step, or a hello
-            # that opens a new generation, does: docs/generations.md)
+            # not job.heard_unix_s: a bye is no report. The job's end reads heard_unix_s, and a late bye must never
+            # make an ended job live again (only a step or a hello does, opening a new generation:
+            # docs/generations.md)
             job.gauge_stale = True
             self.changed_ranks.add((msg.job_id, r.rank))
 
