@@ -1,0 +1,182 @@
+"""Issue 31's live serving target: a healthy serving loop on a busy host with 0 arms, then its +30 % TP rank captured.
+
+A coordinator and one node daemon (threads, ``tests/integration/live_stack.py``) and a real 2-rank tensor-parallel
+"serving engine" (SIMULATED WORKLOAD, real torch + gloo, this file run with ``--rank-worker``):
+``rankhook.init(mode="serving")``, requests arrive in bursts with idle gaps of 0.2-6 s, each engine iteration
+serves a batch of 1-32 requests (``rankhook.step(work=batch)``), does compute proportional to its batch and one
+all-reduce (the TP pair's). Both ranks draw the same gaps and batches (one seed). The host's load changes every
+20-90 s between 0 and ``--max-hogs`` busy loops (a shared host). After ``--healthy-s`` seconds rank 1 does
+``--slowdown`` x its compute for good. Prints: arms during the healthy part (each a false arm), and whether a
+capture armed after the onset names rank 1 (``suspect_ranks``), with the delay. Nothing is asserted.
+
+Usage: python bench/bench_live_serving.py [--healthy-s 900] [--after-s 300] [--max-hogs 2] [--slowdown 1.3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "daemon"), str(REPO)]
+JOB = "serving-live"
+SLOW_RANK = 1
+
+
+def rank_worker(a: argparse.Namespace) -> int:
+    """One TP rank: serve until the stop file exists (agreed through the iteration's all-reduce)."""
+    import torch
+    import torch.distributed as dist
+
+    import rankhook
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    rankhook.init(mode="serving")
+    rng = random.Random(a.seed)  # the same draws on both ranks: same gaps, same batches
+    w = torch.randn(256, 256)
+    x = torch.randn(64, 256)
+    buf = torch.zeros(257)
+    stop_file, slow_file = Path(a.stop_file), Path(a.slow_file)
+    while True:
+        burst = rng.randint(3, 40)  # iterations while requests wait
+        for _ in range(burst):
+            batch = rng.randint(1, 32)
+            slow = rank == SLOW_RANK and slow_file.exists()
+            n = int(round(batch * a.matmuls_per_request * (a.slowdown if slow else 1.0)))
+            z = x
+            for _ in range(n):
+                z = torch.tanh(z @ w)
+            buf[:256] = z[0]
+            buf[256] = 1.0 if stop_file.exists() else 0.0
+            dist.all_reduce(buf)
+            if buf[256].item() > 0:
+                rankhook.shutdown()
+                dist.destroy_process_group()
+                return 0
+            rankhook.step(work=float(batch))
+        time.sleep(rng.uniform(0.2, 6.0))  # no request waiting: the engine idles
+
+
+def _hog() -> None:
+    while True:
+        pass
+
+
+def _events(st: Any, type_: str) -> list[dict[str, Any]]:
+    rows = st.control("events", {"job_id": JOB, "alerts_only": False, "limit": 10_000})
+    return [r["event"]["data"] for r in rows if r["event"]["type"] == type_]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--stop-file", default="")
+    ap.add_argument("--slow-file", default="")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--healthy-s", type=float, default=900.0)
+    ap.add_argument("--after-s", type=float, default=300.0)
+    ap.add_argument("--max-hogs", type=int, default=2)
+    ap.add_argument("--slowdown", type=float, default=1.3)
+    ap.add_argument("--matmuls-per-request", type=float, default=2.0)
+    a = ap.parse_args()
+    if a.rank_worker:
+        return rank_worker(a)
+
+    from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_SUSPECT_RANKS
+    from profwatch.simulate.launcher import free_port
+    from tests.conftest import python_env
+    from tests.integration.live_stack import Stack
+
+    hogs: list[multiprocessing.Process] = []
+    rng = random.Random(a.seed + 1)
+    with tempfile.TemporaryDirectory(prefix="pwsv", dir="/tmp") as tmp:
+        root = Path(tmp)
+        (root / "cfg").mkdir()
+        (root / "prof").mkdir()
+        stop_file, slow_file = root / "stop", root / "slow"
+        st = Stack(root, ack_timeout_s=600.0, sections={"arming": {"active": 6, "min_arm_gap_s": 5.0},
+                                                        "analysis": {"ranking": {"min_effect_frac": 0.08}}})
+        procs: list[subprocess.Popen] = []
+        t0 = time.monotonic()
+        try:
+            st.start()
+            st.node("n0")
+            port = free_port()
+            for rank in range(2):
+                env = dict(python_env(), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PROFWATCH_JOB_ID=JOB,
+                           PROFWATCH_NODE_ENDPOINT=f"ipc://{root}/n0.sock", PROFWATCH_BACKEND="torch",
+                           PROFWATCH_PROFILER_CONFIG_PATH=str(root / "cfg"), PROFWATCH_PROF_ROOT=str(root / "prof"),
+                           OMP_NUM_THREADS="1")
+                procs.append(subprocess.Popen(
+                    [sys.executable, str(Path(__file__).resolve()), "--rank-worker", "--stop-file", str(stop_file),
+                     "--slow-file", str(slow_file), "--seed", str(a.seed), "--slowdown", str(a.slowdown),
+                     "--matmuls-per-request", str(a.matmuls_per_request)],
+                    env=env, stdout=subprocess.DEVNULL, stderr=open(root / f"rank{rank}.log", "wb")))
+            next_load = time.monotonic() + rng.uniform(20, 90)
+            onset: float | None = None
+            found: dict[str, Any] | None = None
+            loads: list[int] = []
+            while time.monotonic() - t0 < a.healthy_s + a.after_s and found is None:
+                if any(p.poll() is not None for p in procs):
+                    print("a rank exited early; see its log", flush=True)
+                    break
+                if time.monotonic() >= next_load:  # the host's load moves: 0..max_hogs busy loops
+                    want = rng.randint(0, a.max_hogs)
+                    while len(hogs) > want:
+                        h = hogs.pop()
+                        h.terminate()
+                        h.join(5)
+                    while len(hogs) < want:
+                        h = multiprocessing.Process(target=_hog, daemon=True)
+                        h.start()
+                        hogs.append(h)
+                    loads.append(want)
+                    next_load = time.monotonic() + rng.uniform(20, 90)
+                if onset is None and time.monotonic() - t0 >= a.healthy_s:
+                    slow_file.touch()
+                    onset = time.monotonic()
+                    arms = [d for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"]
+                    print(f"healthy {a.healthy_s:.0f} s on a host with load changes {loads}: {len(arms)} arms "
+                          f"{[(d['anomaly'], d['step']) for d in arms]}", flush=True)
+                    onset_arms = len(arms)
+                if onset is not None:
+                    arms = [d for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"][onset_arms:]
+                    ids = {d["capture_id"] for d in arms}
+                    for d in _events(st, TYPE_SUSPECT_RANKS):
+                        sus = d.get("suspects") or []
+                        if d.get("capture_id") in ids and sus and sus[0]["rank"] == SLOW_RANK:
+                            found = d
+                time.sleep(1.0)
+            status = st.control("status", {"job_id": JOB})
+            steps = [r.get("last_step") for j in status.get("jobs", []) for r in j.get("ranks", [])]
+            delay = f"{time.monotonic() - onset:.0f} s" if found is not None and onset is not None else "-"
+            print(f"+{100 * (a.slowdown - 1):.0f} % TP rank {SLOW_RANK} captured and named: {found is not None} "
+                  f"(delay {delay}); steps {steps}; load average {os.getloadavg()[0]:.1f}", flush=True)
+        finally:
+            stop_file.touch()
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(10)
+            for h in hogs:
+                h.terminate()
+                h.join(5)
+            st.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
