@@ -1,8 +1,10 @@
 """The per-process hook: times steps and stages, publishes them, drives the capture backend (stdlib + pyzmq).
 
-Hot path: :meth:`Hook.step` builds the step report JSON by string formatting (the field order of
-:class:`rankhook.wire.StepReport`), sends it with one non-blocking ZeroMQ call and hands the step to the capture
-backend. It never raises and never blocks the training loop.
+Hot path: :meth:`Hook.step` builds the step report JSON by one bytes %-format of integers (the field order of
+:class:`rankhook.wire.StepReportUs`; the clocks are read in integer nanoseconds), sends it with one non-blocking
+ZeroMQ call and hands the step to the capture backend (none for the ``none`` backend, whose calls do nothing). One
+comparison decides that the hook is open and the caller owns the step counter. It never raises and never blocks the
+training loop (``bench/bench_step_python.py`` measures its own Python per call).
 
 Forked children: a child of a rank (``os.fork``, multiprocessing's ``fork`` start method, a DataLoader worker)
 inherits the rank's hook, identity and step counter. It must never speak as its parent: one step report from it
@@ -51,7 +53,13 @@ log = logging.getLogger("rankhook")
 
 HELLO_RESEND_S = 10.0
 """The hello is re-sent this often, so a restarted node daemon learns its ranks without a rank restart."""
+_HELLO_RESEND_NS = int(HELLO_RESEND_S * 1e9)
 
+
+_get_ident = threading.get_ident
+_perf_counter_ns = time.perf_counter_ns
+_time_ns = time.time_ns
+"""The clocks and the thread id, bound once: ``rankhook.step()`` looks up no module attribute for them."""
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 _LIVE_HOOKS: weakref.WeakSet[Hook] = weakref.WeakSet()
@@ -150,8 +158,15 @@ class Hook:
         )
         labels = (',"mode":' + json.dumps(mode) if mode else "") + (',"role":' + json.dumps(role) if role else "")
         self._suffix = labels + ',"kind":"step","v":' + str(wire.SCHEMA_VERSION) + "}"  # wire.StepReportUs
-        self._step_format = (self._prefix + '%d,"step_time_us":%d,"ts_unix_us":%d%s' + self._suffix).encode()
+        fixed = self._prefix + '%d,"step_time_us":%d,"ts_unix_us":%d'
+        self._step_format = (fixed + self._suffix).encode()
+        """The step report without optional fields: step, step_time_us, ts_unix_us."""
+        self._step_format_tail = (fixed + "%s" + self._suffix).encode()
+        """The same with the optional fields (bytes, :meth:`_tail`) after ``ts_unix_us``."""
         self._closed = False
+        self._step_owner = 0
+        """The owner's ``threading.get_ident()`` once :meth:`step` has seen it, 0 before and once closed: the step
+        path's one check for both (``_closed`` and ``_owner`` stay the truth; the slow path re-checks them)."""
         self.forked_child = False
         """True in a forked child of the rank: the hook is silent there (module docstring)."""
         self._owner_thread = step_thread
@@ -165,19 +180,33 @@ class Hook:
         self._t_hello = 0.0  # perf_counter() of the last hello sent
         _LIVE_HOOKS.add(self)
         self.send_hello()
-        self._t_last = time.perf_counter()
-        self._next_hello = self._t_last + HELLO_RESEND_S
+        self._t_last_ns = time.perf_counter_ns()  # perf_counter_ns() of the last step (or of the construction)
+        self._next_hello_ns = self._t_last_ns + _HELLO_RESEND_NS
         self._stop = threading.Event()
         self._keepalive: threading.Thread | None = None
         if mode == "serving":
             self._keepalive = threading.Thread(target=self._keepalive_loop, name="rankhook-keepalive", daemon=True)
             self._keepalive.start()
 
+    @property
+    def backend(self) -> CaptureBackend:
+        """The capture backend in use (``none`` when capture is off)."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: CaptureBackend) -> None:
+        from rankhook.backends.base import NoneBackend
+
+        self._backend = backend
+        # the none backend's after_step() and capturing() do nothing: step() skips both calls for it (~80 ns)
+        self._capture: CaptureBackend | None = None if type(backend) is NoneBackend else backend
+
     # -- messages -------------------------------------------------------------------------------------------
     def silence_forked_child(self) -> None:
         """Called in a forked child: from now on this hook sends nothing and drives no backend."""
         self.forked_child = True
         self._closed = True
+        self._step_owner = 0  # the child's thread may have the parent's owner's ident
         self._owner_lock = threading.Lock()  # a lock inherited through fork may be held by a thread not there
         self._keepalive = None  # the thread does not exist in the child
 
@@ -188,7 +217,7 @@ class Hook:
             if self._closed:
                 return
             now = time.perf_counter()
-            if now - self._t_last >= period and now - self._t_hello >= period:
+            if now - self._t_last_ns / 1e9 >= period and now - self._t_hello >= period:
                 try:
                     self.send_hello()
                 except Exception as exc:  # noqa: BLE001 - a keepalive must never take the process down
@@ -265,41 +294,64 @@ class Hook:
         else is left out of the report with one warning). A call from a thread other than the owner (module doc)
         is dropped.
         """
-        if self._closed:
+        if _get_ident() != self._step_owner and not self._may_step():
             return
-        if threading.get_ident() != self._owner and not self.owns_steps("step()", claim=True):
-            self.foreign_steps += 1
-            return
-        now = time.perf_counter()
-        dt = now - self._t_last
-        self._t_last = now
-        self.step_count += 1
-        step = self.step_count
+        now = _perf_counter_ns()
+        dt_ns = now - self._t_last_ns
+        self._t_last_ns = now
+        step = self.step_count = self.step_count + 1
+        capture = self._capture
         try:
-            # integer microseconds (wire.StepReportUs), one bytes %-format: no float repr, no concatenation chain
-            tail = ""
-            if self._stages:
-                tail += ',"stages":' + json.dumps(self._stages)
-                self._stages = {}
-            if self._flags:
-                tail += ',"flags":' + json.dumps(self._flags)
-                self._flags = []
-            if self.backend.capturing():
-                tail += ',"capturing":true'
-            if work is not None:
-                tail += self._work_field(work)
-            payload = self._step_format % (step, int(dt * 1e6 + 0.5), time.time_ns() // 1000, tail.encode())
+            # integer microseconds (wire.StepReportUs), one bytes %-format of integers only: no float repr, no
+            # concatenation chain, no float-to-int conversion (the clocks are read in integer nanoseconds).
+            capturing = capture is not None and capture.capturing()
+            if capturing or self._stages or self._flags or work is not None:
+                payload = self._step_format_tail % (step, (dt_ns + 500) // 1000, _time_ns() // 1000,
+                                                    self._tail(work, capturing))
+            else:  # the common step: nothing beyond the fixed fields
+                payload = self._step_format % (step, (dt_ns + 500) // 1000, _time_ns() // 1000)
             self.publisher.send(self._topic_step, payload)
-            if now >= self._next_hello:
-                self._next_hello = now + HELLO_RESEND_S
+            if now >= self._next_hello_ns:
+                self._next_hello_ns = now + _HELLO_RESEND_NS
                 self.send_hello()
         except Exception as exc:  # noqa: BLE001
             self.publisher.counters.errors += 1
             log.warning("rankhook: step report failed: %r", exc)
-        try:
-            self.backend.after_step(step)
-        except Exception as exc:  # noqa: BLE001 - a broken backend must not break training
-            log.warning("rankhook: capture backend %s failed in step(): %r", self.backend.name, exc)
+        if capture is not None:
+            try:
+                capture.after_step(step)
+            except Exception as exc:  # noqa: BLE001 - a broken backend must not break training
+                log.warning("rankhook: capture backend %s failed in step(): %r", capture.name, exc)
+
+    def _may_step(self) -> bool:
+        """The step path's slow check (the calling thread is not ``_step_owner``): False when the hook is closed or
+        the thread does not own the step counter (then the call is counted in ``foreign_steps``)."""
+        if self._closed:
+            return False
+        if not self.owns_steps("step()", claim=True):
+            self.foreign_steps += 1
+            return False
+        self._step_owner = _get_ident()
+        if self._closed:  # close() ran meanwhile (from another thread): keep the fast path shut
+            self._step_owner = 0
+            return False
+        return True
+
+    def _tail(self, work: float | None, capturing: bool) -> bytes:
+        """The optional fields of this step's report, in :class:`rankhook.wire.StepReportUs` order (``stages``,
+        ``flags``, ``capturing``, ``work``), as bytes; takes the step's stages and flags."""
+        tail = ""
+        if self._stages:
+            tail += ',"stages":' + json.dumps(self._stages)
+            self._stages = {}
+        if self._flags:
+            tail += ',"flags":' + json.dumps(self._flags)
+            self._flags = []
+        if capturing:
+            tail += ',"capturing":true'
+        if work is not None:
+            tail += self._work_field(work)
+        return tail.encode()
 
     def _work_field(self, work: float) -> str:
         """``,"work":<w>`` for a usable ``work`` value, else "" (with one warning)."""
@@ -352,6 +404,7 @@ class Hook:
         if self._closed:
             return
         self._closed = True
+        self._step_owner = 0
         if os.getpid() != self.ident.pid:
             return  # a child forked without at-fork hooks (C fork): never a bye for, or a close of, the parent's
         self._stop.set()

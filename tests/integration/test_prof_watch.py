@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
@@ -291,3 +292,53 @@ def test_inotify_watches_follow_the_layout_not_the_whole_tree(tmp_path: Path) ->
         wait_for(lambda: rec.status.get("moved") == "complete", 10, what="rank dirs moved in are read")
         wait_for(lambda: observers[0].watch_count() == 5 + 2 * 8, 10,  # type: ignore[attr-defined]
                  what="the moved-in folders and their rank dirs armed")
+
+
+def test_a_burst_of_markers_costs_one_event_each_and_few_deliveries(tmp_path: Path) -> None:
+    """Issue 34: a marker created and closed within one read of the inotify fd is one ``FileCreatedEvent`` (its
+    ``IN_CLOSE_WRITE`` folded into it), and a burst's rank dirs reach ``on_rank_dirs`` gathered (``GATHER_S``),
+    not one call per marker; a file closed after a later write still raises its ``FileClosedEvent``."""
+    observers: list[BaseObserver] = []
+
+    def factory(mode: str, on_overflow: Callable[[], None]) -> BaseObserver:
+        obs = make_inotify_observer(on_overflow)
+        observers.append(obs)
+        return obs
+
+    prof = tmp_path / "prof"
+    dirs = gen.generate_cluster(prof / "a", world_size=64, capture_id="cap", with_marker=False)
+    calls: list[frozenset[str]] = []
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def on_rank_dirs(prof_dir: str, rank_dirs: frozenset[str]) -> None:
+        with lock:
+            calls.append(rank_dirs)
+
+    class Seen(FileSystemEventHandler):
+        def on_any_event(self, event: FileSystemEvent) -> None:
+            with lock:
+                events.append((event.event_type, str(event.src_path)))
+
+    with ProfWatcher(lambda p: None, settings=WatchSettings(observer="inotify", **FAST), observer_factory=factory,
+                     on_rank_dirs=on_rank_dirs) as w:
+        w.watch(prof)
+        wait_for(lambda: observers and observers[0].watch_count() == 2 + 2 * 64, 10,  # type: ignore[attr-defined]
+                 what="prof, a, and two per rank dir")
+        emitter = next(iter(observers[0].emitters))
+        observers[0].add_handler_for_watch(Seen(), emitter.watch)
+        markers = [d / "ASCEND_PROFILER_OUTPUT" / "analyse.done" for d in dirs]
+        with emitter._fd_lock:  # the emitter reads nothing meanwhile: every marker's two events wait in one queue
+            for m in markers:
+                m.touch()
+        named = lambda: {d for c in calls for d in c}  # noqa: E731
+        wait_for(lambda: named() >= {str(d) for d in dirs}, 10, what="every rank dir named")
+        wait_for(lambda: sum(1 for k, p in events if p.endswith("analyse.done")) >= 64, 10, what="marker events")
+        with markers[0].open("a") as fh:  # a later write and close: its own read, its own closed event
+            fh.write("x")
+        wait_for(lambda: ("closed", str(markers[0])) in events, 10, what="the later close")
+    with lock:
+        kinds = [k for k, p in events if p.endswith("analyse.done")]
+    assert kinds.count("created") == 64 and kinds.count("closed") == 1, kinds
+    assert emitter.closes_folded == 64  # type: ignore[attr-defined]
+    assert len(calls) <= 16, f"{len(calls)} deliveries for a burst of 64 markers"

@@ -159,6 +159,37 @@ def test_step_times_travel_as_integer_microseconds(node: _Node) -> None:
     assert t0 <= msg.ts_unix_s <= time.time()
 
 
+class _CapturingBackend(_CountingBackend):
+    """A backend with a capture window open: every report must say so."""
+
+    def capturing(self) -> bool:
+        return True
+
+
+def test_the_step_path_follows_the_backend_in_use_and_stops_at_close(node: _Node) -> None:
+    """``step()``'s fast path (issue 34: one owner comparison, no backend calls for ``none``) keeps the rules: a
+    capturing backend marks every report and is stepped; after the backend fails over to ``none`` the old one is
+    no longer driven and reports carry no ``capturing``; a closed hook neither sends nor counts."""
+    backend = _CapturingBackend()
+    hook = Hook(resolve_identity("thr-job", rank=0, world_size=1), Publisher(node.endpoint), backend)
+    hook.stage("fwd").__exit__(None, None, None)
+    hook.step()
+    hook.step(work=3)
+    hook.backend_failed("profiler would not start")
+    hook.step()
+    hook.close()
+    hook.step()
+    assert hook.step_count == 3 and hook.foreign_steps == 0
+    assert [step for _tid, step in backend.calls] == [1, 2]
+    steps = wait_for(lambda: (s := node.kinds("step")) and len(s) >= 3 and s)
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert [m.get("capturing", False) for m in steps] == [True, True, False]
+    assert "fwd" in steps[0]["stages"] and steps[1]["work"] == 3.0 and "stages" not in steps[1]
+    assert all(type(m["step_time_us"]) is int and m["step_time_us"] >= 0 for m in steps)
+    assert all(isinstance(parse_rank_message(json.dumps(m)), wire.StepReport) for m in steps)
+    assert len(wait_for(lambda: node.kinds("bye"))) == 1
+
+
 def test_default_hook_sends_no_labels(node: _Node) -> None:
     hook = _hook(node)
     try:

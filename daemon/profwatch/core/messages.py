@@ -284,40 +284,52 @@ def check_rank_message(msg: Any) -> Any:
         if msg.peer_pid is not None and not 0 < msg.peer_pid < 2**32:
             raise MessageRejected("bad_value", f"peer_pid={msg.peer_pid}")
     elif kind == "hello":
-        if not 1 <= msg.world_size <= MAX_WORLD_SIZE or msg.rank >= msg.world_size:
-            raise MessageRejected("bad_rank", f"rank={msg.rank} world_size={msg.world_size} (max {MAX_WORLD_SIZE})")
-        if not 0 <= msg.local_rank < MAX_WORLD_SIZE or not 0 < msg.pid < MAX_INT:
-            raise MessageRejected("bad_value", f"local_rank={msg.local_rank} pid={msg.pid}")
-        if len(msg.counters) > MAX_ENTRIES or any(not 0 <= v < MAX_INT for v in msg.counters.values()):
-            raise MessageRejected("bad_value", "counters out of range")
-        _check_time(msg.ts_unix_s, "ts_unix_s", MAX_TS_UNIX_S)
-        _check_name(msg.hostname, "hostname")
-        _check_str_dict(msg.versions, "versions")
-        for v in msg.versions.values():
-            _check_name(v, "versions")
-        _check_str_dict(msg.counters, "counters")
-        _check_text(msg.profiler_config_path, "profiler_config_path", MAX_PATH)
-        _check_text(msg.prof_root, "prof_root", MAX_PATH)
-        if msg.peer_uid is not None and not 0 <= msg.peer_uid < 2**32:
-            raise MessageRejected("bad_value", f"peer_uid={msg.peer_uid}")
-        if msg.peer_pid is not None and not 0 < msg.peer_pid < 2**32:
-            raise MessageRejected("bad_value", f"peer_pid={msg.peer_pid}")
-        if msg.restart_count is not None and not 0 <= msg.restart_count < MAX_INT:
-            raise MessageRejected("bad_value", f"restart_count={msg.restart_count}")
-        _check_labels(msg)
+        _check_hello(msg)
     else:
-        _check_time(msg.ts_unix_s, "ts_unix_s", MAX_TS_UNIX_S)
-        for name in ("step", "generation", "start_step", "total_bytes"):
-            v = getattr(msg, name, None)
-            if v is not None and not -1 <= v < MAX_INT:
-                raise MessageRejected("bad_value", f"{name}={v}")
-        if kind == "capture":
-            if len(msg.steps) > MAX_CAPTURED_STEPS or any(not 0 <= s < MAX_STEP for s in msg.steps):
-                raise MessageRejected("bad_value", f"{len(msg.steps)} captured steps (max {MAX_CAPTURED_STEPS})")
-            _check_text(msg.capture_id, "capture_id")
-            _check_text(msg.rank_dir, "rank_dir", MAX_PATH)
-            _check_text(msg.detail, "detail", MAX_DETAIL)
+        _check_capture_or_bye(msg)
     return msg
+
+
+def _check_hello(msg: Any) -> None:
+    """The value rules of a :class:`rankhook.wire.RankHello` beyond the common ones (:func:`check_rank_message`);
+    raises :class:`MessageRejected`."""
+    if not 1 <= msg.world_size <= MAX_WORLD_SIZE or msg.rank >= msg.world_size:
+        raise MessageRejected("bad_rank", f"rank={msg.rank} world_size={msg.world_size} (max {MAX_WORLD_SIZE})")
+    if not 0 <= msg.local_rank < MAX_WORLD_SIZE or not 0 < msg.pid < MAX_INT:
+        raise MessageRejected("bad_value", f"local_rank={msg.local_rank} pid={msg.pid}")
+    if len(msg.counters) > MAX_ENTRIES or any(not 0 <= v < MAX_INT for v in msg.counters.values()):
+        raise MessageRejected("bad_value", "counters out of range")
+    _check_time(msg.ts_unix_s, "ts_unix_s", MAX_TS_UNIX_S)
+    _check_name(msg.hostname, "hostname")
+    _check_str_dict(msg.versions, "versions")
+    for v in msg.versions.values():
+        _check_name(v, "versions")
+    _check_str_dict(msg.counters, "counters")
+    _check_text(msg.profiler_config_path, "profiler_config_path", MAX_PATH)
+    _check_text(msg.prof_root, "prof_root", MAX_PATH)
+    if msg.peer_uid is not None and not 0 <= msg.peer_uid < 2**32:
+        raise MessageRejected("bad_value", f"peer_uid={msg.peer_uid}")
+    if msg.peer_pid is not None and not 0 < msg.peer_pid < 2**32:
+        raise MessageRejected("bad_value", f"peer_pid={msg.peer_pid}")
+    if msg.restart_count is not None and not 0 <= msg.restart_count < MAX_INT:
+        raise MessageRejected("bad_value", f"restart_count={msg.restart_count}")
+    _check_labels(msg)
+
+
+def _check_capture_or_bye(msg: Any) -> None:
+    """The value rules of a :class:`rankhook.wire.CaptureEvent` or :class:`rankhook.wire.RankBye` beyond the common
+    ones (:func:`check_rank_message`); raises :class:`MessageRejected`."""
+    _check_time(msg.ts_unix_s, "ts_unix_s", MAX_TS_UNIX_S)
+    for name in ("step", "generation", "start_step", "total_bytes"):
+        v = getattr(msg, name, None)
+        if v is not None and not -1 <= v < MAX_INT:
+            raise MessageRejected("bad_value", f"{name}={v}")
+    if msg.kind == "capture":
+        if len(msg.steps) > MAX_CAPTURED_STEPS or any(not 0 <= s < MAX_STEP for s in msg.steps):
+            raise MessageRejected("bad_value", f"{len(msg.steps)} captured steps (max {MAX_CAPTURED_STEPS})")
+        _check_text(msg.capture_id, "capture_id")
+        _check_text(msg.rank_dir, "rank_dir", MAX_PATH)
+        _check_text(msg.detail, "detail", MAX_DETAIL)
 
 
 def _rejected_from(exc: ValidationError, known: set[str], data: bytes | str) -> MessageRejected:

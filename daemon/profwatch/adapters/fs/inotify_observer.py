@@ -19,6 +19,12 @@ created where rank dirs may appear is armed when its event arrives, and what it 
 (``PROF_*`` raw data, CANN's ``sqlite/`` export) raise no event: the capture shell's reconcile timer reads them
 (``WatchSettings.reconcile_interval_s``).
 
+A file created and closed after writing within one read of the inotify fd (a marker such as ``analyse.done``, a small
+JSON) is queued once, as its ``FileCreatedEvent``: its ``IN_CLOSE_WRITE`` is folded into it (``closes_folded``), so
+a burst of markers costs one event each on the observer's queue, dispatcher and handler instead of two (issue 34).
+The watcher reads the file after the event is dispatched, i.e. after the close that came in the same read; a close
+in a later read is queued as ``FileClosedEvent``.
+
 An inotify queue overflow (``IN_Q_OVERFLOW``) re-arms the tree (``inotify_add_watch`` on a watched folder is a no-op)
 and then calls ``on_overflow``, so the rescan it asks for sees what was lost (docs/field-cases.md#fc-17). A watch
 that cannot be added because of a limit (ENOSPC: ``max_user_watches``; EMFILE) is reported to
@@ -124,6 +130,9 @@ class LayoutEmitter(EventEmitter):
         self._wds: dict[int, tuple[str, Kind, int]] = {}  # wd -> (folder, kind, level below the prof_dir)
         self._armed = False
         self._moves: dict[int, str] = {}  # cookie -> source path of a move seen from its IN_MOVED_FROM
+        self._created: set[str] = set()  # files whose IN_CREATE came in the buffer being handled
+        self.closes_folded = 0
+        """``IN_CLOSE_WRITE`` events not queued because the same buffer had the file's ``IN_CREATE`` (module doc)."""
         self._lock = threading.Lock()  # the emitter's thread, and simulate_overflow from another
         self._fd_lock = threading.Lock()  # the fd's reads (emitter thread) against its close (on_thread_stop)
 
@@ -181,6 +190,7 @@ class LayoutEmitter(EventEmitter):
                 return
         off = 0
         with self._lock:
+            self._created.clear()
             while off + _EVENT.size <= len(buf):
                 wd, mask, cookie, length = _EVENT.unpack_from(buf, off)
                 name = buf[off + _EVENT.size: off + _EVENT.size + length].rstrip(b"\0")
@@ -257,8 +267,13 @@ class LayoutEmitter(EventEmitter):
             if src is not None:
                 self.queue_event(DirMovedEvent(src, path) if is_dir else FileMovedEvent(src, path))
             else:
+                if not is_dir:
+                    self._created.add(path)
                 self.queue_event(DirCreatedEvent(path) if is_dir else FileCreatedEvent(path))
         elif mask & IN_CLOSE_WRITE:
+            if path in self._created:  # created and closed in one read: its created event already names it
+                self.closes_folded += 1
+                return
             self.queue_event(FileClosedEvent(path))
         elif mask & IN_DELETE:
             self.queue_event(DirDeletedEvent(path) if is_dir else FileDeletedEvent(path))

@@ -115,6 +115,11 @@ MAX_MOUNTINFO_BYTES = 64 * 1024 * 1024
 """Most of the mount table read (``/proc/self/mountinfo`` is ~150 bytes a mount); a longer one is cut at its last
 whole line (the mounts past it are not seen: the observer falls back to what it can tell)."""
 _RANK_DIR_WATCHED = frozenset({PROFILER_OUTPUT_DIR, PROFILER_METADATA, TRACE_DONE})
+GATHER_S = 0.01
+"""After the first event that names rank dirs, the watcher waits this long before it delivers them, so that a burst
+(16,384 ranks' ``analyse.done`` within 2 s) reaches ``on_rank_dirs`` as a few sets of many rank dirs rather than one
+call, and one reader wake-up, per marker (issue 34: two wake-ups of two threads per marker were half the event
+path's CPU). Full looks are not delayed. Adds at most this much to the time from an event to its read."""
 
 
 def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], settings: WatchSettings,
@@ -181,7 +186,8 @@ class ProfWatcher:
     (tests; an inotify one reports limits to :meth:`watch_limit_hit`); ``reconcile=False``: the caller runs its own
     reconcile timer (the capture shell's ``tick`` looks at each capture every ``reconcile_interval_s``), so the
     watcher does not wake every prof_dir on that timer too (one full look per interval, not two); events,
-    overflows and observer restarts still wake. ``mountinfo_path`` is read to pick
+    overflows and observer restarts still wake. ``gather_s``: how long events naming rank dirs gather before they
+    are delivered (:data:`GATHER_S`; 0: at once). ``mountinfo_path`` is read to pick
     inotify or polling when ``settings.observer == "auto"``. ``metrics`` (optional) counts fallbacks to polling
     in ``profwatch_watch_fallbacks_total{reason}``. Use as a context manager or call :meth:`start` and
     :meth:`close`.
@@ -190,8 +196,10 @@ class ProfWatcher:
     def __init__(self, on_wake: Callable[[str], None], *, settings: WatchSettings | None = None,
                  mountinfo_path: str = "/proc/self/mountinfo", observer_factory: ObserverFactory | None = None,
                  clock: Callable[[], float] = time.monotonic, metrics: DaemonMetrics | None = None,
-                 on_rank_dirs: Callable[[str, frozenset[str]], None] | None = None, reconcile: bool = True) -> None:
+                 on_rank_dirs: Callable[[str, frozenset[str]], None] | None = None, reconcile: bool = True,
+                 gather_s: float = GATHER_S) -> None:
         self._on_wake = on_wake
+        self._gather_s = gather_s
         self._reconcile = reconcile
         self._on_rank_dirs = on_rank_dirs
         self._settings = settings or WatchSettings()
@@ -428,6 +436,10 @@ class ProfWatcher:
             with self._cv:
                 timeout = max(0.0, min(next_supervise, next_reconcile) - self._clock())
                 self._cv.wait_for(lambda: self._pending or self._changed or self._stop.is_set(), timeout=timeout)
+                gather = bool(self._changed) and not self._pending
+            if gather and self._gather_s > 0:
+                self._stop.wait(self._gather_s)  # let a burst's events gather (GATHER_S)
+            with self._cv:
                 batch, self._pending = sorted(self._pending), set()
                 changed, self._changed = self._changed, {}
             for prof_dir, rank_dirs in sorted(changed.items()):
