@@ -77,3 +77,16 @@ def test_step_markers(name: str) -> None:
 @pytest.mark.parametrize("name", ["aten::mm", "Optimizer.step#SGD.step", "MatMul", "stepper", "aten::step"])
 def test_operators_are_not_step_markers(name: str) -> None:
     assert not is_step_marker(name)
+
+
+def test_used_steps_are_the_verdicts_usable_steps_in_each_ranks_own_labels() -> None:
+    from profwatch.core.verdict.evidence import RankStepSummary, used_steps
+
+    rows = [RankStepSummary(0, s, 1000.0, 600.0, 100.0, 0.0, 100.0, 300.0) for s in (1, 2)]
+    rows += [RankStepSummary(1, s, 1000.0, 600.0, 100.0, 0.0, 100.0, 300.0) for s in (1, 2)]
+    rows += [RankStepSummary(0, 3, 49.0, 0.0, 0.0, 0.0, 0.0, 49.0),  # truncated: no work, as usable_row says
+             RankStepSummary(1, 3, 49.0, 0.0, 0.0, 0.0, 0.0, 49.0)]
+    # rank 1's counter started at 5: its ProfilerStep#5-7 are the verdict's steps 1-3
+    labels = {0: {1: 1, 2: 2, 3: 3}, 1: {5: 1, 6: 2, 7: 3}}
+    assert used_steps(rows, labels) == {0: {1, 2}, 1: {5, 6}}
+    assert used_steps(rows) == {0: {1, 2}, 1: {1, 2}}  # Ascend: the steps are the ranks' own

@@ -61,7 +61,7 @@ from profwatch.core.changes.hardware import below_peers
 from profwatch.core.display import printable
 from profwatch.core.verdict.agreement import compare_verdicts
 from profwatch.core.verdict.drilldown import median_peer
-from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
+from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus, used_steps
 from profwatch.core.verdict.msprof_plan import ALERT_RECIPES, advisor_ranks, enrich_recipe_names
 from profwatch.core.verdict.own_tables import RankTables, combine_rank_tables, unusable_reason
 from profwatch.core.verdict.ranking import Verdict, judge_batch
@@ -417,7 +417,8 @@ def _enrich_kineto(result: AnalysisResult, ev: ClusterEvidence, f: Followup, pro
     if reference is None:
         ev.recipes[OP_COMPARE] = RecipeStatus(OP_COMPARE, "not_applicable", "no rank to compare with", phase="enrich")
     else:
-        result.op_compare, ev.recipes[OP_COMPARE] = compare_suspects(dirs, named, reference)
+        result.op_compare, ev.recipes[OP_COMPARE] = compare_suspects(
+            dirs, named, reference, used_steps(ev.summaries, ev.step_labels))
     if progress is not None:
         progress("finished", OP_COMPARE, ev.recipes[OP_COMPARE])
 
@@ -449,7 +450,8 @@ def _enrich_reference(result: AnalysisResult, ev: ClusterEvidence, f: Followup, 
     if progress is not None:
         progress("started", REFERENCE_COMPARE, None)
     status, notes = detail_changes(result, f.reference, now_dirs=f.batch.rank_dirs, now_summaries=ev.summaries,
-                                   runner=runner, out_dir=f.out_dir / REFERENCE_COMPARE, ticket=f.ticket)
+                                   runner=runner, out_dir=f.out_dir / REFERENCE_COMPARE, ticket=f.ticket,
+                                   now_step_labels=ev.step_labels)
     ev.recipes[REFERENCE_COMPARE] = status
     ev.notes += notes
     if progress is not None:
