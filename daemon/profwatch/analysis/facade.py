@@ -306,14 +306,12 @@ def enrich_analysis(result: AnalysisResult, *, runner: MsprofRunner,
             ev = _confirm_first_verdict(result, ev, f, runner, progress)
         if f.session is not None:
             _enrich_msprof(result, ev, f, runner, progress)
-        elif OP_COMPARE in result.pending:
-            _enrich_kineto(result, ev, f, progress)
-        if SUSPECT_COMPARE in result.pending:
-            _enrich_ascend_suspects(result, ev, f, runner, progress)
         if REFERENCE_COMPARE in result.pending and f.reference is not None:
             _enrich_reference(result, ev, f, runner, progress)
         result.evidence = ev
         _judge(result, ev, f)
+        if _drill_down(result, ev, f, runner, progress):
+            result.recipes = dict(ev.recipes)
         result.timings_s["enrich"] = time.monotonic() - t0
         result.enriched = True
         result.pending = []
@@ -404,6 +402,31 @@ def _confirm_first_verdict(result: AnalysisResult, first_ev: ClusterEvidence, f:
              first=agreement.first_suspects, confirmed=agreement.confirmed_suspects,
              max_diff_frac=round(agreement.max_diff_frac, 5))
     return ev
+
+
+def _drill_down(result: AnalysisResult, ev: ClusterEvidence, f: Followup, runner: MsprofRunner,
+                progress: Progress | None) -> bool:
+    """The drill-down (docs/verdicts.md#drill-down) of the FINAL ranking's suspects (judged on the enrich phase's
+    evidence: msprof-analyze's confirmation of an Ascend first verdict, slow links, the advisor), not of the alert
+    phase's: ``kineto_op_compare`` (torch) or ``suspect_compare`` (Ascend) when its setting is on and the batch has
+    peers. One that the alert phase announced (``pending``) but whose final ranking names nobody is ``skipped``,
+    with the reason. Returns whether a recipe status was set."""
+    ascend = f.batch.kind == "ascend_pt"
+    name = SUSPECT_COMPARE if ascend else OP_COMPARE
+    if not (f.settings.suspect_compare if ascend else f.settings.kineto_op_compare) or len(f.batch.ranks) < 2:
+        return False
+    if not result.suspects:
+        if name not in result.pending:
+            return False
+        ev.recipes[name] = RecipeStatus(name, "skipped", "the final verdict names no suspect rank", phase="enrich")
+        if progress is not None:
+            progress("finished", name, ev.recipes[name])
+        return True
+    if ascend:
+        _enrich_ascend_suspects(result, ev, f, runner, progress)
+    else:
+        _enrich_kineto(result, ev, f, progress)
+    return True
 
 
 def _enrich_kineto(result: AnalysisResult, ev: ClusterEvidence, f: Followup, progress: Progress | None) -> None:
