@@ -113,3 +113,34 @@ def test_prefetched_tables_are_used_unless_their_db_changed(tmp_path: Path) -> N
     assert used[2].trace[1].computing_us == pytest.approx(fresh[2].trace[1].computing_us + 1000)
     assert all(used[r] is got[batch.rank_dirs[r]][1] for r in batch.rank_dirs if r != 2)
     assert combine_rank_tables(used).summaries != combine_rank_tables(fresh).summaries
+
+
+@pytest.mark.slow
+def test_the_drill_down_follows_the_final_ranking_not_the_first_verdict(tmp_path: Path) -> None:
+    """The drill-down (suspect_compare) compares the suspects of the verdict the enrich phase publishes, not those
+    of the first verdict: between the two reads rank 2's StepTraceTime computing grows 1.5x and rank 5's shrinks
+    to its peers', so msprof-analyze names rank 2 (first) where the first verdict named rank 5 only. Before: the
+    drill-down compared rank 5 alone."""
+    batch, _ = _batch(tmp_path, slow_ranks={5: 1.3})
+    settings = _settings()
+    settings.msprof.communication_matrix = False
+    runner = MsprofRunner(settings.msprof)
+    try:
+        res = analyze_batch(batch, work_dir=tmp_path / "w", settings=settings, runner=runner, enrich=False)
+        assert [s.rank for s in res.suspects] == [5] and "suspect_compare" in res.pending
+        for rank, factor in ((2, 1.5), (5, 1 / 1.3)):
+            db = Path(batch.rank_dirs[rank]) / "ASCEND_PROFILER_OUTPUT" / "analysis.db"
+            db.chmod(0o640)
+            con = sqlite3.connect(db)
+            con.execute("UPDATE StepTraceTime SET computing = computing * ?", (factor,))
+            con.commit()
+            con.close()
+        enrich_analysis(res, runner=runner)
+    finally:
+        runner.close()
+    final = [s.rank for s in res.suspects]
+    assert res.agreement is not None and res.agreement["agree"] is False and 2 in final, (final, res.agreement)
+    assert res.recipes["suspect_compare"].status == "ok", res.recipes["suspect_compare"]
+    assert [c["rank"] for c in res.op_compare] == final[:3]
+    report = json.loads(Path(res.paths["report_json"]).read_text())
+    assert [c["rank"] for c in report["op_compare"]] == final[:3]

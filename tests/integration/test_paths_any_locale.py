@@ -76,12 +76,55 @@ def test_analyze_with_relative_out_under_c_locale(tree: Path) -> None:
     assert res.returncode == 0 and "Traceback" not in err, err[-3000:]
     result = json.loads(res.stdout.decode("utf-8").strip().splitlines()[-1])
     assert result["status"] == "ok", result
-    # the first verdict, then its confirmation; the drill-down (suspect_compare, issue 32) is left out here: on this
-    # tree's path msprof-analyze compare writes an empty workbook (under the C and the UTF-8 locale alike), a known
-    # gap of the drill-down, not of the locale handling this test is about
-    recipes = {k: v for k, v in result["recipes"].items() if k != "suspect_compare"}
-    assert recipes == {"own_tables": "ok", "cluster_time_summary": "ok", "communication_matrix": "ok",
-                       "slow_rank": "ok", "advisor": "skipped"}
+    # the first verdict, its confirmation and the drill-down: msprof-analyze compare wrote a workbook without
+    # sheets on this tree's path (a byte that is not UTF-8); it now reads links under the ASCII work folder
+    assert result["recipes"] == {"own_tables": "ok", "cluster_time_summary": "ok", "communication_matrix": "ok",
+                                 "slow_rank": "ok", "advisor": "skipped", "suspect_compare": "ok"}
     assert result["suspects"][0]["rank"] == 2 and f"/{SHOWN}/prof/" in result["suspects"][0]["rank_dir"]
+    drill = result["op_compare"][0]
+    assert drill["rank"] == 2 and drill["source"] == "msprof-analyze compare" and drill["ops"], drill
+    assert drill["ops"][0]["excess_us_per_step"] > 0
     report = work / "rel-out" / "results" / "cap1" / "report.html"
     assert Path(result["report"]) == report and SHOWN in report.read_text(encoding="utf-8")
+
+
+def _snapshot(top: Path) -> list[tuple[bytes, int, float]]:
+    """Every entry under ``top`` with its mode and mtime (not following links): what the compare must not change."""
+    out = []
+    for folder, dirs, files in os.walk(os.fsencode(str(top))):
+        for n in [*dirs, *files]:
+            st = os.lstat(os.path.join(folder, n))
+            out.append((os.path.join(folder, n), st.st_mode, st.st_mtime))
+    return sorted(out)
+
+
+@pytest.mark.skipif(shutil.which(resolve_command("msprof-analyze")) is None,
+                    reason="msprof-analyze is not installed (pip install -e '.[test]')")
+@pytest.mark.parametrize("out_name", ["ascii-out", NAME])
+def test_compare_reads_rank_dirs_on_any_path(tree: Path, tmp_path: Path, out_name: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``msprof-analyze compare`` (drill-down and reference comparison) on rank dirs under a name that is not ASCII
+    nor UTF-8: it wrote a workbook without sheets; now it reads links under our work folder (or, when that is not
+    safe for it either, under the system's temporary folder), and the user's tree is left as it was."""
+    from profwatch.adapters.tools.msprof_runner import MsprofRunner
+    from profwatch.changes.msprof_compare import compare_rank
+    from profwatch.core.changes.detail import entries_from_compare
+    from profwatch.core.verdict.msprof_plan import MsprofSettings
+
+    prof = tree / NAME / "prof"
+    dirs = {int(p.name.split("_")[1]) - 4000: p for p in prof.iterdir()}
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(system_tmp))
+    out_root = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/" + os.fsencode(out_name)))
+    before = _snapshot(tree / NAME)
+    with MsprofRunner(MsprofSettings(timeout_s=300)) as runner:
+        sheets, status = compare_rank(runner, dirs[2], dirs[0], out_root, name="odd_path_compare")
+    assert status.status == "ok" and sheets is not None, (status.detail, status.log_tail)
+    entries = {e.name: e for e in entries_from_compare(sheets, steps_baseline=1, steps_now=1)}
+    # rank 2 is 1.5x slower in compute: its matmul takes about 1.5x the peer's
+    assert 1.3 < entries["aten::matmul"].now_s_per_step / entries["aten::matmul"].baseline_s_per_step < 1.7
+    assert _snapshot(tree / NAME) == before
+    # our links are gone; only the tool's own output folder and logs remain
+    assert not [p for p in (out_root.iterdir()) if p.name.startswith("tool-input-")]
+    assert list(system_tmp.iterdir()) == []

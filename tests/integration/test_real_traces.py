@@ -87,6 +87,51 @@ def test_amd_truncated_step_is_left_out_of_the_report_as_out_of_the_verdict(tmp_
     assert one.status == "not_applicable" and one.alert_data()["ranks"][0]["step_time_us"] == pytest.approx(1031.368)
 
 
+def _stretched(src: Path, dst: Path, factor: float) -> Path:
+    """The trace ``src`` with its time axis stretched by ``factor`` from its first event (every ``ts`` and
+    ``dur``): the same job on a device and host ``factor`` times slower, written gzipped to ``dst``."""
+    with gzip.open(src, "rt") as f:
+        doc = json.load(f)
+    t0 = min(e["ts"] for e in doc["traceEvents"] if isinstance(e.get("ts"), (int, float)))
+    for e in doc["traceEvents"]:
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] = t0 + (e["ts"] - t0) * factor
+        if isinstance(e.get("dur"), (int, float)):
+            e["dur"] *= factor
+    with gzip.open(dst, "wt") as f:
+        json.dump(doc, f)
+    return dst
+
+
+def test_amd_drill_down_covers_the_steps_the_verdict_used(tmp_path: Path):
+    """The drill-down's per-operator totals cover the verdict's steps: the MI250 trace's truncated ProfilerStep#2
+    (49 us, no device work) is left out of them as out of the verdict and the report (``evidence.used_steps``).
+    Before: ``steps`` 2 and every per-step number half of the complete step's. Ranks 0-2: the real trace; rank 3:
+    the same trace 1.5x slower (its time axis stretched)."""
+    from profwatch.adapters.tools.msprof_runner import MsprofRunner
+    from profwatch.analysis.facade import enrich_analysis
+    from profwatch.core.verdict.msprof_plan import MsprofSettings
+
+    slow = _stretched(TRACES["amd_mi250"], tmp_path / "slow.json.gz", 1.5)
+    layout(tmp_path / "prof", [TRACES["amd_mi250"]] * 3 + [slow])
+    settings = AnalysisSettings(msprof=MsprofSettings(advisor=False, communication_matrix=False))
+    with MsprofRunner(settings.msprof) as runner:
+        res = analyze_batch(scan_tree(tmp_path / "prof", world_size=4)[0], work_dir=tmp_path / "w",
+                            settings=settings, runner=runner, enrich=False)
+        enrich_analysis(res, runner=runner)
+    assert res.to_json()["captured_steps"] == [1] and res.suspects[0].rank == 3, res.detail
+    assert res.recipes["kineto_op_compare"].status == "ok", res.recipes["kineto_op_compare"]
+    (drill,) = res.op_compare
+    assert drill["rank"] == 3 and drill["steps"] == 1
+    step1, windows = op_totals(TRACES["amd_mi250"], [1])
+    assert windows == 1
+    ops = {o["name"]: o for o in drill["ops"]}
+    memcpy = ops["Memcpy HtoD (Host -> Device)"]
+    assert memcpy["reference_us_per_step"] == pytest.approx(step1["Memcpy HtoD (Host -> Device)"], abs=0.01)
+    assert memcpy["suspect_us_per_step"] == pytest.approx(1.5 * step1["Memcpy HtoD (Host -> Device)"], abs=0.01)
+    assert memcpy["excess_us_per_step"] == pytest.approx(0.5 * step1["Memcpy HtoD (Host -> Device)"], abs=0.01)
+
+
 def _compare(now_root: Path, ref_root: Path, work: Path, world: int):
     from profwatch.adapters.tools.msprof_runner import MsprofRunner
     from profwatch.analysis.facade import enrich_analysis
@@ -102,6 +147,21 @@ def _compare(now_root: Path, ref_root: Path, work: Path, world: int):
         attach_comparison(res, ref, reference_path=str(ref_root))
         enrich_analysis(res, runner=runner)
     return res
+
+
+def test_amd_change_detail_covers_the_steps_the_comparison_used(tmp_path: Path):
+    """What is behind a change since the reference (torch: per-operator totals) covers the steps the comparison
+    used on each side: the MI250 trace's truncated ProfilerStep#2 is left out (before: every per-step number half
+    of the complete step's). Reference: the real trace; now: the same trace 1.5x slower."""
+    layout(tmp_path / "control", [TRACES["amd_mi250"]], ts="20260101120000")
+    layout(tmp_path / "test", [_stretched(TRACES["amd_mi250"], tmp_path / "slow.json.gz", 1.5)], ts="20260101130000")
+    res = _compare(tmp_path / "test", tmp_path / "control", tmp_path / "w", 1)
+    assert res.recipes["reference_compare"].status == "ok", res.recipes["reference_compare"]
+    memory = next(x for x in res.comparison["changes"] if x["component"] == "memory")
+    (memcpy,) = memory["detail"]
+    step1 = op_totals(TRACES["amd_mi250"], [1])[0]["Memcpy HtoD (Host -> Device)"] / 1e6
+    assert memcpy["baseline_s_per_step"] == pytest.approx(step1, abs=1e-6)
+    assert memcpy["now_s_per_step"] == pytest.approx(1.5 * step1, abs=1e-6)
 
 
 def test_hta_trace_diff_pair_names_compute_first_with_its_kernels(tmp_path: Path):

@@ -77,3 +77,29 @@ def test_step_markers(name: str) -> None:
 @pytest.mark.parametrize("name", ["aten::mm", "Optimizer.step#SGD.step", "MatMul", "stepper", "aten::step"])
 def test_operators_are_not_step_markers(name: str) -> None:
     assert not is_step_marker(name)
+
+
+def test_used_steps_are_the_verdicts_usable_steps_in_each_ranks_own_labels() -> None:
+    from profwatch.core.verdict.evidence import RankStepSummary, used_steps
+
+    rows = [RankStepSummary(0, s, 1000.0, 600.0, 100.0, 0.0, 100.0, 300.0) for s in (1, 2)]
+    rows += [RankStepSummary(1, s, 1000.0, 600.0, 100.0, 0.0, 100.0, 300.0) for s in (1, 2)]
+    rows += [RankStepSummary(0, 3, 49.0, 0.0, 0.0, 0.0, 0.0, 49.0),  # truncated: no work, as usable_row says
+             RankStepSummary(1, 3, 49.0, 0.0, 0.0, 0.0, 0.0, 49.0)]
+    # rank 1's counter started at 5: its ProfilerStep#5-7 are the verdict's steps 1-3
+    labels = {0: {1: 1, 2: 2, 3: 3}, 1: {5: 1, 6: 2, 7: 3}}
+    assert used_steps(rows, labels) == {0: {1, 2}, 1: {5, 6}}
+    assert used_steps(rows) == {0: {1, 2}, 1: {1, 2}}  # Ascend: the steps are the ranks' own
+
+
+def test_an_excess_below_a_millisecond_is_not_shown_as_zero() -> None:
+    """The drill-down's line (alert ``why``, recipe detail, ``profwatch analyze``): the MI250 trace's excesses are
+    19 and 4.4 us/step, which read "+0.0 ms/step" before."""
+    from profwatch.core.verdict.drilldown import drilldown_text, excess_text
+
+    assert [excess_text(us) for us in (30_100.0, 1_000.0, 150.0, 40.0, 4.4, -19.08)] == [
+        "+30.1 ms/step", "+1.0 ms/step", "+0.15 ms/step", "+40 us/step", "+4.4 us/step", "-19 us/step"]
+    item = {"rank": 3, "reference_rank": 0, "ops": [{"name": "Memcpy HtoD (Host -> Device)", "excess_us_per_step": 19.081},
+                                                    {"name": "aten::mm", "excess_us_per_step": 9_000.0}]}
+    assert drilldown_text(item) == ("rank 3: Memcpy HtoD (Host -> Device) +19 us/step, aten::mm +9.0 ms/step over its "
+                                    "median peer (rank 0)")

@@ -61,7 +61,7 @@ from profwatch.core.changes.hardware import below_peers
 from profwatch.core.display import printable
 from profwatch.core.verdict.agreement import compare_verdicts
 from profwatch.core.verdict.drilldown import median_peer
-from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus
+from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus, used_steps
 from profwatch.core.verdict.msprof_plan import ALERT_RECIPES, advisor_ranks, enrich_recipe_names
 from profwatch.core.verdict.own_tables import RankTables, combine_rank_tables, unusable_reason
 from profwatch.core.verdict.ranking import Verdict, judge_batch
@@ -306,14 +306,12 @@ def enrich_analysis(result: AnalysisResult, *, runner: MsprofRunner,
             ev = _confirm_first_verdict(result, ev, f, runner, progress)
         if f.session is not None:
             _enrich_msprof(result, ev, f, runner, progress)
-        elif OP_COMPARE in result.pending:
-            _enrich_kineto(result, ev, f, progress)
-        if SUSPECT_COMPARE in result.pending:
-            _enrich_ascend_suspects(result, ev, f, runner, progress)
         if REFERENCE_COMPARE in result.pending and f.reference is not None:
             _enrich_reference(result, ev, f, runner, progress)
         result.evidence = ev
         _judge(result, ev, f)
+        if _drill_down(result, ev, f, runner, progress):
+            result.recipes = dict(ev.recipes)
         result.timings_s["enrich"] = time.monotonic() - t0
         result.enriched = True
         result.pending = []
@@ -406,6 +404,31 @@ def _confirm_first_verdict(result: AnalysisResult, first_ev: ClusterEvidence, f:
     return ev
 
 
+def _drill_down(result: AnalysisResult, ev: ClusterEvidence, f: Followup, runner: MsprofRunner,
+                progress: Progress | None) -> bool:
+    """The drill-down (docs/verdicts.md#drill-down) of the FINAL ranking's suspects (judged on the enrich phase's
+    evidence: msprof-analyze's confirmation of an Ascend first verdict, slow links, the advisor), not of the alert
+    phase's: ``kineto_op_compare`` (torch) or ``suspect_compare`` (Ascend) when its setting is on and the batch has
+    peers. One that the alert phase announced (``pending``) but whose final ranking names nobody is ``skipped``,
+    with the reason. Returns whether a recipe status was set."""
+    ascend = f.batch.kind == "ascend_pt"
+    name = SUSPECT_COMPARE if ascend else OP_COMPARE
+    if not (f.settings.suspect_compare if ascend else f.settings.kineto_op_compare) or len(f.batch.ranks) < 2:
+        return False
+    if not result.suspects:
+        if name not in result.pending:
+            return False
+        ev.recipes[name] = RecipeStatus(name, "skipped", "the final verdict names no suspect rank", phase="enrich")
+        if progress is not None:
+            progress("finished", name, ev.recipes[name])
+        return True
+    if ascend:
+        _enrich_ascend_suspects(result, ev, f, runner, progress)
+    else:
+        _enrich_kineto(result, ev, f, progress)
+    return True
+
+
 def _enrich_kineto(result: AnalysisResult, ev: ClusterEvidence, f: Followup, progress: Progress | None) -> None:
     """torch.profiler follow-up: the top suspects' ops against the rank nearest the median step time."""
     if progress is not None:
@@ -417,7 +440,8 @@ def _enrich_kineto(result: AnalysisResult, ev: ClusterEvidence, f: Followup, pro
     if reference is None:
         ev.recipes[OP_COMPARE] = RecipeStatus(OP_COMPARE, "not_applicable", "no rank to compare with", phase="enrich")
     else:
-        result.op_compare, ev.recipes[OP_COMPARE] = compare_suspects(dirs, named, reference)
+        result.op_compare, ev.recipes[OP_COMPARE] = compare_suspects(
+            dirs, named, reference, used_steps(ev.summaries, ev.step_labels))
     if progress is not None:
         progress("finished", OP_COMPARE, ev.recipes[OP_COMPARE])
 
@@ -449,7 +473,8 @@ def _enrich_reference(result: AnalysisResult, ev: ClusterEvidence, f: Followup, 
     if progress is not None:
         progress("started", REFERENCE_COMPARE, None)
     status, notes = detail_changes(result, f.reference, now_dirs=f.batch.rank_dirs, now_summaries=ev.summaries,
-                                   runner=runner, out_dir=f.out_dir / REFERENCE_COMPARE, ticket=f.ticket)
+                                   runner=runner, out_dir=f.out_dir / REFERENCE_COMPARE, ticket=f.ticket,
+                                   now_step_labels=ev.step_labels)
     ev.recipes[REFERENCE_COMPARE] = status
     ev.notes += notes
     if progress is not None:

@@ -210,36 +210,13 @@ def overall_status(ev: ClusterEvidence, verdict: Verdict, expected: int | Sequen
     phase (:data:`ENRICH_ONLY`) never decide whether there is a verdict. ``subset``: the batch is a targeted
     capture (its verdict speaks of the captured ranks only); ``waited_for``: its ranks wait for uncaptured ranks
     (``profwatch.core.verdict.subset.wait_outside``): then nobody standing out is ``partial``, not ``no_suspect``,
-    and a suspect's verdict carries the text too."""
+    and a suspect's verdict carries the text too. Steps: :func:`_status_without_data` (no breakdown, no votes),
+    :func:`_fill_unjudged`, then :func:`_status_of_verdict`."""
     states = {name: r.status for name, r in ev.recipes.items()}
+    if not ev.summaries and not ev.slow_rank_votes:
+        return _status_without_data(ev, states)
+    covered = _fill_unjudged(ev, expected, unjudged)
     suspects, links = verdict.suspects, verdict.links
-    have_time = bool(ev.summaries)
-    have_votes = bool(ev.slow_rank_votes)
-    if not have_time and not have_votes:
-        bad = sorted(n for n, s in states.items() if s in ("tool_error", "timeout", "oom", "cancelled")
-                     and n not in ENRICH_ONLY)
-        if bad:
-            return "failed", f"no usable result; failed recipes: {', '.join(bad)}"
-        if states and all(s in ("not_applicable", "skipped", "no_data") for n, s in states.items()
-                          if n not in ENRICH_ONLY) and any(
-                s == "not_applicable" for s in states.values()):
-            return "not_applicable", "this capture cannot answer: " + "; ".join(dict.fromkeys(
-                r.detail for r in ev.recipes.values() if r.status == "not_applicable"))
-        return "no_data", "no recipe produced usable data: " + "; ".join(
-            f"{n}={s}" for n, s in sorted(states.items()))
-    unjudged.update(ev.unusable_ranks)
-    covered = {s.rank for s in ev.summaries}
-    judged = covered | set(ev.slow_rank_votes) if not have_time else covered
-    for rank, why in (ev.alignment.get("unaligned") or {}).items():
-        unjudged.setdefault(int(rank), f"steps not aligned with its peers: {why}")
-    if have_time:
-        for rank in (range(expected) if isinstance(expected, int) else expected):
-            if rank not in judged and rank not in unjudged:
-                unjudged[rank] = "not in the time breakdown"
-    time_ok = any(states.get(n) == "ok" for n in TIME_RECIPES)
-    steps = len(verdict.captured_steps)
-    window = (f"{steps} of {len(verdict.armed_steps)} armed steps captured" if verdict.armed_steps
-              else f"{steps} step(s) captured")
     named = [f"rank {s.rank} ({s.kind})" for s in suspects[:3]] + [f"link {lk.ranks[0]}<->{lk.ranks[1]}"
                                                                     for lk in links[:3]]
     what = f"{len(suspects)} suspect rank(s), {len(links)} slow link(s); top: {', '.join(named)}" if named else ""
@@ -248,19 +225,62 @@ def overall_status(ev: ClusterEvidence, verdict: Verdict, expected: int | Sequen
         more = f" (+{len(unjudged) - 8} more)" if len(unjudged) > 8 else ""
         lead = what + " among the judged ranks" if what else "nobody stands out among the judged ranks"
         return "partial", f"{lead}; {len(unjudged)} rank(s) could not be judged: {names}{more}"
-    if not have_time:
+    if not ev.summaries:
         if suspects:
             return "weak", f"{what}: from slow_rank votes only, no time breakdown"
         return "partial", "no time breakdown (only slow_rank votes, none strong enough): absence not proven"
-    if not time_ok:
+    if not any(states.get(n) == "ok" for n in TIME_RECIPES):
         return "partial", (f"time recipe status {[states.get(n) for n in TIME_RECIPES if n in states]}: "
                            + (what or "nobody stands out") + "; absence not proven")
+    return _status_of_verdict(verdict, what, len(covered), waited_for=waited_for, subset=subset)
+
+
+def _status_without_data(ev: ClusterEvidence, states: Mapping[str, str]) -> tuple[AnalysisStatus, str]:
+    """:func:`overall_status` of a batch with neither a time breakdown nor slow_rank votes: ``failed`` (a recipe
+    of the alert phase failed), ``not_applicable`` (every one could not answer or was skipped, one at least
+    ``not_applicable``) or ``no_data``."""
+    bad = sorted(n for n, s in states.items() if s in ("tool_error", "timeout", "oom", "cancelled")
+                 and n not in ENRICH_ONLY)
+    if bad:
+        return "failed", f"no usable result; failed recipes: {', '.join(bad)}"
+    if states and all(s in ("not_applicable", "skipped", "no_data") for n, s in states.items()
+                      if n not in ENRICH_ONLY) and any(
+            s == "not_applicable" for s in states.values()):
+        return "not_applicable", "this capture cannot answer: " + "; ".join(dict.fromkeys(
+            r.detail for r in ev.recipes.values() if r.status == "not_applicable"))
+    return "no_data", "no recipe produced usable data: " + "; ".join(
+        f"{n}={s}" for n, s in sorted(states.items()))
+
+
+def _fill_unjudged(ev: ClusterEvidence, expected: int | Sequence[int], unjudged: dict[int, str]) -> set[int]:
+    """Add to ``unjudged`` the ranks :func:`overall_status` could not judge (unusable data, steps not aligned, and
+    with a time breakdown an expected rank missing from it); return the ranks the time breakdown covers."""
+    unjudged.update(ev.unusable_ranks)
+    covered = {s.rank for s in ev.summaries}
+    judged = covered | set(ev.slow_rank_votes) if not ev.summaries else covered
+    for rank, why in (ev.alignment.get("unaligned") or {}).items():
+        unjudged.setdefault(int(rank), f"steps not aligned with its peers: {why}")
+    if ev.summaries:
+        for rank in (range(expected) if isinstance(expected, int) else expected):
+            if rank not in judged and rank not in unjudged:
+                unjudged[rank] = "not in the time breakdown"
+    return covered
+
+
+def _status_of_verdict(verdict: Verdict, what: str, covered: int, *, waited_for: Mapping[str, Any] | None,
+                       subset: bool) -> tuple[AnalysisStatus, str]:
+    """:func:`overall_status` once every expected rank was judged on a time breakdown the time recipe gave:
+    ``ok`` / ``weak`` when ``what`` names suspects or links, else ``partial`` (waits outside a targeted capture,
+    a short window), ``not_applicable`` (one rank) or ``no_suspect``. ``covered``: ranks in the breakdown."""
+    steps = len(verdict.captured_steps)
+    window = (f"{steps} of {len(verdict.armed_steps)} armed steps captured" if verdict.armed_steps
+              else f"{steps} step(s) captured")
     once = "".join(f"; {o['text']}" for o in verdict.one_offs[:3])
     if waited_for is not None:
         once = f"; {waited_for['text']}{once}"
-        if not named:
-            return "partial", f"nobody stands out among the {len(covered)} captured ranks{once}"
-    if named:
+        if not what:
+            return "partial", f"nobody stands out among the {covered} captured ranks{once}"
+    if what:
         if verdict.strength == "weak":
             return "weak", f"{what}; evidence is weak: {window}{once}"
         return "ok", f"{what}; {window}{once}"
@@ -269,7 +289,7 @@ def overall_status(ev: ClusterEvidence, verdict: Verdict, expected: int | Sequen
     if verdict.short_window or not verdict.enough_steps:
         return "partial", f"nobody stands out, but only {window}: absence not proven{once}"
     among = " (a targeted capture: the uncaptured ranks are not judged)" if subset else ""
-    return "no_suspect", f"{len(covered)} ranks analysed over {window}: no rank stands out{among}{once}"
+    return "no_suspect", f"{covered} ranks analysed over {window}: no rank stands out{among}{once}"
 
 
 def not_complete(batch: BatchState, result: AnalysisResult) -> None:

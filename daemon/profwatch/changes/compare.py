@@ -5,7 +5,7 @@ each change (composition; the rules are pure, in ``daemon/profwatch/core/changes
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from profwatch.core.changes.detail import (
     merge_ranks,
     pick_ranks,
 )
-from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus
+from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus, used_steps
 
 log = structlog.get_logger()
 
@@ -46,6 +46,8 @@ class ReferenceSide:
     """The ranks the comparison covered (``ranks_compared``)."""
     paired: dict[int, int] = field(default_factory=dict)
     """A named rank not in the reference -> the reference rank of the same role it is compared with."""
+    step_labels: dict[int, dict[int, int]] = field(default_factory=dict)
+    """torch traces: rank -> {own ``ProfilerStep#`` label: step} (``ClusterEvidence.step_labels``)."""
 
     def ref_rank(self, rank: int) -> int:
         """The reference rank ``rank`` is compared with (itself unless paired)."""
@@ -86,14 +88,16 @@ def attach_comparison(res: AnalysisResult, reference: AnalysisResult, *, referen
     follow = res.followup
     if detailed and follow is not None and reference.rank_dirs and hasattr(follow, "reference"):
         follow.reference = ReferenceSide(dict(reference.rank_dirs), list(ref_ev.summaries), reference.kind,
-                                         reference_path, list(cmp.ranks_compared), dict(cmp.paired))
+                                         reference_path, list(cmp.ranks_compared), dict(cmp.paired),
+                                         {r: dict(m) for r, m in ref_ev.step_labels.items()})
         if REFERENCE_COMPARE not in res.pending:
             res.pending.append(REFERENCE_COMPARE)
 
 
 def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping[int, str],
                    now_summaries: Sequence[RankStepSummary], runner: MsprofRunner, out_dir: Path,
-                   count: int = DETAIL_RANKS, ticket: RunTicket | None = None) -> tuple[RecipeStatus, list[str]]:
+                   count: int = DETAIL_RANKS, ticket: RunTicket | None = None,
+                   now_step_labels: Mapping[int, Mapping[int, int]] | None = None) -> tuple[RecipeStatus, list[str]]:
     """Compare the ``count`` ranks whose step time changed most (among ``ref.ranks``, present in both captures'
     rank dirs) with the same ranks of the reference, operator by operator, and put what is behind each
     ``compute`` / ``communication`` change into its ``detail`` (``core/changes/detail.py: attach_detail``): Ascend rank
@@ -102,7 +106,9 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
     left out; after a compare that timed out or was killed at the memory cap (and none succeeded) the remaining
     ranks are not run (each would hold the enrich slot as long), and the notes say so; the changes keep ``detail`` None when every one fails. Returns the recipe's status and the notes
     to add to the verdict (failures). ``ticket``: the analysis's (``Followup.ticket``): once it is cancelled no further
-    compare starts and the status is ``cancelled``. Never raises for tool or data problems."""
+    compare starts and the status is ``cancelled``. torch traces: each side's totals cover the steps its verdict
+    used (``evidence.used_steps``, own step labels from ``now_step_labels`` / ``ref.step_labels``: a truncated
+    step is left out as in the comparison). Never raises for tool or data problems."""
     t0 = time.monotonic()
     notes: list[str] = []
     if res.comparison is None:
@@ -121,6 +127,8 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
     peak = 0
     steps_ref = _steps(ref_rows)
     steps_now = _steps(now_summaries)
+    now_used = used_steps(now_summaries, now_step_labels)
+    ref_used = used_steps(ref.summaries, ref.step_labels)
     ticket = ticket or runner.ticket(res.batch_id)
     for r in ranks:
         if runner.cancelled(ticket):
@@ -145,7 +153,8 @@ def detail_changes(res: AnalysisResult, ref: ReferenceSide, *, now_dirs: Mapping
                 per_rank[r] = entries_from_compare(sheets, steps_baseline=steps_ref.get(r, 1),
                                                    steps_now=steps_now.get(r, 1))
             elif res.kind != "ascend_pt" and ref.kind != "ascend_pt":
-                per_rank[r] = _kineto_entries(Path(now_dirs[r]), Path(ref.rank_dirs[ref.ref_rank(r)]))
+                per_rank[r] = _kineto_entries(Path(now_dirs[r]), Path(ref.rank_dirs[ref.ref_rank(r)]),
+                                              now_used.get(r, set()), ref_used.get(ref.ref_rank(r), set()))
             else:
                 failed.append(f"rank {r}: the captures are of different kinds ({ref.kind}, {res.kind})")
         except Exception as exc:  # noqa: BLE001 - a failed detail never loses the verdict
@@ -177,21 +186,23 @@ def _steps(rows: Sequence[RankStepSummary]) -> dict[int, int]:
     return {k: len(v) for k, v in by.items()}
 
 
-def _kineto_entries(now_dir: Path, ref_dir: Path) -> list[DetailEntry]:
-    """Per-operator / kernel totals of the newest trace of each rank dir, per step
-    (``kineto_reader.op_totals_by_kind``)."""
+def _kineto_entries(now_dir: Path, ref_dir: Path, now_steps: Collection[int],
+                    ref_steps: Collection[int]) -> list[DetailEntry]:
+    """Per-operator / kernel totals of the newest trace of each rank dir over the given steps (its own
+    ``ProfilerStep#`` labels), per step (``kineto_reader.op_totals_by_kind``)."""
     from profwatch.adapters.tools.kineto_reader import TraceFormatError, find_trace_files, op_totals_by_kind
     from profwatch.core.verdict.kineto import collective_class
 
     kinds: dict[str, str] = {}
 
-    def totals(d: Path) -> tuple[dict[str, float], int]:
+    def totals(d: Path, steps: Collection[int]) -> tuple[dict[str, float], int]:
         files = find_trace_files(d)
         if not files:
             raise TraceFormatError(f"no *.pt.trace.json in {d}")
-        by_kind, windows = op_totals_by_kind(max(files, key=lambda p: p.stat().st_mtime))
+        by_kind, windows = op_totals_by_kind(max(files, key=lambda p: p.stat().st_mtime), steps)
         if not windows:
-            raise TraceFormatError(f"{d}: no ProfilerStep window in its trace")
+            raise TraceFormatError(f"{d}: no ProfilerStep window in its trace among the steps its verdict used "
+                                   f"{sorted(steps)}")
         out: dict[str, float] = {}
         for (kind, name), us in by_kind.items():
             out[name] = out.get(name, 0.0) + us
@@ -199,7 +210,7 @@ def _kineto_entries(now_dir: Path, ref_dir: Path) -> list[DetailEntry]:
                 kinds[name] = kind
         return out, windows
 
-    now, n_now = totals(now_dir)
-    ref, n_ref = totals(ref_dir)
+    now, n_now = totals(now_dir, now_steps)
+    ref, n_ref = totals(ref_dir, ref_steps)
     return entries_from_op_totals(now, ref, steps_now=n_now, steps_baseline=n_ref,
                                   is_collective=lambda name: collective_class(name, "") is not None, kinds=kinds)

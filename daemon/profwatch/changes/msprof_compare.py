@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 from xml.etree import ElementTree as ET
 
+from profwatch.adapters.fs.staging import tool_safe_dirs
 from profwatch.adapters.tools.msprof_runner import MsprofRunner, RunTicket, SpawnFailed
 from profwatch.core.changes.detail import Sheets
 from profwatch.core.verdict.evidence import RecipeState, RecipeStatus
@@ -182,15 +183,20 @@ def compare_rank(runner: MsprofRunner, now_dir: Path, reference_dir: Path, out_r
     """One ``msprof-analyze compare`` of ``now_dir`` against ``reference_dir`` (two rank dirs) in the enrich
     phase of ``runner`` (its timeout, memory cap and lower priority), output under ``out_root``. Returns the
     workbook's sheets (None when the run left none) and the run's status (``ok``, ``timeout``, ``cancelled``, ``oom``,
-    ``tool_error`` with the log tail). Never raises for tool failures."""
+    ``tool_error`` with the log tail). A rank dir whose path the tool cannot take (not ASCII, a byte that is not
+    UTF-8: it wrote a workbook without sheets) is given to it as links under ``out_root``
+    (``staging.tool_safe_dirs``), the user's files untouched. Never raises for tool failures."""
     t0 = time.monotonic()
-    args = ["compare", "-d", str(Path(now_dir).absolute()), "-bp", str(Path(reference_dir).absolute()),
-            *COMPARE_FLAGS]
     try:
-        run = runner.run(name, args, out_root, ticket=ticket, phase="enrich")
+        with tool_safe_dirs([now_dir, reference_dir], out_root) as (now_in, ref_in):
+            run = runner.run(name, ["compare", "-d", str(now_in), "-bp", str(ref_in), *COMPARE_FLAGS], out_root,
+                             ticket=ticket, phase="enrich")
     except SpawnFailed as exc:
         return None, RecipeStatus(name, "tool_error", f"cannot start msprof-analyze: {exc}", phase="enrich",
                                   duration_s=round(time.monotonic() - t0, 3))
+    except OSError as exc:
+        return None, RecipeStatus(name, "tool_error", f"cannot link the rank dirs for msprof-analyze: {exc}",
+                                  phase="enrich", duration_s=round(time.monotonic() - t0, 3))
     def status(state: RecipeState, detail: str, *, tables: list[str] | None = None, rows: int = 0) -> RecipeStatus:
         return RecipeStatus(name, state, detail, tables=tables or [], rows=rows, output_dir=str(run.output_dir),
                             log_tail="" if state == "ok" else run.log_tail(), duration_s=round(run.duration_s, 3),

@@ -34,6 +34,7 @@ from profwatch.core.batches.completeness import BatchState
 from profwatch.core.changes.comparison import headline_line
 from profwatch.core.display import clip, display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE
+from profwatch.core.verdict.drilldown import excess_text
 from profwatch.core.verdict.evidence import RecipeStatus
 from profwatch.signals import handling
 
@@ -170,7 +171,7 @@ def _human(res: AnalysisResult) -> str:
             lines.append(f"      why (over its median peer, rank {drill.get('reference_rank')}, "
                          f"{drill.get('source') or '-'}):")
             lines += [f"        {o.get('kind') or 'operator':<10} {str(o.get('name'))[:60]}  "
-                      f"{float(o.get('excess_us_per_step') or 0.0) / 1e3:+.2f} ms/step" for o in drill["ops"][:5]]
+                      f"{excess_text(float(o.get('excess_us_per_step') or 0.0))}" for o in drill["ops"][:5]]
             if not drill["ops"]:
                 lines.append("        no operator stands out")
     for lk in res.links:

@@ -6,13 +6,18 @@ discovery does not follow symlinked *rank directories* but does accept a symlink
 So each rank gets a real directory named like the original, holding absolute symlinks to the original's
 top-level files and to its ``ASCEND_PROFILER_OUTPUT`` (torch_pt: to its files). Data is never copied and the
 originals are never written, moved or deleted.
+
+``tool_safe_dirs`` does the same for one command's input rank dirs whose path msprof-analyze cannot take (a
+name that is not ASCII, a byte that is not UTF-8): ``compare`` is given links under our own work folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from profwatch.core.batches.completeness import BatchState
@@ -121,3 +126,63 @@ def _remove_stage_entry(path: Path) -> None:
             raise StagingError(f"{entry.path} is not a link; refusing to remove it")
         os.unlink(entry.path)
     path.rmdir()
+
+
+TOOL_PATH_RE = re.compile(r"(\.|:|\\|/|_|-|\s|[~0-9a-zA-Z\u4e00-\u9fa5\u3010\u3011])+")
+"""The characters msprof-analyze accepts in an input path (26.2.0 ``prof_common/path_manager.py``,
+``input_path_common_check``; it warns on others, and ``compare`` on a path with a byte that is not UTF-8 (a
+surrogate escape here) fails to encode it and writes a workbook without sheets)."""
+
+
+def tool_safe(path: str | os.PathLike[str]) -> bool:
+    """True when msprof-analyze takes ``path`` (made absolute) as it is (:data:`TOOL_PATH_RE`)."""
+    return TOOL_PATH_RE.fullmatch(os.path.abspath(os.fspath(path))) is not None
+
+
+@contextlib.contextmanager
+def tool_safe_dirs(dirs: Sequence[str | os.PathLike[str]], work_root: str | os.PathLike[str]) -> Iterator[list[Path]]:
+    """Rank dirs as msprof-analyze can read them: each of ``dirs`` whose path it would not take
+    (:func:`tool_safe`: a name that is not ASCII, a byte that is not UTF-8) is replaced, for the ``with`` block,
+    by a real directory of absolute symlinks to its top-level entries (files and folders), named like it with
+    every other character made ``_``, under a fresh folder of ``work_root`` (or of the system's temporary folder
+    when ``work_root`` itself is not safe). Yields the paths to use, in the order of ``dirs`` (a safe dir as it
+    is, made absolute). Nothing of the user's is moved, copied or written; on exit only our links and our own
+    folders are removed.
+
+    Raises:
+        OSError: a dir cannot be listed, or the links cannot be made.
+    """
+    absolute = [Path(os.path.abspath(os.fspath(d))) for d in dirs]
+    if all(tool_safe(d) for d in absolute):
+        yield absolute
+        return
+    base = work_root if tool_safe(work_root) else tempfile.gettempdir()
+    Path(base).mkdir(parents=True, exist_ok=True)
+    holder = Path(tempfile.mkdtemp(prefix="tool-input-", dir=base))
+    try:
+        out: list[Path] = []
+        for i, d in enumerate(absolute):
+            if tool_safe(d):
+                out.append(d)
+                continue
+            real = Path(os.path.realpath(d))
+            stage = holder / str(i) / (_SAFE.sub("_", d.name).strip("._") or "rank")
+            stage.mkdir(parents=True)
+            for entry in os.scandir(real):
+                os.symlink(str(real / entry.name), stage / entry.name)
+            out.append(stage)
+        yield out
+    finally:
+        _remove_links_tree(holder)
+
+
+def _remove_links_tree(path: Path) -> None:
+    """Remove a folder of :func:`tool_safe_dirs`: symlinks and our own folders, never following a link; a regular
+    file found there (the tool wrote one) is left with its folder."""
+    for entry in os.scandir(path):
+        if entry.is_symlink():
+            os.unlink(entry.path)
+        elif entry.is_dir(follow_symlinks=False):
+            _remove_links_tree(Path(entry.path))
+    with contextlib.suppress(OSError):
+        path.rmdir()

@@ -281,6 +281,7 @@ def analyze_torch_batch(rank_dirs: Mapping[int, Path], *, armed_steps: Sequence[
     ev.summaries = brk.summaries
     ev.notes.extend(brk.notes)
     ev.alignment = brk.alignment.to_json()
+    ev.step_labels = {r: dict(labels) for r, labels in brk.alignment.labels.items()}
     n_steps = len({s.step for s in brk.summaries})
     ev.collectives_per_step = brk.instances_matched / n_steps if n_steps and brk.instances_matched else None
     unusable.update({r: f"steps cannot be aligned with its peers: {why}" for r, why in brk.alignment.unaligned.items()})
@@ -395,13 +396,15 @@ def _self_times(ops: list[tuple[float, float, str]]) -> Iterator[tuple[str, floa
         yield pop()
 
 
-def compare_suspects(rank_dirs: Mapping[int, Path], suspects: Sequence[int],
-                     reference: int) -> tuple[list[dict[str, Any]], RecipeStatus]:
+def compare_suspects(rank_dirs: Mapping[int, Path], suspects: Sequence[int], reference: int,
+                     steps: Mapping[int, Collection[int]] | None = None) -> tuple[list[dict[str, Any]], RecipeStatus]:
     """The torch.profiler drill-down (enrich phase): for each suspect, the operators / kernels / collectives where
     it spends more time per step than the ``reference`` rank (its median peer), largest first
     (``profwatch.core.verdict.drilldown``). Each rank's totals are over the step windows of its own trace (a rank's
     step labels may be offset from its peers': ``daemon/profwatch/core/verdict/kineto_align.py``), divided by its
-    own window count (``op_totals_by_kind``). A trace with device work is compared on its device work (kernels,
+    own window count (``op_totals_by_kind``). ``steps``: rank -> its own ``ProfilerStep#`` labels of the steps
+    the verdict used (``evidence.used_steps``: a truncated last step the verdict left out is left out here too);
+    None: every step window of the trace. A trace with device work is compared on its device work (kernels,
     copies, collective kernels: host operators measure the host, often waiting for the device); a host-only trace
     on its operators' self times (exclusive of child CPU ops, so the listed excesses add up). Returns
     ``([{"rank", "reference_rank", "steps", "source", "ops": [...]}], RecipeStatus)``; never raises for bad data."""
@@ -415,9 +418,11 @@ def compare_suspects(rank_dirs: Mapping[int, Path], suspects: Sequence[int],
         newest = _newest_trace(Path(rank_dirs[rank]))
         if newest is None:
             raise TraceFormatError(f"no *.pt.trace.json in {rank_dirs[rank]}")
-        by_kind, windows = op_totals_by_kind(newest)
+        wanted = None if steps is None else steps.get(rank, ())
+        by_kind, windows = op_totals_by_kind(newest, wanted)
         if not windows:
-            raise TraceFormatError(f"rank {rank}: no ProfilerStep window in its trace")
+            raise TraceFormatError(f"rank {rank}: no ProfilerStep window in its trace"
+                                   + ("" if wanted is None else f" among the steps the verdict used {sorted(wanted)}"))
         totals: dict[str, float] = {}
         for (kind, name), us in by_kind.items():
             totals[name] = totals.get(name, 0.0) + us

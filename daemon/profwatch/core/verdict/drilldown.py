@@ -61,6 +61,18 @@ def excess_over_peer(entries: Sequence[DetailEntry], *, limit: int = DRILL_LIMIT
     return out
 
 
+def excess_text(us: float) -> str:
+    """An excess per step (``us``, microseconds) for people, signed, with 2-3 significant digits: ``+12.1
+    ms/step`` from 1 ms up, ``+0.15 ms/step`` from 100 us, ``+40 us/step`` and ``+2.5 us/step`` below (``+0.0
+    ms/step`` said nothing of a 40 us excess)."""
+    a = abs(us)
+    if a >= 1000:
+        return f"{us / 1e3:+.1f} ms/step"
+    if a >= 100:
+        return f"{us / 1e3:+.2f} ms/step"
+    return f"{us:+.0f} us/step" if a >= 10 else f"{us:+.1f} us/step"
+
+
 def drilldown_text(item: Mapping[str, Any], *, top: int = 3, width: int = 60) -> str:
     """One line for an alert or a terminal: ``rank 6: aten::matmul +12.1 ms/step, ... over its median peer (rank
     3)``; names are cut to ``width`` characters (kernel names run to kilobytes)."""
@@ -73,5 +85,5 @@ def drilldown_text(item: Mapping[str, Any], *, top: int = 3, width: int = 60) ->
     for o in ops:
         name = str(o.get("name") or "?")
         name = name if len(name) <= width else name[:width - 1] + "…"
-        parts.append(f"{name} {float(o.get('excess_us_per_step') or 0.0) / 1e3:+.1f} ms/step")
+        parts.append(f"{name} {excess_text(float(o.get('excess_us_per_step') or 0.0))}")
     return head + ", ".join(parts) + peer

@@ -7,6 +7,7 @@ are in microseconds too.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -53,6 +54,25 @@ def usable_row(row: RankStepSummary) -> bool:
                 (row.computation_us <= 0 and row.communication_us <= 0))
 
 
+def used_steps(summaries: Iterable[RankStepSummary],
+               step_labels: Mapping[int, Mapping[int, int]] | None = None) -> dict[int, set[int]]:
+    """rank -> the steps the verdict used (its rows that pass :func:`usable_row`), as the rank's own step labels
+    (``ProfilerStep#N``) when ``step_labels`` maps them (``ClusterEvidence.step_labels``: rank -> {own label:
+    the verdict's step}), else as the verdict's steps. What per-operator totals of a rank must cover to speak of
+    the same steps as the verdict (a truncated last step is in the trace but not in the verdict). A rank without
+    usable rows is absent."""
+    out: dict[int, set[int]] = {}
+    own: dict[int, dict[int, set[int]]] = {}
+    for rank, labels in (step_labels or {}).items():
+        for label, step in labels.items():
+            own.setdefault(rank, {}).setdefault(step, set()).add(label)
+    for row in summaries:
+        if usable_row(row):
+            out.setdefault(row.rank, set()).update(own[row.rank].get(row.step, ())
+                                                   if row.rank in own else (row.step,))
+    return out
+
+
 @dataclass(slots=True)
 class RecipeStatus:
     """Outcome of one analysis recipe (an msprof-analyze command or the Kineto analyzer).
@@ -94,6 +114,9 @@ class ClusterEvidence:
     ``unusable_ranks``: rank -> why its data could not be judged (no device data, unparseable trace); such a
     batch is at best ``partial``. ``alignment``: how the ranks' steps were put side by side (torch traces:
     ``{"method": ..., "offsets_us": {rank: us}, "unaligned": {rank: reason}, "notes": [...]}``).
+    ``step_labels``: torch traces: rank -> {its own ``ProfilerStep#`` label: the step of ``summaries``}
+    (``kineto_align.Alignment.labels``), so per-operator totals can cover the steps the verdict used
+    (:func:`used_steps`); empty for Ascend (the steps are the ranks' own).
     ``collectives_per_step``: collectives one rank runs per step (None when unknown), for the impact estimate.
     ``own_waits``: rank -> step -> (its own HCCL wait in µs, collectives), read from each rank's own data
     (``CommAnalyzerTime``) for targeted captures, so waits for ranks outside the capture show
@@ -113,6 +136,7 @@ class ClusterEvidence:
     link_rows: list[dict[str, Any]] = field(default_factory=list)
     unusable_ranks: dict[int, str] = field(default_factory=dict)
     alignment: dict[str, Any] = field(default_factory=dict)
+    step_labels: dict[int, dict[int, int]] = field(default_factory=dict)
     collectives_per_step: float | None = None
     own_waits: dict[int, dict[int, tuple[float, int]]] = field(default_factory=dict)
     aicore: dict[int, FreqSummary] = field(default_factory=dict)
