@@ -70,7 +70,7 @@ def _capture_tops(ep: Episode) -> list[tuple[int, str]]:
     why it was captured again; ``profwatch replay`` has no verdicts), else none for that capture. A capture armed
     for another episode that covered this one counts too: an MoE hot expert's first appearance is often captured
     as the job-wide step-time rise it causes, which covers the rank's episode; not counting it let a rotation take
-    a third capture (issue 31's corpus, class ``moe``)."""
+    a third capture (``bench/bench_corpus.py``, class ``moe``; docs/detection.md)."""
     seen: set[int] = set()
     out: list[tuple[int, str]] = []
     for c in ep.captures:

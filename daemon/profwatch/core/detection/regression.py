@@ -411,7 +411,7 @@ class StepTimeRegressionDetector:
     def _settled(self) -> bool:
         """At the end of a generation's first learning: is the job past its warm-up? A warm-up that rises (caches
         and allocators filling, a second stream starting) makes the first learned steps lower than the job's level;
-        learned as normal, the young baseline then read the settled level as a regression (issue 31's corpus,
+        learned as normal, the young baseline then read the settled level as a regression (``bench/bench_corpus.py``,
         ``warmup_up``: 8 false arms in 20 runs at 10-20 % noise, ``pattern "baseline"`` at steps 74-160 and
         ``"cusum"`` at 99-105). The steps learned so far (window and held-back) are a warm-up when a rise from the
         first of them that then stays flat explains them better than a step by :data:`WARMUP_EVIDENCE` noise
@@ -449,7 +449,7 @@ class StepTimeRegressionDetector:
     def _learned_step(self, fs: FinalizedStep) -> Anomaly | None:
         """At the end of a generation's first learning (after :meth:`_settled`): a sudden change among the steps
         learned so far. A change of 10-30 % at 5-20 % noise is no spike step, so it entered the young baseline, which
-        then learned the changed level as normal (issue 31's corpus: +30 % from step 22 at 9 % noise, never
+        then learned the changed level as normal (``bench/bench_corpus.py``, class ``noisy``: +30 % from step 22 at 9 % noise, never
         reported). The best split of the learned steps into two levels (least squares on ``x / level - 1``) is a
         change when it explains them better than one level by :data:`LEARNED_STEP_EVIDENCE` noise variances (the
         pooled noise of the two parts, floored as :meth:`_noise`'s), each part holds at least
