@@ -589,3 +589,55 @@ def test_a_rank_that_stays_slow_inside_a_rotating_episode_is_captured_as_an_epis
         assert k < 99, "rank 7 never captured"
     (ev,) = opened
     assert ev.data["reason"] == "persistent" and ev.data["ranks"] == [7] and "rank 7 has stayed slow" in ev.data["text"]
+
+
+def test_a_job_wide_capture_that_covered_the_hot_rank_is_the_first_capture_of_its_rotation() -> None:
+    """Issue 31's corpus, class moe: a hot expert's first appearance raises the job step time (the slowest rank sets
+    it); that job-wide episode is captured and its capture covers the rank outlier episode opened a few steps later.
+    When the expert moves, the rank's episode is captured again for the new rank: that is the rotation's second
+    capture (rotation_captures=2), so the culprit rotates and the third rank is not captured (before: the covering
+    capture did not count and the rotation took a third)."""
+    b, p = book(min_arm_gap_s=0)
+    job, _ = b.observe(reg(429, mag=0.26), T0)
+    picked = b.next_arm(p, T0, capture_in_flight=False)
+    assert picked is not None and picked[0] is job
+    b.history.record(picked[1], T0, "c-job")
+    b.armed(job.episode_id, "c-job", T0, covered=None, start_step=440)  # its window starts at step 440
+    hot, _ = b.observe(out(434, (0,), stage="moe"), T0 + 3)
+    assert hot is not None and [c.capture_id for c in hot.captures] == ["c-job"] and not hot.captures[0].own
+    assert b.capture_ended("c-job", T0 + 40, "simulated") == []
+    b.observe(out(540, (1,), stage="moe"), T0 + 80)  # the expert moved: a new rank, captured again at once
+    assert hot.new_ranks and arm_next(b, p, T0 + 80, "c-1", covered=(0, 1)) is hot
+    (rot,) = b.capture_ended("c-1", T0 + 120, "simulated")
+    assert rot.type == "io.profwatch.culprit_rotates.v1" and hot.rotation == (0, 1)
+    b.observe(out(646, (2,), stage="moe"), T0 + 160)
+    assert b.next_arm(p, T0 + 160, capture_in_flight=False) is None and hot.waiting == "culprit_rotates"
+
+
+def test_a_hot_rank_stays_named_as_long_as_the_rotation_did_and_is_not_taken_for_a_persistent_one() -> None:
+    """Issue 31's corpus, class moe with 5 s steps: the hot expert stays on each rank about 6 minutes. The rotation
+    is recognised at its second capture (rank 0 at T0, rank 1 six minutes later); rank 1 then stays named another
+    6 minutes: not a slow rank of its own, which must outlast twice the 6 minutes rank 0 stayed (before: it opened a
+    `persistent` episode and was captured once 5 minutes had passed)."""
+    b, p = book(min_arm_gap_s=0, episode_quiet_steps=50)
+    hot, _ = b.observe(out(107, (0,), stage="moe"), T0)
+    assert hot is not None and arm_next(b, p, T0, "c0", covered=(0,)) is hot
+    b.capture_ended("c0", T0 + 40, "simulated")
+    b.observe(out(182, (1,), stage="moe"), T0 + 360)
+    assert arm_next(b, p, T0 + 360, "c1", covered=(0, 1)) is hot
+    b.capture_ended("c1", T0 + 400, "simulated")
+    assert hot.rotation == (0, 1)
+    opened = []
+    for k in range(1, 73):  # rank 1 named for 6 more minutes (72 steps of 5 s)
+        now, at = T0 + 360 + 5 * k, 182 + k
+        opened += [e for e in b.advance(now, furthest_step=at, ongoing={"rank_outlier": frozenset({1})})
+                   if e.type.endswith("episode_opened.v1")]
+    assert opened == [] and b.next_arm(p, T0 + 720, capture_in_flight=False) is None
+    for k in range(73, 200):  # rank 1 stays: a slow rank of its own once it outlasted twice the rotation's 6 min
+        now, at = T0 + 360 + 5 * k, 182 + k
+        opened += [e for e in b.advance(now, furthest_step=at, ongoing={"rank_outlier": frozenset({1})})
+                   if e.type.endswith("episode_opened.v1")]
+        if opened:
+            assert now - (T0 + 360) >= 720
+            break
+    assert [e.data["reason"] for e in opened] == ["persistent"]

@@ -65,14 +65,15 @@ def _rotates(tops: list[int], n: int) -> bool:
 
 
 def _capture_tops(ep: Episode) -> list[tuple[int, str]]:
-    """The top rank of each own capture of ``ep`` with its capture id, oldest first: the verdict's first named rank,
+    """The top rank of each capture of ``ep`` with its capture id, oldest first: the verdict's first named rank,
     else the one rank the capture took that no earlier capture of it took or named (a report naming a new rank is
-    why it was captured again; ``profwatch replay`` has no verdicts), else none for that capture."""
+    why it was captured again; ``profwatch replay`` has no verdicts), else none for that capture. A capture armed
+    for another episode that covered this one counts too: an MoE hot expert's first appearance is often captured
+    as the job-wide step-time rise it causes, which covers the rank's episode; not counting it let a rotation take
+    a third capture (``bench/bench_corpus.py``, class ``moe``; docs/detection.md)."""
     seen: set[int] = set()
     out: list[tuple[int, str]] = []
     for c in ep.captures:
-        if not c.own:
-            continue
         fresh = [r for r in c.ranks if r not in seen]
         top = c.named[0] if c.named else (fresh[0] if len(fresh) == 1 else None)
         seen.update(c.ranks)
@@ -519,11 +520,18 @@ class JobEpisodes:
                 ep.waiting = ""
             self._touch(ep)
             n = self.settings.rotation_captures
-            out += self._rotation_across(ep, [c for c in hit if c.own], now_unix_s)
+            out += self._rotation_across(ep, hit, now_unix_s)
             ranked = _capture_tops(ep)
             tops = [t for t, _ in ranked]
             if not ep.rotation and ep.closed_unix_s is None and _rotates(tops, n):
                 ep.rotation = tuple(tops[-n:])
+                armed = {c.capture_id: c.armed_unix_s for c in ep.captures}
+                times = [armed[cid] for _, cid in ranked[-n:]]
+                # each rank of the rotation stayed named at least until the next one was captured: a later rank
+                # must outlast that twice to be a slow rank of its own (hot periods of 6 minutes were each taken
+                # for a persistent rank once 5 minutes had passed)
+                self._named_span[ep.episode_id] = max(self._named_span.get(ep.episode_id, 0.0),
+                                                      *(b - a for a, b in zip(times, times[1:], strict=False)))
                 for _, cid in ranked[-n:]:
                     self.history.release(cid)  # a rotation's captures never hold a slow rank's
                 text = ", ".join(str(r) for r in ep.rotation)
@@ -546,8 +554,8 @@ class JobEpisodes:
         return out
 
     def _rotation_across(self, ep: Episode, own: list[EpisodeCapture], now_unix_s: float) -> list[Event]:
-        """Remember the top rank of each own capture of a ranked episode under its key (the verdict's first named
-        rank, else the episode's ranks at the arm when it named one); when the last ``rotation_captures`` of the
+        """Remember the top rank of each capture of a ranked episode under its key, its own or another episode's
+        that covered it (the verdict's first named rank, else the episode's ranks at the arm when it named one); when the last ``rotation_captures`` of the
         key, from more than one episode and within an hour of each other, named a different rank each time, the
         key's culprit rotates across episodes: ``culprit_rotates`` once, the captures of the rotation no longer
         count toward ``max_captures_per_hour`` (they never hold a slow rank's capture), the open episode of the key

@@ -58,6 +58,23 @@ RECENT_FLOOR_VALUES = 16
 INTERIM_SE = 1.0
 """After a speedup, the level its own run showed is raised by this many standard errors to make the interim
 reference a slowdown is judged against while the baseline re-learns (see ``_interim_cusum``)."""
+WARMUP_EVIDENCE = 0.0
+"""At the end of a generation's first learning, a rise from the first learned steps that then stays flat is a
+warm-up when it explains them at least this much better than a step (noise variances; see
+:meth:`StepTimeRegressionDetector._settled`). Simulated (46 learned steps, 5-20 % noise): 0 takes 79 % of linear
+warm-ups visible in them and 1 % of sudden changes of 1.1-1.4x with their onset there (12 takes 50 % and 0 %)."""
+LEARNED_STEP_EVIDENCE = 25.0
+"""A split of a generation's first learned steps into two levels is a change when it explains them better than one
+level by this many noise variances (a log-likelihood ratio of 12.5, Gaussian noise: about 2 ln(1e5), the
+``false_alarm_steps`` default, so a flat series' best split of some 50 steps passes it far less than once per
+1e5 steps; see :meth:`StepTimeRegressionDetector._learned_step`)."""
+LEARNED_STEP_MIN_AFTER = 8
+"""Steps each part of such a split needs: a few high steps at the end are a spike, or not yet a level; a few low
+steps at the start are a short warm-up as often as a change (5 rising steps at 3 % noise were reported as +11 %)."""
+MAX_SETTLE_RESTARTS = 3
+"""Times the first learning of a generation may start again because the job was still warming up (a rise from the
+first learned steps that then settled, :meth:`StepTimeRegressionDetector._settled`): bounds the delay a warm-up
+longer than the learning window adds (each restart costs at most ``min_baseline_steps`` plus the lag)."""
 SIEGMUND_RHO = 0.583
 """Expected overshoot of a Gaussian random walk over a boundary, in sigmas: Siegmund's correction is 2 * 0.583."""
 
@@ -176,7 +193,12 @@ class StepTimeRegressionDetector:
         self._steps_per_value = 1
         self.spikes = SpikeFilter(settings)
         self.counters = {"regressions": 0, "spike_events": 0, "spikes_not_reported": 0, "speedups": 0, "held": 0,
-                         "relearn_while_learning": 0, "drift_reports": 0, "drift_onsets": 0, "unmeasured": 0}
+                         "relearn_while_learning": 0, "drift_reports": 0, "drift_onsets": 0, "unmeasured": 0,
+                         "warmup_restarts": 0}
+        self._checked_learned = False
+        """Whether this generation's first learned steps were checked for a change (:meth:`_learned_step`)."""
+        self._settle_restarts: int | None = 0
+        """Warm-up restarts of this generation's first learning (:meth:`_settled`); None once it settled."""
         self._recent: deque[float] = deque(maxlen=RAMP_WINDOW)
         self._ramp_step: int | None = None
         self._learn_since = 0
@@ -192,6 +214,8 @@ class StepTimeRegressionDetector:
     def reset(self) -> None:
         """Forget everything (the step counter restarted)."""
         self._relearn()
+        self._settle_restarts = 0
+        self._checked_learned = False
         self.drift.reset()
         self.spikes.reset()
         self._last_spike_event = None
@@ -375,9 +399,114 @@ class StepTimeRegressionDetector:
         self._recent.append(x)
         if len(self._base) >= self.settings.min_baseline_steps:
             self._interim = None
+            if not self._settled():
+                return None
+            change = self._learned_step(fs)
+            if change is not None:
+                return change
         if len(self._base) >= self.settings.min_baseline_steps and self.drift.reference_s is None:
             self.drift.learned(self._noise()[0], step)
         return None
+
+    def _settled(self) -> bool:
+        """At the end of a generation's first learning: is the job past its warm-up? A warm-up that rises (caches
+        and allocators filling, a second stream starting) makes the first learned steps lower than the job's level;
+        learned as normal, the young baseline then read the settled level as a regression (``bench/bench_corpus.py``,
+        ``warmup_up``: 8 false arms in 20 runs at 10-20 % noise, ``pattern "baseline"`` at steps 74-160 and
+        ``"cusum"`` at 99-105). The steps learned so far (window and held-back) are a warm-up when a rise from the
+        first of them that then stays flat explains them better than a step by :data:`WARMUP_EVIDENCE` noise
+        variances (:func:`~profwatch.core.detection.drift.ramp_evidence` on the reversed series: a sudden change
+        while learning is a step and is still judged as one) and the flat part's median is above the learned level
+        by :data:`EFFECT_Z` standard errors; learning then starts again from the flat part, silently, at most
+        :data:`MAX_SETTLE_RESTARTS` times. Returns True when settled (or no longer checked)."""
+        if self._settle_restarts is None or self._settle_restarts >= MAX_SETTLE_RESTARTS:
+            self._settle_restarts = None
+            return True
+        y = np.fromiter(self._recent, dtype=np.float64, count=len(self._recent))
+        mu, noise = self._noise()
+        if y.size < 2 * RECENT_FLOOR_VALUES or not mu > 0.0:
+            self._settle_restarts = None
+            return True
+        rel = y / mu - 1.0
+        gain, knee, _ = ramp_evidence(-rel[::-1])  # rise-then-flat, reversed and negated: flat-then-rise
+        # the flat part, at least the newest RECENT_FLOOR_VALUES (a warm-up still rising at the window's end)
+        flat = y[min(y.size - 1 - knee, y.size - RECENT_FLOOR_VALUES):] if knee >= 0 else y[:0]
+        if (gain < WARMUP_EVIDENCE * noise * noise or not flat.size
+                or float(np.median(flat)) / mu - 1.0
+                < EFFECT_Z * noise * math.sqrt(math.pi / (2.0 * flat.size) + 1.0 / y.size)):
+            self._settle_restarts = None
+            return True
+        self._settle_restarts += 1
+        restarts = self._settle_restarts
+        self.counters["warmup_restarts"] += 1
+        self._relearn()
+        self._settle_restarts = restarts
+        for v in flat.tolist():
+            self._base.push(v)
+            self._recent.append(v)
+        return False
+
+    def _learned_step(self, fs: FinalizedStep) -> Anomaly | None:
+        """At the end of a generation's first learning (after :meth:`_settled`): a sudden change among the steps
+        learned so far. A change of 10-30 % at 5-20 % noise is no spike step, so it entered the young baseline, which
+        then learned the changed level as normal (``bench/bench_corpus.py``, class ``noisy``: +30 % from step 22 at 9 % noise, never
+        reported). The best split of the learned steps into two levels (least squares on ``x / level - 1``) is a
+        change when it explains them better than one level by :data:`LEARNED_STEP_EVIDENCE` noise variances (the
+        pooled noise of the two parts, floored as :meth:`_noise`'s), each part holds at least
+        :data:`LEARNED_STEP_MIN_AFTER` steps, it rises by ``min_effect`` within :data:`EFFECT_Z` standard errors,
+        a ramp does not explain them as well (a drift is the drift detector's) and the earlier part does not rise
+        along its own steps (:meth:`_rising`: a warm-up still rising, which :meth:`_settled` did not tell from a
+        step at high noise). Then ``step_regression`` with
+        ``pattern "level"``, ``detail.learning`` true and ``detail.reference "learned_steps"``, its magnitude the
+        ratio of the parts' geometric means, and learning starts again from the later part."""
+        if self._checked_learned:
+            return None
+        self._checked_learned = True
+        y = np.fromiter(self._recent, dtype=np.float64, count=len(self._recent))
+        n = y.size
+        if n < 2 * LEARNED_STEP_MIN_AFTER or not np.all(y > 0.0):
+            return None
+        mu = float(np.median(y))
+        rel = y / mu - 1.0
+        c1, c2 = np.cumsum(rel), np.cumsum(rel * rel)
+        left = np.arange(1, n)
+        sse = c2[:-1] - c1[:-1] ** 2 / left + (c2[-1] - c2[:-1]) - (c1[-1] - c1[:-1]) ** 2 / (n - left)
+        sse[n - LEARNED_STEP_MIN_AFTER:] = np.inf  # each part holds LEARNED_STEP_MIN_AFTER steps: a few low first
+        sse[:LEARNED_STEP_MIN_AFTER - 1] = np.inf  # steps are a short warm-up as often as a change
+        k = int(np.argmin(sse)) + 1
+        sse_flat = float(c2[-1] - c1[-1] ** 2 / n)
+        sse_k = max(0.0, float(sse[k - 1]))  # cumulative sums may cancel below 0 on a noiseless series
+        noise = max(math.sqrt(sse_k / (n - 2)), self.settings.noise_floor, MIN_NOISE)
+        logs = np.log(y)
+        mag = log_ratio_magnitude(float(logs[k:].mean() - logs[:k].mean()))
+        se = noise * math.sqrt(1.0 / k + 1.0 / (n - k))
+        if (sse_flat - sse_k < LEARNED_STEP_EVIDENCE * noise * noise or mag <= 0.0
+                or mag + EFFECT_Z * se < self.settings.min_effect
+                or ramp_evidence(rel)[0] >= RAMP_EVIDENCE * noise * noise or self._rising(rel[:k], noise)):
+            return None
+        before = float(math.exp(logs[:k].mean()))
+        after = y[k:].tolist()
+        detail = {"pattern": "level", "learning": True, "reference": "learned_steps",
+                  "first_step": fs.step - (n - 1 - k), "baseline_s": before, "noise": noise,
+                  "step_time_s": before * (1.0 + mag), "steps": n - k, "baseline_values": k,
+                  "slowest_ranks": [fs.slowest_rank]}
+        a = self._fire(fs.step, mag, detail)
+        for v in after:
+            self._base.push(v)
+            self._recent.append(v)
+        return a
+
+    @staticmethod
+    def _rising(rel: np.ndarray, noise: float) -> bool:
+        """Whether ``rel`` (the earlier part of a split of the first learned steps) rises along its own steps by
+        :data:`EFFECT_Z` standard errors of a least-squares slope: a warm-up still rising, not the flat level
+        before a sudden change."""
+        n = rel.size
+        if n < 3:
+            return False
+        pos = np.arange(n, dtype=np.float64) - (n - 1) / 2.0
+        slope = float(pos @ rel) / float(pos @ pos)
+        return slope >= EFFECT_Z * noise / math.sqrt(float(pos @ pos))
 
     def _spike_event(self, step: int, ep: SpikeEpisode, mu: float, hold: int, out: list[Anomaly]) -> None:
         gap = self.settings.spike_event_gap_steps
