@@ -180,13 +180,19 @@ class UnitPipeline:
                         if self.normaliser is not None and d is self.regression:
                             self._rebase_loads(found)
                         out.extend(self._to_job(a) for a in found)
+                    if d is self.regression and self.regression.speedup_ratio is not None:
+                        ratio, self.regression.speedup_ratio = self.regression.speedup_ratio, None
+                        if self.normaliser is not None:  # a fall is the new normal of every band too
+                            self.normaliser.rescale(ratio, self.regression.speedup_first_step)
+                            self.regression.rebase(ratio)
         return out
 
     def _rebase_loads(self, found: list[Anomaly]) -> None:
         assert self.normaliser is not None
         for a in found:
             if a.kind == "step_regression" and a.detail.get("pattern") in ("cusum", "level"):
-                self.normaliser.rescale(1.0 + a.magnitude)
+                first = a.detail.get("first_step")
+                self.normaliser.rescale(1.0 + a.magnitude, first if isinstance(first, int) else None)
 
     def check_stalls(self, now_unix_s: float) -> list[Anomaly]:
         """The stall detector's check, mapped to job ranks; none in a serving unit (see ``JobDetector`` Notes)."""

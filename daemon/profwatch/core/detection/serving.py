@@ -63,16 +63,51 @@ def _median(xs: list[float]) -> float:
 
 
 class _Band:
-    __slots__ = ("held", "lag", "last", "ref", "scale", "values")
+    __slots__ = ("gain", "held", "lag", "last", "raw", "ref", "values")
 
     def __init__(self, window: int = BAND_WINDOW, lag: int = BAND_LAG) -> None:
         self.values: deque[float] = deque(maxlen=window)
-        self.held: deque[float] = deque()
+        """Step times of the window, each divided by :attr:`gain` as it was when the value entered."""
+        self.raw: deque[float] = deque(maxlen=window)
+        """The same step times as measured (the bound of :data:`MAX_SCALE` is taken from their median)."""
+        self.held: deque[tuple[float, float, int]] = deque()
+        """Step times not yet in the window: ``(time_s, gain the time was measured under, step)``."""
         self.ref: float | None = None
         self.lag = lag
         self.last = 0
-        self.scale = 1.0
-        """Product of the reported changes not yet in the window (see :meth:`LoadNormaliser.rescale`)."""
+        self.gain = 1.0
+        """Product of the changes reported since the band was made (see :meth:`LoadNormaliser.rescale`)."""
+
+    def hold(self, v: float, step: int) -> None:
+        """Take one step time of this band (it enters the window :attr:`lag` values later)."""
+        self.held.append((v, self.gain, step))
+        if len(self.held) > self.lag:
+            self.enter(*self.held.popleft()[:2])
+
+    def enter(self, v: float, gain: float) -> None:
+        """Move one held step time (measured under ``gain``) into the window and re-estimate the reference."""
+        self.values.append(v / gain)
+        self.raw.append(v)
+        if len(self.values) < BAND_MIN:
+            self.ref = None
+            return
+        raw = _median(list(self.raw))
+        ref = self.gain * _median(list(self.values))
+        self.ref = min(max(ref, raw / MAX_SCALE), raw * MAX_SCALE)
+
+    def rescale(self, factor: float, since_step: int | None) -> None:
+        """Every value in the window and held times ``factor``, except held ones of ``since_step`` or later (they
+        were measured at the new level already)."""
+        if since_step is not None:
+            self.held = deque((v, g * factor if st >= since_step else g, st) for v, g, st in self.held)
+        self.gain *= factor
+        if not 1e-6 <= self.gain <= 1e6:  # renormalise the stored values (floats stay far from over/underflow)
+            self.values = deque((v * self.gain for v in self.values), maxlen=self.values.maxlen)
+            self.held = deque((v, g / self.gain, st) for v, g, st in self.held)
+            self.gain = 1.0
+        if self.ref is not None:
+            raw = _median(list(self.raw))
+            self.ref = min(max(self.gain * _median(list(self.values)), raw / MAX_SCALE), raw * MAX_SCALE)
 
 
 class LoadNormaliser:
@@ -93,8 +128,8 @@ class LoadNormaliser:
         about 1.0); a step of a band with fewer than :data:`BAND_MIN` values is excluded (``"load_band"``).
         The regression detector then judges one series of ratios, all loads pooled, so its change-point test
         keeps its power; a change that lasts is found before it enters the band references (lag), and once the
-        regression detector reported it, :meth:`rescale` makes it the new normal of every band at once (a
-        bounded scale on top of the band's own median, fading as its window takes the new level in). Idle steps
+        regression detector reported it (or found the unit faster), :meth:`rescale` makes it the new normal of
+        every band at once (exact bookkeeping, bounded: see there). Idle steps
         (excluded ``"idle"``) only count
         for the busy fraction. Memory: at most :data:`MAX_BANDS` bands (the least recently used is dropped).
         Assumption: at one load, iteration time does not depend on what came before (no queue effects).
@@ -120,19 +155,26 @@ class LoadNormaliser:
         planning and for telling idle gaps; None before any."""
         return self._usual
 
-    def rescale(self, factor: float) -> None:
-        """Every band's reference times ``factor``: a lasting change the regression detector just reported
-        becomes the new normal of every load at once (not band by band as each band's window turns over).
+    def rescale(self, factor: float, since_step: int | None = None) -> None:
+        """Every band's reference times ``factor``: a lasting change the regression detector just reported (a rise,
+        or a fall: ``factor`` < 1) becomes the new normal of every load at once, not band by band as each band's
+        window turns over.
 
-        The band's values stay its own step times; the factor goes into the band's ``scale``, kept within
-        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] and fading as new values enter its window (by ``1 / window``
-        of its log per value: the window's median takes the new level in as the scale lets it go). Multiplying
-        the stored values instead compounded on a host whose load came and went (every rise rescaled, the falls
-        learned silently): the ratios' baseline ratcheted from 0.67 to 1e-42 (docs/detection.md)."""
-        if not factor > 0:
+        Exact bookkeeping: each value is kept with the band's ``gain`` (the product of the factors so far) it was
+        measured under, and enters the window divided by it, so the reference ``gain * median(kept)`` counts a
+        value measured before the change at the new level and one measured after it once (the window's median
+        takes the new level in without any factor left over). Held values of ``since_step`` (the change's first
+        step) or later count as measured after it. The reference stays within
+        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] of the median of the window's measured step times. Before, the
+        factor faded by ``1 / window`` of its log per value entered, faster than the median took the new level in:
+        one +30 % replica was reported (and armed) 3-4 times as its reference faded (bench_workloads serving_tp and
+        serving_dp). Multiplying the stored values on rises only (falls learned silently) ratcheted the ratios'
+        baseline from 0.67 to 1e-42 on a host whose load came and went (docs/detection.md): falls are rescaled
+        too (``UnitPipeline``). ``factor`` not > 0 or not finite: ignored."""
+        if not (factor > 0 and math.isfinite(factor)):
             return
         for band in self._bands.values():
-            band.scale = min(max(band.scale * factor, 1.0 / MAX_SCALE), MAX_SCALE)
+            band.rescale(factor, since_step)
 
     def band_of(self, fs: FinalizedStep) -> int:
         """The band key of ``fs`` (rules in Notes)."""
@@ -178,13 +220,8 @@ class LoadNormaliser:
         self._bands[key] = band  # most recently used last
         if len(self._bands) > MAX_BANDS:
             del self._bands[next(iter(self._bands))]
-        ref = band.ref * band.scale if band.ref is not None else None
-        band.held.append(fs.time_s)
-        if len(band.held) > band.lag:
-            band.values.append(band.held.popleft())
-            band.ref = _median(list(band.values)) if len(band.values) >= BAND_MIN else None
-            if band.scale != 1.0:
-                band.scale **= 1.0 - 1.0 / (band.values.maxlen or 1)
+        ref = band.ref
+        band.hold(fs.time_s, fs.step)
         if ref is None or ref <= 0:
             return replace(fs, excluded="load_band")
         return replace(fs, time_s=fs.time_s / ref)
