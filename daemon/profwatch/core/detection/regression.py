@@ -221,6 +221,12 @@ class StepTimeRegressionDetector:
             return mu0 if mu0 > 0.0 else self._last_job_step_s
         return self._last_job_step_s
 
+    @property
+    def rising(self) -> bool:
+        """True while the detector gathers evidence of a rise: its upper CUSUM is above 0, or risen steps wait
+        out the hold while the baseline learns."""
+        return self._s_hi > 0.0 or bool(self._learn_rise)
+
     def rebase(self, factor: float) -> None:
         """The series' scale changed by ``factor`` (> 0) from the next step on (a serving unit's load bands took a
         speedup in: its ratios are divided by ``factor``): the interim reference a slowdown after the speedup is

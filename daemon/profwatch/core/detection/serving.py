@@ -11,7 +11,7 @@ id step independently (their step counters do not line up). Three small parts ha
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import replace
 
 from profwatch.core.detection.settings import DetectionSettings
@@ -35,6 +35,9 @@ blocks is still judged before it enters it."""
 LOAD_BAND_STALE = 64
 """Without ``work``, a load band not used for this many of the unit's blocks is learned afresh when it is entered
 again (its reference was the load of another hour)."""
+MAX_HELD = 4096
+"""Values a band holds back at most while they wait for ``LoadNormaliser.cutoff_step`` (then the oldest enter):
+bounds memory."""
 MAX_BANDS = 128
 """Work or load bands kept per unit (the least recently used is dropped): bounds memory."""
 MAX_SCALE = 2.0
@@ -46,6 +49,18 @@ LOAD_WINDOW_S = 600.0
 is measured: several bursts and idle gaps, so one idle gap does not move a step to another band (over the last 64
 steps it did: the steps right after each gap fell in a band whose reference was hours old, about 0.5 false
 pages an hour of healthy traffic)."""
+
+
+SERVING_BLOCK_S = 60.0
+"""A serving unit's regression detector judges blocks of at least this many seconds of the unit's own time (its
+steps and idle gaps) holding at least :data:`SERVING_BLOCK_MIN` records (the median of their ratios,
+:class:`RatioBlocks`): a shared host's load moves every iteration by tens of percent for tens of seconds at a
+time, a real level change of the steps that is no regression of the server; judged step by step it fired the
+change-point test several times an hour (bench_corpus serving classes: 3-5 false arms per healthy hour on a host
+whose load changes every 20-90 s by up to 1.5x). A change that lasts minutes moves every block. (Busy time alone
+made too few blocks: a server idle most of the time made 5 blocks in 41 minutes.)"""
+SERVING_BLOCK_MIN = 8
+"""Fewest records (steps, or blocks of steps without ``work``) in one block of :data:`SERVING_BLOCK_S`."""
 
 
 def is_idle_gap(step_time_s: float, usual_step_s: float | None, settings: DetectionSettings) -> bool:
@@ -78,10 +93,12 @@ class _Band:
         self.gain = 1.0
         """Product of the changes reported since the band was made (see :meth:`LoadNormaliser.rescale`)."""
 
-    def hold(self, v: float, step: int) -> None:
-        """Take one step time of this band (it enters the window :attr:`lag` values later)."""
+    def hold(self, v: float, step: int, cutoff: int | None) -> None:
+        """Take one step time of this band: it enters the window :attr:`lag` values later, and with a ``cutoff``
+        step not before that step is reached (at most :data:`MAX_HELD` values wait)."""
         self.held.append((v, self.gain, step))
-        if len(self.held) > self.lag:
+        while len(self.held) > self.lag and (cutoff is None or self.held[0][2] <= cutoff
+                                             or len(self.held) > MAX_HELD):
             self.enter(*self.held.popleft()[:2])
 
     def enter(self, v: float, gain: float) -> None:
@@ -137,6 +154,11 @@ class LoadNormaliser:
 
     def __init__(self, settings: DetectionSettings) -> None:
         self.settings = settings
+        self.cutoff_step: int | None = None
+        """Set by the owner (``UnitPipeline``): values of later steps stay out of the band windows (None: only
+        the band's lag): the regression detector judges blocks of :data:`SERVING_BLOCK_S`, and a change must not
+        leak into the references it is judged against before the test decides (``BAND_LAG`` values of a busy
+        band pass within one block)."""
         self.reset()
 
     def reset(self) -> None:
@@ -221,7 +243,7 @@ class LoadNormaliser:
         if len(self._bands) > MAX_BANDS:
             del self._bands[next(iter(self._bands))]
         ref = band.ref
-        band.hold(fs.time_s, fs.step)
+        band.hold(fs.time_s, fs.step, self.cutoff_step)
         if ref is None or ref <= 0:
             return replace(fs, excluded="load_band")
         return replace(fs, time_s=fs.time_s / ref)
@@ -281,3 +303,61 @@ class UnitSplitter:
         if changed:
             self.units = sorted(new_units)
         return changed
+
+
+class RatioBlocks:
+    """Groups a serving unit's normalised records (ratios) into blocks of at least ``block_s`` seconds of busy time.
+
+    Args:
+        block_s: seconds of the unit's own time per block, its records' measured step times and idle gaps
+            (:data:`SERVING_BLOCK_S`); a block also holds at least :data:`SERVING_BLOCK_MIN` judged records.
+
+    Notes:
+        :meth:`elapse` counts the unit's time (each finalised step's, idle gaps included), :meth:`push` takes each
+        record as :meth:`LoadNormaliser.normalise` returned it (``time_s`` a ratio, or excluded). A block becomes one
+        record: ``time_s`` the median ratio, ``step`` its last step, ``steps`` the steps it holds,
+        ``slowest_rank`` the rank slowest most often, ``ranks_reported`` the least, ``work`` the median work, no
+        stages. A record excluded for its load band (``"load_band"``: not learned yet) is left out; one excluded
+        for another reason (an idle gap, a capture window, a flagged step) is passed on at once (the detectors
+        skip it) and the open block goes on; its time counts for the block's length. Cost: O(records per block) per
+        block; memory: one block.
+    """
+
+    def __init__(self, block_s: float = SERVING_BLOCK_S) -> None:
+        self.block_s = block_s
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop the open block."""
+        self._open: list[FinalizedStep] = []
+        self._busy_s = 0.0
+        self._firsts: deque[tuple[int, int]] = deque(maxlen=BAND_WINDOW)
+
+    def first_step_of(self, step: int) -> int:
+        """The first step of the block whose record has ``step`` (``step`` itself for a record no longer known):
+        a change found on blocks began at the first step of its first block."""
+        for last, first in reversed(self._firsts):
+            if last == step:
+                return first
+            if last < step:
+                break
+        return step
+
+    def elapse(self, seconds: float) -> None:
+        """Count ``seconds`` of the unit's time (a finalised step's ``time_s``; not finite or negative: 0)."""
+        self._busy_s += max(0.0, seconds) if math.isfinite(seconds) else 0.0
+
+    def push(self, ratio: FinalizedStep) -> list[FinalizedStep]:
+        """One normalised record; returns the records for the regression detector (often none)."""
+        if ratio.excluded is not None:
+            return [] if ratio.excluded == "load_band" else [ratio]
+        self._open.append(ratio)
+        if self._busy_s < self.block_s or len(self._open) < SERVING_BLOCK_MIN:
+            return []
+        block, self._open, self._busy_s = self._open, [], 0.0
+        self._firsts.append((block[-1].step, block[0].step - block[0].steps + 1))
+        works = [b.work for b in block if b.work is not None]
+        slowest = Counter(b.slowest_rank for b in block).most_common(1)[0][0]
+        return [FinalizedStep(step=block[-1].step, time_s=_median([b.time_s for b in block]), slowest_rank=slowest,
+                              ranks_reported=min(b.ranks_reported for b in block), stages=None, excluded=None,
+                              work=_median(works) if works else None, steps=sum(b.steps for b in block))]
