@@ -25,8 +25,8 @@ SHAPES: dict[str, tuple[Any, int]] = {
         capture_start_step=260)), 8),
     "roles": (generate_telemetry(replace(BASE, roles=("a", "a", "b", "b", "a", "a", "b", "b"), slow_rank=5,
                                          slow_rank_from_step=200)), 8),
-    "serving_said": (list(iter_serving_telemetry(ServingScenario(replicas=2, tp=2, duration_s=600, seed=5,
-                                                                   with_mode=True, slow_rank=1, slow_from_s=500))), 4),
+    "serving_said": (list(iter_serving_telemetry(ServingScenario(replicas=2, tp=2, duration_s=1500, seed=5,
+                                                                   with_mode=True, slow_rank=1, slow_from_s=1000))), 4),
     "serving_seen": (list(iter_serving_telemetry(ServingScenario(replicas=1, tp=4, duration_s=1500, seed=3,
                                                                   with_mode=False))), 4),
     "ranks_outside": (generate_telemetry(replace(BASE, world_size=8, steps=200)), 6),  # ranks 6, 7 are counted

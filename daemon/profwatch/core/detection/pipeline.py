@@ -7,6 +7,8 @@ back to the job's ranks in every :class:`~profwatch.core.detection.types.Anomaly
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -15,14 +17,24 @@ from profwatch.core.detection.aggregation import NEVER, StepAggregator, StepRepo
 from profwatch.core.detection.blocks import StepBlocks
 from profwatch.core.detection.rank_outliers import RankOutlierDetector
 from profwatch.core.detection.regression import EFFECT_Z, StepTimeRegressionDetector
-from profwatch.core.detection.serving import BLOCK_STEPS_WITHOUT_WORK, LoadNormaliser
+from profwatch.core.detection.serving import BLOCK_STEPS_WITHOUT_WORK, SERVING_BLOCK_S, LoadNormaliser, RatioBlocks
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.stalls import ArrivalStallDetector
 from profwatch.core.detection.types import Anomaly, FinalizedStep, StallDetector, StepDetector
 
 HoldSteps = Callable[[int, float], int]
-SERVING_FALSE_ALARM_FACTOR = 100.0
-"""A serving unit's mean run between false alarms is this many times ``false_alarm_steps`` (its ratios are less regular than a training loop's; the delay grows with the log only)."""
+SERVING_FALSE_ALARM_FACTOR = 1.0
+"""A serving unit's mean run between false alarms is this many times ``false_alarm_steps`` blocks of
+``SERVING_BLOCK_S`` (a host's load moves its blocks in runs: they are less independent than a training loop's
+steps; the delay grows with the log only)."""
+SERVING_BASELINE_BLOCKS = 60
+"""A serving unit's regression baseline holds at most this many blocks (``baseline_steps`` counts steps of a
+training loop; at :data:`~profwatch.core.detection.serving.SERVING_BLOCK_S` per block: the last hour of busy time)."""
+SERVING_MIN_BASELINE_BLOCKS = 10
+"""Blocks a serving unit's regression baseline needs before its change-point test runs (before: the learning
+path, rises of ``spike_min_effect`` that last two blocks)."""
+SERVING_LAG_BLOCKS = 8
+"""The newest blocks enter a serving unit's regression baseline only this late."""
 
 
 class UnitPipeline:
@@ -64,6 +76,8 @@ class UnitPipeline:
         self.blocks = StepBlocks(settings, min_steps_without_work=BLOCK_STEPS_WITHOUT_WORK if serving else 1)
         self._hold_steps = hold_steps
         self.normaliser = LoadNormaliser(settings) if serving and step_detectors is None else None
+        self.ratio_blocks = RatioBlocks() if self.normaliser is not None else None
+        self._block_ends: deque[int] = deque(maxlen=SERVING_LAG_BLOCKS + 1)
         self.regression: StepTimeRegressionDetector | None = None
         self.outliers: RankOutlierDetector | None = None
         if step_detectors is None:
@@ -78,17 +92,25 @@ class UnitPipeline:
 
     def _regression_settings(self, settings: DetectionSettings) -> DetectionSettings:
         """A serving unit's regression detector judges ratios to load-band references that follow the load:
-        their level carries no drift, so drift detection is off there; and a server makes many short steps per
-        hour whose ratios are less regular than a training loop's, so its mean run between false alarms is
-        :data:`SERVING_FALSE_ALARM_FACTOR` times ``false_alarm_steps`` (the delay grows with its log only)."""
+        their level carries no drift, so drift detection is off there; it judges blocks of
+        :data:`~profwatch.core.detection.serving.SERVING_BLOCK_S` seconds (:class:`RatioBlocks`), so its baseline
+        counts blocks (:data:`SERVING_BASELINE_BLOCKS`, :data:`SERVING_MIN_BASELINE_BLOCKS`,
+        :data:`SERVING_LAG_BLOCKS`, each at most the setting), and its mean run between false alarms is
+        :data:`SERVING_FALSE_ALARM_FACTOR` times ``false_alarm_steps`` blocks."""
         if self.normaliser is None:
             return settings
-        return settings.model_copy(update={"drift_detection": False,
-                                           "false_alarm_steps": settings.false_alarm_steps * SERVING_FALSE_ALARM_FACTOR})
+        base = min(settings.baseline_steps, SERVING_BASELINE_BLOCKS)
+        return settings.model_copy(update={
+            "drift_detection": False, "false_alarm_steps": settings.false_alarm_steps * SERVING_FALSE_ALARM_FACTOR,
+            "baseline_steps": base, "min_baseline_steps": min(base, settings.min_baseline_steps,
+                                                              SERVING_MIN_BASELINE_BLOCKS),
+            "baseline_lag_steps": min(settings.baseline_lag_steps, SERVING_LAG_BLOCKS)})
 
     def _hold(self, step: int, step_time_s: float) -> int:
-        if self.normaliser is not None:
+        if self.normaliser is not None:  # blocks of SERVING_BLOCK_S: the lead in seconds, in blocks
             step_time_s = self.normaliser.usual_step_s or step_time_s
+            lead_s = self._hold_steps(step, step_time_s) * step_time_s
+            return max(1, math.ceil(lead_s / SERVING_BLOCK_S))
         lead = self._hold_steps(step, step_time_s)
         size = self.blocks.size or 1
         return max(1, -(-lead // size))
@@ -164,29 +186,66 @@ class UnitPipeline:
             self.blocks.reset()
             if self.normaliser is not None:
                 self.normaliser.reset()
+            if self.ratio_blocks is not None:
+                self.ratio_blocks.reset()
+                self._block_ends.clear()
+            if self.normaliser is not None:
+                self.normaliser.cutoff_step = None
             for d in self.step_detectors:
                 d.reset()
         out: list[Anomaly] = []
         for fs0 in steps:
             if self.normaliser is not None:
                 self.normaliser.note_step(fs0)
+            if self.ratio_blocks is not None:
+                self.ratio_blocks.elapse(fs0.time_s)
             for fs in self.blocks.push(fs0):
                 rf = self.normaliser.normalise(fs) if self.normaliser is not None else fs
                 if self.normaliser is not None and self.regression is not None:
                     self.regression.effect_z = EFFECT_Z if fs.work is not None else 0.0
+                judged = self.ratio_blocks.push(rf) if self.ratio_blocks is not None else [rf]
                 for d in self.step_detectors:
-                    found = d.on_step(rf if d is self.regression else fs)
-                    if found:
-                        if self.normaliser is not None and d is self.regression:
-                            self._rebase_loads(found)
-                        out.extend(self._to_job(a) for a in found)
+                    if d is not self.regression:
+                        out.extend(self._to_job(a) for a in d.on_step(fs))
+                        continue
+                    for rec in judged:
+                        out.extend(self._to_job(a) for a in self._regress(rec))
         return out
+
+    def _regress(self, rec: FinalizedStep) -> list[Anomaly]:
+        """The regression detector's findings on ``rec``; in a serving unit a reported change (a rise) and a
+        speedup (a fall) become the new normal of every load band at once."""
+        assert self.regression is not None
+        found = self.regression.on_step(rec)
+        if self.normaliser is not None and rec.excluded is None:
+            self._follow_blocks(rec.step)
+        if found and self.normaliser is not None:
+            self._rebase_loads(found)
+        if self.regression.speedup_ratio is not None:
+            ratio, self.regression.speedup_ratio = self.regression.speedup_ratio, None
+            if self.normaliser is not None:  # a fall is the new normal of every band too
+                self.normaliser.rescale(ratio, self._first_step(self.regression.speedup_first_step))
+                self.regression.rebase(ratio)
+        return found
+
+    def _follow_blocks(self, step: int) -> None:
+        """The load bands take in values only :data:`SERVING_LAG_BLOCKS` blocks late, and none while the regression
+        detector gathers evidence of a rise (the references a change is judged against hold none of it until the
+        test decides; before, a busy band took a +30 % replica in within one block and it was never found)."""
+        assert self.normaliser is not None and self.regression is not None
+        self._block_ends.append(step)
+        if len(self._block_ends) > SERVING_LAG_BLOCKS and not self.regression.rising:
+            self.normaliser.cutoff_step = self._block_ends[0]
 
     def _rebase_loads(self, found: list[Anomaly]) -> None:
         assert self.normaliser is not None
         for a in found:
             if a.kind == "step_regression" and a.detail.get("pattern") in ("cusum", "level"):
-                self.normaliser.rescale(1.0 + a.magnitude)
+                first = a.detail.get("first_step")
+                self.normaliser.rescale(1.0 + a.magnitude, self._first_step(first) if isinstance(first, int) else None)
+
+    def _first_step(self, step: int) -> int:
+        return self.ratio_blocks.first_step_of(step) if self.ratio_blocks is not None else step
 
     def check_stalls(self, now_unix_s: float) -> list[Anomaly]:
         """The stall detector's check, mapped to job ranks; none in a serving unit (see ``JobDetector`` Notes)."""

@@ -185,6 +185,12 @@ class StepTimeRegressionDetector:
         self.settings = settings
         self._hold_steps = hold_steps
         self.effect_z = EFFECT_Z
+        self.speedup_ratio: float | None = None
+        """At the last speedup (the lower CUSUM fired), the fallen level over the baseline (a ratio in (0, 1]),
+        until the owner takes it (``UnitPipeline``: a serving unit's load bands follow the fall at once, see
+        :meth:`rebase`); None otherwise."""
+        self.speedup_first_step = 0
+        """The first step of the last speedup's run (its change-point estimate)."""
         """Standard errors the run's mean excess may fall short of ``min_effect`` at a fire (:data:`EFFECT_Z`; a
         serving unit without ``work`` sets 0: see ``UnitPipeline``)."""
         self._base = RobustBaseline(settings.baseline_steps, settings.baseline_lag_steps,
@@ -238,6 +244,20 @@ class StepTimeRegressionDetector:
                 mu0 = max(mu0, self._recent_low())
             return mu0 if mu0 > 0.0 else self._last_job_step_s
         return self._last_job_step_s
+
+    @property
+    def rising(self) -> bool:
+        """True while the detector gathers evidence of a rise: its upper CUSUM is above 0, or risen steps wait
+        out the hold while the baseline learns."""
+        return self._s_hi > 0.0 or bool(self._learn_rise)
+
+    def rebase(self, factor: float) -> None:
+        """The series' scale changed by ``factor`` (> 0) from the next step on (a serving unit's load bands took a
+        speedup in: its ratios are divided by ``factor``): the interim reference a slowdown after the speedup is
+        judged against is divided by it too, so it stays the same step time. No-op without an interim reference
+        or for a ``factor`` not > 0."""
+        if self._interim is not None and factor > 0 and math.isfinite(factor):
+            self._interim = (self._interim[0] / factor, self._interim[1])
 
     def _relearn(self) -> None:
         self._base.clear()
@@ -561,6 +581,8 @@ class StepTimeRegressionDetector:
                 self._deferred += 1
             self._s_hi = h
         if self._s_lo > 0.0:
+            if self._lo_n == 0:
+                self.speedup_first_step = fs.step
             self._lo_n += 1
             self._lo_log += math.log(max(x, 1e-9))  # the run's own step times (the line may move under it)
         else:
@@ -569,9 +591,11 @@ class StepTimeRegressionDetector:
             self.counters["speedups"] += 1
             self._suspend_drift()
             n_lo = max(1, self._lo_n)
-            level = math.exp(self._lo_log / n_lo) * (1.0 + INTERIM_SE * noise / math.sqrt(n_lo))
+            fallen = math.exp(self._lo_log / n_lo)
+            level = fallen * (1.0 + INTERIM_SE * noise / math.sqrt(n_lo))
             self._relearn()
             self._interim = (min(mu, level), noise)
+            self.speedup_ratio = min(1.0, fallen / mu)
             return None
         return self._drift(fs.step)
 

@@ -11,7 +11,7 @@ id step independently (their step counters do not line up). Three small parts ha
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from dataclasses import replace
 
 from profwatch.core.detection.settings import DetectionSettings
@@ -35,6 +35,9 @@ blocks is still judged before it enters it."""
 LOAD_BAND_STALE = 64
 """Without ``work``, a load band not used for this many of the unit's blocks is learned afresh when it is entered
 again (its reference was the load of another hour)."""
+MAX_HELD = 4096
+"""Values a band holds back at most while they wait for ``LoadNormaliser.cutoff_step`` (then the oldest enter):
+bounds memory."""
 MAX_BANDS = 128
 """Work or load bands kept per unit (the least recently used is dropped): bounds memory."""
 MAX_SCALE = 2.0
@@ -46,6 +49,18 @@ LOAD_WINDOW_S = 600.0
 is measured: several bursts and idle gaps, so one idle gap does not move a step to another band (over the last 64
 steps it did: the steps right after each gap fell in a band whose reference was hours old, about 0.5 false
 pages an hour of healthy traffic)."""
+
+
+SERVING_BLOCK_S = 60.0
+"""A serving unit's regression detector judges blocks of at least this many seconds of the unit's own time (its
+steps and idle gaps) holding at least :data:`SERVING_BLOCK_MIN` records (the median of their ratios,
+:class:`RatioBlocks`): a shared host's load moves every iteration by tens of percent for tens of seconds at a
+time, a real level change of the steps that is no regression of the server; judged step by step it fired the
+change-point test several times an hour (bench_corpus serving classes: 3-5 false arms per healthy hour on a host
+whose load changes every 20-90 s by up to 1.5x). A change that lasts minutes moves every block. (Busy time alone
+made too few blocks: a server idle most of the time made 5 blocks in 41 minutes.)"""
+SERVING_BLOCK_MIN = 8
+"""Fewest records (steps, or blocks of steps without ``work``) in one block of :data:`SERVING_BLOCK_S`."""
 
 
 def is_idle_gap(step_time_s: float, usual_step_s: float | None, settings: DetectionSettings) -> bool:
@@ -63,16 +78,53 @@ def _median(xs: list[float]) -> float:
 
 
 class _Band:
-    __slots__ = ("held", "lag", "last", "ref", "scale", "values")
+    __slots__ = ("gain", "held", "lag", "last", "raw", "ref", "values")
 
     def __init__(self, window: int = BAND_WINDOW, lag: int = BAND_LAG) -> None:
         self.values: deque[float] = deque(maxlen=window)
-        self.held: deque[float] = deque()
+        """Step times of the window, each divided by :attr:`gain` as it was when the value entered."""
+        self.raw: deque[float] = deque(maxlen=window)
+        """The same step times as measured (the bound of :data:`MAX_SCALE` is taken from their median)."""
+        self.held: deque[tuple[float, float, int]] = deque()
+        """Step times not yet in the window: ``(time_s, gain the time was measured under, step)``."""
         self.ref: float | None = None
         self.lag = lag
         self.last = 0
-        self.scale = 1.0
-        """Product of the reported changes not yet in the window (see :meth:`LoadNormaliser.rescale`)."""
+        self.gain = 1.0
+        """Product of the changes reported since the band was made (see :meth:`LoadNormaliser.rescale`)."""
+
+    def hold(self, v: float, step: int, cutoff: int | None) -> None:
+        """Take one step time of this band: it enters the window :attr:`lag` values later, and with a ``cutoff``
+        step not before that step is reached (at most :data:`MAX_HELD` values wait)."""
+        self.held.append((v, self.gain, step))
+        while len(self.held) > self.lag and (cutoff is None or self.held[0][2] <= cutoff
+                                             or len(self.held) > MAX_HELD):
+            self.enter(*self.held.popleft()[:2])
+
+    def enter(self, v: float, gain: float) -> None:
+        """Move one held step time (measured under ``gain``) into the window and re-estimate the reference."""
+        self.values.append(v / gain)
+        self.raw.append(v)
+        if len(self.values) < BAND_MIN:
+            self.ref = None
+            return
+        raw = _median(list(self.raw))
+        ref = self.gain * _median(list(self.values))
+        self.ref = min(max(ref, raw / MAX_SCALE), raw * MAX_SCALE)
+
+    def rescale(self, factor: float, since_step: int | None) -> None:
+        """Every value in the window and held times ``factor``, except held ones of ``since_step`` or later (they
+        were measured at the new level already)."""
+        if since_step is not None:
+            self.held = deque((v, g * factor if st >= since_step else g, st) for v, g, st in self.held)
+        self.gain *= factor
+        if not 1e-6 <= self.gain <= 1e6:  # renormalise the stored values (floats stay far from over/underflow)
+            self.values = deque((v * self.gain for v in self.values), maxlen=self.values.maxlen)
+            self.held = deque((v, g / self.gain, st) for v, g, st in self.held)
+            self.gain = 1.0
+        if self.ref is not None:
+            raw = _median(list(self.raw))
+            self.ref = min(max(self.gain * _median(list(self.values)), raw / MAX_SCALE), raw * MAX_SCALE)
 
 
 class LoadNormaliser:
@@ -93,8 +145,8 @@ class LoadNormaliser:
         about 1.0); a step of a band with fewer than :data:`BAND_MIN` values is excluded (``"load_band"``).
         The regression detector then judges one series of ratios, all loads pooled, so its change-point test
         keeps its power; a change that lasts is found before it enters the band references (lag), and once the
-        regression detector reported it, :meth:`rescale` makes it the new normal of every band at once (a
-        bounded scale on top of the band's own median, fading as its window takes the new level in). Idle steps
+        regression detector reported it (or found the unit faster), :meth:`rescale` makes it the new normal of
+        every band at once (exact bookkeeping, bounded: see there). Idle steps
         (excluded ``"idle"``) only count
         for the busy fraction. Memory: at most :data:`MAX_BANDS` bands (the least recently used is dropped).
         Assumption: at one load, iteration time does not depend on what came before (no queue effects).
@@ -102,6 +154,11 @@ class LoadNormaliser:
 
     def __init__(self, settings: DetectionSettings) -> None:
         self.settings = settings
+        self.cutoff_step: int | None = None
+        """Set by the owner (``UnitPipeline``): values of later steps stay out of the band windows (None: only
+        the band's lag): the regression detector judges blocks of :data:`SERVING_BLOCK_S`, and a change must not
+        leak into the references it is judged against before the test decides (``BAND_LAG`` values of a busy
+        band pass within one block)."""
         self.reset()
 
     def reset(self) -> None:
@@ -120,19 +177,26 @@ class LoadNormaliser:
         planning and for telling idle gaps; None before any."""
         return self._usual
 
-    def rescale(self, factor: float) -> None:
-        """Every band's reference times ``factor``: a lasting change the regression detector just reported
-        becomes the new normal of every load at once (not band by band as each band's window turns over).
+    def rescale(self, factor: float, since_step: int | None = None) -> None:
+        """Every band's reference times ``factor``: a lasting change the regression detector just reported (a rise,
+        or a fall: ``factor`` < 1) becomes the new normal of every load at once, not band by band as each band's
+        window turns over.
 
-        The band's values stay its own step times; the factor goes into the band's ``scale``, kept within
-        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] and fading as new values enter its window (by ``1 / window``
-        of its log per value: the window's median takes the new level in as the scale lets it go). Multiplying
-        the stored values instead compounded on a host whose load came and went (every rise rescaled, the falls
-        learned silently): the ratios' baseline ratcheted from 0.67 to 1e-42 (docs/detection.md)."""
-        if not factor > 0:
+        Exact bookkeeping: each value is kept with the band's ``gain`` (the product of the factors so far) it was
+        measured under, and enters the window divided by it, so the reference ``gain * median(kept)`` counts a
+        value measured before the change at the new level and one measured after it once (the window's median
+        takes the new level in without any factor left over). Held values of ``since_step`` (the change's first
+        step) or later count as measured after it. The reference stays within
+        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] of the median of the window's measured step times. Before, the
+        factor faded by ``1 / window`` of its log per value entered, faster than the median took the new level in:
+        one +30 % replica was reported (and armed) 3-4 times as its reference faded (bench_workloads serving_tp and
+        serving_dp). Multiplying the stored values on rises only (falls learned silently) ratcheted the ratios'
+        baseline from 0.67 to 1e-42 on a host whose load came and went (docs/detection.md): falls are rescaled
+        too (``UnitPipeline``). ``factor`` not > 0 or not finite: ignored."""
+        if not (factor > 0 and math.isfinite(factor)):
             return
         for band in self._bands.values():
-            band.scale = min(max(band.scale * factor, 1.0 / MAX_SCALE), MAX_SCALE)
+            band.rescale(factor, since_step)
 
     def band_of(self, fs: FinalizedStep) -> int:
         """The band key of ``fs`` (rules in Notes)."""
@@ -178,13 +242,8 @@ class LoadNormaliser:
         self._bands[key] = band  # most recently used last
         if len(self._bands) > MAX_BANDS:
             del self._bands[next(iter(self._bands))]
-        ref = band.ref * band.scale if band.ref is not None else None
-        band.held.append(fs.time_s)
-        if len(band.held) > band.lag:
-            band.values.append(band.held.popleft())
-            band.ref = _median(list(band.values)) if len(band.values) >= BAND_MIN else None
-            if band.scale != 1.0:
-                band.scale **= 1.0 - 1.0 / (band.values.maxlen or 1)
+        ref = band.ref
+        band.hold(fs.time_s, fs.step, self.cutoff_step)
         if ref is None or ref <= 0:
             return replace(fs, excluded="load_band")
         return replace(fs, time_s=fs.time_s / ref)
@@ -244,3 +303,61 @@ class UnitSplitter:
         if changed:
             self.units = sorted(new_units)
         return changed
+
+
+class RatioBlocks:
+    """Groups a serving unit's normalised records (ratios) into blocks of at least ``block_s`` seconds of busy time.
+
+    Args:
+        block_s: seconds of the unit's own time per block, its records' measured step times and idle gaps
+            (:data:`SERVING_BLOCK_S`); a block also holds at least :data:`SERVING_BLOCK_MIN` judged records.
+
+    Notes:
+        :meth:`elapse` counts the unit's time (each finalised step's, idle gaps included), :meth:`push` takes each
+        record as :meth:`LoadNormaliser.normalise` returned it (``time_s`` a ratio, or excluded). A block becomes one
+        record: ``time_s`` the median ratio, ``step`` its last step, ``steps`` the steps it holds,
+        ``slowest_rank`` the rank slowest most often, ``ranks_reported`` the least, ``work`` the median work, no
+        stages. A record excluded for its load band (``"load_band"``: not learned yet) is left out; one excluded
+        for another reason (an idle gap, a capture window, a flagged step) is passed on at once (the detectors
+        skip it) and the open block goes on; its time counts for the block's length. Cost: O(records per block) per
+        block; memory: one block.
+    """
+
+    def __init__(self, block_s: float = SERVING_BLOCK_S) -> None:
+        self.block_s = block_s
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop the open block."""
+        self._open: list[FinalizedStep] = []
+        self._busy_s = 0.0
+        self._firsts: deque[tuple[int, int]] = deque(maxlen=BAND_WINDOW)
+
+    def first_step_of(self, step: int) -> int:
+        """The first step of the block whose record has ``step`` (``step`` itself for a record no longer known):
+        a change found on blocks began at the first step of its first block."""
+        for last, first in reversed(self._firsts):
+            if last == step:
+                return first
+            if last < step:
+                break
+        return step
+
+    def elapse(self, seconds: float) -> None:
+        """Count ``seconds`` of the unit's time (a finalised step's ``time_s``; not finite or negative: 0)."""
+        self._busy_s += max(0.0, seconds) if math.isfinite(seconds) else 0.0
+
+    def push(self, ratio: FinalizedStep) -> list[FinalizedStep]:
+        """One normalised record; returns the records for the regression detector (often none)."""
+        if ratio.excluded is not None:
+            return [] if ratio.excluded == "load_band" else [ratio]
+        self._open.append(ratio)
+        if self._busy_s < self.block_s or len(self._open) < SERVING_BLOCK_MIN:
+            return []
+        block, self._open, self._busy_s = self._open, [], 0.0
+        self._firsts.append((block[-1].step, block[0].step - block[0].steps + 1))
+        works = [b.work for b in block if b.work is not None]
+        slowest = Counter(b.slowest_rank for b in block).most_common(1)[0][0]
+        return [FinalizedStep(step=block[-1].step, time_s=_median([b.time_s for b in block]), slowest_rank=slowest,
+                              ranks_reported=min(b.ranks_reported for b in block), stages=None, excluded=None,
+                              work=_median(works) if works else None, steps=sum(b.steps for b in block))]
