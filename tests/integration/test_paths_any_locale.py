@@ -33,9 +33,10 @@ def _env(locale: str) -> dict[str, str]:
     return env
 
 
-def _profwatch(args: list[str], locale: str, cwd: Path, timeout_s: float = 600) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([PYTHON, "-m", "profwatch.cli", *args], env=_env(locale), cwd=cwd, capture_output=True,
-                          timeout=timeout_s)
+def _profwatch(args: list[str], locale: str, cwd: Path, timeout_s: float = 600,
+               extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([PYTHON, "-m", "profwatch.cli", *args], env={**_env(locale), **(extra_env or {})}, cwd=cwd,
+                          capture_output=True, timeout=timeout_s)
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +129,38 @@ def test_compare_reads_rank_dirs_on_any_path(tree: Path, tmp_path: Path, out_nam
     # our links are gone; only the tool's own output folder and logs remain
     assert not [p for p in (out_root.iterdir()) if p.name.startswith("tool-input-")]
     assert list(system_tmp.iterdir()) == []
+
+
+@pytest.mark.skipif(shutil.which(resolve_command("msprof-analyze")) is None,
+                    reason="msprof-analyze is not installed (pip install -e '.[test]')")
+def test_analyze_with_odd_out_and_odd_rank_dir_names(tmp_path: Path) -> None:
+    """``analyze --out`` a folder whose name is not ASCII nor UTF-8, on rank dirs named so too, under the C locale:
+    cluster_time_summary, slow_rank and communication_matrix each failed with "exit code 1" (msprof-analyze
+    printing its output path, which held the byte 0xFF, raised UnicodeEncodeError). Now the batch is staged and
+    each run made under the system's temporary folder (TMPDIR here), the outputs moved into --out, the links
+    removed after; the user's tree is left as it was."""
+    prof = tmp_path / "prof"
+    for d in at.generate_cluster(prof, world_size=4, capture_id="cap1", slow_ranks={2: 1.5}):
+        d.rename(Path(os.fsdecode(os.fsencode(str(prof)) + b"/" + os.fsencode(f"{NAME}_{d.name}"))))
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    out = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/" + os.fsencode(NAME)))
+    before = _snapshot(prof)
+    res = _profwatch(["analyze", str(prof), "--no-advisor", "--json", "--out", str(out)], "c_locale", tmp_path,
+                     extra_env={"TMPDIR": str(system_tmp)})
+    err = res.stderr.decode("utf-8", "replace")
+    assert res.returncode == 0 and "Traceback" not in err, err[-3000:]
+    result = json.loads(res.stdout.decode("utf-8").strip().splitlines()[-1])
+    assert result["recipes"] == {"own_tables": "ok", "cluster_time_summary": "ok", "communication_matrix": "ok",
+                                 "slow_rank": "ok", "advisor": "skipped", "suspect_compare": "ok"}, err[-3000:]
+    assert result["status"] == "ok" and result["suspects"][0]["rank"] == 2
+    assert f"/{SHOWN}_node0_4002_" in result["suspects"][0]["rank_dir"]
+    assert result["agreement"]["agree"] is True, result["agreement"]  # msprof-analyze confirmed the first verdict
+    # the tool's outputs are where --out says, each run's result database and log; nothing left in TMPDIR
+    runs = {p.name.split("-")[0]: p for p in (out / "results" / "cap1" / "msprof").iterdir() if p.name != "logs"}
+    assert sorted(runs) == ["cluster_time_summary", "communication_matrix", "slow_rank"]
+    assert all((p / "cluster_analysis_output" / "cluster_analysis.db").is_file() for p in runs.values())
+    assert len(list((out / "results" / "cap1" / "msprof" / "logs").iterdir())) == 3
+    assert "staging" not in result["paths"]  # the temporary staging is gone: not shown
+    assert list(system_tmp.iterdir()) == []
+    assert _snapshot(prof) == before

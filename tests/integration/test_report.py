@@ -234,3 +234,48 @@ def test_templates_ship_in_the_wheel_and_sdist(tmp_path: Path) -> None:
     with tarfile.open(tmp_path / "dist" / sdist_name) as sd:
         members = {m.name.split("/", 1)[1] for m in sd.getmembers() if "/" in m.name}
     assert {f"daemon/profwatch/adapters/outputs/templates/{t}" for t in templates} <= members
+
+
+def _small_comparison() -> dict[str, Any]:
+    """A "what changed" of a 27 us compute change on an 8 ms step (deterministic, built by hand)."""
+    from profwatch.core.changes.comparison import Change, Comparison
+
+    compute = Change("compute", 27e-6, baseline_s_per_step=5.0e-3, now_s_per_step=5.027e-3, share=0.9,
+                     interval_s_per_step=(12e-6, 41e-6), p_value=0.001, test="mann_whitney",
+                     detail=[{"kind": "operator", "name": "aten::matmul", "delta_s_per_step": 25e-6,
+                              "baseline_s_per_step": 1e-3, "now_s_per_step": 1.025e-3, "ranks": [0, 1],
+                              "source": "msprof-analyze compare"}])
+    comm = Change("communication", -3e-6, baseline_s_per_step=1e-3, now_s_per_step=0.997e-3)
+    cmp = Comparison(changes=[compute], components=[compute, comm], step_time_baseline_s=8.0e-3,
+                     step_time_now_s=8.03e-3, step_time_changed=True, step_time_interval_s=(1.5e-4, 2.5e-3),
+                     ranks_compared=[0, 1], steps_baseline=6, steps_now=6)
+    return cmp.to_json()
+
+
+def test_small_changes_keep_their_digits_in_headline_report_and_cli(tmp_path: Path) -> None:
+    """A 27 us compute change was "compute +0.0 ms" in the headline and "+0.03 ms" in the report and the terminal:
+    every change is now shown with 2-3 significant digits (``drilldown.delta_text``, the drill-down's rule)."""
+    from profwatch.analysis.result import AnalysisResult
+    from profwatch.commands.analyze import _human
+    from profwatch.core.changes.comparison import headline_line
+
+    comparison = _small_comparison()
+    assert comparison["headline"] == "+30 us/step since the reference: compute +27 us"
+    assert headline_line(comparison) == "what changed: +30 us/step since the reference: compute +27 us"
+    data, rows = report_data(tmp_path, slow={2: 1.5})
+    data["comparison"] = comparison
+    suspect = data["suspects"][0]["rank"]
+    data["op_compare"] = [{"rank": suspect, "reference_rank": 0, "source": "op totals", "ops": [
+        {"name": "aten::mm", "kind": "operator", "excess_us_per_step": 40.0, "reference_us_per_step": 900.0,
+         "suspect_us_per_step": 940.0}]}]
+    page = render_html(data, rows)
+    assert "<code>aten::mm</code>: +40 us/step" in page  # the drill-down, by the same rule
+    changes = page[page.index("pw-change"):page.index("</table>", page.index("pw-change"))]
+    for shown in ("+30 us", "+0.15 ms .. +2.5 ms", "+27 us", "+12 us .. +41 us", "-3.0 us",
+                  "<code>aten::matmul</code>: +25 us/step"):
+        assert shown in changes, shown
+    assert "+0.0 ms" not in changes and "+0.03 ms" not in changes
+    cli = _human(AnalysisResult(status="ok", batch_id="b1", kind="ascend_pt", comparison=comparison))
+    assert "what changed: +30 us/step since the reference: compute +27 us" in cli
+    assert re.search(r"compute .* change +\+27 us  98% \[\+12 us, \+41 us\]", cli), cli
+    assert "aten::matmul  +25 us/step" in cli and "+0.03" not in cli

@@ -13,7 +13,14 @@ import pytest
 
 from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.adapters.fs.retention import RetentionEntry, enforce_retention, plan_retention
-from profwatch.adapters.fs.staging import StagingError, stage_batch
+from profwatch.adapters.fs.staging import (
+    StagingError,
+    fresh_staging_root,
+    release_staging,
+    stage_batch,
+    staged_name,
+    tool_safe,
+)
 from profwatch.core.batches.prof_layout import OUTPUT_MARKER
 from profwatch.simulate import ascend_tree as gen
 
@@ -57,6 +64,46 @@ def test_stage_layout_and_idempotence(tmp_path: Path, batch_and_dirs) -> None:  
     stage_batch(batch, tmp_path / "staging")
     assert not (stage / "stray_link").exists()
     assert _tree_state(tmp_path / "prof") == before  # originals untouched
+
+
+ODD = "ранг_é_\udcff"  # Cyrillic, Latin-1 range, and the byte 0xFF (not UTF-8): msprof-analyze takes none
+
+
+def _odd(path: Path, name: str) -> Path:
+    return Path(os.fsdecode(os.fsencode(str(path)) + b"/" + os.fsencode(name)))
+
+
+def test_odd_work_dir_and_rank_names_are_staged_on_a_tool_safe_root(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``analyze --out`` under a name msprof-analyze cannot take, and rank dirs named so too: the batch is staged
+    under a fresh folder of the system's temporary folder, each rank dir under a tool-safe name; releasing it
+    removes our links and folders only, and the user's tree is as it was."""
+    dirs = gen.generate_cluster(tmp_path / "prof", world_size=2, capture_id="cap1")
+    odd_dirs = []
+    for d in dirs:
+        odd_dirs.append(_odd(d.parent, f"{ODD}_{d.name}"))
+        d.rename(odd_dirs[-1])
+    (batch,) = scan_tree(tmp_path / "prof", now=EARLY)
+    assert sorted(batch.rank_dirs.values()) == sorted(map(str, odd_dirs))
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(system_tmp))
+    before = _tree_state(tmp_path / "prof")
+    assert fresh_staging_root(tmp_path / "ascii-out" / "staging") == (tmp_path / "ascii-out" / "staging", False)
+    root, temporary = fresh_staging_root(_odd(tmp_path, ODD) / "staging")
+    assert temporary and root.parent == system_tmp and tool_safe(root)
+    stage = stage_batch(batch, root)
+    for d in odd_dirs:
+        name = staged_name(d)
+        assert name == d.name.split("\udcff_", 1)[1]  # the odd characters made "_", then stripped at the ends
+        s = stage / name
+        assert tool_safe(s) and s.is_dir() and not s.is_symlink()
+        assert os.readlink(s / "ASCEND_PROFILER_OUTPUT") == str(d / "ASCEND_PROFILER_OUTPUT")
+    assert staged_name(dirs[0]) == dirs[0].name  # a name the tool takes is kept as it is
+    release_staging(root)
+    assert list(system_tmp.iterdir()) == []
+    assert _tree_state(tmp_path / "prof") == before
+    assert not _odd(tmp_path, ODD).exists()  # nothing made under the odd folder
 
 
 def test_stage_refuses_invalid_batch(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from profwatch.core.verdict.msprof_plan import (
     advisor_ranks,
     concurrent_runs,
     disk_error,
+    exit_reason,
     input_notes,
     interpret_run,
     memory_cap_bytes,
@@ -141,6 +142,35 @@ def test_failures_common_to_every_recipe() -> None:
         assert interpret_run(err, GOOD, 4, ev).detail == "bad -d"
     with pytest.raises(KeyError):
         interpret_run(RunOutcome("nope", returncode=0), GOOD, 4, ev)
+
+
+TRACEBACK = """[2026-12-06 09:32:34][INFO][analysis_facade.py:103] Recipe ClusterTimeSummary analysis finished.
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/msprof_analyze/prof_common/json_output.py", line 56, in write_json
+    sys.stdout.write(json_str)
+UnicodeEncodeError: 'utf-8' codec can't encode character '\\udcff' in position 71: surrogates not allowed
+"""
+
+
+@pytest.mark.parametrize("name", ["cluster_time_summary", "slow_rank", "communication_matrix"])
+def test_a_failed_run_says_why_from_its_stderr(name: str) -> None:
+    """A run that dies with a traceback (msprof-analyze 26.2.0 printing its output path, with a byte that is not
+    UTF-8, to stdout): the detail names the exception, not only "exit code 1"; its log file holds only INFO lines,
+    so the stderr tail is the one place that says why."""
+    ev = ClusterEvidence(kind="ascend_pt")
+    run = RunOutcome(name, returncode=1, log_tail="[INFO] Recipe analysis finished.", stderr_tail=TRACEBACK)
+    got = interpret_run(run, GOOD, 4, ev)
+    assert got.status == "tool_error"
+    assert got.detail == ("exit code 1: UnicodeEncodeError: 'utf-8' codec can't encode character '\\udcff' in "
+                          "position 71: surrogates not allowed")
+
+
+def test_exit_reason_is_bounded_and_never_a_frame() -> None:
+    assert exit_reason(1, "") == "exit code 1"
+    assert exit_reason(2, "Traceback (most recent call last):\n  File \"x.py\", line 1\n    ^^^^\n") == "exit code 2"
+    long = exit_reason(1, "RuntimeError: " + "x" * 1000)
+    assert long.startswith("exit code 1: RuntimeError: xxx") and long.endswith("...") and len(long) <= 313
+    assert exit_reason(None, "Killed\n") == "exit code None: Killed"
 
 
 def test_advisor_and_its_html() -> None:

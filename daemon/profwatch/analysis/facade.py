@@ -99,6 +99,29 @@ class Followup:
     ticket: RunTicket | None = None
     """Issued with the analysis (owner: the batch id), used by every enrich run: once the analysis (or every
     analysis, at shutdown) is cancelled, no further tool run starts and each step reports ``cancelled``."""
+    temp_staging: Path | None = None
+    """The staging root under the system's temporary folder when ``work_dir/staging`` is not a path
+    msprof-analyze takes (``staging.fresh_staging_root``); removed when the analysis is over."""
+
+    def staging_root(self) -> Path:
+        """Where this analysis stages its batch: ``work_dir/staging``, or (an odd ``work_dir``) a fresh folder of
+        the system's temporary folder, made on first use and kept until :meth:`release`. Raises OSError."""
+        if self.temp_staging is not None:
+            return self.temp_staging
+        root, temporary = staging.fresh_staging_root(self.work_dir / "staging")
+        if temporary:
+            self.temp_staging = root
+        return root
+
+    def stage(self, batch: BatchState) -> Path:
+        """``staging.stage_batch`` of ``batch`` under :meth:`staging_root`. Raises StagingError, OSError."""
+        return staging.stage_batch(batch, self.staging_root())
+
+    def release(self) -> None:
+        """Remove a temporary staging root (links and our folders only); nothing for one under ``work_dir``."""
+        if self.temp_staging is not None:
+            staging.release_staging(self.temp_staging)
+            self.temp_staging = None
 
     def hosts(self) -> dict[int, str]:
         """rank -> host: parsed from the rank dir names, overridden by the hostnames the ranks reported."""
@@ -208,7 +231,23 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
         if own_runner:
             active_runner.close()
             follow.ticket = None  # a later enrich_analysis runs on another runner: its tickets, its serials
+        if not result.pending:  # nothing left to read the staged links (a later enrich stages again)
+            _release_staging(result, follow)
     return result
+
+
+def _release_staging(result: AnalysisResult, f: Followup) -> None:
+    """Remove the analysis's temporary staging root, if it had one (an odd ``work_dir``), and its path from the
+    result (what is gone is not shown)."""
+    root = f.temp_staging
+    if root is None:
+        return
+    try:
+        f.release()
+    except OSError as exc:
+        log.warning("staging_release_failed", batch_id=result.batch_id, error=str(exc))
+    if result.paths.get("staging", "").startswith(f"{root}{os.sep}"):
+        result.paths.pop("staging", None)
 
 
 def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
@@ -226,7 +265,7 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
     if own is None:
         t = time.monotonic()
         try:
-            staged = staging.stage_batch(batch, f.work_dir / "staging")
+            staged = f.stage(batch)
         except (staging.StagingError, OSError) as exc:
             result.recipes["staging"] = RecipeStatus("staging", "tool_error", str(exc))
             result.detail = f"staging failed: {exc}"
@@ -258,7 +297,7 @@ def _alert_phase(result: AnalysisResult, f: Followup, runner: MsprofRunner,
     else:
         assert staged is not None
         result.verdict_source = "kineto"
-        staged_dirs = {r: str(staged / os.path.basename(os.path.normpath(p))) for r, p in batch.rank_dirs.items()}
+        staged_dirs = {r: str(staged / staging.staged_name(p)) for r, p in batch.rank_dirs.items()}
         if progress is not None:
             progress("started", KINETO_RECIPE, None)
         ahead = {r: got for r, p in batch.rank_dirs.items() if (got := (f.prefetched_traces or {}).get(p)) is not None}
@@ -323,6 +362,7 @@ def enrich_analysis(result: AnalysisResult, *, runner: MsprofRunner,
         result.timings_s["enrich"] = time.monotonic() - t0
     finally:
         result.followup = None
+        _release_staging(result, f)
     log.info("analysis_enriched", batch_id=result.batch_id, status=result.status,
              recipes={k: v.status for k, v in result.recipes.items()}, enrich_s=round(result.timings_s["enrich"], 3))
     if progress is not None:
@@ -371,7 +411,7 @@ def _confirm_first_verdict(result: AnalysisResult, first_ev: ClusterEvidence, f:
     judged on: msprof-analyze's, or the own rows again when cluster_time_summary gave none (said in the notes)."""
     batch = f.batch
     try:
-        f.staged = staging.stage_batch(batch, f.work_dir / "staging")
+        f.staged = f.stage(batch)
     except (staging.StagingError, OSError) as exc:
         first_ev.recipes["staging"] = RecipeStatus("staging", "tool_error", str(exc), phase="enrich")
         result.agreement = {"agree": None, "sentence": f"msprof-analyze could not confirm the first verdict: staging "
@@ -434,7 +474,7 @@ def _enrich_kineto(result: AnalysisResult, ev: ClusterEvidence, f: Followup, pro
     if progress is not None:
         progress("started", OP_COMPARE, None)
     staged = f.staged or Path(".")
-    dirs = {r: staged / os.path.basename(os.path.normpath(p)) for r, p in f.batch.rank_dirs.items()}
+    dirs = {r: staged / staging.staged_name(p) for r, p in f.batch.rank_dirs.items()}
     named = [s.rank for s in result.suspects[:DRILL_SUSPECTS]]
     reference = median_peer({row["rank"]: row["step_time_us"] for row in per_rank_summary(ev.summaries)}, named)
     if reference is None:
@@ -503,7 +543,7 @@ def _enrich_msprof(result: AnalysisResult, ev: ClusterEvidence, f: Followup, run
             part = dataclasses.replace(f.batch, batch_id=f"{f.batch.batch_id}-advisor-subset",
                                        ranks={r: s for r, s in f.batch.ranks.items() if r in set(subset)})
             try:
-                advisor = advisor_commands(session, staging.stage_batch(part, f.work_dir / "staging"))
+                advisor = advisor_commands(session, f.stage(part))
             except (staging.StagingError, OSError) as exc:
                 for c in advisor:
                     ev.recipes[c.name] = RecipeStatus(c.name, "tool_error", f"{why}; staging failed: {exc}",

@@ -34,7 +34,7 @@ from profwatch.core.batches.completeness import BatchState
 from profwatch.core.changes.comparison import headline_line
 from profwatch.core.display import clip, display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE
-from profwatch.core.verdict.drilldown import excess_text
+from profwatch.core.verdict.drilldown import delta_text, excess_text
 from profwatch.core.verdict.evidence import RecipeStatus
 from profwatch.signals import handling
 
@@ -186,8 +186,8 @@ def _human(res: AnalysisResult) -> str:
         for comp in c["components"]:
             iv, p = comp.get("interval_s_per_step"), comp.get("p_value")
             lines.append(f"    {comp['component']:<14} reference {1e3 * comp['baseline_s_per_step']:8.2f} ms/step  "
-                         f"now {1e3 * comp['now_s_per_step']:8.2f}  change {1e3 * comp['delta_s_per_step']:+8.2f}"
-                         + (f"  98% [{1e3 * iv[0]:+.2f}, {1e3 * iv[1]:+.2f}]" if iv else "")
+                         f"now {1e3 * comp['now_s_per_step']:8.2f}  change {delta_text(1e6 * comp['delta_s_per_step']):>9}"
+                         + (f"  98% [{delta_text(1e6 * iv[0])}, {delta_text(1e6 * iv[1])}]" if iv else "")
                          + (f"  p {p:.2g}" if p is not None else "")
                          + ("  changed" if comp["component"] in changed else ""))
         basis = next((ch["basis"] for ch in c["changes"] if ch.get("basis")), None)
@@ -199,7 +199,7 @@ def _human(res: AnalysisResult) -> str:
                              f"{ch['detail'][0].get('source')}):")
                 lines += [f"      {d['kind']:<10} {d['name'][:60]}"
                           + (f" [group {d['group'][:40]}]" if d.get("group") and d["group"] != d["name"] else "")
-                          + f"  {1e3 * d['delta_s_per_step']:+.2f} ms/step" for d in ch["detail"]]
+                          + f"  {excess_text(1e6 * d['delta_s_per_step'])}" for d in ch["detail"]]
         if c.get("impact_accelerator_hours_per_day") is not None:
             lines.append(f"    the step-time change costs {c['impact_accelerator_hours_per_day']:.1f} "
                          "accelerator-hours per day")

@@ -9,6 +9,10 @@ originals are never written, moved or deleted.
 
 ``tool_safe_dirs`` does the same for one command's input rank dirs whose path msprof-analyze cannot take (a
 name that is not ASCII, a byte that is not UTF-8): ``compare`` is given links under our own work folder.
+Where the staging root itself is such a path (``analyze --out`` an odd folder), the batch is staged under a
+fresh folder of the system's temporary folder instead (:func:`tool_safe_root`, :func:`fresh_staging_root`) and
+removed after the analysis (:func:`release_staging`); a rank dir whose *name* is odd is staged under a
+tool-safe name (:func:`staged_name`).
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ def _wanted_links(rank_dir: Path, kind: str) -> dict[str, str]:
 def stage_batch(batch: BatchState, staging_root: str | os.PathLike[str]) -> Path:
     """Create (or bring up to date) the staging folder of ``batch``; return its path. Idempotent.
 
-    Layout: ``<staging_root>/<batch_id>/<original rank dir name>/{profiler_info_N.json, profiler_metadata.json,
+    Layout: ``<staging_root>/<batch_id>/<staged_name(rank dir)>/{profiler_info_N.json, profiler_metadata.json,
     ASCEND_PROFILER_OUTPUT -> original, ...}``. On a repeat call, links pointing elsewhere are replaced, extra
     links and rank dirs of ranks no longer in the batch are removed (only symlinks and our own empty dirs are
     ever removed).
@@ -88,7 +92,7 @@ def stage_batch(batch: BatchState, staging_root: str | os.PathLike[str]) -> Path
     target.mkdir(parents=True, exist_ok=True)
     wanted: dict[str, dict[str, str]] = {}
     for rank, state in sorted(batch.ranks.items()):
-        name = os.path.basename(state.path)
+        name = staged_name(state.path)
         if name in wanted:
             raise StagingError(f"two ranks share the dir name {name}")
         try:
@@ -139,6 +143,46 @@ def tool_safe(path: str | os.PathLike[str]) -> bool:
     return TOOL_PATH_RE.fullmatch(os.path.abspath(os.fspath(path))) is not None
 
 
+def staged_name(rank_dir: str | os.PathLike[str]) -> str:
+    """The name of ``rank_dir``'s folder in a staging: its own name when msprof-analyze takes it
+    (:data:`TOOL_PATH_RE`), else that name with every run of other characters (non-ASCII, a byte that is not
+    UTF-8) made ``_`` (the ``_ascend_pt`` / ``_torch_pt`` suffix the tool looks for is ASCII and kept)."""
+    name = os.path.basename(os.path.normpath(os.fspath(rank_dir)))
+    return name if TOOL_PATH_RE.fullmatch(name) else (_SAFE.sub("_", name).strip("._") or "rank")
+
+
+def tool_safe_root(root: str | os.PathLike[str]) -> Path:
+    """``root`` made absolute when msprof-analyze takes it (:func:`tool_safe`), else the system's temporary
+    folder (``tempfile.gettempdir()``): where our own folders for a tool run go. The one rule for
+    :func:`tool_safe_dirs`, :func:`fresh_staging_root` and the runner's ``-o`` folders."""
+    absolute = Path(os.path.abspath(os.fspath(root)))
+    return absolute if tool_safe(absolute) else Path(tempfile.gettempdir())
+
+
+def fresh_staging_root(wanted: str | os.PathLike[str]) -> tuple[Path, bool]:
+    """``(root, temporary)``: ``wanted`` (absolute) when msprof-analyze takes its path, else a fresh folder
+    ``profwatch-staging-*`` of the system's temporary folder (``temporary`` True: the caller removes it with
+    :func:`release_staging` once the analysis is over).
+
+    Raises:
+        OSError: the temporary folder cannot be made.
+    """
+    absolute = Path(os.path.abspath(os.fspath(wanted)))
+    if tool_safe(absolute):
+        return absolute, False
+    return Path(tempfile.mkdtemp(prefix="profwatch-staging-", dir=tool_safe_root(absolute))), True
+
+
+def release_staging(root: str | os.PathLike[str]) -> None:
+    """Remove a temporary staging root of :func:`fresh_staging_root`: its links, our own folders and our
+    output marker, never following a link; anything else found there (not ours) is left, with its folders."""
+    path = Path(root)
+    with contextlib.suppress(FileNotFoundError):
+        (path / OUTPUT_MARKER).unlink()
+    if path.is_dir() and not path.is_symlink():
+        _remove_links_tree(path)
+
+
 @contextlib.contextmanager
 def tool_safe_dirs(dirs: Sequence[str | os.PathLike[str]], work_root: str | os.PathLike[str]) -> Iterator[list[Path]]:
     """Rank dirs as msprof-analyze can read them: each of ``dirs`` whose path it would not take
@@ -156,8 +200,8 @@ def tool_safe_dirs(dirs: Sequence[str | os.PathLike[str]], work_root: str | os.P
     if all(tool_safe(d) for d in absolute):
         yield absolute
         return
-    base = work_root if tool_safe(work_root) else tempfile.gettempdir()
-    Path(base).mkdir(parents=True, exist_ok=True)
+    base = tool_safe_root(work_root)
+    base.mkdir(parents=True, exist_ok=True)
     holder = Path(tempfile.mkdtemp(prefix="tool-input-", dir=base))
     try:
         out: list[Path] = []

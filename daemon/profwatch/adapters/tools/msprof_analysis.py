@@ -77,6 +77,7 @@ def _outcome(run: ToolRun | SpawnFailed, name: str, phase: RecipePhase) -> RunOu
     return RunOutcome(name=name, output_dir=str(run.output_dir), returncode=run.returncode, timed_out=run.timed_out,
                       cancelled=run.cancelled, cancel_reason=run.cancel_reason, attempts=run.attempts,
                       duration_s=run.duration_s, agent=run.agent, log_text=run.log_text(), log_tail=run.log_tail(),
+                      stderr_tail=run.stderr_tail,
                       tables=tables, files=files, phase=phase, oom=run.oom, oom_detail=run.oom_detail,
                       peak_rss_bytes=run.peak_rss_bytes or None)
 

@@ -9,7 +9,9 @@ cancellation (per analysis or all at once, e.g. at daemon shutdown) and the list
 level is ``daemon/profwatch/adapters/tools/msprof_analysis.py``). Facts relied on (docs/msprof-analyze.md): exit code 0 for most
 failures; a fresh ``-o`` per command; ``MSPROF_ANALYZE_LOG_FILE`` per run; ``--force`` (no interactive prompt),
 stdin closed; never ``-V``; each command forks one worker per CPU, hence the bounds. Every path handed to the
-tool is absolute: it runs with its own output folder as working directory.
+tool is absolute: it runs with its own output folder as working directory, and on a path it takes
+(``staging.tool_safe_root``): under an odd ``out_root`` a run is made in the system's temporary folder and
+moved there after.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import structlog
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from profwatch.adapters.fs import proc_memory
+from profwatch.adapters.fs.staging import tool_safe_root
 from profwatch.core.verdict.evidence import RecipePhase
 from profwatch.core.verdict.msprof_plan import MsprofSettings, concurrent_runs, memory_cap_bytes
 from profwatch.core.verdict.msprof_results import AgentMessage, parse_agent_stdout
@@ -312,22 +315,32 @@ class MsprofRunner:
     def _run_once(self, name: str, args: list[str], out_root: Path, ticket: RunTicket,
                   phase: RecipePhase = "alert", on_start: Callable[[], None] | None = None) -> ToolRun:
         out_root.mkdir(parents=True, exist_ok=True)
-        run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=out_root))
-        log_path = out_root / "logs" / f"{run_dir.name}.log"
+        # an out_root msprof-analyze cannot take (a byte that is not UTF-8 makes it fail to print its own output
+        # paths, exit code 1): the run writes under the system's temporary folder, moved to out_root after
+        work_root = tool_safe_root(out_root)
+        moved = work_root != out_root
+        if moved:
+            work_root = Path(tempfile.mkdtemp(prefix="tool-output-", dir=work_root))
+        run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work_root))
+        log_path = work_root / "logs" / f"{run_dir.name}.log"
         log_path.parent.mkdir(exist_ok=True)
         argv = [resolve_command(self.settings.command), *args, "-o", str(run_dir)]
         run = ToolRun(name=name, argv=argv, output_dir=run_dir, log_path=log_path, phase=phase,
                       memory_limit_bytes=self.memory_limit_bytes)
         slots = self._enrich_slots if phase == "enrich" else self._slots
-        reason = self._acquire_slot(ticket, slots)
-        if reason:
-            run.cancelled = True
-            run.cancel_reason = run.stderr_tail = f"cancelled: {reason}"
-            return run
         try:
-            return self._spawn(run, ticket, on_start)
+            reason = self._acquire_slot(ticket, slots)
+            if reason:
+                run.cancelled = True
+                run.cancel_reason = run.stderr_tail = f"cancelled: {reason}"
+                return run
+            try:
+                return self._spawn(run, ticket, on_start)
+            finally:
+                slots.release()
         finally:
-            slots.release()
+            if moved:
+                _bring_back(run, work_root, out_root)
 
     def _spawn(self, run: ToolRun, ticket: RunTicket, on_start: Callable[[], None] | None = None) -> ToolRun:
         env = dict(os.environ, LANG="C.UTF-8", LC_ALL="C.UTF-8", PYTHONIOENCODING="utf-8",
@@ -429,6 +442,25 @@ class MsprofRunner:
                 proc.wait(timeout=5)
                 out, err = b"", b"(output abandoned: a descendant kept the pipes open after the kill)"
             return out or b"", err or b"", why
+
+
+def _bring_back(run: ToolRun, holder: Path, out_root: Path) -> None:
+    """Move a run made under ``holder`` (a fresh folder of the system's temporary folder: ``out_root`` was not a
+    path the tool takes) into ``out_root`` as if it had run there: its output folder and its log (our own files,
+    never the user's), then remove ``holder``; ``run``'s paths are updated. A move that fails is logged and
+    leaves the run where it is (its paths still point there)."""
+    try:
+        dest = out_root / run.output_dir.name
+        shutil.move(run.output_dir, dest)
+        run.output_dir = dest
+        if run.log_path.exists():
+            (out_root / "logs").mkdir(exist_ok=True)
+            log_dest = out_root / "logs" / run.log_path.name
+            shutil.move(run.log_path, log_dest)
+            run.log_path = log_dest
+        shutil.rmtree(holder)
+    except OSError as exc:
+        log.warning("msprof_output_move_failed", recipe=run.name, error=str(exc), left_at=str(holder))
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> int:

@@ -45,6 +45,7 @@ from statistics import fmean
 from typing import Any, Literal
 
 from profwatch.core.changes.hardware import DROP_FRAC, FreqSummary
+from profwatch.core.verdict.drilldown import delta_text, excess_text
 from profwatch.core.verdict.evidence import RankStepSummary, usable_row
 from profwatch.core.verdict.shift_test import ALPHA, ShiftTest, holm, rank_test_reaches, shift_test
 
@@ -366,18 +367,19 @@ def _span(ranks: Sequence[int]) -> str:
 
 
 def headline(c: Comparison) -> str:
-    """One line leading an alert: ``+8.0 ms/step: communication +7.6 ms, compute +0.3 ms`` (or why nothing), the
-    reference's caveats in brackets (``[world size 8 -> 2; reference of another job (train-a)]``)."""
+    """One line leading an alert: ``+8.0 ms/step: communication +7.6 ms, compute +0.30 ms`` (or why nothing), the
+    reference's caveats in brackets (``[world size 8 -> 2; reference of another job (train-a)]``). Each change
+    with 2-3 significant digits (``drilldown.delta_text``: ``compute +27 us``, never ``+0.0 ms``)."""
     if c.step_delta_s is None:
         return "no comparison: " + (c.notes[-1] if c.notes else "no data") + (
             " [" + "; ".join(c.caveats) + "]" if c.caveats else "")
     timed = [x for x in c.changes if x.delta_s_per_step is not None]
     other = [x for x in c.changes if x.delta_s_per_step is None]
-    head = f"{1e3 * c.step_delta_s:+.1f} ms/step since the reference"
+    head = f"{excess_text(1e6 * c.step_delta_s)} since the reference"
     if not c.step_time_changed:
         head += " (within noise)"
     if timed:
-        head += ": " + ", ".join(f"{x.component} {1e3 * (x.delta_s_per_step or 0.0):+.1f} ms" for x in timed)
+        head += ": " + ", ".join(f"{x.component} {delta_text(1e6 * (x.delta_s_per_step or 0.0))}" for x in timed)
     elif c.step_time_changed:
         head += ": no single component changed above noise"
     if other:

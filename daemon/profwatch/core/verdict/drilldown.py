@@ -61,16 +61,23 @@ def excess_over_peer(entries: Sequence[DetailEntry], *, limit: int = DRILL_LIMIT
     return out
 
 
-def excess_text(us: float) -> str:
-    """An excess per step (``us``, microseconds) for people, signed, with 2-3 significant digits: ``+12.1
-    ms/step`` from 1 ms up, ``+0.15 ms/step`` from 100 us, ``+40 us/step`` and ``+2.5 us/step`` below (``+0.0
-    ms/step`` said nothing of a 40 us excess)."""
+def delta_text(us: float) -> str:
+    """A signed time difference (``us``, microseconds) for people, with 2-3 significant digits: ``+12.1 ms`` from
+    1 ms up, ``+0.15 ms`` from 100 us, ``+40 us`` and ``+2.5 us`` below (a fixed ``+0.0 ms`` said nothing of a 27
+    us change). The one rule for every change shown: the drill-down (:func:`excess_text`), the "what changed"
+    headline, the report and the CLI."""
     a = abs(us)
     if a >= 1000:
-        return f"{us / 1e3:+.1f} ms/step"
+        return f"{us / 1e3:+.1f} ms"
     if a >= 100:
-        return f"{us / 1e3:+.2f} ms/step"
-    return f"{us:+.0f} us/step" if a >= 10 else f"{us:+.1f} us/step"
+        return f"{us / 1e3:+.2f} ms"
+    return f"{us:+.0f} us" if a >= 10 else f"{us:+.1f} us"
+
+
+def excess_text(us: float) -> str:
+    """An excess per step (``us``, microseconds) for people: :func:`delta_text` per step (``+12.1 ms/step``,
+    ``+0.15 ms/step``, ``+40 us/step``; ``+0.0 ms/step`` said nothing of a 40 us excess)."""
+    return f"{delta_text(us)}/step"
 
 
 def drilldown_text(item: Mapping[str, Any], *, top: int = 3, width: int = 60) -> str:

@@ -361,7 +361,8 @@ class RunOutcome:
     ``returncode`` None when killed; ``timed_out`` only for the timeout (a cancelled run is ``cancelled``); ``spawn_error`` set when the
     command could not be started at all (the other fields are then empty). ``tables``: each table of
     :data:`RESULT_TABLES` for this recipe -> rows (dicts by column name) or None when absent/unreadable.
-    ``files``: advisor html/xlsx files found under ``output_dir``. ``log_text``: the per-run log (bounded).
+    ``files``: advisor html/xlsx files found under ``output_dir``. ``log_text``: the per-run log (bounded);
+    ``stderr_tail``: the last ~4 KB of stderr (the tool's traceback when it dies: its log file does not get it).
     ``oom``: killed at the memory cap (``oom_detail`` says how much); ``peak_rss_bytes``: the watchdog's peak.
     """
 
@@ -376,6 +377,7 @@ class RunOutcome:
     agent: AgentMessage = field(default_factory=lambda: AgentMessage(found=False))
     log_text: str = ""
     log_tail: str = ""
+    stderr_tail: str = ""
     tables: dict[str, list[dict[str, Any]] | None] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     spawn_error: str | None = None
@@ -439,8 +441,24 @@ def _failed(run: RunOutcome) -> RecipeStatus | None:
         return _status(run, "tool_error", f"{disk} (free space under {run.output_dir or 'the output folder'})",
                        with_log=True)
     if run.returncode != 0 or (run.agent.found and run.agent.status == "error"):
-        return _status(run, "tool_error", run.agent.error or f"exit code {run.returncode}", with_log=True)
+        return _status(run, "tool_error", run.agent.error or exit_reason(run.returncode, run.stderr_tail),
+                       with_log=True)
     return None
+
+
+_REASON_MAX_CHARS = 300
+
+
+def exit_reason(returncode: int | None, stderr_tail: str) -> str:
+    """``"exit code N: <why>"`` for a run that failed without saying so on stdout: ``<why>`` is the last line of
+    its stderr that is not a traceback frame (a Python exception's type and message, e.g. ``UnicodeEncodeError:
+    'utf-8' codec can't encode character '\\udcff' ...``), at most 300 characters; just ``"exit code N"`` when
+    stderr says nothing."""
+    lines = [ln.strip() for ln in stderr_tail.splitlines() if ln.strip()]
+    why = next((ln for ln in reversed(lines) if not ln.startswith(("File ", "Traceback", "^", "~"))), "")
+    if len(why) > _REASON_MAX_CHARS:
+        why = why[:_REASON_MAX_CHARS - 3] + "..."
+    return f"exit code {returncode}: {why}" if why else f"exit code {returncode}"
 
 
 def why_empty(log_text: str, facts: InputFacts) -> tuple[RecipeState, str]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Literal
 
+from profwatch.core.verdict.drilldown import delta_text, excess_text
 from profwatch.core.verdict.evidence import RankStepSummary, usable_row
 from profwatch.core.verdict.figures import figure_violations
 
@@ -137,6 +138,12 @@ class DetailItem:
     baseline_ms: float | None
     now_ms: float | None
 
+    @property
+    def delta_text(self) -> str:
+        """``delta_ms`` per step for people (``drilldown.excess_text``: ``+27 us/step``, ``+1.5 ms/step``), "-"
+        when unknown."""
+        return "-" if self.delta_ms is None else excess_text(1e3 * self.delta_ms)
+
 
 @dataclass(frozen=True, slots=True)
 class ComponentRow:
@@ -156,6 +163,18 @@ class ComponentRow:
     items_source: str = ""
     interval_ms: tuple[float, float] | None = None
     p_value: float | None = None
+
+    @property
+    def delta_text(self) -> str:
+        """``delta_ms`` for people (``drilldown.delta_text``: ``+27 us``, ``+1.5 ms``), "-" when unknown."""
+        return "-" if self.delta_ms is None else delta_text(1e3 * self.delta_ms)
+
+    @property
+    def interval_text(self) -> str:
+        """``interval_ms`` as ``+12 us .. +41 us`` (each bound by ``drilldown.delta_text``), "-" when unknown."""
+        if self.interval_ms is None:
+            return "-"
+        return f"{delta_text(1e3 * self.interval_ms[0])} .. {delta_text(1e3 * self.interval_ms[1])}"
 
 
 @dataclass(frozen=True, slots=True)
