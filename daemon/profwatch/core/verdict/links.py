@@ -19,7 +19,7 @@ import math
 import re
 from array import array
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from profwatch.core.verdict.evidence import Impact, SlowLink
 from profwatch.core.verdict.impact import HOURS_PER_DAY, link_saving_us
+from profwatch.core.verdict.link_rows import LinkRows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -100,8 +101,7 @@ def parse_matrix_rows(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str,
         if step_m is None or math.isnan(src) or math.isnan(dst) or src == dst:
             continue
         name = str(row.get("hccl_op_name", "") or "")
-        low = name.lower()
-        kind = "total" if low == "total op info" else "stat" if any(t in low for t in _STAT_ROWS) else "op"
+        kind = ("total", "op", "stat")[_kind(name)]
         kinds[(str(row.get("group_name", "")), step_m.group())][kind].append(row)
     out: dict[tuple[str, str, int, int], LinkSample] = {}
     for (group, step), by_kind in kinds.items():
@@ -192,25 +192,21 @@ class _PairTable:
     one_way: np.ndarray
 
 
-def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
-    """:func:`parse_matrix_rows`, then both directions of each pair summed, read in one pass into arrays (rows are
-    never held here: memory linear in the rows' pairs, not in dicts)."""
+def _row_columns(rows: Iterable[Mapping[str, Any]]) -> _Columns:
+    """Rows given as mappings, read one by one into the columns of :func:`_pair_table` (rows are never held)."""
     import numpy as np  # lazily: importing the settings (every command) must not load numpy
     codes: tuple[dict[str, int], dict[str, int], dict[str, int]] = ({}, {}, {})
     cols = {k: array("q") for k in ("g", "s", "kind", "tr", "src", "dst")}
     vals = {k: array("d") for k in ("time", "size")}
-    kind_code = {"total": 0, "op": 1, "stat": 2}
     for row in rows:
         step_m = _DIGITS.search(str(row.get("step", "")))
         src, dst = _num(row.get("src_rank")), _num(row.get("dst_rank"))
         if step_m is None or math.isnan(src) or math.isnan(dst) or src == dst:
             continue
-        low = str(row.get("hccl_op_name", "") or "").lower()
-        kind = "total" if low == "total op info" else "stat" if any(t in low for t in _STAT_ROWS) else "op"
         for col, table, name in (("g", codes[0], str(row.get("group_name", ""))), ("s", codes[1], step_m.group()),
                                  ("tr", codes[2], str(row.get("transport_type", "") or ""))):
             cols[col].append(table.setdefault(name, len(table)))
-        cols["kind"].append(kind_code[kind])
+        cols["kind"].append(_kind(row.get("hccl_op_name", "")))
         cols["src"].append(int(src))
         cols["dst"].append(int(dst))
         vals["time"].append(_num(row.get("transit_time")))
@@ -218,12 +214,89 @@ def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
     c = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64) for k, v in cols.items()}
     t = np.frombuffer(vals["time"], dtype=np.float64) if len(vals["time"]) else np.zeros(0)
     size = np.frombuffer(vals["size"], dtype=np.float64) if len(vals["size"]) else np.zeros(0)
+    names = [sorted(d, key=d.__getitem__) for d in codes]
+    return _Columns(names[0], names[1], names[2], c["g"], c["s"], c["kind"], c["tr"], c["src"], c["dst"], t, size)
+
+
+def _kind(op_name: Any) -> int:
+    """0: a ``Total Op Info`` row, 2: a statistics row (``top``/``middle``/``bottom``), 1: an op row."""
+    low = str(op_name or "").lower()
+    return 0 if low == "total op info" else 2 if any(t in low for t in _STAT_ROWS) else 1
+
+
+def _table_columns(rows: LinkRows) -> _Columns:
+    """The columns of :func:`_pair_table` from rows already held as columns: each distinct value is read once
+    (as :func:`_row_columns` reads it), the rows by array lookups; the same columns, rows and order."""
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
+    n = len(rows)
+
+    def coded(name: str, read: Callable[[Any], Any], default: Any) -> tuple[np.ndarray, list[Any]]:
+        col = rows.coded.get(name)
+        if col is None:
+            return np.zeros(n, np.int64), [read(default)]
+        return np.frombuffer(col.codes, dtype=np.int32).astype(np.int64), [read(v) for v in col.values]
+
+    def to_codes(codes: np.ndarray, values: list[Any]) -> tuple[np.ndarray, list[str]]:
+        """Codes of derived names (None: no name -> -1), the names in first-seen order of the values."""
+        index: dict[str, int] = {}
+        remap = np.array([-1 if v is None else index.setdefault(v, len(index)) for v in values], dtype=np.int64)
+        return remap[codes], list(index)
+
+    def step_name(v: Any) -> str | None:
+        m = _DIGITS.search(str(v))
+        return None if m is None else m.group()
+
+    s, s_names = to_codes(*coded("step", step_name, ""))
+    g, g_names = to_codes(*coded("group_name", str, ""))
+    tr, tr_names = to_codes(*coded("transport_type", lambda v: str(v or ""), ""))
+    k_codes, k_values = coded("hccl_op_name", _kind, "")
+    kind = np.array(k_values, dtype=np.int64)[k_codes]
+    src_c, src_v = coded("src_rank", _num, None)
+    dst_c, dst_v = coded("dst_rank", _num, None)
+    src, dst = np.array(src_v, dtype=np.float64)[src_c], np.array(dst_v, dtype=np.float64)[dst_c]
+    del k_codes, src_c, dst_c
+
+    def number(name: str) -> np.ndarray:
+        col = rows.numbers.get(name)
+        return np.frombuffer(col, dtype=np.float64) if col is not None and len(col) else np.full(n, np.nan)
+
+    keep = np.flatnonzero((s >= 0) & ~np.isnan(src) & ~np.isnan(dst) & (src != dst))
+    return _Columns(g_names, s_names, tr_names, g[keep], s[keep], kind[keep], tr[keep], src[keep].astype(np.int64),
+                    dst[keep].astype(np.int64), number("transit_time")[keep], number("transit_size")[keep])
+
+
+@dataclass(slots=True)
+class _Columns:
+    """The rows :func:`_pair_table` reads (self pairs and rows without a step or ranks left out), one element per
+    row in row order: codes into ``groups``, ``steps`` and ``transports``; ``kind`` (:func:`_kind`); ranks; ms; MB."""
+
+    groups: list[str]
+    steps: list[str]
+    transports: list[str]
+    g: np.ndarray
+    s: np.ndarray
+    kind: np.ndarray
+    tr: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    time: np.ndarray
+    size: np.ndarray
+
+
+def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
+    """:func:`parse_matrix_rows`, then both directions of each pair summed, into arrays (memory linear in the rows'
+    pairs, not in dicts: :class:`LinkRows` are read by column, other rows one by one and never held)."""
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
+    cols = _table_columns(rows) if isinstance(rows, LinkRows) else _row_columns(rows)
+    c = {"g": cols.g, "s": cols.s, "kind": cols.kind, "tr": cols.tr, "src": cols.src, "dst": cols.dst}
+    t, size = cols.time, cols.size
+    names = [cols.groups, cols.steps, cols.transports]
     # per (group, step): Total Op Info rows, else op rows, else statistics rows (parse_matrix_rows' choice)
-    gs = c["g"] * max(len(codes[1]), 1) + c["s"]
-    best = np.full(max(len(codes[0]) * len(codes[1]), 1), 3, dtype=np.int64)
+    gs = c["g"] * max(len(names[1]), 1) + c["s"]
+    best = np.full(max(len(names[0]) * len(names[1]), 1), 3, dtype=np.int64)
     np.minimum.at(best, gs, c["kind"])
     keep = np.flatnonzero((c["kind"] == best[gs]) & ~np.isnan(t) & (t > 0) & ~np.isnan(size))
-    names = [sorted(d, key=d.__getitem__) for d in codes]
+    del gs
     empty = np.zeros(0, np.int64)
     if not len(keep):
         return _PairTable(names[0], names[2], names[1], empty, empty, empty, empty, empty, np.zeros(0), np.zeros(0),
