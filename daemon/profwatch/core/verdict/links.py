@@ -153,7 +153,7 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
     links_of: dict[int, int] = defaultdict(int)
     members_of: dict[tuple[str, str], np.ndarray] = {}
     for key, idx in groups.items():
-        pairs = np.unique(np.stack([table.a[idx], table.b[idx]], axis=1), axis=0)
+        pairs = np.stack(_unique_rows([table.a[idx], table.b[idx]])[0], axis=1)
         members_of[key] = pairs
         for r, n in zip(*np.unique(pairs.ravel(), return_counts=True), strict=True):
             links_of[int(r)] += int(n)
@@ -226,43 +226,75 @@ def _kind(op_name: Any) -> int:
 
 def _table_columns(rows: LinkRows) -> _Columns:
     """The columns of :func:`_pair_table` from rows already held as columns: each distinct value is read once
-    (as :func:`_row_columns` reads it), the rows by array lookups; the same columns, rows and order."""
+    (as :func:`_row_columns` reads it), the rows by array lookups (4-byte codes); the same rows, in order."""
     import numpy as np  # lazily: importing the settings (every command) must not load numpy
     n = len(rows)
 
     def coded(name: str, read: Callable[[Any], Any], default: Any) -> tuple[np.ndarray, list[Any]]:
         col = rows.coded.get(name)
-        if col is None:
-            return np.zeros(n, np.int64), [read(default)]
-        return np.frombuffer(col.codes, dtype=np.int32).astype(np.int64), [read(v) for v in col.values]
+        if col is None or not n:
+            return np.zeros(n, np.int32), [read(default)]
+        return np.frombuffer(col.codes, dtype=np.int32), [read(v) for v in col.values]
 
-    def to_codes(codes: np.ndarray, values: list[Any]) -> tuple[np.ndarray, list[str]]:
-        """Codes of derived names (None: no name -> -1), the names in first-seen order of the values."""
+    def names_of(values: list[Any]) -> tuple[np.ndarray, list[str]]:
+        """Per value the code of its name (None: no name -> -1), the names in first-seen order of the values."""
         index: dict[str, int] = {}
-        remap = np.array([-1 if v is None else index.setdefault(v, len(index)) for v in values], dtype=np.int64)
-        return remap[codes], list(index)
+        remap = np.array([-1 if v is None else index.setdefault(v, len(index)) for v in values], dtype=np.int32)
+        return remap, list(index)
 
     def step_name(v: Any) -> str | None:
         m = _DIGITS.search(str(v))
         return None if m is None else m.group()
 
-    s, s_names = to_codes(*coded("step", step_name, ""))
-    g, g_names = to_codes(*coded("group_name", str, ""))
-    tr, tr_names = to_codes(*coded("transport_type", lambda v: str(v or ""), ""))
+    s_codes, s_values = coded("step", step_name, "")
+    s_map, s_names = names_of(s_values)
+    src_codes, src_values = coded("src_rank", _num, None)
+    dst_codes, dst_values = coded("dst_rank", _num, None)
+    src_map, dst_map = np.array(src_values, dtype=np.float64), np.array(dst_values, dtype=np.float64)
+    src, dst = src_map[src_codes], dst_map[dst_codes]
+    keep = np.flatnonzero((s_map[s_codes] >= 0) & ~np.isnan(src) & ~np.isnan(dst) & (src != dst))
+    src, dst = src[keep].astype(np.int64), dst[keep].astype(np.int64)
+
+    def kept(name: str, read: Callable[[Any], Any], default: Any) -> tuple[np.ndarray, list[str]]:
+        codes, values = coded(name, read, default)
+        remap, names = names_of(values)
+        return remap[codes[keep]], names
+
+    g, g_names = kept("group_name", str, "")
+    tr, tr_names = kept("transport_type", lambda v: str(v or ""), "")
     k_codes, k_values = coded("hccl_op_name", _kind, "")
-    kind = np.array(k_values, dtype=np.int64)[k_codes]
-    src_c, src_v = coded("src_rank", _num, None)
-    dst_c, dst_v = coded("dst_rank", _num, None)
-    src, dst = np.array(src_v, dtype=np.float64)[src_c], np.array(dst_v, dtype=np.float64)[dst_c]
-    del k_codes, src_c, dst_c
+    kind = np.array(k_values, dtype=np.int32)[k_codes[keep]]
 
     def number(name: str) -> np.ndarray:
         col = rows.numbers.get(name)
-        return np.frombuffer(col, dtype=np.float64) if col is not None and len(col) else np.full(n, np.nan)
+        return np.frombuffer(col, dtype=np.float64)[keep] if col is not None and len(col) else \
+            np.full(len(keep), np.nan)
 
-    keep = np.flatnonzero((s >= 0) & ~np.isnan(src) & ~np.isnan(dst) & (src != dst))
-    return _Columns(g_names, s_names, tr_names, g[keep], s[keep], kind[keep], tr[keep], src[keep].astype(np.int64),
-                    dst[keep].astype(np.int64), number("transit_time")[keep], number("transit_size")[keep])
+    return _Columns(g_names, s_names, tr_names, g, s_map[s_codes[keep]], kind, tr, src, dst, number("transit_time"),
+                    number("transit_size"))
+
+
+def _unique_rows(cols: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """``np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)`` as ``(the unique rows'
+    columns, first index, inverse)`` without the stacked copy: the integer columns as one mixed-radix int64 key,
+    which sorts as the rows do (lexicographically); the stacked rows when the key would not fit in 62 bits."""
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
+    n = len(cols[0])
+    if not n:
+        return [c[:0] for c in cols], np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lows = [int(c.min()) for c in cols]
+    spans = [int(c.max()) - lo + 1 for c, lo in zip(cols, lows, strict=True)]
+    if math.prod(spans) >= 2**62:
+        u, first, inv = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
+        return [u[:, k] for k in range(len(cols))], first, inv.ravel()
+    key = np.zeros(n, np.int64)
+    for c, lo, span in zip(cols, lows, spans, strict=True):
+        key *= span
+        key += c
+        key -= lo
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    del key
+    return [c[first] for c in cols], first, inv.ravel()
 
 
 @dataclass(slots=True)
@@ -302,23 +334,18 @@ def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
         return _PairTable(names[0], names[2], names[1], empty, empty, empty, empty, empty, np.zeros(0), np.zeros(0),
                           np.zeros(0))
     # directed samples: (group, step, src, dst) summed in row order; transport of the key's first row
-    directed = np.stack([c["g"][keep], c["s"][keep], c["src"][keep], c["dst"][keep]], axis=1)
-    dkeys, first, inv = np.unique(directed, axis=0, return_index=True, return_inverse=True)
-    inv = inv.ravel()
-    del directed
-    d_time = np.bincount(inv, weights=t[keep], minlength=len(dkeys))
-    d_size = np.bincount(inv, weights=size[keep], minlength=len(dkeys))
+    (dg, ds, dsrc, ddst), first, inv = _unique_rows([c["g"][keep], c["s"][keep], c["src"][keep], c["dst"][keep]])
+    d_time = np.bincount(inv, weights=t[keep], minlength=len(dg))
+    d_size = np.bincount(inv, weights=size[keep], minlength=len(dg))
     d_tr = c["tr"][keep][first]
-    lo, hi = np.minimum(dkeys[:, 2], dkeys[:, 3]), np.maximum(dkeys[:, 2], dkeys[:, 3])
-    und = np.stack([dkeys[:, 0], d_tr, lo, hi, dkeys[:, 1]], axis=1)
-    ukeys, uinv = np.unique(und, axis=0, return_inverse=True)
-    uinv = uinv.ravel()
-    del und
-    one_way = np.zeros(len(ukeys))
+    del inv, first, c, t, size, keep, cols
+    lo, hi = np.minimum(dsrc, ddst).astype(np.int64), np.maximum(dsrc, ddst).astype(np.int64)
+    (ug, utr, ua, ub, us), _, uinv = _unique_rows([dg, d_tr, lo, hi, ds])
+    one_way = np.zeros(len(ug))
     np.maximum.at(one_way, uinv, d_time)
-    return _PairTable(names[0], names[2], names[1], ukeys[:, 0], ukeys[:, 1], ukeys[:, 4], ukeys[:, 2], ukeys[:, 3],
-                      np.bincount(uinv, weights=d_size, minlength=len(ukeys)),
-                      np.bincount(uinv, weights=d_time, minlength=len(ukeys)), one_way)
+    return _PairTable(names[0], names[2], names[1], ug, utr, us, ua, ub,
+                      np.bincount(uinv, weights=d_size, minlength=len(ug)),
+                      np.bincount(uinv, weights=d_time, minlength=len(ug)), one_way)
 
 
 @dataclass(slots=True)
