@@ -253,25 +253,30 @@ def _table_columns(rows: LinkRows) -> _Columns:
     src_map, dst_map = np.array(src_values, dtype=np.float64), np.array(dst_values, dtype=np.float64)
     src, dst = src_map[src_codes], dst_map[dst_codes]
     keep = np.flatnonzero((s_map[s_codes] >= 0) & ~np.isnan(src) & ~np.isnan(dst) & (src != dst))
-    src, dst = src[keep].astype(np.int64), dst[keep].astype(np.int64)
+    src, dst = _take(src, keep).astype(np.int64), _take(dst, keep).astype(np.int64)
 
     def kept(name: str, read: Callable[[Any], Any], default: Any) -> tuple[np.ndarray, list[str]]:
         codes, values = coded(name, read, default)
         remap, names = names_of(values)
-        return remap[codes[keep]], names
+        return remap[_take(codes, keep)], names
 
     g, g_names = kept("group_name", str, "")
     tr, tr_names = kept("transport_type", lambda v: str(v or ""), "")
     k_codes, k_values = coded("hccl_op_name", _kind, "")
-    kind = np.array(k_values, dtype=np.int32)[k_codes[keep]]
+    kind = np.array(k_values, dtype=np.int32)[_take(k_codes, keep)]
 
     def number(name: str) -> np.ndarray:
         col = rows.numbers.get(name)
-        return np.frombuffer(col, dtype=np.float64)[keep] if col is not None and len(col) else \
+        return _take(np.frombuffer(col, dtype=np.float64), keep) if col is not None and len(col) else \
             np.full(len(keep), np.nan)
 
-    return _Columns(g_names, s_names, tr_names, g, s_map[s_codes[keep]], kind, tr, src, dst, number("transit_time"),
+    return _Columns(g_names, s_names, tr_names, g, s_map[_take(s_codes, keep)], kind, tr, src, dst, number("transit_time"),
                     number("transit_size"))
+
+
+def _take(arr: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """``arr[keep]`` (``keep``: sorted distinct indices), ``arr`` itself when ``keep`` is every index (no copy)."""
+    return arr if len(keep) == len(arr) else arr[keep]
 
 
 def _unique_rows(cols: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
@@ -334,10 +339,10 @@ def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
         return _PairTable(names[0], names[2], names[1], empty, empty, empty, empty, empty, np.zeros(0), np.zeros(0),
                           np.zeros(0))
     # directed samples: (group, step, src, dst) summed in row order; transport of the key's first row
-    (dg, ds, dsrc, ddst), first, inv = _unique_rows([c["g"][keep], c["s"][keep], c["src"][keep], c["dst"][keep]])
-    d_time = np.bincount(inv, weights=t[keep], minlength=len(dg))
-    d_size = np.bincount(inv, weights=size[keep], minlength=len(dg))
-    d_tr = c["tr"][keep][first]
+    (dg, ds, dsrc, ddst), first, inv = _unique_rows([_take(c[k], keep) for k in ("g", "s", "src", "dst")])
+    d_time = np.bincount(inv, weights=_take(t, keep), minlength=len(dg))
+    d_size = np.bincount(inv, weights=_take(size, keep), minlength=len(dg))
+    d_tr = _take(c["tr"], keep)[first]
     del inv, first, c, t, size, keep, cols
     lo, hi = np.minimum(dsrc, ddst).astype(np.int64), np.maximum(dsrc, ddst).astype(np.int64)
     (ug, utr, ua, ub, us), _, uinv = _unique_rows([dg, d_tr, lo, hi, ds])
