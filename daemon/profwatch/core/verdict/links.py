@@ -122,7 +122,8 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
     """Name the links whose bandwidth stands out below their peers' over the captured steps.
 
     Args:
-        rows: ``ClusterCommunicationMatrix`` rows (see the module docstring).
+        rows: ``ClusterCommunicationMatrix`` rows (see the module docstring): a :class:`LinkRows` (what the
+            evidence holds) is read by column, any other iterable of mappings row by row; the findings are the same.
         settings: thresholds (defaults when ``None``).
         world_size: accelerators of the job (for accelerator-hours per day).
         step_time_us: mean measured step time (for the impact as % of a step); ``None`` leaves % and hours 0.
