@@ -4,23 +4,27 @@ no assertions).
 Per ``--sizes`` rank count, in a fresh child process (so each peak is its own): the rows of msprof-analyze's
 ``ClusterCommunicationMatrix`` for every directed pair of one world group (``1024 * 1023 = 1,047,552`` pairs at 1024
 ranks), ``--steps`` steps of ``Total Op Info`` rows, one slow link (ranks 1 and 2 at 40 % bandwidth), held as the
-list of dicts the evidence carries (``ClusterEvidence.link_rows``), then judged by ``links.find_slow_links``.
-Printed: the peak resident set (``ru_maxrss``) after the rows were built and after the judgement, the judgement's
-wall and CPU seconds, the pairs judged, the links named, and the 1-minute load average.
+evidence holds them (``ClusterEvidence.link_rows``: columns, ``link_rows.LinkRows``, filled from row tuples in
+chunks as ``msprof_db.read_link_rows`` fills them from the result DB; ``--dicts``: a list of one dict per row, as
+before issue 34), then judged by ``links.find_slow_links``. Printed: the seconds to build the rows, the peak resident
+set (``ru_maxrss``) after the rows were built and after the judgement, the judgement's wall and CPU seconds, the
+pairs judged, the links named, and the 1-minute load average.
 
-Usage: ``python bench/bench_links_memory.py [--sizes 256,1024] [--steps 1]``; run it niced on a shared box, alone
-(1024 ranks needs about 4 GiB today).
+Usage: ``python bench/bench_links_memory.py [--sizes 256,1024] [--steps 1] [--dicts]``; run it niced on a shared
+box, alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +33,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "daemon"))
 
 MiB = 2**20
+CHUNK = 16384
 
 
-def matrix_rows(ranks: int, steps: int) -> list[dict[str, Any]]:
-    """Directed-pair rows of one world group, as the tool's table reader returns them (one dict per row)."""
-    rows: list[dict[str, Any]] = []
+NAMES = ("step", "hccl_op_name", "group_name", "src_rank", "dst_rank", "transport_type", "transit_size",
+         "transit_time", "bandwidth", "op_name")
+
+
+def matrix_tuples(ranks: int, steps: int) -> Iterator[tuple[Any, ...]]:
+    """Directed-pair rows of one world group as an SQLite cursor gives them (tuples in the order of ``NAMES``)."""
     for step in range(1, steps + 1):
         for src in range(ranks):
             for dst in range(ranks):
@@ -41,22 +49,35 @@ def matrix_rows(ranks: int, steps: int) -> list[dict[str, Any]]:
                     continue
                 slow = {src, dst} == {1, 2}
                 t = 1.0 * (1 + 0.01 * ((src * 31 + dst * 17 + step) % 7)) * (2.5 if slow else 1.0)
-                rows.append({"step": f"step{step}", "hccl_op_name": "Total Op Info", "group_name": "world",
-                             "src_rank": src, "dst_rank": dst, "transport_type": "RDMA", "transit_size": 16.0,
-                             "transit_time": t, "bandwidth": 16.0 / t, "op_name": "Total Op Info"})
-    return rows
+                yield (f"step{step}", "Total Op Info", "world", src, dst, "RDMA", 16.0, t, 16.0 / t, "Total Op Info")
 
 
-def child(ranks: int, steps: int) -> dict[str, Any]:
+def matrix_rows(ranks: int, steps: int, dicts: bool) -> Any:
+    """The rows held as ``ClusterEvidence.link_rows`` holds them (columns, read ``CHUNK`` rows at a time as
+    ``msprof_db.read_link_rows`` reads them), or (``dicts``) as a list of one dict per row (before issue 34)."""
+    from profwatch.core.verdict.link_rows import LinkRows
+
+    if dicts:
+        return [dict(zip(NAMES, r, strict=True)) for r in matrix_tuples(ranks, steps)]
+    out = LinkRows()
+    rows = matrix_tuples(ranks, steps)
+    while chunk := list(itertools.islice(rows, CHUNK)):
+        out.extend_tuples(NAMES, chunk)
+    return out
+
+
+def child(ranks: int, steps: int, dicts: bool) -> dict[str, Any]:
     from profwatch.core.verdict.links import find_slow_links
 
-    rows = matrix_rows(ranks, steps)
+    t0 = time.monotonic()
+    rows = matrix_rows(ranks, steps, dicts)
+    read_s = time.monotonic() - t0
     rss_rows = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t0, c0 = time.monotonic(), time.process_time()
     found = find_slow_links(rows, world_size=ranks, step_time_us=100_000.0)
     wall, cpu = time.monotonic() - t0, time.process_time() - c0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"rows": len(rows), "rss_rows": rss_rows, "rss": rss, "wall": wall, "cpu": cpu,
+    return {"rows": len(rows), "read_s": read_s, "rss_rows": rss_rows, "rss": rss, "wall": wall, "cpu": cpu,
             "pairs": found.pairs_judged, "links": [list(lk.ranks) for lk in found.links],
             "folded": sorted(found.folded_ranks)}
 
@@ -65,18 +86,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--sizes", default="256,1024")
     ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--dicts", action="store_true", help="hold the rows as a list of dicts (before issue 34)")
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.steps)))
+        print(json.dumps(child(args.child, args.steps, args.dicts)))
         return
-    print(f"{'ranks':>6} {'rows':>9} {'pairs judged':>12} {'peak MiB rows':>13} {'peak MiB judged':>15} "
+    print(f"{'ranks':>6} {'rows':>9} {'read s':>7} {'pairs judged':>12} {'peak MiB rows':>13} {'peak MiB judged':>15} "
           f"{'wall s':>7} {'CPU s':>7} {'links':>12} {'folded':>8} {'load 1m':>8}", flush=True)
     for n in (int(x) for x in args.sizes.split(",")):
-        out = subprocess.run([sys.executable, __file__, "--child", str(n), "--steps", str(args.steps)],
+        out = subprocess.run([sys.executable, __file__, "--child", str(n), "--steps", str(args.steps)]
+                             + (["--dicts"] if args.dicts else []),
                              capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"{n:>6} {r['rows']:>9} {r['pairs']:>12} {r['rss_rows'] / MiB:>13.0f} {r['rss'] / MiB:>15.0f} "
+        print(f"{n:>6} {r['rows']:>9} {r['read_s']:>7.1f} {r['pairs']:>12} {r['rss_rows'] / MiB:>13.0f} {r['rss'] / MiB:>15.0f} "
               f"{r['wall']:>7.1f} {r['cpu']:>7.1f} {json.dumps(r['links']):>12} {json.dumps(r['folded']):>8} "
               f"{os.getloadavg()[0]:>8.2f}", flush=True)
 

@@ -13,11 +13,13 @@ import pytest
 
 from profwatch.adapters.fs.rank_dir_fs import scan_tree
 from profwatch.adapters.tools.msprof_analysis import run_msprof_analysis
+from profwatch.adapters.tools.msprof_db import read_table
 from profwatch.adapters.tools.msprof_runner import MsprofRunner, resolve_command
 from profwatch.analysis.facade import AnalysisSettings, analyze_batch
 from profwatch.core.verdict.evidence import ClusterEvidence
+from profwatch.core.verdict.link_rows import CODED_COLUMNS, LinkRows
 from profwatch.core.verdict.links import find_slow_links, parse_matrix_rows
-from profwatch.core.verdict.msprof_plan import MsprofSettings
+from profwatch.core.verdict.msprof_plan import RESULT_DB, MsprofSettings
 from profwatch.simulate.ascend_tree import generate_cluster
 
 WORLD = 16
@@ -84,6 +86,21 @@ def test_chunked_sums_equal_the_whole_run(runs: tuple[ClusterEvidence, ClusterEv
     for key, sample in w.items():
         assert c[key].size_mb == pytest.approx(sample.size_mb, rel=1e-9)
         assert c[key].time_ms == pytest.approx(sample.time_ms, rel=1e-9)
+
+
+def test_columns_read_from_the_result_db_judge_as_its_rows_one_by_one(
+        runs: tuple[ClusterEvidence, ClusterEvidence]) -> None:
+    """issue 34: the evidence holds the tool's table as columns (``read_link_rows``); the same table read as one
+    dict per row (``read_table``, the reader before) gives the same rows and the same judgement."""
+    whole, _ = runs
+    status = whole.recipes["communication_matrix"]
+    assert isinstance(whole.link_rows, LinkRows) and status.output_dir
+    rows = read_table(Path(status.output_dir) / RESULT_DB, "ClusterCommunicationMatrix")
+    assert rows and len(rows) == len(whole.link_rows) == status.rows
+    for got, want in zip(whole.link_rows, rows, strict=True):
+        assert {k: got[k] for k in CODED_COLUMNS} == {k: want[k] for k in CODED_COLUMNS}
+        assert got["transit_time"] == want["transit_time"] and got["transit_size"] == want["transit_size"]
+    assert find_slow_links(whole.link_rows, world_size=WORLD) == find_slow_links(iter(rows), world_size=WORLD)
 
 
 def test_notes_say_which_ranks_the_search_covered(runs: tuple[ClusterEvidence, ClusterEvidence]) -> None:

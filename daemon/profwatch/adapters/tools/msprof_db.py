@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from profwatch.adapters.fs.bounded_read import InputTooLarge, read_capped
 from profwatch.adapters.fs.rank_dir_fs import MAX_JSON_BYTES
-from profwatch.core.verdict.msprof_plan import InputFacts
+from profwatch.core.verdict.link_rows import COLUMNS, LinkRows
+from profwatch.core.verdict.msprof_plan import COLUMNAR_TABLES, InputFacts
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -52,9 +53,36 @@ def read_table(db_path: Path, table: str) -> list[dict[str, Any]] | None:
         con.close()
 
 
-def read_tables(db_path: Path, tables: Iterable[str]) -> dict[str, list[dict[str, Any]] | None]:
-    """``{table: rows or None}`` for each of ``tables`` in ``db_path`` (see :func:`read_table`)."""
-    return {t: read_table(db_path, t) for t in tables}
+def read_link_rows(db_path: Path, table: str, *, chunk: int = 16384) -> LinkRows | None:
+    """Rows of ``table`` (a ``ClusterCommunicationMatrix``) straight into columns (:class:`LinkRows`: the kept
+    columns only, ``chunk`` rows at a time, never a dict per row); None as :func:`read_table`."""
+    if not db_path.is_file():
+        return None
+    try:
+        con = connect_ro(db_path)
+    except sqlite3.Error:
+        return None
+    try:
+        found = con.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (table,)).fetchone()
+        if not found:
+            return None
+        have = [str(r[1]) for r in con.execute(f'PRAGMA table_info("{table}")')]
+        names = [n for n in COLUMNS if n in have]
+        out = LinkRows()
+        cur = con.execute(f'SELECT {", ".join(chr(34) + n + chr(34) for n in names) or "1"} FROM "{table}"')
+        while rows := cur.fetchmany(chunk):
+            out.extend_tuples(names, rows)
+        return out
+    except sqlite3.Error:
+        return None
+    finally:
+        con.close()
+
+
+def read_tables(db_path: Path, tables: Iterable[str]) -> dict[str, Sequence[Mapping[str, Any]] | None]:
+    """``{table: rows or None}`` for each of ``tables`` in ``db_path`` (see :func:`read_table`; tables of
+    ``msprof_plan.COLUMNAR_TABLES`` by :func:`read_link_rows`)."""
+    return {t: read_link_rows(db_path, t) if t in COLUMNAR_TABLES else read_table(db_path, t) for t in tables}
 
 
 def collectives_per_step(db_path: Path) -> float | None:

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from profwatch.core.verdict.link_rows import LinkRows
+
 if TYPE_CHECKING:
     from profwatch.core.changes.hardware import FreqSummary
 
@@ -110,7 +112,9 @@ class ClusterEvidence:
     ``rank_paths``: rank -> rank dir the tool actually used (``RankDeviceMap``), for auditing.
     ``advisor``: the advisor's ``--agent`` JSON message (sheets), or ``{}``.
     ``link_rows``: rows of msprof-analyze ``ClusterCommunicationMatrix`` (``communication_matrix_sum``, global
-    ranks; sizes MB, times ms, bandwidth GB/s) as dicts, for slow-link verdicts (``daemon/profwatch/core/verdict/links.py``).
+    ranks; sizes MB, times ms, bandwidth GB/s) as compact columns (``link_rows.LinkRows``, a sequence of row
+    dicts; any iterable of row mappings given here is turned into one), for slow-link verdicts
+    (``daemon/profwatch/core/verdict/links.py``).
     ``unusable_ranks``: rank -> why its data could not be judged (no device data, unparseable trace); such a
     batch is at best ``partial``. ``alignment``: how the ranks' steps were put side by side (torch traces:
     ``{"method": ..., "offsets_us": {rank: us}, "unaligned": {rank: reason}, "notes": [...]}``).
@@ -133,13 +137,16 @@ class ClusterEvidence:
     recipes: dict[str, RecipeStatus] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    link_rows: list[dict[str, Any]] = field(default_factory=list)
+    link_rows: LinkRows = field(default_factory=LinkRows)
     unusable_ranks: dict[int, str] = field(default_factory=dict)
     alignment: dict[str, Any] = field(default_factory=dict)
     step_labels: dict[int, dict[int, int]] = field(default_factory=dict)
     collectives_per_step: float | None = None
     own_waits: dict[int, dict[int, tuple[float, int]]] = field(default_factory=dict)
     aicore: dict[int, FreqSummary] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.link_rows = LinkRows.from_rows(self.link_rows)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import math
 import re
 from array import array
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from profwatch.core.verdict.evidence import Impact, SlowLink
 from profwatch.core.verdict.impact import HOURS_PER_DAY, link_saving_us
+from profwatch.core.verdict.link_rows import LinkRows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -100,8 +101,7 @@ def parse_matrix_rows(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str,
         if step_m is None or math.isnan(src) or math.isnan(dst) or src == dst:
             continue
         name = str(row.get("hccl_op_name", "") or "")
-        low = name.lower()
-        kind = "total" if low == "total op info" else "stat" if any(t in low for t in _STAT_ROWS) else "op"
+        kind = ("total", "op", "stat")[_kind(name)]
         kinds[(str(row.get("group_name", "")), step_m.group())][kind].append(row)
     out: dict[tuple[str, str, int, int], LinkSample] = {}
     for (group, step), by_kind in kinds.items():
@@ -122,7 +122,8 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
     """Name the links whose bandwidth stands out below their peers' over the captured steps.
 
     Args:
-        rows: ``ClusterCommunicationMatrix`` rows (see the module docstring).
+        rows: ``ClusterCommunicationMatrix`` rows (see the module docstring): a :class:`LinkRows` (what the
+            evidence holds) is read by column, any other iterable of mappings row by row; the findings are the same.
         settings: thresholds (defaults when ``None``).
         world_size: accelerators of the job (for accelerator-hours per day).
         step_time_us: mean measured step time (for the impact as % of a step); ``None`` leaves % and hours 0.
@@ -153,7 +154,7 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
     links_of: dict[int, int] = defaultdict(int)
     members_of: dict[tuple[str, str], np.ndarray] = {}
     for key, idx in groups.items():
-        pairs = np.unique(np.stack([table.a[idx], table.b[idx]], axis=1), axis=0)
+        pairs = np.stack(_unique_rows([table.a[idx], table.b[idx]])[0], axis=1)
         members_of[key] = pairs
         for r, n in zip(*np.unique(pairs.ravel(), return_counts=True), strict=True):
             links_of[int(r)] += int(n)
@@ -192,25 +193,21 @@ class _PairTable:
     one_way: np.ndarray
 
 
-def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
-    """:func:`parse_matrix_rows`, then both directions of each pair summed, read in one pass into arrays (rows are
-    never held here: memory linear in the rows' pairs, not in dicts)."""
+def _row_columns(rows: Iterable[Mapping[str, Any]]) -> _Columns:
+    """Rows given as mappings, read one by one into the columns of :func:`_pair_table` (rows are never held)."""
     import numpy as np  # lazily: importing the settings (every command) must not load numpy
     codes: tuple[dict[str, int], dict[str, int], dict[str, int]] = ({}, {}, {})
     cols = {k: array("q") for k in ("g", "s", "kind", "tr", "src", "dst")}
     vals = {k: array("d") for k in ("time", "size")}
-    kind_code = {"total": 0, "op": 1, "stat": 2}
     for row in rows:
         step_m = _DIGITS.search(str(row.get("step", "")))
         src, dst = _num(row.get("src_rank")), _num(row.get("dst_rank"))
         if step_m is None or math.isnan(src) or math.isnan(dst) or src == dst:
             continue
-        low = str(row.get("hccl_op_name", "") or "").lower()
-        kind = "total" if low == "total op info" else "stat" if any(t in low for t in _STAT_ROWS) else "op"
         for col, table, name in (("g", codes[0], str(row.get("group_name", ""))), ("s", codes[1], step_m.group()),
                                  ("tr", codes[2], str(row.get("transport_type", "") or ""))):
             cols[col].append(table.setdefault(name, len(table)))
-        cols["kind"].append(kind_code[kind])
+        cols["kind"].append(_kind(row.get("hccl_op_name", "")))
         cols["src"].append(int(src))
         cols["dst"].append(int(dst))
         vals["time"].append(_num(row.get("transit_time")))
@@ -218,34 +215,143 @@ def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
     c = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64) for k, v in cols.items()}
     t = np.frombuffer(vals["time"], dtype=np.float64) if len(vals["time"]) else np.zeros(0)
     size = np.frombuffer(vals["size"], dtype=np.float64) if len(vals["size"]) else np.zeros(0)
+    names = [sorted(d, key=d.__getitem__) for d in codes]
+    return _Columns(names[0], names[1], names[2], c["g"], c["s"], c["kind"], c["tr"], c["src"], c["dst"], t, size)
+
+
+def _kind(op_name: Any) -> int:
+    """0: a ``Total Op Info`` row, 2: a statistics row (``top``/``middle``/``bottom``), 1: an op row."""
+    low = str(op_name or "").lower()
+    return 0 if low == "total op info" else 2 if any(t in low for t in _STAT_ROWS) else 1
+
+
+def _table_columns(rows: LinkRows) -> _Columns:
+    """The columns of :func:`_pair_table` from rows already held as columns: each distinct value is read once
+    (as :func:`_row_columns` reads it), the rows by array lookups (4-byte codes); the same rows, in order."""
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
+    n = len(rows)
+
+    def coded(name: str, read: Callable[[Any], Any], default: Any) -> tuple[np.ndarray, list[Any]]:
+        col = rows.coded.get(name)
+        if col is None or not n:
+            return np.zeros(n, np.int32), [read(default)]
+        return np.frombuffer(col.codes, dtype=np.int32), [read(v) for v in col.values]
+
+    def names_of(values: list[Any]) -> tuple[np.ndarray, list[str]]:
+        """Per value the code of its name (None: no name -> -1), the names in first-seen order of the values."""
+        index: dict[str, int] = {}
+        remap = np.array([-1 if v is None else index.setdefault(v, len(index)) for v in values], dtype=np.int32)
+        return remap, list(index)
+
+    def step_name(v: Any) -> str | None:
+        m = _DIGITS.search(str(v))
+        return None if m is None else m.group()
+
+    s_codes, s_values = coded("step", step_name, "")
+    s_map, s_names = names_of(s_values)
+    src_codes, src_values = coded("src_rank", _num, None)
+    dst_codes, dst_values = coded("dst_rank", _num, None)
+    src_map, dst_map = np.array(src_values, dtype=np.float64), np.array(dst_values, dtype=np.float64)
+    src, dst = src_map[src_codes], dst_map[dst_codes]
+    keep = np.flatnonzero((s_map[s_codes] >= 0) & ~np.isnan(src) & ~np.isnan(dst) & (src != dst))
+    src, dst = _take(src, keep).astype(np.int64), _take(dst, keep).astype(np.int64)
+
+    def kept(name: str, read: Callable[[Any], Any], default: Any) -> tuple[np.ndarray, list[str]]:
+        codes, values = coded(name, read, default)
+        remap, names = names_of(values)
+        return remap[_take(codes, keep)], names
+
+    g, g_names = kept("group_name", str, "")
+    tr, tr_names = kept("transport_type", lambda v: str(v or ""), "")
+    k_codes, k_values = coded("hccl_op_name", _kind, "")
+    kind = np.array(k_values, dtype=np.int32)[_take(k_codes, keep)]
+
+    def number(name: str) -> np.ndarray:
+        col = rows.numbers.get(name)
+        return _take(np.frombuffer(col, dtype=np.float64), keep) if col is not None and len(col) else \
+            np.full(len(keep), np.nan)
+
+    return _Columns(g_names, s_names, tr_names, g, s_map[_take(s_codes, keep)], kind, tr, src, dst, number("transit_time"),
+                    number("transit_size"))
+
+
+def _take(arr: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """``arr[keep]`` (``keep``: sorted distinct indices), ``arr`` itself when ``keep`` is every index (no copy)."""
+    return arr if len(keep) == len(arr) else arr[keep]
+
+
+def _unique_rows(cols: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """``np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)`` as ``(the unique rows'
+    columns, first index, inverse)`` without the stacked copy: the integer columns as one mixed-radix int64 key,
+    which sorts as the rows do (lexicographically); the stacked rows when the key would not fit in 62 bits."""
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
+    n = len(cols[0])
+    if not n:
+        return [c[:0] for c in cols], np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lows = [int(c.min()) for c in cols]
+    spans = [int(c.max()) - lo + 1 for c, lo in zip(cols, lows, strict=True)]
+    if math.prod(spans) >= 2**62:
+        u, first, inv = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
+        return [u[:, k] for k in range(len(cols))], first, inv.ravel()
+    key = np.zeros(n, np.int64)
+    for c, lo, span in zip(cols, lows, spans, strict=True):
+        key *= span
+        key += c
+        key -= lo
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    del key
+    return [c[first] for c in cols], first, inv.ravel()
+
+
+@dataclass(slots=True)
+class _Columns:
+    """The rows :func:`_pair_table` reads (self pairs and rows without a step or ranks left out), one element per
+    row in row order: codes into ``groups``, ``steps`` and ``transports``; ``kind`` (:func:`_kind`); ranks; ms; MB."""
+
+    groups: list[str]
+    steps: list[str]
+    transports: list[str]
+    g: np.ndarray
+    s: np.ndarray
+    kind: np.ndarray
+    tr: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    time: np.ndarray
+    size: np.ndarray
+
+
+def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
+    """:func:`parse_matrix_rows`, then both directions of each pair summed, into arrays (memory linear in the rows'
+    pairs, not in dicts: :class:`LinkRows` are read by column, other rows one by one and never held)."""
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
+    cols = _table_columns(rows) if isinstance(rows, LinkRows) else _row_columns(rows)
+    c = {"g": cols.g, "s": cols.s, "kind": cols.kind, "tr": cols.tr, "src": cols.src, "dst": cols.dst}
+    t, size = cols.time, cols.size
+    names = [cols.groups, cols.steps, cols.transports]
     # per (group, step): Total Op Info rows, else op rows, else statistics rows (parse_matrix_rows' choice)
-    gs = c["g"] * max(len(codes[1]), 1) + c["s"]
-    best = np.full(max(len(codes[0]) * len(codes[1]), 1), 3, dtype=np.int64)
+    gs = c["g"] * max(len(names[1]), 1) + c["s"]
+    best = np.full(max(len(names[0]) * len(names[1]), 1), 3, dtype=np.int64)
     np.minimum.at(best, gs, c["kind"])
     keep = np.flatnonzero((c["kind"] == best[gs]) & ~np.isnan(t) & (t > 0) & ~np.isnan(size))
-    names = [sorted(d, key=d.__getitem__) for d in codes]
+    del gs
     empty = np.zeros(0, np.int64)
     if not len(keep):
         return _PairTable(names[0], names[2], names[1], empty, empty, empty, empty, empty, np.zeros(0), np.zeros(0),
                           np.zeros(0))
     # directed samples: (group, step, src, dst) summed in row order; transport of the key's first row
-    directed = np.stack([c["g"][keep], c["s"][keep], c["src"][keep], c["dst"][keep]], axis=1)
-    dkeys, first, inv = np.unique(directed, axis=0, return_index=True, return_inverse=True)
-    inv = inv.ravel()
-    del directed
-    d_time = np.bincount(inv, weights=t[keep], minlength=len(dkeys))
-    d_size = np.bincount(inv, weights=size[keep], minlength=len(dkeys))
-    d_tr = c["tr"][keep][first]
-    lo, hi = np.minimum(dkeys[:, 2], dkeys[:, 3]), np.maximum(dkeys[:, 2], dkeys[:, 3])
-    und = np.stack([dkeys[:, 0], d_tr, lo, hi, dkeys[:, 1]], axis=1)
-    ukeys, uinv = np.unique(und, axis=0, return_inverse=True)
-    uinv = uinv.ravel()
-    del und
-    one_way = np.zeros(len(ukeys))
+    (dg, ds, dsrc, ddst), first, inv = _unique_rows([_take(c[k], keep) for k in ("g", "s", "src", "dst")])
+    d_time = np.bincount(inv, weights=_take(t, keep), minlength=len(dg))
+    d_size = np.bincount(inv, weights=_take(size, keep), minlength=len(dg))
+    d_tr = _take(c["tr"], keep)[first]
+    del inv, first, c, t, size, keep, cols
+    lo, hi = np.minimum(dsrc, ddst).astype(np.int64), np.maximum(dsrc, ddst).astype(np.int64)
+    (ug, utr, ua, ub, us), _, uinv = _unique_rows([dg, d_tr, lo, hi, ds])
+    one_way = np.zeros(len(ug))
     np.maximum.at(one_way, uinv, d_time)
-    return _PairTable(names[0], names[2], names[1], ukeys[:, 0], ukeys[:, 1], ukeys[:, 4], ukeys[:, 2], ukeys[:, 3],
-                      np.bincount(uinv, weights=d_size, minlength=len(ukeys)),
-                      np.bincount(uinv, weights=d_time, minlength=len(ukeys)), one_way)
+    return _PairTable(names[0], names[2], names[1], ug, utr, us, ua, ub,
+                      np.bincount(uinv, weights=d_size, minlength=len(ug)),
+                      np.bincount(uinv, weights=d_time, minlength=len(ug)), one_way)
 
 
 @dataclass(slots=True)

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from profwatch.core.batches.completeness import rank_ranges
 from profwatch.core.verdict.evidence import RecipeState, RecipeStatus
+from profwatch.core.verdict.link_rows import LinkRows
 
 __all__ = ["MatrixChunkPlan", "MatrixPart", "merge_matrix_parts", "plan_matrix_chunks", "rank_list_arg",
            "split_after_oom"]
@@ -179,29 +180,21 @@ def rank_list_arg(chunk: Sequence[int]) -> str:
 @dataclass(slots=True)
 class MatrixPart:
     """One chunk's finished run: its ``ranks``, its :class:`RecipeStatus` and its ``ClusterCommunicationMatrix``
-    rows (empty unless ``ok``)."""
+    rows (empty unless ``ok``; a sequence of row mappings is turned into :class:`LinkRows`)."""
 
     ranks: tuple[int, ...]
     status: RecipeStatus
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: LinkRows = field(default_factory=LinkRows)
 
-
-def _row_ranks(rows: Sequence[Mapping[str, Any]]) -> set[int]:
-    out: set[int] = set()
-    for row in rows:
-        for key in ("src_rank", "dst_rank"):
-            try:
-                out.add(int(float(row.get(key))))  # type: ignore[arg-type]
-            except (TypeError, ValueError, OverflowError):
-                continue
-    return out
+    def __post_init__(self) -> None:
+        self.rows = LinkRows.from_rows(self.rows)
 
 
 def merge_matrix_parts(plan: MatrixChunkPlan, parts: Sequence[MatrixPart]
-                       ) -> tuple[RecipeStatus, list[dict[str, Any]], list[str]]:
+                       ) -> tuple[RecipeStatus, LinkRows, list[str]]:
     """The chunks' runs as one ``communication_matrix`` result: ``(status, rows, notes)``.
 
-    ``rows``: every ``ok`` chunk's rows, concatenated (keys repeated across chunks are summed by the link
+    ``rows``: every ``ok`` chunk's rows, concatenated (:meth:`LinkRows.concat`; keys repeated across chunks are summed by the link
     search, which gives the whole run's sums: module docstring). ``status``: the worst state of a chunk that did
     not run to its end (``oom`` before ``timeout``, ``tool_error``, ``skipped`` = not run); else ``ok`` when some
     chunk is ``ok`` (chunks that ran and found no link rows are named in the notes); else the worst state. The
@@ -213,7 +206,7 @@ def merge_matrix_parts(plan: MatrixChunkPlan, parts: Sequence[MatrixPart]
     covered: list[int] = []
     missed: list[str] = []
     missed_ranks: list[int] = []
-    rows: list[dict[str, Any]] = []
+    ok_rows: list[LinkRows] = []
     states: list[RecipeState] = []
     for chunk in plan.chunks:
         part = by_chunk.get(chunk)
@@ -221,12 +214,14 @@ def merge_matrix_parts(plan: MatrixChunkPlan, parts: Sequence[MatrixPart]
         states.append(state)
         if part is not None and state == "ok":
             covered += chunk
-            rows += part.rows
+            ok_rows.append(part.rows)
         else:
             missed_ranks += chunk
             missed.append(f"ranks {rank_ranges(chunk)}: {state}"
                           + (f" ({part.status.detail})" if part is not None and part.status.detail else ""))
-    found = _row_ranks(rows)
+    rows = LinkRows.concat(ok_rows)
+    del ok_rows
+    found = rows.ranks()
     silent = sorted(set(covered) - found)
     ok_n = states.count("ok")
     hard = [s for s in states if s in _HARD]
@@ -244,10 +239,9 @@ def merge_matrix_parts(plan: MatrixChunkPlan, parts: Sequence[MatrixPart]
     if plan.by == "fixed" and len(plan.chunks) > 1:
         notes.append("communication groups unknown (no parallel_group_info): links between ranks of different "
                      "chunks are kept only where msprof-analyze could map both ends")
-    pairs = {(row.get("src_rank"), row.get("dst_rank")) for row in rows}
     ran = [p for p in (by_chunk.get(c) for c in plan.chunks) if p is not None]
     peaks = [p.status.peak_rss_bytes for p in ran if p.status.peak_rss_bytes is not None]
-    detail = f"{len(pairs)} rank pairs, {ok_n} of {len(plan.chunks)} chunks ok ({plan.describe()})" + "".join(
+    detail = f"{rows.pair_count()} rank pairs, {ok_n} of {len(plan.chunks)} chunks ok ({plan.describe()})" + "".join(
         f"; {m}" for m in missed)
     status = RecipeStatus(name="communication_matrix", status=merged, detail=detail,
                           tables=["ClusterCommunicationMatrix"] if rows else [], rows=len(rows),

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipePhase, RecipeState, RecipeStatus
+from profwatch.core.verdict.link_rows import LinkRows
 from profwatch.core.verdict.matrix_chunks import MatrixChunkPlan, plan_matrix_chunks, rank_list_arg
 from profwatch.core.verdict.msprof_results import (
     AgentMessage,
@@ -42,6 +43,9 @@ RESULT_TABLES: dict[str, tuple[str, ...]] = {
     "advisor": ("RankDeviceMap",),
     "advisor_html": (),
 }
+#: Result tables read straight into columns (``link_rows.LinkRows``) instead of one dict per row: one row per
+#: directed rank pair, about a million per step at 1024 ranks.
+COLUMNAR_TABLES: frozenset[str] = frozenset({"ClusterCommunicationMatrix"})
 #: slow_rank votes only inside communication groups of at least this many ranks (Dixon's Q test needs 4 values).
 SLOW_RANK_MIN_GROUP = 4
 
@@ -360,7 +364,8 @@ class RunOutcome:
 
     ``returncode`` None when killed; ``timed_out`` only for the timeout (a cancelled run is ``cancelled``); ``spawn_error`` set when the
     command could not be started at all (the other fields are then empty). ``tables``: each table of
-    :data:`RESULT_TABLES` for this recipe -> rows (dicts by column name) or None when absent/unreadable.
+    :data:`RESULT_TABLES` for this recipe -> rows (dicts by column name; :class:`LinkRows` for
+    :data:`COLUMNAR_TABLES`) or None when absent/unreadable.
     ``files``: advisor html/xlsx files found under ``output_dir``. ``log_text``: the per-run log (bounded);
     ``stderr_tail``: the last ~4 KB of stderr (the tool's traceback when it dies: its log file does not get it).
     ``oom``: killed at the memory cap (``oom_detail`` says how much); ``peak_rss_bytes``: the watchdog's peak.
@@ -378,7 +383,7 @@ class RunOutcome:
     log_text: str = ""
     log_tail: str = ""
     stderr_tail: str = ""
-    tables: dict[str, list[dict[str, Any]] | None] = field(default_factory=dict)
+    tables: dict[str, Sequence[Mapping[str, Any]] | None] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     spawn_error: str | None = None
     phase: RecipePhase = "alert"
@@ -523,9 +528,9 @@ def _communication_matrix(run: RunOutcome, facts: InputFacts, ev: ClusterEvidenc
     if not rows or "ClusterCommunicationMatrix" not in run.agent.tables:
         status, detail = why_empty(run.log_text, facts)
         return _status(run, status, detail, with_log=True)
-    ev.link_rows = rows
-    pairs = {(r.get("src_rank"), r.get("dst_rank")) for r in rows}
-    return _status(run, "ok", f"{len(pairs)} rank pairs", tables=["ClusterCommunicationMatrix"], rows=len(rows))
+    ev.link_rows = LinkRows.from_rows(rows)
+    return _status(run, "ok", f"{ev.link_rows.pair_count()} rank pairs", tables=["ClusterCommunicationMatrix"],
+                   rows=len(rows))
 
 
 def _advisor(run: RunOutcome, ev: ClusterEvidence) -> RecipeStatus:
