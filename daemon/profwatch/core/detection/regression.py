@@ -180,8 +180,15 @@ class StepTimeRegressionDetector:
     """
 
     def __init__(self, job_id: str, settings: DetectionSettings,
-                 hold_steps: Callable[[int, float], int] | None = None) -> None:
+                 hold_steps: Callable[[int, float], int] | None = None, *,
+                 first_learning_checks: bool = True) -> None:
         self.job_id = job_id
+        self.first_learning_checks = first_learning_checks
+        """Whether the end of a generation's first learning checks its steps for a warm-up (:meth:`_settled`) and
+        for a change among them (:meth:`_learned_step`). Off for a serving unit's series of 60 s blocks of ratios
+        to load-band references that learn at the same time (``UnitPipeline``): there a level change among the
+        first blocks is the shared host's load, which the bands absorb (a replica's flickering load read as a
+        +21 % ``learned_steps`` change in tests/unit/test_serving_rescale.py)."""
         self.settings = settings
         self._hold_steps = hold_steps
         self.effect_z = EFFECT_Z
@@ -201,9 +208,9 @@ class StepTimeRegressionDetector:
         self.counters = {"regressions": 0, "spike_events": 0, "spikes_not_reported": 0, "speedups": 0, "held": 0,
                          "relearn_while_learning": 0, "drift_reports": 0, "drift_onsets": 0, "unmeasured": 0,
                          "warmup_restarts": 0}
-        self._checked_learned = False
+        self._checked_learned = not first_learning_checks
         """Whether this generation's first learned steps were checked for a change (:meth:`_learned_step`)."""
-        self._settle_restarts: int | None = 0
+        self._settle_restarts: int | None = 0 if first_learning_checks else None
         """Warm-up restarts of this generation's first learning (:meth:`_settled`); None once it settled."""
         self._recent: deque[float] = deque(maxlen=RAMP_WINDOW)
         self._ramp_step: int | None = None
@@ -220,8 +227,8 @@ class StepTimeRegressionDetector:
     def reset(self) -> None:
         """Forget everything (the step counter restarted)."""
         self._relearn()
-        self._settle_restarts = 0
-        self._checked_learned = False
+        self._settle_restarts = 0 if self.first_learning_checks else None
+        self._checked_learned = not self.first_learning_checks
         self.drift.reset()
         self.spikes.reset()
         self._last_spike_event = None
