@@ -44,9 +44,9 @@ from watchdog.events import (
     FileSystemEventHandler,
 )
 from watchdog.observers.api import BaseObserver, ObservedWatch
-from watchdog.observers.polling import PollingObserverVFS
 
 from profwatch.adapters.fs.inotify_observer import WatchLimitCallback, make_inotify_observer
+from profwatch.adapters.fs.poll_listing import BoundedPollingObserver
 from profwatch.adapters.gc_freeze import GC_FREEZER
 from profwatch.core.batches.mounts import fs_type_of, is_network_fs, parse_mountinfo
 from profwatch.core.batches.prof_layout import (
@@ -123,10 +123,12 @@ path's CPU). Full looks are not delayed. Adds at most this much to the time from
 
 
 def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], settings: WatchSettings,
-                      on_watch_limit: WatchLimitCallback | None = None) -> BaseObserver:
-    if mode == "polling":
-        return PollingObserverVFS(stat=os.stat, listdir=completion_scandir(settings.poll_skip_dirs),
-                                  polling_interval=settings.poll_interval_s)
+                      on_watch_limit: WatchLimitCallback | None = None,
+                      on_deferred: Callable[[int], None] | None = None) -> BaseObserver:
+    if mode == "polling":  # bounded work per wake: adapters/fs/poll_listing.py
+        return BoundedPollingObserver(listdir=completion_scandir(settings.poll_skip_dirs),
+                                      max_listings=settings.poll_max_rank_dir_listings,
+                                      polling_interval=settings.poll_interval_s, on_deferred=on_deferred)
     return make_inotify_observer(on_overflow, on_watch_limit, max_depth=settings.scan_max_depth)
 
 
@@ -152,7 +154,8 @@ class WatchStats:
     they named, reconciliation rounds (``reconciles_left``: rounds left to the caller, ``reconcile=False``),
     observer restarts, inotify overflows, prof_dirs polled because inotify could
     not watch their root (``polling_fallbacks``), subtrees polled because an inotify limit was reached below a
-    watched root (``watch_limit_fallbacks``)."""
+    watched root (``watch_limit_fallbacks``), rank dir listings the polling observer served from its cache instead
+    of re-listing (``poll_listings_deferred``: ``watch.poll_max_rank_dir_listings``, adapters/fs/poll_listing.py)."""
 
     wakes: int = 0
     rank_dir_wakes: int = 0
@@ -163,6 +166,7 @@ class WatchStats:
     overflows: int = 0
     polling_fallbacks: int = 0
     watch_limit_fallbacks: int = 0
+    poll_listings_deferred: int = 0
 
 
 @dataclass(slots=True)
@@ -205,12 +209,13 @@ class ProfWatcher:
         self._settings = settings or WatchSettings()
         self._mountinfo_path = mountinfo_path
         self._factory = observer_factory or (
-            lambda m, cb: _default_observer(m, cb, self._settings, self.watch_limit_hit))
+            lambda m, cb: _default_observer(m, cb, self._settings, self.watch_limit_hit, self._count_deferred))
         self._clock = clock
         self._metrics = metrics
         self._limit_hits: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._limit_logged = False
         self._cv = threading.Condition()
+        self._count_lock = threading.Lock()
         self._pending: set[str] = set()
         self._changed: dict[str, set[str]] = {}  # prof_dir -> rank dirs events named, not delivered yet
         self._dirs: dict[str, _Watched] = {}
@@ -355,6 +360,13 @@ class ProfWatcher:
                 obs.unschedule(watch)
             except (KeyError, OSError):
                 pass
+
+    def _count_deferred(self, n: int) -> None:
+        """A polling emitter served ``n`` rank dirs from their cached listing in one poll (its thread)."""
+        with self._count_lock:  # not self._cv: unschedule joins emitters under it
+            self.stats.poll_listings_deferred += n
+        if self._metrics is not None:
+            self._metrics.watch_poll_deferred.inc(n)
 
     def _count_fallback(self, reason: str) -> None:
         if self._metrics is not None:
