@@ -1,4 +1,4 @@
-"""The polling observer with bounded work per wake (I/O adapter; issue 34).
+"""The polling observer with bounded work per wake (I/O adapter; docs/rank-dirs.md#polling-bound).
 
 watchdog's ``PollingObserverVFS`` takes a whole snapshot every poll: with ``completion_scandir`` that is about four
 stat/scandir calls per rank dir (4,096 rank dirs: ~18,400 calls, ~0.3 CPU-s per wake). Here each watched tree gets

@@ -118,7 +118,7 @@ _RANK_DIR_WATCHED = frozenset({PROFILER_OUTPUT_DIR, PROFILER_METADATA, TRACE_DON
 GATHER_S = 0.01
 """After the first event that names rank dirs, the watcher waits this long before it delivers them, so that a burst
 (16,384 ranks' ``analyse.done`` within 2 s) reaches ``on_rank_dirs`` as a few sets of many rank dirs rather than one
-call, and one reader wake-up, per marker (issue 34: two wake-ups of two threads per marker were half the event
+call, and one reader wake-up, per marker (measured with bench/bench_completion.py: two wake-ups of two threads per marker were half the event
 path's CPU). Full looks are not delayed. Adds at most this much to the time from an event to its read."""
 
 
