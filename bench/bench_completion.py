@@ -46,6 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
@@ -305,9 +306,14 @@ def measure_polling_cost(prof: Path, poll_interval_s: float, window_s: float,
         calls[0] += 1
         return scandir(path)
 
+    def counted_scandir(path: str) -> Any:
+        calls[0] += 1
+        return os.scandir(path)
+
     obs: BaseObserver = (
         PollingObserverVFS(stat=stat, listdir=listdir, polling_interval=poll_interval_s) if bounded is None else
-        BoundedPollingObserver(stat=stat, listdir=listdir, max_listings=bounded, polling_interval=poll_interval_s))
+        BoundedPollingObserver(stat=stat, listdir=listdir, scandir=counted_scandir, max_listings=bounded,
+                               polling_interval=poll_interval_s, skip=WatchSettings().poll_skip_dirs))
     obs.schedule(FileSystemEventHandler(), str(prof), recursive=True)
     obs.start()
     try:

@@ -1,17 +1,24 @@
-"""The polling observer's bounded work per wake (issue 34): ``BoundedPollListing`` driven poll by poll through
-watchdog's own ``DirectorySnapshot`` on a real folder, so each poll is deterministic (no observer thread)."""
+"""The polling observer's bounded work per wake (docs/rank-dirs.md#polling-bound): ``RankTreePoller`` driven poll by
+poll on a real folder, so each poll is deterministic (no observer thread)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
-from watchdog.utils.dirsnapshot import DirectorySnapshot, DirectorySnapshotDiff
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirModifiedEvent,
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileSystemEvent,
+)
 
-from profwatch.adapters.fs.poll_listing import BoundedPollListing
-from profwatch.adapters.fs.prof_watch import completion_scandir
+from profwatch.adapters.fs.poll_listing import RankTreePoller
 from profwatch.core.batches.poll_rotation import relist_period, rotation_due
 from profwatch.core.batches.settings import WatchSettings
 from profwatch.simulate import ascend_tree as gen
@@ -36,46 +43,41 @@ def _tree(root: Path, n: int) -> list[Path]:
 
 
 class Poller:
-    """One watched tree polled by hand: real stat/scandir calls counted, each rank dir's re-lists recorded."""
+    """One watched tree polled by hand: real stat/scandir calls counted, the rank dirs each poll re-listed."""
 
     def __init__(self, root: Path, max_listings: int) -> None:
         self.calls = 0
         self.listed: list[str] = []
-        self.deferred: list[int] = []
-        inner = completion_scandir(WatchSettings().poll_skip_dirs)
 
         def stat(path: str) -> os.stat_result:
             self.calls += 1
             return os.stat(path)
 
-        def listdir(path: str | None) -> Iterator[os.DirEntry[str]]:
+        def scandir(path: str) -> Any:
             self.calls += 1
-            self.listed.append(os.fspath(path or "."))
-            return inner(path)
+            self.listed.append(path)
+            return os.scandir(path)
 
-        self.listing = BoundedPollListing(str(root), max_listings, stat=stat, listdir=listdir,
-                                          on_deferred=self.deferred.append)
-        self.root = str(root)
-        self.snap = self._take()
+        self.poller = RankTreePoller(str(root), max_listings, skip=WatchSettings().poll_skip_dirs, stat=stat,
+                                     scandir=scandir)
 
-    def _take(self) -> DirectorySnapshot:
-        return DirectorySnapshot(self.root, stat=self.listing.stat, listdir=self.listing.listdir)
-
-    def poll(self) -> DirectorySnapshotDiff:
-        """One wake: the events watchdog would emit, as a diff (the listing's re-lists in ``self.listed``)."""
+    def poll(self) -> list[FileSystemEvent]:
+        """One wake: the events watchdog's emitter would queue."""
         self.calls, self.listed = 0, []
-        new = self._take()
-        diff, self.snap = DirectorySnapshotDiff(self.snap, new), new
-        return diff
+        return self.poller.poll()
 
     def relisted(self, dirs: list[Path]) -> set[str]:
         return {str(d) for d in dirs} & set(self.listed)
 
 
+def _paths(events: list[FileSystemEvent], kind: type[FileSystemEvent]) -> set[str]:
+    return {os.fsdecode(e.src_path) for e in events if type(e) is kind}
+
+
 def _settle(p: Poller) -> None:
-    """The first two polls re-list everything (new dirs, then their first listing differed from nothing)."""
-    for _ in range(2):
-        p.poll()
+    """The first poll learns the tree (no events), the second re-lists every rank dir (all new); then quiet."""
+    assert p.poll() == []
+    p.poll()
 
 
 def test_rotation_relists_at_most_the_bound_and_starves_no_rank_dir(tmp_path: Path) -> None:
@@ -86,58 +88,52 @@ def test_rotation_relists_at_most_the_bound_and_starves_no_rank_dir(tmp_path: Pa
     assert period == 4
     seen: set[str] = set()
     for _ in range(3 * period):
-        diff = p.poll()
+        assert p.poll() == []  # nothing changed
         got = p.relisted(dirs)
-        assert len(got) == 16  # exactly the bound: no rank dir changed
+        assert len(got) == 16  # exactly the bound
+        assert p.poller.last_deferred == 48
         seen |= got
-        assert not (diff.files_created or diff.files_modified or diff.dirs_modified or diff.files_deleted)
     assert seen == {str(d) for d in dirs}
-    # each rank dir is re-listed exactly once in every `period` consecutive polls
     per_dir: dict[str, list[int]] = {str(d): [] for d in dirs}
     for i in range(2 * period):
         p.poll()
         for d in p.relisted(dirs):
             per_dir[d].append(i)
-    assert all(len(v) == 2 and v[1] - v[0] == period for v in per_dir.values())
-    assert p.listing.deferred_total >= 48 * 5 * period
-    assert p.deferred[-1] == 48  # told per poll, at the next poll's start
+    assert all(len(v) == 2 and v[1] - v[0] == period for v in per_dir.values())  # every `period` polls, exactly
+    assert p.poller.deferred_total == 48 * 5 * period
 
 
 def test_the_bound_cuts_the_calls_of_a_quiet_poll(tmp_path: Path) -> None:
     _tree(tmp_path / "prof", 64)
-    bounded, whole = Poller(tmp_path / "prof", 16), Poller(tmp_path / "prof", 64)
+    bounded, every = Poller(tmp_path / "prof", 16), Poller(tmp_path / "prof", 64)
     _settle(bounded)
-    _settle(whole)
+    _settle(every)
     bounded.poll()
-    whole.poll()
-    # every poll: the prof_dir stat'ed and listed, each rank dir and its ASCEND_PROFILER_OUTPUT/ stat'ed, the
-    # output folder's (empty, no syscall) listing; re-listed: a scandir and two stats more (metadata, info)
-    assert whole.calls == 2 + 64 * 6
-    assert bounded.calls == 2 + 64 * 3 + 16 * 3
+    every.poll()
+    # every poll: the prof_dir stat'ed and listed, each rank dir and its ASCEND_PROFILER_OUTPUT/ stat'ed; a re-list: a scandir
+    # and a stat of profiler_metadata.json and of profiler_info_N.json
+    assert every.calls == 2 + 64 * 2 + 64 * 3
+    assert bounded.calls == 2 + 64 * 2 + 16 * 3
 
 
 def test_a_marker_in_a_deferred_rank_dir_is_seen_at_the_next_poll(tmp_path: Path) -> None:
     dirs = _tree(tmp_path / "prof", 64)
     p = Poller(tmp_path / "prof", 16)
     _settle(p)
-    p.poll()
-    quiet = [d for d in dirs if str(d) not in p.relisted(dirs)]
-    # the next poll's rotation (the slots are in first-seen order, so take one it will not re-list)
-    nxt = p.listing.polls + 1
     period = relist_period(64, 16)
-    target = next(d for d in quiet if not rotation_due(nxt, p.listing._known[str(d)].slot, period))  # noqa: SLF001
-    torch_dir = next(d for d in quiet if d != target and not rotation_due(
-        nxt, p.listing._known[str(d)].slot, period))  # noqa: SLF001
-    (target / "ASCEND_PROFILER_OUTPUT" / "analyse.done").touch()  # the folder's mtime moves, not the rank dir's
-    (torch_dir / "trace.done").touch()  # the rank dir's mtime moves
-    diff = p.poll()
-    assert str(target / "ASCEND_PROFILER_OUTPUT") in diff.dirs_modified
-    assert str(target) not in p.relisted(dirs)  # seen by the folder's stat alone
-    assert str(torch_dir / "trace.done") in diff.files_created
-    assert str(torch_dir) in p.relisted(dirs)
-    # a dir whose last look saw a change is re-listed the poll after, then cached again once quiet
+    nxt = p.poller.polls + 1
+    quiet = [d for d in dirs if not rotation_due(nxt, p.poller._known[str(d)].slot, period)]  # noqa: SLF001
+    target, torch_dir = quiet[0], quiet[1]
+    (target / "ASCEND_PROFILER_OUTPUT" / "analyse.done").touch()  # moves the output folder's mtime only
+    (torch_dir / "trace.done").touch()  # moves the rank dir's mtime
+    events = p.poll()
+    assert str(target / "ASCEND_PROFILER_OUTPUT") in _paths(events, DirModifiedEvent)
+    assert str(torch_dir / "trace.done") in _paths(events, FileCreatedEvent)
+    assert {str(target), str(torch_dir)} <= p.relisted(dirs)  # evidence of a change: re-listed on top of the bound
+    assert len(p.relisted(dirs)) == 16 + 2
     p.poll()
-    assert {str(target), str(torch_dir)} <= p.relisted(dirs)
+    assert {str(target), str(torch_dir)} <= p.relisted(dirs)  # its last look saw a change: once more
+    assert not any(p.poller._known[str(d)].active for d in (target, torch_dir))  # noqa: SLF001 - quiet: rotation
 
 
 def test_an_in_place_rewrite_waits_for_rotation_within_the_period(tmp_path: Path) -> None:
@@ -150,35 +146,41 @@ def test_an_in_place_rewrite_waits_for_rotation_within_the_period(tmp_path: Path
     info = next(d.glob("profiler_info_*.json"))
     info.write_text('{"torch_npu_version": "2.1.0"}')  # bigger, same inode: the dir's mtime does not move
     period = relist_period(64, 16)
-    polls = 0
-    while True:
-        polls += 1
-        diff = p.poll()
-        if str(info) in diff.files_modified:
-            break
-        assert polls < period
-    assert polls == period
+    seen_at = [i for i in range(1, period + 1) if str(info) in _paths(p.poll(), FileModifiedEvent)]
+    assert seen_at == [period]
 
 
-def test_vanished_and_new_rank_dirs_are_seen_at_once(tmp_path: Path) -> None:
+def test_vanished_and_new_rank_dirs_and_folders_are_seen_at_once(tmp_path: Path) -> None:
     dirs = _tree(tmp_path / "prof", 64)
     p = Poller(tmp_path / "prof", 16)
     _settle(p)
     for d in dirs[:40]:
-        for f in sorted(d.rglob("*"), reverse=True):
-            f.rmdir() if f.is_dir() else f.unlink()
-        d.rmdir()
-    diff = p.poll()
-    assert {str(d) for d in dirs[:40]} <= set(diff.dirs_deleted)
+        shutil.rmtree(d)
+    events = p.poll()
+    assert _paths(events, DirDeletedEvent) == {str(d) for d in dirs[:40]}
+    assert len(p.poller._known) == 24  # noqa: SLF001 - the gone dirs are forgotten, slots compacted
+    assert relist_period(p.poller._next_slot, 16) == 2  # noqa: SLF001
+    host = tmp_path / "prof" / "host9"
+    new = _tree(host, 1)[0]
+    events = p.poll()
+    assert str(host) in _paths(events, DirCreatedEvent) and str(new) in _paths(events, DirCreatedEvent)
+    shutil.rmtree(host)
+    events = p.poll()
+    assert {str(host), str(new)} <= _paths(events, DirDeletedEvent)  # a folder above rank dirs went: a full look
+    (tmp_path / "prof" / "PROF_000001_x").mkdir()  # skipped: never listed
     p.poll()
-    assert len(p.listing._known) == 24  # noqa: SLF001 - the gone dirs are forgotten, slots compacted
-    assert relist_period(p.listing._next_slot, 16) == 2  # noqa: SLF001
-    new = _tree(tmp_path / "other", 1)[0]
-    moved = tmp_path / "prof" / new.name.replace("node0", "node99")
-    new.rename(moved)
-    diff = p.poll()
-    assert str(moved) in diff.dirs_created and str(moved / "trace.done") not in diff.files_created
-    assert str(moved) in p.relisted([moved])
+    assert str(tmp_path / "prof" / "PROF_000001_x") not in p.listed
+
+
+def test_a_root_that_went_raises_and_keeps_what_was_seen(tmp_path: Path) -> None:
+    dirs = _tree(tmp_path / "prof", 4)
+    p = Poller(tmp_path / "prof", 16)
+    _settle(p)
+    (tmp_path / "prof").rename(tmp_path / "away")
+    with pytest.raises(FileNotFoundError):
+        p.poll()
+    (tmp_path / "away").rename(tmp_path / "prof")
+    assert p.poll() == [] and len(p.poller._known) == len(dirs)  # noqa: SLF001
 
 
 def test_rotation_is_bounded_for_every_tree_size() -> None:

@@ -128,7 +128,8 @@ def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], setti
     if mode == "polling":  # bounded work per wake: adapters/fs/poll_listing.py
         return BoundedPollingObserver(listdir=completion_scandir(settings.poll_skip_dirs),
                                       max_listings=settings.poll_max_rank_dir_listings,
-                                      polling_interval=settings.poll_interval_s, on_deferred=on_deferred)
+                                      polling_interval=settings.poll_interval_s, skip=settings.poll_skip_dirs,
+                                      max_depth=settings.scan_max_depth, on_deferred=on_deferred)
     return make_inotify_observer(on_overflow, on_watch_limit, max_depth=settings.scan_max_depth)
 
 
