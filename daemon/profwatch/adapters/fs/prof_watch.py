@@ -4,12 +4,13 @@ Events only *wake* the logic: ``on_wake(prof_dir)`` means "look again at everyth
 full look); with ``on_rank_dirs``, an event inside a rank dir becomes ``on_rank_dirs(prof_dir, rank_dirs)``:
 "read these rank dirs again" (``adapters/fs/incremental_scan.py`` reads only them). Whether a batch is complete is
 decided by reading the files, never by an event (docs/field-cases.md#fc-18).
-inotify is used on local file systems, watchdog's PollingObserver on network ones, where inotify misses other
-nodes' writes (#fc-15). Only prof_dirs of pending captures are watched (#fc-16). A supervisor thread restarts
-dead observers, re-arms watches on prof_dirs that appear, vanish or are recreated, asks for a full look after an
-inotify queue overflow (#fc-17), and wakes every watched prof_dir each ``reconcile_interval_s``. An event below a
-prof_dir but in no rank dir asks for a full look when a folder moved or was deleted (rank dirs may have gone with
-it); files there, and folders created there (their contents report themselves), ask for nothing.
+inotify is used on local file systems, polling on network ones, where inotify misses other nodes' writes (#fc-15):
+``adapters/fs/poll_listing.py``, with bounded work per wake (``watch.poll_max_rank_dir_listings``). Only prof_dirs
+of pending captures are watched (#fc-16). A supervisor thread restarts dead observers, re-arms watches on prof_dirs
+that appear, vanish or are recreated, asks for a full look after an inotify queue overflow (#fc-17), and wakes
+every watched prof_dir each ``reconcile_interval_s``. An event below a prof_dir but in no rank dir asks for a full
+look when a folder moved or was deleted (rank dirs may have gone with it); files there, and folders created there
+(their contents report themselves), ask for nothing.
 
 inotify needs one watch per directory. The inotify observer (``adapters/fs/inotify_observer.py``) watches only the
 layout completion reads: the prof_dir, the folders above rank dirs, each rank dir and its ``ASCEND_PROFILER_OUTPUT/``
