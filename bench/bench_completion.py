@@ -12,7 +12,7 @@ when it times the markers is below ``--burst-s``).
 
     /work/venv/bin/python bench/bench_completion.py [--ranks 1024,4096,16384] [--modes inotify,overflow,polling,burst]
         [--burst-s 2]
-        [--poll-interval-s 2] [--files-per-rank 0] [--cost] [--dir DIR] [--no-gc-freeze]
+        [--poll-interval-s 2] [--files-per-rank 0] [--cost] [--poll-max-listings 1024] [--dir DIR] [--no-gc-freeze]
 
 Setup: the tree of ``bench/scan_tree_bench.py`` (each rank dir holds the files completion reads: profiler_info,
 profiler_metadata with the capture id, both DBs, an empty ``PROF_*/device_0/data``), optionally padded with empty
@@ -27,7 +27,9 @@ overflow is injected right before it, so its reconcile pass runs while the marke
 gets the batch complete. ``gc s`` / ``full gc``: seconds in garbage collections (any thread) and full collections
 meanwhile, ``last update s`` the scan call that answered "complete" (``--no-gc-freeze``: without ``profwatch/adapters/gc_freeze.py``, for comparison). ``reads`` counts the rank dirs read in between, ``full looks`` the full looks the watcher
 asked for meanwhile (the overflow's; a supervisor re-arm). ``--cost``: one polling observer over the
-tree, counting stat/scandir calls, and this process's CPU seconds per wall second.
+tree, counting stat/scandir calls, and this process's CPU seconds per wall second: the whole tree, the completion
+listing with every rank dir re-listed each poll (the observer before issue 34's bound), and ProfWatcher's observer
+(``adapters/fs/poll_listing.py``: at most ``--poll-max-listings`` rank dirs re-listed a poll, the others cached).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
@@ -55,6 +58,7 @@ from watchdog.observers.api import BaseObserver  # noqa: E402
 from watchdog.observers.polling import PollingObserverVFS  # noqa: E402
 
 from profwatch.adapters.fs.incremental_scan import IncrementalScan  # noqa: E402
+from profwatch.adapters.fs.poll_listing import BoundedPollingObserver  # noqa: E402
 from profwatch.adapters.fs.prof_watch import (  # noqa: E402
     ProfWatcher,
     completion_scandir,
@@ -286,9 +290,12 @@ def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirRead
 
 
 def measure_polling_cost(prof: Path, poll_interval_s: float, window_s: float,
-                         scandir: Callable[[str | None], Iterator[os.DirEntry[str]]]) -> tuple[float, float, int]:
+                         scandir: Callable[[str | None], Iterator[os.DirEntry[str]]],
+                         bounded: int | None = None) -> tuple[float, float, int]:
     """(CPU s per wall s, stat+scandir calls per s, calls per poll) of one PollingObserver over the tree listing
-    with ``scandir`` (ProfWatcher's: ``completion_scandir``)."""
+    with ``scandir`` (``completion_scandir``: what ProfWatcher lists); ``bounded``: ProfWatcher's observer,
+    re-listing at most that many rank dirs a poll (``watch.poll_max_rank_dir_listings``), else watchdog's
+    whole-snapshot ``PollingObserverVFS``."""
     calls = [0]
 
     def stat(path: str) -> os.stat_result:
@@ -299,7 +306,14 @@ def measure_polling_cost(prof: Path, poll_interval_s: float, window_s: float,
         calls[0] += 1
         return scandir(path)
 
-    obs = PollingObserverVFS(stat=stat, listdir=listdir, polling_interval=poll_interval_s)
+    def counted_scandir(path: str) -> Any:
+        calls[0] += 1
+        return os.scandir(path)
+
+    obs: BaseObserver = (
+        PollingObserverVFS(stat=stat, listdir=listdir, polling_interval=poll_interval_s) if bounded is None else
+        BoundedPollingObserver(stat=stat, listdir=listdir, scandir=counted_scandir, max_listings=bounded,
+                               polling_interval=poll_interval_s, skip=WatchSettings().poll_skip_dirs))
     obs.schedule(FileSystemEventHandler(), str(prof), recursive=True)
     obs.start()
     try:
@@ -351,6 +365,8 @@ def main() -> None:
     ap.add_argument("--poll-interval-s", type=float, default=2.0)
     ap.add_argument("--cost", action="store_true", help="also measure the polling observer's cost")
     ap.add_argument("--cost-window-s", type=float, default=10.0)
+    ap.add_argument("--poll-max-listings", type=int, default=WatchSettings().poll_max_rank_dir_listings,
+                    help="--cost: rank dirs ProfWatcher's polling observer re-lists a poll (watch.poll_max_rank_dir_listings)")
     ap.add_argument("--dir", default=None, help="where to build the trees (default: a temp dir)")
     ap.add_argument("--tree", default=None, help="reuse this tree of build_scan_tree (one size: --ranks N) instead "
                                                  "of building one (its markers are removed and rewritten)")
@@ -390,11 +406,14 @@ def main() -> None:
                       f"{m['update_s']:>13.3f} {m['cpu_after_s']:>11.3f} {m['cpu_per_marker_ms']:>13.3f} "
                       f"{os.getloadavg()[0]:>8.2f}", flush=True)
             if args.cost:
-                listings = (("whole tree", pruned_scandir(())),
-                            ("as ProfWatcher polls", completion_scandir(WatchSettings().poll_skip_dirs)))
-                for label, listing in listings:
+                skip = WatchSettings().poll_skip_dirs
+                listings = (("whole tree", pruned_scandir(()), None),
+                            ("completion listing, every rank dir each poll", completion_scandir(skip), None),
+                            (f"as ProfWatcher polls (at most {args.poll_max_listings} re-listed a poll)",
+                             completion_scandir(skip), args.poll_max_listings))
+                for label, listing, bound in listings:
                     cpu, calls_s, per_poll = measure_polling_cost(prof, args.poll_interval_s, args.cost_window_s,
-                                                                  listing)
+                                                                  listing, bound)
                     print(f"  polling cost at {n} rank dirs, {label} (interval {args.poll_interval_s:g} s): "
                           f"{cpu:.3f} CPU s per wall s, {calls_s:.0f} stat/scandir calls per s ({per_poll} per "
                           f"poll); tree built in {build_s:.0f} s", flush=True)

@@ -23,6 +23,7 @@ from profwatch.adapters.fs.prof_watch import (
     parse_mountinfo,
 )
 from profwatch.adapters.fs.rank_dir_fs import RankDirReader, scan_tree
+from profwatch.adapters.outputs.metrics import DaemonMetrics
 from profwatch.core.batches.settings import WatchSettings
 from profwatch.simulate import ascend_tree as gen
 from tests.conftest import wait_for
@@ -342,3 +343,24 @@ def test_a_burst_of_markers_costs_one_event_each_and_few_deliveries(tmp_path: Pa
     assert kinds.count("created") == 64 and kinds.count("closed") == 1, kinds
     assert emitter.closes_folded == 64  # type: ignore[attr-defined]
     assert len(calls) <= 16, f"{len(calls)} deliveries for a burst of 64 markers"
+
+
+def test_polling_bounds_the_listings_per_wake_and_still_sees_each_marker(tmp_path: Path) -> None:
+    """Issue 34: with more rank dirs than ``poll_max_rank_dir_listings``, the real polling observer serves the quiet
+    ones from their cached listing (counted) and a marker in any of them still completes the batch."""
+    prof = tmp_path / "prof"
+    dirs = gen.generate_cluster(prof, world_size=4, capture_id="cap", with_marker=False)
+    gen.generate_cluster(prof, world_size=36, capture_id="other", with_marker=True, minimal=True,
+                         ts_base=gen.DEFAULT_TS_BASE_NS + 10**12)  # quiet, finished rank dirs: 40 > the bound
+    assert len([p for p in prof.iterdir() if p.is_dir()]) == 40
+    rec = Recorder()
+    settings = WatchSettings(observer="polling", poll_max_rank_dir_listings=16, **FAST)
+    metrics = DaemonMetrics("coordinator")
+    with ProfWatcher(rec, settings=settings, metrics=metrics) as w:
+        w.watch(prof)
+        wait_for(lambda: rec.status.get("cap") == "parsing", 10, what="parsing seen")
+        wait_for(lambda: w.stats.poll_listings_deferred >= 3 * 24, 20, what="rank dirs served from the cache")
+        for d in dirs:
+            (d / "ASCEND_PROFILER_OUTPUT" / "analyse.done").touch()
+        wait_for(lambda: rec.status.get("cap") == "complete", 10, what="complete")
+    assert metrics.registry.get_sample_value("profwatch_watch_poll_deferred_total") == w.stats.poll_listings_deferred

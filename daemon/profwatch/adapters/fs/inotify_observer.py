@@ -21,7 +21,8 @@ created where rank dirs may appear is armed when its event arrives, and what it 
 
 A file created and closed after writing within one read of the inotify fd (a marker such as ``analyse.done``, a small
 JSON) is queued once, as its ``FileCreatedEvent``: its ``IN_CLOSE_WRITE`` is folded into it (``closes_folded``), so
-a burst of markers costs one event each on the observer's queue, dispatcher and handler instead of two.
+a burst of markers costs one event each on the observer's queue, dispatcher and handler instead of two
+(``bench/bench_completion.py --modes burst``).
 The watcher reads the file after the event is dispatched, i.e. after the close that came in the same read; a close
 in a later read is queued as ``FileClosedEvent``.
 

@@ -4,12 +4,13 @@ Events only *wake* the logic: ``on_wake(prof_dir)`` means "look again at everyth
 full look); with ``on_rank_dirs``, an event inside a rank dir becomes ``on_rank_dirs(prof_dir, rank_dirs)``:
 "read these rank dirs again" (``adapters/fs/incremental_scan.py`` reads only them). Whether a batch is complete is
 decided by reading the files, never by an event (docs/field-cases.md#fc-18).
-inotify is used on local file systems, watchdog's PollingObserver on network ones, where inotify misses other
-nodes' writes (#fc-15). Only prof_dirs of pending captures are watched (#fc-16). A supervisor thread restarts
-dead observers, re-arms watches on prof_dirs that appear, vanish or are recreated, asks for a full look after an
-inotify queue overflow (#fc-17), and wakes every watched prof_dir each ``reconcile_interval_s``. An event below a
-prof_dir but in no rank dir asks for a full look when a folder moved or was deleted (rank dirs may have gone with
-it); files there, and folders created there (their contents report themselves), ask for nothing.
+inotify is used on local file systems, polling on network ones, where inotify misses other nodes' writes (#fc-15):
+``adapters/fs/poll_listing.py``, with bounded work per wake (``watch.poll_max_rank_dir_listings``). Only prof_dirs
+of pending captures are watched (#fc-16). A supervisor thread restarts dead observers, re-arms watches on prof_dirs
+that appear, vanish or are recreated, asks for a full look after an inotify queue overflow (#fc-17), and wakes
+every watched prof_dir each ``reconcile_interval_s``. An event below a prof_dir but in no rank dir asks for a full
+look when a folder moved or was deleted (rank dirs may have gone with it); files there, and folders created there
+(their contents report themselves), ask for nothing.
 
 inotify needs one watch per directory. The inotify observer (``adapters/fs/inotify_observer.py``) watches only the
 layout completion reads: the prof_dir, the folders above rank dirs, each rank dir and its ``ASCEND_PROFILER_OUTPUT/``
@@ -44,9 +45,9 @@ from watchdog.events import (
     FileSystemEventHandler,
 )
 from watchdog.observers.api import BaseObserver, ObservedWatch
-from watchdog.observers.polling import PollingObserverVFS
 
 from profwatch.adapters.fs.inotify_observer import WatchLimitCallback, make_inotify_observer
+from profwatch.adapters.fs.poll_listing import BoundedPollingObserver
 from profwatch.adapters.gc_freeze import GC_FREEZER
 from profwatch.core.batches.mounts import fs_type_of, is_network_fs, parse_mountinfo
 from profwatch.core.batches.prof_layout import (
@@ -118,15 +119,18 @@ _RANK_DIR_WATCHED = frozenset({PROFILER_OUTPUT_DIR, PROFILER_METADATA, TRACE_DON
 GATHER_S = 0.01
 """After the first event that names rank dirs, the watcher waits this long before it delivers them, so that a burst
 (16,384 ranks' ``analyse.done`` within 2 s) reaches ``on_rank_dirs`` as a few sets of many rank dirs rather than one
-call, and one reader wake-up, per marker (two wake-ups of two threads per marker were half the event
+call, and one reader wake-up, per marker (measured with bench/bench_completion.py: two wake-ups of two threads per marker were half the event
 path's CPU). Full looks are not delayed. Adds at most this much to the time from an event to its read."""
 
 
 def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], settings: WatchSettings,
-                      on_watch_limit: WatchLimitCallback | None = None) -> BaseObserver:
-    if mode == "polling":
-        return PollingObserverVFS(stat=os.stat, listdir=completion_scandir(settings.poll_skip_dirs),
-                                  polling_interval=settings.poll_interval_s)
+                      on_watch_limit: WatchLimitCallback | None = None,
+                      on_deferred: Callable[[int], None] | None = None) -> BaseObserver:
+    if mode == "polling":  # bounded work per wake: adapters/fs/poll_listing.py
+        return BoundedPollingObserver(listdir=completion_scandir(settings.poll_skip_dirs),
+                                      max_listings=settings.poll_max_rank_dir_listings,
+                                      polling_interval=settings.poll_interval_s, skip=settings.poll_skip_dirs,
+                                      max_depth=settings.scan_max_depth, on_deferred=on_deferred)
     return make_inotify_observer(on_overflow, on_watch_limit, max_depth=settings.scan_max_depth)
 
 
@@ -152,7 +156,8 @@ class WatchStats:
     they named, reconciliation rounds (``reconciles_left``: rounds left to the caller, ``reconcile=False``),
     observer restarts, inotify overflows, prof_dirs polled because inotify could
     not watch their root (``polling_fallbacks``), subtrees polled because an inotify limit was reached below a
-    watched root (``watch_limit_fallbacks``)."""
+    watched root (``watch_limit_fallbacks``), rank dir listings the polling observer served from its cache instead
+    of re-listing (``poll_listings_deferred``: ``watch.poll_max_rank_dir_listings``, adapters/fs/poll_listing.py)."""
 
     wakes: int = 0
     rank_dir_wakes: int = 0
@@ -163,6 +168,7 @@ class WatchStats:
     overflows: int = 0
     polling_fallbacks: int = 0
     watch_limit_fallbacks: int = 0
+    poll_listings_deferred: int = 0
 
 
 @dataclass(slots=True)
@@ -205,12 +211,13 @@ class ProfWatcher:
         self._settings = settings or WatchSettings()
         self._mountinfo_path = mountinfo_path
         self._factory = observer_factory or (
-            lambda m, cb: _default_observer(m, cb, self._settings, self.watch_limit_hit))
+            lambda m, cb: _default_observer(m, cb, self._settings, self.watch_limit_hit, self._count_deferred))
         self._clock = clock
         self._metrics = metrics
         self._limit_hits: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._limit_logged = False
         self._cv = threading.Condition()
+        self._count_lock = threading.Lock()
         self._pending: set[str] = set()
         self._changed: dict[str, set[str]] = {}  # prof_dir -> rank dirs events named, not delivered yet
         self._dirs: dict[str, _Watched] = {}
@@ -355,6 +362,13 @@ class ProfWatcher:
                 obs.unschedule(watch)
             except (KeyError, OSError):
                 pass
+
+    def _count_deferred(self, n: int) -> None:
+        """A polling emitter served ``n`` rank dirs from their cached listing in one poll (its thread)."""
+        with self._count_lock:  # not self._cv: unschedule joins emitters under it
+            self.stats.poll_listings_deferred += n
+        if self._metrics is not None:
+            self._metrics.watch_poll_deferred.inc(n)
 
     def _count_fallback(self, reason: str) -> None:
         if self._metrics is not None:

@@ -46,7 +46,9 @@ class DaemonMetrics:
     queue), ``profwatch_nodes{state}``, ``profwatch_sink_requests_total{sink,outcome}``,
     ``profwatch_sink_queue_depth{sink}``, ``profwatch_alertmanager_alerts_standing``,
     ``profwatch_watch_fallbacks_total{reason}`` (prof_dir watches degraded to polling: ``watch_limit`` for a
-    subtree inotify could not watch, ``inotify_root_failed`` for a whole prof_dir).
+    subtree inotify could not watch, ``inotify_root_failed`` for a whole prof_dir),
+    ``profwatch_watch_poll_deferred_total`` (rank dir listings the polling observer served from its cache: beyond
+    ``watch.poll_max_rank_dir_listings`` a poll, ``adapters/fs/poll_listing.py``).
     """
 
     def __init__(self, daemon: str) -> None:
@@ -81,6 +83,10 @@ class DaemonMetrics:
             self.rank_connections_dropped.labels(peer)  # 0 before the first drop
         self.watch_fallbacks = Counter("profwatch_watch_fallbacks", "prof_dir watches degraded to polling",
                                        ["reason"], registry=r)
+        self.watch_poll_deferred = Counter(
+            "profwatch_watch_poll_deferred", "Rank dir listings the polling observer served from its cache (beyond "
+            "watch.poll_max_rank_dir_listings a poll; each rank dir is re-listed within ceil(rank dirs / that) polls)",
+            registry=r)
         self._server: Any = None
         self.health = Health()
         """Liveness and readiness served at /healthz and /readyz (the daemon's loop ticks it, sets its checks)."""

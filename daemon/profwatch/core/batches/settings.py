@@ -38,6 +38,11 @@ class WatchSettings(BaseModel):
         "file system types (fnmatch, from /proc/self/mountinfo) polled instead of watched with inotify, which does "
         "not see other nodes' writes"))
     poll_interval_s: float = Field(2.0, gt=0, description="period of the polling observer")
+    poll_max_rank_dir_listings: int = Field(1024, ge=16, description=(
+        "Rank dirs of one polled prof_dir that one poll re-lists by rotation (each at least every "
+        "ceil(rank dirs / this) polls); a rank dir whose own or ``ASCEND_PROFILER_OUTPUT/`` mtime changed, or that "
+        "its last look saw changing, is re-listed at once on top; the rest are served from their last listing "
+        "and counted as deferred (docs/rank-dirs.md#polling-bound)."))
     poll_skip_dirs: tuple[str, ...] = Field(("PROF_*", "FRAMEWORK", "logs"), description=(
         "Directory names (fnmatch) the polling observer does not descend into: raw data, hundreds of files per rank, "
         "that no completion rule looks inside except ``PROF_*/*/sqlite`` (a marker-less fallback, which the "
