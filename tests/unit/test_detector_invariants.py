@@ -199,3 +199,26 @@ def test_a_serving_baseline_follows_host_load_without_collapsing() -> None:
     check_invariants(found, recs, serving=True)
     baselines = [a.detail["baseline_s"] for a in found if a.kind == "step_regression"]
     assert min(baselines, default=1.0) >= 0.3, baselines
+
+
+def test_a_young_reference_learned_low_after_a_speedup_is_no_regression() -> None:
+    """``bench/bench_corpus.py`` seed 31, class ``faster``, run 14 (its job step times, regenerated exactly): a
+    warm-up, then speedups of 37 %, 12 % and 38 % at 12 % noise. The drift reference re-learned 51 steps after the
+    last speedup from 30 values that came out 6 % under the level (0.302 s against 0.323 s); once the window held
+    143 values at the true level, ``pattern "baseline"`` read +13 % against it, over ``min_effect`` plus two
+    standard errors of *two 143-value* levels, and armed a capture on a series that only got faster. The margin
+    must count the reference's own (larger) error."""
+    step_s, cv, world, steps = 0.9379194552306621, 0.11830449305458386, 20, 1390
+    lv = np.ones(steps)
+    lv[:9] = 1.0 + (2.7705444 - 1.0) * np.exp(-np.arange(9) / (9 / 4))
+    for at, f in ((579, 0.6325440177129784), (738, 0.8772647611917195), (1091, 0.6153086353924735)):
+        lv[at:] *= f
+    rng = np.random.default_rng([31, 5, 14, 1])  # the corpus run's noise stream
+    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 8)
+    found: list[Anomaly] = []
+    for i in range(steps):
+        g = max(0.2, 1.0 + cv * float(rng.standard_normal()))
+        base = step_s * float(lv[i]) * g
+        compute = base * 0.8 * np.maximum(0.2, 1.0 + 0.005 * rng.standard_normal(world))
+        found += det.on_step(FinalizedStep(i + 1, float(compute.max()) + 0.2 * base, 0, world, None, None))
+    assert [(a.kind, a.step, a.detail) for a in found if a.kind in ("step_regression", "drift")] == []

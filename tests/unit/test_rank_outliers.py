@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from profwatch.core.detection.job_detector import DetectionSettings
@@ -43,3 +44,64 @@ def test_peer_comparison_rule_and_window_reset() -> None:
     d = RankOutlierDetector("j", 8, s)
     d.update_settings(DetectionSettings(outlier_window_steps=6, outlier_min_steps=4))
     assert d.settings.outlier_window_steps == 6
+
+
+def _barrier_job(world: int, slow: tuple[int, ...], factor: float, *, onset: int = 45, steps: int = 200,
+                 per_node: int = 0, seed: int = 14) -> list[dict[str, object]]:
+    """A synchronous job with a barrier every step: each rank's ``compute`` (0.8 of the step, 0.5 % spread
+    across ranks, 2 % job noise), then ``comm`` = the wait for the slowest rank plus the collective (0.2). From
+    step ``onset`` the ``slow`` ranks compute ``factor`` times longer; the others wait for them. ``per_node``
+    ranks share a ``node`` (0 = no node field). As ``bench/bench_corpus.py`` writes its training jobs."""
+    rng = np.random.default_rng(seed)
+    out: list[dict[str, object]] = []
+    t = 1.7e9
+    for i in range(steps):
+        base = 0.5 * max(0.2, 1.0 + 0.02 * float(rng.standard_normal()))
+        compute = base * 0.8 * np.maximum(0.2, 1.0 + 0.005 * rng.standard_normal(world))
+        if i + 1 >= onset:
+            compute[list(slow)] *= factor
+        st = float(compute.max()) + 0.2 * base
+        t += st
+        for r in range(world):
+            rec: dict[str, object] = {"job_id": "bar", "rank": r, "world_size": world, "step": i + 1,
+                                      "step_time_s": st, "ts_unix_s": t,
+                                      "stages": {"compute": float(compute[r]), "comm": st - float(compute[r])}}
+            if per_node:
+                rec["node"] = f"n-{r // per_node}"
+            out.append(rec)
+    return out
+
+
+@pytest.mark.parametrize(("world", "slow", "per_node"), [
+    (13, tuple(range(8)), 8),  # one node of 8 ranks is most of a 13-rank job (bench_corpus seed 31, steady run 14)
+    (8, (0, 1, 2, 3), 4),  # a slow node in a 2-node job: a slow half
+    (10, (2, 3, 5, 7, 9), 0),  # a slow half, not a node
+    (9, (0, 1, 2, 3, 4, 5, 6), 0),  # most of the job
+])
+def test_waiting_at_the_barrier_never_names_the_healthy_ranks(world: int, slow: tuple[int, ...],
+                                                             per_node: int) -> None:
+    """When the slow ranks are half of the job or more, the healthy ones wait for them at the barrier: their
+    ``comm`` stage is the outlying value, and it once named the 5 healthy ranks of 13 as outliers (the capture
+    named the wrong ranks). A wait is the symptom of a slow peer, never evidence: no healthy rank is named, and
+    the job-wide slowdown is still reported."""
+    found, _ = run(_barrier_job(world, slow, 3.0, per_node=per_node), world)
+    healthy = set(range(world)) - set(slow)
+    named = {r for a in of_kind(found, "rank_outlier") for r in a.ranks}
+    assert not named & healthy, [(a.ranks, a.detail) for a in of_kind(found, "rank_outlier")]
+    assert "step_regression" in kinds(found)
+
+
+@pytest.mark.parametrize(("world", "slow"), [(13, (4,)), (16, (8, 9)), (8, (0, 1, 2))])
+def test_a_slow_minority_is_still_named_while_the_majority_waits(world: int, slow: tuple[int, ...]) -> None:
+    """The usual case, with the same barrier: the slow minority's compute is outlying, the waiting majority's
+    ``comm`` is not compared; the slow ranks, and only they, are named."""
+    found, _ = run(_barrier_job(world, slow, 3.0), world)
+    named = {r for a in of_kind(found, "rank_outlier") for r in a.ranks}
+    assert named == set(slow), [(a.ranks, a.detail) for a in of_kind(found, "rank_outlier")]
+
+
+def test_a_wait_stage_is_compared_when_outlier_stages_names_it() -> None:
+    """``outlier_stages`` is the user's word: a wait stage it names is compared (the default leaves it out)."""
+    recs = _barrier_job(13, tuple(range(8)), 3.0, per_node=8)
+    found, _ = run(recs, 13, DetectionSettings(outlier_stages=("compute", "comm")))
+    assert {r for a in of_kind(found, "rank_outlier") for r in a.ranks} == set(range(8, 13))

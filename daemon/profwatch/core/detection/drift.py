@@ -43,6 +43,8 @@ class DriftTracker:
         self.since_step: int | None = None
         self.reports = 0
         self.last_step: int | None = None
+        self.reference_n = 0
+        """Values the reference level was estimated from (0 = unknown): its standard error is ``noise / sqrt(n)``."""
         self._carry = 1.0
 
     def suspend(self, level_s: float) -> None:
@@ -51,19 +53,21 @@ class DriftTracker:
             self._carry = level_s / self.reference_s
         self.reference_s = None
 
-    def learned(self, level_s: float, step: int) -> None:
-        """The baseline is learned (again) at ``level_s`` (seconds) at ``step``."""
+    def learned(self, level_s: float, step: int, n: int = 0) -> None:
+        """The baseline is learned (again) at ``level_s`` (seconds) at ``step``, from ``n`` values (0 = unknown)."""
         if self.reference_s is None and level_s > 0:
             self.reference_s = level_s / self._carry
+            self.reference_n = n
             self.last_step = step
             if self.since_step is None:
                 self.since_step = step
 
-    def rebase(self, level_s: float, step: int) -> None:
-        """The level jumped to ``level_s`` (seconds) at ``step`` and that jump is not drift: keep the drift reported
-        so far and take the rest out of the total."""
+    def rebase(self, level_s: float, step: int, n: int = 0) -> None:
+        """The level jumped to ``level_s`` (seconds, estimated from ``n`` values; 0 = unknown) at ``step`` and that
+        jump is not drift: keep the drift reported so far and take the rest out of the total."""
         if level_s > 0:
             self.reference_s = level_s / (1.0 + self.reports * self.threshold)
+            self.reference_n = n
             self.last_step = step
 
     def observe(self, level_s: float, slope_s_per_step: float, step_time_s: float,

@@ -67,6 +67,14 @@ def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0)
     return [(int(r), (float(a[r]) - m) / max(m, floor_s)) for r in idx.tolist()]
 
 
+WAIT_STAGES = frozenset({"comm", "communication", "collective", "collectives", "allreduce", "all_reduce",
+                         "barrier", "wait", "sync"})
+"""Stage names that time waiting in a collective (or at a barrier), left out of the cross-rank comparison unless
+``outlier_stages`` names them: waiting is the symptom of someone else being slow, never evidence that the waiter is
+slow. When 8 of 13 ranks (one node) became 3x slower, the 5 healthy ranks waited 2x the step at the barrier and
+were named by their ``comm`` stage, so the capture named the wrong ranks (``bench/bench_corpus.py`` seed 31,
+``steady`` run 14)."""
+
 MAX_LEARNED_STAGES = 4
 """Stages whose per-rank ratios are learned (the first ones seen); others are compared without a baseline."""
 STABLE_FRACTION = 0.5
@@ -116,8 +124,12 @@ class RankOutlierDetector:
         are grouped); it may fire again only after its count fell below half of ``outlier_min_steps``.
 
         Assumptions: only *slower* is tested, so ranks that wait longer at a barrier because a peer is slow are
-        not named (their compute stage is normal; a pure wait stage is shorter on the slow rank); leave pure
-        wait stages out of ``outlier_stages``. Job-wide events (GC pauses, checkpoints on every rank) raise the
+        not named (their compute stage is normal; a pure wait stage is shorter on the slow rank). Pure wait
+        stages (:data:`WAIT_STAGES`: ``comm``, ``barrier``, ...) are left out of the comparison unless
+        ``outlier_stages`` names them: when the slow ranks are the majority (a slow node of most of the job, a
+        slow half) the healthy minority's wait is the outlying value, and it would name the healthy ranks. A
+        slow majority is then not named here (its compute is the peers' median); the job's step time carries it
+        (``step_regression``, job-wide). Job-wide events (GC pauses, checkpoints on every rank) raise the
         peer median with every rank and are not outliers; a one-step stall of one rank (a data loader hiccup)
         counts one step of ``outlier_min_steps``. Ranks faster than their peers from the start keep the peers'
         median as their reference (normalising them would turn the wait they take up when a peer slows down
@@ -208,7 +220,10 @@ class RankOutlierDetector:
         learning = self.learning
         self._floor_s = STAGE_SCALE_FLOOR * max(0.0, step.time_s)
         best: dict[int, tuple[float, str]] = {}
+        wanted = self.settings.outlier_stages
         for name, arr in step.stages.items():
+            if wanted is None and name.lower() in WAIT_STAGES:
+                continue  # a pure wait: the symptom of a slow peer (WAIT_STAGES)
             if learning:
                 self._record(name, arr, groups)
             base = self._base.get(name)

@@ -432,7 +432,7 @@ class StepTimeRegressionDetector:
             if change is not None:
                 return change
         if len(self._base) >= self.settings.min_baseline_steps and self.drift.reference_s is None:
-            self.drift.learned(self._noise()[0], step)
+            self.drift.learned(self._noise()[0], step, len(self._base))
         return None
 
     def _settled(self) -> bool:
@@ -673,14 +673,18 @@ class StepTimeRegressionDetector:
         return "ramp"
 
     def _drift(self, step: int) -> Anomaly | None:
-        """A rise of the baseline level by another ``drift_threshold``: ``drift`` when it is gradual (the trend
+        """A rise of the baseline level by another ``drift_threshold`` (and by :data:`EFFECT_Z` standard errors of
+        the two levels compared, below): ``drift`` when it is gradual (the trend
         explains at least :data:`TREND_EXPLAINS` of the rise since the last report or the reference, or the
         rise took at least half a baseline window), else a level change of at least ``min_effect`` that
         entered the baseline before the change-point test saw it (e.g. while re-learning):
         ``step_regression`` with ``pattern "baseline"``, judged on the window's own level (a trend fitted to a
         young window, extrapolated over the held-back steps, read as a level change) and only when the rise clears
-        ``min_effect`` by :data:`EFFECT_Z` standard errors of the two levels compared (``noise * sqrt(2 / n)``):
-        a young window's error alone made most false alarms of a young baseline (docs/detection.md)."""
+        ``min_effect`` by :data:`EFFECT_Z` standard errors of the two levels compared
+        (``noise * sqrt(1 / n + 1 / n_ref)``, ``n_ref`` the values the reference was learned from, at most ``n``):
+        a young window's error alone made most false alarms of a young baseline (docs/detection.md), and a
+        reference re-learned from 30 values after a speedup that came out 6 % low read a series that only got
+        faster as +13 % once the window held 143 values (``bench/bench_corpus.py`` seed 31, ``faster`` run 14)."""
         s = self.settings
         tracker = self.drift
         ref = tracker.reference_s
@@ -697,14 +701,25 @@ class StepTimeRegressionDetector:
         if not gradual and mu / before - 1.0 >= s.min_effect:
             level0 = self._base.stats()[0]  # the window's own level, not extrapolated along its trend
             noise = self._noise()[1]
-            margin = EFFECT_Z * noise * math.sqrt(2.0 / len(self._base))  # two levels, each estimated
+            n = len(self._base)
+            n_ref = tracker.reference_n or n  # the reference's own sample: a young re-learned one is the noisier
+            margin = EFFECT_Z * noise * math.sqrt(1.0 / n + 1.0 / min(n_ref, n))  # two levels, each estimated
             if level0 / before - 1.0 < s.min_effect + margin:
                 return None  # not clear of the estimates' errors (a young window's): wait for more values
-            tracker.rebase(level0, step)
+            tracker.rebase(level0, step, n)
             level: dict[str, Any] = {"pattern": "baseline", "first_step": since, "baseline_s": before,
                                      "step_time_s": level0, "steps": len(self._base)}
             self.counters["regressions"] += 1
             return Anomaly("step_regression", self.job_id, step, (), level0 / before - 1.0, level)
+        # The level ``mu`` is the window's line extrapolated ``h`` values past its centre: its variance is
+        # noise^2 * (1 / n + 12 h^2 / n^3) (least-squares line, n equally spaced values; Theil-Sen is close), and
+        # the reference's noise^2 / n_ref adds to it. A trend fitted to chance (low values early in a young window,
+        # high ones late) once carried a series that only got faster to a +16 % drift (same run 14).
+        noise, n = self._noise()[1], len(self._base)
+        h = n / 2.0 + self._base.lag + 1.0 if self._base.slope != 0.0 else 0.0
+        se = noise * math.sqrt(1.0 / n + 12.0 * h * h / n**3 + 1.0 / min(tracker.reference_n or n, n))
+        if mu / ref - 1.0 < (tracker.reports + 1) * tracker.threshold + EFFECT_Z * se:
+            return None  # the two levels' errors alone could make this rise
         drift = tracker.observe(mu, per_step, mu, step)
         if drift is None:
             return None

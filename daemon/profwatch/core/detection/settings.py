@@ -82,7 +82,8 @@ class DetectionSettings(BaseModel):
 
     # -- rank outliers ---------------------------------------------------------------------------------------------
     outlier_stages: tuple[str, ...] | None = Field(
-        None, description="stages compared across ranks (None = every stage reported); leave out pure-wait stages"
+        None, description="stages compared across ranks (None = every stage reported but pure waits: "
+        "core/detection/rank_outliers.py WAIT_STAGES, e.g. comm, barrier)"
     )
     outlier_on_step_time: bool = Field(
         False, description="also compare step_time_s across ranks (only without a per-step barrier, e.g. inference)"
