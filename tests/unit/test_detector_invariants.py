@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
@@ -142,7 +142,9 @@ def test_the_regression_detector_never_pages_a_noiseless_series_that_only_gets_f
 def test_rank_outlier_and_structural_invariants(lv: np.ndarray, world: int, cv: float, slow_factor: float,
                                                 slow_from: int, seed: int, data: st.DataObject) -> None:
     """One rank slower (from the start or later, up to 50x): rank_outlier and structural_imbalance magnitudes
-    and excesses are bounded."""
+    and excesses are bounded. The true ratio stays within the bound the invariant checks (100x): a level that
+    moves 5x and a rank 25x slower on top is a real 125x, and reading it so is right (a hypothesis example)."""
+    assume(slow_factor * float(lv.max()) / float(lv.min()) <= 100.0)
     rank = data.draw(st.integers(0, world - 1))
     recs = records(lv, world=world, step_s=0.2, cv=cv, seed=seed, slow_rank=rank, slow_factor=slow_factor,
                    slow_from=slow_from)

@@ -2,7 +2,7 @@
 
 One row per (step, op, group, source rank, destination rank) of every directed pair: ``N x (N - 1)`` rows per step
 and op kind at ``N`` ranks, so 1,047,552 rows per step at 1024 ranks. Held as one dict per row they took about
-470 MiB per step (issue 34); here each column is an ``array.array`` of 4-byte codes into its distinct values
+470 MiB per step (`bench/bench_links_memory.py`); here each column is an ``array.array`` of 4-byte codes into its distinct values
 (text columns and ranks: a few distinct values each, interned) or of 8-byte floats (sizes, times, bandwidths):
 about 52 bytes per row.
 
