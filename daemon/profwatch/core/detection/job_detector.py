@@ -27,7 +27,7 @@ from typing import Literal
 from profwatch.core.detection.aggregation import StepAggregator, StepReportLike
 from profwatch.core.detection.pipeline import HoldSteps, UnitPipeline
 from profwatch.core.detection.regression import DEFAULT_HOLD_STEPS
-from profwatch.core.detection.serving import UnitSplitter, is_idle_gap
+from profwatch.core.detection.serving import ReplicaPeers, UnitSplitter, is_idle_gap
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly, AnomalyKind, FinalizedStep, StallDetector, StepDetector
 
@@ -114,6 +114,7 @@ class JobDetector:
         self.job_counters = {"bad_rank_reports": 0, "idle_steps": 0, "mode_switches": 0, "unit_splits": 0}
         self.units: list[UnitPipeline] = []
         self._unit_of: list[int] = [0] * world_size
+        self._peers: ReplicaPeers | None = None
         self._build([list(range(world_size))], step_detectors, stall_detector)
 
     # -- units -----------------------------------------------------------------------------------------------------
@@ -129,6 +130,10 @@ class JobDetector:
         for i, ranks in enumerate(units):
             for r in ranks:
                 self._unit_of[r] = i
+        if self._peers is not None:
+            for k, v in self._peers.counters.items():
+                self._retired[k] = self._retired.get(k, 0) + v
+        self._peers = ReplicaPeers(self.job_id, units, self.settings) if serving and len(units) > 1 else None
 
     def _switch_to_serving(self) -> None:
         self.mode = "serving"
@@ -145,6 +150,8 @@ class JobDetector:
         for u in self.units:
             for k, v in u.counters().items():
                 out[k] = out.get(k, 0) + v
+        for k, v in (self._peers.counters.items() if self._peers is not None else ()):
+            out[k] = out.get(k, 0) + v
         out["bad_rank"] = out.get("bad_rank", 0) + self.job_counters["bad_rank_reports"]
         out.update(self.job_counters)
         return out
@@ -218,6 +225,8 @@ class JobDetector:
             u.update_settings(settings)
         if self._splitter is not None:
             self._splitter.settings = settings
+        if self._peers is not None:
+            self._peers.settings = settings
 
     def mark_left(self, rank: int) -> None:
         """Record that ``rank`` left on purpose (``bye``): it is never reported as stalled until it reports again."""
@@ -268,7 +277,28 @@ class JobDetector:
             if idle:
                 self.job_counters["idle_steps"] += 1
         work = getattr(report, "work", None)
-        return unit.observe(report, now_unix_s, idle=idle, work=work if isinstance(work, (int, float)) else None)
+        work = work if isinstance(work, (int, float)) else None
+        found = unit.observe(report, now_unix_s, idle=idle, work=work)
+        if self._peers is not None and not idle:
+            found = found + self._to_peers(report, work, now_unix_s)
+        return found
+
+    def _to_peers(self, report: StepReportLike, work: float | None, now_unix_s: float) -> list[Anomaly]:
+        """Hand one non-idle report of a split serving job to :class:`ReplicaPeers` (left out: flagged, or taken
+        while its rank captured)."""
+        assert self._peers is not None
+        if getattr(report, "capturing", False) or getattr(report, "flags", ()):
+            found = self._peers.close(now_unix_s)
+        else:
+            found = self._peers.add(report.rank, report.step, report.step_time_s, work, now_unix_s)
+        self._adopt(found)
+        return found
+
+    def _adopt(self, found: list[Anomaly]) -> None:
+        """A replica its peers named: its rise is its unit's new normal (``UnitPipeline.adopt_rise``)."""
+        for a in found:
+            first = a.detail.get("first_step")
+            self.units[self._unit_of[a.ranks[0]]].adopt_rise(1.0 + a.magnitude, first if isinstance(first, int) else None)
 
     def observe_many(self, reports: Sequence[StepReportLike], now_unix_s: float, start: int = 0
                      ) -> tuple[int, list[Anomaly]]:
@@ -311,8 +341,10 @@ class JobDetector:
                     m = reports[i]
                     i += 1
                     work = getattr(m, "work", None)
-                    found = units[unit_of[m.rank]].observe(m, now_unix_s,
-                                                           work=work if isinstance(work, (int, float)) else None)
+                    work = work if isinstance(work, (int, float)) else None
+                    found = units[unit_of[m.rank]].observe(m, now_unix_s, work=work)
+                    if self._peers is not None:
+                        found = found + self._to_peers(m, work, now_unix_s)
                     if found:
                         return i, found
                 continue
@@ -342,7 +374,8 @@ class JobDetector:
             if self._splitter.check(last):
                 self.job_counters["unit_splits"] += 1
                 self._build(self._splitter.units)
-        out: list[Anomaly] = []
+        out: list[Anomaly] = self._peers.close(now_unix_s) if self._peers is not None else []
+        self._adopt(out)
         for u in self.units:
             out.extend(u.check_stalls(now_unix_s))
         return out

@@ -229,6 +229,17 @@ class UnitPipeline:
                 self.regression.rebase(ratio)
         return found
 
+    def adopt_rise(self, factor: float, first_step: int | None) -> None:
+        """A rise of ``factor`` (> 1: new time / old) of this serving unit from its step ``first_step`` on, found
+        and reported by another detector (``ReplicaPeers``), is its new normal: every load band is rescaled
+        (:meth:`LoadNormaliser.rescale`) and the regression detector drops the evidence it gathered for it, so the
+        unit's own test does not report (and arm) the same change again minutes later (bench_workloads
+        serving_dp: 2 arms for one +30 % replica). No-op outside serving mode."""
+        if self.normaliser is None or self.regression is None:
+            return
+        self.normaliser.rescale(factor, first_step)
+        self.regression.forget_rise()
+
     def _follow_blocks(self, step: int) -> None:
         """The load bands take in values only :data:`SERVING_LAG_BLOCKS` blocks late, and none while the regression
         detector gathers evidence of a rise (the references a change is judged against hold none of it until the

@@ -258,6 +258,14 @@ class StepTimeRegressionDetector:
         out the hold while the baseline learns."""
         return self._s_hi > 0.0 or bool(self._learn_rise)
 
+    def forget_rise(self) -> None:
+        """Drop the evidence gathered for a rise (the upper CUSUM, its run, the learning path's risen values): the
+        rise was reported by another detector and made the new normal of the series (a serving replica named by its
+        peers, ``ReplicaPeers``), so this detector must not report it again."""
+        self._s_hi = 0.0
+        self._learn_rise.clear()
+        self._run_reset()
+
     def rebase(self, factor: float) -> None:
         """The series' scale changed by ``factor`` (> 0) from the next step on (a serving unit's load bands took a
         speedup in: its ratios are divided by ``factor``): the interim reference a slowdown after the speedup is

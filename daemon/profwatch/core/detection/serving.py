@@ -15,7 +15,7 @@ from collections import Counter, deque
 from dataclasses import replace
 
 from profwatch.core.detection.settings import DetectionSettings
-from profwatch.core.detection.types import FinalizedStep
+from profwatch.core.detection.types import Anomaly, FinalizedStep
 
 WORK_BAND_RATIO = 1.1
 """Work bands are powers of this ratio (work within 10 % is one band)."""
@@ -361,3 +361,186 @@ class RatioBlocks:
         return [FinalizedStep(step=block[-1].step, time_s=_median([b.time_s for b in block]), slowest_rank=slowest,
                               ranks_reported=min(b.ranks_reported for b in block), stages=None, excluded=None,
                               work=_median(works) if works else None, steps=sum(b.steps for b in block))]
+
+
+PEER_BLOCK_S = 10.0
+"""Seconds of wall time (the arrival clock passed to ``JobDetector.observe``) per block in which
+:class:`ReplicaPeers` compares the replicas of a serving job."""
+PEER_MIN_VALUES = 8
+"""Steps a replica needs counted in one block (in work bands shared with its peers) to be compared in it (fewer:
+it sits that block out)."""
+PEER_BLOCK_VALUES = 1024
+"""Values one replica keeps per block at most (later ones are counted in ``replica_values_skipped``): bounds memory."""
+PEER_HISTORY = 64
+"""Blocks of each replica's log ratio to its peers kept (its baseline is their median, the newest
+:data:`PEER_LAG` held back)."""
+PEER_LAG = 6
+"""The newest blocks enter a replica's baseline ratio only this late (a change is judged before it is learned)."""
+PEER_MIN_BASELINE = 8
+"""Blocks a replica's baseline ratio needs before it is judged."""
+PEER_RUN = 3
+"""Blocks in a row (of those the replica stepped in) its ratio must stay above its baseline by the threshold
+before it is named: a change that lasts at least ``PEER_RUN * PEER_BLOCK_S`` seconds of its busy time."""
+PEER_WORK_BAND = 1.25
+"""Steps are compared across replicas only within work bands of this ratio (powers of it): the time of an iteration
+follows its batch, and independent replicas run different batches at the same moment."""
+MAX_PEER_RATIO = 100.0
+"""A replica's ratio to its peers is clamped to [1 / this, this] (magnitudes stay bounded)."""
+
+
+class ReplicaPeers:
+    """Judges each independent replica of a serving job against its peers over the same wall-clock blocks.
+
+    Args:
+        job_id: the job (copied into every :class:`Anomaly`).
+        units: the job ranks of each replica (``UnitSplitter.units``); at least two.
+        settings: ``outlier_z``, ``outlier_min_effect``, ``noise_floor``.
+
+    Notes:
+        Replicas have unrelated step counters but share the host and its load, so they are compared on time:
+        every :data:`PEER_BLOCK_S` seconds of arrival time, the step times of each replica are grouped by work
+        band (powers of :data:`PEER_WORK_BAND` of the step's ``work``; one band without ``work``). In each band
+        where at least three replicas (both, in a job of two) have two steps or more, each one's log ratio
+        ``log(m_q / median(m))`` of its median step time to the median of those replicas' medians (to the other
+        one's, with two) is counted once per step it has there; a replica with at least :data:`PEER_MIN_VALUES`
+        counted steps gets ``r``, the median of them (clamped to ±log :data:`MAX_PEER_RATIO`), and the block is
+        judged when three replicas (both) got one. Load the replicas share cancels in ``r``, and so does the
+        batch: independent replicas run different batches at the same moment (bench_corpus serving_dp, batch a
+        free random walk: the median time per token of a block swung 2x between healthy replicas and paged 5
+        times in 3.5 healthy hours). The median of all, not of the others: with three replicas the others'
+        median is the mean of two, and one replica 2x faster made a healthy one read 1.33x; three at least,
+        not two: with two, a healthy replica read 0.77 next to a +30 % one, took that as its lower level, and
+        was named once the third came back. Each replica keeps its own baseline of ``r`` (median of its last
+        :data:`PEER_HISTORY` blocks, the newest :data:`PEER_LAG` held back; judged once
+        :data:`PEER_MIN_BASELINE` are in: a replica slower by construction is not named) and its noise
+        ``sigma = max(1.4826 * MAD, noise_floor)``. A replica whose excess ``r - baseline`` is at least
+        ``max(outlier_z * sigma, log(1 + outlier_min_effect))`` in :data:`PEER_RUN` blocks in a row (blocks it
+        sat out do not break the run) is named once as a ``step_regression`` of its ranks
+        (``detail.detector == "replica_peers"``, magnitude ``exp(median excess) - 1``, at most
+        :data:`MAX_PEER_RATIO`); the new level is then its baseline (its history is shifted by the run's median
+        excess). As many blocks at least the threshold below its baseline make the lower level its baseline
+        silently (a fall is never reported). With two replicas, a speedup of one reads as a slowdown of the other
+        (nothing tells them apart). Reports of an idle gap, flagged or taken while capturing are left out. This
+        is the robust-z peer comparison of :func:`~profwatch.core.detection.rank_outliers.outlying_ranks`, on
+        blocks of wall time instead of steps. Cost: O(1) per report, O(values + replicas * bands) per block;
+        memory: :data:`PEER_BLOCK_VALUES` values and :data:`PEER_HISTORY` ratios per replica.
+    """
+
+    def __init__(self, job_id: str, units: list[list[int]], settings: DetectionSettings) -> None:
+        self.job_id = job_id
+        self.units = [list(u) for u in units]
+        self.settings = settings
+        self._unit_of = {r: q for q, u in enumerate(self.units) for r in u}
+        n = len(self.units)
+        self._vals: list[dict[int, list[float]]] = [{} for _ in range(n)]
+        self._count = [0] * n
+        self._first: list[int | None] = [None] * n
+        self._last: list[int] = [0] * n
+        self._hist: list[deque[float]] = [deque(maxlen=PEER_HISTORY) for _ in range(n)]
+        self._up: list[list[tuple[float, float, int]]] = [[] for _ in range(n)]
+        self._down: list[list[tuple[float, float, int]]] = [[] for _ in range(n)]
+        self._end: float | None = None
+        self.counters = {"replica_blocks": 0, "replica_values_skipped": 0}
+
+    def add(self, rank: int, step: int, time_s: float, work: float | None, now_unix_s: float) -> list[Anomaly]:
+        """One step report of job rank ``rank`` (its replica's ``step``, ``time_s`` seconds, ``work`` or None)
+        that arrived at ``now_unix_s``; returns what the blocks it closes found (usually nothing). A rank of no
+        replica, or a time not finite and > 0, is ignored."""
+        out = self.close(now_unix_s)
+        if self._end is None:
+            self._end = now_unix_s + PEER_BLOCK_S
+        q = self._unit_of.get(rank)
+        if q is None or not (time_s > 0 and math.isfinite(time_s)):
+            return out
+        key = int(math.floor(math.log(work) / math.log(PEER_WORK_BAND))) if (
+            work is not None and work > 0 and math.isfinite(work)) else 0
+        if self._count[q] >= PEER_BLOCK_VALUES:
+            self.counters["replica_values_skipped"] += 1
+            return out
+        self._count[q] += 1
+        self._vals[q].setdefault(key, []).append(time_s)
+        if self._first[q] is None:
+            self._first[q] = step
+        self._last[q] = max(self._last[q], step)
+        return out
+
+    def close(self, now_unix_s: float) -> list[Anomaly]:
+        """Judge the open block if ``now_unix_s`` is past its end (called per report and from ``tick``)."""
+        if self._end is None or now_unix_s < self._end:
+            return []
+        self._end += PEER_BLOCK_S * (1 + math.floor((now_unix_s - self._end) / PEER_BLOCK_S))
+        vals, firsts = self._vals, list(self._first)
+        self._vals = [{} for _ in self.units]
+        self._count = [0] * len(self.units)
+        self._first = [None] * len(self.units)
+        need = min(3, len(self.units))
+        logs: dict[int, list[float]] = {}
+        for key in {k for v in vals for k in v}:
+            meds = {q: _median(v[key]) for q, v in enumerate(vals) if len(v.get(key, ())) >= 2}
+            if len(meds) < need:
+                continue
+            everyone = _median(list(meds.values()))
+            for q, m in meds.items():
+                ref = everyone if len(meds) >= 3 else _median([x for o, x in meds.items() if o != q])
+                if m > 0 and ref > 0:
+                    logs.setdefault(q, []).extend([math.log(m / ref)] * len(vals[q][key]))
+        judged = {q: x for q, x in logs.items() if len(x) >= PEER_MIN_VALUES}
+        if len(judged) < need:
+            return []
+        self.counters["replica_blocks"] += 1
+        lim = math.log(MAX_PEER_RATIO)
+        out: list[Anomaly] = []
+        for q, xs in judged.items():
+            r = max(-lim, min(lim, _median(xs)))
+            first = firsts[q]
+            out.extend(self._judge(q, r, self._last[q] if first is None else first, len(judged) - 1))
+        return out
+
+    def _judge(self, q: int, r: float, first: int, peers: int) -> list[Anomaly]:
+        hist = self._hist[q]
+        base_vals = list(hist)[:-PEER_LAG] if len(hist) > PEER_LAG else []
+        hist.append(r)
+        if len(base_vals) < PEER_MIN_BASELINE:
+            return []
+        s = self.settings
+        base = _median(base_vals)
+        mad = _median([abs(x - base) for x in base_vals])
+        sigma = max(1.4826 * mad, s.noise_floor)
+        thr = max(s.outlier_z * sigma, math.log1p(s.outlier_min_effect))
+        e = r - base
+        up, down = self._up[q], self._down[q]
+        if e >= thr:
+            up.append((r, e, first))
+            down.clear()
+        elif e <= -thr:
+            down.append((r, e, first))
+            up.clear()
+        else:
+            up.clear()
+            down.clear()
+        if len(down) >= PEER_RUN:
+            self._adopt(q, down)
+            return []
+        if len(up) < PEER_RUN:
+            return []
+        excess = _median([x[1] for x in up])
+        first_step = up[0][2]
+        self._adopt(q, up)
+        ranks = tuple(self.units[q])
+        detail = {"detector": "replica_peers", "unit": list(ranks), "first_step": first_step,
+                  "ratio_to_peers": round(math.exp(r), 4), "baseline_ratio": round(math.exp(base), 4),
+                  "noise": round(sigma, 4), "threshold": round(math.expm1(thr), 4), "blocks": PEER_RUN,
+                  "block_s": PEER_BLOCK_S, "peers": peers}
+        return [Anomaly("step_regression", self.job_id, self._last[q], ranks,
+                        min(MAX_PEER_RATIO, math.expm1(excess)), detail)]
+
+    def _adopt(self, q: int, run: list[tuple[float, float, int]]) -> None:
+        """Replica ``q``'s new level (the run's) is its baseline at once: its history before the run is shifted by
+        the run's median excess (its spread, the noise, is kept; re-learning from the run alone left it unjudged
+        for :data:`PEER_LAG` + :data:`PEER_MIN_BASELINE` blocks)."""
+        lim = math.log(MAX_PEER_RATIO)
+        delta = _median([x[1] for x in run])
+        hist = list(self._hist[q])
+        n = len(run)
+        self._hist[q] = deque([max(-lim, min(lim, x + delta)) for x in hist[:-n]] + hist[-n:], maxlen=PEER_HISTORY)
+        run.clear()
