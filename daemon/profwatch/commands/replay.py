@@ -142,7 +142,7 @@ class _StepView:
 def replay_lines(lines: Iterable[Line], config: ReplayConfig | None = None) -> dict[str, Any]:
     """Replay JSONL telemetry lines through detection and arming; return the ``--json`` result dict.
 
-    Shape: ``{"records", "jobs": {job_id: {"world_size", "counters"}}, "anomalies": [...], "arms": [...],
+    Shape: ``{"records", "jobs": {job_id: {"world_size", "counters", "unlearned_units"}}, "anomalies": [...], "arms": [...],
     "suppressed": [...], "episodes": [...], "episode_events": [...], "bad_lines": {"count", "lines": [{"line",
     "error"}]}}``; ``anomalies`` and ``arms`` carry ``at_unix_s``, the record time they happened at; ``arms`` carry
     the ``episode_id`` they captured and ``waited_s`` since it opened; ``suppressed``
@@ -230,7 +230,8 @@ def replay_source(open_lines: Callable[[], Iterable[Line]], config: ReplayConfig
                           for e in sorted([*j.episodes.open.values(), *j.episodes.closed],
                                           key=lambda e: e.opened_unix_s)]
     result["records"] = records
-    result["jobs"] = {jid: {"world_size": j.detector.world_size, "counters": dict(j.detector.counters)}
+    result["jobs"] = {jid: {"world_size": j.detector.world_size, "counters": dict(j.detector.counters),
+                            "unlearned_units": j.detector.unlearned_units}
                       for jid, j in jobs.items()}
     result["bad_lines"] = {"count": bad_count, "lines": bad}
     return result
@@ -350,6 +351,10 @@ def render_summary(result: dict[str, Any]) -> str:
     out = [f"records: {result['records']}  jobs: {len(result['jobs'])}  bad lines: {result['bad_lines']['count']}"]
     for b in result["bad_lines"]["lines"][:10]:
         out.append(f"  bad line {b['line']}: {b['error']}")
+    for jid, j in result["jobs"].items():
+        for ranks in j.get("unlearned_units") or ():
+            out.append(f"  {jid} ranks={ranks[:8]}: not watched: no usual step learned, every step so far was an "
+                       f"idle gap or excluded ({j['counters'].get('idle_steps', 0)} idle steps)")
     out.append(f"anomalies: {len(result['anomalies'])}")
     for a in result["anomalies"]:
         ranks = f" ranks={a['ranks'][:8]}" if a["ranks"] else ""

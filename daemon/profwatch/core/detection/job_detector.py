@@ -157,6 +157,15 @@ class JobDetector:
         return out
 
     @property
+    def unlearned_units(self) -> list[list[int]]:
+        """The ranks of each serving unit that has finalised steps but no usual step yet: every step so far was
+        excluded (an idle gap: at least ``serving_idle_gap_s``, e.g. a server with one request a minute, or a
+        capture): it is not watched for regressions or spikes until a busy step comes. Empty in training mode."""
+        return [list(u.ranks) for u in self.units
+                if u.normaliser is not None and u.normaliser.usual_step_s is None
+                and u.aggregator.counters.get("finalized", 0) > 0]
+
+    @property
     def aggregator(self) -> StepAggregator:
         """The first unit's step aggregator (the whole job's in training mode)."""
         return self.units[0].aggregator
@@ -268,8 +277,12 @@ class JobDetector:
         idle = False
         t = report.step_time_s
         if t >= self.settings.serving_idle_gap_s:  # shorter is never an idle gap: no usual step needed (hot path)
-            usual = unit.usual_step_s
-            idle = is_idle_gap(t, usual, self.settings) if usual is not None else False
+            usual = unit.idle_reference_s
+            # serving without a usual step yet: the absolute bound alone, so gaps never enter the usual step
+            # (learned from a gap, it stuck at ~30 s and a 60 s gap was never idle again: false pages); training
+            # without one: no gap (a long first step must not switch the job to serving)
+            idle = (is_idle_gap(t, usual, self.settings) if usual is not None or self.mode == "serving"
+                    else False)
             if idle and self.mode != "serving" and self._count_gap(r, now_unix_s):
                 self._switch_to_serving()
                 unit = self.units[self._unit_of[r]]

@@ -130,6 +130,15 @@ class UnitPipeline:
                 return v
         return self.aggregator.last_job_step_s
 
+    @property
+    def idle_reference_s(self) -> float | None:
+        """The usual step (seconds) that idle gaps are judged against: a serving unit's median of its non-idle
+        steps (None until it has one: never the last step, which may itself be a gap), else
+        :attr:`usual_step_s`."""
+        if self.normaliser is not None:
+            return self.normaliser.usual_step_s
+        return self.usual_step_s
+
     def update_settings(self, settings: DetectionSettings) -> None:
         """Swap thresholds in every part."""
         self.aggregator.update_settings(settings)
