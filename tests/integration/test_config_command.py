@@ -65,6 +65,7 @@ def test_show_gives_each_key_its_source_and_redacts_secrets(tmp_path: Path) -> N
     assert lines["coordinator.tick_interval_s"] == "0.2  # default"
     assert "arming.targeting.enabled" in lines and "s3cr3t" not in res.stdout
     assert lines["alertmanager.url"].startswith('"https://am.example:9093/?token=<redacted>&x=1"')
+    assert lines["node.socket_mode"] == "0o660  # default"  # a mode in octal (valid TOML), not decimal 432
     doc = json.loads(_cli("show", "--config", str(cfg), "--json").stdout)
     assert doc["coordinator.window_steps"] == {"value": 500, "source": "file"}
 

@@ -258,6 +258,14 @@ def check(config_path: Path | None) -> None:
     click.echo(f"profwatch config check: {where}{env}: valid")
 
 
+def _toml_value(key: str, value: object) -> str:
+    """One value as ``config show`` prints it: JSON text (valid TOML for our types), file modes in octal
+    (``socket_mode = 0o660``, TOML 1.0's octal integer, as a mode is written) rather than decimal 432."""
+    if key.endswith("_mode") and isinstance(value, int) and not isinstance(value, bool):
+        return f"0o{value:o}"
+    return json.dumps(value, default=str)
+
+
 @config.command("show")
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="a JSON object: key -> {value, source}")
@@ -279,6 +287,6 @@ def show(config_path: Path | None, as_json: bool) -> None:
         return
     click.echo(f"# effective configuration: {path if path is not None else 'no config file'}")
     for key, row in rows.items():
-        click.echo(f"{key} = {json.dumps(row['value'], default=str)}  # {row['source']}")
+        click.echo(f"{key} = {_toml_value(key, row['value'])}  # {row['source']}")
     for e in errors:  # path problems do not stop show; check reports them as errors
         click.echo(f"# warning: {e}", err=True)
