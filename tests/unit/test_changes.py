@@ -6,8 +6,14 @@ from typing import Any
 
 import pytest
 
-from profwatch.core.changes.comparison import compare_captures, headline, headline_line, impact_hours_per_day
-from profwatch.core.verdict.evidence import RankStepSummary
+from profwatch.core.changes.comparison import (
+    compare_captures,
+    headline,
+    headline_line,
+    impact_hours_per_day,
+    robust_spread,
+)
+from profwatch.core.verdict.evidence import RankStepSummary, usable_row
 from profwatch.simulate.ascend_tree import build_timelines, cluster_time_summary
 
 WORLD = 8
@@ -152,3 +158,76 @@ def test_a_change_smaller_than_the_healthy_steps_spread_is_not_named(host_now_ms
     assert any(c.component == "host" for c in cmp.changes) is named, [c.to_json() for c in cmp.changes]
     rule = next(n for n in cmp.notes if n.startswith("a change counts when"))
     assert "exceeds 2.23 ms/step (the reference's own step-to-step spread" in rule, rule
+
+
+def _steps_rows(step_ms: list[float], *, extra_compute_ms: float = 0.0) -> list[RankStepSummary]:
+    """Two ranks, one row per step of ``step_ms``: communication 10 ms, host 5 ms, compute the rest (plus
+    ``extra_compute_ms``, which lengthens the step by as much), a microsecond-sized wobble per step."""
+    out = []
+    for step, ms in enumerate(step_ms):
+        for rank in (0, 1):
+            com, free = 10e3, 5e3 + 3.0 * (step % 5) + rank
+            comp = 1e3 * (ms + extra_compute_ms) - com - 5e3
+            out.append(RankStepSummary(rank, step, comp + com + free, comp, com, 0.0, com, free, 0.0))
+    return out
+
+
+def test_robust_spread_measures_noise_not_a_repeating_cycle_nor_two_steps() -> None:
+    """Gradient accumulation alternates 100/200 ms steps: the MAD of that is half the mode gap (74 ms), structure,
+    not noise; the residuals from each phase's median are the noise. Two steps are no estimate of noise at all."""
+    wobble = [0.0, 1.0, -1.0, 0.5, -0.5, 1.5, -1.5, 0.0, 1.0, -1.0] * 2  # ms
+    bimodal = [(100.0 if i % 2 == 0 else 200.0) + w for i, w in enumerate(wobble)]
+    assert robust_spread(bimodal) < 2.0
+    assert robust_spread([100.0, 200.0, 400.0] * 6) < 1e-9  # a 3-step cycle
+    assert robust_spread([100.0, 1000.0]) == 0.0  # plain MAD: 450 x 1.4826 = 667 ms
+    assert robust_spread([3.0, 6.0, 9.0, 4.0, 7.0, 5.0]) == pytest.approx(2.2239)  # no cycle: the plain MAD
+
+
+def test_a_regression_on_a_gradient_accumulation_job_is_named() -> None:
+    """Steps alternate 100/200 ms in the reference; now every step is 50 ms longer (+50 % on the short steps). The
+    two-mode reference's MAD (74 ms) hid it ("+50.0 ms/step (within noise)"): now the step time changed and the
+    rule's bound is not the mode gap."""
+    ref = _steps_rows([100.0, 200.0] * 10)
+    cmp = compare_captures(ref, _steps_rows([100.0, 200.0] * 10, extra_compute_ms=50.0))
+    assert cmp.step_time_changed, cmp.notes
+    assert "within noise" not in headline(cmp)
+    rule = next(n for n in cmp.notes if n.startswith("a change counts when"))
+    assert "exceeds 0.75 ms/step" in rule, rule  # 0.5 % of the 150 ms median reference step
+
+
+def test_a_two_step_reference_does_not_make_its_difference_the_noise() -> None:
+    """Reference [100, 1000] ms: its MAD made 667 ms the smallest change; with under 5 steps only the floor
+    bounds a change, said in the notes."""
+    cmp = compare_captures(_steps_rows([100.0, 1000.0]), _steps_rows([100.0, 1000.0], extra_compute_ms=300.0))
+    rule = next(n for n in cmp.notes if n.startswith("a change counts when"))
+    assert "exceeds 2.75 ms/step (the floor" in rule, rule
+    assert any("too few to measure the healthy step-to-step spread" in n for n in cmp.notes), cmp.notes
+
+
+def test_one_huge_reference_step_neither_raises_the_floor_nor_hides_a_regression() -> None:
+    """9 x 100 ms and one 1,000 s step, now 10 x 150 ms: the mean made the floor 500 ms and the headline
+    "-99940.0 ms/step (within noise)". The floor is a share of the median step, the decision is on the typical
+    step's shift (Hodges-Lehmann), and the headline says both."""
+    ref = _steps_rows([100.0] * 9 + [1e6])
+    cmp = compare_captures(ref, _steps_rows([150.0] * 10))
+    assert cmp.step_time_shift_s == pytest.approx(0.050)
+    assert cmp.step_time_changed, cmp.notes
+    text = headline(cmp)
+    assert text.startswith("+50.0 ms/step since the reference for the typical step (the mean -99940.0 ms/step"), text
+    assert "within noise" not in text
+    rule = next(n for n in cmp.notes if n.startswith("a change counts when"))
+    assert "exceeds 0.50 ms/step" in rule, rule
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_field_drops_its_row_not_the_comparison(bad: float) -> None:
+    """A NaN or infinite field made the whole comparison "+nan us/step (within noise)": such a row is unusable
+    (``usable_row``), the other steps are compared."""
+    ref = _steps_rows([100.0] * 10)
+    ref[0] = RankStepSummary(0, 0, 100e3, 85e3, 10e3, 0.0, 10e3, bad, 0.0)
+    ref[3] = RankStepSummary(1, 1, bad, 85e3, 10e3, 0.0, 10e3, 5e3, 0.0)
+    assert not usable_row(ref[0]) and not usable_row(ref[3])
+    cmp = compare_captures(ref, _steps_rows([150.0] * 10))
+    text = headline(cmp)
+    assert "nan" not in text and "inf" not in text, text
+    assert cmp.step_time_changed and text.startswith("+50.0 ms/step since the reference: compute +50.0 ms"), text

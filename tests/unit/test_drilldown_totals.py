@@ -103,3 +103,11 @@ def test_an_excess_below_a_millisecond_is_not_shown_as_zero() -> None:
                                                     {"name": "aten::mm", "excess_us_per_step": 9_000.0}]}
     assert drilldown_text(item) == ("rank 3: Memcpy HtoD (Host -> Device) +19 us/step, aten::mm +9.0 ms/step over its "
                                     "median peer (rank 0)")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_delta_text_never_prints_nan_or_inf(bad: float) -> None:
+    """A non-finite difference is ``unknown`` ("+nan us" was printed), and so per step."""
+    from profwatch.core.verdict.drilldown import delta_text, excess_text
+    assert delta_text(bad) == "unknown"
+    assert excess_text(bad) == "unknown/step"

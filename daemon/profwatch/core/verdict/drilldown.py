@@ -18,6 +18,7 @@ Shape of one suspect's drill-down (the verdict's ``op_compare`` list, ``docs/ver
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -65,7 +66,9 @@ def delta_text(us: float) -> str:
     """A signed time difference (``us``, microseconds) for people, with 2-3 significant digits: ``+12.1 ms`` from
     1 ms up, ``+0.15 ms`` from 100 us, ``+40 us`` and ``+2.5 us`` below (a fixed ``+0.0 ms`` said nothing of a 27
     us change). The one rule for every change shown: the drill-down (:func:`excess_text`), the "what changed"
-    headline, the report and the CLI."""
+    headline, the report and the CLI. A non-finite value (NaN, infinite) is ``unknown``, never ``+nan us``."""
+    if not math.isfinite(us):
+        return "unknown"
     a = abs(us)
     if a >= 1000:
         return f"{us / 1e3:+.1f} ms"

@@ -7,6 +7,7 @@ are in microseconds too.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -50,7 +51,11 @@ def usable_row(row: RankStepSummary) -> bool:
     """Whether a row carries a signal (the one rule the ranking, the report's rank table and ``ranks[]`` share):
     False for a row msprof-analyze zero-filled (step -1, or no step time and no work) and for a step without
     computation and communication: a truncated last step (the profiler stopped while its kernels were not yet
-    recorded: HTA's AMD MI250 trace has a 49 us ``ProfilerStep#2`` with no device work beside a 1,031 us step)."""
+    recorded: HTA's AMD MI250 trace has a 49 us ``ProfilerStep#2`` with no device work beside a 1,031 us step),
+    and for a row with a non-finite (NaN or infinite) time field, which no mean, test or ranking can use."""
+    if not all(math.isfinite(v) for v in (row.step_time_us, row.computation_us, row.communication_us,
+                                            row.wait_us, row.transmit_us, row.free_us, row.memory_us)):
+        return False
     busy = row.computation_us + row.communication_us + row.free_us
     return not (row.step < 0 or (row.step_time_us <= 0 and busy <= 0) or
                 (row.computation_us <= 0 and row.communication_us <= 0))
