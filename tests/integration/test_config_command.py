@@ -88,6 +88,16 @@ def test_redaction_by_key_and_by_value_covers_every_kind_of_secret() -> None:
         "https://hooks.slack.com/services/T0/B0/XXXXXXXX": "https://hooks.slack.com/services/<redacted>",
         "https://discord.com/api/webhooks/123/abc?wait=1": "https://discord.com/api/webhooks/<redacted>?wait=1",
         "https://chat.example/hooks/xyz": "https://chat.example/hooks/<redacted>",
+        "https://outlook.office.com/webhook/a1b2@c3d4/IncomingWebhook/e5f6/g7h8":  # Teams (legacy)
+            "https://outlook.office.com/webhook/<redacted>",
+        "https://contoso.webhook.office.com/webhookb2/a1b2@c3d4/IncomingWebhook/e5f6/g7h8":  # Teams
+            "https://contoso.webhook.office.com/webhookb2/<redacted>",
+        "https://api.telegram.org/bot123456:AAH-xyz_Tok/sendMessage?chat_id=1":  # Telegram bot token
+            "https://api.telegram.org/bot<redacted>?chat_id=1",
+        "https://pan.example/s/1abc?pwd=x7y8": "https://pan.example/s/1abc?pwd=<redacted>",
+        "https://db.example/q?user=u&password=hunter2&db=1": "https://db.example/q?user=u&password=<redacted>&db=1",
+        "https://h.example/q?pass=hunter2&bypass_cache=1": "https://h.example/q?pass=<redacted>&bypass_cache=1",
+        "https://api.example/robots/bot/status": "https://api.example/robots/bot/status",  # no token: unchanged
         "https://bob:p@ss@host:9/p": "https://<redacted>@host:9/p",  # an @ inside the password
         "//bob:pw@host/p": "//<redacted>@host/p",  # scheme-relative
         "Bearer abcdefghijkl": "Bearer <redacted>",
