@@ -167,6 +167,32 @@ def test_an_env_override_with_a_misspelled_section_is_refused_naming_it() -> Non
     assert "coordinator" in lines[0]  # the sections it could have meant
 
 
+def test_a_profwatch_variable_that_is_no_setting_is_warned_naming_the_two_underscore_form() -> None:
+    """``PROFWATCH_WEBHOOK_URL`` (one underscore) is ignored by pydantic-settings: a warning names it and the
+    ``__`` form; the hook's own variables, ``PROFWATCH_CONFIG`` and a whole-table override are not warned."""
+    res = _cli("check", env={"PROFWATCH_WEBHOOK_URL": "https://x", "PROFWATCH_TYPO": "1", "PROFWATCH_JOB_ID": "j1",
+                             "PROFWATCH_RUNTIME_DIR": "/run/p", "PROFWATCH_POLL_INTERVAL_S": "2",
+                             "PROFWATCH_ARMING": "{}"})
+    assert res.returncode == 0 and res.stdout.strip().endswith(": valid"), res.stdout + res.stderr
+    warned = [line for line in res.stderr.splitlines() if "PROFWATCH_" in line]
+    assert len(warned) == 2, res.stderr
+    assert "PROFWATCH_WEBHOOK_URL: not a profwatch setting" in warned[1] and "PROFWATCH_<SECTION>__<KEY>" in warned[1]
+    assert "did you mean PROFWATCH_WEBHOOK__URL?" in warned[1], warned
+    assert warned[0].startswith("environment: PROFWATCH_TYPO: ") and "did you mean" not in warned[0], warned
+
+
+def test_the_hook_variables_list_names_every_profwatch_variable_the_hook_reads() -> None:
+    """``rankhook.ENV_VARS`` (what the config warning leaves alone) holds each ``PROFWATCH_*`` name in rankhook/."""
+    import re
+
+    import rankhook
+
+    names = set()
+    for path in (REPO_ROOT / "rankhook").rglob("*.py"):
+        names |= set(re.findall(r"PROFWATCH_[A-Z][A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8")))
+    assert names and names == set(rankhook.ENV_VARS), names ^ set(rankhook.ENV_VARS)
+
+
 def test_check_of_a_huge_file_reads_only_the_cap(tmp_path: Path) -> None:
     """A 300 MB file (sparse: no disk used) is refused at the config cap with a clear error, never read whole
     (it was read whole: 657 MB RSS; the bounded read, adapters/fs/bounded_read.py, since dd7c274)."""
