@@ -35,6 +35,16 @@ from rankhook.identity import Identity, resolve_identity
 from rankhook.publisher import EndpointError, Publisher, default_endpoint
 from rankhook.version import distribution_version
 
+ENV_VARS = frozenset({
+    "PROFWATCH_NODE_ENDPOINT", "PROFWATCH_RUNTIME_DIR", "PROFWATCH_JOB_ID", "PROFWATCH_BACKEND",
+    "PROFWATCH_PROFILER_CONFIG_PATH", "PROFWATCH_PROF_ROOT", "PROFWATCH_MODE", "PROFWATCH_ROLE",
+    "PROFWATCH_POLL_INTERVAL_S",
+})
+"""Every environment variable the hook reads (the module docstring; ``PROFWATCH_POLL_INTERVAL_S``:
+``rankhook/profconfig.py``). They share the ``PROFWATCH_`` prefix with the daemons' config overrides, so
+``profwatch.config.unknown_env_variables`` leaves them alone; a test checks each ``PROFWATCH_*`` name in
+``rankhook/`` is here."""
+
 __all__ = ["init", "step", "stage", "flag_step", "start", "set_step", "shutdown", "current", "Identity"]
 __version__ = distribution_version(__file__, 1)
 

@@ -14,6 +14,7 @@ this module (every ``profwatch`` command does) must not import numpy, pandas or 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Mapping
@@ -314,7 +315,7 @@ def unknown_env_sections(environ: Mapping[str, str]) -> list[str]:
     them) whose section is not one of :class:`Settings`' tables: pydantic-settings ignores such a variable, so a
     misspelled section (``PROFWATCH_COORDNATOR__WINDOW_STEPS``) would change nothing, silently. A variable without
     ``__`` is not an override of a key (``PROFWATCH_CONFIG``, the rank hook's ``PROFWATCH_JOB_ID``) and is left
-    alone. An unknown key in a known section is refused by the model itself (``extra="forbid"``)."""
+    to :func:`unknown_env_variables` (a warning). An unknown key in a known section is refused by the model itself (``extra="forbid"``)."""
     sections = set(Settings.model_fields)
     out = []
     for name in sorted(environ):
@@ -327,12 +328,41 @@ def unknown_env_sections(environ: Mapping[str, str]) -> list[str]:
     return out
 
 
+def unknown_env_variables(environ: Mapping[str, str]) -> list[str]:
+    """``"NAME: why"`` for each ``PROFWATCH_*`` variable (any case) that is neither a key override
+    (``PROFWATCH_<SECTION>__<KEY>``, two underscores: :func:`unknown_env_sections` checks those), a whole-table
+    override (``PROFWATCH_<SECTION>``, JSON), ``PROFWATCH_CONFIG``, the rank hook's own variables
+    (``rankhook.ENV_VARS``) nor the simulator's (``PROFWATCH_SIM_POLL_INTERVAL_S``). pydantic-settings ignores such
+    a variable, so ``PROFWATCH_WEBHOOK_URL`` (one underscore) would change nothing, silently. A warning, never an
+    error: the prefix is shared with other tools' variables. The why names the ``__`` form it may have meant."""
+    from profwatch.simulate.dynamic_profile_sim import POLL_ENV as SIM_POLL_ENV
+    from rankhook import ENV_VARS as HOOK_ENV_VARS
+
+    sections = set(Settings.model_fields)
+    known = {"PROFWATCH_CONFIG", SIM_POLL_ENV, *HOOK_ENV_VARS}
+    out = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith("PROFWATCH_") or "__" in name or upper in known:
+            continue
+        rest = name[len("PROFWATCH_"):].lower()
+        if rest in sections:
+            continue
+        meant = next((f"PROFWATCH_{sec.upper()}__{rest[len(sec) + 1:].upper()}" for sec in sorted(sections, key=len,
+                      reverse=True) if rest.startswith(sec + "_") and len(rest) > len(sec) + 1), None)
+        hint = f" (did you mean {meant}?)" if meant else ""
+        out.append(f"{name}: not a profwatch setting; an env override of a key is PROFWATCH_<SECTION>__<KEY>, with "
+                   f"two underscores{hint}; it changes nothing")
+    return out
+
+
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     """Load the config file (optional) with env overrides; ``overrides`` win over both.
 
     Raises:
         ConfigError: unreadable file, bad TOML, unknown keys or invalid values, with the offending key; an env
-            override naming no section (:func:`unknown_env_sections`).
+            override naming no section (:func:`unknown_env_sections`). A ``PROFWATCH_*`` variable that is no
+            setting (:func:`unknown_env_variables`) is logged as a warning (logger ``profwatch.config``).
     """
     from pydantic import ValidationError
 
@@ -359,6 +389,8 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     misspelled = unknown_env_sections(os.environ)
     if misspelled:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(misspelled))
+    for line in unknown_env_variables(os.environ):
+        logging.getLogger("profwatch.config").warning("environment: %s", line)
     _TOML_PATH["path"] = Path(path) if path is not None else None
     from pydantic_settings import SettingsError
 

@@ -226,7 +226,8 @@ One TOML file, the first found of: the subcommand's `--config`, `profwatch --con
 (set but empty: none), `/etc/profwatch/profwatch.toml`; else the built-in defaults. Environment variables
 override it: every key can be set by `PROFWATCH_<SECTION>__<KEY>` (`__` between levels, e.g.
 `PROFWATCH_ANALYSIS__RANKING__MIN_ROBUST_Z=5`). Unknown keys are errors, and so is an override whose section does
-not exist (`PROFWATCH_COORDNATOR__WINDOW_STEPS`); a rule over several keys names each of them; a path key set to
+not exist (`PROFWATCH_COORDNATOR__WINDOW_STEPS`); any other `PROFWATCH_*` variable that is no setting (one underscore,
+`PROFWATCH_WEBHOOK_URL`) is warned, naming the `__` form, unless the rank hook reads it (`rankhook.ENV_VARS`); a rule over several keys names each of them; a path key set to
 an empty string is refused as empty. `systemd/profwatch.toml` is an annotated example. At run time the `set_thresholds` control command changes keys of `[detection]` and `[arming]` only.
 
 Columns: the key, its type, its default ("unset": no value), its unit, what it does and, in **bold**, what else it

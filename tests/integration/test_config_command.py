@@ -89,6 +89,16 @@ def test_redaction_by_key_and_by_value_covers_every_kind_of_secret() -> None:
         "https://hooks.slack.com/services/T0/B0/XXXXXXXX": "https://hooks.slack.com/services/<redacted>",
         "https://discord.com/api/webhooks/123/abc?wait=1": "https://discord.com/api/webhooks/<redacted>?wait=1",
         "https://chat.example/hooks/xyz": "https://chat.example/hooks/<redacted>",
+        "https://outlook.office.com/webhook/a1b2@c3d4/IncomingWebhook/e5f6/g7h8":  # Teams (legacy)
+            "https://outlook.office.com/webhook/<redacted>",
+        "https://contoso.webhook.office.com/webhookb2/a1b2@c3d4/IncomingWebhook/e5f6/g7h8":  # Teams
+            "https://contoso.webhook.office.com/webhookb2/<redacted>",
+        "https://api.telegram.org/bot123456:AAH-xyz_Tok/sendMessage?chat_id=1":  # Telegram bot token
+            "https://api.telegram.org/bot<redacted>?chat_id=1",
+        "https://pan.example/s/1abc?pwd=x7y8": "https://pan.example/s/1abc?pwd=<redacted>",
+        "https://db.example/q?user=u&password=hunter2&db=1": "https://db.example/q?user=u&password=<redacted>&db=1",
+        "https://h.example/q?pass=hunter2&bypass_cache=1": "https://h.example/q?pass=<redacted>&bypass_cache=1",
+        "https://api.example/robots/bot/status": "https://api.example/robots/bot/status",  # no token: unchanged
         "https://bob:p@ss@host:9/p": "https://<redacted>@host:9/p",  # an @ inside the password
         "//bob:pw@host/p": "//<redacted>@host/p",  # scheme-relative
         "Bearer abcdefghijkl": "Bearer <redacted>",
@@ -156,6 +166,32 @@ def test_an_env_override_with_a_misspelled_section_is_refused_naming_it() -> Non
     lines = _errors(_cli("check", env={"PROFWATCH_COORDNATOR__WINDOW_STEPS": "50", "PROFWATCH_JOB_ID": "j1"}))
     assert len(lines) == 1 and lines[0].startswith("PROFWATCH_COORDNATOR__WINDOW_STEPS: no section 'coordnator'"), lines
     assert "coordinator" in lines[0]  # the sections it could have meant
+
+
+def test_a_profwatch_variable_that_is_no_setting_is_warned_naming_the_two_underscore_form() -> None:
+    """``PROFWATCH_WEBHOOK_URL`` (one underscore) is ignored by pydantic-settings: a warning names it and the
+    ``__`` form; the hook's own variables, ``PROFWATCH_CONFIG`` and a whole-table override are not warned."""
+    res = _cli("check", env={"PROFWATCH_WEBHOOK_URL": "https://x", "PROFWATCH_TYPO": "1", "PROFWATCH_JOB_ID": "j1",
+                             "PROFWATCH_RUNTIME_DIR": "/run/p", "PROFWATCH_POLL_INTERVAL_S": "2",
+                             "PROFWATCH_ARMING": "{}"})
+    assert res.returncode == 0 and res.stdout.strip().endswith(": valid"), res.stdout + res.stderr
+    warned = [line for line in res.stderr.splitlines() if "PROFWATCH_" in line]
+    assert len(warned) == 2, res.stderr
+    assert "PROFWATCH_WEBHOOK_URL: not a profwatch setting" in warned[1] and "PROFWATCH_<SECTION>__<KEY>" in warned[1]
+    assert "did you mean PROFWATCH_WEBHOOK__URL?" in warned[1], warned
+    assert warned[0].startswith("environment: PROFWATCH_TYPO: ") and "did you mean" not in warned[0], warned
+
+
+def test_the_hook_variables_list_names_every_profwatch_variable_the_hook_reads() -> None:
+    """``rankhook.ENV_VARS`` (what the config warning leaves alone) holds each ``PROFWATCH_*`` name in rankhook/."""
+    import re
+
+    import rankhook
+
+    names = set()
+    for path in (REPO_ROOT / "rankhook").rglob("*.py"):
+        names |= set(re.findall(r"PROFWATCH_[A-Z][A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8")))
+    assert names and names == set(rankhook.ENV_VARS), names ^ set(rankhook.ENV_VARS)
 
 
 def test_check_of_a_huge_file_reads_only_the_cap(tmp_path: Path) -> None:

@@ -139,6 +139,12 @@ def _raw(port: int, request: bytes) -> tuple[bytes, bytes]:
     return head, body
 
 
+def _headers(head: bytes) -> dict[str, str]:
+    """The headers of a response head, names lower-cased, ``Date`` left out (it differs between two answers)."""
+    pairs = (line.decode().split(":", 1) for line in head.split(b"\r\n")[1:] if b":" in line)
+    return {k.strip().lower(): v.strip() for k, v in pairs if k.strip().lower() != "date"}
+
+
 def test_head_has_no_body_and_other_methods_are_405() -> None:
     from prometheus_client import CollectorRegistry, Counter, make_wsgi_app
 
@@ -157,6 +163,9 @@ def test_head_has_no_body_and_other_methods_are_405() -> None:
             head, body = _raw(port, f"HEAD {path} HTTP/1.0\r\n\r\n".encode())
             assert head.split(b"\r\n")[0] == get_head.split(b"\r\n")[0] == b"HTTP/1.0 200 OK", (path, head)
             assert get_body and body == b"", (path, body)
+            # RFC 9110 9.3.2: HEAD sends GET's headers, Content-Length included (the length of GET's body)
+            assert _headers(head)["content-length"] == str(len(get_body)), (path, head)
+            assert _headers(head) == _headers(get_head), (path, head, get_head)
             for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
                 head, body = _raw(port, f"{method} {path} HTTP/1.0\r\nContent-Length: 2\r\n\r\n{{}}".encode())
                 assert head.startswith(b"HTTP/1.0 405 ") and b"Allow: GET, HEAD" in head, (method, path, head)

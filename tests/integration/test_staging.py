@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -95,7 +96,9 @@ def test_odd_work_dir_and_rank_names_are_staged_on_a_tool_safe_root(tmp_path: Pa
     stage = stage_batch(batch, root)
     for d in odd_dirs:
         name = staged_name(d)
-        assert name == d.name.split("\udcff_", 1)[1]  # the odd characters made "_", then stripped at the ends
+        plain = d.name.split("\udcff_", 1)[1]  # the odd characters made "_", then stripped at the ends
+        assert name.endswith("_ascend_pt") and re.fullmatch(plain.removesuffix("_ascend_pt") + r"_h[0-9a-f]{8}",
+                                                            name.removesuffix("_ascend_pt"))
         s = stage / name
         assert tool_safe(s) and s.is_dir() and not s.is_symlink()
         assert os.readlink(s / "ASCEND_PROFILER_OUTPUT") == str(d / "ASCEND_PROFILER_OUTPUT")
@@ -104,6 +107,25 @@ def test_odd_work_dir_and_rank_names_are_staged_on_a_tool_safe_root(tmp_path: Pa
     assert list(system_tmp.iterdir()) == []
     assert _tree_state(tmp_path / "prof") == before
     assert not _odd(tmp_path, ODD).exists()  # nothing made under the odd folder
+
+
+def test_odd_rank_names_that_sanitise_alike_stage_apart(tmp_path: Path) -> None:
+    """Two rank dirs whose names differ only in characters the tool does not take (``nodé_..``, ``nodè_..``)
+    sanitise alike; each gets its own staged dir (a hash of the original name), keeping the ``_ascend_pt``
+    suffix msprof-analyze looks for, and the batch stages."""
+    dirs = gen.generate_cluster(tmp_path / "prof", world_size=2, capture_id="cap1")
+    renamed = []
+    for d, accent in zip(dirs, ("é", "è"), strict=True):
+        renamed.append(d.parent / f"nod{accent}_4000_20260101120000000_ascend_pt")  # two hosts, one pid and time
+        d.rename(renamed[-1])
+    names = [staged_name(d) for d in renamed]
+    assert names[0] != names[1] and all(n.endswith("_ascend_pt") and tool_safe(n) for n in names)
+    assert staged_name(renamed[0]) == names[0]  # stable: the same rank dir always stages under one name
+    (batch,) = scan_tree(tmp_path / "prof", now=EARLY)
+    stage = stage_batch(batch, tmp_path / "staging")
+    assert sorted(p.name for p in stage.iterdir()) == sorted(names)
+    for d, n in zip(renamed, names, strict=True):
+        assert os.readlink(stage / n / "ASCEND_PROFILER_OUTPUT") == str(d / "ASCEND_PROFILER_OUTPUT")
 
 
 def test_stage_refuses_invalid_batch(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from watchdog.events import (
     DirDeletedEvent,
     DirModifiedEvent,
     FileCreatedEvent,
+    FileDeletedEvent,
     FileModifiedEvent,
     FileSystemEvent,
 )
@@ -111,9 +112,9 @@ def test_the_bound_cuts_the_calls_of_a_quiet_poll(tmp_path: Path) -> None:
     bounded.poll()
     every.poll()
     # every poll: the prof_dir stat'ed and listed, each rank dir and its ASCEND_PROFILER_OUTPUT/ stat'ed; a re-list: a scandir
-    # and a stat of profiler_metadata.json and of profiler_info_N.json
-    assert every.calls == 2 + 64 * 2 + 64 * 3
-    assert bounded.calls == 2 + 64 * 2 + 16 * 3
+    # and a stat of profiler_metadata.json, of profiler_info_N.json and of ASCEND_PROFILER_OUTPUT/analyse.done
+    assert every.calls == 2 + 64 * 2 + 64 * 4
+    assert bounded.calls == 2 + 64 * 2 + 16 * 4
 
 
 def test_a_marker_in_a_deferred_rank_dir_is_seen_at_the_next_poll(tmp_path: Path) -> None:
@@ -148,6 +149,28 @@ def test_an_in_place_rewrite_waits_for_rotation_within_the_period(tmp_path: Path
     period = relist_period(64, 16)
     seen_at = [i for i in range(1, period + 1) if str(info) in _paths(p.poll(), FileModifiedEvent)]
     assert seen_at == [period]
+
+
+def test_a_marker_whose_folder_mtime_did_not_move_is_seen_within_the_period(tmp_path: Path) -> None:
+    """``analyse.done`` lands in ``ASCEND_PROFILER_OUTPUT/`` but its folder's mtime does not move (a cached or
+    coarse mtime): the rotation re-list stats the marker, so it is seen within ceil(total/N) polls, as the
+    docstring says; its removal too."""
+    dirs = _tree(tmp_path / "prof", 64)
+    p = Poller(tmp_path / "prof", 16)
+    _settle(p)
+    p.poll()
+    d = next(d for d in dirs if str(d) in p.relisted(dirs))  # just re-listed: due again in `period` polls
+    marker = d / "ASCEND_PROFILER_OUTPUT" / "analyse.done"
+    marker.touch()
+    os.utime(marker.parent, ns=(OLD_NS, OLD_NS))  # the folder's mtime as it was
+    period = relist_period(64, 16)
+    seen_at = [i for i in range(1, period + 1) if str(marker) in _paths(p.poll(), FileCreatedEvent)]
+    assert seen_at == [period]
+    assert str(marker) not in _paths(p.poll(), FileCreatedEvent)  # reported once
+    marker.unlink()
+    os.utime(marker.parent, ns=(OLD_NS, OLD_NS))
+    gone_at = [i for i in range(1, period + 1) if str(marker) in _paths(p.poll(), FileDeletedEvent)]
+    assert len(gone_at) == 1 and gone_at[0] <= period
 
 
 def test_vanished_and_new_rank_dirs_and_folders_are_seen_at_once(tmp_path: Path) -> None:

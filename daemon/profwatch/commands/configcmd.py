@@ -39,7 +39,7 @@ _DIR_KEYS = re.compile(r"(_dir|_dirs|_root|_roots)$")
 #: File settings a daemon opens at start: when set, the file must exist.
 _MUST_EXIST = re.compile(r"^(metrics_tls_cert|metrics_tls_key|metrics_client_ca|ca_file|cert_file|key_file|"
                          r"authorization_file)$")
-_SECRET_WORDS = r"secret|password|passwd|passphrase|token|auth|credential|api_?key|access_?key|private_?key|session|cookie"
+_SECRET_WORDS = r"secret|password|passwd|pwd|passphrase|token|auth|credential|api_?key|access_?key|private_?key|session|cookie"
 #: A key naming a secret (by its last part); a ``*_key``/``*_file``/``*_env`` setting names where the secret is
 #: (a path, an env var name), not the secret, and is shown.
 _SECRET_KEY = re.compile(rf"({_SECRET_WORDS})(?!.*(_key|_file|_env|_dir)$)", re.IGNORECASE)
@@ -47,13 +47,19 @@ _SECRET_KEY = re.compile(rf"({_SECRET_WORDS})(?!.*(_key|_file|_env|_dir)$)", re.
 #: (a password may hold an ``@``).
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>(?:[a-z][a-z0-9+.-]*:)?//)[^/?#\s]*@", re.IGNORECASE)
 #: A query, matrix or fragment parameter whose name says secret (``?token=``, ``#access_token=``, ``&auth=``,
-#: ``X-Amz-Credential``, ``X-Amz-Signature``, ``sig``, ``key``, ``code``).
-_URL_SECRET_PARAM = re.compile(rf"(?P<name>[?&;#](?:[\w.-]*(?:{_SECRET_WORDS}|key|sig|signature|code)[\w.-]*)=)"
+#: ``X-Amz-Credential``, ``X-Amz-Signature``, ``sig``, ``key``, ``code``, ``?pwd=``, ``?password=``, and the
+#: bare names ``pass`` / ``pw``).
+_URL_SECRET_PARAM = re.compile(rf"(?P<name>[?&;#](?:[\w.-]*(?:{_SECRET_WORDS}|key|sig|signature|code)[\w.-]*"
+                               r"|pass|pw)=)"
                                r"[^&;#\s]*", re.IGNORECASE)
 #: Webhook URLs whose path is the secret: Slack (``hooks.slack.com/services/T../B../X..``, ``/workflows/``),
-#: Discord (``/api/webhooks/<id>/<token>``), Mattermost and the like (``/hooks/<key>``).
+#: Discord (``/api/webhooks/<id>/<token>``), Mattermost and the like (``/hooks/<key>``), Microsoft Teams
+#: (``outlook.office.com/webhook/<ids>``, ``<tenant>.webhook.office.com/webhookb2/<ids>``,
+#: ``outlook.office365.com/webhook/``) and Telegram (``api.telegram.org/bot<id>:<token>/sendMessage``: the
+#: rest of the path after ``/bot`` is hidden).
 _URL_SECRET_PATH = re.compile(r"(?P<keep>(?:hooks\.slack\.com/(?:services|workflows|triggers)|/api/webhooks|"
-                              r"/hooks)/)[^?#\s\"']+", re.IGNORECASE)
+                              r"/hooks|\.office(?:365)?\.com/webhook(?:b2)?)/|/bot(?=\d+:))[^?#\s\"']+",
+                              re.IGNORECASE)
 #: An HTTP credential written out (``Bearer abc``, ``Basic dXNlcjpwYXNz``, ``token abc``).
 _AUTH_SCHEME = re.compile(r"(?P<scheme>\b(?:bearer|basic|token|digest)\s+)[A-Za-z0-9._~+/=:-]{8,}", re.IGNORECASE)
 REDACTED = "<redacted>"
@@ -98,7 +104,7 @@ def redact(key: str, value: Any) -> Any:
     where a secret is); in any string (list items and mapping values too): a URL's userinfo, its secret-named query,
     matrix or fragment parameters (``?token=``, ``#access_token=``, ``auth=``, ``X-Amz-Credential=``,
     ``X-Amz-Signature=``), a webhook URL's secret path (Slack ``/services/...``, Discord ``/api/webhooks/...``,
-    ``/hooks/...``) and a written-out HTTP credential (``Bearer ...``)."""
+    ``/hooks/...``, Teams ``.office.com/webhook/...``, Telegram ``/bot<token>/...``) and a written-out HTTP credential (``Bearer ...``)."""
     if value is None or value == "":
         return value
     if _SECRET_KEY.search(key.rsplit(".", 1)[-1]):

@@ -10,14 +10,17 @@ instead, and every poll:
 - stats every rank dir and its ``ASCEND_PROFILER_OUTPUT/`` (``analyse.done`` lands there and moves its mtime;
   ``trace.done`` and ``profiler_metadata.json`` land in the rank dir and move the rank dir's mtime);
 - re-lists a rank dir (scandir, then a stat of each entry completion reads: ``profiler_info*.json``,
-  ``profiler_metadata.json``, ``trace.done``) when it is new, one of those two mtimes (or inodes) changed, its last
+  ``profiler_metadata.json``, ``trace.done``, and a stat of ``ASCEND_PROFILER_OUTPUT/analyse.done``, whose folder
+  is not listed) when it is new, one of those two mtimes (or inodes) changed, its last
   look saw it change (a rank still writing or parsing: re-listed every poll until a listing shows it quiet), or
   rotation makes it due (``core/batches/poll_rotation.py``): at most ``max_listings`` a poll, each rank dir at
   least every ``ceil(rank dirs / max_listings)`` polls;
 - counts the others as deferred (their last listing stands).
 
 What that costs: a change that moves neither folder's mtime (a file rewritten in place, e.g. ``profiler_info_*.json``
-growing) is seen within ``ceil(rank dirs / max_listings)`` polls instead of one. A client that caches directory
+growing; an ``analyse.done`` whose folder's mtime did not move) is seen within ``ceil(rank dirs / max_listings)``
+polls instead of one. Other files of ``ASCEND_PROFILER_OUTPUT/`` are not looked at by polling (completion reads only
+the marker there); they are read by the analysis and the reconciliation scan. A client that caches directory
 attributes (NFS ``acdirmin``/``acdirmax``, 30-60 s by default; Lustre until its lock on the folder is revoked) shows
 another host's marker in the folder's mtime only when they expire; the same cache delays a listing of that folder
 too, so the bound adds at most the rotation period to what the cache hides, and the reconciliation scan
@@ -25,7 +28,8 @@ too, so the bound adds at most the rotation period to what the cache hides, and 
 
 Events are watchdog's: ``DirCreatedEvent``/``DirDeletedEvent`` for rank dirs and folders that appear or go,
 ``DirModifiedEvent`` for a folder above rank dirs whose mtime moved,
-``FileCreatedEvent``/``FileDeletedEvent``/``FileModifiedEvent`` for the entries of a re-listed rank dir, and
+``FileCreatedEvent``/``FileDeletedEvent``/``FileModifiedEvent`` for the entries of a re-listed rank dir and its
+``ASCEND_PROFILER_OUTPUT/analyse.done``, and
 ``DirModifiedEvent`` for an ``ASCEND_PROFILER_OUTPUT/`` whose mtime moved. A watch whose root is a rank dir or lies
 inside one (a subtree inotify could not watch) is small: it gets watchdog's own polling emitter.
 """
@@ -55,6 +59,7 @@ from watchdog.observers.polling import PollingEmitter
 
 from profwatch.core.batches.poll_rotation import relist_period, rotation_due
 from profwatch.core.batches.prof_layout import (
+    ANALYSE_DONE,
     PROFILER_METADATA,
     PROFILER_OUTPUT_DIR,
     TRACE_DONE,
@@ -76,12 +81,17 @@ def _key(st: os.stat_result) -> _Key:
     return st.st_ino, st.st_dev, st.st_mtime_ns
 
 
+def _file_key(st: os.stat_result) -> _FileKey:
+    return st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode
+
+
 @dataclass(slots=True)
 class _RankDir:
     slot: int
     key: _Key | None = None  # the rank dir's (ino, dev, mtime_ns) at its last look
     out: _Key | None = None  # its ASCEND_PROFILER_OUTPUT/'s, None when absent
     files: dict[str, _FileKey] = field(default_factory=dict)  # kept entry name -> its stat at the last listing
+    marker: _FileKey | None = None  # ASCEND_PROFILER_OUTPUT/analyse.done's stat at the last listing, None: absent
     active: bool = True  # its last look saw a change: re-list at the next poll
 
 
@@ -213,7 +223,15 @@ class RankTreePoller:
                 st = self._stat(os.path.join(path, name))
             except OSError:
                 continue
-            files[name] = (st.st_ino, st.st_mtime_ns, st.st_size, st.st_mode)
+            files[name] = _file_key(st)
+        marker_path = os.path.join(out_path, ANALYSE_DONE)  # its folder's mtime may not show it (docstring)
+        try:
+            marker: _FileKey | None = _file_key(self._stat(marker_path))
+        except OSError:
+            marker = None
+        if marker != rd.marker:
+            events.append(FileDeletedEvent(marker_path) if marker is None else
+                          FileCreatedEvent(marker_path) if rd.marker is None else FileModifiedEvent(marker_path))
         for name in sorted(set(rd.files) - set(files)):
             events.append(FileDeletedEvent(os.path.join(path, name)))
         for name, fk in sorted(files.items()):
@@ -222,8 +240,8 @@ class RankTreePoller:
                 events.append(FileCreatedEvent(os.path.join(path, name)))
             elif old != fk:
                 events.append(FileModifiedEvent(os.path.join(path, name)))
-        rd.active = changed or files != rd.files
-        rd.files = files
+        rd.active = changed or files != rd.files or marker != rd.marker
+        rd.files, rd.marker = files, marker
         return 0
 
 

@@ -18,16 +18,19 @@ tool-safe name (:func:`staged_name`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import get_args
 
 from profwatch.core.batches.completeness import BatchState
-from profwatch.core.batches.prof_layout import OUTPUT_MARKER, PROFILER_OUTPUT_DIR
+from profwatch.core.batches.prof_layout import OUTPUT_MARKER, PROFILER_OUTPUT_DIR, RankDirKind
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_RANK_DIR_SUFFIXES = tuple("_" + kind for kind in get_args(RankDirKind))  # "_ascend_pt", "_torch_pt"
 
 
 class StagingError(RuntimeError):
@@ -146,9 +149,20 @@ def tool_safe(path: str | os.PathLike[str]) -> bool:
 def staged_name(rank_dir: str | os.PathLike[str]) -> str:
     """The name of ``rank_dir``'s folder in a staging: its own name when msprof-analyze takes it
     (:data:`TOOL_PATH_RE`), else that name with every run of other characters (non-ASCII, a byte that is not
-    UTF-8) made ``_`` (the ``_ascend_pt`` / ``_torch_pt`` suffix the tool looks for is ASCII and kept)."""
+    UTF-8) made ``_`` and ``_h`` + the first 8 hex digits of the SHA-256 of the original name (UTF-8, surrogate
+    escapes kept) inserted before the ``_ascend_pt`` / ``_torch_pt`` suffix the tool looks for (ASCII, kept at
+    the end). The hash keeps two odd names that sanitise alike (``nodé_4000_..``, ``nodè_4000_..``) apart, so a
+    batch holding both still stages (one staged dir per rank); a name the tool takes never gets one, so it
+    cannot meet a hashed name either."""
     name = os.path.basename(os.path.normpath(os.fspath(rank_dir)))
-    return name if TOOL_PATH_RE.fullmatch(name) else (_SAFE.sub("_", name).strip("._") or "rank")
+    if TOOL_PATH_RE.fullmatch(name):
+        return name
+    tag = "_h" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    safe = _SAFE.sub("_", name).strip("._") or "rank"
+    for suffix in _RANK_DIR_SUFFIXES:
+        if safe.endswith(suffix) and len(safe) > len(suffix):
+            return safe[: -len(suffix)] + tag + suffix
+    return safe + tag
 
 
 def tool_safe_root(root: str | os.PathLike[str]) -> Path:

@@ -89,7 +89,8 @@ class _Quiet(WSGIRequestHandler):
 
 def probe_app(health: Health, metrics_app: Wsgi | None, clock: Callable[[], float] = time.monotonic) -> Wsgi:
     """The WSGI app: ``/metrics`` to ``metrics_app`` (when given), ``/healthz``, ``/readyz``, else 404. GET and
-    HEAD only (HEAD: the same status and headers, no body); any other method is 405 with ``Allow: GET, HEAD``."""
+    HEAD only (HEAD: the same status and headers as GET, ``Content-Length`` the GET body's, no body); any other
+    method is 405 with ``Allow: GET, HEAD``."""
 
     def app(environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
         method = str(environ.get("REQUEST_METHOD") or "GET").upper()
@@ -98,14 +99,33 @@ def probe_app(health: Health, metrics_app: Wsgi | None, clock: Callable[[], floa
             start("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Type", "text/plain"),
                                              ("Content-Length", str(len(data)))])
             return [data]
-        # HEAD is answered as GET (prometheus-client's app would refuse it) and its body dropped
-        body = routed(environ | {"REQUEST_METHOD": "GET"} if method == "HEAD" else environ, start)
-        if method == "HEAD":  # RFC 9110 9.3.2: the GET's status and headers (Content-Length too), no content
+        if method == "GET":
+            return routed(environ, start)
+        return head(environ, start)
+
+    def head(environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
+        """HEAD answered as GET (prometheus-client's app would refuse it), RFC 9110 9.3.2: GET's status and headers,
+        no content. The GET body is made and measured so ``Content-Length`` is GET's (prometheus-client's app
+        sets none and leaves it to the server, which would count the empty HEAD body and say 0)."""
+        answer: list[Any] = []
+        chunks: list[bytes] = []
+
+        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+            answer[:] = [status, list(headers)]
+            return chunks.append  # PEP 3333 write(): counted with the returned body
+
+        body = routed(environ | {"REQUEST_METHOD": "GET"}, capture)
+        try:
+            chunks.extend(body)
+        finally:
             close = getattr(body, "close", None)
             if close is not None:
                 close()
-            return []
-        return body
+        status, headers = answer
+        if not any(name.lower() == "content-length" for name, _ in headers):
+            headers.append(("Content-Length", str(sum(len(c) for c in chunks))))
+        start(status, headers)
+        return []
 
     def routed(environ: dict[str, Any], start: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
