@@ -328,18 +328,28 @@ def unknown_env_sections(environ: Mapping[str, str]) -> list[str]:
     return out
 
 
+TOOLING_ENV_VARS = frozenset({
+    "PROFWATCH_REQUIRE_REAL_TOOLS", "PROFWATCH_OFFLINE", "PROFWATCH_WHEEL_CACHE", "PROFWATCH_RESOLVE_CACHE",
+    "PROFWATCH_CONFORMANCE_COVERAGE", "PROFWATCH_CONFORMANCE_SHM_TAG", "PROFWATCH_TORCH_NPU_VERSION",
+    "PROFWATCH_TORCH_NPU_STANDIN_VERSION", "PROFWATCH_SHARED_DIR", "PROFWATCH_KEEP_TMP"})
+"""``PROFWATCH_*`` variables of the project's own CI, tests and conformance runs (``.ci/run``, ``tests/``), not
+settings: never warned about (``.ci/run`` exports ``PROFWATCH_REQUIRE_REAL_TOOLS``, and a warning on every
+command's stderr failed the config tests under CI)."""
+
+
 def unknown_env_variables(environ: Mapping[str, str]) -> list[str]:
     """``"NAME: why"`` for each ``PROFWATCH_*`` variable (any case) that is neither a key override
     (``PROFWATCH_<SECTION>__<KEY>``, two underscores: :func:`unknown_env_sections` checks those), a whole-table
     override (``PROFWATCH_<SECTION>``, JSON), ``PROFWATCH_CONFIG``, the rank hook's own variables
-    (``rankhook.ENV_VARS``) nor the simulator's (``PROFWATCH_SIM_POLL_INTERVAL_S``). pydantic-settings ignores such
+    (``rankhook.ENV_VARS``), the simulator's (``PROFWATCH_SIM_POLL_INTERVAL_S``) nor the project's tooling's
+    (:data:`TOOLING_ENV_VARS`). pydantic-settings ignores such
     a variable, so ``PROFWATCH_WEBHOOK_URL`` (one underscore) would change nothing, silently. A warning, never an
     error: the prefix is shared with other tools' variables. The why names the ``__`` form it may have meant."""
     from profwatch.simulate.dynamic_profile_sim import POLL_ENV as SIM_POLL_ENV
     from rankhook import ENV_VARS as HOOK_ENV_VARS
 
     sections = set(Settings.model_fields)
-    known = {"PROFWATCH_CONFIG", SIM_POLL_ENV, *HOOK_ENV_VARS}
+    known = {"PROFWATCH_CONFIG", SIM_POLL_ENV, *HOOK_ENV_VARS, *TOOLING_ENV_VARS}
     out = []
     for name in sorted(environ):
         upper = name.upper()

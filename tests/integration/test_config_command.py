@@ -202,3 +202,20 @@ def test_check_of_a_huge_file_reads_only_the_cap(tmp_path: Path) -> None:
         f.truncate(300 * 2**20)
     lines = _errors(_cli("check", "--config", str(big)))
     assert len(lines) == 1 and "over the 1048576-byte cap" in lines[0] and "not read" in lines[0], lines
+
+
+def test_the_projects_own_ci_and_test_variables_are_never_warned_about() -> None:
+    """``.ci/run`` exports ``PROFWATCH_REQUIRE_REAL_TOOLS`` for the whole suite: warned about, it put a line on
+    every command's stderr and failed the config tests under CI. Every ``PROFWATCH_*`` name in ``.ci/`` and the
+    tests' conftest files is a setting, the hook's, or :data:`profwatch.config.TOOLING_ENV_VARS`."""
+    import re
+
+    from profwatch.config import unknown_env_variables
+
+    files = [p for p in (REPO_ROOT / ".ci").iterdir() if p.is_file()] + list((REPO_ROOT / "tests").rglob("conftest.py"))
+    names = set()
+    for path in files:
+        names |= {n for n in re.findall(r"PROFWATCH_[A-Z][A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8"))
+                  if "__" not in n}
+    assert "PROFWATCH_REQUIRE_REAL_TOOLS" in names
+    assert unknown_env_variables(dict.fromkeys(names, "1")) == []
