@@ -13,14 +13,16 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from profwatch.adapters.fs.bounded_read import InputTooLarge, read_capped
 from profwatch.adapters.fs.rank_dir_fs import MAX_JSON_BYTES
 from profwatch.core.verdict.link_rows import COLUMNS, LinkRows
 from profwatch.core.verdict.msprof_plan import COLUMNAR_TABLES, InputFacts
+
+T = TypeVar("T")
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -31,10 +33,9 @@ def connect_ro(db_path: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"{db_path.absolute().as_uri()}?mode=ro", uri=True)
 
 
-def read_table(db_path: Path, table: str) -> list[dict[str, Any]] | None:
-    """Rows of ``table`` as dicts keyed by column name; None when the file or the table is missing or unreadable
-    (e.g. "database disk image is malformed"). Reads the whole table: result tables are per-rank/step summaries
-    (hundreds of rows), never raw events."""
+def _read_if_table(db_path: Path, table: str, read: Callable[[sqlite3.Connection], T]) -> T | None:
+    """``read(con)`` on ``db_path`` opened read-only when it holds ``table``; None when the file or the table is
+    missing or anything is unreadable (e.g. "database disk image is malformed"). The connection is closed after."""
     if not db_path.is_file():
         return None
     try:
@@ -42,30 +43,29 @@ def read_table(db_path: Path, table: str) -> list[dict[str, Any]] | None:
     except sqlite3.Error:
         return None
     try:
-        con.row_factory = sqlite3.Row
         found = con.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (table,)).fetchone()
-        if not found:
-            return None
-        return [dict(r) for r in con.execute(f'SELECT * FROM "{table}"')]
+        return read(con) if found else None
     except sqlite3.Error:
         return None
     finally:
         con.close()
 
 
+def read_table(db_path: Path, table: str) -> list[dict[str, Any]] | None:
+    """Rows of ``table`` as dicts keyed by column name; None when the file or the table is missing or unreadable
+    (e.g. "database disk image is malformed"). Reads the whole table: result tables are per-rank/step summaries
+    (hundreds of rows), never raw events."""
+    def rows(con: sqlite3.Connection) -> list[dict[str, Any]]:
+        con.row_factory = sqlite3.Row
+        return [dict(r) for r in con.execute(f'SELECT * FROM "{table}"')]
+
+    return _read_if_table(db_path, table, rows)
+
+
 def read_link_rows(db_path: Path, table: str, *, chunk: int = 16384) -> LinkRows | None:
     """Rows of ``table`` (a ``ClusterCommunicationMatrix``) straight into columns (:class:`LinkRows`: the kept
     columns only, ``chunk`` rows at a time, never a dict per row); None as :func:`read_table`."""
-    if not db_path.is_file():
-        return None
-    try:
-        con = connect_ro(db_path)
-    except sqlite3.Error:
-        return None
-    try:
-        found = con.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (table,)).fetchone()
-        if not found:
-            return None
+    def columns(con: sqlite3.Connection) -> LinkRows:
         have = [str(r[1]) for r in con.execute(f'PRAGMA table_info("{table}")')]
         names = [n for n in COLUMNS if n in have]
         out = LinkRows()
@@ -73,10 +73,8 @@ def read_link_rows(db_path: Path, table: str, *, chunk: int = 16384) -> LinkRows
         while rows := cur.fetchmany(chunk):
             out.extend_tuples(names, rows)
         return out
-    except sqlite3.Error:
-        return None
-    finally:
-        con.close()
+
+    return _read_if_table(db_path, table, columns)
 
 
 def read_tables(db_path: Path, tables: Iterable[str]) -> dict[str, Sequence[Mapping[str, Any]] | None]:
