@@ -435,6 +435,10 @@ class Coordinator:
             for end in self._job_end.check(last, now, waiting):
                 job = self.registry.jobs.get(end.job_id)
                 gen = job.generation if job is not None else 0
+                if self._ended.ended(end.job_id, gen):
+                    # this generation's end is already on record (restored after a restart: a crash restores the
+                    # last report time of the last full flush, so the silence would get another event id)
+                    continue
                 self._ended.mark(end.job_id, gen, end.last_report_unix_s)
                 self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json() | {"generation": gen}, event_id=end.event_id())
                 self.registry.note_ended(end.job_id, now)

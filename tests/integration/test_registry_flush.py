@@ -10,6 +10,7 @@ from pathlib import Path
 
 from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
+from profwatch.core.alerts.event_types import TYPE_JOB_ENDED
 from rankhook import wire
 from tests.integration.live_stack import free_port, loopback_coordinator
 
@@ -89,5 +90,33 @@ def test_a_job_ended_before_a_restart_opens_a_new_generation_when_it_reports_aga
         again._next_observe = 0.0
         again._tick_jobs_and_sinks(now)
         assert again._ended.ended("j", 0)  # the ended generation stays ended: its late verdicts never page
+    finally:
+        again.close()
+
+
+def test_a_restart_does_not_report_an_ended_generation_again(tmp_path: Path) -> None:
+    """A job that ended before a restart is not reported ended again after it, even when the restart restores an
+    older last report time (a crash restores the last full flush's fields, so the silence gets another event id)."""
+    coord = _coordinator(tmp_path)
+    try:
+        reg = coord.registry
+        reg.touch_node("n0", "h0", 1.0)
+        for r in range(2):
+            reg.hello(wire.RankHello(job_id="j", rank=r, local_rank=r, world_size=2, hostname="h0", pid=100 + r,
+                                     backend="torch", ts_unix_s=1.0), "n0", 1.0)
+        job = reg.jobs["j"]
+        for s in range(1, 11):
+            reg.step_run(job, [wire.StepReport("j", r, s, 0.1, 2.0) for r in range(2)], 0, 2.0, "n0", [])
+        coord._next_observe = 0.0
+        coord._tick_jobs_and_sinks(2.0 + coord.settings.coordinator.job_end_after_s + 1)
+    finally:
+        coord.close()
+    again = _coordinator(tmp_path)
+    try:
+        assert len(list(again.state.iter_events((TYPE_JOB_ENDED,)))) == 1
+        again.registry.jobs["j"].heard_unix_s = 1.5  # as restored after a crash: an older last report time
+        again._next_observe = 0.0
+        again._tick_jobs_and_sinks(5000.0)
+        assert len(list(again.state.iter_events((TYPE_JOB_ENDED,)))) == 1
     finally:
         again.close()
