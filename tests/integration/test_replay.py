@@ -108,6 +108,8 @@ def test_bad_lines_counted_with_line_numbers_never_crash(tmp_path: Path) -> None
     assert res["bad_lines"]["count"] == 6
     assert [b["line"] for b in res["bad_lines"]["lines"]] == [n + 1, n + 2, n + 3, n + 4, n + 6, n + 7]
     assert res["records"] == n
+    missing = run_json(tmp_path, recs, tail='{"type": "step"}\n')["bad_lines"]["lines"][0]["error"]
+    assert missing == "job_id, rank, step, ts_unix_s: Field required"  # every missing field, not the first
 
 
 def test_readable_summary_and_config_errors(tmp_path: Path) -> None:

@@ -154,6 +154,13 @@ def test_every_wait_says_what_it_waits_for_and_what_was_seen() -> None:
     line = tl.progress_line(1200.0, None, 1404.0, "first alert within 240 s of the slowdown")
     assert line.startswith("[torch] waiting for the first alert; seen: slowdown +0s, detection +6s; no step")
     assert tl.waiting_for() == "arm"
+    tl.add("reference", 1163.6, 39)  # just before the slowdown: it read "reference +-0s"
+    seen = tl.progress_line(1200.0, None, 1404.0, "x within 1 s").split("seen: ")[1]
+    assert seen.startswith("reference +0s, slowdown +0s, detection +6s;")
+    early = Timeline("torch", "demo-torch")
+    early.add("reference", 1100.0, 20)
+    early.add("slowdown", 1164.0, 40)
+    assert "seen: reference -64s, slowdown +0s;" in early.progress_line(1200.0, None, 1404.0, "x within 1 s")
 
 
 def test_a_timed_out_scenario_says_so_with_what_it_saw_never_none() -> None:

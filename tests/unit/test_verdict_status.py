@@ -54,3 +54,15 @@ def test_a_rank_missing_from_the_time_breakdown_is_not_judged():
     ev.summaries = [s for s in ev.summaries if s.rank != 7]
     status, _, unjudged = _status(ev)
     assert status == "partial" and unjudged == {7: "not in the time breakdown"}
+
+
+def test_a_no_suspect_detail_says_what_the_capture_was_armed_for():
+    """A no_suspect verdict says what detection saw: a named rank the capture does not confirm, or a job-wide
+    slowdown (no single rank); a reference capture or an unknown reason adds nothing."""
+    from profwatch.analysis.result import armed_for_note
+
+    named = armed_for_note("rank_outlier +35% at step 120 ranks [2]")
+    assert named.startswith("; armed for rank_outlier +35% at step 120 ranks [2], which this capture does not confirm")
+    assert armed_for_note("step_regression +25% at step 300") == (
+        "; armed for step_regression +25% at step 300: the whole job, no single rank")
+    assert armed_for_note("reference") == armed_for_note(None) == armed_for_note("  ") == ""

@@ -49,6 +49,7 @@ from profwatch.analysis.drilldown import DRILL_SUSPECTS, SUSPECT_COMPARE, compar
 from profwatch.analysis.result import (
     AnalysisResult,
     AnalysisStatus,
+    armed_for_note,
     hostnames_from_dirs,
     not_complete,
     overall_status,
@@ -576,6 +577,8 @@ def _judge(result: AnalysisResult, ev: ClusterEvidence, f: Followup) -> None:
     result.status, result.detail = overall_status(ev, verdict, sorted(batch.expected_ranks) or len(batch.ranks),
                                                   unjudged, waited_for=result.waited_for,
                                                   subset=result.captured_ranks is not None)
+    if result.status == "no_suspect":
+        result.detail += armed_for_note(result.capture_reason)
     result.unjudged_ranks = unjudged
     result.hardware = below_peers(ev.aicore)
     if result.hardware:

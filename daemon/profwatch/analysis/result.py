@@ -14,6 +14,7 @@ from profwatch.core.batches.completeness import BatchState
 from profwatch.core.batches.prof_layout import parse_rank_dir_name
 from profwatch.core.capture.lifecycle import event_type_for
 from profwatch.core.capture.report import window_notes
+from profwatch.core.changes.reference import REFERENCE_REASON
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus, SlowLink, Suspect
 from profwatch.core.verdict.ranking import Verdict
 
@@ -290,6 +291,21 @@ def _status_of_verdict(verdict: Verdict, what: str, covered: int, *, waited_for:
         return "partial", f"nobody stands out, but only {window}: absence not proven{once}"
     among = " (a targeted capture: the uncaptured ranks are not judged)" if subset else ""
     return "no_suspect", f"{covered} ranks analysed over {window}: no rank stands out{among}{once}"
+
+
+def armed_for_note(capture_reason: str | None) -> str:
+    """What a ``no_suspect`` detail adds about why the capture was armed: ``""`` for none or a reference capture;
+    ``"; armed for rank_outlier +35% at step 120 ranks [2], which this capture does not confirm ..."`` when
+    detection named ranks (the slowdown may have passed, or fall outside the captured steps); ``"; armed for
+    step_regression +25% at step 120: the whole job, no single rank"`` for a job-wide one. ``capture_reason`` is
+    the arming policy's text (``profwatch.core.arming.policy.describe_anomaly``)."""
+    reason = (capture_reason or "").strip()
+    if not reason or reason == REFERENCE_REASON:
+        return ""
+    if " ranks [" in reason:
+        return (f"; armed for {reason}, which this capture does not confirm (the slowdown may have passed or fall"
+                " outside the captured steps)")
+    return f"; armed for {reason}: the whole job, no single rank"
 
 
 def not_complete(batch: BatchState, result: AnalysisResult) -> None:

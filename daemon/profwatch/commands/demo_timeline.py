@@ -78,7 +78,8 @@ class Timeline:
         """The line printed every 15 s of a wait: what it waits for, the stages seen so far (seconds from the
         slowdown), the job's furthest step, and how long the wait may still last."""
         t0 = self.t("slowdown")
-        seen = ", ".join(f"{s}" + ("" if t0 is None else f" +{t - t0:.0f}s") for s, t, *_ in self.ordered()) or "nothing yet"
+        seen = ", ".join(f"{s}" + ("" if t0 is None else f" {round(t - t0) + 0:+d}s")  # before it: -Ns, never +-0s
+                         for s, t, *_ in self.ordered()) or "nothing yet"
         at = f"the job at step {step}" if step is not None and step >= 0 else "no step of the job reported yet"
         return (f"[{self.scenario}] waiting for the {what.split(' within ')[0]}; seen: {seen}; {at}; "
                 f"{max(0.0, deadline - now):.0f} s left of {what}")

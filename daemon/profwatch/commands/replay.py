@@ -271,11 +271,16 @@ def _new_run(job: _Job, opened: GenerationOpened, cfg: ReplayConfig, now: float,
 
 
 def _short_error(exc: BaseException) -> str:
+    """One line for a bad record: every field the validation refused, grouped by message (``job_id, rank, step:
+    Field required``), at most 200 characters; else the exception's type and text."""
     if isinstance(exc, ValidationError):
-        errs = exc.errors()
-        if errs:
-            loc = ".".join(str(x) for x in errs[0].get("loc", ()))
-            return f"{loc}: {errs[0].get('msg', '')}" if loc else str(errs[0].get("msg", ""))
+        by_msg: dict[str, list[str]] = {}
+        for err in exc.errors():
+            loc = ".".join(str(x) for x in err.get("loc", ()))
+            by_msg.setdefault(str(err.get("msg", "")), []).append(loc)
+        if by_msg:
+            return "; ".join(f"{', '.join(x for x in locs if x)}: {msg}" if any(locs) else msg
+                             for msg, locs in by_msg.items())[:200]
     return f"{type(exc).__name__}: {exc}"[:200]
 
 
