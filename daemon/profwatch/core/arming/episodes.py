@@ -171,7 +171,12 @@ class JobEpisodes:
         episode's own captures named a different top rank each time, the culprit rotates: ``culprit_rotates`` is
         published once and the episode is not captured again. The same holds across the episodes of one key
         (:meth:`_rotation_across`): the rotation's captures then leave the hourly cap, and later episodes of the key
-        wait until they persist (:meth:`_persists`). A ``partial`` verdict of the episode's own targeted
+        wait until they persist (:meth:`_persists`). A capture counts for an episode that opens after it when its
+        window started inside the report's evidence (``first_step``, else the rank outlier's ``window_steps``) and
+        it covered the ranks: in flight, or ended lately without ``no_suspect``. And a rotation is recognised from
+        the ranks named (:meth:`_rotation_named`): once a key's episodes took ``rotation_captures`` captures in the
+        generation, a move of the ranks they name is a rotation at once, so a rotation takes at most
+        ``rotation_captures`` captures even when no verdict names a top rank. A ``partial`` verdict of the episode's own targeted
         capture whose ranks waited for ranks it did not hold (``waited``) asks for one follow-up: the episode wants a
         capture again at once (no cooldown: the waited-for ranks are new to it), through the job's budget (gap,
         hourly and byte caps), covering those ranks (:attr:`Episode.follow_ranks`,
@@ -570,6 +575,10 @@ class JobEpisodes:
             caps = self._key_captures.setdefault(ep.key, [])
             if cap.capture_id not in caps:
                 caps[:] = [*caps, cap.capture_id][-MAX_CAPTURES:]
+            if len(self._key_captures) > MAX_OPEN:  # keys of closed episodes go first (memory bound)
+                stale = [k for k in self._key_captures if k not in self.open and k != ep.key]
+                for k in stale[:len(self._key_captures) - MAX_OPEN]:
+                    del self._key_captures[k]
         ep.new_ranks = False
         ep.not_before_unix_s = 0.0
         self._wait(ep, "capture_in_flight" if cap.status is None else "", None, "")
