@@ -36,7 +36,12 @@ replica (serving DP); onset anywhere from step 12 on (a quarter of them while th
 60); size 1.3x (40 %), 3x (40 %) or uniform 1.1-4x (20 %); lasting to the end of the run. Reported per class:
 
 - false arms per healthy hour: arms before any change (injected, or a host-load rise in ``levels``) or more than
-  ``GRACE_S`` after its end; healthy hours are the record time outside those windows;
+  ``GRACE_S`` after its end; healthy hours are the record time outside those windows. The captures a rotating
+  culprit took by design are counted apart, in ``rot caps``: those a ``culprit_rotates`` event names
+  (``capture_ids``), at most ``[arming] rotation_captures`` (2) per job generation (issue 31: "a rotation ... takes
+  at most two captures"; until the hot spot first moves, a hot MoE expert is a slow rank like any other). Every
+  other arm in healthy time, a third capture of a rotation included, is a false arm. ``rot caps`` are arms all
+  the same: a user sees them, so they are printed beside the false arms, with their own rate, never dropped;
 - changes lost: a *lasting* change (>= 60 steps and >= 5 minutes, or to the end of a run shorter than that) at
   least 2x the unit's noise and at least ``min_effect`` that no arm covered while it lasted (covers: the arm's
   rank list holds the changed ranks and it names them or none);
@@ -73,6 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 
 from profwatch.commands.replay import ReplayConfig, replay_lines
+from profwatch.core.arming.settings import ArmingSettings
 from profwatch.core.detection.settings import DetectionSettings
 
 try:
@@ -431,11 +437,33 @@ def _observed_level(run: Run, t: float) -> float:
     return float(np.median(times)) if times else math.nan
 
 
+def _rotation_arms(res: dict[str, Any]) -> set[str]:
+    """Capture ids of the arms a rotating culprit took by design: the captures that each ``culprit_rotates`` event
+    lists (``capture_ids``: the captures that showed the hot spot moving), at most ``[arming] rotation_captures``
+    per job generation, the earliest first. Issue 31 prescribes them ("a rotation ... takes at most two
+    captures"): until the hot spot moves, a hot MoE expert is a slow rank like any other. Any further arm of a
+    rotation stays a false arm."""
+    cap = ArmingSettings().rotation_captures
+    arms = {a.get("capture_id"): a for a in res["arms"]}
+    ids: dict[str, set[str]] = defaultdict(set)
+    for e in res["episode_events"]:
+        if e["type"].endswith(".culprit_rotates.v1"):
+            ids[e["job_id"]].update(c for c in e.get("capture_ids") or () if c in arms)
+    out: set[str] = set()
+    for job, cids in ids.items():
+        gens = 1 + sum(1 for g in res.get("generations") or () if g.get("job_id") == job)
+        out.update(sorted(cids, key=lambda c: arms[c]["at_unix_s"])[:cap * gens])
+    return out
+
+
 def score(run: Run, res: dict[str, Any]) -> dict[str, Any]:
     _change_windows(run)
     arms = res["arms"]
     windows = [(c.onset_t, c.end_t + GRACE_S) for c in run.changes]
-    false_arms = [a for a in arms if not any(lo <= a["at_unix_s"] <= hi for lo, hi in windows)]
+    healthy_arms = [a for a in arms if not any(lo <= a["at_unix_s"] <= hi for lo, hi in windows)]
+    by_design = _rotation_arms(res)
+    rotation_arms = [a for a in healthy_arms if a.get("capture_id") in by_design]
+    false_arms = [a for a in healthy_arms if a.get("capture_id") not in by_design]
     healthy_s = run.end_t - run.start_t
     for lo, hi in sorted(windows):
         healthy_s -= max(0.0, min(hi, run.end_t) - max(lo, run.start_t))
@@ -479,6 +507,7 @@ def score(run: Run, res: dict[str, Any]) -> dict[str, Any]:
                             "learning": c.learning})
     return {"class": run.cls, "seed": run.seed, "shape": run.shape, "healthy_h": healthy_s / 3600.0,
             "false_arms": len(false_arms), "false_arm_kinds": [a["kind"] for a in false_arms],
+            "rotation_arms": len(rotation_arms),
             "violations": violations, "changes": out_changes, "records": len(run.lines),
             "max_magnitude": max((a["magnitude"] for a in res["anomalies"]), default=0.0)}
 
@@ -513,14 +542,15 @@ def _run_corpus(wanted: list[str], runs: int, seed0: int, t0: float) -> list[dic
 def _print_table(wanted: list[str], rows: list[dict[str, Any]]) -> None:
     """One line per class (healthy hours, false arms, lost changes, detection delays, violations), then the total
     and the steady job's median delays."""
-    print(f"{'class':15s} {'runs':>4s} {'healthy h':>9s} {'false arms':>10s} {'/h':>5s} {'lost':>9s} "
-          f"{'d1.3 p50':>8s} {'p90':>5s} {'d3 p50':>6s} {'p90':>5s} {'learn lost':>10s} {'viol':>4s}")
+    print(f"{'class':15s} {'runs':>4s} {'healthy h':>9s} {'false arms':>10s} {'/h':>5s} {'rot caps':>8s} "
+          f"{'/h':>5s} {'lost':>9s} {'d1.3 p50':>8s} {'p90':>5s} {'d3 p50':>6s} {'p90':>5s} {'learn lost':>10s} {'viol':>4s}")
     tot: dict[str, float] = defaultdict(float)
     steady_delays: dict[str, list[float]] = {"1.3": [], "3": []}
     for cls in wanted:
         rs = [r for r in rows if r["class"] == cls]
         hh = sum(r["healthy_h"] for r in rs)
         fa = sum(r["false_arms"] for r in rs)
+        ra = sum(r.get("rotation_arms", 0) for r in rs)
         ch = [c for r in rs for c in r["changes"]]
         scored = [c for c in ch if c["lasting"] and c["detectable"]]
         lost = [c for c in scored if not c["captured"]]
@@ -532,14 +562,16 @@ def _print_table(wanted: list[str], rows: list[dict[str, Any]]) -> None:
         viol = sum(len(r["violations"]) for r in rs)
         tot["hh"] += hh
         tot["fa"] += fa
+        tot["ra"] += ra
         tot["lost"] += len(lost)
         tot["scored"] += len(scored)
         tot["viol"] += viol
         print(f"{cls:15s} {len(rs):4d} {hh:9.1f} {fa:10d} {fa / hh if hh else math.nan:5.2f} "
-              f"{len(lost):4d}/{len(scored):<4d} {_pct(d13, 50):8.0f} {_pct(d13, 90):5.0f} {_pct(d3, 50):6.0f} "
+              f"{ra:8d} {ra / hh if hh else math.nan:5.2f} {len(lost):4d}/{len(scored):<4d} {_pct(d13, 50):8.0f} {_pct(d13, 90):5.0f} {_pct(d3, 50):6.0f} "
               f"{_pct(d3, 90):5.0f} {len(learn_lost):10d} {viol:4d}")
     print(f"{'all':15s} {len(rows):4d} {tot['hh']:9.1f} {int(tot['fa']):10d} "
-          f"{tot['fa'] / tot['hh'] if tot['hh'] else math.nan:5.2f} {int(tot['lost']):4d}/{int(tot['scored']):<4d}"
+          f"{tot['fa'] / tot['hh'] if tot['hh'] else math.nan:5.2f} {int(tot['ra']):8d} "
+          f"{tot['ra'] / tot['hh'] if tot['hh'] else math.nan:5.2f} {int(tot['lost']):4d}/{int(tot['scored']):<4d}"
           f" {'':8s} {'':5s} {'':6s} {'':5s} {'':10s} {int(tot['viol']):4d}")
     if steady_delays["1.3"] or steady_delays["3"]:
         print(f"steady job's median delay (steps): 1.3x {_pct(steady_delays['1.3'], 50):.0f}, "

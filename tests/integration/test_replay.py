@@ -387,3 +387,16 @@ def test_the_job_cap_is_the_configs_limits_max_jobs_total(tmp_path: Path) -> Non
     cfg.write_text("[limits]\nmax_jobs_total = 0\n")  # validated as the daemons validate it
     code, out = invoke(f, "--config", str(cfg))
     assert code == 2 and "max_jobs_total" in out, out
+
+
+def test_a_rotating_hot_expert_is_published_with_the_captures_that_showed_it(tmp_path: Path) -> None:
+    """Replay publishes what the coordinator publishes when a capture ends (culprit_rotates), and each arm carries
+    the capture id the episodes name: a hot expert (+50 %) moving every 150 steps over 8 ranks takes at most
+    rotation_captures (2) captures, all listed by the one culprit_rotates event."""
+    moe = replace(BASE, steps=2400, cv=0.02, rotate_every=150, slow_rank_factor=1.5, slow_rank_from_step=800)
+    res = run_json(tmp_path, generate_telemetry(moe))
+    rot = [e for e in res["episode_events"] if e["type"] == "io.profwatch.culprit_rotates.v1"]
+    assert len(rot) == 1 and len(set(rot[0]["rotation"])) >= 2
+    ids = [a["capture_id"] for a in res["arms"]]
+    assert len(ids) == len(set(ids)) and set(rot[0]["capture_ids"]) <= set(ids)
+    assert len(res["arms"]) <= 2

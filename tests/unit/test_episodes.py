@@ -641,3 +641,107 @@ def test_a_hot_rank_stays_named_as_long_as_the_rotation_did_and_is_not_taken_for
             assert now - (T0 + 360) >= 720
             break
     assert [e.data["reason"] for e in opened] == ["persistent"]
+
+
+def window_out(step: int, ranks: tuple[int, ...], mag: float = 0.4) -> Anomaly:
+    """A rank outlier report as the detector gives it: it fired once the ranks outlied in 8 of its last 12 steps."""
+    return Anomaly("rank_outlier", "j", step, ranks, mag, {"stage": {r: "compute" for r in ranks},
+                                                            "excess": {r: mag for r in ranks}, "window_steps": 12,
+                                                            "outlying_steps": {r: 8 for r in ranks}})
+
+
+def test_a_job_wide_capture_that_ended_before_the_hot_rank_was_named_is_the_rotations_first_capture() -> None:
+    """Issue 31's corpus, class moe (seeds 19, 26, 30 of --seed 31): the hot expert's first appearance raises the job
+    step time at step 103; that job-wide episode is captured (window from step 107) and the capture ends before the
+    rank outlier detector, whose window the capture paused, names rank 0 at step 117. Its evidence (steps 106-117)
+    holds the capture's window: that capture saw the rank and is the rotation's first. When the expert moves, one
+    more capture (rank 1) shows the rotation; the third rank is not captured (before: rank 0 got a capture of its
+    own and the rotation took three)."""
+    b, p = book(min_arm_gap_s=0, episode_quiet_steps=50)
+    job, _ = b.observe(reg(103, mag=0.22), T0)
+    picked = b.next_arm(p, T0, capture_in_flight=False)
+    assert picked is not None and picked[0] is job
+    b.history.record(picked[1], T0, "c-job")
+    b.armed(job.episode_id, "c-job", T0, covered=None, start_step=107)
+    assert b.capture_ended("c-job", T0 + 30, "simulated") == []
+    hot, _ = b.observe(window_out(117, (0,)), T0 + 50)
+    assert hot is not None and [(c.capture_id, c.own) for c in hot.captures] == [("c-job", False)]
+    assert b.next_arm(p, T0 + 50, capture_in_flight=False) is None and hot.waiting == "captured_unchanged"
+    b.observe(window_out(219, (1,)), T0 + 400)  # the expert moved: a new rank, captured once
+    assert arm_next(b, p, T0 + 400, "c-1", covered=(0, 1)) is hot
+    (rot,) = b.capture_ended("c-1", T0 + 430, "simulated")
+    assert rot.type == "io.profwatch.culprit_rotates.v1" and hot.rotation == (0, 1)
+    assert rot.data["capture_ids"] == ["c-job", "c-1"]
+    b.observe(window_out(329, (2,)), T0 + 800)
+    assert b.next_arm(p, T0 + 800, capture_in_flight=False) is None and hot.waiting == "culprit_rotates"
+
+
+def test_a_capture_that_ended_before_a_ranks_evidence_began_does_not_cover_it() -> None:
+    """The covering rule reads the capture's window against the report's evidence: a job-wide capture whose window
+    (from step 60) ended before rank 3's evidence began (steps 106-117) did not see it, so rank 3 is captured."""
+    b, p = book(min_arm_gap_s=0)
+    job, _ = b.observe(reg(55, mag=0.3), T0)
+    picked = b.next_arm(p, T0, capture_in_flight=False)
+    assert picked is not None
+    b.history.record(picked[1], T0, "c-job")
+    b.armed(job.episode_id, "c-job", T0, covered=None, start_step=60)
+    b.capture_ended("c-job", T0 + 30, "ok")
+    slow, _ = b.observe(window_out(117, (3,)), T0 + 100)
+    assert slow is not None and slow.captures == []
+    assert arm_next(b, p, T0 + 100, "c-3", covered=(3,)) is slow
+
+
+def _rotation_without_tops(b: JobEpisodes, p: ArmingPolicy) -> tuple[list[str], list[Any], float, int]:
+    """A hot spot that moves among pairs of ranks every 150 steps (0.5 s steps), each hot period an episode of its
+    own naming two ranks at once, captures whose verdicts name nobody (so no capture has a top rank). Returns the
+    captures armed, the events, the time and step reached."""
+    t, step, armed, events = T0, 100, [], []
+    for k, pair in enumerate(((0, 1), (2, 3), (4, 5), (6, 7), (0, 1), (2, 3))):
+        ep, evs = b.observe(window_out(step, pair), t)
+        events += evs
+        assert ep is not None
+        got = arm_next(b, p, t + 1, f"c{k}", covered=pair)
+        if got is not None:
+            armed.append(f"c{k}")
+            events += b.capture_ended(f"c{k}", t + 20, "simulated")
+        t, step = t + 75, step + 150
+        events += b.advance(t, furthest_step=step, ongoing={"rank_outlier": frozenset()})
+    return armed, events, t, step
+
+
+def test_a_rotation_is_recognised_from_the_ranks_named_across_episodes_and_takes_two_captures() -> None:
+    """No capture names a top rank (two ranks named together, no verdict names: before, the rotation was never
+    recognised and every hot period was captured, 6 of 6). The ranks named by successive episodes move among ranks:
+    once the key took rotation_captures (2) captures, the move is a rotation: culprit_rotates once (evidence
+    named_ranks), no third capture, the rotation's hourly slots given back."""
+    b, p = book(max_captures_per_hour=4, episode_quiet_steps=20, min_arm_gap_s=60)
+    armed, events, t, _ = _rotation_without_tops(b, p)
+    assert armed == ["c0", "c1"]
+    rot = [e for e in events if e.type == "io.profwatch.culprit_rotates.v1"]
+    assert len(rot) == 1 and rot[0].data["evidence"] == "named_ranks" and rot[0].data["across_episodes"]
+    assert rot[0].data["rotation"] == [0, 1, 2, 3, 4, 5] and rot[0].data["capture_ids"] == ["c0", "c1"]
+    assert "not captured or paged again" in rot[0].data["detail"]
+    assert b.history.state(t, capture_in_flight=False).captures_last_hour == 0
+
+
+def test_a_real_straggler_after_a_rotation_recognised_from_names_is_captured_once_it_persists() -> None:
+    """After the rotation above, rank 7 slows down for good (+25 %) while the hot spot goes on moving: its episode
+    on the rotating key waits as culprit_rotates, then is captured as a slow rank of its own once it persists (5
+    minutes and 60 steps, twice the longest hot period), never behind the hourly cap (max 2 per hour: the rotation's
+    captures gave their slots back)."""
+    b, p = book(max_captures_per_hour=2, episode_quiet_steps=20, min_arm_gap_s=60)
+    armed, _, t, step = _rotation_without_tops(b, p)
+    assert armed == ["c0", "c1"]
+    slow, _ = b.observe(window_out(step, (7,), mag=0.25), t)
+    assert slow is not None and slow.rotating_member
+    assert b.next_arm(p, t + 1, capture_in_flight=False) is None and slow.waiting == "culprit_rotates"
+    done = None
+    for k in range(1, 60):
+        now, at = t + 10 * k, step + 20 * k
+        b.observe(window_out(at, (7,), mag=0.25), now)
+        b.advance(now, furthest_step=at, ongoing={"rank_outlier": frozenset({7})})
+        done = arm_next(b, p, now, "c-slow", covered=(7,))
+        if done is not None:
+            assert 300 <= now - slow.opened_unix_s <= 320 and at - slow.opened_step >= 60
+            break
+    assert done is slow and not slow.rotation

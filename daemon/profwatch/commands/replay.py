@@ -145,7 +145,7 @@ def replay_lines(lines: Iterable[Line], config: ReplayConfig | None = None) -> d
     Shape: ``{"records", "jobs": {job_id: {"world_size", "counters", "unlearned_units"}}, "anomalies": [...], "arms": [...],
     "suppressed": [...], "episodes": [...], "episode_events": [...], "bad_lines": {"count", "lines": [{"line",
     "error"}]}}``; ``anomalies`` and ``arms`` carry ``at_unix_s``, the record time they happened at; ``arms`` carry
-    the ``episode_id`` they captured and ``waited_s`` since it opened; ``suppressed``
+    the ``episode_id`` they captured, their ``capture_id`` (``replay-<job>-<n>``, as the episodes' captures name it) and ``waited_s`` since it opened; ``suppressed``
     lists anomalies not armed when they arrived, with what their episode waits for (it is armed later when the
     budget allows, unless it closes first); ``episodes`` every episode, open and closed, as
     :meth:`~profwatch.core.arming.episodes.Episode.to_json`; ``generations`` the new runs the records show
@@ -294,9 +294,11 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
     if job.in_flight_until_step is not None and (furthest is None or furthest > job.in_flight_until_step
                                                   or restarts != job.restarts_seen):
         job.in_flight_until_step = None  # window plus parse steps passed (or the step counter restarted)
-        book.capture_ended(job.in_flight_id, now, "simulated")
+        ended = book.capture_ended(job.in_flight_id, now, "simulated")  # culprit_rotates, as the coordinator's
+    else:
+        ended = []
     job.restarts_seen = restarts
-    events = []
+    events = ended
     fresh = []
     for a in found:
         result["anomalies"].append({**a.to_json(), "at_unix_s": now})
@@ -341,7 +343,7 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
         result["arms"].append({"job_id": ep.job_id, "kind": ep.kind, "step": ep.last_step, "at_unix_s": now,
                                "start_step": plan.start_step, "warmup": plan.warmup, "active": plan.active,
                                "rank_list": plan.rank_list, "reason": plan.reason, "action": d.action,
-                               "episode_id": ep.episode_id, "ranks": list(ep.ranks),
+                               "episode_id": ep.episode_id, "capture_id": cid, "ranks": list(ep.ranks),
                                "waited_s": round(now - ep.opened_unix_s, 3)})
     for a, ep in fresh:
         if ep.episode_id not in armed:

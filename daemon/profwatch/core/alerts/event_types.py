@@ -85,8 +85,10 @@ TABLE: tuple[EventType, ...] = (
     EventType("culprit_rotates", alert=True, restored_by_sinks=True, alertmanager=("ProfwatchCulpritRotates",),
               job_alert=True, severity="warning",
               resolved_by="episode_closed of the rotating episode; job_ended",
-              summary="successive captures of one episode named a different rank each (load imbalance, e.g. MoE "
-                      "routing): the episode is not captured again as a slow rank"),
+              summary="the hot spot moves among ranks (load imbalance, e.g. MoE routing): successive captures, of "
+                      "one episode or of successive episodes of one key, named a different rank each, or the ranks "
+                      "the key names moved once it took rotation_captures captures; the rotation is not captured "
+                      "or paged again as a slow rank"),
     EventType("slow_from_start", alert=True, restored_by_sinks=True, alertmanager=("ProfwatchSlowFromStart",),
               job_alert=True, severity="warning", resolved_by="job_ended",
               summary="ranks slower than their peers since the job (generation) started, in a job that declares no "

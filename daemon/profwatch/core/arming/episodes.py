@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from profwatch.core.alerts.event_types import (
@@ -53,10 +54,39 @@ MAX_CAPTURES = 16
 """Captures remembered per episode."""
 MAX_TOPS = 8
 """Top ranks remembered per episode key across episodes (rotation across episodes)."""
+MAX_TRAIL = 16
+"""Ranks remembered per ranked key in its trail of named ranks (the most recently named)."""
 PERSIST_S = 300.0
 PERSIST_STEPS = 60
 """An episode opened on a key whose culprit rotates is a slow rank of its own once it lasted this long (seconds and
 steps, both) and twice the longest episode of the rotation (a persistent change: >= 5 minutes and >= 60 steps)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Ended:
+    """A capture that ended: its window's first step, the ranks it covered (None: all), when it was armed, how it
+    ended and the ranks its verdict named."""
+
+    capture_id: str
+    start: int | None
+    covered: frozenset[int] | None
+    armed_unix_s: float
+    status: str
+    named: tuple[int, ...]
+
+
+def _onset(anomaly: Anomaly) -> int:
+    """The first step of a report's evidence: ``detail.first_step`` (a change point), else the first step of the
+    window it judged (``detail.window_steps``: a rank outlier fires once a rank outlied in enough of its last
+    steps), else its step."""
+    d = anomaly.detail or {}
+    first = d.get("first_step")
+    if isinstance(first, int) and not isinstance(first, bool):
+        return first
+    window = d.get("window_steps")
+    if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+        return anomaly.step - window + 1
+    return anomaly.step
 
 
 def _rotates(tops: list[int], n: int) -> bool:
@@ -141,7 +171,12 @@ class JobEpisodes:
         episode's own captures named a different top rank each time, the culprit rotates: ``culprit_rotates`` is
         published once and the episode is not captured again. The same holds across the episodes of one key
         (:meth:`_rotation_across`): the rotation's captures then leave the hourly cap, and later episodes of the key
-        wait until they persist (:meth:`_persists`). A ``partial`` verdict of the episode's own targeted
+        wait until they persist (:meth:`_persists`). A capture counts for an episode that opens after it when its
+        window started inside the report's evidence (``first_step``, else the rank outlier's ``window_steps``) and
+        it covered the ranks: in flight, or ended lately without ``no_suspect``. And a rotation is recognised from
+        the ranks named (:meth:`_rotation_named`): once a key's episodes took ``rotation_captures`` captures in the
+        generation, a move of the ranks they name is a rotation at once, so a rotation takes at most
+        ``rotation_captures`` captures even when no verdict names a top rank. A ``partial`` verdict of the episode's own targeted
         capture whose ranks waited for ranks it did not hold (``waited``) asks for one follow-up: the episode wants a
         capture again at once (no cooldown: the waited-for ranks are new to it), through the job's budget (gap,
         hourly and byte caps), covering those ranks (:attr:`Episode.follow_ranks`,
@@ -161,7 +196,10 @@ class JobEpisodes:
         self.open: dict[str, Episode] = {}
         self.closed: deque[Episode] = deque(maxlen=MAX_CLOSED)
         self._dirty: dict[str, Episode] = {}
-        self._flight: dict[str, tuple[int | None, frozenset[int] | None]] = {}  # capture -> (start_step, covered)
+        self._flight: dict[str, tuple[int | None, frozenset[int] | None, float]] = {}  # -> (start, covered, armed)
+        self._ended: deque[_Ended] = deque(maxlen=MAX_TOPS)  # captures that ended lately, newest last
+        self._trail: dict[str, dict[int, tuple[float, float]]] = {}  # ranked key -> rank -> (first, last) named
+        self._key_captures: dict[str, list[str]] = {}  # ranked key -> the captures of its episodes (this generation)
         self._tops: dict[str, deque[tuple[int, str, str, float]]] = {}  # key -> (top rank, episode, capture, armed)
         self.rotating: dict[str, tuple[tuple[int, ...], float]] = {}  # key -> (the rotation's ranks, longest s)
         self._named_since: dict[str, dict[int, tuple[float, int]]] = {}  # rotating episode -> rank -> (since, step)
@@ -202,8 +240,7 @@ class JobEpisodes:
         ranks = tuple(sorted(set(anomaly.ranks)))
         detail = dict(anomaly.detail or {})
         out: list[Event] = []
-        onset = detail.get("first_step")
-        onset = onset if isinstance(onset, int) and not isinstance(onset, bool) else anomaly.step
+        onset = _onset(anomaly)
         if (ep is not None and not ep.ranks and not ranks and anomaly.kind == "step_regression" and ep.captures
                 and ep.in_flight is None and anomaly.magnitude >= self.settings.recapture_growth
                 and onset > ep.last_step):
@@ -231,11 +268,9 @@ class JobEpisodes:
                 ep.rotation, ep.rotating_member = rot[0], True
             self.open[key] = ep
             self._touch(ep)
-            for cid, (start, covered) in self._flight.items():  # a capture in flight whose window follows the onset
-                if start is not None and start > onset and (covered is None or (ranks and set(ranks) <= covered)):
-                    self._add_capture(ep, EpisodeCapture(cid, now_unix_s, ranks, False, level=ep.level))
-                    break
             out.append(self._event(TYPE_EPISODE_OPENED, ep, "", detail=detail))
+            out += self._covered_at_open(ep, onset, now_unix_s)
+            out += self._named(ep, ranks, now_unix_s)
             return ep, out
         fresh = sorted(set(ranks) - ep.seen_ranks)
         ep.magnitude = anomaly.magnitude
@@ -249,8 +284,46 @@ class JobEpisodes:
         if fresh and ep.captures:
             ep.new_ranks = True
         self._touch(ep)
-        return ep, [*out, self._event(TYPE_EPISODE_UPDATED, ep, f"-{ep.reports}", reason="reported",
-                                      new_ranks=fresh, detail=detail)]
+        out.append(self._event(TYPE_EPISODE_UPDATED, ep, f"-{ep.reports}", reason="reported", new_ranks=fresh,
+                               detail=detail))
+        return ep, [*out, *self._named(ep, ranks, now_unix_s)]
+
+    def _covered_at_open(self, ep: Episode, onset: int, now_unix_s: float) -> list[Event]:
+        """A capture whose window started after ``onset`` (the first step of the new episode's evidence) and covered
+        its ranks saw it: a capture still in flight, else one that ended lately with a verdict that does not say it
+        found nobody (a hot MoE expert's first appearance is often captured as the job-wide rise it causes before
+        the rank outlier detector, whose window was paused by that capture, names the rank: that capture is the
+        rotation's first). Returns ``culprit_rotates`` when that capture completes a rotation across episodes."""
+        for cid, (start, covered, armed) in self._flight.items():
+            if start is not None and start > onset and (covered is None or (ep.ranks and set(ep.ranks) <= covered)):
+                self._add_capture(ep, EpisodeCapture(cid, armed, ep.ranks, False, level=ep.level))
+                return []
+        for done in reversed(self._ended):
+            if (done.start is not None and onset < done.start <= ep.opened_step and done.status in CAPTURED
+                    and done.status != "no_suspect"
+                    and (done.covered is None or (ep.ranks and set(ep.ranks) <= done.covered))):
+                cap = EpisodeCapture(done.capture_id, done.armed_unix_s, ep.ranks, False, done.status, done.named,
+                                     level=ep.level)
+                self._add_capture(ep, cap)
+                return self._rotation_across(ep, [cap], now_unix_s)
+        return []
+
+    def _named(self, ep: Episode, ranks: tuple[int, ...], now_unix_s: float) -> list[Event]:
+        """Record the ranks an episode of a ranked key names now (a report, or its detector still naming them) in
+        the key's trail, then recognise a rotation from the names (:meth:`_rotation_named`)."""
+        if not ep.ranks:
+            return []
+        trail = self._trail.setdefault(ep.key, {})
+        for r in ranks:
+            trail[r] = (trail[r][0] if r in trail else now_unix_s, now_unix_s)
+        if len(trail) > MAX_TRAIL:
+            for r in sorted(trail, key=lambda r: trail[r][1])[:len(trail) - MAX_TRAIL]:
+                del trail[r]
+        if len(self._trail) > MAX_OPEN:  # keys of closed episodes go first (memory bound)
+            stale = [k for k in self._trail if k not in self.open and k != ep.key]
+            for k in stale[:len(self._trail) - MAX_OPEN]:
+                del self._trail[k]
+        return self._rotation_named(ep, now_unix_s)
 
     def advance(self, now_unix_s: float, *, furthest_step: int | None, step_time_s: float | None = None,
                 ongoing: Mapping[str, frozenset[int]] | None = None,
@@ -286,6 +359,7 @@ class JobEpisodes:
                         self._touch(ep)
                         out.append(self._event(TYPE_EPISODE_UPDATED, ep, f"-{ep.reports}-r{','.join(map(str, still))}",
                                                reason="ranks_cleared"))
+                    out += self._named(ep, still, now_unix_s)
             elif not ep.ranks and ep.reference_s is not None and step_time_s is not None:
                 held = step_time_s >= ep.reference_s * (1.0 + ep.magnitude / 2.0)
                 found = _found_nobody(ep) if held else None
@@ -382,6 +456,9 @@ class JobEpisodes:
         fresh.bytes_per_rank_step = self.history.bytes_per_rank_step
         self.history = fresh
         self._flight.clear()
+        self._ended.clear()
+        self._trail.clear()
+        self._key_captures.clear()
         self._tops.clear()
         self.rotating.clear()
         self._named_since.clear()
@@ -477,7 +554,7 @@ class JobEpisodes:
         if ep is None:
             return []
         if status is None:
-            self._flight[capture_id] = (start_step, frozenset(covered) if covered is not None else None)
+            self._flight[capture_id] = (start_step, frozenset(covered) if covered is not None else None, now_unix_s)
         out = [ep]
         follow = bool(ep.follow_ranks)
         self._add_capture(ep, EpisodeCapture(capture_id, now_unix_s, ep.ranks, True, status, level=ep.level,
@@ -494,6 +571,14 @@ class JobEpisodes:
 
     def _add_capture(self, ep: Episode, cap: EpisodeCapture) -> None:
         ep.captures = [*ep.captures, cap][-MAX_CAPTURES:]
+        if ep.ranks:
+            caps = self._key_captures.setdefault(ep.key, [])
+            if cap.capture_id not in caps:
+                caps[:] = [*caps, cap.capture_id][-MAX_CAPTURES:]
+            if len(self._key_captures) > MAX_OPEN:  # keys of closed episodes go first (memory bound)
+                stale = [k for k in self._key_captures if k not in self.open and k != ep.key]
+                for k in stale[:len(self._key_captures) - MAX_OPEN]:
+                    del self._key_captures[k]
         ep.new_ranks = False
         ep.not_before_unix_s = 0.0
         self._wait(ep, "capture_in_flight" if cap.status is None else "", None, "")
@@ -508,7 +593,9 @@ class JobEpisodes:
         ``follow_up``."""
         if status == "no_suspect":
             self.history.release(capture_id)
-        self._flight.pop(capture_id, None)
+        flight = self._flight.pop(capture_id, None)
+        if flight is not None:
+            self._ended.append(_Ended(capture_id, flight[0], flight[1], flight[2], status, tuple(named)))
         out: list[Event] = []
         for ep in (*self.open.values(), *self.closed):
             hit = [c for c in ep.captures if c.capture_id == capture_id]
@@ -537,6 +624,7 @@ class JobEpisodes:
                 text = ", ".join(str(r) for r in ep.rotation)
                 out.append(self._event(
                     TYPE_CULPRIT_ROTATES, ep, "", rotation=list(ep.rotation),
+                    capture_ids=[cid for _, cid in ranked[-n:]],
                     detail=f"culprit rotates: ranks {text} in the last {n} captures: load imbalance, e.g. MoE "
                            "routing; not captured again as a slow rank (a rank that stays slow is captured as an "
                            "episode of its own once it persists)"))
@@ -587,10 +675,53 @@ class JobEpisodes:
         text = ", ".join(str(r) for r in ranks)
         return [self._event(
             TYPE_CULPRIT_ROTATES, ep, "-across", rotation=list(ranks), across_episodes=True,
+            capture_ids=[cid for _, _, cid, _ in last],
             detail=f"culprit rotates: ranks {text} in the last {n} captures of {ep.key}, each in an episode of its "
                    "own: load imbalance, e.g. MoE routing; later episodes of it are captured only once they "
                    f"persist ({PERSIST_S:.0f} s and {PERSIST_STEPS} steps at least), and its captures no longer count "
                    "toward the hourly cap")]
+
+    def _rotation_named(self, ep: Episode, now_unix_s: float) -> list[Event]:
+        """Recognise a rotation from the ranks the episodes of ``ep``'s key named, whatever the captures' verdicts
+        said: the hot spot *moved* (a rank named after another one was first named, while that one is no longer
+        named and was named within the last hour: the set of named ranks moves among ranks, within one episode or
+        across successive ones) and the key's episodes already took ``rotation_captures`` captures (own or covering)
+        in this job generation. Then ``culprit_rotates`` once (``across_episodes``, ``evidence: named_ranks``), the
+        rotation's captures leave the hourly cap and no episode of the key is captured again until it persists
+        (:meth:`_persists`, :meth:`_persistent_ranks`). Bounds a rotation at ``rotation_captures`` captures when no
+        verdict names a top rank (a capture that found nobody, ranks named together)."""
+        key = ep.key
+        if key in self.rotating or ep.rotation or ep.closed_unix_s is not None:
+            return []
+        caps = self._key_captures.get(key, [])
+        n = self.settings.rotation_captures
+        if len(caps) < n:
+            return []
+        trail = self._trail.get(key, {})
+        now_named = set(ep.ranks)
+        left = [(r, f, last) for r, (f, last) in trail.items() if r not in now_named and now_unix_s - last <= HOUR_S]
+        came = [(r, f) for r, (f, _) in trail.items() if r in now_named]
+        moves = [(a, b) for a, fa, _ in left for b, fb in came if fb > fa]
+        if not moves:
+            return []
+        order = tuple(r for r, _ in sorted(trail.items(), key=lambda x: x[1][0]))[-MAX_TOPS:]
+        longest = max((last - f for _, f, last in left), default=0.0)
+        self.rotating[key] = (order, longest)
+        for cid in caps:
+            self.history.release(cid)
+        ep.rotation = order
+        self._named_span[ep.episode_id] = max(self._named_span.get(ep.episode_id, 0.0), longest)
+        self._touch(ep)
+        text = ", ".join(str(r) for r in order)
+        a, b = moves[-1]
+        return [self._event(
+            TYPE_CULPRIT_ROTATES, ep, "-named", rotation=list(order), across_episodes=True, evidence="named_ranks",
+            capture_ids=list(caps),
+            detail=f"culprit rotates: the ranks {key} names moved among ranks {text} (rank {a} no longer slow, rank "
+                   f"{b} slow since): load imbalance, e.g. MoE routing; it took {len(caps)} captures "
+                   f"(rotation_captures {n}) and is not captured or paged again; a rank that stays slow is captured "
+                   f"as an episode of its own once it persists ({PERSIST_S:.0f} s and {PERSIST_STEPS} steps at "
+                   "least, and twice as long as the rotation stays on one rank)")]
 
     # -- views ----------------------------------------------------------------------------------------------------------
     def view(self, now_unix_s: float, closed: int = 5) -> list[dict[str, Any]]:
