@@ -244,26 +244,9 @@ class LoadNormaliser:
             del self._bands[next(iter(self._bands))]
         ref = band.ref
         band.hold(fs.time_s, fs.step, self.cutoff_step)
-        if (ref is None or ref <= 0) and key < 0:
-            ref = self._nearest_load_ref(key)
         if ref is None or ref <= 0:
             return replace(fs, excluded="load_band")
         return replace(fs, time_s=fs.time_s / ref)
-
-    def _nearest_load_ref(self, key: int) -> float | None:
-        """The reference of the learned load band (busy fraction, no ``work``) nearest to ``key``, the busier one
-        on a tie; None when none is learned. The busy fraction is partly the unit's own doing: a slowdown makes the
-        same requests keep it busier, so a lasting change moves the unit into a band it has not learned; judged
-        only once that band learned, at the new level, the change was never seen (bench_corpus serving_nowork
-        run 10: a 3.9x slowdown moved the unit from band -2 to -3 and -4 and every later record was excluded)."""
-        best: tuple[int, int] | None = None
-        ref: float | None = None
-        for k, band in self._bands.items():
-            if k < 0 and band.ref is not None and band.ref > 0:
-                rank = (abs(k - key), k)  # busier bands have lower keys: on a tie the busier one
-                if best is None or rank < best:
-                    best, ref = rank, band.ref
-        return ref
 
 
 class UnitSplitter:
