@@ -126,7 +126,8 @@ class ControlCommands:
             ``world_size``, ``generation``, ``restart_count``, ``furthest_step``, ``median_step_time_s``, paths,
             ``warnings`` and ``ranks``, one object per rank) and ``nodes``; plus ``counters`` (message counters),
             ``ingest_bind``, ``captures`` (the last 20, ``core/capture/report.py::describe`` each), ``episodes``,
-            ``references`` (the episode and reference desks' views), ``state_store`` (pending writes, failures,
+            ``references`` (the episode and reference desks' views), per serving job ``serving`` (its units and how
+            many are still learning: ``core/detection/job_detector.py::JobDetector.serving_view``), ``state_store`` (pending writes, failures,
             drops, last error) and ``bounds`` (jobs, ranks, nodes, detector_ranks, state_bound_mib).
         """
         job_id = self._job_arg(job_id)
@@ -140,6 +141,11 @@ class ControlCommands:
         snap["references"] = self.captures.references.view(job_id, self.clock())
         snap["state_store"] = self.state.status()
         snap["bounds"] = self.bounds()
+        for job in snap["jobs"]:  # what a serving job's units are judged on yet (none: training, or no detector)
+            det = self.detectors.get(job["job_id"])
+            view = det.serving_view() if det is not None else None
+            if view is not None:
+                job["serving"] = view
         return snap
 
     @staticmethod

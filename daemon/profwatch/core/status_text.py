@@ -48,6 +48,7 @@ def render_job(job: Mapping[str, Any]) -> list[str]:
     lines.append(f"  step time: {_s(mst, 3)} s = median over ranks of each rank's median of its last {n} steps "
                  f"(the median{n}_s column)" if mst else "  step time: - (no step reported yet)")
     lines.extend(render_generation(job))
+    lines.extend(render_serving(job.get("serving")))
     for rank, err in sorted((job.get("backend_errors") or {}).items(), key=lambda kv: int(kv[0])):
         lines.append(f"  rank {rank}: capture backend not in use: {err}")
     for warning in job.get("warnings") or []:
@@ -78,6 +79,34 @@ def render_generation(job: Mapping[str, Any]) -> list[str]:
         lines.append(f"  claimed: world_size={c['world_size']} restart count {c['restart_count']}: "
                      f"{c['agreeing_through_job_nodes']} of {c['quorum']} ranks agree through the job's nodes "
                      f"({c['ranks']} held); no new generation yet")
+    return lines
+
+
+def render_serving(view: Mapping[str, Any] | None) -> list[str]:
+    """A serving job's units (replicas) and what each is judged on yet (``JobDetector.serving_view``); nothing
+    for a training job. A unit still learning is judged only for large rises (``spike_min_effect``) by its own
+    test: the line says so instead of letting a quiet status read as a watched one."""
+    if not view:
+        return []
+    n = view.get("units", 0)
+    block = view.get("block_s", 60.0)
+    parts = [f"{view.get('watched', 0)} watched"]
+    if view.get("learning"):
+        parts.append(f"{view['learning']} still learning (their own test judges only large rises until its "
+                     f"baseline of {block:.0f} s blocks forms)")
+    if view.get("no_busy_step"):
+        parts.append(f"{view['no_busy_step']} with no busy step yet (every step an idle gap: not judged)")
+    if view.get("no_step"):
+        parts.append(f"{view['no_step']} with no step yet")
+    peers = ""
+    if view.get("replica_peers"):
+        peers = f"; replicas also compared with each other ({view.get('replica_blocks', 0)} blocks judged so far)"
+    lines = [f"  serving: {n} unit{'s' if n != 1 else ''}: " + ", ".join(parts) + peers]
+    for u in view.get("detail") or []:
+        if u.get("state") == "learning":
+            ranks = ",".join(str(r) for r in u.get("ranks", []))
+            lines.append(f"    unit of ranks {ranks}: learning, {u.get('blocks', 0)} of {u.get('blocks_needed', 0)} "
+                         "blocks")
     return lines
 
 

@@ -179,6 +179,11 @@ class RobustBaseline:
         """Values held back before they enter the window."""
         return self._lag
 
+    @property
+    def held(self) -> int:
+        """Values held back now (pushed, not yet in the window)."""
+        return len(self._held)
+
     def stats(self) -> tuple[float, float]:
         """``(location_s, scale_s)`` of the window. Raises ``ValueError`` when the window is empty.
 

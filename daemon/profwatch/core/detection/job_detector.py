@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from profwatch.core.detection.aggregation import StepAggregator, StepReportLike
 from profwatch.core.detection.pipeline import HoldSteps, UnitPipeline
 from profwatch.core.detection.regression import DEFAULT_HOLD_STEPS
-from profwatch.core.detection.serving import ReplicaPeers, UnitSplitter, is_idle_gap
+from profwatch.core.detection.serving import SERVING_BLOCK_S, ReplicaPeers, UnitSplitter, is_idle_gap
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly, AnomalyKind, FinalizedStep, StallDetector, StepDetector
 
@@ -38,6 +38,8 @@ JobMode = Literal["training", "serving"]
 DETECT_WINDOW_S = 900.0
 """Idle gaps switch a job to serving mode only when ``serving_detect_gaps`` of them fall within this many
 seconds on one rank (a checkpoint every half hour is not a server)."""
+SERVING_VIEW_UNITS = 16
+"""Units (replicas) listed one by one in :meth:`JobDetector.serving_view` at most (the counts cover all)."""
 
 
 def _default_hold(step: int, step_time_s: float) -> int:
@@ -164,6 +166,23 @@ class JobDetector:
         return [list(u.ranks) for u in self.units
                 if u.normaliser is not None and u.normaliser.usual_step_s is None
                 and u.aggregator.counters.get("finalized", 0) > 0]
+
+    def serving_view(self) -> dict[str, Any] | None:
+        """For ``profwatch status``: how many of a serving job's units (replicas) are judged by their own
+        change-point test yet; None in training mode. Shape: ``{"units": n, "watched": n, "learning": n,
+        "no_busy_step": n, "no_step": n, "block_s": SERVING_BLOCK_S, "replica_peers": bool (the replicas are also
+        compared with each other), "replica_blocks": blocks of that comparison judged so far, "detail": [the first
+        SERVING_VIEW_UNITS units' :meth:`UnitPipeline.watch_state`, those not watched first]}``."""
+        if self.mode != "serving":
+            return None
+        states = [u.watch_state() for u in self.units]
+        out: dict[str, Any] = {"units": len(states), "block_s": SERVING_BLOCK_S}
+        for key in ("watched", "learning", "no_busy_step", "no_step"):
+            out[key] = sum(1 for st in states if st["state"] == key)
+        out["replica_peers"] = self._peers is not None
+        out["replica_blocks"] = self._peers.counters["replica_blocks"] if self._peers is not None else 0
+        out["detail"] = sorted(states, key=lambda st: st["state"] == "watched")[:SERVING_VIEW_UNITS]
+        return out
 
     @property
     def aggregator(self) -> StepAggregator:

@@ -268,6 +268,27 @@ class UnitPipeline:
     def _first_step(self, step: int) -> int:
         return self.ratio_blocks.first_step_of(step) if self.ratio_blocks is not None else step
 
+    def watch_state(self) -> dict[str, Any]:
+        """What a serving unit is judged on now (for ``status``): ``{"ranks": [job ranks], "state": ...}`` with
+        ``state`` one of ``"no_busy_step"`` (every finalised step so far was an idle gap or excluded: nothing is
+        judged), ``"no_step"`` (nothing finalised yet), ``"learning"`` (its regression baseline is not formed:
+        only rises of ``spike_min_effect`` that outlast the hold are found; ``blocks`` the blocks of
+        :data:`~profwatch.core.detection.serving.SERVING_BLOCK_S` taken, ``blocks_needed`` the count at which its
+        change-point test starts) or ``"watched"`` (the change-point test runs). A unit whose bands learn reads
+        ``learning`` with 0 blocks (its steps are not judged yet). Outside serving mode: ``"watched"`` or
+        ``"learning"`` likewise, counting steps (or blocks of fast steps)."""
+        out: dict[str, Any] = {"ranks": list(self.ranks)}
+        finalized = self.aggregator.counters.get("finalized", 0)
+        if finalized == 0:
+            out["state"] = "no_step"
+        elif self.normaliser is not None and self.normaliser.usual_step_s is None:
+            out["state"] = "no_busy_step"
+        elif self.regression is not None and (p := self.regression.learning_progress) is not None:
+            out.update(state="learning", blocks=p[0], blocks_needed=p[1])
+        else:
+            out["state"] = "watched"
+        return out
+
     def check_stalls(self, now_unix_s: float) -> list[Anomaly]:
         """The stall detector's check, mapped to job ranks; none in a serving unit (see ``JobDetector`` Notes)."""
         if self.serving:

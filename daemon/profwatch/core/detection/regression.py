@@ -253,6 +253,17 @@ class StepTimeRegressionDetector:
         return self._last_job_step_s
 
     @property
+    def learning_progress(self) -> tuple[int, int] | None:
+        """While the baseline learns, ``(values taken, values needed)``: the accepted values it holds (held-back ones
+        included) and ``min_baseline_steps`` plus the lag, the count at which the change-point test starts (until
+        then only rises of ``spike_min_effect`` are judged, the learning path of :meth:`_learn`); None once it
+        judges. A value is a step, a block of fast steps, or a serving unit's 60 s block."""
+        need = self.settings.min_baseline_steps
+        if len(self._base) >= need:
+            return None
+        return len(self._base) + self._base.held, need + self._base.lag
+
+    @property
     def rising(self) -> bool:
         """True while the detector gathers evidence of a rise: its upper CUSUM is above 0, or risen steps wait
         out the hold while the baseline learns."""
