@@ -14,6 +14,7 @@ long-lived state stays out of full garbage collections (``profwatch/adapters/gc_
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable, Collection
 
@@ -56,6 +57,7 @@ class IncrementalScan:
         self._skipped: list[str] = []
         self._pass_ended = False
         self._listed = 0  # rank dirs the last full look listed (the tree's size before the pass has read them)
+        self._confirmed: dict[str, tuple[int, int]] = {}  # rank dir -> (st_dev, st_ino) when confirm_rank_dir held
 
     @property
     def tree_dirs(self) -> int:
@@ -108,6 +110,7 @@ class IncrementalScan:
                 log.warning("scan_walk_error", error=e)
             self._walk_errors, self._skipped = errors, skipped
             self._listed = len(paths)
+            self._confirmed.clear()  # a full look confirms every dir again (bounds the map by the tree)
             self.tracker.begin_pass(paths)
         else:
             for changed in sorted(rank_dirs):
@@ -145,8 +148,35 @@ class IncrementalScan:
         return batches
 
     def _read(self, path: str, now: float) -> None:
-        """Read one rank dir into the tracker (gone, or not a rank dir ``find_rank_dirs`` would find: dropped)."""
+        """Read one rank dir into the tracker (gone, or not a rank dir ``find_rank_dirs`` would find: dropped).
+
+        A dir confirmed since the last full look (``confirm_rank_dir``: one ``lstat`` per folder level and a look
+        for profwatch's output marker) is confirmed again by one ``lstat`` showing the same folder (device and
+        inode); that stat also validates the reader's cached listing of the dir."""
         path = os.path.abspath(path)
-        obs = self.reader.read(path) if confirm_rank_dir(self.root, path, self.settings.scan_max_depth) else None
+        st = self._confirmed_stat(path) if path in self._confirmed else None
+        if st is None:
+            if not confirm_rank_dir(self.root, path, self.settings.scan_max_depth):
+                self.tracker.update(path, None)
+                return
+            st = self._confirmed_stat(path, remember=True)
+        obs = self.reader.read(path, st=st)
         self.tracker.update(path, None if obs is None else evaluate_rank_dir(obs, now_unix_s=now,
                                                                              settings=self.settings))
+
+    def _confirmed_stat(self, path: str, *, remember: bool = False) -> os.stat_result | None:
+        """``path``'s ``lstat`` when it is the folder confirmed before (``remember``: just confirmed, record it);
+        else None (also when it cannot be stat'ed: the reader then says why)."""
+        try:
+            st = os.lstat(path)
+        except OSError:
+            self._confirmed.pop(path, None)
+            return None
+        ident = (st.st_dev, st.st_ino)
+        if not stat.S_ISDIR(st.st_mode):
+            self._confirmed.pop(path, None)
+            return None
+        if remember:
+            self._confirmed[path] = ident
+            return st
+        return st if self._confirmed.get(path) == ident else None
