@@ -1,4 +1,4 @@
-"""What a rank dir read costs when its marker lands, and that the cheaper read still sees every change (issue 34):
+"""What a rank dir read costs when its marker lands, and that the cheaper read still sees every change:
 ``RankDirReader`` caches each folder's listing by the folder's (dev, inode, mtime, ctime) once it has settled
 (``LISTING_SETTLE_S``), and ``IncrementalScan`` confirms a dir it confirmed before with one ``lstat``. Real folders,
 real inotify observer; the ``scandir`` calls are counted by wrapping the real one."""
