@@ -1,6 +1,6 @@
 """What a rank dir read costs when its marker lands, and that the cheaper read still sees every change:
-``RankDirReader`` caches each folder's listing by the folder's (dev, inode, mtime, ctime) once it has settled
-(``LISTING_SETTLE_S``), and ``IncrementalScan`` confirms a dir it confirmed before with one ``lstat``. Real folders,
+``IncrementalScan`` keeps each folder's listing (``rank_dir_fs.ListingCache``) under the folder's (dev, inode,
+mtime, ctime) once it has settled (``LISTING_SETTLE_S``), and confirms a dir it confirmed before with one ``lstat``. Real folders,
 real inotify observer; the ``scandir`` calls are counted by wrapping the real one."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from profwatch.adapters.fs import rank_dir_fs
 from profwatch.adapters.fs.incremental_scan import IncrementalScan
 from profwatch.adapters.fs.prof_watch import ProfWatcher
-from profwatch.adapters.fs.rank_dir_fs import LISTING_SETTLE_S, RankDirReader
+from profwatch.adapters.fs.rank_dir_fs import LISTING_SETTLE_S, ListingCache, RankDirReader
 from profwatch.core.batches.completeness import NO_DEVICE_DATA, BatchState
 from profwatch.core.batches.settings import WatchSettings
 from profwatch.simulate import ascend_tree as gen
@@ -75,7 +75,7 @@ def test_a_marker_read_lists_only_the_folder_it_landed_in(tmp_path: Path, monkey
     prof = tmp_path / "prof"
     dirs = _cluster(prof)
     settings = WatchSettings(observer="inotify", **FAST)
-    scan = IncrementalScan(prof, settings=settings, reader=RankDirReader(wall=_settled), wall=lambda: EARLY)
+    scan = IncrementalScan(prof, settings=settings, listings=ListingCache(wall=_settled), wall=lambda: EARLY)
     lock = threading.Lock()
     seen: list[BatchState | None] = []
 
@@ -108,7 +108,7 @@ def test_changes_below_cached_listings_are_still_seen(tmp_path: Path) -> None:
     in place and a DB damaged in place are each caught by the marker's read, with their reason."""
     prof = tmp_path / "prof"
     dirs = _cluster(prof, world=4)
-    scan = IncrementalScan(prof, reader=RankDirReader(wall=_settled), wall=lambda: EARLY)
+    scan = IncrementalScan(prof, listings=ListingCache(wall=_settled), wall=lambda: EARLY)
     scan.update(None, capture_id="cap", world_size=4)
     while scan.reconciling:
         scan.update((), capture_id="cap", world_size=4)
@@ -137,31 +137,34 @@ def test_changes_below_cached_listings_are_still_seen(tmp_path: Path) -> None:
     assert scan.reader.listings - listed == 5
 
 
-def test_a_listing_is_cached_only_once_settled_and_without_symlinks(tmp_path: Path) -> None:
+def test_a_listing_is_kept_only_once_settled_and_without_symlinks(tmp_path: Path) -> None:
     (d,) = _cluster(tmp_path / "prof", world=1)
-    fresh = RankDirReader()  # the real clock: everything here was just created, nothing has settled
-    fresh.read(str(d))
-    first = fresh.listings
-    fresh.read(str(d))
-    assert fresh.listings == 2 * first  # listed again: a change in the same timestamp tick would be invisible
+    reader = RankDirReader()
 
-    settled = RankDirReader(wall=_settled)
-    settled.read(str(d))
-    first = settled.listings
-    obs = settled.read(str(d))
-    assert settled.listings == first and obs is not None and obs.device_dirs == (f"{PROF}/device_0",)
+    def listed(cache: ListingCache | None) -> int:
+        before = reader.listings
+        assert reader.read(str(d), listings=cache) is not None
+        return reader.listings - before
 
-    os.symlink(d / PROF, d / "PROF_000002_20260101120000000_LINK")  # a symlinked PROF_ dir: never cached
-    settled.read(str(d))
-    n = settled.listings
-    settled.read(str(d))
-    assert settled.listings == n + 1  # the rank dir (holding the symlink) is listed on every read
+    fresh = ListingCache()  # the real clock: everything here was just created, nothing has settled
+    assert listed(fresh) == listed(fresh) == 5  # the rank dir, PROF_*, device_0, host, ASCEND_PROFILER_OUTPUT
+    assert len(fresh) == 0  # a change in the same timestamp tick would be invisible: nothing kept
+    settled = ListingCache(wall=_settled)
+    assert listed(settled) == 5 and len(settled) == 5
+    assert listed(settled) == 0
+    obs = reader.read(str(d), listings=settled)
+    assert obs is not None and obs.device_dirs == (f"{PROF}/device_0",) and obs.output_dir
 
-    one_shot = RankDirReader(cache_listings=False, wall=_settled)
-    one_shot.read(str(d))
-    n = one_shot.listings
-    one_shot.read(str(d))
-    assert one_shot.listings == 2 * n
+    os.symlink(d / PROF, d / "PROF_000002_20260101120000000_LINK")  # a symlinked PROF_ dir: never kept
+    assert listed(settled) == 1  # the rank dir moved; it now holds a symlink
+    assert listed(settled) == 1  # ... so it is listed on every read
+    assert listed(None) == listed(None) == 5  # no cache: every folder every read (profwatch scan)
+
+    small = ListingCache(wall=_settled, max_entries=3)  # bounded: past the bound it starts over
+    listed(small)
+    assert len(small) <= 3
+    shutil.rmtree(d)
+    assert reader.read(str(d), listings=settled) is None and str(d) not in {p for p in settled._entries}  # noqa: SLF001
 
 
 def test_a_rank_dir_replaced_after_it_was_confirmed_is_confirmed_again(tmp_path: Path) -> None:
@@ -171,7 +174,7 @@ def test_a_rank_dir_replaced_after_it_was_confirmed_is_confirmed_again(tmp_path:
     dirs = _cluster(prof, world=2)
     for d in dirs:
         _marker(d).touch()
-    scan = IncrementalScan(prof, reader=RankDirReader(wall=_settled), wall=lambda: EARLY)
+    scan = IncrementalScan(prof, listings=ListingCache(wall=_settled), wall=lambda: EARLY)
     scan.update(None, capture_id="cap", world_size=2)
     while scan.reconciling:
         scan.update((), capture_id="cap", world_size=2)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection
 import structlog
 
 from profwatch.adapters.fs.rank_dir_fs import (
+    ListingCache,
     RankDirReader,
     add_walk_notes,
     confirm_rank_dir,
@@ -40,15 +41,19 @@ class IncrementalScan:
     ``reader``: a long-lived :class:`RankDirReader` (shared DB-check cache); ``clock``: monotonic seconds (slice
     budget); ``wall``: unix seconds (deadlines, the quiet period of older torch_npu); ``gc_freezer``: told of every
     update's reads, so a big tree's long-lived state is frozen out of full collections
-    (``profwatch/adapters/gc_freeze.py``; None: never).
+    (``profwatch/adapters/gc_freeze.py``; None: never); ``listings``: this tree's folder listings, kept between
+    reads (``rank_dir_fs.ListingCache``, its own clock; default: a new one), so a marker's read lists only the
+    folder it landed in.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, settings: WatchSettings | None = None,
                  reader: RankDirReader | None = None, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, gc_freezer: GcFreezer | None = GC_FREEZER) -> None:
+                 wall: Callable[[], float] = time.time, gc_freezer: GcFreezer | None = GC_FREEZER,
+                 listings: ListingCache | None = None) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.settings = settings or WatchSettings()
         self.reader = reader or RankDirReader()
+        self.listings = listings if listings is not None else ListingCache()
         self.tracker = RankDirTracker()
         self._clock = clock
         self._wall = wall
@@ -152,7 +157,7 @@ class IncrementalScan:
 
         A dir confirmed since the last full look (``confirm_rank_dir``: one ``lstat`` per folder level and a look
         for profwatch's output marker) is confirmed again by one ``lstat`` showing the same folder (device and
-        inode); that stat also validates the reader's cached listing of the dir."""
+        inode); that stat also validates the kept listing of the dir (``listings``)."""
         path = os.path.abspath(path)
         st = self._confirmed_stat(path) if path in self._confirmed else None
         if st is None:
@@ -160,7 +165,7 @@ class IncrementalScan:
                 self.tracker.update(path, None)
                 return
             st = self._confirmed_stat(path, remember=True)
-        obs = self.reader.read(path, st=st)
+        obs = self.reader.read(path, listings=self.listings, st=st)
         self.tracker.update(path, None if obs is None else evaluate_rank_dir(obs, now_unix_s=now,
                                                                              settings=self.settings))
 

@@ -57,8 +57,11 @@ UNKNOWN_ERRNOS: frozenset[int] = frozenset(
     if hasattr(errno, n)
 )
 _JSON_VALUE_KEYS = ("parallel_group_info", "distributed_args")
-_Listing = tuple[tuple[str, ...], frozenset[str], frozenset[str]]
+_Listing = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
 """A folder's listing: ``(entry names, names of sub-folders (not symlinks), names of symlinks to folders)``."""
+_COMMON_NAMES = {n: n for n in ("ASCEND_PROFILER_OUTPUT", "profiler_metadata.json", "analysis.db", "analyse.done",
+                                "host", "device_0", "data", "sqlite", "FRAMEWORK", "logs")}
+"""Names every rank dir holds: one string object for all the listings kept (memory)."""
 LISTING_SETTLE_S = 2.0
 """A folder's listing is cached (``RankDirReader``) only once its ctime is this many seconds older than the
 reader's clock: a change within the file system's timestamp granularity (ext4, xfs: a clock tick, ~4 ms; NFS
@@ -66,9 +69,10 @@ servers: down to 1 s on old ones) after the listing would not move the timestamp
 than this behind the reader's makes a fresh change look settled; the reconciliation pass re-reads every rank dir
 then, and its listings are validated the same way (the NFS client itself revalidates a cached listing by the
 folder's attributes)."""
-MAX_CACHED_LISTINGS = 400_000
-"""Listings cached at most (about four per rank dir: the rank dir, ``PROF_*``, ``PROF_*/device_N``,
-``ASCEND_PROFILER_OUTPUT``; two 16,384-rank captures ~131k); past it the cache starts over."""
+MAX_CACHED_LISTINGS = 200_000
+"""Listings one :class:`ListingCache` keeps at most (about four per rank dir: the rank dir, ``PROF_*``,
+``PROF_*/device_N`` and ``host``, ``ASCEND_PROFILER_OUTPUT``; a 16,384-rank tree ~80k); past it the cache starts
+over."""
 
 
 class TreeUnavailable(OSError):
@@ -84,35 +88,105 @@ def _gone(exc: OSError) -> bool:
     return isinstance(exc, (FileNotFoundError, NotADirectoryError))
 
 
-class RankDirReader:
-    """Reads rank dirs; caches DB checks by ``(path, size, mtime_ns)`` so a reconciliation scan of 1024 ranks
-    does not re-run ``PRAGMA quick_check`` on unchanged files, and (``cache_listings``) each folder's listing by
-    its ``(st_dev, st_ino, st_mtime_ns, st_ctime_ns)`` (:meth:`_listing`), so re-reading a rank dir whose marker
-    just landed lists only the folder that changed. Thread-safe.
+class ListingCache:
+    """Folder listings of one tree's rank dirs, each kept under the folder's ``(st_dev, st_ino, st_mtime_ns,
+    st_ctime_ns)`` (:meth:`RankDirReader.read` with ``listings``). A folder's mtime and ctime move when an entry is
+    created, deleted or renamed in it (not when a file in it is rewritten: profiler JSON and DB files are stat'ed on
+    every read); the ctime also when the mtime is set back (``touch -d``, ``rsync -t``, ``cp -p``), and no program
+    can set it. A listing is kept only once its folder's ctime is :data:`LISTING_SETTLE_S` older than ``wall()``
+    (a change within the file system's timestamp granularity after the listing would not move it: the "racy"
+    case) and when it holds no symlink (its target may change type). The folder is stat'ed before it is listed, so
+    a change in between moves the key and the next read lists again.
 
-    ``wall``: unix seconds (a listing is cached only once the folder's ctime is :data:`LISTING_SETTLE_S` old);
-    ``cache_listings=False``: every read lists every folder (a one-shot scan, which reads each dir once).
+    Memory: one listing per folder read (about four per rank dir, ~3 KB), at most ``max_entries`` (past it the
+    cache starts over); the owner drops it with the tree (``IncrementalScan`` keeps one per prof_dir).
+    Thread-safe.
     """
 
-    def __init__(self, *, cache_listings: bool = True, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, *, wall: Callable[[], float] = time.time, max_entries: int = MAX_CACHED_LISTINGS) -> None:
+        self.wall = wall
+        self._max = max_entries
+        self._entries: dict[str, tuple[tuple[int, int, int, int], _Listing]] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, path: str, key: tuple[int, int, int, int]) -> _Listing | None:
+        """The listing kept for ``path`` under ``key``, or None."""
+        hit = self._entries.get(path)
+        return hit[1] if hit is not None and hit[0] == key else None
+
+    def put(self, path: str, key: tuple[int, int, int, int], listing: _Listing, *, keep: bool) -> None:
+        """Keep ``listing`` under ``key`` (``keep``), or forget what was kept for ``path``."""
+        with self._lock:
+            if not keep:
+                self._entries.pop(path, None)
+                return
+            if len(self._entries) >= self._max:
+                self._entries.clear()
+            self._entries[path] = (key, listing)
+
+    def forget(self, path: str) -> None:
+        """Drop ``path``'s listing (a rank dir that went; those of its sub-folders stay until the cache is dropped
+        or starts over: a folder recreated there has another inode and ctime, so they are never served for it)."""
+        with self._lock:
+            self._entries.pop(path, None)
+
+
+class _Lister:
+    """One read's listings: through ``cache`` (with one clock reading for the read), or fresh without it."""
+
+    __slots__ = ("_cache", "_now", "_reader")
+
+    def __init__(self, reader: RankDirReader, cache: ListingCache | None) -> None:
+        self._reader, self._cache = reader, cache
+        self._now = cache.wall() if cache is not None else 0.0
+
+    def listing(self, path: str, st: os.stat_result | None = None) -> _Listing:
+        """``path``'s listing (:data:`_Listing`), kept or fresh (:class:`ListingCache`).
+
+        Raises:
+            OSError: the folder cannot be stat'ed or listed (gone, ESTALE, EIO ...).
+        """
+        cache = self._cache
+        if cache is None:
+            return self._reader._list(path)[0]  # noqa: SLF001 - the reader's own helper
+        if st is None:
+            st = os.stat(path)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        hit = cache.get(path, key)
+        if hit is not None:
+            return hit
+        listing, symlinks = self._reader._list(path)  # noqa: SLF001
+        cache.put(path, key, listing, keep=self._now - st.st_ctime >= LISTING_SETTLE_S and not symlinks)
+        return listing
+
+
+class RankDirReader:
+    """Reads rank dirs; caches DB checks by ``(path, size, mtime_ns)`` so a reconciliation scan of 1024 ranks
+    does not re-run ``PRAGMA quick_check`` on unchanged files. A read given a :class:`ListingCache` lists only the
+    folders that changed since (a rank dir whose marker just landed: its ``ASCEND_PROFILER_OUTPUT/``). Thread-safe.
+    """
+
+    def __init__(self) -> None:
         self._cache: dict[tuple[str, int, int], DbObservation] = {}
         self._identity: dict[str, dict[str, Any]] = {}
         self._json_cache: dict[tuple[str, int, int], tuple[Any, str | None]] = {}
         self._groups: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per communicator's members
-        self._listings: dict[str, tuple[tuple[int, int, int, int], _Listing]] = {}
-        self._cache_listings = cache_listings
-        self._wall = wall
         self._lock = threading.Lock()
         self.reads = 0
         """Rank dirs read so far (each call of :meth:`read`; for the bench and tests)."""
         self.listings = 0
         """Folders listed (``scandir``) so far; a listing served from the cache is not counted (bench, tests)."""
 
-    def read(self, path: str, *, st: os.stat_result | None = None) -> RankDirObservation | None:
+    def read(self, path: str, *, listings: ListingCache | None = None,
+             st: os.stat_result | None = None) -> RankDirObservation | None:
         """Observe one rank dir. None when ``path`` vanished or is not a rank dir name.
 
+        ``listings``: folder listings kept from earlier reads of the same tree (None: list every folder);
         ``st``: ``path``'s ``os.lstat`` taken just before by the caller (``IncrementalScan`` confirms the dir with
-        it), so validating its cached listing costs no second call; None: stat it here (when listings are cached).
+        it), so validating its cached listing costs no second call; None: stat it here (with ``listings``).
 
         Raises nothing for storage errors: they come back as ``RankDirObservation.unknown``, carrying the rank
         identity (profiler_info, metadata) this reader last saw there, so the rank stays in its batch.
@@ -124,13 +198,14 @@ class RankDirReader:
             self.reads += 1
         base: dict[str, Any] = {"path": path, "name": name, "dir_ts_unix_s": _local_ts(name.ts_naive)}
         try:
-            now = self._wall()
-            obs = self._read_entries(path, name.kind, self._listing(path, now, st), base, now)
+            lc = _Lister(self, listings)
+            obs = self._read_entries(path, name.kind, lc.listing(path, st), base, lc)
         except OSError as exc:
             if _gone(exc) and not os.path.lexists(path):
                 with self._lock:
                     self._identity.pop(path, None)
-                    self._listings.pop(path, None)
+                if listings is not None:
+                    listings.forget(path)
                 return None
             with self._lock:
                 known = self._identity.get(path, {})
@@ -141,61 +216,31 @@ class RankDirReader:
         return obs
 
     # paths below a rank dir are joined with "/": the rank dir is absolute and normalised, names never hold "/"
-    def _listing(self, path: str, now: float, st: os.stat_result | None = None) -> _Listing:
-        """``path``'s listing (:data:`_Listing`), from the cache when the folder's ``(st_dev, st_ino, st_mtime_ns,
-        st_ctime_ns)`` is the one it was listed under. A folder's mtime and ctime move when an entry is created,
-        deleted or renamed in it (not when a file in it is rewritten: file contents are stat'ed on every read); the
-        ctime also when the mtime is set back (``touch -d``, ``rsync -t``, ``cp -p``), and no program can set it.
-        Cached only when that ctime is at least :data:`LISTING_SETTLE_S` older than ``now`` (a change within the
-        file system's timestamp granularity after the listing would not move it: the "racy" case) and no entry is a
-        symlink (its target may change type). The folder is stat'ed before it is listed, so a change in between
-        moves the key and the next read lists again.
-
-        Raises:
-            OSError: the folder cannot be stat'ed or listed (gone, ESTALE, EIO ...).
-        """
-        if not self._cache_listings:
-            return self._list(path)[0]
-        if st is None:
-            st = os.stat(path)
-        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-        hit = self._listings.get(path)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        listing, symlinks = self._list(path)
-        with self._lock:
-            if now - st.st_ctime >= LISTING_SETTLE_S and not symlinks:
-                if len(self._listings) > MAX_CACHED_LISTINGS:
-                    self._listings.clear()
-                self._listings[path] = (key, listing)
-            else:
-                self._listings.pop(path, None)
-        return listing
-
     def _list(self, path: str) -> tuple[_Listing, bool]:
         """``(path's listing, whether it holds a symlink)``: one ``scandir`` (entry types from ``d_type``)."""
         names: list[str] = []
-        dirs: set[str] = set()
-        linked: set[str] = set()  # symlinks to folders (followed)
+        dirs: list[str] = []
+        linked: list[str] = []  # symlinks to folders (followed)
         symlinks = False
         with os.scandir(path) as it:
             for e in it:
-                names.append(e.name)
+                name = _COMMON_NAMES.get(e.name, e.name)
+                names.append(name)
                 if e.is_dir(follow_symlinks=False):
-                    dirs.add(e.name)
+                    dirs.append(name)
                 elif e.is_symlink():
                     symlinks = True
                     try:
                         if e.is_dir(follow_symlinks=True):
-                            linked.add(e.name)
+                            linked.append(name)
                     except OSError:
                         pass
         with self._lock:
             self.listings += 1
-        return (tuple(names), frozenset(dirs), frozenset(linked)), symlinks
+        return (tuple(names), tuple(dirs), tuple(linked)), symlinks
 
     def _read_entries(self, path: str, kind: str, top: _Listing, base: dict[str, Any],
-                      now: float) -> RankDirObservation:
+                      lc: _Lister) -> RankDirObservation:
         entries, dirs, linked = top
         info_names = sorted(n for n in entries if is_profiler_info_name(n))
         info_file = next((n for n in info_names if rank_from_profiler_info_name(n) is not None), None)
@@ -213,12 +258,12 @@ class RankDirReader:
             out["output_files"] = frozenset(entries)
             return RankDirObservation(**out)
         prof = [n for n in entries if n.startswith("PROF_") and n in dirs]
-        out["device_dirs"], out["empty_device_dirs"], out["leftover_sqlite"] = self._raw_data_state(path, prof, now)
+        out["device_dirs"], out["empty_device_dirs"], out["leftover_sqlite"] = self._raw_data_state(path, prof, lc)
         if PROFILER_OUTPUT_DIR not in dirs and PROFILER_OUTPUT_DIR not in linked:
             return RankDirObservation(**out)
         outdir = f"{path}/{PROFILER_OUTPUT_DIR}"
         try:
-            names = frozenset(self._listing(outdir, now)[0])
+            names = frozenset(lc.listing(outdir)[0])
         except OSError as exc:
             if _gone(exc):  # deleted by a re-parse between the two listings
                 return RankDirObservation(**out)
@@ -247,10 +292,10 @@ class RankDirReader:
                    journal_files=journals, newest_output_mtime_s=newest)
         return RankDirObservation(**out)
 
-    def _raw_data_state(self, path: str, prof_names: list[str], now: float) -> tuple[tuple[str, ...],
+    def _raw_data_state(self, path: str, prof_names: list[str], lc: _Lister) -> tuple[tuple[str, ...],
                                                                                        tuple[str, ...], bool]:
         """One pass over the ``PROF_*`` dirs ``prof_names`` of rank dir ``path`` (listings only, cached as
-        :meth:`_listing` says: no raw data file is read): ``(PROF_*/device_N dirs, those of them that are empty,
+        :class:`ListingCache` says: no raw data file is read): ``(PROF_*/device_N dirs, those of them that are empty,
         whether a PROF_*/{host,device_*}/sqlite is still there)``; the last means CANN's export is not finished
         (docs/rank-dirs.md#completion). Device dirs are paths relative to the rank dir."""
         found: list[str] = []
@@ -259,7 +304,7 @@ class RankDirReader:
         for pn in prof_names:
             prof = f"{path}/{pn}"
             try:
-                subs, sub_dirs, _ = self._listing(prof, now)
+                subs, sub_dirs, _ = lc.listing(prof)
                 for sub in subs:
                     is_device = sub.startswith("device_")
                     if not (is_device or sub == "host") or sub not in sub_dirs:
@@ -267,14 +312,14 @@ class RankDirReader:
                     if not is_device:
                         if not leftover:
                             try:
-                                _, h_dirs, h_linked = self._listing(f"{prof}/{sub}", now)
+                                _, h_dirs, h_linked = lc.listing(f"{prof}/{sub}")
                                 leftover = "sqlite" in h_dirs or "sqlite" in h_linked
                             except OSError:  # as os.path.isdir: cannot tell, so not a leftover
                                 pass
                         continue
                     rel = f"{pn}/{sub}"
                     found.append(rel)
-                    inside, in_dirs, in_linked = self._listing(f"{prof}/{sub}", now)
+                    inside, in_dirs, in_linked = lc.listing(f"{prof}/{sub}")
                     if not inside:
                         empty.append(rel)
                     elif not leftover:
@@ -606,7 +651,7 @@ def scan_tree(root: str | os.PathLike[str], *, world_size: int | None = None, no
         TreeUnavailable: the root cannot be listed; treat its batches as unknown.
     """
     settings = settings or WatchSettings()
-    reader = reader or RankDirReader(cache_listings=False)  # one read per dir: nothing to reuse
+    reader = reader or RankDirReader()
     skipped: list[str] = []
     paths, errors = find_rank_dirs(os.fspath(root), max_depth=settings.scan_max_depth, notes=skipped)
     for e in errors:
