@@ -98,6 +98,7 @@ class _RankDir:
     files: dict[str, _FileKey] = field(default_factory=dict)  # kept entry name -> its stat at the last listing
     marker: _FileKey | None = None  # ASCEND_PROFILER_OUTPUT/analyse.done's stat at the last listing, None: absent
     active: bool = True  # its last look saw a change: re-list at the next poll
+    settled: Literal["finished", "waiting"] | None = None  # what its last quiet listing says (_settled)
 
 
 class RankTreePoller:
@@ -203,7 +204,7 @@ class RankTreePoller:
         out_path = os.path.join(path, PROFILER_OUTPUT_DIR)
         out: _Key | None
         due = rotation_due(self.polls, rd.slot, period)
-        settled = None if due else _settled(path, rd)
+        settled = None if due or rd.active else rd.settled
         if settled == "finished":  # its marker was seen: rotation alone looks again (a re-parse, a rewrite)
             self.stats_skipped_total += 2
             return 1
@@ -265,6 +266,7 @@ class RankTreePoller:
                 events.append(FileModifiedEvent(os.path.join(path, name)))
         rd.active = changed or files != rd.files or marker != rd.marker
         rd.files, rd.marker = files, marker
+        rd.settled = None if rd.active else _settled(path, rd)
         return 0
 
 
