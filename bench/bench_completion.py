@@ -20,7 +20,8 @@ raw-data files (``--files-per-rank``, in ``FRAMEWORK/``, ``PROF_*/host/data``, `
 skips). Per mode: every marker is removed; a ``ProfWatcher`` feeds one ``IncrementalScan`` (the daemon's scanner,
 ``RankDirScanner``, holds one per prof_dir) through a driver that schedules as the capture shell does: one scan at a
 time, the rank dirs events named first, then a full look, then the rest of a reconcile pass in slices. The first
-full look reads every dir (cold DB checks the first time; the reader is shared across modes, as the daemon's is);
+full look reads every dir (cold DB checks the first time; the reader is shared across modes, as the daemon's is;
+each mode's scan keeps its own folder listings, ``rank_dir_fs.ListingCache``, as the daemon's scan of a prof_dir does);
 then all markers but the last are written and the bench waits until everything is read (at 16,384 dirs this
 overflows inotify's queue for real); then the clock starts and the last marker is written ("overflow": an inotify
 overflow is injected right before it, so its reconcile pass runs while the marker lands) and stops when the driver

@@ -111,20 +111,53 @@ def test_the_bound_cuts_the_calls_of_a_quiet_poll(tmp_path: Path) -> None:
     _settle(every)
     bounded.poll()
     every.poll()
-    # every poll: the prof_dir stat'ed and listed, each rank dir and its ASCEND_PROFILER_OUTPUT/ stat'ed; a re-list: a scandir
-    # and a stat of profiler_metadata.json, of profiler_info_N.json and of ASCEND_PROFILER_OUTPUT/analyse.done
+    # every poll: the prof_dir stat'ed and listed; a rank dir re-listed: it and its ASCEND_PROFILER_OUTPUT/ stat'ed, a
+    # scandir and a stat of profiler_metadata.json, of profiler_info_N.json and of ASCEND_PROFILER_OUTPUT/analyse.done;
+    # one waiting for its marker and not due: its ASCEND_PROFILER_OUTPUT/ stat'ed (only analyse.done can come there)
     assert every.calls == 2 + 64 * 2 + 64 * 4
-    assert bounded.calls == 2 + 64 * 2 + 16 * 4
+    assert bounded.calls == 2 + 48 * 1 + 16 * (2 + 4)
+
+
+def test_finished_rank_dirs_are_looked_at_by_rotation_only(tmp_path: Path) -> None:
+    """Once a rank dir's marker was seen, neither of its folders is stat'ed between its rotation re-lists: a quiet
+    poll of a finished tree costs the same at any size (the bound), and a re-parse deleting its
+    ASCEND_PROFILER_OUTPUT/ is seen within the rotation period, as an in-place rewrite is."""
+    dirs = _tree(tmp_path / "prof", 64)
+    p = Poller(tmp_path / "prof", 16)
+    _settle(p)
+    for d in dirs:
+        (d / "ASCEND_PROFILER_OUTPUT" / "analyse.done").touch()
+    created = p.poll()
+    assert _paths(created, FileCreatedEvent) == {str(d / "ASCEND_PROFILER_OUTPUT" / "analyse.done") for d in dirs}
+    p.poll()  # each saw a change: re-listed once more, then quiet
+    skipped = p.poller.stats_skipped_total
+    assert p.poll() == []
+    assert p.calls == 2 + 16 * (2 + 4)  # the prof_dir, and the 16 rank dirs due: 48 rank dirs cost nothing
+    assert p.poller.stats_skipped_total - skipped == 48 * 2
+    period = relist_period(64, 16)
+    out = dirs[5] / "ASCEND_PROFILER_OUTPUT"
+    shutil.rmtree(out)  # a re-parse starts over
+    gone_at = [i for i in range(1, period + 1) if str(out) in _paths(p.poll(), DirDeletedEvent)]
+    assert len(gone_at) == 1 and gone_at[0] <= period
 
 
 def test_a_marker_in_a_deferred_rank_dir_is_seen_at_the_next_poll(tmp_path: Path) -> None:
     dirs = _tree(tmp_path / "prof", 64)
+    torch_dir = dirs[-1].with_name(dirs[-1].name.replace("_ascend_pt", "_torch_pt"))  # trace.done lands in it
+    shutil.rmtree(dirs[-1] / "ASCEND_PROFILER_OUTPUT")
+    dirs[-1] = dirs[-1].rename(torch_dir)
+    for f in (torch_dir, tmp_path / "prof"):
+        os.utime(f, ns=(OLD_NS, OLD_NS))
     p = Poller(tmp_path / "prof", 16)
     _settle(p)
     period = relist_period(64, 16)
-    nxt = p.poller.polls + 1
-    quiet = [d for d in dirs if not rotation_due(nxt, p.poller._known[str(d)].slot, period)]  # noqa: SLF001
-    target, torch_dir = quiet[0], quiet[1]
+
+    def due_next(d: Path) -> bool:
+        return rotation_due(p.poller.polls + 1, p.poller._known[str(d)].slot, period)  # noqa: SLF001
+
+    while due_next(torch_dir):
+        p.poll()
+    target = next(d for d in dirs if d != torch_dir and not due_next(d))
     (target / "ASCEND_PROFILER_OUTPUT" / "analyse.done").touch()  # moves the output folder's mtime only
     (torch_dir / "trace.done").touch()  # moves the rank dir's mtime
     events = p.poll()

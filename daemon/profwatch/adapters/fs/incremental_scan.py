@@ -14,12 +14,14 @@ long-lived state stays out of full garbage collections (``profwatch/adapters/gc_
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable, Collection
 
 import structlog
 
 from profwatch.adapters.fs.rank_dir_fs import (
+    ListingCache,
     RankDirReader,
     add_walk_notes,
     confirm_rank_dir,
@@ -39,15 +41,19 @@ class IncrementalScan:
     ``reader``: a long-lived :class:`RankDirReader` (shared DB-check cache); ``clock``: monotonic seconds (slice
     budget); ``wall``: unix seconds (deadlines, the quiet period of older torch_npu); ``gc_freezer``: told of every
     update's reads, so a big tree's long-lived state is frozen out of full collections
-    (``profwatch/adapters/gc_freeze.py``; None: never).
+    (``profwatch/adapters/gc_freeze.py``; None: never); ``listings``: this tree's folder listings, kept between
+    reads (``rank_dir_fs.ListingCache``, its own clock; default: a new one), so a marker's read lists only the
+    folder it landed in.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, settings: WatchSettings | None = None,
                  reader: RankDirReader | None = None, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, gc_freezer: GcFreezer | None = GC_FREEZER) -> None:
+                 wall: Callable[[], float] = time.time, gc_freezer: GcFreezer | None = GC_FREEZER,
+                 listings: ListingCache | None = None) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.settings = settings or WatchSettings()
         self.reader = reader or RankDirReader()
+        self.listings = listings if listings is not None else ListingCache()
         self.tracker = RankDirTracker()
         self._clock = clock
         self._wall = wall
@@ -56,6 +62,7 @@ class IncrementalScan:
         self._skipped: list[str] = []
         self._pass_ended = False
         self._listed = 0  # rank dirs the last full look listed (the tree's size before the pass has read them)
+        self._confirmed: dict[str, tuple[int, int]] = {}  # rank dir -> (st_dev, st_ino) when confirm_rank_dir held
 
     @property
     def tree_dirs(self) -> int:
@@ -108,6 +115,7 @@ class IncrementalScan:
                 log.warning("scan_walk_error", error=e)
             self._walk_errors, self._skipped = errors, skipped
             self._listed = len(paths)
+            self._confirmed.clear()  # a full look confirms every dir again (bounds the map by the tree)
             self.tracker.begin_pass(paths)
         else:
             for changed in sorted(rank_dirs):
@@ -145,8 +153,35 @@ class IncrementalScan:
         return batches
 
     def _read(self, path: str, now: float) -> None:
-        """Read one rank dir into the tracker (gone, or not a rank dir ``find_rank_dirs`` would find: dropped)."""
+        """Read one rank dir into the tracker (gone, or not a rank dir ``find_rank_dirs`` would find: dropped).
+
+        A dir confirmed since the last full look (``confirm_rank_dir``: one ``lstat`` per folder level and a look
+        for profwatch's output marker) is confirmed again by one ``lstat`` showing the same folder (device and
+        inode); that stat also validates the kept listing of the dir (``listings``)."""
         path = os.path.abspath(path)
-        obs = self.reader.read(path) if confirm_rank_dir(self.root, path, self.settings.scan_max_depth) else None
+        st = self._confirmed_stat(path) if path in self._confirmed else None
+        if st is None:
+            if not confirm_rank_dir(self.root, path, self.settings.scan_max_depth):
+                self.tracker.update(path, None)
+                return
+            st = self._confirmed_stat(path, remember=True)
+        obs = self.reader.read(path, listings=self.listings, st=st)
         self.tracker.update(path, None if obs is None else evaluate_rank_dir(obs, now_unix_s=now,
                                                                              settings=self.settings))
+
+    def _confirmed_stat(self, path: str, *, remember: bool = False) -> os.stat_result | None:
+        """``path``'s ``lstat`` when it is the folder confirmed before (``remember``: just confirmed, record it);
+        else None (also when it cannot be stat'ed: the reader then says why)."""
+        try:
+            st = os.lstat(path)
+        except OSError:
+            self._confirmed.pop(path, None)
+            return None
+        ident = (st.st_dev, st.st_ino)
+        if not stat.S_ISDIR(st.st_mode):
+            self._confirmed.pop(path, None)
+            return None
+        if remember:
+            self._confirmed[path] = ident
+            return st
+        return st if self._confirmed.get(path) == ident else None

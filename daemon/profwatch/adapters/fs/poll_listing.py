@@ -7,8 +7,12 @@ instead, and every poll:
 
 - stats and lists the prof_dir and the folders above rank dirs (down to ``max_depth``, minus ``skip``): new and
   vanished rank dirs and folders are seen at once;
-- stats every rank dir and its ``ASCEND_PROFILER_OUTPUT/`` (``analyse.done`` lands there and moves its mtime;
-  ``trace.done`` and ``profiler_metadata.json`` land in the rank dir and move the rank dir's mtime);
+- stats each rank dir and its ``ASCEND_PROFILER_OUTPUT/`` (``analyse.done`` lands there and moves its mtime;
+  ``trace.done`` and ``profiler_metadata.json`` land in the rank dir and move the rank dir's mtime), as far as its
+  last look says something completion waits for can still land there (``_settled``): both for a dir new, changing
+  or still appearing; only ``ASCEND_PROFILER_OUTPUT/`` for an ``*_ascend_pt`` dir that has its profiler_info,
+  metadata and output folder and waits for ``analyse.done``; neither for a dir whose marker was seen (finished)
+  until rotation re-lists it;
 - re-lists a rank dir (scandir, then a stat of each entry completion reads: ``profiler_info*.json``,
   ``profiler_metadata.json``, ``trace.done``, and a stat of ``ASCEND_PROFILER_OUTPUT/analyse.done``, whose folder
   is not listed) when it is new, one of those two mtimes (or inodes) changed, its last
@@ -18,8 +22,9 @@ instead, and every poll:
 - counts the others as deferred (their last listing stands).
 
 What that costs: a change that moves neither folder's mtime (a file rewritten in place, e.g. ``profiler_info_*.json``
-growing; an ``analyse.done`` whose folder's mtime did not move) is seen within ``ceil(rank dirs / max_listings)``
-polls instead of one. Other files of ``ASCEND_PROFILER_OUTPUT/`` are not looked at by polling (completion reads only
+growing; an ``analyse.done`` whose folder's mtime did not move), or that lands in a folder not stat'ed (a finished
+dir re-parsed: its ``ASCEND_PROFILER_OUTPUT/`` deleted; a profiler_info added to a dir waiting for its marker), is
+seen within ``ceil(rank dirs / max_listings)`` polls instead of one. Other files of ``ASCEND_PROFILER_OUTPUT/`` are not looked at by polling (completion reads only
 the marker there); they are read by the analysis and the reconciliation scan. A client that caches directory
 attributes (NFS ``acdirmin``/``acdirmax``, 30-60 s by default; Lustre until its lock on the folder is revoked) shows
 another host's marker in the folder's mtime only when they expire; the same cache delays a listing of that folder
@@ -42,7 +47,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from watchdog.events import (
@@ -93,6 +98,7 @@ class _RankDir:
     files: dict[str, _FileKey] = field(default_factory=dict)  # kept entry name -> its stat at the last listing
     marker: _FileKey | None = None  # ASCEND_PROFILER_OUTPUT/analyse.done's stat at the last listing, None: absent
     active: bool = True  # its last look saw a change: re-list at the next poll
+    settled: Literal["finished", "waiting"] | None = None  # what its last quiet listing says (_settled)
 
 
 class RankTreePoller:
@@ -101,7 +107,8 @@ class RankTreePoller:
 
     ``stat``/``scandir``: the real calls (benches count them); ``skip``: folder names (fnmatch) not descended into;
     ``max_depth``: folder levels below ``root`` searched for rank dirs. ``deferred_total``, ``relisted_total``,
-    ``polls``: counters; ``last_deferred``: rank dirs the last poll did not re-list.
+    ``stats_skipped_total`` (stats of a rank dir or its output folder left to rotation), ``polls``: counters;
+    ``last_deferred``: rank dirs the last poll did not re-list.
 
     Raises:
         ValueError: ``max_listings`` < 1.
@@ -122,6 +129,7 @@ class RankTreePoller:
         self.polls = 0
         self.deferred_total = 0
         self.relisted_total = 0
+        self.stats_skipped_total = 0
         self.last_deferred = 0
 
     def poll(self) -> list[FileSystemEvent]:
@@ -191,16 +199,32 @@ class RankTreePoller:
         return folders, rank_dirs
 
     def _look(self, path: str, rd: _RankDir, period: int, events: list[FileSystemEvent]) -> int:
-        """Stat one rank dir and its output folder; re-list it when due. Returns 1 when deferred."""
+        """Stat one rank dir and its output folder, as far as its last look says anything can land there; re-list
+        it when due. Returns 1 when deferred."""
+        out_path = os.path.join(path, PROFILER_OUTPUT_DIR)
+        out: _Key | None
+        due = rotation_due(self.polls, rd.slot, period)
+        settled = None if due or rd.active else rd.settled
+        if settled == "finished":  # its marker was seen: rotation alone looks again (a re-parse, a rewrite)
+            self.stats_skipped_total += 2
+            return 1
+        if settled == "waiting":  # only analyse.done can come, in ASCEND_PROFILER_OUTPUT/: stat that alone
+            try:
+                out = _key(self._stat(out_path))
+            except OSError:
+                out = None
+            if out == rd.out:
+                self.stats_skipped_total += 1
+                return 1
         try:
             key = _key(self._stat(path))
         except OSError:
             return 0  # went after the listing: the next poll reports it gone
-        out_path = os.path.join(path, PROFILER_OUTPUT_DIR)
-        try:
-            out: _Key | None = _key(self._stat(out_path))
-        except OSError:
-            out = None
+        if settled is None:
+            try:
+                out = _key(self._stat(out_path))
+            except OSError:
+                out = None
         changed = key != rd.key or out != rd.out
         if rd.key is not None and out != rd.out:
             if out is None:
@@ -208,7 +232,7 @@ class RankTreePoller:
             else:
                 events.append(DirModifiedEvent(out_path) if rd.out is not None else DirCreatedEvent(out_path))
         rd.key, rd.out = key, out
-        if not (changed or rd.active or rotation_due(self.polls, rd.slot, period)):
+        if not (changed or rd.active or due):
             return 1
         self.relisted_total += 1
         try:
@@ -242,7 +266,25 @@ class RankTreePoller:
                 events.append(FileModifiedEvent(os.path.join(path, name)))
         rd.active = changed or files != rd.files or marker != rd.marker
         rd.files, rd.marker = files, marker
+        rd.settled = None if rd.active else _settled(path, rd)
         return 0
+
+
+def _settled(path: str, rd: _RankDir) -> Literal["finished", "waiting"] | None:
+    """What the last look at a quiet rank dir says can still land there between rotation re-lists: "finished" (its
+    ``analyse.done`` or ``trace.done`` was seen: nothing completion waits for), "waiting" (an ``*_ascend_pt`` dir
+    with ``profiler_info*.json``, ``profiler_metadata.json`` and ``ASCEND_PROFILER_OUTPUT/``, no ``analyse.done``
+    yet: only the marker, in ``ASCEND_PROFILER_OUTPUT/``), or None (a dir new, changing or still appearing:
+    anything, so both folders are stat'ed every poll)."""
+    if rd.key is None or rd.active:
+        return None
+    if rd.marker is not None or TRACE_DONE in rd.files:
+        return "finished"
+    name = parse_rank_dir_name(os.path.basename(path))
+    if rd.out is not None and name is not None and name.kind == "ascend_pt" and PROFILER_METADATA in rd.files \
+            and any(is_profiler_info_name(n) for n in rd.files):
+        return "waiting"
+    return None
 
 
 class _TreeEmitter(EventEmitter):

@@ -57,6 +57,22 @@ UNKNOWN_ERRNOS: frozenset[int] = frozenset(
     if hasattr(errno, n)
 )
 _JSON_VALUE_KEYS = ("parallel_group_info", "distributed_args")
+_Listing = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+"""A folder's listing: ``(entry names, names of sub-folders (not symlinks), names of symlinks to folders)``."""
+_COMMON_NAMES = {n: n for n in ("ASCEND_PROFILER_OUTPUT", "profiler_metadata.json", "analysis.db", "analyse.done",
+                                "host", "device_0", "data", "sqlite", "FRAMEWORK", "logs")}
+"""Names every rank dir holds: one string object for all the listings kept (memory)."""
+LISTING_SETTLE_S = 2.0
+"""A folder's listing is cached (``RankDirReader``) only once its ctime is this many seconds older than the
+reader's clock: a change within the file system's timestamp granularity (ext4, xfs: a clock tick, ~4 ms; NFS
+servers: down to 1 s on old ones) after the listing would not move the timestamps. A file server whose clock runs more
+than this behind the reader's makes a fresh change look settled; the reconciliation pass re-reads every rank dir
+then, and its listings are validated the same way (the NFS client itself revalidates a cached listing by the
+folder's attributes)."""
+MAX_CACHED_LISTINGS = 200_000
+"""Listings one :class:`ListingCache` keeps at most (about four per rank dir: the rank dir, ``PROF_*``,
+``PROF_*/device_N`` and ``host``, ``ASCEND_PROFILER_OUTPUT``; a 16,384-rank tree ~80k); past it the cache starts
+over."""
 
 
 class TreeUnavailable(OSError):
@@ -72,9 +88,86 @@ def _gone(exc: OSError) -> bool:
     return isinstance(exc, (FileNotFoundError, NotADirectoryError))
 
 
+class ListingCache:
+    """Folder listings of one tree's rank dirs, each kept under the folder's ``(st_dev, st_ino, st_mtime_ns,
+    st_ctime_ns)`` (:meth:`RankDirReader.read` with ``listings``). A folder's mtime and ctime move when an entry is
+    created, deleted or renamed in it (not when a file in it is rewritten: profiler JSON and DB files are stat'ed on
+    every read); the ctime also when the mtime is set back (``touch -d``, ``rsync -t``, ``cp -p``), and no program
+    can set it. A listing is kept only once its folder's ctime is :data:`LISTING_SETTLE_S` older than ``wall()``
+    (a change within the file system's timestamp granularity after the listing would not move it: the "racy"
+    case) and when it holds no symlink (its target may change type). The folder is stat'ed before it is listed, so
+    a change in between moves the key and the next read lists again.
+
+    Memory: one listing per folder read (about four per rank dir, ~3 KB), at most ``max_entries`` (past it the
+    cache starts over); the owner drops it with the tree (``IncrementalScan`` keeps one per prof_dir).
+    Thread-safe.
+    """
+
+    def __init__(self, *, wall: Callable[[], float] = time.time, max_entries: int = MAX_CACHED_LISTINGS) -> None:
+        self.wall = wall
+        self._max = max_entries
+        self._entries: dict[str, tuple[tuple[int, int, int, int], _Listing]] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, path: str, key: tuple[int, int, int, int]) -> _Listing | None:
+        """The listing kept for ``path`` under ``key``, or None."""
+        hit = self._entries.get(path)
+        return hit[1] if hit is not None and hit[0] == key else None
+
+    def put(self, path: str, key: tuple[int, int, int, int], listing: _Listing, *, keep: bool) -> None:
+        """Keep ``listing`` under ``key`` (``keep``), or forget what was kept for ``path``."""
+        with self._lock:
+            if not keep:
+                self._entries.pop(path, None)
+                return
+            if len(self._entries) >= self._max:
+                self._entries.clear()
+            self._entries[path] = (key, listing)
+
+    def forget(self, path: str) -> None:
+        """Drop ``path``'s listing (a rank dir that went; those of its sub-folders stay until the cache is dropped
+        or starts over: a folder recreated there has another inode and ctime, so they are never served for it)."""
+        with self._lock:
+            self._entries.pop(path, None)
+
+
+class _Lister:
+    """One read's listings: through ``cache`` (with one clock reading for the read), or fresh without it."""
+
+    __slots__ = ("_cache", "_now", "_reader")
+
+    def __init__(self, reader: RankDirReader, cache: ListingCache | None) -> None:
+        self._reader, self._cache = reader, cache
+        self._now = cache.wall() if cache is not None else 0.0
+
+    def listing(self, path: str, st: os.stat_result | None = None) -> _Listing:
+        """``path``'s listing (:data:`_Listing`), kept or fresh (:class:`ListingCache`).
+
+        Raises:
+            OSError: the folder cannot be stat'ed or listed (gone, ESTALE, EIO ...).
+        """
+        cache = self._cache
+        if cache is None:
+            return self._reader._list(path)[0]  # noqa: SLF001 - the reader's own helper
+        if st is None:
+            st = os.stat(path)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        hit = cache.get(path, key)
+        if hit is not None:
+            return hit
+        listing, symlinks = self._reader._list(path)  # noqa: SLF001
+        cache.put(path, key, listing, keep=self._now - st.st_ctime >= LISTING_SETTLE_S and not symlinks)
+        return listing
+
+
 class RankDirReader:
     """Reads rank dirs; caches DB checks by ``(path, size, mtime_ns)`` so a reconciliation scan of 1024 ranks
-    does not re-run ``PRAGMA quick_check`` on unchanged files. Thread-safe."""
+    does not re-run ``PRAGMA quick_check`` on unchanged files. A read given a :class:`ListingCache` lists only the
+    folders that changed since (a rank dir whose marker just landed: its ``ASCEND_PROFILER_OUTPUT/``). Thread-safe.
+    """
 
     def __init__(self) -> None:
         self._cache: dict[tuple[str, int, int], DbObservation] = {}
@@ -84,9 +177,16 @@ class RankDirReader:
         self._lock = threading.Lock()
         self.reads = 0
         """Rank dirs read so far (each call of :meth:`read`; for the bench and tests)."""
+        self.listings = 0
+        """Folders listed (``scandir``) so far; a listing served from the cache is not counted (bench, tests)."""
 
-    def read(self, path: str) -> RankDirObservation | None:
+    def read(self, path: str, *, listings: ListingCache | None = None,
+             st: os.stat_result | None = None) -> RankDirObservation | None:
         """Observe one rank dir. None when ``path`` vanished or is not a rank dir name.
+
+        ``listings``: folder listings kept from earlier reads of the same tree (None: list every folder);
+        ``st``: ``path``'s ``os.lstat`` taken just before by the caller (``IncrementalScan`` confirms the dir with
+        it), so validating its cached listing costs no second call; None: stat it here (with ``listings``).
 
         Raises nothing for storage errors: they come back as ``RankDirObservation.unknown``, carrying the rank
         identity (profiler_info, metadata) this reader last saw there, so the rank stays in its batch.
@@ -98,12 +198,14 @@ class RankDirReader:
             self.reads += 1
         base: dict[str, Any] = {"path": path, "name": name, "dir_ts_unix_s": _local_ts(name.ts_naive)}
         try:
-            entries = {e.name: e for e in os.scandir(path)}
-            obs = self._read_entries(path, name.kind, entries, base)
+            lc = _Lister(self, listings)
+            obs = self._read_entries(path, name.kind, lc.listing(path, st), base, lc)
         except OSError as exc:
             if _gone(exc) and not os.path.lexists(path):
                 with self._lock:
                     self._identity.pop(path, None)
+                if listings is not None:
+                    listings.forget(path)
                 return None
             with self._lock:
                 known = self._identity.get(path, {})
@@ -113,8 +215,33 @@ class RankDirReader:
                 self._identity[path] = {"info_file": obs.info_file, "info": obs.info, "metadata": obs.metadata}
         return obs
 
-    def _read_entries(self, path: str, kind: str, entries: Mapping[str, os.DirEntry[str]],
-                      base: dict[str, Any]) -> RankDirObservation:
+    # paths below a rank dir are joined with "/": the rank dir is absolute and normalised, names never hold "/"
+    def _list(self, path: str) -> tuple[_Listing, bool]:
+        """``(path's listing, whether it holds a symlink)``: one ``scandir`` (entry types from ``d_type``)."""
+        names: list[str] = []
+        dirs: list[str] = []
+        linked: list[str] = []  # symlinks to folders (followed)
+        symlinks = False
+        with os.scandir(path) as it:
+            for e in it:
+                name = _COMMON_NAMES.get(e.name, e.name)
+                names.append(name)
+                if e.is_dir(follow_symlinks=False):
+                    dirs.append(name)
+                elif e.is_symlink():
+                    symlinks = True
+                    try:
+                        if e.is_dir(follow_symlinks=True):
+                            linked.append(name)
+                    except OSError:
+                        pass
+        with self._lock:
+            self.listings += 1
+        return (tuple(names), tuple(dirs), tuple(linked)), symlinks
+
+    def _read_entries(self, path: str, kind: str, top: _Listing, base: dict[str, Any],
+                      lc: _Lister) -> RankDirObservation:
+        entries, dirs, linked = top
         info_names = sorted(n for n in entries if is_profiler_info_name(n))
         info_file = next((n for n in info_names if rank_from_profiler_info_name(n) is not None), None)
         info_file = info_file or (info_names[0] if info_names else None)
@@ -122,68 +249,108 @@ class RankDirReader:
         if len(info_names) > 1:
             out["info_error"] = f"several profiler_info files: {', '.join(info_names)}"
         elif info_file:
-            out["info"], out["info_error"] = self._parsed_json(entries[info_file], _parse_info)
+            out["info"], out["info_error"] = self._parsed_json(path, info_file, _parse_info)
         if PROFILER_METADATA in entries:
-            out["metadata"], out["metadata_error"] = self._parsed_json(entries[PROFILER_METADATA], self._parse_meta)
+            out["metadata"], out["metadata_error"] = self._parsed_json(path, PROFILER_METADATA, self._parse_meta)
         if kind == "torch_pt":
             out["marker"] = TRACE_DONE in entries
             out["trace_files"] = tuple(sorted(n for n in entries if KINETO_TRACE_RE.fullmatch(n)))
             out["output_files"] = frozenset(entries)
             return RankDirObservation(**out)
-        prof = [e for n, e in entries.items() if n.startswith("PROF_")]
-        out["device_dirs"], out["empty_device_dirs"], out["leftover_sqlite"] = _raw_data_state(prof)
-        outdir = entries.get(PROFILER_OUTPUT_DIR)
-        if outdir is None or not outdir.is_dir(follow_symlinks=True):
+        prof = [n for n in entries if n.startswith("PROF_") and n in dirs]
+        out["device_dirs"], out["empty_device_dirs"], out["leftover_sqlite"] = self._raw_data_state(path, prof, lc)
+        if PROFILER_OUTPUT_DIR not in dirs and PROFILER_OUTPUT_DIR not in linked:
             return RankDirObservation(**out)
+        outdir = f"{path}/{PROFILER_OUTPUT_DIR}"
         try:
-            files = list(os.scandir(outdir.path))
+            names = frozenset(lc.listing(outdir)[0])
         except OSError as exc:
             if _gone(exc):  # deleted by a re-parse between the two listings
                 return RankDirObservation(**out)
             raise
-        names = frozenset(f.name for f in files)
+        marker = ANALYSE_DONE in names
+        db_names = sorted(n for n in names if PROFILER_DB_RE.fullmatch(n))
+        # with the marker, the quiet period is not used: only the DBs are stat'ed (their checks are cached by
+        # size and mtime); without it, every output file (the newest mtime decides the quiet period)
+        statted = [*db_names, ANALYSIS_DB] if marker else names
         newest = None
-        stats: dict[str, os.stat_result] = {}  # one stat per output file, reused by the DB checks below
-        for f in files:
+        stats: dict[str, os.stat_result] = {}  # one stat per file, reused by the DB checks below
+        for n in statted:
             try:
-                st = stats[f.name] = f.stat(follow_symlinks=True)
+                st = stats[n] = os.stat(f"{outdir}/{n}")
             except FileNotFoundError:
                 continue
             newest = st.st_mtime if newest is None else max(newest, st.st_mtime)
         journals = tuple(sorted(n for n in names if n.endswith(("-journal", "-wal"))))
-        marker = ANALYSE_DONE in names
-        db_names = sorted(n for n in names if PROFILER_DB_RE.fullmatch(n))
         # without the marker, DBs are read once no CANN export or journal is left (an old torch_npu whose
         # analysis.db never comes is then named by the health checks after the quiet period, not "parsing" forever)
         deep = marker or (bool(db_names) and not out["leftover_sqlite"] and not journals)
-        dbs = tuple(self.check_db(os.path.join(outdir.path, n), deep=deep, st=stats.get(n)) for n in db_names)
-        adb = self.check_db(os.path.join(outdir.path, ANALYSIS_DB), deep=deep, st=stats.get(ANALYSIS_DB)) \
+        dbs = tuple(self.check_db(f"{outdir}/{n}", deep=deep, st=stats.get(n)) for n in db_names)
+        adb = self.check_db(f"{outdir}/{ANALYSIS_DB}", deep=deep, st=stats.get(ANALYSIS_DB)) \
             if ANALYSIS_DB in names else None
         out.update(output_dir=True, output_files=names, marker=marker, profiler_dbs=dbs, analysis_db=adb,
                    journal_files=journals, newest_output_mtime_s=newest)
         return RankDirObservation(**out)
+
+    def _raw_data_state(self, path: str, prof_names: list[str], lc: _Lister) -> tuple[tuple[str, ...],
+                                                                                       tuple[str, ...], bool]:
+        """One pass over the ``PROF_*`` dirs ``prof_names`` of rank dir ``path`` (listings only, cached as
+        :class:`ListingCache` says: no raw data file is read): ``(PROF_*/device_N dirs, those of them that are empty,
+        whether a PROF_*/{host,device_*}/sqlite is still there)``; the last means CANN's export is not finished
+        (docs/rank-dirs.md#completion). Device dirs are paths relative to the rank dir."""
+        found: list[str] = []
+        empty: list[str] = []
+        leftover = False
+        for pn in prof_names:
+            prof = f"{path}/{pn}"
+            try:
+                subs, sub_dirs, _ = lc.listing(prof)
+                for sub in subs:
+                    is_device = sub.startswith("device_")
+                    if not (is_device or sub == "host") or sub not in sub_dirs:
+                        continue
+                    if not is_device:
+                        if not leftover:
+                            try:
+                                _, h_dirs, h_linked = lc.listing(f"{prof}/{sub}")
+                                leftover = "sqlite" in h_dirs or "sqlite" in h_linked
+                            except OSError:  # as os.path.isdir: cannot tell, so not a leftover
+                                pass
+                        continue
+                    rel = f"{pn}/{sub}"
+                    found.append(rel)
+                    inside, in_dirs, in_linked = lc.listing(f"{prof}/{sub}")
+                    if not inside:
+                        empty.append(rel)
+                    elif not leftover:
+                        leftover = "sqlite" in in_dirs or "sqlite" in in_linked
+            except FileNotFoundError:
+                continue
+        return tuple(sorted(found)), tuple(sorted(empty)), leftover
 
     def _parse_meta(self, data: Any) -> Any:
         if len(self._groups) > 100_000:
             self._groups.clear()
         return _parse_meta(data, self._groups)
 
-    def _parsed_json(self, entry: os.DirEntry[str], parse: Callable[[Any], Any]) -> tuple[Any, str | None]:
-        """``(parse(decoded JSON), None)`` or ``(None, why)``; cached by (path, size, mtime_ns)."""
-        st = entry.stat(follow_symlinks=True)
-        key = (entry.path, st.st_size, st.st_mtime_ns)
+    def _parsed_json(self, folder: str, name: str, parse: Callable[[Any], Any]) -> tuple[Any, str | None]:
+        """``(parse(decoded JSON), None)`` or ``(None, why)`` of ``folder/name``; cached by (path, size, mtime_ns)
+        (stat'ed on every call: a JSON rewritten in place does not move its folder's mtime)."""
+        file_path = f"{folder}/{name}"
+        st = os.stat(file_path)
+        key = (file_path, st.st_size, st.st_mtime_ns)
         with self._lock:
             hit = self._json_cache.get(key)
         if hit is not None:
             return hit
-        data, err = _read_json(entry.path)
+        data, err = _read_json(file_path)
         value = None
         if err is None:
             try:
                 value = parse(data)
             except LayoutError as exc:
                 err = str(exc)
-        result = (value, err and f"{entry.name}: {err}")
+        result = (value, err and f"{name}: {err}")
         if err is None:
             with self._lock:
                 if len(self._json_cache) > 200_000:
@@ -363,38 +530,6 @@ def _read_json(path: str) -> tuple[Any, str | None]:
         return None, "not valid JSON (nested too deeply to decode)"
     except MemoryError:
         return None, "not valid JSON (too large to decode in memory)"
-
-
-def _raw_data_state(prof_entries: list[os.DirEntry[str]]) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
-    """One pass over the ``PROF_*`` dirs (names only: no raw data file is read): ``(PROF_*/device_N dirs, those of
-    them that are empty, whether a PROF_*/{host,device_*}/sqlite is still there)``; the last means CANN's export
-    is not finished (docs/rank-dirs.md#completion). Device dirs are paths relative to the rank dir."""
-    found: list[str] = []
-    empty: list[str] = []
-    leftover = False
-    for entry in prof_entries:
-        try:
-            if not entry.is_dir(follow_symlinks=False):
-                continue
-            with os.scandir(entry.path) as subs:
-                for sub in subs:
-                    is_device = sub.name.startswith("device_")
-                    if not (is_device or sub.name == "host") or not sub.is_dir(follow_symlinks=False):
-                        continue
-                    if not is_device:
-                        leftover = leftover or os.path.isdir(os.path.join(sub.path, "sqlite"))
-                        continue
-                    rel = f"{entry.name}/{sub.name}"
-                    found.append(rel)
-                    with os.scandir(sub.path) as it:  # one listing: empty, and whether sqlite/ is left
-                        inside = list(it)
-                    if not inside:
-                        empty.append(rel)
-                    elif not leftover:
-                        leftover = any(e.name == "sqlite" and e.is_dir(follow_symlinks=True) for e in inside)
-        except FileNotFoundError:
-            continue
-    return tuple(sorted(found)), tuple(sorted(empty)), leftover
 
 
 def find_rank_dirs(root: str, *, max_depth: int = 5, notes: list[str] | None = None) -> tuple[list[str], list[str]]:

@@ -401,7 +401,8 @@ class RankDirObservation:
     ``info_file``/``info``/``info_error``: the ``profiler_info*.json`` file name, parsed content, or why it did
     not parse (a non-atomic write may still be in progress, docs/rank-dirs.md#ascend). Same for ``metadata``.
     ``output_files``: names in ``ASCEND_PROFILER_OUTPUT`` (ascend) or in the rank dir itself (torch).
-    ``newest_output_mtime_s``: the newest mtime (unix s) of anything in the output dir, for the quiet period.
+    ``newest_output_mtime_s``: the newest mtime (unix s) of anything in the output dir, for the quiet period (with
+    ``analyse.done`` there, of its DBs only: the quiet period is then not used).
     ``leftover_sqlite``: some ``PROF_*/{host,device_*}/sqlite`` dir still exists (docs/rank-dirs.md#completion).
     ``device_dirs`` / ``empty_device_dirs``: the ``PROF_*/device_N`` dirs, and those holding nothing at all (the
     device recorded no data).
