@@ -11,8 +11,11 @@ by the window is the row's CPU share. Detection runs (arming off: nothing is cap
 ``PYTHONPATH``) in interleaved order (A B B A ...) so a before/after pair shares the box's load; the default is
 this checkout.
 
+``--restart`` also prints each run's resident set (end and peak) and stops the coordinator (SIGTERM) and starts it
+again on the same state db: the seconds to stop, to answer ``ping`` and to answer ``status`` with the ranks restored.
+
 Usage: ``python bench/bench_coordinator_cpu.py [--ranks 1024] [--rate 10] [--seconds 20] [--rounds 2]
-[--trees /path/old /path/new]``.
+[--trees /path/old /path/new] [--restart]``.
 """
 
 from __future__ import annotations
@@ -87,8 +90,11 @@ def load(endpoint: str, ranks: int, per_node: int, rate: float, seconds: float, 
     ctx.term()
 
 
-def run_one(tree: Path, ranks: int, per_node: int, rate: float, seconds: float, warmup_s: float) -> dict:
-    """One coordinator of ``tree`` under the paced load; its CPU share over the window after the warm-up."""
+def run_one(tree: Path, ranks: int, per_node: int, rate: float, seconds: float, warmup_s: float,
+            restart: bool = False) -> dict:
+    """One coordinator of ``tree`` under the paced load; its CPU share over the window after the warm-up, its
+    resident set at the end and its peak; with ``restart`` it is then stopped (SIGTERM) and started again on the
+    same state db: the seconds to stop, to answer ``ping`` and to answer ``status`` with the job's ranks restored."""
     tmp = Path(tempfile.mkdtemp(prefix="pwcpu", dir="/tmp"))
     ports = [_port() for _ in range(3)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree / "daemon"), str(tree)]),
@@ -119,11 +125,57 @@ def run_one(tree: Path, ranks: int, per_node: int, rate: float, seconds: float, 
         steps, late = q.get(timeout=seconds + warmup_s + 120)
         cpu1, t1 = sum(ps.cpu_times()[:2]), time.monotonic()
         lp.join(30)
-        return {"tree": str(tree), "cpu_frac": (cpu1 - cpu0) / (t1 - t0), "steps": steps, "late_steps": late,
-                "load": os.getloadavg()[0]}
+        out = {"tree": str(tree), "cpu_frac": (cpu1 - cpu0) / (t1 - t0), "steps": steps, "late_steps": late,
+               "load": os.getloadavg()[0], "rss": ps.memory_info().rss, "hwm": _hwm(proc.pid)}
+        if restart:
+            t = time.monotonic()
+            stop_popen(proc)  # SIGTERM: the coordinator persists its state and exits
+            out["stop_s"] = time.monotonic() - t
+            t = time.monotonic()
+            proc = subprocess.Popen([sys.executable, "-m", "profwatch.cli", "coordinator"], env=env, cwd=tmp,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            out["restart_ping_s"] = _ping(ports[1], 120) and time.monotonic() - t
+            status = _request(ports[1], {"cmd": "status", "args": {"job_id": "cpu"}}, 120)
+            out["restart_status_s"] = time.monotonic() - t
+            jobs = (status or {}).get("result", status or {}).get("jobs", []) if isinstance(status, dict) else []
+            out["restored_ranks"] = sum(len(j.get("ranks", [])) for j in jobs)
+            out["rss_restored"] = psutil.Process(proc.pid).memory_info().rss
+        return out
     finally:  # end only what this benchmark started, by pid
         stop_process(lp)
         stop_popen(proc)
+
+
+def _hwm(pid: int) -> int:
+    """Peak resident bytes of ``pid`` (``VmHWM`` of ``/proc/<pid>/status``); 0 when unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _request(port: int, req: dict, timeout_s: float) -> object:
+    """One control request to the coordinator at ``port``, retried until ``timeout_s``; its reply or None."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        s = zmq.Context.instance().socket(zmq.REQ)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(f"tcp://127.0.0.1:{port}")
+        s.send_json(req)
+        try:
+            if s.poll(2000):
+                return s.recv_json()
+        finally:
+            s.close(0)
+    return None
+
+
+def _ping(port: int, timeout_s: float) -> bool:
+    return _request(port, {"cmd": "ping"}, timeout_s) is not None
 
 
 def main() -> int:
@@ -135,12 +187,15 @@ def main() -> int:
     ap.add_argument("--warmup-s", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (each runs every tree twice: A B B A)")
     ap.add_argument("--trees", type=Path, nargs="+", default=[REPO])
+    ap.add_argument("--restart", action="store_true", help="after each window: RSS, then stop and restart on the "
+                    "same state db and time the restore")
     args = ap.parse_args()
     trees = [t.resolve() for t in args.trees]
     rows: dict[Path, list[dict]] = {t: [] for t in trees}
     for _ in range(args.rounds):
         for t in [*trees, *reversed(trees)]:
-            rows[t].append(run_one(t, args.ranks, args.ranks_per_node, args.rate, args.seconds, args.warmup_s))
+            rows[t].append(run_one(t, args.ranks, args.ranks_per_node, args.rate, args.seconds, args.warmup_s,
+                                   args.restart))
     print(f"{args.ranks} ranks x {args.rate:g} steps/s ({args.ranks * args.rate:,.0f} reports/s), "
           f"{args.seconds:g} s windows, {args.rounds} interleaved rounds")
     print(f"{'tree':<40} {'CPU % of a core (median, runs)':<45} {'late load steps':>15} {'load avg':>9}")
@@ -148,6 +203,14 @@ def main() -> int:
         cpu = [100 * r["cpu_frac"] for r in rs]
         print(f"{str(t)[-40:]:<40} {statistics.median(cpu):6.1f}  ({', '.join(f'{c:.1f}' for c in cpu)})"
               f"{'':<10} {sum(r['late_steps'] for r in rs):>15} {statistics.median(r['load'] for r in rs):9.1f}")
+        rss = ", ".join(f"{r['rss'] / 2**20:.0f}" for r in rs)
+        hwm = ", ".join(f"{r['hwm'] / 2**20:.0f}" for r in rs)
+        print(f"  RSS at the end MiB: {rss}; peak (VmHWM) MiB: {hwm}")
+        if args.restart:
+            for r in rs:
+                print(f"  restart: stop {r['stop_s']:.1f} s, ping after {r['restart_ping_s']:.1f} s, status with "
+                      f"{r['restored_ranks']} ranks after {r['restart_status_s']:.1f} s, RSS then "
+                      f"{r['rss_restored'] / 2**20:.0f} MiB")
     return 0
 
 

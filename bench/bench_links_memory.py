@@ -10,8 +10,12 @@ before issue 34), then judged by ``links.find_slow_links``. Printed: the seconds
 set (``ru_maxrss``) after the rows were built and after the judgement, the judgement's wall and CPU seconds, the
 pairs judged, the links named, and the 1-minute load average.
 
-Usage: ``python bench/bench_links_memory.py [--sizes 256,1024] [--steps 1] [--dicts]``; run it niced on a shared
-box, alone.
+``--db``: the rows are first written to a ``ClusterCommunicationMatrix`` table of a SQLite file in ``--work`` (as
+``communication_matrix_sum`` leaves them) and the child reads them with ``msprof_db.read_link_rows``, the path of
+``profwatch analyze`` and the coordinator after the recipe (the file is deleted afterwards).
+
+Usage: ``python bench/bench_links_memory.py [--sizes 256,1024] [--steps 1] [--dicts | --db]``; run it niced on a
+shared box, alone.
 """
 
 from __future__ import annotations
@@ -66,11 +70,29 @@ def matrix_rows(ranks: int, steps: int, dicts: bool) -> Any:
     return out
 
 
-def child(ranks: int, steps: int, dicts: bool) -> dict[str, Any]:
+def write_db(path: Path, ranks: int, steps: int) -> None:
+    """The rows as msprof-analyze's ``communication_matrix_sum`` leaves them: a ``ClusterCommunicationMatrix`` table
+    of ``path`` (``--db``)."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    con.execute(f"CREATE TABLE ClusterCommunicationMatrix ({', '.join(NAMES)})")
+    con.executemany(f"INSERT INTO ClusterCommunicationMatrix VALUES ({', '.join('?' * len(NAMES))})",
+                    matrix_tuples(ranks, steps))
+    con.commit()
+    con.close()
+
+
+def child(ranks: int, steps: int, dicts: bool, db: str = "") -> dict[str, Any]:
     from profwatch.core.verdict.links import find_slow_links
 
     t0 = time.monotonic()
-    rows = matrix_rows(ranks, steps, dicts)
+    if db:  # the CLI's and the coordinator's path: msprof_db.read_link_rows from the result DB
+        from profwatch.adapters.tools.msprof_db import read_link_rows
+
+        rows = read_link_rows(Path(db), "ClusterCommunicationMatrix")
+    else:
+        rows = matrix_rows(ranks, steps, dicts)
     read_s = time.monotonic() - t0
     rss_rows = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t0, c0 = time.monotonic(), time.process_time()
@@ -87,17 +109,28 @@ def main() -> None:
     ap.add_argument("--sizes", default="256,1024")
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--dicts", action="store_true", help="hold the rows as a list of dicts (before issue 34)")
+    ap.add_argument("--db", action="store_true", help="read the rows from a ClusterCommunicationMatrix table "
+                    "(msprof_db.read_link_rows, the CLI's path), written in --work first")
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")))
     ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--child-db", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.steps, args.dicts)))
+        print(json.dumps(child(args.child, args.steps, args.dicts, args.child_db)))
         return
     print(f"{'ranks':>6} {'rows':>9} {'read s':>7} {'pairs judged':>12} {'peak MiB rows':>13} {'peak MiB judged':>15} "
           f"{'wall s':>7} {'CPU s':>7} {'links':>12} {'folded':>8} {'load 1m':>8}", flush=True)
     for n in (int(x) for x in args.sizes.split(",")):
-        out = subprocess.run([sys.executable, __file__, "--child", str(n), "--steps", str(args.steps)]
-                             + (["--dicts"] if args.dicts else []),
-                             capture_output=True, text=True, check=True)
+        db = args.work / f"bench-links-{os.getpid()}-{n}.db" if args.db else None
+        try:
+            if db is not None:
+                write_db(db, n, args.steps)
+            out = subprocess.run([sys.executable, __file__, "--child", str(n), "--steps", str(args.steps)]
+                                 + (["--dicts"] if args.dicts else []) + (["--child-db", str(db)] if db else []),
+                                 capture_output=True, text=True, check=True)
+        finally:
+            if db is not None:
+                db.unlink(missing_ok=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"{n:>6} {r['rows']:>9} {r['read_s']:>7.1f} {r['pairs']:>12} {r['rss_rows'] / MiB:>13.0f} {r['rss'] / MiB:>15.0f} "
               f"{r['wall']:>7.1f} {r['cpu']:>7.1f} {json.dumps(r['links']):>12} {json.dumps(r['folded']):>8} "

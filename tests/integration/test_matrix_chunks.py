@@ -121,6 +121,10 @@ def test_the_verdict_names_the_link_and_the_coverage(batch: Path) -> None:
     assert res.enriched and res.recipes["communication_matrix"].status == "ok"
     assert [lk.ranks for lk in res.links] == [SLOW] and res.suspects == []
     assert any("covered ranks 0-15 (16 of 16)" in n for n in res.notes), res.notes
+    # issue 34: once judged and reported, the rows are left to the result DB, not held by the result the caller
+    # keeps (profwatch analyze held them while it analysed the next batch)
+    assert res.evidence is not None and len(res.evidence.link_rows) == 0
+    assert any(read_table(p, "ClusterCommunicationMatrix") for p in Path(res.paths["outputs"]).rglob(RESULT_DB))
     saved = json.loads(Path(res.paths["report_json"]).read_text())
     assert any("covered ranks 0-15" in n for n in saved["notes"])
 

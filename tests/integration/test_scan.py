@@ -246,3 +246,23 @@ def test_a_batch_mixing_torch_npu_and_cann_versions_says_so(tmp_path: Path) -> N
     assert any(n.startswith("mixed CANN versions") and "8.0.RC3 on ranks 2-3" in n for n in b.notes)
     same = gen.generate_cluster(tmp_path / "one", world_size=2, capture_id="cap-o")
     assert not [n for n in _one(same[0].parent).notes if n.startswith("mixed")]
+
+
+def test_rank_dirs_read_by_several_threads_give_the_batches_of_one(tmp_path: Path) -> None:
+    """Issue 34: scan_tree reads rank dirs by ``SCAN_READ_WORKERS`` threads (a cold page cache's waits overlap);
+    the batches, every rank's state and every problem are those of one thread reading them in turn."""
+    dirs = gen.generate_cluster(tmp_path / "prof", world_size=12, capture_id="cap-t", minimal=True)
+    gen.remove_marker(dirs[3])
+    gen.add_prof_leftovers(dirs[3])
+    shutil.rmtree(dirs[5])
+    db = next((dirs[7] / "ASCEND_PROFILER_OUTPUT").glob("ascend_pytorch_profiler_*.db"))
+    db.write_bytes(db.read_bytes()[:200])  # an interrupted copy: the header says more pages
+    assert rank_dir_fs.SCAN_READ_WORKERS > 1
+    many = [b.to_json() for b in scan_tree(tmp_path / "prof", now=LATE)]
+    one = [b.to_json() for b in scan_tree(tmp_path / "prof", now=LATE, workers=1)]
+    assert many == one
+    (b,) = many
+    assert b["missing_ranks"] == [5] and b["status"] == "incomplete"
+    states = b["rank_states"]
+    assert "truncated" in json.dumps(b["problems"]) and states["3"] != "parsed", b
+    assert {int(r) for r, v in states.items() if v == "parsed"} >= set(range(12)) - {3, 5, 7}

@@ -108,3 +108,23 @@ def test_slow_link_ranks_fold_into_a_communication_suspect():
     # its links are 2.5x slower: 1.5 x 4 ms more per step in one direction
     assert v.suspects[0].impact["saving_s_per_step"] == pytest.approx(0.006, rel=0.15)
     assert v.impact["saving_s_per_step"] == pytest.approx(0.006, rel=0.15)
+
+
+def _findings(found) -> tuple:
+    return ([(lk.ranks, lk.group, lk.transport, round(lk.bandwidth_gbps, 9), round(lk.peer_median_gbps, 9),
+              lk.evidence, lk.impact) for lk in found.links], found.folded_ranks, found.pairs_judged, found.notes)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_pairs_summed_in_chunks_give_the_findings_of_one_pass(chunk: int, monkeypatch: pytest.MonkeyPatch):
+    """Issue 34: the pair table is summed in bounded chunks (a step, a range of lower ranks); whatever the chunk
+    size, both directions of every pair meet and the findings (links, folded ranks, their numbers) are those of
+    one pass over all rows."""
+    import profwatch.core.verdict.links as links_mod
+
+    rows = matrix_rows(12, slow_pairs={(2, 9): 3.0, (4, 5): 2.0}, slow_ranks={7: 2.5}, steps=4, seed=3)
+    rows += [dict(r, group_name="456", transport_type="RDMA") for r in matrix_rows(6, slow_pairs={(0, 1): 3.0})]
+    whole = _findings(find_slow_links(rows, world_size=12, step_time_us=50_000))
+    assert {lk[0] for lk in whole[0]} == {(2, 9), (4, 5), (0, 1)} and set(whole[1]) == {7}
+    monkeypatch.setattr(links_mod, "PAIR_CHUNK_ROWS", chunk)
+    assert _findings(find_slow_links(rows, world_size=12, step_time_us=50_000)) == whole

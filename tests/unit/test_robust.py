@@ -61,3 +61,28 @@ def test_upper_outliers_floor_and_small_groups():
     two_of_four = upper_outliers({0: 0.4, 1: -0.4, 2: -0.4, 3: 0.4}, candidate_z=3.0, sigma_floor=0.01)
     assert two_of_four.candidates == frozenset({0, 3}) and two_of_four.z[0] == pytest.approx(80.0)
     assert upper_outliers({}, candidate_z=3.0).z == {}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_upper_outliers_array_is_upper_outliers(seed: int):
+    """Issue 34: the array form (link pairs by the hundred thousand) decides as the dict form: the same center,
+    scale, candidates and z, through the rounds, the floor, the MAD's minimum n and the majority rule."""
+    import random
+
+    import numpy as np
+
+    from profwatch.core.verdict.robust import upper_outliers_array
+
+    rng = random.Random(seed)
+    n = rng.choice([0, 1, 3, 4, 5, 8, 30, 200])
+    values = [rng.gauss(0, 0.05) for _ in range(n)]
+    for i in rng.sample(range(n), min(n, rng.choice([0, 1, 3, n // 2 + 1]))):
+        values[i] += rng.choice([0.5, 2.0, 10.0])
+    floor = rng.choice([0.0, 0.01, 0.3])
+    cz = rng.choice([1.0, 3.0])
+    ref = upper_outliers(dict(enumerate(values)), candidate_z=cz, sigma_floor=floor)
+    got = upper_outliers_array(np.array(values), candidate_z=cz, sigma_floor=floor)
+    assert (got.center, got.sigma, got.sigma_between, got.n_noise) == pytest.approx(
+        (ref.center, ref.sigma, ref.sigma_between, ref.n_noise), rel=1e-12, abs=1e-15)
+    assert set(np.flatnonzero(got.candidates).tolist()) == set(ref.candidates)
+    assert got.z.tolist() == pytest.approx([ref.z[i] for i in range(n)], rel=1e-9, abs=1e-12)

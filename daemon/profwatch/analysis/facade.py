@@ -63,6 +63,7 @@ from profwatch.core.display import printable
 from profwatch.core.verdict.agreement import compare_verdicts
 from profwatch.core.verdict.drilldown import median_peer
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus, used_steps
+from profwatch.core.verdict.link_rows import LinkRows
 from profwatch.core.verdict.msprof_plan import ALERT_RECIPES, advisor_ranks, enrich_recipe_names
 from profwatch.core.verdict.own_tables import RankTables, combine_rank_tables, unusable_reason
 from profwatch.core.verdict.ranking import Verdict, judge_batch
@@ -356,6 +357,9 @@ def enrich_analysis(result: AnalysisResult, *, runner: MsprofRunner,
         result.enriched = True
         result.pending = []
         _write_report(result, f, html=f.settings.report_html)
+        # the links are judged and reported: the rows (a million pairs take ~150 MiB) stay in the result DB, not
+        # in a result that the caller keeps (the CLI while it analyses the next batch)
+        ev.link_rows = LinkRows()
     except Exception as exc:
         log.exception("enrichment_crashed", batch_id=result.batch_id)
         result.context["enrich_error"] = repr(exc)

@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
@@ -638,14 +639,21 @@ def describe_unsupported(found: Mapping[str, list[str]]) -> str:
                      for what, paths in found.items())
 
 
+SCAN_READ_WORKERS = 4
+"""Threads that read the rank dirs of one :func:`scan_tree` (their files and DB checks): reads from a cold page
+cache wait on the disk, and several in flight overlap those waits. 1024 generated rank dirs read cold took
+3.8-4.8 s with 4 threads against 7.9-14.6 s with one (a shared two-core box at load 23-33)."""
+
+
 def scan_tree(root: str | os.PathLike[str], *, world_size: int | None = None, now: float | None = None,
               settings: WatchSettings | None = None, hints: Mapping[str, CaptureHint] | None = None,
-              reader: RankDirReader | None = None) -> list[BatchState]:
+              reader: RankDirReader | None = None, workers: int = SCAN_READ_WORKERS) -> list[BatchState]:
     """Walk ``root`` (up to ``settings.scan_max_depth`` levels) and return every batch found, sorted by id.
 
     ``now``: unix seconds (default: the wall clock) for deadlines and the quiet period. ``world_size`` fixes the
     expected ranks of every batch; ``hints`` (by capture id) carry what the coordinator armed. Pass a long-lived
-    ``reader`` to reuse DB checks across scans. Sub-folders that fail to list add a note to every batch.
+    ``reader`` to reuse DB checks across scans. Sub-folders that fail to list add a note to every batch. The rank
+    dirs are read by ``workers`` threads (:data:`SCAN_READ_WORKERS`; 1: in this thread), in the walk's order.
 
     Raises:
         TreeUnavailable: the root cannot be listed; treat its batches as unknown.
@@ -656,7 +664,12 @@ def scan_tree(root: str | os.PathLike[str], *, world_size: int | None = None, no
     paths, errors = find_rank_dirs(os.fspath(root), max_depth=settings.scan_max_depth, notes=skipped)
     for e in errors:
         log.warning("scan_walk_error", error=e)
-    observations = [o for o in (reader.read(p) for p in paths) if o is not None]
+    if workers > 1 and len(paths) > 1:
+        with ThreadPoolExecutor(min(workers, len(paths)), thread_name_prefix="profwatch-scan") as pool:
+            read = list(pool.map(reader.read, paths))
+    else:
+        read = [reader.read(p) for p in paths]
+    observations = [o for o in read if o is not None]
     batches = assess_batches(observations, now_unix_s=time.time() if now is None else now, settings=settings,
                              world_size=world_size, hints=hints)
     add_walk_notes(batches, errors, skipped)

@@ -31,7 +31,7 @@ from profwatch.core.verdict.link_rows import LinkRows
 
 if TYPE_CHECKING:
     import numpy as np
-from profwatch.core.verdict.robust import median, pooled_within_sigma, trimmed_pool, upper_outliers
+from profwatch.core.verdict.robust import median, upper_outliers_array
 
 _DIGITS = re.compile(r"-?\d+")
 _STAT_ROWS = ("top", "middle", "bottom")
@@ -167,8 +167,8 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
         found.pairs_judged += len(pairs)
         series = _group_series(table, idx, pairs, settings)
         if series is not None:
-            members = [(int(a), int(b)) for a, b in pairs]
-            slow += _slow_links_of_group(series, group, transport, members, settings, world_size, step_time_us)
+            slow += _slow_links_of_group(series, group, transport, pairs, settings, world_size, step_time_us)
+        del series
     folded = _fold_ranks(slow, links_of, settings, found)
     found.links = [lk for _, lk in sorted(slow, key=lambda t: -t[0]) if not set(lk.ranks) & folded]
     return found
@@ -321,37 +321,62 @@ class _Columns:
     size: np.ndarray
 
 
+PAIR_CHUNK_ROWS = 262_144
+"""Rows summed into pairs at a time by :func:`_pair_table` (a chunk: one step, a range of the pairs' lower rank):
+the sort behind each chunk's sums takes about 100 bytes per row, so a million-pair step is summed in ~25 MB pieces
+instead of one ~250 MB sort of every row (``bench/bench_links_memory.py``)."""
+
+
 def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
     """:func:`parse_matrix_rows`, then both directions of each pair summed, into arrays (memory linear in the rows'
-    pairs, not in dicts: :class:`LinkRows` are read by column, other rows one by one and never held)."""
+    pairs, not in dicts: :class:`LinkRows` are read by column, other rows one by one and never held). Summed in
+    chunks of at most about :data:`PAIR_CHUNK_ROWS` rows (one step and a range of lower ranks: both directions of a
+    pair fall in the same chunk), so the sort's scratch memory is bounded; the sums are those of one pass."""
     import numpy as np  # lazily: importing the settings (every command) must not load numpy
     cols = _table_columns(rows) if isinstance(rows, LinkRows) else _row_columns(rows)
-    c = {"g": cols.g, "s": cols.s, "kind": cols.kind, "tr": cols.tr, "src": cols.src, "dst": cols.dst}
-    t, size = cols.time, cols.size
     names = [cols.groups, cols.steps, cols.transports]
     # per (group, step): Total Op Info rows, else op rows, else statistics rows (parse_matrix_rows' choice)
-    gs = c["g"] * max(len(names[1]), 1) + c["s"]
+    gs = cols.g.astype(np.int64) * max(len(names[1]), 1) + cols.s
     best = np.full(max(len(names[0]) * len(names[1]), 1), 3, dtype=np.int64)
-    np.minimum.at(best, gs, c["kind"])
-    keep = np.flatnonzero((c["kind"] == best[gs]) & ~np.isnan(t) & (t > 0) & ~np.isnan(size))
-    del gs
+    np.minimum.at(best, gs, cols.kind)
+    keep = np.flatnonzero((cols.kind == best[gs]) & ~np.isnan(cols.time) & (cols.time > 0) & ~np.isnan(cols.size))
+    del gs, best
     empty = np.zeros(0, np.int64)
     if not len(keep):
         return _PairTable(names[0], names[2], names[1], empty, empty, empty, empty, empty, np.zeros(0), np.zeros(0),
                           np.zeros(0))
-    # directed samples: (group, step, src, dst) summed in row order; transport of the key's first row
-    (dg, ds, dsrc, ddst), first, inv = _unique_rows([_take(c[k], keep) for k in ("g", "s", "src", "dst")])
-    d_time = np.bincount(inv, weights=_take(t, keep), minlength=len(dg))
-    d_size = np.bincount(inv, weights=_take(size, keep), minlength=len(dg))
-    d_tr = _take(c["tr"], keep)[first]
-    del inv, first, c, t, size, keep, cols
+    lo = np.minimum(cols.src[keep], cols.dst[keep])
+    blocks = max(1, math.ceil(len(keep) / PAIR_CHUNK_ROWS))
+    width = max(1, math.ceil((int(lo.max()) + 1) / blocks))
+    chunk = cols.s[keep].astype(np.int64) * blocks + lo // width
+    del lo
+    parts: list[tuple[np.ndarray, ...]] = []
+    for k in np.flatnonzero(np.bincount(chunk)).tolist():
+        parts.append(_pair_sums(cols, keep[chunk == k]))
+    del chunk, keep, cols
+    out: list[np.ndarray] = []
+    for i in range(8):  # column by column: one column's copy at a time
+        out.append(np.concatenate([p[i] for p in parts]))
+        parts = [(*p[:i], empty, *p[i + 1:]) for p in parts]
+    return _PairTable(names[0], names[2], names[1], *out)
+
+
+def _pair_sums(cols: _Columns, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One chunk of :func:`_pair_table`: the rows ``rows`` of ``cols`` (every row of each pair and step they
+    hold) summed per directed pair (in row order; transport of the pair's first row), then both directions per
+    undirected pair: ``(group, transport, step, a, b, MB, ms, slower direction's ms)``."""
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
+    (dg, ds, dsrc, ddst), first, inv = _unique_rows([cols.g[rows], cols.s[rows], cols.src[rows], cols.dst[rows]])
+    d_time = np.bincount(inv, weights=cols.time[rows], minlength=len(dg))
+    d_size = np.bincount(inv, weights=cols.size[rows], minlength=len(dg))
+    d_tr = cols.tr[rows][first]
+    del inv, first
     lo, hi = np.minimum(dsrc, ddst).astype(np.int64), np.maximum(dsrc, ddst).astype(np.int64)
     (ug, utr, ua, ub, us), _, uinv = _unique_rows([dg, d_tr, lo, hi, ds])
     one_way = np.zeros(len(ug))
     np.maximum.at(one_way, uinv, d_time)
-    return _PairTable(names[0], names[2], names[1], ug, utr, us, ua, ub,
-                      np.bincount(uinv, weights=d_size, minlength=len(ug)),
-                      np.bincount(uinv, weights=d_time, minlength=len(ug)), one_way)
+    return (ug, utr, us, ua, ub, np.bincount(uinv, weights=d_size, minlength=len(ug)),
+            np.bincount(uinv, weights=d_time, minlength=len(ug)), one_way)
 
 
 @dataclass(slots=True)
@@ -379,14 +404,16 @@ class _GroupSeries:
 def _group_series(table: _PairTable, idx: np.ndarray, pairs: np.ndarray, settings: LinkSettings
                   ) -> _GroupSeries | None:
     """The series of one group and transport's pairs (``pairs[i]``: (a, b)) from ``table``'s elements ``idx``;
-    None without any step that has ``min_peers + 1`` pairs with a positive bandwidth."""
+    None without any step that has ``min_peers + 1`` pairs with a positive bandwidth. Array operations per step
+    (the median and ``ln`` of every pair's bandwidth), no Python float per pair."""
     import numpy as np  # lazily: importing the settings (every command) must not load numpy
-    pair_key = table.a[idx] * (int(pairs[:, 1].max()) + 1) + table.b[idx]
-    member = np.searchsorted(pairs[:, 0] * (int(pairs[:, 1].max()) + 1) + pairs[:, 1], pair_key)
+    width = int(pairs[:, 1].max()) + 1
+    member = np.searchsorted(pairs[:, 0] * width + pairs[:, 1], table.a[idx] * width + table.b[idx])
+    steps_here = table.s[idx]
     parts: list[tuple[np.ndarray, ...]] = []
-    for code in sorted(set(table.s[idx].tolist()), key=lambda k: table.steps[k]):
-        here = idx[table.s[idx] == code]
-        who = member[table.s[idx] == code]
+    for code in sorted(np.unique(steps_here).tolist(), key=lambda k: table.steps[k]):
+        at = steps_here == code
+        here, who = idx[at], member[at]
         tm, sz = table.time[here], table.size[here]
         ok = tm > 0
         v = sz[ok] / tm[ok]
@@ -394,51 +421,93 @@ def _group_series(table: _PairTable, idx: np.ndarray, pairs: np.ndarray, setting
         v, who, ow = v[pos], who[ok][pos], table.one_way[here][ok][pos]
         if len(v) < settings.min_peers + 1:
             continue
-        med = median(v.tolist())
-        med_t = median(ow.tolist())
-        deficit = np.array([-math.log(x / med) for x in v.tolist()])
-        parts.append((who, deficit, v, ow * 1e3, np.full(len(v), med_t * 1e3)))
+        med = float(np.median(v))
+        med_t = float(np.median(ow))
+        parts.append((who, -np.log(v / med), v, ow * 1e3, np.full(len(v), med_t * 1e3)))
+    del member, steps_here
     if not parts:
         return None
     who = np.concatenate([p[0] for p in parts])
     by_pair = np.argsort(who, kind="stable")  # each pair's values in step order
     start = np.searchsorted(who[by_pair], np.arange(len(pairs) + 1))
-    cols = [np.concatenate([p[k] for p in parts])[by_pair] for k in range(1, 5)]
+    del who
+    cols: list[np.ndarray] = []
+    for k in range(1, 5):  # column by column, each step's part dropped once copied: one column's copy at a time
+        cols.append(np.concatenate([p[k] for p in parts])[by_pair])
+        parts = [(*p[:k], p[k][:0], *p[k + 1:]) for p in parts]
     return _GroupSeries(start, *cols)
 
 
-def _slow_links_of_group(series: _GroupSeries, group: str, transport: str, members: list[tuple[int, int]],
+def _per_pair(series: _GroupSeries, have: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per pair of ``have`` (pairs with at least one step): its steps, its pooled deficit
+    (:func:`~profwatch.core.verdict.robust.trimmed_pool` of its deficits: the mean without the largest from 3
+    steps, the smaller of 2, the one) and its mean bandwidth (GB/s), as arrays in ``have``'s order."""
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
+    first = series.start[have]
+    n = series.start[have + 1] - first
+    total = np.add.reduceat(series.deficit, first) if len(have) else np.zeros(0)
+    worst = np.maximum.reduceat(series.deficit, first) if len(have) else np.zeros(0)
+    best = np.minimum.reduceat(series.deficit, first) if len(have) else np.zeros(0)
+    pooled = np.where(n == 1, total, np.where(n == 2, best, (total - worst) / np.maximum(n - 1, 1)))
+    mean_bw = (np.add.reduceat(series.bw, first) if len(have) else np.zeros(0)) / n
+    return n, pooled, mean_bw
+
+
+def _within_sigma(series: _GroupSeries, have: np.ndarray, n: np.ndarray) -> float:
+    """:func:`~profwatch.core.verdict.robust.pooled_within_sigma` of the pairs' deficit series, over arrays."""
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
+    many = have[n >= 2]
+    dof = int((n[n >= 2] - 1).sum())
+    if not dof:
+        return 0.0
+    counts = series.start[many + 1] - series.start[many]
+    x = series.deficit[_elements(series, many)]
+    mu = np.repeat(np.add.reduceat(x, np.cumsum(counts) - counts) / counts, counts)
+    return math.sqrt(float(((x - mu) ** 2).sum()) / dof)
+
+
+def _elements(series: _GroupSeries, pairs: np.ndarray) -> np.ndarray:
+    """Indices into the series' arrays of the elements of ``pairs`` (each with at least one step), pair by pair in
+    ``pairs``' order, each pair's in step order."""
+    import numpy as np  # lazily: importing the settings (every command) must not load numpy
+    first = series.start[pairs]
+    counts = series.start[pairs + 1] - first
+    offsets = np.cumsum(counts) - counts
+    return np.repeat(first - offsets, counts) + np.arange(int(counts.sum()))
+
+
+def _slow_links_of_group(series: _GroupSeries, group: str, transport: str, members: np.ndarray,
                          settings: LinkSettings, world_size: int,
                          step_time_us: float | None) -> list[tuple[float, SlowLink]]:
-    """The group's pairs that pass the test (``find_slow_links``' Notes), each with its saving (µs per step)."""
+    """The group's pairs that pass the test (``find_slow_links``' Notes), each with its saving (µs per step).
+    ``members[i]``: pair ``i``'s ranks (a, b). The test runs over arrays (one element per pair); Python objects
+    are made only for the pairs named."""
     import numpy as np  # lazily: importing the settings (every command) must not load numpy
-    have = series.pairs()
-    pooled = {i: trimmed_pool(series.of(series.deficit, i)) for i in have}
-    within, _ = pooled_within_sigma(series.of(series.deficit, i) for i in have)
+    have = np.asarray(series.pairs(), dtype=np.int64)
+    n, pooled, own_bw = _per_pair(series, have)
+    within = _within_sigma(series, have, n)
     n_steps = int(np.diff(series.start).max())
     floor = max(settings.min_sigma, within / math.sqrt(max(1, n_steps - 1)))
-    test = upper_outliers(pooled, candidate_z=settings.candidate_z, sigma_floor=floor)
-    peers = [i for i in have if i not in test.candidates]
-    peer_bw = median(v for i in (peers or have) for v in series.of(series.bw, i))
+    test = upper_outliers_array(pooled, candidate_z=settings.candidate_z, sigma_floor=floor)
+    peers = have[~test.candidates] if not test.candidates.all() else have
+    peer_bw = float(np.median(series.bw[_elements(series, peers)]))
+    ratio = own_bw / peer_bw if peer_bw > 0 else np.ones(len(have))
+    named = np.flatnonzero((test.z >= settings.min_robust_z) & (ratio <= 1.0 - settings.min_drop))
     slow: list[tuple[float, SlowLink]] = []
-    for i, z in test.z.items():
-        bw_i = series.of(series.bw, i)
-        own_bw = sum(bw_i) / len(bw_i)
-        ratio = own_bw / peer_bw if peer_bw > 0 else 1.0
-        if z < settings.min_robust_z or ratio > 1.0 - settings.min_drop:
-            continue
+    for j in named.tolist():
+        i, z, bw, r = int(have[j]), float(test.z[j]), float(own_bw[j]), float(ratio[j])
         saving = link_saving_us(series.of(series.transit, i), series.of(series.peer_transit, i))
         frac = saving / step_time_us if step_time_us else 0.0
         impact = Impact(saving / 1e6, 100.0 * frac, frac * world_size * HOURS_PER_DAY)
-        a, b = members[i]
-        n = len(bw_i)
-        link = SlowLink(ranks=(a, b), group=group, bandwidth_gbps=own_bw, peer_median_gbps=peer_bw,
+        a, b = int(members[i][0]), int(members[i][1])
+        steps = int(n[j])
+        link = SlowLink(ranks=(a, b), group=group, bandwidth_gbps=bw, peer_median_gbps=peer_bw,
                         transport=transport, impact=impact.to_json(), evidence={
-                            "z": round(z, 3), "steps": n, "noise_sigma_log": round(test.sigma, 5),
-                            "strength": "strong" if n >= 3 else "weak",
+                            "z": round(z, 3), "steps": steps, "noise_sigma_log": round(test.sigma, 5),
+                            "strength": "strong" if steps >= 3 else "weak",
                             "summary": f"link {a}<->{b} ({transport or 'link'}, group {group}): "
-                                       f"{own_bw:.2f} GB/s vs peers {peer_bw:.2f} GB/s "
-                                       f"({100 * ratio:.0f}%), {n} steps"})
+                                       f"{bw:.2f} GB/s vs peers {peer_bw:.2f} GB/s "
+                                       f"({100 * r:.0f}%), {steps} steps"})
         slow.append((saving, link))
     return slow
 
