@@ -72,6 +72,12 @@ allocators filling, a job that starts fast and settles slower) when their Mann-K
 (:func:`~profwatch.core.detection.drift.trend_z`) is at least this many standard deviations and no sudden change
 explains the rise (:meth:`StepTimeRegressionDetector._split`); learning then waits for a stable level (see
 :meth:`StepTimeRegressionDetector._settled`). One-sided 1 %: a flat start waits one learning window in 100."""
+EARLIER_RISE_Z = 2.33
+"""A split of the first learned steps (:meth:`StepTimeRegressionDetector._split`) is no sudden change when its earlier
+part rises by the Mann-Kendall statistic at least this much (one-sided 1 %): a warm-up still rising, whose best split
+the least-squares slope test (:meth:`StepTimeRegressionDetector._rising`) does not tell from a step over 8-20 steps.
+Stricter than :data:`SETTLE_Z`: here a chance rise of a flat earlier part loses a real change (5 % lost 2 of 30
+changes of 1.2x at step 20, 5 % noise)."""
 LEARNED_STEP_EVIDENCE = 25.0
 """A split of a generation's first learned steps into two levels is a change when it explains them better than one
 level by this many noise variances (a log-likelihood ratio of 12.5, Gaussian noise: about 2 ln(1e5), the
@@ -414,6 +420,9 @@ class StepTimeRegressionDetector:
                     return None
                 self.counters["relearn_while_learning"] += 1
                 risen = list(self._learn_rise)
+                if self._warming(risen):
+                    self._restart_learning(risen)
+                    return None
                 logs = sorted(math.log(v / mu) for v in risen)
                 k = len(logs)
                 mag = log_ratio_magnitude(logs[k // 2] if k % 2 else 0.5 * (logs[k // 2 - 1] + logs[k // 2]))
@@ -482,15 +491,47 @@ class StepTimeRegressionDetector:
         if not warm and not (trend_z(y) >= SETTLE_Z and self._split(y) is None):
             self._settle_restarts = None
             return True
-        self._settle_restarts += 1
-        restarts = self._settle_restarts
+        self._restart_learning(flat.tolist())
+        return False
+
+    def _restart_learning(self, values: list[float]) -> None:
+        """The job is still warming up: learning starts again from ``values`` (the newest steps), silently; one of
+        the :data:`MAX_SETTLE_RESTARTS` of this generation's first learning (counted in ``warmup_restarts``)."""
+        restarts = (self._settle_restarts or 0) + 1
         self.counters["warmup_restarts"] += 1
         self._relearn()
         self._settle_restarts = restarts
-        for v in flat.tolist():
+        for v in values:
             self._base.push(v)
             self._recent.append(v)
-        return False
+
+    def _warming(self, risen: list[float]) -> bool:
+        """Whether steps that rose over the young baseline for longer than the hold during a generation's first
+        learning (``risen``, step times oldest first) continue a warm-up instead of starting a change: restarts are
+        left (:data:`MAX_SETTLE_RESTARTS`), the steps learned before them rise by the rank test
+        (:func:`~profwatch.core.detection.drift.trend_z` at least :data:`SETTLE_Z`) and the risen steps' median
+        ratio to those steps' Theil-Sen line, extrapolated over them, is under ``1 + spike_min_effect``: a job that
+        starts at 0.3x and rises over 60 steps crosses the spike threshold of a baseline learned from its first
+        steps (reported as a level change while learning, +40-90 %) without jumping off its own line, while a 3x
+        change during the warm-up does jump (found as before)."""
+        if self._settle_restarts is None or self._settle_restarts >= MAX_SETTLE_RESTARTS or not risen:
+            return False
+        pre = np.fromiter(self._recent, dtype=np.float64, count=len(self._recent))
+        if pre.size < LEARNED_STEP_MIN_AFTER or trend_z(pre) < SETTLE_Z:
+            return False
+        t = np.arange(pre.size, dtype=np.float64)
+        i, j = np.triu_indices(pre.size, 1)
+        slope = float(np.median((pre[j] - pre[i]) / (t[j] - t[i])))  # Theil 1950, Sen 1968
+        icpt = float(np.median(pre - slope * t))
+        line = icpt + slope * np.arange(pre.size, pre.size + len(risen), dtype=np.float64)
+        line = np.maximum(line, float(np.median(pre)))  # never below the learned level (a line that fell)
+        if float(np.median(np.asarray(risen) / line)) - 1.0 >= self.settings.spike_min_effect:
+            return False  # the risen steps jumped off the warm-up's line
+        y = np.concatenate([pre, np.asarray(risen, dtype=np.float64)])
+        noise = self._noise()[1]
+        # a rise that then stays flat explains them as well as a step (a change that entered the young baseline
+        # before the spike screen began makes the learned steps rise too, and their line steep)
+        return ramp_evidence(-(y / float(np.median(y)) - 1.0)[::-1])[0] >= WARMUP_EVIDENCE * noise * noise
 
     def _learned_step(self, fs: FinalizedStep) -> Anomaly | None:
         """At the end of a generation's first learning (after :meth:`_settled`): a sudden change among the steps
@@ -548,7 +589,8 @@ class StepTimeRegressionDetector:
         se = noise * math.sqrt(1.0 / k + 1.0 / (n - k))
         if (sse_flat - sse_k < LEARNED_STEP_EVIDENCE * noise * noise or mag <= 0.0
                 or mag + EFFECT_Z * se < self.settings.min_effect
-                or ramp_evidence(rel)[0] >= RAMP_EVIDENCE * noise * noise or self._rising(rel[:k], noise)):
+                or ramp_evidence(rel)[0] >= RAMP_EVIDENCE * noise * noise or self._rising(rel[:k], noise)
+                or trend_z(y[:k]) >= EARLIER_RISE_Z):  # the earlier part rises by the rank test: a warm-up
             return None
         return k, mag, noise, float(math.exp(logs[:k].mean()))
 
