@@ -72,6 +72,13 @@ allocators filling, a job that starts fast and settles slower) when their Mann-K
 (:func:`~profwatch.core.detection.drift.trend_z`) is at least this many standard deviations and no sudden change
 explains the rise (:meth:`StepTimeRegressionDetector._split`); learning then waits for a stable level (see
 :meth:`StepTimeRegressionDetector._settled`). One-sided 1 %: a flat start waits one learning window in 100."""
+SETTLE_MAX_STEPS = 150
+"""Steps from a generation's first measured step during which a rise of the first learned steps found by the rank
+test (:data:`SETTLE_Z`) or continuing their line (:meth:`StepTimeRegressionDetector._warming`) is taken for a
+warm-up: start-up warm-ups last tens of steps (issue 31: 5-60); a rise that starts later, or goes on, is a drift or
+a change. Without it a drift from step 202 of 6.5 ms steps (8 steps per value) kept the first learning waiting for
+some 500 steps and a 1.3x change during it was found 380 steps late instead of 28 (``bench/bench_corpus.py`` seed
+31, ``drift`` run 1)."""
 EARLIER_RISE_Z = 2.33
 """A split of the first learned steps (:meth:`StepTimeRegressionDetector._split`) is no sudden change when its earlier
 part rises by the Mann-Kendall statistic at least this much (one-sided 1 %): a warm-up still rising, whose best split
@@ -232,6 +239,9 @@ class StepTimeRegressionDetector:
         self._learn_since = 0
         self._interim: tuple[float, float] | None = None
         self._last_job_step_s: float | None = None
+        self._first_step: int | None = None
+        """The generation's first measured step (the age bound of the warm-up rules, :data:`SETTLE_MAX_STEPS`)."""
+        self._step_now = 0
         self._design_key: tuple[float, float, float] | None = None
         self._design_val = (0.0, 0.0, 0.0)
         self._relearn()
@@ -249,6 +259,7 @@ class StepTimeRegressionDetector:
         self._last_spike_event = None
         self._spikes_since_event = 0
         self._last_job_step_s = None
+        self._first_step = None
 
     def update_settings(self, settings: DetectionSettings) -> None:
         """Swap thresholds keeping the learned baseline (resized) and the learned periodic patterns."""
@@ -321,6 +332,9 @@ class StepTimeRegressionDetector:
             return []
         self._steps_per_value = max(1, step.steps)
         self._last_job_step_s = x
+        self._step_now = step.step
+        if self._first_step is None:
+            self._first_step = step.step
         s = self.settings
         n = len(self._base)
         if n < s.min_baseline_steps:
@@ -488,7 +502,7 @@ class StepTimeRegressionDetector:
         warm = (gain >= WARMUP_EVIDENCE * noise * noise and float(np.median(flat)) / mu - 1.0
                 >= EFFECT_Z * noise * math.sqrt(math.pi / (2.0 * flat.size) + 1.0 / y.size))
         # still rising by a rank test, and no sudden change explains the rise (that one is _learned_step's to report)
-        if not warm and not (trend_z(y) >= SETTLE_Z and self._split(y) is None):
+        if not warm and not (self._young() and trend_z(y) >= SETTLE_Z and self._split(y) is None):
             self._settle_restarts = None
             return True
         self._restart_learning(flat.tolist())
@@ -505,6 +519,11 @@ class StepTimeRegressionDetector:
             self._base.push(v)
             self._recent.append(v)
 
+    def _young(self) -> bool:
+        """Whether the generation is at most :data:`SETTLE_MAX_STEPS` steps old (steps, not values: blocks of fast
+        steps count every step): the rank-test and line rules take a rise for a warm-up only this early."""
+        return self._first_step is not None and self._step_now - self._first_step <= SETTLE_MAX_STEPS
+
     def _warming(self, risen: list[float]) -> bool:
         """Whether steps that rose over the young baseline for longer than the hold during a generation's first
         learning (``risen``, step times oldest first) continue a warm-up instead of starting a change: restarts are
@@ -514,7 +533,8 @@ class StepTimeRegressionDetector:
         starts at 0.3x and rises over 60 steps crosses the spike threshold of a baseline learned from its first
         steps (reported as a level change while learning, +40-90 %) without jumping off its own line, while a 3x
         change during the warm-up does jump (found as before)."""
-        if self._settle_restarts is None or self._settle_restarts >= MAX_SETTLE_RESTARTS or not risen:
+        if (self._settle_restarts is None or self._settle_restarts >= MAX_SETTLE_RESTARTS or not risen
+                or not self._young()):
             return False
         pre = np.fromiter(self._recent, dtype=np.float64, count=len(self._recent))
         if pre.size < LEARNED_STEP_MIN_AFTER or trend_z(pre) < SETTLE_Z:
