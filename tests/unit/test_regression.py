@@ -376,8 +376,9 @@ def test_a_noisy_warm_up_that_rises_settles_into_the_level_without_a_regression(
 def test_a_slowdown_during_or_after_a_rising_warm_up_is_still_found(n: int, low: float, onset: int, factor: float,
                                                                      least: int) -> None:
     """A real slowdown that starts while the job still warms up (3x: it jumps off the warm-up's line) or after it
-    settled is reported, after its onset, in ``least`` of 20 seeds (5 % noise), and nothing is reported before it. Measured: 20, 20, 19, 20 and 20 of 20 (before the warm-up rules: 20 of 20 each, but with
-    reports of the warm-up itself before the onset in 4 of 20 for the 1.3x at step 80)."""
+    settled is reported, after its onset, in ``least`` of 20 seeds (5 % noise), and nothing is reported before it.
+    Measured now: 20, 20, 19, 20 and 20 of 20. Before the warm-up rules, the first, third and fourth cases: 20 of 20
+    each, but the warm-up itself was reported before the onset in 4 of 20 of the 1.3x at step 80."""
     found = 0
     for seed in range(20):
         x = _rising_warm_up(n, low, "linear", 0.05, seed)
