@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -136,6 +137,28 @@ def test_the_regression_detector_never_pages_a_noiseless_series_that_only_gets_f
         assert b is None or b > 0
 
 
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(5, 70), low=st.floats(0.3, 0.9), exponential=st.booleans(), step_s=st.floats(1e-4, 100.0),
+       skip=st.sampled_from([0, 10]))
+def test_the_regression_detector_never_pages_a_noiseless_warm_up_that_rises_and_settles(n: int, low: float,
+                                                                                       exponential: bool,
+                                                                                       step_s: float,
+                                                                                       skip: int) -> None:
+    """Issue 31, class ``warmup_up``: a job that starts at ``low`` x its level and rises to it over ``n`` steps
+    (linearly, or as ``1 - (1 - low) e^(-4 i / n)``), then stays there; the detector sees it from step 1, or from
+    step 11 as behind ``JobDetector``'s ``warmup_steps``. Settling into the level is no regression and no drift,
+    and the learned level is the level, not the warm-up's."""
+    lv = np.ones(n + 300)
+    i = np.arange(n)
+    lv[:n] = 1.0 - (1.0 - low) * np.exp(-i / (n / 4.0)) if exponential else np.linspace(low, 1.0, n)
+    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 8)
+    for k, x in enumerate((lv[skip:] * step_s).tolist()):
+        found = det.on_step(FinalizedStep(skip + k + 1, x, 0, 1, None, None))
+        assert [(a.kind, a.magnitude) for a in found if a.kind in ("step_regression", "drift")] == [], (k, x)
+    b = det.baseline_step_time_s
+    assert b is not None and b == pytest.approx(step_s, rel=0.02)
+
+
 @SLOW
 @given(lv=levels(), world=st.integers(4, 12), cv=st.floats(0.0, 0.2), slow_factor=st.floats(1.0, 50.0),
        slow_from=st.integers(0, 200), seed=st.integers(0, 2**16), data=st.data())
@@ -203,24 +226,47 @@ def test_a_serving_baseline_follows_host_load_without_collapsing() -> None:
     assert min(baselines, default=1.0) >= 0.3, baselines
 
 
-def test_a_young_reference_learned_low_after_a_speedup_is_no_regression() -> None:
-    """``bench/bench_corpus.py`` seed 31, class ``faster``, run 14 (its job step times, regenerated exactly): a
-    warm-up, then speedups of 37 %, 12 % and 38 % at 12 % noise. The drift reference re-learned 51 steps after the
-    last speedup from 30 values that came out 6 % under the level (0.302 s against 0.323 s); once the window held
-    143 values at the true level, ``pattern "baseline"`` read +13 % against it, over ``min_effect`` plus two
-    standard errors of *two 143-value* levels, and armed a capture on a series that only got faster. The margin
-    must count the reference's own (larger) error."""
+def _faster_run14() -> list[float]:
+    """The job step times of ``bench/bench_corpus.py`` seed 31, class ``faster``, run 14, regenerated exactly: a
+    warm-up that falls, then speedups of 37 %, 12 % and 38 % at 12 % noise (20 ranks, 0.94 s, 1390 steps)."""
     step_s, cv, world, steps = 0.9379194552306621, 0.11830449305458386, 20, 1390
     lv = np.ones(steps)
     lv[:9] = 1.0 + (2.7705444 - 1.0) * np.exp(-np.arange(9) / (9 / 4))
     for at, f in ((579, 0.6325440177129784), (738, 0.8772647611917195), (1091, 0.6153086353924735)):
         lv[at:] *= f
     rng = np.random.default_rng([31, 5, 14, 1])  # the corpus run's noise stream
-    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 8)
-    found: list[Anomaly] = []
+    out = []
     for i in range(steps):
         g = max(0.2, 1.0 + cv * float(rng.standard_normal()))
         base = step_s * float(lv[i]) * g
         compute = base * 0.8 * np.maximum(0.2, 1.0 + 0.005 * rng.standard_normal(world))
-        found += det.on_step(FinalizedStep(i + 1, float(compute.max()) + 0.2 * base, 0, world, None, None))
+        out.append(float(compute.max()) + 0.2 * base)
+    return out
+
+
+def test_a_young_reference_learned_low_after_a_speedup_is_no_regression() -> None:
+    """``bench/bench_corpus.py`` seed 31, class ``faster``, run 14 (:func:`_faster_run14`). The drift reference
+    re-learned 51 steps after the last speedup from 30 values that came out 6 % under the level (0.302 s against
+    0.323 s); once the window held 143 values at the true level, ``pattern "baseline"`` read +13 % against it, over
+    ``min_effect`` plus two standard errors of *two 143-value* levels, and armed a capture on a series that only got
+    faster. The margin must count the reference's own (larger) error."""
+    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 8)
+    found: list[Anomaly] = []
+    for i, x in enumerate(_faster_run14()):
+        found += det.on_step(FinalizedStep(i + 1, x, 0, 20, None, None))
     assert [(a.kind, a.step, a.detail) for a in found if a.kind in ("step_regression", "drift")] == []
+
+
+def test_a_drift_is_never_reported_on_a_series_whose_recent_level_is_not_above_its_earlier_level() -> None:
+    """The same run through the whole ``JobDetector`` (warm-up steps dropped, the capture lead as the spike hold):
+    a non-paging ``drift`` of +17.8 % at step 1264 on a series that only got faster. The baseline's line, fitted to
+    a chance trend of the young window (used from 3 standard errors) and extrapolated, stood at 0.352 s against a
+    reference of 0.299 s (learned 5 % low), while the newest steps ran at 0.32 s. A rise (``drift`` or ``pattern
+    "baseline"``) now needs the newest steps' own median above the reference by the rise and two standard errors."""
+    recs, t = [], 1.7e9
+    for i, x in enumerate(_faster_run14()):
+        t += x
+        recs.append({"job_id": "f14", "rank": 0, "step": i + 1, "step_time_s": x, "ts_unix_s": t})
+    found, _ = run(recs, 1)
+    check_invariants(found, recs)
+    assert [(a.kind, a.step, round(a.magnitude, 3)) for a in found if a.kind in ("step_regression", "drift")] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from typing import Any
@@ -324,6 +325,68 @@ def test_a_warm_up_that_rises_and_settles_is_learned_past_not_paged() -> None:
         fired += any(k == "step_regression" for _, k, _, _ in feed(_warm_up(seed, 0.10, 0.6, 40), det=det))
         restarted += det.counters["warmup_restarts"] > 0
     assert fired <= 6 and restarted >= 24, (fired, restarted)
+
+
+def _rising_warm_up(n: int, low: float, shape: str, cv: float, seed: int, total: int = 500) -> np.ndarray:
+    """Job step times (0.5 s level) whose first ``n`` steps rise from ``low`` x the level to it, linearly or
+    exponentially (1 - (1 - low) e^(-4 i / n)), then stay there, at relative noise ``cv``; the first 10 steps are
+    dropped, as ``JobDetector`` drops ``warmup_steps``."""
+    rng = np.random.default_rng(seed)
+    level = np.ones(total + 10)
+    i = np.arange(n)
+    level[:n] = np.linspace(low, 1.0, n) if shape == "linear" else 1.0 - (1.0 - low) * np.exp(-i / (n / 4.0))
+    return (0.5 * level * np.maximum(0.2, 1.0 + cv * rng.standard_normal(total + 10)))[10:]
+
+
+WARM_UPS = [(n + 10, low) for n in (5, 15, 30, 45, 60) for low in (0.3, 0.6, 0.9)]
+"""(steps of the rise, counted from step 1; starting level): issue 31's ``warmup_up`` kind, 5-60 steps after the
+10 the detector never sees, 0.3-0.9x."""
+
+
+@pytest.mark.parametrize("shape", ["linear", "exponential"])
+def test_a_noiseless_warm_up_that_rises_settles_into_the_level_without_a_regression(shape: str) -> None:
+    """Issue 31 (class ``warmup_up``): a job that starts fast and settles slower (caches filling, fragmentation,
+    clocks). Noiseless, every such warm-up must settle into the level without a report. Before: a rise over the
+    young baseline during the first learning was a level change (+37-180 %), or the learned steps were split into
+    two levels, in 60 of 288 shapes of this kind; the first learning now waits while its steps still rise and
+    takes a rise that continues the warm-up's own line for the warm-up."""
+    for n, low in WARM_UPS:
+        det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 8)
+        found = feed(_rising_warm_up(n, low, shape, 0.0, 0), det=det, first=11)
+        assert [(s, k, round(m, 3)) for s, k, m, _ in found if k in ("step_regression", "drift")] == [], (n, low)
+        assert det.baseline_step_time_s == pytest.approx(0.5, rel=0.02), (n, low)
+
+
+def test_a_noisy_warm_up_that_rises_settles_into_the_level_without_a_regression() -> None:
+    """The same warm-ups, linear and exponential, at 3, 8 and 15 % noise, 3 seeds each (270 series of 500 steps):
+    38 paged before (``pattern "level"`` while learning, a split of the learned steps, ``"baseline"``), 5 now (a
+    long linear rise a step fits better than a ramp, at 3-15 % noise: the rest of the ambiguity)."""
+    fired = []
+    for (n, low), shape, cv, seed in itertools.product(WARM_UPS, ("linear", "exponential"), (0.03, 0.08, 0.15),
+                                                       range(3)):
+        found = feed(_rising_warm_up(n, low, shape, cv, seed), first=11)
+        if any(k in ("step_regression", "drift") for _, k, _, _ in found):
+            fired.append((n, low, shape, cv, seed))
+    assert len(fired) <= 8, fired
+
+
+@pytest.mark.parametrize(("n", "low", "onset", "factor", "least"),
+                         [(40, 0.6, 25, 3.0, 20), (70, 0.3, 40, 3.0, 20), (40, 0.6, 30, 1.3, 18),
+                          (40, 0.6, 80, 1.3, 20), (30, 0.5, 70, 1.5, 20)])
+def test_a_slowdown_during_or_after_a_rising_warm_up_is_still_found(n: int, low: float, onset: int, factor: float,
+                                                                     least: int) -> None:
+    """A real slowdown that starts while the job still warms up (3x: it jumps off the warm-up's line) or after it
+    settled is reported, after its onset, in ``least`` of 20 seeds (5 % noise), and nothing is reported before it.
+    Measured now: 20, 20, 19, 20 and 20 of 20. Before the warm-up rules, the first, third and fourth cases: 20 of 20
+    each, but the warm-up itself was reported before the onset in 4 of 20 of the 1.3x at step 80."""
+    found = 0
+    for seed in range(20):
+        x = _rising_warm_up(n, low, "linear", 0.05, seed)
+        x[onset - 11:] *= factor
+        regs = [s for s, k, _, _ in feed(x, first=11) if k == "step_regression"]
+        assert all(s >= onset for s in regs), (seed, regs)
+        found += bool(regs)
+    assert found >= least, found
 
 
 @pytest.mark.parametrize(("cv", "onset", "factor"), [(0.05, 30, 1.3), (0.10, 35, 1.3), (0.05, 20, 1.2)])

@@ -131,3 +131,20 @@ def ramp_evidence(rel: np.ndarray) -> tuple[float, int, float]:
     sse_ramp = float(yc @ yc) - np.where(ok, shy**2 / safe, -np.inf)
     best = int(np.argmin(sse_ramp))
     return sse_step - float(sse_ramp[best]), int(knees[best]), float(shy[best] / safe[best])
+
+
+def trend_z(values: np.ndarray) -> float:
+    """Mann-Kendall trend statistic of ``values`` (1-D, oldest first) in standard deviations of its null
+    distribution: ``S / sqrt(n (n - 1) (2n + 5) / 18)`` with ``S`` the sum over pairs ``i < j`` of
+    ``sign(x_j - x_i)`` (Mann 1945, Econometrica 13:245; Kendall 1975, "Rank Correlation Methods"; no correction for
+    ties, which continuous step times do not have). Positive: the values rise. Rank-based, so a few spikes move it
+    by at most a few pairs each, and it does not assume a line: a rise that then stays flat is a rise too. About
+    N(0, 1) for independent, identically distributed values from n of about 10 on. Returns 0.0 below 3 values.
+    Cost O(n^2) (n <= a few hundred; run at the end of a first learning only)."""
+    y = np.asarray(values, dtype=np.float64)
+    n = y.size
+    if n < 3:
+        return 0.0
+    i, j = np.triu_indices(n, 1)
+    s = float(np.sign(y[j] - y[i]).sum())
+    return s / math.sqrt(n * (n - 1) * (2 * n + 5) / 18.0)

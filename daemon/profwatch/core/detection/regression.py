@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from profwatch.core.detection.baseline import RobustBaseline
-from profwatch.core.detection.drift import DriftTracker, ramp_evidence
+from profwatch.core.detection.drift import DriftTracker, ramp_evidence, trend_z
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.spikes import SpikeEpisode, SpikeFilter
 from profwatch.core.detection.types import Anomaly, FinalizedStep
@@ -55,6 +55,9 @@ MIN_NOISE = 0.002
 steady series must not make every 0.1 % jitter a many-sigma event (``noise_floor`` is bounded below by it too)."""
 RECENT_FLOOR_VALUES = 16
 """A falling trend never extrapolates the level below the lower quartile of this many newest accepted values: a trend fitted to a warm-up that only got faster cannot carry the level to zero, and one noisy low step cannot set it (the smallest value did: a 0.1 s step at a 0.5 s level made a 15x step read as 105x)."""
+RECENT_LEVEL_VALUES = 32
+"""Newest accepted values whose median must itself show a rise before a ``drift`` or a ``pattern "baseline"``
+regression is reported (:meth:`StepTimeRegressionDetector._recent_above`): the data, not only the baseline's line."""
 INTERIM_SE = 1.0
 """After a speedup, the level its own run showed is raised by this many standard errors to make the interim
 reference a slowdown is judged against while the baseline re-learns (see ``_interim_cusum``)."""
@@ -63,6 +66,25 @@ WARMUP_EVIDENCE = 0.0
 warm-up when it explains them at least this much better than a step (noise variances; see
 :meth:`StepTimeRegressionDetector._settled`). Simulated (46 learned steps, 5-20 % noise): 0 takes 79 % of linear
 warm-ups visible in them and 1 % of sudden changes of 1.1-1.4x with their onset there (12 takes 50 % and 0 %)."""
+SETTLE_Z = 1.645
+"""At the end of a generation's first learning, the learned steps still rise (a warm-up not over: caches and
+allocators filling, a job that starts fast and settles slower) when their Mann-Kendall trend statistic
+(:func:`~profwatch.core.detection.drift.trend_z`) is at least this many standard deviations and no sudden change
+explains the rise (:meth:`StepTimeRegressionDetector._split`); learning then waits for a stable level (see
+:meth:`StepTimeRegressionDetector._settled`). One-sided 1 %: a flat start waits one learning window in 100."""
+SETTLE_MAX_STEPS = 150
+"""Steps from a generation's first measured step during which a rise of the first learned steps found by the rank
+test (:data:`SETTLE_Z`) or continuing their line (:meth:`StepTimeRegressionDetector._warming`) is taken for a
+warm-up: start-up warm-ups last tens of steps (issue 31: 5-60); a rise that starts later, or goes on, is a drift or
+a change. Without it a drift from step 202 of 6.5 ms steps (8 steps per value) kept the first learning waiting for
+some 500 steps and a 1.3x change during it was found 380 steps late instead of 28 (``bench/bench_corpus.py`` seed
+31, ``drift`` run 1)."""
+EARLIER_RISE_Z = 2.33
+"""A split of the first learned steps (:meth:`StepTimeRegressionDetector._split`) is no sudden change when its earlier
+part rises by the Mann-Kendall statistic at least this much (one-sided 1 %): a warm-up still rising, whose best split
+the least-squares slope test (:meth:`StepTimeRegressionDetector._rising`) does not tell from a step over 8-20 steps.
+Stricter than :data:`SETTLE_Z`: here a chance rise of a flat earlier part loses a real change (5 % lost 2 of 30
+changes of 1.2x at step 20, 5 % noise)."""
 LEARNED_STEP_EVIDENCE = 25.0
 """A split of a generation's first learned steps into two levels is a change when it explains them better than one
 level by this many noise variances (a log-likelihood ratio of 12.5, Gaussian noise: about 2 ln(1e5), the
@@ -217,6 +239,9 @@ class StepTimeRegressionDetector:
         self._learn_since = 0
         self._interim: tuple[float, float] | None = None
         self._last_job_step_s: float | None = None
+        self._first_step: int | None = None
+        """The generation's first measured step (the age bound of the warm-up rules, :data:`SETTLE_MAX_STEPS`)."""
+        self._step_now = 0
         self._design_key: tuple[float, float, float] | None = None
         self._design_val = (0.0, 0.0, 0.0)
         self._relearn()
@@ -234,6 +259,7 @@ class StepTimeRegressionDetector:
         self._last_spike_event = None
         self._spikes_since_event = 0
         self._last_job_step_s = None
+        self._first_step = None
 
     def update_settings(self, settings: DetectionSettings) -> None:
         """Swap thresholds keeping the learned baseline (resized) and the learned periodic patterns."""
@@ -317,6 +343,9 @@ class StepTimeRegressionDetector:
             return []
         self._steps_per_value = max(1, step.steps)
         self._last_job_step_s = x
+        self._step_now = step.step
+        if self._first_step is None:
+            self._first_step = step.step
         s = self.settings
         n = len(self._base)
         if n < s.min_baseline_steps:
@@ -416,6 +445,9 @@ class StepTimeRegressionDetector:
                     return None
                 self.counters["relearn_while_learning"] += 1
                 risen = list(self._learn_rise)
+                if self._warming(risen):
+                    self._restart_learning(risen)
+                    return None
                 logs = sorted(math.log(v / mu) for v in risen)
                 k = len(logs)
                 mag = log_ratio_magnitude(logs[k // 2] if k % 2 else 0.5 * (logs[k // 2 - 1] + logs[k // 2]))
@@ -475,22 +507,62 @@ class StepTimeRegressionDetector:
             return True
         rel = y / mu - 1.0
         gain, knee, _ = ramp_evidence(-rel[::-1])  # rise-then-flat, reversed and negated: flat-then-rise
-        # the flat part, at least the newest RECENT_FLOOR_VALUES (a warm-up still rising at the window's end)
-        flat = y[min(y.size - 1 - knee, y.size - RECENT_FLOOR_VALUES):] if knee >= 0 else y[:0]
-        if (gain < WARMUP_EVIDENCE * noise * noise or not flat.size
-                or float(np.median(flat)) / mu - 1.0
-                < EFFECT_Z * noise * math.sqrt(math.pi / (2.0 * flat.size) + 1.0 / y.size)):
+        # the flat part, at least the newest RECENT_FLOOR_VALUES (a warm-up still rising at the window's end); the
+        # newer half when no rise-then-flat fits at all
+        flat = y[min(y.size - 1 - knee, y.size - RECENT_FLOOR_VALUES):] if knee >= 0 else y[y.size // 2:]
+        warm = (gain >= WARMUP_EVIDENCE * noise * noise and float(np.median(flat)) / mu - 1.0
+                >= EFFECT_Z * noise * math.sqrt(math.pi / (2.0 * flat.size) + 1.0 / y.size))
+        # still rising by a rank test, and no sudden change explains the rise (that one is _learned_step's to report)
+        if not warm and not (self._young() and trend_z(y) >= SETTLE_Z and self._split(y) is None):
             self._settle_restarts = None
             return True
-        self._settle_restarts += 1
-        restarts = self._settle_restarts
+        self._restart_learning(flat.tolist())
+        return False
+
+    def _restart_learning(self, values: list[float]) -> None:
+        """The job is still warming up: learning starts again from ``values`` (the newest steps), silently; one of
+        the :data:`MAX_SETTLE_RESTARTS` of this generation's first learning (counted in ``warmup_restarts``)."""
+        restarts = (self._settle_restarts or 0) + 1
         self.counters["warmup_restarts"] += 1
         self._relearn()
         self._settle_restarts = restarts
-        for v in flat.tolist():
+        for v in values:
             self._base.push(v)
             self._recent.append(v)
-        return False
+
+    def _young(self) -> bool:
+        """Whether the generation is at most :data:`SETTLE_MAX_STEPS` steps old (steps, not values: blocks of fast
+        steps count every step): the rank-test and line rules take a rise for a warm-up only this early."""
+        return self._first_step is not None and self._step_now - self._first_step <= SETTLE_MAX_STEPS
+
+    def _warming(self, risen: list[float]) -> bool:
+        """Whether steps that rose over the young baseline for longer than the hold during a generation's first
+        learning (``risen``, step times oldest first) continue a warm-up instead of starting a change: restarts are
+        left (:data:`MAX_SETTLE_RESTARTS`), the steps learned before them rise by the rank test
+        (:func:`~profwatch.core.detection.drift.trend_z` at least :data:`SETTLE_Z`) and the risen steps' median
+        ratio to those steps' Theil-Sen line, extrapolated over them, is under ``1 + spike_min_effect``: a job that
+        starts at 0.3x and rises over 60 steps crosses the spike threshold of a baseline learned from its first
+        steps (reported as a level change while learning, +40-90 %) without jumping off its own line, while a 3x
+        change during the warm-up does jump (found as before)."""
+        if (self._settle_restarts is None or self._settle_restarts >= MAX_SETTLE_RESTARTS or not risen
+                or not self._young()):
+            return False
+        pre = np.fromiter(self._recent, dtype=np.float64, count=len(self._recent))
+        if pre.size < LEARNED_STEP_MIN_AFTER or trend_z(pre) < SETTLE_Z:
+            return False
+        t = np.arange(pre.size, dtype=np.float64)
+        i, j = np.triu_indices(pre.size, 1)
+        slope = float(np.median((pre[j] - pre[i]) / (t[j] - t[i])))  # Theil 1950, Sen 1968
+        icpt = float(np.median(pre - slope * t))
+        line = icpt + slope * np.arange(pre.size, pre.size + len(risen), dtype=np.float64)
+        line = np.maximum(line, float(np.median(pre)))  # never below the learned level (a line that fell)
+        if float(np.median(np.asarray(risen) / line)) - 1.0 >= self.settings.spike_min_effect:
+            return False  # the risen steps jumped off the warm-up's line
+        y = np.concatenate([pre, np.asarray(risen, dtype=np.float64)])
+        noise = self._noise()[1]
+        # a rise that then stays flat explains them as well as a step (a change that entered the young baseline
+        # before the spike screen began makes the learned steps rise too, and their line steep)
+        return ramp_evidence(-(y / float(np.median(y)) - 1.0)[::-1])[0] >= WARMUP_EVIDENCE * noise * noise
 
     def _learned_step(self, fs: FinalizedStep) -> Anomaly | None:
         """At the end of a generation's first learning (after :meth:`_settled`): a sudden change among the steps
@@ -509,6 +581,26 @@ class StepTimeRegressionDetector:
             return None
         self._checked_learned = True
         y = np.fromiter(self._recent, dtype=np.float64, count=len(self._recent))
+        split = self._split(y)
+        if split is None:
+            return None
+        k, mag, noise, before = split
+        n = y.size
+        after = y[k:].tolist()
+        detail = {"pattern": "level", "learning": True, "reference": "learned_steps",
+                  "first_step": fs.step - (n - 1 - k), "baseline_s": before, "noise": noise,
+                  "step_time_s": before * (1.0 + mag), "steps": n - k, "baseline_values": k,
+                  "slowest_ranks": [fs.slowest_rank]}
+        a = self._fire(fs.step, mag, detail)
+        for v in after:
+            self._base.push(v)
+            self._recent.append(v)
+        return a
+
+    def _split(self, y: np.ndarray) -> tuple[int, float, float, float] | None:
+        """The test of :meth:`_learned_step` on ``y`` (step times, oldest first): ``(k, magnitude, noise,
+        before_s)`` when the best split into ``y[:k]`` and ``y[k:]`` is a sudden change (the criteria there), else
+        None. Pure: nothing is learned or reported."""
         n = y.size
         if n < 2 * LEARNED_STEP_MIN_AFTER or not np.all(y > 0.0):
             return None
@@ -528,19 +620,10 @@ class StepTimeRegressionDetector:
         se = noise * math.sqrt(1.0 / k + 1.0 / (n - k))
         if (sse_flat - sse_k < LEARNED_STEP_EVIDENCE * noise * noise or mag <= 0.0
                 or mag + EFFECT_Z * se < self.settings.min_effect
-                or ramp_evidence(rel)[0] >= RAMP_EVIDENCE * noise * noise or self._rising(rel[:k], noise)):
+                or ramp_evidence(rel)[0] >= RAMP_EVIDENCE * noise * noise or self._rising(rel[:k], noise)
+                or trend_z(y[:k]) >= EARLIER_RISE_Z):  # the earlier part rises by the rank test: a warm-up
             return None
-        before = float(math.exp(logs[:k].mean()))
-        after = y[k:].tolist()
-        detail = {"pattern": "level", "learning": True, "reference": "learned_steps",
-                  "first_step": fs.step - (n - 1 - k), "baseline_s": before, "noise": noise,
-                  "step_time_s": before * (1.0 + mag), "steps": n - k, "baseline_values": k,
-                  "slowest_ranks": [fs.slowest_rank]}
-        a = self._fire(fs.step, mag, detail)
-        for v in after:
-            self._base.push(v)
-            self._recent.append(v)
-        return a
+        return k, mag, noise, float(math.exp(logs[:k].mean()))
 
     @staticmethod
     def _rising(rel: np.ndarray, noise: float) -> bool:
@@ -723,7 +806,7 @@ class StepTimeRegressionDetector:
             n = len(self._base)
             n_ref = tracker.reference_n or n  # the reference's own sample: a young re-learned one is the noisier
             margin = EFFECT_Z * noise * math.sqrt(1.0 / n + 1.0 / min(n_ref, n))  # two levels, each estimated
-            if level0 / before - 1.0 < s.min_effect + margin:
+            if level0 / before - 1.0 < s.min_effect + margin or not self._recent_above(before, s.min_effect, noise, n_ref):
                 return None  # not clear of the estimates' errors (a young window's): wait for more values
             tracker.rebase(level0, step, n)
             level: dict[str, Any] = {"pattern": "baseline", "first_step": since, "baseline_s": before,
@@ -739,11 +822,28 @@ class StepTimeRegressionDetector:
         se = noise * math.sqrt(1.0 / n + 12.0 * h * h / n**3 + 1.0 / min(tracker.reference_n or n, n))
         if mu / ref - 1.0 < (tracker.reports + 1) * tracker.threshold + EFFECT_Z * se:
             return None  # the two levels' errors alone could make this rise
+        if not self._recent_above(ref, (tracker.reports + 1) * tracker.threshold, noise, tracker.reference_n or n):
+            return None  # the line rose, the newest steps did not (a trend fitted to chance, extrapolated)
         drift = tracker.observe(mu, per_step, mu, step)
         if drift is None:
             return None
         self.counters["drift_reports"] += 1
         return Anomaly("drift", self.job_id, step, (), float(drift["total"]), drift)
+
+    def _recent_above(self, ref_s: float, rise: float, noise: float, n_ref: int) -> bool:
+        """Whether the newest :data:`RECENT_LEVEL_VALUES` accepted step times themselves (their median, not the
+        baseline's line) are above ``ref_s`` (s) by ``rise`` (relative) and :data:`EFFECT_Z` standard errors of the
+        two levels compared (``noise * sqrt(pi / (2 k) + 1 / n_ref)``: a median of k values, a reference from
+        ``n_ref``). A series whose recent level is not above its earlier level never reports a rise: the line of a
+        young window extrapolated a chance trend to +17.8 % on a series that only got faster
+        (``bench/bench_corpus.py`` seed 31, ``faster`` run 14: a re-learned reference 5 % low, the newest steps
+        +7 % over it, the line +18 %)."""
+        k = min(RECENT_LEVEL_VALUES, len(self._recent))
+        if k == 0 or not ref_s > 0.0:
+            return False
+        newest = np.fromiter((self._recent[-1 - i] for i in range(k)), dtype=np.float64, count=k)
+        se = noise * math.sqrt(math.pi / (2.0 * k) + 1.0 / max(1, n_ref))
+        return float(np.median(newest)) / ref_s - 1.0 >= rise + EFFECT_Z * se
 
     def _suspend_drift(self) -> None:
         if len(self._base) >= self.settings.min_baseline_steps:
