@@ -456,18 +456,8 @@ def _rotation_arms(res: dict[str, Any]) -> set[str]:
     return out
 
 
-def score(run: Run, res: dict[str, Any]) -> dict[str, Any]:
-    _change_windows(run)
-    arms = res["arms"]
-    windows = [(c.onset_t, c.end_t + GRACE_S) for c in run.changes]
-    healthy_arms = [a for a in arms if not any(lo <= a["at_unix_s"] <= hi for lo, hi in windows)]
-    by_design = _rotation_arms(res)
-    rotation_arms = [a for a in healthy_arms if a.get("capture_id") in by_design]
-    false_arms = [a for a in healthy_arms if a.get("capture_id") not in by_design]
-    healthy_s = run.end_t - run.start_t
-    for lo, hi in sorted(windows):
-        healthy_s -= max(0.0, min(hi, run.end_t) - max(lo, run.start_t))
-    healthy_s = max(0.0, healthy_s)
+def _violations(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -> list[str]:
+    """The invariant violations of one run's reports (see the module docstring)."""
     violations: list[str] = []
     for a in res["anomalies"]:
         m = a["magnitude"]
@@ -482,6 +472,11 @@ def score(run: Run, res: dict[str, Any]) -> dict[str, Any]:
             violations.append(f"{a['kind']} on a series that only gets faster")
     if run.cls == "faster":
         violations += [f"arm {a['kind']} on a series that only gets faster" for a in arms]
+    return violations
+
+
+def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per scored change: lasting, detectable, delay (steps), captured."""
     out_changes = []
     for c in run.changes:
         if not c.scored:
@@ -505,6 +500,23 @@ def score(run: Run, res: dict[str, Any]) -> dict[str, Any]:
         out_changes.append({"kind": c.kind, "factor": round(c.factor, 3), "onset": c.onset, "lasting": lasting,
                             "detectable": detectable, "delay_steps": delay, "captured": captured,
                             "learning": c.learning})
+    return out_changes
+
+
+def score(run: Run, res: dict[str, Any]) -> dict[str, Any]:
+    _change_windows(run)
+    arms = res["arms"]
+    windows = [(c.onset_t, c.end_t + GRACE_S) for c in run.changes]
+    healthy_arms = [a for a in arms if not any(lo <= a["at_unix_s"] <= hi for lo, hi in windows)]
+    by_design = _rotation_arms(res)
+    rotation_arms = [a for a in healthy_arms if a.get("capture_id") in by_design]
+    false_arms = [a for a in healthy_arms if a.get("capture_id") not in by_design]
+    healthy_s = run.end_t - run.start_t
+    for lo, hi in sorted(windows):
+        healthy_s -= max(0.0, min(hi, run.end_t) - max(lo, run.start_t))
+    healthy_s = max(0.0, healthy_s)
+    violations = _violations(run, res, arms)
+    out_changes = _scored_changes(run, res, arms)
     return {"class": run.cls, "seed": run.seed, "shape": run.shape, "healthy_h": healthy_s / 3600.0,
             "false_arms": len(false_arms), "false_arm_kinds": [a["kind"] for a in false_arms],
             "rotation_arms": len(rotation_arms),

@@ -75,7 +75,7 @@ explains the rise (:meth:`StepTimeRegressionDetector._split`); learning then wai
 SETTLE_MAX_STEPS = 150
 """Steps from a generation's first measured step during which a rise of the first learned steps found by the rank
 test (:data:`SETTLE_Z`) or continuing their line (:meth:`StepTimeRegressionDetector._warming`) is taken for a
-warm-up: start-up warm-ups last tens of steps (issue 31: 5-60); a rise that starts later, or goes on, is a drift or
+warm-up: start-up warm-ups last tens of steps (the corpus draws 5-60); a rise that starts later, or goes on, is a drift or
 a change. Without it a drift from step 202 of 6.5 ms steps (8 steps per value) kept the first learning waiting for
 some 500 steps and a 1.3x change during it was found 380 steps late instead of 28 (``bench/bench_corpus.py`` seed
 31, ``drift`` run 1)."""
