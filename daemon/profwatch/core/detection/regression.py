@@ -278,8 +278,8 @@ class StepTimeRegressionDetector:
 
     def rebase(self, factor: float) -> None:
         """The series' scale changed by ``factor`` (> 0) from the next step on (a serving unit's load bands took a
-        speedup in: its ratios are divided by ``factor``): the interim reference a slowdown after the speedup is
-        judged against is divided by it too, so it stays the same step time. No-op without an interim reference
+        speedup or a reported rise in: its ratios are divided by ``factor``): the interim reference a slowdown after
+        the speedup or the report is judged against is divided by it too, so it stays the same step time. No-op without an interim reference
         or for a ``factor`` not > 0."""
         if self._interim is not None and factor > 0 and math.isfinite(factor):
             self._interim = (self._interim[0] / factor, *self._interim[1:])
