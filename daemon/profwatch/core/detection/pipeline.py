@@ -259,11 +259,12 @@ class UnitPipeline:
             self.normaliser.cutoff_step = self._block_ends[0]
 
     def _rebase_loads(self, found: list[Anomaly]) -> None:
-        assert self.normaliser is not None
+        assert self.normaliser is not None and self.regression is not None
         for a in found:
             if a.kind == "step_regression" and a.detail.get("pattern") in ("cusum", "level"):
                 first = a.detail.get("first_step")
                 self.normaliser.rescale(1.0 + a.magnitude, self._first_step(first) if isinstance(first, int) else None)
+                self.regression.rebase(1.0 + a.magnitude)  # the reported level it judges against, in the new scale
 
     def _first_step(self, step: int) -> int:
         return self.ratio_blocks.first_step_of(step) if self.ratio_blocks is not None else step
