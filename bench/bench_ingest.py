@@ -25,7 +25,8 @@ thread) and the rank messages it took are read over ``--seconds``; then it is st
 is kept short (``relay_hwm`` 20 batches) so a receiver does not start on a long backlog of the last one's turn.
 
 Printed per size: rank messages per CPU-second of each receiver (median (min-max) over rounds), the ratio to the
-bare loop (of the medians, and the range of per-round ratios), messages/s taken, CPU share, messages per node batch,
+bare loop (of the medians, and the range of per-round ratios), messages/s taken, CPU share (of one core), the main
+thread's share of the receiver's CPU (the rest is libzmq's I/O thread and helper threads), messages per node batch,
 and the load average during the run. The bare loop is the floor of a Python receiver (no validation, registry or
 detection), not a competitor.
 
@@ -173,6 +174,11 @@ def _cpu(ps: psutil.Process) -> float:
     return float(t.user + t.system)
 
 
+def _main_cpu(ps: psutil.Process) -> float:
+    """CPU seconds of the process's main thread (the Python loop; the rest: libzmq's I/O thread, helper threads)."""
+    return float(sum(t.user_time + t.system_time for t in ps.threads() if t.id == ps.pid))
+
+
 PROFILED = """
 import cProfile, sys, time
 out = sys.argv[1]
@@ -234,13 +240,18 @@ class Receiver:
                 time.sleep(0.1)
         raise RuntimeError(f"coordinator of {tree} did not answer within 120 s")
 
-    def sample(self) -> tuple[int, int, float]:
+    def sample(self, cpu_first: bool = False) -> tuple[int, int, float]:
+        """``(rank messages taken, batches, CPU seconds)`` so far. A coordinator is asked for its counters over its
+        control socket (``status``, which costs it CPU: ~25 ms at 4k ranks): at a window's start the CPU is read
+        after the answer, at its end (``cpu_first``) before the question, so that cost is outside the window (the
+        messages taken while it answers, a few milliseconds' worth, are inside)."""
         if self.tree is None:
             return int(self.got.value), int(self.batches.value), _cpu(self.ps)
         from profwatch.adapters.zmq.control import call
 
+        cpu = _cpu(self.ps) if cpu_first else 0.0
         c = call(self.ctrl, "status", {"job_id": "none"}, timeout_s=60)["counters"]
-        return int(c["received"]), int(c.get("batches", 0)), _cpu(self.ps)
+        return int(c["received"]), int(c.get("batches", 0)), cpu if cpu_first else _cpu(self.ps)
 
     def stop(self) -> None:
         if self.bp is not None:
@@ -298,7 +309,7 @@ def bench(ranks: int, rate: float, nodes: int, trees: list[Path], rounds: int, s
     stop = mp.Event()
     sent = [mp.Value("q", 0, lock=False) for _ in range(0, ranks, RANKS_PER_LOADER)]
     out: dict[str, Any] = {"ranks": ranks, "rate": rate, "nodes": len(groups), "per_cpu": {}, "rate_in": {},
-                           "cpu": {}, "per_batch": {}, "loads": []}
+                           "cpu": {}, "per_batch": {}, "main": {}, "loads": []}
     try:
         for k, _rs in enumerate(groups):
             env = dict(os.environ, PROFWATCH_NODE__BIND=f"ipc://{tmp}/n{k}.sock", PROFWATCH_NODE__COORDINATOR=endpoint,
@@ -325,21 +336,30 @@ def bench(ranks: int, rate: float, nodes: int, trees: list[Path], rounds: int, s
         for rnd in range(rounds):
             order = sides[rnd % len(sides):] + sides[: rnd % len(sides)]
             for name, tree in order:
-                r = Receiver(name, endpoint, tree)
-                try:
-                    r.start()
-                    _settle(r, sent, warmup, paced=rate > 0)
-                    m0, b0, c0 = r.sample()
-                    t0 = time.monotonic()
-                    time.sleep(seconds)
-                    m1, b1, c1 = r.sample()
-                    t1 = time.monotonic()
-                finally:
-                    r.stop()
+                for attempt in range(3):  # a turn whose receiver failed (a port taken meanwhile on a shared box)
+                    r = Receiver(name, endpoint, tree)
+                    try:
+                        r.start()
+                        _settle(r, sent, warmup, paced=rate > 0)
+                        m0, b0, c0 = r.sample()
+                        p0 = _main_cpu(r.ps)
+                        t0 = time.monotonic()
+                        time.sleep(seconds)
+                        p1 = _main_cpu(r.ps)
+                        m1, b1, c1 = r.sample(cpu_first=True)
+                        t1 = time.monotonic()
+                        break
+                    except Exception as exc:  # noqa: BLE001 - said, and the turn is run again
+                        print(f"  (turn of {name} failed, attempt {attempt + 1}: {exc!r:.200})", flush=True)
+                        if attempt == 2:
+                            raise
+                    finally:
+                        r.stop()
                 out["per_cpu"].setdefault(name, []).append((m1 - m0) / (c1 - c0) if c1 > c0 else 0.0)
                 out["rate_in"].setdefault(name, []).append((m1 - m0) / (t1 - t0))
                 out["cpu"].setdefault(name, []).append((c1 - c0) / (t1 - t0))
                 out["per_batch"].setdefault(name, []).append((m1 - m0) / max(1, b1 - b0))
+                out["main"].setdefault(name, []).append((p1 - p0) / (c1 - c0) if c1 > c0 else 0.0)
                 out["loads"].append(os.getloadavg()[0])
         out["offered"] = sum(s.value for s in sent)
     finally:  # end only what this benchmark started, by pid
@@ -386,6 +406,7 @@ def main() -> None:
                                                f"(rounds {min(ratios):.2f}-{max(ratios):.2f})")
             print(f"  {'bare recv+json.loads' if name == 'bare' else name:<28} {_spread(pc)} msg/CPU-s{ratio}, "
                   f"{statistics.median(r['rate_in'][name]):,.0f} msg/s, CPU {statistics.median(r['cpu'][name]):.2f}, "
+                  f"main thread {statistics.median(r['main'][name]):.0%}, "
                   f"{statistics.median(r['per_batch'][name]):.0f} msg/batch")
         sys.stdout.flush()
 

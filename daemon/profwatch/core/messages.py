@@ -567,16 +567,31 @@ def _parse_step_batch(data: bytes, max_messages: int = 20_000
 
 def _checked(env: wire.NodeBatch, messages: list[Any], max_messages: int
              ) -> tuple[wire.NodeBatch, list[Any], list[MessageRejected]]:
-    """The envelope's and each message's value checks of a typed batch (both fast paths)."""
+    """The envelope's and each message's value checks of a typed batch (both fast paths).
+
+    The common step report (no stages, flags, work or labels; a job id seen in this batch already) is checked
+    inline: the rules of :func:`check_rank_message` for it, in one expression; any report that is not plainly
+    within them goes through :func:`check_rank_message` itself, so every refusal and its reason are that
+    function's (``tests/unit/test_ingest_paths.py``)."""
     _check_envelope(env)
     good: list[Any] = []
     bad: list[MessageRejected] = []
     keep = good.append
+    accepted = _ACCEPTED
+    job_ok = ""  # the last job id that passed its check in this batch
     for m in messages[:max_messages]:
+        if (m.kind == "step" and m.job_id == job_ok and m.v in accepted and 0 <= m.rank < MAX_WORLD_SIZE
+                and 0.0 <= m.step_time_s <= MAX_STEP_TIME_S and 0.0 <= m.ts_unix_s <= MAX_TS_UNIX_S
+                and 0 <= m.step < MAX_STEP and not m.stages and not m.flags and m.work is None and m.mode is None
+                and m.role is None and (m.peer_pid is None or 0 < m.peer_pid < 4294967296)):
+            keep(m)
+            continue
         try:
             keep(check_rank_message(m))
         except MessageRejected as exc:
             bad.append(exc)
+        else:
+            job_ok = m.job_id
     if len(messages) > max_messages:
         bad.append(_too_many(max_messages))
     return env, good, bad
