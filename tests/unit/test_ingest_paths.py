@@ -374,3 +374,23 @@ def test_the_inline_check_of_plain_step_reports_refuses_what_check_rank_message_
     assert fast == step_path == typed_path == general
     _env, good, bad = fast
     assert len(good) == 3 and [r for r, _ in bad] == [reason]
+
+
+def test_the_memoised_name_checks_hold_short_names_only() -> None:
+    """Job ids, node ids and hostnames are checked through caches of 4096 entries: an id that cannot pass (over 128
+    characters, or a hostname over MAX_TEXT) is refused with the same reason and never enters a cache, so a peer
+    cannot fill them with megabyte strings; a good one is cached once."""
+    from profwatch.core.messages import _job_id_spelled, _names_ok
+
+    _job_id_spelled.cache_clear()
+    _names_ok.cache_clear()
+    long_job = _step(job_id="j" * 20_000)
+    long_node = {"node_id": "n" * 20_000}
+    long_host = {"hostname": "h" * 20_000}
+    for envelope, element, reason in ((long_node, None, "bad_node_id"), (long_host, None, "bad_value"),
+                                      ({}, json.dumps(long_job).encode(), "bad_job_id")):
+        data = _batch(element, **envelope)
+        fast, *_ = _paths(data)
+        assert fast[0] == "raised" and fast[1] == reason if envelope else [r for r, _ in fast[2]] == [reason]
+    assert _job_id_spelled.cache_info().currsize == 1  # "j1" of the honest messages only
+    assert _names_ok.cache_info().currsize == 1  # ("n1", "h") of the one good envelope
