@@ -30,6 +30,11 @@ thread's share of the receiver's CPU (the rest is libzmq's I/O thread and helper
 and the load average during the run. The bare loop is the floor of a Python receiver (no validation, registry or
 detection), not a competitor.
 
+Read with care on a busy box: a window's CPU is read from ``/proc`` in 10 ms ticks, so at 4k ranks x 1 step/s
+(~0.04 of a core) a 4 s window holds ~15 ticks (use ``--seconds 10`` or more there); when the load processes and
+node daemons are starved the receiver gets fewer messages than offered (printed msg/s below ``ranks x rate``) and
+the nodes send larger batches, which lowers both receivers' cost per message and moves the ratio.
+
 ``--tree DIR`` runs the coordinator of another checkout too (e.g. the main branch: a before/after pair in one run);
 the node daemons and the load are this checkout's. Daemons start in a temporary folder (a checkout's ``rankhook/``
 in the working folder would shadow the tree's). ``--profile FILE`` runs this checkout's coordinator under cProfile
