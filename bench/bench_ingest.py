@@ -210,6 +210,7 @@ class Receiver:
         self.proc: subprocess.Popen | None = None
         self.bp: mp.Process | None = None
         self.ctrl = ""
+        self.log: Path | None = None
 
     def start(self) -> None:
         if self.tree is None:
@@ -232,7 +233,9 @@ class Receiver:
         cmd = [sys.executable, "-m", "profwatch.cli", "coordinator"]
         if self.profile is not None:
             cmd = [sys.executable, "-c", PROFILED, str(self.profile)]
-        self.proc = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.log = tmp / "coordinator.log"  # its warnings and errors: the tail is printed when a turn fails
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(cmd, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=out)
         self.ps = psutil.Process(self.proc.pid)
         from profwatch.adapters.zmq.control import call
 
@@ -355,7 +358,11 @@ def bench(ranks: int, rate: float, nodes: int, trees: list[Path], rounds: int, s
                         t1 = time.monotonic()
                         break
                     except Exception as exc:  # noqa: BLE001 - said, and the turn is run again
-                        print(f"  (turn of {name} failed, attempt {attempt + 1}: {exc!r:.200})", flush=True)
+                        log_tail = ""
+                        if getattr(r, "log", None) is not None and r.log.exists():
+                            log_tail = " | ".join(r.log.read_text(errors="replace").splitlines()[-3:])[-600:]
+                        print(f"  (turn of {name} failed, attempt {attempt + 1}: {exc!r:.200}; rc "
+                              f"{r.proc.poll() if r.proc is not None else '-'}; log: {log_tail})", flush=True)
                         if attempt == 2:
                             raise
                     finally:
