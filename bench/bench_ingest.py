@@ -53,6 +53,7 @@ import math
 import multiprocessing as mp
 import os
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -276,6 +277,8 @@ class Receiver:
                     pass
             stop_popen(self.proc)
             self.proc = None
+            if self.log is not None:
+                shutil.rmtree(self.log.parent, ignore_errors=True)  # the folder this turn made (state db, log)
 
 
 def _settle(r: Receiver, sent: list[Any], warmup: float, paced: bool, limit_s: float = 30.0) -> None:
@@ -381,6 +384,7 @@ def bench(ranks: int, rate: float, nodes: int, trees: list[Path], rounds: int, s
             stop_process(p)
         for np_ in node_procs:
             stop_popen(np_, 10)
+        shutil.rmtree(tmp, ignore_errors=True)  # the node daemons' sockets and locks
     return out
 
 
