@@ -131,9 +131,7 @@ class ControlCommands:
             drops, last error) and ``bounds`` (jobs, ranks, nodes, detector_ranks, state_bound_mib).
         """
         job_id = self._job_arg(job_id)
-        snap = self.registry.snapshot(self.clock(), self.settings.coordinator.node_timeout_s)
-        if job_id is not None:
-            snap["jobs"] = [j for j in snap["jobs"] if j["job_id"] == job_id]
+        snap = self.registry.snapshot(self.clock(), self.settings.coordinator.node_timeout_s, job_id)
         snap["counters"] = dict(self.counters)
         snap["ingest_bind"] = self.settings.coordinator.ingest_bind  # where nodes must dial (status names it)
         snap["captures"] = self.captures.summary(job_id, self.clock())

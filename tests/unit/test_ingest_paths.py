@@ -349,3 +349,48 @@ def test_random_batches_get_the_same_answer_on_every_path(elements: list[bytes],
     outcome: the same messages kept, as the same values, and the same refusals with the same reasons."""
     fast, step_path, typed_path, general = _paths(_batch(b",".join(elements), v=v))
     assert fast == step_path == typed_path == general
+
+
+# The common report (no stages, flags, work or labels) of a job already checked in the batch is checked inline
+# (``_checked``): each value it must refuse, after plain reports of the same job, gets check_rank_message's answer.
+PLAIN_REFUSED = [
+    (_step(rank=-1), "bad_rank"), (_step(rank=1 << 20), "bad_rank"), (_step(step=-1), "bad_value"),
+    (_step(step=2**62), "bad_value"), (_step(step_time_s=-0.1), "bad_value"),
+    (_step(step_time_s=8 * 86400.0), "bad_value"), (_step(ts_unix_s=1e12), "bad_value"),
+    (_step(ts_unix_s=-1.0), "bad_value"), (_step(peer_pid=0), "bad_value"), (_step(peer_pid=2**32), "bad_value"),
+    (_step(v=3), "bad_version"), (_step(job_id="j1\n"), "bad_job_id"), (_step(stages={"a b": 0.1}), "bad_value"),
+    (_step(role="a b"), "bad_value"), (_step(work=-1.0), "bad_value"), (_step(flags=["a\x00"]), "bad_value"),
+]
+
+
+@pytest.mark.parametrize(("msg", "reason"), PLAIN_REFUSED, ids=[f"{r}-{i}" for i, (_m, r) in enumerate(PLAIN_REFUSED)])
+def test_the_inline_check_of_plain_step_reports_refuses_what_check_rank_message_refuses(msg: dict[str, Any],
+                                                                                       reason: str) -> None:
+    plain = [json.dumps(_step(rank=r, step=9, peer_pid=100 + r), separators=(",", ":")).encode() for r in range(3)]
+    head = {"kind": "node_batch", "v": 2, "node_id": "n1", "hostname": "h", "seq": 3, "ts_unix_s": 1.0}
+    data = (json.dumps(head)[:-1].encode() + b',"messages":['
+            + b",".join([*plain[:2], json.dumps(msg).encode(), plain[2]]) + b"]}")
+    fast, step_path, typed_path, general = _paths(data)
+    assert fast == step_path == typed_path == general
+    _env, good, bad = fast
+    assert len(good) == 3 and [r for r, _ in bad] == [reason]
+
+
+def test_the_memoised_name_checks_hold_short_names_only() -> None:
+    """Job ids, node ids and hostnames are checked through caches of 4096 entries: an id that cannot pass (over 128
+    characters, or a hostname over MAX_TEXT) is refused with the same reason and never enters a cache, so a peer
+    cannot fill them with megabyte strings; a good one is cached once."""
+    from profwatch.core.messages import _job_id_spelled, _names_ok
+
+    _job_id_spelled.cache_clear()
+    _names_ok.cache_clear()
+    long_job = _step(job_id="j" * 20_000)
+    long_node = {"node_id": "n" * 20_000}
+    long_host = {"hostname": "h" * 20_000}
+    for envelope, element, reason in ((long_node, None, "bad_node_id"), (long_host, None, "bad_value"),
+                                      ({}, json.dumps(long_job).encode(), "bad_job_id")):
+        data = _batch(element, **envelope)
+        fast, *_ = _paths(data)
+        assert fast[0] == "raised" and fast[1] == reason if envelope else [r for r, _ in fast[2]] == [reason]
+    assert _job_id_spelled.cache_info().currsize == 1  # "j1" of the honest messages only
+    assert _names_ok.cache_info().currsize == 1  # ("n1", "h") of the one good envelope

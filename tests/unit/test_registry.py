@@ -234,3 +234,18 @@ def test_the_sampled_median_step_time_reads_a_bounded_sample_and_agrees() -> Non
         reg.step_run(job, [step(r, s, 0.1 + 0.001 * (r % 3)) for r in range(world)], 0, 2.0, "n0", [])
     full, sampled = job.median_step_time_s(), job.median_step_time_s(sampled=True)
     assert len(job.gauge_sample) <= GAUGE_SAMPLE and sampled == pytest.approx(full, abs=0.0011)
+
+
+def test_the_snapshot_of_one_job_holds_only_its_rows() -> None:
+    """``status`` for one job (or for an unknown one, as a bench polling counters asks) builds that job's rows only:
+    each job's rows cost O(its ranks); the nodes are listed either way."""
+    reg = Registry(window_steps=10)
+    for job in ("a", "b"):
+        for r in range(4):
+            reg.hello(hello(r, job=job), "n0", 1.0)
+            reg.step(step(r, 1, job=job), 2.0, "n0")
+    full = reg.snapshot(3.0)
+    assert [j["job_id"] for j in full["jobs"]] == ["a", "b"]
+    one = reg.snapshot(3.0, 10.0, "b")
+    assert one["jobs"] == [j for j in full["jobs"] if j["job_id"] == "b"] and one["nodes"] == full["nodes"]
+    assert reg.snapshot(3.0, 10.0, "none")["jobs"] == [] and reg.snapshot(3.0, 10.0, "none")["nodes"] == full["nodes"]

@@ -116,3 +116,37 @@ def test_a_stall_check_reads_only_the_ranks_that_fell_silent() -> None:
             assert [a.ranks for a in found] == [(7,)] and found[0].detail["steps_behind"] == {7: 10}
         else:
             assert found == [], t
+
+
+def test_arrivals_of_a_run_leave_the_state_arrivals_one_by_one_leave() -> None:
+    """``on_arrivals`` (one call per run of a batch) is ``on_arrival`` per report: ranks out of range ignored, a
+    stalled, silent or left rank cleared, the deadline order and the latest arrival the same, and the stalls the
+    later checks find the same."""
+    from profwatch.core.detection.stalls import ArrivalStallDetector
+
+    def state(d: ArrivalStallDetector) -> tuple[object, ...]:
+        return (list(d._queue.items()), d._latest, dict(d._silent), set(d._recheck), set(d._left), set(d._stalled))
+
+    runs = [([0, 1, 2, 3], 100.0), ([2, -1, 9, 0], 101.0), ([1], 101.0), ([3, 3, 0], 100.5), ([], 102.0),
+            ([8, 12], 103.0), ([0, 1, 2], 140.0)]
+    one, many = ArrivalStallDetector("j", 4, QUICK), ArrivalStallDetector("j", 4, QUICK)
+    det = JobDetector("j", 4, QUICK)
+    for step in range(1, 40):  # ranks 0 and 1 run ahead, 2 and 3 stop at step 2: behind, so silence stalls them
+        for r in range(4):
+            if r < 2 or step <= 2:
+                det.observe(StepReport("j", r, step, 0.5, 90.0), 90.0)
+    progress = det.units[0].aggregator  # a RankProgress: what the stall check reads
+    stalled = []
+    for d in (one, many):
+        d.mark_left(2)
+    for ranks, t in runs:
+        reports = [StepReport("j", r, 1, 0.5, t) for r in ranks]
+        for r in ranks:
+            one.on_arrival(r, t)
+        many.on_arrivals(reports, 0, len(reports), t)
+        assert state(one) == state(many)
+        found = one.check(progress, t + 30.0)
+        assert found == many.check(progress, t + 30.0)
+        assert state(one) == state(many)
+        stalled.append(sorted(one.stalled_ranks))
+    assert stalled[0] == [2, 3]  # the checks found stalls, and the later runs met stalled ranks (cleared, again)

@@ -196,13 +196,27 @@ def _check_labels(msg: Any) -> None:
 
 
 @lru_cache(maxsize=4096)
-def _job_id_ok(job_id: str) -> bool:
+def _job_id_spelled(job_id: str) -> bool:
     return JOB_ID_RE.match(job_id) is not None
+
+
+def _job_id_ok(job_id: str) -> bool:
+    """True for a :data:`JOB_ID_RE` job id. Memoised for the ids that can pass (at most 128 characters): a longer
+    one, which fails anyway, never enters the cache (4096 ids of a batch's size would be gigabytes)."""
+    return len(job_id) <= 128 and _job_id_spelled(job_id)
 
 
 def node_id_ok(node_id: str) -> bool:
     """True when ``node_id`` is safe to use as an identity, a log field and a metric label."""
     return NODE_ID_RE.match(node_id) is not None
+
+
+@lru_cache(maxsize=4096)
+def _names_ok(node_id: str, hostname: str) -> bool:
+    """Whether an envelope's ``node_id`` and ``hostname`` pass :func:`node_id_ok` and :func:`_check_name`, memoised
+    (each batch names them; callers pass short strings only, so the cache holds short keys)."""
+    return (NODE_ID_RE.match(node_id) is not None and len(hostname) <= MAX_TEXT and "\x00" not in hostname
+            and CONTROL_RE.search(hostname) is None)
 
 
 def utf8_clean(obj: Any, depth: int = 0) -> bool:
@@ -422,9 +436,11 @@ def _check_envelope(env: Any) -> None:
     version first, as a rank message's (:func:`check_rank_message`). Raises :class:`MessageRejected`."""
     if env.v not in _ACCEPTED:
         raise MessageRejected("bad_version", f"v={env.v}, expected one of {sorted(_ACCEPTED)}")
-    if not node_id_ok(env.node_id):
-        raise MessageRejected("bad_node_id", repr(env.node_id[:80]))
-    _check_name(getattr(env, "hostname", None), "hostname")
+    host = getattr(env, "hostname", None)
+    if not (len(env.node_id) <= 128 and host is not None and len(host) <= MAX_TEXT and _names_ok(env.node_id, host)):
+        if not node_id_ok(env.node_id):
+            raise MessageRejected("bad_node_id", repr(env.node_id[:80]))
+        _check_name(host, "hostname")
     if env.kind == "node_batch":
         if not 0 <= env.seq < MAX_INT or not _time_ok(env.ts_unix_s, MAX_TS_UNIX_S):
             raise MessageRejected("bad_value", f"seq={env.seq} ts_unix_s={env.ts_unix_s}")
@@ -567,16 +583,31 @@ def _parse_step_batch(data: bytes, max_messages: int = 20_000
 
 def _checked(env: wire.NodeBatch, messages: list[Any], max_messages: int
              ) -> tuple[wire.NodeBatch, list[Any], list[MessageRejected]]:
-    """The envelope's and each message's value checks of a typed batch (both fast paths)."""
+    """The envelope's and each message's value checks of a typed batch (both fast paths).
+
+    The common step report (no stages, flags, work or labels; a job id seen in this batch already) is checked
+    inline: the rules of :func:`check_rank_message` for it, in one expression; any report that is not plainly
+    within them goes through :func:`check_rank_message` itself, so every refusal and its reason are that
+    function's (``tests/unit/test_ingest_paths.py``)."""
     _check_envelope(env)
     good: list[Any] = []
     bad: list[MessageRejected] = []
     keep = good.append
+    accepted = _ACCEPTED
+    job_ok = ""  # the last job id that passed its check in this batch
     for m in messages[:max_messages]:
+        if (m.kind == "step" and m.job_id == job_ok and m.v in accepted and 0 <= m.rank < MAX_WORLD_SIZE
+                and 0.0 <= m.step_time_s <= MAX_STEP_TIME_S and 0.0 <= m.ts_unix_s <= MAX_TS_UNIX_S
+                and 0 <= m.step < MAX_STEP and not m.stages and not m.flags and m.work is None and m.mode is None
+                and m.role is None and (m.peer_pid is None or 0 < m.peer_pid < 4294967296)):
+            keep(m)
+            continue
         try:
             keep(check_rank_message(m))
         except MessageRejected as exc:
             bad.append(exc)
+        else:
+            job_ok = m.job_id
     if len(messages) > max_messages:
         bad.append(_too_many(max_messages))
     return env, good, bad

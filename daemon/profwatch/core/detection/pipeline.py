@@ -172,12 +172,16 @@ class UnitPipeline:
         returns ``(next, anomalies)`` (``next == end`` when all were taken). The unit's ranks must be the job's
         ranks themselves (:attr:`identity`)."""
         stall = self.stall
+        many = getattr(stall, "on_arrivals", None)  # the built-in detector's: one call per run (a custom: per report)
         agg = self.aggregator
         k = start
         while k < end:
             j, steps, restarted = agg.observe_run(reports, now_unix_s, k, end)
-            for x in range(k, j):
-                stall.on_arrival(reports[x].rank, now_unix_s)
+            if many is not None:
+                many(reports, k, j, now_unix_s)
+            else:
+                for x in range(k, j):
+                    stall.on_arrival(reports[x].rank, now_unix_s)
             k = j
             if steps or restarted:
                 out = self._judge(steps, restarted)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly, RankProgress
@@ -88,6 +89,28 @@ class ArrivalStallDetector:
                 self._stalled.discard(rank)
             if self._left:
                 self._left.discard(rank)
+
+    def on_arrivals(self, reports: Sequence[Any], start: int, end: int, arrival_unix_s: float) -> None:
+        """:meth:`on_arrival` for the ranks of ``reports[start:end]`` (objects with a ``rank``), all arrived at
+        ``arrival_unix_s``: one call per run of a batch, the common rank (nothing silent, stalled or left) in a
+        plain loop."""
+        if self._silent or self._stalled or self._left or arrival_unix_s < self._latest:
+            for x in range(start, end):
+                self.on_arrival(reports[x].rank, arrival_unix_s)
+            return
+        q = self._queue
+        ws = self.world_size
+        move = q.move_to_end
+        hit = False
+        for x in range(start, end):
+            rank = reports[x].rank
+            if 0 <= rank < ws:
+                if rank in q:
+                    move(rank)
+                q[rank] = arrival_unix_s
+                hit = True
+        if hit:  # a rank of the job arrived
+            self._latest = arrival_unix_s
 
     def mark_left(self, rank: int) -> None:
         """``rank`` left on purpose (``bye``): never reported as stalled until it reports again."""

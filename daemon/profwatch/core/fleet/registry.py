@@ -24,7 +24,7 @@ What a message may change is bounded here (``docs/security.md``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from profwatch.core.fleet.generations import (
@@ -609,6 +609,12 @@ class Registry:
         """The gauges' view (:func:`profwatch.core.fleet.registry_state.gauge_rows`): cheap, built every second."""
         return gauge_rows(self.jobs.values(), self.nodes.values(), now, node_timeout_s)
 
-    def snapshot(self, now: float, node_timeout_s: float = 10.0) -> dict[str, Any]:
-        """A JSON-ready view for ``profwatch status`` (:func:`profwatch.core.fleet.registry_state.snapshot`)."""
-        return snapshot(self.jobs.values(), self.nodes.values(), now, node_timeout_s)
+    def snapshot(self, now: float, node_timeout_s: float = 10.0, job_id: str | None = None) -> dict[str, Any]:
+        """A JSON-ready view for ``profwatch status`` (:func:`profwatch.core.fleet.registry_state.snapshot`): every
+        job, or only ``job_id``'s (none when unknown; the other jobs' rows are not built: O(ranks) each)."""
+        if job_id is None:
+            jobs: Iterable[JobState] = self.jobs.values()
+        else:
+            job = self.jobs.get(job_id)
+            jobs = [job] if job is not None else []
+        return snapshot(jobs, self.nodes.values(), now, node_timeout_s)
