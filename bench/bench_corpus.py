@@ -44,7 +44,8 @@ replica (serving DP); onset anywhere from step 12 on (a quarter of them while th
   the same: a user sees them, so they are printed beside the false arms, with their own rate, never dropped;
 - changes lost: a *lasting* change (>= 60 steps and >= 5 minutes, or to the end of a run shorter than that) at
   least 2x the unit's noise and at least ``min_effect`` that no arm covered while it lasted (covers: the arm's
-  rank list holds the changed ranks and it names them or none);
+  rank list holds the changed ranks and it names them or none; it was made after the onset, or just before it with
+  a capture window that starts on a changed step);
 - detection delay percentiles (steps from onset to the first report that names the change) at 1.3x and at 3x;
 - invariant violations: a magnitude not finite, over 100 (+10,000 %) or under -1; a ``baseline_s`` under 1 % of
   the observed level (the median job step time of the 50 steps before the report; a serving unit's baseline is a
@@ -475,6 +476,17 @@ def _violations(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -> li
     return violations
 
 
+def _window_after_onset(run: Run, c: Change, arm: dict[str, Any]) -> bool:
+    """An arm made just before the change began whose capture window (``start_step + warmup`` on) profiled the
+    changed steps: it captured the change (its window starts at or after the onset, within ``GRACE_S`` of the arm
+    and before the change ended)."""
+    start = arm.get("start_step")
+    if not isinstance(start, int):
+        return False
+    t = run.step_at.get((c.epoch, start + int(arm.get("warmup") or 0)))
+    return t is not None and c.onset_t <= t <= c.end_t and 0.0 <= t - arm["at_unix_s"] <= GRACE_S
+
+
 def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per scored change: lasting, detectable, delay (steps), captured."""
     out_changes = []
@@ -494,7 +506,8 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
         if hits:
             first = min(hits, key=lambda a: a["at_unix_s"])
             delay = float(sum(1 for t, _ in run.levels if c.onset_t <= t <= first["at_unix_s"]))
-        captured = any(c.onset_t <= a["at_unix_s"] <= c.end_t + GRACE_S and names(a)
+        captured = any((c.onset_t <= a["at_unix_s"] <= c.end_t + GRACE_S or _window_after_onset(run, c, a))
+                       and names(a)
                        and (a["rank_list"] is None or not c.ranks or set(c.ranks) <= set(a["rank_list"]))
                        for a in arms)
         out_changes.append({"kind": c.kind, "factor": round(c.factor, 3), "onset": c.onset, "lasting": lasting,
@@ -507,7 +520,8 @@ def score(run: Run, res: dict[str, Any]) -> dict[str, Any]:
     _change_windows(run)
     arms = res["arms"]
     windows = [(c.onset_t, c.end_t + GRACE_S) for c in run.changes]
-    healthy_arms = [a for a in arms if not any(lo <= a["at_unix_s"] <= hi for lo, hi in windows)]
+    healthy_arms = [a for a in arms if not any(lo <= a["at_unix_s"] <= hi for lo, hi in windows)
+                    and not any(_window_after_onset(run, c, a) for c in run.changes)]
     by_design = _rotation_arms(res)
     rotation_arms = [a for a in healthy_arms if a.get("capture_id") in by_design]
     false_arms = [a for a in healthy_arms if a.get("capture_id") not in by_design]

@@ -739,7 +739,7 @@ class StepTimeRegressionDetector:
           (``noise / sqrt(run)`` each) and never above the level before the speedup;
         - after a ``step_regression`` (``reference "reported_level"``): the level the report measured
           (:meth:`_reported_level`), raised by :data:`REPORTED_SE` standard errors; a second rise that starts 1-40
-          steps after a report was absorbed by the re-learned baseline and never reported (issue 31).
+          steps after a report was absorbed by the re-learned baseline and never reported.
 
         After a report, steps over it by ``spike_min_effect`` (and ``spike_z``; ``EXIT_FRACTION`` of both to go
         on) are held as spike steps, as on a learned baseline:
