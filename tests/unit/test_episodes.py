@@ -745,3 +745,29 @@ def test_a_real_straggler_after_a_rotation_recognised_from_names_is_captured_onc
             assert 300 <= now - slow.opened_unix_s <= 320 and at - slow.opened_step >= 60
             break
     assert done is slow and not slow.rotation
+
+
+def test_two_slow_ranks_hours_apart_are_no_rotation_a_third_straggler_is_captured_at_once() -> None:
+    """Rank 3 is slow for a while (captured), 3 hours later rank 7 for 20 minutes (captured), and 30 minutes after
+    rank 7 healed rank 9 slows down for good. Two faults hours apart and a third are no hot spot that moves: rank 9
+    is captured at its first report (before: the key's two captures counted over the whole generation and the move
+    7 -> 9 made culprit_rotates evidence named_ranks at once; rank 9 waited 2390 s, twice rank 7's 20 minutes)."""
+    b, p = book(min_arm_gap_s=0, episode_quiet_steps=20, max_captures_per_hour=6)
+    t, step = T0, 100
+    first, _ = b.observe(out(step, (3,)), t)
+    assert arm_next(b, p, t + 1, "c3", covered=(3,)) is first
+    b.capture_ended("c3", t + 30, "ok", named=(3,))
+    for k in range(1, 10):
+        b.advance(t + 10 * k, furthest_step=step + 10 * k, ongoing={"rank_outlier": frozenset({3} if k < 3 else ())})
+    t, step = T0 + 3 * 3600, 20_000
+    second, _ = b.observe(out(step, (7,)), t)
+    assert arm_next(b, p, t + 1, "c7", covered=(7,)) is second
+    b.capture_ended("c7", t + 30, "ok", named=(7,))
+    for k in range(1, 130):
+        b.advance(t + 10 * k, furthest_step=step + 5 * k, ongoing={"rank_outlier": frozenset({7} if k < 120 else ())})
+    assert not b.open and not b.rotating
+    t, step = T0 + 3 * 3600 + 3000, 21_000
+    straggler, events = b.observe(out(step, (9,)), t)
+    assert [e.type for e in events] == ["io.profwatch.episode_opened.v1"]
+    assert straggler is not None and not straggler.rotation and not b.rotating
+    assert arm_next(b, p, t + 1, "c9", covered=(9,)) is straggler

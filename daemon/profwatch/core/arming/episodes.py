@@ -174,8 +174,8 @@ class JobEpisodes:
         wait until they persist (:meth:`_persists`). A capture counts for an episode that opens after it when its
         window started inside the report's evidence (``first_step``, else the rank outlier's ``window_steps``) and
         it covered the ranks: in flight, or ended lately without ``no_suspect``. And a rotation is recognised from
-        the ranks named (:meth:`_rotation_named`): once a key's episodes took ``rotation_captures`` captures in the
-        generation, a move of the ranks they name is a rotation at once, so a rotation takes at most
+        the ranks named (:meth:`_rotation_named`): once a key's episodes took ``rotation_captures`` captures within
+        the hour, a move of the ranks they name is a rotation at once, so a rotation takes at most
         ``rotation_captures`` captures even when no verdict names a top rank. A ``partial`` verdict of the episode's own targeted
         capture whose ranks waited for ranks it did not hold (``waited``) asks for one follow-up: the episode wants a
         capture again at once (no cooldown: the waited-for ranks are new to it), through the job's budget (gap,
@@ -199,7 +199,7 @@ class JobEpisodes:
         self._flight: dict[str, tuple[int | None, frozenset[int] | None, float]] = {}  # -> (start, covered, armed)
         self._ended: deque[_Ended] = deque(maxlen=MAX_TOPS)  # captures that ended lately, newest last
         self._trail: dict[str, dict[int, tuple[float, float]]] = {}  # ranked key -> rank -> (first, last) named
-        self._key_captures: dict[str, list[str]] = {}  # ranked key -> the captures of its episodes (this generation)
+        self._key_captures: dict[str, list[tuple[str, float]]] = {}  # ranked key -> its episodes' (capture, armed)
         self._tops: dict[str, deque[tuple[int, str, str, float]]] = {}  # key -> (top rank, episode, capture, armed)
         self.rotating: dict[str, tuple[tuple[int, ...], float]] = {}  # key -> (the rotation's ranks, longest s)
         self._named_since: dict[str, dict[int, tuple[float, int]]] = {}  # rotating episode -> rank -> (since, step)
@@ -573,8 +573,8 @@ class JobEpisodes:
         ep.captures = [*ep.captures, cap][-MAX_CAPTURES:]
         if ep.ranks:
             caps = self._key_captures.setdefault(ep.key, [])
-            if cap.capture_id not in caps:
-                caps[:] = [*caps, cap.capture_id][-MAX_CAPTURES:]
+            if all(cid != cap.capture_id for cid, _ in caps):
+                caps[:] = [*caps, (cap.capture_id, cap.armed_unix_s)][-MAX_CAPTURES:]
             if len(self._key_captures) > MAX_OPEN:  # keys of closed episodes go first (memory bound)
                 stale = [k for k in self._key_captures if k not in self.open and k != ep.key]
                 for k in stale[:len(self._key_captures) - MAX_OPEN]:
@@ -686,14 +686,17 @@ class JobEpisodes:
         said: the hot spot *moved* (a rank named after another one was first named, while that one is no longer
         named and was named within the last hour: the set of named ranks moves among ranks, within one episode or
         across successive ones) and the key's episodes already took ``rotation_captures`` captures (own or covering)
-        in this job generation. Then ``culprit_rotates`` once (``across_episodes``, ``evidence: named_ranks``), the
+        armed within the last hour (``HOUR_S``) of this job generation. Then ``culprit_rotates`` once (``across_episodes``, ``evidence: named_ranks``), the
         rotation's captures leave the hourly cap and no episode of the key is captured again until it persists
         (:meth:`_persists`, :meth:`_persistent_ranks`). Bounds a rotation at ``rotation_captures`` captures when no
         verdict names a top rank (a capture that found nobody, ranks named together)."""
         key = ep.key
         if key in self.rotating or ep.rotation or ep.closed_unix_s is not None:
             return []
-        caps = self._key_captures.get(key, [])
+        # captures armed within the hour, as for a rotation across episodes: two slow ranks hours apart are two
+        # faults, not a hot spot that moves (with the generation's captures, a straggler named 30 min after another
+        # rank healed was held as a rotation at its first report, 3 h after the key's first capture)
+        caps = [cid for cid, armed in self._key_captures.get(key, []) if now_unix_s - armed <= HOUR_S]
         n = self.settings.rotation_captures
         if len(caps) < n:
             return []
