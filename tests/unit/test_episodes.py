@@ -771,3 +771,42 @@ def test_two_slow_ranks_hours_apart_are_no_rotation_a_third_straggler_is_capture
     assert [e.type for e in events] == ["io.profwatch.episode_opened.v1"]
     assert straggler is not None and not straggler.rotation and not b.rotating
     assert arm_next(b, p, t + 1, "c9", covered=(9,)) is straggler
+
+
+@pytest.mark.parametrize(("status", "named"), [("cancelled", ()), ("ok", (2,)), ("partial", ())])
+@pytest.mark.parametrize("ended_before_report", [True, False])
+def test_a_covering_capture_that_did_not_show_the_rank_leaves_a_straggler_wanting_its_capture(
+        status: str, named: tuple[int, ...], ended_before_report: bool) -> None:
+    """A job-wide capture (window from step 107) was cancelled, or its verdict named rank 2 or nobody; rank 5's
+    outlier evidence (steps 106-117) holds its window. That capture did not show rank 5, so rank 5, slow for good,
+    gets a capture of its own, whether the capture ended before the report or while it was in flight (before: it
+    counted as rank 5's capture and rank 5 waited as captured_unchanged for good). A verdict that names rank 5 still
+    counts (the rotation's first capture, test above)."""
+    b, p = book(min_arm_gap_s=0, episode_quiet_steps=50)
+    job, _ = b.observe(reg(103, mag=0.22), T0)
+    picked = b.next_arm(p, T0, capture_in_flight=False)
+    assert picked is not None
+    b.history.record(picked[1], T0, "c-job")
+    b.armed(job.episode_id, "c-job", T0, covered=None, start_step=107)
+    if ended_before_report:
+        b.capture_ended("c-job", T0 + 30, status, named=named)
+    slow, _ = b.observe(window_out(117, (5,)), T0 + 40)
+    assert slow is not None
+    if not ended_before_report:
+        assert [c.capture_id for c in slow.captures] == ["c-job"]
+        b.capture_ended("c-job", T0 + 45, status, named=named)
+    assert slow.captures == []
+    assert arm_next(b, p, T0 + 50, "c-5", covered=(5,)) is slow
+
+
+def test_a_covering_capture_whose_verdict_names_the_rank_counts_for_it() -> None:
+    b, p = book(min_arm_gap_s=0, episode_quiet_steps=50)
+    job, _ = b.observe(reg(103, mag=0.22), T0)
+    picked = b.next_arm(p, T0, capture_in_flight=False)
+    assert picked is not None
+    b.history.record(picked[1], T0, "c-job")
+    b.armed(job.episode_id, "c-job", T0, covered=None, start_step=107)
+    b.capture_ended("c-job", T0 + 30, "ok", named=(5, 2))
+    slow, _ = b.observe(window_out(117, (5,)), T0 + 40)
+    assert slow is not None and [(c.capture_id, c.own) for c in slow.captures] == [("c-job", False)]
+    assert b.next_arm(p, T0 + 50, capture_in_flight=False) is None and slow.waiting == "captured_unchanged"

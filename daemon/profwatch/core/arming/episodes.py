@@ -28,6 +28,7 @@ from profwatch.core.alerts.event_types import (
 )
 from profwatch.core.arming.episode_record import (
     CAPTURED,
+    VERDICTS,
     Episode,
     EpisodeCapture,
     episode_key,
@@ -87,6 +88,19 @@ def _onset(anomaly: Anomaly) -> int:
     if isinstance(window, int) and not isinstance(window, bool) and window > 0:
         return anomaly.step - window + 1
     return anomaly.step
+
+
+def _saw(status: str, named: tuple[int, ...], ranks: tuple[int, ...]) -> bool:
+    """Whether a capture that ended with ``status`` naming ``named`` shows what an episode naming ``ranks`` (empty: job-wide) reports, so it counts
+    as that episode's capture (:meth:`JobEpisodes._covered_at_open`): an outcome without a verdict that still
+    captured (``simulated``, ``would_arm``: replay), or a verdict other than ``no_suspect`` that, for ranks, names
+    one of them. A cancelled capture analysed nothing; a verdict naming other ranks (or nobody: ``partial``) did not
+    find these: counted, a persistent straggler waited as ``captured_unchanged`` for good."""
+    if status in ("simulated", "would_arm"):
+        return True
+    if status not in VERDICTS or status == "no_suspect":
+        return False
+    return not ranks or bool(set(ranks) & set(named))
 
 
 def _rotates(tops: list[int], n: int) -> bool:
@@ -173,7 +187,9 @@ class JobEpisodes:
         (:meth:`_rotation_across`): the rotation's captures then leave the hourly cap, and later episodes of the key
         wait until they persist (:meth:`_persists`). A capture counts for an episode that opens after it when its
         window started inside the report's evidence (``first_step``, else the rank outlier's ``window_steps``) and
-        it covered the ranks: in flight, or ended lately without ``no_suspect``. And a rotation is recognised from
+        it covered the ranks: in flight, or ended lately, and its outcome showed them (:func:`_saw`: a verdict
+        naming one of the ranks; a capture cancelled or whose verdict names other ranks or nobody leaves the episode
+        wanting its own, also when it ends after the episode opened). And a rotation is recognised from
         the ranks named (:meth:`_rotation_named`): once a key's episodes took ``rotation_captures`` captures within
         the hour, a move of the ranks they name is a rotation at once, so a rotation takes at most
         ``rotation_captures`` captures even when no verdict names a top rank. A ``partial`` verdict of the episode's own targeted
@@ -290,8 +306,9 @@ class JobEpisodes:
 
     def _covered_at_open(self, ep: Episode, onset: int, now_unix_s: float) -> list[Event]:
         """A capture whose window started after ``onset`` (the first step of the new episode's evidence) and covered
-        its ranks saw it: a capture still in flight, else one that ended lately with a verdict that does not say it
-        found nobody (a hot MoE expert's first appearance is often captured as the job-wide rise it causes before
+        its ranks saw it: a capture still in flight, else one that ended lately whose outcome shows it (:func:`_saw`:
+        a verdict naming one of the episode's ranks, or any verdict but ``no_suspect`` for a job-wide episode; a
+        replayed capture, which has no verdict; never a cancelled one) (a hot MoE expert's first appearance is often captured as the job-wide rise it causes before
         the rank outlier detector, whose window was paused by that capture, names the rank: that capture is the
         rotation's first). Returns ``culprit_rotates`` when that capture completes a rotation across episodes."""
         for cid, (start, covered, armed) in self._flight.items():
@@ -299,8 +316,7 @@ class JobEpisodes:
                 self._add_capture(ep, EpisodeCapture(cid, armed, ep.ranks, False, level=ep.level))
                 return []
         for done in reversed(self._ended):
-            if (done.start is not None and onset < done.start <= ep.opened_step and done.status in CAPTURED
-                    and done.status != "no_suspect"
+            if (done.start is not None and onset < done.start <= ep.opened_step and _saw(done.status, done.named, ep.ranks)
                     and (done.covered is None or (ep.ranks and set(ep.ranks) <= done.covered))):
                 cap = EpisodeCapture(done.capture_id, done.armed_unix_s, ep.ranks, False, done.status, done.named,
                                      level=ep.level)
@@ -603,6 +619,17 @@ class JobEpisodes:
                 continue
             for c in hit:
                 c.status, c.named = status, tuple(named)
+            if ep.ranks and not _saw(status, tuple(named), ep.ranks) and not any(c.own for c in hit):
+                # another episode's capture that covered this one's ranks while in flight did not show them
+                # (cancelled, or its verdict named other ranks): it is not this episode's capture
+                ep.captures = [c for c in ep.captures if c.capture_id != capture_id]
+                caps = self._key_captures.get(ep.key)
+                if caps is not None:
+                    caps[:] = [c for c in caps if c[0] != capture_id]
+                if ep.waiting == "capture_in_flight":
+                    ep.waiting = ""
+                self._touch(ep)
+                continue
             if ep.waiting == "capture_in_flight":
                 ep.waiting = ""
             self._touch(ep)
