@@ -710,9 +710,10 @@ class JobEpisodes:
 
     def _rotation_named(self, ep: Episode, now_unix_s: float) -> list[Event]:
         """Recognise a rotation from the ranks the episodes of ``ep``'s key named, whatever the captures' verdicts
-        said: the hot spot *moved* (a rank named after another one was first named, while that one is no longer
-        named and was named within the last hour: the set of named ranks moves among ranks, within one episode or
-        across successive ones) and the key's episodes already took ``rotation_captures`` captures (own or covering)
+        said: the hot spot *moved* (a rank first named after another one was last named, that one no longer named
+        and named within the last hour: the set of named ranks moves among ranks, within one episode or across
+        successive ones; two ranks slow at once, one dropping out of the detector's names for a moment, are no
+        move) and the key's episodes already took ``rotation_captures`` captures (own or covering)
         armed within the last hour (``HOUR_S``) of this job generation. Then ``culprit_rotates`` once (``across_episodes``, ``evidence: named_ranks``), the
         rotation's captures leave the hourly cap and no episode of the key is captured again until it persists
         (:meth:`_persists`, :meth:`_persistent_ranks`). Bounds a rotation at ``rotation_captures`` captures when no
@@ -731,7 +732,7 @@ class JobEpisodes:
         now_named = set(ep.ranks)
         left = [(r, f, last) for r, (f, last) in trail.items() if r not in now_named and now_unix_s - last <= HOUR_S]
         came = [(r, f) for r, (f, _) in trail.items() if r in now_named]
-        moves = [(a, b) for a, fa, _ in left for b, fb in came if fb > fa]
+        moves = [(a, b) for a, _, la in left for b, fb in came if fb > la]
         if not moves:
             return []
         order = tuple(r for r, _ in sorted(trail.items(), key=lambda x: x[1][0]))[-MAX_TOPS:]

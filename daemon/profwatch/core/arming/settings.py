@@ -60,7 +60,7 @@ class ArmingSettings(BaseModel):
                              "captured again (a later episode of the key once it persists). Also the most captures "
                              "a rotation takes per job generation: once the key's episodes took this many within "
                              "an hour, a move "
-                             "of the ranks they name (a rank named after another that is no longer named) is a "
+                             "of the ranks they name (a rank first named after another was last named) is a "
                              "rotation at once, whatever the verdicts named")
     targeting: TargetingSettings = Field(
         default_factory=TargetingSettings,
