@@ -128,3 +128,18 @@ def test_pairs_summed_in_chunks_give_the_findings_of_one_pass(chunk: int, monkey
     assert {lk[0] for lk in whole[0]} == {(2, 9), (4, 5), (0, 1)} and set(whole[1]) == {7}
     monkeypatch.setattr(links_mod, "PAIR_CHUNK_ROWS", chunk)
     assert _findings(find_slow_links(rows, world_size=12, step_time_us=50_000)) == whole
+
+
+@pytest.mark.parametrize("chunk", [7, 262_144])
+def test_a_negative_rank_in_the_matrix_is_judged_not_a_crash(chunk: int, monkeypatch: pytest.MonkeyPatch):
+    """A matrix whose rows name rank -1 (ranks numbered from -1: odd input, read as numbers as before the chunked
+    pair table) gives the findings of the same matrix numbered from 0, shifted (before: the chunk numbers went
+    negative and ``np.bincount`` raised ValueError, losing every link finding of the capture)."""
+    import profwatch.core.verdict.links as links_mod
+
+    monkeypatch.setattr(links_mod, "PAIR_CHUNK_ROWS", chunk)
+    rows = matrix_rows(8, slow_pairs={(2, 5): 3.0})
+    shifted = [dict(r, src_rank=r["src_rank"] - 3, dst_rank=r["dst_rank"] - 3) for r in rows]
+    assert [lk.ranks for lk in find_slow_links(rows, world_size=8).links] == [(2, 5)]
+    found = find_slow_links(shifted, world_size=8)
+    assert [lk.ranks for lk in found.links] == [(-1, 2)] and found.pairs_judged == 28

@@ -256,3 +256,27 @@ def test_the_setting_has_a_floor() -> None:
     assert WatchSettings().poll_max_rank_dir_listings == 1024
     with pytest.raises(ValueError, match="greater than or equal to 16"):
         WatchSettings(poll_max_rank_dir_listings=4)
+
+
+def test_a_finished_rank_dir_replaced_under_the_same_name_is_looked_at_the_next_poll(tmp_path: Path) -> None:
+    """A finished rank dir (marker seen: not stat'ed between its rotation re-lists) moved away and replaced by
+    another folder of the same name, without a marker: its folder's listing shows another inode, so it is stat'ed
+    and re-listed at the next poll (before: nothing until its rotation re-list, up to the period later; the
+    parent's DirModifiedEvent names no rank dir)."""
+    dirs = _tree(tmp_path / "prof", 64)
+    p = Poller(tmp_path / "prof", 16)
+    _settle(p)
+    for d in dirs:
+        (d / "ASCEND_PROFILER_OUTPUT" / "analyse.done").touch()
+    p.poll()
+    p.poll()
+    assert p.poll() == []
+    period = relist_period(64, 16)
+    known = p.poller._known  # noqa: SLF001 - which rank dir rotation re-lists at the next poll
+    target = next(d for d in dirs if not rotation_due(p.poller.polls + 1, known[str(d)].slot, period))
+    target.rename(tmp_path / "moved-away")
+    (target / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True)
+    (target / "profiler_metadata.json").write_text("{}")
+    events = p.poll()
+    assert str(target) in p.relisted(dirs) and period > 1
+    assert str(target / "ASCEND_PROFILER_OUTPUT" / "analyse.done") in _paths(events, FileDeletedEvent)

@@ -66,3 +66,6 @@ def test_a_no_suspect_detail_says_what_the_capture_was_armed_for():
     assert armed_for_note("step_regression +25% at step 300") == (
         "; armed for step_regression +25% at step 300: the whole job, no single rank")
     assert armed_for_note("reference") == armed_for_note(None) == armed_for_note("  ") == ""
+    # a manual capture (the control command's default reason, or an operator's text) was armed by no detector: it
+    # is neither "the whole job" nor a named rank the capture failed to confirm
+    assert armed_for_note("manual") == armed_for_note("check ranks [3, 4] after the fix") == ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from profwatch.adapters.tools.kineto_reader import RECIPE as KINETO_RECIPE
 from profwatch.core.alerts.events import judged_ranks, suspect_alert_data
@@ -15,6 +15,7 @@ from profwatch.core.batches.prof_layout import parse_rank_dir_name
 from profwatch.core.capture.lifecycle import event_type_for
 from profwatch.core.capture.report import window_notes
 from profwatch.core.changes.reference import REFERENCE_REASON
+from profwatch.core.detection.types import AnomalyKind
 from profwatch.core.verdict.evidence import ClusterEvidence, RecipeStatus, SlowLink, Suspect
 from profwatch.core.verdict.ranking import Verdict
 
@@ -298,9 +299,10 @@ def armed_for_note(capture_reason: str | None) -> str:
     ``"; armed for rank_outlier +35% at step 120 ranks [2], which this capture does not confirm ..."`` when
     detection named ranks (the slowdown may have passed, or fall outside the captured steps); ``"; armed for
     step_regression +25% at step 120: the whole job, no single rank"`` for a job-wide one. ``capture_reason`` is
-    the arming policy's text (``profwatch.core.arming.policy.describe_anomaly``)."""
+    the arming policy's text (``profwatch.core.arming.policy.describe_anomaly``); any other reason (a manual
+    capture's ``"manual"`` or an operator's own text, a reference capture) adds ``""``: detection armed nothing."""
     reason = (capture_reason or "").strip()
-    if not reason or reason == REFERENCE_REASON:
+    if not reason or reason == REFERENCE_REASON or reason.split(" ", 1)[0] not in get_args(AnomalyKind):
         return ""
     if " ranks [" in reason:
         return (f"; armed for {reason}, which this capture does not confirm (the slowdown may have passed or fall"

@@ -12,7 +12,7 @@ instead, and every poll:
   last look says something completion waits for can still land there (``_settled``): both for a dir new, changing
   or still appearing; only ``ASCEND_PROFILER_OUTPUT/`` for an ``*_ascend_pt`` dir that has its profiler_info,
   metadata and output folder and waits for ``analyse.done``; neither for a dir whose marker was seen (finished)
-  until rotation re-lists it;
+  until rotation re-lists it, or its folder's listing shows it under another inode (moved away and replaced);
 - re-lists a rank dir (scandir, then a stat of each entry completion reads: ``profiler_info*.json``,
   ``profiler_metadata.json``, ``trace.done``, and a stat of ``ASCEND_PROFILER_OUTPUT/analyse.done``, whose folder
   is not listed) when it is new, one of those two mtimes (or inodes) changed, its last
@@ -99,6 +99,7 @@ class _RankDir:
     marker: _FileKey | None = None  # ASCEND_PROFILER_OUTPUT/analyse.done's stat at the last listing, None: absent
     active: bool = True  # its last look saw a change: re-list at the next poll
     settled: Literal["finished", "waiting"] | None = None  # what its last quiet listing says (_settled)
+    entry_ino: int | None = None  # its inode in its folder's listing at the last poll (d_ino: no extra call)
 
 
 class RankTreePoller:
@@ -158,11 +159,15 @@ class RankTreePoller:
             for i, d in enumerate(sorted(self._known.values(), key=lambda d: d.slot)):
                 d.slot = i
             self._next_slot = len(self._known)
-        for path in rank_dirs:
+        for path, ino in rank_dirs.items():
             if path not in self._known:
                 self._known[path] = _RankDir(slot=self._next_slot)
                 self._next_slot += 1
                 events.append(DirCreatedEvent(path))
+            rd = self._known[path]
+            if rd.entry_ino is not None and ino != rd.entry_ino:
+                rd.settled = None  # another folder under the same name (moved away and replaced): look at it now
+            rd.entry_ino = ino
         period = relist_period(self._next_slot, self.max_listings)
         deferred = 0
         for path in rank_dirs:
@@ -172,24 +177,25 @@ class RankTreePoller:
         return [] if first else events
 
     # -- internals ------------------------------------------------------------------------------------------------
-    def _walk(self) -> tuple[dict[str, _Key], list[str]]:
+    def _walk(self) -> tuple[dict[str, _Key], dict[str, int]]:
         """The folders above rank dirs (``root`` included) with their (ino, dev, mtime_ns), and the rank dirs below
-        ``root`` (raises when ``root`` cannot be stat'ed or listed)."""
+        ``root`` with their inode as their folder's listing gives it (raises when ``root`` cannot be stat'ed or
+        listed)."""
         folders: dict[str, _Key] = {self.root: _key(self._stat(self.root))}
-        rank_dirs: list[str] = []
+        rank_dirs: dict[str, int] = {}
         todo = [(self.root, 0)]
         while todo:
             folder, depth = todo.pop()
             try:
                 with self._scandir(folder) as it:  # type: ignore[attr-defined]
-                    entries = [(e.name, e.path) for e in it if e.is_dir(follow_symlinks=False)]
+                    entries = [(e.name, e.path, e.inode()) for e in it if e.is_dir(follow_symlinks=False)]
             except OSError:
                 if folder == self.root:
                     raise
                 continue  # went meanwhile: the next poll sees it gone
-            for name, path in entries:
+            for name, path, ino in entries:
                 if parse_rank_dir_name(name) is not None:
-                    rank_dirs.append(path)
+                    rank_dirs[path] = ino
                 elif depth + 1 < self._max_depth and not any(fnmatch.fnmatchcase(name, p) for p in self._skip):
                     try:
                         folders[path] = _key(self._stat(path))

@@ -28,6 +28,7 @@ from profwatch.core.alerts.event_types import (
 )
 from profwatch.core.arming.episode_record import (
     CAPTURED,
+    VERDICTS,
     Episode,
     EpisodeCapture,
     episode_key,
@@ -87,6 +88,19 @@ def _onset(anomaly: Anomaly) -> int:
     if isinstance(window, int) and not isinstance(window, bool) and window > 0:
         return anomaly.step - window + 1
     return anomaly.step
+
+
+def _saw(status: str, named: tuple[int, ...], ranks: tuple[int, ...]) -> bool:
+    """Whether a capture that ended with ``status`` naming ``named`` shows what an episode naming ``ranks`` (empty: job-wide) reports, so it counts
+    as that episode's capture (:meth:`JobEpisodes._covered_at_open`): an outcome without a verdict that still
+    captured (``simulated``, ``would_arm``: replay), or a verdict other than ``no_suspect`` that, for ranks, names
+    one of them. A cancelled capture analysed nothing; a verdict naming other ranks (or nobody: ``partial``) did not
+    find these: counted, a persistent straggler waited as ``captured_unchanged`` for good."""
+    if status in ("simulated", "would_arm"):
+        return True
+    if status not in VERDICTS or status == "no_suspect":
+        return False
+    return not ranks or bool(set(ranks) & set(named))
 
 
 def _rotates(tops: list[int], n: int) -> bool:
@@ -173,9 +187,11 @@ class JobEpisodes:
         (:meth:`_rotation_across`): the rotation's captures then leave the hourly cap, and later episodes of the key
         wait until they persist (:meth:`_persists`). A capture counts for an episode that opens after it when its
         window started inside the report's evidence (``first_step``, else the rank outlier's ``window_steps``) and
-        it covered the ranks: in flight, or ended lately without ``no_suspect``. And a rotation is recognised from
-        the ranks named (:meth:`_rotation_named`): once a key's episodes took ``rotation_captures`` captures in the
-        generation, a move of the ranks they name is a rotation at once, so a rotation takes at most
+        it covered the ranks: in flight, or ended lately, and its outcome showed them (:func:`_saw`: a verdict
+        naming one of the ranks; a capture cancelled or whose verdict names other ranks or nobody leaves the episode
+        wanting its own, also when it ends after the episode opened). And a rotation is recognised from
+        the ranks named (:meth:`_rotation_named`): once a key's episodes took ``rotation_captures`` captures within
+        the hour, a move of the ranks they name is a rotation at once, so a rotation takes at most
         ``rotation_captures`` captures even when no verdict names a top rank. A ``partial`` verdict of the episode's own targeted
         capture whose ranks waited for ranks it did not hold (``waited``) asks for one follow-up: the episode wants a
         capture again at once (no cooldown: the waited-for ranks are new to it), through the job's budget (gap,
@@ -199,7 +215,7 @@ class JobEpisodes:
         self._flight: dict[str, tuple[int | None, frozenset[int] | None, float]] = {}  # -> (start, covered, armed)
         self._ended: deque[_Ended] = deque(maxlen=MAX_TOPS)  # captures that ended lately, newest last
         self._trail: dict[str, dict[int, tuple[float, float]]] = {}  # ranked key -> rank -> (first, last) named
-        self._key_captures: dict[str, list[str]] = {}  # ranked key -> the captures of its episodes (this generation)
+        self._key_captures: dict[str, list[tuple[str, float]]] = {}  # ranked key -> its episodes' (capture, armed)
         self._tops: dict[str, deque[tuple[int, str, str, float]]] = {}  # key -> (top rank, episode, capture, armed)
         self.rotating: dict[str, tuple[tuple[int, ...], float]] = {}  # key -> (the rotation's ranks, longest s)
         self._named_since: dict[str, dict[int, tuple[float, int]]] = {}  # rotating episode -> rank -> (since, step)
@@ -290,8 +306,9 @@ class JobEpisodes:
 
     def _covered_at_open(self, ep: Episode, onset: int, now_unix_s: float) -> list[Event]:
         """A capture whose window started after ``onset`` (the first step of the new episode's evidence) and covered
-        its ranks saw it: a capture still in flight, else one that ended lately with a verdict that does not say it
-        found nobody (a hot MoE expert's first appearance is often captured as the job-wide rise it causes before
+        its ranks saw it: a capture still in flight, else one that ended lately whose outcome shows it (:func:`_saw`:
+        a verdict naming one of the episode's ranks, or any verdict but ``no_suspect`` for a job-wide episode; a
+        replayed capture, which has no verdict; never a cancelled one) (a hot MoE expert's first appearance is often captured as the job-wide rise it causes before
         the rank outlier detector, whose window was paused by that capture, names the rank: that capture is the
         rotation's first). Returns ``culprit_rotates`` when that capture completes a rotation across episodes."""
         for cid, (start, covered, armed) in self._flight.items():
@@ -299,8 +316,7 @@ class JobEpisodes:
                 self._add_capture(ep, EpisodeCapture(cid, armed, ep.ranks, False, level=ep.level))
                 return []
         for done in reversed(self._ended):
-            if (done.start is not None and onset < done.start <= ep.opened_step and done.status in CAPTURED
-                    and done.status != "no_suspect"
+            if (done.start is not None and onset < done.start <= ep.opened_step and _saw(done.status, done.named, ep.ranks)
                     and (done.covered is None or (ep.ranks and set(ep.ranks) <= done.covered))):
                 cap = EpisodeCapture(done.capture_id, done.armed_unix_s, ep.ranks, False, done.status, done.named,
                                      level=ep.level)
@@ -573,8 +589,8 @@ class JobEpisodes:
         ep.captures = [*ep.captures, cap][-MAX_CAPTURES:]
         if ep.ranks:
             caps = self._key_captures.setdefault(ep.key, [])
-            if cap.capture_id not in caps:
-                caps[:] = [*caps, cap.capture_id][-MAX_CAPTURES:]
+            if all(cid != cap.capture_id for cid, _ in caps):
+                caps[:] = [*caps, (cap.capture_id, cap.armed_unix_s)][-MAX_CAPTURES:]
             if len(self._key_captures) > MAX_OPEN:  # keys of closed episodes go first (memory bound)
                 stale = [k for k in self._key_captures if k not in self.open and k != ep.key]
                 for k in stale[:len(self._key_captures) - MAX_OPEN]:
@@ -603,6 +619,17 @@ class JobEpisodes:
                 continue
             for c in hit:
                 c.status, c.named = status, tuple(named)
+            if ep.ranks and not _saw(status, tuple(named), ep.ranks) and not any(c.own for c in hit):
+                # another episode's capture that covered this one's ranks while in flight did not show them
+                # (cancelled, or its verdict named other ranks): it is not this episode's capture
+                ep.captures = [c for c in ep.captures if c.capture_id != capture_id]
+                caps = self._key_captures.get(ep.key)
+                if caps is not None:
+                    caps[:] = [c for c in caps if c[0] != capture_id]
+                if ep.waiting == "capture_in_flight":
+                    ep.waiting = ""
+                self._touch(ep)
+                continue
             if ep.waiting == "capture_in_flight":
                 ep.waiting = ""
             self._touch(ep)
@@ -683,17 +710,21 @@ class JobEpisodes:
 
     def _rotation_named(self, ep: Episode, now_unix_s: float) -> list[Event]:
         """Recognise a rotation from the ranks the episodes of ``ep``'s key named, whatever the captures' verdicts
-        said: the hot spot *moved* (a rank named after another one was first named, while that one is no longer
-        named and was named within the last hour: the set of named ranks moves among ranks, within one episode or
-        across successive ones) and the key's episodes already took ``rotation_captures`` captures (own or covering)
-        in this job generation. Then ``culprit_rotates`` once (``across_episodes``, ``evidence: named_ranks``), the
+        said: the hot spot *moved* (a rank first named after another one was last named, that one no longer named
+        and named within the last hour: the set of named ranks moves among ranks, within one episode or across
+        successive ones; two ranks slow at once, one dropping out of the detector's names for a moment, are no
+        move) and the key's episodes already took ``rotation_captures`` captures (own or covering)
+        armed within the last hour (``HOUR_S``) of this job generation. Then ``culprit_rotates`` once (``across_episodes``, ``evidence: named_ranks``), the
         rotation's captures leave the hourly cap and no episode of the key is captured again until it persists
         (:meth:`_persists`, :meth:`_persistent_ranks`). Bounds a rotation at ``rotation_captures`` captures when no
         verdict names a top rank (a capture that found nobody, ranks named together)."""
         key = ep.key
         if key in self.rotating or ep.rotation or ep.closed_unix_s is not None:
             return []
-        caps = self._key_captures.get(key, [])
+        # captures armed within the hour, as for a rotation across episodes: two slow ranks hours apart are two
+        # faults, not a hot spot that moves (with the generation's captures, a straggler named 30 min after another
+        # rank healed was held as a rotation at its first report, 3 h after the key's first capture)
+        caps = [cid for cid, armed in self._key_captures.get(key, []) if now_unix_s - armed <= HOUR_S]
         n = self.settings.rotation_captures
         if len(caps) < n:
             return []
@@ -701,7 +732,7 @@ class JobEpisodes:
         now_named = set(ep.ranks)
         left = [(r, f, last) for r, (f, last) in trail.items() if r not in now_named and now_unix_s - last <= HOUR_S]
         came = [(r, f) for r, (f, _) in trail.items() if r in now_named]
-        moves = [(a, b) for a, fa, _ in left for b, fb in came if fb > fa]
+        moves = [(a, b) for a, _, la in left for b, fb in came if fb > la]
         if not moves:
             return []
         order = tuple(r for r, _ in sorted(trail.items(), key=lambda x: x[1][0]))[-MAX_TOPS:]

@@ -58,8 +58,9 @@ class ArmingSettings(BaseModel):
         2, ge=2, description="successive captures naming a different top rank each, of one episode or of "
                              "successive episodes of one key: the culprit rotates (load imbalance); it is not "
                              "captured again (a later episode of the key once it persists). Also the most captures "
-                             "a rotation takes per job generation: once the key's episodes took this many, a move "
-                             "of the ranks they name (a rank named after another that is no longer named) is a "
+                             "a rotation takes per job generation: once the key's episodes took this many within "
+                             "an hour, a move "
+                             "of the ranks they name (a rank first named after another was last named) is a "
                              "rotation at once, whatever the verdicts named")
     targeting: TargetingSettings = Field(
         default_factory=TargetingSettings,

@@ -346,6 +346,7 @@ def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
         return _PairTable(names[0], names[2], names[1], empty, empty, empty, empty, empty, np.zeros(0), np.zeros(0),
                           np.zeros(0))
     lo = np.minimum(cols.src[keep], cols.dst[keep])
+    lo -= lo.min()  # chunk numbers from 0 (a matrix row may name a negative rank: np.bincount refuses those)
     blocks = max(1, math.ceil(len(keep) / PAIR_CHUNK_ROWS))
     width = max(1, math.ceil((int(lo.max()) + 1) / blocks))
     chunk = cols.s[keep].astype(np.int64) * blocks + lo // width
