@@ -473,3 +473,25 @@ def test_a_reported_level_alone_or_with_a_checkpoint_after_it_is_no_second_repor
         xs[209 + gap:213 + gap] *= 3.0
         regs = [s for s, k, _, _ in feed(xs) if k == "step_regression"]
         assert regs == [209], (gap, regs)
+
+
+@pytest.mark.parametrize(("low", "high", "factor", "least"), [(0.3, 0.5, 1.25, 8), (0.6, 1.0, 1.2, 5)])
+def test_a_moderate_slowdown_during_a_rising_warm_up_jumps_off_its_line(low: float, high: float, factor: float,
+                                                                         least: int) -> None:
+    """A 1.2-1.25x slowdown at step 40 of a 60-step linear warm-up (3 % noise) jumps off the warm-up's line by more
+    than ``min_effect`` plus its standard error: it is no continuation of the warm-up (a bound of
+    ``spike_min_effect`` took it for one and learned the changed level in 7-8 of 10 seeds; now found in 9 and 6 of
+    10); the same warm-up without the slowdown reports nothing."""
+    found = 0
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        level = np.ones(600)
+        level[:60] = np.linspace(low, high, 60)
+        level[60:] = high
+        x = 0.5 * level * np.maximum(0.2, 1.0 + 0.03 * rng.standard_normal(600))
+        assert [k for _, k, _, _ in feed(x) if k in ("step_regression", "drift")] == [], seed
+        x[40:] *= factor
+        regs = [s for s, k, _, _ in feed(x) if k == "step_regression"]
+        assert all(s >= 40 for s in regs), (seed, regs)
+        found += bool(regs)
+    assert found >= least, found
