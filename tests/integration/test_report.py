@@ -155,9 +155,9 @@ def test_impact_links_and_steps_rendered_when_present(tmp_path: Path) -> None:
     # the % of step is of the median step time the page shows (not the 27.3 % handed in), hours scale with it
     step_ms = float(re.search(r"median step time <b>([\d.]+) ms</b>", page).group(1))
     pct = 100 * 24.1 / step_ms  # from the shown (rounded) numbers: equal to the rounding
-    one = re.search(r"Fixing this rank alone saves 24\.1 ms/step \((\d+)% of step time\), about (\d+) "
+    one = re.search(r"Fixing this rank alone saves 24\.1 ms/step \((\d+)% of the median step\), about (\d+) "
                     r"accelerator-hours per day", page)
-    every = re.search(r"All suspects fixed: saves <b>24\.1 ms/step \((\d+)% of step time\), about (\d+) "
+    every = re.search(r"All suspects fixed: saves <b>24\.1 ms/step \((\d+)% of the median step\), about (\d+) "
                       r"accelerator-hours", page)
     assert one and every, page[:2000]
     for m, hours in ((one, 52.4), (every, 60.0)):

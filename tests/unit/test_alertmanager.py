@@ -172,7 +172,7 @@ def test_the_impact_annotation_leads_with_the_what_if_saving_when_the_verdict_ha
     s = _suspect(2)
     s["impact"] = {"saving_s_per_step": 0.012, "saving_pct_of_step": 8.0, "accelerator_hours_per_day": 46.1}
     (a,) = _book().apply(_verdict("j1", T0, "ok", [s], [0, 1, 2, 3]), T0)
-    assert a["annotations"]["impact"] == ("fixing rank 2 alone would save 12.0 ms per step (8.0% of the step, "
+    assert a["annotations"]["impact"] == ("fixing rank 2 alone would save 12.0 ms per step (8.0% of the mean step, "
                                           "46.1 accelerator-hours per day)")
     s["impact"] = {"saving_s_per_step": "lots"}  # malformed: the evidence-based text instead, never a crash
     (b,) = _book().apply(_verdict("j1", T0, "ok", [s], [0, 1, 2, 3]), T0)

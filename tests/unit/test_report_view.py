@@ -87,7 +87,7 @@ def test_grades_and_headlines() -> None:
     h = view.headline
     assert (h.state, h.badge, h.rank, h.subject) == ("found", "slow rank found", 5, "rank 5 on n0 (compute)")
     pct = 100 * 20.0 / view.median_step_ms  # of the median step the page shows, not the 25 % handed in
-    assert h.sentence == f"why. Fixing this rank alone saves 20.0 ms/step ({pct:.0f}% of step time), about " \
+    assert h.sentence == f"why. Fixing this rank alone saves 20.0 ms/step ({pct:.0f}% of the median step), about " \
                          f"{48.0 * pct / 25.0:.0f} accelerator-hours per day"
     assert [s.grade for s in view.suspects] == ["strong", "weak"] and view.suspects[1].hostname is None
     assert view.suspects[0].row is not None and view.suspects[0].row.own_delta_ms > 10

@@ -143,7 +143,7 @@ def saving_text(impact: Any) -> str:
         return ""
     text = f"{1e3 * float(sec):.1f} ms per step"
     if isinstance(pct, (int, float)) and not isinstance(pct, bool):
-        text += f" ({float(pct):.1f}% of the step"
+        text += f" ({float(pct):.1f}% of the mean step"
         text += f", {float(hours):.1f} accelerator-hours per day)" if isinstance(hours, (int, float)) else ")"
     return text
 

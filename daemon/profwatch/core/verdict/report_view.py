@@ -436,9 +436,9 @@ def grade_of(score: float, evidence: Mapping[str, Any]) -> Grade:
 
 
 def impact_text(imp: Impact) -> str:
-    """``"24.1 ms/step (27% of step time), about 52 accelerator-hours per day"`` (the unit ``profwatch analyze``
+    """``"24.1 ms/step (27% of the median step), about 52 accelerator-hours per day"`` (the unit ``profwatch analyze``
     and the alerts use)."""
-    return (f"{1e3 * imp.saving_s_per_step:.1f} ms/step ({imp.saving_pct_of_step:.0f}% of step time), about "
+    return (f"{1e3 * imp.saving_s_per_step:.1f} ms/step ({imp.saving_pct_of_step:.0f}% of the median step), about "
             f"{imp.accelerator_hours_per_day:,.0f} accelerator-hours per day")
 
 
