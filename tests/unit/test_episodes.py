@@ -829,3 +829,25 @@ def test_two_slow_ranks_one_flapping_out_of_the_names_are_no_rotation() -> None:
     events += b.advance(T0 + 110, furthest_step=210, ongoing={"rank_outlier": frozenset({3, 6})})
     assert [e for e in events if e.type == "io.profwatch.culprit_rotates.v1"] == []
     assert not ep.rotation and not b.rotating
+
+
+def test_a_rotations_hold_is_its_longest_unbroken_hot_period_not_first_to_last_naming() -> None:
+    """Ranks 2 and 3 are hot for a minute (captured), again for a minute 50 minutes later (captured), then the hot
+    spot moves to 4 and 5: a rotation whose hot periods last about a minute. Its hold (twice the longest) is taken
+    from unbroken stretches of naming: the healthy 50 minutes in between are no hot period (before: 3060 s, so a
+    real straggler on that key had to persist 6120 s)."""
+    b, p = book(min_arm_gap_s=0, episode_quiet_steps=20, max_captures_per_hour=6)
+    t, step = T0, 100
+    for k, pair in enumerate(((2, 3), (2, 3))):
+        ep, _ = b.observe(window_out(step, pair), t)
+        assert ep is not None and arm_next(b, p, t + 1, f"c{k}", covered=pair) is ep
+        b.capture_ended(f"c{k}", t + 20, "simulated")
+        for i in range(1, 8):  # named for ~60 s, then healthy
+            b.advance(t + 10 * i, furthest_step=step + 20 * i,
+                      ongoing={"rank_outlier": frozenset(pair) if i < 7 else frozenset()})
+        assert not b.open
+        t, step = t + 3000, step + 6000
+    t, step = t - 3000 + 300, step - 6000 + 600
+    b.observe(window_out(step, (4, 5)), t)
+    key = next(iter(b.rotating))
+    assert b.rotating[key][1] <= 120.0, b.rotating

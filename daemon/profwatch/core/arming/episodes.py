@@ -57,6 +57,11 @@ MAX_TOPS = 8
 """Top ranks remembered per episode key across episodes (rotation across episodes)."""
 MAX_TRAIL = 16
 """Ranks remembered per ranked key in its trail of named ranks (the most recently named)."""
+NAMED_GAP_S = 120.0
+"""A rank a key's episodes named again after this long without naming it (s) starts a new stretch of the trail: a
+rotation's hold is twice its longest *unbroken* hot period (the detector names a slow rank at every tick, so a
+gap this long is a rank that healed; from first to last naming, two one-minute hot periods 50 minutes apart held a
+real straggler on that key for 6120 s)."""
 PERSIST_S = 300.0
 PERSIST_STEPS = 60
 """An episode opened on a key whose culprit rotates is a slow rank of its own once it lasted this long (seconds and
@@ -330,8 +335,10 @@ class JobEpisodes:
         if not ep.ranks:
             return []
         trail = self._trail.setdefault(ep.key, {})
-        for r in ranks:
-            trail[r] = (trail[r][0] if r in trail else now_unix_s, now_unix_s)
+        for r in ranks:  # a rank named again after a healthy gap starts a new stretch: the hold is a hot period's
+            last = trail.get(r)
+            trail[r] = (last[0] if last is not None and now_unix_s - last[1] <= NAMED_GAP_S else now_unix_s,
+                        now_unix_s)
         if len(trail) > MAX_TRAIL:
             for r in sorted(trail, key=lambda r: trail[r][1])[:len(trail) - MAX_TRAIL]:
                 del trail[r]
