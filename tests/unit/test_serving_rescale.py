@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from profwatch.core.detection.job_detector import JobDetector
-from profwatch.core.detection.serving import LoadNormaliser
+from profwatch.core.detection.serving import MAX_SCALE, LoadNormaliser
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import FinalizedStep
 from tests.unit.detection_helpers import of_kind, run
@@ -119,4 +119,4 @@ def test_rescale_counts_values_before_and_after_the_change_once() -> None:
     norm.rescale(1.0 / 1.3)
     assert step(1_000, 0.1).time_s == pytest.approx(1.0)
     norm.rescale(100.0)  # bounded: at most MAX_SCALE from the measured median
-    assert step(1_001, 0.1).time_s == pytest.approx(0.1 / (2.0 * 0.13))  # 2x the measured median (0.13 s)
+    assert step(1_001, 0.1).time_s == pytest.approx(0.1 / (MAX_SCALE * 0.13))  # MAX_SCALE x the measured median (0.13 s)

@@ -217,6 +217,7 @@ class UnitPipeline:
                 rf = self.normaliser.normalise(fs) if self.normaliser is not None else fs
                 if self.normaliser is not None and self.regression is not None:
                     self.regression.effect_z = EFFECT_Z if fs.work is not None else 0.0
+                    self.regression.provisional = fs.work is not None
                 judged = self.ratio_blocks.push(rf) if self.ratio_blocks is not None else [rf]
                 for d in self.step_detectors:
                     if d is not self.regression:

@@ -40,8 +40,10 @@ MAX_HELD = 4096
 bounds memory."""
 MAX_BANDS = 128
 """Work or load bands kept per unit (the least recently used is dropped): bounds memory."""
-MAX_SCALE = 2.0
-"""A band's reference is never rescaled by more than this factor either way from the median of its own values."""
+MAX_SCALE = 4.0
+"""A band's reference is never rescaled by more than this factor either way from the median of its own values (2
+held a 3x change reported while the unit learned at 2x: it was reported again every two minutes, 5-12 times, until
+the bands' windows turned over; tests/unit/test_serving_provisional.py)."""
 BLOCK_STEPS_WITHOUT_WORK = 16
 """Smallest block of a serving unit that reports no ``work`` (its median: a prefill among decode iterations does not move it)."""
 LOAD_WINDOW_S = 600.0
