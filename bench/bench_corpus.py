@@ -241,7 +241,8 @@ def _train_shape(cls: str, rng: np.random.Generator) -> tuple[TrainShape, list[C
         for i in range(at, steps):
             rank_factor[i, ((i - at) // every) % world] = f
     if cls == "requeue":
-        sh.restart_after = int(rng.integers(300, min(801, steps)))
+        lo = min(300, steps // 2)  # a short run (<= 300 steps) is requeued in its second half
+        sh.restart_after = int(rng.integers(lo, max(lo + 1, min(801, steps))))
         sh.restart_world = int(rng.integers(1, world + 1))
         sh.restart_steps = int(rng.integers(300, 900))
     sh.rank_factor = rank_factor
