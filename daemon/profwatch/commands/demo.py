@@ -57,10 +57,10 @@ from profwatch.simulate.launcher import ALL_RANKS, JobSpec, launch_job
 
 TORCH_CPU_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 NOTE_EVERY_S = 15.0
+"""While a capture is analysed or enriched, a progress line on stderr this often (what runs, for how long)."""
 REFERENCE_GIVE_UP_STEP = 600
 """The ``reference`` scenario slows its ranks once the reference is analysed, or at this step without one (the
 scenario then fails: no comparison)."""
-"""While a capture is analysed or enriched, a progress line on stderr this often (what runs, for how long)."""
 
 
 class Stopped(BaseException):
