@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
@@ -24,6 +25,22 @@ def _rows(root: Path) -> dict[int, tuple[int, int]]:
     """rank -> (last_step, left) as stored."""
     with closing(sqlite3.connect(root / "state.db")) as db:
         return {r: (s, left) for r, s, left in db.execute("SELECT rank, last_step, left FROM ranks")}
+
+
+def _ended_job(coord: Coordinator) -> Any:
+    """Job ``j`` (2 ranks on node n0) reports steps 1-10 at t=2 s, then stays silent past ``job_end_after_s``: the
+    coordinator's tick ends it. Returns the job's registry record."""
+    reg = coord.registry
+    reg.touch_node("n0", "h0", 1.0)
+    for r in range(2):
+        reg.hello(wire.RankHello(job_id="j", rank=r, local_rank=r, world_size=2, hostname="h0", pid=100 + r,
+                                 backend="torch", ts_unix_s=1.0), "n0", 1.0)
+    job = reg.jobs["j"]
+    for s in range(1, 11):
+        reg.step_run(job, [wire.StepReport("j", r, s, 0.1, 2.0) for r in range(2)], 0, 2.0, "n0", [])
+    coord._next_observe = 0.0
+    coord._tick_jobs_and_sinks(2.0 + coord.settings.coordinator.job_end_after_s + 1)  # silent: ended
+    return job
 
 
 def test_frequent_flush_writes_identity_changes_and_the_full_flush_the_step_fields(tmp_path: Path) -> None:
@@ -66,16 +83,7 @@ def test_a_job_ended_before_a_restart_opens_a_new_generation_when_it_reports_aga
     generation is never made live again (no same-generation revival: ``docs/alerts.md``, "Ended jobs")."""
     coord = _coordinator(tmp_path)
     try:
-        reg = coord.registry
-        reg.touch_node("n0", "h0", 1.0)
-        for r in range(2):
-            reg.hello(wire.RankHello(job_id="j", rank=r, local_rank=r, world_size=2, hostname="h0", pid=100 + r,
-                                     backend="torch", ts_unix_s=1.0), "n0", 1.0)
-        job = reg.jobs["j"]
-        for s in range(1, 11):
-            reg.step_run(job, [wire.StepReport("j", r, s, 0.1, 2.0) for r in range(2)], 0, 2.0, "n0", [])
-        coord._next_observe = 0.0
-        coord._tick_jobs_and_sinks(2.0 + coord.settings.coordinator.job_end_after_s + 1)  # silent: ended
+        job = _ended_job(coord)
         assert coord._ended.ended("j", 0) and job.ended_unix_s is not None
     finally:
         coord.close()
@@ -99,16 +107,7 @@ def test_a_restart_does_not_report_an_ended_generation_again(tmp_path: Path) -> 
     older last report time (a crash restores the last full flush's fields, so the silence gets another event id)."""
     coord = _coordinator(tmp_path)
     try:
-        reg = coord.registry
-        reg.touch_node("n0", "h0", 1.0)
-        for r in range(2):
-            reg.hello(wire.RankHello(job_id="j", rank=r, local_rank=r, world_size=2, hostname="h0", pid=100 + r,
-                                     backend="torch", ts_unix_s=1.0), "n0", 1.0)
-        job = reg.jobs["j"]
-        for s in range(1, 11):
-            reg.step_run(job, [wire.StepReport("j", r, s, 0.1, 2.0) for r in range(2)], 0, 2.0, "n0", [])
-        coord._next_observe = 0.0
-        coord._tick_jobs_and_sinks(2.0 + coord.settings.coordinator.job_end_after_s + 1)
+        _ended_job(coord)
     finally:
         coord.close()
     again = _coordinator(tmp_path)

@@ -773,6 +773,17 @@ def test_two_slow_ranks_hours_apart_are_no_rotation_a_third_straggler_is_capture
     assert arm_next(b, p, t + 1, "c9", covered=(9,)) is straggler
 
 
+def _job_wide_capture_armed() -> tuple[JobEpisodes, ArmingPolicy]:
+    """A job-wide regression reported at step 103 and its capture ``c-job`` armed (window from step 107)."""
+    b, p = book(min_arm_gap_s=0, episode_quiet_steps=50)
+    job, _ = b.observe(reg(103, mag=0.22), T0)
+    picked = b.next_arm(p, T0, capture_in_flight=False)
+    assert picked is not None
+    b.history.record(picked[1], T0, "c-job")
+    b.armed(job.episode_id, "c-job", T0, covered=None, start_step=107)
+    return b, p
+
+
 @pytest.mark.parametrize(("status", "named"), [("cancelled", ()), ("ok", (2,)), ("partial", ())])
 @pytest.mark.parametrize("ended_before_report", [True, False])
 def test_a_covering_capture_that_did_not_show_the_rank_leaves_a_straggler_wanting_its_capture(
@@ -782,12 +793,7 @@ def test_a_covering_capture_that_did_not_show_the_rank_leaves_a_straggler_wantin
     gets a capture of its own, whether the capture ended before the report or while it was in flight (before: it
     counted as rank 5's capture and rank 5 waited as captured_unchanged for good). A verdict that names rank 5 still
     counts (the rotation's first capture, test above)."""
-    b, p = book(min_arm_gap_s=0, episode_quiet_steps=50)
-    job, _ = b.observe(reg(103, mag=0.22), T0)
-    picked = b.next_arm(p, T0, capture_in_flight=False)
-    assert picked is not None
-    b.history.record(picked[1], T0, "c-job")
-    b.armed(job.episode_id, "c-job", T0, covered=None, start_step=107)
+    b, p = _job_wide_capture_armed()
     if ended_before_report:
         b.capture_ended("c-job", T0 + 30, status, named=named)
     slow, _ = b.observe(window_out(117, (5,)), T0 + 40)
@@ -800,12 +806,7 @@ def test_a_covering_capture_that_did_not_show_the_rank_leaves_a_straggler_wantin
 
 
 def test_a_covering_capture_whose_verdict_names_the_rank_counts_for_it() -> None:
-    b, p = book(min_arm_gap_s=0, episode_quiet_steps=50)
-    job, _ = b.observe(reg(103, mag=0.22), T0)
-    picked = b.next_arm(p, T0, capture_in_flight=False)
-    assert picked is not None
-    b.history.record(picked[1], T0, "c-job")
-    b.armed(job.episode_id, "c-job", T0, covered=None, start_step=107)
+    b, p = _job_wide_capture_armed()
     b.capture_ended("c-job", T0 + 30, "ok", named=(5, 2))
     slow, _ = b.observe(window_out(117, (5,)), T0 + 40)
     assert slow is not None and [(c.capture_id, c.own) for c in slow.captures] == [("c-job", False)]
