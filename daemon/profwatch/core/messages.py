@@ -163,12 +163,19 @@ def _check_text(s: str | None, name: str, limit: int = MAX_TEXT) -> None:
         raise MessageRejected("bad_value", f"{name}: longer than {limit} characters or contains NUL")
 
 
+def _name_ok(s: str) -> bool:
+    """The rule of :func:`_check_name` as a predicate (at most ``MAX_TEXT`` characters, no NUL, no control
+    character)."""
+    return len(s) <= MAX_TEXT and "\x00" not in s and CONTROL_RE.search(s) is None
+
+
 def _check_name(s: str | None, name: str) -> None:
     """A short text shown as it is by ``profwatch status``/``alerts`` (hostname, version strings): no C0/C1 control
     characters, so a peer cannot write terminal escape sequences onto an operator's screen."""
+    if s is None or _name_ok(s):
+        return
     _check_text(s, name)
-    if s is not None and CONTROL_RE.search(s) is not None:
-        raise MessageRejected("bad_value", f"{name}: contains a control character")
+    raise MessageRejected("bad_value", f"{name}: contains a control character")
 
 
 def _check_str_dict(d: dict[str, Any], name: str) -> None:
@@ -215,8 +222,7 @@ def node_id_ok(node_id: str) -> bool:
 def _names_ok(node_id: str, hostname: str) -> bool:
     """Whether an envelope's ``node_id`` and ``hostname`` pass :func:`node_id_ok` and :func:`_check_name`, memoised
     (each batch names them; callers pass short strings only, so the cache holds short keys)."""
-    return (NODE_ID_RE.match(node_id) is not None and len(hostname) <= MAX_TEXT and "\x00" not in hostname
-            and CONTROL_RE.search(hostname) is None)
+    return node_id_ok(node_id) and _name_ok(hostname)
 
 
 def utf8_clean(obj: Any, depth: int = 0) -> bool:
