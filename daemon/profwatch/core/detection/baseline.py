@@ -82,9 +82,11 @@ def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
     return i, j
 
 
-def _theil_sen(med: np.ndarray, pos: np.ndarray) -> float:
-    i, j = _pairs(med.size)
-    return float(np.median((med[j] - med[i]) / (pos[j] - pos[i])))
+def theil_sen(values: np.ndarray, pos: np.ndarray) -> float:
+    """Theil-Sen slope of ``values`` at positions ``pos`` (1-D, same size >= 2, positions distinct): the median of
+    the pairwise slopes (Theil 1950, Sen 1968)."""
+    i, j = _pairs(values.size)
+    return float(np.median((values[j] - values[i]) / (pos[j] - pos[i])))
 
 
 def trend_slope(values: np.ndarray) -> float:
@@ -105,10 +107,10 @@ def trend_slope(values: np.ndarray) -> float:
     size = n // b
     med = np.median(values[n - b * size:].reshape(b, size), axis=1)
     pos = np.arange(b) * size + (size - 1) / 2.0
-    slope = _theil_sen(med, pos)
+    slope = theil_sen(med, pos)
     h = b // 2
     for part in (slice(0, h), slice(b - h, b)):
-        half = _theil_sen(med[part], pos[part])
+        half = theil_sen(med[part], pos[part])
         if slope == 0.0 or half / slope < 1.0 / 3.0:
             return 0.0
     return slope

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from profwatch.core.detection.baseline import RobustBaseline
+from profwatch.core.detection.baseline import RobustBaseline, theil_sen
 from profwatch.core.detection.drift import DriftTracker, ramp_evidence, trend_z
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.spikes import EXIT_FRACTION, SpikeEpisode, SpikeFilter
@@ -622,8 +622,8 @@ class StepTimeRegressionDetector:
         """Whether steps that rose over the young baseline for longer than the hold during a generation's first
         learning (``risen``, step times oldest first) continue a warm-up instead of starting a change: restarts are
         left (:data:`MAX_SETTLE_RESTARTS`), the steps learned before them rise by the rank test
-        (:func:`~profwatch.core.detection.drift.trend_z` at least :data:`SETTLE_Z`) and the risen steps' median
-        ratio to those steps' Theil-Sen line, extrapolated over them, is under ``1 + spike_min_effect``: a job that
+        (:func:`~profwatch.core.detection.drift.trend_z` at least :data:`SETTLE_Z`) and the risen steps did not
+        jump off those steps' Theil-Sen line (:meth:`_off_line`), and rise-then-flat explains them: a job that
         starts at 0.3x and rises over 60 steps crosses the spike threshold of a baseline learned from its first
         steps (reported as a level change while learning, +40-90 %) without jumping off its own line, while a 3x
         change during the warm-up does jump (found as before)."""
@@ -655,8 +655,7 @@ class StepTimeRegressionDetector:
         if before.size < 3 or m < 1:
             return None
         t = np.arange(before.size, dtype=np.float64)
-        i, j = np.triu_indices(before.size, 1)
-        slope = float(np.median((before[j] - before[i]) / (t[j] - t[i])))
+        slope = theil_sen(before, t)
         icpt = float(np.median(before - slope * t))
         line = icpt + slope * np.arange(before.size, before.size + m, dtype=np.float64)
         line = np.maximum(line, float(np.median(before)))  # never below the learned level (a line that fell)
