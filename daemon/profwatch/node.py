@@ -57,6 +57,13 @@ closed by the node (a message over ``RANK_MAXMSGSIZE``, or a protocol error), no
 BYE_GRACE_S = 30.0
 """A close within this long of the process's bye (with nothing sent after it) is its own end: the hook says bye,
 then closes its backend (bounded) and its socket."""
+UNKNOWN_CLOSE_JUDGED_AFTER_S = 5.0
+"""A rank connection closed before its peer could be read (its fd gone within one loop turn of its accept) is
+judged this long after its close: a process that sent a message within ``UNKNOWN_SENDER_WINDOW_S`` before the close
+and has exited (or said bye) by then explains it (a short-lived process, e.g. one that sends its hello and ends);
+otherwise it is a drop (an oversize first message after a reconnect)."""
+UNKNOWN_SENDER_WINDOW_S = 2.0
+"""How long before an unknown close a message from an exited process counts as that close's explanation."""
 MAX_TRACKED_RANK_PEERS = 10_000
 
 
@@ -136,6 +143,8 @@ class NodeDaemon:
         self._rank_peers: dict[int, str] = {}  # fd -> peer ("pid:N" over ipc) of an open rank connection
         self._byes: dict[int, float] = {}  # pids that said bye (a normal end), bounded
         self._closed: list[tuple[float, str]] = []  # (judge at, peer) of closed rank connections not judged yet
+        self._unknown_closed: list[tuple[float, float, str]] = []  # (judge at, closed at, "fd:N") of unknown peers
+        self._last_sent: dict[int, float] = {}  # pid -> monotonic time of its latest message over ipc, bounded
         self._bind_sockets()
         self._fs_thread = threading.Thread(target=self._fs_worker, name="profwatch-node-fs", daemon=True)
 
@@ -278,7 +287,7 @@ class NodeDaemon:
                 if self.monitor.sock in events:
                     self._on_handshakes()
                 now = time.monotonic()
-                if self.rank_monitor.sock in events or self._closed:
+                if self.rank_monitor.sock in events or self._closed or self._unknown_closed:
                     self._on_rank_connections(now)
                 self._drain_outbox()
                 if self._reconnect_at is not None and now >= self._reconnect_at:
@@ -331,6 +340,10 @@ class NodeDaemon:
                 self._byes[pid] = time.monotonic()
             elif pid is not None and self._byes:
                 self._byes.pop(pid, None)  # it spoke again after its bye: not ending
+            if pid is not None:
+                if pid not in self._last_sent and len(self._last_sent) >= MAX_TRACKED_RANK_PEERS:
+                    self._last_sent.pop(next(iter(self._last_sent)))
+                self._last_sent[pid] = time.monotonic()
             if msg.kind == "hello" and msg.backend == "torch_npu" and (msg.job_id, msg.rank) not in self._npu_starts:
                 if len(self._npu_starts) >= 4096:  # bounded: forget the oldest half (ranks of ended jobs)
                     for key in sorted(self._npu_starts, key=self._npu_starts.__getitem__)[:2048]:
@@ -437,8 +450,10 @@ class NodeDaemon:
         (its ``SO_PEERCRED`` pid) is still running and did not say bye just before (``BYE_GRACE_S``, nothing sent
         after it) was closed by the node, i.e. ZeroMQ dropped
         a message over ``RANK_MAXMSGSIZE`` (512 KiB) unread with it: ``peer="running"``. A connection closed
-        before its accept was looked at (its fd already gone, within one loop turn: an oversize first message after
-        a reconnect) is ``peer="unknown"``. Both are counted
+        before its accept was looked at (its fd already gone, within one loop turn) is judged
+        ``UNKNOWN_CLOSE_JUDGED_AFTER_S`` later: a process that sent a message just before it and has ended (or said
+        bye) since explains it (a short-lived process); otherwise it is an oversize first message after a reconnect,
+        ``peer="unknown"``. Both are counted
         (``profwatch_rank_connections_dropped_total{peer}``) and logged once a minute per peer
         (``rank_connection_dropped``). Over tcp the peer's process cannot be told: closes are only counted."""
         for ev, fd, _failure in self.rank_monitor.poll():
@@ -452,17 +467,38 @@ class NodeDaemon:
                 if peer.startswith("pid:") and len(self._closed) < MAX_TRACKED_RANK_PEERS:
                     self._closed.append((now + CLOSE_JUDGED_AFTER_S, peer))
                 elif peer.startswith("fd:") and self._ipc:
-                    # closed before the node could read its peer (within one loop turn of its accept): an
-                    # oversize first message after a (re)connect; a rank process never ends that fast
-                    self._dropped("unknown", peer, None)
+                    # closed before the node could read its peer (within one loop turn of its accept): an oversize
+                    # first message after a (re)connect, unless a process that just spoke has ended since
+                    if len(self._unknown_closed) < MAX_TRACKED_RANK_PEERS:
+                        self._unknown_closed.append((now + UNKNOWN_CLOSE_JUDGED_AFTER_S, now, peer))
+                    else:
+                        self._dropped("unknown", peer, None)
         while self._closed and self._closed[0][0] <= now:
             _, peer = self._closed.pop(0)
             pid = int(peer[len("pid:") :])
+            self._last_sent.pop(pid, None)  # its close is judged here: it explains no unknown close
             bye_at = self._byes.get(pid)
             if (bye_at is not None and now - bye_at <= BYE_GRACE_S + CLOSE_JUDGED_AFTER_S) or \
                     not process_running(self.s.proc_dir, pid):
                 continue  # the process ended (or had just said it would): a normal close
             self._dropped("running", peer, pid)
+        while self._unknown_closed and self._unknown_closed[0][0] <= now:
+            _, closed_at, peer = self._unknown_closed.pop(0)
+            if not self._ended_sender(closed_at, now):
+                self._dropped("unknown", peer, None)
+
+    def _ended_sender(self, closed_at: float, now: float) -> bool:
+        """Whether a process that sent a message within ``UNKNOWN_SENDER_WINDOW_S`` before ``closed_at`` has ended
+        or said bye since; that process is then forgotten, so it explains one close only."""
+        for pid, sent_at in list(self._last_sent.items()):
+            if sent_at < closed_at - UNKNOWN_SENDER_WINDOW_S:
+                continue
+            bye_at = self._byes.get(pid)
+            if (bye_at is not None and now - bye_at <= BYE_GRACE_S + UNKNOWN_CLOSE_JUDGED_AFTER_S) or \
+                    not process_running(self.s.proc_dir, pid):
+                del self._last_sent[pid]
+                return True
+        return False
 
     def _dropped(self, peer_kind: str, peer: str, pid: int | None) -> None:
         self.counters["connections_dropped"] = self.counters.get("connections_dropped", 0) + 1
