@@ -425,6 +425,23 @@ def error_lines(exc: Any) -> list[str]:
         if isinstance(cause, KeysError):
             keys = ", ".join(f"{loc}.{k}" if loc else k for k in cause.keys)
             lines.append(f"{keys}: {cause.message}")
+        elif err.get("type") == "extra_forbidden":
+            lines.append(f"{loc}: {_unknown_key(tuple(str(x) for x in err.get('loc', ())))}")
         else:
             lines.append(f"{loc}: {err.get('msg')}")
     return lines
+
+
+def _unknown_key(loc: tuple[str, ...]) -> str:
+    """Why ``loc`` (a key path) is refused: not a setting of its section (or not a section), with the closest known
+    name when one is close (``difflib.get_close_matches``, cutoff 0.75)."""
+    import difflib
+
+    model: Any = Settings
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        model = field.annotation if field is not None else None
+    known = list(getattr(model, "model_fields", {})) if model is not None else []
+    close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.75)
+    what = "not a setting of [" + ".".join(loc[:-1]) + "]" if len(loc) > 1 else "not a section"
+    return what + (f" (did you mean {close[0]}?)" if close else "")

@@ -27,7 +27,10 @@ def test_env_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     ("toml", "env", "needle"),
     [
         ("[coordinator\n", {}, "not valid TOML"),
-        ("[coordinator]\nbogus = 1\n", {}, "bogus"),
+        ("[coordinator]\nbogus = 1\n", {}, "coordinator.bogus: not a setting of [coordinator]\n"),
+        ("[coordinator]\ningest_bnd = 1\n", {}, "coordinator.ingest_bnd: not a setting of [coordinator] (did you "
+                                                 "mean ingest_bind?)"),
+        ("[nodee]\nbind = 1\n", {}, "nodee: not a section (did you mean node?)"),
         ("[coordinator]\ncontrol_bind = \"tcp://0.0.0.0:7712\"\n[security]\ncurve = \"off\"\n", {}, "without CURVE"),
         ("[node]\nbind = \"tcp://0.0.0.0:7700\"\n", {}, "ranks cannot use CURVE"),
         ("", {"PROFWATCH_COORDINATOR__TICK_INTERVAL_S": "inf"}, "finite"),
@@ -44,7 +47,7 @@ def test_bad_configs_fail_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         monkeypatch.setenv(k, v)
     with pytest.raises(ConfigError) as ei:
         load_settings(f)
-    assert needle in str(ei.value)
+    assert needle in str(ei.value) + "\n"
 
 
 def test_missing_config_file(tmp_path: Path) -> None:
