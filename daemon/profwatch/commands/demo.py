@@ -7,8 +7,8 @@ the Kineto analysis runs and the alert's top suspect must be R.
 Scenario ``ascend``: the same with ranks using the fake ``torch_npu`` package (clearly labelled simulator) that
 writes Ascend-format rank dirs from the measured timings; the coordinator runs the real msprof-analyze.
 Scenario ``reference`` (not in ``both``): Ascend ranks again, the coordinator set to take its healthy reference
-capture after 5 steady seconds (docs/reference.md); once that reference is analysed (``reference_captured``; at the
-latest at step :data:`REFERENCE_GIVE_UP_STEP`) every rank gets slower (a job-wide regression, nobody stands out)
+capture after 5 steady seconds (docs/reference.md); once that reference is analysed (``reference_captured``; the
+scenario waits for it up to ``--start-timeout-s``, however many steps that takes on a busy host) every rank gets slower (a job-wide regression, nobody stands out)
 and the verdict's ``changes`` must be led by ``compute``: what changed since the reference.
 
 Both scenarios run real PyTorch processes (gloo on the CPU): without torch the demo says how to install the CPU
@@ -58,9 +58,6 @@ from profwatch.simulate.launcher import ALL_RANKS, JobSpec, launch_job
 TORCH_CPU_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 NOTE_EVERY_S = 15.0
 """While a capture is analysed or enriched, a progress line on stderr this often (what runs, for how long)."""
-REFERENCE_GIVE_UP_STEP = 600
-"""The ``reference`` scenario slows its ranks once the reference is analysed, or at this step without one (the
-scenario then fails: no comparison)."""
 
 
 class Stopped(BaseException):
@@ -242,16 +239,14 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
 def _on_step(tl: Timeline, step: int, slow_file: Path | None, at_step: int, slowing: str,
              note: Callable[[str, float, str], None]) -> None:
     """Fold the job's furthest ``step`` (from a status reply) into ``tl``: a step sample, and the slowdown's time.
-    With a ``slow_file`` (scenario ``reference``) it is touched once the reference is in (or at
-    :data:`REFERENCE_GIVE_UP_STEP`) and the slowdown is this step; else the slowdown is when ``at_step`` was
+    With a ``slow_file`` (scenario ``reference``) it is touched once the reference is in (without one the
+    scenario times out waiting for it: a comparison needs it) and the slowdown is this step; else the slowdown is when ``at_step`` was
     reached. ``slowing`` says who slows by how much (``"rank 2 x3"``)."""
-    if slow_file is not None and not slow_file.exists() and (
-            tl.t("reference") is not None or step >= REFERENCE_GIVE_UP_STEP):
+    if slow_file is not None and not slow_file.exists() and tl.t("reference") is not None:
         slow_file.touch()  # every rank slows from its next step: the slowdown's step is about this one
         tl.at_step = step
         tl.add("slowdown", time.time(), step, f"{slowing} from about step {step}")
-        note("slowdown", time.time(), f"{slowing} from about step {step}"
-             + ("" if tl.t("reference") is not None else f": no reference by step {step}"))
+        note("slowdown", time.time(), f"{slowing} from about step {step}")
     tl.samples.append((time.time(), step))
     if slow_file is None:
         t_slow = tl.time_of_step(at_step)
