@@ -76,3 +76,28 @@ def test_a_truncated_or_foreign_file_is_refused_by_its_header(tmp_path: Path) ->
         fh.seek(16)
         fh.write((3000).to_bytes(2, "big"))  # a page size that is not a power of two
     assert "page size 3000" in (_check(bad_page) or "")
+
+
+def test_a_db_damaged_in_place_with_its_mtime_restored_is_checked_again(tmp_path: Path) -> None:
+    """One reader keeps its DB checks under the file's identity: a page spoiled in place (same size) with the mtime
+    set back (``touch -d``, ``cp -p``) still misses the cache, by its ctime, which no user can set back."""
+    import os
+    import time
+
+    db = tmp_path / "ascend_pytorch_profiler_0.db"
+    roots = _db(db)
+    reader = RankDirReader()
+    assert reader.check_db(str(db)).error is None
+    before = os.stat(db)
+    _spoil(db, roots["COMMUNICATION_OP"])
+    deadline = time.monotonic() + 10
+    while True:  # the kernel's ctime ticks coarsely (a few ms): restore the mtime until the ctime has moved
+        os.utime(db, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = os.stat(db)
+        if after.st_ctime_ns != before.st_ctime_ns or time.monotonic() > deadline:
+            break
+        time.sleep(0.001)
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert after.st_ctime_ns != before.st_ctime_ns
+    err = reader.check_db(str(db)).error
+    assert err is not None and ("COMMUNICATION_OP" in err or "malformed" in err), err

@@ -171,9 +171,9 @@ class RankDirReader:
     """
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, int, int], DbObservation] = {}
+        self._cache: dict[tuple[str, int, int, int, int], DbObservation] = {}
         self._identity: dict[str, dict[str, Any]] = {}
-        self._json_cache: dict[tuple[str, int, int], tuple[Any, str | None]] = {}
+        self._json_cache: dict[tuple[str, int, int, int, int], tuple[Any, str | None]] = {}
         self._groups: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per communicator's members
         self._lock = threading.Lock()
         self.reads = 0
@@ -335,11 +335,13 @@ class RankDirReader:
         return _parse_meta(data, self._groups)
 
     def _parsed_json(self, folder: str, name: str, parse: Callable[[Any], Any]) -> tuple[Any, str | None]:
-        """``(parse(decoded JSON), None)`` or ``(None, why)`` of ``folder/name``; cached by (path, size, mtime_ns)
-        (stat'ed on every call: a JSON rewritten in place does not move its folder's mtime)."""
+        """``(parse(decoded JSON), None)`` or ``(None, why)`` of ``folder/name``; cached by (path, inode, size, mtime_ns,
+        ctime_ns) (stat'ed on every call: a JSON rewritten in place does not move its folder's mtime; ctime, which no
+        user can set back, so that a rewrite of the same size with its mtime restored, ``cp -p``/``touch -d``, is
+        read again)."""
         file_path = f"{folder}/{name}"
         st = os.stat(file_path)
-        key = (file_path, st.st_size, st.st_mtime_ns)
+        key = (file_path, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         with self._lock:
             hit = self._json_cache.get(key)
         if hit is not None:
@@ -373,7 +375,7 @@ class RankDirReader:
             return DbObservation(name=name, size_bytes=0, mtime_s=st.st_mtime, checked=True, error=NOT_REGULAR)
         if not deep:
             return DbObservation(name=name, size_bytes=st.st_size, mtime_s=st.st_mtime)
-        key = (path, st.st_size, st.st_mtime_ns)
+        key = (path, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # ctime: a restored mtime still misses
         with self._lock:
             hit = self._cache.get(key)
         if hit is not None:
