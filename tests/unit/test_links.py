@@ -143,3 +143,19 @@ def test_a_negative_rank_in_the_matrix_is_judged_not_a_crash(chunk: int, monkeyp
     assert [lk.ranks for lk in find_slow_links(rows, world_size=8).links] == [(2, 5)]
     found = find_slow_links(shifted, world_size=8)
     assert [lk.ranks for lk in found.links] == [(-1, 2)] and found.pairs_judged == 28
+
+
+@pytest.mark.parametrize("as_columns", [False, True])
+def test_a_rank_id_beyond_any_world_size_is_left_out_and_counted_not_a_crash(as_columns: bool):
+    """Matrix rows naming rank 1e30 or -2**40 (a corrupt export) are left out like rows without a rank, and the
+    findings say how many (before: ``array('q').append`` raised OverflowError on 1e30 and every link finding of the
+    capture was lost); the rest of the matrix is judged as without them."""
+    from profwatch.core.verdict.link_rows import LinkRows
+
+    rows = matrix_rows(8, slow_pairs={(2, 5): 3.0})
+    bad = [dict(rows[0], src_rank=1e30), dict(rows[1], dst_rank=-(2.0 ** 40)), dict(rows[2], src_rank="x")]
+    given = LinkRows.from_rows(rows + bad) if as_columns else rows + bad
+    found = find_slow_links(given, world_size=8)
+    assert [lk.ranks for lk in found.links] == [(2, 5)] and found.pairs_judged == 28
+    assert any(n.startswith("3 matrix row(s) without a step or a rank id") for n in found.notes), found.notes
+    assert len(parse_matrix_rows(rows + bad)) == len(parse_matrix_rows(rows))

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from profwatch.core.messages import MAX_WORLD_SIZE
 from profwatch.core.verdict.evidence import Impact, SlowLink
 from profwatch.core.verdict.impact import HOURS_PER_DAY, link_saving_us
 from profwatch.core.verdict.link_rows import LinkRows
@@ -88,6 +89,13 @@ def _num(value: Any) -> float:
     return x if math.isfinite(x) else math.nan
 
 
+def _rank_num(value: Any) -> float:
+    """A row's rank id as a number, NaN when it is none: not a finite number, or beyond ``MAX_WORLD_SIZE`` either
+    way (no job has such a rank; its pair codes would overflow int64)."""
+    x = _num(value)
+    return x if -MAX_WORLD_SIZE < x < MAX_WORLD_SIZE else math.nan
+
+
 def parse_matrix_rows(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, int, int], LinkSample]:
     """``ClusterCommunicationMatrix`` rows -> ``(group, step, src, dst) -> LinkSample`` (one per step and pair).
 
@@ -97,7 +105,7 @@ def parse_matrix_rows(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str,
     kinds: dict[tuple[str, str], dict[str, list[Mapping[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
         step_m = _DIGITS.search(str(row.get("step", "")))
-        src, dst = _num(row.get("src_rank")), _num(row.get("dst_rank"))
+        src, dst = _rank_num(row.get("src_rank")), _rank_num(row.get("dst_rank"))
         if step_m is None or math.isnan(src) or math.isnan(dst) or src == dst:
             continue
         name = str(row.get("hccl_op_name", "") or "")
@@ -147,6 +155,9 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
     settings = settings or LinkSettings()
     found = LinkFindings()
     table = _pair_table(rows)
+    if table.unread:
+        found.notes.append(f"{table.unread} matrix row(s) without a step or a rank id (a number within "
+                           f"+-{MAX_WORLD_SIZE}) left out")
     groups: dict[tuple[str, str], np.ndarray] = {}  # entries of the group and transport, in (a, b, step) order
     for gi, ti in sorted({(int(g), int(t)) for g, t in zip(table.g, table.tr, strict=True)},
                          key=lambda k: (table.groups[k[0]], table.transports[k[1]])):
@@ -191,6 +202,7 @@ class _PairTable:
     size: np.ndarray
     time: np.ndarray
     one_way: np.ndarray
+    unread: int = 0  # rows without a step or a rank id (_Columns.unread)
 
 
 def _row_columns(rows: Iterable[Mapping[str, Any]]) -> _Columns:
@@ -199,10 +211,12 @@ def _row_columns(rows: Iterable[Mapping[str, Any]]) -> _Columns:
     codes: tuple[dict[str, int], dict[str, int], dict[str, int]] = ({}, {}, {})
     cols = {k: array("q") for k in ("g", "s", "kind", "tr", "src", "dst")}
     vals = {k: array("d") for k in ("time", "size")}
+    unread = 0
     for row in rows:
         step_m = _DIGITS.search(str(row.get("step", "")))
-        src, dst = _num(row.get("src_rank")), _num(row.get("dst_rank"))
+        src, dst = _rank_num(row.get("src_rank")), _rank_num(row.get("dst_rank"))
         if step_m is None or math.isnan(src) or math.isnan(dst) or src == dst:
+            unread += step_m is None or math.isnan(src) or math.isnan(dst)
             continue
         for col, table, name in (("g", codes[0], str(row.get("group_name", ""))), ("s", codes[1], step_m.group()),
                                  ("tr", codes[2], str(row.get("transport_type", "") or ""))):
@@ -216,7 +230,8 @@ def _row_columns(rows: Iterable[Mapping[str, Any]]) -> _Columns:
     t = np.frombuffer(vals["time"], dtype=np.float64) if len(vals["time"]) else np.zeros(0)
     size = np.frombuffer(vals["size"], dtype=np.float64) if len(vals["size"]) else np.zeros(0)
     names = [sorted(d, key=d.__getitem__) for d in codes]
-    return _Columns(names[0], names[1], names[2], c["g"], c["s"], c["kind"], c["tr"], c["src"], c["dst"], t, size)
+    return _Columns(names[0], names[1], names[2], c["g"], c["s"], c["kind"], c["tr"], c["src"], c["dst"], t, size,
+                    unread)
 
 
 def _kind(op_name: Any) -> int:
@@ -249,11 +264,14 @@ def _table_columns(rows: LinkRows) -> _Columns:
 
     s_codes, s_values = coded("step", step_name, "")
     s_map, s_names = names_of(s_values)
-    src_codes, src_values = coded("src_rank", _num, None)
-    dst_codes, dst_values = coded("dst_rank", _num, None)
+    src_codes, src_values = coded("src_rank", _rank_num, None)
+    dst_codes, dst_values = coded("dst_rank", _rank_num, None)
     src_map, dst_map = np.array(src_values, dtype=np.float64), np.array(dst_values, dtype=np.float64)
     src, dst = src_map[src_codes], dst_map[dst_codes]
-    keep = np.flatnonzero((s_map[s_codes] >= 0) & ~np.isnan(src) & ~np.isnan(dst) & (src != dst))
+    readable = (s_map[s_codes] >= 0) & ~np.isnan(src) & ~np.isnan(dst)
+    keep = np.flatnonzero(readable & (src != dst))
+    unread = int(n - np.count_nonzero(readable))
+    del readable
     src, dst = _take(src, keep).astype(np.int64), _take(dst, keep).astype(np.int64)
 
     def kept(name: str, read: Callable[[Any], Any], default: Any) -> tuple[np.ndarray, list[str]]:
@@ -272,7 +290,7 @@ def _table_columns(rows: LinkRows) -> _Columns:
             np.full(len(keep), np.nan)
 
     return _Columns(g_names, s_names, tr_names, g, s_map[_take(s_codes, keep)], kind, tr, src, dst, number("transit_time"),
-                    number("transit_size"))
+                    number("transit_size"), unread)
 
 
 def _take(arr: np.ndarray, keep: np.ndarray) -> np.ndarray:
@@ -306,7 +324,8 @@ def _unique_rows(cols: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray, 
 @dataclass(slots=True)
 class _Columns:
     """The rows :func:`_pair_table` reads (self pairs and rows without a step or ranks left out), one element per
-    row in row order: codes into ``groups``, ``steps`` and ``transports``; ``kind`` (:func:`_kind`); ranks; ms; MB."""
+    row in row order: codes into ``groups``, ``steps`` and ``transports``; ``kind`` (:func:`_kind`); ranks; ms; MB;
+    ``unread``: rows left out without a step or a rank id (:func:`_rank_num`), self pairs not counted."""
 
     groups: list[str]
     steps: list[str]
@@ -319,6 +338,7 @@ class _Columns:
     dst: np.ndarray
     time: np.ndarray
     size: np.ndarray
+    unread: int = 0
 
 
 PAIR_CHUNK_ROWS = 262_144
@@ -344,7 +364,7 @@ def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
     empty = np.zeros(0, np.int64)
     if not len(keep):
         return _PairTable(names[0], names[2], names[1], empty, empty, empty, empty, empty, np.zeros(0), np.zeros(0),
-                          np.zeros(0))
+                          np.zeros(0), cols.unread)
     lo = np.minimum(cols.src[keep], cols.dst[keep])
     lo -= lo.min()  # chunk numbers from 0 (a matrix row may name a negative rank: np.bincount refuses those)
     blocks = max(1, math.ceil(len(keep) / PAIR_CHUNK_ROWS))
@@ -354,12 +374,14 @@ def _pair_table(rows: Iterable[Mapping[str, Any]]) -> _PairTable:
     parts: list[tuple[np.ndarray, ...]] = []
     for k in np.flatnonzero(np.bincount(chunk)).tolist():
         parts.append(_pair_sums(cols, keep[chunk == k]))
+    unread = cols.unread
     del chunk, keep, cols
     out: list[np.ndarray] = []
     for i in range(8):  # column by column: one column's copy at a time
         out.append(np.concatenate([p[i] for p in parts]))
         parts = [(*p[:i], empty, *p[i + 1:]) for p in parts]
-    return _PairTable(names[0], names[2], names[1], *out)
+    g, tr, st, a, b, size, tm, one_way = out
+    return _PairTable(names[0], names[2], names[1], g, tr, st, a, b, size, tm, one_way, unread)
 
 
 def _pair_sums(cols: _Columns, rows: np.ndarray) -> tuple[np.ndarray, ...]:
