@@ -852,3 +852,20 @@ def test_a_rotations_hold_is_its_longest_unbroken_hot_period_not_first_to_last_n
     b.observe(window_out(step, (4, 5)), t)
     key = next(iter(b.rotating))
     assert b.rotating[key][1] <= 120.0, b.rotating
+
+
+def test_the_tops_of_keys_of_closed_episodes_are_bounded() -> None:
+    """Each ranked key keeps the top ranks of its captures (for rotations across episodes); keys whose episodes
+    closed are forgotten first once more than MAX_OPEN are kept (before: one entry per key ever seen, unbounded)."""
+    from collections import deque
+
+    from profwatch.core.arming.episodes import MAX_OPEN
+
+    b, p = book(min_arm_gap_s=0)
+    for k in range(3 * MAX_OPEN):  # keys of episodes long closed
+        b._tops[f"rank_outlier/old{k}"] = deque([(k, f"e{k}", f"c{k}", T0)])
+    ep, _ = b.observe(window_out(117, (3,)), T0)
+    assert ep is not None
+    arm_next(b, p, T0 + 1, "c-3", covered=(3,))
+    b.capture_ended("c-3", T0 + 20, "simulated")
+    assert ep.key in b._tops and len(b._tops) <= MAX_OPEN + 1

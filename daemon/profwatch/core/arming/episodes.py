@@ -685,6 +685,10 @@ class JobEpisodes:
         if not ep.ranks:
             return []  # a job-wide finding's key is not a culprit
         tops = self._tops.setdefault(ep.key, deque(maxlen=MAX_TOPS))
+        if len(self._tops) > MAX_OPEN:  # keys of closed episodes go first (memory bound, as the trail's)
+            stale = [k for k in self._tops if k not in self.open and k != ep.key]
+            for k in stale[:len(self._tops) - MAX_OPEN]:
+                del self._tops[k]
         for c in own:
             top = c.named[0] if c.named else (c.ranks[0] if len(c.ranks) == 1 else None)
             if top is not None:
