@@ -428,8 +428,31 @@ def error_lines(exc: Any) -> list[str]:
         elif err.get("type") == "extra_forbidden":
             lines.append(f"{loc}: {_unknown_key(tuple(str(x) for x in err.get('loc', ())))}")
         else:
-            lines.append(f"{loc}: {err.get('msg')}")
+            lines.append(f"{loc}: {_plain(err, secret=any(w in loc.lower() for w in _SECRET_WORDS))}")
     return lines
+
+
+_PLAIN = {"path_type": "must be a path, written as a TOML string (\"/var/lib/profwatch\")",
+          "int_parsing": "must be a whole number", "int_type": "must be a whole number",
+          "int_from_float": "must be a whole number", "float_parsing": "must be a number",
+          "float_type": "must be a number", "bool_parsing": "must be true or false", "bool_type": "must be true or false",
+          "string_type": "must be a TOML string (in quotes)", "list_type": "must be a TOML list ([...])",
+          "dict_type": "must be a TOML table", "model_type": "must be a TOML table ([section])"}
+
+
+_SECRET_WORDS = ("secret", "token", "password", "authorization", "key")
+"""A key whose name holds one of these never has its value echoed in an error."""
+
+
+def _plain(err: Mapping[str, Any], *, secret: bool = False) -> str:
+    """One pydantic error as a config reader says it: what the key needs (:data:`_PLAIN` for a wrong type, else
+    pydantic's own message, e.g. a range) and the value given (its repr, at most 60 characters; never for a
+    ``secret`` key)."""
+    what = _PLAIN.get(str(err.get("type")), str(err.get("msg")))
+    if secret or "input" not in err or isinstance(err["input"], Mapping):
+        return what
+    given = repr(err["input"])
+    return f"{what} (got {given if len(given) <= 60 else given[:57] + '...'})"
 
 
 def _unknown_key(loc: tuple[str, ...]) -> str:

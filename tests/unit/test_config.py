@@ -31,6 +31,9 @@ def test_env_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         ("[coordinator]\ningest_bnd = 1\n", {}, "coordinator.ingest_bnd: not a setting of [coordinator] (did you "
                                                  "mean ingest_bind?)"),
         ("[nodee]\nbind = 1\n", {}, "nodee: not a section (did you mean node?)"),
+        ("[coordinator]\nstate_db = 5\n", {}, "coordinator.state_db: must be a path, written as a TOML string "
+                                              "(\"/var/lib/profwatch\") (got 5)\n"),
+        ("[detection]\nwarmup_steps = \"x\"\n", {}, "detection.warmup_steps: must be a whole number (got 'x')\n"),
         ("[coordinator]\ncontrol_bind = \"tcp://0.0.0.0:7712\"\n[security]\ncurve = \"off\"\n", {}, "without CURVE"),
         ("[node]\nbind = \"tcp://0.0.0.0:7700\"\n", {}, "ranks cannot use CURVE"),
         ("", {"PROFWATCH_COORDINATOR__TICK_INTERVAL_S": "inf"}, "finite"),
