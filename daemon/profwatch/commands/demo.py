@@ -261,7 +261,7 @@ def _running_captures(st: dict[str, Any]) -> list[str]:
     for cap in st.get("captures") or []:
         if cap["state"] in (CaptureState.ANALYSING, CaptureState.ENRICHING):
             running = ", ".join(cap.get("running") or []) or "staging, ranking or the Kineto analysis"
-            out.append(f"capture {cap['state']} for {cap.get('in_state_s', 0):.0f}s; running now: {running}")
+            out.append(f"capture state {cap['state']} for the last {cap.get('in_state_s', 0):.0f} s; running now: {running}")
     return out
 
 
