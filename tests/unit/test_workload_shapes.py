@@ -20,6 +20,7 @@ from profwatch.simulate.telemetry import (
     generate_telemetry,
     iter_serving_telemetry,
 )
+from rankhook.wire import StepReport
 from tests.unit.detection_helpers import of_kind, run
 
 PIPELINE = TelemetryScenario(world_size=8, steps=700, cv=0.02, rank_compute_factors=(1, 1, 1, 1, 1, 1, 1.15, 1.15))
@@ -137,6 +138,57 @@ def test_unit_splitter_needs_the_same_cut_twice() -> None:
     assert sp.check([110, 111, 500, 502])
     assert sp.units == [[0, 1], [2, 3]]
     assert not sp.check([120, 121, 130, 131])  # never merged again
+
+
+def test_unit_splitter_gap_is_seconds_of_the_units_usual_step_at_most_the_setting() -> None:
+    sp = UnitSplitter(4, DetectionSettings())  # serving_unit_split_steps 200
+    assert sp.gap_steps(None) == 200 and sp.gap_steps(0.1) == 50  # 5 s of 0.1 s steps
+    assert sp.gap_steps(0.001) == 200 and sp.gap_steps(2.0) == 16 and sp.gap_steps(float("nan")) == 200
+    assert not sp.check([100, 100, 160, 160], [0.1])  # 60 steps apart (6 s of steps): seen once
+    assert sp.check([110, 110, 175, 175], [0.1])
+    assert sp.units == [[0, 1], [2, 3]]
+    assert not sp.check([120, 121, 130, 131], [0.1, 0.1])  # never merged again
+    tp = UnitSplitter(2, DetectionSettings())
+    assert not tp.check([100, 140], [0.1]) and not tp.check([150, 190], [0.1])  # 40 < 50 steps: one replica
+    assert not tp.check([100, 160])  # without a usual step the setting's 200 steps
+
+
+def _replica_reports(job: str, world: int, steps: list[int], t: float) -> list[StepReport]:
+    return [StepReport(job_id=job, rank=r, step=s, step_time_s=0.1, ts_unix_s=t, mode="serving")
+            for r, s in enumerate(steps)]
+
+
+def test_serving_replicas_split_within_seconds_of_steps_and_an_uncut_replica_keeps_what_it_learned() -> None:
+    """Three replicas of 0.1 s steps whose counters drift apart by 10 steps a second: cut at 50 steps apart (5 s of
+    steps), not 200 (20 s here; 12-30 minutes of bursty traffic in bench_corpus serving_dp); a replica a later cut
+    does not touch keeps its pipeline (its bands and baseline), only the unit that was cut starts afresh."""
+    det = JobDetector("serve", 3, mode="serving")
+    rates = [10, 20, 10]  # replica 1 steps twice as often (its peers idle half of each second)
+    splits: list[tuple[float, list[list[int]]]] = []
+    for sec in range(1, 40):
+        t = 1000.0 + sec
+        for k in range(20):
+            steps = [1 + (sec * 20 + k) * r // 20 for r in rates]
+            for rep in _replica_reports("serve", 3, steps, t - 1 + k / 20):
+                det.observe(rep, t - 1 + k / 20)
+        before = [list(u.ranks) for u in det.units]
+        det.tick(t)
+        if [list(u.ranks) for u in det.units] != before:
+            splits.append((t - 1000.0, [list(u.ranks) for u in det.units]))
+    assert splits and splits[0][1] == [[0, 2], [1]] and splits[0][0] <= 8  # 50 steps apart after 5 s
+    unit_1 = det.units[1]
+    assert unit_1.aggregator.counters["finalized"] > 100
+    # rank 2 now runs ahead of rank 0 by 10 steps a second: the unit [0, 2] is cut, [1] stays as it was
+    for sec in range(40, 60):
+        t = 1000.0 + sec
+        for k in range(20):
+            steps = [1 + 800 + (sec - 40) * 20 + k, 1 + 1600 + (sec - 40) * 40 + 2 * k, 1 + 800 + (sec - 40) * 40 + 2 * k]
+            for rep in _replica_reports("serve", 3, steps, t - 1 + k / 20):
+                det.observe(rep, t - 1 + k / 20)
+        det.tick(t)
+    assert [list(u.ranks) for u in det.units] == [[0], [1], [2]]
+    assert det.units[1] is unit_1 and unit_1.aggregator.counters["finalized"] > 500
+    assert det.counters["unit_splits"] == 2
 
 
 # -- drift -----------------------------------------------------------------------------------------------------------
