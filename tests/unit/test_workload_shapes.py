@@ -12,6 +12,7 @@ import pytest
 from profwatch.core.detection.blocks import StepBlocks, merge_block
 from profwatch.core.detection.drift import DriftTracker
 from profwatch.core.detection.job_detector import DetectionSettings, JobDetector
+from profwatch.core.detection.rank_outliers import outlying_ranks
 from profwatch.core.detection.serving import LoadNormaliser, UnitSplitter, is_idle_gap
 from profwatch.core.detection.types import FinalizedStep
 from profwatch.simulate.telemetry import (
@@ -104,6 +105,33 @@ def test_slow_tp_rank_and_slow_replica_are_found_in_serving() -> None:
     regs = of_kind(found, "step_regression")
     assert regs and {a.ranks for a in regs} == {(1,)}
     assert regs[0].detail["unit"] == [1] and regs[0].magnitude >= 0.15
+
+
+@pytest.mark.parametrize("with_work", [True, False])
+def test_slow_rank_of_a_two_rank_tp_group_is_named_and_unsplit_replicas_are_never_compared_as_ranks(
+        with_work: bool) -> None:
+    """A TP group of 2 ranks (lock-step) is compared rank against rank: a +30 % rank from 300 s (inside the unit's
+    load-band learning, where the unit's step time lost it) is a ``rank_outlier`` of that rank; before, groups under
+    ``outlier_min_ranks`` (4) were never compared. Two independent replicas (not in lock-step) are not."""
+    tp = ServingScenario(replicas=1, tp=2, duration_s=900, slow_rank=1, slow_factor=1.3, slow_from_s=300,
+                         with_work=with_work, seed=11)
+    found, det = run(iter_serving_telemetry(tp), 2)
+    outliers = of_kind(found, "rank_outlier")
+    assert outliers and {a.ranks for a in outliers} == {(1,)}
+    assert outliers[0].magnitude == pytest.approx(0.15 / 1.15, abs=0.03)  # (1.3 - m) / m, m the pair's mean 1.15
+    healthy, _ = run(iter_serving_telemetry(replace(tp, slow_rank=None)), 2)
+    assert of_kind(healthy, "rank_outlier") == [] and of_kind(healthy, "slow_from_start") == []
+    dp = ServingScenario(replicas=2, tp=1, duration_s=900, with_work=with_work, seed=12)
+    found, det = run(iter_serving_telemetry(dp), 2)
+    assert of_kind(found, "rank_outlier") == [] and of_kind(found, "slow_from_start") == []
+    assert all(u.outliers is not None and u.outliers.settings.outlier_min_ranks == 4 for u in det.units)
+
+
+def test_two_ranks_are_compared_on_the_noise_floor_not_their_mad() -> None:
+    s = DetectionSettings(outlier_min_ranks=2)
+    assert outlying_ranks([1.0, 1.3], s) == [(1, pytest.approx(0.15 / 1.15))]  # MAD 0.15: robust z 0.67 before
+    assert outlying_ranks([1.0, 1.1], s) == []  # (1.1 - 1.05) / 1.05 < outlier_min_effect
+    assert outlying_ranks([1.0, 1.3], DetectionSettings()) == []  # outlier_min_ranks 4
 
 
 def test_idle_gaps_switch_a_job_without_mode_to_serving() -> None:

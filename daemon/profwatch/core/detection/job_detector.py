@@ -415,6 +415,8 @@ class JobDetector:
             if self._splitter.check(last, [u.idle_reference_s for u in self.units]):
                 self.job_counters["unit_splits"] += 1
                 self._build(self._splitter.units)
+            for u in self.units:
+                u.note_lockstep([s for r in u.ranks if (s := last[r]) is not None])
         out: list[Anomaly] = self._peers.close(now_unix_s) if self._peers is not None else []
         self._adopt(out)
         for u in self.units:
