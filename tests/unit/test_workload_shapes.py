@@ -12,6 +12,7 @@ import pytest
 from profwatch.core.detection.blocks import StepBlocks, merge_block
 from profwatch.core.detection.drift import DriftTracker
 from profwatch.core.detection.job_detector import DetectionSettings, JobDetector
+from profwatch.core.detection.rank_outliers import outlying_ranks
 from profwatch.core.detection.serving import LoadNormaliser, UnitSplitter, is_idle_gap
 from profwatch.core.detection.types import FinalizedStep
 from profwatch.simulate.telemetry import (
@@ -20,6 +21,7 @@ from profwatch.simulate.telemetry import (
     generate_telemetry,
     iter_serving_telemetry,
 )
+from rankhook.wire import StepReport
 from tests.unit.detection_helpers import of_kind, run
 
 PIPELINE = TelemetryScenario(world_size=8, steps=700, cv=0.02, rank_compute_factors=(1, 1, 1, 1, 1, 1, 1.15, 1.15))
@@ -105,6 +107,33 @@ def test_slow_tp_rank_and_slow_replica_are_found_in_serving() -> None:
     assert regs[0].detail["unit"] == [1] and regs[0].magnitude >= 0.15
 
 
+@pytest.mark.parametrize("with_work", [True, False])
+def test_slow_rank_of_a_two_rank_tp_group_is_named_and_unsplit_replicas_are_never_compared_as_ranks(
+        with_work: bool) -> None:
+    """A TP group of 2 ranks (lock-step) is compared rank against rank: a +30 % rank from 300 s (inside the unit's
+    load-band learning, where the unit's step time lost it) is a ``rank_outlier`` of that rank; before, groups under
+    ``outlier_min_ranks`` (4) were never compared. Two independent replicas (not in lock-step) are not."""
+    tp = ServingScenario(replicas=1, tp=2, duration_s=900, slow_rank=1, slow_factor=1.3, slow_from_s=300,
+                         with_work=with_work, seed=11)
+    found, det = run(iter_serving_telemetry(tp), 2)
+    outliers = of_kind(found, "rank_outlier")
+    assert outliers and {a.ranks for a in outliers} == {(1,)}
+    assert outliers[0].magnitude == pytest.approx(0.15 / 1.15, abs=0.03)  # (1.3 - m) / m, m the pair's mean 1.15
+    healthy, _ = run(iter_serving_telemetry(replace(tp, slow_rank=None)), 2)
+    assert of_kind(healthy, "rank_outlier") == [] and of_kind(healthy, "slow_from_start") == []
+    dp = ServingScenario(replicas=2, tp=1, duration_s=900, with_work=with_work, seed=12)
+    found, det = run(iter_serving_telemetry(dp), 2)
+    assert of_kind(found, "rank_outlier") == [] and of_kind(found, "slow_from_start") == []
+    assert all(u.outliers is not None and u.outliers.settings.outlier_min_ranks == 4 for u in det.units)
+
+
+def test_two_ranks_are_compared_on_the_noise_floor_not_their_mad() -> None:
+    s = DetectionSettings(outlier_min_ranks=2)
+    assert outlying_ranks([1.0, 1.3], s) == [(1, pytest.approx(0.15 / 1.15))]  # MAD 0.15: robust z 0.67 before
+    assert outlying_ranks([1.0, 1.1], s) == []  # (1.1 - 1.05) / 1.05 < outlier_min_effect
+    assert outlying_ranks([1.0, 1.3], DetectionSettings()) == []  # outlier_min_ranks 4
+
+
 def test_idle_gaps_switch_a_job_without_mode_to_serving() -> None:
     sc = ServingScenario(replicas=1, tp=2, duration_s=600, with_mode=False, seed=7)
     found, det = run(iter_serving_telemetry(sc), 2)
@@ -137,6 +166,57 @@ def test_unit_splitter_needs_the_same_cut_twice() -> None:
     assert sp.check([110, 111, 500, 502])
     assert sp.units == [[0, 1], [2, 3]]
     assert not sp.check([120, 121, 130, 131])  # never merged again
+
+
+def test_unit_splitter_gap_is_seconds_of_the_units_usual_step_at_most_the_setting() -> None:
+    sp = UnitSplitter(4, DetectionSettings())  # serving_unit_split_steps 200
+    assert sp.gap_steps(None) == 200 and sp.gap_steps(0.1) == 50  # 5 s of 0.1 s steps
+    assert sp.gap_steps(0.001) == 200 and sp.gap_steps(2.0) == 16 and sp.gap_steps(float("nan")) == 200
+    assert not sp.check([100, 100, 160, 160], [0.1])  # 60 steps apart (6 s of steps): seen once
+    assert sp.check([110, 110, 175, 175], [0.1])
+    assert sp.units == [[0, 1], [2, 3]]
+    assert not sp.check([120, 121, 130, 131], [0.1, 0.1])  # never merged again
+    tp = UnitSplitter(2, DetectionSettings())
+    assert not tp.check([100, 140], [0.1]) and not tp.check([150, 190], [0.1])  # 40 < 50 steps: one replica
+    assert not tp.check([100, 160])  # without a usual step the setting's 200 steps
+
+
+def _replica_reports(job: str, world: int, steps: list[int], t: float) -> list[StepReport]:
+    return [StepReport(job_id=job, rank=r, step=s, step_time_s=0.1, ts_unix_s=t, mode="serving")
+            for r, s in enumerate(steps)]
+
+
+def test_serving_replicas_split_within_seconds_of_steps_and_an_uncut_replica_keeps_what_it_learned() -> None:
+    """Three replicas of 0.1 s steps whose counters drift apart by 10 steps a second: cut at 50 steps apart (5 s of
+    steps), not 200 (20 s here; 12-30 minutes of bursty traffic in bench_corpus serving_dp); a replica a later cut
+    does not touch keeps its pipeline (its bands and baseline), only the unit that was cut starts afresh."""
+    det = JobDetector("serve", 3, mode="serving")
+    rates = [10, 20, 10]  # replica 1 steps twice as often (its peers idle half of each second)
+    splits: list[tuple[float, list[list[int]]]] = []
+    for sec in range(1, 40):
+        t = 1000.0 + sec
+        for k in range(20):
+            steps = [1 + (sec * 20 + k) * r // 20 for r in rates]
+            for rep in _replica_reports("serve", 3, steps, t - 1 + k / 20):
+                det.observe(rep, t - 1 + k / 20)
+        before = [list(u.ranks) for u in det.units]
+        det.tick(t)
+        if [list(u.ranks) for u in det.units] != before:
+            splits.append((t - 1000.0, [list(u.ranks) for u in det.units]))
+    assert splits and splits[0][1] == [[0, 2], [1]] and splits[0][0] <= 8  # 50 steps apart after 5 s
+    unit_1 = det.units[1]
+    assert unit_1.aggregator.counters["finalized"] > 100
+    # rank 2 now runs ahead of rank 0 by 10 steps a second: the unit [0, 2] is cut, [1] stays as it was
+    for sec in range(40, 60):
+        t = 1000.0 + sec
+        for k in range(20):
+            steps = [1 + 800 + (sec - 40) * 20 + k, 1 + 1600 + (sec - 40) * 40 + 2 * k, 1 + 800 + (sec - 40) * 40 + 2 * k]
+            for rep in _replica_reports("serve", 3, steps, t - 1 + k / 20):
+                det.observe(rep, t - 1 + k / 20)
+        det.tick(t)
+    assert [list(u.ranks) for u in det.units] == [[0], [1], [2]]
+    assert det.units[1] is unit_1 and unit_1.aggregator.counters["finalized"] > 500
+    assert det.counters["unit_splits"] == 2
 
 
 # -- drift -----------------------------------------------------------------------------------------------------------

@@ -118,17 +118,26 @@ class JobDetector:
         self._unit_of: list[int] = [0] * world_size
         self._peers: ReplicaPeers | None = None
         self._build([list(range(world_size))], step_detectors, stall_detector)
+        if self.mode == "serving" and not self._custom:  # a mode given here splits replicas as a declared one does
+            self._splitter = UnitSplitter(world_size, s)
 
     # -- units -----------------------------------------------------------------------------------------------------
     def _build(self, units: list[list[int]], step_detectors: Sequence[StepDetector] | None = None,
                stall_detector: StallDetector | None = None) -> None:
+        serving = self.mode == "serving"
+        # a replica the split left as it was keeps its pipeline (what it learned); only a unit that was cut starts
+        # afresh (its steps mixed replicas)
+        keep = {tuple(u.ranks): u for u in self.units
+                if serving and u.serving and len(units) > 1 and not u.whole_job}
         for u in self.units:
+            if keep.get(tuple(u.ranks)) is u and list(u.ranks) in units:
+                continue
             for k, v in u.counters().items():
                 self._retired[k] = self._retired.get(k, 0) + v
-        serving = self.mode == "serving"
-        self.units = [UnitPipeline(self.job_id, ranks, self.settings, self._hold, serving=serving, roles=self._roles,
-                                   whole_job=len(units) == 1, step_detectors=step_detectors,
-                                   stall_detector=stall_detector) for ranks in units]
+        self.units = [keep.get(tuple(ranks)) or UnitPipeline(
+            self.job_id, ranks, self.settings, self._hold, serving=serving, roles=self._roles,
+            whole_job=len(units) == 1, step_detectors=step_detectors, stall_detector=stall_detector)
+            for ranks in units]
         for i, ranks in enumerate(units):
             for r in ranks:
                 self._unit_of[r] = i
@@ -403,9 +412,11 @@ class JobDetector:
             for u in self.units:
                 for r, s in u.last_steps().items():
                     last[r] = s
-            if self._splitter.check(last):
+            if self._splitter.check(last, [u.idle_reference_s for u in self.units]):
                 self.job_counters["unit_splits"] += 1
                 self._build(self._splitter.units)
+            for u in self.units:
+                u.note_lockstep([s for r in u.ranks if (s := last[r]) is not None])
         out: list[Anomaly] = self._peers.close(now_unix_s) if self._peers is not None else []
         self._adopt(out)
         for u in self.units:

@@ -35,6 +35,21 @@ SERVING_MIN_BASELINE_BLOCKS = 10
 path, rises of ``spike_min_effect`` that last two blocks)."""
 SERVING_LAG_BLOCKS = 8
 """The newest blocks enter a serving unit's regression baseline only this late."""
+LOCKSTEP_STEPS = 4
+"""A serving unit's ranks whose last steps are at most this many apart at a check are in lock-step (see
+:meth:`UnitPipeline.note_lockstep`; or :data:`LOCKSTEP_S` of steps if more)."""
+LOCKSTEP_S = 1.0
+"""Seconds of a serving unit's usual step its ranks may be apart at a check and still be in lock-step (reports of
+one tensor-parallel group arrive in batches)."""
+LOCKSTEP_CHECKS = 10
+"""Checks in a row (about a second apart) that see a serving unit's ranks in lock-step before they are compared
+with each other from :data:`SERVING_OUTLIER_MIN_RANKS` ranks on."""
+SERVING_OUTLIER_MIN_RANKS = 2
+"""A serving unit's ranks (a replica's tensor-parallel group, 2-8 ranks) are compared with each other from this many
+on (``outlier_min_ranks`` when smaller): the ranks of one TP group run the same shapes, so one rank slower than
+its peers is a fault, and at the default of 4 a group of 2 or 3 was never compared; its change was left to the
+unit's step time, judged against load bands that a change in the unit's first minutes enters (bench_corpus
+serving_work and serving_nowork seed 31: a 1.25x and a 3x rank of a TP-2 group, lost)."""
 
 
 class UnitPipeline:
@@ -55,7 +70,9 @@ class UnitPipeline:
         gets them normalised in a serving unit (ratios to the usual time at that load) and raw otherwise; the
         other step detectors get them raw. The spike hold is converted from steps to blocks. In a unit that is
         not the whole job, a ``step_regression`` or ``drift`` names the unit's ranks (``detail["unit"]``). A
-        serving unit checks no stalls and detects no drift (its ratios follow the load by construction).
+        serving unit checks no stalls and detects no drift (its ratios follow the load by construction). A serving
+        unit whose ranks step in lock-step (:meth:`note_lockstep`: a tensor-parallel group) compares them from
+        :data:`SERVING_OUTLIER_MIN_RANKS` ranks on.
         Without ``work``, a ``step_regression`` of a serving unit needs the run's mean excess itself to reach
         ``min_effect`` (the regression detector's ``effect_z`` is 0 there, 2 otherwise): the ratios then still
         follow the batch size, which the busy fraction does not see and which wanders for tens of steps (a batch
@@ -88,6 +105,9 @@ class UnitPipeline:
             self.outliers = RankOutlierDetector(job_id, n, settings, roles=local_roles)
             step_detectors = [self.regression, self.outliers]
         self.step_detectors: list[StepDetector] = list(step_detectors)
+        self._settings = settings
+        self._lockstep: int | None = 0
+        """Checks in a row that saw this serving unit's ranks in lock-step (None: seen apart once, never again)."""
         self.stall: StallDetector = stall_detector or ArrivalStallDetector(job_id, n, settings)
         self.serving = serving
 
@@ -106,6 +126,36 @@ class UnitPipeline:
             "baseline_steps": base, "min_baseline_steps": min(base, settings.min_baseline_steps,
                                                               SERVING_MIN_BASELINE_BLOCKS),
             "baseline_lag_steps": min(settings.baseline_lag_steps, SERVING_LAG_BLOCKS)})
+
+    def _outlier_settings(self, settings: DetectionSettings) -> DetectionSettings:
+        """A serving unit whose ranks were seen in lock-step (:meth:`note_lockstep`: a replica's tensor-parallel
+        group) compares them from :data:`SERVING_OUTLIER_MIN_RANKS` ranks on, at most ``outlier_min_ranks``;
+        other units: the settings."""
+        if not self._small_groups or settings.outlier_min_ranks <= SERVING_OUTLIER_MIN_RANKS:
+            return settings
+        return settings.model_copy(update={"outlier_min_ranks": SERVING_OUTLIER_MIN_RANKS})
+
+    def note_lockstep(self, last_steps: Sequence[int]) -> None:
+        """One check of a serving unit's ranks' last steps (the ranks that reported; called about once a second by
+        ``JobDetector.tick``): they are in lock-step when at most :data:`LOCKSTEP_STEPS` apart, or the steps of
+        :data:`LOCKSTEP_S` seconds of the unit's usual step if more. After :data:`LOCKSTEP_CHECKS` such checks in
+        a row the unit's ranks are compared with each other from :data:`SERVING_OUTLIER_MIN_RANKS` on; one check
+        that sees them further apart ends that for this unit for good (independent replicas not split yet: their
+        steps of one number ran different batches at different times, and compared as ranks they were named on
+        healthy traffic, bench_corpus serving_dp). No-op outside serving mode or when nothing changes."""
+        if self.normaliser is None or self.outliers is None or self._lockstep is None or len(last_steps) < 2:
+            return
+        usual = self.normaliser.usual_step_s
+        allowed = max(LOCKSTEP_STEPS, math.ceil(LOCKSTEP_S / usual) if usual is not None and usual > 0 else 0)
+        was = self._small_groups
+        self._lockstep = self._lockstep + 1 if max(last_steps) - min(last_steps) <= allowed else None
+        if self._small_groups != was:
+            self.outliers.update_settings(self._outlier_settings(self._settings))
+
+    @property
+    def _small_groups(self) -> bool:
+        """Whether this serving unit's ranks were seen in lock-step for :data:`LOCKSTEP_CHECKS` checks in a row."""
+        return self.normaliser is not None and self._lockstep is not None and self._lockstep >= LOCKSTEP_CHECKS
 
     def _hold(self, step: int, step_time_s: float) -> int:
         if self.normaliser is not None:  # blocks of SERVING_BLOCK_S: the lead in seconds, in blocks
@@ -141,12 +191,14 @@ class UnitPipeline:
 
     def update_settings(self, settings: DetectionSettings) -> None:
         """Swap thresholds in every part."""
+        self._settings = settings
         self.aggregator.update_settings(settings)
         self.blocks.update_settings(settings)
         if self.normaliser is not None:
             self.normaliser.settings = settings
         for d in self.step_detectors:
-            d.update_settings(self._regression_settings(settings) if d is self.regression else settings)
+            d.update_settings(self._regression_settings(settings) if d is self.regression
+                              else self._outlier_settings(settings) if d is self.outliers else settings)
         self.stall.update_settings(settings)
 
     def set_role(self, rank: int, role: str | None) -> None:

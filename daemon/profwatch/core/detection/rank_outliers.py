@@ -38,7 +38,9 @@ def median_mad(xs: list[float]) -> tuple[float, float]:
 def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0) -> list[tuple[int, float]]:
     """Ranks whose value is outlying above the peer median: ``[(rank, relative excess)]``.
 
-    ``arr`` has one entry per rank (seconds; NaN = not reported). Rule in :class:`RankOutlierDetector` Notes. The
+    ``arr`` has one entry per rank (seconds; NaN = not reported). Rule in :class:`RankOutlierDetector` Notes; with
+    two values present (``outlier_min_ranks`` 2: a serving unit of two tensor-parallel ranks) the MAD term is left
+    out of the scale (two values' MAD is half their difference, which no excess can pass by ``outlier_z``). The
     relative excess is ``(v - m) / max(m, floor_s)``: a stage that takes its peers almost nothing (a data stage
     of microseconds) is measured against ``floor_s`` (the caller passes :data:`STAGE_SCALE_FLOOR` of the job step
     time), so one stalled rank reads as a bounded share of the step, never as +5,000,000 %.
@@ -50,8 +52,10 @@ def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0)
         m, mad = median_mad(present)
         if m <= 0:
             return []
-        thr = max(s.outlier_z * max(MAD_TO_SIGMA * mad, s.noise_floor * m), s.outlier_min_effect * m,
-                  s.outlier_min_abs_s)
+        # two values' MAD is half their difference: a robust z of at most 0.67, so two ranks could never be told
+        # apart; their scale is the noise floor alone (the excess still has to reach outlier_min_effect)
+        spread = MAD_TO_SIGMA * mad if len(present) >= 3 else 0.0
+        thr = max(s.outlier_z * max(spread, s.noise_floor * m), s.outlier_min_effect * m, s.outlier_min_abs_s)
         return [(r, (v - m) / max(m, floor_s)) for r, v in enumerate(arr) if v - m >= thr]
     a = np.asarray(arr, dtype=np.float64)
     v = a[~np.isnan(a)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import replace
 
 from profwatch.core.detection.settings import DetectionSettings
@@ -251,6 +252,13 @@ class LoadNormaliser:
         return replace(fs, time_s=fs.time_s / ref)
 
 
+SPLIT_S = 5.0
+"""Seconds of a unit's usual step time that two ranks' step counters must be apart (at two checks in a row) to be
+judged independent replicas, when fewer steps than ``serving_unit_split_steps`` (:meth:`UnitSplitter.gap_steps`)."""
+SPLIT_MIN_STEPS = 16
+"""Fewest steps two ranks' counters must be apart to be cut (a unit of slow steps: a few steps are no evidence)."""
+
+
 class UnitSplitter:
     """Splits a serving job's ranks into units that step together (a replica), by their step counters.
 
@@ -260,9 +268,14 @@ class UnitSplitter:
 
     Notes:
         Every rank starts in one unit. At each :meth:`check` the ranks of a unit are sorted by their last step;
-        where two neighbours differ by more than ``serving_unit_split_steps`` steps the unit is cut there, if
-        the same cut was seen at the previous check too (two checks in a row: a rank whose reports are merely
-        delayed is not cut off). Units are only ever split, never merged, within a generation: the ranks of
+        where two neighbours differ by more than the unit's gap the unit is cut there, if the same cut was seen
+        at the previous check too (two checks in a row: a rank whose reports are merely delayed is not cut off).
+        The gap is ``serving_unit_split_steps``, or, when the caller knows the unit's usual step time, the steps
+        of :data:`SPLIT_S` seconds of it if fewer (at least :data:`SPLIT_MIN_STEPS`): bursty replicas of a
+        0.1 s step drifted 200 steps apart only 12-30 minutes into ``bench_corpus`` serving_dp runs, and each
+        replica's own learning began only then (a 1.61x replica from 563 s, split at 973 s, learned as its usual
+        level); tensor-parallel ranks of one replica step in lock-step and are never seconds of steps apart at
+        two checks in a row. Units are only ever split, never merged, within a generation: the ranks of
         one replica (tensor parallel) step in lock-step and never drift that far apart, independent replicas
         do within minutes (bursts and idle gaps differ). Ranks that never reported stay where they are.
         Cost: O(world_size log world_size) per check.
@@ -274,13 +287,24 @@ class UnitSplitter:
         self.units: list[list[int]] = [list(range(world_size))]
         self._pending: set[tuple[int, ...]] = set()
 
-    def check(self, last_step: list[int | None]) -> bool:
-        """Refine the units from each rank's last step (None = never reported); True when they changed."""
+    def gap_steps(self, usual_step_s: float | None) -> int:
+        """Steps two ranks' counters must differ by to be cut apart, for a unit whose usual step is
+        ``usual_step_s`` seconds (None, not finite or not > 0: unknown): ``serving_unit_split_steps``, or the steps
+        of :data:`SPLIT_S` seconds if fewer, at least :data:`SPLIT_MIN_STEPS`."""
         gap = self.settings.serving_unit_split_steps
+        if usual_step_s is None or not (usual_step_s > 0 and math.isfinite(usual_step_s)):
+            return gap
+        return min(gap, max(SPLIT_MIN_STEPS, math.ceil(SPLIT_S / usual_step_s)))
+
+    def check(self, last_step: list[int | None], usual_step_s: Sequence[float | None] | None = None) -> bool:
+        """Refine the units from each rank's last step (None = never reported); ``usual_step_s``: per unit of
+        :attr:`units` (in order), its usual step time in seconds or None (see :meth:`gap_steps`). True when they
+        changed."""
         new_units: list[list[int]] = []
         cuts_now: set[tuple[int, ...]] = set()
         changed = False
-        for unit in self.units:
+        for u, unit in enumerate(self.units):
+            gap = self.gap_steps(usual_step_s[u] if usual_step_s is not None and u < len(usual_step_s) else None)
             seen = sorted((s, r) for r in unit if (s := last_step[r]) is not None)
             groups: list[list[int]] = [[]]
             prev: int | None = None
