@@ -13,6 +13,7 @@ import numpy as np
 
 from profwatch.core.detection.baseline import RobustBaseline, theil_sen
 from profwatch.core.detection.drift import DriftTracker, ramp_evidence, trend_z
+from profwatch.core.detection.interruptions import RecurringInterruptions
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.spikes import EXIT_FRACTION, SpikeEpisode, SpikeFilter
 from profwatch.core.detection.types import Anomaly, FinalizedStep
@@ -251,6 +252,9 @@ class StepTimeRegressionDetector:
         self.drift = DriftTracker(settings.drift_threshold or settings.min_effect)
         self._steps_per_value = 1
         self.spikes = SpikeFilter(settings)
+        self.recurring = RecurringInterruptions()
+        """Level reports that came back (a job-wide interruption the job does not flag): an alike excursion gets
+        a longer hold (see ``daemon/profwatch/core/detection/interruptions.py``)."""
         self.counters = {"regressions": 0, "spike_events": 0, "spikes_not_reported": 0, "speedups": 0, "held": 0,
                          "relearn_while_learning": 0, "drift_reports": 0, "drift_onsets": 0, "unmeasured": 0,
                          "warmup_restarts": 0}
@@ -284,6 +288,7 @@ class StepTimeRegressionDetector:
         self._checked_learned = not self.first_learning_checks
         self.drift.reset()
         self.spikes.reset()
+        self.recurring.reset()
         self._last_spike_event = None
         self._spikes_since_event = 0
         self._last_job_step_s = None
@@ -374,6 +379,7 @@ class StepTimeRegressionDetector:
             return []
         self._steps_per_value = max(1, step.steps)
         self._last_job_step_s = x
+        self.recurring.observe(step.step, x, self.settings.spike_min_effect, self.settings.spike_z)
         self._step_now = step.step
         if self._first_step is None:
             self._first_step = step.step
@@ -399,7 +405,12 @@ class StepTimeRegressionDetector:
         z = rel / noise
         out: list[Anomaly] = []
         hold = self._hold(step.step, self._hold_time(mu, x))
-        sp = self.spikes.observe(step.step, rel, z, hold, self._steps_per_value)
+        stride = self._steps_per_value
+
+        def extend(ep: SpikeEpisode) -> int:
+            return self.recurring.hold(ep.onset, ep.level, hold, stride)
+
+        sp = self.spikes.observe(step.step, rel, z, hold, stride, extend)
         if sp.ended is not None and not sp.ended_periodic:
             self._spike_event(step.step, sp.ended, mu, hold, out)
         if sp.new_pattern is not None:
@@ -483,6 +494,8 @@ class StepTimeRegressionDetector:
                 if not self._learn_rise:
                     self._learn_since = step
                 self._learn_rise.append(x)
+                if len(self._learn_rise) > hold:  # alike to an interruption that came back: its own hold
+                    hold = self._recurring_hold(self._learn_since, mu, self._learn_rise, hold)
                 if len(self._learn_rise) <= hold:
                     return None
                 self.counters["relearn_while_learning"] += 1
@@ -737,13 +750,31 @@ class StepTimeRegressionDetector:
         slope = float(pos @ rel) / float(pos @ pos)
         return slope >= EFFECT_Z * noise / math.sqrt(float(pos @ pos))
 
+    def _recurring_hold(self, onset: int, mu: float, values: list[float], hold: int) -> int:
+        """The hold of risen ``values`` (s) held since ``onset`` against a level ``mu`` (s) while the baseline
+        (re-)learns: longer when their median excess is alike to an interruption that came back
+        (:meth:`RecurringInterruptions.hold`)."""
+        rels = sorted(v / mu - 1.0 for v in values)
+        return self.recurring.hold(onset, rels[len(rels) // 2], hold, self._steps_per_value)
+
     def _spike_event(self, step: int, ep: SpikeEpisode, mu: float, hold: int, out: list[Anomaly]) -> None:
+        """A spike episode ended: ``step_spike`` (``pattern "transient"``; ``"recurring"`` when it outlasted the
+        hold and ended within the longer one an alike earlier interruption gave it, with that evidence in
+        ``detail.recurring``, and is remembered as one more occurrence); at most one event per
+        ``spike_event_gap_steps``, the others counted in the next; the first recognised recurrence is always
+        reported (it says the job's pattern was learned)."""
+        extra: dict[str, Any] = {"pattern": "transient"}
+        first = False
+        if (ep.last - ep.onset) // self._steps_per_value + 1 > hold:
+            extra = {"pattern": "recurring", "recurring": self.recurring.describe(ep.level)}
+            first = self.recurring.counters["interruptions_recognised"] == 0
+            self.recurring.recognised(ep.onset, ep.duration, ep.level)
         gap = self.settings.spike_event_gap_steps
-        if self._last_spike_event is not None and ep.onset - self._last_spike_event < gap:
+        if not first and self._last_spike_event is not None and ep.onset - self._last_spike_event < gap:
             self._spikes_since_event += 1
             self.counters["spikes_not_reported"] += 1
             return
-        detail: dict[str, Any] = {"pattern": "transient", **ep.to_json(), "baseline_s": mu, "hold_steps": hold,
+        detail: dict[str, Any] = {**extra, **ep.to_json(), "baseline_s": mu, "hold_steps": hold,
                                   "not_reported_before": self._spikes_since_event}
         self._last_spike_event = ep.onset
         self._spikes_since_event = 0
@@ -843,6 +874,8 @@ class StepTimeRegressionDetector:
             self._interim_spikes.append(x)
             self._run_vals.append(x)
             hold = self._hold(fs.step, self._hold_time(mu, x))
+            if len(self._interim_spikes) > hold:
+                hold = self._recurring_hold(self._interim_spike_start, mu, self._interim_spikes, hold)
             if len(self._interim_spikes) <= hold:
                 return None
             logs = sorted(math.log(v / mu) for v in self._interim_spikes)
@@ -1020,6 +1053,9 @@ class StepTimeRegressionDetector:
         trend = self._base.slope if self.settings.drift_detection else 0.0
         level, n = self._reported_level(detail)
         noise = float(detail.get("noise") or MIN_NOISE)
+        if detail.get("pattern") == "level" and detail.get("reference") != "provisional":
+            self.recurring.reported(int(detail.get("first_step", step)), step, magnitude,
+                                    float(detail.get("baseline_s") or 0.0), noise)
         self._relearn()
         self._base.prior_slope = trend  # a drift goes on after a sudden change: the new level follows it
         if level > 0.0 and math.isfinite(level):
