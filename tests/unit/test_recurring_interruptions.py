@@ -16,6 +16,8 @@ from profwatch.core.detection.interruptions import (
     MAX_HOLD_STEPS,
     MAX_INTERRUPTION_STEPS,
     REVERT_STEPS,
+    Interruption,
+    NewLevel,
     RecurringInterruptions,
 )
 from profwatch.core.detection.regression import StepTimeRegressionDetector
@@ -104,11 +106,35 @@ def test_a_small_change_during_an_interruption_is_found_by_the_change_point_test
     assert late and late[0].step - 594 <= 60
 
 
+@pytest.mark.parametrize(("after", "change", "cv"), [(0, 1.3, 0.03), (0, 1.3, 0.15), (2, 1.15, 0.03),
+                                                    (10, 1.3, 0.03), (10, 3.0, 0.15), (25, 1.3, 0.15)])
+def test_a_change_right_after_the_first_interruption_is_its_own_report(after: int, change: float, cv: float) -> None:
+    """The first occurrence is reported and the baseline re-learns; a change from 0-25 steps after it ends is
+    judged against the level before it (it was learned as the job's level, never reported)."""
+    at = 203 + after
+    found, _ = feed(series(700, [198], 5, 7.0, change_at=at, change=change, cv=cv))
+    late = [a for a in regressions(found) if a.step >= at]
+    assert late, "the change after the interruption was learned as normal"
+    assert late[0].detail["reference"] == "before_interruption" and late[0].step - at <= 45
+    assert 0.1 <= late[0].magnitude <= 1.3 * (change - 1.0)  # a CUSUM run's mean may start on noise: low
+    assert late[0].detail["baseline_s"] == pytest.approx(STEP_S, rel=0.1)
+
+
+def test_a_new_level_after_an_interruption_needs_min_effect_clear_of_its_error() -> None:
+    rec = RecurringInterruptions()
+    rec.reported(100, 104, 6.0, 1.0, 0.03)
+    out = [rec.observe(105 + i, 1.3, 0.3, 6.0, 0.1) for i in range(REVERT_STEPS)]
+    assert out[-1] == NewLevel(105, 1.0, pytest.approx(0.3), REVERT_STEPS)
+    rec.reported(200, 204, 6.0, 1.0, 0.03)
+    assert all(rec.observe(205 + i, 1.05, 0.3, 6.0, 0.1) is None for i in range(REVERT_STEPS - 1))
+    assert isinstance(rec.observe(213, 1.05, 0.3, 6.0, 0.1), Interruption)  # under min_effect: came back
+
+
 def test_an_excursion_that_never_comes_back_is_not_learned() -> None:
     rec = RecurringInterruptions()
     rec.reported(100, 104, 2.0, 1.0, 0.03)
     for step in range(105, 105 + MAX_INTERRUPTION_STEPS):
-        assert rec.observe(step, 3.0, 0.3, 6.0) is None
+        assert rec.observe(step, 3.0, 0.3, 6.0, 0.1) is None
     assert list(rec.seen) == [] and rec.counters["interruptions_not_ended"] == 1
     assert rec.hold(400, 2.0, HOLD) == HOLD
 
@@ -116,7 +142,7 @@ def test_an_excursion_that_never_comes_back_is_not_learned() -> None:
 def test_an_excursion_that_comes_back_is_learned_and_its_hold_bounded() -> None:
     rec = RecurringInterruptions()
     rec.reported(100, 104, 6.0, 1.0, 0.03)
-    out = [rec.observe(step, 1.0, 0.3, 6.0) for step in range(105, 105 + REVERT_STEPS)]
+    out = [rec.observe(step, 1.0, 0.3, 6.0, 0.1) for step in range(105, 105 + REVERT_STEPS)]
     assert out[-1] is not None and (out[-1].onset, out[-1].duration) == (100, 5)
     assert rec.hold(300, 5.5, HOLD) == 5 * 3 // 2 + 2 + 1  # ceil(1.5 x 5) + 2
     assert rec.hold(300, 0.5, HOLD) == HOLD  # 1.5x is not alike to 7x
@@ -130,11 +156,11 @@ def test_strays_after_the_return_do_not_stop_the_learning_but_a_level_that_stays
     rec = RecurringInterruptions()
     rec.reported(100, 104, 6.0, 1.0, 0.03)
     xs = [1.0, 1.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]  # a GC pause after the return
-    assert [o for o in (rec.observe(105 + i, x, 0.3, 6.0) for i, x in enumerate(xs)) if o is not None]
+    assert [o for o in (rec.observe(105 + i, x, 0.3, 6.0, 0.1) for i, x in enumerate(xs)) if o is not None]
     rec2 = RecurringInterruptions()
     rec2.reported(100, 104, 6.0, 1.0, 0.03)
     for i in range(20):
-        rec2.observe(105 + i, 1.0 if i % 3 == 0 else 2.0, 0.3, 6.0)
+        rec2.observe(105 + i, 1.0 if i % 3 == 0 else 2.0, 0.3, 6.0, 0.1)
     assert list(rec2.seen) == []
 
 

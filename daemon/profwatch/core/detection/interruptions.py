@@ -42,6 +42,14 @@ reported at most this late."""
 INTERVAL_JITTER = 0.15
 """Relative tolerance of a recurrence's onset around the learned interval (and of the intervals among themselves
 for the interval to be regular); at least :data:`MIN_TOLERANCE_STEPS`."""
+NEW_LEVEL_STEPS = 32
+"""Steps after a reported excursion's end that its return is judged on at most: a level between the one before and
+``min_effect`` over it that is not yet clear of its standard error by then is neither learned nor reported."""
+NEW_LEVEL_Z = 2.0
+"""Standard errors (``noise * sqrt(pi / (2 k) + 1 / BEFORE_VALUES)``: a median of k steps against a baseline) a
+level after an excursion must clear ``min_effect`` by to be a new level."""
+BEFORE_VALUES = 30
+"""Values the level before an excursion is taken to rest on (the baseline's ``min_baseline_steps`` default)."""
 MIN_TOLERANCE_STEPS = 2
 """The fewest steps a recurrence's onset may be off the learned interval."""
 MAX_SKIPPED = 3
@@ -57,10 +65,23 @@ class Interruption:
     onset: int
     duration: int
     level: float
+    before_s: float = 0.0
+    """The level (s) before it, when it was watched from a report (0 for a recognised recurrence)."""
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready ``{"first_step", "duration_steps", "level"}``."""
         return {"first_step": self.onset, "duration_steps": self.duration, "level": round(self.level, 6)}
+
+
+@dataclass(frozen=True, slots=True)
+class NewLevel:
+    """A reported excursion ended on another level than the one before it: from ``first_step`` on, the job runs
+    ``level`` (relative excess, the median of ``steps`` steps on log step time) over ``before_s`` (s)."""
+
+    first_step: int
+    before_s: float
+    level: float
+    steps: int
 
 
 @dataclass(slots=True)
@@ -74,6 +95,9 @@ class _Watch:
     rels: list[float] = field(default_factory=list)
     back: int = 0
     strays: int = 0
+    after: list[float] = field(default_factory=list)
+    """Log ratios to ``before_s`` of the steps since the excursion's last step (the level it ended on)."""
+    after_start: int | None = None
 
 
 def alike_level(a: float, b: float) -> bool:
@@ -95,9 +119,15 @@ class RecurringInterruptions:
         :data:`~profwatch.core.detection.spikes.EXIT_FRACTION` of ``spike_min_effect`` and of ``spike_z`` noise
         sigmas (the spike filter's hysteresis). The excursion goes on through elevated steps (at most
         :data:`~profwatch.core.detection.spikes.MERGE_GAP_STEPS` ordinary steps between them); it ended when the
-        :data:`REVERT_STEPS` steps after its last elevated one are back (:data:`REVERT_STRAYS` strays allowed).
-        It is then remembered as an :class:`Interruption` when it lasted at most :data:`MAX_INTERRUPTION_STEPS`;
-        one that lasts longer, or does not come back, is a change and is forgotten.
+        :data:`REVERT_STEPS` steps after its last one are below it (:data:`REVERT_STRAYS` strays allowed; a
+        step counts as the excursion's only when it is also nearer its level than the level before, on log step
+        time). The median of the steps since then (log ratios to the level before) decides: under
+        ``min_effect``, it came back and is remembered as an :class:`Interruption` when it lasted at most
+        :data:`MAX_INTERRUPTION_STEPS`; ``min_effect`` or more by :data:`NEW_LEVEL_Z` standard errors, it ended
+        on a new level (:class:`NewLevel`: a change that started during or right after it, which the baseline
+        re-learned after the report would otherwise take for the job's level); in between, it waits up to
+        :data:`NEW_LEVEL_STEPS` steps. One that lasts longer, or does not come back, is a change (reported
+        already) and is forgotten.
 
         Hold (:meth:`hold`): an open spike episode whose level (median relative excess so far) is alike
         (:func:`alike_level`) to remembered interruptions may last ``SEEN_FACTOR`` (1.5) times the longest alike
@@ -118,7 +148,8 @@ class RecurringInterruptions:
     def __init__(self) -> None:
         self.seen: deque[Interruption] = deque(maxlen=MAX_OCCURRENCES)
         self._watch: _Watch | None = None
-        self.counters = {"interruptions_learned": 0, "interruptions_recognised": 0, "interruptions_not_ended": 0}
+        self.counters = {"interruptions_learned": 0, "interruptions_recognised": 0, "interruptions_not_ended": 0,
+                         "new_levels": 0}
 
     def reset(self) -> None:
         """Forget everything (step counter restart: step numbers no longer line up)."""
@@ -133,35 +164,58 @@ class RecurringInterruptions:
                 and math.isfinite(level) and step >= onset):
             self._watch = _Watch(onset, before_s, noise, step, [level])
 
-    def observe(self, step: int, x: float, spike_min_effect: float, spike_z: float) -> Interruption | None:
-        """One measured step time ``x`` (s) at ``step``; returns the interruption that this step showed to have
-        ended (and remembers it), else None."""
+    def observe(self, step: int, x: float, spike_min_effect: float, spike_z: float,
+                min_effect: float) -> Interruption | NewLevel | None:
+        """One measured step time ``x`` (s, > 0) at ``step``. Returns the interruption this step showed to have
+        ended back at the level before it (and remembers it), the new level it ended on (``min_effect`` or more
+        over the level before, by :data:`NEW_LEVEL_Z` standard errors), or None (still watching, or nothing)."""
         w = self._watch
-        if w is None:
+        if w is None or not x > 0.0:
             return None
-        rel = x / w.before_s - 1.0
-        elevated = rel >= EXIT_FRACTION * spike_min_effect and rel / w.noise >= EXIT_FRACTION * spike_z
-        if elevated and (w.back <= MERGE_GAP_STEPS or not w.rels):
-            w.last, w.back, w.strays = step, 0, 0
+        lr = math.log(x / w.before_s)
+        rel = math.expm1(lr)
+        at = (rel >= EXIT_FRACTION * spike_min_effect and rel / w.noise >= EXIT_FRACTION * spike_z
+              and lr >= 0.5 * math.log1p(max(w.rels[0], 0.0)))  # nearer the excursion's level than the one before
+        if at and w.back <= MERGE_GAP_STEPS:
+            w.last, w.back, w.strays, w.after_start = step, 0, 0, None
             w.rels.append(rel)
-        elif elevated:
+            w.after.clear()
+        elif at:
             w.strays += 1
             w.back += 1
         else:
             w.back += 1
+            w.after_start = step if w.after_start is None else w.after_start
+            w.after.append(lr)
         duration = w.last - w.onset + 1
         if duration > MAX_INTERRUPTION_STEPS or w.strays > REVERT_STRAYS:
+            self._drop()
+            return None
+        if w.back < REVERT_STEPS or not w.after:
+            return None
+        logs = sorted(w.after)
+        k = len(logs)
+        med = logs[k // 2] if k % 2 else 0.5 * (logs[k // 2 - 1] + logs[k // 2])
+        if math.expm1(med) < min_effect:  # back at the level before it: an interruption
             self._watch = None
-            self.counters["interruptions_not_ended"] += 1
-            return None
-        if w.back < REVERT_STEPS:
-            return None
+            rels = sorted(w.rels)
+            ended = Interruption(w.onset, duration, rels[len(rels) // 2], w.before_s)
+            self.seen.append(ended)
+            self.counters["interruptions_learned"] += 1
+            return ended
+        se = w.noise * math.sqrt(math.pi / (2.0 * k) + 1.0 / BEFORE_VALUES)
+        if math.expm1(med - NEW_LEVEL_Z * se) >= min_effect and w.after_start is not None:
+            self._watch = None
+            self.counters["new_levels"] += 1
+            return NewLevel(w.after_start, w.before_s, math.expm1(med), k)
+        if w.back >= NEW_LEVEL_STEPS:
+            self._drop()
+        return None
+
+    def _drop(self) -> None:
+        """The watched excursion did not come back within the bounds: a change (already reported), forgotten."""
         self._watch = None
-        rels = sorted(w.rels) or [0.0]
-        ended = Interruption(w.onset, duration, rels[len(rels) // 2])
-        self.seen.append(ended)
-        self.counters["interruptions_learned"] += 1
-        return ended
+        self.counters["interruptions_not_ended"] += 1
 
     def recognised(self, onset: int, duration: int, level: float) -> Interruption:
         """A spike episode held by :meth:`hold` ended within it: remember it as one more occurrence."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from profwatch.core.detection.baseline import RobustBaseline, theil_sen
 from profwatch.core.detection.drift import DriftTracker, ramp_evidence, trend_z
-from profwatch.core.detection.interruptions import RecurringInterruptions
+from profwatch.core.detection.interruptions import NewLevel, RecurringInterruptions
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.spikes import EXIT_FRACTION, SpikeEpisode, SpikeFilter
 from profwatch.core.detection.types import Anomaly, FinalizedStep
@@ -379,7 +379,14 @@ class StepTimeRegressionDetector:
             return []
         self._steps_per_value = max(1, step.steps)
         self._last_job_step_s = x
-        self.recurring.observe(step.step, x, self.settings.spike_min_effect, self.settings.spike_z)
+        back = self.recurring.observe(step.step, x, self.settings.spike_min_effect, self.settings.spike_z,
+                                      self.settings.min_effect)
+        if isinstance(back, NewLevel):
+            return [self._new_level(step, back)]
+        if back is not None and self._interim is not None and self._interim[2] == "reported_level":
+            # the reported excursion came back: a rise while the baseline re-learns is judged against the level
+            # before it, not the excursion's (a +30 % change 10 steps after a 7x one was learned as normal)
+            self._interim = (back.before_s, self._interim[1], "before_interruption")
         self._step_now = step.step
         if self._first_step is None:
             self._first_step = step.step
@@ -750,6 +757,18 @@ class StepTimeRegressionDetector:
         slope = float(pos @ rel) / float(pos @ pos)
         return slope >= EFFECT_Z * noise / math.sqrt(float(pos @ pos))
 
+    def _new_level(self, fs: FinalizedStep, new: NewLevel) -> Anomaly:
+        """A level report's excursion ended on a level ``min_effect`` or more over the one before it (a change that
+        started during or right after it, which the baseline re-learned after the report would take for the job's
+        level): ``step_regression`` with ``pattern "level"``, ``detail.reference "before_interruption"``, the
+        level before as ``baseline_s`` and the median of the steps since as ``step_time_s``. The baseline already
+        learns at that level: nothing is re-learned."""
+        self.counters["regressions"] += 1
+        detail = {"pattern": "level", "reference": "before_interruption", "first_step": new.first_step,
+                  "baseline_s": new.before_s, "step_time_s": new.before_s * (1.0 + new.level), "steps": new.steps,
+                  "slowest_ranks": [fs.slowest_rank]}
+        return Anomaly("step_regression", self.job_id, fs.step, (), new.level, detail)
+
     def _recurring_hold(self, onset: int, mu: float, values: list[float], hold: int) -> int:
         """The hold of risen ``values`` (s) held since ``onset`` against a level ``mu`` (s) while the baseline
         (re-)learns: longer when their median excess is alike to an interruption that came back
@@ -850,9 +869,12 @@ class StepTimeRegressionDetector:
           (``noise / sqrt(run)`` each) and never above the level before the speedup;
         - after a ``step_regression`` (``reference "reported_level"``): the level the report measured
           (:meth:`_reported_level`), raised by :data:`REPORTED_SE` standard errors; a second rise that starts 1-40
-          steps after a report was absorbed by the re-learned baseline and never reported.
+          steps after a report was absorbed by the re-learned baseline and never reported;
+        - after a level report whose excursion came back (``reference "before_interruption"``,
+          ``daemon/profwatch/core/detection/interruptions.py``): the level before the excursion (a +30 % change 10
+          steps after a 7x, 5-step one was learned as normal against the excursion's level).
 
-        After a report, steps over it by ``spike_min_effect`` (and ``spike_z``; ``EXIT_FRACTION`` of both to go
+        After a report (either reference), steps over it by ``spike_min_effect`` (and ``spike_z``; ``EXIT_FRACTION`` of both to go
         on) are held as spike steps, as on a learned baseline:
         when they outlast the hold, ``pattern "level"`` (magnitude the median ratio on log step time); a transient
         one (a checkpoint) is no report (after a speedup they are not held: a +30 % change straddling the threshold
@@ -865,7 +887,7 @@ class StepTimeRegressionDetector:
         k, h, clip = self._design(noise)
         rel = x / mu - 1.0
         z = rel / noise
-        held = reference == "reported_level" and (self.spikes.is_spike(rel, z) or (  # hysteresis, as the
+        held = reference in ("reported_level", "before_interruption") and (self.spikes.is_spike(rel, z) or (  # hysteresis, as the
             bool(self._interim_spikes)  # spike filter's: a rise straddling the threshold stays one episode
             and rel >= EXIT_FRACTION * s.spike_min_effect and z >= EXIT_FRACTION * s.spike_z))
         if held:
