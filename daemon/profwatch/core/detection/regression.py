@@ -382,11 +382,16 @@ class StepTimeRegressionDetector:
         back = self.recurring.observe(step.step, x, self.settings.spike_min_effect, self.settings.spike_z,
                                       self.settings.min_effect)
         if isinstance(back, NewLevel):
-            return [self._new_level(step, back)]
+            return [self._new_level(step, back), *self._judge(step, x)]
         if back is not None and self._interim is not None and self._interim[2] == "reported_level":
             # the reported excursion came back: a rise while the baseline re-learns is judged against the level
             # before it, not the excursion's (a +30 % change 10 steps after a 7x one was learned as normal)
             self._interim = (back.before_s, self._interim[1], "before_interruption")
+        return self._judge(step, x)
+
+    def _judge(self, step: FinalizedStep, x: float) -> list[Anomaly]:
+        """Judge one measured step (``x`` its job step time, s): against the interim reference, while learning,
+        or by the spike filter and the CUSUM (:meth:`on_step`)."""
         self._step_now = step.step
         if self._first_step is None:
             self._first_step = step.step
