@@ -13,6 +13,7 @@ import numpy as np
 
 from profwatch.core.detection.baseline import RobustBaseline, theil_sen
 from profwatch.core.detection.drift import DriftTracker, ramp_evidence, trend_z
+from profwatch.core.detection.interruptions import NewLevel, RecurringInterruptions
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.spikes import EXIT_FRACTION, SpikeEpisode, SpikeFilter
 from profwatch.core.detection.types import Anomaly, FinalizedStep
@@ -251,6 +252,9 @@ class StepTimeRegressionDetector:
         self.drift = DriftTracker(settings.drift_threshold or settings.min_effect)
         self._steps_per_value = 1
         self.spikes = SpikeFilter(settings)
+        self.recurring = RecurringInterruptions()
+        """Level reports that came back (a job-wide interruption the job does not flag): an alike excursion gets
+        a longer hold (see ``daemon/profwatch/core/detection/interruptions.py``)."""
         self.counters = {"regressions": 0, "spike_events": 0, "spikes_not_reported": 0, "speedups": 0, "held": 0,
                          "relearn_while_learning": 0, "drift_reports": 0, "drift_onsets": 0, "unmeasured": 0,
                          "warmup_restarts": 0}
@@ -284,6 +288,7 @@ class StepTimeRegressionDetector:
         self._checked_learned = not self.first_learning_checks
         self.drift.reset()
         self.spikes.reset()
+        self.recurring.reset()
         self._last_spike_event = None
         self._spikes_since_event = 0
         self._last_job_step_s = None
@@ -374,6 +379,19 @@ class StepTimeRegressionDetector:
             return []
         self._steps_per_value = max(1, step.steps)
         self._last_job_step_s = x
+        back = self.recurring.observe(step.step, x, self.settings.spike_min_effect, self.settings.spike_z,
+                                      self.settings.min_effect)
+        if isinstance(back, NewLevel):
+            return [self._new_level(step, back), *self._judge(step, x)]
+        if back is not None and self._interim is not None and self._interim[2] == "reported_level":
+            # the reported excursion came back: a rise while the baseline re-learns is judged against the level
+            # before it, not the excursion's (a +30 % change 10 steps after a 7x one was learned as normal)
+            self._interim = (back.before_s, self._interim[1], "before_interruption")
+        return self._judge(step, x)
+
+    def _judge(self, step: FinalizedStep, x: float) -> list[Anomaly]:
+        """Judge one measured step (``x`` its job step time, s): against the interim reference, while learning,
+        or by the spike filter and the CUSUM (:meth:`on_step`)."""
         self._step_now = step.step
         if self._first_step is None:
             self._first_step = step.step
@@ -399,7 +417,12 @@ class StepTimeRegressionDetector:
         z = rel / noise
         out: list[Anomaly] = []
         hold = self._hold(step.step, self._hold_time(mu, x))
-        sp = self.spikes.observe(step.step, rel, z, hold, self._steps_per_value)
+        stride = self._steps_per_value
+
+        def extend(ep: SpikeEpisode) -> int:
+            return self.recurring.hold(ep.onset, ep.level, hold, stride)
+
+        sp = self.spikes.observe(step.step, rel, z, hold, stride, extend)
         if sp.ended is not None and not sp.ended_periodic:
             self._spike_event(step.step, sp.ended, mu, hold, out)
         if sp.new_pattern is not None:
@@ -486,6 +509,8 @@ class StepTimeRegressionDetector:
                 if not self._learn_rise:
                     self._learn_since = step
                 self._learn_rise.append(x)
+                if len(self._learn_rise) > hold:  # alike to an interruption that came back: its own hold
+                    hold = self._recurring_hold(self._learn_since, mu, self._learn_rise, hold)
                 if len(self._learn_rise) <= hold:
                     return None
                 self.counters["relearn_while_learning"] += 1
@@ -740,13 +765,43 @@ class StepTimeRegressionDetector:
         slope = float(pos @ rel) / float(pos @ pos)
         return slope >= EFFECT_Z * noise / math.sqrt(float(pos @ pos))
 
+    def _new_level(self, fs: FinalizedStep, new: NewLevel) -> Anomaly:
+        """A level report's excursion ended on a level ``min_effect`` or more over the one before it (a change that
+        started during or right after it, which the baseline re-learned after the report would take for the job's
+        level): ``step_regression`` with ``pattern "level"``, ``detail.reference "before_interruption"``, the
+        level before as ``baseline_s`` and the median of the steps since as ``step_time_s``. The baseline already
+        learns at that level: nothing is re-learned."""
+        self.counters["regressions"] += 1
+        detail = {"pattern": "level", "reference": "before_interruption", "first_step": new.first_step,
+                  "baseline_s": new.before_s, "step_time_s": new.before_s * (1.0 + new.level), "steps": new.steps,
+                  "slowest_ranks": [fs.slowest_rank]}
+        return Anomaly("step_regression", self.job_id, fs.step, (), new.level, detail)
+
+    def _recurring_hold(self, onset: int, mu: float, values: list[float], hold: int) -> int:
+        """The hold of risen ``values`` (s) held since ``onset`` against a level ``mu`` (s) while the baseline
+        (re-)learns: longer when their median excess is alike to an interruption that came back
+        (:meth:`RecurringInterruptions.hold`)."""
+        rels = sorted(v / mu - 1.0 for v in values)
+        return self.recurring.hold(onset, rels[len(rels) // 2], hold, self._steps_per_value)
+
     def _spike_event(self, step: int, ep: SpikeEpisode, mu: float, hold: int, out: list[Anomaly]) -> None:
+        """A spike episode ended: ``step_spike`` (``pattern "transient"``; ``"recurring"`` when it outlasted the
+        hold and ended within the longer one an alike earlier interruption gave it, with that evidence in
+        ``detail.recurring``, and is remembered as one more occurrence); at most one event per
+        ``spike_event_gap_steps``, the others counted in the next; the first recognised recurrence is always
+        reported (it says the job's pattern was learned)."""
+        extra: dict[str, Any] = {"pattern": "transient"}
+        first = False
+        if (ep.last - ep.onset) // self._steps_per_value + 1 > hold:
+            extra = {"pattern": "recurring", "recurring": self.recurring.describe(ep.level)}
+            first = self.recurring.counters["interruptions_recognised"] == 0
+            self.recurring.recognised(ep.onset, ep.duration, ep.level)
         gap = self.settings.spike_event_gap_steps
-        if self._last_spike_event is not None and ep.onset - self._last_spike_event < gap:
+        if not first and self._last_spike_event is not None and ep.onset - self._last_spike_event < gap:
             self._spikes_since_event += 1
             self.counters["spikes_not_reported"] += 1
             return
-        detail: dict[str, Any] = {"pattern": "transient", **ep.to_json(), "baseline_s": mu, "hold_steps": hold,
+        detail: dict[str, Any] = {**extra, **ep.to_json(), "baseline_s": mu, "hold_steps": hold,
                                   "not_reported_before": self._spikes_since_event}
         self._last_spike_event = ep.onset
         self._spikes_since_event = 0
@@ -822,9 +877,12 @@ class StepTimeRegressionDetector:
           (``noise / sqrt(run)`` each) and never above the level before the speedup;
         - after a ``step_regression`` (``reference "reported_level"``): the level the report measured
           (:meth:`_reported_level`), raised by :data:`REPORTED_SE` standard errors; a second rise that starts 1-40
-          steps after a report was absorbed by the re-learned baseline and never reported.
+          steps after a report was absorbed by the re-learned baseline and never reported;
+        - after a level report whose excursion came back (``reference "before_interruption"``,
+          ``daemon/profwatch/core/detection/interruptions.py``): the level before the excursion (a +30 % change 10
+          steps after a 7x, 5-step one was learned as normal against the excursion's level).
 
-        After a report, steps over it by ``spike_min_effect`` (and ``spike_z``; ``EXIT_FRACTION`` of both to go
+        After a report (either reference), steps over it by ``spike_min_effect`` (and ``spike_z``; ``EXIT_FRACTION`` of both to go
         on) are held as spike steps, as on a learned baseline:
         when they outlast the hold, ``pattern "level"`` (magnitude the median ratio on log step time); a transient
         one (a checkpoint) is no report (after a speedup they are not held: a +30 % change straddling the threshold
@@ -837,7 +895,7 @@ class StepTimeRegressionDetector:
         k, h, clip = self._design(noise)
         rel = x / mu - 1.0
         z = rel / noise
-        held = reference == "reported_level" and (self.spikes.is_spike(rel, z) or (  # hysteresis, as the
+        held = reference in ("reported_level", "before_interruption") and (self.spikes.is_spike(rel, z) or (  # hysteresis, as the
             bool(self._interim_spikes)  # spike filter's: a rise straddling the threshold stays one episode
             and rel >= EXIT_FRACTION * s.spike_min_effect and z >= EXIT_FRACTION * s.spike_z))
         if held:
@@ -846,6 +904,8 @@ class StepTimeRegressionDetector:
             self._interim_spikes.append(x)
             self._run_vals.append(x)
             hold = self._hold(fs.step, self._hold_time(mu, x))
+            if len(self._interim_spikes) > hold:
+                hold = self._recurring_hold(self._interim_spike_start, mu, self._interim_spikes, hold)
             if len(self._interim_spikes) <= hold:
                 return None
             logs = sorted(math.log(v / mu) for v in self._interim_spikes)
@@ -1023,6 +1083,9 @@ class StepTimeRegressionDetector:
         trend = self._base.slope if self.settings.drift_detection else 0.0
         level, n = self._reported_level(detail)
         noise = float(detail.get("noise") or MIN_NOISE)
+        if detail.get("pattern") == "level" and detail.get("reference") != "provisional":
+            self.recurring.reported(int(detail.get("first_step", step)), step, magnitude,
+                                    float(detail.get("baseline_s") or 0.0), noise)
         self._relearn()
         self._base.prior_slope = trend  # a drift goes on after a sudden change: the new level follows it
         if level > 0.0 and math.isfinite(level):

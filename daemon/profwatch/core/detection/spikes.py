@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -204,11 +205,14 @@ class SpikeFilter:
             if p.covers(step):
                 p.unseen = True
 
-    def observe(self, step: int, rel: float, z: float, hold_steps: int, stride: int = 1) -> SpikeOutcome:
+    def observe(self, step: int, rel: float, z: float, hold_steps: int, stride: int = 1,
+                extend: Callable[[SpikeEpisode], int] | None = None) -> SpikeOutcome:
         """Classify one non-excluded step (``rel`` relative excess, ``z`` in noise sigmas; ``hold_steps`` >= 1).
 
         ``stride``: steps per value (a block of fast steps is one value, numbered by its last step): gaps and
-        the hold are counted in values, so consecutive blocks continue an episode."""
+        the hold are counted in values, so consecutive blocks continue an episode. ``extend``: called with an
+        episode that outlasted ``hold_steps``, returns the hold (values) it may last instead (a longer one for an
+        excursion alike to the job's recurring interruptions: ``daemon/profwatch/core/detection/interruptions.py``)."""
         if self._observed_from is None:
             self._observed_from = step
         s = self.settings
@@ -236,7 +240,9 @@ class SpikeFilter:
         explained = any(p.covers(step) for p in self.patterns)
         held = spike or explained
         sustained = None
-        if ep is not None and elevated and not explained and (step - ep.onset) // stride + 1 > hold_steps:
+        age = (step - ep.onset) // stride + 1 if ep is not None else 0
+        if (ep is not None and elevated and not explained and age > hold_steps
+                and (extend is None or age > extend(ep))):
             sustained, self._open = ep, None
         if ended is None and sustained is None and out_pattern is None:
             return SpikeOutcome(held) if held else _QUIET

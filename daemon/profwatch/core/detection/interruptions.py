@@ -1,0 +1,279 @@
+"""Recurring job-wide interruptions: an excursion that outlasted the spike hold, was reported as a level change, and
+then came back; once seen, an alike one is the job's own pattern, not a new finding (pure).
+
+A periodic evaluation or checkpoint the job does not flag makes the whole job several times slower for a few to
+tens of steps, then the job runs at its old level again. When it lasts longer than the spike hold (the capture
+planner's lead), the regression detector reports it as a level change (``pattern "level"``) and a capture is
+armed: correct the first time (nothing said it would end), wrong every time after. :class:`RecurringInterruptions`
+watches each level report for its return to the level before it, remembers the ones that returned, and gives the
+spike filter a longer hold for an episode alike to them, so a recurrence that ends as they did is a transient
+(``step_spike``, never armed) and one that does not end is still a level change (found, later by at most that hold).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from profwatch.core.detection.spikes import EXIT_FRACTION, MERGE_GAP_STEPS, SIMILAR_PEAK_RATIO
+
+MAX_INTERRUPTION_STEPS = 60
+"""Steps an excursion may last and still be an interruption: a change lasting 60 steps (and 5 minutes) is a
+persistent one (the corpus' definition) and is never learned as the job's pattern."""
+REVERT_STEPS = 8
+"""Steps after a reported excursion's last elevated step that must be back at the level before it (all but
+:data:`REVERT_STRAYS` of them) for the excursion to count as an interruption that ended."""
+REVERT_STRAYS = 2
+"""Elevated steps (a GC pause, a loader stall) tolerated among those :data:`REVERT_STEPS`."""
+MAX_OCCURRENCES = 8
+"""Interruptions remembered per job (the oldest forgotten first)."""
+SEEN_FACTOR = 1.5
+"""An episode alike to a remembered interruption is held up to this many times the longest alike one ..."""
+LATTICE_FACTOR = 2.0
+"""... or this many times when its onset falls on the interval learned from two or more of them (a pattern seen
+recurring: its duration may vary more before it is called a change)."""
+HOLD_SLACK_STEPS = 2
+"""Steps added to either hold (a one-step interruption is held 3-4 steps, not 1-2)."""
+MAX_HOLD_STEPS = 2 * MAX_INTERRUPTION_STEPS
+"""The longest hold an interruption gives (steps): a persistent change that starts at an alike excursion is
+reported at most this late."""
+INTERVAL_JITTER = 0.15
+"""Relative tolerance of a recurrence's onset around the learned interval (and of the intervals among themselves
+for the interval to be regular); at least :data:`MIN_TOLERANCE_STEPS`."""
+NEW_LEVEL_STEPS = 32
+"""Steps after a reported excursion's end that its return is judged on at most: a level between the one before and
+``min_effect`` over it that is not yet clear of its standard error by then is neither learned nor reported."""
+NEW_LEVEL_Z = 2.0
+"""Standard errors (``noise * sqrt(pi / (2 k) + 1 / BEFORE_VALUES)``: a median of k steps against a baseline) a
+level after an excursion must clear ``min_effect`` by to be a new level."""
+BEFORE_VALUES = 30
+"""Values the level before an excursion is taken to rest on (the baseline's ``min_baseline_steps`` default)."""
+MIN_TOLERANCE_STEPS = 2
+"""The fewest steps a recurrence's onset may be off the learned interval."""
+MAX_SKIPPED = 3
+"""An onset 1..this many intervals after the last occurrence is on the interval (occurrences hidden by excluded
+steps, or too short to be reported, are skipped)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interruption:
+    """One excursion that came back: ``onset`` (step), ``duration`` (steps, onset to last elevated step inclusive),
+    ``level`` (median relative excess over the level before it; 6.0 = 7x)."""
+
+    onset: int
+    duration: int
+    level: float
+    before_s: float = 0.0
+    """The level (s) before it, when it was watched from a report (0 for a recognised recurrence)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready ``{"first_step", "duration_steps", "level"}``."""
+        return {"first_step": self.onset, "duration_steps": self.duration, "level": round(self.level, 6)}
+
+
+@dataclass(frozen=True, slots=True)
+class NewLevel:
+    """A reported excursion ended on another level than the one before it: from ``first_step`` on, the job runs
+    ``level`` (relative excess, the median of ``steps`` steps on log step time) over ``before_s`` (s)."""
+
+    first_step: int
+    before_s: float
+    level: float
+    steps: int
+
+
+@dataclass(slots=True)
+class _Watch:
+    """A reported excursion being watched for its return: ``before_s`` the level before it (s), ``noise`` relative."""
+
+    onset: int
+    before_s: float
+    noise: float
+    last: int
+    rels: list[float] = field(default_factory=list)
+    back: int = 0
+    strays: int = 0
+    after: list[float] = field(default_factory=list)
+    """Log ratios to ``before_s`` of the steps since the excursion's last step (the level it ended on)."""
+    after_start: int | None = None
+
+
+def alike_level(a: float, b: float) -> bool:
+    """Whether two relative excesses are the same kind of excursion: ``1 + a`` and ``1 + b`` within a factor of
+    :data:`~profwatch.core.detection.spikes.SIMILAR_PEAK_RATIO` (2)."""
+    return abs(math.log((1.0 + max(a, -0.99)) / (1.0 + max(b, -0.99)))) <= math.log(SIMILAR_PEAK_RATIO)
+
+
+def _alike_duration(a: int, b: int) -> bool:
+    return max(a, b) <= 2 * min(a, b) + HOLD_SLACK_STEPS
+
+
+class RecurringInterruptions:
+    """The interruptions of one job's step-time series (steps, relative excesses; no clock).
+
+    Notes:
+        Watch: after a level report (:meth:`reported`: its first step, the level before it, the relative noise),
+        each measured step (:meth:`observe`) is elevated when it is over the level before by
+        :data:`~profwatch.core.detection.spikes.EXIT_FRACTION` of ``spike_min_effect`` and of ``spike_z`` noise
+        sigmas (the spike filter's hysteresis). The excursion goes on through elevated steps (at most
+        :data:`~profwatch.core.detection.spikes.MERGE_GAP_STEPS` ordinary steps between them); it ended when the
+        :data:`REVERT_STEPS` steps after its last one are below it (:data:`REVERT_STRAYS` strays allowed; a
+        step counts as the excursion's only when it is also nearer its level than the level before, on log step
+        time). The median of the steps since then (log ratios to the level before) decides: under
+        ``min_effect``, it came back and is remembered as an :class:`Interruption` when it lasted at most
+        :data:`MAX_INTERRUPTION_STEPS`; ``min_effect`` or more by :data:`NEW_LEVEL_Z` standard errors, it ended
+        on a new level (:class:`NewLevel`: a change that started during or right after it, which the baseline
+        re-learned after the report would otherwise take for the job's level); in between, it waits up to
+        :data:`NEW_LEVEL_STEPS` steps. One that lasts longer, or does not come back, is a change (reported
+        already) and is forgotten.
+
+        Hold (:meth:`hold`): an open spike episode whose level (median relative excess so far) is alike
+        (:func:`alike_level`) to remembered interruptions may last ``SEEN_FACTOR`` (1.5) times the longest alike
+        one plus :data:`HOLD_SLACK_STEPS`, ``LATTICE_FACTOR`` (2) times when its onset is on their interval, and
+        at most :data:`MAX_HOLD_STEPS`. Interval: with two or more alike interruptions whose consecutive onset gaps
+        agree within :data:`INTERVAL_JITTER` of their median ``p``, an onset ``k * p`` (k = 1..:data:`MAX_SKIPPED`)
+        after the last one, within ``max(MIN_TOLERANCE_STEPS, INTERVAL_JITTER * p)`` steps, is on it.
+        A recurrence that ends within its hold is recorded too (:meth:`recognised`), so the pattern follows the
+        job; durations stay bounded by :data:`MAX_INTERRUPTION_STEPS`.
+
+        What it never does: hold a step that is not a spike step (the change-point test still sees the elevated
+        ones), or hold anything longer than :data:`MAX_HOLD_STEPS`: a persistent change that starts during or
+        right after an interruption is reported when the episode outlasts the hold. Our own rule, stated here so
+        it can be checked; the analogue of the arming layer's rotation, which is recognised from what episodes
+        named across episodes (``daemon/profwatch/core/arming/episodes.py``).
+    """
+
+    def __init__(self) -> None:
+        self.seen: deque[Interruption] = deque(maxlen=MAX_OCCURRENCES)
+        self._watch: _Watch | None = None
+        self.counters = {"interruptions_learned": 0, "interruptions_recognised": 0, "interruptions_not_ended": 0,
+                         "new_levels": 0}
+
+    def reset(self) -> None:
+        """Forget everything (step counter restart: step numbers no longer line up)."""
+        self.seen.clear()
+        self._watch = None
+
+    def reported(self, onset: int, step: int, level: float, before_s: float, noise: float) -> None:
+        """A level change of relative excess ``level`` was reported at ``step`` from step ``onset`` over a level of
+        ``before_s`` (s) at relative noise ``noise``: watch whether it comes back. Ignored for a level or noise not
+        > 0 and finite, or a ``step`` before ``onset``."""
+        if (before_s > 0.0 and math.isfinite(before_s) and noise > 0.0 and math.isfinite(noise)
+                and math.isfinite(level) and step >= onset):
+            self._watch = _Watch(onset, before_s, noise, step, [level])
+
+    def observe(self, step: int, x: float, spike_min_effect: float, spike_z: float,
+                min_effect: float) -> Interruption | NewLevel | None:
+        """One measured step time ``x`` (s, > 0) at ``step``. Returns the interruption this step showed to have
+        ended back at the level before it (and remembers it), the new level it ended on (``min_effect`` or more
+        over the level before, by :data:`NEW_LEVEL_Z` standard errors), or None (still watching, or nothing)."""
+        w = self._watch
+        if w is None or not x > 0.0:
+            return None
+        lr = math.log(x / w.before_s)
+        rel = math.expm1(lr)
+        at = (rel >= EXIT_FRACTION * spike_min_effect and rel / w.noise >= EXIT_FRACTION * spike_z
+              and lr >= 0.5 * math.log1p(max(w.rels[0], 0.0)))  # nearer the excursion's level than the one before
+        if at and w.back <= MERGE_GAP_STEPS:
+            w.last, w.back, w.strays, w.after_start = step, 0, 0, None
+            w.rels.append(rel)
+            w.after.clear()
+        elif at:
+            w.strays += 1
+            w.back += 1
+        else:
+            w.back += 1
+            w.after_start = step if w.after_start is None else w.after_start
+            w.after.append(lr)
+        duration = w.last - w.onset + 1
+        if duration > MAX_INTERRUPTION_STEPS or w.strays > REVERT_STRAYS:
+            self._drop()
+            return None
+        if w.back < REVERT_STEPS or not w.after:
+            return None
+        logs = sorted(w.after)
+        k = len(logs)
+        med = logs[k // 2] if k % 2 else 0.5 * (logs[k // 2 - 1] + logs[k // 2])
+        if math.expm1(med) < min_effect:  # back at the level before it: an interruption
+            self._watch = None
+            rels = sorted(w.rels)
+            ended = Interruption(w.onset, duration, rels[len(rels) // 2], w.before_s)
+            self.seen.append(ended)
+            self.counters["interruptions_learned"] += 1
+            return ended
+        se = w.noise * math.sqrt(math.pi / (2.0 * k) + 1.0 / BEFORE_VALUES)
+        if math.expm1(med - NEW_LEVEL_Z * se) >= min_effect and w.after_start is not None:
+            self._watch = None
+            self.counters["new_levels"] += 1
+            return NewLevel(w.after_start, w.before_s, math.expm1(med), k)
+        if w.back >= NEW_LEVEL_STEPS:
+            self._drop()
+        return None
+
+    def _drop(self) -> None:
+        """The watched excursion did not come back within the bounds: a change (already reported), forgotten."""
+        self._watch = None
+        self.counters["interruptions_not_ended"] += 1
+
+    def recognised(self, onset: int, duration: int, level: float) -> Interruption:
+        """A spike episode held by :meth:`hold` ended within it: remember it as one more occurrence."""
+        occ = Interruption(onset, max(1, min(duration, MAX_INTERRUPTION_STEPS)), level)
+        self.seen.append(occ)
+        self.counters["interruptions_recognised"] += 1
+        return occ
+
+    def alike(self, level: float) -> list[Interruption]:
+        """The remembered interruptions alike in level to ``level``, oldest first."""
+        return [o for o in self.seen if alike_level(o.level, level)]
+
+    def interval(self, level: float) -> int | None:
+        """The regular interval (steps) of the interruptions alike to ``level``, or None (fewer than two, or gaps
+        that disagree by more than :data:`INTERVAL_JITTER` of their median)."""
+        alike = self.alike(level)
+        if len(alike) < 2:
+            return None
+        ref = alike[-1]
+        onsets = sorted({o.onset for o in alike if _alike_duration(o.duration, ref.duration)})
+        gaps = sorted(b - a for a, b in zip(onsets, onsets[1:], strict=False) if b > a)
+        if not gaps:
+            return None
+        p = gaps[len(gaps) // 2]
+        if p < 1:
+            return None
+        # a gap that is a multiple of p (an occurrence skipped) agrees too
+        for g in gaps:
+            k = max(1, round(g / p))
+            if abs(g - k * p) > max(MIN_TOLERANCE_STEPS, INTERVAL_JITTER * p):
+                return None
+        return p
+
+    def on_interval(self, onset: int, level: float) -> bool:
+        """Whether ``onset`` falls on the learned interval of the interruptions alike to ``level``."""
+        p = self.interval(level)
+        if p is None:
+            return False
+        last = max(o.onset for o in self.alike(level))
+        tol = max(MIN_TOLERANCE_STEPS, INTERVAL_JITTER * p)
+        return any(abs(onset - last - k * p) <= tol for k in range(1, MAX_SKIPPED + 1))
+
+    def hold(self, onset: int, level: float, base_hold: int, stride: int = 1) -> int:
+        """The hold (values of ``stride`` steps) for an open spike episode from ``onset`` at median relative excess
+        ``level``: ``base_hold`` unless it is alike to remembered interruptions (class Notes); never below
+        ``base_hold``, never above :data:`MAX_HOLD_STEPS` steps."""
+        alike = self.alike(level)
+        if not alike:
+            return base_hold
+        longest = max(o.duration for o in alike)
+        factor = LATTICE_FACTOR if self.on_interval(onset, level) else SEEN_FACTOR
+        steps = min(MAX_HOLD_STEPS, math.ceil(factor * longest) + HOLD_SLACK_STEPS)
+        return max(base_hold, -(-steps // max(1, stride)))
+
+    def describe(self, level: float) -> dict[str, Any]:
+        """JSON-ready evidence for a recognised recurrence: the alike interruptions seen (count, longest, the
+        newest) and the interval when one is learned (steps)."""
+        alike = self.alike(level)
+        return {"seen": len(alike), "longest_steps": max((o.duration for o in alike), default=0),
+                "interval_steps": self.interval(level),
+                "last": alike[-1].to_json() if alike else None}
