@@ -546,3 +546,26 @@ def test_a_further_slowdown_after_a_cusum_report_is_still_its_own_report(gap: in
         step, magnitude, detail = regs[1]
         assert onset < step <= onset + 12, (seed, step, onset)
         assert magnitude == pytest.approx(0.3, abs=0.1), (seed, magnitude)
+
+
+@pytest.mark.parametrize(("low", "onset", "least"), [(0.6, 40, 9), (0.8, 50, 8)])
+def test_a_small_slowdown_during_a_rising_warm_up_is_found_off_its_line(low: float, onset: int, least: int) -> None:
+    """Issue 31's corpus kind (warm-ups up, a change while the baseline learns): 1.15x from step ``onset`` of a
+    60-step linear rise from ``low`` to 1.0 (3 % noise). At the end of the first learning the steps rose, so
+    learning restarted from the warm-up's flat part, which held the change: learned as the level the warm-up
+    settled at (found in 1 and 0 of 10 seeds before). The learned steps are now searched for a jump off the
+    earlier steps' line before learning restarts (``reference "warm_up_line"``, its magnitude the jump): 10 and 9
+    of 10; nothing is reported before the onset, and the warm-up alone reports nothing."""
+    found = 0
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        level = np.ones(600)
+        level[:60] = np.linspace(low, 1.0, 60)
+        x = 0.5 * level * np.maximum(0.2, 1.0 + 0.03 * rng.standard_normal(600))
+        assert [k for _, k, _, _ in feed(x) if k in ("step_regression", "drift")] == [], seed
+        x[onset:] *= 1.15
+        regs = [(s, m, d.get("reference")) for s, k, m, d in feed(x) if k == "step_regression"]
+        assert all(s >= onset for s, _, _ in regs), (seed, regs)
+        assert all(0.1 <= m <= 0.25 for _, m, ref in regs if ref == "warm_up_line"), (seed, regs)
+        found += bool(regs)
+    assert found >= least, found

@@ -83,6 +83,12 @@ warm-ups visible in them and 1 % of sudden changes of 1.1-1.4x with their onset 
 OFF_LINE_STEPS = 8
 """Steps after a warm-up's rise whose median is compared with the warm-up's extrapolated line
 (:meth:`StepTimeRegressionDetector._off_line`): the first few, before a line extrapolated further drifts off."""
+WARM_UP_JUMP_MIN = 4
+"""Later steps a split of a warm-up's learned steps needs (:meth:`StepTimeRegressionDetector._line_jump`): fewer are
+not yet a level."""
+WARM_UP_JUMP_Z = 3.0
+"""Standard errors a jump off a warm-up's line must clear 0 by (:meth:`StepTimeRegressionDetector._line_jump`):
+one-sided 0.1 % per split, the splits of some 46 learned steps being tried."""
 SETTLE_Z = 1.645
 """At the end of a generation's first learning, the learned steps still rise (a warm-up not over: caches and
 allocators filling, a job that starts fast and settles slower) when their Mann-Kendall trend statistic
@@ -278,6 +284,8 @@ class StepTimeRegressionDetector:
         """Step times (s) after a report that the interim reference follows (:data:`REPORT_FOLLOW_STEPS`)."""
         self._follow_left = 0
         self._follow_from = 0.0
+        self._jump: tuple[int, float, float] | None = None
+        """A change during a warm-up found at the end of a first learning (:meth:`_line_jump`), to report."""
         """The interim reference the report set (s), before it followed any step."""
         self._last_job_step_s: float | None = None
         self._first_step: int | None = None
@@ -538,7 +546,7 @@ class StepTimeRegressionDetector:
             if not self._interim_spikes:  # else it ends with the episode held against it (on_step)
                 self._interim = None
             if not self._settled():
-                return None
+                return self._warm_up_jump(fs)
             change = self._learned_step(fs)
             if change is not None:
                 return change
@@ -616,8 +624,65 @@ class StepTimeRegressionDetector:
         if not warm and not (self._young() and trend_z(y) >= SETTLE_Z and self._split(y) is None):
             self._settle_restarts = None
             return True
-        self._restart_learning(flat.tolist())
+        self._jump = self._line_jump(y)
+        if self._jump is None:  # else the jump is reported (_warm_up_jump) and learning starts again after it
+            self._restart_learning(flat.tolist())
         return False
+
+    def _line_jump(self, y: np.ndarray) -> tuple[int, float, float] | None:
+        """Among learned steps ``y`` (s, oldest first) taken for a warm-up, a change during it: ``(k, jump, line_s)``
+        for the split whose later part jumps furthest off the earlier part's line, else None. Restarting learning
+        from the warm-up's flat part learned such a change as the level the warm-up settled at (1.15x at step 20-50
+        of a 40-60 step 0.6 -> 1.0 rise, 3-5 % noise: found in 0-7 of 10 seeds).
+
+        For each split ``k`` (at least :data:`LEARNED_STEP_MIN_AFTER` steps before, :data:`WARM_UP_JUMP_MIN` after),
+        the earlier part's Theil-Sen line (Theil 1950, Sen 1968), never below its median, is extrapolated over the
+        first ``m <= OFF_LINE_STEPS`` later steps; ``jump`` is their median over it minus 1. It counts when it is at
+        least ``min_effect`` (no leniency: a warm-up's own curvature read +8 % off the line of its first steps) and
+        :data:`WARM_UP_JUMP_Z` standard errors above 0, in standard errors of the two estimates compared (the median's,
+        ``1.2533 s / sqrt(m)``, and the line's at ``h`` steps past its centre, ``s sqrt(1 / k + 12 h^2 / k^3)``,
+        least-squares variances). The noise ``s`` is the steps' own, from their successive differences
+        (``1.4826 MAD / sqrt(2)``, robust to the rise and to one jump; a baseline's scale over a rising window
+        counts the rise as noise: 3 % read 10 %), floored as :meth:`_noise`'s."""
+        rel = y / float(np.median(y))
+        d = np.diff(rel)
+        own = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2.0) if d.size else 0.0
+        noise = max(own, self.settings.noise_floor, MIN_NOISE)
+        best: tuple[int, float, float] | None = None
+        for k in range(LEARNED_STEP_MIN_AFTER, y.size - WARM_UP_JUMP_MIN + 1):
+            before, after = y[:k], y[k:]
+            m = min(OFF_LINE_STEPS, after.size)
+            t = np.arange(k, dtype=np.float64)
+            slope = theil_sen(before, t)
+            icpt = float(np.median(before - slope * t))
+            line = np.maximum(icpt + slope * np.arange(k, k + m, dtype=np.float64), float(np.median(before)))
+            jump = float(np.median(after[:m] / line)) - 1.0
+            h = (k - 1) / 2.0 + (m + 1) / 2.0
+            se = noise * math.sqrt(1.2533**2 / m + 1.0 / k + 12.0 * h * h / k**3)
+            if jump >= max(WARM_UP_JUMP_Z * se, self.settings.min_effect) and (best is None or jump > best[1]):
+                best = (k, jump, float(line[0]))
+        return best
+
+    def _warm_up_jump(self, fs: FinalizedStep) -> Anomaly | None:
+        """Report the change :meth:`_line_jump` found at the end of a first learning (``step_regression``,
+        ``pattern "level"``, ``detail.learning`` true, ``detail.reference "warm_up_line"``: ``baseline_s`` the
+        warm-up's line where the change began, the magnitude the later steps' excess over it); learning starts
+        again from the later steps. None when none was found."""
+        if self._jump is None:
+            return None
+        k, jump, line_s = self._jump
+        self._jump = None
+        y = list(self._recent)
+        after = y[k:]
+        detail = {"pattern": "level", "learning": True, "reference": "warm_up_line",
+                  "first_step": fs.step - (len(y) - 1 - k), "baseline_s": line_s, "noise": self._noise()[1],
+                  "step_time_s": line_s * (1.0 + jump), "steps": len(after), "baseline_values": k,
+                  "slowest_ranks": [fs.slowest_rank]}
+        a = self._fire(fs.step, jump, detail)
+        for v in after:
+            self._base.push(v)
+            self._recent.append(v)
+        return a
 
     def _restart_learning(self, values: list[float]) -> None:
         """The job is still warming up: learning starts again from ``values`` (the newest steps), silently; one of
