@@ -42,7 +42,10 @@ replica (serving DP); onset anywhere from step 12 on (a quarter of them while th
   at most two captures"; until the hot spot first moves, a hot MoE expert is a slow rank like any other). Every
   other arm in healthy time, a third capture of a rotation included, is a false arm. ``rot caps`` are arms all
   the same: a user sees them, so they are printed beside the false arms, with their own rate, never dropped;
-- changes lost: a *lasting* change (>= 60 steps and >= 5 minutes, or to the end of a run shorter than that) at
+- changes lost: a *lasting* change (>= 60 steps and >= 5 minutes, or to the end of a run shorter than that when
+  it outlasted a capture armed at its onset: the planner's lead at the step time before it, plus the capture's
+  warm-up and active steps; one cut short by the run's end sooner could not have been profiled by any capture and
+  is counted apart, in ``short``) at
   least 2x the unit's noise and at least ``min_effect`` that no arm covered while it lasted (covers: the arm's
   rank list holds the changed ranks and it names them or none; it was made after the onset, or just before it with
   a capture window that starts on a changed step);
@@ -80,6 +83,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 
 from profwatch.commands.replay import ReplayConfig, replay_lines
 from profwatch.core.arming.settings import ArmingSettings
+from profwatch.core.capture.planner import CaptureSettings, lead_steps
 from profwatch.core.detection.settings import DetectionSettings
 
 try:
@@ -488,6 +492,17 @@ def _window_after_onset(run: Run, c: Change, arm: dict[str, Any]) -> bool:
     return t is not None and c.onset_t <= t <= c.end_t and 0.0 <= t - arm["at_unix_s"] <= GRACE_S
 
 
+def _capture_steps(run: Run, c: Change) -> int:
+    """Steps a capture armed at the change's onset needs before its window has profiled changed steps: the
+    planner's lead (``lead_steps``, at the median step time of the 50 steps before the onset) plus the capture's
+    ``warmup`` and ``active`` steps (``[capture]`` defaults). A requeued 7.7 ms job whose 3x change ran 226 steps
+    to the job's end (bench seed 31, ``requeue`` run 26) had a lead of 393 steps: no capture could start in time."""
+    before = [st for t, st in run.levels if t < c.onset_t][-50:]
+    step_s = float(np.median(before)) if before else float(np.median([st for _, st in run.levels[:50]]))
+    cs = CaptureSettings()
+    return lead_steps(c.onset, step_s, cs) + cs.warmup + cs.active
+
+
 def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per scored change: lasting, detectable, delay (steps), captured."""
     out_changes = []
@@ -495,7 +510,9 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
         if not c.scored:
             continue
         dur_s = c.end_t - c.onset_t
-        lasting = c.steps_lasting >= LASTING_STEPS and (dur_s >= LASTING_S or c.end_t >= run.end_t)
+        cut = dur_s < LASTING_S and c.end_t >= run.end_t  # ended with the run
+        short = cut and c.steps_lasting >= LASTING_STEPS and c.steps_lasting < _capture_steps(run, c)
+        lasting = c.steps_lasting >= LASTING_STEPS and (dur_s >= LASTING_S or (cut and not short))
         detectable = abs(c.factor - 1.0) >= max(2.0 * c.noise, DetectionSettings().min_effect)
 
         def names(a: dict[str, Any], c: Change = c) -> bool:
@@ -512,6 +529,7 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
                        and (a["rank_list"] is None or not c.ranks or set(c.ranks) <= set(a["rank_list"]))
                        for a in arms)
         out_changes.append({"kind": c.kind, "factor": round(c.factor, 3), "onset": c.onset, "lasting": lasting,
+                            "short": short,
                             "detectable": detectable, "delay_steps": delay, "captured": captured,
                             "learning": c.learning})
     return out_changes
@@ -570,7 +588,7 @@ def _print_table(wanted: list[str], rows: list[dict[str, Any]]) -> None:
     """One line per class (healthy hours, false arms, lost changes, detection delays, violations), then the total
     and the steady job's median delays."""
     print(f"{'class':15s} {'runs':>4s} {'healthy h':>9s} {'false arms':>10s} {'/h':>5s} {'rot caps':>8s} "
-          f"{'/h':>5s} {'lost':>9s} {'d1.3 p50':>8s} {'p90':>5s} {'d3 p50':>6s} {'p90':>5s} {'learn lost':>10s} {'viol':>4s}")
+          f"{'/h':>5s} {'lost':>9s} {'short':>5s} {'d1.3 p50':>8s} {'p90':>5s} {'d3 p50':>6s} {'p90':>5s} {'learn lost':>10s} {'viol':>4s}")
     tot: dict[str, float] = defaultdict(float)
     steady_delays: dict[str, list[float]] = {"1.3": [], "3": []}
     for cls in wanted:
@@ -581,6 +599,7 @@ def _print_table(wanted: list[str], rows: list[dict[str, Any]]) -> None:
         ch = [c for r in rs for c in r["changes"]]
         scored = [c for c in ch if c["lasting"] and c["detectable"]]
         lost = [c for c in scored if not c["captured"]]
+        short = sum(1 for c in ch if c.get("short") and c["detectable"])
         learn_lost = [c for c in lost if c["learning"]]
         d13 = [c["delay_steps"] for c in ch if c["factor"] == 1.3 and c["detectable"] and not math.isnan(c["delay_steps"])]
         d3 = [c["delay_steps"] for c in ch if c["factor"] == 3.0 and not math.isnan(c["delay_steps"])]
@@ -592,14 +611,15 @@ def _print_table(wanted: list[str], rows: list[dict[str, Any]]) -> None:
         tot["ra"] += ra
         tot["lost"] += len(lost)
         tot["scored"] += len(scored)
+        tot["short"] += short
         tot["viol"] += viol
         print(f"{cls:15s} {len(rs):4d} {hh:9.1f} {fa:10d} {fa / hh if hh else math.nan:5.2f} "
-              f"{ra:8d} {ra / hh if hh else math.nan:5.2f} {len(lost):4d}/{len(scored):<4d} {_pct(d13, 50):8.0f} {_pct(d13, 90):5.0f} {_pct(d3, 50):6.0f} "
+              f"{ra:8d} {ra / hh if hh else math.nan:5.2f} {len(lost):4d}/{len(scored):<4d} {short:5d} {_pct(d13, 50):8.0f} {_pct(d13, 90):5.0f} {_pct(d3, 50):6.0f} "
               f"{_pct(d3, 90):5.0f} {len(learn_lost):10d} {viol:4d}")
     print(f"{'all':15s} {len(rows):4d} {tot['hh']:9.1f} {int(tot['fa']):10d} "
           f"{tot['fa'] / tot['hh'] if tot['hh'] else math.nan:5.2f} {int(tot['ra']):8d} "
           f"{tot['ra'] / tot['hh'] if tot['hh'] else math.nan:5.2f} {int(tot['lost']):4d}/{int(tot['scored']):<4d}"
-          f" {'':8s} {'':5s} {'':6s} {'':5s} {'':10s} {int(tot['viol']):4d}")
+          f" {int(tot['short']):5d} {'':8s} {'':5s} {'':6s} {'':5s} {'':10s} {int(tot['viol']):4d}")
     if steady_delays["1.3"] or steady_delays["3"]:
         print(f"steady job's median delay (steps): 1.3x {_pct(steady_delays['1.3'], 50):.0f}, "
               f"3x {_pct(steady_delays['3'], 50):.0f}")

@@ -68,6 +68,14 @@ REPORTED_SE = 2.0
 re-learns (see ``_interim_cusum``). A report's level rests on as few as 2-4 steps: at 1 standard error, +35 % at 8 %
 noise measured from 4 steps as +21 % was reported again as +8.5 % 20 steps later (1 of 160 single changes of
 10-60 % at 3-8 % noise); at 2, none, and a further +30 % is still found in the steady job's delay."""
+REPORT_FOLLOW_STEPS = 4
+"""Steps after a ``step_regression`` whose CUSUM run still rose at the fire (:meth:`StepTimeRegressionDetector._rising`
+on the run's own values) during which the interim reference follows the steps (their geometric mean, raised by
+:data:`REPORTED_SE` standard errors, never lowered): a change that sets in over a few steps (a load that builds up)
+fired on its first 2-4 steps and measured a level it had not reached, and the rest of its rise was reported again
+against that level (a +66 % change that ramps in over 5 steps, 5 % heavy-tailed noise: a second report in 8 of 20
+seeds). A run that was flat at the fire (a sudden change) keeps the level it measured: a further change soon after is
+still its own report."""
 WARMUP_EVIDENCE = 0.0
 """At the end of a generation's first learning, a rise from the first learned steps that then stays flat is a
 warm-up when it explains them at least this much better than a step (noise variances; see
@@ -76,6 +84,14 @@ warm-ups visible in them and 1 % of sudden changes of 1.1-1.4x with their onset 
 OFF_LINE_STEPS = 8
 """Steps after a warm-up's rise whose median is compared with the warm-up's extrapolated line
 (:meth:`StepTimeRegressionDetector._off_line`): the first few, before a line extrapolated further drifts off."""
+WARM_UP_JUMP_MIN = 4
+"""Later steps a split of a warm-up's learned steps needs (:meth:`StepTimeRegressionDetector._line_jump`): fewer are
+not yet a level."""
+WARM_UP_JUMP_Z = 4.0
+"""Standard errors a jump off a warm-up's line must clear 0 by (:meth:`StepTimeRegressionDetector._line_jump`):
+one-sided 3e-5 per split, the splits of some 46 learned steps being tried and the noise read from them. At 3 a
+0.64 -> 1.0 warm-up at 16 % noise (its noise read 12.7 %) jumped +27 % off the line of its first 26 steps
+(``bench/bench_corpus.py`` seed 31, ``warmup_up`` run 7: a false arm)."""
 SETTLE_Z = 1.645
 """At the end of a generation's first learning, the learned steps still rise (a warm-up not over: caches and
 allocators filling, a job that starts fast and settles slower) when their Mann-Kendall trend statistic
@@ -270,6 +286,13 @@ class StepTimeRegressionDetector:
         speedup (``"before_speedup"``) or a report (``"reported_level"``); None otherwise (:meth:`_interim_cusum`)."""
         self._interim_spikes: list[float] = []
         self._interim_spike_start = 0
+        self._follow: list[float] = []
+        """Step times (s) after a report that the interim reference follows (:data:`REPORT_FOLLOW_STEPS`)."""
+        self._follow_left = 0
+        self._follow_from = 0.0
+        self._jump: tuple[int, float, float] | None = None
+        """A change during a warm-up found at the end of a first learning (:meth:`_line_jump`), to report."""
+        """The interim reference the report set (s), before it followed any step."""
         self._last_job_step_s: float | None = None
         self._first_step: int | None = None
         """The generation's first measured step (the age bound of the warm-up rules, :data:`SETTLE_MAX_STEPS`)."""
@@ -343,6 +366,8 @@ class StepTimeRegressionDetector:
         or for a ``factor`` not > 0."""
         if self._interim is not None and factor > 0 and math.isfinite(factor):
             self._interim = (self._interim[0] / factor, *self._interim[1:])
+            self._follow = [v / factor for v in self._follow]
+            self._follow_from /= factor
 
     def _relearn(self) -> None:
         self._base.clear()
@@ -352,6 +377,8 @@ class StepTimeRegressionDetector:
         self._s_hi = self._s_lo = 0.0
         self._interim = None
         self._interim_spikes = []
+        self._follow = []
+        self._follow_left = 0
         self._lo_n, self._lo_log = 0, 0.0
         self._learn_rise: list[float] = []
         self._learn_fall: list[float] = []
@@ -549,7 +576,7 @@ class StepTimeRegressionDetector:
             if not self._interim_spikes:  # else it ends with the episode held against it (on_step)
                 self._interim = None
             if not self._settled():
-                return None
+                return self._warm_up_jump(fs)
             change = self._learned_step(fs)
             if change is not None:
                 return change
@@ -627,8 +654,65 @@ class StepTimeRegressionDetector:
         if not warm and not (self._young() and trend_z(y) >= SETTLE_Z and self._split(y) is None):
             self._settle_restarts = None
             return True
-        self._restart_learning(flat.tolist())
+        self._jump = self._line_jump(y)
+        if self._jump is None:  # else the jump is reported (_warm_up_jump) and learning starts again after it
+            self._restart_learning(flat.tolist())
         return False
+
+    def _line_jump(self, y: np.ndarray) -> tuple[int, float, float] | None:
+        """Among learned steps ``y`` (s, oldest first) taken for a warm-up, a change during it: ``(k, jump, line_s)``
+        for the split whose later part jumps furthest off the earlier part's line, else None. Restarting learning
+        from the warm-up's flat part learned such a change as the level the warm-up settled at (1.15x at step 20-50
+        of a 40-60 step 0.6 -> 1.0 rise, 3-5 % noise: found in 0-7 of 10 seeds).
+
+        For each split ``k`` (at least :data:`LEARNED_STEP_MIN_AFTER` steps before, :data:`WARM_UP_JUMP_MIN` after),
+        the earlier part's Theil-Sen line (Theil 1950, Sen 1968), never below its median, is extrapolated over the
+        first ``m <= OFF_LINE_STEPS`` later steps; ``jump`` is their median over it minus 1. It counts when it is at
+        least ``min_effect`` (no leniency: a warm-up's own curvature read +8 % off the line of its first steps) and
+        :data:`WARM_UP_JUMP_Z` standard errors above 0, in standard errors of the two estimates compared (the median's,
+        ``1.2533 s / sqrt(m)``, and the line's at ``h`` steps past its centre, ``s sqrt(1 / k + 12 h^2 / k^3)``,
+        least-squares variances). The noise ``s`` is the steps' own, from their successive differences
+        (``1.4826 MAD / sqrt(2)``, robust to the rise and to one jump; a baseline's scale over a rising window
+        counts the rise as noise: 3 % read 10 %), floored as :meth:`_noise`'s."""
+        rel = y / float(np.median(y))
+        d = np.diff(rel)
+        own = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2.0) if d.size else 0.0
+        noise = max(own, self.settings.noise_floor, MIN_NOISE)
+        best: tuple[int, float, float] | None = None
+        for k in range(LEARNED_STEP_MIN_AFTER, y.size - WARM_UP_JUMP_MIN + 1):
+            before, after = y[:k], y[k:]
+            m = min(OFF_LINE_STEPS, after.size)
+            t = np.arange(k, dtype=np.float64)
+            slope = theil_sen(before, t)
+            icpt = float(np.median(before - slope * t))
+            line = np.maximum(icpt + slope * np.arange(k, k + m, dtype=np.float64), float(np.median(before)))
+            jump = float(np.median(after[:m] / line)) - 1.0
+            h = (k - 1) / 2.0 + (m + 1) / 2.0
+            se = noise * math.sqrt(1.2533**2 / m + 1.0 / k + 12.0 * h * h / k**3)
+            if jump >= max(WARM_UP_JUMP_Z * se, self.settings.min_effect) and (best is None or jump > best[1]):
+                best = (k, jump, float(line[0]))
+        return best
+
+    def _warm_up_jump(self, fs: FinalizedStep) -> Anomaly | None:
+        """Report the change :meth:`_line_jump` found at the end of a first learning (``step_regression``,
+        ``pattern "level"``, ``detail.learning`` true, ``detail.reference "warm_up_line"``: ``baseline_s`` the
+        warm-up's line where the change began, the magnitude the later steps' excess over it); learning starts
+        again from the later steps. None when none was found."""
+        if self._jump is None:
+            return None
+        k, jump, line_s = self._jump
+        self._jump = None
+        y = list(self._recent)
+        after = y[k:]
+        detail = {"pattern": "level", "learning": True, "reference": "warm_up_line",
+                  "first_step": fs.step - (len(y) - 1 - k), "baseline_s": line_s, "noise": self._noise()[1],
+                  "step_time_s": line_s * (1.0 + jump), "steps": len(after), "baseline_values": k,
+                  "slowest_ranks": [fs.slowest_rank]}
+        a = self._fire(fs.step, jump, detail)
+        for v in after:
+            self._base.push(v)
+            self._recent.append(v)
+        return a
 
     def _restart_learning(self, values: list[float]) -> None:
         """The job is still warming up: learning starts again from ``values`` (the newest steps), silently; one of
@@ -887,9 +971,13 @@ class StepTimeRegressionDetector:
         when they outlast the hold, ``pattern "level"`` (magnitude the median ratio on log step time); a transient
         one (a checkpoint) is no report (after a speedup they are not held: a +30 % change straddling the threshold
         then waited the hold, 2 -> 15 steps in ``bench_corpus.py`` levels seed 6). The other steps feed the same CUSUM, clip and effect test as
-        :meth:`_cusum` (``pattern "cusum"``). A slowdown soon after a speedup or a report is found in the usual
-        delay. ``detail.reference`` names the reference; ``baseline_s`` is its level, the magnitude a ratio to it."""
+        :meth:`_cusum` (``pattern "cusum"``; after a report the run's mean must reach ``min_effect`` itself). A
+        slowdown soon after a speedup or a report is found in the usual delay. For :data:`REPORT_FOLLOW_STEPS` steps
+        after a report that may not have measured the change's settled level (:meth:`_follows`), the reference
+        follows the steps first (:meth:`_follow_rise`). ``detail.reference`` names the reference; ``baseline_s`` is its level, the magnitude a ratio to it."""
         assert self._interim is not None
+        if self._follow_left > 0:
+            self._follow_rise(x)
         mu, noise, reference = self._interim
         s = self.settings
         k, h, clip = self._design(noise)
@@ -931,13 +1019,47 @@ class StepTimeRegressionDetector:
         if self._s_hi <= h * (1.0 + 1e-9):
             return None
         mean = log_ratio_magnitude(self._run_log / self._run_n)
-        if mean + self.effect_z * noise / math.sqrt(self._run_n) < s.min_effect:
+        # a further rise over a reported level clears min_effect by itself: a level measured low (a change still
+        # setting in) was otherwise re-reported at +7-9 % within EFFECT_Z standard errors of it
+        lenient = 0.0 if reference == "reported_level" else self.effect_z
+        if mean + lenient * noise / math.sqrt(self._run_n) < s.min_effect:
             self._s_hi = h
             return None
         detail = {"pattern": "cusum", "reference": reference, "first_step": self._run_start,
                   "baseline_s": mu, "noise": noise, "step_time_s": mu * (1.0 + mean), "cusum": self._s_hi,
                   "threshold": h, "steps": self._run_n, "slowest_ranks": sorted(self._run_slowest)}
         return self._fire(fs.step, mean, detail)
+
+    def _follow_rise(self, x: float) -> None:
+        """One of the :data:`REPORT_FOLLOW_STEPS` steps after a report that the interim reference follows: it becomes
+        the geometric mean of the steps followed so far (``x``, s, included) raised by :data:`REPORTED_SE` standard
+        errors, or the level the report measured (:attr:`_follow_from`) when that is higher: never lower than what
+        the report measured, and never the maximum of the running estimates (one high step among the first would
+        otherwise set it for good: a further 1.3x read +17 %)."""
+        assert self._interim is not None
+        _, noise, reference = self._interim
+        self._follow.append(x)
+        self._follow_left -= 1
+        m = len(self._follow)
+        level = math.exp(sum(math.log(v) for v in self._follow) / m) * (1.0 + REPORTED_SE * noise / math.sqrt(m))
+        if math.isfinite(level):
+            self._interim = (max(self._follow_from, level), noise, reference)
+
+    def _follows(self, detail: dict[str, Any]) -> bool:
+        """Whether the interim reference after this report follows the next :data:`REPORT_FOLLOW_STEPS` steps: a
+        ``pattern "cusum"`` report (its level rests on the 2-4 steps its run held at a large change), or a
+        ``pattern "level"`` one whose risen steps (the newest ``steps`` of the run's values) still rose at the fire:
+        the least-squares slope of their relative excess over ``baseline_s`` by :data:`EFFECT_Z` standard errors
+        (:meth:`_rising`). A flat level (a sudden change held out as spike steps) is measured: no follow."""
+        if detail.get("pattern") == "cusum":
+            return True
+        mu, k = detail.get("baseline_s"), int(detail.get("steps") or 0)
+        if (detail.get("pattern") != "level" or detail.get("learning") or not isinstance(mu, float) or not mu > 0.0
+                or k < 3):
+            return False  # the learning path's reports keep their risen steps apart (the baseline takes them)
+        vals = list(self._run_vals)[-k:]
+        rel = np.asarray(vals, dtype=np.float64) / mu - 1.0
+        return len(vals) >= 3 and self._rising(rel, float(detail.get("noise") or MIN_NOISE))
 
     def _reported_level(self, detail: dict[str, Any]) -> tuple[float, int]:
         """``(level_s, n)``: the level (s) a report measured and the steps it rests on. For ``pattern "cusum"`` the
@@ -1086,8 +1208,11 @@ class StepTimeRegressionDetector:
         if detail.get("pattern") == "level" and detail.get("reference") != "provisional":
             self.recurring.reported(int(detail.get("first_step", step)), step, magnitude,
                                     float(detail.get("baseline_s") or 0.0), noise)
+        follow = self._follows(detail)
         self._relearn()
         self._base.prior_slope = trend  # a drift goes on after a sudden change: the new level follows it
         if level > 0.0 and math.isfinite(level):
             self._interim = (level * (1.0 + REPORTED_SE * noise / math.sqrt(n)), noise, "reported_level")
+            self._follow_left = REPORT_FOLLOW_STEPS if follow else 0
+            self._follow_from = self._interim[0]
         return Anomaly("step_regression", self.job_id, step, (), magnitude, detail)
