@@ -9,6 +9,7 @@ built from the name's bytes (docs/msprof-analyze.md#before-running, docs/paths.m
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import sqlite3
@@ -44,6 +45,7 @@ from profwatch.core.batches.prof_layout import (
     parse_rank_dir_name,
     rank_dir_of,
     rank_from_profiler_info_name,
+    ts_naive_of,
     unsupported_output,
 )
 from profwatch.core.batches.settings import WatchSettings
@@ -197,7 +199,7 @@ class RankDirReader:
             return None
         with self._lock:
             self.reads += 1
-        base: dict[str, Any] = {"path": path, "name": name, "dir_ts_unix_s": _local_ts(name.ts_naive)}
+        base: dict[str, Any] = {"path": path, "name": name, "dir_ts_unix_s": _local_ts(name.ts)}
         try:
             lc = _Lister(self, listings)
             obs = self._read_entries(path, name.kind, lc.listing(path, st), base, lc)
@@ -469,9 +471,12 @@ def _check_sqlite(path: str, name: str, size: int, mtime: float) -> DbObservatio
         con.close()
 
 
-def _local_ts(ts_naive: Any) -> float | None:
+@functools.lru_cache(maxsize=1 << 16)
+def _local_ts(ts: str) -> float | None:
+    """A rank dir name's ``ts`` in unix seconds: naive, so this host's local time, as torch_npu wrote it. Memoised
+    (each read of a rank dir needs it; the process's time zone does not change under it)."""
     try:
-        return float(ts_naive.timestamp())  # naive -> this host's local time, as torch_npu wrote it
+        return float(ts_naive_of(ts).timestamp())
     except (OverflowError, OSError, ValueError):
         return None
 
