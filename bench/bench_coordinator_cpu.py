@@ -25,6 +25,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import resource
 import socket
 import statistics
 import subprocess
@@ -55,6 +56,11 @@ def load(endpoint: str, ranks: int, per_node: int, rate: float, seconds: float, 
     """The node daemons of one job: hellos, then one step per rank every ``1/rate`` s for ``seconds``."""
     ctx = zmq.Context()
     nodes = [range(lo, min(ranks, lo + per_node)) for lo in range(0, ranks, per_node)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # one DEALER a node: 16,384 ranks / 16 = 1,024 sockets
+    want = len(nodes) + 256
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+    ctx.set(zmq.MAX_SOCKETS, want)  # the context's limit (1,023 by default); setsockopt would set a socket default
     socks = []
     for k in range(len(nodes)):
         s = ctx.socket(zmq.DEALER)
@@ -126,7 +132,8 @@ def run_one(tree: Path, ranks: int, per_node: int, rate: float, seconds: float, 
         cpu1, t1 = sum(ps.cpu_times()[:2]), time.monotonic()
         lp.join(30)
         out = {"tree": str(tree), "cpu_frac": (cpu1 - cpu0) / (t1 - t0), "steps": steps, "late_steps": late,
-               "load": os.getloadavg()[0], "rss": ps.memory_info().rss, "hwm": _hwm(proc.pid)}
+               "load": os.getloadavg()[0], "rss": ps.memory_info().rss, "hwm": _hwm(proc.pid),
+               "last_steps": _last_steps(ports[1])}
         if restart:
             t = time.monotonic()
             stop_popen(proc)  # SIGTERM: the coordinator persists its state and exits
@@ -139,11 +146,21 @@ def run_one(tree: Path, ranks: int, per_node: int, rate: float, seconds: float, 
             out["restart_status_s"] = time.monotonic() - t
             jobs = (status or {}).get("result", status or {}).get("jobs", []) if isinstance(status, dict) else []
             out["restored_ranks"] = sum(len(j.get("ranks", [])) for j in jobs)
+            out["restored_last_steps"] = _last_steps(ports[1])
             out["rss_restored"] = psutil.Process(proc.pid).memory_info().rss
         return out
     finally:  # end only what this benchmark started, by pid
         stop_process(lp)
         stop_popen(proc)
+
+
+def _last_steps(port: int) -> tuple[int, int]:
+    """(lowest, highest) ``last_step`` over the job's ranks in ``status`` ((-1, -1) without an answer): the steps
+    every rank's windows hold (``detection.outlier_window_steps``, 12 by default, full once it is >= 12)."""
+    status = _request(port, {"cmd": "status", "args": {"job_id": "cpu"}}, 120)
+    jobs = (status or {}).get("result", status or {}).get("jobs", []) if isinstance(status, dict) else []
+    steps = [int(r.get("last_step", -1)) for j in jobs for r in j.get("ranks", [])]
+    return (min(steps), max(steps)) if steps else (-1, -1)
 
 
 def _hwm(pid: int) -> int:
@@ -205,12 +222,14 @@ def main() -> int:
               f"{'':<10} {sum(r['late_steps'] for r in rs):>15} {statistics.median(r['load'] for r in rs):9.1f}")
         rss = ", ".join(f"{r['rss'] / 2**20:.0f}" for r in rs)
         hwm = ", ".join(f"{r['hwm'] / 2**20:.0f}" for r in rs)
-        print(f"  RSS at the end MiB: {rss}; peak (VmHWM) MiB: {hwm}")
+        steps = ", ".join(f"{lo}..{hi}" for lo, hi in (r["last_steps"] for r in rs))
+        print(f"  RSS at the end MiB: {rss}; peak (VmHWM) MiB: {hwm}; every rank's last step then: {steps}")
         if args.restart:
             for r in rs:
                 print(f"  restart: stop {r['stop_s']:.1f} s, ping after {r['restart_ping_s']:.1f} s, status with "
                       f"{r['restored_ranks']} ranks after {r['restart_status_s']:.1f} s, RSS then "
-                      f"{r['rss_restored'] / 2**20:.0f} MiB")
+                      f"{r['rss_restored'] / 2**20:.0f} MiB, last steps restored "
+                      f"{r['restored_last_steps'][0]}..{r['restored_last_steps'][1]}")
     return 0
 
 
