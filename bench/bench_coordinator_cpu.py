@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import zmq
@@ -54,10 +55,11 @@ def _batch(k: int, seq: int, msgs: list[str]) -> bytes:
             f'"ts_unix_s":{time.time():.3f},"messages":[{",".join(msgs)}]}}').encode()
 
 
-def load(endpoint: str, ranks: int, per_node: int, rate: float, seconds: float, q: mp.Queue, fill: int = 0) -> None:
+def load(endpoint: str, ranks: int, per_node: int, rate: float, seconds: float, q: mp.Queue, fill: int = 0,
+         go: Any = None) -> None:
     """The node daemons of one job: hellos, ``fill`` steps of every rank as fast as the coordinator takes them (its
-    sockets' high-water marks pace them; then ``("filled", seconds)`` on ``q``), then one step per rank every
-    ``1/rate`` s for ``seconds``."""
+    sockets' high-water marks pace them; then ``("filled", seconds)`` on ``q`` and a wait for ``go``, set once the
+    coordinator has them all), then one step per rank every ``1/rate`` s for ``seconds``."""
     ctx = zmq.Context()
     nodes = [range(lo, min(ranks, lo + per_node)) for lo in range(0, ranks, per_node)]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # one DEALER a node: 16,384 ranks / 16 = 1,024 sockets
@@ -87,6 +89,7 @@ def load(endpoint: str, ranks: int, per_node: int, rate: float, seconds: float, 
                 f'"ts_unix_s":{time.time():.3f},"kind":"step","v":1}}' for r in rs]))
     if fill:
         q.put(("filled", time.monotonic() - t0))
+        go.wait(3600)
     t_next = time.monotonic()
     t_end = t_next + seconds
     step, late = fill, 0
@@ -135,13 +138,15 @@ def run_one(tree: Path, ranks: int, per_node: int, rate: float, seconds: float, 
         ctrl.close(0)
         ps = psutil.Process(proc.pid)
         q: mp.Queue = mp.Queue()
+        go = mp.Event()
         lp = mp.Process(target=load, args=(f"tcp://127.0.0.1:{ports[0]}", ranks, per_node, rate,
-                                           seconds + warmup_s, q, fill))
+                                           seconds + warmup_s, q, fill, go))
         lp.start()
         fill_s = 0.0
         if fill:  # every rank's window filled first (the coordinator's ingest paces it), then the paced window
             _, fill_s = q.get(timeout=3600)
             fill_s = _wait_steps(ports[1], fill, 3600) + fill_s
+            go.set()
         time.sleep(warmup_s)  # the warm-up of the paced window (benchmark script, not a test)
         cpu0, t0 = sum(ps.cpu_times()[:2]), time.monotonic()
         steps, late = q.get(timeout=seconds + warmup_s + 120)
