@@ -247,7 +247,7 @@ def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirRead
     observers: list[BaseObserver] = []
 
     def inotify_factory(m: str, on_overflow: Callable[[], None]) -> BaseObserver:
-        obs = make_inotify_observer(on_overflow)
+        obs = make_inotify_observer(on_overflow, gather_rank_dirs=True)  # as the daemon (prof_watch.py)
         observers.append(obs)
         return obs
 

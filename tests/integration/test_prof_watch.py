@@ -11,10 +11,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
+from profwatch.adapters.fs.inotify_observer import RankDirsChangedEvent
 from profwatch.adapters.fs.prof_watch import (
     ProfWatcher,
     fs_type_of,
@@ -343,6 +350,68 @@ def test_a_burst_of_markers_costs_one_event_each_and_few_deliveries(tmp_path: Pa
     assert kinds.count("created") == 64 and kinds.count("closed") == 1, kinds
     assert emitter.closes_folded == 64  # type: ignore[attr-defined]
     assert len(calls) <= 16, f"{len(calls)} deliveries for a burst of 64 markers"
+
+
+def test_the_daemons_inotify_observer_gathers_a_reads_rank_dir_files_into_one_event(tmp_path: Path) -> None:
+    """The observer ProfWatcher builds itself gathers the files changed in rank dirs within one read of the inotify
+    fd into one ``RankDirsChangedEvent`` naming their rank dirs (no per-file event, no per-file handler call), and
+    the rank dirs still reach ``on_rank_dirs``; moves and folders inside a rank dir keep their own events, a
+    deleted file names its rank dir, and a recreated ``ASCEND_PROFILER_OUTPUT/`` is watched again."""
+    prof = tmp_path / "prof"
+    dirs = gen.generate_cluster(prof / "a", world_size=64, capture_id="cap", with_marker=False)
+    named: list[str] = []
+    events: list[FileSystemEvent] = []
+    lock = threading.Lock()
+
+    def on_rank_dirs(prof_dir: str, rank_dirs: frozenset[str]) -> None:
+        with lock:
+            named.extend(rank_dirs)
+
+    class Seen(FileSystemEventHandler):
+        def on_any_event(self, event: FileSystemEvent) -> None:
+            with lock:
+                events.append(event)
+
+    def seen(kind: type[FileSystemEvent]) -> list[FileSystemEvent]:
+        with lock:
+            return [e for e in events if isinstance(e, kind)]
+
+    with ProfWatcher(lambda p: None, settings=WatchSettings(observer="inotify", **FAST),
+                     on_rank_dirs=on_rank_dirs) as w:
+        w.watch(prof)
+        obs = w._observers["inotify"]  # noqa: SLF001 - the observer the watcher built (no factory)
+        wait_for(lambda: obs.watch_count() == 2 + 2 * 64, 10, what="prof, a, and two per rank dir")  # type: ignore[attr-defined]
+        emitter = next(iter(obs.emitters))
+        obs.add_handler_for_watch(Seen(), emitter.watch)
+        with emitter._fd_lock:  # noqa: SLF001 - nothing is read meanwhile: every marker's events in one read
+            for d in dirs:
+                (d / "ASCEND_PROFILER_OUTPUT" / "analyse.done").touch()
+        want = {str(d) for d in dirs}
+        wait_for(lambda: want <= set(named), 10, what="every rank dir named")
+        gathered = seen(RankDirsChangedEvent)
+        assert len(gathered) == 1 and gathered[0].rank_dirs == want  # type: ignore[attr-defined]
+        assert gathered[0].src_path == str(prof)
+        assert not [e for e in events if str(e.src_path).endswith("analyse.done")]  # no per-file event
+
+        out = dirs[0] / "ASCEND_PROFILER_OUTPUT"
+        (out / "analyse.done").rename(out / "analyse.old")  # a move: its own event, as before
+        wait_for(lambda: any(e.src_path == str(out / "analyse.done") for e in seen(FileMovedEvent)), 10,
+                 what="the move's own event")
+        with lock:
+            named.clear()
+        (dirs[1] / "ASCEND_PROFILER_OUTPUT" / "analyse.done").unlink()
+        wait_for(lambda: str(dirs[1]) in named, 10, what="a deleted marker names its rank dir")
+        shutil.rmtree(dirs[2] / "ASCEND_PROFILER_OUTPUT")  # a re-parse: the folder goes and comes back
+        wait_for(lambda: any(e.src_path == str(dirs[2] / "ASCEND_PROFILER_OUTPUT") for e in seen(DirDeletedEvent)),
+                 10, what="the folder's own deleted event")
+        (dirs[2] / "ASCEND_PROFILER_OUTPUT").mkdir()
+        wait_for(lambda: any(e.src_path == str(dirs[2] / "ASCEND_PROFILER_OUTPUT") for e in seen(DirCreatedEvent)),
+                 10, what="the folder's own created event")
+        wait_for(lambda: obs.watch_count() == 2 + 2 * 64, 10, what="the new folder watched")  # type: ignore[attr-defined]
+        with lock:
+            named.clear()
+        (dirs[2] / "ASCEND_PROFILER_OUTPUT" / "analyse.done").touch()
+        wait_for(lambda: str(dirs[2]) in named, 10, what="a marker in the recreated folder")
 
 
 def test_polling_bounds_the_listings_per_wake_and_still_sees_each_marker(tmp_path: Path) -> None:

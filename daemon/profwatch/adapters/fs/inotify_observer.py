@@ -26,6 +26,14 @@ a burst of markers costs one event each on the observer's queue, dispatcher and 
 The watcher reads the file after the event is dispatched, i.e. after the close that came in the same read; a close
 in a later read is queued as ``FileClosedEvent``.
 
+With ``gather_rank_dirs`` (what ``adapters/fs/prof_watch.py`` uses), the files created, closed after writing or
+deleted in a rank dir or its ``ASCEND_PROFILER_OUTPUT/`` are not queued one event each: one
+:class:`RankDirsChangedEvent` per read of the inotify fd names the rank dirs they were in (taken from the watch,
+no path parsing), queued after that read's other events. A burst of 16,384 markers within 2 s then costs the
+observer's queue, dispatcher and handler a few events per read instead of one per marker (at 16,384 ranks the
+per-event path was ~35 us a marker of the ~180 us a marker costs, ``bench/bench_completion.py --modes burst``).
+Moves keep their own events (a move pairs two folders), and so do folders created or deleted there.
+
 An inotify queue overflow (``IN_Q_OVERFLOW``) re-arms the tree (``inotify_add_watch`` on a watched folder is a no-op)
 and then calls ``on_overflow``, so the rescan it asks for sees what was lost (docs/field-cases.md#fc-17). A watch
 that cannot be added because of a limit (ENOSPC: ``max_user_watches``; EMFILE) is reported to
@@ -43,11 +51,13 @@ import select
 import struct
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from watchdog.events import (
     DirCreatedEvent,
     DirDeletedEvent,
+    DirModifiedEvent,
     DirMovedEvent,
     FileClosedEvent,
     FileCreatedEvent,
@@ -83,6 +93,16 @@ _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; t
 _READ_BYTES = 1 << 16
 
 Kind = Literal["above", "rank", "out"]
+
+
+@dataclass(unsafe_hash=True)
+class RankDirsChangedEvent(DirModifiedEvent):
+    """Files changed in these rank dirs (created, closed after writing, deleted in a rank dir or its
+    ``ASCEND_PROFILER_OUTPUT/``) within one read of the inotify fd; ``src_path`` is the scheduled prof_dir.
+    Queued by a :class:`LayoutEmitter` with ``gather_rank_dirs`` instead of one event per file (module doc); a
+    handler that does not know it sees a modified prof_dir."""
+
+    rank_dirs: frozenset[str] = frozenset()
 
 
 def _inotify_init() -> int:
@@ -121,14 +141,17 @@ class LayoutEmitter(EventEmitter):
     def __init__(self, event_queue: Any, watch: Any, *, timeout: float = 1.0,
                  event_filter: list[type[FileSystemEvent]] | None = None,
                  on_overflow: Callable[[], None] = lambda: None, on_watch_limit: WatchLimitCallback | None = None,
-                 max_depth: int = 5) -> None:
+                 max_depth: int = 5, gather_rank_dirs: bool = False) -> None:
         super().__init__(event_queue, watch, timeout=timeout, event_filter=event_filter)
+        self._gather = gather_rank_dirs
+        self._changed: set[str] = set()  # gather_rank_dirs: rank dirs named in the buffer being handled
         self._on_overflow = on_overflow
         self._on_watch_limit = on_watch_limit
         self._max_depth = max_depth
         self._root = os.path.abspath(os.fsdecode(watch.path))
         self._fd = -1
-        self._wds: dict[int, tuple[str, Kind, int]] = {}  # wd -> (folder, kind, level below the prof_dir)
+        # wd -> (folder, kind, level below the prof_dir, the rank dir it is or is in ("" above rank dirs))
+        self._wds: dict[int, tuple[str, Kind, int, str]] = {}
         self._armed = False
         self._moves: dict[int, str] = {}  # cookie -> source path of a move seen from its IN_MOVED_FROM
         self._created: set[str] = set()  # files whose IN_CREATE came in the buffer being handled
@@ -149,7 +172,8 @@ class LayoutEmitter(EventEmitter):
         self._fd = _inotify_init()
         try:
             wd = _add_watch(self._fd, self._root, WATCH_MASK)
-            self._wds[wd] = (self._root, self._kind(self._root, 0) or "above", 0)
+            kind = self._kind(self._root, 0) or "above"
+            self._wds[wd] = (self._root, kind, 0, self._root if kind == "rank" else "")
         except OSError:
             os.close(self._fd)
             self._fd = -1
@@ -197,6 +221,9 @@ class LayoutEmitter(EventEmitter):
                 name = buf[off + _EVENT.size: off + _EVENT.size + length].rstrip(b"\0")
                 off += _EVENT.size + length
                 self._handle(wd, mask, cookie, name)
+            if self._changed:
+                changed, self._changed = frozenset(self._changed), set()
+                self.queue_event(RankDirsChangedEvent(self._root, rank_dirs=changed))
 
     # ------------------------------------------------------------------------------------------------ internals
     def _kind(self, path: str, level: int) -> Kind | None:
@@ -215,7 +242,7 @@ class LayoutEmitter(EventEmitter):
                 if self._on_watch_limit is not None:
                     self._on_watch_limit(path, str(exc))
             return False
-        self._wds[wd] = (path, kind, level)
+        self._wds[wd] = (path, kind, level, path if kind == "rank" else os.path.dirname(path) if kind == "out" else "")
         return True
 
     def _arm_below(self, path: str, level: int) -> list[str]:
@@ -252,9 +279,12 @@ class LayoutEmitter(EventEmitter):
         where = self._wds.get(wd)
         if where is None or not name:
             return
-        folder, kind, level = where
-        path = os.path.join(folder, os.fsdecode(name))
+        folder, kind, level, rank_dir = where
         is_dir = bool(mask & IN_ISDIR)
+        if rank_dir and self._gather and not is_dir and mask & (IN_CREATE | IN_CLOSE_WRITE | IN_DELETE):
+            self._changed.add(rank_dir)  # one RankDirsChangedEvent for the whole read (module doc)
+            return
+        path = os.path.join(folder, os.fsdecode(name))
         if mask & (IN_CREATE | IN_MOVED_TO):
             if is_dir and kind == "above":
                 sub_kind = self._kind(path, level + 1)
@@ -286,19 +316,22 @@ class LayoutEmitter(EventEmitter):
 
 
 def make_inotify_observer(on_overflow: Callable[[], None], on_watch_limit: WatchLimitCallback | None = None,
-                          *, max_depth: int = 5) -> BaseObserver:
+                          *, max_depth: int = 5, gather_rank_dirs: bool = False) -> BaseObserver:
     """A watchdog observer whose emitters are :class:`LayoutEmitter`: shallow inotify watches that follow the
     rank-dir layout down to ``max_depth`` levels (``WatchSettings.scan_max_depth``), ``on_overflow`` called after an
     inotify queue overflow was re-armed, ``on_watch_limit(directory, error)`` for each folder below a scheduled one
     that a limit kept from being watched (it runs on the emitter's thread and must only record). ``recursive`` of
-    ``schedule`` is ignored: the layout decides. Imported lazily by callers: inotify exists only on Linux.
+    ``schedule`` is ignored: the layout decides. ``gather_rank_dirs``: files changed in rank dirs are reported as
+    one :class:`RankDirsChangedEvent` per read of the fd (module doc; a handler's ``event_filter`` must let it
+    through), not one event per file. Imported lazily by callers: inotify exists only on Linux.
     """
 
     class _Emitter(LayoutEmitter):
         def __init__(self, event_queue: Any, watch: Any, *, timeout: float = 1.0,
                      event_filter: list[type[FileSystemEvent]] | None = None) -> None:
             super().__init__(event_queue, watch, timeout=timeout, event_filter=event_filter,
-                             on_overflow=on_overflow, on_watch_limit=on_watch_limit, max_depth=max_depth)
+                             on_overflow=on_overflow, on_watch_limit=on_watch_limit, max_depth=max_depth,
+                             gather_rank_dirs=gather_rank_dirs)
 
     class _Observer(BaseObserver):
         def __init__(self) -> None:

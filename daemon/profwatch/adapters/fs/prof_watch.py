@@ -46,7 +46,7 @@ from watchdog.events import (
 )
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
-from profwatch.adapters.fs.inotify_observer import WatchLimitCallback, make_inotify_observer
+from profwatch.adapters.fs.inotify_observer import RankDirsChangedEvent, WatchLimitCallback, make_inotify_observer
 from profwatch.adapters.fs.poll_listing import BoundedPollingObserver
 from profwatch.adapters.gc_freeze import GC_FREEZER
 from profwatch.core.batches.mounts import fs_type_of, is_network_fs, parse_mountinfo
@@ -70,10 +70,11 @@ log = structlog.get_logger(__name__)
 ObserverMode = Literal["inotify", "polling"]
 ObserverFactory = Callable[[ObserverMode, Callable[[], None]], BaseObserver]
 #: inotify: only changes of the tree, never IN_OPEN/IN_ACCESS/IN_CLOSE_NOWRITE (our own reads would wake us and
-#: overflow the queue) nor IN_MODIFY (every DB page write); a file's last write shows as IN_CLOSE_WRITE.
+#: overflow the queue) nor IN_MODIFY (every DB page write); a file's last write shows as IN_CLOSE_WRITE. Files
+#: changed in rank dirs come gathered, one ``RankDirsChangedEvent`` per read of the fd (adapters/fs/inotify_observer.py).
 INOTIFY_EVENTS: list[type[FileSystemEvent]] = [
     FileCreatedEvent, DirCreatedEvent, FileDeletedEvent, DirDeletedEvent, FileMovedEvent, DirMovedEvent,
-    FileClosedEvent,
+    FileClosedEvent, RankDirsChangedEvent,
 ]
 
 
@@ -131,7 +132,8 @@ def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], setti
                                       max_listings=settings.poll_max_rank_dir_listings,
                                       polling_interval=settings.poll_interval_s, skip=settings.poll_skip_dirs,
                                       max_depth=settings.scan_max_depth, on_deferred=on_deferred)
-    return make_inotify_observer(on_overflow, on_watch_limit, max_depth=settings.scan_max_depth)
+    return make_inotify_observer(on_overflow, on_watch_limit, max_depth=settings.scan_max_depth,
+                                 gather_rank_dirs=True)
 
 
 class _Handler(FileSystemEventHandler):
@@ -415,12 +417,14 @@ class ProfWatcher:
         if self._on_rank_dirs is None:
             self._wake_all(prof_dir)
             return
-        depth = self._settings.scan_max_depth
-        named = [rank_dir_of(prof_dir, p, depth) for p in _event_paths(event)]
-        dirs = {d for d in named if d is not None}
-        outside = None in named
-        if outside and event.is_directory and event.event_type in ("moved", "deleted"):
-            self._wake_all(prof_dir)  # a folder above rank dirs moved or went: they may have gone with it
+        if isinstance(event, RankDirsChangedEvent):  # the emitter named them (inotify_observer.py)
+            dirs = set(event.rank_dirs)
+        else:
+            depth = self._settings.scan_max_depth
+            named = [rank_dir_of(prof_dir, p, depth) for p in _event_paths(event)]
+            dirs = {d for d in named if d is not None}
+            if None in named and event.is_directory and event.event_type in ("moved", "deleted"):
+                self._wake_all(prof_dir)  # a folder above rank dirs moved or went: they may have gone with it
         if not dirs:
             return  # a file outside every rank dir, or a new folder (what it holds reports itself)
         with self._cv:

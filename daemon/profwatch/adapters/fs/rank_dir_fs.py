@@ -9,6 +9,7 @@ built from the name's bytes (docs/msprof-analyze.md#before-running, docs/paths.m
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import sqlite3
@@ -44,6 +45,7 @@ from profwatch.core.batches.prof_layout import (
     parse_rank_dir_name,
     rank_dir_of,
     rank_from_profiler_info_name,
+    ts_naive_of,
     unsupported_output,
 )
 from profwatch.core.batches.settings import WatchSettings
@@ -70,6 +72,10 @@ servers: down to 1 s on old ones) after the listing would not move the timestamp
 than this behind the reader's makes a fresh change look settled; the reconciliation pass re-reads every rank dir
 then, and its listings are validated the same way (the NFS client itself revalidates a cached listing by the
 folder's attributes)."""
+_INFO_PREFIX = "profiler_info"
+_DB_PREFIX = "ascend_pytorch_profiler"
+"""The fixed starts of ``PROFILER_INFO_RE`` and ``PROFILER_DB_RE``: a name without it is not matched (one
+``startswith`` instead of a regex per entry of a rank dir read on every marker)."""
 MAX_CACHED_LISTINGS = 200_000
 """Listings one :class:`ListingCache` keeps at most (about four per rank dir: the rank dir, ``PROF_*``,
 ``PROF_*/device_N`` and ``host``, ``ASCEND_PROFILER_OUTPUT``; a 16,384-rank tree ~80k); past it the cache starts
@@ -192,12 +198,12 @@ class RankDirReader:
         Raises nothing for storage errors: they come back as ``RankDirObservation.unknown``, carrying the rank
         identity (profiler_info, metadata) this reader last saw there, so the rank stays in its batch.
         """
-        name = parse_rank_dir_name(os.path.basename(path))
+        name = parse_rank_dir_name(path.rpartition("/")[2])  # os.path.basename of a str path, without its calls
         if name is None:
             return None
         with self._lock:
             self.reads += 1
-        base: dict[str, Any] = {"path": path, "name": name, "dir_ts_unix_s": _local_ts(name.ts_naive)}
+        base: dict[str, Any] = {"path": path, "name": name, "dir_ts_unix_s": _local_ts(name.ts)}
         try:
             lc = _Lister(self, listings)
             obs = self._read_entries(path, name.kind, lc.listing(path, st), base, lc)
@@ -243,7 +249,7 @@ class RankDirReader:
     def _read_entries(self, path: str, kind: str, top: _Listing, base: dict[str, Any],
                       lc: _Lister) -> RankDirObservation:
         entries, dirs, linked = top
-        info_names = sorted(n for n in entries if is_profiler_info_name(n))
+        info_names = sorted([n for n in entries if n.startswith(_INFO_PREFIX) and is_profiler_info_name(n)])
         info_file = next((n for n in info_names if rank_from_profiler_info_name(n) is not None), None)
         info_file = info_file or (info_names[0] if info_names else None)
         out: dict[str, Any] = dict(base, info_file=info_file)
@@ -270,7 +276,7 @@ class RankDirReader:
                 return RankDirObservation(**out)
             raise
         marker = ANALYSE_DONE in names
-        db_names = sorted(n for n in names if PROFILER_DB_RE.fullmatch(n))
+        db_names = sorted([n for n in names if n.startswith(_DB_PREFIX) and PROFILER_DB_RE.fullmatch(n)])
         # with the marker, the quiet period is not used: only the DBs are stat'ed (their checks are cached by
         # size and mtime); without it, every output file (the newest mtime decides the quiet period)
         statted = [*db_names, ANALYSIS_DB] if marker else names
@@ -369,7 +375,7 @@ class RankDirReader:
         (docs/msprof-analyze.md#before-running). ``st``: ``path``'s ``os.stat`` (symlinks followed) taken in the
         same read (a rank dir read stats each output file once); None: stat it here.
         """
-        name = os.path.basename(path)
+        name = path.rpartition("/")[2]  # os.path.basename of a str path
         st = os.stat(path) if st is None else st
         if not stat.S_ISREG(st.st_mode):  # a FIFO/socket/device/dir in place of a DB: never opened (it may block)
             return DbObservation(name=name, size_bytes=0, mtime_s=st.st_mtime, checked=True, error=NOT_REGULAR)
@@ -471,9 +477,12 @@ def _check_sqlite(path: str, name: str, size: int, mtime: float) -> DbObservatio
         con.close()
 
 
-def _local_ts(ts_naive: Any) -> float | None:
+@functools.lru_cache(maxsize=1 << 16)
+def _local_ts(ts: str) -> float | None:
+    """A rank dir name's ``ts`` in unix seconds: naive, so this host's local time, as torch_npu wrote it. Memoised
+    (each read of a rank dir needs it; the process's time zone does not change under it)."""
     try:
-        return float(ts_naive.timestamp())  # naive -> this host's local time, as torch_npu wrote it
+        return float(ts_naive_of(ts).timestamp())
     except (OverflowError, OSError, ValueError):
         return None
 

@@ -106,9 +106,15 @@ class RankDirName:
     @property
     def ts_naive(self) -> datetime:
         """``ts`` as a naive local-time datetime (torch_npu writes local time, docs/rank-dirs.md)."""
-        t = self.ts
-        return datetime(int(t[0:4]), int(t[4:6]), int(t[6:8]), int(t[8:10]), int(t[10:12]), int(t[12:14]),
-                        int(t[14:17]) * 1000)
+        return ts_naive_of(self.ts)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def ts_naive_of(t: str) -> datetime:
+    """A 17-digit rank dir name time (``RankDirName.ts``, ``YYYYmmddHHMMSSfff``) as a naive datetime; ValueError for an
+    impossible date. Memoised (a datetime is immutable): every read of a rank dir needs its name's time, twice."""
+    return datetime(int(t[0:4]), int(t[4:6]), int(t[6:8]), int(t[8:10]), int(t[10:12]), int(t[12:14]),
+                    int(t[14:17]) * 1000)
 
 
 @functools.lru_cache(maxsize=1 << 16)
