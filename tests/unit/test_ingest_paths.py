@@ -196,6 +196,8 @@ NON_FINITE = [b"NaN", b"Infinity", b"-Infinity", b"1e309"]
     json.dumps(_step()).encode().replace(b'"work": null', b'"work": ' + t) for t in NON_FINITE] + [
     json.dumps(_step()).encode().replace(b'"step_time_s": 0.25', b'"step_time_s": ' + t) for t in NON_FINITE], ids=range(len(KEPT_BOTH) + 2 * len(NON_FINITE)))
 def test_unusual_spellings_get_the_same_answer(element: bytes) -> None:
+    plain_fast, plain_general = _both(_plain_batch(element))  # between plain reports: the plain path's batch
+    assert plain_fast == plain_general
     fast, general = _both(_batch(element))
     assert fast == general
     _env, good, bad = fast
