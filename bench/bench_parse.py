@@ -3,7 +3,8 @@ it was measured against (issue 26).
 
 Sides, on the same batch bytes (what a node daemon relays: ``wire.encode`` of each step report, compact JSON):
 
-- ``parse_node_message``: what the coordinator runs (typed pydantic pass + value checks; ``core/messages.py``);
+- ``parse_node_message``: what the coordinator runs (``core/messages.py``: a plain batch by the plain msgspec path,
+  rules checked as it decodes; a rich one by the msgspec step path + value checks);
 - ``typed pass``: the pydantic-core pass alone (decode, strict types, ``StepReport`` built), no value checks;
 - ``json.loads``: the stdlib decode alone, no types, no checks, no objects (the bench_ingest bare loop's work);
 - ``hand path``: ``json.loads`` + an allow-list of keys and strict type checks in Python + ``StepReport(**d)`` +

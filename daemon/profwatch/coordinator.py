@@ -345,6 +345,7 @@ class Coordinator:
         poller = self._poller()
         next_tick = next_flush = next_expiry = 0.0
         next_full = self.clock() + cs.registry_full_flush_s
+        revocable = self.sockets.revocable  # the event stream under CURVE with a key ring: checked every turn
         self.captures.start()
         self.notifier.ready("serving")
         try:
@@ -358,7 +359,7 @@ class Coordinator:
                     self.control.drain()
                 if len(events) > (self.ingest in events) + (self.control_sock in events):
                     self.sockets.poll_monitors()
-                if self._check_revocations():
+                if revocable and self._check_revocations():  # else subscriptions are drained at each tick
                     poller = self._poller()
                 self._drain_results()
                 now = self.clock()
@@ -402,11 +403,9 @@ class Coordinator:
             return True
 
     def _drain_results(self) -> None:
-        while True:
-            try:
-                fn = self.results.get_nowait()
-            except queue.Empty:
-                return
+        results = self.results
+        while not results.empty():  # workers only put: this loop is the one reader (no queue.Empty per turn)
+            fn = results.get_nowait()
             try:
                 fn()
             except Exception as exc:  # noqa: BLE001 - a failing handler must not kill the loop
@@ -414,6 +413,8 @@ class Coordinator:
 
     def _tick(self, now: float) -> None:
         self.metrics.queue_depth.labels("results").set(self.results.qsize())
+        if not self.sockets.revocable:
+            self._check_revocations()  # no key to revoke: only the event stream's subscription messages to read
         try:
             for det in list(self.detectors.values()):
                 for an in det.tick(now):  # the clock of the arrival times the detectors were given (_arrival_s)
@@ -470,11 +471,14 @@ class Coordinator:
         # at most 100 batches (~100k reports) and INGEST_PASS_S per pass, so control requests (the CLI's 3 s ping)
         # and SIGTERM are never starved, however costly each batch is (e.g. 1000 hellos)
         until = time.monotonic() + INGEST_PASS_S
-        for _ in range(100):
+        ingest = self.ingest
+        for k in range(100):
             if time.monotonic() > until:
                 return
+            if k and not ingest.get(zmq.EVENTS) & zmq.POLLIN:  # the poll said readable before the first
+                return  # (asked, not tried: a zmq.Again raised at the end of every pass costs more)
             try:
-                frames = self.ingest.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = ingest.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             route = frames[0].bytes

@@ -11,14 +11,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from profwatch.core.messages import (
     MAX_CAPTURED_STEPS,
+    MAX_STEP,
+    MAX_STEP_TIME_S,
+    MAX_TS_UNIX_S,
+    MAX_WORLD_SIZE,
     MessageRejected,
+    PlainStepReport,
     _parse_general,
+    _parse_plain_batch,
     _parse_step_batch,
     _parse_typed_batch,
     parse_node_message,
@@ -62,20 +69,35 @@ def _batch(element: bytes | None, node_id: str = "n1", **envelope: Any) -> bytes
     return json.dumps(head)[:-1].encode() + b',"messages":[' + b",".join(elements) + b"]}"
 
 
+PLAIN = [json.dumps(_step(rank=r, step=s, peer_pid=100 + r), separators=(",", ":")).encode()
+         for r, s in [(0, 1), (1, 2), (2, 3), (3, 4)]]
+"""Honest step reports in the common form (no stages, flags, work, mode or role): the plain path's."""
+
+
+def _plain_batch(element: bytes | None, **envelope: Any) -> bytes:
+    """:func:`_batch` with :data:`PLAIN` reports around ``element``."""
+    head = {"kind": "node_batch", "v": 2, "node_id": "n1", "hostname": "h", "seq": 3, "ts_unix_s": 1.0} | envelope
+    elements = PLAIN[:2] + ([element] if element is not None else []) + PLAIN[2:]
+    return json.dumps(head)[:-1].encode() + b',"messages":[' + b",".join(elements) + b"]}"
+
+
 def _outcome(result: tuple[Any, list[Any], list[MessageRejected]]) -> tuple[Any, list[Any], list[tuple[str, str]]]:
     """The envelope, each kept message as (its wire class, its fields) and each refusal as (reason, detail). The
-    msgspec path's step reports are ``_StepIn``, a :class:`wire.StepReport` with ``kind`` required: the same wire
-    class here."""
+    msgspec path's step reports are ``_StepIn``, a :class:`wire.StepReport` with ``kind`` required, and the plain
+    path's are :data:`PlainStepReport` (a struct of the same fields): the same wire class here."""
     env, good, bad = result
-    kept = [(wire.StepReport if isinstance(m, wire.StepReport) else type(m), wire.to_dict(m)) for m in good]
+    kept = [(wire.StepReport, msgspec.structs.asdict(m)) if isinstance(m, PlainStepReport) else
+            (wire.StepReport if isinstance(m, wire.StepReport) else type(m), wire.to_dict(m)) for m in good]
     return env, kept, [(b.reason, b.detail) for b in bad]
 
 
 def _paths(data: bytes) -> list[Any]:
-    """The outcome (a result, or the refusal raised) of: parse_node_message, the msgspec path then the general one,
-    the pydantic typed path then the general one, and the general path alone."""
+    """The outcome (a result, or the refusal raised) of: parse_node_message, the plain msgspec path then the general
+    one, the msgspec path then the general one, the pydantic typed path then the general one, and the general path
+    alone."""
     out = []
     for fn in (parse_node_message,
+               lambda d: _parse_plain_batch(d, 20_000) or _parse_general(d, 20_000),
                lambda d: _parse_step_batch(d, 20_000) or _parse_general(d, 20_000),
                lambda d: _parse_typed_batch(d, 20_000) or _parse_general(d, 20_000),
                lambda d: _parse_general(d, 20_000)):
@@ -89,8 +111,8 @@ def _paths(data: bytes) -> list[Any]:
 def _both(data: bytes) -> tuple[Any, Any]:
     """The outcome of parse_node_message and of the general path alone, after checking that each fast path on its
     own gives the general path's outcome too."""
-    fast, step_path, typed_path, general = _paths(data)
-    assert step_path == general and typed_path == general
+    fast, plain_path, step_path, typed_path, general = _paths(data)
+    assert plain_path == general and step_path == general and typed_path == general
     return fast, general
 
 
@@ -174,6 +196,8 @@ NON_FINITE = [b"NaN", b"Infinity", b"-Infinity", b"1e309"]
     json.dumps(_step()).encode().replace(b'"work": null', b'"work": ' + t) for t in NON_FINITE] + [
     json.dumps(_step()).encode().replace(b'"step_time_s": 0.25', b'"step_time_s": ' + t) for t in NON_FINITE], ids=range(len(KEPT_BOTH) + 2 * len(NON_FINITE)))
 def test_unusual_spellings_get_the_same_answer(element: bytes) -> None:
+    plain_fast, plain_general = _both(_plain_batch(element))  # between plain reports: the plain path's batch
+    assert plain_fast == plain_general
     fast, general = _both(_batch(element))
     assert fast == general
     _env, good, bad = fast
@@ -231,6 +255,53 @@ def test_a_batch_of_step_reports_takes_the_msgspec_path_and_matches_the_general_
     assert all(isinstance(m, wire.StepReport) for m in step_path[1]) and len(step_path[1]) == len(HONEST)
     assert _parse_step_batch(_batch(json.dumps(_hello(rank=0)).encode())) is None
     assert _parse_step_batch(_batch(json.dumps({k: v for k, v in _step().items() if k != "kind"}).encode())) is None
+
+
+def test_a_batch_of_plain_step_reports_takes_the_plain_path_and_matches_the_general_one() -> None:
+    """The common batch (step reports without stages, flags, work, mode or role) is decoded into PlainStepReport
+    structs with the value rules checked as msgspec decodes; one report that is not plain (HONEST's have stages,
+    labels, work) makes the plain path decline the batch, and the next path takes it."""
+    data = _plain_batch(None)
+    plain = _parse_plain_batch(data)
+    assert plain is not None and _outcome(plain) == _outcome(_parse_general(data, 20_000))
+    assert all(type(m) is PlainStepReport for m in plain[1]) and len(plain[1]) == len(PLAIN) and plain[2] == []
+    assert [m.rank for m in plain[1]] == [0, 1, 2, 3] and plain[1][0].stages is None and plain[1][0].flags == ()
+    assert all(type(m) is PlainStepReport for m in parse_node_message(data)[1])
+    for element in (HONEST[1], json.dumps(_hello(rank=0)).encode(), json.dumps(_step(stages={})).encode(),
+                    json.dumps(_step(flags=["eval"])).encode(), json.dumps(_step(work=1.0)).encode(),
+                    json.dumps(_step(mode="training")).encode(), json.dumps(_step(role="pp1")).encode(),
+                    json.dumps({k: v for k, v in _step().items() if k != "kind"}).encode()):
+        assert _parse_plain_batch(_plain_batch(element)) is None
+        fast, plain_path, step_path, typed_path, general = _paths(_plain_batch(element))
+        assert fast == plain_path == step_path == typed_path == general
+
+
+@pytest.mark.parametrize("fields", [
+    {"rank": 0, "step": 0, "step_time_s": 0.0, "ts_unix_s": 0.0, "peer_pid": 1},
+    {"rank": MAX_WORLD_SIZE - 1, "step": MAX_STEP - 1, "step_time_s": MAX_STEP_TIME_S, "ts_unix_s": MAX_TS_UNIX_S,
+     "peer_pid": 2**32 - 1},
+    {"step_time_s": 1, "ts_unix_s": 2, "peer_pid": None, "capturing": True, "v": 1}, {"job_id": "j" * 128},
+    {"rank": MAX_WORLD_SIZE}, {"step": MAX_STEP}, {"step_time_s": MAX_STEP_TIME_S * (1 + 1e-15)},
+    {"ts_unix_s": MAX_TS_UNIX_S * (1 + 1e-15)}, {"peer_pid": 2**32}, {"peer_pid": 0}, {"job_id": "j" * 129},
+    {"job_id": ""}, {"job_id": "-j"}, {"v": 0}, {"capturing": None}, {"flags": None},
+], ids=range(16))
+def test_the_plain_path_keeps_and_declines_at_the_bounds_of_the_value_rules(fields: dict[str, Any]) -> None:
+    """At each bound of a value rule of the common step report (inclusive or not), the plain path keeps what
+    check_rank_message keeps and declines the batch where it refuses (the next path then refuses it)."""
+    element = json.dumps(_step(**fields)).encode()
+    data = _plain_batch(element)
+    fast, plain_path, step_path, typed_path, general = _paths(data)
+    assert fast == plain_path == step_path == typed_path == general
+    kept = len(general[1]) == len(PLAIN) + 1
+    assert (_parse_plain_batch(data) is not None) == kept
+
+
+def test_the_plain_path_cuts_a_batch_past_max_messages_as_the_others() -> None:
+    head = b'{"kind":"node_batch","v":2,"node_id":"n1","hostname":"h","seq":3,"ts_unix_s":1.0,"messages":['
+    data = head + b",".join(PLAIN * 6) + b"]}"
+    plain = _parse_plain_batch(data, 10)
+    assert plain is not None and _outcome(plain) == _outcome(_parse_general(data, 10))
+    assert len(plain[1]) == 10 and [b.reason for b in plain[2]] == ["bad_value"]
 
 
 def test_the_common_batch_takes_the_fast_path_and_matches_the_general_one() -> None:
@@ -292,9 +363,10 @@ def _adversarial_kinds() -> list[bytes]:
 @pytest.mark.parametrize("element", _adversarial_kinds(), ids=range(17))
 def test_the_adversarial_kinds_get_the_same_answer_on_every_path(element: bytes) -> None:
     for v in (1, 2):
-        for data in (_batch(element, v=v), _batch(element, v=v).replace(b"".join(HONEST[3:4]), b"")):
-            fast, step_path, typed_path, general = _paths(data)
-            assert fast == step_path == typed_path == general
+        for data in (_batch(element, v=v), _batch(element, v=v).replace(b"".join(HONEST[3:4]), b""),
+                     _plain_batch(element, v=v)):
+            fast, plain_path, step_path, typed_path, general = _paths(data)
+            assert fast == plain_path == step_path == typed_path == general
 
 
 _MISSING = object()
@@ -347,8 +419,11 @@ def _random_message(draw: Any) -> bytes:
 def test_random_batches_get_the_same_answer_on_every_path(elements: list[bytes], v: int) -> None:
     """Property-based (deterministic examples): whatever the messages, every fast path gives the general path's
     outcome: the same messages kept, as the same values, and the same refusals with the same reasons."""
-    fast, step_path, typed_path, general = _paths(_batch(b",".join(elements), v=v))
-    assert fast == step_path == typed_path == general
+    fast, plain_path, step_path, typed_path, general = _paths(_batch(b",".join(elements), v=v))
+    assert fast == plain_path == step_path == typed_path == general
+    plain = _plain_batch(b",".join(elements), v=v)  # between plain reports: the plain path's own batch
+    fast, plain_path, step_path, typed_path, general = _paths(plain)
+    assert fast == plain_path == step_path == typed_path == general
 
 
 # The common report (no stages, flags, work or labels) of a job already checked in the batch is checked inline
@@ -370,10 +445,11 @@ def test_the_inline_check_of_plain_step_reports_refuses_what_check_rank_message_
     head = {"kind": "node_batch", "v": 2, "node_id": "n1", "hostname": "h", "seq": 3, "ts_unix_s": 1.0}
     data = (json.dumps(head)[:-1].encode() + b',"messages":['
             + b",".join([*plain[:2], json.dumps(msg).encode(), plain[2]]) + b"]}")
-    fast, step_path, typed_path, general = _paths(data)
-    assert fast == step_path == typed_path == general
+    fast, plain_path, step_path, typed_path, general = _paths(data)
+    assert fast == plain_path == step_path == typed_path == general
     _env, good, bad = fast
     assert len(good) == 3 and [r for r, _ in bad] == [reason]
+    assert _parse_plain_batch(data) is None  # the plain path declines the batch: the next one refuses the report
 
 
 def test_the_memoised_name_checks_hold_short_names_only() -> None:

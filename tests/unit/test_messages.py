@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
-from profwatch.core.messages import MessageRejected, parse_node_command, parse_node_message, parse_rank_message
+from profwatch.core.messages import (
+    MessageRejected,
+    PlainStepReport,
+    parse_node_command,
+    parse_node_message,
+    parse_rank_message,
+)
 from rankhook import wire
 
 
@@ -70,7 +77,8 @@ def test_batch_keeps_good_messages_and_isolates_bad_ones() -> None:
 def test_batch_fast_path_types_every_message() -> None:
     batch = wire.NodeBatch(node_id="n1", hostname="h", seq=1, ts_unix_s=1.0, messages=[_step(rank=r) for r in range(50)])
     env, good, bad = parse_node_message(wire.encode(batch))
-    assert not bad and len(good) == 50 and all(isinstance(m, wire.StepReport) for m in good)
+    assert not bad and len(good) == 50 and all(isinstance(m, (wire.StepReport, PlainStepReport)) for m in good)
+    assert [msgspec.structs.asdict(m) for m in good] == [d | {"flags": ()} for d in batch.messages]  # plain reports
 
 
 @pytest.mark.parametrize("raw", [b"{}", b"[]", b"garbage", json.dumps({"kind": "node_batch", "v": 9}).encode(),

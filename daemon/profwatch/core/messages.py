@@ -19,14 +19,20 @@ into a :class:`MessageRejected` with a short ``reason`` code used for counters a
   (:func:`parse_node_message`), each bad message is counted, every good one is kept.
 
 The common message, a node batch whose messages all type-check, takes a fast path (:func:`parse_node_message`):
-a batch of step reports only (what a node relays between hellos) is decoded by msgspec straight into
-:class:`rankhook.wire.StepReport` objects (:func:`_parse_step_batch`); any other batch by one pydantic pass that types
-the envelope and every message (:func:`_parse_typed_batch`); then the same value checks (:func:`check_rank_message`).
-Whatever the types refuse on a fast path takes the next one and at last the general path, so every refusal and its
-reason are the general path's: a fast path only ever takes what the general path takes, as the same objects
-(``tests/unit/test_ingest_paths.py`` feeds all three the hostile cases and property-based random batches).
+a batch of plain step reports (no stages, flags, work, mode or role: what a node relays between hellos for most
+jobs) is decoded by msgspec into :data:`PlainStepReport` structs with the value rules checked in the same C pass
+(:func:`_parse_plain_batch`); a batch of step reports only, straight into :class:`rankhook.wire.StepReport` objects
+(:func:`_parse_step_batch`); any other batch by one pydantic pass that types the envelope and every message
+(:func:`_parse_typed_batch`); then the same value checks (:func:`check_rank_message`). Whatever the types or a rule
+refuse on a fast path takes the next one and at last the general path, so every refusal and its reason are the
+general path's: a fast path only ever takes what the general path takes, as the same values (a plain report is a
+:data:`PlainStepReport`, read field by field as the :class:`rankhook.wire.StepReport` it stands for;
+``tests/unit/test_ingest_paths.py`` feeds all four the hostile cases, the bounds of each rule and property-based
+random batches).
 Costs per report on the bytes a node relays (``bench/bench_parse.py``, one bench run at load average ~11 on 2
-cores): msgspec decode + checks 1.2 us, the pydantic typed pass + checks 3.0 us (1.1-1.4 us for the pass alone at
+cores): the plain path 0.52 us at 256 reports per batch, 0.70 at 16 (decode, rules, job id; load 7: 1.19 and
+1.46 before it; a batch of rich reports, which it declines at the first one, 2.78 against 2.66), msgspec decode +
+checks 1.2 us, the pydantic typed pass + checks 3.0 us (1.1-1.4 us for the pass alone at
 load 8), ``json.loads`` alone 2.6 us (no types, no objects); a hand-checked path (``json.loads``, an allow-list of
 keys and types, ``StepReport(**d)``, the same checks) was measured at 3.7-5.4 us (load 8): slower than pydantic, so
 the library decoder, not our own code.
@@ -37,7 +43,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from functools import lru_cache
 from typing import Annotated, Any, Literal, Union
 
@@ -138,9 +144,69 @@ class _StepBatch(msgspec.Struct):
     v: int
 
 
-_step_batch_decoder = msgspec.json.Decoder(_StepBatch)  # strict: no str -> int, no bool -> int, no float -> int
-_step_us_adapter: TypeAdapter[wire.StepReportUs] = TypeAdapter(wire.StepReportUs)
 _ACCEPTED = wire.ACCEPTED_VERSIONS
+_step_batch_decoder = msgspec.json.Decoder(_StepBatch)  # strict: no str -> int, no bool -> int, no float -> int
+
+
+def _plain_types() -> dict[str, Any]:
+    """The type of each :class:`rankhook.wire.StepReport` field in a *plain* step report: the value rules of
+    :func:`check_rank_message` for the common report as msgspec constraints (checked in C while decoding), and the
+    optional fields narrowed to their absent value (no stages, flags, work, mode or role). The job id's spelling is
+    checked apart, once per distinct id (:func:`_parse_plain_batch`)."""
+    meta = msgspec.Meta
+    return {
+        "job_id": Annotated[str, meta(max_length=128)],
+        "rank": Annotated[int, meta(ge=0, lt=MAX_WORLD_SIZE)],
+        "step": Annotated[int, meta(ge=0, lt=MAX_STEP)],
+        "step_time_s": Annotated[float, meta(ge=0.0, le=MAX_STEP_TIME_S)],
+        "ts_unix_s": Annotated[float, meta(ge=0.0, le=MAX_TS_UNIX_S)],
+        "stages": None,
+        "flags": Annotated[tuple[str, ...], meta(max_length=0)],
+        "capturing": bool,
+        "work": None,
+        "mode": None,
+        "role": None,
+        "peer_pid": Union[Annotated[int, meta(gt=0, lt=2**32)], None],  # noqa: UP007
+        "kind": Literal["step"],
+        "v": Literal.__getitem__(tuple(sorted(_ACCEPTED))),
+    }
+
+
+def _plain_struct() -> type[msgspec.Struct]:
+    """:data:`PlainStepReport`: one msgspec field per :class:`rankhook.wire.StepReport` field, in its order and
+    with its default (``kind`` required, as on every other path), typed by :func:`_plain_types`. Raises
+    ``KeyError`` at import when the wire dataclass gained a field this module does not type yet."""
+    types = _plain_types()
+    spec: list[Any] = []
+    for f in fields(wire.StepReport):
+        if f.name == "kind" or f.default is MISSING:
+            spec.append((f.name, types[f.name]))
+        else:
+            spec.append((f.name, types[f.name], f.default))
+    return msgspec.defstruct("PlainStepReport", spec, kw_only=True, frozen=True, gc=False, module=__name__)
+
+
+PlainStepReport = _plain_struct()
+"""A step report in its common form, as the plain path (:func:`_parse_plain_batch`) decodes it: the fields of
+:class:`rankhook.wire.StepReport`, read the same way (``report.rank``, ``report.stages``...), its value rules already
+checked, its optional fields absent (``stages`` and the others None, ``flags`` empty). A frozen msgspec struct, not
+tracked by the cyclic garbage collector (it holds no container)."""
+
+
+class _PlainBatch(msgspec.Struct, gc=False):
+    """A ``node_batch`` of plain step reports only, the envelope typed as :data:`_TypedBatch` types it."""
+
+    node_id: str
+    hostname: str
+    seq: int
+    ts_unix_s: float
+    messages: list[PlainStepReport]  # type: ignore[valid-type]
+    kind: Literal["node_batch"]
+    v: int
+
+
+_plain_batch_decoder = msgspec.json.Decoder(_PlainBatch)
+_step_us_adapter: TypeAdapter[wire.StepReportUs] = TypeAdapter(wire.StepReportUs)
 
 _KNOWN_RANK_KINDS = {"hello", "step", "capture", "bye"}
 _KNOWN_NODE_KINDS = {"node_heartbeat", "node_batch", "node_ack", "node_job_id_collision"}
@@ -572,6 +638,34 @@ def _split_batch(data: bytes, max_messages: int) -> tuple[Any, list[Any], list[M
     return env, good, bad
 
 
+def _parse_plain_batch(data: bytes, max_messages: int = 20_000
+                       ) -> tuple[wire.NodeBatch, list[Any], list[MessageRejected]] | None:
+    """Fastest path of :func:`parse_node_message`: a ``node_batch`` of plain step reports only (what a node relays
+    between hellos from a job that reports no stages, flags, work, mode or role), decoded by msgspec into
+    :data:`PlainStepReport` with the value rules of :func:`check_rank_message` checked as it decodes; the job id's
+    spelling once per distinct id. Returns as :func:`_parse_typed_batch`, or None when anything is not plainly
+    within those rules (a hello, one report with stages, a value out of range, a badly spelled job id...): the next
+    path decides, with its reasons. Raises :class:`MessageRejected` for an unusable envelope, as the general path."""
+    try:
+        tb = _plain_batch_decoder.decode(data)
+    except (msgspec.MsgspecError, ValueError, RecursionError):
+        return None
+    env = wire.NodeBatch(node_id=tb.node_id, hostname=tb.hostname, seq=tb.seq, ts_unix_s=tb.ts_unix_s, v=tb.v)
+    _check_envelope(env)
+    msgs: list[Any] = tb.messages
+    bad: list[MessageRejected] = []
+    if len(msgs) > max_messages:
+        msgs = msgs[:max_messages]
+        bad.append(_too_many(max_messages))
+    job_ok = ""
+    for m in msgs:
+        if m.job_id != job_ok:
+            if not _job_id_ok(m.job_id):
+                return None  # refused by the next paths, with check_rank_message's reason
+            job_ok = m.job_id
+    return env, msgs, bad
+
+
 def _parse_step_batch(data: bytes, max_messages: int = 20_000
                       ) -> tuple[wire.NodeBatch, list[Any], list[MessageRejected]] | None:
     """Fastest path of :func:`parse_node_message`: a ``node_batch`` of step reports only, decoded by msgspec
@@ -646,14 +740,17 @@ def parse_node_message(data: bytes, max_messages: int = 20_000) -> tuple[Any, li
     """Validate one node->coordinator message (UTF-8 JSON bytes).
 
     Returns:
-        ``(envelope, rank_messages, rejected)``: for a ``node_batch`` the valid rank messages (typed) and one
+        ``(envelope, rank_messages, rejected)``: for a ``node_batch`` the valid rank messages (typed: the wire
+        dataclasses, a plain step report as a :data:`PlainStepReport` of the same fields) and one
         :class:`MessageRejected` per bad one (the rest of the batch is kept, see :func:`_split_batch`); for other
         kinds the lists are empty.
     Raises:
         MessageRejected: the envelope itself is unusable (reasons as :func:`parse_rank_message`, plus
             ``bad_node_id``).
     """
-    fast = _parse_step_batch(data, max_messages)
+    fast = _parse_plain_batch(data, max_messages)
+    if fast is None:
+        fast = _parse_step_batch(data, max_messages)
     if fast is None:
         fast = _parse_typed_batch(data, max_messages)
     return fast if fast is not None else _parse_general(data, max_messages)

@@ -202,6 +202,12 @@ class ServerSockets:
             return None
         return user_id(frame) or ""
 
+    @property
+    def revocable(self) -> bool:
+        """Whether a subscriber of the event stream can be revoked (CURVE on it, with a key ring): then
+        :meth:`check_revocations` belongs in every turn of the loop; else it only reads subscription messages."""
+        return bool(self.curve["pub"]) and self.keyring is not None
+
     def check_revocations(self) -> bool:
         """Drain the event stream's subscription messages and, under CURVE, re-bind it when a key that
         subscribed is no longer admitted (the revoked subscriber is cut off; see ``publish.py``). Returns True
