@@ -528,7 +528,8 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
                        and names(a)
                        and (a["rank_list"] is None or not c.ranks or set(c.ranks) <= set(a["rank_list"]))
                        for a in arms)
-        out_changes.append({"kind": c.kind, "factor": round(c.factor, 3), "onset": c.onset, "lasting": lasting,
+        out_changes.append({"kind": c.kind, "factor": round(c.factor, 3), "onset": c.onset,
+                            "onset_s": round(c.onset_t - T0, 1), "lasting": lasting,
                             "short": short,
                             "detectable": detectable, "delay_steps": delay, "captured": captured,
                             "learning": c.learning})
@@ -633,8 +634,8 @@ def _print_examples(rows: list[dict[str, Any]]) -> None:
     lost_ex = [(r["class"], r["seed"], c) for r in rows for c in r["changes"]
                if c["lasting"] and c["detectable"] and not c["captured"]][:12]
     for cls, seed, c in lost_ex:
-        print(f"  lost: {cls} run {seed}: {c['kind']} x{c['factor']} onset {c['onset']} "
-              f"delay {c['delay_steps']}")
+        at = f"onset {c['onset_s']} s" if cls.startswith("serving") else f"onset step {c['onset']}"
+        print(f"  lost: {cls} run {seed}: {c['kind']} x{c['factor']} {at} delay {c['delay_steps']}")
     fa_ex = [(r["class"], r["seed"], r["false_arm_kinds"], r["shape"]) for r in rows if r["false_arms"]][:12]
     for cls, seed, kinds, shape in fa_ex:
         print(f"  false arms: {cls} run {seed}: {kinds} {shape}")
