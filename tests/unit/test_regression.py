@@ -569,3 +569,16 @@ def test_a_small_slowdown_during_a_rising_warm_up_is_found_off_its_line(low: flo
         assert all(0.1 <= m <= 0.25 for _, m, ref in regs if ref == "warm_up_line"), (seed, regs)
         found += bool(regs)
     assert found >= least, found
+
+
+@pytest.mark.parametrize(("at", "shift"), [(20, 0.12), (20, 0.15), (30, 0.12), (30, 0.15), (40, 0.12)])
+def test_a_small_change_during_the_first_learning_is_reported_once(at: int, shift: float) -> None:
+    """+12-15 % from step ``at`` of the first learning (3 % noise) is found from the learned steps
+    (``reference "learned_steps"``) once: the watch for an excursion's return took the change going on after that
+    report for a new level over the one before it and reported it again 12-20 steps later (seeds 0-5)."""
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        x = 0.5 * np.maximum(0.2, 1 + 0.03 * rng.standard_normal(400))
+        x[at:] *= 1 + shift
+        regs = [(s, round(m, 3), d.get("reference")) for s, k, m, d in feed(x) if k == "step_regression"]
+        assert len(regs) == 1, (seed, regs)

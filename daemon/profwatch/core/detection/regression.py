@@ -76,6 +76,11 @@ fired on its first 2-4 steps and measured a level it had not reached, and the re
 against that level (a +66 % change that ramps in over 5 steps, 5 % heavy-tailed noise: a second report in 8 of 20
 seeds). A run that was flat at the fire (a sudden change) keeps the level it measured: a further change soon after is
 still its own report."""
+_NOT_EXCURSIONS = ("provisional", "learned_steps", "warm_up_line")
+"""``detail.reference`` of the level reports that rest on no spike steps held out: never watched for their return
+(:class:`~profwatch.core.detection.interruptions.RecurringInterruptions`). A +12-15 % change during the first
+learning, reported from the learned steps, was reported again 12-20 steps later as a new level over the one before
+it (10 of 72 series of 3 % noise; 0 before the watch)."""
 WARMUP_EVIDENCE = 0.0
 """At the end of a generation's first learning, a rise from the first learned steps that then stays flat is a
 warm-up when it explains them at least this much better than a step (noise variances; see
@@ -1205,7 +1210,9 @@ class StepTimeRegressionDetector:
         trend = self._base.slope if self.settings.drift_detection else 0.0
         level, n = self._reported_level(detail)
         noise = float(detail.get("noise") or MIN_NOISE)
-        if detail.get("pattern") == "level" and detail.get("reference") != "provisional":
+        # watched: a level of spike steps held out (not the learning path's step or jump in its learned steps,
+        # whose risen steps are no excursion: the watch read the change going on as a new level, a second report)
+        if detail.get("pattern") == "level" and detail.get("reference") not in _NOT_EXCURSIONS:
             self.recurring.reported(int(detail.get("first_step", step)), step, magnitude,
                                     float(detail.get("baseline_s") or 0.0), noise)
         follow = self._follows(detail)
