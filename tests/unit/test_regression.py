@@ -582,3 +582,18 @@ def test_a_small_change_during_the_first_learning_is_reported_once(at: int, shif
         x[at:] *= 1 + shift
         regs = [(s, round(m, 3), d.get("reference")) for s, k, m, d in feed(x) if k == "step_regression"]
         assert len(regs) == 1, (seed, regs)
+
+
+@pytest.mark.parametrize("factor", [2.0, 3.0])
+def test_a_large_slowdown_right_after_a_cusum_report_is_its_own_report(factor: float) -> None:
+    """+20 % from step 200 (3 % noise, a CUSUM report), then ``factor`` x more from the step right after the report:
+    the follow after the report (REPORT_FOLLOW_STEPS) took it for the first change's rest and it was never
+    reported (0 of 8 seeds); the reference now follows at most FOLLOW_MAX_RATIO times the reported level."""
+    for seed in range(8):
+        xs = series(600, 0.03, seed=seed * 7 + 100, at=200, shift=0.2)
+        first = [s for s, k, _, d in feed(xs) if k == "step_regression"]
+        assert len(first) == 1, (seed, first)
+        xs[first[0]:] *= factor  # from step first + 1 on (step i + 1 is xs[i])
+        regs = [(s, round(m, 2)) for s, k, m, _ in feed(xs) if k == "step_regression"]
+        assert len(regs) == 2 and first[0] < regs[1][0] <= first[0] + 30, (seed, regs)
+        assert regs[1][1] >= 0.1, (seed, regs)  # against the followed reference (at most 1.5x the first level)
