@@ -440,17 +440,18 @@ _PLAIN = {"path_type": "must be a path, written as a TOML string (\"/var/lib/pro
           "dict_type": "must be a TOML table", "model_type": "must be a TOML table ([section])"}
 
 
-_SECRET_WORDS = ("secret", "token", "password", "authorization", "key")
-"""A key whose name holds one of these never has its value echoed in an error."""
+_SECRET_WORDS = ("secret", "token", "password", "authorization", "key", "url")
+"""A key whose name holds one of these never has its value echoed in an error (a URL may carry a token in its
+path or query)."""
 
 
 def _plain(err: Mapping[str, Any], *, secret: bool = False) -> str:
     """One pydantic error as a config reader says it: what the key needs (:data:`_PLAIN` for a wrong type, else
     pydantic's own message, e.g. a range) and the value given (its repr, at most 60 characters; never for a
-    ``secret`` key)."""
+    ``secret`` key, nor after a validator's own message: it says what of the value it may)."""
     what = _PLAIN.get(str(err.get("type")), str(err.get("msg")))
-    if secret or "input" not in err or isinstance(err["input"], Mapping):
-        return what
+    if secret or "input" not in err or isinstance(err["input"], Mapping) or err.get("type") == "value_error":
+        return what  # a validator's own message says what of the value is safe to say (a URL's password is not)
     given = repr(err["input"])
     return f"{what} (got {given if len(given) <= 60 else given[:57] + '...'})"
 

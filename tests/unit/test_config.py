@@ -56,3 +56,20 @@ def test_bad_configs_fail_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("toml", [
+    '[webhook]\nurl = "https://user:hunter2@hooks.example.com/x"\n',
+    '[alertmanager]\nurl = "https://ops:hunter2@am.example.com"\n',
+    '[webhook]\nauthorization_env = "Bearer hunter2"\n',
+    '[alertmanager]\nauthorization_env = "Basic hunter2"\n',
+])
+def test_a_secret_in_a_bad_value_is_never_echoed(tmp_path: Path, toml: str) -> None:
+    """A URL with a password, or the Authorization value written where its variable's name goes, is refused with
+    the key and why, never the value (before: ``(got 'https://user:hunter2@...')`` appended to the validator's
+    message, and ``got 'Bearer hunter2'`` in it)."""
+    f = tmp_path / "c.toml"
+    f.write_text(toml)
+    with pytest.raises(ConfigError) as ei:
+        load_settings(f)
+    assert "hunter2" not in str(ei.value) and (".url:" in str(ei.value) or ".authorization_env:" in str(ei.value))

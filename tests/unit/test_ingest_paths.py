@@ -470,3 +470,16 @@ def test_the_memoised_name_checks_hold_short_names_only() -> None:
         assert fast[0] == "raised" and fast[1] == reason if envelope else [r for r, _ in fast[2]] == [reason]
     assert _job_id_spelled.cache_info().currsize == 1  # "j1" of the honest messages only
     assert _names_ok.cache_info().currsize == 1  # ("n1", "h") of the one good envelope
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first", "only"])
+def test_an_empty_job_id_leading_a_plain_batch_is_refused_as_on_the_general_path(first: bool) -> None:
+    """The plain path checks each distinct job id once: an empty one at the head of the batch (or alone) is checked
+    too, not taken for the id already seen (it is refused as ``bad_job_id``, never kept)."""
+    empty = json.dumps(_step(job_id="", peer_pid=100), separators=(",", ":")).encode()
+    head = b'{"kind":"node_batch","v":2,"node_id":"n1","hostname":"h","seq":3,"ts_unix_s":1.0,"messages":['
+    data = head + b",".join([empty, *PLAIN] if first else [empty]) + b"]}"
+    assert _parse_plain_batch(data) is None
+    fast, plain_path, step_path, typed_path, general = _paths(data)
+    assert fast == plain_path == step_path == typed_path == general
+    assert [r for r, _ in fast[2]] == ["bad_job_id"] and len(fast[1]) == (len(PLAIN) if first else 0)

@@ -159,3 +159,19 @@ def test_a_rank_id_beyond_any_world_size_is_left_out_and_counted_not_a_crash(as_
     assert [lk.ranks for lk in found.links] == [(2, 5)] and found.pairs_judged == 28
     assert any(n.startswith("3 matrix row(s) without a step or a rank id") for n in found.notes), found.notes
     assert len(parse_matrix_rows(rows + bad)) == len(parse_matrix_rows(rows))
+
+
+@pytest.mark.parametrize("as_columns", [False, True])
+@pytest.mark.parametrize("rank", [2.5, "2.5", 0.5])
+def test_a_fractional_rank_id_is_left_out_and_counted_not_cut_to_a_rank(as_columns: bool, rank: object):
+    """Matrix rows naming rank 2.5 (a corrupt export) are no rank's: before, the id was cut to 2 and 40 rows of
+    other pairs were summed into rank 2's, which hid the slow (2, 5) link and judged a 29th pair, silently."""
+    from profwatch.core.verdict.link_rows import LinkRows
+
+    rows = matrix_rows(8, slow_pairs={(2, 5): 3.0})
+    bad = [dict(r, src_rank=rank) for r in rows[:40]]
+    given = LinkRows.from_rows(rows + bad) if as_columns else rows + bad
+    found = find_slow_links(given, world_size=8)
+    assert [lk.ranks for lk in found.links] == [(2, 5)] and found.pairs_judged == 28
+    assert any(n.startswith("40 matrix row(s) without a step or a rank id") for n in found.notes), found.notes
+    assert len(parse_matrix_rows(rows + bad)) == len(parse_matrix_rows(rows))

@@ -205,3 +205,19 @@ def test_property_a_persistent_change_after_a_recurrence_is_reported(interval: i
 def test_both_ends_of_the_level_range(factor: float) -> None:
     found, _ = feed(series(1200, [150, 450, 750, 1050], 20, factor, cv=0.02))
     assert len(regressions(found)) == 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_excursion_longer_than_an_interruption_is_a_change_even_when_it_recurs(seed: int) -> None:
+    """50-step 2x interruptions every 200 steps of a 3 s job are learned; then 100-step ones on the same interval
+    (300 s at 2x: persistent by the corpus' definition, longer than MAX_INTERRUPTION_STEPS) are each a level change,
+    reported while they last, never a ``"recurring"`` spike (the hold was 2 * 50 + 2 steps: they ended inside it)."""
+    rng = np.random.default_rng(seed)
+    xs = 3.0 * np.maximum(0.2, 1.0 + 0.03 * rng.standard_normal(1100))
+    for onset, duration in [(200, 50), (400, 50), (600, 100), (800, 100)]:
+        xs[onset - 1:onset - 1 + duration] *= 2.0
+    found, _ = feed(xs)
+    for onset in (600, 800):
+        late = [a for a in regressions(found) if onset <= a.step < onset + 100]
+        assert late and late[0].step - onset <= MAX_INTERRUPTION_STEPS + HOLD, (onset, found)
+        assert not [a for a in found if a.kind == "step_spike" and a.detail["first_step"] == onset]

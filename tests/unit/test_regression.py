@@ -569,3 +569,31 @@ def test_a_small_slowdown_during_a_rising_warm_up_is_found_off_its_line(low: flo
         assert all(0.1 <= m <= 0.25 for _, m, ref in regs if ref == "warm_up_line"), (seed, regs)
         found += bool(regs)
     assert found >= least, found
+
+
+@pytest.mark.parametrize(("at", "shift"), [(20, 0.12), (20, 0.15), (30, 0.12), (30, 0.15), (40, 0.12)])
+def test_a_small_change_during_the_first_learning_is_reported_once(at: int, shift: float) -> None:
+    """+12-15 % from step ``at`` of the first learning (3 % noise) is found from the learned steps
+    (``reference "learned_steps"``) once: the watch for an excursion's return took the change going on after that
+    report for a new level over the one before it and reported it again 12-20 steps later (seeds 0-5)."""
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        x = 0.5 * np.maximum(0.2, 1 + 0.03 * rng.standard_normal(400))
+        x[at:] *= 1 + shift
+        regs = [(s, round(m, 3), d.get("reference")) for s, k, m, d in feed(x) if k == "step_regression"]
+        assert len(regs) == 1, (seed, regs)
+
+
+@pytest.mark.parametrize("factor", [2.0, 3.0])
+def test_a_large_slowdown_right_after_a_cusum_report_is_its_own_report(factor: float) -> None:
+    """+20 % from step 200 (3 % noise, a CUSUM report), then ``factor`` x more from the step right after the report:
+    the follow after the report (REPORT_FOLLOW_STEPS) took it for the first change's rest and it was never
+    reported (0 of 8 seeds); the reference now follows at most FOLLOW_MAX_RATIO times the reported level."""
+    for seed in range(8):
+        xs = series(600, 0.03, seed=seed * 7 + 100, at=200, shift=0.2)
+        first = [s for s, k, _, d in feed(xs) if k == "step_regression"]
+        assert len(first) == 1, (seed, first)
+        xs[first[0]:] *= factor  # from step first + 1 on (step i + 1 is xs[i])
+        regs = [(s, round(m, 2)) for s, k, m, _ in feed(xs) if k == "step_regression"]
+        assert len(regs) == 2 and first[0] < regs[1][0] <= first[0] + 30, (seed, regs)
+        assert regs[1][1] >= 0.1, (seed, regs)  # against the followed reference (at most 1.5x the first level)

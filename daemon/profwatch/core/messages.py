@@ -657,7 +657,7 @@ def _parse_plain_batch(data: bytes, max_messages: int = 20_000
     if len(msgs) > max_messages:
         msgs = msgs[:max_messages]
         bad.append(_too_many(max_messages))
-    job_ok = ""
+    job_ok: str | None = None  # not "": an empty job id is checked (and refused) like any other
     for m in msgs:
         if m.job_id != job_ok:
             if not _job_id_ok(m.job_id):
@@ -694,7 +694,7 @@ def _checked(env: wire.NodeBatch, messages: list[Any], max_messages: int
     bad: list[MessageRejected] = []
     keep = good.append
     accepted = _ACCEPTED
-    job_ok = ""  # the last job id that passed its check in this batch
+    job_ok: str | None = None  # the last job id that passed its check in this batch (None: not "", never valid)
     for m in messages[:max_messages]:
         if (m.kind == "step" and m.job_id == job_ok and m.v in accepted and 0 <= m.rank < MAX_WORLD_SIZE
                 and 0.0 <= m.step_time_s <= MAX_STEP_TIME_S and 0.0 <= m.ts_unix_s <= MAX_TS_UNIX_S

@@ -65,8 +65,8 @@ class HttpClientSettings(_Strict):
     @classmethod
     def _env_name(cls, v: str | None) -> str | None:
         if v is not None and not _ENV_NAME.match(v):
-            raise ValueError(f"authorization_env must name an environment variable, got {v!r} (the value itself "
-                             "never goes into the config file)")
+            raise ValueError("authorization_env must name an environment variable (letters, digits, _), not hold "
+                             "the value: the value itself never goes into the config file (not echoed here)")
         return v
 
     @model_validator(mode="after")

@@ -36,9 +36,11 @@ LATTICE_FACTOR = 2.0
 recurring: its duration may vary more before it is called a change)."""
 HOLD_SLACK_STEPS = 2
 """Steps added to either hold (a one-step interruption is held 3-4 steps, not 1-2)."""
-MAX_HOLD_STEPS = 2 * MAX_INTERRUPTION_STEPS
+MAX_HOLD_STEPS = 1 * MAX_INTERRUPTION_STEPS
 """The longest hold an interruption gives (steps): a persistent change that starts at an alike excursion is
-reported at most this late."""
+reported at most this late. Never above :data:`MAX_INTERRUPTION_STEPS`: a longer hold let a 100-step 2x
+excursion of a 3 s job (5 minutes: a persistent change) end inside it, as a ``"recurring"`` spike, never reported,
+after 50-step ones had been learned."""
 INTERVAL_JITTER = 0.15
 """Relative tolerance of a recurrence's onset around the learned interval (and of the intervals among themselves
 for the interval to be regular); at least :data:`MIN_TOLERANCE_STEPS`."""

@@ -90,10 +90,11 @@ def _num(value: Any) -> float:
 
 
 def _rank_num(value: Any) -> float:
-    """A row's rank id as a number, NaN when it is none: not a finite number, or beyond ``MAX_WORLD_SIZE`` either
-    way (no job has such a rank; its pair codes would overflow int64)."""
+    """A row's rank id as a number, NaN when it is none: not a finite whole number (``2.5`` was cut to rank 2 and
+    its rows summed into that rank's pairs), or beyond ``MAX_WORLD_SIZE`` either way (no job has such a rank; its
+    pair codes would overflow int64)."""
     x = _num(value)
-    return x if -MAX_WORLD_SIZE < x < MAX_WORLD_SIZE else math.nan
+    return x if -MAX_WORLD_SIZE < x < MAX_WORLD_SIZE and x.is_integer() else math.nan
 
 
 def parse_matrix_rows(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, int, int], LinkSample]:
@@ -156,7 +157,7 @@ def find_slow_links(rows: Iterable[Mapping[str, Any]], *, settings: LinkSettings
     found = LinkFindings()
     table = _pair_table(rows)
     if table.unread:
-        found.notes.append(f"{table.unread} matrix row(s) without a step or a rank id (a number within "
+        found.notes.append(f"{table.unread} matrix row(s) without a step or a rank id (a whole number within "
                            f"+-{MAX_WORLD_SIZE}) left out")
     groups: dict[tuple[str, str], np.ndarray] = {}  # entries of the group and transport, in (a, b, step) order
     for gi, ti in sorted({(int(g), int(t)) for g, t in zip(table.g, table.tr, strict=True)},
