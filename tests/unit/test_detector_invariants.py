@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
@@ -112,6 +112,9 @@ def test_job_detector_invariants_on_random_training_series(lv: np.ndarray, world
 @SLOW
 @given(lv=levels(faster_only=True), world=st.integers(1, 4), step_s=st.floats(0.001, 10.0),
        cv=st.floats(0.0, 0.05), seed=st.integers(0, 2**16))
+# found by a fresh clone's run: +8.6 % over a speedup's level measured from a few steps 4 % low (the interim
+# reference's effect test now clears min_effect without leniency)
+@example(lv=np.array([1.0] + [0.25] * 98 + [0.125] * 6), world=1, step_s=1.0, cv=0.03125, seed=3287)
 def test_a_series_that_only_gets_faster_never_raises_a_regression(lv: np.ndarray, world: int, step_s: float,
                                                                  cv: float, seed: int) -> None:
     """Monotone level (warm-ups that fall, speedups, steady falls), little noise: no regression, no drift,

@@ -221,3 +221,12 @@ def test_an_excursion_longer_than_an_interruption_is_a_change_even_when_it_recur
         late = [a for a in regressions(found) if onset <= a.step < onset + 100]
         assert late and late[0].step - onset <= MAX_INTERRUPTION_STEPS + HOLD, (onset, found)
         assert not [a for a in found if a.kind == "step_spike" and a.detail["first_step"] == onset]
+
+
+def test_a_recurring_excursion_under_the_spike_test_at_its_edges_is_not_a_cusum_report() -> None:
+    """The hypothesis example (interval 50 -> 75 steps, 15 steps at 1.5x, 4.7 % noise, seed 0): the second
+    occurrence's leading step (z 5.8 against a young baseline's noise) and a later elevated step under the spike
+    test went to the CUSUM, which fired 4 steps in (before: a ``cusum`` report at step 179). The excursion alike
+    to the first is judged by its hold alone."""
+    found, _ = feed(series(495, [100, 175, 250, 325, 400], 15, 1.5, cv=0.047, seed=0))
+    assert [a.step for a in regressions(found)] == [104]

@@ -199,6 +199,11 @@ class SpikeFilter:
         s = self.settings
         return rel >= s.spike_min_effect and z >= s.spike_z
 
+    @property
+    def open_episode(self) -> SpikeEpisode | None:
+        """The spike episode open now (None between episodes)."""
+        return self._open
+
     def skip(self, step: int) -> None:
         """An excluded step: an occurrence predicted in it cannot be seen, so it will not count as missed."""
         for p in self.patterns:
