@@ -73,3 +73,27 @@ def test_a_secret_in_a_bad_value_is_never_echoed(tmp_path: Path, toml: str) -> N
     with pytest.raises(ConfigError) as ei:
         load_settings(f)
     assert "hunter2" not in str(ei.value) and (".url:" in str(ei.value) or ".authorization_env:" in str(ei.value))
+
+
+def test_config_check_refuses_curve_binds_without_the_server_key_as_the_coordinator_does(tmp_path: Path) -> None:
+    """A coordinator bind beyond loopback uses CURVE; without the server secret key the coordinator exits 2 at
+    start, so ``config check`` says so (before: "valid", then the coordinator refused the same file)."""
+    import os
+
+    import zmq.auth
+
+    from profwatch.commands.configcmd import check_errors
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    f = tmp_path / "c.toml"
+    f.write_text(f'[coordinator]\npub_bind = "tcp://0.0.0.0:39713"\nstate_db = "{tmp_path}/s.db"\n'
+                 f'work_dir = "{tmp_path}"\n[security]\nkeys_dir = "{keys}"\n')
+    errors, _ = check_errors(f)
+    assert [e for e in errors if e.startswith("coordinator.pub_bind: beyond loopback these use CURVE")
+            and "server secret key" in e and "profwatch keys init" in e], errors
+    _, secret = zmq.auth.create_certificates(str(keys), "server")
+    os.chmod(secret, 0o600)
+    (keys / "clients").mkdir()
+    errors, _ = check_errors(f)
+    assert not [e for e in errors if "CURVE" in e], errors

@@ -205,7 +205,8 @@ def check_errors(path: Path | None) -> tuple[list[str], Any]:
 
 
 def start_problems(settings: Any, known: list[str]) -> list[str]:
-    """``"key: why"`` for what the coordinator refuses at start beyond path types: a ``state_db`` that is not
+    """``"key: why"`` for what the coordinator refuses at start beyond path types: CURVE binds without a usable
+    server key (:func:`_curve_problems`); a ``state_db`` that is not
     profwatch's own (``state_open.check_own``: a device, a FIFO, a non-SQLite file, a dangling symlink or loop,
     another program's db) and an alert sink's Authorization that cannot be read (``http_post.read_authorization``:
     env var unset or empty, file empty or unreadable). Keys already in ``known`` are not checked twice. Reads the
@@ -219,6 +220,7 @@ def start_problems(settings: Any, known: list[str]) -> list[str]:
             check_own(Path(settings.coordinator.state_db))
         except StateFileRefused as exc:
             out.append(f"coordinator.state_db: {exc}")
+    out += _curve_problems(settings)
     for section in ("alertmanager", "webhook"):
         sink = getattr(settings, section)
         if not sink.url:
@@ -231,6 +233,26 @@ def start_problems(settings: Any, known: list[str]) -> list[str]:
         except SinkConfigError as exc:
             out.append(f"{section}.{key}: {exc}")
     return out
+
+
+def _curve_problems(settings: Any) -> list[str]:
+    """What the coordinator refuses at start when its binds need CURVE (beyond loopback, ``security.curve`` not
+    off): the server secret key missing or unreadable, libzmq without CURVE (``ServerSockets``, the same loads).
+    Reads the key file; writes nothing. Names the binds that need it and the two ways out."""
+    from profwatch.adapters.zmq.keyfiles import CurveSetupError, load_keypair, require_curve
+
+    sec = settings.security
+    need = [f"coordinator.{name}_bind" for name, ep in settings.coordinator.binds().items() if sec.curve_for(ep)]
+    if not need:
+        return []
+    try:
+        require_curve()
+        load_keypair(sec.server_secret_path(), "server secret key",
+                     "run `profwatch keys init` on the coordinator (or set security.server_secret_key)")
+    except CurveSetupError as exc:
+        return [f"{', '.join(need)}: beyond loopback these use CURVE (security.curve = {sec.curve!r}) and the "
+                f"coordinator would refuse to start: {exc}; or bind 127.0.0.1"]
+    return []
 
 
 def _flat(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
