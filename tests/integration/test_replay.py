@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from profwatch.commands.replay import dump_jsonl, replay, replay_lines
@@ -400,3 +401,23 @@ def test_a_rotating_hot_expert_is_published_with_the_captures_that_showed_it(tmp
     ids = [a["capture_id"] for a in res["arms"]]
     assert len(ids) == len(set(ids)) and set(rot[0]["capture_ids"]) <= set(ids)
     assert len(res["arms"]) <= 2
+
+
+def test_replay_reads_the_config_every_command_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``--config`` replay reads what every profwatch command reads (``PROFWATCH_CONFIG`` here) and says
+    which file (before: the built-in defaults, whatever PROFWATCH_CONFIG named: an [arming] mode of observe armed)."""
+    f = tmp_path / "t.jsonl"
+    f.write_text(dump_jsonl(generate_telemetry(replace(BASE, slowdown=0.5, slowdown_from_step=100))))
+    cfg = tmp_path / "pw.toml"
+    cfg.write_text('[arming]\nmode = "observe"\n')
+    monkeypatch.setenv("PROFWATCH_CONFIG", "")
+    res = CliRunner().invoke(replay, [str(f), "--json"])
+    assert res.exit_code == 0, res.output
+    armed_by_default = json.loads(res.stdout)
+    monkeypatch.setenv("PROFWATCH_CONFIG", str(cfg))
+    res = CliRunner().invoke(replay, [str(f), "--json"])
+    assert res.exit_code == 0, res.output
+    assert f"profwatch replay: config {cfg}" in res.stderr
+    observed = json.loads(res.stdout)
+    assert [a.get("action") for a in armed_by_default["arms"]] == ["arm"], armed_by_default["arms"]
+    assert [a.get("action") for a in observed["arms"]] == ["would_arm"], observed["arms"]

@@ -441,7 +441,14 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     Exit codes (daemon/profwatch/exitcodes.py): 0 replayed; 2 bad --config, no valid record (every line bad, or an
     empty file), or a pipe or device that gave more than 256 MiB.
     """
+    from profwatch.commands.common import resolve_config_path
+
     ignored: list[str] = []
+    given = config_path
+    config_path = resolve_config_path(config_path)  # as every command: profwatch --config, PROFWATCH_CONFIG, /etc
+    if given is None and config_path is not None:
+        click.echo(f"profwatch replay: config {config_path} (profwatch --config, PROFWATCH_CONFIG or the default "
+                   "path; --config names another)", err=True)
     try:
         cfg = load_config(config_path, ignored)
     except (ValueError, ValidationError, OSError) as exc:
