@@ -35,7 +35,11 @@ from typing import Any
 log = logging.getLogger("rankhook")
 
 PTH_NAME = "profwatch.pth"
-PTH_LINE = "import rankhook.autoinstall as _pw; _pw.maybe_autoinstall()\n"
+PTH_LINE = ("import os; os.environ.get('PROFWATCH', '').strip() == '1' and "
+            "__import__('rankhook.autoinstall', fromlist=['maybe_autoinstall']).maybe_autoinstall()\n")
+"""What ``profwatch.pth`` runs at every interpreter start: nothing but an env read without ``PROFWATCH=1`` (no
+import of this module: no start-up cost, and ``python -m rankhook.autoinstall`` run without it does not warn that it
+found itself imported)."""
 ENV_FLAG = "PROFWATCH"
 
 

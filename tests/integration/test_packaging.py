@@ -189,12 +189,19 @@ def test_autoinstall_installs_into_a_fresh_venv_and_uninstalls(bare_venv: Path) 
     res = _bare(bare_venv, ["-m", "rankhook.autoinstall", "--install"])
     assert res.returncode == 0, res.stderr
     pth = site_dir / "profwatch.pth"
-    assert f"wrote {pth}" in res.stdout and pth.read_text() == "import rankhook.autoinstall as _pw; " \
-                                                               "_pw.maybe_autoinstall()\n"
+    from rankhook.autoinstall import PTH_LINE
+
+    assert f"wrote {pth}" in res.stdout and pth.read_text() == PTH_LINE and PTH_LINE.startswith("import os;")
     probe = ("import sys, rankhook.autoinstall as a; "
              "print(a._INSTALLER is not None, any(type(f).__name__ == '_TorchOptimFinder' for f in sys.meta_path))")
     assert _bare(bare_venv, ["-c", probe], {"PROFWATCH": "1"}).stdout.split() == ["True", "True"]  # ran at start-up
     assert _bare(bare_venv, ["-c", probe]).stdout.split() == ["False", "False"]  # inert without PROFWATCH=1
+    # without PROFWATCH=1 the .pth imports nothing of ours (no start-up cost), so running the module's CLI does not
+    # warn that it found itself imported already (before: RuntimeWarning on every --help/--uninstall)
+    loaded = "import sys; print('rankhook.autoinstall' in sys.modules)"
+    assert _bare(bare_venv, ["-c", loaded]).stdout.split() == ["False"]
+    res = _bare(bare_venv, ["-W", "error::RuntimeWarning", "-m", "rankhook.autoinstall", "--help"])
+    assert res.returncode == 0 and "RuntimeWarning" not in res.stderr, res.stderr
     res = _bare(bare_venv, ["-m", "rankhook.autoinstall", "--uninstall"])
     assert res.returncode == 0 and f"removed {pth}" in res.stdout and not pth.exists()
     res = _bare(bare_venv, ["-m", "rankhook.autoinstall", "--uninstall"])
