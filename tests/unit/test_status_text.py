@@ -134,6 +134,12 @@ def test_episode_and_rotation_events_have_one_line_each() -> None:
                        "reason": "quiet", "captured": False, "waited_for": "hourly_cap"}}
     assert render_event(closed) == ("t episode_closed.v1 job=j ep-1 rank_outlier ranks=[3] +50% step 10 closed "
                                     "(quiet): never captured (waited for hourly_cap)")
+    # an episode whose only capture failed says so (before: "never captured (waited for None)")
+    failed = {**closed, "data": {**closed["data"], "waited_for": None,
+                                 "captures": [{"capture_id": "c-9", "status": "failed"}]}}
+    assert render_event(failed).endswith("closed (quiet): no capture analysed (captures: c-9 (failed))")
+    bare = {**closed, "data": {**closed["data"], "waited_for": None}}
+    assert render_event(bare).endswith("closed (quiet): never captured")
     rot = {"type": "io.profwatch.culprit_rotates.v1", "subject": "j", "time": "t",
            "data": {"episode_id": "ep-1", "detail": "culprit rotates: ranks 0, 3, 6 in the last 3 captures"}}
     assert render_event(rot).endswith("ep-1: culprit rotates: ranks 0, 3, 6 in the last 3 captures")

@@ -99,8 +99,11 @@ def render_event(ev: dict[str, Any]) -> str:
         if t == TYPE_EPISODE_UPDATED and d.get("reason") == "follow_up":
             line += f": {d.get('text')}"
         if t == TYPE_EPISODE_CLOSED:
-            line += f" closed ({d.get('reason')}): " + ("captured" if d.get("captured") else
-                                                        f"never captured (waited for {d.get('waited_for')})")
+            caps = [c for c in d.get("captures") or [] if isinstance(c, dict)]
+            tried = ", ".join(f"{c.get('capture_id')} ({c.get('status') or 'in flight'})" for c in caps)
+            line += f" closed ({d.get('reason')}): " + (
+                "captured" if d.get("captured") else f"no capture analysed (captures: {tried})" if caps else
+                "never captured" + (f" (waited for {d['waited_for']})" if d.get("waited_for") else ""))
     elif t == TYPE_CULPRIT_ROTATES:
         line += f" {d.get('episode_id')}: {d.get('detail')}"
     elif t == TYPE_ARM:

@@ -502,6 +502,7 @@ class JobEpisodes:
         captured = any(c.status is None or c.status in CAPTURED for c in ep.captures)
         return self._event(TYPE_EPISODE_CLOSED, ep, "", reason=reason, captured=captured,
                            waited_for=None if captured else (ep.waiting or None),
+                           captures=[{"capture_id": c.capture_id, "status": c.status} for c in ep.captures[-8:]],
                            duration_s=round(now_unix_s - ep.opened_unix_s, 3))
 
     # -- the capture queue ------------------------------------------------------------------------------------------
