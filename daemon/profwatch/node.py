@@ -60,7 +60,7 @@ then closes its backend (bounded) and its socket."""
 UNKNOWN_CLOSE_JUDGED_AFTER_S = 5.0
 """A rank connection closed before its peer could be read (its fd gone within one loop turn of its accept) is
 judged this long after its close: a process that sent a message within ``UNKNOWN_SENDER_WINDOW_S`` before the close
-and has exited (or said bye) by then explains it (a short-lived process, e.g. one that sends its hello and ends);
+and has exited by then explains it (a short-lived process, e.g. one that sends its hello and ends);
 otherwise it is a drop (an oversize first message after a reconnect)."""
 UNKNOWN_SENDER_WINDOW_S = 2.0
 """How long before an unknown close a message from an exited process counts as that close's explanation."""
@@ -451,8 +451,8 @@ class NodeDaemon:
         after it) was closed by the node, i.e. ZeroMQ dropped
         a message over ``RANK_MAXMSGSIZE`` (512 KiB) unread with it: ``peer="running"``. A connection closed
         before its accept was looked at (its fd already gone, within one loop turn) is judged
-        ``UNKNOWN_CLOSE_JUDGED_AFTER_S`` later: a process that sent a message just before it and has ended (or said
-        bye) since explains it (a short-lived process); otherwise it is an oversize first message after a reconnect,
+        ``UNKNOWN_CLOSE_JUDGED_AFTER_S`` later: a process that sent a message just before it and has ended since
+        explains it (a short-lived process); otherwise it is an oversize first message after a reconnect,
         ``peer="unknown"``. Both are counted
         (``profwatch_rank_connections_dropped_total{peer}``) and logged once a minute per peer
         (``rank_connection_dropped``). Over tcp the peer's process cannot be told: closes are only counted."""
@@ -489,14 +489,13 @@ class NodeDaemon:
 
     def _ended_sender(self, closed_at: float, now: float) -> bool:
         """Whether a process that sent a message within ``UNKNOWN_SENDER_WINDOW_S`` before ``closed_at`` has ended
-        or said bye since; that process is then forgotten, so it explains one close only."""
+        since (a bye is not enough: the peer is unknown, so only an ended process explains it); that process is then
+        forgotten, so it explains one close only."""
         for pid, sent_at in list(self._last_sent.items()):
             if sent_at < closed_at - UNKNOWN_SENDER_WINDOW_S:
                 continue
-            bye_at = self._byes.get(pid)
-            if (bye_at is not None and now - bye_at <= BYE_GRACE_S + UNKNOWN_CLOSE_JUDGED_AFTER_S) or \
-                    not process_running(self.s.proc_dir, pid):
-                del self._last_sent[pid]
+            if not process_running(self.s.proc_dir, pid):  # ended: a bye alone would let a running process that
+                del self._last_sent[pid]                        # says bye again and again excuse real drops
                 return True
         return False
 
