@@ -450,6 +450,8 @@ def _plain(err: Mapping[str, Any], *, secret: bool = False) -> str:
     pydantic's own message, e.g. a range) and the value given (its repr, at most 60 characters; never for a
     ``secret`` key, nor after a validator's own message: it says what of the value it may)."""
     what = _PLAIN.get(str(err.get("type")), str(err.get("msg")))
+    if err.get("type") == "value_error" and (err.get("ctx") or {}).get("error") is not None:
+        what = str(err["ctx"]["error"])  # our validator's own words, without pydantic's "Value error, " prefix
     if secret or "input" not in err or isinstance(err["input"], Mapping) or err.get("type") == "value_error":
         return what  # a validator's own message says what of the value is safe to say (a URL's password is not)
     given = repr(err["input"])

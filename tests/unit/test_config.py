@@ -63,6 +63,8 @@ def test_missing_config_file(tmp_path: Path) -> None:
     '[alertmanager]\nurl = "https://ops:hunter2@am.example.com"\n',
     '[webhook]\nauthorization_env = "Bearer hunter2"\n',
     '[alertmanager]\nauthorization_env = "Basic hunter2"\n',
+    '[webhook]\nurl = "hooks.example.com/services/T0/B0/hunter2"\n',  # no scheme: a Slack-style token in the path
+    '[webhook]\nurl = "ftp://hooks.example.com/hunter2?token=hunter2"\n',
 ])
 def test_a_secret_in_a_bad_value_is_never_echoed(tmp_path: Path, toml: str) -> None:
     """A URL with a password, or the Authorization value written where its variable's name goes, is refused with

@@ -30,7 +30,9 @@ def _check_http_url(url: str, section: str) -> str:
         return url
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"[{section}] url must be an http:// or https:// URL with a host, got {url!r}")
+        shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}" if parts.netloc else f"{parts.scheme or '(none)'}:"
+        raise ValueError(f"[{section}] url must be an http:// or https:// URL with a host, got one starting "
+                         f"{shown!r} (its path and query, where a webhook's token may be, not shown)")
     if parts.username or parts.password:
         raise ValueError(f"[{section}] url must not carry credentials; use authorization_file or authorization_env")
     return url
