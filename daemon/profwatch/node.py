@@ -313,10 +313,11 @@ class NodeDaemon:
             self.counters["received"] += 1
             payload = frames[-1].bytes
             uid, pid = _creds_of(peer_address(frames[-1])) if self._ipc else (None, None)
+            now = time.monotonic()  # one clock read per message: the intake, the bye and the last-sent times
             try:
                 if len(frames) != 2:
                     raise MessageRejected("bad_framing", f"{len(frames)} frames")
-                msg, data = self.intake.accept(payload, uid, time.monotonic(), pid)
+                msg, data = self.intake.accept(payload, uid, now, pid)
             except JobIdCollision as exc:
                 self.counters["job_id_collision"] = self.counters.get("job_id_collision", 0) + 1
                 if exc.new:
@@ -337,13 +338,13 @@ class NodeDaemon:
             if pid is not None and msg.kind == "bye":
                 if len(self._byes) >= MAX_TRACKED_RANK_PEERS:
                     self._byes.pop(next(iter(self._byes)))
-                self._byes[pid] = time.monotonic()
+                self._byes[pid] = now
             elif pid is not None and self._byes:
                 self._byes.pop(pid, None)  # it spoke again after its bye: not ending
             if pid is not None:
                 if pid not in self._last_sent and len(self._last_sent) >= MAX_TRACKED_RANK_PEERS:
                     self._last_sent.pop(next(iter(self._last_sent)))
-                self._last_sent[pid] = time.monotonic()
+                self._last_sent[pid] = now
             if msg.kind == "hello" and msg.backend == "torch_npu" and (msg.job_id, msg.rank) not in self._npu_starts:
                 if len(self._npu_starts) >= 4096:  # bounded: forget the oldest half (ranks of ended jobs)
                     for key in sorted(self._npu_starts, key=self._npu_starts.__getitem__)[:2048]:

@@ -728,17 +728,7 @@ class StepTimeRegressionDetector:
             return None
         k, jump, line_s = self._jump
         self._jump = None
-        y = list(self._recent)
-        after = y[k:]
-        detail = {"pattern": "level", "learning": True, "reference": "warm_up_line",
-                  "first_step": fs.step - (len(y) - 1 - k), "baseline_s": line_s, "noise": self._noise()[1],
-                  "step_time_s": line_s * (1.0 + jump), "steps": len(after), "baseline_values": k,
-                  "slowest_ranks": [fs.slowest_rank]}
-        a = self._fire(fs.step, jump, detail)
-        for v in after:
-            self._base.push(v)
-            self._recent.append(v)
-        return a
+        return self._fire_split(fs, list(self._recent), k, jump, line_s, self._noise()[1], "warm_up_line")
 
     def _restart_learning(self, values: list[float]) -> None:
         """The job is still warming up: learning starts again from ``values`` (the newest steps), silently; one of
@@ -823,13 +813,18 @@ class StepTimeRegressionDetector:
         if split is None:
             return None
         k, mag, noise, before = split
-        n = y.size
-        after = y[k:].tolist()
-        detail = {"pattern": "level", "learning": True, "reference": "learned_steps",
-                  "first_step": fs.step - (n - 1 - k), "baseline_s": before, "noise": noise,
-                  "step_time_s": before * (1.0 + mag), "steps": n - k, "baseline_values": k,
+        return self._fire_split(fs, y.tolist(), k, mag, before, noise, "learned_steps")
+
+    def _fire_split(self, fs: FinalizedStep, y: list[float], k: int, magnitude: float, before_s: float,
+                    noise: float, reference: str) -> Anomaly:
+        """Report a change found while learning at ``y[k]`` (``y``: the learned steps, oldest first; ``before_s`` the
+        level before it, s) as a ``pattern "level"`` report with ``reference``, then learn again from ``y[k:]``."""
+        after = y[k:]
+        detail = {"pattern": "level", "learning": True, "reference": reference,
+                  "first_step": fs.step - (len(y) - 1 - k), "baseline_s": before_s, "noise": noise,
+                  "step_time_s": before_s * (1.0 + magnitude), "steps": len(after), "baseline_values": k,
                   "slowest_ranks": [fs.slowest_rank]}
-        a = self._fire(fs.step, mag, detail)
+        a = self._fire(fs.step, magnitude, detail)
         for v in after:
             self._base.push(v)
             self._recent.append(v)
