@@ -239,16 +239,15 @@ def _curve_problems(settings: Any) -> list[str]:
     """What the coordinator refuses at start when its binds need CURVE (beyond loopback, ``security.curve`` not
     off): the server secret key missing or unreadable, libzmq without CURVE (``ServerSockets``, the same loads).
     Reads the key file; writes nothing. Names the binds that need it and the two ways out."""
-    from profwatch.adapters.zmq.keyfiles import CurveSetupError, load_keypair, require_curve
+    from profwatch.adapters.zmq.keyfiles import CurveSetupError
+    from profwatch.adapters.zmq.server_sockets import load_server_keypair
 
     sec = settings.security
     need = [f"coordinator.{name}_bind" for name, ep in settings.coordinator.binds().items() if sec.curve_for(ep)]
     if not need:
         return []
     try:
-        require_curve()
-        load_keypair(sec.server_secret_path(), "server secret key",
-                     "run `profwatch keys init` on the coordinator (or set security.server_secret_key)")
+        load_server_keypair(sec)
     except CurveSetupError as exc:
         return [f"{', '.join(need)}: beyond loopback these use CURVE (security.curve = {sec.curve!r}) and the "
                 f"coordinator would refuse to start: {exc}; or bind 127.0.0.1"]

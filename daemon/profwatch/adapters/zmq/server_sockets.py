@@ -80,6 +80,17 @@ def peer_of_fd(fd: int) -> str:
         s.close()
 
 
+def load_server_keypair(security: SecuritySettings) -> KeyPair:
+    """The coordinator's CURVE key pair (``security.server_secret_path()``), as its CURVE sockets need it.
+
+    Raises:
+        CurveSetupError: libzmq without CURVE, or the secret key missing or unreadable (the message says the fix).
+    """
+    require_curve()
+    return load_keypair(security.server_secret_path(), "server secret key",
+                        "run `profwatch keys init` on the coordinator (or set security.server_secret_key)")
+
+
 class BindError(Exception):
     """A listening endpoint cannot be bound; the message names the setting and the endpoint."""
 
@@ -121,9 +132,7 @@ class ServerSockets:
         self._logged: dict[tuple[str, str], float] = {}
         keys: KeyPair | None = None
         if any(self.curve.values()):
-            require_curve()
-            keys = load_keypair(security.server_secret_path(), "server secret key",
-                                "run `profwatch keys init` on the coordinator (or set security.server_secret_key)")
+            keys = load_server_keypair(security)
             self.keyring = KeyRing(security.client_keys_path())
             self.auth = CurveAuthenticator(ctx, self.keyring, on_refused=on_refused)
             self.auth.start()

@@ -476,19 +476,16 @@ class StepTimeRegressionDetector:
             out.append(self._fire(step.step, ep.level, detail))
             return out
         ep_open = self.spikes.open_episode
-        if ep_open is not None and (sp.held or (rel >= EXIT_FRACTION * s.spike_min_effect
-                                                and z >= EXIT_FRACTION * s.spike_z)) \
-                and self.recurring.alike(ep_open.level):
-            # an excursion alike to the job's recurring interruptions is judged by its (longer) hold alone: its
-            # elevated steps under the spike test, and the leading step the CUSUM took before the episode opened,
-            # fired the CUSUM 4 steps into the second occurrence of a 1.5x evaluation at 4.7 % noise
-            if ep_open.onset == step.step:
-                self._s_hi = 0.0
-                self._run_reset()
-            self.counters["held"] += 1
-            self._run_vals.append(x)
-            return out
-        if sp.held:
+        # an excursion alike to the job's recurring interruptions is judged by its (longer) hold alone: its elevated
+        # steps under the spike test, and the leading step the CUSUM took before the episode opened, fired the CUSUM
+        # 4 steps into the second occurrence of a 1.5x evaluation at 4.7 % noise
+        recurring = ep_open is not None and (sp.held or (rel >= EXIT_FRACTION * s.spike_min_effect
+                                                         and z >= EXIT_FRACTION * s.spike_z)) \
+            and bool(self.recurring.alike(ep_open.level))
+        if recurring and ep_open is not None and ep_open.onset == step.step:
+            self._s_hi = 0.0
+            self._run_reset()
+        if sp.held or recurring:
             self.counters["held"] += 1
             # held steps just before or inside a run are part of the level a report measures (_reported_level): a
             # rise straddling the spike threshold once left a run of its 2 lowest steps (+28 % for +35 %)
