@@ -188,6 +188,15 @@ def test_a_failed_capture_leaves_the_episode_wanting_one_and_a_failed_plan_is_re
     assert arm_next(b, p, T0 + 120, "c2") is ep
 
 
+def test_a_capture_that_cannot_answer_counts_as_captured() -> None:
+    """A one-rank job's capture is ``not_applicable`` (no peer): the episode is captured, not re-armed at once."""
+    b, p = book()
+    ep, _ = b.observe(out(10, (2,)), T0)
+    assert ep is not None and arm_next(b, p, T0, "c1") is ep
+    b.capture_ended("c1", T0 + 40, "not_applicable")
+    assert ep.captured_unix_s == T0 and ep.captures[0].status == "not_applicable"
+
+
 def test_step_spikes_are_not_episodes_and_keys_follow_kind_and_scope() -> None:
     b, _ = book()
     assert b.observe(Anomaly("step_spike", "j", 5, (), 2.0, {}), T0) == (None, [])

@@ -282,9 +282,10 @@ def _analysing() -> lc.Capture:
 
 @pytest.mark.parametrize(("status", "etype", "state"), [
     ("ok", TYPE_SUSPECT_RANKS, CaptureState.ANALYSED), ("no_suspect", TYPE_SUSPECT_RANKS, CaptureState.ANALYSED),
-    ("partial", TYPE_SUSPECT_RANKS, CaptureState.ANALYSED),
+    ("partial", TYPE_SUSPECT_RANKS, CaptureState.ANALYSED), ("weak", TYPE_SUSPECT_RANKS, CaptureState.ANALYSED),
+    ("not_applicable", TYPE_SUSPECT_RANKS, CaptureState.ANALYSED),
     ("incomplete", TYPE_BATCH_INCOMPLETE, CaptureState.INCOMPLETE),
-    ("not_applicable", TYPE_ANALYSIS_FAILED, CaptureState.FAILED), ("no_data", TYPE_ANALYSIS_FAILED, CaptureState.FAILED),
+    ("no_data", TYPE_ANALYSIS_FAILED, CaptureState.FAILED),
     ("failed", TYPE_ANALYSIS_FAILED, CaptureState.FAILED), ("something_new", TYPE_ANALYSIS_FAILED, CaptureState.FAILED),
 ])
 def test_one_mapping_from_analysis_status_to_event_and_state(status: str, etype: str, state: CaptureState) -> None:
@@ -296,6 +297,25 @@ def test_one_mapping_from_analysis_status_to_event_and_state(status: str, etype:
     assert lc.event_type_for(status) == etype
     assert (Action.RETAIN in t.actions) == (state is CaptureState.ANALYSED)
     assert Action.UNWATCH in t.actions
+
+
+def test_every_analysis_status_has_its_own_row() -> None:
+    """No status the analysis returns falls through to ``failed``: a weak or not-applicable verdict is a verdict."""
+    from typing import get_args
+
+    from profwatch.analysis.result import AnalysisStatus
+    assert set(get_args(AnalysisStatus)) == set(lc.OUTCOMES)
+
+
+def test_a_one_rank_verdict_is_published_as_it_reads() -> None:
+    cap = _analysing()
+    detail = "this capture cannot answer: one rank with a time breakdown (4 of 4 steps): no peer to compare it with"
+    payload = {"status": "not_applicable", "detail": detail, "capture_id": cap.capture_id, "suspects": []}
+    t = lc.analysis_done(cap, "not_applicable", payload, T0 + 30, SET)
+    assert t.capture.state is CaptureState.ANALYSED and t.capture.analysis_status == "not_applicable"
+    assert [e.type for e in t.events if e.type != TYPE_CAPTURE] == [TYPE_SUSPECT_RANKS]
+    assert t.events[0].data["status"] == "not_applicable" and "no peer" in t.events[0].data["detail"]
+    assert t.events[1].data["event"] == "analysed" and t.events[1].data["analysis_status"] == "not_applicable"
 
 
 def test_a_result_for_a_capture_that_left_analysing_is_dropped() -> None:

@@ -81,6 +81,13 @@ def test_alert_lines_name_the_suspects_of_the_verdict_and_of_its_follow_up() -> 
     none = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",
                          "data": {"status": "no_suspect", "suspects": [], "detail": "balanced"}})
     assert none.endswith("no_suspect: no suspect (balanced)")
+    one = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",
+                        "data": {"status": "not_applicable", "suspects": [], "detail": "one rank: no peer"}})
+    assert one.endswith("not_applicable: cannot judge (one rank: no peer)")
+    weak = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",
+                         "data": {"status": "weak", "suspects": sus,
+                                  "detail": "rank 2; evidence is weak: 2 of 5 steps"}})
+    assert weak.endswith("weak: suspects rank 2 (compute, score 0.91, h2) (rank 2; evidence is weak: 2 of 5 steps)")
     late = render_event({"type": "io.profwatch.analysis_enriched.v1", "time": "T", "subject": "j1",
                          "data": {"capture_id": "c-1", "status": "ok", "suspects": sus, "job_ended": True}})
     assert late.endswith("(after the job ended: information, no alert)")  # issue 33 #1

@@ -61,11 +61,14 @@ def _suspects(d: dict[str, Any]) -> str:
     """The verdict part of a line: status, then each suspect with its kind, score, host, saving and rank dir (the
     same facts as the JSON's ``suspects[i]``), or the detail when nobody is named."""
     sus = d.get("suspects")
+    status = d.get("status", "")
     if not sus:
-        return f" {d.get('status', '')}: no suspect" + (f" ({d['detail']})" if d.get("detail") else "")
-    return f" {d.get('status', '')}: suspects " + ", ".join(
+        what = "cannot judge" if status == "not_applicable" else "no suspect"
+        return f" {status}: {what}" + (f" ({d['detail']})" if d.get("detail") else "")
+    return f" {status}: suspects " + ", ".join(
         f"rank {x['rank']} ({x['kind']}, score {x['score']:.2f}, {x.get('hostname') or 'host unknown'}"
-        f"{_saving(x.get('impact'))}" + (f", dir {x['rank_dir']}" if x.get("rank_dir") else "") + ")" for x in sus)
+        f"{_saving(x.get('impact'))}" + (f", dir {x['rank_dir']}" if x.get("rank_dir") else "") + ")" for x in sus) + (
+        f" ({d['detail']})" if status == "weak" and d.get("detail") else "")  # why the evidence is weak
 
 
 def render_event(ev: dict[str, Any]) -> str:

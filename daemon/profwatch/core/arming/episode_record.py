@@ -18,9 +18,10 @@ from profwatch.core.detection.types import Anomaly, AnomalyKind
 __all__ = ["CAPTURED", "VERDICTS", "Episode", "EpisodeCapture", "episode_key", "episode_scope", "value_key"]
 
 VERDICTS = frozenset({"ok", "no_suspect", "partial", "weak"})
-CAPTURED = VERDICTS | {CaptureState.CANCELLED.value, "would_arm", "simulated"}
-"""Capture outcomes that count as captured for the episode's cooldown; others (failed, expired, incomplete,
-superseded) leave the episode wanting a capture."""
+CAPTURED = VERDICTS | {"not_applicable", CaptureState.CANCELLED.value, "would_arm", "simulated"}
+"""Capture outcomes that count as captured for the episode's cooldown (``not_applicable``: the capture was taken
+and cannot answer, e.g. one rank has no peer; another capture would answer the same); others (failed, expired,
+incomplete, superseded) leave the episode wanting a capture."""
 
 
 def episode_scope(anomaly: Anomaly) -> str:

@@ -370,14 +370,19 @@ def _judge_incomplete(cap: Capture, batch: BatchState | None, now: float, settin
 # -- 5. the analysis: analysed | incomplete | failed ----------------------------------------------------------------
 OUTCOMES: Mapping[str, tuple[str, CaptureState]] = {
     "ok": (TYPE_SUSPECT_RANKS, S.ANALYSED),
+    "weak": (TYPE_SUSPECT_RANKS, S.ANALYSED),
     "no_suspect": (TYPE_SUSPECT_RANKS, S.ANALYSED),
     "partial": (TYPE_SUSPECT_RANKS, S.ANALYSED),
+    "not_applicable": (TYPE_SUSPECT_RANKS, S.ANALYSED),
     "incomplete": (TYPE_BATCH_INCOMPLETE, S.INCOMPLETE),
-    "not_applicable": (TYPE_ANALYSIS_FAILED, S.FAILED),
     "no_data": (TYPE_ANALYSIS_FAILED, S.FAILED),
     "failed": (TYPE_ANALYSIS_FAILED, S.FAILED),
 }
-"""The one analysis status -> (event type, capture state) mapping. An unknown status counts as ``failed``."""
+"""The one analysis status -> (event type, capture state) mapping. Every status ``analyse`` returns
+(``profwatch.analysis.result.AnalysisStatus``) has a row: a verdict that names suspects on weak evidence (``weak``)
+or that says this capture cannot answer (``not_applicable``: one rank has no peer to compare with, a Level0 or
+text-only export) is a verdict, published as ``suspect_ranks`` with its status and detail, not an analysis that
+failed. An unknown status counts as ``failed``."""
 _EVENT_IDS = {TYPE_SUSPECT_RANKS: "suspects", TYPE_BATCH_INCOMPLETE: "batch_incomplete",
               TYPE_ANALYSIS_FAILED: "analysis_failed"}
 
