@@ -190,7 +190,7 @@ class CoordinatorSettings(MetricsEndpoint):
     job_end_after_s: float = Field(600.0, gt=0, le=30 * 86400,
                                    description="a job none of whose ranks reported this long has ended (job_ended "
                                                "event; its alerts resolve; its captures whose window has not started "
-                                               "are cancelled)")
+                                               "are cancelled); a job every rank of which said bye ends at once")
     job_startup_allowance_s: float = Field(1800.0, ge=0, le=30 * 86400,
                                            description="a job that has not reported its first step yet (model "
                                                        "loading, compilation) ends only after job_end_after_s plus "

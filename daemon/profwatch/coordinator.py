@@ -50,7 +50,7 @@ from profwatch.core.alerts.events import collision_data, collision_event_id, mak
 from profwatch.core.capture.planner import spike_hold
 from profwatch.core.detection.job_detector import Anomaly, JobDetector
 from profwatch.core.fleet.generations import GenerationOpened
-from profwatch.core.fleet.job_end import EndedJobs, JobEndTracker
+from profwatch.core.fleet.job_end import EndedJobs, JobEnded, JobEndTracker
 from profwatch.core.fleet.peers import NodeRoutes
 from profwatch.core.fleet.registry import GenerationPending, Registry, RegistryError
 from profwatch.core.fleet.registry_state import HelloOutcome, JobState, changed_rows, jobs_from_rows, registry_rows
@@ -434,20 +434,27 @@ class Coordinator:
             last = {j.job_id: j.heard_unix_s for j in self.registry.jobs.values()}  # kept on ingest: O(jobs)
             waiting = {j.job_id for j in self.registry.jobs.values() if j.furthest_step() < 0}  # hellos only
             for end in self._job_end.check(last, now, waiting):
-                job = self.registry.jobs.get(end.job_id)
-                gen = job.generation if job is not None else 0
-                if self._ended.ended(end.job_id, gen):
-                    # this generation's end is already on record (restored after a restart: a crash restores the
-                    # last report time of the last full flush, so the silence would get another event id)
-                    continue
-                self._ended.mark(end.job_id, gen, end.last_report_unix_s)
-                self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json() | {"generation": gen}, event_id=end.event_id())
-                self.registry.note_ended(end.job_id, now)
-                self.captures.on_job_ended(end.job_id, now)
-                self.captures.episodes.close_job(end.job_id, now, "job_ended")
+                self._end_job(end, now)
             rows = self.registry.gauge_rows(now, cs.node_timeout_s)  # not the status snapshot: bounded per job
             active = {j for j, t in last.items() if now - t < cs.job_end_after_s}
             self.metrics.observe_state(rows["jobs"], rows["nodes"], active, self.state.capture_state_summary(), now)
+
+    def _end_job(self, end: JobEnded, now: float) -> None:
+        """The job's current generation ended (silent for ``job_end_after_s``, or every rank said bye): publish
+        ``job_ended`` once per generation, cancel its captures whose window has not started and close its episodes
+        (reason ``job_ended`` or ``all_ranks_left``)."""
+        job = self.registry.jobs.get(end.job_id)
+        gen = job.generation if job is not None else 0
+        if self._ended.ended(end.job_id, gen):
+            # this generation's end is already on record (ended by its byes, or restored after a restart: a crash
+            # restores the last report time of the last full flush, so the silence would get another event id)
+            return
+        self._ended.mark(end.job_id, gen, end.last_report_unix_s)
+        self.emit(TYPE_JOB_ENDED, end.job_id, end.to_json() | {"generation": gen}, event_id=end.event_id())
+        self.registry.note_ended(end.job_id, now)
+        self.captures.on_job_ended(end.job_id, now)
+        self.captures.episodes.close_job(end.job_id, now, "all_ranks_left" if end.reason == "all_ranks_left"
+                                         else "job_ended")
 
     def _reject(self, exc: MessageRejected | RegistryError, node_id: str = "", quiet: bool = False) -> None:
         self.counters["rejected"] += 1
@@ -645,10 +652,13 @@ class Coordinator:
                 reg.rank_for(m, node_id)  # a node speaks only for the ranks that run on it
                 self.captures.on_capture_event(m, node_id, now)
             elif kind == "bye":
-                reg.bye(m, now, node_id)
+                last_bye = reg.bye(m, now, node_id)
                 left = self.detectors.get(m.job_id)
                 if left is not None:
                     left.mark_left(m.rank)
+                if last_bye:  # every rank of the generation left: the job ends now, not after job_end_after_s
+                    heard = reg.jobs[m.job_id].last_heard_unix_s()
+                    self._end_job(JobEnded(m.job_id, heard, max(0.0, now - heard), "all_ranks_left"), now)
         except Exception as exc:  # noqa: BLE001 - one bad handler run must not stop ingest for everyone
             self._message_failed(exc, m, node_id, now)
 

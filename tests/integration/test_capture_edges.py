@@ -82,6 +82,37 @@ def test_a_job_that_reports_again_after_its_end_opens_a_new_generation(harness, 
     assert {g["data"]["reason"] for g in gens} == {"resumed_after_end"}
 
 
+def test_a_job_whose_ranks_all_said_bye_ends_at_once(harness, short_tmp: Path) -> None:
+    """Every rank of the generation said bye: the job ends now (job_ended reason all_ranks_left), not after
+    job_end_after_s (600 s here); its open episode closes with that reason and its capture ahead is cancelled."""
+    h = harness(arming={"mode": "observe"})
+    cfg, prof = short_tmp / "cfg" / "jobB", short_tmp / "prof"
+    cfg.mkdir(parents=True)
+    h.hellos("jobB", 4, cfg, prof)
+    for s in range(1, 121):  # rank 3 twice as slow from step 61: one open episode
+        h.send(*[wire.StepReport(job_id="jobB", rank=r, step=s, step_time_s=1.0 if r == 3 and s > 60 else 0.5,
+                                 ts_unix_s=time.time()) for r in range(4)])
+    wait_for(lambda: h.furthest("jobB") == 120, 30)
+
+    def of(type_: str) -> list[dict]:
+        return [e for e in h.events("jobB") if e["type"] == type_]
+
+    opened = wait_for(lambda: of("io.profwatch.episode_opened.v1"), 30, what="an episode opened")
+    res = call(h.control, "arm", {"job_id": "jobB", "start_step": 120 + 500})
+    h.send(*[wire.RankBye(job_id="jobB", rank=r, step=120, ts_unix_s=time.time()) for r in range(3)])
+    wait_for(lambda: (c := h.last_capture("jobB")) and c.get("state") == "written", 20, what="the arm written")
+    assert of("io.profwatch.job_ended.v1") == []  # rank 3 still runs
+    h.send(wire.RankBye(job_id="jobB", rank=3, step=120, ts_unix_s=time.time()))
+    (end,) = wait_for(lambda: of("io.profwatch.job_ended.v1"), 20, what="the job ended at its last bye")
+    assert end["data"]["reason"] == "all_ranks_left" and end["data"]["generation"] == 0
+    closed = wait_for(lambda: of("io.profwatch.episode_closed.v1"), 20, what="its episode closed")
+    assert {e["data"]["episode_id"] for e in closed} == {e["data"]["episode_id"] for e in opened}
+    assert {e["data"]["reason"] for e in closed} == {"all_ranks_left"}
+    cap = wait_for(lambda: (c := h.last_capture("jobB")) and c.get("state") == "cancelled" and c, 20,
+                   what="the capture ahead cancelled")
+    assert cap["capture_id"] == res["capture_id"] and "job ended" in cap["outcome"]
+
+
 def _rank(root: Path, job: str, rank: int, cfg: Path, backend: str) -> subprocess.Popen:
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "PROFWATCH_JOB_ID": job,
            "PROFWATCH_NODE_ENDPOINT": f"ipc://{root}/n1.sock", "PROFWATCH_PROFILER_CONFIG_PATH": str(cfg),

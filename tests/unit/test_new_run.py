@@ -115,10 +115,22 @@ def test_while_one_old_rank_is_alive_nothing_opens_and_held_hellos_join_the_run_
 
 def test_a_bye_from_every_rank_lets_the_next_run_open_at_once() -> None:
     reg = job_of(2, 1)
-    for r in (0, 1):
-        reg.bye(wire.RankBye(job_id="j", rank=r, step=50, ts_unix_s=2.0), 2.0, "n0")
+    lasts = [reg.bye(wire.RankBye(job_id="j", rank=r, step=50, ts_unix_s=2.0), 2.0, "n0") for r in (0, 1, 1)]
+    assert lasts == [False, True, False]  # the last rank's bye ends the generation, once (a repeated bye: no)
     out = reg.admit_hello(hello(0, 2, 8000), "n0", 2.5)
     assert out.opened is not None and out.opened.reason == "every_rank_gone" and out.opened.world_size == 2
+
+
+def test_the_last_bye_counts_the_ranks_of_the_current_generation_only() -> None:
+    reg = job_of(4, 2)
+    bye = [reg.bye(wire.RankBye(job_id="j", rank=r, step=50, ts_unix_s=2.0), 2.0, f"n{r // 2}") for r in (0, 1, 2)]
+    assert bye == [False, False, False]  # rank 3 is still running
+    reg.note_ended("j", 3.0)  # found ended by its silence before its last bye: not ended a second time
+    assert reg.bye(wire.RankBye(job_id="j", rank=3, step=50, ts_unix_s=4.0), 4.0, "n1") is False
+    reg2 = job_of(4, 2)
+    del reg2.jobs["j"].ranks[3]  # a rank never heard: the job is not known to have left
+    assert [reg2.bye(wire.RankBye(job_id="j", rank=r, step=50, ts_unix_s=2.0), 2.0, f"n{r // 2}")
+            for r in (0, 1, 2)] == [False, False, False]
 
 
 def test_an_old_process_speaking_again_another_uid_or_a_stale_worker_opens_nothing() -> None:

@@ -125,12 +125,17 @@ def test_episodes_say_what_they_wait_for_and_how_they_ended() -> None:
     text = "\n".join(render_status({"jobs": [], "nodes": [], "episodes": b.view(1040.0)}))
     assert "episodes (open ones in capture order" in text
     assert "rank_outlier ranks [5] stage forward +336%" in text
-    assert "waits for the job's gap between arms (arming.min_arm_gap_s) for 20 s more (#1 in the job's capture " \
+    assert "waits for the job's gap between arms (arming.min_arm_gap_s), 20 s left (#1 in the job's capture " \
            "queue)" in text
     assert "step_regression job-wide +25%" in text and "captured: c1 (no_suspect)" in text
-    b.close_all(1100.0, "job_ended")
+    out = next(e for e in b.open.values() if e.kind == "rank_outlier")
+    b.arm_failed(out.episode_id, 1061.0, "refused: only 3/4 ranks are live")
+    text = "\n".join(render_status({"jobs": [], "nodes": [], "episodes": b.view(1070.0)}))
+    assert "arm failed (refused: only 3/4 ranks are live); retried in 51 s" in text
+    assert "waits for refused" not in text and "s more" not in text
+    b.close_all(1100.0, "all_ranks_left")
     text = "\n".join(render_status({"jobs": [], "nodes": [], "episodes": b.view(1100.0)}))
-    assert "closed (job_ended); never captured (waited for: min_arm_gap)" in text
+    assert "closed (all_ranks_left); never captured (waited for: refused: only 3/4 ranks are live)" in text
 
 
 def test_episode_and_rotation_events_have_one_line_each() -> None:

@@ -213,13 +213,22 @@ def render_episode(ep: Mapping[str, Any]) -> list[str]:
         lines.append(f"    follow-up queued: its last capture's ranks waited for ranks {shown}, not captured")
     wait = ep.get("waiting")
     if wait and (ep.get("queue_position") or wait != "capture_in_flight"):
-        text = WAITS.get(str(wait), str(wait))
-        left = ep.get("waiting_in_s")
-        when = f" for {left:.0f} s more" if isinstance(left, (int, float)) else ""
-        behind = f", queued behind {ep['waiting_behind']}" if ep.get("waiting_behind") else ""
-        pos = f" (#{ep['queue_position']} in the job's capture queue)" if ep.get("queue_position") else ""
-        lines.append(f"    waits for {text}{when}{behind}{pos}")
+        lines.append("    " + render_wait(str(wait), ep.get("waiting_in_s"), ep.get("waiting_behind"),
+                                         ep.get("queue_position")))
     return lines
+
+
+def render_wait(wait: str, left_s: object, behind: object = None, position: object = None) -> str:
+    """What an open episode waits for, in words: a reason of the arming policy (:data:`WAITS`: ``waits for the
+    job's gap between arms (arming.min_arm_gap_s), 29 s left``), or an arm that could not be planned or written
+    (``refused: ...``, ``plan_failed: ...``: ``arm failed (refused: only 3/4 ranks are live); retried in 29 s``)."""
+    secs = f"{left_s:.0f} s" if isinstance(left_s, (int, float)) and not isinstance(left_s, bool) else ""
+    if wait in WAITS:
+        line = f"waits for {WAITS[wait]}" + (f", {secs} left" if secs else "")
+    else:
+        line = f"arm failed ({wait}); " + (f"retried in {secs}" if secs else "retried at the next pass")
+    line += f", queued behind {behind}" if behind else ""
+    return line + (f" (#{position} in the job's capture queue)" if position else "")
 
 
 def render_status(snap: Mapping[str, Any]) -> list[str]:

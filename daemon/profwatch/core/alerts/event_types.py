@@ -111,8 +111,9 @@ TABLE: tuple[EventType, ...] = (
               summary="the state db was corrupt at start: moved aside (kept), started empty; what was lost and what "
                       "the nodes rebuild"),
     EventType("job_ended", alert=False, restored_by_sinks=True, alertmanager=(), job_alert=False, severity=None,
-              resolved_by=_NONE, summary="no rank of the job reported for coordinator.job_end_after_s; resolves "
-                                         "every alert of the job"),
+              resolved_by=_NONE, summary="the job's generation ended: every rank said bye (reason all_ranks_left, "
+                                         "at once) or no rank reported for coordinator.job_end_after_s (reason "
+                                         "silent); resolves every alert of the job and closes its episodes"),
     EventType("anomaly", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False, severity=None,
               resolved_by=_NONE, summary="a detector's report: step regression, rank outlier, stall, spike"),
     EventType("structural_imbalance", alert=False, restored_by_sinks=False, alertmanager=(), job_alert=False,

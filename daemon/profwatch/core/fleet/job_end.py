@@ -1,6 +1,8 @@
-"""When a job has ended (pure): no rank of it has reported for ``after_s`` seconds.
+"""When a job has ended (pure): every rank of its generation said ``bye`` (reason ``all_ranks_left``, decided by
+the registry at the last bye), or no rank of it has reported for ``after_s`` seconds (reason ``silent``).
 
-Ranks do not always say goodbye (a killed job sends no ``bye``), so the end of a job is inferred from silence.
+Ranks do not always say goodbye (a killed job sends no ``bye``), so without byes the end of a job is inferred from
+silence.
 A job that reports again after it was declared ended is live again, and can end again later. A job that has not
 reported its first step yet (model loading, compilation, a slow file system after ``rankhook.init``) is given
 ``startup_allowance_s`` more: it ends only after ``after_s + startup_allowance_s`` of silence since its hello.
@@ -10,22 +12,28 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Literal
+
+EndReason = Literal["silent", "all_ranks_left"]
 
 
 @dataclass(frozen=True, slots=True)
 class JobEnded:
-    """One job found silent: ``last_report_unix_s`` is the newest report of any of its ranks."""
+    """One job found ended: ``last_report_unix_s`` is the newest report of any of its ranks; ``reason``:
+    ``silent`` (no report for ``after_s``) or ``all_ranks_left`` (every rank said bye)."""
 
     job_id: str
     last_report_unix_s: float
     silent_s: float
+    reason: EndReason = "silent"
 
     def event_id(self) -> str:
         """Deterministic CloudEvent id: the same silence is reported once, even across coordinator restarts."""
         return f"job_ended-{self.job_id}-{self.last_report_unix_s:.3f}"
 
-    def to_json(self) -> dict[str, float]:
-        return {"last_report_unix_s": self.last_report_unix_s, "silent_s": round(self.silent_s, 3)}
+    def to_json(self) -> dict[str, float | str]:
+        return {"last_report_unix_s": self.last_report_unix_s, "silent_s": round(self.silent_s, 3),
+                "reason": self.reason}
 
 
 class JobEndTracker:

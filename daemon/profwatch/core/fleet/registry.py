@@ -584,18 +584,24 @@ class Registry:
             job.furthest = furthest
         return i
 
-    def bye(self, msg: wire.RankBye, now: float, node_id: str | None = None) -> None:
-        """Mark a rank as left on purpose. Raises :class:`RegistryError` for a rank bound to another node."""
+    def bye(self, msg: wire.RankBye, now: float, node_id: str | None = None) -> bool:
+        """Mark a rank as left on purpose. Returns True when this bye was the last one of the job's current
+        generation: every one of its ``world_size`` ranks said bye and the job was not found ended already (the
+        job ends now, not after ``job_end_after_s`` of silence). Raises :class:`RegistryError` for a rank bound to
+        another node."""
         _job, r = self.rank_for(msg, node_id)
-        if r is not None:
-            r.left = True
-            r.seen_unix_s = now
-            job = self.jobs[msg.job_id]
-            # not job.heard_unix_s: a bye is no report. The job's end reads heard_unix_s, and a late bye must never
-            # make an ended job live again (only a step or a hello does, opening a new generation:
-            # docs/generations.md)
-            job.gauge_stale = True
-            self.changed_ranks.add((msg.job_id, r.rank))
+        if r is None:
+            return False
+        was_left = r.left
+        r.left = True
+        r.seen_unix_s = now
+        job = self.jobs[msg.job_id]
+        # not job.heard_unix_s: a bye is no report. The job's end reads heard_unix_s, and a late bye must never
+        # make an ended job live again (only a step or a hello does, opening a new generation:
+        # docs/generations.md)
+        job.gauge_stale = True
+        self.changed_ranks.add((msg.job_id, r.rank))
+        return not was_left and job.ended_unix_s is None and every_rank_left(job)
 
     def take_changes(self) -> tuple[set[str], set[tuple[str, int]], set[str]]:
         """The jobs, ranks ``(job_id, rank)`` and nodes whose identity changed since the last call (a hello, a bye,
@@ -618,3 +624,10 @@ class Registry:
             job = self.jobs.get(job_id)
             jobs = [job] if job is not None else []
         return snapshot(jobs, self.nodes.values(), now, node_timeout_s)
+
+
+def every_rank_left(job: JobState) -> bool:
+    """Whether every one of the ``world_size`` ranks of ``job``'s current generation said bye (a rank of an older
+    generation not restarted yet, or a rank never heard, does not count as left)."""
+    current = [r for r in job.ranks.values() if r.gen == job.generation]
+    return len(current) >= job.world_size and all(r.left for r in current)
