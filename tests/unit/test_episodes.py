@@ -188,6 +188,21 @@ def test_a_failed_capture_leaves_the_episode_wanting_one_and_a_failed_plan_is_re
     assert arm_next(b, p, T0 + 120, "c2") is ep
 
 
+def test_the_capture_reason_shows_the_largest_magnitude_of_the_episode_and_labels_the_latest() -> None:
+    """A 2x rank reported +100 %, then +13 % once the detector re-learned its level: the capture reason says +100 %
+    (the latest labelled), not the re-learned +13 %."""
+    b, p = book()
+    ep, _ = b.observe(out(10, (3,), mag=1.0), T0)
+    b.observe(out(40, (3,), mag=0.13), T0 + 5)
+    picked = b.next_arm(p, T0 + 10, capture_in_flight=False)
+    assert picked is not None and picked[0] is ep
+    assert picked[1].capture_reason == "rank_outlier +100% (largest; latest +13%) at step 40 ranks [3]"
+    b2, _ = book()
+    b2.observe(out(10, (3,), mag=0.5), T0)
+    picked = b2.next_arm(p, T0 + 10, capture_in_flight=False)
+    assert picked is not None and picked[1].capture_reason == "rank_outlier +50% at step 10 ranks [3]"
+
+
 def test_a_capture_that_cannot_answer_counts_as_captured() -> None:
     """A one-rank job's capture is ``not_applicable`` (no peer): the episode is captured, not re-armed at once."""
     b, p = book()

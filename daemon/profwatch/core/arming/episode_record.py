@@ -219,9 +219,10 @@ class Episode:
         return frozenset(r for c in self.captures for r in (*c.ranks, *c.named))
 
     def anomaly(self) -> Anomaly:
-        """Its latest state as an :class:`Anomaly` (what the arming policy and the capture request read)."""
+        """Its latest state as an :class:`Anomaly` (what the arming policy and the capture request read), its
+        detail with the largest magnitude it reached (``peak_magnitude``: the capture reason shows it)."""
         return Anomaly(cast(AnomalyKind, self.kind), self.job_id, self.last_step, self.ranks, self.magnitude,
-                       self.detail)
+                       {**self.detail, "peak_magnitude": self.peak_magnitude})
 
     def to_json(self, now_unix_s: float | None = None) -> dict[str, Any]:
         """JSON-ready, every field (what the state store keeps and ``status --json`` shows); with ``now_unix_s``

@@ -130,9 +130,18 @@ def capture_coverage(ranks: tuple[int, ...], topology: JobTopology | None, setti
 
 
 def describe_anomaly(anomaly: Anomaly) -> str:
-    """Short human text for an anomaly, e.g. ``step_regression +25% at step 120``."""
+    """Short human text for an anomaly (the capture reason), e.g. ``step_regression +25% at step 120``. An
+    episode's anomaly (:meth:`~profwatch.core.arming.episode_record.Episode.anomaly`) carries the largest magnitude
+    the episode reached (``detail["peak_magnitude"]``): when it is larger than the latest (a detector that
+    re-learned its level reports less as the episode goes on), the text shows the largest and labels the latest:
+    ``rank_outlier +100% (largest; latest +13%) at step 500 ranks [3]``. The first word is always the kind."""
     ranks = f" ranks {list(anomaly.ranks)[:8]}" if anomaly.ranks else ""
-    return f"{anomaly.kind} {anomaly.magnitude:+.0%} at step {anomaly.step}{ranks}"
+    peak = anomaly.detail.get("peak_magnitude")
+    size = f"{anomaly.magnitude:+.0%}"
+    if isinstance(peak, (int, float)) and not isinstance(peak, bool) and f"{peak:+.0%}" != size \
+            and peak > anomaly.magnitude:
+        size = f"{peak:+.0%} (largest; latest {size})"
+    return f"{anomaly.kind} {size} at step {anomaly.step}{ranks}"
 
 
 class ArmingPolicy:
