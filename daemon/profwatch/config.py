@@ -370,7 +370,8 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     """Load the config file (optional) with env overrides; ``overrides`` win over both.
 
     Raises:
-        ConfigError: unreadable file, bad TOML, unknown keys or invalid values, with the offending key; an env
+        ConfigError: unreadable file, bad TOML, unknown keys or invalid values, with the offending key, and the
+            cross-key rules broken by the valid keys in the same message (``profwatch.config_passes.cross_key_lines``); an env
             override naming no section (:func:`unknown_env_sections`). A ``PROFWATCH_*`` variable that is no
             setting (:func:`unknown_env_variables`) is logged as a warning (logger ``profwatch.config``).
     """
@@ -409,7 +410,11 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     except SettingsError as exc:
         raise ConfigError(f"invalid configuration from the environment: {exc}") from None
     except ValidationError as exc:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(error_lines(exc))) from None
+        from profwatch.config_passes import cross_key_lines
+
+        # the cross-key rules pydantic did not run (a key of their model was invalid) run on the valid keys
+        lines = error_lines(exc) + cross_key_lines(Settings, exc, overrides, error_lines)
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
     finally:
         _TOML_PATH["path"] = None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,28 @@ def test_config_check_refuses_curve_binds_without_the_server_key_as_the_coordina
     (keys / "clients").mkdir()
     errors, _ = check_errors(f)
     assert not [e for e in errors if "CURVE" in e], errors
+
+
+def test_config_check_lists_field_and_cross_key_errors_in_one_pass(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """pydantic runs a model's cross-key rules only when its fields are valid: a file with a bad value listed its
+    cross-key errors only once that value was fixed. Now the rules run again on the valid keys (the invalid ones
+    left out): both kinds in one run, and no rule reported that only a left-out key would break."""
+    from profwatch.commands.configcmd import check_errors
+
+    for k in [k for k in os.environ if k.upper().startswith("PROFWATCH_")]:
+        monkeypatch.delenv(k)
+    f = tmp_path / "both.toml"
+    f.write_text('[coordinator]\nwindow_steps = 5\ningest_bind = "tcp://127.0.0.1:7000"\n'
+                 'control_bind = "tcp://127.0.0.1:7000"\npub_bind = "tcp://0.0.0.0:7799"\n'
+                 '[node]\nmetrics_port = 9100\nmetrics_tls_cert = 5\nmetrics_tls_key = "/k.pem"\n'
+                 '[detection]\nmin_baseline_steps = 500\nbaseline_steps = 100\n[security]\ncurve = "off"\n')
+    errors, settings = check_errors(f)
+    assert settings is None
+    for start in ("coordinator.window_steps: ", "node.metrics_tls_cert: ",  # field errors
+                  "detection.min_baseline_steps, detection.baseline_steps: ",  # a rule of a valid section
+                  "coordinator.control_bind, coordinator.ingest_bind: ",  # a rule of a section with a bad value
+                  "coordinator.pub_bind, security.curve, security.insecure: "):  # a rule across sections
+        assert sum(e.startswith(start) for e in errors) == 1, (start, errors)
+    # metrics_tls_cert was left out for the second look, so "cert and key go together" would be its artefact
+    assert not [e for e in errors if e.startswith("node.metrics_tls_cert, node.metrics_tls_key")], errors

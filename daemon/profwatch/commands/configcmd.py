@@ -2,7 +2,7 @@
 the effective configuration with where each value comes from (CLI body).
 
 ``check`` validates what the daemons validate at start (TOML syntax, unknown keys, types, ranges and the
-cross-key rules of ``daemon/profwatch/config.py``), then the path types: a path that names a file (the state db,
+cross-key rules of ``daemon/profwatch/config.py``, all in one run: ``profwatch.config_passes.cross_key_lines``), then the path types: a path that names a file (the state db,
 TLS and key files) must not be a directory, a folder setting must not be a file, and the files a daemon reads at
 start (TLS certificates and keys, CA bundles, an authorization file) must exist; then what the coordinator refuses at
 start (:func:`start_problems`): a ``state_db`` that is not profwatch's own db (a device, a FIFO, a file that is not
