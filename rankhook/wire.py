@@ -246,7 +246,9 @@ class NodeHeartbeat:
 
     ``stale_state`` describes torch_npu leftovers on the node that break dynamic profiling (a
     ``DynamicProfileNpuShm*`` segment older than the node's torch_npu ranks, an orphaned ``DynMonitorProc``);
-    empty when the node is clean (added without a schema bump; older receivers ignore it).
+    empty when the node is clean (added without a schema bump; older receivers ignore it). ``stopping``: the node
+    daemon's last heartbeat, sent as it stops (its connection closes next: a routine close, not a dropped
+    message; added without a schema bump).
     """
 
     node_id: str
@@ -256,6 +258,7 @@ class NodeHeartbeat:
     started_unix_s: float
     counters: dict[str, int] = field(default_factory=dict)
     stale_state: str = ""
+    stopping: bool = False
     kind: Literal["node_heartbeat"] = "node_heartbeat"
     v: int = SCHEMA_VERSION
 

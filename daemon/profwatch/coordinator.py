@@ -524,6 +524,8 @@ class Coordinator:
                             note="the previous connection was told to reconnect")
                 self._send_node(verdict.old_route, wire.NodeCommand(
                     cmd="reconnect", command_id=f"reconnect-{int(now)}", args={"after_s": 2.0}))
+            if env.kind == "node_heartbeat" and getattr(env, "stopping", False):
+                self.sockets.note_stopping(frames[-1])  # the close of this connection that follows is routine
             try:
                 self._on_node_message(route, env, msgs, now)
             except RegistryError as exc:

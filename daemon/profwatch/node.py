@@ -539,15 +539,19 @@ class NodeDaemon:
             self.counters["relayed"] += len(payloads)
             self.counters["batches"] += 1
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, stopping: bool = False) -> None:
+        """Send a heartbeat (``stopping``: the last one, as the daemon stops: the coordinator then logs the close
+        of this connection as routine)."""
         self.metrics.queue_depth.labels("pending_relay").set(len(self._pending))
         self.metrics.queue_depth.labels("fs_jobs").set(self._fs_jobs.qsize())
         hb = wire.NodeHeartbeat(
             node_id=self.node_id, hostname=self.hostname, pid=os.getpid(), ts_unix_s=time.time(),
             started_unix_s=self.started_unix_s, counters=dict(self.counters), stale_state=self._stale_state,
+            stopping=stopping,
         )
         self._send(wire.encode(hb), "node_heartbeat")
-        self._send_collisions()
+        if not stopping:
+            self._send_collisions()
 
     def _drain_commands(self) -> None:
         while True:
@@ -701,6 +705,7 @@ class NodeDaemon:
         if not self._ctx.closed:
             if self._pending:  # relay what arrived before SIGTERM (non-blocking; dropped and counted if full)
                 self._flush()
+            self._heartbeat(stopping=True)  # last: the close that follows is routine (the dealer lingers 200 ms)
             self.rank_monitor.close()
             self.pull.close(0)
             self.monitor.close()

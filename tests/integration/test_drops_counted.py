@@ -70,3 +70,40 @@ def test_a_control_request_naming_a_key_twice_is_refused(harness: CoordinatorHar
         req.close(0)
     assert reply["ok"] is False and reply["error"]["code"] == "bad_request"
     assert "duplicate key 'job_id'" in reply["error"]["message"]
+
+
+def test_a_node_daemons_routine_stop_closes_its_connection_quietly(short_tmp: Path) -> None:
+    """A node daemon that stops says so in its last heartbeat: the close of its ingest connection is logged at info
+    as routine (no oversize wording) and not counted; a connection that closes unannounced is counted and warned
+    about, naming the possible causes."""
+    import structlog
+
+    from tests.integration.live_stack import Stack, hello
+
+    st = Stack(short_tmp)
+    coord = st.start()
+    try:
+        def closed() -> float:
+            return coord.metrics.registry.get_sample_value("profwatch_connections_closed_total",
+                                                           {"socket": "ingest"}) or 0.0
+
+        with structlog.testing.capture_logs() as logs:
+            st.node("n1")
+            wait_for(lambda: "n1" in coord.registry.nodes, 30, 0.1, "the node registered")
+            st.stop_node("n1")
+            wait_for(lambda: [e for e in logs if e["event"] == "peer_connection_closed"], 30, 0.1,
+                     "the node's close seen")
+            (quiet,) = [e for e in logs if e["event"] == "peer_connection_closed"]
+            assert quiet["log_level"] == "info" and quiet["reason"] == "stopped", quiet
+            assert "MAXMSGSIZE" not in quiet["note"] and "bytes" not in quiet["note"]
+            assert closed() == 0
+            raw = st.dealer()  # a node that goes away without saying so (killed, network lost)
+            raw.send(wire.encode(wire.NodeBatch(node_id="n2", hostname="h", seq=1, ts_unix_s=1.0,
+                                                messages=[wire.to_dict(hello("jobQ", 0, world=1, root=short_tmp))])))
+            wait_for(lambda: "n2" in coord.registry.nodes, 30, 0.1, "the second node seen")
+            raw.close(0)
+            wait_for(lambda: closed() == 1, 30, 0.1, "the unannounced close counted")
+            loud = [e for e in logs if e["event"] == "peer_connection_closed" and e["log_level"] == "warning"]
+            assert len(loud) == 1 and loud[0]["reason"] == "unannounced" and "MAXMSGSIZE" in loud[0]["note"]
+    finally:
+        st.close()

@@ -37,7 +37,8 @@ class DaemonMetrics:
     process that had not just said bye, ``running``, or before the node could read their peer, ``unknown``: a
     rank message over the node's 512 KiB ``MAXMSGSIZE`` dropped unread; ``node.py``).
     Coordinator: ``profwatch_connections_closed_total{socket}`` (``ingest``: node connections closed,
-    from the socket monitor's disconnect events; an oversize message, over ZeroMQ's ``MAXMSGSIZE``, is dropped
+    from the socket monitor's disconnect events, but for the routine close of a node daemon that said it stops;
+    an oversize message, over ZeroMQ's ``MAXMSGSIZE``, is dropped
     unread with its connection, so its drops show here; ``adapters/zmq/server_sockets.py``), ``profwatch_events_total{type}`` (every event published, alerts and the others), ``profwatch_captures_total{state}``
     (transitions), ``profwatch_captures_in_state{state}``, ``profwatch_capture_oldest_active_age_seconds``,
     ``profwatch_analysis_duration_seconds`` (histogram), ``profwatch_jobs``, ``profwatch_job_ranks{job_id}``,

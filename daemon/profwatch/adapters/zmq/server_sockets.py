@@ -31,6 +31,7 @@ from profwatch.adapters.zmq.curve import (
     CurveAuthenticator,
     HandshakeMonitor,
     make_server,
+    peer_address,
     peer_key,
     selftest,
     user_id,
@@ -44,6 +45,7 @@ from profwatch.core.access import (
     SecuritySettings,
     SocketName,
     insecure_endpoints,
+    parse_peer_address,
 )
 from profwatch.core.fleet.limits import LimitSettings
 from rankhook import wire
@@ -56,6 +58,8 @@ CLOSE_COUNTED = ("ingest",)
 their ingest connection for good, so a close is a dropped oversize batch or a node that stopped; control clients
 close their connection after every request, so there a close says nothing (the client checks its request's size
 itself: ``control.call``)."""
+STOP_CLOSE_WITHIN_S = 10.0
+"""A connection that closes this long after its node daemon said it stops (its last heartbeat) closed routinely."""
 MAX_TRACKED_PEERS = 10_000
 
 
@@ -78,6 +82,16 @@ def peer_of_fd(fd: int) -> str:
         return f"fd:{fd}"
     finally:
         s.close()
+
+
+def peer_of_frame(frame: zmq.Frame) -> str | None:
+    """The peer of the connection ``frame`` came from, as :func:`peer_of_fd` names it (``pid:N`` over ipc, from
+    ZeroMQ's ``Peer-Address`` credentials; the ip over TCP), None when ZeroMQ does not say."""
+    address = peer_address(frame)
+    if not address:
+        return None
+    creds = parse_peer_address(address)
+    return f"pid:{creds[2]}" if creds is not None else address
 
 
 def load_server_keypair(security: SecuritySettings) -> KeyPair:
@@ -125,6 +139,7 @@ class ServerSockets:
         self.on_closed = on_closed
         self._peers: dict[tuple[str, int], str] = {}  # (socket, fd) -> peer address, from ACCEPTED
         self._closed_logged: dict[tuple[str, str], float] = {}
+        self._stopping: dict[str, float] = {}  # peer -> when its node said it stops (monotonic)
         self.curve = {name: security.curve_for(ep) for name, ep in binds.items()}
         self.auth: CurveAuthenticator | None = None
         self.keyring: KeyRing | None = None
@@ -265,24 +280,42 @@ class ServerSockets:
                     log.warning("handshake_failed", socket=name, reason=reason, detail=explanation,
                                 note="logged once a minute per socket and reason; see profwatch_auth_refused_total")
 
+    def note_stopping(self, frame: zmq.Frame) -> None:
+        """The node daemon that sent ``frame`` on ingest said it stops (its last heartbeat): the close of its
+        connection within :data:`STOP_CLOSE_WITHIN_S` is routine (logged at info, not counted)."""
+        peer = peer_of_frame(frame)
+        if peer is None:
+            return
+        if len(self._stopping) >= MAX_TRACKED_PEERS:
+            self._stopping.pop(next(iter(self._stopping)))
+        self._stopping[peer] = time.monotonic()
+
     def _connection_event(self, name: str, ev: str, fd: int, now: float) -> None:
-        """Remember an accepted connection's peer by its fd; count a closed one and log it once a minute per peer."""
+        """Remember an accepted connection's peer by its fd; a closed one is routine when its node said it stops
+        just before (:meth:`note_stopping`: logged at info, not counted), else counted and logged as a warning once
+        a minute per peer."""
         if ev == "EVENT_ACCEPTED":
             if len(self._peers) >= MAX_TRACKED_PEERS:
                 self._peers.pop(next(iter(self._peers)))
             self._peers[(name, fd)] = peer_of_fd(fd)
             return
         peer = self._peers.pop((name, fd), f"fd:{fd}")
+        said = self._stopping.pop(peer, None)
+        if said is not None and now - said <= STOP_CLOSE_WITHIN_S:
+            log.info("peer_connection_closed", socket=name, peer=peer, reason="stopped",
+                     note="the node daemon said it stops: a routine close")
+            return
         if self.on_closed is not None:
             self.on_closed(name)
         if now - self._closed_logged.get((name, peer), -1e9) >= 60.0:
             if len(self._closed_logged) >= MAX_TRACKED_PEERS:
                 self._closed_logged.clear()
             self._closed_logged[(name, peer)] = now
-            log.warning("peer_connection_closed", socket=name, peer=peer,
-                        note=f"a message over {wire.MAX_BATCH_BYTES} bytes (ZeroMQ MAXMSGSIZE) is dropped with its connection, "
-                             "as is a peer that stopped; logged once a minute per peer, see "
-                             "profwatch_connections_closed_total")
+            log.warning("peer_connection_closed", socket=name, peer=peer, reason="unannounced",
+                        note="closed without its node daemon saying it stops: the node was killed or its network "
+                             f"dropped, or it sent a message over {wire.MAX_BATCH_BYTES} bytes (ZeroMQ MAXMSGSIZE "
+                             "drops it with its connection; a running node reconnects by itself); logged once a "
+                             "minute per peer, see profwatch_connections_closed_total")
 
     def monitor_sockets(self) -> list[zmq.Socket]:
         return [m.sock for m in self.monitors.values()]
