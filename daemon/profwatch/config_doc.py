@@ -52,7 +52,7 @@ _SUFFIX_UNITS = (("_bytes_per_peer", "bytes"), ("_bytes_per_hour", "bytes per ho
                  ("_alpha", "probability"), ("_weight", "weight in [0, 1]"), ("_relief", "× (of a threshold)"))
 """Name endings -> unit, first match wins (the house style puts the unit in the name)."""
 
-_NAME_UNITS = {"warmup": "steps", "active": "steps", "max_active": "steps", "socket_mode": "octal file mode",
+_NAME_UNITS = {"warmup": "steps", "active": "steps", "manual_warmup": "steps", "manual_active": "steps", "max_active": "steps", "socket_mode": "octal file mode",
                "metrics_port": "TCP port", "enrich_nice": "nice increment", "min_drop": "fraction of peers' bandwidth",
                "min_sigma": "ln(bandwidth)", "max_backoff_s": "s"}
 """Keys whose names carry no unit suffix (profwatch_config.json's own key names, ports, modes)."""

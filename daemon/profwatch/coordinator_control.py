@@ -186,7 +186,7 @@ class ControlCommands:
         Args:
             job_id: the job (a string, required).
             reason: a label kept with the capture (default ``"manual"``).
-            warmup, active: the capture window's step counts (default ``[capture] warmup`` / ``active``).
+            warmup, active: the capture window's step counts (default ``[capture] manual_warmup`` / ``manual_active``).
             rank_list: the ranks to profile (list of ints); null or empty: every rank.
             start_step: the absolute first step; in_steps: or this many steps after the furthest one (default: the
                 planner's lead, enough for every rank to read the config in time).

@@ -125,3 +125,26 @@ def test_config_check_lists_field_and_cross_key_errors_in_one_pass(tmp_path: Pat
         assert sum(e.startswith(start) for e in errors) == 1, (start, errors)
     # metrics_tls_cert was left out for the second look, so "cert and key go together" would be its artefact
     assert not [e for e in errors if e.startswith("node.metrics_tls_cert, node.metrics_tls_key")], errors
+
+
+def test_the_manual_capture_window_and_the_armed_one_have_distinct_names(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[arming] active`` (the captures detection arms) and ``[capture] active`` (a manual arm's) shared a name;
+    the manual one is ``manual_active`` / ``manual_warmup`` now, and a config written with the old names still
+    loads with the same meaning."""
+    from profwatch.commands.configcmd import leaves
+
+    for k in [k for k in os.environ if k.upper().startswith("PROFWATCH_")]:
+        monkeypatch.delenv(k)
+    f = tmp_path / "c.toml"
+    f.write_text("[arming]\nactive = 6\n[capture]\nmanual_active = 3\nmanual_warmup = 2\n")
+    s = load_settings(f)
+    assert (s.arming.active, s.capture.manual_active, s.capture.manual_warmup) == (6, 3, 2)
+    keys = {k for k, _ in leaves(s)}
+    assert {"arming.active", "capture.manual_active", "capture.manual_warmup"} <= keys
+    assert "capture.active" not in keys and "capture.warmup" not in keys
+    f.write_text("[capture]\nactive = 5\nwarmup = 0\n")  # the old names
+    s = load_settings(f)
+    assert (s.capture.manual_active, s.capture.manual_warmup, s.arming.active) == (5, 0, 4)
+    monkeypatch.setenv("PROFWATCH_CAPTURE__MANUAL_ACTIVE", "7")
+    assert load_settings(None).capture.manual_active == 7

@@ -41,8 +41,10 @@ class ArmingSettings(BaseModel):
     max_capture_bytes_per_hour: int | None = Field(
         50 * 2**30, ge=0, description="bytes captured per job per rolling hour before arming stops (None = no cap)"
     )
-    warmup: int = Field(1, ge=0, description="profiler warm-up steps of the capture window (profiler_config key)")
-    active: int = Field(4, ge=1, le=20, description="captured steps of the capture window (profiler_config key); "
+    warmup: int = Field(1, ge=0, description="profiler warm-up steps of the captures detection arms (profiler_config "
+                        "key; a manual arm's: [capture] manual_warmup)")
+    active: int = Field(4, ge=1, le=20, description="steps recorded by the captures detection arms (profiler_config "
+                        "key; a manual arm's: [capture] manual_active); "
                         "default 4: see CAPTURE_WINDOW_NOTE in daemon/profwatch/core/capture/planner.py")
     rank_list: tuple[int, ...] | None = Field(None, description="ranks to capture (None = all ranks)")
     arm_on: tuple[ArmableKind, ...] = Field(

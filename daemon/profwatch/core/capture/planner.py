@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from profwatch.core.batches.prof_layout import NAMED_RANKS_KEY, RANK_LIST_KEY, WORLD_SIZE_KEY, encode_rank_list
 from profwatch.core.capture.profiler_config import (
@@ -73,17 +73,21 @@ class CaptureSettings(BaseModel):
     """How profwatch arms captures. Units in names; ``margin_s`` covers the writer's wait for a fresh mtime
     second (<= 1 s) and NFS attribute caching; ``deadline_*`` bound how long a capture may take (a rank that stops
     stepping never reaches start_step: ``docs/capture-lifecycle.md``); ``write_timeout_s`` and ``final_scan_grace_s``
-    bound the write and the final scan. ``warmup``/``active``: the default window, justified in
-    :data:`CAPTURE_WINDOW_NOTE`."""
+    bound the write and the final scan. ``manual_warmup``/``manual_active``: the window of a manual capture that
+    names none (``profwatch arm`` without ``--warmup``/``--active``), justified in :data:`CAPTURE_WINDOW_NOTE`;
+    the captures detection arms use ``[arming] warmup``/``active``, the reference ``[reference] active_steps``.
+    The old names ``warmup``/``active`` are still read, so a config written for them keeps working."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    warmup: int = Field(default=1, ge=0, description=(
-        "profiler warm-up steps before the recorded ones (profiler_config.json warmup) of a capture with no window of"
-        " its own"))
-    active: int = Field(default=4, gt=0, description=(
-        "steps recorded by a capture with no window of its own (profiler_config.json active; fewer than "
-        "[analysis.ranking] min_strong_steps gives a weak verdict)"))
+    manual_warmup: int = Field(default=1, ge=0, validation_alias=AliasChoices("manual_warmup", "warmup"),
+                               description=(
+        "profiler warm-up steps (profiler_config.json warmup) of a manual capture that names none (profwatch arm "
+        "without --warmup); formerly warmup, still read"))
+    manual_active: int = Field(default=4, gt=0, validation_alias=AliasChoices("manual_active", "active"),
+                               description=(
+        "steps recorded (profiler_config.json active) by a manual capture that names none (profwatch arm without "
+        "--active; fewer than [analysis.ranking] min_strong_steps gives a weak verdict); formerly active, still read"))
     margin_steps: int = Field(default=2, ge=0, description=(
         "steps added to the lead: start_step = furthest rank + lead(step time, torch_npu poll interval) + "
         "margin_steps"))
@@ -270,8 +274,8 @@ def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSetting
     for what, ident in (("job_id", job.job_id), ("capture_id", capture_id)):
         if not _SAFE_ID.match(ident) or ident in (".", ".."):
             raise CannotPlanCapture(f"{what} {ident!r} is not a safe path component ([A-Za-z0-9_.-], <=128)")
-    warmup = s.warmup if req.warmup is None else req.warmup
-    active = s.active if req.active is None else req.active
+    warmup = s.manual_warmup if req.warmup is None else req.warmup
+    active = s.manual_active if req.active is None else req.active
     if active > s.max_active:
         raise CannotPlanCapture(f"active {active} over max_active {s.max_active}")
     ranks: list[int] | None = None
