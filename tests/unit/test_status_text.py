@@ -102,7 +102,7 @@ def test_the_readable_alert_line_carries_the_saving_and_the_rank_dir() -> None:
            {"rank": 5, "kind": "host", "score": 0.6, "hostname": None, "rank_dir": None, "impact": None}]
     line = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",
                          "data": {"status": "ok", "suspects": sus}})
-    assert ("rank 2 (compute, score 0.91, h2, saves 12.3 ms/step (8.1% of step), dir /prof/h2_42_x_ascend_pt)"
+    assert ("rank 2 (compute, score 0.91, h2, saves 12.3 ms/step (8.1% of the mean step), dir /prof/h2_42_x_ascend_pt)"
             in line)
     assert line.endswith("rank 5 (host, score 0.60, host unknown)")
 

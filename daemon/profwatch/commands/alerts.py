@@ -49,12 +49,12 @@ from profwatch.signals import handling
 
 
 def _saving(impact: Any) -> str:
-    """``", saves 12.3 ms/step (8.1% of step)"`` from a suspect's ``impact`` (empty when it has none)."""
+    """``", saves 12.3 ms/step (8.1% of the mean step)"`` from a suspect's ``impact`` (empty when it has none)."""
     if not isinstance(impact, dict) or not isinstance(impact.get("saving_s_per_step"), (int, float)):
         return ""
     pct = impact.get("saving_pct_of_step")
     return f", saves {1e3 * impact['saving_s_per_step']:.1f} ms/step" + (
-        f" ({pct:.1f}% of step)" if isinstance(pct, (int, float)) else "")
+        f" ({pct:.1f}% of the mean step)" if isinstance(pct, (int, float)) else "")
 
 
 def _suspects(d: dict[str, Any]) -> str:

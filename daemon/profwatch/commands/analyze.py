@@ -147,7 +147,7 @@ def _settings(ctx: click.Context, config_path: Path | None, no_advisor: bool, ti
 def _saving(impact: dict[str, float] | None) -> str:
     if not impact:
         return ""
-    return (f"saves {1e3 * impact['saving_s_per_step']:.1f} ms/step ({impact['saving_pct_of_step']:.1f}% of step, "
+    return (f"saves {1e3 * impact['saving_s_per_step']:.1f} ms/step ({impact['saving_pct_of_step']:.1f}% of the mean step, "
             f"{impact['accelerator_hours_per_day']:.0f} accelerator-h/day)")
 
 

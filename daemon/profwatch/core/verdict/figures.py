@@ -60,6 +60,6 @@ def figure_violations(summaries: Sequence[RankStepSummary], rank_rows: Sequence[
         pct = float(imp.get("saving_pct_of_step") or 0.0)
         step = step_ms.get(s.get("rank"))
         if saving_ms < 0 or not 0.0 <= pct <= 100.0 or (step is not None and saving_ms > step * (1 + 1e-6) + 1e-3):
-            out.append(f"rank {s.get('rank')}: saving {saving_ms:.1f} ms/step ({pct:.1f}% of step) outside "
+            out.append(f"rank {s.get('rank')}: saving {saving_ms:.1f} ms/step ({pct:.1f}% of the mean step) outside "
                        f"[0, step time {step if step is not None else float('nan'):.1f} ms]")
     return out[:limit] + ([f"... and {len(out) - limit} more"] if len(out) > limit else [])

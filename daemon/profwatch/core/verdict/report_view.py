@@ -415,16 +415,14 @@ def parse_impact(raw: Any) -> Impact | None:
     return Impact(*vals)
 
 
-def on_shown_step(imp: Impact | None, step_ms: float) -> Impact | None:
-    """``imp`` with its "% of step" (and accelerator-hours, which scale with it) taken against ``step_ms``, the
-    median step time the report shows, so the page's numbers agree with each other (72 % was shown where the
-    page's own saving and median step gave 73.7 %; the ranking's impact is against the mean step). Unchanged when
-    no step time is shown."""
-    if imp is None or not step_ms > 0:
-        return imp
-    pct = 100.0 * 1e3 * imp.saving_s_per_step / step_ms
-    hours = imp.accelerator_hours_per_day * pct / imp.saving_pct_of_step if imp.saving_pct_of_step > 0 else 0.0
-    return Impact(imp.saving_s_per_step, pct, hours)
+def saving_base_ms(imp: Impact | None) -> float | None:
+    """The step time a saving is a share of (ms): the mean step time of the analysed steps (each step's median over
+    the ranks), as the verdict's ``saving_pct_of_step`` has it (``core/verdict/impact.py``: ``impact_over_steps``);
+    None without an impact or with a zero share. The page shows it beside the median step time, so the saving,
+    its share and its base agree on the page as in the alerts (one figure, one name: "% of the mean step")."""
+    if imp is None or not imp.saving_pct_of_step > 0:
+        return None
+    return 1e3 * imp.saving_s_per_step * 100.0 / imp.saving_pct_of_step
 
 
 def grade_of(score: float, evidence: Mapping[str, Any]) -> Grade:
@@ -436,9 +434,9 @@ def grade_of(score: float, evidence: Mapping[str, Any]) -> Grade:
 
 
 def impact_text(imp: Impact) -> str:
-    """``"24.1 ms/step (27% of the median step), about 52 accelerator-hours per day"`` (the unit ``profwatch analyze``
+    """``"24.1 ms/step (27% of the mean step), about 52 accelerator-hours per day"`` (the unit ``profwatch analyze``
     and the alerts use)."""
-    return (f"{1e3 * imp.saving_s_per_step:.1f} ms/step ({imp.saving_pct_of_step:.0f}% of the median step), about "
+    return (f"{1e3 * imp.saving_s_per_step:.1f} ms/step ({imp.saving_pct_of_step:.0f}% of the mean step), about "
             f"{imp.accelerator_hours_per_day:,.0f} accelerator-hours per day")
 
 
@@ -560,13 +558,15 @@ def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
                generated: str = "") -> ReportView:
     """The whole report's content for one batch; never raises on missing optional keys."""
     ranks, matrix, step_ms = measure_ranks(summaries)
-    valid, suspects = _suspect_rows(data, {r.rank: r for r in ranks}, step_ms)
+    valid, suspects = _suspect_rows(data, {r.rank: r for r in ranks})
     status, detail = str(data.get("status") or ""), str(data.get("detail") or "")
     recipes, files, notes = _recipes_files_notes(data)
     advisor = _mapping(data.get("advisor"))
     problems = list(dict.fromkeys((str(p.get("category") or ""), str(p.get("description") or ""))
                                   for p in advisor.get("problems") or [] if isinstance(p, Mapping)))[:12]
-    meta = _meta_rows(data, len(ranks), step_ms, matrix.steps, notes, generated)
+    total = parse_impact(data.get("impact"))
+    base = saving_base_ms(total or next((s.impact for s in suspects if s.impact is not None), None))
+    meta = _meta_rows(data, len(ranks), step_ms, matrix.steps, notes, generated, base)
     if matrix.dropped_steps:
         notes.append(f"rank x step view shows the last {len(matrix.steps)} of "
                      f"{len(matrix.steps) + matrix.dropped_steps} steps (per-rank medians use all)")
@@ -575,16 +575,15 @@ def build_view(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
     limit = max(max(cells, default=0.0), MIN_COLOUR_FRAC * step_ms, 1e-3)
     return ReportView(headline=headline_of(status, detail, suspects), suspects=suspects, ranks=ranks, matrix=matrix,
                       colour_limit_ms=limit, median_step_ms=step_ms,
-                      impact_total=on_shown_step(parse_impact(data.get("impact")), step_ms),
+                      impact_total=total,
                       links=parse_links(data.get("links")), meta=meta, recipes=recipes, files=files,
                       advisor_problems=problems, notes=notes, changes=parse_comparison(data.get("comparison")))
 
 
-def _suspect_rows(data: Mapping[str, Any], by_rank: Mapping[int, Any],
-                  step_ms: float) -> tuple[list[Mapping[str, Any]], list[SuspectRow]]:
+def _suspect_rows(data: Mapping[str, Any], by_rank: Mapping[int, Any]) -> tuple[list[Mapping[str, Any]], list[SuspectRow]]:
     """The well-formed suspects of ``report.json`` (ours always are; a hand-edited one may not be) and their rows,
-    each kind followed by its clock finding when the hardware check named the rank, each saving's share of the step
-    taken of the median step the report shows (``step_ms``)."""
+    each kind followed by its clock finding when the hardware check named the rank, each saving as the verdict has
+    it (its share is of the mean step: :func:`saving_base_ms`)."""
     valid = [s for s in data.get("suspects") or [] if isinstance(s, Mapping) and isinstance(s.get("rank"), int)
              and _fnum(s.get("score") or 0.0) is not None]
     clocks = hardware_kinds(data.get("hardware"))
@@ -596,7 +595,7 @@ def _suspect_rows(data: Mapping[str, Any], by_rank: Mapping[int, Any],
         why, why_source = parse_drilldown(data.get("op_compare"), rank)
         suspects.append(SuspectRow(pos, rank, score, grade_of(score, ev), kind,
                                    s.get("hostname") or None, str(ev.get("summary") or ""), s.get("rank_dir"),
-                                   by_rank.get(rank), on_shown_step(parse_impact(s.get("impact")), step_ms), why,
+                                   by_rank.get(rank), parse_impact(s.get("impact")), why,
                                    why_source))
     return valid, suspects
 
@@ -619,15 +618,17 @@ def _recipes_files_notes(data: Mapping[str, Any]) -> tuple[list[dict[str, Any]],
 
 
 def _meta_rows(data: Mapping[str, Any], n_ranks: int, step_ms: float, matrix_steps: Sequence[int],
-               notes: list[str], generated: str) -> list[tuple[str, str]]:
-    """The report's header rows (job, batch, ranks, steps, ...); a capture whose steps are not the armed ones
-    puts that first in ``notes``."""
+               notes: list[str], generated: str, base_ms: float | None = None) -> list[tuple[str, str]]:
+    """The report's header rows (job, batch, ranks, steps, ...; ``base_ms``: the mean step time the savings are a
+    share of, when there is a saving); a capture whose steps are not the armed ones puts that first in ``notes``."""
     world = data.get("world_size")
     meta = [("job", str(data.get("job_id") or "-")), ("batch", str(data.get("batch_id") or "-")),
             ("kind", str(data.get("kind") or "-")),
             ("ranks", f"{n_ranks} of {world}" if isinstance(world, int) and world != n_ranks else
              str(n_ranks or world or "-")),
             ("median step time", f"{step_ms:.1f} ms" if step_ms else "-")]
+    if base_ms is not None:
+        meta.append(("mean step time (the savings' base)", f"{base_ms:.1f} ms"))
     armed, captured = _int_list(data.get("armed_steps")), _int_list(data.get("captured_steps"))
     if captured or matrix_steps:
         meta.append(("steps", step_list_text(captured or matrix_steps)))
