@@ -219,3 +219,21 @@ def test_the_projects_own_ci_and_test_variables_are_never_warned_about() -> None
                   if "__" not in n}
     assert "PROFWATCH_REQUIRE_REAL_TOOLS" in names
     assert unknown_env_variables(dict.fromkeys(names, "1")) == []
+
+
+def test_the_readme_by_hand_config_is_valid_in_a_folder_of_its_own(tmp_path: Path) -> None:
+    """The README's by-hand block, up to the config it writes, run as written (bash, its ``mktemp -d`` under this
+    test's TMPDIR, its free ports): ``profwatch config check`` says valid, and nothing names ``/tmp/pw``."""
+    import re
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, flags=re.S) if "profwatch coordinator" in b)
+    setup = block[:block.index("profwatch coordinator")]  # the folder, the ports, the config and its export
+    script = setup + f'{PYTHON} -m profwatch.cli config check && cat "$PROFWATCH_CONFIG"\n'
+    env = python_env({"TMPDIR": str(tmp_path), "PATH": f"{Path(PYTHON).parent}:/usr/bin:/bin"})
+    env = {k: v for k, v in env.items() if k != "PROFWATCH_CONFIG" and not (k.startswith("PROFWATCH_") and "__" in k)}
+    res = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and ": valid" in res.stdout, res.stdout + res.stderr
+    assert f'state_db = "{tmp_path}/' in res.stdout and "/tmp/pw" not in res.stdout
+    ports = re.findall(r'tcp://127\.0\.0\.1:(\d+)"', res.stdout)
+    assert len(ports) == 4 and len(set(ports[:3])) == 3 and ports[3] == ports[0], ports  # node -> ingest

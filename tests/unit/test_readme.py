@@ -39,3 +39,18 @@ def test_linked_docs_exist() -> None:
     assert len(links) >= 10
     for link in links:
         assert (REPO_ROOT / link).is_file(), link
+
+
+def test_readme_commands_use_a_folder_of_their_own_and_free_ports() -> None:
+    """The README's commands ran in fixed ``/tmp/tree`` and ``/tmp/pw`` folders and on the default ports 7711-7713,
+    which collide with another user's on a shared box: every bash block now takes a ``mktemp -d`` folder and the
+    by-hand coordinator three ports the kernel picked (the first two commands, run in the clone, are unchanged)."""
+    blocks = re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+    code = "\n".join(blocks)
+    assert "/tmp/" not in code and not re.search(r"\b771[1-3]\b", code), code
+    by_hand = next(b for b in blocks if "profwatch coordinator" in b)
+    assert by_hand.startswith("pw=$(mktemp -d)") and 'bind(("127.0.0.1", 0))' in by_hand
+    assert "mktemp -d" in next(b for b in blocks if "simulate tree" in b)
+    first = blocks[0]
+    assert "pip install -e \".[coordinator]\" -c constraints/coordinator.txt && profwatch demo" in first
+    assert "bash .ci/run" in first
