@@ -228,6 +228,24 @@ def test_a_returned_failed_analysis_is_published_as_analysis_failed_not_suspect_
     assert w.store.get_capture(cid).analysis_status == "failed"
 
 
+@pytest.mark.parametrize(("status", "detail"), [
+    ("not_applicable", "this capture cannot answer: one rank with a time breakdown (4 of 4 armed steps captured): "
+                       "no peer to compare it with"),
+    ("weak", "rank 1; evidence is weak: 2 of 4 armed steps captured"),
+])
+def test_a_one_rank_or_weak_verdict_is_published_as_the_report_says(world, status: str, detail: str) -> None:
+    """A one-rank job's capture (report.json: not_applicable) and a weak verdict were published as analysis_failed
+    and stored as failed: they are verdicts, published as suspect_ranks with their status and detail."""
+    w = world()
+    w.verdict = (status, {"status": status, "detail": detail,
+                          "suspects": [{"rank": 1}] if status == "weak" else []})
+    cid = _arm_and_land(w, CaptureState.ANALYSED)
+    assert not w.of("io.profwatch.analysis_failed.v1")
+    (verdict,) = w.of("io.profwatch.suspect_ranks.v1")
+    assert verdict["capture_id"] == cid and verdict["status"] == status and verdict["detail"] == detail
+    assert w.store.get_capture(cid).analysis_status == status
+
+
 def test_node_writer_with_a_lost_command_fails_at_the_write_deadline_and_frees_the_job(world) -> None:
     w = world(writer="node")
     res = w.arm()
