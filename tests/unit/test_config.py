@@ -146,5 +146,9 @@ def test_the_manual_capture_window_and_the_armed_one_have_distinct_names(tmp_pat
     f.write_text("[capture]\nactive = 5\nwarmup = 0\n")  # the old names
     s = load_settings(f)
     assert (s.capture.manual_active, s.capture.manual_warmup, s.arming.active) == (5, 0, 4)
+    from profwatch.commands.configcmd import former_names
+    from profwatch.config import Settings
+    assert former_names(Settings) == {"capture.active": "capture.manual_active",
+                                      "capture.warmup": "capture.manual_warmup"}
     monkeypatch.setenv("PROFWATCH_CAPTURE__MANUAL_ACTIVE", "7")
     assert load_settings(None).capture.manual_active == 7

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from pydantic import BaseModel
+from pydantic import AliasChoices, BaseModel
 
 from profwatch.commands.common import config_option, resolve_config_path
 from profwatch.exitcodes import EXIT_USAGE
@@ -83,6 +83,20 @@ def _file_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:
         out.add(key)
         if isinstance(v, Mapping):
             out |= _file_keys(v, key + ".")
+    return out
+
+
+def former_names(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
+    """Dotted former name -> dotted key, for a setting renamed that still reads its old name (a pydantic
+    ``AliasChoices`` validation alias: ``capture.active`` -> ``capture.manual_active``)."""
+    out: dict[str, str] = {}
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.update(former_names(ann, f"{prefix}{name}."))
+        elif isinstance(field.validation_alias, AliasChoices):
+            out.update({f"{prefix}{c}": f"{prefix}{name}" for c in field.validation_alias.choices
+                        if isinstance(c, str) and c != name})
     return out
 
 
@@ -306,7 +320,10 @@ def show(config_path: Path | None, as_json: bool) -> None:
         for e in errors:
             click.echo(f"  {e}", err=True)
         sys.exit(EXIT_USAGE)
-    file_keys = _file_keys(_toml(path)) if path is not None else set()
+    from profwatch.config import Settings
+
+    renamed = former_names(Settings)
+    file_keys = {renamed.get(k, k) for k in _file_keys(_toml(path))} if path is not None else set()
     rows = {key: {"value": redact(key, value), "source": source_of(key, file_keys, os.environ)}
             for key, value in leaves(settings)}
     if as_json:
