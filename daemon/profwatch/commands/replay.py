@@ -190,7 +190,7 @@ def replay_source(open_lines: Callable[[], Iterable[Line]], config: ReplayConfig
     jobs = {jid: _Job(JobDetector(jid, n, cfg.detection, hold=spike_hold(cfg.capture)), JobEpisodes(jid, cfg.arming))
             for jid, n in sizes.items()}
     result: dict[str, Any] = {"anomalies": [], "arms": [], "suppressed": [], "episode_events": [],
-                              "generations": []}
+                              "generations": [], "withdrawn": []}
     runs = RunFollower()  # records that name their process (pid) follow the coordinator's new-run rule
     last_ts = -math.inf
     # only the lines the first pass judged: a file appended meanwhile (a job still writing it) adds nothing, and a
@@ -231,6 +231,7 @@ def replay_source(open_lines: Callable[[], Iterable[Line]], config: ReplayConfig
                                           key=lambda e: e.opened_unix_s)]
     result["records"] = records
     result["jobs"] = {jid: {"world_size": j.detector.world_size, "counters": dict(j.detector.counters),
+                            "withdrawn": j.episodes.withdrawn,
                             "unlearned_units": j.detector.unlearned_units}
                       for jid, j in jobs.items()}
     result["bad_lines"] = {"count": bad_count, "lines": bad}
@@ -309,6 +310,11 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
         else:
             result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step,
                                          "reason": "transient_not_capturable"})
+    if job.in_flight_until_step is not None:  # a capture whose excursion came back before its window: withdrawn
+        for cid, why, evs in book.withdraw_returned(now, furthest_step=furthest, returned=_returned(det)):
+            events += evs
+            job.in_flight_until_step = None
+            result["withdrawn"].append({"job_id": det.job_id, "capture_id": cid, "at_unix_s": now, "why": why})
     events += book.advance(now, furthest_step=furthest, step_time_s=det.baseline_step_time_s, ongoing=det.ongoing(),
                            unit_steps=det.unit_steps())
     armed = set()
@@ -351,6 +357,14 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
             result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step, "reason": reason,
                                          "episode_id": ep.episode_id})
     result["episode_events"].extend({"type": e.type, "job_id": job.detector.job_id, **e.data} for e in events)
+
+
+def _returned(det: JobDetector) -> Callable[[int], dict[str, Any] | None]:
+    """The detector's evidence that a reported excursion came back (``JobDetector.excursion_returned``), as JSON."""
+    def returned(first_step: int) -> dict[str, Any] | None:
+        r = det.excursion_returned(first_step)
+        return r.to_json() if r is not None else None
+    return returned
 
 
 def render_summary(result: dict[str, Any]) -> str:
