@@ -150,7 +150,9 @@ def replay_lines(lines: Iterable[Line], config: ReplayConfig | None = None) -> d
     budget allows, unless it closes first); ``episodes`` every episode, open and closed, as
     :meth:`~profwatch.core.arming.episodes.Episode.to_json`; ``generations`` the new runs the records show
     (``job_generation`` data: records that name their ``pid`` follow the coordinator's rule,
-    ``daemon/profwatch/core/fleet/replay_runs.py``). Bad lines are counted with their 1-based line numbers
+    ``daemon/profwatch/core/fleet/replay_runs.py``); ``withdrawn`` the arms withdrawn before their window because
+    their excursion came back (``capture_id``, ``at_unix_s``, ``why``: ``JobEpisodes.withdraw_returned``; also
+    counted per job). Bad lines are counted with their 1-based line numbers
     (first 100 listed); nothing here raises on bad input.
     """
     seq = lines if isinstance(lines, Sequence) else list(lines)
@@ -384,6 +386,8 @@ def render_summary(result: dict[str, Any]) -> str:
     for r in result["arms"]:
         out.append(f"  {r['job_id']} step {r['step']}: {r['action']} start_step={r['start_step']} "
                    f"warmup={r['warmup']} active={r['active']} ({r['reason']})")
+    for w in result.get("withdrawn") or ():
+        out.append(f"  {w['job_id']}: {w['capture_id']} withdrawn: {w['why']}")
     out.append(f"not armed on arrival: {len(result['suppressed'])}")
     for s in result["suppressed"]:
         out.append(f"  {s['job_id']} step {s['step']}: {s['kind']} waits ({s['reason']})")
