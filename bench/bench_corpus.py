@@ -41,7 +41,10 @@ replica (serving DP); onset anywhere from step 12 on (a quarter of them while th
   (``capture_ids``), at most ``[arming] rotation_captures`` (2) per job generation (issue 31: "a rotation ... takes
   at most two captures"; until the hot spot first moves, a hot MoE expert is a slow rank like any other). Every
   other arm in healthy time, a third capture of a rotation included, is a false arm. ``rot caps`` are arms all
-  the same: a user sees them, so they are printed beside the false arms, with their own rate, never dropped;
+  the same: a user sees them, so they are printed beside the false arms, with their own rate, never dropped.
+  Arms withdrawn before their window (the replay's ``withdrawn``: the excursion came back during the capture's
+  lead, nothing recorded, no budget spent, one ``episode_closed`` with reason ``returned``) are counted apart in
+  ``wdrawn`` (all of them, healthy or not), never as false arms, and never cover a change;
 - changes lost: a *lasting* change (>= 60 steps and >= 5 minutes, or to the end of a run shorter than that when
   it outlasted a capture armed at its onset: the planner's lead at the step time before it, plus the capture's
   warm-up and active steps; one cut short by the run's end sooner could not have been profiled by any capture and
@@ -538,7 +541,9 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
 
 def score(run: Run, res: dict[str, Any]) -> dict[str, Any]:
     _change_windows(run)
-    arms = res["arms"]
+    gone = {w["capture_id"] for w in res.get("withdrawn") or ()}
+    withdrawn = [a for a in res["arms"] if a.get("capture_id") in gone]
+    arms = [a for a in res["arms"] if a.get("capture_id") not in gone]  # withdrawn: never a capture, never covers
     windows = [(c.onset_t, c.end_t + GRACE_S) for c in run.changes]
     healthy_arms = [a for a in arms if not any(lo <= a["at_unix_s"] <= hi for lo, hi in windows)
                     and not any(_window_after_onset(run, c, a) for c in run.changes)]
@@ -549,11 +554,11 @@ def score(run: Run, res: dict[str, Any]) -> dict[str, Any]:
     for lo, hi in sorted(windows):
         healthy_s -= max(0.0, min(hi, run.end_t) - max(lo, run.start_t))
     healthy_s = max(0.0, healthy_s)
-    violations = _violations(run, res, arms)
+    violations = _violations(run, res, res["arms"])
     out_changes = _scored_changes(run, res, arms)
     return {"class": run.cls, "seed": run.seed, "shape": run.shape, "healthy_h": healthy_s / 3600.0,
             "false_arms": len(false_arms), "false_arm_kinds": [a["kind"] for a in false_arms],
-            "rotation_arms": len(rotation_arms),
+            "rotation_arms": len(rotation_arms), "withdrawn": len(withdrawn),
             "violations": violations, "changes": out_changes, "records": len(run.lines),
             "max_magnitude": max((a["magnitude"] for a in res["anomalies"]), default=0.0)}
 
@@ -589,7 +594,7 @@ def _print_table(wanted: list[str], rows: list[dict[str, Any]]) -> None:
     """One line per class (healthy hours, false arms, lost changes, detection delays, violations), then the total
     and the steady job's median delays."""
     print(f"{'class':15s} {'runs':>4s} {'healthy h':>9s} {'false arms':>10s} {'/h':>5s} {'rot caps':>8s} "
-          f"{'/h':>5s} {'lost':>9s} {'short':>5s} {'d1.3 p50':>8s} {'p90':>5s} {'d3 p50':>6s} {'p90':>5s} {'learn lost':>10s} {'viol':>4s}")
+          f"{'/h':>5s} {'wdrawn':>6s} {'lost':>9s} {'short':>5s} {'d1.3 p50':>8s} {'p90':>5s} {'d3 p50':>6s} {'p90':>5s} {'learn lost':>10s} {'viol':>4s}")
     tot: dict[str, float] = defaultdict(float)
     steady_delays: dict[str, list[float]] = {"1.3": [], "3": []}
     for cls in wanted:
@@ -597,6 +602,8 @@ def _print_table(wanted: list[str], rows: list[dict[str, Any]]) -> None:
         hh = sum(r["healthy_h"] for r in rs)
         fa = sum(r["false_arms"] for r in rs)
         ra = sum(r.get("rotation_arms", 0) for r in rs)
+        wd = sum(r.get("withdrawn", 0) for r in rs)
+        tot["wd"] += wd
         ch = [c for r in rs for c in r["changes"]]
         scored = [c for c in ch if c["lasting"] and c["detectable"]]
         lost = [c for c in scored if not c["captured"]]
@@ -615,11 +622,11 @@ def _print_table(wanted: list[str], rows: list[dict[str, Any]]) -> None:
         tot["short"] += short
         tot["viol"] += viol
         print(f"{cls:15s} {len(rs):4d} {hh:9.1f} {fa:10d} {fa / hh if hh else math.nan:5.2f} "
-              f"{ra:8d} {ra / hh if hh else math.nan:5.2f} {len(lost):4d}/{len(scored):<4d} {short:5d} {_pct(d13, 50):8.0f} {_pct(d13, 90):5.0f} {_pct(d3, 50):6.0f} "
+              f"{ra:8d} {ra / hh if hh else math.nan:5.2f} {wd:6d} {len(lost):4d}/{len(scored):<4d} {short:5d} {_pct(d13, 50):8.0f} {_pct(d13, 90):5.0f} {_pct(d3, 50):6.0f} "
               f"{_pct(d3, 90):5.0f} {len(learn_lost):10d} {viol:4d}")
     print(f"{'all':15s} {len(rows):4d} {tot['hh']:9.1f} {int(tot['fa']):10d} "
           f"{tot['fa'] / tot['hh'] if tot['hh'] else math.nan:5.2f} {int(tot['ra']):8d} "
-          f"{tot['ra'] / tot['hh'] if tot['hh'] else math.nan:5.2f} {int(tot['lost']):4d}/{int(tot['scored']):<4d}"
+          f"{tot['ra'] / tot['hh'] if tot['hh'] else math.nan:5.2f} {int(tot['wd']):6d} {int(tot['lost']):4d}/{int(tot['scored']):<4d}"
           f" {int(tot['short']):5d} {'':8s} {'':5s} {'':6s} {'':5s} {'':10s} {int(tot['viol']):4d}")
     if steady_delays["1.3"] or steady_delays["3"]:
         print(f"steady job's median delay (steps): 1.3x {_pct(steady_delays['1.3'], 50):.0f}, "

@@ -101,6 +101,11 @@ class _DetectorView:
         det = self._d.get(job_id)
         return det.unit_steps() if det is not None else None
 
+    def excursion_returned(self, job_id: str, first_step: int) -> dict[str, Any] | None:
+        det = self._d.get(job_id)
+        r = det.excursion_returned(first_step) if det is not None else None
+        return r.to_json() if r is not None else None
+
 
 def _start_watcher(on_wake: Callable[[str], None], on_rank_dirs: Callable[[str, frozenset[str]], None],
                    settings: Settings, metrics: Any = None) -> Any:

@@ -63,6 +63,7 @@ class World:
         self.enrich_release = threading.Event()  # the fake enrichment returns once this is set
         self.enrich_release.set()
         self.enrich_error = ""
+        self.returned: dict[str, Any] | None = None  # the detector's evidence that an excursion came back
         self.enrich_recipes: dict = {"advisor": {"status": "ok", "phase": "enrich", "duration_s": 1.0}}
         for r in range(world):
             node = nodes[r % len(nodes)]
@@ -148,6 +149,9 @@ class World:
 
             def unit_steps(self, job_id: str) -> dict[int, int] | None:
                 return None
+
+            def excursion_returned(self, job_id: str, first_step: int) -> dict[str, Any] | None:
+                return outer.returned if outer.returned and outer.returned["first_step"] == first_step else None
 
         self.shell = CaptureShell(
             settings=self.settings, store=self.store, jobs=self.registry.jobs, nodes=self.registry.nodes,
@@ -776,3 +780,32 @@ def test_a_targeted_capture_whose_ranks_wait_outside_it_gets_a_follow_up_of_thos
     cap = w.store.get_capture(second["capture_id"])
     assert cap is not None and cap.rank_list is not None and late in cap.rank_list and len(cap.rank_list) == 5
     assert f"follow-up of ranks {late} its last capture waited for" in cap.reason
+
+
+def test_a_level_capture_whose_excursion_came_back_before_its_window_is_withdrawn_live(world) -> None:
+    """The coordinator's arming path (episode desk + capture shell): a job-wide ``pattern "level"`` report is armed;
+    the detector then says the excursion came back before start_step: the capture is cancelled with the idle config
+    over its arm (outcome ``withdrawn: ...``), its episode closes with reason ``returned``, and its arm leaves the
+    budget (the next episode is armed at once, not held by the gap)."""
+    w = world(arming={"min_arm_gap_s": 600})
+    an = Anomaly("step_regression", "j1", 20, (), 6.0, {"pattern": "level", "first_step": 16, "baseline_s": 0.5,
+                                                       "step_time_s": 3.5})
+    w.shell.on_anomaly(an, w.now)
+    (arm,) = [d for d in w.of("io.profwatch.arm_decision.v1") if d["action"] == "arm"]
+    cid = arm["capture_id"]
+    w.drain(lambda: w.state(cid) is CaptureState.WRITTEN)
+    w.now += 2
+    w.shell.tick(w.now)
+    assert w.state(cid) is CaptureState.WRITTEN  # the detector has not said it came back: kept
+    w.returned = {"first_step": 16, "last_elevated_step": 20, "steps_back": 2, "level_back": 0.01, "before_s": 0.5}
+    w.now += 2
+    w.shell.tick(w.now)
+    cap = w.store.get_capture(cid)
+    assert cap is not None and cap.state is CaptureState.CANCELLED and cap.outcome.startswith("withdrawn: ")
+    w.drain(lambda: bool(w.idle_writes))
+    (closed,) = [d for d in w.of("io.profwatch.episode_closed.v1") if d.get("reason") == "returned"]
+    assert closed["withdrawn"] == cid and closed["relabelled"] == "step_spike" and closed["evidence"]["steps_back"] == 2
+    assert w.shell.episodes.book("j1").withdrawn == 1
+    w.shell.on_anomaly(Anomaly("rank_outlier", "j1", 21, (1,), 0.5, {"stage": {1: "forward"}}), w.now)
+    last = w.of("io.profwatch.arm_decision.v1")[-1]
+    assert last["action"] == "arm", last

@@ -66,12 +66,16 @@ class EpisodeDesk:
         in_flight: whether the job has a capture holding its config slot.
         topology: the job's layout for targeted captures.
         policy: the arming policy in force (a callable: it is swapped at runtime).
+        withdraw: the capture shell's ``withdraw(job_id, capture_id, why, now)``: cancel a capture whose episode's
+            excursion came back before its window (``JobEpisodes.withdraw_returned``); whether it could.
     """
 
     def __init__(self, *, settings: Settings, store: StateStore, jobs: Mapping[str, JobState],
                  detectors: DetectorsPort, emit: Emit, arm: ArmPort, in_flight: Callable[[str], bool],
-                 topology: Callable[[str], JobTopology | None], policy: Callable[[], ArmingPolicy]) -> None:
+                 topology: Callable[[str], JobTopology | None], policy: Callable[[], ArmingPolicy],
+                 withdraw: Callable[[str, str, str, float], bool] = lambda job_id, cid, why, now: False) -> None:
         self.s, self.store, self.jobs, self.detectors, self.emit = settings, store, jobs, detectors, emit
+        self._withdraw = withdraw
         self._arm, self._in_flight, self._topology, self._policy = arm, in_flight, topology, policy
         self.books: dict[str, JobEpisodes] = {}
         self._next_run: dict[str, float] = {}
@@ -153,6 +157,11 @@ class EpisodeDesk:
                                         step_time_s=self.detectors.baseline_step_time_s(job_id),
                                         ongoing=self.detectors.ongoing(job_id),
                                         unit_steps=self.detectors.unit_steps(job_id)))
+        for _, _, events in b.withdraw_returned(
+                now, furthest_step=job.furthest_step(),
+                returned=lambda first: self.detectors.excursion_returned(job_id, first),
+                confirm=lambda cid, why: self._withdraw(job_id, cid, why, now)):
+            self._publish(job_id, events)
         armed: set[str] = set()
         policy = self._policy()
         for _ in range(len(b.open) + 1):  # each pass arms one episode or stops: bounded even with no gap
@@ -201,7 +210,7 @@ class EpisodeDesk:
         names, most suspect first, and the ranks a targeted capture waited for: :func:`waited_ranks`) or the state
         it ended in to the job's episodes; publish a rotation or a follow-up asked."""
         b = self.books.get(cap.job_id)
-        if b is None:
+        if b is None or lc.is_withdrawn(cap):  # a withdrawal is the book's own (withdraw_returned)
             return
         status, named, waited = cap.state.value, tuple[int, ...](), tuple[int, ...]()
         for ev in events:

@@ -111,6 +111,11 @@ class DetectorsPort(Protocol):
         """Per rank, its unit's furthest step (``JobDetector.unit_steps``; None: the job is one unit)."""
         ...
 
+    def excursion_returned(self, job_id: str, first_step: int) -> dict[str, Any] | None:
+        """The evidence (JSON) that the job-wide excursion reported from ``first_step`` came back to the level
+        before it (``JobDetector.excursion_returned``); None when it did not, or for an unknown job."""
+        ...
+
 
 SendNodeCommand = Callable[[str, wire.NodeCommand], None]
 """Send a command to one node daemon by its identity (the coordinator's ingest socket; never blocks)."""

@@ -157,7 +157,8 @@ class CaptureShell:
         self._next_scan: dict[str, float] = {}
         self.episodes = EpisodeDesk(  # anomalies as episodes; the capture queue (arming/episode_desk.py)
             settings=settings, store=store, jobs=jobs, detectors=detectors, emit=emit, arm=self.arm,
-            in_flight=self._slot_held_for_episodes, topology=self.topology, policy=lambda: self.policy)
+            in_flight=self._slot_held_for_episodes, topology=self.topology, policy=lambda: self.policy,
+            withdraw=self.withdraw)
         self.references = ReferenceDesk(  # the job's healthy reference capture (changes/reference_desk.py)
             settings=settings, store=store, jobs=jobs, detectors=detectors, arm=self.arm,
             slot_busy=lambda job_id: lc.blocking_capture(self._job(job_id).active.values(),
@@ -205,7 +206,7 @@ class CaptureShell:
             gen = self._generation(cap.job_id)
             if (cap.created_unix_s >= now - 3600 and (cap.written_unix_s is not None or cap.state in lc.ACTIVE)
                     and (gen is None or cap.generation >= gen)):  # an older generation's arms: not this budget
-                if cap.reason != REFERENCE_REASON:  # a reference counts toward bytes only
+                if cap.reason != REFERENCE_REASON and not lc.is_withdrawn(cap):  # a reference: bytes only
                     # stored as wall time; a clock that moved back meanwhile never holds an hourly slot > 1 h
                     job.history.record_arm(min(cap.created_unix_s, now), cap.capture_id)
                 if cap.analysis_status == "no_suspect":
@@ -567,6 +568,18 @@ class CaptureShell:
             log.info("reference_yields", job_id=job.job_id, capture_id=ref.capture_id, reason=req.reason)
             self._apply(lc.cancel(ref, now, self.ls, by=f"an episode's arm ({req.reason})"))
         return req.model_copy(update={"in_steps": max(req.in_steps or 0, after)}) if after else req
+
+    def withdraw(self, job_id: str, capture_id: str, why: str, now: float) -> bool:
+        """Withdraw ``capture_id`` before its window (its episode's excursion came back: ``why``;
+        ``lc.withdraw``: cancelled with the idle config over its arm). Returns False, changing nothing, when it is
+        not in flight or a rank started its window."""
+        cap = self._job(job_id).active.get(capture_id)
+        t = lc.withdraw(cap, now, self.ls, why) if cap is not None else None
+        if t is None:
+            return False
+        log.info("capture_withdrawn", job_id=job_id, capture_id=capture_id, why=why)
+        self._apply(t)
+        return True
 
     # -- control commands ----------------------------------------------------------------------------------------------
     def cancel(self, job_id: str, capture_id: str | None, now: float) -> list[dict[str, Any]]:

@@ -150,7 +150,9 @@ def replay_lines(lines: Iterable[Line], config: ReplayConfig | None = None) -> d
     budget allows, unless it closes first); ``episodes`` every episode, open and closed, as
     :meth:`~profwatch.core.arming.episodes.Episode.to_json`; ``generations`` the new runs the records show
     (``job_generation`` data: records that name their ``pid`` follow the coordinator's rule,
-    ``daemon/profwatch/core/fleet/replay_runs.py``). Bad lines are counted with their 1-based line numbers
+    ``daemon/profwatch/core/fleet/replay_runs.py``); ``withdrawn`` the arms withdrawn before their window because
+    their excursion came back (``capture_id``, ``at_unix_s``, ``why``: ``JobEpisodes.withdraw_returned``; also
+    counted per job). Bad lines are counted with their 1-based line numbers
     (first 100 listed); nothing here raises on bad input.
     """
     seq = lines if isinstance(lines, Sequence) else list(lines)
@@ -190,7 +192,7 @@ def replay_source(open_lines: Callable[[], Iterable[Line]], config: ReplayConfig
     jobs = {jid: _Job(JobDetector(jid, n, cfg.detection, hold=spike_hold(cfg.capture)), JobEpisodes(jid, cfg.arming))
             for jid, n in sizes.items()}
     result: dict[str, Any] = {"anomalies": [], "arms": [], "suppressed": [], "episode_events": [],
-                              "generations": []}
+                              "generations": [], "withdrawn": []}
     runs = RunFollower()  # records that name their process (pid) follow the coordinator's new-run rule
     last_ts = -math.inf
     # only the lines the first pass judged: a file appended meanwhile (a job still writing it) adds nothing, and a
@@ -231,6 +233,7 @@ def replay_source(open_lines: Callable[[], Iterable[Line]], config: ReplayConfig
                                           key=lambda e: e.opened_unix_s)]
     result["records"] = records
     result["jobs"] = {jid: {"world_size": j.detector.world_size, "counters": dict(j.detector.counters),
+                            "withdrawn": j.episodes.withdrawn,
                             "unlearned_units": j.detector.unlearned_units}
                       for jid, j in jobs.items()}
     result["bad_lines"] = {"count": bad_count, "lines": bad}
@@ -309,6 +312,11 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
         else:
             result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step,
                                          "reason": "transient_not_capturable"})
+    if job.in_flight_until_step is not None:  # a capture whose excursion came back before its window: withdrawn
+        for cid, why, evs in book.withdraw_returned(now, furthest_step=furthest, returned=_returned(det)):
+            events += evs
+            job.in_flight_until_step = None
+            result["withdrawn"].append({"job_id": det.job_id, "capture_id": cid, "at_unix_s": now, "why": why})
     events += book.advance(now, furthest_step=furthest, step_time_s=det.baseline_step_time_s, ongoing=det.ongoing(),
                            unit_steps=det.unit_steps())
     armed = set()
@@ -353,6 +361,14 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
     result["episode_events"].extend({"type": e.type, "job_id": job.detector.job_id, **e.data} for e in events)
 
 
+def _returned(det: JobDetector) -> Callable[[int], dict[str, Any] | None]:
+    """The detector's evidence that a reported excursion came back (``JobDetector.excursion_returned``), as JSON."""
+    def returned(first_step: int) -> dict[str, Any] | None:
+        r = det.excursion_returned(first_step)
+        return r.to_json() if r is not None else None
+    return returned
+
+
 def render_summary(result: dict[str, Any]) -> str:
     """Readable multi-line summary of a :func:`replay_lines` result."""
     out = [f"records: {result['records']}  jobs: {len(result['jobs'])}  bad lines: {result['bad_lines']['count']}"]
@@ -370,6 +386,8 @@ def render_summary(result: dict[str, Any]) -> str:
     for r in result["arms"]:
         out.append(f"  {r['job_id']} step {r['step']}: {r['action']} start_step={r['start_step']} "
                    f"warmup={r['warmup']} active={r['active']} ({r['reason']})")
+    for w in result.get("withdrawn") or ():
+        out.append(f"  {w['job_id']}: {w['capture_id']} withdrawn: {w['why']}")
     out.append(f"not armed on arrival: {len(result['suppressed'])}")
     for s in result["suppressed"]:
         out.append(f"  {s['job_id']} step {s['step']}: {s['kind']} waits ({s['reason']})")

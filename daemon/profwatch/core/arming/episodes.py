@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,6 +225,8 @@ class JobEpisodes:
         self.rotating: dict[str, tuple[tuple[int, ...], float]] = {}  # key -> (the rotation's ranks, longest s)
         self._named_since: dict[str, dict[int, tuple[float, int]]] = {}  # rotating episode -> rank -> (since, step)
         self._named_span: dict[str, float] = {}  # rotating episode -> longest a rank of it stayed named (s)
+        self.withdrawn = 0
+        """Captures withdrawn because their excursion came back before the window (:meth:`withdraw_returned`)."""
 
     # -- bookkeeping ------------------------------------------------------------------------------------------------
     def _touch(self, ep: Episode) -> None:
@@ -492,7 +494,7 @@ class JobEpisodes:
         """Close every open episode (the job ended, or started a new generation: ``reason``)."""
         return [self._close(ep, now_unix_s, reason) for ep in list(self.open.values())]
 
-    def _close(self, ep: Episode, now_unix_s: float, reason: str) -> Event:
+    def _close(self, ep: Episode, now_unix_s: float, reason: str, **extra: Any) -> Event:
         self.open.pop(ep.key, None)
         self._named_since.pop(ep.episode_id, None)
         self._named_span.pop(ep.episode_id, None)
@@ -503,7 +505,7 @@ class JobEpisodes:
         return self._event(TYPE_EPISODE_CLOSED, ep, "", reason=reason, captured=captured,
                            waited_for=None if captured else (ep.waiting or None),
                            captures=[{"capture_id": c.capture_id, "status": c.status} for c in ep.captures[-8:]],
-                           duration_s=round(now_unix_s - ep.opened_unix_s, 3))
+                           duration_s=round(now_unix_s - ep.opened_unix_s, 3), **extra)
 
     # -- the capture queue ------------------------------------------------------------------------------------------
     def queue(self) -> list[Episode]:
@@ -674,6 +676,52 @@ class JobEpisodes:
                     follow_ranks=list(ep.follow_ranks[:64]), follow_count=len(ep.follow_ranks),
                     text=f"capture {capture_id}'s ranks waited for ranks it did not hold: a follow-up capture of "
                            f"ranks {shown} is queued (through the job's capture budget)"))
+        return out
+
+    def withdraw_returned(self, now_unix_s: float, *, furthest_step: int | None,
+                          returned: Callable[[int], Mapping[str, Any] | None],
+                          confirm: Callable[[str, str], bool] = lambda cid, why: True,
+                          ) -> list[tuple[str, str, list[Event]]]:
+        """Withdraw the captures of job-wide episodes whose excursion came back before the window opened.
+
+        A candidate: an open job-wide ``step_regression`` episode of a spike-held level report (``pattern
+        "level"``: steps over ``spike_min_effect`` that outlasted the hold) with its own capture in flight whose
+        ``start_step`` the job's furthest step has not reached. ``returned(first_step)`` gives the detector's
+        evidence that the steps came back to the level before it (``JobDetector.excursion_returned``, JSON), or
+        None. For each: the capture ends with status ``withdrawn`` (it covers nothing more), its arm leaves the
+        budget (:meth:`ArmHistory.withdraw`: no hourly slot, no gap, no bytes), and the episode closes with reason
+        ``returned`` in one ``episode_closed`` event that carries the evidence and says the report was a
+        transient (``relabelled "step_spike"``): a checkpoint the job does not flag, seen before it could be
+        learned. A change that lasts keeps its steps elevated and its capture. Counted in ``withdrawn``.
+        ``confirm(capture_id, why)`` cancels the capture first (the coordinator: ``lifecycle.withdraw``, its idle
+        config) and says whether it could (False: a rank started the window; nothing changes here).
+        Returns ``(capture_id, why, events)`` per withdrawal."""
+        out: list[tuple[str, str, list[Event]]] = []
+        if furthest_step is None:
+            return out
+        for ep in list(self.open.values()):
+            cid = ep.in_flight
+            flight = self._flight.get(cid) if cid is not None else None
+            if (ep.ranks or ep.kind != "step_regression" or ep.detail.get("pattern") != "level" or flight is None
+                    or flight[0] is None or furthest_step >= flight[0]
+                    or not any(c.own and c.capture_id == cid for c in ep.captures)):
+                continue
+            first = ep.detail.get("first_step")
+            evidence = returned(first) if isinstance(first, int) and not isinstance(first, bool) else None
+            if evidence is None:
+                continue
+            assert cid is not None
+            why = (f"the job came back to its level {evidence.get('steps_back')} steps after the excursion from step "
+                   f"{first} ended (step {evidence.get('last_elevated_step')}), before the window at step "
+                   f"{flight[0]}: a transient (an unflagged checkpoint or evaluation), not a change")
+            if not confirm(cid, why):
+                continue
+            self.history.withdraw(cid)
+            events = self.capture_ended(cid, now_unix_s, "withdrawn")
+            self.withdrawn += 1
+            events.append(self._close(ep, now_unix_s, "returned", withdrawn=cid, evidence=dict(evidence),
+                                      relabelled="step_spike", why=why))
+            out.append((cid, why, events))
         return out
 
     def _rotation_across(self, ep: Episode, own: list[EpisodeCapture], now_unix_s: float) -> list[Event]:

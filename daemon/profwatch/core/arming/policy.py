@@ -262,6 +262,16 @@ class ArmHistory:
         self._arms = kept
         return released
 
+    def withdraw(self, capture_id: str) -> bool:
+        """The capture was withdrawn before its window (nothing recorded): its arm leaves the hourly cap, its byte
+        reservation is dropped, and the gap counts from the latest arm still counted (None: none). Returns whether
+        it was counted."""
+        released = self.release(capture_id)
+        self._reserved.pop(capture_id, None)
+        if released:
+            self.last_arm_unix_s = max((t for t, _ in self._arms), default=None)
+        return released
+
     def record_bytes(self, now_unix_s: float, total_bytes: int, *, ranks: int = 0, active_steps: int = 0) -> None:
         """Count ``total_bytes`` captured at ``now_unix_s`` (call per rank or per capture; they add up). With the
         capture's ``ranks`` and ``active_steps``, its bytes per rank and step become the next estimate."""

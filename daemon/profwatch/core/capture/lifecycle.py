@@ -509,6 +509,31 @@ def job_ended(cap: Capture, now: float, settings: LifecycleSettings) -> Transiti
                                            "the arm"),), _leaving(was) | {Action.IDLE_CONFIG})
 
 
+WITHDRAWN = "withdrawn"
+"""The start of a withdrawn capture's ``outcome`` (:func:`withdraw`)."""
+
+
+def withdraw(cap: Capture, now: float, settings: LifecycleSettings, why: str) -> Transition | None:
+    """Its episode's excursion came back before the window (``why``: the evidence, one line): a capture whose
+    window has not started (planned, written, acknowledged; no rank started or finished it) -> cancelled, outcome
+    ``withdrawn: <why>``, with the idle config over its arm, as :func:`job_ended`. Its arm leaves the job's budget
+    (:meth:`~profwatch.core.arming.policy.ArmHistory.withdraw`; :func:`is_withdrawn` after a restart). A window
+    already started runs as armed: None, nothing changes."""
+    if cap.state not in (S.PLANNED, S.WRITTEN, S.ACKNOWLEDGED) or any(
+            p.started_unix_s is not None or p.completed_unix_s is not None for p in cap.ranks.values()):
+        return None
+    was = cap.state
+    cap = _enter(cap, S.CANCELLED, now, settings, outcome=f"{WITHDRAWN}: {why}", idle_owed=True)
+    return Transition(cap, (_progress(cap, "cancelled", now, by="profwatch", reason=WITHDRAWN, was=was.value,
+                                      note=f"withdrawn before its window: {why}; the idle config replaces the arm"),),
+                      _leaving(was) | {Action.IDLE_CONFIG})
+
+
+def is_withdrawn(cap: Capture) -> bool:
+    """Whether ``cap`` was withdrawn before its window (:func:`withdraw`): it spent no budget."""
+    return cap.state is S.CANCELLED and (cap.outcome or "").startswith(WITHDRAWN + ":")
+
+
 IDLE_ENDINGS = frozenset({S.CANCELLED, S.FAILED, S.SUPERSEDED})
 """Final states whose arm may still wait on ranks: the transitions into them decide whether the idle config is
 owed (:attr:`Capture.idle_owed`)."""

@@ -57,6 +57,13 @@ MIN_TOLERANCE_STEPS = 2
 MAX_SKIPPED = 3
 """An onset 1..this many intervals after the last occurrence is on the interval (occurrences hidden by excluded
 steps, or too short to be reported, are skipped)."""
+RETURN_STEPS = 2
+"""Steps after a reported excursion's last elevated step, none of them elevated and their median under
+``min_effect`` over the level before it, that show it came back (:meth:`RecurringInterruptions.returned`: the
+arming layer withdraws a capture of it whose window has not opened). Two: a 1.8 s job's 5-step checkpoint held
+4 steps leaves 3 steps between the report and its capture's start_step, and the idle config needs one of them to
+reach the ranks. A lasting change of ``spike_min_effect`` (1.3x) or more keeps its steps elevated (over
+``EXIT_FRACTION`` of it); a smaller change after the excursion keeps their median over ``min_effect``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +91,24 @@ class NewLevel:
     before_s: float
     level: float
     steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """A reported excursion came back to the level before it: reported from ``first_step``, its last elevated step
+    ``last_step``, then ``steps`` steps none of them elevated whose median is ``level`` (relative) over
+    ``before_s`` (s). The evidence of a withdrawn capture (``daemon/profwatch/core/arming/episodes.py``)."""
+
+    first_step: int
+    last_step: int
+    steps: int
+    level: float
+    before_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready evidence: ``{"first_step", "last_elevated_step", "steps_back", "level_back", "before_s"}``."""
+        return {"first_step": self.first_step, "last_elevated_step": self.last_step, "steps_back": self.steps,
+                "level_back": round(self.level, 6), "before_s": round(self.before_s, 6)}
 
 
 @dataclass(slots=True)
@@ -150,6 +175,8 @@ class RecurringInterruptions:
     def __init__(self) -> None:
         self.seen: deque[Interruption] = deque(maxlen=MAX_OCCURRENCES)
         self._watch: _Watch | None = None
+        self._returned: Returned | None = None
+        """The last watched excursion that came back (kept after the watch ends: :meth:`returned`)."""
         self.counters = {"interruptions_learned": 0, "interruptions_recognised": 0, "interruptions_not_ended": 0,
                          "new_levels": 0}
 
@@ -157,6 +184,7 @@ class RecurringInterruptions:
         """Forget everything (step counter restart: step numbers no longer line up)."""
         self.seen.clear()
         self._watch = None
+        self._returned = None
 
     def reported(self, onset: int, step: int, level: float, before_s: float, noise: float) -> None:
         """A level change of relative excess ``level`` was reported at ``step`` from step ``onset`` over a level of
@@ -165,6 +193,7 @@ class RecurringInterruptions:
         if (before_s > 0.0 and math.isfinite(before_s) and noise > 0.0 and math.isfinite(noise)
                 and math.isfinite(level) and step >= onset):
             self._watch = _Watch(onset, before_s, noise, step, [level])
+            self._returned = None
 
     def observe(self, step: int, x: float, spike_min_effect: float, spike_z: float,
                 min_effect: float) -> Interruption | NewLevel | None:
@@ -199,6 +228,7 @@ class RecurringInterruptions:
         k = len(logs)
         med = logs[k // 2] if k % 2 else 0.5 * (logs[k // 2 - 1] + logs[k // 2])
         if math.expm1(med) < min_effect:  # back at the level before it: an interruption
+            self._returned = self._back(w, min_effect)
             self._watch = None
             rels = sorted(w.rels)
             ended = Interruption(w.onset, duration, rels[len(rels) // 2], w.before_s)
@@ -213,6 +243,28 @@ class RecurringInterruptions:
         if w.back >= NEW_LEVEL_STEPS:
             self._drop()
         return None
+
+    def returned(self, first_step: int, min_effect: float) -> Returned | None:
+        """Whether the excursion reported from ``first_step`` came back to the level before it: at least
+        :data:`RETURN_STEPS` steps since its last elevated step, none of them elevated (no stray), with a median
+        under ``min_effect`` over that level (log step time). None while it goes on, when it ended on another
+        level, or for an excursion not watched (not a spike-held ``pattern "level"`` report of this series)."""
+        w = self._watch
+        if w is not None and w.onset == first_step:
+            return self._back(w, min_effect)
+        r = self._returned
+        return r if r is not None and r.first_step == first_step else None
+
+    @staticmethod
+    def _back(w: _Watch, min_effect: float) -> Returned | None:
+        k = len(w.after)
+        if w.strays or k < RETURN_STEPS or w.back != k:
+            return None
+        logs = sorted(w.after)
+        med = logs[k // 2] if k % 2 else 0.5 * (logs[k // 2 - 1] + logs[k // 2])
+        if not math.expm1(med) < min_effect:
+            return None
+        return Returned(w.onset, w.last, k, math.expm1(med), w.before_s)
 
     def _drop(self) -> None:
         """The watched excursion did not come back within the bounds: a change (already reported), forgotten."""

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from profwatch.core.detection.aggregation import StepAggregator, StepReportLike
+from profwatch.core.detection.interruptions import Returned
 from profwatch.core.detection.pipeline import HoldSteps, UnitPipeline
 from profwatch.core.detection.regression import DEFAULT_HOLD_STEPS
 from profwatch.core.detection.serving import SERVING_BLOCK_S, ReplicaPeers, UnitSplitter, is_idle_gap
@@ -244,6 +245,17 @@ class JobDetector:
         self._mode_given = True
         if mode == "serving" and self.mode != "serving" and not self._custom:
             self._switch_to_serving()
+
+    def excursion_returned(self, first_step: int) -> Returned | None:
+        """Whether the job-wide excursion a spike-held ``step_regression`` (``pattern "level"``) reported from
+        ``first_step`` came back to the level before it (:meth:`RecurringInterruptions.returned
+        <profwatch.core.detection.interruptions.RecurringInterruptions.returned>`): the arming layer withdraws its
+        capture when the window has not opened (``daemon/profwatch/core/arming/episodes.py``). None otherwise, and
+        for a job of several units (serving replicas: their reports name ranks)."""
+        if len(self.units) != 1:
+            return None
+        reg = self.units[0].regression
+        return reg.recurring.returned(first_step, reg.settings.min_effect) if reg is not None else None
 
     def ongoing(self) -> dict[str, frozenset[int]]:
         """Per anomaly kind, the ranks its detector still names now (``rank_outlier``: reported and not cleared;
