@@ -61,6 +61,7 @@ from watchdog.observers.polling import PollingObserverVFS  # noqa: E402
 from profwatch.adapters.fs.incremental_scan import IncrementalScan  # noqa: E402
 from profwatch.adapters.fs.poll_listing import BoundedPollingObserver  # noqa: E402
 from profwatch.adapters.fs.prof_watch import (  # noqa: E402
+    GATHER_S,
     ProfWatcher,
     completion_scandir,
     make_inotify_observer,
@@ -247,7 +248,7 @@ def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirRead
     observers: list[BaseObserver] = []
 
     def inotify_factory(m: str, on_overflow: Callable[[], None]) -> BaseObserver:
-        obs = make_inotify_observer(on_overflow, gather_rank_dirs=True)  # as the daemon (prof_watch.py)
+        obs = make_inotify_observer(on_overflow, gather_rank_dirs=True, gather_s=GATHER_S)  # as the daemon
         observers.append(obs)
         return obs
 
