@@ -61,6 +61,7 @@ from watchdog.observers.polling import PollingObserverVFS  # noqa: E402
 from profwatch.adapters.fs.incremental_scan import IncrementalScan  # noqa: E402
 from profwatch.adapters.fs.poll_listing import BoundedPollingObserver  # noqa: E402
 from profwatch.adapters.fs.prof_watch import (  # noqa: E402
+    GATHER_S,
     ProfWatcher,
     completion_scandir,
     make_inotify_observer,
@@ -213,12 +214,13 @@ def _burst(dirs: list[Path], burst_s: float) -> tuple[float, float]:
     """Write every marker from a child process (as ranks do: not this process's GIL), evenly over ``burst_s``, the
     last at the end; returns (monotonic time of the last marker, this process's CPU seconds then). CLOCK_MONOTONIC
     is one clock for every process of the host."""
+    paths = [str(_marker(d)) for d in dirs]  # before the CPU baseline: the bench's own work, not the watcher's
     start = time.monotonic() + 0.5
     BURST_CPU[0] = time.process_time()
     child = subprocess.Popen([sys.executable, "-c", _BURST_WRITER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
     assert child.stdin is not None
-    child.stdin.write(json.dumps({"paths": [str(_marker(d)) for d in dirs], "start": start, "burst": burst_s}))
+    child.stdin.write(json.dumps({"paths": paths, "start": start, "burst": burst_s}))
     child.stdin.close()
     lag = start + burst_s - time.monotonic()
     if lag > 0:
@@ -247,7 +249,7 @@ def measure_latency(mode: str, prof: Path, dirs: list[Path], reader: RankDirRead
     observers: list[BaseObserver] = []
 
     def inotify_factory(m: str, on_overflow: Callable[[], None]) -> BaseObserver:
-        obs = make_inotify_observer(on_overflow, gather_rank_dirs=True)  # as the daemon (prof_watch.py)
+        obs = make_inotify_observer(on_overflow, gather_rank_dirs=True, gather_s=GATHER_S)  # as the daemon
         observers.append(obs)
         return obs
 

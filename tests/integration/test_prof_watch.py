@@ -414,6 +414,64 @@ def test_the_daemons_inotify_observer_gathers_a_reads_rank_dir_files_into_one_ev
         wait_for(lambda: str(dirs[2]) in named, 10, what="a marker in the recreated folder")
 
 
+def test_after_a_read_naming_rank_dirs_the_emitter_waits_so_a_bursts_markers_come_in_one_read(
+        tmp_path: Path) -> None:
+    """With ``gather_s``, the emitter waits that long after a read that named rank dirs before it reads again: the
+    markers written meanwhile (and the first marker's close) come in one more read and one ``RankDirsChangedEvent``,
+    instead of a read, an event and a handler call per marker; every rank dir is still named, and a marker written
+    after the pause is read on its own. Without ``gather_s`` the same writes take a read each or so (not asserted:
+    scheduling decides)."""
+    observers: list[BaseObserver] = []
+
+    def factory(mode: str, on_overflow: Callable[[], None]) -> BaseObserver:
+        obs = make_inotify_observer(on_overflow, gather_rank_dirs=True, gather_s=1.0)
+        observers.append(obs)
+        return obs
+
+    prof = tmp_path / "prof"
+    dirs = gen.generate_cluster(prof / "a", world_size=64, capture_id="cap", with_marker=False)
+    named: list[str] = []
+    gathered: list[frozenset[str]] = []
+    lock = threading.Lock()
+
+    def on_rank_dirs(prof_dir: str, rank_dirs: frozenset[str]) -> None:
+        with lock:
+            named.extend(rank_dirs)
+
+    class Seen(FileSystemEventHandler):
+        def on_any_event(self, event: FileSystemEvent) -> None:
+            if isinstance(event, RankDirsChangedEvent):
+                with lock:
+                    gathered.append(event.rank_dirs)
+
+    def named_now() -> set[str]:
+        with lock:
+            return set(named)
+
+    with ProfWatcher(lambda p: None, settings=WatchSettings(observer="inotify", **FAST), observer_factory=factory,
+                     on_rank_dirs=on_rank_dirs) as w:
+        w.watch(prof)
+        wait_for(lambda: observers and observers[0].watch_count() == 2 + 2 * 64, 10,  # type: ignore[attr-defined]
+                 what="prof, a, and two per rank dir")
+        emitter = next(iter(observers[0].emitters))
+        observers[0].add_handler_for_watch(Seen(), emitter.watch)
+        markers = [d / "ASCEND_PROFILER_OUTPUT" / "analyse.done" for d in dirs]
+        markers[0].touch()
+        wait_for(lambda: str(dirs[0]) in named_now(), 10, what="the first marker's rank dir named")
+        reads = emitter.reads  # type: ignore[attr-defined]
+        for m in markers[1:]:  # within the emitter's pause (1 s): they wait in the kernel's queue
+            m.touch()
+        wait_for(lambda: named_now() >= {str(d) for d in dirs}, 10, what="every rank dir named")
+        assert emitter.reads - reads <= 2, f"{emitter.reads - reads} reads for 63 markers"  # type: ignore[attr-defined]
+        with lock:
+            named.clear()
+        markers[0].unlink()  # after the pause: read and named again
+        wait_for(lambda: str(dirs[0]) in named_now(), 10, what="a later change named")
+    with lock:
+        assert set().union(*gathered) >= {str(d) for d in dirs}
+        assert len(gathered) <= 4, f"{len(gathered)} gathered events for 64 markers"
+
+
 def test_polling_bounds_the_listings_per_wake_and_still_sees_each_marker(tmp_path: Path) -> None:
     """Issue 34: with more rank dirs than ``poll_max_rank_dir_listings``, the real polling observer serves the quiet
     ones from their cached listing (counted) and a marker in any of them still completes the batch."""

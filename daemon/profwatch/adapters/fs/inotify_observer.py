@@ -33,6 +33,13 @@ no path parsing), queued after that read's other events. A burst of 16,384 marke
 observer's queue, dispatcher and handler a few events per read instead of one per marker (at 16,384 ranks the
 per-event path was ~35 us a marker of the ~180 us a marker costs, ``bench/bench_completion.py --modes burst``).
 Moves keep their own events (a move pairs two folders), and so do folders created or deleted there.
+With ``gather_s`` > 0 (``adapters/fs/prof_watch.py`` passes its ``GATHER_S``, 10 ms), the emitter waits that long
+after a read that named rank dirs before it reads again, so the markers of a burst come in a few reads of many events
+rather than one read, one queued event and one handler call each: at 4,096 markers paced over 2 s the emitter's
+thread cost ~29 us of CPU a marker (its ``select``, ``read``, event and queue per marker) and the dispatcher's
+~12 us (measured per thread from ``/proc/self/task``, ``bench/bench_completion.py --modes burst``). The kernel
+keeps the events meanwhile (a 10 ms pause at 8,192 markers/s queues ~160 of the default 16,384
+``max_queued_events``); a rank dir's read comes at most ``gather_s`` later.
 
 An inotify queue overflow (``IN_Q_OVERFLOW``) re-arms the tree (``inotify_add_watch`` on a watched folder is a no-op)
 and then calls ``on_overflow``, so the rescan it asks for sees what was lost (docs/field-cases.md#fc-17). A watch
@@ -141,9 +148,12 @@ class LayoutEmitter(EventEmitter):
     def __init__(self, event_queue: Any, watch: Any, *, timeout: float = 1.0,
                  event_filter: list[type[FileSystemEvent]] | None = None,
                  on_overflow: Callable[[], None] = lambda: None, on_watch_limit: WatchLimitCallback | None = None,
-                 max_depth: int = 5, gather_rank_dirs: bool = False) -> None:
+                 max_depth: int = 5, gather_rank_dirs: bool = False, gather_s: float = 0.0) -> None:
         super().__init__(event_queue, watch, timeout=timeout, event_filter=event_filter)
         self._gather = gather_rank_dirs
+        self._gather_s = gather_s if gather_rank_dirs else 0.0
+        self.reads = 0
+        """Reads of the inotify fd that returned events (tests, bench)."""
         self._changed: set[str] = set()  # gather_rank_dirs: rank dirs named in the buffer being handled
         self._on_overflow = on_overflow
         self._on_watch_limit = on_watch_limit
@@ -214,7 +224,9 @@ class LayoutEmitter(EventEmitter):
             except (BlockingIOError, OSError):
                 return
         off = 0
+        changed: frozenset[str] = frozenset()
         with self._lock:
+            self.reads += 1
             self._created.clear()
             while off + _EVENT.size <= len(buf):
                 wd, mask, cookie, length = _EVENT.unpack_from(buf, off)
@@ -224,6 +236,8 @@ class LayoutEmitter(EventEmitter):
             if self._changed:
                 changed, self._changed = frozenset(self._changed), set()
                 self.queue_event(RankDirsChangedEvent(self._root, rank_dirs=changed))
+        if changed and self._gather_s > 0:
+            self.stopped_event.wait(self._gather_s)  # let a burst's next events gather in the kernel (module doc)
 
     # ------------------------------------------------------------------------------------------------ internals
     def _kind(self, path: str, level: int) -> Kind | None:
@@ -316,14 +330,16 @@ class LayoutEmitter(EventEmitter):
 
 
 def make_inotify_observer(on_overflow: Callable[[], None], on_watch_limit: WatchLimitCallback | None = None,
-                          *, max_depth: int = 5, gather_rank_dirs: bool = False) -> BaseObserver:
+                          *, max_depth: int = 5, gather_rank_dirs: bool = False,
+                          gather_s: float = 0.0) -> BaseObserver:
     """A watchdog observer whose emitters are :class:`LayoutEmitter`: shallow inotify watches that follow the
     rank-dir layout down to ``max_depth`` levels (``WatchSettings.scan_max_depth``), ``on_overflow`` called after an
     inotify queue overflow was re-armed, ``on_watch_limit(directory, error)`` for each folder below a scheduled one
     that a limit kept from being watched (it runs on the emitter's thread and must only record). ``recursive`` of
     ``schedule`` is ignored: the layout decides. ``gather_rank_dirs``: files changed in rank dirs are reported as
     one :class:`RankDirsChangedEvent` per read of the fd (module doc; a handler's ``event_filter`` must let it
-    through), not one event per file. Imported lazily by callers: inotify exists only on Linux.
+    through), not one event per file; ``gather_s``: with it, seconds the emitter waits after a read that named rank
+    dirs before it reads again (module doc). Imported lazily by callers: inotify exists only on Linux.
     """
 
     class _Emitter(LayoutEmitter):
@@ -331,7 +347,7 @@ def make_inotify_observer(on_overflow: Callable[[], None], on_watch_limit: Watch
                      event_filter: list[type[FileSystemEvent]] | None = None) -> None:
             super().__init__(event_queue, watch, timeout=timeout, event_filter=event_filter,
                              on_overflow=on_overflow, on_watch_limit=on_watch_limit, max_depth=max_depth,
-                             gather_rank_dirs=gather_rank_dirs)
+                             gather_rank_dirs=gather_rank_dirs, gather_s=gather_s)
 
     class _Observer(BaseObserver):
         def __init__(self) -> None:

@@ -133,7 +133,7 @@ def _default_observer(mode: ObserverMode, on_overflow: Callable[[], None], setti
                                       polling_interval=settings.poll_interval_s, skip=settings.poll_skip_dirs,
                                       max_depth=settings.scan_max_depth, on_deferred=on_deferred)
     return make_inotify_observer(on_overflow, on_watch_limit, max_depth=settings.scan_max_depth,
-                                 gather_rank_dirs=True)
+                                 gather_rank_dirs=True, gather_s=GATHER_S)
 
 
 class _Handler(FileSystemEventHandler):

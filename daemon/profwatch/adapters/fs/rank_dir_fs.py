@@ -30,7 +30,6 @@ from profwatch.core.batches.prof_layout import (
     KINETO_TRACE_RE,
     NOT_REGULAR,
     OUTPUT_MARKER,
-    PROFILER_DB_RE,
     PROFILER_METADATA,
     PROFILER_OUTPUT_DIR,
     TRACE_DONE,
@@ -44,6 +43,7 @@ from profwatch.core.batches.prof_layout import (
     parse_profiler_metadata,
     parse_rank_dir_name,
     rank_dir_of,
+    rank_from_db_name,
     rank_from_profiler_info_name,
     ts_naive_of,
     unsupported_output,
@@ -276,7 +276,7 @@ class RankDirReader:
                 return RankDirObservation(**out)
             raise
         marker = ANALYSE_DONE in names
-        db_names = sorted([n for n in names if n.startswith(_DB_PREFIX) and PROFILER_DB_RE.fullmatch(n)])
+        db_names = sorted([n for n in names if n.startswith(_DB_PREFIX) and rank_from_db_name(n) is not None])
         # with the marker, the quiet period is not used: only the DBs are stat'ed (their checks are cached by
         # size and mtime); without it, every output file (the newest mtime decides the quiet period)
         statted = [*db_names, ANALYSIS_DB] if marker else names

@@ -159,23 +159,28 @@ def unsupported_output(name: str, *, is_dir: bool) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def rank_from_profiler_info_name(name: str) -> int | None:
-    """Rank encoded in ``profiler_info_{rank}.json``; None for ``profiler_info.json`` (no rank) or other names."""
+    """Rank encoded in ``profiler_info_{rank}.json``; None for ``profiler_info.json`` (no rank) or other names.
+    Memoised (every read of a rank dir asks twice; a regex match costs more than the cache)."""
     m = PROFILER_INFO_RE.fullmatch(name)
     if m is None or m["rank"] is None:
         return None
     return int(m["rank"])
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def is_profiler_info_name(name: str) -> bool:
-    """True for ``profiler_info.json`` and ``profiler_info_{rank}.json``."""
+    """True for ``profiler_info.json`` and ``profiler_info_{rank}.json``. Memoised (asked on every rank dir read)."""
     return PROFILER_INFO_RE.fullmatch(name) is not None
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def rank_from_db_name(name: str) -> int | None:
     """Rank msprof-analyze derives from a profiler DB file name: the digits, -1 without digits, None if no DB name.
 
     Source: docs/msprof-analyze.md#discovery (discovery takes the rank from the file name, not from the DB).
+    Memoised (asked on every rank dir read).
     """
     m = PROFILER_DB_RE.fullmatch(name)
     if m is None:
