@@ -92,7 +92,7 @@ def _save(st: Any, out: Path | None) -> None:
     if out is None:
         return
     out.mkdir(parents=True, exist_ok=True)
-    rows = st.control("events", {"job_id": JOB, "alerts_only": False, "limit": 100_000})
+    rows = st.control("events", {"job_id": JOB, "alerts_only": False, "limit": 10_000})
     with open(out / "events.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps(r, default=str) + "\n")

@@ -59,7 +59,7 @@ def _save(st: Any, out: Path | None, i: int) -> None:
     if out is None:
         return
     out.mkdir(parents=True, exist_ok=True)
-    rows = st.control("events", {"job_id": JOB, "alerts_only": False, "limit": 100_000})
+    rows = st.control("events", {"job_id": JOB, "alerts_only": False, "limit": 10_000})
     with open(out / f"run{i}_events.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps(r, default=str) + "\n")
