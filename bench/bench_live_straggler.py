@@ -5,8 +5,9 @@ PyTorch job (torch.profiler backend, ``profwatch.simulate.launcher``); at step `
 processes start and stay for the rest of the run (the host gets busy and stays busy: every rank slows, the job
 stays slower); at step ``--slow-at`` rank 1 gets ``--slowdown`` x slower for good. The run succeeds when an alert
 (``suspect_ranks``) names rank 1 first from a capture armed after its onset, within ``--timeout-s``. Prints per run:
-the arms (anomaly, step), whether rank 1 was alerted, the delay after its onset (seconds, steps), the job-wide
-episodes and ``level_learned`` events, and the false alerts (a rank named other than rank 1, or named by a capture
+the arms (anomaly, step, the capture's verdict status), whether rank 1 was alerted, the delay after its onset
+(seconds from when the bench saw step ``--slow-at``, and the first step of the capture that named it), the
+``level_learned`` events (a job-wide change that became the job's new normal), and the false alerts (a rank named other than rank 1, or named by a capture
 armed before its onset); then the total. With ``--out DIR``: each run's events (``runN_events.jsonl``) and step
 records (``runN_telemetry.jsonl``, ``profwatch replay`` input). A SIGTERM ends the job, daemons and busy loops it
 started (by handle); a busy loop whose bench is gone ends itself. Nothing is asserted.
@@ -73,7 +74,7 @@ def _max_step(st: Any) -> int:
 
 
 def one_run(args: argparse.Namespace, i: int) -> bool:
-    from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_SUSPECT_RANKS
+    from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_LEVEL_LEARNED, TYPE_SUSPECT_RANKS
     from profwatch.simulate.launcher import JobSpec, launch_job
     from tests.conftest import python_env
     from tests.integration.live_stack import Stack
@@ -89,6 +90,7 @@ def one_run(args: argparse.Namespace, i: int) -> bool:
         t0 = time.monotonic()
         found: dict[str, Any] | None = None
         slow_seen_at: float | None = None
+        found_at = 0.0
         telemetry = TelemetryLog(JOB)
         next_dump = time.monotonic() + 30.0
         try:
@@ -118,20 +120,26 @@ def one_run(args: argparse.Namespace, i: int) -> bool:
                 for d in _events(st, TYPE_SUSPECT_RANKS):
                     sus = d.get("suspects") or []
                     if sus and sus[0]["rank"] == SLOW_RANK and min(d.get("armed_steps") or [0]) > args.slow_at:
-                        found = d
-                time.sleep(1.0)
-            arms = [(d["anomaly"], d["step"]) for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"]
-            learned = len(_events(st, "level_learned"))
+                        found, found_at = d, time.monotonic()
+                        break
+                else:
+                    time.sleep(1.0)
+            verdicts = {d.get("capture_id"): d.get("status") for d in _events(st, TYPE_SUSPECT_RANKS)}
+            arms = [(d["anomaly"], d["step"], verdicts.get(d.get("capture_id"), "-"))
+                    for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"]
+            learned = len(_events(st, TYPE_LEVEL_LEARNED))
             false = _false_alerts(st, args.slow_at)
             last = _max_step(st)
             _save(st, args.out, i)
             if args.out is not None:
                 telemetry.poll(st.control)
                 telemetry.write(args.out / f"run{i}_telemetry.jsonl")
-            delay = (f"{time.monotonic() - slow_seen_at:.0f} s after step {args.slow_at} was seen"
+            delay = (f"{found_at - slow_seen_at:.0f} s after step {args.slow_at} was seen, capture armed from step "
+                     f"{min(found.get('armed_steps') or [0])}"
                      if found is not None and slow_seen_at is not None else "-")
             print(f"  run {i}: rank {SLOW_RANK} alerted: {found is not None} ({delay}); arms {arms}; "
-                  f"level_learned {learned}; false alerts {len(false)} {false}; last step {last}; {time.monotonic() - t0:.0f} s; "
+                  f"level_learned {learned}; false alerts {len(false)} {false}; last step {last}; "
+                  f"{time.monotonic() - t0:.0f} s; "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
             return found is not None
         finally:
