@@ -54,11 +54,12 @@ def exit_on_sigterm() -> None:
 class TelemetryLog:
     """The step records of one job, merged from the coordinator's ``dump_telemetry`` windows (the window holds the
     last ``window_steps`` steps: call :meth:`poll` more often than that many steps pass), written as the JSON lines
-    ``profwatch replay`` reads, for replaying a live run's telemetry."""
+    ``profwatch replay`` reads, for replaying a live run's telemetry. One record per (rank, step), the newest read: a
+    job that restarts its step counter within one log keeps only its last pass over a step."""
 
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
-        self.rows: dict[tuple[int, int, float], str] = {}
+        self.rows: dict[tuple[int, int], tuple[float, str]] = {}
 
     def poll(self, control: Callable[[str, dict[str, Any]], Any]) -> None:
         """Merge the job's current window (``control``: the stack's control call); a job not known yet is skipped."""
@@ -68,12 +69,12 @@ class TelemetryLog:
             return
         for line in str(text).splitlines():
             d = json.loads(line)
-            if "rank" in d and "step" in d:
-                self.rows[(int(d["rank"]), int(d["step"]), float(d.get("ts_unix_s") or 0.0))] = line
+            if "rank" in d and "step" in d:  # one record per (rank, step): a window's timestamps are rebuilt and
+                self.rows[(int(d["rank"]), int(d["step"]))] = (float(d.get("ts_unix_s") or 0.0), line)  # move by 1 µs
 
     def write(self, path: Path) -> int:
         """Write the merged records ordered by time, then step and rank; returns how many."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        keys = sorted(self.rows, key=lambda k: (k[2], k[1], k[0]))
-        path.write_text("".join(self.rows[k] + "\n" for k in keys))
+        keys = sorted(self.rows, key=lambda k: (self.rows[k][0], k[1], k[0]))
+        path.write_text("".join(self.rows[k][1] + "\n" for k in keys))
         return len(keys)
