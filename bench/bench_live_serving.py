@@ -9,7 +9,9 @@ all-reduce (the TP pair's). Both ranks draw the same gaps and batches (one seed)
 ``--slowdown`` x its compute for good. Prints: arms during the healthy part (each a false arm), and whether a
 capture armed after the onset names rank 1 (``suspect_ranks``), with the delay, and every verdict of the
 captures armed in each part. With ``--out DIR``: every event (``events.jsonl``) and the job's step records
-(``telemetry.jsonl``, ``profwatch replay`` input) are saved there. A SIGTERM ends the ranks and busy loops it
+(``telemetry.jsonl``, ``profwatch replay`` input) are saved there. ``--probe-after-s S``: S seconds after the
+onset one manual capture is armed (``arm``), and its verdict printed apart from the detection's score: whether the
+analysis of a capture names the slow TP rank, whatever the detection did. A SIGTERM ends the ranks and busy loops it
 started (by handle); a busy loop whose bench is gone ends itself. Nothing is asserted.
 
 Usage: python bench/bench_live_serving.py [--healthy-s 900] [--after-s 300] [--max-hogs 2] [--slowdown 1.3]
@@ -109,6 +111,9 @@ def main() -> int:
     ap.add_argument("--max-hogs", type=int, default=2)
     ap.add_argument("--slowdown", type=float, default=1.3)
     ap.add_argument("--matmuls-per-request", type=float, default=2.0)
+    ap.add_argument("--probe-after-s", type=float, default=None,
+                    help="this long after the onset, arm one manual capture (not a detection: scored apart) and print "
+                         "whether its analysis names the slow rank")
     ap.add_argument("--out", type=Path, default=None,
                     help="directory for the run's events and step telemetry (JSON lines, replayable)")
     a = ap.parse_args()
@@ -152,9 +157,11 @@ def main() -> int:
             loads: list[int] = []
             host_load: list[float] = []
             onset_arms = 0
+            probe: str | None = None
+            probe_verdict: str | None = None
             telemetry = TelemetryLog(JOB)
             next_dump = time.monotonic() + 30.0
-            while time.monotonic() - t0 < a.healthy_s + a.after_s and found is None:
+            while time.monotonic() - t0 < a.healthy_s + a.after_s and found is None and probe_verdict is None:
                 if any(p.poll() is not None for p in procs):
                     print("a rank exited early; see its log", flush=True)
                     break
@@ -182,6 +189,14 @@ def main() -> int:
                           f"{[(d['anomaly'], d['step']) for d in arms]}; verdicts "
                           f"{_verdicts(st, {d['capture_id'] for d in arms if d.get('capture_id')})}", flush=True)
                     onset_arms = len(arms)
+                if (onset is not None and a.probe_after_s is not None and probe is None
+                        and time.monotonic() - onset >= a.probe_after_s):
+                    try:
+                        probe = str(st.control("arm", {"job_id": JOB, "reason": "probe"})["capture_id"])
+                    except Exception as exc:  # noqa: BLE001 - a capture in flight: try again next second
+                        print(f"probe not armed yet: {exc}", flush=True)
+                if probe is not None:
+                    probe_verdict = next(iter(_verdicts(st, {probe})), None)
                 if onset is not None:
                     arms = [d for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"][onset_arms:]
                     ids = {d["capture_id"] for d in arms}
@@ -198,6 +213,9 @@ def main() -> int:
                   f"(delay {delay}); arms after the onset {[(d['anomaly'], d['step']) for d in after]}; verdicts "
                   f"{_verdicts(st, {d['capture_id'] for d in after if d.get('capture_id')})}; steps {steps}; "
                   f"load average {os.getloadavg()[0]:.1f}", flush=True)
+            if probe is not None:
+                print(f"manual probe capture {a.probe_after_s:.0f} s after the onset (not a detection): "
+                      f"{probe_verdict or 'no verdict yet'}", flush=True)
             _save(st, a.out)
             if a.out is not None:
                 telemetry.poll(st.control)
