@@ -9,7 +9,7 @@ all-reduce (the TP pair's). Both ranks draw the same gaps and batches (one seed)
 ``--slowdown`` x its compute for good. Prints: arms during the healthy part (each a false arm), and whether a
 capture armed after the onset names rank 1 (``suspect_ranks``), with the delay, and every verdict of the
 captures armed in each part. With ``--out DIR``: every event (``events.jsonl``) and the job's step records
-(``telemetry.jsonl``, ``profwatch replay`` input) are saved there. ``--probe-after-s S``: S seconds after the
+(``telemetry.jsonl``, ``profwatch replay`` input) and the captures' work directory (reports) are saved there. ``--probe-after-s S``: S seconds after the
 onset one manual capture is armed (``arm``), and its verdict printed apart from the detection's score: whether the
 analysis of a capture names the slow TP rank, whatever the detection did. A SIGTERM ends the ranks and busy loops it
 started (by handle); a busy loop whose bench is gone ends itself. Nothing is asserted.
@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -218,6 +219,8 @@ def main() -> int:
                       f"{probe_verdict or 'no verdict yet'}", flush=True)
             _save(st, a.out)
             if a.out is not None:
+                if (root / "work").is_dir():  # each capture's report.json and staged traces, for diagnosis
+                    shutil.copytree(root / "work", a.out / "work", dirs_exist_ok=True)
                 telemetry.poll(st.control)
                 n = telemetry.write(a.out / "telemetry.jsonl")
                 print(f"events and {n} step records in {a.out} (slow file touched "
