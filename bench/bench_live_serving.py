@@ -7,7 +7,12 @@ serves a batch of 1-32 requests (``rankhook.step(work=batch)``), does compute pr
 all-reduce (the TP pair's). Both ranks draw the same gaps and batches (one seed). The host's load changes every
 20-90 s between 0 and ``--max-hogs`` busy loops (a shared host). After ``--healthy-s`` seconds rank 1 does
 ``--slowdown`` x its compute for good. Prints: arms during the healthy part (each a false arm), and whether a
-capture armed after the onset names rank 1 (``suspect_ranks``), with the delay. Nothing is asserted.
+capture armed after the onset names rank 1 (``suspect_ranks``), with the delay, and every verdict of the
+captures armed in each part. With ``--out DIR``: every event (``events.jsonl``) and the job's step records
+(``telemetry.jsonl``, ``profwatch replay`` input) and the captures' work directory (reports) are saved there. ``--probe-after-s S``: S seconds after the
+onset one manual capture is armed (``arm``), and its verdict printed apart from the detection's score: whether the
+analysis of a capture names the slow TP rank, whatever the detection did. A SIGTERM ends the ranks and busy loops it
+started (by handle); a busy loop whose bench is gone ends itself. Nothing is asserted.
 
 Usage: python bench/bench_live_serving.py [--healthy-s 900] [--after-s 300] [--max-hogs 2] [--slowdown 1.3]
 """
@@ -15,9 +20,11 @@ Usage: python bench/bench_live_serving.py [--healthy-s 900] [--after-s 300] [--m
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +33,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "daemon"), str(REPO)]
+sys.path[:0] = [str(REPO / "daemon"), str(REPO), str(REPO / "bench")]
+
+from procs import TelemetryLog, exit_on_sigterm, hog, stop_process  # noqa: E402 (after the path set-up)
+
 JOB = "serving-live"
 SLOW_RANK = 1
 
@@ -67,14 +77,28 @@ def rank_worker(a: argparse.Namespace) -> int:
         time.sleep(rng.uniform(0.2, 6.0))  # no request waiting: the engine idles
 
 
-def _hog() -> None:
-    while True:
-        pass
-
-
 def _events(st: Any, type_: str) -> list[dict[str, Any]]:
     rows = st.control("events", {"job_id": JOB, "alerts_only": False, "limit": 10_000})
     return [r["event"]["data"] for r in rows if r["event"]["type"] == type_]
+
+
+def _verdicts(st: Any, ids: set[str]) -> list[str]:
+    """Each verdict of the captures ``ids``: status and the ranks named (most suspect first)."""
+    from profwatch.core.alerts.event_types import TYPE_SUSPECT_RANKS
+
+    return [f"{d.get('capture_id')}: {d.get('status')} suspects {[s.get('rank') for s in d.get('suspects') or []]}"
+            for d in _events(st, TYPE_SUSPECT_RANKS) if d.get("capture_id") in ids]
+
+
+def _save(st: Any, out: Path | None) -> None:
+    """Every event of the run as JSON lines (``--out``), for replay and diagnosis."""
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    rows = st.control("events", {"job_id": JOB, "alerts_only": False, "limit": 10_000})
+    with open(out / "events.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, default=str) + "\n")
 
 
 def main() -> int:
@@ -88,10 +112,15 @@ def main() -> int:
     ap.add_argument("--max-hogs", type=int, default=2)
     ap.add_argument("--slowdown", type=float, default=1.3)
     ap.add_argument("--matmuls-per-request", type=float, default=2.0)
+    ap.add_argument("--probe-after-s", type=float, default=None,
+                    help="this long after the onset, arm one manual capture (not a detection: scored apart) and print "
+                         "whether its analysis names the slow rank")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="directory for the run's events and step telemetry (JSON lines, replayable)")
     a = ap.parse_args()
     if a.rank_worker:
         return rank_worker(a)
-
+    exit_on_sigterm()
     from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_SUSPECT_RANKS
     from profwatch.simulate.launcher import free_port
     from tests.conftest import python_env
@@ -127,7 +156,13 @@ def main() -> int:
             onset: float | None = None
             found: dict[str, Any] | None = None
             loads: list[int] = []
-            while time.monotonic() - t0 < a.healthy_s + a.after_s and found is None:
+            host_load: list[float] = []
+            onset_arms = 0
+            probe: str | None = None
+            probe_verdict: str | None = None
+            telemetry = TelemetryLog(JOB)
+            next_dump = time.monotonic() + 30.0
+            while time.monotonic() - t0 < a.healthy_s + a.after_s and found is None and probe_verdict is None:
                 if any(p.poll() is not None for p in procs):
                     print("a rank exited early; see its log", flush=True)
                     break
@@ -135,21 +170,34 @@ def main() -> int:
                     want = rng.randint(0, a.max_hogs)
                     while len(hogs) > want:
                         h = hogs.pop()
-                        h.terminate()
-                        h.join(5)
+                        stop_process(h)
                     while len(hogs) < want:
-                        h = multiprocessing.Process(target=_hog, daemon=True)
+                        h = multiprocessing.Process(target=hog, args=(os.getpid(),), daemon=True)
                         h.start()
                         hogs.append(h)
                     loads.append(want)
                     next_load = time.monotonic() + rng.uniform(20, 90)
+                    host_load.append(os.getloadavg()[0])
+                if a.out is not None and time.monotonic() >= next_dump:  # the window holds 1000 steps
+                    telemetry.poll(st.control)
+                    next_dump = time.monotonic() + 30.0
                 if onset is None and time.monotonic() - t0 >= a.healthy_s:
                     slow_file.touch()
                     onset = time.monotonic()
                     arms = [d for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"]
-                    print(f"healthy {a.healthy_s:.0f} s on a host with load changes {loads}: {len(arms)} arms "
-                          f"{[(d['anomaly'], d['step']) for d in arms]}", flush=True)
+                    print(f"healthy {a.healthy_s:.0f} s on a host with load changes {loads} (host load average "
+                          f"{min(host_load, default=0):.1f}-{max(host_load, default=0):.1f}): {len(arms)} arms "
+                          f"{[(d['anomaly'], d['step']) for d in arms]}; verdicts "
+                          f"{_verdicts(st, {d['capture_id'] for d in arms if d.get('capture_id')})}", flush=True)
                     onset_arms = len(arms)
+                if (onset is not None and a.probe_after_s is not None and probe is None
+                        and time.monotonic() - onset >= a.probe_after_s):
+                    try:
+                        probe = str(st.control("arm", {"job_id": JOB, "reason": "probe"})["capture_id"])
+                    except Exception as exc:  # noqa: BLE001 - a capture in flight: try again next second
+                        print(f"probe not armed yet: {exc}", flush=True)
+                if probe is not None:
+                    probe_verdict = next(iter(_verdicts(st, {probe})), None)
                 if onset is not None:
                     arms = [d for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"][onset_arms:]
                     ids = {d["capture_id"] for d in arms}
@@ -161,8 +209,22 @@ def main() -> int:
             status = st.control("status", {"job_id": JOB})
             steps = [r.get("last_step") for j in status.get("jobs", []) for r in j.get("ranks", [])]
             delay = f"{time.monotonic() - onset:.0f} s" if found is not None and onset is not None else "-"
+            after = [d for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"][onset_arms:]
             print(f"+{100 * (a.slowdown - 1):.0f} % TP rank {SLOW_RANK} captured and named: {found is not None} "
-                  f"(delay {delay}); steps {steps}; load average {os.getloadavg()[0]:.1f}", flush=True)
+                  f"(delay {delay}); arms after the onset {[(d['anomaly'], d['step']) for d in after]}; verdicts "
+                  f"{_verdicts(st, {d['capture_id'] for d in after if d.get('capture_id')})}; steps {steps}; "
+                  f"load average {os.getloadavg()[0]:.1f}", flush=True)
+            if probe is not None:
+                print(f"manual probe capture {a.probe_after_s:.0f} s after the onset (not a detection): "
+                      f"{probe_verdict or 'no verdict yet'}", flush=True)
+            _save(st, a.out)
+            if a.out is not None:
+                if (root / "work").is_dir():  # each capture's report.json and staged traces, for diagnosis
+                    shutil.copytree(root / "work", a.out / "work", dirs_exist_ok=True)
+                telemetry.poll(st.control)
+                n = telemetry.write(a.out / "telemetry.jsonl")
+                print(f"events and {n} step records in {a.out} (slow file touched "
+                      f"{'-' if onset is None else f'{onset - t0:.0f} s'} after the start)", flush=True)
         finally:
             stop_file.touch()
             for p in procs:
@@ -172,8 +234,7 @@ def main() -> int:
                     p.kill()
                     p.wait(10)
             for h in hogs:
-                h.terminate()
-                h.join(5)
+                stop_process(h)
             st.close()
     return 0
 

@@ -5,8 +5,12 @@ PyTorch job (torch.profiler backend, ``profwatch.simulate.launcher``); at step `
 processes start and stay for the rest of the run (the host gets busy and stays busy: every rank slows, the job
 stays slower); at step ``--slow-at`` rank 1 gets ``--slowdown`` x slower for good. The run succeeds when an alert
 (``suspect_ranks``) names rank 1 first from a capture armed after its onset, within ``--timeout-s``. Prints per run:
-the arms (anomaly, step), whether rank 1 was alerted, the delay after its onset (seconds, steps), the job-wide
-episodes and ``level_learned`` events; then the total. Nothing is asserted.
+the arms (anomaly, step, the capture's verdict status), whether rank 1 was alerted, the delay after its onset
+(seconds from when the bench saw step ``--slow-at``, and the first step of the capture that named it), the
+``level_learned`` events (a job-wide change that became the job's new normal), and the false alerts (a rank named other than rank 1, or named by a capture
+armed before its onset); then the total. With ``--out DIR``: each run's events (``runN_events.jsonl``) and step
+records (``runN_telemetry.jsonl``, ``profwatch replay`` input). A SIGTERM ends the job, daemons and busy loops it
+started (by handle); a busy loop whose bench is gone ends itself. Nothing is asserted.
 
 Usage: python bench/bench_live_straggler.py [--runs 3] [--hogs 2] [--load-at 120] [--slow-at 300] [--slowdown 3]
 """
@@ -14,6 +18,7 @@ Usage: python bench/bench_live_straggler.py [--runs 3] [--hogs 2] [--load-at 120
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import sys
@@ -23,19 +28,42 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "daemon"), str(REPO)]
+sys.path[:0] = [str(REPO / "daemon"), str(REPO), str(REPO / "bench")]
+
+from procs import TelemetryLog, exit_on_sigterm, hog, stop_process  # noqa: E402 (after the path set-up)
+
 JOB = "straggler-live"
 SLOW_RANK = 1
-
-
-def _hog() -> None:  # one CPU's worth of load until terminated
-    while True:
-        pass
 
 
 def _events(st: Any, type_: str) -> list[dict[str, Any]]:
     rows = st.control("events", {"job_id": JOB, "alerts_only": False, "limit": 10_000})
     return [dict(r["event"]["data"], _ts=r["event"].get("ts")) for r in rows if r["event"]["type"] == type_]
+
+
+def _false_alerts(st: Any, slow_at: int) -> list[str]:
+    """Alerts that name a rank other than the slow one, or that name any rank from a capture armed before its onset
+    (the job-wide host-load change has no culprit rank)."""
+    out = []
+    for r in st.control("events", {"job_id": JOB, "alerts_only": True, "limit": 10_000}):
+        ev = r["event"]
+        d = ev.get("data") or {}
+        sus = [s.get("rank") for s in d.get("suspects") or []]
+        armed = d.get("armed_steps") or []
+        if sus and (sus[0] != SLOW_RANK or (armed and min(armed) <= slow_at)):
+            out.append(f"{ev['type']} suspects {sus} armed {armed}")
+    return out
+
+
+def _save(st: Any, out: Path | None, i: int) -> None:
+    """Every event of the run as JSON lines (``--out``), for replay and diagnosis."""
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    rows = st.control("events", {"job_id": JOB, "alerts_only": False, "limit": 10_000})
+    with open(out / f"run{i}_events.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, default=str) + "\n")
 
 
 def _max_step(st: Any) -> int:
@@ -46,7 +74,7 @@ def _max_step(st: Any) -> int:
 
 
 def one_run(args: argparse.Namespace, i: int) -> bool:
-    from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_SUSPECT_RANKS
+    from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_LEVEL_LEARNED, TYPE_SUSPECT_RANKS
     from profwatch.simulate.launcher import JobSpec, launch_job
     from tests.conftest import python_env
     from tests.integration.live_stack import Stack
@@ -62,6 +90,9 @@ def one_run(args: argparse.Namespace, i: int) -> bool:
         t0 = time.monotonic()
         found: dict[str, Any] | None = None
         slow_seen_at: float | None = None
+        found_at = 0.0
+        telemetry = TelemetryLog(JOB)
+        next_dump = time.monotonic() + 30.0
         try:
             st.start()
             for node in ("n0", "n1"):
@@ -76,30 +107,44 @@ def one_run(args: argparse.Namespace, i: int) -> bool:
             while time.monotonic() < deadline and found is None:
                 step = _max_step(st)
                 if not hogs and step >= args.load_at:
-                    hogs = [multiprocessing.Process(target=_hog, daemon=True) for _ in range(args.hogs)]
+                    hogs = [multiprocessing.Process(target=hog, args=(os.getpid(),), daemon=True)
+                            for _ in range(args.hogs)]
                     for h in hogs:
                         h.start()
                     print(f"  run {i}: host load started at step {step} ({time.monotonic() - t0:.0f} s)", flush=True)
+                if args.out is not None and time.monotonic() >= next_dump:  # the window holds 1000 steps
+                    telemetry.poll(st.control)
+                    next_dump = time.monotonic() + 30.0
                 if slow_seen_at is None and step >= args.slow_at:
                     slow_seen_at = time.monotonic()
                 for d in _events(st, TYPE_SUSPECT_RANKS):
                     sus = d.get("suspects") or []
                     if sus and sus[0]["rank"] == SLOW_RANK and min(d.get("armed_steps") or [0]) > args.slow_at:
-                        found = d
-                time.sleep(1.0)
-            arms = [(d["anomaly"], d["step"]) for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"]
-            learned = len(_events(st, "level_learned"))
+                        found, found_at = d, time.monotonic()
+                        break
+                else:
+                    time.sleep(1.0)
+            verdicts = {d.get("capture_id"): d.get("status") for d in _events(st, TYPE_SUSPECT_RANKS)}
+            arms = [(d["anomaly"], d["step"], verdicts.get(d.get("capture_id"), "-"))
+                    for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"]
+            learned = len(_events(st, TYPE_LEVEL_LEARNED))
+            false = _false_alerts(st, args.slow_at)
             last = _max_step(st)
-            delay = (f"{time.monotonic() - slow_seen_at:.0f} s after step {args.slow_at} was seen"
+            _save(st, args.out, i)
+            if args.out is not None:
+                telemetry.poll(st.control)
+                telemetry.write(args.out / f"run{i}_telemetry.jsonl")
+            delay = (f"{found_at - slow_seen_at:.0f} s after step {args.slow_at} was seen, capture armed from step "
+                     f"{min(found.get('armed_steps') or [0])}"
                      if found is not None and slow_seen_at is not None else "-")
             print(f"  run {i}: rank {SLOW_RANK} alerted: {found is not None} ({delay}); arms {arms}; "
-                  f"level_learned {learned}; last step {last}; {time.monotonic() - t0:.0f} s; "
+                  f"level_learned {learned}; false alerts {len(false)} {false}; last step {last}; "
+                  f"{time.monotonic() - t0:.0f} s; "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
             return found is not None
         finally:
             for h in hogs:
-                h.terminate()
-                h.join(5)
+                stop_process(h)
             if job is not None:
                 job.stop()
             st.close()
@@ -113,7 +158,10 @@ def main() -> None:
     ap.add_argument("--slow-at", type=int, default=300)
     ap.add_argument("--slowdown", type=float, default=3.0)
     ap.add_argument("--timeout-s", type=float, default=900.0)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="directory for each run's events and step telemetry (JSON lines, replayable)")
     args = ap.parse_args()
+    exit_on_sigterm()
     cpu0 = os.times()
     ok = sum(one_run(args, i) for i in range(args.runs))
     cpu = os.times()
