@@ -33,7 +33,8 @@ Shape classes (``--classes`` to pick some):
 
 Injected changes (half of the runs): job-wide, one rank, one node (``node`` field, 2-8 ranks per node), one
 replica (serving DP); onset anywhere from step 12 on (a quarter of them while the baseline learns, before step
-60); size 1.3x (40 %), 3x (40 %) or uniform 1.1-4x (20 %); lasting to the end of the run. Reported per class:
+60); size 1.3x (40 %), 3x (40 %) or uniform 1.1-4x (20 %); lasting to the end of the run (in a requeued job, to the
+end of its generation: the next one runs at the old level on new ranks). Reported per class:
 
 - false arms per healthy hour: arms before any change (injected, or a host-load rise in ``levels``) or more than
   ``GRACE_S`` after its end; healthy hours are the record time outside those windows. The captures a rotating
