@@ -33,7 +33,8 @@ Shape classes (``--classes`` to pick some):
 
 Injected changes (half of the runs): job-wide, one rank, one node (``node`` field, 2-8 ranks per node), one
 replica (serving DP); onset anywhere from step 12 on (a quarter of them while the baseline learns, before step
-60); size 1.3x (40 %), 3x (40 %) or uniform 1.1-4x (20 %); lasting to the end of the run. Reported per class:
+60); size 1.3x (40 %), 3x (40 %) or uniform 1.1-4x (20 %); lasting to the end of the run (in a requeued job, to the
+end of its generation: the next one runs at the old level on new ranks). Reported per class:
 
 - false arms per healthy hour: arms before any change (injected, or a host-load rise in ``levels``) or more than
   ``GRACE_S`` after its end; healthy hours are the record time outside those windows. The captures a rotating
@@ -430,12 +431,15 @@ def _serving_run(cls: str, seed: list[int]) -> Run:
 
 # -- scoring -------------------------------------------------------------------------------------------------------
 def _change_windows(run: Run) -> None:
-    """Fill each change's onset / end time and how many steps it lasted."""
+    """Fill each change's onset / end time and how many steps it lasted. A change ends with its generation: one in
+    a requeued job's first generation is gone when the job is requeued (the new ranks run at the old level), so
+    the second generation's time is neither its time nor its arms its captures (it ran to the run's end before:
+    a requeue's arms for anything counted as captures of a change already gone, and its time as not healthy)."""
     for c in run.changes:
         if math.isnan(c.onset_t):
             c.onset_t = min((t for (e, s), t in run.step_at.items() if e == c.epoch and s >= c.onset),
                             default=run.end_t)
-        c.end_t = run.end_t
+        c.end_t = max((t for (e, _), t in run.step_at.items() if e == c.epoch), default=run.end_t)
         c.steps_lasting = sum(1 for t, _ in run.levels if c.onset_t <= t <= c.end_t)
 
 
@@ -514,7 +518,8 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
             continue
         dur_s = c.end_t - c.onset_t
         cut = dur_s < LASTING_S and c.end_t >= run.end_t  # ended with the run
-        short = cut and c.steps_lasting >= LASTING_STEPS and c.steps_lasting < _capture_steps(run, c)
+        need = _capture_steps(run, c)
+        short = cut and c.steps_lasting >= LASTING_STEPS and c.steps_lasting < need
         lasting = c.steps_lasting >= LASTING_STEPS and (dur_s >= LASTING_S or (cut and not short))
         detectable = abs(c.factor - 1.0) >= max(2.0 * c.noise, DetectionSettings().min_effect)
 
@@ -533,7 +538,7 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
                        for a in arms)
         out_changes.append({"kind": c.kind, "factor": round(c.factor, 3), "onset": c.onset,
                             "onset_s": round(c.onset_t - T0, 1), "lasting": lasting,
-                            "short": short,
+                            "short": short, "steps_lasting": c.steps_lasting, "capture_steps": need,
                             "detectable": detectable, "delay_steps": delay, "captured": captured,
                             "learning": c.learning})
     return out_changes
@@ -634,7 +639,8 @@ def _print_table(wanted: list[str], rows: list[dict[str, Any]]) -> None:
 
 
 def _print_examples(rows: list[dict[str, Any]]) -> None:
-    """Up to 8 violations, 12 lost changes and 12 runs with false arms, each with its class and seed."""
+    """Up to 8 violations, 12 lost changes, 12 changes scored apart as ``short`` (with the steps they lasted, the
+    steps a capture needed and what was found) and 12 runs with false arms, each with its class and seed."""
     examples = [(r["class"], r["seed"], v) for r in rows for v in r["violations"]][:8]
     for cls, seed, v in examples:
         print(f"  violation: {cls} run {seed}: {v}")
@@ -643,6 +649,11 @@ def _print_examples(rows: list[dict[str, Any]]) -> None:
     for cls, seed, c in lost_ex:
         at = f"onset {c['onset_s']} s" if cls.startswith("serving") else f"onset step {c['onset']}"
         print(f"  lost: {cls} run {seed}: {c['kind']} x{c['factor']} {at} delay {c['delay_steps']}")
+    short_ex = [(r["class"], r["seed"], c) for r in rows for c in r["changes"] if c.get("short") and c["detectable"]]
+    for cls, seed, c in short_ex[:12]:  # shown, so that a change scored apart as short can be checked
+        print(f"  short: {cls} run {seed}: {c['kind']} x{c['factor']} onset step {c['onset']}: lasted "
+              f"{c['steps_lasting']} steps, a capture armed at its onset needs {c['capture_steps']}; "
+              f"first report after {c['delay_steps']} steps, captured {c['captured']}")
     fa_ex = [(r["class"], r["seed"], r["false_arm_kinds"], r["shape"]) for r in rows if r["false_arms"]][:12]
     for cls, seed, kinds, shape in fa_ex:
         print(f"  false arms: {cls} run {seed}: {kinds} {shape}")

@@ -165,6 +165,9 @@ class Coordinator:
         self.registry = Registry(window_steps=cs.window_steps, limits=settings.limits)
         self.routes = NodeRoutes(settings.limits.max_nodes)  # node id <-> ingest connection (identity binding)
         self.detectors: dict[str, JobDetector] = {}
+        self._previous_levels: dict[str, tuple[float, int]] = {}
+        """Per job whose generation changed, the old generation's learned level until the new detector is built
+        (``JobDetector.generation_level``; one entry per known job at most, dropped when the job expires)."""
         self._detector_ranks = 0  # sum of world sizes of jobs with a detector (bounded by limits.max_ranks_total)
         self._known_nodes: set[str] = set()  # nodes seen since this process started (others must re-register)
         self._once = OncePerKind()
@@ -699,6 +702,7 @@ class Coordinator:
                             note="limits.max_ranks_total reached: the job is tracked, not analysed for anomalies")
             return None
         det = JobDetector(job_id, world_size, self.settings.detection, hold=spike_hold(self.settings.capture))
+        det.inherit(self._previous_levels.pop(job_id, None))
         self.detectors[job_id] = det
         self._detector_ranks += world_size
         return det
@@ -706,10 +710,14 @@ class Coordinator:
     def _on_generation(self, g: GenerationOpened, now: float) -> None:
         """A job started a new generation: drop its detector (rebuilt for the new shape at its next step: windows
         and baselines of the old shape would judge the new one), close its old captures as superseded (data
-        kept), and publish ``job_generation``."""
+        kept), and publish ``job_generation``. The old detector's learned level is kept for the new one
+        (``JobDetector.inherit``: a change early in the new generation's learning is judged against it too)."""
         det = self.detectors.pop(g.job_id, None)
         if det is not None:
             self._detector_ranks -= det.world_size
+            level = det.generation_level()
+            if level is not None:
+                self._previous_levels[g.job_id] = level
         log.info("job_generation", job_id=g.job_id, generation=g.generation, world_size=g.world_size,
                  old_world_size=g.old_world_size, restart_count=g.restart_count, reason=g.reason, nodes=list(g.nodes),
                  refused=dict(g.refused))
@@ -756,6 +764,7 @@ class Coordinator:
         for job_id in gone:
             self.captures.episodes.close_job(job_id, now, "job_expired")
             det = self.detectors.pop(job_id, None)
+            self._previous_levels.pop(job_id, None)
             if det is not None:
                 self._detector_ranks -= det.world_size
             log.info("job_expired", job_id=job_id, silent_for_s=self.settings.limits.job_expiry_s)

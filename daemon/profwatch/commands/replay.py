@@ -264,8 +264,11 @@ def _parsed(lines: Iterable[Line]) -> Iterator[tuple[int, TelemetryRecord | Base
 
 def _new_run(job: _Job, opened: GenerationOpened, cfg: ReplayConfig, now: float, result: dict[str, Any]) -> JobDetector:
     """A new generation of the job (the coordinator's ``_on_generation``): a fresh detector for its world size, its
-    episodes closed and a fresh budget; a simulated capture of the old run ends. Returns the new detector."""
+    episodes closed and a fresh budget; a simulated capture of the old run ends; the old run's learned level is the
+    new detector's reference while it learns (``JobDetector.inherit``). Returns the new detector."""
+    previous = job.detector.generation_level()
     job.detector = JobDetector(opened.job_id, opened.world_size, cfg.detection, hold=spike_hold(cfg.capture))
+    job.detector.inherit(previous)
     job.in_flight_until_step, job.restarts_seen = None, 0
     events = job.episodes.new_run(now, "new_generation")
     result["episode_events"].extend({"type": e.type, "job_id": opened.job_id, **e.data} for e in events)

@@ -20,6 +20,7 @@ Each detector documents its algorithm, thresholds and sources in its ``Notes:``.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -225,6 +226,30 @@ class JobDetector:
         definition the coordinator and replay use."""
         vals = [v for u in self.units if (v := u.usual_step_s) is not None]
         return max(vals) if vals else None
+
+    def generation_level(self) -> tuple[float, int] | None:
+        """``(level_s, world_size)``: the job step time this generation's regression baseline learned (s, > 0) and
+        its world size, handed to the next generation of the job (:meth:`inherit`: a requeue or restart under the
+        same job id); None while the baseline learns, in serving mode, or when the job is not one unit."""
+        if self.mode != "training" or len(self.units) != 1:
+            return None
+        reg = self.units[0].regression
+        if reg is None or reg.learning_progress is not None:
+            return None
+        level = reg.baseline_step_time_s
+        return (level, self.world_size) if level is not None and level > 0.0 and math.isfinite(level) else None
+
+    def inherit(self, previous: tuple[float, int] | None) -> None:
+        """Take the previous generation's :meth:`generation_level` as the reference the end of this generation's first
+        learning judges its learned steps against too (``StepTimeRegressionDetector.prior``, ``reference
+        "previous_generation"``): a change a few steps into a requeued generation's learning is found. No-op for
+        None, a level not > 0, or a job that is not one training unit."""
+        if previous is None or self.mode != "training" or len(self.units) != 1:
+            return
+        level, world = previous
+        reg = self.units[0].regression
+        if reg is not None and level > 0.0 and math.isfinite(level):
+            reg.prior = (level, world == self.world_size)
 
     @property
     def stalled_ranks(self) -> frozenset[int]:
