@@ -101,7 +101,7 @@ def _save(st: Any, out: Path | None) -> None:
             f.write(json.dumps(r, default=str) + "\n")
 
 
-def main() -> int:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--stop-file", default="")
@@ -117,13 +117,87 @@ def main() -> int:
                          "whether its analysis names the slow rank")
     ap.add_argument("--out", type=Path, default=None,
                     help="directory for the run's events and step telemetry (JSON lines, replayable)")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def _start_ranks(a: argparse.Namespace, root: Path, port: int, stop_file: Path,
+                 slow_file: Path, procs: list[subprocess.Popen]) -> None:
+    """Start the job's two tensor-parallel rank processes (this file with ``--rank-worker``) into ``procs``."""
+    from tests.conftest import python_env
+
+    for rank in range(2):
+        env = dict(python_env(), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PROFWATCH_JOB_ID=JOB,
+                   PROFWATCH_NODE_ENDPOINT=f"ipc://{root}/n0.sock", PROFWATCH_BACKEND="torch",
+                   PROFWATCH_PROFILER_CONFIG_PATH=str(root / "cfg"), PROFWATCH_PROF_ROOT=str(root / "prof"),
+                   OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--rank-worker", "--stop-file", str(stop_file),
+             "--slow-file", str(slow_file), "--seed", str(a.seed), "--slowdown", str(a.slowdown),
+             "--matmuls-per-request", str(a.matmuls_per_request)],
+            env=env, stdout=subprocess.DEVNULL, stderr=open(root / f"rank{rank}.log", "wb")))
+
+
+def _set_load(rng: random.Random, hogs: list[multiprocessing.Process], max_hogs: int) -> int:
+    """Move the host's load: start or stop busy loops until 0..max_hogs run; return how many."""
+    want = rng.randint(0, max_hogs)
+    while len(hogs) > want:
+        stop_process(hogs.pop())
+    while len(hogs) < want:
+        h = multiprocessing.Process(target=hog, args=(os.getpid(),), daemon=True)
+        h.start()
+        hogs.append(h)
+    return want
+
+
+def _named_after_onset(st: Any, onset_arms: int) -> dict[str, Any] | None:
+    """The verdict of a capture armed after the onset that names the slow rank first, if any."""
+    from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_SUSPECT_RANKS
+
+    arms = [d for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"][onset_arms:]
+    ids = {d["capture_id"] for d in arms}
+    found = None
+    for d in _events(st, TYPE_SUSPECT_RANKS):
+        sus = d.get("suspects") or []
+        if d.get("capture_id") in ids and sus and sus[0]["rank"] == SLOW_RANK:
+            found = d
+    return found
+
+
+def _final_report(a: argparse.Namespace, st: Any, root: Path, t0: float, onset: float | None,
+                  found: dict[str, Any] | None, onset_arms: int, probe: str | None, probe_verdict: str | None,
+                  telemetry: TelemetryLog) -> None:
+    """Print the run's outcome (captured and named, delay, arms and verdicts) and save it under ``--out``."""
+    from profwatch.core.alerts.event_types import TYPE_ARM_DECISION
+
+    status = st.control("status", {"job_id": JOB})
+    steps = [r.get("last_step") for j in status.get("jobs", []) for r in j.get("ranks", [])]
+    delay = f"{time.monotonic() - onset:.0f} s" if found is not None and onset is not None else "-"
+    after = [d for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"][onset_arms:]
+    print(f"+{100 * (a.slowdown - 1):.0f} % TP rank {SLOW_RANK} captured and named: {found is not None} "
+          f"(delay {delay}); arms after the onset {[(d['anomaly'], d['step']) for d in after]}; verdicts "
+          f"{_verdicts(st, {d['capture_id'] for d in after if d.get('capture_id')})}; steps {steps}; "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    if probe is not None:
+        print(f"manual probe capture {a.probe_after_s:.0f} s after the onset (not a detection): "
+              f"{probe_verdict or 'no verdict yet'}", flush=True)
+    _save(st, a.out)
+    if a.out is not None:
+        if (root / "work").is_dir():  # each capture's report.json and staged traces, for diagnosis
+            shutil.copytree(root / "work", a.out / "work", dirs_exist_ok=True)
+        telemetry.poll(st.control)
+        n = telemetry.write(a.out / "telemetry.jsonl")
+        print(f"events and {n} step records in {a.out} (slow file touched "
+              f"{'-' if onset is None else f'{onset - t0:.0f} s'} after the start)", flush=True)
+
+
+def main() -> int:
+    a = _args()
     if a.rank_worker:
         return rank_worker(a)
     exit_on_sigterm()
-    from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_SUSPECT_RANKS
+    from profwatch.core.alerts.event_types import TYPE_ARM_DECISION
     from profwatch.simulate.launcher import free_port
-    from tests.conftest import python_env
     from tests.integration.live_stack import Stack
 
     hogs: list[multiprocessing.Process] = []
@@ -141,17 +215,7 @@ def main() -> int:
             st.start()
             st.node("n0")
             port = free_port()
-            for rank in range(2):
-                env = dict(python_env(), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PROFWATCH_JOB_ID=JOB,
-                           PROFWATCH_NODE_ENDPOINT=f"ipc://{root}/n0.sock", PROFWATCH_BACKEND="torch",
-                           PROFWATCH_PROFILER_CONFIG_PATH=str(root / "cfg"), PROFWATCH_PROF_ROOT=str(root / "prof"),
-                           OMP_NUM_THREADS="1")
-                procs.append(subprocess.Popen(
-                    [sys.executable, str(Path(__file__).resolve()), "--rank-worker", "--stop-file", str(stop_file),
-                     "--slow-file", str(slow_file), "--seed", str(a.seed), "--slowdown", str(a.slowdown),
-                     "--matmuls-per-request", str(a.matmuls_per_request)],
-                    env=env, stdout=subprocess.DEVNULL, stderr=open(root / f"rank{rank}.log", "wb")))
+            _start_ranks(a, root, port, stop_file, slow_file, procs)
             next_load = time.monotonic() + rng.uniform(20, 90)
             onset: float | None = None
             found: dict[str, Any] | None = None
@@ -167,14 +231,7 @@ def main() -> int:
                     print("a rank exited early; see its log", flush=True)
                     break
                 if time.monotonic() >= next_load:  # the host's load moves: 0..max_hogs busy loops
-                    want = rng.randint(0, a.max_hogs)
-                    while len(hogs) > want:
-                        h = hogs.pop()
-                        stop_process(h)
-                    while len(hogs) < want:
-                        h = multiprocessing.Process(target=hog, args=(os.getpid(),), daemon=True)
-                        h.start()
-                        hogs.append(h)
+                    want = _set_load(rng, hogs, a.max_hogs)
                     loads.append(want)
                     next_load = time.monotonic() + rng.uniform(20, 90)
                     host_load.append(os.getloadavg()[0])
@@ -199,32 +256,9 @@ def main() -> int:
                 if probe is not None:
                     probe_verdict = next(iter(_verdicts(st, {probe})), None)
                 if onset is not None:
-                    arms = [d for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"][onset_arms:]
-                    ids = {d["capture_id"] for d in arms}
-                    for d in _events(st, TYPE_SUSPECT_RANKS):
-                        sus = d.get("suspects") or []
-                        if d.get("capture_id") in ids and sus and sus[0]["rank"] == SLOW_RANK:
-                            found = d
+                    found = _named_after_onset(st, onset_arms)
                 time.sleep(1.0)
-            status = st.control("status", {"job_id": JOB})
-            steps = [r.get("last_step") for j in status.get("jobs", []) for r in j.get("ranks", [])]
-            delay = f"{time.monotonic() - onset:.0f} s" if found is not None and onset is not None else "-"
-            after = [d for d in _events(st, TYPE_ARM_DECISION) if d["action"] == "arm"][onset_arms:]
-            print(f"+{100 * (a.slowdown - 1):.0f} % TP rank {SLOW_RANK} captured and named: {found is not None} "
-                  f"(delay {delay}); arms after the onset {[(d['anomaly'], d['step']) for d in after]}; verdicts "
-                  f"{_verdicts(st, {d['capture_id'] for d in after if d.get('capture_id')})}; steps {steps}; "
-                  f"load average {os.getloadavg()[0]:.1f}", flush=True)
-            if probe is not None:
-                print(f"manual probe capture {a.probe_after_s:.0f} s after the onset (not a detection): "
-                      f"{probe_verdict or 'no verdict yet'}", flush=True)
-            _save(st, a.out)
-            if a.out is not None:
-                if (root / "work").is_dir():  # each capture's report.json and staged traces, for diagnosis
-                    shutil.copytree(root / "work", a.out / "work", dirs_exist_ok=True)
-                telemetry.poll(st.control)
-                n = telemetry.write(a.out / "telemetry.jsonl")
-                print(f"events and {n} step records in {a.out} (slow file touched "
-                      f"{'-' if onset is None else f'{onset - t0:.0f} s'} after the start)", flush=True)
+            _final_report(a, st, root, t0, onset, found, onset_arms, probe, probe_verdict, telemetry)
         finally:
             stop_file.touch()
             for p in procs:
