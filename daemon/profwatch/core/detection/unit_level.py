@@ -199,7 +199,14 @@ class UnitLevel:
         if best is None:
             return []
         z, k, e, sigma = best
-        first = self._blocks[k].first_step
+        # the onset: the split's first block at least half the change off the earlier level (a block straddling
+        # it, or winsorised into the later part, is no part of the new level); the change measured from there
+        mb, sign = _median(vals[:k]), 1.0 if e > 0 else -1.0
+        j = next((i for i in range(k, n) if (vals[i] - mb) * sign >= abs(e) / 2.0), k)
+        e = _median(vals[j:]) - mb
+        if e * sign < math.log1p(self.settings.min_effect):
+            return []
+        first = self._blocks[j].first_step
         self._shift(e, first)
         if e < 0:
             return []
