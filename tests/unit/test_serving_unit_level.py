@@ -68,3 +68,16 @@ def test_reports_are_rises_with_bounded_magnitudes(times: list[float], works: li
         assert 0.0 < a[1] <= math.exp(2 * MAX_LOG) and math.isfinite(a[1]), a
     falling = sorted(times, reverse=True)
     assert _feed(UnitLevel("svc", DetectionSettings()), [(t, None) for t in falling]) == []
+
+
+def test_a_slow_units_3x_change_after_its_first_block_is_reported_and_a_host_swing_is_not() -> None:
+    """One block (60 steps of 1 s) at 0.1 s, then 3x for 6 blocks: reported (a slow unit's first block can be
+    its only one before a change: bench_corpus seed 31 serving_work run 4, a 3x change at 416 s, lost before); one
+    block at 0.1 s, then 1.4x (a shared host's load swings 1.0-1.5x): nothing, a single block being a reference
+    only for a change of at least 1.5x."""
+    ripple = [1.0 + 0.02 * math.sin(i) for i in range(480)]
+    found = _feed(UnitLevel("svc", DetectionSettings()), [(0.1 * r * (3.0 if i >= 60 else 1.0), None)
+                                                          for i, r in enumerate(ripple)])
+    assert len(found) == 1 and 2.5 <= 1.0 + found[0][1] <= 3.5 and found[0][2]["blocks_before"] == 1, found
+    assert _feed(UnitLevel("svc", DetectionSettings()), [(0.1 * r * (1.4 if i >= 60 else 1.0), None)
+                                                         for i, r in enumerate(ripple)]) == []

@@ -33,23 +33,26 @@ LEVEL_BLOCK_S = 60.0
 LEVEL_BLOCK_MIN = 8
 """Residuals a block needs (fewer: its time joins the next block)."""
 LEVEL_RUN = 5
-"""Newest blocks whose median is compared with the baseline: a change must hold for about five minutes of the unit's
-time, the issue's "persistent"."""
+"""Fewest blocks after a split: a change must hold for about five minutes of the unit's time before it is judged."""
 LEVEL_BASE_MIN = 5
-"""Blocks before the run the baseline needs before a unit is judged."""
+"""Blocks before a split it needs to report a change of ``min_effect`` (fewer: see :data:`YOUNG_EFFECT`)."""
+YOUNG_EFFECT = 0.5
+"""With fewer than :data:`LEVEL_BASE_MIN` blocks before a split (a slow unit's first minutes: one block of a
+0.3 s unit idle most of the time took 5 minutes), the change must be at least ``1 +`` this: more than a shared
+host's load moves a block (1.0-1.5x), so one or two blocks are a reference only for a change that large."""
 LEVEL_HISTORY = 60
-"""Blocks kept (the baseline is the median of those before the run: up to the last hour)."""
+"""Blocks kept, among which the split is searched (up to the last hour of the unit's time)."""
 LEVEL_Z = 4.5
 """Standard errors the difference of the two parts' means must clear at the best split (a maximum over splits of
 blocks that a host's load makes correlated: well above the 2-3 of a single test)."""
 LEVEL_CLIP = 3.0
 """Blocks are winsorised at this many sigmas from their part's median before the means are taken."""
 LEVEL_MIN_NOISE = 0.1
-"""Floor of the block noise (log): blocks of a shared host wander about 10 % with its load."""
+"""Floor of the block noise (log): blocks of a shared host wander about 10 % with its load, in runs of several
+blocks that a MAD of a few blocks does not see (at 0.05, a healthy unit's 5 blocks at +17-26 % were reported twice
+in 51 minutes: bench_corpus seed 31 serving_work run 7)."""
 MAX_LEVEL_BANDS = 256
 """Bands kept (the least recently used is dropped and learned again when it comes back): bounds memory."""
-MEDIAN_SE = 1.2533
-"""Standard error of a median over that of a mean, Gaussian data (sqrt(pi / 2))."""
 MAX_LOG = math.log(100.0)
 """A block's level is clamped to [1 / 100, 100] of the band offsets' scale (magnitudes stay bounded)."""
 
@@ -85,16 +88,21 @@ class UnitLevel:
 
         Test: the residuals of known bands form blocks of at least :data:`LEVEL_BLOCK_S` seconds of the unit's
         time (steps and idle gaps, :meth:`elapse`) and :data:`LEVEL_BLOCK_MIN` residuals; a block's value is their
-        median. With ``b`` the median of up to :data:`LEVEL_HISTORY` blocks before the newest :data:`LEVEL_RUN`
-        (at least :data:`LEVEL_BASE_MIN` of them), ``sigma = max(1.4826 * MAD, LEVEL_MIN_NOISE)`` their spread,
-        and ``m`` the median of the newest :data:`LEVEL_RUN`, a rise ``m - b`` of at least
-        ``max(log(1 + min_effect), LEVEL_Z * 1.2533 * sigma * sqrt(1 / run + 1 / base))`` is a ``step_regression``
-        (``detail.detector "unit_level"``, magnitude ``exp(m - b) - 1``, ``first_step`` the first step of the first
-        block of the run above ``b`` by half that threshold); a fall as large is learned silently. Either way the
-        blocks before the change are shifted to the new level (the new normal at once; the spread is kept), as
-        :meth:`rebase` does for a change another detector reported. A two-sample comparison of medians (robust to
-        a block's outliers; our own rule, stated here so it can be checked). Cost: O(1) per step, O(history) per
-        block; memory: :data:`MAX_LEVEL_BANDS` bands, :data:`LEVEL_VALUES` residuals, :data:`LEVEL_HISTORY` blocks.
+        median. At each block the history (up to :data:`LEVEL_HISTORY` blocks) is split in two at every ``k`` with
+        at least :data:`LEVEL_RUN` blocks after (a change must have held about five minutes of the unit's time);
+        with ``sigma = max(1.4826 * MAD, LEVEL_MIN_NOISE)`` (the blocks' deviations from their part's median) and
+        each part's mean winsorised at :data:`LEVEL_CLIP` sigmas, the split is a change when the difference ``e``
+        of the means is at least :data:`LEVEL_Z` standard errors ``sigma * sqrt(1 / k + 1 / (n - k))`` and at
+        least ``log(1 + min_effect)`` (``log(1 + YOUNG_EFFECT)`` with fewer than :data:`LEVEL_BASE_MIN` blocks
+        before it). The best split by ``z`` wins; its onset is its first later block at least ``|e| / 2`` off the
+        earlier part's median, and the change is the median of the blocks from there over that median. A rise is a
+        ``step_regression`` (``detail.detector "unit_level"``, magnitude ``exp(e) - 1``, ``first_step`` the onset
+        block's first step); a fall is learned silently. Either way the blocks before the onset are shifted to the
+        new level (the new normal at once; the spread is kept), as :meth:`rebase` does for a change another
+        detector reported. A two-sample change-point test on block levels: the first split of binary segmentation with a
+        robust scale (our own rule, stated here so it can be checked). Cost: O(1) per step, O(history^2 log
+        history) per block (60 blocks, once a minute of the unit's time); memory:
+        :data:`MAX_LEVEL_BANDS` bands, :data:`LEVEL_VALUES` residuals, :data:`LEVEL_HISTORY` blocks.
     """
 
     def __init__(self, job_id: str, settings: DetectionSettings) -> None:
@@ -181,10 +189,10 @@ class UnitLevel:
         """The best split of the history into a level before and after (see Notes); a rise is reported."""
         vals = [b.value for b in self._blocks]
         n = len(vals)
-        if n < LEVEL_RUN + LEVEL_BASE_MIN:
+        if n < LEVEL_RUN + 1:
             return []
         best: tuple[float, int, float, float] | None = None
-        for k in range(LEVEL_BASE_MIN, n - LEVEL_RUN + 1):
+        for k in range(1, n - LEVEL_RUN + 1):
             before, after = vals[:k], vals[k:]
             mb, ma = _median(before), _median(after)
             dev = [abs(v - mb) for v in before] + [abs(v - ma) for v in after]
@@ -194,7 +202,9 @@ class UnitLevel:
             e = (sum(min(ha, max(la, v)) for v in after) / len(after)
                  - sum(min(hi, max(lo, v)) for v in before) / k)
             z = abs(e) / (sigma * math.sqrt(1.0 / k + 1.0 / len(after)))
-            if z >= LEVEL_Z and abs(e) >= math.log1p(self.settings.min_effect) and (best is None or z > best[0]):
+            least = math.log1p(self.settings.min_effect if k >= LEVEL_BASE_MIN else max(YOUNG_EFFECT,
+                                                                                        self.settings.min_effect))
+            if z >= LEVEL_Z and abs(e) >= least and (best is None or z > best[0]):
                 best = (z, k, e, sigma)
         if best is None:
             return []
