@@ -23,7 +23,11 @@ LEVEL_BAND_RATIO = 1.1
 OFFSET_VALUES = 8
 """Values a band needs, each taken while the unit's level was fresh, before its offset (their median residual to
 the level) is learned."""
-LEVEL_VALUES = 32
+FIRST_BAND_VALUES = 3
+"""Values the first band needs to set the scale: the level model starts within the unit's first seconds of steps (at
+8, a unit whose batch wandered over many bands first had a band 60 s in, after a 3x change, and learned it as its
+scale: bench_corpus seed 32 serving_work run 2); its offset's error is one constant for every band."""
+LEVEL_VALUES = 8
 """Residuals of known bands whose median is the unit's current level (a new band's offsets are learned against it)."""
 LEVEL_FRESH_STEPS = 64
 """The current level is fresh when a known band stepped within this many of the unit's steps; a new band's value
@@ -42,9 +46,11 @@ YOUNG_EFFECT = 0.5
 host's load moves a block (1.0-1.5x), so one or two blocks are a reference only for a change that large."""
 LEVEL_HISTORY = 60
 """Blocks kept, among which the split is searched (up to the last hour of the unit's time)."""
-LEVEL_Z = 4.5
+LEVEL_Z = 5.0
 """Standard errors the difference of the two parts' means must clear at the best split (a maximum over splits of
-blocks that a host's load makes correlated: well above the 2-3 of a single test)."""
+blocks that a host's load makes correlated: well above the 2-3 of a single test; at 4.5 a healthy replica's
++25 % at z 4.7 armed, bench_corpus seed 32 serving_dp run 7, while a 1.3x change of seed 31 serving_work run 5
+read z 4.85: 1.3x under a host load of 1.0-1.5x is at the edge of what ten blocks before it can tell)."""
 LEVEL_CLIP = 3.0
 """Blocks are winsorised at this many sigmas from their part's median before the means are taken."""
 LEVEL_MIN_NOISE = 0.1
@@ -79,7 +85,7 @@ class UnitLevel:
 
     Notes:
         Model: ``log t = level(time) + offset(band)``, band ``floor(log(work) / log(1.1))`` (one band without
-        ``work``). The first band with :data:`OFFSET_VALUES` values sets the scale (its offset is their median log
+        ``work``). The first band with :data:`FIRST_BAND_VALUES` values sets the scale (its offset is their median log
         time); every later band learns its offset as the median of ``log t - level`` over its first
         :data:`OFFSET_VALUES` values taken while the level is fresh (a known band stepped within
         :data:`LEVEL_FRESH_STEPS` steps); the level is the median residual ``log t - offset`` of the last
@@ -169,7 +175,7 @@ class UnitLevel:
         if not self._offsets:  # no known band: the first to fill sets the scale
             vals = self._learning.setdefault(key, [])
             vals.append(x)
-            if len(vals) >= OFFSET_VALUES:
+            if len(vals) >= FIRST_BAND_VALUES:
                 self._offsets[key] = _median(vals)
                 self._learning.clear()
             return
