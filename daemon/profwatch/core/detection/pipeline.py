@@ -21,6 +21,7 @@ from profwatch.core.detection.serving import BLOCK_STEPS_WITHOUT_WORK, SERVING_B
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.stalls import ArrivalStallDetector
 from profwatch.core.detection.types import Anomaly, FinalizedStep, StallDetector, StepDetector
+from profwatch.core.detection.unit_level import UnitLevel
 
 HoldSteps = Callable[[int, float], int]
 SERVING_FALSE_ALARM_FACTOR = 1.0
@@ -94,6 +95,7 @@ class UnitPipeline:
         self._hold_steps = hold_steps
         self.normaliser = LoadNormaliser(settings) if serving and step_detectors is None else None
         self.ratio_blocks = RatioBlocks() if self.normaliser is not None else None
+        self.level = UnitLevel(job_id, settings) if self.normaliser is not None else None
         self._block_ends: deque[int] = deque(maxlen=SERVING_LAG_BLOCKS + 1)
         self.regression: StepTimeRegressionDetector | None = None
         self.outliers: RankOutlierDetector | None = None
@@ -257,6 +259,8 @@ class UnitPipeline:
                 self._block_ends.clear()
             if self.normaliser is not None:
                 self.normaliser.cutoff_step = None
+            if self.level is not None:
+                self.level.reset()
             for d in self.step_detectors:
                 d.reset()
         out: list[Anomaly] = []
@@ -265,7 +269,11 @@ class UnitPipeline:
                 self.normaliser.note_step(fs0)
             if self.ratio_blocks is not None:
                 self.ratio_blocks.elapse(fs0.time_s)
+            if self.level is not None:
+                self.level.elapse(fs0.time_s)
             for fs in self.blocks.push(fs0):
+                if self.level is not None and fs.excluded is None and fs.work is not None:
+                    out.extend(self._level_found(fs))
                 rf = self.normaliser.normalise(fs) if self.normaliser is not None else fs
                 if self.normaliser is not None and self.regression is not None:
                     self.regression.effect_z = EFFECT_Z if fs.work is not None else 0.0
@@ -295,12 +303,29 @@ class UnitPipeline:
                 self.regression.rebase(ratio)
         return found
 
+    def _level_found(self, fs: FinalizedStep) -> list[Anomaly]:
+        """:class:`~profwatch.core.detection.unit_level.UnitLevel`'s findings on one judged step with ``work`` (a
+        unit without ``work`` is not given to it: its blocks' level follows the batch, which nothing there measures,
+        and swung 2.3x on healthy traffic: bench_corpus seed 32 serving_nowork run 2); a rise it reports is the new
+        normal of the load bands and the regression detector (as :meth:`adopt_rise`), so neither reports it again."""
+        assert self.level is not None
+        found = self.level.add(fs.step, fs.time_s, fs.work)
+        for a in found:
+            first = a.detail.get("first_step")
+            self._adopt_rise(1.0 + a.magnitude, first if isinstance(first, int) else None)
+        return [self._to_job(a) for a in found]
+
     def adopt_rise(self, factor: float, first_step: int | None) -> None:
         """A rise of ``factor`` (> 1: new time / old) of this serving unit from its step ``first_step`` on, found
         and reported by another detector (``ReplicaPeers``), is its new normal: every load band is rescaled
         (:meth:`LoadNormaliser.rescale`) and the regression detector drops the evidence it gathered for it, so the
         unit's own test does not report (and arm) the same change again minutes later (bench_workloads
         serving_dp: 2 arms for one +30 % replica). No-op outside serving mode."""
+        if self.level is not None and factor > 0:
+            self.level.rebase(math.log(factor), first_step)
+        self._adopt_rise(factor, first_step)
+
+    def _adopt_rise(self, factor: float, first_step: int | None) -> None:
         if self.normaliser is None or self.regression is None:
             return
         self.normaliser.rescale(factor, first_step)
@@ -321,6 +346,9 @@ class UnitPipeline:
             if a.kind == "step_regression" and a.detail.get("pattern") in ("cusum", "level"):
                 first = a.detail.get("first_step")
                 self.normaliser.rescale(1.0 + a.magnitude, self._first_step(first) if isinstance(first, int) else None)
+                if self.level is not None and a.magnitude > -1.0:
+                    self.level.rebase(math.log1p(a.magnitude),
+                                      self._first_step(first) if isinstance(first, int) else None)
                 self.regression.rebase(1.0 + a.magnitude)  # the reported level it judges against, in the new scale
 
     def _first_step(self, step: int) -> int:

@@ -395,11 +395,14 @@ class StepTimeRegressionDetector:
         return self._s_hi > 0.0 or bool(self._learn_rise)
 
     def forget_rise(self) -> None:
-        """Drop the evidence gathered for a rise (the upper CUSUM, its run, the learning path's risen values): the
-        rise was reported by another detector and made the new normal of the series (a serving replica named by its
-        peers, ``ReplicaPeers``), so this detector must not report it again."""
+        """Drop the evidence gathered for a rise (the upper CUSUM, its run, the learning path's risen values, the
+        provisional rule's values): the rise was reported by another detector and made the new normal of the series
+        (a serving replica named by its peers, ``ReplicaPeers``, or a unit's shared level, ``UnitLevel``), so this
+        detector must not report it again (the provisional rule reported a 3x change 8 s after ``UnitLevel`` had:
+        tests/unit/test_serving_provisional.py)."""
         self._s_hi = 0.0
         self._learn_rise.clear()
+        self._prov.clear()
         self._run_reset()
 
     def rebase(self, factor: float) -> None:

@@ -1,0 +1,244 @@
+"""A serving unit's one level: every work band shares it, and a lasting change of it is found on minutes (pure).
+
+The load-band references of :class:`~profwatch.core.detection.serving.LoadNormaliser` each learn their own level,
+so a change that sets in while they form (a unit's first minutes, or a slow unit whose bands take a quarter of an
+hour to fill) is learned band by band as each one's normal, and a rolling reference follows a lasting change within
+minutes. :class:`UnitLevel` is the second line that cannot learn a change that way: every step is
+``log time = level + offset(band)``, one level for the unit (its host load and its health), one fixed offset per
+work band (what the batch costs). A new band's offset is learned against the level the unit's known bands show at
+that moment, so a band that forms after a change carries the change in the level, never in its offset.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from profwatch.core.detection.settings import DetectionSettings
+from profwatch.core.detection.types import Anomaly
+
+LEVEL_BAND_RATIO = 1.1
+"""Work bands of the level model are powers of this ratio (as the load normaliser's work bands)."""
+OFFSET_VALUES = 8
+"""Values a band needs, each taken while the unit's level was fresh, before its offset (their median residual to
+the level) is learned."""
+FIRST_BAND_VALUES = 3
+"""Values the first band needs to set the scale: the level model starts within the unit's first seconds of steps (at
+8, a unit whose batch wandered over many bands first had a band 60 s in, after a 3x change, and learned it as its
+scale: bench_corpus seed 32 serving_work run 2); its offset's error is one constant for every band."""
+LEVEL_VALUES = 8
+"""Residuals of known bands whose median is the unit's current level (a new band's offsets are learned against it)."""
+LEVEL_FRESH_STEPS = 64
+"""The current level is fresh when a known band stepped within this many of the unit's steps; a new band's value
+taken when it is not waits for nothing and is dropped (its level would be an old one)."""
+LEVEL_BLOCK_S = 60.0
+"""Seconds of the unit's own time (steps and idle gaps) per block of the level series."""
+LEVEL_BLOCK_MIN = 8
+"""Residuals a block needs (fewer: its time joins the next block)."""
+LEVEL_RUN = 5
+"""Fewest blocks after a split: a change must hold for about five minutes of the unit's time before it is judged."""
+LEVEL_BASE_MIN = 5
+"""Blocks before a split it needs to report a change of ``min_effect`` (fewer: see :data:`YOUNG_EFFECT`)."""
+YOUNG_EFFECT = 0.5
+"""With fewer than :data:`LEVEL_BASE_MIN` blocks before a split (a slow unit's first minutes: one block of a
+0.3 s unit idle most of the time took 5 minutes), the change must be at least ``1 +`` this: more than a shared
+host's load moves a block (1.0-1.5x), so one or two blocks are a reference only for a change that large."""
+LEVEL_HISTORY = 60
+"""Blocks kept, among which the split is searched (up to the last hour of the unit's time)."""
+LEVEL_Z = 5.0
+"""Standard errors the difference of the two parts' means must clear at the best split (a maximum over splits of
+blocks that a host's load makes correlated: well above the 2-3 of a single test; at 4.5 a healthy replica's
++25 % at z 4.7 armed, bench_corpus seed 32 serving_dp run 7, while a 1.3x change of seed 31 serving_work run 5
+read z 4.85: 1.3x under a host load of 1.0-1.5x is at the edge of what ten blocks before it can tell)."""
+LEVEL_CLIP = 3.0
+"""Blocks are winsorised at this many sigmas from their part's median before the means are taken."""
+LEVEL_MIN_NOISE = 0.1
+"""Floor of the block noise (log): blocks of a shared host wander about 10 % with its load, in runs of several
+blocks that a MAD of a few blocks does not see (at 0.05, a healthy unit's 5 blocks at +17-26 % were reported twice
+in 51 minutes: bench_corpus seed 31 serving_work run 7)."""
+MAX_LEVEL_BANDS = 256
+"""Bands kept (the least recently used is dropped and learned again when it comes back): bounds memory."""
+MAX_LOG = math.log(100.0)
+"""A block's level is clamped to [1 / 100, 100] of the band offsets' scale (magnitudes stay bounded)."""
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+@dataclass
+class _Block:
+    first_step: int
+    last_step: int
+    value: float
+
+
+class UnitLevel:
+    """Judges one serving unit's level, shared by all its work bands, on blocks of :data:`LEVEL_BLOCK_S` seconds.
+
+    Args:
+        job_id: copied into every :class:`Anomaly`.
+        settings: ``min_effect``.
+
+    Notes:
+        Model: ``log t = level(time) + offset(band)``, band ``floor(log(work) / log(1.1))`` (one band without
+        ``work``). The first band with :data:`FIRST_BAND_VALUES` values sets the scale (its offset is their median log
+        time); every later band learns its offset as the median of ``log t - level`` over its first
+        :data:`OFFSET_VALUES` values taken while the level is fresh (a known band stepped within
+        :data:`LEVEL_FRESH_STEPS` steps); the level is the median residual ``log t - offset`` of the last
+        :data:`LEVEL_VALUES` steps of known bands. Offsets are then fixed. So a change of the unit (every band
+        slower) shows in the level whether it set in before or after a band formed.
+
+        Test: the residuals of known bands form blocks of at least :data:`LEVEL_BLOCK_S` seconds of the unit's
+        time (steps and idle gaps, :meth:`elapse`) and :data:`LEVEL_BLOCK_MIN` residuals; a block's value is their
+        median. At each block the history (up to :data:`LEVEL_HISTORY` blocks) is split in two at every ``k`` with
+        at least :data:`LEVEL_RUN` blocks after (a change must have held about five minutes of the unit's time);
+        with ``sigma = max(1.4826 * MAD, LEVEL_MIN_NOISE)`` (the blocks' deviations from their part's median) and
+        each part's mean winsorised at :data:`LEVEL_CLIP` sigmas, the split is a change when the difference ``e``
+        of the means is at least :data:`LEVEL_Z` standard errors ``sigma * sqrt(1 / k + 1 / (n - k))`` and at
+        least ``log(1 + min_effect)`` (``log(1 + YOUNG_EFFECT)`` with fewer than :data:`LEVEL_BASE_MIN` blocks
+        before it). The best split by ``z`` wins; its onset is its first later block at least ``|e| / 2`` off the
+        earlier part's median, and the change is the median of the blocks from there over that median. A rise is a
+        ``step_regression`` (``detail.detector "unit_level"``, magnitude ``exp(e) - 1``, ``first_step`` the onset
+        block's first step); a fall is learned silently. Either way the blocks before the onset are shifted to the
+        new level (the new normal at once; the spread is kept), as :meth:`rebase` does for a change another
+        detector reported. A two-sample change-point test on block levels: the first split of binary segmentation with a
+        robust scale (our own rule, stated here so it can be checked). Cost: O(1) per step, O(history^2 log
+        history) per block (60 blocks, once a minute of the unit's time); memory:
+        :data:`MAX_LEVEL_BANDS` bands, :data:`LEVEL_VALUES` residuals, :data:`LEVEL_HISTORY` blocks.
+    """
+
+    def __init__(self, job_id: str, settings: DetectionSettings) -> None:
+        self.job_id = job_id
+        self.settings = settings
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (a restart)."""
+        self._offsets: dict[int, float] = {}
+        self._learning: dict[int, list[float]] = {}
+        self._level: deque[float] = deque(maxlen=LEVEL_VALUES)
+        self._count = 0
+        self._known_at = -LEVEL_FRESH_STEPS - 1
+        self._open: list[float] = []
+        self._open_first: int | None = None
+        self._open_s = 0.0
+        self._blocks: deque[_Block] = deque(maxlen=LEVEL_HISTORY)
+
+    @property
+    def blocks(self) -> int:
+        """Blocks in the history."""
+        return len(self._blocks)
+
+    @staticmethod
+    def band_of(work: float | None) -> int:
+        """The band key of a step with ``work`` (None, not finite or not > 0: one band, 0)."""
+        if work is None or not (work > 0 and math.isfinite(work)):
+            return 0
+        return 1 + int(math.floor(math.log(work) / math.log(LEVEL_BAND_RATIO)))
+
+    def elapse(self, seconds: float) -> None:
+        """Count ``seconds`` of the unit's time (a finalised step's time, idle gaps included; not finite or
+        negative: 0)."""
+        self._open_s += max(0.0, seconds) if math.isfinite(seconds) else 0.0
+
+    def add(self, step: int, time_s: float, work: float | None) -> list[Anomaly]:
+        """One judged step of the unit (``time_s`` seconds > 0, its ``work`` or None); returns what the block it
+        closes found (usually nothing). A time not finite and > 0 is ignored."""
+        if not (time_s > 0 and math.isfinite(time_s)):
+            return []
+        self._count += 1
+        key, x = self.band_of(work), math.log(time_s)
+        off = self._offsets.get(key)
+        if off is None:
+            self._learn(key, x)
+            return []
+        self._offsets[key] = self._offsets.pop(key)  # most recently used last
+        r = x - off
+        self._level.append(r)
+        self._known_at = self._count
+        if self._open_first is None:
+            self._open_first = step
+        self._open.append(r)
+        if self._open_s < LEVEL_BLOCK_S or len(self._open) < LEVEL_BLOCK_MIN:
+            return []
+        value = max(-MAX_LOG, min(MAX_LOG, _median(self._open)))
+        self._blocks.append(_Block(self._open_first, step, value))
+        self._open, self._open_first, self._open_s = [], None, 0.0
+        return self._judge(step)
+
+    def _learn(self, key: int, x: float) -> None:
+        """One value of a band without an offset yet (see Notes)."""
+        if not self._offsets:  # no known band: the first to fill sets the scale
+            vals = self._learning.setdefault(key, [])
+            vals.append(x)
+            if len(vals) >= FIRST_BAND_VALUES:
+                self._offsets[key] = _median(vals)
+                self._learning.clear()
+            return
+        if self._count - self._known_at > LEVEL_FRESH_STEPS or not self._level:
+            return
+        vals = self._learning.setdefault(key, [])
+        vals.append(x - _median(list(self._level)))
+        if len(vals) >= OFFSET_VALUES:
+            self._offsets[key] = _median(vals)
+            del self._learning[key]
+            if len(self._offsets) > MAX_LEVEL_BANDS:
+                del self._offsets[next(iter(self._offsets))]
+        if len(self._learning) > MAX_LEVEL_BANDS:
+            del self._learning[next(iter(self._learning))]
+
+    def _judge(self, step: int) -> list[Anomaly]:
+        """The best split of the history into a level before and after (see Notes); a rise is reported."""
+        vals = [b.value for b in self._blocks]
+        n = len(vals)
+        if n < LEVEL_RUN + 1:
+            return []
+        best: tuple[float, int, float, float] | None = None
+        for k in range(1, n - LEVEL_RUN + 1):
+            before, after = vals[:k], vals[k:]
+            mb, ma = _median(before), _median(after)
+            dev = [abs(v - mb) for v in before] + [abs(v - ma) for v in after]
+            sigma = max(1.4826 * _median(dev), LEVEL_MIN_NOISE)
+            lo, hi = mb - LEVEL_CLIP * sigma, mb + LEVEL_CLIP * sigma
+            la, ha = ma - LEVEL_CLIP * sigma, ma + LEVEL_CLIP * sigma
+            e = (sum(min(ha, max(la, v)) for v in after) / len(after)
+                 - sum(min(hi, max(lo, v)) for v in before) / k)
+            z = abs(e) / (sigma * math.sqrt(1.0 / k + 1.0 / len(after)))
+            least = math.log1p(self.settings.min_effect if k >= LEVEL_BASE_MIN else max(YOUNG_EFFECT,
+                                                                                        self.settings.min_effect))
+            if z >= LEVEL_Z and abs(e) >= least and (best is None or z > best[0]):
+                best = (z, k, e, sigma)
+        if best is None:
+            return []
+        z, k, e, sigma = best
+        # the onset: the split's first block at least half the change off the earlier level (a block straddling
+        # it, or winsorised into the later part, is no part of the new level); the change measured from there
+        mb, sign = _median(vals[:k]), 1.0 if e > 0 else -1.0
+        j = next((i for i in range(k, n) if (vals[i] - mb) * sign >= abs(e) / 2.0), k)
+        e = _median(vals[j:]) - mb
+        if e * sign < math.log1p(self.settings.min_effect):
+            return []
+        first = self._blocks[j].first_step
+        self._shift(e, first)
+        if e < 0:
+            return []
+        detail = {"detector": "unit_level", "first_step": first, "level_ratio": round(math.exp(e), 4),
+                  "noise": round(sigma, 4), "z": round(z, 2), "blocks_before": k, "blocks_after": n - k,
+                  "block_s": LEVEL_BLOCK_S, "bands": len(self._offsets)}
+        return [Anomaly("step_regression", self.job_id, step, (), math.expm1(e), detail)]
+
+    def rebase(self, log_factor: float, first_step: int | None) -> None:
+        """A change of ``exp(log_factor)`` from the unit's step ``first_step`` on (None: the newest block's first
+        step) is the unit's new normal: blocks that ended before it are shifted by ``log_factor`` (another
+        detector reported it; not finite: ignored)."""
+        if math.isfinite(log_factor) and self._blocks:
+            self._shift(log_factor, self._blocks[-1].first_step if first_step is None else first_step)
+
+    def _shift(self, delta: float, first_step: int) -> None:
+        for b in self._blocks:
+            if b.last_step < first_step:
+                b.value = max(-MAX_LOG, min(MAX_LOG, b.value + delta))

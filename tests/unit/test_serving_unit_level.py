@@ -1,0 +1,84 @@
+"""Serving units: one level shared by a unit's work bands (:class:`~profwatch.core.detection.unit_level.UnitLevel`).
+A lasting +50 % change in the unit's first minutes, which the load bands learned band by band, is reported; a
+healthy host whose load flickers 1.0-1.5x reports nothing; falls are never reported; magnitudes stay bounded (pure;
+generated reports on a fake clock through JobDetector's serving path, and the model on given values)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from profwatch.core.detection.settings import DetectionSettings
+from profwatch.core.detection.unit_level import LEVEL_BLOCK_S, MAX_LOG, UnitLevel
+from tests.unit.test_serving_provisional import _reports
+from tests.unit.test_serving_rescale import _server
+
+
+def test_a_50_percent_change_in_a_units_first_minutes_is_reported_by_the_shared_level() -> None:
+    """+50 % from minute 5 under a host load flickering 1.0-1.5x (3 seeds): reported within 20 minutes of the onset,
+    magnitude 0.25-0.9. Before the shared level, the load bands and the 18-block baseline learned it as normal in
+    2 of 3 seeds (no report in the hour; the provisional rule found seed 1). (+30 % is at the edge of what five blocks before it can tell from a host
+    load of 1.0-1.5x at ``LEVEL_Z``: found in some seeds only.)"""
+    for seed in (1, 2, 3):
+        regs = _reports(list(_server([], steps=12_000, host_load=True, seed=seed, slow_from_s=300.0, slow=1.5)))
+        late = [r for r in regs if 300.0 <= r[0] <= 300.0 + 1200.0]
+        assert late, (seed, regs)
+        assert 0.25 <= late[0][1] <= 0.9, (seed, regs)
+
+
+def _feed(level: UnitLevel, values: list[tuple[float, float]]) -> list[tuple[int, float, dict[str, object]]]:
+    """``(time_s, work)`` per step, each step 1 s of the unit's time."""
+    out = []
+    for i, (t, w) in enumerate(values):
+        level.elapse(LEVEL_BLOCK_S / 60.0)
+        out += [(a.step, a.magnitude, a.detail) for a in level.add(i + 1, t, w)]
+    return out
+
+
+def _steps(n: int, factor_from: int, factor: float) -> list[tuple[float, float]]:
+    """Steps whose work climbs from 1 to 32 over 1,000 steps and back; time ``0.1 * (0.5 + 0.5 w / 32)``, a 1 %
+    ripple, times ``factor`` from step ``factor_from`` on."""
+    out = []
+    for i in range(n):
+        w = 32 - abs((i % 2000) - 1000) * 31 // 1000
+        t = 0.1 * (0.5 + 0.5 * w / 32) * (1.0 + 0.01 * math.sin(i)) * (factor if i >= factor_from else 1.0)
+        out.append((t, float(w)))
+    return out
+
+
+def test_a_change_while_the_bands_form_is_in_the_level_not_in_the_new_bands_offsets() -> None:
+    """3x from step 400 (work 13 of 1-32, climbing): every band learned later carries it in the level, so the change
+    is reported once, as about 3x, within 10 blocks (a band reference of its own learned it: each new band formed
+    at 3x)."""
+    found = _feed(UnitLevel("svc", DetectionSettings()), _steps(2_500, 400, 3.0))
+    assert len(found) == 1, found
+    assert 2.5 <= 1.0 + found[0][1] <= 3.5 and found[0][2]["detector"] == "unit_level", found
+    assert found[0][0] <= 400 + 600, found
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.lists(st.floats(min_value=1e-4, max_value=1e3), min_size=50, max_size=400),
+       st.lists(st.one_of(st.none(), st.floats(min_value=0.5, max_value=4096)), min_size=1, max_size=400))
+def test_reports_are_rises_with_bounded_magnitudes(times: list[float], works: list[float | None]) -> None:
+    """Any series: every report is a rise (magnitude > 0), finite and at most 100x - 1; a series that only gets
+    faster (sorted descending) reports nothing."""
+    vals = [(t, works[i % len(works)]) for i, t in enumerate(times)]
+    for a in _feed(UnitLevel("svc", DetectionSettings()), vals):
+        assert 0.0 < a[1] <= math.exp(2 * MAX_LOG) and math.isfinite(a[1]), a
+    falling = sorted(times, reverse=True)
+    assert _feed(UnitLevel("svc", DetectionSettings()), [(t, None) for t in falling]) == []
+
+
+def test_a_slow_units_3x_change_after_its_first_block_is_reported_and_a_host_swing_is_not() -> None:
+    """One block (60 steps of 1 s) at 0.1 s, then 3x for 6 blocks: reported (a slow unit's first block can be
+    its only one before a change: bench_corpus seed 31 serving_work run 4, a 3x change at 416 s, lost before); one
+    block at 0.1 s, then 1.4x (a shared host's load swings 1.0-1.5x): nothing, a single block being a reference
+    only for a change of at least 1.5x."""
+    ripple = [1.0 + 0.02 * math.sin(i) for i in range(480)]
+    found = _feed(UnitLevel("svc", DetectionSettings()), [(0.1 * r * (3.0 if i >= 60 else 1.0), None)
+                                                          for i, r in enumerate(ripple)])
+    assert len(found) == 1 and 2.5 <= 1.0 + found[0][1] <= 3.5 and found[0][2]["blocks_before"] == 1, found
+    assert _feed(UnitLevel("svc", DetectionSettings()), [(0.1 * r * (1.4 if i >= 60 else 1.0), None)
+                                                         for i, r in enumerate(ripple)]) == []
