@@ -377,6 +377,8 @@ def main() -> None:
     ap.add_argument("--arm", type=int, default=0, help="only measure arming the inotify watches over a tree of "
                                                        "this many rank dirs (folders only), then exit")
     args = ap.parse_args()
+    if args.dir:  # a --dir that does not exist yet is made (tempfile would fail on it)
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     if args.arm:
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
             cpu0 = time.process_time()
