@@ -501,13 +501,13 @@ def _window_after_onset(run: Run, c: Change, arm: dict[str, Any]) -> bool:
 
 def _capture_steps(run: Run, c: Change) -> int:
     """Steps a capture armed at the change's onset needs before its window has profiled changed steps: the
-    planner's lead (``lead_steps``, at the median step time of the 50 steps before the onset) plus the capture's
-    ``warmup`` and ``active`` steps (``[capture]`` defaults). A requeued 7.7 ms job whose 3x change ran 226 steps
+    planner's lead (``lead_steps``, at the median step time of the 50 steps before the onset) plus the warm-up and
+    active steps of the captures detection arms (``[arming] warmup``/``active`` defaults). A requeued 7.7 ms job whose 3x change ran 226 steps
     to the job's end (bench seed 31, ``requeue`` run 26) had a lead of 393 steps: no capture could start in time."""
     before = [st for t, st in run.levels if t < c.onset_t][-50:]
     step_s = float(np.median(before)) if before else float(np.median([st for _, st in run.levels[:50]]))
-    cs = CaptureSettings()
-    return lead_steps(c.onset, step_s, cs) + cs.warmup + cs.active
+    cs, arming = CaptureSettings(), ArmingSettings()
+    return lead_steps(c.onset, step_s, cs) + arming.warmup + arming.active
 
 
 def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
