@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from profwatch.commands.replay import replay_lines
 from profwatch.core.arming.episodes import JobEpisodes
-from profwatch.core.arming.policy import ArmHistory
+from profwatch.core.arming.policy import WITHDRAW_SLACK_STEPS, ArmHistory
 from profwatch.core.arming.settings import ArmingSettings
+from profwatch.core.capture.planner import CaptureSettings, lead_steps
 from profwatch.core.detection.interruptions import RETURN_STEPS, RecurringInterruptions
 from profwatch.core.detection.types import Anomaly
 
@@ -64,10 +65,11 @@ def test_the_first_checkpoint_of_5_steps_is_withdrawn_before_its_window() -> Non
 
 
 def test_a_lasting_change_keeps_its_capture() -> None:
-    """The same 7x rise that does not end: the capture is kept (its steps stay elevated through the lead)."""
+    """The same 7x rise that does not end: the capture is kept (its steps stay elevated through the lead); its window
+    starts the planner's lead (4 steps) plus WITHDRAW_SLACK_STEPS after the report at step 204."""
     res = replay_lines(lines(400, onset=200, duration=None, factor=7.0))
     assert not res["withdrawn"] and spent(res)
-    assert spent(res)[0]["start_step"] <= 210
+    assert spent(res)[0]["start_step"] <= 204 + 4 + WITHDRAW_SLACK_STEPS
 
 
 def test_a_checkpoint_that_ends_on_a_new_level_keeps_or_rearms_a_capture() -> None:
@@ -102,11 +104,11 @@ def test_withdraw_needs_the_window_ahead_and_a_job_wide_level_report() -> None:
 
     evidence = {"first_step": 200, "last_elevated_step": 204, "steps_back": 2, "level_back": 0.01, "before_s": 1.8}
     b, eid = book_with_arm()
-    assert not b.withdraw_returned(101.0, furthest_step=206, returned=lambda f: None)
-    assert not b.withdraw_returned(101.0, furthest_step=208, returned=lambda f: evidence)  # window reached
-    assert not b.withdraw_returned(101.0, furthest_step=206, returned=lambda f: evidence, confirm=lambda c, w: False)
+    assert not b.withdraw_returned(101.0, reach_steps=1, furthest_step=206, returned=lambda f: None)
+    assert not b.withdraw_returned(101.0, reach_steps=1, furthest_step=208, returned=lambda f: evidence)  # window reached
+    assert not b.withdraw_returned(101.0, reach_steps=1, furthest_step=206, returned=lambda f: evidence, confirm=lambda c, w: False)
     assert b.history.state(101.0, capture_in_flight=False).captures_last_hour == 1
-    [(cid, why, events)] = b.withdraw_returned(101.0, furthest_step=206, returned=lambda f: evidence)
+    [(cid, why, events)] = b.withdraw_returned(101.0, reach_steps=1, furthest_step=206, returned=lambda f: evidence)
     assert cid == "c1" and "step 200" in why
     assert b.history.state(101.0, capture_in_flight=False).captures_last_hour == 0
     assert b.history.last_arm_unix_s is None and b.withdrawn == 1
@@ -114,7 +116,7 @@ def test_withdraw_needs_the_window_ahead_and_a_job_wide_level_report() -> None:
     assert ep is not None and ep.close_reason == "returned" and ep.captures[-1].status == "withdrawn"
     assert [e.data["reason"] for e in events] == ["returned"]
     for other in (book_with_arm(ranks=(1,))[0], book_with_arm(pattern="cusum")[0]):
-        assert not other.withdraw_returned(101.0, furthest_step=206, returned=lambda f: evidence)
+        assert not other.withdraw_returned(101.0, reach_steps=1, furthest_step=206, returned=lambda f: evidence)
 
 
 def test_returned_wants_every_step_back_and_their_median_under_min_effect() -> None:
@@ -148,3 +150,42 @@ def test_a_single_excursion_that_returns_never_spends_a_capture(duration: int, f
     6-step one ends 2 steps before the window and keeps its capture (not covered here)."""
     res = replay_lines(lines(onset + 150, onset=onset, duration=duration, factor=factor, cv=cv, seed=seed))
     assert not spent(res), (res["arms"], res["withdrawn"])
+
+
+def furthest_at(ls: list[str], at_unix_s: float) -> int:
+    """The job's furthest step reported by ``at_unix_s`` (the replay's clock is the records' time)."""
+    return max(r["step"] for r in map(json.loads, ls) if r["ts_unix_s"] <= at_unix_s)
+
+
+def test_a_withdrawal_leaves_the_idle_config_time_to_reach_the_ranks() -> None:
+    """A withdrawal writes the idle config over the arm; torch_npu reads it at its next poll, so it must leave the
+    planner's lead (poll interval + margin_s, + margin_steps: the rule every config write follows) before the
+    window. Armed at the lead alone, a 5-step 7x checkpoint at 1.8 s steps was withdrawn with the furthest step
+    207 and the window at 208: the ranks ran the window and its data lay under a capture that said it was
+    withdrawn before its window, never analysed. Now the window of such an arm starts WITHDRAW_SLACK_STEPS later
+    and no withdrawal is made closer than the lead; the checkpoint is still withdrawn."""
+    withdrawn = 0
+    for duration in range(1, 9):
+        ls = lines(400, onset=200, duration=duration, factor=7.0)
+        res = replay_lines(ls)
+        starts = {a["capture_id"]: a["start_step"] for a in res["arms"]}
+        for w in res["withdrawn"]:
+            at = furthest_at(ls, w["at_unix_s"])
+            assert starts[w["capture_id"]] - at >= lead_steps(at, STEP_S, CaptureSettings()), (duration, at, starts)
+            withdrawn += 1
+    assert withdrawn >= 1
+
+
+def test_no_withdrawal_inside_the_lead_or_without_a_step_time() -> None:
+    """The book withdraws only with ``start_step - furthest_step >= reach_steps`` (and never without a reach)."""
+    b = JobEpisodes("j", ArmingSettings(), ArmHistory())
+    an = Anomaly("step_regression", "j", 204, (), 6.0,
+                 {"pattern": "level", "first_step": 200, "baseline_s": 1.8, "step_time_s": 12.6})
+    ep, _ = b.observe(an, 100.0)
+    assert ep is not None
+    b.history.record_arm(100.0, "c1")
+    b.armed(ep.episode_id, "c1", 100.0, covered=None, start_step=211)
+    evidence = {"first_step": 200, "last_elevated_step": 204, "steps_back": 2, "level_back": 0.01, "before_s": 1.8}
+    assert not b.withdraw_returned(101.0, furthest_step=208, reach_steps=4, returned=lambda f: evidence)
+    assert not b.withdraw_returned(101.0, furthest_step=207, reach_steps=None, returned=lambda f: evidence)
+    assert b.withdraw_returned(101.0, furthest_step=207, reach_steps=4, returned=lambda f: evidence)
