@@ -189,3 +189,52 @@ def test_no_withdrawal_inside_the_lead_or_without_a_step_time() -> None:
     assert not b.withdraw_returned(101.0, furthest_step=208, reach_steps=4, returned=lambda f: evidence)
     assert not b.withdraw_returned(101.0, furthest_step=207, reach_steps=None, returned=lambda f: evidence)
     assert b.withdraw_returned(101.0, furthest_step=207, reach_steps=4, returned=lambda f: evidence)
+
+
+def dipped(factor: float, dip: tuple[int, ...], seed: int = 0) -> list[str]:
+    """A lasting ``factor`` x change from step 200 whose steps ``dip`` are back at the level before it."""
+    out = []
+    for line in lines(420, onset=200, duration=None, factor=1.0, seed=seed):
+        r = json.loads(line)
+        if r["step"] >= 200 and r["step"] not in dip:
+            r["step_time_s"] = round(r["step_time_s"] * factor, 6)
+        out.append(json.dumps(r))
+    return out
+
+
+def test_a_lasting_change_that_dips_for_two_steps_after_its_report_is_still_captured() -> None:
+    """A lasting 2x (or 7x) change whose first 2 steps after the report are back at the old level: the return
+    seen on those 2 steps withdraws the capture, and the steps that follow, elevated again, went on (3 strays: the
+    watch drops it as a change). Before, nothing reported it again (the detector's level was already the
+    change's) and no capture of it was ever spent in the 216 steps after; now the watch reports it again as a new
+    level from its first elevated step after the dip, and a capture covering it is spent."""
+    for factor in (2.0, 7.0):
+        for seed in range(3):
+            res = replay_lines(dipped(factor, (205, 206), seed))
+            assert res["withdrawn"], (factor, seed)
+            again = [a for a in res["anomalies"] if a["kind"] == "step_regression" and a["step"] > 204]
+            assert again and again[0]["detail"]["reference"] == "before_interruption", (factor, seed, again)
+            assert again[0]["detail"]["first_step"] == 207 and again[0]["step"] <= 210, again[0]
+            assert abs(again[0]["magnitude"] - (factor - 1.0)) <= 0.2 * factor, again[0]
+            assert [a for a in spent(res) if a["start_step"] >= 207], (factor, seed, res["arms"])
+
+
+def test_an_excursion_said_to_have_come_back_that_goes_on_is_a_new_level() -> None:
+    """``returned`` vouched for the excursion on 2 steps back; more than REVERT_STRAYS elevated steps after them
+    end the watch with a :class:`NewLevel` from the first of them (an excursion not vouched for is dropped
+    silently, as before: its report stands)."""
+    from profwatch.core.detection.interruptions import REVERT_STRAYS, NewLevel
+
+    def run(vouch: bool) -> list[object]:
+        rec = RecurringInterruptions()
+        rec.reported(200, 204, 1.0, 1.8, 0.03)
+        out = [rec.observe(205, 1.8, 0.3, 6.0, 0.1), rec.observe(206, 1.81, 0.3, 6.0, 0.1)]
+        if vouch:
+            assert rec.returned(200, 0.1) is not None
+        out += [rec.observe(207 + i, 3.6, 0.3, 6.0, 0.1) for i in range(REVERT_STRAYS + 1)]
+        return [o for o in out if o is not None]
+
+    [new] = run(True)
+    assert isinstance(new, NewLevel) and new.first_step == 207 and abs(new.level - 1.0) < 0.01
+    assert new.before_s == 1.8 and new.steps == REVERT_STRAYS + 1
+    assert run(False) == []
