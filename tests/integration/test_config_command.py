@@ -70,6 +70,17 @@ def test_show_gives_each_key_its_source_and_redacts_secrets(tmp_path: Path) -> N
     assert doc["coordinator.window_steps"] == {"value": 500, "source": "file"}
 
 
+def test_show_names_the_env_variable_of_a_former_name(tmp_path: Path) -> None:
+    """A setting read from the environment under its former name (``PROFWATCH_CAPTURE__ACTIVE``, read as
+    ``capture.manual_active``) is shown with that variable as its source, not as a default that it is not (as the
+    file's former names are)."""
+    res = _cli("show", env={"PROFWATCH_CAPTURE__ACTIVE": "7"})
+    assert res.returncode == 0, res.stderr
+    lines = dict(line.split(" = ", 1) for line in res.stdout.splitlines() if " = " in line)
+    assert lines["capture.manual_active"] == "7  # env PROFWATCH_CAPTURE__ACTIVE"
+    assert lines["capture.manual_warmup"] == "1  # default"
+
+
 def test_redaction_and_sources_rules() -> None:
     assert redact("alertmanager.url", "https://bob:pw@host/") == "https://<redacted>@host/"
     assert redact("x.api_token", "abc") == "<redacted>" and redact("x.password", "p") == "<redacted>"

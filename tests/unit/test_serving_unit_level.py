@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,3 +84,33 @@ def test_a_slow_units_3x_change_after_its_first_block_is_reported_and_a_host_swi
     assert len(found) == 1 and 2.5 <= 1.0 + found[0][1] <= 3.5 and found[0][2]["blocks_before"] == 1, found
     assert _feed(UnitLevel("svc", DetectionSettings()), [(0.1 * r * (1.4 if i >= 60 else 1.0), None)
                                                          for i, r in enumerate(ripple)]) == []
+
+
+def _alternating_batches(seed: int, noise: float, hours: float = 3.0) -> list[tuple[int, float, float]]:
+    """A healthy serving unit whose batch alternates between 64 and 128 (5 % jitter) every 20 minutes (traffic
+    moving between two regimes), step time ``0.002 * work ** 0.9`` s with ``noise`` log-normal per step and no
+    change at all: the reports of :class:`UnitLevel` as ``(minute, magnitude, z)``."""
+    rng = np.random.default_rng(seed)
+    level = UnitLevel("j", DetectionSettings())
+    t, step, out = 0.0, 0, []
+    while t < hours * 3600.0:
+        work = (64.0, 128.0)[int(t // 1200.0) % 2] * math.exp(0.05 * float(rng.standard_normal()))
+        x = 0.002 * work ** 0.9 * math.exp(noise * float(rng.standard_normal()))
+        step, t = step + 1, t + x
+        level.elapse(x)
+        out += [(round(t / 60.0), round(a.magnitude, 2), a.detail["z"]) for a in level.add(step, x, work)]
+    return out
+
+
+@pytest.mark.xfail(strict=True, reason="open: a new band's offset is fixed from 8 values against the median of the "
+                                       "last 8 known residuals; a regime switch carries that error into the level")
+def test_a_healthy_unit_alternating_between_two_batch_regimes_reports_nothing() -> None:
+    """Nothing changes but which work bands the traffic uses. The bands of the second regime learn their offsets,
+    all at once, against the level the last 8 residuals of the first showed: with 30 % noise per step that level is
+    off by ~0.13 (the median of 8) and each new band's median by as much again, and the offsets are fixed. So the
+    level jumps by that error at every switch: a rise reported as +17-28 % (z 5.0-5.3) at every second switch (a
+    fall is learned silently and shifts the blocks before it, so the next switch is a fresh rise), in 3 of 12
+    seeds, every 40 minutes for as long as the traffic alternates (found by the adversarial review of the shared
+    level; 1 of 12 seeds at 10 % noise)."""
+    reported = {seed: r for seed in range(12) if (r := _alternating_batches(seed, 0.3))}
+    assert not reported, reported

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from profwatch.commands.replay import replay_lines
 from profwatch.core.arming.episodes import JobEpisodes
-from profwatch.core.arming.policy import ArmHistory
+from profwatch.core.arming.policy import WITHDRAW_SLACK_STEPS, ArmHistory
 from profwatch.core.arming.settings import ArmingSettings
+from profwatch.core.capture.planner import CaptureSettings, lead_steps
 from profwatch.core.detection.interruptions import RETURN_STEPS, RecurringInterruptions
 from profwatch.core.detection.types import Anomaly
 
@@ -64,10 +65,11 @@ def test_the_first_checkpoint_of_5_steps_is_withdrawn_before_its_window() -> Non
 
 
 def test_a_lasting_change_keeps_its_capture() -> None:
-    """The same 7x rise that does not end: the capture is kept (its steps stay elevated through the lead)."""
+    """The same 7x rise that does not end: the capture is kept (its steps stay elevated through the lead); its window
+    starts the planner's lead (4 steps) plus WITHDRAW_SLACK_STEPS after the report at step 204."""
     res = replay_lines(lines(400, onset=200, duration=None, factor=7.0))
     assert not res["withdrawn"] and spent(res)
-    assert spent(res)[0]["start_step"] <= 210
+    assert spent(res)[0]["start_step"] <= 204 + 4 + WITHDRAW_SLACK_STEPS
 
 
 def test_a_checkpoint_that_ends_on_a_new_level_keeps_or_rearms_a_capture() -> None:
@@ -102,11 +104,11 @@ def test_withdraw_needs_the_window_ahead_and_a_job_wide_level_report() -> None:
 
     evidence = {"first_step": 200, "last_elevated_step": 204, "steps_back": 2, "level_back": 0.01, "before_s": 1.8}
     b, eid = book_with_arm()
-    assert not b.withdraw_returned(101.0, furthest_step=206, returned=lambda f: None)
-    assert not b.withdraw_returned(101.0, furthest_step=208, returned=lambda f: evidence)  # window reached
-    assert not b.withdraw_returned(101.0, furthest_step=206, returned=lambda f: evidence, confirm=lambda c, w: False)
+    assert not b.withdraw_returned(101.0, reach_steps=1, furthest_step=206, returned=lambda f: None)
+    assert not b.withdraw_returned(101.0, reach_steps=1, furthest_step=208, returned=lambda f: evidence)  # window reached
+    assert not b.withdraw_returned(101.0, reach_steps=1, furthest_step=206, returned=lambda f: evidence, confirm=lambda c, w: False)
     assert b.history.state(101.0, capture_in_flight=False).captures_last_hour == 1
-    [(cid, why, events)] = b.withdraw_returned(101.0, furthest_step=206, returned=lambda f: evidence)
+    [(cid, why, events)] = b.withdraw_returned(101.0, reach_steps=1, furthest_step=206, returned=lambda f: evidence)
     assert cid == "c1" and "step 200" in why
     assert b.history.state(101.0, capture_in_flight=False).captures_last_hour == 0
     assert b.history.last_arm_unix_s is None and b.withdrawn == 1
@@ -114,7 +116,7 @@ def test_withdraw_needs_the_window_ahead_and_a_job_wide_level_report() -> None:
     assert ep is not None and ep.close_reason == "returned" and ep.captures[-1].status == "withdrawn"
     assert [e.data["reason"] for e in events] == ["returned"]
     for other in (book_with_arm(ranks=(1,))[0], book_with_arm(pattern="cusum")[0]):
-        assert not other.withdraw_returned(101.0, furthest_step=206, returned=lambda f: evidence)
+        assert not other.withdraw_returned(101.0, reach_steps=1, furthest_step=206, returned=lambda f: evidence)
 
 
 def test_returned_wants_every_step_back_and_their_median_under_min_effect() -> None:
@@ -148,3 +150,91 @@ def test_a_single_excursion_that_returns_never_spends_a_capture(duration: int, f
     6-step one ends 2 steps before the window and keeps its capture (not covered here)."""
     res = replay_lines(lines(onset + 150, onset=onset, duration=duration, factor=factor, cv=cv, seed=seed))
     assert not spent(res), (res["arms"], res["withdrawn"])
+
+
+def furthest_at(ls: list[str], at_unix_s: float) -> int:
+    """The job's furthest step reported by ``at_unix_s`` (the replay's clock is the records' time)."""
+    return max(r["step"] for r in map(json.loads, ls) if r["ts_unix_s"] <= at_unix_s)
+
+
+def test_a_withdrawal_leaves_the_idle_config_time_to_reach_the_ranks() -> None:
+    """A withdrawal writes the idle config over the arm; torch_npu reads it at its next poll, so it must leave the
+    planner's lead (poll interval + margin_s, + margin_steps: the rule every config write follows) before the
+    window. Armed at the lead alone, a 5-step 7x checkpoint at 1.8 s steps was withdrawn with the furthest step
+    207 and the window at 208: the ranks ran the window and its data lay under a capture that said it was
+    withdrawn before its window, never analysed. Now the window of such an arm starts WITHDRAW_SLACK_STEPS later
+    and no withdrawal is made closer than the lead; the checkpoint is still withdrawn."""
+    withdrawn = 0
+    for duration in range(1, 9):
+        ls = lines(400, onset=200, duration=duration, factor=7.0)
+        res = replay_lines(ls)
+        starts = {a["capture_id"]: a["start_step"] for a in res["arms"]}
+        for w in res["withdrawn"]:
+            at = furthest_at(ls, w["at_unix_s"])
+            assert starts[w["capture_id"]] - at >= lead_steps(at, STEP_S, CaptureSettings()), (duration, at, starts)
+            withdrawn += 1
+    assert withdrawn >= 1
+
+
+def test_no_withdrawal_inside_the_lead_or_without_a_step_time() -> None:
+    """The book withdraws only with ``start_step - furthest_step >= reach_steps`` (and never without a reach)."""
+    b = JobEpisodes("j", ArmingSettings(), ArmHistory())
+    an = Anomaly("step_regression", "j", 204, (), 6.0,
+                 {"pattern": "level", "first_step": 200, "baseline_s": 1.8, "step_time_s": 12.6})
+    ep, _ = b.observe(an, 100.0)
+    assert ep is not None
+    b.history.record_arm(100.0, "c1")
+    b.armed(ep.episode_id, "c1", 100.0, covered=None, start_step=211)
+    evidence = {"first_step": 200, "last_elevated_step": 204, "steps_back": 2, "level_back": 0.01, "before_s": 1.8}
+    assert not b.withdraw_returned(101.0, furthest_step=208, reach_steps=4, returned=lambda f: evidence)
+    assert not b.withdraw_returned(101.0, furthest_step=207, reach_steps=None, returned=lambda f: evidence)
+    assert b.withdraw_returned(101.0, furthest_step=207, reach_steps=4, returned=lambda f: evidence)
+
+
+def dipped(factor: float, dip: tuple[int, ...], seed: int = 0) -> list[str]:
+    """A lasting ``factor`` x change from step 200 whose steps ``dip`` are back at the level before it."""
+    out = []
+    for line in lines(420, onset=200, duration=None, factor=1.0, seed=seed):
+        r = json.loads(line)
+        if r["step"] >= 200 and r["step"] not in dip:
+            r["step_time_s"] = round(r["step_time_s"] * factor, 6)
+        out.append(json.dumps(r))
+    return out
+
+
+def test_a_lasting_change_that_dips_for_two_steps_after_its_report_is_still_captured() -> None:
+    """A lasting 2x (or 7x) change whose first 2 steps after the report are back at the old level: the return
+    seen on those 2 steps withdraws the capture, and the steps that follow, elevated again, went on (3 strays: the
+    watch drops it as a change). Before, nothing reported it again (the detector's level was already the
+    change's) and no capture of it was ever spent in the 216 steps after; now the watch reports it again as a new
+    level from its first elevated step after the dip, and a capture covering it is spent."""
+    for factor in (2.0, 7.0):
+        for seed in range(3):
+            res = replay_lines(dipped(factor, (205, 206), seed))
+            assert res["withdrawn"], (factor, seed)
+            again = [a for a in res["anomalies"] if a["kind"] == "step_regression" and a["step"] > 204]
+            assert again and again[0]["detail"]["reference"] == "before_interruption", (factor, seed, again)
+            assert again[0]["detail"]["first_step"] == 207 and again[0]["step"] <= 210, again[0]
+            assert abs(again[0]["magnitude"] - (factor - 1.0)) <= 0.2 * factor, again[0]
+            assert [a for a in spent(res) if a["start_step"] >= 207], (factor, seed, res["arms"])
+
+
+def test_an_excursion_said_to_have_come_back_that_goes_on_is_a_new_level() -> None:
+    """``returned`` vouched for the excursion on 2 steps back; more than REVERT_STRAYS elevated steps after them
+    end the watch with a :class:`NewLevel` from the first of them (an excursion not vouched for is dropped
+    silently, as before: its report stands)."""
+    from profwatch.core.detection.interruptions import REVERT_STRAYS, NewLevel
+
+    def run(vouch: bool) -> list[object]:
+        rec = RecurringInterruptions()
+        rec.reported(200, 204, 1.0, 1.8, 0.03)
+        out = [rec.observe(205, 1.8, 0.3, 6.0, 0.1), rec.observe(206, 1.81, 0.3, 6.0, 0.1)]
+        if vouch:
+            assert rec.returned(200, 0.1) is not None
+        out += [rec.observe(207 + i, 3.6, 0.3, 6.0, 0.1) for i in range(REVERT_STRAYS + 1)]
+        return [o for o in out if o is not None]
+
+    [new] = run(True)
+    assert isinstance(new, NewLevel) and new.first_step == 207 and abs(new.level - 1.0) < 0.01
+    assert new.before_s == 1.8 and new.steps == REVERT_STRAYS + 1
+    assert run(False) == []

@@ -24,7 +24,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,15 +100,17 @@ def former_names(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def source_of(key: str, file_keys: set[str], environ: Mapping[str, str]) -> str:
+def source_of(key: str, file_keys: set[str], environ: Mapping[str, str], formerly: Iterable[str] = ()) -> str:
     """Where ``key``'s effective value comes from: ``env NAME`` (pydantic-settings: env wins over the file),
-    ``file`` or ``default``. An env override of a whole table (``PROFWATCH_ARMING``, JSON) counts for its keys."""
-    parts = key.split(".")
+    ``file`` or ``default``. An env override of a whole table (``PROFWATCH_ARMING``, JSON) counts for its keys;
+    ``formerly``: the key's former dotted names (:func:`former_names`), whose variables are still read."""
     upper = {k.upper(): k for k in environ}
-    for n in range(len(parts), 0, -1):
-        name = "PROFWATCH_" + "__".join(parts[:n]).upper()
-        if name in upper:
-            return f"env {upper[name]}"
+    for dotted in (key, *formerly):
+        parts = dotted.split(".")
+        for n in range(len(parts), 0, -1):
+            name = "PROFWATCH_" + "__".join(parts[:n]).upper()
+            if name in upper:
+                return f"env {upper[name]}"
     return "file" if key in file_keys else "default"
 
 
@@ -324,7 +326,11 @@ def show(config_path: Path | None, as_json: bool) -> None:
 
     renamed = former_names(Settings)
     file_keys = {renamed.get(k, k) for k in _file_keys(_toml(path))} if path is not None else set()
-    rows = {key: {"value": redact(key, value), "source": source_of(key, file_keys, os.environ)}
+    formerly: dict[str, list[str]] = {}
+    for old_name, new_name in renamed.items():
+        formerly.setdefault(new_name, []).append(old_name)
+    rows = {key: {"value": redact(key, value),
+                  "source": source_of(key, file_keys, os.environ, formerly.get(key, ()))}
             for key, value in leaves(settings)}
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))

@@ -44,7 +44,7 @@ from profwatch.adapters.fs.bounded_read import (
 )
 from profwatch.core.arming.episodes import JobEpisodes
 from profwatch.core.arming.policy import ArmingPolicy, ArmingSettings, capture_request
-from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture, spike_hold
+from profwatch.core.capture.planner import CaptureSettings, JobProgress, lead_steps, plan_capture, spike_hold
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
 from profwatch.core.fleet.generations import GenerationOpened
 from profwatch.core.fleet.limits import LimitSettings
@@ -316,7 +316,10 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
             result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step,
                                          "reason": "transient_not_capturable"})
     if job.in_flight_until_step is not None:  # a capture whose excursion came back before its window: withdrawn
-        for cid, why, evs in book.withdraw_returned(now, furthest_step=furthest, returned=_returned(det)):
+        st = det.baseline_step_time_s
+        reach = lead_steps(max(0, furthest), st, cfg.capture) if furthest is not None and st else None
+        for cid, why, evs in book.withdraw_returned(now, furthest_step=furthest, reach_steps=reach,
+                                                    returned=_returned(det)):
             events += evs
             job.in_flight_until_step = None
             result["withdrawn"].append({"job_id": det.job_id, "capture_id": cid, "at_unix_s": now, "why": why})

@@ -34,7 +34,14 @@ from profwatch.core.arming.episode_record import (
     episode_key,
     value_key,
 )
-from profwatch.core.arming.policy import HOUR_S, JOB_HOLDS, ArmDecision, ArmHistory, ArmingPolicy
+from profwatch.core.arming.policy import (
+    HOUR_S,
+    JOB_HOLDS,
+    ArmDecision,
+    ArmHistory,
+    ArmingPolicy,
+    withdrawable,
+)
 from profwatch.core.arming.settings import ArmingSettings
 from profwatch.core.arming.targeting import JobTopology
 from profwatch.core.capture.lifecycle import Event
@@ -678,7 +685,7 @@ class JobEpisodes:
                            f"ranks {shown} is queued (through the job's capture budget)"))
         return out
 
-    def withdraw_returned(self, now_unix_s: float, *, furthest_step: int | None,
+    def withdraw_returned(self, now_unix_s: float, *, furthest_step: int | None, reach_steps: int | None,
                           returned: Callable[[int], Mapping[str, Any] | None],
                           confirm: Callable[[str, str], bool] = lambda cid, why: True,
                           ) -> list[tuple[str, str, list[Event]]]:
@@ -686,7 +693,10 @@ class JobEpisodes:
 
         A candidate: an open job-wide ``step_regression`` episode of a spike-held level report (``pattern
         "level"``: steps over ``spike_min_effect`` that outlasted the hold) with its own capture in flight whose
-        ``start_step`` the job's furthest step has not reached. ``returned(first_step)`` gives the detector's
+        ``start_step`` is at least ``reach_steps`` ahead of the job's furthest step (the planner's lead,
+        ``profwatch.core.capture.planner.lead_steps``: the steps an idle config needs to reach every rank before
+        the window; None, no step time known: nothing is withdrawn. Closer, the ranks may run the window anyway and
+        its data would lie under a capture that says it recorded nothing). ``returned(first_step)`` gives the detector's
         evidence that the steps came back to the level before it (``JobDetector.excursion_returned``, JSON), or
         None. For each: the capture ends with status ``withdrawn`` (it covers nothing more), its arm leaves the
         budget (:meth:`ArmHistory.withdraw`: no hourly slot, no gap, no bytes), and the episode closes with reason
@@ -697,13 +707,13 @@ class JobEpisodes:
         config) and says whether it could (False: a rank started the window; nothing changes here).
         Returns ``(capture_id, why, events)`` per withdrawal."""
         out: list[tuple[str, str, list[Event]]] = []
-        if furthest_step is None:
+        if furthest_step is None or reach_steps is None:
             return out
         for ep in list(self.open.values()):
             cid = ep.in_flight
             flight = self._flight.get(cid) if cid is not None else None
-            if (ep.ranks or ep.kind != "step_regression" or ep.detail.get("pattern") != "level" or flight is None
-                    or flight[0] is None or furthest_step >= flight[0]
+            if (not withdrawable(ep.anomaly()) or flight is None
+                    or flight[0] is None or flight[0] - furthest_step < max(1, reach_steps)
                     or not any(c.own and c.capture_id == cid for c in ep.captures)):
                 continue
             first = ep.detail.get("first_step")

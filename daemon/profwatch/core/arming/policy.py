@@ -34,6 +34,7 @@ from profwatch.core.arming.targeting import (
 )
 from profwatch.core.batches.completeness import rank_ranges
 from profwatch.core.capture.planner import CaptureRequest, CaptureSettings, lead_steps
+from profwatch.core.detection.interruptions import RETURN_STEPS
 from profwatch.core.detection.types import Anomaly
 
 ArmAction = Literal["arm", "would_arm", "suppress"]
@@ -343,12 +344,28 @@ class ArmHistory:
                              now_unix_s, topology)
 
 
+WITHDRAW_SLACK_STEPS = RETURN_STEPS + 1
+"""Steps added to the planner's lead for the window of a :func:`withdrawable` report: the
+:data:`~profwatch.core.detection.interruptions.RETURN_STEPS` steps that show its excursion came back, plus the step
+that closes the last of them, pass while the idle config can still reach every rank before the window
+(``JobEpisodes.withdraw_returned`` wants the planner's lead between the furthest step and ``start_step``). Armed at
+the lead alone, the return of a 5-step checkpoint at 1.8 s steps was seen with the furthest step 1 step before the
+window (the planner's lead is 4): the idle config could not reach the ranks in time, the window ran, and its data
+lay under a capture that said it was withdrawn before its window (never analysed)."""
+
+
+def withdrawable(anomaly: Anomaly) -> bool:
+    """Whether a capture armed for ``anomaly`` may be withdrawn if its excursion comes back
+    (``JobEpisodes.withdraw_returned``): a job-wide ``step_regression`` of ``pattern "level"``."""
+    return not anomaly.ranks and anomaly.kind == "step_regression" and anomaly.detail.get("pattern") == "level"
+
+
 def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: int, step_time_s: float | None,
                     capture: CaptureSettings) -> CaptureRequest:
     """The :class:`~profwatch.core.capture.planner.CaptureRequest` for an arming ``decision`` on ``anomaly``.
 
     For every kind but ``periodic_spike`` the planner places ``start_step`` (its lead ahead of the furthest
-    rank). For ``periodic_spike`` the window is placed on a predicted occurrence: the first onset
+    rank; for a :func:`withdrawable` report :data:`WITHDRAW_SLACK_STEPS` further). For ``periodic_spike`` the window is placed on a predicted occurrence: the first onset
     ``o = next_onset_step + j * period_steps`` (j >= 0) with ``o - warmup`` at or after the planner's earliest
     safe start (``furthest_step + lead_steps``), ``start_step = o - warmup`` so the active steps begin at the
     onset, and ``active = max(decision.active, duration_steps)`` capped at ``capture.max_active``. Without a
@@ -361,6 +378,8 @@ def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: i
                             "named_ranks": sorted(set(anomaly.ranks)) or None}
     if decision.target is not None and decision.target.rank_list is not None:
         base["targeting"] = {**decision.target.to_json(), "estimated_bytes": decision.estimated_bytes}
+    if withdrawable(anomaly) and step_time_s is not None and step_time_s > 0:
+        base["in_steps"] = lead_steps(max(0, furthest_step), step_time_s, capture) + WITHDRAW_SLACK_STEPS
     if anomaly.kind != "periodic_spike" or step_time_s is None or not step_time_s > 0:
         return CaptureRequest(**base)
     d = anomaly.detail

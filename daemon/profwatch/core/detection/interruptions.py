@@ -125,6 +125,11 @@ class _Watch:
     after: list[float] = field(default_factory=list)
     """Log ratios to ``before_s`` of the steps since the excursion's last step (the level it ended on)."""
     after_start: int | None = None
+    vouched: bool = False
+    """:meth:`RecurringInterruptions.returned` said it came back (a capture of it may have been withdrawn)."""
+    stray_rels: list[float] = field(default_factory=list)
+    """Relative excesses of the elevated steps after it came back (strays), oldest first."""
+    stray_start: int | None = None
 
 
 def alike_level(a: float, b: float) -> bool:
@@ -214,6 +219,8 @@ class RecurringInterruptions:
         elif at:
             w.strays += 1
             w.back += 1
+            w.stray_rels.append(rel)
+            w.stray_start = step if w.stray_start is None else w.stray_start
         else:
             w.back += 1
             w.after_start = step if w.after_start is None else w.after_start
@@ -221,6 +228,12 @@ class RecurringInterruptions:
         duration = w.last - w.onset + 1
         if duration > MAX_INTERRUPTION_STEPS or w.strays > REVERT_STRAYS:
             self._drop()
+            if w.vouched and w.strays > REVERT_STRAYS and w.stray_start is not None:
+                # it was said to have come back (its capture may be withdrawn) and went on: a change, reported
+                # again so that it is captured (a lasting 2x change that dipped for 2 steps was never captured)
+                rels = sorted(w.stray_rels)
+                self.counters["new_levels"] += 1
+                return NewLevel(w.stray_start, w.before_s, rels[len(rels) // 2], len(rels))
             return None
         if w.back < REVERT_STEPS or not w.after:
             return None
@@ -248,10 +261,15 @@ class RecurringInterruptions:
         """Whether the excursion reported from ``first_step`` came back to the level before it: at least
         :data:`RETURN_STEPS` steps since its last elevated step, none of them elevated (no stray), with a median
         under ``min_effect`` over that level (log step time). None while it goes on, when it ended on another
-        level, or for an excursion not watched (not a spike-held ``pattern "level"`` report of this series)."""
+        level, or for an excursion not watched (not a spike-held ``pattern "level"`` report of this series).
+        An excursion said to have come back while still watched that then goes on (more than
+        :data:`REVERT_STRAYS` elevated steps after it) is reported again by :meth:`observe` as a :class:`NewLevel`
+        from its first such step: the capture withdrawn on this answer must not lose a change that lasts."""
         w = self._watch
         if w is not None and w.onset == first_step:
-            return self._back(w, min_effect)
+            back = self._back(w, min_effect)
+            w.vouched = w.vouched or back is not None
+            return back
         r = self._returned
         return r if r is not None and r.first_step == first_step else None
 
