@@ -46,11 +46,12 @@ YOUNG_EFFECT = 0.5
 host's load moves a block (1.0-1.5x), so one or two blocks are a reference only for a change that large."""
 LEVEL_HISTORY = 60
 """Blocks kept, among which the split is searched (up to the last hour of the unit's time)."""
-LEVEL_Z = 5.0
+LEVEL_Z = 5.5
 """Standard errors the difference of the two parts' means must clear at the best split (a maximum over splits of
-blocks that a host's load makes correlated: well above the 2-3 of a single test; at 4.5 a healthy replica's
-+25 % at z 4.7 armed, bench_corpus seed 32 serving_dp run 7, while a 1.3x change of seed 31 serving_work run 5
-read z 4.85: 1.3x under a host load of 1.0-1.5x is at the edge of what ten blocks before it can tell)."""
+blocks that a host's load makes correlated: well above the 2-3 of a single test). At 4.5 a healthy replica's +25 %
+at z 4.7 armed and at 5.0 the same replica at +25.7 % (z 5.13) still did (bench_corpus seed 32 serving_dp run 7);
+at 5.5 none in seeds 31 and 32 and the same changes found in seed 31, while a 1.3x change of seed 31 serving_work
+run 5 read z 4.85: 1.3x under a host load of 1.0-1.5x is at the edge of what ten blocks before it can tell."""
 LEVEL_CLIP = 3.0
 """Blocks are winsorised at this many sigmas from their part's median before the means are taken."""
 LEVEL_MIN_NOISE = 0.1
