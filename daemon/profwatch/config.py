@@ -128,7 +128,8 @@ class NodeSettings(MetricsEndpoint):
     coordinator: str = Field("tcp://127.0.0.1:7711", description=(
         "the coordinator's ingest endpoint this node relays to (its [coordinator] ingest_bind: move both together)"))
     heartbeat_interval_s: float = Field(2.0, gt=0, le=3600, description=(
-        "how often the node tells the coordinator it is alive (unanswered after 3 of these: coordinator_unanswered)"))
+        "how often the node tells the coordinator it is alive (coordinator_unanswered once 3 of these or 10 s, the "
+        "longer, go unanswered)"))
     batch_max_messages: int = Field(1000, ge=1, le=10_000, description=(
         "relay a batch to the coordinator when this many rank messages are waiting"))
     batch_max_delay_s: float = Field(0.05, gt=0, le=10, description=(

@@ -162,3 +162,13 @@ def test_the_manual_capture_window_and_the_armed_one_have_distinct_names(tmp_pat
                                       "capture.warmup": "capture.manual_warmup"}
     monkeypatch.setenv("PROFWATCH_CAPTURE__MANUAL_ACTIVE", "7")
     assert load_settings(None).capture.manual_active == 7
+
+
+def test_the_heartbeat_key_says_when_a_node_warns_as_the_node_does() -> None:
+    """The key's description said "unanswered after 3 of these" (6 s at the default 2 s); the node warns after
+    max(10 s, 3 heartbeats): a new user watching node.log for the warning waited past the documented time."""
+    from profwatch.config import NodeSettings
+    from profwatch.node import UNANSWERED_MIN_S
+
+    text = NodeSettings.model_fields["heartbeat_interval_s"].description or ""
+    assert f"3 of these or {UNANSWERED_MIN_S:g} s, the longer" in text, text
