@@ -38,11 +38,16 @@ def _s(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}f}" if x is not None else "-"
 
 
+def _step(step: int | None) -> str:
+    """A step number, or ``-`` for none yet (the registry's ``-1``)."""
+    return "-" if step is None or step < 0 else str(step)
+
+
 def render_job(job: Mapping[str, Any]) -> list[str]:
     """Header, step-time line and the rank table of one job."""
     n = job.get("median_steps") or 20
     lines = [f"job {job['job_id']}  world_size={job['world_size']} ranks_seen={job['ranks_seen']} "
-             f"backend={job.get('backend') or '-'} furthest_step={job['furthest_step']} "
+             f"backend={job.get('backend') or '-'} furthest_step={_step(job['furthest_step'])} "
              f"rank_drops={job.get('rank_drops', 0)}"]
     mst = job.get("median_step_time_s")
     lines.append(f"  step time: {_s(mst, 3)} s = median over ranks of each rank's median of its last {n} steps "
@@ -58,8 +63,11 @@ def render_job(job: Mapping[str, Any]) -> list[str]:
     for r in job.get("ranks", []):
         med = r.get("median_step_time_s")
         age = f"{r['age_s']:.1f}" if r.get("age_s") is not None else "-"
-        lines.append(f"  {r['rank']:>5} {str(r.get('hostname') or '-')[:20]:<20} {r['last_step']:>9} "
-                     f"{_s(r.get('step_time_s')):>11} {_s(med):>11} {age:>7}  {rank_state(r, med)}")
+        state = rank_state(r, med)
+        # a rank that said hello only has no step: its registry placeholders (-1, 0.0) are no figures
+        step, step_s = ("-", None) if state == "no step yet" else (r["last_step"], r.get("step_time_s"))
+        lines.append(f"  {r['rank']:>5} {str(r.get('hostname') or '-')[:20]:<20} {step:>9} "
+                     f"{_s(step_s):>11} {_s(med):>11} {age:>7}  {state}")
     return lines
 
 
