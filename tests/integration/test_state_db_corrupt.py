@@ -268,3 +268,14 @@ def test_config_check_reports_an_authorization_the_coordinator_refuses(short_tmp
     empty.write_text("Bearer other")
     res = CliRunner().invoke(cli, ["config", "check", "--config", str(cfg)])
     assert res.exit_code == 0 and "valid" in res.output, res.output
+
+
+def test_a_state_db_whose_folder_cannot_be_created_exits_2_naming_the_key(short_tmp: Path) -> None:
+    """``state_db = "/proc/nope/s.db"`` (a folder no user can create) ended the start with ``cannot start: [Errno 2]
+    No such file or directory: '/proc/nope'``: no key, the errno twice. Now one line naming the key, the path and
+    the cause; nothing is created."""
+    db = Path("/proc/profwatch-nope") / "s.db"
+    code, out = _start(short_tmp, db)
+    assert code == EXIT_USAGE and len(out.strip().splitlines()) == 1, out
+    assert f"[coordinator] state_db {db}: cannot create /proc/profwatch-nope: No such file or directory" in out, out
+    assert "[Errno" not in out and not db.parent.exists()
