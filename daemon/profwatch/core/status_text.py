@@ -175,6 +175,21 @@ WAITS = {
 """What an episode waiting for each reason of the arming policy waits for, in words."""
 
 
+REFERENCE_WAITS = {
+    "disabled": "nothing: [reference] enabled = false",
+    "not_act_mode": "nothing: arming.mode is not act",
+    "episode_open": "the job to be healthy: an anomaly episode is open",
+    "no_baseline": "the detector to know the job's baseline step time and a recent one",
+    "off_baseline": "the step time to come back within [reference] step_time_tolerance of the baseline",
+    "settling": "the job to stay steady for [reference] steady_s",
+    "capture_in_flight": "the job's capture in flight (one at a time)",
+    "retry_wait": "[reference] retry_after_s since its last try, which did not end analysed",
+    "byte_cap": "the job's hourly byte cap (arming.max_capture_bytes_per_hour)",
+}
+"""What a job's reference capture waiting for each reason of ``core/changes/reference.py: decide_reference``
+waits for, in words (the reason word stays first: ``status --json`` and docs/reference.md use it)."""
+
+
 def render_reference(ref: Mapping[str, Any]) -> list[str]:
     """One job's reference capture (``ReferenceDesk.view``): the newest (capture, generation, age, step time), the
     one in flight, else what it waits for (docs/reference.md)."""
@@ -188,7 +203,8 @@ def render_reference(ref: Mapping[str, Any]) -> list[str]:
     if ref.get("in_flight"):
         head += f"; taking {ref['in_flight']}"
     elif ref.get("waiting") and ref["waiting"] != "fresh":
-        head += f"; waits: {ref['waiting']}"
+        why = REFERENCE_WAITS.get(str(ref["waiting"]))
+        head += f"; waits: {ref['waiting']}" + (f" (for {why})" if why else "")
     return [head]
 
 
