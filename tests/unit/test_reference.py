@@ -153,6 +153,9 @@ def test_every_reason_a_reference_waits_for_is_said_in_words() -> None:
     reasons = set(re.findall(r'ReferenceDecision\((?:False|True), "(\w+)"', src)) | set(re.findall(r'why = "(\w+)"', src))
     assert {"no_baseline", "off_baseline", "episode_open", "settling", "byte_cap"} <= reasons, reasons
     assert reasons - {"take", "fresh", "in_flight"} == set(REFERENCE_WAITS), reasons
+    for why in REFERENCE_WAITS:  # the words sit in "(for ...)": no parentheses of their own
+        [line] = render_reference({"job_id": "j", "latest": None, "in_flight": None, "waiting": why})
+        assert line.count("(") == 1 and line.endswith(")"), line
     [line] = render_reference({"job_id": "j", "latest": None, "in_flight": None, "waiting": "off_baseline"})
     assert line == ("  j: none yet; waits: off_baseline (for the step time to come back within [reference] "
                     "step_time_tolerance of the baseline)")

@@ -157,7 +157,7 @@ def render_capture(cap: Mapping[str, Any]) -> list[str]:
 
 
 WAITS = {
-    "capture_in_flight": "a capture of the job in flight (one at a time)",
+    "capture_in_flight": "a capture of the job in flight, one at a time",
     "min_arm_gap": "the job's gap between arms (arming.min_arm_gap_s)",
     "cooldown": "its own cooldown (arming.cooldown_s)",
     "captured_unchanged": "a change: captured already, captured again once it grows by arming.recapture_growth "
@@ -182,7 +182,7 @@ REFERENCE_WAITS = {
     "no_baseline": "the detector to know the job's baseline step time and a recent one",
     "off_baseline": "the step time to come back within [reference] step_time_tolerance of the baseline",
     "settling": "the job to stay steady for [reference] steady_s",
-    "capture_in_flight": "the job's capture in flight (one at a time)",
+    "capture_in_flight": "the job's capture in flight, one at a time",
     "retry_wait": "[reference] retry_after_s since its last try, which did not end analysed",
     "byte_cap": "the job's hourly byte cap (arming.max_capture_bytes_per_hour)",
 }
