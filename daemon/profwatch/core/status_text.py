@@ -184,7 +184,7 @@ REFERENCE_WAITS = {
     "settling": "the job to stay steady for [reference] steady_s",
     "capture_in_flight": "the job's capture in flight, one at a time",
     "retry_wait": "[reference] retry_after_s since its last try, which did not end analysed",
-    "byte_cap": "the job's hourly byte cap (arming.max_capture_bytes_per_hour)",
+    "byte_cap": "the job's hourly byte cap, arming.max_capture_bytes_per_hour",
 }
 """What a job's reference capture waiting for each reason of ``core/changes/reference.py: decide_reference``
 waits for, in words (the reason word stays first: ``status --json`` and docs/reference.md use it)."""
