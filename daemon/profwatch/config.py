@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from profwatch.core.access import SecuritySettings, exposure_problems, is_loopback_endpoint
+from profwatch.core.access import SecuritySettings, endpoint_problem, exposure_problems, is_loopback_endpoint
 from profwatch.core.alerts.settings import AlertmanagerSettings, WebhookSettings
 from profwatch.core.arming.settings import ArmingSettings
 from profwatch.core.batches.settings import WatchSettings
@@ -128,7 +128,8 @@ class NodeSettings(MetricsEndpoint):
     coordinator: str = Field("tcp://127.0.0.1:7711", description=(
         "the coordinator's ingest endpoint this node relays to (its [coordinator] ingest_bind: move both together)"))
     heartbeat_interval_s: float = Field(2.0, gt=0, le=3600, description=(
-        "how often the node tells the coordinator it is alive (unanswered after 3 of these: coordinator_unanswered)"))
+        "how often the node tells the coordinator it is alive (coordinator_unanswered once 3 of these or 10 s, the "
+        "longer, go unanswered)"))
     batch_max_messages: int = Field(1000, ge=1, le=10_000, description=(
         "relay a batch to the coordinator when this many rank messages are waiting"))
     batch_max_delay_s: float = Field(0.05, gt=0, le=10, description=(
@@ -146,6 +147,24 @@ class NodeSettings(MetricsEndpoint):
 
     def rank_endpoint(self) -> str:
         return self.bind or f"ipc://{self.runtime_dir}/node.sock"
+
+    @field_validator("coordinator")
+    @classmethod
+    def _coordinator_endpoint(cls, v: str) -> str:
+        """Refuse a malformed endpoint to connect to (:func:`~profwatch.core.access.endpoint_problem`)."""
+        problem = endpoint_problem(v, bind=False)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("bind")
+    @classmethod
+    def _rank_bind(cls, v: str | None) -> str | None:
+        """Refuse a malformed endpoint to bind for the ranks (:func:`~profwatch.core.access.endpoint_problem`)."""
+        problem = None if v is None else endpoint_problem(v, bind=True)
+        if problem:
+            raise ValueError(problem)
+        return v
 
 
 _WILDCARDS = frozenset({"*", "0.0.0.0", "[::]", "::"})
@@ -199,6 +218,15 @@ class CoordinatorSettings(MetricsEndpoint):
     def binds(self) -> dict[str, str]:
         """The three listening endpoints by socket name (``ingest``, ``control``, ``pub``)."""
         return {"ingest": self.ingest_bind, "control": self.control_bind, "pub": self.pub_bind}
+
+    @field_validator("ingest_bind", "control_bind", "pub_bind")
+    @classmethod
+    def _bind_endpoint(cls, v: str) -> str:
+        """Refuse a malformed endpoint to bind (:func:`~profwatch.core.access.endpoint_problem`)."""
+        problem = endpoint_problem(v, bind=True)
+        if problem:
+            raise ValueError(problem)
+        return v
 
     @model_validator(mode="after")
     def _distinct_binds(self) -> CoordinatorSettings:

@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -122,6 +123,27 @@ def _peer(route: bytes, key: str | None) -> str:
     return f"key:{key}" if key is not None else f"conn:{route.hex()}"
 
 
+class WorkDirUnusable(Exception):
+    """``[coordinator] work_dir`` cannot be created or written: the coordinator does not start (exit 2)."""
+
+
+def make_work_dir(path: Path) -> None:
+    """Create ``[coordinator] work_dir`` (with its parents) and check this user may write in it.
+
+    Raises:
+        WorkDirUnusable: it cannot be created or is not a writable folder; the message names the key, the path and
+            the cause. Before, such a coordinator started and each analysis then failed to stage or write its
+            report (``work_dir = "/proc/nope"`` started without a word)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WorkDirUnusable(f"[coordinator] work_dir {path}: cannot create {exc.filename or path}: "
+                              f"{exc.strerror or exc}; give work_dir a folder this user may create and write") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise WorkDirUnusable(f"[coordinator] work_dir {path}: this user (uid {os.getuid()}) may not write in it; "
+                              "give work_dir a folder this user may write")
+
+
 class Coordinator:
     """The coordinator. ``run()`` blocks until ``stop()``; everything persistent is in ``settings.coordinator.state_db``.
 
@@ -143,6 +165,7 @@ class Coordinator:
         self.clock = SteadyClock()  # deadlines, last heard, job end and expiry never step with the wall clock
         self._ended = EndedJobs()  # (job, generation) pairs silent since their job_ended: verdicts are information
         # alert sinks: every emitted event goes to them; standing Alertmanager alerts are rebuilt from the store
+        make_work_dir(cs.work_dir)  # before anything is opened: a refusal leaves nothing to close
         self.sinks = AlertSinks.from_settings(settings.alertmanager, settings.webhook, os.environ, self.metrics)
         try:
             lim = settings.limits

@@ -626,6 +626,26 @@ def test_the_enriched_update_follows_the_alert_with_the_same_ids(world) -> None:
     assert w.arm()["capture_id"] != cid
 
 
+def test_cancel_without_a_capture_id_cancels_the_pending_arm_and_lets_an_enriching_capture_finish(world) -> None:
+    """Tried by hand: a detection capture was enriching (advisor running), ``profwatch arm`` armed a second one
+    (allowed: enriching holds no config slot), then ``profwatch cancel --job J`` answered "[conflict] capture C is
+    enriching: nothing to cancel" and left the new arm pending. Now the in-flight one is cancelled, the enriching
+    one goes on; with only an enriching capture the answer says so."""
+    w = world()
+    first = _analysed_then_enriching(w)
+    w.now += 10_000
+    second = w.arm()["capture_id"]
+    w.drain(lambda: w.state(second) is CaptureState.WRITTEN)
+    (view,) = w.shell.cancel("j1", None, w.now)
+    assert view["capture_id"] == second and view["state"] == "cancelled" and view["idle_config"] is True
+    assert w.state(first) is CaptureState.ENRICHING
+    with pytest.raises(ControlError) as ei:
+        w.shell.cancel("j1", None, w.now)
+    assert ei.value.code == "not_found" and f"{first} is enriching (its verdict is out)" in ei.value.message
+    w.enrich_release.set()
+    w.drain(lambda: w.state(first) is CaptureState.ENRICHED)
+
+
 def test_an_advisor_killed_for_memory_leaves_the_alert_standing_with_its_status(world) -> None:
     w = world()
     w.enrich_recipes = {"advisor": {"status": "oom", "phase": "enrich", "duration_s": 80.0,

@@ -186,6 +186,16 @@ def test_no_valid_record_is_an_input_error(tmp_path: Path) -> None:
     assert code == 2 and "bad lines: 1" in out
 
 
+def test_a_refused_value_is_said_in_the_validators_words(tmp_path: Path) -> None:
+    """A negative step time read ``bad line 1: Value error, bad_value: step_time_s=-1.0 must be ...``: pydantic's
+    prefix before the validator's message. Now the message alone."""
+    f = tmp_path / "neg.jsonl"
+    f.write_text('{"job_id": "j", "rank": 0, "world_size": 2, "step": 1, "step_time_s": -1, "ts_unix_s": 1}\n')
+    code, out = invoke(f)
+    assert code == 2 and "bad line 1: bad_value: step_time_s=-1.0 must be finite" in out, out
+    assert "Value error" not in out
+
+
 def _with_load_burst(recs: list[dict[str, Any]], first: int, last: int, factor: float) -> list[dict[str, Any]]:
     """Every rank (all its stages) ``factor`` times slower for steps ``first..last``: host load on the whole job."""
     out = []

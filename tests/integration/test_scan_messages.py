@@ -140,3 +140,13 @@ def test_msmonitor_lightweight_dbs_are_named_with_what_to_do_and_that_works(tmp_
     with sqlite3.connect(db) as con:
         votes = dict(con.execute("SELECT rankId, slowAffectCount FROM SlowRank").fetchall())
     assert max(votes, key=votes.__getitem__) == 2, votes
+
+
+def test_a_missing_folder_is_said_once_without_the_errno_prefix(tmp_path: Path) -> None:
+    """``scan`` of a folder that does not exist said ``error: [Errno 2] cannot list scan root ...: ENOENT: No such
+    file or directory`` (the errno twice); now the message alone, exit 2."""
+    gone = tmp_path / "no-such-prof"
+    res = CliRunner().invoke(scan, [str(gone)])
+    assert res.exit_code == 2, res.output
+    assert f"cannot list scan root {gone}: ENOENT: No such file or directory" in res.output, res.output
+    assert "[Errno" not in res.output

@@ -268,3 +268,27 @@ def test_config_check_reports_an_authorization_the_coordinator_refuses(short_tmp
     empty.write_text("Bearer other")
     res = CliRunner().invoke(cli, ["config", "check", "--config", str(cfg)])
     assert res.exit_code == 0 and "valid" in res.output, res.output
+
+
+def test_a_state_db_whose_folder_cannot_be_created_exits_2_naming_the_key(short_tmp: Path) -> None:
+    """``state_db = "/proc/nope/s.db"`` (a folder no user can create) ended the start with ``cannot start: [Errno 2]
+    No such file or directory: '/proc/nope'``: no key, the errno twice. Now one line naming the key, the path and
+    the cause; nothing is created."""
+    db = Path("/proc/profwatch-nope") / "s.db"
+    code, out = _start(short_tmp, db)
+    assert code == EXIT_USAGE and len(out.strip().splitlines()) == 1, out
+    assert f"[coordinator] state_db {db}: cannot create /proc/profwatch-nope: No such file or directory" in out, out
+    assert "[Errno" not in out and not db.parent.exists()
+
+
+def test_a_work_dir_that_cannot_be_created_exits_2_naming_the_key(short_tmp: Path) -> None:
+    """``work_dir = "/proc/nope/w"``: the coordinator started and every analysis would then fail to stage its batch
+    or write its report. Now it refuses to start, one line naming the key, the path and the cause."""
+    cfg = short_tmp / "c.toml"
+    work = Path("/proc/profwatch-nope") / "w"
+    cfg.write_text(f'[coordinator]\nstate_db = "{short_tmp}/s.db"\nwork_dir = "{work}"\n'
+                   'ingest_bind = "tcp://127.0.0.1:0"\ncontrol_bind = "tcp://127.0.0.1:0"\npub_bind = "tcp://127.0.0.1:0"\n')
+    res = CliRunner().invoke(cli, ["coordinator", "--config", str(cfg)])
+    assert res.exit_code == EXIT_USAGE and len(res.output.strip().splitlines()) == 1, res.output
+    assert f"[coordinator] work_dir {work}: cannot create /proc/profwatch-nope" in res.output, res.output
+    assert not (short_tmp / "s.db").exists()  # refused before the state store was opened

@@ -79,3 +79,35 @@ def test_exposure_is_refused_with_the_fix_unless_insecure() -> None:
 ])
 def test_peer_credentials(peer: str | None, creds: tuple[int, int, int] | None) -> None:
     assert parse_peer_address(peer) == creds
+
+
+@pytest.mark.parametrize(("endpoint", "bind", "needle"), [
+    ("127.0.0.1:7711", False, "names no transport: write tcp://HOST:PORT"),
+    ("127.0.0.1:7711", True, "(or ipc://PATH)"),
+    ("tcp://127.0.0.1", True, "needs a host and a port"),
+    ("tcp://:7711", False, "needs a host and a port"),
+    ("tcp://127.0.0.1:99999", True, "the port '99999' must be a number from 1 to 65535 (or 0 or *"),
+    ("tcp://127.0.0.1:abc", False, "the port 'abc' must be a number from 1 to 65535"),
+    ("tcp://127.0.0.1: 7711", False, "the port ' 7711'"),
+    ("tcp://127.0.0.1:*", False, "the port '*' must be"),
+    ("tcp://127.0.0.1:0", False, "the port '0' must be"),
+    ("tcp://*:7712", False, "'*' means every interface when binding"),
+])
+def test_a_malformed_endpoint_is_named_with_the_fix(endpoint: str, bind: bool, needle: str) -> None:
+    """libzmq refuses these only at bind/connect time, or (a port above 65535) uses another port than named."""
+    from profwatch.core.access import endpoint_problem
+
+    problem = endpoint_problem(endpoint, bind=bind)
+    assert problem is not None and needle in problem and repr(endpoint) in problem, problem
+
+
+@pytest.mark.parametrize(("endpoint", "bind"), [
+    ("tcp://127.0.0.1:7711", False), ("tcp://127.0.0.1:65535", True), ("tcp://*:7711", True), ("tcp://*:*", True),
+    ("tcp://127.0.0.1:0", True), ("tcp://[::1]:7711", False), ("tcp://0.0.0.0:7712", False),
+    ("tcp://eth0:7711", True), ("ipc:///run/profwatch/node.sock", True), ("ipc://*", True),
+    ("inproc://x", False),
+])
+def test_every_endpoint_zeromq_takes_is_well_formed(endpoint: str, bind: bool) -> None:
+    from profwatch.core.access import endpoint_problem
+
+    assert endpoint_problem(endpoint, bind=bind) is None

@@ -37,9 +37,13 @@ def test_paths_the_job_did_not_announce_usably_refuse_the_arm() -> None:
     reg = _registry()
     job = reg.jobs["j1"]
     job.profiler_config_path = None  # refused by the path checks at its hello
-    assert _refusal(reg) == "job j1 announced no usable profiler_config_path"
+    # the status line "arm failed (refused: ...)" is what a user sees first: it points at the refusal's alert
+    assert _refusal(reg) == ("job j1 announced no usable profiler_config_path (none given, or refused at its hello, "
+                             "e.g. outside [coordinator] allowed_config_roots: the job's path_refused alert names "
+                             "the path and why)")
     job.profiler_config_path, job.prof_root = "/cfg/j1", None
-    assert _refusal(reg) == "job j1 announced no usable prof_root"
+    why = _refusal(reg)
+    assert why is not None and why.startswith("job j1 announced no usable prof_root (") and "allowed_prof_roots" in why
 
 
 def test_ranks_not_all_live_refuse_the_arm_and_say_which() -> None:

@@ -37,6 +37,16 @@ def test_env_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         ("[detection]\nwarmup_steps = \"x\"\n", {}, "detection.warmup_steps: must be a whole number (got 'x')\n"),
         ("[coordinator]\ncontrol_bind = \"tcp://0.0.0.0:7712\"\n[security]\ncurve = \"off\"\n", {}, "without CURVE"),
         ("[node]\nbind = \"tcp://0.0.0.0:7700\"\n", {}, "ranks cannot use CURVE"),
+        # a malformed endpoint: said by config check, not first by the daemon at start (or a port taken modulo
+        # 65536: 99999 listened on 34463), and not misread as "beyond loopback" for lack of tcp://
+        ("[coordinator]\ningest_bind = \"tcp://127.0.0.1:99999\"\n", {},
+         "coordinator.ingest_bind: 'tcp://127.0.0.1:99999': the port '99999' must be a number from 1 to 65535"),
+        ("[coordinator]\npub_bind = \"tcp://localhost:abc\"\n", {}, "coordinator.pub_bind: 'tcp://localhost:abc'"),
+        ("[node]\ncoordinator = \"127.0.0.1:7711\"\n", {},
+         "node.coordinator: '127.0.0.1:7711' names no transport: write tcp://HOST:PORT\n"),
+        ("[node]\ncoordinator = \"tcp://127.0.0.1:*\"\n", {}, "node.coordinator: 'tcp://127.0.0.1:*': the port"),
+        ("[node]\nbind = \"tcp://127.0.0.1\"\n", {}, "node.bind: 'tcp://127.0.0.1' needs a host and a port"),
+        ("", {"PROFWATCH_COORDINATOR__CONTROL_BIND": "tcp://127.0.0.1:70000"}, "coordinator.control_bind: "),
         ("", {"PROFWATCH_COORDINATOR__TICK_INTERVAL_S": "inf"}, "finite"),
         ("", {"PROFWATCH_NODE__BATCH_MAX_DELAY_S": "1e308"}, "less than or equal"),
         ("", {"PROFWATCH_COORDINATOR": "garbage"}, "environment"),
@@ -152,3 +162,13 @@ def test_the_manual_capture_window_and_the_armed_one_have_distinct_names(tmp_pat
                                       "capture.warmup": "capture.manual_warmup"}
     monkeypatch.setenv("PROFWATCH_CAPTURE__MANUAL_ACTIVE", "7")
     assert load_settings(None).capture.manual_active == 7
+
+
+def test_the_heartbeat_key_says_when_a_node_warns_as_the_node_does() -> None:
+    """The key's description said "unanswered after 3 of these" (6 s at the default 2 s); the node warns after
+    max(10 s, 3 heartbeats): a new user watching node.log for the warning waited past the documented time."""
+    from profwatch.config import NodeSettings
+    from profwatch.node import UNANSWERED_MIN_S
+
+    text = NodeSettings.model_fields["heartbeat_interval_s"].description or ""
+    assert f"3 of these or {UNANSWERED_MIN_S:g} s, the longer" in text, text

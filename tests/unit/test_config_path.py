@@ -65,3 +65,24 @@ def test_tests_never_read_the_host_default(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.setattr(common, "DEFAULT_CONFIG_PATH", bad)  # as if the host had a broken /etc file
     res = CliRunner().invoke(cli, ["status"])  # conftest: PROFWATCH_CONFIG="" -> no file at all
     assert "no_such_key" not in res.output
+
+
+@pytest.mark.parametrize(("key", "endpoint", "args"), [
+    ("control_bind", "tcp://*:{port}", ["status"]),
+    ("control_bind", "tcp://127.0.0.1:*", ["arm", "--job", "j", "--in-steps", "5"]),
+    ("control_bind", "tcp://127.0.0.1:0", ["status"]),
+    ("pub_bind", "tcp://*:{port}", ["alerts", "--follow"]),
+])
+def test_a_bind_only_endpoint_is_a_clear_usage_error_not_a_traceback(
+        key: str, endpoint: str, args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator may bind ``tcp://*:PORT`` or a port ZeroMQ picks (``:*``, ``:0``); the CLI connects to the
+    same key and ZeroMQ refused it with ``Invalid argument``, a traceback (``:0`` read "nothing is listening", as
+    if the coordinator were down). Now exit 2 naming the key, why and the fix."""
+    ep = endpoint.format(port=free_port())
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(f'[coordinator]\n{key} = "{ep}"\nstate_db = "{tmp_path}/s.db"\n[security]\ninsecure = true\n')
+    monkeypatch.setenv("PROFWATCH_CONFIG", str(cfg))
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert f"the CLI cannot connect to [coordinator] {key}: {ep!r}" in res.output, res.output
+    assert "tcp://0.0.0.0:PORT rather than tcp://*:PORT" in res.output and "Traceback" not in res.output

@@ -54,3 +54,39 @@ def test_readme_commands_use_a_folder_of_their_own_and_free_ports() -> None:
     first = blocks[0]
     assert "pip install -e \".[coordinator]\" -c constraints/coordinator.txt && profwatch demo" in first
     assert "bash .ci/run" in first
+
+
+def _github_anchors(markdown: str) -> set[str]:
+    """The anchors of a markdown file on GitHub: its ``<a id="...">`` tags, and its headings' ids (lower case,
+    punctuation but ``-`` and ``_`` dropped, spaces to ``-``, a repeated one suffixed ``-1``, ``-2``, ...:
+    github/cmark-gfm's heading ids); fenced code holds neither."""
+    seen: dict[str, int] = {}
+    out: set[str] = set()
+    fenced = False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if not fenced:
+            out.update(re.findall(r'<a (?:id|name)="([^"]+)"', line))  # an explicit anchor
+        m = None if fenced else re.match(r"#{1,6} +(.*?) *#* *$", line)
+        if m is None:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def test_links_to_a_section_name_an_anchor_that_exists() -> None:
+    """Every ``(FILE.md#anchor)`` link of the README and docs/ names a heading or an ``<a id>`` of that file, so a
+    reader lands on the section, not at the top of a long page (test_linked_docs_exist checks only the file)."""
+    files = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+    broken, checked = [], 0
+    for f in files:
+        for target, anchor in re.findall(r"\]\(([\w./-]*\.md)#([^)\s]+)\)", f.read_text()):
+            doc = (f.parent / target).resolve()
+            checked += 1
+            if not doc.is_file() or anchor not in _github_anchors(doc.read_text()):
+                broken.append(f"{f.relative_to(REPO_ROOT)}: {target}#{anchor}")
+    assert checked >= 10 and not broken, (checked, broken)

@@ -136,7 +136,29 @@ def test_status_text_shows_each_jobs_reference_or_what_it_waits_for() -> None:
              {"job_id": "j2", "latest": None, "in_flight": None, "waiting": "settling"}]
     text = "\n".join(render_status({"jobs": [], "nodes": [], "references": views}))
     assert "j1: c2 (generation 1, 90 s old, step time 0.5 s)" in text
-    assert "j2: none yet; waits: settling" in text
+    assert "j2: none yet; waits: settling (for the job to stay steady for [reference] steady_s)" in text
+
+
+def test_every_reason_a_reference_waits_for_is_said_in_words() -> None:
+    """status said only the reason word (``sim-job: none yet; waits: off_baseline``), which a new user cannot
+    read without docs/reference.md; every reason ``decide_reference`` and ``JobReference.observe`` give now has
+    its words (``take``, ``fresh`` and ``in_flight`` render as the reference itself or ``taking C``)."""
+    import inspect
+    import re
+
+    from profwatch.core.changes import reference
+    from profwatch.core.status_text import REFERENCE_WAITS, render_reference
+
+    src = inspect.getsource(reference)
+    reasons = set(re.findall(r'ReferenceDecision\((?:False|True), "(\w+)"', src)) | set(re.findall(r'why = "(\w+)"', src))
+    assert {"no_baseline", "off_baseline", "episode_open", "settling", "byte_cap"} <= reasons, reasons
+    assert reasons - {"take", "fresh", "in_flight"} == set(REFERENCE_WAITS), reasons
+    for why in REFERENCE_WAITS:  # the words sit in "(for ...)": no parentheses of their own
+        [line] = render_reference({"job_id": "j", "latest": None, "in_flight": None, "waiting": why})
+        assert line.count("(") == 1 and line.endswith(")"), line
+    [line] = render_reference({"job_id": "j", "latest": None, "in_flight": None, "waiting": "off_baseline"})
+    assert line == ("  j: none yet; waits: off_baseline (for the step time to come back within [reference] "
+                    "step_time_tolerance of the baseline)")
 
 
 def test_an_episode_holds_the_reference_for_a_bounded_time_only() -> None:

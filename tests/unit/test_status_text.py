@@ -190,3 +190,18 @@ def test_a_queued_follow_up_is_shown_in_status_and_as_one_alert_line() -> None:
     assert "follow-up queued: its last capture's ranks waited for ranks 2, 3, 4" in text and "(38 ranks)" in text
     line = render_event({"type": ev.type, "subject": "j", "time": "t", "data": ev.data})
     assert "a follow-up capture of ranks 2, 3," in line and "..." in line and "\n" not in line
+
+
+def test_a_rank_with_no_step_yet_shows_no_step_figures() -> None:
+    """Right after its hello a rank has no step: status printed ``furthest_step=-1`` and ``-1  0.0000`` in its
+    row (the registry's placeholders, read as a step and a 0 s step time). Now ``-``, and its state says why."""
+    job = {"job_id": "j1", "world_size": 2, "ranks_seen": 2, "backend": "torch_npu", "furthest_step": -1,
+           "median_step_time_s": None, "median_steps": 20, "rank_drops": 0,
+           "ranks": [_rank(r, last_step=-1, step_time_s=0.0, median_step_time_s=None, age_s=4.4) for r in (0, 1)]}
+    lines = render_status(_snap(jobs=[job]))
+    assert "furthest_step=- " in lines[0], lines[0]
+    rows = [ln for ln in lines if ln.endswith("no step yet")]
+    assert len(rows) == 2 and all(ln.split()[2:5] == ["-", "-", "-"] for ln in rows), rows
+    assert not [ln for ln in lines if "-1" in ln.split() or "0.0000" in ln], lines
+    # a rank that has stepped keeps its figures
+    assert "0.4100" in "\n".join(render_status(_snap())) and "furthest_step=120 " in render_status(_snap())[0]

@@ -583,15 +583,19 @@ class CaptureShell:
 
     # -- control commands ----------------------------------------------------------------------------------------------
     def cancel(self, job_id: str, capture_id: str | None, now: float) -> list[dict[str, Any]]:
-        """Cancel ``capture_id`` (of ``job_id``) or every in-flight capture of the job. Raises ``ControlError``."""
-        caps = [c for c in self._job(job_id).active.values() if capture_id in (None, c.capture_id)]
+        """Cancel ``capture_id`` (of ``job_id``) or every in-flight capture of the job (an ``enriching`` one, whose
+        verdict is out and which holds no config slot, is left to finish: before, it refused the whole cancel with
+        "nothing to cancel" while an arm made after it stayed pending). Raises ``ControlError``."""
+        active = list(self._job(job_id).active.values())
+        caps = [c for c in active if c.capture_id == capture_id or (capture_id is None and c.state in lc.IN_FLIGHT)]
         if capture_id is not None and not caps:
             known = next((c for c in self.store.captures(job_id) if c.capture_id == capture_id), None)
             if known is None:
                 raise ControlError("not_found", f"job {job_id!r} has no capture {capture_id!r}")
             caps = [known]
         if not caps:
-            raise ControlError("not_found", f"job {job_id!r} has no capture in flight")
+            busy = "".join(f"; {c.capture_id} is {c.state.value} (its verdict is out)" for c in active)
+            raise ControlError("not_found", f"job {job_id!r} has no capture in flight{busy}")
         out = []
         for cap in caps:
             try:

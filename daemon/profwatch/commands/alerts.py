@@ -24,6 +24,7 @@ from profwatch.commands.common import (
     CoordinatorClient,
     client_keys_or_exit,
     config_option,
+    connectable_or_exit,
     load_or_exit,
     unavailable_hint,
 )
@@ -176,6 +177,8 @@ def alerts(config_path: Path | None, job_id: str | None, follow: bool, all_event
     s = load_or_exit(config_path)
     args = {"job_id": job_id, "limit": limit, "alerts_only": not all_events}
     coord = CoordinatorClient(s)
+    if follow:  # the stream's endpoint is checked before anything is printed (bind-only forms: exit 2)
+        connectable_or_exit("pub_bind", s.coordinator.pub_bind)
     if not coord.reachable():
         _offline(s, coord, args, follow, as_json)
         return

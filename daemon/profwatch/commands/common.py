@@ -78,6 +78,22 @@ def client_keys_or_exit(s: Any, endpoint: str) -> Any:
         sys.exit(EXIT_USAGE)
 
 
+def connectable_or_exit(key: str, endpoint: str) -> str:
+    """``endpoint`` (``[coordinator] <key>``, where the coordinator listens) when the CLI can connect to it; exit 2
+    with why and the fix when it cannot: a bind-only form such as ``tcp://*:7712`` or a port ZeroMQ picks at each
+    start (``:*``, ``:0``), which ZeroMQ's connect refuses with ``Invalid argument`` (a traceback before)."""
+    from profwatch.core.access import endpoint_problem
+
+    problem = endpoint_problem(endpoint, bind=False)
+    if problem:
+        click.echo(f"profwatch: the CLI cannot connect to [coordinator] {key}: {problem}\n"
+                   f"  the coordinator listens at {key} and the CLI connects there: write tcp://0.0.0.0:PORT rather "
+                   "than tcp://*:PORT (it listens the same) with a fixed port, or pass this command a config "
+                   f"(--config) whose {key} names the coordinator's host and port", err=True)
+        sys.exit(EXIT_USAGE)
+    return endpoint
+
+
 def unavailable_hint() -> str:
     """Where the CLI looks for the coordinator and how to point it elsewhere (the second line of an exit 3)."""
     return ("  is the coordinator running there? The CLI finds it through [coordinator] control_bind (and pub_bind "
@@ -93,7 +109,7 @@ class CoordinatorClient:
 
     def __init__(self, settings: Any) -> None:
         self.s = settings
-        self.endpoint: str = settings.coordinator.control_bind
+        self.endpoint: str = connectable_or_exit("control_bind", settings.coordinator.control_bind)
         self._curve = client_keys_or_exit(settings, self.endpoint)
         self._pinged = False
 

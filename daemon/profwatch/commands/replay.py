@@ -283,7 +283,9 @@ def _short_error(exc: BaseException) -> str:
         by_msg: dict[str, list[str]] = {}
         for err in exc.errors():
             loc = ".".join(str(x) for x in err.get("loc", ()))
-            by_msg.setdefault(str(err.get("msg", "")), []).append(loc)
+            cause = (err.get("ctx") or {}).get("error") if err.get("type") == "value_error" else None
+            # a validator's own words, without pydantic's "Value error, " prefix (as config.error_lines says them)
+            by_msg.setdefault(str(cause) if cause is not None else str(err.get("msg", "")), []).append(loc)
         if by_msg:
             return "; ".join(f"{', '.join(x for x in locs if x)}: {msg}" if any(locs) else msg
                              for msg, locs in by_msg.items())[:200]

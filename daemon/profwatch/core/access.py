@@ -100,6 +100,33 @@ def is_loopback_endpoint(endpoint: str) -> bool:
     return False
 
 
+def endpoint_problem(endpoint: str, *, bind: bool) -> str | None:
+    """Why ``endpoint`` (a ZeroMQ endpoint from the config) is malformed, with the fix; None when it is well formed.
+
+    Checked: a transport (``tcp://``, ``ipc://``, ...; other transports than tcp are left to ZeroMQ), and for tcp
+    a host (to connect, not the bind wildcard ``*``) and a port of digits in 1-65535, or ``0`` / ``*`` (ZeroMQ
+    picks a free one) when ``bind``. libzmq refuses most malformed endpoints only when the daemon starts (``Invalid
+    argument``) or the CLI connects (a traceback), and reads a port above 65535 modulo 65536
+    (``tcp://127.0.0.1:99999`` listens on 34463): all are refused here, so ``profwatch config check`` says what the
+    daemon would do. Endpoint syntax: libzmq's zmq_tcp(7) and zmq_ipc(7)."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or not scheme or not rest:
+        return f"{endpoint!r} names no transport: write tcp://HOST:PORT" + (" (or ipc://PATH)" if bind else "")
+    if scheme != "tcp":
+        return None
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host:
+        return f"{endpoint!r} needs a host and a port: tcp://HOST:PORT (e.g. tcp://127.0.0.1:7711)"
+    if bind and port in ("0", "*"):
+        return None
+    if not bind and host == "*":
+        return f"{endpoint!r}: '*' means every interface when binding; to connect, name the host (e.g. 127.0.0.1)"
+    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        free = " (or 0 or * for a free port the kernel picks)" if bind else ""
+        return f"{endpoint!r}: the port {port!r} must be a number from 1 to 65535{free}"
+    return None
+
+
 class SecuritySettings(BaseModel):
     """``[security]``: CURVE keys and the escape hatches.
 

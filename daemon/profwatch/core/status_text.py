@@ -38,11 +38,16 @@ def _s(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}f}" if x is not None else "-"
 
 
+def _step(step: int | None) -> str:
+    """A step number, or ``-`` for none yet (the registry's ``-1``)."""
+    return "-" if step is None or step < 0 else str(step)
+
+
 def render_job(job: Mapping[str, Any]) -> list[str]:
     """Header, step-time line and the rank table of one job."""
     n = job.get("median_steps") or 20
     lines = [f"job {job['job_id']}  world_size={job['world_size']} ranks_seen={job['ranks_seen']} "
-             f"backend={job.get('backend') or '-'} furthest_step={job['furthest_step']} "
+             f"backend={job.get('backend') or '-'} furthest_step={_step(job['furthest_step'])} "
              f"rank_drops={job.get('rank_drops', 0)}"]
     mst = job.get("median_step_time_s")
     lines.append(f"  step time: {_s(mst, 3)} s = median over ranks of each rank's median of its last {n} steps "
@@ -58,8 +63,11 @@ def render_job(job: Mapping[str, Any]) -> list[str]:
     for r in job.get("ranks", []):
         med = r.get("median_step_time_s")
         age = f"{r['age_s']:.1f}" if r.get("age_s") is not None else "-"
-        lines.append(f"  {r['rank']:>5} {str(r.get('hostname') or '-')[:20]:<20} {r['last_step']:>9} "
-                     f"{_s(r.get('step_time_s')):>11} {_s(med):>11} {age:>7}  {rank_state(r, med)}")
+        state = rank_state(r, med)
+        # a rank that said hello only has no step: its registry placeholders (-1, 0.0) are no figures
+        step, step_s = ("-", None) if state == "no step yet" else (r["last_step"], r.get("step_time_s"))
+        lines.append(f"  {r['rank']:>5} {str(r.get('hostname') or '-')[:20]:<20} {step:>9} "
+                     f"{_s(step_s):>11} {_s(med):>11} {age:>7}  {state}")
     return lines
 
 
@@ -149,7 +157,7 @@ def render_capture(cap: Mapping[str, Any]) -> list[str]:
 
 
 WAITS = {
-    "capture_in_flight": "a capture of the job in flight (one at a time)",
+    "capture_in_flight": "a capture of the job in flight, one at a time",
     "min_arm_gap": "the job's gap between arms (arming.min_arm_gap_s)",
     "cooldown": "its own cooldown (arming.cooldown_s)",
     "captured_unchanged": "a change: captured already, captured again once it grows by arming.recapture_growth "
@@ -167,6 +175,21 @@ WAITS = {
 """What an episode waiting for each reason of the arming policy waits for, in words."""
 
 
+REFERENCE_WAITS = {
+    "disabled": "nothing: [reference] enabled = false",
+    "not_act_mode": "nothing: arming.mode is not act",
+    "episode_open": "the job to be healthy: an anomaly episode is open",
+    "no_baseline": "the detector to know the job's baseline step time and a recent one",
+    "off_baseline": "the step time to come back within [reference] step_time_tolerance of the baseline",
+    "settling": "the job to stay steady for [reference] steady_s",
+    "capture_in_flight": "the job's capture in flight, one at a time",
+    "retry_wait": "[reference] retry_after_s since its last try, which did not end analysed",
+    "byte_cap": "the job's hourly byte cap, arming.max_capture_bytes_per_hour",
+}
+"""What a job's reference capture waiting for each reason of ``core/changes/reference.py: decide_reference``
+waits for, in words (the reason word stays first: ``status --json`` and docs/reference.md use it)."""
+
+
 def render_reference(ref: Mapping[str, Any]) -> list[str]:
     """One job's reference capture (``ReferenceDesk.view``): the newest (capture, generation, age, step time), the
     one in flight, else what it waits for (docs/reference.md)."""
@@ -180,7 +203,8 @@ def render_reference(ref: Mapping[str, Any]) -> list[str]:
     if ref.get("in_flight"):
         head += f"; taking {ref['in_flight']}"
     elif ref.get("waiting") and ref["waiting"] != "fresh":
-        head += f"; waits: {ref['waiting']}"
+        why = REFERENCE_WAITS.get(str(ref["waiting"]))
+        head += f"; waits: {ref['waiting']}" + (f" (for {why})" if why else "")
     return [head]
 
 

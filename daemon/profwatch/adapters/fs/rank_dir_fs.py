@@ -83,7 +83,12 @@ over."""
 
 
 class TreeUnavailable(OSError):
-    """The scan root itself cannot be listed (missing mount, ESTALE, EIO): its ranks are unknown, not deleted."""
+    """The scan root itself cannot be listed (missing mount, ESTALE, EIO): its ranks are unknown, not deleted.
+    ``str()`` is the message alone (``cannot list scan root /x: ENOENT: No such file or directory``), without
+    ``OSError``'s ``[Errno 2]`` prefix that repeated the errno the message already names."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
 
 
 def _describe(exc: OSError) -> str:

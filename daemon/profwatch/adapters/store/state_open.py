@@ -76,7 +76,8 @@ class StoreReset:
 
 
 class StateFileRefused(Exception):
-    """The ``state_db`` path names something that is not profwatch's own state db: left untouched (exit 2)."""
+    """The ``state_db`` path names something that is not profwatch's own state db, or a place where no db can be
+    created: left untouched (exit 2)."""
 
 
 _KINDS = ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
@@ -318,12 +319,19 @@ class StateLock:
 
         Raises:
             StateFileBusy: another process (or store) holds it: the message names the db and the holder's pid.
-            OSError: the lock file cannot be created (the folder is read-only or missing).
+            StateFileRefused: the db's folder or the lock file cannot be created (a read-only or impossible
+                folder): the message names ``[coordinator] state_db``, the path and the cause, without OSError's
+                ``[Errno N]`` prefix (before: ``[Errno 2] No such file or directory: '/proc/nope'``, no key).
         """
         real = Path(os.path.realpath(db))
-        real.parent.mkdir(parents=True, exist_ok=True)
         self.path = real.with_name(real.name + ".lock")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            real.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise StateFileRefused(f"[coordinator] state_db {db}: cannot create {exc.filename or real.parent}: "
+                                   f"{exc.strerror or exc}; give state_db a path in a folder this user may "
+                                   "create and write") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -351,7 +359,8 @@ def open_state_store(path: str | Path, now_unix_s: float, **kw: Any) -> tuple[St
 
     Returns ``(store, reset or None)``. ``kw`` goes to :class:`StateStore`.
     Raises:
-        StateFileRefused: the path is not profwatch's own db (:func:`check_own`): not moved, not used.
+        StateFileRefused: the path is not profwatch's own db (:func:`check_own`): not moved, not used; or its
+            folder cannot be created (:class:`StateLock`).
         StateSchemaError: the file is of a newer schema (or an unknown captures table): not moved, not used.
         StateFileBusy: another coordinator holds the db's :class:`StateLock`, or the file is locked by another
             process past :data:`BUSY_WAIT_S`: not moved (exit 2).

@@ -52,6 +52,12 @@ def arm_warnings(job: JobState, covered: Collection[int], *, config_path_is_link
         [f"profiler_config_path {job.profiler_config_path!r}: {path.detail()}"] if path is not None else [])
 
 
+def _path_hint(roots_key: str) -> str:
+    """Where to look when a job's path is unusable: the hello's refusal is an alert of its own."""
+    return (f" (none given, or refused at its hello, e.g. outside [coordinator] {roots_key}: the job's "
+            "path_refused alert names the path and why)")
+
+
 def arm_refusal(job: JobState, rank_list: Sequence[int] | None, nodes: Mapping[str, NodeState], now: float, *,
                 config_writer: str, node_timeout_s: float, config_path_is_link: bool = False) -> str | None:
     """Why ``job`` cannot take an arm covering ``rank_list`` (None: every rank) at ``now`` (unix s), or None when
@@ -59,9 +65,9 @@ def arm_refusal(job: JobState, rank_list: Sequence[int] | None, nodes: Mapping[s
     ``"node"``; ``config_path_is_link``: the job's config path is a symbolic link (read by the caller). The rules
     are checked in the module doc's order and the first one that fails is named."""
     if not job.profiler_config_path:
-        return f"job {job.job_id} announced no usable profiler_config_path"
+        return f"job {job.job_id} announced no usable profiler_config_path{_path_hint('allowed_config_roots')}"
     if not job.prof_root:
-        return f"job {job.job_id} announced no usable prof_root"
+        return f"job {job.job_id} announced no usable prof_root{_path_hint('allowed_prof_roots')}"
     live = [r for r in job.ranks.values() if not r.left]
     if not live:
         return f"job {job.job_id} has no live ranks (all {len(job.ranks)} left)"
