@@ -11,7 +11,12 @@ from typing import Any
 
 import pytest
 
-from profwatch.core.alerts.event_types import TYPE_REFERENCE_CAPTURED, TYPE_SUSPECT_RANKS
+from profwatch.core.alerts.event_types import (
+    TYPE_ANOMALY,
+    TYPE_ARM_DECISION,
+    TYPE_REFERENCE_CAPTURED,
+    TYPE_SUSPECT_RANKS,
+)
 from profwatch.simulate.launcher import ALL_RANKS, JobSpec, launch_job
 from tests.conftest import python_env, wait_for
 from tests.integration.live_stack import Stack
@@ -66,7 +71,11 @@ def test_the_coordinator_takes_a_reference_and_a_job_wide_slowdown_is_compared_w
         assert view["latest"]["capture_id"] == ref["capture_id"]
         caps = {c["capture_id"]: c for c in status["captures"]}
         assert caps[ref["capture_id"]]["reason"] == "reference"
-        verdict = wait_for(lambda: _regression_verdict(st), 900, 1.0, "the regression's verdict with changes")
+        try:
+            verdict = wait_for(lambda: _regression_verdict(st), 900, 1.0, "the regression's verdict with changes")
+        except AssertionError as exc:  # say what detection and arming decided (a loaded box once held the arm)
+            raise AssertionError(f"{exc}; anomalies {_events(st, TYPE_ANOMALY)}; arm decisions "
+                                 f"{_events(st, TYPE_ARM_DECISION)}") from exc
         assert not [d for d in _events(st, TYPE_SUSPECT_RANKS) if d["capture_id"] == ref["capture_id"]]  # no alert
         cmp = verdict["comparison"]
         assert cmp["reference"]["capture_id"] == ref["capture_id"] and cmp["ranks_compared"] == [0, 1], cmp
