@@ -118,6 +118,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args.steps, args.dicts, args.child_db)))
         return
+    args.work.mkdir(parents=True, exist_ok=True)  # a --work that does not exist yet is made (sqlite cannot open in it)
     print(f"{'ranks':>6} {'rows':>9} {'read s':>7} {'pairs judged':>12} {'peak MiB rows':>13} {'peak MiB judged':>15} "
           f"{'wall s':>7} {'CPU s':>7} {'links':>12} {'folded':>8} {'load 1m':>8}", flush=True)
     for n in (int(x) for x in args.sizes.split(",")):
