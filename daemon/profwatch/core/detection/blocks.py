@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import Counter
+from statistics import median
 
 import numpy as np
 
@@ -34,12 +35,6 @@ RESIZE_STEPS = 8
 least this many steps (a level jump: 10 ms blocks of 5 steps would become 2.5 s records after a 50x jump)."""
 
 
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-
 def step_period(steps: list[FinalizedStep], min_amplitude: float) -> int:
     """The shortest period p in 2..:data:`MAX_PERIOD` (steps) of a series of step times, or 1 when there is none.
 
@@ -56,12 +51,12 @@ def step_period(steps: list[FinalizedStep], min_amplitude: float) -> int:
             phases[fs.step % p].append(fs.time_s)
         if min(len(v) for v in phases) < MIN_PHASE_VALUES:
             break
-        meds = [_median(v) for v in phases]
+        meds = [median(v) for v in phases]
         span = max(meds) - min(meds)
         mean = sum(meds) / p
         if mean <= 0 or span < min_amplitude * mean:
             continue
-        noise = max(MAD_TO_SIGMA * _median([abs(x - m) for x in v]) for v, m in zip(phases, meds, strict=True))
+        noise = max(MAD_TO_SIGMA * median([abs(x - m) for x in v]) for v, m in zip(phases, meds, strict=True))
         if span >= PERIOD_SEPARATION * noise:
             return p
     return 1
@@ -123,7 +118,7 @@ class StepBlocks:
             ok = [h.time_s for h in self._held if h.excluded is None]
             if len(ok) < LEARN_STEPS:
                 return []
-            t = _median(ok)
+            t = median(ok)
             if self.min_steps_without_work == 1:
                 p = step_period([h for h in self._held if h.excluded is None], self.settings.min_effect)
                 if 1 < p <= self.settings.max_block_steps:
@@ -190,7 +185,7 @@ def merge_block(block: list[FinalizedStep], period: int = 1) -> FinalizedStep:
             rows = [v for b in block if b.stages and (v := b.stages.get(name)) is not None and len(v) == width]
             if width < NUMPY_MIN_RANKS:
                 cols = [[x for x in col if not math.isnan(x)] for col in zip(*rows, strict=True)]
-                stages[name] = [_median(c) if c else math.nan for c in cols]
+                stages[name] = [median(c) if c else math.nan for c in cols]
                 continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # a rank that reported no step of the block
@@ -199,9 +194,9 @@ def merge_block(block: list[FinalizedStep], period: int = 1) -> FinalizedStep:
         times = [sum(b.time_s for b in block[i:i + period]) / period for i in range(0, len(block), period)]
     else:
         times = [b.time_s for b in block]
-    return FinalizedStep(step=last.step, time_s=_median(times), slowest_rank=slowest,
+    return FinalizedStep(step=last.step, time_s=median(times), slowest_rank=slowest,
                          ranks_reported=min(b.ranks_reported for b in block), stages=stages, excluded=excluded,
-                         work=_median(works) if works else None, steps=sum(b.steps for b in block))
+                         work=median(works) if works else None, steps=sum(b.steps for b in block))
 
 
 __all__ = ["LEARN_STEPS", "StepBlocks", "merge_block", "step_period"]

@@ -14,6 +14,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import replace
+from statistics import median
 
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly, FinalizedStep
@@ -74,12 +75,6 @@ def is_idle_gap(step_time_s: float, usual_step_s: float | None, settings: Detect
     return usual_step_s is None or step_time_s >= settings.idle_gap_factor * usual_step_s
 
 
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-
 class _Band:
     __slots__ = ("gain", "held", "lag", "last", "raw", "ref", "values")
 
@@ -111,8 +106,8 @@ class _Band:
         if len(self.values) < BAND_MIN:
             self.ref = None
             return
-        raw = _median(list(self.raw))
-        ref = self.gain * _median(list(self.values))
+        raw = median(list(self.raw))
+        ref = self.gain * median(list(self.values))
         self.ref = min(max(ref, raw / MAX_SCALE), raw * MAX_SCALE)
 
     def rescale(self, factor: float, since_step: int | None) -> None:
@@ -126,8 +121,8 @@ class _Band:
             self.held = deque((v, g / self.gain, st) for v, g, st in self.held)
             self.gain = 1.0
         if self.ref is not None:
-            raw = _median(list(self.raw))
-            self.ref = min(max(self.gain * _median(list(self.values)), raw / MAX_SCALE), raw * MAX_SCALE)
+            raw = median(list(self.raw))
+            self.ref = min(max(self.gain * median(list(self.values)), raw / MAX_SCALE), raw * MAX_SCALE)
 
 
 class LoadNormaliser:
@@ -228,7 +223,7 @@ class LoadNormaliser:
         self._raw.append(fs.time_s)
         self._pushed += 1
         if self._usual is None or self._pushed % 16 == 0:
-            self._usual = _median(list(self._raw))
+            self._usual = median(list(self._raw))
 
     def normalise(self, fs: FinalizedStep) -> FinalizedStep:
         """Return ``fs`` (a step or a block) with ``time_s`` as a ratio to its band's reference, or excluded
@@ -384,9 +379,9 @@ class RatioBlocks:
         self._firsts.append((block[-1].step, block[0].step - block[0].steps + 1))
         works = [b.work for b in block if b.work is not None]
         slowest = Counter(b.slowest_rank for b in block).most_common(1)[0][0]
-        return [FinalizedStep(step=block[-1].step, time_s=_median([b.time_s for b in block]), slowest_rank=slowest,
+        return [FinalizedStep(step=block[-1].step, time_s=median([b.time_s for b in block]), slowest_rank=slowest,
                               ranks_reported=min(b.ranks_reported for b in block), stages=None, excluded=None,
-                              work=_median(works) if works else None, steps=sum(b.steps for b in block))]
+                              work=median(works) if works else None, steps=sum(b.steps for b in block))]
 
 
 PEER_BLOCK_S = 10.0
@@ -534,15 +529,15 @@ class ReplicaPeers:
         self._first = [None] * len(self.units)
         self._learn_refs()
         need = min(3, len(self.units))
-        meds = {q: _median(v) for q, v in enumerate(vals) if len(v) >= PEER_MIN_VALUES}
+        meds = {q: median(v) for q, v in enumerate(vals) if len(v) >= PEER_MIN_VALUES}
         if len(meds) < need:
             return []
-        everyone = _median(list(meds.values()))
+        everyone = median(list(meds.values()))
         self.counters["replica_blocks"] += 1
         lim = math.log(MAX_PEER_RATIO)
         out: list[Anomaly] = []
         for q, m in meds.items():
-            ref = everyone if len(meds) >= 3 else _median([x for o, x in meds.items() if o != q])
+            ref = everyone if len(meds) >= 3 else median([x for o, x in meds.items() if o != q])
             if not (m > 0 and ref > 0):
                 continue
             r = max(-lim, min(lim, math.log(m / ref)))
@@ -564,8 +559,8 @@ class ReplicaPeers:
                 by_band.setdefault(key, []).append(t)
             for key, ts in by_band.items():
                 band = self._refs.pop(key, None) or _PeerRef()
-                band.meds.append(_median(ts))
-                band.ref = _median(list(band.meds)) if len(band.meds) >= PEER_REF_MIN_BLOCKS else None
+                band.meds.append(median(ts))
+                band.ref = median(list(band.meds)) if len(band.meds) >= PEER_REF_MIN_BLOCKS else None
                 self._refs[key] = band
                 if len(self._refs) > MAX_BANDS:
                     del self._refs[next(iter(self._refs))]
@@ -577,8 +572,8 @@ class ReplicaPeers:
         if len(base_vals) < PEER_MIN_BASELINE:
             return []
         s = self.settings
-        base = _median(base_vals)
-        mad = _median([abs(x - base) for x in base_vals])
+        base = median(base_vals)
+        mad = median([abs(x - base) for x in base_vals])
         sigma = max(1.4826 * mad, s.noise_floor)
         thr = max(s.outlier_z * sigma, math.log1p(s.outlier_min_effect))
         e = r - base
@@ -597,7 +592,7 @@ class ReplicaPeers:
             return []
         if len(up) < PEER_RUN:
             return []
-        excess = _median([x[1] for x in up])
+        excess = median([x[1] for x in up])
         first_step = up[0][2]
         self._adopt(q, up)
         ranks = tuple(self.units[q])
@@ -613,7 +608,7 @@ class ReplicaPeers:
         the run's median excess (its spread, the noise, is kept; re-learning from the run alone left it unjudged
         for :data:`PEER_LAG` + :data:`PEER_MIN_BASELINE` blocks)."""
         lim = math.log(MAX_PEER_RATIO)
-        delta = _median([x[1] for x in run])
+        delta = median([x[1] for x in run])
         hist = list(self._hist[q])
         n = len(run)
         self._hist[q] = deque([max(-lim, min(lim, x + delta)) for x in hist[:-n]] + hist[-n:], maxlen=PEER_HISTORY)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from statistics import median
 
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly
@@ -62,12 +63,6 @@ MAX_LEVEL_BANDS = 256
 """Bands kept (the least recently used is dropped and learned again when it comes back): bounds memory."""
 MAX_LOG = math.log(100.0)
 """A block's level is clamped to [1 / 100, 100] of the band offsets' scale (magnitudes stay bounded)."""
-
-
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 @dataclass
@@ -166,7 +161,7 @@ class UnitLevel:
         self._open.append(r)
         if self._open_s < LEVEL_BLOCK_S or len(self._open) < LEVEL_BLOCK_MIN:
             return []
-        value = max(-MAX_LOG, min(MAX_LOG, _median(self._open)))
+        value = max(-MAX_LOG, min(MAX_LOG, median(self._open)))
         self._blocks.append(_Block(self._open_first, step, value))
         self._open, self._open_first, self._open_s = [], None, 0.0
         return self._judge(step)
@@ -177,15 +172,15 @@ class UnitLevel:
             vals = self._learning.setdefault(key, [])
             vals.append(x)
             if len(vals) >= FIRST_BAND_VALUES:
-                self._offsets[key] = _median(vals)
+                self._offsets[key] = median(vals)
                 self._learning.clear()
             return
         if self._count - self._known_at > LEVEL_FRESH_STEPS or not self._level:
             return
         vals = self._learning.setdefault(key, [])
-        vals.append(x - _median(list(self._level)))
+        vals.append(x - median(list(self._level)))
         if len(vals) >= OFFSET_VALUES:
-            self._offsets[key] = _median(vals)
+            self._offsets[key] = median(vals)
             del self._learning[key]
             if len(self._offsets) > MAX_LEVEL_BANDS:
                 del self._offsets[next(iter(self._offsets))]
@@ -201,9 +196,9 @@ class UnitLevel:
         best: tuple[float, int, float, float] | None = None
         for k in range(1, n - LEVEL_RUN + 1):
             before, after = vals[:k], vals[k:]
-            mb, ma = _median(before), _median(after)
+            mb, ma = median(before), median(after)
             dev = [abs(v - mb) for v in before] + [abs(v - ma) for v in after]
-            sigma = max(1.4826 * _median(dev), LEVEL_MIN_NOISE)
+            sigma = max(1.4826 * median(dev), LEVEL_MIN_NOISE)
             lo, hi = mb - LEVEL_CLIP * sigma, mb + LEVEL_CLIP * sigma
             la, ha = ma - LEVEL_CLIP * sigma, ma + LEVEL_CLIP * sigma
             e = (sum(min(ha, max(la, v)) for v in after) / len(after)
@@ -218,9 +213,9 @@ class UnitLevel:
         z, k, e, sigma = best
         # the onset: the split's first block at least half the change off the earlier level (a block straddling
         # it, or winsorised into the later part, is no part of the new level); the change measured from there
-        mb, sign = _median(vals[:k]), 1.0 if e > 0 else -1.0
+        mb, sign = median(vals[:k]), 1.0 if e > 0 else -1.0
         j = next((i for i in range(k, n) if (vals[i] - mb) * sign >= abs(e) / 2.0), k)
-        e = _median(vals[j:]) - mb
+        e = median(vals[j:]) - mb
         if e * sign < math.log1p(self.settings.min_effect):
             return []
         first = self._blocks[j].first_step
