@@ -112,6 +112,15 @@ class MetricsEndpoint(_Strict):
         return self.http_port() is not None and not self.metrics_loopback() and self.metrics_tls_cert is None
 
 
+def _checked_endpoint(v: str, bind: bool) -> str:
+    """``v`` unchanged; ValueError with :func:`~profwatch.core.access.endpoint_problem`'s words when it is malformed
+    (to bind when ``bind``, to connect to otherwise): the one check every endpoint field's validator runs."""
+    problem = endpoint_problem(v, bind=bind)
+    if problem:
+        raise ValueError(problem)
+    return v
+
+
 class NodeSettings(MetricsEndpoint):
     """Node daemon (one per host)."""
 
@@ -152,19 +161,13 @@ class NodeSettings(MetricsEndpoint):
     @classmethod
     def _coordinator_endpoint(cls, v: str) -> str:
         """Refuse a malformed endpoint to connect to (:func:`~profwatch.core.access.endpoint_problem`)."""
-        problem = endpoint_problem(v, bind=False)
-        if problem:
-            raise ValueError(problem)
-        return v
+        return _checked_endpoint(v, bind=False)
 
     @field_validator("bind")
     @classmethod
     def _rank_bind(cls, v: str | None) -> str | None:
         """Refuse a malformed endpoint to bind for the ranks (:func:`~profwatch.core.access.endpoint_problem`)."""
-        problem = None if v is None else endpoint_problem(v, bind=True)
-        if problem:
-            raise ValueError(problem)
-        return v
+        return None if v is None else _checked_endpoint(v, bind=True)
 
 
 _WILDCARDS = frozenset({"*", "0.0.0.0", "[::]", "::"})
@@ -223,10 +226,7 @@ class CoordinatorSettings(MetricsEndpoint):
     @classmethod
     def _bind_endpoint(cls, v: str) -> str:
         """Refuse a malformed endpoint to bind (:func:`~profwatch.core.access.endpoint_problem`)."""
-        problem = endpoint_problem(v, bind=True)
-        if problem:
-            raise ValueError(problem)
-        return v
+        return _checked_endpoint(v, bind=True)
 
     @model_validator(mode="after")
     def _distinct_binds(self) -> CoordinatorSettings:

@@ -9,6 +9,7 @@ import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from watchdog.events import (
@@ -60,6 +61,19 @@ class Recorder:
     def count(self, prof_dir: str | None = None) -> int:
         with self.lock:
             return sum(1 for w in self.wakes if prof_dir is None or w == prof_dir)
+
+
+def _recording_inotify(**options: Any) -> tuple[list[BaseObserver], Callable[[str, Callable[[], None]], BaseObserver]]:
+    """An observer factory for ``ProfWatcher`` that builds ``make_inotify_observer(on_overflow, **options)`` and the
+    list it appends each observer it built to (a test reads their watches and emitters)."""
+    observers: list[BaseObserver] = []
+
+    def factory(mode: str, on_overflow: Callable[[], None]) -> BaseObserver:
+        obs = make_inotify_observer(on_overflow, **options)
+        observers.append(obs)
+        return obs
+
+    return observers, factory
 
 
 @pytest.mark.parametrize("observer", ["inotify", "polling"])
@@ -135,12 +149,7 @@ def test_dead_observer_is_restarted(tmp_path: Path) -> None:
 
 def test_overflow_triggers_rescan(tmp_path: Path) -> None:
 
-    observers: list[BaseObserver] = []
-
-    def factory(mode: str, on_overflow: Callable[[], None]) -> BaseObserver:
-        obs = make_inotify_observer(on_overflow)
-        observers.append(obs)
-        return obs
+    observers, factory = _recording_inotify()
 
     rec = Recorder()
     a, b = tmp_path / "a", tmp_path / "b"
@@ -271,12 +280,7 @@ def test_inotify_watches_follow_the_layout_not_the_whole_tree(tmp_path: Path) ->
     """Two watches per rank dir (itself and ASCEND_PROFILER_OUTPUT/) plus the folders above rank dirs; raw data
     (PROF_*/device_*/data ...) is never watched. Rank dirs inside a folder that appears later (or moved in whole)
     are armed and reported, and their markers still complete the batch."""
-    observers: list[BaseObserver] = []
-
-    def factory(mode: str, on_overflow: Callable[[], None]) -> BaseObserver:
-        obs = make_inotify_observer(on_overflow)
-        observers.append(obs)
-        return obs
+    observers, factory = _recording_inotify()
 
     rec = Recorder()
     prof = tmp_path / "prof"
@@ -306,12 +310,7 @@ def test_a_burst_of_markers_costs_one_event_each_and_few_deliveries(tmp_path: Pa
     """Issue 34: a marker created and closed within one read of the inotify fd is one ``FileCreatedEvent`` (its
     ``IN_CLOSE_WRITE`` folded into it), and a burst's rank dirs reach ``on_rank_dirs`` gathered (``GATHER_S``),
     not one call per marker; a file closed after a later write still raises its ``FileClosedEvent``."""
-    observers: list[BaseObserver] = []
-
-    def factory(mode: str, on_overflow: Callable[[], None]) -> BaseObserver:
-        obs = make_inotify_observer(on_overflow)
-        observers.append(obs)
-        return obs
+    observers, factory = _recording_inotify()
 
     prof = tmp_path / "prof"
     dirs = gen.generate_cluster(prof / "a", world_size=64, capture_id="cap", with_marker=False)
@@ -421,12 +420,7 @@ def test_after_a_read_naming_rank_dirs_the_emitter_waits_so_a_bursts_markers_com
     instead of a read, an event and a handler call per marker; every rank dir is still named, and a marker written
     after the pause is read on its own. Without ``gather_s`` the same writes take a read each or so (not asserted:
     scheduling decides)."""
-    observers: list[BaseObserver] = []
-
-    def factory(mode: str, on_overflow: Callable[[], None]) -> BaseObserver:
-        obs = make_inotify_observer(on_overflow, gather_rank_dirs=True, gather_s=1.0)
-        observers.append(obs)
-        return obs
+    observers, factory = _recording_inotify(gather_rank_dirs=True, gather_s=1.0)
 
     prof = tmp_path / "prof"
     dirs = gen.generate_cluster(prof / "a", world_size=64, capture_id="cap", with_marker=False)
