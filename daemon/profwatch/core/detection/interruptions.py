@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 from profwatch.core.detection.spikes import EXIT_FRACTION, MERGE_GAP_STEPS, SIMILAR_PEAK_RATIO
@@ -237,9 +238,8 @@ class RecurringInterruptions:
             return None
         if w.back < REVERT_STEPS or not w.after:
             return None
-        logs = sorted(w.after)
-        k = len(logs)
-        med = logs[k // 2] if k % 2 else 0.5 * (logs[k // 2 - 1] + logs[k // 2])
+        k = len(w.after)
+        med = median(w.after)
         if math.expm1(med) < min_effect:  # back at the level before it: an interruption
             self._returned = self._back(w, min_effect)
             self._watch = None
@@ -278,8 +278,7 @@ class RecurringInterruptions:
         k = len(w.after)
         if w.strays or k < RETURN_STEPS or w.back != k:
             return None
-        logs = sorted(w.after)
-        med = logs[k // 2] if k % 2 else 0.5 * (logs[k // 2 - 1] + logs[k // 2])
+        med = median(w.after)
         if not math.expm1(med) < min_effect:
             return None
         return Returned(w.onset, w.last, k, math.expm1(med), w.before_s)
