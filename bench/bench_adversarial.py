@@ -53,16 +53,13 @@ sys.path.insert(0, str(REPO / "daemon"))
 from profwatch.adapters.zmq.control import ControlError, call  # noqa: E402
 from profwatch.adapters.zmq.curve import make_client  # noqa: E402
 from profwatch.adapters.zmq.keyfiles import create_certificate, load_keypair, load_public_key  # noqa: E402
+from profwatch.simulate.launcher import free_port  # noqa: E402
 from rankhook import wire  # noqa: E402
 
 PER_BATCH = 22_000
 """Rank messages in one of nodeB's big batches (~3.7 MB: under the 4 MiB MAXMSGSIZE, which would drop it unread)."""
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rss_mib(pid: int) -> tuple[float, float]:
@@ -100,7 +97,7 @@ class Run:
                 (kd / "clients" / pub.name).write_bytes(pub.read_bytes())
             self.secrets[name] = sec
         self.server_pub = load_public_key(kd / "server.key", "", "")
-        self.ports = {k: _port() for k in ("ingest", "control", "pub", "cm", "nm")}
+        self.ports = {k: free_port() for k in ("ingest", "control", "pub", "cm", "nm")}
         self.control_ep = f"tcp://127.0.0.1:{self.ports['control']}"
         cfg = root / "pw.toml"
         cfg.write_text(f"""
@@ -333,7 +330,7 @@ def _cli(args: list[str], timeout_s: float = 60.0, **kw: Any) -> tuple[int | Non
 
 
 def _coord_cfg(root: Path, **over: str) -> Path:
-    ports = [_port() for _ in range(4)]
+    ports = [free_port() for _ in range(4)]
     keys = {"ingest_bind": f"tcp://127.0.0.1:{ports[0]}", "control_bind": f"tcp://127.0.0.1:{ports[1]}",
             "pub_bind": f"tcp://127.0.0.1:{ports[2]}", "state_db": str(root / "state.db"), "work_dir": str(root / "w")}
     cfg = root / "c.toml"

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,15 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "daemon"))
 
+from profwatch.simulate.launcher import free_port  # noqa: E402
 from rankhook import wire  # noqa: E402
-
-
-def _port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = int(s.getsockname()[1])
-    s.close()
-    return port
 
 
 def _request(endpoint: str, cmd: str, timeout_s: float) -> float | None:
@@ -71,7 +63,7 @@ def main() -> None:
     ap.add_argument("--hellos", type=int, default=1000)
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="pwflood"))
-    ports = {k: _port() for k in ("ingest", "control", "pub", "metrics")}
+    ports = {k: free_port() for k in ("ingest", "control", "pub", "metrics")}
     cfg = root / "pw.toml"
     cfg.write_text(f"""[coordinator]
 ingest_bind = "tcp://127.0.0.1:{ports['ingest']}"

@@ -28,15 +28,8 @@ from profwatch.adapters.zmq.curve import HandshakeMonitor, make_client
 from profwatch.adapters.zmq.keyfiles import create_certificate, load_keypair, load_public_key
 from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
+from profwatch.simulate.launcher import free_port
 from rankhook import wire
-
-
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def one_round(root: Path, in_place: bool) -> dict[str, float]:
@@ -47,7 +40,7 @@ def one_round(root: Path, in_place: bool) -> dict[str, float]:
     for name, role in (("nodeA", "node"), ("alice", "read"), ("sub", "read")):
         pub, secrets[name] = create_certificate(issued, name, role)  # type: ignore[arg-type]
         shutil.copy(pub, keys / "clients" / pub.name)
-    binds = {k: f"tcp://127.0.0.1:{_port()}" for k in ("ingest", "control", "pub")}
+    binds = {k: f"tcp://127.0.0.1:{free_port()}" for k in ("ingest", "control", "pub")}
     settings = load_settings(None, coordinator={
         "ingest_bind": binds["ingest"], "control_bind": binds["control"], "pub_bind": binds["pub"],
         "state_db": str(root / "state.db"), "work_dir": str(root / "work"), "allowed_prof_roots": [str(root)],
@@ -146,9 +139,9 @@ def check_cost(n: int = 100_000) -> float:
             shutil.copy(pub, keys / "clients" / pub.name)
         pub, sec = create_certificate(root / "many", "nodeA", "node")
         shutil.copy(pub, keys / "clients" / pub.name)
-        ep = f"tcp://127.0.0.1:{_port()}"
-        settings = load_settings(None, coordinator={"ingest_bind": ep, "control_bind": f"tcp://127.0.0.1:{_port()}",
-                                                    "pub_bind": f"tcp://127.0.0.1:{_port()}",
+        ep = f"tcp://127.0.0.1:{free_port()}"
+        settings = load_settings(None, coordinator={"ingest_bind": ep, "control_bind": f"tcp://127.0.0.1:{free_port()}",
+                                                    "pub_bind": f"tcp://127.0.0.1:{free_port()}",
                                                     "state_db": str(root / "s.db"), "work_dir": str(root / "w")},
                                  security={"curve": "on", "keys_dir": str(keys)})
         coord = Coordinator(settings)

@@ -18,7 +18,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -33,6 +32,7 @@ import zmq
 from profwatch.config import load_settings
 from profwatch.core.messages import MessageRejected, parse_node_message
 from profwatch.node import NodeDaemon
+from profwatch.simulate.launcher import free_port
 from rankhook import wire
 from tests.conformance.real_torch_npu import MonitorTree, WheelUnavailable, build_tree, ensure_wheel, wheel_version
 from tests.conftest import PYTHON, REPO_ROOT, SOURCE_PATHS, python_env, wait_for
@@ -64,10 +64,6 @@ def monitor_tree(tmp_path_factory: pytest.TempPathFactory) -> MonitorTree:
     return tree
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class FakeCoordinator:
@@ -75,7 +71,7 @@ class FakeCoordinator:
     test thread only); every message goes through the coordinator's validation (``parse_node_message``)."""
 
     def __init__(self) -> None:
-        self.endpoint = f"tcp://127.0.0.1:{_port()}"
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)

@@ -17,15 +17,8 @@ from profwatch.adapters.zmq.keyfiles import KeyPair, create_certificate, load_ke
 from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
 from profwatch.node import NodeDaemon
+from profwatch.simulate.launcher import free_port
 from rankhook import wire
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def loopback_coordinator(root: Path, ports: dict[str, int]) -> dict[str, Any]:

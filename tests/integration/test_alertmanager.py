@@ -18,6 +18,7 @@ from profwatch.adapters.zmq.control import call
 from profwatch.core.alerts.alertmanager import parse_time
 from profwatch.core.alerts.events import TYPE_ANALYSIS_ENRICHED, TYPE_BATCH_INCOMPLETE, TYPE_SUSPECT_RANKS
 from profwatch.simulate.ascend_tree import generate_cluster
+from profwatch.simulate.launcher import free_port
 from tests.conftest import wait_for
 from tests.integration.sink_support import Alertmanager, CoordinatorHarness, Recorder
 
@@ -188,12 +189,6 @@ def test_alerts_survive_a_coordinator_restart_and_resolve_at_job_end(
     wait_for(lambda: _resolved_notifications(notifications, "jobR", "1"), 20, 0.2, "resolved notification")
 
 
-def _dead_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 @pytest.mark.parametrize("kind", ["unreachable", "refusing", "failing", "hanging"])
@@ -201,7 +196,7 @@ def test_a_bad_alertmanager_never_blocks_the_coordinator_and_is_counted(short_tm
                                                                         kind: str) -> None:
     holder: Any = None
     if kind == "unreachable":
-        url, outcome = f"http://127.0.0.1:{_dead_port()}", "failed"
+        url, outcome = f"http://127.0.0.1:{free_port()}", "failed"
     elif kind in ("refusing", "failing"):
         holder = Recorder(codes=[400 if kind == "refusing" else 503] * 1000)
         url, outcome = f"http://127.0.0.1:{holder.port}", "rejected" if kind == "refusing" else "failed"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -23,13 +22,8 @@ from profwatch.adapters.store.state import StateStore
 from profwatch.cli import cli
 from profwatch.commands.common import PING_TIMEOUT_S
 from profwatch.core.alerts.events import make_cloudevent
+from profwatch.simulate.launcher import free_port
 from tests.conftest import PYTHON, finish_process, python_env, wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _config(root: Path, ports: dict[str, int], **node: object) -> Path:
@@ -54,7 +48,7 @@ format = "json"
 
 @pytest.fixture
 def ports() -> dict[str, int]:
-    return {k: _free_port() for k in ("ingest", "control", "pub")}
+    return {k: free_port() for k in ("ingest", "control", "pub")}
 
 
 def _daemon(kind: str, cfg: Path, log: Path) -> subprocess.Popen:
@@ -266,7 +260,7 @@ def test_node_warns_when_unanswered_and_status_names_the_cause(tmp_path: Path, p
         finish_process(node, 20, terminate=True)
         finish_process(coord, 20, terminate=True)
         (tmp_path / "state" / "state.db").unlink()  # a fresh coordinator, on an ingest port no node dials
-        other = _config(tmp_path, {**ports, "ingest": _free_port()})
+        other = _config(tmp_path, {**ports, "ingest": free_port()})
         coord = _daemon("coordinator", other, tmp_path / "other.log")
         wait_for(lambda: _answers(f"tcp://127.0.0.1:{ports['control']}"), 30, 0.2, "second coordinator")
         res = CliRunner().invoke(cli, ["status", "--config", str(other)])

@@ -18,22 +18,17 @@ from profwatch.adapters.zmq.control import call
 from profwatch.config import load_settings
 from profwatch.coordinator import Coordinator
 from profwatch.node import NodeDaemon
+from profwatch.simulate.launcher import free_port
 from tests.conftest import PYTHON, REPO_ROOT, python_env, wait_for
 
 WORKER = str(REPO_ROOT / "tests" / "fakes" / "forking_rank.py")
 
 
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def daemons(short_tmp: Path):
-    ports = {k: _port() for k in ("ingest", "control", "pub")}
+    ports = {k: free_port() for k in ("ingest", "control", "pub")}
     s = load_settings(None, coordinator={"ingest_bind": f"tcp://127.0.0.1:{ports['ingest']}",
                                          "control_bind": f"tcp://127.0.0.1:{ports['control']}",
                                          "pub_bind": f"tcp://127.0.0.1:{ports['pub']}",

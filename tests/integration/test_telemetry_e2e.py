@@ -13,17 +13,12 @@ import pytest
 import zmq
 
 from profwatch.adapters.zmq.control import ControlError, ControlUnavailable, call
+from profwatch.simulate.launcher import free_port
 from tests.conftest import PYTHON, REPO_ROOT, finish_process, python_env, wait_for
 
 WORKER = str(REPO_ROOT / "tests" / "fakes" / "rank_worker.py")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:
@@ -31,7 +26,7 @@ class Cluster:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.ports = {k: _free_port() for k in ("ingest", "control", "pub", "metrics", "node_metrics")}
+        self.ports = {k: free_port() for k in ("ingest", "control", "pub", "metrics", "node_metrics")}
         self.cfg = root / "profwatch.toml"
         self.cfg.write_text(
             f"""

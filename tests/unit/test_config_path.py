@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from profwatch.cli import cli
 from profwatch.commands import common
 from profwatch.commands.common import config_path_for
+from profwatch.simulate.launcher import free_port
 
 
 def test_precedence(tmp_path: Path) -> None:
@@ -26,12 +27,6 @@ def test_precedence(tmp_path: Path) -> None:
     assert config_path_for(None, None, {"PROFWATCH_CONFIG": ""}, default) is None  # set but empty: no file
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cfg(path: Path, port: int) -> Path:
@@ -86,3 +81,14 @@ def test_a_bind_only_endpoint_is_a_clear_usage_error_not_a_traceback(
     assert res.exit_code == 2, (res.output, res.exception)
     assert f"the CLI cannot connect to [coordinator] {key}: {ep!r}" in res.output, res.output
     assert "tcp://0.0.0.0:PORT rather than tcp://*:PORT" in res.output and "Traceback" not in res.output
+
+
+def test_free_port_never_hands_out_a_port_twice() -> None:
+    """Test configs take three ports in a row; the kernel may give back the port it just released, and CI once got
+    pub_bind == control_bind from two calls. 300 calls: 300 distinct ports, each bindable when handed out."""
+    import socket
+
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == 300
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))

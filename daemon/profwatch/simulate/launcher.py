@@ -58,11 +58,29 @@ def exit_rank(code: int = 0) -> NoReturn:
     os._exit(code)
 
 
+_HANDED_OUT: set[int] = set()
+_HANDED_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (bound then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free TCP port on 127.0.0.1 (bound then released), never one this process was handed before.
+
+    The kernel may give the port it just released to the next ``bind(0)``: two calls in a row once returned the same
+    port, and a test's ``pub_bind`` equalled its ``control_bind``. Ports handed out are remembered for the process's
+    life (at most the ~28k ephemeral ports; a test session uses a few hundred).
+
+    Raises:
+        OSError: no port left that this process was not handed before.
+    """
+    with _HANDED_LOCK:
+        for _ in range(64):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
+    raise OSError("no free TCP port on 127.0.0.1 that this process was not handed before (64 tries)")
 
 
 ALL_RANKS = -2
