@@ -205,3 +205,15 @@ def test_a_rank_with_no_step_yet_shows_no_step_figures() -> None:
     assert not [ln for ln in lines if "-1" in ln.split() or "0.0000" in ln], lines
     # a rank that has stepped keeps its figures
     assert "0.4100" in "\n".join(render_status(_snap())) and "furthest_step=120 " in render_status(_snap())[0]
+
+
+def test_a_job_ended_alert_line_says_why_in_words() -> None:
+    from profwatch.commands.alerts import render_event
+
+    silent = render_event({"type": "io.profwatch.job_ended.v1", "time": "T", "subject": "j1",
+                           "data": {"last_report_unix_s": 1.0e9, "silent_s": 612.4, "reason": "silent", "generation": 2}})
+    assert silent == "T job_ended.v1 job=j1 generation 2: no rank reported (silent 612 s)"
+    left = render_event({"type": "io.profwatch.job_ended.v1", "time": "T", "subject": "j1",
+                         "data": {"last_report_unix_s": 1.0e9, "silent_s": 0.0, "reason": "all_ranks_left",
+                                  "generation": 1}})
+    assert left == "T job_ended.v1 job=j1 generation 1: every rank said bye"

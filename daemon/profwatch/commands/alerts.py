@@ -41,6 +41,7 @@ from profwatch.core.alerts.event_types import (
     TYPE_EPISODE_CLOSED,
     TYPE_EPISODE_OPENED,
     TYPE_EPISODE_UPDATED,
+    TYPE_JOB_ENDED,
     TYPE_SUSPECT_RANKS,
     display_name,
 )
@@ -115,6 +116,12 @@ def render_event(ev: dict[str, Any]) -> str:
                  f"warmup={d.get('warmup')} active={d.get('active')} config={d.get('path') or d.get('error', '')}")
     elif t in (TYPE_CAPTURE, TYPE_BATCH):
         line += f" capture {d.get('capture_id')} {d.get('event')}" + (f" ranks={d['ranks']}" if "ranks" in d else "")
+    elif t == TYPE_JOB_ENDED:
+        why = "every rank said bye" if d.get("reason") == "all_ranks_left" else "no rank reported"
+        silent = d.get("silent_s")
+        line += f" generation {d.get('generation')}: {why}" + (
+            f" (silent {float(silent):.0f} s)" if isinstance(silent, (int, float)) and d.get("reason") != "all_ranks_left"
+            else "")
     else:  # the other alerts (collision, capture unavailable, path refused, ...) say it in detail or problems
         text = d.get("detail") or "; ".join(str(p) for p in d.get("problems") or [])
         line += (f" {d['reason']}:" if d.get("reason") else "") + (f" {str(text)[:1000]}" if text else
