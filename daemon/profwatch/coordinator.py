@@ -144,6 +144,19 @@ def make_work_dir(path: Path) -> None:
                               "give work_dir a folder this user may write")
 
 
+def work_dir_problem(path: Path) -> str | None:
+    """Why ``make_work_dir(path)`` would refuse ``path`` for any user, judged without writing (``profwatch config
+    check``): the nearest existing path on its way is not a folder. ``None``: it may be usable. Permissions are left
+    to the coordinator's start (:func:`make_work_dir`), which runs as the service's user: a check run by another user
+    would judge the wrong one. Only ``stat``."""
+    here = path
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        return f"{path}: {here} is not a folder, so work_dir cannot be created there"
+    return None
+
+
 class Coordinator:
     """The coordinator. ``run()`` blocks until ``stop()``; everything persistent is in ``settings.coordinator.state_db``.
 

@@ -248,3 +248,17 @@ def test_the_readme_by_hand_config_is_valid_in_a_folder_of_its_own(tmp_path: Pat
     assert f'state_db = "{tmp_path}/' in res.stdout and "/tmp/pw" not in res.stdout
     ports = re.findall(r'tcp://127\.0\.0\.1:(\d+)"', res.stdout)
     assert len(ports) == 4 and len(set(ports[:3])) == 3 and ports[3] == ports[0], ports  # node -> ingest
+
+
+def test_a_work_dir_under_a_file_is_an_error_of_check_as_it_is_of_the_coordinators_start(tmp_path: Path) -> None:
+    """``config check`` said "valid" for a work_dir the coordinator then refused at start (a file on its way)."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    cfg = tmp_path / "wd.toml"
+    cfg.write_text(f'[coordinator]\nwork_dir = "{afile / "work"}"\nstate_db = "{tmp_path / "s.db"}"\n')
+    res = _cli("check", "--config", str(cfg))
+    assert res.returncode == 2 and f"coordinator.work_dir: {afile / 'work'}: {afile} is not a folder" in res.stderr, \
+        res.stdout + res.stderr
+    cfg.write_text(f'[coordinator]\nwork_dir = "{tmp_path / "new" / "work"}"\nstate_db = "{tmp_path / "s.db"}"\n')
+    res = _cli("check", "--config", str(cfg))
+    assert res.returncode == 0, res.stdout + res.stderr  # not there yet, creatable: the coordinator creates it

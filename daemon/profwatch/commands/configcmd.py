@@ -225,8 +225,9 @@ def start_problems(settings: Any, known: list[str]) -> list[str]:
     server key (:func:`_curve_problems`); a ``state_db`` that is not
     profwatch's own (``state_open.check_own``: a device, a FIFO, a non-SQLite file, a dangling symlink or loop,
     another program's db) and an alert sink's Authorization that cannot be read (``http_post.read_authorization``:
-    env var unset or empty, file empty or unreadable). Keys already in ``known`` are not checked twice. Reads the
-    db's 100-byte header (read-only) and the Authorization file or env var; writes nothing."""
+    env var unset or empty, file empty or unreadable); a ``work_dir`` that cannot be created (a file on its way:
+    ``coordinator.work_dir_problem``). Keys already in ``known`` are not checked twice. Reads the db's 100-byte
+    header (read-only) and the Authorization file or env var; writes nothing."""
     from profwatch.adapters.outputs.http_post import SinkConfigError, read_authorization
     from profwatch.adapters.store.state_open import StateFileRefused, check_own
 
@@ -236,6 +237,12 @@ def start_problems(settings: Any, known: list[str]) -> list[str]:
             check_own(Path(settings.coordinator.state_db))
         except StateFileRefused as exc:
             out.append(f"coordinator.state_db: {exc}")
+    if not any(k.startswith("coordinator.work_dir:") for k in known):
+        from profwatch.coordinator import work_dir_problem
+
+        why = work_dir_problem(Path(settings.coordinator.work_dir))
+        if why is not None:
+            out.append(f"coordinator.work_dir: {why}")
     out += _curve_problems(settings)
     for section in ("alertmanager", "webhook"):
         sink = getattr(settings, section)
