@@ -60,7 +60,12 @@ def test_an_analysing_capture_says_what_runs_and_for_how_long() -> None:
            "warmup": 1, "active": 4, "acknowledged_ranks": 4, "expected_ranks": 4, "reason": "step_regression",
            "running": ["slow_rank (12 s)"]}
     lines = render_capture(cap)
-    assert "analysing for 42s, deadline in 258s" in lines[0] and "warmup=1 active=4" in lines[0]
+    assert "analysing for 42s, analysis deadline in 4m18s" in lines[0] and "warmup=1 active=4" in lines[0]
+    # an enriching capture's 2 h follow-up bound read "deadline in 7486s"
+    enriching = render_capture({**cap, "state": "enriching", "deadline_in_s": 7486.0})[0]
+    assert "enriching for 42s, follow-up deadline in 2h04m;" in enriching
+    late = render_capture({**cap, "state": "collecting", "deadline_in_s": -5.2})[0]
+    assert "collecting for 42s, judgement deadline passed 5s ago;" in late
     assert lines[1] == "    running now: slow_rank (12 s)"
     assert "staging, ranking" in render_capture({**cap, "running": []})[1]
 

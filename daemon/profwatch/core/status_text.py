@@ -140,10 +140,29 @@ def render_nodes(nodes: Sequence[Mapping[str, Any]], ingest_bind: str | None) ->
     return lines
 
 
+DEADLINE_OF = {"planned": "config write", "written": "acknowledgements", "acknowledged": "judgement",
+               "collecting": "judgement", "analysing": "analysis", "enriching": "follow-up"}
+"""What each in-flight state's deadline bounds (``core/capture/lifecycle.py::deadline_for``), as ``status`` names it."""
+
+
+def span_text(seconds: float) -> str:
+    """``seconds`` (>= 0) as a person reads it: ``42s``, ``7m05s``, ``2h04m``."""
+    s = round(seconds)
+    if s < 100:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def render_capture(cap: Mapping[str, Any]) -> list[str]:
-    """One capture: state and for how long, its deadline, acknowledgements, what runs now, outcome."""
+    """One capture: state and for how long, its deadline (what it bounds), acknowledgements, what runs now,
+    outcome."""
     left = cap.get("deadline_in_s")
-    deadline = "" if left is None else (f", deadline in {left:.0f}s" if left >= 0 else f", deadline passed {-left:.0f}s ago")
+    what = DEADLINE_OF.get(str(cap.get("state")), "")
+    what = f"{what} " if what else ""
+    deadline = "" if left is None else (f", {what}deadline in {span_text(left)}" if left >= 0
+                                        else f", {what}deadline passed {span_text(-left)} ago")
     lines = [f"  {cap['capture_id']:<32} {cap['state']} for {cap.get('in_state_s', 0):.0f}s{deadline}; "
              f"start_step={cap['start_step']} warmup={cap.get('warmup', '-')} active={cap.get('active', '-')} "
              f"acked={cap.get('acknowledged_ranks')}/{cap.get('expected_ranks')} reason={cap['reason']}"
