@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from profwatch.core.access import SecuritySettings, endpoint_problem, exposure_problems, is_loopback_endpoint
@@ -500,7 +500,13 @@ def _unknown_key(loc: tuple[str, ...]) -> str:
     for part in loc[:-1]:
         field = getattr(model, "model_fields", {}).get(part)
         model = field.annotation if field is not None else None
-    known = list(getattr(model, "model_fields", {})) if model is not None else []
+    fields = getattr(model, "model_fields", {}) if model is not None else {}
+    for name, field in fields.items():  # an old name read as well (AliasChoices): refused only when both are given
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices) and loc[-1] != name and loc[-1] in alias.choices:
+            section = ".".join(loc[:-1])
+            return f"the former name of {section}.{name}, which is given too: keep one of the two"
+    known = list(fields)
     close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.75)
     what = "not a setting of [" + ".".join(loc[:-1]) + "]" if len(loc) > 1 else "not a section"
     return what + (f" (did you mean {close[0]}?)" if close else "")

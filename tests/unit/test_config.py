@@ -162,6 +162,11 @@ def test_the_manual_capture_window_and_the_armed_one_have_distinct_names(tmp_pat
                                       "capture.warmup": "capture.manual_warmup"}
     monkeypatch.setenv("PROFWATCH_CAPTURE__MANUAL_ACTIVE", "7")
     assert load_settings(None).capture.manual_active == 7
+    # both names at once: said so, not "not a setting" / pydantic's "Extra inputs are not permitted"
+    f.write_text("[capture]\nwarmup = 2\nmanual_warmup = 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(f)
+    assert "capture.warmup: the former name of capture.manual_warmup, which is given too: keep one" in str(err.value)
 
 
 def test_the_heartbeat_key_says_when_a_node_warns_as_the_node_does() -> None:
