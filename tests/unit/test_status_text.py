@@ -150,7 +150,8 @@ def test_episode_and_rotation_events_have_one_line_each() -> None:
               "data": {"episode_id": "ep-1", "kind": "rank_outlier", "ranks": [3], "magnitude": 0.5, "step": 10,
                        "reason": "quiet", "captured": False, "waited_for": "hourly_cap"}}
     assert render_event(closed) == ("t episode_closed.v1 job=j ep-1 rank_outlier ranks=[3] +50% step 10 closed "
-                                    "(quiet): never captured (waited for hourly_cap)")
+                                    "(quiet): never captured (waited for the job's hourly capture cap "
+                                    "(arming.max_captures_per_hour))")
     # an episode whose only capture failed says so (before: "never captured (waited for None)")
     failed = {**closed, "data": {**closed["data"], "waited_for": None,
                                  "captures": [{"capture_id": "c-9", "status": "failed"}]}}

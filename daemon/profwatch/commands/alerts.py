@@ -46,6 +46,7 @@ from profwatch.core.alerts.event_types import (
     display_name,
 )
 from profwatch.core.messages import CONTROL_RE
+from profwatch.core.status_text import WAITS
 from profwatch.exitcodes import EXIT_UNAVAILABLE
 from profwatch.signals import handling
 
@@ -73,6 +74,32 @@ def _suspects(d: dict[str, Any]) -> str:
         f" ({d['detail']})" if status == "weak" and d.get("detail") else "")  # why the evidence is weak
 
 
+def _episode_text(t: str, d: dict[str, Any]) -> str:
+    """What an ``episode_opened``/``_updated``/``_closed`` line says after its job: the episode, its ranks or
+    job-wide, its size and step; a follow-up's text; how a closed one ended and whether it was captured."""
+    ranks = f"ranks={d.get('ranks')}" if d.get("ranks") else "job-wide"
+    out = f" {d.get('episode_id')} {d.get('kind')} {ranks} +{100 * float(d.get('magnitude') or 0):.0f}% step {d.get('step')}"
+    if t == TYPE_EPISODE_UPDATED and d.get("reason") == "follow_up":
+        out += f": {d.get('text')}"
+    if t == TYPE_EPISODE_CLOSED:
+        caps = [c for c in d.get("captures") or [] if isinstance(c, dict)]
+        tried = ", ".join(f"{c.get('capture_id')} ({c.get('status') or 'in flight'})" for c in caps)
+        out += f" closed ({d.get('reason')}): " + (
+            "captured" if d.get("captured") else f"no capture analysed (captures: {tried})" if caps else
+            "never captured" + (f" (waited for {WAITS.get(str(d['waited_for']), d['waited_for'])})"
+                                if d.get("waited_for") else ""))
+    return out
+
+
+def _job_ended_text(d: dict[str, Any]) -> str:
+    """What a ``job_ended`` line says after its job: the generation and why, in words (``core/fleet/job_end.py``)."""
+    if d.get("reason") == "all_ranks_left":
+        return f" generation {d.get('generation')}: every rank said bye"
+    silent = d.get("silent_s")
+    return f" generation {d.get('generation')}: no rank reported" + (
+        f" (silent {float(silent):.0f} s)" if isinstance(silent, (int, float)) else "")
+
+
 def render_event(ev: dict[str, Any]) -> str:
     """One line for one CloudEvent: time, short type name (``core/alerts/event_types.py``), job, then what matters for
     that type."""
@@ -98,17 +125,7 @@ def render_event(ev: dict[str, Any]) -> str:
         if d.get("episode_id"):
             line += f" episode {d['episode_id']}" + (" (queued)" if d.get("queued") else "")
     elif t in (TYPE_EPISODE_OPENED, TYPE_EPISODE_UPDATED, TYPE_EPISODE_CLOSED):
-        ranks = f"ranks={d.get('ranks')}" if d.get("ranks") else "job-wide"
-        line += (f" {d.get('episode_id')} {d.get('kind')} {ranks} +{100 * float(d.get('magnitude') or 0):.0f}% "
-                 f"step {d.get('step')}")
-        if t == TYPE_EPISODE_UPDATED and d.get("reason") == "follow_up":
-            line += f": {d.get('text')}"
-        if t == TYPE_EPISODE_CLOSED:
-            caps = [c for c in d.get("captures") or [] if isinstance(c, dict)]
-            tried = ", ".join(f"{c.get('capture_id')} ({c.get('status') or 'in flight'})" for c in caps)
-            line += f" closed ({d.get('reason')}): " + (
-                "captured" if d.get("captured") else f"no capture analysed (captures: {tried})" if caps else
-                "never captured" + (f" (waited for {d['waited_for']})" if d.get("waited_for") else ""))
+        line += _episode_text(t, d)
     elif t == TYPE_CULPRIT_ROTATES:
         line += f" {d.get('episode_id')}: {d.get('detail')}"
     elif t == TYPE_ARM:
@@ -117,11 +134,7 @@ def render_event(ev: dict[str, Any]) -> str:
     elif t in (TYPE_CAPTURE, TYPE_BATCH):
         line += f" capture {d.get('capture_id')} {d.get('event')}" + (f" ranks={d['ranks']}" if "ranks" in d else "")
     elif t == TYPE_JOB_ENDED:
-        why = "every rank said bye" if d.get("reason") == "all_ranks_left" else "no rank reported"
-        silent = d.get("silent_s")
-        line += f" generation {d.get('generation')}: {why}" + (
-            f" (silent {float(silent):.0f} s)" if isinstance(silent, (int, float)) and d.get("reason") != "all_ranks_left"
-            else "")
+        line += _job_ended_text(d)
     else:  # the other alerts (collision, capture unavailable, path refused, ...) say it in detail or problems
         text = d.get("detail") or "; ".join(str(p) for p in d.get("problems") or [])
         line += (f" {d['reason']}:" if d.get("reason") else "") + (f" {str(text)[:1000]}" if text else
