@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from profwatch.core.capture.lifecycle import DEADLINE_BOUNDS
+
 SILENT_MIN_S = 10.0
 """A rank is ``silent`` once its last report is older than this, or than ``SILENT_STEPS`` of its own median step
 time when that is longer (a slow job is not silent between two steps)."""
@@ -140,11 +142,6 @@ def render_nodes(nodes: Sequence[Mapping[str, Any]], ingest_bind: str | None) ->
     return lines
 
 
-DEADLINE_OF = {"planned": "config write", "written": "acknowledgements", "acknowledged": "judgement",
-               "collecting": "judgement", "analysing": "analysis", "enriching": "follow-up"}
-"""What each in-flight state's deadline bounds (``core/capture/lifecycle.py::deadline_for``), as ``status`` names it."""
-
-
 def span_text(seconds: float) -> str:
     """``seconds`` (>= 0) as a person reads it: ``42s``, ``7m05s``, ``2h04m``."""
     s = round(seconds)
@@ -159,7 +156,7 @@ def render_capture(cap: Mapping[str, Any]) -> list[str]:
     """One capture: state and for how long, its deadline (what it bounds), acknowledgements, what runs now,
     outcome."""
     left = cap.get("deadline_in_s")
-    what = DEADLINE_OF.get(str(cap.get("state")), "")
+    what = DEADLINE_BOUNDS.get(str(cap.get("state")), "")
     what = f"{what} " if what else ""
     deadline = "" if left is None else (f", {what}deadline in {span_text(left)}" if left >= 0
                                         else f", {what}deadline passed {span_text(-left)} ago")

@@ -135,6 +135,13 @@ def deadline_for(cap: Capture, state: CaptureState, now: float, settings: Lifecy
     return None
 
 
+DEADLINE_BOUNDS: dict[str, str] = {S.PLANNED.value: "config write", S.WRITTEN.value: "acknowledgements",
+                                   S.ACKNOWLEDGED.value: "judgement", S.COLLECTING.value: "judgement",
+                                   S.ANALYSING.value: "analysis", S.ENRICHING.value: "follow-up"}
+"""What the deadline of each state with one (:func:`deadline_for`) bounds, in the words ``status`` shows, by state
+value."""
+
+
 def _enter(cap: Capture, state: CaptureState, now: float, settings: LifecycleSettings, **changes: Any) -> Capture:
     moved = replace(cap, state=state, state_since_unix_s=now, **changes)
     return replace(moved, deadline_unix_s=deadline_for(moved, state, now, settings))
