@@ -188,6 +188,11 @@ class JobEpisodes:
         ``level_learned`` event (old and new level, the capture) and reason ``level_learned``; else a new change
         closes it with reason ``new_change``.
 
+        Explained: a job-wide ``step_regression`` never captured that a known slow rank explains (an open ranked
+        episode holding every rank the job's latest verdict named; the job's level, its ranks' own growth taken out,
+        under :data:`EXPLAINED_GROWTH` above the level at that verdict: :meth:`_explaining`) is not captured; it waits
+        as ``explained_by_ranks`` until the rule no longer holds (:meth:`_explain`).
+
         Budget (:meth:`next_arm`): the open episodes that want a capture (none of their own in flight, not
         rotating) are decided in :func:`value_key` order; the first that passes is armed. An episode captured
         already is not captured again while it lasts unchanged (``captured_unchanged``); once its level grew by
