@@ -34,9 +34,10 @@ class SimResult:
 
 def run_job(duration_s: float, factor: Callable[[int, float], float], *, seed: int = 31,
             load: bool = True, job_factor: Callable[[float], float] = lambda t: 1.0,
-            window_steps: int = 8) -> SimResult:
+            window_steps: int = 8, stages: bool = True) -> SimResult:
     """Run ``duration_s`` seconds of the job; ``factor(rank, t)`` is rank's compute factor at ``t`` (seconds from
-    the start), ``job_factor(t)`` a job-wide factor (a software change). Returns the arms and episode events."""
+    the start), ``job_factor(t)`` a job-wide factor (a software change); ``stages=False``: no stage timings (the
+    zero-code hook without ``rankhook.stage``: every rank reports the same synchronous step time). Returns the arms and episode events."""
     rng = np.random.default_rng(seed)
     settings = ArmingSettings()
     policy = ArmingPolicy(settings)
@@ -60,7 +61,8 @@ def run_job(duration_s: float, factor: Callable[[int, float], float], *, seed: i
         for r in range(WORLD):
             found += det.observe(StepReport(job_id="sim", rank=r, step=step, step_time_s=round(st, 6),
                                             ts_unix_s=now, stages={"compute": round(comp[r], 6),
-                                                                   "comm": round(st - comp[r], 6)}), now)
+                                                                   "comm": round(st - comp[r], 6)} if stages
+                                            else None), now)
         if now - last_tick >= 1.0:
             last_tick = now
             found += det.tick(now)

@@ -52,6 +52,19 @@ def test_a_job_wide_change_within_the_known_slow_ranks_share_waits_and_a_large_o
     assert _arm(b, p, T0 + 500, "c3") is load
 
 
+def test_without_a_ranked_episode_a_whole_job_verdict_explains_for_an_hour_within_the_level_band() -> None:
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    first, _ = b.observe(_reg(100, 0.5, 1.3), T0)  # zero-code: a 3x rank seen only as the job's step time
+    assert first is not None and _arm(b, p, T0, "c1") is first
+    b.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
+    b.capture_ended("c1", T0 + 60, "ok", named=(1,))
+    load, _ = b.observe(_reg(400, 1.3, 1.7), T0 + 300)  # +31 %: host load
+    assert load is not None and load.explained_by == "c1" and _arm(b, p, T0 + 300, "c2") is None
+    b.advance(T0 + 3700, furthest_step=3000, step_time_s=1.7)  # an hour after the verdict: confirmed once more
+    assert load.explained_by == "" and _arm(b, p, T0 + 3700, "c2") is load
+
+
 def test_the_mark_goes_when_the_slow_ranks_episode_ends_or_a_verdict_names_another_rank() -> None:
     settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60, episode_quiet_steps=20)
     b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
@@ -66,25 +79,39 @@ def test_the_mark_goes_when_the_slow_ranks_episode_ends_or_a_verdict_names_anoth
     assert load.explained_by == "" and _arm(b, p, T0 + 311, "c2") is load
 
 
+@pytest.mark.parametrize("stages", [True, False], ids=["stages", "zero_code"])
 @pytest.mark.parametrize("seed", [31, 32, 33])
-def test_a_persistent_3x_rank_under_wandering_host_load_takes_at_most_two_captures_an_hour(seed: int) -> None:
+def test_a_persistent_3x_rank_under_wandering_host_load_takes_at_most_two_captures_an_hour(seed: int,
+                                                                                          stages: bool) -> None:
     """4-rank synchronous job, rank 1 3x from 300 s and left slow, host load x0.9-1.3 every 2-6 minutes: before,
-    every load move re-opened a job-wide change naming rank 1 again, 4 captures an hour (the hourly cap)."""
-    res = run_job(3600, lambda r, t: 3.0 if r == 1 and t >= 300 else 1.0, seed=seed)
+    every load move re-opened a job-wide change naming rank 1 again, 4 captures an hour (the hourly cap), with stage
+    timings (a rank outlier episode holds rank 1) or without (zero-code: only job-wide changes)."""
+    res = run_job(3600, lambda r, t: 3.0 if r == 1 and t >= 300 else 1.0, seed=seed, stages=stages)
     assert 1 <= len(res.arms) <= 2, res.arms
     assert res.arms[0]["named"] == [1] and 300 <= res.arms[0]["t"] <= 360
 
 
+@pytest.mark.parametrize("stages", [True, False], ids=["stages", "zero_code"])
 @pytest.mark.parametrize("seed", [31, 33])
-def test_the_whole_job_2x_slower_on_top_of_a_known_slow_rank_is_captured(seed: int) -> None:
-    res = run_job(3600, lambda r, t: 3.0 if r == 1 and t >= 300 else 1.0, seed=seed,
+def test_the_whole_job_2x_slower_on_top_of_a_known_slow_rank_is_captured(seed: int, stages: bool) -> None:
+    res = run_job(3600, lambda r, t: 3.0 if r == 1 and t >= 300 else 1.0, seed=seed, stages=stages,
                   job_factor=lambda t: 2.0 if t >= 1800 else 1.0)
     assert [a for a in res.arms if 1800 <= a["t"] <= 1900 and a["kind"] == "step_regression"], res.arms
 
 
+@pytest.mark.parametrize("stages", [True, False], ids=["stages", "zero_code"])
 @pytest.mark.parametrize("seed", [31, 33])
-def test_a_second_rank_going_slow_later_is_captured(seed: int) -> None:
+def test_a_second_rank_going_slow_later_is_captured(seed: int, stages: bool) -> None:
     """Rank 2 5x slower from 1800 s on top of rank 1's 3x: its own change, captured with rank 2 named."""
     res = run_job(3600, lambda r, t: 3.0 if r == 1 and t >= 300 else 5.0 if r == 2 and t >= 1800 else 1.0,
-                  seed=seed)
+                  seed=seed, stages=stages)
     assert [a for a in res.arms if 1800 <= a["t"] <= 2100 and 2 in (a.get("named") or [])], res.arms
+
+
+@pytest.mark.parametrize("seed", [31, 32])
+def test_a_change_after_the_slow_rank_healed_is_captured(seed: int) -> None:
+    """Zero-code: rank 1 3x from 300 s to 1500 s, then the whole job 1.6x from 2400 s: the job is far below the
+    level the verdict named rank 1 at, so the +60 % is not the healed rank's and is captured."""
+    res = run_job(3600, lambda r, t: 3.0 if r == 1 and 300 <= t < 1500 else 1.0, seed=seed, stages=False,
+                  job_factor=lambda t: 1.6 if t >= 2400 else 1.0)
+    assert [a for a in res.arms if 2400 <= a["t"] <= 2500 and a["kind"] == "step_regression"], res.arms
