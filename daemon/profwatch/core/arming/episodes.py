@@ -780,8 +780,12 @@ class JobEpisodes:
         ``explained_by_ranks`` (never captured, holding nobody); when the rank's episode ends, a later verdict
         names other ranks or the job grows past the rule, the mark goes (reason ``unexplained``) and it is
         captured as a new episode."""
-        eligible = ep.kind == "step_regression" and not ep.ranks and not ep.captures
-        found = self._explaining(ep, now_unix_s) if eligible else None
+        if ep.kind != "step_regression" or ep.ranks or ep.captures:
+            if ep.explained_by:  # another episode's capture of every rank covered it: captured, nothing to explain
+                ep.explained_by = ""
+                self._touch(ep)
+            return []
+        found = self._explaining(ep, now_unix_s)
         if found is None:
             if not ep.explained_by:
                 return []
