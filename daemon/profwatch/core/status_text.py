@@ -181,6 +181,9 @@ WAITS = {
     "hourly_cap": "the job's hourly capture cap (arming.max_captures_per_hour)",
     "byte_cap": "the job's hourly byte cap (arming.max_capture_bytes_per_hour)",
     "larger_than_byte_cap": "nothing it can get: its capture is larger than the hourly byte cap",
+    "explained_by_ranks": "nothing while a known slow rank explains it: the job is slower because a rank a verdict "
+                          "named is, within host load of the level at that verdict; captured once that no longer "
+                          "holds",
     "culprit_rotates": "nothing: the culprit rotates (load imbalance), not captured again",
     "kind_not_armed": "nothing: its kind is not in arming.arm_on (reported only)",
     "stalled_rank_not_capturable": "nothing: a stalled rank never reaches a capture window (reported only)",

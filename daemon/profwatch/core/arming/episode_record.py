@@ -139,7 +139,9 @@ class Episode:
     when it is armed; empty: none); ``settle_step``: for a job-wide episode whose capture found no suspect, the
     first step it was judged at after that verdict (it becomes the job's new normal once it held its level for
     ``episode_quiet_steps`` from there; None: no such verdict); ``rotating_member``: opened on a key whose culprit
-    rotates across episodes (it waits as ``culprit_rotates`` until it persists: then it is a slow rank of its own).
+    rotates across episodes (it waits as ``culprit_rotates`` until it persists: then it is a slow rank of its own);
+    ``explained_by``: for a job-wide ``step_regression`` never captured, the open ranked episode whose known slow
+    ranks explain its level (it waits as ``explained_by_ranks``, not captured; empty: not explained).
     """
 
     episode_id: str
@@ -169,6 +171,7 @@ class Episode:
     follow_ranks: tuple[int, ...] = ()
     settle_step: int | None = None
     rotating_member: bool = False
+    explained_by: str = ""
 
     @property
     def key(self) -> str:
@@ -240,7 +243,8 @@ class Episode:
             "waiting_behind": self.waiting_behind, "not_before_unix_s": self.not_before_unix_s,
             "follow_ranks": list(self.follow_ranks[:SHOWN_FOLLOW]), "follow_count": len(self.follow_ranks),
             "follow_spans": _spans(self.follow_ranks), "value": "repeat" if self.is_repeat else "new",
-            "settle_step": self.settle_step, "rotating_member": self.rotating_member}
+            "settle_step": self.settle_step, "rotating_member": self.rotating_member,
+            "explained_by": self.explained_by}
         if now_unix_s is not None:
             out["age_s"] = round(max(0.0, now_unix_s - self.opened_unix_s), 3)
         return out
@@ -268,7 +272,8 @@ class Episode:
             follow_ranks=(_from_spans(d["follow_spans"]) if "follow_spans" in d
                           else _follow_ranks(d.get("follow_ranks"))),
             settle_step=int(d["settle_step"]) if d.get("settle_step") is not None else None,
-            rotating_member=bool(d.get("rotating_member", False)))
+            rotating_member=bool(d.get("rotating_member", False)),
+            explained_by=str(d.get("explained_by") or ""))
 
     def summary(self) -> dict[str, Any]:
         """The short form carried by events: id, kind, scope, ranks, magnitudes, steps, captures."""

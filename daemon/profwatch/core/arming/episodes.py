@@ -73,6 +73,14 @@ PERSIST_S = 300.0
 PERSIST_STEPS = 60
 """An episode opened on a key whose culprit rotates is a slow rank of its own once it lasted this long (seconds and
 steps, both) and twice the longest episode of the rotation (a persistent change: >= 5 minutes and >= 60 steps)."""
+EXPLAINED_GROWTH = 0.5
+"""A job-wide ``step_regression`` that opens while a known slow rank holds (an open ranked episode whose ranks the
+job's latest verdict named, alone) is that rank's finding, not a change of its own, while the job step time it
+reached, divided by the growth of the ranks' own excess since that verdict, stays less than this much above the job
+step time at the verdict (relative): in a synchronous job every step waits for the slow rank, so each move of the
+host's load re-opened a job-wide change naming the same rank again (a 3x rank under load wandering x0.9-1.3 took 4
+captures an hour, all naming it). Host load on a shared box moves a job by +-10-45 %; a whole job 2x slower on top of
+the slow rank (+100 %) is captured as its own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +188,12 @@ class JobEpisodes:
         ``level_learned`` event (old and new level, the capture) and reason ``level_learned``; else a new change
         closes it with reason ``new_change``.
 
+        Explained: a job-wide ``step_regression`` never captured that a known slow rank explains (an open ranked
+        episode holding every rank the job's latest verdict named; the job's level, its ranks' own growth taken out,
+        under :data:`EXPLAINED_GROWTH` above the level at that verdict; without ranked episodes, the latest verdict
+        of a capture of every rank for an hour: :meth:`_explaining`) is not captured; it waits
+        as ``explained_by_ranks`` until the rule no longer holds (:meth:`_explain`).
+
         Budget (:meth:`next_arm`): the open episodes that want a capture (none of their own in flight, not
         rotating) are decided in :func:`value_key` order; the first that passes is armed. An episode captured
         already is not captured again while it lasts unchanged (``captured_unchanged``); once its level grew by
@@ -232,6 +246,12 @@ class JobEpisodes:
         self.rotating: dict[str, tuple[tuple[int, ...], float]] = {}  # key -> (the rotation's ranks, longest s)
         self._named_since: dict[str, dict[int, tuple[float, int]]] = {}  # rotating episode -> rank -> (since, step)
         self._named_span: dict[str, float] = {}  # rotating episode -> longest a rank of it stayed named (s)
+        self._step_s: float | None = None  # the job step time the last advance was given (s)
+        self._confirmed: dict[str, tuple[float, float]] = {}  # open ranked episode -> (job step s, its level) at
+        # the latest verdict that named its ranks
+        self._last_named: tuple[int, ...] = ()  # the ranks the job's latest verdict named (empty: none, no_suspect)
+        self._verdict: tuple[str, tuple[int, ...], float, float] | None = None  # the latest verdict, when it was
+        # of a capture of every rank naming ranks: (capture, named, job step s, unix s)
         self.withdrawn = 0
         """Captures withdrawn because their excursion came back before the window (:meth:`withdraw_returned`)."""
 
@@ -301,7 +321,7 @@ class JobEpisodes:
             out.append(self._event(TYPE_EPISODE_OPENED, ep, "", detail=detail))
             out += self._covered_at_open(ep, onset, now_unix_s)
             out += self._named(ep, ranks, now_unix_s)
-            return ep, out
+            return ep, [*out, *self._explain(ep, now_unix_s)]
         fresh = sorted(set(ranks) - ep.seen_ranks)
         ep.magnitude = anomaly.magnitude
         ep.peak_magnitude = max(ep.peak_magnitude, anomaly.magnitude)
@@ -316,7 +336,7 @@ class JobEpisodes:
         self._touch(ep)
         out.append(self._event(TYPE_EPISODE_UPDATED, ep, f"-{ep.reports}", reason="reported", new_ranks=fresh,
                                detail=detail))
-        return ep, [*out, *self._named(ep, ranks, now_unix_s)]
+        return ep, [*out, *self._named(ep, ranks, now_unix_s), *self._explain(ep, now_unix_s)]
 
     def _covered_at_open(self, ep: Episode, onset: int, now_unix_s: float) -> list[Event]:
         """A capture whose window started after ``onset`` (the first step of the new episode's evidence) and covered
@@ -366,6 +386,8 @@ class JobEpisodes:
         ``unit_steps``: per rank, the furthest step of its unit when the job is split into units with unrelated
         step counters (serving replicas; None: one unit): an episode naming ranks is then judged on its ranks'
         own counter (the furthest of them), never on another replica's."""
+        if step_time_s is not None and step_time_s > 0:
+            self._step_s = step_time_s
         if furthest_step is None:
             return []
         job_furthest = furthest_step
@@ -373,6 +395,7 @@ class JobEpisodes:
         for ep in list(self.open.values()):
             if ep.kind in STANDING_KINDS:
                 continue
+            out += self._explain(ep, now_unix_s)
             furthest_step = job_furthest
             if unit_steps is not None and ep.ranks:
                 own = [s for r in ep.ranks if (s := unit_steps.get(r)) is not None]
@@ -495,6 +518,9 @@ class JobEpisodes:
         self.rotating.clear()
         self._named_since.clear()
         self._named_span.clear()
+        self._confirmed.clear()
+        self._last_named = ()
+        self._verdict = None
         return self.close_all(now_unix_s, reason)
 
     def close_all(self, now_unix_s: float, reason: str) -> list[Event]:
@@ -505,6 +531,7 @@ class JobEpisodes:
         self.open.pop(ep.key, None)
         self._named_since.pop(ep.episode_id, None)
         self._named_span.pop(ep.episode_id, None)
+        self._confirmed.pop(ep.episode_id, None)
         ep.closed_unix_s, ep.close_reason = now_unix_s, reason
         self.closed.append(ep)
         self._touch(ep)
@@ -527,6 +554,9 @@ class JobEpisodes:
         self.settings = policy.settings  # the policy's limits are the ones in force (runtime-tunable)
         held_by: tuple[str, float | None, str] | None = None
         for ep in self.queue():
+            if ep.explained_by:  # a known slow rank's finding (_explain): not captured, holds nobody
+                self._wait(ep, "explained_by_ranks", None, "")
+                continue
             if ep.not_before_unix_s > now_unix_s:
                 self._wait(ep, ep.waiting or "retry", ep.not_before_unix_s, "")
                 continue
@@ -627,6 +657,7 @@ class JobEpisodes:
         if status == "no_suspect":
             self.history.release(capture_id)
         flight = self._flight.pop(capture_id, None)
+        self._confirm(capture_id, status, tuple(named), now_unix_s, whole=flight is not None and flight[1] is None)
         if flight is not None:
             self._ended.append(_Ended(capture_id, flight[0], flight[1], flight[2], status, tuple(named)))
         out: list[Event] = []
@@ -684,6 +715,96 @@ class JobEpisodes:
                     text=f"capture {capture_id}'s ranks waited for ranks it did not hold: a follow-up capture of "
                            f"ranks {shown} is queued (through the job's capture budget)"))
         return out
+
+    def _confirm(self, capture_id: str, status: str, named: tuple[int, ...], now_unix_s: float, *,
+                 whole: bool) -> None:
+        """Remember what the job's latest verdict named; when it named ranks, the job step time at the verdict for
+        each open ranked episode (not rotating) whose ranks it named, with the episode's level, and, for a capture
+        of every rank (``whole``), for the verdict itself (:meth:`_explaining`'s references). An outcome without a
+        verdict (failed, cancelled, replay's ``simulated``) changes nothing."""
+        if status not in VERDICTS:
+            return
+        self._last_named = named if status != "no_suspect" else ()
+        self._verdict = None
+        if not self._last_named or self._step_s is None:
+            return
+        if whole:
+            self._verdict = (capture_id, self._last_named, self._step_s, now_unix_s)
+        for s in self.open.values():
+            if s.ranks and not s.rotation and set(named) & set(s.ranks):
+                self._confirmed[s.episode_id] = (self._step_s, s.level)
+
+    def _explaining(self, ep: Episode, now_unix_s: float) -> tuple[str, tuple[int, ...], float] | None:
+        """What explains the job-wide level ``ep`` reached (the open ranked episode whose known slow ranks do, else
+        the capture whose verdict named them), the ranks, and the job's change left once their own share is taken
+        out (relative); None when nothing does (rule: :data:`EXPLAINED_GROWTH`). The reached level is the report's
+        ``step_time_s``, else ``reference_s * (1 + magnitude)``; the ranks' share is ``(1 + level now) / (1 + level
+        at the verdict)`` of their episode (its excess over the peers). Without such an episode, open or closed
+        within the hour (:meth:`_ranked_lately`; no stage timings: every rank reports the synchronous step time),
+        the latest verdict of a capture of every rank that named
+        ranks explains for an hour (``HOUR_S``: then one capture confirms it), its ranks' share unknown (1), while
+        the level before ``ep`` (``reference_s``) also lies within the rule of the verdict's (a rank that healed
+        brought the job far below it: a change from there is new)."""
+        reached = ep.detail.get("step_time_s")
+        if not isinstance(reached, (int, float)) or isinstance(reached, bool) or not reached > 0:
+            reached = ep.reference_s * (1.0 + ep.magnitude) if ep.reference_s else None
+        if not self._last_named or reached is None:
+            return None
+        for s in self.open.values():
+            conf = self._confirmed.get(s.episode_id)
+            if conf is None or not s.ranks or s.rotation or not set(self._last_named) <= set(s.ranks):
+                continue
+            ref_s, ref_level = conf
+            share = (1.0 + max(s.level, 0.0)) / (1.0 + max(ref_level, 0.0))
+            rest = float(reached) / ref_s / share - 1.0
+            if rest < EXPLAINED_GROWTH:
+                return s.episode_id, s.ranks, rest
+        v = self._verdict
+        if v is None or now_unix_s - v[3] > HOUR_S or ep.reference_s is None or self._ranked_lately(now_unix_s):
+            return None
+        rest = float(reached) / v[2] - 1.0
+        if rest < EXPLAINED_GROWTH and ep.reference_s * (1.0 + EXPLAINED_GROWTH) >= v[2]:
+            return v[0], v[1], rest
+        return None
+
+    def _ranked_lately(self, now_unix_s: float) -> bool:
+        """Whether an episode naming ranks is open or closed within the last hour: the job shows ranks of its own
+        (stage timings), so a slow rank the verdicts named without one is not known to the detector any more (it
+        healed, or a second slow rank hides it from the peers' median)."""
+        return (any(e.ranks for e in self.open.values())
+                or any(e.ranks and now_unix_s - (e.closed_unix_s or 0.0) <= HOUR_S for e in self.closed))
+
+    def _explain(self, ep: Episode, now_unix_s: float) -> list[Event]:
+        """Mark a job-wide ``step_regression`` never captured as explained by a known slow rank
+        (:meth:`_explaining`): ``episode_updated`` with reason ``explained`` once, then it waits as
+        ``explained_by_ranks`` (never captured, holding nobody); when the rank's episode ends, a later verdict
+        names other ranks or the job grows past the rule, the mark goes (reason ``unexplained``) and it is
+        captured as a new episode."""
+        if ep.kind != "step_regression" or ep.ranks or ep.captures:
+            if ep.explained_by:  # another episode's capture of every rank covered it: captured, nothing to explain
+                ep.explained_by = ""
+                self._touch(ep)
+            return []
+        found = self._explaining(ep, now_unix_s)
+        if found is None:
+            if not ep.explained_by:
+                return []
+            ep.explained_by = ""
+            self._touch(ep)
+            return [self._event(TYPE_EPISODE_UPDATED, ep, f"-unexplained-{ep.reports}", reason="unexplained",
+                                text="no longer explained by a known slow rank: captured as a change of its own")]
+        by, ranks, rest = found
+        if ep.explained_by == by:
+            return []
+        ep.explained_by = by
+        self._touch(ep)
+        shown = ", ".join(str(r) for r in ranks[:16])
+        return [self._event(
+            TYPE_EPISODE_UPDATED, ep, f"-explained-{by}", reason="explained", explained_by=by,
+            rest_change=round(rest, 6),
+            text=f"the job is slower because rank(s) {shown} are ({by}, named by the job's latest verdict): with their "
+                 f"own share taken out the job moved {rest:+.0%} since that verdict (host load), under "
+                 f"+{EXPLAINED_GROWTH:.0%}: not captured again as a change of its own")]
 
     def withdraw_returned(self, now_unix_s: float, *, furthest_step: int | None, reach_steps: int | None,
                           returned: Callable[[int], Mapping[str, Any] | None],
