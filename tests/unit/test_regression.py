@@ -260,7 +260,8 @@ def test_a_slowdown_soon_after_a_speedup_is_found_in_the_usual_delay(gap: int) -
 
 def test_a_moderate_slowdown_soon_after_a_speedup_is_found_and_a_speedup_alone_is_not_paged() -> None:
     """A 25 % speedup then +30 % (just under the level before the speedup) 5-45 steps later, 5 % noise: found
-    within 6 steps (the interim reference is the level after the speedup, not the one before); the speedup alone
+    within 6 steps, or 8 where the re-learned baseline took over first and held the first risen steps as spike
+    steps for the hold (the interim reference is the level after the speedup, not the one before); the speedup alone
     pages nothing."""
     for gap in (5, 15, 30, 45):
         for seed in range(3):
@@ -268,11 +269,62 @@ def test_a_moderate_slowdown_soon_after_a_speedup_is_found_and_a_speedup_alone_i
             xs[300:] *= 0.75
             xs[300 + gap:] *= 1.3
             regs = [s for s, k, _, _ in feed(xs) if k == "step_regression"]
-            assert regs and 300 + gap < regs[0] <= 300 + gap + 6, (gap, seed, regs)
+            # within 6 steps, or the hold (8) when the young baseline read the +30 % steps as spike steps
+            assert regs and 300 + gap < regs[0] <= 300 + gap + 8, (gap, seed, regs)
     for seed in range(10):
         xs = series(700, 0.05, seed=seed)
         xs[300:] *= 0.75
         assert [s for s, k, _, _ in feed(xs) if k == "step_regression"] == []
+
+
+def test_a_chance_dip_taken_for_a_speedup_does_not_make_the_return_to_the_level_a_slowdown() -> None:
+    """A 3-step -15 % dip at 5 % noise, then the same level: the lower CUSUM fires on the dip, and its run, picked
+    because it was low, set the interim reference 8-10 % under the level; the return to the level was reported as
+    +11-24 % (14 of 20 seeds). The steps after the speedup's fire do not confirm it, so the return is judged
+    against the level before it, and a run begun against the interim reference starts again when the re-learned
+    baseline takes over (it otherwise fired 47 steps later with its old mean, 3 of 20)."""
+    late = 0
+    for seed in range(20):
+        xs = series(600, 0.05, seed=seed)
+        xs[300:303] *= 0.85
+        regs = [(s, d) for s, k, _, d in feed(xs) if k == "step_regression"]
+        # seed 3: the dip goes on one step after the speedup's fire (0.79): confirmed, +11 % at step 311
+        assert [s for s, d in regs if d.get("reference") == "before_speedup"] == ([311] if seed == 3 else []), seed
+        late += any(300 < s <= 360 and d.get("reference") is None for s, d in regs)
+    assert late == 0
+
+
+def test_a_slowdown_after_an_unconfirmed_speedup_is_judged_against_the_level_before_it() -> None:
+    """A speedup that the steps after it do not confirm (they are back at the old level): a slowdown to 3x right
+    after it is still found, against the level before the speedup, and says so."""
+    xs = series(600, 0.05, seed=7)
+    xs[300:303] *= 0.8
+    xs[303:] *= 3.0
+    regs = [(s, m, d) for s, k, m, d in feed(xs) if k == "step_regression"]
+    assert len(regs) == 1, regs
+    step, magnitude, detail = regs[0]
+    assert 304 <= step <= 308
+    assert detail["reference"] == "before_speedup" and detail["speedup_confirmed"] is False
+    assert detail["steps_after_speedup"] == 0
+    assert detail["baseline_s"] == pytest.approx(detail["level_before_speedup_s"])
+    assert magnitude == pytest.approx(2.0, abs=0.3)  # 3x the level before it, not over the dip's level
+
+
+def test_a_cusum_run_under_min_effect_fires_only_when_the_steps_after_it_crossed_confirm() -> None:
+    """Stationary 5 % noise with chance fires made frequent (``false_alarm_steps`` 1000): a run whose mean is under
+    ``min_effect`` was let through by the ``EFFECT_Z`` leniency (4 fires at +7-10 % in 20 seeds of 1500 steps); it
+    now also needs the steps after its crossing, which did not pick it, to be over the baseline: none. A real
+    +10 % change still fires within the Lorden bound's margin (test_ten_percent_at_five_percent_noise_...)."""
+    st = DetectionSettings(false_alarm_steps=1000)
+    lenient = []
+    for seed in range(20):
+        xs = series(1500, 0.05, seed=seed)
+        lenient += [(seed, s, m) for s, k, m, d in feed(xs, settings=st)
+                    if k == "step_regression" and d["pattern"] == "cusum" and m < st.min_effect]
+    assert lenient == []
+    xs = series(600, 0.05, seed=11, at=300, shift=0.10)
+    regs = [(s, m, d) for s, k, m, d in feed(xs) if k == "step_regression"]
+    assert len(regs) == 1 and 300 < regs[0][0] <= 330, regs
 
 
 def test_magnitudes_are_ratios_on_log_step_time() -> None:

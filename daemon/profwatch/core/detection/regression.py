@@ -62,6 +62,14 @@ regression is reported (:meth:`StepTimeRegressionDetector._recent_above`): the d
 INTERIM_SE = 1.0
 """After a speedup, the level its own run showed is raised by this many standard errors to make the interim
 reference a slowdown is judged against while the baseline re-learns (see ``_interim_cusum``)."""
+SPEEDUP_CONFIRM_Z = 2.0
+"""A speedup is *confirmed* when the steps after its fire and before a later rise's run (none of them chose the
+speedup's run) sit below the level before the speedup by this many standard errors (``noise / sqrt(n)``); a slowdown
+after an unconfirmed speedup is judged against the level before it (see ``_speedup_reference``)."""
+MARGINAL_CONFIRM_Z = 2.0
+"""A CUSUM fire whose run's mean is under ``min_effect`` (let through by the :data:`EFFECT_Z` leniency) waits until
+the steps after the run first crossed the threshold (steps that did not select the run) are over the baseline by
+this many standard errors of their own mean (see ``_cusum``)."""
 REPORTED_SE = 2.0
 """After a ``step_regression``, the level the report measured is raised by this many standard errors
 (``noise / sqrt(steps)``) to make the interim reference a further rise is judged against while the baseline
@@ -320,6 +328,11 @@ class StepTimeRegressionDetector:
         speedup (``"before_speedup"``) or a report (``"reported_level"``); None otherwise (:meth:`_interim_cusum`)."""
         self._interim_spikes: list[float] = []
         self._interim_spike_start = 0
+        self._speedup_from: float | None = None
+        """The baseline level (s) when the last speedup fired: the reference a slowdown after it is judged against
+        while the speedup is not confirmed (:meth:`_speedup_reference`)."""
+        self._after_speedup: deque[tuple[int, float]] = deque(maxlen=RAMP_WINDOW)
+        """``(step, step_time_s)`` judged against the ``"before_speedup"`` interim reference since the speedup fired."""
         self._follow: list[float] = []
         """Step times (s) after a report that the interim reference follows (:data:`REPORT_FOLLOW_STEPS`)."""
         self._follow_left = 0
@@ -414,6 +427,9 @@ class StepTimeRegressionDetector:
             self._interim = (self._interim[0] / factor, *self._interim[1:])
             self._follow = [v / factor for v in self._follow]
             self._follow_from /= factor
+            if self._speedup_from is not None:
+                self._speedup_from /= factor
+            self._after_speedup = deque(((st, v / factor) for st, v in self._after_speedup), maxlen=RAMP_WINDOW)
 
     def _relearn(self) -> None:
         self._base.clear()
@@ -423,6 +439,8 @@ class StepTimeRegressionDetector:
         self._s_hi = self._s_lo = 0.0
         self._interim = None
         self._interim_spikes = []
+        self._speedup_from = None
+        self._after_speedup.clear()
         self._follow = []
         self._follow_left = 0
         self._lo_n, self._lo_log = 0, 0.0
@@ -432,6 +450,16 @@ class StepTimeRegressionDetector:
         self._run_reset()
         self.spikes.reset_episode()
 
+    def _end_interim(self) -> None:
+        """The re-learned baseline takes over from the interim reference: a CUSUM run built against that reference
+        starts again from 0, as its sums and mean were measured against another level (a run begun against a
+        speedup's level read too low went on against the baseline with its old mean, +15.7 % over 47 steps on a
+        series back at its level, and fired)."""
+        if self._interim is not None:
+            self._s_hi = 0.0
+            self._run_reset()
+        self._interim = None
+
     def _run_reset(self) -> None:
         self._run_start: int | None = None
         self._run_n = 0
@@ -439,6 +467,11 @@ class StepTimeRegressionDetector:
         self._run_slowest: set[int] = set()
         self._run_vals: deque[float] = deque(maxlen=RAMP_WINDOW)
         self._deferred = 0
+        self._crossed = False
+        """Whether the run's S+ crossed the threshold h already (its fire held back by the effect test)."""
+        self._post_n, self._post_log = 0, 0.0
+        """Steps of the run after it first crossed h and the sum of their log ratios to the baseline: the
+        unselected evidence a marginal fire waits for (:meth:`_confirmed`)."""
 
     def on_step(self, step: FinalizedStep) -> list[Anomaly]:
         """Consume one finalised step (excluded steps only advance the periodic bookkeeping)."""
@@ -478,7 +511,7 @@ class StepTimeRegressionDetector:
                 return [a]
             if n >= s.min_baseline_steps:  # a spike episode held against the interim reference outlasts the
                 if not self._interim_spikes:  # re-learning: judged to its end there, then the baseline takes over
-                    self._interim = None
+                    self._end_interim()
                 return []
         if n < s.min_baseline_steps:
             a = self._learn(step, x)
@@ -618,7 +651,7 @@ class StepTimeRegressionDetector:
         self._recent.append(x)
         if len(self._base) >= self.settings.min_baseline_steps:
             if not self._interim_spikes:  # else it ends with the episode held against it (on_step)
-                self._interim = None
+                self._end_interim()
             if not self._settled():
                 return self._warm_up_jump(fs)
             change = self._learned_step(fs)
@@ -1051,13 +1084,16 @@ class StepTimeRegressionDetector:
             self._run_vals.append(x)
             if len(self._run_slowest) < MAX_SLOWEST_RANKS:
                 self._run_slowest.add(fs.slowest_rank)
+            if self._crossed:
+                self._post_n += 1
+                self._post_log += math.log(x / mu) if x > 0.0 else math.log(MIN_NOISE)
         else:
             self._run_reset()
         self._base.push(x)
         self._recent.append(x)
         if self._s_hi > h * (1.0 + 1e-9):
             mean = log_ratio_magnitude(self._run_log / self._run_n)
-            if mean + self.effect_z * noise / math.sqrt(self._run_n) >= s.min_effect:
+            if mean + self.effect_z * noise / math.sqrt(self._run_n) >= s.min_effect and self._confirmed(mean, noise):
                 shape = self._shape(fs.step, mu, noise) if s.drift_detection else "step"
                 if shape == "ramp":
                     return None
@@ -1067,8 +1103,11 @@ class StepTimeRegressionDetector:
                               "steps": self._run_n, "slowest_ranks": sorted(self._run_slowest)}
                     if self._deferred:
                         detail["deferred_steps"] = self._deferred
+                    if self._post_n:
+                        detail["confirm_steps"] = self._post_n
                     return self._fire(fs.step, mean, detail)
                 self._deferred += 1
+            self._crossed = True
             self._s_hi = h
         if self._s_lo > 0.0:
             if self._lo_n == 0:
@@ -1085,9 +1124,42 @@ class StepTimeRegressionDetector:
             level = fallen * (1.0 + INTERIM_SE * noise / math.sqrt(n_lo))
             self._relearn()
             self._interim = (min(mu, level), noise, "before_speedup")
+            self._speedup_from = mu
             self.speedup_ratio = min(1.0, fallen / mu)
             return None
         return self._drift(fs.step)
+
+    def _confirmed(self, mean: float, noise: float) -> bool:
+        """Whether a CUSUM run whose mean excess passed the effect test may fire: its mean ``mean`` (relative)
+        reaches ``min_effect`` by itself, or, let through by the :attr:`effect_z` leniency, the run's steps after it
+        first crossed h, which did not select it, are over the baseline by :data:`MARGINAL_CONFIRM_Z` standard
+        errors of their mean (``noise / sqrt(n)``, the design's relative noise). A run is the stretch of steps a
+        maximum picked, so its mean reads high on noise: a chance +9 % run of 15 steps at 8 % noise passed the
+        lenient test at ``min_effect`` 10 %; a real change of about ``min_effect`` goes on after the crossing and
+        confirms within a few steps."""
+        if mean >= self.settings.min_effect:
+            return True
+        return self._post_n > 0 and self._post_log / self._post_n >= MARGINAL_CONFIRM_Z * noise / math.sqrt(self._post_n)
+
+    def _speedup_reference(self, interim_s: float, noise: float) -> tuple[float, bool, int]:
+        """``(reference_s, confirmed, n)``: what a rise after a speedup is judged against. The interim reference
+        ``interim_s`` (s) rests on the speedup's own run, the stretch the lower CUSUM picked because it was low, so
+        a chance dip sets it low and a return to the old level reads as a slowdown (+11.5 % 4 steps after a
+        chance -12 % dip at 5 % noise). The ``n`` steps after the speedup fired and before the rise's run began did
+        not pick it: when their geometric mean is under the level before the speedup by :data:`SPEEDUP_CONFIRM_Z`
+        standard errors (``noise / sqrt(n)``) the speedup is confirmed and the reference is the higher of
+        ``interim_s`` and that mean; otherwise (none, or not lower) it is the level before the speedup."""
+        before = self._speedup_from
+        if before is None:
+            return interim_s, True, 0
+        start = self._run_start if self._run_start is not None else self._step_now + 1
+        logs = [math.log(v) for st, v in self._after_speedup if st < start and v > 0.0]
+        n = len(logs)
+        if n:
+            level = math.exp(sum(logs) / n)
+            if level / before - 1.0 <= -SPEEDUP_CONFIRM_Z * noise / math.sqrt(n):
+                return max(interim_s, level), True, n
+        return max(interim_s, before), False, n
 
     def _interim_cusum(self, fs: FinalizedStep, x: float) -> Anomaly | None:
         """While the baseline re-learns after a speedup or a report, judge each step against the *interim*
@@ -1118,6 +1190,8 @@ class StepTimeRegressionDetector:
             self._follow_rise(x)
         mu, noise, reference = self._interim
         s = self.settings
+        if reference == "before_speedup":
+            self._after_speedup.append((fs.step, x))
         k, h, clip = self._design(noise)
         rel = x / mu - 1.0
         z = rel / noise
@@ -1157,6 +1231,13 @@ class StepTimeRegressionDetector:
         if self._s_hi <= h * (1.0 + 1e-9):
             return None
         mean = log_ratio_magnitude(self._run_log / self._run_n)
+        extra: dict[str, Any] = {}
+        if reference == "before_speedup":
+            ref, confirmed, n_after = self._speedup_reference(mu, noise)
+            mean = log_ratio_magnitude(self._run_log / self._run_n + math.log(mu / ref))
+            extra = {"speedup_confirmed": confirmed, "level_before_speedup_s": self._speedup_from,
+                     "steps_after_speedup": n_after}
+            mu = ref
         # a rise over an interim reference clears min_effect by itself: that reference rests on a few steps, so a
         # level measured low was otherwise re-reported at +7-9 % within EFFECT_Z standard errors of it (a report),
         # or reported on a series that only got faster (+8.6 % over a speedup's level measured 4 % low: the
@@ -1167,7 +1248,7 @@ class StepTimeRegressionDetector:
             return None
         detail = {"pattern": "cusum", "reference": reference, "first_step": self._run_start,
                   "baseline_s": mu, "noise": noise, "step_time_s": mu * (1.0 + mean), "cusum": self._s_hi,
-                  "threshold": h, "steps": self._run_n, "slowest_ranks": sorted(self._run_slowest)}
+                  "threshold": h, "steps": self._run_n, "slowest_ranks": sorted(self._run_slowest), **extra}
         return self._fire(fs.step, mean, detail)
 
     def _follow_rise(self, x: float) -> None:
