@@ -96,6 +96,8 @@ class UnitPipeline:
         self.normaliser = LoadNormaliser(settings) if serving and step_detectors is None else None
         self.ratio_blocks = RatioBlocks() if self.normaliser is not None else None
         self.level = UnitLevel(job_id, settings) if self.normaliser is not None else None
+        self.level_nowork = UnitLevel(job_id, settings, without_work=True) if self.normaliser is not None else None
+        """The shared level of a serving unit's steps without ``work``, given step by step (see :meth:`_judge`)."""
         self._block_ends: deque[int] = deque(maxlen=SERVING_LAG_BLOCKS + 1)
         self.regression: StepTimeRegressionDetector | None = None
         self.outliers: RankOutlierDetector | None = None
@@ -259,8 +261,8 @@ class UnitPipeline:
                 self._block_ends.clear()
             if self.normaliser is not None:
                 self.normaliser.cutoff_step = None
-            if self.level is not None:
-                self.level.reset()
+            for lv in self._levels:
+                lv.reset()
             for d in self.step_detectors:
                 d.reset()
         out: list[Anomaly] = []
@@ -269,11 +271,13 @@ class UnitPipeline:
                 self.normaliser.note_step(fs0)
             if self.ratio_blocks is not None:
                 self.ratio_blocks.elapse(fs0.time_s)
-            if self.level is not None:
-                self.level.elapse(fs0.time_s)
+            for lv in self._levels:
+                lv.elapse(fs0.time_s)
+            if self.level_nowork is not None and fs0.excluded is None and fs0.work is None:
+                out.extend(self._level_found(self.level_nowork, fs0))
             for fs in self.blocks.push(fs0):
                 if self.level is not None and fs.excluded is None and fs.work is not None:
-                    out.extend(self._level_found(fs))
+                    out.extend(self._level_found(self.level, fs))
                 rf = self.normaliser.normalise(fs) if self.normaliser is not None else fs
                 if self.normaliser is not None and self.regression is not None:
                     self.regression.effect_z = EFFECT_Z if fs.work is not None else 0.0
@@ -303,16 +307,27 @@ class UnitPipeline:
                 self.regression.rebase(ratio)
         return found
 
-    def _level_found(self, fs: FinalizedStep) -> list[Anomaly]:
-        """:class:`~profwatch.core.detection.unit_level.UnitLevel`'s findings on one judged step with ``work`` (a
-        unit without ``work`` is not given to it: its blocks' level follows the batch, which nothing there measures,
-        and swung 2.3x on healthy traffic: bench_corpus seed 32 serving_nowork run 2); a rise it reports is the new
-        normal of the load bands and the regression detector (as :meth:`adopt_rise`), so neither reports it again."""
-        assert self.level is not None
-        found = self.level.add(fs.step, fs.time_s, fs.work)
+    @property
+    def _levels(self) -> list[UnitLevel]:
+        """The serving unit's shared levels (with and without ``work``; none outside serving mode)."""
+        return [lv for lv in (self.level, self.level_nowork) if lv is not None]
+
+    def _level_found(self, level: UnitLevel, fs: FinalizedStep) -> list[Anomaly]:
+        """A shared level's findings on one judged record: ``self.level`` gets the blocks of steps with ``work``;
+        ``self.level_nowork`` every finalised step without ``work``, one by one (not the 16-step blocks the load
+        bands judge: blocks of 60 s then held 8 of those, 2 minutes of a slowed unit's steps, and a 3x change
+        was found 10-17 minutes after its onset instead of 5-8), with a noise floor and a least change that the
+        batch, which nothing there measures, cannot reach on healthy traffic (``unit_level.NOWORK_*``). A rise
+        it reports is the new normal of the load bands, the regression detector (as :meth:`adopt_rise`) and the
+        other level, so none reports it again."""
+        found = level.add(fs.step, fs.time_s, fs.work)
         for a in found:
             first = a.detail.get("first_step")
-            self._adopt_rise(1.0 + a.magnitude, first if isinstance(first, int) else None)
+            first_step = first if isinstance(first, int) else None
+            for other in self._levels:
+                if other is not level:
+                    other.rebase(math.log1p(a.magnitude), first_step)
+            self._adopt_rise(1.0 + a.magnitude, first_step)
         return [self._to_job(a) for a in found]
 
     def adopt_rise(self, factor: float, first_step: int | None) -> None:
@@ -321,14 +336,17 @@ class UnitPipeline:
         (:meth:`LoadNormaliser.rescale`) and the regression detector drops the evidence it gathered for it, so the
         unit's own test does not report (and arm) the same change again minutes later (bench_workloads
         serving_dp: 2 arms for one +30 % replica). No-op outside serving mode."""
-        if self.level is not None and factor > 0:
-            self.level.rebase(math.log(factor), first_step)
+        if factor > 0:
+            for lv in self._levels:
+                lv.rebase(math.log(factor), first_step)
         self._adopt_rise(factor, first_step)
 
     def _adopt_rise(self, factor: float, first_step: int | None) -> None:
         if self.normaliser is None or self.regression is None:
             return
         self.normaliser.rescale(factor, first_step)
+        if self.ratio_blocks is not None:
+            self.ratio_blocks.rescale(factor, first_step)
         self.regression.forget_rise()
 
     def _follow_blocks(self, step: int) -> None:
@@ -346,9 +364,9 @@ class UnitPipeline:
             if a.kind == "step_regression" and a.detail.get("pattern") in ("cusum", "level"):
                 first = a.detail.get("first_step")
                 self.normaliser.rescale(1.0 + a.magnitude, self._first_step(first) if isinstance(first, int) else None)
-                if self.level is not None and a.magnitude > -1.0:
-                    self.level.rebase(math.log1p(a.magnitude),
-                                      self._first_step(first) if isinstance(first, int) else None)
+                if a.magnitude > -1.0:
+                    for lv in self._levels:
+                        lv.rebase(math.log1p(a.magnitude), self._first_step(first) if isinstance(first, int) else None)
                 self.regression.rebase(1.0 + a.magnitude)  # the reported level it judges against, in the new scale
 
     def _first_step(self, step: int) -> int:
