@@ -1,8 +1,9 @@
 """Serving units without ``work``: the unit's shared level (:class:`~profwatch.core.detection.unit_level.UnitLevel`
 ``without_work``, given every step) reports a lasting 3x change within minutes under a shared host's flickering
 load and a wandering batch, and nothing on the same healthy traffic; on any series its reports are rises with
-bounded magnitudes (pure; generated reports on a fake clock through JobDetector's serving path, and the model on
-given values)."""
+bounded magnitudes; a slow rank of a tensor-parallel group is compared step by step, not in the unit's 16-step
+blocks (pure; generated reports on a fake clock through JobDetector's serving path, and the model on given
+values)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from profwatch.core.detection.job_detector import JobDetector
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.unit_level import LEVEL_BLOCK_S, MAX_LOG, NOWORK_EFFECT, UnitLevel
+from tests.unit.detection_helpers import of_kind, run
 from tests.unit.test_serving_provisional import _reports
 from tests.unit.test_serving_rescale import STEP_S, T0
 
@@ -62,6 +65,50 @@ def test_without_work_a_healthy_flickering_host_with_a_wandering_batch_is_no_cha
     ``work``: a known limit of that test on a wandering batch, not asserted here.)"""
     for seed in (1, 2, 3, 4):
         assert [r for r in _reports(_nowork(seed, 19_000)) if r[2] == "unit_level"] == [], seed
+
+
+def _tp_nowork(seed: int, slow_rank_from_s: float, factor: float, tp: int = 4) -> list[dict[str, Any]]:
+    """One tensor-parallel group of ``tp`` ranks without ``work`` (bench_corpus's serving model): the iteration
+    ``it`` as in :func:`_nowork` (bursts of 100, 30 s idle gaps, the host's load, 3 % noise), each rank's compute
+    ``0.8 * it`` (1 % own noise), the step ``max(compute) + 0.2 * it`` on every rank; from ``slow_rank_from_s``
+    on, rank 1's compute is ``factor`` times longer (a slow GPU: the whole group waits for it)."""
+    rng = np.random.default_rng(seed)
+    t, batch, gap, load, load_until = T0, 16, 0.0, 1.0, T0
+    out: list[dict[str, Any]] = []
+    for step in range(1, 6_001):
+        if t >= load_until:
+            load, load_until = float(rng.uniform(1.0, 1.5)), t + float(rng.uniform(20.0, 90.0))
+        batch = int(min(32, max(1, batch + rng.integers(-2, 3))))
+        it = STEP_S * (0.5 + 0.5 * batch / 32) * (1.0 + 0.03 * float(rng.standard_normal())) * load
+        compute = 0.8 * it * (1.0 + 0.01 * rng.standard_normal(tp))
+        if t - T0 >= slow_rank_from_s:
+            compute[1] *= factor
+        dur = float(compute.max()) + 0.2 * it
+        t += dur
+        for r in range(tp):
+            out.append({"job_id": "svc", "rank": r, "world_size": tp, "step": step,
+                        "step_time_s": round(dur + gap, 6), "ts_unix_s": t + 0.001 * r, "mode": "serving",
+                        "stages": {"compute": float(compute[r]), "comm": dur - float(compute[r])}})
+        gap = 0.0
+        if step % 100 == 0:
+            gap = 30.0
+            t += gap
+    return out
+
+
+def test_without_work_a_slow_tensor_parallel_rank_is_named_within_a_minute() -> None:
+    """Rank 1 of 4 with 3x and 1.3x its compute from minute 10 (2 seeds each): ``rank_outlier`` names it within 60 s
+    of the onset; the healthy 10 minutes before name nobody. The rank comparison of a unit without ``work`` was
+    given the unit's 16-step blocks (made for the load bands), and a window of 12 of them took 7 minutes after a
+    3.5x TP rank's onset (bench_corpus seed 31 serving_nowork run 4); ranks of one step run the same batch, so
+    they are compared step by step, as with ``work``."""
+    for seed in (1, 2):
+        for factor in (3.0, 1.3):
+            recs = _tp_nowork(seed, 600.0, factor)
+            at = {r["step"]: r["ts_unix_s"] - T0 for r in recs}
+            found, _ = run(iter(recs), 4, det=JobDetector("svc", 4, mode="serving"))
+            named = [(round(at[a.step]), a.ranks) for a in of_kind(found, "rank_outlier")]
+            assert named and named[0][1] == (1,) and 600 <= named[0][0] <= 660, (seed, factor, named)
 
 
 def _feed(level: UnitLevel, times: list[float]) -> list[tuple[float, dict[str, Any]]]:

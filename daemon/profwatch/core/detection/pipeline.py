@@ -92,6 +92,9 @@ class UnitPipeline:
         n = len(self.ranks)
         self.aggregator = StepAggregator(n, settings)
         self.blocks = StepBlocks(settings, min_steps_without_work=BLOCK_STEPS_WITHOUT_WORK if serving else 1)
+        self.outlier_blocks = StepBlocks(settings) if serving and step_detectors is None else None
+        """A serving unit's rank comparison gets its own blocks, without the 16-step floor of steps without ``work``
+        (see :meth:`_judge`)."""
         self._hold_steps = hold_steps
         self.normaliser = LoadNormaliser(settings) if serving and step_detectors is None else None
         self.ratio_blocks = RatioBlocks() if self.normaliser is not None else None
@@ -198,6 +201,8 @@ class UnitPipeline:
         self._settings = settings
         self.aggregator.update_settings(settings)
         self.blocks.update_settings(settings)
+        if self.outlier_blocks is not None:
+            self.outlier_blocks.update_settings(settings)
         if self.normaliser is not None:
             self.normaliser.settings = settings
         for d in self.step_detectors:
@@ -254,6 +259,8 @@ class UnitPipeline:
         """Reset the detectors after a restart, then hand them the finalised steps; return their anomalies."""
         if restarted:
             self.blocks.reset()
+            if self.outlier_blocks is not None:
+                self.outlier_blocks.reset()
             if self.normaliser is not None:
                 self.normaliser.reset()
             if self.ratio_blocks is not None:
@@ -275,6 +282,9 @@ class UnitPipeline:
                 lv.elapse(fs0.time_s)
             if self.level_nowork is not None and fs0.excluded is None and fs0.work is None:
                 out.extend(self._level_found(self.level_nowork, fs0))
+            if self.outlier_blocks is not None and self.outliers is not None:
+                for fb in self.outlier_blocks.push(fs0):
+                    out.extend(self._to_job(a) for a in self.outliers.on_step(fb))
             for fs in self.blocks.push(fs0):
                 if self.level is not None and fs.excluded is None and fs.work is not None:
                     out.extend(self._level_found(self.level, fs))
@@ -284,6 +294,8 @@ class UnitPipeline:
                     self.regression.provisional = fs.work is not None
                 judged = self.ratio_blocks.push(rf) if self.ratio_blocks is not None else [rf]
                 for d in self.step_detectors:
+                    if d is self.outliers and self.outlier_blocks is not None:
+                        continue
                     if d is not self.regression:
                         out.extend(self._to_job(a) for a in d.on_step(fs))
                         continue
