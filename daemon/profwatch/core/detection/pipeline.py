@@ -69,7 +69,10 @@ class UnitPipeline:
     Notes:
         Finalised steps go through :class:`~profwatch.core.detection.blocks.StepBlocks`; the regression detector
         gets them normalised in a serving unit (ratios to the usual time at that load) and raw otherwise; the
-        other step detectors get them raw. The spike hold is converted from steps to blocks. In a unit that is
+        other step detectors get them raw (a serving unit's rank comparison through its own blocks,
+        :attr:`outlier_blocks`, without the 16-step floor of steps without ``work``). A serving unit's shared
+        levels (:class:`~profwatch.core.detection.unit_level.UnitLevel`) get its blocks with ``work`` and, in
+        another model, its finalised steps without ``work`` one by one. The spike hold is converted from steps to blocks. In a unit that is
         not the whole job, a ``step_regression`` or ``drift`` names the unit's ranks (``detail["unit"]``). A
         serving unit checks no stalls and detects no drift (its ratios follow the load by construction). A serving
         unit whose ranks step in lock-step (:meth:`note_lockstep`: a tensor-parallel group) compares them from
