@@ -69,7 +69,10 @@ class UnitPipeline:
     Notes:
         Finalised steps go through :class:`~profwatch.core.detection.blocks.StepBlocks`; the regression detector
         gets them normalised in a serving unit (ratios to the usual time at that load) and raw otherwise; the
-        other step detectors get them raw. The spike hold is converted from steps to blocks. In a unit that is
+        other step detectors get them raw (a serving unit's rank comparison through its own blocks,
+        :attr:`outlier_blocks`, without the 16-step floor of steps without ``work``). A serving unit's shared
+        levels (:class:`~profwatch.core.detection.unit_level.UnitLevel`) get its blocks with ``work`` and, in
+        another model, its finalised steps without ``work`` one by one. The spike hold is converted from steps to blocks. In a unit that is
         not the whole job, a ``step_regression`` or ``drift`` names the unit's ranks (``detail["unit"]``). A
         serving unit checks no stalls and detects no drift (its ratios follow the load by construction). A serving
         unit whose ranks step in lock-step (:meth:`note_lockstep`: a tensor-parallel group) compares them from
@@ -92,10 +95,15 @@ class UnitPipeline:
         n = len(self.ranks)
         self.aggregator = StepAggregator(n, settings)
         self.blocks = StepBlocks(settings, min_steps_without_work=BLOCK_STEPS_WITHOUT_WORK if serving else 1)
+        self.outlier_blocks = StepBlocks(settings) if serving and step_detectors is None else None
+        """A serving unit's rank comparison gets its own blocks, without the 16-step floor of steps without ``work``
+        (see :meth:`_judge`)."""
         self._hold_steps = hold_steps
         self.normaliser = LoadNormaliser(settings) if serving and step_detectors is None else None
         self.ratio_blocks = RatioBlocks() if self.normaliser is not None else None
         self.level = UnitLevel(job_id, settings) if self.normaliser is not None else None
+        self.level_nowork = UnitLevel(job_id, settings, without_work=True) if self.normaliser is not None else None
+        """The shared level of a serving unit's steps without ``work``, given step by step (see :meth:`_judge`)."""
         self._block_ends: deque[int] = deque(maxlen=SERVING_LAG_BLOCKS + 1)
         self.regression: StepTimeRegressionDetector | None = None
         self.outliers: RankOutlierDetector | None = None
@@ -196,6 +204,8 @@ class UnitPipeline:
         self._settings = settings
         self.aggregator.update_settings(settings)
         self.blocks.update_settings(settings)
+        if self.outlier_blocks is not None:
+            self.outlier_blocks.update_settings(settings)
         if self.normaliser is not None:
             self.normaliser.settings = settings
         for d in self.step_detectors:
@@ -252,6 +262,8 @@ class UnitPipeline:
         """Reset the detectors after a restart, then hand them the finalised steps; return their anomalies."""
         if restarted:
             self.blocks.reset()
+            if self.outlier_blocks is not None:
+                self.outlier_blocks.reset()
             if self.normaliser is not None:
                 self.normaliser.reset()
             if self.ratio_blocks is not None:
@@ -259,8 +271,8 @@ class UnitPipeline:
                 self._block_ends.clear()
             if self.normaliser is not None:
                 self.normaliser.cutoff_step = None
-            if self.level is not None:
-                self.level.reset()
+            for lv in self._levels:
+                lv.reset()
             for d in self.step_detectors:
                 d.reset()
         out: list[Anomaly] = []
@@ -269,17 +281,24 @@ class UnitPipeline:
                 self.normaliser.note_step(fs0)
             if self.ratio_blocks is not None:
                 self.ratio_blocks.elapse(fs0.time_s)
-            if self.level is not None:
-                self.level.elapse(fs0.time_s)
+            for lv in self._levels:
+                lv.elapse(fs0.time_s)
+            if self.level_nowork is not None and fs0.excluded is None and fs0.work is None:
+                out.extend(self._level_found(self.level_nowork, fs0))
+            if self.outlier_blocks is not None and self.outliers is not None:
+                for fb in self.outlier_blocks.push(fs0):
+                    out.extend(self._to_job(a) for a in self.outliers.on_step(fb))
             for fs in self.blocks.push(fs0):
                 if self.level is not None and fs.excluded is None and fs.work is not None:
-                    out.extend(self._level_found(fs))
+                    out.extend(self._level_found(self.level, fs))
                 rf = self.normaliser.normalise(fs) if self.normaliser is not None else fs
                 if self.normaliser is not None and self.regression is not None:
                     self.regression.effect_z = EFFECT_Z if fs.work is not None else 0.0
                     self.regression.provisional = fs.work is not None
                 judged = self.ratio_blocks.push(rf) if self.ratio_blocks is not None else [rf]
                 for d in self.step_detectors:
+                    if d is self.outliers and self.outlier_blocks is not None:
+                        continue
                     if d is not self.regression:
                         out.extend(self._to_job(a) for a in d.on_step(fs))
                         continue
@@ -303,16 +322,27 @@ class UnitPipeline:
                 self.regression.rebase(ratio)
         return found
 
-    def _level_found(self, fs: FinalizedStep) -> list[Anomaly]:
-        """:class:`~profwatch.core.detection.unit_level.UnitLevel`'s findings on one judged step with ``work`` (a
-        unit without ``work`` is not given to it: its blocks' level follows the batch, which nothing there measures,
-        and swung 2.3x on healthy traffic: bench_corpus seed 32 serving_nowork run 2); a rise it reports is the new
-        normal of the load bands and the regression detector (as :meth:`adopt_rise`), so neither reports it again."""
-        assert self.level is not None
-        found = self.level.add(fs.step, fs.time_s, fs.work)
+    @property
+    def _levels(self) -> list[UnitLevel]:
+        """The serving unit's shared levels (with and without ``work``; none outside serving mode)."""
+        return [lv for lv in (self.level, self.level_nowork) if lv is not None]
+
+    def _level_found(self, level: UnitLevel, fs: FinalizedStep) -> list[Anomaly]:
+        """A shared level's findings on one judged record: ``self.level`` gets the blocks of steps with ``work``;
+        ``self.level_nowork`` every finalised step without ``work``, one by one (not the 16-step blocks the load
+        bands judge: blocks of 60 s then held 8 of those, 2 minutes of a slowed unit's steps, and a 3x change
+        was found 10-17 minutes after its onset instead of 5-8), with a noise floor and a least change that the
+        batch, which nothing there measures, cannot reach on healthy traffic (``unit_level.NOWORK_*``). A rise
+        it reports is the new normal of the load bands, the regression detector (as :meth:`adopt_rise`) and the
+        other level, so none reports it again."""
+        found = level.add(fs.step, fs.time_s, fs.work)
         for a in found:
             first = a.detail.get("first_step")
-            self._adopt_rise(1.0 + a.magnitude, first if isinstance(first, int) else None)
+            first_step = first if isinstance(first, int) else None
+            for other in self._levels:
+                if other is not level:
+                    other.rebase(math.log1p(a.magnitude), first_step)
+            self._adopt_rise(1.0 + a.magnitude, first_step)
         return [self._to_job(a) for a in found]
 
     def adopt_rise(self, factor: float, first_step: int | None) -> None:
@@ -321,14 +351,17 @@ class UnitPipeline:
         (:meth:`LoadNormaliser.rescale`) and the regression detector drops the evidence it gathered for it, so the
         unit's own test does not report (and arm) the same change again minutes later (bench_workloads
         serving_dp: 2 arms for one +30 % replica). No-op outside serving mode."""
-        if self.level is not None and factor > 0:
-            self.level.rebase(math.log(factor), first_step)
+        if factor > 0:
+            for lv in self._levels:
+                lv.rebase(math.log(factor), first_step)
         self._adopt_rise(factor, first_step)
 
     def _adopt_rise(self, factor: float, first_step: int | None) -> None:
         if self.normaliser is None or self.regression is None:
             return
         self.normaliser.rescale(factor, first_step)
+        if self.ratio_blocks is not None:
+            self.ratio_blocks.rescale(factor, first_step)
         self.regression.forget_rise()
 
     def _follow_blocks(self, step: int) -> None:
@@ -346,9 +379,9 @@ class UnitPipeline:
             if a.kind == "step_regression" and a.detail.get("pattern") in ("cusum", "level"):
                 first = a.detail.get("first_step")
                 self.normaliser.rescale(1.0 + a.magnitude, self._first_step(first) if isinstance(first, int) else None)
-                if self.level is not None and a.magnitude > -1.0:
-                    self.level.rebase(math.log1p(a.magnitude),
-                                      self._first_step(first) if isinstance(first, int) else None)
+                if a.magnitude > -1.0:
+                    for lv in self._levels:
+                        lv.rebase(math.log1p(a.magnitude), self._first_step(first) if isinstance(first, int) else None)
                 self.regression.rebase(1.0 + a.magnitude)  # the reported level it judges against, in the new scale
 
     def _first_step(self, step: int) -> int:

@@ -368,6 +368,17 @@ class RatioBlocks:
         """Count ``seconds`` of the unit's time (a finalised step's ``time_s``; not finite or negative: 0)."""
         self._busy_s += max(0.0, seconds) if math.isfinite(seconds) else 0.0
 
+    def rescale(self, factor: float, since_step: int | None) -> None:
+        """The load bands' references were just multiplied by ``factor`` (a change from step ``since_step`` on,
+        None: all, made the new normal): the open block's ratios of records that end at ``since_step`` or later
+        were taken against the old references and are divided by it, so the block does not report the change
+        again (a 3x change of a unit without ``work`` reported by its level was reported again by the regression
+        detector 21 s later, from the rest of the open block). ``factor`` not > 0 or not finite: ignored."""
+        if not (factor > 0 and math.isfinite(factor)):
+            return
+        self._open = [replace(r, time_s=r.time_s / factor) if since_step is None or r.step >= since_step else r
+                      for r in self._open]
+
     def push(self, ratio: FinalizedStep) -> list[FinalizedStep]:
         """One normalised record; returns the records for the regression detector (often none)."""
         if ratio.excluded is not None:

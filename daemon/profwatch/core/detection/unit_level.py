@@ -59,6 +59,17 @@ LEVEL_MIN_NOISE = 0.1
 """Floor of the block noise (log): blocks of a shared host wander about 10 % with its load, in runs of several
 blocks that a MAD of a few blocks does not see (at 0.05, a healthy unit's 5 blocks at +17-26 % were reported twice
 in 51 minutes: bench_corpus seed 31 serving_work run 7)."""
+NOWORK_MIN_NOISE = 0.2
+"""Floor of the block noise (log) of a unit without ``work`` (:class:`UnitLevel` ``without_work``): its blocks'
+level follows the batch, which nothing there measures, and a shared host's load; healthy 60 s blocks of
+bench_corpus serving_nowork (seeds 31-34, 32 runs) wander with a median standard deviation of 0.19 (up to 0.26), in
+runs of minutes (the batch wanders slowly). At 0.1 or 0.15, 1-3 healthy units of 40 (seeds 31-35) read +55-67 %
+at z 5.6-8 (seed 32 run 2, seed 34 run 1); at 0.2 none, the 3x and 2.6x changes found."""
+NOWORK_EFFECT = 0.5
+"""Smallest rise (``1 +`` this) reported on a unit without ``work``: the batch and the host's load move a block
+up to 2.5x on healthy traffic (bench_corpus serving_nowork, range of 60 s block levels 0.6-0.9 in log), so only a
+change well beyond what five blocks of them average to is told from them; at 0.3 a 3x change was reported as +35 %
+from a split in its first blocks (seed 32 run 6)."""
 MAX_LEVEL_BANDS = 256
 """Bands kept (the least recently used is dropped and learned again when it comes back): bounds memory."""
 MAX_LOG = math.log(100.0)
@@ -78,6 +89,9 @@ class UnitLevel:
     Args:
         job_id: copied into every :class:`Anomaly`.
         settings: ``min_effect``.
+        without_work: the unit reports no ``work`` (its steps are given one by one, one band): the block noise's
+            floor is :data:`NOWORK_MIN_NOISE` and a rise must be at least ``1 +`` :data:`NOWORK_EFFECT` (the
+            blocks follow the batch, which nothing measures).
 
     Notes:
         Model: ``log t = level(time) + offset(band)``, band ``floor(log(work) / log(1.1))`` (one band without
@@ -96,7 +110,9 @@ class UnitLevel:
         each part's mean winsorised at :data:`LEVEL_CLIP` sigmas, the split is a change when the difference ``e``
         of the means is at least :data:`LEVEL_Z` standard errors ``sigma * sqrt(1 / k + 1 / (n - k))`` and at
         least ``log(1 + min_effect)`` (``log(1 + YOUNG_EFFECT)`` with fewer than :data:`LEVEL_BASE_MIN` blocks
-        before it). The best split by ``z`` wins; its onset is its first later block at least ``|e| / 2`` off the
+        before it; ``without_work``: the floor is :data:`NOWORK_MIN_NOISE` and the least change
+        ``log(1 + NOWORK_EFFECT)`` whatever the blocks before). The best split by ``z`` wins; its onset is its first
+        later block at least ``|e| / 2`` off the
         earlier part's median, and the change is the median of the blocks from there over that median. A rise is a
         ``step_regression`` (``detail.detector "unit_level"``, magnitude ``exp(e) - 1``, ``first_step`` the onset
         block's first step); a fall is learned silently. Either way the blocks before the onset are shifted to the
@@ -107,10 +123,24 @@ class UnitLevel:
         :data:`MAX_LEVEL_BANDS` bands, :data:`LEVEL_VALUES` residuals, :data:`LEVEL_HISTORY` blocks.
     """
 
-    def __init__(self, job_id: str, settings: DetectionSettings) -> None:
+    def __init__(self, job_id: str, settings: DetectionSettings, *, without_work: bool = False) -> None:
         self.job_id = job_id
         self.settings = settings
+        self.without_work = without_work
         self.reset()
+
+    @property
+    def min_noise(self) -> float:
+        """Floor of the block noise (log): :data:`NOWORK_MIN_NOISE` without ``work``, else :data:`LEVEL_MIN_NOISE`."""
+        return NOWORK_MIN_NOISE if self.without_work else LEVEL_MIN_NOISE
+
+    def least_effect(self, blocks_before: int) -> float:
+        """Smallest change (``1 +`` this) reported after a split with ``blocks_before`` blocks before it."""
+        if self.without_work:
+            return max(NOWORK_EFFECT, self.settings.min_effect)
+        if blocks_before >= LEVEL_BASE_MIN:
+            return self.settings.min_effect
+        return max(YOUNG_EFFECT, self.settings.min_effect)
 
     def reset(self) -> None:
         """Forget everything (a restart)."""
@@ -198,14 +228,13 @@ class UnitLevel:
             before, after = vals[:k], vals[k:]
             mb, ma = median(before), median(after)
             dev = [abs(v - mb) for v in before] + [abs(v - ma) for v in after]
-            sigma = max(1.4826 * median(dev), LEVEL_MIN_NOISE)
+            sigma = max(1.4826 * median(dev), self.min_noise)
             lo, hi = mb - LEVEL_CLIP * sigma, mb + LEVEL_CLIP * sigma
             la, ha = ma - LEVEL_CLIP * sigma, ma + LEVEL_CLIP * sigma
             e = (sum(min(ha, max(la, v)) for v in after) / len(after)
                  - sum(min(hi, max(lo, v)) for v in before) / k)
             z = abs(e) / (sigma * math.sqrt(1.0 / k + 1.0 / len(after)))
-            least = math.log1p(self.settings.min_effect if k >= LEVEL_BASE_MIN else max(YOUNG_EFFECT,
-                                                                                        self.settings.min_effect))
+            least = math.log1p(self.least_effect(k))
             if z >= LEVEL_Z and abs(e) >= least and (best is None or z > best[0]):
                 best = (z, k, e, sigma)
         if best is None:
@@ -216,7 +245,7 @@ class UnitLevel:
         mb, sign = median(vals[:k]), 1.0 if e > 0 else -1.0
         j = next((i for i in range(k, n) if (vals[i] - mb) * sign >= abs(e) / 2.0), k)
         e = median(vals[j:]) - mb
-        if e * sign < math.log1p(self.settings.min_effect):
+        if e * sign < math.log1p(NOWORK_EFFECT if self.without_work and e > 0 else self.settings.min_effect):
             return []
         first = self._blocks[j].first_step
         self._shift(e, first)
@@ -225,6 +254,8 @@ class UnitLevel:
         detail = {"detector": "unit_level", "first_step": first, "level_ratio": round(math.exp(e), 4),
                   "noise": round(sigma, 4), "z": round(z, 2), "blocks_before": k, "blocks_after": n - k,
                   "block_s": LEVEL_BLOCK_S, "bands": len(self._offsets)}
+        if self.without_work:
+            detail["without_work"] = True
         return [Anomaly("step_regression", self.job_id, step, (), math.expm1(e), detail)]
 
     def rebase(self, log_factor: float, first_step: int | None) -> None:
