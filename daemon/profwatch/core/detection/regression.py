@@ -351,6 +351,9 @@ class StepTimeRegressionDetector:
         self._design_key: tuple[float, float, float] | None = None
         self._design_val = (0.0, 0.0, 0.0)
         self._relearn()
+        self._from_start = True
+        """Whether the values learned began at the generation's first learned step (no restart since: a split with
+        fewer than :data:`LEARNED_STEP_MIN_AFTER` steps before it is judged only then)."""
         self._last_spike_event: int | None = None
         self._spikes_since_event = 0
 
@@ -358,6 +361,7 @@ class StepTimeRegressionDetector:
     def reset(self) -> None:
         """Forget everything (the step counter restarted)."""
         self._relearn()
+        self._from_start = True
         self._settle_restarts = 0 if self.first_learning_checks else None
         self._checked_learned = not self.first_learning_checks
         self.drift.reset()
@@ -425,6 +429,7 @@ class StepTimeRegressionDetector:
             self._follow_from /= factor
 
     def _relearn(self) -> None:
+        self._from_start = False
         self._base.clear()
         self._recent.clear()
         self._ramp_step = None
@@ -970,7 +975,9 @@ class StepTimeRegressionDetector:
         sse = c2[:-1] - c1[:-1] ** 2 / left + (c2[-1] - c2[:-1]) - (c1[-1] - c1[:-1]) ** 2 / (n - left)
         sse[n - LEARNED_STEP_MIN_AFTER:] = np.inf  # a few high last steps are a spike, or not yet a level
         # a few low first steps are a short warm-up as often as a change (pseudo-values: a level, never short)
-        sse[:(LEARNED_STEP_MIN_AFTER if pseudo else LEARNED_STEP_MIN_BEFORE) - 1] = np.inf
+        # after a restart, the first values follow a warm-up's end or a change just reported: its tail, not a level
+        short = LEARNED_STEP_MIN_BEFORE if self._from_start and not pseudo else LEARNED_STEP_MIN_AFTER
+        sse[:short - 1] = np.inf
         k = int(np.argmin(sse)) + 1
         sse_flat = float(c2[-1] - c1[-1] ** 2 / n)
         sse_k = max(0.0, float(sse[k - 1]))  # cumulative sums may cancel below 0 on a noiseless series
