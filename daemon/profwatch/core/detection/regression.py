@@ -975,8 +975,10 @@ class StepTimeRegressionDetector:
         sse = c2[:-1] - c1[:-1] ** 2 / left + (c2[-1] - c2[:-1]) - (c1[-1] - c1[:-1]) ** 2 / (n - left)
         sse[n - LEARNED_STEP_MIN_AFTER:] = np.inf  # a few high last steps are a spike, or not yet a level
         # a few low first steps are a short warm-up as often as a change (pseudo-values: a level, never short)
-        # after a restart, the first values follow a warm-up's end or a change just reported: its tail, not a level
-        short = LEARNED_STEP_MIN_BEFORE if self._from_start and not pseudo else LEARNED_STEP_MIN_AFTER
+        # after a restart, the first values follow a warm-up's end or a change just reported: its tail, not a level;
+        # a requeued generation's few first steps are judged against the previous level (_prior_split)
+        short = (LEARNED_STEP_MIN_BEFORE if self._from_start and not pseudo and self.prior is None
+                 else LEARNED_STEP_MIN_AFTER)
         sse[:short - 1] = np.inf
         k = int(np.argmin(sse)) + 1
         sse_flat = float(c2[-1] - c1[-1] ** 2 / n)
