@@ -49,7 +49,8 @@ end of its generation: the next one runs at the old level on new ranks). Reporte
 - changes lost: a *lasting* change (>= 60 steps and >= 5 minutes, or to the end of a run shorter than that when
   it outlasted a capture armed at its onset: the planner's lead at the step time before it, plus the capture's
   warm-up and active steps; one cut short by the run's end sooner could not have been profiled by any capture and
-  is counted apart, in ``short``) at
+  is counted apart, in ``short``; one whose changed unit never ran a step before its onset has no level to change
+  from and is shown apart, in ``unseen``, as not detectable) at
   least 2x the unit's noise and at least ``min_effect`` that no arm covered while it lasted (covers: the arm's
   rank list holds the changed ranks and it names them or none; it was made after the onset, or just before it with
   a capture window that starts on a changed step);
@@ -122,6 +123,11 @@ class Change:
     steps_lasting: int = 0
     learning: bool = False
     """Its onset falls while the baseline learns (before step 60; serving: in the first minute)."""
+    seen: bool = True
+    """The changed unit ran a step before the onset (serving: a replica's first step comes after an idle gap of up
+    to a minute). One that never ran at the old level has no level to change from: nothing can tell the change from
+    the job's own level (seed 31, ``serving_work`` runs 0 and 6: 1.3x at 36 s and 22 s, each replica's first step at
+    40 s and 26 s). Such a change is scored as not detectable and shown apart (``unseen``)."""
 
 
 @dataclass
@@ -381,9 +387,11 @@ def _serving_run(cls: str, seed: list[int]) -> Run:
                  "minutes": round(duration / 60, 1), "work": with_work}
     job = f"{cls}-{seed[-1]}"
     recs: list[tuple[float, str]] = []
+    first_t: list[float] = []
     for q in range(replicas):
         rs = np.random.default_rng([*seed, 7, q])
         t = T0 + float(rs.uniform(0, idle_mean))
+        first_t.append(t)
         step, batch, pending = 0, 8, t - T0
         end = T0 + duration
         while t < end:
@@ -424,6 +432,9 @@ def _serving_run(cls: str, seed: list[int]) -> Run:
     recs.sort(key=lambda x: x[0])
     run.lines = [line for _, line in recs]
     run.end_t = recs[-1][0] if recs else T0
+    if change is not None:  # the changed replicas (a job-wide change: any) ran a step before the onset
+        units = range(replicas) if change.kind == "job" else [change.ranks[0]] if dp else [0]
+        change.seen = any(first_t[q] < change.onset_t for q in units)  # its first step started at the old level
     if change is not None and dp:
         change.ranks = (change.ranks[0] * tp,)  # replica q's rank(s)
     return run
@@ -521,7 +532,7 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
         need = _capture_steps(run, c)
         short = cut and c.steps_lasting >= LASTING_STEPS and c.steps_lasting < need
         lasting = c.steps_lasting >= LASTING_STEPS and (dur_s >= LASTING_S or (cut and not short))
-        detectable = abs(c.factor - 1.0) >= max(2.0 * c.noise, DetectionSettings().min_effect)
+        detectable = c.seen and abs(c.factor - 1.0) >= max(2.0 * c.noise, DetectionSettings().min_effect)
 
         def names(a: dict[str, Any], c: Change = c) -> bool:
             return not c.ranks or not a["ranks"] or bool(set(c.ranks) & set(a["ranks"]))
@@ -540,7 +551,7 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
                             "onset_s": round(c.onset_t - T0, 1), "lasting": lasting,
                             "short": short, "steps_lasting": c.steps_lasting, "capture_steps": need,
                             "detectable": detectable, "delay_steps": delay, "captured": captured,
-                            "learning": c.learning})
+                            "learning": c.learning, "unseen": not c.seen})
     return out_changes
 
 
@@ -654,6 +665,9 @@ def _print_examples(rows: list[dict[str, Any]]) -> None:
         print(f"  short: {cls} run {seed}: {c['kind']} x{c['factor']} onset step {c['onset']}: lasted "
               f"{c['steps_lasting']} steps, a capture armed at its onset needs {c['capture_steps']}; "
               f"first report after {c['delay_steps']} steps, captured {c['captured']}")
+    for cls, seed, c in [(r["class"], r["seed"], c) for r in rows for c in r["changes"] if c.get("unseen")][:12]:
+        print(f"  unseen: {cls} run {seed}: {c['kind']} x{c['factor']} onset {c['onset_s']} s, before the changed "
+              f"unit's first step (no level to change from: not detectable); captured {c['captured']}")
     fa_ex = [(r["class"], r["seed"], r["false_arm_kinds"], r["shape"]) for r in rows if r["false_arms"]][:12]
     for cls, seed, kinds, shape in fa_ex:
         print(f"  false arms: {cls} run {seed}: {kinds} {shape}")

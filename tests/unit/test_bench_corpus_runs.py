@@ -1,13 +1,18 @@
 """bench/bench_corpus.py runs end to end on a few drawn runs (its scoring reads settings by name: a renamed setting
-crashed it after the whole corpus had replayed). Detection quality is the bench's to measure, not this test's."""
+crashed it after the whole corpus had replayed). Detection quality is the bench's to measure, not this test's; a few
+drawn runs that were lost are replayed here as deterministic inputs of the fix that found them."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
+from profwatch.commands.replay import ReplayConfig, replay_lines
 from tests.conftest import python_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,3 +33,41 @@ def test_the_corpus_bench_scores_injected_changes_end_to_end(tmp_path: Path) -> 
         assert c["capture_steps"] > 0 and isinstance(c["captured"], bool) and isinstance(c["short"], bool)
     assert all(not r["violations"] for r in rows)
     assert "steady job's median delay" in proc.stdout
+
+
+def _corpus() -> ModuleType:
+    """bench/bench_corpus.py as a module (its generators and scoring; nothing runs on import)."""
+    spec = importlib.util.spec_from_file_location("bench_corpus", ROOT / "bench" / "bench_corpus.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_corpus"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _scored(bc: ModuleType, cls: str, seed: int, run: int) -> dict[str, Any]:
+    r = bc.CLASSES[cls](cls, [seed, list(bc.CLASSES).index(cls), run])
+    return bc.score(r, replay_lines(r.lines, ReplayConfig()))
+
+
+def test_a_serving_change_before_the_changed_units_first_step_is_unseen_not_lost() -> None:
+    """Seed 31, serving_work runs 0 and 6: 1.3x job-wide at 36 s and 22 s, the one replica's first step at 40 s and
+    26 s: it never ran at the old level, so nothing can tell the change from its level. Scored as not detectable,
+    shown apart (``unseen``); seed 32 run 2 (the replica ran 50 s before its 3x change) stays scored."""
+    bc = _corpus()
+    for run in (0, 6):
+        (c,) = _scored(bc, "serving_work", 31, run)["changes"]
+        assert c["unseen"] and not c["detectable"], c
+    (c,) = _scored(bc, "serving_work", 32, 2)["changes"]
+    assert not c["unseen"] and c["detectable"] and c["lasting"], c
+
+
+def test_a_3x_change_in_a_serving_units_first_minute_is_captured() -> None:
+    """Seed 32, serving_work run 2: one TP-2 replica with ``work``, 3x job-wide 50 s after its first step, inside
+    its first level block. The unit level's new bands learned their offsets against a level the change was still
+    moving, took part of it into the offsets and passed it on: every later block read 1.2-1.5x, never reported.
+    Bands now learn only against a level that is not moving (``UnitLevel._steady``): reported (about +185 %) and
+    captured, with no false arm."""
+    row = _scored(_corpus(), "serving_work", 32, 2)
+    (c,) = row["changes"]
+    assert c["captured"] and row["false_arms"] == 0 and not row["violations"], row

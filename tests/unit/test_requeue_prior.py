@@ -31,14 +31,16 @@ def _series(seed: int, cv: float, level: float = 0.5, n: int = 400) -> np.ndarra
 
 def test_a_change_five_steps_into_a_requeued_generations_learning_is_found_against_the_previous_level() -> None:
     """``bench/bench_corpus.py`` seed 31, ``requeue`` run 33: 1.3x from the 6th value of the new generation at 7.7 %
-    noise was learned as its normal (the learned-steps split needs 8 values a side): 0 of 20 seeds found without the
+    noise was learned as its normal (the learned-steps split needed 8 values a side): 0 of 20 seeds found without the
     previous level, 20 of 20 with it (once each, ``reference "previous_generation"``, onset and ratio right), for
-    another world size too (its first 5 values agree with the old level)."""
+    another world size too (its first 5 values agree with the old level). Without it, a split with 5 values before
+    it (``LEARNED_STEP_MIN_BEFORE``, ``reference "learned_steps"``) now finds most of them too; with it, the
+    previous level is the reference."""
     without = found = 0
     for seed in range(20):
         x = _series(seed, 0.077, n=200)  # 200 values: the report, not the detector's own rare false alarms later
         x[5:] *= 1.3
-        without += any(k == "step_regression" for k, _, _ in _feed(x, None))
+        without += any(k == "step_regression" and d.get("reference") == "learned_steps" for k, _, d in _feed(x, None))
         for same in (True, False):
             got = [(m, d) for k, m, d in _feed(x, (0.5, same)) if k == "step_regression"]
             assert len(got) == 1, (seed, same, got)
@@ -48,7 +50,7 @@ def test_a_change_five_steps_into_a_requeued_generations_learning_is_found_again
             # the baseline had 5-8 values are not among them, so it may read a few steps late
             assert 15 <= d["first_step"] <= 22 and mag == pytest.approx(0.3, abs=0.08), (seed, d, mag)
             found += 1
-    assert without == 0 and found == 40
+    assert without >= 15 and found == 40, without
 
 
 @pytest.mark.parametrize(("new_level", "same", "cv"), [(0.54, True, 0.02), (0.54, False, 0.02), (0.56, True, 0.1),

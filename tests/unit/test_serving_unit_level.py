@@ -114,3 +114,14 @@ def test_a_healthy_unit_alternating_between_two_batch_regimes_reports_nothing() 
     level; 1 of 12 seeds at 10 % noise)."""
     reported = {seed: r for seed in range(12) if (r := _alternating_batches(seed, 0.3))}
     assert not reported, reported
+
+
+def test_a_change_while_the_level_moves_is_reported_once() -> None:
+    """3x from 55 s into a replica's life under a host load of 1.0-1.5x (seed 3): new work bands learned their
+    offsets against the unit's level while the change was still moving it (the level is the median of the last 8
+    known-band residuals: it lags the change), took part of the change into their offsets and passed it on to the
+    bands learned against them, so the level wandered and the same change was reported four times (+284 %, then
+    +50 %, +21 %, +99 %). Bands now learn only against a level that is not moving (``UnitLevel._steady``): one
+    report."""
+    regs = _reports(list(_server([], steps=20_000, host_load=True, seed=3, slow_from_s=55.0, slow=3.0)))
+    assert len(regs) == 1 and regs[0][2] == "unit_level" and 1.5 <= regs[0][1] <= 3.0, regs

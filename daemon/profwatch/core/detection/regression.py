@@ -138,8 +138,17 @@ level by this many noise variances (a log-likelihood ratio of 12.5, Gaussian noi
 ``false_alarm_steps`` default, so a flat series' best split of some 50 steps passes it far less than once per
 1e5 steps; see :meth:`StepTimeRegressionDetector._learned_step`)."""
 LEARNED_STEP_MIN_AFTER = 8
-"""Steps each part of such a split needs: a few high steps at the end are a spike, or not yet a level; a few low
-steps at the start are a short warm-up as often as a change (5 rising steps at 3 % noise were reported as +11 %)."""
+"""Steps the later part of such a split needs (a few high steps at the end are a spike, or not yet a level), and the
+earlier part to be judged within :data:`EFFECT_Z` standard errors of ``min_effect``: a few low steps at the start are
+a short warm-up as often as a change (5 rising steps at 3 % noise were reported as +11 %); fewer before the split:
+:data:`LEARNED_STEP_MIN_BEFORE`."""
+LEARNED_STEP_MIN_BEFORE = 5
+"""Fewest steps before a split of a generation's first learned steps (:meth:`StepTimeRegressionDetector._split`).
+A change a few steps into the learning left fewer than :data:`LEARNED_STEP_MIN_AFTER` steps at the level before it
+and was learned as normal (``bench/bench_corpus.py`` seed 32, ``steady`` run 15: 1.3x at step 18, 7 learned steps
+before it at 4 % noise, never reported). A split with fewer than :data:`LEARNED_STEP_MIN_AFTER` steps before it
+must clear ``min_effect`` by :data:`EFFECT_Z` standard errors (no leniency) besides every other rule of the split:
+a short warm-up's few rising steps (5 at 3 % noise read +11 %) stay under it."""
 MAX_SETTLE_RESTARTS = 3
 """Times the first learning of a generation may start again because the job was still warming up (a rise from the
 first learned steps that then settled, :meth:`StepTimeRegressionDetector._settled`): bounds the delay a warm-up
@@ -355,6 +364,9 @@ class StepTimeRegressionDetector:
         self._design_key: tuple[float, float, float] | None = None
         self._design_val = (0.0, 0.0, 0.0)
         self._relearn()
+        self._from_start = True
+        """Whether the values learned began at the generation's first learned step (no restart since: a split with
+        fewer than :data:`LEARNED_STEP_MIN_AFTER` steps before it is judged only then)."""
         self._last_spike_event: int | None = None
         self._spikes_since_event = 0
 
@@ -362,6 +374,7 @@ class StepTimeRegressionDetector:
     def reset(self) -> None:
         """Forget everything (the step counter restarted)."""
         self._relearn()
+        self._from_start = True
         self._settle_restarts = 0 if self.first_learning_checks else None
         self._checked_learned = not self.first_learning_checks
         self.drift.reset()
@@ -432,6 +445,7 @@ class StepTimeRegressionDetector:
             self._after_speedup = deque(((st, v / factor) for st, v in self._after_speedup), maxlen=RAMP_WINDOW)
 
     def _relearn(self) -> None:
+        self._from_start = False
         self._base.clear()
         self._recent.clear()
         self._ramp_step = None
@@ -992,8 +1006,13 @@ class StepTimeRegressionDetector:
         c1, c2 = np.cumsum(rel), np.cumsum(rel * rel)
         left = np.arange(1, n)
         sse = c2[:-1] - c1[:-1] ** 2 / left + (c2[-1] - c2[:-1]) - (c1[-1] - c1[:-1]) ** 2 / (n - left)
-        sse[n - LEARNED_STEP_MIN_AFTER:] = np.inf  # each part holds LEARNED_STEP_MIN_AFTER steps: a few low first
-        sse[:LEARNED_STEP_MIN_AFTER - 1] = np.inf  # steps are a short warm-up as often as a change
+        sse[n - LEARNED_STEP_MIN_AFTER:] = np.inf  # a few high last steps are a spike, or not yet a level
+        # a few low first steps are a short warm-up as often as a change (pseudo-values: a level, never short)
+        # after a restart, the first values follow a warm-up's end or a change just reported: its tail, not a level;
+        # a requeued generation's few first steps are judged against the previous level (_prior_split)
+        short = (LEARNED_STEP_MIN_BEFORE if self._from_start and not pseudo and self.prior is None
+                 else LEARNED_STEP_MIN_AFTER)
+        sse[:short - 1] = np.inf
         k = int(np.argmin(sse)) + 1
         sse_flat = float(c2[-1] - c1[-1] ** 2 / n)
         sse_k = max(0.0, float(sse[k - 1]))  # cumulative sums may cancel below 0 on a noiseless series
@@ -1001,8 +1020,9 @@ class StepTimeRegressionDetector:
         logs = np.log(y)
         mag = log_ratio_magnitude(float(logs[k:].mean() - logs[:k].mean()))
         se = noise * math.sqrt(1.0 / k + 1.0 / (n - k))
+        lenient = -EFFECT_Z * se if k < LEARNED_STEP_MIN_AFTER else EFFECT_Z * se  # few steps before: be sure
         if (sse_flat - sse_k < LEARNED_STEP_EVIDENCE * noise * noise or mag <= 0.0
-                or mag + EFFECT_Z * se < self.settings.min_effect
+                or mag + lenient < self.settings.min_effect
                 or ramp_evidence(rel)[0] >= RAMP_EVIDENCE * noise * noise or self._rising(rel[pseudo:k], noise)
                 or trend_z(y[pseudo:k]) >= EARLIER_RISE_Z):  # the earlier part rises by the rank test: a warm-up
             return None

@@ -205,7 +205,7 @@ class UnitLevel:
                 self._offsets[key] = median(vals)
                 self._learning.clear()
             return
-        if self._count - self._known_at > LEVEL_FRESH_STEPS or not self._level:
+        if self._count - self._known_at > LEVEL_FRESH_STEPS or not self._level or not self._steady():
             return
         vals = self._learning.setdefault(key, [])
         vals.append(x - median(list(self._level)))
@@ -216,6 +216,19 @@ class UnitLevel:
                 del self._offsets[next(iter(self._offsets))]
         if len(self._learning) > MAX_LEVEL_BANDS:
             del self._learning[next(iter(self._learning))]
+
+    def _steady(self) -> bool:
+        """Whether the current level is not itself moving: the median of the newer half of its residuals is within
+        ``log(1 + min_effect)`` of the older half's. A band's offset learned against a level that a change was
+        still moving (the level lags it by half of :data:`LEVEL_VALUES` residuals of known bands) took part of the
+        change into the offset, and bands learned against those carried it on: a 3x change 50 s into a unit's
+        first minute read 1.2-1.5x in every later block (bench_corpus seed 32 serving_work run 2, never
+        reported). Values of new bands are dropped while it moves."""
+        r = list(self._level)
+        if len(r) < LEVEL_VALUES:
+            return True
+        h = len(r) // 2
+        return abs(median(r[h:]) - median(r[:h])) < math.log1p(max(YOUNG_EFFECT, self.settings.min_effect))
 
     def _judge(self, step: int) -> list[Anomaly]:
         """The best split of the history into a level before and after (see Notes); a rise is reported."""
