@@ -1199,8 +1199,9 @@ class StepTimeRegressionDetector:
         After a report (either reference), steps over it by ``spike_min_effect`` (and ``spike_z``; ``EXIT_FRACTION`` of both to go
         on) are held as spike steps, as on a learned baseline:
         when they outlast the hold, ``pattern "level"`` (magnitude the median ratio on log step time); a transient
-        one (a checkpoint) is no report (after a speedup they are not held: a +30 % change straddling the threshold
-        then waited the hold, 2 -> 15 steps in ``bench_corpus.py`` levels seed 6). The other steps feed the same CUSUM, clip and effect test as
+        one (a checkpoint) is no report (after a speedup they are held only when the excursion starts on a learned
+        interruption's interval, ``RecurringInterruptions.on_interval``: a +30 % change straddling the threshold
+        otherwise waited the hold, 2 -> 15 steps in ``bench_corpus.py`` levels seed 6). The other steps feed the same CUSUM, clip and effect test as
         :meth:`_cusum` (``pattern "cusum"``; after a report the run's mean must reach ``min_effect`` itself). A
         slowdown soon after a speedup or a report is found in the usual delay. For :data:`REPORT_FOLLOW_STEPS` steps
         after a report that may not have measured the change's settled level (:meth:`_follows`), the reference
@@ -1215,9 +1216,13 @@ class StepTimeRegressionDetector:
         k, h, clip = self._design(noise)
         rel = x / mu - 1.0
         z = rel / noise
-        held = reference in ("reported_level", "before_interruption") and (self.spikes.is_spike(rel, z) or (  # hysteresis, as the
-            bool(self._interim_spikes)  # spike filter's: a rise straddling the threshold stays one episode
-            and rel >= EXIT_FRACTION * s.spike_min_effect and z >= EXIT_FRACTION * s.spike_z))
+        spike = self.spikes.is_spike(rel, z) or (  # hysteresis, as the spike filter's: a rise straddling the
+            bool(self._interim_spikes)  # threshold stays one episode
+            and rel >= EXIT_FRACTION * s.spike_min_effect and z >= EXIT_FRACTION * s.spike_z)
+        # after a speedup only an excursion on a learned interruption's interval is held (a checkpoint due 2 steps
+        # after a chance 2-step dip fired the speedup was reported as a +57 % cusum: hypothesis, recurring 2x/5 steps)
+        held = spike and (reference in ("reported_level", "before_interruption") or (
+            reference == "before_speedup" and (bool(self._interim_spikes) or self.recurring.on_interval(fs.step, rel))))
         if held:
             if not self._interim_spikes:
                 self._interim_spike_start = fs.step
