@@ -129,6 +129,9 @@ def init(
 
     capture: Any = NoneBackend()
     backend_error = ""
+    if not profiler_config_path and backend_name != "none":
+        log.warning("rankhook: no profiler_config_path (PROFWATCH_PROFILER_CONFIG_PATH unset): telemetry only, "
+                    "profwatch cannot arm a capture of this job; PROFWATCH_BACKEND=none says that is on purpose")
     if profiler_config_path and backend_name != "none":
         os.environ.setdefault("RANK", str(ident.rank))  # torch_npu reads RANK for log names and rank_list
         try:

@@ -39,6 +39,9 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen, int]:
          "--duration-s", "300", "--stop-grace-s", "10"],
         env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stderr is not None
+    # no node daemon at that socket: said first (the ranks' own stderr goes to their logs), then the launch line
+    warned = proc.stderr.readline()
+    assert warned.startswith(f"warning: the node socket {tmp_path}/nobody.sock does not exist"), warned
     first = proc.stderr.readline()
     m = re.search(r"\(process group (\d+)\)", first)
     assert m, first

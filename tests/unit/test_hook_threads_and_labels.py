@@ -341,3 +341,30 @@ def test_init_names_the_thread_that_called_it_or_step_thread(node: _Node, monkey
         assert hook.step_count == 2 and hook.foreign_steps == 0
     finally:
         rankhook.shutdown()
+
+
+def test_a_job_without_a_profiler_config_path_is_told_once_that_it_cannot_be_captured(
+        node: _Node, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """``PROFWATCH=1`` without ``PROFWATCH_PROFILER_CONFIG_PATH`` ran as telemetry only without a word (a new user's
+    trial); ``backend="none"`` asks for telemetry only and is not warned."""
+    import rankhook
+
+    monkeypatch.delenv("PROFWATCH_PROFILER_CONFIG_PATH", raising=False)
+    monkeypatch.delenv("PROFWATCH_BACKEND", raising=False)
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "no profiler_config_path" in r.getMessage()]
+
+    for backend, expected in (("auto", 1), ("none", 0)):
+        caplog.clear()
+        hook = rankhook.init("nocfg-job", backend=backend, endpoint=node.endpoint, rank=0, world_size=1)
+        try:
+            assert hook is not None and len(said()) == expected, (backend, said())
+        finally:
+            rankhook.shutdown()
+    caplog.clear()
+    hook = rankhook.init("nocfg-job", endpoint=node.endpoint, rank=0, world_size=1)
+    try:
+        assert said() and "cannot arm a capture" in said()[0] and "PROFWATCH_BACKEND=none" in said()[0]
+    finally:
+        rankhook.shutdown()

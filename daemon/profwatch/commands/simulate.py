@@ -195,6 +195,11 @@ def job(job_id: str, ranks: int, endpoints: tuple[str, ...], config_dir: Path, p
             raise click.UsageError(f"--slow-rank {slow} is outside 0..{ranks - 1} (-1: none, 'all': every rank)")
 
     eps = list(endpoints) or [default_endpoint()]
+    for ep in dict.fromkeys(eps):  # the ranks' own stderr goes to their logs: say it here, as a real rank says it
+        if ep.startswith("ipc://") and not Path(ep[len("ipc://"):]).exists():
+            click.echo(f"warning: the node socket {ep[len('ipc://'):]} does not exist (is the node daemon running on "
+                       "this host? --node-endpoint names another); the simulated ranks' telemetry is queued, then dropped",
+                       err=True)
     stop = config_dir.resolve() / f".{job_id}.stop"
     stop.unlink(missing_ok=True)
     spec = JobSpec(job_id=job_id, world_size=ranks, node_endpoints=eps, profiler_config_path=config_dir.resolve(),
