@@ -115,3 +115,55 @@ def test_a_change_after_the_slow_rank_healed_is_captured(seed: int) -> None:
     res = run_job(3600, lambda r, t: 3.0 if r == 1 and 300 <= t < 1500 else 1.0, seed=seed, stages=False,
                   job_factor=lambda t: 1.6 if t >= 2400 else 1.0)
     assert [a for a in res.arms if 2400 <= a["t"] <= 2500 and a["kind"] == "step_regression"], res.arms
+
+
+def _restarted(b: JobEpisodes, settings: ArmingSettings) -> JobEpisodes:
+    """A coordinator restart: a fresh book seeded one stored row at a time, oldest first (the episode desk's start)."""
+    fresh = JobEpisodes("j", settings, b.history)
+    for ep in sorted([*b.closed, *b.open.values()], key=lambda e: e.opened_unix_s):
+        fresh.restore([Episode.from_json(ep.to_json())])
+    return fresh
+
+
+def test_a_restart_keeps_what_explains_a_job_wide_change_with_stage_timings() -> None:
+    """Before, the restored book forgot the verdict that named rank 1: the explained change read 'no longer
+    explained by a known slow rank' at the first advance and was captured again, naming rank 1 once more."""
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    slow, _ = b.observe(Anomaly("rank_outlier", "j", 100, (1,), 2.0, {"stage": {1: "compute"},
+                                                                      "excess": {1: 2.0}}), T0)
+    b.advance(T0, furthest_step=100, step_time_s=1.3, ongoing={"rank_outlier": frozenset({1})})
+    assert slow is not None and _arm(b, p, T0, "c1") is slow
+    b.capture_ended("c1", T0 + 60, "ok", named=(1,))
+    load, _ = b.observe(_reg(400, 1.3, 1.82), T0 + 300)
+    assert load is not None and load.explained_by == slow.episode_id
+    r = _restarted(b, settings)
+    evs = r.advance(T0 + 400, furthest_step=420, step_time_s=1.82, ongoing={"rank_outlier": frozenset({1})})
+    assert "unexplained" not in [e.data.get("reason") for e in evs]
+    again = r.find(load.episode_id)
+    assert again is not None and again.explained_by == slow.episode_id and _arm(r, p, T0 + 1000, "c2") is None
+    # the whole job 2x slower on top is still captured after the restart
+    r.observe(_reg(700, 1.82, 3.64), T0 + 1100)
+    assert again.explained_by == "" and _arm(r, p, T0 + 1100, "c2") is again
+
+
+def test_a_restart_keeps_a_whole_job_verdict_for_its_hour_and_forgets_it_after_a_new_generation() -> None:
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    first, _ = b.observe(_reg(100, 0.5, 1.3), T0)  # zero-code: a 3x rank seen only as the job's step time
+    assert first is not None and _arm(b, p, T0, "c1") is first
+    b.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
+    b.capture_ended("c1", T0 + 60, "ok", named=(1,))
+    load, _ = b.observe(_reg(400, 1.3, 1.7), T0 + 300)
+    assert load is not None and load.explained_by == "c1"
+    r = _restarted(b, settings)
+    r.advance(T0 + 400, furthest_step=500, step_time_s=1.7)
+    again = r.find(load.episode_id)
+    assert again is not None and again.explained_by == "c1" and _arm(r, p, T0 + 400, "c2") is None
+    r.advance(T0 + 3700, furthest_step=3000, step_time_s=1.7)  # the verdict's hour is over: confirmed once more
+    assert again.explained_by == "" and _arm(r, p, T0 + 3700, "c2") is again
+    # a new generation forgets the old run's verdict, a restart after it too
+    b.new_run(T0 + 500, "new_generation")
+    b.observe(_reg(900, 1.3, 1.7), T0 + 800)
+    r = _restarted(b, settings)
+    assert r._verdict is None and r._last_named == ()

@@ -14,6 +14,7 @@ any capture could start).
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -252,6 +253,7 @@ class JobEpisodes:
         self._last_named: tuple[int, ...] = ()  # the ranks the job's latest verdict named (empty: none, no_suspect)
         self._verdict: tuple[str, tuple[int, ...], float, float] | None = None  # the latest verdict, when it was
         # of a capture of every rank naming ranks: (capture, named, job step s, unix s)
+        self._verdict_at = -math.inf  # when the latest verdict came (unix s; restore keeps the latest)
         self.withdrawn = 0
         """Captures withdrawn because their excursion came back before the window (:meth:`withdraw_returned`)."""
 
@@ -266,12 +268,32 @@ class JobEpisodes:
         return out
 
     def restore(self, episodes: Iterable[Episode]) -> None:
-        """Seed from the state store after a restart (oldest first): open ones resume, closed ones are listed."""
+        """Seed from the state store after a restart (oldest first): open ones resume, closed ones are listed; what
+        explains a job-wide change (:meth:`_explaining`) comes back from them (:meth:`_restore_verdict`)."""
         for ep in episodes:
             if ep.closed_unix_s is None:
                 self.open[ep.key] = ep
+                if ep.confirmed is not None:
+                    self._confirmed[ep.episode_id] = ep.confirmed
             else:
                 self.closed.append(ep)
+            self._restore_verdict(ep)
+
+    def _restore_verdict(self, ep: Episode) -> None:
+        """The job's latest verdict (what it named; for a capture of every rank naming ranks, the reference of
+        :meth:`_explaining`) from the stored captures of ``ep``, when later than any restored before; an episode
+        closed by a new generation (:meth:`new_run`) forgets the verdicts before it, as the run did. Without it a
+        restart forgot the known slow rank, and a job-wide change it explained was captured again as new."""
+        if ep.close_reason == "new_generation" and (ep.closed_unix_s or 0.0) >= self._verdict_at:
+            self._last_named, self._verdict, self._verdict_at = (), None, ep.closed_unix_s or 0.0
+        for c in ep.captures:
+            at = c.verdict_unix_s
+            if at is None or c.status not in VERDICTS or at < self._verdict_at:
+                continue
+            self._verdict_at = at
+            self._last_named = c.named if c.status != "no_suspect" else ()
+            self._verdict = ((c.capture_id, c.named, c.job_step_s, at)
+                             if c.whole and self._last_named and c.job_step_s is not None else None)
 
     def find(self, episode_id: str) -> Episode | None:
         return next((e for e in (*self.open.values(), *self.closed) if e.episode_id == episode_id), None)
@@ -521,6 +543,7 @@ class JobEpisodes:
         self._confirmed.clear()
         self._last_named = ()
         self._verdict = None
+        self._verdict_at = now_unix_s
         return self.close_all(now_unix_s, reason)
 
     def close_all(self, now_unix_s: float, reason: str) -> list[Event]:
@@ -621,14 +644,14 @@ class JobEpisodes:
         out = [ep]
         follow = bool(ep.follow_ranks)
         self._add_capture(ep, EpisodeCapture(capture_id, now_unix_s, ep.ranks, True, status, level=ep.level,
-                                             follow_up=follow))
+                                             follow_up=follow, whole=covered is None))
         ep.follow_ranks = ()
         for other in self.open.values():
             if other is ep or other.in_flight is not None or other.is_repeat or other.rotation:
                 continue
             if covered is None or (other.ranks and set(other.ranks) <= set(covered)):
                 self._add_capture(other, EpisodeCapture(capture_id, now_unix_s, other.ranks, False, status,
-                                                        level=other.level))
+                                                        level=other.level, whole=covered is None))
                 out.append(other)
         return out
 
@@ -665,8 +688,7 @@ class JobEpisodes:
             hit = [c for c in ep.captures if c.capture_id == capture_id]
             if not hit:
                 continue
-            for c in hit:
-                c.status, c.named = status, tuple(named)
+            self._stamp(hit, status, tuple(named), now_unix_s)
             if ep.ranks and not _saw(status, tuple(named), ep.ranks) and not any(c.own for c in hit):
                 # another episode's capture that covered this one's ranks while in flight did not show them
                 # (cancelled, or its verdict named other ranks): it is not this episode's capture
@@ -716,6 +738,14 @@ class JobEpisodes:
                            f"ranks {shown} is queued (through the job's capture budget)"))
         return out
 
+    def _stamp(self, hit: list[EpisodeCapture], status: str, named: tuple[int, ...], now_unix_s: float) -> None:
+        """Record how the captures ``hit`` ended; with a verdict, when and the job step time then (what a restart
+        restores the latest verdict from: :meth:`_restore_verdict`)."""
+        for c in hit:
+            c.status, c.named = status, named
+            if status in VERDICTS:
+                c.verdict_unix_s, c.job_step_s = now_unix_s, self._step_s
+
     def _confirm(self, capture_id: str, status: str, named: tuple[int, ...], now_unix_s: float, *,
                  whole: bool) -> None:
         """Remember what the job's latest verdict named; when it named ranks, the job step time at the verdict for
@@ -726,13 +756,15 @@ class JobEpisodes:
             return
         self._last_named = named if status != "no_suspect" else ()
         self._verdict = None
+        self._verdict_at = now_unix_s
         if not self._last_named or self._step_s is None:
             return
         if whole:
             self._verdict = (capture_id, self._last_named, self._step_s, now_unix_s)
         for s in self.open.values():
             if s.ranks and not s.rotation and set(named) & set(s.ranks):
-                self._confirmed[s.episode_id] = (self._step_s, s.level)
+                self._confirmed[s.episode_id] = s.confirmed = (self._step_s, s.level)
+                self._touch(s)
 
     def _explaining(self, ep: Episode, now_unix_s: float) -> tuple[str, tuple[int, ...], float] | None:
         """What explains the job-wide level ``ep`` reached (the open ranked episode whose known slow ranks do, else
