@@ -167,3 +167,16 @@ def test_a_restart_keeps_a_whole_job_verdict_for_its_hour_and_forgets_it_after_a
     b.observe(_reg(900, 1.3, 1.7), T0 + 800)
     r = _restarted(b, settings)
     assert r._verdict is None and r._last_named == ()
+
+
+@pytest.mark.xfail(strict=True, reason="zero-code cannot tell a healed slow rank from host load: rank 1 at 1.4x healed "
+                   "brings the job back within +50 % of the verdict's level, so a new +40 % job-wide change reaching "
+                   "that level again is explained by the healed rank until the verdict's hour ends (seeds 34, 36: "
+                   "captured at 3912-3917 s, some 40 minutes late)")
+@pytest.mark.parametrize("seed", [34, 36])
+def test_a_job_wide_change_after_a_mild_slow_rank_healed_is_captured_without_stage_timings(seed: int) -> None:
+    """Zero-code: rank 1 1.4x from 300 s to 1200 s (captured, the verdict names it), then the whole job 1.4x from
+    1500 s: a software change of its own, expected captured within 200 s of its onset."""
+    res = run_job(1800, lambda r, t: 1.4 if r == 1 and 300 <= t < 1200 else 1.0, seed=seed, stages=False,
+                  job_factor=lambda t: 1.4 if t >= 1500 else 1.0)
+    assert [a for a in res.arms if 1500 <= a["t"] <= 1700 and a["kind"] == "step_regression"], res.arms
