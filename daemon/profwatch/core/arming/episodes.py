@@ -192,7 +192,7 @@ class JobEpisodes:
         Explained: a job-wide ``step_regression`` never captured that a known slow rank explains (an open ranked
         episode holding every rank the job's latest verdict named; the job's level, its ranks' own growth taken out,
         under :data:`EXPLAINED_GROWTH` above the level at that verdict; without ranked episodes, the latest verdict
-        of a capture of every rank for an hour: :meth:`_explaining`) is not captured; it waits
+        of a capture of every rank; either for an hour after that verdict: :meth:`_explaining`) is not captured; it waits
         as ``explained_by_ranks`` until the rule no longer holds (:meth:`_explain`).
 
         Budget (:meth:`next_arm`): the open episodes that want a capture (none of their own in flight, not
@@ -769,7 +769,8 @@ class JobEpisodes:
     def _explaining(self, ep: Episode, now_unix_s: float) -> tuple[str, tuple[int, ...], float] | None:
         """What explains the job-wide level ``ep`` reached (the open ranked episode whose known slow ranks do, else
         the capture whose verdict named them), the ranks, and the job's change left once their own share is taken
-        out (relative); None when nothing does (rule: :data:`EXPLAINED_GROWTH`). The reached level is the report's
+        out (relative); None when nothing does (rule: :data:`EXPLAINED_GROWTH`) or the job's latest verdict is over
+        an hour old (``HOUR_S``: a change inside host load's reach that outlasts it is captured once more). The reached level is the report's
         ``step_time_s``, else ``reference_s * (1 + magnitude)``; the ranks' share is ``(1 + level now) / (1 + level
         at the verdict)`` of their episode (its excess over the peers). Without such an episode, open or closed
         within the hour (:meth:`_ranked_lately`; no stage timings: every rank reports the synchronous step time),
@@ -780,8 +781,8 @@ class JobEpisodes:
         reached = ep.detail.get("step_time_s")
         if not isinstance(reached, (int, float)) or isinstance(reached, bool) or not reached > 0:
             reached = ep.reference_s * (1.0 + ep.magnitude) if ep.reference_s else None
-        if not self._last_named or reached is None:
-            return None
+        if not self._last_named or reached is None or now_unix_s - self._verdict_at > HOUR_S:
+            return None  # a verdict explains for an hour: a job-wide change that outlasts it is confirmed by one
         for s in self.open.values():
             conf = self._confirmed.get(s.episode_id)
             if conf is None or not s.ranks or s.rotation or not set(self._last_named) <= set(s.ranks):
