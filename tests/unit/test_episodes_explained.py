@@ -192,3 +192,22 @@ def test_a_job_wide_change_within_host_load_behind_a_known_slow_rank_is_captured
     first = next(a for a in res.arms if a.get("named") == [1])
     assert [a for a in res.arms if 1800 <= a["t"] <= first["t"] + 3600 + 200 and a["kind"] == "step_regression"], \
         res.arms
+
+
+def test_a_stored_reference_of_zero_or_not_a_number_is_dropped_not_divided_by() -> None:
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    slow, _ = b.observe(Anomaly("rank_outlier", "j", 100, (1,), 2.0, {"stage": {1: "compute"}}), T0)
+    b.advance(T0, furthest_step=100, step_time_s=1.3, ongoing={"rank_outlier": frozenset({1})})
+    assert slow is not None and _arm(b, p, T0, "c1") is slow
+    b.capture_ended("c1", T0 + 60, "ok", named=(1,))
+    load, _ = b.observe(_reg(400, 1.3, 1.82), T0 + 300)
+    assert load is not None and load.explained_by
+    rows = [e.to_json() for e in (slow, load)]
+    rows[0]["confirmed"] = [0.0, 0.0]
+    rows[0]["captures"][0].update(job_step_s=0.0, verdict_unix_s=float("nan"))
+    r = JobEpisodes("j", settings, b.history)
+    r.restore([Episode.from_json(row) for row in rows])
+    assert r.find(slow.episode_id).confirmed is None  # type: ignore[union-attr]
+    r.advance(T0 + 400, furthest_step=420, step_time_s=1.82, ongoing={"rank_outlier": frozenset({1})})
+    assert r.find(load.episode_id).explained_by == ""  # type: ignore[union-attr]  # nothing left to explain it

@@ -8,6 +8,7 @@ outlier's stage), else its ``role``, else its ranks, else ``""`` (job-wide).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -87,16 +88,26 @@ class EpisodeCapture:
         return cls(str(d["capture_id"]), float(d["armed_unix_s"]), tuple(int(r) for r in d.get("ranks") or ()),
                    bool(d.get("own", True)), d.get("status"), tuple(int(r) for r in d.get("named") or ()),
                    float(level) if level is not None else None, bool(d.get("follow_up", False)),
-                   bool(d.get("whole", False)), float(at) if at is not None else None,
-                   float(step_s) if step_s is not None else None)
+                   bool(d.get("whole", False)), _positive(at), _positive(step_s))
+
+
+def _positive(v: Any) -> float | None:
+    """A stored time in seconds: a finite number > 0, else None (absent, or a row edited by hand: it is dropped, not
+    the row, as a reference of 0 s would divide by zero)."""
+    if v is None or isinstance(v, bool):
+        return None
+    x = float(v)
+    return x if math.isfinite(x) and x > 0.0 else None
 
 
 def _pair(v: Any) -> tuple[float, float] | None:
-    """A stored ``[a, b]`` of two floats, else None (absent in rows stored before it was recorded)."""
+    """A stored ``[job step s, level]`` (:attr:`Episode.confirmed`), else None (absent in rows stored before it was
+    recorded, or not a finite time > 0 and a finite level)."""
     if v is None:
         return None
     a, b = v
-    return float(a), float(b)
+    step_s, level = _positive(a), float(b)
+    return (step_s, level) if step_s is not None and math.isfinite(level) else None
 
 
 SHOWN_FOLLOW = 64
