@@ -696,3 +696,15 @@ def test_a_slowdown_soon_after_a_large_speedup_is_found_against_the_level_after_
     xs[300 + gap:] *= 1.3
     regs = [s for s, k, _, _ in feed(xs) if k == "step_regression"]
     assert regs and 300 + gap < regs[0] <= 300 + gap + 40, regs
+
+
+@pytest.mark.xfail(strict=True, reason="the short split of a generation's first learned steps (5-7 before a change, "
+                   "LEARNED_STEP_MIN_BEFORE) reads a 5-step saturating warm-up as a change: seed 47 at 5 % noise is "
+                   "reported +17.7 % from step 6 (1 of 20 seeds 34-53; 0 before the short split); its rank and trend "
+                   "tests see too few steps to call them rising")
+def test_a_five_step_saturating_warm_up_is_not_a_change_of_the_first_learned_steps() -> None:
+    """The first 5 steps of a generation ``1 - 0.2 exp(-i / 2)`` of the level (0.80-0.97x, a warm-up that
+    saturates), 5 % noise, seed 47: nothing to report."""
+    xs = series(300, 0.05, seed=47)
+    xs[:5] *= 1 - 0.2 * np.exp(-np.arange(5) / 2.0)
+    assert [(s, m) for s, k, m, _ in feed(xs) if k == "step_regression"] == []
