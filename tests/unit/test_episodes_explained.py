@@ -221,3 +221,18 @@ def test_a_second_slow_rank_that_moves_the_job_little_is_named_soon_without_stag
     res = run_job(2400, lambda r, t: 3.0 if r == 1 and t >= 300 else 3.5 if r == 2 and t >= 1800 else 1.0,
                   seed=37, stages=False)
     assert [a for a in res.arms if 1800 <= a["t"] <= 2100 and 2 in (a.get("named") or [])], res.arms
+
+
+def test_a_whole_job_capture_armed_before_a_restart_still_explains_when_its_verdict_comes_after() -> None:
+    """Zero-code: the capture of every rank is in flight when the coordinator restarts (its flight is not kept);
+    its verdict naming rank 1 comes after. Before, it was taken for a targeted capture and explained nothing: the
+    next host-load move was captured again, naming rank 1 once more."""
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    first, _ = b.observe(_reg(100, 0.5, 1.3), T0)
+    assert first is not None and _arm(b, p, T0, "c1") is first
+    r = _restarted(b, settings)
+    r.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
+    r.capture_ended("c1", T0 + 60, "ok", named=(1,))
+    load, _ = r.observe(_reg(400, 1.3, 1.7), T0 + 300)
+    assert load is not None and load.explained_by == "c1" and _arm(r, p, T0 + 300, "c2") is None

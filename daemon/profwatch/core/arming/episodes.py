@@ -680,7 +680,7 @@ class JobEpisodes:
         if status == "no_suspect":
             self.history.release(capture_id)
         flight = self._flight.pop(capture_id, None)
-        self._confirm(capture_id, status, tuple(named), now_unix_s, whole=flight is not None and flight[1] is None)
+        self._confirm(capture_id, status, tuple(named), now_unix_s, whole=self._whole(capture_id, flight))
         if flight is not None:
             self._ended.append(_Ended(capture_id, flight[0], flight[1], flight[2], status, tuple(named)))
         out: list[Event] = []
@@ -737,6 +737,14 @@ class JobEpisodes:
                     text=f"capture {capture_id}'s ranks waited for ranks it did not hold: a follow-up capture of "
                            f"ranks {shown} is queued (through the job's capture budget)"))
         return out
+
+    def _whole(self, capture_id: str, flight: tuple[int | None, frozenset[int] | None, float] | None) -> bool:
+        """Whether ``capture_id`` captured every rank: its flight says, else (armed before a restart, its flight not
+        kept) the stored captures of the episodes it covered (:attr:`EpisodeCapture.whole`)."""
+        if flight is not None:
+            return flight[1] is None
+        return any(c.whole for ep in (*self.open.values(), *self.closed) for c in ep.captures
+                   if c.capture_id == capture_id)
 
     def _stamp(self, hit: list[EpisodeCapture], status: str, named: tuple[int, ...], now_unix_s: float) -> None:
         """Record how the captures ``hit`` ended; with a verdict, when and the job step time then (what a restart
