@@ -115,3 +115,124 @@ def test_a_change_after_the_slow_rank_healed_is_captured(seed: int) -> None:
     res = run_job(3600, lambda r, t: 3.0 if r == 1 and 300 <= t < 1500 else 1.0, seed=seed, stages=False,
                   job_factor=lambda t: 1.6 if t >= 2400 else 1.0)
     assert [a for a in res.arms if 2400 <= a["t"] <= 2500 and a["kind"] == "step_regression"], res.arms
+
+
+def _restarted(b: JobEpisodes, settings: ArmingSettings) -> JobEpisodes:
+    """A coordinator restart: a fresh book seeded one stored row at a time, oldest first (the episode desk's start)."""
+    fresh = JobEpisodes("j", settings, b.history)
+    for ep in sorted([*b.closed, *b.open.values()], key=lambda e: e.opened_unix_s):
+        fresh.restore([Episode.from_json(ep.to_json())])
+    return fresh
+
+
+def test_a_restart_keeps_what_explains_a_job_wide_change_with_stage_timings() -> None:
+    """Before, the restored book forgot the verdict that named rank 1: the explained change read 'no longer
+    explained by a known slow rank' at the first advance and was captured again, naming rank 1 once more."""
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    slow, _ = b.observe(Anomaly("rank_outlier", "j", 100, (1,), 2.0, {"stage": {1: "compute"},
+                                                                      "excess": {1: 2.0}}), T0)
+    b.advance(T0, furthest_step=100, step_time_s=1.3, ongoing={"rank_outlier": frozenset({1})})
+    assert slow is not None and _arm(b, p, T0, "c1") is slow
+    b.capture_ended("c1", T0 + 60, "ok", named=(1,))
+    load, _ = b.observe(_reg(400, 1.3, 1.82), T0 + 300)
+    assert load is not None and load.explained_by == slow.episode_id
+    r = _restarted(b, settings)
+    evs = r.advance(T0 + 400, furthest_step=420, step_time_s=1.82, ongoing={"rank_outlier": frozenset({1})})
+    assert "unexplained" not in [e.data.get("reason") for e in evs]
+    again = r.find(load.episode_id)
+    assert again is not None and again.explained_by == slow.episode_id and _arm(r, p, T0 + 1000, "c2") is None
+    # the whole job 2x slower on top is still captured after the restart
+    r.observe(_reg(700, 1.82, 3.64), T0 + 1100)
+    assert again.explained_by == "" and _arm(r, p, T0 + 1100, "c2") is again
+
+
+def test_a_restart_keeps_a_whole_job_verdict_for_its_hour_and_forgets_it_after_a_new_generation() -> None:
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    first, _ = b.observe(_reg(100, 0.5, 1.3), T0)  # zero-code: a 3x rank seen only as the job's step time
+    assert first is not None and _arm(b, p, T0, "c1") is first
+    b.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
+    b.capture_ended("c1", T0 + 60, "ok", named=(1,))
+    load, _ = b.observe(_reg(400, 1.3, 1.7), T0 + 300)
+    assert load is not None and load.explained_by == "c1"
+    r = _restarted(b, settings)
+    r.advance(T0 + 400, furthest_step=500, step_time_s=1.7)
+    again = r.find(load.episode_id)
+    assert again is not None and again.explained_by == "c1" and _arm(r, p, T0 + 400, "c2") is None
+    r.advance(T0 + 3700, furthest_step=3000, step_time_s=1.7)  # the verdict's hour is over: confirmed once more
+    assert again.explained_by == "" and _arm(r, p, T0 + 3700, "c2") is again
+    # a new generation forgets the old run's verdict, a restart after it too
+    b.new_run(T0 + 500, "new_generation")
+    b.observe(_reg(900, 1.3, 1.7), T0 + 800)
+    r = _restarted(b, settings)
+    assert r._verdict is None and r._last_named == ()
+
+
+@pytest.mark.xfail(strict=True, reason="zero-code cannot tell a healed slow rank from host load: rank 1 at 1.4x healed "
+                   "brings the job back within +50 % of the verdict's level, so a new +40 % job-wide change reaching "
+                   "that level again is explained by the healed rank until the verdict's hour ends (seeds 34, 36: "
+                   "captured at 3912-3917 s, some 40 minutes late)")
+@pytest.mark.parametrize("seed", [34, 36])
+def test_a_job_wide_change_after_a_mild_slow_rank_healed_is_captured_without_stage_timings(seed: int) -> None:
+    """Zero-code: rank 1 1.4x from 300 s to 1200 s (captured, the verdict names it), then the whole job 1.4x from
+    1500 s: a software change of its own, expected captured within 200 s of its onset."""
+    res = run_job(1800, lambda r, t: 1.4 if r == 1 and 300 <= t < 1200 else 1.0, seed=seed, stages=False,
+                  job_factor=lambda t: 1.4 if t >= 1500 else 1.0)
+    assert [a for a in res.arms if 1500 <= a["t"] <= 1700 and a["kind"] == "step_regression"], res.arms
+
+
+def test_a_job_wide_change_within_host_load_behind_a_known_slow_rank_is_captured_within_the_verdicts_hour() -> None:
+    """Stage timings, rank 1 3x from 300 s and left slow, the whole job 1.4x from 1800 s (seed 50): the change sits
+    inside what host load does (+-45 %), so it is explained at first; before, the ranked episode explained it for as
+    long as rank 1 stayed slow (never captured in 4,500 s). Now a verdict explains for an hour, as without stage
+    timings: the change is captured by the verdict's hour (rank 1 named at ~300 s)."""
+    res = run_job(4200, lambda r, t: 3.0 if r == 1 and t >= 300 else 1.0, seed=50, stages=True,
+                  job_factor=lambda t: 1.4 if t >= 1800 else 1.0)
+    first = next(a for a in res.arms if a.get("named") == [1])
+    assert [a for a in res.arms if 1800 <= a["t"] <= first["t"] + 3600 + 200 and a["kind"] == "step_regression"], \
+        res.arms
+
+
+def test_a_stored_reference_of_zero_or_not_a_number_is_dropped_not_divided_by() -> None:
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    slow, _ = b.observe(Anomaly("rank_outlier", "j", 100, (1,), 2.0, {"stage": {1: "compute"}}), T0)
+    b.advance(T0, furthest_step=100, step_time_s=1.3, ongoing={"rank_outlier": frozenset({1})})
+    assert slow is not None and _arm(b, p, T0, "c1") is slow
+    b.capture_ended("c1", T0 + 60, "ok", named=(1,))
+    load, _ = b.observe(_reg(400, 1.3, 1.82), T0 + 300)
+    assert load is not None and load.explained_by
+    rows = [e.to_json() for e in (slow, load)]
+    rows[0]["confirmed"] = [0.0, 0.0]
+    rows[0]["captures"][0].update(job_step_s=0.0, verdict_unix_s=float("nan"))
+    r = JobEpisodes("j", settings, b.history)
+    r.restore([Episode.from_json(row) for row in rows])
+    assert r.find(slow.episode_id).confirmed is None  # type: ignore[union-attr]
+    r.advance(T0 + 400, furthest_step=420, step_time_s=1.82, ongoing={"rank_outlier": frozenset({1})})
+    assert r.find(load.episode_id).explained_by == ""  # type: ignore[union-attr]  # nothing left to explain it
+
+
+@pytest.mark.xfail(strict=True, reason="zero-code: the job step time is all there is, so a second slow rank that "
+                   "moves the job less than host load does (+17 %) is explained by the first one's verdict until its "
+                   "hour ends (seeds 37-56: rank 2 named 953-2,522 s after its onset, 19 of 20 at the hour)")
+def test_a_second_slow_rank_that_moves_the_job_little_is_named_soon_without_stage_timings() -> None:
+    """Zero-code: rank 1 3x from 300 s, rank 2 3.5x from 1800 s (the job +17 %): expected named within 300 s."""
+    res = run_job(2400, lambda r, t: 3.0 if r == 1 and t >= 300 else 3.5 if r == 2 and t >= 1800 else 1.0,
+                  seed=37, stages=False)
+    assert [a for a in res.arms if 1800 <= a["t"] <= 2100 and 2 in (a.get("named") or [])], res.arms
+
+
+def test_a_whole_job_capture_armed_before_a_restart_still_explains_when_its_verdict_comes_after() -> None:
+    """Zero-code: the capture of every rank is in flight when the coordinator restarts (its flight is not kept);
+    its verdict naming rank 1 comes after. Before, it was taken for a targeted capture and explained nothing: the
+    next host-load move was captured again, naming rank 1 once more."""
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    first, _ = b.observe(_reg(100, 0.5, 1.3), T0)
+    assert first is not None and _arm(b, p, T0, "c1") is first
+    r = _restarted(b, settings)
+    r.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
+    r.capture_ended("c1", T0 + 60, "ok", named=(1,))
+    load, _ = r.observe(_reg(400, 1.3, 1.7), T0 + 300)
+    assert load is not None and load.explained_by == "c1" and _arm(r, p, T0 + 300, "c2") is None

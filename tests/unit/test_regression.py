@@ -680,3 +680,31 @@ def test_a_large_slowdown_right_after_a_cusum_report_is_its_own_report(factor: f
         regs = [(s, round(m, 2)) for s, k, m, _ in feed(xs) if k == "step_regression"]
         assert len(regs) == 2 and first[0] < regs[1][0] <= first[0] + 30, (seed, regs)
         assert regs[1][1] >= 0.1, (seed, regs)  # against the followed reference (at most 1.5x the first level)
+
+
+@pytest.mark.xfail(strict=True, reason="the interim reference after a speedup is the lower CUSUM run's mean, which "
+                   "holds a step or two from before the speedup: after a -50 % speedup it reads 0.32 s for a level of "
+                   "0.25 s, so +30 % from there (0.325 s) sits at the reference, and the re-learned baseline starts "
+                   "after the rise; a confirmed speedup keeps the higher of the two references")
+@pytest.mark.parametrize(("speedup", "gap"), [(0.5, 4), (0.5, 10), (0.6, 6)])
+def test_a_slowdown_soon_after_a_large_speedup_is_found_against_the_level_after_it(speedup: float,
+                                                                                   gap: int) -> None:
+    """5 % noise, seed 36: the level falls to ``speedup`` x at step 300, then +30 % ``gap`` steps later (still
+    under the old level): a slowdown of the new level, expected within 40 steps. Found with seeds 34 and 35."""
+    xs = series(700, 0.05, seed=36)
+    xs[300:] *= speedup
+    xs[300 + gap:] *= 1.3
+    regs = [s for s, k, _, _ in feed(xs) if k == "step_regression"]
+    assert regs and 300 + gap < regs[0] <= 300 + gap + 40, regs
+
+
+@pytest.mark.xfail(strict=True, reason="the short split of a generation's first learned steps (5-7 before a change, "
+                   "LEARNED_STEP_MIN_BEFORE) reads a 5-step saturating warm-up as a change: seed 47 at 5 % noise is "
+                   "reported +17.7 % from step 6 (1 of 20 seeds 34-53; 0 before the short split); its rank and trend "
+                   "tests see too few steps to call them rising")
+def test_a_five_step_saturating_warm_up_is_not_a_change_of_the_first_learned_steps() -> None:
+    """The first 5 steps of a generation ``1 - 0.2 exp(-i / 2)`` of the level (0.80-0.97x, a warm-up that
+    saturates), 5 % noise, seed 47: nothing to report."""
+    xs = series(300, 0.05, seed=47)
+    xs[:5] *= 1 - 0.2 * np.exp(-np.arange(5) / 2.0)
+    assert [(s, m) for s, k, m, _ in feed(xs) if k == "step_regression"] == []

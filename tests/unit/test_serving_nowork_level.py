@@ -134,3 +134,19 @@ def test_without_work_reports_are_bounded_rises_and_a_healthy_swing_is_never_one
     assert _feed(UnitLevel("svc", DetectionSettings(), without_work=True), sorted(times, reverse=True)) == []
     swing = [scale * (1.0 + 0.45 * ((i // period) % 2) * (0.5 + 0.5 * math.sin(i))) for i in range(len(times))]
     assert _feed(UnitLevel("svc", DetectionSettings(), without_work=True), swing) == []
+
+
+def test_without_work_a_min_effect_over_the_least_rise_holds_for_the_reported_change() -> None:
+    """``min_effect`` 1.0 (over ``NOWORK_EFFECT``): the split asked for 2x, but the change measured from the onset
+    (the median of the blocks from there) was let through at ``1 + NOWORK_EFFECT``: +91.7 % was reported (a level
+    from 1x to about 2x with 35 % noise, seed 268). Every report is at least ``min_effect`` now."""
+    rng = np.random.default_rng(268)
+    n0, n1 = int(rng.integers(120, 400)), int(rng.integers(120, 400))
+    hi = np.exp(rng.normal(np.log(rng.uniform(1.5, 2.4)), 0.35, n1))
+    xs = [float(x) for x in np.exp(rng.normal(0, 0.2, n0))] + [float(x) for x in hi]
+    st_ = DetectionSettings(min_effect=1.0, spike_min_effect=1.0)
+    found = _feed(UnitLevel("svc", st_, without_work=True), xs)
+    assert all(mag >= 1.0 for mag, _ in found), found
+    clear = [float(x) for x in np.exp(rng.normal(0, 0.2, 300))] + [float(x) for x in 3.0 * np.exp(rng.normal(0, 0.2, 300))]
+    found = _feed(UnitLevel("svc", st_, without_work=True), clear)
+    assert len(found) == 1 and 1.0 <= found[0][0] <= 3.0, found  # a 3x change is still reported

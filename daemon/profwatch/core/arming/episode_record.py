@@ -8,6 +8,7 @@ outlier's stage), else its ``role``, else its ranks, else ``""`` (job-wide).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -58,7 +59,10 @@ class EpisodeCapture:
     (``ok``, ``no_suspect``, ``partial``, ``weak``) or how it ended (``failed``, ``cancelled``, ``would_arm``...);
     ``named``: the ranks the verdict names, most suspect first; ``level``: the episode's :attr:`Episode.level` at
     the arm (relative; None in rows stored before it was recorded); ``follow_up``: armed as the follow-up of a
-    targeted capture whose ranks waited for ranks it did not hold (:attr:`Episode.follow_ranks`)."""
+    targeted capture whose ranks waited for ranks it did not hold (:attr:`Episode.follow_ranks`); ``whole``: it
+    captured every rank; ``verdict_unix_s``/``job_step_s``: when its verdict came and the job step time (s) then
+    (None: no verdict yet, or none known): what a restart restores the job's latest verdict from
+    (:meth:`JobEpisodes.restore`)."""
 
     capture_id: str
     armed_unix_s: float
@@ -68,18 +72,42 @@ class EpisodeCapture:
     named: tuple[int, ...] = ()
     level: float | None = None
     follow_up: bool = False
+    whole: bool = False
+    verdict_unix_s: float | None = None
+    job_step_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"capture_id": self.capture_id, "armed_unix_s": self.armed_unix_s, "ranks": list(self.ranks),
                 "own": self.own, "status": self.status, "named": list(self.named),
-                "level": round(self.level, 6) if self.level is not None else None, "follow_up": self.follow_up}
+                "level": round(self.level, 6) if self.level is not None else None, "follow_up": self.follow_up,
+                "whole": self.whole, "verdict_unix_s": self.verdict_unix_s, "job_step_s": self.job_step_s}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EpisodeCapture:
-        level = d.get("level")
+        level, at, step_s = d.get("level"), d.get("verdict_unix_s"), d.get("job_step_s")
         return cls(str(d["capture_id"]), float(d["armed_unix_s"]), tuple(int(r) for r in d.get("ranks") or ()),
                    bool(d.get("own", True)), d.get("status"), tuple(int(r) for r in d.get("named") or ()),
-                   float(level) if level is not None else None, bool(d.get("follow_up", False)))
+                   float(level) if level is not None else None, bool(d.get("follow_up", False)),
+                   bool(d.get("whole", False)), _positive(at), _positive(step_s))
+
+
+def _positive(v: Any) -> float | None:
+    """A stored time in seconds: a finite number > 0, else None (absent, or a row edited by hand: it is dropped, not
+    the row, as a reference of 0 s would divide by zero)."""
+    if v is None or isinstance(v, bool):
+        return None
+    x = float(v)
+    return x if math.isfinite(x) and x > 0.0 else None
+
+
+def _pair(v: Any) -> tuple[float, float] | None:
+    """A stored ``[job step s, level]`` (:attr:`Episode.confirmed`), else None (absent in rows stored before it was
+    recorded, or not a finite time > 0 and a finite level)."""
+    if v is None:
+        return None
+    a, b = v
+    step_s, level = _positive(a), float(b)
+    return (step_s, level) if step_s is not None and math.isfinite(level) else None
 
 
 SHOWN_FOLLOW = 64
@@ -141,7 +169,9 @@ class Episode:
     ``episode_quiet_steps`` from there; None: no such verdict); ``rotating_member``: opened on a key whose culprit
     rotates across episodes (it waits as ``culprit_rotates`` until it persists: then it is a slow rank of its own);
     ``explained_by``: for a job-wide ``step_regression`` never captured, the open ranked episode whose known slow
-    ranks explain its level (it waits as ``explained_by_ranks``, not captured; empty: not explained).
+    ranks explain its level (it waits as ``explained_by_ranks``, not captured; empty: not explained);
+    ``confirmed``: for a ranked episode, the job step time (s) and its own :attr:`level` at the latest verdict that
+    named its ranks (what explains a job-wide change; None: no such verdict).
     """
 
     episode_id: str
@@ -172,6 +202,7 @@ class Episode:
     settle_step: int | None = None
     rotating_member: bool = False
     explained_by: str = ""
+    confirmed: tuple[float, float] | None = None
 
     @property
     def key(self) -> str:
@@ -244,7 +275,8 @@ class Episode:
             "follow_ranks": list(self.follow_ranks[:SHOWN_FOLLOW]), "follow_count": len(self.follow_ranks),
             "follow_spans": _spans(self.follow_ranks), "value": "repeat" if self.is_repeat else "new",
             "settle_step": self.settle_step, "rotating_member": self.rotating_member,
-            "explained_by": self.explained_by}
+            "explained_by": self.explained_by,
+            "confirmed": list(self.confirmed) if self.confirmed is not None else None}
         if now_unix_s is not None:
             out["age_s"] = round(max(0.0, now_unix_s - self.opened_unix_s), 3)
         return out
@@ -273,7 +305,8 @@ class Episode:
                           else _follow_ranks(d.get("follow_ranks"))),
             settle_step=int(d["settle_step"]) if d.get("settle_step") is not None else None,
             rotating_member=bool(d.get("rotating_member", False)),
-            explained_by=str(d.get("explained_by") or ""))
+            explained_by=str(d.get("explained_by") or ""),
+            confirmed=_pair(d.get("confirmed")))
 
     def summary(self) -> dict[str, Any]:
         """The short form carried by events: id, kind, scope, ranks, magnitudes, steps, captures."""

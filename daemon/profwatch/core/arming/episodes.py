@@ -14,6 +14,7 @@ any capture could start).
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -191,7 +192,7 @@ class JobEpisodes:
         Explained: a job-wide ``step_regression`` never captured that a known slow rank explains (an open ranked
         episode holding every rank the job's latest verdict named; the job's level, its ranks' own growth taken out,
         under :data:`EXPLAINED_GROWTH` above the level at that verdict; without ranked episodes, the latest verdict
-        of a capture of every rank for an hour: :meth:`_explaining`) is not captured; it waits
+        of a capture of every rank; either for an hour after that verdict: :meth:`_explaining`) is not captured; it waits
         as ``explained_by_ranks`` until the rule no longer holds (:meth:`_explain`).
 
         Budget (:meth:`next_arm`): the open episodes that want a capture (none of their own in flight, not
@@ -252,6 +253,7 @@ class JobEpisodes:
         self._last_named: tuple[int, ...] = ()  # the ranks the job's latest verdict named (empty: none, no_suspect)
         self._verdict: tuple[str, tuple[int, ...], float, float] | None = None  # the latest verdict, when it was
         # of a capture of every rank naming ranks: (capture, named, job step s, unix s)
+        self._verdict_at = -math.inf  # when the latest verdict came (unix s; restore keeps the latest)
         self.withdrawn = 0
         """Captures withdrawn because their excursion came back before the window (:meth:`withdraw_returned`)."""
 
@@ -266,12 +268,32 @@ class JobEpisodes:
         return out
 
     def restore(self, episodes: Iterable[Episode]) -> None:
-        """Seed from the state store after a restart (oldest first): open ones resume, closed ones are listed."""
+        """Seed from the state store after a restart (oldest first): open ones resume, closed ones are listed; what
+        explains a job-wide change (:meth:`_explaining`) comes back from them (:meth:`_restore_verdict`)."""
         for ep in episodes:
             if ep.closed_unix_s is None:
                 self.open[ep.key] = ep
+                if ep.confirmed is not None:
+                    self._confirmed[ep.episode_id] = ep.confirmed
             else:
                 self.closed.append(ep)
+            self._restore_verdict(ep)
+
+    def _restore_verdict(self, ep: Episode) -> None:
+        """The job's latest verdict (what it named; for a capture of every rank naming ranks, the reference of
+        :meth:`_explaining`) from the stored captures of ``ep``, when later than any restored before; an episode
+        closed by a new generation (:meth:`new_run`) forgets the verdicts before it, as the run did. Without it a
+        restart forgot the known slow rank, and a job-wide change it explained was captured again as new."""
+        if ep.close_reason == "new_generation" and (ep.closed_unix_s or 0.0) >= self._verdict_at:
+            self._last_named, self._verdict, self._verdict_at = (), None, ep.closed_unix_s or 0.0
+        for c in ep.captures:
+            at = c.verdict_unix_s
+            if at is None or c.status not in VERDICTS or at < self._verdict_at:
+                continue
+            self._verdict_at = at
+            self._last_named = c.named if c.status != "no_suspect" else ()
+            self._verdict = ((c.capture_id, c.named, c.job_step_s, at)
+                             if c.whole and self._last_named and c.job_step_s is not None else None)
 
     def find(self, episode_id: str) -> Episode | None:
         return next((e for e in (*self.open.values(), *self.closed) if e.episode_id == episode_id), None)
@@ -521,6 +543,7 @@ class JobEpisodes:
         self._confirmed.clear()
         self._last_named = ()
         self._verdict = None
+        self._verdict_at = now_unix_s
         return self.close_all(now_unix_s, reason)
 
     def close_all(self, now_unix_s: float, reason: str) -> list[Event]:
@@ -621,14 +644,14 @@ class JobEpisodes:
         out = [ep]
         follow = bool(ep.follow_ranks)
         self._add_capture(ep, EpisodeCapture(capture_id, now_unix_s, ep.ranks, True, status, level=ep.level,
-                                             follow_up=follow))
+                                             follow_up=follow, whole=covered is None))
         ep.follow_ranks = ()
         for other in self.open.values():
             if other is ep or other.in_flight is not None or other.is_repeat or other.rotation:
                 continue
             if covered is None or (other.ranks and set(other.ranks) <= set(covered)):
                 self._add_capture(other, EpisodeCapture(capture_id, now_unix_s, other.ranks, False, status,
-                                                        level=other.level))
+                                                        level=other.level, whole=covered is None))
                 out.append(other)
         return out
 
@@ -657,7 +680,7 @@ class JobEpisodes:
         if status == "no_suspect":
             self.history.release(capture_id)
         flight = self._flight.pop(capture_id, None)
-        self._confirm(capture_id, status, tuple(named), now_unix_s, whole=flight is not None and flight[1] is None)
+        self._confirm(capture_id, status, tuple(named), now_unix_s, whole=self._whole(capture_id, flight))
         if flight is not None:
             self._ended.append(_Ended(capture_id, flight[0], flight[1], flight[2], status, tuple(named)))
         out: list[Event] = []
@@ -665,8 +688,7 @@ class JobEpisodes:
             hit = [c for c in ep.captures if c.capture_id == capture_id]
             if not hit:
                 continue
-            for c in hit:
-                c.status, c.named = status, tuple(named)
+            self._stamp(hit, status, tuple(named), now_unix_s)
             if ep.ranks and not _saw(status, tuple(named), ep.ranks) and not any(c.own for c in hit):
                 # another episode's capture that covered this one's ranks while in flight did not show them
                 # (cancelled, or its verdict named other ranks): it is not this episode's capture
@@ -716,6 +738,22 @@ class JobEpisodes:
                            f"ranks {shown} is queued (through the job's capture budget)"))
         return out
 
+    def _whole(self, capture_id: str, flight: tuple[int | None, frozenset[int] | None, float] | None) -> bool:
+        """Whether ``capture_id`` captured every rank: its flight says, else (armed before a restart, its flight not
+        kept) the stored captures of the episodes it covered (:attr:`EpisodeCapture.whole`)."""
+        if flight is not None:
+            return flight[1] is None
+        return any(c.whole for ep in (*self.open.values(), *self.closed) for c in ep.captures
+                   if c.capture_id == capture_id)
+
+    def _stamp(self, hit: list[EpisodeCapture], status: str, named: tuple[int, ...], now_unix_s: float) -> None:
+        """Record how the captures ``hit`` ended; with a verdict, when and the job step time then (what a restart
+        restores the latest verdict from: :meth:`_restore_verdict`)."""
+        for c in hit:
+            c.status, c.named = status, named
+            if status in VERDICTS:
+                c.verdict_unix_s, c.job_step_s = now_unix_s, self._step_s
+
     def _confirm(self, capture_id: str, status: str, named: tuple[int, ...], now_unix_s: float, *,
                  whole: bool) -> None:
         """Remember what the job's latest verdict named; when it named ranks, the job step time at the verdict for
@@ -726,18 +764,21 @@ class JobEpisodes:
             return
         self._last_named = named if status != "no_suspect" else ()
         self._verdict = None
+        self._verdict_at = now_unix_s
         if not self._last_named or self._step_s is None:
             return
         if whole:
             self._verdict = (capture_id, self._last_named, self._step_s, now_unix_s)
         for s in self.open.values():
             if s.ranks and not s.rotation and set(named) & set(s.ranks):
-                self._confirmed[s.episode_id] = (self._step_s, s.level)
+                self._confirmed[s.episode_id] = s.confirmed = (self._step_s, s.level)
+                self._touch(s)
 
     def _explaining(self, ep: Episode, now_unix_s: float) -> tuple[str, tuple[int, ...], float] | None:
         """What explains the job-wide level ``ep`` reached (the open ranked episode whose known slow ranks do, else
         the capture whose verdict named them), the ranks, and the job's change left once their own share is taken
-        out (relative); None when nothing does (rule: :data:`EXPLAINED_GROWTH`). The reached level is the report's
+        out (relative); None when nothing does (rule: :data:`EXPLAINED_GROWTH`) or the job's latest verdict is over
+        an hour old (``HOUR_S``: a change inside host load's reach that outlasts it is captured once more). The reached level is the report's
         ``step_time_s``, else ``reference_s * (1 + magnitude)``; the ranks' share is ``(1 + level now) / (1 + level
         at the verdict)`` of their episode (its excess over the peers). Without such an episode, open or closed
         within the hour (:meth:`_ranked_lately`; no stage timings: every rank reports the synchronous step time),
@@ -748,8 +789,8 @@ class JobEpisodes:
         reached = ep.detail.get("step_time_s")
         if not isinstance(reached, (int, float)) or isinstance(reached, bool) or not reached > 0:
             reached = ep.reference_s * (1.0 + ep.magnitude) if ep.reference_s else None
-        if not self._last_named or reached is None:
-            return None
+        if not self._last_named or reached is None or now_unix_s - self._verdict_at > HOUR_S:
+            return None  # a verdict explains for an hour: a job-wide change that outlasts it is confirmed by one
         for s in self.open.values():
             conf = self._confirmed.get(s.episode_id)
             if conf is None or not s.ranks or s.rotation or not set(self._last_named) <= set(s.ranks):

@@ -258,7 +258,7 @@ class UnitLevel:
         mb, sign = median(vals[:k]), 1.0 if e > 0 else -1.0
         j = next((i for i in range(k, n) if (vals[i] - mb) * sign >= abs(e) / 2.0), k)
         e = median(vals[j:]) - mb
-        if e * sign < math.log1p(NOWORK_EFFECT if self.without_work and e > 0 else self.settings.min_effect):
+        if e * sign < math.log1p(self.least_effect(k) if self.without_work and e > 0 else self.settings.min_effect):
             return []
         first = self._blocks[j].first_step
         self._shift(e, first)
