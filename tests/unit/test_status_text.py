@@ -66,6 +66,9 @@ def test_an_analysing_capture_says_what_runs_and_for_how_long() -> None:
     assert "enriching for 42s, follow-up deadline in 2h04m;" in enriching
     late = render_capture({**cap, "state": "collecting", "deadline_in_s": -5.2})[0]
     assert "collecting for 42s, judgement deadline passed 5s ago;" in late
+    from profwatch.core.status_text import span_text
+
+    assert [span_text(v) for v in (float("nan"), float("inf"), 99.4, 3599.6)] == ["?", "?", "99s", "1h00m"]
     assert lines[1] == "    running now: slow_rank (12 s)"
     assert "staging, ranking" in render_capture({**cap, "running": []})[1]
 

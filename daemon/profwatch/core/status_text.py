@@ -7,6 +7,7 @@ window it comes from; every rank has a state; a coordinator with no node says so
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -143,7 +144,10 @@ def render_nodes(nodes: Sequence[Mapping[str, Any]], ingest_bind: str | None) ->
 
 
 def span_text(seconds: float) -> str:
-    """``seconds`` (>= 0) as a person reads it: ``42s``, ``7m05s``, ``2h04m``."""
+    """``seconds`` (>= 0) as a person reads it: ``42s``, ``7m05s``, ``2h04m``; ``?`` for a value that is not a
+    finite number (a deadline restored from a damaged state db)."""
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+        return "?"
     s = round(seconds)
     if s < 100:
         return f"{s}s"
