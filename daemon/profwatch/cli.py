@@ -225,7 +225,8 @@ def arm(config_path: Path | None, job_id: str, in_steps: int | None, start_step:
     s = load_or_exit(config_path)
     coord = CoordinatorClient(s)
     res = coord.call("arm", {"job_id": job_id, "in_steps": in_steps, "start_step": start_step, "active": active,
-                           "warmup": warmup, "rank_list": rank_list, "reason": reason, "dry_run": dry_run})
+                           "warmup": warmup, "rank_list": rank_list, "reason": reason, "dry_run": dry_run},
+                     refused="would refuse arm (dry run, nothing written)" if dry_run else None)
     if as_json:
         click.echo(json.dumps(res, indent=2))
     what = (f"capture {res['capture_id']} of job {res['job_id']}: start_step={res['start_step']} "

@@ -157,6 +157,7 @@ def test_a_job_whose_capture_folder_is_missing_is_alerted_with_cause_and_fix_and
         shown = CliRunner().invoke(cli, ["arm", "--job", "jobM", "--dry-run"],
                                    env={"PROFWATCH_COORDINATOR__CONTROL_BIND": stack.settings.coordinator.control_bind})
         assert shown.exit_code != 0 and "does not exist" in shown.output, shown.output
+        assert "would refuse arm (dry run, nothing written): [refused]" in shown.output, shown.output
         assert not missing.exists()  # nothing was written for it
     finally:
         for p in procs:

@@ -136,8 +136,10 @@ class CoordinatorClient:
         except ControlUnavailable:
             return False
 
-    def call(self, cmd: str, args: dict[str, Any] | None = None, timeout_s: float = 10.0) -> Any:
-        """Run ``cmd`` and return its result; on failure print one line (and the hint) and exit."""
+    def call(self, cmd: str, args: dict[str, Any] | None = None, timeout_s: float = 10.0, *,
+             refused: str | None = None) -> Any:
+        """Run ``cmd`` and return its result; on failure print one line (and the hint) and exit. ``refused``: how a
+        refusal is said (default ``refused <cmd>``; a dry run says ``would refuse``)."""
         from profwatch.adapters.zmq.control import ControlAuthFailed, ControlError, ControlUnavailable
 
         try:
@@ -149,5 +151,5 @@ class CoordinatorClient:
             click.echo(f"profwatch: {exc.message}\n{unavailable_hint()}", err=True)
             sys.exit(EXIT_UNAVAILABLE)
         except ControlError as exc:
-            click.echo(f"profwatch: coordinator refused {cmd}: [{exc.code}] {exc.message}", err=True)
+            click.echo(f"profwatch: coordinator {refused or f'refused {cmd}'}: [{exc.code}] {exc.message}", err=True)
             sys.exit(EXIT_NOT_OK)
