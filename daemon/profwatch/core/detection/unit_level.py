@@ -219,8 +219,8 @@ class UnitLevel:
 
     def _steady(self) -> bool:
         """Whether the current level is not itself moving: the median of the newer half of its residuals is within
-        ``log(1 + max(YOUNG_EFFECT, min_effect))`` of the older half's (the host-load range: a 1.1x bound made a
-        healthy replica's band learning stall, and a false arm at z 5.61 followed). A band's offset learned against a level that a change was
+        ``log(1 + max(YOUNG_EFFECT, min_effect))`` of the older half's (the host-load range; at a 1.1x bound a
+        healthy replica was armed on at z 5.61: bench_corpus seed 32 serving_dp run 7). A band's offset learned against a level that a change was
         still moving (the level lags it by half of :data:`LEVEL_VALUES` residuals of known bands) took part of the
         change into the offset, and bands learned against those carried it on: a 3x change 50 s into a unit's
         first minute read 1.2-1.5x in every later block (bench_corpus seed 32 serving_work run 2, never
