@@ -28,14 +28,21 @@ def _arm(b: JobEpisodes, p: ArmingPolicy, now: float, cid: str) -> Episode | Non
     return ep
 
 
-def test_a_job_wide_change_within_the_known_slow_ranks_share_waits_and_a_large_one_is_captured() -> None:
-    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+def _slow_rank_named(settings: ArmingSettings, *, excess: bool) -> tuple[JobEpisodes, ArmingPolicy, Episode]:
+    """A book whose rank 1 outlier episode (2x, stage timings; ``excess``: with its excess) was captured at ``T0``
+    by ``c1`` and named by its verdict at ``T0 + 60``, and the policy that armed it."""
     b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
-    slow, _ = b.observe(Anomaly("rank_outlier", "j", 100, (1,), 2.0, {"stage": {1: "compute"},
-                                                                      "excess": {1: 2.0}}), T0)
+    detail: dict = {"stage": {1: "compute"}, **({"excess": {1: 2.0}} if excess else {})}
+    slow, _ = b.observe(Anomaly("rank_outlier", "j", 100, (1,), 2.0, detail), T0)
     b.advance(T0, furthest_step=100, step_time_s=1.3, ongoing={"rank_outlier": frozenset({1})})
     assert slow is not None and _arm(b, p, T0, "c1") is slow
     b.capture_ended("c1", T0 + 60, "ok", named=(1,))
+    return b, p, slow
+
+
+def test_a_job_wide_change_within_the_known_slow_ranks_share_waits_and_a_large_one_is_captured() -> None:
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p, slow = _slow_rank_named(settings, excess=True)
     # the host gets 40 % busier: every step waits for rank 1 all the same
     load, evs = b.observe(_reg(400, 1.3, 1.82), T0 + 300)
     assert load is not None and load.explained_by == slow.episode_id
@@ -67,11 +74,7 @@ def test_without_a_ranked_episode_a_whole_job_verdict_explains_for_an_hour_withi
 
 def test_the_mark_goes_when_the_slow_ranks_episode_ends_or_a_verdict_names_another_rank() -> None:
     settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60, episode_quiet_steps=20)
-    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
-    slow, _ = b.observe(Anomaly("rank_outlier", "j", 100, (1,), 2.0, {"stage": {1: "compute"}}), T0)
-    b.advance(T0, furthest_step=100, step_time_s=1.3, ongoing={"rank_outlier": frozenset({1})})
-    assert slow is not None and _arm(b, p, T0, "c1") is slow
-    b.capture_ended("c1", T0 + 60, "ok", named=(1,))
+    b, p, slow = _slow_rank_named(settings, excess=False)
     load, _ = b.observe(_reg(400, 1.3, 1.6), T0 + 300)
     assert load is not None and load.explained_by
     b.capture_ended("c9", T0 + 310, "ok", named=(3,))  # a verdict (another episode's) names rank 3: not known
@@ -129,12 +132,7 @@ def test_a_restart_keeps_what_explains_a_job_wide_change_with_stage_timings() ->
     """Before, the restored book forgot the verdict that named rank 1: the explained change read 'no longer
     explained by a known slow rank' at the first advance and was captured again, naming rank 1 once more."""
     settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
-    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
-    slow, _ = b.observe(Anomaly("rank_outlier", "j", 100, (1,), 2.0, {"stage": {1: "compute"},
-                                                                      "excess": {1: 2.0}}), T0)
-    b.advance(T0, furthest_step=100, step_time_s=1.3, ongoing={"rank_outlier": frozenset({1})})
-    assert slow is not None and _arm(b, p, T0, "c1") is slow
-    b.capture_ended("c1", T0 + 60, "ok", named=(1,))
+    b, p, slow = _slow_rank_named(settings, excess=True)
     load, _ = b.observe(_reg(400, 1.3, 1.82), T0 + 300)
     assert load is not None and load.explained_by == slow.episode_id
     r = _restarted(b, settings)
@@ -196,11 +194,7 @@ def test_a_job_wide_change_within_host_load_behind_a_known_slow_rank_is_captured
 
 def test_a_stored_reference_of_zero_or_not_a_number_is_dropped_not_divided_by() -> None:
     settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
-    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
-    slow, _ = b.observe(Anomaly("rank_outlier", "j", 100, (1,), 2.0, {"stage": {1: "compute"}}), T0)
-    b.advance(T0, furthest_step=100, step_time_s=1.3, ongoing={"rank_outlier": frozenset({1})})
-    assert slow is not None and _arm(b, p, T0, "c1") is slow
-    b.capture_ended("c1", T0 + 60, "ok", named=(1,))
+    b, p, slow = _slow_rank_named(settings, excess=False)
     load, _ = b.observe(_reg(400, 1.3, 1.82), T0 + 300)
     assert load is not None and load.explained_by
     rows = [e.to_json() for e in (slow, load)]
