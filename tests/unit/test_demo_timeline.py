@@ -185,3 +185,34 @@ def test_the_help_says_where_the_timeout_counts_from() -> None:
 
     out = CliRunner().invoke(demo, ["--help"]).output
     assert "counted from the slowdown" in " ".join(out.split()) and "--start-timeout-s" in out
+
+
+def test_progress_lines_come_in_pipeline_order_at_the_tables_times() -> None:
+    """The batch found complete before the last rank's completion event arrived: its line waits for the capture's,
+    and both read the time the final table shows (the capture clamped to the batch's)."""
+    tl = Timeline("ascend", "demo-ascend")
+    tl.add("slowdown", 100.0, 40)
+    tl.add("detection", 102.6, 50, "rank_outlier")
+    assert [s for s, *_ in tl.release()] == ["slowdown", "detection"]
+    tl.add("batch_complete", 112.3, None, "c-1")
+    assert tl.release() == []  # held: the capture comes first in the pipeline
+    tl.add("arm", 102.8, 50, "config written")
+    assert [s for s, *_ in tl.release()] == ["arm"]
+    tl.add("capture", 112.4, None, "every rank wrote its rank dir")
+    out = tl.release()
+    table = {s: t for s, t, *_ in tl.ordered()}
+    assert [s for s, *_ in out] == ["capture", "batch_complete"]
+    assert [t for _s, t, _d in out] == [table["capture"], table["batch_complete"]] == [112.3, 112.3]
+    assert tl.release() == []  # each stage once
+
+
+def test_a_stage_whose_predecessor_never_comes_is_released_by_a_later_one_or_at_the_end() -> None:
+    tl = Timeline("torch", "demo-torch")
+    tl.add("slowdown", 100.0, 40)
+    tl.release()
+    tl.add("arm", 103.0, 51)  # no detection event seen (e.g. it was missed)
+    assert tl.release() == []
+    assert [s for s, *_ in tl.release(final=True)] == ["arm"]
+    tl.add("capture", 110.0)
+    tl.add("first_alert", 115.0)  # a batch_incomplete verdict: no batch_complete, no analysis
+    assert [s for s, *_ in tl.release()] == ["capture", "first_alert"]

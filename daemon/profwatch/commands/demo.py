@@ -183,9 +183,11 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
                 else f"at step {at_step}; waiting for the slowdown")
              + f" (up to {start_timeout_s:g} s), then up to {timeout_s:g} s from the slowdown to the first alert")
 
-    def note(stage: str, t: float, detail: str) -> None:
+    def note(_stage: str = "", _t: float = 0.0, _detail: str = "", final: bool = False) -> None:
+        """A progress line per stage :meth:`Timeline.release` hands out: pipeline order, the final table's times."""
         t0 = tl.t("slowdown")
-        progress(f"[{scenario}] {'' if t0 is None else f'+{t - t0:.1f}s '}{stage}: {detail}")
+        for stage, t, detail in tl.release(final):
+            progress(f"[{scenario}] {'' if t0 is None else f'+{t - t0:.1f}s '}{stage}: {detail}")
 
     seen: set[str] = set()
     last_note = time.monotonic()
@@ -230,6 +232,7 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
                 break
         if tl.alert is None or (_expects_enrichment(tl) and tl.enriched is None):
             _catch_up_from_store(stack, tl, end, note, progress)
+        note(final=True)
     finally:
         sub.close()
         job.stop(grace_s=60)

@@ -18,6 +18,10 @@ STAGES = ("reference", "slowdown", "detection", "arm", "capture", "batch_complet
           "enriched_update")
 """Pipeline order of the timeline's stages (``analysis`` marks the analysis start)."""
 
+NEVER_HELD = ("slowdown", "first_alert", "enriched_update")
+"""Stages :meth:`Timeline.release` announces as soon as they are seen: a verdict without a capture
+(``batch_incomplete``) has no batch or analysis stage before it."""
+
 
 def event_time(ev: dict[str, Any], fallback: float) -> float:
     """The CloudEvent's ``time`` (RFC 3339, as ``daemon/profwatch/core/alerts/events.py: rfc3339`` writes it) in Unix seconds;
@@ -48,6 +52,8 @@ class Timeline:
     after_slowdown_only: bool = False
     """Only captures armed after the slowdown mark count, their verdict included (the ``reference`` scenario: an
     episode the reference capture's own overhead opened is not the slowdown's)."""
+    announced: set[str] = field(default_factory=set)
+    """Stages :meth:`release` has handed out for a progress line."""
     timed_out: str | None = None
     """Why the scenario stopped waiting (``"no first alert within 240 s of the slowdown"``); None when it did not
     time out."""
@@ -92,6 +98,26 @@ class Timeline:
             return False
         self.marks[stage] = (t, step, detail)
         return True
+
+    def release(self, final: bool = False) -> list[tuple[str, float, str]]:
+        """``(stage, t, detail)`` of the stages to announce now, in pipeline order, at their :meth:`ordered` times,
+        so the progress lines and the final table agree. A stage is held while the stage just before it in
+        :data:`STAGES` has not been seen and no later one has (the batch found complete before the last rank's
+        completion event arrived prints after it); the slowdown and the verdicts (:data:`NEVER_HELD`) are never held,
+        and ``final`` releases everything held. Each stage once."""
+        rows = {s: (t, detail) for s, t, _took, _step, detail in self.ordered()}
+        expected = [s for s in STAGES if s != "reference" or self.after_slowdown_only]
+        out: list[tuple[str, float, str]] = []
+        for i, s in enumerate(expected):
+            if s not in rows or s in self.announced:
+                continue
+            before_seen = i == 0 or expected[i - 1] in rows
+            later_seen = any(x in rows for x in expected[i + 1:])
+            if not (final or before_seen or later_seen or s in NEVER_HELD):
+                continue
+            self.announced.add(s)
+            out.append((s, *rows[s]))
+        return out
 
     def t(self, stage: str) -> float | None:
         m = self.marks.get(stage)
