@@ -230,3 +230,51 @@ def test_a_whole_job_capture_armed_before_a_restart_still_explains_when_its_verd
     r.capture_ended("c1", T0 + 60, "ok", named=(1,))
     load, _ = r.observe(_reg(400, 1.3, 1.7), T0 + 300)
     assert load is not None and load.explained_by == "c1" and _arm(r, p, T0 + 300, "c2") is None
+
+
+def test_a_level_a_capture_of_every_rank_found_normal_explains_load_moves_for_an_hour_but_not_a_larger_jump() -> None:
+    """A job-wide change captured and found nobody (``no_suspect``) at 1.3 s: a later move from 1.2 s to 1.6 s
+    (+33 %, +23 % over that level) is host load's, not captured, for the verdict's hour; a jump of +60 % from its
+    reference is captured at once. Before, every such move was captured again, each finding nobody."""
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    first, _ = b.observe(_reg(100, 1.0, 1.3), T0)
+    assert first is not None and _arm(b, p, T0, "c1") is first
+    b.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
+    b.capture_ended("c1", T0 + 60, "no_suspect")
+    b.observe(_reg(300, 1.3, 1.2), T0 + 200)  # a fall (the detector re-learned at 1.2 s)
+    b.advance(T0 + 250, furthest_step=400, step_time_s=1.2)
+    move, evs = b.observe(_reg(500, 1.2, 1.6), T0 + 400)
+    assert move is not None and move.explained_by == "c1"
+    assert [e.data.get("named") for e in evs if e.data.get("reason") == "explained"] == [[]]
+    assert _arm(b, p, T0 + 400, "c2") is None and move.waiting == "explained_by_level"
+    b.advance(T0 + 3700, furthest_step=3000, step_time_s=1.6)  # the verdict's hour is over: confirmed once more
+    assert move.explained_by == "" and _arm(b, p, T0 + 3700, "c2") is move
+    # a jump larger than host load makes is a change of its own, even inside the hour of a verdict that found nobody
+    b2, p2 = JobEpisodes("j", settings), ArmingPolicy(settings)
+    first, _ = b2.observe(_reg(100, 1.0, 1.3), T0)
+    assert _arm(b2, p2, T0, "c1") is first
+    b2.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
+    b2.capture_ended("c1", T0 + 60, "no_suspect")
+    b2.observe(_reg(300, 1.3, 1.0), T0 + 200)
+    jump, _ = b2.observe(_reg(500, 1.0, 1.6), T0 + 400)
+    assert jump is not None and jump.explained_by == "" and _arm(b2, p2, T0 + 400, "c2") is jump
+
+
+@pytest.mark.parametrize("seed", [31, 32, 33, 34])
+def test_host_load_moves_alone_take_at_most_one_capture_an_hour(seed: int) -> None:
+    """Zero-code (stage timings change nothing here: no rank is slow), host load x0.9-1.3 every 2-6 minutes, no
+    slow rank: before, each move was a new job-wide change, captured and found nobody, 3-5 captures an hour."""
+    res = run_job(3600, lambda r, t: 1.0, seed=seed, stages=False)
+    assert len(res.arms) <= 1, res.arms
+    assert all(not a["named"] for a in res.arms)
+
+
+@pytest.mark.parametrize("stages", [True, False], ids=["stages", "zero_code"])
+@pytest.mark.parametrize("seed", [31, 33])
+def test_a_slow_rank_after_load_moves_found_normal_is_captured_at_once(seed: int, stages: bool) -> None:
+    """The load simulation's first move is captured and found nobody; rank 1 3x from 2400 s, inside that verdict's
+    hour, is captured and named within 60 s (a rank outlier with stage timings, the job +160 % without)."""
+    res = run_job(3000, lambda r, t: 3.0 if r == 1 and t >= 2400 else 1.0, seed=seed, stages=stages)
+    assert not res.arms[0]["named"] and res.arms[0]["t"] < 1800, res.arms
+    assert [a for a in res.arms if 2400 <= a["t"] <= 2460 and a["named"] == [1]], res.arms
