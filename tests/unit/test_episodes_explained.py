@@ -286,3 +286,17 @@ def test_a_slow_rank_after_load_moves_found_normal_is_captured_at_once(seed: int
     res = run_job(3000, lambda r, t: 3.0 if r == 1 and t >= 2400 else 1.0, seed=seed, stages=stages)
     assert not res.arms[0]["named"] and res.arms[0]["t"] < 1800, res.arms
     assert [a for a in res.arms if 2400 <= a["t"] <= 2460 and a["named"] == [1]], res.arms
+
+
+def test_a_restart_keeps_the_level_a_capture_of_every_rank_found_normal() -> None:
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    first, _ = b.observe(_reg(100, 1.0, 1.3), T0)
+    assert first is not None and _arm(b, p, T0, "c1") is first
+    b.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
+    b.capture_ended("c1", T0 + 60, "no_suspect")
+    r = _restarted(b, settings)
+    r.observe(_reg(300, 1.3, 1.2), T0 + 200)
+    move, _ = r.observe(_reg(500, 1.2, 1.6), T0 + 400)
+    assert move is not None and move.explained_by == "c1" and _arm(r, p, T0 + 400, "c2") is None
+    assert move.waiting == "explained_by_level"
