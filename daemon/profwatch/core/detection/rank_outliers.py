@@ -40,14 +40,23 @@ MIN_REFERENCE_RANKS = 2
 every rank is the reference again (:func:`outlying_ranks`)."""
 
 
-def _reference(arr: list[float], exclude: frozenset[int]) -> list[float]:
+def _sound(ref: list[float], min_effect: float) -> bool:
+    """Whether the values left as the peers' reference can be one: at least :data:`MIN_REFERENCE_RANKS`, and two
+    that agree within ``min_effect`` of the smaller (two values have no spread to judge by: a rank faster than its
+    peers from the start next to a healthy one would make the healthy one an outlier of their mean)."""
+    if len(ref) < MIN_REFERENCE_RANKS:
+        return False
+    return len(ref) > 2 or abs(ref[0] - ref[1]) < min_effect * min(ref)
+
+
+def _reference(arr: list[float], exclude: frozenset[int], min_effect: float) -> list[float]:
     """The values of ``arr`` that make the peers' reference: every present value but those of ``exclude`` (ranks
-    already named slow) when at least :data:`MIN_REFERENCE_RANKS` present values remain, else every present one."""
+    already named slow) when what remains is :func:`_sound`, else every present one."""
     present = [v for v in arr if not math.isnan(v)]
     if not exclude:
         return present
     healthy = [v for r, v in enumerate(arr) if r not in exclude and not math.isnan(v)]
-    return healthy if len(healthy) >= MIN_REFERENCE_RANKS else present
+    return healthy if _sound(healthy, min_effect) else present
 
 
 def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0,
@@ -55,8 +64,8 @@ def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0,
     """Ranks whose value is outlying above the peer median: ``[(rank, relative excess)]``.
 
     ``exclude``: indices of ``arr`` left out of the peers' median and MAD (ranks already named slow: a slow rank is
-    not a healthy peer), still tested themselves; ignored when fewer than :data:`MIN_REFERENCE_RANKS` present values
-    would remain. Without it, once half the ranks were slow (rank 2 3x next to rank 1's 3x in a 4-rank job) the
+    not a healthy peer), still tested themselves; ignored unless the values that remain are :func:`_sound` (at least
+    :data:`MIN_REFERENCE_RANKS`; two within ``outlier_min_effect`` of each other). Without it, once half the ranks were slow (rank 2 3x next to rank 1's 3x in a 4-rank job) the
     median sat between the slow and the healthy values and neither slow rank was outlying any more.
 
     ``arr`` has one entry per rank (seconds; NaN = not reported). Rule in :class:`RankOutlierDetector` Notes; with
@@ -69,7 +78,7 @@ def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0,
     if len(arr) < NUMPY_MIN_RANKS:
         if sum(1 for v in arr if not math.isnan(v)) < s.outlier_min_ranks:
             return []
-        ref = _reference(arr, exclude)
+        ref = _reference(arr, exclude, s.outlier_min_effect)
         m, mad = median_mad(ref)
         if m <= 0:
             return []
@@ -85,7 +94,7 @@ def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0,
     if exclude:
         keep = ~np.isnan(a)
         keep[[r for r in exclude if 0 <= r < a.size]] = False
-        if int(np.count_nonzero(keep)) >= MIN_REFERENCE_RANKS:
+        if _sound(a[keep].tolist(), s.outlier_min_effect):
             v = a[keep]
     m = float(np.median(v))
     if m <= 0:
@@ -147,8 +156,9 @@ class RankOutlierDetector:
 
         Outliers, per non-excluded finalised step and per compared stage (``outlier_stages``; plus
         ``step_time_s`` when ``outlier_on_step_time``): peer median m and MAD over the normalised values
-        (at least ``outlier_min_ranks``), leaving out the ranks reported and not cleared while at least
-        :data:`MIN_REFERENCE_RANKS` others remain (a rank named slow is no healthy peer: once half the ranks were
+        (at least ``outlier_min_ranks``), leaving out the ranks reported and not cleared while the others make a
+        sound reference (:func:`_sound`: at least :data:`MIN_REFERENCE_RANKS`, two that agree within
+        ``outlier_min_effect``; a rank named slow is no healthy peer: once half the ranks were
         slow one after another, the median sat between them and the healthy ones, the second slow rank was never
         named and the first cleared). A rank is outlying in that step when
         ``(v - m) / max(1.4826 * MAD, noise_floor * m) >= outlier_z`` and ``v >= m * (1 + outlier_min_effect)``
