@@ -300,3 +300,22 @@ def test_a_restart_keeps_the_level_a_capture_of_every_rank_found_normal() -> Non
     move, _ = r.observe(_reg(500, 1.2, 1.6), T0 + 400)
     assert move is not None and move.explained_by == "c1" and _arm(r, p, T0 + 400, "c2") is None
     assert move.waiting == "explained_by_level"
+
+
+def test_a_move_a_level_found_normal_explains_becomes_the_new_normal_once_it_holds() -> None:
+    """Explained by the capture that found nobody and held at its level for ``episode_quiet_steps``: one
+    ``level_learned`` naming that capture, the episode closed (before: it stayed open, absorbing later moves)."""
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60, episode_quiet_steps=20)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    first, _ = b.observe(_reg(100, 1.0, 1.3), T0)
+    assert first is not None and _arm(b, p, T0, "c1") is first
+    b.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
+    b.capture_ended("c1", T0 + 60, "no_suspect")
+    b.observe(_reg(300, 1.3, 1.2), T0 + 200)
+    move, _ = b.observe(_reg(500, 1.2, 1.6), T0 + 400)
+    assert move is not None and move.explained_by == "c1"
+    b.advance(T0 + 410, furthest_step=510, step_time_s=1.6)
+    evs = b.advance(T0 + 440, furthest_step=530, step_time_s=1.6)
+    learned = [e for e in evs if e.type.endswith("level_learned.v1")]
+    assert [e.data["capture_id"] for e in learned] == ["c1"] and move.close_reason == "level_learned"
+    assert not b.open and _arm(b, p, T0 + 440, "c2") is None
