@@ -188,6 +188,8 @@ WAITS = {
     "explained_by_ranks": "nothing while a known slow rank explains it: the job is slower because a rank a verdict "
                           "named is, within host load of the level at that verdict; captured once that no longer "
                           "holds",
+    "explained_by_level": "nothing while the job's latest verdict, within the hour, found no suspect rank at a level "
+                          "this one is within host load of; captured once that no longer holds",
     "culprit_rotates": "nothing: the culprit rotates (load imbalance), not captured again",
     "kind_not_armed": "nothing: its kind is not in arming.arm_on (reported only)",
     "stalled_rank_not_capturable": "nothing: a stalled rank never reaches a capture window (reported only)",

@@ -81,7 +81,10 @@ reached, divided by the growth of the ranks' own excess since that verdict, stay
 step time at the verdict (relative): in a synchronous job every step waits for the slow rank, so each move of the
 host's load re-opened a job-wide change naming the same rank again (a 3x rank under load wandering x0.9-1.3 took 4
 captures an hour, all naming it). Host load on a shared box moves a job by +-10-45 %; a whole job 2x slower on top of
-the slow rank (+100 %) is captured as its own."""
+the slow rank (+100 %) is captured as its own. The same bound holds for a level found normal: within the hour of a
+verdict of a capture of every rank that found nobody (``no_suspect``), a job-wide change that reaches less than this
+much above the job step time at that verdict, by a move of less than this much from its own reference, is host
+load's (load moves alone took 3-5 captures an hour, each finding nobody, in the 4-rank load simulation)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,13 +190,17 @@ class JobEpisodes:
         episode whose latest capture found no suspect (``no_suspect``) and that held its level for
         ``episode_quiet_steps`` after the verdict, or that a new change point reaches, is closed with one
         ``level_learned`` event (old and new level, the capture) and reason ``level_learned``; else a new change
-        closes it with reason ``new_change``.
+        closes it with reason ``new_change``. So is one that a level found normal explains (``explained_by_level``,
+        below) and that held its level for ``episode_quiet_steps``: the event names the capture that found nobody.
 
         Explained: a job-wide ``step_regression`` never captured that a known slow rank explains (an open ranked
         episode holding every rank the job's latest verdict named; the job's level, its ranks' own growth taken out,
         under :data:`EXPLAINED_GROWTH` above the level at that verdict; without ranked episodes, the latest verdict
         of a capture of every rank; either for an hour after that verdict: :meth:`_explaining`) is not captured; it waits
-        as ``explained_by_ranks`` until the rule no longer holds (:meth:`_explain`).
+        as ``explained_by_ranks`` until the rule no longer holds (:meth:`_explain`). So is one that a level found
+        normal explains (the latest verdict, within the hour, of a capture of every rank that found nobody; the level
+        reached and the move from the episode's reference each under :data:`EXPLAINED_GROWTH`): it waits as
+        ``explained_by_level``.
 
         Budget (:meth:`next_arm`): the open episodes that want a capture (none of their own in flight, not
         rotating) are decided in :func:`value_key` order; the first that passes is armed. An episode captured
@@ -252,7 +259,8 @@ class JobEpisodes:
         # the latest verdict that named its ranks
         self._last_named: tuple[int, ...] = ()  # the ranks the job's latest verdict named (empty: none, no_suspect)
         self._verdict: tuple[str, tuple[int, ...], float, float] | None = None  # the latest verdict, when it was
-        # of a capture of every rank naming ranks: (capture, named, job step s, unix s)
+        # of a capture of every rank naming ranks or finding nobody: (capture, named (empty: no_suspect), job step s,
+        # unix s)
         self._verdict_at = -math.inf  # when the latest verdict came (unix s; restore keeps the latest)
         self.withdrawn = 0
         """Captures withdrawn because their excursion came back before the window (:meth:`withdraw_returned`)."""
@@ -292,8 +300,9 @@ class JobEpisodes:
                 continue
             self._verdict_at = at
             self._last_named = c.named if c.status != "no_suspect" else ()
-            self._verdict = ((c.capture_id, c.named, c.job_step_s, at)
-                             if c.whole and self._last_named and c.job_step_s is not None else None)
+            self._verdict = ((c.capture_id, self._last_named, c.job_step_s, at)
+                             if c.whole and (self._last_named or c.status == "no_suspect")
+                             and c.job_step_s is not None else None)
 
     def find(self, episode_id: str) -> Episode | None:
         return next((e for e in (*self.open.values(), *self.closed) if e.episode_id == episode_id), None)
@@ -439,7 +448,7 @@ class JobEpisodes:
                     out += self._named(ep, still, now_unix_s)
             elif not ep.ranks and ep.reference_s is not None and step_time_s is not None:
                 held = step_time_s >= ep.reference_s * (1.0 + ep.magnitude / 2.0)
-                found = _found_nobody(ep) if held else None
+                found = (_found_nobody(ep) or self._found_normal(ep)) if held else None
                 if found is not None and ep.kind == "step_regression":
                     if ep.settle_step is None:
                         ep.settle_step = furthest_step
@@ -577,8 +586,10 @@ class JobEpisodes:
         self.settings = policy.settings  # the policy's limits are the ones in force (runtime-tunable)
         held_by: tuple[str, float | None, str] | None = None
         for ep in self.queue():
-            if ep.explained_by:  # a known slow rank's finding (_explain): not captured, holds nobody
-                self._wait(ep, "explained_by_ranks", None, "")
+            if ep.explained_by:  # a known slow rank's finding, or a level found normal (_explain): holds nobody
+                v = self._verdict
+                normal = v is not None and v[0] == ep.explained_by and not v[1]
+                self._wait(ep, "explained_by_level" if normal else "explained_by_ranks", None, "")
                 continue
             if ep.not_before_unix_s > now_unix_s:
                 self._wait(ep, ep.waiting or "retry", ep.not_before_unix_s, "")
@@ -765,10 +776,12 @@ class JobEpisodes:
         self._last_named = named if status != "no_suspect" else ()
         self._verdict = None
         self._verdict_at = now_unix_s
-        if not self._last_named or self._step_s is None:
+        if self._step_s is None:
             return
-        if whole:
+        if whole and (self._last_named or status == "no_suspect"):
             self._verdict = (capture_id, self._last_named, self._step_s, now_unix_s)
+        if not self._last_named:
+            return
         for s in self.open.values():
             if s.ranks and not s.rotation and set(named) & set(s.ranks):
                 self._confirmed[s.episode_id] = s.confirmed = (self._step_s, s.level)
@@ -785,13 +798,16 @@ class JobEpisodes:
         the latest verdict of a capture of every rank that named
         ranks explains for an hour (``HOUR_S``: then one capture confirms it), its ranks' share unknown (1), while
         the level before ``ep`` (``reference_s``) also lies within the rule of the verdict's (a rank that healed
-        brought the job far below it: a change from there is new)."""
+        brought the job far below it: a change from there is new). A latest verdict of a capture of every rank that
+        found nobody (``no_suspect``) explains the same way for an hour, with or without ranked episodes (the ranks
+        returned are then empty: a level found normal), when the move from ``reference_s`` to the reached level is
+        also under :data:`EXPLAINED_GROWTH` (one jump larger than host load makes is a change of its own)."""
         reached = ep.detail.get("step_time_s")
         if not isinstance(reached, (int, float)) or isinstance(reached, bool) or not reached > 0:
             reached = ep.reference_s * (1.0 + ep.magnitude) if ep.reference_s else None
-        if not self._last_named or reached is None or now_unix_s - self._verdict_at > HOUR_S:
+        if reached is None or now_unix_s - self._verdict_at > HOUR_S:
             return None  # a verdict explains for an hour: a job-wide change that outlasts it is confirmed by one
-        for s in self.open.values():
+        for s in self.open.values() if self._last_named else ():
             conf = self._confirmed.get(s.episode_id)
             if conf is None or not s.ranks or s.rotation or not set(self._last_named) <= set(s.ranks):
                 continue
@@ -801,12 +817,22 @@ class JobEpisodes:
             if rest < EXPLAINED_GROWTH:
                 return s.episode_id, s.ranks, rest
         v = self._verdict
-        if v is None or now_unix_s - v[3] > HOUR_S or ep.reference_s is None or self._ranked_lately(now_unix_s):
+        if v is None or now_unix_s - v[3] > HOUR_S or ep.reference_s is None:
             return None
+        if v[1] and self._ranked_lately(now_unix_s):
+            return None  # the job shows ranks of its own: the verdict's ranks are not known slow any more
         rest = float(reached) / v[2] - 1.0
+        if not v[1] and float(reached) / ep.reference_s - 1.0 >= EXPLAINED_GROWTH:
+            return None  # a level found normal explains moves host load makes, never one jump larger than those
         if rest < EXPLAINED_GROWTH and ep.reference_s * (1.0 + EXPLAINED_GROWTH) >= v[2]:
             return v[0], v[1], rest
         return None
+
+    def _found_normal(self, ep: Episode) -> str | None:
+        """The capture of every rank whose verdict found nobody at a level that explains ``ep`` (``explained_by_level``:
+        :meth:`_explaining`), else None: held at its level, ``ep`` is the job's new normal as if captured itself."""
+        v = self._verdict
+        return ep.explained_by if ep.explained_by and v is not None and not v[1] and v[0] == ep.explained_by else None
 
     def _ranked_lately(self, now_unix_s: float) -> bool:
         """Whether an episode naming ranks is open or closed within the last hour: the job shows ranks of its own
@@ -839,6 +865,15 @@ class JobEpisodes:
             return []
         ep.explained_by = by
         self._touch(ep)
+        if not ranks:  # the latest verdict, of a capture of every rank, found nobody at a level this one is within
+            level = self._verdict[2] if self._verdict is not None else None
+            at = f" ({level:.4g} s per step)" if level else ""
+            return [self._event(
+                TYPE_EPISODE_UPDATED, ep, f"-explained-{by}", reason="explained", explained_by=by, named=[],
+                rest_change=round(rest, 6),
+                text=f"capture {by} of every rank found no suspect rank at the job's level then{at}, within the hour; "
+                     f"the job moved {rest:+.0%} from that level, under +{EXPLAINED_GROWTH:.0%} (host load): not "
+                     "captured again as a change of its own until an hour after that verdict")]
         shown = ", ".join(str(r) for r in ranks[:16])
         return [self._event(
             TYPE_EPISODE_UPDATED, ep, f"-explained-{by}", reason="explained", explained_by=by,

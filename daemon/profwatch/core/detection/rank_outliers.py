@@ -35,8 +35,38 @@ def median_mad(xs: list[float]) -> tuple[float, float]:
     return med, mad
 
 
-def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0) -> list[tuple[int, float]]:
+MIN_REFERENCE_RANKS = 2
+"""Ranks that must remain in the peers' reference once the ranks already named slow are left out of it; with fewer,
+every rank is the reference again (:func:`outlying_ranks`)."""
+
+
+def _sound(ref: list[float], min_effect: float) -> bool:
+    """Whether the values left as the peers' reference can be one: at least :data:`MIN_REFERENCE_RANKS`, and two
+    that agree within ``min_effect`` of the smaller (two values have no spread to judge by: a rank faster than its
+    peers from the start next to a healthy one would make the healthy one an outlier of their mean)."""
+    if len(ref) < MIN_REFERENCE_RANKS:
+        return False
+    return len(ref) > 2 or abs(ref[0] - ref[1]) < min_effect * min(ref)
+
+
+def _reference(arr: list[float], exclude: frozenset[int], min_effect: float) -> list[float]:
+    """The values of ``arr`` that make the peers' reference: every present value but those of ``exclude`` (ranks
+    already named slow) when what remains is :func:`_sound`, else every present one."""
+    present = [v for v in arr if not math.isnan(v)]
+    if not exclude:
+        return present
+    healthy = [v for r, v in enumerate(arr) if r not in exclude and not math.isnan(v)]
+    return healthy if _sound(healthy, min_effect) else present
+
+
+def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0,
+                   exclude: frozenset[int] = frozenset()) -> list[tuple[int, float]]:
     """Ranks whose value is outlying above the peer median: ``[(rank, relative excess)]``.
+
+    ``exclude``: indices of ``arr`` left out of the peers' median and MAD (ranks already named slow: a slow rank is
+    not a healthy peer), still tested themselves; ignored unless the values that remain are :func:`_sound` (at least
+    :data:`MIN_REFERENCE_RANKS`; two within ``outlier_min_effect`` of each other). Without it, once half the ranks were slow (rank 2 3x next to rank 1's 3x in a 4-rank job) the
+    median sat between the slow and the healthy values and neither slow rank was outlying any more.
 
     ``arr`` has one entry per rank (seconds; NaN = not reported). Rule in :class:`RankOutlierDetector` Notes; with
     two values present (``outlier_min_ranks`` 2: a serving unit of two tensor-parallel ranks) the MAD term is left
@@ -46,21 +76,26 @@ def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0)
     time), so one stalled rank reads as a bounded share of the step, never as +5,000,000 %.
     """
     if len(arr) < NUMPY_MIN_RANKS:
-        present = [v for v in arr if not math.isnan(v)]
-        if len(present) < s.outlier_min_ranks:
+        if sum(1 for v in arr if not math.isnan(v)) < s.outlier_min_ranks:
             return []
-        m, mad = median_mad(present)
+        ref = _reference(arr, exclude, s.outlier_min_effect)
+        m, mad = median_mad(ref)
         if m <= 0:
             return []
         # two values' MAD is half their difference: a robust z of at most 0.67, so two ranks could never be told
         # apart; their scale is the noise floor alone (the excess still has to reach outlier_min_effect)
-        spread = MAD_TO_SIGMA * mad if len(present) >= 3 else 0.0
+        spread = MAD_TO_SIGMA * mad if len(ref) >= 3 else 0.0
         thr = max(s.outlier_z * max(spread, s.noise_floor * m), s.outlier_min_effect * m, s.outlier_min_abs_s)
         return [(r, (v - m) / max(m, floor_s)) for r, v in enumerate(arr) if v - m >= thr]
     a = np.asarray(arr, dtype=np.float64)
     v = a[~np.isnan(a)]
     if v.size < s.outlier_min_ranks:
         return []
+    if exclude:
+        keep = ~np.isnan(a)
+        keep[[r for r in exclude if 0 <= r < a.size]] = False
+        if _sound(a[keep].tolist(), s.outlier_min_effect):
+            v = a[keep]
     m = float(np.median(v))
     if m <= 0:
         return []
@@ -121,7 +156,11 @@ class RankOutlierDetector:
 
         Outliers, per non-excluded finalised step and per compared stage (``outlier_stages``; plus
         ``step_time_s`` when ``outlier_on_step_time``): peer median m and MAD over the normalised values
-        (at least ``outlier_min_ranks``). A rank is outlying in that step when
+        (at least ``outlier_min_ranks``), leaving out the ranks reported and not cleared while the others make a
+        sound reference (:func:`_sound`: at least :data:`MIN_REFERENCE_RANKS`, two that agree within
+        ``outlier_min_effect``; a rank named slow is no healthy peer: once half the ranks were
+        slow one after another, the median sat between them and the healthy ones, the second slow rank was never
+        named and the first cleared). A rank is outlying in that step when
         ``(v - m) / max(1.4826 * MAD, noise_floor * m) >= outlier_z`` and ``v >= m * (1 + outlier_min_effect)``
         and ``v - m >= outlier_min_abs_s``. A rank outlying in ``outlier_min_steps`` of the last
         ``outlier_window_steps`` non-excluded steps fires one ``rank_outlier`` (ranks firing at the same step
@@ -268,8 +307,11 @@ class RankOutlierDetector:
         return self._groups
 
     def _outlying(self, arr: list[float], groups: list[list[int]] | None) -> list[tuple[int, float]]:
+        """Outlying ranks of one stage's values, each against its peers (role groups) with the ranks named slow and
+        not cleared left out of the peers' reference (:func:`outlying_ranks`' ``exclude``)."""
+        slow = frozenset(self._reported)
         if groups is None:
-            return outlying_ranks(arr, self.settings, self._floor_s)
+            return outlying_ranks(arr, self.settings, self._floor_s, slow)
         out: list[tuple[int, float]] = []
         rest: list[int] = []
         for g in groups:
@@ -277,15 +319,16 @@ class RankOutlierDetector:
             if sum(1 for v in sub if not math.isnan(v)) < self.settings.outlier_min_ranks:
                 rest.extend(g)
                 continue
-            out.extend((g[i], rel) for i, rel in outlying_ranks(sub, self.settings, self._floor_s))
+            mine = frozenset(i for i, r in enumerate(g) if r in slow)
+            out.extend((g[i], rel) for i, rel in outlying_ranks(sub, self.settings, self._floor_s, mine))
         if rest:
             pool = [math.nan] * len(arr)
             for r in rest:
                 pool[r] = arr[r]
             if sum(1 for v in pool if not math.isnan(v)) >= self.settings.outlier_min_ranks:
-                out.extend(outlying_ranks(pool, self.settings, self._floor_s))
+                out.extend(outlying_ranks(pool, self.settings, self._floor_s, slow))
             elif len(rest) < len(arr):  # too few to compare among themselves: against everyone
-                out.extend((r, rel) for r, rel in outlying_ranks(arr, self.settings, self._floor_s)
+                out.extend((r, rel) for r, rel in outlying_ranks(arr, self.settings, self._floor_s, slow)
                            if r in set(rest))
         return out
 
