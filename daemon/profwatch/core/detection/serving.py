@@ -423,9 +423,11 @@ PEER_WINDOW_Z = 2.5
 """Noise sigmas the median excess of the last :data:`PEER_WINDOW` blocks must reach, every one of them above the
 baseline (a replica 1.15x slower with ``work``, a block noise of 0.04 in log, was never 4 sigmas over it in three
 blocks in a row: bench_corpus seed 31 serving_dp run 7)."""
-PEER_RECENT_S = 30.0
+PEER_RECENT_S = 20.0
 """Seconds back (blocks that ended within them) that another replica's newest block median stands in for its level
-in a block it did not step in (:meth:`ReplicaPeers._peer_level`): a shared host's load holds 20-90 s at a time."""
+in a block it did not step in (:meth:`ReplicaPeers._peer_level`): this block and the one before. A shared host's
+load holds 20-90 s at a time; at 30 s a healthy replica of two read +23-28 % against its peer's blocks of 20-30 s
+before, under another load, three blocks in a row (bench_corpus seed 32 serving_dp run 13, a false arm)."""
 PEER_WORK_BAND = 1.25
 """Work bands of this ratio (powers of it) each have a reference shared by the replicas that each step is divided
 by before replicas are compared: the time of an iteration follows its batch, and independent replicas run
