@@ -678,12 +678,7 @@ def _print_table(wanted: list[str], rows: list[dict[str, Any]]) -> None:
         print(f"{cls:15s} {len(rs):4d} {hh:9.1f} {fa:10d} {fa / hh if hh else math.nan:5.2f} "
               f"{ra:8d} {ra / hh if hh else math.nan:5.2f} {wd:6d} {len(lost):4d}/{len(scored):<4d} {short:5d} {_pct(d13, 50):8.0f} {_pct(d13, 90):5.0f} {_pct(d3, 50):6.0f} "
               f"{_pct(d3, 90):5.0f} {len(learn_lost):10d} {viol:4d}")
-        drawn = [c for c in ch if c["lasting"] and c.get("detectable_drawn", c["detectable"])]
-        if any(c.get("detectable_drawn", c["detectable"]) != c["detectable"] for c in ch):
-            floors = [c["noise_used"] for c in ch if "noise_used" in c]
-            print(f"{'':15s} detectable by the drawn per-step noise instead: lost "
-                  f"{sum(1 for c in drawn if not c['captured'])}/{len(drawn)}; measured unit noise used "
-                  f"(floor / 2) p50 {_pct(floors, 50):.3f}, range {min(floors):.3f}-{max(floors):.3f}")
+        _print_drawn(ch)
     print(f"{'all':15s} {len(rows):4d} {tot['hh']:9.1f} {int(tot['fa']):10d} "
           f"{tot['fa'] / tot['hh'] if tot['hh'] else math.nan:5.2f} {int(tot['ra']):8d} "
           f"{tot['ra'] / tot['hh'] if tot['hh'] else math.nan:5.2f} {int(tot['wd']):6d} {int(tot['lost']):4d}/{int(tot['scored']):<4d}"
@@ -691,6 +686,18 @@ def _print_table(wanted: list[str], rows: list[dict[str, Any]]) -> None:
     if steady_delays["1.3"] or steady_delays["3"]:
         print(f"steady job's median delay (steps): 1.3x {_pct(steady_delays['1.3'], 50):.0f}, "
               f"3x {_pct(steady_delays['3'], 50):.0f}")
+
+
+def _print_drawn(ch: list[dict[str, Any]]) -> None:
+    """Where the measured unit noise scored a class's changes differently from the drawn per-step noise: the lost
+    count by the drawn noise, and the measured noise used."""
+    if not any(c.get("detectable_drawn", c["detectable"]) != c["detectable"] for c in ch):
+        return
+    drawn = [c for c in ch if c["lasting"] and c.get("detectable_drawn", c["detectable"])]
+    floors = [c["noise_used"] for c in ch if "noise_used" in c]
+    print(f"{'':15s} detectable by the drawn per-step noise instead: lost "
+          f"{sum(1 for c in drawn if not c['captured'])}/{len(drawn)}; measured unit noise used "
+          f"(floor / 2) p50 {_pct(floors, 50):.3f}, range {min(floors):.3f}-{max(floors):.3f}")
 
 
 def _print_examples(rows: list[dict[str, Any]]) -> None:
