@@ -71,3 +71,18 @@ def test_a_3x_change_in_a_serving_units_first_minute_is_captured() -> None:
     row = _scored(_corpus(), "serving_work", 32, 2)
     (c,) = row["changes"]
     assert c["captured"] and row["false_arms"] == 0 and not row["violations"], row
+
+
+def test_a_serving_units_noise_is_measured_on_its_healthy_steps() -> None:
+    """Detectable = at least 2x the unit's noise: a serving unit's is measured on its steps before the onset, of
+    what its comparison sees (``_unit_noise``), never below the drawn per-step noise. Seed 31 serving_nowork run 1:
+    job-wide 1.3x on a unit without ``work``, whose steps follow the batch (nothing measures it) and the host load:
+    noise ~0.29 in log against the drawn 3.4 %, so the change is under 2x its noise: scored as not detectable (the
+    drawn-noise verdict kept beside it). A replica (seed 31 serving_dp run 7, 1.15x) is seen through its peers,
+    who share the host load: its noise stays the per-step jitter, and the change stays scored."""
+    bc = _corpus()
+    (c,) = _scored(bc, "serving_nowork", 31, 1)["changes"]
+    assert c["kind"] == "job" and c["noise_used"] >= 0.2 and not c["detectable"] and c["detectable_drawn"], c
+    run = bc.CLASSES["serving_dp"]("serving_dp", [31, list(bc.CLASSES).index("serving_dp"), 7])
+    (ch,) = run.changes
+    assert ch.kind == "replica" and 0.01 <= ch.unit_noise <= 0.04, ch

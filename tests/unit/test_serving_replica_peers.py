@@ -155,3 +155,88 @@ def test_a_replica_found_faster_becomes_its_baseline_silently_and_magnitudes_sta
     assert len(found) == 1 and found[0].ranks == (0,), found  # the fall: silent; the 1e6x rise: once
     assert math.isfinite(found[0].magnitude) and found[0].magnitude <= MAX_PEER_RATIO
     assert found[0].detail["first_step"] == 300
+
+
+def _round_robin(peers: ReplicaPeers, *, blocks: int, factor: Any, seed: int = 0, noise: float = 0.01,
+                 replicas: int = 4) -> list[Anomaly]:
+    """Direct feed of :class:`ReplicaPeers` (one rank per replica): replicas ``block % replicas`` and the next one
+    step in each block of :data:`PEER_BLOCK_S` (bursty replicas: never three in one block), 12 steps of ``0.1 s``
+    each with ``noise`` log-normal per step, times ``factor(replica, block)``."""
+    rng = np.random.default_rng(seed)
+    found: list[Anomaly] = []
+    steps = [0] * replicas
+    now = 0.0
+    for block in range(blocks):
+        for i in range(12):
+            now = block * PEER_BLOCK_S + i * 0.8
+            for q in (block % replicas, (block + 1) % replicas):
+                steps[q] += 1
+                t = 0.1 * math.exp(noise * float(rng.standard_normal())) * factor(q, block)
+                found += peers.add(q, steps[q], t, None, now)
+    return found + peers.close(now + PEER_BLOCK_S)
+
+
+def test_replicas_that_never_step_in_one_block_are_still_compared() -> None:
+    """Four replicas that take turns (two per 10 s block, never three in one): each block's replicas are compared
+    with their peers' newest block medians of the last 20 s. A replica 1.5x slower from block 200 is named once,
+    within ten of its own blocks; the healthy run names nobody. (Before: a block was judged only when three
+    replicas stepped in it, so these were never judged: bench_corpus seed 31 serving_dp run 7, 15 judged blocks
+    in an hour.)"""
+    healthy = _round_robin(ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings()), blocks=400,
+                           factor=lambda q, b: 1.0)
+    assert healthy == []
+    found = _round_robin(ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings()), blocks=400,
+                         factor=lambda q, b: 1.5 if q == 2 and b >= 200 else 1.0)
+    assert len(found) == 1 and found[0].ranks == (2,), found
+    assert 1.4 <= 1.0 + found[0].magnitude <= 1.6 and found[0].detail["first_step"] == 12 * 100 + 1, found
+    assert found[0].step <= 12 * (100 + 10), found
+
+
+def test_a_replica_slower_than_its_peers_before_its_baseline_formed_is_named_once() -> None:
+    """Replica 1 is 1.3x slower from its first block (a change 36 s into the job, before any baseline could form):
+    judged against its peers' level while its baseline is young, it is named once (then the level is its
+    baseline). Before, the slower level became its baseline and it was never named."""
+    found = _round_robin(ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings()), blocks=400,
+                         factor=lambda q, b: 1.3 if q == 1 else 1.0)
+    assert len(found) == 1 and found[0].ranks == (1,) and found[0].detail["test"] == "young", found
+    assert 1.25 <= 1.0 + found[0].magnitude <= 1.35, found
+
+
+def test_a_persistent_change_under_the_per_block_threshold_is_named_by_the_window() -> None:
+    """Block noise ~0.05 in log (4 sigmas: +22 %): a replica 1.15x slower from block 200 is rarely 4 sigmas over
+    its baseline three blocks in a row, but the median of six of its blocks is well over 2.5 sigmas: named once,
+    by the window test; the same healthy traffic names nobody."""
+    for seed in (1, 2, 3):
+        healthy = _round_robin(ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings()), blocks=600,
+                               factor=lambda q, b: 1.0, seed=seed, noise=0.15)
+        assert healthy == [], (seed, healthy)
+        found = _round_robin(ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings()), blocks=600,
+                             factor=lambda q, b: 1.15 if q == 3 and b >= 300 else 1.0, seed=seed, noise=0.15)
+        assert len(found) == 1 and found[0].ranks == (3,), (seed, found)
+        assert 1.08 <= 1.0 + found[0].magnitude <= 1.25, (seed, found)
+
+
+def test_a_split_keeps_what_the_replicas_peers_learned() -> None:
+    """Units split one by one (as independent replicas' counters drift apart): the new comparison takes over the
+    shared work-band references and the history of each replica that was already a unit, so a replica 2x slower
+    right after the split is named within its first blocks, where a fresh comparison first learns references
+    again (ten blocks)."""
+    before = ReplicaPeers("j", [[0], [1], [2, 3]], DetectionSettings())
+    assert _round_robin(before, blocks=120, factor=lambda q, b: 1.0, replicas=3) == []
+
+    def after_split(peers: ReplicaPeers) -> list[Anomaly]:
+        found: list[Anomaly] = []
+        for block in range(120, 140):
+            for i in range(12):
+                now = block * PEER_BLOCK_S + i * 0.8
+                for r in range(4):
+                    found += peers.add(r, 1000 + block * 12 + i, 0.1 * (2.0 if r == 0 else 1.0), None, now)
+        return found
+
+    split = ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings())
+    split.inherit(before)
+    found = after_split(split)
+    assert len(found) == 1 and found[0].ranks == (0,) and 1.9 <= 1.0 + found[0].magnitude <= 2.1, found
+    assert found[0].step <= 1000 + 124 * 12, found
+    fresh = after_split(ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings()))  # references learned again
+    assert [a.ranks for a in fresh] == [(0,)] and fresh[0].step >= found[0].step + 8 * 12, (found, fresh)

@@ -12,10 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from profwatch.core.detection.job_detector import JobDetector
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.unit_level import LEVEL_BLOCK_S, MAX_LOG, UnitLevel
+from tests.unit.detection_helpers import of_kind, run
 from tests.unit.test_serving_provisional import _reports
-from tests.unit.test_serving_rescale import _server
+from tests.unit.test_serving_rescale import T0, _server
 
 
 def test_a_50_percent_change_in_a_units_first_minutes_is_reported_by_the_shared_level() -> None:
@@ -125,3 +127,21 @@ def test_a_change_while_the_level_moves_is_reported_once() -> None:
     report."""
     regs = _reports(list(_server([], steps=20_000, host_load=True, seed=3, slow_from_s=55.0, slow=3.0)))
     assert len(regs) == 1 and regs[0][2] == "unit_level" and 1.5 <= regs[0][1] <= 3.0, regs
+
+
+def test_a_3x_change_is_reported_within_seconds_by_the_fast_test() -> None:
+    """3x from 10 minutes into a unit with ``work`` under a host load flickering 1.0-1.5x (3 seeds): the median of
+    the last 24 residuals (5 s of steps at least) is 2.5x and 4 block sigmas over the median block, so the shared
+    level reports it within 30 s of the onset (``detail.test "fast"``), magnitude 1.5-3. Before, the block test
+    waited five blocks of 60 s (bench_corpus serving_work seed 31: 3x found 444-638 steps, minutes, after the
+    onset). The same traffic without the change: no fast report in the hour (3 seeds)."""
+    for seed in (1, 2, 3):
+        recs = list(_server([], steps=20_000, host_load=True, seed=seed, slow_from_s=600.0, slow=3.0))
+        at = {r["step"]: r["ts_unix_s"] - T0 for r in recs}
+        found, _ = run(iter(recs), 1, det=JobDetector("svc", 1, mode="serving"))
+        regs = [(at[a.step], a.magnitude, a.detail.get("test")) for a in of_kind(found, "step_regression")]
+        assert regs and 600.0 <= regs[0][0] <= 630.0 and regs[0][2] == "fast", (seed, regs)
+        assert 0.5 <= regs[0][1] <= 2.0, (seed, regs)
+        healthy = list(_server([], steps=20_000, host_load=True, seed=seed))
+        found, _ = run(iter(healthy), 1, det=JobDetector("svc", 1, mode="serving"))
+        assert not [a for a in of_kind(found, "step_regression") if a.detail.get("test") == "fast"], seed

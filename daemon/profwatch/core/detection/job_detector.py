@@ -146,7 +146,10 @@ class JobDetector:
         if self._peers is not None:
             for k, v in self._peers.counters.items():
                 self._retired[k] = self._retired.get(k, 0) + v
-        self._peers = ReplicaPeers(self.job_id, units, self.settings) if serving and len(units) > 1 else None
+        peers = ReplicaPeers(self.job_id, units, self.settings) if serving and len(units) > 1 else None
+        if peers is not None and self._peers is not None:
+            peers.inherit(self._peers)
+        self._peers = peers
 
     def _switch_to_serving(self) -> None:
         self.mode = "serving"

@@ -70,6 +70,30 @@ NOWORK_EFFECT = 0.5
 up to 2.5x on healthy traffic (bench_corpus serving_nowork, range of 60 s block levels 0.6-0.9 in log), so only a
 change well beyond what five blocks of them average to is told from them; at 0.3 a 3x change was reported as +35 %
 from a split in its first blocks (seed 32 run 6)."""
+FAST_STEPS = 24
+"""Fewest residuals of known bands in the fast test's window (see :data:`FAST_EFFECT`); it holds more while they
+span less than :data:`FAST_MIN_S` seconds, at most :data:`FAST_MAX_STEPS`."""
+FAST_MAX_STEPS = 1024
+"""Most residuals in the fast test's window (bounds memory)."""
+FAST_MIN_S = 5.0
+"""Seconds of the unit's steps the fast test's window spans at least (a burst of a few fast steps is no evidence; at
+24 steps alone, 24 steps of 0.17 s made 4.1 s and a 3x change waited for a longer burst)."""
+FAST_EFFECT = 2.5
+"""Least rise (a ratio) the fast test reports on a unit with ``work`` (at 2.0 a +50 % change under a host load
+of 1.0-1.5x read 2.0x, over the median block and was reported as +100 %: the window holds one load, the blocks a
+median of many; tests/unit/test_serving_unit_level.py): the median of its last :data:`FAST_STEPS`
+residuals over the median of its blocks (at least :data:`FAST_BASE_MIN` of them), also :data:`FAST_Z` block noise
+sigmas. More than a shared host's load moves a unit (1.0-1.5x): a change that large is told from it in seconds,
+where the block test needs :data:`LEVEL_RUN` blocks of 60 s (3x changes of bench_corpus serving_work found 444-1,242
+steps after their onset). Not for a unit without ``work``: its batch alone moves a block up to 2.5x."""
+FAST_BASE_MIN = 2
+"""Blocks the fast test needs before it judges (the 2x least change already clears a host's load; at
+:data:`LEVEL_BASE_MIN` a 3x change 7 minutes into a unit that idles most of the time waited for the block test:
+bench_corpus seed 31 serving_work run 4)."""
+FAST_Z = 4.0
+"""Block noise sigmas the fast test's change must also reach (one window against the blocks' spread; at
+:data:`LEVEL_Z` a 3x change, 2.4x over the median block under a host load of 1.0-1.5x with a block noise of ~0.15,
+waited 200 steps: bench_corpus seed 31 serving_work run 2)."""
 MAX_LEVEL_BANDS = 256
 """Bands kept (the least recently used is dropped and learned again when it comes back): bounds memory."""
 MAX_LOG = math.log(100.0)
@@ -153,6 +177,8 @@ class UnitLevel:
         self._open_first: int | None = None
         self._open_s = 0.0
         self._blocks: deque[_Block] = deque(maxlen=LEVEL_HISTORY)
+        self._fast: deque[tuple[int, float, float]] = deque()
+        self._fast_s = 0.0
 
     @property
     def blocks(self) -> int:
@@ -189,6 +215,14 @@ class UnitLevel:
         if self._open_first is None:
             self._open_first = step
         self._open.append(r)
+        self._fast.append((step, r, time_s))
+        self._fast_s += time_s
+        while len(self._fast) > FAST_STEPS and (self._fast_s - self._fast[0][2] >= FAST_MIN_S
+                                                or len(self._fast) > FAST_MAX_STEPS):
+            self._fast_s -= self._fast.popleft()[2]
+        fast = self._judge_fast(step)
+        if fast:
+            return fast
         if self._open_s < LEVEL_BLOCK_S or len(self._open) < LEVEL_BLOCK_MIN:
             return []
         value = max(-MAX_LOG, min(MAX_LOG, median(self._open)))
@@ -270,6 +304,34 @@ class UnitLevel:
                   "block_s": LEVEL_BLOCK_S, "bands": len(self._offsets)}
         if self.without_work:
             detail["without_work"] = True
+        return [Anomaly("step_regression", self.job_id, step, (), math.expm1(e), detail)]
+
+    def _judge_fast(self, step: int) -> list[Anomaly]:
+        """The fast test (with ``work`` only): the median of the last :data:`FAST_STEPS` residuals (spanning
+        :data:`FAST_MIN_S` seconds, more residuals if need be) at least ``log(FAST_EFFECT)`` and :data:`FAST_Z` block sigmas over the median
+        of the blocks (at least :data:`FAST_BASE_MIN`). Reported as the block test's rise (``detail.test
+        "fast"``), onset the window's first residual at least half the change over the blocks' median; the blocks
+        and the open block's residuals before it are shifted to the new level."""
+        if self.without_work or len(self._fast) < FAST_STEPS or len(self._blocks) < FAST_BASE_MIN:
+            return []
+        if self._fast_s < FAST_MIN_S:
+            return []
+        vals = [b.value for b in self._blocks]
+        mb = median(vals)
+        sigma = max(1.4826 * median([abs(v - mb) for v in vals]), self.min_noise)
+        e = median([r for _, r, _ in self._fast]) - mb
+        if e < max(math.log(FAST_EFFECT), FAST_Z * sigma, math.log1p(self.settings.min_effect)):
+            return []
+        first = next(st for st, r, _ in self._fast if r - mb >= e / 2.0)
+        self._shift(e, first)
+        n_new = sum(1 for st, _, _ in self._fast if st >= first)
+        keep = len(self._open) - n_new
+        self._open = [x + e if i < keep else x for i, x in enumerate(self._open)]
+        self._fast.clear()
+        self._fast_s = 0.0
+        detail = {"detector": "unit_level", "test": "fast", "first_step": first, "level_ratio": round(math.exp(e), 4),
+                  "noise": round(sigma, 4), "z": round(e / sigma, 2), "blocks_before": len(vals),
+                  "fast_steps": FAST_STEPS, "bands": len(self._offsets)}
         return [Anomaly("step_regression", self.job_id, step, (), math.expm1(e), detail)]
 
     def rebase(self, log_factor: float, first_step: int | None) -> None:
