@@ -1111,6 +1111,8 @@ class StepTimeRegressionDetector:
             extra = {"pattern": "recurring", "recurring": self.recurring.describe(ep.level)}
             first = self.recurring.counters["interruptions_recognised"] == 0
             self.recurring.recognised(ep.onset, ep.duration, ep.level)
+        else:  # a transient of some length: a recurring one of that kind may run a step or two longer (hold)
+            self.recurring.transient(ep.onset, ep.duration, ep.level)
         gap = self.settings.spike_event_gap_steps
         if not first and self._last_spike_event is not None and ep.onset - self._last_spike_event < gap:
             self._spikes_since_event += 1
