@@ -133,6 +133,34 @@ def ramp_evidence(rel: np.ndarray) -> tuple[float, int, float]:
     return sse_step - float(sse_ramp[best]), int(knees[best]), float(shy[best] / safe[best])
 
 
+def warm_up_sse(rel: np.ndarray, min_knee: int = 2) -> tuple[float, int]:
+    """The residual sum of squares of the best *warm-up curve* through ``rel`` (1-D, oldest first) and its knee:
+    a straight rise from the first value that then stays flat, ``a + b * min(i, knee)`` with ``b > 0`` and
+    ``knee`` from ``min_knee`` to ``n - 1`` (``knee = n - 1``: one straight line, no flat part). Least squares
+    for each knee; three parameters (level, slope, knee), as a two-level step's (two levels, split), so the two
+    residual sums compare directly. Returns ``(inf, -1)`` below 3 values or when no rising curve fits. A rise
+    that saturates (``1 - c e^{-i / tau}``) is close to such a curve; a flat stretch followed by a jump is not
+    (the curve must rise from the first value). Cost O(n^2) (n <= a few hundred; run at the end of a first
+    learning only). Our own model (piecewise-linear regression with one breakpoint, Hudson 1966, JASA 61:1097,
+    the first segment's slope free and the second's 0)."""
+    y = np.asarray(rel, dtype=np.float64)
+    n = y.size
+    if n < 3 or min_knee > n - 1:
+        return math.inf, -1
+    knees = np.arange(max(1, min_knee), n)
+    h = np.minimum(np.arange(n, dtype=np.float64)[None, :], knees[:, None].astype(np.float64))  # (knees, n)
+    hc = h - h.mean(axis=1, keepdims=True)
+    yc = y - y.mean()
+    shy = hc @ yc
+    shh = np.einsum("ij,ij->i", hc, hc)
+    ok = (shh > 0) & (shy > 0)
+    if not ok.any():
+        return math.inf, -1
+    sse = float(yc @ yc) - np.where(ok, shy**2 / np.where(shh > 0, shh, 1.0), -np.inf)
+    best = int(np.argmin(sse))
+    return max(0.0, float(sse[best])), int(knees[best])
+
+
 def trend_z(values: np.ndarray) -> float:
     """Mann-Kendall trend statistic of ``values`` (1-D, oldest first) in standard deviations of its null
     distribution: ``S / sqrt(n (n - 1) (2n + 5) / 18)`` with ``S`` the sum over pairs ``i < j`` of
