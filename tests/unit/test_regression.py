@@ -288,8 +288,9 @@ def test_a_chance_dip_taken_for_a_speedup_does_not_make_the_return_to_the_level_
         xs = series(600, 0.05, seed=seed)
         xs[300:303] *= 0.85
         regs = [(s, d) for s, k, _, d in feed(xs) if k == "step_regression"]
-        # seed 3: the dip goes on one step after the speedup's fire (0.79): confirmed, +11 % at step 311
-        assert [s for s, d in regs if d.get("reference") == "before_speedup"] == ([311] if seed == 3 else []), seed
+        # seed 3: the dip goes on one step after the speedup's fire (0.79): confirmed, +12 % at step 307 (311 before
+        # the speedup's run was split at its fall: its level read higher)
+        assert [s for s, d in regs if d.get("reference") == "before_speedup"] == ([307] if seed == 3 else []), seed
         late += any(300 < s <= 360 and d.get("reference") is None for s, d in regs)
     assert late == 0
 
@@ -305,7 +306,7 @@ def test_a_slowdown_after_an_unconfirmed_speedup_is_judged_against_the_level_bef
     step, magnitude, detail = regs[0]
     assert 304 <= step <= 308
     assert detail["reference"] == "before_speedup" and detail["speedup_confirmed"] is False
-    assert detail["steps_after_speedup"] == 0
+    assert detail["steps_after_speedup"] <= 1  # at most the run's first step, at the dip's level, before it rose
     assert detail["baseline_s"] == pytest.approx(detail["level_before_speedup_s"])
     assert magnitude == pytest.approx(2.0, abs=0.3)  # 3x the level before it, not over the dip's level
 
@@ -682,20 +683,21 @@ def test_a_large_slowdown_right_after_a_cusum_report_is_its_own_report(factor: f
         assert regs[1][1] >= 0.1, (seed, regs)  # against the followed reference (at most 1.5x the first level)
 
 
-@pytest.mark.xfail(strict=True, reason="the interim reference after a speedup is the lower CUSUM run's mean, which "
-                   "holds a step or two from before the speedup: after a -50 % speedup it reads 0.32 s for a level of "
-                   "0.25 s, so +30 % from there (0.325 s) sits at the reference, and the re-learned baseline starts "
-                   "after the rise; a confirmed speedup keeps the higher of the two references")
-@pytest.mark.parametrize(("speedup", "gap"), [(0.5, 4), (0.5, 10), (0.6, 6)])
-def test_a_slowdown_soon_after_a_large_speedup_is_found_against_the_level_after_it(speedup: float,
-                                                                                   gap: int) -> None:
-    """5 % noise, seed 36: the level falls to ``speedup`` x at step 300, then +30 % ``gap`` steps later (still
-    under the old level): a slowdown of the new level, expected within 40 steps. Found with seeds 34 and 35."""
-    xs = series(700, 0.05, seed=36)
-    xs[300:] *= speedup
-    xs[300 + gap:] *= 1.3
-    regs = [s for s, k, _, _ in feed(xs) if k == "step_regression"]
-    assert regs and 300 + gap < regs[0] <= 300 + gap + 40, regs
+@pytest.mark.parametrize("speedup", [0.9, 0.7, 0.6, 0.5])
+@pytest.mark.parametrize("gap", [3, 4, 6, 10, 30, 60])
+def test_a_slowdown_soon_after_a_speedup_is_found_against_the_level_after_it(speedup: float, gap: int) -> None:
+    """5 % noise, seeds 34-37: the level falls to ``speedup`` x at step 300, then +30 % ``gap`` steps later (under
+    the old level for the larger speedups): a slowdown of the new level, expected within 40 steps. The speedup's
+    lower CUSUM run began on a chance low step before it, so its mean read 0.32 s for a level of 0.25 s after -50 %
+    and +30 % from there sat at the reference (lost: seeds 36 and 37 at -40 to -50 %, gaps 3-20); the run is now
+    split at its fall (``fallen_level``), and the steps of the rise's run before it rises count as evidence of the
+    fallen level (a rise 3 steps after the speedup left no other step to confirm it)."""
+    for seed in range(34, 38):
+        xs = series(700, 0.05, seed=seed)
+        xs[300:] *= speedup
+        xs[300 + gap:] *= 1.3
+        regs = [s for s, k, _, _ in feed(xs) if k == "step_regression"]
+        assert regs and 300 + gap < regs[0] <= 300 + gap + 40, (seed, regs)
 
 
 @pytest.mark.xfail(strict=True, reason="the short split of a generation's first learned steps (5-7 before a change, "

@@ -229,6 +229,51 @@ def cusum_design(min_effect: float, noise_rel: float, false_alarm_steps: float) 
     return k, h, k + h / 2.0
 
 
+def rise_split(y: np.ndarray) -> int | None:
+    """The index of the best two-level split of ``y`` (a run's log step times, oldest first) where the later part
+    (at least 2 values) is above the earlier (least squares; a change a rise's run found is a rise: never split a
+    fall off its end); None when ``y`` has fewer than 3 values or no such split fits better than one level."""
+    m = y.size
+    if m < 3:
+        return None
+    c1, c2 = np.cumsum(y), np.cumsum(y * y)
+    left = np.arange(1, m - 1)  # the later part keeps >= 2 values
+    sse = (c2[left - 1] - c1[left - 1] ** 2 / left + (c2[-1] - c2[left - 1])
+           - (c1[-1] - c1[left - 1]) ** 2 / (m - left))
+    flat = float(c2[-1] - c1[-1] ** 2 / m)
+    rise = (c1[-1] - c1[left - 1]) / (m - left) > c1[left - 1] / left
+    sse = np.where(rise, sse, np.inf)
+    j = int(np.argmin(sse))
+    return int(left[j]) if float(sse[j]) < flat else None
+
+
+def fallen_level(values: list[float]) -> tuple[float, int]:
+    """``(level_s, n)``: the level a lower CUSUM run ``values`` (its step times, s, > 0, oldest first, at least one)
+    fell to and the steps it rests on. The run begins when the lower CUSUM leaves 0, which a chance low step before
+    the speedup does, so the run's geometric mean holds steps from before it (0.32 s for a level of 0.25 s after a
+    -50 % speedup: a +30 % slowdown 6 steps later then sat at the reference and was lost). The log step times are
+    split at the best two-level split (least squares, the later part at least 1 value and below the earlier) and
+    the later part's geometric mean is the level; the whole run's without such a split. Mirrors the rise's split of
+    ``StepTimeRegressionDetector._reported_level``."""
+    y = np.log(np.asarray(values, dtype=np.float64))
+    m = y.size
+    whole = float(math.exp(y.mean()))
+    if m < 2:
+        return whole, m
+    c1, c2 = np.cumsum(y), np.cumsum(y * y)
+    left = np.arange(1, m)  # the earlier part keeps >= 1 value, the later part >= 1
+    sse = (c2[left - 1] - c1[left - 1] ** 2 / left + (c2[-1] - c2[left - 1])
+           - (c1[-1] - c1[left - 1]) ** 2 / (m - left))
+    fall = (c1[-1] - c1[left - 1]) / (m - left) < c1[left - 1] / left
+    sse = np.where(fall, sse, np.inf)
+    j = int(np.argmin(sse))
+    flat = float(c2[-1] - c1[-1] ** 2 / m)
+    if not float(sse[j]) < flat:
+        return whole, m
+    cut = int(left[j])
+    return float(math.exp(y[cut:].mean())), m - cut
+
+
 class StepTimeRegressionDetector:
     """Finds lasting changes of a job's step time; reports transient and periodic spikes as such.
 
@@ -457,7 +502,7 @@ class StepTimeRegressionDetector:
         self._after_speedup.clear()
         self._follow = []
         self._follow_left = 0
-        self._lo_n, self._lo_log = 0, 0.0
+        self._lo_vals: deque[float] = deque(maxlen=RAMP_WINDOW)
         self._learn_rise: list[float] = []
         self._learn_fall: list[float] = []
         self._prov: list[tuple[int, float]] = []
@@ -1130,17 +1175,15 @@ class StepTimeRegressionDetector:
             self._crossed = True
             self._s_hi = h
         if self._s_lo > 0.0:
-            if self._lo_n == 0:
+            if not self._lo_vals:
                 self.speedup_first_step = fs.step
-            self._lo_n += 1
-            self._lo_log += math.log(max(x, 1e-9))  # the run's own step times (the line may move under it)
+            self._lo_vals.append(max(x, 1e-9))  # the run's own step times (the line may move under it)
         else:
-            self._lo_n, self._lo_log = 0, 0.0
+            self._lo_vals.clear()
         if self._s_lo > h * (1.0 + 1e-9):
             self.counters["speedups"] += 1
             self._suspend_drift()
-            n_lo = max(1, self._lo_n)
-            fallen = math.exp(self._lo_log / n_lo)
+            fallen, n_lo = fallen_level(list(self._lo_vals)) if self._lo_vals else (x, 1)
             level = fallen * (1.0 + INTERIM_SE * noise / math.sqrt(n_lo))
             self._relearn()
             self._interim = (min(mu, level), noise, "before_speedup")
@@ -1166,7 +1209,9 @@ class StepTimeRegressionDetector:
         ``interim_s`` (s) rests on the speedup's own run, the stretch the lower CUSUM picked because it was low, so
         a chance dip sets it low and a return to the old level reads as a slowdown (+11.5 % 4 steps after a
         chance -12 % dip at 5 % noise). The ``n`` steps after the speedup fired and before the rise's run began did
-        not pick it: when their geometric mean is under the level before the speedup by :data:`SPEEDUP_CONFIRM_Z`
+        not pick it, nor did the rise's run's own steps before its best rising split (:func:`rise_split`; the upper
+        CUSUM took them for being high, so they are conservative evidence; a rise 3 steps after the speedup left no
+        other step): when their geometric mean is under the level before the speedup by :data:`SPEEDUP_CONFIRM_Z`
         standard errors (``noise / sqrt(n)``) the speedup is confirmed and the reference is the higher of
         ``interim_s`` and that mean; otherwise (none, or not lower) it is the level before the speedup."""
         before = self._speedup_from
@@ -1174,6 +1219,10 @@ class StepTimeRegressionDetector:
             return interim_s, True, 0
         start = self._run_start if self._run_start is not None else self._step_now + 1
         logs = [math.log(v) for st, v in self._after_speedup if st < start and v > 0.0]
+        run = [v for st, v in self._after_speedup if st >= start and v > 0.0]
+        cut = rise_split(np.log(np.asarray(run, dtype=np.float64))) if len(run) >= 3 else None
+        if cut is not None:  # the run's steps before its rise: taken by the upper CUSUM for being high, they are
+            logs += [math.log(v) for v in run[:cut]]  # conservative evidence of the fallen level
         n = len(logs)
         if n:
             level = math.exp(sum(logs) / n)
@@ -1323,20 +1372,11 @@ class StepTimeRegressionDetector:
         if detail.get("pattern") != "cusum" or len(vals) < 3:
             return level, max(1, n)
         y = np.log(np.asarray(vals, dtype=np.float64))
-        c1, c2 = np.cumsum(y), np.cumsum(y * y)
-        m = y.size
-        left = np.arange(1, m - 1)  # the later part keeps >= 2 values
-        sse = (c2[left - 1] - c1[left - 1] ** 2 / left + (c2[-1] - c2[left - 1])
-               - (c1[-1] - c1[left - 1]) ** 2 / (m - left))
-        flat = float(c2[-1] - c1[-1] ** 2 / m)
-        rise = (c1[-1] - c1[left - 1]) / (m - left) > c1[left - 1] / left
-        sse = np.where(rise, sse, np.inf)  # the change the run found is a rise: never split a fall off its end
-        j = int(np.argmin(sse))
-        if not float(sse[j]) < flat:
-            return max(level, float(math.exp(y.mean()))), m
-        cut = int(left[j])
+        cut = rise_split(y)
+        if cut is None:
+            return max(level, float(math.exp(y.mean()))), y.size
         later = float(math.exp(y[cut:].mean()))
-        return max(level, later), m - cut
+        return max(level, later), y.size - cut
 
     def _shape(self, step: int, mu: float, noise: float) -> str:
         """At a fire, what the newest values (relative to the baseline's line) look like: ``"ramp"`` when a ramp
