@@ -175,6 +175,14 @@ PRIOR_CONFIRM_VALUES = 4
 """Fewest of the new generation's own values before such a split for the previous level to count as confirmed:
 they must agree with it (:meth:`StepTimeRegressionDetector._prior_split`). A split before them is a change at the
 generation's start, judged by :data:`PRIOR_MARGIN` and only for the same world size."""
+PRIOR_WARM_VALUES = 8
+"""The newest steps of a generation's warm-up (excluded from detection: ``warmup_steps``) kept as evidence of the
+level it starts at (:meth:`StepTimeRegressionDetector._warm_agrees`): a requeue onto another world size with a
+1.72x change at its 12th step had one measured step at the old level (10 warm-up steps excluded), short of
+:data:`PRIOR_CONFIRM_VALUES`, and the change was learned as its normal (``bench/bench_corpus.py`` seed 32,
+``requeue`` run 14)."""
+MEDIAN_SE = math.sqrt(math.pi / 2.0)
+"""Standard error of a sample median over the mean's, on Gaussian noise (asymptotic)."""
 PRIOR_MARGIN = 0.25
 """A requeued generation of the same world size that is slower than the previous one from its first steps is a
 change only when it is at least this much slower (relative; and ``min_effect``): a requeue onto other nodes may
@@ -403,6 +411,8 @@ class StepTimeRegressionDetector:
         restart under the same job id, handed over by ``JobDetector.inherit``) and whether this generation has the
         same world size; the reference of :meth:`_prior_split` at the end of this generation's first learning, then
         dropped. None: none known."""
+        self._warm_values: deque[float] = deque(maxlen=PRIOR_WARM_VALUES)
+        """The newest step times (s) of the generation's warm-up (steps excluded as ``"warmup"``)."""
         self._first_values: list[float] = []
         """The generation's first :data:`PRIOR_CONFIRM_VALUES` measured values (s): whether it started at the
         previous generation's level (:meth:`_past_prior`)."""
@@ -430,6 +440,7 @@ class StepTimeRegressionDetector:
         self._last_job_step_s = None
         self._first_step = None
         self._first_values = []
+        self._warm_values.clear()
 
     def update_settings(self, settings: DetectionSettings) -> None:
         """Swap thresholds keeping the learned baseline (resized) and the learned periodic patterns."""
@@ -535,6 +546,8 @@ class StepTimeRegressionDetector:
     def on_step(self, step: FinalizedStep) -> list[Anomaly]:
         """Consume one finalised step (excluded steps only advance the periodic bookkeeping)."""
         if step.excluded is not None:
+            if step.excluded == "warmup" and step.time_s >= MIN_STEP_S and math.isfinite(step.time_s):
+                self._warm_values.append(step.time_s)
             self.spikes.skip(step.step)
             return []
         x = step.time_s
@@ -1014,6 +1027,8 @@ class StepTimeRegressionDetector:
         k, mag, noise, _ = found
         own = k - PRIOR_VALUES
         if own < PRIOR_CONFIRM_VALUES:
+            if self._warm_agrees(y[:own], level, noise):
+                return own, mag, noise, level
             if not same_shape or mag < max(PRIOR_MARGIN, self.settings.min_effect):
                 return None
             return 0, mag, noise, level
@@ -1021,6 +1036,23 @@ class StepTimeRegressionDetector:
         if agree > max(0.5 * self.settings.min_effect, PRIOR_AGREE_Z * noise / math.sqrt(own)):
             return None  # the new generation's own first steps are not at the previous level: not comparable
         return own, mag, noise, level
+
+    def _warm_agrees(self, own: np.ndarray, level: float, noise: float) -> bool:
+        """Whether the generation's warm-up steps (the newest :data:`PRIOR_WARM_VALUES`, excluded from detection)
+        with ``own`` (its measured steps before a change, s) show it started at the previous generation's
+        ``level`` (s): at least :data:`PRIOR_CONFIRM_VALUES` of them, one from the warm-up at least, and the median of
+        their log step times within ``max(min_effect / 2,`` :data:`PRIOR_AGREE_Z` ``* 1.2533 * noise / sqrt(n))`` of its
+        log (the median: a warm-up's first steps may still be slow; its standard error is ``sqrt(pi / 2)`` times the
+        mean's on Gaussian noise). A warm-up runs at the new shape's step time, so
+        steps at the old level there are evidence of it whatever the world size; a slower warm-up (compilation, a
+        new shape's other step time) gives none. ``noise``: relative, of the learned steps."""
+        warm = list(self._warm_values)
+        n = len(warm) + own.size
+        if not warm or n < PRIOR_CONFIRM_VALUES:
+            return False
+        logs = np.log(np.asarray([*warm, *own.tolist()], dtype=np.float64))
+        off = abs(float(np.median(logs)) - math.log(level))
+        return off <= max(0.5 * self.settings.min_effect, PRIOR_AGREE_Z * MEDIAN_SE * noise / math.sqrt(n))
 
     def _fire_split(self, fs: FinalizedStep, y: list[float], k: int, magnitude: float, before_s: float,
                     noise: float, reference: str) -> Anomaly:
@@ -1489,6 +1521,8 @@ class StepTimeRegressionDetector:
         the level this report measured (``_interim``, ``reference "reported_level"``, see :meth:`_interim_cusum`),
         raised by :data:`REPORTED_SE` standard errors, so a further rise soon after is its own report."""
         self.counters["regressions"] += 1
+        self.prior = None  # the generation's level is judged now: the previous one is no reference any more (a
+        # change the learning path reported was reported again against it at the end of the first learning)
         self._suspend_drift()
         trend = self._base.slope if self.settings.drift_detection else 0.0
         level, n = self._reported_level(detail)
