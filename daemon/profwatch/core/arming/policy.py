@@ -149,8 +149,14 @@ def describe_anomaly(anomaly: Anomaly) -> str:
     episode's anomaly (:meth:`~profwatch.core.arming.episode_record.Episode.anomaly`) carries the largest magnitude
     the episode reached (``detail["peak_magnitude"]``): when it is larger than the latest (a detector that
     re-learned its level reports less as the episode goes on), the text shows the largest and labels the latest:
-    ``rank_outlier +100% (largest; latest +13%) at step 500 ranks [3]``. The first word is always the kind."""
+    ``rank_outlier +100% (largest; latest +13%) at step 500 ranks [3]``. A change measured against the previous
+    generation of a requeued job (``detail.reference "previous_generation"``: slower nodes from the start, or a
+    change before the new generation's own level was learned) says so: ``step_regression +57% at step 56 over the
+    previous generation (requeued)``, so the one alert names the generation change. The first word is always the
+    kind."""
     ranks = f" ranks {list(anomaly.ranks)[:8]}" if anomaly.ranks else ""
+    if anomaly.detail.get("reference") == "previous_generation":
+        ranks += " over the previous generation (requeued)"
     peak = anomaly.detail.get("peak_magnitude")
     size = f"{anomaly.magnitude:+.0%}"
     if isinstance(peak, (int, float)) and not isinstance(peak, bool) and f"{peak:+.0%}" != size \
