@@ -181,6 +181,9 @@ level it starts at (:meth:`StepTimeRegressionDetector._warm_agrees`): a requeue 
 1.72x change at its 12th step had one measured step at the old level (10 warm-up steps excluded), short of
 :data:`PRIOR_CONFIRM_VALUES`, and the change was learned as its normal (``bench/bench_corpus.py`` seed 32,
 ``requeue`` run 14)."""
+SPLIT_Z = 3.0
+"""Standard errors by which the later part of a level report's risen steps must exceed the earlier for it to be the
+level the report measured (``StepTimeRegressionDetector._level_later``)."""
 MEDIAN_SE = math.sqrt(math.pi / 2.0)
 """Standard error of a sample median over the mean's, on Gaussian noise (asymptotic)."""
 PRIOR_MARGIN = 0.25
@@ -399,6 +402,8 @@ class StepTimeRegressionDetector:
         """Step times (s) after a report that the interim reference follows (:data:`REPORT_FOLLOW_STEPS`)."""
         self._follow_left = 0
         self._follow_from = 0.0
+        self._level_vals: list[float] = []
+        """The risen steps (s, oldest first) of the ``pattern "level"`` report being fired (:meth:`_level_later`)."""
         self._jump: tuple[int, float, float] | None = None
         """A change during a warm-up found at the end of a first learning (:meth:`_line_jump`), to report."""
         """The interim reference the report set (s), before it followed any step."""
@@ -613,6 +618,7 @@ class StepTimeRegressionDetector:
             detail = {"pattern": "level", "first_step": ep.onset, "baseline_s": mu, "noise": noise,
                       "step_time_s": mu * (1.0 + ep.level), "peak": ep.peak, "steps": ep.duration,
                       "hold_steps": hold, "slowest_ranks": [step.slowest_rank]}
+            self._level_vals = [mu * (1.0 + r) for r in ep.rels]
             out.append(self._fire(step.step, ep.level, detail))
             return out
         ep_open = self.spikes.open_episode
@@ -1320,6 +1326,7 @@ class StepTimeRegressionDetector:
             detail = {"pattern": "level", "reference": reference, "first_step": self._interim_spike_start,
                       "baseline_s": mu, "noise": noise, "step_time_s": mu * (1.0 + mag), "steps": m,
                       "hold_steps": hold, "slowest_ranks": [fs.slowest_rank]}
+            self._level_vals = list(self._interim_spikes)
             return self._fire(fs.step, mag, detail)
         self._interim_spikes.clear()
         zc = min(max(z, -clip), clip)
@@ -1401,6 +1408,9 @@ class StepTimeRegressionDetector:
         level = float(detail["step_time_s"])
         n = int(detail.get("steps") or 1)
         vals = list(self._run_vals)
+        risen, self._level_vals = self._level_vals, []
+        if detail.get("pattern") == "level" and not detail.get("learning"):
+            return self._level_later(level, n, risen, float(detail.get("noise") or 0.0))
         if detail.get("pattern") != "cusum" or len(vals) < 3:
             return level, max(1, n)
         y = np.log(np.asarray(vals, dtype=np.float64))
@@ -1409,6 +1419,23 @@ class StepTimeRegressionDetector:
             return max(level, float(math.exp(y.mean()))), y.size
         later = float(math.exp(y[cut:].mean()))
         return max(level, later), y.size - cut
+
+    def _level_later(self, level: float, n: int, risen: list[float], noise: float) -> tuple[float, int]:
+        """``(level_s, n)`` a ``pattern "level"`` report measured: the median of its risen steps ``risen`` (s) as
+        ``level`` (s, over ``n`` steps), or, when those steps hold two levels, the later one: a change that began
+        while a checkpoint's excursion was still held (its first 4 steps at 2x, then 3x) was measured at the median of
+        both (2.5x), and the 3x that went on was reported a second time against it, 3 steps later. Two levels: the
+        best rising split (:func:`rise_split`) whose parts differ by at least ``min_effect`` and
+        :data:`SPLIT_Z` standard errors (``noise``, relative, at the steps of each part)."""
+        y = np.log(np.asarray([v for v in risen if v > 0.0], dtype=np.float64))
+        cut = rise_split(y) if y.size == len(risen) else None
+        if cut is None:
+            return level, max(1, n)
+        lo, hi = float(y[:cut].mean()), float(y[cut:].mean())
+        se = max(noise, MIN_NOISE) * math.sqrt(1.0 / cut + 1.0 / (y.size - cut))
+        if hi - lo < max(math.log1p(self.settings.min_effect), SPLIT_Z * se):
+            return level, max(1, n)
+        return max(level, float(math.exp(hi))), y.size - cut
 
     def _shape(self, step: int, mu: float, noise: float) -> str:
         """At a fire, what the newest values (relative to the baseline's line) look like: ``"ramp"`` when a ramp
