@@ -12,7 +12,7 @@ import pytest
 
 from profwatch.core.detection.drift import ramp_evidence
 from profwatch.core.detection.job_detector import DetectionSettings
-from profwatch.core.detection.regression import StepTimeRegressionDetector, cusum_design, cusum_threshold
+from profwatch.core.detection.regression import StepTimeRegressionDetector, cusum_design, cusum_threshold, fallen_level
 from profwatch.core.detection.types import FinalizedStep
 from profwatch.simulate.telemetry import TelemetryScenario, generate_telemetry
 from tests.unit.detection_helpers import of_kind, run
@@ -726,3 +726,17 @@ def test_a_change_that_begins_as_a_checkpoint_ends_is_reported_once(dur: int, he
         xs[400 + dur + 1:] *= 3.0
         regs = [(s, round(m, 2), d.get("reference")) for s, k, m, d in feed(xs) if k == "step_regression"]
         assert len([r for r in regs if r[0] > 400]) == 1, (seed, regs)
+
+
+def test_a_speedups_run_is_split_only_past_the_steps_before_its_fall() -> None:
+    """``fallen_level``: the lower CUSUM run of a -50 % speedup that began on a chance low step before it measures
+    the level after the fall (the whole run's mean read 0.32 s for 0.25 s); a run down a slow decline at 17 % noise
+    is not split at its last, lowest step (``bench/bench_corpus.py`` seed 32, ``faster`` run 9: that level, -47 %
+    from one step, made a chance run over the steps after it a +10 % slowdown on a series that only got faster)."""
+    level, n = fallen_level([0.47, 0.26, 0.25], 0.05)
+    assert n == 2 and level == pytest.approx(math.sqrt(0.26 * 0.25))
+    rng = np.random.default_rng(9)
+    decline = list(np.linspace(1.0, 0.85, 50) * np.exp(0.17 * rng.standard_normal(50))) + [0.53]
+    level, n = fallen_level(decline, 0.17)
+    assert n >= 48 and level > 0.8, (level, n)
+    assert fallen_level([0.5, 0.49, 0.51], 0.05) == (pytest.approx(0.49997, abs=1e-3), 3)  # no fall: one level

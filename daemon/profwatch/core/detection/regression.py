@@ -181,6 +181,10 @@ level it starts at (:meth:`StepTimeRegressionDetector._warm_agrees`): a requeue 
 1.72x change at its 12th step had one measured step at the old level (10 warm-up steps excluded), short of
 :data:`PRIOR_CONFIRM_VALUES`, and the change was learned as its normal (``bench/bench_corpus.py`` seed 32,
 ``requeue`` run 14)."""
+FALL_SPLIT_BEFORE = 3
+"""Most values before the fall that a speedup's lower CUSUM run may begin with (:func:`fallen_level`): the chance
+low steps before the speedup that started it. A split anywhere in a run down a slow decline picked its last,
+lowest step (a step -47 % at 17 % noise in ``bench/bench_corpus.py`` seed 32, ``faster`` run 9) as the level."""
 SPLIT_Z = 3.0
 """Standard errors by which the later part of a level report's risen steps must exceed the earlier for it to be the
 level the report measured (``StepTimeRegressionDetector._level_later``)."""
@@ -258,21 +262,23 @@ def rise_split(y: np.ndarray) -> int | None:
     return int(left[j]) if float(sse[j]) < flat else None
 
 
-def fallen_level(values: list[float]) -> tuple[float, int]:
+def fallen_level(values: list[float], noise: float) -> tuple[float, int]:
     """``(level_s, n)``: the level a lower CUSUM run ``values`` (its step times, s, > 0, oldest first, at least one)
     fell to and the steps it rests on. The run begins when the lower CUSUM leaves 0, which a chance low step before
     the speedup does, so the run's geometric mean holds steps from before it (0.32 s for a level of 0.25 s after a
     -50 % speedup: a +30 % slowdown 6 steps later then sat at the reference and was lost). The log step times are
-    split at the best two-level split (least squares, the later part at least 1 value and below the earlier) and
-    the later part's geometric mean is the level; the whole run's without such a split. Mirrors the rise's split of
-    ``StepTimeRegressionDetector._reported_level``."""
+    split at the best two-level split (least squares, the earlier part at most :data:`FALL_SPLIT_BEFORE` values, the
+    later part at least 1 and below the earlier) and
+    the later part's geometric mean is the level when the parts differ by :data:`SPLIT_Z` standard errors
+    (``noise``, relative, per step: a run down a slow decline at 17 % noise was otherwise split at its last, lowest
+    step); the whole run's otherwise. Mirrors the rise's split of ``StepTimeRegressionDetector._reported_level``."""
     y = np.log(np.asarray(values, dtype=np.float64))
     m = y.size
     whole = float(math.exp(y.mean()))
     if m < 2:
         return whole, m
     c1, c2 = np.cumsum(y), np.cumsum(y * y)
-    left = np.arange(1, m)  # the earlier part keeps >= 1 value, the later part >= 1
+    left = np.arange(1, min(m, FALL_SPLIT_BEFORE + 1))  # the earlier part keeps 1-3 values, the later part >= 1
     sse = (c2[left - 1] - c1[left - 1] ** 2 / left + (c2[-1] - c2[left - 1])
            - (c1[-1] - c1[left - 1]) ** 2 / (m - left))
     fall = (c1[-1] - c1[left - 1]) / (m - left) < c1[left - 1] / left
@@ -282,7 +288,10 @@ def fallen_level(values: list[float]) -> tuple[float, int]:
     if not float(sse[j]) < flat:
         return whole, m
     cut = int(left[j])
-    return float(math.exp(y[cut:].mean())), m - cut
+    lo, hi = float(y[cut:].mean()), float(y[:cut].mean())
+    if hi - lo < SPLIT_Z * max(noise, MIN_NOISE) * math.sqrt(1.0 / cut + 1.0 / (m - cut)):
+        return whole, m
+    return float(math.exp(lo)), m - cut
 
 
 class StepTimeRegressionDetector:
@@ -1221,7 +1230,7 @@ class StepTimeRegressionDetector:
         if self._s_lo > h * (1.0 + 1e-9):
             self.counters["speedups"] += 1
             self._suspend_drift()
-            fallen, n_lo = fallen_level(list(self._lo_vals)) if self._lo_vals else (x, 1)
+            fallen, n_lo = fallen_level(list(self._lo_vals), noise) if self._lo_vals else (x, 1)
             level = fallen * (1.0 + INTERIM_SE * noise / math.sqrt(n_lo))
             self._relearn()
             self._interim = (min(mu, level), noise, "before_speedup")
@@ -1258,14 +1267,16 @@ class StepTimeRegressionDetector:
         start = self._run_start if self._run_start is not None else self._step_now + 1
         logs = [math.log(v) for st, v in self._after_speedup if st < start and v > 0.0]
         run = [v for st, v in self._after_speedup if st >= start and v > 0.0]
-        cut = rise_split(np.log(np.asarray(run, dtype=np.float64))) if len(run) >= 3 else None
-        if cut is not None:  # the run's steps before its rise: taken by the upper CUSUM for being high, they are
-            logs += [math.log(v) for v in run[:cut]]  # conservative evidence of the fallen level
+        cut = rise_split(np.log(np.asarray(run, dtype=np.float64))) if len(run) >= 3 and not logs else None
+        if cut is not None:  # none after the fire: the run's steps before its rise (the upper CUSUM took them for
+            logs += [math.log(v) for v in run[:cut]]  # being high, the split for being low) are the evidence
         n = len(logs)
         if n:
             level = math.exp(sum(logs) / n)
             if level / before - 1.0 <= -SPEEDUP_CONFIRM_Z * noise / math.sqrt(n):
-                return max(interim_s, level), True, n
+                # raised by INTERIM_SE standard errors as the interim level is: a chance low mean of 12 steps at
+                # 17 % noise and a chance high run read +10 % on a series that only got faster
+                return max(interim_s, level * (1.0 + INTERIM_SE * noise / math.sqrt(n))), True, n
         return max(interim_s, before), False, n
 
     def _interim_cusum(self, fs: FinalizedStep, x: float) -> Anomaly | None:
