@@ -1256,11 +1256,10 @@ class StepTimeRegressionDetector:
         ``interim_s`` (s) rests on the speedup's own run, the stretch the lower CUSUM picked because it was low, so
         a chance dip sets it low and a return to the old level reads as a slowdown (+11.5 % 4 steps after a
         chance -12 % dip at 5 % noise). The ``n`` steps after the speedup fired and before the rise's run began did
-        not pick it, nor did the rise's run's own steps before its best rising split (:func:`rise_split`; the upper
-        CUSUM took them for being high, so they are conservative evidence; a rise 3 steps after the speedup left no
-        other step): when their geometric mean is under the level before the speedup by :data:`SPEEDUP_CONFIRM_Z`
+        not pick it; when there are none, the rise's run's own steps before its best rising split
+        (:func:`rise_split`; a rise 3 steps after the speedup left no other step) stand for them: when their geometric mean is under the level before the speedup by :data:`SPEEDUP_CONFIRM_Z`
         standard errors (``noise / sqrt(n)``) the speedup is confirmed and the reference is the higher of
-        ``interim_s`` and that mean; otherwise (none, or not lower) it is the level before the speedup."""
+        ``interim_s`` and that mean raised by :data:`INTERIM_SE` standard errors; otherwise (none, or not lower) it is the level before the speedup."""
         before = self._speedup_from
         if before is None:
             return interim_s, True, 0
