@@ -14,6 +14,7 @@ from profwatch.core.arming.policy import (
     ArmingSettings,
     JobArmState,
     capture_request,
+    describe_anomaly,
 )
 from profwatch.core.capture.planner import CaptureSettings, lead_steps
 from profwatch.core.detection.job_detector import Anomaly
@@ -173,3 +174,13 @@ def test_capture_request_places_a_periodic_capture_on_a_predicted_onset(furthest
     assert req.active == 3  # the spike's duration
     short = CaptureSettings(max_active=2)
     assert capture_request(PERIODIC, d, furthest_step=810, step_time_s=0.5, capture=short).active == 2
+
+
+def test_a_change_against_the_previous_generation_names_the_requeue_in_its_capture_reason() -> None:
+    """A requeue of the same world size onto slower nodes (1.6x from its start) is reported once against the previous
+    generation's level: its capture reason says so, as an engineer reading the one alert needs to know the baseline
+    is the job before the requeue, not this generation's own steps."""
+    a = Anomaly("step_regression", "j", 56, (), 0.57, {"pattern": "level", "reference": "previous_generation"})
+    assert describe_anomaly(a) == "step_regression +57% at step 56 over the previous generation (requeued)"
+    b = Anomaly("step_regression", "j", 56, (), 0.57, {"pattern": "level", "reference": "learned_steps"})
+    assert describe_anomaly(b) == "step_regression +57% at step 56"

@@ -893,3 +893,51 @@ def test_the_tops_of_keys_of_closed_episodes_are_bounded() -> None:
     arm_next(b, p, T0 + 1, "c-3", covered=(3,))
     b.capture_ended("c-3", T0 + 20, "simulated")
     assert ep.key in b._tops and len(b._tops) <= MAX_OPEN + 1
+
+
+def _drift_spends_the_hour(b: JobEpisodes, p: ArmingPolicy) -> tuple[Episode, float, int]:
+    """A job-wide drift: one episode whose level grows 12 % a report, captured again after each cooldown (its
+    verdicts name nobody it can be pinned on): 4 arms of the hour's cap of 4 by T0 + 2,703 s."""
+    t, step, mag = T0, 100, 0.15
+    drift = None
+    for k in range(4):
+        drift, _ = b.observe(reg(step, mag=mag), t)
+        assert drift is not None
+        assert arm_next(b, p, t, f"d{k}") is drift, (k, drift.waiting)
+        b.capture_ended(f"d{k}", t + 60, "ok", named=(0,))
+        t, step, mag = t + 901, step + 1800, mag * 1.3
+    assert drift is not None
+    return drift, t - 901 + 100, step - 1800 + 200
+
+
+def test_repeats_of_a_drifting_job_wide_episode_never_hold_a_new_slow_node() -> None:
+    """A drift's own captures (one job-wide episode captured again as it grew) spent the hourly cap; a node 1.3x
+    slower found 5 steps after its onset then waited for the hour to pass (the corpus' drift class: lost while it
+    lasted). A repeat never holds a new named-rank episode: it arms at once, on the NAMED_RESERVE (one more arm
+    than the cap); a second new node in the same hour waits, so the hour's arms stay bounded at cap + 1."""
+    b, p = book(max_captures_per_hour=4)
+    drift, t, step = _drift_spends_the_hour(b, p)
+    assert b.history.state(t, capture_in_flight=False).captures_last_hour == 4
+    node, _ = b.observe(out(step, (4, 5, 6, 7), mag=0.3), t)
+    assert node is not None and not node.is_repeat
+    assert arm_next(b, p, t, "n1", covered=(4, 5, 6, 7)) is node
+    b.capture_ended("n1", t + 60, "ok", named=(4, 5, 6, 7))
+    other, _ = b.observe(out(step + 100, (9,), mag=0.5), t + 120)
+    assert other is not None
+    assert b.next_arm(p, t + 120, capture_in_flight=False) is None
+    assert other.waiting == "hourly_cap"
+    assert other.waiting_until_unix_s == T0 + 3600  # the drift's first arm leaves the hour: 5 -> 4 arms
+    assert b.history.state(t + 120, capture_in_flight=False).captures_last_hour == 5
+
+
+def test_new_episodes_still_share_the_hourly_cap_when_no_repeat_holds_it() -> None:
+    """The reserve is only for what repeats took: 4 new named episodes fill the cap of 4, a fifth waits the hour
+    (a new job-wide episode after a job-wide episode of another key is no repeat either)."""
+    b, p = book(max_captures_per_hour=4, min_arm_gap_s=0)
+    for k in range(4):
+        ep, _ = b.observe(out(100 + k, (k,), mag=0.5, stage=f"stage{k}"), T0 + k)
+        assert arm_next(b, p, T0 + k, f"c{k}", covered=(k,)) is ep
+        b.capture_ended(f"c{k}", T0 + k + 0.5, "ok", named=(k,))
+    fifth, _ = b.observe(out(200, (9,), mag=0.5, stage="stage9"), T0 + 10)
+    assert fifth is not None and b.next_arm(p, T0 + 10, capture_in_flight=False) is None
+    assert (fifth.waiting, fifth.waiting_until_unix_s) == ("hourly_cap", T0 + 3600)

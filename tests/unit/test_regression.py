@@ -12,7 +12,7 @@ import pytest
 
 from profwatch.core.detection.drift import ramp_evidence, warm_up_sse
 from profwatch.core.detection.job_detector import DetectionSettings
-from profwatch.core.detection.regression import StepTimeRegressionDetector, cusum_design, cusum_threshold
+from profwatch.core.detection.regression import StepTimeRegressionDetector, cusum_design, cusum_threshold, fallen_level
 from profwatch.core.detection.types import FinalizedStep
 from profwatch.simulate.telemetry import TelemetryScenario, generate_telemetry
 from tests.unit.detection_helpers import of_kind, run
@@ -305,7 +305,7 @@ def test_a_slowdown_after_an_unconfirmed_speedup_is_judged_against_the_level_bef
     step, magnitude, detail = regs[0]
     assert 304 <= step <= 308
     assert detail["reference"] == "before_speedup" and detail["speedup_confirmed"] is False
-    assert detail["steps_after_speedup"] == 0
+    assert detail["steps_after_speedup"] <= 1  # at most the run's first step, at the dip's level, before it rose
     assert detail["baseline_s"] == pytest.approx(detail["level_before_speedup_s"])
     assert magnitude == pytest.approx(2.0, abs=0.3)  # 3x the level before it, not over the dip's level
 
@@ -682,20 +682,21 @@ def test_a_large_slowdown_right_after_a_cusum_report_is_its_own_report(factor: f
         assert regs[1][1] >= 0.1, (seed, regs)  # against the followed reference (at most 1.5x the first level)
 
 
-@pytest.mark.xfail(strict=True, reason="the interim reference after a speedup is the lower CUSUM run's mean, which "
-                   "holds a step or two from before the speedup: after a -50 % speedup it reads 0.32 s for a level of "
-                   "0.25 s, so +30 % from there (0.325 s) sits at the reference, and the re-learned baseline starts "
-                   "after the rise; a confirmed speedup keeps the higher of the two references")
-@pytest.mark.parametrize(("speedup", "gap"), [(0.5, 4), (0.5, 10), (0.6, 6)])
-def test_a_slowdown_soon_after_a_large_speedup_is_found_against_the_level_after_it(speedup: float,
-                                                                                   gap: int) -> None:
-    """5 % noise, seed 36: the level falls to ``speedup`` x at step 300, then +30 % ``gap`` steps later (still
-    under the old level): a slowdown of the new level, expected within 40 steps. Found with seeds 34 and 35."""
-    xs = series(700, 0.05, seed=36)
-    xs[300:] *= speedup
-    xs[300 + gap:] *= 1.3
-    regs = [s for s, k, _, _ in feed(xs) if k == "step_regression"]
-    assert regs and 300 + gap < regs[0] <= 300 + gap + 40, regs
+@pytest.mark.parametrize("speedup", [0.9, 0.7, 0.6, 0.5])
+@pytest.mark.parametrize("gap", [3, 4, 6, 10, 30, 60])
+def test_a_slowdown_soon_after_a_speedup_is_found_against_the_level_after_it(speedup: float, gap: int) -> None:
+    """5 % noise, seeds 34-37: the level falls to ``speedup`` x at step 300, then +30 % ``gap`` steps later (under
+    the old level for the larger speedups): a slowdown of the new level, expected within 40 steps. The speedup's
+    lower CUSUM run began on a chance low step before it, so its mean read 0.32 s for a level of 0.25 s after -50 %
+    and +30 % from there sat at the reference (lost: seeds 36 and 37 at -40 to -50 %, gaps 3-20); the run is now
+    split at its fall (``fallen_level``), and the steps of the rise's run before it rises count as evidence of the
+    fallen level (a rise 3 steps after the speedup left no other step to confirm it)."""
+    for seed in range(34, 38):
+        xs = series(700, 0.05, seed=seed)
+        xs[300:] *= speedup
+        xs[300 + gap:] *= 1.3
+        regs = [s for s, k, _, _ in feed(xs) if k == "step_regression"]
+        assert regs and 300 + gap < regs[0] <= 300 + gap + 40, (seed, regs)
 
 
 @pytest.mark.parametrize(("n", "cv"), [(5, 0.03), (5, 0.05), (8, 0.03)])
@@ -759,3 +760,33 @@ def test_a_cusum_run_at_high_noise_that_clears_min_effect_by_less_than_its_error
             regs = [s for s, k, _, _ in feed(ys) if k == "step_regression" and s >= 300]
             found += bool(regs) and regs[0] <= 300 + 40
         assert found >= 9, (shift, found)
+
+
+@pytest.mark.parametrize(("dur", "height"), [(4, 2.0), (5, 1.6)])
+def test_a_change_that_begins_as_a_checkpoint_ends_is_reported_once(dur: int, height: float) -> None:
+    """A checkpoint every 100 steps (``dur`` steps at ``height`` x, 3 % noise), and the job 3x slower from the step
+    after the one at step 400 ends: the spike filter held both as one excursion and reported it at the median of
+    its steps (+50 % for 2x then 3x); the 3x that went on was reported a second time, 3 steps later, against that
+    level (8 of 8 seeds). The level a report of held steps measured is now the later of their two levels when they
+    hold two (``_level_later``): one report."""
+    for seed in range(8):
+        xs = series(800, 0.03, seed=seed)
+        for c in range(100, 800, 100):
+            xs[c:c + dur] *= height
+        xs[400 + dur + 1:] *= 3.0
+        regs = [(s, round(m, 2), d.get("reference")) for s, k, m, d in feed(xs) if k == "step_regression"]
+        assert len([r for r in regs if r[0] > 400]) == 1, (seed, regs)
+
+
+def test_a_speedups_run_is_split_only_past_the_steps_before_its_fall() -> None:
+    """``fallen_level``: the lower CUSUM run of a -50 % speedup that began on a chance low step before it measures
+    the level after the fall (the whole run's mean read 0.32 s for 0.25 s); a run down a slow decline at 17 % noise
+    is not split at its last, lowest step (``bench/bench_corpus.py`` seed 32, ``faster`` run 9: that level, -47 %
+    from one step, made a chance run over the steps after it a +10 % slowdown on a series that only got faster)."""
+    level, n = fallen_level([0.47, 0.26, 0.25], 0.05)
+    assert n == 2 and level == pytest.approx(math.sqrt(0.26 * 0.25))
+    rng = np.random.default_rng(9)
+    decline = list(np.linspace(1.0, 0.85, 50) * np.exp(0.17 * rng.standard_normal(50))) + [0.53]
+    level, n = fallen_level(decline, 0.17)
+    assert n >= 48 and level > 0.8, (level, n)
+    assert fallen_level([0.5, 0.49, 0.51], 0.05) == (pytest.approx(0.49997, abs=1e-3), 3)  # no fall: one level

@@ -594,11 +594,12 @@ class JobEpisodes:
             if ep.not_before_unix_s > now_unix_s:
                 self._wait(ep, ep.waiting or "retry", ep.not_before_unix_s, "")
                 continue
+            repeat = self._repeat(ep, now_unix_s)
             d = self.history.decide(policy, ep.anomaly(), now_unix_s, capture_in_flight=capture_in_flight,
                                     stalled_ranks=stalled_ranks, topology=topology,
                                     episode_captured_unix_s=ep.captured_unix_s, rotating=bool(ep.rotation),
                                     episode_unchanged=ep.unchanged_since_capture(self.settings.recapture_growth),
-                                    follow_ranks=ep.follow_ranks)
+                                    follow_ranks=ep.follow_ranks, repeat=repeat)
             if ep.follow_ranks and d.action == "suppress" and d.reason == "larger_than_byte_cap":
                 # a follow-up that can never fit the hourly byte cap would hold the episode for good: dropped, the
                 # episode is decided as before it was asked (its cooldown and unchanged rules again)
@@ -607,7 +608,8 @@ class JobEpisodes:
                 d = self.history.decide(policy, ep.anomaly(), now_unix_s, capture_in_flight=capture_in_flight,
                                         stalled_ranks=stalled_ranks, topology=topology,
                                         episode_captured_unix_s=ep.captured_unix_s, rotating=bool(ep.rotation),
-                                        episode_unchanged=ep.unchanged_since_capture(self.settings.recapture_growth))
+                                        episode_unchanged=ep.unchanged_since_capture(self.settings.recapture_growth),
+                                        repeat=repeat)
             own = d.action == "suppress" and d.reason not in JOB_HOLDS
             if held_by is not None:
                 if own:
@@ -625,7 +627,22 @@ class JobEpisodes:
 
     def _until(self, d: ArmDecision, ep: Episode, now_unix_s: float) -> float | None:
         return self.history.hold_until(d.reason, now_unix_s, self.settings,
-                                       episode_captured_unix_s=ep.captured_unix_s, estimated_bytes=d.estimated_bytes)
+                                       episode_captured_unix_s=ep.captured_unix_s, estimated_bytes=d.estimated_bytes,
+                                       named_new=bool(ep.ranks) and not d.repeat)
+
+    def _repeat(self, ep: Episode, now_unix_s: float) -> bool:
+        """Whether an arm for ``ep`` would be a repeat (:attr:`~profwatch.core.arming.policy.JobArmState.repeat`):
+        it was captured before, its culprit rotates, it is a ``structural_imbalance``, or it is job-wide and an
+        episode of its key (a drift's or a load's job-wide finding that closed and opened again) had its own
+        capture armed within the hour. A repeat never holds a new named-rank episode behind the hourly cap
+        (:data:`~profwatch.core.arming.policy.NAMED_RESERVE`)."""
+        if ep.is_repeat or ep.rotation or ep.rotating_member or ep.kind == "structural_imbalance":
+            return True
+        if ep.ranks:
+            return False
+        since = now_unix_s - HOUR_S
+        return any(e is not ep and e.key == ep.key and any(c.own and c.armed_unix_s > since for c in e.captures)
+                   for e in (*self.closed, *self.open.values()))
 
     def _wait(self, ep: Episode, reason: str, until: float | None, behind: str) -> None:
         if (ep.waiting, ep.waiting_until_unix_s, ep.waiting_behind) != (reason, until, behind):

@@ -42,6 +42,12 @@ HOUR_S = 3600.0
 JOB_HOLDS = frozenset({"capture_in_flight", "min_arm_gap", "hourly_cap", "byte_cap"})
 """Suppression reasons that hold every episode of the job alike (the queue waits in value order behind them); the
 other reasons are the episode's own (the next episode in the queue may go)."""
+NAMED_RESERVE = 1
+"""Arms per job and rolling hour over ``max_captures_per_hour`` that only a new named-rank episode may take, and only
+while repeats (:attr:`JobArmState.repeat`) hold part of the hour's cap: a drift's or a job-wide episode's repeated
+captures spent the cap and a node 1.3x slower, found 5 steps after its onset, waited for the hour to pass. A repeat
+never holds a new named-rank episode, and the job's arms per hour stay at most ``max_captures_per_hour +
+NAMED_RESERVE`` (none when the cap is 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,10 @@ class JobArmState:
     by ``recapture_growth``: :meth:`~profwatch.core.arming.episode_record.Episode.unchanged_since_capture`);
     ``follow_ranks``: the ranks the episode's last targeted capture waited for and did not hold (its next capture
     is a follow-up that covers them: :func:`~profwatch.core.arming.targeting.plan_follow_up`; empty: none).
+    ``repeats_last_hour``: the arms of ``captures_last_hour`` that were repeats; ``repeat``: the episode decided is
+    a repeat (captured before, rotating, structural, or a job-wide episode whose key was armed within the hour:
+    ``JobEpisodes.next_arm``); a new episode naming ranks is held by the hourly cap only by the hour's other arms,
+    up to :data:`NAMED_RESERVE` more in all.
     """
 
     capture_in_flight: bool = False
@@ -73,6 +83,8 @@ class JobArmState:
     rotating: bool = False
     episode_unchanged: bool = False
     follow_ranks: tuple[int, ...] = ()
+    repeats_last_hour: int = 0
+    repeat: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +100,8 @@ class ArmDecision:
     are the window to arm (``rank_list`` None = all ranks); ``capture_reason`` a short human text stamped into
     the capture metadata. ``target``: which ranks and why (``daemon/profwatch/core/arming/targeting.py``; None when the job's
     layout was not given); ``estimated_bytes``: what the capture is expected to write, counted against
-    ``max_capture_bytes_per_hour`` before arming.
+    ``max_capture_bytes_per_hour`` before arming; ``repeat``: the episode decided was a repeat
+    (:attr:`JobArmState.repeat`), counted as such by :meth:`ArmHistory.record`.
     """
 
     action: ArmAction
@@ -99,12 +112,13 @@ class ArmDecision:
     capture_reason: str
     target: Target | None = None
     estimated_bytes: int = 0
+    repeat: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict of every field."""
         return {"action": self.action, "reason": self.reason, "warmup": self.warmup, "active": self.active,
                 "rank_list": list(self.rank_list) if self.rank_list is not None else None,
-                "capture_reason": self.capture_reason, "estimated_bytes": self.estimated_bytes,
+                "capture_reason": self.capture_reason, "estimated_bytes": self.estimated_bytes, "repeat": self.repeat,
                 "targeting": self.target.to_json() if self.target is not None else None}
 
 
@@ -135,8 +149,14 @@ def describe_anomaly(anomaly: Anomaly) -> str:
     episode's anomaly (:meth:`~profwatch.core.arming.episode_record.Episode.anomaly`) carries the largest magnitude
     the episode reached (``detail["peak_magnitude"]``): when it is larger than the latest (a detector that
     re-learned its level reports less as the episode goes on), the text shows the largest and labels the latest:
-    ``rank_outlier +100% (largest; latest +13%) at step 500 ranks [3]``. The first word is always the kind."""
+    ``rank_outlier +100% (largest; latest +13%) at step 500 ranks [3]``. A change measured against the previous
+    generation of a requeued job (``detail.reference "previous_generation"``: slower nodes from the start, or a
+    change before the new generation's own level was learned) says so: ``step_regression +57% at step 56 over the
+    previous generation (requeued)``, so the one alert names the generation change. The first word is always the
+    kind."""
     ranks = f" ranks {list(anomaly.ranks)[:8]}" if anomaly.ranks else ""
+    if anomaly.detail.get("reference") == "previous_generation":
+        ranks += " over the previous generation (requeued)"
     peak = anomaly.detail.get("peak_magnitude")
     size = f"{anomaly.magnitude:+.0%}"
     if isinstance(peak, (int, float)) and not isinstance(peak, bool) and f"{peak:+.0%}" != size \
@@ -192,7 +212,7 @@ class ArmingPolicy:
             text += f"; follow-up of ranks {rank_ranges(st.follow_ranks, 8)} its last capture waited for"
 
         def out(action: ArmAction, reason: str) -> ArmDecision:
-            return ArmDecision(action, reason, s.warmup, s.active, rank_list, text, target, estimate)
+            return ArmDecision(action, reason, s.warmup, s.active, rank_list, text, target, estimate, st.repeat)
 
         if s.mode == "off":
             return out("suppress", "mode_off")
@@ -219,13 +239,23 @@ class ArmingPolicy:
             return out("suppress", "capture_in_flight")
         if st.last_arm_unix_s is not None and now_unix_s - st.last_arm_unix_s < s.min_arm_gap_s:
             return out("suppress", "min_arm_gap")
-        if st.captures_last_hour >= s.max_captures_per_hour:
+        if hourly_capped(st, bool(anomaly.ranks), s.max_captures_per_hour):
             return out("suppress", "hourly_cap")
         if cap is not None and (st.bytes_last_hour >= cap or st.bytes_last_hour + estimate > cap):
             return out("suppress", "byte_cap")
         if s.mode == "observe":
             return out("would_arm", "observe_mode")
         return out("arm", "armed")
+
+
+def hourly_capped(st: JobArmState, named: bool, cap: int) -> bool:
+    """Whether ``max_captures_per_hour`` (``cap``) holds an episode in state ``st`` (``named``: it names ranks): the
+    hour's arms reach ``cap``; for a new named-rank episode (not ``st.repeat``) the hour's arms other than repeats
+    reach ``cap``, or all of them ``cap +`` :data:`NAMED_RESERVE`."""
+    if not (named and not st.repeat and cap > 0):
+        return st.captures_last_hour >= cap
+    return (st.captures_last_hour - st.repeats_last_hour >= cap
+            or st.captures_last_hour >= cap + NAMED_RESERVE)
 
 
 class ArmHistory:
@@ -237,23 +267,23 @@ class ArmHistory:
     """
 
     def __init__(self) -> None:
-        self._arms: deque[tuple[float, str]] = deque()
+        self._arms: deque[tuple[float, str, bool]] = deque()  # (armed unix s, capture id, a repeat)
         self._bytes: deque[tuple[float, int]] = deque()
         self._reserved: dict[str, tuple[float, int]] = {}
         self.last_arm_unix_s: float | None = None
         self.bytes_per_rank_step: float | None = None
 
-    def record_arm(self, now_unix_s: float, capture_id: str = "") -> None:
+    def record_arm(self, now_unix_s: float, capture_id: str = "", *, repeat: bool = False) -> None:
         """Count an arm (or, in observe mode, a would-arm) at ``now_unix_s``; ``capture_id`` lets
-        :meth:`release` take it back."""
-        self._arms.append((now_unix_s, capture_id))
+        :meth:`release` take it back; ``repeat``: of a repeat (:attr:`JobArmState.repeat`)."""
+        self._arms.append((now_unix_s, capture_id, repeat))
         if self.last_arm_unix_s is None or now_unix_s > self.last_arm_unix_s:
             self.last_arm_unix_s = now_unix_s
 
     def record(self, decision: ArmDecision, now_unix_s: float, capture_id: str = "") -> None:
         """Count ``decision`` if it armed or would have armed (call once its capture was planned)."""
         if decision.action in ("arm", "would_arm"):
-            self.record_arm(now_unix_s, capture_id)
+            self.record_arm(now_unix_s, capture_id, repeat=decision.repeat)
 
     def release(self, capture_id: str) -> bool:
         """The capture found nothing (verdict ``no_suspect``): its arm no longer counts against
@@ -270,7 +300,7 @@ class ArmHistory:
         released = self.release(capture_id)
         self._reserved.pop(capture_id, None)
         if released:
-            self.last_arm_unix_s = max((t for t, _ in self._arms), default=None)
+            self.last_arm_unix_s = max((a[0] for a in self._arms), default=None)
         return released
 
     def record_bytes(self, now_unix_s: float, total_bytes: int, *, ranks: int = 0, active_steps: int = 0) -> None:
@@ -301,27 +331,35 @@ class ArmHistory:
     def state(self, now_unix_s: float, *, capture_in_flight: bool,
               stalled_ranks: frozenset[int] = frozenset(), episode_captured_unix_s: float | None = None,
               rotating: bool = False, episode_unchanged: bool = False,
-              follow_ranks: tuple[int, ...] = ()) -> JobArmState:
+              follow_ranks: tuple[int, ...] = (), repeat: bool = False) -> JobArmState:
         """Return the :class:`JobArmState` at ``now_unix_s`` (drops entries older than one hour; estimates of
         captures still in flight count whatever their age)."""
         self._prune(now_unix_s)
         held = sum(b for _, b in self._bytes) + sum(b for _, b in self._reserved.values())
         return JobArmState(capture_in_flight, self.last_arm_unix_s, len(self._arms), held, stalled_ranks,
                            self.bytes_per_rank_step, episode_captured_unix_s, rotating, episode_unchanged,
-                           follow_ranks)
+                           follow_ranks, sum(1 for a in self._arms if a[2]), repeat)
 
     def hold_until(self, reason: str, now_unix_s: float, settings: ArmingSettings, *,
-                   episode_captured_unix_s: float | None = None, estimated_bytes: int = 0) -> float | None:
+                   episode_captured_unix_s: float | None = None, estimated_bytes: int = 0,
+                   named_new: bool = False) -> float | None:
         """When the hold named ``reason`` ends at the earliest (wall time, seconds), or None when no time ends it
-        (a capture in flight ends with its analysis; a rotation or a kind not armed never ends by itself)."""
+        (a capture in flight ends with its analysis; a rotation or a kind not armed never ends by itself).
+        ``named_new``: the episode held is a new named-rank one (:func:`hourly_capped`)."""
         self._prune(now_unix_s)
         if reason == "cooldown" and episode_captured_unix_s is not None:
             return episode_captured_unix_s + settings.cooldown_s
         if reason == "min_arm_gap" and self.last_arm_unix_s is not None:
             return self.last_arm_unix_s + settings.min_arm_gap_s
         if reason == "hourly_cap" and self._arms:
-            over = len(self._arms) - settings.max_captures_per_hour
-            return self._arms[max(0, over)][0] + HOUR_S
+            most = settings.max_captures_per_hour
+            if not (named_new and most > 0):
+                return self._arms[max(0, len(self._arms) - most)][0] + HOUR_S
+            others = [a[0] for a in self._arms if not a[2]]  # either bound may be the one that holds it
+            ends = [others[len(others) - most] + HOUR_S] if len(others) >= most else []
+            if len(self._arms) >= most + NAMED_RESERVE:
+                ends.append(self._arms[len(self._arms) - most - NAMED_RESERVE][0] + HOUR_S)
+            return max(ends, default=None)
         cap = settings.max_capture_bytes_per_hour
         if reason == "byte_cap" and cap is not None:
             held = sum(b for _, b in self._bytes) + sum(b for _, b in self._reserved.values()) + estimated_bytes
@@ -334,13 +372,14 @@ class ArmHistory:
     def decide(self, policy: ArmingPolicy, anomaly: Anomaly, now_unix_s: float, *, capture_in_flight: bool,
                stalled_ranks: frozenset[int] = frozenset(), topology: JobTopology | None = None,
                episode_captured_unix_s: float | None = None, rotating: bool = False,
-               episode_unchanged: bool = False, follow_ranks: tuple[int, ...] = ()) -> ArmDecision:
+               episode_unchanged: bool = False, follow_ranks: tuple[int, ...] = (),
+               repeat: bool = False) -> ArmDecision:
         """``policy.decide`` on this history's state (nothing is recorded: call :meth:`record` after planning)."""
         return policy.decide(anomaly, self.state(now_unix_s, capture_in_flight=capture_in_flight,
                                                  stalled_ranks=stalled_ranks,
                                                  episode_captured_unix_s=episode_captured_unix_s,
                                                  rotating=rotating, episode_unchanged=episode_unchanged,
-                                                 follow_ranks=follow_ranks),
+                                                 follow_ranks=follow_ranks, repeat=repeat),
                              now_unix_s, topology)
 
 

@@ -37,7 +37,8 @@ class ArmingSettings(BaseModel):
                                 "this much since its last capture (after cooldown_s), or when it names new ranks "
                                 "(at once); unchanged, it is not captured again while it lasts")
     min_arm_gap_s: float = Field(60.0, ge=0, description="seconds between two arms of one job, whatever episodes")
-    max_captures_per_hour: int = Field(4, ge=0, description="arms per job per rolling hour")
+    max_captures_per_hour: int = Field(
+        4, ge=0, description="arms per job per rolling hour; a new episode naming ranks is held only by the hour's arms that were not repeats, and may take one arm more (NAMED_RESERVE) while repeats hold the cap")
     max_capture_bytes_per_hour: int | None = Field(
         50 * 2**30, ge=0, description="bytes captured per job per rolling hour before arming stops (None = no cap)"
     )

@@ -202,6 +202,21 @@ PRIOR_CONFIRM_VALUES = 4
 """Fewest of the new generation's own values before such a split for the previous level to count as confirmed:
 they must agree with it (:meth:`StepTimeRegressionDetector._prior_split`). A split before them is a change at the
 generation's start, judged by :data:`PRIOR_MARGIN` and only for the same world size."""
+PRIOR_WARM_VALUES = 8
+"""The newest steps of a generation's warm-up (excluded from detection: ``warmup_steps``) kept as evidence of the
+level it starts at (:meth:`StepTimeRegressionDetector._warm_agrees`): a requeue onto another world size with a
+1.72x change at its 12th step had one measured step at the old level (10 warm-up steps excluded), short of
+:data:`PRIOR_CONFIRM_VALUES`, and the change was learned as its normal (``bench/bench_corpus.py`` seed 32,
+``requeue`` run 14)."""
+FALL_SPLIT_BEFORE = 3
+"""Most values before the fall that a speedup's lower CUSUM run may begin with (:func:`fallen_level`): the chance
+low steps before the speedup that started it. A split anywhere in a run down a slow decline picked its last,
+lowest step (a step -47 % at 17 % noise in ``bench/bench_corpus.py`` seed 32, ``faster`` run 9) as the level."""
+SPLIT_Z = 3.0
+"""Standard errors by which the later part of a level report's risen steps must exceed the earlier for it to be the
+level the report measured (``StepTimeRegressionDetector._level_later``)."""
+MEDIAN_SE = math.sqrt(math.pi / 2.0)
+"""Standard error of a sample median over the mean's, on Gaussian noise (asymptotic)."""
 PRIOR_MARGIN = 0.25
 """A requeued generation of the same world size that is slower than the previous one from its first steps is a
 change only when it is at least this much slower (relative; and ``min_effect``): a requeue onto other nodes may
@@ -254,6 +269,56 @@ def cusum_design(min_effect: float, noise_rel: float, false_alarm_steps: float) 
     k = delta / 2.0
     h = cusum_threshold(k, false_alarm_steps)
     return k, h, k + h / 2.0
+
+
+def rise_split(y: np.ndarray) -> int | None:
+    """The index of the best two-level split of ``y`` (a run's log step times, oldest first) where the later part
+    (at least 2 values) is above the earlier (least squares; a change a rise's run found is a rise: never split a
+    fall off its end); None when ``y`` has fewer than 3 values or no such split fits better than one level."""
+    m = y.size
+    if m < 3:
+        return None
+    c1, c2 = np.cumsum(y), np.cumsum(y * y)
+    left = np.arange(1, m - 1)  # the later part keeps >= 2 values
+    sse = (c2[left - 1] - c1[left - 1] ** 2 / left + (c2[-1] - c2[left - 1])
+           - (c1[-1] - c1[left - 1]) ** 2 / (m - left))
+    flat = float(c2[-1] - c1[-1] ** 2 / m)
+    rise = (c1[-1] - c1[left - 1]) / (m - left) > c1[left - 1] / left
+    sse = np.where(rise, sse, np.inf)
+    j = int(np.argmin(sse))
+    return int(left[j]) if float(sse[j]) < flat else None
+
+
+def fallen_level(values: list[float], noise: float) -> tuple[float, int]:
+    """``(level_s, n)``: the level a lower CUSUM run ``values`` (its step times, s, > 0, oldest first, at least one)
+    fell to and the steps it rests on. The run begins when the lower CUSUM leaves 0, which a chance low step before
+    the speedup does, so the run's geometric mean holds steps from before it (0.32 s for a level of 0.25 s after a
+    -50 % speedup: a +30 % slowdown 6 steps later then sat at the reference and was lost). The log step times are
+    split at the best two-level split (least squares, the earlier part at most :data:`FALL_SPLIT_BEFORE` values, the
+    later part at least 1 and below the earlier) and
+    the later part's geometric mean is the level when the parts differ by :data:`SPLIT_Z` standard errors
+    (``noise``, relative, per step: a run down a slow decline at 17 % noise was otherwise split at its last, lowest
+    step); the whole run's otherwise. Mirrors the rise's split of ``StepTimeRegressionDetector._reported_level``."""
+    y = np.log(np.asarray(values, dtype=np.float64))
+    m = y.size
+    whole = float(math.exp(y.mean()))
+    if m < 2:
+        return whole, m
+    c1, c2 = np.cumsum(y), np.cumsum(y * y)
+    left = np.arange(1, min(m, FALL_SPLIT_BEFORE + 1))  # the earlier part keeps 1-3 values, the later part >= 1
+    sse = (c2[left - 1] - c1[left - 1] ** 2 / left + (c2[-1] - c2[left - 1])
+           - (c1[-1] - c1[left - 1]) ** 2 / (m - left))
+    fall = (c1[-1] - c1[left - 1]) / (m - left) < c1[left - 1] / left
+    sse = np.where(fall, sse, np.inf)
+    j = int(np.argmin(sse))
+    flat = float(c2[-1] - c1[-1] ** 2 / m)
+    if not float(sse[j]) < flat:
+        return whole, m
+    cut = int(left[j])
+    lo, hi = float(y[cut:].mean()), float(y[:cut].mean())
+    if hi - lo < SPLIT_Z * max(noise, MIN_NOISE) * math.sqrt(1.0 / cut + 1.0 / (m - cut)):
+        return whole, m
+    return float(math.exp(lo)), m - cut
 
 
 class StepTimeRegressionDetector:
@@ -379,6 +444,8 @@ class StepTimeRegressionDetector:
         """Step times (s) after a report that the interim reference follows (:data:`REPORT_FOLLOW_STEPS`)."""
         self._follow_left = 0
         self._follow_from = 0.0
+        self._level_vals: list[float] = []
+        """The risen steps (s, oldest first) of the ``pattern "level"`` report being fired (:meth:`_level_later`)."""
         self._jump: tuple[int, float, float] | None = None
         """A change during a warm-up found at the end of a first learning (:meth:`_line_jump`), to report."""
         """The interim reference the report set (s), before it followed any step."""
@@ -391,6 +458,8 @@ class StepTimeRegressionDetector:
         restart under the same job id, handed over by ``JobDetector.inherit``) and whether this generation has the
         same world size; the reference of :meth:`_prior_split` at the end of this generation's first learning, then
         dropped. None: none known."""
+        self._warm_values: deque[float] = deque(maxlen=PRIOR_WARM_VALUES)
+        """The newest step times (s) of the generation's warm-up (steps excluded as ``"warmup"``)."""
         self._first_values: list[float] = []
         """The generation's first :data:`PRIOR_CONFIRM_VALUES` measured values (s): whether it started at the
         previous generation's level (:meth:`_past_prior`)."""
@@ -418,6 +487,7 @@ class StepTimeRegressionDetector:
         self._last_job_step_s = None
         self._first_step = None
         self._first_values = []
+        self._warm_values.clear()
 
     def update_settings(self, settings: DetectionSettings) -> None:
         """Swap thresholds keeping the learned baseline (resized) and the learned periodic patterns."""
@@ -490,7 +560,7 @@ class StepTimeRegressionDetector:
         self._after_speedup.clear()
         self._follow = []
         self._follow_left = 0
-        self._lo_n, self._lo_log = 0, 0.0
+        self._lo_vals: deque[float] = deque(maxlen=RAMP_WINDOW)
         self._learn_rise: list[float] = []
         self._learn_fall: list[float] = []
         self._prov: list[tuple[int, float]] = []
@@ -523,6 +593,8 @@ class StepTimeRegressionDetector:
     def on_step(self, step: FinalizedStep) -> list[Anomaly]:
         """Consume one finalised step (excluded steps only advance the periodic bookkeeping)."""
         if step.excluded is not None:
+            if step.excluded == "warmup" and step.time_s >= MIN_STEP_S and math.isfinite(step.time_s):
+                self._warm_values.append(step.time_s)
             self.spikes.skip(step.step)
             return []
         x = step.time_s
@@ -588,6 +660,7 @@ class StepTimeRegressionDetector:
             detail = {"pattern": "level", "first_step": ep.onset, "baseline_s": mu, "noise": noise,
                       "step_time_s": mu * (1.0 + ep.level), "peak": ep.peak, "steps": ep.duration,
                       "hold_steps": hold, "slowest_ranks": [step.slowest_rank]}
+            self._level_vals = [mu * (1.0 + r) for r in ep.rels]
             out.append(self._fire(step.step, ep.level, detail))
             return out
         ep_open = self.spikes.open_episode
@@ -1002,6 +1075,8 @@ class StepTimeRegressionDetector:
         k, mag, noise, _ = found
         own = k - PRIOR_VALUES
         if own < PRIOR_CONFIRM_VALUES:
+            if self._warm_agrees(y[:own], level, noise):
+                return own, mag, noise, level
             if not same_shape or mag < max(PRIOR_MARGIN, self.settings.min_effect):
                 return None
             return 0, mag, noise, level
@@ -1009,6 +1084,23 @@ class StepTimeRegressionDetector:
         if agree > max(0.5 * self.settings.min_effect, PRIOR_AGREE_Z * noise / math.sqrt(own)):
             return None  # the new generation's own first steps are not at the previous level: not comparable
         return own, mag, noise, level
+
+    def _warm_agrees(self, own: np.ndarray, level: float, noise: float) -> bool:
+        """Whether the generation's warm-up steps (the newest :data:`PRIOR_WARM_VALUES`, excluded from detection)
+        with ``own`` (its measured steps before a change, s) show it started at the previous generation's
+        ``level`` (s): at least :data:`PRIOR_CONFIRM_VALUES` of them, one from the warm-up at least, and the median of
+        their log step times within ``max(min_effect / 2,`` :data:`PRIOR_AGREE_Z` ``* 1.2533 * noise / sqrt(n))`` of its
+        log (the median: a warm-up's first steps may still be slow; its standard error is ``sqrt(pi / 2)`` times the
+        mean's on Gaussian noise). A warm-up runs at the new shape's step time, so
+        steps at the old level there are evidence of it whatever the world size; a slower warm-up (compilation, a
+        new shape's other step time) gives none. ``noise``: relative, of the learned steps."""
+        warm = list(self._warm_values)
+        n = len(warm) + own.size
+        if not warm or n < PRIOR_CONFIRM_VALUES:
+            return False
+        logs = np.log(np.asarray([*warm, *own.tolist()], dtype=np.float64))
+        off = abs(float(np.median(logs)) - math.log(level))
+        return off <= max(0.5 * self.settings.min_effect, PRIOR_AGREE_Z * MEDIAN_SE * noise / math.sqrt(n))
 
     def _fire_split(self, fs: FinalizedStep, y: list[float], k: int, magnitude: float, before_s: float,
                     noise: float, reference: str) -> Anomaly:
@@ -1178,17 +1270,15 @@ class StepTimeRegressionDetector:
             self._crossed = True
             self._s_hi = h
         if self._s_lo > 0.0:
-            if self._lo_n == 0:
+            if not self._lo_vals:
                 self.speedup_first_step = fs.step
-            self._lo_n += 1
-            self._lo_log += math.log(max(x, 1e-9))  # the run's own step times (the line may move under it)
+            self._lo_vals.append(max(x, 1e-9))  # the run's own step times (the line may move under it)
         else:
-            self._lo_n, self._lo_log = 0, 0.0
+            self._lo_vals.clear()
         if self._s_lo > h * (1.0 + 1e-9):
             self.counters["speedups"] += 1
             self._suspend_drift()
-            n_lo = max(1, self._lo_n)
-            fallen = math.exp(self._lo_log / n_lo)
+            fallen, n_lo = fallen_level(list(self._lo_vals), noise) if self._lo_vals else (x, 1)
             level = fallen * (1.0 + INTERIM_SE * noise / math.sqrt(n_lo))
             self._relearn()
             self._interim = (min(mu, level), noise, "before_speedup")
@@ -1223,19 +1313,26 @@ class StepTimeRegressionDetector:
         ``interim_s`` (s) rests on the speedup's own run, the stretch the lower CUSUM picked because it was low, so
         a chance dip sets it low and a return to the old level reads as a slowdown (+11.5 % 4 steps after a
         chance -12 % dip at 5 % noise). The ``n`` steps after the speedup fired and before the rise's run began did
-        not pick it: when their geometric mean is under the level before the speedup by :data:`SPEEDUP_CONFIRM_Z`
+        not pick it; when there are none, the rise's run's own steps before its best rising split
+        (:func:`rise_split`; a rise 3 steps after the speedup left no other step) stand for them: when their geometric mean is under the level before the speedup by :data:`SPEEDUP_CONFIRM_Z`
         standard errors (``noise / sqrt(n)``) the speedup is confirmed and the reference is the higher of
-        ``interim_s`` and that mean; otherwise (none, or not lower) it is the level before the speedup."""
+        ``interim_s`` and that mean raised by :data:`INTERIM_SE` standard errors; otherwise (none, or not lower) it is the level before the speedup."""
         before = self._speedup_from
         if before is None:
             return interim_s, True, 0
         start = self._run_start if self._run_start is not None else self._step_now + 1
         logs = [math.log(v) for st, v in self._after_speedup if st < start and v > 0.0]
+        run = [v for st, v in self._after_speedup if st >= start and v > 0.0]
+        cut = rise_split(np.log(np.asarray(run, dtype=np.float64))) if len(run) >= 3 and not logs else None
+        if cut is not None:  # none after the fire: the run's steps before its rise (the upper CUSUM took them for
+            logs += [math.log(v) for v in run[:cut]]  # being high, the split for being low) are the evidence
         n = len(logs)
         if n:
             level = math.exp(sum(logs) / n)
             if level / before - 1.0 <= -SPEEDUP_CONFIRM_Z * noise / math.sqrt(n):
-                return max(interim_s, level), True, n
+                # raised by INTERIM_SE standard errors as the interim level is: a chance low mean of 12 steps at
+                # 17 % noise and a chance high run read +10 % on a series that only got faster
+                return max(interim_s, level * (1.0 + INTERIM_SE * noise / math.sqrt(n))), True, n
         return max(interim_s, before), False, n
 
     def _interim_cusum(self, fs: FinalizedStep, x: float) -> Anomaly | None:
@@ -1296,6 +1393,7 @@ class StepTimeRegressionDetector:
             detail = {"pattern": "level", "reference": reference, "first_step": self._interim_spike_start,
                       "baseline_s": mu, "noise": noise, "step_time_s": mu * (1.0 + mag), "steps": m,
                       "hold_steps": hold, "slowest_ranks": [fs.slowest_rank]}
+            self._level_vals = list(self._interim_spikes)
             return self._fire(fs.step, mag, detail)
         self._interim_spikes.clear()
         zc = min(max(z, -clip), clip)
@@ -1377,23 +1475,34 @@ class StepTimeRegressionDetector:
         level = float(detail["step_time_s"])
         n = int(detail.get("steps") or 1)
         vals = list(self._run_vals)
+        risen, self._level_vals = self._level_vals, []
+        if detail.get("pattern") == "level" and not detail.get("learning"):
+            return self._level_later(level, n, risen, float(detail.get("noise") or 0.0))
         if detail.get("pattern") != "cusum" or len(vals) < 3:
             return level, max(1, n)
         y = np.log(np.asarray(vals, dtype=np.float64))
-        c1, c2 = np.cumsum(y), np.cumsum(y * y)
-        m = y.size
-        left = np.arange(1, m - 1)  # the later part keeps >= 2 values
-        sse = (c2[left - 1] - c1[left - 1] ** 2 / left + (c2[-1] - c2[left - 1])
-               - (c1[-1] - c1[left - 1]) ** 2 / (m - left))
-        flat = float(c2[-1] - c1[-1] ** 2 / m)
-        rise = (c1[-1] - c1[left - 1]) / (m - left) > c1[left - 1] / left
-        sse = np.where(rise, sse, np.inf)  # the change the run found is a rise: never split a fall off its end
-        j = int(np.argmin(sse))
-        if not float(sse[j]) < flat:
-            return max(level, float(math.exp(y.mean()))), m
-        cut = int(left[j])
+        cut = rise_split(y)
+        if cut is None:
+            return max(level, float(math.exp(y.mean()))), y.size
         later = float(math.exp(y[cut:].mean()))
-        return max(level, later), m - cut
+        return max(level, later), y.size - cut
+
+    def _level_later(self, level: float, n: int, risen: list[float], noise: float) -> tuple[float, int]:
+        """``(level_s, n)`` a ``pattern "level"`` report measured: the median of its risen steps ``risen`` (s) as
+        ``level`` (s, over ``n`` steps), or, when those steps hold two levels, the later one: a change that began
+        while a checkpoint's excursion was still held (its first 4 steps at 2x, then 3x) was measured at the median of
+        both (2.5x), and the 3x that went on was reported a second time against it, 3 steps later. Two levels: the
+        best rising split (:func:`rise_split`) whose parts differ by at least ``min_effect`` and
+        :data:`SPLIT_Z` standard errors (``noise``, relative, at the steps of each part)."""
+        y = np.log(np.asarray([v for v in risen if v > 0.0], dtype=np.float64))
+        cut = rise_split(y) if y.size == len(risen) else None
+        if cut is None:
+            return level, max(1, n)
+        lo, hi = float(y[:cut].mean()), float(y[cut:].mean())
+        se = max(noise, MIN_NOISE) * math.sqrt(1.0 / cut + 1.0 / (y.size - cut))
+        if hi - lo < max(math.log1p(self.settings.min_effect), SPLIT_Z * se):
+            return level, max(1, n)
+        return max(level, float(math.exp(hi))), y.size - cut
 
     def _shape(self, step: int, mu: float, noise: float) -> str:
         """At a fire, what the newest values (relative to the baseline's line) look like: ``"ramp"`` when a ramp
@@ -1506,6 +1615,8 @@ class StepTimeRegressionDetector:
         the level this report measured (``_interim``, ``reference "reported_level"``, see :meth:`_interim_cusum`),
         raised by :data:`REPORTED_SE` standard errors, so a further rise soon after is its own report."""
         self.counters["regressions"] += 1
+        self.prior = None  # the generation's level is judged now: the previous one is no reference any more (a
+        # change the learning path reported was reported again against it at the end of the first learning)
         self._suspend_drift()
         trend = self._base.slope if self.settings.drift_detection else 0.0
         level, n = self._reported_level(detail)
