@@ -105,3 +105,43 @@ def test_a_wait_stage_is_compared_when_outlier_stages_names_it() -> None:
     recs = _barrier_job(13, tuple(range(8)), 3.0, per_node=8)
     found, _ = run(recs, 13, DetectionSettings(outlier_stages=("compute", "comm")))
     assert {r for a in of_kind(found, "rank_outlier") for r in a.ranks} == set(range(8, 13))
+
+
+def _zero_stage_job(peer_value_s: float) -> list[dict[str, object]]:
+    """8 ranks in lock-step; a ``dataloader`` stage the peers report as ``peer_value_s``; rank 3's data loader
+    stalls 60 ms a step from step 200 (the others wait for it at the barrier: every rank's step time rises)."""
+    rng = np.random.default_rng(5)
+    out: list[dict[str, object]] = []
+    ts = 1_764_500_000.0
+    for step in range(400):
+        dl = [0.06 if (r == 3 and step >= 200) else peer_value_s for r in range(8)]
+        comp = [0.3 * (1 + 0.01 * float(rng.standard_normal())) for _ in range(8)]
+        st = max(d + c for d, c in zip(dl, comp, strict=True)) + 0.02
+        for r in range(8):
+            out.append({"job_id": "dl8", "rank": r, "world_size": 8, "step": step, "step_time_s": st,
+                        "ts_unix_s": ts, "stages": {"dataloader": dl[r], "compute": comp[r],
+                                                    "comm": st - dl[r] - comp[r]}})
+        ts += st
+    return out
+
+
+@pytest.mark.parametrize("peer_value_s", [0.0, 1e-6])
+def test_a_stall_in_a_stage_the_peers_report_as_zero_names_the_rank(peer_value_s: float) -> None:
+    # peers at exactly 0 s were skipped (median <= 0): only a job-wide step_regression came, naming no rank
+    found, _ = run(_zero_stage_job(peer_value_s), 8)
+    outliers = of_kind(found, "rank_outlier")
+    assert [a.ranks for a in outliers] == [(3,)]
+    assert outliers[0].detail["stage"][3] == "dataloader"
+    # the excess is measured against 1 % of the step (STAGE_SCALE_FLOOR): 60 ms of a ~0.38 s step, about 16x
+    assert 10 < outliers[0].magnitude < 20
+
+
+def test_peers_at_zero_without_a_floor_name_nobody() -> None:
+    s = DetectionSettings()
+    vals = [0.0, 0.0, 0.0, 0.06, 0.0, 0.0, 0.0, 0.0]
+    assert outlying_ranks(vals, s, floor_s=0.0) == []  # no scale to measure against
+    assert [r for r, _ in outlying_ranks(vals, s, floor_s=0.004)] == [3]
+    assert outlying_ranks([0.0005 if r == 3 else 0.0 for r in range(8)], s, floor_s=0.004) == []  # < min_abs_s
+    big = [0.0] * 300
+    big[7] = 0.06
+    assert [r for r, _ in outlying_ranks(big, s, floor_s=0.004)] == [7]  # the numpy path

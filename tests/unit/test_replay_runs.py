@@ -62,3 +62,35 @@ def test_steps_going_back_on_a_quorum_of_processes_open_a_run_and_a_lone_process
     lone = _run("rq", dict.fromkeys(range(4), ("n0", 999)), 50, T0 + 30.5, first_step=101)
     res = _replay(old + lone)  # one process speaks for all four ranks and moves every counter back: one vote
     assert res["generations"] == []
+
+
+def test_the_summary_gives_an_episode_s_steps_until_it_last_held() -> None:
+    # a lasting job-wide slowdown: reported once (step ~231), held by its detector to the end of the file; the
+    # summary said "steps 203-203", as if it had lasted one step
+    from profwatch.commands.replay import render_summary
+    res = _replay(_run("lasting", {r: ("n0", 100 + r) for r in range(4)}, 400, T0, slow_from=200))
+    [ep] = [e for e in res["episodes"] if e["kind"] == "step_regression"]
+    assert ep["last_step"] < 300 < 390 <= ep["last_ongoing_step"]
+    [line] = [ln for ln in render_summary(res).splitlines() if "step_regression steps" in ln]
+    assert f"steps {ep['opened_step']}-{ep['last_ongoing_step']} " in line
+
+
+def test_a_file_with_no_valid_record_says_what_a_record_looks_like(tmp_path: Any) -> None:
+    # a CSV and an empty file: exit 2, and the error shows a record of the expected format (it said only
+    # "no valid step record in x.csv (2 bad lines)")
+    from click.testing import CliRunner
+
+    from profwatch.cli import cli
+    from profwatch.commands.replay import TELEMETRY_EXAMPLE
+    from profwatch.exitcodes import EXIT_USAGE
+
+    csv = tmp_path / "steps.csv"
+    csv.write_text("job_id,rank,step\nj1,0,1\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for f, what in ((csv, "2 bad lines (listed above)"), (empty, "the file is empty")):
+        res = CliRunner().invoke(cli, ["replay", str(f)])
+        assert res.exit_code == EXIT_USAGE
+        assert f"no valid step record in {f}: {what}. Expected one JSON object per line" in res.output
+        assert TELEMETRY_EXAMPLE in res.output
+    assert replay_lines([TELEMETRY_EXAMPLE])["records"] == 1  # the example is a valid record

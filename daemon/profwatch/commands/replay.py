@@ -377,6 +377,11 @@ def _returned(det: JobDetector) -> Callable[[int], dict[str, Any] | None]:
     return returned
 
 
+TELEMETRY_EXAMPLE = ('{"job_id": "j1", "rank": 0, "world_size": 8, "step": 120, "step_time_s": 0.412, '
+                     '"ts_unix_s": 1764500042.5}')
+"""One telemetry record, as the error for a file with no valid record shows it (the help gives the same)."""
+
+
 def render_summary(result: dict[str, Any]) -> str:
     """Readable multi-line summary of a :func:`replay_lines` result."""
     out = [f"records: {result['records']}  jobs: {len(result['jobs'])}  bad lines: {result['bad_lines']['count']}"]
@@ -406,7 +411,8 @@ def render_summary(result: dict[str, Any]) -> str:
         caps = len(e["captures"])
         end = f"closed ({e['close_reason']})" if e["closed_unix_s"] is not None else "open"
         wait = f", waits: {e['waiting']}" if e["waiting"] and not caps else ""
-        out.append(f"  {e['job_id']} {e['kind']}{ranks} steps {e['opened_step']}-{e['last_step']} "
+        last = max(e["last_step"], e.get("last_ongoing_step", e["last_step"]))  # held until, not last report
+        out.append(f"  {e['job_id']} {e['kind']}{ranks} steps {e['opened_step']}-{last} "
                    f"{e['peak_magnitude']:+.1%}: {end}, {caps} capture(s){wait}")
     return "\n".join(out)
 
@@ -506,5 +512,8 @@ def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     click.echo(json.dumps(result, indent=2, sort_keys=False, default=str) if as_json else render_summary(result))
     if not result.get("records"):
         bad = result.get("bad_lines", {}).get("count", 0)
-        click.echo(f"profwatch replay: no valid step record in {file} ({bad} bad lines)", err=True)
+        what = f"{bad} bad line{'s' * (bad != 1)} (listed above)" if bad else "the file is empty"
+        click.echo(f"profwatch replay: no valid step record in {file}: {what}. Expected one JSON object per "
+                   f"line, e.g. {TELEMETRY_EXAMPLE} (`profwatch telemetry --job J > FILE.jsonl` writes them; "
+                   f"`profwatch replay --help` lists the fields)", err=True)
         sys.exit(EXIT_USAGE)

@@ -59,6 +59,14 @@ def _reference(arr: list[float], exclude: frozenset[int], min_effect: float) -> 
     return healthy if _sound(healthy, min_effect) else present
 
 
+def _judgeable(m: float, floor_s: float) -> bool:
+    """Whether a stage whose peer median is ``m`` seconds can be judged: a median of 0 (a stage the peers report
+    as exactly 0 s, e.g. a prefetching data loader) is judged against ``floor_s`` (the excess must still reach
+    ``outlier_min_abs_s``); before, such a stage was skipped and a rank stalling 60 ms in it (16 % of its step) was
+    never named, while the same stall next to peers at 1 us was."""
+    return m > 0 or (m == 0 and floor_s > 0)
+
+
 def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0,
                    exclude: frozenset[int] = frozenset()) -> list[tuple[int, float]]:
     """Ranks whose value is outlying above the peer median: ``[(rank, relative excess)]``.
@@ -73,14 +81,15 @@ def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0,
     out of the scale (two values' MAD is half their difference, which no excess can pass by ``outlier_z``). The
     relative excess is ``(v - m) / max(m, floor_s)``: a stage that takes its peers almost nothing (a data stage
     of microseconds) is measured against ``floor_s`` (the caller passes :data:`STAGE_SCALE_FLOOR` of the job step
-    time), so one stalled rank reads as a bounded share of the step, never as +5,000,000 %.
+    time), so one stalled rank reads as a bounded share of the step, never as +5,000,000 %. Peers at exactly 0 s
+    are judged the same way when ``floor_s`` > 0 (with ``floor_s`` 0, or a negative median, nothing is named).
     """
     if len(arr) < NUMPY_MIN_RANKS:
         if sum(1 for v in arr if not math.isnan(v)) < s.outlier_min_ranks:
             return []
         ref = _reference(arr, exclude, s.outlier_min_effect)
         m, mad = median_mad(ref)
-        if m <= 0:
+        if not _judgeable(m, floor_s):
             return []
         # two values' MAD is half their difference: a robust z of at most 0.67, so two ranks could never be told
         # apart; their scale is the noise floor alone (the excess still has to reach outlier_min_effect)
@@ -97,7 +106,7 @@ def outlying_ranks(arr: list[float], s: DetectionSettings, floor_s: float = 0.0,
         if _sound(a[keep].tolist(), s.outlier_min_effect):
             v = a[keep]
     m = float(np.median(v))
-    if m <= 0:
+    if not _judgeable(m, floor_s):
         return []
     mad = float(np.median(np.abs(v - m)))
     thr = max(s.outlier_z * max(MAD_TO_SIGMA * mad, s.noise_floor * m), s.outlier_min_effect * m, s.outlier_min_abs_s)
