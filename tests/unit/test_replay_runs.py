@@ -94,3 +94,38 @@ def test_a_file_with_no_valid_record_says_what_a_record_looks_like(tmp_path: Any
         assert f"no valid step record in {f}: {what}. Expected one JSON object per line" in res.output
         assert TELEMETRY_EXAMPLE in res.output
     assert replay_lines([TELEMETRY_EXAMPLE])["records"] == 1  # the example is a valid record
+
+
+def _checkpointing_job() -> list[dict[str, Any]]:
+    """8 ranks with stages, 0.4 s a step; an unflagged 3 s checkpoint every 50 steps; rank 5's forward and backward
+    2x from step 450 (the others wait for it)."""
+    out = []
+    t = T0
+    for s in range(600):
+        own = [0.34 * (1 + 0.01 * ((s * 7 + r * 3) % 5 - 2)) * (2 if r == 5 and s >= 450 else 1) for r in range(8)]
+        st = max(own) + 0.05 + (3.0 if s and s % 50 == 0 else 0.0)
+        for r in range(8):
+            out.append({"job_id": "ck", "rank": r, "world_size": 8, "step": s, "step_time_s": st, "ts_unix_s": t,
+                        "stages": {"forward": 0.4 * own[r], "backward": 0.6 * own[r], "comm": st - own[r]}})
+        t += st
+    return out
+
+
+def test_the_summary_says_when_an_anomaly_began_and_whose_capture_covered_an_episode() -> None:
+    # the anomaly lines gave the step a detector decided at (a checkpoint spike at step 100 read "step 102"),
+    # and an episode covered only by another episode's capture read "1 capture(s)", as if captured itself
+    from profwatch.commands.replay import render_summary
+    res = _replay(_checkpointing_job())
+    text = render_summary(res)
+    spikes = [a for a in res["anomalies"] if a["kind"] == "step_spike"]
+    assert spikes and all(a["detail"]["first_step"] % 50 == 0 < a["step"] - a["detail"]["first_step"] for a in spikes)
+    for a in spikes:
+        assert f"step {a['step']}: step_spike {a['magnitude']:+.1%} (since step {a['detail']['first_step']})" in text
+    assert "periodic_spike" in text and "(every 50 steps)" in text
+    [outlier] = [a for a in res["anomalies"] if a["kind"] == "rank_outlier"]
+    assert outlier["ranks"] == [5]
+    borrowed = [e for e in res["episodes"] if e["captures"] and not any(c["own"] for c in e["captures"])]
+    assert borrowed
+    for e in borrowed:
+        [line] = [ln for ln in text.splitlines() if f"{e['kind']} steps {e['opened_step']}-" in ln]
+        assert f"0 capture(s) (+{len(e['captures'])} of another episode)" in line

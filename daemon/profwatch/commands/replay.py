@@ -394,7 +394,11 @@ def render_summary(result: dict[str, Any]) -> str:
     out.append(f"anomalies: {len(result['anomalies'])}")
     for a in result["anomalies"]:
         ranks = f" ranks={a['ranks'][:8]}" if a["ranks"] else ""
-        out.append(f"  {a['job_id']} step {a['step']}: {a['kind']} {a['magnitude']:+.1%}{ranks}")
+        det = a.get("detail") or {}
+        first, period = det.get("first_step"), det.get("period_steps")
+        since = f" (since step {first})" if isinstance(first, int) and 0 <= first < a["step"] else ""
+        since += f" (every {period} steps)" if isinstance(period, int) and period > 0 else ""
+        out.append(f"  {a['job_id']} step {a['step']}: {a['kind']} {a['magnitude']:+.1%}{ranks}{since}")
     out.append(f"arms: {len(result['arms'])}")
     for r in result["arms"]:
         out.append(f"  {r['job_id']} step {r['step']}: {r['action']} start_step={r['start_step']} "
@@ -408,12 +412,14 @@ def render_summary(result: dict[str, Any]) -> str:
     out.append(f"episodes: {len(eps)}")
     for e in eps:
         ranks = f" ranks={e['ranks'][:8]}" if e["ranks"] else ""
-        caps = len(e["captures"])
+        caps = sum(1 for c in e["captures"] if c.get("own", True))
+        others = len(e["captures"]) - caps  # another episode's capture that covered this one's steps
         end = f"closed ({e['close_reason']})" if e["closed_unix_s"] is not None else "open"
         wait = f", waits: {e['waiting']}" if e["waiting"] and not caps else ""
         last = max(e["last_step"], e.get("last_ongoing_step", e["last_step"]))  # held until, not last report
+        covered = f" (+{others} of another episode)" if others else ""
         out.append(f"  {e['job_id']} {e['kind']}{ranks} steps {e['opened_step']}-{last} "
-                   f"{e['peak_magnitude']:+.1%}: {end}, {caps} capture(s){wait}")
+                   f"{e['peak_magnitude']:+.1%}: {end}, {caps} capture(s){covered}{wait}")
     return "\n".join(out)
 
 
