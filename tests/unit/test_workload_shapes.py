@@ -251,6 +251,37 @@ def test_drift_tracker_counts_each_threshold_once() -> None:
     assert t.observe(1.35 * 1.2, 0.0, 1.0) is None
 
 
+
+def test_a_fall_takes_back_the_drift_it_undoes() -> None:
+    # a healthy job whose level wanders: each small rise followed by the baseline, each fall re-learned. The drift
+    # was carried across the falls as across rises: the reference sank cycle by cycle below any level the job ran
+    # at (0.36 s -> 0.29 s in a replay) and drift +10 %, +20 %, +30 % was reported at a slope of 0
+    t = DriftTracker(0.1)
+    t.learned(0.36, 50)
+    for k in range(6):
+        assert t.observe(0.39, 0.0, 0.39) is None  # +8 % over the reference: below the first threshold
+        t.suspend(0.39)
+        t.learned(0.355, 400 * (k + 1))  # a speed-up, re-learned lower
+        assert t.reference_s == pytest.approx(0.355)  # a level the job ran at, never below
+    assert t.observe(0.39, 0.0, 0.39) is None
+    # a real drift survives a later speed-up only as far as the level still stands above the reference
+    d = DriftTracker(0.1)
+    d.learned(1.0, 10)
+    assert d.observe(1.15, 0.001, 1.0, 200) is not None  # +15 %: reported at 10 %
+    d.suspend(1.15)
+    d.learned(1.05, 300)  # a sudden speed-up: 5 % above the first level remain
+    assert d.reference_s == pytest.approx(1.0)
+    assert d.observe(1.05, 0.0, 1.0) is None
+    assert d.observe(1.21, 0.001, 1.0) is not None  # drifting on to +21 %: the 20 % report
+    # a sudden rise is still not drift: the drift so far is carried across it
+    u = DriftTracker(0.1)
+    u.learned(1.0, 10)
+    assert u.observe(1.15, 0.001, 1.0, 200) is not None
+    u.suspend(1.15)
+    u.learned(1.15 * 1.3, 300)
+    assert u.reference_s == pytest.approx(1.3)
+    assert u.observe(1.15 * 1.3, 0.0, 1.0) is None
+
 # -- 5 ms steps: blocks ----------------------------------------------------------------------------------------------
 def test_five_ms_steps_with_jitter_stay_quiet_and_a_slowdown_is_still_found() -> None:
     sc = TelemetryScenario(world_size=4, steps=12000, step_time_s=0.005, cv=0.05, gc_prob=0.02,
