@@ -124,6 +124,8 @@ def test_the_summary_says_when_an_anomaly_began_and_whose_capture_covered_an_epi
     assert "periodic_spike" in text and "(every 50 steps)" in text
     [outlier] = [a for a in res["anomalies"] if a["kind"] == "rank_outlier"]
     assert outlier["ranks"] == [5]
+    stage = outlier["detail"]["stage"][5]  # forward or backward: both doubled
+    assert f"rank_outlier {outlier['magnitude']:+.1%} ranks=[5] in {stage}" in text  # it named no stage
     borrowed = [e for e in res["episodes"] if e["captures"] and not any(c["own"] for c in e["captures"])]
     assert borrowed
     for e in borrowed:

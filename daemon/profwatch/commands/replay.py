@@ -398,6 +398,10 @@ def render_summary(result: dict[str, Any]) -> str:
         first, period = det.get("first_step"), det.get("period_steps")
         since = f" (since step {first})" if isinstance(first, int) and 0 <= first < a["step"] else ""
         since += f" (every {period} steps)" if isinstance(period, int) and period > 0 else ""
+        stage = det.get("stage")
+        stages = {str(k): str(v) for k, v in stage.items()} if isinstance(stage, dict) else {}  # rank -> stage
+        named = sorted({stages[k] for k in map(str, a["ranks"][:8]) if k in stages})
+        since += f" in {', '.join(named)}" if named else ""
         out.append(f"  {a['job_id']} step {a['step']}: {a['kind']} {a['magnitude']:+.1%}{ranks}{since}")
     out.append(f"arms: {len(result['arms'])}")
     for r in result["arms"]:
