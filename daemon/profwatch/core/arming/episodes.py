@@ -663,7 +663,9 @@ class JobEpisodes:
         is counted as captured at once) and covers every other open episode that wants a capture and whose ranks
         lie in ``covered`` (None: every rank; a job-wide episode only then); while it is in flight, an episode that
         opens with its onset before ``start_step`` and its ranks covered is covered by it too. Returns the episodes
-        it covers. Recording the arm in :attr:`history` is the caller's (the arm path does it for every arm)."""
+        it covers. Recording the arm in :attr:`history` is the caller's (the arm path does it for every arm); an arm
+        that was a repeat (:meth:`_repeat`) is marked so there (the live arm path records it before this call
+        without knowing: the named-rank reserve of the hourly cap would never apply)."""
         ep = self.find(episode_id)
         if ep is None:
             return []
@@ -671,8 +673,11 @@ class JobEpisodes:
             self._flight[capture_id] = (start_step, frozenset(covered) if covered is not None else None, now_unix_s)
         out = [ep]
         follow = bool(ep.follow_ranks)
+        repeat = self._repeat(ep, now_unix_s)  # what next_arm decided it as (before this capture counts)
+        if repeat:
+            self.history.mark_repeat(capture_id)
         self._add_capture(ep, EpisodeCapture(capture_id, now_unix_s, ep.ranks, True, status, level=ep.level,
-                                             follow_up=follow, whole=covered is None))
+                                             follow_up=follow, whole=covered is None, repeat=repeat))
         ep.follow_ranks = ()
         for other in self.open.values():
             if other is ep or other.in_flight is not None or other.is_repeat or other.rotation:
@@ -682,6 +687,12 @@ class JobEpisodes:
                                                         level=other.level, whole=covered is None))
                 out.append(other)
         return out
+
+    def armed_repeat(self, capture_id: str) -> bool:
+        """Whether ``capture_id`` was armed for an episode as a repeat (:meth:`armed`): a restart counts the hour's
+        arms again from the store and marks these in :attr:`history`."""
+        return any(c.own and c.repeat and c.capture_id == capture_id
+                   for e in (*self.open.values(), *self.closed) for c in e.captures)
 
     def _add_capture(self, ep: Episode, cap: EpisodeCapture) -> None:
         ep.captures = [*ep.captures, cap][-MAX_CAPTURES:]
