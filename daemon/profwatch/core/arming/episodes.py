@@ -190,8 +190,11 @@ class JobEpisodes:
         episode whose latest capture found no suspect (``no_suspect``) and that held its level for
         ``episode_quiet_steps`` after the verdict, or that a new change point reaches, is closed with one
         ``level_learned`` event (old and new level, the capture) and reason ``level_learned``; else a new change
-        closes it with reason ``new_change``. So is one that a level found normal explains (``explained_by_level``,
-        below) and that held its level for ``episode_quiet_steps``: the event names the capture that found nobody.
+        closes it with reason ``new_change``. One that a level found normal explains (``explained_by_level``, below)
+        is not: it was never captured itself, so it stays open (explained) until the verdict's hour is over and is
+        then captured once (learned as the first was, should that capture find nobody too); closed on the other
+        capture's verdict after ``episode_quiet_steps`` instead, a job-wide slowdown of up to +50 % was never
+        captured nor compared with the reference.
 
         Explained: a job-wide ``step_regression`` never captured that a known slow rank explains (an open ranked
         episode holding every rank the job's latest verdict named; the job's level, its ranks' own growth taken out,
@@ -448,7 +451,7 @@ class JobEpisodes:
                     out += self._named(ep, still, now_unix_s)
             elif not ep.ranks and ep.reference_s is not None and step_time_s is not None:
                 held = step_time_s >= ep.reference_s * (1.0 + ep.magnitude / 2.0)
-                found = (_found_nobody(ep) or self._found_normal(ep)) if held else None
+                found = _found_nobody(ep) if held else None
                 if found is not None and ep.kind == "step_regression":
                     if ep.settle_step is None:
                         ep.settle_step = furthest_step
@@ -855,12 +858,6 @@ class JobEpisodes:
         if rest < EXPLAINED_GROWTH and ep.reference_s * (1.0 + EXPLAINED_GROWTH) >= v[2]:
             return v[0], v[1], rest
         return None
-
-    def _found_normal(self, ep: Episode) -> str | None:
-        """The capture of every rank whose verdict found nobody at a level that explains ``ep`` (``explained_by_level``:
-        :meth:`_explaining`), else None: held at its level, ``ep`` is the job's new normal as if captured itself."""
-        v = self._verdict
-        return ep.explained_by if ep.explained_by and v is not None and not v[1] and v[0] == ep.explained_by else None
 
     def _ranked_lately(self, now_unix_s: float) -> bool:
         """Whether an episode naming ranks is open or closed within the last hour: the job shows ranks of its own
