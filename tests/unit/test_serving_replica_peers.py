@@ -253,3 +253,14 @@ def test_a_split_keeps_what_the_replicas_peers_learned() -> None:
 def test_a_replica_serving_larger_batches_without_work_is_not_named_before_its_baseline_forms() -> None:
     found = _run(seed=1, work=False, centres=(16.0, 16.0, 28.0))
     assert not [a for _, a in found if a.detail.get("detector") == "replica_peers"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "healthy replicas with work on the flickering host (x1.0-1.5 every 20-90 s): a unit's own CUSUM reports "
+    "replica 2 (ranks 4, 5) +30.4 % at 1,704 s (seed 4, batch centres 4/16/28: baseline 0.919 s, 1.198 s); seed 4 "
+    "centres 28/28/6: ranks 0, 1 +22.9 % at 1,499 s; centres 10/20/30: +27.8 % and +24.7 %. Host load read as a "
+    "level change of one replica. The same at 5df09c5 (not from this change); seed 3 centres 4/16/28 also a "
+    "replica_peers finding +13.6 % at 1,173 s (5df09c5: +14.5 % at 537 s)"))
+def test_healthy_replicas_with_work_on_a_flickering_host_report_no_regression() -> None:
+    found = _run(seed=4, work=True, centres=(4.0, 16.0, 28.0))
+    assert not [a for _, a in found if a.kind == "step_regression"]
