@@ -829,3 +829,44 @@ def test_a_level_capture_whose_excursion_came_back_before_its_window_is_withdraw
     w.shell.on_anomaly(Anomaly("rank_outlier", "j1", 21, (1,), 0.5, {"stage": {1: "forward"}}), w.now)
     last = w.of("io.profwatch.arm_decision.v1")[-1]
     assert last["action"] == "arm", last
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_live_repeat_arm_leaves_the_named_rank_reserve_free_also_after_a_restart(world, tmp_path: Path,
+                                                                                    restart: bool) -> None:
+    """The live arm path (the shell's arm, act mode) recorded every arm as a new one: a repeat (here a job-wide
+    change of the same key armed again within the hour) then held a new slow rank behind the hourly cap
+    (``hourly_cap``), though the NAMED_RESERVE rule lets it arm (it did in observe mode and in the replay only).
+    The episodes mark the repeat in the history, and a restart marks it again from the stored episodes."""
+    arming = {"max_captures_per_hour": 2, "min_arm_gap_s": 0, "cooldown_s": 60}
+    w = world(arming=arming)
+
+    def reg(step: int, mag: float) -> Anomaly:
+        return Anomaly(kind="step_regression", job_id="j1", step=step, ranks=(), magnitude=mag,
+                       detail={"baseline_s": 0.5, "step_time_s": 0.5 * (1 + mag)})
+
+    def land_last(wd: World) -> None:
+        (cid,) = [d["capture_id"] for d in wd.of("io.profwatch.arm_decision.v1") if d["action"] == "arm"][-1:]
+        wd.drain(lambda: wd.state(cid) is CaptureState.WRITTEN)
+        wd.batches = [_complete_batch(cid)]
+        wd.now += 6
+        wd.shell.tick(wd.now)
+        wd.drain(lambda: wd.state(cid) is CaptureState.ANALYSED)
+
+    w.shell.on_anomaly(reg(20, 0.4), w.now)
+    land_last(w)
+    w.now += 120
+    w.shell.on_anomaly(reg(200, 1.2), w.now)  # a new job-wide change of the same key: a repeat of the hour
+    w.shell.tick(w.now)
+    land_last(w)
+    assert [(d["action"], d["reason"]) for d in w.of("io.profwatch.arm_decision.v1")] == [("arm", "armed")] * 2
+    if restart:  # the hour's arms are counted again from the store
+        w.shell.close()
+        w = world(store=StateStore(tmp_path / "state.db"), arming=arming, now=w.now)
+    w.now += 10
+    w.shell.on_anomaly(Anomaly(kind="rank_outlier", job_id="j1", step=230, ranks=(1,), magnitude=0.4,
+                               detail={"stage": "forward"}), w.now)
+    w.shell.tick(w.now)
+    last = w.of("io.profwatch.arm_decision.v1")[-1]
+    assert (last["anomaly"], last["action"], last["reason"]) == ("rank_outlier", "arm", "armed")  # was hourly_cap
+    assert w.shell.summary("j1", w.now) and len(w.store.captures("j1")) == 3  # cap 2 + the reserve of 1

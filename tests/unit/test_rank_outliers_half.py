@@ -94,3 +94,17 @@ def test_two_peers_left_that_disagree_are_no_reference_a_rank_faster_from_the_st
 def _sound_refs() -> tuple[bool, bool, bool]:
     from profwatch.core.detection.rank_outliers import _sound
     return _sound([0.3, 0.4], 0.1), _sound([0.4, 0.41], 0.1), _sound([0.3, 0.4, 0.9], 0.1)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a third slow rank of four clears the two named ones: ranks 1 and 2 3x (named at steps 67 and 157), then "
+    "rank 3 1.5x from step 250: one healthy rank is left, fewer than MIN_REFERENCE_RANKS, so every rank is the "
+    "reference again (median 2.25x the healthy step); ranks 1 and 2 clear at step 258 while still 3x and rank 3 "
+    "is never named (seeds 5-7, rank 3 at 1.5x, 2x or 3x alike). Seeded sweep (3-32 ranks, 1 to half+1 slow one "
+    "after another): 21 named ranks cleared while still slow in 10 of 120 jobs (5df09c5: 69 in 41), all with "
+    "half or more of the ranks slow"))
+def test_a_third_slow_rank_of_four_is_named_and_the_first_two_stay_named() -> None:
+    _, first, held = _drive(4, lambda r, k: 3.0 if (r == 1 and k >= 60) or (r == 2 and k >= 150)
+                            else (1.5 if r == 3 and k >= 250 else 1.0), steps=400)
+    assert 250 <= first.get(3, 10**6) <= 250 + 12, first
+    assert all({1, 2} <= h for h in held[first[2]:]), "rank 1 or 2 cleared while slow"

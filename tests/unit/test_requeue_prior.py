@@ -155,3 +155,18 @@ def test_a_warm_up_off_the_old_level_or_a_requeue_near_it_gives_no_report(warm_l
         got = [d for k, _, d in _feed_warm(warm, _series(seed, 0.08, level, n=200), (0.5, False))
                if k == "step_regression"]
         assert not got, (seed, got)
+
+
+@pytest.mark.parametrize(("level", "start"), [(0.6, 0.5), (0.65, 0.4), (0.7, 0.3)])
+def test_a_warm_up_that_rises_through_the_old_level_is_no_evidence_of_it(level: float, start: float) -> None:
+    """Requeued onto another world size whose warm-up gets slower step by step (``start`` to 1x of its own step
+    time, caches and buffers filling) and then runs steady at 0.6-0.7 s against the old generation's 0.5 s: the
+    median of its last warm-up steps sat near 0.5 s, was taken as steps at the old level, and the healthy new
+    shape was reported once as a step_regression over the previous generation (+19.5 % / +48.7 %, 6 of 38
+    rising warm-ups of another world size in a seeded sweep; 0 at 5df09c5). A warm-up passing the level on a
+    slope is no evidence: both halves of those steps must sit at it too."""
+    for seed in range(10):
+        warm = np.linspace(start * level, level, 10) * _series(300 + seed, 0.02, 1.0, n=10)
+        got = [d for k, _, d in _feed_warm(warm, _series(seed, 0.02, level, n=200), (0.5, False))
+               if k == "step_regression"]
+        assert not got, (seed, got)

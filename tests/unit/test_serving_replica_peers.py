@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pytest
 
 from profwatch.core.capture.planner import CaptureSettings, spike_hold
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
@@ -240,3 +241,26 @@ def test_a_split_keeps_what_the_replicas_peers_learned() -> None:
     assert found[0].step <= 1000 + 124 * 12, found
     fresh = after_split(ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings()))  # references learned again
     assert [a.ranks for a in fresh] == [(0,)] and fresh[0].step >= found[0].step + 8 * 12, (found, fresh)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the young test (ReplicaPeers._judge_young) names a healthy replica that serves larger batches when the steps "
+    "carry no work: replica 2's batch wanders around 28 requests, the others' around 16 (its iterations 1.25x "
+    "longer by its traffic mix alone); named as a step_regression +24.6 % at 194 s (seeds 1, 2, 3: 194 s, 171 s, "
+    "207 s, +24-26 %; centres 8/16/28 seed 3: 260 s). At 5df09c5 never named (a replica slower by construction "
+    "learned its baseline). Without work a batch mix and a bad node look alike: a false arm on healthy traffic "
+    "in the first minutes, the symptom class of serving TP without work"))
+def test_a_replica_serving_larger_batches_without_work_is_not_named_before_its_baseline_forms() -> None:
+    found = _run(seed=1, work=False, centres=(16.0, 16.0, 28.0))
+    assert not [a for _, a in found if a.detail.get("detector") == "replica_peers"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "healthy replicas with work on the flickering host (x1.0-1.5 every 20-90 s): a unit's own CUSUM reports "
+    "replica 2 (ranks 4, 5) +30.4 % at 1,704 s (seed 4, batch centres 4/16/28: baseline 0.919 s, 1.198 s); seed 4 "
+    "centres 28/28/6: ranks 0, 1 +22.9 % at 1,499 s; centres 10/20/30: +27.8 % and +24.7 %. Host load read as a "
+    "level change of one replica. The same at 5df09c5 (not from this change); seed 3 centres 4/16/28 also a "
+    "replica_peers finding +13.6 % at 1,173 s (5df09c5: +14.5 % at 537 s)"))
+def test_healthy_replicas_with_work_on_a_flickering_host_report_no_regression() -> None:
+    found = _run(seed=4, work=True, centres=(4.0, 16.0, 28.0))
+    assert not [a for _, a in found if a.kind == "step_regression"]

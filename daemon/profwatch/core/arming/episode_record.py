@@ -58,7 +58,8 @@ class EpisodeCapture:
     it); ``ranks``: the episode's ranks at the arm; ``status``: None while in flight, then the verdict status
     (``ok``, ``no_suspect``, ``partial``, ``weak``) or how it ended (``failed``, ``cancelled``, ``would_arm``...);
     ``named``: the ranks the verdict names, most suspect first; ``level``: the episode's :attr:`Episode.level` at
-    the arm (relative; None in rows stored before it was recorded); ``follow_up``: armed as the follow-up of a
+    the arm (relative; None in rows stored before it was recorded); ``repeat``: its arm was a repeat
+    (:attr:`~profwatch.core.arming.policy.JobArmState.repeat`: what a restart gives the hourly cap back); ``follow_up``: armed as the follow-up of a
     targeted capture whose ranks waited for ranks it did not hold (:attr:`Episode.follow_ranks`); ``whole``: it
     captured every rank; ``verdict_unix_s``/``job_step_s``: when its verdict came and the job step time (s) then
     (None: no verdict yet, or none known): what a restart restores the job's latest verdict from
@@ -75,12 +76,14 @@ class EpisodeCapture:
     whole: bool = False
     verdict_unix_s: float | None = None
     job_step_s: float | None = None
+    repeat: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"capture_id": self.capture_id, "armed_unix_s": self.armed_unix_s, "ranks": list(self.ranks),
                 "own": self.own, "status": self.status, "named": list(self.named),
                 "level": round(self.level, 6) if self.level is not None else None, "follow_up": self.follow_up,
-                "whole": self.whole, "verdict_unix_s": self.verdict_unix_s, "job_step_s": self.job_step_s}
+                "whole": self.whole, "verdict_unix_s": self.verdict_unix_s, "job_step_s": self.job_step_s,
+                "repeat": self.repeat}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EpisodeCapture:
@@ -88,7 +91,7 @@ class EpisodeCapture:
         return cls(str(d["capture_id"]), float(d["armed_unix_s"]), tuple(int(r) for r in d.get("ranks") or ()),
                    bool(d.get("own", True)), d.get("status"), tuple(int(r) for r in d.get("named") or ()),
                    float(level) if level is not None else None, bool(d.get("follow_up", False)),
-                   bool(d.get("whole", False)), _positive(at), _positive(step_s))
+                   bool(d.get("whole", False)), _positive(at), _positive(step_s), d.get("repeat") is True)
 
 
 def _positive(v: Any) -> float | None:

@@ -190,8 +190,11 @@ class JobEpisodes:
         episode whose latest capture found no suspect (``no_suspect``) and that held its level for
         ``episode_quiet_steps`` after the verdict, or that a new change point reaches, is closed with one
         ``level_learned`` event (old and new level, the capture) and reason ``level_learned``; else a new change
-        closes it with reason ``new_change``. So is one that a level found normal explains (``explained_by_level``,
-        below) and that held its level for ``episode_quiet_steps``: the event names the capture that found nobody.
+        closes it with reason ``new_change``. One that a level found normal explains (``explained_by_level``, below)
+        is not: it was never captured itself, so it stays open (explained) until the verdict's hour is over and is
+        then captured once (learned as the first was, should that capture find nobody too); closed on the other
+        capture's verdict after ``episode_quiet_steps`` instead, a job-wide slowdown of up to +50 % was never
+        captured nor compared with the reference.
 
         Explained: a job-wide ``step_regression`` never captured that a known slow rank explains (an open ranked
         episode holding every rank the job's latest verdict named; the job's level, its ranks' own growth taken out,
@@ -448,7 +451,7 @@ class JobEpisodes:
                     out += self._named(ep, still, now_unix_s)
             elif not ep.ranks and ep.reference_s is not None and step_time_s is not None:
                 held = step_time_s >= ep.reference_s * (1.0 + ep.magnitude / 2.0)
-                found = (_found_nobody(ep) or self._found_normal(ep)) if held else None
+                found = _found_nobody(ep) if held else None
                 if found is not None and ep.kind == "step_regression":
                     if ep.settle_step is None:
                         ep.settle_step = furthest_step
@@ -663,7 +666,9 @@ class JobEpisodes:
         is counted as captured at once) and covers every other open episode that wants a capture and whose ranks
         lie in ``covered`` (None: every rank; a job-wide episode only then); while it is in flight, an episode that
         opens with its onset before ``start_step`` and its ranks covered is covered by it too. Returns the episodes
-        it covers. Recording the arm in :attr:`history` is the caller's (the arm path does it for every arm)."""
+        it covers. Recording the arm in :attr:`history` is the caller's (the arm path does it for every arm); an arm
+        that was a repeat (:meth:`_repeat`) is marked so there (the live arm path records it before this call
+        without knowing: the named-rank reserve of the hourly cap would never apply)."""
         ep = self.find(episode_id)
         if ep is None:
             return []
@@ -671,8 +676,11 @@ class JobEpisodes:
             self._flight[capture_id] = (start_step, frozenset(covered) if covered is not None else None, now_unix_s)
         out = [ep]
         follow = bool(ep.follow_ranks)
+        repeat = self._repeat(ep, now_unix_s)  # what next_arm decided it as (before this capture counts)
+        if repeat:
+            self.history.mark_repeat(capture_id)
         self._add_capture(ep, EpisodeCapture(capture_id, now_unix_s, ep.ranks, True, status, level=ep.level,
-                                             follow_up=follow, whole=covered is None))
+                                             follow_up=follow, whole=covered is None, repeat=repeat))
         ep.follow_ranks = ()
         for other in self.open.values():
             if other is ep or other.in_flight is not None or other.is_repeat or other.rotation:
@@ -682,6 +690,12 @@ class JobEpisodes:
                                                         level=other.level, whole=covered is None))
                 out.append(other)
         return out
+
+    def armed_repeat(self, capture_id: str) -> bool:
+        """Whether ``capture_id`` was armed for an episode as a repeat (:meth:`armed`): a restart counts the hour's
+        arms again from the store and marks these in :attr:`history`."""
+        return any(c.own and c.repeat and c.capture_id == capture_id
+                   for e in (*self.open.values(), *self.closed) for c in e.captures)
 
     def _add_capture(self, ep: Episode, cap: EpisodeCapture) -> None:
         ep.captures = [*ep.captures, cap][-MAX_CAPTURES:]
@@ -844,12 +858,6 @@ class JobEpisodes:
         if rest < EXPLAINED_GROWTH and ep.reference_s * (1.0 + EXPLAINED_GROWTH) >= v[2]:
             return v[0], v[1], rest
         return None
-
-    def _found_normal(self, ep: Episode) -> str | None:
-        """The capture of every rank whose verdict found nobody at a level that explains ``ep`` (``explained_by_level``:
-        :meth:`_explaining`), else None: held at its level, ``ep`` is the job's new normal as if captured itself."""
-        v = self._verdict
-        return ep.explained_by if ep.explained_by and v is not None and not v[1] and v[0] == ep.explained_by else None
 
     def _ranked_lately(self, now_unix_s: float) -> bool:
         """Whether an episode naming ranks is open or closed within the last hour: the job shows ranks of its own

@@ -285,6 +285,18 @@ class ArmHistory:
         if decision.action in ("arm", "would_arm"):
             self.record_arm(now_unix_s, capture_id, repeat=decision.repeat)
 
+    def mark_repeat(self, capture_id: str) -> bool:
+        """The arm of ``capture_id`` was a repeat (:attr:`JobArmState.repeat`): the live arm path records an arm
+        before the episodes know what it was for, and a restart records it again from the store (neither knows
+        it), so the episodes mark it (``JobEpisodes.armed``, ``JobEpisodes.armed_repeat``). Returns whether an arm
+        of that id was counted."""
+        found = False
+        for i, a in enumerate(self._arms):
+            if capture_id and a[1] == capture_id:
+                self._arms[i] = (a[0], a[1], True)
+                found = True
+        return found
+
     def release(self, capture_id: str) -> bool:
         """The capture found nothing (verdict ``no_suspect``): its arm no longer counts against
         ``max_captures_per_hour`` (its bytes still count: they are on disk). Returns whether it was counted."""

@@ -1091,7 +1091,8 @@ class StepTimeRegressionDetector:
         ``level`` (s): at least :data:`PRIOR_CONFIRM_VALUES` of them, one from the warm-up at least, and the median of
         their log step times within ``max(min_effect / 2,`` :data:`PRIOR_AGREE_Z` ``* 1.2533 * noise / sqrt(n))`` of its
         log (the median: a warm-up's first steps may still be slow; its standard error is ``sqrt(pi / 2)`` times the
-        mean's on Gaussian noise). A warm-up runs at the new shape's step time, so
+        mean's on Gaussian noise), and so the median of their older and of their newer half each (``n`` the half's
+        size): a warm-up rising through the old level on a slope had its median there and no step at it. A warm-up runs at the new shape's step time, so
         steps at the old level there are evidence of it whatever the world size; a slower warm-up (compilation, a
         new shape's other step time) gives none. ``noise``: relative, of the learned steps."""
         warm = list(self._warm_values)
@@ -1099,8 +1100,12 @@ class StepTimeRegressionDetector:
         if not warm or n < PRIOR_CONFIRM_VALUES:
             return False
         logs = np.log(np.asarray([*warm, *own.tolist()], dtype=np.float64))
-        off = abs(float(np.median(logs)) - math.log(level))
-        return off <= max(0.5 * self.settings.min_effect, PRIOR_AGREE_Z * MEDIAN_SE * noise / math.sqrt(n))
+        half = n // 2
+        for part in (logs, logs[:half], logs[half:]):  # at the level throughout, not passing it on a slope
+            off = abs(float(np.median(part)) - math.log(level))
+            if off > max(0.5 * self.settings.min_effect, PRIOR_AGREE_Z * MEDIAN_SE * noise / math.sqrt(part.size)):
+                return False
+        return True
 
     def _fire_split(self, fs: FinalizedStep, y: list[float], k: int, magnitude: float, before_s: float,
                     noise: float, reference: str) -> Anomaly:
