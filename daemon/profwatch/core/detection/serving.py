@@ -520,6 +520,9 @@ class ReplicaPeers:
         self._win: list[deque[tuple[float, int]]] = [deque(maxlen=PEER_WINDOW) for _ in range(n)]
         self._firsts: list[deque[int]] = [deque(maxlen=PEER_YOUNG_RUN) for _ in range(n)]
         self._young_named: set[tuple[int, ...]] = set()
+        self._bare: list[int] = [0] * n
+        """Per replica, its steps without a usable ``work``: the young test judges only replicas whose steps all
+        carry it (:meth:`_judge_young`)."""
         self._end: float | None = None
         self.counters = {"replica_blocks": 0, "replica_values_skipped": 0}
 
@@ -542,6 +545,7 @@ class ReplicaPeers:
                 old._vals[o], old._count[o], old._first[o], old._last[o])
             self._hist[q], self._up[q], self._down[q], self._win[q], self._firsts[q] = (
                 old._hist[o], old._up[o], old._down[o], old._win[o], old._firsts[o])
+            self._bare[q] = old._bare[o]
 
     def add(self, rank: int, step: int, time_s: float, work: float | None, now_unix_s: float) -> list[Anomaly]:
         """One step report of job rank ``rank`` (its replica's ``step``, ``time_s`` seconds, ``work`` or None)
@@ -553,8 +557,10 @@ class ReplicaPeers:
         q = self._unit_of.get(rank)
         if q is None or not (time_s > 0 and math.isfinite(time_s)):
             return out
-        key = int(math.floor(math.log(work) / math.log(PEER_WORK_BAND))) if (
-            work is not None and work > 0 and math.isfinite(work)) else 0
+        has_work = work is not None and work > 0 and math.isfinite(work)
+        key = int(math.floor(math.log(work) / math.log(PEER_WORK_BAND))) if has_work and work is not None else 0
+        if not has_work:
+            self._bare[q] += 1
         if self._count[q] >= PEER_BLOCK_VALUES:
             self.counters["replica_values_skipped"] += 1
             return out
@@ -697,9 +703,12 @@ class ReplicaPeers:
         that, ``sigma = max(1.4826 * MAD, noise_floor)`` of the other replicas' ratios (at least
         :data:`PEER_MIN_BASELINE` of them; fewer: not judged). A replica changed before its baseline formed (36 s
         and 57 s into bench_corpus serving_dp runs, or soon after a split) learned the change as its baseline
-        and was never named."""
+        and was never named. Only a replica whose steps all carry ``work``: without it, a replica that serves
+        larger batches is slower than its peers by its traffic mix alone (a balancer's doing, not a bad node),
+        and was named +24-26 % within 171-207 s of healthy traffic
+        (tests/unit/test_serving_replica_peers.py)."""
         hist = self._hist[q]
-        if len(hist) < PEER_YOUNG_RUN or tuple(self.units[q]) in self._young_named:
+        if len(hist) < PEER_YOUNG_RUN or tuple(self.units[q]) in self._young_named or self._bare[q]:
             return []
         pooled = [x for o, h in enumerate(self._hist) if o != q for x in h]
         if len(pooled) < PEER_MIN_BASELINE:
