@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
+import numpy as np
 import pytest
 
-from tests.unit.test_regression import _rising_warm_up, feed
+from profwatch.core.detection.job_detector import DetectionSettings
+from profwatch.core.detection.regression import StepTimeRegressionDetector
+from profwatch.core.detection.types import FinalizedStep
+from tests.unit.test_regression import WARM_UPS, _rising_warm_up, feed
 
 
 @pytest.mark.parametrize(("n", "onset"), [(40, 20), (40, 30), (60, 40), (30, 25)])
@@ -26,3 +33,60 @@ def test_a_small_change_during_a_steep_warm_up_is_found_once_with_its_own_magnit
             assert abs(d["first_step"] - onset) <= 3 and d["baseline_s"] < 0.5, (seed, d)
             found += 1
     assert found >= 9, found
+
+
+def _with_warm_up(x: np.ndarray) -> list[tuple[int, str, float, dict[str, Any]]]:
+    """Feed job step times ``x`` (step 1 first) as ``JobDetector`` does: its first 10 steps excluded as
+    ``"warmup"`` (the detector keeps their newest values, never judges them), the rest measured."""
+    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 8)
+    out: list[tuple[int, str, float, dict[str, Any]]] = []
+    for i, v in enumerate(x.tolist()):
+        for a in det.on_step(FinalizedStep(i + 1, v, 0, 8, None, "warmup" if i < 10 else None)):
+            out.append((a.step, a.kind, a.magnitude, a.detail))
+    return out
+
+
+@pytest.mark.parametrize(("onset", "factor", "cv", "least"),
+                         [(12, 3.0, 0.08, 9), (12, 3.0, 0.015, 10), (14, 1.3, 0.015, 8), (12, 1.3, 0.05, 8)])
+def test_a_change_right_after_flat_warm_up_steps_is_found_against_them(onset: int, factor: float, cv: float,
+                                                                       least: int) -> None:
+    """A job flat from step 1 (0.18 s), ``factor`` x from step ``onset`` on: 1-3 learned steps before the change,
+    the steps before them dropped as warm-up. The split of the learned steps needs 5 before it, and the learned
+    steps (one low, then flat) were taken for a warm-up's end: learned as normal in 10 of 10 seeds for each case.
+    The flat warm-up steps are now the level before the change (``reference "warm_up_steps"``): found in at least
+    ``least`` of 10 seeds (measured 10, 10, 8 and 10), once, with its onset and size, nothing before it."""
+    found = 0
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        x = 0.18 * np.maximum(0.2, 1.0 + cv * rng.standard_normal(400))
+        x[onset - 1:] *= factor
+        regs = [(s, m, d) for s, k, m, d in _with_warm_up(x) if k == "step_regression"]
+        assert len(regs) <= 1 and all(s >= onset for s, _, _ in regs), (seed, regs)
+        for _, mag, d in regs:
+            assert d["reference"] == "warm_up_steps" and abs(d["first_step"] - onset) <= 1, (seed, d)
+            assert mag == pytest.approx(factor - 1.0, rel=0.25) and d["baseline_s"] == pytest.approx(0.18, rel=0.1)
+            found += 1
+    assert found >= least, found
+
+
+def test_rising_warm_up_steps_are_no_level_before_a_change() -> None:
+    """The rising warm-ups of ``tests/unit/test_regression.py`` (5-60 steps after the dropped 10 from 0.3-0.9x, and
+    15-61 steps from 0.6-0.85x; linear and exponential; 3-15 % noise), their dropped steps fed as warm-up: a split
+    against the warm-up steps must beat a warm-up curve rising from the first of them by WARM_UP_STEPS_EVIDENCE
+    noise variances. At WARM_UP_SHAPE_EVIDENCE (1) it reported 3 of them (``warm_up_steps``: 0.6x over 25 steps at
+    15 %, 0.74x over 15 and 45 steps at 13 %: 1.5-2.8 variances), now none."""
+    fired = []
+    cases = [*((n, low, shape, cv, seed, 500) for (n, low), shape, cv, seed
+               in itertools.product(WARM_UPS, ("linear", "exponential"), (0.03, 0.08, 0.15), range(3))),
+             *((n, low, shape, cv, seed, 300) for n, low, shape, cv, seed
+               in itertools.product((15, 30, 45, 61), (0.6, 0.74, 0.85), ("linear", "exponential"),
+                                    (0.05, 0.09, 0.13), range(2)))]
+    for n, low, shape, cv, seed, total in cases:
+        rng = np.random.default_rng(seed)
+        level = np.ones(total + 10)
+        i = np.arange(n)
+        level[:n] = np.linspace(low, 1.0, n) if shape == "linear" else 1.0 - (1.0 - low) * np.exp(-i / (n / 4.0))
+        x = 0.5 * level * np.maximum(0.2, 1.0 + cv * rng.standard_normal(total + 10))
+        fired += [(n, low, shape, cv, seed, d["reference"]) for _, k, _, d in _with_warm_up(x)
+                  if k == "step_regression" and d.get("reference") == "warm_up_steps"]
+    assert fired == []

@@ -94,7 +94,7 @@ fired on its first 2-4 steps and measured a level it had not reached, and the re
 against that level (a +66 % change that ramps in over 5 steps, 5 % heavy-tailed noise: a second report in 8 of 20
 seeds). A run that was flat at the fire (a sudden change) keeps the level it measured: a further change soon after is
 still its own report."""
-_NOT_EXCURSIONS = ("provisional", "learned_steps", "warm_up_line", "previous_generation")
+_NOT_EXCURSIONS = ("provisional", "learned_steps", "warm_up_line", "previous_generation", "warm_up_steps")
 """``detail.reference`` of the level reports that rest on no spike steps held out: never watched for their return
 (:class:`~profwatch.core.detection.interruptions.RecurringInterruptions`). A +12-15 % change during the first
 learning, reported from the learned steps, was reported again 12-20 steps later as a new level over the one before
@@ -176,6 +176,20 @@ and was learned as normal (``bench/bench_corpus.py`` seed 32, ``steady`` run 15:
 before it at 4 % noise, never reported). A split with fewer than :data:`LEARNED_STEP_MIN_AFTER` steps before it
 must clear ``min_effect`` by :data:`EFFECT_Z` standard errors (no leniency) besides every other rule of the split:
 a short warm-up's few rising steps (5 at 3 % noise read +11 %) stay under it."""
+WARM_UP_BEFORE_MIN = 5
+"""Fewest warm-up steps (excluded from detection, the newest :data:`PRIOR_WARM_VALUES`) that a generation's first
+learned steps are split against when their own split finds no change
+(:meth:`StepTimeRegressionDetector._warm_split`): a change fewer than :data:`LEARNED_STEP_MIN_BEFORE` steps into the
+learning has no "before" side among the learned steps, and was learned as normal (3x from step 12 of a job whose
+first 10 steps are warm-up, 1 learned step before it: 0 of 12 series found, 1.5-15 % noise)."""
+WARM_UP_STEPS_EVIDENCE = 4.0
+"""A split of a generation's warm-up steps and first learned steps (:meth:`StepTimeRegressionDetector._warm_split`)
+must explain them better than the best warm-up curve rising from the first warm-up step by this many noise
+variances (instead of :data:`WARM_UP_SHAPE_EVIDENCE`): 8 warm-up steps at 8-15 % noise do not show a slow rise, and
+warm-ups rising from 0.6-0.74x over 15-45 steps (13-15 % noise) beat the curve by 1.5-2.8 (3 of 530 simulated
+warm-ups). Measured on 1.3x and 3x changes from steps 12-18 (1.5-15 % noise): 1.3x at 8-15 % noise beat it by
+1.9-3.0 in 4 of 72 and stays unreported (it cannot be told from such a warm-up); 3x and 1.3x at up to 5 % noise by
+more than 8."""
 MAX_SETTLE_RESTARTS = 3
 """Times the first learning of a generation may start again because the job was still warming up (a rise from the
 first learned steps that then settled, :meth:`StepTimeRegressionDetector._settled`): bounds the delay a warm-up
@@ -897,7 +911,8 @@ class StepTimeRegressionDetector:
                 >= EFFECT_Z * noise * math.sqrt(math.pi / (2.0 * flat.size) + 1.0 / y.size))
         # still rising by a rank test, and no sudden change explains the rise (that one is _learned_step's to report)
         if (not warm and not (self._young() and trend_z(y) >= SETTLE_Z and self._split(y) is None)) \
-                or self._past_prior(flat.tolist()):
+                or self._past_prior(flat.tolist()) or self._warm_split(y) is not None:
+            # a jump off flat warm-up steps is a change, not the warm-up's end (_learned_step reports it)
             self._settle_restarts = None
             return True
         self._jump = self._line_jump(y)
@@ -1033,11 +1048,36 @@ class StepTimeRegressionDetector:
         reference = "learned_steps"
         if split is None:
             split, reference = self._prior_split(y), "previous_generation"
+        if split is None:
+            split, reference = self._warm_split(y), "warm_up_steps"
         self.prior = None
         if split is None:
             return None
         k, mag, noise, before = split
         return self._fire_split(fs, y.tolist(), k, mag, before, noise, reference)
+
+    def _warm_split(self, y: np.ndarray) -> tuple[int, float, float, float] | None:
+        """A generation's first learned steps ``y`` (s, oldest first) split against the steps of its warm-up before
+        them (excluded from detection, the newest :data:`PRIOR_WARM_VALUES`, at least :data:`WARM_UP_BEFORE_MIN`):
+        the test of :meth:`_split` on the warm-up steps followed by ``y``, its split at or after the first learned
+        step, so a change a few steps into the learning has a level before it. Every rule of the split applies to
+        the warm-up steps as to measured steps: the part before the split must not rise (by the least-squares slope
+        and the rank test) and the split must explain the steps better than a warm-up curve rising from the first
+        warm-up step (:meth:`_warm_up_curve`), so a flat warm-up followed by a jump is a change and a rising one
+        stays a warm-up. Only from the generation's start, without a previous generation's level, and when the
+        learned steps are every step since the first measured one (contiguous with the warm-up's). Returns
+        ``(k, magnitude, noise, before_s)`` as :meth:`_split` (``k`` an index into ``y``, 0 = a change from the
+        first learned step), else None. Pure."""
+        warm = list(self._warm_values)
+        if len(warm) < WARM_UP_BEFORE_MIN or not self._from_start or self.prior is not None:
+            return None
+        if self._first_step is None or y.size != self._step_now - self._first_step + 1:
+            return None  # the learned steps do not run on from the warm-up's (some held out or dropped)
+        found = self._split(np.concatenate([np.asarray(warm, dtype=np.float64), y]), first_k=len(warm))
+        if found is None:
+            return None
+        k, mag, noise, before = found
+        return k - len(warm), mag, noise, before
 
     def _past_prior(self, values: list[float]) -> bool:
         """Whether ``values`` (s) rose past the previous generation's level (:attr:`prior`) by ``min_effect`` (their
@@ -1122,12 +1162,15 @@ class StepTimeRegressionDetector:
             self._recent.append(v)
         return a
 
-    def _split(self, y: np.ndarray, pseudo: int = 0) -> tuple[int, float, float, float] | None:
+    def _split(self, y: np.ndarray, pseudo: int = 0,
+               first_k: int = 0) -> tuple[int, float, float, float] | None:
         """The test of :meth:`_learned_step` on ``y`` (step times, oldest first): ``(k, magnitude, noise,
         before_s)`` when the best split into ``y[:k]`` and ``y[k:]`` is a sudden change (the criteria there), else
         None. ``pseudo``: the first values of ``y`` are a reference level, not measured steps (:meth:`_prior_split`):
         they carry no noise (not counted in its degrees of freedom) and no trend (the earlier part's rise is
-        tested on its measured steps). Pure: nothing is learned or reported."""
+        tested on its measured steps). ``first_k``: the first values of ``y`` are warm-up steps
+        (:meth:`_warm_split`), measured but never the changed level: the split is at ``first_k`` or later. Pure:
+        nothing is learned or reported."""
         n = y.size
         if n < 2 * LEARNED_STEP_MIN_AFTER or not np.all(y > 0.0):
             return None
@@ -1142,7 +1185,7 @@ class StepTimeRegressionDetector:
         # a requeued generation's few first steps are judged against the previous level (_prior_split)
         short = (LEARNED_STEP_MIN_BEFORE if self._from_start and not pseudo and self.prior is None
                  else LEARNED_STEP_MIN_AFTER)
-        sse[:short - 1] = np.inf
+        sse[:max(short, first_k) - 1] = np.inf
         k = int(np.argmin(sse)) + 1
         sse_flat = float(c2[-1] - c1[-1] ** 2 / n)
         sse_k = max(0.0, float(sse[k - 1]))  # cumulative sums may cancel below 0 on a noiseless series
@@ -1150,25 +1193,29 @@ class StepTimeRegressionDetector:
         logs = np.log(y)
         mag = log_ratio_magnitude(float(logs[k:].mean() - logs[:k].mean()))
         se = noise * math.sqrt(1.0 / k + 1.0 / (n - k))
-        lenient = -EFFECT_Z * se if k < LEARNED_STEP_MIN_AFTER else EFFECT_Z * se  # few steps before: be sure
+        # few steps before, or warm-up steps before (a warm-up's level, not the job's): be sure
+        lenient = -EFFECT_Z * se if k < LEARNED_STEP_MIN_AFTER or first_k else EFFECT_Z * se
         if (sse_flat - sse_k < LEARNED_STEP_EVIDENCE * noise * noise or mag <= 0.0
                 or mag + lenient < self.settings.min_effect
                 or ramp_evidence(rel)[0] >= RAMP_EVIDENCE * noise * noise or self._rising(rel[pseudo:k], noise)
                 or trend_z(y[pseudo:k]) >= EARLIER_RISE_Z):  # the earlier part rises by the rank test: a warm-up
             return None
-        if not pseudo and self._young() and self._warm_up_curve(rel, sse_k, noise, k):
+        if not pseudo and self._young() and self._warm_up_curve(rel, sse_k, noise, k,
+                                                                WARM_UP_STEPS_EVIDENCE if first_k else None):
             return None
         return k, mag, noise, float(math.exp(logs[:k].mean()))
 
     @staticmethod
-    def _warm_up_curve(rel: np.ndarray, sse_step: float, noise: float, k: int) -> bool:
+    def _warm_up_curve(rel: np.ndarray, sse_step: float, noise: float, k: int, need: float | None = None) -> bool:
         """Whether a warm-up curve (:func:`~profwatch.core.detection.drift.warm_up_sse`: a straight rise from the
         first learned step, flat from its knee on, or one straight line) explains the learned steps ``rel``
         (relative to their median, oldest first) about as well as their best two-level split (residual sum
         ``sse_step``): the split must beat it by :data:`WARM_UP_SHAPE_EVIDENCE` noise variances (``noise``
-        relative). Both models have three parameters, so their residual sums compare directly."""
+        relative), or by ``need`` when given. Both models have three parameters, so their residual sums compare
+        directly."""
         sse_warm, _ = warm_up_sse(rel)
-        need = WARM_UP_SHAPE_EVIDENCE if k >= LEARNED_STEP_MIN_AFTER else -WARM_UP_SHORT_EVIDENCE
+        if need is None:
+            need = WARM_UP_SHAPE_EVIDENCE if k >= LEARNED_STEP_MIN_AFTER else -WARM_UP_SHORT_EVIDENCE
         return sse_warm - sse_step < need * noise * noise
 
     @staticmethod
