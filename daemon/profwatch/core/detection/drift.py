@@ -132,18 +132,12 @@ def ramp_evidence(rel: np.ndarray) -> tuple[float, int, float]:
     s_r, s2_r = c1[-1] - c1[:-1], c2[-1] - c2[:-1]
     sse_step = float(np.min(ss_left + s2_r - s_r**2 / right))
     knees = np.arange(0, n - RAMP_MIN_AFTER)
-    h = np.maximum(0.0, np.arange(n)[None, :] - knees[:, None])  # (knees, n)
-    hc = h - h.mean(axis=1, keepdims=True)
-    yc = y - y.mean()
-    shy = hc @ yc
-    shh = np.einsum("ij,ij->i", hc, hc)
-    ok = (shh > 0) & (shy > 0)
-    if not ok.any():
+    fits = _rising_fits(y, np.maximum(0.0, np.arange(n)[None, :] - knees[:, None]))  # (knees, n)
+    if fits is None:
         return -math.inf, -1, 0.0
-    safe = np.where(shh > 0, shh, 1.0)
-    sse_ramp = float(yc @ yc) - np.where(ok, shy**2 / safe, -np.inf)
+    sse_ramp, slope = fits
     best = int(np.argmin(sse_ramp))
-    return sse_step - float(sse_ramp[best]), int(knees[best]), float(shy[best] / safe[best])
+    return sse_step - float(sse_ramp[best]), int(knees[best]), float(slope[best])
 
 
 def warm_up_sse(rel: np.ndarray, min_knee: int = 2) -> tuple[float, int]:
@@ -161,17 +155,28 @@ def warm_up_sse(rel: np.ndarray, min_knee: int = 2) -> tuple[float, int]:
     if n < 3 or min_knee > n - 1:
         return math.inf, -1
     knees = np.arange(max(1, min_knee), n)
-    h = np.minimum(np.arange(n, dtype=np.float64)[None, :], knees[:, None].astype(np.float64))  # (knees, n)
+    fits = _rising_fits(y, np.minimum(np.arange(n, dtype=np.float64)[None, :],
+                                      knees[:, None].astype(np.float64)))  # (knees, n)
+    if fits is None:
+        return math.inf, -1
+    sse = fits[0]
+    best = int(np.argmin(sse))
+    return max(0.0, float(sse[best])), int(knees[best])
+
+
+def _rising_fits(y: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Least squares of ``y`` (n values) on each row of ``h`` (k rows of n regressor values: one hinge per knee),
+    ``y ~ a + b * h_k``: ``(sse, b)``, each of k values, with ``sse`` +inf where the fit does not rise (``b <= 0``)
+    or ``h_k`` is constant; None when no row rises. Shared by :func:`ramp_evidence` and :func:`warm_up_sse`."""
     hc = h - h.mean(axis=1, keepdims=True)
     yc = y - y.mean()
     shy = hc @ yc
     shh = np.einsum("ij,ij->i", hc, hc)
     ok = (shh > 0) & (shy > 0)
     if not ok.any():
-        return math.inf, -1
-    sse = float(yc @ yc) - np.where(ok, shy**2 / np.where(shh > 0, shh, 1.0), -np.inf)
-    best = int(np.argmin(sse))
-    return max(0.0, float(sse[best])), int(knees[best])
+        return None
+    safe = np.where(shh > 0, shh, 1.0)
+    return float(yc @ yc) - np.where(ok, shy**2 / safe, -np.inf), shy / safe
 
 
 def trend_z(values: np.ndarray) -> float:
