@@ -120,6 +120,17 @@ def test_a_change_after_the_slow_rank_healed_is_captured(seed: int) -> None:
     assert [a for a in res.arms if 2400 <= a["t"] <= 2500 and a["kind"] == "step_regression"], res.arms
 
 
+def _found_normal(settings: ArmingSettings) -> tuple[JobEpisodes, ArmingPolicy]:
+    """A book whose job-wide change (1.0 s -> 1.3 s at step 100) was captured at ``T0`` by ``c1``, a capture of
+    every rank, whose verdict at ``T0 + 60`` found nobody (``no_suspect``); and the policy that armed it."""
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    first, _ = b.observe(_reg(100, 1.0, 1.3), T0)
+    assert first is not None and _arm(b, p, T0, "c1") is first
+    b.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
+    b.capture_ended("c1", T0 + 60, "no_suspect")
+    return b, p
+
+
 def _restarted(b: JobEpisodes, settings: ArmingSettings) -> JobEpisodes:
     """A coordinator restart: a fresh book seeded one stored row at a time, oldest first (the episode desk's start)."""
     fresh = JobEpisodes("j", settings, b.history)
@@ -245,11 +256,7 @@ def test_a_level_a_capture_of_every_rank_found_normal_explains_load_moves_for_an
     (+33 %, +23 % over that level) is host load's, not captured, for the verdict's hour; a jump of +60 % from its
     reference is captured at once. Before, every such move was captured again, each finding nobody."""
     settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
-    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
-    first, _ = b.observe(_reg(100, 1.0, 1.3), T0)
-    assert first is not None and _arm(b, p, T0, "c1") is first
-    b.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
-    b.capture_ended("c1", T0 + 60, "no_suspect")
+    b, p = _found_normal(settings)
     b.observe(_reg(300, 1.3, 1.2), T0 + 200)  # a fall (the detector re-learned at 1.2 s)
     b.advance(T0 + 250, furthest_step=400, step_time_s=1.2)
     move, evs = b.observe(_reg(500, 1.2, 1.6), T0 + 400)
@@ -259,11 +266,7 @@ def test_a_level_a_capture_of_every_rank_found_normal_explains_load_moves_for_an
     b.advance(T0 + 3700, furthest_step=3000, step_time_s=1.6)  # the verdict's hour is over: confirmed once more
     assert move.explained_by == "" and _arm(b, p, T0 + 3700, "c2") is move
     # a jump larger than host load makes is a change of its own, even inside the hour of a verdict that found nobody
-    b2, p2 = JobEpisodes("j", settings), ArmingPolicy(settings)
-    first, _ = b2.observe(_reg(100, 1.0, 1.3), T0)
-    assert _arm(b2, p2, T0, "c1") is first
-    b2.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
-    b2.capture_ended("c1", T0 + 60, "no_suspect")
+    b2, p2 = _found_normal(settings)
     b2.observe(_reg(300, 1.3, 1.0), T0 + 200)
     jump, _ = b2.observe(_reg(500, 1.0, 1.6), T0 + 400)
     assert jump is not None and jump.explained_by == "" and _arm(b2, p2, T0 + 400, "c2") is jump
@@ -290,11 +293,7 @@ def test_a_slow_rank_after_load_moves_found_normal_is_captured_at_once(seed: int
 
 def test_a_restart_keeps_the_level_a_capture_of_every_rank_found_normal() -> None:
     settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
-    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
-    first, _ = b.observe(_reg(100, 1.0, 1.3), T0)
-    assert first is not None and _arm(b, p, T0, "c1") is first
-    b.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
-    b.capture_ended("c1", T0 + 60, "no_suspect")
+    b, p = _found_normal(settings)
     r = _restarted(b, settings)
     r.observe(_reg(300, 1.3, 1.2), T0 + 200)
     move, _ = r.observe(_reg(500, 1.2, 1.6), T0 + 400)
@@ -306,11 +305,7 @@ def test_a_move_a_level_found_normal_explains_is_not_learned_on_that_capture() -
     """Explained by the capture that found nobody and held at its level for ``episode_quiet_steps``: it stays open
     as ``explained_by_level`` (a change never captured itself is no new normal on another capture's verdict)."""
     settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60, episode_quiet_steps=20)
-    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
-    first, _ = b.observe(_reg(100, 1.0, 1.3), T0)
-    assert first is not None and _arm(b, p, T0, "c1") is first
-    b.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
-    b.capture_ended("c1", T0 + 60, "no_suspect")
+    b, p = _found_normal(settings)
     b.observe(_reg(300, 1.3, 1.2), T0 + 200)
     move, _ = b.observe(_reg(500, 1.2, 1.6), T0 + 400)
     assert move is not None and move.explained_by == "c1"
@@ -327,11 +322,7 @@ def test_a_job_wide_move_a_level_found_normal_explains_is_captured_once_its_hour
     a job-wide slowdown of +30-45 % starting within that hour was lost for good (the what-changed verdict compares
     captures, and none was taken); at 5df09c5 it was captured at once."""
     settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
-    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
-    first, _ = b.observe(_reg(100, 1.0, 1.3), T0)
-    assert first is not None and _arm(b, p, T0, "c1") is first
-    b.advance(T0 + 50, furthest_step=150, step_time_s=1.3)
-    b.capture_ended("c1", T0 + 60, "no_suspect")
+    b, p = _found_normal(settings)
     b.observe(_reg(300, 1.3, 1.2), T0 + 200)
     b.advance(T0 + 250, furthest_step=400, step_time_s=1.2)
     move, _ = b.observe(_reg(500, 1.2, 1.68), T0 + 400)
