@@ -249,6 +249,11 @@ class NodeHeartbeat:
     empty when the node is clean (added without a schema bump; older receivers ignore it). ``stopping``: the node
     daemon's last heartbeat, sent as it stops (its connection closes next: a routine close, not a dropped
     message; added without a schema bump).
+
+    ``runnable_per_core``: the host's runnable tasks per online CPU, averaged over the heartbeat interval
+    (``/proc/stat`` ``procs_running``); ``cpu_psi_some_pct``: the kernel's CPU pressure, PSI ``some avg10`` (%),
+    averaged likewise. Each ``-1.0`` when not measured (no PSI on the kernel; an older node daemon never sends
+    them). Added without a schema bump; older receivers ignore them (``daemon/profwatch/core/fleet/host_load.py``).
     """
 
     node_id: str
@@ -259,6 +264,8 @@ class NodeHeartbeat:
     counters: dict[str, int] = field(default_factory=dict)
     stale_state: str = ""
     stopping: bool = False
+    runnable_per_core: float = -1.0
+    cpu_psi_some_pct: float = -1.0
     kind: Literal["node_heartbeat"] = "node_heartbeat"
     v: int = SCHEMA_VERSION
 

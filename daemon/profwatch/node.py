@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 import zmq
 
+from profwatch.adapters.host_load import HostLoadSampler
 from profwatch.adapters.outputs.metrics import DaemonMetrics
 from profwatch.adapters.outputs.sd_notify import SdNotifier
 from profwatch.adapters.zmq.curve import HandshakeMonitor, make_client, peer_address
@@ -64,6 +65,8 @@ and has exited by then explains it (a short-lived process, e.g. one that sends i
 otherwise it is a drop (an oversize first message after a reconnect)."""
 UNKNOWN_SENDER_WINDOW_S = 2.0
 """How long before an unknown close a message from an exited process counts as that close's explanation."""
+HOST_LOAD_SAMPLE_S = 1.0
+"""The node daemon samples its host's CPU load this often (``daemon/profwatch/adapters/host_load.py``)."""
 MAX_TRACKED_RANK_PEERS = 10_000
 
 
@@ -103,8 +106,10 @@ class NodeDaemon:
 
     def __init__(self, settings: NodeSettings, metrics: DaemonMetrics | None = None,
                  security: SecuritySettings | None = None, limits: LimitSettings | None = None,
-                 notifier: SdNotifier | None = None) -> None:
+                 notifier: SdNotifier | None = None, host_load: HostLoadSampler | None = None) -> None:
         self.s = settings
+        # the host's CPU load, sampled once a second and sent with each heartbeat (a test gives its own /proc)
+        self.host_load = host_load or HostLoadSampler()
         self.security = security or SecuritySettings.model_validate({})
         self.limits = limits or LimitSettings.model_validate({})
         self.metrics = metrics or DaemonMetrics("node")
@@ -272,7 +277,7 @@ class NodeDaemon:
         poller.register(self.dealer, zmq.POLLIN)
         poller.register(self.monitor.sock, zmq.POLLIN)
         poller.register(self.rank_monitor.sock, zmq.POLLIN)
-        next_hb = 0.0
+        next_hb = next_load = 0.0
         self.notifier.ready("serving")
         try:
             while not self._stop.is_set():
@@ -297,6 +302,9 @@ class NodeDaemon:
                     len(self._pending) >= self.s.batch_max_messages or now - self._pending_since >= self.s.batch_max_delay_s
                 ):
                     self._flush()
+                if now >= next_load:
+                    next_load = now + HOST_LOAD_SAMPLE_S
+                    self.host_load.sample()
                 if now >= next_hb:
                     next_hb = now + self.s.heartbeat_interval_s
                     self._heartbeat()
@@ -544,10 +552,13 @@ class NodeDaemon:
         of this connection as routine)."""
         self.metrics.queue_depth.labels("pending_relay").set(len(self._pending))
         self.metrics.queue_depth.labels("fs_jobs").set(self._fs_jobs.qsize())
+        if not self.host_load.pending:
+            self.host_load.sample()
+        runnable, psi = self.host_load.take()
         hb = wire.NodeHeartbeat(
             node_id=self.node_id, hostname=self.hostname, pid=os.getpid(), ts_unix_s=time.time(),
             started_unix_s=self.started_unix_s, counters=dict(self.counters), stale_state=self._stale_state,
-            stopping=stopping,
+            stopping=stopping, runnable_per_core=runnable, cpu_psi_some_pct=psi,
         )
         self._send(wire.encode(hb), "node_heartbeat")
         if not stopping:

@@ -11,6 +11,7 @@ from typing import Any
 
 import zmq
 
+from profwatch.adapters.host_load import HostLoadSampler
 from profwatch.adapters.zmq.control import call
 from profwatch.adapters.zmq.curve import make_client
 from profwatch.adapters.zmq.keyfiles import KeyPair, create_certificate, load_keypair, load_public_key
@@ -96,13 +97,14 @@ class Stack:
             self.thread.join(30)
             self.coord = None
 
-    def node(self, node_id: str, security: dict[str, Any] | None = None, **node: Any) -> NodeDaemon:
+    def node(self, node_id: str, security: dict[str, Any] | None = None, host_load: HostLoadSampler | None = None,
+             **node: Any) -> NodeDaemon:
         over = {"node_id": node_id, "bind": f"ipc://{self.root}/{node_id}.sock",
                 "coordinator": self.settings.coordinator.ingest_bind, "heartbeat_interval_s": 0.2,
                 "allowed_config_roots": [str(self.root / "cfg")]}
         over.update(node)
         s = load_settings(None, node=over, security=security or {}, limits=self.limits)
-        d = NodeDaemon(s.node, security=s.security, limits=s.limits)
+        d = NodeDaemon(s.node, security=s.security, limits=s.limits, host_load=host_load)
         t = threading.Thread(target=d.run, name=f"test-node-{node_id}")
         t.start()
         self.nodes[node_id] = (d, t)

@@ -27,9 +27,12 @@ if TYPE_CHECKING:
     from profwatch.config import Settings
     from profwatch.core.arming.targeting import JobTopology
     from profwatch.core.detection.types import Anomaly
+    from profwatch.core.fleet.host_load import LoadExplanation
     from profwatch.core.fleet.registry import JobState
 
 log = structlog.get_logger("profwatch.captures.episodes")
+MAX_LOAD_TOLD = 4096
+"""Episodes remembered as told ``explained_by_host_load`` (all jobs; the oldest forgotten first)."""
 RUN_EVERY_S = 1.0
 """How often (seconds) each job's episodes are judged and its queue run between reports."""
 
@@ -69,13 +72,19 @@ class EpisodeDesk:
         policy: the arming policy in force (a callable: it is swapped at runtime).
         withdraw: the capture shell's ``withdraw(job_id, capture_id, why, now)``: cancel a capture whose episode's
             excursion came back before its window (``JobEpisodes.withdraw_returned``); whether it could.
+        host_load: ``host_load(job_id, episode, now)``: the host-load evidence of a job-wide episode over the job's
+            nodes (``core/fleet/host_load.py`` ``explain_job_change``; None: no data), see ``JobEpisodes.next_arm``.
     """
 
     def __init__(self, *, settings: Settings, store: StateStore, jobs: Mapping[str, JobState],
                  detectors: DetectorsPort, emit: Emit, arm: ArmPort, in_flight: Callable[[str], bool],
                  topology: Callable[[str], JobTopology | None], policy: Callable[[], ArmingPolicy],
-                 withdraw: Callable[[str, str, str, float], bool] = lambda job_id, cid, why, now: False) -> None:
+                 withdraw: Callable[[str, str, str, float], bool] = lambda job_id, cid, why, now: False,
+                 host_load: Callable[[str, Episode, float], LoadExplanation | None] = lambda job_id, ep, now: None,
+                 ) -> None:
         self.s, self.store, self.jobs, self.detectors, self.emit = settings, store, jobs, detectors, emit
+        self._host_load = host_load
+        self._load_told: dict[str, None] = {}  # episodes whose host-load explanation was published (bounded)
         self._withdraw = withdraw
         self._arm, self._in_flight, self._topology, self._policy = arm, in_flight, topology, policy
         self.books: dict[str, JobEpisodes] = {}
@@ -121,10 +130,13 @@ class EpisodeDesk:
                                                      "reason": "covered_by_capture", "episode_id": ep.episode_id,
                                                      "capture_id": ep.in_flight})
             return
-        self.emit(TYPE_ARM_DECISION, an.job_id, {
+        data: dict[str, Any] = {
             "anomaly": an.kind, "step": an.step, "action": "suppress", "reason": ep.waiting,
             "episode_id": ep.episode_id, "until_unix_s": ep.waiting_until_unix_s, "behind": ep.waiting_behind or None,
-            "queued": ep.closed_unix_s is None and not ep.rotation})
+            "queued": ep.closed_unix_s is None and not ep.rotation}
+        if ep.waiting == "explained_by_host_load":
+            data["host_load"] = b.load_evidence.get(ep.episode_id)
+        self.emit(TYPE_ARM_DECISION, an.job_id, data)
 
     def tick(self, now: float) -> None:
         """About once a second per job with open episodes: close the quiet ones, arm what the budget allows."""
@@ -171,7 +183,8 @@ class EpisodeDesk:
         policy = self._policy()
         for _ in range(len(b.open) + 1):  # each pass arms one episode or stops: bounded even with no gap
             picked = b.next_arm(policy, now, capture_in_flight=self._in_flight(job_id),
-                                stalled_ranks=self.detectors.stalled_ranks(job_id), topology=self._topology(job_id))
+                                stalled_ranks=self.detectors.stalled_ranks(job_id), topology=self._topology(job_id),
+                                host_load=lambda ep: self._host_load(job_id, ep, now))
             if picked is None:
                 break
             ep, d = picked
@@ -206,8 +219,26 @@ class EpisodeDesk:
                 b.arm_failed(ep.episode_id, now, failed)
                 data.update(action="suppress", reason=failed)
             self.emit(TYPE_ARM_DECISION, job_id, data)
+        self._tell_load_explained(job_id, b)
         self._save(b)
         return armed
+
+    def _tell_load_explained(self, job_id: str, b: JobEpisodes) -> None:
+        """One non-paging ``arm_decision`` (suppress, ``explained_by_host_load``, with the host-load evidence) for
+        each episode that began to wait as explained by its hosts' load."""
+        for ep in b.open.values():
+            if ep.waiting != "explained_by_host_load":
+                self._load_told.pop(ep.episode_id, None)  # told again if it is explained again later
+                continue
+            if ep.episode_id in self._load_told:
+                continue
+            self._load_told[ep.episode_id] = None
+            while len(self._load_told) > MAX_LOAD_TOLD:
+                self._load_told.pop(next(iter(self._load_told)))
+            self.emit(TYPE_ARM_DECISION, job_id, {
+                "anomaly": ep.kind, "step": ep.last_step, "action": "suppress", "reason": "explained_by_host_load",
+                "episode_id": ep.episode_id, "magnitude": round(ep.magnitude, 4),
+                "host_load": b.load_evidence.get(ep.episode_id), "explained_count": b.load_explained})
 
     # -- captures ---------------------------------------------------------------------------------------------------
     def capture_ended(self, cap: lc.Capture, events: Iterable[lc.Event], now: float) -> None:

@@ -51,6 +51,7 @@ from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, new_capture_id, plan_capture
 from profwatch.core.capture.report import describe, explain_ranks, rank_causes, refusal
 from profwatch.core.changes.reference import REFERENCE_REASON, yield_start_after
+from profwatch.core.fleet.host_load import LoadExplanation, explain_job_change
 from profwatch.core.fleet.step_window import median
 from profwatch.core.step_numbering import profiled_report_steps
 from rankhook import wire
@@ -58,6 +59,7 @@ from rankhook import wire
 if TYPE_CHECKING:
     from profwatch.adapters.store.state import StateStore
     from profwatch.config import Settings
+    from profwatch.core.arming.episodes import Episode
     from profwatch.core.detection.job_detector import Anomaly
     from profwatch.core.fleet.registry import JobState, NodeState
 
@@ -158,7 +160,7 @@ class CaptureShell:
         self.episodes = EpisodeDesk(  # anomalies as episodes; the capture queue (arming/episode_desk.py)
             settings=settings, store=store, jobs=jobs, detectors=detectors, emit=emit, arm=self.arm,
             in_flight=self._slot_held_for_episodes, topology=self.topology, policy=lambda: self.policy,
-            withdraw=self.withdraw)
+            withdraw=self.withdraw, host_load=self._host_load)
         self.references = ReferenceDesk(  # the job's healthy reference capture (changes/reference_desk.py)
             settings=settings, store=store, jobs=jobs, detectors=detectors, arm=self.arm,
             slot_busy=lambda job_id: lc.blocking_capture(self._job(job_id).active.values(),
@@ -482,6 +484,16 @@ class CaptureShell:
         return JobTopology(world_size=job.world_size,
                            hosts={r.rank: r.hostname for r in job.ranks.values() if r.hostname},
                            groups=mine.groups or {}, groups_from=mine.groups_from)
+
+    def _host_load(self, job_id: str, ep: Episode, now: float) -> LoadExplanation | None:
+        """The host-load evidence of a job-wide episode over the nodes the job's ranks run on
+        (``daemon/profwatch/core/fleet/host_load.py``; None: unknown job or no data)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        ids = sorted({r.node_id for r in job.ranks.values() if r.node_id})
+        return explain_job_change([(n, self.nodes[n].host_load) for n in ids if n in self.nodes],
+                                  opened_s=ep.opened_unix_s, now_s=now, magnitude=ep.magnitude)
 
     def on_anomaly(self, an: Anomaly, now: float) -> None:
         """A detector's report: its episode is opened or updated and the job's capture queue runs

@@ -50,6 +50,7 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 from pydantic import Field, TypeAdapter, ValidationError
 
+from profwatch.core.fleet.host_load import MAX_RUNNABLE_PER_CORE
 from rankhook import wire
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}\Z")
@@ -522,6 +523,21 @@ def _check_envelope(env: Any) -> None:
                 and all(0 <= v < MAX_INT for v in env.counters.values())):
             raise MessageRejected("bad_value", "heartbeat pid/times/counters out of range")
         _check_str_dict(env.counters, "counters")
+        _check_host_load(env)
+
+
+def _host_load_ok(x: Any, limit: float) -> bool:
+    """A heartbeat's host-load figure: exactly -1 (not measured) or a finite number in ``[0, limit]``."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and (x == -1.0 or (math.isfinite(x) and 0.0 <= x <= limit))
+
+
+def _check_host_load(env: Any) -> None:
+    """The host-load fields of a heartbeat (``rankhook/wire.py`` ``NodeHeartbeat``; absent from an older node daemon's:
+    their defaults, -1). Raises :class:`MessageRejected` (``bad_value``)."""
+    r, p = getattr(env, "runnable_per_core", -1.0), getattr(env, "cpu_psi_some_pct", -1.0)
+    if not (_host_load_ok(r, MAX_RUNNABLE_PER_CORE) and _host_load_ok(p, 100.0)):
+        raise MessageRejected("bad_value", f"heartbeat host load out of range: runnable_per_core={str(r)[:24]} "
+                                           f"cpu_psi_some_pct={str(p)[:24]}")
 
 
 def _check_collision(env: wire.NodeJobIdCollision) -> None:

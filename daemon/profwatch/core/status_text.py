@@ -138,9 +138,22 @@ def render_nodes(nodes: Sequence[Mapping[str, Any]], ingest_bind: str | None) ->
                      f"rejected={c.get('rejected', 0)} dropped={c.get('dropped', 0)} lost_batches={n['lost_batches']}")
         if n.get("stale_state"):
             lines.append(f"    stale torch_npu state: {n['stale_state']}")
+        load = _host_load_line(n.get("host_load"))
+        if load:
+            lines.append(load)
     if all(n.get("down") for n in nodes):
         lines.append(f"  every node is down: their daemons stopped, or they now dial another coordinator ({cause})")
     return lines
+
+
+def _host_load_line(load: Any) -> str:
+    """A node's host-load line (``core/fleet/host_load.py``), or "" before its first measured heartbeat."""
+    if not isinstance(load, dict) or load.get("runnable_per_core") is None:
+        return ""
+    psi = load.get("cpu_psi_some_pct")
+    psi_text = (f"CPU pressure (PSI some avg10) {psi:.1f} %" if psi is not None
+                else "CPU pressure: no PSI on this kernel (the run queue alone is measured)")
+    return f"    host load: {load['runnable_per_core']:.2f} runnable tasks per core; {psi_text}"
 
 
 def span_text(seconds: float) -> str:
@@ -190,6 +203,9 @@ WAITS = {
                           "holds",
     "explained_by_level": "nothing while the job's latest verdict, within the hour, found no suspect rank at a level "
                           "this one is within host load of; captured once that no longer holds",
+    "explained_by_host_load": "nothing while its hosts' CPU load explains it: the run queue per core rose as much "
+                              "as the job slowed (daemon/profwatch/core/fleet/host_load.py); captured once that no "
+                              "longer holds",
     "culprit_rotates": "nothing: the culprit rotates (load imbalance), not captured again",
     "kind_not_armed": "nothing: its kind is not in arming.arm_on (reported only)",
     "stalled_rank_not_capturable": "nothing: a stalled rank never reaches a capture window (reported only)",

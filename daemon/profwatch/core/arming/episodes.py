@@ -47,6 +47,7 @@ from profwatch.core.arming.settings import ArmingSettings
 from profwatch.core.arming.targeting import JobTopology
 from profwatch.core.capture.lifecycle import Event
 from profwatch.core.detection.types import Anomaly
+from profwatch.core.fleet.host_load import LoadExplanation
 
 __all__ = ["Episode", "EpisodeCapture", "JobEpisodes", "episode_key", "value_key"]  # the record's names too
 
@@ -74,6 +75,11 @@ PERSIST_S = 300.0
 PERSIST_STEPS = 60
 """An episode opened on a key whose culprit rotates is a slow rank of its own once it lasted this long (seconds and
 steps, both) and twice the longest episode of the rotation (a persistent change: >= 5 minutes and >= 60 steps)."""
+LOAD_KINDS = frozenset({"step_regression", "drift"})
+"""Job-wide kinds a host-load move can explain (``explained_by_host_load``, :meth:`JobEpisodes.next_arm`): a job
+slower because its hosts' CPUs are shared is not a change in the job (``daemon/profwatch/core/fleet/host_load.py``)."""
+MAX_LOAD_EVIDENCE = 64
+"""Host-load evidence kept per job (the newest episodes')."""
 EXPLAINED_GROWTH = 0.5
 """A job-wide ``step_regression`` that opens while a known slow rank holds (an open ranked episode whose ranks the
 job's latest verdict named, alone) is that rank's finding, not a change of its own, while the job step time it
@@ -267,6 +273,10 @@ class JobEpisodes:
         self._verdict_at = -math.inf  # when the latest verdict came (unix s; restore keeps the latest)
         self.withdrawn = 0
         """Captures withdrawn because their excursion came back before the window (:meth:`withdraw_returned`)."""
+        self.load_explained = 0
+        """Job-wide episodes that waited as ``explained_by_host_load`` (each counted once per wait; :meth:`next_arm`)."""
+        self.load_evidence: dict[str, dict[str, Any]] = {}
+        """Episode id -> its latest host-load evidence (``LoadExplanation.to_json``; at most :data:`MAX_LOAD_EVIDENCE`)."""
 
     # -- bookkeeping ------------------------------------------------------------------------------------------------
     def _touch(self, ep: Episode) -> None:
@@ -583,9 +593,16 @@ class JobEpisodes:
 
     def next_arm(self, policy: ArmingPolicy, now_unix_s: float, *, capture_in_flight: bool,
                  stalled_ranks: frozenset[int] = frozenset(),
-                 topology: JobTopology | None = None) -> tuple[Episode, ArmDecision] | None:
+                 topology: JobTopology | None = None,
+                 host_load: Callable[[Episode], LoadExplanation | None] | None = None,
+                 ) -> tuple[Episode, ArmDecision] | None:
         """The episode to arm now with its decision (``arm`` or ``would_arm``), or None; every episode decided on
-        the way records what it waits for (``waiting``, ``waiting_until_unix_s``, ``waiting_behind``)."""
+        the way records what it waits for (``waiting``, ``waiting_until_unix_s``, ``waiting_behind``).
+
+        ``host_load``: the host-load evidence of a job-wide episode (``core/fleet/host_load.py``
+        ``explain_job_change`` over the job's nodes; None: no data). A job-wide :data:`LOAD_KINDS` episode it
+        explains waits as ``explained_by_host_load`` (holds nobody; judged again at each run, so it is captured once
+        the load no longer explains it); its evidence is kept in :attr:`load_evidence`."""
         self.settings = policy.settings  # the policy's limits are the ones in force (runtime-tunable)
         held_by: tuple[str, float | None, str] | None = None
         for ep in self.queue():
@@ -593,6 +610,8 @@ class JobEpisodes:
                 v = self._verdict
                 normal = v is not None and v[0] == ep.explained_by and not v[1]
                 self._wait(ep, "explained_by_level" if normal else "explained_by_ranks", None, "")
+                continue
+            if self._explained_by_host_load(ep, host_load):
                 continue
             if ep.not_before_unix_s > now_unix_s:
                 self._wait(ep, ep.waiting or "retry", ep.not_before_unix_s, "")
@@ -627,6 +646,25 @@ class JobEpisodes:
             if not own:
                 held_by = (d.reason, until, ep.episode_id)
         return None
+
+    def _explained_by_host_load(self, ep: Episode,
+                                host_load: Callable[[Episode], LoadExplanation | None] | None) -> bool:
+        """Whether a job-wide episode waits as ``explained_by_host_load`` now (see :meth:`next_arm`); counts each
+        episode once in :attr:`load_explained` and keeps the latest evidence in :attr:`load_evidence`."""
+        if host_load is None or ep.ranks or ep.kind not in LOAD_KINDS:
+            return False
+        ev = host_load(ep)
+        if ev is None:
+            return False
+        self.load_evidence[ep.episode_id] = ev.to_json()
+        while len(self.load_evidence) > MAX_LOAD_EVIDENCE:
+            self.load_evidence.pop(next(iter(self.load_evidence)))
+        if not ev.explained:
+            return False
+        if ep.waiting != "explained_by_host_load":
+            self.load_explained += 1
+        self._wait(ep, "explained_by_host_load", None, "")
+        return True
 
     def _until(self, d: ArmDecision, ep: Episode, now_unix_s: float) -> float | None:
         return self.history.hold_until(d.reason, now_unix_s, self.settings,

@@ -22,7 +22,8 @@ DETECTOR_BYTES_PER_RANK = 200
 """Detector per-rank tables (five list slots, open-step entries) per rank of the job's ``world_size``."""
 JOB_RECORD_BYTES = 16 * 1024
 """One job record and its detector's fixed state (windows of job step times, baselines)."""
-NODE_RECORD_BYTES = 4 * 1024
+NODE_RECORD_BYTES = 8 * 1024
+"""One node record: 4 KB, and its host-load series (``core/fleet/host_load.py``: 180 buckets, about 3.3 KB)."""
 CLAIM_BYTES = 1024
 """One held hello of a claimed job generation (pruned: no versions, counters or paths; ``generations.py``)."""
 

@@ -125,6 +125,7 @@ class Registry:
         node.started_unix_s = hb.started_unix_s
         node.counters = dict(hb.counters)
         node.stale_state = hb.stale_state[:2000]
+        node.host_load.add(now, getattr(hb, "runnable_per_core", -1.0), getattr(hb, "cpu_psi_some_pct", -1.0))
         return new
 
     # -- ranks ------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profwatch.core.fleet.generations import GenerationClaims, GenerationOpened, Shape
+from profwatch.core.fleet.host_load import HostLoadSeries
 from profwatch.core.fleet.step_window import StepWindow, median
 
 
@@ -103,6 +104,8 @@ class NodeState:
     lost_batches: int = 0
     counters: dict[str, int] = field(default_factory=dict)
     stale_state: str = ""  # torch_npu leftovers the node daemon found (stale shm segment, orphaned monitor)
+    host_load: HostLoadSeries = field(default_factory=HostLoadSeries)
+    """The host's CPU load from the node's heartbeats (bounded: ``daemon/profwatch/core/fleet/host_load.py``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +175,7 @@ def snapshot(jobs: Iterable[JobState], nodes: Iterable[NodeState], now: float,
             "down": now - n.last_seen_unix_s > node_timeout_s,
             "counters": n.counters,
             "stale_state": n.stale_state,
+            "host_load": n.host_load.view(),
         }
         for n in nodes
     ]
