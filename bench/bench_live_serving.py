@@ -115,6 +115,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--probe-after-s", type=float, default=None,
                     help="this long after the onset, arm one manual capture (not a detection: scored apart) and print "
                          "whether its analysis names the slow rank")
+    ap.add_argument("--probe-active", type=int, default=None,
+                    help="steps the manual probe capture records (default: the coordinator's [capture] manual_active)")
     ap.add_argument("--out", type=Path, default=None,
                     help="directory for the run's events and step telemetry (JSON lines, replayable)")
     return ap.parse_args()
@@ -178,6 +180,11 @@ def _final_report(a: argparse.Namespace, st: Any, root: Path, t0: float, onset: 
           f"(delay {delay}); arms after the onset {[(d['anomaly'], d['step']) for d in after]}; verdicts "
           f"{_verdicts(st, {d['capture_id'] for d in after if d.get('capture_id')})}; steps {steps}; "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    told = [d for d in _events(st, TYPE_ARM_DECISION) if d.get("reason") == "explained_by_host_load"
+            and d.get("explained_count") is not None]
+    print(f"job-wide episodes explained by host load (not captured): {len(told)} "
+          f"{[(d['step'], (d.get('host_load') or {}).get('predicted_ratio'), (d.get('host_load') or {}).get('observed_ratio')) for d in told]}; "
+          f"node host load now {[n.get('host_load') for n in status.get('nodes', [])]}", flush=True)
     if probe is not None:
         print(f"manual probe capture {a.probe_after_s:.0f} s after the onset (not a detection): "
               f"{probe_verdict or 'no verdict yet'}", flush=True)
@@ -208,6 +215,7 @@ def main() -> int:
         (root / "prof").mkdir()
         stop_file, slow_file = root / "stop", root / "slow"
         st = Stack(root, ack_timeout_s=600.0, sections={"arming": {"active": 6, "min_arm_gap_s": 5.0},
+                                                        "capture": {"max_active": max(10, a.probe_active or 0)},
                                                         "analysis": {"ranking": {"min_effect_frac": 0.08}}})
         procs: list[subprocess.Popen] = []
         t0 = time.monotonic()
@@ -250,7 +258,10 @@ def main() -> int:
                 if (onset is not None and a.probe_after_s is not None and probe is None
                         and time.monotonic() - onset >= a.probe_after_s):
                     try:
-                        probe = str(st.control("arm", {"job_id": JOB, "reason": "probe"})["capture_id"])
+                        probe_args: dict[str, Any] = {"job_id": JOB, "reason": "probe"}
+                        if a.probe_active is not None:
+                            probe_args["active"] = a.probe_active
+                        probe = str(st.control("arm", probe_args)["capture_id"])
                     except Exception as exc:  # noqa: BLE001 - a capture in flight: try again next second
                         print(f"probe not armed yet: {exc}", flush=True)
                 if probe is not None:

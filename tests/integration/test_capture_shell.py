@@ -870,3 +870,35 @@ def test_a_live_repeat_arm_leaves_the_named_rank_reserve_free_also_after_a_resta
     last = w.of("io.profwatch.arm_decision.v1")[-1]
     assert (last["anomaly"], last["action"], last["reason"]) == ("rank_outlier", "arm", "armed")  # was hourly_cap
     assert w.shell.summary("j1", w.now) and len(w.store.captures("j1")) == 3  # cap 2 + the reserve of 1
+
+
+def _load(w: World, node: str, t: float, runnable: float) -> None:
+    w.registry.heartbeat(wire.NodeHeartbeat(node_id=node, hostname=node, pid=1, ts_unix_s=t, started_unix_s=T0,
+                                            runnable_per_core=runnable, cpu_psi_some_pct=95.0), t)
+
+
+def test_a_job_wide_move_its_nodes_load_explains_is_told_once_not_captured_and_captured_when_the_load_goes(
+        world) -> None:
+    w = world(arming={"cooldown_s": 900, "min_arm_gap_s": 5})
+    for t in range(0, 1200, 2):  # 20 minutes at one runnable task per core, then two (heartbeats every 2 s)
+        _load(w, "n1", T0 + t, 1.0 if t < 1000 else 2.0)
+    w.now = T0 + 1200
+    job_wide = Anomaly(kind="step_regression", job_id="j1", step=20, ranks=(), magnitude=0.8,
+                       detail={"pattern": "cusum", "baseline_s": 0.5, "step_time_s": 0.9})
+    w.shell.on_anomaly(job_wide, w.now)
+    w.now += 2
+    w.shell.tick(w.now)
+    decisions = w.of("io.profwatch.arm_decision.v1")
+    told = [d for d in decisions if d["reason"] == "explained_by_host_load"]
+    assert [d["action"] for d in decisions] == ["suppress", "suppress"] and len(told) == 2
+    evidence = told[-1]["host_load"]
+    assert evidence["node_id"] == "n1" and evidence["predicted_ratio"] == 2.0 and evidence["observed_ratio"] == 1.8
+    assert evidence["runnable_per_core_before"] == 1.0 and evidence["cpu_psi_some_pct_after"] == 95.0
+    assert [d.get("explained_count") for d in told] == [1, None]  # told once (with the count), then the report's own
+    assert w.store.captures("j1") == []
+    for t in range(1200, 1320, 2):  # the load goes back; the job stays slow: its own change, captured
+        _load(w, "n1", T0 + t, 1.0)
+    w.now = T0 + 1320
+    w.shell.tick(w.now)
+    assert [d["action"] for d in w.of("io.profwatch.arm_decision.v1")][-1] == "arm"
+    assert len(w.store.captures("j1")) == 1
