@@ -10,8 +10,9 @@ all-reduce (the TP pair's). Both ranks draw the same gaps and batches (one seed)
 capture armed after the onset names rank 1 (``suspect_ranks``), with the delay, and every verdict of the
 captures armed in each part. With ``--out DIR``: every event (``events.jsonl``) and the job's step records
 (``telemetry.jsonl``, ``profwatch replay`` input) and the captures' work directory (reports) are saved there. ``--probe-after-s S``: S seconds after the
-onset one manual capture is armed (``arm``), and its verdict printed apart from the detection's score: whether the
-analysis of a capture names the slow TP rank, whatever the detection did. A SIGTERM ends the ranks and busy loops it
+onset one manual capture is armed (``arm``; ``--probe-active N`` steps), and its verdict printed apart from the
+detection's score: whether the analysis of a capture names the slow TP rank, whatever the detection did. With
+``--out`` the node's host load (``status``, every 10 s) is saved too (``host_load.jsonl``). A SIGTERM ends the ranks and busy loops it
 started (by handle); a busy loop whose bench is gone ends itself. Nothing is asserted.
 
 Usage: python bench/bench_live_serving.py [--healthy-s 900] [--after-s 300] [--max-hogs 2] [--slowdown 1.3]
@@ -234,6 +235,8 @@ def main() -> int:
             probe_verdict: str | None = None
             telemetry = TelemetryLog(JOB)
             next_dump = time.monotonic() + 30.0
+            next_load_log = time.monotonic()
+            host_log: list[dict[str, Any]] = []
             while time.monotonic() - t0 < a.healthy_s + a.after_s and found is None and probe_verdict is None:
                 if any(p.poll() is not None for p in procs):
                     print("a rank exited early; see its log", flush=True)
@@ -246,6 +249,10 @@ def main() -> int:
                 if a.out is not None and time.monotonic() >= next_dump:  # the window holds 1000 steps
                     telemetry.poll(st.control)
                     next_dump = time.monotonic() + 30.0
+                if a.out is not None and time.monotonic() >= next_load_log:  # the node's host load, for diagnosis
+                    host_log.append({"t_s": round(time.monotonic() - t0, 1), "hogs": len(hogs), "nodes": [
+                        n.get("host_load") for n in st.control("status", {"job_id": JOB}).get("nodes", [])]})
+                    next_load_log = time.monotonic() + 10.0
                 if onset is None and time.monotonic() - t0 >= a.healthy_s:
                     slow_file.touch()
                     onset = time.monotonic()
@@ -270,6 +277,8 @@ def main() -> int:
                     found = _named_after_onset(st, onset_arms)
                 time.sleep(1.0)
             _final_report(a, st, root, t0, onset, found, onset_arms, probe, probe_verdict, telemetry)
+            if a.out is not None:
+                (a.out / "host_load.jsonl").write_text("".join(json.dumps(r) + "\n" for r in host_log))
         finally:
             stop_file.touch()
             for p in procs:
