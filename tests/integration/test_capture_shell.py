@@ -879,7 +879,7 @@ def _load(w: World, node: str, t: float, runnable: float) -> None:
 
 def test_a_job_wide_move_its_nodes_load_explains_is_told_once_not_captured_and_captured_when_the_load_goes(
         world) -> None:
-    w = world(arming={"cooldown_s": 900, "min_arm_gap_s": 5})
+    w = world(arming={"cooldown_s": 900, "min_arm_gap_s": 5, "host_load_explains": True})
     for t in range(0, 1200, 2):  # 20 minutes at one runnable task per core, then two (heartbeats every 2 s)
         _load(w, "n1", T0 + t, 1.0 if t < 1000 else 2.0)
     w.now = T0 + 1200
@@ -901,4 +901,16 @@ def test_a_job_wide_move_its_nodes_load_explains_is_told_once_not_captured_and_c
     w.now = T0 + 1320
     w.shell.tick(w.now)
     assert [d["action"] for d in w.of("io.profwatch.arm_decision.v1")][-1] == "arm"
+    assert len(w.store.captures("j1")) == 1
+
+
+def test_by_default_host_load_only_adds_its_evidence_to_a_job_wide_arm(world) -> None:
+    w = world(arming={"cooldown_s": 900, "min_arm_gap_s": 5})  # host_load_explains off (the default)
+    for t in range(0, 1200, 2):
+        _load(w, "n1", T0 + t, 1.0 if t < 1000 else 2.0)
+    w.now = T0 + 1200
+    w.shell.on_anomaly(Anomaly(kind="step_regression", job_id="j1", step=20, ranks=(), magnitude=0.8,
+                               detail={"pattern": "cusum", "baseline_s": 0.5, "step_time_s": 0.9}), w.now)
+    (d,) = w.of("io.profwatch.arm_decision.v1")
+    assert d["action"] == "arm" and d["host_load"]["predicted_ratio"] == 2.0 and d["host_load"]["explained"] is True
     assert len(w.store.captures("j1")) == 1

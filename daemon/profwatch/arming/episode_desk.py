@@ -184,7 +184,8 @@ class EpisodeDesk:
         for _ in range(len(b.open) + 1):  # each pass arms one episode or stops: bounded even with no gap
             picked = b.next_arm(policy, now, capture_in_flight=self._in_flight(job_id),
                                 stalled_ranks=self.detectors.stalled_ranks(job_id), topology=self._topology(job_id),
-                                host_load=lambda ep: self._host_load(job_id, ep, now))
+                                host_load=(lambda ep: self._host_load(job_id, ep, now))
+                                if policy.settings.host_load_explains else None)
             if picked is None:
                 break
             ep, d = picked
@@ -192,6 +193,9 @@ class EpisodeDesk:
                                     "episode_id": ep.episode_id, "waited_s": round(now - ep.opened_unix_s, 3),
                                     "estimated_bytes": d.estimated_bytes,
                                     "targeting": d.target.to_json() if d.target is not None else None}
+            if not ep.ranks:  # a job-wide arm says what its hosts' load did (evidence; it decides only when on)
+                load = self._host_load(job_id, ep, now)
+                data["host_load"] = load.to_json() if load is not None else None
             failed: str | None = None
             try:
                 req = capture_request(ep.anomaly(), d, furthest_step=max(0, job.furthest_step()),

@@ -55,6 +55,11 @@ class ArmingSettings(BaseModel):
                     "spike (stalled_rank and step_spike never arm)",
     )
     min_magnitude: float = Field(0.0, ge=0, description="relative: anomalies below this magnitude do not arm")
+    host_load_explains: bool = Field(False, description=(
+        "a job-wide step_regression or drift whose move its nodes' run queue predicts waits as explained_by_host_load "
+        "instead of being captured (daemon/profwatch/core/fleet/host_load.py); off by default: on a host shared with "
+        "niced work the run queue over-predicts (docs/detection.md); the evidence is in every job-wide arm decision "
+        "either way"))
     episode_quiet_steps: int = Field(
         50, ge=1, description="steps without a report or a sign from its detector after which an episode closes")
     rotation_captures: int = Field(

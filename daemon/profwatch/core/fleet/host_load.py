@@ -17,6 +17,10 @@ Two measures, and why the run queue decides:
   CPU. It saturates near 100 % as soon as the host runs more runnable tasks than cores (measured 93-95 % at a load
   of 4 on 2 cores), so it cannot tell one busy loop from two; it is kept as evidence and shown in ``status`` where
   the kernel has it (``-1``: absent, e.g. kernels before 4.20 or booted with ``psi=0``), never used to decide.
+
+Neither weighs tasks by their nice level: on a host shared with niced work the run queue over-predicts a normal-priority
+job's slowdown, so the explanation is off unless ``[arming] host_load_explains`` is set (measured in
+``docs/detection.md``, "Host load explains a job-wide move").
 """
 
 from __future__ import annotations
