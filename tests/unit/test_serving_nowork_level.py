@@ -59,6 +59,18 @@ def test_without_work_a_lasting_3x_change_is_reported_within_minutes_by_the_unit
         assert len([r for r in late if r[0] <= 1_200.0 + 900.0]) == 1, (seed, regs)
 
 
+def test_without_work_a_3x_change_is_reported_within_three_minutes_by_the_fast_test() -> None:
+    """3x from minute 20 (5 seeds): the fast test's window of a block's time (``NOWORK_FAST_MIN_S``) reports it
+    within 3 minutes of the onset (57-153 s), measured from its onset on (+167-252 % for +200 % under a load of
+    1.0-1.5x). It waited for the block test's five blocks before (202-436 s: bench_corpus seed 35
+    serving_nowork, 3x found a median of 344 steps after the onset)."""
+    for seed in (1, 2, 3, 4, 5):
+        regs = _reports(_nowork(seed, 9_000, slow_from_s=1_200.0))
+        late = [r for r in regs if r[0] >= 1_200.0]
+        assert late and late[0][0] <= 1_200.0 + 180.0, (seed, regs)
+        assert late[0][2] == "unit_level" and 1.5 <= late[0][1] <= 3.0, (seed, regs)
+
+
 def test_without_work_a_healthy_flickering_host_with_a_wandering_batch_is_no_change_of_the_level() -> None:
     """2.5 hours of the same traffic without a change (4 seeds): the unit's level reports nothing. (The regression
     detector's CUSUM read +21 % once, at 2.3 h of seed 1, before and after the level judged units without

@@ -120,3 +120,27 @@ def test_rescale_counts_values_before_and_after_the_change_once() -> None:
     assert step(1_000, 0.1).time_s == pytest.approx(1.0)
     norm.rescale(100.0)  # bounded: at most MAX_SCALE from the measured median
     assert step(1_001, 0.1).time_s == pytest.approx(0.1 / (MAX_SCALE * 0.13))  # MAX_SCALE x the measured median (0.13 s)
+
+
+@pytest.mark.parametrize("factor", [1.3, 2.0, 3.0])
+def test_a_change_reported_late_is_not_rescaled_again_in_the_bands_that_learned_it(factor: float) -> None:
+    """A change found minutes after its onset (the shared level's block test needs five blocks of 60 s) has
+    entered the windows of the load bands by then, all the way in a busy band: a rescale from its first step on
+    must leave those values as measured, so a step at the new level reads 1.0 however many of the changed steps
+    the window took in (0 to all 128). Rescaling them too read its steps at ``1 / factor`` in the bands that had
+    learned it and at the rest of the change in the others: bench_corpus seed 32 serving_work run 2 reported one
+    3x change four times."""
+    for after in (0, 40, 100, 160, 300):
+        norm = LoadNormaliser(DetectionSettings())
+
+        def step(k: int, t: float, norm: LoadNormaliser = norm) -> FinalizedStep:
+            fs = FinalizedStep(k, t, 0, 1, None, None, 8.0)
+            norm.note_step(fs)
+            return norm.normalise(fs)
+
+        for k in range(300):
+            step(k, 0.1)
+        for k in range(after):
+            step(300 + k, 0.1 * factor)
+        norm.rescale(factor, 300)
+        assert step(1_000, 0.1 * factor).time_s == pytest.approx(1.0), (factor, after)

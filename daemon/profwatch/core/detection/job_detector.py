@@ -360,6 +360,7 @@ class JobDetector:
         work = getattr(report, "work", None)
         work = work if isinstance(work, (int, float)) else None
         found = unit.observe(report, now_unix_s, idle=idle, work=work)
+        self._unit_rose(unit.ranks, found)
         if self._peers is not None and not idle:
             found = found + self._to_peers(report, work, now_unix_s)
         return found
@@ -374,6 +375,12 @@ class JobDetector:
             found = self._peers.add(report.rank, report.step, report.step_time_s, work, now_unix_s)
         self._adopt(found)
         return found
+
+    def _unit_rose(self, ranks: Sequence[int], found: list[Anomaly]) -> None:
+        """A replica's own unit reported a rise (``found``): its peer comparison takes it as its new level
+        (``ReplicaPeers.adopt_unit``), so the same change is not named again next to its peers."""
+        if self._peers is not None and any(a.kind == "step_regression" and a.magnitude > 0 for a in found):
+            self._peers.adopt_unit(ranks)
 
     def _adopt(self, found: list[Anomaly]) -> None:
         """A replica its peers named: its rise is its unit's new normal (``UnitPipeline.adopt_rise``)."""
@@ -423,7 +430,9 @@ class JobDetector:
                     i += 1
                     work = getattr(m, "work", None)
                     work = work if isinstance(work, (int, float)) else None
-                    found = units[unit_of[m.rank]].observe(m, now_unix_s, work=work)
+                    unit = units[unit_of[m.rank]]
+                    found = unit.observe(m, now_unix_s, work=work)
+                    self._unit_rose(unit.ranks, found)
                     if self._peers is not None:
                         found = found + self._to_peers(m, work, now_unix_s)
                     if found:

@@ -85,7 +85,15 @@ median of many; tests/unit/test_serving_unit_level.py): the median of its last :
 residuals over the median of its blocks (at least :data:`FAST_BASE_MIN` of them), also :data:`FAST_Z` block noise
 sigmas. More than a shared host's load moves a unit (1.0-1.5x): a change that large is told from it in seconds,
 where the block test needs :data:`LEVEL_RUN` blocks of 60 s (3x changes of bench_corpus serving_work found 444-1,242
-steps after their onset). Not for a unit without ``work``: its batch alone moves a block up to 2.5x."""
+steps after their onset). On a unit without ``work`` the window spans :data:`NOWORK_FAST_MIN_S` (its batch
+moves a few seconds of steps far more than it moves a block)."""
+NOWORK_FAST_MIN_S = LEVEL_BLOCK_S
+"""Seconds of the unit's steps the fast test's window spans at least on a unit without ``work``
+(:class:`UnitLevel` ``without_work``; up to :data:`FAST_MAX_STEPS` residuals): a window of one block's time,
+whose median the batch and the host's load move no more than they move a block (healthy 60 s blocks of
+bench_corpus serving_nowork span 0.6-0.9 in log, so at most about ``exp(0.45)`` = 1.6x off their median, under
+:data:`FAST_EFFECT`). A 3x change of such a unit then waits one block's time, not the block test's
+:data:`LEVEL_RUN` blocks (bench_corpus seed 35 serving_nowork: 3x found a median of 344 steps after its onset)."""
 FAST_BASE_MIN = 2
 """Blocks the fast test needs before it judges (the 2x least change already clears a host's load; at
 :data:`LEVEL_BASE_MIN` a 3x change 7 minutes into a unit that idles most of the time waited for the block test:
@@ -158,6 +166,12 @@ class UnitLevel:
         """Floor of the block noise (log): :data:`NOWORK_MIN_NOISE` without ``work``, else :data:`LEVEL_MIN_NOISE`."""
         return NOWORK_MIN_NOISE if self.without_work else LEVEL_MIN_NOISE
 
+    @property
+    def fast_min_s(self) -> float:
+        """Seconds the fast test's window spans at least: :data:`NOWORK_FAST_MIN_S` without ``work``, else
+        :data:`FAST_MIN_S`."""
+        return NOWORK_FAST_MIN_S if self.without_work else FAST_MIN_S
+
     def least_effect(self, blocks_before: int) -> float:
         """Smallest change (``1 +`` this) reported after a split with ``blocks_before`` blocks before it."""
         if self.without_work:
@@ -217,7 +231,7 @@ class UnitLevel:
         self._open.append(r)
         self._fast.append((step, r, time_s))
         self._fast_s += time_s
-        while len(self._fast) > FAST_STEPS and (self._fast_s - self._fast[0][2] >= FAST_MIN_S
+        while len(self._fast) > FAST_STEPS and (self._fast_s - self._fast[0][2] >= self.fast_min_s
                                                 or len(self._fast) > FAST_MAX_STEPS):
             self._fast_s -= self._fast.popleft()[2]
         fast = self._judge_fast(step)
@@ -307,14 +321,14 @@ class UnitLevel:
         return [Anomaly("step_regression", self.job_id, step, (), math.expm1(e), detail)]
 
     def _judge_fast(self, step: int) -> list[Anomaly]:
-        """The fast test (with ``work`` only): the median of the last :data:`FAST_STEPS` residuals (spanning
-        :data:`FAST_MIN_S` seconds, more residuals if need be) at least ``log(FAST_EFFECT)`` and :data:`FAST_Z` block sigmas over the median
+        """The fast test: the median of the last :data:`FAST_STEPS` residuals (spanning :attr:`fast_min_s`
+        seconds, more residuals if need be, at most :data:`FAST_MAX_STEPS`) at least ``log(FAST_EFFECT)`` and :data:`FAST_Z` block sigmas over the median
         of the blocks (at least :data:`FAST_BASE_MIN`). Reported as the block test's rise (``detail.test
         "fast"``), onset the window's first residual at least half the change over the blocks' median; the blocks
         and the open block's residuals before it are shifted to the new level."""
-        if self.without_work or len(self._fast) < FAST_STEPS or len(self._blocks) < FAST_BASE_MIN:
+        if len(self._fast) < FAST_STEPS or len(self._blocks) < FAST_BASE_MIN:
             return []
-        if self._fast_s < FAST_MIN_S:
+        if self._fast_s < self.fast_min_s and len(self._fast) < FAST_MAX_STEPS:
             return []
         vals = [b.value for b in self._blocks]
         mb = median(vals)
@@ -323,6 +337,8 @@ class UnitLevel:
         if e < max(math.log(FAST_EFFECT), FAST_Z * sigma, math.log1p(self.settings.min_effect)):
             return []
         first = next(st for st, r, _ in self._fast if r - mb >= e / 2.0)
+        # the change measured from its onset on (a window of a minute holds steps from before it)
+        e = max(e, median([r for st, r, _ in self._fast if st >= first]) - mb)
         self._shift(e, first)
         n_new = sum(1 for st, _, _ in self._fast if st >= first)
         keep = len(self._open) - n_new
