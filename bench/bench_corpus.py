@@ -86,8 +86,11 @@ or a learning baseline a smaller share of the time). Per class: runs, healthy ho
 wall cap ended the class under H), false arms, their rate, the exact one-sided 95 % Poisson upper bound on it
 (:func:`poisson_upper`; 0 arms in 20 h bound the rate at 0.15/h, 30 h are needed to bound it under 0.1/h), the
 rotation's captures, withdrawn arms, wall seconds and wall seconds per healthy hour; then every false arm with its
-seed, run, step and time. Cost per healthy hour (one core, idle host): ~4 s CPU for most classes; ``large``
-(256-1024 ranks, ~500k records per healthy hour) ~25 s, 4-6x that in wall on a loaded 2-core host.
+seed, run, step and time. Cost per healthy hour (CPU): ~3-4 s for most classes; ``levels`` ~10 s and ``drift``
+~16 s (most of their time follows a persistent slowdown: not healthy); ``large`` ~18 s (256-1024 ranks, ~0.9M
+records per healthy hour). Niced on 2 cores at a load average of 7-14 that was 5-30 s of wall per healthy hour,
+50-95 s for ``levels``, ``drift`` and ``large``: 200 s a class reached 20 h only for ``warmup_down`` and
+``requeue`` (seeds 31-34); 20 h of every class is about 1.5 hours of wall there.
 """
 
 from __future__ import annotations
