@@ -86,3 +86,19 @@ def test_a_serving_units_noise_is_measured_on_its_healthy_steps() -> None:
     run = bc.CLASSES["serving_dp"]("serving_dp", [31, list(bc.CLASSES).index("serving_dp"), 7])
     (ch,) = run.changes
     assert ch.kind == "replica" and 0.01 <= ch.unit_noise <= 0.04, ch
+
+
+def test_the_healthy_hours_mode_draws_healthy_runs_from_its_own_stream_and_bounds_the_rate() -> None:
+    """``--healthy-hours``: runs without an injected change, round-robin over the seed list, from a seed stream
+    apart from the injected runs' (a healthy run is never an injected run with its change left out), until the
+    class's healthy hours reach H; the rate's bound is Garwood's exact one-sided 95 % bound (0 events: 3.0, the
+    rule of three; 1 event: 4.74)."""
+    bc = _corpus()
+    assert abs(bc.poisson_upper(0) - 2.9957) < 1e-3 and abs(bc.poisson_upper(1) - 4.7439) < 1e-3
+    rows = bc._healthy_corpus(["steady"], 0.5, [31, 32], 300.0, 0.0)
+    assert sum(r["healthy_h"] for r in rows) >= 0.5
+    assert [r["seed_list"] for r in rows[:2]] == [31, 32] and [r["seed"] for r in rows[:2]] == [0, 0]
+    assert all(not r["changes"] for r in rows)
+    injected = bc.CLASSES["steady"]("steady", [31, 0, 0])
+    healthy = bc.CLASSES["steady"]("steady", [31, 0, bc.HEALTHY_STREAM, 0], False)
+    assert injected.shape != healthy.shape

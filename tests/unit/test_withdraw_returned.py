@@ -27,14 +27,14 @@ T0 = 1_764_500_000.0
 
 
 def lines(steps: int, *, onset: int, duration: int | None, factor: float, cv: float = 0.03, world: int = 2,
-          seed: int = 0) -> list[str]:
-    """Telemetry of a ``world``-rank job at ``STEP_S`` with ``cv`` noise; every rank ``factor`` x slower for
+          seed: int = 0, step_s: float = STEP_S) -> list[str]:
+    """Telemetry of a ``world``-rank job at ``step_s`` with ``cv`` noise; every rank ``factor`` x slower for
     ``duration`` steps from step ``onset`` (None: to the end)."""
     rng = np.random.default_rng(seed)
     out, t = [], T0
     for step in range(1, steps + 1):
         on = step >= onset and (duration is None or step < onset + duration)
-        st_s = STEP_S * (factor if on else 1.0) * max(0.2, 1.0 + cv * float(rng.standard_normal()))
+        st_s = step_s * (factor if on else 1.0) * max(0.2, 1.0 + cv * float(rng.standard_normal()))
         t += st_s
         for r in range(world):
             out.append(json.dumps({"job_id": "j", "rank": r, "world_size": world, "step": step,
@@ -238,3 +238,27 @@ def test_an_excursion_said_to_have_come_back_that_goes_on_is_a_new_level() -> No
     assert isinstance(new, NewLevel) and new.first_step == 207 and abs(new.level - 1.0) < 0.01
     assert new.before_s == 1.8 and new.steps == REVERT_STRAYS + 1
     assert run(False) == []
+
+
+def test_a_fast_jobs_checkpoint_is_withdrawn_its_lead_planned_at_the_level_it_returns_to() -> None:
+    """A 0.56 s job's first 5-step 6x checkpoint (``bench_corpus.py --healthy-hours``, ``interrupts`` seed 33,
+    healthy run 3; its last step an evaluation at 25x): the detector's step time at the report already followed the risen steps, and the window was
+    planned at it (7 steps ahead); the job came back with 3 steps left where the lead at 0.56 s is 7-8, too close
+    to withdraw: a capture of a checkpoint. Planned at the level before the excursion, it is withdrawn, and a
+    withdrawal still leaves the lead at that level; a 6x change that lasts keeps its capture."""
+    recs = [json.loads(line) for line in lines(400, onset=200, duration=5, factor=6.0, step_s=0.56)]
+    longer = next(r["step_time_s"] for r in recs if r["step"] == 204) * (25 / 6 - 1)
+    for r in recs:  # its last step an evaluation too, 25x: the hold is the lead at that step's time
+        if r["step"] == 204:
+            r["step_time_s"], r["stages"] = r["step_time_s"] * 25 / 6, {k: v * 25 / 6 for k, v in r["stages"].items()}
+        if r["step"] >= 204:
+            r["ts_unix_s"] += longer
+    ls = [json.dumps(r) for r in recs]
+    res = replay_lines(ls)
+    [arm] = res["arms"]
+    [w] = res["withdrawn"]
+    assert w["capture_id"] == arm["capture_id"] and not spent(res)
+    at = furthest_at(ls, w["at_unix_s"])
+    assert arm["start_step"] - at >= lead_steps(at, 0.56, CaptureSettings())
+    lasting = replay_lines(lines(400, onset=200, duration=None, factor=6.0, step_s=0.56))
+    assert not lasting["withdrawn"] and spent(lasting)

@@ -395,14 +395,32 @@ class ArmHistory:
                              now_unix_s, topology)
 
 
-WITHDRAW_SLACK_STEPS = RETURN_STEPS + 1
+WITHDRAW_SLACK_STEPS = RETURN_STEPS + 3
 """Steps added to the planner's lead for the window of a :func:`withdrawable` report: the
 :data:`~profwatch.core.detection.interruptions.RETURN_STEPS` steps that show its excursion came back, plus the step
-that closes the last of them, pass while the idle config can still reach every rank before the window
+that closes the last of them, one step the excursion may run past its report and one of reporting lag (a step is
+judged once every rank reported it) pass while the idle config can still reach every rank before the window
 (``JobEpisodes.withdraw_returned`` wants the planner's lead between the furthest step and ``start_step``). Armed at
 the lead alone, the return of a 5-step checkpoint at 1.8 s steps was seen with the furthest step 1 step before the
 window (the planner's lead is 4): the idle config could not reach the ranks in time, the window ran, and its data
-lay under a capture that said it was withdrawn before its window (never analysed)."""
+lay under a capture that said it was withdrawn before its window (never analysed). With one step less for the
+last two, a 1.05 s job's 6-step checkpoint held 5 came back with 3 steps left where the lead is 5
+(``bench/bench_corpus.py --healthy-hours``, ``interrupts`` seed 33, healthy run 4: a capture of a checkpoint)."""
+
+
+def _return_step_s(anomaly: Anomaly, step_time_s: float) -> float:
+    """The step time (s) a :func:`withdrawable` report's lead is planned at: the level before its excursion
+    (``detail.baseline_s``) when faster than ``step_time_s`` (the detector's, which may already follow the risen
+    steps). Should the excursion come back, the steps before the window run at that level, and the withdrawal
+    needs the planner's lead at it (``JobEpisodes.withdraw_returned``). Planned at the risen level, a 5-step 6x
+    checkpoint of a 0.56 s job had its window 7 steps after the report and came back with 3 steps left, where the
+    lead at 0.56 s is 7-8 (``bench/bench_corpus.py --healthy-hours``, ``interrupts`` seed 33, healthy runs 3 and
+    4: two captures that recorded nothing but a checkpoint). If the change lasts, the window starts later by the
+    steps' ratio, within the change."""
+    before = anomaly.detail.get("baseline_s")
+    if isinstance(before, (int, float)) and not isinstance(before, bool) and 0.0 < before < step_time_s:
+        return float(before)
+    return step_time_s
 
 
 def withdrawable(anomaly: Anomaly) -> bool:
@@ -416,7 +434,8 @@ def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: i
     """The :class:`~profwatch.core.capture.planner.CaptureRequest` for an arming ``decision`` on ``anomaly``.
 
     For every kind but ``periodic_spike`` the planner places ``start_step`` (its lead ahead of the furthest
-    rank; for a :func:`withdrawable` report :data:`WITHDRAW_SLACK_STEPS` further). For ``periodic_spike`` the window is placed on a predicted occurrence: the first onset
+    rank; for a :func:`withdrawable` report at the level before its excursion, :func:`_return_step_s`, and
+    :data:`WITHDRAW_SLACK_STEPS` further). For ``periodic_spike`` the window is placed on a predicted occurrence: the first onset
     ``o = next_onset_step + j * period_steps`` (j >= 0) with ``o - warmup`` at or after the planner's earliest
     safe start (``furthest_step + lead_steps``), ``start_step = o - warmup`` so the active steps begin at the
     onset, and ``active = max(decision.active, duration_steps)`` capped at ``capture.max_active``. Without a
@@ -430,7 +449,8 @@ def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: i
     if decision.target is not None and decision.target.rank_list is not None:
         base["targeting"] = {**decision.target.to_json(), "estimated_bytes": decision.estimated_bytes}
     if withdrawable(anomaly) and step_time_s is not None and step_time_s > 0:
-        base["in_steps"] = lead_steps(max(0, furthest_step), step_time_s, capture) + WITHDRAW_SLACK_STEPS
+        base["in_steps"] = lead_steps(max(0, furthest_step), _return_step_s(anomaly, step_time_s),
+                                      capture) + WITHDRAW_SLACK_STEPS
     if anomaly.kind != "periodic_spike" or step_time_s is None or not step_time_s > 0:
         return CaptureRequest(**base)
     d = anomaly.detail
