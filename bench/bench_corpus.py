@@ -59,6 +59,9 @@ end of its generation: the next one runs at the old level on new ranks). Reporte
   rank list holds the changed ranks and it names them or none; it was made after the onset, or just before it with
   a capture window that starts on a changed step);
 - detection delay percentiles (steps from onset to the first report that names the change) at 1.3x and at 3x;
+  after the table, each class's median delays beside the steady job's in steps and in seconds, with whether it is
+  within 2x of the steady job's in steps, in seconds, both or neither (a fast-step job's capture lead holds a
+  spike for seconds, which is hundreds of its steps; a slow-step job's few steps are minutes);
 - invariant violations: a magnitude not finite, over 100 (+10,000 %) or under -1; a ``baseline_s`` under 1 % of
   the observed level (the median job step time of the 50 steps before the report; a serving unit's baseline is a
   ratio to its load's usual time: level 1); a regression in ``faster``;
@@ -616,10 +619,11 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
 
         hits = [a for a in res["anomalies"] if a["kind"] in ("step_regression", "rank_outlier")
                 and a["at_unix_s"] >= c.onset_t and names(a)]
-        delay = math.nan
+        delay = delay_s = math.nan
         if hits:
             first = min(hits, key=lambda a: a["at_unix_s"])
             delay = float(sum(1 for t, _ in run.levels if c.onset_t <= t <= first["at_unix_s"]))
+            delay_s = float(first["at_unix_s"] - c.onset_t)
         captured = any((c.onset_t <= a["at_unix_s"] <= c.end_t + GRACE_S or _window_after_onset(run, c, a))
                        and names(a)
                        and (a["rank_list"] is None or not c.ranks or set(c.ranks) <= set(a["rank_list"]))
@@ -627,7 +631,8 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
         out_changes.append({"kind": c.kind, "factor": round(c.factor, 3), "onset": c.onset,
                             "onset_s": round(c.onset_t - T0, 1), "lasting": lasting,
                             "short": short, "steps_lasting": c.steps_lasting, "capture_steps": need,
-                            "detectable": detectable, "delay_steps": delay, "captured": captured,
+                            "detectable": detectable, "delay_steps": delay, "delay_s": delay_s,
+                            "captured": captured,
                             "noise_used": round(floor, 4), "detectable_drawn": detectable_drawn,
                             "learning": c.learning, "unseen": not c.seen})
     return out_changes
@@ -790,6 +795,40 @@ def _print_table(wanted: list[str], rows: list[dict[str, Any]]) -> None:
     if steady_delays["1.3"] or steady_delays["3"]:
         print(f"steady job's median delay (steps): 1.3x {_pct(steady_delays['1.3'], 50):.0f}, "
               f"3x {_pct(steady_delays['3'], 50):.0f}")
+    _print_delays(wanted, rows)
+
+
+def _median_delays(rs: list[dict[str, Any]], factor: float) -> tuple[float, float]:
+    """Median delay of a class's detected changes of one size, in steps and in seconds (nan where none)."""
+    ch = [c for r in rs for c in r["changes"] if c["factor"] == factor and c["detectable"]
+          and not math.isnan(c["delay_steps"])]
+    return _pct([c["delay_steps"] for c in ch], 50), _pct([c.get("delay_s", math.nan) for c in ch], 50)
+
+
+def _print_delays(wanted: list[str], rows: list[dict[str, Any]]) -> None:
+    """Each class's median delays beside the steady job's, in steps and in seconds, and whether it is within 2x of
+    the steady job's in either unit.
+
+    Steps and seconds answer different questions: a job with 8 ms steps whose capture lead holds a spike for 3 s
+    takes hundreds of steps, and a job with 10 s steps takes minutes for a few steps. The verdict says which unit it
+    holds in ("steps", "s", "both") or "no"; "-" where the class or the steady class has no delay of that size."""
+    steady = [r for r in rows if r["class"] == "steady"]
+    if not steady:
+        return
+    ref = {f: _median_delays(steady, f) for f in (1.3, 3.0)}
+    print("median delay beside the steady job's (steps / s; within 2x in steps, in seconds, both or no):")
+    for cls in wanted:
+        rs = [r for r in rows if r["class"] == cls]
+        parts = []
+        for f in (1.3, 3.0):
+            (st, sec), (rst, rsec) = _median_delays(rs, f), ref[f]
+            if math.isnan(st) or math.isnan(rst):
+                parts.append(f"{f}x -")
+                continue
+            ok_st, ok_s = st <= 2 * max(rst, 1.0), sec <= 2 * max(rsec, 0.001)
+            verdict = "both" if ok_st and ok_s else "steps" if ok_st else "s" if ok_s else "no"
+            parts.append(f"{f}x {st:.0f} / {sec:.1f} s ({verdict})")
+        print(f"  {cls:15s} " + ", ".join(parts))
 
 
 def _print_drawn(ch: list[dict[str, Any]]) -> None:
