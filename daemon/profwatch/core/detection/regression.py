@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from profwatch.core.detection.baseline import RobustBaseline, theil_sen
-from profwatch.core.detection.drift import DriftTracker, ramp_evidence, trend_z, warm_up_sse
+from profwatch.core.detection.drift import DriftTracker, ramp_evidence, trend_z, warm_up_sse, warm_up_step
 from profwatch.core.detection.interruptions import NewLevel, RecurringInterruptions
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.spikes import EXIT_FRACTION, SpikeEpisode, SpikeFilter
@@ -194,6 +194,10 @@ MAX_SETTLE_RESTARTS = 3
 """Times the first learning of a generation may start again because the job was still warming up (a rise from the
 first learned steps that then settled, :meth:`StepTimeRegressionDetector._settled`): bounds the delay a warm-up
 longer than the learning window adds (each restart costs at most ``min_baseline_steps`` plus the lag)."""
+CURVE_LAST_STEPS = 3
+"""Measured steps just before a step on a warm-up curve that the steps after it must exceed by ``min_effect`` (their
+medians; :meth:`StepTimeRegressionDetector._curve_split`): a change right at a warm-down's end has only the line's
+last steps before it, and they are above the plateau, never below it."""
 PROVISIONAL_BEFORE = 2
 """Fewest values before a provisional split (:meth:`StepTimeRegressionDetector._provisional_step`): one was too few,
 the first block after a serving unit's bands formed is often far off (bench_corpus serving_dp run 5: a healthy
@@ -1050,6 +1054,8 @@ class StepTimeRegressionDetector:
             split, reference = self._prior_split(y), "previous_generation"
         if split is None:
             split, reference = self._warm_split(y), "warm_up_steps"
+        if split is None:
+            split, reference = self._curve_split(y), "warm_up_curve"
         self.prior = None
         if split is None:
             return None
@@ -1078,6 +1084,44 @@ class StepTimeRegressionDetector:
             return None
         k, mag, noise, before = found
         return k - len(warm), mag, noise, before
+
+    def _curve_split(self, y: np.ndarray) -> tuple[int, float, float, float] | None:
+        """A generation's first learned steps ``y`` (s, oldest first) that a warm-up curve with a level step on its
+        plateau explains (:func:`~profwatch.core.detection.drift.warm_up_step`: a line rising or falling from the
+        first learned step to a knee, flat from there, a step from ``k >= knee`` on): the steps of a warm-up that
+        only just ended give :meth:`_split` no flat level before a change, so a 2x step 2 steps after a 4.26x
+        warm-down was learned as normal (tests/unit/test_regression.py). A change when the step explains the steps
+        better than the curve alone by :data:`LEARNED_STEP_EVIDENCE` noise variances (the stepped curve's residual
+        noise, five parameters, floored as :meth:`_noise`'s), rises by ``min_effect`` plus :data:`EFFECT_Z` standard
+        errors over the plateau, holds :data:`LEARNED_STEP_MIN_AFTER` steps, and, after a curve that rose (a warm-up
+        that saturates continues upwards, as a step would), follows at least :data:`LEARNED_STEP_MIN_BEFORE`
+        plateau steps that do not rise by the rank test (:data:`EARLIER_RISE_Z`). Within
+        :data:`SETTLE_MAX_STEPS` of the generation's start only. The line spans at least
+        :data:`LEARNED_STEP_MIN_BEFORE` steps, and the later steps' median is over the median of the
+        :data:`CURVE_LAST_STEPS` steps just before the step by ``min_effect`` (on log step time) as measured: a
+        curve's line through a few first steps, one of them a leftover slow one, put a fitted plateau 48 % under
+        the flat steps after it and read +108 % (tests/unit/test_regression.py, a 20x warm-down). Returns ``(k, magnitude, noise, before_s)`` as
+        :meth:`_split` (``before_s`` the plateau's level; the magnitude the later steps' geometric mean over it, on
+        log step time), else None. Pure."""
+        if not self._young() or y.size < 2 * LEARNED_STEP_MIN_AFTER or not np.all(y > 0.0):
+            return None
+        med = float(np.median(y))
+        fit = warm_up_step(y / med - 1.0, LEARNED_STEP_MIN_AFTER, LEARNED_STEP_MIN_BEFORE - 1)
+        if fit is None or not fit.step > 0.0 or not 1.0 + fit.plateau > 0.0:
+            return None
+        last = y[max(0, fit.k - CURVE_LAST_STEPS):fit.k]  # the steps just before, as measured (not the fit's line)
+        if math.log(float(np.median(y[fit.k:])) / float(np.median(last))) < self.settings.min_effect:
+            return None
+        level = 1.0 + fit.plateau
+        noise = max(math.sqrt(fit.sse / max(1, y.size - 5)), self.settings.noise_floor, MIN_NOISE)
+        mag = log_ratio_magnitude(float(np.log(y[fit.k:] / med).mean()) - math.log(level))
+        se = noise * fit.step_se / level
+        if (fit.gain < LEARNED_STEP_EVIDENCE * noise * noise or mag - EFFECT_Z * se < self.settings.min_effect):
+            return None
+        if fit.slope > 0.0 and (fit.k - fit.knee < LEARNED_STEP_MIN_BEFORE
+                                or trend_z(y[fit.knee:fit.k]) >= EARLIER_RISE_Z):
+            return None
+        return fit.k, mag, noise, med * level
 
     def _past_prior(self, values: list[float]) -> bool:
         """Whether ``values`` (s) rose past the previous generation's level (:attr:`prior`) by ``min_effect`` (their
