@@ -913,6 +913,11 @@ class StepTimeRegressionDetector:
         flat = y[min(y.size - 1 - knee, y.size - RECENT_FLOOR_VALUES):] if knee >= 0 else y[y.size // 2:]
         warm = (gain >= WARMUP_EVIDENCE * noise * noise and float(np.median(flat)) / mu - 1.0
                 >= EFFECT_Z * noise * math.sqrt(math.pi / (2.0 * flat.size) + 1.0 / y.size))
+        if not warm and self._young():
+            fell = self._fallen_flat(y, rel, noise)
+            if fell is not None:  # a warm-up that fell: the level is its flat end's, not the learned steps'
+                self._restart_learning(fell.tolist())
+                return False
         # still rising by a rank test, and no sudden change explains the rise (that one is _learned_step's to report)
         if (not warm and not (self._young() and trend_z(y) >= SETTLE_Z and self._split(y) is None)) \
                 or self._past_prior(flat.tolist()) or self._warm_split(y) is not None:
@@ -923,6 +928,23 @@ class StepTimeRegressionDetector:
         if self._jump is None:  # else the jump is reported (_warm_up_jump) and learning starts again after it
             self._restart_learning(flat.tolist())
         return False
+
+    @staticmethod
+    def _fallen_flat(y: np.ndarray, rel: np.ndarray, noise: float) -> np.ndarray | None:
+        """The flat end of a warm-up that fell among a first learning's steps ``y`` (s, oldest first; ``rel`` their
+        excess over the learned level, ``noise`` relative), as :meth:`_settled` finds a rising one mirrored: a fall
+        from the first of them that then stays flat explains them better than a step by :data:`WARMUP_EVIDENCE`
+        noise variances (:func:`~profwatch.core.detection.drift.ramp_evidence` on the reversed series) and the
+        flat part (at least the newest :data:`RECENT_FLOOR_VALUES`) is under the learned level by :data:`EFFECT_Z`
+        standard errors. A warm-down too gradual for the fall rule of :meth:`_learn` (an 11x exponential fall at
+        8 % noise) left the level learned over the fall, 3x the flat end's, and a 3x change 18 steps after the
+        fall was learned as normal. None otherwise."""
+        gain, knee, _ = ramp_evidence(rel[::-1])  # fall-then-flat, reversed: flat-then-rise
+        if knee < 0 or not gain >= WARMUP_EVIDENCE * noise * noise:
+            return None
+        flat = y[min(y.size - 1 - knee, y.size - RECENT_FLOOR_VALUES):]
+        below = 1.0 - float(np.median(flat)) / float(np.median(y))
+        return flat if below >= EFFECT_Z * noise * math.sqrt(math.pi / (2.0 * flat.size) + 1.0 / y.size) else None
 
     def _line_jump(self, y: np.ndarray) -> tuple[int, float, float] | None:
         """Among learned steps ``y`` (s, oldest first) taken for a warm-up, a change during it: ``(k, jump, line_s)``
