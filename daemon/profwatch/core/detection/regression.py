@@ -446,6 +446,9 @@ class StepTimeRegressionDetector:
         self._settle_restarts: int | None = 0 if first_learning_checks else None
         """Warm-up restarts of this generation's first learning (:meth:`_settled`); None once it settled."""
         self._recent: deque[float] = deque(maxlen=RAMP_WINDOW)
+        self._recent_steps: deque[int] = deque(maxlen=RAMP_WINDOW)
+        """The step of each value :meth:`_learn` pushed as measured since the last (re-)learn: when it is as long as
+        :attr:`_recent` (nothing else pushed), the steps of the learned values, whatever the screen held out."""
         self._ramp_step: int | None = None
         self._learn_since = 0
         self._interim: tuple[float, float, str] | None = None
@@ -469,6 +472,9 @@ class StepTimeRegressionDetector:
         """The interim reference the report set (s), before it followed any step."""
         self._last_job_step_s: float | None = None
         self._first_step: int | None = None
+        self._first_learned: int | None = None
+        """The step of the generation's first value learned as measured (:meth:`_learn`): whether its learned steps
+        begin where its warm-up's end (:meth:`_warm_split`)."""
         """The generation's first measured step (the age bound of the warm-up rules, :data:`SETTLE_MAX_STEPS`)."""
         self._step_now = 0
         self.prior: tuple[float, bool] | None = None
@@ -504,6 +510,7 @@ class StepTimeRegressionDetector:
         self._spikes_since_event = 0
         self._last_job_step_s = None
         self._first_step = None
+        self._first_learned = None
         self._first_values = []
         self._warm_values.clear()
 
@@ -569,6 +576,7 @@ class StepTimeRegressionDetector:
         self._from_start = False
         self._base.clear()
         self._recent.clear()
+        self._recent_steps.clear()
         self._ramp_step = None
         self._trending = False
         self._s_hi = self._s_lo = 0.0
@@ -785,8 +793,11 @@ class StepTimeRegressionDetector:
                 return None
         self._learn_rise.clear()
         self._learn_fall.clear()
+        if self._first_learned is None:
+            self._first_learned = step
         self._base.push(x)
         self._recent.append(x)
+        self._recent_steps.append(step)
         if len(self._base) >= self.settings.min_baseline_steps:
             if not self._interim_spikes:  # else it ends with the episode held against it (on_step)
                 self._end_interim()
@@ -1093,14 +1104,18 @@ class StepTimeRegressionDetector:
         and the rank test) and the split must explain the steps better than a warm-up curve rising from the first
         warm-up step (:meth:`_warm_up_curve`), so a flat warm-up followed by a jump is a change and a rising one
         stays a warm-up. Only from the generation's start, without a previous generation's level, and when the
-        learned steps are every step since the first measured one (contiguous with the warm-up's). Returns
+        first learned step is the first measured one (the learned steps begin where the warm-up's end) and none
+        left the window: steps held out later (an unflagged interruption held as a spike while learning) do not
+        matter, and a value may be a block of steps (requiring every step since the first measured one to be a
+        learned value lost a 3x change from step 12 after one 3x interruption at step 41, ``bench/bench_corpus.py``
+        seed 35, ``interrupts`` run 12). Returns
         ``(k, magnitude, noise, before_s)`` as :meth:`_split` (``k`` an index into ``y``, 0 = a change from the
         first learned step), else None. Pure."""
         warm = list(self._warm_values)
         if len(warm) < WARM_UP_BEFORE_MIN or not self._from_start or self.prior is not None:
             return None
-        if self._first_step is None or y.size != self._step_now - self._first_step + 1:
-            return None  # the learned steps do not run on from the warm-up's (some held out or dropped)
+        if self._first_step is None or self._first_learned != self._first_step or len(self._recent) >= RAMP_WINDOW:
+            return None  # the learned steps do not begin where the warm-up's end (the first held out, or dropped)
         found = self._split(np.concatenate([np.asarray(warm, dtype=np.float64), y]), first_k=len(warm))
         if found is None:
             return None
@@ -1216,10 +1231,14 @@ class StepTimeRegressionDetector:
     def _fire_split(self, fs: FinalizedStep, y: list[float], k: int, magnitude: float, before_s: float,
                     noise: float, reference: str) -> Anomaly:
         """Report a change found while learning at ``y[k]`` (``y``: the learned steps, oldest first; ``before_s`` the
-        level before it, s) as a ``pattern "level"`` report with ``reference``, then learn again from ``y[k:]``."""
+        level before it, s) as a ``pattern "level"`` report with ``reference``, then learn again from ``y[k:]``.
+        ``first_step``: the step of ``y[k]`` where the learned values' steps are known (:attr:`_recent_steps`), else
+        counted back from ``fs`` (one step a value)."""
         after = y[k:]
+        steps = self._recent_steps  # the learned values' own steps when y is they (held-out steps between them)
+        first = steps[k] if len(steps) == len(y) == len(self._recent) < RAMP_WINDOW else fs.step - (len(y) - 1 - k)
         detail = {"pattern": "level", "learning": True, "reference": reference,
-                  "first_step": fs.step - (len(y) - 1 - k), "baseline_s": before_s, "noise": noise,
+                  "first_step": first, "baseline_s": before_s, "noise": noise,
                   "step_time_s": before_s * (1.0 + magnitude), "steps": len(after), "baseline_values": k,
                   "slowest_ranks": [fs.slowest_rank]}
         a = self._fire(fs.step, magnitude, detail)
