@@ -9,7 +9,7 @@ with the level it had when first learned and says when it has grown by another `
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -162,6 +162,80 @@ def warm_up_sse(rel: np.ndarray, min_knee: int = 2) -> tuple[float, int]:
     sse = fits[0]
     best = int(np.argmin(sse))
     return max(0.0, float(sse[best])), int(knees[best])
+
+
+class StepOnCurve(NamedTuple):
+    """The best warm-up curve with a level step on its plateau (:func:`warm_up_step`); ``rel`` units throughout."""
+
+    gain: float
+    """The curve's residual sum of squares less the stepped curve's (>= 0)."""
+    sse: float
+    """The stepped curve's residual sum of squares (>= 0)."""
+    knee: int
+    """Where the curve's line ends and its plateau begins (an index)."""
+    k: int
+    """The step's first index (``>= knee``)."""
+    plateau: float
+    """The fitted level just before the step."""
+    step: float
+    """The step's height (> 0: a rise)."""
+    slope: float
+    """The line's slope per value (> 0: a warm-up that rose, < 0: one that fell)."""
+    step_se: float
+    """The step's standard error per unit of noise: ``1 / sqrt(r.r)``, ``r`` the step's indicator with the curve's
+    regressors partialled out."""
+
+
+def warm_up_step(rel: np.ndarray, min_after: int, min_knee: int = 2) -> StepOnCurve | None:
+    """The best *warm-up curve with a level step on its plateau* through ``rel`` (1-D, oldest first): a straight
+    line from the first value (rising or falling) to a knee, flat from there, and a step of height ``c`` from index
+    ``k >= knee`` on (``a + b * min(i, knee) + c * [i >= k]``, at least ``min_after`` values from ``k``), against
+    the same curve without the step (the knee from ``min_knee`` to ``n - 1``, either slope sign). Returns
+    a :class:`StepOnCurve` (the best pair's fit and its gain over the best curve without a step); None below
+    ``min_after + 3`` values. Least squares for each (knee, k) pair by partialling the step's indicator out of
+    ``[1, min(i, knee)]`` (Frisch-Waugh-Lovell); cost O(n^2) (n <= a few hundred; run at the end of a first learning
+    only). Our own model: Hudson's one-breakpoint regression (1966, JASA 61:1097) with a level shift added."""
+    y = np.asarray(rel, dtype=np.float64)
+    n = y.size
+    if n < min_after + 3 or min_knee > n - 1:
+        return None
+    idx = np.arange(n, dtype=np.float64)
+    best_curve = math.inf
+    best: tuple[float, StepOnCurve] | None = None
+    for knee in range(max(1, min_knee), n):
+        h = np.minimum(idx, float(knee))
+        hc = h - h.mean()
+        shh = float(hc @ hc)
+        if shh <= 0.0:
+            continue
+        yc = y - y.mean()
+        b0 = float(hc @ yc) / shh
+        ry = yc - b0 * hc  # y with [1, h] partialled out
+        best_curve = min(best_curve, float(ry @ ry))
+        ks = np.arange(knee, n - min_after + 1)
+        if ks.size == 0:
+            continue
+        s = (idx[None, :] >= ks[:, None]).astype(np.float64)  # (ks, n) step indicators
+        sc = s - s.mean(axis=1, keepdims=True)
+        rs = sc - np.outer(sc @ hc / shh, hc)
+        srr = np.einsum("ij,ij->i", rs, rs)
+        ok = srr > 1e-12
+        if not ok.any():
+            continue
+        srs = rs @ ry
+        red = np.where(ok, srs**2 / np.where(ok, srr, 1.0), -np.inf)
+        j = int(np.argmax(red))
+        c = float(srs[j] / srr[j])
+        sse = float(ry @ ry) - float(red[j])
+        if best is None or sse < best[0]:
+            # the plateau before the step: a + b * knee with a, b fitted together with the step
+            b = b0 - c * float(sc[j] @ hc) / shh
+            a = float(y.mean()) - b * float(h.mean()) - c * float(s[j].mean())
+            best = (sse, StepOnCurve(0.0, max(0.0, sse), knee, int(ks[j]), a + b * knee, c, b, 1.0 / math.sqrt(float(srr[j]))))
+    if best is None or not math.isfinite(best_curve):
+        return None
+    sse, fit = best
+    return fit._replace(gain=max(0.0, best_curve - max(0.0, sse)))
 
 
 def _rising_fits(y: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:

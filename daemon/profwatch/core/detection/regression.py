@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from profwatch.core.detection.baseline import RobustBaseline, theil_sen
-from profwatch.core.detection.drift import DriftTracker, ramp_evidence, trend_z, warm_up_sse
+from profwatch.core.detection.drift import DriftTracker, ramp_evidence, trend_z, warm_up_sse, warm_up_step
 from profwatch.core.detection.interruptions import NewLevel, RecurringInterruptions
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.spikes import EXIT_FRACTION, SpikeEpisode, SpikeFilter
@@ -194,6 +194,10 @@ MAX_SETTLE_RESTARTS = 3
 """Times the first learning of a generation may start again because the job was still warming up (a rise from the
 first learned steps that then settled, :meth:`StepTimeRegressionDetector._settled`): bounds the delay a warm-up
 longer than the learning window adds (each restart costs at most ``min_baseline_steps`` plus the lag)."""
+CURVE_LAST_STEPS = 3
+"""Measured steps just before a step on a warm-up curve that the steps after it must exceed by ``min_effect`` (their
+medians; :meth:`StepTimeRegressionDetector._curve_split`): a change right at a warm-down's end has only the line's
+last steps before it, and they are above the plateau, never below it."""
 PROVISIONAL_BEFORE = 2
 """Fewest values before a provisional split (:meth:`StepTimeRegressionDetector._provisional_step`): one was too few,
 the first block after a serving unit's bands formed is often far off (bench_corpus serving_dp run 5: a healthy
@@ -442,6 +446,9 @@ class StepTimeRegressionDetector:
         self._settle_restarts: int | None = 0 if first_learning_checks else None
         """Warm-up restarts of this generation's first learning (:meth:`_settled`); None once it settled."""
         self._recent: deque[float] = deque(maxlen=RAMP_WINDOW)
+        self._recent_steps: deque[int] = deque(maxlen=RAMP_WINDOW)
+        """The step of each value :meth:`_learn` pushed as measured since the last (re-)learn: when it is as long as
+        :attr:`_recent` (nothing else pushed), the steps of the learned values, whatever the screen held out."""
         self._ramp_step: int | None = None
         self._learn_since = 0
         self._interim: tuple[float, float, str] | None = None
@@ -465,6 +472,9 @@ class StepTimeRegressionDetector:
         """The interim reference the report set (s), before it followed any step."""
         self._last_job_step_s: float | None = None
         self._first_step: int | None = None
+        self._first_learned: int | None = None
+        """The step of the generation's first value learned as measured (:meth:`_learn`): whether its learned steps
+        begin where its warm-up's end (:meth:`_warm_split`)."""
         """The generation's first measured step (the age bound of the warm-up rules, :data:`SETTLE_MAX_STEPS`)."""
         self._step_now = 0
         self.prior: tuple[float, bool] | None = None
@@ -500,6 +510,7 @@ class StepTimeRegressionDetector:
         self._spikes_since_event = 0
         self._last_job_step_s = None
         self._first_step = None
+        self._first_learned = None
         self._first_values = []
         self._warm_values.clear()
 
@@ -565,6 +576,7 @@ class StepTimeRegressionDetector:
         self._from_start = False
         self._base.clear()
         self._recent.clear()
+        self._recent_steps.clear()
         self._ramp_step = None
         self._trending = False
         self._s_hi = self._s_lo = 0.0
@@ -781,8 +793,11 @@ class StepTimeRegressionDetector:
                 return None
         self._learn_rise.clear()
         self._learn_fall.clear()
+        if self._first_learned is None:
+            self._first_learned = step
         self._base.push(x)
         self._recent.append(x)
+        self._recent_steps.append(step)
         if len(self._base) >= self.settings.min_baseline_steps:
             if not self._interim_spikes:  # else it ends with the episode held against it (on_step)
                 self._end_interim()
@@ -909,6 +924,11 @@ class StepTimeRegressionDetector:
         flat = y[min(y.size - 1 - knee, y.size - RECENT_FLOOR_VALUES):] if knee >= 0 else y[y.size // 2:]
         warm = (gain >= WARMUP_EVIDENCE * noise * noise and float(np.median(flat)) / mu - 1.0
                 >= EFFECT_Z * noise * math.sqrt(math.pi / (2.0 * flat.size) + 1.0 / y.size))
+        if not warm and self._young():
+            fell = self._fallen_flat(y, rel, noise)
+            if fell is not None:  # a warm-up that fell: the level is its flat end's, not the learned steps'
+                self._restart_learning(fell.tolist())
+                return False
         # still rising by a rank test, and no sudden change explains the rise (that one is _learned_step's to report)
         if (not warm and not (self._young() and trend_z(y) >= SETTLE_Z and self._split(y) is None)) \
                 or self._past_prior(flat.tolist()) or self._warm_split(y) is not None:
@@ -919,6 +939,23 @@ class StepTimeRegressionDetector:
         if self._jump is None:  # else the jump is reported (_warm_up_jump) and learning starts again after it
             self._restart_learning(flat.tolist())
         return False
+
+    @staticmethod
+    def _fallen_flat(y: np.ndarray, rel: np.ndarray, noise: float) -> np.ndarray | None:
+        """The flat end of a warm-up that fell among a first learning's steps ``y`` (s, oldest first; ``rel`` their
+        excess over the learned level, ``noise`` relative), as :meth:`_settled` finds a rising one mirrored: a fall
+        from the first of them that then stays flat explains them better than a step by :data:`WARMUP_EVIDENCE`
+        noise variances (:func:`~profwatch.core.detection.drift.ramp_evidence` on the reversed series) and the
+        flat part (at least the newest :data:`RECENT_FLOOR_VALUES`) is under the learned level by :data:`EFFECT_Z`
+        standard errors. A warm-down too gradual for the fall rule of :meth:`_learn` (an 11x exponential fall at
+        8 % noise) left the level learned over the fall, 3x the flat end's, and a 3x change 18 steps after the
+        fall was learned as normal. None otherwise."""
+        gain, knee, _ = ramp_evidence(rel[::-1])  # fall-then-flat, reversed: flat-then-rise
+        if knee < 0 or not gain >= WARMUP_EVIDENCE * noise * noise:
+            return None
+        flat = y[min(y.size - 1 - knee, y.size - RECENT_FLOOR_VALUES):]
+        below = 1.0 - float(np.median(flat)) / float(np.median(y))
+        return flat if below >= EFFECT_Z * noise * math.sqrt(math.pi / (2.0 * flat.size) + 1.0 / y.size) else None
 
     def _line_jump(self, y: np.ndarray) -> tuple[int, float, float] | None:
         """Among learned steps ``y`` (s, oldest first) taken for a warm-up, a change during it: ``(k, jump, line_s)``
@@ -1050,6 +1087,8 @@ class StepTimeRegressionDetector:
             split, reference = self._prior_split(y), "previous_generation"
         if split is None:
             split, reference = self._warm_split(y), "warm_up_steps"
+        if split is None:
+            split, reference = self._curve_split(y), "warm_up_curve"
         self.prior = None
         if split is None:
             return None
@@ -1065,19 +1104,61 @@ class StepTimeRegressionDetector:
         and the rank test) and the split must explain the steps better than a warm-up curve rising from the first
         warm-up step (:meth:`_warm_up_curve`), so a flat warm-up followed by a jump is a change and a rising one
         stays a warm-up. Only from the generation's start, without a previous generation's level, and when the
-        learned steps are every step since the first measured one (contiguous with the warm-up's). Returns
+        first learned step is the first measured one (the learned steps begin where the warm-up's end) and none
+        left the window: steps held out later (an unflagged interruption held as a spike while learning) do not
+        matter, and a value may be a block of steps (requiring every step since the first measured one to be a
+        learned value lost a 3x change from step 12 after one 3x interruption at step 41, ``bench/bench_corpus.py``
+        seed 35, ``interrupts`` run 12). Returns
         ``(k, magnitude, noise, before_s)`` as :meth:`_split` (``k`` an index into ``y``, 0 = a change from the
         first learned step), else None. Pure."""
         warm = list(self._warm_values)
         if len(warm) < WARM_UP_BEFORE_MIN or not self._from_start or self.prior is not None:
             return None
-        if self._first_step is None or y.size != self._step_now - self._first_step + 1:
-            return None  # the learned steps do not run on from the warm-up's (some held out or dropped)
+        if self._first_step is None or self._first_learned != self._first_step or len(self._recent) >= RAMP_WINDOW:
+            return None  # the learned steps do not begin where the warm-up's end (the first held out, or dropped)
         found = self._split(np.concatenate([np.asarray(warm, dtype=np.float64), y]), first_k=len(warm))
         if found is None:
             return None
         k, mag, noise, before = found
         return k - len(warm), mag, noise, before
+
+    def _curve_split(self, y: np.ndarray) -> tuple[int, float, float, float] | None:
+        """A generation's first learned steps ``y`` (s, oldest first) that a warm-up curve with a level step on its
+        plateau explains (:func:`~profwatch.core.detection.drift.warm_up_step`: a line rising or falling from the
+        first learned step to a knee, flat from there, a step from ``k >= knee`` on): the steps of a warm-up that
+        only just ended give :meth:`_split` no flat level before a change, so a 2x step 2 steps after a 4.26x
+        warm-down was learned as normal (tests/unit/test_regression.py). A change when the step explains the steps
+        better than the curve alone by :data:`LEARNED_STEP_EVIDENCE` noise variances (the stepped curve's residual
+        noise, five parameters, floored as :meth:`_noise`'s), rises by ``min_effect`` plus :data:`EFFECT_Z` standard
+        errors over the plateau, holds :data:`LEARNED_STEP_MIN_AFTER` steps, and, after a curve that rose (a warm-up
+        that saturates continues upwards, as a step would), follows at least :data:`LEARNED_STEP_MIN_BEFORE`
+        plateau steps that do not rise by the rank test (:data:`EARLIER_RISE_Z`). Within
+        :data:`SETTLE_MAX_STEPS` of the generation's start only. The line spans at least
+        :data:`LEARNED_STEP_MIN_BEFORE` steps, and the later steps' median is over the median of the
+        :data:`CURVE_LAST_STEPS` steps just before the step by ``min_effect`` (on log step time) as measured: a
+        curve's line through a few first steps, one of them a leftover slow one, put a fitted plateau 48 % under
+        the flat steps after it and read +108 % (tests/unit/test_regression.py, a 20x warm-down). Returns ``(k, magnitude, noise, before_s)`` as
+        :meth:`_split` (``before_s`` the plateau's level; the magnitude the later steps' geometric mean over it, on
+        log step time), else None. Pure."""
+        if not self._young() or y.size < 2 * LEARNED_STEP_MIN_AFTER or not np.all(y > 0.0):
+            return None
+        med = float(np.median(y))
+        fit = warm_up_step(y / med - 1.0, LEARNED_STEP_MIN_AFTER, LEARNED_STEP_MIN_BEFORE - 1)
+        if fit is None or not fit.step > 0.0 or not 1.0 + fit.plateau > 0.0:
+            return None
+        last = y[max(0, fit.k - CURVE_LAST_STEPS):fit.k]  # the steps just before, as measured (not the fit's line)
+        if math.log(float(np.median(y[fit.k:])) / float(np.median(last))) < self.settings.min_effect:
+            return None
+        level = 1.0 + fit.plateau
+        noise = max(math.sqrt(fit.sse / max(1, y.size - 5)), self.settings.noise_floor, MIN_NOISE)
+        mag = log_ratio_magnitude(float(np.log(y[fit.k:] / med).mean()) - math.log(level))
+        se = noise * fit.step_se / level
+        if (fit.gain < LEARNED_STEP_EVIDENCE * noise * noise or mag - EFFECT_Z * se < self.settings.min_effect):
+            return None
+        if fit.slope > 0.0 and (fit.k - fit.knee < LEARNED_STEP_MIN_BEFORE
+                                or trend_z(y[fit.knee:fit.k]) >= EARLIER_RISE_Z):
+            return None
+        return fit.k, mag, noise, med * level
 
     def _past_prior(self, values: list[float]) -> bool:
         """Whether ``values`` (s) rose past the previous generation's level (:attr:`prior`) by ``min_effect`` (their
@@ -1150,10 +1231,14 @@ class StepTimeRegressionDetector:
     def _fire_split(self, fs: FinalizedStep, y: list[float], k: int, magnitude: float, before_s: float,
                     noise: float, reference: str) -> Anomaly:
         """Report a change found while learning at ``y[k]`` (``y``: the learned steps, oldest first; ``before_s`` the
-        level before it, s) as a ``pattern "level"`` report with ``reference``, then learn again from ``y[k:]``."""
+        level before it, s) as a ``pattern "level"`` report with ``reference``, then learn again from ``y[k:]``.
+        ``first_step``: the step of ``y[k]`` where the learned values' steps are known (:attr:`_recent_steps`), else
+        counted back from ``fs`` (one step a value)."""
         after = y[k:]
+        steps = self._recent_steps  # the learned values' own steps when y is they (held-out steps between them)
+        first = steps[k] if len(steps) == len(y) == len(self._recent) < RAMP_WINDOW else fs.step - (len(y) - 1 - k)
         detail = {"pattern": "level", "learning": True, "reference": reference,
-                  "first_step": fs.step - (len(y) - 1 - k), "baseline_s": before_s, "noise": noise,
+                  "first_step": first, "baseline_s": before_s, "noise": noise,
                   "step_time_s": before_s * (1.0 + magnitude), "steps": len(after), "baseline_values": k,
                   "slowest_ranks": [fs.slowest_rank]}
         a = self._fire(fs.step, magnitude, detail)
