@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from profwatch.core.detection.aggregation import CPU_SERIES
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import MAD_TO_SIGMA, Anomaly, FinalizedStep
 
@@ -394,7 +395,7 @@ class RankOutlierDetector:
             base: dict[int, float] = {}
             for r in np.flatnonzero(learned).tolist():
                 base[int(r)] = float(c[r])
-                if c[r] >= 1.0 + s.outlier_min_effect and (r not in slow or c[r] - 1.0 > slow[r][0]):
+                if name != CPU_SERIES and c[r] >= 1.0 + s.outlier_min_effect and (r not in slow or c[r] - 1.0 > slow[r][0]):
                     slow[int(r)] = (float(c[r]) - 1.0, name, max(0.0, float(cost[r])))
             if base:
                 self._base[name] = base
