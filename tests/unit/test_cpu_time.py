@@ -256,3 +256,69 @@ def test_an_older_peer_without_cpu_time_leaves_the_others_compared() -> None:
         steps += agg.observe(replace(rep, rank=r, cpu_s=None if r == 3 else 0.006 + r * 1e-4), 1.0)[0]
     assert len(steps) == 1 and math.isnan(steps[0].stages[CPU_SERIES][3])
     assert steps[0].stages[CPU_SERIES][:3] == pytest.approx([0.006, 0.0061, 0.0062])
+
+
+# -- the whole serving path -----------------------------------------------------------------------------------------
+T0 = 1_790_000_000.0
+
+
+def _serving_pair(seed: int, *, onset_s: float = math.inf, duration_s: float = 1_500.0,
+                  cpu: bool = True) -> list[dict[str, Any]]:
+    """A live-like TP pair (bench/bench_live_serving.py's shape): bursts of 3-40 iterations, idle gaps of 0.2-6 s,
+    batches of 1-32 (``work``), 0.4 ms of CPU per request per rank, a lockstep all-reduce (the same wall time on
+    both ranks: the slower one's CPU time over a host share that moves every 20-90 s between 0.3 and 0.9 of a
+    core); rank 1 does 1.3x the work from ``onset_s``."""
+    rng = random.Random(seed)
+    t, step, share, next_load = 0.0, 0, 0.6, 0.0
+    out: list[dict[str, Any]] = []
+    while t < duration_s:
+        gap = rng.uniform(0.2, 6.0)
+        t += gap
+        for i in range(rng.randint(3, 40)):
+            if t >= next_load:
+                share, next_load = rng.uniform(0.3, 0.9), t + rng.uniform(20, 90)
+            batch = rng.randint(1, 32)
+            c = [0.0004 * batch * math.exp(rng.gauss(0.0, 0.03)) * (1.3 if r == 1 and t >= onset_s else 1.0)
+                 for r in range(2)]
+            wall = max(c) / (share * math.exp(rng.gauss(0.0, 0.1)))
+            t += wall
+            step += 1
+            for r in range(2):
+                rec: dict[str, Any] = {"job_id": "svc", "rank": r, "step": step, "ts_unix_s": T0 + t,
+                                       "step_time_s": round(wall + (gap if i == 0 else 0.0), 6), "mode": "serving",
+                                       "work": float(batch)}
+                if cpu:
+                    rec["cpu_s"] = round(c[r], 6)
+                out.append(rec)
+    return out
+
+
+def _feed(recs: list[dict[str, Any]]) -> list[tuple[float, Anomaly]]:
+    from profwatch.core.capture.planner import CaptureSettings, spike_hold
+    from profwatch.core.detection.job_detector import JobDetector
+    from tests.unit.detection_helpers import to_report
+
+    det = JobDetector("svc", 2, DetectionSettings(), hold=spike_hold(CaptureSettings()))
+    found: list[tuple[float, Anomaly]] = []
+    last_tick = -math.inf
+    for rec in recs:
+        now = rec["ts_unix_s"]
+        found += [(now - T0, a) for a in det.observe(to_report(rec), now)]
+        if now - last_tick >= 1.0:
+            last_tick = now
+            found += [(now - T0, a) for a in det.tick(now)]
+    return found
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_serving_tp_pair_names_its_slower_rank_from_cpu_time_and_is_quiet_before(seed: int) -> None:
+    """The issue's live shape through the whole detector: quiet for 1,000 s of healthy traffic under moving host
+    load, then rank 1 (+30 % CPU per request) named as a ``rank_outlier`` on ``cpu/step`` within two minutes (idle gaps included); without
+    ``cpu_s`` (an older hook) the same traffic names nobody from the rank comparison."""
+    found = _feed(_serving_pair(seed, onset_s=1_000.0))
+    named = [(t, a) for t, a in found if a.kind == "rank_outlier"]
+    assert not [a for t, a in found if t < 1_000.0 and a.ranks], [a for t, a in found if t < 1_000.0]
+    assert named and named[0][1].ranks == (1,) and named[0][1].detail["stage"] == {1: CPU_SERIES}
+    assert 1_000.0 <= named[0][0] <= 1_120.0, named[0][0]
+    older = _feed(_serving_pair(seed, onset_s=1_000.0, cpu=False))
+    assert not [a for _, a in older if a.kind == "rank_outlier"]
