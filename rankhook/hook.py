@@ -6,6 +6,16 @@ ZeroMQ call and hands the step to the capture backend (none for the ``none`` bac
 comparison decides that the hook is open and the caller owns the step counter. It never raises and never blocks the
 training loop (``bench/bench_step_python.py`` measures its own Python per call).
 
+CPU time: a report carries ``cpu_us``, the process's CPU time since the previous ``step()``
+(``time.process_time_ns()``, every thread of the process), when that step and the one before it lasted at least
+:data:`CPU_MIN_STEP_S` (so a fast loop pays one comparison), so the coordinator can compare lockstep ranks at like host
+load (``docs/detection.md``). The process, not the step thread (``time.thread_time_ns()``): the work a step does is
+spread over the rank's threads (torch's intra-op pool, a pin-memory or tokenizer thread, the comm library's
+threads), and the owner thread's share of it moves with scheduling; a peer waiting in a blocking collective (gloo)
+sleeps in every thread, so its process time does not grow with the wait. Forked DataLoader workers are processes of
+their own and counted by neither. The read costs about 1.5 us on this VM (a system call), against 1.2 us for the
+thread clock.
+
 Forked children: a child of a rank (``os.fork``, multiprocessing's ``fork`` start method, a DataLoader worker)
 inherits the rank's hook, identity and step counter. It must never speak as its parent: one step report from it
 would make the coordinator see the rank's step counter jump and then go back, i.e. a restart that wipes the
@@ -58,6 +68,13 @@ _HELLO_RESEND_NS = int(HELLO_RESEND_S * 1e9)
 
 _get_ident = threading.get_ident
 _perf_counter_ns = time.perf_counter_ns
+_process_time_ns = time.process_time_ns
+CPU_MIN_STEP_S = 0.001
+"""The process's CPU time is read, and sent as ``cpu_us``, only for a step of at least this long that began at a
+step of at least this long (module docstring): reading it costs a system call (~1.5 us here), which would double
+the cost of a fast loop's ``step()``, and the coordinator's rank comparison has an absolute floor of 1 ms
+(``outlier_min_abs_s``) that a shorter step's CPU time rarely exceeds."""
+_CPU_MIN_STEP_NS = int(CPU_MIN_STEP_S * 1e9)
 _time_ns = time.time_ns
 """The clocks and the thread id, bound once: ``rankhook.step()`` looks up no module attribute for them."""
 
@@ -181,6 +198,8 @@ class Hook:
         _LIVE_HOOKS.add(self)
         self.send_hello()
         self._t_last_ns = time.perf_counter_ns()  # perf_counter_ns() of the last step (or of the construction)
+        self._cpu_last_ns = _process_time_ns()  # the process's CPU time when last read (a step of >= 1 ms)
+        self._cpu_at_ns = self._t_last_ns  # perf_counter_ns() of the step boundary it was read at
         self._next_hello_ns = self._t_last_ns + _HELLO_RESEND_NS
         self._stop = threading.Event()
         self._keepalive: threading.Thread | None = None
@@ -297,7 +316,8 @@ class Hook:
         if _get_ident() != self._step_owner and not self._may_step():
             return
         now = _perf_counter_ns()
-        dt_ns = now - self._t_last_ns
+        t_prev = self._t_last_ns
+        dt_ns = now - t_prev
         self._t_last_ns = now
         step = self.step_count = self.step_count + 1
         capture = self._capture
@@ -305,9 +325,9 @@ class Hook:
             # integer microseconds (wire.StepReportUs), one bytes %-format of integers only: no float repr, no
             # concatenation chain, no float-to-int conversion (the clocks are read in integer nanoseconds).
             capturing = capture is not None and capture.capturing()
-            if capturing or self._stages or self._flags or work is not None:
+            if dt_ns >= _CPU_MIN_STEP_NS or capturing or self._stages or self._flags or work is not None:
                 payload = self._step_format_tail % (step, (dt_ns + 500) // 1000, _time_ns() // 1000,
-                                                    self._tail(work, capturing))
+                                                    self._cpu_field(t_prev, now) + self._tail(work, capturing))
             else:  # the common step: nothing beyond the fixed fields
                 payload = self._step_format % (step, (dt_ns + 500) // 1000, _time_ns() // 1000)
             self.publisher.send(self._topic_step, payload)
@@ -336,6 +356,18 @@ class Hook:
             self._step_owner = 0
             return False
         return True
+
+    def _cpu_field(self, t_prev: int, now: int) -> bytes:
+        """``,"cpu_us":<us>`` for a step from ``t_prev`` to ``now`` (``perf_counter_ns``) of at least
+        :data:`CPU_MIN_STEP_S` whose start the CPU clock was read at too, else b""; reads the clock for such a
+        step (the CPU clock is a system call: read at the ends of long steps only)."""
+        if now - t_prev < _CPU_MIN_STEP_NS:
+            return b""
+        cpu = _process_time_ns()
+        field = b',"cpu_us":%d' % ((cpu - self._cpu_last_ns + 500) // 1000) if self._cpu_at_ns == t_prev else b""
+        self._cpu_last_ns = cpu
+        self._cpu_at_ns = now
+        return field
 
     def _tail(self, work: float | None, capturing: bool) -> bytes:
         """The optional fields of this step's report, in :class:`rankhook.wire.StepReportUs` order (``stages``,

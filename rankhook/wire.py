@@ -45,6 +45,8 @@ MODES = ("training", "serving")
 idle gaps of seconds to minutes). Receivers treat another value as not said (a newer hook's mode)."""
 MAX_WORK = 1e15
 """Largest ``work`` value accepted (units of work per step: tokens, samples)."""
+MAX_CPU_S = 1024 * 7 * 86400.0
+"""Largest ``cpu_s`` of a step report: 1024 cores busy for the longest step (``MAX_STEP_TIME_S``, 7 days)."""
 CaptureEventKind = Literal["arm_seen", "arm_rejected", "started", "completed", "failed"]
 
 
@@ -120,7 +122,9 @@ class StepReport:
     size; finite, ``0 <= work <= MAX_WORK``; ``None`` when not reported), so a serving rank's step time can be
     normalised by its load. ``mode`` and ``role`` repeat the hello's (``None`` when not said), so every report says
     which peers it is to be compared with. The three were added without a schema bump: older receivers ignore
-    them, older senders omit them.
+    them, older senders omit them. ``cpu_s`` (also added without a bump) is the sending process's CPU time over
+    the step, all its threads (``time.process_time_ns()`` at each ``step()``; ``0 <= cpu_s <= MAX_CPU_S``; ``None``
+    from older hooks), compared across lockstep ranks (``docs/detection.md``, CPU time per step).
 
     Version 2: the hook sends :class:`StepReportUs` (integer microseconds); the node daemon reads it into this
     form (exact to the microsecond) and relays this form with ``peer_pid``: the pid of the process that sent the
@@ -141,6 +145,7 @@ class StepReport:
     mode: str | None = None
     role: str | None = None
     peer_pid: int | None = None
+    cpu_s: float | None = None
     kind: Literal["step"] = "step"
     v: int = SCHEMA_VERSION
 
@@ -149,7 +154,8 @@ class StepReport:
 class StepReportUs:
     """A step report as the version-2 hook sends it: :class:`StepReport` with the step time and the timestamp in
     integer microseconds (``step_time_us``: the monotonic clock's interval since the previous ``step()``;
-    ``ts_unix_us``: wall-clock Unix time), formatted with ``str(int)`` instead of a float ``repr``.
+    ``ts_unix_us``: wall-clock Unix time), formatted with ``str(int)`` instead of a float ``repr``; ``cpu_us`` the
+    process's CPU time over the step (integer microseconds, read as :class:`StepReport`'s ``cpu_s``).
 
     Example::
 
@@ -171,6 +177,7 @@ class StepReportUs:
     work: float | None = None
     mode: str | None = None
     role: str | None = None
+    cpu_us: int | None = None
     v: int = SCHEMA_VERSION
 
     def report(self, peer_pid: int | None = None) -> StepReport:
@@ -178,7 +185,8 @@ class StepReportUs:
         return StepReport(job_id=self.job_id, rank=self.rank, step=self.step, step_time_s=self.step_time_us / 1e6,
                           ts_unix_s=self.ts_unix_us / 1e6, stages=self.stages, flags=self.flags,
                           capturing=self.capturing, work=self.work, mode=self.mode, role=self.role,
-                          peer_pid=peer_pid, v=self.v)
+                          peer_pid=peer_pid, v=self.v,
+                          cpu_s=None if self.cpu_us is None else self.cpu_us / 1e6)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,12 @@ from rankhook.wire import StepReport
 
 
 def to_report(rec: dict[str, Any]) -> StepReport:
-    """One generated record as the wire's step report (``mode``, ``role`` and ``work`` where the record has them)."""
+    """One generated record as the wire's step report (``mode``, ``role``, ``work`` and ``cpu_s`` where the record
+    has them)."""
     return StepReport(job_id=rec["job_id"], rank=rec["rank"], step=rec["step"], step_time_s=rec["step_time_s"],
                       ts_unix_s=rec["ts_unix_s"], stages=rec.get("stages"), flags=tuple(rec.get("flags", ())),
                       capturing=bool(rec.get("capturing", False)), work=rec.get("work"), mode=rec.get("mode"),
-                      role=rec.get("role"))
+                      role=rec.get("role"), cpu_s=rec.get("cpu_s"))
 
 
 def run(records: Iterable[dict[str, Any]], world_size: int, settings: DetectionSettings | None = None,

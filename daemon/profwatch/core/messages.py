@@ -69,6 +69,9 @@ MAX_INT = 2**62
 """Bound for ids and counters that reach SQLite (signed 64-bit) and per-rank tables."""
 MAX_STEP_TIME_S = 7 * 86400.0
 """A step (or stage) longer than a week is not a measurement (``step_time_s: 1e308`` is refused)."""
+MAX_CPU_S = wire.MAX_CPU_S
+"""Largest ``cpu_s`` (the process's CPU time over one step) a step report may carry."""
+_MAX_CPU_US = int(MAX_CPU_S * 1_000_000)
 MAX_TS_UNIX_S = 1e10
 """Timestamps are Unix seconds before the year 2286."""
 MAX_TEXT = 256
@@ -165,6 +168,7 @@ def _plain_types() -> dict[str, Any]:
         "flags": Annotated[tuple[str, ...], meta(max_length=0)],
         "capturing": bool,
         "work": None,
+        "cpu_s": Union[Annotated[float, meta(ge=0.0, le=wire.MAX_CPU_S)], None],  # noqa: UP007
         "mode": None,
         "role": None,
         "peer_pid": Union[Annotated[int, meta(gt=0, lt=2**32)], None],  # noqa: UP007
@@ -366,6 +370,8 @@ def check_rank_message(msg: Any) -> Any:
                 _check_text(f, "flags", 64)
         if msg.work is not None and not 0.0 <= msg.work <= wire.MAX_WORK:
             raise MessageRejected("bad_value", f"work={msg.work!r} must be finite, >= 0 and <= {wire.MAX_WORK:g}")
+        if msg.cpu_s is not None and not 0.0 <= msg.cpu_s <= wire.MAX_CPU_S:
+            raise MessageRejected("bad_value", f"cpu_s={msg.cpu_s!r} must be finite, >= 0 and <= {wire.MAX_CPU_S:g}")
         if msg.mode is not None or msg.role is not None:
             _check_labels(msg)
         if msg.peer_pid is not None and not 0 < msg.peer_pid < 2**32:
@@ -445,7 +451,7 @@ def _rejected_from(exc: ValidationError, known: set[str], data: bytes | str) -> 
     return MessageRejected("bad_schema", f"{loc}: {first.get('msg', '')}"[:200])
 
 
-_US_FIELDS = ("step_time_us", "ts_unix_us")
+_US_FIELDS = ("step_time_us", "ts_unix_us", "cpu_us")
 
 
 def _us_field_error(exc: ValidationError) -> MessageRejected | None:
@@ -493,6 +499,8 @@ def parse_rank_message(raw: bytes | str | dict[str, Any], peer_pid: int | None =
             if not (0 <= us.step_time_us <= _MAX_STEP_TIME_US and 0 <= us.ts_unix_us <= _MAX_TS_UNIX_US):
                 raise MessageRejected("bad_value", f"step_time_us={us.step_time_us} ts_unix_us={us.ts_unix_us} must "
                                       f"be >= 0 and <= {_MAX_STEP_TIME_US} / {_MAX_TS_UNIX_US}")
+            if us.cpu_us is not None and not 0 <= us.cpu_us <= _MAX_CPU_US:
+                raise MessageRejected("bad_value", f"cpu_us={us.cpu_us} must be >= 0 and <= {_MAX_CPU_US}")
             return check_rank_message(us.report(peer_pid))
     try:
         msg = _rank_adapter.validate_json(raw, strict=True)
@@ -715,7 +723,8 @@ def _checked(env: wire.NodeBatch, messages: list[Any], max_messages: int
         if (m.kind == "step" and m.job_id == job_ok and m.v in accepted and 0 <= m.rank < MAX_WORLD_SIZE
                 and 0.0 <= m.step_time_s <= MAX_STEP_TIME_S and 0.0 <= m.ts_unix_s <= MAX_TS_UNIX_S
                 and 0 <= m.step < MAX_STEP and not m.stages and not m.flags and m.work is None and m.mode is None
-                and m.role is None and (m.peer_pid is None or 0 < m.peer_pid < 4294967296)):
+                and m.role is None and (m.peer_pid is None or 0 < m.peer_pid < 4294967296)
+                and (m.cpu_s is None or 0.0 <= m.cpu_s <= MAX_CPU_S)):
             keep(m)
             continue
         try:

@@ -28,6 +28,45 @@ MAX_OPEN_EXCLUSIONS = 16
 capture in flight at a time, so more means their closes were lost."""
 
 
+CPU_SERIES = "cpu/step"
+"""Name of the compared series of the process CPU time per step (``cpu_s`` of the reports), among the stages of a
+:class:`FinalizedStep` (a ``/`` no stage name may hold, so it never mixes with a user's stage): seconds of CPU per
+step, or per unit of work scaled to the step's work when the ranks report ``work``."""
+CPU_MIN_SHARE = 0.1
+"""The CPU series of a step is compared only when its median over the ranks is at least this share of the job
+step time (wall): a rank whose host only launches device work (a device job, NCCL or HCCL) spends a few percent
+of the step on CPU, and its CPU time then says nothing about which rank is slow (``docs/detection.md``)."""
+
+
+def judge_cpu_series(vals: dict[str, list[float]], step_time_s: float, step_work: float | None,
+                     per_work: int, raw: int) -> None:
+    """Keep or drop the CPU series of one finalised step's ``vals`` (in place).
+
+    ``per_work``/``raw``: how many ranks' values are CPU seconds per unit of their own work / per step. A step
+    whose ranks mix the two is dropped (not comparable); per-work values are scaled by the step's ``work`` (back
+    to seconds per step: the same number as the CPU time when the ranks did the same work, so the absolute floors
+    of the rank comparison keep their meaning); the series is dropped when its median is under
+    :data:`CPU_MIN_SHARE` of ``step_time_s``.
+    """
+    arr = vals.get(CPU_SERIES)
+    if arr is None:
+        return
+    if per_work and raw:
+        del vals[CPU_SERIES]
+        return
+    if per_work:
+        scale = step_work if step_work is not None and step_work > 0 else 1.0
+        arr = vals[CPU_SERIES] = [v * scale for v in arr]
+    present = sorted(v for v in arr if not math.isnan(v))
+    n = len(present)
+    if n == 0:
+        del vals[CPU_SERIES]
+        return
+    med = present[n // 2] if n % 2 else 0.5 * (present[n // 2 - 1] + present[n // 2])
+    if med < CPU_MIN_SHARE * step_time_s:
+        del vals[CPU_SERIES]
+
+
 class StepReportLike(Protocol):
     """The fields of :class:`rankhook.wire.StepReport` the detectors read (``ts_unix_s``, the rank host's clock,
     is not among them: arrival times are passed separately)."""
@@ -62,10 +101,12 @@ OWN_WORK = _OwnWork()
 class _OpenStep:
     """One step not yet finalised: report count, slowest rank, exclusion, per-rank stage values."""
 
-    __slots__ = ("excluded", "max_rank", "max_t", "n", "vals", "work")
+    __slots__ = ("cpu_per_work", "cpu_raw", "excluded", "max_rank", "max_t", "n", "vals", "work")
 
     def __init__(self) -> None:
         self.work: float | None = None
+        self.cpu_per_work = 0  # ranks whose CPU series value is per unit of their work
+        self.cpu_raw = 0  # ranks whose CPU series value is per step
         self.n = 0
         self.max_t = -1.0
         self.max_rank = -1
@@ -294,6 +335,9 @@ class StepAggregator:
                         self._add_value(e, r, name, v)
             if on_step_time:
                 self._add_value(e, r, "step_time_s", t)
+            cpu = getattr(report, "cpu_s", None)
+            if cpu is not None:
+                self._add_cpu(e, r, cpu, wk)
             if step > furthest:  # type: ignore[operator]
                 self._furthest = step
                 counters["reports"] += i - start
@@ -308,6 +352,19 @@ class StepAggregator:
             return end, [], False
         counters["reports"] += i - start  # stopped at a restart
         return i, [], True
+
+    def _add_cpu(self, e: _OpenStep, r: int, cpu_s: float, work: object) -> None:
+        """Record rank ``r``'s CPU time of the step in the CPU series (:data:`CPU_SERIES`): per unit of its
+        ``work`` when that is a positive number, else per step (unless ``outlier_stages`` leaves the series out)."""
+        wanted = self.settings.outlier_stages
+        if wanted is not None and CPU_SERIES not in wanted:
+            return
+        if isinstance(work, (int, float)) and work > 0:
+            e.cpu_per_work += 1
+            self._add_value(e, r, CPU_SERIES, cpu_s / work)
+        else:
+            e.cpu_raw += 1
+            self._add_value(e, r, CPU_SERIES, cpu_s)
 
     def _add_value(self, e: _OpenStep, r: int, name: str, v: float) -> None:
         vals = e.vals
@@ -400,4 +457,6 @@ class StepAggregator:
             self.counters["excluded"] += 1
         else:
             self.last_job_step_s = e.max_t
+        if e.cpu_per_work or e.cpu_raw:
+            judge_cpu_series(e.vals or {}, e.max_t, e.work, e.cpu_per_work, e.cpu_raw)
         return FinalizedStep(step, e.max_t, e.max_rank, e.n, e.vals, reason, e.work)
