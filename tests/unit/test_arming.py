@@ -184,3 +184,27 @@ def test_a_change_against_the_previous_generation_names_the_requeue_in_its_captu
     assert describe_anomaly(a) == "step_regression +57% at step 56 over the previous generation (requeued)"
     b = Anomaly("step_regression", "j", 56, (), 0.57, {"pattern": "level", "reference": "learned_steps"})
     assert describe_anomaly(b) == "step_regression +57% at step 56"
+
+
+@pytest.mark.parametrize(("world", "rank_list", "active", "planned"),
+                         [(2, None, 12, 10), (3, None, 12, 10), (4, None, 4, 4), (64, (3, 9), 12, 10),
+                          (64, (3,), 4, 4), (None, None, 4, 4)])
+def test_a_capture_of_a_small_group_records_more_steps_up_to_max_active(
+        world: int | None, rank_list: tuple[int, ...] | None, active: int, planned: int) -> None:
+    """A two- or three-rank group's verdict compares each rank with one or two others over the captured steps (a
+    lockstep TP pair's late z was 1.96 over 4 steps, 11-15 over 17-20): a capture covering 2-3 ranks records
+    ``small_group_active`` steps, capped at ``[capture] max_active``; one rank, a larger group or an unknown world
+    size keeps ``active``."""
+    from profwatch.core.arming.targeting import JobTopology
+
+    topo = JobTopology(world, {r: f"h{r // 8}" for r in range(world)}) if world is not None else None
+    kw: dict[str, Any] = {"rank_list": rank_list} if rank_list is not None else {}
+    d = ArmingPolicy(ArmingSettings(**kw)).decide(OUT if rank_list else REG, JobArmState(), NOW, topo)
+    assert d.action == "arm" and d.active == active
+    req = capture_request(OUT, d, furthest_step=100, step_time_s=0.5, capture=CaptureSettings())
+    assert req.active == planned
+    wide = capture_request(OUT, d, furthest_step=100, step_time_s=0.5, capture=CaptureSettings(max_active=16))
+    assert wide.active == active
+    contradicted = ArmingPolicy(ArmingSettings(active=15)).decide(REG, JobArmState(), NOW, topo)
+    assert capture_request(REG, contradicted, furthest_step=100, step_time_s=0.5,
+                           capture=CaptureSettings()).active == 15  # the user's own active: the planner refuses it

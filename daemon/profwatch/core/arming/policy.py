@@ -101,7 +101,9 @@ class ArmDecision:
     the capture metadata. ``target``: which ranks and why (``daemon/profwatch/core/arming/targeting.py``; None when the job's
     layout was not given); ``estimated_bytes``: what the capture is expected to write, counted against
     ``max_capture_bytes_per_hour`` before arming; ``repeat``: the episode decided was a repeat
-    (:attr:`JobArmState.repeat`), counted as such by :meth:`ArmHistory.record`.
+    (:attr:`JobArmState.repeat`), counted as such by :meth:`ArmHistory.record`. ``configured_active``: ``[arming]
+    active`` (None for a decision made elsewhere); ``active`` is more when the capture covers a small group
+    (:func:`window_active`), a raise :func:`capture_request` caps at ``[capture] max_active``.
     """
 
     action: ArmAction
@@ -113,6 +115,7 @@ class ArmDecision:
     target: Target | None = None
     estimated_bytes: int = 0
     repeat: bool = False
+    configured_active: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict of every field."""
@@ -142,6 +145,26 @@ def capture_coverage(ranks: tuple[int, ...], topology: JobTopology | None, setti
     covered = len(rank_list) if rank_list is not None else every
     per_rank = bytes_per_rank_step if bytes_per_rank_step is not None else settings.targeting.bytes_per_rank_step
     return target, rank_list, estimate_capture_bytes(covered, active, per_rank)
+
+
+SMALL_GROUP_RANKS = 3
+"""A capture covering at most this many ranks records ``[arming] small_group_active`` steps (when more than
+``active``). The verdict's late-arrival and own-work signals compare each rank with the others' median over the
+captured steps; with two ranks the late signal is exactly opposite for the pair, so its robust z behaves like a t
+statistic whose degrees of freedom are the captured steps less one. Measured on the live serving loop's lockstep TP
+pair (tests/data/live_serving_tp, rank 1 +30 %): 4 captured steps gave z 1.96 (named nobody, ``min_robust_z`` 4),
+17-20 steps z 11-15 (rank 1 named). A group this small writes little: 3 ranks x 12 steps is what one rank of a
+4-rank capture of 9 steps writes."""
+
+
+def window_active(settings: ArmingSettings, rank_list: tuple[int, ...] | None, topology: JobTopology | None) -> int:
+    """Steps a capture detection arms records: ``settings.active``, or ``settings.small_group_active`` when larger
+    and the capture covers 2 to :data:`SMALL_GROUP_RANKS` ranks (``rank_list``, else every rank of a known
+    ``topology``; one rank has no peer to compare, and an unknown world size keeps ``active``). Pure."""
+    covered = len(rank_list) if rank_list is not None else (topology.world_size if topology is not None else 0)
+    if 2 <= covered <= SMALL_GROUP_RANKS:
+        return max(settings.active, settings.small_group_active)
+    return settings.active
 
 
 def describe_anomaly(anomaly: Anomaly) -> str:
@@ -207,12 +230,18 @@ class ArmingPolicy:
         target, rank_list, estimate = capture_coverage(anomaly.ranks, topology, s, active=s.active,
                                                        bytes_per_rank_step=st.bytes_per_rank_step,
                                                        follow=st.follow_ranks)
+        active = window_active(s, rank_list, topology)
+        if active != s.active:
+            target, rank_list, estimate = capture_coverage(anomaly.ranks, topology, s, active=active,
+                                                           bytes_per_rank_step=st.bytes_per_rank_step,
+                                                           follow=st.follow_ranks)
         text = describe_anomaly(anomaly)
         if st.follow_ranks:
             text += f"; follow-up of ranks {rank_ranges(st.follow_ranks, 8)} its last capture waited for"
 
         def out(action: ArmAction, reason: str) -> ArmDecision:
-            return ArmDecision(action, reason, s.warmup, s.active, rank_list, text, target, estimate, st.repeat)
+            return ArmDecision(action, reason, s.warmup, active, rank_list, text, target, estimate, st.repeat,
+                               configured_active=s.active)
 
         if s.mode == "off":
             return out("suppress", "mode_off")
@@ -443,8 +472,11 @@ def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: i
     ``KeyError``/``TypeError`` only for a malformed ``periodic_spike`` detail.
     """
     rank_list = list(decision.rank_list) if decision.rank_list is not None else None
+    active = decision.active
+    if decision.configured_active is not None and active > max(decision.configured_active, capture.max_active):
+        active = max(decision.configured_active, capture.max_active)  # a small group's raise stops at max_active
     base: dict[str, Any] = {"job_id": anomaly.job_id, "reason": decision.capture_reason or anomaly.kind,
-                            "warmup": decision.warmup, "active": decision.active, "rank_list": rank_list,
+                            "warmup": decision.warmup, "active": active, "rank_list": rank_list,
                             "named_ranks": sorted(set(anomaly.ranks)) or None}
     if decision.target is not None and decision.target.rank_list is not None:
         base["targeting"] = {**decision.target.to_json(), "estimated_bytes": decision.estimated_bytes}
@@ -459,5 +491,5 @@ def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: i
     earliest = max(0, furthest_step) + lead_steps(max(0, furthest_step), step_time_s, capture)
     while onset - decision.warmup < earliest:
         onset += period
-    base["active"] = min(max(decision.active, int(d.get("duration_steps", 1))), capture.max_active)
+    base["active"] = min(max(active, int(d.get("duration_steps", 1))), capture.max_active)
     return CaptureRequest(**base, start_step=onset - decision.warmup)

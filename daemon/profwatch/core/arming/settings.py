@@ -47,6 +47,10 @@ class ArmingSettings(BaseModel):
     active: int = Field(4, ge=1, le=20, description="steps recorded by the captures detection arms (profiler_config "
                         "key; a manual arm's: [capture] manual_active); "
                         "default 4: see CAPTURE_WINDOW_NOTE in daemon/profwatch/core/capture/planner.py")
+    small_group_active: int = Field(
+        12, ge=1, le=40, description="steps recorded by a capture detection arms when it covers at most "
+        "SMALL_GROUP_RANKS ranks (at least active): a two-rank group's late-arrival z is a t statistic over its "
+        "captured steps, which 4 steps leave near 2 for a +30 % rank (docs/detection.md)")
     rank_list: tuple[int, ...] | None = Field(None, description="ranks to capture (None = all ranks)")
     arm_on: tuple[ArmableKind, ...] = Field(
         ("step_regression", "rank_outlier", "slow_from_start"),
