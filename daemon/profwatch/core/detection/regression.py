@@ -404,7 +404,8 @@ class StepTimeRegressionDetector:
         steps, lagging the newest ``baseline_lag_steps`` (see ``daemon/profwatch/core/detection/baseline.py``); detection starts
         when it holds ``min_baseline_steps``; while it fills, spike steps are kept out of it unless they last
         longer than the hold (the job changed level while learning: learning restarts there). Noise ``s = max(sigma * (1 + sqrt(1.1 / 2n)), noise_floor * mu) / mu``
-        (relative; inflated by one standard error of the scale at n values). Standardised step:
+        (relative; inflated by one standard error of the scale at n values; with ``serial_noise``, by
+        :func:`serial_noise_factor` where larger). Standardised step:
         ``z = (x / mu - 1) / s``.
 
         Spikes first (``daemon/profwatch/core/detection/spikes.py``): a step ``>= spike_min_effect`` and ``>= spike_z`` sigmas
