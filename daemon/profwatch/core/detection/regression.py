@@ -255,7 +255,7 @@ the lag-1 autocorrelation is read this many standard errors ``sqrt((1 - rho^2) /
 (:func:`serial_noise_factor`): 5-9 values cannot tell rho 0 from 0.6 (a healthy unit's 6th block read +44 % at a
 noise of 0.026 from 5 blocks and armed). The change-point test, from 10 values on, uses the estimate itself: a
 bound of 0.5-1 standard errors there slowed a +30 % change past the baseline's lag in 3-5 of 8 AR(1) series at
-rho 0.3 (2 of 8 with the estimate, 0 without the factor; tests/unit/test_serving_serial_noise.py)."""
+rho 0.3 (1 of 8 with the estimate, 0 without the factor; tests/unit/test_serving_serial_noise.py)."""
 SERIAL_RHO_MAX = 0.8
 """The lag-1 autocorrelation :func:`serial_noise_factor` uses is at most this (a long-run factor of 3)."""
 
@@ -268,7 +268,7 @@ def _chi2_lower(df: int, z: float) -> float:
     return df * max(1.0 - a - z * math.sqrt(a), 0.2) ** 3
 
 
-def serial_noise_factor(values: np.ndarray, rho_z: float = 0.0) -> float:
+def serial_noise_factor(values: np.ndarray, rho_z: float = 0.0, rho: float | None = None) -> float:
     """The factor (>= 1, at most about 6) a scale measured on ``values`` (a baseline of block values, oldest first)
     is multiplied by for a CUSUM that assumes independent values when they are serially correlated and few.
 
@@ -279,11 +279,19 @@ def serial_noise_factor(values: np.ndarray, rho_z: float = 0.0) -> float:
     ``n`` values (chi-square, :data:`SERIAL_SIGMA_Z`). ``rho`` is the lag-1 autocorrelation of the values'
     residuals about their median (winsorised at 3 MADs: one block far off does not decide it), corrected for its
     small-sample bias ``-(1 + 3 rho) / n`` (Kendall 1954, Biometrika 41:403), raised by ``rho_z`` standard errors
-    ``sqrt((1 - rho^2) / n)`` (:data:`SERIAL_RHO_Z`) and bounded to ``[0, SERIAL_RHO_MAX]``. With fewer than 3
-    values: the factor at ``rho = SERIAL_RHO_MAX`` and 2 values. Pure; ``values`` is not modified."""
+    ``sqrt((1 - rho^2) / n)`` (:data:`SERIAL_RHO_Z`) and bounded to ``[0, SERIAL_RHO_MAX]`` (:func:`serial_rho`; ``rho`` given: that one).
+    With fewer than 3 values: the factor at ``rho = SERIAL_RHO_MAX`` and 2 degrees of freedom. Pure."""
+    n = int(values.size)
+    r = serial_rho(values, rho_z) if rho is None else min(max(rho, 0.0), SERIAL_RHO_MAX)
+    return math.sqrt((1.0 + r) / (1.0 - r)) * math.sqrt(max(n - 1, 2) / _chi2_lower(max(n - 1, 2), SERIAL_SIGMA_Z))
+
+
+def serial_rho(values: np.ndarray, rho_z: float = 0.0) -> float:
+    """The lag-1 autocorrelation :func:`serial_noise_factor` uses for ``values`` (oldest first), in
+    ``[0, SERIAL_RHO_MAX]``; ``SERIAL_RHO_MAX`` for fewer than 3 values. Pure."""
     n = int(values.size)
     if n < 3:
-        return math.sqrt((1.0 + SERIAL_RHO_MAX) / (1.0 - SERIAL_RHO_MAX)) * math.sqrt(2.0 / _chi2_lower(2, SERIAL_SIGMA_Z))
+        return SERIAL_RHO_MAX
     r = values - float(np.median(values))
     mad = 1.4826 * float(np.median(np.abs(r)))
     if mad > 0.0:
@@ -292,9 +300,7 @@ def serial_noise_factor(values: np.ndarray, rho_z: float = 0.0) -> float:
     rho = float(np.dot(r[1:], r[:-1])) / ss if ss > 0.0 else 0.0
     rho += (1.0 + 3.0 * rho) / n
     rho += rho_z * math.sqrt(max(1.0 - rho * rho, 0.0) / n)
-    rho = min(max(rho, 0.0), SERIAL_RHO_MAX)
-    long_run = math.sqrt((1.0 + rho) / (1.0 - rho))
-    return long_run * math.sqrt((n - 1) / _chi2_lower(n - 1, SERIAL_SIGMA_Z))
+    return min(max(rho, 0.0), SERIAL_RHO_MAX)
 
 
 def cusum_threshold(k: float, arl0_steps: float) -> float:
@@ -458,9 +464,11 @@ class StepTimeRegressionDetector:
         self._s_hi = 0.0
         """Whether the noise is scaled by :func:`serial_noise_factor` of the baseline's values (set by
         ``UnitPipeline`` for a serving unit's 60 s blocks: a shared host's load moves them in runs of minutes, and
-        a baseline of 5-30 blocks read a noise the blocks did not keep; off for training steps). The factor is held
-        while a rise builds up (``S+ > 0``): a change whose first blocks entered the baseline read as correlation
-        and inflated the noise 5x (a +30 % change was never found)."""
+        a baseline of 5-30 blocks read a noise the blocks did not keep; off for training steps). Its autocorrelation
+        is held while a rise builds up (``S+ > 0``): a change whose first blocks entered the baseline read as
+        correlation and inflated the noise 5x (a +30 % change was never found). The small-sample bound is not
+        held: held from a run's young baseline of 17 blocks, it kept a +30 % change unreported for 41 minutes
+        (tests/unit/test_serving_rescale.py)."""
         self.high_noise_confirm = high_noise_confirm
         """Whether a CUSUM run at high noise that clears ``min_effect`` by fewer than its standard errors waits for
         confirmation (:meth:`_high_noise_margin`). Off for a serving unit's 60 s blocks (``UnitPipeline``): each
@@ -787,10 +795,11 @@ class StepTimeRegressionDetector:
         n = len(self._base)
         small = 1.0 + SMALL_SAMPLE_C * math.sqrt(1.1 / (2.0 * n))
         if self.serial_noise:
+            values = self._base.values()
             if self._s_hi == 0.0 or self._serial is None:  # a rise's own values never raise its bar
                 learning = n < self.settings.min_baseline_steps
-                self._serial = serial_noise_factor(self._base.values(), SERIAL_RHO_Z if learning else 0.0)
-            small = max(small, self._serial)
+                self._serial = serial_rho(values, SERIAL_RHO_Z if learning else 0.0)
+            small = max(small, serial_noise_factor(values, rho=self._serial))
         sigma *= small
         return mu, max(sigma / mu, self.settings.noise_floor, MIN_NOISE)
 
