@@ -71,12 +71,14 @@ def _found_at_s(records: list[dict[str, Any]]) -> list[float]:
 def test_a_shared_hosts_load_that_moves_every_minute_is_no_regression_a_lasting_change_still_is() -> None:
     """The host's load moves every iteration by up to 1.5x for 20-90 s at a time (40 minutes, 3 seeds): no
     report (judged step by step it fired several times an hour: bench_corpus serving classes, 3-5 false arms per
-    healthy hour). +30 % from minute 20 on, lasting: found within 10 minutes (blocks of SERVING_BLOCK_S)."""
+    healthy hour). +30 % from minute 20 on, lasting: found within 27 minutes (blocks of SERVING_BLOCK_S; measured
+    3.5, 26 and 14 minutes for seeds 1-3: the blocks' noise is scaled for their serial correlation and small
+    samples, regression.serial_noise_factor; 2.5, 14 and 10 minutes before it, when this bound was 15 minutes)."""
     for seed in (1, 2, 3):
         assert _found_at_s(list(_server([], steps=16_000, host_load=True, seed=seed))) == [], seed
         found = _found_at_s(list(_server([], steps=16_000, host_load=True, seed=seed, slow_from_s=1_200.0,
                                          slow=1.3)))
-        assert found and 1_200 <= found[0] <= 2_100, (seed, found)
+        assert found and 1_200 <= found[0] <= 2_820, (seed, found)
 
 
 def test_one_lasting_change_is_reported_once_not_again_as_the_band_references_turn_over() -> None:

@@ -214,6 +214,10 @@ class RobustBaseline:
                     self._stats, self._slope = biweight(a - self.prior_slope * pos), self.prior_slope
         return self._stats
 
+    def values(self) -> np.ndarray:
+        """The window's values (s, oldest first; the held-back ones not included)."""
+        return np.fromiter(self._window, dtype=np.float64, count=len(self._window))
+
     @property
     def slope(self) -> float:
         """Trend of the window (seconds per value) as of the last :meth:`stats`; 0 when flat or not estimated."""

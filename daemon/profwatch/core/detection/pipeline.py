@@ -111,7 +111,8 @@ class UnitPipeline:
             self.regression = StepTimeRegressionDetector(job_id, self._regression_settings(settings),
                                                          hold_steps=self._hold,
                                                          first_learning_checks=self.normaliser is None,
-                                                         high_noise_confirm=self.normaliser is None)
+                                                         high_noise_confirm=self.normaliser is None,
+                                                         serial_noise=self.normaliser is not None)
             local_roles = [roles[r] for r in self.ranks] if roles is not None else None
             self.outliers = RankOutlierDetector(job_id, n, settings, roles=local_roles)
             step_detectors = [self.regression, self.outliers]
