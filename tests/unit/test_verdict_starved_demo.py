@@ -60,3 +60,22 @@ def test_near_misses_leave_out_named_ranks_and_negative_excess(verdict: Verdict)
     assert 1 not in {n["rank"] for n in got}
     assert all(n["effect_frac"] > 0 for n in got)
     assert find_near_misses(table, tests, set(), 4.0, 1)[0]["rank"] == 1
+
+
+def test_the_analysis_detail_of_the_starved_capture(tmp_path: Path) -> None:
+    """Through the analysis (scan, stage, Kineto breakdown, verdict, status): the no_suspect detail of the real
+    capture names rank 1's evidence. Before: "... which this capture does not confirm (the slowdown may have passed
+    or fall outside the captured steps)", which the captured steps contradict."""
+    import shutil
+
+    from profwatch.adapters.fs.rank_dir_fs import scan_tree
+    from profwatch.analysis.facade import analyze_batch
+
+    for r in range(4):
+        shutil.copytree(DATA / f"rank{r}", tmp_path / "prof" / f"vm_{17077 + r}_20261207053424878_torch_pt")
+    (batch,) = scan_tree(tmp_path / "prof", world_size=4)
+    res = analyze_batch(batch, work_dir=tmp_path / "w", capture_reason="rank_outlier +367% at step 50 ranks [1]",
+                        armed_steps=ARMED, enrich=False)
+    assert res.status == "no_suspect", res.detail
+    assert ("which this capture does not confirm at its noise: rank 1: peers' wait for it +28.6% of the step over "
+            "10 steps, z 3.81 where 4.00 is needed") in res.detail, res.detail
