@@ -582,7 +582,7 @@ def _judge(result: AnalysisResult, ev: ClusterEvidence, f: Followup) -> None:
                                                   unjudged, waited_for=result.waited_for,
                                                   subset=result.captured_ranks is not None)
     if result.status == "no_suspect":
-        result.detail += armed_for_note(result.capture_reason)
+        result.detail += armed_for_note(result.capture_reason, verdict.near_misses)
     result.unjudged_ranks = unjudged
     result.hardware = below_peers(ev.aicore)
     if result.hardware:

@@ -294,20 +294,49 @@ def _status_of_verdict(verdict: Verdict, what: str, covered: int, *, waited_for:
     return "no_suspect", f"{covered} ranks analysed over {window}: no rank stands out{among}{once}"
 
 
-def armed_for_note(capture_reason: str | None) -> str:
+_SIGNAL_WORDS = {"own": "own work", "late": "peers' wait for it", "comm": "collective time not explained by waiting",
+                 "link": "link time"}
+
+
+def _named_in_reason(reason: str) -> list[int]:
+    """The ranks of ``"... ranks [1, 2]"`` in an arming reason (``[]`` when it names none or cannot be read)."""
+    inside = reason.rsplit(" ranks [", 1)[-1].split("]", 1)[0]
+    return [int(t) for t in inside.replace(",", " ").split() if t.isdigit()]
+
+
+def _near_miss_text(near: Mapping[str, Any]) -> str:
+    """One named rank's evidence from :func:`~profwatch.core.verdict.ranking.find_near_misses`, e.g. ``rank 1: own
+    work +26.6% of the step over 10 steps, z 3.46 where 4.00 is needed (step-to-step noise 26.3% of a step, 8.30%
+    on its pooled value)``."""
+    what = _SIGNAL_WORDS.get(str(near["signal"]), str(near["signal"]))
+    z, need = float(near["z"]), float(near["z_needed"])
+    verdict = (f"z {z:.2f} where {need:.2f} is needed" if z < need
+               else f"z {z:.2f} ({need:.2f} needed) but not named by the other rules (effect size, consistency)")
+    return (f"rank {near['rank']}: {what} +{100 * float(near['effect_frac']):.1f}% of the step over {near['steps']} "
+            f"steps, {verdict} (step-to-step noise {100 * float(near['within_sigma_frac']):.1f}% of a step, "
+            f"{100 * float(near['noise_sigma_frac']):.2f}% on its pooled value)")
+
+
+def armed_for_note(capture_reason: str | None, near_misses: Sequence[Mapping[str, Any]] = ()) -> str:
     """What a ``no_suspect`` detail adds about why the capture was armed: ``""`` for none or a reference capture;
     ``"; armed for rank_outlier +35% at step 120 ranks [2], which this capture does not confirm ..."`` when
-    detection named ranks (the slowdown may have passed, or fall outside the captured steps); ``"; armed for
-    step_regression +25% at step 120: the whole job, no single rank"`` for a job-wide one. ``capture_reason`` is
-    the arming policy's text (``profwatch.core.arming.policy.describe_anomaly``); any other reason (a manual
-    capture's ``"manual"`` or an operator's own text, a reference capture) adds ``""``: detection armed nothing."""
+    detection named ranks; ``"; armed for step_regression +25% at step 120: the whole job, no single rank"`` for a
+    job-wide one. ``capture_reason`` is the arming policy's text (``profwatch.core.arming.policy.describe_anomaly``);
+    any other reason (a manual capture's ``"manual"`` or an operator's own text, a reference capture) adds ``""``:
+    detection armed nothing. ``near_misses`` (the verdict's, :func:`~profwatch.core.verdict.ranking.find_near_misses`):
+    when a named rank is among them, the note gives its excess, z and the noise it was measured against (a real
+    slowdown below the batch's noise, e.g. on CPU-starved ranks) instead of guessing that the slowdown passed."""
     reason = (capture_reason or "").strip()
     if not reason or reason == REFERENCE_REASON or reason.split(" ", 1)[0] not in get_args(AnomalyKind):
         return ""
-    if " ranks [" in reason:
-        return (f"; armed for {reason}, which this capture does not confirm (the slowdown may have passed or fall"
-                " outside the captured steps)")
-    return f"; armed for {reason}: the whole job, no single rank"
+    if " ranks [" not in reason:
+        return f"; armed for {reason}: the whole job, no single rank"
+    named = set(_named_in_reason(reason))
+    seen = [_near_miss_text(n) for n in near_misses if n.get("rank") in named]
+    if seen:
+        return f"; armed for {reason}, which this capture does not confirm at its noise: " + "; ".join(seen)
+    return (f"; armed for {reason}, which this capture does not confirm (the slowdown may have passed or fall"
+            " outside the captured steps)")
 
 
 def not_complete(batch: BatchState, result: AnalysisResult) -> None:

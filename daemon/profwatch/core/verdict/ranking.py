@@ -34,7 +34,7 @@ from profwatch.core.verdict.links import LinkFindings, LinkSettings, find_slow_l
 from profwatch.core.verdict.robust import OutlierTest, median, upper_outliers
 from profwatch.core.verdict.signals import SignalTable, measure_signals, parse_link_rows
 
-__all__ = ["RankingSettings", "Verdict", "find_one_offs", "judge_batch", "parse_link_rows", "rank_suspects", "ranking_notes",
+__all__ = ["RankingSettings", "Verdict", "find_near_misses", "find_one_offs", "judge_batch", "parse_link_rows", "rank_suspects", "ranking_notes",
            "score_is_valid"]
 
 
@@ -104,6 +104,9 @@ class Verdict:
     :func:`find_one_offs`."""
     compared_ranks: int = 0
     """Ranks with a time breakdown in a step shared with at least one other rank (0 or 1: nothing to compare)."""
+    near_misses: list[dict[str, Any]] = field(default_factory=list)
+    """Ranks not named whose pooled excess is positive in some tested signal, with how far they came: see
+    :func:`find_near_misses` (so a ``no_suspect`` verdict can say what it saw of a rank detection named)."""
 
 
 def _noise_tests(table: SignalTable, settings: RankingSettings) -> dict[str, OutlierTest]:
@@ -252,6 +255,27 @@ def find_one_offs(table: SignalTable, tests: Mapping[str, OutlierTest], named: s
     return out
 
 
+def find_near_misses(table: SignalTable, tests: Mapping[str, OutlierTest], named: set[int], z_needed: float,
+                     limit: int) -> list[dict[str, Any]]:
+    """The ``limit`` ranks (not in ``named``) with the highest z on a tested signal whose pooled excess is
+    positive, highest z first: ``[{"rank", "signal", "z", "z_needed", "effect_frac", "noise_sigma_frac",
+    "within_sigma_frac", "steps"}]``. ``effect_frac``: the pooled excess (fraction of the step); ``noise_sigma_frac``:
+    the scale its z is measured in; ``within_sigma_frac``: the step-to-step noise of one step of that signal;
+    ``z_needed``: the batch's threshold (``max(min_robust_z, Bonferroni)``, without vote relief). Evidence, not a
+    verdict: a rank here did not pass :func:`judge_batch`'s rules (z, effect size, consistency). O(N) per signal."""
+    best: dict[int, tuple[float, str]] = {}
+    for name, test in tests.items():
+        pooled = table.pooled.get(name, {})
+        for rank, z in test.z.items():
+            if rank not in named and pooled.get(rank, 0.0) > 0 and z > best.get(rank, (-math.inf, ""))[0]:
+                best[rank] = (z, name)
+    top = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:limit]
+    return [{"rank": rank, "signal": name, "z": round(z, 3), "z_needed": round(z_needed, 3),
+             "effect_frac": round(table.pooled[name][rank], 5), "noise_sigma_frac": round(tests[name].sigma, 6),
+             "within_sigma_frac": round(table.within.get(name, (0.0, 0.0))[0], 6),
+             "steps": table.n_steps.get(rank, 0)} for rank, (z, name) in top]
+
+
 def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | None = None,
                 rank_dirs: Mapping[int, str] | None = None, settings: RankingSettings | None = None,
                 armed_steps: Sequence[int] | None = None, world_size: int | None = None) -> Verdict:
@@ -334,6 +358,8 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
     verdict.one_offs = find_one_offs(table, tests, {s.rank for s in verdict.suspects}, settings,
                                      evidence.collectives_per_step)
     verdict.notes += [o["text"] for o in verdict.one_offs]
+    verdict.near_misses = find_near_misses(table, tests, {s.rank for s in verdict.suspects}, batch.z_base,
+                                           settings.max_suspects)
     slow_rank = evidence.recipes.get("slow_rank")
     own = tests.get("own")
     verdict.notes += vote_notes(batch.votes, verdict.suspects, slow_rank.status if slow_rank is not None else None,
