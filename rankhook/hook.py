@@ -316,8 +316,7 @@ class Hook:
         if _get_ident() != self._step_owner and not self._may_step():
             return
         now = _perf_counter_ns()
-        t_prev = self._t_last_ns
-        dt_ns = now - t_prev
+        dt_ns = now - self._t_last_ns
         self._t_last_ns = now
         step = self.step_count = self.step_count + 1
         capture = self._capture
@@ -327,7 +326,7 @@ class Hook:
             capturing = capture is not None and capture.capturing()
             if dt_ns >= _CPU_MIN_STEP_NS or capturing or self._stages or self._flags or work is not None:
                 payload = self._step_format_tail % (step, (dt_ns + 500) // 1000, _time_ns() // 1000,
-                                                    self._cpu_field(t_prev, now) + self._tail(work, capturing))
+                                                    self._cpu_field(now - dt_ns, now) + self._tail(work, capturing))
             else:  # the common step: nothing beyond the fixed fields
                 payload = self._step_format % (step, (dt_ns + 500) // 1000, _time_ns() // 1000)
             self.publisher.send(self._topic_step, payload)
