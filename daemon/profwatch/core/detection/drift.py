@@ -164,6 +164,45 @@ def warm_up_sse(rel: np.ndarray, min_knee: int = 2) -> tuple[float, int]:
     return max(0.0, float(sse[best])), int(knees[best])
 
 
+WARM_UP_NULL_SEED = 31
+"""Seed of the simulated series of :func:`warm_up_split_null`: fixed, so a decision depends on its input only."""
+
+
+def warm_up_split_null(rel: np.ndarray, k_lo: int, k_hi: int, reps: int, quantile: float,
+                       min_knee: int = 2) -> float:
+    """How much better the best two-level split of ``rel`` (1-D, oldest first; the split's first later index from
+    ``k_lo`` to ``k_hi``) explains a series than the best warm-up curve (:func:`warm_up_sse`) does *by chance* when
+    the series is that curve: the ``quantile`` of ``sse_curve - sse_split`` over ``reps`` series simulated from the
+    curve fitted to ``rel`` (its knee, level and slope) plus Gaussian noise of its residual variance
+    (``sse / (n - 3)``), in the units of ``rel``'s residual sums. A parametric bootstrap (Efron and Tibshirani 1993,
+    "An Introduction to the Bootstrap", ch. 6) of a comparison of two non-nested models: both fits pick the best of
+    tens of candidate break points (split, knee) on the same steps, so their residual sums differ by several noise
+    variances on a warm-up at high noise (a rise of about 1-2 noise deviations over tens of steps), more than a
+    fixed margin allows. Deterministic (:data:`WARM_UP_NULL_SEED`). Returns 0.0 when no rising curve fits, below 3
+    values or when the range of splits is empty. Cost ``reps`` times :func:`warm_up_sse` (O(reps n^2))."""
+    y = np.asarray(rel, dtype=np.float64)
+    n = y.size
+    lo, hi = max(1, k_lo), min(n - 1, k_hi)
+    sse, knee = warm_up_sse(y, min_knee)
+    if n < 4 or knee < 0 or hi < lo or reps < 1:
+        return 0.0
+    h = np.minimum(np.arange(n, dtype=np.float64), float(knee))
+    b, a = np.polyfit(h, y, 1)
+    curve = a + b * h
+    sigma = math.sqrt(max(0.0, sse) / (n - 3))
+    rng = np.random.default_rng(WARM_UP_NULL_SEED)
+    sims = curve[None, :] + sigma * rng.standard_normal((reps, n))
+    c1, c2 = np.cumsum(sims, axis=1), np.cumsum(sims * sims, axis=1)
+    ks = np.arange(lo, hi + 1)
+    left = ks.astype(np.float64)
+    s1, s2 = c1[:, ks - 1], c2[:, ks - 1]
+    t1, t2 = c1[:, -1:], c2[:, -1:]
+    split = np.min(s2 - s1**2 / left + (t2 - s2) - (t1 - s1) ** 2 / (n - left), axis=1)
+    gains = np.array([warm_up_sse(sims[r], min_knee)[0] for r in range(reps)]) - split
+    gains = gains[np.isfinite(gains)]
+    return float(np.quantile(gains, quantile)) if gains.size else 0.0
+
+
 class StepOnCurve(NamedTuple):
     """The best warm-up curve with a level step on its plateau (:func:`warm_up_step`); ``rel`` units throughout."""
 
