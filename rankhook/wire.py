@@ -45,8 +45,12 @@ MODES = ("training", "serving")
 idle gaps of seconds to minutes). Receivers treat another value as not said (a newer hook's mode)."""
 MAX_WORK = 1e15
 """Largest ``work`` value accepted (units of work per step: tokens, samples)."""
-MAX_CPU_S = 1024 * 7 * 86400.0
-"""Largest ``cpu_s`` of a step report: 1024 cores busy for the longest step (``MAX_STEP_TIME_S``, 7 days)."""
+MAX_CPU_CORES = 1024
+"""Most cores one rank process can keep busy: a step report's ``cpu_s`` is at most this many times its
+``step_time_s`` (the hook reads both clocks at the same step boundaries; a larger one is not a measurement)."""
+MAX_CPU_S = MAX_CPU_CORES * 7 * 86400.0
+"""Largest ``cpu_s`` of a step report: :data:`MAX_CPU_CORES` cores busy for the longest step (``MAX_STEP_TIME_S``,
+7 days)."""
 CaptureEventKind = Literal["arm_seen", "arm_rejected", "started", "completed", "failed"]
 
 
@@ -123,7 +127,8 @@ class StepReport:
     normalised by its load. ``mode`` and ``role`` repeat the hello's (``None`` when not said), so every report says
     which peers it is to be compared with. The three were added without a schema bump: older receivers ignore
     them, older senders omit them. ``cpu_s`` (also added without a bump) is the sending process's CPU time over
-    the step, all its threads (``time.process_time_ns()`` at each ``step()``; ``0 <= cpu_s <= MAX_CPU_S``; ``None``
+    the step, all its threads (``time.process_time_ns()`` at each ``step()``; ``0 <= cpu_s <= MAX_CPU_S`` and
+    ``cpu_s <= MAX_CPU_CORES * max(step_time_s, 0.001)``; ``None``
     from older hooks), compared across lockstep ranks (``docs/detection.md``, CPU time per step).
 
     Version 2: the hook sends :class:`StepReportUs` (integer microseconds); the node daemon reads it into this

@@ -102,6 +102,27 @@ def test_a_cpu_time_out_of_bounds_in_the_hook_form_is_refused(value: int) -> Non
     assert exc.value.reason == "bad_value" and "cpu_us" in exc.value.detail
 
 
+def test_a_cpu_time_beyond_every_core_busy_for_the_step_is_refused() -> None:
+    """6e8 s of CPU for a 10 ms step is no measurement (it was accepted, and named its rank with a magnitude of 1e11
+    once compared, +1e13 %); 1024 cores (``wire.MAX_CPU_CORES``) busy for the step is the most a report may say,
+    in both forms and on the node batch path."""
+    for raw in ({**_RELAYED, "step_time_s": 0.01, "cpu_s": 6e8},
+                {**_HOOK_FORM, "step_time_us": 10_000, "cpu_us": 600_000_000_000_000}):
+        with pytest.raises(MessageRejected) as exc:
+            parse_rank_message(json.dumps(raw))
+        assert exc.value.reason == "bad_value" and "cpu_s" in exc.value.detail
+    edge = wire.MAX_CPU_CORES * 0.01
+    assert parse_rank_message(json.dumps({**_RELAYED, "step_time_s": 0.01, "cpu_s": edge})).cpu_s == edge
+    # a step under 1 ms is measured against 1 ms (the hook's shortest measured step)
+    assert parse_rank_message(json.dumps({**_RELAYED, "step_time_s": 0.0, "cpu_s": 0.5})).cpu_s == 0.5
+    msgs = [{**_RELAYED, "step": 1, "step_time_s": 0.01, "cpu_s": 0.004},
+            {**_RELAYED, "step": 2, "step_time_s": 0.01, "cpu_s": 6e8}]
+    batch = {"kind": "node_batch", "v": 2, "node_id": "n0", "hostname": "h0", "seq": 1, "ts_unix_s": 1.0,
+             "messages": msgs}
+    _env, good, bad = parse_node_message(json.dumps(batch).encode())
+    assert [m.step for m in good] == [1] and [b.reason for b in bad] == ["bad_value"]
+
+
 def test_a_cpu_time_that_is_not_a_number_is_refused() -> None:
     for bad in ('"cpu_s": NaN', '"cpu_s": "5"'):
         raw = json.dumps(_RELAYED)[:-1] + ", " + bad + "}"

@@ -72,6 +72,14 @@ MAX_STEP_TIME_S = 7 * 86400.0
 MAX_CPU_S = wire.MAX_CPU_S
 """Largest ``cpu_s`` (the process's CPU time over one step) a step report may carry."""
 _MAX_CPU_US = int(MAX_CPU_S * 1_000_000)
+
+
+def cpu_time_ok(cpu_s: float, step_time_s: float) -> bool:
+    """Whether a step report's ``cpu_s`` is a measurement of its step: finite, ``0 <= cpu_s <= MAX_CPU_S`` and at
+    most ``wire.MAX_CPU_CORES`` cores busy for the step (``step_time_s``, at least 1 ms: the hook's shortest
+    measured step). Without the second bound a rank saying 6e8 s of CPU for a 10 ms step was accepted and named as
+    a ``rank_outlier`` with a magnitude of 1e11."""
+    return 0.0 <= cpu_s <= MAX_CPU_S and cpu_s <= wire.MAX_CPU_CORES * max(step_time_s, 0.001)
 MAX_TS_UNIX_S = 1e10
 """Timestamps are Unix seconds before the year 2286."""
 MAX_TEXT = 256
@@ -370,8 +378,9 @@ def check_rank_message(msg: Any) -> Any:
                 _check_text(f, "flags", 64)
         if msg.work is not None and not 0.0 <= msg.work <= wire.MAX_WORK:
             raise MessageRejected("bad_value", f"work={msg.work!r} must be finite, >= 0 and <= {wire.MAX_WORK:g}")
-        if msg.cpu_s is not None and not 0.0 <= msg.cpu_s <= wire.MAX_CPU_S:
-            raise MessageRejected("bad_value", f"cpu_s={msg.cpu_s!r} must be finite, >= 0 and <= {wire.MAX_CPU_S:g}")
+        if msg.cpu_s is not None and not cpu_time_ok(msg.cpu_s, msg.step_time_s):
+            raise MessageRejected("bad_value", f"cpu_s={msg.cpu_s!r} must be finite, >= 0, <= {wire.MAX_CPU_S:g} "
+                                               f"and <= {wire.MAX_CPU_CORES} x max(step_time_s, 0.001)")
         if msg.mode is not None or msg.role is not None:
             _check_labels(msg)
         if msg.peer_pid is not None and not 0 < msg.peer_pid < 2**32:
@@ -687,6 +696,8 @@ def _parse_plain_batch(data: bytes, max_messages: int = 20_000
             if not _job_id_ok(m.job_id):
                 return None  # refused by the next paths, with check_rank_message's reason
             job_ok = m.job_id
+        if m.cpu_s is not None and m.cpu_s > wire.MAX_CPU_CORES * max(m.step_time_s, 0.001):
+            return None  # more CPU than every core for the step (cpu_time_ok): refused by the next paths
     return env, msgs, bad
 
 
@@ -724,7 +735,7 @@ def _checked(env: wire.NodeBatch, messages: list[Any], max_messages: int
                 and 0.0 <= m.step_time_s <= MAX_STEP_TIME_S and 0.0 <= m.ts_unix_s <= MAX_TS_UNIX_S
                 and 0 <= m.step < MAX_STEP and not m.stages and not m.flags and m.work is None and m.mode is None
                 and m.role is None and (m.peer_pid is None or 0 < m.peer_pid < 4294967296)
-                and (m.cpu_s is None or 0.0 <= m.cpu_s <= MAX_CPU_S)):
+                and (m.cpu_s is None or cpu_time_ok(m.cpu_s, m.step_time_s))):
             keep(m)
             continue
         try:
