@@ -3,6 +3,7 @@ sampler daemon/profwatch/adapters/host_load.py, and ``explained_by_host_load`` i
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from profwatch.core.fleet.host_load import (
     parse_procs_running,
     parse_psi_some_avg10,
 )
+from profwatch.core.messages import parse_node_message
 
 T0 = 100_000.0
 PSI = "some avg10=93.35 avg60=42.11 avg300=14.09 total=46753305706\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
@@ -159,3 +161,21 @@ def test_the_sampler_reads_proc_and_degrades_when_psi_is_absent(tmp_path: Path) 
     bare = HostLoadSampler(tmp_path / "absent", cores=2)
     bare.sample()
     assert bare.take() == (-1.0, -1.0) and bare.stat_available is False
+
+
+
+def test_a_heartbeat_with_an_absurd_host_load_is_kept_without_it() -> None:
+    """A node saying PSI 250 % (or a run queue of 1e9 per core) loses that figure only, with one counted
+    ``bad_value``: its heartbeat (liveness, counters, ``stopping``) still counts, and a good figure beside the bad
+    one is kept. Before, the whole heartbeat was refused: every heartbeat of such a node."""
+    hb = {"kind": "node_heartbeat", "v": 2, "node_id": "n0", "hostname": "h0", "pid": 7, "ts_unix_s": 1.7e9,
+          "started_unix_s": 1.7e9, "counters": {"relayed": 5}, "stopping": True}
+    env, msgs, bad = parse_node_message(json.dumps({**hb, "runnable_per_core": 2.0,
+                                                    "cpu_psi_some_pct": 250.0}).encode())
+    assert msgs == [] and [b.reason for b in bad] == ["bad_value"] and "cpu_psi_some_pct=250" in bad[0].detail
+    assert env.kind == "node_heartbeat" and env.counters == {"relayed": 5} and env.stopping is True
+    assert env.runnable_per_core == 2.0 and env.cpu_psi_some_pct == -1.0
+    env, _, bad = parse_node_message(json.dumps({**hb, "runnable_per_core": 1e9, "cpu_psi_some_pct": 3.0}).encode())
+    assert len(bad) == 1 and env.runnable_per_core == -1.0 and env.cpu_psi_some_pct == 3.0
+    env, _, bad = parse_node_message(json.dumps({**hb, "runnable_per_core": 0.5, "cpu_psi_some_pct": 3.0}).encode())
+    assert bad == [] and (env.runnable_per_core, env.cpu_psi_some_pct) == (0.5, 3.0)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import MISSING, dataclass, field, fields, make_dataclass
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass, replace
 from functools import lru_cache
 from typing import Annotated, Any, Literal, Union
 
@@ -540,7 +540,6 @@ def _check_envelope(env: Any) -> None:
                 and all(0 <= v < MAX_INT for v in env.counters.values())):
             raise MessageRejected("bad_value", "heartbeat pid/times/counters out of range")
         _check_str_dict(env.counters, "counters")
-        _check_host_load(env)
 
 
 def _host_load_ok(x: Any, limit: float) -> bool:
@@ -548,13 +547,18 @@ def _host_load_ok(x: Any, limit: float) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and (x == -1.0 or (math.isfinite(x) and 0.0 <= x <= limit))
 
 
-def _check_host_load(env: Any) -> None:
-    """The host-load fields of a heartbeat (``rankhook/wire.py`` ``NodeHeartbeat``; absent from an older node daemon's:
-    their defaults, -1). Raises :class:`MessageRejected` (``bad_value``)."""
+def _checked_host_load(env: Any) -> tuple[Any, list[MessageRejected]]:
+    """The host-load fields of a heartbeat (``rankhook/wire.py`` ``NodeHeartbeat``; absent from an older node
+    daemon's: their defaults, -1). A figure out of range is dropped (set to -1, not measured) and its refusal
+    returned (``bad_value``, counted by the caller): the heartbeat itself, the node's liveness, counters and
+    ``stopping``, is kept. Before, one absurd figure refused the whole heartbeat, every heartbeat of that node."""
     r, p = getattr(env, "runnable_per_core", -1.0), getattr(env, "cpu_psi_some_pct", -1.0)
-    if not (_host_load_ok(r, MAX_RUNNABLE_PER_CORE) and _host_load_ok(p, 100.0)):
-        raise MessageRejected("bad_value", f"heartbeat host load out of range: runnable_per_core={str(r)[:24]} "
-                                           f"cpu_psi_some_pct={str(p)[:24]}")
+    r_ok, p_ok = _host_load_ok(r, MAX_RUNNABLE_PER_CORE), _host_load_ok(p, 100.0)
+    if r_ok and p_ok:
+        return env, []
+    bad = MessageRejected("bad_value", f"heartbeat host load out of range, dropped: runnable_per_core={str(r)[:24]} "
+                                       f"cpu_psi_some_pct={str(p)[:24]}")
+    return replace(env, runnable_per_core=r if r_ok else -1.0, cpu_psi_some_pct=p if p_ok else -1.0), [bad]
 
 
 def _check_collision(env: wire.NodeJobIdCollision) -> None:
@@ -778,8 +782,9 @@ def parse_node_message(data: bytes, max_messages: int = 20_000) -> tuple[Any, li
     Returns:
         ``(envelope, rank_messages, rejected)``: for a ``node_batch`` the valid rank messages (typed: the wire
         dataclasses, a plain step report as a :data:`PlainStepReport` of the same fields) and one
-        :class:`MessageRejected` per bad one (the rest of the batch is kept, see :func:`_split_batch`); for other
-        kinds the lists are empty.
+        :class:`MessageRejected` per bad one (the rest of the batch is kept, see :func:`_split_batch`); for a
+        ``node_heartbeat`` no messages and one refusal per host-load figure out of range (dropped, the heartbeat
+        kept: :func:`_checked_host_load`); for other kinds the lists are empty.
     Raises:
         MessageRejected: the envelope itself is unusable (reasons as :func:`parse_rank_message`, plus
             ``bad_node_id``).
@@ -809,6 +814,9 @@ def _parse_general(data: bytes, max_messages: int) -> tuple[Any, list[Any], list
         _check_text(env.detail, "detail", MAX_DETAIL)
     if env.kind == "node_job_id_collision":
         _check_collision(env)
+    if env.kind == "node_heartbeat":
+        env, bad = _checked_host_load(env)
+        return env, [], bad
     if env.kind != "node_batch":
         return env, [], []
     return _split_batch(data, max_messages)  # typed-batch failure but envelope fine: isolate the bad messages
