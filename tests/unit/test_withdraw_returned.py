@@ -11,12 +11,19 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from profwatch.commands.replay import replay_lines
 from profwatch.core.arming.episodes import JobEpisodes
-from profwatch.core.arming.policy import WITHDRAW_SLACK_STEPS, ArmHistory
+from profwatch.core.arming.policy import (
+    RETURN_PLAN_MAX_RATIO,
+    WITHDRAW_SLACK_STEPS,
+    ArmDecision,
+    ArmHistory,
+    capture_request,
+)
 from profwatch.core.arming.settings import ArmingSettings
 from profwatch.core.capture.planner import CaptureSettings, lead_steps
 from profwatch.core.detection.interruptions import RETURN_STEPS, RecurringInterruptions
@@ -262,3 +269,22 @@ def test_a_fast_jobs_checkpoint_is_withdrawn_its_lead_planned_at_the_level_it_re
     assert arm["start_step"] - at >= lead_steps(at, 0.56, CaptureSettings())
     lasting = replay_lines(lines(400, onset=200, duration=None, factor=6.0, step_s=0.56))
     assert not lasting["withdrawn"] and spent(lasting)
+
+
+@pytest.mark.parametrize(("before", "now"), [(0.005, 5.0), (0.01, 30.0), (1e-6, 0.5), (1e-12, 1.0)])
+def test_a_lasting_large_level_change_is_not_planned_at_a_level_far_below(before: float, now: float) -> None:
+    """A job-wide level report at 1000-500,000x (or a degenerate ``baseline_s`` of 1e-12 s): its window opens
+    within the lead planned at 1/``RETURN_PLAN_MAX_RATIO`` of the risen step time. Before, planned at the level
+    before alone: 607 steps (51 minutes at the risen level) after a 1000x report, 307 (2.6 hours) after a 3000x
+    one, 3e12 steps after the degenerate one, the capture in flight all the while."""
+    cs = CaptureSettings()
+    a = Anomaly("step_regression", "j", 1000, (), now / before - 1.0, {"pattern": "level", "baseline_s": before})
+    req = capture_request(a, ArmDecision("arm", "ok", 2, 5, None, "x"), furthest_step=1000, step_time_s=now,
+                          capture=cs)
+    assert req.in_steps == lead_steps(1000, now / RETURN_PLAN_MAX_RATIO, cs) + WITHDRAW_SLACK_STEPS
+    assert req.in_steps <= RETURN_PLAN_MAX_RATIO * lead_steps(1000, now, cs) + WITHDRAW_SLACK_STEPS
+    # a 6x excursion (a checkpoint) is still planned at its level before
+    six = Anomaly("step_regression", "j", 1000, (), 5.0, {"pattern": "level", "baseline_s": 0.56})
+    req = capture_request(six, ArmDecision("arm", "ok", 2, 5, None, "x"), furthest_step=1000, step_time_s=3.36,
+                          capture=cs)
+    assert req.in_steps == lead_steps(1000, 0.56, cs) + WITHDRAW_SLACK_STEPS

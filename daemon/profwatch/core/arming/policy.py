@@ -437,6 +437,16 @@ last two, a 1.05 s job's 6-step checkpoint held 5 came back with 3 steps left wh
 (``bench/bench_corpus.py --healthy-hours``, ``interrupts`` seed 33, healthy run 4: a capture of a checkpoint)."""
 
 
+RETURN_PLAN_MAX_RATIO = 100.0
+"""A :func:`withdrawable` report's lead is planned at a step time at most this many times shorter than the
+detector's (:func:`_return_step_s`). Planned at the level before the excursion alone, the wait at the risen level
+grew with the change's ratio without bound: a lasting 1000x level change (0.005 s -> 5 s steps) had its window
+607 steps (51 minutes) after the report, a 3000x one (0.01 s -> 30 s) 307 steps (2.6 hours), and a report whose
+``baseline_s`` was 1e-12 s 3e12 steps, the capture in flight all the while. Not less than 100: the detector's step
+time at the report may be the excursion's last step, an evaluation at 25x the level before
+(``tests/unit/test_withdraw_returned.py``), which must still be planned at that level to be withdrawn."""
+
+
 def _return_step_s(anomaly: Anomaly, step_time_s: float) -> float:
     """The step time (s) a :func:`withdrawable` report's lead is planned at: the level before its excursion
     (``detail.baseline_s``) when faster than ``step_time_s`` (the detector's, which may already follow the risen
@@ -445,10 +455,10 @@ def _return_step_s(anomaly: Anomaly, step_time_s: float) -> float:
     checkpoint of a 0.56 s job had its window 7 steps after the report and came back with 3 steps left, where the
     lead at 0.56 s is 7-8 (``bench/bench_corpus.py --healthy-hours``, ``interrupts`` seed 33, healthy runs 3 and
     4: two captures that recorded nothing but a checkpoint). If the change lasts, the window starts later by the
-    steps' ratio, within the change."""
+    steps' ratio (at most :data:`RETURN_PLAN_MAX_RATIO`), within the change."""
     before = anomaly.detail.get("baseline_s")
     if isinstance(before, (int, float)) and not isinstance(before, bool) and 0.0 < before < step_time_s:
-        return float(before)
+        return max(float(before), step_time_s / RETURN_PLAN_MAX_RATIO)
     return step_time_s
 
 
