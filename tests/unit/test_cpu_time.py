@@ -242,6 +242,28 @@ def test_ranks_whose_cpu_time_differs_by_design_stay_quiet(seed: int, ranks: int
         assert named and named[0].ranks == (slow,) and 300 <= named[0].step <= 420, named[:1]
 
 
+@pytest.mark.parametrize("n_stages", [4, 6])
+def test_a_by_design_cpu_difference_is_learned_next_to_many_stages(n_stages: int) -> None:
+    """Rank 0 does 1.6x its peers' CPU work from the start in a job that times 4 or 6 stages of its own: the CPU
+    series is learned besides them (``MAX_LEARNED_STAGES`` counts stages only). Before, it came fifth, was never
+    learned, and rank 0 was named a ``rank_outlier`` on ``cpu/step`` at step 50 (+56 %)."""
+    s = DetectionSettings(outlier_min_ranks=2)
+    rng = random.Random(n_stages)
+    agg = StepAggregator(4, s)
+    det = RankOutlierDetector("j", 4, s)
+    found: list[Anomaly] = []
+    for k in range(1, 401):
+        cpu = [0.0066 * math.exp(rng.gauss(0.0, 0.03)) * (1.6 if r == 0 else 1.0) for r in range(4)]
+        wall = max(cpu) / 0.6
+        for r in range(4):
+            stages = {f"s{i}": wall / (n_stages + 1) * math.exp(rng.gauss(0.0, 0.02)) for i in range(n_stages)}
+            rep = wire.StepReport(job_id="j", rank=r, step=k, step_time_s=wall, ts_unix_s=1.0 + k, cpu_s=cpu[r],
+                                  stages=stages)
+            for fs in agg.observe(rep, 1.0 + k)[0]:
+                found += det.on_step(fs)
+    assert found == []
+
+
 def test_a_device_job_whose_host_cpu_is_a_small_share_is_not_judged() -> None:
     """Host CPU a few percent of the step (a rank that launches device work): rank 1's host CPU 2x says nothing."""
     s = DetectionSettings(outlier_min_ranks=2)
