@@ -8,13 +8,14 @@ training loop (``bench/bench_step_python.py`` measures its own Python per call).
 
 CPU time: a report carries ``cpu_us``, the process's CPU time since the previous ``step()``
 (``time.process_time_ns()``, every thread of the process), when that step and the one before it lasted at least
-:data:`CPU_MIN_STEP_S` (so a fast loop pays one comparison), so the coordinator can compare lockstep ranks at like host
+:data:`CPU_MIN_STEP_S` (so a fast loop pays one comparison), or longer where the read itself costs more than
+:data:`CPU_READ_SHARE` of the step (``Hook._cpu_field``), so the coordinator can compare lockstep ranks at like host
 load (``docs/detection.md``). The process, not the step thread (``time.thread_time_ns()``): the work a step does is
 spread over the rank's threads (torch's intra-op pool, a pin-memory or tokenizer thread, the comm library's
 threads), and the owner thread's share of it moves with scheduling; a peer waiting in a blocking collective (gloo)
 sleeps in every thread, so its process time does not grow with the wait. Forked DataLoader workers are processes of
-their own and counted by neither. The read costs about 1.5 us on this VM (a system call), against 1.2 us for the
-thread clock.
+their own and counted by neither. The read is a system call that sums every thread of the process: on this VM
+about 1 us with 50 threads, 5.7 us with 200, 24.6 us with 1,000 (the thread clock: 1.2-2.4 us whatever the count).
 
 Forked children: a child of a rank (``os.fork``, multiprocessing's ``fork`` start method, a DataLoader worker)
 inherits the rank's hook, identity and step counter. It must never speak as its parent: one step report from it
@@ -75,6 +76,14 @@ step of at least this long (module docstring): reading it costs a system call (~
 the cost of a fast loop's ``step()``, and the coordinator's rank comparison has an absolute floor of 1 ms
 (``outlier_min_abs_s``) that a shorter step's CPU time rarely exceeds."""
 _CPU_MIN_STEP_NS = int(CPU_MIN_STEP_S * 1e9)
+CPU_READ_SHARE = 0.01
+"""The most of a step the CPU clock's read may cost: a read measured at ``c`` ns (the smaller of the last two, so
+one preempted read does not count) raises the shortest step measured to ``c / CPU_READ_SHARE`` (a process of 1,000
+threads: ~2.5 ms), at most :data:`CPU_MAX_MIN_STEP_S`."""
+CPU_MAX_MIN_STEP_S = 1.0
+"""The shortest step measured is never raised beyond this (a read that slow is not worth making for shorter
+steps; a job whose steps are all shorter then sends no ``cpu_us``)."""
+_CPU_MAX_MIN_STEP_NS = int(CPU_MAX_MIN_STEP_S * 1e9)
 _time_ns = time.time_ns
 """The clocks and the thread id, bound once: ``rankhook.step()`` looks up no module attribute for them."""
 
@@ -200,6 +209,8 @@ class Hook:
         self._t_last_ns = time.perf_counter_ns()  # perf_counter_ns() of the last step (or of the construction)
         self._cpu_last_ns = _process_time_ns()  # the process's CPU time when last read (a step of >= 1 ms)
         self._cpu_at_ns = self._t_last_ns  # perf_counter_ns() of the step boundary it was read at
+        self._cpu_min_ns = _CPU_MIN_STEP_NS  # the shortest step measured (raised by a costly read: CPU_READ_SHARE)
+        self._cpu_read_ns = 0  # what the last read of the CPU clock cost (perf_counter_ns around it)
         self._next_hello_ns = self._t_last_ns + _HELLO_RESEND_NS
         self._stop = threading.Event()
         self._keepalive: threading.Thread | None = None
@@ -358,11 +369,17 @@ class Hook:
 
     def _cpu_field(self, t_prev: int, now: int) -> bytes:
         """``,"cpu_us":<us>`` for a step from ``t_prev`` to ``now`` (``perf_counter_ns``) of at least
-        :data:`CPU_MIN_STEP_S` whose start the CPU clock was read at too, else b""; reads the clock for such a
-        step (the CPU clock is a system call: read at the ends of long steps only)."""
-        if now - t_prev < _CPU_MIN_STEP_NS:
+        :data:`CPU_MIN_STEP_S` (more where the read costs more than :data:`CPU_READ_SHARE` of it) whose start the
+        CPU clock was read at too, else b""; reads the clock for such a step (the CPU clock is a system call: read
+        at the ends of long steps only) and times the read."""
+        if now - t_prev < self._cpu_min_ns:
             return b""
+        t0 = _perf_counter_ns()
         cpu = _process_time_ns()
+        cost = _perf_counter_ns() - t0
+        least = min(cost, self._cpu_read_ns) if self._cpu_read_ns else cost
+        self._cpu_read_ns = cost
+        self._cpu_min_ns = min(max(_CPU_MIN_STEP_NS, int(least / CPU_READ_SHARE)), _CPU_MAX_MIN_STEP_NS)
         field = b',"cpu_us":%d' % ((cpu - self._cpu_last_ns + 500) // 1000) if self._cpu_at_ns == t_prev else b""
         self._cpu_last_ns = cpu
         self._cpu_at_ns = now
