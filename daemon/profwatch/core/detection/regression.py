@@ -291,7 +291,8 @@ def _chi2_lower(df: int, z: float) -> float:
 
 
 def serial_noise_factor(values: np.ndarray, rho_z: float = 0.0, rho: float | None = None) -> float:
-    """The factor (>= 1, at most about 6) a scale measured on ``values`` (a baseline of block values, oldest first)
+    """The factor (>= 1; at most 9.6, with fewer than 3 values: 3 from rho, 3.2 from 2 degrees of freedom) a scale
+    measured on ``values`` (a baseline of block values, oldest first)
     is multiplied by for a CUSUM that assumes independent values when they are serially correlated and few.
 
     Two parts, both standard: the long-run standard deviation of an AR(1) series, ``sqrt((1 + rho) / (1 - rho))``
