@@ -150,3 +150,18 @@ def test_a_missing_folder_is_said_once_without_the_errno_prefix(tmp_path: Path) 
     assert res.exit_code == 2, res.output
     assert f"cannot list scan root {gone}: ENOENT: No such file or directory" in res.output, res.output
     assert "[Errno" not in res.output
+
+
+def test_a_trace_inside_the_torch_rank_dir_scanned_is_not_called_outside_one(tmp_path: Path) -> None:
+    """`scan` of one *_torch_pt rank dir (as a user drilling into the demo's capture does) said its own trace was
+    "outside a profwatch *_torch_pt rank dir": the walk starts inside the rank dir it never descends into."""
+    rank_dir = tmp_path / "prof" / "vm_26057_20261207053420155_torch_pt"
+    rank_dir.mkdir(parents=True)
+    (rank_dir / "vm_26057.1796621660164.pt.trace.json").write_text("{}")
+    assert find_unsupported(rank_dir) == {}
+    res = CliRunner().invoke(scan, [str(rank_dir)])
+    assert "outside a profwatch" not in res.output, res.output
+    loose = tmp_path / "prof" / "vm_1.1796621660164.pt.trace.json"
+    loose.write_text("{}")
+    assert list(find_unsupported(tmp_path / "prof")) == [
+        "torch.profiler traces outside a profwatch *_torch_pt rank dir (*.pt.trace.json)"]

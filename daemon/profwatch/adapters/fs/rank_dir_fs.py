@@ -616,6 +616,8 @@ def find_unsupported(root: str | os.PathLike[str], *, max_depth: int = 5, limit:
     """
     found: dict[str, list[str]] = {}
     level_root = os.path.abspath(root)
+    if parse_rank_dir_name(os.path.basename(level_root.rstrip("/"))) is not None:
+        return found  # the root is a rank dir: its traces are inside one, and a walk never goes into one
     level = [level_root]
     seen = 0
     for _depth in range(max_depth):
