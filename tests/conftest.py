@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -11,9 +12,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
+import zmq
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED = REPO_ROOT.parent / "shared"
@@ -185,3 +187,25 @@ else:
     _hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
     if os.environ.get("CI") == "true":
         _hypothesis_settings.load_profile("ci")
+
+
+@pytest.fixture
+def step_pull(short_tmp: Path) -> Iterator[tuple[str, Callable[[], list[dict[str, Any]]]]]:
+    """A bound ZeroMQ PULL socket standing in for the node daemon: ``(endpoint, steps)``, ``steps()`` draining
+    what arrived and returning every step report so far (JSON dicts, in arrival order)."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.LINGER, 0)
+    endpoint = f"ipc://{short_tmp}/node.sock"
+    sock.bind(endpoint)
+    got: list[dict[str, Any]] = []
+
+    def steps() -> list[dict[str, Any]]:
+        while sock.poll(0):
+            _topic, payload = sock.recv_multipart()
+            got.append(json.loads(payload))
+        return [m for m in got if m["kind"] == "step"]
+
+    yield endpoint, steps
+    sock.close(0)
+    ctx.term()

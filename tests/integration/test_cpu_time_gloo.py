@@ -10,9 +10,9 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-import zmq
 
 from profwatch.core.messages import parse_rank_message
 from tests.conftest import wait_for
@@ -22,23 +22,11 @@ WORKER = Path(__file__).with_name("cpu_gloo_worker.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_cpu_time_arrives_from_a_real_gloo_pair_and_tells_the_busier_rank(short_tmp: Path) -> None:
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PULL)
-    sock.setsockopt(zmq.LINGER, 0)
-    endpoint = f"ipc://{short_tmp}/node.sock"
-    sock.bind(endpoint)
+def test_cpu_time_arrives_from_a_real_gloo_pair_and_tells_the_busier_rank(short_tmp: Path, step_pull: Any) -> None:
+    endpoint, steps = step_pull
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "daemon")]), OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), str(short_tmp / "pg"), endpoint, "--steps", "40"],
                               env=env) for r in range(2)]
-    got: list[dict] = []
-
-    def steps() -> list[dict]:
-        while sock.poll(0):
-            _topic, payload = sock.recv_multipart()
-            got.append(json.loads(payload))
-        return [m for m in got if m["kind"] == "step"]
-
     try:
         wait_for(lambda: len(steps()) >= 80, timeout_s=120.0, what="80 step reports")
         for p in procs:
@@ -49,8 +37,6 @@ def test_cpu_time_arrives_from_a_real_gloo_pair_and_tells_the_busier_rank(short_
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        sock.close(0)
-        ctx.term()
     msgs = [parse_rank_message(json.dumps(m)) for m in reports]
     by_rank = {r: [m for m in msgs if m.rank == r and m.step > 5] for r in (0, 1)}
     assert all(len(v) >= 30 for v in by_rank.values())

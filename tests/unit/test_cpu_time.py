@@ -10,11 +10,9 @@ import math
 import random
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq
 
 from profwatch.core.detection.aggregation import CPU_MIN_SHARE, CPU_SERIES, StepAggregator, judge_cpu_series
 from profwatch.core.detection.rank_outliers import RankOutlierDetector
@@ -30,34 +28,14 @@ from tests.conftest import wait_for
 
 
 # -- the hook sends it ----------------------------------------------------------------------------------------------
-@pytest.fixture
-def pull(short_tmp: Path) -> Any:
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PULL)
-    sock.setsockopt(zmq.LINGER, 0)
-    endpoint = f"ipc://{short_tmp}/node.sock"
-    sock.bind(endpoint)
-    got: list[dict[str, Any]] = []
-
-    def steps() -> list[dict[str, Any]]:
-        while sock.poll(0):
-            _topic, payload = sock.recv_multipart()
-            got.append(json.loads(payload))
-        return [m for m in got if m["kind"] == "step"]
-
-    yield endpoint, steps
-    sock.close(0)
-    ctx.term()
-
-
 def _busy(seconds: float) -> None:
     t0 = time.process_time()
     while time.process_time() - t0 < seconds:
         pass
 
 
-def test_the_hook_sends_the_process_cpu_time_of_long_steps(pull: Any) -> None:
-    endpoint, steps = pull
+def test_the_hook_sends_the_process_cpu_time_of_long_steps(step_pull: Any) -> None:
+    endpoint, steps = step_pull
     hook = Hook(resolve_identity("cpu-job", rank=0, world_size=2), Publisher(endpoint), NoneBackend())
     try:
         _busy(0.03)
@@ -405,13 +383,13 @@ def test_a_serving_tp_pair_names_its_slower_rank_from_cpu_time_and_is_quiet_befo
     assert not [a for _, a in older if a.kind == "rank_outlier"]
 
 
-def test_a_costly_cpu_clock_read_raises_the_shortest_step_measured(pull: Any) -> None:
+def test_a_costly_cpu_clock_read_raises_the_shortest_step_measured(step_pull: Any) -> None:
     """The process CPU clock sums every thread (24.6 us with 1,000 threads on this VM): a read costing more than
     CPU_READ_SHARE of a step raises the shortest step measured to cost / CPU_READ_SHARE, so it never takes more than
     1 % of a step; one preempted read alone does not (the smaller of the last two reads counts)."""
     import rankhook.hook as hook_mod
 
-    endpoint, _steps = pull
+    endpoint, _steps = step_pull
     hook = Hook(resolve_identity("cpu-job", rank=0, world_size=2), Publisher(endpoint), NoneBackend())
     real = hook_mod._process_time_ns
     try:
