@@ -226,3 +226,31 @@ def test_a_job_ended_alert_line_says_why_in_words() -> None:
                          "data": {"last_report_unix_s": 1.0e9, "silent_s": 0.0, "reason": "all_ranks_left",
                                   "generation": 1}})
     assert left == "T job_ended.v1 job=j1 generation 1: every rank said bye"
+
+
+def test_a_held_episode_reads_held_and_a_capture_that_named_another_rank_says_so() -> None:
+    """The new user's trial: "waits for nothing while a known slow rank explains it" read as if the episode waited
+    for nothing; a rank-0 episode "captured: c1 (ok, names rank 1)" did not say rank 0 was not confirmed."""
+    from profwatch.commands.alerts import render_event
+    from profwatch.core.status_text import render_episode, wait_phrase
+
+    assert wait_phrase("explained_by_ranks").startswith("held while a known slow rank explains it: ")
+    assert wait_phrase("culprit_rotates") == "held: the culprit rotates (load imbalance), not captured again"
+    assert wait_phrase("cooldown") == "waits for its own cooldown (arming.cooldown_s)"
+    assert wait_phrase("cooldown", past=True) == "waited for its own cooldown (arming.cooldown_s)"
+    ep = {"episode_id": "ep-1", "kind": "rank_outlier", "ranks": [0], "magnitude": 0.3, "peak_magnitude": 0.3,
+          "opened_step": 40, "captures": [{"capture_id": "c1", "status": "ok", "named": [1]}],
+          "waiting": "explained_by_ranks"}
+    text = "\n".join(render_episode(ep))
+    assert "captured: c1 (ok, names rank 1, not rank 0)" in text
+    assert "held while a known slow rank explains it" in text and "waits for nothing" not in text
+    both = {**ep, "captures": [{"capture_id": "c2", "status": "ok", "named": [0, 3]}]}
+    assert "c2 (ok, names ranks 0, 3)" in "\n".join(render_episode(both))
+    wide = {**ep, "ranks": [], "captures": [{"capture_id": "c3", "status": "ok", "named": [1]}]}
+    assert "c3 (ok, names rank 1)" in "\n".join(render_episode(wide))
+    closed = {"type": "io.profwatch.episode_closed.v1", "subject": "j", "time": "t",
+              "data": {"episode_id": "ep-2", "kind": "step_regression", "ranks": [], "magnitude": -0.25, "step": 9,
+                       "reason": "quiet", "captured": False, "waited_for": "culprit_rotates"}}
+    line = render_event(closed)
+    assert "-25% step 9" in line and "+-" not in line
+    assert line.endswith("never captured (held: the culprit rotates (load imbalance), not captured again)")

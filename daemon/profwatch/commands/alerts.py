@@ -46,7 +46,7 @@ from profwatch.core.alerts.event_types import (
     display_name,
 )
 from profwatch.core.messages import CONTROL_RE
-from profwatch.core.status_text import WAITS
+from profwatch.core.status_text import wait_phrase
 from profwatch.exitcodes import EXIT_UNAVAILABLE
 from profwatch.signals import handling
 
@@ -78,7 +78,7 @@ def _episode_text(t: str, d: dict[str, Any]) -> str:
     """What an ``episode_opened``/``_updated``/``_closed`` line says after its job: the episode, its ranks or
     job-wide, its size and step; a follow-up's text; how a closed one ended and whether it was captured."""
     ranks = f"ranks={d.get('ranks')}" if d.get("ranks") else "job-wide"
-    out = f" {d.get('episode_id')} {d.get('kind')} {ranks} +{100 * float(d.get('magnitude') or 0):.0f}% step {d.get('step')}"
+    out = f" {d.get('episode_id')} {d.get('kind')} {ranks} {float(d.get('magnitude') or 0):+.0%} step {d.get('step')}"
     if t == TYPE_EPISODE_UPDATED and d.get("reason") == "follow_up":
         out += f": {d.get('text')}"
     if t == TYPE_EPISODE_CLOSED:
@@ -86,8 +86,7 @@ def _episode_text(t: str, d: dict[str, Any]) -> str:
         tried = ", ".join(f"{c.get('capture_id')} ({c.get('status') or 'in flight'})" for c in caps)
         out += f" closed ({d.get('reason')}): " + (
             "captured" if d.get("captured") else f"no capture analysed (captures: {tried})" if caps else
-            "never captured" + (f" (waited for {WAITS.get(str(d['waited_for']), d['waited_for'])})"
-                                if d.get("waited_for") else ""))
+            "never captured" + (f" ({wait_phrase(str(d['waited_for']), past=True)})" if d.get("waited_for") else ""))
     return out
 
 

@@ -258,8 +258,8 @@ def render_episode(ep: Mapping[str, Any]) -> list[str]:
             f"(peak {float(ep['peak_magnitude']):+.0%}) since step {ep['opened_step']}, {ep.get('reports', 1)} "
             f"report(s)")
     caps = ep.get("captures") or []
-    done = ", ".join(f"{c['capture_id']} ({c['status'] or 'in flight'}"
-                     + (f", names rank {c['named'][0]}" if c.get("named") else "") + ")" for c in caps[-3:])
+    done = ", ".join(f"{c['capture_id']} ({c['status'] or 'in flight'}" + _named_text(c.get("named"), ep.get("ranks"))
+                     + ")" for c in caps[-3:])
     lines = [head]
     if ep.get("closed_unix_s") is not None:
         lines.append(f"    closed ({ep.get('close_reason')}); " + (f"captured: {done}" if caps else
@@ -283,13 +283,43 @@ def render_episode(ep: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _named_text(named: object, episode_ranks: object) -> str:
+    """What a capture's verdict named, beside the episode's own ranks: ``, names rank 1`` (up to 4 ranks, then a
+    count), and ``, not rank 0`` when the episode names ranks and the verdict named none of them (the episode's
+    ranks were not confirmed). Empty when it named nobody."""
+    if not isinstance(named, (list, tuple)) or not named:
+        return ""
+    ranks = [int(r) for r in named]
+    shown = ", ".join(map(str, ranks[:4])) + (f" (+{len(ranks) - 4} more)" if len(ranks) > 4 else "")
+    text = f", names rank{'s' if len(ranks) > 1 else ''} {shown}"
+    own = [int(r) for r in episode_ranks] if isinstance(episode_ranks, (list, tuple)) else []
+    if own and not set(own) & set(ranks):
+        text += f", not rank{'s' if len(own) > 1 else ''} " + ", ".join(map(str, own[:4])) + (
+            " ..." if len(own) > 4 else "")
+    return text
+
+
+def wait_phrase(wait: str, past: bool = False) -> str:
+    """A reason of :data:`WAITS` in words: ``waits for the job's gap between arms (arming.min_arm_gap_s)``
+    (``waited for ...`` when ``past``), or, for a reason that waits for nothing (the episode is held, not queued),
+    ``held while a known slow rank explains it: ...`` / ``held: the culprit rotates ...`` ("waits for nothing while
+    ..." read as if the episode waited for nothing at all). An unknown reason is returned as given (``waited for``
+    it when ``past``)."""
+    text = WAITS.get(wait)
+    if text is None:
+        return f"waited for {wait}" if past else wait
+    if text.startswith("nothing"):
+        return "held" + text[len("nothing"):]
+    return ("waited for " if past else "waits for ") + text
+
+
 def render_wait(wait: str, left_s: object, behind: object = None, position: object = None) -> str:
     """What an open episode waits for, in words: a reason of the arming policy (:data:`WAITS`: ``waits for the
     job's gap between arms (arming.min_arm_gap_s), 29 s left``), or an arm that could not be planned or written
     (``refused: ...``, ``plan_failed: ...``: ``arm failed (refused: only 3/4 ranks are live); retried in 29 s``)."""
     secs = f"{left_s:.0f} s" if isinstance(left_s, (int, float)) and not isinstance(left_s, bool) else ""
     if wait in WAITS:
-        line = f"waits for {WAITS[wait]}" + (f", {secs} left" if secs else "")
+        line = wait_phrase(wait) + (f", {secs} left" if secs else "")
     else:
         line = f"arm failed ({wait}); " + (f"retried in {secs}" if secs else "retried at the next pass")
     line += f", queued behind {behind}" if behind else ""
