@@ -150,6 +150,8 @@ def test_a_job_whose_capture_folder_is_missing_is_alerted_with_cause_and_fix_and
         data = rows[0]["data"]
         assert data["cause"] == f"the capture folder {missing} does not exist on {data['hostname']}"
         assert f"mkdir -p {missing}" in data["fix"]
+        # raised at the first hello: it says so and where every rank is listed (a new user read it as "only rank 0")
+        assert "the first rank to say so" in data["detail"] and "profwatch arm --job jobM --dry-run" in data["detail"]
         for dry in (True, False):  # the dry run checks what the real arm checks
             with pytest.raises(ControlError, match="does not exist") as ei:
                 stack.control("arm", {"job_id": "jobM", "dry_run": dry})

@@ -126,5 +126,8 @@ class ArmChecks:
         self.emit(TYPE_CAPTURE_UNAVAILABLE, msg.job_id, {
             "rank": msg.rank, "hostname": msg.hostname, "profiler_config_path": msg.profiler_config_path,
             "error": msg.backend_error, "cause": cause, "fix": fix,
-            "detail": f"rank {msg.rank} on {msg.hostname}: {cause}. Fix: {fix}"},
+            # one alert per job and error, raised at the first rank's hello: it cannot know the ranks still to come
+            # (a new user read "rank 0" as "only rank 0"); the arm's dry run lists every rank with the cause
+            "detail": f"rank {msg.rank} on {msg.hostname}, the first rank to say so (the dry run `profwatch arm "
+                      f"--job {msg.job_id} --dry-run` lists every rank that cannot be captured): {cause}. Fix: {fix}"},
             event_id=f"capture_unavailable-{msg.job_id}-{digest}")
