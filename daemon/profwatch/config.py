@@ -138,7 +138,8 @@ class NodeSettings(MetricsEndpoint):
         "the coordinator's ingest endpoint this node relays to (its [coordinator] ingest_bind: move both together)"))
     heartbeat_interval_s: float = Field(2.0, gt=0, le=3600, description=(
         "how often the node tells the coordinator it is alive (coordinator_unanswered once 3 of these or 10 s, the "
-        "longer, go unanswered)"))
+        "longer, go unanswered); each heartbeat carries the host's CPU load: above 20 s too few arrive to explain a "
+        "job's move by host load ([arming] host_load_explains), and status says so"))
     batch_max_messages: int = Field(1000, ge=1, le=10_000, description=(
         "relay a batch to the coordinator when this many rank messages are waiting"))
     batch_max_delay_s: float = Field(0.05, gt=0, le=10, description=(

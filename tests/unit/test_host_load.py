@@ -57,7 +57,8 @@ def test_the_series_is_bounded_and_averages_heartbeats_into_buckets() -> None:
     for i, r in enumerate((1.0, 2.0, 3.0)):
         s2.add(T0 + i, r, -1.0)
     assert len(s2.t) == 1 and s2.runnable[0] == pytest.approx(2.0) and math.isnan(s2.psi[0])
-    assert s2.view() == {"runnable_per_core": 2.0, "cpu_psi_some_pct": None, "psi_available": False, "samples": 3}
+    assert s2.view() == {"runnable_per_core": 2.0, "cpu_psi_some_pct": None, "psi_available": False, "samples": 3,
+                         "heartbeat_gap_s": 1.0, "too_sparse_to_explain": False}
     s2.add(T0 - 100, 9.0, 50.0)  # a clock stepped back: dropped
     s2.add(T0 + 20, -1.0, 50.0)  # not measured (an older node daemon): ignored
     assert len(s2.t) == 1 and s2.samples == 3
@@ -179,3 +180,29 @@ def test_a_heartbeat_with_an_absurd_host_load_is_kept_without_it() -> None:
     assert len(bad) == 1 and env.runnable_per_core == -1.0 and env.cpu_psi_some_pct == 3.0
     env, _, bad = parse_node_message(json.dumps({**hb, "runnable_per_core": 0.5, "cpu_psi_some_pct": 3.0}).encode())
     assert bad == [] and (env.runnable_per_core, env.cpu_psi_some_pct) == (0.5, 3.0)
+
+
+def test_heartbeats_too_far_apart_to_explain_anything_are_said_in_status_not_silent() -> None:
+    """``[node] heartbeat_interval_s`` of 30 s leaves fewer than MIN_BUCKETS after a move: host load then never
+    explains a job's move, and before, nothing said so."""
+    from profwatch.core.fleet.host_load import MAX_EXPLAIN_GAP_S
+    from profwatch.core.status_text import _host_load_line
+
+    sparse, dense = HostLoadSeries(), HostLoadSeries()
+    for i in range(60):
+        t = T0 + 30.0 * i
+        sparse.add(t, 1.0 if t < T0 + 900 else 3.0, -1.0)
+    for i in range(900):
+        t = T0 + 2.0 * i
+        dense.add(t, 1.0 if t < T0 + 900 else 3.0, -1.0)
+    # at 30 s apart, 2 of every 3 judgement times see only 2 heartbeats after the move: no explanation
+    phases = [explain_job_change([("n1", sparse)], opened_s=T0 + 960, now_s=T0 + 1_020 + k, magnitude=2.0)
+              for k in range(30)]
+    assert sum(p is None for p in phases) >= 15
+    assert all(explain_job_change([("n1", dense)], opened_s=T0 + 960, now_s=T0 + 1_020 + k, magnitude=2.0)
+               is not None for k in range(30))
+    assert sparse.view()["too_sparse_to_explain"] and sparse.view()["heartbeat_gap_s"] == 30.0
+    assert not dense.view()["too_sparse_to_explain"]
+    line = _host_load_line(sparse.view())
+    assert "heartbeats 30.0 s apart: too few to explain" in line and f"at most {MAX_EXPLAIN_GAP_S:.0f} s" in line
+    assert "too few" not in _host_load_line(dense.view())

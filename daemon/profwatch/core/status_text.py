@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from profwatch.core.capture.lifecycle import DEADLINE_BOUNDS
+from profwatch.core.fleet.host_load import MAX_EXPLAIN_GAP_S
 
 SILENT_MIN_S = 10.0
 """A rank is ``silent`` once its last report is older than this, or than ``SILENT_STEPS`` of its own median step
@@ -153,7 +154,11 @@ def _host_load_line(load: Any) -> str:
     psi = load.get("cpu_psi_some_pct")
     psi_text = (f"CPU pressure (PSI some avg10) {psi:.1f} %" if psi is not None
                 else "CPU pressure: no PSI on this kernel (the run queue alone is measured)")
-    return f"    host load: {load['runnable_per_core']:.2f} runnable tasks per core; {psi_text}"
+    line = f"    host load: {load['runnable_per_core']:.2f} runnable tasks per core; {psi_text}"
+    if load.get("too_sparse_to_explain"):
+        line += (f"; heartbeats {load.get('heartbeat_gap_s')} s apart: too few to explain a job's move by host load "
+                 f"(at most {MAX_EXPLAIN_GAP_S:.0f} s: [node] heartbeat_interval_s)")
+    return line
 
 
 def span_text(seconds: float) -> str:

@@ -44,6 +44,10 @@ AFTER_S = 60.0
 """The load during a change: the median of the last 60 s of buckets."""
 MIN_BUCKETS = (6, 3)
 """Buckets needed before and after (60 s and 30 s of heartbeats) for any judgement; fewer: no explanation."""
+MAX_EXPLAIN_GAP_S = AFTER_S / MIN_BUCKETS[1]
+"""Largest gap between a node's heartbeats (s) that always fills :data:`MIN_BUCKETS` after a move: a node whose
+heartbeats come further apart (``[node] heartbeat_interval_s`` of 30 s, say) explains a move only at some judgement
+times (2 of 3 see too few heartbeats at 30 s), and ``status`` says so instead of staying silent."""
 MIN_LOAD_FACTOR = 1.08
 """A host-load move explains nothing below this predicted slowdown (the run queue's noise from second to second
 on a quiet host)."""
@@ -101,6 +105,10 @@ class HostLoadSeries:
     samples: int = 0
     psi_available: bool | None = None
     """None: no sample yet; False: the node's kernel has no PSI (its heartbeats say -1)."""
+    last_s: float = math.nan
+    """Coordinator time of the newest sample (NaN before any)."""
+    gap_s: float = math.nan
+    """Seconds between the two newest samples (NaN before the second): the node's heartbeat interval as seen here."""
 
     def add(self, now_s: float, runnable_per_core: float, psi_some_pct: float) -> None:
         """Fold one heartbeat's sample in. ``runnable_per_core < 0``: the node did not measure (an older node
@@ -113,6 +121,9 @@ class HostLoadSeries:
         self.psi_available = has_psi
         psi = psi_some_pct if has_psi else math.nan
         self.samples += 1
+        if math.isfinite(self.last_s):
+            self.gap_s = now_s - self.last_s
+        self.last_s = now_s
         if self.t and self.t[-1] <= now_s < self.t[-1] + BUCKET_S:
             k = self._n[-1] + 1
             self.runnable[-1] += (runnable_per_core - self.runnable[-1]) / k
@@ -140,7 +151,9 @@ class HostLoadSeries:
         last = self.latest()
         return {"runnable_per_core": None if last is None else round(last[0], 3),
                 "cpu_psi_some_pct": None if last is None or math.isnan(last[1]) else round(last[1], 2),
-                "psi_available": self.psi_available, "samples": self.samples}
+                "psi_available": self.psi_available, "samples": self.samples,
+                "heartbeat_gap_s": None if math.isnan(self.gap_s) else round(self.gap_s, 1),
+                "too_sparse_to_explain": bool(self.gap_s > MAX_EXPLAIN_GAP_S)}
 
 
 def _median(xs: list[float]) -> float:
