@@ -130,3 +130,11 @@ def test_the_serial_factor_has_a_floor_of_one_and_a_bound_of_three() -> None:
     runs = level_serial_factor([-0.2] * 10 + [0.2] * 10, [0.0] * 5, 0.0, 0.0)
     assert 1.0 < runs <= 3.0 + 1e-12
     assert level_serial_factor([0.0], [], 0.0, 0.0) == pytest.approx(3.0)
+
+
+def test_a_3x_change_one_block_into_a_unit_without_work_is_still_reported() -> None:
+    """bench_corpus seed 32 serving_nowork run 1: 3x from 51 s, its blocks when the base code reported it (1 block
+    before, 5 after, z 5.53). Six blocks give no estimate of their autocorrelation: the factor waits for 10 blocks,
+    and the change is still reported (the factor applied there lost it)."""
+    found = _judge_blocks([0.195, 1.564, 1.502, 1.326, 1.193, 1.448], without_work=True)
+    assert len(found) == 1 and found[0][0] > 2.0, found

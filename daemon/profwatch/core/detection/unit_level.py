@@ -123,7 +123,11 @@ def level_serial_factor(before: list[float], after: list[float], mb: float, ma: 
     the error of their means: a healthy unit read z 6.03 (+94 %, without ``work``: 25 blocks before at an
     autocorrelation of 0.40, ``bench/bench_corpus.py --healthy-hours`` seed 33 serving_nowork healthy run 0) and
     z 7.15 (+60 %, with ``work``: 9 blocks in runs of three, seed 38 serving_work run 2), and both armed
-    (tests/unit/test_false_arms_replayed.py). Pure."""
+    (tests/unit/test_false_arms_replayed.py). Used only once the history holds ``LEVEL_BASE_MIN + LEVEL_RUN``
+    (10) blocks, the fewest a full-size split is judged on: the autocorrelation of fewer is hardly an estimate (its
+    small-sample correction alone is 0.17 at 6 blocks) and a split that young must be 1.5x (:data:`YOUNG_EFFECT`,
+    :data:`NOWORK_EFFECT`), beyond a host's load; with it there, a 3x change 51 s into a unit without ``work``
+    (1 block before, 5 after, z 5.53) was lost (bench_corpus seed 32 serving_nowork run 1). Pure."""
     dev = np.asarray([v - mb for v in before] + [v - ma for v in after], dtype=np.float64)
     rho = serial_rho(dev)
     return math.sqrt((1.0 + rho) / (1.0 - rho))
@@ -162,7 +166,8 @@ class UnitLevel:
         with ``sigma = max(1.4826 * MAD, LEVEL_MIN_NOISE)`` (the blocks' deviations from their part's median) and
         each part's mean winsorised at :data:`LEVEL_CLIP` sigmas, the split is a change when the difference ``e``
         of the means is at least :data:`LEVEL_Z` standard errors ``f * sigma * sqrt(1 / k + 1 / (n - k))`` (``f``
-        the serial factor of the blocks, 1 to 3: :func:`level_serial_factor`) and at
+        the serial factor of the blocks, 1 to 3, from ``LEVEL_BASE_MIN + LEVEL_RUN`` blocks on, else 1:
+        :func:`level_serial_factor`) and at
         least ``log(1 + min_effect)`` (``log(1 + YOUNG_EFFECT)`` with fewer than :data:`LEVEL_BASE_MIN` blocks
         before it; ``without_work``: the floor is :data:`NOWORK_MIN_NOISE` and the least change
         ``log(1 + NOWORK_EFFECT)`` whatever the blocks before). The best split by ``z`` wins; its onset is its first
@@ -317,7 +322,7 @@ class UnitLevel:
             la, ha = ma - LEVEL_CLIP * sigma, ma + LEVEL_CLIP * sigma
             e = (sum(min(ha, max(la, v)) for v in after) / len(after)
                  - sum(min(hi, max(lo, v)) for v in before) / k)
-            serial = level_serial_factor(before, after, mb, ma)
+            serial = level_serial_factor(before, after, mb, ma) if n >= LEVEL_BASE_MIN + LEVEL_RUN else 1.0
             z = abs(e) / (serial * sigma * math.sqrt(1.0 / k + 1.0 / len(after)))
             least = math.log1p(self.least_effect(k))
             if z >= LEVEL_Z and abs(e) >= least and (best is None or z > best[0]):
