@@ -528,7 +528,7 @@ class StepTimeRegressionDetector:
         a longer hold (see ``daemon/profwatch/core/detection/interruptions.py``)."""
         self.counters = {"regressions": 0, "spike_events": 0, "spikes_not_reported": 0, "speedups": 0, "held": 0,
                          "relearn_while_learning": 0, "drift_reports": 0, "drift_onsets": 0, "unmeasured": 0,
-                         "warmup_restarts": 0}
+                         "warmup_restarts": 0, "warmup_rebases": 0}
         self._checked_learned = not first_learning_checks
         """Whether this generation's first learned steps were checked for a change (:meth:`_learned_step`)."""
         self._settle_restarts: int | None = 0 if first_learning_checks else None
@@ -583,6 +583,8 @@ class StepTimeRegressionDetector:
         fewer than :data:`LEARNED_STEP_MIN_AFTER` steps before it is judged only then)."""
         self._last_spike_event: int | None = None
         self._spikes_since_event = 0
+        self._gen_reported = False
+        """Whether this generation reported a ``step_regression`` (:meth:`_warm_up_continues` judges only before)."""
 
     # -- StepDetector ----------------------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -601,6 +603,7 @@ class StepTimeRegressionDetector:
         self._first_learned = None
         self._first_values = []
         self._warm_values.clear()
+        self._gen_reported = False
 
     def update_settings(self, settings: DetectionSettings) -> None:
         """Swap thresholds keeping the learned baseline (resized) and the learned periodic patterns."""
@@ -1380,11 +1383,31 @@ class StepTimeRegressionDetector:
                 or ramp_evidence(rel)[0] >= RAMP_EVIDENCE * noise * noise or self._rising(rel[pseudo:k], noise)
                 or trend_z(y[pseudo:k]) >= EARLIER_RISE_Z):  # the earlier part rises by the rank test: a warm-up
             return None
+        if not pseudo and not first_k and k < LEARNED_STEP_MIN_AFTER and self._short_part_rises(y, k):
+            return None
         if not pseudo and self._young() and self._warm_up_curve(rel, sse_k, noise, k,
                                                                 WARM_UP_STEPS_EVIDENCE if first_k else None,
                                                                 (max(short, first_k), n - LEARNED_STEP_MIN_AFTER)):
             return None
         return k, mag, noise, float(math.exp(logs[:k].mean()))
+
+    def _short_part_rises(self, y: np.ndarray, k: int) -> bool:
+        """Whether the few (fewer than :data:`LEARNED_STEP_MIN_AFTER`) first learned steps ``y[:k]`` before a split
+        of a generation's first learned steps ``y`` (s, oldest first) rise with the warm-up steps just before them
+        (excluded from detection, the newest :data:`PRIOR_WARM_VALUES`, at least :data:`WARM_UP_BEFORE_MIN`) by
+        the rank test (:func:`~profwatch.core.detection.drift.trend_z` at least :data:`EARLIER_RISE_Z`): the rule
+        of :meth:`_split` that the part before a change is a level, not a rise, applied where 5-7 steps alone
+        cannot show a rise (the same steps and conditions as :meth:`_warm_split`: from the generation's start,
+        without a previous generation's level, the learned steps beginning where the warm-up's end). A warm-up
+        rising 0.55 -> 1.0x over some 17 steps at 8 % noise left 6 learned steps at 0.83x before the rest at 1.0x:
+        split there and reported as +24 % (``bench/bench_corpus.py --healthy-hours``, seed 32 ``warmup_up`` healthy
+        run 20; tests/unit/test_warm_up_changes.py). False when those steps are not available. Pure."""
+        warm = list(self._warm_values)
+        if (len(warm) < WARM_UP_BEFORE_MIN or not self._from_start or self.prior is not None
+                or self._first_step is None or self._first_learned != self._first_step
+                or len(self._recent) >= RAMP_WINDOW or y.size != len(self._recent)):
+            return False
+        return trend_z(np.concatenate([np.asarray(warm, dtype=np.float64), y[:k]])) >= EARLIER_RISE_Z
 
     @staticmethod
     def _warm_up_curve(rel: np.ndarray, sse_step: float, noise: float, k: int, need: float | None = None,
@@ -1814,6 +1837,10 @@ class StepTimeRegressionDetector:
             margin = EFFECT_Z * noise * math.sqrt(1.0 / n + 1.0 / min(n_ref, n))  # two levels, each estimated
             if level0 / before - 1.0 < s.min_effect + margin or not self._recent_above(before, s.min_effect, noise, n_ref):
                 return None  # not clear of the estimates' errors (a young window's): wait for more values
+            if self._warm_up_continues():  # the first learning's warm-up went on rising: its level, not a change
+                tracker.rebase(level0, step, n)
+                self.counters["warmup_rebases"] += 1
+                return None
             tracker.rebase(level0, step, n)
             level: dict[str, Any] = {"pattern": "baseline", "first_step": since, "baseline_s": before,
                                      "step_time_s": level0, "steps": len(self._base)}
@@ -1835,6 +1862,29 @@ class StepTimeRegressionDetector:
             return None
         self.counters["drift_reports"] += 1
         return Anomaly("drift", self.job_id, step, (), float(drift["total"]), drift)
+
+    def _warm_up_continues(self) -> bool:
+        """Whether a rise of the baseline's own level over the drift reference learned at the end of a generation's
+        first learning (:meth:`_drift`'s ``pattern "baseline"`` branch) is that learning's warm-up still rising, by
+        the rule :meth:`_settled` applies at its end, now on the steps since the generation's first learned one
+        (:attr:`_recent`, more of them): the generation is young (:meth:`_young`), reported nothing yet, has no
+        previous generation's level (:attr:`prior`) and is no serving unit's (:attr:`provisional` off); its steps
+        rise by the rank test (:func:`~profwatch.core.detection.drift.trend_z` at least :data:`SETTLE_Z`), no sudden
+        change explains the rise (:meth:`_split` finds none: the earlier part rises too, or a warm-up curve fits as
+        well) and none jumped off the warm-up's line (:meth:`_line_jump`: a change during or right after the rise
+        is still reported). At 19 % noise a warm-up rising over some 50 steps (0.7 -> 1.0x) rose by about one noise
+        deviation over the 46 first learned steps: :meth:`_settled` took them as settled, the reference learned
+        the level mid-rise and the settled level read +29 % 27 steps later, armed (``bench/bench_corpus.py
+        --healthy-hours``, seed 34 ``warmup_up`` healthy run 5, tests/unit/test_warm_up_changes.py). Needs at least
+        ``2 *`` :data:`LEARNED_STEP_MIN_AFTER` steps (as :meth:`_split`); the reference then learns the window's
+        level silently (counted in ``warmup_rebases``). Pure but for the counter the caller keeps."""
+        if (self._gen_reported or self.prior is not None or self.provisional or not self._young()
+                or self._first_learned is None):
+            return False
+        y = np.fromiter(self._recent, dtype=np.float64, count=len(self._recent))
+        if y.size < 2 * LEARNED_STEP_MIN_AFTER or not np.all(y > 0.0):
+            return False
+        return trend_z(y) >= SETTLE_Z and self._split(y) is None and self._line_jump(y) is None
 
     def _recent_above(self, ref_s: float, rise: float, noise: float, n_ref: int) -> bool:
         """Whether the newest :data:`RECENT_LEVEL_VALUES` accepted step times themselves (their median, not the
@@ -1860,6 +1910,7 @@ class StepTimeRegressionDetector:
         the level this report measured (``_interim``, ``reference "reported_level"``, see :meth:`_interim_cusum`),
         raised by :data:`REPORTED_SE` standard errors, so a further rise soon after is its own report."""
         self.counters["regressions"] += 1
+        self._gen_reported = True
         self.prior = None  # the generation's level is judged now: the previous one is no reference any more (a
         # change the learning path reported was reported again against it at the end of the first learning)
         self._suspend_drift()

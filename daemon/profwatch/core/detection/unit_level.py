@@ -16,6 +16,9 @@ from collections import deque
 from dataclasses import dataclass
 from statistics import median
 
+import numpy as np
+
+from profwatch.core.detection.regression import serial_rho
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly
 
@@ -108,6 +111,28 @@ MAX_LOG = math.log(100.0)
 """A block's level is clamped to [1 / 100, 100] of the band offsets' scale (magnitudes stay bounded)."""
 
 
+def level_serial_factor(before: list[float], after: list[float], mb: float, ma: float) -> float:
+    """The factor (1 to 3) the block test's standard error is multiplied by for serially correlated blocks: the
+    long-run standard deviation of an AR(1) series over its marginal one, ``sqrt((1 + rho) / (1 - rho))`` (Bayley
+    & Hammersley 1946, J. R. Stat. Soc. Suppl. 8:184), ``rho`` the lag-1 autocorrelation of the blocks' deviations
+    from their own part's median (``before`` about ``mb``, ``after`` about ``ma``, log; so a change between the
+    parts adds nothing to it), bias-corrected and bounded to ``[0, SERIAL_RHO_MAX]`` as
+    :func:`~profwatch.core.detection.regression.serial_rho` does (Kendall 1954). Floor 1 (independent blocks),
+    bound 3 (``rho`` 0.8). A shared host's load and a slowly wandering batch move blocks in runs of several
+    minutes, so the blocks of one part are not independent and ``sigma * sqrt(1 / k + 1 / (n - k))`` understated
+    the error of their means: a healthy unit read z 6.03 (+94 %, without ``work``: 25 blocks before at an
+    autocorrelation of 0.40, ``bench/bench_corpus.py --healthy-hours`` seed 33 serving_nowork healthy run 0) and
+    z 7.15 (+60 %, with ``work``: 9 blocks in runs of three, seed 38 serving_work run 2), and both armed
+    (tests/unit/test_false_arms_replayed.py). Used only once the history holds ``LEVEL_BASE_MIN + LEVEL_RUN``
+    (10) blocks, the fewest a full-size split is judged on: the autocorrelation of fewer is hardly an estimate (its
+    small-sample correction alone is 0.17 at 6 blocks) and a split that young must be 1.5x (:data:`YOUNG_EFFECT`,
+    :data:`NOWORK_EFFECT`), beyond a host's load; with it there, a 3x change 51 s into a unit without ``work``
+    (1 block before, 5 after, z 5.53) was lost (bench_corpus seed 32 serving_nowork run 1). Pure."""
+    dev = np.asarray([v - mb for v in before] + [v - ma for v in after], dtype=np.float64)
+    rho = serial_rho(dev)
+    return math.sqrt((1.0 + rho) / (1.0 - rho))
+
+
 @dataclass
 class _Block:
     first_step: int
@@ -140,7 +165,9 @@ class UnitLevel:
         at least :data:`LEVEL_RUN` blocks after (a change must have held about five minutes of the unit's time);
         with ``sigma = max(1.4826 * MAD, LEVEL_MIN_NOISE)`` (the blocks' deviations from their part's median) and
         each part's mean winsorised at :data:`LEVEL_CLIP` sigmas, the split is a change when the difference ``e``
-        of the means is at least :data:`LEVEL_Z` standard errors ``sigma * sqrt(1 / k + 1 / (n - k))`` and at
+        of the means is at least :data:`LEVEL_Z` standard errors ``f * sigma * sqrt(1 / k + 1 / (n - k))`` (``f``
+        the serial factor of the blocks, 1 to 3, from ``LEVEL_BASE_MIN + LEVEL_RUN`` blocks on, else 1:
+        :func:`level_serial_factor`) and at
         least ``log(1 + min_effect)`` (``log(1 + YOUNG_EFFECT)`` with fewer than :data:`LEVEL_BASE_MIN` blocks
         before it; ``without_work``: the floor is :data:`NOWORK_MIN_NOISE` and the least change
         ``log(1 + NOWORK_EFFECT)`` whatever the blocks before). The best split by ``z`` wins; its onset is its first
@@ -295,7 +322,8 @@ class UnitLevel:
             la, ha = ma - LEVEL_CLIP * sigma, ma + LEVEL_CLIP * sigma
             e = (sum(min(ha, max(la, v)) for v in after) / len(after)
                  - sum(min(hi, max(lo, v)) for v in before) / k)
-            z = abs(e) / (sigma * math.sqrt(1.0 / k + 1.0 / len(after)))
+            serial = level_serial_factor(before, after, mb, ma) if n >= LEVEL_BASE_MIN + LEVEL_RUN else 1.0
+            z = abs(e) / (serial * sigma * math.sqrt(1.0 / k + 1.0 / len(after)))
             least = math.log1p(self.least_effect(k))
             if z >= LEVEL_Z and abs(e) >= least and (best is None or z > best[0]):
                 best = (z, k, e, sigma)
