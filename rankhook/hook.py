@@ -130,18 +130,18 @@ class _CpuProbe:
     (:meth:`after_step`, after its report was sent) it reads the process's CPU time and puts the pair into the
     step formats, so the next report carries it; at the end of that one it takes it out and steps aside. Between
     samples the step path is the backend's own (none: no call at all). ``capturing`` and ``after_step`` pass on to
-    the backend it stands in front of."""
+    the hook's backend of the moment (``Hook._real_capture``: one replaced meanwhile is not brought back)."""
 
-    __slots__ = ("_hook", "_inner", "_read", "name")
+    __slots__ = ("_hook", "_read", "name")
 
-    def __init__(self, hook: Hook, inner: CaptureBackend | None) -> None:
+    def __init__(self, hook: Hook) -> None:
         self._hook = hook
-        self._inner = inner
         self._read = False
-        self.name = inner.name if inner is not None else "cpu-sample"
+        self.name = hook.backend.name
 
     def capturing(self) -> bool:
-        return self._inner is not None and self._inner.capturing()
+        inner = self._hook._real_capture()
+        return inner is not None and inner.capturing()
 
     def after_step(self, step: int) -> None:
         hook = self._hook
@@ -152,9 +152,10 @@ class _CpuProbe:
         else:
             hook._set_formats("")
             if hook._capture is self:
-                hook._capture = self._inner
-        if self._inner is not None:
-            self._inner.after_step(step)
+                hook._capture = hook._real_capture()
+        inner = hook._real_capture()
+        if inner is not None:
+            inner.after_step(step)
 
 
 class Hook:
@@ -254,13 +255,18 @@ class Hook:
 
     @backend.setter
     def backend(self, backend: CaptureBackend) -> None:
-        from rankhook.backends.base import NoneBackend
-
         self._backend = backend
         # the none backend's after_step() and capturing() do nothing: step() skips both calls for it (~80 ns)
-        self._capture: CaptureBackend | _CpuProbe | None = None if type(backend) is NoneBackend else backend
+        self._capture: CaptureBackend | _CpuProbe | None = self._real_capture()
         if getattr(self, "_prefix", None):  # a CPU probe replaced: its sample is not carried on
             self._set_formats("")
+
+    def _real_capture(self) -> CaptureBackend | None:
+        """The backend the step path calls: None for the ``none`` backend (its calls do nothing)."""
+        from rankhook.backends.base import NoneBackend
+
+        backend = self._backend
+        return None if type(backend) is NoneBackend else backend
 
     # -- messages -------------------------------------------------------------------------------------------
     def silence_forked_child(self) -> None:
@@ -296,9 +302,10 @@ class Hook:
                 return
             try:
                 n = self.step_count
-                if n != sampled_at and type(self._capture) is not _CpuProbe:
+                capture = self._capture
+                if n != sampled_at and not isinstance(capture, _CpuProbe):
                     sampled_at = n
-                    self._capture = _CpuProbe(self, self._capture)
+                    self._capture = _CpuProbe(self)
                 now = time.perf_counter()
                 if serving and now - self._t_last_ns / 1e9 >= period and now - self._t_hello >= period:
                     self.send_hello()
