@@ -41,10 +41,11 @@ of the step on CPU, and its CPU time then says nothing about which rank is slow 
 
 CPU_SAMPLE_MIN_STEPS = 16
 """A rank's CPU time per step from its CPU samples (``cpu_at_step``, ``cpu_total_s``) is taken over at least this
-many steps: a sample is read at any moment of a step, so the CPU time of the step it fell in is split between two
-intervals at random; over ``n`` steps that moves the mean by at most one step's CPU time / ``n`` (sd 1/(sqrt(6) n)
-of it for uniform phases: 2.6 % at 16). A later sample within fewer steps of the last one used is ignored (the
-next one is measured from the same base)."""
+many steps. Samples fall on step boundaries, so the mean is exact, but it stands for each of the rank's steps until
+the next value: a mean over one step (a sample after an idle gap, or each step of a slow loop) held over the next
+interval counted its one step's noise as many outlying steps of the window (a simulated serving pair: a false
+``rank_outlier`` 60 steps before the onset); over 16 steps its noise is a quarter of one step's. A later sample
+closer than this to the base is ignored (the next one is measured from the same base)."""
 CPU_SAMPLE_HOLD = 3
 """A rank's CPU time per step from samples stands for its steps up to this many of its sampled intervals past the
 last sample (a rank whose samples stop, e.g. its process was replaced by an older hook, drops out of the series
@@ -412,19 +413,20 @@ class StepAggregator:
         self._add_value(e, r, CPU_SERIES, value)
 
     def _cpu_from_sample(self, e: _OpenStep, r: int, report: StepReportLike, work: object) -> None:
-        """Rank ``r``'s CPU time per step from its CPU samples (the current hook: ``cpu_at_step``, ``cpu_total_s``,
-        read by its sampler thread about once a second), recorded in the CPU series of this report's step.
+        """Rank ``r``'s CPU time per step from its CPU samples (the current hook: ``cpu_at_step``, ``cpu_total_s``;
+        its sampler thread asks for one every ``rankhook.hook.CPU_SAMPLE_S``, read at the end of a step), recorded
+        in the CPU series of this report's step.
 
-        Between two samples ``(S0, C0)`` and ``(S1, C1)`` of one process at least :data:`CPU_SAMPLE_MIN_STEPS`
-        apart, the rank's CPU time per step is ``(C1 - C0) / (S1 - S0)``; per unit of work when every report of
-        the rank since the base sample carried a positive ``work`` (divided by their mean work per step: the
-        reports between two samples are those steps, give or take one at each end). It stands for the rank's steps
-        up to :data:`CPU_SAMPLE_HOLD` intervals past ``S1`` (the comparison lags the change by up to one interval:
-        about a second). A sample with fewer steps or less CPU time than the base (another process: a restart), or
-        more CPU time than ``wire.MAX_CPU_CORES`` cores for the step times reported since the base (at least
-        1 ms per step; counted in ``counters["cpu_bad_sample"]``), becomes the new base and yields no value.
-        A report carrying the sample the base came from (the hook repeats it in a few reports) changes nothing.
-        O(1)."""
+        Between two samples ``(S0, C0)`` and ``(S1, C1)`` of one process (read at the ends of steps ``S0`` and
+        ``S1``) at least :data:`CPU_SAMPLE_MIN_STEPS` apart, the rank's CPU time per step is
+        ``(C1 - C0) / (S1 - S0)``; per unit of work when every report of the rank between them carried a positive
+        ``work`` (divided by their mean work per step: the reports of steps ``S0 + 1 .. S1``). It stands for the
+        rank's steps from the report that carried ``S1`` on, up to :data:`CPU_SAMPLE_HOLD` intervals past ``S1``
+        (the comparison lags a change by up to one interval). A closer sample is ignored (the base stays). A
+        sample with fewer steps or less CPU time than the base (another process: a restart), or more CPU time
+        than ``wire.MAX_CPU_CORES`` cores for the step times reported since the base (at least 1 ms per step;
+        counted in ``counters["cpu_bad_sample"]``), becomes the new base and yields no value. A report repeating
+        the base's sample changes nothing. O(1)."""
         at = getattr(report, "cpu_at_step", None)
         total = getattr(report, "cpu_total_s", None)
         st = self._cpu_rates.get(r)
@@ -437,20 +439,22 @@ class StepAggregator:
             d_steps = at - st.at_step
             d_cpu = total - st.total_s
             if d_steps < 0 or d_cpu < 0:
-                st.rebase(at, total)
                 st.value = None
-            elif d_steps >= CPU_SAMPLE_MIN_STEPS:
-                if d_cpu > MAX_CPU_CORES * max(st.wall_s, 0.001 * st.n):
-                    self.counters["cpu_bad_sample"] = self.counters.get("cpu_bad_sample", 0) + 1
-                    st.value = None
-                elif st.n and st.work_n == st.n:
-                    st.value, st.per_work = d_cpu / (st.work / st.n * d_steps), True
-                else:
-                    st.value, st.per_work = d_cpu / d_steps, False
-                st.until = at + CPU_SAMPLE_HOLD * d_steps
+            elif d_steps < CPU_SAMPLE_MIN_STEPS:
+                at, total = st.at_step, st.total_s  # too close: the base stays
+            elif d_cpu > MAX_CPU_CORES * max(st.wall_s, 0.001 * d_steps):
+                self.counters["cpu_bad_sample"] = self.counters.get("cpu_bad_sample", 0) + 1
+                st.value = None
+            elif st.n and st.work_n == st.n:
+                st.value, st.per_work = d_cpu / (st.work / st.n * d_steps), True
+            else:
+                st.value, st.per_work = d_cpu / d_steps, False
+            if at != st.at_step:
+                if st.value is not None:
+                    st.until = at + CPU_SAMPLE_HOLD * d_steps
                 st.rebase(at, total)
-        # this report's step after the sample it carries (read during it): the first report to carry a sample read
-        # at step S is S + 1's, so the reports counted for an interval are its steps
+        # this report counts for the interval after the sample it carries: the report that carries a sample read
+        # at the end of step S is S + 1's, so the reports counted for an interval are its steps
         st.n += 1
         st.wall_s += report.step_time_s
         if isinstance(work, (int, float)) and work > 0:
