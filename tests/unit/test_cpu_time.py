@@ -582,3 +582,23 @@ def test_cpu_samples_per_unit_of_work_when_every_report_between_them_has_work() 
     series, _agg = _sampled_series(_pair_reports(30, samples, work=8.0))
     # 0.8 s over 20 steps of work 8: 5 ms per unit of work, scaled back by the step's work (8): 40 ms per step
     assert series[25] == pytest.approx([0.04, 0.05])
+
+
+def test_no_cpu_value_from_an_interval_whose_step_counter_jumped() -> None:
+    """``rankhook.set_step`` moved a rank's counter from 40 to 1,000 between two samples: 16 steps of CPU time over
+    976 counted steps would read as a rank doing 2 % of its work (and its peer of a pair, the mean of the two, as
+    twice its own). That interval gives no value; the ones before and after do (10 ms of CPU per step)."""
+    agg = StepAggregator(1, DetectionSettings(outlier_min_ranks=2, warmup_steps=0))
+    values: list[tuple[int, float]] = []
+    samples = {5: 4, 30: 29, 1_006: 1_005, 1_031: 1_030, 1_056: 1_055}
+    cpu = 1.0
+    for step in [*range(1, 41), *range(1_001, 1_080)]:
+        at = samples.get(step)
+        total = None if at is None else cpu
+        agg.observe(wire.StepReport(job_id="j", rank=0, step=step, step_time_s=0.02, ts_unix_s=1.0,
+                                    cpu_at_step=at, cpu_total_s=total), 1.0)
+        cpu += 0.01
+        st = agg._cpu_rates[0] if agg._cpu_rates else None
+        if st is not None and st.value is not None and (not values or values[-1][0] != st.at_step):
+            values.append((st.at_step, round(st.value, 6)))
+    assert values == [(29, 0.01), (1_030, 0.01), (1_055, 0.01)], values  # nothing from 29 -> 1,005

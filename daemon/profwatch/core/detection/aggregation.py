@@ -56,7 +56,8 @@ class _CpuRate:
     """One rank's CPU samples (:meth:`StepAggregator._cpu_from_sample`): the base sample, the reports since it, the
     CPU time per step (or per unit of work) of the last interval and the last step it stands for."""
 
-    __slots__ = ("at_step", "n", "per_work", "total_s", "until", "value", "wall_s", "work", "work_n")
+    __slots__ = ("at_step", "broken", "last_step", "n", "per_work", "total_s", "until", "value", "wall_s", "work",
+                 "work_n")
 
     def __init__(self, at_step: int, total_s: float) -> None:
         self.at_step = at_step  # the base sample: step count and CPU seconds
@@ -68,10 +69,12 @@ class _CpuRate:
         self.value: float | None = None  # CPU seconds per step (per unit of work when per_work) of the last interval
         self.per_work = False
         self.until = -1  # the last step the value stands for
+        self.last_step = at_step  # the rank's last report counted (the first to carry a sample read at S is S + 1)
+        self.broken = False  # a report's step did not follow the last one's since the base (set_step, a lost report)
 
     def rebase(self, at_step: int, total_s: float) -> None:
         self.at_step, self.total_s = at_step, total_s
-        self.n, self.wall_s, self.work, self.work_n = 0, 0.0, 0.0, 0
+        self.n, self.wall_s, self.work, self.work_n, self.broken = 0, 0.0, 0.0, 0, False
 
 
 def judge_cpu_series(vals: dict[str, list[float]], step_time_s: float, step_work: float | None,
@@ -425,8 +428,10 @@ class StepAggregator:
         (the comparison lags a change by up to one interval). A closer sample is ignored (the base stays). A
         sample with fewer steps or less CPU time than the base (another process: a restart), or more CPU time
         than ``wire.MAX_CPU_CORES`` cores for the step times reported since the base (at least 1 ms per step;
-        counted in ``counters["cpu_bad_sample"]``), becomes the new base and yields no value. A report repeating
-        the base's sample changes nothing. O(1)."""
+        counted in ``counters["cpu_bad_sample"]``), becomes the new base and yields no value; so does one whose
+        interval holds a gap in the rank's report steps (``rankhook.set_step`` moved the counter: the steps between
+        the samples are not the steps done; or a report was lost). A report repeating the base's sample changes
+        nothing. O(1)."""
         at = getattr(report, "cpu_at_step", None)
         total = getattr(report, "cpu_total_s", None)
         st = self._cpu_rates.get(r)
@@ -442,6 +447,8 @@ class StepAggregator:
                 st.value = None
             elif d_steps < CPU_SAMPLE_MIN_STEPS:
                 at, total = st.at_step, st.total_s  # too close: the base stays
+            elif st.broken:  # the steps between the samples are not the reports counted: no value
+                st.value = None
             elif d_cpu > MAX_CPU_CORES * max(st.wall_s, 0.001 * d_steps):
                 self.counters["cpu_bad_sample"] = self.counters.get("cpu_bad_sample", 0) + 1
                 st.value = None
@@ -455,6 +462,9 @@ class StepAggregator:
                 st.rebase(at, total)
         # this report counts for the interval after the sample it carries: the report that carries a sample read
         # at the end of step S is S + 1's, so the reports counted for an interval are its steps
+        if step != st.last_step + 1:
+            st.broken = True
+        st.last_step = step
         st.n += 1
         st.wall_s += report.step_time_s
         if isinstance(work, (int, float)) and work > 0:
