@@ -78,10 +78,11 @@ _perf_counter_ns = time.perf_counter_ns
 _process_time_ns = time.process_time_ns
 CPU_SAMPLE_S = 0.25
 """The sampler thread asks for a sample of the process's CPU time and the step count this often while the rank
-steps (module docstring); the coordinator's CPU time per step is the mean over the steps between two samples (at least
-``aggregation.CPU_SAMPLE_MIN_STEPS``). Four reads a second: one costs 1-25 us (50-1,000 threads), in one step
-of each 0.25 s. Once a second lagged the comparison by a second (60 steps of a 17 ms loop) and took a +30 % rank of a
-simulated pair 86-391 steps to name (15-94 at 0.25 s; ``tests/unit/test_cpu_time.py``)."""
+steps (module docstring); the coordinator's CPU time per step is the mean over the steps between two samples (at
+least ``aggregation.CPU_SAMPLE_MIN_STEPS``). Four reads a second, one costing 1-25 us (50-1,000 threads), each in
+one step. Once a second lagged the comparison by a second: +30 % on one rank of a simulated lockstep job (about 57
+steps a second, 2, 4 and 8 ranks, 8 seeds) was named 44-101 steps after its onset, at 0.25 s 16-53
+(``tests/unit/test_cpu_time.py``)."""
 _time_ns = time.time_ns
 """The clocks and the thread id, bound once: ``rankhook.step()`` looks up no module attribute for them."""
 
