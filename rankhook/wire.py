@@ -134,9 +134,9 @@ class StepReport:
     ``cpu_s <= MAX_CPU_CORES * max(step_time_s, 0.001)``; ``None``
     from older hooks), compared across lockstep ranks (``docs/detection.md``, CPU time per step); the current hook
     no longer sends it. ``cpu_at_step`` and ``cpu_total_s`` (added without a bump) are a CPU sample: the sending
-    process's CPU time since it started (``time.process_time_ns()``, all its threads, read by the hook's sampler
-    thread about once a second) and its step count when it was read; both or neither, ``0 <= cpu_at_step <=
-    step`` and ``0 <= cpu_total_s <= MAX_CPU_TOTAL_S``. A few reports in a row may carry the same sample; the
+    process's CPU time since it started (``time.process_time_ns()``, all its threads, read at the end of a step
+    every 0.25 s, ``rankhook.hook.CPU_SAMPLE_S``) and its step count then; both or neither, ``0 <= cpu_at_step <=
+    step`` and ``0 <= cpu_total_s <= MAX_CPU_TOTAL_S``. The report after that step carries it; the
     coordinator divides the CPU time between two samples by the steps between them (``cpu/step``).
 
     Version 2: the hook sends :class:`StepReportUs` (integer microseconds); the node daemon reads it into this
