@@ -8,7 +8,8 @@ send. Each round runs every tree in its own subprocess (``--tree``, the checkout
 the order reversed every round; each subprocess times ``--calls`` calls in blocks of 10,000 and prints its median
 block (``process_time`` per call). Target (issue 34): <= 1 us.
 
-Usage: python bench/bench_step_python.py [--tree DIR ...] [--rounds 5] [--calls 200000]
+Usage: python bench/bench_step_python.py [--tree DIR ...] [--rounds 5] [--calls 200000] (``--tree A B`` or
+``--tree A --tree B``)
 """
 
 from __future__ import annotations
@@ -56,10 +57,12 @@ def run(tree: Path, calls: int) -> tuple[float, float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tree", type=Path, nargs="+", default=[REPO])
+    # --tree A B and --tree A --tree B name the same trees (before, a repeated --tree kept only the last one)
+    ap.add_argument("--tree", type=Path, nargs="+", action="extend", default=None)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=200_000)
     a = ap.parse_args()
+    a.tree = a.tree or [REPO]
     res: dict[Path, list[tuple[float, float, int]]] = {t: [] for t in a.tree}
     for i in range(a.rounds):
         for t in (a.tree if i % 2 == 0 else list(reversed(a.tree))):

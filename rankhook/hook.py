@@ -6,16 +6,22 @@ ZeroMQ call and hands the step to the capture backend (none for the ``none`` bac
 comparison decides that the hook is open and the caller owns the step counter. It never raises and never blocks the
 training loop (``bench/bench_step_python.py`` measures its own Python per call).
 
-CPU time: a report carries ``cpu_us``, the process's CPU time since the previous ``step()``
-(``time.process_time_ns()``, every thread of the process), when that step and the one before it lasted at least
-:data:`CPU_MIN_STEP_S` (so a fast loop pays one comparison), or longer where the read itself costs more than
-:data:`CPU_READ_SHARE` of the step (``Hook._cpu_field``), so the coordinator can compare lockstep ranks at like host
-load (``docs/detection.md``). The process, not the step thread (``time.thread_time_ns()``): the work a step does is
-spread over the rank's threads (torch's intra-op pool, a pin-memory or tokenizer thread, the comm library's
-threads), and the owner thread's share of it moves with scheduling; a peer waiting in a blocking collective (gloo)
-sleeps in every thread, so its process time does not grow with the wait. Forked DataLoader workers are processes of
-their own and counted by neither. The read is a system call that sums every thread of the process: on this VM
-about 1 us with 50 threads, 5.7 us with 200, 24.6 us with 1,000 (the thread clock: 1.2-2.4 us whatever the count).
+CPU time: ``step()`` reads no CPU clock on its own. The hook's sampler thread (``Hook._sampler_loop``, one per
+hook, training and serving) asks for a CPU sample every :data:`CPU_SAMPLE_S` (0.25 s) while the rank steps, by
+putting a :class:`_CpuProbe` in front of the capture backend (the step path's existing ``capture is not None``
+check: nothing is added to it). At the end of the next step the probe reads the process's CPU time
+(``time.process_time_ns()``, every thread of the process) on the owner thread, so the sample falls on a step
+boundary, and the next report carries it (``cpu_at_step``, ``cpu_total_us``: the step formats rebuilt with the
+pair as two constant fields, then without it). The coordinator divides the CPU time between two samples by the
+steps between them (``docs/detection.md``, CPU time per step) to compare lockstep ranks at like host load. The
+process, not the step thread (``time.thread_time_ns()``): the work a step does is spread over the rank's threads
+(torch's intra-op pool, a pin-memory or tokenizer thread, the comm library's threads), and the owner thread's
+share of it moves with scheduling; a peer waiting in a blocking collective (gloo) sleeps in every thread, so its
+process time does not grow with the wait. Forked DataLoader workers are processes of their own and counted by
+neither. The read is a system call that sums every thread of the process (on this VM about 1 us with 50 threads,
+24.6 us with 1,000): in one step every 0.25 s. Before, ``step()`` read it at the end of each step of 1 ms or
+more and sent ``cpu_us`` per step, which cost every call one comparison (``bench/bench_step_python.py``:
+1,013-1,029 ns against 966-984 ns without it).
 
 Forked children: a child of a rank (``os.fork``, multiprocessing's ``fork`` start method, a DataLoader worker)
 inherits the rank's hook, identity and step counter. It must never speak as its parent: one step report from it
@@ -35,8 +41,8 @@ reaches the capture backend, so the profiler is started and stepped only from th
 never goes back or jumps because two threads share it. ``set_step`` and ``rankhook.start()`` from another thread
 are refused the same way once the owner is known. ``stage()`` and ``flag_step()`` may be called from any thread.
 
-Serving mode (``mode="serving"``): a keepalive thread re-sends the hello while the rank has not stepped for
-``wire.KEEPALIVE_S``, so an idle server stays known (its job is not ended, its ranks are not gone).
+Serving mode (``mode="serving"``): the same thread also re-sends the hello while the rank has not stepped for
+``wire.KEEPALIVE_S`` (a keepalive), so an idle server stays known (its job is not ended, its ranks are not gone).
 """
 
 from __future__ import annotations
@@ -70,20 +76,13 @@ _HELLO_RESEND_NS = int(HELLO_RESEND_S * 1e9)
 _get_ident = threading.get_ident
 _perf_counter_ns = time.perf_counter_ns
 _process_time_ns = time.process_time_ns
-CPU_MIN_STEP_S = 0.001
-"""The process's CPU time is read, and sent as ``cpu_us``, only for a step of at least this long that began at a
-step of at least this long (module docstring): reading it costs a system call (~1.5 us here), which would double
-the cost of a fast loop's ``step()``, and the coordinator's rank comparison has an absolute floor of 1 ms
-(``outlier_min_abs_s``) that a shorter step's CPU time rarely exceeds."""
-_CPU_MIN_STEP_NS = int(CPU_MIN_STEP_S * 1e9)
-CPU_READ_SHARE = 0.01
-"""The most of a step the CPU clock's read may cost: a read measured at ``c`` ns (the smaller of the last two, so
-one preempted read does not count) raises the shortest step measured to ``c / CPU_READ_SHARE`` (a process of 1,000
-threads: ~2.5 ms), at most :data:`CPU_MAX_MIN_STEP_S`."""
-CPU_MAX_MIN_STEP_S = 1.0
-"""The shortest step measured is never raised beyond this (a read that slow is not worth making for shorter
-steps; a job whose steps are all shorter then sends no ``cpu_us``)."""
-_CPU_MAX_MIN_STEP_NS = int(CPU_MAX_MIN_STEP_S * 1e9)
+CPU_SAMPLE_S = 0.25
+"""The sampler thread asks for a sample of the process's CPU time and the step count this often while the rank
+steps (module docstring); the coordinator's CPU time per step is the mean over the steps between two samples (at
+least ``aggregation.CPU_SAMPLE_MIN_STEPS``). Four reads a second, one costing 1-25 us (50-1,000 threads), each in
+one step. Once a second lagged the comparison by a second: +30 % on one rank of a simulated lockstep job (about 57
+steps a second, 2, 4 and 8 ranks, 8 seeds) was named 44-101 steps after its onset, at 0.25 s 16-53
+(``tests/unit/test_cpu_time.py``)."""
 _time_ns = time.time_ns
 """The clocks and the thread id, bound once: ``rankhook.step()`` looks up no module attribute for them."""
 
@@ -124,6 +123,40 @@ class _Stage:
         dt = time.perf_counter() - self._t0
         stages = self._hook._stages
         stages[self._name] = stages.get(self._name, 0.0) + dt
+
+
+class _CpuProbe:
+    """Put in front of the capture backend (``Hook._capture``) by the sampler thread to take one CPU sample on a step
+    boundary, on the owner thread, where the step path already calls the backend: at the end of the next step
+    (:meth:`after_step`, after its report was sent) it reads the process's CPU time and puts the pair into the
+    step formats, so the next report carries it; at the end of that one it takes it out and steps aside. Between
+    samples the step path is the backend's own (none: no call at all). ``capturing`` and ``after_step`` pass on to
+    the hook's backend of the moment (``Hook._real_capture``: one replaced meanwhile is not brought back)."""
+
+    __slots__ = ("_hook", "_read", "name")
+
+    def __init__(self, hook: Hook) -> None:
+        self._hook = hook
+        self._read = False
+        self.name = hook.backend.name
+
+    def capturing(self) -> bool:
+        inner = self._hook._real_capture()
+        return inner is not None and inner.capturing()
+
+    def after_step(self, step: int) -> None:
+        hook = self._hook
+        if not self._read:
+            self._read = True
+            cpu_us = _process_time_ns() // 1000
+            hook._set_formats(f',"cpu_at_step":{step:d},"cpu_total_us":{cpu_us:d}')
+        else:
+            hook._set_formats("")
+            if hook._capture is self:
+                hook._capture = hook._real_capture()
+        inner = hook._real_capture()
+        if inner is not None:
+            inner.after_step(step)
 
 
 class Hook:
@@ -184,11 +217,12 @@ class Hook:
         )
         labels = (',"mode":' + json.dumps(mode) if mode else "") + (',"role":' + json.dumps(role) if role else "")
         self._suffix = labels + ',"kind":"step","v":' + str(wire.SCHEMA_VERSION) + "}"  # wire.StepReportUs
-        fixed = self._prefix + '%d,"step_time_us":%d,"ts_unix_us":%d'
-        self._step_format = (fixed + self._suffix).encode()
-        """The step report without optional fields: step, step_time_us, ts_unix_us."""
-        self._step_format_tail = (fixed + "%s" + self._suffix).encode()
+        self._step_format = b""
+        """The step report without optional fields: step, step_time_us, ts_unix_us (and a CPU sample's two
+        constant fields while the sampler has one to carry: :meth:`_set_formats`)."""
+        self._step_format_tail = b""
         """The same with the optional fields (bytes, :meth:`_tail`) after ``ts_unix_us``."""
+        self._set_formats("")
         self._closed = False
         self._step_owner = 0
         """The owner's ``threading.get_ident()`` once :meth:`step` has seen it, 0 before and once closed: the step
@@ -207,16 +241,13 @@ class Hook:
         _LIVE_HOOKS.add(self)
         self.send_hello()
         self._t_last_ns = time.perf_counter_ns()  # perf_counter_ns() of the last step (or of the construction)
-        self._cpu_last_ns = _process_time_ns()  # the process's CPU time when last read (a step of >= 1 ms)
-        self._cpu_at_ns = self._t_last_ns  # perf_counter_ns() of the step boundary it was read at
-        self._cpu_min_ns = _CPU_MIN_STEP_NS  # the shortest step measured (raised by a costly read: CPU_READ_SHARE)
-        self._cpu_read_ns = 0  # what the last read of the CPU clock cost (perf_counter_ns around it)
         self._next_hello_ns = self._t_last_ns + _HELLO_RESEND_NS
         self._stop = threading.Event()
-        self._keepalive: threading.Thread | None = None
-        if mode == "serving":
-            self._keepalive = threading.Thread(target=self._keepalive_loop, name="rankhook-keepalive", daemon=True)
-            self._keepalive.start()
+        self._sampler: threading.Thread | None = threading.Thread(target=self._sampler_loop, name="rankhook-sampler",
+                                                                  daemon=True)
+        """Asks for CPU samples (and, in serving mode, re-sends the hello while idle): :meth:`_sampler_loop`; None
+        in a forked child."""
+        self._sampler.start()
 
     @property
     def backend(self) -> CaptureBackend:
@@ -225,11 +256,18 @@ class Hook:
 
     @backend.setter
     def backend(self, backend: CaptureBackend) -> None:
-        from rankhook.backends.base import NoneBackend
-
         self._backend = backend
         # the none backend's after_step() and capturing() do nothing: step() skips both calls for it (~80 ns)
-        self._capture: CaptureBackend | None = None if type(backend) is NoneBackend else backend
+        self._capture: CaptureBackend | _CpuProbe | None = self._real_capture()
+        if getattr(self, "_prefix", None):  # a CPU probe replaced: its sample is not carried on
+            self._set_formats("")
+
+    def _real_capture(self) -> CaptureBackend | None:
+        """The backend the step path calls: None for the ``none`` backend (its calls do nothing)."""
+        from rankhook.backends.base import NoneBackend
+
+        backend = self._backend
+        return None if type(backend) is NoneBackend else backend
 
     # -- messages -------------------------------------------------------------------------------------------
     def silence_forked_child(self) -> None:
@@ -238,20 +276,42 @@ class Hook:
         self._closed = True
         self._step_owner = 0  # the child's thread may have the parent's owner's ident
         self._owner_lock = threading.Lock()  # a lock inherited through fork may be held by a thread not there
-        self._keepalive = None  # the thread does not exist in the child
+        self._sampler = None  # the thread does not exist in the child
 
-    def _keepalive_loop(self) -> None:
-        """Serving mode: re-send the hello while no step came for ``wire.KEEPALIVE_S`` (module doc)."""
+    def _set_formats(self, sample: str) -> None:
+        """Build the two step formats with ``sample`` (``,"cpu_at_step":S,"cpu_total_us":C`` or "") after the fixed
+        fields. Called on the owner thread between reports (:class:`_CpuProbe`), and where the backend is replaced;
+        each format is replaced whole (one attribute store), so a report carries the sample or not, never half."""
+        fixed = self._prefix + '%d,"step_time_us":%d,"ts_unix_us":%d' + sample
+        self._step_format = (fixed + self._suffix).encode()
+        self._step_format_tail = (fixed + "%s" + self._suffix).encode()
+
+    def _sampler_loop(self) -> None:
+        """The hook's thread: a CPU sample about every :data:`CPU_SAMPLE_S` while the rank steps (module doc), and
+        in serving mode the hello re-sent while no step came for ``wire.KEEPALIVE_S``. Never raises.
+
+        A sample is asked for by putting a :class:`_CpuProbe` in front of the capture backend (one attribute
+        store); the owner thread reads the clock in the probe at the end of its next step, so the sample falls on
+        a step boundary (a read at any moment of a step would split that step's CPU time between two intervals at
+        random: 5-8 % apart between halves of a 40-step learning window in the rank comparison)."""
         period = wire.KEEPALIVE_S
-        while not self._stop.wait(period / 4):
+        serving = self.mode == "serving"
+        tick = min(CPU_SAMPLE_S, period / 4) if serving else CPU_SAMPLE_S
+        sampled_at = 0  # the step count when the last sample was asked for (none before the first step)
+        while not self._stop.wait(tick):
             if self._closed:
                 return
-            now = time.perf_counter()
-            if now - self._t_last_ns / 1e9 >= period and now - self._t_hello >= period:
-                try:
+            try:
+                n = self.step_count
+                capture = self._capture
+                if n != sampled_at and not isinstance(capture, _CpuProbe):
+                    sampled_at = n
+                    self._capture = _CpuProbe(self)
+                now = time.perf_counter()
+                if serving and now - self._t_last_ns / 1e9 >= period and now - self._t_hello >= period:
                     self.send_hello()
-                except Exception as exc:  # noqa: BLE001 - a keepalive must never take the process down
-                    self._warn_once("keepalive", "rankhook: keepalive failed: %r", exc)
+            except Exception as exc:  # noqa: BLE001 - the sampler must never take the process down
+                self._warn_once("sampler", "rankhook: sampler thread failed: %r", exc)
 
     def _warn_once(self, kind: str, msg: str, *args: object) -> None:
         if kind not in self._warned:
@@ -335,9 +395,9 @@ class Hook:
             # integer microseconds (wire.StepReportUs), one bytes %-format of integers only: no float repr, no
             # concatenation chain, no float-to-int conversion (the clocks are read in integer nanoseconds).
             capturing = capture is not None and capture.capturing()
-            if dt_ns >= _CPU_MIN_STEP_NS or capturing or self._stages or self._flags or work is not None:
+            if capturing or self._stages or self._flags or work is not None:
                 payload = self._step_format_tail % (step, (dt_ns + 500) // 1000, _time_ns() // 1000,
-                                                    self._cpu_field(now - dt_ns, now) + self._tail(work, capturing))
+                                                    self._tail(work, capturing))
             else:  # the common step: nothing beyond the fixed fields
                 payload = self._step_format % (step, (dt_ns + 500) // 1000, _time_ns() // 1000)
             self.publisher.send(self._topic_step, payload)
@@ -366,24 +426,6 @@ class Hook:
             self._step_owner = 0
             return False
         return True
-
-    def _cpu_field(self, t_prev: int, now: int) -> bytes:
-        """``,"cpu_us":<us>`` for a step from ``t_prev`` to ``now`` (``perf_counter_ns``) of at least
-        :data:`CPU_MIN_STEP_S` (more where the read costs more than :data:`CPU_READ_SHARE` of it) whose start the
-        CPU clock was read at too, else b""; reads the clock for such a step (the CPU clock is a system call: read
-        at the ends of long steps only) and times the read."""
-        if now - t_prev < self._cpu_min_ns:
-            return b""
-        t0 = _perf_counter_ns()
-        cpu = _process_time_ns()
-        cost = _perf_counter_ns() - t0
-        least = min(cost, self._cpu_read_ns) if self._cpu_read_ns else cost
-        self._cpu_read_ns = cost
-        self._cpu_min_ns = min(max(_CPU_MIN_STEP_NS, int(least / CPU_READ_SHARE)), _CPU_MAX_MIN_STEP_NS)
-        field = b',"cpu_us":%d' % ((cpu - self._cpu_last_ns + 500) // 1000) if self._cpu_at_ns == t_prev else b""
-        self._cpu_last_ns = cpu
-        self._cpu_at_ns = now
-        return field
 
     def _tail(self, work: float | None, capturing: bool) -> bytes:
         """The optional fields of this step's report, in :class:`rankhook.wire.StepReportUs` order (``stages``,
@@ -456,7 +498,7 @@ class Hook:
         if os.getpid() != self.ident.pid:
             return  # a child forked without at-fork hooks (C fork): never a bye for, or a close of, the parent's
         self._stop.set()
-        ka = self._keepalive
+        ka = self._sampler
         if ka is not None and ka is not threading.current_thread():
             ka.join(2.0)
         try:

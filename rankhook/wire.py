@@ -51,6 +51,9 @@ MAX_CPU_CORES = 1024
 MAX_CPU_S = MAX_CPU_CORES * 7 * 86400.0
 """Largest ``cpu_s`` of a step report: :data:`MAX_CPU_CORES` cores busy for the longest step (``MAX_STEP_TIME_S``,
 7 days)."""
+MAX_CPU_TOTAL_S = MAX_CPU_CORES * 3650 * 86400.0
+"""Largest ``cpu_total_s`` (a CPU sample: the process's CPU time since it started) a step report may carry:
+:data:`MAX_CPU_CORES` cores busy for ten years (3.2e11 s; in microseconds well within a signed 64-bit integer)."""
 CaptureEventKind = Literal["arm_seen", "arm_rejected", "started", "completed", "failed"]
 
 
@@ -129,7 +132,12 @@ class StepReport:
     them, older senders omit them. ``cpu_s`` (also added without a bump) is the sending process's CPU time over
     the step, all its threads (``time.process_time_ns()`` at each ``step()``; ``0 <= cpu_s <= MAX_CPU_S`` and
     ``cpu_s <= MAX_CPU_CORES * max(step_time_s, 0.001)``; ``None``
-    from older hooks), compared across lockstep ranks (``docs/detection.md``, CPU time per step).
+    from older hooks), compared across lockstep ranks (``docs/detection.md``, CPU time per step); the current hook
+    no longer sends it. ``cpu_at_step`` and ``cpu_total_s`` (added without a bump) are a CPU sample: the sending
+    process's CPU time since it started (``time.process_time_ns()``, all its threads, read at the end of a step
+    every 0.25 s, ``rankhook.hook.CPU_SAMPLE_S``) and its step count then; both or neither, ``0 <= cpu_at_step <=
+    step`` and ``0 <= cpu_total_s <= MAX_CPU_TOTAL_S``. The report after that step carries it; the
+    coordinator divides the CPU time between two samples by the steps between them (``cpu/step``).
 
     Version 2: the hook sends :class:`StepReportUs` (integer microseconds); the node daemon reads it into this
     form (exact to the microsecond) and relays this form with ``peer_pid``: the pid of the process that sent the
@@ -151,6 +159,8 @@ class StepReport:
     role: str | None = None
     peer_pid: int | None = None
     cpu_s: float | None = None
+    cpu_at_step: int | None = None
+    cpu_total_s: float | None = None
     kind: Literal["step"] = "step"
     v: int = SCHEMA_VERSION
 
@@ -160,7 +170,8 @@ class StepReportUs:
     """A step report as the version-2 hook sends it: :class:`StepReport` with the step time and the timestamp in
     integer microseconds (``step_time_us``: the monotonic clock's interval since the previous ``step()``;
     ``ts_unix_us``: wall-clock Unix time), formatted with ``str(int)`` instead of a float ``repr``; ``cpu_us`` the
-    process's CPU time over the step (integer microseconds, read as :class:`StepReport`'s ``cpu_s``).
+    process's CPU time over the step (integer microseconds, read as :class:`StepReport`'s ``cpu_s``; older hooks);
+    ``cpu_total_us`` with ``cpu_at_step`` a CPU sample (integer microseconds, read as ``cpu_total_s``).
 
     Example::
 
@@ -183,6 +194,8 @@ class StepReportUs:
     mode: str | None = None
     role: str | None = None
     cpu_us: int | None = None
+    cpu_at_step: int | None = None
+    cpu_total_us: int | None = None
     v: int = SCHEMA_VERSION
 
     def report(self, peer_pid: int | None = None) -> StepReport:
@@ -191,7 +204,8 @@ class StepReportUs:
                           ts_unix_s=self.ts_unix_us / 1e6, stages=self.stages, flags=self.flags,
                           capturing=self.capturing, work=self.work, mode=self.mode, role=self.role,
                           peer_pid=peer_pid, v=self.v,
-                          cpu_s=None if self.cpu_us is None else self.cpu_us / 1e6)
+                          cpu_s=None if self.cpu_us is None else self.cpu_us / 1e6, cpu_at_step=self.cpu_at_step,
+                          cpu_total_s=None if self.cpu_total_us is None else self.cpu_total_us / 1e6)
 
 
 @dataclass(frozen=True, slots=True)

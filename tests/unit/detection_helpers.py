@@ -11,12 +11,13 @@ from rankhook.wire import StepReport
 
 
 def to_report(rec: dict[str, Any]) -> StepReport:
-    """One generated record as the wire's step report (``mode``, ``role``, ``work`` and ``cpu_s`` where the record
-    has them)."""
+    """One generated record as the wire's step report (``mode``, ``role``, ``work``, ``cpu_s``, ``cpu_at_step`` and
+    ``cpu_total_s`` where the record has them)."""
     return StepReport(job_id=rec["job_id"], rank=rec["rank"], step=rec["step"], step_time_s=rec["step_time_s"],
                       ts_unix_s=rec["ts_unix_s"], stages=rec.get("stages"), flags=tuple(rec.get("flags", ())),
                       capturing=bool(rec.get("capturing", False)), work=rec.get("work"), mode=rec.get("mode"),
-                      role=rec.get("role"), cpu_s=rec.get("cpu_s"))
+                      role=rec.get("role"), cpu_s=rec.get("cpu_s"), cpu_at_step=rec.get("cpu_at_step"),
+                      cpu_total_s=rec.get("cpu_total_s"))
 
 
 def run(records: Iterable[dict[str, Any]], world_size: int, settings: DetectionSettings | None = None,

@@ -1,5 +1,6 @@
-"""Process CPU time per step: the hook sends it (``cpu_us``, real ZeroMQ), the coordinator validates it (``cpu_s``),
-and the rank comparison names a lockstep rank whose CPU time per step rose against its peers' while host load moves
+"""Process CPU time per step: the hook's sampler thread sends CPU samples off the step path (``cpu_at_step``,
+``cpu_total_us``, real ZeroMQ), the coordinator validates them (and an older hook's per-step ``cpu_s``), divides
+the CPU time between two samples by the steps between them, and the rank comparison names a lockstep rank whose CPU time per step rose against its peers' while host load moves
 every rank's wall time together; healthy ranks (noise, host load, ranks whose CPU time differs by design, a
 device job's small host CPU share, spinning waits) stay quiet (``docs/detection.md``, CPU time per step)."""
 
@@ -8,20 +9,29 @@ from __future__ import annotations
 import json
 import math
 import random
+import threading
 import time
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from profwatch.core.detection.aggregation import CPU_MIN_SHARE, CPU_SERIES, StepAggregator, judge_cpu_series
+import rankhook.hook as hook_mod
+from profwatch.core.detection.aggregation import (
+    CPU_MIN_SHARE,
+    CPU_SAMPLE_HOLD,
+    CPU_SAMPLE_MIN_STEPS,
+    CPU_SERIES,
+    StepAggregator,
+    judge_cpu_series,
+)
 from profwatch.core.detection.rank_outliers import RankOutlierDetector
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly
 from profwatch.core.messages import MAX_CPU_S, MessageRejected, parse_node_message, parse_rank_message
 from rankhook import wire
 from rankhook.backends.base import NoneBackend
-from rankhook.hook import CPU_MIN_STEP_S, Hook
+from rankhook.hook import Hook
 from rankhook.identity import resolve_identity
 from rankhook.publisher import Publisher
 from tests.conftest import wait_for
@@ -34,38 +44,62 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def test_the_hook_sends_the_process_cpu_time_of_long_steps(step_pull: Any) -> None:
+def test_the_hook_samples_cpu_time_off_the_step_path(step_pull: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler thread asks for a sample every ``CPU_SAMPLE_S`` (20 ms here): the owner thread reads the process
+    CPU clock at the end of one step (a step boundary) and the next report carries it with the step count. The
+    clock is read once per sample, not once per step (before: at the end of every step of 1 ms or more, and each
+    ``step()`` paid a comparison for it). CPU time per step between samples: busy steps spend their wall time on
+    CPU, sleeping ones not."""
     endpoint, steps = step_pull
+    readers: list[int] = []
+    real = hook_mod._process_time_ns
+
+    def counted() -> int:
+        readers.append(threading.get_ident())
+        return real()
+
+    monkeypatch.setattr(hook_mod, "_process_time_ns", counted)
+    monkeypatch.setattr(hook_mod, "CPU_SAMPLE_S", 0.02)
     hook = Hook(resolve_identity("cpu-job", rank=0, world_size=2), Publisher(endpoint), NoneBackend())
     try:
-        _busy(0.03)
-        hook.step(work=4)  # 1: busy 30 ms of CPU (the clock was read at the hook's construction)
-        time.sleep(0.03)
-        hook.step()  # 2: asleep 30 ms
-        for _ in range(3):
-            hook.step()  # 3-5: back to back (under CPU_MIN_STEP_S): no clock read, no field
-        time.sleep(0.02)
-        hook.step()  # 6: long, but its start (step 5's end) was not read: no field
-        _busy(0.02)
-        hook.step()  # 7: long and its start was read
-        got = wait_for(lambda: len(steps()) >= 7 and steps())
+        assert hook._sampler is not None and hook._sampler.is_alive()  # training mode too
+
+        def samples_from(k: int) -> int:  # distinct samples read at step k or later that arrived so far
+            return len({s["cpu_at_step"] for s in steps() if s.get("cpu_at_step", -1) >= k})
+
+        for _ in range(5_000):  # busy steps until 3 samples were read among them (bounded)
+            _busy(0.004)
+            hook.step(work=4)
+            if samples_from(5) >= 3:
+                break
+        first_sleep = hook.step_count + 1
+        for _ in range(5_000):  # then sleeping steps, likewise
+            time.sleep(0.004)
+            hook.step()
+            if samples_from(first_sleep) >= 3:
+                break
+        for _ in range(2):
+            hook.step()  # the last sample's reports
+        got = wait_for(lambda: len(steps()) >= hook.step_count and steps())
     finally:
         hook.close()
-    cpu = [s.get("cpu_us") for s in got]
-    assert all(type(c) is int for c in (cpu[0], cpu[1], cpu[6]))
-    assert cpu[0] >= 25_000 and cpu[1] < 10_000 and cpu[6] >= 15_000  # busy vs asleep: CPU time, not wall time
-    assert CPU_MIN_STEP_S == 0.001
-    # steps 3-6: a field only for a step of >= 1 ms that began at one (a back-to-back step preempted on a busy box
-    # may last 1 ms; steps within 1 us of the threshold are not judged: the report rounds to microseconds)
-    wall = [s["step_time_us"] for s in got]
-    for i in range(2, 6):
-        if 999 <= wall[i] <= 1001 or 999 <= wall[i - 1] <= 1001:
-            continue
-        assert (cpu[i] is not None) == (wall[i] > 1000 and wall[i - 1] > 1000), (i, wall[:7], cpu[:7])
-    msg = parse_rank_message(json.dumps(got[0]))
-    assert msg.cpu_s == cpu[0] / 1e6 and msg.work == 4.0
-    for i in (i for i in range(2, 6) if cpu[i] is None):
-        assert parse_rank_message(json.dumps(got[i])).cpu_s is None
+    assert all(s.get("cpu_us") is None for s in got)
+    samples = sorted({(s["cpu_at_step"], s["cpu_total_us"]) for s in got if "cpu_at_step" in s})
+    carried = [s for s in got if "cpu_at_step" in s]
+    assert len(readers) <= len(samples) + 1 < hook.step_count / 2, (len(readers), len(samples), hook.step_count)
+    assert set(readers) == {threading.get_ident()}  # on the owner thread, at the end of a step
+    assert all(type(s["cpu_total_us"]) is int and s["cpu_at_step"] == s["step"] - 1 for s in carried)
+    assert len(carried) == len(samples)  # the next report carries a sample, the one after it no more
+    assert [c for _, c in samples] == sorted(c for _, c in samples)
+    rates = [(s0, s1, (c1 - c0) / (s1 - s0)) for (s0, c0), (s1, c1) in zip(samples, samples[1:], strict=False)
+             if s1 - s0 >= 2]
+    in_busy = [r for s0, s1, r in rates if s0 >= 5 and s1 < first_sleep]
+    in_sleep = [r for s0, _s1, r in rates if s0 >= first_sleep]
+    assert in_busy and in_sleep, samples
+    assert min(in_busy) >= 3_500 and max(in_sleep) < 0.5 * min(in_busy), (in_busy, in_sleep)  # us of CPU per step
+    msg = parse_rank_message(json.dumps(carried[0]))
+    assert msg.cpu_at_step == carried[0]["cpu_at_step"] and msg.cpu_total_s == carried[0]["cpu_total_us"] / 1e6
+    assert msg.cpu_s is None
 
 
 # -- the coordinator validates it -----------------------------------------------------------------------------------
@@ -133,27 +167,99 @@ def test_older_peers_without_it_keep_working_and_a_batch_carries_it() -> None:
     assert [m.step for m in good] == [1, 3, 4] and [b.reason for b in bad] == ["bad_value"]
 
 
+_SAMPLE_BAD = [({"cpu_at_step": 1}, "both"), ({"cpu_total_s": 2.0}, "both"),
+               ({"cpu_at_step": 2, "cpu_total_s": 2.0}, "after its report's step"),
+               ({"cpu_at_step": -1, "cpu_total_s": 2.0}, "negative"),
+               ({"cpu_at_step": 1, "cpu_total_s": -0.5}, "negative"),
+               ({"cpu_at_step": 1, "cpu_total_s": wire.MAX_CPU_TOTAL_S * 1.01}, "over the bound")]
+
+
+@pytest.mark.parametrize(("fields", "why"), _SAMPLE_BAD)
+def test_a_bad_cpu_sample_is_refused_on_every_ingest_path(fields: dict[str, Any], why: str) -> None:
+    """A CPU sample is both fields or neither, read at or before its report's step, within ``[0,
+    MAX_CPU_TOTAL_S]``: refused as ``bad_value`` alone, and on the node batch paths (a batch of plain reports, of
+    reports with work), the rest of the batch kept."""
+    with pytest.raises(MessageRejected) as exc:
+        parse_rank_message(json.dumps({**_RELAYED, **fields}))
+    assert exc.value.reason in ("bad_value", "bad_schema") and "cpu_" in exc.value.detail, why
+    for extra in ({}, {"work": 4.0}):
+        msgs = [{**_RELAYED, **extra, "step": 1}, {**_RELAYED, **extra, **fields, "step": 1},
+                {**_RELAYED, **extra, "step": 3, "cpu_at_step": 2, "cpu_total_s": 12.5}]
+        batch = {"kind": "node_batch", "v": 2, "node_id": "n0", "hostname": "h0", "seq": 1, "ts_unix_s": 1.0,
+                 "messages": msgs}
+        _env, good, bad = parse_node_message(json.dumps(batch).encode())
+        assert [m.step for m in good] == [1, 3] and len(bad) == 1, (why, extra, bad)
+        assert (good[1].cpu_at_step, good[1].cpu_total_s) == (2, 12.5)
+
+
+def test_a_cpu_sample_in_the_hook_form_is_read_and_bounded() -> None:
+    msg = parse_rank_message(json.dumps({**_HOOK_FORM, "step": 9, "cpu_at_step": 8, "cpu_total_us": 1_250_000}))
+    assert (msg.cpu_at_step, msg.cpu_total_s, msg.cpu_s) == (8, 1.25, None)
+    for bad in ({"cpu_at_step": 8, "cpu_total_us": -1}, {"cpu_at_step": 8, "cpu_total_us": 10**30},
+                {"cpu_at_step": 8}, {"cpu_at_step": 10, "cpu_total_us": 5}):
+        with pytest.raises(MessageRejected) as exc:
+            parse_rank_message(json.dumps({**_HOOK_FORM, "step": 9, **bad}))
+        assert exc.value.reason == "bad_value" and "cpu_" in exc.value.detail, bad
+    with pytest.raises(MessageRejected) as exc:
+        parse_rank_message(json.dumps({**_HOOK_FORM, "step": 9, "cpu_at_step": 8, "cpu_total_us": 1.5}))
+    assert exc.value.reason == "bad_schema" and "cpu_total_us" in exc.value.detail
+
+
 # -- the coordinator compares it ------------------------------------------------------------------------------------
+class _SimSampler:
+    """The hook's CPU samples, simulated per rank (``rankhook/hook.py``): the sampler asks every ``period`` seconds of
+    simulated time (a random phase per rank), once the rank stepped since it last asked; the probe reads the CPU
+    time at the end of the step under way (the step count and the CPU time of every step so far) and the next
+    report carries it."""
+
+    def __init__(self, ranks: int, seed: int, period: float = hook_mod.CPU_SAMPLE_S) -> None:
+        rng = random.Random(seed + 77)
+        self.period = period
+        self.next_t = [rng.uniform(0.0, period) for _ in range(ranks)]
+        self.cum = [5.0] * ranks  # CPU seconds the process spent before its first step
+        self.asked_at = [0] * ranks
+        self.pending: list[dict[str, Any]] = [{} for _ in range(ranks)]
+
+    def fields(self, r: int, k: int, t1: float, cpu: float) -> dict[str, Any]:
+        """Rank ``r``'s step ``k`` ended at ``t1`` and spent ``cpu`` seconds of CPU: the sample fields its report
+        carries (maybe none)."""
+        out, self.pending[r] = self.pending[r], {}
+        self.cum[r] += cpu
+        asked = False
+        while self.next_t[r] < t1:
+            self.next_t[r] += self.period
+            if k - 1 != self.asked_at[r]:
+                asked, self.asked_at[r] = True, k - 1
+        if asked:
+            self.pending[r] = {"cpu_at_step": k, "cpu_total_s": self.cum[r]}
+        return out
+
+
 def _run(cpu: list[list[float]], *, ranks: int, work: list[float] | None = None, share: float = 0.4,
          seed: int = 0, roles: list[str | None] | None = None, settings: DetectionSettings | None = None,
-         spin: bool = False) -> list[Anomaly]:
+         spin: bool = False, sampled: bool = False) -> list[Anomaly]:
     """Feed a lockstep job through the aggregator and the rank comparison: step k's CPU seconds per rank are
     ``cpu[k]``; its wall time is the same for every rank (the all-reduce), the slowest rank's CPU time over a
-    host-load share drawn per step around ``share`` (0.25-0.9 of a core, a host whose load moves)."""
+    host-load share drawn per step around ``share`` (0.25-0.9 of a core, a host whose load moves). ``sampled``:
+    the current hook's CPU samples (:class:`_SimSampler`, every ``CPU_SAMPLE_S``), else an older hook's ``cpu_s`` per step."""
     s = settings or DetectionSettings(outlier_min_ranks=min(4, ranks))
     rng = random.Random(seed)
     agg = StepAggregator(ranks, s)
     det = RankOutlierDetector("j", ranks, s, roles=roles)
+    sampler = _SimSampler(ranks, seed)
     out: list[Anomaly] = []
+    t = 0.0
     for k, row in enumerate(cpu, start=1):
         wall = max(row) / min(0.95, max(0.05, share * rng.uniform(0.6, 2.2)))
         for r in range(ranks):
             c = wall if spin else row[r]  # a spinning wait burns CPU for the whole step
+            extra = sampler.fields(r, k, t + wall, c) if sampled else {"cpu_s": c}
             rep = wire.StepReport(job_id="j", rank=r, step=k, step_time_s=wall, ts_unix_s=1.0 + k,
-                                  work=None if work is None else work[k - 1], cpu_s=c)
+                                  work=None if work is None else work[k - 1], **extra)
             steps, _ = agg.observe(rep, 1.0 + k)
             for fs in steps:
                 out.extend(det.on_step(fs))
+        t += wall
     return out
 
 
@@ -174,26 +280,43 @@ def _lockstep(n_steps: int, ranks: int, *, seed: int, noise: float = 0.03, base:
     return rows
 
 
+SAMPLED_BASE = 0.008
+"""CPU seconds per step of the simulated ranks where a two-rank test reads CPU samples: +30 % on one of two ranks at
+6.6 ms (the older tests' base) is 0.99 ms over their mean, under the 1 ms floor ``outlier_min_abs_s``; step by step
+the noise lifted it over in enough steps to name the rank, the mean over an interval between samples never does.
+At 8 ms it is 1.2 ms, over the floor."""
+SAMPLE_LAG_STEPS = 30
+"""Two sampling intervals of the simulated lockstep job (``CPU_SAMPLE_S`` 0.25 s at about 57 steps a second): the
+CPU time per step from samples stands for the interval before the last sample, so a change shows up to one
+interval late, and in full one interval later."""
+
+
 @pytest.mark.parametrize("ranks", [2, 4, 8])
-def test_a_rank_whose_cpu_time_rose_against_its_peers_is_named(ranks: int) -> None:
+@pytest.mark.parametrize("sampled", [False, True], ids=["per_step", "sampled"])
+def test_a_rank_whose_cpu_time_rose_against_its_peers_is_named(ranks: int, sampled: bool) -> None:
     """+30 % CPU per step on rank 1 from step 300; the host's load moves every rank's wall time 0.6-2.2x per step,
-    far more than +30 %, and the wall time is the same on every rank (lockstep): only the CPU time tells."""
+    far more than +30 %, and the wall time is the same on every rank (lockstep): only the CPU time tells. From
+    CPU samples (the current hook), within two sampling intervals more; a pair from samples at 8 ms of CPU per
+    step (:data:`SAMPLED_BASE`: at 6.6 ms +30 % on one of two is under the 1 ms floor)."""
     s = DetectionSettings(outlier_min_ranks=2)  # a serving unit's TP group is compared from 2 ranks on
-    found = _run(_lockstep(400, ranks, seed=ranks, slow_rank=1, onset=300), ranks=ranks, settings=s, seed=ranks)
+    base = SAMPLED_BASE if sampled and ranks == 2 else 0.0066
+    found = _run(_lockstep(400, ranks, seed=ranks, slow_rank=1, onset=300, base=base), ranks=ranks, settings=s,
+                 seed=ranks, sampled=sampled)
     named = [a for a in found if a.kind == "rank_outlier"]
     assert named and named[0].ranks == (1,) and named[0].detail["stage"] == {1: CPU_SERIES}
-    assert 300 <= named[0].step <= 300 + 3 * s.outlier_window_steps
+    assert 300 <= named[0].step <= 300 + 3 * s.outlier_window_steps + (SAMPLE_LAG_STEPS if sampled else 0)
     assert 0.10 <= named[0].magnitude <= 0.45  # a bounded relative excess (2 ranks: half the difference)
     assert not [a for a in found if a.step < 300]
 
 
-def test_per_unit_of_work_when_the_ranks_report_it() -> None:
+@pytest.mark.parametrize("sampled", [False, True], ids=["per_step", "sampled"])
+def test_per_unit_of_work_when_the_ranks_report_it(sampled: bool) -> None:
     """A serving pair: batches of 1-32 (CPU time follows the batch), rank 1's CPU time per request +30 %."""
     rng = random.Random(7)
     work = [float(rng.randint(4, 32)) for _ in range(400)]
     cpu = _lockstep(400, 2, seed=7, base=0.0004, slow_rank=1, onset=300, work=work)
-    named = [a for a in _run(cpu, ranks=2, work=work, settings=DetectionSettings(outlier_min_ranks=2))
-             if a.kind == "rank_outlier"]
+    named = [a for a in _run(cpu, ranks=2, work=work, settings=DetectionSettings(outlier_min_ranks=2),
+                             sampled=sampled) if a.kind == "rank_outlier"]
     assert named and named[0].ranks == (1,) and named[0].step >= 300
 
 
@@ -201,16 +324,20 @@ SWEEP = [(seed, ranks) for seed in range(6) for ranks in (2, 4, 16)]
 
 
 @pytest.mark.parametrize(("seed", "ranks"), SWEEP)
-def test_healthy_lockstep_ranks_stay_quiet(seed: int, ranks: int) -> None:
+@pytest.mark.parametrize("sampled", [False, True], ids=["per_step", "sampled"])
+def test_healthy_lockstep_ranks_stay_quiet(seed: int, ranks: int, sampled: bool) -> None:
     """Random noise (1-6 % per rank and step) under a host load that moves the wall time 0.6-2.2x: nothing."""
     noise = 0.01 + 0.05 * random.Random(seed).random()
     s = DetectionSettings(outlier_min_ranks=2)
-    assert _run(_lockstep(500, ranks, seed=seed, noise=noise), ranks=ranks, settings=s, seed=seed) == []
+    assert _run(_lockstep(500, ranks, seed=seed, noise=noise), ranks=ranks, settings=s, seed=seed,
+                sampled=sampled) == []
 
 
 @pytest.mark.parametrize(("seed", "ranks", "design"), [(seed, ranks, design) for seed in range(3)
                                                       for ranks in (2, 4) for design in (1.3, 1.6, 2.0)])
-def test_ranks_whose_cpu_time_differs_by_design_stay_quiet(seed: int, ranks: int, design: float) -> None:
+@pytest.mark.parametrize("sampled", [False, True], ids=["per_step", "sampled"])
+def test_ranks_whose_cpu_time_differs_by_design_stay_quiet(seed: int, ranks: int, design: float,
+                                                          sampled: bool) -> None:
     """Rank 0 does 1.3-2x the CPU work of its peers from the start (it logs, it owns the sampler, a TP pair's
     driver rank); without roles it is learned as its own baseline (no alert: CPU time alone never says "slower
     from the start"), with declared roles it is compared within its role only. A pair learns rank 0's ratio to
@@ -222,9 +349,11 @@ def test_ranks_whose_cpu_time_differs_by_design_stay_quiet(seed: int, ranks: int
     roles: list[str | None] = ["head"] + ["worker"] * (ranks - 1)
     assert _run(cpu, ranks=ranks, settings=s, seed=seed, roles=roles) == []
     # and a real change on top of the learned difference is still found, on either rank
+    base = SAMPLED_BASE if sampled and ranks == 2 else 0.0066
     for slow in (ranks - 1, 0):
-        cpu = _lockstep(500, ranks, seed=seed, by_design={0: design}, slow_rank=slow, onset=300)
-        named = [a for a in _run(cpu, ranks=ranks, settings=s, seed=seed) if a.kind == "rank_outlier"]
+        cpu = _lockstep(500, ranks, seed=seed, by_design={0: design}, slow_rank=slow, onset=300, base=base)
+        named = [a for a in _run(cpu, ranks=ranks, settings=s, seed=seed, sampled=sampled)
+                 if a.kind == "rank_outlier"]
         assert named and named[0].ranks == (slow,) and 300 <= named[0].step <= 420, named[:1]
 
 
@@ -276,18 +405,21 @@ def test_extra_cpu_time_off_the_critical_path_names_nobody(ranks: int) -> None:
     assert [a for a in found if a.kind == "rank_outlier"] == []
 
 
-def test_a_device_job_whose_host_cpu_is_a_small_share_is_not_judged() -> None:
+@pytest.mark.parametrize("sampled", [False, True], ids=["per_step", "sampled"])
+def test_a_device_job_whose_host_cpu_is_a_small_share_is_not_judged(sampled: bool) -> None:
     """Host CPU a few percent of the step (a rank that launches device work): rank 1's host CPU 2x says nothing."""
     s = DetectionSettings(outlier_min_ranks=2)
     cpu = _lockstep(400, 4, seed=3, base=0.002, slow_rank=1, onset=100, factor=2.0)
-    assert _run(cpu, ranks=4, settings=s, share=CPU_MIN_SHARE / 4) == []
+    assert _run(cpu, ranks=4, settings=s, share=CPU_MIN_SHARE / 4, sampled=sampled) == []
 
 
-def test_ranks_that_spin_while_they_wait_stay_quiet() -> None:
+@pytest.mark.parametrize("sampled", [False, True], ids=["per_step", "sampled"])
+def test_ranks_that_spin_while_they_wait_stay_quiet(sampled: bool) -> None:
     """A spinning wait (a device sync that polls): every rank's CPU time is the step's wall time, whichever rank
     is slow; nothing is named from CPU time (a limit, docs/detection.md), and nothing false either."""
     s = DetectionSettings(outlier_min_ranks=2)
-    assert _run(_lockstep(400, 4, seed=5, slow_rank=1, onset=100), ranks=4, settings=s, spin=True) == []
+    assert _run(_lockstep(400, 4, seed=5, slow_rank=1, onset=100), ranks=4, settings=s, spin=True,
+                sampled=sampled) == []
 
 
 def test_judge_cpu_series_drops_mixed_and_small_series_and_scales_per_work() -> None:
@@ -322,12 +454,14 @@ T0 = 1_790_000_000.0
 
 
 def _serving_pair(seed: int, *, onset_s: float = math.inf, duration_s: float = 1_500.0,
-                  cpu: bool = True) -> list[dict[str, Any]]:
+                  cpu: str | None = "step") -> list[dict[str, Any]]:
     """A live-like TP pair (bench/bench_live_serving.py's shape): bursts of 3-40 iterations, idle gaps of 0.2-6 s,
     batches of 1-32 (``work``), 0.4 ms of CPU per request per rank, a lockstep all-reduce (the same wall time on
     both ranks: the slower one's CPU time over a host share that moves every 20-90 s between 0.3 and 0.9 of a
-    core); rank 1 does 1.3x the work from ``onset_s``."""
+    core); rank 1 does 1.3x the work from ``onset_s``. ``cpu``: ``step`` (an older hook's ``cpu_s`` per step),
+    ``sampled`` (the current hook's CPU samples, :class:`_SimSampler`) or None (no CPU time)."""
     rng = random.Random(seed)
+    sampler = _SimSampler(2, seed)
     t, step, share, next_load = 0.0, 0, 0.6, 0.0
     out: list[dict[str, Any]] = []
     while t < duration_s:
@@ -346,8 +480,10 @@ def _serving_pair(seed: int, *, onset_s: float = math.inf, duration_s: float = 1
                 rec: dict[str, Any] = {"job_id": "svc", "rank": r, "step": step, "ts_unix_s": T0 + t,
                                        "step_time_s": round(wall + (gap if i == 0 else 0.0), 6), "mode": "serving",
                                        "work": float(batch)}
-                if cpu:
+                if cpu == "step":
                     rec["cpu_s"] = round(c[r], 6)
+                elif cpu == "sampled":
+                    rec.update(sampler.fields(r, step, t, c[r]))
                 out.append(rec)
     return out
 
@@ -370,47 +506,99 @@ def _feed(recs: list[dict[str, Any]]) -> list[tuple[float, Anomaly]]:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_serving_tp_pair_names_its_slower_rank_from_cpu_time_and_is_quiet_before(seed: int) -> None:
+@pytest.mark.parametrize("cpu", ["step", "sampled"])
+def test_a_serving_tp_pair_names_its_slower_rank_from_cpu_time_and_is_quiet_before(seed: int, cpu: str) -> None:
     """The issue's live shape through the whole detector: quiet for 1,000 s of healthy traffic under moving host
-    load, then rank 1 (+30 % CPU per request) named as a ``rank_outlier`` on ``cpu/step`` within two minutes (idle gaps included); without
-    ``cpu_s`` (an older hook) the same traffic names nobody from the rank comparison."""
-    found = _feed(_serving_pair(seed, onset_s=1_000.0))
+    load, then rank 1 (+30 % CPU per request) named as a ``rank_outlier`` on ``cpu/step`` within two minutes (idle
+    gaps included), from an older hook's ``cpu_s`` per step or the current hook's CPU samples; without CPU time the
+    same traffic names nobody from the rank comparison."""
+    found = _feed(_serving_pair(seed, onset_s=1_000.0, cpu=cpu))
     named = [(t, a) for t, a in found if a.kind == "rank_outlier"]
     assert not [a for t, a in found if t < 1_000.0 and a.ranks], [a for t, a in found if t < 1_000.0]
     assert named and named[0][1].ranks == (1,) and named[0][1].detail["stage"] == {1: CPU_SERIES}
     assert 1_000.0 <= named[0][0] <= 1_120.0, named[0][0]
-    older = _feed(_serving_pair(seed, onset_s=1_000.0, cpu=False))
+    older = _feed(_serving_pair(seed, onset_s=1_000.0, cpu=None))
     assert not [a for _, a in older if a.kind == "rank_outlier"]
 
 
-def test_a_costly_cpu_clock_read_raises_the_shortest_step_measured(step_pull: Any) -> None:
-    """The process CPU clock sums every thread (24.6 us with 1,000 threads on this VM): a read costing more than
-    CPU_READ_SHARE of a step raises the shortest step measured to cost / CPU_READ_SHARE, so it never takes more than
-    1 % of a step; one preempted read alone does not (the smaller of the last two reads counts)."""
-    import rankhook.hook as hook_mod
+def _sampled_series(reports: list[wire.StepReport], ranks: int = 2) -> tuple[dict[int, list[float]], StepAggregator]:
+    """Feed reports (two ranks in step order) to an aggregator; return each finalised step's CPU series."""
+    agg = StepAggregator(ranks, DetectionSettings(outlier_min_ranks=2, warmup_steps=0))
+    out: dict[int, list[float]] = {}
+    for rep in reports:
+        for fs in agg.observe(rep, 1.0)[0]:
+            if fs.stages and CPU_SERIES in fs.stages:
+                out[fs.step] = list(fs.stages[CPU_SERIES])
+    return out, agg
 
-    endpoint, _steps = step_pull
-    hook = Hook(resolve_identity("cpu-job", rank=0, world_size=2), Publisher(endpoint), NoneBackend())
-    real = hook_mod._process_time_ns
-    try:
-        def slow_read() -> int:  # a read of ~3 ms: a process with very many threads
-            t0 = time.perf_counter_ns()
-            while time.perf_counter_ns() - t0 < 3_000_000:
-                pass
-            return real()
 
-        hook_mod._process_time_ns = slow_read
-        start = hook._t_last_ns
-        assert hook._cpu_field(start, start + 2_000_000).startswith(b',"cpu_us":')  # a 2 ms step from a read start
-        first_min = hook._cpu_min_ns
-        assert first_min >= 0.25 * 3_000_000 / hook_mod.CPU_READ_SHARE  # raised to ~0.3 s
-        assert first_min <= hook_mod._CPU_MAX_MIN_STEP_NS
-        t = hook._cpu_at_ns
-        assert hook._cpu_field(t, t + 50_000_000) == b""  # a 50 ms step is now too short to read for
-        hook_mod._process_time_ns = real
-        t2 = t + 50_000_000
-        hook._cpu_field(t2, t2 + first_min)  # a cheap read again: the smaller of the last two is cheap
-        assert hook._cpu_min_ns == hook_mod._CPU_MIN_STEP_NS
-    finally:
-        hook_mod._process_time_ns = real
-        hook.close()
+def _pair_reports(n: int, samples: dict[int, dict[int, tuple[int, float]]], *, wall: float = 0.02,
+                  work: float | None = None) -> list[wire.StepReport]:
+    """Steps 1..n of ranks 0 and 1; ``samples[k][r]``: the sample ``(cpu_at_step, cpu_total_s)`` report k of rank r
+    carries."""
+    return [wire.StepReport(job_id="j", rank=r, step=k, step_time_s=wall, ts_unix_s=1.0, work=work,
+                            cpu_at_step=samples.get(k, {}).get(r, (None, None))[0],
+                            cpu_total_s=samples.get(k, {}).get(r, (None, None))[1])
+            for k in range(1, n + 1) for r in range(2)]
+
+
+def test_cpu_time_per_step_from_samples_is_the_cpu_time_between_them_over_the_steps() -> None:
+    """Rank 0: 10 ms of CPU per step, rank 1: 12 ms, sampled at steps 4, 24 (and 44); each carried by the next
+    report (and a repeat of it one report later changes nothing). The series holds each rank's mean over the
+    interval from the report that carried the second sample, for ``CPU_SAMPLE_HOLD`` intervals."""
+    m = CPU_SAMPLE_MIN_STEPS
+    assert m <= 20
+    samples: dict[int, dict[int, tuple[int, float]]] = {}
+    for at in (4, 24, 44):
+        samples[at + 1] = {0: (at, 3.0 + 0.010 * at), 1: (at, 7.0 + 0.012 * at)}
+        samples[at + 2] = dict(samples[at + 1])  # the same sample again
+    series, agg = _sampled_series(_pair_reports(200, samples))
+    assert min(series) == 25 and series[25] == pytest.approx([0.010, 0.012])
+    assert series[45] == pytest.approx([0.010, 0.012])
+    assert max(series) == 44 + CPU_SAMPLE_HOLD * 20  # then the value is old: the rank drops out of the series
+    assert "cpu_bad_sample" not in agg.counters
+
+
+def test_cpu_samples_closer_than_the_least_steps_are_measured_from_the_same_base() -> None:
+    samples = {5: {0: (4, 1.0), 1: (4, 1.0)}, 11: {0: (10, 9.0), 1: (10, 9.0)},  # 6 steps: not used
+               25: {0: (24, 1.2), 1: (24, 1.24)}}
+    series, _agg = _sampled_series(_pair_reports(40, samples))
+    assert min(series) == 25 and series[25] == pytest.approx([0.2 / 20, 0.24 / 20])
+
+
+def test_a_cpu_sample_beyond_every_core_or_going_back_yields_no_value() -> None:
+    """More CPU time than ``MAX_CPU_CORES`` cores for the step times reported since the base sample is counted and
+    not used; CPU time or a step count going back (another process) starts afresh from the new sample."""
+    samples = {5: {0: (4, 1.0), 1: (4, 1.0)},
+               25: {0: (24, 1.0 + 1025 * 20 * 0.02), 1: (24, 0.5)},  # 1,025 cores / going back
+               45: {0: (44, 1.0 + 1025 * 20 * 0.02 + 0.2), 1: (44, 0.7)}}
+    series, agg = _sampled_series(_pair_reports(60, samples))
+    assert agg.counters["cpu_bad_sample"] == 1
+    assert min(series) == 45 and series[45] == pytest.approx([0.2 / 20, 0.2 / 20])
+
+
+def test_cpu_samples_per_unit_of_work_when_every_report_between_them_has_work() -> None:
+    samples = {5: {0: (4, 1.0), 1: (4, 1.0)}, 25: {0: (24, 1.8), 1: (24, 2.0)}}
+    series, _agg = _sampled_series(_pair_reports(30, samples, work=8.0))
+    # 0.8 s over 20 steps of work 8: 5 ms per unit of work, scaled back by the step's work (8): 40 ms per step
+    assert series[25] == pytest.approx([0.04, 0.05])
+
+
+def test_no_cpu_value_from_an_interval_whose_step_counter_jumped() -> None:
+    """``rankhook.set_step`` moved a rank's counter from 40 to 1,000 between two samples: 16 steps of CPU time over
+    976 counted steps would read as a rank doing 2 % of its work (and its peer of a pair, the mean of the two, as
+    twice its own). That interval gives no value; the ones before and after do (10 ms of CPU per step)."""
+    agg = StepAggregator(1, DetectionSettings(outlier_min_ranks=2, warmup_steps=0))
+    values: list[tuple[int, float]] = []
+    samples = {5: 4, 30: 29, 1_006: 1_005, 1_031: 1_030, 1_056: 1_055}
+    cpu = 1.0
+    for step in [*range(1, 41), *range(1_001, 1_080)]:
+        at = samples.get(step)
+        total = None if at is None else cpu
+        agg.observe(wire.StepReport(job_id="j", rank=0, step=step, step_time_s=0.02, ts_unix_s=1.0,
+                                    cpu_at_step=at, cpu_total_s=total), 1.0)
+        cpu += 0.01
+        st = agg._cpu_rates[0] if agg._cpu_rates else None
+        if st is not None and st.value is not None and (not values or values[-1][0] != st.at_step):
+            values.append((st.at_step, round(st.value, 6)))
+    assert values == [(29, 0.01), (1_030, 0.01), (1_055, 0.01)], values  # nothing from 29 -> 1,005

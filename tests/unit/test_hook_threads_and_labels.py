@@ -240,21 +240,22 @@ def test_init_reads_mode_and_role_from_env(node: _Node, monkeypatch: pytest.Monk
 
 
 def test_serving_keepalive_while_idle_and_none_in_training(node: _Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook's thread (CPU samples) runs in both modes; only a serving rank re-sends its hello while idle."""
     monkeypatch.setattr(wire, "KEEPALIVE_S", 0.2)
+    training = _hook(node)
     serving = _hook(node, mode="serving")
     try:
+        training.step()
         serving.step()
-        hellos = wait_for(lambda: len(node.kinds("hello")) >= 3 and node.kinds("hello"), timeout_s=20)
-        assert all(h["mode"] == "serving" for h in hellos)
-        assert serving._keepalive is not None and serving._keepalive.is_alive()
+        hellos = wait_for(lambda: len([h for h in node.kinds("hello") if h.get("mode") == "serving"]) >= 3
+                          and node.kinds("hello"), timeout_s=20)
+        assert serving._sampler is not None and serving._sampler.is_alive()
+        assert training._sampler is not None and training._sampler.is_alive()  # CPU samples in training too
+        assert len([h for h in hellos if h.get("mode") is None]) == 1  # its first hello only: no keepalive
     finally:
         serving.close()
-    assert serving._keepalive is not None and not serving._keepalive.is_alive()
-    training = _hook(node)
-    try:
-        assert training._keepalive is None
-    finally:
         training.close()
+    assert not serving._sampler.is_alive() and not training._sampler.is_alive()
 
 
 def test_a_side_thread_that_steps_first_never_takes_the_counter_from_the_named_owner(

@@ -80,6 +80,21 @@ def cpu_time_ok(cpu_s: float, step_time_s: float) -> bool:
     measured step). Without the second bound a rank saying 6e8 s of CPU for a 10 ms step was accepted and named as
     a ``rank_outlier`` with a magnitude of 1e11."""
     return 0.0 <= cpu_s <= MAX_CPU_S and cpu_s <= wire.MAX_CPU_CORES * max(step_time_s, 0.001)
+
+
+MAX_CPU_TOTAL_S = wire.MAX_CPU_TOTAL_S
+"""Largest ``cpu_total_s`` (a CPU sample: the process's CPU time since it started) a step report may carry."""
+_MAX_CPU_TOTAL_US = int(MAX_CPU_TOTAL_S * 1_000_000)
+
+
+def cpu_sample_ok(cpu_at_step: int | None, cpu_total_s: float | None, step: int) -> bool:
+    """Whether a step report's CPU sample (``cpu_at_step``, ``cpu_total_s``) is one: both absent, or both present
+    with ``0 <= cpu_at_step <= step`` (the hook reads the count, then the clock, before the report that carries
+    them is formatted) and ``0 <= cpu_total_s <= MAX_CPU_TOTAL_S`` (finite). The rate bound (at most
+    ``wire.MAX_CPU_CORES`` cores busy between two samples) is the aggregator's, which sees both samples."""
+    if cpu_at_step is None:
+        return cpu_total_s is None
+    return cpu_total_s is not None and 0 <= cpu_at_step <= step and 0.0 <= cpu_total_s <= MAX_CPU_TOTAL_S
 MAX_TS_UNIX_S = 1e10
 """Timestamps are Unix seconds before the year 2286."""
 MAX_TEXT = 256
@@ -177,6 +192,8 @@ def _plain_types() -> dict[str, Any]:
         "capturing": bool,
         "work": None,
         "cpu_s": Union[Annotated[float, meta(ge=0.0, le=wire.MAX_CPU_S)], None],  # noqa: UP007
+        "cpu_at_step": Union[Annotated[int, meta(ge=0, lt=MAX_STEP)], None],  # noqa: UP007
+        "cpu_total_s": Union[Annotated[float, meta(ge=0.0, le=wire.MAX_CPU_TOTAL_S)], None],  # noqa: UP007
         "mode": None,
         "role": None,
         "peer_pid": Union[Annotated[int, meta(gt=0, lt=2**32)], None],  # noqa: UP007
@@ -381,6 +398,11 @@ def check_rank_message(msg: Any) -> Any:
         if msg.cpu_s is not None and not cpu_time_ok(msg.cpu_s, msg.step_time_s):
             raise MessageRejected("bad_value", f"cpu_s={msg.cpu_s!r} must be finite, >= 0, <= {wire.MAX_CPU_S:g} "
                                                f"and <= {wire.MAX_CPU_CORES} x max(step_time_s, 0.001)")
+        if (msg.cpu_at_step is not None or msg.cpu_total_s is not None) and not cpu_sample_ok(
+                msg.cpu_at_step, msg.cpu_total_s, msg.step):
+            raise MessageRejected("bad_value", f"cpu_at_step={msg.cpu_at_step!r} cpu_total_s={msg.cpu_total_s!r}: "
+                                               f"both or neither, 0 <= cpu_at_step <= step ({msg.step}), "
+                                               f"0 <= cpu_total_s <= {wire.MAX_CPU_TOTAL_S:g}")
         if msg.mode is not None or msg.role is not None:
             _check_labels(msg)
         if msg.peer_pid is not None and not 0 < msg.peer_pid < 2**32:
@@ -460,7 +482,7 @@ def _rejected_from(exc: ValidationError, known: set[str], data: bytes | str) -> 
     return MessageRejected("bad_schema", f"{loc}: {first.get('msg', '')}"[:200])
 
 
-_US_FIELDS = ("step_time_us", "ts_unix_us", "cpu_us")
+_US_FIELDS = ("step_time_us", "ts_unix_us", "cpu_us", "cpu_at_step", "cpu_total_us")
 
 
 def _us_field_error(exc: ValidationError) -> MessageRejected | None:
@@ -510,6 +532,9 @@ def parse_rank_message(raw: bytes | str | dict[str, Any], peer_pid: int | None =
                                       f"be >= 0 and <= {_MAX_STEP_TIME_US} / {_MAX_TS_UNIX_US}")
             if us.cpu_us is not None and not 0 <= us.cpu_us <= _MAX_CPU_US:
                 raise MessageRejected("bad_value", f"cpu_us={us.cpu_us} must be >= 0 and <= {_MAX_CPU_US}")
+            if us.cpu_total_us is not None and not 0 <= us.cpu_total_us <= _MAX_CPU_TOTAL_US:
+                raise MessageRejected("bad_value", f"cpu_total_us={us.cpu_total_us} must be >= 0 and <= "
+                                                   f"{_MAX_CPU_TOTAL_US}")
             return check_rank_message(us.report(peer_pid))
     try:
         msg = _rank_adapter.validate_json(raw, strict=True)
@@ -702,6 +727,9 @@ def _parse_plain_batch(data: bytes, max_messages: int = 20_000
             job_ok = m.job_id
         if m.cpu_s is not None and m.cpu_s > wire.MAX_CPU_CORES * max(m.step_time_s, 0.001):
             return None  # more CPU than every core for the step (cpu_time_ok): refused by the next paths
+        if (m.cpu_at_step is not None or m.cpu_total_s is not None) and not cpu_sample_ok(
+                m.cpu_at_step, m.cpu_total_s, m.step):
+            return None  # half a CPU sample, or one read after its report's step: refused by the next paths
     return env, msgs, bad
 
 
@@ -739,7 +767,9 @@ def _checked(env: wire.NodeBatch, messages: list[Any], max_messages: int
                 and 0.0 <= m.step_time_s <= MAX_STEP_TIME_S and 0.0 <= m.ts_unix_s <= MAX_TS_UNIX_S
                 and 0 <= m.step < MAX_STEP and not m.stages and not m.flags and m.work is None and m.mode is None
                 and m.role is None and (m.peer_pid is None or 0 < m.peer_pid < 4294967296)
-                and (m.cpu_s is None or cpu_time_ok(m.cpu_s, m.step_time_s))):
+                and (m.cpu_s is None or cpu_time_ok(m.cpu_s, m.step_time_s))
+                and (m.cpu_at_step is None and m.cpu_total_s is None
+                     or cpu_sample_ok(m.cpu_at_step, m.cpu_total_s, m.step))):
             keep(m)
             continue
         try:

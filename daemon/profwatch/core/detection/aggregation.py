@@ -18,6 +18,7 @@ from typing import Protocol
 
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import FinalizedStep
+from rankhook.wire import MAX_CPU_CORES
 
 NEVER = -(2**62)
 """``last_step`` of a rank that never reported."""
@@ -36,6 +37,44 @@ CPU_MIN_SHARE = 0.1
 """The CPU series of a step is compared only when its median over the ranks is at least this share of the job
 step time (wall): a rank whose host only launches device work (a device job, NCCL or HCCL) spends a few percent
 of the step on CPU, and its CPU time then says nothing about which rank is slow (``docs/detection.md``)."""
+
+
+CPU_SAMPLE_MIN_STEPS = 16
+"""A rank's CPU time per step from its CPU samples (``cpu_at_step``, ``cpu_total_s``) is taken over at least this
+many steps. Samples fall on step boundaries, so the mean is exact, but it stands for each of the rank's steps until
+the next value: a mean over one step (a sample after an idle gap, or each step of a slow loop) held over the next
+interval counted its one step's noise as many outlying steps of the window (a simulated serving pair: a false
+``rank_outlier`` 60 steps before the onset); over 16 steps its noise is a quarter of one step's. A later sample
+closer than this to the base is ignored (the next one is measured from the same base)."""
+CPU_SAMPLE_HOLD = 3
+"""A rank's CPU time per step from samples stands for its steps up to this many of its sampled intervals past the
+last sample (a rank whose samples stop, e.g. its process was replaced by an older hook, drops out of the series
+instead of repeating an old value)."""
+
+
+class _CpuRate:
+    """One rank's CPU samples (:meth:`StepAggregator._cpu_from_sample`): the base sample, the reports since it, the
+    CPU time per step (or per unit of work) of the last interval and the last step it stands for."""
+
+    __slots__ = ("at_step", "broken", "last_step", "n", "per_work", "total_s", "until", "value", "wall_s", "work",
+                 "work_n")
+
+    def __init__(self, at_step: int, total_s: float) -> None:
+        self.at_step = at_step  # the base sample: step count and CPU seconds
+        self.total_s = total_s
+        self.n = 0  # reports since the base sample, their step times and work (and how many had work)
+        self.wall_s = 0.0
+        self.work = 0.0
+        self.work_n = 0
+        self.value: float | None = None  # CPU seconds per step (per unit of work when per_work) of the last interval
+        self.per_work = False
+        self.until = -1  # the last step the value stands for
+        self.last_step = at_step  # the rank's last report counted (the first to carry a sample read at S is S + 1)
+        self.broken = False  # a report's step did not follow the last one's since the base (set_step, a lost report)
+
+    def rebase(self, at_step: int, total_s: float) -> None:
+        self.at_step, self.total_s = at_step, total_s
+        self.n, self.wall_s, self.work, self.work_n, self.broken = 0, 0.0, 0.0, 0, False
 
 
 def judge_cpu_series(vals: dict[str, list[float]], step_time_s: float, step_work: float | None,
@@ -151,6 +190,8 @@ class StepAggregator:
         self._last_step: list[int] = [NEVER] * n
         self._rank_epoch: list[int] = [0] * n
         self._epoch = 0
+        self._cpu_rates: dict[int, _CpuRate] = {}
+        """Per rank that sent CPU samples, its :class:`_CpuRate` (created at its first sample)."""
         self.counters: dict[str, int] = {"reports": 0, "late": 0, "duplicate": 0, "bad_rank": 0, "old_epoch": 0,
                                          "restarts": 0, "finalized": 0, "excluded": 0}
         self._reset_job_state()
@@ -272,6 +313,7 @@ class StepAggregator:
         s = self.settings
         on_step_time = s.outlier_on_step_time
         own_work = isinstance(work, _OwnWork)
+        cpu_rates = self._cpu_rates
         end = len(reports) if end is None else end
         # the job state a report may change is held here and written back (a restart resets it: read again)
         epoch, cursor, furthest, pending = self._epoch, self._cursor, self._furthest, self._pending
@@ -336,8 +378,10 @@ class StepAggregator:
             if on_step_time:
                 self._add_value(e, r, "step_time_s", t)
             cpu = getattr(report, "cpu_s", None)
-            if cpu is not None:
+            if cpu is not None:  # an older hook: the CPU time of this step
                 self._add_cpu(e, r, cpu, wk)
+            elif cpu_rates or getattr(report, "cpu_at_step", None) is not None:
+                self._cpu_from_sample(e, r, report, wk)
             if step > furthest:  # type: ignore[operator]
                 self._furthest = step
                 counters["reports"] += i - start
@@ -356,15 +400,78 @@ class StepAggregator:
     def _add_cpu(self, e: _OpenStep, r: int, cpu_s: float, work: object) -> None:
         """Record rank ``r``'s CPU time of the step in the CPU series (:data:`CPU_SERIES`): per unit of its
         ``work`` when that is a positive number, else per step (unless ``outlier_stages`` leaves the series out)."""
+        if isinstance(work, (int, float)) and work > 0:
+            self._add_cpu_value(e, r, cpu_s / work, per_work=True)
+        else:
+            self._add_cpu_value(e, r, cpu_s, per_work=False)
+
+    def _add_cpu_value(self, e: _OpenStep, r: int, value: float, *, per_work: bool) -> None:
         wanted = self.settings.outlier_stages
         if wanted is not None and CPU_SERIES not in wanted:
             return
-        if isinstance(work, (int, float)) and work > 0:
+        if per_work:
             e.cpu_per_work += 1
-            self._add_value(e, r, CPU_SERIES, cpu_s / work)
         else:
             e.cpu_raw += 1
-            self._add_value(e, r, CPU_SERIES, cpu_s)
+        self._add_value(e, r, CPU_SERIES, value)
+
+    def _cpu_from_sample(self, e: _OpenStep, r: int, report: StepReportLike, work: object) -> None:
+        """Rank ``r``'s CPU time per step from its CPU samples (the current hook: ``cpu_at_step``, ``cpu_total_s``;
+        its sampler thread asks for one every ``rankhook.hook.CPU_SAMPLE_S``, read at the end of a step), recorded
+        in the CPU series of this report's step.
+
+        Between two samples ``(S0, C0)`` and ``(S1, C1)`` of one process (read at the ends of steps ``S0`` and
+        ``S1``) at least :data:`CPU_SAMPLE_MIN_STEPS` apart, the rank's CPU time per step is
+        ``(C1 - C0) / (S1 - S0)``; per unit of work when every report of the rank between them carried a positive
+        ``work`` (divided by their mean work per step: the reports of steps ``S0 + 1 .. S1``). It stands for the
+        rank's steps from the report that carried ``S1`` on, up to :data:`CPU_SAMPLE_HOLD` intervals past ``S1``
+        (the comparison lags a change by up to one interval). A closer sample is ignored (the base stays). A
+        sample with fewer steps or less CPU time than the base (another process: a restart), or more CPU time
+        than ``wire.MAX_CPU_CORES`` cores for the step times reported since the base (at least 1 ms per step;
+        counted in ``counters["cpu_bad_sample"]``), becomes the new base and yields no value; so does one whose
+        interval holds a gap in the rank's report steps (``rankhook.set_step`` moved the counter: the steps between
+        the samples are not the steps done; or a report was lost). A report repeating the base's sample changes
+        nothing. O(1)."""
+        at = getattr(report, "cpu_at_step", None)
+        total = getattr(report, "cpu_total_s", None)
+        st = self._cpu_rates.get(r)
+        step = report.step
+        if st is None:
+            if at is None or total is None:
+                return
+            st = self._cpu_rates[r] = _CpuRate(at, total)
+        if at is not None and total is not None and at != st.at_step:
+            d_steps = at - st.at_step
+            d_cpu = total - st.total_s
+            if d_steps < 0 or d_cpu < 0:
+                st.value = None
+            elif d_steps < CPU_SAMPLE_MIN_STEPS:
+                at, total = st.at_step, st.total_s  # too close: the base stays
+            elif st.broken:  # the steps between the samples are not the reports counted: no value
+                st.value = None
+            elif d_cpu > MAX_CPU_CORES * max(st.wall_s, 0.001 * d_steps):
+                self.counters["cpu_bad_sample"] = self.counters.get("cpu_bad_sample", 0) + 1
+                st.value = None
+            elif st.n and st.work_n == st.n:
+                st.value, st.per_work = d_cpu / (st.work / st.n * d_steps), True
+            else:
+                st.value, st.per_work = d_cpu / d_steps, False
+            if at != st.at_step:
+                if st.value is not None:
+                    st.until = at + CPU_SAMPLE_HOLD * d_steps
+                st.rebase(at, total)
+        # this report counts for the interval after the sample it carries: the report that carries a sample read
+        # at the end of step S is S + 1's, so the reports counted for an interval are its steps
+        if step != st.last_step + 1:
+            st.broken = True
+        st.last_step = step
+        st.n += 1
+        st.wall_s += report.step_time_s
+        if isinstance(work, (int, float)) and work > 0:
+            st.work += work
+            st.work_n += 1
+        if st.value is not None and step <= st.until:
+            self._add_cpu_value(e, r, st.value, per_work=st.per_work)
 
     def _add_value(self, e: _OpenStep, r: int, name: str, v: float) -> None:
         vals = e.vals
@@ -398,6 +505,7 @@ class StepAggregator:
         return False
 
     def _restart_rank(self, r: int) -> bool:
+        self._cpu_rates.pop(r, None)  # a new process: its CPU samples start afresh
         self._rank_epoch[r] += 1
         if self._rank_epoch[r] > self._epoch:
             self._epoch = self._rank_epoch[r]
