@@ -15,6 +15,7 @@ from profwatch.core.detection.baseline import RobustBaseline, theil_sen
 from profwatch.core.detection.drift import (
     DriftTracker,
     ramp_evidence,
+    rise_on_fall,
     trend_z,
     warm_up_split_null,
     warm_up_sse,
@@ -244,6 +245,22 @@ level it starts at (:meth:`StepTimeRegressionDetector._warm_agrees`): a requeue 
 1.72x change at its 12th step had one measured step at the old level (10 warm-up steps excluded), short of
 :data:`PRIOR_CONFIRM_VALUES`, and the change was learned as its normal (``bench/bench_corpus.py`` seed 32,
 ``requeue`` run 14)."""
+FALL_JUMP_EVIDENCE = 25.0
+"""A jump up inside a generation's first steps that otherwise fall (warm-up steps and first learned steps,
+:meth:`StepTimeRegressionDetector._fall_split`) is a change when two falling curves, one each side of it, explain the
+log step times better than one falling curve by this many noise variances (as :data:`LEARNED_STEP_EVIDENCE`: a
+log-likelihood ratio of 12.5). Floor 25, bound none needed: the isotonic fits' own chance gain over one curve is about
+the harmonic sum (``ln n``, under 6 variances for 128 values; Barlow et al. 1972, ch. 3), and the best of up to 120
+splits of a healthy warm-down (1.5-20x, 5-60 steps, 1-20 % noise, tests/unit/test_warm_up_changes.py) stays under it.
+A 1.3x slowdown 2-30 steps into a 2x -> 1x fall (1-10 % noise) was learned as part of the warm-down: 20 of 24 lost."""
+FALL_JUMP_NOISE_MAX = 0.25
+"""Bound on the relative noise (of log step time, from successive differences) at which
+:meth:`StepTimeRegressionDetector._fall_split` judges a jump: above it the first steps of a job are too few to tell
+a jump from the fall's own wobble (the corpus draws 1-20 % noise)."""
+FALL_JUMP_MIN_FALL = 0.1
+"""Least fall (log step time, the fitted curve's first block over its last before the jump; floor: ``min_effect``
+when larger) for the steps before a jump to count as a warm-down (:meth:`StepTimeRegressionDetector._fall_split`):
+flat steps before a jump are the two-level split's (:meth:`StepTimeRegressionDetector._split`), with its own rules."""
 FALL_SPLIT_BEFORE = 3
 """Most values before the fall that a speedup's lower CUSUM run may begin with (:func:`fallen_level`): the chance
 low steps before the speedup that started it. A split anywhere in a run down a slow decline picked its last,
@@ -1019,6 +1036,9 @@ class StepTimeRegressionDetector:
         flat = y[min(y.size - 1 - knee, y.size - RECENT_FLOOR_VALUES):] if knee >= 0 else y[y.size // 2:]
         warm = (gain >= WARMUP_EVIDENCE * noise * noise and float(np.median(flat)) / mu - 1.0
                 >= EFFECT_Z * noise * math.sqrt(math.pi / (2.0 * flat.size) + 1.0 / y.size))
+        if self._young() and self._fall_split(y) is not None:
+            self._settle_restarts = None  # a jump up inside a warm-down: _learned_step reports it
+            return True
         if not warm and self._young():
             fell = self._fallen_flat(y, rel, noise)
             if fell is not None:  # a warm-up that fell: the level is its flat end's, not the learned steps'
@@ -1184,6 +1204,8 @@ class StepTimeRegressionDetector:
             split, reference = self._warm_split(y), "warm_up_steps"
         if split is None:
             split, reference = self._curve_split(y), "warm_up_curve"
+        if split is None:
+            split, reference = self._fall_split(y), "warm_up_fall"
         self.prior = None
         if split is None:
             return None
@@ -1254,6 +1276,47 @@ class StepTimeRegressionDetector:
                                 or trend_z(y[fit.knee:fit.k]) >= EARLIER_RISE_Z):
             return None
         return fit.k, mag, noise, med * level
+
+    def _fall_split(self, y: np.ndarray) -> tuple[int, float, float, float] | None:
+        """A jump up inside a warm-up that falls: a generation's first learned steps ``y`` (s, oldest first) after its
+        warm-up steps (excluded from detection, the newest :data:`PRIOR_WARM_VALUES`), fitted on log step time by
+        one non-increasing curve and by two with a jump up between them (:func:`~profwatch.core.detection.drift.
+        rise_on_fall`, isotonic regression: any falling shape, linear, exponential or stepped). A slowdown during a
+        warm-down leaves no flat level before it (:meth:`_split`) and no plateau (:meth:`_curve_split`), so it was
+        learned as part of the fall (1.3x 2-30 steps into a 2x -> 1x fall: 20 of 24 lost). A change when the jump is
+        at or after the first learned step with :data:`LEARNED_STEP_MIN_AFTER` steps after it, the steps before it
+        fell by ``max(FALL_JUMP_MIN_FALL, min_effect)``, the two curves beat one by :data:`FALL_JUMP_EVIDENCE` noise
+        variances, the fitted jump exceeds ``log(1 + min_effect)`` by :data:`EFFECT_Z` standard errors of the two
+        fitted blocks it joins, and the median of the :data:`CURVE_LAST_STEPS` steps after it is over that of the
+        steps before it by ``min_effect`` as measured. The noise is the steps' own, from successive differences of
+        their logs (``1.4826 MAD / sqrt(2)``, robust to the fall and the jump), floored as :meth:`_noise`'s and at
+        most :data:`FALL_JUMP_NOISE_MAX`. Within :data:`SETTLE_MAX_STEPS` of the generation's start only. Returns
+        ``(k, magnitude, noise, before_s)`` as :meth:`_split` (``k`` an index into ``y``, ``before_s`` the fall's
+        fitted level just before the jump, the magnitude the fitted jump as a ratio on log step time), else None.
+        Pure. Our own rule (a likelihood-ratio split of order-restricted fits), stated here so it can be checked."""
+        if not self._young() or y.size < LEARNED_STEP_MIN_AFTER + 1 or not np.all(y > 0.0):
+            return None
+        warm = np.asarray([v for v in self._warm_values if v > 0.0], dtype=np.float64)
+        logs = np.log(np.concatenate([warm, y]))
+        if not np.all(np.isfinite(logs)):
+            return None
+        d = np.diff(logs)
+        own = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2.0)
+        noise = max(own, self.settings.noise_floor, MIN_NOISE)
+        if noise > FALL_JUMP_NOISE_MAX:
+            return None
+        w = warm.size
+        found = rise_on_fall(logs, max(w, 2), logs.size - LEARNED_STEP_MIN_AFTER)
+        if found is None:
+            return None
+        need = math.log1p(self.settings.min_effect)
+        se = noise * math.sqrt(1.0 / found.n_before + 1.0 / found.n_after)
+        last = logs[max(0, found.k - CURVE_LAST_STEPS):found.k]
+        first = logs[found.k:found.k + CURVE_LAST_STEPS]
+        if (found.fall < max(FALL_JUMP_MIN_FALL, need) or found.gain < FALL_JUMP_EVIDENCE * noise * noise
+                or found.jump - EFFECT_Z * se < need or float(np.median(first) - np.median(last)) < need):
+            return None
+        return found.k - w, log_ratio_magnitude(found.jump), noise, math.exp(found.before)
 
     def _past_prior(self, values: list[float]) -> bool:
         """Whether ``values`` (s) rose past the previous generation's level (:attr:`prior`) by ``min_effect`` (their
