@@ -246,6 +246,12 @@ level it starts at (:meth:`StepTimeRegressionDetector._warm_agrees`): a requeue 
 1.72x change at its 12th step had one measured step at the old level (10 warm-up steps excluded), short of
 :data:`PRIOR_CONFIRM_VALUES`, and the change was learned as its normal (``bench/bench_corpus.py`` seed 32,
 ``requeue`` run 14)."""
+SCREEN_HALF_WINDOW = 4
+"""Half the window of the running median that screens interruptions out of a generation's first learned steps before
+their split against the warm-up steps (:meth:`StepTimeRegressionDetector._unscreened`): runs of at most this many
+values far over it are held out (a checkpoint or evaluation: 1-5 steps in ``bench/bench_corpus.py``); longer ones are
+a level. Floor 1 (a window of 3), bound ``LEARNED_STEP_MIN_AFTER / 2`` (a level the split may report is never
+screened)."""
 FALL_JUMP_EVIDENCE = 25.0
 """A jump up inside a generation's first steps that otherwise fall (warm-up steps and first learned steps,
 :meth:`StepTimeRegressionDetector._fall_split`) is a change when two falling curves, one each side of it, explain the
@@ -1222,6 +1228,16 @@ class StepTimeRegressionDetector:
             split, reference = self._prior_split(y), "previous_generation"
         if split is None:
             split, reference = self._warm_split(y), "warm_up_steps"
+        first: int | None = None
+        if split is None:
+            keep = self._unscreened(y)
+            if keep is not None:  # interruptions the spike screen could not yet hold out hide no change before them
+                split = self._warm_split(y[keep])
+                if split is not None:
+                    kept = np.flatnonzero(keep)
+                    steps = self._recent_steps
+                    first = steps[int(kept[split[0]])] if len(steps) == y.size < RAMP_WINDOW else None
+                    y = y[keep]
         if split is None:
             split, reference = self._curve_split(y), "warm_up_curve"
         if split is None:
@@ -1232,7 +1248,45 @@ class StepTimeRegressionDetector:
         if split is None:
             return None
         k, mag, noise, before = split
-        return self._fire_split(fs, y.tolist(), k, mag, before, noise, reference)
+        return self._fire_split(fs, y.tolist(), k, mag, before, noise, reference, first)
+
+    def _unscreened(self, y: np.ndarray) -> np.ndarray | None:
+        """The learned steps ``y`` (s, oldest first) that are no interruption: a mask keeping all but the runs of at
+        most :data:`SCREEN_HALF_WINDOW` values each at least ``1 + spike_min_effect`` times the median of the
+        ``2 * SCREEN_HALF_WINDOW + 1`` values around it (fewer at the ends) and ``spike_z`` noise deviations over it
+        (the noise: ``1.4826 MAD / sqrt(2)`` of successive differences of their logs, floored as :meth:`_noise`'s):
+        the spike screen of :meth:`_learn` starts only once the baseline holds :data:`PROVISIONAL_MIN` values, so a
+        checkpoint's 1-3 steps at 3-8x before it entered the learned steps, and a change at the first learned steps
+        was never split from the warm-up steps (1.3x and 3x from steps 12-13 with such an interruption at steps
+        22-30: 0 of 24 found). None when nothing is screened out. A running median of 9 values follows a step
+        change (a level lasting 5 values or more is no spike) and stays at the level under a run of 4 or fewer.
+        Pure. Tukey's running median (Tukey, "Exploratory Data Analysis", 1977), as a spike screen."""
+        n = y.size
+        if n < 2 * SCREEN_HALF_WINDOW + 1 or not np.all(y > 0.0):
+            return None
+        logs = np.log(y)
+        d = np.diff(logs)
+        noise = max(1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2.0), self.settings.noise_floor,
+                    MIN_NOISE)
+        h = SCREEN_HALF_WINDOW
+        med = np.asarray([float(np.median(logs[max(0, i - h):i + h + 1])) for i in range(n)])
+        rel = np.exp(logs - med) - 1.0
+        spike = (rel >= self.settings.spike_min_effect) & (rel / noise >= self.settings.spike_z)
+        if not spike.any():
+            return None
+        keep = ~spike
+        i = 0
+        while i < n:  # a run longer than the window's half is a level, not an interruption: kept
+            if spike[i]:
+                j = i
+                while j < n and spike[j]:
+                    j += 1
+                if j - i > h:
+                    keep[i:j] = True
+                i = j
+            else:
+                i += 1
+        return keep if not keep.all() else None
 
     def _warm_split(self, y: np.ndarray) -> tuple[int, float, float, float] | None:
         """A generation's first learned steps ``y`` (s, oldest first) split against the steps of its warm-up before
@@ -1420,7 +1474,7 @@ class StepTimeRegressionDetector:
         return True
 
     def _fire_split(self, fs: FinalizedStep, y: list[float], k: int, magnitude: float, before_s: float,
-                    noise: float, reference: str) -> Anomaly:
+                    noise: float, reference: str, first_step: int | None = None) -> Anomaly:
         """Report a change found while learning at ``y[k]`` (``y``: the learned steps, oldest first; ``before_s`` the
         level before it, s) as a ``pattern "level"`` report with ``reference``, then learn again from ``y[k:]``.
         ``first_step``: the step of ``y[k]`` where the learned values' steps are known (:attr:`_recent_steps`), else
@@ -1428,6 +1482,8 @@ class StepTimeRegressionDetector:
         after = y[k:]
         steps = self._recent_steps  # the learned values' own steps when y is they (held-out steps between them)
         first = steps[k] if len(steps) == len(y) == len(self._recent) < RAMP_WINDOW else fs.step - (len(y) - 1 - k)
+        if first_step is not None:  # the caller's (steps were screened out of ``y``)
+            first = first_step
         detail = {"pattern": "level", "learning": True, "reference": reference,
                   "first_step": first, "baseline_s": before_s, "noise": noise,
                   "step_time_s": before_s * (1.0 + magnitude), "steps": len(after), "baseline_values": k,
