@@ -246,6 +246,15 @@ level it starts at (:meth:`StepTimeRegressionDetector._warm_agrees`): a requeue 
 1.72x change at its 12th step had one measured step at the old level (10 warm-up steps excluded), short of
 :data:`PRIOR_CONFIRM_VALUES`, and the change was learned as its normal (``bench/bench_corpus.py`` seed 32,
 ``requeue`` run 14)."""
+CURVE_RECHECK_NEAR = 0.9
+"""A first learning's stepped warm-up curve (:meth:`StepTimeRegressionDetector._curve_split`) whose step explained the
+steps within this fraction of :data:`LEARNED_STEP_EVIDENCE` (and no other split was a change) is tried again on the
+next :data:`CURVE_RECHECK_VALUES` values (:meth:`StepTimeRegressionDetector._curve_recheck_step`). Floor 0.9 (a few
+more looks at the same evidence, only where the step was nearly shown), bound 1."""
+CURVE_RECHECK_VALUES = 8
+"""Values after the end of a first learning over which a nearly shown step on the warm-up curve is tried again
+(:data:`CURVE_RECHECK_NEAR`); floor 1, bound :data:`LEARNED_STEP_MIN_AFTER` (as many as a split's later part needs:
+more looks would test a level the baseline has since learned)."""
 SCREEN_HALF_WINDOW = 4
 """Half the window of the running median that screens interruptions out of a generation's first learned steps before
 their split against the warm-up steps (:meth:`StepTimeRegressionDetector._unscreened`): runs of at most this many
@@ -558,6 +567,8 @@ class StepTimeRegressionDetector:
                          "relearn_while_learning": 0, "drift_reports": 0, "drift_onsets": 0, "unmeasured": 0,
                          "warmup_restarts": 0}
         self._checked_learned = not first_learning_checks
+        self._curve_recheck = 0  # values left to try the stepped warm-up curve again (_curve_recheck_step)
+        self._curve_near = 0.0
         """Whether this generation's first learned steps were checked for a change (:meth:`_learned_step`)."""
         self._settle_restarts: int | None = 0 if first_learning_checks else None
         """Warm-up restarts of this generation's first learning (:meth:`_settled`); None once it settled."""
@@ -621,6 +632,7 @@ class StepTimeRegressionDetector:
         self._from_start = True
         self._settle_restarts = 0 if self.first_learning_checks else None
         self._checked_learned = not self.first_learning_checks
+        self._curve_recheck = 0
         self.drift.reset()
         self.spikes.reset()
         self.recurring.reset()
@@ -692,6 +704,7 @@ class StepTimeRegressionDetector:
 
     def _relearn(self) -> None:
         self._from_start = False
+        self._curve_recheck = 0
         self._base.clear()
         self._recent.clear()
         self._fall_seq.clear()
@@ -780,6 +793,10 @@ class StepTimeRegressionDetector:
         if n < s.min_baseline_steps:
             a = self._learn(step, x)
             return [a] if a is not None else []
+        if self._curve_recheck > 0:
+            a = self._curve_recheck_step(step, x)
+            if a is not None:
+                return [a]
         mu, noise = self._noise()
         if (self._base.slope != 0.0) != self._trending:  # the baseline's line now follows a trend (or no more):
             self._trending = self._base.slope != 0.0       # what S+ and S- summed was measured against another line
@@ -1246,9 +1263,29 @@ class StepTimeRegressionDetector:
                 y = np.fromiter(self._fall_seq, dtype=np.float64, count=len(self._fall_seq))
         self.prior = None
         if split is None:
+            if self._curve_near >= CURVE_RECHECK_NEAR:  # the stepped curve was close: more values after the step
+                self._curve_recheck = CURVE_RECHECK_VALUES
             return None
         k, mag, noise, before = split
         return self._fire_split(fs, y.tolist(), k, mag, before, noise, reference, first)
+
+    def _curve_recheck_step(self, fs: FinalizedStep, x: float) -> Anomaly | None:
+        """One of the :data:`CURVE_RECHECK_VALUES` values after a first learning whose stepped warm-up curve
+        (:meth:`_curve_split`) came within :data:`CURVE_RECHECK_NEAR` of its evidence: the learned steps with ``x``
+        (s) are tried again under every rule of :meth:`_curve_split` (its evidence unchanged), and a change is
+        reported as there (``reference "warm_up_curve"``, ``first_step`` counted back at the values' steps each). The
+        values after the step are what the evidence grows with: ``bench/bench_corpus.py`` seed 35, ``warmup_up`` run
+        6 (1.3x at step 66, 18 ms steps in blocks of 4) read 24.1 noise variances against the 25 needed at the end
+        of the learning, and was learned as normal."""
+        self._curve_recheck -= 1
+        y = np.asarray([*self._recent, x], dtype=np.float64)
+        split = self._curve_split(y)
+        if split is None:
+            return None
+        self._curve_recheck = 0
+        k, mag, noise, before = split
+        first = fs.step - (y.size - 1 - k) * self._steps_per_value
+        return self._fire_split(fs, y.tolist(), k, mag, before, noise, "warm_up_curve", first)
 
     def _unscreened(self, y: np.ndarray) -> np.ndarray | None:
         """The learned steps ``y`` (s, oldest first) that are no interruption: a mask keeping all but the runs of at
@@ -1333,17 +1370,24 @@ class StepTimeRegressionDetector:
         the flat steps after it and read +108 % (tests/unit/test_regression.py, a 20x warm-down). Returns ``(k, magnitude, noise, before_s)`` as
         :meth:`_split` (``before_s`` the plateau's level; the magnitude the later steps' geometric mean over it, on
         log step time), else None. Pure."""
-        if not self._young() or y.size < 2 * LEARNED_STEP_MIN_AFTER or not np.all(y > 0.0):
+        self._curve_near = 0.0
+        if y.size < 2 * LEARNED_STEP_MIN_AFTER or not np.all(y > 0.0):
             return None
         med = float(np.median(y))
         fit = warm_up_step(y / med - 1.0, LEARNED_STEP_MIN_AFTER, LEARNED_STEP_MIN_BEFORE - 1)
         if fit is None or not fit.step > 0.0 or not 1.0 + fit.plateau > 0.0:
+            return None
+        # the warm-up must have ended young (its knee within SETTLE_MAX_STEPS steps of the generation's start), not
+        # the learning: 46 blocks of 4 fast steps span 184 steps, so a block job's first learning never was young
+        knee_step = self._step_now - (y.size - 1 - fit.knee) * self._steps_per_value
+        if self._first_step is None or knee_step - self._first_step > SETTLE_MAX_STEPS:
             return None
         last = y[max(0, fit.k - CURVE_LAST_STEPS):fit.k]  # the steps just before, as measured (not the fit's line)
         if math.log(float(np.median(y[fit.k:])) / float(np.median(last))) < self.settings.min_effect:
             return None
         level = 1.0 + fit.plateau
         noise = max(math.sqrt(fit.sse / max(1, y.size - 5)), self.settings.noise_floor, MIN_NOISE)
+        self._curve_near = fit.gain / (LEARNED_STEP_EVIDENCE * noise * noise)
         mag = log_ratio_magnitude(float(np.log(y[fit.k:] / med).mean()) - math.log(level))
         se = noise * fit.step_se / level
         if (fit.gain < LEARNED_STEP_EVIDENCE * noise * noise or mag - EFFECT_Z * se < self.settings.min_effect):
