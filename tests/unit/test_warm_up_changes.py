@@ -116,3 +116,123 @@ def test_rising_warm_up_steps_are_no_level_before_a_change() -> None:
         fired += [(n, low, shape, cv, seed, d["reference"]) for _, k, _, d in _with_warm_up(x)
                   if k == "step_regression" and d.get("reference") == "warm_up_steps"]
     assert fired == []
+
+
+def _falling(shape: str, n: int, length: int = 40) -> np.ndarray:
+    """A 2x -> 1x warm-down over ``length`` steps from step 1, then flat: ``"linear"``, ``"exponential"`` (time
+    constant a third of its length) or ``"stepped"`` (blocks of 8 steps, 2.0, 1.8, ..., 1.2)."""
+    t = np.arange(n, dtype=np.float64)
+    if shape == "linear":
+        return np.where(t < length, 2.0 - t / length, 1.0)
+    if shape == "exponential":
+        return 1.0 + np.exp(-t / (length / 3.0))
+    return np.where(t < length, 2.0 - np.floor(t / 8.0) / (length / 8.0), 1.0)
+
+
+def _fall_case(onset: int, shape: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng([3100, onset, ("linear", "exponential", "stepped").index(shape), seed])
+    cv = float(rng.uniform(0.01, 0.10))
+    return 0.2 * _falling(shape, 400) * np.maximum(0.2, 1.0 + cv * rng.standard_normal(400))
+
+
+def test_a_change_during_a_warm_up_that_falls_is_found_and_the_warm_down_alone_is_quiet() -> None:
+    """1.3x from step 12, 20, 30 or 40 of a 2x -> 1x warm-down over 40 steps (linear, exponential, stepped in blocks
+    of 8), 1-10 % noise, two seeds each (24 series; the first 10 steps dropped as warm-up, as ``JobDetector`` does):
+    the warm-down gives no flat level before the change and no plateau, and the change was learned as part of the
+    fall: found (reported within 150 steps of the onset) in 4 of 24 before, 16 now (``reference "warm_up_fall"``,
+    ``regression._fall_split``: onset within 1 step, +20-45 % for +30 %; none before the onset); the same series
+    without the change, and 60 stepped warm-downs of 1.5-8x (2-6 blocks of 3-11 steps, 1-20 % noise): no report."""
+    found, quiet = 0, []
+    for onset, shape, seed in itertools.product((12, 20, 30, 40), ("linear", "exponential", "stepped"), range(2)):
+        x = _fall_case(onset, shape, seed)
+        quiet += [(onset, shape, seed, s, k) for s, k, _, _ in _with_warm_up(x) if k in ("step_regression", "drift")]
+        x[onset - 1:] *= 1.3
+        regs = [(s, m, d) for s, k, m, d in _with_warm_up(x) if k == "step_regression"]
+        assert all(s >= onset for s, _, _ in regs), (onset, shape, seed, regs)
+        if regs and regs[0][0] <= onset + 150:
+            s, mag, d = regs[0]
+            if d.get("reference") == "warm_up_fall":
+                assert abs(d["first_step"] - onset) <= 1 and 0.2 <= mag <= 0.45, (onset, shape, seed, regs[0])
+            found += 1
+    for seed in range(60):
+        rng = np.random.default_rng([9400, seed])
+        fall, blocks, length = float(np.exp(rng.uniform(np.log(1.5), np.log(8.0)))), int(rng.integers(2, 7)), \
+            int(rng.integers(3, 12))
+        level = np.ones(300)
+        for b in range(blocks):
+            level[b * length:(b + 1) * length] = fall ** (1.0 - b / blocks)
+        x = level * np.maximum(0.2, 1.0 + float(rng.uniform(0.01, 0.20)) * rng.standard_normal(300))
+        quiet += [("stepped", seed, s, k) for s, k, _, _ in _with_warm_up(x) if k in ("step_regression", "drift")]
+    assert quiet == []
+    assert found >= 16, found
+
+
+def test_a_change_right_after_warm_up_steps_is_found_when_an_interruption_entered_the_learned_steps() -> None:
+    """As above, the interruption (1-3 steps at 3-8x) at steps 22-30, before the spike screen of ``_learn`` starts
+    (the baseline holds ``PROVISIONAL_MIN`` values): it entered the learned steps, and the split against the warm-up
+    steps failed its rules, so 1.3x and 3x from steps 12-13 (1.5-8 % noise, 24 series) were found in 0 before. The
+    learned steps are now screened by a running median (``regression._unscreened``) before that split: 21 found
+    (onset within a step, reported within 60 steps), and the same jobs without a change: no report."""
+    found, false = 0, []
+    for seed in range(24):
+        rng = np.random.default_rng([3300, seed])
+        cv, factor, onset = float(rng.uniform(0.015, 0.08)), float(rng.choice([1.3, 3.0])), int(rng.integers(12, 14))
+        at, length = int(rng.integers(22, 31)), int(rng.integers(1, 4))
+        x = 0.18 * np.maximum(0.2, 1.0 + cv * rng.standard_normal(400))
+        x[at - 1:at - 1 + length] *= float(rng.uniform(3.0, 8.0))
+        false += [(seed, s) for s, k, _, _ in _with_warm_up(x) if k in ("step_regression", "drift")]
+        x[onset - 1:] *= factor
+        regs = [(s, m, d) for s, k, m, d in _with_warm_up(x) if k == "step_regression"]
+        assert all(s >= onset for s, _, _ in regs), (seed, regs)
+        if regs and regs[0][0] <= onset + 60 and abs(regs[0][2]["first_step"] - onset) <= 1:
+            assert regs[0][1] == pytest.approx(factor - 1.0, rel=0.3), (seed, regs[0])
+            found += 1
+    assert false == []
+    assert found >= 21, found
+
+
+def _blocks(x: np.ndarray, per: int = 4) -> list[tuple[int, str, float, dict[str, Any]]]:
+    """Feed ``x`` as values of blocks of ``per`` fast steps (step ``per * (i + 1)``), the first 12 steps dropped as
+    warm-up, as ``JobDetector`` does for fast steps."""
+    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 200)
+    out: list[tuple[int, str, float, dict[str, Any]]] = []
+    for i, v in enumerate(x.tolist()):
+        step = per * (i + 1)
+        for a in det.on_step(FinalizedStep(step, v, 0, 4, None, "warmup" if step <= 12 else None, None, per)):
+            out.append((a.step, a.kind, a.magnitude, a.detail))
+    return out
+
+
+def _rising_blocks(seed: int) -> tuple[np.ndarray, int]:
+    rng = np.random.default_rng([3500, seed])
+    low, length, cv = float(rng.uniform(0.3, 0.5)), int(rng.integers(40, 56)), float(rng.uniform(0.025, 0.045))
+    steps = 4 * np.arange(1, 376)
+    level = np.where(steps < length, low + (1.0 - low) * steps / length, 1.0)
+    x = 0.018 * level * np.maximum(0.2, 1.0 + cv * rng.standard_normal(steps.size))
+    return x, int(rng.integers(60, 72))
+
+
+def test_a_change_after_a_rising_warm_up_of_fast_step_blocks_is_found() -> None:
+    """18 ms steps in blocks of 4 (``steps`` 4 a value), a warm-up rising from 0.3-0.5x over 40-55 steps, 2.5-4.5 %
+    block noise, then 1.3x from step 60-71 (``bench/bench_corpus.py`` seed 35, ``warmup_up`` run 6 is one of these:
+    1.3x at step 66, lost). The first learning's 46 values span 184 steps, so it was never within
+    ``SETTLE_MAX_STEPS`` (150) of the start and the stepped warm-up curve (``_curve_split``) was never tried; and
+    where it is, the step may fall just short of its evidence (run 6: 24.1 noise variances of 25). Now the curve's
+    knee must be young, and a step within ``CURVE_RECHECK_NEAR`` of its evidence is tried again on the next
+    ``CURVE_RECHECK_VALUES`` values: 12 series, found 1 before, 3 now (``reference "warm_up_curve"``, onset within 8
+    steps, +25-40 %); the same warm-ups without the change: no report. Most stay lost: their learned steps start on
+    the rise, and its curve explains the change as well."""
+    found, quiet = 0, []
+    for seed in range(12):
+        x, onset = _rising_blocks(seed)
+        quiet += [(seed, s, k) for s, k, _, _ in _blocks(x) if k in ("step_regression", "drift")]
+        x[onset // 4:] *= 1.3
+        regs = [(s, m, d) for s, k, m, d in _blocks(x) if k == "step_regression"]
+        assert all(s >= onset for s, _, _ in regs), (seed, regs)
+        if regs and regs[0][0] <= onset + 300:
+            _, mag, d = regs[0]
+            assert d["reference"] == "warm_up_curve" and abs(d["first_step"] - onset) <= 8, (seed, regs[0])
+            assert 0.25 <= mag <= 0.4, (seed, regs[0])
+            found += 1
+    assert quiet == []
+    assert found >= 3, found

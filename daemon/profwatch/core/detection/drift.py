@@ -307,3 +307,67 @@ def trend_z(values: np.ndarray) -> float:
     i, j = np.triu_indices(n, 1)
     s = float(np.sign(y[j] - y[i]).sum())
     return s / math.sqrt(n * (n - 1) * (2 * n + 5) / 18.0)
+
+
+def _falling_fit(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Least-squares non-increasing fit of ``y`` (oldest first) by pool-adjacent-violators (Ayer et al., Ann. Math.
+    Statist. 26:641, 1955; Barlow et al., "Statistical inference under order restrictions", 1972): the fitted
+    blocks' means and sizes (oldest first) and the residual sum of squares. ``y`` non-empty, finite."""
+    means: list[float] = []
+    sizes: list[int] = []
+    for v in y.tolist():
+        m, n = float(v), 1
+        while means and means[-1] < m:  # an increase violates the order: pool it with the block before
+            pm, pn = means.pop(), sizes.pop()
+            m, n = (pm * pn + m * n) / (pn + n), pn + n
+        means.append(m)
+        sizes.append(n)
+    mean_arr = np.asarray(means, dtype=np.float64)
+    size_arr = np.asarray(sizes, dtype=np.int64)
+    fit = np.repeat(mean_arr, size_arr)
+    return mean_arr, size_arr, float(np.sum((y - fit) ** 2))
+
+
+class RiseOnFall(NamedTuple):
+    """A jump up inside a falling series (:func:`rise_on_fall`). ``k``: the index where the later part begins;
+    ``gain``: how much better two falling parts explain the series than one (residual sum, in the series' units
+    squared); ``jump``: the later part's first fitted level minus the earlier part's last one (in the series'
+    units, > 0); ``n_before`` / ``n_after``: the sizes of those two fitted blocks (a jump's standard error is
+    ``noise * sqrt(1 / n_before + 1 / n_after)``); ``fall``: the earlier part's fitted drop, first block to last
+    (>= 0); ``before``: the earlier part's last fitted level."""
+
+    k: int
+    gain: float
+    jump: float
+    n_before: int
+    n_after: int
+    fall: float
+    before: float
+
+
+def rise_on_fall(logs: np.ndarray, k_lo: int, k_hi: int) -> RiseOnFall | None:
+    """The best single jump up in a series that otherwise only falls (``logs``: log step times, oldest first): for
+    each split ``k_lo <= k <= k_hi`` the series is fitted by one non-increasing curve and by two, one each side of
+    ``k`` (:func:`_falling_fit`, isotonic regression; no shape assumed, so a linear, exponential or stepped
+    warm-down fits alike), and the split with the largest reduction of the residual sum that jumps up at ``k`` is
+    returned; None when no split in range jumps up or the range is empty. A warm-down with a change during it (a
+    1.3x job-wide slowdown 2-30 steps into a 2x -> 1x fall) is one such jump; a healthy warm-down is one falling
+    curve, where a split gains only by chance (for Gaussian noise the isotonic fit's gain over a level grows like
+    the harmonic sum, ~ln n noise variances; the split's gain is bounded in :data:`~profwatch.core.detection.
+    regression.FALL_JUMP_EVIDENCE` noise variances by its caller). Bounds: ``gain >= 0``, ``jump > 0``,
+    ``1 <= n_before <= k``, ``1 <= n_after <= len(logs) - k``. Pure; O(n^2) for n values (called once per
+    learning, n <= 128)."""
+    n = logs.size
+    k_lo, k_hi = max(1, k_lo), min(n - 1, k_hi)
+    if k_lo > k_hi or not np.all(np.isfinite(logs)):
+        return None
+    whole = _falling_fit(logs)[2]
+    best: RiseOnFall | None = None
+    for k in range(k_lo, k_hi + 1):
+        bm, bs, b_sse = _falling_fit(logs[:k])
+        am, as_, a_sse = _falling_fit(logs[k:])
+        jump = float(am[0] - bm[-1])
+        gain = max(0.0, whole - b_sse - a_sse)
+        if jump > 0.0 and (best is None or gain > best.gain):
+            best = RiseOnFall(k, gain, jump, int(bs[-1]), int(as_[0]), float(bm[0] - bm[-1]), float(bm[-1]))
+    return best

@@ -15,6 +15,7 @@ from profwatch.core.detection.baseline import RobustBaseline, theil_sen
 from profwatch.core.detection.drift import (
     DriftTracker,
     ramp_evidence,
+    rise_on_fall,
     trend_z,
     warm_up_split_null,
     warm_up_sse,
@@ -101,7 +102,8 @@ fired on its first 2-4 steps and measured a level it had not reached, and the re
 against that level (a +66 % change that ramps in over 5 steps, 5 % heavy-tailed noise: a second report in 8 of 20
 seeds). A run that was flat at the fire (a sudden change) keeps the level it measured: a further change soon after is
 still its own report."""
-_NOT_EXCURSIONS = ("provisional", "learned_steps", "warm_up_line", "previous_generation", "warm_up_steps")
+_NOT_EXCURSIONS = ("provisional", "learned_steps", "warm_up_line", "previous_generation", "warm_up_steps",
+                   "warm_up_fall")
 """``detail.reference`` of the level reports that rest on no spike steps held out: never watched for their return
 (:class:`~profwatch.core.detection.interruptions.RecurringInterruptions`). A +12-15 % change during the first
 learning, reported from the learned steps, was reported again 12-20 steps later as a new level over the one before
@@ -244,6 +246,48 @@ level it starts at (:meth:`StepTimeRegressionDetector._warm_agrees`): a requeue 
 1.72x change at its 12th step had one measured step at the old level (10 warm-up steps excluded), short of
 :data:`PRIOR_CONFIRM_VALUES`, and the change was learned as its normal (``bench/bench_corpus.py`` seed 32,
 ``requeue`` run 14)."""
+CURVE_RECHECK_NEAR = 0.9
+"""A first learning's stepped warm-up curve (:meth:`StepTimeRegressionDetector._curve_split`) whose step explained the
+steps within this fraction of :data:`LEARNED_STEP_EVIDENCE` (and no other split was a change) is tried again on the
+next :data:`CURVE_RECHECK_VALUES` values (:meth:`StepTimeRegressionDetector._curve_recheck_step`). Floor 0.9 (a few
+more looks at the same evidence, only where the step was nearly shown), bound 1."""
+CURVE_RECHECK_VALUES = 8
+"""Values after the end of a first learning over which a nearly shown step on the warm-up curve is tried again
+(:data:`CURVE_RECHECK_NEAR`); floor 1, bound :data:`LEARNED_STEP_MIN_AFTER` (as many as a split's later part needs:
+more looks would test a level the baseline has since learned)."""
+SCREEN_HALF_WINDOW = 4
+"""Half the window of the running median that screens interruptions out of a generation's first learned steps before
+their split against the warm-up steps (:meth:`StepTimeRegressionDetector._unscreened`): runs of at most this many
+values far over it are held out (a checkpoint or evaluation: 1-5 steps in ``bench/bench_corpus.py``); longer ones are
+a level. Floor 1 (a window of 3), bound ``LEARNED_STEP_MIN_AFTER / 2`` (a level the split may report is never
+screened)."""
+FALL_JUMP_EVIDENCE = 25.0
+"""A jump up inside a generation's first steps that otherwise fall (warm-up steps and first learned steps,
+:meth:`StepTimeRegressionDetector._fall_split`) is a change when two falling curves, one each side of it, explain the
+log step times better than one falling curve by this many noise variances (as :data:`LEARNED_STEP_EVIDENCE`: a
+log-likelihood ratio of 12.5). Floor 25, bound none needed: the isotonic fits' own chance gain over one curve is about
+the harmonic sum (``ln n``, under 6 variances for 128 values; Barlow et al. 1972, ch. 3), and the best of up to 120
+splits of a healthy warm-down (1.5-20x, 5-60 steps, 1-20 % noise, tests/unit/test_warm_up_changes.py) stays under it.
+A 1.3x slowdown 2-30 steps into a 2x -> 1x fall (1-10 % noise) was learned as part of the warm-down: 20 of 24 lost."""
+FALL_JUMP_SIDE_STEPS = 4
+"""Measured steps each side of a jump up inside a warm-down whose medians must differ by ``min_effect`` plus
+:data:`EFFECT_Z` standard errors (:meth:`StepTimeRegressionDetector._fall_split`): the isotonic fits' boundary blocks
+may be single steps, and one chance low step before a healthy warm-down's end (16 % noise) was read as a jump of
++111 % (``tests/unit/test_regression.py``, warm-downs alone, seed 59). Floor 3 (a median of fewer is one step), bound
+``LEARNED_STEP_MIN_AFTER`` (the later part's least size); 4: the 1.3x changes of
+``tests/unit/test_warm_up_changes.py`` keep 16 of 24 found (17 with the fitted blocks alone)."""
+FALL_JUMP_NOISE_MAX = 0.15
+"""Bound on the relative noise (of log step time, from successive differences) at which
+:meth:`StepTimeRegressionDetector._fall_split` judges a jump: above it some 50 first steps cannot tell a jump from a
+steep fall's own wobble (simulated healthy warm-downs, 350 series at 1-20 % noise, linear, exponential and stepped:
+the chance jumps that passed every other rule were at 16-19 % noise; 0 of 350 pass with this bound, while 1.3x
+changes at up to 10 % noise are found)."""
+FALL_JUMP_MIN_FALL = 0.1
+"""Least fall (log step time: the median of a series' first :data:`LEARNED_STEP_MIN_AFTER` steps over its last's,
+beyond :data:`EFFECT_Z` standard errors; floor: ``min_effect`` when larger) for steps with a jump up inside them to
+count as a warm-down (:meth:`StepTimeRegressionDetector._fall_split`): a flat level's jump is the two-level split's
+(:meth:`StepTimeRegressionDetector._split`), with its own rules (a flat series at 5 % noise, its isotonic fit's first
+block a chance high, was read as a fall with a jump: ``tests/unit/test_regression.py`` seed 29, +24 %)."""
 FALL_SPLIT_BEFORE = 3
 """Most values before the fall that a speedup's lower CUSUM run may begin with (:func:`fallen_level`): the chance
 low steps before the speedup that started it. A split anywhere in a run down a slow decline picked its last,
@@ -530,10 +574,14 @@ class StepTimeRegressionDetector:
                          "relearn_while_learning": 0, "drift_reports": 0, "drift_onsets": 0, "unmeasured": 0,
                          "warmup_restarts": 0, "warmup_rebases": 0}
         self._checked_learned = not first_learning_checks
+        self._curve_recheck = 0  # values left to try the stepped warm-up curve again (_curve_recheck_step)
+        self._curve_near = 0.0
         """Whether this generation's first learned steps were checked for a change (:meth:`_learned_step`)."""
         self._settle_restarts: int | None = 0 if first_learning_checks else None
         """Warm-up restarts of this generation's first learning (:meth:`_settled`); None once it settled."""
         self._recent: deque[float] = deque(maxlen=RAMP_WINDOW)
+        # the learned steps with the steps held out as a fall while learning (_fall_split)
+        self._fall_seq: deque[float] = deque(maxlen=RAMP_WINDOW)
         self._recent_steps: deque[int] = deque(maxlen=RAMP_WINDOW)
         """The step of each value :meth:`_learn` pushed as measured since the last (re-)learn: when it is as long as
         :attr:`_recent` (nothing else pushed), the steps of the learned values, whatever the screen held out."""
@@ -593,6 +641,7 @@ class StepTimeRegressionDetector:
         self._from_start = True
         self._settle_restarts = 0 if self.first_learning_checks else None
         self._checked_learned = not self.first_learning_checks
+        self._curve_recheck = 0
         self.drift.reset()
         self.spikes.reset()
         self.recurring.reset()
@@ -665,8 +714,10 @@ class StepTimeRegressionDetector:
 
     def _relearn(self) -> None:
         self._from_start = False
+        self._curve_recheck = 0
         self._base.clear()
         self._recent.clear()
+        self._fall_seq.clear()
         self._recent_steps.clear()
         self._ramp_step = None
         self._trending = False
@@ -752,6 +803,10 @@ class StepTimeRegressionDetector:
         if n < s.min_baseline_steps:
             a = self._learn(step, x)
             return [a] if a is not None else []
+        if self._curve_recheck > 0:
+            a = self._curve_recheck_step(step, x)
+            if a is not None:
+                return [a]
         mu, noise = self._noise()
         if (self._base.slope != 0.0) != self._trending:  # the baseline's line now follows a trend (or no more):
             self._trending = self._base.slope != 0.0       # what S+ and S- summed was measured against another line
@@ -880,14 +935,22 @@ class StepTimeRegressionDetector:
             if rel <= 1.0 / (1.0 + self.settings.spike_min_effect) - 1.0 and z <= -self.settings.spike_z:
                 self._learn_rise.clear()
                 self._learn_fall.append(x)
+                self._fall_seq.append(x)
                 if len(self._learn_fall) <= hold:
                     return None
                 self.counters["relearn_while_learning"] += 1
                 fallen = list(self._learn_fall)
+                # a warm-down with a jump up inside it: the fall below the young baseline came after the jump (a
+                # 1.3x change at a stepped warm-down's last block, the fall then restarted learning past it)
+                jumped = self._fall_split()
+                if jumped is not None:
+                    k, mag, noise_k, before_s = jumped
+                    return self._fire_split(fs, list(self._fall_seq), k, mag, before_s, noise_k, "warm_up_fall")
                 self._relearn()
                 for v in fallen:
                     self._base.push(v)
                     self._recent.append(v)
+                    self._fall_seq.append(v)
                 return None
         self._learn_rise.clear()
         self._learn_fall.clear()
@@ -895,6 +958,7 @@ class StepTimeRegressionDetector:
             self._first_learned = step
         self._base.push(x)
         self._recent.append(x)
+        self._fall_seq.append(x)
         self._recent_steps.append(step)
         if len(self._base) >= self.settings.min_baseline_steps:
             if not self._interim_spikes:  # else it ends with the episode held against it (on_step)
@@ -933,6 +997,7 @@ class StepTimeRegressionDetector:
         for v in risen:
             self._base.push(v)
             self._recent.append(v)
+            self._fall_seq.append(v)
         return a
 
     def _jump_off_warm_up(self, risen: list[float], noise: float) -> tuple[int, float, float] | None:
@@ -992,6 +1057,7 @@ class StepTimeRegressionDetector:
             for v in after:
                 self._base.push(v)
                 self._recent.append(v)
+                self._fall_seq.append(v)
             self._prov = [(st, v) for st, v in self._prov[k:]]
             return a
         return None
@@ -1022,6 +1088,9 @@ class StepTimeRegressionDetector:
         flat = y[min(y.size - 1 - knee, y.size - RECENT_FLOOR_VALUES):] if knee >= 0 else y[y.size // 2:]
         warm = (gain >= WARMUP_EVIDENCE * noise * noise and float(np.median(flat)) / mu - 1.0
                 >= EFFECT_Z * noise * math.sqrt(math.pi / (2.0 * flat.size) + 1.0 / y.size))
+        if self._young() and self._fall_split() is not None:
+            self._settle_restarts = None  # a jump up inside a warm-down: _learned_step reports it
+            return True
         if not warm and self._young():
             fell = self._fallen_flat(y, rel, noise)
             if fell is not None:  # a warm-up that fell: the level is its flat end's, not the learned steps'
@@ -1110,6 +1179,7 @@ class StepTimeRegressionDetector:
         for v in values:
             self._base.push(v)
             self._recent.append(v)
+            self._fall_seq.append(v)
 
     def _young(self) -> bool:
         """Whether the generation is at most :data:`SETTLE_MAX_STEPS` steps old (steps, not values: blocks of fast
@@ -1185,13 +1255,85 @@ class StepTimeRegressionDetector:
             split, reference = self._prior_split(y), "previous_generation"
         if split is None:
             split, reference = self._warm_split(y), "warm_up_steps"
+        first: int | None = None
+        if split is None:
+            keep = self._unscreened(y)
+            if keep is not None:  # interruptions the spike screen could not yet hold out hide no change before them
+                split = self._warm_split(y[keep])
+                if split is not None:
+                    kept = np.flatnonzero(keep)
+                    steps = self._recent_steps
+                    first = steps[int(kept[split[0]])] if len(steps) == y.size < RAMP_WINDOW else None
+                    y = y[keep]
         if split is None:
             split, reference = self._curve_split(y), "warm_up_curve"
+        if split is None:
+            split, reference = self._fall_split(), "warm_up_fall"
+            if split is not None:  # an index into the learned steps with the falls held out while learning
+                y = np.fromiter(self._fall_seq, dtype=np.float64, count=len(self._fall_seq))
         self.prior = None
         if split is None:
+            if self._curve_near >= CURVE_RECHECK_NEAR:  # the stepped curve was close: more values after the step
+                self._curve_recheck = CURVE_RECHECK_VALUES
             return None
         k, mag, noise, before = split
-        return self._fire_split(fs, y.tolist(), k, mag, before, noise, reference)
+        return self._fire_split(fs, y.tolist(), k, mag, before, noise, reference, first)
+
+    def _curve_recheck_step(self, fs: FinalizedStep, x: float) -> Anomaly | None:
+        """One of the :data:`CURVE_RECHECK_VALUES` values after a first learning whose stepped warm-up curve
+        (:meth:`_curve_split`) came within :data:`CURVE_RECHECK_NEAR` of its evidence: the learned steps with ``x``
+        (s) are tried again under every rule of :meth:`_curve_split` (its evidence unchanged), and a change is
+        reported as there (``reference "warm_up_curve"``, ``first_step`` counted back at the values' steps each). The
+        values after the step are what the evidence grows with: ``bench/bench_corpus.py`` seed 35, ``warmup_up`` run
+        6 (1.3x at step 66, 18 ms steps in blocks of 4) read 24.1 noise variances against the 25 needed at the end
+        of the learning, and was learned as normal."""
+        self._curve_recheck -= 1
+        y = np.asarray([*self._recent, x], dtype=np.float64)
+        split = self._curve_split(y)
+        if split is None:
+            return None
+        self._curve_recheck = 0
+        k, mag, noise, before = split
+        first = fs.step - (y.size - 1 - k) * self._steps_per_value
+        return self._fire_split(fs, y.tolist(), k, mag, before, noise, "warm_up_curve", first)
+
+    def _unscreened(self, y: np.ndarray) -> np.ndarray | None:
+        """The learned steps ``y`` (s, oldest first) that are no interruption: a mask keeping all but the runs of at
+        most :data:`SCREEN_HALF_WINDOW` values each at least ``1 + spike_min_effect`` times the median of the
+        ``2 * SCREEN_HALF_WINDOW + 1`` values around it (fewer at the ends) and ``spike_z`` noise deviations over it
+        (the noise: ``1.4826 MAD / sqrt(2)`` of successive differences of their logs, floored as :meth:`_noise`'s):
+        the spike screen of :meth:`_learn` starts only once the baseline holds :data:`PROVISIONAL_MIN` values, so a
+        checkpoint's 1-3 steps at 3-8x before it entered the learned steps, and a change at the first learned steps
+        was never split from the warm-up steps (1.3x and 3x from steps 12-13 with such an interruption at steps
+        22-30: 0 of 24 found). None when nothing is screened out. A running median of 9 values follows a step
+        change (a level lasting 5 values or more is no spike) and stays at the level under a run of 4 or fewer.
+        Pure. Tukey's running median (Tukey, "Exploratory Data Analysis", 1977), as a spike screen."""
+        n = y.size
+        if n < 2 * SCREEN_HALF_WINDOW + 1 or not np.all(y > 0.0):
+            return None
+        logs = np.log(y)
+        d = np.diff(logs)
+        noise = max(1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2.0), self.settings.noise_floor,
+                    MIN_NOISE)
+        h = SCREEN_HALF_WINDOW
+        med = np.asarray([float(np.median(logs[max(0, i - h):i + h + 1])) for i in range(n)])
+        rel = np.exp(logs - med) - 1.0
+        spike = (rel >= self.settings.spike_min_effect) & (rel / noise >= self.settings.spike_z)
+        if not spike.any():
+            return None
+        keep = ~spike
+        i = 0
+        while i < n:  # a run longer than the window's half is a level, not an interruption: kept
+            if spike[i]:
+                j = i
+                while j < n and spike[j]:
+                    j += 1
+                if j - i > h:
+                    keep[i:j] = True
+                i = j
+            else:
+                i += 1
+        return keep if not keep.all() else None
 
     def _warm_split(self, y: np.ndarray) -> tuple[int, float, float, float] | None:
         """A generation's first learned steps ``y`` (s, oldest first) split against the steps of its warm-up before
@@ -1238,17 +1380,24 @@ class StepTimeRegressionDetector:
         the flat steps after it and read +108 % (tests/unit/test_regression.py, a 20x warm-down). Returns ``(k, magnitude, noise, before_s)`` as
         :meth:`_split` (``before_s`` the plateau's level; the magnitude the later steps' geometric mean over it, on
         log step time), else None. Pure."""
-        if not self._young() or y.size < 2 * LEARNED_STEP_MIN_AFTER or not np.all(y > 0.0):
+        self._curve_near = 0.0
+        if y.size < 2 * LEARNED_STEP_MIN_AFTER or not np.all(y > 0.0):
             return None
         med = float(np.median(y))
         fit = warm_up_step(y / med - 1.0, LEARNED_STEP_MIN_AFTER, LEARNED_STEP_MIN_BEFORE - 1)
         if fit is None or not fit.step > 0.0 or not 1.0 + fit.plateau > 0.0:
+            return None
+        # the warm-up must have ended young (its knee within SETTLE_MAX_STEPS steps of the generation's start), not
+        # the learning: 46 blocks of 4 fast steps span 184 steps, so a block job's first learning never was young
+        knee_step = self._step_now - (y.size - 1 - fit.knee) * self._steps_per_value
+        if self._first_step is None or knee_step - self._first_step > SETTLE_MAX_STEPS:
             return None
         last = y[max(0, fit.k - CURVE_LAST_STEPS):fit.k]  # the steps just before, as measured (not the fit's line)
         if math.log(float(np.median(y[fit.k:])) / float(np.median(last))) < self.settings.min_effect:
             return None
         level = 1.0 + fit.plateau
         noise = max(math.sqrt(fit.sse / max(1, y.size - 5)), self.settings.noise_floor, MIN_NOISE)
+        self._curve_near = fit.gain / (LEARNED_STEP_EVIDENCE * noise * noise)
         mag = log_ratio_magnitude(float(np.log(y[fit.k:] / med).mean()) - math.log(level))
         se = noise * fit.step_se / level
         if (fit.gain < LEARNED_STEP_EVIDENCE * noise * noise or mag - EFFECT_Z * se < self.settings.min_effect):
@@ -1257,6 +1406,62 @@ class StepTimeRegressionDetector:
                                 or trend_z(y[fit.knee:fit.k]) >= EARLIER_RISE_Z):
             return None
         return fit.k, mag, noise, med * level
+
+    def _fall_split(self) -> tuple[int, float, float, float] | None:
+        """A jump up inside a warm-up that falls: a generation's first learned steps (s, oldest first, with the steps
+        :meth:`_learn` held out as a fall below the young baseline: :attr:`_fall_seq`; a stepped warm-down's last
+        block fell under it and the jump back up after it was learned as flat) after its warm-up steps (excluded from detection, the newest :data:`PRIOR_WARM_VALUES`), fitted on log step time by
+        one non-increasing curve and by two with a jump up between them (:func:`~profwatch.core.detection.drift.
+        rise_on_fall`, isotonic regression: any falling shape, linear, exponential or stepped). A slowdown during a
+        warm-down leaves no flat level before it (:meth:`_split`) and no plateau (:meth:`_curve_split`), so it was
+        learned as part of the fall (1.3x 2-30 steps into a 2x -> 1x fall: 20 of 24 lost). A change when the jump is
+        at or after the first learned step with :data:`LEARNED_STEP_MIN_AFTER` steps after it, the median of the series'
+        last :data:`LEARNED_STEP_MIN_AFTER` steps is under that of its first as many by ``max(FALL_JUMP_MIN_FALL,
+        min_effect)`` plus :data:`EFFECT_Z` standard errors of the two medians (on log step time: the job ends
+        faster than it began, a warm-down; a flat level's best split is :meth:`_split`'s), the two curves beat one by :data:`FALL_JUMP_EVIDENCE` noise
+        variances, the fitted jump exceeds ``log(1 + min_effect)`` by :data:`EFFECT_Z` standard errors of the two
+        fitted blocks it joins, and the median of the :data:`FALL_JUMP_SIDE_STEPS` steps after it is over that of
+        as many steps before it by ``min_effect`` plus :data:`EFFECT_Z` standard errors of the two medians, as measured
+        (a fitted block of one chance low step read a jump of +111 % on a healthy warm-down at 16 % noise). The noise is the steps' own, from successive differences of
+        their logs: the larger of ``1.4826 MAD / sqrt(2)`` and their root mean square over ``sqrt(2)`` without the
+        largest (the jump's), floored as :meth:`_noise`'s; above :data:`FALL_JUMP_NOISE_MAX` nothing is judged. Within :data:`SETTLE_MAX_STEPS` of the generation's start only. Returns
+        ``(k, magnitude, noise, before_s)`` as :meth:`_split` (``k`` an index into :attr:`_fall_seq`, ``before_s`` the fall's
+        fitted level just before the jump, the magnitude the fitted jump as a ratio on log step time), else None.
+        Pure. Our own rule (a likelihood-ratio split of order-restricted fits), stated here so it can be checked."""
+        y = np.fromiter(self._fall_seq, dtype=np.float64, count=len(self._fall_seq))
+        if not self._young() or y.size < LEARNED_STEP_MIN_AFTER + 1 or not np.all(y > 0.0):
+            return None
+        warm = np.asarray([v for v in self._warm_values if v > 0.0], dtype=np.float64)
+        logs = np.log(np.concatenate([warm, y]))
+        if not np.all(np.isfinite(logs)):
+            return None
+        d = np.diff(logs)
+        dev = np.sort(np.abs(d - np.median(d)))
+        own = 1.4826 * float(dev[dev.size // 2]) / math.sqrt(2.0)
+        # the plain deviation without the largest difference (the jump): the MAD alone read 7 % on a stepped
+        # warm-down at 14 % noise, and its chance jumps then beat one curve by 42 "variances"
+        plain = math.sqrt(float(np.mean(dev[:-1] ** 2)) / 2.0) if dev.size > 1 else own
+        noise = max(own, plain, self.settings.noise_floor, MIN_NOISE)
+        if noise > FALL_JUMP_NOISE_MAX:
+            return None
+        w = warm.size
+        found = rise_on_fall(logs, max(w, 2), logs.size - LEARNED_STEP_MIN_AFTER)
+        if found is None:
+            return None
+        need = math.log1p(self.settings.min_effect)
+        se = noise * math.sqrt(1.0 / found.n_before + 1.0 / found.n_after)
+        side = FALL_JUMP_SIDE_STEPS
+        last = logs[max(0, found.k - side):found.k]
+        first = logs[found.k:found.k + side]
+        measured = float(np.median(first) - np.median(last))
+        m = LEARNED_STEP_MIN_AFTER  # the series ends lower than it began: a warm-down, not a flat level's noise
+        fell = float(np.median(logs[:m]) - np.median(logs[-m:]))
+        if (fell < max(FALL_JUMP_MIN_FALL, need) + EFFECT_Z * MEDIAN_SE * noise * math.sqrt(2.0 / m)
+                or found.gain < FALL_JUMP_EVIDENCE * noise * noise
+                or found.jump - EFFECT_Z * se < need
+                or measured < need + EFFECT_Z * MEDIAN_SE * noise * math.sqrt(1.0 / last.size + 1.0 / first.size)):
+            return None
+        return found.k - w, log_ratio_magnitude(found.jump), noise, math.exp(found.before)
 
     def _past_prior(self, values: list[float]) -> bool:
         """Whether ``values`` (s) rose past the previous generation's level (:attr:`prior`) by ``min_effect`` (their
@@ -1327,7 +1532,7 @@ class StepTimeRegressionDetector:
         return True
 
     def _fire_split(self, fs: FinalizedStep, y: list[float], k: int, magnitude: float, before_s: float,
-                    noise: float, reference: str) -> Anomaly:
+                    noise: float, reference: str, first_step: int | None = None) -> Anomaly:
         """Report a change found while learning at ``y[k]`` (``y``: the learned steps, oldest first; ``before_s`` the
         level before it, s) as a ``pattern "level"`` report with ``reference``, then learn again from ``y[k:]``.
         ``first_step``: the step of ``y[k]`` where the learned values' steps are known (:attr:`_recent_steps`), else
@@ -1335,6 +1540,8 @@ class StepTimeRegressionDetector:
         after = y[k:]
         steps = self._recent_steps  # the learned values' own steps when y is they (held-out steps between them)
         first = steps[k] if len(steps) == len(y) == len(self._recent) < RAMP_WINDOW else fs.step - (len(y) - 1 - k)
+        if first_step is not None:  # the caller's (steps were screened out of ``y``)
+            first = first_step
         detail = {"pattern": "level", "learning": True, "reference": reference,
                   "first_step": first, "baseline_s": before_s, "noise": noise,
                   "step_time_s": before_s * (1.0 + magnitude), "steps": len(after), "baseline_values": k,
@@ -1343,6 +1550,7 @@ class StepTimeRegressionDetector:
         for v in after:
             self._base.push(v)
             self._recent.append(v)
+            self._fall_seq.append(v)
         return a
 
     def _split(self, y: np.ndarray, pseudo: int = 0,
@@ -1519,6 +1727,7 @@ class StepTimeRegressionDetector:
             self._run_reset()
         self._base.push(x)
         self._recent.append(x)
+        self._fall_seq.append(x)
         if self._s_hi > h * (1.0 + 1e-9):
             mean = log_ratio_magnitude(self._run_log / self._run_n)
             if mean + self.effect_z * noise / math.sqrt(self._run_n) >= s.min_effect and self._confirmed(mean, noise):
@@ -1793,9 +2002,11 @@ class StepTimeRegressionDetector:
         self._base.clear()
         self._base.prior_slope = slope
         self._recent.clear()
+        self._fall_seq.clear()
         for v in tail:
             self._base.push(v)
             self._recent.append(v)
+            self._fall_seq.append(v)
         self._s_hi = self._s_lo = 0.0
         self._run_reset()
         self.spikes.reset_episode()
