@@ -74,9 +74,6 @@ class RankingSettings(BaseModel):
     paired_max_ranks: int = Field(default=5, ge=0, le=64, description=(
         "Groups of at most this many compared ranks also get the paired test (each rank against its peers step by "
         "step, core/verdict/paired.py): below ~6 ranks the between-rank noise cannot be measured. 0 turns it off."))
-    paired_trim: float = Field(default=0.2, ge=0, le=0.25, description=(
-        "Fraction of steps cut from each end of a rank's per-step excesses in the paired test (a preempted step "
-        "moves neither its effect nor its noise)."))
     paired_tie_frac: float = Field(default=0.005, gt=0, le=0.5, description=(
         "Noise floor of the paired test: a step whose excess is within this fraction of a step of "
         "``min_effect_frac`` counts as a tie."))
@@ -153,7 +150,7 @@ def paired_tests(table: SignalTable, settings: RankingSettings) -> dict[int, dic
             values = [list(d.values()) for d in steps]
             own = [list(d).index(rank) for d in steps]
             test = permutation_test(values, own, delta=settings.min_effect_frac, tie=settings.paired_tie_frac,
-                                    alpha=alpha, trim=settings.paired_trim, signal=name)
+                                    alpha=alpha, signal=name)
             if test is not None:
                 out.setdefault(rank, {})[name] = test
     return out
@@ -507,14 +504,7 @@ def _judge_rank(batch: _BatchContext, rank: int) -> tuple[float, Suspect] | None
     z_needed = batch.z_base * (s.vote_z_relief if share >= 0.5 and n_votes > 0 else 1.0)
     z = {name: t.z[rank] for name, t in batch.tests.items() if rank in t.z}
     pooled = {name: vals[rank] for name, vals in batch.table.pooled.items() if rank in vals}
-    # a small group's own work and lateness are judged step by step (the paired test) once its steps can reach the
-    # level; with fewer steps the between-rank z stays, and only with the rank above the null in every step
-    # (docs/verdicts.md, "Small groups")
-    paired = batch.paired.get(rank, {})
-    passed = {name for name in z if z[name] >= z_needed and pooled.get(name, 0.0) >= s.min_effect_frac
-              and (not batch.paired or name not in PAIRED_SIGNALS or _few_steps_agree(paired.get(name)))}
-    by_pair = {name for name, t in paired.items() if t.decides and t.passed and t.effect >= s.min_effect_frac}
-    passed |= by_pair
+    passed, by_pair = _passed_signals(batch, rank, z, z_needed, pooled)
     folded = rank in batch.folded
     if folded:
         passed.add("link")
@@ -537,13 +527,34 @@ def _judge_rank(batch: _BatchContext, rank: int) -> tuple[float, Suspect] | None
     score = min(1.0, max(0.0, batch.w_e * e + batch.w_a * agree + batch.w_v * share))
     ev = _rank_evidence(batch, rank, kind, lead, z, z_needed, pooled, standing, n_votes, share, agree)
     if batch.paired.get(rank):
-        ev["paired"] = {name: t.to_json() for name, t in batch.paired[rank].items()}
-        ev["passed_by"] = {name: ("paired" if name in by_pair else "between_ranks" if name in z else "link")
-                           for name in sorted(passed)}
-        ev["test"] = "paired" if lead in by_pair else "between_ranks"
-        if by_pair:
-            ev["summary"] += "; " + _paired_text(batch.paired[rank][lead if lead in by_pair else min(by_pair)])
+        _add_paired_evidence(ev, batch.paired[rank], passed, by_pair, lead, z)
     return score, Suspect(rank, round(score, 4), kind, batch.hostnames.get(rank), ev, batch.dirs.get(rank))
+
+
+def _passed_signals(batch: _BatchContext, rank: int, z: Mapping[str, float], z_needed: float,
+                    pooled: Mapping[str, float]) -> tuple[set[str], set[str]]:
+    """The signals a rank passes, and those of them the paired test passed. A small group's own work and lateness
+    are judged step by step (the paired test) once its steps can reach the level; with fewer steps the between-rank
+    z stays, and only with the rank above the null in every step (docs/verdicts.md, "Small groups")."""
+    s = batch.settings
+    paired = batch.paired.get(rank, {})
+    passed = {name for name in z if z[name] >= z_needed and pooled.get(name, 0.0) >= s.min_effect_frac
+              and (not batch.paired or name not in PAIRED_SIGNALS or _few_steps_agree(paired.get(name)))}
+    by_pair = {name for name, t in paired.items() if t.decides and t.passed and t.effect >= s.min_effect_frac}
+    return passed | by_pair, by_pair
+
+
+def _add_paired_evidence(ev: dict[str, Any], tests: Mapping[str, PairedTest], passed: set[str], by_pair: set[str],
+                         lead: str, z: Mapping[str, float]) -> None:
+    """A small group's suspect's evidence: its paired tests (``paired``), which test passed each signal
+    (``passed_by``: ``paired``, ``between_ranks`` or ``link``), the test that named it (``test``) and, when the
+    paired test did, its clause in the summary."""
+    ev["paired"] = {name: t.to_json() for name, t in tests.items()}
+    ev["passed_by"] = {name: ("paired" if name in by_pair else "between_ranks" if name in z else "link")
+                       for name in sorted(passed)}
+    ev["test"] = "paired" if lead in by_pair else "between_ranks"
+    if by_pair:
+        ev["summary"] += "; " + _paired_text(tests[lead if lead in by_pair else min(by_pair)])
 
 
 def _few_steps_agree(test: PairedTest | None) -> bool:
@@ -553,13 +564,13 @@ def _few_steps_agree(test: PairedTest | None) -> bool:
 
 
 def _paired_text(test: PairedTest) -> str:
-    """The paired test's clause of a suspect's summary, e.g. ``step by step: peers waited for it +39.4% of the
-    step (trimmed mean of 10 steps, 2 cut at each end), above 1.5% in 8/10 steps: p 0.0004 where 0.0025 is
-    needed``."""
+    """The paired test's clause of a suspect's summary, e.g. ``step by step: peers waited for it +36.2% of the
+    step (mean of 10 steps), above 1.5% in 8/10 steps: p 0.00025 where 0.0025 is needed (within-step permutation
+    test, 4 ranks)``."""
     what = "its own work exceeded its peers' by" if test.signal == "own" else "peers waited for it"
-    return (f"step by step: {what} {100 * test.effect:+.1f}% of the step (trimmed mean of {test.steps} steps, "
-            f"{test.trimmed} cut at each end), above {100 * test.delta:.1f}% in {test.positive}/{test.steps} steps: "
-            f"p {test.p:.2g} where {test.alpha:.2g} is needed (within-step permutation test, {test.ranks} ranks)")
+    return (f"step by step: {what} {100 * test.effect:+.1f}% of the step (mean of {test.steps} steps), above "
+            f"{100 * test.delta:.1f}% in {test.positive}/{test.steps} steps: p {test.p:.2g} where {test.alpha:.2g} "
+            f"is needed (within-step permutation test, {test.ranks} ranks)")
 
 
 def _vote_only_suspect(batch: _BatchContext, rank: int, n_votes: int, share: float) -> tuple[float, Suspect] | None:
