@@ -222,3 +222,20 @@ def test_the_live_serving_pair_traces(tmp_path: Path) -> None:
     assert ranks == [1] and tests[1]["late"]["passed"] and tests[1]["late"]["p"] < 0.001
     ranks, tests = verdict_of("probe4")
     assert ranks == [] and tests[1]["late"]["decides"] is False and tests[1]["late"]["min_p"] == 0.0625
+
+
+def test_a_no_suspect_note_gives_the_named_ranks_step_by_step_evidence() -> None:
+    """A pair's 4 steps (``tests/data/live_serving_tp/probe4``'s shape): the note says what the step-by-step test
+    saw and that 4 steps cannot reach its level."""
+    from profwatch.analysis.result import armed_for_note
+
+    rows: list[RankStepSummary] = []
+    for s, (w0, w1) in enumerate([(10e3, 14e3), (12e3, 15e3), (9e3, 8e3), (11e3, 16e3)]):
+        last = max(w0, w1)
+        rows += [RankStepSummary(0, s, last + 500, w0, last - w0 + 500, last - w0, 500, 0.0),
+                 RankStepSummary(1, s, last + 500, w1, last - w1 + 500, last - w1, 500, 0.0)]
+    verdict = judge_batch(ClusterEvidence(kind="torch_pt", summaries=rows))
+    assert verdict.suspects == []
+    note = armed_for_note("rank_outlier +30% at step 50 ranks [1]", verdict.near_misses)
+    assert "which this capture does not confirm at its noise: rank 1:" in note
+    assert "; step by step p 0.12 where 0.005 is needed (its 4 steps give at best 0.062)" in note, note
