@@ -187,14 +187,14 @@ def test_a_change_against_the_previous_generation_names_the_requeue_in_its_captu
 
 
 @pytest.mark.parametrize(("world", "rank_list", "active", "planned"),
-                         [(2, None, 12, 10), (3, None, 12, 10), (4, None, 4, 4), (64, (3, 9), 12, 10),
+                         [(2, None, 12, 10), (3, None, 12, 10), (4, None, 12, 10), (5, None, 4, 4), (64, (3, 9), 12, 10),
                           (64, (3,), 4, 4), (None, None, 4, 4)])
 def test_a_capture_of_a_small_group_records_more_steps_up_to_max_active(
         world: int | None, rank_list: tuple[int, ...] | None, active: int, planned: int) -> None:
-    """A two- or three-rank group's verdict compares each rank with one or two others over the captured steps (a
-    lockstep TP pair's late z was 1.96 over 4 steps, 11-15 over 17-20): a capture covering 2-3 ranks records
-    ``small_group_active`` steps, capped at ``[capture] max_active``; one rank, a larger group or an unknown world
-    size keeps ``active``."""
+    """A group of 2-4 ranks is judged step by step, which needs 5-8 steps to decide (a lockstep TP pair's late z was
+    1.96 over 4 steps, 11-15 over 17-20): a capture covering 2-4 ranks records ``small_group_active`` steps, capped
+    at ``[capture] max_active``; one rank, a larger group (5 ranks decide at 4 steps) or an unknown world size keeps
+    ``active``."""
     from profwatch.core.arming.targeting import JobTopology
 
     topo = JobTopology(world, {r: f"h{r // 8}" for r in range(world)}) if world is not None else None

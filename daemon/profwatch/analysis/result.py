@@ -307,14 +307,21 @@ def _named_in_reason(reason: str) -> list[int]:
 def _near_miss_text(near: Mapping[str, Any]) -> str:
     """One named rank's evidence from :func:`~profwatch.core.verdict.ranking.find_near_misses`, e.g. ``rank 1: own
     work +26.6% of the step over 10 steps, z 3.46 where 4.00 is needed (step-to-step noise 26.3% of a step, 8.30%
-    on its pooled value)``."""
+    on its pooled value)``; in a small group also its step-by-step test (``near["paired"]``, docs/verdicts.md "Small
+    groups"), e.g. ``; step by step p 0.016 where 0.005 is needed (its 8 steps give at best 0.0078)``."""
     what = _SIGNAL_WORDS.get(str(near["signal"]), str(near["signal"]))
     z, need = float(near["z"]), float(near["z_needed"])
     verdict = (f"z {z:.2f} where {need:.2f} is needed" if z < need
                else f"z {z:.2f} ({need:.2f} needed) but not named by the other rules (effect size, consistency)")
-    return (f"rank {near['rank']}: {what} +{100 * float(near['effect_frac']):.1f}% of the step over {near['steps']} "
+    text = (f"rank {near['rank']}: {what} +{100 * float(near['effect_frac']):.1f}% of the step over {near['steps']} "
             f"steps, {verdict} (step-to-step noise {100 * float(near['within_sigma_frac']):.1f}% of a step, "
             f"{100 * float(near['noise_sigma_frac']):.2f}% on its pooled value)")
+    paired = near.get("paired")
+    if isinstance(paired, Mapping):
+        text += f"; step by step p {float(paired['p']):.2g} where {float(paired['alpha']):.2g} is needed"
+        if not paired.get("decides", True):
+            text += f" (its {paired['steps']} steps give at best {float(paired['min_p']):.2g})"
+    return text
 
 
 def armed_for_note(capture_reason: str | None, near_misses: Sequence[Mapping[str, Any]] = ()) -> str:

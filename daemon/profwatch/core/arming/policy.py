@@ -147,14 +147,14 @@ def capture_coverage(ranks: tuple[int, ...], topology: JobTopology | None, setti
     return target, rank_list, estimate_capture_bytes(covered, active, per_rank)
 
 
-SMALL_GROUP_RANKS = 3
+SMALL_GROUP_RANKS = 4
 """A capture covering at most this many ranks records ``[arming] small_group_active`` steps (when more than
-``active``). The verdict's late-arrival and own-work signals compare each rank with the others' median over the
-captured steps; with two ranks the late signal is exactly opposite for the pair, so its robust z behaves like a t
-statistic whose degrees of freedom are the captured steps less one. Measured on the live serving loop's lockstep TP
-pair (tests/data/live_serving_tp, rank 1 +30 %): 4 captured steps gave z 1.96 (named nobody, ``min_robust_z`` 4),
-17-20 steps z 11-15 (rank 1 named). A group this small writes little: 3 ranks x 12 steps is what one rank of a
-4-rank capture of 9 steps writes."""
+``active``). The verdict judges a group of 2-5 ranks step by step (``daemon/profwatch/core/verdict/paired.py``: each
+rank's per-step excess over its peers, a within-step permutation test), whose smallest p-value is ``N^-steps``: at
+1 % over the group's ranks a pair needs 8 steps, a trio 6, a group of 4 ranks 5 (5 ranks decide at the default 4).
+Measured on the live serving loop's lockstep TP pair (tests/data/live_serving_tp, rank 1 +30 %): 4 captured steps gave
+the between-rank z 1.96 (named nobody), 17-20 steps z 11-15 (rank 1 named). A group this small writes little: 4 ranks
+x 10 steps is what one rank of an 8-rank capture of 5 steps writes."""
 
 
 def window_active(settings: ArmingSettings, rank_list: tuple[int, ...] | None, topology: JobTopology | None) -> int:

@@ -31,6 +31,7 @@ from profwatch.core.verdict.impact import (
     to_impact,
 )
 from profwatch.core.verdict.links import LinkFindings, LinkSettings, find_slow_links
+from profwatch.core.verdict.paired import PAIRED_SIGNALS, PairedTest, peer_differences, permutation_test
 from profwatch.core.verdict.robust import OutlierTest, median, upper_outliers
 from profwatch.core.verdict.signals import SignalTable, measure_signals, parse_link_rows
 
@@ -70,6 +71,12 @@ class RankingSettings(BaseModel):
         "A rank holding at least half of all slow_rank votes needs only this fraction of ``min_robust_z``."))
     max_suspects: int = Field(default=8, ge=1, description=(
         "most suspect ranks a verdict names (by saving, then score)"))
+    paired_max_ranks: int = Field(default=5, ge=0, le=64, description=(
+        "Groups of at most this many compared ranks also get the paired test (each rank against its peers step by "
+        "step, core/verdict/paired.py): below ~6 ranks the between-rank noise cannot be measured. 0 turns it off."))
+    paired_tie_frac: float = Field(default=0.005, gt=0, le=0.5, description=(
+        "Noise floor of the paired test: a step whose excess is within this fraction of a step of "
+        "``min_effect_frac`` counts as a tie."))
     links: LinkSettings = Field(default_factory=lambda: LinkSettings())
 
 
@@ -120,6 +127,33 @@ def _noise_tests(table: SignalTable, settings: RankingSettings) -> dict[str, Out
         floor = max(settings.min_sigma_frac, within / math.sqrt(max(1.0, steps)))
         tests[name] = upper_outliers(pooled, candidate_z=settings.candidate_z, sigma_floor=floor, final_sd=True)
     return tests
+
+
+def paired_tests(table: SignalTable, settings: RankingSettings) -> dict[int, dict[str, PairedTest]]:
+    """rank -> signal -> :func:`~profwatch.core.verdict.paired.permutation_test` of its per-step excess over its
+    peers' mean, in a group of 2 to ``paired_max_ranks`` compared ranks (else ``{}``); only ranks with a positive
+    excess in some step are tested (the others cannot pass). The null is an excess of ``min_effect_frac``; the
+    level is ``family_alpha`` over the ranks (Bonferroni), per signal as the between-rank test's. Steps where a rank
+    is missing are left out of its test. O(min(N^S, DRAWS) x S log S) per rank tested.
+    """
+    n_ranks = len(table.n_steps)
+    if not 2 <= n_ranks <= settings.paired_max_ranks or not table.columns:
+        return {}
+    diffs = peer_differences(table.by_step, {c.step: c.t_step_us for c in table.columns}, table.unreliable)
+    alpha = settings.family_alpha / n_ranks
+    out: dict[int, dict[str, PairedTest]] = {}
+    for name in PAIRED_SIGNALS:
+        for rank in sorted(table.n_steps):
+            steps = [d for d in diffs.get(name, []) if rank in d]
+            if not any(d[rank] > settings.min_effect_frac for d in steps):
+                continue
+            values = [list(d.values()) for d in steps]
+            own = [list(d).index(rank) for d in steps]
+            test = permutation_test(values, own, delta=settings.min_effect_frac, tie=settings.paired_tie_frac,
+                                    alpha=alpha, signal=name)
+            if test is not None:
+                out.setdefault(rank, {})[name] = test
+    return out
 
 
 def _kind(pooled: Mapping[str, float], passed: set[str]) -> SuspectKind:
@@ -256,13 +290,15 @@ def find_one_offs(table: SignalTable, tests: Mapping[str, OutlierTest], named: s
 
 
 def find_near_misses(table: SignalTable, tests: Mapping[str, OutlierTest], named: set[int], z_needed: float,
-                     limit: int) -> list[dict[str, Any]]:
+                     limit: int, paired: Mapping[int, Mapping[str, PairedTest]] | None = None) -> list[dict[str, Any]]:
     """The ``limit`` ranks (not in ``named``) with the highest z on a tested signal whose pooled excess is
     positive, highest z first: ``[{"rank", "signal", "z", "z_needed", "effect_frac", "noise_sigma_frac",
     "within_sigma_frac", "steps"}]``. ``effect_frac``: the pooled excess (fraction of the step); ``noise_sigma_frac``:
     the scale its z is measured in; ``within_sigma_frac``: the step-to-step noise of one step of that signal;
     ``z_needed``: the batch's threshold (``max(min_robust_z, Bonferroni)``, without vote relief). Evidence, not a
-    verdict: a rank here did not pass :func:`judge_batch`'s rules (z, effect size, consistency). O(N) per signal."""
+    verdict: a rank here did not pass :func:`judge_batch`'s rules (z, effect size, consistency). O(N) per signal.
+    ``paired`` (small groups, :func:`paired_tests`): each entry also gets its paired test of the same signal as
+    ``"paired"`` (:meth:`~profwatch.core.verdict.paired.PairedTest.to_json`) when there is one."""
     best: dict[int, tuple[float, str]] = {}
     for name, test in tests.items():
         pooled = table.pooled.get(name, {})
@@ -270,10 +306,16 @@ def find_near_misses(table: SignalTable, tests: Mapping[str, OutlierTest], named
             if rank not in named and pooled.get(rank, 0.0) > 0 and z > best.get(rank, (-math.inf, ""))[0]:
                 best[rank] = (z, name)
     top = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:limit]
-    return [{"rank": rank, "signal": name, "z": round(z, 3), "z_needed": round(z_needed, 3),
-             "effect_frac": round(table.pooled[name][rank], 5), "noise_sigma_frac": round(tests[name].sigma, 6),
-             "within_sigma_frac": round(table.within.get(name, (0.0, 0.0))[0], 6),
-             "steps": table.n_steps.get(rank, 0)} for rank, (z, name) in top]
+    out: list[dict[str, Any]] = [
+        {"rank": rank, "signal": name, "z": round(z, 3), "z_needed": round(z_needed, 3),
+         "effect_frac": round(table.pooled[name][rank], 5), "noise_sigma_frac": round(tests[name].sigma, 6),
+         "within_sigma_frac": round(table.within.get(name, (0.0, 0.0))[0], 6),
+         "steps": table.n_steps.get(rank, 0)} for rank, (z, name) in top]
+    for entry in out:
+        pt = (paired or {}).get(entry["rank"], {}).get(entry["signal"])
+        if pt is not None:
+            entry["paired"] = pt.to_json()
+    return out
 
 
 def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | None = None,
@@ -351,6 +393,7 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
                             "sigma_between": round(t.sigma_between, 6), "ranks": t.n_noise}
                      for name, t in tests.items()}
     batch = _batch_context(evidence, table, tests, settings, world_size, hostnames or {}, dirs, verdict.short_window)
+    batch.paired = paired_tests(table, settings)
     pending = [judged for rank in _candidate_ranks(batch) if (judged := _judge_rank(batch, rank)) is not None]
     timed = {s.rank for _, s in pending if s.evidence.get("signal")}
     sync = sync_overhead(table.by_step, timed, collectives_per_step=evidence.collectives_per_step) if timed else None
@@ -359,7 +402,7 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
                                      evidence.collectives_per_step)
     verdict.notes += [o["text"] for o in verdict.one_offs]
     verdict.near_misses = find_near_misses(table, tests, {s.rank for s in verdict.suspects}, batch.z_base,
-                                           settings.max_suspects)
+                                           settings.max_suspects, batch.paired)
     slow_rank = evidence.recipes.get("slow_rank")
     own = tests.get("own")
     verdict.notes += vote_notes(batch.votes, verdict.suspects, slow_rank.status if slow_rank is not None else None,
@@ -397,6 +440,8 @@ class _BatchContext:
     z_base: float
     """The lowest z a rank must reach: ``max(min_robust_z, Phi^-1(1 - family_alpha / N))`` (Bonferroni)."""
     short_window: bool
+    paired: dict[int, dict[str, PairedTest]] = field(default_factory=dict)
+    """Small groups: rank -> signal -> its paired test (:func:`paired_tests`); empty otherwise."""
 
 
 def _open_verdict(evidence: ClusterEvidence, table: SignalTable, settings: RankingSettings,
@@ -445,6 +490,7 @@ def _candidate_ranks(batch: _BatchContext) -> list[int]:
     ranks and ranks at the end of several slow links (O(N) scan, O(S) work per candidate); in rank order."""
     z_floor = batch.z_base * min(batch.settings.vote_z_relief, 1.0)
     maybe = {r for t in batch.tests.values() for r, z in t.z.items() if z >= z_floor}
+    maybe |= {r for r, tests in batch.paired.items() if any(t.passed for t in tests.values())}
     return sorted(maybe | set(batch.votes) | set(batch.folded))
 
 
@@ -458,7 +504,7 @@ def _judge_rank(batch: _BatchContext, rank: int) -> tuple[float, Suspect] | None
     z_needed = batch.z_base * (s.vote_z_relief if share >= 0.5 and n_votes > 0 else 1.0)
     z = {name: t.z[rank] for name, t in batch.tests.items() if rank in t.z}
     pooled = {name: vals[rank] for name, vals in batch.table.pooled.items() if rank in vals}
-    passed = {name for name in z if z[name] >= z_needed and pooled.get(name, 0.0) >= s.min_effect_frac}
+    passed, by_pair = _passed_signals(batch, rank, z, z_needed, pooled)
     folded = rank in batch.folded
     if folded:
         passed.add("link")
@@ -474,11 +520,57 @@ def _judge_rank(batch: _BatchContext, rank: int) -> tuple[float, Suspect] | None
     if series and not folded and 2 * standing < len(series):
         return None  # stands out in a minority of its steps: not consistent (docs/verdicts.md)
     z_lead = max(z.get(lead, 0.0), z_needed if folded else 0.0)
+    if lead in by_pair:  # the normal quantile of its paired p-value: the same evidence on the z scale
+        z_lead = max(z_lead, NormalDist().inv_cdf(1.0 - min(0.5, max(1e-15, batch.paired[rank][lead].p))))
     agree = 1.0 if ("late" in passed and bool(passed - {"late"})) else 0.5
     e = z_lead / (z_lead + s.min_robust_z) if z_lead > 0 else 0.0
     score = min(1.0, max(0.0, batch.w_e * e + batch.w_a * agree + batch.w_v * share))
     ev = _rank_evidence(batch, rank, kind, lead, z, z_needed, pooled, standing, n_votes, share, agree)
+    if batch.paired.get(rank):
+        _add_paired_evidence(ev, batch.paired[rank], passed, by_pair, lead, z)
     return score, Suspect(rank, round(score, 4), kind, batch.hostnames.get(rank), ev, batch.dirs.get(rank))
+
+
+def _passed_signals(batch: _BatchContext, rank: int, z: Mapping[str, float], z_needed: float,
+                    pooled: Mapping[str, float]) -> tuple[set[str], set[str]]:
+    """The signals a rank passes, and those of them the paired test passed. A small group's own work and lateness
+    are judged step by step (the paired test) once its steps can reach the level; with fewer steps the between-rank
+    z stays, and only with the rank above the null in every step (docs/verdicts.md, "Small groups")."""
+    s = batch.settings
+    paired = batch.paired.get(rank, {})
+    passed = {name for name in z if z[name] >= z_needed and pooled.get(name, 0.0) >= s.min_effect_frac
+              and (not batch.paired or name not in PAIRED_SIGNALS or _few_steps_agree(paired.get(name)))}
+    by_pair = {name for name, t in paired.items() if t.decides and t.passed and t.effect >= s.min_effect_frac}
+    return passed | by_pair, by_pair
+
+
+def _add_paired_evidence(ev: dict[str, Any], tests: Mapping[str, PairedTest], passed: set[str], by_pair: set[str],
+                         lead: str, z: Mapping[str, float]) -> None:
+    """A small group's suspect's evidence: its paired tests (``paired``), which test passed each signal
+    (``passed_by``: ``paired``, ``between_ranks`` or ``link``), the test that named it (``test``) and, when the
+    paired test did, its clause in the summary."""
+    ev["paired"] = {name: t.to_json() for name, t in tests.items()}
+    ev["passed_by"] = {name: ("paired" if name in by_pair else "between_ranks" if name in z else "link")
+                       for name in sorted(passed)}
+    ev["test"] = "paired" if lead in by_pair else "between_ranks"
+    if by_pair:
+        ev["summary"] += "; " + _paired_text(tests[lead if lead in by_pair else min(by_pair)])
+
+
+def _few_steps_agree(test: PairedTest | None) -> bool:
+    """Whether a small group's between-rank pass of a signal stands: only when its steps are too few for the
+    paired test to decide, and the rank was above the null's excess in every one of them."""
+    return test is not None and not test.decides and test.positive == test.steps
+
+
+def _paired_text(test: PairedTest) -> str:
+    """The paired test's clause of a suspect's summary, e.g. ``step by step: peers waited for it +36.2% of the
+    step (mean of 10 steps), above 1.5% in 8/10 steps: p 0.00025 where 0.0025 is needed (within-step permutation
+    test, 4 ranks)``."""
+    what = "its own work exceeded its peers' by" if test.signal == "own" else "peers waited for it"
+    return (f"step by step: {what} {100 * test.effect:+.1f}% of the step (mean of {test.steps} steps), above "
+            f"{100 * test.delta:.1f}% in {test.positive}/{test.steps} steps: p {test.p:.2g} where {test.alpha:.2g} "
+            f"is needed (within-step permutation test, {test.ranks} ranks)")
 
 
 def _vote_only_suspect(batch: _BatchContext, rank: int, n_votes: int, share: float) -> tuple[float, Suspect] | None:
