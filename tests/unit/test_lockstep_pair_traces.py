@@ -1,11 +1,11 @@
 """The slow rank of a lockstep tensor-parallel pair in real Kineto traces of the live serving loop
 (``tests/data/live_serving_tp``, see its SOURCES.md): the rank that never waits in the all-reduce is the slow one.
 
-In a 2-rank group the ``late`` signal (peers' wait for a rank) of the two ranks is antisymmetric, so its z is a
-t statistic over the captured steps (``n - 1`` degrees of freedom; the noise is the ranks' step-to-step spread,
-``daemon/profwatch/core/verdict/signals.py``). With 4 steps on a busy host the evidence is real but weak (z about 2,
-and with 3 degrees of freedom a healthy pair passes z 2 about 7 % of the time per rank): the verdict names nobody,
-rightly. With 20 steps of the same loop it names rank 1 on that signal alone."""
+In a 2-rank group the ``late`` signal (peers' wait for a rank) of the two ranks is antisymmetric. A small group
+(2-5 ranks) is judged step by step (``daemon/profwatch/core/verdict/paired.py``: a within-step permutation test whose
+smallest p-value is 2^-steps for a pair). With 4 steps on a busy host the evidence is real but weak (best p 1/16;
+the between-rank z about 2): the verdict names nobody, rightly. With 20 steps of the same loop the step-by-step test
+names rank 1."""
 
 from __future__ import annotations
 
