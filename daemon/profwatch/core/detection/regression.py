@@ -818,7 +818,9 @@ class StepTimeRegressionDetector:
         otherwise hold a 50x level jump for minutes); a smaller one never less than :data:`HOLD_FLOOR_STEPS` steps
         (in values: divided by the steps per value, rounded up) or the baseline's lead when that is shorter, so
         slow-step jobs, whose lead is a few steps, hold as before and a checkpoint of a few steps stays a
-        transient. Our own rule (the planner's lead is ``ceil((poll + margin_s) / step_time_s) + margin_steps``)."""
+        transient. Never more than the lead at the baseline's step time (the rule before: the lead falls as the step
+        time grows, so ``at_own <= at_base``), never under 1. Our own rule (the planner's lead is
+        ``ceil((poll + margin_s) / step_time_s) + margin_steps``)."""
         at_base = self._hold(step, mu)
         if self.settings.spike_hold_steps or not x > mu:
             return at_base
