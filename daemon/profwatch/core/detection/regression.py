@@ -818,8 +818,9 @@ class StepTimeRegressionDetector:
         otherwise hold a 50x level jump for minutes); a smaller one never less than :data:`HOLD_FLOOR_STEPS` steps
         (in values: divided by the steps per value, rounded up) or the baseline's lead when that is shorter, so
         slow-step jobs, whose lead is a few steps, hold as before and a checkpoint of a few steps stays a
-        transient. Never more than the lead at the baseline's step time (the rule before: the lead falls as the step
-        time grows, so ``at_own <= at_base``), never under 1. Our own rule (the planner's lead is
+        transient. Under :data:`LARGE_JUMP`, never more than the lead at the baseline's step time (the rule before;
+        the planner's poll interval, a whole number of seconds, can make the lead at a longer step time a step
+        longer), never under 1. Our own rule (the planner's lead is
         ``ceil((poll + margin_s) / step_time_s) + margin_steps``)."""
         at_base = self._hold(step, mu)
         if self.settings.spike_hold_steps or not x > mu:
@@ -828,7 +829,7 @@ class StepTimeRegressionDetector:
         if x >= LARGE_JUMP * mu:
             return at_own
         floor = max(1, -(-HOLD_FLOOR_STEPS // max(1, self._steps_per_value)))
-        return max(at_own, min(at_base, floor))
+        return min(at_base, max(at_own, floor))
 
     def _hold(self, step: int, step_time_s: float) -> int:
         s = self.settings
