@@ -61,7 +61,9 @@ end of its generation: the next one runs at the old level on new ranks). Reporte
 - detection delay percentiles (steps from onset to the first report that names the change) at 1.3x and at 3x;
   after the table, each class's median delays beside the steady job's in steps and in seconds, with whether it is
   within 2x of the steady job's in steps, in seconds, both or neither (a fast-step job's capture lead holds a
-  spike for seconds, which is hundreds of its steps; a slow-step job's few steps are minutes);
+  spike for seconds, which is hundreds of its steps; a slow-step job's few steps are minutes), and the median
+  seconds from the change to the window of its first covering capture (``window``: the report's delay, any wait
+  for the budget, the capture's lead and warm-up; the delay a user waits for a trace);
 - invariant violations: a magnitude not finite, over 100 (+10,000 %) or under -1; a ``baseline_s`` under 1 % of
   the observed level (the median job step time of the 50 steps before the report; a serving unit's baseline is a
   ratio to its load's usual time: level 1); a regression in ``faster``;
@@ -624,15 +626,22 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
             first = min(hits, key=lambda a: a["at_unix_s"])
             delay = float(sum(1 for t, _ in run.levels if c.onset_t <= t <= first["at_unix_s"]))
             delay_s = float(first["at_unix_s"] - c.onset_t)
-        captured = any((c.onset_t <= a["at_unix_s"] <= c.end_t + GRACE_S or _window_after_onset(run, c, a))
-                       and names(a)
-                       and (a["rank_list"] is None or not c.ranks or set(c.ranks) <= set(a["rank_list"]))
-                       for a in arms)
+        covering = [a for a in arms
+                    if (c.onset_t <= a["at_unix_s"] <= c.end_t + GRACE_S or _window_after_onset(run, c, a))
+                    and names(a) and (a["rank_list"] is None or not c.ranks or set(c.ranks) <= set(a["rank_list"]))]
+        captured = bool(covering)
+        window_s = math.nan  # onset -> the first covering capture's window (start_step + warmup), seconds
+        for a in sorted(covering, key=lambda a: a["at_unix_s"]):
+            start = a.get("start_step")
+            t = run.step_at.get((c.epoch, start + int(a.get("warmup") or 0))) if isinstance(start, int) else None
+            if t is not None:
+                window_s = float(t - c.onset_t)
+                break
         out_changes.append({"kind": c.kind, "factor": round(c.factor, 3), "onset": c.onset,
                             "onset_s": round(c.onset_t - T0, 1), "lasting": lasting,
                             "short": short, "steps_lasting": c.steps_lasting, "capture_steps": need,
                             "detectable": detectable, "delay_steps": delay, "delay_s": delay_s,
-                            "captured": captured,
+                            "window_s": window_s, "captured": captured,
                             "noise_used": round(floor, 4), "detectable_drawn": detectable_drawn,
                             "learning": c.learning, "unseen": not c.seen})
     return out_changes
@@ -805,13 +814,23 @@ def _median_delays(rs: list[dict[str, Any]], factor: float) -> tuple[float, floa
     return _pct([c["delay_steps"] for c in ch], 50), _pct([c.get("delay_s", math.nan) for c in ch], 50)
 
 
+def _median_window(rs: list[dict[str, Any]], factor: float) -> float:
+    """Median seconds from a class's changes of one size to the window of the first capture that covered them
+    (``window_s``: the capture's ``start_step + warmup`` reached; the delay a user waits for a trace), over the
+    changes whose window was reached in the run (nan where none)."""
+    return _pct([c["window_s"] for r in rs for c in r["changes"] if c["factor"] == factor and c["detectable"]
+                 and math.isfinite(c.get("window_s", math.nan))], 50)
+
+
 def _print_delays(wanted: list[str], rows: list[dict[str, Any]]) -> None:
     """Each class's median delays beside the steady job's, in steps and in seconds, and whether it is within 2x of
     the steady job's in either unit.
 
     Steps and seconds answer different questions: a job with 8 ms steps whose capture lead holds a spike for 3 s
     takes hundreds of steps, and a job with 10 s steps takes minutes for a few steps. The verdict says which unit it
-    holds in ("steps", "s", "both") or "no"; "-" where the class or the steady class has no delay of that size."""
+    holds in ("steps", "s", "both") or "no"; "-" where the class or the steady class has no delay of that size.
+    ``window``: the median seconds from the change to its first covering capture's window (the report's delay,
+    any wait for the budget, the capture lead and warm-up), the delay the user waits for a trace."""
     steady = [r for r in rows if r["class"] == "steady"]
     if not steady:
         return
@@ -827,7 +846,7 @@ def _print_delays(wanted: list[str], rows: list[dict[str, Any]]) -> None:
                 continue
             ok_st, ok_s = st <= 2 * max(rst, 1.0), sec <= 2 * max(rsec, 0.001)
             verdict = "both" if ok_st and ok_s else "steps" if ok_st else "s" if ok_s else "no"
-            parts.append(f"{f}x {st:.0f} / {sec:.1f} s ({verdict})")
+            parts.append(f"{f}x {st:.0f} / {sec:.1f} s ({verdict}; window {_median_window(rs, f):.1f} s)")
         print(f"  {cls:15s} " + ", ".join(parts))
 
 

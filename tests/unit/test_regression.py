@@ -853,3 +853,56 @@ def test_a_change_after_a_warm_down_is_found_and_a_warm_down_alone_is_quiet() ->
         quiet += [(seed, f[0], f[1]) for f in feed(x) if f[1] in ("step_regression", "drift")]
     assert quiet == []
     assert len(lost) <= 15, lost
+
+
+def _held_rise(step_s: float, factor: float, *, onset: int = 300, n: int = 900, cv: float = 0.02,
+               seed: int = 5) -> tuple[int, dict[str, Any]]:
+    """Steps from ``onset`` to the first step_regression of a job-wide ``factor`` rise at ``step_s`` steps (the
+    capture planner's lead as the spike hold, as the coordinator hands it), and its detail."""
+    from profwatch.core.capture.planner import CaptureSettings, spike_hold
+
+    rng = np.random.default_rng(seed)
+    xs = step_s * np.maximum(0.2, 1.0 + cv * rng.standard_normal(n))
+    xs[onset:] *= factor
+    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=spike_hold(CaptureSettings()))
+    regs = [f for f in feed(xs, det=det) if f[1] == "step_regression"]
+    assert regs, "the rise was never reported"
+    return regs[0][0] - onset, regs[0][3]
+
+
+def test_a_rise_at_fast_steps_is_held_for_the_lead_at_its_own_step_time() -> None:
+    """A 3x job-wide rise at 8 ms steps is held for the planner's lead at its own 24 ms steps (3 s: 127 steps), not
+    at the baseline's (377 steps, 9 s of the risen steps): bench_corpus seed 31 noisy run 5 took 403 steps."""
+    from profwatch.core.capture.planner import CaptureSettings, lead_steps
+
+    delay, detail = _held_rise(0.008, 3.0)
+    own = lead_steps(300, 0.024, CaptureSettings())
+    assert detail["pattern"] == "level"
+    assert own - 10 <= detail["hold_steps"] <= own + 10
+    assert delay <= own + 12  # 377 steps and more on the old rule
+    assert delay * 0.024 <= 3.5  # seconds of the risen steps: about the lead's poll + margin
+
+
+@pytest.mark.parametrize(("step_s", "factor", "expected"), [(0.5, 3.0, 10), (0.1, 1.5, 23), (0.05, 3.0, 23)])
+def test_the_hold_of_slower_steps_is_bounded_by_the_baseline_lead_and_the_floor(step_s: float, factor: float,
+                                                                                expected: int) -> None:
+    """Where the baseline's lead is a few steps (0.5 s steps: 9) the hold stays that lead (10 steps to the report,
+    as before); at 0.1 s steps a 1.5x rise is held for max(the lead at its own time 22, min(the baseline's lead 33,
+    HOLD_FLOOR_STEPS 16)) = 22 (34 steps to the report before), at 0.05 s steps a 3x one for 22 (64 before)."""
+    delay, detail = _held_rise(step_s, factor)
+    assert detail["pattern"] == "level"
+    assert delay == expected
+
+
+def test_an_unflagged_checkpoint_of_a_few_steps_at_fast_steps_stays_a_transient() -> None:
+    """5 steps at 8x in a 0.1 s job: the lead at their own 0.8 s steps is 6 steps, but the hold never goes under
+    HOLD_FLOOR_STEPS (16) there, so the checkpoint is a step_spike, not a level change."""
+    from profwatch.core.capture.planner import CaptureSettings, spike_hold
+
+    rng = np.random.default_rng(3)
+    xs = 0.1 * np.maximum(0.2, 1.0 + 0.02 * rng.standard_normal(600))
+    for at in (200, 400):
+        xs[at:at + 5] *= 8.0
+    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=spike_hold(CaptureSettings()))
+    kinds_ = [f[1] for f in feed(xs, det=det)]
+    assert "step_regression" not in kinds_

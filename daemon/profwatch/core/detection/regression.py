@@ -36,8 +36,13 @@ PROVISIONAL_MIN = 5
 DEFAULT_HOLD_STEPS = 8
 """Steps a spike may last and stay transient when neither ``spike_hold_steps`` nor the capture planner's lead is given."""
 LARGE_JUMP = 10.0
-"""A step this many times the baseline or more is held for the capture lead at its own step time (see
-:meth:`StepTimeRegressionDetector._hold_time`)."""
+"""A step this many times the baseline or more is held for the capture lead at its own step time, with no floor (see
+:meth:`StepTimeRegressionDetector._spike_hold`)."""
+HOLD_FLOOR_STEPS = 16
+"""A rise under :data:`LARGE_JUMP` is held for the capture lead at its own step time, but never for fewer steps than
+this (nor than the lead at the baseline's step time, when that is shorter): an unflagged checkpoint of a few steps
+at 3-8x in a 0.1 s job (a lead of 32 steps at the baseline, 6 at its own step time) stays a transient. See
+:meth:`StepTimeRegressionDetector._spike_hold`."""
 MAX_SLOWEST_RANKS = 16
 """Slowest ranks remembered per run (named in a step_regression's detail)."""
 
@@ -815,7 +820,7 @@ class StepTimeRegressionDetector:
         rel = x / mu - 1.0
         z = rel / noise
         out: list[Anomaly] = []
-        hold = self._hold(step.step, self._hold_time(mu, x))
+        hold = self._spike_hold(step.step, mu, x)
         stride = self._steps_per_value
 
         def extend(ep: SpikeEpisode) -> int:
@@ -857,12 +862,32 @@ class StepTimeRegressionDetector:
         return out
 
     # -- internals -------------------------------------------------------------------------------------------------
-    @staticmethod
-    def _hold_time(mu: float, x: float) -> float:
-        """The step time (s) the hold is computed at: the baseline's, or the step's own when it is
-        :data:`LARGE_JUMP` times the baseline or more (a lead of hundreds of fast steps would otherwise hold a
-        50x level jump for minutes, longer than the next change)."""
-        return x if x >= LARGE_JUMP * mu else mu
+    def _spike_hold(self, step: int, mu: float, x: float) -> int:
+        """The spike hold (values: steps, or blocks of fast steps) for a step of ``x`` s against a baseline of
+        ``mu`` s: the capture planner's lead at the step's own time when it is over the baseline, else at the
+        baseline's; ``spike_hold_steps``, when set, as it is.
+
+        The hold asks whether an excursion was over before a capture armed at its onset could start, which is
+        ``poll + margin_s`` seconds of the job's time (``profwatch.core.capture.planner.lead_steps``): counted at
+        the baseline's step time, a 3x rise at 8 ms steps was held for 392 steps, 9 s of its own 23 ms steps
+        instead of the lead's 3 s, and every rise at fast steps for ``x / mu`` times the lead in seconds (bench
+        ``bench_corpus`` seed 31, ``noisy`` run 5: 403 steps, 9.2 s). Bounded in both units: a rise of
+        :data:`LARGE_JUMP` or more takes the lead at its own time as it is (a lead of hundreds of fast steps would
+        otherwise hold a 50x level jump for minutes); a smaller one never less than :data:`HOLD_FLOOR_STEPS` steps
+        (in values: divided by the steps per value, rounded up) or the baseline's lead when that is shorter, so
+        slow-step jobs, whose lead is a few steps, hold as before and a checkpoint of a few steps stays a
+        transient. Under :data:`LARGE_JUMP`, never more than the lead at the baseline's step time (the rule before;
+        the planner's poll interval, a whole number of seconds, can make the lead at a longer step time a step
+        longer), never under 1. Our own rule (the planner's lead is
+        ``ceil((poll + margin_s) / step_time_s) + margin_steps``)."""
+        at_base = self._hold(step, mu)
+        if self.settings.spike_hold_steps or not x > mu:
+            return at_base
+        at_own = self._hold(step, x)
+        if x >= LARGE_JUMP * mu:
+            return at_own
+        floor = max(1, -(-HOLD_FLOOR_STEPS // max(1, self._steps_per_value)))
+        return min(at_base, max(at_own, floor))
 
     def _hold(self, step: int, step_time_s: float) -> int:
         s = self.settings
@@ -920,7 +945,7 @@ class StepTimeRegressionDetector:
             mu, noise = self._noise()
             rel = x / mu - 1.0
             z = rel / noise
-            hold = self._hold(step, self._hold_time(mu, x))
+            hold = self._spike_hold(step, mu, x)
             if self.spikes.is_spike(rel, z) and not self.provisional:
                 self._learn_fall.clear()
                 if not self._learn_rise:
@@ -1859,7 +1884,7 @@ class StepTimeRegressionDetector:
                 self._interim_spike_start = fs.step
             self._interim_spikes.append(x)
             self._run_vals.append(x)
-            hold = self._hold(fs.step, self._hold_time(mu, x))
+            hold = self._spike_hold(fs.step, mu, x)
             if len(self._interim_spikes) > hold:
                 hold = self._recurring_hold(self._interim_spike_start, mu, self._interim_spikes, hold)
             if len(self._interim_spikes) <= hold:
