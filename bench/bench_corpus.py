@@ -57,7 +57,8 @@ end of its generation: the next one runs at the old level on new ranks). Reporte
   from and is shown apart, in ``unseen``, as not detectable) at
   least 2x the unit's noise and at least ``min_effect`` that no arm covered while it lasted (covers: the arm's
   rank list holds the changed ranks and it names them or none; it was made after the onset, or just before it with
-  a capture window that starts on a changed step);
+  a capture window that starts on a changed step; in a training run its window must also begin on a step the run
+  has while the change lasts: an arm whose window lay past the run's end profiled nothing);
 - detection delay percentiles (steps from onset to the first report that names the change) at 1.3x and at 3x;
   after the table, each class's median delays beside the steady job's in steps and in seconds, with whether it is
   within 2x of the steady job's in steps, in seconds, both or neither (a fast-step job's capture lead holds a
@@ -626,9 +627,22 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
             first = min(hits, key=lambda a: a["at_unix_s"])
             delay = float(sum(1 for t, _ in run.levels if c.onset_t <= t <= first["at_unix_s"]))
             delay_s = float(first["at_unix_s"] - c.onset_t)
+        def profiled(a: dict[str, Any], c: Change = c) -> bool:
+            """A training run's arm whose capture window (``start_step + warmup``) began while the change lasted,
+            on a step the run has: an arm whose window lay past the run's last step (a lead planned at the step
+            time before the change) never profiled it (bench seed 40 requeue run 0: armed at step 384, window at
+            866 of a 635-step run; counted captured before). Serving runs keep no step clock here: their arms
+            count as before."""
+            start = a.get("start_step")
+            if run.serving or not isinstance(start, int):
+                return True
+            t = run.step_at.get((c.epoch, start + int(a.get("warmup") or 0)))
+            return t is not None and a["at_unix_s"] <= t <= c.end_t
+
         covering = [a for a in arms
                     if (c.onset_t <= a["at_unix_s"] <= c.end_t + GRACE_S or _window_after_onset(run, c, a))
-                    and names(a) and (a["rank_list"] is None or not c.ranks or set(c.ranks) <= set(a["rank_list"]))]
+                    and names(a) and (a["rank_list"] is None or not c.ranks or set(c.ranks) <= set(a["rank_list"]))
+                    and profiled(a)]
         captured = bool(covering)
         window_s = math.nan  # onset -> the first covering capture's window (start_step + warmup), seconds
         for a in sorted(covering, key=lambda a: a["at_unix_s"]):

@@ -102,3 +102,13 @@ def test_the_healthy_hours_mode_draws_healthy_runs_from_its_own_stream_and_bound
     injected = bc.CLASSES["steady"]("steady", [31, 0, 0])
     healthy = bc.CLASSES["steady"]("steady", [31, 0, bc.HEALTHY_STREAM, 0], False)
     assert injected.shape != healthy.shape
+
+
+def test_an_arm_whose_window_lies_past_the_runs_end_captured_nothing() -> None:
+    """Seed 40, requeue run 0: rank 1 3x from step 103 of the requeued generation (635 steps), reported at step 384
+    and armed with a window at step 866, past the run's last step. The window never profiled the change: lost, not
+    captured (it was counted captured before)."""
+    bc = _corpus()
+    (c,) = _scored(bc, "requeue", 40, 0)["changes"]
+    assert c["lasting"] and c["detectable"] and c["delay_steps"] > 0, c
+    assert not c["captured"], c
