@@ -602,3 +602,27 @@ def test_no_cpu_value_from_an_interval_whose_step_counter_jumped() -> None:
         if st is not None and st.value is not None and (not values or values[-1][0] != st.at_step):
             values.append((st.at_step, round(st.value, 6)))
     assert values == [(29, 0.01), (1_030, 0.01), (1_055, 0.01)], values  # nothing from 29 -> 1,005
+
+
+def test_a_cpu_sample_read_before_set_step_is_not_carried_past_it(step_pull: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample read at the end of step 100 (the next report would carry it), then ``set_step(5)`` (a resume from
+    an earlier checkpoint): the next report, step 6, carried ``cpu_at_step`` 100 > 6 and the daemons refused the
+    whole report (a healthy hook's step lost, a ``bad_value`` counted). The sample is dropped at the jump."""
+    endpoint, steps = step_pull
+    monkeypatch.setattr(hook_mod, "CPU_SAMPLE_S", 1_000.0)  # no sampler-thread probe during the test
+    hook = Hook(resolve_identity("cpu-job", rank=0, world_size=2), Publisher(endpoint), NoneBackend())
+    try:
+        for _ in range(100):
+            hook.step()
+        hook._capture = hook_mod._CpuProbe(hook)  # what the sampler thread does
+        hook.step()  # step 101: the probe reads the sample at its end
+        hook.set_step(5)
+        hook.step()  # step 6
+        hook.step()
+        got = wait_for(lambda: len(steps()) >= 103 and steps())
+    finally:
+        hook.close()
+    for s in got:
+        parse_rank_message(json.dumps(s))  # every report is accepted
+    assert [s["step"] for s in got[-2:]] == [6, 7]
