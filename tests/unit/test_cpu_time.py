@@ -626,3 +626,27 @@ def test_a_cpu_sample_read_before_set_step_is_not_carried_past_it(step_pull: Any
     for s in got:
         parse_rank_message(json.dumps(s))  # every report is accepted
     assert [s["step"] for s in got[-2:]] == [6, 7]
+
+
+def test_cpu_samples_of_a_replaced_process_are_not_measured_from_the_old_ones() -> None:
+    """Rank 0's process (pid 100) is replaced by another (pid 200) that goes on at the next step (a clean
+    preemption resumed with ``set_step`` at the last step, no step repeated, so no restart is seen). The new process's
+    CPU time since it started (30 s: imports, model load) was measured from the old process's last sample (10.2 s):
+    19.8 s over 50 steps read as 0.4 s of CPU per step beside its peer's 10 ms, a 40x outlier for three intervals.
+    A sample from another process is a new base, as after a restart."""
+    def rep(r: int, k: int, pid: int, sample: tuple[int, float] | None = None) -> wire.StepReport:
+        return wire.StepReport(job_id="j", rank=r, step=k, step_time_s=0.02, ts_unix_s=1.0, peer_pid=pid,
+                               cpu_at_step=None if sample is None else sample[0],
+                               cpu_total_s=None if sample is None else sample[1])
+
+    reports: list[wire.StepReport] = []
+    for k in range(1, 181):
+        pid0 = 100 if k <= 100 else 200
+        s0 = {51: (50, 10.0), 71: (70, 10.2), 121: (120, 30.0), 141: (140, 30.2), 161: (160, 30.4)}.get(k)
+        s1 = (k - 1, 5.0 + 0.01 * (k - 1)) if k % 20 == 1 and k > 1 else None
+        reports += [rep(0, k, pid0, s0), rep(1, k, 300, s1)]
+    series, _agg = _sampled_series(reports)
+    assert series, "no CPU series at all"
+    for step, vals in series.items():
+        assert all(v == pytest.approx(0.01) for v in vals if not math.isnan(v)), (step, vals)
+    assert series[141] == pytest.approx([0.01, 0.01])  # the new process measured from its own first sample

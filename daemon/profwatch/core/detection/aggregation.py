@@ -56,12 +56,13 @@ class _CpuRate:
     """One rank's CPU samples (:meth:`StepAggregator._cpu_from_sample`): the base sample, the reports since it, the
     CPU time per step (or per unit of work) of the last interval and the last step it stands for."""
 
-    __slots__ = ("at_step", "broken", "last_step", "n", "per_work", "total_s", "until", "value", "wall_s", "work",
-                 "work_n")
+    __slots__ = ("at_step", "broken", "last_step", "n", "per_work", "pid", "total_s", "until", "value", "wall_s",
+                 "work", "work_n")
 
-    def __init__(self, at_step: int, total_s: float) -> None:
+    def __init__(self, at_step: int, total_s: float, pid: int | None = None) -> None:
         self.at_step = at_step  # the base sample: step count and CPU seconds
         self.total_s = total_s
+        self.pid = pid  # the process the samples come from (the node's attested peer_pid; None: not said)
         self.n = 0  # reports since the base sample, their step times and work (and how many had work)
         self.wall_s = 0.0
         self.work = 0.0
@@ -430,16 +431,24 @@ class StepAggregator:
         than ``wire.MAX_CPU_CORES`` cores for the step times reported since the base (at least 1 ms per step;
         counted in ``counters["cpu_bad_sample"]``), becomes the new base and yields no value; so does one whose
         interval holds a gap in the rank's report steps (``rankhook.set_step`` moved the counter: the steps between
-        the samples are not the steps done; or a report was lost). A report repeating the base's sample changes
-        nothing. O(1)."""
+        the samples are not the steps done; or a report was lost). A report from another process (its ``peer_pid``,
+        where the node attested it, differs from the base's: a process replaced without a step repeated) drops the
+        rank's samples, and that process's first sample is the new base. A report repeating the base's sample
+        changes nothing. O(1)."""
         at = getattr(report, "cpu_at_step", None)
         total = getattr(report, "cpu_total_s", None)
         st = self._cpu_rates.get(r)
         step = report.step
+        pid = getattr(report, "peer_pid", None)
+        if st is not None and pid is not None and st.pid is not None and pid != st.pid:
+            # another process (replaced without a step repeated: no restart seen): its CPU time since it started
+            # is not the old process's since its sample; its first sample is the new base
+            st = None
+            del self._cpu_rates[r]
         if st is None:
             if at is None or total is None:
                 return
-            st = self._cpu_rates[r] = _CpuRate(at, total)
+            st = self._cpu_rates[r] = _CpuRate(at, total, pid)
         if at is not None and total is not None and at != st.at_step:
             d_steps = at - st.at_step
             d_cpu = total - st.total_s
