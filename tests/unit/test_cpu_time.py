@@ -650,3 +650,47 @@ def test_cpu_samples_of_a_replaced_process_are_not_measured_from_the_old_ones() 
     for step, vals in series.items():
         assert all(v == pytest.approx(0.01) for v in vals if not math.isnan(v)), (step, vals)
     assert series[141] == pytest.approx([0.01, 0.01])  # the new process measured from its own first sample
+
+
+def _captured_rank_records(sampled: bool, *, flag: str | None = None) -> list[dict[str, Any]]:
+    """4 lockstep ranks at 20 ms steps, 14 ms of CPU each; rank 0 alone captured at steps 600-602 (``capturing``:
+    50 ms more CPU per step for the profiler and 1.5 s for the trace export at the end of step 602, which all
+    ranks wait for), or, with ``flag``, rank 0 alone writing a checkpoint at step 602 (the step flagged). Either
+    CPU time per step (``cpu_s``) or CPU samples every 12 steps (``cpu_at_step``, ``cpu_total_s``)."""
+    out: list[dict[str, Any]] = []
+    rng = random.Random(3)
+    cpu = dict.fromkeys(range(4), 2.0)
+    ts = 1_000.0
+    for k in range(1, 1_200):
+        cap = flag is None and 600 <= k <= 602
+        st = 0.02 * (1 + rng.gauss(0, 0.01)) + (1.5 if k == 602 else 0.0)
+        ts += st
+        for r in range(4):
+            c = 0.014 * (1 + rng.gauss(0, 0.02)) + (0.05 if r == 0 and cap else 0.0) + (
+                1.5 if r == 0 and k == 602 else 0.0)
+            rec: dict[str, Any] = {"job_id": "j", "rank": r, "step": k, "step_time_s": st, "ts_unix_s": ts}
+            if r == 0 and cap:
+                rec["capturing"] = True
+            if r == 0 and flag is not None and k == 602:
+                rec["flags"] = (flag,)
+            if not sampled:
+                rec["cpu_s"] = c
+            elif k % 12 == 1 and k > 1:
+                rec["cpu_at_step"], rec["cpu_total_s"] = k - 1, cpu[r]
+            cpu[r] += c
+            out.append(rec)
+    return out
+
+
+@pytest.mark.parametrize("flag", [None, "checkpoint"])
+def test_a_rank_captured_or_checkpointing_alone_is_not_named_from_the_cpu_samples_around_it(flag: str | None) -> None:
+    """The steps of a capture (and the ``parse_steps`` after it) or a flagged step are excluded from detection, and
+    a per-step ``cpu_s`` of them with them. A CPU sample's interval that holds them spread their CPU time (the
+    profiler's, the trace export's, a checkpoint's serialisation: 1.65 s on rank 0 alone) over the interval's
+    mean, which stood for the steps after the exclusion: rank 0 was named a ``cpu/step`` rank_outlier +491 % at
+    step 636. Such an interval gives no value."""
+    from tests.unit.detection_helpers import run
+
+    for sampled in (False, True):
+        found, _det = run(_captured_rank_records(sampled, flag=flag), 4)
+        assert not [a for a in found if a.kind == "rank_outlier"], (sampled, found)

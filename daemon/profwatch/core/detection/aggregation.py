@@ -56,8 +56,8 @@ class _CpuRate:
     """One rank's CPU samples (:meth:`StepAggregator._cpu_from_sample`): the base sample, the reports since it, the
     CPU time per step (or per unit of work) of the last interval and the last step it stands for."""
 
-    __slots__ = ("at_step", "broken", "last_step", "n", "per_work", "pid", "total_s", "until", "value", "wall_s",
-                 "work", "work_n")
+    __slots__ = ("at_step", "broken", "excluded_until", "last_step", "n", "per_work", "pid", "total_s", "until",
+                 "value", "wall_s", "work", "work_n")
 
     def __init__(self, at_step: int, total_s: float, pid: int | None = None) -> None:
         self.at_step = at_step  # the base sample: step count and CPU seconds
@@ -72,6 +72,8 @@ class _CpuRate:
         self.until = -1  # the last step the value stands for
         self.last_step = at_step  # the rank's last report counted (the first to carry a sample read at S is S + 1)
         self.broken = False  # a report's step did not follow the last one's since the base (set_step, a lost report)
+        # or one of its steps is excluded for this rank (up to excluded_until: capturing and parse_steps after, a flag)
+        self.excluded_until = -1
 
     def rebase(self, at_step: int, total_s: float) -> None:
         self.at_step, self.total_s = at_step, total_s
@@ -431,7 +433,10 @@ class StepAggregator:
         than ``wire.MAX_CPU_CORES`` cores for the step times reported since the base (at least 1 ms per step;
         counted in ``counters["cpu_bad_sample"]``), becomes the new base and yields no value; so does one whose
         interval holds a gap in the rank's report steps (``rankhook.set_step`` moved the counter: the steps between
-        the samples are not the steps done; or a report was lost). A report from another process (its ``peer_pid``,
+        the samples are not the steps done; or a report was lost), or one of this rank's own excluded steps (a
+        ``capturing`` report and the ``parse_steps`` after it, a report flagged with one of ``excluded_flags``: the
+        profiler's, a trace export's or a checkpoint's CPU time, which a per-step ``cpu_s`` kept on the excluded steps,
+        would be spread over the interval's mean and stand for the steps after them). A report from another process (its ``peer_pid``,
         where the node attested it, differs from the base's: a process replaced without a step repeated) drops the
         rank's samples, and that process's first sample is the new base. A report repeating the base's sample
         changes nothing. O(1)."""
@@ -472,6 +477,12 @@ class StepAggregator:
         # this report counts for the interval after the sample it carries: the report that carries a sample read
         # at the end of step S is S + 1's, so the reports counted for an interval are its steps
         if step != st.last_step + 1:
+            st.broken = True
+        if report.capturing:  # the profiler's CPU time, then its trace export's in the parse_steps after
+            st.excluded_until = max(st.excluded_until, step + self.settings.parse_steps)
+        elif report.flags and any(f in self.settings.excluded_flags for f in report.flags):
+            st.excluded_until = max(st.excluded_until, step)  # a checkpoint's serialisation, an evaluation
+        if step <= st.excluded_until:
             st.broken = True
         st.last_step = step
         st.n += 1
