@@ -694,3 +694,28 @@ def test_a_rank_captured_or_checkpointing_alone_is_not_named_from_the_cpu_sample
     for sampled in (False, True):
         found, _det = run(_captured_rank_records(sampled, flag=flag), 4)
         assert not [a for a in found if a.kind == "rank_outlier"], (sampled, found)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_rank_reporting_a_tiny_work_is_not_named_with_an_absurd_cpu_time(sampled: bool) -> None:
+    """Rank 3 of 4 reports ``work`` 1e-300 per step (others 100), the same CPU time as its peers: its CPU time per
+    unit of work scaled back by the step's work read 1.5e300 s per step, and it was named a ``cpu/step``
+    rank_outlier of +1e302. A value beyond every core busy for the step is no measurement."""
+    from tests.unit.detection_helpers import run
+
+    rng = random.Random(1)
+    cpu = dict.fromkeys(range(4), 1.0)
+    recs: list[dict[str, Any]] = []
+    for k in range(1, 1_500):
+        for r in range(4):
+            rec: dict[str, Any] = {"job_id": "j", "rank": r, "step": k, "step_time_s": 0.02 * (1 + rng.gauss(0, 0.02)),
+                                   "ts_unix_s": 1_000 + k * 0.02, "work": 1e-300 if r == 3 else 100.0}
+            c = 0.015 * (1 + rng.gauss(0, 0.02))
+            if not sampled:
+                rec["cpu_s"] = c
+            elif k % 12 == 1 and k > 1:
+                rec["cpu_at_step"], rec["cpu_total_s"] = k - 1, cpu[r]
+            cpu[r] += c
+            recs.append(rec)
+    found, _det = run(recs, 4)
+    assert all(a.magnitude <= 100 for a in found if a.kind == "rank_outlier"), found

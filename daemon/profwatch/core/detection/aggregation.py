@@ -88,7 +88,8 @@ def judge_cpu_series(vals: dict[str, list[float]], step_time_s: float, step_work
     whose ranks mix the two is dropped (not comparable); per-work values are scaled by the step's ``work`` (back
     to seconds per step: the same number as the CPU time when the ranks did the same work, so the absolute floors
     of the rank comparison keep their meaning); the series is dropped when its median is under
-    :data:`CPU_MIN_SHARE` of ``step_time_s``.
+    :data:`CPU_MIN_SHARE` of ``step_time_s``. A value (scaled) over ``wire.MAX_CPU_CORES * max(step_time_s,
+    0.001)`` s, or infinite, is left out (NaN: that rank has no value in this step).
     """
     arr = vals.get(CPU_SERIES)
     if arr is None:
@@ -99,6 +100,11 @@ def judge_cpu_series(vals: dict[str, list[float]], step_time_s: float, step_work
     if per_work:
         scale = step_work if step_work is not None and step_work > 0 else 1.0
         arr = vals[CPU_SERIES] = [v * scale for v in arr]
+    # a value beyond every core busy for the step is no measurement (the bound of cpu_time_ok): a rank reporting a
+    # tiny ``work`` (1e-300) read 1.5e300 s per step scaled back, and was named a rank_outlier of +1e302
+    cap = MAX_CPU_CORES * max(step_time_s, 0.001)
+    if any(not v <= cap for v in arr if not math.isnan(v)):
+        arr = vals[CPU_SERIES] = [v if v <= cap else math.nan for v in arr]
     present = sorted(v for v in arr if not math.isnan(v))
     n = len(present)
     if n == 0:
