@@ -485,6 +485,9 @@ class Hook:
             if not 0 <= value < 2**62:
                 raise ValueError(f"step must be in [0, 2**62), got {value}")
             self.step_count = value
+            # a CPU sample read before the jump and not yet carried would reach the next report with a count past
+            # its step (refused whole by the daemons: cpu_at_step <= step) or one the counter no longer counts
+            self._set_formats("")
             self.backend.set_step(value)
         except Exception as exc:  # noqa: BLE001 - never raise into the training loop
             log.warning("rankhook: set_step(%r) ignored: %r", step, exc)

@@ -602,3 +602,120 @@ def test_no_cpu_value_from_an_interval_whose_step_counter_jumped() -> None:
         if st is not None and st.value is not None and (not values or values[-1][0] != st.at_step):
             values.append((st.at_step, round(st.value, 6)))
     assert values == [(29, 0.01), (1_030, 0.01), (1_055, 0.01)], values  # nothing from 29 -> 1,005
+
+
+def test_a_cpu_sample_read_before_set_step_is_not_carried_past_it(step_pull: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample read at the end of step 100 (the next report would carry it), then ``set_step(5)`` (a resume from
+    an earlier checkpoint): the next report, step 6, carried ``cpu_at_step`` 100 > 6 and the daemons refused the
+    whole report (a healthy hook's step lost, a ``bad_value`` counted). The sample is dropped at the jump."""
+    endpoint, steps = step_pull
+    monkeypatch.setattr(hook_mod, "CPU_SAMPLE_S", 1_000.0)  # no sampler-thread probe during the test
+    hook = Hook(resolve_identity("cpu-job", rank=0, world_size=2), Publisher(endpoint), NoneBackend())
+    try:
+        for _ in range(100):
+            hook.step()
+        hook._capture = hook_mod._CpuProbe(hook)  # what the sampler thread does
+        hook.step()  # step 101: the probe reads the sample at its end
+        hook.set_step(5)
+        hook.step()  # step 6
+        hook.step()
+        got = wait_for(lambda: len(steps()) >= 103 and steps())
+    finally:
+        hook.close()
+    for s in got:
+        parse_rank_message(json.dumps(s))  # every report is accepted
+    assert [s["step"] for s in got[-2:]] == [6, 7]
+
+
+def test_cpu_samples_of_a_replaced_process_are_not_measured_from_the_old_ones() -> None:
+    """Rank 0's process (pid 100) is replaced by another (pid 200) that goes on at the next step (a clean
+    preemption resumed with ``set_step`` at the last step, no step repeated, so no restart is seen). The new process's
+    CPU time since it started (30 s: imports, model load) was measured from the old process's last sample (10.2 s):
+    19.8 s over 50 steps read as 0.4 s of CPU per step beside its peer's 10 ms, a 40x outlier for three intervals.
+    A sample from another process is a new base, as after a restart."""
+    def rep(r: int, k: int, pid: int, sample: tuple[int, float] | None = None) -> wire.StepReport:
+        return wire.StepReport(job_id="j", rank=r, step=k, step_time_s=0.02, ts_unix_s=1.0, peer_pid=pid,
+                               cpu_at_step=None if sample is None else sample[0],
+                               cpu_total_s=None if sample is None else sample[1])
+
+    reports: list[wire.StepReport] = []
+    for k in range(1, 181):
+        pid0 = 100 if k <= 100 else 200
+        s0 = {51: (50, 10.0), 71: (70, 10.2), 121: (120, 30.0), 141: (140, 30.2), 161: (160, 30.4)}.get(k)
+        s1 = (k - 1, 5.0 + 0.01 * (k - 1)) if k % 20 == 1 and k > 1 else None
+        reports += [rep(0, k, pid0, s0), rep(1, k, 300, s1)]
+    series, _agg = _sampled_series(reports)
+    assert series, "no CPU series at all"
+    for step, vals in series.items():
+        assert all(v == pytest.approx(0.01) for v in vals if not math.isnan(v)), (step, vals)
+    assert series[141] == pytest.approx([0.01, 0.01])  # the new process measured from its own first sample
+
+
+def _captured_rank_records(sampled: bool, *, flag: str | None = None) -> list[dict[str, Any]]:
+    """4 lockstep ranks at 20 ms steps, 14 ms of CPU each; rank 0 alone captured at steps 600-602 (``capturing``:
+    50 ms more CPU per step for the profiler and 1.5 s for the trace export at the end of step 602, which all
+    ranks wait for), or, with ``flag``, rank 0 alone writing a checkpoint at step 602 (the step flagged). Either
+    CPU time per step (``cpu_s``) or CPU samples every 12 steps (``cpu_at_step``, ``cpu_total_s``)."""
+    out: list[dict[str, Any]] = []
+    rng = random.Random(3)
+    cpu = dict.fromkeys(range(4), 2.0)
+    ts = 1_000.0
+    for k in range(1, 1_200):
+        cap = flag is None and 600 <= k <= 602
+        st = 0.02 * (1 + rng.gauss(0, 0.01)) + (1.5 if k == 602 else 0.0)
+        ts += st
+        for r in range(4):
+            c = 0.014 * (1 + rng.gauss(0, 0.02)) + (0.05 if r == 0 and cap else 0.0) + (
+                1.5 if r == 0 and k == 602 else 0.0)
+            rec: dict[str, Any] = {"job_id": "j", "rank": r, "step": k, "step_time_s": st, "ts_unix_s": ts}
+            if r == 0 and cap:
+                rec["capturing"] = True
+            if r == 0 and flag is not None and k == 602:
+                rec["flags"] = (flag,)
+            if not sampled:
+                rec["cpu_s"] = c
+            elif k % 12 == 1 and k > 1:
+                rec["cpu_at_step"], rec["cpu_total_s"] = k - 1, cpu[r]
+            cpu[r] += c
+            out.append(rec)
+    return out
+
+
+@pytest.mark.parametrize("flag", [None, "checkpoint"])
+def test_a_rank_captured_or_checkpointing_alone_is_not_named_from_the_cpu_samples_around_it(flag: str | None) -> None:
+    """The steps of a capture (and the ``parse_steps`` after it) or a flagged step are excluded from detection, and
+    a per-step ``cpu_s`` of them with them. A CPU sample's interval that holds them spread their CPU time (the
+    profiler's, the trace export's, a checkpoint's serialisation: 1.65 s on rank 0 alone) over the interval's
+    mean, which stood for the steps after the exclusion: rank 0 was named a ``cpu/step`` rank_outlier +491 % at
+    step 636. Such an interval gives no value."""
+    from tests.unit.detection_helpers import run
+
+    for sampled in (False, True):
+        found, _det = run(_captured_rank_records(sampled, flag=flag), 4)
+        assert not [a for a in found if a.kind == "rank_outlier"], (sampled, found)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_rank_reporting_a_tiny_work_is_not_named_with_an_absurd_cpu_time(sampled: bool) -> None:
+    """Rank 3 of 4 reports ``work`` 1e-300 per step (others 100), the same CPU time as its peers: its CPU time per
+    unit of work scaled back by the step's work read 1.5e300 s per step, and it was named a ``cpu/step``
+    rank_outlier of +1e302. A value beyond every core busy for the step is no measurement."""
+    from tests.unit.detection_helpers import run
+
+    rng = random.Random(1)
+    cpu = dict.fromkeys(range(4), 1.0)
+    recs: list[dict[str, Any]] = []
+    for k in range(1, 1_500):
+        for r in range(4):
+            rec: dict[str, Any] = {"job_id": "j", "rank": r, "step": k, "step_time_s": 0.02 * (1 + rng.gauss(0, 0.02)),
+                                   "ts_unix_s": 1_000 + k * 0.02, "work": 1e-300 if r == 3 else 100.0}
+            c = 0.015 * (1 + rng.gauss(0, 0.02))
+            if not sampled:
+                rec["cpu_s"] = c
+            elif k % 12 == 1 and k > 1:
+                rec["cpu_at_step"], rec["cpu_total_s"] = k - 1, cpu[r]
+            cpu[r] += c
+            recs.append(rec)
+    found, _det = run(recs, 4)
+    assert all(a.magnitude <= 100 for a in found if a.kind == "rank_outlier"), found

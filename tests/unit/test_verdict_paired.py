@@ -239,3 +239,34 @@ def test_a_no_suspect_note_gives_the_named_ranks_step_by_step_evidence() -> None
     note = armed_for_note("rank_outlier +30% at step 50 ranks [1]", verdict.near_misses)
     assert "which this capture does not confirm at its noise: rank 1:" in note
     assert "; step by step p 0.12 where 0.005 is needed (its 4 steps give at best 0.062)" in note, note
+
+
+def test_drawn_relabellings_take_memory_of_the_draws_not_of_the_draws_times_the_steps() -> None:
+    """A capture of 1,000 steps of 5 ranks: the draws were held as a 20,000 x 1,000 table of indices and one of
+    values (320 MB, 4.6 s per rank and signal, up to 10 per verdict); now one running sum of 20,000. The p-value
+    is the same as from the whole table (the same draws, in the same order)."""
+    import tracemalloc
+
+    import numpy as np
+
+    from profwatch.core.verdict.paired import DRAWS
+
+    rng = random.Random(11)
+    steps = [[rng.gauss(0.0, 0.2) for _ in range(5)] for _ in range(1_000)]
+    tracemalloc.start()
+    try:
+        test = permutation_test(steps, [2] * 1_000, delta=0.0, tie=0.001, alpha=0.01)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert test is not None and not test.exact
+    assert peak < 16e6, peak
+    # the whole table's p-value on a shorter capture (the base code's computation)
+    short = steps[:40]
+    vals = np.array([[0.0 if abs(x) < 0.001 else x for x in v] for v in short])
+    draws = np.random.default_rng(0)
+    idx = np.stack([draws.integers(0, 5, size=DRAWS) for _ in short], axis=1)
+    stats = vals[np.arange(40)[None, :], idx].mean(axis=1)
+    k = int(np.count_nonzero(stats >= vals[:, 2].mean() - 1e-12))
+    got = permutation_test(short, [2] * 40, delta=0.0, tie=0.001, alpha=0.01)
+    assert got is not None and got.p == (1 + k) / (1 + DRAWS)

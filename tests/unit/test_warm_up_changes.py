@@ -236,3 +236,24 @@ def test_a_change_after_a_rising_warm_up_of_fast_step_blocks_is_found() -> None:
             found += 1
     assert quiet == []
     assert found >= 3, found
+
+
+@pytest.mark.xfail(strict=True, reason="known false report: a chance dip of 4 steps at the end of a flat level after "
+                                       "a stepped warm-down is read by _fall_split as the fall's end, and the "
+                                       "normal steps after it as a jump up (+35 %, reference warm_up_fall)")
+def test_a_chance_dip_on_the_flat_level_after_a_stepped_warm_down_is_no_jump() -> None:
+    """A healthy stepped warm-down: 34 steps at 8.25x, 34 at 4.62x, then flat at 1x (10 % noise, numpy seed 198 as
+    drawn by the breaker's generator). Steps 99-102 happen to be low (0.74-0.96 of the level) and 103-114 a little
+    high (mean 1.1): the isotonic fit ends the fall at the dip, and the jump to the next steps passes every rule of
+    ``_fall_split`` (the 4-step medians each side differ by +26 %), though the level 30 steps before the dip is the
+    level after it. 1 of 400 such generated warm-downs (none before ``_fall_split``)."""
+    rng = np.random.default_rng(198)
+    n = 250
+    rng.uniform(1.3, 10)
+    rng.uniform(5, 80)
+    noise = float(rng.choice([0.01, 0.03, 0.06, 0.1, 0.14]))
+    rng.integers(2, 8)
+    curve = np.concatenate([np.full(34, 8.24769765), np.full(34, 4.62384883), np.ones(n)])[:n]
+    x = 0.05 * curve * np.exp(rng.normal(0, noise, n))
+    assert noise == 0.1
+    assert not [r for r in _with_warm_up(x) if r[1] == "step_regression"]

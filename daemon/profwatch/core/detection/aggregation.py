@@ -56,12 +56,13 @@ class _CpuRate:
     """One rank's CPU samples (:meth:`StepAggregator._cpu_from_sample`): the base sample, the reports since it, the
     CPU time per step (or per unit of work) of the last interval and the last step it stands for."""
 
-    __slots__ = ("at_step", "broken", "last_step", "n", "per_work", "total_s", "until", "value", "wall_s", "work",
-                 "work_n")
+    __slots__ = ("at_step", "broken", "excluded_until", "last_step", "n", "per_work", "pid", "total_s", "until",
+                 "value", "wall_s", "work", "work_n")
 
-    def __init__(self, at_step: int, total_s: float) -> None:
+    def __init__(self, at_step: int, total_s: float, pid: int | None = None) -> None:
         self.at_step = at_step  # the base sample: step count and CPU seconds
         self.total_s = total_s
+        self.pid = pid  # the process the samples come from (the node's attested peer_pid; None: not said)
         self.n = 0  # reports since the base sample, their step times and work (and how many had work)
         self.wall_s = 0.0
         self.work = 0.0
@@ -71,6 +72,8 @@ class _CpuRate:
         self.until = -1  # the last step the value stands for
         self.last_step = at_step  # the rank's last report counted (the first to carry a sample read at S is S + 1)
         self.broken = False  # a report's step did not follow the last one's since the base (set_step, a lost report)
+        # or one of its steps is excluded for this rank (up to excluded_until: capturing and parse_steps after, a flag)
+        self.excluded_until = -1
 
     def rebase(self, at_step: int, total_s: float) -> None:
         self.at_step, self.total_s = at_step, total_s
@@ -85,7 +88,8 @@ def judge_cpu_series(vals: dict[str, list[float]], step_time_s: float, step_work
     whose ranks mix the two is dropped (not comparable); per-work values are scaled by the step's ``work`` (back
     to seconds per step: the same number as the CPU time when the ranks did the same work, so the absolute floors
     of the rank comparison keep their meaning); the series is dropped when its median is under
-    :data:`CPU_MIN_SHARE` of ``step_time_s``.
+    :data:`CPU_MIN_SHARE` of ``step_time_s``. A value (scaled) over ``wire.MAX_CPU_CORES * max(step_time_s,
+    0.001)`` s, or infinite, is left out (NaN: that rank has no value in this step).
     """
     arr = vals.get(CPU_SERIES)
     if arr is None:
@@ -96,6 +100,11 @@ def judge_cpu_series(vals: dict[str, list[float]], step_time_s: float, step_work
     if per_work:
         scale = step_work if step_work is not None and step_work > 0 else 1.0
         arr = vals[CPU_SERIES] = [v * scale for v in arr]
+    # a value beyond every core busy for the step is no measurement (the bound of cpu_time_ok): a rank reporting a
+    # tiny ``work`` (1e-300) read 1.5e300 s per step scaled back, and was named a rank_outlier of +1e302
+    cap = MAX_CPU_CORES * max(step_time_s, 0.001)
+    if any(not v <= cap for v in arr if not math.isnan(v)):
+        arr = vals[CPU_SERIES] = [v if v <= cap else math.nan for v in arr]
     present = sorted(v for v in arr if not math.isnan(v))
     n = len(present)
     if n == 0:
@@ -430,16 +439,27 @@ class StepAggregator:
         than ``wire.MAX_CPU_CORES`` cores for the step times reported since the base (at least 1 ms per step;
         counted in ``counters["cpu_bad_sample"]``), becomes the new base and yields no value; so does one whose
         interval holds a gap in the rank's report steps (``rankhook.set_step`` moved the counter: the steps between
-        the samples are not the steps done; or a report was lost). A report repeating the base's sample changes
-        nothing. O(1)."""
+        the samples are not the steps done; or a report was lost), or one of this rank's own excluded steps (a
+        ``capturing`` report and the ``parse_steps`` after it, a report flagged with one of ``excluded_flags``: the
+        profiler's, a trace export's or a checkpoint's CPU time, which a per-step ``cpu_s`` kept on the excluded steps,
+        would be spread over the interval's mean and stand for the steps after them). A report from another process (its ``peer_pid``,
+        where the node attested it, differs from the base's: a process replaced without a step repeated) drops the
+        rank's samples, and that process's first sample is the new base. A report repeating the base's sample
+        changes nothing. O(1)."""
         at = getattr(report, "cpu_at_step", None)
         total = getattr(report, "cpu_total_s", None)
         st = self._cpu_rates.get(r)
         step = report.step
+        pid = getattr(report, "peer_pid", None)
+        if st is not None and pid is not None and st.pid is not None and pid != st.pid:
+            # another process (replaced without a step repeated: no restart seen): its CPU time since it started
+            # is not the old process's since its sample; its first sample is the new base
+            st = None
+            del self._cpu_rates[r]
         if st is None:
             if at is None or total is None:
                 return
-            st = self._cpu_rates[r] = _CpuRate(at, total)
+            st = self._cpu_rates[r] = _CpuRate(at, total, pid)
         if at is not None and total is not None and at != st.at_step:
             d_steps = at - st.at_step
             d_cpu = total - st.total_s
@@ -463,6 +483,12 @@ class StepAggregator:
         # this report counts for the interval after the sample it carries: the report that carries a sample read
         # at the end of step S is S + 1's, so the reports counted for an interval are its steps
         if step != st.last_step + 1:
+            st.broken = True
+        if report.capturing:  # the profiler's CPU time, then its trace export's in the parse_steps after
+            st.excluded_until = max(st.excluded_until, step + self.settings.parse_steps)
+        elif report.flags and any(f in self.settings.excluded_flags for f in report.flags):
+            st.excluded_until = max(st.excluded_until, step)  # a checkpoint's serialisation, an evaluation
+        if step <= st.excluded_until:
             st.broken = True
         st.last_step = step
         st.n += 1
