@@ -206,3 +206,15 @@ def test_heartbeats_too_far_apart_to_explain_anything_are_said_in_status_not_sil
     line = _host_load_line(sparse.view())
     assert "heartbeats 30.0 s apart: too few to explain" in line and f"at most {MAX_EXPLAIN_GAP_S:.0f} s" in line
     assert "too few" not in _host_load_line(dense.view())
+
+
+def test_one_late_heartbeat_does_not_make_a_node_too_sparse() -> None:
+    """The heartbeat interval is the median of the newest gaps: a heartbeat 40 s late among 2 s ones is no "too
+    sparse" warning (the newest gap alone said so until the next heartbeat came)."""
+    s = HostLoadSeries()
+    for t in (0.0, 2.0, 4.0, 6.0, 46.0):
+        s.add(T0 + t, 1.0, -1.0)
+    assert s.view()["heartbeat_gap_s"] == 2.0 and not s.view()["too_sparse_to_explain"]
+    for t in (76.0, 106.0, 136.0):
+        s.add(T0 + t, 1.0, -1.0)
+    assert s.view()["too_sparse_to_explain"]

@@ -48,6 +48,8 @@ MAX_EXPLAIN_GAP_S = AFTER_S / MIN_BUCKETS[1]
 """Largest gap between a node's heartbeats (s) that always fills :data:`MIN_BUCKETS` after a move: a node whose
 heartbeats come further apart (``[node] heartbeat_interval_s`` of 30 s, say) explains a move only at some judgement
 times (2 of 3 see too few heartbeats at 30 s), and ``status`` says so instead of staying silent."""
+GAPS_KEPT = 5
+"""Gaps between a node's heartbeats kept to tell its interval (their median)."""
 MIN_LOAD_FACTOR = 1.08
 """A host-load move explains nothing below this predicted slowdown (the run queue's noise from second to second
 on a quiet host)."""
@@ -107,8 +109,8 @@ class HostLoadSeries:
     """None: no sample yet; False: the node's kernel has no PSI (its heartbeats say -1)."""
     last_s: float = math.nan
     """Coordinator time of the newest sample (NaN before any)."""
-    gap_s: float = math.nan
-    """Seconds between the two newest samples (NaN before the second): the node's heartbeat interval as seen here."""
+    gaps: array = field(default_factory=lambda: array("f"))
+    """Seconds between successive samples, the newest :data:`GAPS_KEPT` (empty before the second sample)."""
 
     def add(self, now_s: float, runnable_per_core: float, psi_some_pct: float) -> None:
         """Fold one heartbeat's sample in. ``runnable_per_core < 0``: the node did not measure (an older node
@@ -122,7 +124,9 @@ class HostLoadSeries:
         psi = psi_some_pct if has_psi else math.nan
         self.samples += 1
         if math.isfinite(self.last_s):
-            self.gap_s = now_s - self.last_s
+            self.gaps.append(now_s - self.last_s)
+            if len(self.gaps) > GAPS_KEPT:
+                del self.gaps[0]
         self.last_s = now_s
         if self.t and self.t[-1] <= now_s < self.t[-1] + BUCKET_S:
             k = self._n[-1] + 1
@@ -154,6 +158,12 @@ class HostLoadSeries:
                 "psi_available": self.psi_available, "samples": self.samples,
                 "heartbeat_gap_s": None if math.isnan(self.gap_s) else round(self.gap_s, 1),
                 "too_sparse_to_explain": bool(self.gap_s > MAX_EXPLAIN_GAP_S)}
+
+    @property
+    def gap_s(self) -> float:
+        """The node's heartbeat interval as seen here: the median of the newest :data:`GAPS_KEPT` gaps between
+        samples (one late heartbeat does not make a node "too sparse"), NaN before the second sample."""
+        return _median(list(self.gaps)) if self.gaps else math.nan
 
 
 def _median(xs: list[float]) -> float:
