@@ -96,6 +96,12 @@ def test_alert_lines_name_the_suspects_of_the_verdict_and_of_its_follow_up() -> 
                          "data": {"status": "weak", "suspects": sus,
                                   "detail": "rank 2; evidence is weak: 2 of 5 steps"}})
     assert weak.endswith("weak: suspects rank 2 (compute, score 0.91, h2) (rank 2; evidence is weak: 2 of 5 steps)")
+    other = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",
+                          "data": {"status": "ok", "suspects": sus,
+                                   "detail": "1 suspect rank(s), 0 slow link(s); top: rank 2 (compute); armed for "
+                                             "rank_outlier +30% at step 9 ranks [1], not named by this capture: x"}})
+    assert other.endswith("ok: suspects rank 2 (compute, score 0.91, h2) "
+                          "(armed for rank_outlier +30% at step 9 ranks [1], not named by this capture: x)")
     late = render_event({"type": "io.profwatch.analysis_enriched.v1", "time": "T", "subject": "j1",
                          "data": {"capture_id": "c-1", "status": "ok", "suspects": sus, "job_ended": True}})
     assert late.endswith("(after the job ended: information, no alert)")  # issue 33 #1

@@ -69,3 +69,19 @@ def test_a_no_suspect_detail_says_what_the_capture_was_armed_for():
     # a manual capture (the control command's default reason, or an operator's text) was armed by no detector: it
     # is neither "the whole job" nor a named rank the capture failed to confirm
     assert armed_for_note("manual") == armed_for_note("check ranks [3, 4] after the fix") == ""
+
+
+def test_a_verdict_naming_another_rank_than_detection_says_they_disagree():
+    """Live (a 2-rank gloo TP pair on a shared 2-core host): detection named rank 1 on its CPU time per step, the
+    capture's 10 steps named rank 0 (its matmuls ran 3.8x longer there under CPU contention) and the alert said only
+    "ok: suspects rank 0". The detail now says the capture was armed for rank 1 and does not name it."""
+    from profwatch.analysis.result import named_elsewhere_note
+
+    note = named_elsewhere_note("rank_outlier +30% at step 4408 ranks [1]", [0])
+    assert note.startswith("; armed for rank_outlier +30% at step 4408 ranks [1], not named by this capture: "
+                           "the detector and the capture disagree")
+    # a named rank among the suspects, a job-wide change, a manual or reference capture, no suspect: nothing to say
+    assert named_elsewhere_note("rank_outlier +30% at step 4408 ranks [1, 3]", [3, 0]) == ""
+    assert named_elsewhere_note("step_regression +25% at step 300", [2]) == ""
+    assert named_elsewhere_note("manual", [2]) == named_elsewhere_note("reference", [2]) == ""
+    assert named_elsewhere_note(None, [2]) == named_elsewhere_note("rank_outlier +30% at step 9 ranks [1]", []) == ""

@@ -51,6 +51,7 @@ from profwatch.analysis.result import (
     AnalysisStatus,
     armed_for_note,
     hostnames_from_dirs,
+    named_elsewhere_note,
     not_complete,
     overall_status,
 )
@@ -583,6 +584,8 @@ def _judge(result: AnalysisResult, ev: ClusterEvidence, f: Followup) -> None:
                                                   subset=result.captured_ranks is not None)
     if result.status == "no_suspect":
         result.detail += armed_for_note(result.capture_reason, verdict.near_misses)
+    elif result.status in ("ok", "weak"):
+        result.detail += named_elsewhere_note(result.capture_reason, [s.rank for s in result.suspects])
     result.unjudged_ranks = unjudged
     result.hardware = below_peers(ev.aicore)
     if result.hardware:

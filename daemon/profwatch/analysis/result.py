@@ -346,6 +346,25 @@ def armed_for_note(capture_reason: str | None, near_misses: Sequence[Mapping[str
             " outside the captured steps)")
 
 
+def named_elsewhere_note(capture_reason: str | None, suspect_ranks: Sequence[int]) -> str:
+    """What an ``ok`` or ``weak`` detail adds when detection armed the capture for named ranks and the capture names
+    none of them: ``"; armed for rank_outlier +30% at step 4408 ranks [1], not named by this capture: ..."``, so an
+    alert naming another rank says that the detector and the capture disagree. ``""`` when no suspect is named, the
+    reason names no rank (a job-wide change, a manual or reference capture) or a named rank is among the suspects.
+    Seen live: a 2-rank gloo TP pair on a shared 2-core host, rank 1 with 1.3x the work named on its CPU time per
+    step, and its capture's 10 steps, in which rank 0's matmuls ran 3.8x longer under CPU contention, named rank 0."""
+    reason = (capture_reason or "").strip()
+    if not suspect_ranks or not reason or reason == REFERENCE_REASON \
+            or reason.split(" ", 1)[0] not in get_args(AnomalyKind) or " ranks [" not in reason:
+        return ""
+    named = set(_named_in_reason(reason))
+    if not named or named & set(suspect_ranks):
+        return ""
+    return (f"; armed for {reason}, not named by this capture: the detector and the capture disagree (on a host whose "
+            "cores the ranks share, another rank can run slower in the captured steps); see the report and the next "
+            "capture")
+
+
 def not_complete(batch: BatchState, result: AnalysisResult) -> None:
     """Status of a batch that is not complete: ``not_applicable`` when every rank is present but failed for the
     same reason (e.g. a text-only export: the capture itself cannot be analysed), else ``incomplete``. A

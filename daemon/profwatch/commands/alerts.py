@@ -71,7 +71,15 @@ def _suspects(d: dict[str, Any]) -> str:
     return f" {status}: suspects " + ", ".join(
         f"rank {x['rank']} ({x['kind']}, score {x['score']:.2f}, {x.get('hostname') or 'host unknown'}"
         f"{_saving(x.get('impact'))}" + (f", dir {x['rank_dir']}" if x.get("rank_dir") else "") + ")" for x in sus) + (
-        f" ({d['detail']})" if status == "weak" and d.get("detail") else "")  # why the evidence is weak
+        f" ({d['detail']})" if status == "weak" and d.get("detail") else  # why the evidence is weak
+        f" ({_armed_for(str(d.get('detail') or ''))})" if _armed_for(str(d.get("detail") or "")) else "")
+
+
+def _armed_for(detail: str) -> str:
+    """The part of an ``ok`` detail from ``"armed for"`` on: the capture names none of the ranks detection armed it
+    for (``profwatch.analysis.result.named_elsewhere_note``); ``""`` when the detail has none."""
+    at = detail.find("; armed for ")
+    return detail[at + 2:] if at >= 0 else ""
 
 
 def _episode_text(t: str, d: dict[str, Any]) -> str:
