@@ -17,10 +17,12 @@ from typing import Any
 import pytest
 
 import rankhook.hook as hook_mod
+from profwatch.core.detection import aggregation
 from profwatch.core.detection.aggregation import (
     CPU_MIN_SHARE,
     CPU_SAMPLE_HOLD,
     CPU_SAMPLE_MIN_STEPS,
+    CPU_SAMPLE_SPAN,
     CPU_SERIES,
     StepAggregator,
     judge_cpu_series,
@@ -285,10 +287,11 @@ SAMPLED_BASE = 0.008
 6.6 ms (the older tests' base) is 0.99 ms over their mean, under the 1 ms floor ``outlier_min_abs_s``; step by step
 the noise lifted it over in enough steps to name the rank, the mean over an interval between samples never does.
 At 8 ms it is 1.2 ms, over the floor."""
-SAMPLE_LAG_STEPS = 30
-"""Two sampling intervals of the simulated lockstep job (``CPU_SAMPLE_S`` 0.25 s at about 57 steps a second): the
-CPU time per step from samples stands for the interval before the last sample, so a change shows up to one
-interval late, and in full one interval later."""
+SAMPLE_LAG_STEPS = 30 + (CPU_SAMPLE_SPAN - 1) * CPU_SAMPLE_MIN_STEPS
+"""Two sampling intervals of the simulated lockstep job (``CPU_SAMPLE_S`` 0.25 s at about 57 steps a second), and
+the span's other intervals: the CPU time per step from samples is the mean over the last ``CPU_SAMPLE_SPAN``
+intervals before the last sample, so a change shows up to one interval late, and in full ``CPU_SAMPLE_SPAN``
+intervals later."""
 
 
 @pytest.mark.parametrize("ranks", [2, 4, 8])
@@ -521,6 +524,34 @@ def test_a_serving_tp_pair_names_its_slower_rank_from_cpu_time_and_is_quiet_befo
     assert not [a for _, a in older if a.kind == "rank_outlier"]
 
 
+@pytest.fixture
+def one_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The value of each interval alone (``CPU_SAMPLE_SPAN`` 1): the tests of one interval's arithmetic (what it
+    is, when it gives none); the mean over the span has its own test."""
+    monkeypatch.setattr(aggregation, "CPU_SAMPLE_SPAN", 1)
+
+
+def test_the_cpu_value_is_the_mean_of_the_last_intervals_so_one_interval_read_high_is_one_observation() -> None:
+    """A live serving pair at a load average of 4-19 on 2 cores: one interval of a healthy rank read +13 % and its
+    mean stood for each of the interval's steps, filling the rank comparison's window by itself (two healthy ranks
+    named 35 s apart). The value is now the mean over the last ``CPU_SAMPLE_SPAN`` intervals in a row: none until
+    that many, one interval at +39 % moves it by +13 %, and a rank whose every interval is +30 % reads +30 %."""
+    assert CPU_SAMPLE_SPAN == 3
+    samples: dict[int, dict[int, tuple[int, float]]] = {}
+    c0 = c1 = 1.0
+    for i, at in enumerate(range(4, 240, 20)):
+        samples[at + 1] = {0: (at, c0), 1: (at, c1)}
+        c0 += 0.010 * 20
+        c1 += 0.010 * 20 * (1.39 if i == 5 else 1.30 if i >= 7 else 1.0)
+    series, _agg = _sampled_series(_pair_reports(260, samples))
+    assert min(series) == 4 + 3 * 20 + 1  # three intervals: 4-24, 24-44, 44-64, carried by step 65's report
+    assert series[65] == pytest.approx([0.010, 0.010])
+    # the interval 104-124 at +39 %: the means that hold it read +13 %, never more
+    assert series[125] == pytest.approx([0.010, 0.010 * (1 + 0.39 / 3)])
+    assert max(v[1] for v in series.values()) <= 0.010 * 1.3 + 1e-12
+    assert series[245] == pytest.approx([0.010, 0.013])  # three intervals at +30 %: all of it
+
+
 def _sampled_series(reports: list[wire.StepReport], ranks: int = 2) -> tuple[dict[int, list[float]], StepAggregator]:
     """Feed reports (two ranks in step order) to an aggregator; return each finalised step's CPU series."""
     agg = StepAggregator(ranks, DetectionSettings(outlier_min_ranks=2, warmup_steps=0))
@@ -542,7 +573,7 @@ def _pair_reports(n: int, samples: dict[int, dict[int, tuple[int, float]]], *, w
             for k in range(1, n + 1) for r in range(2)]
 
 
-def test_cpu_time_per_step_from_samples_is_the_cpu_time_between_them_over_the_steps() -> None:
+def test_cpu_time_per_step_from_samples_is_the_cpu_time_between_them_over_the_steps(one_interval: None) -> None:
     """Rank 0: 10 ms of CPU per step, rank 1: 12 ms, sampled at steps 4, 24 (and 44); each carried by the next
     report (and a repeat of it one report later changes nothing). The series holds each rank's mean over the
     interval from the report that carried the second sample, for ``CPU_SAMPLE_HOLD`` intervals."""
@@ -559,14 +590,14 @@ def test_cpu_time_per_step_from_samples_is_the_cpu_time_between_them_over_the_st
     assert "cpu_bad_sample" not in agg.counters
 
 
-def test_cpu_samples_closer_than_the_least_steps_are_measured_from_the_same_base() -> None:
+def test_cpu_samples_closer_than_the_least_steps_are_measured_from_the_same_base(one_interval: None) -> None:
     samples = {5: {0: (4, 1.0), 1: (4, 1.0)}, 11: {0: (10, 9.0), 1: (10, 9.0)},  # 6 steps: not used
                25: {0: (24, 1.2), 1: (24, 1.24)}}
     series, _agg = _sampled_series(_pair_reports(40, samples))
     assert min(series) == 25 and series[25] == pytest.approx([0.2 / 20, 0.24 / 20])
 
 
-def test_a_cpu_sample_beyond_every_core_or_going_back_yields_no_value() -> None:
+def test_a_cpu_sample_beyond_every_core_or_going_back_yields_no_value(one_interval: None) -> None:
     """More CPU time than ``MAX_CPU_CORES`` cores for the step times reported since the base sample is counted and
     not used; CPU time or a step count going back (another process) starts afresh from the new sample."""
     samples = {5: {0: (4, 1.0), 1: (4, 1.0)},
@@ -577,14 +608,14 @@ def test_a_cpu_sample_beyond_every_core_or_going_back_yields_no_value() -> None:
     assert min(series) == 45 and series[45] == pytest.approx([0.2 / 20, 0.2 / 20])
 
 
-def test_cpu_samples_per_unit_of_work_when_every_report_between_them_has_work() -> None:
+def test_cpu_samples_per_unit_of_work_when_every_report_between_them_has_work(one_interval: None) -> None:
     samples = {5: {0: (4, 1.0), 1: (4, 1.0)}, 25: {0: (24, 1.8), 1: (24, 2.0)}}
     series, _agg = _sampled_series(_pair_reports(30, samples, work=8.0))
     # 0.8 s over 20 steps of work 8: 5 ms per unit of work, scaled back by the step's work (8): 40 ms per step
     assert series[25] == pytest.approx([0.04, 0.05])
 
 
-def test_no_cpu_value_from_an_interval_whose_step_counter_jumped() -> None:
+def test_no_cpu_value_from_an_interval_whose_step_counter_jumped(one_interval: None) -> None:
     """``rankhook.set_step`` moved a rank's counter from 40 to 1,000 between two samples: 16 steps of CPU time over
     976 counted steps would read as a rank doing 2 % of its work (and its peer of a pair, the mean of the two, as
     twice its own). That interval gives no value; the ones before and after do (10 ms of CPU per step)."""
@@ -628,7 +659,7 @@ def test_a_cpu_sample_read_before_set_step_is_not_carried_past_it(step_pull: Any
     assert [s["step"] for s in got[-2:]] == [6, 7]
 
 
-def test_cpu_samples_of_a_replaced_process_are_not_measured_from_the_old_ones() -> None:
+def test_cpu_samples_of_a_replaced_process_are_not_measured_from_the_old_ones(one_interval: None) -> None:
     """Rank 0's process (pid 100) is replaced by another (pid 200) that goes on at the next step (a clean
     preemption resumed with ``set_step`` at the last step, no step repeated, so no restart is seen). The new process's
     CPU time since it started (30 s: imports, model load) was measured from the old process's last sample (10.2 s):

@@ -46,6 +46,15 @@ the next value: a mean over one step (a sample after an idle gap, or each step o
 interval counted its one step's noise as many outlying steps of the window (a simulated serving pair: a false
 ``rank_outlier`` 60 steps before the onset); over 16 steps its noise is a quarter of one step's. A later sample
 closer than this to the base is ignored (the next one is measured from the same base)."""
+CPU_SAMPLE_SPAN = 3
+"""A rank's CPU time per step from samples is the mean over its last this many intervals between samples, all
+valid and in a row (fewer after the first sample, a restart or a broken interval: no value yet). The mean stands for
+each of the rank's steps until the next sample, so the rank comparison's window (``outlier_min_steps`` of
+``outlier_window_steps`` steps) saw one interval's mean, a single observation, as many outlying steps: on a live
+2-rank serving loop at a load average of 4-19 on 2 cores, two healthy ranks were named +13 % on ``cpu/step`` 35 s
+apart (both captures found nobody; they then read as a rotating culprit and held the real +30 % rank's episode,
+``bench/bench_live_serving.py``). Over three intervals one interval's excursion moves the mean a third as much; a
+change is seen fully two intervals later (about 0.5 s, or 32 steps of a slow loop)."""
 CPU_SAMPLE_HOLD = 3
 """A rank's CPU time per step from samples stands for its steps up to this many of its sampled intervals past the
 last sample (a rank whose samples stop, e.g. its process was replaced by an older hook, drops out of the series
@@ -56,8 +65,8 @@ class _CpuRate:
     """One rank's CPU samples (:meth:`StepAggregator._cpu_from_sample`): the base sample, the reports since it, the
     CPU time per step (or per unit of work) of the last interval and the last step it stands for."""
 
-    __slots__ = ("at_step", "broken", "excluded_until", "last_step", "n", "per_work", "pid", "total_s", "until",
-                 "value", "wall_s", "work", "work_n")
+    __slots__ = ("at_step", "broken", "excluded_until", "last_step", "n", "per_work", "pid", "span", "total_s",
+                 "until", "value", "wall_s", "work", "work_n")
 
     def __init__(self, at_step: int, total_s: float, pid: int | None = None) -> None:
         self.at_step = at_step  # the base sample: step count and CPU seconds
@@ -74,10 +83,29 @@ class _CpuRate:
         self.broken = False  # a report's step did not follow the last one's since the base (set_step, a lost report)
         # or one of its steps is excluded for this rank (up to excluded_until: capturing and parse_steps after, a flag)
         self.excluded_until = -1
+        self.span: deque[tuple[int, float, int, float, int]] = deque(maxlen=CPU_SAMPLE_SPAN)
+        """The last valid intervals in a row: (steps, CPU s, reports, their work, reports with work)."""
 
     def rebase(self, at_step: int, total_s: float) -> None:
         self.at_step, self.total_s = at_step, total_s
         self.n, self.wall_s, self.work, self.work_n, self.broken = 0, 0.0, 0.0, 0, False
+
+
+def _span_value(st: _CpuRate) -> float | None:
+    """The CPU time per step of a rank's last :data:`CPU_SAMPLE_SPAN` intervals (``st.span``; sets
+    ``st.per_work``): per unit of work when every report of them carried work (their CPU over their mean work per
+    report times their steps), else per step; None until the span is full."""
+    if len(st.span) < CPU_SAMPLE_SPAN:
+        return None
+    steps = sum(x[0] for x in st.span)
+    cpu = sum(x[1] for x in st.span)
+    n = sum(x[2] for x in st.span)
+    work = sum(x[3] for x in st.span)
+    if n and all(x[2] and x[4] == x[2] for x in st.span) and work > 0:
+        st.per_work = True
+        return cpu / (work / n * steps)
+    st.per_work = False
+    return cpu / steps
 
 
 def judge_cpu_series(vals: dict[str, list[float]], step_time_s: float, step_work: float | None,
@@ -465,17 +493,19 @@ class StepAggregator:
             d_cpu = total - st.total_s
             if d_steps < 0 or d_cpu < 0:
                 st.value = None
+                st.span.clear()
             elif d_steps < CPU_SAMPLE_MIN_STEPS:
                 at, total = st.at_step, st.total_s  # too close: the base stays
             elif st.broken:  # the steps between the samples are not the reports counted: no value
                 st.value = None
+                st.span.clear()
             elif d_cpu > MAX_CPU_CORES * max(st.wall_s, 0.001 * d_steps):
                 self.counters["cpu_bad_sample"] = self.counters.get("cpu_bad_sample", 0) + 1
                 st.value = None
-            elif st.n and st.work_n == st.n:
-                st.value, st.per_work = d_cpu / (st.work / st.n * d_steps), True
+                st.span.clear()
             else:
-                st.value, st.per_work = d_cpu / d_steps, False
+                st.span.append((d_steps, d_cpu, st.n, st.work, st.work_n))
+                st.value = _span_value(st)
             if at != st.at_step:
                 if st.value is not None:
                     st.until = at + CPU_SAMPLE_HOLD * d_steps
