@@ -941,3 +941,33 @@ def test_new_episodes_still_share_the_hourly_cap_when_no_repeat_holds_it() -> No
     fifth, _ = b.observe(out(200, (9,), mag=0.5, stage="stage9"), T0 + 10)
     assert fifth is not None and b.next_arm(p, T0 + 10, capture_in_flight=False) is None
     assert (fifth.waiting, fifth.waiting_until_unix_s) == ("hourly_cap", T0 + 3600)
+
+
+def test_a_slow_rank_reported_as_many_short_episodes_on_a_rotating_key_is_captured_once_its_naming_persists() -> None:
+    """The live serving pair (bench_live_serving, load 4-19): two healthy ranks named on cpu/step 35 s apart, both
+    captures found nobody, the key read as a rotating culprit (0, 1). Then rank 1 got 30 % slower for good: named 14
+    s after its onset, but as 9 short episodes in 5 minutes (each closed quiet between reports, the next opened 10-20 s
+    later), none lasting 300 s: every one waited as a rotation member and nothing was captured. Its naming persisted:
+    counted from the start of its stretch in the key's trail (the only rank named on the key meanwhile), it is a slow
+    rank of its own after 5 minutes and 60 steps."""
+    b, p = book(max_captures_per_hour=4, episode_quiet_steps=50, min_arm_gap_s=30)
+    t, step = T0, 2_000
+    for rank, cid in ((0, "c0"), (1, "c1")):
+        ep, _ = b.observe(out(step, (rank,), mag=0.13, stage="cpu/step"), t)
+        assert ep is not None and arm_next(b, p, t + 1, cid, covered=(0, 1)) is ep
+        b.capture_ended(cid, t + 20, "no_suspect")
+        b.advance(t + 34, furthest_step=step + 60, ongoing={"rank_outlier": frozenset()})
+        t, step = t + 35, step + 160
+    assert "rank_outlier/cpu/step" in b.rotating
+    t, step = T0 + 600, 5_000  # 9 minutes later the real change
+    captured_at = None
+    for k in range(60):  # a report every 30 s for 30 min, each episode closing quiet before the next
+        now, at = t + 30 * k, step + 900 * k
+        ep, _ = b.observe(out(at, (1,), mag=0.14, stage="cpu/step"), now)
+        assert ep is not None
+        b.advance(now + 5, furthest_step=at + 20, ongoing={"rank_outlier": frozenset({1})})
+        if arm_next(b, p, now + 5, f"c-slow-{k}", covered=(0, 1)) is not None:
+            captured_at = now + 5 - t
+            break
+        b.advance(now + 25, furthest_step=at + 800, ongoing={"rank_outlier": frozenset()})  # quiet: it closes
+    assert captured_at is not None and 300 <= captured_at <= 340, captured_at

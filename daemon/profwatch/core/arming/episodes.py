@@ -258,6 +258,7 @@ class JobEpisodes:
         self._flight: dict[str, tuple[int | None, frozenset[int] | None, float]] = {}  # -> (start, covered, armed)
         self._ended: deque[_Ended] = deque(maxlen=MAX_TOPS)  # captures that ended lately, newest last
         self._trail: dict[str, dict[int, tuple[float, float]]] = {}  # ranked key -> rank -> (first, last) named
+        self._trail_step: dict[str, dict[int, int]] = {}  # ranked key -> rank -> first step of its trail stretch
         self._key_captures: dict[str, list[tuple[str, float]]] = {}  # ranked key -> its episodes' (capture, armed)
         self._tops: dict[str, deque[tuple[int, str, str, float]]] = {}  # key -> (top rank, episode, capture, armed)
         self.rotating: dict[str, tuple[tuple[int, ...], float]] = {}  # key -> (the rotation's ranks, longest s)
@@ -364,7 +365,7 @@ class JobEpisodes:
             self._touch(ep)
             out.append(self._event(TYPE_EPISODE_OPENED, ep, "", detail=detail))
             out += self._covered_at_open(ep, onset, now_unix_s)
-            out += self._named(ep, ranks, now_unix_s)
+            out += self._named(ep, ranks, now_unix_s, anomaly.step)
             return ep, [*out, *self._explain(ep, now_unix_s)]
         fresh = sorted(set(ranks) - ep.seen_ranks)
         ep.magnitude = anomaly.magnitude
@@ -380,7 +381,7 @@ class JobEpisodes:
         self._touch(ep)
         out.append(self._event(TYPE_EPISODE_UPDATED, ep, f"-{ep.reports}", reason="reported", new_ranks=fresh,
                                detail=detail))
-        return ep, [*out, *self._named(ep, ranks, now_unix_s), *self._explain(ep, now_unix_s)]
+        return ep, [*out, *self._named(ep, ranks, now_unix_s, anomaly.step), *self._explain(ep, now_unix_s)]
 
     def _covered_at_open(self, ep: Episode, onset: int, now_unix_s: float) -> list[Event]:
         """A capture whose window started after ``onset`` (the first step of the new episode's evidence) and covered
@@ -402,23 +403,28 @@ class JobEpisodes:
                 return self._rotation_across(ep, [cap], now_unix_s)
         return []
 
-    def _named(self, ep: Episode, ranks: tuple[int, ...], now_unix_s: float) -> list[Event]:
-        """Record the ranks an episode of a ranked key names now (a report, or its detector still naming them) in
-        the key's trail, then recognise a rotation from the names (:meth:`_rotation_named`)."""
+    def _named(self, ep: Episode, ranks: tuple[int, ...], now_unix_s: float, step: int) -> list[Event]:
+        """Record the ranks an episode of a ranked key names now (a report, or its detector still naming them, at
+        the job's ``step``) in the key's trail, then recognise a rotation from the names (:meth:`_rotation_named`)."""
         if not ep.ranks:
             return []
         trail = self._trail.setdefault(ep.key, {})
+        first_steps = self._trail_step.setdefault(ep.key, {})
         for r in ranks:  # a rank named again after a healthy gap starts a new stretch: the hold is a hot period's
             last = trail.get(r)
-            trail[r] = (last[0] if last is not None and now_unix_s - last[1] <= NAMED_GAP_S else now_unix_s,
-                        now_unix_s)
+            go_on = last is not None and now_unix_s - last[1] <= NAMED_GAP_S
+            trail[r] = (last[0] if last is not None and go_on else now_unix_s, now_unix_s)
+            if not go_on or r not in first_steps:
+                first_steps[r] = step
         if len(trail) > MAX_TRAIL:
             for r in sorted(trail, key=lambda r: trail[r][1])[:len(trail) - MAX_TRAIL]:
                 del trail[r]
+                first_steps.pop(r, None)
         if len(self._trail) > MAX_OPEN:  # keys of closed episodes go first (memory bound)
             stale = [k for k in self._trail if k not in self.open and k != ep.key]
             for k in stale[:len(self._trail) - MAX_OPEN]:
                 del self._trail[k]
+                self._trail_step.pop(k, None)
         return self._rotation_named(ep, now_unix_s)
 
     def advance(self, now_unix_s: float, *, furthest_step: int | None, step_time_s: float | None = None,
@@ -458,7 +464,7 @@ class JobEpisodes:
                         self._touch(ep)
                         out.append(self._event(TYPE_EPISODE_UPDATED, ep, f"-{ep.reports}-r{','.join(map(str, still))}",
                                                reason="ranks_cleared"))
-                    out += self._named(ep, still, now_unix_s)
+                    out += self._named(ep, still, now_unix_s, furthest_step)
             elif not ep.ranks and ep.reference_s is not None and step_time_s is not None:
                 held = step_time_s >= ep.reference_s * (1.0 + ep.magnitude / 2.0)
                 found = _found_nobody(ep) if held else None
@@ -472,7 +478,7 @@ class JobEpisodes:
                 elif ep.settle_step is not None:
                     ep.settle_step = None  # not at its level (or captured again): the clock starts over
                     self._touch(ep)
-            if ep.rotating_member and ep.rotation and self._persists(ep, now_unix_s, furthest_step):
+            if ep.rotating_member and ep.rotation and self._persists(ep, now_unix_s, furthest_step, held):
                 ep.rotation, ep.rotating_member = (), False
                 self._touch(ep)
                 out.append(self._event(
@@ -522,13 +528,29 @@ class JobEpisodes:
                      f"culprit of {ep.key} rotates: a slow rank of its own, captured as new"))
         return out
 
-    def _persists(self, ep: Episode, now_unix_s: float, furthest_step: int) -> bool:
+    def _persists(self, ep: Episode, now_unix_s: float, furthest_step: int, held: bool = False) -> bool:
         """Whether an episode opened on a rotating key lasted long enough to be a slow rank of its own
-        (:data:`PERSIST_S`, :data:`PERSIST_STEPS`, twice the longest episode of the rotation)."""
+        (:data:`PERSIST_S`, :data:`PERSIST_STEPS`, twice the longest episode of the rotation), counted from the
+        episode's opening or, when its one rank is the only rank the key's episodes named since the rank's stretch
+        in the key's trail began (gaps under :data:`NAMED_GAP_S`), from that stretch's start: a detector reports one
+        slow rank as many short episodes (each closes quiet between reports) and none of them alone lasted 300 s (a
+        live serving pair's real +30 % rank, named 14 s after its onset, was held as a rotation member for 5 min in
+        9 episodes). A rank that shares the stretch with others (a hot spot moving among them) counts from its
+        episode. Still slow: ``held`` (its detector names it now) or a report within a quarter of
+        ``episode_quiet_steps`` (a job stepping faster than that per pass of the coordinator never met the second
+        alone)."""
         longest = self.rotating.get(ep.key, ((), 0.0))[1]
-        age = now_unix_s - ep.opened_unix_s
-        return (age >= max(PERSIST_S, 2.0 * longest) and furthest_step - ep.opened_step >= PERSIST_STEPS
-                and ep.last_ongoing_step >= furthest_step - max(1, self.settings.episode_quiet_steps // 4))
+        since_s, since_step = ep.opened_unix_s, ep.opened_step
+        trail = self._trail.get(ep.key, {})
+        if len(ep.ranks) == 1 and ep.ranks[0] in trail:
+            r = ep.ranks[0]
+            first = trail[r][0]
+            if all(last < first for o, (_, last) in trail.items() if o != r):
+                since_s = min(since_s, first)
+                since_step = min(since_step, self._trail_step.get(ep.key, {}).get(r, since_step))
+        age = now_unix_s - since_s
+        return (age >= max(PERSIST_S, 2.0 * longest) and furthest_step - since_step >= PERSIST_STEPS
+                and (held or ep.last_ongoing_step >= furthest_step - max(1, self.settings.episode_quiet_steps // 4)))
 
     def _learn(self, ep: Episode, now_unix_s: float, step: int, level_s: float | None,
                capture_id: str) -> list[Event]:
@@ -557,6 +579,7 @@ class JobEpisodes:
         self._flight.clear()
         self._ended.clear()
         self._trail.clear()
+        self._trail_step.clear()
         self._key_captures.clear()
         self._tops.clear()
         self.rotating.clear()
