@@ -205,6 +205,7 @@ def main() -> int:
         return rank_worker(a)
     exit_on_sigterm()
     from profwatch.core.alerts.event_types import TYPE_ARM_DECISION
+    from profwatch.core.capture.planner import CaptureSettings
     from profwatch.simulate.launcher import free_port
     from tests.integration.live_stack import Stack
 
@@ -216,7 +217,11 @@ def main() -> int:
         (root / "prof").mkdir()
         stop_file, slow_file = root / "stop", root / "slow"
         st = Stack(root, ack_timeout_s=600.0, sections={"arming": {"active": 6, "min_arm_gap_s": 5.0},
-                                                        "capture": {"max_active": max(10, a.probe_active or 0)},
+                                                        # the default cap (a small group's captures record
+                                                        # [arming] small_group_active steps up to it), more for a
+                                                        # longer probe
+                                                        "capture": {"max_active": max(CaptureSettings().max_active,
+                                                                                      a.probe_active or 0)},
                                                         "analysis": {"ranking": {"min_effect_frac": 0.08}}})
         procs: list[subprocess.Popen] = []
         t0 = time.monotonic()
