@@ -153,7 +153,7 @@ def test_plan_overrides() -> None:
     ("req", "job", "match"),
     [
         ({"start_step": 105}, {}, "too close"),
-        ({"active": 25}, {}, "max_active"),
+        ({"active": 11}, {}, "max_active"),
         ({"rank_list": [4]}, {}, "rank_list"),
         ({"rank_list": []}, {}, "rank_list"),
         ({}, {"step_time_s": None}, "step time"),

@@ -48,7 +48,7 @@ class ArmingSettings(BaseModel):
                         "key; a manual arm's: [capture] manual_active); "
                         "default 4: see CAPTURE_WINDOW_NOTE in daemon/profwatch/core/capture/planner.py")
     small_group_active: int = Field(
-        24, ge=1, le=40, description="steps recorded by a capture detection arms when it covers at most "
+        12, ge=1, le=40, description="steps recorded by a capture detection arms when it covers at most "
         "SMALL_GROUP_RANKS ranks (at least active): a small group's verdict is a step-by-step permutation test whose "
         "smallest p-value is N^-steps (a pair needs 8 steps, a 4-rank group 5; docs/verdicts.md, Small groups)")
     rank_list: tuple[int, ...] | None = Field(None, description="ranks to capture (None = all ranks)")

@@ -102,10 +102,8 @@ class CaptureSettings(BaseModel):
         "torch_npu parses its raw data after the window (profiler_config.json analyse); needed for analyse.done"))
     async_mode: bool = Field(True, description=(
         "torch_npu parses in a background process (profiler_config.json async_mode), so the job is not held"))
-    max_active: int = Field(default=24, gt=0, description=(
-        "most steps one capture may record (an arm or a grown episode asking more is refused or capped); 24 lets a "
-        "capture of 2-4 ranks record [arming] small_group_active steps (a live TP pair on a busy host: 10 steps gave "
-        "p 0.07-0.21 where 0.005 is needed)"))
+    max_active: int = Field(default=10, gt=0, description=(
+        "most steps one capture may record (an arm or a grown episode asking more is refused or capped)"))
     deadline_factor: float = Field(default=3.0, ge=1.0, description=(
         "a rank's capture deadline allows its window's steps at this many times its step time"))
     deadline_grace_s: float = Field(default=120.0, ge=0, description="seconds added to every rank's capture deadline")
