@@ -257,8 +257,8 @@ class JobEpisodes:
         self._dirty: dict[str, Episode] = {}
         self._flight: dict[str, tuple[int | None, frozenset[int] | None, float]] = {}  # -> (start, covered, armed)
         self._ended: deque[_Ended] = deque(maxlen=MAX_TOPS)  # captures that ended lately, newest last
-        self._trail: dict[str, dict[int, tuple[float, float]]] = {}  # ranked key -> rank -> (first, last) named
-        self._trail_step: dict[str, dict[int, int]] = {}  # ranked key -> rank -> first step of its trail stretch
+        # ranked key -> rank -> (first, last) named in its current stretch, and the job's step at the first
+        self._trail: dict[str, dict[int, tuple[float, float, int]]] = {}
         self._key_captures: dict[str, list[tuple[str, float]]] = {}  # ranked key -> its episodes' (capture, armed)
         self._tops: dict[str, deque[tuple[int, str, str, float]]] = {}  # key -> (top rank, episode, capture, armed)
         self.rotating: dict[str, tuple[tuple[int, ...], float]] = {}  # key -> (the rotation's ranks, longest s)
@@ -409,22 +409,19 @@ class JobEpisodes:
         if not ep.ranks:
             return []
         trail = self._trail.setdefault(ep.key, {})
-        first_steps = self._trail_step.setdefault(ep.key, {})
         for r in ranks:  # a rank named again after a healthy gap starts a new stretch: the hold is a hot period's
             last = trail.get(r)
-            go_on = last is not None and now_unix_s - last[1] <= NAMED_GAP_S
-            trail[r] = (last[0] if last is not None and go_on else now_unix_s, now_unix_s)
-            if not go_on or r not in first_steps:
-                first_steps[r] = step
+            if last is not None and now_unix_s - last[1] <= NAMED_GAP_S:
+                trail[r] = (last[0], now_unix_s, last[2])
+            else:
+                trail[r] = (now_unix_s, now_unix_s, step)
         if len(trail) > MAX_TRAIL:
             for r in sorted(trail, key=lambda r: trail[r][1])[:len(trail) - MAX_TRAIL]:
                 del trail[r]
-                first_steps.pop(r, None)
         if len(self._trail) > MAX_OPEN:  # keys of closed episodes go first (memory bound)
             stale = [k for k in self._trail if k not in self.open and k != ep.key]
             for k in stale[:len(self._trail) - MAX_OPEN]:
                 del self._trail[k]
-                self._trail_step.pop(k, None)
         return self._rotation_named(ep, now_unix_s)
 
     def advance(self, now_unix_s: float, *, furthest_step: int | None, step_time_s: float | None = None,
@@ -544,10 +541,10 @@ class JobEpisodes:
         trail = self._trail.get(ep.key, {})
         if len(ep.ranks) == 1 and ep.ranks[0] in trail:
             r = ep.ranks[0]
-            first = trail[r][0]
-            if all(last < first for o, (_, last) in trail.items() if o != r):
+            first, _, first_step = trail[r]
+            if all(last < first for o, (_, last, _) in trail.items() if o != r):
                 since_s = min(since_s, first)
-                since_step = min(since_step, self._trail_step.get(ep.key, {}).get(r, since_step))
+                since_step = min(since_step, first_step)
         age = now_unix_s - since_s
         return (age >= max(PERSIST_S, 2.0 * longest) and furthest_step - since_step >= PERSIST_STEPS
                 and (held or ep.last_ongoing_step >= furthest_step - max(1, self.settings.episode_quiet_steps // 4)))
@@ -579,7 +576,6 @@ class JobEpisodes:
         self._flight.clear()
         self._ended.clear()
         self._trail.clear()
-        self._trail_step.clear()
         self._key_captures.clear()
         self._tops.clear()
         self.rotating.clear()
@@ -1083,8 +1079,8 @@ class JobEpisodes:
             return []
         trail = self._trail.get(key, {})
         now_named = set(ep.ranks)
-        left = [(r, f, last) for r, (f, last) in trail.items() if r not in now_named and now_unix_s - last <= HOUR_S]
-        came = [(r, f) for r, (f, _) in trail.items() if r in now_named]
+        left = [(r, f, last) for r, (f, last, _) in trail.items() if r not in now_named and now_unix_s - last <= HOUR_S]
+        came = [(r, f) for r, (f, _, _) in trail.items() if r in now_named]
         moves = [(a, b) for a, _, la in left for b, fb in came if fb > la]
         if not moves:
             return []
