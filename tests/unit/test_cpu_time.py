@@ -683,6 +683,18 @@ def test_cpu_samples_of_a_replaced_process_are_not_measured_from_the_old_ones(on
     assert series[141] == pytest.approx([0.01, 0.01])  # the new process measured from its own first sample
 
 
+def _add_cpu(rec: dict[str, Any], sampled: bool, c: float, cpu: dict[int, float], r: int) -> None:
+    """Rank ``r``'s CPU time ``c`` of step ``rec["step"]`` on its record: an older hook's ``cpu_s``, or (``sampled``)
+    a CPU sample every 12 steps (``cpu_at_step``, ``cpu_total_s``: ``cpu[r]``, its total so far, which grows by
+    ``c``)."""
+    k = rec["step"]
+    if not sampled:
+        rec["cpu_s"] = c
+    elif k % 12 == 1 and k > 1:
+        rec["cpu_at_step"], rec["cpu_total_s"] = k - 1, cpu[r]
+    cpu[r] += c
+
+
 def _captured_rank_records(sampled: bool, *, flag: str | None = None) -> list[dict[str, Any]]:
     """4 lockstep ranks at 20 ms steps, 14 ms of CPU each; rank 0 alone captured at steps 600-602 (``capturing``:
     50 ms more CPU per step for the profiler and 1.5 s for the trace export at the end of step 602, which all
@@ -704,11 +716,7 @@ def _captured_rank_records(sampled: bool, *, flag: str | None = None) -> list[di
                 rec["capturing"] = True
             if r == 0 and flag is not None and k == 602:
                 rec["flags"] = (flag,)
-            if not sampled:
-                rec["cpu_s"] = c
-            elif k % 12 == 1 and k > 1:
-                rec["cpu_at_step"], rec["cpu_total_s"] = k - 1, cpu[r]
-            cpu[r] += c
+            _add_cpu(rec, sampled, c, cpu, r)
             out.append(rec)
     return out
 
@@ -742,11 +750,7 @@ def test_a_rank_reporting_a_tiny_work_is_not_named_with_an_absurd_cpu_time(sampl
             rec: dict[str, Any] = {"job_id": "j", "rank": r, "step": k, "step_time_s": 0.02 * (1 + rng.gauss(0, 0.02)),
                                    "ts_unix_s": 1_000 + k * 0.02, "work": 1e-300 if r == 3 else 100.0}
             c = 0.015 * (1 + rng.gauss(0, 0.02))
-            if not sampled:
-                rec["cpu_s"] = c
-            elif k % 12 == 1 and k > 1:
-                rec["cpu_at_step"], rec["cpu_total_s"] = k - 1, cpu[r]
-            cpu[r] += c
+            _add_cpu(rec, sampled, c, cpu, r)
             recs.append(rec)
     found, _det = run(recs, 4)
     assert all(a.magnitude <= 100 for a in found if a.kind == "rank_outlier"), found

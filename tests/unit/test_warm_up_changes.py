@@ -69,6 +69,28 @@ def test_a_change_right_after_flat_warm_up_steps_is_found_against_them(onset: in
     assert found >= least, found
 
 
+def _interruption_sweep(seed0: int, at: tuple[int, int]) -> tuple[int, list[tuple[int, int]]]:
+    """24 jobs (seeds ``[seed0, i]``): a 1.3x or 3x change from step 12-13 (1.5-8 % noise) and one unflagged
+    interruption of 1-3 steps at 3-8x starting in ``range(*at)``. Returns how many changes were found (onset within a
+    step, reported within 60 steps, magnitude within 30 %) and the reports on the same jobs without the change;
+    asserts no report comes before the onset."""
+    found, false = 0, []
+    for seed in range(24):
+        rng = np.random.default_rng([seed0, seed])
+        cv, factor, onset = float(rng.uniform(0.015, 0.08)), float(rng.choice([1.3, 3.0])), int(rng.integers(12, 14))
+        start, length = int(rng.integers(*at)), int(rng.integers(1, 4))
+        x = 0.18 * np.maximum(0.2, 1.0 + cv * rng.standard_normal(400))
+        x[start - 1:start - 1 + length] *= float(rng.uniform(3.0, 8.0))
+        false += [(seed, s) for s, k, _, _ in _with_warm_up(x) if k in ("step_regression", "drift")]
+        x[onset - 1:] *= factor
+        regs = [(s, m, d) for s, k, m, d in _with_warm_up(x) if k == "step_regression"]
+        assert all(s >= onset for s, _, _ in regs), (seed, regs)
+        if regs and regs[0][0] <= onset + 60 and abs(regs[0][2]["first_step"] - onset) <= 1:
+            assert regs[0][1] == pytest.approx(factor - 1.0, rel=0.3), (seed, regs[0])
+            found += 1
+    return found, false
+
+
 def test_a_change_right_after_warm_up_steps_is_found_when_an_interruption_is_held_out_while_learning() -> None:
     """As above, with one unflagged interruption (1-3 steps at 3-8x, a checkpoint) at steps 35-55 while the baseline
     learns: the spike screen held it out of the learned steps, which were then no longer every step since the first
@@ -77,20 +99,7 @@ def test_a_change_right_after_warm_up_steps_is_found_when_an_interruption_is_hel
     ``interrupts`` run 12: 3x from step 12, one 3x step at 41, never found). An interruption before the screen
     starts enters the learned steps and still hides the change (drawn at steps 20-50, the 8 at steps 22-30 were
     lost)."""
-    found, false = 0, []
-    for seed in range(24):
-        rng = np.random.default_rng([31, seed])
-        cv, factor, onset = float(rng.uniform(0.015, 0.08)), float(rng.choice([1.3, 3.0])), int(rng.integers(12, 14))
-        at, length = int(rng.integers(35, 56)), int(rng.integers(1, 4))
-        x = 0.18 * np.maximum(0.2, 1.0 + cv * rng.standard_normal(400))
-        x[at - 1:at - 1 + length] *= float(rng.uniform(3.0, 8.0))
-        false += [(seed, s) for s, k, _, _ in _with_warm_up(x) if k in ("step_regression", "drift")]
-        x[onset - 1:] *= factor
-        regs = [(s, m, d) for s, k, m, d in _with_warm_up(x) if k == "step_regression"]
-        assert all(s >= onset for s, _, _ in regs), (seed, regs)
-        if regs and regs[0][0] <= onset + 60 and abs(regs[0][2]["first_step"] - onset) <= 1:
-            assert regs[0][1] == pytest.approx(factor - 1.0, rel=0.3), (seed, regs[0])
-            found += 1
+    found, false = _interruption_sweep(31, (35, 56))
     assert false == []
     assert found >= 24, found
 
@@ -173,20 +182,7 @@ def test_a_change_right_after_warm_up_steps_is_found_when_an_interruption_entere
     steps failed its rules, so 1.3x and 3x from steps 12-13 (1.5-8 % noise, 24 series) were found in 0 before. The
     learned steps are now screened by a running median (``regression._unscreened``) before that split: 21 found
     (onset within a step, reported within 60 steps), and the same jobs without a change: no report."""
-    found, false = 0, []
-    for seed in range(24):
-        rng = np.random.default_rng([3300, seed])
-        cv, factor, onset = float(rng.uniform(0.015, 0.08)), float(rng.choice([1.3, 3.0])), int(rng.integers(12, 14))
-        at, length = int(rng.integers(22, 31)), int(rng.integers(1, 4))
-        x = 0.18 * np.maximum(0.2, 1.0 + cv * rng.standard_normal(400))
-        x[at - 1:at - 1 + length] *= float(rng.uniform(3.0, 8.0))
-        false += [(seed, s) for s, k, _, _ in _with_warm_up(x) if k in ("step_regression", "drift")]
-        x[onset - 1:] *= factor
-        regs = [(s, m, d) for s, k, m, d in _with_warm_up(x) if k == "step_regression"]
-        assert all(s >= onset for s, _, _ in regs), (seed, regs)
-        if regs and regs[0][0] <= onset + 60 and abs(regs[0][2]["first_step"] - onset) <= 1:
-            assert regs[0][1] == pytest.approx(factor - 1.0, rel=0.3), (seed, regs[0])
-            found += 1
+    found, false = _interruption_sweep(3300, (22, 31))
     assert false == []
     assert found >= 21, found
 
