@@ -580,14 +580,20 @@ def _violations(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -> li
     return violations
 
 
+def _window_t(run: Run, c: Change, arm: dict[str, Any]) -> float | None:
+    """When an arm's capture window (``start_step + warmup``) began in the change's generation (None: the arm has
+    no ``start_step``, or the run has no such step)."""
+    start = arm.get("start_step")
+    if not isinstance(start, int):
+        return None
+    return run.step_at.get((c.epoch, start + int(arm.get("warmup") or 0)))
+
+
 def _window_after_onset(run: Run, c: Change, arm: dict[str, Any]) -> bool:
     """An arm made just before the change began whose capture window (``start_step + warmup`` on) profiled the
     changed steps: it captured the change (its window starts at or after the onset, within ``GRACE_S`` of the arm
     and before the change ended)."""
-    start = arm.get("start_step")
-    if not isinstance(start, int):
-        return False
-    t = run.step_at.get((c.epoch, start + int(arm.get("warmup") or 0)))
+    t = _window_t(run, c, arm)
     return t is not None and c.onset_t <= t <= c.end_t and 0.0 <= t - arm["at_unix_s"] <= GRACE_S
 
 
@@ -633,10 +639,9 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
             time before the change) never profiled it (bench seed 40 requeue run 0: armed at step 384, window at
             866 of a 635-step run; counted captured before). Serving runs keep no step clock here: their arms
             count as before."""
-            start = a.get("start_step")
-            if run.serving or not isinstance(start, int):
+            if run.serving or not isinstance(a.get("start_step"), int):
                 return True
-            t = run.step_at.get((c.epoch, start + int(a.get("warmup") or 0)))
+            t = _window_t(run, c, a)
             return t is not None and a["at_unix_s"] <= t <= c.end_t
 
         covering = [a for a in arms
@@ -646,8 +651,7 @@ def _scored_changes(run: Run, res: dict[str, Any], arms: list[dict[str, Any]]) -
         captured = bool(covering)
         window_s = math.nan  # onset -> the first covering capture's window (start_step + warmup), seconds
         for a in sorted(covering, key=lambda a: a["at_unix_s"]):
-            start = a.get("start_step")
-            t = run.step_at.get((c.epoch, start + int(a.get("warmup") or 0))) if isinstance(start, int) else None
+            t = _window_t(run, c, a)
             if t is not None:
                 window_s = float(t - c.onset_t)
                 break
