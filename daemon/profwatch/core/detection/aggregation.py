@@ -86,6 +86,11 @@ class _CpuRate:
         self.span: deque[tuple[int, float, int, float, int]] = deque(maxlen=CPU_SAMPLE_SPAN)
         """The last valid intervals in a row: (steps, CPU s, reports, their work, reports with work)."""
 
+    def invalidate(self) -> None:
+        """No value from this interval, and the span of valid intervals in a row starts over."""
+        self.value = None
+        self.span.clear()
+
     def rebase(self, at_step: int, total_s: float) -> None:
         self.at_step, self.total_s = at_step, total_s
         self.n, self.wall_s, self.work, self.work_n, self.broken = 0, 0.0, 0.0, 0, False
@@ -492,17 +497,14 @@ class StepAggregator:
             d_steps = at - st.at_step
             d_cpu = total - st.total_s
             if d_steps < 0 or d_cpu < 0:
-                st.value = None
-                st.span.clear()
+                st.invalidate()
             elif d_steps < CPU_SAMPLE_MIN_STEPS:
                 at, total = st.at_step, st.total_s  # too close: the base stays
             elif st.broken:  # the steps between the samples are not the reports counted: no value
-                st.value = None
-                st.span.clear()
+                st.invalidate()
             elif d_cpu > MAX_CPU_CORES * max(st.wall_s, 0.001 * d_steps):
                 self.counters["cpu_bad_sample"] = self.counters.get("cpu_bad_sample", 0) + 1
-                st.value = None
-                st.span.clear()
+                st.invalidate()
             else:
                 st.span.append((d_steps, d_cpu, st.n, st.work, st.work_n))
                 st.value = _span_value(st)
