@@ -1376,12 +1376,10 @@ class StepTimeRegressionDetector:
         seed 35, ``interrupts`` run 12). Returns
         ``(k, magnitude, noise, before_s)`` as :meth:`_split` (``k`` an index into ``y``, 0 = a change from the
         first learned step), else None. Pure."""
-        warm = list(self._warm_values)
-        if len(warm) < WARM_UP_BEFORE_MIN or not self._from_start or self.prior is not None:
+        warm = self._warm_before()
+        if warm is None:
             return None
-        if self._first_step is None or self._first_learned != self._first_step or len(self._recent) >= RAMP_WINDOW:
-            return None  # the learned steps do not begin where the warm-up's end (the first held out, or dropped)
-        found = self._split(np.concatenate([np.asarray(warm, dtype=np.float64), y]), first_k=len(warm))
+        found = self._split(np.concatenate([warm, y]), first_k=warm.size)
         if found is None:
             return None
         k, mag, noise, before = found
@@ -1635,12 +1633,23 @@ class StepTimeRegressionDetector:
         rising 0.55 -> 1.0x over some 17 steps at 8 % noise left 6 learned steps at 0.83x before the rest at 1.0x:
         split there and reported as +24 % (``bench/bench_corpus.py --healthy-hours``, seed 32 ``warmup_up`` healthy
         run 20; tests/unit/test_warm_up_changes.py). False when those steps are not available. Pure."""
-        warm = list(self._warm_values)
-        if (len(warm) < WARM_UP_BEFORE_MIN or not self._from_start or self.prior is not None
-                or self._first_step is None or self._first_learned != self._first_step
-                or len(self._recent) >= RAMP_WINDOW or y.size != len(self._recent)):
+        warm = self._warm_before()
+        if warm is None or y.size != len(self._recent):
             return False
-        return trend_z(np.concatenate([np.asarray(warm, dtype=np.float64), y[:k]])) >= EARLIER_RISE_Z
+        return trend_z(np.concatenate([warm, y[:k]])) >= EARLIER_RISE_Z
+
+    def _warm_before(self) -> np.ndarray | None:
+        """The warm-up steps just before a generation's first learned steps (s, oldest first: the newest
+        :data:`PRIOR_WARM_VALUES` excluded from detection), when :meth:`_warm_split` and :meth:`_short_part_rises`
+        may judge the learned steps with them: at least :data:`WARM_UP_BEFORE_MIN` of them, from the job's start,
+        without a previous generation's level, the learned steps beginning where the warm-up's end (the first not
+        held out, none dropped) and still fewer than ``RAMP_WINDOW``. None otherwise. Pure."""
+        warm = self._warm_values
+        if len(warm) < WARM_UP_BEFORE_MIN or not self._from_start or self.prior is not None:
+            return None
+        if self._first_step is None or self._first_learned != self._first_step or len(self._recent) >= RAMP_WINDOW:
+            return None  # the learned steps do not begin where the warm-up's end (the first held out, or dropped)
+        return np.asarray(list(warm), dtype=np.float64)
 
     @staticmethod
     def _warm_up_curve(rel: np.ndarray, sse_step: float, noise: float, k: int, need: float | None = None,
