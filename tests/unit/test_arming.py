@@ -15,6 +15,7 @@ from profwatch.core.arming.policy import (
     JobArmState,
     capture_request,
     describe_anomaly,
+    small_group_steps,
 )
 from profwatch.core.capture.planner import CaptureSettings, lead_steps
 from profwatch.core.detection.job_detector import Anomaly
@@ -194,17 +195,91 @@ def test_a_capture_of_a_small_group_records_more_steps_up_to_max_active(
     """A group of 2-4 ranks is judged step by step, which needs 5-8 steps to decide (a lockstep TP pair's late z was
     1.96 over 4 steps, 11-15 over 17-20): a capture covering 2-4 ranks records ``small_group_active`` steps, capped
     at ``[capture] max_active``; one rank, a larger group (5 ranks decide at 4 steps) or an unknown world size keeps
-    ``active``."""
+    ``active``. The anomalies are 2x: their step-by-step test needs no more steps (:func:`small_group_steps`)."""
     from profwatch.core.arming.targeting import JobTopology
 
+    out = Anomaly("rank_outlier", "j1", 130, (5,), 2.0, {})
+    reg = Anomaly("step_regression", "j1", 120, (), 2.0, {})
     topo = JobTopology(world, {r: f"h{r // 8}" for r in range(world)}) if world is not None else None
     kw: dict[str, Any] = {"rank_list": rank_list} if rank_list is not None else {}
-    d = ArmingPolicy(ArmingSettings(**kw)).decide(OUT if rank_list else REG, JobArmState(), NOW, topo)
-    assert d.action == "arm" and d.active == active
-    req = capture_request(OUT, d, furthest_step=100, step_time_s=0.5, capture=CaptureSettings())
-    assert req.active == planned
-    wide = capture_request(OUT, d, furthest_step=100, step_time_s=0.5, capture=CaptureSettings(max_active=16))
+    d = ArmingPolicy(ArmingSettings(**kw)).decide(out if rank_list else reg, JobArmState(), NOW, topo)
+    assert d.action == "arm" and d.active == active and d.sized_active is None
+    req = capture_request(out, d, furthest_step=100, step_time_s=0.5, capture=CaptureSettings())
+    assert req.active == planned and req.max_active is None
+    wide = capture_request(out, d, furthest_step=100, step_time_s=0.5, capture=CaptureSettings(max_active=16))
     assert wide.active == active
-    contradicted = ArmingPolicy(ArmingSettings(active=15)).decide(REG, JobArmState(), NOW, topo)
-    assert capture_request(REG, contradicted, furthest_step=100, step_time_s=0.5,
+    contradicted = ArmingPolicy(ArmingSettings(active=15)).decide(reg, JobArmState(), NOW, topo)
+    assert capture_request(reg, contradicted, furthest_step=100, step_time_s=0.5,
                            capture=CaptureSettings()).active == 15  # the user's own active: the planner refuses it
+
+
+@pytest.mark.parametrize(("ranks", "magnitude", "noise", "steps"),
+                         [(2, 0.3, 0.25, 20), (2, 0.3, 0.30, 29), (2, 0.3, 0.34, 37), (2, 0.3, 0.35, 40),
+                          (2, 0.5, 0.35, 18), (3, 0.3, 0.35, 42), (4, 0.4, 0.35, 28),
+                          (2, 2.0, 0.35, 8), (3, 2.0, 0.35, 6), (4, 3.0, 0.35, 5),
+                          (2, float("nan"), 0.35, 8), (2, 0.0, 0.35, 8), (2, 1e300, 0.35, 8), (2, 0.01, 0.35, 10_000)])
+def test_small_group_steps_is_what_the_step_by_step_test_needs_at_the_anomalys_size(
+        ranks: int, magnitude: float, noise: float, steps: int) -> None:
+    """The live TP serving pair (rank 1 +30 %, per-step noise 25-34 % of the step): 10 captured steps gave p 0.07
+    and 0.21 where 0.005 is needed; at 90 % power the test needs ((z_0.995 + z_0.9) noise / (0.3 / 1.3 - 0.015))^2
+    = 20-37 steps. Never fewer than the steps whose smallest p-value N^-n reaches the level (8 for a pair, 6 for a
+    trio, 5 for four ranks); no size (NaN, 0) asks for those alone, an absurd one is bounded, and an effect under
+    the tie floor asks for more than any cap."""
+    assert small_group_steps(ranks, magnitude, noise) == steps
+
+
+def test_small_group_steps_refuses_a_bad_group_or_level() -> None:
+    for kw in ({"ranks": 1}, {"noise_frac": 0.0}, {"alpha": 1.0}, {"power": 0.0}):
+        args: dict[str, Any] = {"ranks": 2, "magnitude": 0.3, "noise_frac": 0.3, **kw}
+        with pytest.raises(ValueError, match="bad small-group sizing"):
+            small_group_steps(**args)
+
+
+@pytest.mark.parametrize(("world", "rank_list", "magnitude", "active", "planned"),
+                         [(2, None, 0.3, 40, 40), (2, None, 0.5, 18, 18), (4, None, 0.4, 28, 28),
+                          (64, (3, 9), 0.3, 40, 40), (2, None, 0.2, 40, 40), (2, None, 2.0, 12, 10),
+                          (5, None, 0.3, 4, 4), (64, (3,), 0.3, 4, 4), (None, None, 0.3, 4, 4)])
+def test_a_small_groups_window_is_sized_for_its_anomaly_past_max_active(
+        world: int | None, rank_list: tuple[int, ...] | None, magnitude: float, active: int, planned: int) -> None:
+    """A capture of 2-4 ranks records the steps its step-by-step test needs at the anomaly's size
+    (:func:`small_group_steps` at ``[arming] small_group_noise_frac`` 0.35), at least ``small_group_active`` and at
+    most ``small_group_max_active`` (40), past ``[capture] max_active`` (10): the planner accepts it (the request
+    carries its own ``max_active``) and gives it a deadline for the longer window. A large anomaly keeps
+    ``small_group_active`` capped at ``max_active``; one rank, 5 ranks or an unknown world size keep ``active``.
+    Before: every small group recorded 10 steps (the live TP pair +30 %: p 0.07 and 0.21, named nobody)."""
+    from profwatch.core.arming.targeting import JobTopology
+    from profwatch.core.capture.planner import JobProgress, plan_capture
+
+    a = Anomaly("rank_outlier", "j1", 130, rank_list or (1,), magnitude, {})
+    topo = JobTopology(world, {r: f"h{r // 8}" for r in range(world)}) if world is not None else None
+    kw: dict[str, Any] = {"rank_list": rank_list} if rank_list is not None else {}
+    d = ArmingPolicy(ArmingSettings(**kw)).decide(a, JobArmState(), NOW, topo)
+    assert d.action == "arm" and d.active == active
+    req = capture_request(a, d, furthest_step=100, step_time_s=0.5, capture=CaptureSettings())
+    assert req.active == planned
+    job = JobProgress(job_id="j1", world_size=world or 8 if rank_list is None else 64, furthest_step=100,
+                      step_time_s=0.5, prof_root="/p", now_unix_s=NOW)
+    plan = plan_capture(req, job, CaptureSettings())
+    assert plan.active == planned
+    short = plan_capture(req.model_copy(update={"active": 4, "max_active": None}), job, CaptureSettings())
+    assert plan.deadline_unix_s - short.deadline_unix_s == pytest.approx((planned - 4) * 0.5 * 3.0)
+
+
+def test_a_sized_window_stops_at_small_group_max_active_and_a_manual_arm_at_max_active() -> None:
+    """``small_group_max_active`` bounds the sized window (a 10 % rank of a pair would need 317 steps); a request
+    that carries no ``max_active`` of its own (a manual arm) is still refused above ``[capture] max_active``."""
+    from profwatch.core.arming.targeting import JobTopology
+    from profwatch.core.capture.planner import CannotPlanCapture, CaptureRequest, JobProgress, plan_capture
+
+    a = Anomaly("rank_outlier", "j1", 130, (1,), 0.1, {})
+    topo = JobTopology(2, {0: "h0", 1: "h0"})
+    d = ArmingPolicy(ArmingSettings(small_group_max_active=24)).decide(a, JobArmState(), NOW, topo)
+    assert d.active == d.sized_active == 24
+    assert capture_request(a, d, furthest_step=100, step_time_s=0.5, capture=CaptureSettings()).active == 24
+    assert ArmingPolicy(ArmingSettings(small_group_max_active=12)).decide(a, JobArmState(), NOW, topo).sized_active \
+        is None  # no more than small_group_active: the usual window
+    job = JobProgress(job_id="j1", world_size=2, furthest_step=100, step_time_s=0.5, prof_root="/p", now_unix_s=NOW)
+    with pytest.raises(CannotPlanCapture, match="over max_active 10"):
+        plan_capture(CaptureRequest(job_id="j1", reason="manual", active=24), job, CaptureSettings())
+    with pytest.raises(CannotPlanCapture, match="over max_active 64"):
+        plan_capture(CaptureRequest(job_id="j1", reason="x", active=80, max_active=80), job, CaptureSettings())

@@ -20,8 +20,10 @@ The job step time handed to the planner is ``JobDetector.baseline_step_time_s`` 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, Literal
 
 from profwatch.core.arming.settings import ArmingSettings
@@ -103,7 +105,10 @@ class ArmDecision:
     ``max_capture_bytes_per_hour`` before arming; ``repeat``: the episode decided was a repeat
     (:attr:`JobArmState.repeat`), counted as such by :meth:`ArmHistory.record`. ``configured_active``: ``[arming]
     active`` (None for a decision made elsewhere); ``active`` is more when the capture covers a small group
-    (:func:`window_active`), a raise :func:`capture_request` caps at ``[capture] max_active``.
+    (:func:`window_active`), a raise :func:`capture_request` caps at ``[capture] max_active``. ``sized_active``:
+    the steps a small group's step-by-step test needs at the anomaly's size (:func:`small_group_steps`, at most
+    ``[arming] small_group_max_active``) when more than ``small_group_active`` (None: not sized); such a window
+    passes ``[capture] max_active`` (:func:`capture_request`).
     """
 
     action: ArmAction
@@ -116,6 +121,7 @@ class ArmDecision:
     estimated_bytes: int = 0
     repeat: bool = False
     configured_active: int | None = None
+    sized_active: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict of every field."""
@@ -156,15 +162,76 @@ Measured on the live serving loop's lockstep TP pair (tests/data/live_serving_tp
 the between-rank z 1.96 (named nobody), 17-20 steps z 11-15 (rank 1 named). A group this small writes little: 4 ranks
 x 10 steps is what one rank of an 8-rank capture of 5 steps writes."""
 
+SMALL_GROUP_ALPHA = 0.01
+"""The level the step-by-step test of a small group is read at, over the group's ranks (``[analysis.ranking]
+family_alpha``'s default; :func:`small_group_steps` sizes the window for it)."""
+SMALL_GROUP_DELTA = 0.015
+"""The step-by-step test's null excess (fraction of the step; ``[analysis.ranking] min_effect_frac``'s default)."""
+SMALL_GROUP_POWER = 0.9
+"""The chance the window is sized for that the step-by-step test names a rank of the anomaly's size."""
+SMALL_GROUP_MIN_EFFECT = 0.005
+"""Per-step effect (fraction of the step, over :data:`SMALL_GROUP_DELTA`) below which no window is long enough
+(``[analysis.ranking] paired_tie_frac``'s default): :func:`small_group_steps` then asks for the cap."""
+SMALL_GROUP_MAX_MAGNITUDE = 100.0
+"""Relative magnitudes above this count as this much (a bounded effect: the per-step excess is below 1)."""
+
+
+def small_group_steps(ranks: int, magnitude: float, noise_frac: float, *, alpha: float = SMALL_GROUP_ALPHA,
+                      delta: float = SMALL_GROUP_DELTA, power: float = SMALL_GROUP_POWER) -> int:
+    """Steps a group of ``ranks`` ranks (>= 2) needs for its step-by-step test (``daemon/profwatch/core/verdict/paired.py``)
+    to name a rank ``magnitude`` slower than its peers (relative: 0.3 = 30 % more work) at level ``alpha / ranks``
+    with chance ``power``, when a rank's per-step excess over its peers has noise ``noise_frac`` (fraction of the
+    step). At least the steps whose smallest p-value ``ranks^-n`` reaches the level.
+
+    The slow rank's per-step excess is ``e = m / (1 + m)`` of the step (its extra work, the step being its own time),
+    less the null's ``delta``; its mean over ``n`` steps reaches the level when ``sqrt(n) (e - delta) / noise`` is
+    ``z_(1 - alpha / ranks) + z_power``: ``n = ((z_a + z_b) noise / (e - delta))^2`` (the normal approximation of the
+    permutation test's mean: Lehmann & Romano, *Testing Statistical Hypotheses*, 3rd ed., 2005, 15.2; sample size of
+    a one-sided z test). The live TP serving pair (rank 1 +30 %, per-step noise 0.25-0.34 of the step) needs 23-37
+    steps; 10 gave p 0.07 and 0.21 where 0.005 was needed. A magnitude that is not finite or not above 0 asks for
+    the smallest-p steps alone; an effect under :data:`SMALL_GROUP_MIN_EFFECT` over ``delta`` asks for 10,000
+    (callers bound it). Raises ``ValueError`` for ``ranks < 2`` or a level, noise or power outside (0, 1). Pure."""
+    if ranks < 2 or not (0 < alpha < 1 and 0 < noise_frac and 0 < power < 1):
+        raise ValueError(f"bad small-group sizing ranks={ranks} alpha={alpha} noise={noise_frac} power={power}")
+    level = alpha / ranks
+    floor = math.ceil(math.log(level) / math.log(1.0 / ranks) - 1e-9)
+    if not (math.isfinite(magnitude) and magnitude > 0):
+        return floor
+    m = min(magnitude, SMALL_GROUP_MAX_MAGNITUDE)
+    effect = m / (1.0 + m) - delta
+    if effect < SMALL_GROUP_MIN_EFFECT:
+        return 10_000
+    z = NormalDist().inv_cdf(1.0 - level) + NormalDist().inv_cdf(power)
+    return max(floor, math.ceil((z * noise_frac / effect) ** 2 - 1e-9))
+
+
+def covered_ranks(rank_list: tuple[int, ...] | None, topology: JobTopology | None) -> int:
+    """Ranks a capture covers: ``rank_list``'s, else every rank of a known ``topology``, else 0 (unknown)."""
+    return len(rank_list) if rank_list is not None else (topology.world_size if topology is not None else 0)
+
 
 def window_active(settings: ArmingSettings, rank_list: tuple[int, ...] | None, topology: JobTopology | None) -> int:
     """Steps a capture detection arms records: ``settings.active``, or ``settings.small_group_active`` when larger
-    and the capture covers 2 to :data:`SMALL_GROUP_RANKS` ranks (``rank_list``, else every rank of a known
-    ``topology``; one rank has no peer to compare, and an unknown world size keeps ``active``). Pure."""
-    covered = len(rank_list) if rank_list is not None else (topology.world_size if topology is not None else 0)
+    and the capture covers 2 to :data:`SMALL_GROUP_RANKS` ranks (:func:`covered_ranks`; one rank has no peer to
+    compare, and an unknown world size keeps ``active``). Pure."""
+    covered = covered_ranks(rank_list, topology)
     if 2 <= covered <= SMALL_GROUP_RANKS:
         return max(settings.active, settings.small_group_active)
     return settings.active
+
+
+def sized_window(settings: ArmingSettings, rank_list: tuple[int, ...] | None, topology: JobTopology | None,
+                 magnitude: float) -> int | None:
+    """A small group's window sized for its anomaly: :func:`small_group_steps` of the covered ranks at
+    ``magnitude`` and ``settings.small_group_noise_frac``, at most ``settings.small_group_max_active``, when that
+    is more than :func:`window_active`; None otherwise (not a small group of 2 to :data:`SMALL_GROUP_RANKS` ranks,
+    or the steps it needs are no more). Pure."""
+    covered = covered_ranks(rank_list, topology)
+    if not 2 <= covered <= SMALL_GROUP_RANKS:
+        return None
+    need = min(small_group_steps(covered, magnitude, settings.small_group_noise_frac),
+               settings.small_group_max_active)
+    return need if need > window_active(settings, rank_list, topology) else None
 
 
 def describe_anomaly(anomaly: Anomaly) -> str:
@@ -230,7 +297,8 @@ class ArmingPolicy:
         target, rank_list, estimate = capture_coverage(anomaly.ranks, topology, s, active=s.active,
                                                        bytes_per_rank_step=st.bytes_per_rank_step,
                                                        follow=st.follow_ranks)
-        active = window_active(s, rank_list, topology)
+        sized = sized_window(s, rank_list, topology, anomaly.magnitude)
+        active = sized if sized is not None else window_active(s, rank_list, topology)
         if active != s.active:
             target, rank_list, estimate = capture_coverage(anomaly.ranks, topology, s, active=active,
                                                            bytes_per_rank_step=st.bytes_per_rank_step,
@@ -241,7 +309,7 @@ class ArmingPolicy:
 
         def out(action: ArmAction, reason: str) -> ArmDecision:
             return ArmDecision(action, reason, s.warmup, active, rank_list, text, target, estimate, st.repeat,
-                               configured_active=s.active)
+                               configured_active=s.active, sized_active=sized)
 
         if s.mode == "off":
             return out("suppress", "mode_off")
@@ -477,7 +545,9 @@ def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: i
     :data:`WITHDRAW_SLACK_STEPS` further). For ``periodic_spike`` the window is placed on a predicted occurrence: the first onset
     ``o = next_onset_step + j * period_steps`` (j >= 0) with ``o - warmup`` at or after the planner's earliest
     safe start (``furthest_step + lead_steps``), ``start_step = o - warmup`` so the active steps begin at the
-    onset, and ``active = max(decision.active, duration_steps)`` capped at ``capture.max_active``. Without a
+    onset, and ``active = max(decision.active, duration_steps)`` capped at ``capture.max_active``. A small
+    group's raise to ``small_group_active`` stops at ``capture.max_active``; a window sized for the anomaly
+    (``decision.sized_active``) does not: the request carries it as its ``max_active``. Without a
     step time (``None``) the planner's own rule applies (it raises ``CannotPlanCapture``). Pure; raises
     ``KeyError``/``TypeError`` only for a malformed ``periodic_spike`` detail.
     """
@@ -485,9 +555,13 @@ def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: i
     active = decision.active
     if decision.configured_active is not None and active > max(decision.configured_active, capture.max_active):
         active = max(decision.configured_active, capture.max_active)  # a small group's raise stops at max_active
+    if decision.sized_active is not None and decision.configured_active is not None:
+        active = decision.sized_active  # the steps its test needs at the anomaly's size (small_group_max_active)
     base: dict[str, Any] = {"job_id": anomaly.job_id, "reason": decision.capture_reason or anomaly.kind,
                             "warmup": decision.warmup, "active": active, "rank_list": rank_list,
                             "named_ranks": sorted(set(anomaly.ranks)) or None}
+    if decision.sized_active is not None and active > capture.max_active:
+        base["max_active"] = active
     if decision.target is not None and decision.target.rank_list is not None:
         base["targeting"] = {**decision.target.to_json(), "estimated_bytes": decision.estimated_bytes}
     if withdrawable(anomaly) and step_time_s is not None and step_time_s > 0:
@@ -501,5 +575,5 @@ def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: i
     earliest = max(0, furthest_step) + lead_steps(max(0, furthest_step), step_time_s, capture)
     while onset - decision.warmup < earliest:
         onset += period
-    base["active"] = min(max(active, int(d.get("duration_steps", 1))), capture.max_active)
+    base["active"] = min(max(active, int(d.get("duration_steps", 1))), base.get("max_active", capture.max_active))
     return CaptureRequest(**base, start_step=onset - decision.warmup)

@@ -51,6 +51,15 @@ class ArmingSettings(BaseModel):
         12, ge=1, le=40, description="steps recorded by a capture detection arms when it covers at most "
         "SMALL_GROUP_RANKS ranks (at least active): a small group's verdict is a step-by-step permutation test whose "
         "smallest p-value is N^-steps (a pair needs 8 steps, a 4-rank group 5; docs/verdicts.md, Small groups)")
+    small_group_max_active: int = Field(
+        40, ge=1, le=64, description="most steps a capture of 2 to SMALL_GROUP_RANKS ranks records when the steps "
+        "its step-by-step test needs at the anomaly's size (small_group_steps, with small_group_noise_frac) are more "
+        "than small_group_active; such a sized window may pass [capture] max_active up to this (docs/verdicts.md, "
+        "Small groups)")
+    small_group_noise_frac: float = Field(
+        0.35, gt=0, le=1, description="relative (fraction of the step): the per-step noise of a rank's excess over its "
+        "peers that a small group's window is sized for (small_group_steps); a live TP serving pair on a busy host "
+        "measured 0.25-0.34")
     rank_list: tuple[int, ...] | None = Field(None, description="ranks to capture (None = all ranks)")
     arm_on: tuple[ArmableKind, ...] = Field(
         ("step_regression", "rank_outlier", "slow_from_start"),

@@ -120,7 +120,9 @@ class CaptureRequest(BaseModel):
     furthest rank) override the planner's lead; ``rank_list`` None = all ranks; ``capture_id`` None = new one;
     ``targeting``: why these ranks (``profwatch.core.arming.targeting.Target.to_json`` + ``estimated_bytes``), carried into
     the capture's event and notes; ``named_ranks``: the ranks the anomaly behind it named (None: job-wide or a manual
-    arm), stamped into the metadata (``prof_layout.NAMED_RANKS_KEY``)."""
+    arm), stamped into the metadata (``prof_layout.NAMED_RANKS_KEY``); ``max_active``: a window sized for a small
+    group's anomaly (``profwatch.core.arming.policy.capture_request``) may record up to this many steps, more than
+    ``[capture] max_active`` (at most :data:`MAX_SIZED_ACTIVE`; None: ``[capture] max_active``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -134,6 +136,11 @@ class CaptureRequest(BaseModel):
     capture_id: str | None = None
     targeting: dict[str, Any] | None = None
     named_ranks: list[int] | None = None
+    max_active: int | None = Field(default=None, gt=0)
+
+
+MAX_SIZED_ACTIVE = 64
+"""Most steps a :class:`CaptureRequest`'s own ``max_active`` allows (``[arming] small_group_max_active``'s bound)."""
 
 
 class JobProgress(BaseModel):
@@ -260,7 +267,8 @@ def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSetting
     monitor); ``in_steps`` asks for at least that many steps ahead of ``base_step``; an explicit ``start_step``
     must not be earlier than the safe one, and no start may lie more than :func:`max_steps_ahead` ahead of
     ``base_step``. ``prof_dir`` = ``<prof_root>/<job_id>/<capture_id>/``.
-    Deadline of covered rank r: ``now + poll + margin_s + (start_step - step_r + warmup + active) * step_time_r
+    ``active`` may be at most ``settings.max_active``, or the request's own ``max_active`` when larger (a small
+    group's sized window, at most :data:`MAX_SIZED_ACTIVE`). Deadline of covered rank r: ``now + poll + margin_s + (start_step - step_r + warmup + active) * step_time_r
     * deadline_factor + deadline_grace_s`` (``step_r``/``step_time_r``: its own step and step time when known).
     """
     s = settings or CaptureSettings()
@@ -276,8 +284,9 @@ def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSetting
             raise CannotPlanCapture(f"{what} {ident!r} is not a safe path component ([A-Za-z0-9_.-], <=128)")
     warmup = s.manual_warmup if req.warmup is None else req.warmup
     active = s.manual_active if req.active is None else req.active
-    if active > s.max_active:
-        raise CannotPlanCapture(f"active {active} over max_active {s.max_active}")
+    most = s.max_active if req.max_active is None else max(s.max_active, min(req.max_active, MAX_SIZED_ACTIVE))
+    if active > most:
+        raise CannotPlanCapture(f"active {active} over max_active {most}")
     ranks: list[int] | None = None
     if req.rank_list is not None:
         ranks = sorted(set(req.rank_list))
