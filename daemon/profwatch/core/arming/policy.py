@@ -155,7 +155,7 @@ def capture_coverage(ranks: tuple[int, ...], topology: JobTopology | None, setti
 
 SMALL_GROUP_RANKS = 4
 """A capture covering at most this many ranks records ``[arming] small_group_active`` steps (when more than
-``active``). The verdict judges a group of 2-5 ranks step by step (``daemon/profwatch/core/verdict/paired.py``: each
+``active``), or the steps its step-by-step test needs at the anomaly's size when more (:func:`sized_window`). The verdict judges a group of 2-5 ranks step by step (``daemon/profwatch/core/verdict/paired.py``: each
 rank's per-step excess over its peers, a within-step permutation test), whose smallest p-value is ``N^-steps``: at
 1 % over the group's ranks a pair needs 8 steps, a trio 6, a group of 4 ranks 5 (5 ranks decide at the default 4).
 Measured on the live serving loop's lockstep TP pair (tests/data/live_serving_tp, rank 1 +30 %): 4 captured steps gave

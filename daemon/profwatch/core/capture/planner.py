@@ -103,7 +103,8 @@ class CaptureSettings(BaseModel):
     async_mode: bool = Field(True, description=(
         "torch_npu parses in a background process (profiler_config.json async_mode), so the job is not held"))
     max_active: int = Field(default=10, gt=0, description=(
-        "most steps one capture may record (an arm or a grown episode asking more is refused or capped)"))
+        "most steps one capture may record (an arm or a grown episode asking more is refused or capped; a capture "
+        "of 2-4 ranks sized for its anomaly may pass it, up to [arming] small_group_max_active)"))
     deadline_factor: float = Field(default=3.0, ge=1.0, description=(
         "a rank's capture deadline allows its window's steps at this many times its step time"))
     deadline_grace_s: float = Field(default=120.0, ge=0, description="seconds added to every rank's capture deadline")
