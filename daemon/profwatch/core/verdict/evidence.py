@@ -47,14 +47,27 @@ class RankStepSummary:
     with a reference reports it apart (``memory``), as HTA's TraceDiff does; the ranking keeps it in computation."""
 
 
+MAX_ROW_US = 7 * 86400e6
+"""Largest magnitude (µs) of a time field of a usable row: a week, the longest step the coordinator accepts
+(``profwatch.core.messages.MAX_STEP_TIME_S``). Past it a value is a unit or parsing error, and its square (the
+within-rank variance) would overflow a float."""
+
+
+def row_in_bounds(row: RankStepSummary) -> bool:
+    """Whether every time field of ``row`` is finite and at most :data:`MAX_ROW_US` in magnitude."""
+    return all(math.isfinite(v) and abs(v) <= MAX_ROW_US
+               for v in (row.step_time_us, row.computation_us, row.communication_us, row.wait_us, row.transmit_us,
+                         row.free_us, row.memory_us))
+
+
 def usable_row(row: RankStepSummary) -> bool:
     """Whether a row carries a signal (the one rule the ranking, the report's rank table and ``ranks[]`` share):
     False for a row msprof-analyze zero-filled (step -1, or no step time and no work) and for a step without
     computation and communication: a truncated last step (the profiler stopped while its kernels were not yet
     recorded: HTA's AMD MI250 trace has a 49 us ``ProfilerStep#2`` with no device work beside a 1,031 us step),
-    and for a row with a non-finite (NaN or infinite) time field, which no mean, test or ranking can use."""
-    if not all(math.isfinite(v) for v in (row.step_time_us, row.computation_us, row.communication_us,
-                                            row.wait_us, row.transmit_us, row.free_us, row.memory_us)):
+    and for a row with a non-finite (NaN or infinite) time field or one beyond :data:`MAX_ROW_US`
+    (:func:`row_in_bounds`), which no mean, test or ranking can use."""
+    if not row_in_bounds(row):
         return False
     busy = row.computation_us + row.communication_us + row.free_us
     return not (row.step < 0 or (row.step_time_us <= 0 and busy <= 0) or
