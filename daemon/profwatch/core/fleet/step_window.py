@@ -4,13 +4,17 @@ Each rank keeps the last ``capacity`` (step, step_time_s) pairs in two typed rin
 steps, ``array('f')`` for float32 step times: 8 bytes per step, so 16k ranks x 1000 steps is about 128 MB). A rank
 that reports work or stages gets a float32 ring for each (allocated at the first such step; 4 bytes per step and
 series; at most :data:`MAX_STAGE_SERIES` stage names per rank, later new names counted in ``stages_dropped``), so
-``profwatch telemetry`` can dump what a replay needs to find rank outliers.
+``profwatch telemetry`` can dump what a replay needs to find rank outliers. A rank's CPU measurements (``cpu_s`` of
+an older hook, the current hook's CPU samples ``cpu_at_step``/``cpu_total_s``, one report in 0.25 s) are kept sparse
+beside them (:meth:`StepWindow.cpu_rows`: at most ``capacity`` entries, allocated at the first one), so a replay of
+the dump sees the ``cpu/step`` series the live aggregation saw.
 """
 
 from __future__ import annotations
 
 import math
 from array import array
+from collections import deque
 from collections.abc import Mapping
 
 MAX_STAGE_SERIES = 32
@@ -24,7 +28,7 @@ class StepWindow:
         capacity: number of steps kept (oldest dropped first).
     """
 
-    __slots__ = ("capacity", "_steps", "_times", "_work", "_stages", "_n", "_head", "stages_dropped")
+    __slots__ = ("capacity", "_steps", "_times", "_work", "_stages", "_cpu", "_n", "_head", "stages_dropped")
 
     def __init__(self, capacity: int = 1000) -> None:
         if capacity < 1:
@@ -34,17 +38,26 @@ class StepWindow:
         self._times = array("f")
         self._work: array[float] | None = None  # allocated at the first step with work
         self._stages: dict[str, array[float]] | None = None  # name -> ring, allocated at the first step with stages
+        # (step, {"cpu_s" | "cpu_at_step" | "cpu_total_s": value}) of the steps that carried CPU fields, oldest first
+        self._cpu: deque[tuple[int, dict[str, float | int]]] | None = None
         self._n = 0
         self._head = 0  # next write position once full
         self.stages_dropped = 0
         """Stage values not kept: their name came after :data:`MAX_STAGE_SERIES` others."""
 
     def append(self, step: int, step_time_s: float, work: float | None = None,
-               stages: Mapping[str, float] | None = None) -> None:
-        """Add one step, its work and its stages (seconds; None: not reported); steps above 2**31-1 are clamped:
-        windows are for recent timing, not identity."""
+               stages: Mapping[str, float] | None = None, cpu: Mapping[str, float | int | None] | None = None) -> None:
+        """Add one step, its work, its stages (seconds) and its CPU fields (``cpu``: ``cpu_s``, ``cpu_at_step``,
+        ``cpu_total_s`` as the step report carried them; None values: not reported); steps above 2**31-1 are
+        clamped: windows are for recent timing, not identity."""
         if step > 2147483647:
             step = 2147483647
+        if cpu:
+            kept = {k: v for k, v in cpu.items() if v is not None}
+            if kept:
+                if self._cpu is None:
+                    self._cpu = deque(maxlen=self.capacity)
+                self._cpu.append((step, kept))
         if stages or self._stages is not None:
             self._append_stages(stages or {})
         wk = self._work
@@ -98,6 +111,14 @@ class StepWindow:
             out.append(row or None)
         return out
 
+    def cpu_rows(self) -> dict[int, dict[str, float | int]]:
+        """step -> the CPU fields its report carried (``cpu_s``, ``cpu_at_step``, ``cpu_total_s``), for the steps
+        still in the window that carried any (the latest report of a step when it came twice)."""
+        if not self._cpu:
+            return {}
+        kept = set(self._steps)
+        return {st: dict(row) for st, row in self._cpu if st in kept}
+
     def __len__(self) -> int:
         return self._n
 
@@ -140,6 +161,7 @@ class StepWindow:
         self._times = array("f")
         self._work = None
         self._stages = None
+        self._cpu = None
         self._n = 0
         self._head = 0
 
