@@ -58,7 +58,7 @@ class AnalysisResult:
     notes: list[str] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
     links: list[SlowLink] = field(default_factory=list)
-    impact: dict[str, float] | None = None
+    impact: dict[str, Any] | None = None
     armed_steps: list[int] | None = None
     captured_steps: list[int] = field(default_factory=list)
     strength: str | None = None

@@ -144,6 +144,8 @@ class ClusterEvidence:
     (``CommAnalyzerTime``) for targeted captures, so waits for ranks outside the capture show
     (``daemon/profwatch/core/verdict/subset.py``); empty when not read. ``aicore``: rank -> its AI Core clock over
     the captured steps (``hardware.FreqSummary`` from ``AICORE_FREQ``; Ascend only, empty when not recorded).
+    ``accelerator``: False when the ranks' traces show no device work (a CPU job, e.g. torch with gloo): impacts
+    are then in rank-hours (:data:`HOURS_UNITS`).
     """
 
     kind: EvidenceKind
@@ -162,9 +164,22 @@ class ClusterEvidence:
     collectives_per_step: float | None = None
     own_waits: dict[int, dict[int, tuple[float, int]]] = field(default_factory=dict)
     aicore: dict[int, FreqSummary] = field(default_factory=dict)
+    accelerator: bool = True
 
     def __post_init__(self) -> None:
         self.link_rows = LinkRows.from_rows(self.link_rows)
+
+
+HOURS_UNITS = {True: "accelerator-hours", False: "CPU rank-hours"}
+"""What an impact's hours count, by whether the job has accelerators (``ClusterEvidence.accelerator``): the
+``accelerator_hours_per_day`` figure is ``saving / step x ranks x 24`` either way; a CPU job's ranks are
+processes, not accelerators. An impact's JSON carries the unit as ``hours_unit`` (absent: accelerator-hours)."""
+
+
+def hours_unit(impact: Mapping[str, Any] | None) -> str:
+    """The unit of an impact JSON's ``accelerator_hours_per_day`` (``hours_unit``; accelerator-hours when absent)."""
+    unit = (impact or {}).get("hours_unit")
+    return unit if isinstance(unit, str) and unit in HOURS_UNITS.values() else HOURS_UNITS[True]
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +218,7 @@ class Suspect:
     hostname: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     rank_dir: str | None = None
-    impact: dict[str, float] | None = None
+    impact: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -220,7 +235,7 @@ class SlowLink:
     bandwidth_gbps: float
     peer_median_gbps: float
     transport: str = ""
-    impact: dict[str, float] | None = None
+    impact: dict[str, Any] | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

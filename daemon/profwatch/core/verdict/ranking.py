@@ -19,7 +19,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profwatch.core.verdict.evidence import ClusterEvidence, Impact, SlowLink, Strength, Suspect, SuspectKind
+from profwatch.core.verdict.evidence import (
+    HOURS_UNITS,
+    ClusterEvidence,
+    Impact,
+    SlowLink,
+    Strength,
+    Suspect,
+    SuspectKind,
+)
 from profwatch.core.verdict.explain import vote_notes
 from profwatch.core.verdict.impact import (
     SyncOverhead,
@@ -97,7 +105,7 @@ class Verdict:
 
     suspects: list[Suspect] = field(default_factory=list)
     links: list[SlowLink] = field(default_factory=list)
-    impact: dict[str, float] | None = None
+    impact: dict[str, Any] | None = None
     captured_steps: list[int] = field(default_factory=list)
     armed_steps: list[int] | None = None
     strength: Strength | None = None
@@ -682,6 +690,12 @@ def _add_headline(verdict: Verdict, batch: _BatchContext, evidence: ClusterEvide
                      collectives_per_step=evidence.collectives_per_step,
                      overhead=sync if fixed == timed else None) if by_step else None
     verdict.impact = head.to_json() if head else None
+    if not evidence.accelerator:  # a CPU job: its hours are the ranks' (processes'), not accelerators'
+        imps: list[dict[str, Any] | None] = [verdict.impact, *(s.impact for s in verdict.suspects),
+                                             *(lk.impact for lk in verdict.links)]
+        for imp in imps:
+            if imp is not None:
+                imp["hours_unit"] = HOURS_UNITS[False]
     strengths = [s.evidence.get("strength") for s in verdict.suspects] + \
         [lk.evidence.get("strength") for lk in verdict.links]
     verdict.strength = "strong" if "strong" in strengths else "weak"
