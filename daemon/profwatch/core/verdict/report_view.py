@@ -515,7 +515,8 @@ def shorten_paths(text: str, known: Mapping[str, str]) -> str:
 def files_of(paths: Mapping[str, Any], texts: Sequence[str]) -> list[tuple[str, str]]:
     """``(label, path)`` for each distinct output path: the known ``paths`` keys first, then absolute paths that
     recipe details and notes mention (e.g. the advisor's xlsx), each path once."""
-    labels = (("report_json", "report.json (all numbers)"), ("advisor_html", "advisor report (HTML)"),
+    labels = (("report_json", "report.json (all numbers)"), ("plotly_js", "the chart's script (plotly.js, shared)"),
+              ("advisor_html", "advisor report (HTML)"),
               ("outputs", "analysis outputs"), ("staging", "staged batch"))
     out: list[tuple[str, str]] = []
     seen: set[str] = set()
