@@ -262,3 +262,23 @@ def test_a_replay_of_exported_telemetry_names_a_rank_by_its_cpu_time() -> None:
     named = [a for a in res["anomalies"] if a["kind"] == "rank_outlier"]
     assert named and named[0]["ranks"] == [1] and named[0]["detail"]["stage"] == {1: "cpu/step"}
     assert named[0]["step"] >= 300
+
+
+def test_the_window_keeps_cpu_fields_in_rings_aligned_with_its_steps() -> None:
+    """CPU fields in typed rings (12 bytes a step for samples, allocated at the first one), wrapping with the
+    steps: a step that carried none reads None, an older hook's cpu_s is kept to the µs."""
+    from profwatch.core.fleet.step_window import CPU_SAMPLE_STEP_BYTES, StepWindow
+
+    w = StepWindow(3)
+    w.append(1, 0.5)
+    assert w.cpu_rows() == [None]
+    w.append(2, 0.5, cpu_sample=(1, 10.25))
+    w.append(3, 0.5, cpu_s=0.125)
+    w.append(4, 0.5, cpu_sample=(3, 11.5))  # wraps: step 1 dropped
+    assert [st for st, _ in w.items()] == [2, 3, 4]
+    assert w.cpu_rows() == [{"cpu_at_step": 1, "cpu_total_s": 10.25}, {"cpu_s": 0.125},
+                            {"cpu_at_step": 3, "cpu_total_s": 11.5}]
+    assert w._cpu_at is not None and w._cpu_total is not None
+    assert w._cpu_at.itemsize + w._cpu_total.itemsize == CPU_SAMPLE_STEP_BYTES and len(w._cpu_at) == 3
+    w.clear()
+    assert w.cpu_rows() == []

@@ -111,10 +111,10 @@ def dump_jsonl(records: Iterable[Mapping[str, Any] | Any], *, world_size: int | 
 def window_records(job_id: str, rank: int, items: Iterable[tuple[Any, ...]],
                    last_ts_unix_s: float, extra: Mapping[str, Any] | None = None,
                    stages: list[dict[str, float] | None] | None = None,
-                   cpu: Mapping[int, Mapping[str, float | int]] | None = None) -> list[dict[str, Any]]:
+                   cpu: list[dict[str, float | int] | None] | None = None) -> list[dict[str, Any]]:
     """Records of one rank's step window ``[(step, step_time_s[, work]), ...]`` (oldest first), with each step's
-    ``stages`` (seconds; ``StepWindow.stage_rows``, aligned with ``items``) where given, and the CPU fields of the
-    steps in ``cpu`` (step -> ``cpu_s`` / ``cpu_at_step`` / ``cpu_total_s``: ``StepWindow.cpu_rows``).
+    ``stages`` (seconds; ``StepWindow.stage_rows``) and CPU fields (``cpu_s``, ``cpu_at_step``, ``cpu_total_s``:
+    ``StepWindow.cpu_rows``) where given, both aligned with ``items``.
 
     Windows keep no timestamps (8 bytes per step), so each step's ``ts_unix_s`` is rebuilt backwards from the
     rank's last report time: the newest step ends at ``last_ts_unix_s`` and each earlier one ends its
@@ -126,7 +126,8 @@ def window_records(job_id: str, rank: int, items: Iterable[tuple[Any, ...]],
     more = {k: v for k, v in (extra or {}).items() if v is not None and v != ""}
     listed = list(items)
     per_step = stages if stages is not None and len(stages) == len(listed) else [None] * len(listed)
-    for item, st in zip(reversed(listed), reversed(per_step), strict=True):
+    per_cpu = cpu if cpu is not None and len(cpu) == len(listed) else [None] * len(listed)
+    for item, st, cp in zip(reversed(listed), reversed(per_step), reversed(per_cpu), strict=True):
         step, t = item[0], float(item[1])
         row: dict[str, Any] = {"job_id": job_id, "rank": rank, "step": step, "step_time_s": round(t, 6),
                                "ts_unix_s": round(ts, 6)}
@@ -134,8 +135,8 @@ def window_records(job_id: str, rank: int, items: Iterable[tuple[Any, ...]],
             row["work"] = round(float(item[2]), 6)
         if st:
             row["stages"] = {k: round(v, 6) for k, v in st.items()}
-        if cpu and step in cpu:
-            row.update(cpu[step])
+        if cp:
+            row.update(cp)
         row.update(more)
         rows.append(row)
         ts -= t
