@@ -187,7 +187,8 @@ class CoordinatorSettings(MetricsEndpoint):
     work_dir: Path = Field(Path(DEFAULT_STATE_DIR) / "work", description=(
         "staging folders, msprof-analyze outputs and reports"))
     window_steps: int = Field(1000, ge=10, le=100_000, description=(
-        "per-rank step-time window kept in memory (8 bytes per step and rank; what profwatch telemetry dumps)"))
+        "per-rank step-time window kept in memory (8 bytes per step and rank, 20 with the hook's CPU samples; what "
+        "profwatch telemetry dumps)"))
     node_timeout_s: float = Field(10.0, gt=0, le=86400, description=(
         "a node not heard from this long is shown down by status and the metrics"))
     tick_interval_s: float = Field(0.2, gt=0, le=10, description=(

@@ -296,6 +296,6 @@ class ControlCommands:
             if r.window is not None:
                 rows += window_records(job.job_id, r.rank, r.window.items_with_work(), r.last_ts_unix_s,
                                        {"mode": r.mode, "role": r.role, "pid": r.pid or None, "node": r.node_id},
-                                       r.window.stage_rows())
+                                       r.window.stage_rows(), r.window.cpu_rows())
         rows.sort(key=lambda d: (d["step"], d["rank"]))
         return dump_jsonl(rows, world_size=job.world_size)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from profwatch.adapters.outputs.report import href, render_html, write_report
-from profwatch.adapters.outputs.report_charts import plotly_js
+from profwatch.adapters.outputs.report_charts import PLOTLY_ASSET, plotly_bundle, plotly_js
 from profwatch.core.alerts.events import suspect_alert_data
 from profwatch.core.verdict.evidence import RankStepSummary, RecipeStatus
 from profwatch.core.verdict.ranking import rank_suspects
@@ -58,21 +58,36 @@ def _figure(page: str) -> dict[str, Any]:
     return fig
 
 
-def test_report_files_one_self_contained_page(tmp_path: Path) -> None:
+def test_report_files_one_small_page_and_one_shared_plotly_file(tmp_path: Path) -> None:
+    """The page was 4.8 MB, nearly all of it plotly.js inlined in every report; now the bundle is one file
+    (``PLOTLY_ASSET``) in the folder of the report folders, written once, loaded by a relative ``<script src>``
+    (offline), and each page is a few tens of kB. Without a writable folder for it the page inlines it."""
     data, rows = report_data(tmp_path, slow={3: 1.5})
     out = tmp_path / "out"
     jp, hp = write_report(out, data, rows, generated="now")
     assert hp is not None
-    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]  # no asset beside the page
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json"]
+    shared = tmp_path / PLOTLY_ASSET
+    assert shared.read_text() == plotly_bundle() and len(plotly_bundle()) > 1_000_000
     doc = json.loads(jp.read_text())
     assert doc["suspects"][0]["rank"] == 3 and len(doc["summaries"]) == 32
     page = hp.read_text()
     assert page.startswith("<!doctype html>") and "<style>" in page
-    # self-contained: plotly.js inlined, nothing fetched
-    assert plotly_js() in page and len(plotly_js()) > 1_000_000
-    ours = page.replace(plotly_js(), "")  # the bundle's own strings (e.g. its logo link) are never fetched
+    assert len(page.encode()) < 200_000 and plotly_js() not in page
+    # offline: the one script it loads is the shared file, by a relative path; nothing fetched
+    assert re.findall(r"<script[^>]+src=\"([^\"]+)\"", page) == [f"../{PLOTLY_ASSET}"]
+    ours = page.replace(f'<script src="../{PLOTLY_ASSET}"></script>', "")
     assert not re.search(r"<script[^>]+src=|<link\b|@import|url\(\s*['\"]?(https?:)?//", ours, re.IGNORECASE)
     assert not re.search(r"(src|href)=\"(https?:)?//", ours)
+    assert "report.json beside this page holds every number" in page  # what a page moved away from it says
+    # a second report reuses the file; a folder that cannot take it gets the self-contained page
+    before = shared.stat().st_mtime_ns
+    write_report(tmp_path / "out2", data, rows, generated="now")
+    assert shared.stat().st_mtime_ns == before
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file, not a folder")
+    _, hp3 = write_report(tmp_path / "out3", data, rows, generated="now", assets_dir=blocked)
+    assert hp3 is not None and plotly_js() in hp3.read_text()
     # the badge, the headline's rank, the strong suspect's row
     assert re.search(r'id="pw-badge" class="badge badge-found"[^>]*>slow rank found<', page)
     assert 'id="pw-top-suspect" data-rank="3"' in page

@@ -204,3 +204,15 @@ def test_a_trace_gone_between_listing_and_reading_is_not_a_crash(tmp_path: Path)
     (only / "a.pt.trace.json").symlink_to(tmp_path / "deleted.pt.trace.json")
     ev = analyze_torch_batch({0: d0, 1: d1, 2: only})
     assert ev.unusable_ranks == {2: f"no *.pt.trace.json in {only}"}
+
+
+def test_a_batch_knows_whether_its_job_has_accelerators(tmp_path: Path):
+    """Host-only traces (a gloo job on CPUs) make ``ev.accelerator`` False, so impacts are in CPU rank-hours; one
+    trace with device kernels keeps accelerator-hours."""
+    cpu = analyze_torch_batch({0: _rank_dir(tmp_path / "c", 0, cpu_rank(40)),
+                               1: _rank_dir(tmp_path / "c", 1, cpu_rank(60))})
+    assert cpu.summaries and cpu.accelerator is False
+    dev = [X("ProfilerStep#3", 0, 50, "user_annotation"), X("ProfilerStep#3", 10, 200, "gpu_user_annotation"),
+           X("sm80_xmma_gemm", 20, 60, "kernel", tid=7)]
+    gpu = analyze_torch_batch({0: _rank_dir(tmp_path / "g", 0, dev), 1: _rank_dir(tmp_path / "g", 1, dev)})
+    assert gpu.accelerator is True

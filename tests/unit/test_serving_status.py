@@ -39,14 +39,29 @@ def test_a_young_serving_unit_reads_learning_then_watched() -> None:
     assert 0 < unit["blocks"] < unit["blocks_needed"]  # a few 60 s blocks taken, the baseline needs more
     text = "\n".join(render_job({"job_id": "svc", "world_size": 2, "ranks_seen": 2, "furthest_step": 1,
                                  "serving": view}))
-    assert "1 still learning" in text and "0 watched" in text
-    assert f"{unit['blocks']} of {unit['blocks_needed']} blocks" in text
+    assert "1 still learning their normal speed from traffic" in text and "0 watched" in text
+    assert (f"unit of ranks 0,1: learning its normal speed: has {unit['blocks']} min of the {unit['blocks_needed']} "
+            f"min of traffic it needs ({unit['blocks']} of {unit['blocks_needed']} periods of 60 s with 8+ steps); "
+            "until then only large slowdowns are reported") in text, text
 
     det = JobDetector("svc", 2, mode="serving")
     run(busy(40 * 60.0), 2, det=det)  # long enough for the block baseline (blocks_needed minutes and more)
     view = det.serving_view()
     assert view is not None and (view["learning"], view["watched"]) == (0, 1)
     assert "still learning" not in "\n".join(render_serving(view))
+
+
+def test_a_unit_without_a_whole_period_yet_says_it_waits_for_traffic() -> None:
+    """20 s of traffic: no 60 s period is complete. The line read "learning, 0 of 18 blocks" (a new user took it
+    for a stuck job); it now says what it waits for, in minutes of traffic."""
+    det = JobDetector("svc", 2, mode="serving")
+    run(busy(20.0), 2, det=det)
+    view = det.serving_view()
+    assert view is not None and view["detail"][0]["blocks"] == 0 and view["detail"][0]["blocks_needed"] == 18
+    text = "\n".join(render_serving(view))
+    assert "0 of 18 blocks" not in text
+    assert ("unit of ranks 0,1: waiting for traffic to learn its normal speed: needs 18 min of it (18 periods of "
+            "60 s with 8+ steps), none complete yet; until then only large slowdowns are reported") in text, text
 
 
 def test_a_unit_of_idle_gaps_only_says_so() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -186,3 +187,98 @@ def test_stages_are_kept_by_the_registry_and_dumped_for_replay() -> None:
     w = StepWindow(2)
     w.append(1, 0.1, None, {f"s{i}": 0.001 for i in range(MAX_STAGE_SERIES + 2)})
     assert len(w.stage_rows()[0] or {}) == MAX_STAGE_SERIES and w.stages_dropped == 2
+
+
+
+def _cpu_job(ranks: int, n: int, seed: int, base: float) -> list[Any]:
+    """A lockstep job's step reports with the hook's CPU samples (``tests/unit/test_cpu_time.py``'s simulation):
+    rank 1 spends 30 % more CPU per step from step ``n * 3 // 4``, the host's load moves every wall time."""
+    import random
+
+    from rankhook import wire
+    from tests.unit.test_cpu_time import _lockstep, _SimSampler
+
+    cpu = _lockstep(n, ranks, seed=seed, slow_rank=1, onset=n * 3 // 4, base=base)
+    sampler, rng = _SimSampler(ranks, seed), random.Random(seed)
+    out: list[Any] = []
+    t = 100.0
+    for k, row in enumerate(cpu, start=1):
+        wall = max(row) / min(0.95, max(0.05, 0.4 * rng.uniform(0.6, 2.2)))
+        t += wall
+        out += [wire.StepReport(job_id="j", rank=r, step=k, step_time_s=wall, ts_unix_s=t,
+                                **sampler.fields(r, k, t, row[r])) for r in range(ranks)]
+    return out
+
+
+def _telemetry_of(reports: list[Any], ranks: int) -> str:
+    """What ``profwatch telemetry`` writes after the coordinator's registry took ``reports`` (its
+    ``_cmd_dump_telemetry``)."""
+    from profwatch.core.fleet.registry import Registry
+    from rankhook import wire
+
+    reg = Registry(window_steps=len(reports))
+    for r in range(ranks):
+        reg.hello(wire.RankHello(job_id="j", rank=r, local_rank=r, world_size=ranks, hostname="h0", pid=100 + r,
+                                 backend="torch", ts_unix_s=1.0), "n0", 1.0)
+    for rep in reports:
+        reg.step(rep, 2.0)
+    rows = []
+    for r in reg.jobs["j"].ranks.values():
+        assert r.window is not None
+        rows += window_records("j", r.rank, r.window.items_with_work(), r.last_ts_unix_s, None,
+                               r.window.stage_rows(), r.window.cpu_rows())
+    rows.sort(key=lambda d: (d["step"], d["rank"]))
+    return dump_jsonl(rows, world_size=ranks)
+
+
+def test_cpu_samples_are_kept_by_the_registry_and_a_replay_sees_the_live_cpu_series() -> None:
+    """``profwatch telemetry`` of a zero-code job carried no CPU fields (the windows kept none, the record format
+    had none), so a replay never saw ``cpu/step``. Now the registry's windows keep each report's CPU sample
+    (``cpu_at_step``, ``cpu_total_s``) or ``cpu_s``, the dump writes them and the replay reads them: the replayed
+    reports give the aggregation the same per-step CPU series as the live ones."""
+    from rankhook import wire
+    from tests.unit.test_cpu_time import _sampled_series
+
+    live = _cpu_job(2, 120, 3, 0.008)
+    live.append(wire.StepReport(job_id="j", rank=0, step=121, step_time_s=0.02, ts_unix_s=1e6,
+                                cpu_s=0.008))  # an older hook's per-step CPU time rides along too
+    assert sum(rep.cpu_at_step is not None for rep in live) >= 10
+    replayed = [TelemetryRecord.model_validate_json(line).as_wire() for line in _telemetry_of(live, 2).splitlines()]
+    assert [(m.rank, m.step, m.cpu_s, m.cpu_at_step, m.cpu_total_s) for m in replayed] == [
+        (m.rank, m.step, m.cpu_s, m.cpu_at_step, m.cpu_total_s) for m in live]
+    live_series, _ = _sampled_series(live)
+    replay_series, _ = _sampled_series(replayed)
+    assert live_series and replay_series == live_series
+
+
+def test_a_replay_of_exported_telemetry_names_a_rank_by_its_cpu_time() -> None:
+    """4 lockstep ranks, rank 1 +30 % CPU per step from step 300 (wall times equal: only the CPU time tells):
+    ``profwatch replay`` of the job's telemetry names it on ``cpu/step`` (before, the dump had no CPU fields and
+    the replay named nobody)."""
+    from profwatch.commands.replay import replay_lines
+
+    res = replay_lines(_telemetry_of(_cpu_job(4, 400, 4, 0.0066), 4).splitlines())
+    assert res["bad_lines"]["count"] == 0
+    named = [a for a in res["anomalies"] if a["kind"] == "rank_outlier"]
+    assert named and named[0]["ranks"] == [1] and named[0]["detail"]["stage"] == {1: "cpu/step"}
+    assert named[0]["step"] >= 300
+
+
+def test_the_window_keeps_cpu_fields_in_rings_aligned_with_its_steps() -> None:
+    """CPU fields in typed rings (12 bytes a step for samples, allocated at the first one), wrapping with the
+    steps: a step that carried none reads None, an older hook's cpu_s is kept to the µs."""
+    from profwatch.core.fleet.step_window import CPU_SAMPLE_STEP_BYTES, StepWindow
+
+    w = StepWindow(3)
+    w.append(1, 0.5)
+    assert w.cpu_rows() == [None]
+    w.append(2, 0.5, cpu_sample=(1, 10.25))
+    w.append(3, 0.5, cpu_s=0.125)
+    w.append(4, 0.5, cpu_sample=(3, 11.5))  # wraps: step 1 dropped
+    assert [st for st, _ in w.items()] == [2, 3, 4]
+    assert w.cpu_rows() == [{"cpu_at_step": 1, "cpu_total_s": 10.25}, {"cpu_s": 0.125},
+                            {"cpu_at_step": 3, "cpu_total_s": 11.5}]
+    assert w._cpu_at is not None and w._cpu_total is not None
+    assert w._cpu_at.itemsize + w._cpu_total.itemsize == CPU_SAMPLE_STEP_BYTES and len(w._cpu_at) == 3
+    w.clear()
+    assert w.cpu_rows() == []

@@ -270,3 +270,19 @@ def test_drawn_relabellings_take_memory_of_the_draws_not_of_the_draws_times_the_
     k = int(np.count_nonzero(stats >= vals[:, 2].mean() - 1e-12))
     got = permutation_test(short, [2] * 40, delta=0.0, tie=0.001, alpha=0.01)
     assert got is not None and got.p == (1 + k) / (1 + DRAWS)
+
+
+def test_a_no_suspect_note_names_the_effect_size_rule_when_the_p_value_passed() -> None:
+    """The pair's capture judged with a 50 % effect size: its p 0.0029 is under the 0.005 needed and its z 8.5 over
+    4, but its excess (+45 % of the step) is under 50 %. The note said "p 0.0029 where 0.005 is needed" and "not
+    named by the other rules (effect size, consistency)"; now it says the p and z passed and the effect size
+    decided."""
+    from profwatch.analysis.result import armed_for_note
+
+    verdict = judge_batch(serving_pair_capture(), settings=RankingSettings(min_effect_frac=0.5))
+    assert verdict.suspects == []
+    note = armed_for_note("rank_outlier +30% at step 50 ranks [1]", verdict.near_misses)
+    assert "where 0.005 is needed" not in note and "where 4.00 is needed" not in note, note
+    assert "z 8.50 passed (4.00 needed) but the excess is under the 50.0% of the step the effect-size rule" in note
+    assert ("; step by step p 0.0029 passed (0.005 needed) but its mean excess +45.4% is under the 50.0% of the step "
+            "the effect-size rule needs") in note, note

@@ -101,3 +101,21 @@ def test_the_analysis_detail_of_the_starved_capture(tmp_path: Path) -> None:
                         armed_steps=ARMED, enrich=False)
     assert res.status == "ok", res.detail
     assert "top: rank 1 (compute)" in res.detail, res.detail
+
+
+def test_a_cpu_jobs_impact_is_in_cpu_rank_hours(verdict: Verdict) -> None:
+    """The demo's gloo job has no accelerator (no device lane in its traces): its impact lines said
+    "accelerator-hours per day"; now every impact of the verdict carries ``hours_unit`` "CPU rank-hours" and the
+    texts (the report's, ``profwatch analyze``'s, the alerts') say so. A trace with device work keeps
+    accelerator-hours."""
+    from profwatch.core.alerts.alertmanager import saving_text
+    from profwatch.core.verdict.evidence import hours_unit
+    from profwatch.core.verdict.report_view import impact_text, parse_impact
+
+    imp = verdict.suspects[0].impact
+    assert imp is not None and verdict.impact is not None
+    assert hours_unit(imp) == hours_unit(verdict.impact) == "CPU rank-hours"
+    parsed = parse_impact(imp)
+    assert parsed is not None and impact_text(parsed).endswith("CPU rank-hours per day")
+    assert "CPU rank-hours per day" in saving_text(imp) and "accelerator" not in saving_text(imp)
+    assert hours_unit({"saving_s_per_step": 0.1}) == "accelerator-hours"

@@ -33,6 +33,7 @@ import structlog
 
 from profwatch.adapters.fs import staging
 from profwatch.adapters.outputs.report import write_report
+from profwatch.adapters.outputs.report_charts import PLOTLY_ASSET
 from profwatch.adapters.tools.kineto_reader import OP_COMPARE, TraceRead, analyze_torch_batch, compare_suspects
 from profwatch.adapters.tools.kineto_reader import RECIPE as KINETO_RECIPE
 from profwatch.adapters.tools.msprof_analysis import (
@@ -622,6 +623,7 @@ def rewrite_report(result: AnalysisResult, now_unix_s: float) -> None:
     try:
         write_report(Path(json_path).parent, printable({**result.alert_data(), "advisor": ev.advisor if ev else {}}),
                      ev.summaries if ev else [], html_enabled="report_html" in result.paths,
+                     inline_plotly="plotly_js" not in result.paths,
                      generated=datetime.fromtimestamp(now_unix_s, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
     except OSError as exc:
         result.keep_note(f"report not rewritten with the comparison: {exc}")
@@ -635,18 +637,24 @@ def _write_report(result: AnalysisResult, f: Followup, *, html: bool) -> None:
     t = time.monotonic()
     now = time.time() if f.now_unix_s is None else f.now_unix_s
     result.paths["report_json"] = str(f.out_dir / "report.json")
+    shared = f.out_dir.resolve().parent / PLOTLY_ASSET
     if html:
         result.paths["report_html"] = str(f.out_dir / "report.html")
+        if not f.settings.report_html_inline:  # the page's chart script, shared: copy it along with the page
+            result.paths["plotly_js"] = str(shared)
     ev = result.evidence
     try:
         # printable(): file names as text a UTF-8 file can hold, whatever bytes the OS gave (docs/paths.md)
         data = printable({**result.alert_data(), "advisor": ev.advisor if ev else {}})
         json_path, html_path = write_report(
-            f.out_dir, data, ev.summaries if ev else [], html_enabled=html,
+            f.out_dir, data, ev.summaries if ev else [], html_enabled=html, inline_plotly=f.settings.report_html_inline,
             generated=datetime.fromtimestamp(now, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
+        if not shared.is_file():
+            result.paths.pop("plotly_js", None)
         result.report = str(html_path or json_path)
     except OSError as exc:
         result.notes.append(f"report not written: {exc}")
         result.paths.pop("report_json", None)
         result.paths.pop("report_html", None)
+        result.paths.pop("plotly_js", None)
     result.timings_s["report_html" if html else "report"] = time.monotonic() - t

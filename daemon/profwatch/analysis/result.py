@@ -58,7 +58,7 @@ class AnalysisResult:
     notes: list[str] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
     links: list[SlowLink] = field(default_factory=list)
-    impact: dict[str, float] | None = None
+    impact: dict[str, Any] | None = None
     armed_steps: list[int] | None = None
     captured_steps: list[int] = field(default_factory=list)
     strength: str | None = None
@@ -308,19 +308,39 @@ def _near_miss_text(near: Mapping[str, Any]) -> str:
     """One named rank's evidence from :func:`~profwatch.core.verdict.ranking.find_near_misses`, e.g. ``rank 1: own
     work +26.6% of the step over 10 steps, z 3.46 where 4.00 is needed (step-to-step noise 26.3% of a step, 8.30%
     on its pooled value)``; in a small group also its step-by-step test (``near["paired"]``, docs/verdicts.md "Small
-    groups"), e.g. ``; step by step p 0.016 where 0.005 is needed (its 8 steps give at best 0.0078)``."""
+    groups"), e.g. ``; step by step p 0.016 where 0.005 is needed (its 8 steps give at best 0.0078)``. The text
+    names the rule that decided: the z (or p) when it fell short, else the effect-size rule (an excess under
+    ``min_effect_frac`` of the step) or the consistency rules; a z or p that passed is never written as short."""
     what = _SIGNAL_WORDS.get(str(near["signal"]), str(near["signal"]))
     z, need = float(near["z"]), float(near["z_needed"])
-    verdict = (f"z {z:.2f} where {need:.2f} is needed" if z < need
-               else f"z {z:.2f} ({need:.2f} needed) but not named by the other rules (effect size, consistency)")
-    text = (f"rank {near['rank']}: {what} +{100 * float(near['effect_frac']):.1f}% of the step over {near['steps']} "
+    effect = float(near["effect_frac"])
+    min_effect = near.get("min_effect_frac")
+    if z < need:
+        verdict = f"z {z:.2f} where {need:.2f} is needed"
+    elif min_effect is not None and effect < float(min_effect):
+        verdict = (f"z {z:.2f} passed ({need:.2f} needed) but the excess is under the {100 * float(min_effect):.1f}% "
+                   "of the step the effect-size rule needs")
+    else:
+        verdict = f"z {z:.2f} passed ({need:.2f} needed) but not named by the consistency rules"
+    text = (f"rank {near['rank']}: {what} +{100 * effect:.1f}% of the step over {near['steps']} "
             f"steps, {verdict} (step-to-step noise {100 * float(near['within_sigma_frac']):.1f}% of a step, "
             f"{100 * float(near['noise_sigma_frac']):.2f}% on its pooled value)")
     paired = near.get("paired")
     if isinstance(paired, Mapping):
-        text += f"; step by step p {float(paired['p']):.2g} where {float(paired['alpha']):.2g} is needed"
-        if not paired.get("decides", True):
-            text += f" (its {paired['steps']} steps give at best {float(paired['min_p']):.2g})"
+        p, alpha = float(paired["p"]), float(paired["alpha"])
+        if p > alpha:
+            text += f"; step by step p {p:.2g} where {alpha:.2g} is needed"
+            if not paired.get("decides", True):
+                text += f" (its {paired['steps']} steps give at best {float(paired['min_p']):.2g})"
+        elif float(paired["effect_frac"]) < float(paired["delta_frac"]):
+            text += (f"; step by step p {p:.2g} passed ({alpha:.2g} needed) but its mean excess "
+                     f"{100 * float(paired['effect_frac']):+.1f}% is under the {100 * float(paired['delta_frac']):.1f}% "
+                     "of the step the effect-size rule needs")
+        elif not paired.get("passed", False):
+            text += (f"; step by step p {p:.2g} passed ({alpha:.2g} needed) but its excess is not above "
+                     f"{100 * float(paired['delta_frac']):.1f}% of the step once steps within the tie floor count as ties")
+        else:
+            text += f"; step by step p {p:.2g} passed ({alpha:.2g} needed)"
     return text
 
 

@@ -35,7 +35,7 @@ from profwatch.core.changes.comparison import headline_line
 from profwatch.core.display import clip, display_str, printable
 from profwatch.core.messages import MAX_WORLD_SIZE
 from profwatch.core.verdict.drilldown import delta_text, excess_text
-from profwatch.core.verdict.evidence import RecipeStatus
+from profwatch.core.verdict.evidence import RecipeStatus, hours_unit
 from profwatch.signals import handling
 
 GOOD = ("ok", "no_suspect")
@@ -144,11 +144,11 @@ def _settings(ctx: click.Context, config_path: Path | None, no_advisor: bool, ti
     return settings
 
 
-def _saving(impact: dict[str, float] | None) -> str:
+def _saving(impact: dict[str, Any] | None) -> str:
     if not impact:
         return ""
     return (f"saves {1e3 * impact['saving_s_per_step']:.1f} ms/step ({impact['saving_pct_of_step']:.1f}% of the mean step, "
-            f"{impact['accelerator_hours_per_day']:.0f} accelerator-h/day)")
+            f"{impact['accelerator_hours_per_day']:.0f} {hours_unit(impact)} per day)")
 
 
 def _human(res: AnalysisResult) -> str:

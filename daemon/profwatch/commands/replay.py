@@ -137,6 +137,9 @@ class _StepView:
     work: float | None = None
     mode: str | None = None
     role: str | None = None
+    cpu_s: float | None = None
+    cpu_at_step: int | None = None
+    cpu_total_s: float | None = None
 
 
 def replay_lines(lines: Iterable[Line], config: ReplayConfig | None = None) -> dict[str, Any]:
@@ -219,7 +222,8 @@ def replay_source(open_lines: Callable[[], Iterable[Line]], config: ReplayConfig
             if not run.accepted:
                 continue  # refused or not of the current run, as the coordinator would
         found = det.observe(_StepView(rec.rank, rec.step, rec.step_time_s, rec.ts_unix_s, rec.stages,
-                                      rec.flags, rec.capturing, rec.work, rec.mode, rec.role), rec.ts_unix_s)
+                                      rec.flags, rec.capturing, rec.work, rec.mode, rec.role, rec.cpu_s,
+                                      rec.cpu_at_step, rec.cpu_total_s), rec.ts_unix_s)
         tick = rec.ts_unix_s - job.last_tick_s >= TICK_EVERY_S
         if tick:
             job.last_tick_s = rec.ts_unix_s

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from profwatch.core.capture.lifecycle import DEADLINE_BOUNDS
+from profwatch.core.detection.serving import SERVING_BLOCK_MIN
 from profwatch.core.fleet.host_load import MAX_EXPLAIN_GAP_S
 
 SILENT_MIN_S = 10.0
@@ -94,18 +95,41 @@ def render_generation(job: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _span(seconds: float) -> str:
+    """``"18 min"`` / ``"45 s"`` / ``"1.5 h"``: a duration for a status line."""
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+def _learning_unit_line(u: Mapping[str, Any], block: float) -> str:
+    """One learning unit in the user's terms: it learns its normal pace from periods of traffic (each of the regression
+    test's blocks is ``block`` seconds of the unit's time with at least :data:`SERVING_BLOCK_MIN` steps), how much
+    traffic time it has and needs, and that until then only large rises are caught. With no block yet it says it waits
+    for traffic (the count "0 of 18 blocks" read as a stuck job)."""
+    ranks = ",".join(str(r) for r in u.get("ranks", []))
+    have, need = int(u.get("blocks", 0)), int(u.get("blocks_needed", 0))
+    what = (f"learning its normal speed: has {_span(have * block)} of the {_span(need * block)} of traffic it "
+            f"needs ({have} of {need} periods of {block:.0f} s with {SERVING_BLOCK_MIN}+ steps)")
+    if have == 0:
+        what = (f"waiting for traffic to learn its normal speed: needs {_span(need * block)} of it ({need} "
+                f"periods of {block:.0f} s with {SERVING_BLOCK_MIN}+ steps), none complete yet")
+    return f"    unit of ranks {ranks}: {what}; until then only large slowdowns are reported"
+
+
 def render_serving(view: Mapping[str, Any] | None) -> list[str]:
     """A serving job's units (replicas) and what each is judged on yet (``JobDetector.serving_view``); nothing
     for a training job. A unit still learning is judged only for large rises (``spike_min_effect``) by its own
-    test: the line says so instead of letting a quiet status read as a watched one."""
+    test: the line says so, and what it waits for (traffic, in minutes), instead of letting a quiet status
+    read as a watched one."""
     if not view:
         return []
     n = view.get("units", 0)
     block = view.get("block_s", 60.0)
     parts = [f"{view.get('watched', 0)} watched"]
     if view.get("learning"):
-        parts.append(f"{view['learning']} still learning (their own test judges only large rises until its "
-                     f"baseline of {block:.0f} s blocks forms)")
+        parts.append(f"{view['learning']} still learning their normal speed from traffic (only large slowdowns "
+                     "are reported until then)")
     if view.get("no_busy_step"):
         parts.append(f"{view['no_busy_step']} with no busy step yet (every step an idle gap: not judged)")
     if view.get("no_step"):
@@ -116,9 +140,7 @@ def render_serving(view: Mapping[str, Any] | None) -> list[str]:
     lines = [f"  serving: {n} unit{'s' if n != 1 else ''}: " + ", ".join(parts) + peers]
     for u in view.get("detail") or []:
         if u.get("state") == "learning":
-            ranks = ",".join(str(r) for r in u.get("ranks", []))
-            lines.append(f"    unit of ranks {ranks}: learning, {u.get('blocks', 0)} of {u.get('blocks_needed', 0)} "
-                         "blocks")
+            lines.append(_learning_unit_line(u, block))
     return lines
 
 

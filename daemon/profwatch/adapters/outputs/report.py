@@ -1,9 +1,12 @@
-"""Per-batch ``report.json`` and one self-contained, offline ``report.html`` (Jinja2 templates + plotly.js) (I/O).
+"""Per-batch ``report.json`` and an offline ``report.html`` (Jinja2 templates + plotly.js) (I/O).
 
 The page is rendered from the package templates ``templates/report.html.j2`` (+ ``report.css``, ``report.js``)
 with Jinja2 autoescaping, so every value from the data (host names, paths, recipe logs) is escaped; the chart
-data goes in as ``|tojson`` (``<``, ``>``, ``&``, ``'`` escaped). plotly.js is inlined: the page needs no second
-file and no network. What the page shows is decided in :mod:`profwatch.core.verdict.report_view`; the chart in
+data goes in as ``|tojson`` (``<``, ``>``, ``&``, ``'`` escaped). plotly.js (~4.8 MB, 99 % of a page that inlined
+it) is one shared file, :data:`PLOTLY_ASSET`, written once into the folder that holds the batches' report folders
+and loaded by a relative ``<script src>``: no network, and a report is tens of kB. A page moved away from that
+file says where the chart's script is and that ``report.json`` holds every number; :func:`render_html` without
+``plotly_src`` still inlines it (one self-contained page). What the page shows is decided in :mod:`profwatch.core.verdict.report_view`; the chart in
 :mod:`profwatch.adapters.outputs.report_charts`. Jinja2: https://jinja.palletsprojects.com/ (BSD-3-Clause).
 """
 
@@ -21,7 +24,7 @@ from urllib.parse import quote
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
-from profwatch.adapters.outputs.report_charts import plotly_js, rank_figure
+from profwatch.adapters.outputs.report_charts import PLOTLY_ASSET, plotly_bundle, plotly_js, rank_figure
 from profwatch.core.verdict.evidence import RankStepSummary
 from profwatch.core.verdict.report_view import build_view, impact_text
 
@@ -55,8 +58,8 @@ def href(path: str, base: Path | None) -> str:
 
 
 def render_html(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *, base: Path | None = None,
-                generated: str = "") -> str:
-    """The whole report page as one string (no external assets, opens offline).
+                generated: str = "", plotly_src: str | None = None) -> str:
+    """The whole report page as one string (opens offline).
 
     Args:
         data: the ``suspect_ranks`` event data (``profwatch.core.alerts.events.suspect_alert_data``), optionally
@@ -65,6 +68,8 @@ def render_html(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *
         summaries: per-(rank, step) rows (µs) for the chart.
         base: folder the page will live in (links are made relative to it).
         generated: timestamp text for the header.
+        plotly_src: relative URL of the shared plotly.js file (:data:`PLOTLY_ASSET`) the page loads; None: the
+            bundle is inlined (a self-contained page of ~4.8 MB).
 
     Raises:
         jinja2.TemplateError: a broken template (a packaging error, not a data error).
@@ -74,14 +79,19 @@ def render_html(data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *
     template = _env().get_template("report.html.j2")
     return template.render(
         v=view, figure=figure, batch_id=str(data.get("batch_id") or ""), version=_version(),
-        plotly_js=Markup(plotly_js()) if figure else "", known_status=KNOWN_STATUS, impact_text=impact_text,
+        plotly_js=Markup(plotly_js()) if figure and plotly_src is None else "", plotly_src=plotly_src,
+        plotly_asset=PLOTLY_ASSET, known_status=KNOWN_STATUS, impact_text=impact_text,
         href=lambda p: href(str(p), base), basename=lambda p: os.path.basename(os.path.normpath(str(p))))
 
 
 def write_report(out_dir: Path, data: Mapping[str, Any], summaries: Sequence[RankStepSummary], *,
-                 html_enabled: bool = True, generated: str = "") -> tuple[Path, Path | None]:
+                 html_enabled: bool = True, generated: str = "", assets_dir: Path | None = None,
+                 inline_plotly: bool = False) -> tuple[Path, Path | None]:
     """Write ``report.json`` (``data`` plus ``summaries``: the raw per-(rank, step) rows, µs, one row per line) and
-    ``report.html`` into ``out_dir``.
+    ``report.html`` into ``out_dir``; a page with a chart loads plotly.js from :data:`PLOTLY_ASSET` in
+    ``assets_dir`` (default: ``out_dir``'s parent, the folder of every batch's report folder), written there when
+    absent. With ``inline_plotly`` (``[analysis] report_html_inline``), or where that folder cannot take the file,
+    the page inlines the bundle (self-contained, ~4.8 MB).
 
     Returns ``(json_path, html_path or None)``. Files are written to a temp name and renamed (no torn reads).
     Raises OSError when ``out_dir`` is not writable.
@@ -102,8 +112,33 @@ def write_report(out_dir: Path, data: Mapping[str, Any], summaries: Sequence[Ran
     html_path = None
     if html_enabled:
         html_path = out_dir / "report.html"
-        _atomic_write(html_path, render_html(data, summaries, base=out_dir, generated=generated))
+        assets = Path(assets_dir) if assets_dir is not None else out_dir.resolve().parent
+        src = href(str(assets.resolve() / PLOTLY_ASSET), out_dir.resolve())
+        page = render_html(data, summaries, base=out_dir, generated=generated, plotly_src=src)
+        if inline_plotly:
+            page = render_html(data, summaries, base=out_dir, generated=generated)
+        elif f'src="{src}"' in page:  # the page has a chart
+            try:
+                _shared_asset(assets / PLOTLY_ASSET, plotly_bundle())
+            except OSError:
+                page = render_html(data, summaries, base=out_dir, generated=generated)
+        _atomic_write(html_path, page)
     return json_path, html_path
+
+
+def _shared_asset(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` unless a file of its size is there (the name carries plotly's version; written to
+    a temp name and renamed, so a file of the right size is whole). Raises OSError when the folder is not
+    writable."""
+    data = text.encode("utf-8")
+    try:
+        if path.stat().st_size == len(data):
+            return
+    except OSError:
+        pass
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def _atomic_write(path: Path, text: str) -> None:

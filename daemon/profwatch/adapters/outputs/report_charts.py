@@ -13,6 +13,7 @@ import html
 from functools import lru_cache
 from typing import Any
 
+import plotly
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
@@ -28,10 +29,21 @@ FONT = "-apple-system, 'Segoe UI', Roboto, Helvetica, Arial, sans-serif"
 _TOP_PX, _WAIT_PX, _GAP_PX, _MARGIN_PX = 320, 150, 64, 110
 
 
+PLOTLY_ASSET = f"plotly-{plotly.__version__}.min.js"
+"""File name of the shared plotly.js bundle beside the report folders (the version in the name: reports written
+by another plotly keep loading their own)."""
+
+
+@lru_cache(maxsize=1)
+def plotly_bundle() -> str:
+    """The plotly.js bundle shipped inside the plotly package (minified, ~4.8 MB), as the shared file holds it."""
+    return get_plotlyjs()
+
+
 @lru_cache(maxsize=1)
 def plotly_js() -> str:
     """The plotly.js bundle shipped inside the plotly package (minified, ~4.8 MB), safe to inline in ``<script>``."""
-    return get_plotlyjs().replace("</script", "<\\/script")
+    return plotly_bundle().replace("</script", "<\\/script")
 
 
 def _r(v: float | None) -> float | None:

@@ -277,6 +277,7 @@ def analyze_torch_batch(rank_dirs: Mapping[int, Path], *, armed_steps: Sequence[
         ev.recipes[RECIPE] = RecipeStatus(RECIPE, status, "; ".join(f"rank {r}: {w}" for r, w in unusable.items())
                                           or "fewer than 2 readable traces", duration_s=time.monotonic() - t0)
         return ev
+    ev.accelerator = not traces or any(tr.has_device for tr in traces.values())
     brk = summarize_traces(traces, armed_labels=frozenset(armed_steps) if armed_steps else None)
     ev.summaries = brk.summaries
     ev.notes.extend(brk.notes)

@@ -57,6 +57,7 @@ from profwatch.core.alerts.events import (
 )
 from profwatch.core.fleet.job_end import EndedJobs
 from profwatch.core.verdict.drilldown import drilldown_text
+from profwatch.core.verdict.evidence import hours_unit
 
 ALERTNAME_SUSPECT = "ProfwatchSuspectRank"
 ALERTNAME_LINK = "ProfwatchSlowLink"
@@ -144,7 +145,7 @@ def saving_text(impact: Any) -> str:
     text = f"{1e3 * float(sec):.1f} ms per step"
     if isinstance(pct, (int, float)) and not isinstance(pct, bool):
         text += f" ({float(pct):.1f}% of the mean step"
-        text += f", {float(hours):.1f} accelerator-hours per day)" if isinstance(hours, (int, float)) else ")"
+        text += f", {float(hours):.1f} {hours_unit(impact)} per day)" if isinstance(hours, (int, float)) else ")"
     return text
 
 

@@ -155,7 +155,7 @@ def suspect_alert_data(*, batch_id: str, job_id: str | None, kind: str, status: 
          "ranks": [{"rank", "steps", "step_time_us", "computation_us", "communication_us", "wait_us",
                     "transmit_us", "free_us"}],                                          # medians over steps
          "recipes": {name: {"status", "detail", "tables", "rows", "output_dir", "duration_s", ...}},
-         "paths": {"staging", "outputs", "advisor_html", "report_json", "report_html"}, "notes": [...]}
+         "paths": {"staging", "outputs", "advisor_html", "report_json", "report_html", "plotly_js"}, "notes": [...]}
     """
     return {
         "batch_id": batch_id,

@@ -16,8 +16,10 @@ MIB = 1024 * 1024
 # tables 40 B per rank of world_size at creation (more while steps are open). Rounded up.
 RANK_RECORD_BYTES = 1200
 """One rank record without its window (dataclass, dict slot, strings)."""
-STEP_BYTES = 8
-"""One step in a rank's window (int32 step + float32 time)."""
+STEP_BYTES = 8 + 12
+"""One step in a rank's window: int32 step + float32 time, and the CPU sample rings (int32 ``cpu_at_step`` +
+float64 ``cpu_total_s``, ``step_window.CPU_SAMPLE_STEP_BYTES``) of a rank whose hook samples CPU time (the
+current one). Work and stage rings (4 bytes per step and series) come on top where ranks report them."""
 DETECTOR_BYTES_PER_RANK = 200
 """Detector per-rank tables (five list slots, open-step entries) per rank of the job's ``world_size``."""
 JOB_RECORD_BYTES = 16 * 1024

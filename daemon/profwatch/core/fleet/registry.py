@@ -55,7 +55,8 @@ def _record(r: RankState, msg: wire.StepReport, now: float) -> None:
     r.seen_unix_s = now
     r.capturing = msg.capturing
     r.left = False
-    r.window.append(step, t, msg.work, msg.stages)  # type: ignore[union-attr]
+    sample = (msg.cpu_at_step, msg.cpu_total_s) if msg.cpu_at_step is not None and msg.cpu_total_s is not None else None
+    r.window.append(step, t, msg.work, msg.stages, msg.cpu_s, sample)  # type: ignore[union-attr]
 
 
 class RegistryError(ValueError):

@@ -11,8 +11,10 @@ Required: ``job_id``, ``rank``, ``step``, ``step_time_s`` (seconds), ``ts_unix_s
 one line per job; optional ``stages`` (seconds), ``flags``, ``capturing``, and the fields of the wire's step report
 and hello (``rankhook/wire.py``) that the detectors and the new-run rule read: ``work`` (the rank's work in that
 step: tokens, samples), ``mode`` (``training`` | ``serving``), ``role`` (label of the ranks doing the same work),
-``pid`` (the rank's process; a new pid is a new process, e.g. a requeue) and ``node`` (the node it reported
-through). The value rules are the live wire's: each record is checked as the step report (or bye) it stands for
+``pid`` (the rank's process; a new pid is a new process, e.g. a requeue), ``node`` (the node it reported
+through) and the CPU fields the ``cpu/step`` series is built from: ``cpu_s`` (an older hook's CPU time of the
+step, seconds) or a CPU sample ``cpu_at_step`` with ``cpu_total_s`` (the process's CPU time, seconds, at that step
+count; ``rankhook.hook._CpuProbe``). The value rules are the live wire's: each record is checked as the step report (or bye) it stands for
 by ``profwatch.core.messages.check_rank_message`` (a 1e300 s step, a step before 0 or a year-3000 timestamp are
 refused as the coordinator refuses them). Here live the validation model (:class:`TelemetryRecord`), the renderer
 (:func:`dump_jsonl`) and the coordinator's rebuild of records from its step windows (:func:`window_records`).
@@ -31,7 +33,7 @@ from profwatch.core.messages import MAX_WORLD_SIZE, NODE_ID_RE, check_rank_messa
 from rankhook import wire
 
 RECORD_KEYS = ("job_id", "rank", "world_size", "step", "step_time_s", "ts_unix_s", "stages", "flags", "capturing",
-               "work", "mode", "role", "pid", "node")
+               "work", "mode", "role", "pid", "node", "cpu_s", "cpu_at_step", "cpu_total_s")
 
 
 class TelemetryRecord(BaseModel):
@@ -39,8 +41,8 @@ class TelemetryRecord(BaseModel):
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     kind: Literal["step", "bye"] = "step"
-    # job_id, rank, step, step_time_s, ts_unix_s, stages, flags, work, mode and role: the live wire's value rules,
-    # applied by _check (check_rank_message), not repeated here
+    # job_id, rank, step, step_time_s, ts_unix_s, stages, flags, work, mode, role and the CPU fields: the live
+    # wire's value rules, applied by _check (check_rank_message), not repeated here
     job_id: str
     rank: int
     world_size: int | None = Field(None, ge=1, le=MAX_WORLD_SIZE)
@@ -57,6 +59,9 @@ class TelemetryRecord(BaseModel):
     # the live wire's spelling, the compiled pattern itself (pydantic then matches with Python's re, which reads
     # its end-of-string anchor)
     node: str | None = Field(None, pattern=NODE_ID_RE)
+    cpu_s: float | None = None
+    cpu_at_step: int | None = None
+    cpu_total_s: float | None = None
 
     @model_validator(mode="after")
     def _check(self) -> TelemetryRecord:
@@ -74,7 +79,8 @@ class TelemetryRecord(BaseModel):
         assert self.step_time_s is not None  # _check refused a step record without one
         return wire.StepReport(job_id=self.job_id, rank=self.rank, step=self.step, step_time_s=self.step_time_s,
                                ts_unix_s=self.ts_unix_s, stages=self.stages, flags=self.flags,
-                               capturing=self.capturing, work=self.work, mode=self.mode, role=self.role)
+                               capturing=self.capturing, work=self.work, mode=self.mode, role=self.role,
+                               cpu_s=self.cpu_s, cpu_at_step=self.cpu_at_step, cpu_total_s=self.cpu_total_s)
 
 
 def dump_jsonl(records: Iterable[Mapping[str, Any] | Any], *, world_size: int | None = None) -> str:
@@ -104,9 +110,11 @@ def dump_jsonl(records: Iterable[Mapping[str, Any] | Any], *, world_size: int | 
 
 def window_records(job_id: str, rank: int, items: Iterable[tuple[Any, ...]],
                    last_ts_unix_s: float, extra: Mapping[str, Any] | None = None,
-                   stages: list[dict[str, float] | None] | None = None) -> list[dict[str, Any]]:
+                   stages: list[dict[str, float] | None] | None = None,
+                   cpu: list[dict[str, float | int] | None] | None = None) -> list[dict[str, Any]]:
     """Records of one rank's step window ``[(step, step_time_s[, work]), ...]`` (oldest first), with each step's
-    ``stages`` (seconds; ``StepWindow.stage_rows``, aligned with ``items``) where given.
+    ``stages`` (seconds; ``StepWindow.stage_rows``) and CPU fields (``cpu_s``, ``cpu_at_step``, ``cpu_total_s``:
+    ``StepWindow.cpu_rows``) where given, both aligned with ``items``.
 
     Windows keep no timestamps (8 bytes per step), so each step's ``ts_unix_s`` is rebuilt backwards from the
     rank's last report time: the newest step ends at ``last_ts_unix_s`` and each earlier one ends its
@@ -118,7 +126,8 @@ def window_records(job_id: str, rank: int, items: Iterable[tuple[Any, ...]],
     more = {k: v for k, v in (extra or {}).items() if v is not None and v != ""}
     listed = list(items)
     per_step = stages if stages is not None and len(stages) == len(listed) else [None] * len(listed)
-    for item, st in zip(reversed(listed), reversed(per_step), strict=True):
+    per_cpu = cpu if cpu is not None and len(cpu) == len(listed) else [None] * len(listed)
+    for item, st, cp in zip(reversed(listed), reversed(per_step), reversed(per_cpu), strict=True):
         step, t = item[0], float(item[1])
         row: dict[str, Any] = {"job_id": job_id, "rank": rank, "step": step, "step_time_s": round(t, 6),
                                "ts_unix_s": round(ts, 6)}
@@ -126,6 +135,8 @@ def window_records(job_id: str, rank: int, items: Iterable[tuple[Any, ...]],
             row["work"] = round(float(item[2]), 6)
         if st:
             row["stages"] = {k: round(v, 6) for k, v in st.items()}
+        if cp:
+            row.update(cp)
         row.update(more)
         rows.append(row)
         ts -= t

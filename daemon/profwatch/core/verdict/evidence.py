@@ -47,14 +47,27 @@ class RankStepSummary:
     with a reference reports it apart (``memory``), as HTA's TraceDiff does; the ranking keeps it in computation."""
 
 
+MAX_ROW_US = 7 * 86400e6
+"""Largest magnitude (µs) of a time field of a usable row: a week, the longest step the coordinator accepts
+(``profwatch.core.messages.MAX_STEP_TIME_S``). Past it a value is a unit or parsing error, and its square (the
+within-rank variance) would overflow a float."""
+
+
+def row_in_bounds(row: RankStepSummary) -> bool:
+    """Whether every time field of ``row`` is finite and at most :data:`MAX_ROW_US` in magnitude."""
+    return all(math.isfinite(v) and abs(v) <= MAX_ROW_US
+               for v in (row.step_time_us, row.computation_us, row.communication_us, row.wait_us, row.transmit_us,
+                         row.free_us, row.memory_us))
+
+
 def usable_row(row: RankStepSummary) -> bool:
     """Whether a row carries a signal (the one rule the ranking, the report's rank table and ``ranks[]`` share):
     False for a row msprof-analyze zero-filled (step -1, or no step time and no work) and for a step without
     computation and communication: a truncated last step (the profiler stopped while its kernels were not yet
     recorded: HTA's AMD MI250 trace has a 49 us ``ProfilerStep#2`` with no device work beside a 1,031 us step),
-    and for a row with a non-finite (NaN or infinite) time field, which no mean, test or ranking can use."""
-    if not all(math.isfinite(v) for v in (row.step_time_us, row.computation_us, row.communication_us,
-                                            row.wait_us, row.transmit_us, row.free_us, row.memory_us)):
+    and for a row with a non-finite (NaN or infinite) time field or one beyond :data:`MAX_ROW_US`
+    (:func:`row_in_bounds`), which no mean, test or ranking can use."""
+    if not row_in_bounds(row):
         return False
     busy = row.computation_us + row.communication_us + row.free_us
     return not (row.step < 0 or (row.step_time_us <= 0 and busy <= 0) or
@@ -131,6 +144,8 @@ class ClusterEvidence:
     (``CommAnalyzerTime``) for targeted captures, so waits for ranks outside the capture show
     (``daemon/profwatch/core/verdict/subset.py``); empty when not read. ``aicore``: rank -> its AI Core clock over
     the captured steps (``hardware.FreqSummary`` from ``AICORE_FREQ``; Ascend only, empty when not recorded).
+    ``accelerator``: False when the ranks' traces show no device work (a CPU job, e.g. torch with gloo): impacts
+    are then in rank-hours (:data:`HOURS_UNITS`).
     """
 
     kind: EvidenceKind
@@ -149,9 +164,22 @@ class ClusterEvidence:
     collectives_per_step: float | None = None
     own_waits: dict[int, dict[int, tuple[float, int]]] = field(default_factory=dict)
     aicore: dict[int, FreqSummary] = field(default_factory=dict)
+    accelerator: bool = True
 
     def __post_init__(self) -> None:
         self.link_rows = LinkRows.from_rows(self.link_rows)
+
+
+HOURS_UNITS = {True: "accelerator-hours", False: "CPU rank-hours"}
+"""What an impact's hours count, by whether the job has accelerators (``ClusterEvidence.accelerator``): the
+``accelerator_hours_per_day`` figure is ``saving / step x ranks x 24`` either way; a CPU job's ranks are
+processes, not accelerators. An impact's JSON carries the unit as ``hours_unit`` (absent: accelerator-hours)."""
+
+
+def hours_unit(impact: Mapping[str, Any] | None) -> str:
+    """The unit of an impact JSON's ``accelerator_hours_per_day`` (``hours_unit``; accelerator-hours when absent)."""
+    unit = (impact or {}).get("hours_unit")
+    return unit if isinstance(unit, str) and unit in HOURS_UNITS.values() else HOURS_UNITS[True]
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +218,7 @@ class Suspect:
     hostname: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     rank_dir: str | None = None
-    impact: dict[str, float] | None = None
+    impact: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,7 +235,7 @@ class SlowLink:
     bandwidth_gbps: float
     peer_median_gbps: float
     transport: str = ""
-    impact: dict[str, float] | None = None
+    impact: dict[str, Any] | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

@@ -19,7 +19,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from profwatch.core.verdict.evidence import ClusterEvidence, Impact, SlowLink, Strength, Suspect, SuspectKind
+from profwatch.core.verdict.evidence import (
+    HOURS_UNITS,
+    ClusterEvidence,
+    Impact,
+    SlowLink,
+    Strength,
+    Suspect,
+    SuspectKind,
+)
 from profwatch.core.verdict.explain import vote_notes
 from profwatch.core.verdict.impact import (
     SyncOverhead,
@@ -97,7 +105,7 @@ class Verdict:
 
     suspects: list[Suspect] = field(default_factory=list)
     links: list[SlowLink] = field(default_factory=list)
-    impact: dict[str, float] | None = None
+    impact: dict[str, Any] | None = None
     captured_steps: list[int] = field(default_factory=list)
     armed_steps: list[int] | None = None
     strength: Strength | None = None
@@ -290,10 +298,13 @@ def find_one_offs(table: SignalTable, tests: Mapping[str, OutlierTest], named: s
 
 
 def find_near_misses(table: SignalTable, tests: Mapping[str, OutlierTest], named: set[int], z_needed: float,
-                     limit: int, paired: Mapping[int, Mapping[str, PairedTest]] | None = None) -> list[dict[str, Any]]:
+                     limit: int, paired: Mapping[int, Mapping[str, PairedTest]] | None = None, *,
+                     min_effect_frac: float = RankingSettings.model_fields["min_effect_frac"].default,
+                     ) -> list[dict[str, Any]]:
     """The ``limit`` ranks (not in ``named``) with the highest z on a tested signal whose pooled excess is
-    positive, highest z first: ``[{"rank", "signal", "z", "z_needed", "effect_frac", "noise_sigma_frac",
-    "within_sigma_frac", "steps"}]``. ``effect_frac``: the pooled excess (fraction of the step); ``noise_sigma_frac``:
+    positive, highest z first: ``[{"rank", "signal", "z", "z_needed", "effect_frac", "min_effect_frac",
+    "noise_sigma_frac", "within_sigma_frac", "steps"}]``. ``effect_frac``: the pooled excess (fraction of the step),
+    ``min_effect_frac`` the effect size the batch's rule needs (``RankingSettings.min_effect_frac``); ``noise_sigma_frac``:
     the scale its z is measured in; ``within_sigma_frac``: the step-to-step noise of one step of that signal;
     ``z_needed``: the batch's threshold (``max(min_robust_z, Bonferroni)``, without vote relief). Evidence, not a
     verdict: a rank here did not pass :func:`judge_batch`'s rules (z, effect size, consistency). O(N) per signal.
@@ -308,7 +319,7 @@ def find_near_misses(table: SignalTable, tests: Mapping[str, OutlierTest], named
     top = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:limit]
     out: list[dict[str, Any]] = [
         {"rank": rank, "signal": name, "z": round(z, 3), "z_needed": round(z_needed, 3),
-         "effect_frac": round(table.pooled[name][rank], 5), "noise_sigma_frac": round(tests[name].sigma, 6),
+         "effect_frac": round(table.pooled[name][rank], 5), "min_effect_frac": min_effect_frac, "noise_sigma_frac": round(tests[name].sigma, 6),
          "within_sigma_frac": round(table.within.get(name, (0.0, 0.0))[0], 6),
          "steps": table.n_steps.get(rank, 0)} for rank, (z, name) in top]
     for entry in out:
@@ -402,7 +413,8 @@ def judge_batch(evidence: ClusterEvidence, *, hostnames: Mapping[int, str] | Non
                                      evidence.collectives_per_step)
     verdict.notes += [o["text"] for o in verdict.one_offs]
     verdict.near_misses = find_near_misses(table, tests, {s.rank for s in verdict.suspects}, batch.z_base,
-                                           settings.max_suspects, batch.paired)
+                                           settings.max_suspects, batch.paired,
+                                           min_effect_frac=settings.min_effect_frac)
     slow_rank = evidence.recipes.get("slow_rank")
     own = tests.get("own")
     verdict.notes += vote_notes(batch.votes, verdict.suspects, slow_rank.status if slow_rank is not None else None,
@@ -678,6 +690,12 @@ def _add_headline(verdict: Verdict, batch: _BatchContext, evidence: ClusterEvide
                      collectives_per_step=evidence.collectives_per_step,
                      overhead=sync if fixed == timed else None) if by_step else None
     verdict.impact = head.to_json() if head else None
+    if not evidence.accelerator:  # a CPU job: its hours are the ranks' (processes'), not accelerators'
+        imps: list[dict[str, Any] | None] = [verdict.impact, *(s.impact for s in verdict.suspects),
+                                             *(lk.impact for lk in verdict.links)]
+        for imp in imps:
+            if imp is not None:
+                imp["hours_unit"] = HOURS_UNITS[False]
     strengths = [s.evidence.get("strength") for s in verdict.suspects] + \
         [lk.evidence.get("strength") for lk in verdict.links]
     verdict.strength = "strong" if "strong" in strengths else "weak"

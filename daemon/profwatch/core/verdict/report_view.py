@@ -32,7 +32,7 @@ from statistics import median
 from typing import Any, Literal
 
 from profwatch.core.verdict.drilldown import delta_text, excess_text
-from profwatch.core.verdict.evidence import RankStepSummary, usable_row
+from profwatch.core.verdict.evidence import RankStepSummary, hours_unit, usable_row
 from profwatch.core.verdict.figures import figure_violations
 
 Grade = Literal["strong", "weak"]
@@ -50,11 +50,13 @@ _PATH = re.compile(r"(?<![\w.~<-])(?:/[^\s,;:'\"()<>/]+){2,}")
 
 @dataclass(frozen=True, slots=True)
 class Impact:
-    """Time a fix would give back: ``saving_s_per_step`` (s), ``saving_pct_of_step`` (%), accelerator-hours/day."""
+    """Time a fix would give back: ``saving_s_per_step`` (s), ``saving_pct_of_step`` (%), hours per day in
+    ``hours_unit`` (accelerator-hours, or CPU rank-hours for a job without accelerators: ``evidence.HOURS_UNITS``)."""
 
     saving_s_per_step: float
     saving_pct_of_step: float
     accelerator_hours_per_day: float
+    hours_unit: str = "accelerator-hours"
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,7 +414,7 @@ def parse_impact(raw: Any) -> Impact | None:
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
             return None
         vals.append(float(v))
-    return Impact(*vals)
+    return Impact(vals[0], vals[1], vals[2], hours_unit=hours_unit(raw))
 
 
 def saving_base_ms(imp: Impact | None) -> float | None:
@@ -435,9 +437,9 @@ def grade_of(score: float, evidence: Mapping[str, Any]) -> Grade:
 
 def impact_text(imp: Impact) -> str:
     """``"24.1 ms/step (27% of the mean step), about 52 accelerator-hours per day"`` (the unit ``profwatch analyze``
-    and the alerts use)."""
+    and the alerts use; ``CPU rank-hours`` for a job without accelerators)."""
     return (f"{1e3 * imp.saving_s_per_step:.1f} ms/step ({imp.saving_pct_of_step:.0f}% of the mean step), about "
-            f"{imp.accelerator_hours_per_day:,.0f} accelerator-hours per day")
+            f"{imp.accelerator_hours_per_day:,.0f} {imp.hours_unit} per day")
 
 
 def headline_of(status: str, detail: str, suspects: Sequence[SuspectRow]) -> Headline:
@@ -513,7 +515,8 @@ def shorten_paths(text: str, known: Mapping[str, str]) -> str:
 def files_of(paths: Mapping[str, Any], texts: Sequence[str]) -> list[tuple[str, str]]:
     """``(label, path)`` for each distinct output path: the known ``paths`` keys first, then absolute paths that
     recipe details and notes mention (e.g. the advisor's xlsx), each path once."""
-    labels = (("report_json", "report.json (all numbers)"), ("advisor_html", "advisor report (HTML)"),
+    labels = (("report_json", "report.json (all numbers)"), ("plotly_js", "the chart's script (plotly.js, shared)"),
+              ("advisor_html", "advisor report (HTML)"),
               ("outputs", "analysis outputs"), ("staging", "staged batch"))
     out: list[tuple[str, str]] = []
     seen: set[str] = set()

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from profwatch.core.verdict.evidence import RankStepSummary, usable_row
+from profwatch.core.verdict.evidence import MAX_ROW_US, RankStepSummary, row_in_bounds, usable_row
 from profwatch.core.verdict.robust import loo_medians, median, within_sigma
 
 _WITHIN_SAMPLE = 2048
@@ -24,6 +24,10 @@ SIGNALS = ("comp", "free", "own", "comm", "late", "link")
 explained by waiting; ``late``: how much less than its peers the rank waits (peers wait for it); ``link``: link
 time excess from the advisor's per-rank "slow link" sheet."""
 _DIGITS = re.compile(r"-?\d+")
+MIN_STEP_US = 1e-3
+"""Floor (µs) of a step's median step time as the unit of the excess signals: a nanosecond, shorter than any real
+step. A positive step time below it (a parsing error such as 1e-300) would make the excess of an ordinary
+computation time overflow a float."""
 
 
 def _num(value: Any) -> float:
@@ -39,7 +43,8 @@ def parse_link_rows(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[int, tu
 
     Columns (advisor ``-l en``): ``step, rank_id, RDMA bandwidth(GB/s), RDMA size(mb), RDMA time(ms), SDMA
     bandwidth(GB/s), SDMA size(mb), SDMA time(ms)``. Time is RDMA + SDMA time; bandwidth is total size / total
-    time. Rows without a parseable step/rank or with zero time are skipped.
+    time. Rows without a parseable step/rank, with zero time or with a time past
+    :data:`~profwatch.core.verdict.evidence.MAX_ROW_US` are skipped.
     """
     out: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)
     for row in rows:
@@ -49,7 +54,7 @@ def parse_link_rows(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[int, tu
             continue
         t_ms = _num(row.get("RDMA time(ms)")) + _num(row.get("SDMA time(ms)"))
         size_mb = _num(row.get("RDMA size(mb)")) + _num(row.get("SDMA size(mb)"))
-        if t_ms <= 0:
+        if not 0 < t_ms * 1e3 <= MAX_ROW_US:
             continue
         out[int(step_m.group())][int(rank_m.group())] = (t_ms * 1e3, size_mb / 1024 / (t_ms / 1e3))
     return dict(out)
@@ -61,8 +66,12 @@ def valid_rows(summaries: Sequence[RankStepSummary]) -> tuple[dict[int, dict[int
     by_step: dict[int, dict[int, RankStepSummary]] = defaultdict(dict)
     notes: list[str] = []
     dropped = 0
+    out_of_bounds = 0
     empty_steps: set[int] = set()
     for row in summaries:
+        if not row_in_bounds(row):
+            out_of_bounds += 1
+            continue
         if not usable_row(row):
             dropped += 1  # msprof-analyze zero-fills a rank whose sources are missing (step -1 rows, zeros)
             if row.step >= 0:
@@ -73,6 +82,9 @@ def valid_rows(summaries: Sequence[RankStepSummary]) -> tuple[dict[int, dict[int
         said = (f" (steps {sorted(empty_steps)[:8]} without computation or communication: zero-filled, or "
                 "truncated by the profiler's stop)" if empty_steps else "")
         notes.append(f"left out {dropped} summary row(s) that carry no work{said}")
+    if out_of_bounds:
+        notes.append(f"left out {out_of_bounds} summary row(s) with a time that is not finite or beyond "
+                     f"{MAX_ROW_US / 86400e6:g} days (a unit or parsing error)")
     return dict(by_step), notes
 
 
@@ -107,13 +119,17 @@ def _loo(vals: list[float | None]) -> list[float | None]:
 def step_columns(step: int, rows: Mapping[int, RankStepSummary], link: Mapping[int, tuple[float, float]],
                  unreliable: set[int]) -> StepColumns | None:
     """Excess columns of one step (``None`` when its median step time is not positive). Adds ranks whose wait
-    is zero-filled (no wait and no transmit while peers have transmit time) to ``unreliable``."""
+    is zero-filled (no wait and no transmit while peers have transmit time) to ``unreliable``. The median step
+    time is floored at :data:`MIN_STEP_US`, so with rows in :func:`~profwatch.core.verdict.evidence.row_in_bounds`
+    every excess is finite and within a few ``MAX_ROW_US / MIN_STEP_US`` (~6e14) in magnitude: its square, the
+    within-rank variance, cannot overflow."""
     ranks = sorted(rows)
     rs = [rows[k] for k in ranks]
     t = median(r.step_time_us if r.step_time_us > 0 else r.computation_us + r.communication_us + r.free_us
                for r in rs)
     if t <= 0:
         return None
+    t = max(t, MIN_STEP_US)
     comp = [r.computation_us for r in rs]
     free = [r.free_us for r in rs]
     own = [c + f for c, f in zip(comp, free, strict=True)]
