@@ -25,6 +25,23 @@ def test_slow_compute_rank_named_as_outlier() -> None:
     assert "step_regression" in kinds(found)
 
 
+def test_a_slow_rank_of_a_three_rank_job_is_named() -> None:
+    """Three ranks, 12-20 % job-wide noise: rank 1 +30 % from step 200 is named as a ``rank_outlier`` within 20
+    steps (the median of three is a healthy peer's value); 3,000 healthy steps name nobody. Before, a stage was
+    compared only when four ranks reported it, so a 3-rank job's slow rank was never named and waited for the job's
+    step time (bench_corpus seed 38 levels run 15: 321 steps after a speedup)."""
+    for seed in (0, 1, 2):
+        for cv in (0.12, 0.2):
+            sc = TelemetryScenario(world_size=3, steps=400, cv=cv, step_time_s=0.05, seed=seed, slow_rank=1,
+                                   slow_rank_factor=1.3, slow_rank_from_step=200)
+            found, _ = run(generate_telemetry(sc), 3)
+            outliers = of_kind(found, "rank_outlier")
+            assert outliers and outliers[0].ranks == (1,) and outliers[0].step <= 220, (seed, cv, found)
+            healthy, _ = run(generate_telemetry(TelemetryScenario(world_size=3, steps=3000, cv=cv, step_time_s=0.05,
+                                                                  seed=seed)), 3)
+            assert not of_kind(healthy, "rank_outlier"), (seed, cv, healthy)
+
+
 def test_inference_step_time_outlier() -> None:
     sc = replace(BASE, sync=False, with_stages=False, slow_rank=2, slow_rank_factor=1.5, slow_rank_from_step=50)
     found, _ = run(generate_telemetry(sc), 8, DetectionSettings(outlier_on_step_time=True))
@@ -37,7 +54,7 @@ def test_peer_comparison_rule_and_window_reset() -> None:
     s = DetectionSettings()
     vals = [0.40, 0.41, 0.40, 0.39, 0.40, 0.60, float("nan"), 0.40]
     assert [r for r, _ in outlying_ranks(vals, s)] == [5]
-    assert outlying_ranks(vals[:3], s) == []  # fewer than outlier_min_ranks reported
+    assert outlying_ranks([0.40, 0.60], s) == []  # fewer than outlier_min_ranks reported
     big = [0.4] * 300
     big[7] = 0.6
     assert [r for r, _ in outlying_ranks(big, s)] == [7]  # the numpy path

@@ -124,14 +124,15 @@ def test_slow_rank_of_a_two_rank_tp_group_is_named_and_unsplit_replicas_are_neve
     dp = ServingScenario(replicas=2, tp=1, duration_s=900, with_work=with_work, seed=12)
     found, det = run(iter_serving_telemetry(dp), 2)
     assert of_kind(found, "rank_outlier") == [] and of_kind(found, "slow_from_start") == []
-    assert all(u.outliers is not None and u.outliers.settings.outlier_min_ranks == 4 for u in det.units)
+    assert all(u.outliers is not None and u.outliers.settings.outlier_min_ranks == DetectionSettings().outlier_min_ranks
+               for u in det.units)
 
 
 def test_two_ranks_are_compared_on_the_noise_floor_not_their_mad() -> None:
     s = DetectionSettings(outlier_min_ranks=2)
     assert outlying_ranks([1.0, 1.3], s) == [(1, pytest.approx(0.15 / 1.15))]  # MAD 0.15: robust z 0.67 before
     assert outlying_ranks([1.0, 1.1], s) == []  # (1.1 - 1.05) / 1.05 < outlier_min_effect
-    assert outlying_ranks([1.0, 1.3], DetectionSettings()) == []  # outlier_min_ranks 4
+    assert outlying_ranks([1.0, 1.3], DetectionSettings()) == []  # two values: under outlier_min_ranks (3)
 
 
 def test_idle_gaps_switch_a_job_without_mode_to_serving() -> None:

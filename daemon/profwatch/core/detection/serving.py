@@ -426,8 +426,16 @@ PEER_RUN = 3
 """Blocks in a row (of those the replica stepped in) its ratio must stay above its baseline by the threshold
 before it is named: a change that lasts at least ``PEER_RUN * PEER_BLOCK_S`` seconds of its busy time."""
 PEER_YOUNG_RUN = 6
-"""Blocks a replica without a baseline yet (fewer than :data:`PEER_MIN_BASELINE`) must have been judged in before
-it is judged against its peers' level instead (see :meth:`ReplicaPeers._judge_young`)."""
+"""Blocks of the young test's window rule: a replica without a baseline yet (fewer than :data:`PEER_MIN_BASELINE`)
+whose last this many blocks' median is over the threshold is named; its last :data:`PEER_RUN` blocks each over it
+name it sooner when each is at least ``1 +`` :data:`PEER_YOUNG_EFFECT` over (see :meth:`ReplicaPeers._judge_young`)."""
+PEER_YOUNG_EFFECT = 0.5
+"""Least rise (``1 +`` this) over its peers' level in each of a young replica's last :data:`PEER_RUN` blocks that
+names it on them alone (:meth:`ReplicaPeers._judge_young`): while the work bands' shared references hold a few
+blocks of a host whose load moves 1.0-1.5x, a healthy replica whose batches have bands of their own reads up to
+about +17 % next to its peers for several blocks (tests/unit/test_serving_replica_peers.py: batch centres 4, 12
+and 28, +16.6 % in three blocks at 198 s); a smaller rise waits for the :data:`PEER_YOUNG_RUN` blocks' median
+(as ``unit_level.YOUNG_EFFECT``: more than a shared host's load moves a young reference)."""
 PEER_WINDOW = 6
 """Blocks (of those the replica stepped in) of the longer window test: a change smaller than ``outlier_z`` of the
 ratio's noise per block, but persistent (see :data:`PEER_WINDOW_Z`)."""
@@ -738,17 +746,20 @@ class ReplicaPeers:
     def _judge_young(self, q: int, peers: int) -> list[Anomaly]:
         """Replica ``q`` before its own baseline forms: judged against its peers' level (log ratio 0; replicas of
         one job with no declared roles are alike by design, so a replica slower than its peers from its first
-        judged block is named, as a rank slower from the start is). Its last :data:`PEER_YOUNG_RUN` ratios must
-        have a median of at least ``max(outlier_z * sigma, log(1 + outlier_min_effect))`` and each at least half
-        that, ``sigma = max(1.4826 * MAD, noise_floor)`` of the other replicas' ratios (at least
-        :data:`PEER_MIN_BASELINE` of them; fewer: not judged). A replica changed before its baseline formed (36 s
+        judged block is named, as a rank slower from the start is). Its last :data:`PEER_RUN` ratios each at least
+        ``max(thr, log(1 + PEER_YOUNG_EFFECT))``, ``thr = max(outlier_z * sigma, log(1 + outlier_min_effect))``
+        (the run test's rule for a large rise, :data:`PEER_YOUNG_EFFECT`; ``detail.blocks`` 3), or its last :data:`PEER_YOUNG_RUN` ratios with a median of at least ``thr`` and each at least half that
+        (``detail.blocks`` 6), ``sigma = max(1.4826 * MAD, noise_floor)`` of the other replicas' ratios (at least
+        :data:`PEER_MIN_BASELINE` of them; fewer: not judged). With the six-block rule alone, a bursty replica
+        waited for six judged blocks whatever its rise: a 3x replica of bench_corpus seed 38 serving_dp run 6 was
+        named 179 s after its onset (159 s with the run rule). A replica changed before its baseline formed (36 s
         and 57 s into bench_corpus serving_dp runs, or soon after a split) learned the change as its baseline
         and was never named. Only a replica whose steps all carry ``work``: without it, a replica that serves
         larger batches is slower than its peers by its traffic mix alone (a balancer's doing, not a bad node),
         and was named +24-26 % within 171-207 s of healthy traffic
         (tests/unit/test_serving_replica_peers.py)."""
         hist = self._hist[q]
-        if len(hist) < PEER_YOUNG_RUN or tuple(self.units[q]) in self._young_named or self._bare[q]:
+        if len(hist) < PEER_RUN or tuple(self.units[q]) in self._young_named or self._bare[q]:
             return []
         pooled = [x for o, h in enumerate(self._hist) if o != q for x in h]
         if len(pooled) < PEER_MIN_BASELINE:
@@ -758,12 +769,15 @@ class ReplicaPeers:
         sigma = max(1.4826 * median([abs(x - centre) for x in pooled]), s.noise_floor)
         thr = max(s.outlier_z * sigma, math.log1p(s.outlier_min_effect))
         last = list(hist)[-PEER_YOUNG_RUN:]
-        if median(last) < thr or min(last) < thr / 2.0:
+        if min(last[-PEER_RUN:]) >= max(thr, math.log1p(PEER_YOUNG_EFFECT)):  # the run test's rule, a large rise
+            last = last[-PEER_RUN:]
+        elif len(last) < PEER_YOUNG_RUN or median(last) < thr or min(last) < thr / 2.0:
             return []
-        run = [(x, x, f) for x, f in zip(last, self._firsts[q], strict=True)]
+        firsts = list(self._firsts[q])[-len(last):]
+        run = [(x, x, f) for x, f in zip(last, firsts, strict=True)]
         self._young_named.add(tuple(self.units[q]))
         return self._report(q, last[-1], run, {"baseline_ratio": 1.0, "noise": round(sigma, 4),
-                                                "threshold": round(math.expm1(thr), 4), "blocks": PEER_YOUNG_RUN,
+                                                "threshold": round(math.expm1(thr), 4), "blocks": len(last),
                                                 "test": "young"}, peers)
 
     def _report(self, q: int, r: float, run: list[tuple[float, float, int]], extra: dict[str, object],
