@@ -1102,7 +1102,9 @@ class StepTimeRegressionDetector:
         variances (:func:`~profwatch.core.detection.drift.ramp_evidence` on the reversed series: a sudden change
         while learning is a step and is still judged as one) and the flat part's median is above the learned level
         by :data:`EFFECT_Z` standard errors; learning then starts again from the flat part, silently, at most
-        :data:`MAX_SETTLE_RESTARTS` times. Returns True when settled (or no longer checked)."""
+        :data:`MAX_SETTLE_RESTARTS` times, unless a step on the warm-up's plateau explains them with the values
+        earlier restarts dropped (:meth:`_dropped_curve_split`: settled, :meth:`_learned_step` reports it). Returns
+        True when settled (or no longer checked)."""
         if self._settle_restarts is None or self._settle_restarts >= MAX_SETTLE_RESTARTS:
             self._settle_restarts = None
             return True
