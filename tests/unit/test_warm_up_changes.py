@@ -253,3 +253,44 @@ def test_a_chance_dip_on_the_flat_level_after_a_stepped_warm_down_is_no_jump() -
     x = 0.05 * curve * np.exp(rng.normal(0, noise, n))
     assert noise == 0.1
     assert not [r for r in _with_warm_up(x) if r[1] == "step_regression"]
+
+
+def _warm_up_then(n: int, low: float, cv: float, onset: int | None, seed: int, total: int = 300) -> np.ndarray:
+    """Job step times (0.17 s level) rising linearly from ``low`` x over the first ``n`` steps, flat after, 1.3x from
+    index ``onset`` on (None: no change), at relative noise ``cv``."""
+    rng = np.random.default_rng(seed)
+    level = np.ones(total)
+    level[:n] = np.linspace(low, 1.0, n)
+    if onset is not None:
+        level[onset:] *= 1.3
+    return 0.17 * level * np.maximum(0.2, 1.0 + cv * rng.standard_normal(total))
+
+
+def _hold_18(x: np.ndarray) -> list[tuple[int, str, float, dict[str, Any]]]:
+    """:func:`_with_warm_up` with a spike hold of 18 steps (the planner's lead at 0.17 s steps)."""
+    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 18)
+    out: list[tuple[int, str, float, dict[str, Any]]] = []
+    for i, v in enumerate(x.tolist()):
+        for a in det.on_step(FinalizedStep(i + 1, v, 0, 4, None, "warmup" if i < 10 else None)):
+            out.append((a.step, a.kind, a.magnitude, a.detail))
+    return out
+
+
+def test_a_change_on_the_plateau_soon_after_a_long_rising_warm_up_is_found_with_the_rise_it_restarted_past() -> None:
+    """1.3x 10-16 steps after a linear 0.3-0.5 -> 1.0x rise over 35-45 steps ended (4-6 % noise, hold 18): the
+    rise crossed the young baseline's spike screen and learning restarted from the risen steps, then the first
+    learning's end took the change for the warm-up still rising (its kept steps began on the warm-up's tail, which a
+    slower rise explains about as well as a step) and restarted again past it (``bench/bench_corpus.py`` seed 39,
+    ``warmup_up`` run 15). The stepped warm-up curve is now also fitted with the learned values the restarts
+    dropped: found in 147 of 160 jobs before, 156 now (at least 154 asserted), never before the onset; the same
+    warm-ups without the change are never reported."""
+    found = 0
+    for n, gap, cv, low in itertools.product((35, 45), (10, 16), (0.04, 0.06), (0.3, 0.5)):
+        for seed in range(10):
+            regs = [s for s, k, _, _ in _hold_18(_warm_up_then(n, low, cv, n + gap, seed)) if k == "step_regression"]
+            assert all(s >= n + gap for s in regs), (n, gap, cv, low, seed, regs)
+            found += bool(regs)
+            if seed < 3:
+                quiet = [a for a in _hold_18(_warm_up_then(n, low, cv, None, seed)) if a[1] != "step_spike"]
+                assert not quiet, (n, cv, low, seed, quiet)
+    assert found >= 154, found

@@ -625,6 +625,10 @@ class StepTimeRegressionDetector:
         dropped. None: none known."""
         self._warm_values: deque[float] = deque(maxlen=PRIOR_WARM_VALUES)
         """The newest step times (s) of the generation's warm-up (steps excluded as ``"warmup"``)."""
+        self._warm_dropped: deque[float] = deque(maxlen=RAMP_WINDOW)
+        """The learned step times (s, oldest first) that this generation's warm-up restarts (:meth:`_restart_learning`)
+        dropped: the warm-up's rise before the values learned now, which :meth:`_dropped_curve_split` judges them
+        with."""
         self._first_values: list[float] = []
         """The generation's first :data:`PRIOR_CONFIRM_VALUES` measured values (s): whether it started at the
         previous generation's level (:meth:`_past_prior`)."""
@@ -657,6 +661,7 @@ class StepTimeRegressionDetector:
         self._first_learned = None
         self._first_values = []
         self._warm_values.clear()
+        self._warm_dropped.clear()
         self._gen_reported = False
 
     def update_settings(self, settings: DetectionSettings) -> None:
@@ -1097,7 +1102,9 @@ class StepTimeRegressionDetector:
         variances (:func:`~profwatch.core.detection.drift.ramp_evidence` on the reversed series: a sudden change
         while learning is a step and is still judged as one) and the flat part's median is above the learned level
         by :data:`EFFECT_Z` standard errors; learning then starts again from the flat part, silently, at most
-        :data:`MAX_SETTLE_RESTARTS` times. Returns True when settled (or no longer checked)."""
+        :data:`MAX_SETTLE_RESTARTS` times, unless a step on the warm-up's plateau explains them with the values
+        earlier restarts dropped (:meth:`_dropped_curve_split`: settled, :meth:`_learned_step` reports it). Returns
+        True when settled (or no longer checked)."""
         if self._settle_restarts is None or self._settle_restarts >= MAX_SETTLE_RESTARTS:
             self._settle_restarts = None
             return True
@@ -1119,7 +1126,7 @@ class StepTimeRegressionDetector:
         if not warm and self._young():
             fell = self._fallen_flat(y, rel, noise)
             if fell is not None:  # a warm-up that fell: the level is its flat end's, not the learned steps'
-                self._restart_learning(fell.tolist())
+                self._restart_learning(fell.tolist(), from_recent=True)
                 return False
         # still rising by a rank test, and no sudden change explains the rise (that one is _learned_step's to report)
         if (not warm and not (self._young() and trend_z(y) >= SETTLE_Z and self._split(y) is None)) \
@@ -1128,8 +1135,11 @@ class StepTimeRegressionDetector:
             self._settle_restarts = None
             return True
         self._jump = self._line_jump(y)
+        if self._jump is None and self._dropped_curve_split(y) is not None:
+            self._settle_restarts = None  # a step on the plateau of the whole warm-up: _learned_step reports it
+            return True
         if self._jump is None:  # else the jump is reported (_warm_up_jump) and learning starts again after it
-            self._restart_learning(flat.tolist())
+            self._restart_learning(flat.tolist(), from_recent=True)
         return False
 
     @staticmethod
@@ -1194,9 +1204,13 @@ class StepTimeRegressionDetector:
         self._jump = None
         return self._fire_split(fs, list(self._recent), k, jump, line_s, self._noise()[1], "warm_up_line")
 
-    def _restart_learning(self, values: list[float]) -> None:
+    def _restart_learning(self, values: list[float], from_recent: bool = False) -> None:
         """The job is still warming up: learning starts again from ``values`` (the newest steps), silently; one of
-        the :data:`MAX_SETTLE_RESTARTS` of this generation's first learning (counted in ``warmup_restarts``)."""
+        the :data:`MAX_SETTLE_RESTARTS` of this generation's first learning (counted in ``warmup_restarts``).
+        ``from_recent``: ``values`` are the newest learned values themselves (else they follow them). The learned
+        values not kept are added to :attr:`_warm_dropped`."""
+        recent = list(self._recent)
+        self._warm_dropped.extend(recent[:len(recent) - len(values)] if from_recent else recent)
         restarts = (self._settle_restarts or 0) + 1
         self.counters["warmup_restarts"] += 1
         self._relearn()
@@ -1292,6 +1306,12 @@ class StepTimeRegressionDetector:
                     y = y[keep]
         if split is None:
             split, reference = self._curve_split(y), "warm_up_curve"
+        if split is None:
+            near = self._curve_near
+            split = self._dropped_curve_split(y)
+            if split is not None:
+                y = np.concatenate([np.asarray(self._warm_dropped, dtype=np.float64), y])
+            self._curve_near = near  # the recheck (_curve_recheck_step) judges the learned steps alone
         if split is None:
             split, reference = self._fall_split(), "warm_up_fall"
             if split is not None:  # an index into the learned steps with the falls held out while learning
@@ -1429,6 +1449,20 @@ class StepTimeRegressionDetector:
                                 or trend_z(y[fit.knee:fit.k]) >= EARLIER_RISE_Z):
             return None
         return fit.k, mag, noise, med * level
+
+    def _dropped_curve_split(self, y: np.ndarray) -> tuple[int, float, float, float] | None:
+        """:meth:`_curve_split` on the learned values this generation's warm-up restarts dropped
+        (:attr:`_warm_dropped`) followed by the learned steps ``y`` (s, oldest first), when a restart dropped some:
+        ``k`` an index into that series. A restart keeps only the newest steps of a warm-up still rising, so a
+        change on its plateau soon after was judged with only the warm-up's tail before it, which a slower rise
+        explains about as well as a step: a 1.3x change 16 steps after a 0.3 -> 1.0x warm-up of 40 steps ended was
+        learned as the warm-up's end (``bench/bench_corpus.py`` seed 39, ``warmup_up`` run 15; the stepped curve
+        gained 10 noise variances of the 25 needed on the kept steps, 34 with the rise before them;
+        tests/unit/test_warm_up_changes.py). None when nothing was dropped. Pure but for
+        :attr:`_curve_near`."""
+        if not self._warm_dropped:
+            return None
+        return self._curve_split(np.concatenate([np.asarray(self._warm_dropped, dtype=np.float64), y]))
 
     def _fall_split(self) -> tuple[int, float, float, float] | None:
         """A jump up inside a warm-up that falls: a generation's first learned steps (s, oldest first, with the steps
