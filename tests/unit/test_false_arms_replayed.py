@@ -138,3 +138,145 @@ def test_a_3x_change_one_block_into_a_unit_without_work_is_still_reported() -> N
     and the change is still reported (the factor applied there lost it)."""
     found = _judge_blocks([0.195, 1.564, 1.502, 1.326, 1.193, 1.448], without_work=True)
     assert len(found) == 1 and found[0][0] > 2.0, found
+
+
+# bench_corpus, seed 39 steady run 9 (healthy, 14 ranks, 0.466 s, 4.8 % noise): the job step times, steps 1-151
+STEADY_39_9 = [
+    0.47147, 0.4552, 0.40853, 0.48343, 0.5055, 0.48775, 0.46036, 0.51485, 0.50337, 0.49959,
+    0.44721, 0.45523, 0.48398, 0.46085, 0.49801, 0.44164, 0.48826, 0.46268, 0.47628, 0.44547,
+    0.46222, 0.44756, 0.47394, 0.47868, 0.45689, 0.47664, 0.47057, 0.43837, 0.49083, 0.46945,
+    0.47569, 0.49219, 0.44378, 0.49088, 0.48448, 0.42088, 0.46411, 0.48381, 0.45363, 0.4666,
+    0.40523, 0.47763, 0.46626, 0.44733, 0.47306, 0.50803, 0.48144, 0.43502, 0.50432, 0.46407,
+    0.42516, 0.46772, 0.47357, 0.48673, 0.55161, 0.48353, 0.45343, 0.47431, 0.49885, 0.47129,
+    0.43034, 0.4652, 0.47229, 0.47068, 0.47074, 0.44175, 0.46814, 0.46024, 0.43654, 0.47365,
+    0.45502, 0.47091, 0.4582, 0.46493, 0.49585, 0.49938, 0.46855, 0.42878, 0.47697, 0.46551,
+    0.48809, 0.49897, 0.48185, 0.45886, 0.4668, 0.46993, 0.46593, 0.46393, 0.46701, 0.45148,
+    0.45115, 0.43629, 0.48881, 0.46116, 0.4621, 0.45823, 0.45193, 0.4809, 0.46642, 0.46065,
+    0.43319, 0.45242, 0.43103, 0.49958, 0.4429, 0.449, 0.46088, 0.44009, 0.42849, 0.48583,
+    0.44646, 0.50878, 0.47125, 0.45592, 0.45209, 0.44011, 0.44202, 0.46841, 0.4884, 0.45672,
+    0.46206, 0.46198, 0.46052, 0.45198, 0.41746, 0.49337, 0.46172, 0.50595, 0.44757, 0.49063,
+    0.46806, 0.49592, 0.49553, 0.49661, 0.46598, 0.44581, 0.51966, 0.44171, 0.48237, 0.4902,
+    0.48571, 0.50492, 0.44836, 0.47759, 0.43279, 0.44885, 0.48741, 0.48455, 0.50234, 0.49423,
+    0.5219,
+]
+
+
+def test_a_chance_fall_across_a_steady_baseline_is_no_trend() -> None:
+    """Seed 39 run 9: independent 4.8 % noise. Steps 90-125 happened to read low; the baseline's Theil-Sen line over
+    its block medians read -0.017 %/step, 3.2 of a least-squares slope's standard errors (2.4 of its own: a block
+    median varies pi/2 times a mean, Theil-Sen keeps 0.91 of least squares' efficiency), so the level was set at
+    the line's end, 3 % low, and a chance run of five steps at steps 147-151 read +10.1 % (armed). Judged against
+    the estimator's own error the slope is no trend: nothing reported."""
+    assert [r for r in _feed(STEADY_39_9) if r[1] in ("step_regression", "drift")] == []
+
+
+def test_a_real_trend_in_the_baseline_is_still_followed() -> None:
+    """A drift of 0.1 %/step at 3 % noise (seeded): 120 values, a slope far over the Theil-Sen error, still taken
+    as the baseline's line (its level at the newest value, not the window's middle)."""
+    from profwatch.core.detection.baseline import RobustBaseline
+
+    rng = np.random.default_rng(3)
+    base = RobustBaseline(300, 0, trend=True)
+    for i in range(120):
+        base.push(1.0 * (1.0 + 0.001 * i) * (1.0 + 0.03 * float(rng.standard_normal())))
+    level, _ = base.stats()
+    assert 0.0007 <= base.slope <= 0.0013 and level >= 1.09, (base.slope, level)
+
+
+def _judge_replicas(seq: list[tuple[int, float, int]], replicas: int) -> list[dict[str, Any]]:
+    """``ReplicaPeers``' judgement of the blocks' log ratios ``seq`` (``(replica, ratio, peers)`` in the order its
+    replay judged them; one step per replica block as the first step), each report's detail."""
+    from profwatch.core.detection.serving import ReplicaPeers
+
+    peers = ReplicaPeers("j", [[q] for q in range(replicas)], DetectionSettings())
+    out: list[dict[str, Any]] = []
+    for i, (q, r, n) in enumerate(seq):
+        out += [a.detail for a in peers._judge(q, r, 100 * i + 1, n)]
+    return out
+
+
+# bench_corpus seed 40 serving_dp run 7 (healthy until 679 s, 2 replicas, 0.25 s, work): the replicas' log ratios to
+# each other, block by block, as the base code (f058c2f) judged them until it named replica 0 (young, +17 %)
+SERVING_DP_40_7 = [
+    (0, 0.2035, 1), (1, -0.2035, 1), (0, 0.1804, 1), (1, -0.1804, 1),
+    (0, 0.184, 1), (1, -0.184, 1), (0, 0.1498, 1), (1, -0.1498, 1),
+    (0, 0.1401, 1), (1, -0.1401, 1), (0, 0.172, 1), (1, -0.172, 1),
+    (0, 0.181, 1), (1, -0.181, 1), (0, 0.1904, 1), (1, -0.1904, 1),
+    (1, -0.1626, 0), (0, 0.1184, 1),
+]
+# --healthy-hours, serving_dp seed 37 healthy run 0 (2 replicas, 0.12 s, 7.7 % noise, work): the same, until the
+# window test named replica 0 (+10 %) at 1,599 s
+SERVING_DP_37_0 = [
+    (0, -0.0499, 0), (1, -0.0342, 0), (0, -0.0408, 1), (1, 0.0408, 1),
+    (0, 0.0168, 1), (1, -0.0168, 1), (1, -0.0132, 0), (0, -0.0034, 1),
+    (1, 0.0034, 1), (0, -0.0453, 1), (1, 0.0453, 1), (0, -0.088, 1),
+    (1, 0.088, 1), (0, -0.0617, 1), (1, 0.0617, 1), (0, -0.0281, 1),
+    (1, 0.0281, 1), (1, -0.0652, 0), (0, -0.1421, 1), (1, 0.1421, 1),
+    (1, 0.1212, 0), (0, -0.0275, 1), (1, 0.0275, 1), (1, -0.033, 0),
+    (0, -0.0419, 1), (1, 0.0419, 1), (0, -0.0035, 0), (0, 0.0268, 1),
+    (1, -0.0268, 1), (0, 0.0319, 1), (1, -0.0319, 1), (0, -0.0207, 0),
+    (0, 0.0257, 1), (1, -0.0257, 1), (0, 0.01, 1), (1, -0.01, 1),
+    (0, 0.0922, 1), (1, -0.0922, 1), (0, 0.0865, 1), (1, -0.0865, 1),
+    (0, 0.0792, 1),
+]
+
+
+def test_two_replicas_are_not_judged_young_against_each_others_mirror() -> None:
+    """Seed 40 run 7: two healthy replicas whose batches never met in a work band read 1.15-1.22x apart for 80 s;
+    the young test took its noise from the other replica's ratios, which in a job of two are this one's negated
+    (0.015, a mirror holds no noise of its own), and named replica 0 +17 % (armed; replica 1 was named next, +32 %,
+    against the baseline that report left). With two replicas the young test does not judge: nothing named."""
+    assert _judge_replicas(SERVING_DP_40_7, 2) == []
+
+
+def test_a_replica_slower_from_its_first_block_among_three_is_still_named_young() -> None:
+    """Three replicas, replica 1 +30 % from its first block, the others within 2 % of their level: the young test
+    still names it (its peers' spread about 0 is their own noise)."""
+    seq = []
+    for b in range(10):
+        seq += [(0, 0.01 * (-1) ** b, 2), (1, 0.26 + 0.01 * (-1) ** b, 2), (2, -0.015 * (-1) ** b, 2)]
+    found = _judge_replicas(seq, 3)
+    assert [d["unit"] for d in found] == [[1]] and found[0]["test"] == "young", found
+
+
+def test_a_window_of_serially_correlated_ratios_is_no_change() -> None:
+    """Seed 37 run 0: two healthy replicas whose ratio wanders in runs of minutes (their baseline's lag-1
+    autocorrelation gives a serial factor of 1.5): six blocks 2.6 sigmas over the baseline named replica 0 +10 %
+    (armed). Judged against the serial factor times 2.5 sigmas: nothing named."""
+    assert _judge_replicas(SERVING_DP_37_0, 2) == []
+
+
+def _bands_learned_apart(slow: float) -> list[Any]:
+    """Three replicas, 12 steps each per 10 s block, iteration time ``0.1 (0.5 + 0.5 w / 32)`` for batch ``w`` times
+    the shared host load times 1 % noise (seeded). Blocks 0-29 under load 1.0, replica 1 serving batches of 4 in
+    blocks 10-24 (the band's only use), the rest of 16; from block 30 load 1.4, everyone at 16, until replica 0
+    serves batches of 4 in blocks 150-165 (``slow`` times slower from block 150). Every report."""
+    from profwatch.core.detection.serving import PEER_BLOCK_S, ReplicaPeers
+
+    rng = np.random.default_rng(11)
+    peers = ReplicaPeers("j", [[0], [1], [2]], DetectionSettings())
+    found: list[Any] = []
+    for block in range(200):
+        load = 1.0 if block < 30 else 1.4
+        for i in range(12):
+            now = block * PEER_BLOCK_S + i * 0.8
+            for q in range(3):
+                w = 4.0 if (q == 1 and 10 <= block < 25) or (q == 0 and 150 <= block < 166) else 16.0
+                t = 0.1 * (0.5 + 0.5 * w / 32) * load * (1.0 + 0.01 * float(rng.standard_normal()))
+                found += peers.add(q, block * 12 + i, t * (slow if q == 0 and block >= 150 else 1.0), w, now)
+    return found
+
+
+def test_a_replica_in_a_band_learned_under_another_load_is_no_change() -> None:
+    """Each work band's reference was the host load of the minutes it was in use: the band of batches of 4 was
+    learned under load 1.0, the band of 16 since under 1.4, and a healthy replica moving into the first read 1.4x
+    its peers (named +40 %; bench_corpus seed 40 serving_dp run 2: 1.07x in one band and 1.30x in another within
+    one block, named +18 %, armed). Each band's block median is now divided by the block's shared load before it
+    is learned: nothing named."""
+    assert _bands_learned_apart(1.0) == []
+
+
+def test_a_replica_slower_in_a_band_learned_under_another_load_is_still_named() -> None:
+    """The same traffic, replica 0 1.3x slower from block 150: named once, at about its size."""
+    found = _bands_learned_apart(1.3)
+    assert [a.ranks for a in found] == [(0,)] and 1.2 <= 1.0 + found[0].magnitude <= 1.4, found

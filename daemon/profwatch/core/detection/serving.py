@@ -16,6 +16,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from statistics import median
 
+import numpy as np
+
+from profwatch.core.detection.regression import serial_rho
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly, FinalizedStep
 
@@ -442,7 +445,10 @@ ratio's noise per block, but persistent (see :data:`PEER_WINDOW_Z`)."""
 PEER_WINDOW_Z = 2.5
 """Noise sigmas the median excess of the last :data:`PEER_WINDOW` blocks must reach, every one of them above the
 baseline (a replica 1.15x slower with ``work``, a block noise of 0.04 in log, was never 4 sigmas over it in three
-blocks in a row: bench_corpus seed 31 serving_dp run 7)."""
+blocks in a row: bench_corpus seed 31 serving_dp run 7), times the serial factor of the baseline's blocks: a
+ratio that wanders in runs of minutes moves a six-block median further than independent blocks would (a healthy
+replica of two read +10.5 % over 6 blocks at a block noise of 0.040, 2.6 sigmas, its baseline's autocorrelation
+giving a factor of 1.46: ``--healthy-hours`` seed 37 serving_dp healthy run 0, armed)."""
 PEER_RECENT_S = 20.0
 """Seconds back (blocks that ended within them) that another replica's newest block median stands in for its level
 in a block it did not step in (:meth:`ReplicaPeers._peer_level`): this block and the one before. A shared host's
@@ -486,7 +492,9 @@ class ReplicaPeers:
         every :data:`PEER_BLOCK_S` seconds of arrival time. Each step time is first divided by its work band's
         shared reference (powers of :data:`PEER_WORK_BAND` of the step's ``work``; one band without ``work``):
         the median of the band's last :data:`PEER_REF_BLOCKS` block medians, every replica's steps pooled,
-        entering :data:`PEER_LAG` blocks late (:meth:`_learn_refs`); a step of a band without a reference yet
+        each divided by its block's shared load (:meth:`_block_load`: every band's reference in one unit, not
+        the host load of the minutes the band was in use), entering :data:`PEER_LAG` blocks late
+        (:meth:`_learn_refs`); a step of a band without a reference yet
         only teaches it. A replica with at least :data:`PEER_MIN_VALUES` such ratios in the block has ``m_q``,
         their median: each one's ``r = log(m_q / level)``, clamped to ±log :data:`MAX_PEER_RATIO`, the level the
         median of the replicas' when three (both, in a job of two) have one, else taken from the other replicas'
@@ -505,7 +513,10 @@ class ReplicaPeers:
         ``sigma = max(1.4826 * MAD, noise_floor)``. A replica whose excess ``r - baseline`` is at least
         ``max(outlier_z * sigma, log(1 + outlier_min_effect))`` in :data:`PEER_RUN` blocks in a row (blocks it
         sat out do not break the run), or whose median excess over its last :data:`PEER_WINDOW` blocks is
-        :data:`PEER_WINDOW_Z` sigmas and ``log(1 + outlier_min_effect)`` with every one of them above its baseline
+        :data:`PEER_WINDOW_Z` sigmas times the serial factor ``sqrt((1 + rho) / (1 - rho))`` (``rho`` the lag-1
+        autocorrelation of its baseline's blocks, :func:`~profwatch.core.detection.regression.serial_rho`; 1 to 3:
+        the long-run deviation of an AR(1) series over its marginal one, Bayley & Hammersley 1946) and
+        ``log(1 + outlier_min_effect)`` with every one of them above its baseline
         (``detail.test`` "run" or "window"; before its baseline forms: :meth:`_judge_young`, "young"), is named
         once as a ``step_regression`` of its ranks
         (``detail.detector == "replica_peers"``, magnitude ``exp(median excess) - 1``, at most
@@ -546,6 +557,8 @@ class ReplicaPeers:
         self._settle: list[list[tuple[float, float, int]] | None] = [None] * n
         """Per replica, the blocks judged since its own unit reported a rise (:meth:`adopt_unit`; None: none)."""
         self._end: float | None = None
+        self._load = 1.0
+        """The shared load of the last block learned that had steps in bands with a reference (1 before any)."""
         self.counters = {"replica_blocks": 0, "replica_values_skipped": 0}
 
     def inherit(self, old: ReplicaPeers) -> None:
@@ -557,6 +570,7 @@ class ReplicaPeers:
         baseline :data:`PEER_LAG` + :data:`PEER_MIN_BASELINE` of the replica's blocks, so a replica 1.15x slower
         from 353 s after the last split was never judged against a baseline (seed 31 run 7)."""
         self._refs, self._pending, self._new, self._end = old._refs, old._pending, old._new, old._end
+        self._load = old._load
         self._young_named = old._young_named
         before = {tuple(u): q for q, u in enumerate(old.units)}
         for q, u in enumerate(self.units):
@@ -674,7 +688,7 @@ class ReplicaPeers:
 
     def _learn_refs(self) -> None:
         """The closed block's step times wait :data:`PEER_LAG` blocks; then each work band's median of them (all
-        replicas pooled) joins that band's last :data:`PEER_REF_BLOCKS` block medians, whose median is the band's
+        replicas pooled), divided by the block's shared load (:meth:`_block_load`), joins that band's last :data:`PEER_REF_BLOCKS` block medians, whose median is the band's
         shared reference once it holds :data:`PEER_REF_MIN_BLOCKS` (a change is compared before any of it is
         learned; the host load of minutes is averaged out of it). At most :data:`MAX_BANDS` bands (the least
         recently used is dropped)."""
@@ -682,15 +696,37 @@ class ReplicaPeers:
         self._new = []
         while len(self._pending) > PEER_LAG:
             by_band: dict[int, list[float]] = {}
-            for key, t in self._pending.popleft():
+            block = self._pending.popleft()
+            for key, t in block:
                 by_band.setdefault(key, []).append(t)
+            load = self._block_load(block)
             for key, ts in by_band.items():
                 band = self._refs.pop(key, None) or _PeerRef()
-                band.meds.append(median(ts))
+                band.meds.append(median(ts) / load)
                 band.ref = median(list(band.meds)) if len(band.meds) >= PEER_REF_MIN_BLOCKS else None
                 self._refs[key] = band
                 if len(self._refs) > MAX_BANDS:
                     del self._refs[next(iter(self._refs))]
+
+    def _block_load(self, block: list[tuple[int, float]]) -> float:
+        """The shared load of one block learned (its steps' ``(band, seconds)``): the median of its step times over
+        their bands' references, of the steps whose band has one (none: the last block's that had one; before any,
+        1). Each band's block median is divided by it before it joins the band's reference, so the references
+        of all bands are in one unit, whatever the host's load while each band was in use. Before, each band's
+        reference was the host load of the minutes its batches ran: a replica whose batch wandered into bands
+        learned under a lighter load read +12-21 % next to its peers for 30-90 s in the same block's load (one
+        block of bench_corpus seed 40 serving_dp run 2: 1.07x in one band, 1.30x in another), and two healthy
+        replicas were named (runs 2 and 7)."""
+        ratios = []
+        for key, t in block:
+            band = self._refs.get(key)
+            if band is not None and band.ref is not None and band.ref > 0:
+                ratios.append(t / band.ref)
+        if ratios:
+            load = median(ratios)
+            if load > 0 and math.isfinite(load):
+                self._load = load
+        return self._load
 
     def _judge(self, q: int, r: float, first: int, peers: int) -> list[Anomaly]:
         hist = self._hist[q]
@@ -731,14 +767,16 @@ class ReplicaPeers:
             self._adopt(q, down)
             return []
         if len(up) < PEER_RUN:
-            wthr = max(PEER_WINDOW_Z * sigma, math.log1p(s.outlier_min_effect))
+            rho = serial_rho(np.asarray(base_vals, dtype=np.float64))
+            serial = math.sqrt((1.0 + rho) / (1.0 - rho))
+            wthr = max(PEER_WINDOW_Z * sigma * serial, math.log1p(s.outlier_min_effect))
             es = [x for x, _ in win]
             if len(win) < PEER_WINDOW or min(es) <= 0 or median(es) < wthr:
                 return []
             run = [(x + base, x, f) for x, f in win]  # persistent, under the per-block threshold
             return self._report(q, r, run, {"baseline_ratio": round(math.exp(base), 4), "noise": round(sigma, 4),
                                             "threshold": round(math.expm1(wthr), 4), "blocks": PEER_WINDOW,
-                                            "test": "window"}, peers)
+                                            "serial_factor": round(serial, 3), "test": "window"}, peers)
         return self._report(q, r, up, {"baseline_ratio": round(math.exp(base), 4), "noise": round(sigma, 4),
                                        "threshold": round(math.expm1(thr), 4), "blocks": PEER_RUN,
                                        "test": "run"}, peers)
@@ -748,25 +786,31 @@ class ReplicaPeers:
         one job with no declared roles are alike by design, so a replica slower than its peers from its first
         judged block is named, as a rank slower from the start is). Its last :data:`PEER_RUN` ratios each at least
         ``max(thr, log(1 + PEER_YOUNG_EFFECT))``, ``thr = max(outlier_z * sigma, log(1 + outlier_min_effect))``
-        (the run test's rule for a large rise, :data:`PEER_YOUNG_EFFECT`; ``detail.blocks`` 3), or its last :data:`PEER_YOUNG_RUN` ratios with a median of at least ``thr`` and each at least half that
-        (``detail.blocks`` 6), ``sigma = max(1.4826 * MAD, noise_floor)`` of the other replicas' ratios (at least
-        :data:`PEER_MIN_BASELINE` of them; fewer: not judged). With the six-block rule alone, a bursty replica
-        waited for six judged blocks whatever its rise: a 3x replica of bench_corpus seed 38 serving_dp run 6 was
-        named 179 s after its onset (159 s with the run rule). A replica changed before its baseline formed (36 s
+        (the run test's rule for a large rise, :data:`PEER_YOUNG_EFFECT`; ``detail.blocks`` 3), or its last
+        :data:`PEER_YOUNG_RUN` ratios with a median of at least ``thr`` and each at least half that
+        (``detail.blocks`` 6), ``sigma = max(1.4826 * median(|x|), noise_floor)`` of the other replicas' ratios ``x``
+        (at least :data:`PEER_MIN_BASELINE` of them; fewer: not judged): their spread about the peers' level that
+        ``q`` is compared with, 0, not about their own median (healthy replicas whose bands' references sit apart
+        read off 0 for minutes: that offset is the noise of this comparison). With the six-block rule alone, a
+        bursty replica waited for six judged blocks whatever its rise: a 3x replica of bench_corpus seed 38
+        serving_dp run 6 was named 179 s after its onset (159 s with the run rule). Only in a job of three replicas
+        or more: in a job of two the other's ratio is the mirror of ``q``'s (``-r``), so it holds no noise of its
+        own, and two healthy replicas of disjoint batch sizes read 1.15-1.25x apart for 80 s and one was named
+        (bench_corpus seed 40 serving_dp run 7; its noise, taken from the mirror, 0.015). A replica changed before its baseline formed (36 s
         and 57 s into bench_corpus serving_dp runs, or soon after a split) learned the change as its baseline
         and was never named. Only a replica whose steps all carry ``work``: without it, a replica that serves
         larger batches is slower than its peers by its traffic mix alone (a balancer's doing, not a bad node),
         and was named +24-26 % within 171-207 s of healthy traffic
         (tests/unit/test_serving_replica_peers.py)."""
         hist = self._hist[q]
-        if len(hist) < PEER_RUN or tuple(self.units[q]) in self._young_named or self._bare[q]:
+        if (len(hist) < PEER_RUN or tuple(self.units[q]) in self._young_named or self._bare[q]
+                or len(self.units) < 3):
             return []
         pooled = [x for o, h in enumerate(self._hist) if o != q for x in h]
         if len(pooled) < PEER_MIN_BASELINE:
             return []
         s = self.settings
-        centre = median(pooled)
-        sigma = max(1.4826 * median([abs(x - centre) for x in pooled]), s.noise_floor)
+        sigma = max(1.4826 * median([abs(x) for x in pooled]), s.noise_floor)
         thr = max(s.outlier_z * sigma, math.log1p(s.outlier_min_effect))
         last = list(hist)[-PEER_YOUNG_RUN:]
         if min(last[-PEER_RUN:]) >= max(thr, math.log1p(PEER_YOUNG_EFFECT)):  # the run test's rule, a large rise
