@@ -207,7 +207,10 @@ class RankOutlierDetector:
         ``(v - m) / max(1.4826 * MAD, noise_floor * m) >= outlier_z`` and ``v >= m * (1 + outlier_min_effect)``
         and ``v - m >= outlier_min_abs_s``. A rank outlying in ``outlier_min_steps`` of the last
         ``outlier_window_steps`` non-excluded steps fires one ``rank_outlier`` (ranks firing at the same step
-        are grouped); it may fire again only after its count fell below half of ``outlier_min_steps``.
+        are grouped); it may fire again only after its count fell below half of ``outlier_min_steps``. A rank
+        outlying on ``cpu/step`` from CPU samples (:attr:`FinalizedStep.cpu_obs`: one value per sampled interval,
+        held for the steps between) also needs its excess over :data:`CPU_MIN_OBS` or more independent CPU
+        observations to pass its own noise (:meth:`_cpu_evidence`): the window's steps hold one or two of them.
 
         Assumptions: only *slower* is tested, so ranks that wait longer at a barrier because a peer is slow are
         not named (their compute stage is normal; a pure wait stage is shorter on the slow rank). Pure wait
