@@ -182,12 +182,13 @@ OWN_WORK = _OwnWork()
 class _OpenStep:
     """One step not yet finalised: report count, slowest rank, exclusion, per-rank stage values."""
 
-    __slots__ = ("cpu_per_work", "cpu_raw", "excluded", "max_rank", "max_t", "n", "vals", "work")
+    __slots__ = ("cpu_obs", "cpu_per_work", "cpu_raw", "excluded", "max_rank", "max_t", "n", "vals", "work")
 
     def __init__(self) -> None:
         self.work: float | None = None
         self.cpu_per_work = 0  # ranks whose CPU series value is per unit of their work
         self.cpu_raw = 0  # ranks whose CPU series value is per step
+        self.cpu_obs: list[int] | None = None  # per rank, the sequence number of its CPU value's last interval
         self.n = 0
         self.max_t = -1.0
         self.max_rank = -1
@@ -234,6 +235,9 @@ class StepAggregator:
         self._epoch = 0
         self._cpu_rates: dict[int, _CpuRate] = {}
         """Per rank that sent CPU samples, its :class:`_CpuRate` (created at its first sample)."""
+        self._cpu_seq: dict[int, int] = {}
+        """Per rank, valid intervals between its CPU samples so far (never reset with a rank's samples: the
+        sequence number of an interval, :attr:`FinalizedStep.cpu_obs`)."""
         self.counters: dict[str, int] = {"reports": 0, "late": 0, "duplicate": 0, "bad_rank": 0, "old_epoch": 0,
                                          "restarts": 0, "finalized": 0, "excluded": 0}
         self._reset_job_state()
@@ -508,6 +512,7 @@ class StepAggregator:
             else:
                 st.span.append((d_steps, d_cpu, st.n, st.work, st.work_n))
                 st.value = _span_value(st)
+                self._cpu_seq[r] = self._cpu_seq.get(r, -1) + 1
             if at != st.at_step:
                 if st.value is not None:
                     st.until = at + CPU_SAMPLE_HOLD * d_steps
@@ -530,6 +535,10 @@ class StepAggregator:
             st.work_n += 1
         if st.value is not None and step <= st.until:
             self._add_cpu_value(e, r, st.value, per_work=st.per_work)
+            if e.cpu_obs is None:
+                e.cpu_obs = [-1] * self.world_size
+            if r < len(e.cpu_obs):
+                e.cpu_obs[r] = self._cpu_seq.get(r, -1)
 
     def _add_value(self, e: _OpenStep, r: int, name: str, v: float) -> None:
         vals = e.vals
@@ -625,4 +634,5 @@ class StepAggregator:
             self.last_job_step_s = e.max_t
         if e.cpu_per_work or e.cpu_raw:
             judge_cpu_series(e.vals or {}, e.max_t, e.work, e.cpu_per_work, e.cpu_raw)
-        return FinalizedStep(step, e.max_t, e.max_rank, e.n, e.vals, reason, e.work)
+        obs = tuple(e.cpu_obs) if e.cpu_obs is not None and e.vals and CPU_SERIES in e.vals else None
+        return FinalizedStep(step, e.max_t, e.max_rank, e.n, e.vals, reason, e.work, cpu_obs=obs)

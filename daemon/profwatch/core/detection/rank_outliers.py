@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from profwatch.core.detection.aggregation import CPU_SERIES
+from profwatch.core.detection.aggregation import CPU_SAMPLE_SPAN, CPU_SERIES
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import MAD_TO_SIGMA, Anomaly, FinalizedStep
 
@@ -127,6 +127,25 @@ were named by their ``comm`` stage, so the capture named the wrong ranks (``benc
 MAX_LEARNED_STAGES = 4
 """Stages whose per-rank ratios are learned (the first ones seen), besides the CPU series ``cpu/step``, always
 learned; others are compared without a baseline."""
+CPU_MIN_OBS = 2
+"""A rank named on the CPU series from CPU samples (:attr:`FinalizedStep.cpu_obs`) needs its mean excess over at
+least this many independent observations (values whose intervals do not overlap: ``CPU_SAMPLE_SPAN`` intervals
+apart) to pass its own noise, besides the window's ``outlier_min_steps``: one value stands for every step until the
+next sample (16 steps or more, a mean over ``CPU_SAMPLE_SPAN`` intervals), so the window's 8 of 12 steps were one or
+two observations, and on a busy host (a live 2-rank serving loop on 2 cores at load 8-12) one noisy second of one
+rank named it (+31 %, its capture found nobody; ``bench/bench_busy_cpu_pair.py``)."""
+CPU_MAX_OBS = 8
+"""The most recent independent CPU observations whose mean is tested (every count from :data:`CPU_MIN_OBS` up to
+this; a longer mean finds a smaller excess on a noisier host, later)."""
+CPU_NOISE_OBS = 24
+"""Independent CPU observations per rank kept to estimate its own noise (1.4826 x their MAD, at least
+``noise_floor``); the test waits for :data:`CPU_NOISE_MIN` of them."""
+CPU_NOISE_MIN = 6
+"""Independent CPU observations a rank needs before its CPU test can name it (a MAD of fewer is no noise estimate),
+and before its median serves as the reference of the ones after them (:meth:`RankOutlierDetector._cpu_evidence`)."""
+CPU_OBS_Z = 3.0
+"""The mean log excess of the last ``k`` independent CPU observations must reach this many standard errors
+(``sigma / sqrt(k)``, sigma the rank's own noise) and ``log(1 + outlier_min_effect)``."""
 STABLE_FRACTION = 0.5
 """A learned ratio is stable when its first- and second-half medians differ by less than this fraction of
 ``outlier_min_effect`` (a rank that became slow within the learning window is a change, not a structure)."""
@@ -188,7 +207,10 @@ class RankOutlierDetector:
         ``(v - m) / max(1.4826 * MAD, noise_floor * m) >= outlier_z`` and ``v >= m * (1 + outlier_min_effect)``
         and ``v - m >= outlier_min_abs_s``. A rank outlying in ``outlier_min_steps`` of the last
         ``outlier_window_steps`` non-excluded steps fires one ``rank_outlier`` (ranks firing at the same step
-        are grouped); it may fire again only after its count fell below half of ``outlier_min_steps``.
+        are grouped); it may fire again only after its count fell below half of ``outlier_min_steps``. A rank
+        outlying on ``cpu/step`` from CPU samples (:attr:`FinalizedStep.cpu_obs`: one value per sampled interval,
+        held for the steps between) also needs its excess over :data:`CPU_MIN_OBS` or more independent CPU
+        observations to pass its own noise (:meth:`_cpu_evidence`): the window's steps hold one or two of them.
 
         Assumptions: only *slower* is tested, so ranks that wait longer at a barrier because a peer is slow are
         not named (their compute stage is normal; a pure wait stage is shorter on the slow rank). Pure wait
@@ -254,6 +276,8 @@ class RankOutlierDetector:
         self._learn_cost: dict[str, np.ndarray] = {}
         self._learn_seen: dict[str, np.ndarray] = {}  # per learned stage, the ranks that timed it
         self._learn_step_s: list[float] = []
+        self._cpu_last: list[int] = [-1] * n  # per rank, the CPU interval number of its last observation kept
+        self._cpu_hist: list[deque[float]] = [deque(maxlen=CPU_NOISE_OBS) for _ in range(n)]
 
     @property
     def reported_ranks(self) -> frozenset[int]:
@@ -298,6 +322,8 @@ class RankOutlierDetector:
                 arr = list(arr)
                 for r, c in base.items():
                     arr[r] /= c
+            if name == CPU_SERIES and step.cpu_obs is not None:
+                self._observe_cpu(arr, step.cpu_obs)
             for r, rel in self._outlying(arr, groups):
                 if r not in best or rel > best[r][0]:
                     best[r] = (rel, name)
@@ -315,6 +341,61 @@ class RankOutlierDetector:
         if a is not None:
             out.append(a)
         return out
+
+    # -- independent CPU observations -----------------------------------------------------------------------------
+    def _observe_cpu(self, arr: list[float], obs: tuple[int, ...]) -> None:
+        """Keep, per rank whose CPU value ends with an interval at least ``CPU_SAMPLE_SPAN`` past its last kept
+        one (no interval shared with it), the log ratio of its (normalised) value to the median of the other ranks'
+        present values (a pair: the other rank's)."""
+        n = min(len(arr), len(obs), self.world_size)
+        for r in range(n):
+            o = obs[r]
+            v = arr[r]
+            if o < 0 or math.isnan(v) or v <= 0:
+                continue
+            last = self._cpu_last[r]
+            if o < last:  # the aggregator started over: a new sequence
+                self._cpu_hist[r].clear()
+                last = self._cpu_last[r] = -1
+            if last >= 0 and o - last < CPU_SAMPLE_SPAN:
+                continue
+            others = [x for q, x in enumerate(arr) if q != r and not math.isnan(x) and x > 0]
+            if not others:
+                continue
+            m, _ = median_mad(others)
+            self._cpu_last[r] = o
+            self._cpu_hist[r].append(math.log(v / m))
+
+    def _cpu_evidence(self, r: int) -> bool:
+        """Whether rank ``r``'s independent CPU observations name it (:data:`CPU_MIN_OBS`): for some ``k`` from
+        :data:`CPU_MIN_OBS` to :data:`CPU_MAX_OBS`, the mean of its last ``k`` log ratios to its peers less the
+        largest of them (one excursion, a second of spinning or of a hot core, is no sustained excess) exceeds its
+        reference by ``max(log(1 + outlier_min_effect), CPU_OBS_Z * sigma / sqrt(k - 1))``: sigma = max(1.4826 x
+        MAD of its kept observations, ``noise_floor``) (a one-sided z test of a trimmed mean against the rank's own
+        noise); the reference is the median of its observations before those ``k`` when there are at least
+        :data:`CPU_NOISE_MIN` of them, else 0 (its peers' level). The rank's own past is its normal: a baseline
+        ratio learned from the few CPU values of the learning window (one to three on a busy serving pair, off by
+        chance by 7-11 %) left a healthy rank that much over its peer for the whole job. False with fewer than
+        :data:`CPU_NOISE_MIN` observations."""
+        h = self._cpu_hist[r]
+        if len(h) < max(CPU_NOISE_MIN, CPU_MIN_OBS):
+            return False
+        xs = list(h)
+        _, mad = median_mad(xs)
+        sigma = max(MAD_TO_SIGMA * mad, self.settings.noise_floor)
+        floor = math.log1p(self.settings.outlier_min_effect)
+        total, top = 0.0, -math.inf
+        for k in range(1, min(CPU_MAX_OBS, len(xs)) + 1):
+            x = xs[-k]
+            total += x
+            top = max(top, x)
+            if k < CPU_MIN_OBS:
+                continue
+            before = xs[:-k]
+            ref = median_mad(before)[0] if len(before) >= CPU_NOISE_MIN else 0.0
+            if (total - top) / (k - 1) - ref >= max(floor, CPU_OBS_Z * sigma / math.sqrt(k - 1)):
+                return True
+        return False
 
     # -- peers -----------------------------------------------------------------------------------------------------
     def _peer_groups(self) -> list[list[int]] | None:
@@ -427,6 +508,9 @@ class RankOutlierDetector:
                     slow[int(r)] = (float(c[r]) - 1.0, name, max(0.0, float(cost[r])))
             if base:
                 self._base[name] = base
+                if name == CPU_SERIES:  # its observations so far were not normalised: its noise is measured anew
+                    for r in base:
+                        self._cpu_hist[r].clear()
         for r in {r for ranks in self._base.values() for r in ranks}:
             self._drop_from_window(r)
         self._learn.clear()
@@ -486,7 +570,8 @@ class RankOutlierDetector:
         if self._reported:
             for r in [r for r in self._reported if hits[r] * 2 < s.outlier_min_steps]:
                 self._reported.discard(r)
-        new = sorted(r for r in flagged if hits[r] >= s.outlier_min_steps and r not in self._reported)
+        new = sorted(r for r in flagged if hits[r] >= s.outlier_min_steps and r not in self._reported
+                     and (flagged[r][1] != CPU_SERIES or self._cpu_last[r] < 0 or self._cpu_evidence(r)))
         if not new:
             return None
         self._reported.update(new)

@@ -60,7 +60,10 @@ class FinalizedStep:
     ``stages`` per compared stage one value per rank (seconds, NaN = not reported), or None; ``excluded`` the
     reason the step is excluded from detection (warm-up, capture, a flag, idle, ...) or None; ``work`` the work
     the step did (the largest ``work`` any rank reported: tokens, requests; None = not reported); ``steps`` how
-    many steps this record stands for (> 1 for a block of fast steps, ``step`` is then its last step).
+    many steps this record stands for (> 1 for a block of fast steps, ``step`` is then its last step);
+    ``cpu_obs`` per rank the sequence number of the last sampled CPU interval its ``cpu/step`` value ends with
+    (``aggregation.StepAggregator``: one number per valid interval between CPU samples, rising; -1 = none, e.g. an
+    older hook's per-step ``cpu_s``), or None: steps that carry one held value repeat one observation.
     """
 
     step: int
@@ -71,6 +74,7 @@ class FinalizedStep:
     excluded: str | None
     work: float | None = None
     steps: int = 1
+    cpu_obs: tuple[int, ...] | None = None
 
 
 class StepDetector(Protocol):
