@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from profwatch.core.capture.lifecycle import DEADLINE_BOUNDS
-from profwatch.core.detection.serving import SERVING_BLOCK_MIN
+from profwatch.core.detection.settings import SERVING_BLOCK_MIN
 from profwatch.core.fleet.host_load import MAX_EXPLAIN_GAP_S
 
 SILENT_MIN_S = 10.0

@@ -19,7 +19,7 @@ from statistics import median
 import numpy as np
 
 from profwatch.core.detection.regression import serial_rho
-from profwatch.core.detection.settings import DetectionSettings
+from profwatch.core.detection.settings import SERVING_BLOCK_MIN, DetectionSettings
 from profwatch.core.detection.types import Anomaly, FinalizedStep
 
 WORK_BAND_RATIO = 1.1
@@ -66,8 +66,6 @@ time, a real level change of the steps that is no regression of the server; judg
 change-point test several times an hour (bench_corpus serving classes: 3-5 false arms per healthy hour on a host
 whose load changes every 20-90 s by up to 1.5x). A change that lasts minutes moves every block. (Busy time alone
 made too few blocks: a server idle most of the time made 5 blocks in 41 minutes.)"""
-SERVING_BLOCK_MIN = 8
-"""Fewest records (steps, or blocks of steps without ``work``) in one block of :data:`SERVING_BLOCK_S`."""
 
 
 def is_idle_gap(step_time_s: float, usual_step_s: float | None, settings: DetectionSettings) -> bool:

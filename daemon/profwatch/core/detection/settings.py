@@ -15,6 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from profwatch.core.keyed_error import KeysError
 
+SERVING_BLOCK_MIN = 8
+"""Fewest records (steps, or blocks of steps without ``work``) in one block of a serving unit's regression test
+(``serving.SERVING_BLOCK_S``). Here, not in ``serving.py``, so that status texts read it without numpy (a node
+install has none: ``tests/unit/test_import_weight.py``)."""
 
 class DetectionSettings(BaseModel):
     """Thresholds of :class:`profwatch.core.detection.job_detector.JobDetector` (units in the descriptions).
