@@ -252,12 +252,14 @@ def test_cpu_samples_are_kept_by_the_registry_and_a_replay_sees_the_live_cpu_ser
 
 
 def test_a_replay_of_exported_telemetry_names_a_rank_by_its_cpu_time() -> None:
-    """4 lockstep ranks, rank 1 +30 % CPU per step from step 300 (wall times equal: only the CPU time tells):
+    """4 lockstep ranks, rank 1 +30 % CPU per step from step 1200 of 1600 (wall times equal: only the CPU time
+    tells; 400 steps after the onset: a ``cpu/step`` outlier needs independent CPU observations, ``OBS_LAG_STEPS`` in
+    ``tests/unit/test_cpu_time.py``):
     ``profwatch replay`` of the job's telemetry names it on ``cpu/step`` (before, the dump had no CPU fields and
     the replay named nobody)."""
     from profwatch.commands.replay import replay_lines
 
-    res = replay_lines(_telemetry_of(_cpu_job(4, 400, 4, 0.0066), 4).splitlines())
+    res = replay_lines(_telemetry_of(_cpu_job(4, 1600, 4, 0.0066), 4).splitlines())
     assert res["bad_lines"]["count"] == 0
     named = [a for a in res["anomalies"] if a["kind"] == "rank_outlier"]
     assert named and named[0]["ranks"] == [1] and named[0]["detail"]["stage"] == {1: "cpu/step"}
