@@ -231,7 +231,7 @@ class Coordinator:
         self.captures = CaptureShell(
             settings=settings, store=self.state, jobs=self.registry.jobs, nodes=self.registry.nodes,
             writer=ConfigWriter(), send_node_command=self.send_node_command, scanner=RankDirScanner(settings.watch, settings.coordinator.allowed_prof_roots),
-            analyser=BatchAnalyser(settings.analysis), detectors=_DetectorView(self.detectors), emit=self.emit,
+            analyser=BatchAnalyser(settings.analysis, assets_dir=Path(settings.coordinator.work_dir)), detectors=_DetectorView(self.detectors), emit=self.emit,
             post=self.results.put, clock=self.clock, make_watcher=lambda on_wake, on_rank_dirs: _start_watcher(
                 on_wake, on_rank_dirs, settings, self.metrics),
             count_state=lambda state: self.metrics.captures.labels(state).inc())

@@ -294,3 +294,30 @@ def test_small_changes_keep_their_digits_in_headline_report_and_cli(tmp_path: Pa
     assert "what changed: +30 us/step since the reference: compute +27 us" in cli
     assert re.search(r"compute .* change +\+27 us  98% \[\+12 us, \+41 us\]", cli), cli
     assert "aten::matmul  +25 us/step" in cli and "+0.03" not in cli
+
+
+def test_the_coordinators_captures_share_one_plotly_file_in_its_work_dir(tmp_path: Path) -> None:
+    """The coordinator analyses each capture in ``<work_dir>/<job>/<capture>/``: with the shared file beside each
+    capture's report folder every capture wrote its own 4.8 MB copy (a new user counted 7 in one afternoon). The
+    analyser's ``assets_dir`` (the coordinator's work dir) holds the one file every page loads."""
+    from profwatch.adapters.fs.rank_dir_fs import scan_tree
+    from profwatch.captures.ports import BatchAnalyser
+    from tests.integration.test_analyze import _settings, _torch_batch
+
+    _torch_batch(tmp_path / "prof", work={2: 1.5})
+    (batch,) = scan_tree(tmp_path / "prof", world_size=4)
+    work = tmp_path / "work"
+    analyser = BatchAnalyser(_settings(), assets_dir=work)
+    try:
+        pages = []
+        for cid in ("c-1", "c-2"):
+            status, data = analyser.analyse(batch, work_dir=work / "j" / cid, hostnames={}, context={"capture_id": cid},
+                                            job_id="j", capture_reason="test")
+            assert status == "ok" and data["paths"]["plotly_js"] == str((work / PLOTLY_ASSET).resolve())
+            pages.append(Path(data["paths"]["report_html"]))
+    finally:
+        analyser.close()
+    assert sorted(p.name for p in work.rglob("plotly-*.js")) == [PLOTLY_ASSET]  # one copy, in the work dir
+    for page in pages:
+        (src,) = re.findall(r"<script[^>]+src=\"([^\"]+)\"", page.read_text())
+        assert (page.parent / src).resolve() == (work / PLOTLY_ASSET).resolve()

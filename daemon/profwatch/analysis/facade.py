@@ -106,6 +106,9 @@ class Followup:
     temp_staging: Path | None = None
     """The staging root under the system's temporary folder when ``work_dir/staging`` is not a path
     msprof-analyze takes (``staging.fresh_staging_root``); removed when the analysis is over."""
+    assets_dir: Path | None = None
+    """Where the report pages' shared chart script goes (``write_report``'s ``assets_dir``); None: ``out_dir``'s
+    parent."""
 
     def staging_root(self) -> Path:
         """Where this analysis stages its batch: ``work_dir/staging``, or (an odd ``work_dir``) a fresh folder of
@@ -146,7 +149,8 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
                   context: dict[str, Any] | None = None, enrich: bool = True,
                   progress: Progress | None = None,
                   prefetched: Mapping[str, tuple[Signature, RankTables]] | None = None,
-                  prefetched_traces: Mapping[str, TraceRead] | None = None) -> AnalysisResult:
+                  prefetched_traces: Mapping[str, TraceRead] | None = None,
+                  assets_dir: Path | None = None) -> AnalysisResult:
     """Analyse one batch found by ``scan_tree``: the alert phase, then (``enrich``) the enrich phase.
 
     Args:
@@ -175,6 +179,9 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
             (``own_tables_reader.TablePrefetcher``); the own-tables read uses those still valid.
         prefetched_traces: rank dir path -> torch.profiler trace parsed as each rank dir finished
             (``kineto_reader.TracePrefetcher``); the Kineto breakdown uses those whose file is unchanged.
+        assets_dir: the folder of the report pages' shared chart script (``plotly-<version>.min.js``; the
+            coordinator's work dir, shared by every capture); default ``work_dir/results`` (the folder of this
+            batch's report folder).
 
     Returns:
         :class:`AnalysisResult`. Never raises for data or tool problems (unexpected exceptions become
@@ -214,7 +221,7 @@ def analyze_batch(batch: BatchState, *, work_dir: Path, settings: AnalysisSettin
     active_runner = runner if runner is not None else MsprofRunner(settings.msprof)
     follow = Followup(batch, work_dir, out_dir, settings, dict(hostnames or {}), job_world, dict(unusable),
                       now_unix_s, prefetched=prefetched, prefetched_traces=prefetched_traces,
-                      ticket=active_runner.ticket(batch.batch_id))
+                      ticket=active_runner.ticket(batch.batch_id), assets_dir=assets_dir)
     try:
         try:
             result = _alert_phase(result, follow, active_runner, progress)
@@ -624,6 +631,7 @@ def rewrite_report(result: AnalysisResult, now_unix_s: float) -> None:
         write_report(Path(json_path).parent, printable({**result.alert_data(), "advisor": ev.advisor if ev else {}}),
                      ev.summaries if ev else [], html_enabled="report_html" in result.paths,
                      inline_plotly="plotly_js" not in result.paths,
+                     assets_dir=Path(result.paths["plotly_js"]).parent if "plotly_js" in result.paths else None,
                      generated=datetime.fromtimestamp(now_unix_s, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
     except OSError as exc:
         result.keep_note(f"report not rewritten with the comparison: {exc}")
@@ -637,7 +645,8 @@ def _write_report(result: AnalysisResult, f: Followup, *, html: bool) -> None:
     t = time.monotonic()
     now = time.time() if f.now_unix_s is None else f.now_unix_s
     result.paths["report_json"] = str(f.out_dir / "report.json")
-    shared = f.out_dir.resolve().parent / PLOTLY_ASSET
+    assets = f.assets_dir if f.assets_dir is not None else f.out_dir.resolve().parent
+    shared = assets.resolve() / PLOTLY_ASSET
     if html:
         result.paths["report_html"] = str(f.out_dir / "report.html")
         if not f.settings.report_html_inline:  # the page's chart script, shared: copy it along with the page
@@ -648,6 +657,7 @@ def _write_report(result: AnalysisResult, f: Followup, *, html: bool) -> None:
         data = printable({**result.alert_data(), "advisor": ev.advisor if ev else {}})
         json_path, html_path = write_report(
             f.out_dir, data, ev.summaries if ev else [], html_enabled=html, inline_plotly=f.settings.report_html_inline,
+            assets_dir=assets,
             generated=datetime.fromtimestamp(now, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
         if not shared.is_file():
             result.paths.pop("plotly_js", None)

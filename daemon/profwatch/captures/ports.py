@@ -210,7 +210,9 @@ class BatchAnalyser:
     REFERENCE_WAIT_S = 900.0
     """How long a capture's comparison waits for its reference's analysis running on another worker."""
 
-    def __init__(self, settings: AnalysisSettings) -> None:
+    def __init__(self, settings: AnalysisSettings, assets_dir: Path | None = None) -> None:
+        """``assets_dir``: the folder of every report page's shared chart script (the coordinator's work dir; None:
+        each analysis's ``results`` folder)."""
         import threading
 
         from profwatch.adapters.tools.kineto_reader import TracePrefetcher
@@ -218,6 +220,7 @@ class BatchAnalyser:
         from profwatch.adapters.tools.own_tables_reader import TablePrefetcher
 
         self.settings = settings
+        self.assets_dir = assets_dir
         self.runner = MsprofRunner(settings.msprof)
         self.tables = TablePrefetcher(settings.own_tables_workers)  # Ascend ranks' own tables, read as each completes
         self.traces = TracePrefetcher(settings.own_tables_workers)  # torch.profiler ranks' traces, parsed likewise
@@ -255,7 +258,8 @@ class BatchAnalyser:
                                    else self.settings, hostnames=dict(hostnames) or None,
                                    capture_reason=capture_reason, job_id=job_id, runner=self.runner, context=context,
                                    enrich=False, prefetched=self.tables.take(capture_id) if capture_id else None,
-                                   prefetched_traces=self.traces.take(capture_id) if capture_id else None)
+                                   prefetched_traces=self.traces.take(capture_id) if capture_id else None,
+                                   assets_dir=self.assets_dir)
             if is_reference and capture_id:
                 with self._lock:
                     self._references[capture_id] = result

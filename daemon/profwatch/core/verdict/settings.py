@@ -30,7 +30,7 @@ against its median peer with ``msprof-analyze compare`` (docs/verdicts.md#drill-
     report_html: bool = Field(True, description="write report.html (offline page) for each analysed batch")
     report_html_inline: bool = Field(False, description=(
         "inline plotly.js (4.8 MB) in each report.html, a page that needs no second file (e.g. to mail it); off: "
-        "one shared plotly-<version>.min.js beside the batches' report folders"))
+        "one shared plotly-<version>.min.js (the coordinator's work dir; profwatch analyze: its results folder)"))
     kineto_op_compare: bool = Field(True, description=(
         "torch.profiler batches: compare each suspect's operators with a reference rank's (enrich phase)"))
     suspect_compare: bool = Field(True, description=(
