@@ -260,3 +260,16 @@ def test_a_held_episode_reads_held_and_a_capture_that_named_another_rank_says_so
     line = render_event(closed)
     assert "-25% step 9" in line and "+-" not in line
     assert line.endswith("never captured (held: the culprit rotates (load imbalance), not captured again)")
+
+
+def test_an_alert_line_with_a_comparison_says_what_changed() -> None:
+    """A job-wide slowdown compared with its reference capture read "no_suspect: no suspect (...)" on the line and
+    "nothing found" at 3 a.m.; the comparison's headline (what changed since the reference) is on the line now."""
+    from profwatch.commands.alerts import render_event
+
+    line = render_event({"type": "io.profwatch.suspect_ranks.v1", "time": "T", "subject": "j1",
+                         "data": {"status": "no_suspect", "suspects": [], "detail": "the whole job",
+                                  "comparison": {"headline": "+259.9 ms/step since the reference: compute +242.7 ms"},
+                                  "report": "/w/report.html"}})
+    assert line == ("T suspect_ranks.v1 job=j1 no_suspect: no suspect (the whole job); what changed: +259.9 ms/step "
+                    "since the reference: compute +242.7 ms report=/w/report.html")

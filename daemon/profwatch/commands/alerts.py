@@ -117,6 +117,9 @@ def render_event(ev: dict[str, Any]) -> str:
         if t == TYPE_ANALYSIS_ENRICHED:
             line += f" capture {d.get('capture_id')} follow-up:"
         line += _suspects(d)
+        comparison = d.get("comparison")
+        if isinstance(comparison, dict) and comparison.get("headline"):  # the verdict's what-changed headline
+            line += f"; what changed: {comparison['headline']}"  # (core/changes/comparison.py headline_line)
         if d.get("pending_recipes"):
             line += f" (follow-up pending: {', '.join(d['pending_recipes'])})"
         if d.get("report"):
