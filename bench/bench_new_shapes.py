@@ -13,8 +13,10 @@ New shapes (``--shapes`` to pick some):
 - ``grad_accum``: gradient accumulation, every k-th step (k 2-16) the optimizer step, 1.5-4x longer.
 - ``varlen``: variable sequence length: every step's time lognormal (sigma 0.15-0.5) on top of 1-5 % jitter; the
   change's "noise" for the detectable rule is ``hypot(cv, sigma)``.
-- ``eval_ckpt``: every 100-400 steps an evaluation of 5-40 steps at 1.5-6x (its own factor each time), and every
-  200-800 steps a checkpoint step of 10-120 s (its own length each time).
+- ``eval_ckpt``: every 100-400 steps the job's evaluation (1.5-6x, +-15 % each time; 5-30 steps, 0.5-1.5x that
+  each time), and every 200-800 steps a checkpoint step (10-120 s, 0.5-1.5x that each time). Before this draw each
+  evaluation drew its own factor (1.5-6x): every one unlike the last, each a new level report and arm (5.6 false
+  arms/h at seed 31); an evaluation's cost is the job's own, so that is no job's shape.
 - ``loader_stall``: every 2-6 minutes one step 2-60 s longer (data loader stall, all ranks wait), or one rank's.
 - ``alternating``: two alternating regimes (RL rollout 2-5x for 10-120 steps, then training at 1x for 10-120 steps).
 - ``warmup_drift_down``: a slow warm-up (100-400 steps from 2-5x down to 1x), then the job slowly gets faster
@@ -29,9 +31,9 @@ Reported per shape (``bench_corpus._print_table``): healthy hours, false arms (e
 run, step, seconds and reason), lasting detectable changes lost, delay percentiles at 1.3x and 3x beside a few
 ``steady`` corpus runs (``--reference``), invariant violations. ``--json PATH`` writes every scored run.
 
-Usage: ``python bench/bench_new_shapes.py [--runs 12] [--shapes a,b] [--seed 31] [--reference 4] [--json F]``. Seeds
+Usage: ``python bench/bench_new_shapes.py [--runs 12] [--shapes a,b] [--seed 31] [--reference 8] [--json F]``. Seeds
 41 and 42 are refused (the corpus's held-out seeds). Cost: the default (12 runs per shape, healthy and injected, and
-4 steady reference runs) is about 3-4 minutes of one idle core.
+8 steady reference runs) is about 150 s of CPU (4M records; 230 s wall niced on a shared 2-core host).
 """
 
 from __future__ import annotations
@@ -94,10 +96,11 @@ def _shape(name: str, rng: np.random.Generator) -> tuple[bc.TrainShape, list[bc.
         sh.change_noise = math.hypot(cv, sigma)  # the per-step noise the detectors see
     elif name == "eval_ckpt":
         ev, ck = int(rng.integers(100, 401)), int(rng.integers(200, 801))
-        for at in range(ev, steps, ev):
-            level[at:at + int(rng.integers(5, 41))] *= float(rng.uniform(1.5, 6.0))
-        for at in range(ck, steps, ck):
-            level[at] *= 1.0 + float(rng.uniform(10.0, 120.0)) / step_s
+        ev_f, ev_n, ck_s = float(rng.uniform(1.5, 6.0)), int(rng.integers(5, 31)), float(rng.uniform(10.0, 120.0))
+        for at in range(ev, steps, ev):  # the job's evaluation: its cost +-15 %, its length 0.5-1.5x each time
+            level[at:at + max(1, round(ev_n * rng.uniform(0.5, 1.5)))] *= ev_f * float(rng.uniform(0.85, 1.15))
+        for at in range(ck, steps, ck):  # the job's checkpoint: 0.5-1.5x its length each time
+            level[at] *= 1.0 + ck_s * float(rng.uniform(0.5, 1.5)) / step_s
     elif name == "loader_stall":
         per_step = max(1, int(rng.uniform(120, 360) / step_s))
         rank_f = np.ones((steps, world))
@@ -180,7 +183,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=12, help="runs per shape (each replayed healthy and injected)")
     ap.add_argument("--shapes", default=None, help="comma-separated new shapes")
     ap.add_argument("--seed", type=int, default=SEED)
-    ap.add_argument("--reference", type=int, default=4, help="steady corpus runs for the delay reference")
+    ap.add_argument("--reference", type=int, default=8, help="steady corpus runs for the delay reference")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     if args.seed in HELD_OUT:
