@@ -28,8 +28,9 @@ New shapes (``--shapes`` to pick some):
   ``0.1 + 0.9 * sin^2``, one or two "days" per run of 60-120 minutes): bursts, idle gaps and batch follow it.
 
 Reported per shape (``bench_corpus._print_table``): healthy hours, false arms (each listed after the table with its
-run, step, seconds and reason), lasting detectable changes lost, delay percentiles at 1.3x and 3x beside a few
-``steady`` corpus runs (``--reference``), invariant violations. ``--json PATH`` writes every scored run.
+run, step, seconds and reason), lasting detectable changes lost, delay percentiles at 1.3x and 3x beside the
+corpus's ``steady`` shapes with the same injected changes (``--reference`` runs, seeds ``[SEED, 100 + len(SHAPES),
+i]``), invariant violations. ``--json PATH`` writes every scored run.
 
 Usage: ``python bench/bench_new_shapes.py [--runs 12] [--shapes a,b] [--seed 31] [--reference 8] [--json F]``. Seeds
 41 and 42 are refused (the corpus's held-out seeds). Cost: the default (12 runs per shape, healthy and injected, and
@@ -191,8 +192,9 @@ def main() -> None:
     wanted = args.shapes.split(",") if args.shapes else list(SHAPES)
     t0, c0 = time.perf_counter(), time.process_time()
     rows: list[dict[str, Any]] = []
-    for i in range(args.reference):
-        run = bc.CLASSES["steady"]("steady", [args.seed, list(bc.CLASSES).index("steady"), i], True)
+    for i in range(args.reference):  # the corpus's steady shapes, with this bench's injected changes
+        kind, size = VARIANTS[i % len(VARIANTS)]
+        run = bc._train_run("steady", [args.seed, 100 + len(SHAPES), i], True, change_fn=_change(kind, size))
         rows.append(bc.score(run, bc.replay_lines(run.lines, bc.ReplayConfig())))
     for name in wanted:
         for i in range(args.runs):
