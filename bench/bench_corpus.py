@@ -222,6 +222,9 @@ class TrainShape:
     restart_after: int | None = None
     restart_world: int = 0
     restart_steps: int = 0
+    restart_level: float = 1.0
+    """Job-wide factor of the requeued generation's steps (1.0: the old level on new ranks; ``bench_new_shapes.py``
+    requeues onto a slower or faster node set)."""
 
 
 def _train_shape(cls: str, rng: np.random.Generator) -> tuple[TrainShape, list[Change]]:
@@ -339,10 +342,15 @@ def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
 
-def _train_run(cls: str, seed: list[int], inject: bool = True) -> Run:
+def _train_run(cls: str, seed: list[int], inject: bool = True,
+               shape_fn: Callable[[str, np.random.Generator], tuple[TrainShape, list[Change]]] | None = None,
+               change_fn: Callable[[str, TrainShape, np.random.Generator], Change | None] | None = None) -> Run:
+    """One training run of class ``cls``: its shape drawn by ``shape_fn`` (default :func:`_train_shape`) and, when
+    ``inject``, its change by ``change_fn`` (default :func:`_train_change`), both from the seed's stream.
+    ``bench_new_shapes.py`` passes shapes of its own."""
     rng = np.random.default_rng(seed)
-    sh, background = _train_shape(cls, rng)
-    change = _train_change(cls, sh, rng) if inject else None
+    sh, background = (shape_fn or _train_shape)(cls, rng)
+    change = (change_fn or _train_change)(cls, sh, rng) if inject else None
     run = Run(cls, seed[-1], changes=background + ([change] if change else []))
     run.shape = {"world": sh.world, "steps": sh.steps, "step_s": round(sh.step_s, 4), "cv": round(sh.cv, 3)}
     noise = np.random.default_rng([*seed, 1])
@@ -361,7 +369,7 @@ def _train_run(cls: str, seed: list[int], inject: bool = True) -> Run:
         step = i + 1
         if epoch == 0 and i in sh.pauses:
             t += sh.pauses[i]
-        lvl = float(sh.level[min(i, sh.steps - 1)]) if epoch == 0 else 1.0
+        lvl = float(sh.level[min(i, sh.steps - 1)]) if epoch == 0 else sh.restart_level
         g = max(0.2, 1.0 + sh.cv * float(noise.standard_normal()))
         base = sh.step_s * lvl * g
         compute = base * 0.8 * np.maximum(0.2, 1.0 + 0.005 * noise.standard_normal(world))
@@ -386,7 +394,7 @@ def _train_run(cls: str, seed: list[int], inject: bool = True) -> Run:
             extra = ""
             if sh.roles is not None:
                 extra += f', "role": "{sh.roles[r]}"'
-            if cls == "requeue":
+            if sh.restart_after is not None:  # a requeued job (class ``requeue`` alone in this corpus)
                 extra += f', "pid": {10000 + r + 50000 * epoch}, "node": "n{epoch}-{r // sh.ranks_per_node}"'
             elif world > sh.ranks_per_node:
                 extra += f', "node": "n-{r // sh.ranks_per_node}"'
@@ -397,7 +405,12 @@ def _train_run(cls: str, seed: list[int], inject: bool = True) -> Run:
 
 
 # -- serving jobs --------------------------------------------------------------------------------------------------
-def _serving_run(cls: str, seed: list[int], inject: bool = True) -> Run:
+def _serving_run(cls: str, seed: list[int], inject: bool = True,
+                 traffic: Callable[[float], float] | None = None, duration_s: tuple[float, float] | None = None) -> Run:
+    """One serving run of class ``cls``. ``traffic`` (``bench_new_shapes.py``; None here): the load's share of its
+    peak (0-1] at a fraction (0-1) of the run: bursts ``2 * share`` times their drawn mean, idle gaps over ``share``,
+    the batch capped at ``32 * share`` (at least 1); ``duration_s``: the run's length range in seconds instead of
+    30-60 minutes."""
     rng = np.random.default_rng(seed)
     dp = cls == "serving_dp"
     replicas = int(rng.integers(2, 5)) if dp else 1
@@ -406,6 +419,8 @@ def _serving_run(cls: str, seed: list[int], inject: bool = True) -> Run:
     step_s = _loguniform(rng, 0.05, 0.5)
     cv = float(rng.uniform(0.01, 0.08))
     duration = float(rng.uniform(1800, 3600))
+    if duration_s is not None:
+        duration = float(rng.uniform(*duration_s))
     idle_mean = float(rng.uniform(10, 60))
     burst_mean = float(rng.uniform(30, 200))
     world = replicas * tp
@@ -443,8 +458,10 @@ def _serving_run(cls: str, seed: list[int], inject: bool = True) -> Run:
         step, batch, pending = 0, 8, t - T0
         end = T0 + duration
         while t < end:
-            for _ in range(max(1, int(rs.exponential(burst_mean)))):
-                batch = int(min(32, max(1, batch + rs.integers(-2, 3))))
+            share = 1.0 if traffic is None else max(0.02, min(1.0, traffic((t - T0) / duration)))
+            cap = 32 if traffic is None else max(1, int(32 * share))
+            for _ in range(max(1, int(rs.exponential(burst_mean if traffic is None else 2 * share * burst_mean)))):
+                batch = int(min(cap, max(1, batch + rs.integers(-2, 3))))
                 step += 1
                 tokens = batch
                 frac = 0.5 + 0.5 * batch / 32
@@ -477,7 +494,7 @@ def _serving_run(cls: str, seed: list[int], inject: bool = True) -> Run:
                 pending = 0.0
                 if t >= end:
                     break
-            gap = max(3.0, float(rs.exponential(idle_mean)))
+            gap = max(3.0, float(rs.exponential(idle_mean if traffic is None else idle_mean / share)))
             t += gap
             pending = gap
     recs.sort(key=lambda x: x[0])
