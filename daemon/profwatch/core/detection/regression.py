@@ -75,6 +75,10 @@ regression is reported (:meth:`StepTimeRegressionDetector._recent_above`): the d
 INTERIM_SE = 1.0
 """After a speedup, the level its own run showed is raised by this many standard errors to make the interim
 reference a slowdown is judged against while the baseline re-learns (see ``_interim_cusum``)."""
+SPEEDUP_NOISE_Z = 1.645
+"""After a speedup, the relative noise of the re-learned baseline is raised towards the noise of the baseline before
+the speedup, as far as this one-sided upper confidence bound (a chi-square one, on its own values) allows
+(:meth:`StepTimeRegressionDetector._noise`)."""
 SPEEDUP_CONFIRM_Z = 2.0
 """A speedup is *confirmed* when the steps after its fire and before a later rise's run (none of them chose the
 speedup's run) sit below the level before the speedup by this many standard errors (``noise / sqrt(n)``); a slowdown
@@ -634,6 +638,9 @@ class StepTimeRegressionDetector:
         previous generation's level (:meth:`_past_prior`)."""
         self._design_key: tuple[float, float, float] | None = None
         self._design_val = (0.0, 0.0, 0.0)
+        self._speedup_noise = 0.0
+        """The relative noise of the baseline before this generation's speedups since its last report (the largest;
+        0 for none): the noise a baseline re-learned after a speedup is raised towards (:meth:`_noise`)."""
         self._relearn()
         self._from_start = True
         """Whether the values learned began at the generation's first learned step (no restart since: a split with
@@ -663,6 +670,7 @@ class StepTimeRegressionDetector:
         self._warm_values.clear()
         self._warm_dropped.clear()
         self._gen_reported = False
+        self._speedup_noise = 0.0
 
     def update_settings(self, settings: DetectionSettings) -> None:
         """Swap thresholds keeping the learned baseline (resized) and the learned periodic patterns."""
@@ -904,7 +912,11 @@ class StepTimeRegressionDetector:
         a falling one never below the lower quartile of the :data:`RECENT_FLOOR_VALUES` newest accepted values (a warm-up
         that only got faster cannot carry the level to zero: such a warm-up once read ``baseline_s`` 1e-12 and a
         magnitude of 5e10, docs/detection.md); and the relative noise, inflated by one standard error of the scale and floored at
-        ``max(noise_floor, MIN_NOISE)`` of the level. Both are > 0 and finite for positive step times."""
+        ``max(noise_floor, MIN_NOISE)`` of the level. After a speedup (since the generation's last report) the relative
+        noise is raised towards the noise of the baseline before it, :attr:`_speedup_noise`, as far as the baseline's own
+        one-sided upper confidence bound ``sigma / mu * sqrt((n - 1) / chi2_{n-1}(Phi(-SPEEDUP_NOISE_Z)))`` allows
+        (:func:`_chi2_lower`): the job getting faster does not make it relatively calmer unless its new steps show it.
+        Both are > 0 and finite for positive step times."""
         mu0, sigma = self._base.stats()
         mu = mu0 + self._base.slope * (self._base.lag + 1)
         if self._base.slope < 0.0:  # a falling trend: the level at most down to the recent values' lower quartile
@@ -919,8 +931,15 @@ class StepTimeRegressionDetector:
                 learning = n < self.settings.min_baseline_steps
                 self._serial = serial_rho(values, SERIAL_RHO_Z if learning else 0.0)
             small = max(small, serial_noise_factor(values, rho=self._serial))
-        sigma *= small
-        return mu, max(sigma / mu, self.settings.noise_floor, MIN_NOISE)
+        noise = sigma * small / mu
+        if self._speedup_noise > noise and n >= 2:
+            # re-learned after a speedup: the relative noise does not fall because the job got faster, unless the
+            # new baseline shows it did (its noise's upper confidence bound is lower). A young baseline of 34 steps
+            # that read 11 % on a stretch of chance calm, at a true 16 % (17 % before the speedup), set the
+            # reference of a +22 % cusum on a series that only got faster (bench_corpus faster seed 38 run 12)
+            ucb = sigma / mu * math.sqrt((n - 1) / _chi2_lower(n - 1, SPEEDUP_NOISE_Z))
+            noise = max(noise, min(self._speedup_noise, ucb))
+        return mu, max(noise, self.settings.noise_floor, MIN_NOISE)
 
     def _recent_low(self) -> float:
         """Lower quartile of the newest :data:`RECENT_FLOOR_VALUES` accepted values (0 when none): robust to one
@@ -1825,6 +1844,7 @@ class StepTimeRegressionDetector:
             self._suspend_drift()
             fallen, n_lo = fallen_level(list(self._lo_vals), noise) if self._lo_vals else (x, 1)
             level = fallen * (1.0 + INTERIM_SE * noise / math.sqrt(n_lo))
+            self._speedup_noise = max(self._speedup_noise, noise)
             self._relearn()
             self._interim = (min(mu, level), noise, "before_speedup")
             self._speedup_from = mu
@@ -2190,6 +2210,7 @@ class StepTimeRegressionDetector:
         raised by :data:`REPORTED_SE` standard errors, so a further rise soon after is its own report."""
         self.counters["regressions"] += 1
         self._gen_reported = True
+        self._speedup_noise = 0.0  # a slower level may well be relatively calmer (a fixed cost added)
         self.prior = None  # the generation's level is judged now: the previous one is no reference any more (a
         # change the learning path reported was reported again against it at the end of the first learning)
         self._suspend_drift()
