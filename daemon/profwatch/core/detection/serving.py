@@ -16,9 +16,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from statistics import median
 
-import numpy as np
-
-from profwatch.core.detection.regression import serial_rho
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly, FinalizedStep
 
@@ -767,6 +764,12 @@ class ReplicaPeers:
             self._adopt(q, down)
             return []
         if len(up) < PEER_RUN:
+            # numpy at first use, not at import: status_text reads this module's constants on a node install,
+            # which has no numpy (tests/unit/test_import_weight.py)
+            import numpy as np
+
+            from profwatch.core.detection.regression import serial_rho
+
             rho = serial_rho(np.asarray(base_vals, dtype=np.float64))
             serial = math.sqrt((1.0 + rho) / (1.0 - rho))
             wthr = max(PEER_WINDOW_Z * sigma * serial, math.log1p(s.outlier_min_effect))
