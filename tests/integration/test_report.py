@@ -321,3 +321,54 @@ def test_the_coordinators_captures_share_one_plotly_file_in_its_work_dir(tmp_pat
     for page in pages:
         (src,) = re.findall(r"<script[^>]+src=\"([^\"]+)\"", page.read_text())
         assert (page.parent / src).resolve() == (work / PLOTLY_ASSET).resolve()
+
+
+def test_shared_plotly_file_two_writers_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coordinator writes reports on several analysis threads (one process): two first reports of a folder
+    write the shared file at once. With a temp name of the pid alone, the second writer truncated and rewrote the
+    first's temp file, its rename took it away and the first's rename raised (its page fell back to the 4.8 MB
+    inlined bundle, the shared file could be seen half written). Each writer now has a temp file of its own; both
+    succeed, the file is whole and no temp file is left."""
+    import threading
+
+    import profwatch.adapters.outputs.report as report_mod
+
+    target = tmp_path / PLOTLY_ASSET
+    real_replace = report_mod.os.replace
+    calls: list[str] = []
+    errors: list[BaseException] = []
+
+    def other_writer() -> None:
+        try:
+            report_mod._shared_asset(target, "x" * 1000)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def replace_after_another_writer(src: Any, dst: Any) -> None:
+        calls.append(str(src))
+        if len(calls) == 1:  # the first writer's temp file is whole: another thread writes the file meanwhile
+            t = threading.Thread(target=other_writer)
+            t.start()
+            t.join(timeout=30)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(report_mod.os, "replace", replace_after_another_writer)
+    report_mod._shared_asset(target, "y" * 1000)
+    assert not errors
+    assert len(calls) == 2 and calls[0] != calls[1]
+    assert target.read_text() == "y" * 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == [PLOTLY_ASSET]
+
+
+def test_shared_plotly_file_failed_write_leaves_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that fails (a full disk) raises OSError (the page is then inlined) and leaves no partial temp file
+    of megabytes beside the report folders."""
+    import profwatch.adapters.outputs.report as report_mod
+
+    def full(src: Any, dst: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report_mod.os, "replace", full)
+    with pytest.raises(OSError):
+        report_mod._shared_asset(tmp_path / PLOTLY_ASSET, "z" * 1000)
+    assert list(tmp_path.iterdir()) == []

@@ -12,8 +12,10 @@ file says where the chart's script is and that ``report.json`` holds every numbe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
@@ -128,17 +130,23 @@ def write_report(out_dir: Path, data: Mapping[str, Any], summaries: Sequence[Ran
 
 def _shared_asset(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` unless a file of its size is there (the name carries plotly's version; written to
-    a temp name and renamed, so a file of the right size is whole). Raises OSError when the folder is not
-    writable."""
+    a temp name and renamed, so a file of the right size is whole). The temp name is the writer's own (process
+    and thread: the coordinator's analysis threads may write a folder's first reports at once) and is removed
+    when the write fails. Raises OSError when the folder is not writable."""
     data = text.encode("utf-8")
     try:
         if path.stat().st_size == len(data):
             return
     except OSError:
         pass
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def _atomic_write(path: Path, text: str) -> None:

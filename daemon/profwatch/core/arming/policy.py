@@ -187,7 +187,7 @@ def small_group_steps(ranks: int, magnitude: float, noise_frac: float, *, alpha:
     less the null's ``delta``; its mean over ``n`` steps reaches the level when ``sqrt(n) (e - delta) / noise`` is
     ``z_(1 - alpha / ranks) + z_power``: ``n = ((z_a + z_b) noise / (e - delta))^2`` (the normal approximation of the
     permutation test's mean: Lehmann & Romano, *Testing Statistical Hypotheses*, 3rd ed., 2005, 15.2; sample size of
-    a one-sided z test). The live TP serving pair (rank 1 +30 %, per-step noise 0.25-0.34 of the step) needs 23-37
+    a one-sided z test). The live TP serving pair (rank 1 +30 %, per-step noise 0.25-0.34 of the step) needs 20-37
     steps; 10 gave p 0.07 and 0.21 where 0.005 was needed. A magnitude that is not finite or not above 0 asks for
     the smallest-p steps alone; an effect under :data:`SMALL_GROUP_MIN_EFFECT` over ``delta`` asks for 10,000
     (callers bound it). Raises ``ValueError`` for ``ranks < 2`` or a level, noise or power outside (0, 1). Pure."""

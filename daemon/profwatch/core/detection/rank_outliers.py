@@ -144,8 +144,8 @@ CPU_NOISE_MIN = 6
 """Independent CPU observations a rank needs before its CPU test can name it (a MAD of fewer is no noise estimate),
 and before its median serves as the reference of the ones after them (:meth:`RankOutlierDetector._cpu_evidence`)."""
 CPU_OBS_Z = 3.0
-"""The mean log excess of the last ``k`` independent CPU observations must reach this many standard errors
-(``sigma / sqrt(k)``, sigma the rank's own noise) and ``log(1 + outlier_min_effect)``."""
+"""The mean log excess of the last ``k`` independent CPU observations less their largest must reach this many
+standard errors (``sigma / sqrt(k - 1)``, sigma the rank's own noise) and ``log(1 + outlier_min_effect)``."""
 STABLE_FRACTION = 0.5
 """A learned ratio is stable when its first- and second-half medians differ by less than this fraction of
 ``outlier_min_effect`` (a rank that became slow within the learning window is a change, not a structure)."""

@@ -114,7 +114,9 @@ def window_records(job_id: str, rank: int, items: Iterable[tuple[Any, ...]],
                    cpu: list[dict[str, float | int] | None] | None = None) -> list[dict[str, Any]]:
     """Records of one rank's step window ``[(step, step_time_s[, work]), ...]`` (oldest first), with each step's
     ``stages`` (seconds; ``StepWindow.stage_rows``) and CPU fields (``cpu_s``, ``cpu_at_step``, ``cpu_total_s``:
-    ``StepWindow.cpu_rows``) where given, both aligned with ``items``.
+    ``StepWindow.cpu_rows``) where given, both aligned with ``items``; a ``cpu_s`` is written at most the wire's
+    bound of the step time written (``MAX_CPU_CORES`` x it: float32 and rounding to the µs may put a value at the
+    bound a few µs over it, which the replay would refuse with its step).
 
     Windows keep no timestamps (8 bytes per step), so each step's ``ts_unix_s`` is rebuilt backwards from the
     rank's last report time: the newest step ends at ``last_ts_unix_s`` and each earlier one ends its
@@ -137,6 +139,8 @@ def window_records(job_id: str, rank: int, items: Iterable[tuple[Any, ...]],
             row["stages"] = {k: round(v, 6) for k, v in st.items()}
         if cp:
             row.update(cp)
+            if "cpu_s" in row:  # float32 and rounded as the step time: kept within the wire's bound of the latter
+                row["cpu_s"] = min(row["cpu_s"], wire.MAX_CPU_S, wire.MAX_CPU_CORES * max(row["step_time_s"], 0.001))
         row.update(more)
         rows.append(row)
         ts -= t
