@@ -405,6 +405,34 @@ def _train_run(cls: str, seed: list[int], inject: bool = True,
 
 
 # -- serving jobs --------------------------------------------------------------------------------------------------
+def _serving_change(rng: np.random.Generator, dp: bool, replicas: int, tp: int, cv: float,
+                    duration: float) -> Change:
+    """A serving run's injected change (drawn after the coin that decided it): a replica's (DP), else one TP rank's
+    or the job's, its size, onset 60 s to 70 % of the run (a quarter of them 20-60 s: while the unit learns)."""
+    size = _size(rng)
+    onset_s = float(rng.uniform(60, 0.7 * duration)) if rng.random() >= 0.25 else float(rng.uniform(20, 60))
+    if dp:
+        change = Change("replica", 0, size, (int(rng.integers(0, replicas)),), noise=cv)
+    elif rng.random() < 0.5:
+        change = Change("rank", 0, size, (int(rng.integers(0, tp)),), noise=cv)
+    else:
+        change = Change("job", 0, size, (), noise=cv)
+    change.onset_t = T0 + onset_s
+    change.learning = onset_s < 60
+    return change
+
+
+def _host_loads(rng: np.random.Generator, duration: float) -> tuple[np.ndarray, list[float]]:
+    """The host's load over a serving run, shared by its replicas: piecewise constant, 1.0-1.5x, changing every
+    20-90 s; ``(start times, loads)``."""
+    cuts, loads, t = [], [], 0.0
+    while t < duration:
+        cuts.append(T0 + t)
+        loads.append(float(rng.uniform(1.0, 1.5)))
+        t += float(rng.uniform(20, 90))
+    return np.asarray(cuts), loads
+
+
 def _serving_run(cls: str, seed: list[int], inject: bool = True,
                  traffic: Callable[[float], float] | None = None, duration_s: tuple[float, float] | None = None) -> Run:
     """One serving run of class ``cls``. ``traffic`` (``bench_new_shapes.py``; None here): the load's share of its
@@ -424,26 +452,8 @@ def _serving_run(cls: str, seed: list[int], inject: bool = True,
     idle_mean = float(rng.uniform(10, 60))
     burst_mean = float(rng.uniform(30, 200))
     world = replicas * tp
-    change: Change | None = None
-    if inject and rng.random() < 0.5:
-        size = _size(rng)
-        onset_s = float(rng.uniform(60, 0.7 * duration)) if rng.random() >= 0.25 else float(rng.uniform(20, 60))
-        if dp:
-            q = int(rng.integers(0, replicas))
-            change = Change("replica", 0, size, (q,), noise=cv)
-        elif rng.random() < 0.5:
-            change = Change("rank", 0, size, (int(rng.integers(0, tp)),), noise=cv)
-        else:
-            change = Change("job", 0, size, (), noise=cv)
-        change.onset_t = T0 + onset_s
-        change.learning = onset_s < 60
-    # host load: piecewise constant, changing every 20-90 s, shared by the replicas
-    cuts, loads, t = [], [], 0.0
-    while t < duration:
-        cuts.append(T0 + t)
-        loads.append(float(rng.uniform(1.0, 1.5)))
-        t += float(rng.uniform(20, 90))
-    cuts_a = np.asarray(cuts)
+    change = _serving_change(rng, dp, replicas, tp, cv, duration) if inject and rng.random() < 0.5 else None
+    cuts_a, loads = _host_loads(rng, duration)
     run = Run(cls, seed[-1], changes=[change] if change else [], serving=True)
     run.shape = {"replicas": replicas, "tp": tp, "step_s": round(step_s, 4), "cv": round(cv, 3),
                  "minutes": round(duration / 60, 1), "work": with_work}
@@ -500,13 +510,21 @@ def _serving_run(cls: str, seed: list[int], inject: bool = True,
     recs.sort(key=lambda x: x[0])
     run.lines = [line for _, line in recs]
     run.end_t = recs[-1][0] if recs else T0
-    if change is not None:  # the changed replicas (a job-wide change: any) ran a step before the onset
-        units = range(replicas) if change.kind == "job" else [change.ranks[0]] if dp else [0]
-        change.seen = any(first_t[q] < change.onset_t for q in units)  # its first step started at the old level
-        change.unit_noise = _unit_noise(change, healthy, with_work)
-    if change is not None and dp:
-        change.ranks = (change.ranks[0] * tp,)  # replica q's rank(s)
+    if change is not None:
+        _settle_serving_change(change, first_t, healthy, with_work, replicas, tp if dp else 0)
     return run
+
+
+def _settle_serving_change(change: Change, first_t: list[float], healthy: list[tuple[int, int, float, float, float]],
+                           with_work: bool, replicas: int, dp_tp: int) -> None:
+    """After a serving run is drawn: whether the changed replicas (a job-wide change: any) ran a step before the
+    onset (its first step started at the old level), the changed unit's noise (:func:`_unit_noise`), and for a
+    replica's change (``dp_tp`` its TP size; 0: not DP) the replica's first rank."""
+    units = range(replicas) if change.kind == "job" else [change.ranks[0]] if dp_tp else [0]
+    change.seen = any(first_t[q] < change.onset_t for q in units)
+    change.unit_noise = _unit_noise(change, healthy, with_work)
+    if dp_tp:
+        change.ranks = (change.ranks[0] * dp_tp,)  # replica q's rank(s)
 
 
 def _unit_noise(change: Change, healthy: list[tuple[int, int, float, float, float]], with_work: bool) -> float:
