@@ -74,9 +74,11 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # a sibling script, as corpus_delay_sources.py
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "daemon"))
 
-import bench.bench_corpus as bc  # noqa: E402  (after the path)
+import bench_corpus as bc  # noqa: E402  (after the path)
 
 SEED = 31
 HELD_OUT = (41, 42)
