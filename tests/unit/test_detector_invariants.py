@@ -240,6 +240,19 @@ def test_a_serving_baseline_follows_host_load_without_collapsing() -> None:
     assert min(baselines, default=1.0) >= 0.3, baselines
 
 
+def _corpus_job_steps(lv: np.ndarray, step_s: float, cv: float, world: int, rng: np.random.Generator) -> list[float]:
+    """A ``bench/bench_corpus.py`` training run's job step times from its level ``lv`` (one per step), drawn as the
+    corpus draws them from the run's noise stream ``rng``: the job's noise, each rank's compute, the slowest rank's
+    step."""
+    out = []
+    for level in lv.tolist():
+        g = max(0.2, 1.0 + cv * float(rng.standard_normal()))
+        base = step_s * float(level) * g
+        compute = base * 0.8 * np.maximum(0.2, 1.0 + 0.005 * rng.standard_normal(world))
+        out.append(float(compute.max()) + 0.2 * base)
+    return out
+
+
 def _faster_run14() -> list[float]:
     """The job step times of ``bench/bench_corpus.py`` seed 31, class ``faster``, run 14, regenerated exactly: a
     warm-up that falls, then speedups of 37 %, 12 % and 38 % at 12 % noise (20 ranks, 0.94 s, 1390 steps)."""
@@ -249,13 +262,7 @@ def _faster_run14() -> list[float]:
     for at, f in ((579, 0.6325440177129784), (738, 0.8772647611917195), (1091, 0.6153086353924735)):
         lv[at:] *= f
     rng = np.random.default_rng([31, 5, 14, 1])  # the corpus run's noise stream
-    out = []
-    for i in range(steps):
-        g = max(0.2, 1.0 + cv * float(rng.standard_normal()))
-        base = step_s * float(lv[i]) * g
-        compute = base * 0.8 * np.maximum(0.2, 1.0 + 0.005 * rng.standard_normal(world))
-        out.append(float(compute.max()) + 0.2 * base)
-    return out
+    return _corpus_job_steps(lv, step_s, cv, world, rng)
 
 
 def test_a_young_reference_learned_low_after_a_speedup_is_no_regression() -> None:
@@ -295,13 +302,7 @@ def _faster_run12() -> list[float]:
     for at, f in ((180, 0.7492040002283827), (223, 0.7889676563544097)):
         lv[at:] *= f
     rng = np.random.default_rng([38, 5, 12, 1])  # the corpus run's noise stream
-    out = []
-    for i in range(steps):
-        g = max(0.2, 1.0 + cv * float(rng.standard_normal()))
-        base = step_s * float(lv[i]) * g
-        compute = base * 0.8 * np.maximum(0.2, 1.0 + 0.005 * rng.standard_normal(world))
-        out.append(float(compute.max()) + 0.2 * base)
-    return out
+    return _corpus_job_steps(lv, step_s, cv, world, rng)
 
 
 def test_a_baseline_re_learned_on_a_calm_stretch_after_a_speedup_keeps_the_noise_before_it() -> None:

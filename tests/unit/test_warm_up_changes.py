@@ -35,13 +35,14 @@ def test_a_small_change_during_a_steep_warm_up_is_found_once_with_its_own_magnit
     assert found >= 9, found
 
 
-def _with_warm_up(x: np.ndarray) -> list[tuple[int, str, float, dict[str, Any]]]:
+def _with_warm_up(x: np.ndarray, hold: int = 8, ranks: int = 8) -> list[tuple[int, str, float, dict[str, Any]]]:
     """Feed job step times ``x`` (step 1 first) as ``JobDetector`` does: its first 10 steps excluded as
-    ``"warmup"`` (the detector keeps their newest values, never judges them), the rest measured."""
-    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 8)
+    ``"warmup"`` (the detector keeps their newest values, never judges them), the rest measured; a spike hold of
+    ``hold`` steps, ``ranks`` ranks reporting each step."""
+    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: hold)
     out: list[tuple[int, str, float, dict[str, Any]]] = []
     for i, v in enumerate(x.tolist()):
-        for a in det.on_step(FinalizedStep(i + 1, v, 0, 8, None, "warmup" if i < 10 else None)):
+        for a in det.on_step(FinalizedStep(i + 1, v, 0, ranks, None, "warmup" if i < 10 else None)):
             out.append((a.step, a.kind, a.magnitude, a.detail))
     return out
 
@@ -267,13 +268,8 @@ def _warm_up_then(n: int, low: float, cv: float, onset: int | None, seed: int, t
 
 
 def _hold_18(x: np.ndarray) -> list[tuple[int, str, float, dict[str, Any]]]:
-    """:func:`_with_warm_up` with a spike hold of 18 steps (the planner's lead at 0.17 s steps)."""
-    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 18)
-    out: list[tuple[int, str, float, dict[str, Any]]] = []
-    for i, v in enumerate(x.tolist()):
-        for a in det.on_step(FinalizedStep(i + 1, v, 0, 4, None, "warmup" if i < 10 else None)):
-            out.append((a.step, a.kind, a.magnitude, a.detail))
-    return out
+    """:func:`_with_warm_up` with a spike hold of 18 steps (the planner's lead at 0.17 s steps), 4 ranks."""
+    return _with_warm_up(x, hold=18, ranks=4)
 
 
 def test_a_change_on_the_plateau_soon_after_a_long_rising_warm_up_is_found_with_the_rise_it_restarted_past() -> None:
