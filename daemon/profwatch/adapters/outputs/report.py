@@ -116,14 +116,15 @@ def write_report(out_dir: Path, data: Mapping[str, Any], summaries: Sequence[Ran
         html_path = out_dir / "report.html"
         assets = Path(assets_dir) if assets_dir is not None else out_dir.resolve().parent
         src = href(str(assets.resolve() / PLOTLY_ASSET), out_dir.resolve())
-        page = render_html(data, summaries, base=out_dir, generated=generated, plotly_src=src)
         if inline_plotly:
             page = render_html(data, summaries, base=out_dir, generated=generated)
-        elif f'src="{src}"' in page:  # the page has a chart
-            try:
-                _shared_asset(assets / PLOTLY_ASSET, plotly_bundle())
-            except OSError:
-                page = render_html(data, summaries, base=out_dir, generated=generated)
+        else:
+            page = render_html(data, summaries, base=out_dir, generated=generated, plotly_src=src)
+            if f'src="{src}"' in page:  # the page has a chart
+                try:
+                    _shared_asset(assets / PLOTLY_ASSET, plotly_bundle())
+                except OSError:
+                    page = render_html(data, summaries, base=out_dir, generated=generated)
         _atomic_write(html_path, page)
     return json_path, html_path
 
