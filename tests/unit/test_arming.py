@@ -229,10 +229,15 @@ def test_small_group_steps_is_what_the_step_by_step_test_needs_at_the_anomalys_s
 
 
 def test_small_group_steps_refuses_a_bad_group_or_level() -> None:
-    for kw in ({"ranks": 1}, {"noise_frac": 0.0}, {"alpha": 1.0}, {"power": 0.0}):
+    """The level is ``[analysis.ranking] family_alpha``, which its settings already keep inside (0, 1)."""
+    from profwatch.core.verdict.ranking import RankingSettings
+
+    for kw in ({"ranks": 1}, {"noise_frac": 0.0}, {"power": 1.0}, {"power": 0.0}):
         args: dict[str, Any] = {"ranks": 2, "magnitude": 0.3, "noise_frac": 0.3, **kw}
         with pytest.raises(ValueError, match="bad small-group sizing"):
             small_group_steps(**args)
+    with pytest.raises(ValidationError):
+        RankingSettings(family_alpha=1.0)
 
 
 @pytest.mark.parametrize(("world", "rank_list", "magnitude", "active", "planned"),
@@ -283,3 +288,78 @@ def test_a_sized_window_stops_at_small_group_max_active_and_a_manual_arm_at_max_
         plan_capture(CaptureRequest(job_id="j1", reason="manual", active=24), job, CaptureSettings())
     with pytest.raises(CannotPlanCapture, match="over max_active 64"):
         plan_capture(CaptureRequest(job_id="j1", reason="x", active=80, max_active=80), job, CaptureSettings())
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_a_job_wide_anomaly_of_a_small_job_keeps_the_small_group_window_unsized(world: int) -> None:
+    """The sized window exists for the step-by-step test naming one slow rank of a small group; a job-wide anomaly
+    has no rank to name (its magnitude is the whole job's slowdown, shared by every rank of the group), so a +10 %
+    job-wide regression (or periodic spike) of a 2-4-rank job records ``small_group_active`` steps (12, capped at
+    ``max_active`` 10 by the request), not the 40 its size would ask of a rank. A rank outlier, a replica slower
+    than its peers (a ``step_regression`` naming its ranks) and a slow-from-start rank of the same size are still
+    sized. Before: the job-wide regression recorded 40 steps (``sized_active`` 40)."""
+    from profwatch.core.arming.targeting import JobTopology
+
+    topo = JobTopology(world, {r: "h0" for r in range(world)})
+    policy = ArmingPolicy(ArmingSettings(arm_on=("step_regression", "rank_outlier", "periodic_spike",
+                                                 "slow_from_start")))
+    for wide in (Anomaly("step_regression", "j1", 120, (), 0.1, {}), Anomaly("periodic_spike", "j1", 805, (), 0.1, PERIODIC.detail)):
+        d = policy.decide(wide, JobArmState(), NOW, topo)
+        assert (d.action, d.active, d.sized_active) == ("arm", 12, None), wide.kind
+        assert capture_request(wide, d, furthest_step=100, step_time_s=0.5, capture=CaptureSettings()).active == 10
+    for named in (Anomaly("rank_outlier", "j1", 130, (1,), 0.1, {}), Anomaly("step_regression", "j1", 130, (1,), 0.1, {}),
+                  Anomaly("slow_from_start", "j1", 130, (1,), 0.1, {})):
+        d = policy.decide(named, JobArmState(), NOW, topo)
+        assert (d.action, d.active, d.sized_active) == ("arm", 40, 40), named.kind
+
+
+def test_the_small_group_window_is_sized_for_the_configured_ranking_test() -> None:
+    """The step-by-step test reads ``[analysis.ranking]`` (``family_alpha``, ``min_effect_frac``,
+    ``paired_tie_frac``); the window is sized for the configured values, not copies of their defaults: a +50 % rank
+    of a pair needs 18 steps at the defaults, 13 at ``family_alpha`` 0.05, 23 at ``min_effect_frac`` 0.05, and no
+    window reaches a +10 % rank under a tie floor of 0.1. The policy takes them from the configuration (the
+    coordinator's ``settings.analysis.ranking``; ``profwatch replay``'s ``[analysis]`` table). Before: no
+    ``ranking`` argument (the defaults were copied into the policy)."""
+    from profwatch.core.arming.targeting import JobTopology
+    from profwatch.core.verdict.ranking import RankingSettings
+
+    assert small_group_steps(2, 0.5, 0.35) == small_group_steps(2, 0.5, 0.35, ranking=RankingSettings()) == 18
+    assert small_group_steps(2, 0.5, 0.35, ranking=RankingSettings(family_alpha=0.05)) == 13
+    assert small_group_steps(2, 0.5, 0.35, ranking=RankingSettings(min_effect_frac=0.05)) == 23
+    assert small_group_steps(2, 0.1, 0.35, ranking=RankingSettings(paired_tie_frac=0.1)) == 10_000
+    topo = JobTopology(2, {0: "h0", 1: "h0"})
+    a = Anomaly("rank_outlier", "j1", 130, (1,), 0.5, {})
+    assert ArmingPolicy(ArmingSettings()).decide(a, JobArmState(), NOW, topo).sized_active == 18
+    loose = ArmingPolicy(ArmingSettings(), RankingSettings(family_alpha=0.05))
+    assert loose.decide(a, JobArmState(), NOW, topo).sized_active == 13
+    loose.update_settings(ArmingSettings(cooldown_s=1.0))  # [arming] changed at runtime: the ranking stays
+    assert loose.decide(a, JobArmState(), NOW, topo).sized_active == 13
+
+
+def test_replay_reads_the_ranking_the_window_is_sized_for(tmp_path: Any) -> None:
+    """``profwatch replay --config`` validates and uses ``[analysis]`` (its ``ranking``), as the coordinator does.
+    Before: ``[analysis]`` was ignored."""
+    from profwatch.commands.replay import load_config
+
+    path = tmp_path / "pw.toml"
+    path.write_text("[analysis.ranking]\nfamily_alpha = 0.05\n", encoding="utf-8")
+    ignored: list[str] = []
+    cfg = load_config(path, ignored)
+    assert cfg.analysis.ranking.family_alpha == 0.05 and ignored == []
+    path.write_text("[analysis.ranking]\nfamily_alpha = 2.0\n", encoding="utf-8")
+    with pytest.raises(ValidationError):
+        load_config(path)
+
+
+def test_an_arm_decisions_json_carries_every_field() -> None:
+    """``ArmDecision.to_json`` says it holds every field: ``configured_active`` and ``sized_active`` too (what
+    explains a window longer than ``[arming] active``). Before: both were left out."""
+    from dataclasses import fields
+
+    from profwatch.core.arming.targeting import JobTopology
+
+    d = ArmingPolicy(ArmingSettings()).decide(Anomaly("rank_outlier", "j1", 130, (1,), 0.3, {}), JobArmState(), NOW,
+                                              JobTopology(2, {0: "h0", 1: "h0"}))
+    doc = d.to_json()
+    assert (doc["configured_active"], doc["sized_active"], doc["active"]) == (4, 40, 40)
+    assert {f.name for f in fields(ArmDecision)} - {"target"} <= set(doc) and "targeting" in doc

@@ -134,7 +134,7 @@ class CaptureShell:
         self.writer, self.send_node_command, self.scanner, self.analyser = writer, send_node_command, scanner, analyser
         self.detectors, self.emit, self.post, self.clock = detectors, emit, post, clock
         self.count_state = count_state or (lambda state: None)
-        self.policy = ArmingPolicy(settings.arming)
+        self.policy = ArmingPolicy(settings.arming, settings.analysis.ranking)
         self.fs_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-fs")
         cs = settings.coordinator
         self.writes = ConfigWrites(
@@ -232,7 +232,7 @@ class CaptureShell:
             self.analyser.close()
 
     def update_arming(self, settings: ArmingSettings) -> None:
-        self.policy = ArmingPolicy(settings)
+        self.policy = ArmingPolicy(settings, self.s.analysis.ranking)
 
     # -- applying a transition ------------------------------------------------------------------------------------
     def _job(self, job_id: str) -> _Job:

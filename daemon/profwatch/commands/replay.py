@@ -51,6 +51,7 @@ from profwatch.core.fleet.limits import LimitSettings
 from profwatch.core.fleet.replay_runs import RunFollower
 from profwatch.core.fleet.telemetry import TelemetryRecord, dump_jsonl
 from profwatch.core.step_numbering import profiled_report_steps
+from profwatch.core.verdict.settings import AnalysisSettings
 from profwatch.exitcodes import EXIT_USAGE
 from rankhook.wire import MAX_BATCH_BYTES
 
@@ -78,14 +79,16 @@ REPLAY_PROF_ROOT = "/replay"
 """Stands in for the job's prof_root when planning (nothing is written)."""
 
 
-REPLAY_TABLES = ("detection", "arming", "capture", "limits")
+REPLAY_TABLES = ("detection", "arming", "capture", "limits", "analysis")
 """The tables of the daemons' TOML that replay uses; the others (node, coordinator, security, ...) are ignored."""
 
 
 class ReplayConfig(BaseModel):
-    """The ``--config`` TOML file's ``[detection]``, ``[arming]``, ``[capture]`` and ``[limits]`` tables (all
-    optional; the same tables as the daemons' config file, validated as the daemons do; of ``[limits]`` replay uses
-    ``max_jobs_total``, the job cap of one file, as the coordinator does). Unknown keys inside them are refused; other
+    """The ``--config`` TOML file's ``[detection]``, ``[arming]``, ``[capture]``, ``[limits]`` and ``[analysis]``
+    tables (all optional; the same tables as the daemons' config file, validated as the daemons do; of ``[limits]``
+    replay uses ``max_jobs_total``, the job cap of one file, as the coordinator does; of ``[analysis]``,
+    ``[analysis.ranking]``, the step-by-step test a small group's capture window is sized for, as the coordinator's
+    arming policy does). Unknown keys inside them are refused; other
     tables are left out by :func:`load_config`."""
 
     model_config = ConfigDict(extra="forbid")
@@ -93,6 +96,7 @@ class ReplayConfig(BaseModel):
     arming: ArmingSettings = Field(default_factory=ArmingSettings)
     capture: CaptureSettings = Field(default_factory=CaptureSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
+    analysis: AnalysisSettings = Field(default_factory=AnalysisSettings)
 
 
 def load_config(path: Path | None, ignored: list[str] | None = None) -> ReplayConfig:
@@ -191,7 +195,7 @@ def replay_source(open_lines: Callable[[], Iterable[Line]], config: ReplayConfig
             continue
         records += 1
         sizes[rec.job_id] = max(sizes.get(rec.job_id, 1), rec.world_size or 1, rec.rank + 1)
-    policy = ArmingPolicy(cfg.arming)
+    policy = ArmingPolicy(cfg.arming, cfg.analysis.ranking)
     jobs = {jid: _Job(JobDetector(jid, n, cfg.detection, hold=spike_hold(cfg.capture)), JobEpisodes(jid, cfg.arming))
             for jid, n in sizes.items()}
     result: dict[str, Any] = {"anomalies": [], "arms": [], "suppressed": [], "episode_events": [],

@@ -38,6 +38,7 @@ from profwatch.core.batches.completeness import rank_ranges
 from profwatch.core.capture.planner import CaptureRequest, CaptureSettings, lead_steps
 from profwatch.core.detection.interruptions import RETURN_STEPS
 from profwatch.core.detection.types import Anomaly
+from profwatch.core.verdict.ranking import RankingSettings
 
 ArmAction = Literal["arm", "would_arm", "suppress"]
 HOUR_S = 3600.0
@@ -106,9 +107,10 @@ class ArmDecision:
     (:attr:`JobArmState.repeat`), counted as such by :meth:`ArmHistory.record`. ``configured_active``: ``[arming]
     active`` (None for a decision made elsewhere); ``active`` is more when the capture covers a small group
     (:func:`window_active`), a raise :func:`capture_request` caps at ``[capture] max_active``. ``sized_active``:
-    the steps a small group's step-by-step test needs at the anomaly's size (:func:`small_group_steps`, at most
-    ``[arming] small_group_max_active``) when more than ``small_group_active`` (None: not sized); such a window
-    passes ``[capture] max_active`` (:func:`capture_request`).
+    the steps a small group's step-by-step test needs at the size of an anomaly about ranks (:func:`sized_window`,
+    :func:`small_group_steps`, at most ``[arming] small_group_max_active``) when more than ``small_group_active``
+    (None: not sized, and always for a job-wide anomaly); such a window passes ``[capture] max_active``
+    (:func:`capture_request`).
     """
 
     action: ArmAction
@@ -128,7 +130,8 @@ class ArmDecision:
         return {"action": self.action, "reason": self.reason, "warmup": self.warmup, "active": self.active,
                 "rank_list": list(self.rank_list) if self.rank_list is not None else None,
                 "capture_reason": self.capture_reason, "estimated_bytes": self.estimated_bytes, "repeat": self.repeat,
-                "targeting": self.target.to_json() if self.target is not None else None}
+                "targeting": self.target.to_json() if self.target is not None else None,
+                "configured_active": self.configured_active, "sized_active": self.sized_active}
 
 
 def capture_coverage(ranks: tuple[int, ...], topology: JobTopology | None, settings: ArmingSettings, *,
@@ -162,26 +165,21 @@ Measured on the live serving loop's lockstep TP pair (tests/data/live_serving_tp
 the between-rank z 1.96 (named nobody), 17-20 steps z 11-15 (rank 1 named). A group this small writes little: 4 ranks
 x 10 steps is what one rank of an 8-rank capture of 5 steps writes."""
 
-SMALL_GROUP_ALPHA = 0.01
-"""The level the step-by-step test of a small group is read at, over the group's ranks (``[analysis.ranking]
-family_alpha``'s default; :func:`small_group_steps` sizes the window for it)."""
-SMALL_GROUP_DELTA = 0.015
-"""The step-by-step test's null excess (fraction of the step; ``[analysis.ranking] min_effect_frac``'s default)."""
 SMALL_GROUP_POWER = 0.9
 """The chance the window is sized for that the step-by-step test names a rank of the anomaly's size."""
-SMALL_GROUP_MIN_EFFECT = 0.005
-"""Per-step effect (fraction of the step, over :data:`SMALL_GROUP_DELTA`) below which no window is long enough
-(``[analysis.ranking] paired_tie_frac``'s default): :func:`small_group_steps` then asks for the cap."""
 SMALL_GROUP_MAX_MAGNITUDE = 100.0
 """Relative magnitudes above this count as this much (a bounded effect: the per-step excess is below 1)."""
 
 
-def small_group_steps(ranks: int, magnitude: float, noise_frac: float, *, alpha: float = SMALL_GROUP_ALPHA,
-                      delta: float = SMALL_GROUP_DELTA, power: float = SMALL_GROUP_POWER) -> int:
+def small_group_steps(ranks: int, magnitude: float, noise_frac: float, *, ranking: RankingSettings | None = None,
+                      power: float = SMALL_GROUP_POWER) -> int:
     """Steps a group of ``ranks`` ranks (>= 2) needs for its step-by-step test (``daemon/profwatch/core/verdict/paired.py``)
     to name a rank ``magnitude`` slower than its peers (relative: 0.3 = 30 % more work) at level ``alpha / ranks``
     with chance ``power``, when a rank's per-step excess over its peers has noise ``noise_frac`` (fraction of the
-    step). At least the steps whose smallest p-value ``ranks^-n`` reaches the level.
+    step). At least the steps whose smallest p-value ``ranks^-n`` reaches the level. The test's own settings are
+    ``ranking`` (``[analysis.ranking]``; None: its defaults), read as the verdict reads them: ``alpha`` is
+    ``family_alpha``, the null's excess ``delta`` is ``min_effect_frac``, and an effect under ``paired_tie_frac``
+    over ``delta`` (a step within it counts as a tie) is too small for any window.
 
     The slow rank's per-step excess is ``e = m / (1 + m)`` of the step (its extra work, the step being its own time),
     less the null's ``delta``; its mean over ``n`` steps reaches the level when ``sqrt(n) (e - delta) / noise`` is
@@ -189,8 +187,10 @@ def small_group_steps(ranks: int, magnitude: float, noise_frac: float, *, alpha:
     permutation test's mean: Lehmann & Romano, *Testing Statistical Hypotheses*, 3rd ed., 2005, 15.2; sample size of
     a one-sided z test). The live TP serving pair (rank 1 +30 %, per-step noise 0.25-0.34 of the step) needs 20-37
     steps; 10 gave p 0.07 and 0.21 where 0.005 was needed. A magnitude that is not finite or not above 0 asks for
-    the smallest-p steps alone; an effect under :data:`SMALL_GROUP_MIN_EFFECT` over ``delta`` asks for 10,000
-    (callers bound it). Raises ``ValueError`` for ``ranks < 2`` or a level, noise or power outside (0, 1). Pure."""
+    the smallest-p steps alone; an effect under ``paired_tie_frac`` over ``delta`` asks for 10,000 (callers bound
+    it). Raises ``ValueError`` for ``ranks < 2`` or a level, noise or power outside (0, 1). Pure."""
+    rs = ranking if ranking is not None else RankingSettings()
+    alpha, delta = rs.family_alpha, rs.min_effect_frac
     if ranks < 2 or not (0 < alpha < 1 and 0 < noise_frac and 0 < power < 1):
         raise ValueError(f"bad small-group sizing ranks={ranks} alpha={alpha} noise={noise_frac} power={power}")
     level = alpha / ranks
@@ -199,7 +199,7 @@ def small_group_steps(ranks: int, magnitude: float, noise_frac: float, *, alpha:
         return floor
     m = min(magnitude, SMALL_GROUP_MAX_MAGNITUDE)
     effect = m / (1.0 + m) - delta
-    if effect < SMALL_GROUP_MIN_EFFECT:
+    if effect < rs.paired_tie_frac:
         return 10_000
     z = NormalDist().inv_cdf(1.0 - level) + NormalDist().inv_cdf(power)
     return max(floor, math.ceil((z * noise_frac / effect) ** 2 - 1e-9))
@@ -221,15 +221,24 @@ def window_active(settings: ArmingSettings, rank_list: tuple[int, ...] | None, t
 
 
 def sized_window(settings: ArmingSettings, rank_list: tuple[int, ...] | None, topology: JobTopology | None,
-                 magnitude: float) -> int | None:
-    """A small group's window sized for its anomaly: :func:`small_group_steps` of the covered ranks at
-    ``magnitude`` and ``settings.small_group_noise_frac``, at most ``settings.small_group_max_active``, when that
-    is more than :func:`window_active`; None otherwise (not a small group of 2 to :data:`SMALL_GROUP_RANKS` ranks,
-    or the steps it needs are no more). Pure."""
+                 anomaly: Anomaly, ranking: RankingSettings | None = None) -> int | None:
+    """A small group's window sized for its anomaly: :func:`small_group_steps` of the covered ranks at the
+    anomaly's magnitude, ``settings.small_group_noise_frac`` and ``ranking`` (``[analysis.ranking]``), at most
+    ``settings.small_group_max_active``, when that is more than :func:`window_active`; None otherwise (not a small
+    group of 2 to :data:`SMALL_GROUP_RANKS` ranks, the steps it needs are no more, or the anomaly names no rank).
+
+    Only an anomaly about ranks is sized (``anomaly.ranks`` not empty: a rank outlier, a slow-from-start rank, a
+    serving replica slower than its peers): its magnitude is those ranks' excess over their peers, the effect the
+    step-by-step test must find. A job-wide anomaly (``step_regression`` or ``periodic_spike`` without ranks) has
+    no rank to name: its magnitude is the whole job's slowdown, which every rank of a synchronous group shares and
+    which adds nothing to any rank's excess over its peers, so sizing by it asked for steps that measure nothing
+    more (a +10 % job-wide regression of a pair recorded 40 steps); it keeps :func:`window_active`. Pure."""
+    if not anomaly.ranks:
+        return None
     covered = covered_ranks(rank_list, topology)
     if not 2 <= covered <= SMALL_GROUP_RANKS:
         return None
-    need = min(small_group_steps(covered, magnitude, settings.small_group_noise_frac),
+    need = min(small_group_steps(covered, anomaly.magnitude, settings.small_group_noise_frac, ranking=ranking),
                settings.small_group_max_active)
     return need if need > window_active(settings, rank_list, topology) else None
 
@@ -281,11 +290,14 @@ class ArmingPolicy:
         act as in the "observe" rollout mode of Ray Train's NCCL hang callback (ray-project/ray PRs 64928, 64993).
     """
 
-    def __init__(self, settings: ArmingSettings | None = None) -> None:
+    def __init__(self, settings: ArmingSettings | None = None, ranking: RankingSettings | None = None) -> None:
+        """``settings``: ``[arming]``; ``ranking``: ``[analysis.ranking]``, the step-by-step test a small group's
+        window is sized for (:func:`sized_window`; None: its defaults)."""
         self.settings = settings or ArmingSettings()
+        self.ranking = ranking if ranking is not None else RankingSettings()
 
     def update_settings(self, settings: ArmingSettings) -> None:
-        """Swap limits at runtime (no state is kept here)."""
+        """Swap limits at runtime (no state is kept here; ``ranking`` stays)."""
         self.settings = settings
 
     def decide(self, anomaly: Anomaly, job_state: JobArmState, now_unix_s: float,
@@ -297,7 +309,7 @@ class ArmingPolicy:
         target, rank_list, estimate = capture_coverage(anomaly.ranks, topology, s, active=s.active,
                                                        bytes_per_rank_step=st.bytes_per_rank_step,
                                                        follow=st.follow_ranks)
-        sized = sized_window(s, rank_list, topology, anomaly.magnitude)
+        sized = sized_window(s, rank_list, topology, anomaly, self.ranking)
         active = sized if sized is not None else window_active(s, rank_list, topology)
         if active != s.active:
             target, rank_list, estimate = capture_coverage(anomaly.ranks, topology, s, active=active,
