@@ -372,3 +372,54 @@ def test_shared_plotly_file_failed_write_leaves_no_temp(tmp_path: Path, monkeypa
     with pytest.raises(OSError):
         report_mod._shared_asset(tmp_path / PLOTLY_ASSET, "z" * 1000)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_report_files_never_write_through_a_planted_temp_name(tmp_path: Path) -> None:
+    """A user who can write into the results folder could plant a symlink at a temp name the writer will open
+    (``report.json.tmp``, ``report.html.tmp``, the shared plotly file's ``<name>.<pid>.<thread>.tmp``): the writer
+    then wrote the report into the link's target and renamed the link over the report. Temp files are now
+    ``mkstemp``'s (a random name, created exclusively): the target is untouched, every report file is a regular
+    file of the usual mode (0o666 less the umask), and no temp file of the writer's is left. Before: the victim
+    file held the report and ``report.json`` was a symlink to it."""
+    import os
+    import stat
+    import threading
+
+    data, rows = report_data(tmp_path, slow={3: 1.5})
+    out = tmp_path / "results" / "b1"
+    out.mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    planted = [out / "report.json.tmp", out / "report.html.tmp",
+               out.parent / f"{PLOTLY_ASSET}.{os.getpid()}.{threading.get_ident()}.tmp"]
+    for p in planted:
+        p.symlink_to(victim)
+    old = os.umask(0o022)
+    try:
+        jp, hp = write_report(out, data, rows, generated="now")
+    finally:
+        os.umask(old)
+    assert victim.read_text() == "keep me"
+    assert hp is not None
+    for p in (jp, hp, out.parent / PLOTLY_ASSET):
+        st = os.lstat(p)
+        assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o644, p
+    assert json.loads(jp.read_text())["summaries"]
+    left = {p.name for p in (*out.iterdir(), *out.parent.iterdir())} - {"report.json", "report.html", PLOTLY_ASSET,
+                                                                         "b1"}
+    assert left == {p.name for p in planted}
+
+
+def test_a_failed_report_write_leaves_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """report.json's write that fails at its rename (or while writing) raises OSError and removes its temp file."""
+    import profwatch.adapters.outputs.report as report_mod
+
+    def full(src: Any, dst: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report_mod.os, "replace", full)
+    data, rows = report_data(tmp_path)
+    out = tmp_path / "o"
+    with pytest.raises(OSError):
+        write_report(out, data, rows, html_enabled=False)
+    assert list(out.iterdir()) == []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
+import tempfile
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
@@ -131,26 +131,49 @@ def write_report(out_dir: Path, data: Mapping[str, Any], summaries: Sequence[Ran
 
 def _shared_asset(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` unless a file of its size is there (the name carries plotly's version; written to
-    a temp name and renamed, so a file of the right size is whole). The temp name is the writer's own (process
-    and thread: the coordinator's analysis threads may write a folder's first reports at once) and is removed
-    when the write fails. Raises OSError when the folder is not writable."""
+    a temp file and renamed, so a file of the right size is whole: :func:`_replace_whole`). Raises OSError when the
+    folder is not writable."""
     data = text.encode("utf-8")
     try:
         if path.stat().st_size == len(data):
             return
     except OSError:
         pass
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    _replace_whole(path, data)
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    _replace_whole(path, text.encode("utf-8"))
+
+
+def _replace_whole(path: Path, data: bytes) -> None:
+    """Write ``data`` as ``path`` whole: into a new temp file beside it, then renamed over it (``os.replace``: a
+    reader sees the old file or the new one, never a torn one). The temp file is created by
+    ``tempfile.mkstemp`` (a random name, ``O_CREAT | O_EXCL``: never a file or link already there, so a user who
+    can write into the results folder cannot plant a symlink at a name the writer will open; each writer, e.g.
+    the coordinator's analysis threads writing a folder's first reports at once, gets its own) and removed when
+    the write fails. Its mode is the usual ``0o666`` less the umask (mkstemp makes it ``0o600``), as a file
+    ``open`` created. Raises OSError."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (``/proc/self/status`` ``Umask:``, Linux 4.7+; setting it to
+    read it back would race with other threads creating files); ``0o022`` where it cannot be read."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
