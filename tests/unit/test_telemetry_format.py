@@ -286,6 +286,21 @@ def test_the_window_keeps_cpu_fields_in_rings_aligned_with_its_steps() -> None:
     assert w.cpu_rows() == []
 
 
+def test_the_memory_bound_counts_every_ring_of_a_rank_sending_cpu_s_and_samples() -> None:
+    """``limits.STEP_BYTES`` (the coordinator's state bound per rank and step, work and stages aside) is what the
+    largest such window holds a step: a rank whose reports carry both an older hook's ``cpu_s`` and CPU samples
+    keeps both rings, 8 + 12 + 4 = 24 bytes. Before: 20 (the ``cpu_s`` ring was not counted)."""
+    from profwatch.core.fleet.limits import STEP_BYTES
+    from profwatch.core.fleet.step_window import StepWindow
+
+    w = StepWindow(4)
+    for k in range(6):  # wraps: the rings stay one value a step
+        w.append(k, 0.5, cpu_s=0.1, cpu_sample=(k, 1.0 + k))
+    rings = [w._steps, w._times, w._cpu_s, w._cpu_at, w._cpu_total]
+    assert all(r is not None and len(r) == 4 for r in rings)
+    assert sum(r.itemsize for r in rings if r is not None) == STEP_BYTES == 24
+
+
 @pytest.mark.parametrize("step_time_s", [0.006400080914317202, 8.120033787316688, 38.25143337376783])
 def test_a_dumped_cpu_time_at_the_wire_bound_stays_a_valid_record(step_time_s: float) -> None:
     """The live wire takes ``cpu_s`` up to ``MAX_CPU_CORES x step_time_s``; the window keeps both in float32 and the

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from profwatch.core.fleet.step_window import CPU_S_STEP_BYTES, CPU_SAMPLE_STEP_BYTES, STEP_TIME_BYTES
+
 MIB = 1024 * 1024
 
 # Measured with tracemalloc (CPython 3.11, 64-bit): a rank record ~480 B, a full 1000-step window ~8.2 KB, detector
 # tables 40 B per rank of world_size at creation (more while steps are open). Rounded up.
 RANK_RECORD_BYTES = 1200
 """One rank record without its window (dataclass, dict slot, strings)."""
-STEP_BYTES = 8 + 12
-"""One step in a rank's window: int32 step + float32 time, and the CPU sample rings (int32 ``cpu_at_step`` +
-float64 ``cpu_total_s``, ``step_window.CPU_SAMPLE_STEP_BYTES``) of a rank whose hook samples CPU time (the
-current one). Work and stage rings (4 bytes per step and series) come on top where ranks report them."""
+STEP_BYTES = STEP_TIME_BYTES + CPU_SAMPLE_STEP_BYTES + CPU_S_STEP_BYTES
+"""One step in a rank's window at most without work or stages (24): int32 step + float32 time, the CPU sample rings
+(int32 ``cpu_at_step`` + float64 ``cpu_total_s``) of a rank whose hook samples CPU time (the current one) and the
+``cpu_s`` ring (float32) of a rank whose reports also carry an older hook's ``cpu_s`` (a rank sending both keeps
+both; ``step_window``). Work and stage rings (4 bytes per step and series) come on top where ranks report them."""
 DETECTOR_BYTES_PER_RANK = 200
 """Detector per-rank tables (five list slots, open-step entries) per rank of the job's ``world_size``."""
 JOB_RECORD_BYTES = 16 * 1024

@@ -1,8 +1,8 @@
 """Per-rank step-time windows with bounded memory (pure).
 
 Each rank keeps the last ``capacity`` (step, step_time_s) pairs in two typed ring buffers (``array('i')`` for
-steps, ``array('f')`` for float32 step times: 8 bytes per step, so 16k ranks x 1000 steps is about 128 MB; 20 bytes
-and about 320 MB with the CPU sample rings below). A rank
+steps, ``array('f')`` for float32 step times: 8 bytes per step, :data:`STEP_TIME_BYTES`, so 16k ranks x 1000 steps is
+about 128 MB; 24 bytes and about 390 MB with both CPU rings below, ``profwatch.core.fleet.limits.STEP_BYTES``). A rank
 that reports work or stages gets a float32 ring for each (allocated at the first such step; 4 bytes per step and
 series; at most :data:`MAX_STAGE_SERIES` stage names per rank, later new names counted in ``stages_dropped``), so
 ``profwatch telemetry`` can dump what a replay needs to find rank outliers. A rank's CPU measurements get rings
@@ -18,8 +18,13 @@ import math
 from array import array
 from collections.abc import Mapping
 
+STEP_TIME_BYTES = 8
+"""Bytes per step of every rank: the step (int32) and its time (float32)."""
 CPU_SAMPLE_STEP_BYTES = 12
 """Bytes per step of a rank whose reports carry CPU samples (``cpu_at_step`` int32 + ``cpu_total_s`` float64)."""
+CPU_S_STEP_BYTES = 4
+"""Bytes per step of a rank whose reports carry an older hook's ``cpu_s`` (float32); a rank whose reports carry
+both has both rings."""
 MAX_STAGE_SERIES = 32
 """Stage names kept per rank (the wire's per-message limit, ``profwatch.core.messages.MAX_STAGES``)."""
 
@@ -38,7 +43,7 @@ class StepWindow:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
-        self._steps = array("i")
+        self._steps = array("i")  # with _times: STEP_TIME_BYTES a step
         self._times = array("f")
         self._work: array[float] | None = None  # allocated at the first step with work
         self._stages: dict[str, array[float]] | None = None  # name -> ring, allocated at the first step with stages
@@ -188,7 +193,7 @@ class StepWindow:
 
     def clear(self) -> None:
         """Forget everything (e.g. after a step counter restart)."""
-        self._steps = array("i")
+        self._steps = array("i")  # with _times: STEP_TIME_BYTES a step
         self._times = array("f")
         self._work = None
         self._stages = None
