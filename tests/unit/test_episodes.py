@@ -945,7 +945,8 @@ def test_new_episodes_still_share_the_hourly_cap_when_no_repeat_holds_it() -> No
 
 def test_a_slow_rank_reported_as_many_short_episodes_on_a_rotating_key_is_captured_once_its_naming_persists() -> None:
     """The live serving pair (bench_live_serving, load 4-19): two healthy ranks named on cpu/step 35 s apart, both
-    captures found nobody, the key read as a rotating culprit (0, 1). Then rank 1 got 30 % slower for good: named 14
+    captures found nobody, the key read as a rotating culprit (0, 1) (by the names' move, at rank 1's next naming:
+    a capture that found nobody names no top rank for the verdicts' rule). Then rank 1 got 30 % slower for good: named 14
     s after its onset, but as 9 short episodes in 5 minutes (each closed quiet between reports, the next opened 10-20 s
     later), none lasting 300 s: every one waited as a rotation member and nothing was captured. Its naming persisted:
     counted from the start of its stretch in the key's trail (the only rank named on the key meanwhile), it is a slow
@@ -958,16 +959,49 @@ def test_a_slow_rank_reported_as_many_short_episodes_on_a_rotating_key_is_captur
         b.capture_ended(cid, t + 20, "no_suspect")
         b.advance(t + 34, furthest_step=step + 60, ongoing={"rank_outlier": frozenset()})
         t, step = t + 35, step + 160
-    assert "rank_outlier/cpu/step" in b.rotating
+    assert b.rotating == {}  # found nobody twice: no verdict named a top rank (the names rotate: below)
     t, step = T0 + 600, 5_000  # 9 minutes later the real change
     captured_at = None
     for k in range(60):  # a report every 30 s for 30 min, each episode closing quiet before the next
         now, at = t + 30 * k, step + 900 * k
         ep, _ = b.observe(out(at, (1,), mag=0.14, stage="cpu/step"), now)
-        assert ep is not None
+        assert ep is not None and "rank_outlier/cpu/step" in b.rotating  # the names moved 0 -> 1: rotation
         b.advance(now + 5, furthest_step=at + 20, ongoing={"rank_outlier": frozenset({1})})
         if arm_next(b, p, now + 5, f"c-slow-{k}", covered=(0, 1)) is not None:
             captured_at = now + 5 - t
             break
         b.advance(now + 25, furthest_step=at + 800, ongoing={"rank_outlier": frozenset()})  # quiet: it closes
     assert captured_at is not None and 300 <= captured_at <= 340, captured_at
+
+
+def test_a_capture_that_found_no_suspect_names_no_rank_for_the_rotation_rule() -> None:
+    """Live serving pair: a false arm on healthy rank 0 found nobody (``no_suspect``); then rank 1 got 30 % slower,
+    was named, captured, and its verdict named rank 1. The found-nobody capture counted the detector's rank 0 as
+    its top, so the verdicts read 0 -> 1 across episodes (``culprit_rotates`` at rank 1's verdict), and the names'
+    move 0 -> 1 was a rotation too at rank 1's next report. A verdict that named nobody names no top, and a rank a
+    verdict named is no move's destination: rank 1's episode is a slow rank, not a rotation. Within one episode the
+    same: rank 0 found nobody, the new rank 1 captured and named. Before: ``culprit_rotates`` in both."""
+    b, p = book(max_captures_per_hour=4, episode_quiet_steps=50, min_arm_gap_s=30)
+    ep0, _ = b.observe(out(2_000, (0,), mag=0.13, stage="cpu/step"), T0)
+    assert ep0 is not None and arm_next(b, p, T0 + 1, "c0", covered=(0, 1)) is ep0
+    events = b.capture_ended("c0", T0 + 20, "no_suspect")
+    events += b.advance(T0 + 34, furthest_step=2_060, ongoing={"rank_outlier": frozenset()})
+    assert ep0.closed_unix_s is not None
+    ep1, evs = b.observe(out(2_200, (1,), mag=0.3, stage="cpu/step"), T0 + 60)
+    events += evs
+    assert ep1 is not None and arm_next(b, p, T0 + 61, "c1", covered=(0, 1)) is ep1
+    events += b.capture_ended("c1", T0 + 90, "ok", named=(1,))
+    for k in range(1, 6):  # still named: reported again
+        _, evs = b.observe(out(2_200 + 20 * k, (1,), mag=0.3, stage="cpu/step"), T0 + 90 + 10 * k)
+        events += evs
+    assert [e for e in events if e.type == "io.profwatch.culprit_rotates.v1"] == []
+    assert ep1.rotation == () and not ep1.rotating_member and b.rotating == {}
+
+    b, p = book(max_captures_per_hour=4, cooldown_s=0, min_arm_gap_s=0)
+    ep, _ = b.observe(out(10, (0,)), T0)
+    assert ep is not None and arm_next(b, p, T0, "c0", covered=(0, 1)) is ep
+    events = b.capture_ended("c0", T0 + 20, "no_suspect")
+    b.observe(out(60, (1,)), T0 + 30)  # a new rank: captured again
+    assert arm_next(b, p, T0 + 30, "c1", covered=(0, 1)) is ep
+    events += b.capture_ended("c1", T0 + 50, "ok", named=(1,))
+    assert [e for e in events if e.type == "io.profwatch.culprit_rotates.v1"] == [] and ep.rotation == ()

@@ -138,9 +138,20 @@ def _rotates(tops: list[int], n: int) -> bool:
     return len(last) >= n and all(a != b for a, b in zip(last, last[1:], strict=False))
 
 
+def _found_no_suspect(status: str | None, named: tuple[int, ...]) -> bool:
+    """Whether a capture's outcome is a verdict that named nobody (``no_suspect``, or a ``partial`` one naming no
+    rank): it found no suspect, so it names no top rank for the rotation rule, whatever rank the detector named
+    when it was armed (a false arm on a healthy rank 0 found nobody; counting the detector's rank 0 as its top made
+    the real rank 1's capture, which named rank 1, a rotation 0 -> 1, ``culprit_rotates``, on the live serving
+    pair). An outcome without a verdict (``simulated``/``would_arm``: replay; a cancelled or failed capture) is not
+    one: there the detector's rank stands in for the verdict's."""
+    return status is not None and status in VERDICTS and not named
+
+
 def _capture_tops(ep: Episode) -> list[tuple[int, str]]:
     """The top rank of each capture of ``ep`` with its capture id, oldest first: the verdict's first named rank,
-    else the one rank the capture took that no earlier capture of it took or named (a report naming a new rank is
+    else, for a capture without a verdict (:func:`_found_no_suspect`: a verdict that named nobody has no top), the
+    one rank the capture took that no earlier capture of it took or named (a report naming a new rank is
     why it was captured again; ``profwatch replay`` has no verdicts), else none for that capture. A capture armed
     for another episode that covered this one counts too: an MoE hot expert's first appearance is often captured
     as the job-wide step-time rise it causes, which covers the rank's episode; not counting it let a rotation take
@@ -149,7 +160,8 @@ def _capture_tops(ep: Episode) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
     for c in ep.captures:
         fresh = [r for r in c.ranks if r not in seen]
-        top = c.named[0] if c.named else (fresh[0] if len(fresh) == 1 else None)
+        top = c.named[0] if c.named else (fresh[0] if len(fresh) == 1 and not _found_no_suspect(c.status, c.named)
+                                          else None)
         seen.update(c.ranks)
         seen.update(c.named)
         if top is not None:
@@ -1015,7 +1027,8 @@ class JobEpisodes:
 
     def _rotation_across(self, ep: Episode, own: list[EpisodeCapture], now_unix_s: float) -> list[Event]:
         """Remember the top rank of each capture of a ranked episode under its key, its own or another episode's
-        that covered it (the verdict's first named rank, else the episode's ranks at the arm when it named one); when the last ``rotation_captures`` of the
+        that covered it (the verdict's first named rank, else, without a verdict, the episode's ranks at the arm when
+        it named one; a verdict that named nobody has no top: :func:`_found_no_suspect`); when the last ``rotation_captures`` of the
         key, from more than one episode and within an hour of each other, named a different rank each time, the
         key's culprit rotates across episodes: ``culprit_rotates`` once, the captures of the rotation no longer
         count toward ``max_captures_per_hour`` (they never hold a slow rank's capture), the open episode of the key
@@ -1028,7 +1041,8 @@ class JobEpisodes:
             for k in stale[:len(self._tops) - MAX_OPEN]:
                 del self._tops[k]
         for c in own:
-            top = c.named[0] if c.named else (c.ranks[0] if len(c.ranks) == 1 else None)
+            top = c.named[0] if c.named else (c.ranks[0] if len(c.ranks) == 1 and not _found_no_suspect(c.status, c.named)
+                                              else None)
             if top is not None:
                 tops.append((top, ep.episode_id, c.capture_id, c.armed_unix_s))
         n = self.settings.rotation_captures
@@ -1066,7 +1080,11 @@ class JobEpisodes:
         armed within the last hour (``HOUR_S``) of this job generation. Then ``culprit_rotates`` once (``across_episodes``, ``evidence: named_ranks``), the
         rotation's captures leave the hourly cap and no episode of the key is captured again until it persists
         (:meth:`_persists`, :meth:`_persistent_ranks`). Bounds a rotation at ``rotation_captures`` captures when no
-        verdict names a top rank (a capture that found nobody, ranks named together)."""
+        verdict names a top rank (a capture that found nobody, ranks named together). A rank that a verdict of the
+        key's captures armed within the hour named (:meth:`_verdict_named`) is no move's destination: a capture
+        found it slow, and whether the verdicts rotate is :meth:`_rotation_across`'s to judge (a false arm on a
+        healthy rank 0 that found nobody, then the real rank 1 named by its own capture's verdict, read as a move
+        0 -> 1 and made rank 1's episode a rotation on the live serving pair)."""
         key = ep.key
         if key in self.rotating or ep.rotation or ep.closed_unix_s is not None:
             return []
@@ -1080,7 +1098,8 @@ class JobEpisodes:
         trail = self._trail.get(key, {})
         now_named = set(ep.ranks)
         left = [(r, f, last) for r, (f, last, _) in trail.items() if r not in now_named and now_unix_s - last <= HOUR_S]
-        came = [(r, f) for r, (f, _, _) in trail.items() if r in now_named]
+        confirmed = self._verdict_named(key, now_unix_s)
+        came = [(r, f) for r, (f, _, _) in trail.items() if r in now_named and r not in confirmed]
         moves = [(a, b) for a, _, la in left for b, fb in came if fb > la]
         if not moves:
             return []
@@ -1102,6 +1121,13 @@ class JobEpisodes:
                    f"(rotation_captures {n}) and is not captured or paged again; a rank that stays slow is captured "
                    f"as an episode of its own once it persists ({PERSIST_S:.0f} s and {PERSIST_STEPS} steps at "
                    "least, and twice as long as the rotation stays on one rank)")]
+
+    def _verdict_named(self, key: str, now_unix_s: float) -> frozenset[int]:
+        """The ranks a verdict named (``ok``, ``weak``, a ``partial`` that named ranks) for a capture of an
+        episode of ``key`` armed within the last hour (``HOUR_S``), open or among the closed kept."""
+        return frozenset(r for e in (*self.open.values(), *self.closed) if e.key == key for c in e.captures
+                         if c.status in VERDICTS and c.named and now_unix_s - c.armed_unix_s <= HOUR_S
+                         for r in c.named)
 
     # -- views ----------------------------------------------------------------------------------------------------------
     def view(self, now_unix_s: float, closed: int = 5) -> list[dict[str, Any]]:
