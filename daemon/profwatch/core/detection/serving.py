@@ -794,7 +794,15 @@ class ReplicaPeers:
         serving_dp run 6 was named 179 s after its onset (159 s with the run rule). Only in a job of three replicas
         or more: in a job of two the other's ratio is the mirror of ``q``'s (``-r``), so it holds no noise of its
         own, and two healthy replicas of disjoint batch sizes read 1.15-1.25x apart for 80 s and one was named
-        (bench_corpus seed 40 serving_dp run 7; its noise, taken from the mirror, 0.015). A replica changed before its baseline formed (36 s
+        (bench_corpus seed 40 serving_dp run 7; its noise, taken from the mirror, 0.015). So a replica of a
+        two-replica job slower from its first block is never named, and no other test here can name it soundly:
+        the pair's ratio says that the replicas differ, never which one is off (a slow ``q`` and a fast peer read
+        alike, ``r`` and ``-r``); each replica's own cost per unit of work is flat from its first block, so its
+        history holds no change to find (the baseline and run tests judge a replica against its own history; a
+        replica slower from the start has no healthier history of its own); and healthy replicas of one job differ
+        by 15-25 % for minutes by traffic mix alone (above). Naming one would need a reference from outside the
+        pair: a third replica (this test), or the job's previous generation (a requeue's ``previous_generation``
+        reference, job-wide). A replica changed before its baseline formed (36 s
         and 57 s into bench_corpus serving_dp runs, or soon after a split) learned the change as its baseline
         and was never named. Only a replica whose steps all carry ``work``: without it, a replica that serves
         larger batches is slower than its peers by its traffic mix alone (a balancer's doing, not a bad node),
