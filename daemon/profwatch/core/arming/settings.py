@@ -51,10 +51,11 @@ class ArmingSettings(BaseModel):
         12, ge=1, le=40, description="steps recorded by a capture detection arms when it covers at most "
         "SMALL_GROUP_RANKS ranks (at least active): a small group's verdict is a step-by-step permutation test whose "
         "smallest p-value is N^-steps (a pair needs 8 steps, a 4-rank group 5; docs/verdicts.md, Small groups); "
-        "capped at [capture] max_active; a smaller anomaly asks for more (small_group_max_active)")
+        "capped at [capture] max_active; a smaller anomaly about ranks asks for more (small_group_max_active)")
     small_group_max_active: int = Field(
         40, ge=1, le=64, description="most steps a capture of 2 to SMALL_GROUP_RANKS ranks records when the steps "
-        "its step-by-step test needs at the anomaly's size (small_group_steps, with small_group_noise_frac) are more "
+        "its step-by-step test needs at the size of an anomaly about ranks (small_group_steps, with "
+        "small_group_noise_frac and [analysis.ranking]; a job-wide anomaly names no rank and is not sized) are more "
         "than small_group_active; such a sized window may pass [capture] max_active up to this (docs/verdicts.md, "
         "Small groups)")
     small_group_noise_frac: float = Field(
