@@ -204,16 +204,46 @@ def render_capture(cap: Mapping[str, Any]) -> list[str]:
     what = f"{what} " if what else ""
     deadline = "" if left is None else (f", {what}deadline in {span_text(left)}" if left >= 0
                                         else f", {what}deadline passed {span_text(-left)} ago")
-    lines = [f"  {cap['capture_id']:<32} {cap['state']} for {cap.get('in_state_s', 0):.0f}s{deadline}; "
+    queued = " (queued)" if str(cap.get("stage") or "").endswith("_queued") else ""
+    lines = [f"  {cap['capture_id']:<32} {cap['state']}{queued} for {cap.get('in_state_s', 0):.0f}s{deadline}; "
              f"start_step={cap['start_step']} warmup={cap.get('warmup', '-')} active={cap.get('active', '-')} "
              f"acked={cap.get('acknowledged_ranks')}/{cap.get('expected_ranks')} reason={cap['reason']}"
              + (" [not yet stored: the state store is failing]" if cap.get("stored") is False else "")]
-    if cap.get("running") is not None:
-        running = ", ".join(cap["running"]) or "staging, ranking or the Kineto analysis (no msprof-analyze command)"
-        lines.append(f"    running now: {running}")
+    doing = capture_activity(cap)
+    if doing:
+        lines.append(f"    {doing}")
     if cap.get("outcome"):
         lines.append(f"    {cap['outcome']}")
     return lines
+
+
+IDLE_ON_WORKER = {
+    "analysing": "staging, ranking or the Kineto analysis (no msprof-analyze command)",
+    "enriching": "its follow-up between msprof-analyze commands (staging the advisor's ranks, judging again, "
+                 "writing the report; no msprof-analyze command)",
+}
+"""What an analysing / enriching capture on its worker does while no msprof-analyze command of it runs."""
+
+
+def capture_activity(cap: Mapping[str, Any]) -> str:
+    """What an analysing or enriching capture of a ``status`` reply does or waits for now, in words: the
+    msprof-analyze commands running for it (``running``), else, by its ``stage`` (``AnalysisSteps.stage_of``),
+    the worker it is queued for and the captures ``ahead`` of it, or what its worker does between commands.
+    "" for a capture in no such state (no ``running`` key)."""
+    if cap.get("running") is None:
+        return ""
+    if cap["running"]:
+        return f"running now: {', '.join(cap['running'])}"
+    stage = str(cap.get("stage") or "")
+    ahead = [str(c) for c in cap.get("ahead") or ()]
+    behind = f": behind {', '.join(ahead[:4])}" + (f" and {len(ahead) - 4} more" if len(ahead) > 4 else "") \
+        if ahead else ""
+    if stage == "enrich_queued":
+        return f"waiting for the enrich worker (one capture's follow-up at a time){behind}"
+    if stage == "analysis_queued":
+        return f"waiting for an analysis worker ([coordinator] analysis_workers, all busy){behind}"
+    state = stage or str(cap.get("state"))
+    return f"running now: {IDLE_ON_WORKER.get(state, IDLE_ON_WORKER['analysing'])}"
 
 
 WAITS = {
