@@ -646,6 +646,27 @@ def test_cancel_without_a_capture_id_cancels_the_pending_arm_and_lets_an_enrichi
     w.drain(lambda: w.state(first) is CaptureState.ENRICHED)
 
 
+def test_two_captures_enriched_at_once_each_say_where_they_are(world) -> None:
+    """Tried by a new user: two captures enriching at once; status showed the queued one as plainly "enriching"
+    and asked the analyser what ran for it. Now the one on the enrich worker says so, the other that it is
+    queued behind it (and the analyser is not asked for a queued capture's commands)."""
+    w = world()
+    first = _analysed_then_enriching(w)
+    w.now += 600  # within the first's follow-up deadline
+    second = _arm_and_land(w, CaptureState.ENRICHING)
+    views = {v["capture_id"]: v for v in w.shell.summary("j1", w.now)}
+    assert views[first]["stage"] == "enriching" and views[first]["ahead"] == []
+    assert views[first]["running"] == ["slow_rank"]
+    assert views[second]["stage"] == "enrich_queued" and views[second]["ahead"] == [first]
+    assert views[second]["running"] == []
+    from profwatch.core.status_text import render_capture
+
+    assert f"behind {first}" in render_capture(views[second])[1]
+    w.enrich_release.set()
+    w.drain(lambda: w.state(first) is CaptureState.ENRICHED and w.state(second) is CaptureState.ENRICHED)
+    assert "stage" not in w.shell.summary("j1", w.now)[0]
+
+
 def test_an_advisor_killed_for_memory_leaves_the_alert_standing_with_its_status(world) -> None:
     w = world()
     w.enrich_recipes = {"advisor": {"status": "oom", "phase": "enrich", "duration_s": 80.0,

@@ -158,6 +158,44 @@ def test_offline_alerts_of_a_killed_coordinator_include_its_wal(tmp_path: Path, 
     assert res.exit_code == 0 and len(res.stdout.splitlines()) == 2, res.output
 
 
+def test_status_after_the_coordinator_stopped_shows_its_last_recorded_state(tmp_path: Path,
+                                                                           ports: dict[str, int]) -> None:
+    """Tried by a new user after the demo: ``status --config`` only asked "is the coordinator running there?"
+    where ``alerts`` read the state db. Now it says the coordinator is not running and shows the jobs, nodes and
+    captures it recorded, with the time of that record; exit 3 all the same (it is unavailable)."""
+    from profwatch.core.capture import lifecycle as lc
+    from profwatch.core.capture.planner import CaptureRequest, JobProgress, plan_capture
+
+    t0 = 1.7e9  # 2023-11-14 22:13:20 UTC
+    store = StateStore(tmp_path / "state" / "state.db")
+    store.save_registry([{"job_id": "j1", "world_size": 2, "backend": "torch_npu", "profiler_config_path": "/cfg",
+                          "prof_root": "/prof", "first_seen_unix_s": t0, "started_unix_s": t0, "versions": "{}",
+                          "generation": 0, "restart_count": 0}],
+                        [("j1", r, "h1", "n1", 100 + r, r, "torch_npu", 120 + r, 0.5, t0 + 60 + r, 0) for r in (0, 1)],
+                        [("n1", "h1", 1, t0 + 30, "{}")])
+    job = JobProgress(job_id="j1", world_size=2, furthest_step=50, step_time_s=0.5, prof_root="/prof",
+                      now_unix_s=t0, rank_steps={0: 50, 1: 50})
+    cap = lc.open_capture(plan_capture(CaptureRequest(job_id="j1", reason="step_regression"), job), world_size=2,
+                          profiler_config_path="/cfg", writer="node", rank_steps=job.rank_steps,
+                          rank_step_time_s={}, rank_backends={0: "torch_npu", 1: "torch_npu"}, nodes=["n1"],
+                          now=t0 + 10, settings=lc.LifecycleSettings(), step_time_s=0.5).capture
+    store.save_capture(cap)
+    store.close()
+    res = CliRunner().invoke(cli, ["status", "--config", str(_config(tmp_path, ports))])
+    assert res.exit_code == 3, res.output
+    first, *rest = res.stdout.splitlines()
+    assert first.startswith("the coordinator is not running (no coordinator at tcp://127.0.0.1:")
+    assert "what follows is its last recorded state, as of 2023-11-14 22:14:21 UTC (" in first  # ranks' last heard
+    assert any(line.startswith("  j1 world_size=2 generation=0: 2 ranks, last step 121") for line in rest), rest
+    assert any(line.startswith(f"  {cap.capture_id}") and f" {cap.state.value} since 2023-11-14 22:13:30 UTC (" in line
+               and "reason=step_regression" in line for line in rest), rest
+    assert "is the coordinator running there?" not in res.output
+    as_json = CliRunner().invoke(cli, ["status", "--config", str(_config(tmp_path, ports)), "--json"])
+    doc = json.loads(as_json.stdout)
+    assert as_json.exit_code == 3 and doc["offline"] is True and doc["recorded_unix_s"] == t0 + 61
+    assert [c["capture_id"] for c in doc["captures"]] == [cap.capture_id]
+
+
 def _alerts_without_override(cfg: Path) -> subprocess.CompletedProcess[str]:
     """``profwatch alerts`` bound by file permissions. Under root the child drops CAP_DAC_OVERRIDE and
     CAP_DAC_READ_SEARCH from its bounding set before exec (prctl PR_CAPBSET_DROP), so it is refused what its uid

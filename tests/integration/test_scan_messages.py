@@ -64,6 +64,19 @@ def test_scan_of_one_rank_dir_says_to_pass_its_parent(tmp_path: Path) -> None:
     assert "pass its parent" not in CliRunner().invoke(scan, [str(dirs[2].parent)]).output
 
 
+def test_scan_of_one_rank_dir_shows_that_rank_not_its_peers_as_missing(tmp_path: Path) -> None:
+    """Tried by a new user: ``scan <one rank's *_ascend_pt dir>`` led with "rank dir missing after deadline" for
+    each peer (offline, no deadline meant anything). Now it shows that rank's own state and where to point."""
+    dirs = generate_cluster(tmp_path / "prof", world_size=4, capture_id="cap-1")
+    res = CliRunner().invoke(scan, [str(dirs[2])])
+    first = res.output.splitlines()[0]
+    assert first.startswith(f"{dirs[2]}: one rank dir: rank 2 of batch cap-1 (4 ranks expected)"), res.output
+    assert "PARSED" in first and "steps=[1, 2, 3]" in first
+    assert "missing" not in res.output and "only that rank was checked" in res.output
+    assert res.exit_code == 1  # the batch is not shown complete
+    assert "missing" in CliRunner().invoke(scan, [str(dirs[2]), "--json"]).output  # the JSON stays the batch's
+
+
 def test_analyze_of_one_rank_dir_says_to_pass_its_parent(tmp_path: Path) -> None:
     """`profwatch demo` prints one rank dir to drill into; `analyze` on it must not leave the user believing the
     batch is missing ranks."""

@@ -90,3 +90,12 @@ def test_links_to_a_section_name_an_anchor_that_exists() -> None:
             if not doc.is_file() or anchor not in _github_anchors(doc.read_text()):
                 broken.append(f"{f.relative_to(REPO_ROOT)}: {target}#{anchor}")
     assert checked >= 10 and not broken, (checked, broken)
+
+
+def test_the_torch_install_line_has_an_offline_hint() -> None:
+    """Tried by a new user without network: the ``--index-url`` torch line retried for minutes, and the README said
+    nothing about it. Its cost section says how to fail at once and how to install without the network."""
+    first = README[README.index("## First two commands"):README.index("**The demo** takes")]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in first
+    hint = first[first.index("**Offline**"):]
+    assert "--retries 0" in hint and "--no-index --find-links" in hint

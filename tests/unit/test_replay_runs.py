@@ -131,3 +131,38 @@ def test_the_summary_says_when_an_anomaly_began_and_whose_capture_covered_an_epi
     for e in borrowed:
         [line] = [ln for ln in text.splitlines() if f"{e['kind']} steps {e['opened_step']}-" in ln]
         assert f"0 capture(s) (+{len(e['captures'])} of another episode)" in line
+
+
+def _two_slow_ranks() -> list[dict[str, Any]]:
+    """Rank 1 computes 1.5x slower from step 150, rank 0 ~19 % slower from step 160 (its compute grows, its wait
+    shrinks: the job's step time stays rank 1's)."""
+    from profwatch.simulate.telemetry import TelemetryScenario, generate_telemetry
+
+    out = []
+    for r in generate_telemetry(TelemetryScenario(job_id="j1", world_size=4, steps=700, slow_rank=1,
+                                                  slow_rank_factor=1.5, slow_rank_from_step=150)):
+        if r["rank"] == 0 and r["step"] >= 160:
+            extra = 0.19 * r["stages"]["compute"]
+            r = {**r, "stages": {"compute": r["stages"]["compute"] + extra,
+                                 "comm": max(0.0, r["stages"]["comm"] - extra)}}
+        out.append(r)
+    return out
+
+
+def test_each_rank_keeps_its_own_size_and_an_arm_says_why_it_starts_where_it_does() -> None:
+    """Tried by a new user: replay folded rank 0's +19 % into rank 1's episode text (one magnitude per episode,
+    the latest or largest report's), and an arm's start_step 77 steps after its report came with no reason."""
+    from profwatch.commands.replay import render_summary
+
+    text = render_summary(_replay(_two_slow_ranks()))
+    episodes = text[text.index("\nepisodes:"):].splitlines()
+    (only1,) = [line for line in episodes if "rank_outlier ranks=[1] " in line]
+    assert "rank 1 +49.5% (step 157)" in only1 and "18.6" not in only1, only1
+    (only0,) = [line for line in episodes if "rank_outlier ranks=[0] " in line]
+    assert "rank 0 +18.6% (step 175)" in only0 and "49.5" not in only0, only0
+    arms = text[text.index("\narms:"):text.index("\nnot armed on arrival")].splitlines()
+    (late,) = [i for i, line in enumerate(arms) if "step 175: arm start_step=252" in line]
+    assert arms[late + 1].strip() == (
+        "armed at step 245, 70 steps after its report at step 175 (waited for the job's gap between arms "
+        "(arming.min_arm_gap_s)); start_step 252 = step 245 + 7 steps of lead (the ranks read their profiler "
+        "config every 1 s, plus [capture] margin_s and margin_steps)")

@@ -273,3 +273,21 @@ def test_an_alert_line_with_a_comparison_says_what_changed() -> None:
                                   "report": "/w/report.html"}})
     assert line == ("T suspect_ranks.v1 job=j1 no_suspect: no suspect (the whole job); what changed: +259.9 ms/step "
                     "since the reference: compute +242.7 ms report=/w/report.html")
+
+
+def test_each_of_two_enriching_captures_says_what_it_does_or_waits_for() -> None:
+    """Tried by a new user: with two captures enriched at once, the one queued for the one enrich worker read
+    plainly "enriching", and one without a command running read "staging, ranking or the Kineto analysis"."""
+    cap = {"capture_id": "c-2", "state": "enriching", "in_state_s": 30.0, "deadline_in_s": 600.0, "start_step": 70,
+           "warmup": 1, "active": 4, "acknowledged_ranks": 4, "expected_ranks": 4, "reason": "step_regression",
+           "running": [], "stage": "enrich_queued", "ahead": ["c-1"]}
+    queued = render_capture(cap)
+    assert "c-2" in queued[0] and "enriching (queued) for 30s" in queued[0]
+    assert queued[1] == "    waiting for the enrich worker (one capture's follow-up at a time): behind c-1"
+    between = render_capture({**cap, "capture_id": "c-1", "stage": "enriching", "ahead": []})
+    assert "enriching for 30s" in between[0] and "Kineto" not in between[1] and "follow-up between" in between[1]
+    running = render_capture({**cap, "capture_id": "c-1", "stage": "enriching", "ahead": [],
+                              "running": ["advisor (12 s) [enrich]"]})
+    assert running[1] == "    running now: advisor (12 s) [enrich]"
+    waiting = render_capture({**cap, "state": "analysing", "stage": "analysis_queued", "ahead": ["c-0", "c-1"]})
+    assert "waiting for an analysis worker" in waiting[1] and waiting[1].endswith("behind c-0, c-1")

@@ -4,6 +4,7 @@ workers, the enrich phase on its own worker after the verdict is published, rete
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from profwatch.core.fleet.registry import JobState
 
 log = structlog.get_logger("profwatch.captures.shell")
+
+_ON_WORKER = {"analysis_queued": "analysing", "enrich_queued": "enriching"}
+"""A queued stage -> the stage of the captures its worker(s) hold."""
 
 
 class AnalysisSteps:
@@ -59,8 +63,39 @@ class AnalysisSteps:
         self.enrich_pool = ThreadPoolExecutor(1, thread_name_prefix="profwatch-enrich")
         self._workers = analysis_workers
         self._shut = False
+        self._stage_lock = threading.Lock()
+        self._stages: dict[str, str] = {}  # capture id -> its STAGES word, in the order each was queued
         self.reference_for = reference_for or (lambda cap: None)
         self.protected = protected or set
+
+    STAGES = ("analysis_queued", "analysing", "enrich_queued", "enriching")
+    """Where a capture's analysis is (``stage_of``): queued for an analysis worker, on one, queued for the one
+    enrich worker, on it. A capture not held here has none (e.g. restored in flight after a restart)."""
+
+    def _set_stage(self, cid: str, stage: str | None) -> None:
+        with self._stage_lock:
+            self._stages.pop(cid, None)  # re-inserted last: the dict's order is the queue's
+            if stage is not None:
+                self._stages[cid] = stage
+
+    def stage_of(self, cid: str) -> dict[str, Any] | None:
+        """``{"stage": one of STAGES, "ahead": [capture ids]}`` for ``cid``'s analysis, or None when no worker
+        holds or queues it. ``ahead``: for a queued capture, the captures on the workers of its phase and those
+        queued before it (oldest first), i.e. what it waits for; [] for a capture on a worker."""
+        with self._stage_lock:
+            stage = self._stages.get(cid)
+            if stage is None:
+                return None
+            ahead: list[str] = []
+            on_worker = _ON_WORKER.get(stage)
+            if on_worker is not None:  # queued: behind the captures on its workers and those queued before it
+                ahead = [o for o, st in self._stages.items() if st == on_worker]
+                for other, st in self._stages.items():
+                    if other == cid:
+                        break
+                    if st == stage:
+                        ahead.append(other)
+        return {"stage": stage, "ahead": ahead}
 
     def workers_up(self) -> tuple[bool, str]:
         """``(up, detail)`` for the coordinator's ``/readyz``: the analysis and enrich pools accept work (not shut
@@ -79,6 +114,7 @@ class AnalysisSteps:
     def analyse(self, cap: lc.Capture, batch: BatchState) -> None:
         """Queue the analysis of ``cap``'s complete ``batch`` on an analysis worker (with the reference it is
         compared with, if any)."""
+        self._set_stage(cap.capture_id, "analysis_queued")
         self.analysis_pool.submit(self._analyse, cap, batch, self.reference_for(cap))
 
     def prefetch(self, cid: str, batch: BatchState) -> None:
@@ -91,6 +127,7 @@ class AnalysisSteps:
     def _analyse(self, cap: lc.Capture, batch: BatchState, reference: dict[str, Any] | None = None) -> None:
         """Analysis worker: run the analyser, hand the verdict back to the main loop."""
         cid = cap.capture_id
+        self._set_stage(cid, "analysing")
         job = self.jobs.get(cap.job_id)
         hostnames = {r.rank: r.hostname for r in job.ranks.values() if r.hostname} if job is not None else {}
         context = lc.analysis_context(cap)
@@ -107,6 +144,8 @@ class AnalysisSteps:
             err = repr(exc)
             log.exception("analysis_failed", capture_id=cid)
             self.post(lambda: self._on_analysis_error(cid, err))
+        finally:
+            self._set_stage(cid, None)
 
     def _on_analysed(self, cid: str, batch: BatchState, status: str, payload: dict[str, Any]) -> None:
         cap = self.find(cid)
@@ -123,10 +162,12 @@ class AnalysisSteps:
 
     def enrich(self, cid: str) -> None:
         """Queue the enrich phase of analysed capture ``cid`` on the enrich worker."""
+        self._set_stage(cid, "enrich_queued")
         self.enrich_pool.submit(self._enrich, cid)
 
     def _enrich(self, cid: str) -> None:
         """Enrich worker: the enrich phase of an analysed capture (after its verdict was published)."""
+        self._set_stage(cid, "enriching")
         try:
             status, payload = self.analyser.enrich(cid)
             self.post(lambda: self._on_enriched(cid, status, payload))
@@ -134,6 +175,8 @@ class AnalysisSteps:
             err = str(exc) or repr(exc)
             log.warning("enrichment_failed", capture_id=cid, error=err)
             self.post(lambda: self._on_enriched(cid, "", {"enrich_error": err}))
+        finally:
+            self._set_stage(cid, None)
 
     def _on_enriched(self, cid: str, status: str, payload: dict[str, Any]) -> None:
         cap = self.find(cid)

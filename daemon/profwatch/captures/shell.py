@@ -638,7 +638,8 @@ class CaptureShell:
         """The last 20 captures (of ``job_id``) for ``status``, those the failing store has not taken yet marked
         ``stored: false``; an analysing or enriching one names the recipes
         running for it with their elapsed time (``running``: ``"<recipe> (<elapsed> s)"``; ``running_recipes``:
-        the same as objects, with phase and resident memory when the analyser tells them)."""
+        the same as objects, with phase and resident memory when the analyser tells them) and, while a worker
+        holds or queues it, its ``stage`` and the captures ``ahead`` of it (``AnalysisSteps.stage_of``)."""
         live = {c.capture_id: c for j in self._jobs.values() for c in j.active.values()}
         out = []
         for cap, stored in self.store.captures_with_pending(job_id, newest=20):
@@ -646,10 +647,14 @@ class CaptureShell:
             if not stored:
                 view["stored"] = False  # the state store failed: kept in memory for a retry (status marks it)
             if live.get(cap.capture_id, cap).state in (lc.S.ANALYSING, lc.S.ENRICHING):
-                view["running"] = self.analyser.running(cap.capture_id)
+                where = self.steps.stage_of(cap.capture_id)
+                if where is not None:  # queued for a worker, or on one (AnalysisSteps.STAGES)
+                    view.update(where)
+                queued = where is not None and where["stage"].endswith("_queued")
+                view["running"] = [] if queued else self.analyser.running(cap.capture_id)
                 detailed = getattr(self.analyser, "running_recipes", None)
                 if detailed is not None:
-                    view["running_recipes"] = detailed(cap.capture_id)
+                    view["running_recipes"] = [] if queued else detailed(cap.capture_id)
             out.append(view)
         return out
 

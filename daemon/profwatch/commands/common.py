@@ -112,6 +112,8 @@ class CoordinatorClient:
         self.endpoint: str = connectable_or_exit("control_bind", settings.coordinator.control_bind)
         self._curve = client_keys_or_exit(settings, self.endpoint)
         self._pinged = False
+        self.unavailable = ""  # why the last reachable() found it unavailable (the control call's message)
+        self.refused = False  # ... and whether nothing listened there (connection refused: not running)
 
     def _raw(self, cmd: str, args: dict[str, Any] | None, timeout_s: float) -> Any:
         from profwatch.adapters.zmq.control import call
@@ -133,7 +135,8 @@ class CoordinatorClient:
         except ControlAuthFailed as exc:
             click.echo(f"profwatch: {exc.message}", err=True)
             sys.exit(EXIT_UNAVAILABLE)
-        except ControlUnavailable:
+        except ControlUnavailable as exc:
+            self.unavailable, self.refused = exc.message, exc.refused
             return False
 
     def call(self, cmd: str, args: dict[str, Any] | None = None, timeout_s: float = 10.0, *,

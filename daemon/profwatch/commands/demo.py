@@ -259,13 +259,16 @@ def _on_step(tl: Timeline, step: int, slow_file: Path | None, at_step: int, slow
 
 
 def _running_captures(st: dict[str, Any]) -> list[str]:
-    """A progress line per capture of a status reply that is being analysed or enriched: its state, for how long,
-    and what runs now."""
+    """A progress line per capture of a status reply that is being analysed or enriched: its id, state, for how
+    long, and what it does or waits for now (``core/status_text.py: capture_activity``)."""
+    from profwatch.core.status_text import capture_activity
+
     out = []
     for cap in st.get("captures") or []:
         if cap["state"] in (CaptureState.ANALYSING, CaptureState.ENRICHING):
-            running = ", ".join(cap.get("running") or []) or "staging, ranking or the Kineto analysis"
-            out.append(f"capture state {cap['state']} for the last {cap.get('in_state_s', 0):.0f} s; running now: {running}")
+            doing = capture_activity({**cap, "running": cap.get("running") or []})
+            out.append(f"capture {cap.get('capture_id', '?')} state {cap['state']} for the last "
+                       f"{cap.get('in_state_s', 0):.0f} s; {doing}")
     return out
 
 

@@ -342,6 +342,7 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
         if picked is None:
             break
         ep, d = picked
+        waited_for = ep.waiting or None  # what it waited for before this pass picked it (armed() clears it)
         at = furthest if furthest is not None else ep.last_step
         step_time = det.baseline_step_time_s
         try:
@@ -368,7 +369,9 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
                                "start_step": plan.start_step, "warmup": plan.warmup, "active": plan.active,
                                "rank_list": plan.rank_list, "reason": plan.reason, "action": d.action,
                                "episode_id": ep.episode_id, "capture_id": cid, "ranks": list(ep.ranks),
-                               "waited_s": round(now - ep.opened_unix_s, 3)})
+                               "waited_s": round(now - ep.opened_unix_s, 3), "waited_for": waited_for,
+                               "armed_at_step": at, "base_step": plan.base_step, "lead_steps": plan.lead_steps,
+                               "poll_interval_s": plan.poll_interval_s})
     for a, ep in fresh:
         if ep.episode_id not in armed:
             reason = "covered_by_capture" if ep.in_flight is not None else ep.waiting
@@ -388,6 +391,57 @@ def _returned(det: JobDetector) -> Callable[[int], dict[str, Any] | None]:
 TELEMETRY_EXAMPLE = ('{"job_id": "j1", "rank": 0, "world_size": 8, "step": 120, "step_time_s": 0.412, '
                      '"ts_unix_s": 1764500042.5}')
 """One telemetry record, as the error for a file with no valid record shows it (the help gives the same)."""
+
+
+def rank_levels(anomalies: list[dict[str, Any]], job_id: str, kind: str, ranks: list[int],
+                upto_step: int | None) -> str:
+    """Each rank's own size as its latest anomaly of ``kind`` (of ``job_id``, up to ``upto_step``) reported it:
+    ``rank 1 +49.5% (step 157), rank 0 +18.6% (step 175)``, from the anomaly's per-rank ``detail.excess`` (or its
+    magnitude when it named that rank alone). "" when a rank has no such report (the caller shows the episode's
+    figure): an episode folded from several ranks' reports carries one magnitude, the largest or the latest,
+    which read as every rank's."""
+    if not ranks:
+        return ""
+    parts = []
+    for rank in ranks[:8]:
+        got = None
+        for a in anomalies:
+            if a["job_id"] != job_id or a["kind"] != kind or rank not in (a.get("ranks") or ()):
+                continue
+            if upto_step is not None and a["step"] > upto_step:
+                continue
+            excess = (a.get("detail") or {}).get("excess")
+            size = excess.get(str(rank)) if isinstance(excess, dict) else None
+            if size is None and list(a["ranks"]) == [rank]:
+                size = a["magnitude"]
+            if isinstance(size, (int, float)):
+                got = (float(size), a["step"])
+        if got is None:
+            return ""
+        parts.append(f"rank {rank} {got[0]:+.1%} (step {got[1]})")
+    return ", ".join(parts)
+
+
+def arm_step_text(arm: dict[str, Any]) -> str:
+    """Why an arm's ``start_step`` is where it is: the step the job had reached when it was armed (later than the
+    episode's report when it waited, and for what: ``core/status_text.py: wait_phrase``) plus the planner's lead
+    (``core/capture/planner.py: lead_steps``: the ranks read their profiler config every ``poll_interval_s``, plus
+    ``[capture] margin_s`` and ``margin_steps``). "" for an arm recorded without them."""
+    from profwatch.core.status_text import wait_phrase
+
+    at, base, lead = arm.get("armed_at_step"), arm.get("base_step"), arm.get("lead_steps")
+    if not isinstance(at, int) or not isinstance(base, int) or not isinstance(lead, int):
+        return ""
+    waited = ""
+    if at > arm["step"]:
+        waited = f", {at - arm['step']} steps after its report at step {arm['step']}"
+        waited += (f" ({wait_phrase(arm['waited_for'], past=True)})" if arm.get("waited_for")
+                   else f" ({arm.get('waited_s', 0):.0f} s after the episode opened)")
+    lead_text = (f"{lead} steps of lead (the ranks read their profiler config every {arm['poll_interval_s']:g} s, "
+                 "plus [capture] margin_s and margin_steps)")
+    start = arm["start_step"]
+    tail = "" if start == base + lead else f", then {start - base - lead:+d} steps to the capture window's start"
+    return f"armed at step {at}{waited}; start_step {start} = step {base} + {lead_text}{tail}"
 
 
 def render_summary(result: dict[str, Any]) -> str:
@@ -413,8 +467,13 @@ def render_summary(result: dict[str, Any]) -> str:
         out.append(f"  {a['job_id']} step {a['step']}: {a['kind']} {a['magnitude']:+.1%}{ranks}{since}")
     out.append(f"arms: {len(result['arms'])}")
     for r in result["arms"]:
+        levels = rank_levels(result["anomalies"], r["job_id"], r["kind"], r["ranks"], r.get("armed_at_step"))
         out.append(f"  {r['job_id']} step {r['step']}: {r['action']} start_step={r['start_step']} "
-                   f"warmup={r['warmup']} active={r['active']} ({r['reason']})")
+                   f"warmup={r['warmup']} active={r['active']} ({r['reason']})"
+                   + (f"; per rank, as last reported: {levels}" if levels else ""))
+        why = arm_step_text(r)
+        if why:
+            out.append(f"    {why}")
     for w in result.get("withdrawn") or ():
         out.append(f"  {w['job_id']}: {w['capture_id']} withdrawn: {w['why']}")
     out.append(f"not armed on arrival: {len(result['suppressed'])}")
@@ -430,8 +489,10 @@ def render_summary(result: dict[str, Any]) -> str:
         wait = f", waits: {e['waiting']}" if e["waiting"] and not caps else ""
         last = max(e["last_step"], e.get("last_ongoing_step", e["last_step"]))  # held until, not last report
         covered = f" (+{others} of another episode)" if others else ""
+        levels = rank_levels(result["anomalies"], e["job_id"], e["kind"], e["ranks"], last)
+        size = levels or f"{e['peak_magnitude']:+.1%}"  # each rank its own figure, never another rank's
         out.append(f"  {e['job_id']} {e['kind']}{ranks} steps {e['opened_step']}-{last} "
-                   f"{e['peak_magnitude']:+.1%}: {end}, {caps} capture(s){covered}{wait}")
+                   f"{size}: {end}, {caps} capture(s){covered}{wait}")
     return "\n".join(out)
 
 

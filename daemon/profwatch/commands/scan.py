@@ -36,13 +36,33 @@ def render_table(batches: list[BatchState]) -> str:
     return display_str("\n".join(lines))
 
 
-def one_rank_dir_note(directory: str | os.PathLike[str]) -> str | None:
-    """The note for a DIR that is itself one rank dir (its peers then count as missing), naming the parent to pass
-    instead; None for any other folder. Shared by ``scan`` and ``analyze``."""
+def render_one_rank(root: str, batches: list[BatchState]) -> str | None:
+    """The report of a scan whose DIR is itself one rank dir (``root``, absolute): that rank's own state, steps and
+    problems, what batch it belongs to, and that its peers were not looked for (never "rank dir missing" for them:
+    they sit beside DIR, not under it). None when no batch holds a rank dir at ``root``."""
+    lines = []
+    for b in batches:
+        for rank, rd in sorted(b.ranks.items()):
+            if os.path.abspath(rd.path) != root:
+                continue
+            steps = f"steps={list(rd.steps)}" if rd.steps else "steps=-"
+            lines.append(f"{root}: one rank dir: rank {rank} of batch {b.batch_id} ({len(b.expected_ranks)} ranks "
+                         f"expected), kind={b.kind}, {rd.state.upper()}, {steps}")
+            lines += [f"  problem: {p.reason}" for p in b.problems if p.rank == rank]
+            lines += [f"  note: {n}" for n in rd.notes]
+    return display_str("\n".join(lines)) if lines else None
+
+
+def one_rank_dir_note(directory: str | os.PathLike[str], *, peers_missing: bool = True) -> str | None:
+    """The note for a DIR that is itself one rank dir, naming the parent to pass instead; None for any other
+    folder. Shared by ``scan`` (``peers_missing`` False: it shows that rank alone) and ``analyze`` (its peers then
+    count as missing)."""
     root = os.path.abspath(directory)
     if parse_rank_dir_name(os.path.basename(root)) is None:
         return None
-    return display_str(f"note: {root} is one rank dir, so its peers count as missing above; pass its parent "
+    peers = ("so its peers count as missing above" if peers_missing
+             else "so only that rank was checked (its peers sit beside it and were not looked for)")
+    return display_str(f"note: {root} is one rank dir, {peers}; pass its parent "
                        f"({os.path.dirname(root)}) to check the whole batch")
 
 
@@ -57,7 +77,8 @@ def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: 
     """Check the capture batches under DIRECTORY.
 
     Exit 0 when every batch found is complete, 1 when one is not, 2 when DIRECTORY holds no batch or cannot be
-    read.
+    read. A DIRECTORY that is one rank dir (``*_ascend_pt``, ...) shows that rank's own state and names its parent
+    to pass for the whole batch (exit 1: the batch is not shown complete).
     """
     settings = WatchSettings() if quiet_period_s is None else WatchSettings(quiet_period_s=quiet_period_s)
     try:
@@ -66,15 +87,18 @@ def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: 
         click.echo(display_str(f"error: {exc}"), err=True)
         raise SystemExit(EXIT_USAGE) from exc
     other = describe_unsupported(find_unsupported(directory, max_depth=settings.scan_max_depth))
+    one = None
     if as_json:
         click.echo(json.dumps(printable([b.to_json() for b in batches]), indent=2, default=str))
     elif batches:
-        click.echo(render_table(batches))
+        root = os.path.abspath(directory)
+        one = render_one_rank(root, batches) if parse_rank_dir_name(os.path.basename(root)) else None
+        click.echo(one or render_table(batches))
     else:
         click.echo(display_str(f"no rank dirs found under {directory}" + (f"; {other}" if other else "")), err=True)
     if other and (batches or as_json):
         click.echo(display_str(f"note: {other}"), err=True)
-    note = one_rank_dir_note(directory)
+    note = one_rank_dir_note(directory, peers_missing=as_json or one is None)
     if note:  # last, so it is what the user reads: the other ranks were not looked for
         click.echo(note, err=True)
     if not batches:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from profwatch.core.capture.lifecycle import DEADLINE_BOUNDS
@@ -204,16 +204,46 @@ def render_capture(cap: Mapping[str, Any]) -> list[str]:
     what = f"{what} " if what else ""
     deadline = "" if left is None else (f", {what}deadline in {span_text(left)}" if left >= 0
                                         else f", {what}deadline passed {span_text(-left)} ago")
-    lines = [f"  {cap['capture_id']:<32} {cap['state']} for {cap.get('in_state_s', 0):.0f}s{deadline}; "
+    queued = " (queued)" if str(cap.get("stage") or "").endswith("_queued") else ""
+    lines = [f"  {cap['capture_id']:<32} {cap['state']}{queued} for {cap.get('in_state_s', 0):.0f}s{deadline}; "
              f"start_step={cap['start_step']} warmup={cap.get('warmup', '-')} active={cap.get('active', '-')} "
              f"acked={cap.get('acknowledged_ranks')}/{cap.get('expected_ranks')} reason={cap['reason']}"
              + (" [not yet stored: the state store is failing]" if cap.get("stored") is False else "")]
-    if cap.get("running") is not None:
-        running = ", ".join(cap["running"]) or "staging, ranking or the Kineto analysis (no msprof-analyze command)"
-        lines.append(f"    running now: {running}")
+    doing = capture_activity(cap)
+    if doing:
+        lines.append(f"    {doing}")
     if cap.get("outcome"):
         lines.append(f"    {cap['outcome']}")
     return lines
+
+
+IDLE_ON_WORKER = {
+    "analysing": "staging, ranking or the Kineto analysis (no msprof-analyze command)",
+    "enriching": "its follow-up between msprof-analyze commands (staging the advisor's ranks, judging again, "
+                 "writing the report; no msprof-analyze command)",
+}
+"""What an analysing / enriching capture on its worker does while no msprof-analyze command of it runs."""
+
+
+def capture_activity(cap: Mapping[str, Any]) -> str:
+    """What an analysing or enriching capture of a ``status`` reply does or waits for now, in words: the
+    msprof-analyze commands running for it (``running``), else, by its ``stage`` (``AnalysisSteps.stage_of``),
+    the worker it is queued for and the captures ``ahead`` of it, or what its worker does between commands.
+    "" for a capture in no such state (no ``running`` key)."""
+    if cap.get("running") is None:
+        return ""
+    if cap["running"]:
+        return f"running now: {', '.join(cap['running'])}"
+    stage = str(cap.get("stage") or "")
+    ahead = [str(c) for c in cap.get("ahead") or ()]
+    behind = f": behind {', '.join(ahead[:4])}" + (f" and {len(ahead) - 4} more" if len(ahead) > 4 else "") \
+        if ahead else ""
+    if stage == "enrich_queued":
+        return f"waiting for the enrich worker (one capture's follow-up at a time){behind}"
+    if stage == "analysis_queued":
+        return f"waiting for an analysis worker ([coordinator] analysis_workers, all busy){behind}"
+    state = stage or str(cap.get("state"))
+    return f"running now: {IDLE_ON_WORKER.get(state, IDLE_ON_WORKER['analysing'])}"
 
 
 WAITS = {
@@ -376,4 +406,44 @@ def render_status(snap: Mapping[str, Any]) -> list[str]:
     cnt = snap.get("counters") or {}
     lines.append(f"coordinator: received={cnt.get('received', 0)} rejected={cnt.get('rejected', 0)} "
                  f"lost_batches={cnt.get('lost_batches', 0)}")
+    return lines
+
+
+def _when(unix_s: Any, now: float) -> str:
+    """``2026-12-07 14:03:05 UTC (5m02s ago)`` for a recorded time; ``never`` for None."""
+    if not isinstance(unix_s, (int, float)) or not math.isfinite(unix_s):
+        return "never"
+    stamp = datetime.fromtimestamp(float(unix_s), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{stamp} ({span_text(max(0.0, now - float(unix_s)))} ago)"
+
+
+def render_offline_status(why: str, state: Mapping[str, Any], now: float, *, refused: bool = True) -> list[str]:
+    """``status`` while the coordinator is down: a first line that says so and that what follows is its last
+    recorded state, with that state's time, then the jobs, nodes and captures its state db holds (``why``: the
+    control call's message, naming the endpoint; ``refused``: nothing listens there, so it is not running, else it
+    did not answer in time; ``state``:
+    ``adapters/store/state_reader.py: OfflineStatus.to_json``; ``now``: unix s, for the ages)."""
+    down = "is not running" if refused else "does not answer (stopped, hung or unreachable)"
+    lines = [f"the coordinator {down} ({why}): what follows is its last recorded state, "
+             f"as of {_when(state.get('recorded_unix_s'), now)}, read from its state db {state.get('state_db')}"]
+    jobs = state.get("jobs") or []
+    lines.append("jobs (as last recorded):" if jobs else "jobs: none recorded")
+    for j in jobs:
+        left = f" ({j['left']} left)" if j.get("left") else ""
+        step = "-" if j.get("last_step") is None else j["last_step"]
+        lines.append(f"  {j['job_id']} world_size={j['world_size']} generation={j.get('generation', 0)}: "
+                     f"{j.get('ranks', 0)} ranks{left}, last step {step}, last heard {_when(j.get('seen_unix_s'), now)}")
+    nodes = state.get("nodes") or []
+    lines.append("nodes (as last recorded):" if nodes else "nodes: none recorded")
+    for n in nodes:
+        lines.append(f"  {n['node_id']} ({n.get('hostname') or '?'}) last heard {_when(n.get('last_seen_unix_s'), now)}")
+    caps = state.get("captures") or []
+    if caps:
+        lines.append("captures (newest last, as last recorded):")
+    for c in caps:
+        lines.append(f"  {c['capture_id']:<32} {c['state']} since {_when(c.get('state_since_unix_s'), now)}; "
+                     f"job={c['job_id']} start_step={c['start_step']} reason={c['reason']}")
+        if c.get("outcome"):
+            lines.append(f"    {c['outcome']}")
+    lines += [f"note: {n}" for n in state.get("notes") or ()]
     return lines

@@ -1,5 +1,6 @@
 """Read the coordinator's state db without the coordinator (I/O: sqlite3, read-only): stored events for
-``profwatch alerts`` when the coordinator is down.
+``profwatch alerts``, the last recorded jobs, nodes and captures for ``profwatch status``, when the coordinator
+is down.
 
 Opened with SQLite's read-only URI mode (``mode=ro``, https://www.sqlite.org/uri.html): nothing is created,
 migrated or written, and the file's permissions decide who may read it (the systemd unit keeps it in a 0750
@@ -13,10 +14,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
+
+T = TypeVar("T")
 
 
 class StateUnreadable(Exception):
@@ -70,6 +74,42 @@ def _connect(path: Path, immutable: bool) -> sqlite3.Connection:
     return sqlite3.connect(uri, uri=True, timeout=5)
 
 
+def _readable(path: str | Path) -> Path:
+    """``path`` as a Path once it exists and this user may read it; raises :class:`StateUnreadable` otherwise."""
+    p = Path(path)
+    if not p.exists():
+        raise StateUnreadable(f"no state db at {p} (the coordinator's [coordinator] state_db)")
+    if not os.access(p, os.R_OK) or not os.access(p.parent, os.X_OK):
+        raise StateUnreadable(f"this user may not read the state db {p}{_who_may_read(p)}: run as a user the file "
+                              "permits (its group), or ask an operator")
+    return p
+
+
+def _read_only(p: Path, run: Callable[[sqlite3.Connection], T], notes: list[str], what: str) -> T:
+    """``run`` over the state db opened read-only; a WAL file in a folder this user cannot write is read without
+    its ``-wal`` (``immutable``), noted in ``notes`` (``what``: what may be missing). Raises StateUnreadable."""
+    def attempt(immutable: bool) -> T:
+        db = _connect(p, immutable)
+        try:
+            return run(db)
+        finally:
+            db.close()
+
+    try:
+        try:
+            return attempt(immutable=False)
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                raise
+            got = attempt(immutable=True)  # WAL file in a folder this user cannot write: read the main file
+            wal = Path(f"{p}-wal")
+            if wal.exists() and wal.stat().st_size > 0:
+                notes.append(f"read without {wal.name} ({exc}): the newest {what} may be missing")
+            return got
+    except sqlite3.DatabaseError as exc:
+        raise StateUnreadable(f"{p} is not a readable profwatch state db: {exc}") from None
+
+
 def read_events(path: str | Path, *, job_id: str | None = None, alerts_only: bool = True,
                 limit: int = 100) -> OfflineEvents:
     """The most recent ``limit`` stored events (alerts only by default; of ``job_id`` when given), oldest first.
@@ -78,36 +118,72 @@ def read_events(path: str | Path, *, job_id: str | None = None, alerts_only: boo
         StateUnreadable: no file at ``path``, this user may not read it (the message names its owner, group and
             mode), or it is not a profwatch state db.
     """
-    p = Path(path)
-    if not p.exists():
-        raise StateUnreadable(f"no state db at {p} (the coordinator's [coordinator] state_db)")
-    if not os.access(p, os.R_OK) or not os.access(p.parent, os.X_OK):
-        raise StateUnreadable(f"this user may not read the state db {p}{_who_may_read(p)}: run as a user the file "
-                              "permits (its group), or ask an operator")
+    p = _readable(path)
     out = OfflineEvents(str(p))
     q, args = events_query(job_id=job_id, alerts_only=alerts_only, since_seq=0, limit=limit)
-    def query(immutable: bool) -> list[Any]:
-        db = _connect(p, immutable)
-        try:
-            return db.execute(q, args).fetchall()
-        finally:
-            db.close()
-
-    try:
-        try:
-            rows = query(immutable=False)
-        except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):
-                raise
-            rows = query(immutable=True)  # WAL file in a folder this user cannot write: read the main file
-            wal = Path(f"{p}-wal")
-            if wal.exists() and wal.stat().st_size > 0:
-                out.notes.append(f"read without {wal.name} ({exc}): the newest events may be missing")
-    except sqlite3.DatabaseError as exc:
-        raise StateUnreadable(f"{p} is not a readable profwatch state db: {exc}") from None
+    rows = _read_only(p, lambda db: db.execute(q, args).fetchall(), out.notes, "events")
     for seq, body in reversed(rows):
         try:
             out.rows.append((int(seq), json.loads(body)))
         except (ValueError, TypeError):
             out.notes.append(f"event #{seq} is not valid JSON; skipped")
+    return out
+
+
+@dataclass
+class OfflineStatus:
+    """The coordinator's last recorded state, read from its state db (``profwatch status`` while it is down).
+
+    ``recorded_unix_s``: the newest time the file holds (a rank or node last heard, a capture's or episode's last
+    change, a batch stored; None when it holds none of them); ``jobs``: ``[{"job_id", "world_size",
+    "generation", "ranks", "left", "last_step", "seen_unix_s"}]``; ``nodes``: ``[{"node_id", "hostname",
+    "last_seen_unix_s"}]``; ``captures``: the newest 20 (of the job), oldest first, ``[{"capture_id", "job_id",
+    "state", "state_since_unix_s", "reason", "start_step", "outcome"}]``; ``notes``: caveats to show."""
+
+    path: str
+    recorded_unix_s: float | None = None
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    captures: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"offline": True, "state_db": self.path, "recorded_unix_s": self.recorded_unix_s, "jobs": self.jobs,
+                "nodes": self.nodes, "captures": self.captures, "notes": self.notes}
+
+
+_STATUS_COLUMNS = {
+    "jobs": ("job_id", "world_size", "generation", "ranks", "left", "last_step", "seen_unix_s"),
+    "nodes": ("node_id", "hostname", "last_seen_unix_s"),
+    "captures": ("capture_id", "job_id", "state", "state_since_unix_s", "reason", "start_step", "outcome"),
+}
+_STATUS_QUERIES = {
+    "jobs": ("SELECT j.job_id, j.world_size, j.generation, COUNT(r.rank), COALESCE(SUM(r.left), 0), "
+             "MAX(r.last_step), MAX(r.seen_unix_s) FROM jobs j LEFT JOIN ranks r ON r.job_id = j.job_id "
+             "WHERE (? IS NULL OR j.job_id = ?) GROUP BY j.job_id ORDER BY j.job_id"),
+    "nodes": "SELECT node_id, hostname, last_seen_unix_s FROM nodes ORDER BY node_id",
+    "captures": ("SELECT capture_id, job_id, state, state_since_unix_s, reason, start_step, outcome FROM captures "
+                 "WHERE (? IS NULL OR job_id = ?) ORDER BY created_unix_s DESC LIMIT 20"),
+    "recorded": ("SELECT MAX(t) FROM (SELECT MAX(seen_unix_s) AS t FROM ranks UNION ALL SELECT MAX(last_seen_unix_s) "
+                 "FROM nodes UNION ALL SELECT MAX(state_since_unix_s) FROM captures UNION ALL "
+                 "SELECT MAX(updated_unix_s) FROM episodes UNION ALL SELECT MAX(updated_unix_s) FROM batches)"),
+}
+
+
+def read_status(path: str | Path, *, job_id: str | None = None) -> OfflineStatus:
+    """The last recorded jobs, nodes and captures (of ``job_id`` when given) in the state db at ``path``, read-only
+    (the same access rules and WAL fallback as :func:`read_events`).
+
+    Raises:
+        StateUnreadable: as :func:`read_events`.
+    """
+    p = _readable(path)
+    out = OfflineStatus(str(p))
+    args = {"jobs": [job_id, job_id], "nodes": [], "captures": [job_id, job_id], "recorded": []}
+    rows = _read_only(p, lambda db: {k: db.execute(q, args[k]).fetchall() for k, q in _STATUS_QUERIES.items()},
+                      out.notes, "state")
+    out.jobs = [dict(zip(_STATUS_COLUMNS["jobs"], r, strict=True)) for r in rows["jobs"]]
+    out.nodes = [dict(zip(_STATUS_COLUMNS["nodes"], r, strict=True)) for r in rows["nodes"]]
+    out.captures = [dict(zip(_STATUS_COLUMNS["captures"], r, strict=True)) for r in reversed(rows["captures"])]
+    out.recorded_unix_s = rows["recorded"][0][0] if rows["recorded"] else None
     return out

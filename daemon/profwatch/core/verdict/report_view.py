@@ -106,6 +106,26 @@ class SuspectRow:
     the excess, ``baseline_ms`` the peer's, ``now_ms`` the rank's), largest first."""
     why_source: str = ""
 
+    @property
+    def why_share(self) -> str:
+        """How much of the rank's own-work excess over its peers (``row.own_delta_ms``, ms per step) the listed
+        drill-down entries explain, when they explain less than :data:`WHY_EXPLAINS_MOST` of it (else ""): the
+        entries are then not the cause on their own. Their sum counts only positive excesses (the rows are
+        disjoint: docs/verdicts.md#drill-down)."""
+        if not self.why or self.row is None or self.row.own_delta_ms <= 0:
+            return ""
+        explained = sum(d.delta_ms for d in self.why if d.delta_ms is not None and d.delta_ms > 0)
+        total = self.row.own_delta_ms
+        if explained >= WHY_EXPLAINS_MOST * total:
+            return ""
+        return (f"the entries listed explain {explained:.1f} of the {total:.1f} ms/step this rank's own work "
+                f"exceeds its peers' by ({explained / total:.0%}); the other {total - explained:.1f} ms/step is "
+                "not in them: in smaller entries not listed, or in free time between its operators")
+
+
+WHY_EXPLAINS_MOST = 0.5
+"""Below this share of a suspect's own-work excess, the report says how little its drill-down explains."""
+
 
 @dataclass(slots=True)
 class StepMatrix:
