@@ -430,7 +430,7 @@ PEER_YOUNG_RUN = 6
 """Blocks of the young test's window rule: a replica without a baseline yet (fewer than :data:`PEER_MIN_BASELINE`)
 whose last this many blocks' median is over the threshold is named; its last :data:`PEER_RUN` blocks each over it
 name it sooner when each is at least ``1 +`` :data:`PEER_YOUNG_EFFECT` over (see :meth:`ReplicaPeers._judge_young`)."""
-PEER_YOUNG_EFFECT = 0.5
+PEER_YOUNG_EFFECT = 0.2
 """Least rise (``1 +`` this) over its peers' level in each of a young replica's last :data:`PEER_RUN` blocks that
 names it on them alone (:meth:`ReplicaPeers._judge_young`): while the work bands' shared references hold a few
 blocks of a host whose load moves 1.0-1.5x, a healthy replica whose batches have bands of their own reads up to
@@ -472,6 +472,101 @@ class _PeerRef:
     def __init__(self) -> None:
         self.meds: deque[float] = deque(maxlen=PEER_REF_BLOCKS)
         self.ref: float | None = None
+
+PEER_CURVE_SPAN = 8.0
+"""Work ratio either way of a step's work within which the other replicas' bands make the cost-per-work curve that
+gives its reference when they have none of its own band (:class:`PeerCurve`): a decode batch and a prefill of
+thousands of tokens are two regimes, never one line."""
+PEER_CURVE_REACH = 2.5
+"""Work ratio a step's work may lie beyond the other replicas' nearest band on the curve (:class:`PeerCurve`):
+farther out, no reference (the step is not compared)."""
+BARE_BAND = -(10**9)
+"""The band key of steps without a usable ``work`` in :class:`PeerCurve` (its own band, never on the curve)."""
+
+
+class PeerCurve:
+    """Each replica's cost-per-work reference, learned from the other replicas only (pure).
+
+    Notes:
+        Per work band (powers of :data:`PEER_WORK_BAND` of ``work``; steps without one in :data:`BARE_BAND`) and
+        per unit (its ranks), the last :data:`PEER_REF_BLOCKS` block medians of its step times in the band, each
+        divided by its block's shared load (:meth:`learn`). The reference of a step of replica ``u`` in band
+        ``k`` (:meth:`ref`, seconds) is the median of the block medians of band ``k`` of every unit that shares
+        no rank with ``u`` (at least :data:`PEER_REF_MIN_BLOCKS`); when the others have none in ``k``, it is read
+        off their cost-per-work curve: a Theil-Sen line (Theil 1950, Sen 1968: the median of the pairwise slopes,
+        at least 0, and the median intercept) of time against work through the others' band references whose
+        work lies within :data:`PEER_CURVE_SPAN` of the step's band centre, at least two of them, the step's band
+        within :data:`PEER_CURVE_REACH` of the nearest (else None: the step only teaches), kept within
+        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] of the nearest band's reference. Linear in work, not in log
+        work: an iteration costs a fixed part plus a part per token (a line in log-log read a healthy replica of
+        batch 28 +17 % next to peers of batch 4 and 12). A replica is thus never compared with a reference its
+        own steps made: before, a band pooled every replica's steps, so a band only the changed replica used
+        learned the change as its reference (bench_corpus seed 37 serving_dp run 1, a 3x replica read +16 %).
+        Memory: :data:`PEER_REF_BLOCKS` medians per band and unit, at most :data:`MAX_BANDS` bands (the least
+        recently used is dropped). Cost: O(values) per learned block, a reference computed once per block and
+        (band, unit), O(bands^2) for a curve point.
+    """
+
+    def __init__(self) -> None:
+        self._bands: dict[int, dict[tuple[int, ...], deque[float]]] = {}
+        self._cache: dict[tuple[int, tuple[int, ...]], float | None] = {}
+
+    def touch(self, key: int) -> None:
+        """Band ``key`` was used now (the least recently used band is the one dropped)."""
+        band = self._bands.pop(key, None)
+        if band is not None:
+            self._bands[key] = band
+
+    def _direct(self, key: int, ranks: tuple[int, ...]) -> float | None:
+        band = self._bands.get(key)
+        if band is None:
+            return None
+        own = set(ranks)
+        vals = [x for u, d in band.items() if own.isdisjoint(u) for x in d]
+        return median(vals) if len(vals) >= PEER_REF_MIN_BLOCKS else None
+
+    def _curve(self, key: int, ranks: tuple[int, ...]) -> float | None:
+        span = math.log(PEER_CURVE_SPAN) / math.log(PEER_WORK_BAND)
+        reach = math.log(PEER_CURVE_REACH) / math.log(PEER_WORK_BAND)
+        pts = []
+        for j in self._bands:
+            if j != BARE_BAND and j != key and abs(j - key) <= span:
+                r = self._direct(j, ranks)
+                if r is not None and r > 0:
+                    pts.append((PEER_WORK_BAND ** (j + 0.5), r, abs(j - key)))
+        if len(pts) < 2 or min(d for _, _, d in pts) > reach:
+            return None
+        slopes = [(b[1] - a[1]) / (b[0] - a[0]) for i, a in enumerate(pts) for b in pts[i + 1:] if b[0] != a[0]]
+        slope = max(0.0, median(slopes))
+        cut = median([t - slope * w for w, t, _ in pts])
+        near = min(pts, key=lambda x: x[2])[1]
+        return min(max(cut + slope * PEER_WORK_BAND ** (key + 0.5), near / MAX_SCALE), near * MAX_SCALE)
+
+    def ref(self, key: int, ranks: tuple[int, ...]) -> float | None:
+        """Reference (seconds, at the shared load 1) of a step of band ``key`` of the unit of job ranks ``ranks``,
+        from the other units only; None: none yet (rules in the class Notes)."""
+        ck = (key, ranks)
+        if ck not in self._cache:
+            r = self._direct(key, ranks)
+            if r is None and key != BARE_BAND:
+                r = self._curve(key, ranks)
+            self._cache[ck] = r if r is not None and r > 0 and math.isfinite(r) else None
+        return self._cache[ck]
+
+    def learn(self, block: list[tuple[int, tuple[int, ...], float]], load: float) -> None:
+        """One block's steps ``(band, unit ranks, seconds)``: each band's and unit's median, over ``load`` (> 0),
+        joins its window."""
+        by: dict[tuple[int, tuple[int, ...]], list[float]] = {}
+        for key, ranks, t in block:
+            by.setdefault((key, ranks), []).append(t)
+        for (key, ranks), ts in by.items():
+            band = self._bands.pop(key, None) or {}
+            band.setdefault(ranks, deque(maxlen=PEER_REF_BLOCKS)).append(median(ts) / load)
+            self._bands[key] = band
+            if len(self._bands) > MAX_BANDS:
+                del self._bands[next(iter(self._bands))]
+        self._cache.clear()
+
 
 MAX_PEER_RATIO = 100.0
 """A replica's ratio to its peers is clamped to [1 / this, this] (magnitudes stay bounded)."""
@@ -536,9 +631,9 @@ class ReplicaPeers:
         n = len(self.units)
         self._vals: list[list[float]] = [[] for _ in range(n)]
         """Per replica, the open block's step times divided by their band's shared reference."""
-        self._refs: dict[int, _PeerRef] = {}
-        self._new: list[tuple[int, float]] = []
-        self._pending: deque[list[tuple[int, float]]] = deque()
+        self._curve = PeerCurve()
+        self._new: list[tuple[int, tuple[int, ...], float]] = []
+        self._pending: deque[list[tuple[int, tuple[int, ...], float]]] = deque()
         self._count = [0] * n
         self._first: list[int | None] = [None] * n
         self._last: list[int] = [0] * n
@@ -567,7 +662,7 @@ class ReplicaPeers:
         seconds of steps): the references took :data:`PEER_LAG` + :data:`PEER_REF_MIN_BLOCKS` blocks again and each
         baseline :data:`PEER_LAG` + :data:`PEER_MIN_BASELINE` of the replica's blocks, so a replica 1.15x slower
         from 353 s after the last split was never judged against a baseline (seed 31 run 7)."""
-        self._refs, self._pending, self._new, self._end = old._refs, old._pending, old._new, old._end
+        self._curve, self._pending, self._new, self._end = old._curve, old._pending, old._new, old._end
         self._load = old._load
         self._young_named = old._young_named
         before = {tuple(u): q for q, u in enumerate(old.units)}
@@ -608,20 +703,21 @@ class ReplicaPeers:
         if q is None or not (time_s > 0 and math.isfinite(time_s)):
             return out
         has_work = work is not None and work > 0 and math.isfinite(work)
-        key = int(math.floor(math.log(work) / math.log(PEER_WORK_BAND))) if has_work and work is not None else 0
+        key = (int(math.floor(math.log(work) / math.log(PEER_WORK_BAND))) if has_work and work is not None
+               else BARE_BAND)
         if not has_work:
             self._bare[q] += 1
         if self._count[q] >= PEER_BLOCK_VALUES:
             self.counters["replica_values_skipped"] += 1
             return out
         self._count[q] += 1
-        self._new.append((key, time_s))
-        band = self._refs.get(key)
-        if band is not None:
-            self._refs[key] = self._refs.pop(key)  # most recently used last
-        if band is None or band.ref is None or band.ref <= 0:
-            return out  # no reference for this band yet: the step only teaches it (PEER_LAG blocks later)
-        self._vals[q].append(time_s / band.ref)
+        ranks = tuple(self.units[q])
+        self._new.append((key, ranks, time_s))
+        self._curve.touch(key)
+        ref = self._curve.ref(key, ranks)
+        if ref is None:
+            return out  # no reference for this step from the others yet: it only teaches (PEER_LAG blocks later)
+        self._vals[q].append(time_s / ref)
         if self._first[q] is None:
             self._first[q] = step
         self._last[q] = max(self._last[q], step)
@@ -693,20 +789,10 @@ class ReplicaPeers:
         self._pending.append(self._new)
         self._new = []
         while len(self._pending) > PEER_LAG:
-            by_band: dict[int, list[float]] = {}
             block = self._pending.popleft()
-            for key, t in block:
-                by_band.setdefault(key, []).append(t)
-            load = self._block_load(block)
-            for key, ts in by_band.items():
-                band = self._refs.pop(key, None) or _PeerRef()
-                band.meds.append(median(ts) / load)
-                band.ref = median(list(band.meds)) if len(band.meds) >= PEER_REF_MIN_BLOCKS else None
-                self._refs[key] = band
-                if len(self._refs) > MAX_BANDS:
-                    del self._refs[next(iter(self._refs))]
+            self._curve.learn(block, self._block_load(block))
 
-    def _block_load(self, block: list[tuple[int, float]]) -> float:
+    def _block_load(self, block: list[tuple[int, tuple[int, ...], float]]) -> float:
         """The shared load of one block learned (its steps' ``(band, seconds)``): the median of its step times over
         their bands' references, of the steps whose band has one (none: the last block's that had one; before any,
         1). Each band's block median is divided by it before it joins the band's reference, so the references
@@ -716,10 +802,10 @@ class ReplicaPeers:
         block of bench_corpus seed 40 serving_dp run 2: 1.07x in one band, 1.30x in another), and two healthy
         replicas were named (runs 2 and 7)."""
         ratios = []
-        for key, t in block:
-            band = self._refs.get(key)
-            if band is not None and band.ref is not None and band.ref > 0:
-                ratios.append(t / band.ref)
+        for key, ranks, t in block:
+            ref = self._curve.ref(key, ranks)
+            if ref is not None:
+                ratios.append(t / ref)
         if ratios:
             load = median(ratios)
             if load > 0 and math.isfinite(load):
@@ -801,11 +887,14 @@ class ReplicaPeers:
         and was named +24-26 % within 171-207 s of healthy traffic
         (tests/unit/test_serving_replica_peers.py)."""
         hist = self._hist[q]
-        if (len(hist) < PEER_RUN or tuple(self.units[q]) in self._young_named or self._bare[q]
-                or len(self.units) < 3):
+        if len(hist) < PEER_RUN or tuple(self.units[q]) in self._young_named or self._bare[q]:
             return []
-        pooled = [x for o, h in enumerate(self._hist) if o != q for x in h]
-        if len(pooled) < PEER_MIN_BASELINE:
+        if len(self.units) >= 3:
+            pooled = [x for o, h in enumerate(self._hist) if o != q for x in h]
+        else:
+            mid = median(hist)
+            pooled = [x - mid for x in hist]
+        if len(pooled) < PEER_RUN:
             return []
         s = self.settings
         sigma = max(1.4826 * median([abs(x) for x in pooled]), s.noise_floor)
