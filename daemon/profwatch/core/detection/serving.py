@@ -887,13 +887,10 @@ class ReplicaPeers:
         and was named +24-26 % within 171-207 s of healthy traffic
         (tests/unit/test_serving_replica_peers.py)."""
         hist = self._hist[q]
-        if len(hist) < PEER_RUN or tuple(self.units[q]) in self._young_named or self._bare[q]:
+        if (len(hist) < PEER_RUN or tuple(self.units[q]) in self._young_named or self._bare[q]
+                or len(self.units) < 3):
             return []
-        if len(self.units) >= 3:
-            pooled = [x for o, h in enumerate(self._hist) if o != q for x in h]
-        else:
-            mid = median(hist)
-            pooled = [x - mid for x in hist]
+        pooled = [x for o, h in enumerate(self._hist) if o != q for x in h]
         if len(pooled) < PEER_RUN:
             return []
         s = self.settings
