@@ -432,11 +432,11 @@ whose last this many blocks' median is over the threshold is named; its last :da
 name it sooner when each is at least ``1 +`` :data:`PEER_YOUNG_EFFECT` over (see :meth:`ReplicaPeers._judge_young`)."""
 PEER_YOUNG_EFFECT = 0.2
 """Least rise (``1 +`` this) over its peers' level in each of a young replica's last :data:`PEER_RUN` blocks that
-names it on them alone (:meth:`ReplicaPeers._judge_young`): while the work bands' shared references hold a few
-blocks of a host whose load moves 1.0-1.5x, a healthy replica whose batches have bands of their own reads up to
-about +17 % next to its peers for several blocks (tests/unit/test_serving_replica_peers.py: batch centres 4, 12
-and 28, +16.6 % in three blocks at 198 s); a smaller rise waits for the :data:`PEER_YOUNG_RUN` blocks' median
-(as ``unit_level.YOUNG_EFFECT``: more than a shared host's load moves a young reference)."""
+names it on them alone (:meth:`ReplicaPeers._judge_young`); a smaller rise waits for the :data:`PEER_YOUNG_RUN`
+blocks' median. It was 0.5 while a band's reference pooled every replica's steps: a healthy replica whose batches
+had bands of their own read up to about +17 % next to its peers for several blocks. Compared with the other
+replicas' cost curve (:class:`PeerCurve`), a 1.3x replica reads 1.27-1.40 from its first judged block and is named
+on three of them (bench_corpus seed 38 serving_dp run 1: at 325 s instead of 1,115 s)."""
 PEER_WINDOW = 6
 """Blocks (of those the replica stepped in) of the longer window test: a change smaller than ``outlier_z`` of the
 ratio's noise per block, but persistent (see :data:`PEER_WINDOW_Z`)."""
@@ -453,25 +453,18 @@ in a block it did not step in (:meth:`ReplicaPeers._peer_level`): this block and
 load holds 20-90 s at a time; at 30 s a healthy replica of two read +23-28 % against its peer's blocks of 20-30 s
 before, under another load, three blocks in a row (bench_corpus seed 32 serving_dp run 13, a false arm)."""
 PEER_WORK_BAND = 1.25
-"""Work bands of this ratio (powers of it) each have a reference shared by the replicas that each step is divided
-by before replicas are compared: the time of an iteration follows its batch, and independent replicas run
-different batches at the same moment."""
+"""Work bands of this ratio (powers of it): each step is divided by its band's reference from the other replicas
+(:class:`PeerCurve`) before replicas are compared: the time of an iteration follows its batch, and independent
+replicas run different batches at the same moment."""
 PEER_REF_BLOCKS = 64
-"""Block medians in each work band's shared reference (the median of them), which :class:`ReplicaPeers` divides
-each step by: every replica's step times of the band pooled per block, entering :data:`PEER_LAG` blocks late;
-64 blocks of 10 s of the band's use span many of a shared host's load periods (a reference of the last 128 step
+"""Block medians kept per work band and replica (:class:`PeerCurve`; a reference is the median of the other
+replicas'), each replica's step times of the band per block, entering :data:`PEER_LAG` blocks late; 64 blocks of 10 s of the band's use span many of a shared host's load periods (a reference of the last 128 step
 times was the load of the last half minute, a different load for each replica's own batch sizes: a healthy
 replica read +23 % next to its peers)."""
 PEER_REF_MIN_BLOCKS = 4
-"""Block medians a band's shared reference needs before its steps are compared."""
+"""Block medians (of the other replicas) a band's reference needs before steps of it are compared
+(:class:`PeerCurve`)."""
 
-
-class _PeerRef:
-    __slots__ = ("meds", "ref")
-
-    def __init__(self) -> None:
-        self.meds: deque[float] = deque(maxlen=PEER_REF_BLOCKS)
-        self.ref: float | None = None
 
 PEER_CURVE_SPAN = 8.0
 """Work ratio either way of a step's work within which the other replicas' bands make the cost-per-work curve that
@@ -498,8 +491,9 @@ class PeerCurve:
         work lies within :data:`PEER_CURVE_SPAN` of the step's band centre, at least two of them, the step's band
         within :data:`PEER_CURVE_REACH` of the nearest (else None: the step only teaches), kept within
         [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] of the nearest band's reference. Linear in work, not in log
-        work: an iteration costs a fixed part plus a part per token (a line in log-log read a healthy replica of
-        batch 28 +17 % next to peers of batch 4 and 12). A replica is thus never compared with a reference its
+        work: an iteration costs a fixed part plus a part per token, a curve in log-log. Limit: read off a few
+        neighbouring bands of one replica, the slope is mostly noise (batches of 4-6 extrapolated to 12 read a
+        1.3x replica 1.7-1.9x, tests/unit/test_serving_replica_peers.py's centres 4, 12, 28). A replica is thus never compared with a reference its
         own steps made: before, a band pooled every replica's steps, so a band only the changed replica used
         learned the change as its reference (bench_corpus seed 37 serving_dp run 1, a 3x replica read +16 %).
         Memory: :data:`PEER_REF_BLOCKS` medians per band and unit, at most :data:`MAX_BANDS` bands (the least
@@ -582,13 +576,13 @@ class ReplicaPeers:
 
     Notes:
         Replicas have unrelated step counters but share the host and its load, so they are compared on time:
-        every :data:`PEER_BLOCK_S` seconds of arrival time. Each step time is first divided by its work band's
-        shared reference (powers of :data:`PEER_WORK_BAND` of the step's ``work``; one band without ``work``):
-        the median of the band's last :data:`PEER_REF_BLOCKS` block medians, every replica's steps pooled,
-        each divided by its block's shared load (:meth:`_block_load`: every band's reference in one unit, not
-        the host load of the minutes the band was in use), entering :data:`PEER_LAG` blocks late
-        (:meth:`_learn_refs`); a step of a band without a reference yet
-        only teaches it. A replica with at least :data:`PEER_MIN_VALUES` such ratios in the block has ``m_q``,
+        every :data:`PEER_BLOCK_S` seconds of arrival time. Each step time is first divided by its reference from
+        the other replicas' cost per work (:class:`PeerCurve`: their block medians of the step's work band, powers
+        of :data:`PEER_WORK_BAND` of ``work``, one band without ``work``, or their cost curve at its work where
+        they have none of that band), the block medians each divided by its block's shared load
+        (:meth:`_block_load`: every band's reference in one unit, not the host load of the minutes the band was in
+        use), entering :data:`PEER_LAG` blocks late (:meth:`_learn_refs`); a step without a reference yet only
+        teaches. A replica with at least :data:`PEER_MIN_VALUES` such ratios in the block has ``m_q``,
         their median: each one's ``r = log(m_q / level)``, clamped to ±log :data:`MAX_PEER_RATIO`, the level the
         median of the replicas' when three (both, in a job of two) have one, else taken from the other replicas'
         newest blocks of the last :data:`PEER_RECENT_S` seconds (:meth:`_peer_level`). Load the replicas share
@@ -618,9 +612,10 @@ class ReplicaPeers:
         silently (a fall is never reported). With two replicas, a speedup of one reads as a slowdown of the other
         (nothing tells them apart). Reports of an idle gap, flagged or taken while capturing are left out. This
         is the robust-z peer comparison of :func:`~profwatch.core.detection.rank_outliers.outlying_ranks`, on
-        blocks of wall time instead of steps. Cost: O(1) per report, O(values + bands * PEER_REF_BLOCKS) per
-        block; memory: :data:`PEER_BLOCK_VALUES` values per replica for :data:`PEER_LAG` + 1 blocks,
-        :data:`PEER_HISTORY` ratios per replica, :data:`PEER_REF_BLOCKS` medians per band (:data:`MAX_BANDS`).
+        blocks of wall time instead of steps. Cost: O(1) per report but the first of a band and unit in a block
+        (see :class:`PeerCurve`), O(values) per block; memory: :data:`PEER_BLOCK_VALUES` values per replica for :data:`PEER_LAG` + 1 blocks,
+        :data:`PEER_HISTORY` ratios per replica, :data:`PEER_REF_BLOCKS` medians per band and unit (:data:`MAX_BANDS`
+        bands).
     """
 
     def __init__(self, job_id: str, units: list[list[int]], settings: DetectionSettings) -> None:
@@ -781,11 +776,9 @@ class ReplicaPeers:
         return median(others)
 
     def _learn_refs(self) -> None:
-        """The closed block's step times wait :data:`PEER_LAG` blocks; then each work band's median of them (all
-        replicas pooled), divided by the block's shared load (:meth:`_block_load`), joins that band's last :data:`PEER_REF_BLOCKS` block medians, whose median is the band's
-        shared reference once it holds :data:`PEER_REF_MIN_BLOCKS` (a change is compared before any of it is
-        learned; the host load of minutes is averaged out of it). At most :data:`MAX_BANDS` bands (the least
-        recently used is dropped)."""
+        """The closed block's step times wait :data:`PEER_LAG` blocks; then each work band's and replica's median of
+        them, divided by the block's shared load (:meth:`_block_load`), joins :class:`PeerCurve` (a change is
+        compared before any of it is learned; the host load of minutes is averaged out of it)."""
         self._pending.append(self._new)
         self._new = []
         while len(self._pending) > PEER_LAG:
@@ -793,8 +786,8 @@ class ReplicaPeers:
             self._curve.learn(block, self._block_load(block))
 
     def _block_load(self, block: list[tuple[int, tuple[int, ...], float]]) -> float:
-        """The shared load of one block learned (its steps' ``(band, seconds)``): the median of its step times over
-        their bands' references, of the steps whose band has one (none: the last block's that had one; before any,
+        """The shared load of one block learned (its steps' ``(band, unit ranks, seconds)``): the median of its step
+        times over their references (:meth:`PeerCurve.ref`), of the steps that have one (none: the last block's that had one; before any,
         1). Each band's block median is divided by it before it joins the band's reference, so the references
         of all bands are in one unit, whatever the host's load while each band was in use. Before, each band's
         reference was the host load of the minutes its batches ran: a replica whose batch wandered into bands
@@ -873,7 +866,9 @@ class ReplicaPeers:
         (the run test's rule for a large rise, :data:`PEER_YOUNG_EFFECT`; ``detail.blocks`` 3), or its last
         :data:`PEER_YOUNG_RUN` ratios with a median of at least ``thr`` and each at least half that
         (``detail.blocks`` 6), ``sigma = max(1.4826 * median(|x|), noise_floor)`` of the other replicas' ratios ``x``
-        (at least :data:`PEER_MIN_BASELINE` of them; fewer: not judged): their spread about the peers' level that
+        (at least :data:`PEER_RUN` of them; fewer: not judged. It was :data:`PEER_MIN_BASELINE`: a 3x replica of
+        bursty peers, judged in three blocks by 550 s, waited for them until 1,690 s: bench_corpus seed 37
+        serving_dp run 1): their spread about the peers' level that
         ``q`` is compared with, 0, not about their own median (healthy replicas whose bands' references sit apart
         read off 0 for minutes: that offset is the noise of this comparison). With the six-block rule alone, a
         bursty replica waited for six judged blocks whatever its rise: a 3x replica of bench_corpus seed 38
