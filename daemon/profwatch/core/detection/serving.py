@@ -511,13 +511,15 @@ class PeerCurve:
         if band is not None:
             self._bands[key] = band
 
-    def _direct(self, key: int, ranks: tuple[int, ...]) -> float | None:
+    def _direct(self, key: int, ranks: tuple[int, ...], pooled: bool = False) -> float | None:
         band = self._bands.get(key)
         if band is None:
             return None
         own = set(ranks)
         vals = [x for u, d in band.items() if own.isdisjoint(u) for x in d]
-        return median(vals) if len(vals) >= PEER_REF_MIN_BLOCKS else None
+        if len(vals) < PEER_REF_MIN_BLOCKS:
+            return None
+        return median([x for d in band.values() for x in d]) if pooled else median(vals)
 
     def _curve(self, key: int, ranks: tuple[int, ...]) -> float | None:
         span = math.log(PEER_CURVE_SPAN) / math.log(PEER_WORK_BAND)
@@ -541,7 +543,7 @@ class PeerCurve:
         from the other units only; None: none yet (rules in the class Notes)."""
         ck = (key, ranks)
         if ck not in self._cache:
-            r = self._direct(key, ranks)
+            r = self._direct(key, ranks, pooled=True)
             if r is None and key != BARE_BAND:
                 r = self._curve(key, ranks)
             self._cache[ck] = r if r is not None and r > 0 and math.isfinite(r) else None
