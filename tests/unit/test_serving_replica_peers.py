@@ -200,7 +200,7 @@ def test_a_replica_slower_than_its_peers_before_its_baseline_formed_is_named_onc
                          factor=lambda q, b: 1.3 if q == 1 else 1.0)
     assert len(found) == 1 and found[0].ranks == (1,) and found[0].detail["test"] == "young", found
     assert 1.25 <= 1.0 + found[0].magnitude <= 1.35, found
-    assert found[0].detail["blocks"] == 6, found  # a rise under PEER_YOUNG_EFFECT: the six blocks' median
+    assert found[0].detail["blocks"] == 3, found  # a rise over 1 + PEER_YOUNG_EFFECT (1.2): three blocks
     bare = _round_robin(ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings()), blocks=400,
                         factor=lambda q, b: 1.3 if q == 1 else 1.0, work=None)
     assert not [a for a in bare if a.detail.get("test") == "young"], bare  # without work: a batch mix, or not

@@ -484,8 +484,11 @@ class PeerCurve:
         Per work band (powers of :data:`PEER_WORK_BAND` of ``work``; steps without one in :data:`BARE_BAND`) and
         per unit (its ranks), the last :data:`PEER_REF_BLOCKS` block medians of its step times in the band, each
         divided by its block's shared load (:meth:`learn`). The reference of a step of replica ``u`` in band
-        ``k`` (:meth:`ref`, seconds) is the median of the block medians of band ``k`` of every unit that shares
-        no rank with ``u`` (at least :data:`PEER_REF_MIN_BLOCKS`); when the others have none in ``k``, it is read
+        ``k`` (:meth:`ref`, seconds) is the median of the block medians of band ``k`` of every unit, once the
+        units that share no rank with ``u`` hold at least :data:`PEER_REF_MIN_BLOCKS` of them (a band the others
+        use too: the peer comparison cancels a reference they all share, where one from the others alone moved
+        with their traffic mix, one replica's apart from another's, and named a healthy replica +12 % by the
+        window test, tests/unit/test_serving_replica_peers.py); when the others have none in ``k``, it is read
         off their cost-per-work curve: a Theil-Sen line (Theil 1950, Sen 1968: the median of the pairwise slopes,
         at least 0, and the median intercept) of time against work through the others' band references whose
         work lies within :data:`PEER_CURVE_SPAN` of the step's band centre, at least two of them, the step's band
@@ -493,9 +496,10 @@ class PeerCurve:
         [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] of the nearest band's reference. Linear in work, not in log
         work: an iteration costs a fixed part plus a part per token, a curve in log-log. Limit: read off a few
         neighbouring bands of one replica, the slope is mostly noise (batches of 4-6 extrapolated to 12 read a
-        1.3x replica 1.7-1.9x, tests/unit/test_serving_replica_peers.py's centres 4, 12, 28). A replica is thus never compared with a reference its
-        own steps made: before, a band pooled every replica's steps, so a band only the changed replica used
-        learned the change as its reference (bench_corpus seed 37 serving_dp run 1, a 3x replica read +16 %).
+        1.3x replica 1.7-1.9x, tests/unit/test_serving_replica_peers.py's centres 4, 12, 28). A band only one
+        replica uses is thus never its reference: before, a band pooled whichever replicas used it, so a band only
+        the changed replica used learned the change as its reference (bench_corpus seed 37 serving_dp run 1, a 3x
+        replica read +16 %).
         Memory: :data:`PEER_REF_BLOCKS` medians per band and unit, at most :data:`MAX_BANDS` bands (the least
         recently used is dropped). Cost: O(values) per learned block, a reference computed once per block and
         (band, unit), O(bands^2) for a curve point.
