@@ -200,7 +200,7 @@ def test_a_replica_slower_than_its_peers_before_its_baseline_formed_is_named_onc
                          factor=lambda q, b: 1.3 if q == 1 else 1.0)
     assert len(found) == 1 and found[0].ranks == (1,) and found[0].detail["test"] == "young", found
     assert 1.25 <= 1.0 + found[0].magnitude <= 1.35, found
-    assert found[0].detail["blocks"] == 6, found  # a rise under PEER_YOUNG_EFFECT: the six blocks' median
+    assert found[0].detail["blocks"] == 3, found  # a rise over 1 + PEER_YOUNG_EFFECT (1.2): three blocks
     bare = _round_robin(ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings()), blocks=400,
                         factor=lambda q, b: 1.3 if q == 1 else 1.0, work=None)
     assert not [a for a in bare if a.detail.get("test") == "young"], bare  # without work: a batch mix, or not
@@ -292,3 +292,52 @@ def test_a_replica_its_own_unit_reported_is_not_named_again_next_to_its_peers() 
             later = [a.detail.get("detector") for _, a in found[1:]]
             assert first != "replica_peers" or not later, (seed, factor, first, later)
             assert "replica_peers" not in later, (seed, factor, first, later)
+
+
+def _disjoint_bands(peers: ReplicaPeers, *, blocks: int, slow: float, seed: int = 0) -> list[Anomaly]:
+    """Direct feed of :class:`ReplicaPeers` (one rank per replica, four replicas, all stepping in every block of
+    :data:`PEER_BLOCK_S`): each replica keeps to batch sizes of its own (work 4-5, 20-24, 10-11, 6 or 16), so
+    replica 2's work bands are used by no other replica; an iteration costs ``0.05 + 0.003 * work`` seconds, times
+    3 % log-normal noise, times the host's load shared by all (1.0-1.5x, changing every 2-9 blocks), replica 2
+    ``slow`` times that from its first step."""
+    rng = np.random.default_rng(seed)
+    works = {0: (4.0, 5.0), 1: (20.0, 24.0), 2: (10.0, 11.0), 3: (6.0, 16.0)}
+    found: list[Anomaly] = []
+    steps = [0] * 4
+    load, hold, now = 1.0, 0, 0.0
+    for block in range(blocks):
+        if hold <= 0:
+            load, hold = float(rng.uniform(1.0, 1.5)), int(rng.integers(2, 10))
+        hold -= 1
+        for i in range(12):
+            now = block * PEER_BLOCK_S + i * 0.8
+            for q in range(4):
+                steps[q] += 1
+                w = works[q][i % 2]
+                t = (0.05 + 0.003 * w) * load * math.exp(0.03 * float(rng.standard_normal()))
+                found += peers.add(q, steps[q], t * (slow if q == 2 else 1.0), w, now)
+    return found + peers.close(now + PEER_BLOCK_S)
+
+
+def test_a_replica_whose_batches_share_no_band_with_its_peers_is_compared_with_their_cost_curve() -> None:
+    """Replica 2 runs batches of 10-11 requests, a work band no peer uses, 1.3x slower from its first step (before
+    its own baseline forms). Each step is compared with the other replicas' cost-per-work curve
+    (``PeerCurve``: interpolated between their bands at 4-6 and 16-24 requests), never with a reference its own
+    steps made: it is named once, young, at about +30 %, within 14 blocks (the curve's references take
+    ``PEER_LAG`` + ``PEER_REF_MIN_BLOCKS`` blocks, then three blocks of the run rule). Before, its band's shared
+    reference was learned from its own slowed steps alone: it read 1.0 next to its peers and was never named."""
+    for seed in (0, 1, 2):
+        found = _disjoint_bands(ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings()), blocks=60, slow=1.3,
+                                seed=seed)
+        assert len(found) == 1 and found[0].ranks == (2,) and found[0].detail["test"] == "young", (seed, found)
+        assert 1.2 <= 1.0 + found[0].magnitude <= 1.4, (seed, found)
+        assert found[0].step <= 14 * 12, (seed, found)
+
+
+def test_healthy_replicas_of_disjoint_bands_under_a_moving_host_load_name_nobody() -> None:
+    """The same four replicas, each on batch sizes of its own, healthy, the shared host load moving 1.0-1.5x every
+    20-90 s: 400 blocks (67 minutes, 3 seeds), nobody named (each is compared with the others' curve at its own
+    work, and the load they share cancels)."""
+    for seed in (0, 1, 2):
+        assert _disjoint_bands(ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings()), blocks=400, slow=1.0,
+                               seed=seed) == [], seed

@@ -430,13 +430,13 @@ PEER_YOUNG_RUN = 6
 """Blocks of the young test's window rule: a replica without a baseline yet (fewer than :data:`PEER_MIN_BASELINE`)
 whose last this many blocks' median is over the threshold is named; its last :data:`PEER_RUN` blocks each over it
 name it sooner when each is at least ``1 +`` :data:`PEER_YOUNG_EFFECT` over (see :meth:`ReplicaPeers._judge_young`)."""
-PEER_YOUNG_EFFECT = 0.5
+PEER_YOUNG_EFFECT = 0.2
 """Least rise (``1 +`` this) over its peers' level in each of a young replica's last :data:`PEER_RUN` blocks that
-names it on them alone (:meth:`ReplicaPeers._judge_young`): while the work bands' shared references hold a few
-blocks of a host whose load moves 1.0-1.5x, a healthy replica whose batches have bands of their own reads up to
-about +17 % next to its peers for several blocks (tests/unit/test_serving_replica_peers.py: batch centres 4, 12
-and 28, +16.6 % in three blocks at 198 s); a smaller rise waits for the :data:`PEER_YOUNG_RUN` blocks' median
-(as ``unit_level.YOUNG_EFFECT``: more than a shared host's load moves a young reference)."""
+names it on them alone (:meth:`ReplicaPeers._judge_young`); a smaller rise waits for the :data:`PEER_YOUNG_RUN`
+blocks' median. It was 0.5 while a band's reference pooled every replica's steps: a healthy replica whose batches
+had bands of their own read up to about +17 % next to its peers for several blocks. Compared with the other
+replicas' cost curve (:class:`PeerCurve`), a 1.3x replica reads 1.27-1.40 from its first judged block and is named
+on three of them (bench_corpus seed 38 serving_dp run 1: at 325 s instead of 1,115 s)."""
 PEER_WINDOW = 6
 """Blocks (of those the replica stepped in) of the longer window test: a change smaller than ``outlier_z`` of the
 ratio's noise per block, but persistent (see :data:`PEER_WINDOW_Z`)."""
@@ -453,25 +453,120 @@ in a block it did not step in (:meth:`ReplicaPeers._peer_level`): this block and
 load holds 20-90 s at a time; at 30 s a healthy replica of two read +23-28 % against its peer's blocks of 20-30 s
 before, under another load, three blocks in a row (bench_corpus seed 32 serving_dp run 13, a false arm)."""
 PEER_WORK_BAND = 1.25
-"""Work bands of this ratio (powers of it) each have a reference shared by the replicas that each step is divided
-by before replicas are compared: the time of an iteration follows its batch, and independent replicas run
-different batches at the same moment."""
+"""Work bands of this ratio (powers of it): each step is divided by its band's reference from the other replicas
+(:class:`PeerCurve`) before replicas are compared: the time of an iteration follows its batch, and independent
+replicas run different batches at the same moment."""
 PEER_REF_BLOCKS = 64
-"""Block medians in each work band's shared reference (the median of them), which :class:`ReplicaPeers` divides
-each step by: every replica's step times of the band pooled per block, entering :data:`PEER_LAG` blocks late;
-64 blocks of 10 s of the band's use span many of a shared host's load periods (a reference of the last 128 step
+"""Block medians kept per work band and replica (:class:`PeerCurve`; a reference is the median of the other
+replicas'), each replica's step times of the band per block, entering :data:`PEER_LAG` blocks late; 64 blocks of 10 s of the band's use span many of a shared host's load periods (a reference of the last 128 step
 times was the load of the last half minute, a different load for each replica's own batch sizes: a healthy
 replica read +23 % next to its peers)."""
 PEER_REF_MIN_BLOCKS = 4
-"""Block medians a band's shared reference needs before its steps are compared."""
+"""Block medians (of the other replicas) a band's reference needs before steps of it are compared
+(:class:`PeerCurve`)."""
 
 
-class _PeerRef:
-    __slots__ = ("meds", "ref")
+PEER_CURVE_SPAN = 8.0
+"""Work ratio either way of a step's work within which the other replicas' bands make the cost-per-work curve that
+gives its reference when they have none of its own band (:class:`PeerCurve`): a decode batch and a prefill of
+thousands of tokens are two regimes, never one line."""
+PEER_CURVE_REACH = 2.5
+"""Work ratio a step's work may lie beyond the other replicas' nearest band on the curve (:class:`PeerCurve`):
+farther out, no reference (the step is not compared)."""
+BARE_BAND = -(10**9)
+"""The band key of steps without a usable ``work`` in :class:`PeerCurve` (its own band, never on the curve)."""
+
+
+class PeerCurve:
+    """Each replica's cost-per-work reference, learned from the other replicas only (pure).
+
+    Notes:
+        Per work band (powers of :data:`PEER_WORK_BAND` of ``work``; steps without one in :data:`BARE_BAND`) and
+        per unit (its ranks), the last :data:`PEER_REF_BLOCKS` block medians of its step times in the band, each
+        divided by its block's shared load (:meth:`learn`). The reference of a step of replica ``u`` in band
+        ``k`` (:meth:`ref`, seconds) is the median of the block medians of band ``k`` of every unit, once the
+        units that share no rank with ``u`` hold at least :data:`PEER_REF_MIN_BLOCKS` of them (a band the others
+        use too: the peer comparison cancels a reference they all share, where one from the others alone moved
+        with their traffic mix, one replica's apart from another's, and named a healthy replica +12 % by the
+        window test, tests/unit/test_serving_replica_peers.py); when the others have none in ``k``, it is read
+        off their cost-per-work curve: a Theil-Sen line (Theil 1950, Sen 1968: the median of the pairwise slopes,
+        at least 0, and the median intercept) of time against work through the others' band references whose
+        work lies within :data:`PEER_CURVE_SPAN` of the step's band centre, at least two of them, the step's band
+        within :data:`PEER_CURVE_REACH` of the nearest (else None: the step only teaches), kept within
+        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] of the nearest band's reference. Linear in work, not in log
+        work: an iteration costs a fixed part plus a part per token, a curve in log-log. Limit: read off a few
+        neighbouring bands of one replica, the slope is mostly noise (batches of 4-6 extrapolated to 12 read a
+        1.3x replica 1.7-1.9x, tests/unit/test_serving_replica_peers.py's centres 4, 12, 28). A band only one
+        replica uses is thus never its reference: before, a band pooled whichever replicas used it, so a band only
+        the changed replica used learned the change as its reference (bench_corpus seed 37 serving_dp run 1, a 3x
+        replica read +16 %).
+        Memory: :data:`PEER_REF_BLOCKS` medians per band and unit, at most :data:`MAX_BANDS` bands (the least
+        recently used is dropped). Cost: O(values) per learned block, a reference computed once per block and
+        (band, unit), O(bands^2) for a curve point.
+    """
 
     def __init__(self) -> None:
-        self.meds: deque[float] = deque(maxlen=PEER_REF_BLOCKS)
-        self.ref: float | None = None
+        self._bands: dict[int, dict[tuple[int, ...], deque[float]]] = {}
+        self._cache: dict[tuple[int, tuple[int, ...]], float | None] = {}
+
+    def touch(self, key: int) -> None:
+        """Band ``key`` was used now (the least recently used band is the one dropped)."""
+        band = self._bands.pop(key, None)
+        if band is not None:
+            self._bands[key] = band
+
+    def _direct(self, key: int, ranks: tuple[int, ...], pooled: bool = False) -> float | None:
+        band = self._bands.get(key)
+        if band is None:
+            return None
+        own = set(ranks)
+        vals = [x for u, d in band.items() if own.isdisjoint(u) for x in d]
+        if len(vals) < PEER_REF_MIN_BLOCKS:
+            return None
+        return median([x for d in band.values() for x in d]) if pooled else median(vals)
+
+    def _curve(self, key: int, ranks: tuple[int, ...]) -> float | None:
+        span = math.log(PEER_CURVE_SPAN) / math.log(PEER_WORK_BAND)
+        reach = math.log(PEER_CURVE_REACH) / math.log(PEER_WORK_BAND)
+        pts = []
+        for j in self._bands:
+            if j != BARE_BAND and j != key and abs(j - key) <= span:
+                r = self._direct(j, ranks)
+                if r is not None and r > 0:
+                    pts.append((PEER_WORK_BAND ** (j + 0.5), r, abs(j - key)))
+        if len(pts) < 2 or min(d for _, _, d in pts) > reach:
+            return None
+        slopes = [(b[1] - a[1]) / (b[0] - a[0]) for i, a in enumerate(pts) for b in pts[i + 1:] if b[0] != a[0]]
+        slope = max(0.0, median(slopes))
+        cut = median([t - slope * w for w, t, _ in pts])
+        near = min(pts, key=lambda x: x[2])[1]
+        return min(max(cut + slope * PEER_WORK_BAND ** (key + 0.5), near / MAX_SCALE), near * MAX_SCALE)
+
+    def ref(self, key: int, ranks: tuple[int, ...]) -> float | None:
+        """Reference (seconds, at the shared load 1) of a step of band ``key`` of the unit of job ranks ``ranks``,
+        from the other units only; None: none yet (rules in the class Notes)."""
+        ck = (key, ranks)
+        if ck not in self._cache:
+            r = self._direct(key, ranks, pooled=True)
+            if r is None and key != BARE_BAND:
+                r = self._curve(key, ranks)
+            self._cache[ck] = r if r is not None and r > 0 and math.isfinite(r) else None
+        return self._cache[ck]
+
+    def learn(self, block: list[tuple[int, tuple[int, ...], float]], load: float) -> None:
+        """One block's steps ``(band, unit ranks, seconds)``: each band's and unit's median, over ``load`` (> 0),
+        joins its window."""
+        by: dict[tuple[int, tuple[int, ...]], list[float]] = {}
+        for key, ranks, t in block:
+            by.setdefault((key, ranks), []).append(t)
+        for (key, ranks), ts in by.items():
+            band = self._bands.pop(key, None) or {}
+            band.setdefault(ranks, deque(maxlen=PEER_REF_BLOCKS)).append(median(ts) / load)
+            self._bands[key] = band
+            if len(self._bands) > MAX_BANDS:
+                del self._bands[next(iter(self._bands))]
+        self._cache.clear()
+
 
 MAX_PEER_RATIO = 100.0
 """A replica's ratio to its peers is clamped to [1 / this, this] (magnitudes stay bounded)."""
@@ -487,13 +582,13 @@ class ReplicaPeers:
 
     Notes:
         Replicas have unrelated step counters but share the host and its load, so they are compared on time:
-        every :data:`PEER_BLOCK_S` seconds of arrival time. Each step time is first divided by its work band's
-        shared reference (powers of :data:`PEER_WORK_BAND` of the step's ``work``; one band without ``work``):
-        the median of the band's last :data:`PEER_REF_BLOCKS` block medians, every replica's steps pooled,
-        each divided by its block's shared load (:meth:`_block_load`: every band's reference in one unit, not
-        the host load of the minutes the band was in use), entering :data:`PEER_LAG` blocks late
-        (:meth:`_learn_refs`); a step of a band without a reference yet
-        only teaches it. A replica with at least :data:`PEER_MIN_VALUES` such ratios in the block has ``m_q``,
+        every :data:`PEER_BLOCK_S` seconds of arrival time. Each step time is first divided by its reference from
+        the other replicas' cost per work (:class:`PeerCurve`: their block medians of the step's work band, powers
+        of :data:`PEER_WORK_BAND` of ``work``, one band without ``work``, or their cost curve at its work where
+        they have none of that band), the block medians each divided by its block's shared load
+        (:meth:`_block_load`: every band's reference in one unit, not the host load of the minutes the band was in
+        use), entering :data:`PEER_LAG` blocks late (:meth:`_learn_refs`); a step without a reference yet only
+        teaches. A replica with at least :data:`PEER_MIN_VALUES` such ratios in the block has ``m_q``,
         their median: each one's ``r = log(m_q / level)``, clamped to ±log :data:`MAX_PEER_RATIO`, the level the
         median of the replicas' when three (both, in a job of two) have one, else taken from the other replicas'
         newest blocks of the last :data:`PEER_RECENT_S` seconds (:meth:`_peer_level`). Load the replicas share
@@ -523,9 +618,10 @@ class ReplicaPeers:
         silently (a fall is never reported). With two replicas, a speedup of one reads as a slowdown of the other
         (nothing tells them apart). Reports of an idle gap, flagged or taken while capturing are left out. This
         is the robust-z peer comparison of :func:`~profwatch.core.detection.rank_outliers.outlying_ranks`, on
-        blocks of wall time instead of steps. Cost: O(1) per report, O(values + bands * PEER_REF_BLOCKS) per
-        block; memory: :data:`PEER_BLOCK_VALUES` values per replica for :data:`PEER_LAG` + 1 blocks,
-        :data:`PEER_HISTORY` ratios per replica, :data:`PEER_REF_BLOCKS` medians per band (:data:`MAX_BANDS`).
+        blocks of wall time instead of steps. Cost: O(1) per report but the first of a band and unit in a block
+        (see :class:`PeerCurve`), O(values) per block; memory: :data:`PEER_BLOCK_VALUES` values per replica for :data:`PEER_LAG` + 1 blocks,
+        :data:`PEER_HISTORY` ratios per replica, :data:`PEER_REF_BLOCKS` medians per band and unit (:data:`MAX_BANDS`
+        bands).
     """
 
     def __init__(self, job_id: str, units: list[list[int]], settings: DetectionSettings) -> None:
@@ -536,9 +632,9 @@ class ReplicaPeers:
         n = len(self.units)
         self._vals: list[list[float]] = [[] for _ in range(n)]
         """Per replica, the open block's step times divided by their band's shared reference."""
-        self._refs: dict[int, _PeerRef] = {}
-        self._new: list[tuple[int, float]] = []
-        self._pending: deque[list[tuple[int, float]]] = deque()
+        self._curve = PeerCurve()
+        self._new: list[tuple[int, tuple[int, ...], float]] = []
+        self._pending: deque[list[tuple[int, tuple[int, ...], float]]] = deque()
         self._count = [0] * n
         self._first: list[int | None] = [None] * n
         self._last: list[int] = [0] * n
@@ -567,7 +663,7 @@ class ReplicaPeers:
         seconds of steps): the references took :data:`PEER_LAG` + :data:`PEER_REF_MIN_BLOCKS` blocks again and each
         baseline :data:`PEER_LAG` + :data:`PEER_MIN_BASELINE` of the replica's blocks, so a replica 1.15x slower
         from 353 s after the last split was never judged against a baseline (seed 31 run 7)."""
-        self._refs, self._pending, self._new, self._end = old._refs, old._pending, old._new, old._end
+        self._curve, self._pending, self._new, self._end = old._curve, old._pending, old._new, old._end
         self._load = old._load
         self._young_named = old._young_named
         before = {tuple(u): q for q, u in enumerate(old.units)}
@@ -608,20 +704,21 @@ class ReplicaPeers:
         if q is None or not (time_s > 0 and math.isfinite(time_s)):
             return out
         has_work = work is not None and work > 0 and math.isfinite(work)
-        key = int(math.floor(math.log(work) / math.log(PEER_WORK_BAND))) if has_work and work is not None else 0
+        key = (int(math.floor(math.log(work) / math.log(PEER_WORK_BAND))) if has_work and work is not None
+               else BARE_BAND)
         if not has_work:
             self._bare[q] += 1
         if self._count[q] >= PEER_BLOCK_VALUES:
             self.counters["replica_values_skipped"] += 1
             return out
         self._count[q] += 1
-        self._new.append((key, time_s))
-        band = self._refs.get(key)
-        if band is not None:
-            self._refs[key] = self._refs.pop(key)  # most recently used last
-        if band is None or band.ref is None or band.ref <= 0:
-            return out  # no reference for this band yet: the step only teaches it (PEER_LAG blocks later)
-        self._vals[q].append(time_s / band.ref)
+        ranks = tuple(self.units[q])
+        self._new.append((key, ranks, time_s))
+        self._curve.touch(key)
+        ref = self._curve.ref(key, ranks)
+        if ref is None:
+            return out  # no reference for this step from the others yet: it only teaches (PEER_LAG blocks later)
+        self._vals[q].append(time_s / ref)
         if self._first[q] is None:
             self._first[q] = step
         self._last[q] = max(self._last[q], step)
@@ -685,30 +782,18 @@ class ReplicaPeers:
         return median(others)
 
     def _learn_refs(self) -> None:
-        """The closed block's step times wait :data:`PEER_LAG` blocks; then each work band's median of them (all
-        replicas pooled), divided by the block's shared load (:meth:`_block_load`), joins that band's last :data:`PEER_REF_BLOCKS` block medians, whose median is the band's
-        shared reference once it holds :data:`PEER_REF_MIN_BLOCKS` (a change is compared before any of it is
-        learned; the host load of minutes is averaged out of it). At most :data:`MAX_BANDS` bands (the least
-        recently used is dropped)."""
+        """The closed block's step times wait :data:`PEER_LAG` blocks; then each work band's and replica's median of
+        them, divided by the block's shared load (:meth:`_block_load`), joins :class:`PeerCurve` (a change is
+        compared before any of it is learned; the host load of minutes is averaged out of it)."""
         self._pending.append(self._new)
         self._new = []
         while len(self._pending) > PEER_LAG:
-            by_band: dict[int, list[float]] = {}
             block = self._pending.popleft()
-            for key, t in block:
-                by_band.setdefault(key, []).append(t)
-            load = self._block_load(block)
-            for key, ts in by_band.items():
-                band = self._refs.pop(key, None) or _PeerRef()
-                band.meds.append(median(ts) / load)
-                band.ref = median(list(band.meds)) if len(band.meds) >= PEER_REF_MIN_BLOCKS else None
-                self._refs[key] = band
-                if len(self._refs) > MAX_BANDS:
-                    del self._refs[next(iter(self._refs))]
+            self._curve.learn(block, self._block_load(block))
 
-    def _block_load(self, block: list[tuple[int, float]]) -> float:
-        """The shared load of one block learned (its steps' ``(band, seconds)``): the median of its step times over
-        their bands' references, of the steps whose band has one (none: the last block's that had one; before any,
+    def _block_load(self, block: list[tuple[int, tuple[int, ...], float]]) -> float:
+        """The shared load of one block learned (its steps' ``(band, unit ranks, seconds)``): the median of its step
+        times over their references (:meth:`PeerCurve.ref`), of the steps that have one (none: the last block's that had one; before any,
         1). Each band's block median is divided by it before it joins the band's reference, so the references
         of all bands are in one unit, whatever the host's load while each band was in use. Before, each band's
         reference was the host load of the minutes its batches ran: a replica whose batch wandered into bands
@@ -716,10 +801,10 @@ class ReplicaPeers:
         block of bench_corpus seed 40 serving_dp run 2: 1.07x in one band, 1.30x in another), and two healthy
         replicas were named (runs 2 and 7)."""
         ratios = []
-        for key, t in block:
-            band = self._refs.get(key)
-            if band is not None and band.ref is not None and band.ref > 0:
-                ratios.append(t / band.ref)
+        for key, ranks, t in block:
+            ref = self._curve.ref(key, ranks)
+            if ref is not None:
+                ratios.append(t / ref)
         if ratios:
             load = median(ratios)
             if load > 0 and math.isfinite(load):
@@ -787,7 +872,9 @@ class ReplicaPeers:
         (the run test's rule for a large rise, :data:`PEER_YOUNG_EFFECT`; ``detail.blocks`` 3), or its last
         :data:`PEER_YOUNG_RUN` ratios with a median of at least ``thr`` and each at least half that
         (``detail.blocks`` 6), ``sigma = max(1.4826 * median(|x|), noise_floor)`` of the other replicas' ratios ``x``
-        (at least :data:`PEER_MIN_BASELINE` of them; fewer: not judged): their spread about the peers' level that
+        (at least :data:`PEER_RUN` of them; fewer: not judged. It was :data:`PEER_MIN_BASELINE`: a 3x replica of
+        bursty peers, judged in three blocks by 550 s, waited for them until 1,690 s: bench_corpus seed 37
+        serving_dp run 1): their spread about the peers' level that
         ``q`` is compared with, 0, not about their own median (healthy replicas whose bands' references sit apart
         read off 0 for minutes: that offset is the noise of this comparison). With the six-block rule alone, a
         bursty replica waited for six judged blocks whatever its rise: a 3x replica of bench_corpus seed 38
@@ -813,7 +900,7 @@ class ReplicaPeers:
                 or len(self.units) < 3):
             return []
         pooled = [x for o, h in enumerate(self._hist) if o != q for x in h]
-        if len(pooled) < PEER_MIN_BASELINE:
+        if len(pooled) < PEER_RUN:
             return []
         s = self.settings
         sigma = max(1.4826 * median([abs(x) for x in pooled]), s.noise_floor)
