@@ -27,7 +27,7 @@ from profwatch.core.detection.aggregation import (
     StepAggregator,
     judge_cpu_series,
 )
-from profwatch.core.detection.rank_outliers import CPU_MIN_OBS, RankOutlierDetector
+from profwatch.core.detection.rank_outliers import CPU_MIN_ALARM_OBS, CPU_REF_MIN, RankOutlierDetector
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly
 from profwatch.core.messages import MAX_CPU_S, MessageRejected, parse_node_message, parse_rank_message
@@ -292,10 +292,15 @@ SAMPLE_LAG_STEPS = 30 + (CPU_SAMPLE_SPAN - 1) * CPU_SAMPLE_MIN_STEPS
 the span's other intervals: the CPU time per step from samples is the mean over the last ``CPU_SAMPLE_SPAN``
 intervals before the last sample, so a change shows up to one interval late, and in full ``CPU_SAMPLE_SPAN``
 intervals later."""
-OBS_LAG_STEPS = (CPU_MIN_OBS + 1) * CPU_SAMPLE_SPAN * 2 * CPU_SAMPLE_MIN_STEPS
-"""From samples a rank is named once its excess over :data:`CPU_MIN_OBS` independent CPU observations (values
-``CPU_SAMPLE_SPAN`` intervals apart) passes its own noise: one span for the change to fill a value, then that many
-spans; an interval of this loop is two samples (0.25 s is about 15 steps, under ``CPU_SAMPLE_MIN_STEPS``)."""
+OBS_LAG_STEPS = (CPU_MIN_ALARM_OBS + 1) * 2 * CPU_SAMPLE_MIN_STEPS
+"""From samples a rank is named once its CUSUM over independent CPU observations (one per sampled interval) reaches
+its threshold, at least ``CPU_MIN_ALARM_OBS`` observations at the winsorised maximum where the noise is at its floor,
+plus one interval for the change to fill one; an interval of this loop is two samples (0.25 s is about 15 steps,
+under ``CPU_SAMPLE_MIN_STEPS``)."""
+LEARN_SHIFT_STEPS = (CPU_REF_MIN + 2) * 2 * CPU_SAMPLE_MIN_STEPS
+"""From samples each rank's CPU baseline is learned from ``CPU_REF_MIN`` independent intervals (two samples each in
+this loop), not from the learning window's one to three values: the sampled variants start their change this many
+steps later (a change before then is learned as the rank's normal)."""
 
 
 @pytest.mark.parametrize("ranks", [2, 4, 8])
@@ -307,25 +312,27 @@ def test_a_rank_whose_cpu_time_rose_against_its_peers_is_named(ranks: int, sampl
     step (:data:`SAMPLED_BASE`: at 6.6 ms +30 % on one of two is under the 1 ms floor)."""
     s = DetectionSettings(outlier_min_ranks=2)  # a serving unit's TP group is compared from 2 ranks on
     base = SAMPLED_BASE if sampled and ranks == 2 else 0.0066
-    found = _run(_lockstep(800, ranks, seed=ranks, slow_rank=1, onset=300, base=base), ranks=ranks, settings=s,
-                 seed=ranks, sampled=sampled)
+    onset = 300 + (LEARN_SHIFT_STEPS if sampled else 0)
+    found = _run(_lockstep(onset + 500, ranks, seed=ranks, slow_rank=1, onset=onset, base=base), ranks=ranks,
+                 settings=s, seed=ranks, sampled=sampled)
     named = [a for a in found if a.kind == "rank_outlier"]
     assert named and named[0].ranks == (1,) and named[0].detail["stage"] == {1: CPU_SERIES}
     lag = SAMPLE_LAG_STEPS + OBS_LAG_STEPS if sampled else 0
-    assert 300 <= named[0].step <= 300 + 3 * s.outlier_window_steps + lag
+    assert onset <= named[0].step <= onset + 3 * s.outlier_window_steps + lag
     assert 0.10 <= named[0].magnitude <= 0.45  # a bounded relative excess (2 ranks: half the difference)
-    assert not [a for a in found if a.step < 300]
+    assert not [a for a in found if a.step < onset]
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["per_step", "sampled"])
 def test_per_unit_of_work_when_the_ranks_report_it(sampled: bool) -> None:
     """A serving pair: batches of 1-32 (CPU time follows the batch), rank 1's CPU time per request +30 %."""
     rng = random.Random(7)
-    work = [float(rng.randint(4, 32)) for _ in range(800)]
-    cpu = _lockstep(800, 2, seed=7, base=0.0004, slow_rank=1, onset=300, work=work)
+    onset = 300 + (LEARN_SHIFT_STEPS if sampled else 0)
+    work = [float(rng.randint(4, 32)) for _ in range(onset + 500)]
+    cpu = _lockstep(onset + 500, 2, seed=7, base=0.0004, slow_rank=1, onset=onset, work=work)
     named = [a for a in _run(cpu, ranks=2, work=work, settings=DetectionSettings(outlier_min_ranks=2),
                              sampled=sampled) if a.kind == "rank_outlier"]
-    assert named and named[0].ranks == (1,) and named[0].step >= 300
+    assert named and named[0].ranks == (1,) and named[0].step >= onset
 
 
 SWEEP = [(seed, ranks) for seed in range(6) for ranks in (2, 4, 16)]
@@ -358,12 +365,13 @@ def test_ranks_whose_cpu_time_differs_by_design_stay_quiet(seed: int, ranks: int
     assert _run(cpu, ranks=ranks, settings=s, seed=seed, roles=roles) == []
     # and a real change on top of the learned difference is still found, on either rank
     base = SAMPLED_BASE if sampled and ranks == 2 else 0.0066
-    last = 420 + (OBS_LAG_STEPS if sampled else 0)
+    onset = 300 + (LEARN_SHIFT_STEPS if sampled else 0)
+    last = onset + 120 + (SAMPLE_LAG_STEPS + OBS_LAG_STEPS if sampled else 0)
     for slow in (ranks - 1, 0):
-        cpu = _lockstep(last + 100, ranks, seed=seed, by_design={0: design}, slow_rank=slow, onset=300, base=base)
+        cpu = _lockstep(last + 100, ranks, seed=seed, by_design={0: design}, slow_rank=slow, onset=onset, base=base)
         named = [a for a in _run(cpu, ranks=ranks, settings=s, seed=seed, sampled=sampled)
                  if a.kind == "rank_outlier"]
-        assert named and named[0].ranks == (slow,) and 300 <= named[0].step <= last, named[:1]
+        assert named and named[0].ranks == (slow,) and onset <= named[0].step <= last, named[:1]
 
 
 @pytest.mark.parametrize("n_stages", [4, 6])
