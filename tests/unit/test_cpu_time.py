@@ -27,7 +27,7 @@ from profwatch.core.detection.aggregation import (
     StepAggregator,
     judge_cpu_series,
 )
-from profwatch.core.detection.rank_outliers import CPU_MIN_ALARM_OBS, CPU_REF_MIN, RankOutlierDetector
+from profwatch.core.detection.rank_outliers import CPU_MIN_ALARM_OBS, CPU_REF_MIN, RankOutlierDetector, cusum_threshold
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly
 from profwatch.core.messages import MAX_CPU_S, MessageRejected, parse_node_message, parse_rank_message
@@ -566,6 +566,36 @@ def test_the_cpu_value_is_the_mean_of_the_last_intervals_so_one_interval_read_hi
     assert series[245] == pytest.approx([0.010, 0.013])  # three intervals at +30 %: all of it
 
 
+def test_each_step_also_carries_the_last_interval_alone_one_independent_observation() -> None:
+    """The sequential CPU test needs one independent value per interval, not the span's mean (three overlapping
+    intervals): each finalised step carries, beside the mean, each rank's last interval's own value
+    (``FinalizedStep.cpu_iv``): the +39 % interval reads +39 % there, the next one 0 % again."""
+    samples: dict[int, dict[int, tuple[int, float]]] = {}
+    c0 = c1 = 1.0
+    for i, at in enumerate(range(4, 240, 20)):
+        samples[at + 1] = {0: (at, c0), 1: (at, c1)}
+        c0 += 0.010 * 20
+        c1 += 0.010 * 20 * (1.39 if i == 5 else 1.0)
+    agg = StepAggregator(2, DetectionSettings(outlier_min_ranks=2, warmup_steps=0))
+    iv: dict[int, tuple[float, ...]] = {}
+    for rep in _pair_reports(200, samples):
+        for fs in agg.observe(rep, 1.0)[0]:
+            if fs.cpu_iv is not None:
+                iv[fs.step] = fs.cpu_iv
+    assert iv[125] == pytest.approx((0.010, 0.0139))  # the interval 104-124 alone
+    assert iv[145] == pytest.approx((0.010, 0.010))
+    assert iv[125] != pytest.approx((0.010, 0.010 * (1 + 0.39 / 3)))  # not the span's mean
+
+
+@pytest.mark.parametrize(("k", "h", "arl"), [(0.5, 4.0, 336.0), (0.5, 5.0, 930.0), (0.25, 8.0, 738.0)])
+def test_the_cusum_threshold_meets_the_tabulated_run_lengths(k: float, h: float, arl: float) -> None:
+    """One-sided CUSUM run lengths before a false alarm (Montgomery, Introduction to Statistical Quality Control,
+    Table 9.3, two-sided 168 and 465 at k 0.5 and h 4 and 5, twice that one-sided; k 0.25 h 8 from Siegmund's formula
+    itself): :func:`cusum_threshold` gives back h within 0.1."""
+    assert cusum_threshold(k, arl) == pytest.approx(h, abs=0.1)
+    assert cusum_threshold(k, 10 * arl) > cusum_threshold(k, arl)  # a longer run asks more evidence
+
+
 def _sampled_series(reports: list[wire.StepReport], ranks: int = 2) -> tuple[dict[int, list[float]], StepAggregator]:
     """Feed reports (two ranks in step order) to an aggregator; return each finalised step's CPU series."""
     agg = StepAggregator(ranks, DetectionSettings(outlier_min_ranks=2, warmup_steps=0))
@@ -801,10 +831,11 @@ def test_a_healthy_serving_pair_on_a_busy_host_stays_quiet_for_an_hour(seed: int
     assert feed(busy_pair(seed)) == []
 
 
-@pytest.mark.parametrize("seed", [10_000, 10_001, 10_002])
+@pytest.mark.parametrize("seed", [10_000, 10_001, 10_002, 10_019])
 def test_a_sustained_slower_rank_on_a_busy_host_is_still_named(seed: int) -> None:
     """The same busy pair, rank 1 +30 % CPU per request from 600 s: named on ``cpu/step`` within four minutes, and
-    nobody before."""
+    nobody before. Seed 10_019: its spans' test (values three intervals apart, a ratio learned from the learning
+    window's few CPU values) never named it within 300 s; the CUSUM over every interval does in 38 s."""
     from bench.bench_busy_cpu_pair import busy_pair, feed
 
     found = feed(busy_pair(seed, duration_s=900.0, onset_s=600.0))

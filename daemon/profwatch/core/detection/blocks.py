@@ -201,9 +201,9 @@ def merge_block(block: list[FinalizedStep], period: int = 1) -> FinalizedStep:
         ivs = [math.nan] * len(cpu_obs)
         for b in block:
             if b.cpu_obs is not None and b.cpu_iv is not None and len(b.cpu_iv) == len(cpu_obs):
-                for r, (o, v) in enumerate(zip(b.cpu_obs, b.cpu_iv, strict=True)):
-                    if o == cpu_obs[r] and not math.isnan(v):
-                        ivs[r] = v
+                for r, (o, val) in enumerate(zip(b.cpu_obs, b.cpu_iv, strict=True)):
+                    if o == cpu_obs[r] and not math.isnan(val):
+                        ivs[r] = val
         cpu_iv = tuple(ivs)
     return FinalizedStep(step=last.step, time_s=median(times), slowest_rank=slowest,
                          ranks_reported=min(b.ranks_reported for b in block), stages=stages, excluded=excluded,

@@ -130,17 +130,16 @@ learned; others are compared without a baseline."""
 CPU_NOISE_OBS = 128
 """Independent CPU observations kept per rank (one per sampled interval, :attr:`FinalizedStep.cpu_iv`: the log
 ratio of the rank's interval value to its peers'), the source of its reference level and noise scale."""
-CPU_NOISE_MIN = 8
-"""Independent CPU observations a rank needs before its sequential CPU test runs (a MAD of fewer is no noise
-estimate)."""
 CPU_REF_LAG = 24
-"""The rank's reference level and noise are taken from its observations older than its newest this many, once there
-are :data:`CPU_REF_MIN` of them (before: all its observations, and the peers' level 0 as reference): a change is
-judged against the rank's own past, not against the observations it is made of, and its noise scale is not widened
-by it (a +30 % rank is named within about 10-40 observations of a busy host, ``bench/bench_busy_cpu_pair.py``)."""
+"""A rank's reference level and noise are taken from its observations but its newest this many (at least its first
+:data:`CPU_REF_MIN`): a change is judged against the rank's own past, not against the observations it is made of,
+and its noise scale is not widened by it (a +30 % rank is named within about 10-40 observations of a busy host,
+``bench/bench_busy_cpu_pair.py``)."""
 CPU_REF_MIN = 32
-"""Observations a rank's reference level (their median log ratio) is learned from: the learning window's 40 steps held
-one to three CPU values on a busy serving pair, and the ratio learned from them was off by chance by 7-11 %."""
+"""Observations a rank's CPU baseline (the median of its log ratios to its peers) is learned from before the rank is
+compared on the CPU series from samples: the learning window's 40 steps held one to three CPU values on a busy serving
+pair, and the ratio learned from them was off by chance by 7-11 % (1.11 on a simulated run, which then hid most of a
++30 % change from the window)."""
 CPU_SIGMA_FLOOR = 0.03
 """Floor of a rank's noise scale on the CPU test (log ratio per interval; at least ``noise_floor``): a quiet
 lockstep job's intervals agree within 1 %, and a MAD of such values would turn a few percent into many sigmas."""
@@ -248,9 +247,12 @@ class RankOutlierDetector:
         and ``v - m >= outlier_min_abs_s``. A rank outlying in ``outlier_min_steps`` of the last
         ``outlier_window_steps`` non-excluded steps fires one ``rank_outlier`` (ranks firing at the same step
         are grouped); it may fire again only after its count fell below half of ``outlier_min_steps``. A rank
-        outlying on ``cpu/step`` from CPU samples (:attr:`FinalizedStep.cpu_obs`: one value per sampled interval,
-        held for the steps between) also needs its excess over :data:`CPU_MIN_OBS` or more independent CPU
-        observations to pass its own noise (:meth:`_cpu_evidence`): the window's steps hold one or two of them.
+        judged on ``cpu/step`` from CPU samples (:attr:`FinalizedStep.cpu_obs`, ``cpu_iv``: one value per sampled
+        interval, held for the steps between) is outlying in a step when its one-sided CUSUM over its independent
+        per-interval log ratios to its peers is at or over its threshold (:meth:`_cpu_step`): a sequential test
+        against its own baseline, learned from :data:`CPU_REF_MIN` intervals (the learning window holds one to
+        three), instead of the step value's threshold (a held mean of three intervals: the window's steps hold one
+        or two observations).
 
         Assumptions: only *slower* is tested, so ranks that wait longer at a barrier because a peer is slow are
         not named (their compute stage is normal; a pure wait stage is shorter on the slow rank). Pure wait
@@ -439,10 +441,10 @@ class RankOutlierDetector:
         ``S = min(2 h sigma, max(0, S + sigma * min(z, k + CPU_CLIP_Z) - K))`` with ``z = (x - ref) / sigma``,
         ``K = log(1 + outlier_min_effect)`` (an excess under the least effect accumulates nothing), ``k = K /
         sigma`` and ``h`` = :func:`cusum_threshold` ``(k, CPU_ARL_OBS)``, at least ``CPU_MIN_ALARM_OBS x
-        CPU_CLIP_Z``. ``ref``, ``sigma``: the median and 1.4826 x MAD (at least :data:`CPU_SIGMA_FLOOR` and
-        ``noise_floor``) of the rank's observations before its newest :data:`CPU_REF_LAG`, once there are
-        :data:`CPU_REF_MIN` of them; before, ``ref`` 0 (the peers' level, after the learned ratio) and ``sigma`` from
-        all its observations. Nothing before :data:`CPU_NOISE_MIN` observations."""
+        CPU_CLIP_Z``. ``ref``, ``sigma``: the median and 1.4826 x MAD times :func:`_ar1_factor` (at least
+        :data:`CPU_SIGMA_FLOOR` and ``noise_floor``) of the rank's observations but its newest :data:`CPU_REF_LAG`
+        (at least its first :data:`CPU_REF_MIN`); ``ref`` is the rank's learned CPU baseline (``_cpu_ref``). Nothing
+        (no baseline, no CUSUM) before :data:`CPU_REF_MIN` observations. ``x``: log ratio, unitless."""
         h = self._cpu_hist[r]
         if len(h) < CPU_REF_MIN:
             return
