@@ -835,7 +835,7 @@ def test_a_healthy_serving_pair_on_a_busy_host_stays_quiet_for_an_hour(seed: int
 def test_a_sustained_slower_rank_on_a_busy_host_is_still_named(seed: int) -> None:
     """The same busy pair, rank 1 +30 % CPU per request from 600 s: named on ``cpu/step`` within four minutes, and
     nobody before. Seed 10_019: its spans' test (values three intervals apart, a ratio learned from the learning
-    window's few CPU values) never named it within 300 s; the CUSUM over every interval does in 38 s."""
+    window's few CPU values) never named it within 300 s; the CUSUM over every interval does within a minute."""
     from bench.bench_busy_cpu_pair import busy_pair, feed
 
     found = feed(busy_pair(seed, duration_s=900.0, onset_s=600.0))

@@ -152,7 +152,7 @@ CPU_MIN_ALARM_OBS = 3
 """Observations at the winsorised maximum a rank's CPU CUSUM needs at least to alarm (its threshold is at least this
 times :data:`CPU_CLIP_Z`): where the noise is at its floor, the normal threshold is under one observation, and one
 hot interval of a quiet rank would name it."""
-CPU_ARL_OBS = 1e7
+CPU_ARL_OBS = 5e6
 """Target mean observations between false alarms of one rank's CPU CUSUM (its threshold h from Siegmund's
 approximation, :func:`cusum_threshold`); a busy serving pair makes about 0.3 observations a second per rank."""
 STABLE_FRACTION = 0.5
