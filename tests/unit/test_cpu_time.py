@@ -27,7 +27,7 @@ from profwatch.core.detection.aggregation import (
     StepAggregator,
     judge_cpu_series,
 )
-from profwatch.core.detection.rank_outliers import CPU_MIN_OBS, RankOutlierDetector
+from profwatch.core.detection.rank_outliers import CPU_MIN_ALARM_OBS, CPU_REF_MIN, RankOutlierDetector, cusum_threshold
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly
 from profwatch.core.messages import MAX_CPU_S, MessageRejected, parse_node_message, parse_rank_message
@@ -292,10 +292,15 @@ SAMPLE_LAG_STEPS = 30 + (CPU_SAMPLE_SPAN - 1) * CPU_SAMPLE_MIN_STEPS
 the span's other intervals: the CPU time per step from samples is the mean over the last ``CPU_SAMPLE_SPAN``
 intervals before the last sample, so a change shows up to one interval late, and in full ``CPU_SAMPLE_SPAN``
 intervals later."""
-OBS_LAG_STEPS = (CPU_MIN_OBS + 1) * CPU_SAMPLE_SPAN * 2 * CPU_SAMPLE_MIN_STEPS
-"""From samples a rank is named once its excess over :data:`CPU_MIN_OBS` independent CPU observations (values
-``CPU_SAMPLE_SPAN`` intervals apart) passes its own noise: one span for the change to fill a value, then that many
-spans; an interval of this loop is two samples (0.25 s is about 15 steps, under ``CPU_SAMPLE_MIN_STEPS``)."""
+OBS_LAG_STEPS = (CPU_MIN_ALARM_OBS + 1) * 2 * CPU_SAMPLE_MIN_STEPS
+"""From samples a rank is named once its CUSUM over independent CPU observations (one per sampled interval) reaches
+its threshold, at least ``CPU_MIN_ALARM_OBS`` observations at the winsorised maximum where the noise is at its floor,
+plus one interval for the change to fill one; an interval of this loop is two samples (0.25 s is about 15 steps,
+under ``CPU_SAMPLE_MIN_STEPS``)."""
+LEARN_SHIFT_STEPS = (CPU_REF_MIN + 2) * 2 * CPU_SAMPLE_MIN_STEPS
+"""From samples each rank's CPU baseline is learned from ``CPU_REF_MIN`` independent intervals (two samples each in
+this loop), not from the learning window's one to three values: the sampled variants start their change this many
+steps later (a change before then is learned as the rank's normal)."""
 
 
 @pytest.mark.parametrize("ranks", [2, 4, 8])
@@ -307,25 +312,27 @@ def test_a_rank_whose_cpu_time_rose_against_its_peers_is_named(ranks: int, sampl
     step (:data:`SAMPLED_BASE`: at 6.6 ms +30 % on one of two is under the 1 ms floor)."""
     s = DetectionSettings(outlier_min_ranks=2)  # a serving unit's TP group is compared from 2 ranks on
     base = SAMPLED_BASE if sampled and ranks == 2 else 0.0066
-    found = _run(_lockstep(800, ranks, seed=ranks, slow_rank=1, onset=300, base=base), ranks=ranks, settings=s,
-                 seed=ranks, sampled=sampled)
+    onset = 300 + (LEARN_SHIFT_STEPS if sampled else 0)
+    found = _run(_lockstep(onset + 500, ranks, seed=ranks, slow_rank=1, onset=onset, base=base), ranks=ranks,
+                 settings=s, seed=ranks, sampled=sampled)
     named = [a for a in found if a.kind == "rank_outlier"]
     assert named and named[0].ranks == (1,) and named[0].detail["stage"] == {1: CPU_SERIES}
     lag = SAMPLE_LAG_STEPS + OBS_LAG_STEPS if sampled else 0
-    assert 300 <= named[0].step <= 300 + 3 * s.outlier_window_steps + lag
+    assert onset <= named[0].step <= onset + 3 * s.outlier_window_steps + lag
     assert 0.10 <= named[0].magnitude <= 0.45  # a bounded relative excess (2 ranks: half the difference)
-    assert not [a for a in found if a.step < 300]
+    assert not [a for a in found if a.step < onset]
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["per_step", "sampled"])
 def test_per_unit_of_work_when_the_ranks_report_it(sampled: bool) -> None:
     """A serving pair: batches of 1-32 (CPU time follows the batch), rank 1's CPU time per request +30 %."""
     rng = random.Random(7)
-    work = [float(rng.randint(4, 32)) for _ in range(800)]
-    cpu = _lockstep(800, 2, seed=7, base=0.0004, slow_rank=1, onset=300, work=work)
+    onset = 300 + (LEARN_SHIFT_STEPS if sampled else 0)
+    work = [float(rng.randint(4, 32)) for _ in range(onset + 500)]
+    cpu = _lockstep(onset + 500, 2, seed=7, base=0.0004, slow_rank=1, onset=onset, work=work)
     named = [a for a in _run(cpu, ranks=2, work=work, settings=DetectionSettings(outlier_min_ranks=2),
                              sampled=sampled) if a.kind == "rank_outlier"]
-    assert named and named[0].ranks == (1,) and named[0].step >= 300
+    assert named and named[0].ranks == (1,) and named[0].step >= onset
 
 
 SWEEP = [(seed, ranks) for seed in range(6) for ranks in (2, 4, 16)]
@@ -358,12 +365,13 @@ def test_ranks_whose_cpu_time_differs_by_design_stay_quiet(seed: int, ranks: int
     assert _run(cpu, ranks=ranks, settings=s, seed=seed, roles=roles) == []
     # and a real change on top of the learned difference is still found, on either rank
     base = SAMPLED_BASE if sampled and ranks == 2 else 0.0066
-    last = 420 + (OBS_LAG_STEPS if sampled else 0)
+    onset = 300 + (LEARN_SHIFT_STEPS if sampled else 0)
+    last = onset + 120 + (SAMPLE_LAG_STEPS + OBS_LAG_STEPS if sampled else 0)
     for slow in (ranks - 1, 0):
-        cpu = _lockstep(last + 100, ranks, seed=seed, by_design={0: design}, slow_rank=slow, onset=300, base=base)
+        cpu = _lockstep(last + 100, ranks, seed=seed, by_design={0: design}, slow_rank=slow, onset=onset, base=base)
         named = [a for a in _run(cpu, ranks=ranks, settings=s, seed=seed, sampled=sampled)
                  if a.kind == "rank_outlier"]
-        assert named and named[0].ranks == (slow,) and 300 <= named[0].step <= last, named[:1]
+        assert named and named[0].ranks == (slow,) and onset <= named[0].step <= last, named[:1]
 
 
 @pytest.mark.parametrize("n_stages", [4, 6])
@@ -556,6 +564,36 @@ def test_the_cpu_value_is_the_mean_of_the_last_intervals_so_one_interval_read_hi
     assert series[125] == pytest.approx([0.010, 0.010 * (1 + 0.39 / 3)])
     assert max(v[1] for v in series.values()) <= 0.010 * 1.3 + 1e-12
     assert series[245] == pytest.approx([0.010, 0.013])  # three intervals at +30 %: all of it
+
+
+def test_each_step_also_carries_the_last_interval_alone_one_independent_observation() -> None:
+    """The sequential CPU test needs one independent value per interval, not the span's mean (three overlapping
+    intervals): each finalised step carries, beside the mean, each rank's last interval's own value
+    (``FinalizedStep.cpu_iv``): the +39 % interval reads +39 % there, the next one 0 % again."""
+    samples: dict[int, dict[int, tuple[int, float]]] = {}
+    c0 = c1 = 1.0
+    for i, at in enumerate(range(4, 240, 20)):
+        samples[at + 1] = {0: (at, c0), 1: (at, c1)}
+        c0 += 0.010 * 20
+        c1 += 0.010 * 20 * (1.39 if i == 5 else 1.0)
+    agg = StepAggregator(2, DetectionSettings(outlier_min_ranks=2, warmup_steps=0))
+    iv: dict[int, tuple[float, ...]] = {}
+    for rep in _pair_reports(200, samples):
+        for fs in agg.observe(rep, 1.0)[0]:
+            if fs.cpu_iv is not None:
+                iv[fs.step] = fs.cpu_iv
+    assert iv[125] == pytest.approx((0.010, 0.0139))  # the interval 104-124 alone
+    assert iv[145] == pytest.approx((0.010, 0.010))
+    assert iv[125] != pytest.approx((0.010, 0.010 * (1 + 0.39 / 3)))  # not the span's mean
+
+
+@pytest.mark.parametrize(("k", "h", "arl"), [(0.5, 4.0, 336.0), (0.5, 5.0, 930.0), (0.25, 8.0, 738.0)])
+def test_the_cusum_threshold_meets_the_tabulated_run_lengths(k: float, h: float, arl: float) -> None:
+    """One-sided CUSUM run lengths before a false alarm (Montgomery, Introduction to Statistical Quality Control,
+    Table 9.3, two-sided 168 and 465 at k 0.5 and h 4 and 5, twice that one-sided; k 0.25 h 8 from Siegmund's formula
+    itself): :func:`cusum_threshold` gives back h within 0.1."""
+    assert cusum_threshold(k, arl) == pytest.approx(h, abs=0.1)
+    assert cusum_threshold(k, 10 * arl) > cusum_threshold(k, arl)  # a longer run asks more evidence
 
 
 def _sampled_series(reports: list[wire.StepReport], ranks: int = 2) -> tuple[dict[int, list[float]], StepAggregator]:
@@ -793,10 +831,11 @@ def test_a_healthy_serving_pair_on_a_busy_host_stays_quiet_for_an_hour(seed: int
     assert feed(busy_pair(seed)) == []
 
 
-@pytest.mark.parametrize("seed", [10_000, 10_001, 10_002])
+@pytest.mark.parametrize("seed", [10_000, 10_001, 10_002, 10_019])
 def test_a_sustained_slower_rank_on_a_busy_host_is_still_named(seed: int) -> None:
     """The same busy pair, rank 1 +30 % CPU per request from 600 s: named on ``cpu/step`` within four minutes, and
-    nobody before."""
+    nobody before. Seed 10_019: its spans' test (values three intervals apart, a ratio learned from the learning
+    window's few CPU values) never named it within 300 s; the CUSUM over every interval does within a minute."""
     from bench.bench_busy_cpu_pair import busy_pair, feed
 
     found = feed(busy_pair(seed, duration_s=900.0, onset_s=600.0))

@@ -65,8 +65,8 @@ class _CpuRate:
     """One rank's CPU samples (:meth:`StepAggregator._cpu_from_sample`): the base sample, the reports since it, the
     CPU time per step (or per unit of work) of the last interval and the last step it stands for."""
 
-    __slots__ = ("at_step", "broken", "excluded_until", "last_step", "n", "per_work", "pid", "span", "total_s",
-                 "until", "value", "wall_s", "work", "work_n")
+    __slots__ = ("at_step", "broken", "excluded_until", "interval", "last_step", "n", "per_work", "pid", "span",
+                 "total_s", "until", "value", "wall_s", "work", "work_n")
 
     def __init__(self, at_step: int, total_s: float, pid: int | None = None) -> None:
         self.at_step = at_step  # the base sample: step count and CPU seconds
@@ -78,6 +78,7 @@ class _CpuRate:
         self.work_n = 0
         self.value: float | None = None  # CPU seconds per step (per unit of work when per_work) of the last interval
         self.per_work = False
+        self.interval: float | None = None  # the same for the last interval alone (an independent observation)
         self.until = -1  # the last step the value stands for
         self.last_step = at_step  # the rank's last report counted (the first to carry a sample read at S is S + 1)
         self.broken = False  # a report's step did not follow the last one's since the base (set_step, a lost report)
@@ -89,6 +90,7 @@ class _CpuRate:
     def invalidate(self) -> None:
         """No value from this interval, and the span of valid intervals in a row starts over."""
         self.value = None
+        self.interval = None
         self.span.clear()
 
     def rebase(self, at_step: int, total_s: float) -> None:
@@ -99,17 +101,23 @@ class _CpuRate:
 def _span_value(st: _CpuRate) -> float | None:
     """The CPU time per step of a rank's last :data:`CPU_SAMPLE_SPAN` intervals (``st.span``; sets
     ``st.per_work``): per unit of work when every report of them carried work (their CPU over their mean work per
-    report times their steps), else per step; None until the span is full."""
+    report times their steps), else per step; None until the span is full. Sets ``st.interval``: the last
+    interval's own value in the same unit (the sequential CPU test's independent observation,
+    :attr:`FinalizedStep.cpu_iv`)."""
     if len(st.span) < CPU_SAMPLE_SPAN:
+        st.interval = None
         return None
     steps = sum(x[0] for x in st.span)
     cpu = sum(x[1] for x in st.span)
     n = sum(x[2] for x in st.span)
     work = sum(x[3] for x in st.span)
-    if n and all(x[2] and x[4] == x[2] for x in st.span) and work > 0:
+    d_steps, d_cpu, last_n, last_work, _ = st.span[-1]
+    if n and all(x[2] and x[4] == x[2] for x in st.span) and work > 0 and last_work > 0:
         st.per_work = True
+        st.interval = d_cpu / (last_work / last_n * d_steps)
         return cpu / (work / n * steps)
     st.per_work = False
+    st.interval = d_cpu / d_steps
     return cpu / steps
 
 
@@ -182,13 +190,15 @@ OWN_WORK = _OwnWork()
 class _OpenStep:
     """One step not yet finalised: report count, slowest rank, exclusion, per-rank stage values."""
 
-    __slots__ = ("cpu_obs", "cpu_per_work", "cpu_raw", "excluded", "max_rank", "max_t", "n", "vals", "work")
+    __slots__ = ("cpu_iv", "cpu_obs", "cpu_per_work", "cpu_raw", "excluded", "max_rank", "max_t", "n", "vals",
+                 "work")
 
     def __init__(self) -> None:
         self.work: float | None = None
         self.cpu_per_work = 0  # ranks whose CPU series value is per unit of their work
         self.cpu_raw = 0  # ranks whose CPU series value is per step
         self.cpu_obs: list[int] | None = None  # per rank, the sequence number of its CPU value's last interval
+        self.cpu_iv: list[float] | None = None  # per rank, that last interval's own value (NaN: none)
         self.n = 0
         self.max_t = -1.0
         self.max_rank = -1
@@ -537,8 +547,11 @@ class StepAggregator:
             self._add_cpu_value(e, r, st.value, per_work=st.per_work)
             if e.cpu_obs is None:
                 e.cpu_obs = [-1] * self.world_size
+                e.cpu_iv = [math.nan] * self.world_size
             if r < len(e.cpu_obs):
                 e.cpu_obs[r] = self._cpu_seq.get(r, -1)
+                if e.cpu_iv is not None and st.interval is not None:
+                    e.cpu_iv[r] = st.interval
 
     def _add_value(self, e: _OpenStep, r: int, name: str, v: float) -> None:
         vals = e.vals
@@ -635,4 +648,5 @@ class StepAggregator:
         if e.cpu_per_work or e.cpu_raw:
             judge_cpu_series(e.vals or {}, e.max_t, e.work, e.cpu_per_work, e.cpu_raw)
         obs = tuple(e.cpu_obs) if e.cpu_obs is not None and e.vals and CPU_SERIES in e.vals else None
-        return FinalizedStep(step, e.max_t, e.max_rank, e.n, e.vals, reason, e.work, cpu_obs=obs)
+        iv = tuple(e.cpu_iv) if obs is not None and e.cpu_iv is not None else None
+        return FinalizedStep(step, e.max_t, e.max_rank, e.n, e.vals, reason, e.work, cpu_obs=obs, cpu_iv=iv)

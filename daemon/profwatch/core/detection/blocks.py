@@ -78,7 +78,7 @@ class StepBlocks:
         it is steady, not per step, where its times form two modes. A block of B consecutive finalised steps becomes one record: ``step`` its last step, ``time_s``
         the median job step time, ``slowest_rank`` the rank slowest most often, ``ranks_reported`` the least,
         ``stages`` per stage and rank the median (NaN where a rank never reported), ``cpu_obs`` per rank the
-        latest CPU interval's sequence number, ``work`` the median work, ``steps`` B (at least ``min_steps_without_work`` when none of those steps reported ``work``: a serving
+        latest CPU interval's sequence number (``cpu_iv`` that interval's value), ``work`` the median work, ``steps`` B (at least ``min_steps_without_work`` when none of those steps reported ``work``: a serving
         unit without work judges block medians). When the step time of the records (training units) stays
         :data:`RESIZE_FACTOR` or more off the learned one over :data:`RESIZE_STEPS` steps, the block size is set
         again for the new step time (a level jump must not leave one record per many seconds). A block with any excluded step is excluded with that step's reason (a capture window, a
@@ -169,6 +169,22 @@ class StepBlocks:
             self.size, self._t, self._moved_steps = ideal, t, 0
 
 
+def _block_cpu(block: list[FinalizedStep]) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
+    """A block's ``cpu_obs`` (per rank the latest CPU interval's sequence number over its steps) and ``cpu_iv`` (per
+    rank the value of that interval, from a step that carries it; NaN: none); both None when its steps carry none."""
+    obs = [b.cpu_obs for b in block if b.cpu_obs is not None]
+    cpu_obs = tuple(max(col) for col in zip(*obs, strict=True)) if obs and len({len(o) for o in obs}) == 1 else None
+    if cpu_obs is None:
+        return None, None
+    ivs = [math.nan] * len(cpu_obs)
+    for b in block:
+        if b.cpu_obs is not None and b.cpu_iv is not None and len(b.cpu_obs) == len(b.cpu_iv) == len(cpu_obs):
+            for r, (o, val) in enumerate(zip(b.cpu_obs, b.cpu_iv, strict=True)):
+                if o == cpu_obs[r] and not math.isnan(val):
+                    ivs[r] = val
+    return cpu_obs, tuple(ivs)
+
+
 def merge_block(block: list[FinalizedStep], period: int = 1) -> FinalizedStep:
     """One record for consecutive finalised steps (rules in :class:`StepBlocks` Notes); with ``period`` > 1 (the
     block holds whole periods) ``time_s`` is the median over the block's periods of their mean step time."""
@@ -194,11 +210,11 @@ def merge_block(block: list[FinalizedStep], period: int = 1) -> FinalizedStep:
         times = [sum(b.time_s for b in block[i:i + period]) / period for i in range(0, len(block), period)]
     else:
         times = [b.time_s for b in block]
-    obs = [b.cpu_obs for b in block if b.cpu_obs is not None]
-    cpu_obs = tuple(max(col) for col in zip(*obs, strict=True)) if obs and len({len(o) for o in obs}) == 1 else None
+    cpu_obs, cpu_iv = _block_cpu(block)
     return FinalizedStep(step=last.step, time_s=median(times), slowest_rank=slowest,
                          ranks_reported=min(b.ranks_reported for b in block), stages=stages, excluded=excluded,
-                         work=median(works) if works else None, steps=sum(b.steps for b in block), cpu_obs=cpu_obs)
+                         work=median(works) if works else None, steps=sum(b.steps for b in block), cpu_obs=cpu_obs,
+                         cpu_iv=cpu_iv)
 
 
 __all__ = ["LEARN_STEPS", "StepBlocks", "merge_block", "step_period"]

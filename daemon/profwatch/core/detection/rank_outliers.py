@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from profwatch.core.detection.aggregation import CPU_SAMPLE_SPAN, CPU_SERIES
+from profwatch.core.detection.aggregation import CPU_SERIES
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import MAD_TO_SIGMA, Anomaly, FinalizedStep
 
@@ -127,25 +127,34 @@ were named by their ``comm`` stage, so the capture named the wrong ranks (``benc
 MAX_LEARNED_STAGES = 4
 """Stages whose per-rank ratios are learned (the first ones seen), besides the CPU series ``cpu/step``, always
 learned; others are compared without a baseline."""
-CPU_MIN_OBS = 2
-"""A rank named on the CPU series from CPU samples (:attr:`FinalizedStep.cpu_obs`) needs its mean excess over at
-least this many independent observations (values whose intervals do not overlap: ``CPU_SAMPLE_SPAN`` intervals
-apart) to pass its own noise, besides the window's ``outlier_min_steps``: one value stands for every step until the
-next sample (16 steps or more, a mean over ``CPU_SAMPLE_SPAN`` intervals), so the window's 8 of 12 steps were one or
-two observations, and on a busy host (a live 2-rank serving loop on 2 cores at load 8-12) one noisy second of one
-rank named it (+31 %, its capture found nobody; ``bench/bench_busy_cpu_pair.py``)."""
-CPU_MAX_OBS = 8
-"""The most recent independent CPU observations whose mean is tested (every count from :data:`CPU_MIN_OBS` up to
-this; a longer mean finds a smaller excess on a noisier host, later)."""
-CPU_NOISE_OBS = 24
-"""Independent CPU observations per rank kept to estimate its own noise (1.4826 x their MAD, at least
-``noise_floor``); the test waits for :data:`CPU_NOISE_MIN` of them."""
-CPU_NOISE_MIN = 6
-"""Independent CPU observations a rank needs before its CPU test can name it (a MAD of fewer is no noise estimate),
-and before its median serves as the reference of the ones after them (:meth:`RankOutlierDetector._cpu_evidence`)."""
-CPU_OBS_Z = 3.0
-"""The mean log excess of the last ``k`` independent CPU observations less their largest must reach this many
-standard errors (``sigma / sqrt(k - 1)``, sigma the rank's own noise) and ``log(1 + outlier_min_effect)``."""
+CPU_NOISE_OBS = 128
+"""Independent CPU observations kept per rank (one per sampled interval, :attr:`FinalizedStep.cpu_iv`: the log
+ratio of the rank's interval value to its peers'), the source of its reference level and noise scale."""
+CPU_REF_LAG = 24
+"""A rank's reference level and noise are taken from its observations but its newest this many (at least its first
+:data:`CPU_REF_MIN`): a change is judged against the rank's own past, not against the observations it is made of,
+and its noise scale is not widened by it (a +30 % rank is named within about 10-40 observations of a busy host,
+``bench/bench_busy_cpu_pair.py``)."""
+CPU_REF_MIN = 32
+"""Observations a rank's CPU baseline (the median of its log ratios to its peers) is learned from before the rank is
+compared on the CPU series from samples: the learning window's 40 steps held one to three CPU values on a busy serving
+pair, and the ratio learned from them was off by chance by 7-11 % (1.11 on a simulated run, which then hid most of a
++30 % change from the window)."""
+CPU_SIGMA_FLOOR = 0.03
+"""Floor of a rank's noise scale on the CPU test (log ratio per interval; at least ``noise_floor``): a quiet
+lockstep job's intervals agree within 1 %, and a MAD of such values would turn a few percent into many sigmas."""
+CPU_CLIP_Z = 3.0
+"""Each observation's excess enters the CUSUM winsorised to +-this many noise scales: one hot interval of a rank
+(a second of spinning on a starved core, +30-60 %) counts as at most this much evidence."""
+CPU_MAX_RHO = 0.5
+"""Upper clamp of the lag-1 autocorrelation that widens a rank's CPU noise scale (:func:`_ar1_factor`)."""
+CPU_MIN_ALARM_OBS = 3
+"""Observations at the winsorised maximum a rank's CPU CUSUM needs at least to alarm (its threshold is at least this
+times :data:`CPU_CLIP_Z`): where the noise is at its floor, the normal threshold is under one observation, and one
+hot interval of a quiet rank would name it."""
+CPU_ARL_OBS = 5e6
+"""Target mean observations between false alarms of one rank's CPU CUSUM (its threshold h from Siegmund's
+approximation, :func:`cusum_threshold`); a busy serving pair makes about 0.3 observations a second per rank."""
 STABLE_FRACTION = 0.5
 """A learned ratio is stable when its first- and second-half medians differ by less than this fraction of
 ``outlier_min_effect`` (a rank that became slow within the learning window is a change, not a structure)."""
@@ -162,6 +171,36 @@ def _pair_peers(a: np.ndarray, med: np.ndarray, groups: list[list[int]] | None) 
         if len(idx) == 2:
             i, j = idx
             med[i], med[j] = a[j], a[i]
+
+
+def _ar1_factor(xs: Sequence[float], m: float) -> float:
+    """``sqrt((1 + rho) / (1 - rho))``: the long-run standard deviation of an AR(1) series over its marginal one,
+    ``rho`` the lag-1 autocorrelation of ``xs`` about ``m`` clamped to [0, :data:`CPU_MAX_RHO`] (consecutive
+    intervals of a rank share a stretch of its host's noise: about 0.15 on ``bench/bench_busy_cpu_pair.py``, so a
+    sum of them spreads more than independent values would). 1.0 for fewer than 3 values or no spread."""
+    if len(xs) < 3:
+        return 1.0
+    d = [x - m for x in xs]
+    den = sum(v * v for v in d)
+    if den <= 0:
+        return 1.0
+    rho = min(CPU_MAX_RHO, max(0.0, sum(a * b for a, b in zip(d, d[1:], strict=False)) / den))
+    return math.sqrt((1.0 + rho) / (1.0 - rho))
+
+
+def cusum_threshold(k: float, arl: float) -> float:
+    """The threshold ``h`` (in noise scales) of a one-sided CUSUM ``S = max(0, S + z - k)`` on unit-variance
+    normal observations whose mean run length before a false alarm is ``arl`` observations: Siegmund's
+    approximation ``ARL0 = (exp(2 k b) - 2 k b - 1) / (2 k^2)`` with ``b = h + 1.166`` solved for ``h`` (fixed-point
+    iteration of ``a = 2 k b = log(2 k^2 arl + a + 1)``). ``k`` > 0 (reference value, in noise scales; floored at
+    0.05), ``arl`` >= 1; returns at least 0.5. Source: Siegmund, Sequential Analysis (1985), eq. 2.56; Montgomery,
+    Introduction to Statistical Quality Control, sec. 9.1."""
+    k = max(k, 0.05)
+    c = 2.0 * k * k * max(arl, 1.0)
+    a = math.log1p(c)
+    for _ in range(4):
+        a = math.log(c + a + 1.0)
+    return max(0.5, a / (2.0 * k) - 1.166)
 
 
 class RankOutlierDetector:
@@ -208,9 +247,12 @@ class RankOutlierDetector:
         and ``v - m >= outlier_min_abs_s``. A rank outlying in ``outlier_min_steps`` of the last
         ``outlier_window_steps`` non-excluded steps fires one ``rank_outlier`` (ranks firing at the same step
         are grouped); it may fire again only after its count fell below half of ``outlier_min_steps``. A rank
-        outlying on ``cpu/step`` from CPU samples (:attr:`FinalizedStep.cpu_obs`: one value per sampled interval,
-        held for the steps between) also needs its excess over :data:`CPU_MIN_OBS` or more independent CPU
-        observations to pass its own noise (:meth:`_cpu_evidence`): the window's steps hold one or two of them.
+        judged on ``cpu/step`` from CPU samples (:attr:`FinalizedStep.cpu_obs`, ``cpu_iv``: one value per sampled
+        interval, held for the steps between) is outlying in a step when its one-sided CUSUM over its independent
+        per-interval log ratios to its peers is at or over its threshold (:meth:`_cpu_step`): a sequential test
+        against its own baseline, learned from :data:`CPU_REF_MIN` intervals (the learning window holds one to
+        three), instead of the step value's threshold (a held mean of three intervals: the window's steps hold one
+        or two observations).
 
         Assumptions: only *slower* is tested, so ranks that wait longer at a barrier because a peer is slow are
         not named (their compute stage is normal; a pure wait stage is shorter on the slow rank). Pure wait
@@ -278,6 +320,11 @@ class RankOutlierDetector:
         self._learn_step_s: list[float] = []
         self._cpu_last: list[int] = [-1] * n  # per rank, the CPU interval number of its last observation kept
         self._cpu_hist: list[deque[float]] = [deque(maxlen=CPU_NOISE_OBS) for _ in range(n)]
+        self._cpu_cusum: list[float] = [0.0] * n  # per rank, its CPU CUSUM (log units) and its threshold now
+        self._cpu_h: list[float] = [math.inf] * n
+        self._cpu_ref: list[float | None] = [None] * n  # per rank, its learned log ratio to its peers (None: not yet)
+        self._cpu_run: list[int] = [0] * n  # per rank, observations since its CUSUM was last 0
+        self._cpu_sampled = False  # the CPU series came from CPU samples (its baseline is learned per interval)
 
     @property
     def reported_ranks(self) -> frozenset[int]:
@@ -322,9 +369,15 @@ class RankOutlierDetector:
                 arr = list(arr)
                 for r, c in base.items():
                     arr[r] /= c
-            if name == CPU_SERIES and step.cpu_obs is not None:
-                self._observe_cpu(arr, step.cpu_obs)
-            for r, rel in self._outlying(arr, groups):
+            sampled = name == CPU_SERIES and step.cpu_obs is not None and step.cpu_iv is not None
+            if sampled:
+                self._cpu_sampled = True
+                self._observe_cpu(step.cpu_iv or (), step.cpu_obs or ())
+            # from CPU samples the rank's sequential test over its intervals is the step's verdict (_cpu_step):
+            # a pair's step values, means of three intervals, had to differ by 22 % to pass outlier_min_effect
+            # over their mean, and a +30 % rank passed in too few steps of the window
+            found = self._cpu_outlying() if sampled else self._outlying(arr, groups)
+            for r, rel in found:
                 if r not in best or rel > best[r][0]:
                     best[r] = (rel, name)
         out: list[Anomaly] = []
@@ -343,59 +396,75 @@ class RankOutlierDetector:
         return out
 
     # -- independent CPU observations -----------------------------------------------------------------------------
-    def _observe_cpu(self, arr: list[float], obs: tuple[int, ...]) -> None:
-        """Keep, per rank whose CPU value ends with an interval at least ``CPU_SAMPLE_SPAN`` past its last kept
-        one (no interval shared with it), the log ratio of its (normalised) value to the median of the other ranks'
-        present values (a pair: the other rank's)."""
-        n = min(len(arr), len(obs), self.world_size)
+    def _observe_cpu(self, iv: Sequence[float], obs: Sequence[int]) -> None:
+        """Per rank whose CPU value ends with a new sampled interval (its sequence number in ``obs`` rose), one
+        independent observation: the log ratio of that interval's value (``iv``) to the median of the other ranks'
+        last interval values (a pair: the other rank's), fed to the rank's CUSUM (:meth:`_cpu_step`) and kept
+        (:data:`CPU_NOISE_OBS`)."""
+        n = min(len(iv), len(obs), self.world_size)
         for r in range(n):
             o = obs[r]
-            v = arr[r]
-            if o < 0 or math.isnan(v) or v <= 0:
+            if o < 0:
                 continue
-            last = self._cpu_last[r]
-            if o < last:  # the aggregator started over: a new sequence
-                self._cpu_hist[r].clear()
-                last = self._cpu_last[r] = -1
-            if last >= 0 and o - last < CPU_SAMPLE_SPAN:
+            if o < self._cpu_last[r]:  # the aggregator started over: a new sequence
+                self._clear_cpu(r)
+            if o <= self._cpu_last[r]:
                 continue
-            others = [x for q, x in enumerate(arr) if q != r and not math.isnan(x) and x > 0]
-            if not others:
-                continue
-            m, _ = median_mad(others)
             self._cpu_last[r] = o
-            self._cpu_hist[r].append(math.log(v / m))
+            v = iv[r]
+            others = [x for q, x in enumerate(iv[:n]) if q != r and x > 0]  # NaN compares False
+            if not v > 0 or not others:
+                continue
+            x = math.log(v / median_mad(others)[0])
+            self._cpu_step(r, x)
+            self._cpu_hist[r].append(x)
+
+    def _cpu_outlying(self) -> list[tuple[int, float]]:
+        """Ranks whose CPU CUSUM is at or over its threshold (:meth:`_cpu_evidence`), each with its estimated
+        relative excess ``exp(K + S / N) - 1`` (``S`` the CUSUM, ``N`` the observations since it was last 0, ``K`` =
+        ``log(1 + outlier_min_effect)``: the CUSUM's estimate of the new level over the rank's own normal;
+        Montgomery, Introduction to Statistical Quality Control, sec. 9.1.2)."""
+        big_k = math.log1p(self.settings.outlier_min_effect)
+        return [(r, math.expm1(big_k + self._cpu_cusum[r] / max(1, self._cpu_run[r])))
+                for r in range(self.world_size) if self._cpu_evidence(r)]
+
+    def _clear_cpu(self, r: int) -> None:
+        self._cpu_hist[r].clear()
+        self._cpu_last[r] = -1
+        self._cpu_cusum[r] = 0.0
+        self._cpu_h[r] = math.inf
+        self._cpu_ref[r] = None
+        self._cpu_run[r] = 0
+
+    def _cpu_step(self, r: int, x: float) -> None:
+        """One observation ``x`` (log ratio to the peers) of rank ``r`` into its one-sided CUSUM (Page 1954):
+        ``S = min(2 h sigma, max(0, S + sigma * min(z, k + CPU_CLIP_Z) - K))`` with ``z = (x - ref) / sigma``,
+        ``K = log(1 + outlier_min_effect)`` (an excess under the least effect accumulates nothing), ``k = K /
+        sigma`` and ``h`` = :func:`cusum_threshold` ``(k, CPU_ARL_OBS)``, at least ``CPU_MIN_ALARM_OBS x
+        CPU_CLIP_Z``. ``ref``, ``sigma``: the median and 1.4826 x MAD times :func:`_ar1_factor` (at least
+        :data:`CPU_SIGMA_FLOOR` and ``noise_floor``) of the rank's observations but its newest :data:`CPU_REF_LAG`
+        (at least its first :data:`CPU_REF_MIN`); ``ref`` is the rank's learned CPU baseline (``_cpu_ref``). Nothing
+        (no baseline, no CUSUM) before :data:`CPU_REF_MIN` observations. ``x``: log ratio, unitless."""
+        h = self._cpu_hist[r]
+        if len(h) < CPU_REF_MIN:
+            return
+        xs = list(h)
+        old = xs[:max(CPU_REF_MIN, len(xs) - CPU_REF_LAG)]
+        ref, mad = median_mad(old)
+        self._cpu_ref[r] = ref
+        sigma = max(MAD_TO_SIGMA * mad * _ar1_factor(old, ref), CPU_SIGMA_FLOOR, self.settings.noise_floor)
+        big_k = math.log1p(self.settings.outlier_min_effect)
+        k = big_k / sigma
+        thr = max(cusum_threshold(k, CPU_ARL_OBS), CPU_MIN_ALARM_OBS * CPU_CLIP_Z) * sigma
+        z = max(-k - CPU_CLIP_Z, min((x - ref) / sigma, k + CPU_CLIP_Z))
+        self._cpu_cusum[r] = min(2.0 * thr, max(0.0, self._cpu_cusum[r] + sigma * z - big_k))
+        self._cpu_run[r] = self._cpu_run[r] + 1 if self._cpu_cusum[r] > 0 else 0
+        self._cpu_h[r] = thr
 
     def _cpu_evidence(self, r: int) -> bool:
-        """Whether rank ``r``'s independent CPU observations name it (:data:`CPU_MIN_OBS`): for some ``k`` from
-        :data:`CPU_MIN_OBS` to :data:`CPU_MAX_OBS`, the mean of its last ``k`` log ratios to its peers less the
-        largest of them (one excursion, a second of spinning or of a hot core, is no sustained excess) exceeds its
-        reference by ``max(log(1 + outlier_min_effect), CPU_OBS_Z * sigma / sqrt(k - 1))``: sigma = max(1.4826 x
-        MAD of its kept observations, ``noise_floor``) (a one-sided z test of a trimmed mean against the rank's own
-        noise); the reference is the median of its observations before those ``k`` when there are at least
-        :data:`CPU_NOISE_MIN` of them, else 0 (its peers' level). The rank's own past is its normal: a baseline
-        ratio learned from the few CPU values of the learning window (one to three on a busy serving pair, off by
-        chance by 7-11 %) left a healthy rank that much over its peer for the whole job. False with fewer than
-        :data:`CPU_NOISE_MIN` observations."""
-        h = self._cpu_hist[r]
-        if len(h) < max(CPU_NOISE_MIN, CPU_MIN_OBS):
-            return False
-        xs = list(h)
-        _, mad = median_mad(xs)
-        sigma = max(MAD_TO_SIGMA * mad, self.settings.noise_floor)
-        floor = math.log1p(self.settings.outlier_min_effect)
-        total, top = 0.0, -math.inf
-        for k in range(1, min(CPU_MAX_OBS, len(xs)) + 1):
-            x = xs[-k]
-            total += x
-            top = max(top, x)
-            if k < CPU_MIN_OBS:
-                continue
-            before = xs[:-k]
-            ref = median_mad(before)[0] if len(before) >= CPU_NOISE_MIN else 0.0
-            if (total - top) / (k - 1) - ref >= max(floor, CPU_OBS_Z * sigma / math.sqrt(k - 1)):
-                return True
-        return False
+        """Whether rank ``r``'s CPU CUSUM is at or over its threshold (:meth:`_cpu_step`): its independent CPU
+        observations, one per sampled interval, hold a sustained excess over its own normal."""
+        return self._cpu_cusum[r] >= self._cpu_h[r]
 
     # -- peers -----------------------------------------------------------------------------------------------------
     def _peer_groups(self) -> list[list[int]] | None:
@@ -484,6 +553,8 @@ class RankOutlierDetector:
             n = ratios.shape[0]
             if not np.any(~np.isnan(ratios)):
                 continue
+            if name == CPU_SERIES and self._cpu_sampled:
+                continue  # learned per rank from its independent intervals instead (_cpu_step, CPU_REF_MIN)
             if name == CPU_SERIES:
                 # from CPU samples the series begins some steps into the window (its first value needs two samples
                 # CPU_SAMPLE_MIN_STEPS apart): its stability is judged on the halves of the steps that carry it
@@ -508,9 +579,6 @@ class RankOutlierDetector:
                     slow[int(r)] = (float(c[r]) - 1.0, name, max(0.0, float(cost[r])))
             if base:
                 self._base[name] = base
-                if name == CPU_SERIES:  # its observations so far were not normalised: its noise is measured anew
-                    for r in base:
-                        self._cpu_hist[r].clear()
         for r in {r for ranks in self._base.values() for r in ranks}:
             self._drop_from_window(r)
         self._learn.clear()

@@ -63,7 +63,10 @@ class FinalizedStep:
     many steps this record stands for (> 1 for a block of fast steps, ``step`` is then its last step);
     ``cpu_obs`` per rank the sequence number of the last sampled CPU interval its ``cpu/step`` value ends with
     (``aggregation.StepAggregator``: one number per valid interval between CPU samples, rising; -1 = none, e.g. an
-    older hook's per-step ``cpu_s``), or None: steps that carry one held value repeat one observation.
+    older hook's per-step ``cpu_s``), or None: steps that carry one held value repeat one observation; ``cpu_iv``
+    (with ``cpu_obs``) per rank the value of that last interval alone, in the unit of its ``cpu/step`` value before
+    the step's scaling (CPU seconds per step, or per unit of work; NaN = none): one independent observation per
+    interval.
     """
 
     step: int
@@ -75,6 +78,7 @@ class FinalizedStep:
     work: float | None = None
     steps: int = 1
     cpu_obs: tuple[int, ...] | None = None
+    cpu_iv: tuple[float, ...] | None = None
 
 
 class StepDetector(Protocol):
