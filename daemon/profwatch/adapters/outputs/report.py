@@ -166,14 +166,20 @@ def _replace_whole(path: Path, data: bytes) -> None:
         raise
 
 
+PROC_STATUS = "/proc/self/status"
+"""Where the process umask is read (:func:`_umask`)."""
+
+
 def _umask() -> int:
-    """The process umask, read without changing it (``/proc/self/status`` ``Umask:``, Linux 4.7+; setting it to
-    read it back would race with other threads creating files); ``0o022`` where it cannot be read."""
+    """The process umask, read without changing it (:data:`PROC_STATUS` ``Umask:``, Linux 4.7+; setting it to
+    read it back would race with other threads creating files); ``0o077`` where it cannot be read (a kernel before
+    4.7, e.g. CentOS 7's 3.10, or no ``/proc``): the temp file keeps mkstemp's ``0o600``, never a mode wider than
+    the user's umask allows (a guessed ``0o022`` made a report 0644 under a umask of 077)."""
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
+        with open(PROC_STATUS, encoding="ascii") as f:
             for line in f:
                 if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
+                    return int(line.split()[1], 8) & 0o777
     except (OSError, ValueError, IndexError):
         pass
-    return 0o022
+    return 0o077
