@@ -63,4 +63,4 @@ def test_an_enrich_queued_before_the_analysis_worker_let_go_keeps_its_stage(tmp_
         assert steps.stage_of("c1") is None
     finally:
         steps.analysis_pool.shutdown()
-        steps.enrich_pool = steps.analysis_pool  # type: ignore[assignment]
+        steps.enrich_pool = steps.analysis_pool

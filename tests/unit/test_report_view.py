@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import random
 from statistics import median
+from types import SimpleNamespace
 
 import pytest
 
