@@ -179,3 +179,16 @@ def test_an_episode_split_by_rank_gives_each_part_its_own_ranks_size_and_detail(
     assert set(parts[(1,)]["detail"]["excess"]) == {1} and set(parts[(0,)]["detail"]["excess"]) == {0}
     (late,) = [a for a in res["arms"] if a["ranks"] == [1] and a["step"] > 600]
     assert late["reason"].startswith("rank_outlier +49% at step"), late["reason"]
+
+
+def test_each_rank_of_a_report_naming_several_keeps_its_own_size() -> None:
+    """A report naming ranks 0 and 1 carries each one's excess in ``detail.excess``, keyed by int as the detector
+    writes it (str once through JSON): the int keys were missed, so the summary fell back to the episode's one
+    figure."""
+    from profwatch.commands.replay import rank_levels
+
+    a = {"job_id": "j1", "kind": "rank_outlier", "ranks": [0, 1], "step": 90, "magnitude": 0.5,
+         "detail": {"excess": {0: 0.21, 1: 0.5}}}
+    assert rank_levels([a], "j1", "rank_outlier", [0, 1], None) == "rank 0 +21.0% (step 90), rank 1 +50.0% (step 90)"
+    a["detail"] = {"excess": {"0": 0.21, "1": 0.5}}
+    assert rank_levels([a], "j1", "rank_outlier", [0, 1], None) == "rank 0 +21.0% (step 90), rank 1 +50.0% (step 90)"
