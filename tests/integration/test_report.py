@@ -446,3 +446,19 @@ def test_a_umask_that_cannot_be_read_never_widens_a_report_s_mode(tmp_path: Path
         os.umask(old)
     assert stat.S_IMODE(os.lstat(jp).st_mode) == 0o600
     assert stat.S_IMODE(os.lstat(jq).st_mode) == 0o600  # read from /proc: 0o666 & ~0o077
+
+
+def test_a_file_system_that_refuses_modes_still_gets_its_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vfat and some CIFS mounts refuse chmod (EPERM): the temp file's mode change failed the whole report, where
+    the plain write before wrote it. Now it is written with mkstemp's 0o600."""
+    import os
+
+    import profwatch.adapters.outputs.report as report_mod
+
+    def refuse(fd: int, mode: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(report_mod.os, "fchmod", refuse)
+    data, rows = report_data(tmp_path)
+    jp, _ = write_report(tmp_path / "o", data, rows, html_enabled=False)
+    assert json.loads(jp.read_text())["summaries"] and oct(os.stat(jp).st_mode & 0o777) == "0o600"

@@ -153,11 +153,13 @@ def _replace_whole(path: Path, data: bytes) -> None:
     can write into the results folder cannot plant a symlink at a name the writer will open; each writer, e.g.
     the coordinator's analysis threads writing a folder's first reports at once, gets its own) and removed when
     the write fails. Its mode is the usual ``0o666`` less the umask (mkstemp makes it ``0o600``), as a file
-    ``open`` created. Raises OSError."""
+    ``open`` created; where the file system refuses the change (``EPERM``: vfat, some CIFS mounts) it stays
+    ``0o600`` and the report is written all the same. Raises OSError."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            with contextlib.suppress(OSError):  # a file system without modes (vfat, some CIFS): stays 0o600
+                os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
