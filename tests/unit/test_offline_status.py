@@ -57,3 +57,22 @@ def test_a_recorded_time_no_date_can_show_is_said_not_a_crash() -> None:
              "ranks": 2, "last_step": 5, "seen_unix_s": -1e300}], "nodes": [], "captures": []}
     lines = render_offline_status("no coordinator at tcp://x", state, T0)
     assert "not a date" in lines[0] and "not a date" in lines[2]
+
+
+def test_a_state_db_read_past_a_writers_lock_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file another process keeps locked (``database is locked`` after the 5 s timeout) was read without its
+    lock and shown as if whole, with no note."""
+    from profwatch.adapters.store import state_reader
+
+    path = tmp_path / "state.db"
+    _store(path)
+    real = state_reader._connect
+
+    def locked(p: Path, immutable: bool) -> sqlite3.Connection:
+        if not immutable:
+            raise sqlite3.OperationalError("database is locked")
+        return real(p, immutable)
+
+    monkeypatch.setattr(state_reader, "_connect", locked)
+    got = read_status(path)
+    assert got.jobs and any("database is locked" in n and "inconsistent" in n for n in got.notes), got.notes

@@ -87,7 +87,8 @@ def _readable(path: str | Path) -> Path:
 
 def _read_only(p: Path, run: Callable[[sqlite3.Connection], T], notes: list[str], what: str) -> T:
     """``run`` over the state db opened read-only; a WAL file in a folder this user cannot write is read without
-    its ``-wal`` (``immutable``), noted in ``notes`` (``what``: what may be missing). Raises StateUnreadable."""
+    its ``-wal`` (``immutable``), noted in ``notes`` (``what``: what may be missing); so is a file another process
+    kept locked past the 5 s timeout (read without its lock, noted too). Raises StateUnreadable."""
     def attempt(immutable: bool) -> T:
         db = _connect(p, immutable)
         try:
@@ -105,6 +106,9 @@ def _read_only(p: Path, run: Callable[[sqlite3.Connection], T], notes: list[str]
             wal = Path(f"{p}-wal")
             if wal.exists() and wal.stat().st_size > 0:
                 notes.append(f"read without {wal.name} ({exc}): the newest {what} may be missing")
+            elif "locked" in str(exc):  # a writer held it past the timeout: read without its lock
+                notes.append(f"read without waiting for the process writing it ({exc}): what it was writing may be "
+                             "missing or inconsistent")
             return got
     except sqlite3.DatabaseError as exc:
         raise StateUnreadable(f"{p} is not a readable profwatch state db: {exc}") from None
