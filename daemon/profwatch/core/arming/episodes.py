@@ -294,7 +294,8 @@ class JobEpisodes:
         self._named_since: dict[str, dict[int, tuple[float, int]]] = {}  # rotating episode -> rank -> (since, step)
         self._named_span: dict[str, float] = {}  # rotating episode -> longest a rank of it stayed named (s)
         self._rank_sizes: dict[str, dict[int, tuple[float, dict[str, Any]]]] = {}  # open ranked episode -> rank ->
-        # (magnitude, detail) of the latest report naming it (:func:`_rank_part`; at most MAX_TRAIL ranks each)
+        # (magnitude, detail) of the latest report naming it, read by :func:`_rank_part` at a split (the report's
+        # own objects, shared by its ranks: O(1) each; at most MAX_TRAIL ranks each)
         self._step_s: float | None = None  # the job step time the last advance was given (s)
         self._confirmed: dict[str, tuple[float, float]] = {}  # open ranked episode -> (job step s, its level) at
         # the latest verdict that named its ranks
@@ -367,7 +368,7 @@ class JobEpisodes:
         detail = dict(anomaly.detail or {})
         out: list[Event] = []
         onset = _onset(anomaly)
-        sizes = {r: _rank_part(anomaly.magnitude, detail, r) for r in ranks}
+        sizes = {r: (anomaly.magnitude, detail) for r in ranks[:MAX_TRAIL]}
         if (ep is not None and not ep.ranks and not ranks and anomaly.kind == "step_regression" and ep.captures
                 and ep.in_flight is None and anomaly.magnitude >= self.settings.recapture_growth
                 and onset > ep.last_step):
@@ -545,7 +546,7 @@ class JobEpisodes:
             if (key in self.open or now_unix_s - t0 < max(PERSIST_S, 2.0 * longest)
                     or furthest_step - s0 < PERSIST_STEPS or len(self.open) >= MAX_OPEN):
                 continue
-            mag, detail = self._rank_sizes.get(ep.episode_id, {}).get(r) or _rank_part(ep.magnitude, ep.detail, r)
+            mag, detail = _rank_part(*self._rank_sizes.get(ep.episode_id, {}).get(r, (ep.magnitude, ep.detail)), r)
             digest = hashlib.sha256(f"{self.job_id}\0{key}\0{now_unix_s!r}\0{furthest_step}".encode()).hexdigest()
             new = Episode(f"ep-{digest[:12]}", self.job_id, ep.kind, scope, now_unix_s, s0, now_unix_s,
                           furthest_step, furthest_step, mag, mag, (r,), detail)
@@ -559,8 +560,9 @@ class JobEpisodes:
         return out
 
     def _keep_sizes(self, ep: Episode, sizes: Mapping[int, tuple[float, dict[str, Any]]]) -> None:
-        """Remember each rank's own size and detail of a report folded into ranked episode ``ep`` (the newest
-        :data:`MAX_TRAIL` ranks)."""
+        """Remember, per rank, the magnitude and detail of the latest report naming it folded into ranked episode
+        ``ep`` (:func:`_rank_part` reads the rank's own part of them at a split; the newest :data:`MAX_TRAIL`
+        ranks)."""
         if not sizes:
             return
         kept = self._rank_sizes.setdefault(ep.episode_id, {})
