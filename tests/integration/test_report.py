@@ -423,3 +423,42 @@ def test_a_failed_report_write_leaves_no_temp(tmp_path: Path, monkeypatch: pytes
     with pytest.raises(OSError):
         write_report(out, data, rows, html_enabled=False)
     assert list(out.iterdir()) == []
+
+
+def test_a_umask_that_cannot_be_read_never_widens_a_report_s_mode(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where ``/proc/self/status`` has no ``Umask:`` (Linux before 4.7, e.g. CentOS 7) or cannot be read, the umask
+    was taken as 0o022: under a umask of 077 the report became 0o644, readable by every user. Now it keeps
+    mkstemp's 0o600; with the umask readable, its mode is 0o666 less it."""
+    import os
+    import stat
+
+    import profwatch.adapters.outputs.report as report_mod
+
+    data, rows = report_data(tmp_path)
+    old = os.umask(0o077)
+    try:
+        monkeypatch.setattr(report_mod, "PROC_STATUS", str(tmp_path / "no-proc" / "status"))
+        jp, _ = write_report(tmp_path / "a", data, rows, html_enabled=False)
+        monkeypatch.setattr(report_mod, "PROC_STATUS", "/proc/self/status")
+        jq, _ = write_report(tmp_path / "b", data, rows, html_enabled=False)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.lstat(jp).st_mode) == 0o600
+    assert stat.S_IMODE(os.lstat(jq).st_mode) == 0o600  # read from /proc: 0o666 & ~0o077
+
+
+def test_a_file_system_that_refuses_modes_still_gets_its_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vfat and some CIFS mounts refuse chmod (EPERM): the temp file's mode change failed the whole report, where
+    the plain write before wrote it. Now it is written with mkstemp's 0o600."""
+    import os
+
+    import profwatch.adapters.outputs.report as report_mod
+
+    def refuse(fd: int, mode: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(report_mod.os, "fchmod", refuse)
+    data, rows = report_data(tmp_path)
+    jp, _ = write_report(tmp_path / "o", data, rows, html_enabled=False)
+    assert json.loads(jp.read_text())["summaries"] and oct(os.stat(jp).st_mode & 0o777) == "0o600"

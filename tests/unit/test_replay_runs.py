@@ -166,3 +166,29 @@ def test_each_rank_keeps_its_own_size_and_an_arm_says_why_it_starts_where_it_doe
         "armed at step 245, 70 steps after its report at step 175 (waited for the job's gap between arms "
         "(arming.min_arm_gap_s)); start_step 252 = step 245 + 7 steps of lead (the ranks read their profiler "
         "config every 1 s, plus [capture] margin_s and margin_steps)")
+
+
+def test_an_episode_split_by_rank_gives_each_part_its_own_ranks_size_and_detail() -> None:
+    """Rank 1 +50 % from step 150, rank 0 +19 % from step 160, one rank_outlier episode until each rank persisted and
+    split off: rank 1's part carried rank 0's later report (magnitude +19 %, detail excess {0: ...}), so its capture
+    reason read "rank_outlier +19% ... ranks [1]"."""
+    res = _replay(_two_slow_ranks())
+    parts = {tuple(e["ranks"]): e for e in res["episodes"] if "+ranks:" in e["scope"]}
+    assert set(parts) == {(0,), (1,)}
+    assert abs(parts[(1,)]["magnitude"] - 0.495) < 0.01 and abs(parts[(0,)]["magnitude"] - 0.186) < 0.01
+    assert set(parts[(1,)]["detail"]["excess"]) == {1} and set(parts[(0,)]["detail"]["excess"]) == {0}
+    (late,) = [a for a in res["arms"] if a["ranks"] == [1] and a["step"] > 600]
+    assert late["reason"].startswith("rank_outlier +49% at step"), late["reason"]
+
+
+def test_each_rank_of_a_report_naming_several_keeps_its_own_size() -> None:
+    """A report naming ranks 0 and 1 carries each one's excess in ``detail.excess``, keyed by int as the detector
+    writes it (str once through JSON): the int keys were missed, so the summary fell back to the episode's one
+    figure."""
+    from profwatch.commands.replay import rank_levels
+
+    a = {"job_id": "j1", "kind": "rank_outlier", "ranks": [0, 1], "step": 90, "magnitude": 0.5,
+         "detail": {"excess": {0: 0.21, 1: 0.5}}}
+    assert rank_levels([a], "j1", "rank_outlier", [0, 1], None) == "rank 0 +21.0% (step 90), rank 1 +50.0% (step 90)"
+    a["detail"] = {"excess": {"0": 0.21, "1": 0.5}}
+    assert rank_levels([a], "j1", "rank_outlier", [0, 1], None) == "rank 0 +21.0% (step 90), rank 1 +50.0% (step 90)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from statistics import median
+from types import SimpleNamespace
 
 import pytest
 
@@ -238,7 +239,7 @@ def test_a_drill_down_that_explains_little_of_the_excess_says_so() -> None:
             "reference_us_per_step": 100.0, "suspect_us_per_step": 100.0 + small}]
     cmp = [{"rank": 2, "reference_rank": 1, "source": "op totals", "ops": ops}]
     top = build_view({**data, "op_compare": cmp}, ev.summaries).suspects[0]
-    assert top.why_share.startswith(f"the entries listed explain {small / 1e3:.1f} of the {row.own_delta_ms:.1f} "
+    assert top.why_share.startswith(f"the entries listed explain {small / 1e3:.1f} ms of the {row.own_delta_ms:.1f} "
                                     "ms/step this rank's own work exceeds its peers' by (10%)")
     most = [{**ops[0], "excess_us_per_step": 0.8 * row.own_delta_ms * 1e3}]
     assert build_view({**data, "op_compare": [{**cmp[0], "ops": most}]}, ev.summaries).suspects[0].why_share == ""
@@ -246,3 +247,16 @@ def test_a_drill_down_that_explains_little_of_the_excess_says_so() -> None:
 
     html = render_html({**data, "op_compare": cmp}, ev.summaries)
     assert html.index("why it is slow") < html.index("the entries listed explain")
+
+
+def test_a_drill_down_share_of_a_small_excess_keeps_its_digits() -> None:
+    """An excess under a millisecond read "explain 0.0 of the 0.1 ms/step ... the other 0.1 ms/step": the share
+    keeps 2-3 significant digits, as every excess shown (``drilldown.delta_text``)."""
+    from profwatch.core.verdict.report_view import SuspectRow
+
+    row = SuspectRow.__new__(SuspectRow)
+    object.__setattr__(row, "why", [SimpleNamespace(delta_ms=0.02)])
+    object.__setattr__(row, "row", SimpleNamespace(own_delta_ms=0.12))
+    assert SuspectRow.why_share.fget(row).startswith(  # type: ignore[attr-defined]
+        "the entries listed explain 20 us of the 0.12 ms/step this rank's own work exceeds its peers' by (17%); "
+        "the other 100 us/step"), SuspectRow.why_share.fget(row)  # type: ignore[attr-defined]

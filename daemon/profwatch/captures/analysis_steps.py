@@ -78,6 +78,14 @@ class AnalysisSteps:
             if stage is not None:
                 self._stages[cid] = stage
 
+    def _leave_stage(self, cid: str, stage: str) -> None:
+        """A worker is done with ``cid``: forget its stage if it is still ``stage``. The analysis worker leaves
+        after it posted the verdict, and the main loop may have queued (or the enrich worker started) the enrich
+        phase by then: clearing it whatever it was showed an enriching capture as in no stage."""
+        with self._stage_lock:
+            if self._stages.get(cid) == stage:
+                del self._stages[cid]
+
     def stage_of(self, cid: str) -> dict[str, Any] | None:
         """``{"stage": one of STAGES, "ahead": [capture ids]}`` for ``cid``'s analysis, or None when no worker
         holds or queues it. ``ahead``: for a queued capture, the captures on the workers of its phase and those
@@ -145,7 +153,7 @@ class AnalysisSteps:
             log.exception("analysis_failed", capture_id=cid)
             self.post(lambda: self._on_analysis_error(cid, err))
         finally:
-            self._set_stage(cid, None)
+            self._leave_stage(cid, "analysing")
 
     def _on_analysed(self, cid: str, batch: BatchState, status: str, payload: dict[str, Any]) -> None:
         cap = self.find(cid)
@@ -176,7 +184,7 @@ class AnalysisSteps:
             log.warning("enrichment_failed", capture_id=cid, error=err)
             self.post(lambda: self._on_enriched(cid, "", {"enrich_error": err}))
         finally:
-            self._set_stage(cid, None)
+            self._leave_stage(cid, "enriching")
 
     def _on_enriched(self, cid: str, status: str, payload: dict[str, Any]) -> None:
         cap = self.find(cid)

@@ -411,7 +411,7 @@ def rank_levels(anomalies: list[dict[str, Any]], job_id: str, kind: str, ranks: 
             if upto_step is not None and a["step"] > upto_step:
                 continue
             excess = (a.get("detail") or {}).get("excess")
-            size = excess.get(str(rank)) if isinstance(excess, dict) else None
+            size = excess.get(rank, excess.get(str(rank))) if isinstance(excess, dict) else None
             if size is None and list(a["ranks"]) == [rank]:
                 size = a["magnitude"]
             if isinstance(size, (int, float)):

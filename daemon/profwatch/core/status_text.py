@@ -410,10 +410,14 @@ def render_status(snap: Mapping[str, Any]) -> list[str]:
 
 
 def _when(unix_s: Any, now: float) -> str:
-    """``2026-12-07 14:03:05 UTC (5m02s ago)`` for a recorded time; ``never`` for None."""
+    """``2026-12-07 14:03:05 UTC (5m02s ago)`` for a recorded time; ``never`` for None (or not a finite number);
+    the raw number for one no date can show (a damaged record)."""
     if not isinstance(unix_s, (int, float)) or not math.isfinite(unix_s):
         return "never"
-    stamp = datetime.fromtimestamp(float(unix_s), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        stamp = datetime.fromtimestamp(float(unix_s), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):  # a damaged record: no date this far from now
+        return f"at unix time {unix_s!r} (not a date)"
     return f"{stamp} ({span_text(max(0.0, now - float(unix_s)))} ago)"
 
 

@@ -153,11 +153,13 @@ def _replace_whole(path: Path, data: bytes) -> None:
     can write into the results folder cannot plant a symlink at a name the writer will open; each writer, e.g.
     the coordinator's analysis threads writing a folder's first reports at once, gets its own) and removed when
     the write fails. Its mode is the usual ``0o666`` less the umask (mkstemp makes it ``0o600``), as a file
-    ``open`` created. Raises OSError."""
+    ``open`` created; where the file system refuses the change (``EPERM``: vfat, some CIFS mounts) it stays
+    ``0o600`` and the report is written all the same. Raises OSError."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            with contextlib.suppress(OSError):  # a file system without modes (vfat, some CIFS): stays 0o600
+                os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
@@ -166,14 +168,20 @@ def _replace_whole(path: Path, data: bytes) -> None:
         raise
 
 
+PROC_STATUS = "/proc/self/status"
+"""Where the process umask is read (:func:`_umask`)."""
+
+
 def _umask() -> int:
-    """The process umask, read without changing it (``/proc/self/status`` ``Umask:``, Linux 4.7+; setting it to
-    read it back would race with other threads creating files); ``0o022`` where it cannot be read."""
+    """The process umask, read without changing it (:data:`PROC_STATUS` ``Umask:``, Linux 4.7+; setting it to
+    read it back would race with other threads creating files); ``0o077`` where it cannot be read (a kernel before
+    4.7, e.g. CentOS 7's 3.10, or no ``/proc``): the temp file keeps mkstemp's ``0o600``, never a mode wider than
+    the user's umask allows (a guessed ``0o022`` made a report 0644 under a umask of 077)."""
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
+        with open(PROC_STATUS, encoding="ascii") as f:
             for line in f:
                 if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
+                    return int(line.split()[1], 8) & 0o777
     except (OSError, ValueError, IndexError):
         pass
-    return 0o022
+    return 0o077

@@ -87,7 +87,8 @@ def _readable(path: str | Path) -> Path:
 
 def _read_only(p: Path, run: Callable[[sqlite3.Connection], T], notes: list[str], what: str) -> T:
     """``run`` over the state db opened read-only; a WAL file in a folder this user cannot write is read without
-    its ``-wal`` (``immutable``), noted in ``notes`` (``what``: what may be missing). Raises StateUnreadable."""
+    its ``-wal`` (``immutable``), noted in ``notes`` (``what``: what may be missing); so is a file another process
+    kept locked past the 5 s timeout (read without its lock, noted too). Raises StateUnreadable."""
     def attempt(immutable: bool) -> T:
         db = _connect(p, immutable)
         try:
@@ -105,6 +106,9 @@ def _read_only(p: Path, run: Callable[[sqlite3.Connection], T], notes: list[str]
             wal = Path(f"{p}-wal")
             if wal.exists() and wal.stat().st_size > 0:
                 notes.append(f"read without {wal.name} ({exc}): the newest {what} may be missing")
+            elif "locked" in str(exc):  # a writer held it past the timeout: read without its lock
+                notes.append(f"read without waiting for the process writing it ({exc}): what it was writing may be "
+                             "missing or inconsistent")
             return got
     except sqlite3.DatabaseError as exc:
         raise StateUnreadable(f"{p} is not a readable profwatch state db: {exc}") from None
@@ -158,30 +162,59 @@ _STATUS_COLUMNS = {
     "captures": ("capture_id", "job_id", "state", "state_since_unix_s", "reason", "start_step", "outcome"),
 }
 _STATUS_QUERIES = {
-    "jobs": ("SELECT j.job_id, j.world_size, j.generation, COUNT(r.rank), COALESCE(SUM(r.left), 0), "
+    "jobs": ("SELECT j.job_id, j.world_size, {generation}, COUNT(r.rank), COALESCE(SUM(r.left), 0), "
              "MAX(r.last_step), MAX(r.seen_unix_s) FROM jobs j LEFT JOIN ranks r ON r.job_id = j.job_id "
              "WHERE (? IS NULL OR j.job_id = ?) GROUP BY j.job_id ORDER BY j.job_id"),
     "nodes": "SELECT node_id, hostname, last_seen_unix_s FROM nodes ORDER BY node_id",
     "captures": ("SELECT capture_id, job_id, state, state_since_unix_s, reason, start_step, outcome FROM captures "
                  "WHERE (? IS NULL OR job_id = ?) ORDER BY created_unix_s DESC LIMIT 20"),
-    "recorded": ("SELECT MAX(t) FROM (SELECT MAX(seen_unix_s) AS t FROM ranks UNION ALL SELECT MAX(last_seen_unix_s) "
-                 "FROM nodes UNION ALL SELECT MAX(state_since_unix_s) FROM captures UNION ALL "
-                 "SELECT MAX(updated_unix_s) FROM episodes UNION ALL SELECT MAX(updated_unix_s) FROM batches)"),
 }
+_RECORDED = (("ranks", "seen_unix_s"), ("nodes", "last_seen_unix_s"), ("captures", "state_since_unix_s"),
+             ("episodes", "updated_unix_s"), ("batches", "updated_unix_s"))
+"""The tables and columns whose newest time is the record's time (each read when the file has it)."""
+
+
+def _status_rows(db: sqlite3.Connection, job_id: str | None) -> tuple[dict[str, list[Any]], list[str]]:
+    """The status queries over ``db``, each on the tables and columns the file has: a file an older profwatch
+    wrote (``state.py``'s schema versions: no ``jobs.generation`` before version 3, no ``episodes`` table before
+    episodes, version-1 captures) is read for what it holds, never refused whole (the coordinator migrates it on
+    its next start; until then ``status`` is all there is). Returns the rows and notes saying what could not be
+    read. Raises ``sqlite3.OperationalError`` (no such table) for a file with neither jobs nor captures."""
+    cols = {t: {r[1] for r in db.execute(f"PRAGMA table_info({t})")}
+            for t in ("jobs", "ranks", "nodes", "captures", "episodes", "batches")}
+    if not cols["jobs"] and not cols["captures"]:
+        raise sqlite3.OperationalError("no such table: jobs")
+    notes: list[str] = []
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    args = {"jobs": [job_id, job_id], "nodes": [], "captures": [job_id, job_id]}
+    out: dict[str, list[Any]] = {}
+    for k, q in _STATUS_QUERIES.items():
+        q = q.replace("{generation}", "j.generation" if "generation" in cols["jobs"] else "0")
+        try:
+            out[k] = db.execute(q, args[k]).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such" not in str(exc):
+                raise
+            out[k] = []
+            notes.append(f"no {k} read: the file has an older schema (version {version}; {exc}), which the "
+                         "coordinator migrates when it starts")
+    times = [db.execute(f"SELECT MAX({c}) FROM {t}").fetchone()[0] for t, c in _RECORDED if c in cols[t]]
+    out["recorded"] = [(max((x for x in times if isinstance(x, (int, float))), default=None),)]
+    return out, notes
 
 
 def read_status(path: str | Path, *, job_id: str | None = None) -> OfflineStatus:
     """The last recorded jobs, nodes and captures (of ``job_id`` when given) in the state db at ``path``, read-only
-    (the same access rules and WAL fallback as :func:`read_events`).
+    (the same access rules and WAL fallback as :func:`read_events`); a file an older profwatch wrote is read for
+    what it holds (:func:`_status_rows`).
 
     Raises:
         StateUnreadable: as :func:`read_events`.
     """
     p = _readable(path)
     out = OfflineStatus(str(p))
-    args = {"jobs": [job_id, job_id], "nodes": [], "captures": [job_id, job_id], "recorded": []}
-    rows = _read_only(p, lambda db: {k: db.execute(q, args[k]).fetchall() for k, q in _STATUS_QUERIES.items()},
-                      out.notes, "state")
+    rows, older = _read_only(p, lambda db: _status_rows(db, job_id), out.notes, "state")
+    out.notes += older
     out.jobs = [dict(zip(_STATUS_COLUMNS["jobs"], r, strict=True)) for r in rows["jobs"]]
     out.nodes = [dict(zip(_STATUS_COLUMNS["nodes"], r, strict=True)) for r in rows["nodes"]]
     out.captures = [dict(zip(_STATUS_COLUMNS["captures"], r, strict=True)) for r in reversed(rows["captures"])]

@@ -133,6 +133,23 @@ def _saw(status: str, named: tuple[int, ...], ranks: tuple[int, ...]) -> bool:
     return not ranks or bool(set(ranks) & set(named))
 
 
+def _rank_part(magnitude: float, detail: Mapping[str, Any], r: int) -> tuple[float, dict[str, Any]]:
+    """Rank ``r``'s own size and detail in a report (or episode) of ``magnitude`` and ``detail`` naming it:
+    its ``detail.excess`` when given and above 0, else ``magnitude`` (the report's one figure, its own when it named
+    ``r`` alone); the detail with each per-rank map (``excess``, ``outlying_steps``, ``stage``: keys rank numbers)
+    kept to ``r``. A part of an episode split by rank (:meth:`JobEpisodes._persistent_ranks`) carries this, never
+    the figure of another rank's later report (a rank 1 at +50 % read "+19 %", rank 0's). Pure."""
+    raw = detail.get("excess")
+    excess = raw.get(r, raw.get(str(r))) if isinstance(raw, Mapping) else None
+    mag = float(excess) if isinstance(excess, (int, float)) and not isinstance(excess, bool) and excess > 0 \
+        else magnitude
+    names = {r, str(r)}
+    own = {k: ({rk: v for rk, v in v.items() if rk in names} if isinstance(v, Mapping) and v
+               and all(isinstance(rk, int) or (isinstance(rk, str) and rk.isdigit()) for rk in v) else v)
+           for k, v in detail.items()}
+    return mag, own
+
+
 def _rotates(tops: list[int], n: int) -> bool:
     last = tops[-n:]
     return len(last) >= n and all(a != b for a, b in zip(last, last[1:], strict=False))
@@ -276,6 +293,9 @@ class JobEpisodes:
         self.rotating: dict[str, tuple[tuple[int, ...], float]] = {}  # key -> (the rotation's ranks, longest s)
         self._named_since: dict[str, dict[int, tuple[float, int]]] = {}  # rotating episode -> rank -> (since, step)
         self._named_span: dict[str, float] = {}  # rotating episode -> longest a rank of it stayed named (s)
+        self._rank_sizes: dict[str, dict[int, tuple[float, dict[str, Any]]]] = {}  # open ranked episode -> rank ->
+        # (magnitude, detail) of the latest report naming it, read by :func:`_rank_part` at a split (the report's
+        # own objects, shared by its ranks: O(1) each; at most MAX_TRAIL ranks each)
         self._step_s: float | None = None  # the job step time the last advance was given (s)
         self._confirmed: dict[str, tuple[float, float]] = {}  # open ranked episode -> (job step s, its level) at
         # the latest verdict that named its ranks
@@ -348,6 +368,7 @@ class JobEpisodes:
         detail = dict(anomaly.detail or {})
         out: list[Event] = []
         onset = _onset(anomaly)
+        sizes = {r: (anomaly.magnitude, detail) for r in ranks[:MAX_TRAIL]}
         if (ep is not None and not ep.ranks and not ranks and anomaly.kind == "step_regression" and ep.captures
                 and ep.in_flight is None and anomaly.magnitude >= self.settings.recapture_growth
                 and onset > ep.last_step):
@@ -374,6 +395,7 @@ class JobEpisodes:
             if rot is not None and ranks:  # the culprit of this key rotates across episodes: one more of them
                 ep.rotation, ep.rotating_member = rot[0], True
             self.open[key] = ep
+            self._keep_sizes(ep, sizes)
             self._touch(ep)
             out.append(self._event(TYPE_EPISODE_OPENED, ep, "", detail=detail))
             out += self._covered_at_open(ep, onset, now_unix_s)
@@ -388,6 +410,7 @@ class JobEpisodes:
         ep.reports += 1
         ep.detail = detail
         ep.ranks = tuple(sorted(set(ep.ranks) | set(ranks)))
+        self._keep_sizes(ep, sizes)
         if fresh and ep.captures:
             ep.new_ranks = True
         self._touch(ep)
@@ -523,12 +546,11 @@ class JobEpisodes:
             if (key in self.open or now_unix_s - t0 < max(PERSIST_S, 2.0 * longest)
                     or furthest_step - s0 < PERSIST_STEPS or len(self.open) >= MAX_OPEN):
                 continue
-            raw = ep.detail.get("excess")
-            excess = raw.get(r, raw.get(str(r))) if isinstance(raw, Mapping) else None
-            mag = float(excess) if isinstance(excess, (int, float)) and excess > 0 else ep.magnitude
+            mag, detail = _rank_part(*self._rank_sizes.get(ep.episode_id, {}).get(r, (ep.magnitude, ep.detail)), r)
             digest = hashlib.sha256(f"{self.job_id}\0{key}\0{now_unix_s!r}\0{furthest_step}".encode()).hexdigest()
             new = Episode(f"ep-{digest[:12]}", self.job_id, ep.kind, scope, now_unix_s, s0, now_unix_s,
-                          furthest_step, furthest_step, mag, mag, (r,), dict(ep.detail))
+                          furthest_step, furthest_step, mag, mag, (r,), detail)
+            self._rank_sizes[new.episode_id] = {r: (mag, detail)}
             self.open[key] = new
             self._touch(new)
             out.append(self._event(
@@ -536,6 +558,19 @@ class JobEpisodes:
                 text=f"rank {r} has stayed slow for {now_unix_s - t0:.0f} s ({furthest_step - s0} steps) while the "
                      f"culprit of {ep.key} rotates: a slow rank of its own, captured as new"))
         return out
+
+    def _keep_sizes(self, ep: Episode, sizes: Mapping[int, tuple[float, dict[str, Any]]]) -> None:
+        """Remember, per rank, the magnitude and detail of the latest report naming it folded into ranked episode
+        ``ep`` (:func:`_rank_part` reads the rank's own part of them at a split; the newest :data:`MAX_TRAIL`
+        ranks)."""
+        if not sizes:
+            return
+        kept = self._rank_sizes.setdefault(ep.episode_id, {})
+        for r, part in sizes.items():
+            kept.pop(r, None)
+            kept[r] = part
+        for r in list(kept)[:max(0, len(kept) - MAX_TRAIL)]:
+            del kept[r]
 
     def _persists(self, ep: Episode, now_unix_s: float, furthest_step: int, held: bool = False) -> bool:
         """Whether an episode opened on a rotating key lasted long enough to be a slow rank of its own
@@ -593,6 +628,7 @@ class JobEpisodes:
         self.rotating.clear()
         self._named_since.clear()
         self._named_span.clear()
+        self._rank_sizes.clear()
         self._confirmed.clear()
         self._last_named = ()
         self._verdict = None
@@ -607,6 +643,7 @@ class JobEpisodes:
         self.open.pop(ep.key, None)
         self._named_since.pop(ep.episode_id, None)
         self._named_span.pop(ep.episode_id, None)
+        self._rank_sizes.pop(ep.episode_id, None)
         self._confirmed.pop(ep.episode_id, None)
         ep.closed_unix_s, ep.close_reason = now_unix_s, reason
         self.closed.append(ep)

@@ -118,8 +118,11 @@ class SuspectRow:
         total = self.row.own_delta_ms
         if explained >= WHY_EXPLAINS_MOST * total:
             return ""
-        return (f"the entries listed explain {explained:.1f} of the {total:.1f} ms/step this rank's own work "
-                f"exceeds its peers' by ({explained / total:.0%}); the other {total - explained:.1f} ms/step is "
+        def size(ms: float) -> str:  # 2-3 significant digits, as every excess shown (drilldown.delta_text)
+            return delta_text(ms * 1e3).lstrip("+")
+
+        return (f"the entries listed explain {size(explained)} of the {size(total)}/step this rank's own work "
+                f"exceeds its peers' by ({explained / total:.0%}); the other {size(total - explained)}/step is "
                 "not in them: in smaller entries not listed, or in free time between its operators")
 
 
