@@ -68,6 +68,17 @@ TRANSIENTS_SEEN = 2
 that give an alike episode a longer hold when no alike interruption is learned yet: a job whose unflagged checkpoint
 ran 4 steps against a 4-step hold five times and then 5 steps once had that one reported as a level change (3 of 3
 seeds, 3 % noise, gaps of 100-300 steps: a false arm)."""
+MAX_REGIME_S = 1800.0
+"""Seconds a persistent excursion (over :data:`MAX_INTERRUPTION_STEPS` and :data:`MAX_INTERRUPTION_S`, at most
+:data:`MAX_TIMED_INTERRUPTION_STEPS`) may last and still be watched for its return: one that came back is a
+*regime* the job visits (an RL rollout of 87 steps at 6 s: 9 minutes), learned as its pattern once
+:data:`REGIMES_SEEN` alike ones came back."""
+REGIMES_SEEN = 2
+"""Alike regimes (level, :func:`alike_level`, and duration) that must have come back before one is learned: each is
+a persistent change by the corpus' definition, reported while nothing said the job returns from it; a level the
+job has visited and left twice is its own (a 1.2 s job alternating 5x regimes of 87 steps and 72 fast steps was
+reported at every return: 8 reports, 6 arms in 27 minutes, ``bench/bench_new_shapes.py`` alternating seed 31
+run 10)."""
 MIN_TOLERANCE_STEPS = 2
 """The fewest steps a recurrence's onset may be off the learned interval."""
 MAX_SKIPPED = 3
@@ -142,6 +153,9 @@ class _Watch:
     """:attr:`seen_s` at the excursion's last elevated step: how long it lasted (s)."""
     prev: int = 0
     """The last step observed (a value may stand for several steps: a block's per-step time times its steps)."""
+    regime: bool = False
+    """It outlasted an interruption's bounds (:func:`persistent`) within :data:`MAX_REGIME_S`: a regime if it
+    comes back."""
     back: int = 0
     strays: int = 0
     after: list[float] = field(default_factory=list)
@@ -160,14 +174,15 @@ def persistent(steps: int, seconds: float) -> bool:
     return steps > MAX_INTERRUPTION_STEPS and (not seconds <= MAX_INTERRUPTION_S or steps > MAX_TIMED_INTERRUPTION_STEPS)
 
 
-def max_interruption_steps(step_s: float) -> int:
+def max_interruption_steps(step_s: float, seconds: float = MAX_INTERRUPTION_S) -> int:
     """The most steps an interruption whose steps take ``step_s`` seconds each may last: :data:`MAX_INTERRUPTION_STEPS`,
     or as many as :data:`MAX_INTERRUPTION_S` hold at that step time when more, at most
-    :data:`MAX_TIMED_INTERRUPTION_STEPS` (``step_s`` not > 0 or not finite: :data:`MAX_INTERRUPTION_STEPS`). Our own
+    :data:`MAX_TIMED_INTERRUPTION_STEPS` (``step_s`` not > 0 or not finite: :data:`MAX_INTERRUPTION_STEPS`);
+    ``seconds`` another time bound (:data:`MAX_REGIME_S` for a learned regime). Our own
     bound, from the corpus' definition of a persistent change (60 steps and 5 minutes)."""
     if not (step_s > 0.0 and math.isfinite(step_s)):
         return MAX_INTERRUPTION_STEPS
-    return max(MAX_INTERRUPTION_STEPS, min(MAX_TIMED_INTERRUPTION_STEPS, int(MAX_INTERRUPTION_S / step_s)))
+    return max(MAX_INTERRUPTION_STEPS, min(MAX_TIMED_INTERRUPTION_STEPS, int(seconds / step_s)))
 
 
 def alike_level(a: float, b: float) -> bool:
@@ -217,17 +232,21 @@ class RecurringInterruptions:
 
     def __init__(self) -> None:
         self.seen: deque[Interruption] = deque(maxlen=MAX_OCCURRENCES)
+        self.regimes: deque[Interruption] = deque(maxlen=MAX_OCCURRENCES)
+        """Persistent excursions that came back (:data:`MAX_REGIME_S`), newest last; learned into :attr:`seen`
+        from the :data:`REGIMES_SEEN`-th alike one."""
         self.transients: deque[Interruption] = deque(maxlen=MAX_OCCURRENCES)
         """Multi-step spike episodes that ended within their hold (:meth:`transient`), newest last."""
         self._watch: _Watch | None = None
         self._returned: Returned | None = None
         """The last watched excursion that came back (kept after the watch ends: :meth:`returned`)."""
         self.counters = {"interruptions_learned": 0, "interruptions_recognised": 0, "interruptions_not_ended": 0,
-                         "new_levels": 0}
+                         "new_levels": 0, "regimes_returned": 0}
 
     def reset(self) -> None:
         """Forget everything (step counter restart: step numbers no longer line up)."""
         self.seen.clear()
+        self.regimes.clear()
         self.transients.clear()
         self._watch = None
         self._returned = None
@@ -272,7 +291,9 @@ class RecurringInterruptions:
             w.after_start = step if w.after_start is None else w.after_start
             w.after.append(lr)
         duration = w.last - w.onset + 1
-        if persistent(duration, w.span_s) or w.strays > REVERT_STRAYS:
+        w.regime = w.regime or persistent(duration, w.span_s)
+        if (w.regime and (duration > MAX_TIMED_INTERRUPTION_STEPS or not w.span_s <= MAX_REGIME_S)) \
+                or w.strays > REVERT_STRAYS:
             self._drop()
             if w.vouched and w.strays > REVERT_STRAYS and w.stray_start is not None:
                 # it was said to have come back (its capture may be withdrawn) and went on: a change, reported
@@ -290,6 +311,13 @@ class RecurringInterruptions:
             self._watch = None
             rels = sorted(w.rels)
             ended = Interruption(w.onset, duration, rels[len(rels) // 2], w.before_s)
+            if w.regime:  # learned once the job has come back from REGIMES_SEEN alike ones
+                self.regimes.append(ended)
+                alike = [o for o in self.regimes if alike_level(o.level, ended.level)
+                         and _alike_duration(o.duration, ended.duration)]
+                self.counters["regimes_returned"] += 1
+                if len(alike) < REGIMES_SEEN:
+                    return ended
             self.seen.append(ended)
             self.counters["interruptions_learned"] += 1
             return ended
@@ -389,6 +417,8 @@ class RecurringInterruptions:
         is not yet a persistent change)."""
         cap = max(MAX_HOLD_STEPS, max_interruption_steps(step_s))
         alike = self.alike(level)
+        if any(o.duration > cap for o in alike):  # a regime learned (REGIMES_SEEN): as long as MAX_REGIME_S allows
+            cap = max(cap, max_interruption_steps(step_s, MAX_REGIME_S))
         if not alike:
             # no interruption learned: the job's own transients of that kind, when they recurred
             near = [o for o in self.transients if alike_level(o.level, level)]
