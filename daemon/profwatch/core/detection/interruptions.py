@@ -79,6 +79,10 @@ a persistent change by the corpus' definition, reported while nothing said the j
 job has visited and left twice is its own (a 1.2 s job alternating 5x regimes of 87 steps and 72 fast steps was
 reported at every return: 8 reports, 6 arms in 27 minutes, ``bench/bench_new_shapes.py`` alternating seed 31
 run 10)."""
+MIN_LEFT_LEVEL = 0.5
+"""The least relative excess of a level a speedup left (:meth:`RecurringInterruptions.left`) that is remembered as a
+regime the job may return to: 1.5x, five times ``min_effect``, so that a job that got 10-30 % faster (a contended
+host freed) holds no return of that size as its pattern (it stays a change: CUSUM)."""
 MIN_TOLERANCE_STEPS = 2
 """The fewest steps a recurrence's onset may be off the learned interval."""
 MAX_SKIPPED = 3
@@ -191,6 +195,10 @@ def alike_level(a: float, b: float) -> bool:
     return abs(math.log((1.0 + max(a, -0.99)) / (1.0 + max(b, -0.99)))) <= math.log(SIMILAR_PEAK_RATIO)
 
 
+def _overlap(a: Interruption, b: Interruption) -> bool:
+    return a.onset < b.onset + b.duration and b.onset < a.onset + a.duration
+
+
 def _alike_duration(a: int, b: int) -> bool:
     return max(a, b) <= 2 * min(a, b) + HOLD_SLACK_STEPS
 
@@ -241,7 +249,7 @@ class RecurringInterruptions:
         self._returned: Returned | None = None
         """The last watched excursion that came back (kept after the watch ends: :meth:`returned`)."""
         self.counters = {"interruptions_learned": 0, "interruptions_recognised": 0, "interruptions_not_ended": 0,
-                         "new_levels": 0, "regimes_returned": 0}
+                         "new_levels": 0, "regimes_returned": 0, "levels_left": 0}
 
     def reset(self) -> None:
         """Forget everything (step counter restart: step numbers no longer line up)."""
@@ -312,12 +320,19 @@ class RecurringInterruptions:
             rels = sorted(w.rels)
             ended = Interruption(w.onset, duration, rels[len(rels) // 2], w.before_s)
             if w.regime:  # learned once the job has come back from REGIMES_SEEN alike ones
+                # the same visit, remembered already when the baseline re-learned on it and its end was a speedup
+                kept = [o for o in self.regimes if not _overlap(o, ended)]
+                self.regimes.clear()
+                self.regimes.extend(kept)
                 self.regimes.append(ended)
                 alike = [o for o in self.regimes if alike_level(o.level, ended.level)
                          and _alike_duration(o.duration, ended.duration)]
                 self.counters["regimes_returned"] += 1
                 if len(alike) < REGIMES_SEEN:
                     return ended
+            kept = [o for o in self.seen if not _overlap(o, ended)]  # the same visit once (as for regimes)
+            self.seen.clear()
+            self.seen.extend(kept)
             self.seen.append(ended)
             self.counters["interruptions_learned"] += 1
             return ended
@@ -360,6 +375,31 @@ class RecurringInterruptions:
         """The watched excursion did not come back within the bounds: a change (already reported), forgotten."""
         self._watch = None
         self.counters["interruptions_not_ended"] += 1
+
+    def left(self, onset: int, duration: int, level: float, step_s: float) -> Interruption | None:
+        """The job ran ``duration`` steps from ``onset`` at a level ``level`` (relative) over the one it now runs at
+        (a speedup), at ``step_s`` s per step: a level it visited and left, remembered as an excursion that came
+        back (an interruption within :func:`persistent`'s bounds, else a regime, :data:`REGIMES_SEEN`) when it
+        lasted at most :data:`MAX_TIMED_INTERRUPTION_STEPS` steps, its level is at least :data:`MIN_LEFT_LEVEL`
+        and no remembered one overlaps it (a reported excursion watched to its return is not counted twice). Returns
+        it, or None. A job whose slow regime (an RL rollout) came first took the first fast one for a speedup, and
+        the slow one's first return was reported (``bench_new_shapes`` alternating seed 31: every job starts
+        slow, one arm each)."""
+        if not (1 <= duration <= MAX_TIMED_INTERRUPTION_STEPS and math.isfinite(level) and math.isfinite(step_s)
+                and level >= MIN_LEFT_LEVEL and step_s > 0.0):
+            return None
+        occ = Interruption(onset, duration, level)
+        if any(_overlap(o, occ) for o in (*self.seen, *self.regimes)):
+            return None  # the same visit, watched from its report and remembered when it came back
+        if persistent(duration, duration * step_s):
+            if duration * step_s > MAX_REGIME_S:
+                return None
+            self.regimes.append(occ)
+            self.counters["regimes_returned"] += 1
+            return occ
+        self.seen.append(occ)
+        self.counters["levels_left"] += 1
+        return occ
 
     def recognised(self, onset: int, duration: int, level: float) -> Interruption:
         """A spike episode held by :meth:`hold` ended within it: remember it as one more occurrence."""

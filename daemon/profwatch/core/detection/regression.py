@@ -617,6 +617,9 @@ class StepTimeRegressionDetector:
         """The interim reference the report set (s), before it followed any step."""
         self._last_job_step_s: float | None = None
         self._first_step: int | None = None
+        self._level_since: int | None = None
+        """The step of the first value the baseline learned since it last started again (:meth:`_relearn`): how
+        long the job ran at the level a speedup leaves (:meth:`RecurringInterruptions.left`)."""
         self._first_learned: int | None = None
         """The step of the generation's first value learned as measured (:meth:`_learn`): whether its learned steps
         begin where its warm-up's end (:meth:`_warm_split`)."""
@@ -731,6 +734,7 @@ class StepTimeRegressionDetector:
             self._after_speedup = deque(((st, v / factor) for st, v in self._after_speedup), maxlen=RAMP_WINDOW)
 
     def _relearn(self) -> None:
+        self._level_since = None
         self._from_start = False
         self._curve_recheck = 0
         self._base.clear()
@@ -1010,6 +1014,8 @@ class StepTimeRegressionDetector:
         self._learn_fall.clear()
         if self._first_learned is None:
             self._first_learned = step
+        if self._level_since is None:
+            self._level_since = step
         self._base.push(x)
         self._recent.append(x)
         self._fall_seq.append(x)
@@ -1850,6 +1856,9 @@ class StepTimeRegressionDetector:
             self._suspend_drift()
             fallen, n_lo = fallen_level(list(self._lo_vals), noise) if self._lo_vals else (x, 1)
             level = fallen * (1.0 + INTERIM_SE * noise / math.sqrt(n_lo))
+            if self._level_since is not None and fallen > 0.0:  # the level it left may be the job's other regime
+                self.recurring.left(self._level_since, self.speedup_first_step - self._level_since, mu / fallen - 1.0,
+                                    mu)
             self._speedup_noise = max(self._speedup_noise, noise)
             self._relearn()
             self._interim = (min(mu, level), noise, "before_speedup")
