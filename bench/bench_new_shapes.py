@@ -32,7 +32,14 @@ run, step, seconds and reason), lasting detectable changes lost, delay percentil
 corpus's ``steady`` shapes with the same injected changes (``--reference`` runs, seeds ``[SEED, 100 + len(SHAPES),
 i]``), invariant violations. ``--json PATH`` writes every scored run.
 
-Findings at seed 31 (the default run; causes from one-run replays, ``make_run``), none fixed yet:
+After the alternating-regimes change (``core/detection/interruptions.py``: a 5-minute time term, regimes learned
+once they came back twice, the level a speedup left remembered; seed 31): ``alternating`` 10.4 -> 1.25 false arms
+per healthy hour (50 -> 6: the first return of a slow regime in runs 2 and 8, the first 9-minute regime of run
+10), lost 1 -> 0; delays longer where a change starts in or next to a slow regime (held up to 1.5x its length:
+3x p50 7 -> 28, p90 28 -> 127 steps; run 3's one-rank 3x, lost before, found 212 steps late), and one
+``warmup_drift_down`` 1.3x change 4 -> 73 steps. Every other shape unchanged.
+
+Findings at seed 31 before it (the default run; causes from one-run replays, ``make_run``):
 
 - ``alternating`` (10.4 false arms/h, and a 3x rank change lost to the hourly cap those arms used): a regime of
   60-120 steps at 2-5x is reported as a level change (``pattern "level"``) each time it comes back: an excursion

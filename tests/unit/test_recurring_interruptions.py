@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from profwatch.core.detection.interruptions import (
     MAX_HOLD_STEPS,
     MAX_INTERRUPTION_STEPS,
+    MAX_TIMED_INTERRUPTION_STEPS,
     REVERT_STEPS,
     Interruption,
     NewLevel,
@@ -133,7 +134,8 @@ def test_a_new_level_after_an_interruption_needs_min_effect_clear_of_its_error()
 def test_an_excursion_that_never_comes_back_is_not_learned() -> None:
     rec = RecurringInterruptions()
     rec.reported(100, 104, 2.0, 1.0, 0.03)
-    for step in range(105, 105 + MAX_INTERRUPTION_STEPS):
+    # 3 s steps: 100 of them are 5 minutes (an interruption's time bound), a regime's bound is 240 steps
+    for step in range(105, 105 + MAX_TIMED_INTERRUPTION_STEPS):
         assert rec.observe(step, 3.0, 0.3, 6.0, 0.1) is None
     assert list(rec.seen) == [] and rec.counters["interruptions_not_ended"] == 1
     assert rec.hold(400, 2.0, HOLD) == HOLD

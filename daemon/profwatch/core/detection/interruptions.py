@@ -21,8 +21,17 @@ from typing import Any
 from profwatch.core.detection.spikes import EXIT_FRACTION, MERGE_GAP_STEPS, SIMILAR_PEAK_RATIO
 
 MAX_INTERRUPTION_STEPS = 60
-"""Steps an excursion may last and still be an interruption: a change lasting 60 steps (and 5 minutes) is a
-persistent one (the corpus' definition) and is never learned as the job's pattern."""
+"""Steps an excursion may always last and still be an interruption: a change lasting 60 steps *and* 5 minutes
+(:data:`MAX_INTERRUPTION_S`) is a persistent one (the corpus' definition) and is never learned as the job's
+pattern."""
+MAX_INTERRUPTION_S = 300.0
+"""Seconds (the excursion's own step times) an excursion longer than :data:`MAX_INTERRUPTION_STEPS` may last and
+still be an interruption, up to :data:`MAX_TIMED_INTERRUPTION_STEPS`: a slow regime of 60-120 steps at 2-5x of a
+0.1-0.3 s job (an RL rollout, 1-2 minutes) alternating with the training steps was reported as a level change
+each time it came back (``bench/bench_new_shapes.py`` ``alternating``, seed 31: 10.4 false arms per healthy hour)."""
+MAX_TIMED_INTERRUPTION_STEPS = 4 * MAX_INTERRUPTION_STEPS
+"""The most steps an interruption lasts however fast its steps (a bounded hold: a persistent change that starts at an
+alike excursion of a fast-step job is reported at most this many steps late)."""
 REVERT_STEPS = 8
 """Steps after a reported excursion's last elevated step that must be back at the level before it (all but
 :data:`REVERT_STRAYS` of them) for the excursion to count as an interruption that ended."""
@@ -38,10 +47,11 @@ recurring: its duration may vary more before it is called a change)."""
 HOLD_SLACK_STEPS = 2
 """Steps added to either hold (a one-step interruption is held 3-4 steps, not 1-2)."""
 MAX_HOLD_STEPS = 1 * MAX_INTERRUPTION_STEPS
-"""The longest hold an interruption gives (steps): a persistent change that starts at an alike excursion is
-reported at most this late. Never above :data:`MAX_INTERRUPTION_STEPS`: a longer hold let a 100-step 2x
-excursion of a 3 s job (5 minutes: a persistent change) end inside it, as a ``"recurring"`` spike, never reported,
-after 50-step ones had been learned."""
+"""The longest hold an interruption gives (steps) when the excursion's step time is not known, or its
+:data:`MAX_INTERRUPTION_S` are fewer steps (:func:`max_interruption_steps`): a persistent change that starts at an
+alike excursion is reported at most this late. Never above the interruption's bound: a longer hold let a 100-step
+2x excursion of a 3 s job (10 minutes: a persistent change) end inside it, as a ``"recurring"`` spike, never
+reported, after 50-step ones had been learned."""
 INTERVAL_JITTER = 0.15
 """Relative tolerance of a recurrence's onset around the learned interval (and of the intervals among themselves
 for the interval to be regular); at least :data:`MIN_TOLERANCE_STEPS`."""
@@ -58,6 +68,21 @@ TRANSIENTS_SEEN = 2
 that give an alike episode a longer hold when no alike interruption is learned yet: a job whose unflagged checkpoint
 ran 4 steps against a 4-step hold five times and then 5 steps once had that one reported as a level change (3 of 3
 seeds, 3 % noise, gaps of 100-300 steps: a false arm)."""
+MAX_REGIME_S = 1800.0
+"""Seconds a persistent excursion (over :data:`MAX_INTERRUPTION_STEPS` and :data:`MAX_INTERRUPTION_S`, at most
+:data:`MAX_TIMED_INTERRUPTION_STEPS`) may last and still be watched for its return: one that came back is a
+*regime* the job visits (an RL rollout of 87 steps at 6 s: 9 minutes), learned as its pattern once
+:data:`REGIMES_SEEN` alike ones came back."""
+REGIMES_SEEN = 2
+"""Alike regimes (level, :func:`alike_level`, and duration) that must have come back before one is learned: each is
+a persistent change by the corpus' definition, reported while nothing said the job returns from it; a level the
+job has visited and left twice is its own (a 1.2 s job alternating 5x regimes of 87 steps and 72 fast steps was
+reported at every return: 8 reports, 6 arms in 27 minutes, ``bench/bench_new_shapes.py`` alternating seed 31
+run 10)."""
+MIN_LEFT_LEVEL = 0.5
+"""The least relative excess of a level a speedup left (:meth:`RecurringInterruptions.left`) that is remembered as a
+regime the job may return to: 1.5x, five times ``min_effect``, so that a job that got 10-30 % faster (a contended
+host freed) holds no return of that size as its pattern (it stays a change: CUSUM)."""
 MIN_TOLERANCE_STEPS = 2
 """The fewest steps a recurrence's onset may be off the learned interval."""
 MAX_SKIPPED = 3
@@ -126,6 +151,15 @@ class _Watch:
     noise: float
     last: int
     rels: list[float] = field(default_factory=list)
+    seen_s: float = 0.0
+    """Seconds since the onset (the steps before the report at the reported level, then the steps' own times)."""
+    span_s: float = 0.0
+    """:attr:`seen_s` at the excursion's last elevated step: how long it lasted (s)."""
+    prev: int = 0
+    """The last step observed (a value may stand for several steps: a block's per-step time times its steps)."""
+    regime: bool = False
+    """It outlasted an interruption's bounds (:func:`persistent`) within :data:`MAX_REGIME_S`: a regime if it
+    comes back."""
     back: int = 0
     strays: int = 0
     after: list[float] = field(default_factory=list)
@@ -138,10 +172,31 @@ class _Watch:
     stray_start: int | None = None
 
 
+def persistent(steps: int, seconds: float) -> bool:
+    """Whether an excursion of ``steps`` steps lasting ``seconds`` s is a persistent change, never an interruption:
+    over :data:`MAX_INTERRUPTION_STEPS` and over :data:`MAX_INTERRUPTION_S` (or :data:`MAX_TIMED_INTERRUPTION_STEPS`)."""
+    return steps > MAX_INTERRUPTION_STEPS and (not seconds <= MAX_INTERRUPTION_S or steps > MAX_TIMED_INTERRUPTION_STEPS)
+
+
+def max_interruption_steps(step_s: float, seconds: float = MAX_INTERRUPTION_S) -> int:
+    """The most steps an interruption whose steps take ``step_s`` seconds each may last: :data:`MAX_INTERRUPTION_STEPS`,
+    or as many as :data:`MAX_INTERRUPTION_S` hold at that step time when more, at most
+    :data:`MAX_TIMED_INTERRUPTION_STEPS` (``step_s`` not > 0 or not finite: :data:`MAX_INTERRUPTION_STEPS`);
+    ``seconds`` another time bound (:data:`MAX_REGIME_S` for a learned regime). Our own
+    bound, from the corpus' definition of a persistent change (60 steps and 5 minutes)."""
+    if not (step_s > 0.0 and math.isfinite(step_s)):
+        return MAX_INTERRUPTION_STEPS
+    return max(MAX_INTERRUPTION_STEPS, min(MAX_TIMED_INTERRUPTION_STEPS, int(seconds / step_s)))
+
+
 def alike_level(a: float, b: float) -> bool:
     """Whether two relative excesses are the same kind of excursion: ``1 + a`` and ``1 + b`` within a factor of
     :data:`~profwatch.core.detection.spikes.SIMILAR_PEAK_RATIO` (2)."""
     return abs(math.log((1.0 + max(a, -0.99)) / (1.0 + max(b, -0.99)))) <= math.log(SIMILAR_PEAK_RATIO)
+
+
+def _overlap(a: Interruption, b: Interruption) -> bool:
+    return a.onset < b.onset + b.duration and b.onset < a.onset + a.duration
 
 
 def _alike_duration(a: int, b: int) -> bool:
@@ -185,17 +240,21 @@ class RecurringInterruptions:
 
     def __init__(self) -> None:
         self.seen: deque[Interruption] = deque(maxlen=MAX_OCCURRENCES)
+        self.regimes: deque[Interruption] = deque(maxlen=MAX_OCCURRENCES)
+        """Persistent excursions that came back (:data:`MAX_REGIME_S`), newest last; learned into :attr:`seen`
+        from the :data:`REGIMES_SEEN`-th alike one."""
         self.transients: deque[Interruption] = deque(maxlen=MAX_OCCURRENCES)
         """Multi-step spike episodes that ended within their hold (:meth:`transient`), newest last."""
         self._watch: _Watch | None = None
         self._returned: Returned | None = None
         """The last watched excursion that came back (kept after the watch ends: :meth:`returned`)."""
         self.counters = {"interruptions_learned": 0, "interruptions_recognised": 0, "interruptions_not_ended": 0,
-                         "new_levels": 0}
+                         "new_levels": 0, "regimes_returned": 0, "levels_left": 0}
 
     def reset(self) -> None:
         """Forget everything (step counter restart: step numbers no longer line up)."""
         self.seen.clear()
+        self.regimes.clear()
         self.transients.clear()
         self._watch = None
         self._returned = None
@@ -206,7 +265,9 @@ class RecurringInterruptions:
         > 0 and finite, or a ``step`` before ``onset``."""
         if (before_s > 0.0 and math.isfinite(before_s) and noise > 0.0 and math.isfinite(noise)
                 and math.isfinite(level) and step >= onset):
-            self._watch = _Watch(onset, before_s, noise, step, [level])
+            # the steps up to the report were not watched: taken at the reported level
+            seen_s = (step - onset + 1) * before_s * (1.0 + max(level, 0.0))
+            self._watch = _Watch(onset, before_s, noise, step, [level], seen_s=seen_s, span_s=seen_s, prev=step)
             self._returned = None
 
     def observe(self, step: int, x: float, spike_min_effect: float, spike_z: float,
@@ -219,10 +280,13 @@ class RecurringInterruptions:
             return None
         lr = math.log(x / w.before_s)
         rel = math.expm1(lr)
+        w.seen_s += x * max(1, step - w.prev)
+        w.prev = step
         at = (rel >= EXIT_FRACTION * spike_min_effect and rel / w.noise >= EXIT_FRACTION * spike_z
               and lr >= 0.5 * math.log1p(max(w.rels[0], 0.0)))  # nearer the excursion's level than the one before
         if at and w.back <= MERGE_GAP_STEPS:
             w.last, w.back, w.strays, w.after_start = step, 0, 0, None
+            w.span_s = w.seen_s
             w.rels.append(rel)
             w.after.clear()
         elif at:
@@ -235,7 +299,9 @@ class RecurringInterruptions:
             w.after_start = step if w.after_start is None else w.after_start
             w.after.append(lr)
         duration = w.last - w.onset + 1
-        if duration > MAX_INTERRUPTION_STEPS or w.strays > REVERT_STRAYS:
+        w.regime = w.regime or persistent(duration, w.span_s)
+        if (w.regime and (duration > MAX_TIMED_INTERRUPTION_STEPS or not w.span_s <= MAX_REGIME_S)) \
+                or w.strays > REVERT_STRAYS:
             self._drop()
             if w.vouched and w.strays > REVERT_STRAYS and w.stray_start is not None:
                 # it was said to have come back (its capture may be withdrawn) and went on: a change, reported
@@ -253,6 +319,20 @@ class RecurringInterruptions:
             self._watch = None
             rels = sorted(w.rels)
             ended = Interruption(w.onset, duration, rels[len(rels) // 2], w.before_s)
+            if w.regime:  # learned once the job has come back from REGIMES_SEEN alike ones
+                # the same visit, remembered already when the baseline re-learned on it and its end was a speedup
+                kept = [o for o in self.regimes if not _overlap(o, ended)]
+                self.regimes.clear()
+                self.regimes.extend(kept)
+                self.regimes.append(ended)
+                alike = [o for o in self.regimes if alike_level(o.level, ended.level)
+                         and _alike_duration(o.duration, ended.duration)]
+                self.counters["regimes_returned"] += 1
+                if len(alike) < REGIMES_SEEN:
+                    return ended
+            kept = [o for o in self.seen if not _overlap(o, ended)]  # the same visit once (as for regimes)
+            self.seen.clear()
+            self.seen.extend(kept)
             self.seen.append(ended)
             self.counters["interruptions_learned"] += 1
             return ended
@@ -296,9 +376,34 @@ class RecurringInterruptions:
         self._watch = None
         self.counters["interruptions_not_ended"] += 1
 
+    def left(self, onset: int, duration: int, level: float, step_s: float) -> Interruption | None:
+        """The job ran ``duration`` steps from ``onset`` at a level ``level`` (relative) over the one it now runs at
+        (a speedup), at ``step_s`` s per step: a level it visited and left, remembered as an excursion that came
+        back (an interruption within :func:`persistent`'s bounds, else a regime, :data:`REGIMES_SEEN`) when it
+        lasted at most :data:`MAX_TIMED_INTERRUPTION_STEPS` steps, its level is at least :data:`MIN_LEFT_LEVEL`
+        and no remembered one overlaps it (a reported excursion watched to its return is not counted twice). Returns
+        it, or None. A job whose slow regime (an RL rollout) came first took the first fast one for a speedup, and
+        the slow one's first return was reported (``bench_new_shapes`` alternating seed 31: every job starts
+        slow, one arm each)."""
+        if not (1 <= duration <= MAX_TIMED_INTERRUPTION_STEPS and math.isfinite(level) and math.isfinite(step_s)
+                and level >= MIN_LEFT_LEVEL and step_s > 0.0):
+            return None
+        occ = Interruption(onset, duration, level)
+        if any(_overlap(o, occ) for o in (*self.seen, *self.regimes)):
+            return None  # the same visit, watched from its report and remembered when it came back
+        if persistent(duration, duration * step_s):
+            if duration * step_s > MAX_REGIME_S:
+                return None
+            self.regimes.append(occ)
+            self.counters["regimes_returned"] += 1
+            return occ
+        self.seen.append(occ)
+        self.counters["levels_left"] += 1
+        return occ
+
     def recognised(self, onset: int, duration: int, level: float) -> Interruption:
         """A spike episode held by :meth:`hold` ended within it: remember it as one more occurrence."""
-        occ = Interruption(onset, max(1, min(duration, MAX_INTERRUPTION_STEPS)), level)
+        occ = Interruption(onset, max(1, min(duration, MAX_TIMED_INTERRUPTION_STEPS)), level)
         self.seen.append(occ)
         self.counters["interruptions_recognised"] += 1
         return occ
@@ -344,21 +449,26 @@ class RecurringInterruptions:
         tol = max(MIN_TOLERANCE_STEPS, INTERVAL_JITTER * p)
         return any(abs(onset - last - k * p) <= tol for k in range(1, MAX_SKIPPED + 1))
 
-    def hold(self, onset: int, level: float, base_hold: int, stride: int = 1) -> int:
+    def hold(self, onset: int, level: float, base_hold: int, stride: int = 1, step_s: float = 0.0) -> int:
         """The hold (values of ``stride`` steps) for an open spike episode from ``onset`` at median relative excess
-        ``level``: ``base_hold`` unless it is alike to remembered interruptions (class Notes); never below
-        ``base_hold``, never above :data:`MAX_HOLD_STEPS` steps."""
+        ``level`` whose steps take ``step_s`` s each (0: not known): ``base_hold`` unless it is alike to remembered
+        interruptions (class Notes); never below ``base_hold``, never above :data:`MAX_HOLD_STEPS` steps, or
+        :func:`max_interruption_steps` at ``step_s`` when more (an interruption of that length at that step time
+        is not yet a persistent change)."""
+        cap = max(MAX_HOLD_STEPS, max_interruption_steps(step_s))
         alike = self.alike(level)
+        if any(o.duration > cap for o in alike):  # a regime learned (REGIMES_SEEN): as long as MAX_REGIME_S allows
+            cap = max(cap, max_interruption_steps(step_s, MAX_REGIME_S))
         if not alike:
             # no interruption learned: the job's own transients of that kind, when they recurred
             near = [o for o in self.transients if alike_level(o.level, level)]
             if len(near) < TRANSIENTS_SEEN:
                 return base_hold
-            steps = min(MAX_HOLD_STEPS, math.ceil(SEEN_FACTOR * max(o.duration for o in near)) + HOLD_SLACK_STEPS)
+            steps = min(cap, math.ceil(SEEN_FACTOR * max(o.duration for o in near)) + HOLD_SLACK_STEPS)
             return max(base_hold, -(-steps // max(1, stride)))
         longest = max(o.duration for o in alike)
         factor = LATTICE_FACTOR if self.on_interval(onset, level) else SEEN_FACTOR
-        steps = min(MAX_HOLD_STEPS, math.ceil(factor * longest) + HOLD_SLACK_STEPS)
+        steps = min(cap, math.ceil(factor * longest) + HOLD_SLACK_STEPS)
         return max(base_hold, -(-steps // max(1, stride)))
 
     def describe(self, level: float) -> dict[str, Any]:

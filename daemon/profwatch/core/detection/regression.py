@@ -617,6 +617,9 @@ class StepTimeRegressionDetector:
         """The interim reference the report set (s), before it followed any step."""
         self._last_job_step_s: float | None = None
         self._first_step: int | None = None
+        self._level_since: int | None = None
+        """The step of the first value the baseline learned since it last started again (:meth:`_relearn`): how
+        long the job ran at the level a speedup leaves (:meth:`RecurringInterruptions.left`)."""
         self._first_learned: int | None = None
         """The step of the generation's first value learned as measured (:meth:`_learn`): whether its learned steps
         begin where its warm-up's end (:meth:`_warm_split`)."""
@@ -731,6 +734,8 @@ class StepTimeRegressionDetector:
             self._after_speedup = deque(((st, v / factor) for st, v in self._after_speedup), maxlen=RAMP_WINDOW)
 
     def _relearn(self) -> None:
+        self._level_since = None
+        self._left_pending: tuple[int, int, float] | None = None
         self._from_start = False
         self._curve_recheck = 0
         self._base.clear()
@@ -818,6 +823,11 @@ class StepTimeRegressionDetector:
                 if not self._interim_spikes:  # re-learning: judged to its end there, then the baseline takes over
                     self._end_interim()
                 return []
+            if self._interim_spikes and self._interim[2] == "before_interruption":
+                # a step of an excursion held against the level before a learned interruption is not the job's
+                # level: learned by a young baseline of 4 steps it made a 3.6x slow regime part of it, and the next
+                # fast steps a speedup (bench_new_shapes alternating seed 31 run 0)
+                return []
         if n < s.min_baseline_steps:
             a = self._learn(step, x)
             return [a] if a is not None else []
@@ -837,7 +847,7 @@ class StepTimeRegressionDetector:
         stride = self._steps_per_value
 
         def extend(ep: SpikeEpisode) -> int:
-            return self.recurring.hold(ep.onset, ep.level, hold, stride)
+            return self.recurring.hold(ep.onset, ep.level, hold, stride, mu * (1.0 + max(ep.level, 0.0)))
 
         sp = self.spikes.observe(step.step, rel, z, hold, stride, extend)
         if sp.ended is not None and not sp.ended_periodic:
@@ -1005,11 +1015,15 @@ class StepTimeRegressionDetector:
         self._learn_fall.clear()
         if self._first_learned is None:
             self._first_learned = step
+        if self._level_since is None:
+            self._level_since = step
         self._base.push(x)
         self._recent.append(x)
         self._fall_seq.append(x)
         self._recent_steps.append(step)
         if len(self._base) >= self.settings.min_baseline_steps:
+            if self._left_pending is not None:
+                self._left_level()
             if not self._interim_spikes:  # else it ends with the episode held against it (on_step)
                 self._end_interim()
             if not self._settled():
@@ -1020,6 +1034,19 @@ class StepTimeRegressionDetector:
         if len(self._base) >= self.settings.min_baseline_steps and self.drift.reference_s is None:
             self.drift.learned(self._noise()[0], step, len(self._base))
         return None
+
+    def _left_level(self) -> None:
+        """The baseline re-learned after a speedup is whole: the level the speedup left (``_left_pending``: the step
+        the baseline before it began learning, the steps until the fall, its level in s), against the level learned
+        now, is one the job visited and left (:meth:`RecurringInterruptions.left`). Judged on the whole new
+        baseline, not the speedup's own run: 2 heavy-tailed dips (0.30 s among 0.50 s steps) fired a speedup whose
+        run read the level left 1.65x, and the job's own steps were then held as a return to it."""
+        assert self._left_pending is not None
+        onset, duration, before_s = self._left_pending
+        self._left_pending = None
+        mu = self._noise()[0]
+        if mu > 0.0:
+            self.recurring.left(onset, duration, before_s / mu - 1.0, before_s)
 
     def _risen(self, fs: FinalizedStep, risen: list[float], mu: float, noise: float, hold: int) -> Anomaly | None:
         """Steps that rose over the young baseline (level ``mu`` s, relative ``noise``) for longer than ``hold`` while
@@ -1758,7 +1785,8 @@ class StepTimeRegressionDetector:
         (re-)learns: longer when their median excess is alike to an interruption that came back
         (:meth:`RecurringInterruptions.hold`)."""
         rels = sorted(v / mu - 1.0 for v in values)
-        return self.recurring.hold(onset, rels[len(rels) // 2], hold, self._steps_per_value)
+        level = rels[len(rels) // 2]
+        return self.recurring.hold(onset, level, hold, self._steps_per_value, mu * (1.0 + max(level, 0.0)))
 
     def _spike_event(self, step: int, ep: SpikeEpisode, mu: float, hold: int, out: list[Anomaly]) -> None:
         """A spike episode ended: ``step_spike`` (``pattern "transient"``; ``"recurring"`` when it outlasted the
@@ -1844,8 +1872,11 @@ class StepTimeRegressionDetector:
             self._suspend_drift()
             fallen, n_lo = fallen_level(list(self._lo_vals), noise) if self._lo_vals else (x, 1)
             level = fallen * (1.0 + INTERIM_SE * noise / math.sqrt(n_lo))
+            left = (self._level_since, self.speedup_first_step - self._level_since, mu) \
+                if self._level_since is not None and len(self._base) >= s.min_baseline_steps else None
             self._speedup_noise = max(self._speedup_noise, noise)
             self._relearn()
+            self._left_pending = left
             self._interim = (min(mu, level), noise, "before_speedup")
             self._speedup_from = mu
             self.speedup_ratio = min(1.0, fallen / mu)
@@ -1941,7 +1972,8 @@ class StepTimeRegressionDetector:
         # after a speedup only an excursion on a learned interruption's interval is held (a checkpoint due 2 steps
         # after a chance 2-step dip fired the speedup was reported as a +57 % cusum: hypothesis, recurring 2x/5 steps)
         held = spike and (reference in ("reported_level", "before_interruption") or (
-            reference == "before_speedup" and (bool(self._interim_spikes) or self.recurring.on_interval(fs.step, rel))))
+            reference == "before_speedup" and (bool(self._interim_spikes) or self.recurring.on_interval(fs.step, rel)
+                                               or bool(self.recurring.alike(rel)))))
         if held:
             if not self._interim_spikes:
                 self._interim_spike_start = fs.step
@@ -2204,6 +2236,22 @@ class StepTimeRegressionDetector:
         if len(self._base) >= self.settings.min_baseline_steps:
             self.drift.suspend(self._noise()[0])
 
+    def _excursion(self, detail: dict[str, Any], magnitude: float, noise: float) -> bool:
+        """Whether a report is an excursion whose return is watched (:class:`RecurringInterruptions`): a level of
+        spike steps held out (not the learning path's step or jump in its learned steps, :data:`_NOT_EXCURSIONS`),
+        or a ``cusum`` report after a speedup (``reference "before_speedup"``) that is spike-sized itself
+        (``spike_min_effect`` and ``spike_z`` noise sigmas over the speedup's level). The latter: a job whose slow
+        regime (an RL rollout, 3.6x for 20 steps) came first took the fast one for a speedup, and each return of
+        the slow one was a cusum report 3 steps in, never learned as the job's pattern (``bench/bench_new_shapes.py``
+        ``alternating`` seed 31 run 0: 15 reports, 5 arms). A smaller one is no excursion: its steps are under the
+        watch's threshold and a lasting one would read as a new level, a second report."""
+        reference = detail.get("reference")
+        if detail.get("pattern") == "level":
+            return reference not in _NOT_EXCURSIONS
+        s = self.settings
+        return (detail.get("pattern") == "cusum" and reference == "before_speedup"
+                and magnitude >= s.spike_min_effect and magnitude >= s.spike_z * noise)
+
     def _fire(self, step: int, magnitude: float, detail: dict[str, Any]) -> Anomaly:
         """Report a ``step_regression`` and re-learn the baseline; while it re-learns, steps are judged against
         the level this report measured (``_interim``, ``reference "reported_level"``, see :meth:`_interim_cusum`),
@@ -2219,7 +2267,7 @@ class StepTimeRegressionDetector:
         noise = float(detail.get("noise") or MIN_NOISE)
         # watched: a level of spike steps held out (not the learning path's step or jump in its learned steps,
         # whose risen steps are no excursion: the watch read the change going on as a new level, a second report)
-        if detail.get("pattern") == "level" and detail.get("reference") not in _NOT_EXCURSIONS:
+        if self._excursion(detail, magnitude, noise):
             self.recurring.reported(int(detail.get("first_step", step)), step, magnitude,
                                     float(detail.get("baseline_s") or 0.0), noise)
         follow = self._follows(detail)
