@@ -319,6 +319,48 @@ def test_a_baseline_re_learned_on_a_calm_stretch_after_a_speedup_keeps_the_noise
     assert [(a.kind, a.step, round(a.magnitude, 3)) for a in found if a.kind in ("step_regression", "drift")] == []
 
 
+def _faster_run15_41() -> list[float]:
+    """The job step times of ``bench/bench_corpus.py`` seed 41, class ``faster``, run 15, regenerated: a linear
+    warm-up from 6.2x over 54 steps, then speedups of 13 % and 22 % (steps 702 and 822) at 17.1 % noise (3 ranks,
+    42.6 ms, 1500 steps)."""
+    step_s, cv, world, steps = 0.042634303971580745, 0.171085137823469, 3, 1500
+    lv = np.ones(steps)
+    lv[:54] = np.linspace(6.182280988276554, 1.0, 54)
+    for at, f in ((701, 0.8694014415838954), (821, 0.7796650012943815)):
+        lv[at:] *= f
+    rng = np.random.default_rng([41, 5, 15, 1])  # the corpus run's noise stream
+    return _corpus_job_steps(lv, step_s, cv, world, rng)
+
+
+def test_a_rise_over_a_speedups_few_steps_counts_their_error_at_high_noise() -> None:
+    """``bench/bench_corpus.py`` seed 41, class ``faster``, run 15 (:func:`_faster_run15_41`). The first speedup's
+    reference rested on the 8 steps after its fire, which read 15 % under the level (1 standard error raised: still
+    8 % low), and a 25-step CUSUM run that the upper CUSUM picked for being high read +14.8 % against it
+    (``reference "before_speedup"``) and armed on a series that only got faster. At high noise a run over a speedup's
+    reference now clears ``min_effect`` by two standard errors of the difference of the two means (the run's and the
+    reference's steps), or confirms on the steps after it crossed (``_speedup_rise_clear``)."""
+    recs, t = [], 1.7e9
+    for i, x in enumerate(_faster_run15_41()):
+        t += x
+        recs.append({"job_id": "f15", "rank": 0, "step": i + 1, "step_time_s": x, "ts_unix_s": t})
+    found, _ = run(recs, 1)
+    check_invariants(found, recs)
+    assert [(a.kind, a.step, round(a.magnitude, 3)) for a in found if a.kind in ("step_regression", "drift")] == []
+
+
+def test_a_speedups_reference_on_four_steps_that_read_low_is_no_regression() -> None:
+    """Generator seed 160 of :func:`_speedups_only` (one 20 % speedup at step 215, 14.5 % noise): the speedup was
+    confirmed on the 4 steps after its fire, which read 14 % under the level; raised one standard error they still
+    set the reference 4.4 % low, and a chance 35-step run 5.8 % over the level read +10.7 % (step 264)."""
+    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 8)
+    found = []
+    for i, x in enumerate(_speedups_only(160)):
+        found += [(a.step, round(a.magnitude, 3), a.detail.get("reference"))
+                  for a in det.on_step(FinalizedStep(i + 1, x, 0, 53, None, None))
+                  if a.kind in ("step_regression", "drift")]
+    assert found == []
+
+
 def _speedups_only(seed: int) -> list[float]:
     """300 steps of 7.6 s at 10-20 % Gaussian noise, 1-3 speedups of 10-50 % from step 60 on (seeded)."""
     rng = np.random.default_rng([seed, 7])
