@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("profwatch.captures.shell")
 
-_ON_WORKER = {"analysis_queued": "analysing", "enrich_queued": "enriching"}
+_ANALYSING, _ENRICHING = lc.CaptureState.ANALYSING.value, lc.CaptureState.ENRICHING.value
+_ON_WORKER = {"analysis_queued": _ANALYSING, "enrich_queued": _ENRICHING}
 """A queued stage -> the stage of the captures its worker(s) hold."""
 
 
@@ -68,7 +69,7 @@ class AnalysisSteps:
         self.reference_for = reference_for or (lambda cap: None)
         self.protected = protected or set
 
-    STAGES = ("analysis_queued", "analysing", "enrich_queued", "enriching")
+    STAGES = ("analysis_queued", _ANALYSING, "enrich_queued", _ENRICHING)
     """Where a capture's analysis is (``stage_of``): queued for an analysis worker, on one, queued for the one
     enrich worker, on it. A capture not held here has none (e.g. restored in flight after a restart)."""
 
@@ -135,7 +136,7 @@ class AnalysisSteps:
     def _analyse(self, cap: lc.Capture, batch: BatchState, reference: dict[str, Any] | None = None) -> None:
         """Analysis worker: run the analyser, hand the verdict back to the main loop."""
         cid = cap.capture_id
-        self._set_stage(cid, "analysing")
+        self._set_stage(cid, _ANALYSING)
         job = self.jobs.get(cap.job_id)
         hostnames = {r.rank: r.hostname for r in job.ranks.values() if r.hostname} if job is not None else {}
         context = lc.analysis_context(cap)
@@ -153,7 +154,7 @@ class AnalysisSteps:
             log.exception("analysis_failed", capture_id=cid)
             self.post(lambda: self._on_analysis_error(cid, err))
         finally:
-            self._leave_stage(cid, "analysing")
+            self._leave_stage(cid, _ANALYSING)
 
     def _on_analysed(self, cid: str, batch: BatchState, status: str, payload: dict[str, Any]) -> None:
         cap = self.find(cid)
@@ -175,7 +176,7 @@ class AnalysisSteps:
 
     def _enrich(self, cid: str) -> None:
         """Enrich worker: the enrich phase of an analysed capture (after its verdict was published)."""
-        self._set_stage(cid, "enriching")
+        self._set_stage(cid, _ENRICHING)
         try:
             status, payload = self.analyser.enrich(cid)
             self.post(lambda: self._on_enriched(cid, status, payload))
@@ -184,7 +185,7 @@ class AnalysisSteps:
             log.warning("enrichment_failed", capture_id=cid, error=err)
             self.post(lambda: self._on_enriched(cid, "", {"enrich_error": err}))
         finally:
-            self._leave_stage(cid, "enriching")
+            self._leave_stage(cid, _ENRICHING)
 
     def _on_enriched(self, cid: str, status: str, payload: dict[str, Any]) -> None:
         cap = self.find(cid)

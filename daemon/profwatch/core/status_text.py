@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from profwatch.core.capture.lifecycle import DEADLINE_BOUNDS
+from profwatch.core.capture.lifecycle import DEADLINE_BOUNDS, CaptureState
 from profwatch.core.detection.settings import SERVING_BLOCK_MIN
 from profwatch.core.fleet.host_load import MAX_EXPLAIN_GAP_S
 
@@ -218,8 +218,8 @@ def render_capture(cap: Mapping[str, Any]) -> list[str]:
 
 
 IDLE_ON_WORKER = {
-    "analysing": "staging, ranking or the Kineto analysis (no msprof-analyze command)",
-    "enriching": "its follow-up between msprof-analyze commands (staging the advisor's ranks, judging again, "
+    CaptureState.ANALYSING.value: "staging, ranking or the Kineto analysis (no msprof-analyze command)",
+    CaptureState.ENRICHING.value: "its follow-up between msprof-analyze commands (staging the advisor's ranks, judging again, "
                  "writing the report; no msprof-analyze command)",
 }
 """What an analysing / enriching capture on its worker does while no msprof-analyze command of it runs."""
@@ -243,7 +243,7 @@ def capture_activity(cap: Mapping[str, Any]) -> str:
     if stage == "analysis_queued":
         return f"waiting for an analysis worker ([coordinator] analysis_workers, all busy){behind}"
     state = stage or str(cap.get("state"))
-    return f"running now: {IDLE_ON_WORKER.get(state, IDLE_ON_WORKER['analysing'])}"
+    return f"running now: {IDLE_ON_WORKER.get(state, IDLE_ON_WORKER[CaptureState.ANALYSING.value])}"
 
 
 WAITS = {
