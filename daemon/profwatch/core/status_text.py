@@ -278,7 +278,7 @@ REFERENCE_WAITS = {
     "not_act_mode": "nothing: arming.mode is not act",
     "episode_open": "the job to be healthy: an anomaly episode is open",
     "no_baseline": "the detector to know the job's baseline step time and a recent one",
-    "off_baseline": "the step time to come back within [reference] step_time_tolerance of the baseline",
+    "off_baseline": "the step time to be within [reference] step_time_tolerance of the baseline",
     "settling": "the job to stay steady for [reference] steady_s",
     "capture_in_flight": "the job's capture in flight, one at a time",
     "retry_wait": "[reference] retry_after_s since its last try, which did not end analysed",
