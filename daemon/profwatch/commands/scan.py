@@ -66,6 +66,18 @@ def one_rank_dir_note(directory: str | os.PathLike[str], *, peers_missing: bool 
                        f"({os.path.dirname(root)}) to check the whole batch")
 
 
+def one_rank_lead(directory: str | os.PathLike[str], batches: list[BatchState]) -> str | None:
+    """What ``analyze`` says, instead of analysing, for a DIR that is itself one rank dir of a batch that is not
+    complete: first the parent to pass (:func:`one_rank_dir_note`), then that rank's own state
+    (:func:`render_one_rank`, as ``scan`` shows it). None for any other folder (or when no batch holds that rank
+    dir), which ``analyze`` then analyses as usual."""
+    note = one_rank_dir_note(directory, peers_missing=False)
+    one = render_one_rank(os.path.abspath(directory), batches) if note else None
+    if note is None or one is None or all(b.status == "complete" for b in batches):
+        return None
+    return f"{note}\n{one}\nnot analysed: a batch is analysed with all its ranks"
+
+
 @click.command("scan")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
 @click.option("--world-size", type=click.IntRange(min=1, max=MAX_WORLD_SIZE), default=None,
