@@ -494,6 +494,21 @@ def test_an_arm_before_any_step_time_is_measured_is_refused_not_planned_on_a_gue
     assert w.shell.arm("j2", CaptureRequest(job_id="j2", reason="test"), w.now).step_time_s == 0.5
 
 
+def test_an_arm_of_an_unknown_job_lists_the_jobs_it_knows(world) -> None:
+    """A new user's trial: ``arm --job nosuch`` said only "unknown job 'nosuch' (no rank has said hello)"."""
+    from profwatch.captures.shell import unknown_job_text
+
+    w = world()
+    with pytest.raises(ControlError) as ei:
+        w.shell.arm("nosuch", CaptureRequest(job_id="nosuch", reason="test"), w.now)
+    assert ei.value.code == "not_found" and ei.value.message == (
+        "unknown job 'nosuch' (no rank of it has said hello); jobs it knows: j1")
+    many = {f"job{i:02d}": None for i in range(13)}
+    assert unknown_job_text("x", many).endswith("jobs it knows: " + ", ".join(f"job{i:02d}" for i in range(10))
+                                                + " and 3 more")
+    assert unknown_job_text("x", {}).endswith("it knows no job yet: start the job with the rank hook")
+
+
 def test_dry_run_agrees_with_the_refusal_and_names_the_blocker(world) -> None:
     w = world()
     first = w.arm()
