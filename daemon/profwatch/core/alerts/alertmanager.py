@@ -332,9 +332,9 @@ class AlertBook:
         steps = judged_steps_of(data)
         slow = {int(s["rank"]) for s in suspects}
         for rank in sorted(judged - slow):
-            key = (job_id, ALERTNAME_SUSPECT, rank)
-            if key in self.alerts and not too_short_to_clear(self.alerts[key].judged_steps, steps):
-                out.append(self._resolve(key, now_unix_s))
+            held = self.alerts.get((job_id, ALERTNAME_SUSPECT, rank))
+            if held is not None and not too_short_to_clear(held.judged_steps, steps):
+                out.append(self._resolve(held.key, now_unix_s))
         named = {_link_id(lk) for lk in links}
         for key in [k for k in self.alerts if k[0] == job_id and k[1] == ALERTNAME_LINK and k[2] not in named]:
             a, b = (int(x) for x in str(key[2]).split("-"))
