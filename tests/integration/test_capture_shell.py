@@ -258,7 +258,7 @@ def test_node_writer_with_a_lost_command_fails_at_the_write_deadline_and_frees_t
     assert [(n, c.cmd) for n, c in w.sent] == [("n1", "write_config")]  # sent; never acknowledged
     with pytest.raises(ControlError) as ei:
         w.arm()
-    assert ei.value.code == "conflict" and cid in ei.value.message and "in 30 s" in ei.value.message
+    assert ei.value.code == "conflict" and cid in ei.value.message and "its config write deadline is in 30s" in ei.value.message
     w.now += 29
     w.shell.tick(w.now)
     assert w.state(cid) is CaptureState.PLANNED
