@@ -199,7 +199,8 @@ def coordinator(config_path: Path | None) -> None:
 @click.option("--job", "job_id", required=True)
 @click.option("--in-steps", type=int, help="start this many steps after the furthest rank")
 @click.option("--start-step", type=int, help="absolute start_step (must be ahead of every rank)")
-@click.option("--active", type=int, help="steps recorded (default: [capture] manual_active of the coordinator's config, 4)")
+@click.option("--active", type=int, help="steps recorded (default: the coordinator's [capture] manual_active, 4, or [arming] active "
+                   "when larger)")
 @click.option("--warmup", type=int, help="warm-up steps before recording (default: [capture] manual_warmup, 1)")
 @click.option("--ranks", help="comma-separated rank ids (default: all ranks)")
 @click.option("--reason", default="manual", show_default=True)

@@ -13,7 +13,7 @@ from profwatch.adapters.clock import SteadyClock
 from profwatch.adapters.zmq import control
 from profwatch.arming.port import arm_reply
 from profwatch.core.access import AccessDenied, authorize
-from profwatch.core.capture.planner import CaptureRequest
+from profwatch.core.capture.planner import CaptureRequest, manual_default_active
 from profwatch.core.capture.report import describe
 from profwatch.core.fleet.telemetry import dump_jsonl, window_records
 from profwatch.core.messages import MessageRejected
@@ -186,7 +186,8 @@ class ControlCommands:
         Args:
             job_id: the job (a string, required).
             reason: a label kept with the capture (default ``"manual"``).
-            warmup, active: the capture window's step counts (default ``[capture] manual_warmup`` / ``manual_active``).
+            warmup, active: the capture window's step counts (default ``[capture] manual_warmup`` / ``manual_active``,
+                active at least ``[arming] active``: ``core/capture/planner.py: manual_default_active``).
             rank_list: the ranks to profile (list of ints); null or empty: every rank.
             start_step: the absolute first step; in_steps: or this many steps after the furthest one (default: the
                 planner's lead, enough for every rank to read the config in time).
@@ -202,6 +203,9 @@ class ControlCommands:
         """
         if not isinstance(job_id, str):
             raise control.ControlError("bad_request", "job_id (a string) is required")
+        if active is None:
+            cap = self.settings.capture
+            active = manual_default_active(cap.manual_active, self.settings.arming.active, cap.max_active)
         try:
             req = CaptureRequest(job_id=job_id, reason=str(reason or "manual"), warmup=warmup, active=active,
                                  rank_list=list(rank_list) if rank_list else None, start_step=start_step,

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -167,7 +168,9 @@ def test_arm_wait_reports_the_write_and_every_acknowledgement(harness, short_tmp
     # no --in-steps: the window the planner chose, in steps and seconds (issue 35)
     assert lines[1].startswith(f"window (the planner chose): warm-up from step {arm['data']['start_step']}, "), lines
     assert "steps ahead of the furthest rank" in lines[1]
-    assert lines[2].startswith("config written by the coordinator: ") and f"(mtime {arm['data']['mtime_s']})" in lines[2]
+    assert lines[2].startswith("config written by the coordinator: ") and "(modified " in lines[2]
+    stamp = datetime.fromtimestamp(arm["data"]["mtime_s"], tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert f"(modified {stamp} (" in lines[2] and " ago))" in lines[2], lines[2]  # not a raw epoch
     assert lines[3].startswith("acknowledged by all 2 ranks")
 
 

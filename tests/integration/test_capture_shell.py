@@ -258,7 +258,7 @@ def test_node_writer_with_a_lost_command_fails_at_the_write_deadline_and_frees_t
     assert [(n, c.cmd) for n, c in w.sent] == [("n1", "write_config")]  # sent; never acknowledged
     with pytest.raises(ControlError) as ei:
         w.arm()
-    assert ei.value.code == "conflict" and cid in ei.value.message and "in 30 s" in ei.value.message
+    assert ei.value.code == "conflict" and cid in ei.value.message and "its config write deadline is in 30s" in ei.value.message
     w.now += 29
     w.shell.tick(w.now)
     assert w.state(cid) is CaptureState.PLANNED
@@ -492,6 +492,21 @@ def test_an_arm_before_any_step_time_is_measured_is_refused_not_planned_on_a_gue
     assert not w.store.captures("j2") and not w.writes
     w.registry.step(wire.StepReport(job_id="j2", rank=0, step=1, step_time_s=0.5, ts_unix_s=w.now), w.now)
     assert w.shell.arm("j2", CaptureRequest(job_id="j2", reason="test"), w.now).step_time_s == 0.5
+
+
+def test_an_arm_of_an_unknown_job_lists_the_jobs_it_knows(world) -> None:
+    """A new user's trial: ``arm --job nosuch`` said only "unknown job 'nosuch' (no rank has said hello)"."""
+    from profwatch.captures.shell import unknown_job_text
+
+    w = world()
+    with pytest.raises(ControlError) as ei:
+        w.shell.arm("nosuch", CaptureRequest(job_id="nosuch", reason="test"), w.now)
+    assert ei.value.code == "not_found" and ei.value.message == (
+        "unknown job 'nosuch' (no rank of it has said hello); jobs it knows: j1")
+    many = {f"job{i:02d}": None for i in range(13)}
+    assert unknown_job_text("x", many).endswith("jobs it knows: " + ", ".join(f"job{i:02d}" for i in range(10))
+                                                + " and 3 more")
+    assert unknown_job_text("x", {}).endswith("it knows no job yet: start the job with the rank hook")
 
 
 def test_dry_run_agrees_with_the_refusal_and_names_the_blocker(world) -> None:

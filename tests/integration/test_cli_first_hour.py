@@ -115,6 +115,10 @@ def test_scan_and_analyze_agree_on_folders_without_a_batch(tmp_path: Path) -> No
     for cmd in (["scan"], ["analyze", "--no-html", "--out", str(tmp_path / "work")]):
         assert CliRunner().invoke(cli, [*cmd, str(empty)]).exit_code == 2, cmd
         assert CliRunner().invoke(cli, [*cmd, str(tmp_path / "nope")]).exit_code == 2, cmd
+    # a new user's trial: "no rank dirs found under X" said neither what one looks like nor where captures are
+    said = CliRunner().invoke(cli, ["scan", str(empty)]).output
+    assert f"no rank dirs found under {empty}" in said and "_ascend_pt" in said and "_torch_pt" in said, said
+    assert "Kineto" in said and "prof_dir" in said, said
 
 
 # -- 5: alerts read the state db offline ------------------------------------------------------------------------------

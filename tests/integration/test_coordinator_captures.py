@@ -254,3 +254,19 @@ def test_stop_during_analysis_is_prompt_and_the_capture_survives(short_tmp: Path
         assert not [e for _, e in store.events(job_id="jobS") if e["type"] == "io.profwatch.suspect_ranks.v1"]
     finally:
         store.close()
+
+
+def test_a_manual_arm_records_at_least_the_arming_window(harness, short_tmp: Path) -> None:
+    """A new user's trial: with ``[arming] active = 8`` (README: "to outlast a loaded box's noise") a manual arm
+    recorded ``[capture] manual_active`` = 4 steps and answered no_suspect while rank 1 was 3x slow."""
+    h = harness(arming={"active": 8})
+    cfg, prof = short_tmp / "cfg" / "jobA", short_tmp / "prof"
+    cfg.mkdir(parents=True)
+    h.hellos("jobA", 2, cfg, prof)
+    h.steps("jobA", 2, 12)
+    wait_for(lambda: h.furthest("jobA") == 12, 20)
+    assert call(h.control, "arm", {"job_id": "jobA", "in_steps": 20, "dry_run": True})["active"] == 8
+    assert call(h.control, "arm", {"job_id": "jobA", "in_steps": 20, "dry_run": True, "active": 3})["active"] == 3
+    from profwatch.core.capture.planner import manual_default_active
+
+    assert [manual_default_active(4, a, 10) for a in (2, 4, 8, 20)] == [4, 4, 8, 10]  # at most [capture] max_active

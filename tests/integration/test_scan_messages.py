@@ -84,8 +84,12 @@ def test_analyze_of_one_rank_dir_says_to_pass_its_parent(tmp_path: Path) -> None
     args = ["--no-advisor", "--no-html", "--out", str(tmp_path / "work")]
     res = CliRunner().invoke(analyze, [str(dirs[2]), *args])
     assert res.exit_code == 1, res.output  # one rank of four: incomplete
-    assert "incomplete" in res.output
-    assert res.output.rstrip().splitlines()[-1].endswith(f"pass its parent ({dirs[2].parent}) to check the whole batch")
+    # a new user's trial: it printed "incomplete - batch is parsing: missing ranks [1, 2, 3]; rank 1: rank dir
+    # missing (not seen yet)"; now it says first what to pass, then that rank's own state as scan shows it
+    lines = res.output.splitlines()
+    assert lines[0].endswith(f"pass its parent ({dirs[2].parent}) to check the whole batch"), res.output
+    assert lines[1].startswith(f"{dirs[2]}: one rank dir: rank 2 of batch cap-1 (4 ranks expected)"), res.output
+    assert "missing" not in res.output and "not analysed" in res.output
     whole = CliRunner().invoke(analyze, [str(dirs[2].parent), *args])
     assert whole.exit_code == 0, whole.output
     assert "pass its parent" not in whole.output

@@ -88,6 +88,22 @@ def test_a_later_verdict_that_judged_the_rank_not_slow_resolves_it(status: str):
     assert [a["labels"]["rank"] for a in book.due(T0 + 61)] == (["3"] if status == "ok" else [])
 
 
+def test_a_verdict_on_fewer_steps_than_the_one_that_fired_does_not_clear_the_page():
+    """A new user's trial: a 4-step manual capture on a loaded box said no_suspect while rank 1 was 3x slow (the
+    automatic 8-step captures named it); its "not slow" resolved the open alert."""
+    book = _book()
+    fired = _verdict("j1", T0, "ok", [_suspect(1)], [0, 1, 2, 3])
+    fired["data"]["captured_steps"] = list(range(30, 38))  # 8 steps
+    book.apply(fired, T0)
+    short = _verdict("j1", T0 + 60, "no_suspect", [], [0, 1, 2, 3], "c2")
+    short["data"]["captured_steps"] = [50, 51, 52, 53]
+    assert book.apply(short, T0 + 60) == [] and ("j1", "ProfwatchSuspectRank", 1) in book.alerts
+    as_long = _verdict("j1", T0 + 120, "no_suspect", [], [0, 1, 2, 3], "c3")
+    as_long["data"]["captured_steps"] = list(range(60, 68))
+    out = book.apply(as_long, T0 + 120)
+    assert [a["labels"]["rank"] for a in out] == ["1"] and ("j1", "ProfwatchSuspectRank", 1) not in book.alerts
+
+
 def test_partial_targeted_other_job_and_old_events_resolve_nothing():
     book = _book()
     book.apply(_verdict("j1", T0, "ok", [_suspect(2)], [0, 1, 2, 3]), T0)

@@ -20,3 +20,13 @@ def test_a_missed_scenario_says_the_load_and_how_to_rerun_it() -> None:
     line = _missed_hint(["torch", "ascend"])
     assert line.startswith("scenario torch, ascend: the alert did not name the slow rank (load average ")
     assert line.endswith("profwatch demo --scenario torch")
+
+
+def test_the_wait_line_is_told_which_captures_are_being_analysed() -> None:
+    """The ``reference`` demo's wait line said "seen: nothing yet" while its capture was enriching."""
+    from profwatch.commands.demo import _in_flight
+
+    st = {"captures": [{"capture_id": "c-1", "state": "enriching"}, {"capture_id": "c-0", "state": "analysed"},
+                       {"capture_id": "c-2", "state": "analysing"}]}
+    assert _in_flight(st) == ["c-1 enriching", "c-2 analysing"]
+    assert _in_flight({}) == []

@@ -149,6 +149,10 @@ def test_every_wait_says_what_it_waits_for_and_what_was_seen() -> None:
     assert tl.progress_line(1010.0, 12, 1600.0, "slowdown within 600 s of the job's start") == (
         "[torch] waiting for the slowdown; seen: nothing yet; the job at step 12; 590 s left of slowdown within "
         "600 s of the job's start")
+    # a new user's trial: "waiting for the reference; seen: nothing yet" while the reference's capture was enriching
+    ref = Timeline("reference", "demo-reference", after_slowdown_only=True)
+    busy = ref.progress_line(1010.0, 106, 1600.0, "reference within 600 s of the job's start", ["c-1 enriching"])
+    assert "nothing yet" not in busy and "seen: no stage yet, capture c-1 enriching being analysed;" in busy, busy
     tl.add("slowdown", 1164.0, 40)
     tl.add("detection", 1170.0, 45, "step_regression +200%")
     line = tl.progress_line(1200.0, None, 1404.0, "first alert within 240 s of the slowdown")

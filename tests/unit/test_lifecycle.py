@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 
 import pytest
@@ -21,6 +22,7 @@ from profwatch.core.capture import lifecycle as lc
 from profwatch.core.capture.lifecycle import Action, CaptureState
 from profwatch.core.capture.planner import CaptureRequest, CaptureSettings, JobProgress, plan_capture
 from profwatch.core.capture.report import VERDICT_KEYS, refusal
+from profwatch.core.display import span_text
 from rankhook import wire
 
 T0 = 1_800_000_000.0
@@ -586,7 +588,10 @@ def test_refusal_names_the_blocking_capture_and_when_it_ends() -> None:
     assert lc.blocking_capture([done]) is None
     text = refusal(collecting, T0 + 10)
     assert collecting.capture_id in text and "collecting" in text and collecting.deadline_unix_s is not None
-    assert f"deadline is in {collecting.deadline_unix_s - (T0 + 10):.0f} s" in text
+    # the status view's duration format and deadline name, not "its collecting deadline is in 738 s"
+    assert f"its judgement deadline is in {span_text(collecting.deadline_unix_s - (T0 + 10))}" in text
+    assert not re.search(r"\d s\b", text), text
+    assert "deadline is in 12m18s" in refusal(dataclasses.replace(collecting, deadline_unix_s=T0 + 10 + 738), T0 + 10)
     assert f"profwatch cancel --job j1 --capture {collecting.capture_id}" in text
 
 

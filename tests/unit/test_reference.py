@@ -157,8 +157,9 @@ def test_every_reason_a_reference_waits_for_is_said_in_words() -> None:
         [line] = render_reference({"job_id": "j", "latest": None, "in_flight": None, "waiting": why})
         assert line.count("(") == 1 and line.endswith(")"), line
     [line] = render_reference({"job_id": "j", "latest": None, "in_flight": None, "waiting": "off_baseline"})
-    assert line == ("  j: none yet; waits: off_baseline (for the step time to come back within [reference] "
+    assert line == ("  j: none yet; waits: off_baseline (for the step time to be within [reference] "
                     "step_time_tolerance of the baseline)")
+    assert "come back" not in line  # the job may never have been slower: the words claim nothing
 
 
 def test_an_episode_holds_the_reference_for_a_bounded_time_only() -> None:

@@ -63,7 +63,7 @@ def test_an_analysing_capture_says_what_runs_and_for_how_long() -> None:
     assert "analysing for 42s, analysis deadline in 4m18s" in lines[0] and "warmup=1 active=4" in lines[0]
     # an enriching capture's 2 h follow-up bound read "deadline in 7486s"
     enriching = render_capture({**cap, "state": "enriching", "deadline_in_s": 7486.0})[0]
-    assert "enriching for 42s, follow-up deadline in 2h04m;" in enriching
+    assert "enriching for 42s, follow-up (advisor) deadline in 2h04m;" in enriching  # says what it bounds
     late = render_capture({**cap, "state": "collecting", "deadline_in_s": -5.2})[0]
     assert "collecting for 42s, judgement deadline passed 5s ago;" in late
     from profwatch.core.status_text import span_text

@@ -95,6 +95,16 @@ def lifecycle_settings(s: Settings) -> lc.LifecycleSettings:
         analysis_timeout_s=rounds * per_run + 300.0, enrich_timeout_s=enrich_runs * per_run + 300.0)
 
 
+def unknown_job_text(job_id: str, jobs: Mapping[str, Any], shown: int = 10) -> str:
+    """Why an arm names no known job: no rank of ``job_id`` said hello; then the jobs this coordinator knows (the
+    first ``shown`` by name, and how many more), or that it knows none."""
+    known = sorted(jobs)
+    more = f" and {len(known) - shown} more" if len(known) > shown else ""
+    knows = (f"jobs it knows: {', '.join(known[:shown])}{more}" if known
+             else "it knows no job yet: start the job with the rank hook")
+    return f"unknown job {job_id!r} (no rank of it has said hello); {knows}"
+
+
 @dataclass
 class _Job:
     """Per-job shell state: in-flight and recent captures, the arm history, and the communication groups the
@@ -509,7 +519,7 @@ class CaptureShell:
         refusal rules: ``core/arming/admission.py``)."""
         job = self.jobs.get(job_id)
         if job is None:
-            raise ControlError("not_found", f"unknown job {job_id!r} (no rank has said hello)")
+            raise ControlError("not_found", unknown_job_text(job_id, self.jobs))
         self.checks.check_armable(job, req, now)
         req = self._yield_reference(job, req, now, dry_run)
         live = {r.rank: r for r in job.ranks.values() if not r.left}

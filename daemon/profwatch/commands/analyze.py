@@ -29,7 +29,7 @@ from profwatch.analysis.facade import (
     rewrite_report,
 )
 from profwatch.changes.compare import attach_comparison
-from profwatch.commands.scan import one_rank_dir_note
+from profwatch.commands.scan import one_rank_dir_note, one_rank_lead
 from profwatch.core.batches.completeness import BatchState
 from profwatch.core.changes.comparison import headline_line
 from profwatch.core.display import clip, display_str, printable
@@ -256,6 +256,10 @@ def analyze(ctx: click.Context, directory: Path, world_size: int | None, as_json
     if not batches:
         other = describe_unsupported(find_unsupported(directory))
         _fail(ctx, as_json, "no_batch", f"no capture batch found under {directory}" + (f"; {other}" if other else ""))
+    lead = None if as_json else one_rank_lead(directory, batches)
+    if lead is not None:  # one rank dir of an incomplete batch: what to pass first, not "missing ranks [1, 2, 3]"
+        click.echo(lead)
+        ctx.exit(1)
     # the reference is scanned at its own world size (--world-size is the capture's): a different one is a note
     ref_batch = _baseline_batch(ctx, as_json, baseline_dir, baseline_batch, None) if baseline_dir else None
     _check_out(ctx, as_json, work, directory)  # after the input checks: a bad DIR leaves no output folder behind

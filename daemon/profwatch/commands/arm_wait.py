@@ -6,13 +6,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from profwatch.core.display import when_text
+
 
 def wait_for_arm(fetch: Callable[[], dict[str, Any]], bound_s: float, echo: Callable[[str], None],
-                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> bool:
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> bool:
     """Poll ``fetch()`` (the coordinator's ``capture`` view) every 0.5 s until the arm is settled (the config
     write and every covered rank's acknowledgement are in, or the capture moved on) or ``bound_s`` passed.
 
-    Prints who wrote the config (and its mtime), then how many ranks acknowledged and, for each one that did not,
+    Prints who wrote the config (and its mtime in UTC and its age against ``wall()``), then how many ranks acknowledged and, for each one that did not,
     what it said and the known cause. Returns True only when the config was written and every rank acknowledged.
     """
     end = clock() + bound_s
@@ -23,7 +26,7 @@ def wait_for_arm(fetch: Callable[[], dict[str, Any]], bound_s: float, echo: Call
             nodes = sorted(n for n, v in (view.get("node_writes") or {}).items() if v == "ok")
             by = f"node daemon(s) {', '.join(nodes)}" if nodes else "the coordinator"
             echo(f"config written by {by}: {view['profiler_config_path']}/profiler_config.json "
-                 f"(mtime {view.get('config_mtime_s')})")
+                 f"(modified {when_text(view.get('config_mtime_s'), wall())})")
             said_written = True
         if view.get("arm_settled") or clock() >= end:
             break

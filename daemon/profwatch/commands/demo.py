@@ -225,7 +225,7 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
             if time.monotonic() - last_note >= NOTE_EVERY_S:
                 last_note = time.monotonic()
                 end, what = tl.deadline(started, start_timeout_s, timeout_s, _expects_enrichment(tl))
-                progress(tl.progress_line(time.time(), step, end, what))
+                progress(tl.progress_line(time.time(), step, end, what, _in_flight(st)))
                 for line in _running_captures(st):
                     progress(f"[{scenario}] {line}")
             if not job_stopped and any(p.poll() not in (None, 0) for p in job.procs):
@@ -256,6 +256,12 @@ def _on_step(tl: Timeline, step: int, slow_file: Path | None, at_step: int, slow
         t_slow = tl.time_of_step(at_step)
         if t_slow is not None and tl.add("slowdown", t_slow, at_step, f"{slowing} from step {at_step}"):
             note("slowdown", t_slow, f"{slowing} from step {at_step}")
+
+
+def _in_flight(st: dict[str, Any]) -> list[str]:
+    """``"<capture id> <state>"`` of each capture of a status reply being analysed or enriched."""
+    return [f"{cap.get('capture_id', '?')} {cap['state']}" for cap in st.get("captures") or []
+            if cap.get("state") in (CaptureState.ANALYSING, CaptureState.ENRICHING)]
 
 
 def _running_captures(st: dict[str, Any]) -> list[str]:

@@ -10,6 +10,7 @@ Rendering follows the pipeline order, never the arrival order; ``took`` is a sta
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -80,12 +81,18 @@ class Timeline:
         return started + start_timeout_s, (f"{self.waiting_for()} within {start_timeout_s:g} s of the job's start "
                                            "(--start-timeout-s)")
 
-    def progress_line(self, now: float, step: int | None, deadline: float, what: str) -> str:
+    def progress_line(self, now: float, step: int | None, deadline: float, what: str,
+                      in_flight: Sequence[str] = ()) -> str:
         """The line printed every 15 s of a wait: what it waits for, the stages seen so far (seconds from the
-        slowdown), the job's furthest step, and how long the wait may still last."""
+        slowdown), the job's furthest step, and how long the wait may still last. ``in_flight``: the captures being
+        analysed now (``"c-1 enriching"``), said when no stage is seen yet (the reference's own capture is under
+        way then: never "nothing yet")."""
         t0 = self.t("slowdown")
         seen = ", ".join(f"{s}" + ("" if t0 is None else f" {round(t - t0) + 0:+d}s")  # before it: -Ns, never +-0s
-                         for s, t, *_ in self.ordered()) or "nothing yet"
+                         for s, t, *_ in self.ordered())
+        if not seen:
+            seen = (f"no stage yet, capture {', '.join(in_flight)} being analysed" if in_flight
+                    else "nothing yet")
         at = f"the job at step {step}" if step is not None and step >= 0 else "no step of the job reported yet"
         return (f"[{self.scenario}] waiting for the {what.split(' within ')[0]}; seen: {seen}; {at}; "
                 f"{max(0.0, deadline - now):.0f} s left of {what}")

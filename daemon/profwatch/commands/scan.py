@@ -36,6 +36,12 @@ def render_table(batches: list[BatchState]) -> str:
     return display_str("\n".join(lines))
 
 
+RANK_DIRS_LOOK_LIKE = ("a rank dir is one rank's profiler output folder, {worker}_{pid}_{timestamp}_ascend_pt "
+                       "(torch_npu) or ..._torch_pt (a Kineto trace folder: *.pt.trace.json); a capture's rank dirs "
+                       "are under its prof_dir, which `profwatch arm` prints after '->'")
+"""What ``scan`` adds when it finds no rank dir: what one looks like (docs/rank-dirs.md) and where captures are."""
+
+
 def render_one_rank(root: str, batches: list[BatchState]) -> str | None:
     """The report of a scan whose DIR is itself one rank dir (``root``, absolute): that rank's own state, steps and
     problems, what batch it belongs to, and that its peers were not looked for (never "rank dir missing" for them:
@@ -64,6 +70,18 @@ def one_rank_dir_note(directory: str | os.PathLike[str], *, peers_missing: bool 
              else "so only that rank was checked (its peers sit beside it and were not looked for)")
     return display_str(f"note: {root} is one rank dir, {peers}; pass its parent "
                        f"({os.path.dirname(root)}) to check the whole batch")
+
+
+def one_rank_lead(directory: str | os.PathLike[str], batches: list[BatchState]) -> str | None:
+    """What ``analyze`` says, instead of analysing, for a DIR that is itself one rank dir of a batch that is not
+    complete: first the parent to pass (:func:`one_rank_dir_note`), then that rank's own state
+    (:func:`render_one_rank`, as ``scan`` shows it). None for any other folder (or when no batch holds that rank
+    dir), which ``analyze`` then analyses as usual."""
+    note = one_rank_dir_note(directory, peers_missing=False)
+    one = render_one_rank(os.path.abspath(directory), batches) if note else None
+    if note is None or one is None or all(b.status == "complete" for b in batches):
+        return None
+    return f"{note}\n{one}\nnot analysed: a batch is analysed with all its ranks"
 
 
 @click.command("scan")
@@ -95,7 +113,8 @@ def scan(directory: str, world_size: int | None, as_json: bool, quiet_period_s: 
         one = render_one_rank(root, batches) if parse_rank_dir_name(os.path.basename(root)) else None
         click.echo(one or render_table(batches))
     else:
-        click.echo(display_str(f"no rank dirs found under {directory}" + (f"; {other}" if other else "")), err=True)
+        click.echo(display_str(f"no rank dirs found under {directory}" + (f"; {other}" if other else "")
+                               + f" ({RANK_DIRS_LOOK_LIKE})"), err=True)
     if other and (batches or as_json):
         click.echo(display_str(f"note: {other}"), err=True)
     note = one_rank_dir_note(directory, peers_missing=as_json or one is None)

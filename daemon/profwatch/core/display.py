@@ -9,7 +9,9 @@ for JSON-as-UTF-8, which is how ``scan`` and ``analyze`` crashed with UnicodeEnc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 
@@ -55,3 +57,29 @@ def clip(text: str, width: int) -> str:
     cut = text.rfind(" ", 0, width)  # the text before the space and "…" fit in width
     head = text[:cut] if cut >= width // 2 else text[: width - 1]
     return head.rstrip() + "…"
+
+
+def span_text(seconds: float) -> str:
+    """``seconds`` (>= 0) as a person reads it: ``42s``, ``7m05s``, ``2h04m``; ``?`` for a value that is not a
+    finite number (a deadline restored from a damaged state db)."""
+    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+        return "?"
+    s = round(seconds)
+    if s < 100:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def when_text(unix_s: Any, now: float) -> str:
+    """A recorded wall-clock time (seconds since the epoch) as a person reads it: ``2026-12-07 14:03:05 UTC (5m02s
+    ago)`` against ``now``; ``never`` for None (or not a finite number); the raw number for one no date can show (a
+    damaged record)."""
+    if not isinstance(unix_s, (int, float)) or not math.isfinite(unix_s):
+        return "never"
+    try:
+        stamp = datetime.fromtimestamp(float(unix_s), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):  # a damaged record: no date this far from now
+        return f"at unix time {unix_s!r} (not a date)"
+    return f"{stamp} ({span_text(max(0.0, now - float(unix_s)))} ago)"

@@ -7,13 +7,14 @@ window it comes from; every rank has a state; a coordinator with no node says so
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from profwatch.core.capture.lifecycle import DEADLINE_BOUNDS, CaptureState
 from profwatch.core.detection.settings import SERVING_BLOCK_MIN
+from profwatch.core.display import span_text
+from profwatch.core.display import when_text as _when
 from profwatch.core.fleet.host_load import MAX_EXPLAIN_GAP_S
 
 SILENT_MIN_S = 10.0
@@ -183,19 +184,6 @@ def _host_load_line(load: Any) -> str:
     return line
 
 
-def span_text(seconds: float) -> str:
-    """``seconds`` (>= 0) as a person reads it: ``42s``, ``7m05s``, ``2h04m``; ``?`` for a value that is not a
-    finite number (a deadline restored from a damaged state db)."""
-    if not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
-        return "?"
-    s = round(seconds)
-    if s < 100:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
 def render_capture(cap: Mapping[str, Any]) -> list[str]:
     """One capture: state and for how long, its deadline (what it bounds), acknowledgements, what runs now,
     outcome."""
@@ -278,7 +266,7 @@ REFERENCE_WAITS = {
     "not_act_mode": "nothing: arming.mode is not act",
     "episode_open": "the job to be healthy: an anomaly episode is open",
     "no_baseline": "the detector to know the job's baseline step time and a recent one",
-    "off_baseline": "the step time to come back within [reference] step_time_tolerance of the baseline",
+    "off_baseline": "the step time to be within [reference] step_time_tolerance of the baseline",
     "settling": "the job to stay steady for [reference] steady_s",
     "capture_in_flight": "the job's capture in flight, one at a time",
     "retry_wait": "[reference] retry_after_s since its last try, which did not end analysed",
@@ -407,18 +395,6 @@ def render_status(snap: Mapping[str, Any]) -> list[str]:
     lines.append(f"coordinator: received={cnt.get('received', 0)} rejected={cnt.get('rejected', 0)} "
                  f"lost_batches={cnt.get('lost_batches', 0)}")
     return lines
-
-
-def _when(unix_s: Any, now: float) -> str:
-    """``2026-12-07 14:03:05 UTC (5m02s ago)`` for a recorded time; ``never`` for None (or not a finite number);
-    the raw number for one no date can show (a damaged record)."""
-    if not isinstance(unix_s, (int, float)) or not math.isfinite(unix_s):
-        return "never"
-    try:
-        stamp = datetime.fromtimestamp(float(unix_s), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (OverflowError, OSError, ValueError):  # a damaged record: no date this far from now
-        return f"at unix time {unix_s!r} (not a date)"
-    return f"{stamp} ({span_text(max(0.0, now - float(unix_s)))} ago)"
 
 
 def render_offline_status(why: str, state: Mapping[str, Any], now: float, *, refused: bool = True) -> list[str]:

@@ -16,7 +16,9 @@ Rules (``docs/alerts.md``):
   back with other labels (kind, severity, host), the old label set is resolved and the new one fires.
 * A rank's alert resolves only when a later ``suspect_ranks`` event of the same job with status ``ok`` or
   ``no_suspect`` lists the rank in ``judged_ranks`` (captured and judged) and not among its suspects. A
-  ``partial`` result, or a targeted capture that did not include the rank, resolves nothing.
+  ``partial`` result, or a targeted capture that did not include the rank, resolves nothing; nor does a verdict
+  on fewer captured steps (``captured_steps``) than the one that fired the alert (a 4-step manual capture on a
+  loaded box cannot clear what an 8-step capture found: :func:`too_short_to_clear`).
 * ``suspect_ranks`` with slow links (``links[]``): one ``ProfwatchSlowLink`` alert per link (``kind``
   ``communication``, label ``link`` = ``"a-b"``); it resolves when a later ``ok``/``no_suspect`` verdict judged
   both ranks and no longer names the link.
@@ -103,6 +105,8 @@ class StandingAlert:
     annotations: dict[str, str]
     starts_at_unix_s: float
     generator_url: str = ""
+    judged_steps: int | None = None
+    """Steps the verdict that fired it judged (``captured_steps``; None: not recorded, an older event)."""
 
 
 def parse_time(value: Any, default: float) -> float:
@@ -213,6 +217,18 @@ def judged_of(data: Mapping[str, Any]) -> set[int]:
     return set()
 
 
+def judged_steps_of(data: Mapping[str, Any]) -> int | None:
+    """How many steps a verdict judged: the length of its ``captured_steps``; None when it does not say."""
+    steps = data.get("captured_steps")
+    return len(steps) if isinstance(steps, list) else None
+
+
+def too_short_to_clear(fired_steps: int | None, verdict_steps: int | None) -> bool:
+    """True when a verdict judged fewer steps than the one that fired a standing alert: its "not slow" may be the
+    noise of a short window, so it must not resolve the page. Unknown counts (older events) never hold it."""
+    return fired_steps is not None and verdict_steps is not None and verdict_steps < fired_steps
+
+
 class AlertBook:
     """The standing Alertmanager alerts of one coordinator, fed with every published CloudEvent in order.
 
@@ -313,14 +329,16 @@ class AlertBook:
         """A verdict on judged ranks resolves the rank and link alerts it no longer names, and the unjudged one."""
         out: list[dict[str, Any]] = []
         judged = judged_of(data)
+        steps = judged_steps_of(data)
         slow = {int(s["rank"]) for s in suspects}
         for rank in sorted(judged - slow):
-            if (job_id, ALERTNAME_SUSPECT, rank) in self.alerts:
-                out.append(self._resolve((job_id, ALERTNAME_SUSPECT, rank), now_unix_s))
+            held = self.alerts.get((job_id, ALERTNAME_SUSPECT, rank))
+            if held is not None and not too_short_to_clear(held.judged_steps, steps):
+                out.append(self._resolve(held.key, now_unix_s))
         named = {_link_id(lk) for lk in links}
         for key in [k for k in self.alerts if k[0] == job_id and k[1] == ALERTNAME_LINK and k[2] not in named]:
             a, b = (int(x) for x in str(key[2]).split("-"))
-            if a in judged and b in judged:
+            if a in judged and b in judged and not too_short_to_clear(self.alerts[key].judged_steps, steps):
                 out.append(self._resolve(key, now_unix_s))
         if (job_id, ALERTNAME_UNJUDGED, None) in self.alerts:
             out.append(self._resolve((job_id, ALERTNAME_UNJUDGED, None), now_unix_s))
@@ -406,7 +424,7 @@ class AlertBook:
         }
         return StandingAlert((job_id, ALERTNAME_SUSPECT, rank), labels,
                              {k: _clip(v) for k, v in ann.items() if v not in (None, "")}, starts,
-                             self._generator(data))
+                             self._generator(data), judged_steps_of(data))
 
     def _link_alert(self, job_id: str, lk: Mapping[str, Any], event: Mapping[str, Any], data: Mapping[str, Any],
                     starts: float) -> StandingAlert:
@@ -431,7 +449,7 @@ class AlertBook:
         }
         return StandingAlert((job_id, ALERTNAME_LINK, link), labels,
                              {k: _clip(v) for k, v in ann.items() if v not in (None, "")}, starts,
-                             self._generator(data))
+                             self._generator(data), judged_steps_of(data))
 
     def _unjudged_alert(self, job_id: str, event: Mapping[str, Any], data: Mapping[str, Any],
                         starts: float) -> StandingAlert:

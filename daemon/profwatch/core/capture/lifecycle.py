@@ -38,6 +38,7 @@ from profwatch.core.capture.planner import CapturePlan, poll_interval_s
 from profwatch.core.capture.record import (  # the record's names are the lifecycle's vocabulary: re-exported
     ACTIVE,  # noqa: F401
     ARM_PENDING,  # noqa: F401
+    DEADLINE_BOUNDS,  # noqa: F401
     IN_FLIGHT,
     SCANNED,
     Capture,
@@ -133,13 +134,6 @@ def deadline_for(cap: Capture, state: CaptureState, now: float, settings: Lifecy
     if state is S.ENRICHING:
         return now + settings.enrich_timeout_s
     return None
-
-
-DEADLINE_BOUNDS: dict[str, str] = {S.PLANNED.value: "config write", S.WRITTEN.value: "acknowledgements",
-                                   S.ACKNOWLEDGED.value: "judgement", S.COLLECTING.value: "judgement",
-                                   S.ANALYSING.value: "analysis", S.ENRICHING.value: "follow-up"}
-"""What the deadline of each state with one (:func:`deadline_for`) bounds, in the words ``status`` shows, by state
-value."""
 
 
 def _enter(cap: Capture, state: CaptureState, now: float, settings: LifecycleSettings, **changes: Any) -> Capture:

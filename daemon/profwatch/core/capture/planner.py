@@ -87,7 +87,9 @@ class CaptureSettings(BaseModel):
     manual_active: int = Field(default=4, gt=0, validation_alias=AliasChoices("manual_active", "active"),
                                description=(
         "steps recorded (profiler_config.json active) by a manual capture that names none (profwatch arm without "
-        "--active; fewer than [analysis.ranking] min_strong_steps gives a weak verdict); formerly active, still read"))
+        "--active), at least [arming] active (a manual capture is judged as the captures detection arms are: "
+        "manual_default_active); fewer than [analysis.ranking] min_strong_steps gives a weak verdict; formerly active, "
+        "still read"))
     margin_steps: int = Field(default=2, ge=0, description=(
         "steps added to the lead: start_step = furthest rank + lead(step time, torch_npu poll interval) + "
         "margin_steps"))
@@ -256,6 +258,14 @@ def capture_metadata(capture_id: str, reason: str, job_id: str, rank_list: list[
         if named is not None:
             meta[NAMED_RANKS_KEY] = named
     return meta
+
+
+def manual_default_active(manual_active: int, arming_active: int, max_active: int) -> int:
+    """Steps a manual arm without ``--active`` records: ``max([capture] manual_active, [arming] active)``, at most
+    ``[capture] max_active``. A manual capture shorter than the captures detection arms judged a slow rank on fewer
+    steps than the user set "to outlast a loaded box's noise" and answered ``no_suspect`` (a new user's trial: 4
+    steps, rank 1 3x slow, the automatic 8-step captures named it)."""
+    return min(max(manual_active, arming_active), max_active)
 
 
 def plan_capture(req: CaptureRequest, job: JobProgress, settings: CaptureSettings | None = None) -> CapturePlan:

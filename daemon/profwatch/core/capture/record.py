@@ -139,3 +139,11 @@ class Capture:
     @property
     def total_bytes(self) -> int:
         return sum(r.total_bytes for r in self.ranks.values())
+
+
+DEADLINE_BOUNDS: dict[str, str] = {S.PLANNED.value: "config write", S.WRITTEN.value: "acknowledgements",
+                                   S.ACKNOWLEDGED.value: "judgement", S.COLLECTING.value: "judgement",
+                                   S.ANALYSING.value: "analysis",
+                                   S.ENRICHING.value: "follow-up (advisor)"}
+"""What the deadline of each state with one (``lifecycle.deadline_for``) bounds, in the words ``status`` and an arm's
+refusal show, by state value."""

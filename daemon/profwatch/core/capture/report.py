@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from profwatch.core.alerts.events import suspect_alert_data
 from profwatch.core.batches.completeness import BatchState
-from profwatch.core.capture.record import ARM_PENDING
+from profwatch.core.capture.record import ARM_PENDING, DEADLINE_BOUNDS
+from profwatch.core.display import span_text
 
 if TYPE_CHECKING:
     from profwatch.core.capture.planner import CapturePlan
@@ -138,7 +139,8 @@ def describe(cap: Capture, now: float) -> dict[str, Any]:
 def refusal(blocker: Capture, now: float) -> str:
     """Why an arm is refused while ``blocker`` is in flight, naming it and when it ends (its deadline)."""
     when = blocker.deadline_unix_s
-    ends = f"its {blocker.state.value} deadline is in {max(0.0, when - now):.0f} s" if when is not None else "no deadline"
+    what = DEADLINE_BOUNDS.get(blocker.state.value, blocker.state.value)
+    ends = f"its {what} deadline is in {span_text(max(0.0, when - now))}" if when is not None else "no deadline"
     return (f"capture {blocker.capture_id} of job {blocker.job_id} is {blocker.state.value} ({ends}); retry after "
             f"it ends, or stop it: profwatch cancel --job {blocker.job_id} --capture {blocker.capture_id}")
 
