@@ -497,7 +497,10 @@ class PeerCurve:
         at least 0, and the median intercept) of time against work through the others' band references whose
         work lies within :data:`PEER_CURVE_SPAN` of the step's band centre, at least two of them, the step's band
         within :data:`PEER_CURVE_REACH` of the nearest (else None: the step only teaches), kept within
-        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] of the nearest band's reference. Linear in work, not in log
+        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] of the nearest band's reference; beyond the work its points span
+        (:meth:`beyond`), within ``[t_n min(1, w / w_n), t_n max(1, w / w_n)]`` of the nearest point ``(w_n, t_n)``
+        (a cost that never falls with work nor rises faster than it), and a young replica is named on such blocks
+        only over :data:`PEER_CURVE_REACH` more (:meth:`ReplicaPeers._judge_young`). Linear in work, not in log
         work: an iteration costs a fixed part plus a part per token, a curve in log-log. Limit: read off a few
         neighbouring bands of one replica, the slope is mostly noise (batches of 4-6 extrapolated to 12 read a
         1.3x replica 1.7-1.9x, tests/unit/test_serving_replica_peers.py's centres 4, 12, 28). A band only one
