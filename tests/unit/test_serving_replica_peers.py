@@ -341,3 +341,40 @@ def test_healthy_replicas_of_disjoint_bands_under_a_moving_host_load_name_nobody
     for seed in (0, 1, 2):
         assert _disjoint_bands(ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings()), blocks=400, slow=1.0,
                                seed=seed) == [], seed
+
+
+def _own_works(works: dict[int, tuple[float, ...]], cost: Any, *, blocks: int, seed: int) -> list[Anomaly]:
+    """Four healthy replicas (one rank each), replica ``q`` on the batch sizes ``works[q]`` (alternating), an
+    iteration ``cost(work)`` seconds times 3 % log-normal noise times the shared host load (1.0-1.5x, every 2-9
+    blocks): what :class:`ReplicaPeers` names."""
+    rng = np.random.default_rng(seed)
+    peers = ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings())
+    found: list[Anomaly] = []
+    steps = [0] * 4
+    load, hold, now = 1.0, 0, 0.0
+    for block in range(blocks):
+        if hold <= 0:
+            load, hold = float(rng.uniform(1.0, 1.5)), int(rng.integers(2, 10))
+        hold -= 1
+        for i in range(12):
+            now = block * PEER_BLOCK_S + i * 0.8
+            for q in range(4):
+                steps[q] += 1
+                w = works[q][i % len(works[q])]
+                found += peers.add(q, steps[q], cost(w) * load * math.exp(0.03 * float(rng.standard_normal())), w, now)
+    return found + peers.close(now + PEER_BLOCK_S)
+
+
+def test_a_healthy_replica_beyond_its_peers_works_is_not_named_on_their_extrapolated_line() -> None:
+    """An iteration's cost flat up to 5 requests, then linear (``max(0.05, 0.01 w)``: a floor of fixed cost, then
+    compute). Replica 2 on batches of 6-7, its peers on 2-3 (flat): their line, extrapolated, read it +24-28 %;
+    replica 0 on 2-2.5, its peers on 5-6, 12-14 and 30-34: their line through the origin read it +127-165 %. Both
+    were named young in each of 3 seeds. A block read mostly off the curve beyond its points
+    (``PeerCurve.beyond``) names a young replica only over ``PEER_CURVE_REACH`` more; the line is kept within what a
+    cost that never falls with work, nor rises faster than it, allows."""
+    sat = lambda w: max(0.05, 0.01 * w)  # noqa: E731
+    for seed in (0, 1, 2):
+        assert _own_works({0: (2.0, 3.0), 1: (2.0, 3.0), 2: (6.0, 7.0), 3: (2.0, 3.0)}, sat, blocks=200,
+                          seed=seed) == [], seed
+        assert _own_works({0: (2.0, 2.5), 1: (5.0, 6.0), 2: (12.0, 14.0), 3: (30.0, 34.0)}, sat, blocks=200,
+                          seed=seed) == [], seed

@@ -473,6 +473,10 @@ thousands of tokens are two regimes, never one line."""
 PEER_CURVE_REACH = 2.5
 """Work ratio a step's work may lie beyond the other replicas' nearest band on the curve (:class:`PeerCurve`):
 farther out, no reference (the step is not compared)."""
+PEER_BEYOND_SHARE = 0.25
+"""Share of a replica's values in a block whose references were extrapolated (:meth:`PeerCurve.beyond`) over which
+the young test does not name it on that block (:meth:`ReplicaPeers._judge_young`): a quarter of the values biased
+by a line's error moves the block's median by a part of it."""
 BARE_BAND = -(10**9)
 """The band key of steps without a usable ``work`` in :class:`PeerCurve` (its own band, never on the curve)."""
 
@@ -493,7 +497,10 @@ class PeerCurve:
         at least 0, and the median intercept) of time against work through the others' band references whose
         work lies within :data:`PEER_CURVE_SPAN` of the step's band centre, at least two of them, the step's band
         within :data:`PEER_CURVE_REACH` of the nearest (else None: the step only teaches), kept within
-        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] of the nearest band's reference. Linear in work, not in log
+        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] of the nearest band's reference; beyond the work its points span
+        (:meth:`beyond`), within ``[t_n min(1, w / w_n), t_n max(1, w / w_n)]`` of the nearest point ``(w_n, t_n)``
+        (a cost that never falls with work nor rises faster than it), and a young replica is named on such blocks
+        only over :data:`PEER_CURVE_REACH` more (:meth:`ReplicaPeers._judge_young`). Linear in work, not in log
         work: an iteration costs a fixed part plus a part per token, a curve in log-log. Limit: read off a few
         neighbouring bands of one replica, the slope is mostly noise (batches of 4-6 extrapolated to 12 read a
         1.3x replica 1.7-1.9x, tests/unit/test_serving_replica_peers.py's centres 4, 12, 28). A band only one
@@ -508,6 +515,8 @@ class PeerCurve:
     def __init__(self) -> None:
         self._bands: dict[int, dict[tuple[int, ...], deque[float]]] = {}
         self._cache: dict[tuple[int, tuple[int, ...]], float | None] = {}
+        self._beyond: set[tuple[int, tuple[int, ...]]] = set()
+        """The (band, unit ranks) whose cached reference is read off the curve outside its points' work."""
 
     def touch(self, key: int) -> None:
         """Band ``key`` was used now (the least recently used band is the one dropped)."""
@@ -539,8 +548,13 @@ class PeerCurve:
         slopes = [(b[1] - a[1]) / (b[0] - a[0]) for i, a in enumerate(pts) for b in pts[i + 1:] if b[0] != a[0]]
         slope = max(0.0, median(slopes))
         cut = median([t - slope * w for w, t, _ in pts])
-        near = min(pts, key=lambda x: x[2])[1]
-        return min(max(cut + slope * PEER_WORK_BAND ** (key + 0.5), near / MAX_SCALE), near * MAX_SCALE)
+        near_w, near, _ = min(pts, key=lambda x: x[2])
+        w = PEER_WORK_BAND ** (key + 0.5)
+        if not min(p[0] for p in pts) <= w <= max(p[0] for p in pts):
+            self._beyond.add((key, ranks))
+            # beyond its points, within what a cost that never falls with work, nor rises faster than it, allows
+            return min(max(cut + slope * w, near * min(1.0, w / near_w)), near * max(1.0, w / near_w))
+        return min(max(cut + slope * w, near / MAX_SCALE), near * MAX_SCALE)
 
     def ref(self, key: int, ranks: tuple[int, ...]) -> float | None:
         """Reference (seconds, at the shared load 1) of a step of band ``key`` of the unit of job ranks ``ranks``,
@@ -552,6 +566,16 @@ class PeerCurve:
                 r = self._curve(key, ranks)
             self._cache[ck] = r if r is not None and r > 0 and math.isfinite(r) else None
         return self._cache[ck]
+
+    def beyond(self, key: int, ranks: tuple[int, ...]) -> bool:
+        """Whether the reference :meth:`ref` gave for band ``key`` of unit ``ranks`` was extrapolated: read off the
+        curve at a work outside the work its points span (below the smallest or above the largest). Such a
+        reference holds the error of a straight line beyond its data: an iteration's cost is flat over small
+        batches and then linear, or bends, and a line through the others' bands of 2-3 requests (flat) read a
+        healthy replica of 6-7 +24-28 %, one through 5-14 read a healthy replica of 2-2.5 +127-165 %
+        (tests/unit/test_serving_replica_peers.py); a replica's own baseline cancels it, its first blocks next to
+        its peers do not (:meth:`ReplicaPeers._judge_young`)."""
+        return (key, ranks) in self._beyond
 
     def learn(self, block: list[tuple[int, tuple[int, ...], float]], load: float) -> None:
         """One block's steps ``(band, unit ranks, seconds)``: each band's and unit's median, over ``load`` (> 0),
@@ -566,6 +590,7 @@ class PeerCurve:
             if len(self._bands) > MAX_BANDS:
                 del self._bands[next(iter(self._bands))]
         self._cache.clear()
+        self._beyond.clear()
 
 
 MAX_PEER_RATIO = 100.0
@@ -644,6 +669,11 @@ class ReplicaPeers:
         self._recent: deque[tuple[float, dict[int, float]]] = deque()
         self._win: list[deque[tuple[float, int]]] = [deque(maxlen=PEER_WINDOW) for _ in range(n)]
         self._firsts: list[deque[int]] = [deque(maxlen=PEER_YOUNG_RUN) for _ in range(n)]
+        self._beyond_n = [0] * n
+        """Per replica, the open block's values whose reference was extrapolated (:meth:`PeerCurve.beyond`)."""
+        self._beyond_blocks: list[deque[bool]] = [deque(maxlen=PEER_YOUNG_RUN) for _ in range(n)]
+        """Per replica, whether each of its last judged blocks had more than :data:`PEER_BEYOND_SHARE` of its values
+        on extrapolated references (the young test does not name on such blocks)."""
         self._young_named: set[tuple[int, ...]] = set()
         self._bare: list[int] = [0] * n
         """Per replica, its steps without a usable ``work``: the young test judges only replicas whose steps all
@@ -676,6 +706,7 @@ class ReplicaPeers:
             self._hist[q], self._up[q], self._down[q], self._win[q], self._firsts[q] = (
                 old._hist[o], old._up[o], old._down[o], old._win[o], old._firsts[o])
             self._bare[q] = old._bare[o]
+            self._beyond_n[q], self._beyond_blocks[q] = old._beyond_n[o], old._beyond_blocks[o]
             self._settle[q] = old._settle[o]
 
     def adopt_unit(self, ranks: Sequence[int]) -> None:
@@ -719,6 +750,8 @@ class ReplicaPeers:
         if ref is None:
             return out  # no reference for this step from the others yet: it only teaches (PEER_LAG blocks later)
         self._vals[q].append(time_s / ref)
+        if self._curve.beyond(key, ranks):
+            self._beyond_n[q] += 1
         if self._first[q] is None:
             self._first[q] = step
         self._last[q] = max(self._last[q], step)
@@ -731,6 +764,8 @@ class ReplicaPeers:
         closed = self._end
         self._end += PEER_BLOCK_S * (1 + math.floor((now_unix_s - self._end) / PEER_BLOCK_S))
         vals, firsts = self._vals, list(self._first)
+        beyond = [b > PEER_BEYOND_SHARE * len(v) for b, v in zip(self._beyond_n, vals, strict=True)]
+        self._beyond_n = [0] * len(self.units)
         self._vals = [[] for _ in self.units]
         self._count = [0] * len(self.units)
         self._first = [None] * len(self.units)
@@ -750,6 +785,7 @@ class ReplicaPeers:
                 continue
             r = max(-lim, min(lim, math.log(m / ref)))
             first = firsts[q]
+            self._beyond_blocks[q].append(beyond[q])
             out.extend(self._judge(q, r, self._last[q] if first is None else first, len(meds) - 1))
         return out
 
@@ -906,9 +942,12 @@ class ReplicaPeers:
         sigma = max(1.4826 * median([abs(x) for x in pooled]), s.noise_floor)
         thr = max(s.outlier_z * sigma, math.log1p(s.outlier_min_effect))
         last = list(hist)[-PEER_YOUNG_RUN:]
-        if min(last[-PEER_RUN:]) >= max(thr, math.log1p(PEER_YOUNG_EFFECT)):  # the run test's rule, a large rise
+        beyond = list(self._beyond_blocks[q])
+        big = max(thr, math.log1p(PEER_YOUNG_EFFECT)) + (math.log(PEER_CURVE_REACH) if any(beyond[-PEER_RUN:]) else 0.0)
+        if min(last[-PEER_RUN:]) >= big:  # the run test's rule, a large rise
             last = last[-PEER_RUN:]
-        elif len(last) < PEER_YOUNG_RUN or median(last) < thr or min(last) < thr / 2.0:
+        elif (len(last) < PEER_YOUNG_RUN or median(last) < thr or min(last) < thr / 2.0
+              or any(beyond[-PEER_YOUNG_RUN:])):
             return []
         firsts = list(self._firsts[q])[-len(last):]
         run = [(x, x, f) for x, f in zip(last, firsts, strict=True)]
