@@ -620,6 +620,14 @@ class StepTimeRegressionDetector:
         self._level_since: int | None = None
         """The step of the first value the baseline learned since it last started again (:meth:`_relearn`): how
         long the job ran at the level a speedup leaves (:meth:`RecurringInterruptions.left`)."""
+        self._first_level = True
+        """The baseline learning now is the generation's first level (no speedup and no report since the start or
+        :meth:`reset`): only a speedup from it says how long the job ran there (a job that started in its slow
+        regime, :meth:`_left_level`). A level learned after a speedup or a report began before
+        :attr:`_level_since` (a report watches its excursion for its return, ``recurring.reported``): a 3x rank
+        healed after 900 steps, re-learned at a host-load speedup 198 steps before, was remembered as a 198-step
+        visit and a later 1.6x job-wide change was held 240 steps as its return
+        (``test_a_change_after_the_slow_rank_healed_is_captured``)."""
         self._first_learned: int | None = None
         """The step of the generation's first value learned as measured (:meth:`_learn`): whether its learned steps
         begin where its warm-up's end (:meth:`_warm_split`)."""
@@ -657,6 +665,7 @@ class StepTimeRegressionDetector:
     def reset(self) -> None:
         """Forget everything (the step counter restarted)."""
         self._relearn()
+        self._first_level = True
         self._from_start = True
         self._settle_restarts = 0 if self.first_learning_checks else None
         self._checked_learned = not self.first_learning_checks
@@ -1873,9 +1882,11 @@ class StepTimeRegressionDetector:
             fallen, n_lo = fallen_level(list(self._lo_vals), noise) if self._lo_vals else (x, 1)
             level = fallen * (1.0 + INTERIM_SE * noise / math.sqrt(n_lo))
             left = (self._level_since, self.speedup_first_step - self._level_since, mu) \
-                if self._level_since is not None and len(self._base) >= s.min_baseline_steps else None
+                if self._level_since is not None and len(self._base) >= s.min_baseline_steps \
+                and self._first_level else None
             self._speedup_noise = max(self._speedup_noise, noise)
             self._relearn()
+            self._first_level = False
             self._left_pending = left
             self._interim = (min(mu, level), noise, "before_speedup")
             self._speedup_from = mu
@@ -2307,6 +2318,7 @@ class StepTimeRegressionDetector:
                                     float(detail.get("baseline_s") or 0.0), noise)
         follow = self._follows(detail)
         self._relearn()
+        self._first_level = False
         self._base.prior_slope = trend  # a drift goes on after a sudden change: the new level follows it
         # a jump off a warm-up's line is a point on a rise that goes on: the rest of the warm-up is no further
         # change (judged against that level, it was reported again: 1.15x during a 0.3 -> 1.0 rise, 10 of 10)
