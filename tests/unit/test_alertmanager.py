@@ -104,6 +104,26 @@ def test_a_verdict_on_fewer_steps_than_the_one_that_fired_does_not_clear_the_pag
     assert [a["labels"]["rank"] for a in out] == ["1"] and ("j1", "ProfwatchSuspectRank", 1) not in book.alerts
 
 
+def test_a_page_a_sized_window_fired_is_cleared_by_a_capture_of_the_usual_window():
+    """A small group's capture sized to 40 steps named the rank; after it healed, the job's next capture records
+    the usual window (the default ``[capture] max_active``, 10 steps): its "not slow" resolves the page instead of
+    leaving it standing until the job ends."""
+    from profwatch.core.alerts.alertmanager import CLEAR_ENOUGH_STEPS
+    from profwatch.core.capture.planner import CaptureSettings
+    assert CLEAR_ENOUGH_STEPS == CaptureSettings().max_active
+    book = _book()
+    fired = _verdict("j1", T0, "ok", [_suspect(1)], [0, 1])
+    fired["data"]["captured_steps"] = list(range(100, 140))  # 40 steps
+    book.apply(fired, T0)
+    nine = _verdict("j1", T0 + 60, "no_suspect", [], [0, 1], "c2")
+    nine["data"]["captured_steps"] = list(range(200, 209))
+    assert book.apply(nine, T0 + 60) == [] and ("j1", "ProfwatchSuspectRank", 1) in book.alerts
+    usual = _verdict("j1", T0 + 120, "no_suspect", [], [0, 1], "c3")
+    usual["data"]["captured_steps"] = list(range(300, 310))
+    out = book.apply(usual, T0 + 120)
+    assert [a["labels"]["rank"] for a in out] == ["1"] and ("j1", "ProfwatchSuspectRank", 1) not in book.alerts
+
+
 def test_partial_targeted_other_job_and_old_events_resolve_nothing():
     book = _book()
     book.apply(_verdict("j1", T0, "ok", [_suspect(2)], [0, 1, 2, 3]), T0)

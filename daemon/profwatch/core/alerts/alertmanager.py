@@ -223,10 +223,19 @@ def judged_steps_of(data: Mapping[str, Any]) -> int | None:
     return len(steps) if isinstance(steps, list) else None
 
 
+CLEAR_ENOUGH_STEPS = 10
+"""Judged steps after which a verdict may resolve a standing alert however many the firing one judged: the default
+``[capture] max_active`` (``CaptureSettings``; ``tests/unit/test_alertmanager.py`` keeps them equal), the most a
+detection capture of a job records unless its window was sized for a small group's verdict (up to ``[arming]
+small_group_max_active``, 40): without it a page fired by a sized 40-step capture stood until the job ended."""
+
+
 def too_short_to_clear(fired_steps: int | None, verdict_steps: int | None) -> bool:
-    """True when a verdict judged fewer steps than the one that fired a standing alert: its "not slow" may be the
-    noise of a short window, so it must not resolve the page. Unknown counts (older events) never hold it."""
-    return fired_steps is not None and verdict_steps is not None and verdict_steps < fired_steps
+    """True when a verdict judged fewer steps than the one that fired a standing alert, and fewer than
+    :data:`CLEAR_ENOUGH_STEPS`: its "not slow" may be the noise of a short window, so it must not resolve the page.
+    Unknown counts (older events) never hold it."""
+    return fired_steps is not None and verdict_steps is not None \
+        and verdict_steps < min(fired_steps, CLEAR_ENOUGH_STEPS)
 
 
 class AlertBook:
