@@ -278,19 +278,25 @@ def test_a_young_reference_learned_low_after_a_speedup_is_no_regression() -> Non
     assert [(a.kind, a.step, a.detail) for a in found if a.kind in ("step_regression", "drift")] == []
 
 
+def _rises_through_the_job_detector(job_id: str, step_times: list[float]) -> list[tuple[str, int, float]]:
+    """Replay one rank's ``step_times`` (s) through the whole ``JobDetector`` (:func:`run`), check the invariants,
+    and return its rises: ``(kind, step, magnitude)`` of every ``step_regression`` and ``drift``."""
+    recs, t = [], 1.7e9
+    for i, x in enumerate(step_times):
+        t += x
+        recs.append({"job_id": job_id, "rank": 0, "step": i + 1, "step_time_s": x, "ts_unix_s": t})
+    found, _ = run(recs, 1)
+    check_invariants(found, recs)
+    return [(a.kind, a.step, round(a.magnitude, 3)) for a in found if a.kind in ("step_regression", "drift")]
+
+
 def test_a_drift_is_never_reported_on_a_series_whose_recent_level_is_not_above_its_earlier_level() -> None:
     """The same run through the whole ``JobDetector`` (warm-up steps dropped, the capture lead as the spike hold):
     a non-paging ``drift`` of +17.8 % at step 1264 on a series that only got faster. The baseline's line, fitted to
     a chance trend of the young window (used from 3 standard errors) and extrapolated, stood at 0.352 s against a
     reference of 0.299 s (learned 5 % low), while the newest steps ran at 0.32 s. A rise (``drift`` or ``pattern
     "baseline"``) now needs the newest steps' own median above the reference by the rise and two standard errors."""
-    recs, t = [], 1.7e9
-    for i, x in enumerate(_faster_run14()):
-        t += x
-        recs.append({"job_id": "f14", "rank": 0, "step": i + 1, "step_time_s": x, "ts_unix_s": t})
-    found, _ = run(recs, 1)
-    check_invariants(found, recs)
-    assert [(a.kind, a.step, round(a.magnitude, 3)) for a in found if a.kind in ("step_regression", "drift")] == []
+    assert _rises_through_the_job_detector("f14", _faster_run14()) == []
 
 
 def _faster_run12() -> list[float]:
@@ -310,13 +316,7 @@ def test_a_baseline_re_learned_on_a_calm_stretch_after_a_speedup_keeps_the_noise
     after the first speedup from 34 steps of a chance calm stretch read 12.6 % noise (17 % before the speedup, 16 %
     throughout); the interim reference of the second speedup carried it, and a chance 10-step stretch 17 % over the
     level (4.3 sigmas at 12.6 %) reported +22 % (``reference "before_speedup"``) on a series that only got faster."""
-    recs, t = [], 1.7e9
-    for i, x in enumerate(_faster_run12()):
-        t += x
-        recs.append({"job_id": "f12", "rank": 0, "step": i + 1, "step_time_s": x, "ts_unix_s": t})
-    found, _ = run(recs, 1)
-    check_invariants(found, recs)
-    assert [(a.kind, a.step, round(a.magnitude, 3)) for a in found if a.kind in ("step_regression", "drift")] == []
+    assert _rises_through_the_job_detector("f12", _faster_run12()) == []
 
 
 def _faster_run15_41() -> list[float]:
@@ -339,13 +339,7 @@ def test_a_rise_over_a_speedups_few_steps_counts_their_error_at_high_noise() -> 
     (``reference "before_speedup"``) and armed on a series that only got faster. At high noise a run over a speedup's
     reference now clears ``min_effect`` by two standard errors of the difference of the two means (the run's and the
     reference's steps), or confirms on the steps after it crossed (``_speedup_rise_clear``)."""
-    recs, t = [], 1.7e9
-    for i, x in enumerate(_faster_run15_41()):
-        t += x
-        recs.append({"job_id": "f15", "rank": 0, "step": i + 1, "step_time_s": x, "ts_unix_s": t})
-    found, _ = run(recs, 1)
-    check_invariants(found, recs)
-    assert [(a.kind, a.step, round(a.magnitude, 3)) for a in found if a.kind in ("step_regression", "drift")] == []
+    assert _rises_through_the_job_detector("f15", _faster_run15_41()) == []
 
 
 def test_a_speedups_reference_on_four_steps_that_read_low_is_no_regression() -> None:

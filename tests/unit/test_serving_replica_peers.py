@@ -295,28 +295,11 @@ def test_a_replica_its_own_unit_reported_is_not_named_again_next_to_its_peers() 
 
 
 def _disjoint_bands(peers: ReplicaPeers, *, blocks: int, slow: float, seed: int = 0) -> list[Anomaly]:
-    """Direct feed of :class:`ReplicaPeers` (one rank per replica, four replicas, all stepping in every block of
-    :data:`PEER_BLOCK_S`): each replica keeps to batch sizes of its own (work 4-5, 20-24, 10-11, 6 or 16), so
-    replica 2's work bands are used by no other replica; an iteration costs ``0.05 + 0.003 * work`` seconds, times
-    3 % log-normal noise, times the host's load shared by all (1.0-1.5x, changing every 2-9 blocks), replica 2
-    ``slow`` times that from its first step."""
-    rng = np.random.default_rng(seed)
-    works = {0: (4.0, 5.0), 1: (20.0, 24.0), 2: (10.0, 11.0), 3: (6.0, 16.0)}
-    found: list[Anomaly] = []
-    steps = [0] * 4
-    load, hold, now = 1.0, 0, 0.0
-    for block in range(blocks):
-        if hold <= 0:
-            load, hold = float(rng.uniform(1.0, 1.5)), int(rng.integers(2, 10))
-        hold -= 1
-        for i in range(12):
-            now = block * PEER_BLOCK_S + i * 0.8
-            for q in range(4):
-                steps[q] += 1
-                w = works[q][i % 2]
-                t = (0.05 + 0.003 * w) * load * math.exp(0.03 * float(rng.standard_normal()))
-                found += peers.add(q, steps[q], t * (slow if q == 2 else 1.0), w, now)
-    return found + peers.close(now + PEER_BLOCK_S)
+    """Direct feed of :class:`ReplicaPeers` (:func:`_own_works`): each replica keeps to batch sizes of its own (work
+    4-5, 20-24, 10-11, 6 or 16), so replica 2's work bands are used by no other replica; an iteration costs
+    ``0.05 + 0.003 * work`` seconds, replica 2 ``slow`` times that from its first step."""
+    return _own_works({0: (4.0, 5.0), 1: (20.0, 24.0), 2: (10.0, 11.0), 3: (6.0, 16.0)}, lambda w: 0.05 + 0.003 * w,
+                      blocks=blocks, seed=seed, peers=peers, slow={2: slow})
 
 
 def test_a_replica_whose_batches_share_no_band_with_its_peers_is_compared_with_their_cost_curve() -> None:
@@ -343,12 +326,15 @@ def test_healthy_replicas_of_disjoint_bands_under_a_moving_host_load_name_nobody
                                seed=seed) == [], seed
 
 
-def _own_works(works: dict[int, tuple[float, ...]], cost: Any, *, blocks: int, seed: int) -> list[Anomaly]:
-    """Four healthy replicas (one rank each), replica ``q`` on the batch sizes ``works[q]`` (alternating), an
-    iteration ``cost(work)`` seconds times 3 % log-normal noise times the shared host load (1.0-1.5x, every 2-9
-    blocks): what :class:`ReplicaPeers` names."""
+def _own_works(works: dict[int, tuple[float, ...]], cost: Any, *, blocks: int, seed: int,
+               peers: ReplicaPeers | None = None, slow: dict[int, float] | None = None) -> list[Anomaly]:
+    """Four replicas (one rank each, all stepping in every block of :data:`PEER_BLOCK_S`), replica ``q`` on the batch
+    sizes ``works[q]`` (alternating), an iteration ``cost(work)`` seconds times 3 % log-normal noise times the
+    shared host load (1.0-1.5x, every 2-9 blocks), times ``slow[q]`` (healthy: 1) from its first step: what
+    ``peers`` (default: a fresh :class:`ReplicaPeers`) names."""
     rng = np.random.default_rng(seed)
-    peers = ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings())
+    peers = ReplicaPeers("j", [[0], [1], [2], [3]], DetectionSettings()) if peers is None else peers
+    slow = slow or {}
     found: list[Anomaly] = []
     steps = [0] * 4
     load, hold, now = 1.0, 0, 0.0
@@ -361,7 +347,8 @@ def _own_works(works: dict[int, tuple[float, ...]], cost: Any, *, blocks: int, s
             for q in range(4):
                 steps[q] += 1
                 w = works[q][i % len(works[q])]
-                found += peers.add(q, steps[q], cost(w) * load * math.exp(0.03 * float(rng.standard_normal())), w, now)
+                t = cost(w) * load * math.exp(0.03 * float(rng.standard_normal()))
+                found += peers.add(q, steps[q], t * slow.get(q, 1.0), w, now)
     return found + peers.close(now + PEER_BLOCK_S)
 
 
