@@ -27,7 +27,8 @@ from profwatch.core.detection.aggregation import (
     StepAggregator,
     judge_cpu_series,
 )
-from profwatch.core.detection.rank_outliers import CPU_MIN_ALARM_OBS, CPU_REF_MIN, RankOutlierDetector, cusum_threshold
+from profwatch.core.detection.rank_outliers import CPU_MIN_ALARM_OBS, CPU_REF_MIN, RankOutlierDetector
+from profwatch.core.detection.regression import cusum_threshold
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly
 from profwatch.core.messages import MAX_CPU_S, MessageRejected, parse_node_message, parse_rank_message

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from profwatch.core.detection.aggregation import CPU_SERIES
+from profwatch.core.detection.regression import cusum_threshold
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import MAD_TO_SIGMA, Anomaly, FinalizedStep
 
@@ -156,6 +157,10 @@ hot interval of a quiet rank would name it."""
 CPU_ARL_OBS = 5e6
 """Target mean observations between false alarms of one rank's CPU CUSUM (its threshold h from Siegmund's
 approximation, :func:`cusum_threshold`); a busy serving pair makes about 0.3 observations a second per rank."""
+CPU_MIN_K = 0.05
+"""The least CUSUM reference value (noise scales) the CPU threshold is computed for (a rank whose intervals spread
+more than 1.9 in log would otherwise ask :func:`~profwatch.core.detection.regression.cusum_threshold` for an
+ever larger h)."""
 CPU_MAX_EXCESS = 100.0
 """A rank's CPU excess reported by the CPU CUSUM (:meth:`RankOutlierDetector._cpu_outlying`) is at most this (a
 ratio less one: magnitudes stay bounded)."""
@@ -203,21 +208,6 @@ def _ar1_factor(xs: Sequence[float], m: float) -> float:
         return 1.0
     rho = min(CPU_MAX_RHO, max(0.0, sum(a * b for a, b in zip(d, d[1:], strict=False)) / den))
     return math.sqrt((1.0 + rho) / (1.0 - rho))
-
-
-def cusum_threshold(k: float, arl: float) -> float:
-    """The threshold ``h`` (in noise scales) of a one-sided CUSUM ``S = max(0, S + z - k)`` on unit-variance
-    normal observations whose mean run length before a false alarm is ``arl`` observations: Siegmund's
-    approximation ``ARL0 = (exp(2 k b) - 2 k b - 1) / (2 k^2)`` with ``b = h + 1.166`` solved for ``h`` (fixed-point
-    iteration of ``a = 2 k b = log(2 k^2 arl + a + 1)``). ``k`` > 0 (reference value, in noise scales; floored at
-    0.05), ``arl`` >= 1; returns at least 0.5. Source: Siegmund, Sequential Analysis (1985), eq. 2.56; Montgomery,
-    Introduction to Statistical Quality Control, sec. 9.1."""
-    k = max(k, 0.05)
-    c = 2.0 * k * k * max(arl, 1.0)
-    a = math.log1p(c)
-    for _ in range(4):
-        a = math.log(c + a + 1.0)
-    return max(0.5, a / (2.0 * k) - 1.166)
 
 
 class RankOutlierDetector:
@@ -470,7 +460,7 @@ class RankOutlierDetector:
         """One observation ``x`` (log ratio to the peers) of rank ``r`` into its one-sided CUSUM (Page 1954):
         ``S = min(2 h sigma, max(0, S + sigma * min(z, k + CPU_CLIP_Z) - K))`` with ``z = (x - ref) / sigma``,
         ``K = log(1 + outlier_min_effect)`` (an excess under the least effect accumulates nothing), ``k = K /
-        sigma`` and ``h`` = :func:`cusum_threshold` ``(k, CPU_ARL_OBS)``, at least ``CPU_MIN_ALARM_OBS x
+        sigma`` and ``h`` = :func:`~profwatch.core.detection.regression.cusum_threshold` ``(max(k, CPU_MIN_K), CPU_ARL_OBS)``, at least ``CPU_MIN_ALARM_OBS x
         CPU_CLIP_Z``. ``ref``, ``sigma``: the median and 1.4826 x MAD times :func:`_ar1_factor` (at least
         :data:`CPU_SIGMA_FLOOR` and ``noise_floor``) of the rank's observations but its newest :data:`CPU_REF_LAG`
         (at least its first :data:`CPU_REF_MIN`); ``ref`` is the rank's learned CPU baseline (``_cpu_ref``). Nothing
@@ -485,7 +475,7 @@ class RankOutlierDetector:
         sigma = max(MAD_TO_SIGMA * mad * _ar1_factor(old, ref), CPU_SIGMA_FLOOR, self.settings.noise_floor)
         big_k = math.log1p(self.settings.outlier_min_effect)
         k = big_k / sigma
-        thr = max(cusum_threshold(k, CPU_ARL_OBS), CPU_MIN_ALARM_OBS * CPU_CLIP_Z) * sigma
+        thr = max(cusum_threshold(max(k, CPU_MIN_K), CPU_ARL_OBS), CPU_MIN_ALARM_OBS * CPU_CLIP_Z) * sigma
         z = max(-k - CPU_CLIP_Z, min((x - ref) / sigma, k + CPU_CLIP_Z))
         self._cpu_cusum[r] = min(2.0 * thr, max(0.0, self._cpu_cusum[r] + sigma * z - big_k))
         self._cpu_run[r] = self._cpu_run[r] + 1 if self._cpu_cusum[r] > 0 else 0
