@@ -514,9 +514,9 @@ class PeerCurve:
 
     def __init__(self) -> None:
         self._bands: dict[int, dict[tuple[int, ...], deque[float]]] = {}
-        self._cache: dict[tuple[int, tuple[int, ...]], float | None] = {}
-        self._beyond: set[tuple[int, tuple[int, ...]]] = set()
-        """The (band, unit ranks) whose cached reference is read off the curve outside its points' work."""
+        self._cache: dict[tuple[int, tuple[int, ...]], tuple[float | None, bool]] = {}
+        """(band, unit ranks) -> its reference (:meth:`ref`) and whether it was read off the curve outside its
+        points' work (:meth:`beyond`)."""
 
     def touch(self, key: int) -> None:
         """Band ``key`` was used now (the least recently used band is the one dropped)."""
@@ -534,7 +534,7 @@ class PeerCurve:
             return None
         return median([x for d in band.values() for x in d]) if pooled else median(vals)
 
-    def _curve(self, key: int, ranks: tuple[int, ...]) -> float | None:
+    def _curve(self, key: int, ranks: tuple[int, ...]) -> tuple[float | None, bool]:
         span = math.log(PEER_CURVE_SPAN) / math.log(PEER_WORK_BAND)
         reach = math.log(PEER_CURVE_REACH) / math.log(PEER_WORK_BAND)
         pts = []
@@ -544,28 +544,27 @@ class PeerCurve:
                 if r is not None and r > 0:
                     pts.append((PEER_WORK_BAND ** (j + 0.5), r, abs(j - key)))
         if len(pts) < 2 or min(d for _, _, d in pts) > reach:
-            return None
+            return None, False
         slopes = [(b[1] - a[1]) / (b[0] - a[0]) for i, a in enumerate(pts) for b in pts[i + 1:] if b[0] != a[0]]
         slope = max(0.0, median(slopes))
         cut = median([t - slope * w for w, t, _ in pts])
         near_w, near, _ = min(pts, key=lambda x: x[2])
         w = PEER_WORK_BAND ** (key + 0.5)
         if not min(p[0] for p in pts) <= w <= max(p[0] for p in pts):
-            self._beyond.add((key, ranks))
             # beyond its points, within what a cost that never falls with work, nor rises faster than it, allows
-            return min(max(cut + slope * w, near * min(1.0, w / near_w)), near * max(1.0, w / near_w))
-        return min(max(cut + slope * w, near / MAX_SCALE), near * MAX_SCALE)
+            return min(max(cut + slope * w, near * min(1.0, w / near_w)), near * max(1.0, w / near_w)), True
+        return min(max(cut + slope * w, near / MAX_SCALE), near * MAX_SCALE), False
 
     def ref(self, key: int, ranks: tuple[int, ...]) -> float | None:
         """Reference (seconds, at the shared load 1) of a step of band ``key`` of the unit of job ranks ``ranks``,
         from the other units only; None: none yet (rules in the class Notes)."""
         ck = (key, ranks)
         if ck not in self._cache:
-            r = self._direct(key, ranks, pooled=True)
+            r, beyond = self._direct(key, ranks, pooled=True), False
             if r is None and key != BARE_BAND:
-                r = self._curve(key, ranks)
-            self._cache[ck] = r if r is not None and r > 0 and math.isfinite(r) else None
-        return self._cache[ck]
+                r, beyond = self._curve(key, ranks)
+            self._cache[ck] = (r if r is not None and r > 0 and math.isfinite(r) else None, beyond)
+        return self._cache[ck][0]
 
     def beyond(self, key: int, ranks: tuple[int, ...]) -> bool:
         """Whether the reference :meth:`ref` gave for band ``key`` of unit ``ranks`` was extrapolated: read off the
@@ -575,7 +574,8 @@ class PeerCurve:
         healthy replica of 6-7 +24-28 %, one through 5-14 read a healthy replica of 2-2.5 +127-165 %
         (tests/unit/test_serving_replica_peers.py); a replica's own baseline cancels it, its first blocks next to
         its peers do not (:meth:`ReplicaPeers._judge_young`)."""
-        return (key, ranks) in self._beyond
+        cached = self._cache.get((key, ranks))
+        return cached is not None and cached[1]
 
     def learn(self, block: list[tuple[int, tuple[int, ...], float]], load: float) -> None:
         """One block's steps ``(band, unit ranks, seconds)``: each band's and unit's median, over ``load`` (> 0),
@@ -590,7 +590,6 @@ class PeerCurve:
             if len(self._bands) > MAX_BANDS:
                 del self._bands[next(iter(self._bands))]
         self._cache.clear()
-        self._beyond.clear()
 
 
 MAX_PEER_RATIO = 100.0
