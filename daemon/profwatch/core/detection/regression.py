@@ -1837,16 +1837,7 @@ class StepTimeRegressionDetector:
         self._s_hi = max(0.0, self._s_hi + zc - k)
         self._s_lo = max(0.0, self._s_lo - zc - k)
         if self._s_hi > 0.0:
-            if self._run_start is None:
-                self._run_start = fs.step
-            self._run_n += 1
-            self._run_log += math.log(x / mu) if x > 0.0 else math.log(MIN_NOISE)
-            self._run_vals.append(x)
-            if len(self._run_slowest) < MAX_SLOWEST_RANKS:
-                self._run_slowest.add(fs.slowest_rank)
-            if self._crossed:
-                self._post_n += 1
-                self._post_log += math.log(x / mu) if x > 0.0 else math.log(MIN_NOISE)
+            self._run_push(fs, x, mu)
         else:
             self._run_reset()
         self._base.push(x)
@@ -2009,16 +2000,7 @@ class StepTimeRegressionDetector:
         if self._s_hi <= 0.0:
             self._run_reset()
             return None
-        if self._run_start is None:
-            self._run_start = fs.step
-        self._run_n += 1
-        self._run_log += math.log(x / mu) if x > 0.0 else math.log(MIN_NOISE)
-        self._run_vals.append(x)
-        if len(self._run_slowest) < MAX_SLOWEST_RANKS:
-            self._run_slowest.add(fs.slowest_rank)
-        if self._crossed:  # the unselected evidence a fire held by _speedup_margin waits for
-            self._post_n += 1
-            self._post_log += math.log(x / mu) if x > 0.0 else math.log(MIN_NOISE)
+        self._run_push(fs, x, mu)
         if self._s_hi <= h * (1.0 + 1e-9):
             return None
         mean = log_ratio_magnitude(self._run_log / self._run_n)
@@ -2048,6 +2030,22 @@ class StepTimeRegressionDetector:
                   "baseline_s": mu, "noise": noise, "step_time_s": mu * (1.0 + mean), "cusum": self._s_hi,
                   "threshold": h, "steps": self._run_n, "slowest_ranks": sorted(self._run_slowest), **extra}
         return self._fire(fs.step, mean, detail)
+
+    def _run_push(self, fs: FinalizedStep, x: float, mu: float) -> None:
+        """Step ``fs`` (time ``x`` s) joins the upper CUSUM's run over the level ``mu`` (s): its log ratio, value and
+        slowest rank, and, once the run first crossed its threshold, the unselected evidence after it
+        (``_post_n``, ``_post_log``: what a held fire waits for)."""
+        if self._run_start is None:
+            self._run_start = fs.step
+        self._run_n += 1
+        lr = math.log(x / mu) if x > 0.0 else math.log(MIN_NOISE)
+        self._run_log += lr
+        self._run_vals.append(x)
+        if len(self._run_slowest) < MAX_SLOWEST_RANKS:
+            self._run_slowest.add(fs.slowest_rank)
+        if self._crossed:
+            self._post_n += 1
+            self._post_log += lr
 
     def _speedup_rise_clear(self, mean: float, noise: float, n_ref: int, shift: float) -> bool:
         """Whether a CUSUM run over the interim reference after a speedup (``mean``: its mean excess over the
