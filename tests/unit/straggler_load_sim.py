@@ -34,10 +34,12 @@ class SimResult:
 
 def run_job(duration_s: float, factor: Callable[[int, float], float], *, seed: int = 31,
             load: bool = True, job_factor: Callable[[float], float] = lambda t: 1.0,
-            window_steps: int = 8, stages: bool = True) -> SimResult:
+            window_steps: int = 8, stages: bool = True, verdict_steps: int = 2) -> SimResult:
     """Run ``duration_s`` seconds of the job; ``factor(rank, t)`` is rank's compute factor at ``t`` (seconds from
     the start), ``job_factor(t)`` a job-wide factor (a software change); ``stages=False``: no stage timings (the
-    zero-code hook without ``rankhook.stage``: every rank reports the same synchronous step time). Returns the arms and episode events."""
+    zero-code hook without ``rankhook.stage``: every rank reports the same synchronous step time);
+    ``verdict_steps``: steps from the end of a capture's window to its verdict (analysis time: the capture stays in
+    flight). Returns the arms and episode events."""
     rng = np.random.default_rng(seed)
     settings = ArmingSettings()
     policy = ArmingPolicy(settings)
@@ -87,7 +89,7 @@ def run_job(duration_s: float, factor: Callable[[int, float], float], *, seed: i
             start = step + 3
             book.armed(ep.episode_id, cid, now, covered=None, start_step=start)
             det.exclude_steps(start, start + window_steps, "capture")
-            flight = (cid, start + window_steps + 2, [])
+            flight = (cid, start + window_steps + verdict_steps, [])
             res.arms.append({"t": round(t, 1), "step": step, "kind": ep.kind, "ranks": list(ep.ranks),
                              "magnitude": round(ep.magnitude, 3), "episode": ep.episode_id})
     return res

@@ -186,16 +186,23 @@ def _capture_tops(ep: Episode) -> list[tuple[int, str]]:
     return out
 
 
-def _found_nobody(ep: Episode) -> str | None:
-    """The capture whose verdict found no suspect when it is the latest verdict of ``ep`` and no capture of it is in
-    flight, else None."""
+def _found_nobody(ep: Episode, growth: float) -> str | None:
+    """The capture whose verdict found no suspect when it is the latest verdict of ``ep``, no capture of it is in
+    flight and the episode's :attr:`~Episode.level` has not grown by ``growth`` (relative, ``[arming]
+    recapture_growth``) over the level that capture saw (:attr:`EpisodeCapture.level`; a capture stored without one
+    counts as level 0, as :meth:`Episode.unchanged_since_capture` does), else None. A level grown since is a change
+    the capture did not see: learning it as the job's new normal left a 3x job-wide slowdown that came while a
+    +30 % load level was being captured never captured (the e2e demo's ``reference`` scenario beside two CPU hogs);
+    such an episode is captured again instead (it is not ``captured_unchanged``)."""
     if ep.in_flight is not None:
         return None
     done = [c for c in ep.captures if c.status is not None and c.status in CAPTURED and c.status != "would_arm"]
     if not done:
         return None
     last = max(done, key=lambda c: c.armed_unix_s)
-    return last.capture_id if last.status == "no_suspect" else None
+    if last.status != "no_suspect" or ep.level >= (last.level or 0.0) + growth:
+        return None
+    return last.capture_id
 
 
 class JobEpisodes:
@@ -219,11 +226,15 @@ class JobEpisodes:
         :data:`STANDING_KINDS` close only with :meth:`close_all` (job end, new generation).
 
         New change: a ``step_regression`` report of at least ``recapture_growth``, with its onset after the last
-        report, on a job-wide episode already captured (no capture in flight) is a new change point (the detector re-learns at each fire): the old episode
-        closes and the report opens a new one, captured as new (never held by the old one's cooldown); a smaller
-        one updates it. New normal: a job-wide ``step_regression``
-        episode whose latest capture found no suspect (``no_suspect``) and that held its level for
-        ``episode_quiet_steps`` after the verdict, or that a new change point reaches, is closed with one
+        report, on a job-wide episode already captured (a capture of it in flight too, unless that capture's window
+        starts after the onset: it records the new level, :meth:`_new_change`) is a new change point (the detector
+        re-learns at each fire): the old episode closes and the report opens a new one, captured as new (never held
+        by the old one's cooldown; behind the capture in flight); a smaller one updates it (a capture in flight
+        whose window starts after its onset then saw its level: :meth:`_seen_by_flight`). New normal: a job-wide
+        ``step_regression`` episode whose latest capture found no suspect (``no_suspect``), whose level did not grow
+        by ``recapture_growth`` over the level that capture saw (:func:`_found_nobody`: grown, it is captured again)
+        and that held its level for ``episode_quiet_steps`` after the verdict, or that a new change point reaches,
+        is closed with one
         ``level_learned`` event (old and new level, the capture) and reason ``level_learned``; else a new change
         closes it with reason ``new_change``. One that a level found normal explains (``explained_by_level``, below)
         is not: it was never captured itself, so it stays open (explained) until the verdict's hour is over and is
@@ -369,12 +380,10 @@ class JobEpisodes:
         out: list[Event] = []
         onset = _onset(anomaly)
         sizes = {r: (anomaly.magnitude, detail) for r in ranks[:MAX_TRAIL]}
-        if (ep is not None and not ep.ranks and not ranks and anomaly.kind == "step_regression" and ep.captures
-                and ep.in_flight is None and anomaly.magnitude >= self.settings.recapture_growth
-                and onset > ep.last_step):
+        if ep is not None and self._new_change(ep, anomaly, onset):
             # a new change point of at least recapture_growth on a job-wide level already captured: a change of its
             # own (e.g. a straggler on top of a host-load level), never an update held by that episode's cooldown
-            found = _found_nobody(ep)
+            found = _found_nobody(ep, self.settings.recapture_growth)
             if found is not None:  # its capture found nobody behind the level it leaves: that level is normal
                 base = detail.get("baseline_s")
                 now_level = float(base) if isinstance(base, (int, float)) and base > 0 else None
@@ -413,10 +422,40 @@ class JobEpisodes:
         self._keep_sizes(ep, sizes)
         if fresh and ep.captures:
             ep.new_ranks = True
+        self._seen_by_flight(ep, onset)
         self._touch(ep)
         out.append(self._event(TYPE_EPISODE_UPDATED, ep, f"-{ep.reports}", reason="reported", new_ranks=fresh,
                                detail=detail))
         return ep, [*out, *self._named(ep, ranks, now_unix_s, anomaly.step), *self._explain(ep, now_unix_s)]
+
+    def _window_after(self, capture_id: str, onset: int) -> bool:
+        """Whether in-flight ``capture_id``'s window starts after ``onset`` (a step), so that it records what began
+        there; unknown (no window start given, or its flight not kept across a restart): not known to, False."""
+        flight = self._flight.get(capture_id)
+        return flight is not None and flight[0] is not None and flight[0] > onset
+
+    def _new_change(self, ep: Episode, anomaly: Anomaly, onset: int) -> bool:
+        """Whether ``anomaly`` (its evidence from step ``onset``) is a new change point on open episode ``ep`` rather
+        than an update of it: a job-wide ``step_regression`` of at least ``recapture_growth`` on a job-wide episode
+        already captured, with its onset after the episode's last report and, while a capture of the episode is in
+        flight, not before that capture's window (:meth:`_window_after`: a window that starts after the onset
+        records the new level, the report is then an update the capture sees). Folded into the in-flight capture's
+        episode, a 3x slowdown that came while a +30 % load level was being captured was learned as the job's new
+        normal on that capture's ``no_suspect`` and never captured."""
+        if (ep.ranks or anomaly.ranks or anomaly.kind != "step_regression" or not ep.captures
+                or anomaly.magnitude < self.settings.recapture_growth or onset <= ep.last_step):
+            return False
+        flying = ep.in_flight
+        return flying is None or not self._window_after(flying, onset)
+
+    def _seen_by_flight(self, ep: Episode, onset: int) -> None:
+        """After a report (evidence from step ``onset``) updated ``ep``: each capture of it in flight whose window
+        starts after the onset (:meth:`_window_after`) records the level the report gives, so that level is the one
+        it saw (:attr:`EpisodeCapture.level`; :func:`_found_nobody` learns a level only when no larger than that by
+        ``recapture_growth``)."""
+        for c in ep.captures:
+            if c.status is None and self._window_after(c.capture_id, onset):
+                c.level = ep.level
 
     def _covered_at_open(self, ep: Episode, onset: int, now_unix_s: float) -> list[Event]:
         """A capture whose window started after ``onset`` (the first step of the new episode's evidence) and covered
@@ -499,7 +538,7 @@ class JobEpisodes:
                     out += self._named(ep, still, now_unix_s, furthest_step)
             elif not ep.ranks and ep.reference_s is not None and step_time_s is not None:
                 held = step_time_s >= ep.reference_s * (1.0 + ep.magnitude / 2.0)
-                found = _found_nobody(ep) if held else None
+                found = _found_nobody(ep, self.settings.recapture_growth) if held else None
                 if found is not None and ep.kind == "step_regression":
                     if ep.settle_step is None:
                         ep.settle_step = furthest_step
