@@ -71,7 +71,7 @@ def test_a_3x_slowdown_while_the_load_level_is_captured_is_captured_not_learned(
 def test_a_3x_folded_into_the_captured_episode_is_captured_again_not_learned() -> None:
     """A 3x report whose evidence began before the episode's last report (not a new change point: an update) while
     the capture that began before it is in flight: that capture's no_suspect did not see it, so the 3x level is not
-    learned; the episode, grown since its capture, is captured again once its cooldown is over."""
+    learned; the episode, grown since its capture, is captured again as new (not held by that capture's cooldown)."""
     b, p, load = _load_captured()
     b.observe(_reg(125, 1.0, 1.3, 90), T0 + 20)  # the load level reported again at step 125
     folded, _ = b.observe(_reg(130, 1.3, 3.0, 120), T0 + 30)  # onset 120 <= 125: an update
@@ -79,8 +79,20 @@ def test_a_3x_folded_into_the_captured_episode_is_captured_again_not_learned() -
     b.capture_ended("c1", T0 + 60, "no_suspect")
     types = _settle(b, T0 + 61, 140, 3.0)
     assert TYPE_LEVEL_LEARNED not in types and load.closed_unix_s is None, types
+    assert _arm(b, p, T0 + 161, "c2") is load  # not captured_unchanged (it grew since c1), nor held by c1's cooldown
+    assert [c.capture_id for c in load.captures] == ["c1", "c2"]
+
+
+def test_a_level_grown_past_a_capture_that_named_a_rank_still_waits_for_its_cooldown() -> None:
+    """The same fold, but the capture named rank 2: the growth is the episode's as before (captured again once its
+    cooldown is over), only a capture that found nobody leaves a grown level uncaptured."""
+    b, p, load = _load_captured()
+    b.observe(_reg(125, 1.0, 1.3, 90), T0 + 20)
+    b.observe(_reg(130, 1.3, 3.0, 120), T0 + 30)
+    b.capture_ended("c1", T0 + 60, "ok", named=(2,))
+    _settle(b, T0 + 61, 140, 3.0)
     assert b.next_arm(p, T0 + 200, capture_in_flight=False) is None and load.waiting == "cooldown"
-    assert _arm(b, p, T0 + 901, "c2") is load  # not captured_unchanged: it grew since c1
+    assert _arm(b, p, T0 + 901, "c2") is load
 
 
 def test_a_3x_that_began_before_the_window_is_seen_by_the_capture_and_learned_when_it_finds_nobody() -> None:

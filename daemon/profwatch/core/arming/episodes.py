@@ -186,23 +186,33 @@ def _capture_tops(ep: Episode) -> list[tuple[int, str]]:
     return out
 
 
-def _found_nobody(ep: Episode, growth: float) -> str | None:
-    """The capture whose verdict found no suspect when it is the latest verdict of ``ep``, no capture of it is in
-    flight and the episode's :attr:`~Episode.level` has not grown by ``growth`` (relative, ``[arming]
-    recapture_growth``) over the level that capture saw (:attr:`EpisodeCapture.level`; a capture stored without one
-    counts as level 0, as :meth:`Episode.unchanged_since_capture` does), else None. A level grown since is a change
-    the capture did not see: learning it as the job's new normal left a 3x job-wide slowdown that came while a
-    +30 % load level was being captured never captured (the e2e demo's ``reference`` scenario beside two CPU hogs);
-    such an episode is captured again instead (it is not ``captured_unchanged``)."""
+def _nobody_behind(ep: Episode) -> EpisodeCapture | None:
+    """The capture of ``ep`` whose verdict found no suspect (``no_suspect``) when it is the episode's latest verdict
+    and no capture of it is in flight, else None."""
     if ep.in_flight is not None:
         return None
     done = [c for c in ep.captures if c.status is not None and c.status in CAPTURED and c.status != "would_arm"]
     if not done:
         return None
     last = max(done, key=lambda c: c.armed_unix_s)
-    if last.status != "no_suspect" or ep.level >= (last.level or 0.0) + growth:
-        return None
-    return last.capture_id
+    return last if last.status == "no_suspect" else None
+
+
+def _grown_past(ep: Episode, cap: EpisodeCapture, growth: float) -> bool:
+    """Whether the :attr:`~Episode.level` of ``ep`` grew by ``growth`` (relative, ``[arming] recapture_growth``) over
+    the level capture ``cap`` saw (:attr:`EpisodeCapture.level`; a capture stored without one counts as level 0, as
+    :meth:`Episode.unchanged_since_capture` does)."""
+    return ep.level >= (cap.level or 0.0) + growth
+
+
+def _found_nobody(ep: Episode, growth: float) -> str | None:
+    """The id of the capture whose verdict found no suspect (:func:`_nobody_behind`) when the episode's level has not
+    grown by ``growth`` over the level that capture saw (:func:`_grown_past`), else None. A level grown since is a
+    change the capture did not see: learning it as the job's new normal left a 3x job-wide slowdown that came while
+    a +30 % load level was being captured never captured (the e2e demo's ``reference`` scenario beside two CPU
+    hogs); such an episode is captured again instead, as new (:meth:`JobEpisodes._cooldown_since`)."""
+    cap = _nobody_behind(ep)
+    return cap.capture_id if cap is not None and not _grown_past(ep, cap, growth) else None
 
 
 class JobEpisodes:
@@ -232,8 +242,8 @@ class JobEpisodes:
         by the old one's cooldown; behind the capture in flight); a smaller one updates it (a capture in flight
         whose window starts after its onset then saw its level: :meth:`_seen_by_flight`). New normal: a job-wide
         ``step_regression`` episode whose latest capture found no suspect (``no_suspect``), whose level did not grow
-        by ``recapture_growth`` over the level that capture saw (:func:`_found_nobody`: grown, it is captured again)
-        and that held its level for ``episode_quiet_steps`` after the verdict, or that a new change point reaches,
+        by ``recapture_growth`` over the level that capture saw (:func:`_found_nobody`: grown, it is captured again,
+        without that capture's cooldown: :meth:`_cooldown_since`) and that held its level for ``episode_quiet_steps`` after the verdict, or that a new change point reaches,
         is closed with one
         ``level_learned`` event (old and new level, the capture) and reason ``level_learned``; else a new change
         closes it with reason ``new_change``. One that a level found normal explains (``explained_by_level``, below)
@@ -726,7 +736,7 @@ class JobEpisodes:
             repeat = self._repeat(ep, now_unix_s)
             d = self.history.decide(policy, ep.anomaly(), now_unix_s, capture_in_flight=capture_in_flight,
                                     stalled_ranks=stalled_ranks, topology=topology,
-                                    episode_captured_unix_s=ep.captured_unix_s, rotating=bool(ep.rotation),
+                                    episode_captured_unix_s=self._cooldown_since(ep), rotating=bool(ep.rotation),
                                     episode_unchanged=ep.unchanged_since_capture(self.settings.recapture_growth),
                                     follow_ranks=ep.follow_ranks, repeat=repeat)
             if ep.follow_ranks and d.action == "suppress" and d.reason == "larger_than_byte_cap":
@@ -736,7 +746,7 @@ class JobEpisodes:
                 self._touch(ep)
                 d = self.history.decide(policy, ep.anomaly(), now_unix_s, capture_in_flight=capture_in_flight,
                                         stalled_ranks=stalled_ranks, topology=topology,
-                                        episode_captured_unix_s=ep.captured_unix_s, rotating=bool(ep.rotation),
+                                        episode_captured_unix_s=self._cooldown_since(ep), rotating=bool(ep.rotation),
                                         episode_unchanged=ep.unchanged_since_capture(self.settings.recapture_growth),
                                         repeat=repeat)
             own = d.action == "suppress" and d.reason not in JOB_HOLDS
@@ -773,9 +783,20 @@ class JobEpisodes:
         self._wait(ep, "explained_by_host_load", None, "")
         return True
 
+    def _cooldown_since(self, ep: Episode) -> float | None:
+        """When the ``cooldown_s`` of ``ep`` runs from: its last capture (:attr:`Episode.captured_unix_s`), else
+        None (captured as new, no cooldown) when that capture's verdict found no suspect and the episode's level grew
+        by ``recapture_growth`` over the level it saw (:func:`_nobody_behind`, :func:`_grown_past`): the growth is a
+        change nobody captured, as a new change point is (:meth:`_new_change`), never held by that capture's
+        cooldown."""
+        cap = _nobody_behind(ep)
+        if cap is not None and _grown_past(ep, cap, self.settings.recapture_growth):
+            return None
+        return ep.captured_unix_s
+
     def _until(self, d: ArmDecision, ep: Episode, now_unix_s: float) -> float | None:
         return self.history.hold_until(d.reason, now_unix_s, self.settings,
-                                       episode_captured_unix_s=ep.captured_unix_s, estimated_bytes=d.estimated_bytes,
+                                       episode_captured_unix_s=self._cooldown_since(ep), estimated_bytes=d.estimated_bytes,
                                        named_new=bool(ep.ranks) and not d.repeat)
 
     def _repeat(self, ep: Episode, now_unix_s: float) -> bool:
