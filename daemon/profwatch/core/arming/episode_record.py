@@ -59,8 +59,8 @@ class EpisodeCapture:
     (``ok``, ``no_suspect``, ``partial``, ``weak``) or how it ended (``failed``, ``cancelled``, ``would_arm``...);
     ``named``: the ranks the verdict names, most suspect first; ``level``: the episode's :attr:`Episode.level` its
     window saw: at the arm, or that of a later report whose onset came before the window's first step
-    (``JobEpisodes._seen_by_flight``) (relative; None in rows stored before it was recorded); ``repeat``: its arm was a repeat
-    (:attr:`~profwatch.core.arming.policy.JobArmState.repeat`: what a restart gives the hourly cap back); ``follow_up``: armed as the follow-up of a
+    (``JobEpisodes._seen_by_flight``) (relative; None in rows stored before it was recorded); ``repeat``: its arm
+    was a repeat (:attr:`~profwatch.core.arming.policy.JobArmState.repeat`: what a restart gives the hourly cap back); ``follow_up``: armed as the follow-up of a
     targeted capture whose ranks waited for ranks it did not hold (:attr:`Episode.follow_ranks`); ``whole``: it
     captured every rank; ``verdict_unix_s``/``job_step_s``: when its verdict came and the job step time (s) then
     (None: no verdict yet, or none known): what a restart restores the job's latest verdict from

@@ -243,8 +243,8 @@ class JobEpisodes:
         whose window starts after its onset then saw its level: :meth:`_seen_by_flight`). New normal: a job-wide
         ``step_regression`` episode whose latest capture found no suspect (``no_suspect``), whose level did not grow
         by ``recapture_growth`` over the level that capture saw (:func:`_found_nobody`: grown, it is captured again,
-        without that capture's cooldown: :meth:`_cooldown_since`) and that held its level for ``episode_quiet_steps`` after the verdict, or that a new change point reaches,
-        is closed with one
+        without that capture's cooldown: :meth:`_cooldown_since`) and that held its level for
+        ``episode_quiet_steps`` after the verdict, or that a new change point reaches, is closed with one
         ``level_learned`` event (old and new level, the capture) and reason ``level_learned``; else a new change
         closes it with reason ``new_change``. One that a level found normal explains (``explained_by_level``, below)
         is not: it was never captured itself, so it stays open (explained) until the verdict's hour is over and is
