@@ -150,19 +150,15 @@ def _rank_part(magnitude: float, detail: Mapping[str, Any], r: int) -> tuple[flo
     return mag, own
 
 
-def _rotates(tops: list[int], n: int) -> bool:
-    last = tops[-n:]
-    return len(last) >= n and all(a != b for a, b in zip(last, last[1:], strict=False))
-
-
-def _found_no_suspect(status: str | None, named: tuple[int, ...]) -> bool:
-    """Whether a capture's outcome is a verdict that named nobody (``no_suspect``, or a ``partial`` one naming no
-    rank): it found no suspect, so it names no top rank for the rotation rule, whatever rank the detector named
-    when it was armed (a false arm on a healthy rank 0 found nobody; counting the detector's rank 0 as its top made
-    the real rank 1's capture, which named rank 1, a rotation 0 -> 1, ``culprit_rotates``, on the live serving
-    pair). An outcome without a verdict (``simulated``/``would_arm``: replay; a cancelled or failed capture) is not
-    one: there the detector's rank stands in for the verdict's."""
-    return status is not None and status in VERDICTS and not named
+def _found_no_suspect(status: str | None) -> bool:
+    """Whether the outcome ``status`` of a capture whose verdict named no rank is a verdict (``no_suspect``, or a
+    ``partial`` one naming no rank): it found no suspect, so it names no top rank for the rotation rule, whatever
+    rank the detector named when it was armed (a false arm on a healthy rank 0 found nobody; counting the detector's
+    rank 0 as its top made the real rank 1's capture, which named rank 1, a rotation 0 -> 1, ``culprit_rotates``, on
+    the live serving pair). An outcome without a verdict (``simulated``/``would_arm``: replay; a cancelled or failed
+    capture; None: in flight) is not one: there the detector's rank stands in for the verdict's. Callers ask only
+    for a capture with no named rank (a verdict naming one has that rank as its top)."""
+    return status is not None and status in VERDICTS
 
 
 def _capture_tops(ep: Episode) -> list[tuple[int, str]]:
@@ -177,7 +173,7 @@ def _capture_tops(ep: Episode) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
     for c in ep.captures:
         fresh = [r for r in c.ranks if r not in seen]
-        top = c.named[0] if c.named else (fresh[0] if len(fresh) == 1 and not _found_no_suspect(c.status, c.named)
+        top = c.named[0] if c.named else (fresh[0] if len(fresh) == 1 and not _found_no_suspect(c.status)
                                           else None)
         seen.update(c.ranks)
         seen.update(c.named)
@@ -854,10 +850,10 @@ class JobEpisodes:
             n = self.settings.rotation_captures
             out += self._rotation_across(ep, hit, now_unix_s)
             ranked = _capture_tops(ep)
-            tops = [t for t, _ in ranked]
-            if not ep.rotation and ep.closed_unix_s is None and _rotates(tops, n):
-                ep.rotation = tuple(tops[-n:])
-                armed = {c.capture_id: c.armed_unix_s for c in ep.captures}
+            armed = {c.capture_id: c.armed_unix_s for c in ep.captures}
+            if (not ep.rotation and ep.closed_unix_s is None and len(ranked) >= n
+                    and self._moved(ep.key, [(t, armed[cid]) for t, cid in ranked[-n:]])):
+                ep.rotation = tuple(t for t, _ in ranked[-n:])
                 times = [armed[cid] for _, cid in ranked[-n:]]
                 # each rank of the rotation stayed named at least until the next one was captured: a later rank
                 # must outlast that twice to be a slow rank of its own (hot periods of 6 minutes were each taken
@@ -1062,6 +1058,20 @@ class JobEpisodes:
             out.append((cid, why, events))
         return out
 
+    def _moved(self, key: str, tops: list[tuple[int, float]]) -> bool:
+        """Whether the culprit of ``key`` moved at each of the captures ``tops`` (each its top rank and the time it
+        was armed, Unix s, oldest first): each top differs from the one before, and the one before was no longer
+        named by the key's episodes (the trail: reports and the detector's ongoing names) when the later capture
+        was armed. A rank still named then is slow beside the new top, not left behind by it: two ranks slow from
+        the same step, one named a step before the other, read as a rotation 2 -> 5 (the second capture took the
+        new rank beside the first), and neither was captured again (``tests/integration/test_replay.py``)."""
+        trail = self._trail.get(key, {})
+        for (a, _), (b, armed) in zip(tops, tops[1:], strict=False):
+            seen = trail.get(a)
+            if a == b or (seen is not None and seen[1] >= armed):
+                return False
+        return True
+
     def _rotation_across(self, ep: Episode, own: list[EpisodeCapture], now_unix_s: float) -> list[Event]:
         """Remember the top rank of each capture of a ranked episode under its key, its own or another episode's
         that covered it (the verdict's first named rank, else, without a verdict, the episode's ranks at the arm when
@@ -1078,14 +1088,14 @@ class JobEpisodes:
             for k in stale[:len(self._tops) - MAX_OPEN]:
                 del self._tops[k]
         for c in own:
-            top = c.named[0] if c.named else (c.ranks[0] if len(c.ranks) == 1 and not _found_no_suspect(c.status, c.named)
+            top = c.named[0] if c.named else (c.ranks[0] if len(c.ranks) == 1 and not _found_no_suspect(c.status)
                                               else None)
             if top is not None:
                 tops.append((top, ep.episode_id, c.capture_id, c.armed_unix_s))
         n = self.settings.rotation_captures
         last = list(tops)[-n:]
         if (ep.key in self.rotating or len(last) < n or len({e for _, e, _, _ in last}) < 2
-                or last[-1][3] - last[0][3] > HOUR_S or not _rotates([t for t, *_ in last], n)):
+                or last[-1][3] - last[0][3] > HOUR_S or not self._moved(ep.key, [(t, at) for t, _, _, at in last])):
             return []
         longest = 0.0
         for _, eid, _, _ in last:
