@@ -286,7 +286,8 @@ class JobEpisodes:
         # ranked key -> rank -> (first, last) named in its current stretch, and the job's step at the first
         self._trail: dict[str, dict[int, tuple[float, float, int]]] = {}
         self._key_captures: dict[str, list[tuple[str, float]]] = {}  # ranked key -> its episodes' (capture, armed)
-        self._tops: dict[str, deque[tuple[int, str, str, float]]] = {}  # key -> (top rank, episode, capture, armed)
+        # key -> (top rank, episode, capture, armed, the ranks its verdict named)
+        self._tops: dict[str, deque[tuple[int, str, str, float, tuple[int, ...]]]] = {}
         self.rotating: dict[str, tuple[tuple[int, ...], float]] = {}  # key -> (the rotation's ranks, longest s)
         self._named_since: dict[str, dict[int, tuple[float, int]]] = {}  # rotating episode -> rank -> (since, step)
         self._named_span: dict[str, float] = {}  # rotating episode -> longest a rank of it stayed named (s)
@@ -852,8 +853,9 @@ class JobEpisodes:
             out += self._rotation_across(ep, hit, now_unix_s)
             ranked = _capture_tops(ep)
             armed = {c.capture_id: c.armed_unix_s for c in ep.captures}
+            verdict_named = {c.capture_id: c.named for c in ep.captures}
             if (not ep.rotation and ep.closed_unix_s is None and len(ranked) >= n
-                    and self._moved(ep.key, [(t, armed[cid]) for t, cid in ranked[-n:]])):
+                    and self._moved(ep.key, [(t, armed[cid], verdict_named[cid]) for t, cid in ranked[-n:]])):
                 ep.rotation = tuple(t for t, _ in ranked[-n:])
                 times = [armed[cid] for _, cid in ranked[-n:]]
                 # each rank of the rotation stayed named at least until the next one was captured: a later rank
@@ -1059,17 +1061,19 @@ class JobEpisodes:
             out.append((cid, why, events))
         return out
 
-    def _moved(self, key: str, tops: list[tuple[int, float]]) -> bool:
-        """Whether the culprit of ``key`` moved at each of the captures ``tops`` (each its top rank and the time it
-        was armed, Unix s, oldest first): each top differs from the one before, and the one before was no longer
-        named by the key's episodes (the trail: reports and the detector's ongoing names) when the later capture
-        was armed. A rank still named then is slow beside the new top, not left behind by it: two ranks slow from
-        the same step, one named a step before the other, read as a rotation 2 -> 5 (the second capture took the
-        new rank beside the first), and neither was captured again (``tests/integration/test_replay.py``)."""
+    def _moved(self, key: str, tops: list[tuple[int, float, tuple[int, ...]]]) -> bool:
+        """Whether the culprit of ``key`` moved at each of the captures ``tops`` (each its top rank, the time it was
+        armed, Unix s, and the ranks its verdict named, empty without one; oldest first): each top differs from the
+        one before, and the one before was no longer slow at the later capture: its verdict did not name it, or,
+        without a verdict, the key's episodes no longer named it (the trail: reports and the detector's ongoing
+        names) when it was armed. A rank still slow then is slow beside the new top, not left behind by it: two
+        ranks slow from the same step, one named a step before the other, read as a rotation 2 -> 5 (the second
+        capture took the new rank beside the first), and neither was captured again
+        (``tests/integration/test_replay.py``, ``tests/unit/test_episodes.py``)."""
         trail = self._trail.get(key, {})
-        for (a, _), (b, armed) in zip(tops, tops[1:], strict=False):
+        for (a, _, _), (b, armed, named) in zip(tops, tops[1:], strict=False):
             seen = trail.get(a)
-            if a == b or (seen is not None and seen[1] >= armed):
+            if a == b or (a in named if named else seen is not None and seen[1] >= armed):
                 return False
         return True
 
@@ -1092,20 +1096,20 @@ class JobEpisodes:
             top = c.named[0] if c.named else (c.ranks[0] if len(c.ranks) == 1 and not _found_no_suspect(c.status)
                                               else None)
             if top is not None:
-                tops.append((top, ep.episode_id, c.capture_id, c.armed_unix_s))
+                tops.append((top, ep.episode_id, c.capture_id, c.armed_unix_s, c.named))
         n = self.settings.rotation_captures
         last = list(tops)[-n:]
-        if (ep.key in self.rotating or len(last) < n or len({e for _, e, _, _ in last}) < 2
-                or last[-1][3] - last[0][3] > HOUR_S or not self._moved(ep.key, [(t, at) for t, _, _, at in last])):
+        if (ep.key in self.rotating or len(last) < n or len({e for _, e, *_ in last}) < 2
+                or last[-1][3] - last[0][3] > HOUR_S or not self._moved(ep.key, [(t, at, nm) for t, _, _, at, nm in last])):
             return []
         longest = 0.0
-        for _, eid, _, _ in last:
+        for _, eid, *_ in last:
             member = self.find(eid)
             if member is not None:
                 longest = max(longest, (member.closed_unix_s or now_unix_s) - member.opened_unix_s)
         ranks = tuple(t for t, *_ in last)
         self.rotating[ep.key] = (ranks, longest)
-        for _, _, cid, _ in last:
+        for _, _, cid, *_ in last:
             self.history.release(cid)
         if ep.closed_unix_s is None and not ep.rotation:
             ep.rotation = ranks
@@ -1113,7 +1117,7 @@ class JobEpisodes:
         text = ", ".join(str(r) for r in ranks)
         return [self._event(
             TYPE_CULPRIT_ROTATES, ep, "-across", rotation=list(ranks), across_episodes=True,
-            capture_ids=[cid for _, _, cid, _ in last],
+            capture_ids=[cid for _, _, cid, *_ in last],
             detail=f"culprit rotates: ranks {text} in the last {n} captures of {ep.key}, each in an episode of its "
                    "own: load imbalance, e.g. MoE routing; later episodes of it are captured only once they "
                    f"persist ({PERSIST_S:.0f} s and {PERSIST_STEPS} steps at least), and its captures no longer count "
