@@ -250,8 +250,8 @@ class JobEpisodes:
         Verdicts (:meth:`capture_ended`): ``no_suspect`` releases the arm from the hourly cap (the next episode is
         not held by a capture that found nothing); an outcome outside :data:`CAPTURED` (failed, expired,
         incomplete) leaves the episode wanting a capture. When the last ``rotation_captures`` verdicts of the
-        episode's own captures named a different top rank each time, each no longer named when the next capture was
-        armed (:meth:`_moved`), the culprit rotates: ``culprit_rotates`` is
+        episode's own captures named a different top rank each time, each no longer slow at the next capture
+        (:meth:`_moved`), the culprit rotates: ``culprit_rotates`` is
         published once and the episode is not captured again. The same holds across the episodes of one key
         (:meth:`_rotation_across`): the rotation's captures then leave the hourly cap, and later episodes of the key
         wait until they persist (:meth:`_persists`). A capture counts for an episode that opens after it when its
