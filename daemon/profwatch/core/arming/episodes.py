@@ -854,8 +854,8 @@ class JobEpisodes:
             ranked = _capture_tops(ep)
             armed = {c.capture_id: c.armed_unix_s for c in ep.captures}
             verdict_named = {c.capture_id: c.named for c in ep.captures}
-            if (not ep.rotation and ep.closed_unix_s is None and len(ranked) >= n
-                    and self._moved(ep.key, [(t, armed[cid], verdict_named[cid]) for t, cid in ranked[-n:]])):
+            if (not ep.rotation and ep.closed_unix_s is None
+                    and self._moved(ep.key, [(t, armed[cid], verdict_named[cid]) for t, cid in ranked[-n:]], n)):
                 ep.rotation = tuple(t for t, _ in ranked[-n:])
                 times = [armed[cid] for _, cid in ranked[-n:]]
                 # each rank of the rotation stayed named at least until the next one was captured: a later rank
@@ -1061,15 +1061,17 @@ class JobEpisodes:
             out.append((cid, why, events))
         return out
 
-    def _moved(self, key: str, tops: list[tuple[int, float, tuple[int, ...]]]) -> bool:
-        """Whether the culprit of ``key`` moved at each of the captures ``tops`` (each its top rank, the time it was
-        armed, Unix s, and the ranks its verdict named, empty without one; oldest first): each top differs from the
-        one before, and the one before was no longer slow at the later capture: its verdict did not name it, or,
-        without a verdict, the key's episodes no longer named it (the trail: reports and the detector's ongoing
-        names) when it was armed. A rank still slow then is slow beside the new top, not left behind by it: two
-        ranks slow from the same step, one named a step before the other, read as a rotation 2 -> 5 (the second
-        capture took the new rank beside the first), and neither was captured again
+    def _moved(self, key: str, tops: list[tuple[int, float, tuple[int, ...]]], n: int) -> bool:
+        """Whether the culprit of ``key`` moved at each of the captures ``tops`` (at least ``n`` of them; each its top
+        rank, the time it was armed, Unix s, and the ranks its verdict named, empty without one; oldest first): each
+        top differs from the one before, and the one before was no longer slow at the later capture: its verdict did
+        not name it, or, without a verdict, the key's episodes no longer named it (the trail: reports and the
+        detector's ongoing names) when it was armed. A rank still slow then is slow beside the new top, not left
+        behind by it: two ranks slow from the same step, one named a step before the other, read as a rotation
+        2 -> 5 (the second capture took the new rank beside the first), and neither was captured again
         (``tests/integration/test_replay.py``, ``tests/unit/test_episodes.py``)."""
+        if len(tops) < n:
+            return False
         trail = self._trail.get(key, {})
         for (a, _, _), (b, armed, named) in zip(tops, tops[1:], strict=False):
             seen = trail.get(a)
@@ -1100,7 +1102,7 @@ class JobEpisodes:
         n = self.settings.rotation_captures
         last = list(tops)[-n:]
         if (ep.key in self.rotating or len(last) < n or len({e for _, e, *_ in last}) < 2
-                or last[-1][3] - last[0][3] > HOUR_S or not self._moved(ep.key, [(t, at, nm) for t, _, _, at, nm in last])):
+                or last[-1][3] - last[0][3] > HOUR_S or not self._moved(ep.key, [(t, at, nm) for t, _, _, at, nm in last], n)):
             return []
         longest = 0.0
         for _, eid, *_ in last:
