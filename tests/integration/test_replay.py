@@ -431,3 +431,16 @@ def test_replay_reads_the_config_every_command_reads(tmp_path: Path, monkeypatch
     observed = json.loads(res.stdout)
     assert [a.get("action") for a in armed_by_default["arms"]] == ["arm"], armed_by_default["arms"]
     assert [a.get("action") for a in observed["arms"]] == ["would_arm"], observed["arms"]
+
+
+def test_two_ranks_slow_from_the_same_step_are_no_rotation(tmp_path: Path) -> None:
+    """Ranks 2 and 5 both compute 12 % longer from step 400 on and stay so. The detector named rank 5 a step before
+    rank 2; the episode's second capture took rank 2 beside rank 5, and its new rank read as the culprit moving
+    5 -> 2: ``culprit_rotates``, and neither rank was captured again. A rank still named when the next capture is
+    armed was not left behind: no rotation."""
+    two = replace(BASE, steps=700, cv=0.02, rank_jitter_cv=0.01, slow_rank=2, slow_rank_factor=1.12,
+                  slow_rank_from_step=400, rotate_every=10**6, rotate_ranks=(5,), seed=0)
+    res = run_json(tmp_path, generate_telemetry(two))
+    assert not [e for e in res["episode_events"] if e["type"] == "io.profwatch.culprit_rotates.v1"]
+    assert {r for a in res["arms"] for r in a["ranks"]} == {2, 5}
+    assert all(not e["rotation"] for e in res["episodes"])

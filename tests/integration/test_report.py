@@ -433,14 +433,14 @@ def test_a_umask_that_cannot_be_read_never_widens_a_report_s_mode(tmp_path: Path
     import os
     import stat
 
-    import profwatch.adapters.outputs.report as report_mod
+    import profwatch.adapters.fs.whole_file as whole_file
 
     data, rows = report_data(tmp_path)
     old = os.umask(0o077)
     try:
-        monkeypatch.setattr(report_mod, "PROC_STATUS", str(tmp_path / "no-proc" / "status"))
+        monkeypatch.setattr(whole_file, "PROC_STATUS", str(tmp_path / "no-proc" / "status"))
         jp, _ = write_report(tmp_path / "a", data, rows, html_enabled=False)
-        monkeypatch.setattr(report_mod, "PROC_STATUS", "/proc/self/status")
+        monkeypatch.setattr(whole_file, "PROC_STATUS", "/proc/self/status")
         jq, _ = write_report(tmp_path / "b", data, rows, html_enabled=False)
     finally:
         os.umask(old)

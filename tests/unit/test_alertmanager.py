@@ -97,7 +97,14 @@ def test_a_verdict_on_fewer_steps_than_the_one_that_fired_does_not_clear_the_pag
     book.apply(fired, T0)
     short = _verdict("j1", T0 + 60, "no_suspect", [], [0, 1, 2, 3], "c2")
     short["data"]["captured_steps"] = [50, 51, 52, 53]
-    assert book.apply(short, T0 + 60) == [] and ("j1", "ProfwatchSuspectRank", 1) in book.alerts
+    # the page stands and says why: re-sent (same labels, same startsAt) with what the short capture found
+    [held] = book.apply(short, T0 + 60)
+    assert held["labels"]["rank"] == "1" and held["startsAt"] == rfc3339(T0) and held["endsAt"] > rfc3339(T0 + 60)
+    assert held["annotations"]["held"] == (
+        "capture c2 judged it not slow on 4 step(s), fewer than the 8 of the verdict that raised this alert and "
+        "than 10: too short to clear it, so it stands until a capture of at least 8 steps judges it not slow")
+    assert held["annotations"]["summary"] == book.alerts[("j1", "ProfwatchSuspectRank", 1)].annotations["summary"]
+    assert book.apply(short, T0 + 61) == []  # said once
     as_long = _verdict("j1", T0 + 120, "no_suspect", [], [0, 1, 2, 3], "c3")
     as_long["data"]["captured_steps"] = list(range(60, 68))
     out = book.apply(as_long, T0 + 120)
@@ -117,7 +124,10 @@ def test_a_page_a_sized_window_fired_is_cleared_by_a_capture_of_the_usual_window
     book.apply(fired, T0)
     nine = _verdict("j1", T0 + 60, "no_suspect", [], [0, 1], "c2")
     nine["data"]["captured_steps"] = list(range(200, 209))
-    assert book.apply(nine, T0 + 60) == [] and ("j1", "ProfwatchSuspectRank", 1) in book.alerts
+    [held] = book.apply(nine, T0 + 60)
+    assert ("j1", "ProfwatchSuspectRank", 1) in book.alerts
+    assert "not slow on 9 step(s), fewer than the 40 " in held["annotations"]["held"]
+    assert "a capture of at least 10 steps" in held["annotations"]["held"]
     usual = _verdict("j1", T0 + 120, "no_suspect", [], [0, 1], "c3")
     usual["data"]["captured_steps"] = list(range(300, 310))
     out = book.apply(usual, T0 + 120)

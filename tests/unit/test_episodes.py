@@ -176,6 +176,24 @@ def test_the_same_rank_named_again_is_not_a_rotation() -> None:
     assert events == [] and ep is not None and ep.rotation == ()
 
 
+def test_two_ranks_each_verdict_names_together_are_no_rotation() -> None:
+    """Ranks 2 and 5 slow at once: each capture's verdict names both, most suspect first by chance (2, 5), then
+    (5, 2). The tops 2 -> 5 read as a rotation before; rank 2, named again beside 5, was never left behind."""
+    b, p = book(rotation_captures=2, cooldown_s=0, min_arm_gap_s=0)
+    ep, _ = b.observe(out(10, (2,)), T0)
+    assert arm_next(b, p, T0, "c0") is ep
+    events = b.capture_ended("c0", T0 + 30, "ok", named=(2, 5))
+    b.observe(out(200, (2, 5), mag=0.8), T0 + 100)  # grown: captured again
+    assert arm_next(b, p, T0 + 100, "c1") is ep
+    events += b.capture_ended("c1", T0 + 130, "ok", named=(5, 2))
+    assert events == [] and ep is not None and ep.rotation == ()
+    # the culprit that did move is still a rotation: the next verdict names 7 alone, 5 left behind
+    b.observe(out(400, (7,), mag=1.0), T0 + 300)
+    assert arm_next(b, p, T0 + 300, "c2") is ep
+    (rot,) = b.capture_ended("c2", T0 + 330, "ok", named=(7,))
+    assert rot.type == "io.profwatch.culprit_rotates.v1" and ep.rotation == (5, 7)
+
+
 def test_a_failed_capture_leaves_the_episode_wanting_one_and_a_failed_plan_is_retried_later() -> None:
     b, p = book()
     ep, _ = b.observe(out(10, (2,)), T0)
@@ -887,7 +905,7 @@ def test_the_tops_of_keys_of_closed_episodes_are_bounded() -> None:
 
     b, p = book(min_arm_gap_s=0)
     for k in range(3 * MAX_OPEN):  # keys of episodes long closed
-        b._tops[f"rank_outlier/old{k}"] = deque([(k, f"e{k}", f"c{k}", T0)])
+        b._tops[f"rank_outlier/old{k}"] = deque([(k, f"e{k}", f"c{k}", T0, ())])
     ep, _ = b.observe(window_out(117, (3,)), T0)
     assert ep is not None
     arm_next(b, p, T0 + 1, "c-3", covered=(3,))

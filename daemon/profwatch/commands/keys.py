@@ -29,6 +29,7 @@ from typing import Any
 
 import click
 
+from profwatch.adapters.fs.whole_file import replace_whole
 from profwatch.exitcodes import EXIT_USAGE
 
 
@@ -71,10 +72,7 @@ def write_dropin(systemd_dir: Path | None, unit: str, text: str) -> None:
     target = folder / DROPIN_NAME
     try:
         folder.mkdir(exist_ok=True)
-        tmp = folder / f".{DROPIN_NAME}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
+        replace_whole(target, text.encode("utf-8"), 0o644)
     except OSError as exc:
         click.echo(f"cannot write {target} ({exc.strerror}); put this there yourself:\n{text}", err=True)
         return
@@ -167,14 +165,7 @@ def install(config_path: Path | None, keys_dir: Path | None, systemd_dir: Path, 
         read_certificate(server_key)
         kd.mkdir(parents=True, exist_ok=True)
         for src, name, mode in ((secret, "client.key_secret", 0o600), (server_key, "server.key", 0o644)):
-            tmp = kd / f".{name}.tmp"
-            old = os.umask(0o077)
-            try:
-                tmp.write_bytes(read_capped(src, MAX_KEY_FILE_BYTES, "key file"))
-            finally:
-                os.umask(old)
-            os.chmod(tmp, mode)
-            os.replace(tmp, kd / name)
+            replace_whole(kd / name, read_capped(src, MAX_KEY_FILE_BYTES, "key file"), mode)
     except (CurveSetupError, OSError, ValueError) as exc:  # ValueError: InputTooLarge
         _fail(str(exc))
         return
@@ -210,10 +201,8 @@ def add(config_path: Path | None, keys_dir: Path | None, name: str, role: str, o
         os.chmod(out, 0o700)
         pub, sec = create_certificate(out, name, role)  # type: ignore[arg-type]
         clients.mkdir(parents=True, exist_ok=True)
-        tmp = clients / f".{name}.key.tmp"
-        tmp.write_bytes(pub.read_bytes())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)  # appears whole: the coordinator reloads the directory when it changes
+        # appears whole: the coordinator reloads the directory when it changes
+        replace_whole(target, pub.read_bytes(), 0o644)
     except (CurveSetupError, OSError) as exc:
         _fail(str(exc))
         return

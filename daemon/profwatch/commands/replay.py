@@ -11,8 +11,8 @@ planner (``profwatch.core.capture.planner.plan_capture`` with the ``[capture]`` 
 records' ``ts_unix_s``: it stands for the arrival time of each report (stall checks, episode closing and the
 queue run once per second of record time, and at each anomaly). Arms are simulated: the capture counts as in
 flight until the job's furthest step passes the window plus ``parse_steps`` (then it ends with status
-``simulated``: no verdict, so nothing is released and no rotation is seen), and its steps are excluded from
-detection, as the coordinator does.
+``simulated``: no verdict, so nothing is released, and the rotation rule takes the detector's ranks at the arm
+for the capture's top rank), and its steps are excluded from detection, as the coordinator does.
 
 Bounds: every line is read in bounded memory (``adapters/fs/bounded_read.py``): a line over the wire's 4 MiB batch
 cap is a counted bad line, a line without end (``/dev/zero``) stops the reading; a pipe or device is spooled to a

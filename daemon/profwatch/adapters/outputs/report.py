@@ -12,10 +12,8 @@ file says where the chart's script is and that ``report.json`` holds every numbe
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
@@ -26,6 +24,7 @@ from urllib.parse import quote
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
+from profwatch.adapters.fs.whole_file import replace_whole
 from profwatch.adapters.outputs.report_charts import PLOTLY_ASSET, plotly_bundle, plotly_js, rank_figure
 from profwatch.core.verdict.evidence import RankStepSummary
 from profwatch.core.verdict.report_view import build_view, impact_text
@@ -131,7 +130,8 @@ def write_report(out_dir: Path, data: Mapping[str, Any], summaries: Sequence[Ran
 
 def _shared_asset(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` unless a file of its size is there (the name carries plotly's version; written to
-    a temp file and renamed, so a file of the right size is whole: :func:`_replace_whole`). Raises OSError when the
+    a temp file and renamed, so a file of the right size is whole:
+    :func:`~profwatch.adapters.fs.whole_file.replace_whole`). Raises OSError when the
     folder is not writable."""
     data = text.encode("utf-8")
     try:
@@ -139,49 +139,8 @@ def _shared_asset(path: Path, text: str) -> None:
             return
     except OSError:
         pass
-    _replace_whole(path, data)
+    replace_whole(path, data)
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    _replace_whole(path, text.encode("utf-8"))
-
-
-def _replace_whole(path: Path, data: bytes) -> None:
-    """Write ``data`` as ``path`` whole: into a new temp file beside it, then renamed over it (``os.replace``: a
-    reader sees the old file or the new one, never a torn one). The temp file is created by
-    ``tempfile.mkstemp`` (a random name, ``O_CREAT | O_EXCL``: never a file or link already there, so a user who
-    can write into the results folder cannot plant a symlink at a name the writer will open; each writer, e.g.
-    the coordinator's analysis threads writing a folder's first reports at once, gets its own) and removed when
-    the write fails. Its mode is the usual ``0o666`` less the umask (mkstemp makes it ``0o600``), as a file
-    ``open`` created; where the file system refuses the change (``EPERM``: vfat, some CIFS mounts) it stays
-    ``0o600`` and the report is written all the same. Raises OSError."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with contextlib.suppress(OSError):  # a file system without modes (vfat, some CIFS): stays 0o600
-                os.fchmod(f.fileno(), 0o666 & ~_umask())
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-PROC_STATUS = "/proc/self/status"
-"""Where the process umask is read (:func:`_umask`)."""
-
-
-def _umask() -> int:
-    """The process umask, read without changing it (:data:`PROC_STATUS` ``Umask:``, Linux 4.7+; setting it to
-    read it back would race with other threads creating files); ``0o077`` where it cannot be read (a kernel before
-    4.7, e.g. CentOS 7's 3.10, or no ``/proc``): the temp file keeps mkstemp's ``0o600``, never a mode wider than
-    the user's umask allows (a guessed ``0o022`` made a report 0644 under a umask of 077)."""
-    try:
-        with open(PROC_STATUS, encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8) & 0o777
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o077
+    replace_whole(path, text.encode("utf-8"))

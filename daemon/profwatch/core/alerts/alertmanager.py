@@ -18,7 +18,8 @@ Rules (``docs/alerts.md``):
   ``no_suspect`` lists the rank in ``judged_ranks`` (captured and judged) and not among its suspects. A
   ``partial`` result, or a targeted capture that did not include the rank, resolves nothing; nor does a verdict
   on fewer captured steps (``captured_steps``) than the one that fired the alert (a 4-step manual capture on a
-  loaded box cannot clear what an 8-step capture found: :func:`too_short_to_clear`).
+  loaded box cannot clear what an 8-step capture found: :func:`too_short_to_clear`): the alert stands, its
+  ``held`` annotation says which capture judged it not slow on how few steps, and it is re-sent.
 * ``suspect_ranks`` with slow links (``links[]``): one ``ProfwatchSlowLink`` alert per link (``kind``
   ``communication``, label ``link`` = ``"a-b"``); it resolves when a later ``ok``/``no_suspect`` verdict judged
   both ranks and no longer names the link.
@@ -335,23 +336,45 @@ class AlertBook:
 
     def _resolve_cleared(self, job_id: str, data: Mapping[str, Any], suspects: list[Mapping[str, Any]],
                          links: list[Mapping[str, Any]], now_unix_s: float) -> list[dict[str, Any]]:
-        """A verdict on judged ranks resolves the rank and link alerts it no longer names, and the unjudged one."""
+        """A verdict on judged ranks resolves the rank and link alerts it no longer names, and the unjudged one; a
+        rank or link alert it judged not slow on too few steps to clear (:func:`too_short_to_clear`) stays and says
+        so (:meth:`_held_short`)."""
         out: list[dict[str, Any]] = []
         judged = judged_of(data)
         steps = judged_steps_of(data)
         slow = {int(s["rank"]) for s in suspects}
+        cleared: list[StandingAlert] = []
         for rank in sorted(judged - slow):
             held = self.alerts.get((job_id, ALERTNAME_SUSPECT, rank))
-            if held is not None and not too_short_to_clear(held.judged_steps, steps):
-                out.append(self._resolve(held.key, now_unix_s))
+            if held is not None:
+                cleared.append(held)
         named = {_link_id(lk) for lk in links}
         for key in [k for k in self.alerts if k[0] == job_id and k[1] == ALERTNAME_LINK and k[2] not in named]:
             a, b = (int(x) for x in str(key[2]).split("-"))
-            if a in judged and b in judged and not too_short_to_clear(self.alerts[key].judged_steps, steps):
-                out.append(self._resolve(key, now_unix_s))
+            if a in judged and b in judged:
+                cleared.append(self.alerts[key])
+        for held in cleared:
+            if too_short_to_clear(held.judged_steps, steps):
+                out.extend(self._held_short(held, data, steps, now_unix_s))
+            else:
+                out.append(self._resolve(held.key, now_unix_s))
         if (job_id, ALERTNAME_UNJUDGED, None) in self.alerts:
             out.append(self._resolve((job_id, ALERTNAME_UNJUDGED, None), now_unix_s))
         return out
+
+    def _held_short(self, held: StandingAlert, data: Mapping[str, Any], steps: int | None,
+                    now_unix_s: float) -> list[dict[str, Any]]:
+        """``held`` was judged not slow by a verdict too short to clear it: its ``held`` annotation says which
+        capture, on how many steps, and what clears it, and it is re-sent (same labels and ``startsAt``); ``[]``
+        when it said so already."""
+        note = _clip(f"capture {data.get('capture_id') or data.get('batch_id') or '?'} judged it not slow on {steps} "
+                     f"step(s), fewer than the {held.judged_steps} of the verdict that raised this alert and than "
+                     f"{CLEAR_ENOUGH_STEPS}: too short to clear it, so it stands until a capture of at least "
+                     f"{min(held.judged_steps or CLEAR_ENOUGH_STEPS, CLEAR_ENOUGH_STEPS)} steps judges it not slow")
+        if held.annotations.get("held") == note:
+            return []
+        held.annotations["held"] = note
+        return [postable(held, now_unix_s + self.lifetime_s)]
 
     def _after_end(self, job_id: str, data: Mapping[str, Any]) -> bool:
         """Whether a verdict event is about an ended (job, generation): its ``job_ended`` field, else (an event

@@ -150,19 +150,15 @@ def _rank_part(magnitude: float, detail: Mapping[str, Any], r: int) -> tuple[flo
     return mag, own
 
 
-def _rotates(tops: list[int], n: int) -> bool:
-    last = tops[-n:]
-    return len(last) >= n and all(a != b for a, b in zip(last, last[1:], strict=False))
-
-
-def _found_no_suspect(status: str | None, named: tuple[int, ...]) -> bool:
-    """Whether a capture's outcome is a verdict that named nobody (``no_suspect``, or a ``partial`` one naming no
-    rank): it found no suspect, so it names no top rank for the rotation rule, whatever rank the detector named
-    when it was armed (a false arm on a healthy rank 0 found nobody; counting the detector's rank 0 as its top made
-    the real rank 1's capture, which named rank 1, a rotation 0 -> 1, ``culprit_rotates``, on the live serving
-    pair). An outcome without a verdict (``simulated``/``would_arm``: replay; a cancelled or failed capture) is not
-    one: there the detector's rank stands in for the verdict's."""
-    return status is not None and status in VERDICTS and not named
+def _found_no_suspect(status: str | None) -> bool:
+    """Whether the outcome ``status`` of a capture whose verdict named no rank is a verdict (``no_suspect``, or a
+    ``partial`` one naming no rank): it found no suspect, so it names no top rank for the rotation rule, whatever
+    rank the detector named when it was armed (a false arm on a healthy rank 0 found nobody; counting the detector's
+    rank 0 as its top made the real rank 1's capture, which named rank 1, a rotation 0 -> 1, ``culprit_rotates``, on
+    the live serving pair). An outcome without a verdict (``simulated``/``would_arm``: replay; a cancelled or failed
+    capture; None: in flight) is not one: there the detector's rank stands in for the verdict's. Callers ask only
+    for a capture with no named rank (a verdict naming one has that rank as its top)."""
+    return status is not None and status in VERDICTS
 
 
 def _capture_tops(ep: Episode) -> list[tuple[int, str]]:
@@ -177,7 +173,7 @@ def _capture_tops(ep: Episode) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
     for c in ep.captures:
         fresh = [r for r in c.ranks if r not in seen]
-        top = c.named[0] if c.named else (fresh[0] if len(fresh) == 1 and not _found_no_suspect(c.status, c.named)
+        top = c.named[0] if c.named else (fresh[0] if len(fresh) == 1 and not _found_no_suspect(c.status)
                                           else None)
         seen.update(c.ranks)
         seen.update(c.named)
@@ -275,7 +271,8 @@ class JobEpisodes:
         Verdicts (:meth:`capture_ended`): ``no_suspect`` releases the arm from the hourly cap (the next episode is
         not held by a capture that found nothing); an outcome outside :data:`CAPTURED` (failed, expired,
         incomplete) leaves the episode wanting a capture. When the last ``rotation_captures`` verdicts of the
-        episode's own captures named a different top rank each time, the culprit rotates: ``culprit_rotates`` is
+        episode's own captures named a different top rank each time, each no longer slow at the next capture
+        (:meth:`_moved`), the culprit rotates: ``culprit_rotates`` is
         published once and the episode is not captured again. The same holds across the episodes of one key
         (:meth:`_rotation_across`): the rotation's captures then leave the hourly cap, and later episodes of the key
         wait until they persist (:meth:`_persists`). A capture counts for an episode that opens after it when its
@@ -310,7 +307,8 @@ class JobEpisodes:
         # ranked key -> rank -> (first, last) named in its current stretch, and the job's step at the first
         self._trail: dict[str, dict[int, tuple[float, float, int]]] = {}
         self._key_captures: dict[str, list[tuple[str, float]]] = {}  # ranked key -> its episodes' (capture, armed)
-        self._tops: dict[str, deque[tuple[int, str, str, float]]] = {}  # key -> (top rank, episode, capture, armed)
+        # key -> (top rank, episode, capture, armed, the ranks its verdict named)
+        self._tops: dict[str, deque[tuple[int, str, str, float, tuple[int, ...]]]] = {}
         self.rotating: dict[str, tuple[tuple[int, ...], float]] = {}  # key -> (the rotation's ranks, longest s)
         self._named_since: dict[str, dict[int, tuple[float, int]]] = {}  # rotating episode -> rank -> (since, step)
         self._named_span: dict[str, float] = {}  # rotating episode -> longest a rank of it stayed named (s)
@@ -914,10 +912,11 @@ class JobEpisodes:
             n = self.settings.rotation_captures
             out += self._rotation_across(ep, hit, now_unix_s)
             ranked = _capture_tops(ep)
-            tops = [t for t, _ in ranked]
-            if not ep.rotation and ep.closed_unix_s is None and _rotates(tops, n):
-                ep.rotation = tuple(tops[-n:])
-                armed = {c.capture_id: c.armed_unix_s for c in ep.captures}
+            armed = {c.capture_id: c.armed_unix_s for c in ep.captures}
+            verdict_named = {c.capture_id: c.named for c in ep.captures}
+            if (not ep.rotation and ep.closed_unix_s is None
+                    and self._moved(ep.key, [(t, armed[cid], verdict_named[cid]) for t, cid in ranked[-n:]], n)):
+                ep.rotation = tuple(t for t, _ in ranked[-n:])
                 times = [armed[cid] for _, cid in ranked[-n:]]
                 # each rank of the rotation stayed named at least until the next one was captured: a later rank
                 # must outlast that twice to be a slow rank of its own (hot periods of 6 minutes were each taken
@@ -1122,6 +1121,24 @@ class JobEpisodes:
             out.append((cid, why, events))
         return out
 
+    def _moved(self, key: str, tops: list[tuple[int, float, tuple[int, ...]]], n: int) -> bool:
+        """Whether the culprit of ``key`` moved at each of the captures ``tops`` (at least ``n`` of them; each its top
+        rank, the time it was armed, Unix s, and the ranks its verdict named, empty without one; oldest first): each
+        top differs from the one before, and the one before was no longer slow at the later capture: its verdict did
+        not name it, or, without a verdict, the key's episodes no longer named it (the trail: reports and the
+        detector's ongoing names) when it was armed. A rank still slow then is slow beside the new top, not left
+        behind by it: two ranks slow from the same step, one named a step before the other, read as a rotation
+        2 -> 5 (the second capture took the new rank beside the first), and neither was captured again
+        (``tests/integration/test_replay.py``, ``tests/unit/test_episodes.py``)."""
+        if len(tops) < n:
+            return False
+        trail = self._trail.get(key, {})
+        for (a, _, _), (b, armed, named) in zip(tops, tops[1:], strict=False):
+            seen = trail.get(a)
+            if a == b or (a in named if named else seen is not None and seen[1] >= armed):
+                return False
+        return True
+
     def _rotation_across(self, ep: Episode, own: list[EpisodeCapture], now_unix_s: float) -> list[Event]:
         """Remember the top rank of each capture of a ranked episode under its key, its own or another episode's
         that covered it (the verdict's first named rank, else, without a verdict, the episode's ranks at the arm when
@@ -1138,23 +1155,23 @@ class JobEpisodes:
             for k in stale[:len(self._tops) - MAX_OPEN]:
                 del self._tops[k]
         for c in own:
-            top = c.named[0] if c.named else (c.ranks[0] if len(c.ranks) == 1 and not _found_no_suspect(c.status, c.named)
+            top = c.named[0] if c.named else (c.ranks[0] if len(c.ranks) == 1 and not _found_no_suspect(c.status)
                                               else None)
             if top is not None:
-                tops.append((top, ep.episode_id, c.capture_id, c.armed_unix_s))
+                tops.append((top, ep.episode_id, c.capture_id, c.armed_unix_s, c.named))
         n = self.settings.rotation_captures
         last = list(tops)[-n:]
-        if (ep.key in self.rotating or len(last) < n or len({e for _, e, _, _ in last}) < 2
-                or last[-1][3] - last[0][3] > HOUR_S or not _rotates([t for t, *_ in last], n)):
+        if (ep.key in self.rotating or len(last) < n or len({e for _, e, *_ in last}) < 2
+                or last[-1][3] - last[0][3] > HOUR_S or not self._moved(ep.key, [(t, at, nm) for t, _, _, at, nm in last], n)):
             return []
         longest = 0.0
-        for _, eid, _, _ in last:
+        for _, eid, *_ in last:
             member = self.find(eid)
             if member is not None:
                 longest = max(longest, (member.closed_unix_s or now_unix_s) - member.opened_unix_s)
         ranks = tuple(t for t, *_ in last)
         self.rotating[ep.key] = (ranks, longest)
-        for _, _, cid, _ in last:
+        for _, _, cid, *_ in last:
             self.history.release(cid)
         if ep.closed_unix_s is None and not ep.rotation:
             ep.rotation = ranks
@@ -1162,7 +1179,7 @@ class JobEpisodes:
         text = ", ".join(str(r) for r in ranks)
         return [self._event(
             TYPE_CULPRIT_ROTATES, ep, "-across", rotation=list(ranks), across_episodes=True,
-            capture_ids=[cid for _, _, cid, _ in last],
+            capture_ids=[cid for _, _, cid, *_ in last],
             detail=f"culprit rotates: ranks {text} in the last {n} captures of {ep.key}, each in an episode of its "
                    "own: load imbalance, e.g. MoE routing; later episodes of it are captured only once they "
                    f"persist ({PERSIST_S:.0f} s and {PERSIST_STEPS} steps at least), and its captures no longer count "

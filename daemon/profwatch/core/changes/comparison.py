@@ -47,6 +47,7 @@ from typing import Any, Literal
 from profwatch.core.changes.hardware import DROP_FRAC, FreqSummary
 from profwatch.core.verdict.drilldown import delta_text, excess_text
 from profwatch.core.verdict.evidence import RankStepSummary, usable_row
+from profwatch.core.verdict.robust import MAD_TO_SIGMA
 from profwatch.core.verdict.shift_test import ALPHA, ShiftTest, holm, rank_test_reaches, shift_test
 
 Component = Literal["compute", "memory", "communication", "host", "software", "hardware"]
@@ -304,7 +305,7 @@ def robust_spread(values: Sequence[float]) -> float:
     for p in range(2, min(SPREAD_MAX_CYCLE, n // 3) + 1):
         phase_median = [_median(sorted(values[i::p])) for i in range(p)]
         best = min(best, _mad([v - phase_median[i % p] for i, v in enumerate(values)]))
-    return 1.4826 * (best if best < plain / 3 else plain)
+    return MAD_TO_SIGMA * (best if best < plain / 3 else plain)
 
 
 def hodges_lehmann(ref: Sequence[float], now: Sequence[float]) -> float:

@@ -17,7 +17,7 @@ from collections import deque
 
 import numpy as np
 
-from profwatch.core.detection.types import MAD_TO_SIGMA
+from profwatch.core.verdict.robust import MAD_TO_SIGMA
 
 BIWEIGHT_C_LOCATION = 6.0
 """Tuning constant of the biweight location, in MADs (Mosteller & Tukey 1977; 6 is the usual choice)."""

@@ -16,7 +16,8 @@ from statistics import median
 import numpy as np
 
 from profwatch.core.detection.settings import DetectionSettings
-from profwatch.core.detection.types import MAD_TO_SIGMA, FinalizedStep
+from profwatch.core.detection.types import FinalizedStep
+from profwatch.core.verdict.robust import MAD_TO_SIGMA
 
 NUMPY_MIN_RANKS = 64
 """Per-rank block medians in pure Python below this many ranks (numpy's overhead dominates there)."""

@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from profwatch.core.detection.aggregation import CPU_SERIES
-from profwatch.core.detection.regression import cusum_threshold
+from profwatch.core.detection.regression import ar1_long_run_factor, cusum_threshold, lag1_autocorrelation
 from profwatch.core.detection.settings import DetectionSettings
-from profwatch.core.detection.types import MAD_TO_SIGMA, Anomaly, FinalizedStep
+from profwatch.core.detection.types import Anomaly, FinalizedStep
+from profwatch.core.verdict.robust import MAD_TO_SIGMA
 
 NUMPY_MIN_RANKS = 256
 """Below this many ranks the per-step cross-rank comparison runs in pure Python (cheaper than numpy)."""
@@ -196,18 +197,15 @@ def _median_without(xs: list[float], v: float) -> float:
 
 
 def _ar1_factor(xs: Sequence[float], m: float) -> float:
-    """``sqrt((1 + rho) / (1 - rho))``: the long-run standard deviation of an AR(1) series over its marginal one,
-    ``rho`` the lag-1 autocorrelation of ``xs`` about ``m`` clamped to [0, :data:`CPU_MAX_RHO`] (consecutive
-    intervals of a rank share a stretch of its host's noise: about 0.15 on ``bench/bench_busy_cpu_pair.py``, so a
-    sum of them spreads more than independent values would). 1.0 for fewer than 3 values or no spread."""
+    """:func:`~profwatch.core.detection.regression.ar1_long_run_factor` (Bayley & Hammersley 1946) at ``rho``, the
+    lag-1 autocorrelation (:func:`~profwatch.core.detection.regression.lag1_autocorrelation`) of ``xs`` about
+    ``m`` clamped to [0, :data:`CPU_MAX_RHO`] (consecutive intervals of a rank share a stretch of its host's noise:
+    about 0.15 on ``bench/bench_busy_cpu_pair.py``, so a sum of them spreads more than independent values would).
+    1.0 for fewer than 3 values or no spread."""
     if len(xs) < 3:
         return 1.0
-    d = [x - m for x in xs]
-    den = sum(v * v for v in d)
-    if den <= 0:
-        return 1.0
-    rho = min(CPU_MAX_RHO, max(0.0, sum(a * b for a, b in zip(d, d[1:], strict=False)) / den))
-    return math.sqrt((1.0 + rho) / (1.0 - rho))
+    rho = lag1_autocorrelation(np.asarray(xs, dtype=np.float64) - m)
+    return ar1_long_run_factor(min(CPU_MAX_RHO, max(0.0, rho)))
 
 
 class RankOutlierDetector:

@@ -25,6 +25,7 @@ from profwatch.core.detection.interruptions import NewLevel, RecurringInterrupti
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.spikes import EXIT_FRACTION, SpikeEpisode, SpikeFilter
 from profwatch.core.detection.types import Anomaly, FinalizedStep
+from profwatch.core.verdict.robust import MAD_TO_SIGMA
 
 EFFECT_Z = 2.0
 """A fire needs the run's mean excess to be within this many standard errors of ``min_effect`` or above it."""
@@ -359,7 +360,23 @@ def serial_noise_factor(values: np.ndarray, rho_z: float = 0.0, rho: float | Non
     With fewer than 3 values: the factor at ``rho = SERIAL_RHO_MAX`` and 2 degrees of freedom. Pure."""
     n = int(values.size)
     r = serial_rho(values, rho_z) if rho is None else min(max(rho, 0.0), SERIAL_RHO_MAX)
-    return math.sqrt((1.0 + r) / (1.0 - r)) * math.sqrt(max(n - 1, 2) / _chi2_lower(max(n - 1, 2), SERIAL_SIGMA_Z))
+    return ar1_long_run_factor(r) * math.sqrt(max(n - 1, 2) / _chi2_lower(max(n - 1, 2), SERIAL_SIGMA_Z))
+
+
+def ar1_long_run_factor(rho: float) -> float:
+    """``sqrt((1 + rho) / (1 - rho))``: the long-run standard deviation of an AR(1) series with lag-1
+    autocorrelation ``rho`` over its marginal one (Bayley & Hammersley 1946, J. R. Stat. Soc. Suppl. 8:184), the
+    factor a scale of serially correlated values is widened by for a sum or mean of them. ``rho`` in ``[0, 1)``
+    (callers bound it: :data:`SERIAL_RHO_MAX`, rank_outliers' ``CPU_MAX_RHO``); >= 1. Pure."""
+    return math.sqrt((1.0 + rho) / (1.0 - rho))
+
+
+def lag1_autocorrelation(dev: np.ndarray) -> float:
+    """The lag-1 sample autocorrelation ``sum(d[t] d[t-1]) / sum(d[t]^2)`` of deviations ``dev`` (1-D, oldest
+    first, already centred by the caller: about a median, a part's median, a given reference), unbounded and not
+    bias-corrected (the callers bound it); 0.0 with no spread or fewer than 2 values. Pure."""
+    ss = float(np.dot(dev, dev))
+    return float(np.dot(dev[1:], dev[:-1])) / ss if ss > 0.0 and dev.size >= 2 else 0.0
 
 
 def serial_rho(values: np.ndarray, rho_z: float = 0.0) -> float:
@@ -369,11 +386,10 @@ def serial_rho(values: np.ndarray, rho_z: float = 0.0) -> float:
     if n < 3:
         return SERIAL_RHO_MAX
     r = values - float(np.median(values))
-    mad = 1.4826 * float(np.median(np.abs(r)))
+    mad = MAD_TO_SIGMA * float(np.median(np.abs(r)))
     if mad > 0.0:
         r = np.clip(r, -3.0 * mad, 3.0 * mad)
-    ss = float(np.dot(r, r))
-    rho = float(np.dot(r[1:], r[:-1])) / ss if ss > 0.0 else 0.0
+    rho = lag1_autocorrelation(r)
     rho += (1.0 + 3.0 * rho) / n
     rho += rho_z * math.sqrt(max(1.0 - rho * rho, 0.0) / n)
     return min(max(rho, 0.0), SERIAL_RHO_MAX)
@@ -1231,7 +1247,7 @@ class StepTimeRegressionDetector:
         counts the rise as noise: 3 % read 10 %), floored as :meth:`_noise`'s."""
         rel = y / float(np.median(y))
         d = np.diff(rel)
-        own = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2.0) if d.size else 0.0
+        own = MAD_TO_SIGMA * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2.0) if d.size else 0.0
         noise = max(own, self.settings.noise_floor, MIN_NOISE)
         best: tuple[int, float, float] | None = None
         for k in range(LEARNED_STEP_MIN_AFTER, y.size - WARM_UP_JUMP_MIN + 1):
@@ -1413,7 +1429,7 @@ class StepTimeRegressionDetector:
             return None
         logs = np.log(y)
         d = np.diff(logs)
-        noise = max(1.4826 * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2.0), self.settings.noise_floor,
+        noise = max(MAD_TO_SIGMA * float(np.median(np.abs(d - np.median(d)))) / math.sqrt(2.0), self.settings.noise_floor,
                     MIN_NOISE)
         h = SCREEN_HALF_WINDOW
         med = np.asarray([float(np.median(logs[max(0, i - h):i + h + 1])) for i in range(n)])
@@ -1549,7 +1565,7 @@ class StepTimeRegressionDetector:
             return None
         d = np.diff(logs)
         dev = np.sort(np.abs(d - np.median(d)))
-        own = 1.4826 * float(dev[dev.size // 2]) / math.sqrt(2.0)
+        own = MAD_TO_SIGMA * float(dev[dev.size // 2]) / math.sqrt(2.0)
         # the plain deviation without the largest difference (the jump): the MAD alone read 7 % on a stepped
         # warm-down at 14 % noise, and its chance jumps then beat one curve by 42 "variances"
         plain = math.sqrt(float(np.mean(dev[:-1] ** 2)) / 2.0) if dev.size > 1 else own

@@ -18,9 +18,11 @@ from statistics import median
 
 import numpy as np
 
-from profwatch.core.detection.regression import serial_rho
+from profwatch.core.detection.baseline import theil_sen
+from profwatch.core.detection.regression import ar1_long_run_factor, serial_rho
 from profwatch.core.detection.settings import SERVING_BLOCK_MIN, DetectionSettings
 from profwatch.core.detection.types import Anomaly, FinalizedStep
+from profwatch.core.verdict.robust import MAD_TO_SIGMA
 
 WORK_BAND_RATIO = 1.1
 """Work bands are powers of this ratio (work within 10 % is one band)."""
@@ -545,8 +547,7 @@ class PeerCurve:
                     pts.append((PEER_WORK_BAND ** (j + 0.5), r, abs(j - key)))
         if len(pts) < 2 or min(d for _, _, d in pts) > reach:
             return None, False
-        slopes = [(b[1] - a[1]) / (b[0] - a[0]) for i, a in enumerate(pts) for b in pts[i + 1:] if b[0] != a[0]]
-        slope = max(0.0, median(slopes))
+        slope = max(0.0, theil_sen(np.array([t for _, t, _ in pts]), np.array([w for w, _, _ in pts])))
         cut = median([t - slope * w for w, t, _ in pts])
         near_w, near, _ = min(pts, key=lambda x: x[2])
         w = PEER_WORK_BAND ** (key + 0.5)
@@ -866,7 +867,7 @@ class ReplicaPeers:
                 self._adopt(q, settle)
             return []
         mad = median([abs(x - base) for x in base_vals])
-        sigma = max(1.4826 * mad, s.noise_floor)
+        sigma = max(MAD_TO_SIGMA * mad, s.noise_floor)
         thr = max(s.outlier_z * sigma, math.log1p(s.outlier_min_effect))
         e = r - base
         up, down = self._up[q], self._down[q]
@@ -886,7 +887,7 @@ class ReplicaPeers:
             return []
         if len(up) < PEER_RUN:
             rho = serial_rho(np.asarray(base_vals, dtype=np.float64))
-            serial = math.sqrt((1.0 + rho) / (1.0 - rho))
+            serial = ar1_long_run_factor(rho)
             wthr = max(PEER_WINDOW_Z * sigma * serial, math.log1p(s.outlier_min_effect))
             es = [x for x, _ in win]
             if len(win) < PEER_WINDOW or min(es) <= 0 or median(es) < wthr:
@@ -938,7 +939,7 @@ class ReplicaPeers:
         if len(pooled) < PEER_RUN:
             return []
         s = self.settings
-        sigma = max(1.4826 * median([abs(x) for x in pooled]), s.noise_floor)
+        sigma = max(MAD_TO_SIGMA * median([abs(x) for x in pooled]), s.noise_floor)
         thr = max(s.outlier_z * sigma, math.log1p(s.outlier_min_effect))
         last = list(hist)[-PEER_YOUNG_RUN:]
         beyond = list(self._beyond_blocks[q])

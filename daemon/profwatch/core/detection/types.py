@@ -25,8 +25,6 @@ step time rises slowly and steadily (reported once per ``drift_threshold`` it gr
 the ranks at least ``outlier_min_effect`` slower in a job that declares no roles and shows no pipeline stages (a bad
 node, or an undeclared role: an alert once per generation, captured once)."""
 
-MAD_TO_SIGMA = 1.4826
-"""MAD * 1.4826 estimates the standard deviation of normal data (Rousseeuw & Croux 1993, JASA 88:1273)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from statistics import median
 
 import numpy as np
 
-from profwatch.core.detection.regression import serial_rho
+from profwatch.core.detection.regression import ar1_long_run_factor, serial_rho
 from profwatch.core.detection.settings import DetectionSettings
 from profwatch.core.detection.types import Anomaly
 
@@ -129,8 +129,7 @@ def level_serial_factor(before: list[float], after: list[float], mb: float, ma: 
     :data:`NOWORK_EFFECT`), beyond a host's load; with it there, a 3x change 51 s into a unit without ``work``
     (1 block before, 5 after, z 5.53) was lost (bench_corpus seed 32 serving_nowork run 1). Pure."""
     dev = np.asarray([v - mb for v in before] + [v - ma for v in after], dtype=np.float64)
-    rho = serial_rho(dev)
-    return math.sqrt((1.0 + rho) / (1.0 - rho))
+    return ar1_long_run_factor(serial_rho(dev))
 
 
 @dataclass
