@@ -912,3 +912,24 @@ def test_an_unflagged_checkpoint_of_a_few_steps_at_fast_steps_stays_a_transient(
     det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=spike_hold(CaptureSettings()))
     kinds_ = [f[1] for f in feed(xs, det=det)]
     assert "step_regression" not in kinds_
+
+
+def test_a_change_held_after_a_speedup_as_alike_to_a_level_left_is_reported_when_it_outlasts_the_hold() -> None:
+    """A job that ran its first 230 steps at a level 1.6x the next one (remembered as a level left,
+    ``RecurringInterruptions.left``), a further 25 % speedup at step 911, then +40 % 16 steps later, one step of it
+    back at the level before (4 % noise). After the speedup the +40 % steps are alike to the level left and held
+    for its hold; they fed the young baseline, and when the held episode broke on the one low step that baseline
+    (the changed level) took over: reported 316 steps after the onset (a later episode's hold) in 4 of 6 seeds,
+    never in 1 (``bench_corpus`` seed 31 levels run 14: a 1.3x change never reported). Held steps are now kept out
+    of the baseline and one ordinary step does not end the episode (as in the spike filter): the change is
+    reported, at the latest when it outlasts the hold (240 steps)."""
+    for seed in range(6):
+        xs = series(1300, 0.04, seed=seed)
+        xs[230:] *= 0.62
+        xs[910:] *= 0.75
+        xs[926:] *= 1.4
+        xs[1000] /= 1.4
+        regs = [(s, d) for s, k, _, d in feed(xs) if k == "step_regression"]
+        assert regs and all(s > 926 for s, _ in regs), (seed, regs)
+        step, detail = regs[0]
+        assert step <= 926 + 245 and detail["reference"] == "before_speedup", (seed, regs)

@@ -23,7 +23,7 @@ from profwatch.core.detection.drift import (
 )
 from profwatch.core.detection.interruptions import NewLevel, RecurringInterruptions
 from profwatch.core.detection.settings import DetectionSettings
-from profwatch.core.detection.spikes import EXIT_FRACTION, SpikeEpisode, SpikeFilter
+from profwatch.core.detection.spikes import EXIT_FRACTION, MERGE_GAP_STEPS, SpikeEpisode, SpikeFilter
 from profwatch.core.detection.types import Anomaly, FinalizedStep
 from profwatch.core.verdict.robust import MAD_TO_SIGMA
 
@@ -617,6 +617,9 @@ class StepTimeRegressionDetector:
         speedup (``"before_speedup"``) or a report (``"reported_level"``); None otherwise (:meth:`_interim_cusum`)."""
         self._interim_spikes: list[float] = []
         self._interim_spike_start = 0
+        self._interim_spike_last = 0
+        """The last step held in :attr:`_interim_spikes` (an episode goes on through :data:`MERGE_GAP_STEPS`
+        ordinary steps, as the spike filter's does)."""
         self._speedup_from: float | None = None
         """The baseline level (s) when the last speedup fired: the reference a slowdown after it is judged against
         while the speedup is not confirmed (:meth:`_speedup_reference`)."""
@@ -848,10 +851,12 @@ class StepTimeRegressionDetector:
                 if not self._interim_spikes:  # re-learning: judged to its end there, then the baseline takes over
                     self._end_interim()
                 return []
-            if self._interim_spikes and self._interim[2] == "before_interruption":
+            if self._interim_spikes and self._interim[2] in ("before_interruption", "before_speedup"):
                 # a step of an excursion held against the level before a learned interruption is not the job's
                 # level: learned by a young baseline of 4 steps it made a 3.6x slow regime part of it, and the next
-                # fast steps a speedup (bench_new_shapes alternating seed 31 run 0)
+                # fast steps a speedup (bench_new_shapes alternating seed 31 run 0). Nor is one held after a speedup
+                # (alike to a level the job left): the young baseline learned 36 held steps of a +30 % change, the
+                # episode broke on one low step, and that baseline took over (bench_corpus seed 31 levels run 14)
                 return []
         if n < s.min_baseline_steps:
             a = self._learn(step, x)
@@ -1996,6 +2001,7 @@ class StepTimeRegressionDetector:
             if not self._interim_spikes:
                 self._interim_spike_start = fs.step
             self._interim_spikes.append(x)
+            self._interim_spike_last = fs.step
             self._run_vals.append(x)
             hold = self._spike_hold(fs.step, mu, x)
             if len(self._interim_spikes) > hold:
@@ -2010,7 +2016,10 @@ class StepTimeRegressionDetector:
                       "hold_steps": hold, "slowest_ranks": [fs.slowest_rank]}
             self._level_vals = list(self._interim_spikes)
             return self._fire(fs.step, mag, detail)
-        self._interim_spikes.clear()
+        if fs.step - self._interim_spike_last > MERGE_GAP_STEPS * max(1, self._steps_per_value):
+            # the held episode ended; one ordinary step inside it does not end it, as in the spike filter (a
+            # +30 % change held after a speedup broke on one step 3.5 sigmas low and restarted its hold)
+            self._interim_spikes.clear()
         zc = min(max(z, -clip), clip)
         self._s_hi = max(0.0, self._s_hi + zc - k)
         if self._s_hi <= 0.0:
