@@ -553,7 +553,11 @@ class PeerCurve:
         if not min(p[0] for p in pts) <= w <= max(p[0] for p in pts):
             # beyond its points, within what a cost that never falls with work, nor rises faster than it, allows
             return min(max(cut + slope * w, near * min(1.0, w / near_w)), near * max(1.0, w / near_w)), True
-        return min(max(cut + slope * w, near / MAX_SCALE), near * MAX_SCALE), False
+        # between its points: within what that cost allows between the nearest point below and the nearest above
+        w_b, t_b = max(((p[0], p[1]) for p in pts if p[0] < w), default=(near_w, near))
+        w_a, t_a = min(((p[0], p[1]) for p in pts if p[0] > w), default=(near_w, near))
+        lo, hi = sorted((max(t_b, t_a * w / w_a), min(t_a, t_b * w / w_b)))
+        return min(max(cut + slope * w, lo, near / MAX_SCALE), hi, near * MAX_SCALE), False
 
     def ref(self, key: int, ranks: tuple[int, ...]) -> float | None:
         """Reference (seconds, at the shared load 1) of a step of band ``key`` of the unit of job ranks ``ranks``,
