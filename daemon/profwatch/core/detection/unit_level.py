@@ -325,7 +325,7 @@ class UnitLevel:
         n = len(vals)
         if n < LEVEL_RUN + 1:
             return []
-        best: tuple[float, int, float, float] | None = None
+        best: tuple[float, int, float, float, float] | None = None
         for k in range(1, n - LEVEL_RUN + 1):
             before, after = vals[:k], vals[k:]
             mb, ma = median(before), median(after)
