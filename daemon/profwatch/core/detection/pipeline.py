@@ -36,13 +36,6 @@ SERVING_MIN_BASELINE_BLOCKS = 10
 path, rises of ``spike_min_effect`` that last two blocks)."""
 SERVING_LAG_BLOCKS = 8
 """The newest blocks enter a serving unit's regression baseline only this late."""
-SERVING_FREEZE_BLOCKS = 10
-"""Blocks at most that a serving unit's load bands take in nothing while its regression detector gathers evidence of
-a rise (:meth:`UnitPipeline._follow_blocks`); after that they follow again, :data:`SERVING_LAG_BLOCKS` late. A
-change the detector must find decides within a few blocks; evidence that builds over longer is the host's load
-moving away from references held still: a healthy unit's bands were frozen for 19 blocks (5,000 steps, 20 minutes
-behind) and it was reported +17 % (``bench_corpus.py --healthy-hours`` seed 104 serving_work healthy run 2, armed;
-tests/unit/test_false_arms_replayed.py)."""
 LOCKSTEP_STEPS = 4
 """A serving unit's ranks whose last steps are at most this many apart at a check are in lock-step (see
 :meth:`UnitPipeline.note_lockstep`; or :data:`LOCKSTEP_S` of steps if more)."""
@@ -112,8 +105,6 @@ class UnitPipeline:
         self.level_nowork = UnitLevel(job_id, settings, without_work=True) if self.normaliser is not None else None
         """The shared level of a serving unit's steps without ``work``, given step by step (see :meth:`_judge`)."""
         self._block_ends: deque[int] = deque(maxlen=SERVING_LAG_BLOCKS + 1)
-        self._frozen = 0
-        """Blocks in a row the load bands took in nothing (see :meth:`_follow_blocks`)."""
         self.regression: StepTimeRegressionDetector | None = None
         self.outliers: RankOutlierDetector | None = None
         if step_detectors is None:
@@ -280,7 +271,6 @@ class UnitPipeline:
             if self.ratio_blocks is not None:
                 self.ratio_blocks.reset()
                 self._block_ends.clear()
-                self._frozen = 0
             if self.normaliser is not None:
                 self.normaliser.cutoff_step = None
             for lv in self._levels:
@@ -379,12 +369,10 @@ class UnitPipeline:
     def _follow_blocks(self, step: int) -> None:
         """The load bands take in values only :data:`SERVING_LAG_BLOCKS` blocks late, and none while the regression
         detector gathers evidence of a rise (the references a change is judged against hold none of it until the
-        test decides; before, a busy band took a +30 % replica in within one block and it was never found), for
-        :data:`SERVING_FREEZE_BLOCKS` blocks at most."""
+        test decides; before, a busy band took a +30 % replica in within one block and it was never found)."""
         assert self.normaliser is not None and self.regression is not None
         self._block_ends.append(step)
-        self._frozen = self._frozen + 1 if self.regression.rising else 0
-        if len(self._block_ends) > SERVING_LAG_BLOCKS and (self._frozen == 0 or self._frozen > SERVING_FREEZE_BLOCKS):
+        if len(self._block_ends) > SERVING_LAG_BLOCKS and not self.regression.rising:
             self.normaliser.cutoff_step = self._block_ends[0]
 
     def _rebase_loads(self, found: list[Anomaly]) -> None:

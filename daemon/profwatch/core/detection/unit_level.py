@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import median
 
 import numpy as np
@@ -143,7 +143,7 @@ class _Block:
     first_step: int
     last_step: int
     value: float
-    bands: dict[int, float]
+    bands: dict[int, float] = field(default_factory=dict)
     """Per work band of the block, the median of its residuals (the within-band check, :meth:`UnitLevel._within`)."""
 
 
