@@ -177,7 +177,8 @@ class UnitLevel:
         :func:`level_serial_factor`) and at
         least ``log(1 + min_effect)`` (``log(1 + YOUNG_EFFECT)`` with fewer than :data:`LEVEL_BASE_MIN` blocks
         before it; ``without_work``: the floor is :data:`NOWORK_MIN_NOISE` and the least change
-        ``log(1 + NOWORK_EFFECT)`` whatever the blocks before). The best split by ``z`` wins; its onset is its first
+        ``log(1 + NOWORK_EFFECT)`` whatever the blocks before). The best split by ``z`` wins, if the work bands both
+        parts use show it too (:meth:`_within`); its onset is its first
         later block at least ``|e| / 2`` off the
         earlier part's median, and the change is the median of the blocks from there over that median. A rise is a
         ``step_regression`` (``detail.detector "unit_level"``, magnitude ``exp(e) - 1``, ``first_step`` the onset
