@@ -112,3 +112,15 @@ def test_an_arm_whose_window_lies_past_the_runs_end_captured_nothing() -> None:
     (c,) = _scored(bc, "requeue", 40, 0)["changes"]
     assert c["lasting"] and c["detectable"] and c["delay_steps"] > 0, c
     assert not c["captured"], c
+
+
+def test_a_healthy_serving_unit_whose_work_mix_moved_between_bands_learned_apart_does_not_arm() -> None:
+    """``--healthy-hours`` seed 103 serving_work healthy run 1 (TP-4 with ``work``, 52 minutes): the unit's level
+    split +27 % at z 5.58 when its batch moved from 1-20 to 15-30, while the bands that both parts used changed
+    +15 % (their offsets learned in a chain, each against the level of the bands before it: ``UnitLevel._within``),
+    and armed. It does not now (a healthy run: every arm is false)."""
+    bc = _corpus()
+    run = bc.CLASSES["serving_work"]("serving_work", [103, list(bc.CLASSES).index("serving_work"), bc.HEALTHY_STREAM,
+                                                      1], False)
+    row = bc.score(run, replay_lines(run.lines, ReplayConfig()))
+    assert row["false_arms"] == 0 and not row["violations"], row["false_arm_at"]

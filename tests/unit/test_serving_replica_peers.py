@@ -365,3 +365,16 @@ def test_a_healthy_replica_beyond_its_peers_works_is_not_named_on_their_extrapol
                           seed=seed) == [], seed
         assert _own_works({0: (2.0, 2.5), 1: (5.0, 6.0), 2: (12.0, 14.0), 3: (30.0, 34.0)}, sat, blocks=200,
                           seed=seed) == [], seed
+
+
+def test_a_healthy_replica_between_its_peers_works_on_a_bent_cost_is_not_named() -> None:
+    """An iteration's cost flat up to 12 requests, then linear (``max(0.12, 0.01 w)``: a decode step bound by
+    reading the weights, then by compute). Replica 1 on batches of 6-9 (flat, 0.12 s), its peers on 3 and 40
+    alternating and on 12-15: their Theil-Sen line through (3, 0.12), (12-15, 0.12-0.15) and (40, 0.40) reads
+    0.10 s at 7.5, and replica 1 was named young at +16-27 % in 3 of 3 seeds. Between its points the curve is now
+    kept within what a cost that never falls with work, nor rises faster than it, allows between the nearest
+    point below and the nearest above (as beyond them), here 0.12: nobody named."""
+    sat = lambda w: max(0.12, 0.01 * w)  # noqa: E731
+    for seed in (0, 1, 2):
+        assert _own_works({0: (3.0, 40.0), 1: (6.0, 9.0), 2: (12.0, 15.0), 3: (3.0, 40.0)}, sat, blocks=300,
+                          seed=seed) == [], seed

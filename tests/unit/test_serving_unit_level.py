@@ -146,3 +146,38 @@ def test_a_3x_change_is_reported_within_seconds_by_the_fast_test() -> None:
         healthy = list(_server([], steps=20_000, host_load=True, seed=seed))
         found, _ = run(iter(healthy), 1, det=JobDetector("svc", 1, mode="serving"))
         assert not [a for a in of_kind(found, "step_regression") if a.detail.get("test") == "fast"], seed
+
+
+def _mix_moves(seed: int, slow: float = 1.0, move: bool = True) -> list[tuple[int, float, dict[str, object]]]:
+    """A healthy unit (1 s of its time per step, cost ``0.1 * (0.5 + 0.5 w / 32)``, 2 % log-normal noise) whose
+    batch climbs from 2 to 28 (16 steps each) while the host's load drops to 0.75x as it passes 16 (its large bands learn their
+    offsets 0.29 low in log, each against the one before); then, at the old load, 20 blocks of mostly small
+    batches (2-6, a large one every third step) and 20 of mostly large ones (20-28, a small one every third step;
+    ``move`` False: small ones again), ``slow`` times slower: what :class:`UnitLevel` reports."""
+    rng = np.random.default_rng(seed)
+    small, large = (2.0, 3.0, 4.0, 5.0, 6.0), (20.0, 22.0, 24.0, 26.0, 28.0)
+    vals = [(w, 0.75 if w >= 16.0 else 1.0) for w in (*small, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0, *large)
+            for _ in range(16)]
+    for part in (small, large if move else small):
+        other = large if part is small else small
+        for i in range(20 * 60):
+            vals.append(((other if i % 3 == 2 else part)[i % 5], 1.0 if len(vals) < 256 + 20 * 60 else slow))
+    return _feed(UnitLevel("svc", DetectionSettings()),
+                 [(0.1 * (0.5 + 0.5 * w / 32) * load * math.exp(0.02 * float(rng.standard_normal())), w)
+                  for w, load in vals])
+
+
+def test_a_healthy_unit_whose_batch_moves_between_bands_learned_apart_reports_nothing() -> None:
+    """The unit's large bands' offsets are 0.29 low in log (learned in a chain under a lighter load) and its work
+    mix moves from small to large batches: the blocks' level rises about +33 %, yet every
+    band that both parts use is where it was. A change of the unit moves every band alike, so a split the bands do
+    not show is not reported (``UnitLevel._within``; bench_corpus --healthy-hours seed 103 serving_work healthy run
+    1: +27 % at z 5.58 while the bands' own change was +15 %, armed). The same unit 1.5x from the second part on,
+    its mix unmoved, is still reported, at about 1.5x, as before (1.3x there is under ``LEVEL_Z`` in 2 of 3 seeds,
+    before as now). Limit: a change that comes with such a mix move is judged on its bands' change against the
+    split's standard error: 1.3x with the mix move, seed 1, is not reported (it was, at +67 %)."""
+    for seed in (0, 1, 2):
+        assert _mix_moves(seed) == [], seed
+        found = _mix_moves(seed, slow=1.5, move=False)
+        assert len(found) == 1 and found[0][2]["detector"] == "unit_level", (seed, found)
+        assert 1.35 <= 1.0 + found[0][1] <= 1.65, (seed, found)

@@ -499,7 +499,10 @@ class PeerCurve:
         at least 0, and the median intercept) of time against work through the others' band references whose
         work lies within :data:`PEER_CURVE_SPAN` of the step's band centre, at least two of them, the step's band
         within :data:`PEER_CURVE_REACH` of the nearest (else None: the step only teaches), kept within
-        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] of the nearest band's reference; beyond the work its points span
+        [1 / :data:`MAX_SCALE`, :data:`MAX_SCALE`] of the nearest band's reference; between its points, within
+        ``[max(t_b, t_a w / w_a), min(t_a, t_b w / w_b)]`` of the nearest point below ``(w_b, t_b)`` and the nearest
+        above ``(w_a, t_a)`` (a line through a cost flat to 12 requests and linear after it read a healthy replica
+        of 6-9 requests +16-27 % and named it, tests/unit/test_serving_replica_peers.py); beyond the work its points span
         (:meth:`beyond`), within ``[t_n min(1, w / w_n), t_n max(1, w / w_n)]`` of the nearest point ``(w_n, t_n)``
         (a cost that never falls with work nor rises faster than it), and a young replica is named on such blocks
         only over :data:`PEER_CURVE_REACH` more (:meth:`ReplicaPeers._judge_young`). Linear in work, not in log
@@ -554,7 +557,11 @@ class PeerCurve:
         if not min(p[0] for p in pts) <= w <= max(p[0] for p in pts):
             # beyond its points, within what a cost that never falls with work, nor rises faster than it, allows
             return min(max(cut + slope * w, near * min(1.0, w / near_w)), near * max(1.0, w / near_w)), True
-        return min(max(cut + slope * w, near / MAX_SCALE), near * MAX_SCALE), False
+        # between its points: within what that cost allows between the nearest point below and the nearest above
+        w_b, t_b = max(((p[0], p[1]) for p in pts if p[0] < w), default=(near_w, near))
+        w_a, t_a = min(((p[0], p[1]) for p in pts if p[0] > w), default=(near_w, near))
+        lo, hi = sorted((max(t_b, t_a * w / w_a), min(t_a, t_b * w / w_b)))
+        return min(max(cut + slope * w, lo, near / MAX_SCALE), hi, near * MAX_SCALE), False
 
     def ref(self, key: int, ranks: tuple[int, ...]) -> float | None:
         """Reference (seconds, at the shared load 1) of a step of band ``key`` of the unit of job ranks ``ranks``,

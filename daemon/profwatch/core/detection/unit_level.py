@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import median
 
 import numpy as np
@@ -105,6 +105,11 @@ FAST_Z = 4.0
 """Block noise sigmas the fast test's change must also reach (one window against the blocks' spread; at
 :data:`LEVEL_Z` a 3x change, 2.4x over the median block under a host load of 1.0-1.5x with a block noise of ~0.15,
 waited 200 steps: bench_corpus seed 31 serving_work run 2)."""
+WITHIN_MIN_BLOCKS = 2
+"""Blocks a work band needs on each side of a split to join the within-band check (:meth:`UnitLevel._within`)."""
+WITHIN_MIN_BANDS = 3
+"""Work bands (each with :data:`WITHIN_MIN_BLOCKS` blocks on each side of a split) the within-band check needs;
+fewer: it does not judge (the split's change stands)."""
 MAX_LEVEL_BANDS = 256
 """Bands kept (the least recently used is dropped and learned again when it comes back): bounds memory."""
 MAX_LOG = math.log(100.0)
@@ -137,6 +142,8 @@ class _Block:
     first_step: int
     last_step: int
     value: float
+    bands: dict[int, float] = field(default_factory=dict)
+    """Per work band of the block, the median of its residuals (the within-band check, :meth:`UnitLevel._within`)."""
 
 
 class UnitLevel:
@@ -169,7 +176,8 @@ class UnitLevel:
         :func:`level_serial_factor`) and at
         least ``log(1 + min_effect)`` (``log(1 + YOUNG_EFFECT)`` with fewer than :data:`LEVEL_BASE_MIN` blocks
         before it; ``without_work``: the floor is :data:`NOWORK_MIN_NOISE` and the least change
-        ``log(1 + NOWORK_EFFECT)`` whatever the blocks before). The best split by ``z`` wins; its onset is its first
+        ``log(1 + NOWORK_EFFECT)`` whatever the blocks before). The best split by ``z`` wins, if the work bands both
+        parts use show it too (:meth:`_within`); its onset is its first
         later block at least ``|e| / 2`` off the
         earlier part's median, and the change is the median of the blocks from there over that median. A rise is a
         ``step_regression`` (``detail.detector "unit_level"``, magnitude ``exp(e) - 1``, ``first_step`` the onset
@@ -214,6 +222,7 @@ class UnitLevel:
         self._count = 0
         self._known_at = -LEVEL_FRESH_STEPS - 1
         self._open: list[float] = []
+        self._open_keys: list[int] = []
         self._open_first: int | None = None
         self._open_s = 0.0
         self._blocks: deque[_Block] = deque(maxlen=LEVEL_HISTORY)
@@ -255,6 +264,7 @@ class UnitLevel:
         if self._open_first is None:
             self._open_first = step
         self._open.append(r)
+        self._open_keys.append(key)
         self._fast.append((step, r, time_s))
         self._fast_s += time_s
         while len(self._fast) > FAST_STEPS and (self._fast_s - self._fast[0][2] >= self.fast_min_s
@@ -266,8 +276,12 @@ class UnitLevel:
         if self._open_s < LEVEL_BLOCK_S or len(self._open) < LEVEL_BLOCK_MIN:
             return []
         value = max(-MAX_LOG, min(MAX_LOG, median(self._open)))
-        self._blocks.append(_Block(self._open_first, step, value))
-        self._open, self._open_first, self._open_s = [], None, 0.0
+        by: dict[int, list[float]] = {}
+        for k, x in zip(self._open_keys, self._open, strict=True):
+            by.setdefault(k, []).append(x)
+        bands = {k: max(-MAX_LOG, min(MAX_LOG, median(v))) for k, v in by.items()}
+        self._blocks.append(_Block(self._open_first, step, value, bands))
+        self._open, self._open_keys, self._open_first, self._open_s = [], [], None, 0.0
         return self._judge(step)
 
     def _learn(self, key: int, x: float) -> None:
@@ -311,7 +325,7 @@ class UnitLevel:
         n = len(vals)
         if n < LEVEL_RUN + 1:
             return []
-        best: tuple[float, int, float, float] | None = None
+        best: tuple[float, int, float, float, float] | None = None
         for k in range(1, n - LEVEL_RUN + 1):
             before, after = vals[:k], vals[k:]
             mb, ma = median(before), median(after)
@@ -325,10 +339,10 @@ class UnitLevel:
             z = abs(e) / (serial * sigma * math.sqrt(1.0 / k + 1.0 / len(after)))
             least = math.log1p(self.least_effect(k))
             if z >= LEVEL_Z and abs(e) >= least and (best is None or z > best[0]):
-                best = (z, k, e, sigma)
+                best = (z, k, e, sigma, abs(e) / z)
         if best is None:
             return []
-        z, k, e, sigma = best
+        z, k, e, sigma, se = best
         # the onset: the split's first block at least half the change off the earlier level (a block straddling
         # it, or winsorised into the later part, is no part of the new level); the change measured from there
         mb, sign = median(vals[:k]), 1.0 if e > 0 else -1.0
@@ -336,6 +350,9 @@ class UnitLevel:
         e = median(vals[j:]) - mb
         if e * sign < math.log1p(self.least_effect(k) if self.without_work and e > 0 else self.settings.min_effect):
             return []
+        within = self._within(k)
+        if within is not None and within * sign < min(abs(e), max(LEVEL_Z * se, math.log1p(self.least_effect(k)))):
+            return []  # the bands' offsets differ, not the unit's level: the work mix moved (see _within)
         first = self._blocks[j].first_step
         self._shift(e, first)
         if e < 0:
@@ -346,6 +363,30 @@ class UnitLevel:
         if self.without_work:
             detail["without_work"] = True
         return [Anomaly("step_regression", self.job_id, step, (), math.expm1(e), detail)]
+
+    def _within(self, k: int) -> float | None:
+        """The within-band check of a split of the history before block ``k``: the median, over the work bands
+        with at least :data:`WITHIN_MIN_BLOCKS` blocks on each side, of each band's change (the median of its
+        block medians after the split over the one before); None with fewer than :data:`WITHIN_MIN_BANDS` such
+        bands. A change of the unit moves every band alike; a split of the blocks' values that no band shows is
+        the work mix moving between bands whose offsets disagree: each new band's offset is learned against the
+        level its neighbours show at the time (a chain over the bands the batch walks through, each link with the
+        host load's error of the seconds it was learned in), and a healthy unit whose offsets drifted 0.3 in log
+        from its smallest to its largest batches read +27 % at z 5.58 when its batch moved from 1-20 to 15-30
+        (``bench_corpus.py --healthy-hours`` seed 103 serving_work healthy run 1, armed;
+        tests/unit/test_serving_unit_level.py; its bands' own change was +15 %, z 3.3). A split is reported only
+        when its within-band change, in the split's direction, also clears what the split must (:data:`LEVEL_Z`
+        standard errors and the least effect), or the split's own change if that is smaller (or nothing can be
+        said)."""
+        before: dict[int, list[float]] = {}
+        after: dict[int, list[float]] = {}
+        for i, b in enumerate(self._blocks):
+            side = before if i < k else after
+            for key, x in b.bands.items():
+                side.setdefault(key, []).append(x)
+        ds = [median(after[key]) - median(xs) for key, xs in before.items()
+              if len(xs) >= WITHIN_MIN_BLOCKS and len(after.get(key, ())) >= WITHIN_MIN_BLOCKS]
+        return median(ds) if len(ds) >= WITHIN_MIN_BANDS else None
 
     def _judge_fast(self, step: int) -> list[Anomaly]:
         """The fast test: the median of the last :data:`FAST_STEPS` residuals (spanning :attr:`fast_min_s`
@@ -388,3 +429,4 @@ class UnitLevel:
         for b in self._blocks:
             if b.last_step < first_step:
                 b.value = max(-MAX_LOG, min(MAX_LOG, b.value + delta))
+                b.bands = {key: max(-MAX_LOG, min(MAX_LOG, x + delta)) for key, x in b.bands.items()}
