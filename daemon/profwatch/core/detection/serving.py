@@ -665,6 +665,10 @@ class ReplicaPeers:
         self._first: list[int | None] = [None] * n
         self._last: list[int] = [0] * n
         self._hist: list[deque[float]] = [deque(maxlen=PEER_HISTORY) for _ in range(n)]
+        self._paired: list[deque[bool]] = [deque(maxlen=PEER_HISTORY) for _ in range(n)]
+        """Per replica, beside each ratio of :attr:`_hist`, whether its level came from :meth:`_pair_level` (the
+        young test's noise is measured on the others' ratios to a level of three, as before: a pair's ratio is
+        noisier, and one side of it is left out of the history)."""
         self._up: list[list[tuple[float, float, int]]] = [[] for _ in range(n)]
         self._down: list[list[tuple[float, float, int]]] = [[] for _ in range(n)]
         self._recent: deque[tuple[float, dict[int, float]]] = deque()
@@ -706,6 +710,7 @@ class ReplicaPeers:
                 old._vals[o], old._count[o], old._first[o], old._last[o])
             self._hist[q], self._up[q], self._down[q], self._win[q], self._firsts[q] = (
                 old._hist[o], old._up[o], old._down[o], old._win[o], old._firsts[o])
+            self._paired[q] = old._paired[o]
             self._bare[q] = old._bare[o]
             self._beyond_n[q], self._beyond_blocks[q] = old._beyond_n[o], old._beyond_blocks[o]
             self._settle[q] = old._settle[o]
@@ -888,6 +893,7 @@ class ReplicaPeers:
         if pair and r <= -math.log1p(self.settings.outlier_min_effect):
             return []
         hist.append(r)
+        self._paired[q].append(pair)
         self._firsts[q].append(first)
         settle = self._settle[q]
         if settle is not None and len(base_vals) < PEER_MIN_BASELINE:
@@ -948,7 +954,7 @@ class ReplicaPeers:
         ``max(thr, log(1 + PEER_YOUNG_EFFECT))``, ``thr = max(outlier_z * sigma, log(1 + outlier_min_effect))``
         (the run test's rule for a large rise, :data:`PEER_YOUNG_EFFECT`; ``detail.blocks`` 3), or its last
         :data:`PEER_YOUNG_RUN` ratios with a median of at least ``thr`` and each at least half that
-        (``detail.blocks`` 6), ``sigma = max(1.4826 * median(|x|), noise_floor)`` of the other replicas' ratios ``x``
+        (``detail.blocks`` 6), ``sigma = max(1.4826 * median(|x|), noise_floor)`` of the other replicas' ratios ``x`` (not a pair's, :meth:`_pair_level`)
         (at least :data:`PEER_RUN` of them; fewer: not judged. It was :data:`PEER_MIN_BASELINE`: a 3x replica of
         bursty peers, judged in three blocks by 550 s, waited for them until 1,690 s: bench_corpus seed 37
         serving_dp run 1): their spread about the peers' level that
@@ -976,7 +982,8 @@ class ReplicaPeers:
         if (len(hist) < PEER_RUN or tuple(self.units[q]) in self._young_named or self._bare[q]
                 or len(self.units) < 3):
             return []
-        pooled = [x for o, h in enumerate(self._hist) if o != q for x in h]
+        pooled = [x for o, h in enumerate(self._hist) if o != q
+                  for x, paired in zip(h, self._paired[o], strict=True) if not paired]
         if len(pooled) < PEER_RUN:
             return []
         s = self.settings
