@@ -378,3 +378,46 @@ def test_a_healthy_replica_between_its_peers_works_on_a_bent_cost_is_not_named()
     for seed in (0, 1, 2):
         assert _own_works({0: (3.0, 40.0), 1: (6.0, 9.0), 2: (12.0, 15.0), 3: (3.0, 40.0)}, sat, blocks=300,
                           seed=seed) == [], seed
+
+
+def _pairs_apart(peers: ReplicaPeers, *, blocks: int, factor: Any, seed: int = 0) -> list[Anomaly]:
+    """Direct feed of three replicas (one rank each) that step two at a time, 30 s apart: in every third block of
+    :data:`PEER_BLOCK_S` the pair ``(p, p + 1 mod 3)``, ``p`` turning, 12 steps of ``0.1 s`` each (1 % log-normal
+    noise, one work band) times ``factor(replica, block)``; the third replica's newest block is then 30 s old, so
+    no block has three replicas within ``PEER_RECENT_S``."""
+    rng = np.random.default_rng(seed)
+    found: list[Anomaly] = []
+    steps = [0, 0, 0]
+    now = 0.0
+    for block in range(0, blocks, 3):
+        p = (block // 3) % 3
+        for i in range(12):
+            now = block * PEER_BLOCK_S + i * 0.8
+            for q in (p, (p + 1) % 3):
+                steps[q] += 1
+                t = 0.1 * math.exp(0.01 * float(rng.standard_normal())) * factor(q, block)
+                found += peers.add(q, steps[q], t, 8.0, now)
+    return found + peers.close(now + PEER_BLOCK_S)
+
+
+def test_replicas_of_three_that_step_only_in_pairs_are_judged_against_the_peer_in_the_block() -> None:
+    """Three bursty replicas that step two at a time, 30 s apart (never three within 20 s): each pair's block is
+    judged against the peer in it, over that peer's own baseline ratio. A replica 1.3x slower from block 600 is
+    named once, within six of its blocks; a 3x replica is named and no healthy one after it (a pair's block never
+    lowers a baseline); healthy traffic names nobody. Before, such blocks had no level: nothing was judged and
+    both changes were lost (bench_corpus seed 34 serving_dp run 3: a 1.3x replica of three, judged in 2 blocks of
+    an hour, lost)."""
+    for seed in (0, 1):
+        healthy = _pairs_apart(ReplicaPeers("j", [[0], [1], [2]], DetectionSettings()), blocks=1200,
+                               factor=lambda q, b: 1.0, seed=seed)
+        assert healthy == [], (seed, healthy)
+        found = _pairs_apart(ReplicaPeers("j", [[0], [1], [2]], DetectionSettings()), blocks=1200,
+                             factor=lambda q, b: 1.3 if q == 1 and b >= 600 else 1.0, seed=seed)
+        assert len(found) == 1 and found[0].ranks == (1,), (seed, found)
+        assert 1.25 <= 1.0 + found[0].magnitude <= 1.35, (seed, found)
+        # replica 1 steps in two of every three pair blocks (every 9 blocks: 2 of 3): 6 of its blocks by block 627
+        assert found[0].detail["first_step"] >= 12 * (600 // 9 * 2) and found[0].step <= 12 * (627 // 9 * 2 + 2), found
+        big = _pairs_apart(ReplicaPeers("j", [[0], [1], [2]], DetectionSettings()), blocks=1200,
+                           factor=lambda q, b: 3.0 if q == 2 and b >= 600 else 1.0, seed=seed)
+        assert len(big) == 1 and big[0].ranks == (2,), (seed, big)
+        assert 2.8 <= 1.0 + big[0].magnitude <= 3.2, (seed, big)
