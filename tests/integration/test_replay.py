@@ -73,8 +73,9 @@ def test_bye_is_not_a_stall(tmp_path: Path) -> None:
 
 
 def test_observe_mode_gap_and_episodes_from_config(tmp_path: Path) -> None:
-    """Observe mode: the job-wide regression would arm at once; the slow rank behind it is another episode, held by
-    the job's min gap only (not by the first one's cooldown), then would arm: both are captured."""
+    """Observe mode: the job-wide regression would arm at once; the slow rank behind it is another episode, held
+    neither by the first one's cooldown nor by the job's min gap (an arm naming no ranks does not hold a new
+    named-rank episode: issue 31, bench_corpus seed 36 levels run 4): both are captured, the rank at once."""
     cfg = tmp_path / "pw.toml"
     cfg.write_text('[detection]\nmin_effect = 0.1\n\n[arming]\nmode = "observe"\ncooldown_s = 3600\n'
                    'min_arm_gap_s = 30\n')
@@ -87,8 +88,8 @@ def test_observe_mode_gap_and_episodes_from_config(tmp_path: Path) -> None:
     assert [(a["action"], a["kind"]) for a in res["arms"]] == [("would_arm", "step_regression"),
                                                                ("would_arm", "rank_outlier")]
     first, second = res["arms"]
-    assert second["ranks"] == [5] and 0 < second["waited_s"] <= 30
-    assert [s["reason"] for s in res["suppressed"]] == ["min_arm_gap"]
+    assert second["ranks"] == [5] and second["waited_s"] == 0
+    assert [s["reason"] for s in res["suppressed"]] == []
     # one replay: the same episode is not re-armed within its cooldown
     assert {e["kind"]: len(e["captures"]) for e in res["episodes"]} == {"step_regression": 1, "rank_outlier": 1}
 

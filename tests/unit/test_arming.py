@@ -363,3 +363,31 @@ def test_an_arm_decisions_json_carries_every_field() -> None:
     doc = d.to_json()
     assert (doc["configured_active"], doc["sized_active"], doc["active"]) == (4, 40, 40)
     assert {f.name for f in fields(ArmDecision)} - {"target"} <= set(doc) and "targeting" in doc
+
+
+def test_min_arm_gap_holds_no_new_named_rank_episode_after_a_job_wide_arm() -> None:
+    """Issue 31 (bench_corpus seed 36, class levels, run 4): a job-wide arm at 15.6 s held a rank 1.3x slower,
+    reported at 21.3 s, until 75.6 s, after the run ended. A new named-rank episode passes the gap after an arm that
+    named no ranks; the gap still holds a named one after a named arm, a repeat, and a job-wide one after any arm."""
+    recent = NOW - 10
+    assert decide(OUT, JobArmState(last_arm_unix_s=recent), min_arm_gap_s=60).reason == "armed"
+    assert decide(OUT, JobArmState(last_arm_unix_s=recent, last_arm_named=True), min_arm_gap_s=60).reason \
+        == "min_arm_gap"
+    assert decide(OUT, JobArmState(last_arm_unix_s=recent, repeat=True), min_arm_gap_s=60).reason == "min_arm_gap"
+    assert decide(REG, JobArmState(last_arm_unix_s=recent, last_arm_named=True), min_arm_gap_s=60).reason \
+        == "min_arm_gap"
+    assert decide(REG, JobArmState(last_arm_unix_s=recent), min_arm_gap_s=60).reason == "min_arm_gap"
+
+
+def test_arm_history_knows_whether_its_last_arm_named_ranks_through_marks_and_withdrawals() -> None:
+    h = ArmHistory()
+    h.record_arm(NOW, "named")
+    assert h.mark_arm("named", named=True) and not h.mark_arm("other", named=True)
+    assert h.state(NOW + 1, capture_in_flight=False).last_arm_named
+    h.record_arm(NOW + 5, "job")  # a job-wide arm after it: the gap no longer holds a new named episode
+    assert not h.state(NOW + 6, capture_in_flight=False).last_arm_named
+    assert h.mark_arm("job", repeat=True) and not h.state(NOW + 6, capture_in_flight=False).last_arm_named
+    assert h.state(NOW + 6, capture_in_flight=False).repeats_last_hour == 1
+    assert h.withdraw("job")  # the gap runs from the named arm again, and knows it named ranks
+    st = h.state(NOW + 7, capture_in_flight=False)
+    assert (st.last_arm_unix_s, st.last_arm_named) == (NOW, True)

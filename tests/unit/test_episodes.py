@@ -1023,3 +1023,32 @@ def test_a_capture_that_found_no_suspect_names_no_rank_for_the_rotation_rule() -
     assert arm_next(b, p, T0 + 30, "c1", covered=(0, 1)) is ep
     events += b.capture_ended("c1", T0 + 50, "ok", named=(1,))
     assert [e for e in events if e.type == "io.profwatch.culprit_rotates.v1"] == [] and ep.rotation == ()
+
+
+def test_a_rank_found_after_a_job_wide_arm_is_armed_before_the_gap_ends_and_a_restart_keeps_that() -> None:
+    """Issue 31 (bench_corpus seed 36, class levels, run 4): a job-wide episode armed at T0; rank 1 went slower and
+    was reported 6 s later: it is armed at once, not after min_arm_gap_s (before: held 60 s, past the run's end).
+    A second named episode then waits the gap. A restart rebuilds the history from the store and the episodes
+    (``arm_marks``): the job-wide arm is known as one naming no ranks, the named one as naming ranks."""
+    b, p = book(min_arm_gap_s=60)
+    job, _ = b.observe(reg(400, mag=0.3), T0)
+    assert arm_next(b, p, T0, "c-job") is job
+    assert b.capture_ended("c-job", T0 + 5, "simulated") == []
+    slow, _ = b.observe(out(540, (1,), mag=0.3), T0 + 6)
+    assert slow is not None and arm_next(b, p, T0 + 6, "c-1", covered=(0, 1)) is slow
+    assert b.capture_ended("c-1", T0 + 10, "simulated") == []
+    other, _ = b.observe(out(600, (5,), mag=0.4), T0 + 12)
+    assert other is not None and b.next_arm(p, T0 + 12, capture_in_flight=False) is None
+    assert other.waiting == "min_arm_gap" and other.waiting_until_unix_s == T0 + 66
+    assert b.arm_marks("c-job") == (False, False) and b.arm_marks("c-1") == (False, True)
+    assert b.arm_marks("manual") == (False, False)
+    # a restart (as CoordinatorShell.start does): episodes from the store, the hour's arms again, marked from them
+    b2, _ = book(min_arm_gap_s=60)
+    b2.restore([Episode.from_json(json.loads(json.dumps(e.to_json()))) for e in (*b.closed, *b.open.values())])
+    for cid, at in (("c-job", T0), ("c-1", T0 + 6)):
+        b2.history.record_arm(at, cid)
+        repeat, named = b2.arm_marks(cid)
+        b2.history.mark_arm(cid, repeat=repeat, named=named)
+    assert b2.history.state(T0 + 12, capture_in_flight=False).last_arm_named
+    b2.history.withdraw("c-1")
+    assert not b2.history.state(T0 + 12, capture_in_flight=False).last_arm_named

@@ -128,7 +128,8 @@ def test_episodes_say_what_they_wait_for_and_how_they_ended() -> None:
 
     s = ArmingSettings(min_arm_gap_s=60, cooldown_s=900)
     b, p = JobEpisodes("j", s), ArmingPolicy(s)
-    load, _ = b.observe(Anomaly("step_regression", "j", 150, (), 0.25, {"baseline_s": 0.5}), 1000.0)
+    # a named-rank arm holds the next named-rank episode for the gap (a job-wide one would not: gap_holds)
+    load, _ = b.observe(Anomaly("rank_outlier", "j", 150, (3,), 0.25, {"stage": {3: "backward"}}), 1000.0)
     picked = b.next_arm(p, 1000.0, capture_in_flight=False)
     assert picked is not None and load is not None
     b.history.record(picked[1], 1000.0, "c1")
@@ -141,8 +142,8 @@ def test_episodes_say_what_they_wait_for_and_how_they_ended() -> None:
     assert "rank_outlier ranks [5] stage forward +336%" in text
     assert "waits for the job's gap between arms (arming.min_arm_gap_s), 20 s left (#1 in the job's capture " \
            "queue)" in text
-    assert "step_regression job-wide +25%" in text and "captured: c1 (no_suspect)" in text
-    out = next(e for e in b.open.values() if e.kind == "rank_outlier")
+    assert "rank_outlier ranks [3] stage backward +25%" in text and "captured: c1 (no_suspect)" in text
+    out = next(e for e in b.open.values() if e.ranks == (5,))
     b.arm_failed(out.episode_id, 1061.0, "refused: only 3/4 ranks are live")
     text = "\n".join(render_status({"jobs": [], "nodes": [], "episodes": b.view(1070.0)}))
     assert "arm failed (refused: only 3/4 ranks are live); retried in 51 s" in text

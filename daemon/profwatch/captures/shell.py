@@ -221,8 +221,9 @@ class CaptureShell:
                 if cap.reason != REFERENCE_REASON and not lc.is_withdrawn(cap):  # a reference: bytes only
                     # stored as wall time; a clock that moved back meanwhile never holds an hourly slot > 1 h
                     job.history.record_arm(min(cap.created_unix_s, now), cap.capture_id)
-                    if self.episodes.book(cap.job_id).armed_repeat(cap.capture_id):
-                        job.history.mark_repeat(cap.capture_id)  # what the named-rank reserve reads
+                    repeat, named = self.episodes.book(cap.job_id).arm_marks(cap.capture_id)
+                    # what the named-rank reserve and the gap read
+                    job.history.mark_arm(cap.capture_id, repeat=repeat, named=named)
                 if cap.analysis_status == "no_suspect":
                     job.history.release(cap.capture_id)  # found nothing: its hourly slot was given back
                 if cap.state not in lc.ACTIVE and cap.total_bytes:

@@ -263,7 +263,9 @@ class JobEpisodes:
         ``recapture_growth`` since its last capture it is captured again after its cooldown, and at once when it
         names new ranks. An episode held by its
         own reason (cooldown, not armable) lets the next one go; a hold of the job (:data:`JOB_HOLDS`: capture in
-        flight, min gap, hourly or byte cap) holds every episode after it too, which then wait "behind" it. Each
+        flight, min gap, hourly or byte cap) holds every episode after it too, which then wait "behind" it, but for
+        the min gap, which holds no episode it would not hold itself (a new named-rank one after a job-wide arm:
+        :func:`~profwatch.core.arming.policy.gap_holds`). Each
         waiting episode keeps its reason and, where time ends it, until when (``status`` shows both). Nothing is
         dropped: an episode waits while it is open. A capture covers every waiting episode whose ranks it covers
         (all ranks: every episode), so one capture serves a job-wide finding and the slow rank behind it.
@@ -748,7 +750,7 @@ class JobEpisodes:
                                         episode_unchanged=ep.unchanged_since_capture(self.settings.recapture_growth),
                                         repeat=repeat)
             own = d.action == "suppress" and d.reason not in JOB_HOLDS
-            if held_by is not None:
+            if held_by is not None and not (held_by[0] == "min_arm_gap" and d.action != "suppress"):
                 if own:
                     self._wait(ep, d.reason, self._until(d, ep, now_unix_s), "")
                 else:
@@ -841,8 +843,8 @@ class JobEpisodes:
         out = [ep]
         follow = bool(ep.follow_ranks)
         repeat = self._repeat(ep, now_unix_s)  # what next_arm decided it as (before this capture counts)
-        if repeat:
-            self.history.mark_repeat(capture_id)
+        if repeat or ep.ranks:
+            self.history.mark_arm(capture_id, repeat=repeat, named=bool(ep.ranks))
         self._add_capture(ep, EpisodeCapture(capture_id, now_unix_s, ep.ranks, True, status, level=ep.level,
                                              follow_up=follow, whole=covered is None, repeat=repeat))
         ep.follow_ranks = ()
@@ -855,11 +857,14 @@ class JobEpisodes:
                 out.append(other)
         return out
 
-    def armed_repeat(self, capture_id: str) -> bool:
-        """Whether ``capture_id`` was armed for an episode as a repeat (:meth:`armed`): a restart counts the hour's
-        arms again from the store and marks these in :attr:`history`."""
-        return any(c.own and c.repeat and c.capture_id == capture_id
-                   for e in (*self.open.values(), *self.closed) for c in e.captures)
+    def arm_marks(self, capture_id: str) -> tuple[bool, bool]:
+        """Whether ``capture_id`` was armed for an episode as a repeat, and for one naming ranks (:meth:`armed`; its
+        :attr:`EpisodeCapture.ranks`): a restart counts the hour's arms again from the store and marks these in
+        :attr:`history` (:meth:`~profwatch.core.arming.policy.ArmHistory.mark_arm`). ``(False, False)``: no
+        episode armed it (a manual arm)."""
+        own = [c for e in (*self.open.values(), *self.closed) for c in e.captures
+               if c.own and c.capture_id == capture_id]
+        return any(c.repeat for c in own), any(c.ranks for c in own)
 
     def _add_capture(self, ep: Episode, cap: EpisodeCapture) -> None:
         ep.captures = [*ep.captures, cap][-MAX_CAPTURES:]

@@ -59,7 +59,8 @@ class JobArmState:
 
     ``capture_in_flight`` is true while a capture is armed, running or captured but not yet analysed;
     ``last_arm_unix_s`` the wall time of the job's last arm or would-arm, of any episode (None = never; the
-    ``min_arm_gap_s`` runs from it); ``episode_captured_unix_s`` the wall time of the last capture of the episode
+    ``min_arm_gap_s`` runs from it); ``last_arm_named``: that arm was for an episode naming ranks (False: job-wide,
+    manual, or none; a new named-rank episode is not held by the gap after an arm naming no ranks); ``episode_captured_unix_s`` the wall time of the last capture of the episode
     being decided (None = never captured, or its ranks changed since: the ``cooldown_s`` runs from it);
     ``captures_last_hour`` / ``bytes_last_hour`` count arms (and would-arms) and bytes in the rolling hour
     (captured, plus the estimate of captures still in flight; an arm whose verdict was ``no_suspect`` is released);
@@ -88,6 +89,7 @@ class JobArmState:
     follow_ranks: tuple[int, ...] = ()
     repeats_last_hour: int = 0
     repeat: bool = False
+    last_arm_named: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +280,10 @@ class ArmingPolicy:
         last capture of *this* episode (once it changed: grown by ``recapture_growth``; new ranks count as new); a
         capture that would include a currently stalled rank -> ``stalled_rank_in_capture``; an estimate larger than
         the byte cap itself -> ``larger_than_byte_cap``. Then the job's (:data:`JOB_HOLDS`): one capture per job at
-        a time (``capture_in_flight``, until analysed); ``min_arm_gap_s`` since the job's last arm of any episode;
+        a time (``capture_in_flight``, until analysed); ``min_arm_gap_s`` since the job's last arm of any episode
+        (except for a new episode naming ranks, not :attr:`JobArmState.repeat`, when that arm named none
+        (:attr:`JobArmState.last_arm_named`): a job-wide capture does not hold a rank found after it, which could
+        end before the gap does; a named-rank arm still holds the next one, and any arm a job-wide one);
         ``max_captures_per_hour``; ``max_capture_bytes_per_hour`` (bytes of the hour plus this capture's estimate:
         ranks covered x active steps x the job's last bytes per rank and step, else ``[arming.targeting]
         bytes_per_rank_step``). The ranks covered: ``rank_list`` when set, else, given the job's ``topology``,
@@ -346,7 +351,7 @@ class ArmingPolicy:
             return out("suppress", "larger_than_byte_cap")
         if st.capture_in_flight:
             return out("suppress", "capture_in_flight")
-        if st.last_arm_unix_s is not None and now_unix_s - st.last_arm_unix_s < s.min_arm_gap_s:
+        if gap_holds(st, bool(anomaly.ranks), now_unix_s, s.min_arm_gap_s):
             return out("suppress", "min_arm_gap")
         if hourly_capped(st, bool(anomaly.ranks), s.max_captures_per_hour):
             return out("suppress", "hourly_cap")
@@ -355,6 +360,16 @@ class ArmingPolicy:
         if s.mode == "observe":
             return out("would_arm", "observe_mode")
         return out("arm", "armed")
+
+
+def gap_holds(st: JobArmState, named: bool, now_unix_s: float, gap_s: float) -> bool:
+    """Whether ``min_arm_gap_s`` (``gap_s``, seconds) holds an episode in state ``st`` at ``now_unix_s`` (``named``:
+    it names ranks): less than ``gap_s`` since the job's last arm, unless the episode is a new named-rank one (not
+    ``st.repeat``) and that arm named no ranks (``st.last_arm_named`` False: a job-wide or manual
+    capture). Issue 31: a job-wide arm held a rank 1.3x slower, found 6 s after it, until after the run ended."""
+    if st.last_arm_unix_s is None or now_unix_s - st.last_arm_unix_s >= gap_s:
+        return False
+    return not (named and not st.repeat and not st.last_arm_named)
 
 
 def hourly_capped(st: JobArmState, named: bool, cap: int) -> bool:
@@ -376,34 +391,41 @@ class ArmHistory:
     """
 
     def __init__(self) -> None:
-        self._arms: deque[tuple[float, str, bool]] = deque()  # (armed unix s, capture id, a repeat)
+        self._arms: deque[tuple[float, str, bool, bool]] = deque()  # (armed unix s, capture id, repeat, named)
         self._bytes: deque[tuple[float, int]] = deque()
         self._reserved: dict[str, tuple[float, int]] = {}
         self.last_arm_unix_s: float | None = None
+        self.last_arm_named = False  # the arm at last_arm_unix_s named ranks (JobArmState.last_arm_named)
+        self._last_arm_id = ""
         self.bytes_per_rank_step: float | None = None
 
-    def record_arm(self, now_unix_s: float, capture_id: str = "", *, repeat: bool = False) -> None:
+    def record_arm(self, now_unix_s: float, capture_id: str = "", *, repeat: bool = False,
+                   named: bool = False) -> None:
         """Count an arm (or, in observe mode, a would-arm) at ``now_unix_s``; ``capture_id`` lets
-        :meth:`release` take it back; ``repeat``: of a repeat (:attr:`JobArmState.repeat`)."""
-        self._arms.append((now_unix_s, capture_id, repeat))
+        :meth:`release` take it back; ``repeat``: of a repeat (:attr:`JobArmState.repeat`); ``named``: for an
+        episode naming ranks (:attr:`JobArmState.last_arm_named`)."""
+        self._arms.append((now_unix_s, capture_id, repeat, named))
         if self.last_arm_unix_s is None or now_unix_s > self.last_arm_unix_s:
-            self.last_arm_unix_s = now_unix_s
+            self.last_arm_unix_s, self._last_arm_id, self.last_arm_named = now_unix_s, capture_id, named
 
     def record(self, decision: ArmDecision, now_unix_s: float, capture_id: str = "") -> None:
         """Count ``decision`` if it armed or would have armed (call once its capture was planned)."""
         if decision.action in ("arm", "would_arm"):
             self.record_arm(now_unix_s, capture_id, repeat=decision.repeat)
 
-    def mark_repeat(self, capture_id: str) -> bool:
-        """The arm of ``capture_id`` was a repeat (:attr:`JobArmState.repeat`): the live arm path records an arm
-        before the episodes know what it was for, and a restart records it again from the store (neither knows
-        it), so the episodes mark it (``JobEpisodes.armed``, ``JobEpisodes.armed_repeat``). Returns whether an arm
-        of that id was counted."""
+    def mark_arm(self, capture_id: str, *, repeat: bool = False, named: bool = False) -> bool:
+        """The arm of ``capture_id`` was a repeat (:attr:`JobArmState.repeat`) and/or for an episode naming ranks
+        (:attr:`JobArmState.last_arm_named`): the live arm path records an arm before the episodes know what it
+        was for, and a restart records it again from the store (neither knows it), so the episodes mark it
+        (``JobEpisodes.armed``, ``JobEpisodes.arm_marks``); a flag given False is left as it was. Returns whether
+        an arm of that id was counted."""
         found = False
         for i, a in enumerate(self._arms):
             if capture_id and a[1] == capture_id:
-                self._arms[i] = (a[0], a[1], True)
+                self._arms[i] = (a[0], a[1], a[2] or repeat, a[3] or named)
                 found = True
+        if named and capture_id and capture_id == self._last_arm_id:
+            self.last_arm_named = True
         return found
 
     def release(self, capture_id: str) -> bool:
@@ -421,7 +443,9 @@ class ArmHistory:
         released = self.release(capture_id)
         self._reserved.pop(capture_id, None)
         if released:
-            self.last_arm_unix_s = max((a[0] for a in self._arms), default=None)
+            last = max(self._arms, key=lambda a: a[0], default=None)
+            self.last_arm_unix_s = last[0] if last is not None else None
+            self._last_arm_id, self.last_arm_named = (last[1], last[3]) if last is not None else ("", False)
         return released
 
     def record_bytes(self, now_unix_s: float, total_bytes: int, *, ranks: int = 0, active_steps: int = 0) -> None:
@@ -459,7 +483,7 @@ class ArmHistory:
         held = sum(b for _, b in self._bytes) + sum(b for _, b in self._reserved.values())
         return JobArmState(capture_in_flight, self.last_arm_unix_s, len(self._arms), held, stalled_ranks,
                            self.bytes_per_rank_step, episode_captured_unix_s, rotating, episode_unchanged,
-                           follow_ranks, sum(1 for a in self._arms if a[2]), repeat)
+                           follow_ranks, sum(1 for a in self._arms if a[2]), repeat, self.last_arm_named)
 
     def hold_until(self, reason: str, now_unix_s: float, settings: ArmingSettings, *,
                    episode_captured_unix_s: float | None = None, estimated_bytes: int = 0,

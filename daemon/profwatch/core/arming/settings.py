@@ -36,7 +36,9 @@ class ArmingSettings(BaseModel):
         0.10, gt=0, description="relative: an episode already captured is captured again only once its level grew "
                                 "this much since its last capture (after cooldown_s), or when it names new ranks "
                                 "(at once); unchanged, it is not captured again while it lasts")
-    min_arm_gap_s: float = Field(60.0, ge=0, description="seconds between two arms of one job, whatever episodes")
+    min_arm_gap_s: float = Field(
+        60.0, ge=0, description="seconds between two arms of one job, whatever episodes, except that an arm naming "
+                                "no ranks (job-wide, manual) does not hold a new episode naming ranks")
     max_captures_per_hour: int = Field(
         4, ge=0, description="arms per job per rolling hour; a new episode naming ranks is held only by the hour's arms that were not repeats, and may take one arm more (NAMED_RESERVE) while repeats hold the cap")
     max_capture_bytes_per_hour: int | None = Field(
