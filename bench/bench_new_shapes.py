@@ -39,6 +39,17 @@ per healthy hour (50 -> 6: the first return of a slow regime in runs 2 and 8, th
 3x p50 7 -> 28, p90 28 -> 127 steps; run 3's one-rank 3x, lost before, found 212 steps late), and one
 ``warmup_drift_down`` 1.3x change 4 -> 73 steps. Every other shape unchanged.
 
+After the step-lattice rule for idle gaps (``core/detection/job_detector.py``, ``MIN_LATTICE_STEPS``; seed 31):
+6 of 12 ``eval_ckpt`` training jobs had been switched to serving mode by their periodic 10-120 s checkpoint (3
+within 15 minutes); now none. ``eval_ckpt`` 11 -> 10 false arms (2.94 -> 2.67 per healthy hour: run 6's second
+evaluation, reported by the serving ``unit_level`` test, is gone), lost 0 -> 0, delays unchanged but 3x p90 46 ->
+47 steps; ``step_spike`` magnitudes over 100 15 -> 20 (the checkpoints of those jobs are judged as training steps
+again instead of excluded as idle: the true 100-2000x ratio). ``alternating`` unchanged. The 10 left are each job's
+first evaluation longer than the spike hold (by design: nothing said it would end) and its first recurrence before
+a recurring pattern is learned; of those, run 0's (42 steps at 2.3x of 57 ms steps) came back 42 steps before its
+window but the withdrawal's reach, recomputed at the job's restored 57 ms step time (54 steps), was longer than
+the lead the capture was planned with at the evaluation's step time (25 steps): not withdrawn.
+
 Findings at seed 31 before it (the default run; causes from one-run replays, ``make_run``):
 
 - ``alternating`` (10.4 false arms/h, and a 3x rank change lost to the hourly cap those arms used): a regime of

@@ -280,3 +280,31 @@ def test_a_replica_slower_in_a_band_learned_under_another_load_is_still_named() 
     """The same traffic, replica 0 1.3x slower from block 150: named once, at about its size."""
     found = _bands_learned_apart(1.3)
     assert [a.ranks for a in found] == [(0,)] and 1.2 <= 1.0 + found[0].magnitude <= 1.4, found
+
+
+# warmup_up seed 101 healthy run 3 (4 ranks, 21 ms, 15.8 % noise): the values the replay fed, blocks of 3 steps
+# (steps 3-240), the first 4 excluded as warm-up
+WARMUP_UP_101_3_BLOCKS = [
+    0.0079928, 0.0098095, 0.011678, 0.012606, 0.012739, 0.015537, 0.014582, 0.014063, 0.015161, 0.01366, 0.019941,
+    0.022518, 0.018503, 0.017975, 0.021965, 0.020704, 0.016688, 0.019587, 0.023482, 0.019842, 0.022841, 0.023256,
+    0.016993, 0.019373, 0.023258, 0.026042, 0.020532, 0.020026, 0.018319, 0.022015, 0.021899, 0.020225, 0.021331,
+    0.01659, 0.020288, 0.020572, 0.021144, 0.017775, 0.018982, 0.024784, 0.019499, 0.023388, 0.019708, 0.021512,
+    0.021388, 0.020254, 0.017381, 0.021703, 0.025288, 0.023924, 0.023681, 0.022498, 0.020416, 0.021661, 0.027092,
+    0.023886, 0.020073, 0.019924, 0.017929, 0.020315, 0.019958, 0.020189, 0.019512, 0.023228, 0.020993, 0.020913,
+    0.019522, 0.018416, 0.019977, 0.023782, 0.022463, 0.020333, 0.021392, 0.021158, 0.01787, 0.021622, 0.02177,
+    0.015169, 0.018551, 0.019543,
+]
+
+
+def test_a_short_rising_first_part_of_fast_step_blocks_is_judged_with_the_warm_up_blocks() -> None:
+    """``bench_corpus --healthy-hours`` seed 101, ``warmup_up`` healthy run 3: a 0.38 -> 1.0x warm-up over 33 steps
+    of 21 ms, judged in blocks of 3 steps. Its 4 warm-up blocks (12 steps) were fewer than ``WARM_UP_BEFORE_MIN``
+    (5) *values*, so the 6 learned blocks still on the rise (0.7x) were never tested with them for a rise
+    (``_short_part_rises``): split there and reported as +45 % (``reference "learned_steps"``, step 153), a false
+    arm. The minimum counts steps now; the blocks before and after the split together rise by the rank test."""
+    det = StepTimeRegressionDetector("j", DetectionSettings(), hold_steps=lambda _s, _t: 8)
+    found = []
+    for i, v in enumerate(WARMUP_UP_101_3_BLOCKS):
+        fs = FinalizedStep(3 * (i + 1), v, 0, 4, None, "warmup" if i < 4 else None, steps=3)
+        found += [(a.step, a.kind, a.detail.get("reference")) for a in det.on_step(fs)]
+    assert [f for f in found if f[1] in ("step_regression", "drift")] == []

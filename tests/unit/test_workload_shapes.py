@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from profwatch.core.detection.blocks import StepBlocks, merge_block
@@ -336,3 +337,29 @@ def test_declared_different_roles_or_visible_pipeline_stages_keep_a_rank_slow_fr
     assert of_kind(found, "slow_from_start") == [] and len(of_kind(found, "structural_imbalance")) == 1
     below = replace(DP, rank_compute_factors=(1, 1, 1.07, 1))  # under outlier_min_effect: nothing to say
     assert of_kind(run(generate_telemetry(below), 4)[0], "slow_from_start") == []
+
+
+def _checkpointing_job(gap_steps: list[int], steps: int = 1200, step_s: float = 0.25) -> list[dict[str, object]]:
+    """A 2-rank training job (no ``mode``) at ``step_s`` with 2 % jitter whose steps in ``gap_steps`` take 60 s
+    longer (a checkpoint both ranks wait for)."""
+    rng = np.random.default_rng(3)
+    recs: list[dict[str, object]] = []
+    ts = 1_764_500_000.0
+    for step in range(1, steps + 1):
+        t = step_s * float(1.0 + 0.02 * rng.standard_normal()) + (60.0 if step in gap_steps else 0.0)
+        ts += t
+        recs += [{"job_id": "ckpt", "rank": r, "world_size": 2, "step": step, "step_time_s": round(t, 6),
+                  "ts_unix_s": ts} for r in range(2)]
+    return recs
+
+
+def test_a_checkpoint_every_n_steps_never_switches_a_training_job_to_serving() -> None:
+    """A 60 s checkpoint every 200 steps of a 0.25 s job (3 within ``DETECT_WINDOW_S``) is the job's own periodic
+    pause, on a step lattice: the job stays in training mode and nothing is reported (base: switched to serving
+    mode; ``bench_new_shapes`` eval_ckpt seed 31, 6 of 12 jobs, one evaluation then armed as a serving unit's level
+    change). The same gaps off a lattice still switch it."""
+    found, det = run(_checkpointing_job(list(range(200, 1200, 200))), 2)
+    assert det.mode == "training" and det.counters["mode_switches"] == 0
+    assert of_kind(found, "step_regression") == []
+    _, det = run(_checkpointing_job([200, 330, 520, 610]), 2)
+    assert det.mode == "serving" and det.counters["mode_switches"] == 1

@@ -40,6 +40,13 @@ JobMode = Literal["training", "serving"]
 DETECT_WINDOW_S = 900.0
 """Idle gaps switch a job to serving mode only when ``serving_detect_gaps`` of them fall within this many
 seconds on one rank (a checkpoint every half hour is not a server)."""
+MIN_LATTICE_STEPS = 10
+"""Steps between consecutive idle gaps of one rank, all of them equal and at least this many, that make the gaps a
+training job's own periodic pause (a checkpoint every N steps), never a switch to serving mode: a server's idle gaps
+follow its traffic, not a step lattice. Ten: a server with one request per burst leaves gaps 1-2 steps apart, on a
+lattice too. ``bench/bench_new_shapes.py`` ``eval_ckpt`` seed 31: 6 of 12 training jobs whose 10-120 s checkpoint
+came every 200-800 steps (3 within :data:`DETECT_WINDOW_S`) were switched to serving mode, and run 6's evaluation
+of 38 steps was then reported as a serving unit's level change (``unit_level``, step 1360) and armed."""
 SERVING_VIEW_UNITS = 16
 """Units (replicas) listed one by one in :meth:`JobDetector.serving_view` at most (the counts cover all)."""
 
@@ -80,7 +87,8 @@ class JobDetector:
         Serving mode: a step of at least ``serving_idle_gap_s`` and ``idle_gap_factor`` times the unit's usual
         step is an idle gap (:func:`~profwatch.core.detection.serving.is_idle_gap`): excluded from detection
         (``"idle"``), neither step time nor a stall. Without a ``mode``, ``serving_detect_gaps`` idle gaps on
-        one rank within :data:`DETECT_WINDOW_S` switch the job to serving mode (0 = never). In serving mode the
+        one rank within :data:`DETECT_WINDOW_S` switch the job to serving mode (0 = never), unless they are
+        :data:`MIN_LATTICE_STEPS` or more steps apart, all alike (a periodic checkpoint). In serving mode the
         detectors start afresh, the regression detector judges step times normalised by load
         (:class:`~profwatch.core.detection.serving.LoadNormaliser`), and at each :meth:`tick` the ranks are
         split into units whose step counters stay together
@@ -112,7 +120,7 @@ class JobDetector:
             raise ValueError("roles needs one entry per rank")
         self.mode: JobMode = mode or "training"
         self._mode_given = mode is not None
-        self._gaps: dict[int, deque[float]] = {}
+        self._gaps: dict[int, deque[tuple[float, int]]] = {}
         self._splitter: UnitSplitter | None = None
         self._retired: dict[str, int] = {}
         self.job_counters = {"bad_rank_reports": 0, "idle_steps": 0, "mode_switches": 0, "unit_splits": 0}
@@ -351,7 +359,7 @@ class JobDetector:
             # without one: no gap (a long first step must not switch the job to serving)
             idle = (is_idle_gap(t, usual, self.settings) if usual is not None or self.mode == "serving"
                     else False)
-            if idle and self.mode != "serving" and self._count_gap(r, now_unix_s):
+            if idle and self.mode != "serving" and self._count_gap(r, now_unix_s, report.step):
                 self._switch_to_serving()
                 unit = self.units[self._unit_of[r]]
             idle = idle and self.mode == "serving"
@@ -444,14 +452,19 @@ class JobDetector:
                 return i, found
         return n, []
 
-    def _count_gap(self, rank: int, now_unix_s: float) -> bool:
-        """Count an idle gap of ``rank``; True when the job should switch to serving mode."""
+    def _count_gap(self, rank: int, now_unix_s: float, step: int) -> bool:
+        """Count an idle gap of ``rank`` at its ``step``; True when the job should switch to serving mode: the last
+        ``serving_detect_gaps`` gaps within :data:`DETECT_WINDOW_S`, unless they lie on a step lattice (equal
+        intervals of at least :data:`MIN_LATTICE_STEPS` steps: a periodic checkpoint)."""
         n = self.settings.serving_detect_gaps
         if n == 0 or self._mode_given or self._custom:
             return False
         q = self._gaps.setdefault(rank, deque(maxlen=n))
-        q.append(now_unix_s)
-        return len(q) >= n and now_unix_s - q[0] <= DETECT_WINDOW_S
+        q.append((now_unix_s, step))
+        if len(q) < n or now_unix_s - q[0][0] > DETECT_WINDOW_S:
+            return False
+        gaps = {b[1] - a[1] for a, b in zip(q, list(q)[1:], strict=False)}
+        return not (len(gaps) == 1 and min(gaps) >= MIN_LATTICE_STEPS)
 
     def tick(self, now_unix_s: float) -> list[Anomaly]:
         """Check for stalled ranks at ``now_unix_s`` (same clock as the arrival times given to :meth:`observe`);

@@ -212,6 +212,12 @@ learned steps are split against when their own split finds no change
 (:meth:`StepTimeRegressionDetector._warm_split`): a change fewer than :data:`LEARNED_STEP_MIN_BEFORE` steps into the
 learning has no "before" side among the learned steps, and was learned as normal (3x from step 12 of a job whose
 first 10 steps are warm-up, 1 learned step before it: 0 of 12 series found, 1.5-15 % noise)."""
+WARM_UP_BEFORE_VALUES = 2
+"""Fewest warm-up values (each a block of steps at high step rates) those steps must span besides
+:data:`WARM_UP_BEFORE_MIN` steps: before, at least :data:`WARM_UP_BEFORE_MIN` *values* were required, so a job of
+fast steps (judged in blocks of 3, 4 warm-up values) never had its short first part tested with its warm-up: a
+0.38 -> 1.0x warm-up of 21 ms steps at 16 % noise over 33 steps left 6 learned blocks at 0.7x, split there and
+reported as +45 % (``bench/bench_corpus.py --healthy-hours``, seed 101 ``warmup_up`` healthy run 3: a false arm)."""
 WARM_UP_STEPS_EVIDENCE = 4.0
 """A split of a generation's warm-up steps and first learned steps (:meth:`StepTimeRegressionDetector._warm_split`)
 must explain them better than the best warm-up curve rising from the first warm-up step by this many noise
@@ -1751,11 +1757,14 @@ class StepTimeRegressionDetector:
     def _warm_before(self) -> np.ndarray | None:
         """The warm-up steps just before a generation's first learned steps (s, oldest first: the newest
         :data:`PRIOR_WARM_VALUES` excluded from detection), when :meth:`_warm_split` and :meth:`_short_part_rises`
-        may judge the learned steps with them: at least :data:`WARM_UP_BEFORE_MIN` of them, from the job's start,
+        may judge the learned steps with them: at least :data:`WARM_UP_BEFORE_MIN` steps in at least
+        :data:`WARM_UP_BEFORE_VALUES` values, from the job's start,
         without a previous generation's level, the learned steps beginning where the warm-up's end (the first not
         held out, none dropped) and still fewer than ``RAMP_WINDOW``. None otherwise. Pure."""
         warm = self._warm_values
-        if len(warm) < WARM_UP_BEFORE_MIN or not self._from_start or self.prior is not None:
+        # counted in steps: a value may be a block (fast steps), and 4 blocks of 3 warm-up steps showed the rise
+        if (len(warm) < WARM_UP_BEFORE_VALUES or len(warm) * self._steps_per_value < WARM_UP_BEFORE_MIN
+                or not self._from_start or self.prior is not None):
             return None
         if self._first_step is None or self._first_learned != self._first_step or len(self._recent) >= RAMP_WINDOW:
             return None  # the learned steps do not begin where the warm-up's end (the first held out, or dropped)
