@@ -76,7 +76,7 @@ def test_a_lasting_change_keeps_its_capture() -> None:
     starts the planner's lead (4 steps) plus WITHDRAW_SLACK_STEPS after the report at step 204."""
     res = replay_lines(lines(400, onset=200, duration=None, factor=7.0))
     assert not res["withdrawn"] and spent(res)
-    assert spent(res)[0]["start_step"] <= 204 + 4 + WITHDRAW_SLACK_STEPS
+    assert spent(res)[0]["start_step"] <= 204 + 4 + 4 + WITHDRAW_SLACK_STEPS  # the lead, the excursion's age (4)
 
 
 def test_a_checkpoint_that_ends_on_a_new_level_keeps_or_rearms_a_capture() -> None:
@@ -269,6 +269,25 @@ def test_a_fast_jobs_checkpoint_is_withdrawn_its_lead_planned_at_the_level_it_re
     assert arm["start_step"] - at >= lead_steps(at, 0.56, CaptureSettings())
     lasting = replay_lines(lines(400, onset=200, duration=None, factor=6.0, step_s=0.56))
     assert not lasting["withdrawn"] and spent(lasting)
+
+
+def test_an_evaluation_that_runs_on_past_its_report_is_withdrawn() -> None:
+    """A 57 ms job's first unflagged evaluation, 42 steps at 2.3x (``bench_new_shapes.py --shapes eval_ckpt --seed 31``,
+    run 0): reported 25 steps in (the spike hold at its 131 ms steps), it runs 17 steps past the report. Its window
+    was planned 60 steps after the report (the lead at 57 ms, 55, and WITHDRAW_SLACK_STEPS): it came back with 42
+    steps left, under that lead, and the capture was spent on healthy steps. The excursion's age at the report is
+    now added to the window's lead: it is withdrawn, still the lead at 57 ms before the window; a 2.3x change that
+    lasts keeps its capture, its window at most the lead and the age later."""
+    ls = lines(700, onset=300, duration=42, factor=2.3, step_s=0.057)
+    res = replay_lines(ls)
+    [arm] = res["arms"]
+    [w] = res["withdrawn"]
+    assert w["capture_id"] == arm["capture_id"] and not spent(res)
+    at = furthest_at(ls, w["at_unix_s"])
+    assert arm["start_step"] - at >= lead_steps(at, 0.057, CaptureSettings())
+    lasting = replay_lines(lines(700, onset=300, duration=None, factor=2.3, step_s=0.057))
+    [kept] = spent(lasting)
+    assert not lasting["withdrawn"] and kept["start_step"] <= kept["step"] + 2 * 55 + WITHDRAW_SLACK_STEPS
 
 
 @pytest.mark.parametrize(("before", "now"), [(0.005, 5.0), (0.01, 30.0), (1e-6, 0.5), (1e-12, 1.0)])

@@ -566,6 +566,22 @@ def _return_step_s(anomaly: Anomaly, step_time_s: float) -> float:
     return step_time_s
 
 
+def _excursion_age_steps(anomaly: Anomaly, lead: int) -> int:
+    """Steps a :func:`withdrawable` report's excursion had already run when reported (``step - detail.first_step``,
+    0 without a first step), at most ``lead`` (the planner's lead it is planned with): added to its window's lead,
+    so an excursion that runs on past its report up to as long again as it ran before it (doubling: the spike hold
+    is the shortest that is reported) still comes back with the planner's lead left and is withdrawn
+    (``JobEpisodes.withdraw_returned`` needs the lead at the level it came back to). Without it, run 0 of
+    ``bench/bench_new_shapes.py --shapes eval_ckpt --seed 31`` (an unflagged 42-step evaluation at 2.3x of 57 ms
+    steps, reported 25 steps in, window 60 steps after the report) came back with 42 steps left where the lead at
+    57 ms is 55: the window was armed over healthy steps. A lasting change's window starts at most ``lead`` steps
+    later, within the change."""
+    first = anomaly.detail.get("first_step")
+    if not isinstance(first, int) or isinstance(first, bool):
+        return 0
+    return min(max(0, anomaly.step - first), max(0, lead))
+
+
 def withdrawable(anomaly: Anomaly) -> bool:
     """Whether a capture armed for ``anomaly`` may be withdrawn if its excursion comes back
     (``JobEpisodes.withdraw_returned``): a job-wide ``step_regression`` of ``pattern "level"``."""
@@ -601,8 +617,8 @@ def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: i
     if decision.target is not None and decision.target.rank_list is not None:
         base["targeting"] = {**decision.target.to_json(), "estimated_bytes": decision.estimated_bytes}
     if withdrawable(anomaly) and step_time_s is not None and step_time_s > 0:
-        base["in_steps"] = lead_steps(max(0, furthest_step), _return_step_s(anomaly, step_time_s),
-                                      capture) + WITHDRAW_SLACK_STEPS
+        lead = lead_steps(max(0, furthest_step), _return_step_s(anomaly, step_time_s), capture)
+        base["in_steps"] = lead + _excursion_age_steps(anomaly, lead) + WITHDRAW_SLACK_STEPS
     if anomaly.kind != "periodic_spike" or step_time_s is None or not step_time_s > 0:
         return CaptureRequest(**base)
     d = anomaly.detail
