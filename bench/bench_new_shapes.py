@@ -46,9 +46,14 @@ evaluation, reported by the serving ``unit_level`` test, is gone), lost 0 -> 0, 
 47 steps; ``step_spike`` magnitudes over 100 15 -> 20 (the checkpoints of those jobs are judged as training steps
 again instead of excluded as idle: the true 100-2000x ratio). ``alternating`` unchanged. The 10 left are each job's
 first evaluation longer than the spike hold (by design: nothing said it would end) and its first recurrence before
-a recurring pattern is learned; of those, run 0's (42 steps at 2.3x of 57 ms steps) came back 42 steps before its
-window but the withdrawal's reach, recomputed at the job's restored 57 ms step time (54 steps), was longer than
-the lead the capture was planned with at the evaluation's step time (25 steps): not withdrawn.
+a recurring pattern is learned; of those, run 0's (42 steps at 2.3x of 57 ms steps, reported 25 steps in: the
+spike hold at its 131 ms steps) ran 17 steps past its report and came back 42 steps before its window, which was
+planned 60 steps after the report (the lead at 57 ms, 55, and ``WITHDRAW_SLACK_STEPS``): too close to withdraw.
+
+After adding a withdrawable report's excursion age to its window's lead (``core/arming/policy.py``,
+``_excursion_age_steps``: at most the lead; seed 31): ``eval_ckpt`` 10 -> 5 false arms (2.67 -> 1.34/h), withdrawn
+3 -> 10; ``alternating`` 6 -> 4 (1.25 -> 0.83/h), withdrawn 4 -> 6; lost 0 -> 0 and delays unchanged in both; the
+median change-to-window time of a 3x change later (steady reference 63 -> 82 s, ``eval_ckpt`` 48 -> 61 s).
 
 Findings at seed 31 before it (the default run; causes from one-run replays, ``make_run``):
 
