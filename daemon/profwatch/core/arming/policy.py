@@ -594,7 +594,7 @@ def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: i
 
     For every kind but ``periodic_spike`` the planner places ``start_step`` (its lead ahead of the furthest
     rank; for a :func:`withdrawable` report at the level before its excursion, :func:`_return_step_s`, and
-    :data:`WITHDRAW_SLACK_STEPS` further). For ``periodic_spike`` the window is placed on a predicted occurrence: the first onset
+    :func:`_excursion_age_steps` and :data:`WITHDRAW_SLACK_STEPS` further). For ``periodic_spike`` the window is placed on a predicted occurrence: the first onset
     ``o = next_onset_step + j * period_steps`` (j >= 0) with ``o - warmup`` at or after the planner's earliest
     safe start (``furthest_step + lead_steps``), ``start_step = o - warmup`` so the active steps begin at the
     onset, and ``active = max(decision.active, duration_steps)`` capped at ``capture.max_active``. A small
