@@ -363,3 +363,33 @@ def test_a_checkpoint_every_n_steps_never_switches_a_training_job_to_serving() -
     assert of_kind(found, "step_regression") == []
     _, det = run(_checkpointing_job([200, 330, 520, 610]), 2)
     assert det.mode == "serving" and det.counters["mode_switches"] == 1
+
+
+def _two_ranks_in_step(work_of_rank_1: int, n: int = 600) -> list[dict]:
+    """A serving job of two ranks whose counters stay exactly together (same step, same arrival), rank 0 running
+    batches of 4 and rank 1 ``work_of_rank_1``, rank 1's compute 1.3x rank 0's from step 300 (0.2 s steps,
+    0.6 % noise, seeded)."""
+    rng = np.random.default_rng(5)
+    recs, t = [], 1.0e9
+    for step in range(1, n + 1):
+        base = 0.2 * (1.0 + 0.006 * float(rng.standard_normal()))
+        t += base * 1.3 + 0.02
+        for rank, (work, f) in enumerate(((4, 1.0), (work_of_rank_1, 1.3 if step >= 300 else 1.0))):
+            compute = base * f
+            recs.append({"job_id": "sim", "rank": rank, "step": step, "step_time_s": compute + 0.02,
+                         "ts_unix_s": t, "stages": {"compute": compute, "comm": 0.02}, "work": work,
+                         "mode": "serving"})
+    return recs
+
+
+def test_ranks_of_one_step_number_with_different_work_are_replicas_never_compared_as_ranks() -> None:
+    """Two independent replicas whose counters happen to stay together pass the lock-step check, but their steps
+    of one number ran different batches (work 4 and 16): the slower batch is no slow rank (bench_corpus
+    --healthy-hours serving_dp seed 103 run 11: replicas at step 125 with batches 2 and 16 were compared and one named
+    +14 %). The same 1.3x rank with the same work is a tensor-parallel rank and is still named."""
+    found, det = run(_two_ranks_in_step(16), 2)
+    assert of_kind(found, "rank_outlier") == []
+    assert all(u.outliers is not None and u.outliers.settings.outlier_min_ranks == DetectionSettings().outlier_min_ranks
+               for u in det.units)
+    tp, _ = run(_two_ranks_in_step(4), 2)
+    assert {a.ranks for a in of_kind(tp, "rank_outlier")} == {(1,)}

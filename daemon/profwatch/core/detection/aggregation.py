@@ -191,10 +191,11 @@ class _OpenStep:
     """One step not yet finalised: report count, slowest rank, exclusion, per-rank stage values."""
 
     __slots__ = ("cpu_iv", "cpu_obs", "cpu_per_work", "cpu_raw", "excluded", "max_rank", "max_t", "n", "vals",
-                 "work")
+                 "work", "work_split")
 
     def __init__(self) -> None:
         self.work: float | None = None
+        self.work_split = False  # ranks reported different work values (FinalizedStep.work_split)
         self.cpu_per_work = 0  # ranks whose CPU series value is per unit of their work
         self.cpu_raw = 0  # ranks whose CPU series value is per step
         self.cpu_obs: list[int] | None = None  # per rank, the sequence number of its CPU value's last interval
@@ -204,6 +205,13 @@ class _OpenStep:
         self.max_rank = -1
         self.excluded: str | None = None
         self.vals: dict[str, list[float]] | None = None
+
+    def note_work(self, wk: float) -> None:
+        """One rank's ``work`` for this step: the largest is the step's; one that differs from another is a split."""
+        if self.work is not None and wk != self.work:
+            self.work_split = True
+        if self.work is None or wk > self.work:
+            self.work = wk
 
 
 class StepAggregator:
@@ -415,8 +423,8 @@ class StepAggregator:
                 e.max_t = t
                 e.max_rank = r
             wk = getattr(report, "work", None) if own_work else work
-            if wk is not None and isinstance(wk, (int, float)) and (e.work is None or wk > e.work):
-                e.work = wk
+            if wk is not None and isinstance(wk, (int, float)):
+                e.note_work(wk)
             if idle and e.excluded is None:
                 e.excluded = "idle"
             if report.flags and e.excluded is None:
@@ -649,4 +657,5 @@ class StepAggregator:
             judge_cpu_series(e.vals or {}, e.max_t, e.work, e.cpu_per_work, e.cpu_raw)
         obs = tuple(e.cpu_obs) if e.cpu_obs is not None and e.vals and CPU_SERIES in e.vals else None
         iv = tuple(e.cpu_iv) if obs is not None and e.cpu_iv is not None else None
-        return FinalizedStep(step, e.max_t, e.max_rank, e.n, e.vals, reason, e.work, cpu_obs=obs, cpu_iv=iv)
+        return FinalizedStep(step, e.max_t, e.max_rank, e.n, e.vals, reason, e.work, cpu_obs=obs, cpu_iv=iv,
+                             work_split=e.work_split)

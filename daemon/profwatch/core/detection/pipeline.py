@@ -120,6 +120,12 @@ class UnitPipeline:
         self._settings = settings
         self._lockstep: int | None = 0
         """Checks in a row that saw this serving unit's ranks in lock-step (None: seen apart once, never again)."""
+        self._replicas = False
+        """Whether this serving unit's ranks reported different ``work`` for one step (:attr:`FinalizedStep.work_split`):
+        they are independent replicas not split yet, whose steps of one number ran different batches at different
+        times, and they are never compared as ranks again (lock-step counters alone let two such replicas of
+        bench_corpus --healthy-hours serving_dp seed 103 run 11, batches of 2 and 16 at step 125, be compared and
+        one named +14 %)."""
         self.stall: StallDetector = stall_detector or ArrivalStallDetector(job_id, n, settings)
         self.serving = serving
 
@@ -288,8 +294,13 @@ class UnitPipeline:
             if self.level_nowork is not None and fs0.excluded is None and fs0.work is None:
                 out.extend(self._level_found(self.level_nowork, fs0))
             if self.outlier_blocks is not None and self.outliers is not None:
+                if fs0.work_split and not self._replicas:
+                    self._replicas = True
+                    self._lockstep = None
+                    self.outliers.update_settings(self._outlier_settings(self._settings))
                 for fb in self.outlier_blocks.push(fs0):
-                    out.extend(self._to_job(a) for a in self.outliers.on_step(fb))
+                    if not self._replicas:
+                        out.extend(self._to_job(a) for a in self.outliers.on_step(fb))
             for fs in self.blocks.push(fs0):
                 if self.level is not None and fs.excluded is None and fs.work is not None:
                     out.extend(self._level_found(self.level, fs))

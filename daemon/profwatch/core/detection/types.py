@@ -64,7 +64,9 @@ class FinalizedStep:
     older hook's per-step ``cpu_s``), or None: steps that carry one held value repeat one observation; ``cpu_iv``
     (with ``cpu_obs``) per rank the value of that last interval alone, in the unit of its ``cpu/step`` value before
     the step's scaling (CPU seconds per step, or per unit of work; NaN = none): one independent observation per
-    interval.
+    interval. ``work_split``: ranks reported different ``work`` values for this step (the ranks of one
+    tensor-parallel group run one batch and report one; ranks that differ are independent replicas whose counters
+    happen to meet, and their steps of one number are no common step).
     """
 
     step: int
@@ -77,6 +79,7 @@ class FinalizedStep:
     steps: int = 1
     cpu_obs: tuple[int, ...] | None = None
     cpu_iv: tuple[float, ...] | None = None
+    work_split: bool = False
 
 
 class StepDetector(Protocol):
