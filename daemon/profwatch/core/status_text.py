@@ -274,6 +274,8 @@ REFERENCE_WAITS = {
 }
 """What a job's reference capture waiting for each reason of ``core/changes/reference.py: decide_reference``
 waits for, in words (the reason word stays first: ``status --json`` and docs/reference.md use it)."""
+REFERENCE_ENDED = "job_ended: none will come, the job ended (its ranks left or went silent) until it runs again"
+"""The reference line of a job ``decide_reference`` found ended: it waits for nothing."""
 
 
 def render_reference(ref: Mapping[str, Any]) -> list[str]:
@@ -288,6 +290,8 @@ def render_reference(ref: Mapping[str, Any]) -> list[str]:
         head = f"  {ref['job_id']}: none yet"
     if ref.get("in_flight"):
         head += f"; taking {ref['in_flight']}"
+    elif ref.get("waiting") == "job_ended":
+        head += f"; {REFERENCE_ENDED}"
     elif ref.get("waiting") and ref["waiting"] != "fresh":
         why = REFERENCE_WAITS.get(str(ref["waiting"]))
         head += f"; waits: {ref['waiting']}" + (f" (for {why})" if why else "")
