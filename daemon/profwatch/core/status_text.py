@@ -213,6 +213,19 @@ IDLE_ON_WORKER = {
 """What an analysing / enriching capture on its worker does while no msprof-analyze command of it runs."""
 
 
+RUN_RANK_WHY = {"reference_compare": "a rank whose step time changed most since the reference"}
+"""Why a per-rank run of each recipe (``<recipe>_rank<N>``, ``changes/compare.py``) compares that rank."""
+
+
+def run_label(name: str) -> str:
+    """A running msprof-analyze command's name in words: ``reference_compare_rank2`` (a job-wide comparison that
+    picks ranks) -> ``reference_compare of rank 2 (a rank whose step time changed most since the reference)``;
+    any other name as it is."""
+    recipe, sep, rank = name.rpartition("_rank")
+    why = RUN_RANK_WHY.get(recipe)
+    return f"{recipe} of rank {rank} ({why})" if sep and why and rank.isdigit() else name
+
+
 def capture_activity(cap: Mapping[str, Any]) -> str:
     """What an analysing or enriching capture of a ``status`` reply does or waits for now, in words: the
     msprof-analyze commands running for it (``running``), else, by its ``stage`` (``AnalysisSteps.stage_of``),
