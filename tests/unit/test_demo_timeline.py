@@ -119,7 +119,7 @@ def test_the_reference_row_says_what_the_capture_is_not_an_alert_name() -> None:
           "data": {"capture_id": "c-1", "outcome": "suspect_ranks", "judged_ranks": [0, 1, 2, 3], "world_size": 4,
                    "captured_steps": [102, 103, 104, 105, 106, 107]}}
     on_event(tl, ev, 0.0, lambda stage, t, detail: rows.append(detail))
-    assert rows == ["reference capture c-1: healthy baseline of all 4 ranks, analysed (never alerted on): "
+    assert rows == ["reference capture c-1: healthy baseline of all 4 ranks, analysis done (never alerted on): "
                     "steps 102-107"]
 
 

@@ -296,7 +296,7 @@ def _catch_up_from_store(stack: Stack, tl: Timeline, end: float, note: Callable[
         tl.timed_out = None  # it was published in time; only its PUB message was missed
 
 
-REFERENCE_OUTCOMES = {"suspect_ranks": "analysed", "batch_incomplete": "batch incomplete",
+REFERENCE_OUTCOMES = {"suspect_ranks": "analysis done", "batch_incomplete": "batch incomplete",
                       "analysis_failed": "analysis failed"}
 """A ``reference_captured`` event's ``outcome`` (the verdict type it replaces; never alerted on) in words."""
 
@@ -304,7 +304,7 @@ REFERENCE_OUTCOMES = {"suspect_ranks": "analysed", "batch_incomplete": "batch in
 def reference_row(d: dict[str, Any]) -> str:
     """The timeline row of a ``reference_captured`` event's data ``d``: what the capture is (the job's healthy
     baseline), the ranks it judged of the job's world size, its outcome in words and its steps (e.g.
-    ``reference capture c-1: healthy baseline of all 4 ranks, analysed (never alerted on): steps 102-107``)."""
+    ``reference capture c-1: healthy baseline of all 4 ranks, analysis done (never alerted on): steps 102-107``)."""
     judged, world = d.get("judged_ranks") or [], d.get("world_size")
     cover = ("" if not judged else f" of all {len(judged)} ranks" if len(judged) == world
              else f" of {len(judged)} of {world} ranks" if world else f" of {len(judged)} ranks")
