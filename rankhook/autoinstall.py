@@ -14,7 +14,8 @@ Step counting mirrors torch_npu's PROF_CONFIG_PATH mode (docs/torch_npu-dynamic-
 count seen so far, so several optimizers stepping once per iteration make one step.
 
 Limits (documented, same as torch_npu's): no step 0 (the first ``step()`` happens after the first optimizer step,
-so the earliest capture covers iteration 1); custom optimizers that bypass ``Optimizer.step`` hooks never step;
+so the earliest capture covers iteration 1; iteration 1 sends no step report: the hook starts at its end, so
+that interval is not a step, ``Hook.untimed_first_step``); custom optimizers that bypass ``Optimizer.step`` hooks never step;
 creating a new optimizer instance mid-run stalls stepping until its own count exceeds the old maximum;
 iterations that skip ``optimizer.step()`` (AMP overflow) are not counted; training only (no inference). Do not
 combine with explicit ``rankhook.step()`` calls (double counting) or with torch_npu's ``PROF_CONFIG_PATH``.
@@ -76,7 +77,10 @@ class _Installer:
 
             if not self.inited:
                 self.inited = True
-                rankhook.init()
+                fresh = rankhook.current() is None
+                hook = rankhook.init()
+                if fresh and hook is not None:  # its first interval is init's own set-up, not an iteration
+                    hook.untimed_first_step()
             if self.counter.on_optimizer_step(opt):
                 rankhook.step()
         except Exception as exc:  # noqa: BLE001 - never raise into the training loop

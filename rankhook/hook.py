@@ -241,6 +241,7 @@ class Hook:
         _LIVE_HOOKS.add(self)
         self.send_hello()
         self._t_last_ns = time.perf_counter_ns()  # perf_counter_ns() of the last step (or of the construction)
+        self._untimed_step = False  # the next step's interval is not a step: not reported (untimed_first_step)
         self._next_hello_ns = self._t_last_ns + _HELLO_RESEND_NS
         self._stop = threading.Event()
         self._sampler: threading.Thread | None = threading.Thread(target=self._sampler_loop, name="rankhook-sampler",
@@ -376,6 +377,14 @@ class Hook:
             self.publisher.counters.errors += 1
             log.warning("rankhook: cannot encode %s: %r", type(msg).__name__, exc)
 
+    def untimed_first_step(self) -> None:
+        """The first ``step()``'s interval is not a step: its report is not sent (its step still advances the
+        counter and the capture backend). For the zero-code hook (``rankhook/autoinstall.py``), which constructs
+        the hook at the end of the first optimizer step, so the interval to its first ``step()`` is the hook's own
+        set-up (~1 ms against real steps of ~65 ms), not a training step. No effect once a step was taken."""
+        if self.step_count == 0:
+            self._untimed_step = True
+
     # -- hot path -------------------------------------------------------------------------------------------
     def step(self, work: float | None = None) -> None:
         """Mark the end of one training step: publish its duration, advance the capture backend.
@@ -395,12 +404,14 @@ class Hook:
             # integer microseconds (wire.StepReportUs), one bytes %-format of integers only: no float repr, no
             # concatenation chain, no float-to-int conversion (the clocks are read in integer nanoseconds).
             capturing = capture is not None and capture.capturing()
-            if capturing or self._stages or self._flags or work is not None:
-                payload = self._step_format_tail % (step, (dt_ns + 500) // 1000, _time_ns() // 1000,
-                                                    self._tail(work, capturing))
+            if self._untimed_step:  # the interval since init is not a step (untimed_first_step): no report
+                self._untimed_step = False
+            elif capturing or self._stages or self._flags or work is not None:
+                self.publisher.send(self._topic_step, self._step_format_tail % (
+                    step, (dt_ns + 500) // 1000, _time_ns() // 1000, self._tail(work, capturing)))
             else:  # the common step: nothing beyond the fixed fields
-                payload = self._step_format % (step, (dt_ns + 500) // 1000, _time_ns() // 1000)
-            self.publisher.send(self._topic_step, payload)
+                self.publisher.send(self._topic_step,
+                                    self._step_format % (step, (dt_ns + 500) // 1000, _time_ns() // 1000))
             if now >= self._next_hello_ns:
                 self._next_hello_ns = now + _HELLO_RESEND_NS
                 self.send_hello()

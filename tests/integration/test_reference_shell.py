@@ -243,3 +243,16 @@ def test_a_named_rank_regression_is_compared_with_the_reference_on_the_ranks_it_
     w.shell.tick(w.now)
     w.drain(lambda: w.state(manual) is CaptureState.ANALYSED)
     assert w.of("io.profwatch.suspect_ranks.v1")[-1]["reference"]["named_ranks"] is None
+
+
+def test_an_ended_job_takes_no_reference_and_says_so(steady) -> None:
+    """A user report: status said ``waits: no_baseline`` for a job whose ranks all left; the desk says
+    ``job_ended`` (docs/reference.md) and arms nothing."""
+    w = steady()
+    w.shell.tick(T0)
+    assert w.shell.references.view("j1", T0)[0]["waiting"] == "settling"
+    w.shell.references.jobs["j1"].ended_unix_s = T0 + 1  # the coordinator found it ended (registry.note_ended)
+    w.now = T0 + 10
+    w.shell.tick(w.now)
+    assert w.shell.references.view("j1", w.now)[0]["waiting"] == "job_ended"
+    assert not [c for c in w.store.captures("j1") if c.reason == "reference"] and not w.writes

@@ -107,6 +107,22 @@ def test_published_events_fold_into_the_stages() -> None:
     assert "recipes: slow_rank=ok (3.2s), kineto_breakdown=ok" in rows["analysis"][4]  # durations where reported
 
 
+def test_the_reference_row_says_what_the_capture_is_not_an_alert_name() -> None:
+    """A user read ``reference capture c-1 (suspect_ranks): steps 102-107`` as an alert that went out; a reference
+    is never alerted on: the row names the baseline, its ranks and its outcome in words."""
+    from profwatch.commands.demo import on_event
+    from profwatch.core.alerts.events import rfc3339
+
+    tl = Timeline("reference", "demo-reference", after_slowdown_only=True)
+    rows: list[str] = []
+    ev = {"type": "io.profwatch.reference_captured.v1", "time": rfc3339(112.0),
+          "data": {"capture_id": "c-1", "outcome": "suspect_ranks", "judged_ranks": [0, 1, 2, 3], "world_size": 4,
+                   "captured_steps": [102, 103, 104, 105, 106, 107]}}
+    on_event(tl, ev, 0.0, lambda stage, t, detail: rows.append(detail))
+    assert rows == ["reference capture c-1: healthy baseline of all 4 ranks, analysis done (never alerted on): "
+                    "steps 102-107"]
+
+
 def test_a_missed_scenario_prints_what_the_analysis_saw(tmp_path):
     from profwatch.commands.demo import miss_evidence
 

@@ -369,3 +369,31 @@ def test_a_job_without_a_profiler_config_path_is_told_once_that_it_cannot_be_cap
         assert said() and "cannot arm a capture" in said()[0] and "PROFWATCH_BACKEND=none" in said()[0]
     finally:
         rankhook.shutdown()
+
+
+def test_the_zero_code_hook_sends_no_time_for_its_first_interval(node: _Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's zero-code telemetry had step 1 at ~0.0008 s on every rank against ~0.065 s steps: the hook is made
+    at the end of the first optimizer step, so that interval is its own set-up. Step 1 sends no report; the counter
+    and the backend still advance; a hook the user made before is left as it is."""
+    import rankhook
+    from rankhook.autoinstall import _Installer
+
+    backend = _CountingBackend()
+    hook = Hook(resolve_identity("thr-job", rank=0, world_size=1), Publisher(node.endpoint), backend)
+    made: list[Hook] = []
+    monkeypatch.setattr(rankhook, "current", lambda: made[0] if made else None)
+    monkeypatch.setattr(rankhook, "init", lambda *a, **k: made.append(hook) or hook)
+    monkeypatch.setattr(rankhook, "step", lambda: hook.step())
+    class _Opt:  # an optimizer stand-in (the counter keeps it in a weak dict)
+        pass
+
+    inst, opt = _Installer(), _Opt()
+    try:
+        for _ in range(3):
+            inst.hook(opt, (), {})
+        steps = wait_for(lambda: [m["step"] for m in node.kinds("step")] if len(node.kinds("step")) >= 2 else None)
+    finally:
+        hook.close()
+    assert steps == [2, 3] and hook.step_count == 3 and [s for _, s in backend.calls] == [1, 2, 3]
+    hook.untimed_first_step()  # too late: a step was taken, nothing changes
+    assert not hook._untimed_step

@@ -152,7 +152,7 @@ def test_every_reason_a_reference_waits_for_is_said_in_words() -> None:
     src = inspect.getsource(reference)
     reasons = set(re.findall(r'ReferenceDecision\((?:False|True), "(\w+)"', src)) | set(re.findall(r'why = "(\w+)"', src))
     assert {"no_baseline", "off_baseline", "episode_open", "settling", "byte_cap"} <= reasons, reasons
-    assert reasons - {"take", "fresh", "in_flight"} == set(REFERENCE_WAITS), reasons
+    assert reasons - {"take", "fresh", "in_flight", "job_ended"} == set(REFERENCE_WAITS), reasons
     for why in REFERENCE_WAITS:  # the words sit in "(for ...)": no parentheses of their own
         [line] = render_reference({"job_id": "j", "latest": None, "in_flight": None, "waiting": why})
         assert line.count("(") == 1 and line.endswith(")"), line
@@ -160,6 +160,21 @@ def test_every_reason_a_reference_waits_for_is_said_in_words() -> None:
     assert line == ("  j: none yet; waits: off_baseline (for the step time to be within [reference] "
                     "step_time_tolerance of the baseline)")
     assert "come back" not in line  # the job may never have been slower: the words claim nothing
+
+
+def test_an_ended_job_says_no_reference_will_come_not_what_it_waits_for() -> None:
+    """A user report: ``gloo-job: none yet; waits: no_baseline (for the detector to know ...)`` for a job whose
+    ranks all left: nothing will come, the line says so and names no wait."""
+    from profwatch.core.status_text import render_reference
+
+    ref = JobReference()
+    assert _steady(ref, T0, recent_step_s=None) == "no_baseline"  # its ranks are silent: no recent step time
+    d = decide_reference(S, ref, T0, generation=0, act_mode=True, slot_busy=False, bytes_last_hour=0,
+                         estimated_bytes=1, byte_cap=None, job_ended=True)
+    assert (d.take, d.reason, d.until_unix_s) == (False, "job_ended", None)
+    [line] = render_reference({"job_id": "gloo-job", "latest": None, "in_flight": None, "waiting": d.reason})
+    assert line.startswith("  gloo-job: none yet; job_ended: none will come, the job ended"), line
+    assert "waits" not in line and "no_baseline" not in line, line
 
 
 def test_an_episode_holds_the_reference_for_a_bounded_time_only() -> None:

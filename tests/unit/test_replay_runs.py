@@ -195,3 +195,21 @@ def test_each_rank_of_a_report_naming_several_keeps_its_own_size() -> None:
     assert rank_levels([a], "j1", "rank_outlier", [0, 1], None) == "rank 0 +21.0% (step 90), rank 1 +50.0% (step 90)"
     a["detail"] = {"excess": {"0": 0.21, "1": 0.5}}
     assert rank_levels([a], "j1", "rank_outlier", [0, 1], None) == "rank 0 +21.0% (step 90), rank 1 +50.0% (step 90)"
+
+
+def test_an_arm_s_start_step_is_one_sum_that_names_each_term() -> None:
+    """A user read ``start_step 131 = step 81 + 20 steps of lead (...), then +30 steps to the capture window's
+    start`` and could not tell what the +30 was: each term of the sum says what it is."""
+    from profwatch.commands.replay import arm_step_text
+
+    arm = {"step": 81, "armed_at_step": 81, "base_step": 81, "lead_steps": 20, "poll_interval_s": 1.0,
+           "start_step": 131, "kind": "step_regression"}
+    text = arm_step_text(arm)
+    assert text == ("armed at step 81; start_step 131 = step 81 + 20 steps of lead (the ranks read their profiler "
+                    "config every 1 s, plus [capture] margin_s and margin_steps) + 30 steps (asked beyond the lead: "
+                    "a level report's window waits to see whether its excursion comes back, "
+                    "core/arming/policy.py: capture_request)"), text
+    assert "then" not in text
+    spike = arm_step_text({**arm, "kind": "periodic_spike", "start_step": 105})
+    assert spike.endswith(" + 4 steps (to the spike's predicted onset: the window starts on an occurrence)"), spike
+    assert arm_step_text({**arm, "start_step": 101}).endswith("margin_steps)")

@@ -292,3 +292,15 @@ def test_each_of_two_enriching_captures_says_what_it_does_or_waits_for() -> None
     assert running[1] == "    running now: advisor (12 s) [enrich]"
     waiting = render_capture({**cap, "state": "analysing", "stage": "analysis_queued", "ahead": ["c-0", "c-1"]})
     assert "waiting for an analysis worker" in waiting[1] and waiting[1].endswith("behind c-0, c-1")
+
+
+def test_a_job_wide_reference_compare_says_which_rank_and_why() -> None:
+    """A user saw ``running now: reference_compare_rank2 (2 s) [enrich]`` in a job-wide scenario (no suspect) and
+    read it as rank 2 being blamed: the running command says it compares rank 2 because its step time changed most
+    since the reference."""
+    from profwatch.core.status_text import capture_activity, run_label
+
+    label = run_label("reference_compare_rank2")
+    assert label == "reference_compare of rank 2 (a rank whose step time changed most since the reference)"
+    assert run_label("slow_rank") == "slow_rank" and run_label("x_rankz") == "x_rankz"
+    assert capture_activity({"running": [f"{label} (2 s) [enrich]"]}).startswith("running now: reference_compare of")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from profwatch.core.batches.completeness import BatchState, CaptureHint
+from profwatch.core.status_text import run_label
 from rankhook import wire
 
 if TYPE_CHECKING:
@@ -355,9 +356,10 @@ class BatchAnalyser:
         return result.status, result.alert_data()
 
     def running(self, capture_id: str | None = None) -> list[str]:
-        """The msprof-analyze commands running now (of ``capture_id``'s batch, or all): ``"<recipe> (<elapsed> s)"``,
+        """The msprof-analyze commands running now (of ``capture_id``'s batch, or all): ``"<recipe> (<elapsed> s)"``
+        (the recipe in words: ``core/status_text.py: run_label``),
         `` [enrich]`` added for the enrich phase."""
-        return [f"{r['recipe']} ({r['elapsed_s']:.0f} s)" + (" [enrich]" if r["phase"] == "enrich" else "")
+        return [f"{run_label(r['recipe'])} ({r['elapsed_s']:.0f} s)" + (" [enrich]" if r["phase"] == "enrich" else "")
                 for r in self.running_recipes(capture_id)]
 
     def running_recipes(self, capture_id: str | None = None) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from profwatch.core.changes.reference import (
     decide_reference,
     episodes_holding,
 )
+from profwatch.core.fleet.registry import every_rank_left
 
 if TYPE_CHECKING:
     from profwatch.adapters.store.state import StateStore
@@ -120,7 +121,8 @@ class ReferenceDesk:
 
             decide = functools.partial(decide_reference, rs, r, now, generation=job.generation,
                                        act_mode=arming.mode == "act", slot_busy=self._slot_busy(job_id),
-                                       bytes_last_hour=held, byte_cap=arming.max_capture_bytes_per_hour)
+                                       bytes_last_hour=held, byte_cap=arming.max_capture_bytes_per_hour,
+                                       job_ended=job.ended_unix_s is not None or every_rank_left(job))
             d = decide(estimated_bytes=0)  # the cheap checks first: the ranks to cover are planned only when everything else passes
             if d.take:
                 target, rank_list, estimate = capture_coverage(

@@ -103,8 +103,7 @@ def on_event(tl: Timeline, ev: dict[str, Any], now: float, note: Callable[[str, 
             note(stage, t, detail)
 
     if typ == TYPE_REFERENCE_CAPTURED:
-        mark("reference", t_ev, f"reference capture {d.get('capture_id')} ({d.get('outcome')}): steps "
-                                f"{_steps(d.get('captured_steps'))}")
+        mark("reference", t_ev, reference_row(d))
     elif typ in ANOMALY_TYPES and int(d.get("step") or 0) >= tl.at_step:
         mark("detection", t_ev, f"{d.get('kind')} +{100 * float(d.get('magnitude') or 0):.0f}%", d.get("step"))
     elif typ == TYPE_ARM_DECISION and d.get("action") == "arm" and d.get("capture_id"):
@@ -295,6 +294,23 @@ def _catch_up_from_store(stack: Stack, tl: Timeline, end: float, note: Callable[
     if tl.timed_out and late is not None and late <= end and (tl.enriched is not None
                                                               or not _expects_enrichment(tl)):
         tl.timed_out = None  # it was published in time; only its PUB message was missed
+
+
+REFERENCE_OUTCOMES = {"suspect_ranks": "analysis done", "batch_incomplete": "batch incomplete",
+                      "analysis_failed": "analysis failed"}
+"""A ``reference_captured`` event's ``outcome`` (the verdict type it replaces; never alerted on) in words."""
+
+
+def reference_row(d: dict[str, Any]) -> str:
+    """The timeline row of a ``reference_captured`` event's data ``d``: what the capture is (the job's healthy
+    baseline), the ranks it judged of the job's world size, its outcome in words and its steps (e.g.
+    ``reference capture c-1: healthy baseline of all 4 ranks, analysis done (never alerted on): steps 102-107``)."""
+    judged, world = d.get("judged_ranks") or [], d.get("world_size")
+    cover = ("" if not judged else f" of all {len(judged)} ranks" if len(judged) == world
+             else f" of {len(judged)} of {world} ranks" if world else f" of {len(judged)} ranks")
+    outcome = REFERENCE_OUTCOMES.get(str(d.get("outcome")), str(d.get("outcome")))
+    return (f"reference capture {d.get('capture_id')}: healthy baseline{cover}, {outcome} (never alerted on): "
+            f"steps {_steps(d.get('captured_steps'))}")
 
 
 def _steps(steps: list[int] | None) -> str:

@@ -426,7 +426,8 @@ def arm_step_text(arm: dict[str, Any]) -> str:
     """Why an arm's ``start_step`` is where it is: the step the job had reached when it was armed (later than the
     episode's report when it waited, and for what: ``core/status_text.py: wait_phrase``) plus the planner's lead
     (``core/capture/planner.py: lead_steps``: the ranks read their profiler config every ``poll_interval_s``, plus
-    ``[capture] margin_s`` and ``margin_steps``). "" for an arm recorded without them."""
+    ``[capture] margin_s`` and ``margin_steps``) plus the steps the request asked beyond it (a periodic spike's
+    predicted onset, a withdrawable level report's wait), one sum. "" for an arm recorded without them."""
     from profwatch.core.status_text import wait_phrase
 
     at, base, lead = arm.get("armed_at_step"), arm.get("base_step"), arm.get("lead_steps")
@@ -440,7 +441,11 @@ def arm_step_text(arm: dict[str, Any]) -> str:
     lead_text = (f"{lead} steps of lead (the ranks read their profiler config every {arm['poll_interval_s']:g} s, "
                  "plus [capture] margin_s and margin_steps)")
     start = arm["start_step"]
-    tail = "" if start == base + lead else f", then {start - base - lead:+d} steps to the capture window's start"
+    extra = start - base - lead
+    why = ("to the spike's predicted onset: the window starts on an occurrence" if arm.get("kind") == "periodic_spike"
+           else "asked beyond the lead: a level report's window waits to see whether its excursion comes back, "
+                "core/arming/policy.py: capture_request")
+    tail = "" if extra == 0 else f" {'+' if extra > 0 else '-'} {abs(extra)} steps ({why})"
     return f"armed at step {at}{waited}; start_step {start} = step {base} + {lead_text}{tail}"
 
 

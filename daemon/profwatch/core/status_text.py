@@ -213,6 +213,19 @@ IDLE_ON_WORKER = {
 """What an analysing / enriching capture on its worker does while no msprof-analyze command of it runs."""
 
 
+RUN_RANK_WHY = {"reference_compare": "a rank whose step time changed most since the reference"}
+"""Why a per-rank run of each recipe (``<recipe>_rank<N>``, ``changes/compare.py``) compares that rank."""
+
+
+def run_label(name: str) -> str:
+    """A running msprof-analyze command's name in words: ``reference_compare_rank2`` (a job-wide comparison that
+    picks ranks) -> ``reference_compare of rank 2 (a rank whose step time changed most since the reference)``;
+    any other name as it is."""
+    recipe, sep, rank = name.rpartition("_rank")
+    why = RUN_RANK_WHY.get(recipe)
+    return f"{recipe} of rank {rank} ({why})" if sep and why and rank.isdigit() else name
+
+
 def capture_activity(cap: Mapping[str, Any]) -> str:
     """What an analysing or enriching capture of a ``status`` reply does or waits for now, in words: the
     msprof-analyze commands running for it (``running``), else, by its ``stage`` (``AnalysisSteps.stage_of``),
@@ -274,6 +287,8 @@ REFERENCE_WAITS = {
 }
 """What a job's reference capture waiting for each reason of ``core/changes/reference.py: decide_reference``
 waits for, in words (the reason word stays first: ``status --json`` and docs/reference.md use it)."""
+REFERENCE_ENDED = "job_ended: none will come, the job ended (its ranks left or went silent) until it runs again"
+"""The reference line of a job ``decide_reference`` found ended: it waits for nothing."""
 
 
 def render_reference(ref: Mapping[str, Any]) -> list[str]:
@@ -288,6 +303,8 @@ def render_reference(ref: Mapping[str, Any]) -> list[str]:
         head = f"  {ref['job_id']}: none yet"
     if ref.get("in_flight"):
         head += f"; taking {ref['in_flight']}"
+    elif ref.get("waiting") == "job_ended":
+        head += f"; {REFERENCE_ENDED}"
     elif ref.get("waiting") and ref["waiting"] != "fresh":
         why = REFERENCE_WAITS.get(str(ref["waiting"]))
         head += f"; waits: {ref['waiting']}" + (f" (for {why})" if why else "")

@@ -90,7 +90,7 @@ class ReferenceInfo:
 @dataclass(frozen=True, slots=True)
 class ReferenceDecision:
     """``take``: arm a reference now; ``reason``: why (not), a stable snake_case word (``take``, ``disabled``,
-    ``not_act_mode``, ``fresh``, ``episode_open``, ``no_baseline``, ``off_baseline``, ``settling``,
+    ``not_act_mode``, ``job_ended``, ``fresh``, ``episode_open``, ``no_baseline``, ``off_baseline``, ``settling``,
     ``capture_in_flight``, ``in_flight``, ``retry_wait``, ``byte_cap``); ``until_unix_s``: when the hold ends by
     time alone (None: something else must change)."""
 
@@ -161,9 +161,10 @@ def episodes_holding(opened_unix_s: Iterable[float], now_unix_s: float, yield_s:
 
 def decide_reference(settings: ReferenceSettings, ref: JobReference, now_unix_s: float, *, generation: int,
                      act_mode: bool, slot_busy: bool, bytes_last_hour: int, estimated_bytes: int,
-                     byte_cap: int | None) -> ReferenceDecision:
+                     byte_cap: int | None, job_ended: bool = False) -> ReferenceDecision:
     """Whether to arm the job's reference now (rules in the module doc), the first hold in this order: disabled,
-    not act mode, a reference in flight, a fresh reference of this generation, not steady (its reason), steady for
+    not act mode, a reference in flight, the job ended (``job_ended``: its ranks all left or it was found ended;
+    no reference comes until it runs again), a fresh reference of this generation, not steady (its reason), steady for
     less than ``steady_s`` (``settling``), a capture holding the slot, the retry wait after a failed try, the byte
     cap. Pure."""
     s = settings
@@ -173,6 +174,8 @@ def decide_reference(settings: ReferenceSettings, ref: JobReference, now_unix_s:
         return ReferenceDecision(False, "not_act_mode")
     if ref.in_flight is not None:
         return ReferenceDecision(False, "in_flight")
+    if job_ended:
+        return ReferenceDecision(False, "job_ended")
     latest = ref.latest
     if latest is not None and latest.generation >= generation and now_unix_s - latest.created_unix_s < s.max_age_s:
         return ReferenceDecision(False, "fresh", latest.created_unix_s + s.max_age_s)
