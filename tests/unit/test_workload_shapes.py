@@ -363,3 +363,15 @@ def test_a_checkpoint_every_n_steps_never_switches_a_training_job_to_serving() -
     assert of_kind(found, "step_regression") == []
     _, det = run(_checkpointing_job([200, 330, 520, 610]), 2)
     assert det.mode == "serving" and det.counters["mode_switches"] == 1
+
+
+def test_two_detect_gaps_never_read_as_a_lattice_by_a_single_interval() -> None:
+    """With ``serving_detect_gaps = 2`` the gaps in view give one interval, trivially "all equal": base of this
+    check (57f44b3) read any two idle gaps 10+ steps apart as a checkpoint lattice, so a server with gaps at steps
+    200, 330, 520, 610 never switched to serving mode. A lattice needs two equal intervals to be claimed; a
+    checkpoint every 200 steps still stays in training mode."""
+    settings = DetectionSettings(serving_detect_gaps=2)
+    _, det = run(_checkpointing_job([200, 330, 520, 610]), 2, settings)
+    assert det.mode == "serving" and det.counters["mode_switches"] == 1
+    _, det = run(_checkpointing_job(list(range(200, 1200, 200))), 2, settings)
+    assert det.mode == "training" and det.counters["mode_switches"] == 0
