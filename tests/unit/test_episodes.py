@@ -1052,3 +1052,24 @@ def test_a_rank_found_after_a_job_wide_arm_is_armed_before_the_gap_ends_and_a_re
     assert b2.history.state(T0 + 12, capture_in_flight=False).last_arm_named
     b2.history.withdraw("c-1")
     assert not b2.history.state(T0 + 12, capture_in_flight=False).last_arm_named
+
+
+@pytest.mark.parametrize("status", ["simulated", "failed"])
+def test_a_culprit_that_rotates_back_before_a_verdictless_capture_ends_still_rotates(status: str) -> None:
+    """Rank 0 hot, captured; rank 3 hot 400 s later (0 healthy), captured; rank 0 hot again before that second
+    capture ends without a verdict (replay's ``simulated``, a ``failed`` one): the culprit moved 0 -> 3, as with
+    ``ok`` verdicts naming 0 then 3. At 57f44b3 ``_moved`` read the trail's latest naming of 0 (after the second
+    arm) as "0 still slow then", and no rotation was recognised (8a68eca: recognised)."""
+    b, p = book(rotation_captures=2, cooldown_s=0, min_arm_gap_s=0)
+    ep, _ = b.observe(out(10, (0,)), T0)
+    for k in range(1, 9):
+        b.observe(out(10 + k, (0,)), T0 + 10 * k)  # rank 0 hot T0 .. T0 + 80
+    assert arm_next(b, p, T0 + 1, "c0", covered=(0,)) is ep
+    events = b.capture_ended("c0", T0 + 30, status)
+    for k in range(9):
+        b.observe(out(300 + k, (3,)), T0 + 400 + 10 * k)  # rank 3 hot T0 + 400 .. T0 + 480
+    assert arm_next(b, p, T0 + 401, "c1", covered=(3,)) is ep
+    b.observe(out(900, (0,)), T0 + 900)  # rank 0 hot again, 820 s after it was last named
+    events += b.capture_ended("c1", T0 + 910, status)
+    assert ep is not None and ep.rotation == (0, 3)
+    assert [e.type for e in events] == ["io.profwatch.culprit_rotates.v1"]

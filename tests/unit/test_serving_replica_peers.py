@@ -421,3 +421,15 @@ def test_replicas_of_three_that_step_only_in_pairs_are_judged_against_the_peer_i
                            factor=lambda q, b: 3.0 if q == 2 and b >= 600 else 1.0, seed=seed)
         assert len(big) == 1 and big[0].ranks == (2,), (seed, big)
         assert 2.8 <= 1.0 + big[0].magnitude <= 3.2, (seed, big)
+
+
+def test_a_replica_of_three_that_gets_faster_in_pair_blocks_names_no_healthy_peer() -> None:
+    """Three replicas stepping only in pairs (:func:`_pairs_apart`); replica 0 becomes 0.7x (its neighbour left)
+    from block 600. A pair's ratio says two replicas differ, never which one moved; two that agree outvote the
+    third, as the median of three does. At 57f44b3 a peer in a run over its baseline was left out of a pair's level,
+    so each healthy peer read a rise against 0 and its blocks with the other went unjudged: both healthy peers were
+    named ``step_regression`` +43 % (``test "run"``, ``pair`` True), seeds 0 and 1 (nothing at 8a68eca)."""
+    for seed in (0, 1):
+        found = _pairs_apart(ReplicaPeers("j", [[0], [1], [2]], DetectionSettings()), blocks=1200,
+                             factor=lambda q, b: 0.7 if q == 0 and b >= 600 else 1.0, seed=seed)
+        assert found == [], (seed, found)

@@ -393,3 +393,25 @@ def test_ranks_of_one_step_number_with_different_work_are_replicas_never_compare
                for u in det.units)
     tp, _ = run(_two_ranks_in_step(4), 2)
     assert {a.ranks for a in of_kind(tp, "rank_outlier")} == {(1,)}
+
+
+def test_two_detect_gaps_never_read_as_a_lattice_by_a_single_interval() -> None:
+    """With ``serving_detect_gaps = 2`` the gaps in view give one interval, trivially "all equal": base of this
+    check (57f44b3) read any two idle gaps 10+ steps apart as a checkpoint lattice, so a server with gaps at steps
+    200, 330, 520, 610 never switched to serving mode. A lattice needs two equal intervals to be claimed; a
+    checkpoint every 200 steps still stays in training mode."""
+    settings = DetectionSettings(serving_detect_gaps=2)
+    _, det = run(_checkpointing_job([200, 330, 520, 610]), 2, settings)
+    assert det.mode == "serving" and det.counters["mode_switches"] == 1
+    _, det = run(_checkpointing_job(list(range(200, 1200, 200))), 2, settings)
+    assert det.mode == "training" and det.counters["mode_switches"] == 0
+
+
+@pytest.mark.xfail(strict=True, reason="found in review, not fixed: a step lattice alone cannot tell a server fed "
+                                       "fixed-size bursts from a checkpointing training job")
+def test_a_server_fed_fixed_size_bursts_switches_to_serving() -> None:
+    """A client that sends exactly 16 requests per burst, 60 s idle between bursts (4 s of work in every 64 s: 94 %
+    idle): its idle gaps lie on a 16-step lattice, so at 57f44b3 the job never switches to serving mode (a
+    checkpoint every 16 steps that takes 15x the work between is not a training job's own pause)."""
+    _, det = run(_checkpointing_job(list(range(200, 1200, 16))), 2)
+    assert det.mode == "serving" and det.counters["mode_switches"] == 1

@@ -1131,7 +1131,8 @@ class JobEpisodes:
         rank, the time it was armed, Unix s, and the ranks its verdict named, empty without one; oldest first): each
         top differs from the one before, and the one before was no longer slow at the later capture: its verdict did
         not name it, or, without a verdict, the key's episodes no longer named it (the trail: reports and the
-        detector's ongoing names) when it was armed. A rank still slow then is slow beside the new top, not left
+        detector's ongoing names) when it was armed (its current stretch of the trail does not span the arm: one
+        begun after it, :data:`NAMED_GAP_S` after a healthy gap, is the rotation come back). A rank still slow then is slow beside the new top, not left
         behind by it: two ranks slow from the same step, one named a step before the other, read as a rotation
         2 -> 5 (the second capture took the new rank beside the first), and neither was captured again
         (``tests/integration/test_replay.py``, ``tests/unit/test_episodes.py``)."""
@@ -1140,7 +1141,9 @@ class JobEpisodes:
         trail = self._trail.get(key, {})
         for (a, _, _), (b, armed, named) in zip(tops, tops[1:], strict=False):
             seen = trail.get(a)
-            if a == b or (a in named if named else seen is not None and seen[1] >= armed):
+            # named at the arm: its current stretch spans it (one begun after it is a hot period come back, e.g.
+            # an expert hot again before a verdict-less capture ended: 0 -> 3 -> 0 read as no move)
+            if a == b or (a in named if named else seen is not None and seen[0] <= armed <= seen[1]):
                 return False
         return True
 

@@ -454,14 +454,18 @@ class JobDetector:
 
     def _count_gap(self, rank: int, now_unix_s: float, step: int) -> bool:
         """Count an idle gap of ``rank`` at its ``step``; True when the job should switch to serving mode: the last
-        ``serving_detect_gaps`` gaps within :data:`DETECT_WINDOW_S`, unless they lie on a step lattice (equal
-        intervals of at least :data:`MIN_LATTICE_STEPS` steps: a periodic checkpoint)."""
+        ``serving_detect_gaps`` gaps within :data:`DETECT_WINDOW_S`, unless the last ``max(serving_detect_gaps, 3)``
+        gaps lie on a step lattice (equal intervals of at least :data:`MIN_LATTICE_STEPS` steps: a periodic
+        checkpoint; a single such interval, before a third gap, is not yet told apart from one and waits)."""
         n = self.settings.serving_detect_gaps
         if n == 0 or self._mode_given or self._custom:
             return False
-        q = self._gaps.setdefault(rank, deque(maxlen=n))
+        # at least 3 gaps kept: one interval alone is always "all equal" (serving_detect_gaps = 2 read any two
+        # gaps 10+ steps apart as a lattice); with one interval of a lattice's size the switch waits for the next
+        q = self._gaps.setdefault(rank, deque(maxlen=max(n, 3)))
         q.append((now_unix_s, step))
-        if len(q) < n or now_unix_s - q[0][0] > DETECT_WINDOW_S:
+        recent = list(q)[-n:]
+        if len(recent) < n or now_unix_s - recent[0][0] > DETECT_WINDOW_S:
             return False
         gaps = {b[1] - a[1] for a, b in zip(q, list(q)[1:], strict=False)}
         return not (len(gaps) == 1 and min(gaps) >= MIN_LATTICE_STEPS)

@@ -842,8 +842,9 @@ class ReplicaPeers:
         """The level of a block :meth:`_peer_level` has none for in a job of three replicas or more: the median
         of each other replica's block median in this very block (the same host load), over its own baseline ratio
         to the level (``exp`` of the median of its history less the newest :data:`PEER_LAG`; 1 while it has
-        fewer than :data:`PEER_MIN_BASELINE`: replicas are alike by design), leaving out a replica in a run
-        over its baseline (a change not named yet). None: none such, or a job of two (there the other's block
+        fewer than :data:`PEER_MIN_BASELINE`: replicas are alike by design), a peer in a run over its baseline
+        too (one that moved reads as ``q``'s fall, which a pair's block never judges; as the median of three, two
+        replicas that agree outvote the third). None: none such, or a job of two (there the other's block
         is the level already). Bursty replicas of three or four rarely step three in 20 s: replica 0 of
         bench_corpus seed 32 serving_dp run 11 had a block median in 46 blocks of an hour and a level in 16,
         never formed its baseline and its 1.3x change was named by the young test 1,348 s after the onset; in
@@ -853,7 +854,10 @@ class ReplicaPeers:
             return None
         lv = []
         for o, m in meds.items():
-            if o == q or self._up[o] or not m > 0:
+            # a peer in a run over its baseline is not left out: a pair's ratio says that two replicas differ,
+            # never which one moved, and leaving it out let replica 0 turned 0.7x name both healthy peers +43 %
+            # (each read a rise against 0, and its blocks with the other, "up" too, were never judged)
+            if o == q or not m > 0:
                 continue
             hist = list(self._hist[o])
             base_vals = hist[:-PEER_LAG] if len(hist) > PEER_LAG else []
