@@ -12,6 +12,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 from profwatch.commands.replay import ReplayConfig, replay_lines
 from tests.conftest import python_env
 
@@ -122,5 +124,20 @@ def test_a_healthy_serving_unit_whose_work_mix_moved_between_bands_learned_apart
     bc = _corpus()
     run = bc.CLASSES["serving_work"]("serving_work", [103, list(bc.CLASSES).index("serving_work"), bc.HEALTHY_STREAM,
                                                       1], False)
+    row = bc.score(run, replay_lines(run.lines, ReplayConfig()))
+    assert row["false_arms"] == 0 and not row["violations"], row["false_arm_at"]
+
+
+@pytest.mark.xfail(strict=True, reason="UnitPipeline._follow_blocks freezes the load bands while the regression "
+                   "detector's upper CUSUM is above 0 (19 blocks, steps 2091-7308); the frozen references carry the "
+                   "host load of their window, and the CUSUM on the ratios against them crosses (+17 %)")
+def test_a_healthy_serving_unit_whose_references_froze_while_the_host_load_drifted_does_not_arm() -> None:
+    """``--healthy-hours`` seed 104 serving_work healthy run 2: the load bands stopped learning while the
+    regression detector gathered evidence of a rise (``UnitPipeline._follow_blocks``) for 19 blocks, from step 2091
+    to 7308; against references 20 minutes old the host load's drift crossed the CUSUM: a false +17 %
+    ``step_regression`` at step 7308 (a healthy run: every arm is false)."""
+    bc = _corpus()
+    run = bc.CLASSES["serving_work"]("serving_work", [104, list(bc.CLASSES).index("serving_work"), bc.HEALTHY_STREAM,
+                                                      2], False)
     row = bc.score(run, replay_lines(run.lines, ReplayConfig()))
     assert row["false_arms"] == 0 and not row["violations"], row["false_arm_at"]
