@@ -12,8 +12,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import pytest
-
 from profwatch.commands.replay import ReplayConfig, replay_lines
 from tests.conftest import python_env
 
@@ -128,10 +126,6 @@ def test_a_healthy_serving_unit_whose_work_mix_moved_between_bands_learned_apart
     assert row["false_arms"] == 0 and not row["violations"], row["false_arm_at"]
 
 
-@pytest.mark.xfail(strict=True, reason="the load bands' references, frozen by UnitPipeline._follow_blocks while the "
-                   "upper CUSUM is above 0, were learned at a lower host load than the 19 frozen blocks ran at; the "
-                   "block ratios read +12 % on average throughout, like a job-wide change on a single-unit job (no "
-                   "peer measures the shared load), and a cap on the freeze loses test_serving_rescale's 1.3x")
 def test_a_healthy_serving_unit_whose_references_froze_while_the_host_load_drifted_does_not_arm() -> None:
     """``--healthy-hours`` seed 104 serving_work healthy run 2 (one TP-2 unit with ``work``, 53 minutes): the load
     bands stopped learning while the regression detector gathered evidence of a rise (``UnitPipeline._follow_blocks``)
@@ -141,7 +135,8 @@ def test_a_healthy_serving_unit_whose_references_froze_while_the_host_load_drift
     ``step_regression`` at step 7308 (a healthy run: every arm is false). The same error runs the other way in
     tests/unit/test_serving_rescale.py seed 2: its real +30 % (from 1200 s) reads +17 % after 25 frozen blocks
     (1233-2767 s), so neither a cap on frozen blocks nor on their wall time tells the two apart; the references'
-    host-load sampling error (a band's window spans a few 20-90 s load periods) has to shrink instead."""
+    host-load sampling error (a band's window spans a few 20-90 s load periods) has to shrink instead: band windows
+    of ``serving.BAND_WINDOW`` = 512 values, not 128."""
     bc = _corpus()
     run = bc.CLASSES["serving_work"]("serving_work", [104, list(bc.CLASSES).index("serving_work"), bc.HEALTHY_STREAM,
                                                       2], False)
