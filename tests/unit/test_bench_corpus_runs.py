@@ -124,3 +124,21 @@ def test_a_healthy_serving_unit_whose_work_mix_moved_between_bands_learned_apart
                                                       1], False)
     row = bc.score(run, replay_lines(run.lines, ReplayConfig()))
     assert row["false_arms"] == 0 and not row["violations"], row["false_arm_at"]
+
+
+def test_a_healthy_serving_unit_whose_references_froze_while_the_host_load_drifted_does_not_arm() -> None:
+    """``--healthy-hours`` seed 104 serving_work healthy run 2 (one TP-2 unit with ``work``, 53 minutes): the load
+    bands stopped learning while the regression detector gathered evidence of a rise (``UnitPipeline._follow_blocks``)
+    for 19 blocks, cutoff held at step 2091 while the unit ran to step 7308. The references were learned on steps
+    71-2091 (93-768 s) at a mean host load of 1.19; steps 3987-7308 (1462-2879 s) ran at 1.27 (+6.5 %), and with the
+    bands the batch then visited the block ratios read 1.02-1.27 (about +12 %) for all 19 blocks: a false +17 %
+    ``step_regression`` at step 7308 (a healthy run: every arm is false). The same error runs the other way in
+    tests/unit/test_serving_rescale.py seed 2: its real +30 % (from 1200 s) reads +17 % after 25 frozen blocks
+    (1233-2767 s), so neither a cap on frozen blocks nor on their wall time tells the two apart; the references'
+    host-load sampling error (a band's window spans a few 20-90 s load periods) has to shrink instead: band windows
+    of ``serving.BAND_WINDOW`` = 512 values, not 128."""
+    bc = _corpus()
+    run = bc.CLASSES["serving_work"]("serving_work", [104, list(bc.CLASSES).index("serving_work"), bc.HEALTHY_STREAM,
+                                                      2], False)
+    row = bc.score(run, replay_lines(run.lines, ReplayConfig()))
+    assert row["false_arms"] == 0 and not row["violations"], row["false_arm_at"]

@@ -26,8 +26,13 @@ from profwatch.core.verdict.robust import MAD_TO_SIGMA
 
 WORK_BAND_RATIO = 1.1
 """Work bands are powers of this ratio (work within 10 % is one band)."""
-BAND_WINDOW = 128
-"""Values per band in its reference (rolling median)."""
+BAND_WINDOW = 512
+"""Values per band in its reference (rolling median). A band's values come in runs (the batch wanders in and out of
+it), so its window spans only a few of a shared host's load periods (20-90 s, up to 1.5x) and its reference carries
+their load: with 128, about +-10 %, which the regression detector read as a change of the unit while the references
+were held (``UnitPipeline._follow_blocks``): a false +17 % after 19 held blocks on a healthy unit (bench_corpus
+``--healthy-hours`` seed 104 serving_work run 2), and a real +30 % read as +17 %, found after 26 minutes
+(tests/unit/test_serving_rescale.py seed 2). 512 spans more load periods."""
 BAND_LAG = 32
 """The newest values of a band enter its reference only this late (a change cannot hide in it at once)."""
 BAND_MIN = 8
