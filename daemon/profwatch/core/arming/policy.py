@@ -366,7 +366,8 @@ def gap_holds(st: JobArmState, named: bool, now_unix_s: float, gap_s: float) -> 
     """Whether ``min_arm_gap_s`` (``gap_s``, seconds) holds an episode in state ``st`` at ``now_unix_s`` (``named``:
     it names ranks): less than ``gap_s`` since the job's last arm, unless the episode is a new named-rank one (not
     ``st.repeat``) and that arm named no ranks (``st.last_arm_named`` False: a job-wide or manual
-    capture). Issue 31: a job-wide arm held a rank 1.3x slower, found 6 s after it, until after the run ended."""
+    capture). Source: docs/detection.md (the job's holds): a job-wide arm held a rank 1.3x slower, found 6 s after
+    it, until after the run ended."""
     if st.last_arm_unix_s is None or now_unix_s - st.last_arm_unix_s >= gap_s:
         return False
     return not (named and not st.repeat and not st.last_arm_named)
