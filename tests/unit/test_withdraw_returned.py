@@ -164,6 +164,17 @@ def furthest_at(ls: list[str], at_unix_s: float) -> int:
     return max(r["step"] for r in map(json.loads, ls) if r["ts_unix_s"] <= at_unix_s)
 
 
+def assert_one_arm_withdrawn_with_its_lead_left(ls: list[str], step_s: float) -> None:
+    """Replayed ``ls`` armed once, that arm was withdrawn with no budget spent, and at its withdrawal its window
+    was still at least the planner's lead at ``step_s`` seconds per step away."""
+    res = replay_lines(ls)
+    [arm] = res["arms"]
+    [w] = res["withdrawn"]
+    assert w["capture_id"] == arm["capture_id"] and not spent(res)
+    at = furthest_at(ls, w["at_unix_s"])
+    assert arm["start_step"] - at >= lead_steps(at, step_s, CaptureSettings())
+
+
 def test_a_withdrawal_leaves_the_idle_config_time_to_reach_the_ranks() -> None:
     """A withdrawal writes the idle config over the arm; torch_npu reads it at its next poll, so it must leave the
     planner's lead (poll interval + margin_s, + margin_steps: the rule every config write follows) before the
@@ -260,13 +271,7 @@ def test_a_fast_jobs_checkpoint_is_withdrawn_its_lead_planned_at_the_level_it_re
             r["step_time_s"], r["stages"] = r["step_time_s"] * 25 / 6, {k: v * 25 / 6 for k, v in r["stages"].items()}
         if r["step"] >= 204:
             r["ts_unix_s"] += longer
-    ls = [json.dumps(r) for r in recs]
-    res = replay_lines(ls)
-    [arm] = res["arms"]
-    [w] = res["withdrawn"]
-    assert w["capture_id"] == arm["capture_id"] and not spent(res)
-    at = furthest_at(ls, w["at_unix_s"])
-    assert arm["start_step"] - at >= lead_steps(at, 0.56, CaptureSettings())
+    assert_one_arm_withdrawn_with_its_lead_left([json.dumps(r) for r in recs], 0.56)
     lasting = replay_lines(lines(400, onset=200, duration=None, factor=6.0, step_s=0.56))
     assert not lasting["withdrawn"] and spent(lasting)
 
@@ -278,13 +283,7 @@ def test_an_evaluation_that_runs_on_past_its_report_is_withdrawn() -> None:
     steps left, under that lead, and the capture was spent on healthy steps. The excursion's age at the report is
     now added to the window's lead: it is withdrawn, still the lead at 57 ms before the window; a 2.3x change that
     lasts keeps its capture, its window at most the lead and the age later."""
-    ls = lines(700, onset=300, duration=42, factor=2.3, step_s=0.057)
-    res = replay_lines(ls)
-    [arm] = res["arms"]
-    [w] = res["withdrawn"]
-    assert w["capture_id"] == arm["capture_id"] and not spent(res)
-    at = furthest_at(ls, w["at_unix_s"])
-    assert arm["start_step"] - at >= lead_steps(at, 0.057, CaptureSettings())
+    assert_one_arm_withdrawn_with_its_lead_left(lines(700, onset=300, duration=42, factor=2.3, step_s=0.057), 0.057)
     lasting = replay_lines(lines(700, onset=300, duration=None, factor=2.3, step_s=0.057))
     [kept] = spent(lasting)
     assert not lasting["withdrawn"] and kept["start_step"] <= kept["step"] + 2 * 55 + WITHDRAW_SLACK_STEPS
