@@ -30,3 +30,44 @@ def test_the_wait_line_is_told_which_captures_are_being_analysed() -> None:
                        {"capture_id": "c-2", "state": "analysing"}]}
     assert _in_flight(st) == ["c-1 enriching", "c-2 analysing"]
     assert _in_flight({}) == []
+
+
+def test_the_reference_wait_says_why_the_coordinator_waits_and_takes_a_reference_whose_event_was_missed() -> None:
+    """A CI run's ``reference`` scenario waited 600 s printing only "seen: nothing yet": the wait line and the
+    timed-out result now carry the coordinator's own account (its reference's ``waiting`` reason and the open
+    episodes), and an analysed reference in the ``status`` reply marks the stage when its PUB event was missed."""
+    from profwatch.commands.demo import _reference_from_status
+    from profwatch.commands.demo_timeline import Timeline
+
+    tl = Timeline("reference", "j")
+    tl.after_slowdown_only = True
+    noted: list[str] = []
+    ep = {"episode_id": "ep-1", "job_id": "j", "kind": "step_regression", "ranks": [], "scope": "", "magnitude": 0.6,
+          "peak_magnitude": 0.7, "opened_step": 40, "reports": 2, "captures": [], "closed_unix_s": None}
+    closed = {**ep, "episode_id": "ep-0", "closed_unix_s": 5.0}
+    other = {**ep, "episode_id": "ep-9", "job_id": "k"}
+    st = {"references": [{"job_id": "j", "latest": None, "in_flight": None, "waiting": "episode_open"}],
+          "episodes": [closed, ep, other]}
+    _reference_from_status(tl, st, lambda stage, t, detail: noted.append(stage))
+    assert tl.coordinator_says[0] == ("j: none yet; waits: episode_open (for the job to be healthy: an anomaly "
+                                      "episode is open)")
+    assert len(tl.coordinator_says) == 2 and tl.coordinator_says[1].startswith("open episode ep-1 step_regression")
+    line = tl.progress_line(100.0, 7, 160.0, "reference within 600 s of the job's start")
+    assert line.endswith("60 s left of reference within 600 s of the job's start; the coordinator's reference: "
+                         + tl.coordinator_says[0])
+    assert noted == [] and tl.t("reference") is None
+
+    latest = {"capture_id": "c-7", "generation": 0, "created_unix_s": 50.0, "age_s": 3.0, "step_time_s": 0.1}
+    st["references"][0].update(latest=latest, waiting="fresh")
+    _reference_from_status(tl, st, lambda stage, t, detail: noted.append(stage))
+    assert noted == ["reference"] and tl.t("reference") == 50.0
+    assert "reference capture c-7" in tl.marks["reference"][2] and tl.waiting_for() == "slowdown"
+    assert "the coordinator's reference" not in tl.progress_line(100.0, 7, 160.0, "slowdown")
+
+
+def test_a_timed_out_scenario_is_not_said_to_have_missed_the_slow_rank() -> None:
+    from profwatch.commands.demo import _missed_hint
+
+    line = _missed_hint(["reference"], timed_out=True)
+    assert line.startswith("scenario reference: timed out (the result line above says waiting for what) (load ")
+    assert "did not name" not in line

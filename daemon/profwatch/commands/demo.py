@@ -35,7 +35,7 @@ from typing import Any
 import click
 
 from profwatch.commands.demo_stack import Stack
-from profwatch.commands.demo_timeline import Timeline, event_time
+from profwatch.commands.demo_timeline import SAYS_EPISODES, Timeline, event_time
 from profwatch.core.alerts.alertmanager import saving_text
 from profwatch.core.alerts.event_types import (
     ANOMALY_TYPES,
@@ -219,6 +219,8 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
             except ControlError:
                 pass  # still say where we are every NOTE_EVERY_S below
             step = _furthest(st, job_id) if st else step
+            if st and tl.waiting_for() == "reference":
+                _reference_from_status(tl, st, note)
             if st and step is not None:
                 _on_step(tl, step, slow_file, at_step, f"{whom} x{slowdown:g}", note)
             if time.monotonic() - last_note >= NOTE_EVERY_S:
@@ -255,6 +257,25 @@ def _on_step(tl: Timeline, step: int, slow_file: Path | None, at_step: int, slow
         t_slow = tl.time_of_step(at_step)
         if t_slow is not None and tl.add("slowdown", t_slow, at_step, f"{slowing} from step {at_step}"):
             note("slowdown", t_slow, f"{slowing} from step {at_step}")
+
+
+def _reference_from_status(tl: Timeline, st: dict[str, Any], note: Callable[[str, float, str], None]) -> None:
+    """Fold a ``status`` reply into ``tl`` while the scenario waits for its reference: the coordinator's account of
+    the job's reference and open episodes (:attr:`Timeline.coordinator_says`), and the reference stage itself when
+    the reply holds an analysed one whose ``reference_captured`` event was not received (a PUB message is dropped
+    while the subscriber's queue is full; the reply is the coordinator's record)."""
+    from profwatch.core.status_text import render_episode, render_reference
+
+    refs = [r for r in st.get("references") or [] if r.get("job_id") == tl.job_id]
+    eps = [e for e in st.get("episodes") or [] if e.get("job_id") == tl.job_id and e.get("closed_unix_s") is None]
+    tl.coordinator_says = ([render_reference(refs[0])[0].strip()] if refs else ["no reference state yet"]) + [
+        "open episode " + render_episode(e)[0].strip() for e in eps[:SAYS_EPISODES]]
+    latest = refs[0].get("latest") if refs else None
+    if isinstance(latest, dict) and latest.get("capture_id"):
+        t = float(latest.get("created_unix_s") or time.time())
+        detail = reference_row({**latest, "outcome": "suspect_ranks"})
+        if tl.add("reference", t, None, detail + " (from status)"):
+            note("reference", t, detail + " (from status)")
 
 
 def _in_flight(st: dict[str, Any]) -> list[str]:
@@ -368,6 +389,8 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
         echo(f"  result: {why}; seen so far: {seen}")
         if tl.timed_out:
             echo("  a loaded host may need more: --timeout-s (from the slowdown) or --start-timeout-s (to it)")
+        for line in tl.coordinator_says:
+            echo(f"  the coordinator's account at the end of the wait: {line}")
         return False
     d = (tl.alert or {}).get("data", {})
     sus = d.get("suspects") or []
@@ -482,10 +505,12 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
             shutil.rmtree(runtime, ignore_errors=True)
     ok = not stopped and len(results) == len(scenarios)
     missed: list[str] = []
+    timed_out = False
     for tl in results:
         if not report(tl, slow_rank, click.echo):
             ok = False
             missed.append(tl.scenario)
+            timed_out = timed_out or tl.timed_out is not None
     (root / "demo_result.json").write_text(json.dumps(
         {"ok": ok, "elapsed_s": round(time.time() - t0, 1), "stopped": stopped or None,
          "scenarios": [tl.to_json() for tl in results]}, indent=2, default=str))
@@ -495,20 +520,23 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
     click.echo(f"\ndemo finished in {time.time() - t0:.0f}s: {verdict}; results in {root / 'demo_result.json'}, "
                f"logs in {root / 'logs'}")
     if missed and not stopped:
-        click.echo(_missed_hint(missed))
+        click.echo(_missed_hint(missed, timed_out=timed_out))
     sys.exit(EXIT_OK if ok else EXIT_NOT_OK)
 
 
-def _missed_hint(missed: list[str]) -> str:
-    """What to do when a scenario's alert did not name the slow rank (its lines above say what it said): the host's
-    load average, since other work on a small box swamps a 3x rank's steps (a new user's demo at load 3-7 missed
-    the torch scenario: "does not confirm at its noise ... 28.6 % of a step"; the rerun passed)."""
+def _missed_hint(missed: list[str], *, timed_out: bool = False) -> str:
+    """What to do when a scenario's alert did not name the slow rank (its lines above say what it said), or, with
+    ``timed_out``, when one stopped waiting (its ``result: TIMED OUT`` line says for what): the host's load average,
+    since other work on a small box swamps a 3x rank's steps (a new user's demo at load 3-7 missed the torch
+    scenario: "does not confirm at its noise ... 28.6 % of a step"; the rerun passed)."""
     try:
         load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count() or 1} CPUs"
     except OSError:
         load = "load average unknown"
     names = ", ".join(missed)
-    return (f"scenario {names}: the alert did not name the slow rank ({load}). Other work on this machine adds noise "
+    what = ("timed out (the result line above says waiting for what)" if timed_out
+            else "the alert did not name the slow rank")
+    return (f"scenario {names}: {what} ({load}). Other work on this machine adds noise "
             f"to every rank's steps; rerun it when the machine is quieter: profwatch demo --scenario "
             f"{missed[0]}")
 

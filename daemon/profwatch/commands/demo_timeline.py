@@ -23,6 +23,9 @@ NEVER_HELD = ("slowdown", "first_alert", "enriched_update")
 """Stages :meth:`Timeline.release` announces as soon as they are seen: a verdict without a capture
 (``batch_incomplete``) has no batch or analysis stage before it."""
 
+SAYS_EPISODES = 3
+"""At most this many open episodes in :attr:`Timeline.coordinator_says`."""
+
 
 def event_time(ev: dict[str, Any], fallback: float) -> float:
     """The CloudEvent's ``time`` (RFC 3339, as ``daemon/profwatch/core/alerts/events.py: rfc3339`` writes it) in Unix seconds;
@@ -58,6 +61,11 @@ class Timeline:
     timed_out: str | None = None
     """Why the scenario stopped waiting (``"no first alert within 240 s of the slowdown"``); None when it did not
     time out."""
+    coordinator_says: list[str] = field(default_factory=list)
+    """While the scenario waits for its reference: the coordinator's own account from its last ``status`` reply
+    (``core/status_text.py: render_reference`` of the job's reference, then ``render_episode`` of its open
+    episodes, at most :data:`SAYS_EPISODES`), so a reference that never comes says why (a CI run waited 600 s
+    with "seen: nothing yet")."""
 
     def waiting_for(self) -> str:
         """The next stage the scenario waits for: the first of :data:`STAGES` after the last one seen (the
@@ -94,8 +102,10 @@ class Timeline:
             seen = (f"no stage yet, capture {', '.join(in_flight)} being analysed" if in_flight
                     else "nothing yet")
         at = f"the job at step {step}" if step is not None and step >= 0 else "no step of the job reported yet"
+        says = (f"; the coordinator's reference: {self.coordinator_says[0]}"
+                if self.coordinator_says and self.waiting_for() == "reference" else "")
         return (f"[{self.scenario}] waiting for the {what.split(' within ')[0]}; seen: {seen}; {at}; "
-                f"{max(0.0, deadline - now):.0f} s left of {what}")
+                f"{max(0.0, deadline - now):.0f} s left of {what}{says}")
 
     def add(self, stage: str, t: float, step: int | None = None, detail: str = "") -> bool:
         """Record ``stage`` once (the first time wins); True when it is new."""
@@ -182,4 +192,4 @@ class Timeline:
     def to_json(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "job_id": self.job_id, "timed_out": self.timed_out,
                 "marks": [[s, t, took, step, detail] for s, t, took, step, detail in self.ordered()],
-                "alert": self.alert, "enriched_update": self.enriched}
+                "alert": self.alert, "enriched_update": self.enriched, "coordinator_says": self.coordinator_says}
