@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from profwatch.commands.demo import drill_down_line
 
 
@@ -71,3 +73,18 @@ def test_a_timed_out_scenario_is_not_said_to_have_missed_the_slow_rank() -> None
     line = _missed_hint(["reference"], timed_out=True)
     assert line.startswith("scenario reference: timed out (the result line above says waiting for what) (load ")
     assert "did not name" not in line
+
+
+def test_no_episode_holds_the_demo_reference_for_the_scenario_s_whole_wait(tmp_path: Path) -> None:
+    """An episode of a kind that stays open until its job ends (a periodic spike, a drift) held the reference for the
+    default ``episode_yield_s`` (900 s), longer than the scenario's default ``--start-timeout-s`` (600 s): the demo's
+    config lets an episode hold its reference a small part of that wait, steady time and a retry included."""
+    from profwatch.commands.demo import demo
+    from profwatch.commands.demo_stack import Stack
+    from profwatch.config import load_settings
+
+    wait = next(p.default for p in demo.params if p.name == "start_timeout_s")
+    ref = load_settings(Stack(tmp_path, tmp_path, 2, reference=True).cfg).reference
+    assert ref.episode_yield_s + ref.steady_s + ref.retry_after_s <= wait / 10, (ref, wait)
+    (tmp_path / "b").mkdir()
+    assert load_settings(Stack(tmp_path / "b", tmp_path / "b", 2).cfg).reference.episode_yield_s == 900.0

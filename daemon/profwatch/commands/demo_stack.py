@@ -30,6 +30,10 @@ step_time_tolerance = 0.3
 # a reference that yielded to an episode (a busy box's load opens job-wide ones) is tried again 10 s later, once the
 # job is steady again (default 600 s: longer than the scenario waits for its reference)
 retry_after_s = 10.0
+# an open episode holds the reference 20 s at most (default 900 s: longer than the scenario waits); kinds that stay
+# open until the job ends (a periodic spike, a drift, an imbalance: core/arming/episodes.py STANDING_KINDS) would
+# otherwise keep this short job from ever taking one; the step time must still lie within step_time_tolerance
+episode_yield_s = 20.0
 [detection]
 # every rank slows 3x (+200 %) in this scenario; the 2 shared cores move the job's step time by 10-20 % for
 # seconds whenever something else runs, and a job-wide episode open when the reference is due makes the reference
