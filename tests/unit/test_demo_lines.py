@@ -49,11 +49,18 @@ def test_the_reference_wait_says_why_the_coordinator_waits_and_takes_a_reference
     closed = {**ep, "episode_id": "ep-0", "closed_unix_s": 5.0}
     other = {**ep, "episode_id": "ep-9", "job_id": "k"}
     st = {"references": [{"job_id": "j", "latest": None, "in_flight": None, "waiting": "episode_open"}],
-          "episodes": [closed, ep, other]}
+          "episodes": [closed, ep, other],
+          "captures": [{"capture_id": "c-5", "job_id": "j", "reason": "step_regression", "state": "acknowledged",
+                        "in_state_s": 412.3, "acknowledged_ranks": 4, "completed_ranks": 3, "expected_ranks": 4,
+                        "start_step": 148},
+                       {"capture_id": "c-4", "job_id": "j", "reason": "rank_outlier", "state": "analysed"},
+                       {"capture_id": "c-6", "job_id": "k", "reason": "drift", "state": "collecting"}]}
     _reference_from_status(tl, st, lambda stage, t, detail: noted.append(stage))
     assert tl.coordinator_says[0] == ("j: none yet; waits: episode_open (for the job to be healthy: an anomaly "
                                       "episode is open)")
-    assert len(tl.coordinator_says) == 2 and tl.coordinator_says[1].startswith("open episode ep-1 step_regression")
+    assert len(tl.coordinator_says) == 3 and tl.coordinator_says[1].startswith("open episode ep-1 step_regression")
+    assert tl.coordinator_says[2] == ("capture c-5 (step_regression) acknowledged for 412 s, ranks acknowledged 4, "
+                                      "completed 3 of 4, window from step 148")
     line = tl.progress_line(100.0, 7, 160.0, "reference within 600 s of the job's start")
     assert line.endswith("60 s left of reference within 600 s of the job's start; the coordinator's reference: "
                          + tl.coordinator_says[0])

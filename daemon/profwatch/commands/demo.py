@@ -51,6 +51,7 @@ from profwatch.core.alerts.event_types import (
     display_name,
 )
 from profwatch.core.capture.lifecycle import CaptureState
+from profwatch.core.capture.record import IN_FLIGHT
 from profwatch.core.changes.comparison import headline_line
 from profwatch.exitcodes import EXIT_NOT_OK, EXIT_OK, EXIT_USAGE
 from profwatch.signals import handling
@@ -259,6 +260,11 @@ def _on_step(tl: Timeline, step: int, slow_file: Path | None, at_step: int, slow
             note("slowdown", t_slow, f"{slowing} from step {at_step}")
 
 
+IN_FLIGHT_STATES = frozenset(str(s.value) for s in IN_FLIGHT)
+"""A capture in these states is in flight (``core/capture/record.py: IN_FLIGHT``): one of an episode holds the
+job's config slot, and the reference waits for it (``capture_in_flight``)."""
+
+
 def _reference_from_status(tl: Timeline, st: dict[str, Any], note: Callable[[str, float, str], None]) -> None:
     """Fold a ``status`` reply into ``tl`` while the scenario waits for its reference: the coordinator's account of
     the job's reference and open episodes (:attr:`Timeline.coordinator_says`), and the reference stage itself when
@@ -268,8 +274,12 @@ def _reference_from_status(tl: Timeline, st: dict[str, Any], note: Callable[[str
 
     refs = [r for r in st.get("references") or [] if r.get("job_id") == tl.job_id]
     eps = [e for e in st.get("episodes") or [] if e.get("job_id") == tl.job_id and e.get("closed_unix_s") is None]
+    caps = [c for c in st.get("captures") or [] if c.get("job_id") == tl.job_id and c.get("state") in IN_FLIGHT_STATES]
     tl.coordinator_says = ([render_reference(refs[0])[0].strip()] if refs else ["no reference state yet"]) + [
-        "open episode " + render_episode(e)[0].strip() for e in eps[:SAYS_EPISODES]]
+        "open episode " + render_episode(e)[0].strip() for e in eps[:SAYS_EPISODES]] + [
+        f"capture {c.get('capture_id')} ({c.get('reason')}) {c.get('state')} for {float(c.get('in_state_s') or 0):.0f} s, "
+        f"ranks acknowledged {c.get('acknowledged_ranks')}, completed {c.get('completed_ranks')} of "
+        f"{c.get('expected_ranks')}, window from step {c.get('start_step')}" for c in caps[-SAYS_EPISODES:]]
     latest = refs[0].get("latest") if refs else None
     if isinstance(latest, dict) and latest.get("capture_id"):
         t = float(latest.get("created_unix_s") or time.time())
