@@ -17,9 +17,8 @@ from profwatch.adapters.zmq.control import ControlError
 from profwatch.arming.port import ArmPort, refusal_text
 from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_SUSPECT_RANKS
 from profwatch.core.arming.episodes import Episode, JobEpisodes
-from profwatch.core.arming.policy import ArmHistory, ArmingPolicy, capture_request
+from profwatch.core.arming.policy import ArmHistory, ArmingPolicy, capture_request, withdrawal_lead
 from profwatch.core.capture import lifecycle as lc
-from profwatch.core.capture.planner import lead_steps
 
 if TYPE_CHECKING:
     from profwatch.adapters.store.state import StateStore
@@ -170,12 +169,11 @@ class EpisodeDesk:
                                         step_time_s=self.detectors.baseline_step_time_s(job_id),
                                         ongoing=self.detectors.ongoing(job_id),
                                         unit_steps=self.detectors.unit_steps(job_id)))
-        # the planner's step time (CaptureShell.arm): the detector's baseline, else the registry's recent median
-        step_time = self.detectors.baseline_step_time_s(job_id) or job.median_step_time_s()
         furthest = job.furthest_step()
+        reach = withdrawal_lead(furthest, self.detectors.baseline_step_time_s(job_id), job.median_step_time_s(),
+                                self.s.capture)
         for _, _, events in b.withdraw_returned(
-                now, furthest_step=furthest,
-                reach_steps=lead_steps(max(0, furthest), step_time, self.s.capture) if step_time else None,
+                now, furthest_step=furthest, reach_steps=reach,
                 returned=lambda first: self.detectors.excursion_returned(job_id, first),
                 confirm=lambda cid, why: self._withdraw(job_id, cid, why, now)):
             self._publish(job_id, events)
