@@ -99,7 +99,9 @@ class EpisodeDesk:
 
     def start(self) -> None:
         """Load the stored episodes of the jobs the registry knows (open ones resume, the latest closed are
-        listed). A row that does not parse is logged and skipped."""
+        listed), then resume the flight of each of their captures still in flight from its stored record (its
+        window's start and ranks: ``JobEpisodes.resume_flight``). A row that does not parse is logged and
+        skipped."""
         for row in self.store.episodes(job_ids=list(self.jobs)):
             try:
                 ep = Episode.from_json(row)
@@ -109,6 +111,9 @@ class EpisodeDesk:
             self.book(ep.job_id).restore([ep])
             if ep.closed_unix_s is None:
                 log.info("episode_resumed", job_id=ep.job_id, episode_id=ep.episode_id, kind=ep.kind)
+        for job_id, b in self.books.items():
+            for cap in self.store.captures(job_id, states=lc.IN_FLIGHT):
+                b.resume_flight(cap.capture_id, start_step=cap.start_step, covered=cap.rank_list)
 
     # -- reports and time ---------------------------------------------------------------------------------------------
     def on_anomaly(self, an: Anomaly, now: float) -> None:
@@ -211,7 +216,8 @@ class EpisodeDesk:
                         b.history.record(d, now, cid)
                     data["capture_id"] = cid if d.action == "arm" else None
                     data["covers"] = [e.episode_id for e in b.armed(ep.episode_id, cid, now, covered=res.rank_list,
-                                                                     status=status, start_step=res.start_step)]
+                                                                     status=status, start_step=res.start_step,
+                                                                     step_time_s=res.step_time_s)]
                     armed.update(data["covers"])
             except ControlError as exc:
                 failed = f"{exc.code}: {exc.message}"

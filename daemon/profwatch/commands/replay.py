@@ -356,7 +356,7 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
         cid = f"replay-{ep.job_id}-{job.arms}"
         book.history.record(d, now, cid)
         covered = tuple(plan.rank_list) if plan.rank_list is not None else None
-        for e in book.armed(ep.episode_id, cid, now, covered=covered, start_step=plan.start_step,
+        for e in book.armed(ep.episode_id, cid, now, covered=covered, start_step=plan.start_step, step_time_s=step_time,
                             status="would_arm" if d.action == "would_arm" else None):
             armed.add(e.episode_id)
         if d.action == "arm":
