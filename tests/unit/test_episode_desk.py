@@ -48,3 +48,45 @@ def test_odd_stored_follow_ranks_drop_the_follow_up_and_an_infinite_rank_only_it
     d.start()  # raised OverflowError: the coordinator could not start
     (resumed,) = d.books["a"].open.values()
     assert set(d.books) == {"a", "c"} and resumed.follow_ranks == (2, 7)
+
+
+def test_a_capture_in_flight_keeps_its_window_start_across_a_restart(tmp_path: Path) -> None:
+    """A job-wide change is captured (window at the planned ``start_step``); the coordinator restarts with the
+    capture in flight. A 3x report whose evidence starts before that window is one the capture sees: an update of
+    the episode whose captured level is the report's (``JobEpisodes._seen_by_flight``), as without the restart.
+    Before, the restarted desk lost the window start (only the episodes were seeded) and took the report for a new
+    change of its own (``_new_change``), captured again."""
+    from profwatch.core.capture import lifecycle as lc
+    from profwatch.core.capture.planner import CaptureRequest, JobProgress, plan_capture
+
+    s = Settings()
+    store = StateStore(tmp_path / "state.db")
+    plan = plan_capture(CaptureRequest(job_id="j", reason="step_regression", capture_id="c1"),
+                        JobProgress(job_id="j", world_size=2, furthest_step=100, step_time_s=1.0, prof_root="/prof",
+                                    now_unix_s=T0), s.capture)
+    cap = lc.open_capture(plan, world_size=2, profiler_config_path="/cfg", writer="coordinator",
+                          rank_steps={0: 100, 1: 100}, rank_step_time_s={}, rank_backends={}, nodes=[], now=T0,
+                          settings=lc.LifecycleSettings()).capture
+    assert cap.state in lc.IN_FLIGHT and cap.start_step > 100
+    store.save_capture(cap)
+    live, policy = JobEpisodes("j", s.arming), ArmingPolicy(s.arming)
+    first, _ = live.observe(Anomaly("step_regression", "j", 100, (), 0.3,
+                                    {"pattern": "cusum", "baseline_s": 1.0, "first_step": 80}), T0)
+    picked = live.next_arm(policy, T0, capture_in_flight=False)
+    assert first is not None and picked is not None and picked[0] is first
+    live.history.record(picked[1], T0, "c1")
+    live.armed(first.episode_id, "c1", T0, covered=None, start_step=cap.start_step)
+    for ep in (*live.closed, *live.open.values()):
+        store.save_episode(ep.episode_id, "j", ep.closed_unix_s is None, ep.updated_unix_s, ep.to_json())
+    d = desk(store, ["j"])
+    d.start()
+    restarted = d.books["j"]
+    onset = cap.start_step - 2  # after the episode's last report, before the window
+    for b in (live, restarted):
+        report = Anomaly("step_regression", "j", cap.start_step - 1, (), 2.0,
+                         {"pattern": "cusum", "baseline_s": 1.0, "first_step": onset})
+        ep, _ = b.observe(report, T0 + 5)
+        assert ep is not None and ep.episode_id == first.episode_id and ep.in_flight == "c1"
+        assert [c.level for c in ep.captures] == [ep.level] and len(b.open) == 1
+    assert not restarted.resume_flight("c1", start_step=cap.start_step, covered=None)  # resumed once
+    store.close()

@@ -334,3 +334,50 @@ def test_a_job_wide_move_a_level_found_normal_explains_is_captured_once_its_hour
         armed = armed or _arm(b, p, now, f"c{k + 1}")
     assert armed is move and move.closed_unix_s is None, (move.close_reason, move.closed_unix_s)
     assert move.captures[0].armed_unix_s >= T0 + 60 + 3600  # not before the verdict's hour ended
+
+
+@pytest.mark.parametrize("restart", ["none", "in_flight", "after_verdict"])
+def test_a_whole_job_verdict_is_judged_at_its_windows_step_time_not_at_its_arrival(restart: str) -> None:
+    """A capture of every rank armed (its window planned) at 1.0 s per step finds nobody; its verdict comes after
+    the job slowed to 1.45 s while the analysis ran. The level it found normal is its window's, 1.0 s
+    (``EpisodeCapture.job_step_s``, kept across a restart): a later move to 1.9 s (+31 % from 1.45 s, +90 % over
+    what the capture saw) is a change of its own and captured. Before, the verdict took the job step time at its
+    arrival (1.45 s) and explained the move away as host load's for the hour."""
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    first, _ = b.observe(_reg(100, 0.8, 1.0), T0)
+    b.advance(T0, furthest_step=100, step_time_s=1.0)
+    assert first is not None and _arm(b, p, T0, "c1") is first
+    assert [c.job_step_s for c in first.captures] == [1.0]
+    b.advance(T0 + 50, furthest_step=150, step_time_s=1.45)  # the job slowed after the window
+    if restart == "in_flight":
+        b = _restarted(b, settings)
+        b.advance(T0 + 55, furthest_step=155, step_time_s=1.45)
+    b.capture_ended("c1", T0 + 60, "no_suspect")
+    if restart == "after_verdict":
+        b = _restarted(b, settings)
+        b.advance(T0 + 65, furthest_step=160, step_time_s=1.45)
+    move, _ = b.observe(_reg(400, 1.45, 1.9), T0 + 300)
+    assert move is not None and move.explained_by == "" and _arm(b, p, T0 + 300, "c2") is move
+
+
+def test_a_capture_keeps_the_step_time_its_window_was_planned_on() -> None:
+    """The arm path hands ``armed`` the planner's step time (the coordinator's falls back to the registry's recent
+    median while the detector has no baseline): that is the window's, not the one the last advance was given; none
+    given, the advance's; neither known, none until the verdict (then the step time at the verdict)."""
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    first, _ = b.observe(_reg(100, 0.8, 1.0), T0)
+    picked = b.next_arm(p, T0, capture_in_flight=False)
+    assert first is not None and picked is not None and picked[0] is first
+    b.history.record(picked[1], T0, "c1")
+    b.armed(first.episode_id, "c1", T0, covered=None, step_time_s=1.1)
+    b.advance(T0 + 50, furthest_step=150, step_time_s=1.45)
+    b.capture_ended("c1", T0 + 60, "no_suspect")
+    assert [(c.job_step_s, c.verdict_unix_s) for c in first.captures] == [(1.1, T0 + 60)]
+    b2, p2 = JobEpisodes("j", settings), ArmingPolicy(settings)
+    second, _ = b2.observe(_reg(100, 0.8, 1.0), T0)
+    assert second is not None and _arm(b2, p2, T0, "c1") is second and second.captures[0].job_step_s is None
+    b2.advance(T0 + 50, furthest_step=150, step_time_s=1.45)
+    b2.capture_ended("c1", T0 + 60, "no_suspect")
+    assert second.captures[0].job_step_s == 1.45

@@ -304,3 +304,15 @@ def test_a_job_wide_reference_compare_says_which_rank_and_why() -> None:
     assert label == "reference_compare of rank 2 (a rank whose step time changed most since the reference)"
     assert run_label("slow_rank") == "slow_rank" and run_label("x_rankz") == "x_rankz"
     assert capture_activity({"running": [f"{label} (2 s) [enrich]"]}).startswith("running now: reference_compare of")
+
+
+def test_a_suspect_drilldown_says_which_rank_and_why() -> None:
+    """The Ascend drill-down runs ``suspect_compare_rank<N>`` (``analysis/drilldown.py``) per suspect: the status
+    says it in words, as the reference comparison's runs, not the raw machine name."""
+    from profwatch.analysis.drilldown import SUSPECT_COMPARE
+    from profwatch.changes.compare import REFERENCE_COMPARE
+    from profwatch.core.status_text import RUN_RANK_WHY, run_label
+
+    assert {SUSPECT_COMPARE, REFERENCE_COMPARE} <= set(RUN_RANK_WHY)  # the recipes that run per rank
+    assert run_label("suspect_compare_rank3") == "suspect_compare of rank 3 (a suspect rank, compared with its median peer)"
+    assert run_label("suspect_compare") == "suspect_compare" and run_label("suspect_compare_rankx") == "suspect_compare_rankx"

@@ -23,6 +23,7 @@ from profwatch.core.arming.policy import (
     ArmDecision,
     ArmHistory,
     capture_request,
+    withdrawal_lead,
 )
 from profwatch.core.arming.settings import ArmingSettings
 from profwatch.core.capture.planner import CaptureSettings, lead_steps
@@ -306,3 +307,17 @@ def test_a_lasting_large_level_change_is_not_planned_at_a_level_far_below(before
     req = capture_request(six, ArmDecision("arm", "ok", 2, 5, None, "x"), furthest_step=1000, step_time_s=3.36,
                           capture=cs)
     assert req.in_steps == lead_steps(1000, 0.56, cs) + WITHDRAW_SLACK_STEPS
+
+
+def test_the_withdrawal_lead_is_the_planners_lead_at_the_planners_step_time() -> None:
+    """One rule for the coordinator and replay (``withdrawal_lead``): the planner's lead at the detector's baseline,
+    else at the registry's recent median (the step time ``CaptureShell.arm`` plans with); no step known or no
+    positive finite step time measured: None (nothing withdrawn); the registry's -1 before any report is step 0."""
+    cap = CaptureSettings()
+    assert withdrawal_lead(100, STEP_S, 0.5, cap) == lead_steps(100, STEP_S, cap)  # the baseline comes first
+    assert withdrawal_lead(100, None, 0.5, cap) == lead_steps(100, 0.5, cap)  # else the recent median
+    assert lead_steps(100, 0.5, cap) != lead_steps(100, STEP_S, cap)
+    assert withdrawal_lead(-1, STEP_S, None, cap) == lead_steps(0, STEP_S, cap)
+    for furthest, base, recent in [(None, STEP_S, 9.0), (100, None, None), (100, 0.0, None), (100, None, 0.0),
+                                   (100, None, float("nan")), (100, -1.0, None)]:
+        assert withdrawal_lead(furthest, base, recent, cap) is None

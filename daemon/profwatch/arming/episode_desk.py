@@ -17,9 +17,8 @@ from profwatch.adapters.zmq.control import ControlError
 from profwatch.arming.port import ArmPort, refusal_text
 from profwatch.core.alerts.event_types import TYPE_ARM_DECISION, TYPE_SUSPECT_RANKS
 from profwatch.core.arming.episodes import Episode, JobEpisodes
-from profwatch.core.arming.policy import ArmHistory, ArmingPolicy, capture_request
+from profwatch.core.arming.policy import ArmHistory, ArmingPolicy, capture_request, withdrawal_lead
 from profwatch.core.capture import lifecycle as lc
-from profwatch.core.capture.planner import lead_steps
 
 if TYPE_CHECKING:
     from profwatch.adapters.store.state import StateStore
@@ -100,7 +99,9 @@ class EpisodeDesk:
 
     def start(self) -> None:
         """Load the stored episodes of the jobs the registry knows (open ones resume, the latest closed are
-        listed). A row that does not parse is logged and skipped."""
+        listed), then resume the flight of each of their captures still in flight from its stored record (its
+        window's start and ranks: ``JobEpisodes.resume_flight``). A row that does not parse is logged and
+        skipped."""
         for row in self.store.episodes(job_ids=list(self.jobs)):
             try:
                 ep = Episode.from_json(row)
@@ -110,6 +111,9 @@ class EpisodeDesk:
             self.book(ep.job_id).restore([ep])
             if ep.closed_unix_s is None:
                 log.info("episode_resumed", job_id=ep.job_id, episode_id=ep.episode_id, kind=ep.kind)
+        for job_id, b in self.books.items():
+            for cap in self.store.captures(job_id, states=lc.IN_FLIGHT):
+                b.resume_flight(cap.capture_id, start_step=cap.start_step, covered=cap.rank_list)
 
     # -- reports and time ---------------------------------------------------------------------------------------------
     def on_anomaly(self, an: Anomaly, now: float) -> None:
@@ -170,12 +174,11 @@ class EpisodeDesk:
                                         step_time_s=self.detectors.baseline_step_time_s(job_id),
                                         ongoing=self.detectors.ongoing(job_id),
                                         unit_steps=self.detectors.unit_steps(job_id)))
-        # the planner's step time (CaptureShell.arm): the detector's baseline, else the registry's recent median
-        step_time = self.detectors.baseline_step_time_s(job_id) or job.median_step_time_s()
         furthest = job.furthest_step()
+        reach = withdrawal_lead(furthest, self.detectors.baseline_step_time_s(job_id), job.median_step_time_s(),
+                                self.s.capture)
         for _, _, events in b.withdraw_returned(
-                now, furthest_step=furthest,
-                reach_steps=lead_steps(max(0, furthest), step_time, self.s.capture) if step_time else None,
+                now, furthest_step=furthest, reach_steps=reach,
                 returned=lambda first: self.detectors.excursion_returned(job_id, first),
                 confirm=lambda cid, why: self._withdraw(job_id, cid, why, now)):
             self._publish(job_id, events)
@@ -213,7 +216,8 @@ class EpisodeDesk:
                         b.history.record(d, now, cid)
                     data["capture_id"] = cid if d.action == "arm" else None
                     data["covers"] = [e.episode_id for e in b.armed(ep.episode_id, cid, now, covered=res.rank_list,
-                                                                     status=status, start_step=res.start_step)]
+                                                                     status=status, start_step=res.start_step,
+                                                                     step_time_s=res.step_time_s)]
                     armed.update(data["covers"])
             except ControlError as exc:
                 failed = f"{exc.code}: {exc.message}"

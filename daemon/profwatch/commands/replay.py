@@ -43,8 +43,8 @@ from profwatch.adapters.fs.bounded_read import (
     read_capped,
 )
 from profwatch.core.arming.episodes import JobEpisodes
-from profwatch.core.arming.policy import ArmingPolicy, ArmingSettings, capture_request
-from profwatch.core.capture.planner import CaptureSettings, JobProgress, lead_steps, plan_capture, spike_hold
+from profwatch.core.arming.policy import ArmingPolicy, ArmingSettings, capture_request, withdrawal_lead
+from profwatch.core.capture.planner import CaptureSettings, JobProgress, plan_capture, spike_hold
 from profwatch.core.detection.job_detector import Anomaly, DetectionSettings, JobDetector
 from profwatch.core.fleet.generations import GenerationOpened
 from profwatch.core.fleet.limits import LimitSettings
@@ -326,8 +326,7 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
             result["suppressed"].append({"job_id": a.job_id, "kind": a.kind, "step": a.step,
                                          "reason": "transient_not_capturable"})
     if job.in_flight_until_step is not None:  # a capture whose excursion came back before its window: withdrawn
-        st = det.baseline_step_time_s
-        reach = lead_steps(max(0, furthest), st, cfg.capture) if furthest is not None and st else None
+        reach = withdrawal_lead(furthest, det.baseline_step_time_s, None, cfg.capture)
         for cid, why, evs in book.withdraw_returned(now, furthest_step=furthest, reach_steps=reach,
                                                     returned=_returned(det)):
             events += evs
@@ -357,7 +356,7 @@ def _handle(found: list[Anomaly], job: _Job, policy: ArmingPolicy, cfg: ReplayCo
         cid = f"replay-{ep.job_id}-{job.arms}"
         book.history.record(d, now, cid)
         covered = tuple(plan.rank_list) if plan.rank_list is not None else None
-        for e in book.armed(ep.episode_id, cid, now, covered=covered, start_step=plan.start_step,
+        for e in book.armed(ep.episode_id, cid, now, covered=covered, start_step=plan.start_step, step_time_s=step_time,
                             status="would_arm" if d.action == "would_arm" else None):
             armed.add(e.episode_id)
         if d.action == "arm":

@@ -213,14 +213,17 @@ IDLE_ON_WORKER = {
 """What an analysing / enriching capture on its worker does while no msprof-analyze command of it runs."""
 
 
-RUN_RANK_WHY = {"reference_compare": "a rank whose step time changed most since the reference"}
-"""Why a per-rank run of each recipe (``<recipe>_rank<N>``, ``changes/compare.py``) compares that rank."""
+RUN_RANK_WHY = {"reference_compare": "a rank whose step time changed most since the reference",
+                "suspect_compare": "a suspect rank, compared with its median peer"}
+"""Why a per-rank run of each recipe (``<recipe>_rank<N>``: ``changes/compare.py``, the reference comparison;
+``analysis/drilldown.py``, the Ascend drill-down of each suspect) compares that rank."""
 
 
 def run_label(name: str) -> str:
     """A running msprof-analyze command's name in words: ``reference_compare_rank2`` (a job-wide comparison that
-    picks ranks) -> ``reference_compare of rank 2 (a rank whose step time changed most since the reference)``;
-    any other name as it is."""
+    picks ranks) -> ``reference_compare of rank 2 (a rank whose step time changed most since the reference)``,
+    ``suspect_compare_rank3`` -> ``suspect_compare of rank 3 (a suspect rank, compared with its median peer)``;
+    any other name as it is (the machine name stays in ``running_recipes``' JSON)."""
     recipe, sep, rank = name.rpartition("_rank")
     why = RUN_RANK_WHY.get(recipe)
     return f"{recipe} of rank {rank} ({why})" if sep and why and rank.isdigit() else name

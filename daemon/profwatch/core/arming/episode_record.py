@@ -62,8 +62,9 @@ class EpisodeCapture:
     (``JobEpisodes._seen_by_flight``) (relative; None in rows stored before it was recorded); ``repeat``: its arm
     was a repeat (:attr:`~profwatch.core.arming.policy.JobArmState.repeat`: what a restart gives the hourly cap back); ``follow_up``: armed as the follow-up of a
     targeted capture whose ranks waited for ranks it did not hold (:attr:`Episode.follow_ranks`); ``whole``: it
-    captured every rank; ``verdict_unix_s``/``job_step_s``: when its verdict came and the job step time (s) then
-    (None: no verdict yet, or none known): what a restart restores the job's latest verdict from
+    captured every rank; ``verdict_unix_s``: when its verdict came (None: no verdict yet); ``job_step_s``: the job
+    step time (s) of its window, the one it was armed on (``JobEpisodes.armed``; else, none known then, the one at
+    its verdict; None: none known): what a restart restores the job's latest verdict from
     (:meth:`JobEpisodes.restore`)."""
 
     capture_id: str

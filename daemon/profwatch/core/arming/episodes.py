@@ -89,7 +89,7 @@ host's load re-opened a job-wide change naming the same rank again (a 3x rank un
 captures an hour, all naming it). Host load on a shared box moves a job by +-10-45 %; a whole job 2x slower on top of
 the slow rank (+100 %) is captured as its own. The same bound holds for a level found normal: within the hour of a
 verdict of a capture of every rank that found nobody (``no_suspect``), a job-wide change that reaches less than this
-much above the job step time at that verdict, by a move of less than this much from its own reference, is host
+much above the job step time of that capture's window, by a move of less than this much from its own reference, is host
 load's (load moves alone took 3-5 captures an hour, each finding nobody, in the 4-rank load simulation)."""
 
 
@@ -322,8 +322,8 @@ class JobEpisodes:
         # the latest verdict that named its ranks
         self._last_named: tuple[int, ...] = ()  # the ranks the job's latest verdict named (empty: none, no_suspect)
         self._verdict: tuple[str, tuple[int, ...], float, float] | None = None  # the latest verdict, when it was
-        # of a capture of every rank naming ranks or finding nobody: (capture, named (empty: no_suspect), job step s,
-        # unix s)
+        # of a capture of every rank naming ranks or finding nobody: (capture, named (empty: no_suspect), job step s
+        # of its window, unix s)
         self._verdict_at = -math.inf  # when the latest verdict came (unix s; restore keeps the latest)
         self.withdrawn = 0
         """Captures withdrawn because their excursion came back before the window (:meth:`withdraw_returned`)."""
@@ -440,7 +440,8 @@ class JobEpisodes:
 
     def _window_after(self, capture_id: str, onset: int) -> bool:
         """Whether in-flight ``capture_id``'s window starts after ``onset`` (a step), so that it records what began
-        there; unknown (no window start given, or its flight not kept across a restart): not known to, False."""
+        there; unknown (no window start given, or a capture armed before a restart whose stored record gave none:
+        :meth:`resume_flight`): not known to, False."""
         flight = self._flight.get(capture_id)
         return flight is not None and flight[0] is not None and flight[0] > onset
 
@@ -827,14 +828,17 @@ class JobEpisodes:
             self._wait(ep, reason, ep.not_before_unix_s, "")
 
     def armed(self, episode_id: str, capture_id: str, now_unix_s: float, *, covered: tuple[int, ...] | None,
-              status: str | None = None, start_step: int | None = None) -> list[Episode]:
+              status: str | None = None, start_step: int | None = None,
+              step_time_s: float | None = None) -> list[Episode]:
         """Record that ``capture_id`` was armed for ``episode_id`` (``status`` ``would_arm`` in observe mode: it
         is counted as captured at once) and covers every other open episode that wants a capture and whose ranks
         lie in ``covered`` (None: every rank; a job-wide episode only then); while it is in flight, an episode that
         opens with its onset before ``start_step`` and its ranks covered is covered by it too. Returns the episodes
         it covers. Recording the arm in :attr:`history` is the caller's (the arm path does it for every arm); an arm
         that was a repeat (:meth:`_repeat`) is marked so there (the live arm path records it before this call
-        without knowing: the named-rank reserve of the hourly cap would never apply)."""
+        without knowing: the named-rank reserve of the hourly cap would never apply). ``step_time_s``: the job step
+        time (s) the window was planned on (the planner's), else None: the one the last :meth:`advance` was given;
+        kept as :attr:`EpisodeCapture.job_step_s`, the level its verdict is judged at (:meth:`capture_ended`)."""
         ep = self.find(episode_id)
         if ep is None:
             return []
@@ -845,17 +849,35 @@ class JobEpisodes:
         repeat = self._repeat(ep, now_unix_s)  # what next_arm decided it as (before this capture counts)
         if repeat or ep.ranks:
             self.history.mark_arm(capture_id, repeat=repeat, named=bool(ep.ranks))
+        window_s = step_time_s if step_time_s is not None and 0 < step_time_s < math.inf else self._step_s
         self._add_capture(ep, EpisodeCapture(capture_id, now_unix_s, ep.ranks, True, status, level=ep.level,
-                                             follow_up=follow, whole=covered is None, repeat=repeat))
+                                             follow_up=follow, whole=covered is None, job_step_s=window_s,
+                                             repeat=repeat))
         ep.follow_ranks = ()
         for other in self.open.values():
             if other is ep or other.in_flight is not None or other.is_repeat or other.rotation:
                 continue
             if covered is None or (other.ranks and set(other.ranks) <= set(covered)):
                 self._add_capture(other, EpisodeCapture(capture_id, now_unix_s, other.ranks, False, status,
-                                                        level=other.level, whole=covered is None))
+                                                        level=other.level, whole=covered is None,
+                                                        job_step_s=window_s))
                 out.append(other)
         return out
+
+    def resume_flight(self, capture_id: str, *, start_step: int, covered: tuple[int, ...] | None) -> bool:
+        """After a restart (:meth:`restore`), a capture of the job's episodes still in flight resumes its flight
+        from its stored record (``core/capture/record.py: Capture``: ``start_step``, its window's first step, and
+        ``rank_list``, ``covered``; None: every rank), as :meth:`armed` kept it, so its window start is known again:
+        a report whose onset precedes it is one the capture sees (:meth:`_window_after`: :meth:`_seen_by_flight`,
+        :meth:`_new_change`, :meth:`_covered_at_open`), and :meth:`withdraw_returned` can withdraw it. Its arm time is
+        its stored :attr:`EpisodeCapture.armed_unix_s`. Returns whether it resumed: False when no episode holds it in
+        flight (a manual arm, an observe-mode would-arm, one already ended) or its flight is known."""
+        armed = [c.armed_unix_s for e in (*self.open.values(), *self.closed) for c in e.captures
+                 if c.capture_id == capture_id and c.status is None]
+        if not armed or capture_id in self._flight:
+            return False
+        self._flight[capture_id] = (start_step, frozenset(covered) if covered is not None else None, min(armed))
+        return True
 
     def arm_marks(self, capture_id: str) -> tuple[bool, bool]:
         """Whether ``capture_id`` was armed for an episode as a repeat, and for one naming ranks (:meth:`armed`; its
@@ -891,7 +913,9 @@ class JobEpisodes:
         if status == "no_suspect":
             self.history.release(capture_id)
         flight = self._flight.pop(capture_id, None)
-        self._confirm(capture_id, status, tuple(named), now_unix_s, whole=self._whole(capture_id, flight))
+        window_s = self._window_step_s(capture_id)
+        self._confirm(capture_id, status, tuple(named), now_unix_s, whole=self._whole(capture_id, flight),
+                      window_s=window_s)
         if flight is not None:
             self._ended.append(_Ended(capture_id, flight[0], flight[1], flight[2], status, tuple(named)))
         out: list[Event] = []
@@ -899,7 +923,7 @@ class JobEpisodes:
             hit = [c for c in ep.captures if c.capture_id == capture_id]
             if not hit:
                 continue
-            self._stamp(hit, status, tuple(named), now_unix_s)
+            self._stamp(hit, status, tuple(named), now_unix_s, window_s)
             if ep.ranks and not _saw(status, tuple(named), ep.ranks) and not any(c.own for c in hit):
                 # another episode's capture that covered this one's ranks while in flight did not show them
                 # (cancelled, or its verdict named other ranks): it is not this episode's capture
@@ -952,36 +976,47 @@ class JobEpisodes:
 
     def _whole(self, capture_id: str, flight: tuple[int | None, frozenset[int] | None, float] | None) -> bool:
         """Whether ``capture_id`` captured every rank: its flight says, else (armed before a restart, its flight not
-        kept) the stored captures of the episodes it covered (:attr:`EpisodeCapture.whole`)."""
+        resumed: :meth:`resume_flight`) the stored captures of the episodes it covered (:attr:`EpisodeCapture.whole`)."""
         if flight is not None:
             return flight[1] is None
         return any(c.whole for ep in (*self.open.values(), *self.closed) for c in ep.captures
                    if c.capture_id == capture_id)
 
-    def _stamp(self, hit: list[EpisodeCapture], status: str, named: tuple[int, ...], now_unix_s: float) -> None:
-        """Record how the captures ``hit`` ended; with a verdict, when and the job step time then (what a restart
-        restores the latest verdict from: :meth:`_restore_verdict`)."""
+    def _window_step_s(self, capture_id: str) -> float | None:
+        """The job step time (s) of ``capture_id``'s window: the one it was armed on (:meth:`armed`, kept in its
+        :attr:`EpisodeCapture.job_step_s` rows, so across a restart too), else (none known at the arm) the one the
+        last :meth:`advance` was given. A verdict is judged at its window's level: a job that changed speed
+        between the window and the verdict (the analysis takes minutes) is not taken for the level it found."""
+        armed = (c.job_step_s for e in (*self.open.values(), *self.closed) for c in e.captures
+                 if c.capture_id == capture_id and c.job_step_s is not None)
+        return next(armed, None) or self._step_s
+
+    def _stamp(self, hit: list[EpisodeCapture], status: str, named: tuple[int, ...], now_unix_s: float,
+               window_s: float | None) -> None:
+        """Record how the captures ``hit`` ended; with a verdict, when, and the job step time of its window
+        ``window_s`` (:meth:`_window_step_s`; what a restart restores the latest verdict from:
+        :meth:`_restore_verdict`)."""
         for c in hit:
             c.status, c.named = status, named
             if status in VERDICTS:
-                c.verdict_unix_s, c.job_step_s = now_unix_s, self._step_s
+                c.verdict_unix_s, c.job_step_s = now_unix_s, window_s
 
     def _confirm(self, capture_id: str, status: str, named: tuple[int, ...], now_unix_s: float, *,
-                 whole: bool) -> None:
+                 whole: bool, window_s: float | None) -> None:
         """Remember what the job's latest verdict named; when it named ranks, the job step time at the verdict for
-        each open ranked episode (not rotating) whose ranks it named, with the episode's level, and, for a capture
-        of every rank (``whole``), for the verdict itself (:meth:`_explaining`'s references). An outcome without a
-        verdict (failed, cancelled, replay's ``simulated``) changes nothing."""
+        each open ranked episode (not rotating) whose ranks it named, with the episode's level then (one moment's
+        pair: the ranks' share is their level's growth since), and, for a capture of every rank (``whole``), the job
+        step time of its window ``window_s`` (:meth:`_window_step_s`: the level the capture saw and found normal or
+        explained) for the verdict itself (:meth:`_explaining`'s references). An outcome without a verdict (failed,
+        cancelled, replay's ``simulated``) changes nothing."""
         if status not in VERDICTS:
             return
         self._last_named = named if status != "no_suspect" else ()
         self._verdict = None
         self._verdict_at = now_unix_s
-        if self._step_s is None:
-            return
-        if whole and (self._last_named or status == "no_suspect"):
-            self._verdict = (capture_id, self._last_named, self._step_s, now_unix_s)
-        if not self._last_named:
+        if window_s is not None and whole and (self._last_named or status == "no_suspect"):
+            self._verdict = (capture_id, self._last_named, window_s, now_unix_s)
+        if self._step_s is None or not self._last_named:
             return
         for s in self.open.values():
             if s.ranks and not s.rotation and set(named) & set(s.ranks):

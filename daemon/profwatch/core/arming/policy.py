@@ -589,6 +589,23 @@ def withdrawable(anomaly: Anomaly) -> bool:
     return not anomaly.ranks and anomaly.kind == "step_regression" and anomaly.detail.get("pattern") == "level"
 
 
+def withdrawal_lead(furthest_step: int | None, baseline_step_time_s: float | None,
+                    recent_step_time_s: float | None, capture: CaptureSettings) -> int | None:
+    """The lead (steps) a withdrawal keeps: how far ahead of ``furthest_step`` a capture's ``start_step`` must
+    still lie for ``JobEpisodes.withdraw_returned`` to withdraw it, or None (nothing is withdrawn).
+
+    It is the planner's own lead (``profwatch.core.capture.planner.lead_steps``: the steps an idle config needs to
+    reach every rank) at the planner's step time: the detector's ``baseline_step_time_s`` (s), else the job's
+    ``recent_step_time_s`` (s; the registry's recent median, ``CaptureShell.arm``; replay has none and passes
+    None, as its planner plans with the baseline only). None when no step is known yet (``furthest_step`` None)
+    or no positive step time is measured (none is assumed: a lead on a guess may already be passed); a
+    ``furthest_step`` below 0 (the registry's -1 before any report) counts as step 0, as the planner's does."""
+    step_time = baseline_step_time_s or recent_step_time_s
+    if furthest_step is None or step_time is None or not step_time > 0 or not math.isfinite(step_time):
+        return None
+    return lead_steps(max(0, furthest_step), step_time, capture)
+
+
 def capture_request(anomaly: Anomaly, decision: ArmDecision, *, furthest_step: int, step_time_s: float | None,
                     capture: CaptureSettings) -> CaptureRequest:
     """The :class:`~profwatch.core.capture.planner.CaptureRequest` for an arming ``decision`` on ``anomaly``.
