@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from profwatch.commands.replay import replay_lines
 from profwatch.core.arming.episodes import JobEpisodes
 from profwatch.core.arming.policy import (
+    EXCURSION_RUN_FACTOR,
     RETURN_PLAN_MAX_RATIO,
     WITHDRAW_SLACK_STEPS,
     ArmDecision,
@@ -74,10 +75,11 @@ def test_the_first_checkpoint_of_5_steps_is_withdrawn_before_its_window() -> Non
 
 def test_a_lasting_change_keeps_its_capture() -> None:
     """The same 7x rise that does not end: the capture is kept (its steps stay elevated through the lead); its window
-    starts the planner's lead (4 steps) plus WITHDRAW_SLACK_STEPS after the report at step 204."""
+    starts the planner's lead (4 steps), EXCURSION_RUN_FACTOR times the excursion's age (4) and WITHDRAW_SLACK_STEPS
+    after the report at step 204."""
     res = replay_lines(lines(400, onset=200, duration=None, factor=7.0))
     assert not res["withdrawn"] and spent(res)
-    assert spent(res)[0]["start_step"] <= 204 + 4 + 4 + WITHDRAW_SLACK_STEPS  # the lead, the excursion's age (4)
+    assert spent(res)[0]["start_step"] <= 204 + 4 + EXCURSION_RUN_FACTOR * 4 + WITHDRAW_SLACK_STEPS
 
 
 def test_a_checkpoint_that_ends_on_a_new_level_keeps_or_rearms_a_capture() -> None:
@@ -283,11 +285,12 @@ def test_an_evaluation_that_runs_on_past_its_report_is_withdrawn() -> None:
     was planned 60 steps after the report (the lead at 57 ms, 55, and WITHDRAW_SLACK_STEPS): it came back with 42
     steps left, under that lead, and the capture was spent on healthy steps. The excursion's age at the report is
     now added to the window's lead: it is withdrawn, still the lead at 57 ms before the window; a 2.3x change that
-    lasts keeps its capture, its window at most the lead and the age later."""
+    lasts keeps its capture, its window at most the lead and EXCURSION_RUN_FACTOR leads later."""
     assert_one_arm_withdrawn_with_its_lead_left(lines(700, onset=300, duration=42, factor=2.3, step_s=0.057), 0.057)
     lasting = replay_lines(lines(700, onset=300, duration=None, factor=2.3, step_s=0.057))
     [kept] = spent(lasting)
-    assert not lasting["withdrawn"] and kept["start_step"] <= kept["step"] + 2 * 55 + WITHDRAW_SLACK_STEPS
+    assert not lasting["withdrawn"]
+    assert kept["start_step"] <= kept["step"] + (1 + EXCURSION_RUN_FACTOR) * 55 + WITHDRAW_SLACK_STEPS
 
 
 @pytest.mark.parametrize(("before", "now"), [(0.005, 5.0), (0.01, 30.0), (1e-6, 0.5), (1e-12, 1.0)])
@@ -321,3 +324,18 @@ def test_the_withdrawal_lead_is_the_planners_lead_at_the_planners_step_time() ->
     for furthest, base, recent in [(None, STEP_S, 9.0), (100, None, None), (100, 0.0, None), (100, None, 0.0),
                                    (100, None, float("nan")), (100, -1.0, None)]:
         assert withdrawal_lead(furthest, base, recent, cap) is None
+
+
+def test_an_evaluation_that_runs_on_longer_than_its_age_is_withdrawn() -> None:
+    """A 0.57 s job's first unflagged evaluation, 21 steps at 3.5x (``bench_new_shapes.py --shapes eval_ckpt --seed
+    31``, run 2): reported 8 steps in (the spike hold), it runs 13 steps past the report, longer than its age. With
+    one age added to the window's lead (the lead at 0.57 s is 8) it came back 6 steps before the window, under
+    that lead, and the capture was spent on the evaluation. With EXCURSION_RUN_FACTOR ages it is withdrawn, the
+    lead still left; a 3.5x change that lasts keeps its capture, its window at most that many leads later."""
+    ls = lines(700, onset=300, duration=21, factor=3.5, step_s=0.57, cv=0.04)
+    assert_one_arm_withdrawn_with_its_lead_left(ls, 0.57)
+    lasting = replay_lines(lines(700, onset=300, duration=None, factor=3.5, step_s=0.57, cv=0.04))
+    [kept] = spent(lasting)
+    lead = lead_steps(kept["step"], 0.57, CaptureSettings())
+    assert not lasting["withdrawn"]
+    assert kept["start_step"] <= kept["step"] + (1 + EXCURSION_RUN_FACTOR) * lead + WITHDRAW_SLACK_STEPS

@@ -567,20 +567,34 @@ def _return_step_s(anomaly: Anomaly, step_time_s: float) -> float:
     return step_time_s
 
 
+EXCURSION_RUN_FACTOR = 2
+"""Times its age at the report (and at most times the planner's lead) that a :func:`withdrawable` report's
+excursion may still run on and come back before its window with the lead left (:func:`_excursion_age_steps`).
+The age is about the spike hold (the planner's lead), the excursion's duration unknown: an excursion seen ``a``
+steps runs on ``r`` more with ``P(r <= k a) = k / (k + 1)`` under a scale-free prior on its duration (Gott,
+"Implications of the Copernican principle for our future prospects", Nature 363, 1993): 1/2 at one age, 2/3 at
+two. At one age, the unflagged first evaluations of runs 2, 4 and 6 (``bench/bench_new_shapes.py --shapes
+eval_ckpt,alternating --seed 31``: 21-34 steps at 1.4-5.6x, reported 7-15 steps in; 4 of ``eval_ckpt``'s 5 false
+arms) and run 2's 39-step slow regime (2 of ``alternating``'s 4) ran 1.1-2 times their age past the report, 1-5
+steps too long to be withdrawn. A lasting change's window starts at most this many leads after the lead (one
+more than at one age), within the change: a lasting 3x change's median window 18-25 % later
+(``bench/bench_corpus.py --runs 16 --seed 33``, steady 52 -> 65 s), its report as soon."""
+
+
 def _excursion_age_steps(anomaly: Anomaly, lead: int) -> int:
-    """Steps a :func:`withdrawable` report's excursion had already run when reported (``step - detail.first_step``,
-    0 without a first step), at most ``lead`` (the planner's lead it is planned with): added to its window's lead,
-    so an excursion that runs on past its report up to as long again as it ran before it (doubling: the spike hold
-    is the shortest that is reported) still comes back with the planner's lead left and is withdrawn
-    (``JobEpisodes.withdraw_returned`` needs the lead at the level it came back to). Without it, run 0 of
-    ``bench/bench_new_shapes.py --shapes eval_ckpt --seed 31`` (an unflagged 42-step evaluation at 2.3x of 57 ms
-    steps, reported 25 steps in, window 60 steps after the report) came back with 42 steps left where the lead at
-    57 ms is 55: the window was armed over healthy steps. A lasting change's window starts at most ``lead`` steps
-    later, within the change."""
+    """Steps added to a :func:`withdrawable` report's window lead for its excursion's age at the report
+    (``step - detail.first_step``, 0 without a first step): :data:`EXCURSION_RUN_FACTOR` times that age, at most
+    that many times ``lead`` (the planner's lead it is planned with), so an excursion that runs on past its report
+    up to that many times as long as it ran before it still comes back with the planner's lead left and is
+    withdrawn (``JobEpisodes.withdraw_returned`` needs the lead at the level it came back to). Without the age, run
+    0 of ``bench/bench_new_shapes.py --shapes eval_ckpt --seed 31`` (an unflagged 42-step evaluation at 2.3x of
+    57 ms steps, reported 25 steps in, window 60 steps after the report) came back with 42 steps left where the
+    lead at 57 ms is 55: the window was armed over healthy steps. A lasting change's window starts at most
+    ``EXCURSION_RUN_FACTOR * lead`` steps later, within the change."""
     first = anomaly.detail.get("first_step")
     if not isinstance(first, int) or isinstance(first, bool):
         return 0
-    return min(max(0, anomaly.step - first), max(0, lead))
+    return EXCURSION_RUN_FACTOR * min(max(0, anomaly.step - first), max(0, lead))
 
 
 def withdrawable(anomaly: Anomaly) -> bool:
