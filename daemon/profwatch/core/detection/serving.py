@@ -1016,7 +1016,10 @@ class ReplicaPeers:
         one job with no declared roles are alike by design, so a replica slower than its peers from its first
         judged block is named, as a rank slower from the start is). Its last :data:`PEER_RUN` ratios each at least
         ``max(thr, log(1 + PEER_YOUNG_EFFECT))``, ``thr = max(outlier_z * sigma, log(1 + outlier_min_effect))``
-        (the run test's rule for a large rise, :data:`PEER_YOUNG_EFFECT`; ``detail.blocks`` 3), or its last
+        (the run test's rule for a large rise, :data:`PEER_YOUNG_EFFECT`; ``detail.blocks`` 3; its last
+        :data:`PEER_STRONG_RUN` each at least that and :data:`PEER_STRONG_FACTOR` times ``thr``, as the run test's
+        ``detail.blocks`` 2: 991 pairs of blocks in a row of young healthy replicas of three or four never both read
+        over +13 %, bench_corpus serving_dp seeds 101-104, runs 0-7 replayed without their change), or its last
         :data:`PEER_YOUNG_RUN` ratios with a median of at least ``thr`` and each at least half that
         (``detail.blocks`` 6), ``sigma = max(1.4826 * median(|x|), noise_floor)`` of the other replicas' ratios ``x`` (not a pair's, :meth:`_pair_level`)
         (at least :data:`PEER_RUN` of them; fewer: not judged. It was :data:`PEER_MIN_BASELINE`: a 3x replica of
@@ -1043,7 +1046,7 @@ class ReplicaPeers:
         and was named +24-26 % within 171-207 s of healthy traffic
         (tests/unit/test_serving_replica_peers.py)."""
         hist = self._hist[q]
-        if (len(hist) < PEER_RUN or tuple(self.units[q]) in self._young_named or self._bare[q]
+        if (len(hist) < PEER_STRONG_RUN or tuple(self.units[q]) in self._young_named or self._bare[q]
                 or len(self.units) < 3):
             return []
         pooled = [x for o, h in enumerate(self._hist) if o != q
@@ -1056,7 +1059,9 @@ class ReplicaPeers:
         last = list(self._young[q])
         beyond = list(self._beyond_blocks[q])
         big = max(thr, math.log1p(PEER_YOUNG_EFFECT)) + (math.log(PEER_CURVE_REACH) if any(beyond[-PEER_RUN:]) else 0.0)
-        if min(last[-PEER_RUN:]) >= big:  # the run test's rule, a large rise
+        if min(last[-PEER_STRONG_RUN:]) >= max(big, PEER_STRONG_FACTOR * thr):  # far over it: two blocks
+            last = last[-PEER_STRONG_RUN:]
+        elif len(last) >= PEER_RUN and min(last[-PEER_RUN:]) >= big:  # the run test's rule, a large rise
             last = last[-PEER_RUN:]
         elif (len(last) < PEER_YOUNG_RUN or median(last) < thr or min(last) < thr / 2.0
               or any(beyond[-PEER_YOUNG_RUN:])):
