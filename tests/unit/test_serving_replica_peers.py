@@ -210,7 +210,7 @@ def test_a_replica_slower_than_its_peers_before_its_baseline_formed_is_named_onc
 def test_a_young_replica_3x_slower_is_named_on_its_first_two_judged_blocks() -> None:
     """Replica 1 is 3x slower from its first block: its first two judged blocks, each far over its peers' level
     (over ``1 + PEER_YOUNG_EFFECT`` and twice the threshold, ``PEER_STRONG_FACTOR``), name it at its step 84.
-    Before, the young test waited for three such blocks (its step 108), and before that for six (its step 144),
+    Before, the young test waited for three such blocks (its step 96), and before that for six,
     and a bursty replica judged in a few blocks a minute waited for them (bench_corpus seed 38 serving_dp run 6:
     a 3x replica named 179 s after its onset, 159 s with three blocks)."""
     for seed in (0, 1, 2):
