@@ -221,7 +221,7 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
                 pass  # still say where we are every NOTE_EVERY_S below
             step = _furthest(st, job_id) if st else step
             if st and tl.waiting_for() == "reference":
-                _reference_from_status(tl, st, note)
+                _reference_from_status(tl, st, note, time.time())
             if st and step is not None:
                 _on_step(tl, step, slow_file, at_step, f"{whom} x{slowdown:g}", note)
             if time.monotonic() - last_note >= NOTE_EVERY_S:
@@ -265,11 +265,14 @@ IN_FLIGHT_STATES = frozenset(str(s.value) for s in IN_FLIGHT)
 job's config slot, and the reference waits for it (``capture_in_flight``)."""
 
 
-def _reference_from_status(tl: Timeline, st: dict[str, Any], note: Callable[[str, float, str], None]) -> None:
-    """Fold a ``status`` reply into ``tl`` while the scenario waits for its reference: the coordinator's account of
-    the job's reference and open episodes (:attr:`Timeline.coordinator_says`), and the reference stage itself when
-    the reply holds an analysed one whose ``reference_captured`` event was not received (a PUB message is dropped
-    while the subscriber's queue is full; the reply is the coordinator's record)."""
+def _reference_from_status(tl: Timeline, st: dict[str, Any], note: Callable[[str, float, str], None],
+                           now: float) -> None:
+    """Fold a ``status`` reply (received at ``now``, Unix s) into ``tl`` while the scenario waits for its reference:
+    the coordinator's account of the job's reference and open episodes (:attr:`Timeline.coordinator_says`), and the
+    reference stage itself when the reply holds an analysed one whose ``reference_captured`` event was not received
+    (a PUB message is dropped while the subscriber's queue is full; the reply is the coordinator's record). That
+    stage is placed at ``now``: the reply's reference (``ReferenceInfo``) says when it was armed, not when its
+    analysis ended (the event's time), and carries no judged ranks nor captured steps."""
     from profwatch.core.status_text import render_episode, render_reference
 
     refs = [r for r in st.get("references") or [] if r.get("job_id") == tl.job_id]
@@ -282,10 +285,13 @@ def _reference_from_status(tl: Timeline, st: dict[str, Any], note: Callable[[str
         f"{c.get('expected_ranks')}, window from step {c.get('start_step')}" for c in caps[-SAYS_EPISODES:]]
     latest = refs[0].get("latest") if refs else None
     if isinstance(latest, dict) and latest.get("capture_id"):
-        t = float(latest.get("created_unix_s") or time.time())
-        detail = reference_row({**latest, "outcome": "suspect_ranks"})
-        if tl.add("reference", t, None, detail + " (from status)"):
-            note("reference", t, detail + " (from status)")
+        world, st_s = latest.get("world_size"), latest.get("step_time_s")
+        detail = (f"reference capture {latest['capture_id']}: healthy baseline"
+                  + (f" of the job's {world} ranks" if world else "") + ", analysed (never alerted on)"
+                  + (f", {float(st_s):.4g} s per step" if st_s else "")
+                  + " (from status: its reference_captured event was missed)")
+        if tl.add("reference", now, None, detail):
+            note("reference", now, detail)
 
 
 def _in_flight(st: dict[str, Any]) -> list[str]:
