@@ -77,7 +77,7 @@ def test_the_reference_wait_says_why_the_coordinator_waits_and_takes_a_reference
 def test_a_timed_out_scenario_is_not_said_to_have_missed_the_slow_rank() -> None:
     from profwatch.commands.demo import _missed_hint
 
-    line = _missed_hint(["reference"], timed_out=True)
+    line = _missed_hint(["reference"], timed_out=["reference"])
     assert line.startswith("scenario reference: timed out (the result line above says waiting for what) (load ")
     assert "did not name" not in line
 
@@ -118,3 +118,13 @@ def test_a_reference_taken_from_status_says_what_the_status_knows_and_when_it_wa
     detail = tl.marks["reference"][2]
     assert "steps none" not in detail and "c-7" in detail and "4 ranks" in detail and "0.1 s" in detail, detail
     assert tl.t("reference") == 90.0
+
+
+def test_the_hint_says_which_scenario_timed_out_and_which_missed_the_slow_rank() -> None:
+    """``--scenario both``: torch's alert did not name the slow rank, ascend timed out. Each is said for what it
+    did; before, one timed-out scenario made the hint say every missed one had timed out."""
+    from profwatch.commands.demo import _missed_hint
+
+    line = _missed_hint(["torch", "ascend"], timed_out=["ascend"])
+    assert line.startswith("scenario torch: the alert did not name the slow rank; scenario ascend: timed out "), line
+    assert line.endswith("profwatch demo --scenario torch")

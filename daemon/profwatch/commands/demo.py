@@ -28,7 +28,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -521,12 +521,13 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
             shutil.rmtree(runtime, ignore_errors=True)
     ok = not stopped and len(results) == len(scenarios)
     missed: list[str] = []
-    timed_out = False
+    timed_out: list[str] = []
     for tl in results:
         if not report(tl, slow_rank, click.echo):
             ok = False
             missed.append(tl.scenario)
-            timed_out = timed_out or tl.timed_out is not None
+            if tl.timed_out is not None:
+                timed_out.append(tl.scenario)
     (root / "demo_result.json").write_text(json.dumps(
         {"ok": ok, "elapsed_s": round(time.time() - t0, 1), "stopped": stopped or None,
          "scenarios": [tl.to_json() for tl in results]}, indent=2, default=str))
@@ -540,19 +541,21 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
     sys.exit(EXIT_OK if ok else EXIT_NOT_OK)
 
 
-def _missed_hint(missed: list[str], *, timed_out: bool = False) -> str:
-    """What to do when a scenario's alert did not name the slow rank (its lines above say what it said), or, with
-    ``timed_out``, when one stopped waiting (its ``result: TIMED OUT`` line says for what): the host's load average,
-    since other work on a small box swamps a 3x rank's steps (a new user's demo at load 3-7 missed the torch
-    scenario: "does not confirm at its noise ... 28.6 % of a step"; the rerun passed)."""
+def _missed_hint(missed: list[str], *, timed_out: Collection[str] = ()) -> str:
+    """What to do when a scenario's alert did not name the slow rank (its lines above say what it said), or, for
+    those of ``missed`` in ``timed_out``, when one stopped waiting (its ``result: TIMED OUT`` line says for what):
+    the host's load average, since other work on a small box swamps a 3x rank's steps (a new user's demo at load
+    3-7 missed the torch scenario: "does not confirm at its noise ... 28.6 % of a step"; the rerun passed)."""
     try:
         load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count() or 1} CPUs"
     except OSError:
         load = "load average unknown"
-    names = ", ".join(missed)
-    what = ("timed out (the result line above says waiting for what)" if timed_out
-            else "the alert did not name the slow rank")
-    return (f"scenario {names}: {what} ({load}). Other work on this machine adds noise "
+    named = [m for m in missed if m not in timed_out]
+    late = [m for m in missed if m in timed_out]
+    what = "; ".join([f"scenario {', '.join(named)}: the alert did not name the slow rank"] * bool(named)
+                     + [f"scenario {', '.join(late)}: timed out (the result line above says waiting for what)"]
+                     * bool(late))
+    return (f"{what} ({load}). Other work on this machine adds noise "
             f"to every rank's steps; rerun it when the machine is quieter: profwatch demo --scenario "
             f"{missed[0]}")
 
