@@ -128,3 +128,28 @@ def test_the_hint_says_which_scenario_timed_out_and_which_missed_the_slow_rank()
     line = _missed_hint(["torch", "ascend"], timed_out=["ascend"])
     assert line.startswith("scenario torch: the alert did not name the slow rank; scenario ascend: timed out "), line
     assert line.endswith("profwatch demo --scenario torch")
+
+
+def test_a_scenario_that_timed_out_after_its_reference_does_not_repeat_the_account_of_the_reference_wait() -> None:
+    """The coordinator's account is taken while the scenario waits for its reference; a scenario that got its
+    reference (here by its event, so the last account still said "none yet") and then timed out waiting for the
+    first alert does not print that account as the one "at the end of the wait": it says no reference came."""
+    from profwatch.commands.demo import _reference_from_status, report
+    from profwatch.commands.demo_timeline import Timeline
+
+    tl = Timeline("reference", "j", after_slowdown_only=True)
+    st = {"references": [{"job_id": "j", "latest": None, "in_flight": "c-7", "waiting": "in_flight"}]}
+    _reference_from_status(tl, st, lambda stage, t, detail: None, 10.0)
+    assert tl.coordinator_says
+    tl.add("reference", 20.0, 60, "reference capture c-7: healthy baseline")
+    tl.add("slowdown", 21.0, 62, "every rank x3")
+    tl.timed_out = "no first alert within 240 s of the slowdown"
+    out: list[str] = []
+    assert not report(tl, 2, out.append)
+    assert not any("the coordinator's account" in line for line in out), out
+    tl2 = Timeline("reference", "j", after_slowdown_only=True)
+    _reference_from_status(tl2, st, lambda stage, t, detail: None, 10.0)
+    tl2.timed_out = "no reference within 600 s of the job's start (--start-timeout-s)"
+    out = []
+    assert not report(tl2, 2, out.append)
+    assert any("the coordinator's account at the end of the wait: j: none yet; taking c-7" in line for line in out)

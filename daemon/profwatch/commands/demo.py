@@ -405,7 +405,7 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
         echo(f"  result: {why}; seen so far: {seen}")
         if tl.timed_out:
             echo("  a loaded host may need more: --timeout-s (from the slowdown) or --start-timeout-s (to it)")
-        for line in tl.coordinator_says:
+        for line in tl.coordinator_says if tl.waiting_for() == "reference" else ():  # taken during that wait only
             echo(f"  the coordinator's account at the end of the wait: {line}")
         return False
     d = (tl.alert or {}).get("data", {})
