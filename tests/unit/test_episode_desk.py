@@ -132,7 +132,7 @@ def test_a_capture_of_an_older_generation_resumes_no_flight_after_a_restart(tmp_
     restarted = d.books["j"]
     for b in (live, restarted):
         report = Anomaly("step_regression", "j", 30, (), 2.0, {"pattern": "cusum", "baseline_s": 1.0, "first_step": 20})
-        ep, _ = b.observe(report, T0 + 20)
-        assert ep is not None and ep.episode_id != first.episode_id
-        assert ep.captures == [] and ep.in_flight is None, ep.captures  # not the old run's capture
+        new, _ = b.observe(report, T0 + 20)
+        assert new is not None and new.episode_id != first.episode_id
+        assert new.captures == [] and new.in_flight is None, new.captures  # not the old run's capture
     store.close()

@@ -325,6 +325,8 @@ class JobEpisodes:
         # of a capture of every rank naming ranks or finding nobody: (capture, named (empty: no_suspect), job step s
         # of its window, unix s)
         self._verdict_at = -math.inf  # when the latest verdict came (unix s; restore keeps the latest)
+        self._run_since = -math.inf  # when the job's current generation began (unix s; new_run): a capture armed
+        # before it (an analysing one finishes after a restart of its job) gives the new run no verdict
         self.withdrawn = 0
         """Captures withdrawn because their excursion came back before the window (:meth:`withdraw_returned`)."""
         self.load_explained = 0
@@ -359,11 +361,13 @@ class JobEpisodes:
         :meth:`_explaining`) from the stored captures of ``ep``, when later than any restored before; an episode
         closed by a new generation (:meth:`new_run`) forgets the verdicts before it, as the run did. Without it a
         restart forgot the known slow rank, and a job-wide change it explained was captured again as new."""
-        if ep.close_reason == "new_generation" and (ep.closed_unix_s or 0.0) >= self._verdict_at:
-            self._last_named, self._verdict, self._verdict_at = (), None, ep.closed_unix_s or 0.0
+        if ep.close_reason == "new_generation":
+            self._run_since = max(self._run_since, ep.closed_unix_s or 0.0)
+            if (ep.closed_unix_s or 0.0) >= self._verdict_at:
+                self._last_named, self._verdict, self._verdict_at = (), None, ep.closed_unix_s or 0.0
         for c in ep.captures:
             at = c.verdict_unix_s
-            if at is None or c.status not in VERDICTS or at < self._verdict_at:
+            if at is None or c.status not in VERDICTS or at < self._verdict_at or c.armed_unix_s < self._run_since:
                 continue
             self._verdict_at = at
             self._last_named = c.named if c.status != "no_suspect" else ()
@@ -666,7 +670,9 @@ class JobEpisodes:
 
     def new_run(self, now_unix_s: float, reason: str) -> list[Event]:
         """The job started a new generation (a restart, a resize, a new run under its id): close every open episode
-        and start a fresh budget (the old run's arms never hold the new run's; the bytes-per-step estimate stays)."""
+        and start a fresh budget (the old run's arms never hold the new run's; the bytes-per-step estimate stays).
+        The old run's verdicts are forgotten, and so is one that comes later for a capture armed before now
+        (:meth:`_of_earlier_run`: an analysing capture finishes after its job restarted)."""
         fresh = ArmHistory()
         fresh.bytes_per_rank_step = self.history.bytes_per_rank_step
         self.history = fresh
@@ -682,7 +688,7 @@ class JobEpisodes:
         self._confirmed.clear()
         self._last_named = ()
         self._verdict = None
-        self._verdict_at = now_unix_s
+        self._verdict_at = self._run_since = now_unix_s
         return self.close_all(now_unix_s, reason)
 
     def close_all(self, now_unix_s: float, reason: str) -> list[Event]:
@@ -914,8 +920,9 @@ class JobEpisodes:
             self.history.release(capture_id)
         flight = self._flight.pop(capture_id, None)
         window_s = self._window_step_s(capture_id)
-        self._confirm(capture_id, status, tuple(named), now_unix_s, whole=self._whole(capture_id, flight),
-                      window_s=window_s)
+        if not self._of_earlier_run(capture_id):
+            self._confirm(capture_id, status, tuple(named), now_unix_s, whole=self._whole(capture_id, flight),
+                          window_s=window_s)
         if flight is not None:
             self._ended.append(_Ended(capture_id, flight[0], flight[1], flight[2], status, tuple(named)))
         out: list[Event] = []
@@ -980,6 +987,13 @@ class JobEpisodes:
         if flight is not None:
             return flight[1] is None
         return any(c.whole for ep in (*self.open.values(), *self.closed) for c in ep.captures
+                   if c.capture_id == capture_id)
+
+    def _of_earlier_run(self, capture_id: str) -> bool:
+        """Whether ``capture_id`` was armed for an episode before the job's current generation began
+        (:meth:`new_run`; restored from an episode closed by it): its verdict, of the old run, is not the new run's
+        (the new run forgot the old run's verdicts). A capture no episode holds (a manual arm) is not."""
+        return any(c.armed_unix_s < self._run_since for e in (*self.open.values(), *self.closed) for c in e.captures
                    if c.capture_id == capture_id)
 
     def _window_step_s(self, capture_id: str) -> float | None:
