@@ -920,9 +920,8 @@ class JobEpisodes:
             self.history.release(capture_id)
         flight = self._flight.pop(capture_id, None)
         window_s = self._window_step_s(capture_id)
-        if not self._of_earlier_run(capture_id):
-            self._confirm(capture_id, status, tuple(named), now_unix_s, whole=self._whole(capture_id, flight),
-                          window_s=window_s)
+        self._confirm(capture_id, status, tuple(named), now_unix_s, whole=self._whole(capture_id, flight),
+                      window_s=window_s)
         if flight is not None:
             self._ended.append(_Ended(capture_id, flight[0], flight[1], flight[2], status, tuple(named)))
         out: list[Event] = []
@@ -1022,8 +1021,9 @@ class JobEpisodes:
         pair: the ranks' share is their level's growth since), and, for a capture of every rank (``whole``), the job
         step time of its window ``window_s`` (:meth:`_window_step_s`: the level the capture saw and found normal or
         explained) for the verdict itself (:meth:`_explaining`'s references). An outcome without a verdict (failed,
-        cancelled, replay's ``simulated``) changes nothing."""
-        if status not in VERDICTS:
+        cancelled, replay's ``simulated``) changes nothing, nor does a capture of an earlier run
+        (:meth:`_of_earlier_run`)."""
+        if status not in VERDICTS or self._of_earlier_run(capture_id):
             return
         self._last_named = named if status != "no_suspect" else ()
         self._verdict = None
