@@ -53,7 +53,9 @@ planned 60 steps after the report (the lead at 57 ms, 55, and ``WITHDRAW_SLACK_S
 After adding a withdrawable report's excursion age to its window's lead (``core/arming/policy.py``,
 ``_excursion_age_steps``: at most the lead; seed 31): ``eval_ckpt`` 10 -> 5 false arms (2.67 -> 1.34/h), withdrawn
 3 -> 10; ``alternating`` 6 -> 4 (1.25 -> 0.83/h), withdrawn 4 -> 6; lost 0 -> 0 and delays unchanged in both; the
-median change-to-window time of a 3x change later (steady reference 63 -> 82 s, ``eval_ckpt`` 48 -> 61 s).
+median change-to-window time of a 3x change later (steady reference 63 -> 82 s, ``eval_ckpt`` 48 -> 61 s). Then
+``EXCURSION_RUN_FACTOR`` (2) times the age, at most 2 leads (``core/arming/policy.py``; docs/detection.md has its
+numbers): ``eval_ckpt`` 1.34 -> 0.27/h, ``alternating`` 0.83 -> 0.42/h, the same delays and lost changes.
 
 Findings at seed 31 before it (the default run; causes from one-run replays, ``make_run``):
 

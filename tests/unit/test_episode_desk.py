@@ -90,3 +90,49 @@ def test_a_capture_in_flight_keeps_its_window_start_across_a_restart(tmp_path: P
         assert [c.level for c in ep.captures] == [ep.level] and len(b.open) == 1
     assert not restarted.resume_flight("c1", start_step=cap.start_step, covered=None)  # resumed once
     store.close()
+
+
+def test_a_capture_of_an_older_generation_resumes_no_flight_after_a_restart(tmp_path: Path) -> None:
+    """A job-wide change is captured in generation 0; the job starts generation 1 while that capture is analysed
+    (``supersede_generation`` lets an ``analysing`` one finish: it stays in flight) and its episode closes with the
+    generation (``JobEpisodes.new_run`` forgets the capture's flight). The coordinator restarts. A report of the new
+    generation whose evidence starts before the old capture's window start (the new run's steps count from 0 again)
+    is a change of the new run, not one the old run's capture saw, as without the restart. Before, the restarted
+    desk resumed the old capture's flight and took it to cover the new generation's episode."""
+    from types import SimpleNamespace
+
+    from profwatch.core.capture import lifecycle as lc
+    from profwatch.core.capture.planner import CaptureRequest, JobProgress, plan_capture
+
+    s = Settings()
+    store = StateStore(tmp_path / "state.db")
+    plan = plan_capture(CaptureRequest(job_id="j", reason="step_regression", capture_id="c1"),
+                        JobProgress(job_id="j", world_size=2, furthest_step=100, step_time_s=1.0, prof_root="/prof",
+                                    now_unix_s=T0), s.capture)
+    cap = lc.open_capture(plan, world_size=2, profiler_config_path="/cfg", writer="coordinator",
+                          rank_steps={0: 100, 1: 100}, rank_step_time_s={}, rank_backends={}, nodes=[], now=T0,
+                          settings=lc.LifecycleSettings(), generation=0).capture
+    assert cap.state in lc.IN_FLIGHT and cap.start_step > 100
+    store.save_capture(cap)
+    live, policy = JobEpisodes("j", s.arming), ArmingPolicy(s.arming)
+    first, _ = live.observe(Anomaly("step_regression", "j", 100, (), 0.3,
+                                    {"pattern": "cusum", "baseline_s": 1.0, "first_step": 80}), T0)
+    picked = live.next_arm(policy, T0, capture_in_flight=False)
+    assert first is not None and picked is not None and picked[0] is first
+    live.history.record(picked[1], T0, "c1")
+    live.armed(first.episode_id, "c1", T0, covered=None, start_step=cap.start_step)
+    live.new_run(T0 + 10, "new_generation")
+    assert first.closed_unix_s is not None
+    for ep in (*live.closed, *live.open.values()):
+        store.save_episode(ep.episode_id, "j", ep.closed_unix_s is None, ep.updated_unix_s, ep.to_json())
+    d = EpisodeDesk(settings=s, store=store, jobs={"j": SimpleNamespace(generation=1)},  # type: ignore[dict-item]
+                    detectors=None, emit=lambda ev: None, arm=lambda *a, **k: {},  # type: ignore[arg-type]
+                    in_flight=lambda j: False, topology=lambda j: None, policy=lambda: ArmingPolicy(s.arming))
+    d.start()
+    restarted = d.books["j"]
+    for b in (live, restarted):
+        report = Anomaly("step_regression", "j", 30, (), 2.0, {"pattern": "cusum", "baseline_s": 1.0, "first_step": 20})
+        new, _ = b.observe(report, T0 + 20)
+        assert new is not None and new.episode_id != first.episode_id
+        assert new.captures == [] and new.in_flight is None, new.captures  # not the old run's capture
+    store.close()

@@ -381,3 +381,26 @@ def test_a_capture_keeps_the_step_time_its_window_was_planned_on() -> None:
     b2.advance(T0 + 50, furthest_step=150, step_time_s=1.45)
     b2.capture_ended("c1", T0 + 60, "no_suspect")
     assert second.captures[0].job_step_s == 1.45
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_verdict_of_the_previous_generations_capture_explains_nothing_in_the_new_one(restart: bool) -> None:
+    """A capture of every rank armed in generation 0 (1.0 s per step) is still analysed when the job starts
+    generation 1 (``new_run``: an analysing capture finishes, ``CaptureShell.supersede_generation``); its verdict,
+    nobody, comes in the new run at 1.1 s. The new run forgot the old run's verdicts (``new_run``,
+    ``_restore_verdict``): a move of the new run to 1.4 s (+27 %) is captured as a change of its own, as it is
+    without that late verdict. Before, the late verdict became the new run's latest and explained the move away
+    as host load's for the hour (and again after a restart)."""
+    settings = ArmingSettings(cooldown_s=900, min_arm_gap_s=60)
+    b, p = JobEpisodes("j", settings), ArmingPolicy(settings)
+    first, _ = b.observe(_reg(100, 0.8, 1.0), T0)
+    b.advance(T0, furthest_step=100, step_time_s=1.0)
+    assert first is not None and _arm(b, p, T0, "c1") is first
+    b.new_run(T0 + 30, "new_generation")
+    b.advance(T0 + 40, furthest_step=10, step_time_s=1.1)
+    b.capture_ended("c1", T0 + 60, "no_suspect")
+    if restart:
+        b = _restarted(b, settings)
+        b.advance(T0 + 65, furthest_step=30, step_time_s=1.1)
+    move, _ = b.observe(_reg(300, 1.1, 1.4), T0 + 300)
+    assert move is not None and move.explained_by == "" and _arm(b, p, T0 + 300, "c2") is move

@@ -100,8 +100,8 @@ class EpisodeDesk:
     def start(self) -> None:
         """Load the stored episodes of the jobs the registry knows (open ones resume, the latest closed are
         listed), then resume the flight of each of their captures still in flight from its stored record (its
-        window's start and ranks: ``JobEpisodes.resume_flight``). A row that does not parse is logged and
-        skipped."""
+        window's start and ranks: ``JobEpisodes.resume_flight``), those of the job's current generation only. A row
+        that does not parse is logged and skipped."""
         for row in self.store.episodes(job_ids=list(self.jobs)):
             try:
                 ep = Episode.from_json(row)
@@ -112,8 +112,12 @@ class EpisodeDesk:
             if ep.closed_unix_s is None:
                 log.info("episode_resumed", job_id=ep.job_id, episode_id=ep.episode_id, kind=ep.kind)
         for job_id, b in self.books.items():
+            job = self.jobs.get(job_id)
             for cap in self.store.captures(job_id, states=lc.IN_FLIGHT):
-                b.resume_flight(cap.capture_id, start_step=cap.start_step, covered=cap.rank_list)
+                # one of an older generation (an analysing one finishes: CaptureShell.supersede_generation) lost its
+                # flight with its run (JobEpisodes.new_run): it sees nothing of the current one
+                if job is None or cap.generation == job.generation:
+                    b.resume_flight(cap.capture_id, start_step=cap.start_step, covered=cap.rank_list)
 
     # -- reports and time ---------------------------------------------------------------------------------------------
     def on_anomaly(self, an: Anomaly, now: float) -> None:

@@ -28,7 +28,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +221,7 @@ def run_scenario(stack: Stack, scenario: str, *, ranks: int, slow_rank: int, slo
                 pass  # still say where we are every NOTE_EVERY_S below
             step = _furthest(st, job_id) if st else step
             if st and tl.waiting_for() == "reference":
-                _reference_from_status(tl, st, note)
+                _reference_from_status(tl, st, note, time.time())
             if st and step is not None:
                 _on_step(tl, step, slow_file, at_step, f"{whom} x{slowdown:g}", note)
             if time.monotonic() - last_note >= NOTE_EVERY_S:
@@ -265,11 +265,14 @@ IN_FLIGHT_STATES = frozenset(str(s.value) for s in IN_FLIGHT)
 job's config slot, and the reference waits for it (``capture_in_flight``)."""
 
 
-def _reference_from_status(tl: Timeline, st: dict[str, Any], note: Callable[[str, float, str], None]) -> None:
-    """Fold a ``status`` reply into ``tl`` while the scenario waits for its reference: the coordinator's account of
-    the job's reference and open episodes (:attr:`Timeline.coordinator_says`), and the reference stage itself when
-    the reply holds an analysed one whose ``reference_captured`` event was not received (a PUB message is dropped
-    while the subscriber's queue is full; the reply is the coordinator's record)."""
+def _reference_from_status(tl: Timeline, st: dict[str, Any], note: Callable[[str, float, str], None],
+                           now: float) -> None:
+    """Fold a ``status`` reply (received at ``now``, Unix s) into ``tl`` while the scenario waits for its reference:
+    the coordinator's account of the job's reference and open episodes (:attr:`Timeline.coordinator_says`), and the
+    reference stage itself when the reply holds an analysed one whose ``reference_captured`` event was not received
+    (a PUB message is dropped while the subscriber's queue is full; the reply is the coordinator's record). That
+    stage is placed at ``now``: the reply's reference (``ReferenceInfo``) says when it was armed, not when its
+    analysis ended (the event's time), and carries no judged ranks nor captured steps."""
     from profwatch.core.status_text import render_episode, render_reference
 
     refs = [r for r in st.get("references") or [] if r.get("job_id") == tl.job_id]
@@ -282,10 +285,13 @@ def _reference_from_status(tl: Timeline, st: dict[str, Any], note: Callable[[str
         f"{c.get('expected_ranks')}, window from step {c.get('start_step')}" for c in caps[-SAYS_EPISODES:]]
     latest = refs[0].get("latest") if refs else None
     if isinstance(latest, dict) and latest.get("capture_id"):
-        t = float(latest.get("created_unix_s") or time.time())
-        detail = reference_row({**latest, "outcome": "suspect_ranks"})
-        if tl.add("reference", t, None, detail + " (from status)"):
-            note("reference", t, detail + " (from status)")
+        world, st_s = latest.get("world_size"), latest.get("step_time_s")
+        detail = (f"reference capture {latest['capture_id']}: healthy baseline"
+                  + (f" of the job's {world} ranks" if world else "") + ", analysed (never alerted on)"
+                  + (f", {float(st_s):.4g} s per step" if st_s else "")
+                  + " (from status: its reference_captured event was missed)")
+        if tl.add("reference", now, None, detail):
+            note("reference", now, detail)
 
 
 def _in_flight(st: dict[str, Any]) -> list[str]:
@@ -399,7 +405,7 @@ def report(tl: Timeline, slow_rank: int, echo: Callable[[str], None]) -> bool:
         echo(f"  result: {why}; seen so far: {seen}")
         if tl.timed_out:
             echo("  a loaded host may need more: --timeout-s (from the slowdown) or --start-timeout-s (to it)")
-        for line in tl.coordinator_says:
+        for line in tl.coordinator_says if tl.waiting_for() == "reference" else ():  # taken during that wait only
             echo(f"  the coordinator's account at the end of the wait: {line}")
         return False
     d = (tl.alert or {}).get("data", {})
@@ -515,12 +521,13 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
             shutil.rmtree(runtime, ignore_errors=True)
     ok = not stopped and len(results) == len(scenarios)
     missed: list[str] = []
-    timed_out = False
+    timed_out: list[str] = []
     for tl in results:
         if not report(tl, slow_rank, click.echo):
             ok = False
             missed.append(tl.scenario)
-            timed_out = timed_out or tl.timed_out is not None
+            if tl.timed_out is not None:
+                timed_out.append(tl.scenario)
     (root / "demo_result.json").write_text(json.dumps(
         {"ok": ok, "elapsed_s": round(time.time() - t0, 1), "stopped": stopped or None,
          "scenarios": [tl.to_json() for tl in results]}, indent=2, default=str))
@@ -534,19 +541,21 @@ def demo(workdir: Path, ranks: int, nodes: int, slow_rank: int, slowdown: float,
     sys.exit(EXIT_OK if ok else EXIT_NOT_OK)
 
 
-def _missed_hint(missed: list[str], *, timed_out: bool = False) -> str:
-    """What to do when a scenario's alert did not name the slow rank (its lines above say what it said), or, with
-    ``timed_out``, when one stopped waiting (its ``result: TIMED OUT`` line says for what): the host's load average,
-    since other work on a small box swamps a 3x rank's steps (a new user's demo at load 3-7 missed the torch
-    scenario: "does not confirm at its noise ... 28.6 % of a step"; the rerun passed)."""
+def _missed_hint(missed: list[str], *, timed_out: Collection[str] = ()) -> str:
+    """What to do when a scenario's alert did not name the slow rank (its lines above say what it said), or, for
+    those of ``missed`` in ``timed_out``, when one stopped waiting (its ``result: TIMED OUT`` line says for what):
+    the host's load average, since other work on a small box swamps a 3x rank's steps (a new user's demo at load
+    3-7 missed the torch scenario: "does not confirm at its noise ... 28.6 % of a step"; the rerun passed)."""
     try:
         load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count() or 1} CPUs"
     except OSError:
         load = "load average unknown"
-    names = ", ".join(missed)
-    what = ("timed out (the result line above says waiting for what)" if timed_out
-            else "the alert did not name the slow rank")
-    return (f"scenario {names}: {what} ({load}). Other work on this machine adds noise "
+    named = [m for m in missed if m not in timed_out]
+    late = [m for m in missed if m in timed_out]
+    what = "; ".join([f"scenario {', '.join(named)}: the alert did not name the slow rank"] * bool(named)
+                     + [f"scenario {', '.join(late)}: timed out (the result line above says waiting for what)"]
+                     * bool(late))
+    return (f"{what} ({load}). Other work on this machine adds noise "
             f"to every rank's steps; rerun it when the machine is quieter: profwatch demo --scenario "
             f"{missed[0]}")
 

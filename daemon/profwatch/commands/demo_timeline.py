@@ -64,8 +64,8 @@ class Timeline:
     coordinator_says: list[str] = field(default_factory=list)
     """While the scenario waits for its reference: the coordinator's own account from its last ``status`` reply
     (``core/status_text.py: render_reference`` of the job's reference, then ``render_episode`` of its open
-    episodes, at most :data:`SAYS_EPISODES`), so a reference that never comes says why (a CI run waited 600 s
-    with "seen: nothing yet")."""
+    episodes and a line per capture of the job in flight, at most :data:`SAYS_EPISODES` of each), so a reference
+    that never comes says why (a CI run waited 600 s with "seen: nothing yet")."""
 
     def waiting_for(self) -> str:
         """The next stage the scenario waits for: the first of :data:`STAGES` after the last one seen (the

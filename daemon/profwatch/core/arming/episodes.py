@@ -325,6 +325,8 @@ class JobEpisodes:
         # of a capture of every rank naming ranks or finding nobody: (capture, named (empty: no_suspect), job step s
         # of its window, unix s)
         self._verdict_at = -math.inf  # when the latest verdict came (unix s; restore keeps the latest)
+        self._run_since = -math.inf  # when the job's current generation began (unix s; new_run): a capture armed
+        # before it (an analysing one finishes after a restart of its job) gives the new run no verdict
         self.withdrawn = 0
         """Captures withdrawn because their excursion came back before the window (:meth:`withdraw_returned`)."""
         self.load_explained = 0
@@ -359,11 +361,13 @@ class JobEpisodes:
         :meth:`_explaining`) from the stored captures of ``ep``, when later than any restored before; an episode
         closed by a new generation (:meth:`new_run`) forgets the verdicts before it, as the run did. Without it a
         restart forgot the known slow rank, and a job-wide change it explained was captured again as new."""
-        if ep.close_reason == "new_generation" and (ep.closed_unix_s or 0.0) >= self._verdict_at:
-            self._last_named, self._verdict, self._verdict_at = (), None, ep.closed_unix_s or 0.0
+        if ep.close_reason == "new_generation":
+            self._run_since = max(self._run_since, ep.closed_unix_s or 0.0)
+            if (ep.closed_unix_s or 0.0) >= self._verdict_at:
+                self._last_named, self._verdict, self._verdict_at = (), None, ep.closed_unix_s or 0.0
         for c in ep.captures:
             at = c.verdict_unix_s
-            if at is None or c.status not in VERDICTS or at < self._verdict_at:
+            if at is None or c.status not in VERDICTS or at < self._verdict_at or c.armed_unix_s < self._run_since:
                 continue
             self._verdict_at = at
             self._last_named = c.named if c.status != "no_suspect" else ()
@@ -666,7 +670,9 @@ class JobEpisodes:
 
     def new_run(self, now_unix_s: float, reason: str) -> list[Event]:
         """The job started a new generation (a restart, a resize, a new run under its id): close every open episode
-        and start a fresh budget (the old run's arms never hold the new run's; the bytes-per-step estimate stays)."""
+        and start a fresh budget (the old run's arms never hold the new run's; the bytes-per-step estimate stays).
+        The old run's verdicts are forgotten, and so is one that comes later for a capture armed before now
+        (:meth:`_of_earlier_run`: an analysing capture finishes after its job restarted)."""
         fresh = ArmHistory()
         fresh.bytes_per_rank_step = self.history.bytes_per_rank_step
         self.history = fresh
@@ -682,7 +688,7 @@ class JobEpisodes:
         self._confirmed.clear()
         self._last_named = ()
         self._verdict = None
-        self._verdict_at = now_unix_s
+        self._verdict_at = self._run_since = now_unix_s
         return self.close_all(now_unix_s, reason)
 
     def close_all(self, now_unix_s: float, reason: str) -> list[Event]:
@@ -982,6 +988,13 @@ class JobEpisodes:
         return any(c.whole for ep in (*self.open.values(), *self.closed) for c in ep.captures
                    if c.capture_id == capture_id)
 
+    def _of_earlier_run(self, capture_id: str) -> bool:
+        """Whether ``capture_id`` was armed for an episode before the job's current generation began
+        (:meth:`new_run`; restored from an episode closed by it): its verdict, of the old run, is not the new run's
+        (the new run forgot the old run's verdicts). A capture no episode holds (a manual arm) is not."""
+        return any(c.armed_unix_s < self._run_since for e in (*self.open.values(), *self.closed) for c in e.captures
+                   if c.capture_id == capture_id)
+
     def _window_step_s(self, capture_id: str) -> float | None:
         """The job step time (s) of ``capture_id``'s window: the one it was armed on (:meth:`armed`, kept in its
         :attr:`EpisodeCapture.job_step_s` rows, so across a restart too), else (none known at the arm) the one the
@@ -1008,8 +1021,9 @@ class JobEpisodes:
         pair: the ranks' share is their level's growth since), and, for a capture of every rank (``whole``), the job
         step time of its window ``window_s`` (:meth:`_window_step_s`: the level the capture saw and found normal or
         explained) for the verdict itself (:meth:`_explaining`'s references). An outcome without a verdict (failed,
-        cancelled, replay's ``simulated``) changes nothing."""
-        if status not in VERDICTS:
+        cancelled, replay's ``simulated``) changes nothing, nor does a capture of an earlier run
+        (:meth:`_of_earlier_run`)."""
+        if status not in VERDICTS or self._of_earlier_run(capture_id):
             return
         self._last_named = named if status != "no_suspect" else ()
         self._verdict = None
