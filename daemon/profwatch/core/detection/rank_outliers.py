@@ -642,7 +642,8 @@ class RankOutlierDetector:
         for one stage's values ``arr`` (s, one per rank; NaN = not reported) in a step of ``step_s`` s, the step's
         shares ``v / step_s`` kept per rank (a ring of ``structural_learn_steps + outlier_window_steps`` steps, the
         first :data:`MAX_LEARNED_STAGES` stages). A rank's ratio ``q`` is its share now over its reference share:
-        the median of its ring's ``structural_learn_steps`` oldest shares (lagged by the outlier window, as
+        the median of its ring's ``structural_learn_steps`` oldest shares, at least :data:`STAGE_SCALE_FLOOR` (a
+        stage of microseconds: at most 100x; a rank that never reported has none), lagged by the outlier window (as
         :data:`CPU_REF_LAG`: a change is judged against the rank's past, and fires before the reference takes it
         in). The reference ratio is the larger of 1 (the rank's own past) and the lower median of the ranks' ``q``
         (a job-wide rise of the shares lifts them all); a rank is outlying when its ``q`` exceeds it by
@@ -674,8 +675,9 @@ class RankOutlierDetector:
             return []
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: ranks that never reported
-            base = np.nanmedian(old, axis=0)
-            q = a / step_s / np.where(base > 0.0, base, np.nan)
+            # a stage of microseconds is measured against STAGE_SCALE_FLOOR of the step, as outlying_ranks does
+            base = np.maximum(np.nanmedian(old, axis=0), STAGE_SCALE_FLOOR)
+            q = a / step_s / base
         present = np.sort(q[np.isfinite(q)])
         if present.size < SHARE_MIN_RANKS:
             return []
