@@ -166,7 +166,7 @@ CPU_MAX_EXCESS = 100.0
 """A rank's CPU excess reported by the CPU CUSUM (:meth:`RankOutlierDetector._cpu_outlying`) is at most this (a
 ratio less one: magnitudes stay bounded)."""
 SHARE_MIN_RANKS = 2 * MIN_REFERENCE_RANKS
-"""Ranks with a learned share of the job's step that a step needs for the share test
+"""Ranks with a reference share of the job's step that a step needs for the share test
 (:meth:`RankOutlierDetector._share_outlying`): its reference is their lower half, at least
 :data:`MIN_REFERENCE_RANKS` ranks whose share did not rise."""
 STABLE_FRACTION = 0.5
