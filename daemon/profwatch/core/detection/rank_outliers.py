@@ -667,8 +667,8 @@ class RankOutlierDetector:
         n = self._shares_n.get(name, 0)
         size = ring.shape[0]
         a = np.asarray(arr, dtype=np.float64)
-        if n >= size:
-            old = np.vstack([ring[n % size:], ring[:n % size]])[: s.structural_learn_steps]  # oldest first
+        if n >= size:  # the oldest structural_learn_steps rows: all but the newest outlier_window_steps
+            old = ring[(n + np.arange(s.structural_learn_steps)) % size]
         ring[n % size] = a / step_s
         self._shares_n[name] = n + 1
         if n < size:
@@ -676,7 +676,8 @@ class RankOutlierDetector:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: ranks that never reported
             # a stage of microseconds is measured against STAGE_SCALE_FLOOR of the step, as outlying_ranks does
-            base = np.maximum(np.nanmedian(old, axis=0), STAGE_SCALE_FLOOR)
+            mid = np.nanmedian(old, axis=0) if np.isnan(old).any() else np.median(old, axis=0)
+            base = np.maximum(mid, STAGE_SCALE_FLOOR)
             q = a / step_s / base
         present = np.sort(q[np.isfinite(q)])
         if present.size < SHARE_MIN_RANKS:
