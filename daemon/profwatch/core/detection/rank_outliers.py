@@ -169,6 +169,10 @@ SHARE_MIN_RANKS = 2 * MIN_REFERENCE_RANKS
 """Ranks with a reference share of the job's step that a step needs for the share test
 (:meth:`RankOutlierDetector._share_outlying`): its reference is their lower half, at least
 :data:`MIN_REFERENCE_RANKS` ranks whose share did not rise."""
+SHARE_REF_STEPS = 4
+"""The share test's per-rank reference shares (:meth:`RankOutlierDetector._share_outlying`) are taken again every
+this many steps (a median of 40 values per rank a step cost serving TP replays 40 % more CPU); the lag behind the
+newest share is then ``outlier_window_steps`` to this many steps more."""
 STABLE_FRACTION = 0.5
 """A learned ratio is stable when its first- and second-half medians differ by less than this fraction of
 ``outlier_min_effect`` (a rank that became slow within the learning window is a change, not a structure)."""
@@ -329,6 +333,7 @@ class RankOutlierDetector:
         self._learn_step_s: list[float] = []
         self._shares: dict[str, np.ndarray] = {}  # per stage, a ring of each rank's value over the job step
         self._shares_n: dict[str, int] = {}  # per stage, the shares the ring took (its next row: n % its length)
+        self._share_ref: dict[str, np.ndarray] = {}  # per stage, each rank's reference share (SHARE_REF_STEPS)
         self._cpu_last: list[int] = [-1] * n  # per rank, the CPU interval number of its last observation kept
         self._cpu_hist: list[deque[float]] = [deque(maxlen=CPU_NOISE_OBS) for _ in range(n)]
         self._cpu_cusum: list[float] = [0.0] * n  # per rank, its CPU CUSUM (log units) and its threshold now
@@ -643,7 +648,8 @@ class RankOutlierDetector:
         shares ``v / step_s`` kept per rank (a ring of ``structural_learn_steps + outlier_window_steps`` steps, the
         first :data:`MAX_LEARNED_STAGES` stages). A rank's ratio ``q`` is its share now over its reference share:
         the median of its ring's ``structural_learn_steps`` oldest shares, at least :data:`STAGE_SCALE_FLOOR` (a
-        stage of microseconds: at most 100x; a rank that never reported has none), lagged by the outlier window (as
+        stage of microseconds: at most 100x; a rank that never reported has none), taken every
+        :data:`SHARE_REF_STEPS` steps, lagged by the outlier window (as
         :data:`CPU_REF_LAG`: a change is judged against the rank's past, and fires before the reference takes it
         in). The reference ratio is the larger of 1 (the rank's own past) and the lower median of the ranks' ``q``
         (a job-wide rise of the shares lifts them all); a rank is outlying when its ``q`` exceeds it by
@@ -656,7 +662,7 @@ class RankOutlierDetector:
         :data:`SHARE_MIN_RANKS` ranks with a reference. Source: each rank against its own history and its peers, as
         NVIDIA Resiliency Extension's straggler detection (class Notes)."""
         s = self.settings
-        if not step_s > 0.0 or len(arr) != self.world_size:
+        if self.world_size < SHARE_MIN_RANKS or not step_s > 0.0 or len(arr) != self.world_size:
             return []
         ring = self._shares.get(name)
         if ring is None:
@@ -667,17 +673,19 @@ class RankOutlierDetector:
         n = self._shares_n.get(name, 0)
         size = ring.shape[0]
         a = np.asarray(arr, dtype=np.float64)
-        if n >= size:  # the oldest structural_learn_steps rows: all but the newest outlier_window_steps
-            old = ring[(n + np.arange(s.structural_learn_steps)) % size]
+        base = self._share_ref.get(name)
+        if n >= size and (base is None or n % SHARE_REF_STEPS == 0):
+            old = ring[(n + np.arange(s.structural_learn_steps)) % size]  # all but the newest outlier window
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: ranks that never reported
+                mid = np.nanmedian(old, axis=0) if np.isnan(old).any() else np.median(old, axis=0)
+            # a stage of microseconds is measured against STAGE_SCALE_FLOOR of the step, as outlying_ranks does
+            base = self._share_ref[name] = np.maximum(mid, STAGE_SCALE_FLOOR)
         ring[n % size] = a / step_s
         self._shares_n[name] = n + 1
-        if n < size:
+        if base is None:
             return []
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: ranks that never reported
-            # a stage of microseconds is measured against STAGE_SCALE_FLOOR of the step, as outlying_ranks does
-            mid = np.nanmedian(old, axis=0) if np.isnan(old).any() else np.median(old, axis=0)
-            base = np.maximum(mid, STAGE_SCALE_FLOOR)
+        with np.errstate(all="ignore"):
             q = a / step_s / base
         present = np.sort(q[np.isfinite(q)])
         if present.size < SHARE_MIN_RANKS:
