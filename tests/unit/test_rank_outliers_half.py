@@ -129,3 +129,15 @@ def test_every_rank_slowing_with_a_fixed_wait_names_nobody() -> None:
     0.92), and the lower half's rise is the reference: a job-wide change, the step-time detector's to report."""
     _, first, _ = _drive(8, lambda r, k: 3.0 if k >= 150 else 1.0)
     assert first == {}
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_a_whole_pipeline_stage_slowing_is_named_by_its_share_of_the_step(seed: int) -> None:
+    """A pipeline of 4 declared stages of 4 ranks (roles), the last 1.2x by design: stage 1 (ranks 4-7, one node)
+    1.3x from step 200. Its ranks are each other's only peers, so the peer test sees nothing, and the step rises
+    only 7 % (the last stage set it). Before, never named; their share of the step rose 22 % while every other
+    rank's fell 7 % together (the lower half's spread is its own, not its distance from 1)."""
+    roles: list[str | None] = [f"pp{r // 4}" for r in range(16)]
+    _, first, _ = _drive(16, lambda r, k: (1.2 if r >= 12 else 1.0) * (1.3 if 4 <= r < 8 and k >= 200 else 1.0),
+                         seed=seed, roles=roles)
+    assert set(first) == {4, 5, 6, 7} and all(0 <= first[r] - 200 <= 12 for r in first), first

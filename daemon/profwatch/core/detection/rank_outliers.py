@@ -653,7 +653,8 @@ class RankOutlierDetector:
         :data:`CPU_REF_LAG`: a change is judged against the rank's past, and fires before the reference takes it
         in). The reference ratio is the larger of 1 (the rank's own past) and the lower median of the ranks' ``q``
         (a job-wide rise of the shares lifts them all); a rank is outlying when its ``q`` exceeds it by
-        ``outlier_z`` robust scales of the lower half (``1.4826 MAD`` about it, at least ``noise_floor`` of it) and
+        ``outlier_z`` robust scales of the lower half (``1.4826 MAD`` about its top, the lower median: a step that rose
+        with the slowed ranks leaves the others' ``q`` under 1 together; at least ``noise_floor`` of the reference) and
         by ``outlier_min_effect`` of it, and its excess in seconds reaches ``outlier_min_abs_s``. The peers' median
         cannot name half the ranks slowing at once (a node of 4 of 8): it sits between the two halves; the step
         time can where it did not rise with them (a hot expert elsewhere sets it): their share of it rose, while a
@@ -692,7 +693,7 @@ class RankOutlierDetector:
             return []
         low = present[: (present.size + 1) // 2]
         ref = max(1.0, float(low[-1]))
-        spread = MAD_TO_SIGMA * float(np.median(np.abs(low - ref)))
+        spread = MAD_TO_SIGMA * float(np.median(np.abs(low - low[-1])))  # the lower half's own, not about ref
         thr = max(s.outlier_z * max(spread, s.noise_floor * ref), s.outlier_min_effect * ref)
         out: list[tuple[int, float]] = []
         with np.errstate(invalid="ignore"):
