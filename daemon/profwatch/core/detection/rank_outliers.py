@@ -273,7 +273,9 @@ class RankOutlierDetector:
         ``outlier_stages`` names them: when the slow ranks are the majority (a slow node of most of the job, a
         slow half) the healthy minority's wait is the outlying value, and it would name the healthy ranks. A
         slow majority is then not named here (its compute is the peers' median); the job's step time carries it
-        (``step_regression``, job-wide). Job-wide events (GC pauses, checkpoints on every rank) raise the
+        (``step_regression``, job-wide). Half the ranks slowing at once where the step does not rise with them (a
+        hot expert elsewhere sets it), or a whole role group (a pipeline stage that is not the slowest), are named
+        by their share of the step against their own recent share (:meth:`_share_outlying`). Job-wide events (GC pauses, checkpoints on every rank) raise the
         peer median with every rank and are not outliers; a one-step stall of one rank (a data loader hiccup)
         counts one step of ``outlier_min_steps``. Ranks faster than their peers from the start keep the peers'
         median as their reference (normalising them would turn the wait they take up when a peer slows down
