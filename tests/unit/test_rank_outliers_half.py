@@ -108,3 +108,36 @@ def test_a_third_slow_rank_of_four_is_named_and_the_first_two_stay_named() -> No
                             else (1.5 if r == 3 and k >= 250 else 1.0), steps=400)
     assert 250 <= first.get(3, 10**6) <= 250 + 12, first
     assert all({1, 2} <= h for h in held[first[2]:]), "rank 1 or 2 cleared while slow"
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_half_the_ranks_slowing_at_once_beside_a_hot_rank_are_named_by_their_share_of_the_step(seed: int) -> None:
+    """An MoE job of 8 ranks: rank 0 1.42x from step 100 (a hot expert: named), then ranks 4-7 (a node) 1.3x from
+    step 250. Their compute is under rank 0's, so the step does not rise; among the peers they are half, so the
+    median sits between the two halves. Before, they were never named (``bench/bench_corpus.py`` seed 36, ``moe``
+    run 1); their share of the step rose against their own (``RankOutlierDetector._share_outlying``)."""
+    _, first, held = _drive(8, lambda r, k: 1.42 if r == 0 and k >= 100 else 1.3 if r >= 4 and k >= 250 else 1.0,
+                            seed=seed)
+    assert 0 <= first[0] - 100 <= 12, first
+    assert set(first) == {0, 4, 5, 6, 7}, first
+    assert all(0 <= first[r] - 250 <= 12 for r in (4, 5, 6, 7)), first
+    assert {4, 5, 6, 7} <= held[262]
+
+
+def test_every_rank_slowing_with_a_fixed_wait_names_nobody() -> None:
+    """Compute 3x on every rank from step 150 with the wait fixed: every rank's share of the step rises (0.8 to
+    0.92), and the lower half's rise is the reference: a job-wide change, the step-time detector's to report."""
+    _, first, _ = _drive(8, lambda r, k: 3.0 if k >= 150 else 1.0)
+    assert first == {}
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_a_whole_pipeline_stage_slowing_is_named_by_its_share_of_the_step(seed: int) -> None:
+    """A pipeline of 4 declared stages of 4 ranks (roles), the last 1.2x by design: stage 1 (ranks 4-7, one node)
+    1.3x from step 200. Its ranks are each other's only peers, so the peer test sees nothing, and the step rises
+    only 7 % (the last stage set it). Before, never named; their share of the step rose 22 % while every other
+    rank's fell 7 % together (the lower half's spread is its own, not its distance from 1)."""
+    roles: list[str | None] = [f"pp{r // 4}" for r in range(16)]
+    _, first, _ = _drive(16, lambda r, k: (1.2 if r >= 12 else 1.0) * (1.3 if 4 <= r < 8 and k >= 200 else 1.0),
+                         seed=seed, roles=roles)
+    assert set(first) == {4, 5, 6, 7} and all(0 <= first[r] - 200 <= 12 for r in first), first

@@ -165,6 +165,14 @@ ever larger h)."""
 CPU_MAX_EXCESS = 100.0
 """A rank's CPU excess reported by the CPU CUSUM (:meth:`RankOutlierDetector._cpu_outlying`) is at most this (a
 ratio less one: magnitudes stay bounded)."""
+SHARE_MIN_RANKS = 2 * MIN_REFERENCE_RANKS
+"""Ranks with a reference share of the job's step that a step needs for the share test
+(:meth:`RankOutlierDetector._share_outlying`): its reference is their lower half, at least
+:data:`MIN_REFERENCE_RANKS` ranks whose share did not rise."""
+SHARE_REF_STEPS = 4
+"""The share test's per-rank reference shares (:meth:`RankOutlierDetector._share_outlying`) are taken again every
+this many steps (a median of 40 values per rank a step cost serving TP replays 40 % more CPU); the lag behind the
+newest share is then ``outlier_window_steps`` to this many steps more."""
 STABLE_FRACTION = 0.5
 """A learned ratio is stable when its first- and second-half medians differ by less than this fraction of
 ``outlier_min_effect`` (a rank that became slow within the learning window is a change, not a structure)."""
@@ -265,7 +273,9 @@ class RankOutlierDetector:
         ``outlier_stages`` names them: when the slow ranks are the majority (a slow node of most of the job, a
         slow half) the healthy minority's wait is the outlying value, and it would name the healthy ranks. A
         slow majority is then not named here (its compute is the peers' median); the job's step time carries it
-        (``step_regression``, job-wide). Job-wide events (GC pauses, checkpoints on every rank) raise the
+        (``step_regression``, job-wide). Half the ranks slowing at once where the step does not rise with them (a
+        hot expert elsewhere sets it), or a whole role group (a pipeline stage that is not the slowest), are named
+        by their share of the step against their own recent share (:meth:`_share_outlying`). Job-wide events (GC pauses, checkpoints on every rank) raise the
         peer median with every rank and are not outliers; a one-step stall of one rank (a data loader hiccup)
         counts one step of ``outlier_min_steps``. Ranks faster than their peers from the start keep the peers'
         median as their reference (normalising them would turn the wait they take up when a peer slows down
@@ -323,6 +333,9 @@ class RankOutlierDetector:
         self._learn_cost: dict[str, np.ndarray] = {}
         self._learn_seen: dict[str, np.ndarray] = {}  # per learned stage, the ranks that timed it
         self._learn_step_s: list[float] = []
+        self._shares: dict[str, np.ndarray] = {}  # per stage, a ring of each rank's value over the job step
+        self._shares_n: dict[str, int] = {}  # per stage, the shares the ring took (its next row: n % its length)
+        self._share_ref: dict[str, np.ndarray] = {}  # per stage, each rank's reference share (SHARE_REF_STEPS)
         self._cpu_last: list[int] = [-1] * n  # per rank, the CPU interval number of its last observation kept
         self._cpu_hist: list[deque[float]] = [deque(maxlen=CPU_NOISE_OBS) for _ in range(n)]
         self._cpu_cusum: list[float] = [0.0] * n  # per rank, its CPU CUSUM (log units) and its threshold now
@@ -382,6 +395,8 @@ class RankOutlierDetector:
             # a pair's step values, means of three intervals, had to differ by 22 % to pass outlier_min_effect
             # over their mean, and a +30 % rank passed in too few steps of the window
             found = self._cpu_outlying() if sampled else self._outlying(arr, groups)
+            if name != CPU_SERIES:
+                found = [*found, *self._share_outlying(name, step.stages[name], step.time_s)]
             for r, rel in found:
                 if r not in best or rel > best[r][0]:
                     best[r] = (rel, name)
@@ -627,6 +642,67 @@ class RankOutlierDetector:
                 "bad node, or a role difference: declare roles to silence")
         out.append(Anomaly("slow_from_start", self.job_id, step, tuple(sorted(bad)), slow[bad[0]][0],
                            {**detail, "text": text, "min_effect": s.outlier_min_effect}))
+        return out
+
+    def _share_outlying(self, name: str, arr: list[float], step_s: float) -> list[tuple[int, float]]:
+        """Ranks whose share of the job's step rose against their own recent share: ``[(rank, relative excess)]``
+        for one stage's values ``arr`` (s, one per rank; NaN = not reported) in a step of ``step_s`` s, the step's
+        shares ``v / step_s`` kept per rank (a ring of ``structural_learn_steps + outlier_window_steps`` steps, the
+        first :data:`MAX_LEARNED_STAGES` stages). A rank's ratio ``q`` is its share now over its reference share:
+        the median of its ring's ``structural_learn_steps`` oldest shares, at least :data:`STAGE_SCALE_FLOOR` (a
+        stage of microseconds: at most 100x; a rank that never reported has none), taken every
+        :data:`SHARE_REF_STEPS` steps, lagged by the outlier window (as
+        :data:`CPU_REF_LAG`: a change is judged against the rank's past, and fires before the reference takes it
+        in). The reference ratio is the larger of 1 (the rank's own past) and the lower median of the ranks' ``q``
+        (a job-wide rise of the shares lifts them all); a rank is outlying when its ``q`` exceeds it by
+        ``outlier_z`` robust scales of the lower half (``1.4826 MAD`` about its top, the lower median: a step that rose
+        with the slowed ranks leaves the others' ``q`` under 1 together; at least ``noise_floor`` of the reference) and
+        by ``outlier_min_effect`` of it, and its excess in seconds reaches ``outlier_min_abs_s``. The peers' median
+        cannot name half the ranks slowing at once (a node of 4 of 8): it sits between the two halves; the step
+        time can where it did not rise with them (a hot expert elsewhere sets it): their share of it rose, while a
+        half that got faster leaves the others' share where it was (``bench/bench_corpus.py`` seed 36, ``moe`` run
+        1: ranks 4-7 1.3x at step 274 beside a 1.42x hot expert on rank 0 were never named). Needs
+        :data:`SHARE_MIN_RANKS` ranks with a reference. Source: each rank against its own history and its peers, as
+        NVIDIA Resiliency Extension's straggler detection (class Notes)."""
+        s = self.settings
+        if self.world_size < SHARE_MIN_RANKS or not step_s > 0.0 or len(arr) != self.world_size:
+            return []
+        ring = self._shares.get(name)
+        if ring is None:
+            if len(self._shares) >= MAX_LEARNED_STAGES:
+                return []
+            shape = (s.structural_learn_steps + s.outlier_window_steps, self.world_size)
+            ring = self._shares[name] = np.full(shape, np.nan, dtype=np.float64)
+        n = self._shares_n.get(name, 0)
+        size = ring.shape[0]
+        a = np.asarray(arr, dtype=np.float64)
+        base = self._share_ref.get(name)
+        if n >= size and (base is None or n % SHARE_REF_STEPS == 0):
+            old = ring[(n + np.arange(s.structural_learn_steps)) % size]  # all but the newest outlier window
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: ranks that never reported
+                mid = np.nanmedian(old, axis=0) if np.isnan(old).any() else np.median(old, axis=0)
+            # a stage of microseconds is measured against STAGE_SCALE_FLOOR of the step, as outlying_ranks does
+            base = self._share_ref[name] = np.maximum(mid, STAGE_SCALE_FLOOR)
+        ring[n % size] = a / step_s
+        self._shares_n[name] = n + 1
+        if base is None:
+            return []
+        with np.errstate(all="ignore"):
+            q = a / step_s / base
+        present = np.sort(q[np.isfinite(q)])
+        if present.size < SHARE_MIN_RANKS:
+            return []
+        low = present[: (present.size + 1) // 2]
+        ref = max(1.0, float(low[-1]))
+        spread = MAD_TO_SIGMA * float(np.median(np.abs(low - low[-1])))  # the lower half's own, not about ref
+        thr = max(s.outlier_z * max(spread, s.noise_floor * ref), s.outlier_min_effect * ref)
+        out: list[tuple[int, float]] = []
+        with np.errstate(invalid="ignore"):
+            idx = np.flatnonzero(q - ref >= thr)
+        for r in idx.tolist():
+            if (float(q[r]) - ref) * float(base[r]) * step_s >= s.outlier_min_abs_s:
+                out.append((int(r), (float(q[r]) - ref) / ref))
         return out
 
     def _drop_from_window(self, r: int) -> None:
