@@ -170,8 +170,12 @@ class ReferenceDesk:
 
     def for_analysis(self, cap: lc.Capture, now: float) -> dict[str, Any] | None:
         """What the analysis of ``cap`` compares with (``BatchAnalyser.analyse``'s ``context["reference"]``): the
-        job's newest reference (the one being analysed, else the newest analysed) and the telemetry's step time
-        at the arm; None for a reference itself, or when the job has none."""
+        job's newest reference (the one being analysed, else the newest analysed) and, as
+        ``telemetry_baseline_step_s``, the telemetry's step time when that reference was planned (the job was
+        steady then: ``core/changes/comparison.py`` notes a reference whose own steps differ from it); None for a
+        reference itself, or when the job has none. Not ``cap``'s own step time at its arm: after a job-wide
+        slowdown that is the slowed level (the detector re-learns at each report), and every verdict of a
+        slowdown said "the reference may not show the healthy job" of a healthy reference."""
         if cap.reason == REFERENCE_REASON:
             return None
         r = self.refs.get(cap.job_id)
@@ -183,7 +187,7 @@ class ReferenceDesk:
             info = reference_info(pending)  # its window is over, its analysis runs: the analyser waits for it
         if info is None:
             return None
-        return {**info.to_json(now), "telemetry_baseline_step_s": cap.step_time_s}
+        return {**info.to_json(now), "telemetry_baseline_step_s": info.step_time_s}
 
     def protected(self) -> set[str]:
         """Batch ids retention must keep: the newest analysed reference of each job."""

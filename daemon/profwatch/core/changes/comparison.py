@@ -31,8 +31,8 @@ Rules (``docs/changes.md``):
   noise); shares need not sum to 1 (the components overlap in a real step and another component may have shrunk).
 * A software version that differs (``torch_npu``, ``cann``, ...) is a change of component ``software`` with
   ``delta_s_per_step`` None and a ``detail``; so is nothing else: a different world size is a note.
-* The step-time change is checked against the telemetry's baseline step time when given: a difference above 25 %
-  or 2 ms between the reference capture's step time and the telemetry baseline is a note (the reference may have
+* The reference capture's step time is checked against the telemetry's step time when the reference was planned
+  (``telemetry_baseline_step_s``, when given): a difference above 25 % or 2 ms is a note (the reference may have
   been taken during a slow period or under other load).
 """
 
