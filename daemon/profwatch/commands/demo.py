@@ -465,7 +465,7 @@ def drill_down_line(suspect: Mapping[str, Any]) -> str:
 @click.option("--slowdown", default=3.0, show_default=True, help="slow rank's compute factor")
 @click.option("--at-step", default=40, show_default=True, help="step from which the rank is slower")
 @click.option("--scenario", type=click.Choice(["both", "torch", "ascend", "reference"]), default="both",
-              show_default=True, help="both = torch then ascend; reference (about a minute): the coordinator's healthy "
+              show_default=True, help="both = torch then ascend; reference (1-2 minutes): the coordinator's healthy "
                                       "reference capture, then a job-wide slowdown compared with it")
 @click.option("--timeout-s", default=240.0, show_default=True,
               help="per scenario, counted from the slowdown: bound to the first alert, and again (from the first "
