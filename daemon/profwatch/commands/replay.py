@@ -534,8 +534,9 @@ def _unspool(spool: Any) -> Iterator[Line]:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="the daemons' TOML config (e.g. /etc/profwatch/profwatch.toml): its [detection], "
-                                 "[arming], [capture] and [limits] tables are used (of [limits], max_jobs_total: "
-                                 "the job cap), the others ignored (one line says which).")
+                                 "[arming], [capture], [limits] and [analysis] tables are used (of [limits], "
+                                 "max_jobs_total: the job cap; of [analysis], [analysis.ranking]), the others ignored "
+                                 "(one line says which).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def replay(file: Path, config_path: Path | None, as_json: bool) -> None:
     """Replay recorded step telemetry FILE.jsonl through anomaly detection and the arming policy.
