@@ -50,17 +50,12 @@ def test_odd_stored_follow_ranks_drop_the_follow_up_and_an_infinite_rank_only_it
     assert set(d.books) == {"a", "c"} and resumed.follow_ranks == (2, 7)
 
 
-def test_a_capture_in_flight_keeps_its_window_start_across_a_restart(tmp_path: Path) -> None:
-    """A job-wide change is captured (window at the planned ``start_step``); the coordinator restarts with the
-    capture in flight. A 3x report whose evidence starts before that window is one the capture sees: an update of
-    the episode whose captured level is the report's (``JobEpisodes._seen_by_flight``), as without the restart.
-    Before, the restarted desk lost the window start (only the episodes were seeded) and took the report for a new
-    change of its own (``_new_change``), captured again."""
+def _captured_in_flight(s: Settings, store: StateStore) -> tuple[Any, JobEpisodes, Episode]:
+    """A job-wide change of job ``j`` (generation 0) armed and stored in flight as capture ``c1`` (window planned after
+    step 100 at 1 s steps): the capture, the live episode book and its episode."""
     from profwatch.core.capture import lifecycle as lc
     from profwatch.core.capture.planner import CaptureRequest, JobProgress, plan_capture
 
-    s = Settings()
-    store = StateStore(tmp_path / "state.db")
     plan = plan_capture(CaptureRequest(job_id="j", reason="step_regression", capture_id="c1"),
                         JobProgress(job_id="j", world_size=2, furthest_step=100, step_time_s=1.0, prof_root="/prof",
                                     now_unix_s=T0), s.capture)
@@ -76,6 +71,18 @@ def test_a_capture_in_flight_keeps_its_window_start_across_a_restart(tmp_path: P
     assert first is not None and picked is not None and picked[0] is first
     live.history.record(picked[1], T0, "c1")
     live.armed(first.episode_id, "c1", T0, covered=None, start_step=cap.start_step)
+    return cap, live, first
+
+
+def test_a_capture_in_flight_keeps_its_window_start_across_a_restart(tmp_path: Path) -> None:
+    """A job-wide change is captured (window at the planned ``start_step``); the coordinator restarts with the
+    capture in flight. A 3x report whose evidence starts before that window is one the capture sees: an update of
+    the episode whose captured level is the report's (``JobEpisodes._seen_by_flight``), as without the restart.
+    Before, the restarted desk lost the window start (only the episodes were seeded) and took the report for a new
+    change of its own (``_new_change``), captured again."""
+    s = Settings()
+    store = StateStore(tmp_path / "state.db")
+    cap, live, first = _captured_in_flight(s, store)
     for ep in (*live.closed, *live.open.values()):
         store.save_episode(ep.episode_id, "j", ep.closed_unix_s is None, ep.updated_unix_s, ep.to_json())
     d = desk(store, ["j"])
@@ -101,26 +108,9 @@ def test_a_capture_of_an_older_generation_resumes_no_flight_after_a_restart(tmp_
     desk resumed the old capture's flight and took it to cover the new generation's episode."""
     from types import SimpleNamespace
 
-    from profwatch.core.capture import lifecycle as lc
-    from profwatch.core.capture.planner import CaptureRequest, JobProgress, plan_capture
-
     s = Settings()
     store = StateStore(tmp_path / "state.db")
-    plan = plan_capture(CaptureRequest(job_id="j", reason="step_regression", capture_id="c1"),
-                        JobProgress(job_id="j", world_size=2, furthest_step=100, step_time_s=1.0, prof_root="/prof",
-                                    now_unix_s=T0), s.capture)
-    cap = lc.open_capture(plan, world_size=2, profiler_config_path="/cfg", writer="coordinator",
-                          rank_steps={0: 100, 1: 100}, rank_step_time_s={}, rank_backends={}, nodes=[], now=T0,
-                          settings=lc.LifecycleSettings(), generation=0).capture
-    assert cap.state in lc.IN_FLIGHT and cap.start_step > 100
-    store.save_capture(cap)
-    live, policy = JobEpisodes("j", s.arming), ArmingPolicy(s.arming)
-    first, _ = live.observe(Anomaly("step_regression", "j", 100, (), 0.3,
-                                    {"pattern": "cusum", "baseline_s": 1.0, "first_step": 80}), T0)
-    picked = live.next_arm(policy, T0, capture_in_flight=False)
-    assert first is not None and picked is not None and picked[0] is first
-    live.history.record(picked[1], T0, "c1")
-    live.armed(first.episode_id, "c1", T0, covered=None, start_step=cap.start_step)
+    cap, live, first = _captured_in_flight(s, store)
     live.new_run(T0 + 10, "new_generation")
     assert first.closed_unix_s is not None
     for ep in (*live.closed, *live.open.values()):
