@@ -44,7 +44,7 @@ from profwatch.captures.ports import (
 from profwatch.changes.reference_desk import ReferenceDesk
 from profwatch.core.alerts.alertmanager import VERDICT_TYPES
 from profwatch.core.alerts.event_types import TYPE_PATH_REFUSED
-from profwatch.core.arming.policy import ArmHistory, ArmingPolicy, ArmingSettings
+from profwatch.core.arming.policy import ArmHistory, ArmingPolicy, ArmingSettings, planning_step_time_s
 from profwatch.core.arming.targeting import JobTopology, estimate_capture_bytes
 from profwatch.core.batches.completeness import BatchState, CaptureHint
 from profwatch.core.capture import lifecycle as lc
@@ -532,7 +532,7 @@ class CaptureShell:
         # one step-time definition with replay: the detector's baseline, else the registry's recent median; none
         # measured yet is the planner's refusal (no step time is assumed: the lead of an absolute start_step
         # placed on a guess may be passed before the ranks read the config)
-        step_time = self.detectors.baseline_step_time_s(job.job_id) or job.median_step_time_s()
+        step_time = planning_step_time_s(self.detectors.baseline_step_time_s(job.job_id), job.median_step_time_s())
         progress = JobProgress(job_id=job.job_id, world_size=job.world_size, furthest_step=max(0, job.furthest_step()),
                                step_time_s=step_time, prof_root=job.prof_root or "", now_unix_s=now,
                                rank_steps={r: max(0, s.last_step) for r, s in live.items()}, rank_step_time_s=times)

@@ -603,6 +603,13 @@ def withdrawable(anomaly: Anomaly) -> bool:
     return not anomaly.ranks and anomaly.kind == "step_regression" and anomaly.detail.get("pattern") == "level"
 
 
+def planning_step_time_s(baseline_step_time_s: float | None, recent_step_time_s: float | None) -> float | None:
+    """The step time (s) a capture is planned at: the detector's baseline, else the job's recent median (the
+    registry's; replay has none). None when neither is known: the planner then refuses (no step time is assumed).
+    ``CaptureShell.arm`` and :func:`withdrawal_lead` both use it."""
+    return baseline_step_time_s or recent_step_time_s
+
+
 def withdrawal_lead(furthest_step: int | None, baseline_step_time_s: float | None,
                     recent_step_time_s: float | None, capture: CaptureSettings) -> int | None:
     """The lead (steps) a withdrawal keeps: how far ahead of ``furthest_step`` a capture's ``start_step`` must
@@ -614,7 +621,7 @@ def withdrawal_lead(furthest_step: int | None, baseline_step_time_s: float | Non
     None, as its planner plans with the baseline only). None when no step is known yet (``furthest_step`` None)
     or no positive step time is measured (none is assumed: a lead on a guess may already be passed); a
     ``furthest_step`` below 0 (the registry's -1 before any report) counts as step 0, as the planner's does."""
-    step_time = baseline_step_time_s or recent_step_time_s
+    step_time = planning_step_time_s(baseline_step_time_s, recent_step_time_s)
     if furthest_step is None or step_time is None or not step_time > 0 or not math.isfinite(step_time):
         return None
     return lead_steps(max(0, furthest_step), step_time, capture)
